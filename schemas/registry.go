@@ -1,0 +1,204 @@
+// Package schemas holds the envelope schema and the tool registry (DESIGN
+// §3 and §6): one JSON file per tool version, each with a JSON Schema of the
+// tool's arguments compiled once at load.
+//
+// Files:
+//   - envelope.schema.json, tools/*.json: the embedded schema and demo registry
+//   - tool.go: Tool and its typed fields
+//   - registry.go: Registry, Load, Demo
+//   - validate.go: ValidationError, ValidateEnvelope, schema compilation
+//
+// The package imports only the standard library and jsonschema/v5; the
+// ledger package (strict decoding, hashing) imports it, not the reverse.
+package schemas
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+)
+
+// files holds the envelope schema and the demo registry.
+//
+//go:embed envelope.schema.json tools/*.json
+var files embed.FS
+
+// EnvelopeSchema returns the embedded envelope schema document, for
+// publishing to agent authors.
+func EnvelopeSchema() []byte {
+	b, _ := files.ReadFile("envelope.schema.json")
+	return b
+}
+
+// Lookup errors. Both are wrapped with the name (and version) asked for.
+var (
+	// ErrUnknownTool: no version of the tool is registered.
+	ErrUnknownTool = errors.New("unknown tool")
+	// ErrUnknownVersion: the tool exists, but not at that version.
+	ErrUnknownVersion = errors.New("unknown tool version")
+)
+
+// Registry is a loaded, immutable set of tool versions. It is safe for
+// concurrent use.
+type Registry struct {
+	byName map[string]map[int]*Tool
+	sorted []*Tool
+}
+
+// Demo loads the demo registry embedded in the binary (get_weather,
+// create_ticket, refund_order, send_email). Each call compiles a fresh
+// Registry.
+func Demo() (*Registry, error) {
+	r, err := Load(files)
+	if err != nil {
+		return nil, fmt.Errorf("demo registry: %w", err)
+	}
+	return r, nil
+}
+
+// fileNameRE is what a registry file must be called: <name>.v<version>.json.
+var fileNameRE = regexp.MustCompile(`^([a-z][a-z0-9_]{0,63})\.v([1-9][0-9]{0,8})\.json$`)
+
+// Load reads every tools/*.json file of fsys (os.DirFS(dir) for a registry
+// on disk), checks it and compiles its input schema. A file with an unknown
+// field, a bad enum, a name or version that disagrees with its file name, an
+// input schema without a top-level "additionalProperties": false, or a
+// compensation naming a tool version the registry lacks fails the whole load
+// with an error naming the file. A registry without any tool is an error too.
+func Load(fsys fs.FS) (*Registry, error) {
+	names, err := fs.Glob(fsys, "tools/*.json")
+	if err != nil {
+		return nil, fmt.Errorf("schemas: list tools: %w", err)
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("schemas: no tool files (tools/*.json)")
+	}
+	sort.Strings(names)
+	r := &Registry{byName: make(map[string]map[int]*Tool)}
+	for _, name := range names {
+		t, err := loadFile(fsys, name)
+		if err != nil {
+			return nil, fmt.Errorf("schemas: %s: %w", name, err)
+		}
+		if r.byName[t.Name] == nil {
+			r.byName[t.Name] = make(map[int]*Tool)
+		}
+		// fileNameRE allows no leading zeros, so two files can't claim
+		// the same version.
+		r.byName[t.Name][t.Version] = t
+		r.sorted = append(r.sorted, t)
+	}
+	for _, t := range r.sorted {
+		if c := t.Compensation; c != nil {
+			if _, err := r.Lookup(c.Tool, c.Version); err != nil {
+				return nil, fmt.Errorf("schemas: tools/%s.v%d.json: compensation: %w", t.Name, t.Version, err)
+			}
+		}
+	}
+	sort.Slice(r.sorted, func(i, j int) bool {
+		a, b := r.sorted[i], r.sorted[j]
+		if a.Name != b.Name {
+			return a.Name < b.Name
+		}
+		return a.Version < b.Version
+	})
+	return r, nil
+}
+
+// loadFile reads, checks and compiles one registry file.
+func loadFile(fsys fs.FS, name string) (*Tool, error) {
+	m := fileNameRE.FindStringSubmatch(path.Base(name))
+	if m == nil {
+		return nil, fmt.Errorf("%w: file name must be <name>.v<version>.json", ErrInvalidTool)
+	}
+	fileTool := m[1]
+	fileVersion, _ := strconv.Atoi(m[2]) // at most 9 digits: no overflow
+
+	data, err := fs.ReadFile(fsys, name)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var t Tool
+	if err := dec.Decode(&t); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidTool, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data after the tool object", ErrInvalidTool)
+	}
+	if err := t.check(); err != nil {
+		return nil, err
+	}
+	if t.Name != fileTool || t.Version != fileVersion {
+		return nil, fmt.Errorf("%w: file declares %s.v%d, its name says %s.v%d",
+			ErrInvalidTool, t.Name, t.Version, fileTool, fileVersion)
+	}
+	doc, err := inputSchemaDoc(t.InputSchema, t.SchemaID())
+	if err != nil {
+		return nil, fmt.Errorf("%w: input_schema: %w", ErrInvalidTool, err)
+	}
+	s, err := compile(t.SchemaID(), doc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: input_schema: %w", ErrInvalidTool, err)
+	}
+	t.schema = s
+	return &t, nil
+}
+
+// inputSchemaDoc checks the parts of an input schema the ledger relies on
+// and returns it with its absolute $id set.
+func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil || m == nil {
+		return nil, fmt.Errorf("must be a JSON object")
+	}
+	if s, ok := m["$schema"]; ok && s != Draft202012 {
+		return nil, fmt.Errorf("$schema must be %q (or absent)", Draft202012)
+	}
+	if got, ok := m["$id"]; ok && got != id {
+		return nil, fmt.Errorf("$id %v must be %q (or absent)", got, id)
+	}
+	if m["type"] != "object" {
+		return nil, fmt.Errorf(`top level must say "type": "object"`)
+	}
+	if m["additionalProperties"] != false {
+		// Without it an argument the schema does not name would pass
+		// validation unchecked and reach the backend.
+		return nil, fmt.Errorf(`top level must say "additionalProperties": false`)
+	}
+	m["$id"] = id
+	return json.Marshal(m)
+}
+
+// Lookup returns the tool at that version. The error wraps ErrUnknownTool
+// when no version of name exists, ErrUnknownVersion when that one doesn't.
+// The same *Tool is returned on every call.
+func (r *Registry) Lookup(name string, version int) (*Tool, error) {
+	versions, ok := r.byName[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownTool, name)
+	}
+	t, ok := versions[version]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s.v%d", ErrUnknownVersion, name, version)
+	}
+	return t, nil
+}
+
+// Tools returns every tool version, sorted by name then version. The slice
+// is a copy; the tools are shared and must not be modified.
+func (r *Registry) Tools() []*Tool {
+	out := make([]*Tool, len(r.sorted))
+	copy(out, r.sorted)
+	return out
+}

@@ -1,0 +1,260 @@
+package schemas
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// toolJSON is a valid registry file for tool "t" version 1, with the
+// placeholders replaced by the test cases.
+const toolJSON = `{
+  "name": "t",
+  "version": 1,
+  "owner": "tests",
+  "description": "a test tool",
+  "input_schema": {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "additionalProperties": false,
+    "properties": {"x": {"type": "string"}}
+  },
+  "effect": "read",
+  "risk": "low",
+  "idempotency": "native",
+  "backend": {"kind": "http", "url": "/tools/t", "audience": "aud"}
+}`
+
+func mapFS(files map[string]string) fstest.MapFS {
+	m := fstest.MapFS{}
+	for name, body := range files {
+		m[name] = &fstest.MapFile{Data: []byte(body)}
+	}
+	return m
+}
+
+func TestDemo(t *testing.T) {
+	t.Parallel()
+	r, err := Demo()
+	if err != nil {
+		t.Fatalf("Demo() = %v", err)
+	}
+	type summary struct {
+		Name           string
+		Version        int
+		Effect         Effect
+		Risk           Risk
+		Idempotency    Idempotency
+		Redact         []string
+		Resource       string
+		StatusLookup   *StatusLookup
+		Backend        Backend
+		SchemaID       string
+		HasMaxConc     bool
+		HasResultBytes bool
+	}
+	var got []summary
+	for _, tool := range r.Tools() {
+		got = append(got, summary{
+			Name: tool.Name, Version: tool.Version, Effect: tool.Effect, Risk: tool.Risk,
+			Idempotency: tool.Idempotency, Redact: tool.Redact, Resource: tool.Resource,
+			StatusLookup: tool.StatusLookup, Backend: tool.Backend, SchemaID: tool.SchemaID(),
+			HasMaxConc: tool.MaxConcurrency > 0, HasResultBytes: tool.MaxResultBytes > 0,
+		})
+	}
+	backend := func(name string) Backend {
+		return Backend{Kind: "http", URL: "/tools/" + name, Audience: "demo-backend"}
+	}
+	id := func(name string) string { return "https://schemas.toolcall-ledger.dev/tools/" + name + ".v1.json" }
+	want := []summary{
+		{Name: "create_ticket", Version: 1, Effect: EffectWrite, Risk: RiskLow, Idempotency: IdempotencyNative,
+			Backend: backend("create_ticket"), SchemaID: id("create_ticket"), HasMaxConc: true, HasResultBytes: true},
+		{Name: "get_weather", Version: 1, Effect: EffectRead, Risk: RiskLow, Idempotency: IdempotencyNative,
+			Backend: backend("get_weather"), SchemaID: id("get_weather"), HasMaxConc: true, HasResultBytes: true},
+		{Name: "refund_order", Version: 1, Effect: EffectExternalSideEffect, Risk: RiskHigh, Idempotency: IdempotencyNative,
+			Redact: []string{"/reason"}, Resource: "/order_id", StatusLookup: &StatusLookup{URL: "/tools/refund_order/status"},
+			Backend: backend("refund_order"), SchemaID: id("refund_order"), HasMaxConc: true, HasResultBytes: true},
+		{Name: "send_email", Version: 1, Effect: EffectExternalSideEffect, Risk: RiskHigh, Idempotency: IdempotencyNone,
+			Redact: []string{"/body"}, Backend: backend("send_email"), SchemaID: id("send_email"), HasMaxConc: true, HasResultBytes: true},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Demo().Tools() mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestLookup(t *testing.T) {
+	t.Parallel()
+	r, err := Demo()
+	if err != nil {
+		t.Fatalf("Demo() = %v", err)
+	}
+	a, err := r.Lookup("refund_order", 1)
+	if err != nil {
+		t.Fatalf("Lookup(refund_order, 1) = %v", err)
+	}
+	b, _ := r.Lookup("refund_order", 1)
+	if a != b {
+		t.Errorf("Lookup returned %p then %p; want the same compiled *Tool", a, b)
+	}
+	if a.schema == nil {
+		t.Errorf("Lookup(refund_order, 1).schema = nil; want compiled at load")
+	}
+
+	tests := []struct {
+		name    string
+		tool    string
+		version int
+		want    error
+	}{
+		{name: "unknown tool", tool: "drop_database", version: 1, want: ErrUnknownTool},
+		{name: "unknown version", tool: "refund_order", version: 2, want: ErrUnknownVersion},
+		{name: "case variant name", tool: "Refund_Order", version: 1, want: ErrUnknownTool},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := r.Lookup(tc.tool, tc.version)
+			if !errors.Is(err, tc.want) || got != nil {
+				t.Errorf("Lookup(%q, %d) = %v, %v; want nil, %v", tc.tool, tc.version, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoadDefaults(t *testing.T) {
+	t.Parallel()
+	r, err := Load(mapFS(map[string]string{"tools/t.v1.json": toolJSON}))
+	if err != nil {
+		t.Fatalf("Load() = %v", err)
+	}
+	tool, err := r.Lookup("t", 1)
+	if err != nil {
+		t.Fatalf("Lookup(t, 1) = %v", err)
+	}
+	if got, want := tool.Timeout(), DefaultTimeout; got != want {
+		t.Errorf("Timeout() = %v; want %v", got, want)
+	}
+	if got, want := tool.MaxConcurrency, DefaultMaxConcurrency; got != want {
+		t.Errorf("MaxConcurrency = %d; want %d", got, want)
+	}
+	if got, want := tool.MaxResultBytes, DefaultMaxResultBytes; got != want {
+		t.Errorf("MaxResultBytes = %d; want %d", got, want)
+	}
+}
+
+func TestLoadDirFS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tools", "t.v1.json"), []byte(toolJSON), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Load(os.DirFS(dir))
+	if err != nil {
+		t.Fatalf("Load(os.DirFS) = %v", err)
+	}
+	if got := len(r.Tools()); got != 1 {
+		t.Errorf("len(Tools()) = %d; want 1", got)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	t.Parallel()
+	sub := func(old, new string) string {
+		if !strings.Contains(toolJSON, old) {
+			panic("test fixture lacks " + old)
+		}
+		return strings.Replace(toolJSON, old, new, 1)
+	}
+	const okSchema = `"additionalProperties": false,`
+	tests := []struct {
+		name    string
+		files   map[string]string
+		wantIn  []string // substrings of the error, the file name first
+		invalid bool     // error wraps ErrInvalidTool
+	}{
+		{name: "no files", files: map[string]string{"README": "x"}, wantIn: []string{"no tool files"}},
+		{name: "bad json", files: map[string]string{"tools/t.v1.json": `{"name": "t",`},
+			wantIn: []string{"tools/t.v1.json"}, invalid: true},
+		{name: "trailing data", files: map[string]string{"tools/t.v1.json": toolJSON + `{}`},
+			wantIn: []string{"tools/t.v1.json", "trailing"}, invalid: true},
+		{name: "unknown field", files: map[string]string{"tools/t.v1.json": sub(`"owner"`, `"ownr": "x", "owner"`)},
+			wantIn: []string{"tools/t.v1.json", "ownr"}, invalid: true},
+		{name: "unknown nested field", files: map[string]string{"tools/t.v1.json": sub(`"audience": "aud"`, `"audience": "aud", "token": "x"`)},
+			wantIn: []string{"tools/t.v1.json", "token"}, invalid: true},
+		{name: "bad effect", files: map[string]string{"tools/t.v1.json": sub(`"effect": "read"`, `"effect": "delete"`)},
+			wantIn: []string{"tools/t.v1.json", "effect", "delete"}, invalid: true},
+		{name: "bad risk", files: map[string]string{"tools/t.v1.json": sub(`"risk": "low"`, `"risk": "LOW"`)},
+			wantIn: []string{"tools/t.v1.json", "risk"}, invalid: true},
+		{name: "bad idempotency", files: map[string]string{"tools/t.v1.json": sub(`"idempotency": "native"`, `"idempotency": "maybe"`)},
+			wantIn: []string{"tools/t.v1.json", "idempotency"}, invalid: true},
+		{name: "bad backend kind", files: map[string]string{"tools/t.v1.json": sub(`"kind": "http"`, `"kind": "grpc"`)},
+			wantIn: []string{"tools/t.v1.json", "backend.kind"}, invalid: true},
+		{name: "negative timeout", files: map[string]string{"tools/t.v1.json": sub(`"effect"`, `"timeout_ms": -1, "effect"`)},
+			wantIn: []string{"tools/t.v1.json", "timeout_ms"}, invalid: true},
+		{name: "bad resource pointer", files: map[string]string{"tools/t.v1.json": sub(`"effect"`, `"resource": "order_id", "effect"`)},
+			wantIn: []string{"tools/t.v1.json", "resource"}, invalid: true},
+		{name: "name mismatch", files: map[string]string{"tools/u.v1.json": toolJSON},
+			wantIn: []string{"tools/u.v1.json", "t.v1", "u.v1"}, invalid: true},
+		{name: "version mismatch", files: map[string]string{"tools/t.v2.json": toolJSON},
+			wantIn: []string{"tools/t.v2.json", "t.v1", "t.v2"}, invalid: true},
+		{name: "bad file name", files: map[string]string{"tools/t.json": toolJSON},
+			wantIn: []string{"tools/t.json", "<name>.v<version>.json"}, invalid: true},
+		{name: "leading zero version", files: map[string]string{"tools/t.v01.json": toolJSON},
+			wantIn: []string{"tools/t.v01.json"}, invalid: true},
+		{name: "schema allows additional properties", files: map[string]string{"tools/t.v1.json": sub(okSchema, `"additionalProperties": true,`)},
+			wantIn: []string{"tools/t.v1.json", "additionalProperties"}, invalid: true},
+		{name: "schema lacks additionalProperties", files: map[string]string{"tools/t.v1.json": sub(okSchema, ``)},
+			wantIn: []string{"tools/t.v1.json", "additionalProperties"}, invalid: true},
+		{name: "schema not an object type", files: map[string]string{"tools/t.v1.json": sub(`"type": "object"`, `"type": "array"`)},
+			wantIn: []string{"tools/t.v1.json", "object"}, invalid: true},
+		{name: "schema other draft", files: map[string]string{"tools/t.v1.json": sub(`2020-12/schema`, `2019-09/schema`)},
+			wantIn: []string{"tools/t.v1.json", "$schema"}, invalid: true},
+		{name: "schema foreign id", files: map[string]string{"tools/t.v1.json": sub(`"type": "object"`, `"$id": "https://evil.example/x.json", "type": "object"`)},
+			wantIn: []string{"tools/t.v1.json", "$id"}, invalid: true},
+		{name: "schema invalid keyword value", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "strng"}`)},
+			wantIn: []string{"tools/t.v1.json", "input_schema"}, invalid: true},
+		{name: "schema external ref", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$ref": "file:///etc/passwd"}`)},
+			wantIn: []string{"tools/t.v1.json", "external $ref"}, invalid: true},
+		{name: "compensation unknown", files: map[string]string{"tools/t.v1.json": sub(`"effect"`, `"compensation": {"tool": "undo_t", "version": 1}, "effect"`)},
+			wantIn: []string{"tools/t.v1.json", "compensation", "undo_t"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r, err := Load(mapFS(tc.files))
+			if err == nil {
+				t.Fatalf("Load() = %v, nil; want an error", r)
+			}
+			for _, s := range tc.wantIn {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("Load() error %q; want it to contain %q", err, s)
+				}
+			}
+			if got := errors.Is(err, ErrInvalidTool); got != tc.invalid {
+				t.Errorf("errors.Is(%v, ErrInvalidTool) = %v; want %v", err, got, tc.invalid)
+			}
+		})
+	}
+}
+
+func TestLoadCompensation(t *testing.T) {
+	t.Parallel()
+	undo := strings.Replace(strings.Replace(toolJSON, `"name": "t"`, `"name": "undo_t"`, 1), `"effect": "read"`, `"effect": "write"`, 1)
+	main := strings.Replace(toolJSON, `"effect"`, `"compensation": {"tool": "undo_t", "version": 1}, "effect"`, 1)
+	r, err := Load(mapFS(map[string]string{"tools/t.v1.json": main, "tools/undo_t.v1.json": undo}))
+	if err != nil {
+		t.Fatalf("Load() = %v", err)
+	}
+	tool, _ := r.Lookup("t", 1)
+	if diff := cmp.Diff(&ToolRef{Tool: "undo_t", Version: 1}, tool.Compensation); diff != "" {
+		t.Errorf("Compensation mismatch (-want +got):\n%s", diff)
+	}
+}

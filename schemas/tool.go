@@ -1,0 +1,299 @@
+package schemas
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v5"
+)
+
+// Defaults applied by Load to registry fields that a file leaves out (or sets
+// to zero).
+const (
+	DefaultTimeout        = 10 * time.Second
+	DefaultMaxConcurrency = 16
+	DefaultMaxResultBytes = 64 << 10
+)
+
+// SchemaBaseURL is the prefix of every schema $id this package assigns. The
+// URLs are identifiers only: nothing is ever fetched from them.
+const SchemaBaseURL = "https://schemas.toolcall-ledger.dev/"
+
+// Effect says what running a tool does to the world.
+type Effect string
+
+// The effects a registry entry may declare.
+const (
+	// EffectRead only reads; running it twice is harmless.
+	EffectRead Effect = "read"
+	// EffectWrite changes state the ledger's operator owns.
+	EffectWrite Effect = "write"
+	// EffectExternalSideEffect changes the world outside (money, mail):
+	// the ledger must run it at most once per call.
+	EffectExternalSideEffect Effect = "external_side_effect"
+)
+
+// Valid reports whether e is one of the declared effects.
+func (e Effect) Valid() bool {
+	switch e {
+	case EffectRead, EffectWrite, EffectExternalSideEffect:
+		return true
+	}
+	return false
+}
+
+// Risk is the tool owner's rating, an input to policy.
+type Risk string
+
+// The risk levels a registry entry may declare.
+const (
+	RiskLow    Risk = "low"
+	RiskMedium Risk = "medium"
+	RiskHigh   Risk = "high"
+)
+
+// Valid reports whether r is one of the declared risk levels.
+func (r Risk) Valid() bool {
+	switch r {
+	case RiskLow, RiskMedium, RiskHigh:
+		return true
+	}
+	return false
+}
+
+// Idempotency says who makes a retried call safe.
+type Idempotency string
+
+// The idempotency modes a registry entry may declare.
+const (
+	// IdempotencyNative: the backend dedupes on the Idempotency-Key it
+	// receives, so the executor may retry with the same key.
+	IdempotencyNative Idempotency = "native"
+	// IdempotencyGateway: a gateway in front of the backend dedupes on the
+	// key; for the ledger it behaves like native.
+	IdempotencyGateway Idempotency = "gateway"
+	// IdempotencyNone: nothing downstream dedupes; a call whose attempt may
+	// have reached the backend goes to outcome_unknown, never to a retry.
+	IdempotencyNone Idempotency = "none"
+)
+
+// Valid reports whether i is one of the declared idempotency modes.
+func (i Idempotency) Valid() bool {
+	switch i {
+	case IdempotencyNative, IdempotencyGateway, IdempotencyNone:
+		return true
+	}
+	return false
+}
+
+// BackendHTTP is the only backend kind so far.
+const BackendHTTP = "http"
+
+// Backend says where a tool runs.
+type Backend struct {
+	// Kind is the adapter; only "http" exists.
+	Kind string `json:"kind"`
+	// URL is the endpoint the executor POSTs the arguments to. It may be
+	// relative ("/tools/refund_order"): the executor resolves it against
+	// its configured base URL.
+	URL string `json:"url"`
+	// Audience is the aud of the per-call credential minted for the call.
+	Audience string `json:"audience"`
+}
+
+// StatusLookup is how the reconciler asks a backend whether a call whose
+// outcome is unknown happened.
+type StatusLookup struct {
+	// URL is fetched with GET, keyed by the call's idempotency key; like
+	// Backend.URL it may be relative to the executor's base URL.
+	URL string `json:"url"`
+}
+
+// ToolRef names one version of a tool, such as a compensation tool.
+type ToolRef struct {
+	Tool    string `json:"tool"`
+	Version int    `json:"version"`
+}
+
+// String returns "<tool>.v<version>".
+func (r ToolRef) String() string { return r.Tool + ".v" + strconv.Itoa(r.Version) }
+
+// Tool is one version of one tool in the registry (DESIGN §6), read from
+// tools/<name>.v<version>.json. A *Tool returned by a Registry is immutable
+// and safe for concurrent use; its input schema was compiled once, at load.
+type Tool struct {
+	// Name matches ^[a-z][a-z0-9_]{0,63}$ and the file name.
+	Name string `json:"name"`
+	// Version is >= 1 and matches the file name.
+	Version int `json:"version"`
+	// Owner is the team answerable for the tool.
+	Owner string `json:"owner"`
+	// Description is for approvers and operators.
+	Description string `json:"description"`
+	// InputSchema is the JSON Schema (draft 2020-12) of the arguments
+	// object. Its top level must say "additionalProperties": false.
+	InputSchema json.RawMessage `json:"input_schema"`
+	// Effect, Risk and Idempotency are required and must be valid.
+	Effect      Effect      `json:"effect"`
+	Risk        Risk        `json:"risk"`
+	Idempotency Idempotency `json:"idempotency"`
+	// TimeoutMS bounds one attempt; 0 or absent means DefaultTimeout.
+	// The call's own deadline, when shorter, wins.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// MaxConcurrency is the tool's bulkhead: attempts in flight per
+	// executor; 0 or absent means DefaultMaxConcurrency.
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	// MaxResultBytes caps the result kept from the backend; 0 or absent
+	// means DefaultMaxResultBytes.
+	MaxResultBytes int `json:"max_result_bytes,omitempty"`
+	// Redact lists JSON pointers into the arguments (or bare field names,
+	// meaning that key at any depth) whose values events never show.
+	Redact []string `json:"redact,omitempty"`
+	// Mask lists result fields (pointers or bare names, as Redact) masked
+	// before a result leaves the executor.
+	Mask []string `json:"mask,omitempty"`
+	// Backend is required.
+	Backend Backend `json:"backend"`
+	// StatusLookup is optional; without it an unknown outcome goes to
+	// compensation or to a human.
+	StatusLookup *StatusLookup `json:"status_lookup,omitempty"`
+	// Compensation is optional; when set it must name a tool version in
+	// the same registry.
+	Compensation *ToolRef `json:"compensation,omitempty"`
+	// Resource is an optional JSON pointer into the arguments naming the
+	// resource the call touches ("/order_id"), for policy and blast radius.
+	Resource string `json:"resource,omitempty"`
+
+	schema *jsonschema.Schema
+}
+
+// Ref returns the tool's name and version.
+func (t *Tool) Ref() ToolRef { return ToolRef{Tool: t.Name, Version: t.Version} }
+
+// Timeout returns the per-attempt timeout.
+func (t *Tool) Timeout() time.Duration { return time.Duration(t.TimeoutMS) * time.Millisecond }
+
+// SchemaID returns the absolute $id the tool's input schema is compiled
+// under, the Schema of its validation errors.
+func (t *Tool) SchemaID() string { return ToolSchemaID(t.Name, t.Version) }
+
+// ToolSchemaID returns the $id of the input schema of tool name at version.
+func ToolSchemaID(name string, version int) string {
+	return SchemaBaseURL + "tools/" + name + ".v" + strconv.Itoa(version) + ".json"
+}
+
+// Validate checks a decoded arguments tree (map[string]any, []any, string,
+// json.Number, bool or nil, as ledger.Decode makes them) against the tool's
+// input schema. It compiles nothing. A failure is a *ValidationError whose
+// Pointer is relative to the arguments object ("/amount_cents").
+func (t *Tool) Validate(args any) error {
+	return validate(t.schema, t.SchemaID(), args)
+}
+
+var toolNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+
+// ErrInvalidTool is wrapped by every error about a malformed registry file.
+var ErrInvalidTool = errors.New("invalid tool definition")
+
+// check validates the fields that need no compilation and fills defaults.
+func (t *Tool) check() error {
+	var problems []string
+	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+
+	if !toolNameRE.MatchString(t.Name) {
+		bad("name %q must match %s", t.Name, toolNameRE)
+	}
+	if t.Version < 1 {
+		bad("version %d must be >= 1", t.Version)
+	}
+	if len(t.InputSchema) == 0 {
+		bad("input_schema is required")
+	}
+	if !t.Effect.Valid() {
+		bad("effect %q must be read, write or external_side_effect", t.Effect)
+	}
+	if !t.Risk.Valid() {
+		bad("risk %q must be low, medium or high", t.Risk)
+	}
+	if !t.Idempotency.Valid() {
+		bad("idempotency %q must be native, gateway or none", t.Idempotency)
+	}
+	if t.TimeoutMS < 0 {
+		bad("timeout_ms %d must not be negative", t.TimeoutMS)
+	}
+	if t.MaxConcurrency < 0 {
+		bad("max_concurrency %d must not be negative", t.MaxConcurrency)
+	}
+	if t.MaxResultBytes < 0 {
+		bad("max_result_bytes %d must not be negative", t.MaxResultBytes)
+	}
+	for _, p := range t.Redact {
+		if !validRedaction(p) {
+			bad("redact entry %q must be a JSON pointer or a field name", p)
+		}
+	}
+	for _, p := range t.Mask {
+		if !validRedaction(p) {
+			bad("mask entry %q must be a JSON pointer or a field name", p)
+		}
+	}
+	if t.Backend.Kind != BackendHTTP {
+		bad("backend.kind %q must be %q", t.Backend.Kind, BackendHTTP)
+	}
+	if t.Backend.URL == "" {
+		bad("backend.url is required")
+	}
+	if t.Backend.Audience == "" {
+		bad("backend.audience is required")
+	}
+	if t.StatusLookup != nil && t.StatusLookup.URL == "" {
+		bad("status_lookup.url is required when status_lookup is set")
+	}
+	if c := t.Compensation; c != nil && (!toolNameRE.MatchString(c.Tool) || c.Version < 1) {
+		bad("compensation %q must name a tool and a version >= 1", c.String())
+	}
+	if t.Resource != "" && !validPointer(t.Resource) {
+		bad("resource %q must be a JSON pointer such as \"/order_id\"", t.Resource)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s", ErrInvalidTool, strings.Join(problems, "; "))
+	}
+
+	if t.TimeoutMS == 0 {
+		t.TimeoutMS = DefaultTimeout.Milliseconds()
+	}
+	if t.MaxConcurrency == 0 {
+		t.MaxConcurrency = DefaultMaxConcurrency
+	}
+	if t.MaxResultBytes == 0 {
+		t.MaxResultBytes = DefaultMaxResultBytes
+	}
+	return nil
+}
+
+// validRedaction accepts a JSON pointer or a bare, non-empty field name.
+func validRedaction(p string) bool {
+	if strings.HasPrefix(p, "/") {
+		return validPointer(p)
+	}
+	return p != ""
+}
+
+// validPointer reports whether p is a non-empty RFC 6901 pointer: it starts
+// with "/" and every "~" is followed by "0" or "1".
+func validPointer(p string) bool {
+	if !strings.HasPrefix(p, "/") {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		if p[i] == '~' && (i+1 >= len(p) || (p[i+1] != '0' && p[i+1] != '1')) {
+			return false
+		}
+	}
+	return true
+}
