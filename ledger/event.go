@@ -1,0 +1,158 @@
+package ledger
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// EncodingVersion is the version of the event encoding this build writes.
+// Readers accept every version up to it and refuse newer ones, so that an
+// old consumer never misreads a newer event.
+const EncodingVersion = 1
+
+// ErrUnsupportedEncoding: the event was written by a newer ledger.
+var ErrUnsupportedEncoding = errors.New("unsupported event encoding")
+
+// Event is one fact about one call, appended to the events topic under the
+// call's key. Arguments are redacted; no credential, assertion or secret is
+// ever put in an event.
+type Event struct {
+	V       int                    `json:"v"`
+	EventID string                 `json:"event_id"`
+	Type    statemachine.EventType `json:"type"`
+	// Seq is 1, 2, 3... per call, gapless. Seq 0 marks a refused
+	// submission: a fact about one envelope (malformed, or a reused key),
+	// never applied to a call.
+	Seq   int64     `json:"seq"`
+	At    time.Time `json:"at"`
+	Actor string    `json:"actor"`
+
+	TenantID       string `json:"tenant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	CallID         string `json:"call_id,omitempty"`
+	UserID         string `json:"user_id,omitempty"`
+	AgentID        string `json:"agent_id,omitempty"`
+	Tool           string `json:"tool,omitempty"`
+	ToolVersion    int    `json:"tool_version,omitempty"`
+	ArgumentsHash  string `json:"arguments_hash,omitempty"`
+	TraceID        string `json:"trace_id,omitempty"`
+	// Arguments, redacted per the tool's registry entry; only on requested.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	// DeadlineAt is when the caller stops caring; only on requested.
+	DeadlineAt *time.Time `json:"deadline_at,omitempty"`
+
+	PolicyID        []string   `json:"policy_id,omitempty"`
+	PolicyVersion   string     `json:"policy_version,omitempty"`
+	Decision        string     `json:"decision,omitempty"`
+	Obligations     []string   `json:"obligations,omitempty"`
+	ApprovalID      string     `json:"approval_id,omitempty"`
+	Approver        string     `json:"approver,omitempty"`
+	ExpiresAt       *time.Time `json:"expires_at,omitempty"`
+	JTI             string     `json:"jti,omitempty"`
+	CredentialScope string     `json:"credential_scope,omitempty"`
+	Attempt         int        `json:"attempt,omitempty"`
+
+	// Reason is machine-readable (snake_case); Pointer is the JSON pointer
+	// of the offending field where there is one; Detail is for humans.
+	Reason    string `json:"reason,omitempty"`
+	Pointer   string `json:"pointer,omitempty"`
+	Detail    string `json:"detail,omitempty"`
+	ErrorCode string `json:"error_code,omitempty"`
+
+	ResultDigest string `json:"result_digest,omitempty"`
+	ResultBytes  int    `json:"result_bytes,omitempty"`
+	LatencyMS    int64  `json:"latency_ms,omitempty"`
+}
+
+// Key returns the call the event belongs to.
+func (e *Event) Key() CallKey {
+	return CallKey{TenantID: e.TenantID, IdempotencyKey: e.IdempotencyKey}
+}
+
+// Refusal reports whether the event records a refused submission (seq 0)
+// rather than a step of a call.
+func (e *Event) Refusal() bool { return e.Seq == 0 }
+
+// Transition returns what the state machine reads of the event.
+func (e *Event) Transition() statemachine.Event {
+	t := statemachine.Event{
+		Type:          e.Type,
+		Seq:           e.Seq,
+		At:            e.At,
+		ArgumentsHash: e.ArgumentsHash,
+		ApprovalID:    e.ApprovalID,
+		Attempt:       e.Attempt,
+		Reason:        e.Reason,
+	}
+	if e.ExpiresAt != nil {
+		t.ExpiresAt = *e.ExpiresAt
+	}
+	return t
+}
+
+// Encode returns the event's wire form. It sets V to EncodingVersion.
+func (e *Event) Encode() ([]byte, error) {
+	e.V = EncodingVersion
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(e); err != nil {
+		return nil, fmt.Errorf("encode event: %w", err)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// DecodeEvent parses an event's wire form. It refuses encodings newer than
+// this build knows with ErrUnsupportedEncoding.
+func DecodeEvent(b []byte) (Event, error) {
+	var e Event
+	if err := json.Unmarshal(b, &e); err != nil {
+		return Event{}, fmt.Errorf("decode event: %w", err)
+	}
+	switch {
+	case e.V < 1:
+		return Event{}, fmt.Errorf("decode event: missing encoding version")
+	case e.V > EncodingVersion:
+		return Event{}, fmt.Errorf("%w: v%d (this build reads up to v%d)", ErrUnsupportedEncoding, e.V, EncodingVersion)
+	}
+	return e, nil
+}
+
+// EncodeEvents encodes a batch of events as one JSON array, the form the
+// execution store keeps as its outbox.
+func EncodeEvents(evs []Event) ([]byte, error) {
+	raws := make([]json.RawMessage, len(evs))
+	for i := range evs {
+		b, err := evs[i].Encode()
+		if err != nil {
+			return nil, err
+		}
+		raws[i] = b
+	}
+	return json.Marshal(raws)
+}
+
+// DecodeEvents is the inverse of EncodeEvents.
+func DecodeEvents(b []byte) ([]Event, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var raws []json.RawMessage
+	if err := json.Unmarshal(b, &raws); err != nil {
+		return nil, fmt.Errorf("decode events: %w", err)
+	}
+	evs := make([]Event, len(raws))
+	for i, r := range raws {
+		e, err := DecodeEvent(r)
+		if err != nil {
+			return nil, err
+		}
+		evs[i] = e
+	}
+	return evs, nil
+}

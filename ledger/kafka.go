@@ -1,0 +1,179 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/plugin/kslog"
+)
+
+// Topics names the ledger's Kafka topics.
+type Topics struct {
+	// Requests carries raw envelopes from agents. Default "toolcalls.requests".
+	Requests string
+	// Events is the ledger itself. Default "toolcalls.events".
+	Events string
+	// Control carries the kill switch and revocations; compacted.
+	// Default "toolcalls.control".
+	Control string
+	// DLQ holds requests that could not even be parsed, with the reason.
+	// Default "toolcalls.dlq".
+	DLQ string
+}
+
+// WithDefaults fills empty names with the defaults.
+func (t Topics) WithDefaults() Topics {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&t.Requests, "toolcalls.requests")
+	def(&t.Events, "toolcalls.events")
+	def(&t.Control, "toolcalls.control")
+	def(&t.DLQ, "toolcalls.dlq")
+	return t
+}
+
+// TopicConfig sizes the topics EnsureTopics creates.
+type TopicConfig struct {
+	Topics Topics
+	// Partitions per topic; default 12. Calls are keyed by tenant-scoped
+	// key, so partitions bound how far intake and executor scale out.
+	Partitions int32
+	// ReplicationFactor; default 1 (ledger dev). Production: 3, with
+	// min.insync.replicas 2.
+	ReplicationFactor int16
+}
+
+// EnsureTopics creates the ledger's topics where they do not exist. It
+// leaves existing topics alone.
+func EnsureTopics(ctx context.Context, cl *kgo.Client, cfg TopicConfig) error {
+	t := cfg.Topics.WithDefaults()
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 12
+	}
+	if cfg.ReplicationFactor <= 0 {
+		cfg.ReplicationFactor = 1
+	}
+	adm := kadm.NewClient(cl)
+	compact := "compact"
+	for _, spec := range []struct {
+		name    string
+		configs map[string]*string
+	}{
+		{t.Requests, nil},
+		{t.Events, nil},
+		{t.Control, map[string]*string{"cleanup.policy": &compact}},
+		{t.DLQ, nil},
+	} {
+		_, err := adm.CreateTopic(ctx, cfg.Partitions, cfg.ReplicationFactor, spec.configs, spec.name)
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("create topic %s: %w", spec.name, err)
+		}
+	}
+	return nil
+}
+
+// ClientConfig is what every Kafka client of the ledger shares.
+type ClientConfig struct {
+	// Brokers to bootstrap from. Required.
+	Brokers []string
+	// Logger receives franz-go's logs at Warn and above. Nil discards.
+	Logger *slog.Logger
+	// Opts are extra franz-go options (TLS, SASL, tuning), applied last.
+	Opts []kgo.Opt
+}
+
+// baseOpts are the options every client uses.
+func (c ClientConfig) baseOpts() ([]kgo.Opt, error) {
+	if len(c.Brokers) == 0 {
+		return nil, errors.New("kafka: no brokers configured")
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...)}
+	if c.Logger != nil {
+		opts = append(opts, kgo.WithLogger(levelFilter{kslog.New(c.Logger.With("component", "kafka"))}))
+	}
+	return append(opts, c.Opts...), nil
+}
+
+// levelFilter keeps franz-go's chatter at Info and below out of the
+// ledger's logs.
+type levelFilter struct{ kgo.Logger }
+
+func (l levelFilter) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+// NewClient returns a plain client (producer, admin, or a reader that
+// assigns partitions itself). Producing is idempotent; consuming, when the
+// caller adds consume options, is read_committed.
+func NewClient(c ClientConfig, opts ...kgo.Opt) (*kgo.Client, error) {
+	base, err := c.baseOpts()
+	if err != nil {
+		return nil, err
+	}
+	base = append(base, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	cl, err := kgo.NewClient(append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client: %w", err)
+	}
+	return cl, nil
+}
+
+// Record builds the Kafka record for an event on topic.
+func (e *Event) Record(topic string) (*kgo.Record, error) {
+	b, err := e.Encode()
+	if err != nil {
+		return nil, err
+	}
+	return &kgo.Record{
+		Topic: topic,
+		Key:   []byte(e.Key().String()),
+		Value: b,
+		Headers: []kgo.RecordHeader{
+			{Key: HeaderEventType, Value: []byte(e.Type)},
+		},
+	}, nil
+}
+
+// Record headers the ledger sets.
+const (
+	// HeaderEventType carries the event type so that consumers can skip
+	// events they do not handle without decoding them.
+	HeaderEventType = "ledger-event-type"
+	// HeaderDLQReason carries the machine-readable reason a request went to
+	// the DLQ; HeaderDLQDetail the human one; HeaderDLQSource the topic,
+	// partition and offset it came from.
+	HeaderDLQReason = "ledger-dlq-reason"
+	HeaderDLQDetail = "ledger-dlq-detail"
+	HeaderDLQSource = "ledger-dlq-source"
+)
+
+// Header returns the value of the first header named key, or nil.
+func Header(r *kgo.Record, key string) []byte {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return h.Value
+		}
+	}
+	return nil
+}
+
+// DLQRecord wraps an unparseable request for the DLQ: the original key and
+// bytes, untouched, and why.
+func DLQRecord(topic string, src *kgo.Record, reason, detail string) *kgo.Record {
+	return &kgo.Record{
+		Topic: topic,
+		Key:   src.Key,
+		Value: src.Value,
+		Headers: []kgo.RecordHeader{
+			{Key: HeaderDLQReason, Value: []byte(reason)},
+			{Key: HeaderDLQDetail, Value: []byte(detail)},
+			{Key: HeaderDLQSource, Value: fmt.Appendf(nil, "%s/%d/%d", src.Topic, src.Partition, src.Offset)},
+		},
+	}
+}

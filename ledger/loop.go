@@ -1,0 +1,236 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Output is what one step of a processor appends, and what it must do once
+// the append committed.
+type Output struct {
+	// Records to produce in the step's transaction.
+	Records []*kgo.Record
+	// Committed, if set, runs after the transaction carrying Records and
+	// the consumed offsets committed (to mark an outbox logged, say). It
+	// runs at most once and never for an aborted transaction; a failure
+	// there is safe to lose, because the outbox is appended again.
+	Committed func(ctx context.Context) error
+}
+
+// Step processes one polled batch of records. It may see an empty batch
+// when nothing arrived for LoopConfig.Tick, so that time-driven work (lease
+// sweeps, expiries) runs on an idle topic. Per-record problems are the
+// step's to turn into events or DLQ records; a returned error means "try
+// the batch again later": the loop aborts, rewinds to the committed offsets
+// and redelivers.
+type Step func(ctx context.Context, recs []*kgo.Record) (Output, error)
+
+// LoopConfig configures a consume-process-produce loop.
+type LoopConfig struct {
+	Client ClientConfig
+	// Group is the consumer group. Required.
+	Group string
+	// Topics to consume. Required.
+	Topics []string
+	// TransactionalID must be unique per running instance and stable
+	// across its restarts, so that a restarted instance fences its
+	// predecessor's open transaction. Required.
+	TransactionalID string
+	// MaxPollRecords bounds a batch; default 500.
+	MaxPollRecords int
+	// Tick is how long a poll waits before the step runs on an empty
+	// batch; default 1s.
+	Tick time.Duration
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Opts are extra franz-go options for the session's client.
+	Opts []kgo.Opt
+}
+
+func (c *LoopConfig) setDefaults() {
+	if c.MaxPollRecords <= 0 {
+		c.MaxPollRecords = 500
+	}
+	if c.Tick <= 0 {
+		c.Tick = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c *LoopConfig) validate() error {
+	switch {
+	case c.Group == "":
+		return errors.New("loop: no consumer group")
+	case len(c.Topics) == 0:
+		return errors.New("loop: no topics")
+	case c.TransactionalID == "":
+		return errors.New("loop: no transactional id")
+	}
+	return nil
+}
+
+// Loop is a consume-process-produce loop on a franz-go GroupTransactSession:
+// it reads committed records only, with stable fetch offsets, and the
+// records a step appends commit together with the offsets it consumed, or
+// not at all. The transaction begins only after the step returned, so no
+// Kafka transaction is ever held open across a tool call.
+type Loop struct {
+	cfg  LoopConfig
+	step Step
+}
+
+// NewLoop validates cfg and returns a loop that runs step.
+func NewLoop(cfg LoopConfig, step Step) (*Loop, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Loop{cfg: cfg, step: step}, nil
+}
+
+// Run runs the loop until ctx is done. After an error that leaves the
+// transactional producer in doubt (EndTxn failed, a produce timed out) it
+// discards the session and starts a new one, which re-initialises the
+// producer id and fences whatever the old one left open. It returns nil on
+// a clean shutdown.
+func (l *Loop) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := l.runSession(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		l.cfg.Logger.Warn("transact session restart", "group", l.cfg.Group, "err", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(jitter(backoff)):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+	return nil
+}
+
+func (l *Loop) runSession(ctx context.Context) error {
+	base, err := l.cfg.Client.baseOpts()
+	if err != nil {
+		return err
+	}
+	opts := append(base,
+		kgo.ConsumerGroup(l.cfg.Group),
+		kgo.ConsumeTopics(l.cfg.Topics...),
+		kgo.TransactionalID(l.cfg.TransactionalID),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.RequireStableFetchOffsets(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.TransactionTimeout(time.Minute),
+		kgo.RecordPartitioner(Partitioner()),
+	)
+	sess, err := kgo.NewGroupTransactSession(append(opts, l.cfg.Opts...)...)
+	if err != nil {
+		return fmt.Errorf("new transact session: %w", err)
+	}
+	defer sess.Close()
+
+	var stepFailures int
+	for {
+		pollCtx, cancel := context.WithTimeout(ctx, l.cfg.Tick)
+		fetches := sess.PollRecords(pollCtx, l.cfg.MaxPollRecords)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if fetches.IsClientClosed() {
+			return errors.New("client closed")
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				l.cfg.Logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
+			}
+		})
+		recs := fetches.Records()
+
+		out, err := l.step(ctx, recs)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			stepFailures++
+			l.cfg.Logger.Warn("step failed, redelivering batch", "group", l.cfg.Group, "records", len(recs), "err", err)
+			// Aborting rewinds the session to the committed offsets,
+			// so the batch comes again.
+			if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
+				return fmt.Errorf("abort after step failure: %w", err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(jitter(min(time.Duration(stepFailures)*100*time.Millisecond, 5*time.Second))):
+			}
+			continue
+		}
+		stepFailures = 0
+		if len(recs) == 0 && len(out.Records) == 0 {
+			continue
+		}
+
+		if err := sess.Begin(); err != nil {
+			return fmt.Errorf("begin transaction: %w", err)
+		}
+		var (
+			mu         sync.Mutex
+			produceErr error
+		)
+		for _, r := range out.Records {
+			sess.Produce(ctx, r, func(_ *kgo.Record, err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil && produceErr == nil {
+					produceErr = err
+				}
+			})
+		}
+		// Flush waits for every promise, so produceErr is settled below.
+		if err := sess.Client().Flush(ctx); err != nil {
+			return fmt.Errorf("flush: %w", err)
+		}
+		mu.Lock()
+		failed := produceErr
+		mu.Unlock()
+		// End flushes, then commits only if every produce succeeded,
+		// the group did not rebalance, and the offsets committed.
+		committed, err := sess.End(ctx, kgo.TransactionEndTry(failed == nil))
+		if err != nil {
+			return fmt.Errorf("end transaction: %w", err)
+		}
+		if failed != nil {
+			return fmt.Errorf("produce: %w", failed)
+		}
+		if !committed {
+			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", len(recs))
+			continue
+		}
+		if out.Committed != nil {
+			if err := out.Committed(ctx); err != nil && ctx.Err() == nil {
+				l.cfg.Logger.Warn("after-commit step failed", "group", l.cfg.Group, "err", err)
+			}
+		}
+	}
+}
+
+// jitter spreads retries of many instances apart.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d/2 + rand.N(d/2+1)
+}

@@ -1,0 +1,123 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// PartitionFor is the partition of a record keyed key on a topic of n
+// partitions (FNV-1a 32 of the key). The ledger's producers use it for
+// every keyed record, so a reader that knows a call's key reads one
+// partition instead of the whole topic.
+func PartitionFor(key []byte, n int) int32 {
+	if n <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write(key)
+	return int32(h.Sum32() % uint32(n))
+}
+
+// Partitioner places keyed records with PartitionFor; unkeyed records go
+// to partition 0.
+func Partitioner() kgo.Partitioner {
+	return kgo.BasicConsistentPartitioner(func(string) func(*kgo.Record, int) int {
+		return func(r *kgo.Record, n int) int { return int(PartitionFor(r.Key, n)) }
+	})
+}
+
+// ReadCall returns every event of key on topic that was committed when the
+// call began, in log order: the call's steps, and any refused submissions
+// (seq 0) under its key. It reads only the key's partition.
+func ReadCall(ctx context.Context, cc ClientConfig, topic string, key CallKey) ([]Event, error) {
+	var evs []Event
+	err := scanKey(ctx, cc, topic, key, false, func(e Event) bool {
+		evs = append(evs, e)
+		return false
+	})
+	return evs, err
+}
+
+// FollowCall calls fn with each event of key on topic, from the start of
+// the log and then live, until fn returns true or ctx is done.
+func FollowCall(ctx context.Context, cc ClientConfig, topic string, key CallKey, fn func(Event) bool) error {
+	return scanKey(ctx, cc, topic, key, true, fn)
+}
+
+func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, follow bool, fn func(Event) bool) error {
+	admin, err := NewClient(cc)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	adm := kadm.NewClient(admin)
+	details, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("describe %s: %w", topic, err)
+	}
+	d, ok := details[topic]
+	if !ok || d.Err != nil {
+		return fmt.Errorf("describe %s: %v", topic, d.Err)
+	}
+	k := []byte(key.String())
+	p := PartitionFor(k, len(d.Partitions))
+	// The last stable offset: everything before it is committed or
+	// aborted, and read_committed shows the committed part.
+	ends, err := adm.ListCommittedOffsets(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("list offsets %s: %w", topic, err)
+	}
+	end, _ := ends.Lookup(topic, p)
+	if end.Err != nil {
+		return fmt.Errorf("list offsets %s/%d: %w", topic, p, end.Err)
+	}
+	if !follow && end.Offset <= 0 {
+		return nil
+	}
+
+	// Control records are kept so that the reader sees every offset up to
+	// the end, transaction markers included, and knows when it is done.
+	cl, err := NewClient(cc,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {p: kgo.NewOffset().AtStart()}}),
+		kgo.KeepControlRecords(),
+	)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	next := int64(0)
+	for follow || next < end.Offset {
+		fetches := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var ferr error
+		fetches.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return fmt.Errorf("read %s/%d: %w", topic, p, ferr)
+		}
+		for _, r := range fetches.Records() {
+			next = r.Offset + 1
+			if r.Attrs.IsControl() || string(r.Key) != string(k) {
+				continue
+			}
+			e, err := DecodeEvent(r.Value)
+			if err != nil {
+				return fmt.Errorf("event at %s/%d/%d: %w", topic, p, r.Offset, err)
+			}
+			if fn(e) {
+				return nil
+			}
+		}
+	}
+	return nil
+}
