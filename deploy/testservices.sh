@@ -1,0 +1,456 @@
+#!/usr/bin/env bash
+# testservices.sh starts (or finds) the services the integration tests need:
+# PostgreSQL (the stand-in for CockroachDB) and ClickHouse, both private to
+# this machine and bound to loopback only.
+#
+#   eval "$(deploy/testservices.sh start)"   # prints export lines on stdout
+#   deploy/testservices.sh stop              # stops only what start started
+#
+# start prints, on stdout and nothing else:
+#   export LEDGER_TEST_PG_DSN=postgres://ledger@127.0.0.1:55432/ledger?sslmode=disable
+#   export LEDGER_TEST_CLICKHOUSE_ADDR=127.0.0.1:59000          (native protocol)
+#   export LEDGER_TEST_CLICKHOUSE_HTTP=http://127.0.0.1:58123   (HTTP interface)
+# Everything else (progress, apt output, server logs on failure) goes to
+# stderr.
+#
+# For each service, in order: an address already in the environment that
+# answers is reused; else a server answering on the private default address
+# is reused (so start is idempotent and works unprivileged when the services
+# are already up); else the Debian package is installed if missing (root
+# only) and a private server is started with its data, config, logs and pid
+# file under the state directory. stop stops only servers that have a pid
+# file there.
+#
+# Environment:
+#   LEDGER_TEST_STATE         state directory (default /tmp/ledger-testservices)
+#   LEDGER_TEST_PG_DSN        reuse this PostgreSQL/CockroachDB if it answers
+#   LEDGER_TEST_CLICKHOUSE_ADDR, LEDGER_TEST_CLICKHOUSE_HTTP
+#                             reuse this ClickHouse if it answers (both needed)
+#   LEDGER_TEST_WAIT          seconds to wait for a server to answer (default 90)
+set -euo pipefail
+
+STATE="${LEDGER_TEST_STATE:-/tmp/ledger-testservices}"
+WAIT="${LEDGER_TEST_WAIT:-90}"
+
+PG_HOST=127.0.0.1
+PG_PORT=55432
+PG_DSN_DEFAULT="postgres://ledger@${PG_HOST}:${PG_PORT}/ledger?sslmode=disable"
+PG_DIR="$STATE/postgres"
+
+CH_HOST=127.0.0.1
+CH_TCP_PORT=59000
+CH_HTTP_PORT=58123
+CH_INTERSERVER_PORT=59009
+CH_ADDR_DEFAULT="${CH_HOST}:${CH_TCP_PORT}"
+CH_HTTP_DEFAULT="http://${CH_HOST}:${CH_HTTP_PORT}"
+CH_DIR="$STATE/clickhouse"
+
+log() { printf 'testservices: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+# apt_install installs Debian packages, quietly on stdout. apt-get update
+# runs once per invocation, first: a fresh machine has no (or stale) lists.
+APT_UPDATED=0
+apt_install() {
+	is_root || die "need packages $* but not root: install them or start the services yourself"
+	command -v apt-get >/dev/null || die "need packages $* and apt-get is missing"
+	if [ "$APT_UPDATED" -eq 0 ]; then
+		log "apt-get update"
+		apt-get update >&2
+		APT_UPDATED=1
+	fi
+	log "apt-get install $*"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" >&2
+}
+
+# as_user runs a command as the given system user when root (servers refuse
+# or should not run as root), and as the current user otherwise.
+as_user() {
+	local user="$1"
+	shift
+	if is_root; then
+		runuser -u "$user" -- "$@"
+	else
+		"$@"
+	fi
+}
+
+# pid_alive reports whether the pid in file $1 is a running process whose
+# command line contains $2: a stale pid file (machine rebooted, pid reused)
+# must never make stop signal an unrelated process.
+pid_alive() {
+	local pid
+	[ -s "$1" ] || return 1
+	pid="$(head -n1 "$1")"
+	case "$pid" in '' | *[!0-9]*) return 1 ;; esac
+	kill -0 "$pid" 2>/dev/null || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2"
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+pg_answers() {
+	local dsn="$1"
+	if command -v psql >/dev/null; then
+		PGCONNECT_TIMEOUT=3 psql "$dsn" -XAtqc 'SELECT 1' >/dev/null 2>&1
+	elif command -v pg_isready >/dev/null; then
+		pg_isready -q -t 3 -d "$dsn" >/dev/null 2>&1
+	else
+		return 1
+	fi
+}
+
+pg_bindir() {
+	local d
+	# Highest installed major version first.
+	for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -t/ -k4 -n -r); do
+		if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ]; then
+			echo "$d"
+			return 0
+		fi
+	done
+	return 1
+}
+
+pg_start() {
+	if [ -n "${LEDGER_TEST_PG_DSN:-}" ] && pg_answers "$LEDGER_TEST_PG_DSN"; then
+		log "postgres: reusing LEDGER_TEST_PG_DSN"
+		PG_DSN="$LEDGER_TEST_PG_DSN"
+		return 0
+	fi
+	if [ -n "${LEDGER_TEST_PG_DSN:-}" ]; then
+		log "postgres: LEDGER_TEST_PG_DSN is set but does not answer; trying the private server"
+	fi
+	PG_DSN="$PG_DSN_DEFAULT"
+	if pg_answers "$PG_DSN"; then
+		log "postgres: reusing the server on ${PG_HOST}:${PG_PORT}"
+		return 0
+	fi
+
+	local bindir
+	if ! bindir="$(pg_bindir)" || ! command -v psql >/dev/null; then
+		apt_install postgresql postgresql-client
+		bindir="$(pg_bindir)" || die "postgres: initdb not found under /usr/lib/postgresql/*/bin after install"
+	fi
+	local user=postgres
+	if is_root; then
+		getent passwd "$user" >/dev/null || die "postgres: system user $user missing (the postgresql package creates it)"
+	else
+		user="$(id -un)"
+	fi
+
+	mkdir -p "$STATE"
+	chmod 755 "$STATE" 2>/dev/null || true
+	mkdir -p "$PG_DIR"
+	if is_root; then chown "$user": "$PG_DIR"; fi
+	local data="$PG_DIR/data" sock="$PG_DIR/sock" logf="$PG_DIR/postgres.log"
+	as_user "$user" mkdir -p "$sock"
+
+	if [ ! -s "$data/PG_VERSION" ]; then
+		log "postgres: initdb in $data"
+		rm -rf "$data"
+		as_user "$user" "$bindir/initdb" -D "$data" -U postgres -A trust -E UTF8 --no-locale >&2
+		# Loopback only, trust: a throwaway test cluster. fsync off: speed
+		# over durability, nothing here outlives the test run.
+		as_user "$user" tee -a "$data/postgresql.conf" >/dev/null <<-EOF
+			listen_addresses = '${PG_HOST}'
+			port = ${PG_PORT}
+			unix_socket_directories = '${sock}'
+			fsync = off
+			synchronous_commit = off
+			full_page_writes = off
+			max_connections = 200
+			max_pred_locks_per_transaction = 256
+			log_min_messages = warning
+		EOF
+		as_user "$user" tee "$data/pg_hba.conf" >/dev/null <<-EOF
+			local all all              trust
+			host  all all 127.0.0.1/32 trust
+			host  all all ::1/128      trust
+		EOF
+	fi
+
+	if pid_alive "$data/postmaster.pid" postgres; then
+		log "postgres: a server from $data is running but does not answer; stopping it"
+		as_user "$user" "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2 || true
+	fi
+	log "postgres: starting on ${PG_HOST}:${PG_PORT}"
+	# 9>&-: the server must not inherit (and hold) this script's lock.
+	if ! as_user "$user" "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$WAIT" start >&2 9>&-; then
+		log "postgres: did not start; log tail:"
+		tail -n 50 "$logf" >&2 || true
+		die "postgres: start failed"
+	fi
+	# pg_ctl knows its own pid file; this one marks "started by this script".
+	echo "$bindir" >"$PG_DIR/started-by-testservices"
+
+	local psqlc=(psql -X -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -Atq)
+	if [ "$("${psqlc[@]}" -c "SELECT 1 FROM pg_roles WHERE rolname = 'ledger'")" != 1 ]; then
+		"${psqlc[@]}" -c "CREATE ROLE ledger LOGIN SUPERUSER" >&2
+	fi
+	if [ "$("${psqlc[@]}" -c "SELECT 1 FROM pg_database WHERE datname = 'ledger'")" != 1 ]; then
+		"${psqlc[@]}" -c "CREATE DATABASE ledger OWNER ledger" >&2
+	fi
+	pg_answers "$PG_DSN" || die "postgres: started but $PG_DSN does not answer; see $logf"
+	log "postgres: ready"
+}
+
+pg_stop() {
+	local marker="$PG_DIR/started-by-testservices" data="$PG_DIR/data"
+	if [ ! -f "$marker" ]; then
+		log "postgres: not started by this script; leaving it alone"
+		return 0
+	fi
+	local bindir user=postgres
+	bindir="$(cat "$marker")"
+	is_root || user="$(id -un)"
+	if pid_alive "$data/postmaster.pid" postgres; then
+		log "postgres: stopping"
+		as_user "$user" "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2 ||
+			die "postgres: pg_ctl stop failed"
+	fi
+	rm -f "$marker"
+}
+
+# ---------------------------------------------------------------- ClickHouse
+
+ch_http_answers() {
+	local url="$1" out
+	command -v curl >/dev/null || return 1
+	out="$(curl -fsS --max-time 3 "${url%/}/?query=SELECT%201" 2>/dev/null)" || return 1
+	[ "$out" = 1 ]
+}
+
+ch_native_answers() {
+	local addr="$1"
+	command -v clickhouse-client >/dev/null || return 0 # HTTP check stands in
+	clickhouse-client --host "${addr%:*}" --port "${addr##*:}" -q 'SELECT 1' >/dev/null 2>&1
+}
+
+ch_answers() { ch_http_answers "$2" && ch_native_answers "$1"; }
+
+ch_server_bin() {
+	local b
+	for b in clickhouse-server /usr/bin/clickhouse-server; do
+		if command -v "$b" >/dev/null; then
+			command -v "$b"
+			return 0
+		fi
+	done
+	return 1
+}
+
+ch_write_config() {
+	local conf="$CH_DIR/config.xml" users="$CH_DIR/users.xml"
+	# ClickHouse 18.16 wants the <yandex> root element; current releases
+	# still accept it.
+	cat >"$conf" <<-EOF
+		<?xml version="1.0"?>
+		<yandex>
+		    <logger>
+		        <level>information</level>
+		        <log>${CH_DIR}/log/clickhouse-server.log</log>
+		        <errorlog>${CH_DIR}/log/clickhouse-server.err.log</errorlog>
+		        <size>100M</size>
+		        <count>3</count>
+		    </logger>
+		    <listen_host>${CH_HOST}</listen_host>
+		    <tcp_port>${CH_TCP_PORT}</tcp_port>
+		    <http_port>${CH_HTTP_PORT}</http_port>
+		    <interserver_http_port>${CH_INTERSERVER_PORT}</interserver_http_port>
+		    <interserver_http_host>${CH_HOST}</interserver_http_host>
+		    <max_connections>1024</max_connections>
+		    <keep_alive_timeout>3</keep_alive_timeout>
+		    <max_concurrent_queries>100</max_concurrent_queries>
+		    <uncompressed_cache_size>268435456</uncompressed_cache_size>
+		    <mark_cache_size>268435456</mark_cache_size>
+		    <path>${CH_DIR}/data/</path>
+		    <tmp_path>${CH_DIR}/tmp/</tmp_path>
+		    <user_files_path>${CH_DIR}/user_files/</user_files_path>
+		    <format_schema_path>${CH_DIR}/format_schemas/</format_schema_path>
+		    <users_config>${users}</users_config>
+		    <default_profile>default</default_profile>
+		    <default_database>default</default_database>
+		    <timezone>UTC</timezone>
+		    <mlock_executable>false</mlock_executable>
+		    <builtin_dictionaries_reload_interval>3600</builtin_dictionaries_reload_interval>
+		    <max_session_timeout>3600</max_session_timeout>
+		    <default_session_timeout>60</default_session_timeout>
+		</yandex>
+	EOF
+	cat >"$users" <<-EOF
+		<?xml version="1.0"?>
+		<yandex>
+		    <profiles>
+		        <default>
+		            <max_memory_usage>4000000000</max_memory_usage>
+		            <use_uncompressed_cache>0</use_uncompressed_cache>
+		            <load_balancing>random</load_balancing>
+		        </default>
+		    </profiles>
+		    <users>
+		        <default>
+		            <password></password>
+		            <networks>
+		                <ip>127.0.0.1</ip>
+		                <ip>::1</ip>
+		            </networks>
+		            <profile>default</profile>
+		            <quota>default</quota>
+		        </default>
+		    </users>
+		    <quotas>
+		        <default>
+		            <interval>
+		                <duration>3600</duration>
+		                <queries>0</queries>
+		                <errors>0</errors>
+		                <result_rows>0</result_rows>
+		                <read_rows>0</read_rows>
+		                <execution_time>0</execution_time>
+		            </interval>
+		        </default>
+		    </quotas>
+		</yandex>
+	EOF
+}
+
+ch_start() {
+	if [ -n "${LEDGER_TEST_CLICKHOUSE_ADDR:-}" ] && [ -n "${LEDGER_TEST_CLICKHOUSE_HTTP:-}" ] &&
+		ch_answers "$LEDGER_TEST_CLICKHOUSE_ADDR" "$LEDGER_TEST_CLICKHOUSE_HTTP"; then
+		log "clickhouse: reusing LEDGER_TEST_CLICKHOUSE_ADDR and LEDGER_TEST_CLICKHOUSE_HTTP"
+		CH_ADDR="$LEDGER_TEST_CLICKHOUSE_ADDR"
+		CH_HTTP="$LEDGER_TEST_CLICKHOUSE_HTTP"
+		return 0
+	fi
+	if [ -n "${LEDGER_TEST_CLICKHOUSE_ADDR:-}${LEDGER_TEST_CLICKHOUSE_HTTP:-}" ]; then
+		log "clickhouse: LEDGER_TEST_CLICKHOUSE_ADDR/_HTTP set but not both answering; trying the private server"
+	fi
+	CH_ADDR="$CH_ADDR_DEFAULT"
+	CH_HTTP="$CH_HTTP_DEFAULT"
+	if ch_answers "$CH_ADDR" "$CH_HTTP"; then
+		log "clickhouse: reusing the server on ${CH_ADDR}"
+		return 0
+	fi
+
+	local bin
+	if ! bin="$(ch_server_bin)" || ! command -v clickhouse-client >/dev/null || ! command -v curl >/dev/null; then
+		apt_install clickhouse-server clickhouse-client curl ca-certificates
+		bin="$(ch_server_bin)" || die "clickhouse: clickhouse-server not found after install"
+	fi
+	local user
+	user="$(id -un)"
+	if is_root && getent passwd clickhouse >/dev/null; then
+		user=clickhouse
+	fi
+
+	mkdir -p "$STATE"
+	chmod 755 "$STATE" 2>/dev/null || true
+	mkdir -p "$CH_DIR"/{data,tmp,user_files,format_schemas,log}
+	ch_write_config
+	if is_root; then chown -R "$user": "$CH_DIR"; fi
+
+	local pidf="$CH_DIR/clickhouse-server.pid"
+	local logf="$CH_DIR/log/clickhouse-server.log" errf="$CH_DIR/log/clickhouse-server.err.log"
+	local outf="$CH_DIR/log/stdout.log"
+	if pid_alive "$pidf" clickhouse; then
+		log "clickhouse: a server from $CH_DIR is running but does not answer; stopping it"
+		ch_stop
+	fi
+	rm -f "$pidf"
+	log "clickhouse: starting on ${CH_ADDR} (http ${CH_HTTP})"
+	# setsid + nohup: the server outlives this script and the caller's
+	# terminal; 9>&- keeps it from holding this script's lock. setpriv (not
+	# runuser, which forks and waits) and setsid (not a process group leader
+	# here, so it does not fork) both exec, so $! is the server's own pid.
+	# Not --daemon: 18.16 writes its pid file only then, and its daemon mode
+	# exits silently when started this way.
+	local drop=()
+	if [ "$user" != "$(id -un)" ]; then
+		drop=(setpriv --reuid="$user" --regid="$(id -g "$user")" --init-groups)
+	fi
+	(
+		cd "$CH_DIR"
+		HOME="$CH_DIR" "${drop[@]}" setsid nohup "$bin" --config-file="$CH_DIR/config.xml" \
+			</dev/null >"$outf" 2>&1 9>&- &
+		echo $! >"$pidf"
+	)
+	local deadline=$((SECONDS + WAIT))
+	until ch_answers "$CH_ADDR" "$CH_HTTP"; do
+		if ! pid_alive "$pidf" clickhouse || [ "$SECONDS" -ge "$deadline" ]; then
+			log "clickhouse: did not answer within ${WAIT}s (or exited); log tails:"
+			tail -n 30 "$outf" >&2 2>/dev/null || true
+			tail -n 30 "$errf" >&2 2>/dev/null || true
+			tail -n 30 "$logf" >&2 2>/dev/null || true
+			ch_stop || true
+			die "clickhouse: start failed"
+		fi
+		sleep 0.5
+	done
+	log "clickhouse: ready"
+}
+
+ch_stop() {
+	local pidf="$CH_DIR/clickhouse-server.pid" pid
+	if [ ! -f "$pidf" ]; then
+		log "clickhouse: not started by this script; leaving it alone"
+		return 0
+	fi
+	if pid_alive "$pidf" clickhouse; then
+		pid="$(head -n1 "$pidf")"
+		log "clickhouse: stopping pid $pid"
+		kill -TERM "$pid" 2>/dev/null || true
+		local deadline=$((SECONDS + 30))
+		while kill -0 "$pid" 2>/dev/null; do
+			if [ "$SECONDS" -ge "$deadline" ]; then
+				log "clickhouse: pid $pid still running after 30s; killing"
+				kill -KILL "$pid" 2>/dev/null || true
+				break
+			fi
+			sleep 0.2
+		done
+	fi
+	rm -f "$pidf"
+}
+
+# ---------------------------------------------------------------- main
+
+# Serialize concurrent start/stop calls (several test runs on one machine)
+# on a lock in the state directory.
+lock() {
+	mkdir -p "$STATE"
+	chmod 755 "$STATE" 2>/dev/null || true
+	# Read-only when the lock belongs to another user (root started the
+	# services, an unprivileged run reuses them): flock needs no write access.
+	if [ -e "$STATE/lock" ] && [ ! -w "$STATE/lock" ]; then
+		exec 9<"$STATE/lock"
+	else
+		exec 9>>"$STATE/lock"
+	fi
+	flock -w "$((WAIT * 3))" 9 || die "another testservices.sh holds $STATE/lock"
+}
+
+case "${1:-}" in
+start)
+	lock
+	pg_start
+	ch_start
+	# Single quotes: DSNs carry "?" and "&", which a shell would expand.
+	printf "export LEDGER_TEST_PG_DSN='%s'\n" "$PG_DSN"
+	printf "export LEDGER_TEST_CLICKHOUSE_ADDR='%s'\n" "$CH_ADDR"
+	printf "export LEDGER_TEST_CLICKHOUSE_HTTP='%s'\n" "$CH_HTTP"
+	;;
+stop)
+	lock
+	ch_stop
+	pg_stop
+	;;
+*)
+	echo "usage: $0 start|stop" >&2
+	exit 2
+	;;
+esac

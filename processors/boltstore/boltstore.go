@@ -1,0 +1,494 @@
+// Package boltstore is the embedded execution store (processors.Store) of
+// `ledger dev`: one bbolt file in the data directory, pure Go, no server,
+// durable across restarts.
+//
+// Each method is one bbolt read-write transaction (View for Expired and
+// Get). bbolt runs one writer at a time, so every batch is serializable by
+// construction and nothing ever needs a retry; the price is that writers
+// queue, which is fine for one process on one machine and is why
+// production uses processors/pgstore.
+//
+// Layout, in buckets:
+//
+//	records  key: uvarint(len(tenant_id)) tenant_id idempotency_key
+//	         value: the record as JSON (diskRecord; JSON so the file can be
+//	         inspected with bbolt's tools and fields can be added without a
+//	         migration)
+//	leases   key: lease_until (8 bytes, big-endian, order-preserving) record key
+//	         value: empty; one entry per executing record, so Expired reads
+//	         the oldest leases first without scanning every record
+//	meta     "format": the layout version ("1"); Open refuses other values
+//
+// The store's clock is Config.Now (time.Now by default): leases are
+// measured against it, as pgstore measures them against the database's
+// now().
+package boltstore
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+)
+
+var (
+	bucketRecords = []byte("records")
+	bucketLeases  = []byte("leases")
+	bucketMeta    = []byte("meta")
+	metaFormat    = []byte("format")
+)
+
+// format is the layout version written into the meta bucket.
+const format = "1"
+
+// ErrFormat: the file was written with a layout this build does not read.
+var ErrFormat = errors.New("unsupported execution store format")
+
+// Config configures the store.
+type Config struct {
+	// Path is the database file, e.g. <data dir>/executions.db. Its
+	// directory is created if missing. Required.
+	Path string
+	// Now is the store's clock, read once per batch, for leases and
+	// timestamps. Default time.Now; tests inject a fake clock.
+	Now func() time.Time
+	// Logger receives lifecycle logs. Nil discards.
+	Logger *slog.Logger
+	// OpenTimeout bounds the wait for the file lock, held while another
+	// process has the file open. Default 5s; Open fails after it.
+	OpenTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.OpenTimeout == 0 {
+		c.OpenTimeout = 5 * time.Second
+	}
+}
+
+func (c *Config) validate() error {
+	if c.Path == "" {
+		return errors.New("boltstore: Path is required")
+	}
+	if c.OpenTimeout < 0 {
+		return fmt.Errorf("boltstore: OpenTimeout %v is negative", c.OpenTimeout)
+	}
+	return nil
+}
+
+// Store is the bbolt execution store. It is safe for concurrent use.
+type Store struct {
+	db  *bolt.DB
+	now func() time.Time
+	log *slog.Logger
+}
+
+var _ processors.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the store at cfg.Path.
+func Open(cfg Config) (*Store, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.Path), 0o755); err != nil {
+		return nil, fmt.Errorf("boltstore: create directory: %w", err)
+	}
+	db, err := bolt.Open(cfg.Path, 0o600, &bolt.Options{Timeout: cfg.OpenTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("boltstore: open %s: %w", cfg.Path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketRecords, bucketLeases, bucketMeta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		switch v := meta.Get(metaFormat); {
+		case v == nil:
+			return meta.Put(metaFormat, []byte(format))
+		case string(v) != format:
+			return fmt.Errorf("%s has format %q, want %q: %w", cfg.Path, v, format, ErrFormat)
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("boltstore: initialize: %w", err)
+	}
+	cfg.Logger.Info("execution store opened", "path", cfg.Path)
+	return &Store{db: db, now: cfg.Now, log: cfg.Logger}, nil
+}
+
+// Close closes the file. The store must not be used after.
+func (s *Store) Close() error { return s.db.Close() }
+
+// diskRecord is a Record as stored. Its JSON names are the file format:
+// rename nothing without bumping format.
+type diskRecord struct {
+	TenantID       string            `json:"tenant_id"`
+	IdempotencyKey string            `json:"idempotency_key"`
+	CallID         string            `json:"call_id"`
+	ArgumentsHash  string            `json:"arguments_hash"`
+	Tool           string            `json:"tool"`
+	ToolVersion    int               `json:"tool_version"`
+	Arguments      []byte            `json:"arguments,omitempty"`
+	DeadlineAt     time.Time         `json:"deadline_at,omitzero"`
+	Status         processors.Status `json:"status"`
+	Epoch          int64             `json:"epoch"`
+	Attempt        int               `json:"attempt"`
+	LeaseOwner     string            `json:"lease_owner,omitempty"`
+	LeaseUntil     time.Time         `json:"lease_until,omitzero"`
+	Result         []byte            `json:"result,omitempty"`
+	Seq            int64             `json:"seq"`
+	LoggedSeq      int64             `json:"logged_seq"`
+	Outbox         []byte            `json:"outbox,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	UpdatedAt      time.Time         `json:"updated_at"`
+}
+
+func toDisk(r processors.Record) diskRecord {
+	return diskRecord{
+		TenantID: r.Key.TenantID, IdempotencyKey: r.Key.IdempotencyKey,
+		CallID: r.CallID, ArgumentsHash: r.ArgumentsHash, Tool: r.Tool, ToolVersion: r.ToolVersion,
+		Arguments: r.Arguments, DeadlineAt: r.DeadlineAt, Status: r.Status,
+		Epoch: r.Epoch, Attempt: r.Attempt, LeaseOwner: r.LeaseOwner, LeaseUntil: r.LeaseUntil,
+		Result: r.Result, Seq: r.Seq, LoggedSeq: r.LoggedSeq, Outbox: r.Outbox,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+	}
+}
+
+func (d diskRecord) record() processors.Record {
+	return processors.Record{
+		Key:    ledger.CallKey{TenantID: d.TenantID, IdempotencyKey: d.IdempotencyKey},
+		CallID: d.CallID, ArgumentsHash: d.ArgumentsHash, Tool: d.Tool, ToolVersion: d.ToolVersion,
+		Arguments: d.Arguments, DeadlineAt: d.DeadlineAt, Status: d.Status,
+		Epoch: d.Epoch, Attempt: d.Attempt, LeaseOwner: d.LeaseOwner, LeaseUntil: d.LeaseUntil,
+		Result: d.Result, Seq: d.Seq, LoggedSeq: d.LoggedSeq, Outbox: d.Outbox,
+		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
+	}
+}
+
+// recordKey is uvarint(len(tenant)) tenant idempotency_key: unambiguous
+// whatever bytes either part holds.
+func recordKey(k ledger.CallKey) []byte {
+	b := binary.AppendUvarint(make([]byte, 0, 2+len(k.TenantID)+len(k.IdempotencyKey)), uint64(len(k.TenantID)))
+	b = append(b, k.TenantID...)
+	return append(b, k.IdempotencyKey...)
+}
+
+// leaseKey orders by lease end, then record key. Flipping the sign bit
+// makes big-endian byte order match int64 order.
+func leaseKey(until time.Time, rk []byte) []byte {
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(rk)), uint64(until.UnixNano())^(1<<63))
+	return append(b, rk...)
+}
+
+func leaseEnd(lk []byte) time.Time {
+	return time.Unix(0, int64(binary.BigEndian.Uint64(lk[:8])^(1<<63))).UTC()
+}
+
+// txn is one batch's view of the buckets.
+type txn struct {
+	records, leases *bolt.Bucket
+	now             time.Time
+}
+
+func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
+	v := x.records.Get(recordKey(k))
+	if v == nil {
+		return processors.Record{}, false, nil
+	}
+	var d diskRecord
+	if err := json.Unmarshal(v, &d); err != nil {
+		return processors.Record{}, false, fmt.Errorf("decode record %v: %v", k, err)
+	}
+	return d.record(), true, nil
+}
+
+// put writes r, keeping the lease index in step with prev (the record as
+// it was, or nil for a new one).
+func (x *txn) put(prev *processors.Record, r processors.Record) error {
+	rk := recordKey(r.Key)
+	if prev != nil && prev.Status == processors.StatusExecuting {
+		if err := x.leases.Delete(leaseKey(prev.LeaseUntil, rk)); err != nil {
+			return err
+		}
+	}
+	if r.Status == processors.StatusExecuting {
+		if err := x.leases.Put(leaseKey(r.LeaseUntil, rk), nil); err != nil {
+			return err
+		}
+	}
+	v, err := json.Marshal(toDisk(r))
+	if err != nil {
+		return fmt.Errorf("encode record %v: %v", r.Key, err)
+	}
+	return x.records.Put(rk, v)
+}
+
+// update runs fn in one read-write transaction, with one clock reading.
+func (s *Store) update(ctx context.Context, op string, fn func(x *txn) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("boltstore %s: %w", op, err)
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		return fn(&txn{records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases), now: s.now().UTC()})
+	})
+	if err != nil {
+		return fmt.Errorf("boltstore %s: %w", op, err)
+	}
+	return nil
+}
+
+// Admit implements processors.Store.
+func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, error) {
+	if err := processors.CheckAdmissions(as); err != nil {
+		return nil, fmt.Errorf("boltstore admit: %w", err)
+	}
+	if len(as) == 0 {
+		return []processors.AdmitResult{}, nil
+	}
+	out := make([]processors.AdmitResult, len(as))
+	err := s.update(ctx, "admit", func(x *txn) error {
+		for i, a := range as {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			cur, ok, err := x.get(a.Key)
+			if err != nil {
+				return err
+			}
+			if ok {
+				out[i] = processors.AdmitResult{Outcome: processors.Conflict, Record: cur}
+				if cur.ArgumentsHash == a.ArgumentsHash {
+					out[i].Outcome = processors.Duplicate
+				}
+				continue
+			}
+			r := processors.Record{
+				Key: a.Key, CallID: a.CallID, ArgumentsHash: a.ArgumentsHash,
+				Tool: a.Tool, ToolVersion: a.ToolVersion, Arguments: a.Arguments,
+				DeadlineAt: a.DeadlineAt.UTC(), Status: a.Status, Seq: a.Seq, Outbox: a.Outbox,
+				CreatedAt: x.now, UpdatedAt: x.now,
+			}
+			if err := x.put(nil, r); err != nil {
+				return err
+			}
+			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Claim implements processors.Store.
+func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
+	if err := processors.CheckClaims(cs); err != nil {
+		return nil, fmt.Errorf("boltstore claim: %w", err)
+	}
+	if len(cs) == 0 {
+		return []processors.ClaimResult{}, nil
+	}
+	out := make([]processors.ClaimResult, len(cs))
+	err := s.update(ctx, "claim", func(x *txn) error {
+		for i, c := range cs {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			cur, ok, err := x.get(c.Key)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				out[i] = processors.ClaimResult{Outcome: processors.Missing}
+				continue
+			}
+			out[i] = processors.ClaimResult{Record: cur}
+			// The hash first: a reused key learns nothing else and
+			// moves nothing.
+			if cur.ArgumentsHash != c.ArgumentsHash {
+				out[i].Outcome = processors.Mismatch
+				continue
+			}
+			switch {
+			case cur.Status.Done():
+				out[i].Outcome = processors.Finished
+				continue
+			case cur.Status == processors.StatusPending:
+				out[i].Outcome = processors.NotReady
+				continue
+			case cur.Status == processors.StatusAuthorized:
+				out[i].Outcome = processors.Claimed
+			case cur.Status == processors.StatusExecuting && cur.LeaseUntil.Before(x.now):
+				out[i].Outcome = processors.Reclaimed
+			case cur.Status == processors.StatusExecuting:
+				out[i].Outcome = processors.Busy
+				continue
+			default:
+				return fmt.Errorf("record %v has unknown status %q", c.Key, cur.Status)
+			}
+			next := cur
+			next.Status = processors.StatusExecuting
+			next.Epoch++
+			next.LeaseOwner = c.Owner
+			next.LeaseUntil = x.now.Add(c.Lease)
+			next.UpdatedAt = x.now
+			if err := x.put(&cur, next); err != nil {
+				return err
+			}
+			out[i].Record = next
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Complete implements processors.Store.
+func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]bool, error) {
+	if err := processors.CheckCompletions(cs); err != nil {
+		return nil, fmt.Errorf("boltstore complete: %w", err)
+	}
+	if len(cs) == 0 {
+		return []bool{}, nil
+	}
+	applied := make([]bool, len(cs))
+	err := s.update(ctx, "complete", func(x *txn) error {
+		for i, c := range cs {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			cur, ok, err := x.get(c.Key)
+			if err != nil {
+				return err
+			}
+			if !ok || cur.Status != processors.StatusExecuting || cur.Epoch != c.Epoch {
+				continue // fenced out
+			}
+			next := cur
+			next.Status = c.Status
+			next.Attempt = c.Attempt
+			next.Result = c.Result
+			next.Seq = c.Seq
+			next.Outbox = c.Outbox
+			next.LeaseOwner = ""
+			next.LeaseUntil = time.Time{}
+			next.UpdatedAt = x.now
+			if err := x.put(&cur, next); err != nil {
+				return err
+			}
+			applied[i] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
+}
+
+// MarkLogged implements processors.Store. LoggedSeq only grows; UpdatedAt
+// is left alone (it dates the call's last step, not bookkeeping).
+func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
+	if len(ls) == 0 {
+		return nil
+	}
+	return s.update(ctx, "mark logged", func(x *txn) error {
+		for _, l := range ls {
+			cur, ok, err := x.get(l.Key)
+			if err != nil {
+				return err
+			}
+			if !ok || l.Seq <= cur.LoggedSeq {
+				continue
+			}
+			next := cur
+			next.LoggedSeq = l.Seq
+			if err := x.put(&cur, next); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Expired implements processors.Store: records executing under a lease
+// that ended before Config.Now, oldest lease first.
+func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("boltstore expired: %w", err)
+	}
+	if limit <= 0 {
+		return []processors.Record{}, nil
+	}
+	now := s.now()
+	var out []processors.Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		x := &txn{records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases), now: now}
+		c := x.leases.Cursor()
+		for lk, _ := c.First(); lk != nil && len(out) < limit; lk, _ = c.Next() {
+			if !leaseEnd(lk).Before(now) {
+				break
+			}
+			v := x.records.Get(lk[8:])
+			if v == nil {
+				return fmt.Errorf("lease index entry %x has no record", lk)
+			}
+			var d diskRecord
+			if err := json.Unmarshal(v, &d); err != nil {
+				return fmt.Errorf("decode record %x: %v", lk[8:], err)
+			}
+			out = append(out, d.record())
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boltstore expired: %w", err)
+	}
+	return out, nil
+}
+
+// Get implements processors.Store.
+func (s *Store) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return processors.Record{}, fmt.Errorf("boltstore get: %w", err)
+	}
+	var (
+		r  processors.Record
+		ok bool
+	)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		r, ok, err = (&txn{records: tx.Bucket(bucketRecords)}).get(k)
+		return err
+	})
+	if err != nil {
+		return processors.Record{}, fmt.Errorf("boltstore get: %w", err)
+	}
+	if !ok {
+		return processors.Record{}, fmt.Errorf("%v: %w", k, processors.ErrNotFound)
+	}
+	return r, nil
+}

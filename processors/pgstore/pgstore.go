@@ -1,0 +1,720 @@
+// Package pgstore is the production execution store (processors.Store) on
+// CockroachDB, with PostgreSQL as its wire-compatible stand-in in tests.
+// The SQL is the subset both accept; comments mark where CockroachDB
+// differs.
+//
+// Every method is one SERIALIZABLE transaction over the whole batch, its
+// statements pipelined (pgx.Batch) so that a batch costs one round trip
+// plus BEGIN and COMMIT, not one per call. Serialization failures (SQLSTATE
+// 40001) restart the whole transaction, a bounded number of times:
+//
+//   - on PostgreSQL with crdb.ExecuteCtx around pgx.BeginTxFunc: a fresh
+//     transaction per attempt, with jittered backoff between attempts;
+//   - on CockroachDB (detected from version() at Open) with
+//     crdbpgxv5.ExecuteTx, CockroachDB's savepoint protocol, which keeps
+//     the transaction's priority across restarts. It must not be used on
+//     PostgreSQL, where RELEASE SAVEPOINT commits nothing: the protocol
+//     ignores the error of the real COMMIT, so a commit-time 40001 is a
+//     lost write reported as success, and it never recovers from a
+//     statement-level 40001 either.
+//
+// Dedupe rests on the table's primary key (tenant_id, idempotency_key)
+// and INSERT ... ON CONFLICT DO NOTHING, not on the isolation level alone.
+// Leases are measured against the database's now() (the transaction's
+// start time on both engines), never against the client's clock.
+package pgstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/cockroach-go/v2/crdb"
+	crdbpgx "github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+)
+
+//go:embed schema.sql
+var schemaSQL string
+
+// Table and index names; Config.Schema qualifies them.
+const (
+	tableName = "execution_records"
+	indexName = "execution_records_status_lease_until"
+)
+
+// DefaultMaxRetries is Config.MaxRetries' default.
+const DefaultMaxRetries = 30
+
+// Config configures the store.
+type Config struct {
+	// DSN is the pgx connection string (URL or key=value), e.g.
+	// postgres://ledger@127.0.0.1:26257/ledger?sslmode=verify-full.
+	// Required. Pool settings in it (pool_max_conns...) apply.
+	DSN string
+	// Schema holds the table, created by Migrate if missing. Default: none,
+	// the table is unqualified and resolved through the connection's
+	// search_path (public on PostgreSQL and CockroachDB). Tests use one
+	// schema per test.
+	Schema string
+	// SkipMigrate stops Open from applying the schema. Default false: Open
+	// runs Migrate, which is idempotent. Deployments that apply the DDL
+	// (schema.sql) out of band, or whose user may not run DDL, set it.
+	SkipMigrate bool
+	// MaxConns caps the pool. Default: the DSN's pool_max_conns, else
+	// pgxpool's default (max(4, GOMAXPROCS)).
+	MaxConns int32
+	// MaxRetries bounds the restarts of one transaction after
+	// serialization failures. Default DefaultMaxRetries. Bounded so that
+	// a pathological hot key surfaces as an error (classified retry-later,
+	// since it wraps the last 40001) instead of holding a connection
+	// forever: crdb's own defaults are 50 for ExecuteCtx and unbounded for
+	// the savepoint protocol.
+	MaxRetries int
+	// Logger receives lifecycle logs and a Warn per transaction retry.
+	// Nil discards.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxRetries == 0 {
+		c.MaxRetries = DefaultMaxRetries
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c *Config) validate() error {
+	if c.DSN == "" {
+		return errors.New("pgstore: DSN is required")
+	}
+	if c.MaxRetries < 0 {
+		return fmt.Errorf("pgstore: MaxRetries %d is negative", c.MaxRetries)
+	}
+	if c.MaxConns < 0 {
+		return fmt.Errorf("pgstore: MaxConns %d is negative", c.MaxConns)
+	}
+	return nil
+}
+
+// Store is the SQL execution store. It is safe for concurrent use.
+type Store struct {
+	pool       *pgxpool.Pool
+	log        *slog.Logger
+	crdb       bool
+	maxRetries int
+	schema     string // sanitized identifier, or ""
+	table      string // sanitized, qualified by schema if set
+	q          queries
+}
+
+var _ processors.Store = (*Store)(nil)
+
+// Open connects, detects CockroachDB and, unless cfg.SkipMigrate, applies
+// the schema.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
+	if err != nil {
+		// The DSN may hold a password: do not echo it.
+		return nil, errors.New("pgstore: cannot parse DSN")
+	}
+	if cfg.MaxConns > 0 {
+		pcfg.MaxConns = cfg.MaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connect: %w", err)
+	}
+	var version string
+	if err := pool.QueryRow(ctx, "SELECT version()").Scan(&version); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("pgstore: connect: %w", err)
+	}
+	s := &Store{
+		pool:       pool,
+		log:        cfg.Logger,
+		crdb:       strings.Contains(version, "CockroachDB"),
+		maxRetries: cfg.MaxRetries,
+		table:      pgx.Identifier{tableName}.Sanitize(),
+	}
+	if cfg.Schema != "" {
+		s.schema = pgx.Identifier{cfg.Schema}.Sanitize()
+		s.table = pgx.Identifier{cfg.Schema, tableName}.Sanitize()
+	}
+	s.q = newQueries(s.table)
+	if !cfg.SkipMigrate {
+		if err := s.Migrate(ctx); err != nil {
+			pool.Close()
+			return nil, err
+		}
+	}
+	cfg.Logger.Info("execution store opened", "cockroachdb", s.crdb, "schema", cfg.Schema, "max_conns", pool.Config().MaxConns)
+	return s, nil
+}
+
+// CockroachDB reports whether the server said it is CockroachDB, which
+// selects the savepoint retry protocol.
+func (s *Store) CockroachDB() bool { return s.crdb }
+
+// Close closes the pool, waiting for connections in use to be released.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+// Migrate applies the embedded schema (schema.sql): CREATE ... IF NOT
+// EXISTS only, so it is safe to run on every start and from several
+// processes.
+func (s *Store) Migrate(ctx context.Context) error {
+	ddl := strings.NewReplacer("{table}", s.table, "{index}", pgx.Identifier{indexName}.Sanitize()).Replace(schemaSQL)
+	stmts := strings.Split(ddl, ";\n")
+	if s.schema != "" {
+		stmts = append([]string{"CREATE SCHEMA IF NOT EXISTS " + s.schema}, stmts...)
+	}
+	// One statement at a time, each idempotent, rather than one
+	// multi-statement transaction: CockroachDB advises against schema
+	// changes inside explicit or multi-statement transactions.
+	for _, stmt := range stmts {
+		if strings.TrimSpace(stripComments(stmt)) == "" {
+			continue
+		}
+		var err error
+		for range 3 {
+			_, err = s.pool.Exec(ctx, stmt)
+			// PostgreSQL's IF NOT EXISTS is not atomic against a
+			// concurrent creator of the same object: the loser sees a
+			// duplicate (23505 on the catalog, 42P07 relation, 42P06
+			// schema). The next try finds the object and succeeds.
+			if code := sqlState(err); code != "23505" && code != "42P07" && code != "42P06" {
+				break
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("pgstore: migrate: %w", err)
+		}
+	}
+	return nil
+}
+
+// stripComments drops "--" line comments, to recognise a piece of the DDL
+// that holds no statement.
+func stripComments(sql string) string {
+	var b strings.Builder
+	for line := range strings.Lines(sql) {
+		if code, _, _ := strings.Cut(line, "--"); code != "" {
+			b.WriteString(code)
+		}
+	}
+	return b.String()
+}
+
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// inTx runs fn in one SERIALIZABLE transaction, restarted whole on
+// serialization failures (see the package comment for which protocol).
+// fn must not have effects outside the transaction: it may run more than
+// once, and only the last run's results may be kept.
+func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	// Set explicitly: PostgreSQL defaults to READ COMMITTED, CockroachDB
+	// to SERIALIZABLE (or READ COMMITTED where a cluster enabled it).
+	opts := pgx.TxOptions{IsoLevel: pgx.Serializable, AccessMode: mode}
+	ctx = crdb.WithMaxRetries(ctx, s.maxRetries)
+	tries := 0
+	var last error
+	run := func(tx pgx.Tx) error {
+		tries++
+		if tries > 1 {
+			s.log.Warn("execution store transaction retry", "op", op, "attempt", tries, "err", last)
+		}
+		last = fn(ctx, tx)
+		return last
+	}
+	var err error
+	if s.crdb {
+		err = crdbpgx.ExecuteTx(ctx, s.pool, opts, run)
+	} else {
+		err = crdb.ExecuteCtx(ctx, func(ctx context.Context, _ ...any) error {
+			if tries > 0 {
+				if err := backoff(ctx, tries); err != nil {
+					return err
+				}
+			}
+			// A commit-time 40001 comes back from BeginTxFunc's COMMIT,
+			// and ExecuteCtx retries it like any other.
+			last = pgx.BeginTxFunc(ctx, s.pool, opts, run)
+			return last
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("pgstore %s: %w", op, err)
+	}
+	return nil
+}
+
+// backoff sleeps before retry n (n >= 1): full jitter over 1ms doubling to
+// 100ms, so that transactions that collided do not collide again in step.
+func backoff(ctx context.Context, n int) error {
+	ceiling := min(100*time.Millisecond, time.Millisecond<<min(n-1, 7))
+	t := time.NewTimer(rand.N(ceiling) + 1)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// ---------------------------------------------------------------- queries
+
+// recordCols is the column list every query returns, in recordScan order.
+var recordCols = []string{
+	"tenant_id", "idempotency_key", "call_id", "arguments_hash", "tool", "tool_version",
+	"arguments", "deadline_at", "status", "epoch", "attempt", "lease_owner", "lease_until",
+	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at",
+}
+
+func cols(prefix string) string {
+	var b strings.Builder
+	for i, c := range recordCols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(prefix)
+		b.WriteString(c)
+	}
+	return b.String()
+}
+
+// queries holds the SQL with the table name filled in.
+type queries struct {
+	selectKeys, selectKeysForUpdate, insert, claim, complete, markLogged, expired, get string
+}
+
+func newQueries(table string) queries {
+	r := strings.NewReplacer("{table}", table, "{cols}", cols(""), "{rcols}", cols("r."))
+	selectKeys := `SELECT {cols} FROM {table}
+WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::TEXT[]) AS u (t, k))`
+	return queries{
+		selectKeys: r.Replace(selectKeys),
+		// FOR UPDATE: claimers of one key queue on the row lock instead of
+		// all reading, all writing and all but one failing at commit. On
+		// PostgreSQL the queued ones still get 40001 once the first
+		// commits (their snapshot is older) and retry; on CockroachDB the
+		// lock avoids most restarts.
+		selectKeysForUpdate: r.Replace(selectKeys + "\nFOR UPDATE"),
+		// The primary key dedupes; DO NOTHING leaves existing rows as they
+		// are. Under SERIALIZABLE, a row committed by a concurrent
+		// transaction after this one's snapshot is a serialization failure
+		// on both engines (retried), never a silent skip.
+		insert: r.Replace(`INSERT INTO {table}
+    (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version,
+     arguments, deadline_at, status, seq, outbox, created_at, updated_at)
+SELECT u.t, u.k, u.call_id, u.h, u.tool, u.tool_version,
+       u.arguments, u.deadline_at, u.status, u.seq, u.outbox, now(), now()
+FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
+            $7::BYTEA[], $8::TIMESTAMPTZ[], $9::TEXT[], $10::BIGINT[], $11::BYTEA[])
+     AS u (t, k, call_id, h, tool, tool_version, arguments, deadline_at, status, seq, outbox)
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+RETURNING {cols}`),
+		// One claim per (key, hash), the first in the batch (DISTINCT ON
+		// ... ORDER BY ord): only the claim whose hash matches the record
+		// can join, so each record is claimed at most once per batch and by
+		// the first claim with its hash. UPDATE ... FROM with several
+		// matching rows would otherwise pick one unpredictably (on both
+		// engines). now() is the transaction's timestamp on both engines.
+		// lease_us * INTERVAL: PostgreSQL resolves BIGINT * INTERVAL
+		// through float8, CockroachDB has INT * INTERVAL; both exact at
+		// microsecond precision.
+		claim: r.Replace(`UPDATE {table} AS r
+SET status = 'executing', epoch = r.epoch + 1, lease_owner = u.owner,
+    lease_until = now() + u.lease_us * INTERVAL '1 microsecond', updated_at = now()
+FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, ord
+      FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[])
+           AS u (t, k, h, owner, lease_us, ord)
+      ORDER BY t, k, h, ord) AS u
+WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.arguments_hash = u.h
+  AND (r.status = 'authorized' OR (r.status = 'executing' AND r.lease_until < now()))
+RETURNING u.ord, {rcols}`),
+		// The fence: epoch and status in the WHERE clause. One completion
+		// per (key, epoch), the first in the batch: only one epoch is
+		// current, so at most one completion per record applies.
+		complete: r.Replace(`UPDATE {table} AS r
+SET status = u.status, attempt = u.attempt, result = u.result, seq = u.seq, outbox = u.outbox,
+    lease_owner = '', lease_until = NULL, updated_at = now()
+FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, status, attempt, result, seq, outbox, ord
+      FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
+                  $6::BYTEA[], $7::BIGINT[], $8::BYTEA[], $9::BIGINT[])
+           AS u (t, k, epoch, status, attempt, result, seq, outbox, ord)
+      ORDER BY t, k, epoch, ord) AS u
+WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
+  AND r.status = 'executing'
+RETURNING u.ord`),
+		// GREATEST plus the WHERE: monotonic, and rows already logged that
+		// far are not rewritten. updated_at is left alone: it dates the
+		// call's last step, not bookkeeping.
+		markLogged: r.Replace(`UPDATE {table} AS r
+SET logged_seq = GREATEST(r.logged_seq, u.seq)
+FROM (SELECT t, k, max(seq) AS seq
+      FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u (t, k, seq)
+      GROUP BY t, k) AS u
+WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.logged_seq < u.seq`),
+		// Served by the (status, lease_until) index.
+		expired: r.Replace(`SELECT {cols} FROM {table}
+WHERE status = 'executing' AND lease_until < now()
+ORDER BY lease_until, tenant_id, idempotency_key
+LIMIT $1`),
+		get: r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
+	}
+}
+
+// recordScan receives one row in recordCols order.
+type recordScan struct {
+	r                    processors.Record
+	toolVersion, attempt int64
+	deadline, leaseUntil pgtype.Timestamptz
+	status               string
+}
+
+func (x *recordScan) dest() []any {
+	r := &x.r
+	return []any{
+		&r.Key.TenantID, &r.Key.IdempotencyKey, &r.CallID, &r.ArgumentsHash, &r.Tool, &x.toolVersion,
+		&r.Arguments, &x.deadline, &x.status, &r.Epoch, &x.attempt, &r.LeaseOwner, &x.leaseUntil,
+		&r.Result, &r.Seq, &r.LoggedSeq, &r.Outbox, &r.CreatedAt, &r.UpdatedAt,
+	}
+}
+
+func (x *recordScan) record() processors.Record {
+	r := x.r
+	r.ToolVersion = int(x.toolVersion)
+	r.Attempt = int(x.attempt)
+	r.Status = processors.Status(x.status)
+	if x.deadline.Valid {
+		r.DeadlineAt = x.deadline.Time.UTC()
+	}
+	if x.leaseUntil.Valid {
+		r.LeaseUntil = x.leaseUntil.Time.UTC()
+	}
+	r.CreatedAt = r.CreatedAt.UTC()
+	r.UpdatedAt = r.UpdatedAt.UTC()
+	return r
+}
+
+func scanRecord(row pgx.CollectableRow) (processors.Record, error) {
+	var x recordScan
+	if err := row.Scan(x.dest()...); err != nil {
+		return processors.Record{}, err
+	}
+	return x.record(), nil
+}
+
+// ordRecord is a RETURNING row led by the batch position it answers.
+type ordRecord struct {
+	ord int64
+	r   processors.Record
+}
+
+func scanOrdRecord(row pgx.CollectableRow) (ordRecord, error) {
+	var x recordScan
+	var ord int64
+	if err := row.Scan(append([]any{&ord}, x.dest()...)...); err != nil {
+		return ordRecord{}, err
+	}
+	return ordRecord{ord: ord, r: x.record()}, nil
+}
+
+func timestamptz(t time.Time) pgtype.Timestamptz {
+	return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
+}
+
+// byKey indexes records by key.
+func byKey(rs []processors.Record) map[ledger.CallKey]processors.Record {
+	m := make(map[ledger.CallKey]processors.Record, len(rs))
+	for _, r := range rs {
+		m[r.Key] = r
+	}
+	return m
+}
+
+// ---------------------------------------------------------------- Store
+
+// Admit implements processors.Store. One round trip: the existing records
+// of the batch's keys, then the insert of the rest.
+func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, error) {
+	if err := processors.CheckAdmissions(as); err != nil {
+		return nil, fmt.Errorf("pgstore admit: %w", err)
+	}
+	if len(as) == 0 {
+		return []processors.AdmitResult{}, nil
+	}
+	// Only the first admission of a key is inserted; later ones in the
+	// batch are answered against it, as if they came after it.
+	var (
+		seen                                     = make(map[ledger.CallKey]bool, len(as))
+		ts, ks, callIDs, hashes, tools, statuses []string
+		toolVersions, seqs                       []int64
+		arguments, outboxes                      [][]byte
+		deadlines                                []pgtype.Timestamptz
+	)
+	for _, a := range as {
+		if seen[a.Key] {
+			continue
+		}
+		seen[a.Key] = true
+		ts, ks = append(ts, a.Key.TenantID), append(ks, a.Key.IdempotencyKey)
+		callIDs, hashes, tools = append(callIDs, a.CallID), append(hashes, a.ArgumentsHash), append(tools, a.Tool)
+		toolVersions, arguments = append(toolVersions, int64(a.ToolVersion)), append(arguments, a.Arguments)
+		deadlines, statuses = append(deadlines, timestamptz(a.DeadlineAt)), append(statuses, string(a.Status))
+		seqs, outboxes = append(seqs, a.Seq), append(outboxes, a.Outbox)
+	}
+
+	var out []processors.AdmitResult
+	err := s.inTx(ctx, "admit", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(s.q.selectKeys, ts, ks)
+		b.Queue(s.q.insert, ts, ks, callIDs, hashes, tools, toolVersions, arguments, deadlines, statuses, seqs, outboxes)
+		br := tx.SendBatch(ctx, b)
+		rows, _ := br.Query()
+		existing, err := pgx.CollectRows(rows, scanRecord)
+		if err != nil {
+			br.Close()
+			return err
+		}
+		rows, _ = br.Query()
+		inserted, err := pgx.CollectRows(rows, scanRecord)
+		if err != nil {
+			br.Close()
+			return err
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
+
+		pre, ins := byKey(existing), byKey(inserted)
+		out = make([]processors.AdmitResult, len(as))
+		answered := make(map[ledger.CallKey]bool, len(ins))
+		for i, a := range as {
+			if r, ok := ins[a.Key]; ok && !answered[a.Key] {
+				answered[a.Key] = true
+				out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r}
+				continue
+			}
+			r, ok := pre[a.Key]
+			if !ok {
+				r, ok = ins[a.Key]
+			}
+			if !ok {
+				// Neither there before nor inserted: a concurrent insert
+				// this transaction cannot see, which SERIALIZABLE should
+				// have turned into a 40001. Refuse rather than guess.
+				return fmt.Errorf("admission %d (%v): key neither found nor inserted", i, a.Key)
+			}
+			out[i] = processors.AdmitResult{Outcome: processors.Conflict, Record: r}
+			if r.ArgumentsHash == a.ArgumentsHash {
+				out[i].Outcome = processors.Duplicate
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Claim implements processors.Store. One round trip: the batch's records
+// as they were (locked), then the conditional claim of the claimable ones.
+func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
+	if err := processors.CheckClaims(cs); err != nil {
+		return nil, fmt.Errorf("pgstore claim: %w", err)
+	}
+	if len(cs) == 0 {
+		return []processors.ClaimResult{}, nil
+	}
+	var (
+		ts, ks, hashes, owners []string
+		leases, ords           []int64
+	)
+	for i, c := range cs {
+		ts, ks = append(ts, c.Key.TenantID), append(ks, c.Key.IdempotencyKey)
+		hashes, owners = append(hashes, c.ArgumentsHash), append(owners, c.Owner)
+		// Rounded up to whole microseconds, the databases' precision.
+		leases = append(leases, int64((c.Lease+time.Microsecond-1)/time.Microsecond))
+		ords = append(ords, int64(i))
+	}
+
+	var out []processors.ClaimResult
+	err := s.inTx(ctx, "claim", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(s.q.selectKeysForUpdate, ts, ks)
+		b.Queue(s.q.claim, ts, ks, hashes, owners, leases, ords)
+		br := tx.SendBatch(ctx, b)
+		rows, _ := br.Query()
+		before, err := pgx.CollectRows(rows, scanRecord)
+		if err != nil {
+			br.Close()
+			return err
+		}
+		rows, _ = br.Query()
+		claimed, err := pgx.CollectRows(rows, scanOrdRecord)
+		if err != nil {
+			br.Close()
+			return err
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
+
+		won := make(map[int]processors.Record, len(claimed))
+		for _, c := range claimed {
+			won[int(c.ord)] = c.r
+		}
+		// cur is each record as the batch has left it so far: a claim
+		// later in the batch sees an earlier one's lease.
+		cur := byKey(before)
+		out = make([]processors.ClaimResult, len(cs))
+		for i, c := range cs {
+			r, ok := cur[c.Key]
+			w, didWin := won[i]
+			switch {
+			case !ok:
+				out[i] = processors.ClaimResult{Outcome: processors.Missing}
+			case r.ArgumentsHash != c.ArgumentsHash:
+				out[i] = processors.ClaimResult{Outcome: processors.Mismatch, Record: r}
+			case didWin:
+				outcome := processors.Claimed
+				if r.Status == processors.StatusExecuting {
+					outcome = processors.Reclaimed
+				}
+				out[i] = processors.ClaimResult{Outcome: outcome, Record: w}
+				cur[c.Key] = w
+			case r.Status.Done():
+				out[i] = processors.ClaimResult{Outcome: processors.Finished, Record: r}
+			case r.Status == processors.StatusPending:
+				out[i] = processors.ClaimResult{Outcome: processors.NotReady, Record: r}
+			case r.Status == processors.StatusExecuting:
+				// Not claimed by the UPDATE, so the lease is live (an
+				// expired one goes to the first claim with this hash).
+				out[i] = processors.ClaimResult{Outcome: processors.Busy, Record: r}
+			default:
+				return fmt.Errorf("claim %d (%v): record %q and not claimed", i, c.Key, r.Status)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Complete implements processors.Store.
+func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]bool, error) {
+	if err := processors.CheckCompletions(cs); err != nil {
+		return nil, fmt.Errorf("pgstore complete: %w", err)
+	}
+	if len(cs) == 0 {
+		return []bool{}, nil
+	}
+	var (
+		ts, ks, statuses             []string
+		epochs, attempts, seqs, ords []int64
+		results, outboxes            [][]byte
+	)
+	for i, c := range cs {
+		ts, ks, statuses = append(ts, c.Key.TenantID), append(ks, c.Key.IdempotencyKey), append(statuses, string(c.Status))
+		epochs, attempts, seqs = append(epochs, c.Epoch), append(attempts, int64(c.Attempt)), append(seqs, c.Seq)
+		results, outboxes, ords = append(results, c.Result), append(outboxes, c.Outbox), append(ords, int64(i))
+	}
+	var applied []bool
+	err := s.inTx(ctx, "complete", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, s.q.complete, ts, ks, epochs, statuses, attempts, results, seqs, outboxes, ords)
+		done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		applied = make([]bool, len(cs))
+		for _, i := range done {
+			applied[i] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
+}
+
+// MarkLogged implements processors.Store.
+func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
+	if len(ls) == 0 {
+		return nil
+	}
+	ts, ks, seqs := make([]string, len(ls)), make([]string, len(ls)), make([]int64, len(ls))
+	for i, l := range ls {
+		ts[i], ks[i], seqs[i] = l.Key.TenantID, l.Key.IdempotencyKey, l.Seq
+	}
+	return s.inTx(ctx, "mark logged", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, s.q.markLogged, ts, ks, seqs)
+		return err
+	})
+}
+
+// Expired implements processors.Store.
+func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, error) {
+	if limit <= 0 {
+		return []processors.Record{}, nil
+	}
+	var out []processors.Record
+	err := s.inTx(ctx, "expired", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, s.q.expired, limit)
+		var err error
+		out, err = pgx.CollectRows(rows, scanRecord)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Get implements processors.Store.
+func (s *Store) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	var r processors.Record
+	err := s.inTx(ctx, "get", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, s.q.get, k.TenantID, k.IdempotencyKey)
+		var err error
+		r, err = pgx.CollectExactlyOneRow(rows, scanRecord)
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return processors.Record{}, fmt.Errorf("%v: %w", k, processors.ErrNotFound)
+	}
+	if err != nil {
+		return processors.Record{}, err
+	}
+	return r, nil
+}

@@ -1,0 +1,42 @@
+-- Execution records: the exactly-once dedupe record of every call, and its
+-- transactional outbox. Applied by Store.Migrate; every statement is
+-- idempotent. The same DDL runs on PostgreSQL and CockroachDB.
+--
+-- {table} and {index} are replaced by Migrate with the (schema-qualified)
+-- names. Statements end with ";" at the end of a line: Migrate runs them
+-- one by one.
+--
+-- Integers are BIGINT everywhere: CockroachDB's INT is 64-bit, PostgreSQL's
+-- is 32-bit; BIGINT means the same on both.
+CREATE TABLE IF NOT EXISTS {table} (
+    tenant_id       TEXT        NOT NULL,
+    idempotency_key TEXT        NOT NULL,
+    call_id         TEXT        NOT NULL,
+    arguments_hash  TEXT        NOT NULL,
+    tool            TEXT        NOT NULL,
+    tool_version    BIGINT      NOT NULL,
+    arguments       BYTEA,
+    deadline_at     TIMESTAMPTZ,
+    status          TEXT        NOT NULL,
+    -- Fencing token: +1 on every claim; Complete must present it.
+    epoch           BIGINT      NOT NULL DEFAULT 0,
+    attempt         BIGINT      NOT NULL DEFAULT 0,
+    lease_owner     TEXT        NOT NULL DEFAULT '',
+    lease_until     TIMESTAMPTZ,
+    result          BYTEA,
+    seq             BIGINT      NOT NULL DEFAULT 0,
+    logged_seq      BIGINT      NOT NULL DEFAULT 0,
+    outbox          BYTEA,
+    created_at      TIMESTAMPTZ NOT NULL,
+    updated_at      TIMESTAMPTZ NOT NULL,
+    -- The dedupe rests on this key, not on the isolation level: two
+    -- admissions of one call cannot both insert.
+    PRIMARY KEY (tenant_id, idempotency_key),
+    CONSTRAINT execution_records_status CHECK (status IN
+        ('authorized', 'denied', 'pending', 'executing', 'succeeded', 'failed', 'outcome_unknown'))
+);
+
+-- Expired: executing records whose lease ended, oldest first. On a large
+-- CockroachDB cluster a status-leading index concentrates writes on few
+-- ranges; make it hash-sharded there (USING HASH) if it becomes a hotspot.
+CREATE INDEX IF NOT EXISTS {index} ON {table} (status, lease_until);

@@ -1,0 +1,230 @@
+// Package processors holds what the ledger's processors share: the contract
+// of the execution store (the exactly-once dedupe record, with its
+// implementations in processors/pgstore and processors/boltstore and its
+// contract suite in processors/storetest) and the sorting of errors by
+// behaviour.
+//
+// The execution record doubles as a transactional outbox: whoever moves a
+// call forward (intake, executor) writes the events it is about to append
+// into the record in the same database transaction that moves the call, and
+// marks them logged once the Kafka transaction carrying them committed. A
+// crash between the two leaves unlogged events that the next processor to
+// touch the call appends again; consumers drop the duplicate (key, seq).
+package processors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
+
+// Status is the execution store's view of a call. It follows the call's
+// state machine but only the states the store itself moves through.
+type Status string
+
+// Statuses of an execution record.
+const (
+	StatusAuthorized     Status = "authorized"      // admitted and allowed; waiting for a claim
+	StatusDenied         Status = "denied"          // admitted and refused by the intake; never runs
+	StatusPending        Status = "pending"         // admitted, waiting for something other than the executor (approval)
+	StatusExecuting      Status = "executing"       // claimed under a lease
+	StatusSucceeded      Status = "succeeded"       // the tool's effect happened
+	StatusFailed         Status = "failed"          // the tool refused or failed; no effect
+	StatusOutcomeUnknown Status = "outcome_unknown" // the effect may or may not have happened
+	StatusExpired        Status = "expired"         // the deadline passed before the call could run
+)
+
+// Done reports whether the executor will never run the call again.
+func (s Status) Done() bool {
+	switch s {
+	case StatusDenied, StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired:
+		return true
+	}
+	return false
+}
+
+// ErrNotFound: no record for the key.
+var ErrNotFound = errors.New("execution record not found")
+
+// Record is one call's execution record.
+type Record struct {
+	Key           ledger.CallKey
+	CallID        string
+	ArgumentsHash string
+	Tool          string
+	ToolVersion   int
+	// Arguments is the canonical JSON (RFC 8785) of the call's arguments,
+	// unredacted: what the intake validated and hashed, and what runs.
+	Arguments  []byte
+	DeadlineAt time.Time // zero: no deadline
+	Status     Status
+	// Epoch is the fencing token: it grows by one with every claim, and
+	// only the holder of the current epoch may complete the call.
+	Epoch      int64
+	Attempt    int // tool invocations so far
+	LeaseOwner string
+	LeaseUntil time.Time
+	// Result is the sanitized result of a finished call.
+	Result []byte
+	// Seq is the seq of the last event written into the record's outbox;
+	// LoggedSeq the highest seq known to be in the log. Outbox holds the
+	// encoded events (ledger.EncodeEvents) of the latest step.
+	Seq       int64
+	LoggedSeq int64
+	Outbox    []byte
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Unlogged reports whether the record holds events that may be missing from
+// the log.
+func (r *Record) Unlogged() bool { return r.LoggedSeq < r.Seq && len(r.Outbox) > 0 }
+
+// Admission is what the intake records on first sight of a call.
+type Admission struct {
+	Key           ledger.CallKey
+	CallID        string
+	ArgumentsHash string
+	Tool          string
+	ToolVersion   int
+	Arguments     []byte
+	DeadlineAt    time.Time
+	Status        Status // StatusAuthorized, StatusDenied or StatusPending
+	Seq           int64  // seq of the last event in Outbox
+	Outbox        []byte
+}
+
+// AdmitOutcome says what Admit found.
+type AdmitOutcome int
+
+// Outcomes of Admit.
+const (
+	// Admitted: the key was free; the record now exists.
+	Admitted AdmitOutcome = iota + 1
+	// Duplicate: the key exists with the same arguments hash: a retry of
+	// the same call. The existing record is returned.
+	Duplicate
+	// Conflict: the key exists with another arguments hash: the key was
+	// reused for a different call (idempotency_key_reused).
+	Conflict
+)
+
+// AdmitResult is Admit's answer for one admission. Record is the existing
+// record for Duplicate and Conflict.
+type AdmitResult struct {
+	Outcome AdmitOutcome
+	Record  Record
+}
+
+// Claim asks to run a call under a lease.
+type Claim struct {
+	Key           ledger.CallKey
+	ArgumentsHash string
+	Owner         string
+	Lease         time.Duration
+}
+
+// ClaimOutcome says what Claim found.
+type ClaimOutcome int
+
+// Outcomes of Claim.
+const (
+	// Claimed: the call was authorized and is now executing under the
+	// caller's lease, at Record.Epoch.
+	Claimed ClaimOutcome = iota + 1
+	// Reclaimed: the call was executing under a lease that has expired (its
+	// owner died or stalled mid-call); the caller now holds it at a new
+	// epoch. Whether the tool ran is unknown.
+	Reclaimed
+	// Busy: another owner holds a live lease.
+	Busy
+	// Finished: the call is done (Status.Done); it must not run again.
+	Finished
+	// Mismatch: the record's arguments hash differs from the claim's.
+	Mismatch
+	// Missing: no record for the key.
+	Missing
+	// NotReady: the record exists but is not authorized (pending approval).
+	NotReady
+)
+
+// ClaimResult is Claim's answer for one claim.
+type ClaimResult struct {
+	Outcome ClaimOutcome
+	Record  Record
+}
+
+// Completion records a claimed call's outcome, fenced by the epoch.
+type Completion struct {
+	Key     ledger.CallKey
+	Epoch   int64
+	Status  Status // a Done status
+	Attempt int
+	Result  []byte
+	Seq     int64
+	Outbox  []byte
+}
+
+// Logged says that the events of a call up to Seq are in the log.
+type Logged struct {
+	Key ledger.CallKey
+	Seq int64
+}
+
+// Store is the execution store. Each method runs as one serializable
+// transaction, retried whole on serialization failures, and takes a batch
+// so that throughput is not one round trip per call. Results are in the
+// order of the inputs. Implementations are safe for concurrent use; a
+// cancelled ctx abandons the transaction.
+type Store interface {
+	Admit(ctx context.Context, as []Admission) ([]AdmitResult, error)
+	Claim(ctx context.Context, cs []Claim) ([]ClaimResult, error)
+	// Complete applies each completion whose epoch is still current and
+	// whose record is executing; applied[i] reports which did. A false
+	// means the caller was fenced out and must not append events.
+	Complete(ctx context.Context, cs []Completion) (applied []bool, err error)
+	MarkLogged(ctx context.Context, ls []Logged) error
+	// Expired returns up to limit records executing under a lease that
+	// ended before now (the store's clock), oldest first.
+	Expired(ctx context.Context, limit int) ([]Record, error)
+	// Get returns the record for key, or ErrNotFound.
+	Get(ctx context.Context, key ledger.CallKey) (Record, error)
+	Close() error
+}
+
+// CheckAdmissions, CheckClaims and CheckCompletions refuse a batch that no
+// store may apply, before any work: every implementation calls them, so
+// they refuse the same batches.
+func CheckAdmissions(as []Admission) error {
+	for i, a := range as {
+		switch a.Status {
+		case StatusAuthorized, StatusDenied, StatusPending:
+		default:
+			return fmt.Errorf("admission %d (%v): status %q is not authorized, denied or pending", i, a.Key, a.Status)
+		}
+	}
+	return nil
+}
+
+// CheckClaims: see CheckAdmissions.
+func CheckClaims(cs []Claim) error {
+	for i, c := range cs {
+		if c.Lease <= 0 || c.Owner == "" {
+			return fmt.Errorf("claim %d (%v): want a positive lease and an owner, got %v and %q", i, c.Key, c.Lease, c.Owner)
+		}
+	}
+	return nil
+}
+
+// CheckCompletions: see CheckAdmissions.
+func CheckCompletions(cs []Completion) error {
+	for i, c := range cs {
+		if !c.Status.Done() {
+			return fmt.Errorf("completion %d (%v): status %q is not a done status", i, c.Key, c.Status)
+		}
+	}
+	return nil
+}

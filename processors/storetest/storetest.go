@@ -1,0 +1,1205 @@
+// Package storetest is the contract suite of processors.Store: the same
+// tests, run against every implementation (processors/pgstore on
+// PostgreSQL or CockroachDB, processors/boltstore embedded), so that the
+// executor's exactly-once argument holds whichever store it is given.
+//
+// An implementation's test calls Run with a function that opens a fresh,
+// empty store:
+//
+//	func TestContract(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) processors.Store { return open(t) })
+//	}
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+)
+
+// Leases the suite uses: short ones expire within a poll, long ones never
+// during a test.
+const (
+	shortLease = 50 * time.Millisecond
+	longLease  = time.Hour
+)
+
+// clockSlack bounds how far the store's clock (a database server's now())
+// may be from this process's clock and still pass the lease and timestamp
+// checks.
+const clockSlack = 5 * time.Second
+
+// pollTimeout bounds every wait for a short lease to expire.
+const pollTimeout = 10 * time.Second
+
+// Run runs the contract suite. Every subtest calls open for a fresh, empty
+// store of its own, runs in parallel with the others and closes the store
+// when it ends (open must not close it; it may register cleanup of other
+// resources with t.Cleanup, which then runs after the store is closed).
+func Run(t *testing.T, open func(t *testing.T) processors.Store) {
+	t.Helper()
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, s processors.Store)
+	}{
+		{"Admit/Admitted", testAdmitAdmitted},
+		{"Admit/Duplicate", testAdmitDuplicate},
+		{"Admit/Conflict", testAdmitConflict},
+		{"Admit/Statuses", testAdmitStatuses},
+		{"Admit/InvalidStatus", testAdmitInvalidStatus},
+		{"Admit/IntraBatch", testAdmitIntraBatch},
+		{"Admit/BatchOrder", testAdmitBatchOrder},
+		{"Claim/Claimed", testClaimClaimed},
+		{"Claim/Busy", testClaimBusy},
+		{"Claim/Finished", testClaimFinished},
+		{"Claim/NotReady", testClaimNotReady},
+		{"Claim/Missing", testClaimMissing},
+		{"Claim/Mismatch", testClaimMismatch},
+		{"Claim/Invalid", testClaimInvalid},
+		{"Claim/IntraBatch", testClaimIntraBatch},
+		{"Claim/BatchOrder", testClaimBatchOrder},
+		{"Lease/ExpiredReclaimed", testLeaseExpiredReclaimed},
+		{"Expired/OrderAndLimit", testExpiredOrderAndLimit},
+		{"Complete/Applied", testCompleteApplied},
+		{"Complete/Fenced", testCompleteFenced},
+		{"Complete/InvalidStatus", testCompleteInvalidStatus},
+		{"Complete/IntraBatch", testCompleteIntraBatch},
+		{"Complete/BatchOrder", testCompleteBatchOrder},
+		{"MarkLogged/Monotonic", testMarkLoggedMonotonic},
+		{"MarkLogged/Batch", testMarkLoggedBatch},
+		{"Get/NotFound", testGetNotFound},
+		{"TenantIsolation", testTenantIsolation},
+		{"EmptyBatches", testEmptyBatches},
+		{"CancelledContext", testCancelledContext},
+		{"Concurrent/AdmitClaim", testConcurrentAdmitClaim},
+		{"Concurrent/Complete", testConcurrentComplete},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := open(t)
+			t.Cleanup(func() {
+				if err := s.Close(); err != nil {
+					t.Errorf("Close() = %v; want nil", err)
+				}
+			})
+			tc.fn(t, s)
+		})
+	}
+}
+
+// ---------------------------------------------------------------- fixtures
+
+const (
+	hashA = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	hashB = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+)
+
+func key(idem string) ledger.CallKey {
+	return ledger.CallKey{TenantID: "t_acme", IdempotencyKey: idem}
+}
+
+// admission is a complete admission for k: every field set, so that a
+// store that drops one fails the record comparisons.
+func admission(k ledger.CallKey, hash string, st processors.Status) processors.Admission {
+	return processors.Admission{
+		Key:           k,
+		CallID:        "call_" + k.IdempotencyKey,
+		ArgumentsHash: hash,
+		Tool:          "refund_order",
+		ToolVersion:   3,
+		Arguments:     []byte(`{"amount_cents":4500,"order_id":"ord_1029"}`),
+		// Microseconds: the precision of PostgreSQL and CockroachDB.
+		DeadlineAt: time.Date(2031, 5, 6, 7, 8, 9, 123456000, time.UTC),
+		Status:     st,
+		Seq:        2,
+		Outbox:     []byte(`[{"seq":1},{"seq":2}]`),
+	}
+}
+
+// fromAdmission is the record Admit must create for a.
+func fromAdmission(a processors.Admission) processors.Record {
+	return processors.Record{
+		Key:           a.Key,
+		CallID:        a.CallID,
+		ArgumentsHash: a.ArgumentsHash,
+		Tool:          a.Tool,
+		ToolVersion:   a.ToolVersion,
+		Arguments:     a.Arguments,
+		DeadlineAt:    a.DeadlineAt,
+		Status:        a.Status,
+		Seq:           a.Seq,
+		Outbox:        a.Outbox,
+	}
+}
+
+func claim(k ledger.CallKey, hash, owner string, lease time.Duration) processors.Claim {
+	return processors.Claim{Key: k, ArgumentsHash: hash, Owner: owner, Lease: lease}
+}
+
+// ignoreStoreSet ignores the fields the store fills from its own clock;
+// tests check those separately, against bounds.
+var ignoreStoreSet = cmpopts.IgnoreFields(processors.Record{}, "CreatedAt", "UpdatedAt", "LeaseUntil")
+
+// equateEmpty: a store may return nil or empty for an empty byte slice.
+var equateEmpty = cmpopts.EquateEmpty()
+
+// ---------------------------------------------------------------- helpers
+
+func mustAdmit(t *testing.T, s processors.Store, as ...processors.Admission) []processors.AdmitResult {
+	t.Helper()
+	got, err := s.Admit(t.Context(), as)
+	if err != nil {
+		t.Fatalf("Admit(%d admissions) = %v; want nil error", len(as), err)
+	}
+	if len(got) != len(as) {
+		t.Fatalf("Admit(%d admissions) returned %d results; want %d", len(as), len(got), len(as))
+	}
+	return got
+}
+
+func mustClaim(t *testing.T, s processors.Store, cs ...processors.Claim) []processors.ClaimResult {
+	t.Helper()
+	got, err := s.Claim(t.Context(), cs)
+	if err != nil {
+		t.Fatalf("Claim(%d claims) = %v; want nil error", len(cs), err)
+	}
+	if len(got) != len(cs) {
+		t.Fatalf("Claim(%d claims) returned %d results; want %d", len(cs), len(got), len(cs))
+	}
+	return got
+}
+
+func mustComplete(t *testing.T, s processors.Store, cs ...processors.Completion) []bool {
+	t.Helper()
+	got, err := s.Complete(t.Context(), cs)
+	if err != nil {
+		t.Fatalf("Complete(%d completions) = %v; want nil error", len(cs), err)
+	}
+	if len(got) != len(cs) {
+		t.Fatalf("Complete(%d completions) returned %d results; want %d", len(cs), len(got), len(cs))
+	}
+	return got
+}
+
+func mustMarkLogged(t *testing.T, s processors.Store, ls ...processors.Logged) {
+	t.Helper()
+	if err := s.MarkLogged(t.Context(), ls); err != nil {
+		t.Fatalf("MarkLogged(%d) = %v; want nil", len(ls), err)
+	}
+}
+
+func mustGet(t *testing.T, s processors.Store, k ledger.CallKey) processors.Record {
+	t.Helper()
+	r, err := s.Get(t.Context(), k)
+	if err != nil {
+		t.Fatalf("Get(%v) = %v; want nil error", k, err)
+	}
+	return r
+}
+
+func mustExpired(t *testing.T, s processors.Store, limit int) []processors.Record {
+	t.Helper()
+	rs, err := s.Expired(t.Context(), limit)
+	if err != nil {
+		t.Fatalf("Expired(%d) = %v; want nil error", limit, err)
+	}
+	return rs
+}
+
+// admitClaimed admits k as authorized and claims it under lease; it
+// returns the claimed record.
+func admitClaimed(t *testing.T, s processors.Store, k ledger.CallKey, owner string, lease time.Duration) processors.Record {
+	t.Helper()
+	mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+	got := mustClaim(t, s, claim(k, hashA, owner, lease))
+	if got[0].Outcome != processors.Claimed {
+		t.Fatalf("Claim(%v) outcome = %v; want Claimed", k, got[0].Outcome)
+	}
+	return got[0].Record
+}
+
+// checkUnchanged fails if the record for k differs from before, store-set
+// fields included: the operation under test must not have written.
+func checkUnchanged(t *testing.T, s processors.Store, k ledger.CallKey, before processors.Record) {
+	t.Helper()
+	if diff := cmp.Diff(before, mustGet(t, s, k), equateEmpty); diff != "" {
+		t.Errorf("Get(%v) changed (-before +after):\n%s", k, diff)
+	}
+}
+
+// checkWithin fails unless got is within clockSlack of [lo, hi].
+func checkWithin(t *testing.T, what string, got, lo, hi time.Time) {
+	t.Helper()
+	if got.Before(lo.Add(-clockSlack)) || got.After(hi.Add(clockSlack)) {
+		t.Errorf("%s = %v; want within [%v, %v] (±%v)", what, got, lo, hi, clockSlack)
+	}
+}
+
+// waitFor polls cond until it returns nil or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met after %v: %v", timeout, err)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("context done while waiting: %v", err)
+		case <-tick.C:
+		}
+	}
+}
+
+// waitExpired waits until Expired lists k.
+func waitExpired(t *testing.T, s processors.Store, k ledger.CallKey) processors.Record {
+	t.Helper()
+	var found processors.Record
+	waitFor(t, pollTimeout, func() error {
+		for _, r := range mustExpired(t, s, 100) {
+			if r.Key == k {
+				found = r
+				return nil
+			}
+		}
+		return fmt.Errorf("Expired does not list %v", k)
+	})
+	return found
+}
+
+func keysOf(rs []processors.Record) []ledger.CallKey {
+	ks := make([]ledger.CallKey, 0, len(rs))
+	for _, r := range rs {
+		ks = append(ks, r.Key)
+	}
+	return ks
+}
+
+// ---------------------------------------------------------------- Admit
+
+func testAdmitAdmitted(t *testing.T, s processors.Store) {
+	tests := []struct {
+		name string
+		edit func(a *processors.Admission)
+	}{
+		{"all fields", func(*processors.Admission) {}},
+		{"no deadline", func(a *processors.Admission) { a.DeadlineAt = time.Time{} }},
+		{"empty outbox", func(a *processors.Admission) { a.Seq, a.Outbox = 0, nil }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a := admission(key("admitted:"+tc.name), hashA, processors.StatusAuthorized)
+			tc.edit(&a)
+			before := time.Now()
+			got := mustAdmit(t, s, a)
+			after := time.Now()
+
+			if got[0].Outcome != processors.Admitted {
+				t.Errorf("Admit outcome = %v; want Admitted", got[0].Outcome)
+			}
+			want := fromAdmission(a)
+			if diff := cmp.Diff(want, got[0].Record, ignoreStoreSet, equateEmpty); diff != "" {
+				t.Errorf("Admit record mismatch (-want +got):\n%s", diff)
+			}
+			r := got[0].Record
+			checkWithin(t, "CreatedAt", r.CreatedAt, before, after)
+			checkWithin(t, "UpdatedAt", r.UpdatedAt, before, after)
+			if !r.LeaseUntil.IsZero() {
+				t.Errorf("LeaseUntil = %v; want zero", r.LeaseUntil)
+			}
+			if gotU, wantU := r.Unlogged(), len(a.Outbox) > 0; gotU != wantU {
+				t.Errorf("Unlogged() = %v; want %v", gotU, wantU)
+			}
+			if diff := cmp.Diff(r, mustGet(t, s, a.Key), equateEmpty); diff != "" {
+				t.Errorf("Get after Admit differs from Admit's record (-admit +get):\n%s", diff)
+			}
+		})
+	}
+}
+
+func testAdmitDuplicate(t *testing.T, s processors.Store) {
+	k := key("dup")
+	first := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+
+	// A retry of the same call: same hash, other details differ (a new
+	// call_id, another step's outbox); the original record stands.
+	retry := admission(k, hashA, processors.StatusDenied)
+	retry.CallID = "call_retry"
+	retry.Seq, retry.Outbox = 7, []byte(`[{"seq":7}]`)
+	got := mustAdmit(t, s, retry)
+
+	if got[0].Outcome != processors.Duplicate {
+		t.Errorf("Admit(retry) outcome = %v; want Duplicate", got[0].Outcome)
+	}
+	if diff := cmp.Diff(first, got[0].Record, equateEmpty); diff != "" {
+		t.Errorf("Admit(retry) record is not the original (-original +got):\n%s", diff)
+	}
+	checkUnchanged(t, s, k, first)
+}
+
+func testAdmitConflict(t *testing.T, s processors.Store) {
+	k := key("conflict")
+	first := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+
+	got := mustAdmit(t, s, admission(k, hashB, processors.StatusAuthorized))
+	if got[0].Outcome != processors.Conflict {
+		t.Errorf("Admit(other hash) outcome = %v; want Conflict", got[0].Outcome)
+	}
+	if diff := cmp.Diff(first, got[0].Record, equateEmpty); diff != "" {
+		t.Errorf("Admit(other hash) record is not the original (-original +got):\n%s", diff)
+	}
+	checkUnchanged(t, s, k, first)
+}
+
+func testAdmitStatuses(t *testing.T, s processors.Store) {
+	for _, st := range []processors.Status{processors.StatusAuthorized, processors.StatusDenied, processors.StatusPending} {
+		t.Run(string(st), func(t *testing.T) {
+			k := key("status:" + string(st))
+			got := mustAdmit(t, s, admission(k, hashA, st))
+			if got[0].Outcome != processors.Admitted || got[0].Record.Status != st {
+				t.Errorf("Admit(%s) = %v, status %q; want Admitted, %q", st, got[0].Outcome, got[0].Record.Status, st)
+			}
+			if r := mustGet(t, s, k); r.Status != st || r.Epoch != 0 || r.Attempt != 0 || r.LoggedSeq != 0 {
+				t.Errorf("Get = status %q epoch %d attempt %d logged %d; want %q 0 0 0", r.Status, r.Epoch, r.Attempt, r.LoggedSeq, st)
+			}
+		})
+	}
+}
+
+func testAdmitInvalidStatus(t *testing.T, s processors.Store) {
+	for _, st := range []processors.Status{"", processors.StatusExecuting, processors.StatusSucceeded, "bogus"} {
+		t.Run(string(st), func(t *testing.T) {
+			ok := admission(key("valid:"+string(st)), hashA, processors.StatusAuthorized)
+			bad := admission(key("invalid:"+string(st)), hashA, st)
+			if _, err := s.Admit(t.Context(), []processors.Admission{ok, bad}); err == nil {
+				t.Errorf("Admit(status %q) = nil error; want an error", st)
+			}
+			// The batch is one transaction: nothing of it is stored.
+			for _, k := range []ledger.CallKey{ok.Key, bad.Key} {
+				if _, err := s.Get(t.Context(), k); !errors.Is(err, processors.ErrNotFound) {
+					t.Errorf("Get(%v) after failed Admit = %v; want ErrNotFound", k, err)
+				}
+			}
+		})
+	}
+}
+
+func testAdmitIntraBatch(t *testing.T, s processors.Store) {
+	k := key("intra")
+	first := admission(k, hashA, processors.StatusAuthorized)
+	again := admission(k, hashA, processors.StatusDenied)
+	again.CallID = "call_again"
+	other := admission(k, hashB, processors.StatusAuthorized)
+
+	got := mustAdmit(t, s, first, again, other)
+	wantOutcomes := []processors.AdmitOutcome{processors.Admitted, processors.Duplicate, processors.Conflict}
+	for i, w := range wantOutcomes {
+		if got[i].Outcome != w {
+			t.Errorf("Admit batch[%d] outcome = %v; want %v", i, got[i].Outcome, w)
+		}
+		if diff := cmp.Diff(fromAdmission(first), got[i].Record, ignoreStoreSet, equateEmpty); diff != "" {
+			t.Errorf("Admit batch[%d] record is not the first admission's (-want +got):\n%s", i, diff)
+		}
+	}
+	checkUnchanged(t, s, k, got[0].Record)
+}
+
+func testAdmitBatchOrder(t *testing.T, s processors.Store) {
+	pre := admission(key("order:existing"), hashA, processors.StatusAuthorized)
+	mustAdmit(t, s, pre)
+
+	batch := []processors.Admission{
+		admission(key("order:z"), hashA, processors.StatusAuthorized),
+		admission(key("order:existing"), hashA, processors.StatusAuthorized),
+		admission(key("order:a"), hashB, processors.StatusPending),
+		admission(key("order:existing"), hashB, processors.StatusAuthorized),
+		admission(key("order:m"), hashA, processors.StatusDenied),
+	}
+	want := []processors.AdmitOutcome{processors.Admitted, processors.Duplicate, processors.Admitted, processors.Conflict, processors.Admitted}
+	got := mustAdmit(t, s, batch...)
+	for i := range batch {
+		if got[i].Outcome != want[i] || got[i].Record.Key != batch[i].Key {
+			t.Errorf("Admit batch[%d] = %v for %v; want %v for %v", i, got[i].Outcome, got[i].Record.Key, want[i], batch[i].Key)
+		}
+	}
+	if got[2].Record.Status != processors.StatusPending || got[2].Record.ArgumentsHash != hashB {
+		t.Errorf("Admit batch[2] record = %q %q; want %q %q", got[2].Record.Status, got[2].Record.ArgumentsHash, processors.StatusPending, hashB)
+	}
+}
+
+// ---------------------------------------------------------------- Claim
+
+func testClaimClaimed(t *testing.T, s processors.Store) {
+	k := key("claimed")
+	admitted := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+
+	before := time.Now()
+	got := mustClaim(t, s, claim(k, hashA, "executor-1", longLease))
+	after := time.Now()
+
+	if got[0].Outcome != processors.Claimed {
+		t.Fatalf("Claim outcome = %v; want Claimed", got[0].Outcome)
+	}
+	want := admitted
+	want.Status = processors.StatusExecuting
+	want.Epoch = 1
+	want.LeaseOwner = "executor-1"
+	// Attempt counts tool invocations; Complete sets it, Claim does not.
+	want.Attempt = 0
+	r := got[0].Record
+	if diff := cmp.Diff(want, r, ignoreStoreSet, equateEmpty); diff != "" {
+		t.Errorf("Claim record mismatch (-want +got):\n%s", diff)
+	}
+	checkWithin(t, "LeaseUntil", r.LeaseUntil, before.Add(longLease), after.Add(longLease))
+	if !r.CreatedAt.Equal(admitted.CreatedAt) {
+		t.Errorf("CreatedAt = %v; want unchanged %v", r.CreatedAt, admitted.CreatedAt)
+	}
+	if diff := cmp.Diff(r, mustGet(t, s, k), equateEmpty); diff != "" {
+		t.Errorf("Get after Claim differs from Claim's record (-claim +get):\n%s", diff)
+	}
+}
+
+func testClaimBusy(t *testing.T, s processors.Store) {
+	k := key("busy")
+	held := admitClaimed(t, s, k, "executor-1", longLease)
+
+	for _, owner := range []string{"executor-2", "executor-1"} {
+		got := mustClaim(t, s, claim(k, hashA, owner, longLease))
+		if got[0].Outcome != processors.Busy {
+			t.Errorf("Claim by %s of a live lease outcome = %v; want Busy", owner, got[0].Outcome)
+		}
+		if diff := cmp.Diff(held, got[0].Record, equateEmpty); diff != "" {
+			t.Errorf("Busy record is not the holder's (-held +got):\n%s", diff)
+		}
+	}
+	checkUnchanged(t, s, k, held)
+}
+
+func testClaimFinished(t *testing.T, s processors.Store) {
+	t.Run(string(processors.StatusDenied), func(t *testing.T) {
+		k := key("finished:denied")
+		r := mustAdmit(t, s, admission(k, hashA, processors.StatusDenied))[0].Record
+		got := mustClaim(t, s, claim(k, hashA, "executor-1", longLease))
+		if got[0].Outcome != processors.Finished {
+			t.Errorf("Claim(denied) outcome = %v; want Finished", got[0].Outcome)
+		}
+		if diff := cmp.Diff(r, got[0].Record, equateEmpty); diff != "" {
+			t.Errorf("Finished record mismatch (-want +got):\n%s", diff)
+		}
+		checkUnchanged(t, s, k, r)
+	})
+	for _, st := range []processors.Status{processors.StatusSucceeded, processors.StatusFailed, processors.StatusOutcomeUnknown} {
+		t.Run(string(st), func(t *testing.T) {
+			k := key("finished:" + string(st))
+			c := admitClaimed(t, s, k, "executor-1", longLease)
+			mustComplete(t, s, processors.Completion{Key: k, Epoch: c.Epoch, Status: st, Attempt: 1, Seq: 4, Outbox: []byte("x")})
+			done := mustGet(t, s, k)
+			got := mustClaim(t, s, claim(k, hashA, "executor-2", longLease))
+			if got[0].Outcome != processors.Finished {
+				t.Errorf("Claim(%s) outcome = %v; want Finished", st, got[0].Outcome)
+			}
+			if diff := cmp.Diff(done, got[0].Record, equateEmpty); diff != "" {
+				t.Errorf("Finished record mismatch (-want +got):\n%s", diff)
+			}
+			checkUnchanged(t, s, k, done)
+		})
+	}
+}
+
+func testClaimNotReady(t *testing.T, s processors.Store) {
+	k := key("pending")
+	r := mustAdmit(t, s, admission(k, hashA, processors.StatusPending))[0].Record
+	got := mustClaim(t, s, claim(k, hashA, "executor-1", longLease))
+	if got[0].Outcome != processors.NotReady {
+		t.Errorf("Claim(pending) outcome = %v; want NotReady", got[0].Outcome)
+	}
+	if diff := cmp.Diff(r, got[0].Record, equateEmpty); diff != "" {
+		t.Errorf("NotReady record mismatch (-want +got):\n%s", diff)
+	}
+	checkUnchanged(t, s, k, r)
+}
+
+func testClaimMissing(t *testing.T, s processors.Store) {
+	got := mustClaim(t, s, claim(key("missing"), hashA, "executor-1", longLease))
+	if got[0].Outcome != processors.Missing {
+		t.Errorf("Claim(missing) outcome = %v; want Missing", got[0].Outcome)
+	}
+	if _, err := s.Get(t.Context(), key("missing")); !errors.Is(err, processors.ErrNotFound) {
+		t.Errorf("Get after Claim(missing) = %v; want ErrNotFound (Claim must not create)", err)
+	}
+}
+
+// testClaimMismatch: the hash is checked first, whatever state the record
+// is in, so a reused key never runs, reclaims or learns anything else.
+func testClaimMismatch(t *testing.T, s processors.Store) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, k ledger.CallKey)
+	}{
+		{"authorized", func(t *testing.T, k ledger.CallKey) {
+			mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+		}},
+		{"pending", func(t *testing.T, k ledger.CallKey) {
+			mustAdmit(t, s, admission(k, hashA, processors.StatusPending))
+		}},
+		{"denied", func(t *testing.T, k ledger.CallKey) {
+			mustAdmit(t, s, admission(k, hashA, processors.StatusDenied))
+		}},
+		{"live lease", func(t *testing.T, k ledger.CallKey) {
+			admitClaimed(t, s, k, "executor-1", longLease)
+		}},
+		{"expired lease", func(t *testing.T, k ledger.CallKey) {
+			admitClaimed(t, s, k, "executor-1", shortLease)
+			waitExpired(t, s, k)
+		}},
+		{"succeeded", func(t *testing.T, k ledger.CallKey) {
+			c := admitClaimed(t, s, k, "executor-1", longLease)
+			mustComplete(t, s, processors.Completion{Key: k, Epoch: c.Epoch, Status: processors.StatusSucceeded, Attempt: 1, Seq: 4})
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := key("mismatch:" + tc.name)
+			tc.setup(t, k)
+			before := mustGet(t, s, k)
+			got := mustClaim(t, s, claim(k, hashB, "executor-2", longLease))
+			if got[0].Outcome != processors.Mismatch {
+				t.Errorf("Claim(other hash) of %s outcome = %v; want Mismatch", tc.name, got[0].Outcome)
+			}
+			if diff := cmp.Diff(before, got[0].Record, equateEmpty); diff != "" {
+				t.Errorf("Mismatch record mismatch (-want +got):\n%s", diff)
+			}
+			checkUnchanged(t, s, k, before)
+		})
+	}
+}
+
+func testClaimInvalid(t *testing.T, s processors.Store) {
+	k := key("invalid-claim")
+	r := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+	tests := []struct {
+		name string
+		c    processors.Claim
+	}{
+		{"zero lease", claim(k, hashA, "executor-1", 0)},
+		{"negative lease", claim(k, hashA, "executor-1", -time.Second)},
+		{"no owner", claim(k, hashA, "", longLease)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := s.Claim(t.Context(), []processors.Claim{tc.c}); err == nil {
+				t.Errorf("Claim(%s) = nil error; want an error", tc.name)
+			}
+			checkUnchanged(t, s, k, r)
+		})
+	}
+}
+
+func testClaimIntraBatch(t *testing.T, s processors.Store) {
+	t.Run("second sees the first's lease", func(t *testing.T) {
+		k := key("intra-claim:busy")
+		mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+		got := mustClaim(t, s, claim(k, hashA, "executor-1", longLease), claim(k, hashA, "executor-2", longLease))
+		if got[0].Outcome != processors.Claimed || got[1].Outcome != processors.Busy {
+			t.Fatalf("Claim batch outcomes = %v, %v; want Claimed, Busy", got[0].Outcome, got[1].Outcome)
+		}
+		if diff := cmp.Diff(got[0].Record, got[1].Record, equateEmpty); diff != "" {
+			t.Errorf("Busy record is not the first claim's (-first +second):\n%s", diff)
+		}
+		if r := mustGet(t, s, k); r.LeaseOwner != "executor-1" || r.Epoch != 1 {
+			t.Errorf("Get = owner %q epoch %d; want executor-1 1", r.LeaseOwner, r.Epoch)
+		}
+	})
+	t.Run("mismatch first", func(t *testing.T) {
+		k := key("intra-claim:mismatch")
+		mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+		got := mustClaim(t, s, claim(k, hashB, "executor-1", longLease), claim(k, hashA, "executor-2", longLease))
+		if got[0].Outcome != processors.Mismatch || got[1].Outcome != processors.Claimed {
+			t.Fatalf("Claim batch outcomes = %v, %v; want Mismatch, Claimed", got[0].Outcome, got[1].Outcome)
+		}
+		if got[1].Record.LeaseOwner != "executor-2" || got[1].Record.Epoch != 1 {
+			t.Errorf("Claimed record owner %q epoch %d; want executor-2 1", got[1].Record.LeaseOwner, got[1].Record.Epoch)
+		}
+	})
+	t.Run("expired lease reclaimed once", func(t *testing.T) {
+		k := key("intra-claim:expired")
+		admitClaimed(t, s, k, "executor-1", shortLease)
+		waitExpired(t, s, k)
+		got := mustClaim(t, s, claim(k, hashA, "executor-2", longLease), claim(k, hashA, "executor-3", longLease))
+		if got[0].Outcome != processors.Reclaimed || got[1].Outcome != processors.Busy {
+			t.Fatalf("Claim batch outcomes = %v, %v; want Reclaimed, Busy", got[0].Outcome, got[1].Outcome)
+		}
+		if r := mustGet(t, s, k); r.LeaseOwner != "executor-2" || r.Epoch != 2 {
+			t.Errorf("Get = owner %q epoch %d; want executor-2 2", r.LeaseOwner, r.Epoch)
+		}
+	})
+}
+
+func testClaimBatchOrder(t *testing.T, s processors.Store) {
+	mustAdmit(t, s,
+		admission(key("c:auth"), hashA, processors.StatusAuthorized),
+		admission(key("c:pending"), hashA, processors.StatusPending),
+		admission(key("c:denied"), hashA, processors.StatusDenied),
+		admission(key("c:held"), hashA, processors.StatusAuthorized),
+		admission(key("c:other"), hashA, processors.StatusAuthorized),
+	)
+	mustClaim(t, s, claim(key("c:held"), hashA, "executor-0", longLease))
+
+	batch := []processors.Claim{
+		claim(key("c:pending"), hashA, "executor-1", longLease),
+		claim(key("c:missing"), hashA, "executor-1", longLease),
+		claim(key("c:held"), hashA, "executor-1", longLease),
+		claim(key("c:auth"), hashA, "executor-1", longLease),
+		claim(key("c:other"), hashB, "executor-1", longLease),
+		claim(key("c:denied"), hashA, "executor-1", longLease),
+	}
+	want := []processors.ClaimOutcome{processors.NotReady, processors.Missing, processors.Busy, processors.Claimed, processors.Mismatch, processors.Finished}
+	got := mustClaim(t, s, batch...)
+	for i := range batch {
+		if got[i].Outcome != want[i] {
+			t.Errorf("Claim batch[%d] (%v) outcome = %v; want %v", i, batch[i].Key, got[i].Outcome, want[i])
+		}
+		if want[i] != processors.Missing && got[i].Record.Key != batch[i].Key {
+			t.Errorf("Claim batch[%d] record key = %v; want %v", i, got[i].Record.Key, batch[i].Key)
+		}
+	}
+	if r := got[3].Record; r.LeaseOwner != "executor-1" || r.Epoch != 1 || r.Status != processors.StatusExecuting {
+		t.Errorf("Claimed record = owner %q epoch %d status %q; want executor-1 1 executing", r.LeaseOwner, r.Epoch, r.Status)
+	}
+	if r := mustGet(t, s, key("c:other")); r.Status != processors.StatusAuthorized || r.Epoch != 0 {
+		t.Errorf("mismatched record = status %q epoch %d; want authorized 0 (untouched)", r.Status, r.Epoch)
+	}
+}
+
+// ---------------------------------------------------------------- leases
+
+func testLeaseExpiredReclaimed(t *testing.T, s processors.Store) {
+	k := key("lease")
+	first := admitClaimed(t, s, k, "executor-1", shortLease)
+
+	exp := waitExpired(t, s, k)
+	if diff := cmp.Diff(first, exp, equateEmpty); diff != "" {
+		t.Errorf("Expired record mismatch (-claimed +expired):\n%s", diff)
+	}
+
+	before := time.Now()
+	got := mustClaim(t, s, claim(k, hashA, "executor-2", longLease))
+	after := time.Now()
+	if got[0].Outcome != processors.Reclaimed {
+		t.Fatalf("Claim after lease expiry outcome = %v; want Reclaimed", got[0].Outcome)
+	}
+	want := first
+	want.Epoch = 2
+	want.LeaseOwner = "executor-2"
+	r := got[0].Record
+	if diff := cmp.Diff(want, r, ignoreStoreSet, equateEmpty); diff != "" {
+		t.Errorf("Reclaimed record mismatch (-want +got):\n%s", diff)
+	}
+	checkWithin(t, "LeaseUntil", r.LeaseUntil, before.Add(longLease), after.Add(longLease))
+
+	for _, e := range mustExpired(t, s, 100) {
+		if e.Key == k {
+			t.Errorf("Expired lists %v after it was reclaimed under a live lease", k)
+		}
+	}
+
+	// Fencing: the first owner woke up; its epoch is stale.
+	stale := processors.Completion{Key: k, Epoch: first.Epoch, Status: processors.StatusSucceeded, Attempt: 1, Result: []byte("stale"), Seq: 4, Outbox: []byte("stale")}
+	if applied := mustComplete(t, s, stale); applied[0] {
+		t.Errorf("Complete(stale epoch %d) applied = true; want false", first.Epoch)
+	}
+	checkUnchanged(t, s, k, r)
+
+	fresh := processors.Completion{Key: k, Epoch: r.Epoch, Status: processors.StatusOutcomeUnknown, Attempt: 1, Result: []byte("unknown"), Seq: 4, Outbox: []byte("fresh")}
+	if applied := mustComplete(t, s, fresh); !applied[0] {
+		t.Errorf("Complete(current epoch %d) applied = false; want true", r.Epoch)
+	}
+	if done := mustGet(t, s, k); done.Status != processors.StatusOutcomeUnknown || string(done.Result) != "unknown" {
+		t.Errorf("Get = status %q result %q; want outcome_unknown \"unknown\"", done.Status, done.Result)
+	}
+}
+
+func testExpiredOrderAndLimit(t *testing.T, s processors.Store) {
+	ka, kb, kc := key("exp:a"), key("exp:b"), key("exp:c")
+	live, waiting := key("exp:live"), key("exp:authorized")
+	mustAdmit(t, s,
+		admission(ka, hashA, processors.StatusAuthorized),
+		admission(kb, hashA, processors.StatusAuthorized),
+		admission(kc, hashA, processors.StatusAuthorized),
+		admission(live, hashA, processors.StatusAuthorized),
+		admission(waiting, hashA, processors.StatusAuthorized),
+	)
+	// One batch, one store clock reading: the leases end in the order of
+	// their lengths, c then a then b, whatever the keys' order.
+	got := mustClaim(t, s,
+		claim(ka, hashA, "executor-1", 2*shortLease),
+		claim(kb, hashA, "executor-1", 3*shortLease),
+		claim(kc, hashA, "executor-1", shortLease),
+		claim(live, hashA, "executor-1", longLease),
+	)
+	for i, g := range got {
+		if g.Outcome != processors.Claimed {
+			t.Fatalf("Claim batch[%d] outcome = %v; want Claimed", i, g.Outcome)
+		}
+	}
+
+	want := []ledger.CallKey{kc, ka, kb}
+	waitFor(t, pollTimeout, func() error {
+		if got := keysOf(mustExpired(t, s, 100)); !slices.Equal(got, want) {
+			return fmt.Errorf("Expired(100) keys = %v; want %v", got, want)
+		}
+		return nil
+	})
+	if got := keysOf(mustExpired(t, s, 2)); !slices.Equal(got, want[:2]) {
+		t.Errorf("Expired(2) keys = %v; want %v", got, want[:2])
+	}
+	if got := mustExpired(t, s, 0); len(got) != 0 {
+		t.Errorf("Expired(0) = %d records; want none", len(got))
+	}
+}
+
+// ---------------------------------------------------------------- Complete
+
+func testCompleteApplied(t *testing.T, s processors.Store) {
+	for _, st := range []processors.Status{processors.StatusSucceeded, processors.StatusFailed, processors.StatusOutcomeUnknown} {
+		t.Run(string(st), func(t *testing.T) {
+			k := key("complete:" + string(st))
+			c := admitClaimed(t, s, k, "executor-1", longLease)
+			comp := processors.Completion{
+				Key: k, Epoch: c.Epoch, Status: st, Attempt: 2,
+				Result: []byte(`{"refund_id":"re_1"}`), Seq: 4, Outbox: []byte(`[{"seq":3},{"seq":4}]`),
+			}
+			before := time.Now()
+			if applied := mustComplete(t, s, comp); !applied[0] {
+				t.Fatalf("Complete(current epoch) applied = false; want true")
+			}
+			after := time.Now()
+
+			want := c
+			want.Status = st
+			want.Attempt = 2
+			want.Result = comp.Result
+			want.Seq = 4
+			want.Outbox = comp.Outbox
+			want.LeaseOwner = ""
+			got := mustGet(t, s, k)
+			if diff := cmp.Diff(want, got, ignoreStoreSet, equateEmpty); diff != "" {
+				t.Errorf("Get after Complete mismatch (-want +got):\n%s", diff)
+			}
+			if !got.LeaseUntil.IsZero() {
+				t.Errorf("LeaseUntil = %v; want zero (lease cleared)", got.LeaseUntil)
+			}
+			checkWithin(t, "UpdatedAt", got.UpdatedAt, before, after)
+			if !got.Unlogged() {
+				t.Errorf("Unlogged() = false after Complete wrote seq 4 over logged %d; want true", got.LoggedSeq)
+			}
+			for _, e := range mustExpired(t, s, 100) {
+				if e.Key == k {
+					t.Errorf("Expired lists completed %v", k)
+				}
+			}
+		})
+	}
+}
+
+func testCompleteFenced(t *testing.T, s processors.Store) {
+	done := func(k ledger.CallKey, epoch int64) processors.Completion {
+		return processors.Completion{Key: k, Epoch: epoch, Status: processors.StatusSucceeded, Attempt: 1, Result: []byte("late"), Seq: 9, Outbox: []byte("late")}
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, k ledger.CallKey) int64 // returns the epoch to complete with
+	}{
+		{"epoch behind", func(t *testing.T, k ledger.CallKey) int64 {
+			return admitClaimed(t, s, k, "executor-1", longLease).Epoch - 1
+		}},
+		{"epoch ahead", func(t *testing.T, k ledger.CallKey) int64 {
+			return admitClaimed(t, s, k, "executor-1", longLease).Epoch + 1
+		}},
+		{"never claimed", func(t *testing.T, k ledger.CallKey) int64 {
+			mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+			return 0
+		}},
+		{"pending", func(t *testing.T, k ledger.CallKey) int64 {
+			mustAdmit(t, s, admission(k, hashA, processors.StatusPending))
+			return 0
+		}},
+		{"already completed", func(t *testing.T, k ledger.CallKey) int64 {
+			c := admitClaimed(t, s, k, "executor-1", longLease)
+			mustComplete(t, s, processors.Completion{Key: k, Epoch: c.Epoch, Status: processors.StatusFailed, Attempt: 1, Result: []byte("first"), Seq: 4})
+			return c.Epoch
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := key("fenced:" + tc.name)
+			epoch := tc.setup(t, k)
+			before := mustGet(t, s, k)
+			if applied := mustComplete(t, s, done(k, epoch)); applied[0] {
+				t.Errorf("Complete(%s, epoch %d) applied = true; want false", tc.name, epoch)
+			}
+			checkUnchanged(t, s, k, before)
+		})
+	}
+	t.Run("missing", func(t *testing.T) {
+		if applied := mustComplete(t, s, done(key("fenced:missing"), 1)); applied[0] {
+			t.Errorf("Complete(missing) applied = true; want false")
+		}
+		if _, err := s.Get(t.Context(), key("fenced:missing")); !errors.Is(err, processors.ErrNotFound) {
+			t.Errorf("Get after Complete(missing) = %v; want ErrNotFound", err)
+		}
+	})
+}
+
+func testCompleteInvalidStatus(t *testing.T, s processors.Store) {
+	k := key("complete-invalid")
+	c := admitClaimed(t, s, k, "executor-1", longLease)
+	for _, st := range []processors.Status{"", processors.StatusExecuting, processors.StatusAuthorized, processors.StatusPending, "bogus"} {
+		t.Run(string(st), func(t *testing.T) {
+			_, err := s.Complete(t.Context(), []processors.Completion{{Key: k, Epoch: c.Epoch, Status: st, Attempt: 1, Seq: 4}})
+			if err == nil {
+				t.Errorf("Complete(status %q) = nil error; want an error", st)
+			}
+			checkUnchanged(t, s, k, c)
+		})
+	}
+}
+
+func testCompleteIntraBatch(t *testing.T, s processors.Store) {
+	k := key("complete-intra")
+	c := admitClaimed(t, s, k, "executor-1", longLease)
+	first := processors.Completion{Key: k, Epoch: c.Epoch, Status: processors.StatusSucceeded, Attempt: 1, Result: []byte("first"), Seq: 4}
+	second := processors.Completion{Key: k, Epoch: c.Epoch, Status: processors.StatusFailed, Attempt: 2, Result: []byte("second"), Seq: 5}
+	got := mustComplete(t, s, first, second)
+	if !slices.Equal(got, []bool{true, false}) {
+		t.Errorf("Complete(same epoch twice) = %v; want [true false]", got)
+	}
+	if r := mustGet(t, s, k); r.Status != processors.StatusSucceeded || string(r.Result) != "first" || r.Seq != 4 {
+		t.Errorf("Get = status %q result %q seq %d; want succeeded \"first\" 4", r.Status, r.Result, r.Seq)
+	}
+}
+
+func testCompleteBatchOrder(t *testing.T, s processors.Store) {
+	c1 := admitClaimed(t, s, key("cb:1"), "executor-1", longLease)
+	c2 := admitClaimed(t, s, key("cb:2"), "executor-1", longLease)
+	c3 := admitClaimed(t, s, key("cb:3"), "executor-1", longLease)
+	comp := func(k ledger.CallKey, epoch int64) processors.Completion {
+		return processors.Completion{Key: k, Epoch: epoch, Status: processors.StatusSucceeded, Attempt: 1, Seq: 4}
+	}
+	got := mustComplete(t, s,
+		comp(key("cb:missing"), 1),
+		comp(c3.Key, c3.Epoch),
+		comp(c2.Key, c2.Epoch+5),
+		comp(c1.Key, c1.Epoch),
+	)
+	if want := []bool{false, true, false, true}; !slices.Equal(got, want) {
+		t.Errorf("Complete batch = %v; want %v", got, want)
+	}
+	for _, tc := range []struct {
+		k    ledger.CallKey
+		want processors.Status
+	}{
+		{c1.Key, processors.StatusSucceeded},
+		{c2.Key, processors.StatusExecuting},
+		{c3.Key, processors.StatusSucceeded},
+	} {
+		if r := mustGet(t, s, tc.k); r.Status != tc.want {
+			t.Errorf("Get(%v) status = %q; want %q", tc.k, r.Status, tc.want)
+		}
+	}
+}
+
+// ---------------------------------------------------------------- MarkLogged
+
+func testMarkLoggedMonotonic(t *testing.T, s processors.Store) {
+	k := key("logged")
+	admitted := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+	if !admitted.Unlogged() {
+		t.Fatalf("Unlogged() after Admit with an outbox = false; want true")
+	}
+
+	steps := []struct {
+		name         string
+		markSeq      int64
+		wantLogged   int64
+		wantUnlogged bool
+	}{
+		{"partial", 1, 1, true},
+		{"up to seq", 2, 2, false},
+		{"stale mark", 1, 2, false},
+		{"zero mark", 0, 2, false},
+	}
+	for _, st := range steps {
+		mustMarkLogged(t, s, processors.Logged{Key: k, Seq: st.markSeq})
+		r := mustGet(t, s, k)
+		if r.LoggedSeq != st.wantLogged || r.Unlogged() != st.wantUnlogged {
+			t.Errorf("%s: MarkLogged(%d) -> LoggedSeq %d Unlogged %v; want %d %v", st.name, st.markSeq, r.LoggedSeq, r.Unlogged(), st.wantLogged, st.wantUnlogged)
+		}
+		// MarkLogged touches nothing else.
+		want := admitted
+		want.LoggedSeq = st.wantLogged
+		if diff := cmp.Diff(want, r, cmpopts.IgnoreFields(processors.Record{}, "UpdatedAt"), equateEmpty); diff != "" {
+			t.Errorf("%s: record mismatch (-want +got):\n%s", st.name, diff)
+		}
+	}
+
+	// The next step's outbox is unlogged again until marked.
+	mustClaim(t, s, claim(k, hashA, "executor-1", longLease))
+	mustComplete(t, s, processors.Completion{Key: k, Epoch: 1, Status: processors.StatusSucceeded, Attempt: 1, Seq: 4, Outbox: []byte("step")})
+	if r := mustGet(t, s, k); !r.Unlogged() || r.LoggedSeq != 2 {
+		t.Errorf("after Complete: Unlogged %v LoggedSeq %d; want true 2", r.Unlogged(), r.LoggedSeq)
+	}
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 4})
+	if r := mustGet(t, s, k); r.Unlogged() || r.LoggedSeq != 4 {
+		t.Errorf("after MarkLogged(4): Unlogged %v LoggedSeq %d; want false 4", r.Unlogged(), r.LoggedSeq)
+	}
+}
+
+func testMarkLoggedBatch(t *testing.T, s processors.Store) {
+	k1, k2 := key("logged:1"), key("logged:2")
+	a1 := admission(k1, hashA, processors.StatusAuthorized)
+	a1.Seq = 9
+	a2 := admission(k2, hashA, processors.StatusAuthorized)
+	a2.Seq = 9
+	mustAdmit(t, s, a1, a2)
+	// Same key several times in one batch: the highest wins, whatever
+	// the order. A missing key is not an error.
+	mustMarkLogged(t, s,
+		processors.Logged{Key: k1, Seq: 3},
+		processors.Logged{Key: k2, Seq: 2},
+		processors.Logged{Key: k1, Seq: 5},
+		processors.Logged{Key: key("logged:missing"), Seq: 7},
+		processors.Logged{Key: k1, Seq: 4},
+	)
+	if r := mustGet(t, s, k1); r.LoggedSeq != 5 {
+		t.Errorf("Get(k1).LoggedSeq = %d; want 5", r.LoggedSeq)
+	}
+	if r := mustGet(t, s, k2); r.LoggedSeq != 2 {
+		t.Errorf("Get(k2).LoggedSeq = %d; want 2", r.LoggedSeq)
+	}
+	if _, err := s.Get(t.Context(), key("logged:missing")); !errors.Is(err, processors.ErrNotFound) {
+		t.Errorf("Get(missing) after MarkLogged = %v; want ErrNotFound", err)
+	}
+}
+
+// ---------------------------------------------------------------- Get, tenants, misc
+
+func testGetNotFound(t *testing.T, s processors.Store) {
+	mustAdmit(t, s, admission(key("present"), hashA, processors.StatusAuthorized))
+	for _, k := range []ledger.CallKey{
+		key("absent"),
+		{TenantID: "t_other", IdempotencyKey: "present"},
+		{TenantID: "t_acme", IdempotencyKey: "presen"},
+	} {
+		if _, err := s.Get(t.Context(), k); !errors.Is(err, processors.ErrNotFound) {
+			t.Errorf("Get(%v) = %v; want ErrNotFound", k, err)
+		}
+	}
+}
+
+func testTenantIsolation(t *testing.T, s processors.Store) {
+	ka := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "run_1:step_1:refund_order"}
+	kb := ledger.CallKey{TenantID: "t_b", IdempotencyKey: "run_1:step_1:refund_order"}
+	aa := admission(ka, hashA, processors.StatusAuthorized)
+	ab := admission(kb, hashB, processors.StatusAuthorized)
+	ab.Arguments = []byte(`{"tenant":"b"}`)
+
+	// Same idempotency key, two tenants, different hashes: two calls, no
+	// conflict, even within one batch.
+	got := mustAdmit(t, s, aa, ab)
+	for i, g := range got {
+		if g.Outcome != processors.Admitted {
+			t.Errorf("Admit batch[%d] outcome = %v; want Admitted", i, g.Outcome)
+		}
+	}
+	// A retry by tenant b is b's duplicate and shows b's record only.
+	dup := mustAdmit(t, s, ab)[0]
+	if dup.Outcome != processors.Duplicate || !bytes.Equal(dup.Record.Arguments, ab.Arguments) {
+		t.Errorf("Admit(b retry) = %v with arguments %s; want Duplicate with b's arguments", dup.Outcome, dup.Record.Arguments)
+	}
+
+	// Tenant b cannot claim with tenant a's hash: the record is b's.
+	if c := mustClaim(t, s, claim(kb, hashA, "executor-1", longLease)); c[0].Outcome != processors.Mismatch {
+		t.Errorf("Claim(b with a's hash) outcome = %v; want Mismatch", c[0].Outcome)
+	}
+	cs := mustClaim(t, s, claim(ka, hashA, "executor-a", longLease), claim(kb, hashB, "executor-b", longLease))
+	for i, c := range cs {
+		if c.Outcome != processors.Claimed || c.Record.Epoch != 1 {
+			t.Errorf("Claim batch[%d] = %v epoch %d; want Claimed epoch 1 (independent records)", i, c.Outcome, c.Record.Epoch)
+		}
+	}
+	beforeB := mustGet(t, s, kb)
+	if applied := mustComplete(t, s, processors.Completion{Key: ka, Epoch: 1, Status: processors.StatusSucceeded, Attempt: 1, Result: []byte("a"), Seq: 4}); !applied[0] {
+		t.Fatalf("Complete(a) applied = false; want true")
+	}
+	mustMarkLogged(t, s, processors.Logged{Key: ka, Seq: 4})
+	checkUnchanged(t, s, kb, beforeB)
+
+	ra := mustGet(t, s, ka)
+	if ra.Status != processors.StatusSucceeded || string(ra.Result) != "a" || ra.LoggedSeq != 4 {
+		t.Errorf("Get(a) = status %q result %q logged %d; want succeeded \"a\" 4", ra.Status, ra.Result, ra.LoggedSeq)
+	}
+	if ra.Key != ka || beforeB.Key != kb {
+		t.Errorf("Get keys = %v, %v; want %v, %v", ra.Key, beforeB.Key, ka, kb)
+	}
+}
+
+func testEmptyBatches(t *testing.T, s processors.Store) {
+	ctx := t.Context()
+	if got, err := s.Admit(ctx, nil); err != nil || len(got) != 0 {
+		t.Errorf("Admit(nil) = %v, %v; want empty, nil", got, err)
+	}
+	if got, err := s.Claim(ctx, nil); err != nil || len(got) != 0 {
+		t.Errorf("Claim(nil) = %v, %v; want empty, nil", got, err)
+	}
+	if got, err := s.Complete(ctx, nil); err != nil || len(got) != 0 {
+		t.Errorf("Complete(nil) = %v, %v; want empty, nil", got, err)
+	}
+	if err := s.MarkLogged(ctx, nil); err != nil {
+		t.Errorf("MarkLogged(nil) = %v; want nil", err)
+	}
+	if got, err := s.Expired(ctx, 10); err != nil || len(got) != 0 {
+		t.Errorf("Expired(10) on an empty store = %v, %v; want empty, nil", got, err)
+	}
+}
+
+func testCancelledContext(t *testing.T, s processors.Store) {
+	k := key("cancelled")
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := s.Admit(ctx, []processors.Admission{admission(k, hashA, processors.StatusAuthorized)}); err == nil {
+		t.Errorf("Admit(cancelled ctx) = nil error; want an error")
+	}
+	if _, err := s.Get(t.Context(), k); !errors.Is(err, processors.ErrNotFound) {
+		t.Errorf("Get after cancelled Admit = %v; want ErrNotFound", err)
+	}
+	r := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+	if _, err := s.Claim(ctx, []processors.Claim{claim(k, hashA, "executor-1", longLease)}); err == nil {
+		t.Errorf("Claim(cancelled ctx) = nil error; want an error")
+	}
+	checkUnchanged(t, s, k, r)
+}
+
+// ---------------------------------------------------------------- concurrency
+
+// testConcurrentAdmitClaim is the executor's race: many redeliveries of one
+// call admitted and claimed at once. Exactly one admission creates the
+// record and exactly one claim wins; the store retries its own
+// serialization failures rather than surfacing them.
+func testConcurrentAdmitClaim(t *testing.T, s processors.Store) {
+	const n = 32
+	k := key("race")
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		admits  = map[processors.AdmitOutcome]int{}
+		claims  = map[processors.ClaimOutcome]int{}
+		winners []string
+		errs    []error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		owner := fmt.Sprintf("executor-%02d", i)
+		wg.Go(func() {
+			<-start
+			ctx := t.Context()
+			a, err := s.Admit(ctx, []processors.Admission{admission(k, hashA, processors.StatusAuthorized)})
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("admit by %s: %w", owner, err))
+				mu.Unlock()
+				return
+			}
+			c, err := s.Claim(ctx, []processors.Claim{claim(k, hashA, owner, longLease)})
+			mu.Lock()
+			defer mu.Unlock()
+			admits[a[0].Outcome]++
+			if err != nil {
+				errs = append(errs, fmt.Errorf("claim by %s: %w", owner, err))
+				return
+			}
+			claims[c[0].Outcome]++
+			if c[0].Outcome == processors.Claimed {
+				winners = append(winners, owner)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	for _, err := range errs {
+		t.Errorf("concurrent Admit+Claim: %v", err)
+	}
+	if admits[processors.Admitted] != 1 || admits[processors.Duplicate] != n-1 {
+		t.Errorf("Admit outcomes = %v; want 1 Admitted and %d Duplicate", admits, n-1)
+	}
+	if claims[processors.Claimed] != 1 || claims[processors.Busy] != n-1 {
+		t.Errorf("Claim outcomes = %v; want 1 Claimed and %d Busy", claims, n-1)
+	}
+	r := mustGet(t, s, k)
+	if r.Epoch != 1 || len(winners) != 1 || r.LeaseOwner != winners[0] {
+		t.Errorf("Get = epoch %d owner %q, winners %v; want epoch 1 owned by the single winner", r.Epoch, r.LeaseOwner, winners)
+	}
+}
+
+// testConcurrentComplete: racing completions at the same epoch (a
+// redelivered step finishing twice) apply exactly once.
+func testConcurrentComplete(t *testing.T, s processors.Store) {
+	const n = 16
+	k := key("race-complete")
+	c := admitClaimed(t, s, k, "executor-1", longLease)
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		applied []int
+		errs    []error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			got, err := s.Complete(t.Context(), []processors.Completion{{
+				Key: k, Epoch: c.Epoch, Status: processors.StatusSucceeded, Attempt: 1,
+				Result: fmt.Appendf(nil, "result-%d", i), Seq: 4,
+			}})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			if got[0] {
+				applied = append(applied, i)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for _, err := range errs {
+		t.Errorf("concurrent Complete: %v", err)
+	}
+	if len(applied) != 1 {
+		t.Fatalf("concurrent Complete applied by %v; want exactly one", applied)
+	}
+	if r := mustGet(t, s, k); string(r.Result) != fmt.Sprintf("result-%d", applied[0]) {
+		t.Errorf("Get.Result = %q; want the single winner's result-%d", r.Result, applied[0])
+	}
+}
