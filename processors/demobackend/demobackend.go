@@ -1,0 +1,424 @@
+// Package demobackend is the set of downstream tools that `ledger dev`, the
+// tests and the benchmarks call: a weather read (get_weather), two tools with
+// native idempotency (create_ticket, refund_order, with a status lookup) and
+// one without any (send_email).
+//
+// It sits outside the product on purpose. It is the witness that counts side
+// effects where they happen, so that a test proves "exactly once" at the tool
+// and not in the ledger's own tables (DESIGN.md §5: tests count effects at
+// the tool). Every request that reaches a tool is recorded as an Effect: a new
+// effect, a native replay (no new effect) or a read. Faults (latency, hangs,
+// failures, an effect applied and then the connection dropped) are set at
+// runtime so that tests can drive the executor into every outcome.
+//
+// File map: demobackend.go (server, routes, request flow), tools.go (the four
+// tools), witness.go (effects, counts, journal), fault.go (fault injection).
+package demobackend
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Request headers the backend reads. They are the ones processors/httptool
+// sends.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderCallID         = "X-Ledger-Call-Id"
+	HeaderTenant         = "X-Ledger-Tenant"
+	HeaderAttempt        = "X-Ledger-Attempt"
+	// HeaderReplayed is set to "true" on a native tool's answer that replays
+	// an earlier one (no new effect), as Stripe's Idempotent-Replayed.
+	HeaderReplayed = "Idempotent-Replayed"
+)
+
+// maxBodyBytes bounds a tool request body; larger bodies get 413.
+const maxBodyBytes = 1 << 20
+
+// Config configures a Server. The zero value is a working backend.
+type Config struct {
+	// Logger receives one debug record per effect and errors about the
+	// journal. Default: discard.
+	Logger *slog.Logger
+	// Now stamps effects. Default: time.Now.
+	Now func() time.Time
+	// Latency is added to every tool request (POST and status lookups)
+	// before it is handled, on top of any fault latency; benchmarks use it to
+	// model a real downstream. Default: 0.
+	Latency time.Duration
+	// JournalPath, when set, makes the server append every effect as one JSON
+	// line (an Effect) to this file, so that a test can count effects across
+	// processes (see ReadJournal). The file is created if missing and
+	// appended to otherwise; it is not fsynced. If it cannot be opened or
+	// written, tool requests answer 500 without applying any effect, so the
+	// journal never misses an effect that happened. Default: no journal.
+	JournalPath string
+}
+
+// Server is the demo tool backend. It is safe for concurrent use. Create it
+// with New and serve Handler; Close releases hanging requests and the
+// journal.
+type Server struct {
+	logger  *slog.Logger
+	now     func() time.Time
+	latency time.Duration
+
+	// done is closed by Close; it releases requests held by a Hang fault or
+	// a latency so that a test server can shut down.
+	done      chan struct{}
+	closeOnce sync.Once
+
+	requests atomic.Int64
+
+	mu         sync.Mutex
+	seq        int64
+	effects    []Effect
+	counters   map[string]int64         // per tool: the n in tkt_<n>, rf_<n>, msg_<n>
+	stored     map[dedupeKey]storedCall // native tools: first answer per key
+	faults     map[string]*faultState
+	journal    *os.File
+	journalErr error
+}
+
+// dedupeKey scopes a native tool's idempotency key by tenant, as the ledger
+// scopes its calls: two tenants with the same key are two effects.
+type dedupeKey struct {
+	tool, tenant, key string
+}
+
+// storedCall is the first answer to a key, replayed to later requests.
+type storedCall struct {
+	argsHash string
+	body     []byte
+}
+
+// New returns a Server. If cfg.JournalPath cannot be opened the error is
+// logged and every tool request answers 500 without an effect (see
+// Config.JournalPath).
+func New(cfg Config) *Server {
+	s := &Server{
+		logger:   cfg.Logger,
+		now:      cfg.Now,
+		latency:  cfg.Latency,
+		done:     make(chan struct{}),
+		counters: make(map[string]int64),
+		stored:   make(map[dedupeKey]storedCall),
+		faults:   make(map[string]*faultState),
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if cfg.JournalPath != "" {
+		f, err := os.OpenFile(cfg.JournalPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			s.logger.Error("open effect journal", "path", cfg.JournalPath, "err", err)
+			s.journalErr = err
+		}
+		s.journal = f
+	}
+	return s
+}
+
+// Close releases requests held by a Hang fault or a latency, and closes the
+// journal. It does not stop an http.Server serving Handler; the caller owns
+// that. Close is idempotent.
+func (s *Server) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.done)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.journal != nil {
+			err = s.journal.Close()
+			s.journal = nil
+			s.journalErr = errors.New("journal closed")
+		}
+	})
+	return err
+}
+
+// Handler returns the backend's routes:
+//
+//	POST /tools/{tool}                        run a tool (Idempotency-Key required)
+//	GET  /tools/{tool}/status?idempotency_key=K  status lookup of a native tool
+//	GET  /effects                             the witness, as a JSON array of Effect
+//	GET  /healthz                             liveness
+//
+// Every other path answers 404 with a JSON error.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /tools/{tool}", s.handleTool)
+	mux.HandleFunc("GET /tools/{tool}/status", s.handleStatus)
+	mux.HandleFunc("GET /effects", s.handleEffects)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no route for "+r.Method+" "+r.URL.Path)
+	})
+	return mux
+}
+
+// callMeta is what the ledger's headers say about a request.
+type callMeta struct {
+	key, callID, tenant string
+	attempt             int
+}
+
+func metaOf(r *http.Request) callMeta {
+	// A missing or malformed attempt is recorded as 0: the witness records
+	// what arrived, it does not police the ledger's headers.
+	attempt, _ := strconv.Atoi(r.Header.Get(HeaderAttempt))
+	return callMeta{
+		key:     r.Header.Get(HeaderIdempotencyKey),
+		callID:  r.Header.Get(HeaderCallID),
+		tenant:  r.Header.Get(HeaderTenant),
+		attempt: attempt,
+	}
+}
+
+func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
+	s.requests.Add(1)
+	ctx := r.Context()
+	t, ok := toolNamed(r.PathValue("tool"))
+	if !ok {
+		writeError(w, http.StatusNotFound, "unknown_tool", "no tool named "+strconv.Quote(r.PathValue("tool")))
+		return
+	}
+	meta := metaOf(r)
+	if meta.key == "" {
+		writeError(w, http.StatusBadRequest, "missing_idempotency_key", "the Idempotency-Key header is required")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
+			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", "the body exceeds 1 MiB")
+			return
+		}
+		writeError(w, http.StatusBadRequest, "unreadable_body", "the body could not be read")
+		return
+	}
+
+	f := s.takeFault(t.name)
+	if !s.hold(ctx, w, s.latency+f.Latency, f.Hang) {
+		return // the caller gave up or the server is closing: nothing applied
+	}
+	if f.FailStatus != 0 {
+		writeError(w, f.FailStatus, "injected_fault", "fault injected before apply; no effect")
+		return
+	}
+	if !json.Valid(body) {
+		writeError(w, http.StatusBadRequest, "invalid_json", "the body is not valid JSON")
+		return
+	}
+	build, err := t.parse(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_arguments", err.Error())
+		return
+	}
+
+	out, err := s.apply(t, meta, body, build)
+	if err != nil {
+		switch {
+		case errors.Is(err, errKeyReused):
+			writeError(w, http.StatusConflict, "idempotency_key_reused", "the key was used with a different body")
+		default:
+			writeError(w, http.StatusInternalServerError, "journal_unavailable", "the effect journal cannot be written; nothing applied")
+		}
+		return
+	}
+
+	switch {
+	case f.ApplyThenDrop:
+		drop(w)
+		return
+	case f.ApplyThenFail != 0:
+		writeError(w, f.ApplyThenFail, "injected_fault_after_apply", "fault injected after the effect was applied")
+		return
+	}
+	if out.replay {
+		w.Header().Set(HeaderReplayed, "true")
+	}
+	writeRaw(w, http.StatusOK, out.body)
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	s.requests.Add(1)
+	ctx := r.Context()
+	t, ok := toolNamed(r.PathValue("tool"))
+	if !ok {
+		writeError(w, http.StatusNotFound, "unknown_tool", "no tool named "+strconv.Quote(r.PathValue("tool")))
+		return
+	}
+	if t.kind != kindNative {
+		writeError(w, http.StatusNotFound, "no_status_lookup", t.name+" has no status lookup")
+		return
+	}
+	key := r.URL.Query().Get("idempotency_key")
+	if key == "" {
+		writeError(w, http.StatusBadRequest, "missing_idempotency_key", "the idempotency_key query parameter is required")
+		return
+	}
+	f := s.takeFault(t.name + statusSuffix)
+	if !s.hold(ctx, w, s.latency+f.Latency, f.Hang) {
+		return
+	}
+	if f.FailStatus != 0 {
+		writeError(w, f.FailStatus, "injected_fault", "fault injected on the status lookup")
+		return
+	}
+
+	s.mu.Lock()
+	st, found := s.stored[dedupeKey{tool: t.name, tenant: r.Header.Get(HeaderTenant), key: key}]
+	s.mu.Unlock()
+	if !found {
+		writeJSON(w, http.StatusNotFound, map[string]string{"state": "not_found"})
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		State  string          `json:"state"`
+		Result json.RawMessage `json:"result"`
+	}{State: "applied", Result: st.body})
+}
+
+func (s *Server) handleEffects(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.Effects())
+}
+
+// errKeyReused: a native tool saw a known key with a different body.
+var errKeyReused = errors.New("idempotency key reused with a different body")
+
+// applied is the outcome of apply.
+type applied struct {
+	body   []byte
+	replay bool
+}
+
+// apply runs the tool's effect (or its replay) and records it in the
+// witness. For native tools the check of the key and the effect happen under
+// one lock, so concurrent requests with one key apply exactly once.
+func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) any) (applied, error) {
+	sum := sha256.Sum256(body)
+	argsHash := hex.EncodeToString(sum[:])
+	ef := Effect{
+		Tool:           t.name,
+		IdempotencyKey: meta.key,
+		CallID:         meta.callID,
+		TenantID:       meta.tenant,
+		Attempt:        meta.attempt,
+		ArgsHash:       argsHash,
+		Read:           t.kind == kindRead,
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dk := dedupeKey{tool: t.name, tenant: meta.tenant, key: meta.key}
+	if t.kind == kindNative {
+		if st, ok := s.stored[dk]; ok {
+			if st.argsHash != argsHash {
+				return applied{}, errKeyReused
+			}
+			ef.Replay = true
+			if err := s.recordLocked(ef); err != nil {
+				return applied{}, err
+			}
+			return applied{body: st.body, replay: true}, nil
+		}
+	}
+	n := s.counters[t.name] + 1
+	out, err := json.Marshal(build(n))
+	if err != nil {
+		// The tools build plain structs and maps; a failure is a bug here.
+		panic("demobackend: marshal result: " + err.Error())
+	}
+	if err := s.recordLocked(ef); err != nil {
+		return applied{}, err
+	}
+	if t.kind != kindRead {
+		s.counters[t.name] = n
+	}
+	if t.kind == kindNative {
+		s.stored[dk] = storedCall{argsHash: argsHash, body: out}
+	}
+	return applied{body: out}, nil
+}
+
+// hold delays a request by d, or forever when hang is set, and reports
+// whether to go on. It stops early when the request's ctx ends (the caller
+// gave up) or the server closes; the connection is then dropped without an
+// answer, because returning from the handler would send an empty 200 that
+// looks like success.
+func (s *Server) hold(ctx context.Context, w http.ResponseWriter, d time.Duration, hang bool) bool {
+	var timeout <-chan time.Time
+	switch {
+	case hang:
+		// timeout stays nil: only ctx or Close end the wait.
+	case d > 0:
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	default:
+		return true
+	}
+	select {
+	case <-timeout:
+		return true
+	case <-ctx.Done():
+	case <-s.done:
+	}
+	drop(w)
+	return false
+}
+
+// drop closes the connection without an answer. After an applied effect it
+// is the case where the caller cannot know whether the effect happened.
+func drop(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		// HTTP/2 cannot hijack; aborting the handler resets the stream
+		// without an answer, which is the same thing for the caller.
+		panic(http.ErrAbortHandler)
+	}
+	conn.Close()
+}
+
+// apiError is the JSON body of every error answer.
+type apiError struct {
+	Error   string `json:"error"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, apiError{Error: code, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("demobackend: marshal answer: " + err.Error())
+	}
+	writeRaw(w, status, b)
+}
+
+func writeRaw(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	// A write error means the caller went away; there is nobody to tell.
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,72 @@
+package demobackend
+
+import "time"
+
+// Fault is a misbehaviour injected into one tool's route. Fields combine in
+// the order a request meets them: Latency, then Hang, then FailStatus (no
+// effect), then the tool runs, then ApplyThenDrop or ApplyThenFail.
+type Fault struct {
+	// Latency delays the request before it is handled (on top of
+	// Config.Latency). A caller that gives up during the delay gets nothing
+	// applied.
+	Latency time.Duration
+	// Hang: never answer and apply nothing, until the request's ctx is done
+	// (the caller gave up) or the Server is closed.
+	Hang bool
+	// FailStatus, when non-zero, answers with this status without applying
+	// the effect.
+	FailStatus int
+	// FailTimes limits the fault to the first N requests to the route after
+	// SetFault; later requests are handled normally. 0 means every request
+	// while the fault is set. It bounds the whole fault, not just FailStatus,
+	// so {ApplyThenDrop: true, FailTimes: 1} drops one answer and then
+	// behaves.
+	FailTimes int
+	// ApplyThenDrop applies the effect (or, for a native tool, its replay),
+	// then closes the connection without an answer: the caller cannot tell
+	// whether the effect happened.
+	ApplyThenDrop bool
+	// ApplyThenFail, when non-zero, applies the effect and then answers with
+	// this status. A native tool still remembers the real answer, so a retry
+	// with the same key replays it.
+	ApplyThenFail int
+}
+
+// faultState is a Fault and how many requests it has hit.
+type faultState struct {
+	Fault
+	hits int
+}
+
+// SetFault injects f into tool's route, replacing any earlier fault there
+// and restarting its FailTimes count. tool is a tool name, or a tool name
+// plus "/status" (e.g. "refund_order/status") to fault its status lookup;
+// there only Latency, Hang, FailStatus and FailTimes apply.
+func (s *Server) SetFault(tool string, f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults[tool] = &faultState{Fault: f}
+}
+
+// ClearFaults removes every fault.
+func (s *Server) ClearFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.faults)
+}
+
+// takeFault returns the fault that applies to this request to route (the
+// zero Fault when none does) and counts the hit.
+func (s *Server) takeFault(route string) Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fs, ok := s.faults[route]
+	if !ok {
+		return Fault{}
+	}
+	if fs.FailTimes > 0 && fs.hits >= fs.FailTimes {
+		return Fault{}
+	}
+	fs.hits++
+	return fs.Fault
+}

@@ -1,0 +1,122 @@
+package httptool
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kind sorts a failed call by what it proves about the side effect. It is
+// the crux of the adapter: the executor turns it into a retry, a failed
+// call, or an outcome_unknown call that the reconciler settles.
+//
+//	Kind         tool applied it?     retry with the same key is safe for
+//	NotSent      no (provably)        every tool
+//	Throttled    no                   every tool (after RetryAfter)
+//	Refused      no                   nobody: the same call will be refused again
+//	ServerError  the tool says no     native tools; ambiguous for "none" tools
+//	Unknown      maybe                native tools only
+type Kind int
+
+// Kinds of Error.
+const (
+	// NotSent: the request provably never reached the tool. No connection
+	// was ever handed to it (refused, DNS failure, dial timeout, ctx done
+	// before sending), so not one of its bytes left the process. Safe to
+	// retry for any tool.
+	NotSent Kind = iota + 1
+	// Unknown: the request may have been applied. A connection was handed
+	// to it and then the exchange failed: a timeout or reset after (or
+	// while) writing, an answer lost or cut short, a redirect. A native
+	// tool may be retried with the same key (it dedupes); for a "none"
+	// tool the call is outcome_unknown until reconciled.
+	Unknown
+	// Refused: the tool answered 4xx (other than 408 and 429): it refused
+	// the call and applied nothing. Not retryable.
+	Refused
+	// Throttled: the tool answered 429 or 408: it applied nothing and asks
+	// for a later retry (Error.RetryAfter, when it said).
+	Throttled
+	// ServerError: the tool answered 5xx: it says it failed. A native tool
+	// can be retried with the same key; for a "none" tool a 5xx proves
+	// nothing (it may have failed after its effect), so the executor must
+	// treat it as Unknown.
+	ServerError
+)
+
+// String returns the kind in snake_case, fit for an event's error_code.
+func (k Kind) String() string {
+	switch k {
+	case NotSent:
+		return "not_sent"
+	case Unknown:
+		return "unknown"
+	case Refused:
+		return "refused"
+	case Throttled:
+		return "throttled"
+	case ServerError:
+		return "server_error"
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Error is a failed tool call. Its message never contains the credential or
+// a body (request or answer); the answer's body, when there was one, is in
+// the Response returned beside it.
+type Error struct {
+	Kind Kind
+	// Status is the tool's HTTP status; 0 when no answer arrived.
+	Status int
+	// RetryAfter is the tool's Retry-After on a Throttled or ServerError
+	// answer; 0 when it gave none.
+	RetryAfter time.Duration
+	// Detail says what happened, in a few words of our own.
+	Detail string
+	// Err is the transport's error, if any: context.DeadlineExceeded and
+	// context.Canceled are found through it with errors.Is.
+	Err error
+}
+
+// Error describes the failure: kind, detail, status and cause.
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("tool call ")
+	b.WriteString(e.Kind.String())
+	if e.Detail != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Detail)
+	}
+	if e.Status != 0 {
+		b.WriteString(": status ")
+		b.WriteString(strconv.Itoa(e.Status))
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns the transport's error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Retryable reports whether the call may be sent again whatever the tool's
+// idempotency: the tool provably applied nothing (NotSent, Throttled).
+func (e *Error) Retryable() bool {
+	return e.Kind == NotSent || e.Kind == Throttled
+}
+
+// RetryableWithKey reports whether the call may be sent again to a tool with
+// native idempotency, with the same idempotency key: anything but Refused,
+// since such a tool applies a key at most once.
+func (e *Error) RetryableWithKey() bool {
+	return e.Kind != Refused
+}
+
+// MayHaveApplied reports whether, for a tool without idempotency, the effect
+// may have happened (Unknown, ServerError): the call must not be retried
+// blindly but reconciled.
+func (e *Error) MayHaveApplied() bool {
+	return e.Kind == Unknown || e.Kind == ServerError
+}

@@ -1,0 +1,389 @@
+// Package httptool is the executor's adapter to tools served over HTTP: it
+// POSTs a call's canonical arguments with the call's idempotency key and
+// ledger headers, reads a capped answer, and sorts every failure by what it
+// says about the side effect (see Kind).
+//
+// What the adapter guarantees, because the executor's exactly-once rests on
+// it:
+//
+//   - It never sends a call twice. net/http's Transport silently re-sends a
+//     request that carries an Idempotency-Key header when a reused
+//     keep-alive connection fails after the request was written (it takes
+//     the header to mean the request is idempotent). For a tool whose
+//     idempotency is "none" that would be a duplicate side effect that
+//     nothing above could see, so Call makes its body non-rewindable
+//     (Request.GetBody = nil), which turns those replays off. Retrying is
+//     the executor's decision, with the error's Kind in hand.
+//   - It never follows redirects (a 307 would re-send the call elsewhere).
+//   - NotSent is reported only when no connection was ever handed to the
+//     request (httptrace GotConn), so the request's bytes never left the
+//     process. Everything that fails later is Unknown, even when the bytes
+//     probably did not arrive: guessing wrong in that direction is a
+//     duplicate effect, in the other it is only a reconciliation.
+//   - No error carries the credential or the body (invariant I6).
+package httptool
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultMaxResultBytes caps an answer's body when Request.MaxResultBytes is
+// 0.
+const DefaultMaxResultBytes = 1 << 20
+
+// Headers sent with every call. The tool reads them; the demo backend
+// (processors/demobackend) records them.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderCallID         = "X-Ledger-Call-Id"
+	HeaderTenant         = "X-Ledger-Tenant"
+	HeaderAttempt        = "X-Ledger-Attempt"
+	HeaderTraceID        = "X-Ledger-Trace-Id"
+)
+
+// ErrInvalidRequest: the Request itself is unusable (no URL, no idempotency
+// key, a control character in a header value). Nothing was sent, and
+// retrying the same Request cannot help.
+var ErrInvalidRequest = errors.New("invalid tool request")
+
+// Config configures a Client.
+type Config struct {
+	// Client sends the requests. Default: a client of its own (not
+	// http.DefaultClient) with dial and TLS handshake timeouts, no proxy
+	// (a proxy would answer 502 for a tool it could not reach, hiding a
+	// NotSent behind a ServerError), keep-alive, and no overall timeout:
+	// the ctx passed to Call bounds each call. A Client given here is
+	// copied, and the copy's CheckRedirect is replaced so that redirects
+	// are never followed; its Transport is shared.
+	Client *http.Client
+	// UserAgent is sent as User-Agent. Default: "toolcall-ledger-httptool".
+	UserAgent string
+}
+
+// Client calls HTTP tools. It is safe for concurrent use.
+type Client struct {
+	hc        *http.Client
+	userAgent string
+}
+
+// New returns a Client.
+func New(cfg Config) *Client {
+	var hc http.Client
+	if cfg.Client != nil {
+		hc = *cfg.Client
+	} else {
+		hc = http.Client{Transport: newTransport()}
+	}
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	ua := cfg.UserAgent
+	if ua == "" {
+		ua = "toolcall-ledger-httptool"
+	}
+	return &Client{hc: &hc, userAgent: ua}
+}
+
+func newTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConns:        256,
+		MaxIdleConnsPerHost: 64,
+		// Below the usual server keep-alive timeouts, so that a call rarely
+		// lands on a connection the server has just closed: with the
+		// Transport's replay turned off (see the package comment), such a
+		// call would come back Unknown.
+		IdleConnTimeout:       30 * time.Second,
+		TLSHandshakeTimeout:   5 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// Request is one call to a tool.
+type Request struct {
+	// URL is the tool's endpoint. Required; http or https.
+	URL string
+	// IdempotencyKey is sent as Idempotency-Key, the same on every attempt,
+	// so that a tool with native idempotency applies the call once.
+	// Required.
+	IdempotencyKey string
+	CallID         string
+	TenantID       string
+	TraceID        string // sent only when set
+	Attempt        int
+	// Arguments is the body: the call's canonical JSON arguments. Required
+	// by Call (at least "{}"); not used by Lookup.
+	Arguments []byte
+	// Credential is the per-call bearer token, sent as Authorization when
+	// set. It never appears in an error or a log.
+	Credential string
+	// MaxResultBytes caps the answer's body; a longer body is cut there and
+	// Response.Truncated is set. 0 means DefaultMaxResultBytes.
+	MaxResultBytes int
+}
+
+// Response is a tool's answer.
+type Response struct {
+	Status int
+	// Body is at most MaxResultBytes of the answer.
+	Body []byte
+	// Truncated: the answer was longer than MaxResultBytes.
+	Truncated bool
+	// Latency runs from just before the request was sent to the end of
+	// reading the body, or to the failure.
+	Latency time.Duration
+}
+
+// Call POSTs r.Arguments to r.URL. A 2xx answer returns a nil error (with
+// Response.Truncated set if the body was cut at MaxResultBytes). Any other
+// outcome returns an *Error whose Kind says what it means for the side
+// effect; when the tool answered, Response also holds its status and
+// (capped) body, so the caller may read the tool's error document. A Request
+// that cannot be sent at all returns an error wrapping ErrInvalidRequest.
+func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
+	if err := r.validate(); err != nil {
+		return Response{}, err
+	}
+	if len(r.Arguments) == 0 {
+		// An empty body would also make the request replayable by net/http
+		// (http.NoBody), defeating the guard below.
+		return Response{}, fmt.Errorf("no arguments: %w", ErrInvalidRequest)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.URL, bytes.NewReader(r.Arguments))
+	if err != nil {
+		return Response{}, fmt.Errorf("url: %w", ErrInvalidRequest)
+	}
+	// Not rewindable: net/http must never re-send a call on its own (see
+	// the package comment).
+	req.GetBody = nil
+	c.setHeaders(req, r)
+	req.Header.Set("Content-Type", "application/json")
+	return c.do(ctx, req, r)
+}
+
+// Lookup asks a tool's status endpoint about r's call: GET lookupURL with
+// ?idempotency_key=<r.IdempotencyKey> added, and the same headers as Call
+// (r.URL and r.Arguments are not used). Its answers and errors read as
+// Call's; a 404 (Refused) usually means the tool has no record of the key.
+// A lookup is a read, so unlike Call it may be re-sent by net/http.
+func (c *Client) Lookup(ctx context.Context, lookupURL string, r Request) (Response, error) {
+	r.URL = lookupURL
+	if err := r.validate(); err != nil {
+		return Response{}, err
+	}
+	u, err := url.Parse(lookupURL)
+	if err != nil {
+		return Response{}, fmt.Errorf("lookup url: %w", ErrInvalidRequest)
+	}
+	q := u.Query()
+	q.Set("idempotency_key", r.IdempotencyKey)
+	u.RawQuery = q.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return Response{}, fmt.Errorf("lookup url: %w", ErrInvalidRequest)
+	}
+	c.setHeaders(req, r)
+	return c.do(ctx, req, r)
+}
+
+func (c *Client) setHeaders(req *http.Request, r Request) {
+	h := req.Header
+	h.Set("Accept", "application/json")
+	h.Set("User-Agent", c.userAgent)
+	h.Set(HeaderIdempotencyKey, r.IdempotencyKey)
+	h.Set(HeaderCallID, r.CallID)
+	h.Set(HeaderTenant, r.TenantID)
+	h.Set(HeaderAttempt, strconv.Itoa(r.Attempt))
+	if r.TraceID != "" {
+		h.Set(HeaderTraceID, r.TraceID)
+	}
+	if r.Credential != "" {
+		h.Set("Authorization", "Bearer "+r.Credential)
+	}
+}
+
+// do sends req and sorts the outcome.
+func (c *Client) do(ctx context.Context, req *http.Request, r Request) (Response, error) {
+	if err := ctx.Err(); err != nil {
+		return Response{}, r.redact(&Error{Kind: NotSent, Detail: "context done before sending", Err: context.Cause(ctx)})
+	}
+
+	// The hooks run on the Transport's goroutines, hence the atomics.
+	// gotConn is set before a single byte of the request is written, and
+	// the Transport does not re-send this request (see Call), so a false
+	// gotConn after a failure proves the tool never saw the request.
+	var gotConn, wrote atomic.Bool
+	trace := &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				wrote.Store(true)
+			}
+		},
+	}
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+
+	start := time.Now()
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		out := Response{Latency: time.Since(start)}
+		e := &Error{Kind: Unknown, Err: err}
+		switch {
+		case !gotConn.Load():
+			e.Kind, e.Detail = NotSent, "no connection to the tool"
+		case wrote.Load():
+			e.Detail = "request sent, no answer"
+		default:
+			e.Detail = "connection broke while sending the request"
+		}
+		return out, r.redact(e)
+	}
+	defer resp.Body.Close()
+
+	limit := r.MaxResultBytes
+	if limit == 0 {
+		limit = DefaultMaxResultBytes
+	}
+	body, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
+	out := Response{Status: resp.StatusCode, Body: body, Latency: time.Since(start)}
+	if len(body) > limit {
+		out.Body, out.Truncated = body[:limit], true
+	}
+
+	e := classify(resp)
+	if e == nil {
+		if readErr != nil {
+			// The tool said it succeeded, but the answer was lost on the
+			// way: the effect happened and its result is unknown.
+			return out, r.redact(&Error{Kind: Unknown, Status: resp.StatusCode, Detail: "answer body lost", Err: readErr})
+		}
+		return out, nil
+	}
+	// A non-2xx status line arrived whole, so it stands even if its body
+	// was lost.
+	return out, r.redact(e)
+}
+
+// classify sorts an answer by status; nil for 2xx.
+func classify(resp *http.Response) *Error {
+	st := resp.StatusCode
+	e := &Error{Status: st}
+	switch {
+	case st >= 200 && st < 300:
+		return nil
+	case st == http.StatusTooManyRequests || st == http.StatusRequestTimeout:
+		e.Kind, e.Detail = Throttled, "tool asked to slow down"
+		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+	case st >= 400 && st < 500:
+		e.Kind, e.Detail = Refused, "tool refused the call"
+	case st >= 500 && st < 600:
+		e.Kind, e.Detail = ServerError, "tool failed"
+		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+	case st >= 300 && st < 400:
+		// A redirect after a POST may well mean "done, see there" (303).
+		e.Kind, e.Detail = Unknown, "tool answered with a redirect, not followed"
+	default:
+		e.Kind, e.Detail = Unknown, "tool answered with an unexpected status"
+	}
+	return e
+}
+
+// retryAfter parses a Retry-After header (seconds or an HTTP date); 0 when
+// absent or unparsable.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil {
+		if s < 0 {
+			return 0
+		}
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// validate checks what would otherwise fail inside net/http after the
+// request was built, or worse, be rejected there as if it were a transport
+// error (NotSent, retryable forever).
+func (r Request) validate() error {
+	if r.URL == "" {
+		return fmt.Errorf("no url: %w", ErrInvalidRequest)
+	}
+	u, err := url.Parse(r.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		// The URL is not quoted: it may carry userinfo.
+		return fmt.Errorf("url is not an absolute http(s) url: %w", ErrInvalidRequest)
+	}
+	if r.IdempotencyKey == "" {
+		return fmt.Errorf("no idempotency key: %w", ErrInvalidRequest)
+	}
+	if r.MaxResultBytes < 0 {
+		return fmt.Errorf("negative max result bytes: %w", ErrInvalidRequest)
+	}
+	for _, f := range []struct{ name, v string }{
+		{"idempotency key", r.IdempotencyKey},
+		{"call id", r.CallID},
+		{"tenant id", r.TenantID},
+		{"trace id", r.TraceID},
+		{"credential", r.Credential},
+	} {
+		if !validHeaderValue(f.v) {
+			// The value is left out: it may be the credential.
+			return fmt.Errorf("%s is not a valid header value: %w", f.name, ErrInvalidRequest)
+		}
+	}
+	return nil
+}
+
+// validHeaderValue reports whether v can be sent as a header value as is
+// (RFC 9110 field-value: no control characters, as net/http checks, and no
+// leading or trailing whitespace, which the tool would trim away).
+func validHeaderValue(v string) bool {
+	if v != strings.TrimSpace(v) {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// redact guarantees that e does not carry the credential: the transport's
+// errors do not include headers, but an error from a custom RoundTripper
+// might. It is a guard, not a parser.
+func (r Request) redact(e *Error) *Error {
+	if r.Credential == "" || e.Err == nil || !strings.Contains(e.Err.Error(), r.Credential) {
+		return e
+	}
+	e.Err = &redactedError{msg: strings.ReplaceAll(e.Err.Error(), r.Credential, "[redacted]"), orig: e.Err}
+	return e
+}
+
+// redactedError hides its original's message. It does not unwrap to the
+// original (whose message holds the secret) but answers errors.Is for it, so
+// that errors.Is(err, context.DeadlineExceeded) still works.
+type redactedError struct {
+	msg  string
+	orig error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+
+func (e *redactedError) Is(target error) bool { return errors.Is(e.orig, target) }
