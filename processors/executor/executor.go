@@ -1,0 +1,746 @@
+// Package executor runs authorized calls exactly once (DESIGN §5): it claims
+// each call in the execution store under a lease and a fencing epoch, runs
+// the tool through its breaker, bulkhead and deadline with the idempotency
+// key passed downstream, records the outcome in the store, and only then
+// appends executing + the terminal event in a short Kafka transaction.
+//
+// What "once" rests on, step by step:
+//   - the claim commits before the tool is called, so a redelivered
+//     authorized event finds the call executing or done and does not run it
+//     again;
+//   - a claim whose owner died mid-call is found by its expired lease (on
+//     redelivery or by the periodic sweep): an idempotency-native tool runs
+//     again with the same downstream key, any other tool goes to
+//     outcome_unknown for the reconciler, because whether it ran is unknown;
+//   - only the holder of the current epoch may complete a call, so an owner
+//     that lost its lease cannot overwrite the outcome;
+//   - the outcome's events sit in the record's outbox until the log has
+//     them, so a crash between the store and the log loses nothing.
+package executor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/sony/gobreaker/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/schemas"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// Store is the part of the execution store the executor uses.
+type Store interface {
+	Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error)
+	Complete(ctx context.Context, cs []processors.Completion) ([]bool, error)
+	MarkLogged(ctx context.Context, ls []processors.Logged) error
+	Expired(ctx context.Context, limit int) ([]processors.Record, error)
+}
+
+// Caller calls a tool over its transport. Implementations are safe for
+// concurrent use and honour ctx's deadline.
+type Caller interface {
+	Call(ctx context.Context, r httptool.Request) (httptool.Response, error)
+}
+
+// Reasons and error codes the executor gives.
+const (
+	ReasonLeaseExpired      = "lease_expired_mid_call"
+	ReasonDeadlineExceeded  = "deadline_exceeded"
+	ReasonToolFailed        = "tool_failed"
+	ReasonToolRefused       = "tool_refused"
+	ReasonOutcomeAmbiguous  = "outcome_ambiguous"
+	ReasonUnavailable       = "tool_unavailable"
+	ReasonArgumentIntegrity = "arguments_integrity"
+	ReasonUnknownTool       = "unknown_tool"
+)
+
+// Config configures an executor.
+type Config struct {
+	// Registry of tools. Required.
+	Registry *schemas.Registry
+	// Store is the execution store. Required.
+	Store Store
+	// Caller reaches the tools. Required.
+	Caller Caller
+	// BaseURL resolves tools' relative backend URLs. Required when any
+	// tool's URL is relative.
+	BaseURL string
+	// Topics; defaults as ledger.Topics.
+	Topics ledger.Topics
+	// Owner names this instance in leases and events; default
+	// "executor-<hostname>-<pid>". It must differ between live instances.
+	Owner string
+	// MaxAttempts bounds tool invocations per claim; default 3. Retries
+	// stay inside executing as numbered attempts.
+	MaxAttempts int
+	// RetryBackoff is the first pause between attempts, doubled each
+	// time; default 100ms.
+	RetryBackoff time.Duration
+	// LeaseMargin is added to the longest a claim can take (attempts ×
+	// tool timeout + backoff) to make the lease; default 10s. The tool is
+	// never called after the lease's end minus the margin.
+	LeaseMargin time.Duration
+	// SweepEvery is how often the executor looks for claims whose lease
+	// expired (an owner that died mid-call); default 5s.
+	SweepEvery time.Duration
+	// SweepLimit bounds one sweep; default 100.
+	SweepLimit int
+	// Breaker configures the per-tool circuit breakers.
+	Breaker BreakerConfig
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+// BreakerConfig configures the per-tool circuit breakers.
+type BreakerConfig struct {
+	// MinRequests in a window before the breaker may trip; default 10.
+	MinRequests uint32
+	// FailureRatio at which it trips; default 0.5.
+	FailureRatio float64
+	// Window over which failures are counted; default 30s.
+	Window time.Duration
+	// OpenFor is how long it stays open before probing; default 10s.
+	OpenFor time.Duration
+}
+
+func (c *Config) setDefaults() {
+	c.Topics = c.Topics.WithDefaults()
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("executor-%s-%d", host, os.Getpid())
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 3
+	}
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.LeaseMargin <= 0 {
+		c.LeaseMargin = 10 * time.Second
+	}
+	if c.SweepEvery <= 0 {
+		c.SweepEvery = 5 * time.Second
+	}
+	if c.SweepLimit <= 0 {
+		c.SweepLimit = 100
+	}
+	if c.Breaker.MinRequests == 0 {
+		c.Breaker.MinRequests = 10
+	}
+	if c.Breaker.FailureRatio <= 0 {
+		c.Breaker.FailureRatio = 0.5
+	}
+	if c.Breaker.Window <= 0 {
+		c.Breaker.Window = 30 * time.Second
+	}
+	if c.Breaker.OpenFor <= 0 {
+		c.Breaker.OpenFor = 10 * time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Executor is one executor instance. Its only in-memory state is per tool
+// (breakers, bulkheads); nothing is kept per call once a batch is done.
+type Executor struct {
+	cfg  Config
+	base *url.URL
+
+	mu      sync.Mutex
+	guards  map[string]*guard // by tool name
+	lastSwp time.Time
+}
+
+// guard is a tool's circuit breaker and bulkhead.
+type guard struct {
+	breaker  *gobreaker.CircuitBreaker[httptool.Response]
+	bulkhead chan struct{}
+}
+
+// New validates cfg and returns an executor.
+func New(cfg Config) (*Executor, error) {
+	if cfg.Registry == nil || cfg.Store == nil || cfg.Caller == nil {
+		return nil, errors.New("executor: registry, store and caller are required")
+	}
+	cfg.setDefaults()
+	x := &Executor{cfg: cfg, guards: make(map[string]*guard)}
+	if cfg.BaseURL != "" {
+		u, err := url.Parse(cfg.BaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("executor: base url: %w", err)
+		}
+		x.base = u
+	}
+	return x, nil
+}
+
+// job is one call this step works on.
+type job struct {
+	tmpl  ledger.Event // identity fields for the events the call gets
+	claim processors.Claim
+}
+
+// Step handles one batch of events: it is a ledger.Step. It acts on
+// authorized events and ignores the rest.
+func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
+	jobs := make(map[ledger.CallKey]*job)
+	var order []ledger.CallKey
+	add := func(tmpl ledger.Event, hash string, tool string) {
+		k := tmpl.Key()
+		if _, ok := jobs[k]; ok {
+			return
+		}
+		lease := x.leaseFor(tool)
+		jobs[k] = &job{tmpl: tmpl, claim: processors.Claim{Key: k, ArgumentsHash: hash, Owner: x.cfg.Owner, Lease: lease}}
+		order = append(order, k)
+	}
+	for _, r := range recs {
+		if t := ledger.Header(r, ledger.HeaderEventType); t != nil && string(t) != string(statemachine.EventAuthorized) {
+			continue
+		}
+		ev, err := ledger.DecodeEvent(r.Value)
+		if err != nil {
+			// The events topic is written only by the ledger; an event
+			// this build cannot read is a deployment problem that a
+			// human must see, not a reason to stop the partition.
+			x.cfg.Logger.Error("undecodable event", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			continue
+		}
+		if ev.Type != statemachine.EventAuthorized {
+			continue
+		}
+		add(template(ev), ev.ArgumentsHash, ev.Tool)
+	}
+	if now := x.cfg.Now(); now.Sub(x.lastSwp) >= x.cfg.SweepEvery {
+		x.lastSwp = now
+		expired, err := x.cfg.Store.Expired(ctx, x.cfg.SweepLimit)
+		if err != nil {
+			return ledger.Output{}, fmt.Errorf("sweep expired leases: %w", err)
+		}
+		for _, rec := range expired {
+			tmpl, err := recordTemplate(rec)
+			if err != nil {
+				x.cfg.Logger.Error("expired claim without context", "call_key", rec.Key.String(), "err", err)
+				continue
+			}
+			add(tmpl, rec.ArgumentsHash, rec.Tool)
+		}
+	}
+	if len(order) == 0 {
+		return ledger.Output{}, nil
+	}
+
+	claims := make([]processors.Claim, len(order))
+	for i, k := range order {
+		claims[i] = jobs[k].claim
+	}
+	results, err := x.cfg.Store.Claim(ctx, claims)
+	if err != nil {
+		return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
+	}
+
+	var (
+		out         []*kgo.Record
+		logged      []processors.Logged
+		completions = make([]processors.Completion, len(results))
+		run         sync.WaitGroup
+	)
+	for i, res := range results {
+		j := jobs[order[i]]
+		rec := res.Record
+		switch res.Outcome {
+		case processors.Claimed, processors.Reclaimed:
+			run.Add(1)
+			go func() {
+				// Owned by this step: it ends when the call's
+				// attempts end, bounded by the call's deadline and
+				// lease.
+				defer run.Done()
+				completions[i] = x.execute(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed)
+			}()
+		case processors.Finished:
+			if rec.Unlogged() {
+				evs, err := ledger.DecodeEvents(rec.Outbox)
+				if err != nil {
+					return ledger.Output{}, err
+				}
+				for k := range evs {
+					if evs[k].Seq > rec.LoggedSeq {
+						r, err := evs[k].Record(x.cfg.Topics.Events)
+						if err != nil {
+							return ledger.Output{}, err
+						}
+						out = append(out, r)
+					}
+				}
+				logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq})
+			}
+		case processors.Busy:
+			x.cfg.Logger.Debug("call busy elsewhere", "call_key", rec.Key.String(), "lease_owner", rec.LeaseOwner)
+		case processors.NotReady:
+			x.cfg.Logger.Warn("authorized event for a call not ready", "call_key", order[i].String(), "status", rec.Status)
+		case processors.Mismatch:
+			x.cfg.Logger.Error("authorized event disagrees with the execution record", "call_key", order[i].String())
+		case processors.Missing:
+			x.cfg.Logger.Error("authorized event without execution record", "call_key", order[i].String())
+		}
+	}
+	run.Wait()
+	if ctx.Err() != nil {
+		return ledger.Output{}, ctx.Err()
+	}
+
+	var done []processors.Completion
+	for _, c := range completions {
+		if c.Epoch != 0 {
+			done = append(done, c)
+		}
+	}
+	if len(done) > 0 {
+		applied, err := x.cfg.Store.Complete(ctx, done)
+		if err != nil {
+			// The tools ran but the outcome is not recorded: the
+			// leases will expire and the sweep will find the calls.
+			return ledger.Output{}, fmt.Errorf("complete %d calls: %w", len(done), err)
+		}
+		for i, c := range done {
+			if !applied[i] {
+				x.cfg.Logger.Warn("fenced out of call", "call_key", c.Key.String(), "epoch", c.Epoch)
+				continue
+			}
+			evs, err := ledger.DecodeEvents(c.Outbox)
+			if err != nil {
+				return ledger.Output{}, err
+			}
+			for k := range evs {
+				r, err := evs[k].Record(x.cfg.Topics.Events)
+				if err != nil {
+					return ledger.Output{}, err
+				}
+				out = append(out, r)
+			}
+			logged = append(logged, processors.Logged{Key: c.Key, Seq: c.Seq})
+		}
+	}
+	committed := func(ctx context.Context) error {
+		if len(logged) == 0 {
+			return nil
+		}
+		return x.cfg.Store.MarkLogged(ctx, logged)
+	}
+	return ledger.Output{Records: out, Committed: committed}, nil
+}
+
+// leaseFor is how long a claim on tool may take, with margin.
+func (x *Executor) leaseFor(toolName string) time.Duration {
+	timeout := 30 * time.Second
+	for _, t := range x.cfg.Registry.Tools() {
+		if t.Name == toolName {
+			timeout = t.Timeout()
+			break
+		}
+	}
+	attempts := time.Duration(x.cfg.MaxAttempts)
+	return attempts*timeout + attempts*x.cfg.RetryBackoff*2 + x.cfg.LeaseMargin
+}
+
+// execute runs one claimed call and returns its completion.
+func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool) processors.Completion {
+	start := x.cfg.Now()
+	c := &completion{x: x, tmpl: tmpl, rec: rec, start: start}
+	log := x.cfg.Logger.With("call_key", rec.Key.String(), "tool", rec.Tool, "epoch", rec.Epoch)
+
+	tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	if err != nil {
+		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnknownTool, "", nil)
+	}
+	if !rec.DeadlineAt.IsZero() && !start.Before(rec.DeadlineAt) {
+		return c.expire()
+	}
+	if reclaimed && tool.Idempotency != schemas.IdempotencyNative {
+		// The previous owner may or may not have called the tool;
+		// calling it again could apply the effect twice.
+		log.Warn("lease expired mid-call, outcome unknown")
+		return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "", nil)
+	}
+	if err := verifyArguments(rec); err != nil {
+		log.Error("arguments do not match their hash", "err", err)
+		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonArgumentIntegrity, "", nil)
+	}
+	target, err := x.resolve(tool.Backend.URL)
+	if err != nil {
+		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnavailable, "bad_backend_url", nil)
+	}
+
+	// Never call the tool past the call's deadline, nor so late in the
+	// lease that another owner might take the call over meanwhile.
+	stop := rec.LeaseUntil.Add(-x.cfg.LeaseMargin)
+	if !rec.DeadlineAt.IsZero() && rec.DeadlineAt.Before(stop) {
+		stop = rec.DeadlineAt
+	}
+	callCtx, cancel := context.WithDeadline(ctx, stop)
+	defer cancel()
+
+	g := x.guard(tool)
+	attempt := rec.Attempt
+	c.firstAttempt = attempt + 1
+	var lastErr error
+	for n := 0; n < x.cfg.MaxAttempts; n++ {
+		if n > 0 {
+			select {
+			case <-callCtx.Done():
+			case <-time.After(x.cfg.RetryBackoff << (n - 1)):
+			}
+		}
+		if callCtx.Err() != nil {
+			break
+		}
+		attempt++
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt)
+		if err == nil {
+			return c.succeed(tool, attempt, resp)
+		}
+		lastErr = err
+		if errors.Is(err, httptool.ErrInvalidRequest) {
+			// Nothing was sent, and sending again will not help.
+			return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, "invalid_request", nil)
+		}
+		var he *httptool.Error
+		if errors.As(err, &he) {
+			switch he.Kind {
+			case httptool.Refused:
+				return c.finish(processors.StatusFailed, attempt, ReasonToolRefused, fmt.Sprintf("http_%d", he.Status), nil)
+			case httptool.Unknown, httptool.ServerError:
+				if tool.Idempotency != schemas.IdempotencyNative {
+					// A retry could apply the effect twice.
+					return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, errorCode(he), nil)
+				}
+			}
+		}
+		log.Warn("tool attempt failed", "attempt", attempt, "err", err)
+	}
+	if callCtx.Err() != nil && lastErr == nil {
+		lastErr = callCtx.Err()
+	}
+	return c.exhausted(tool, attempt, lastErr)
+}
+
+// attempt is one tool invocation through the tool's bulkhead and breaker.
+// The breaker wraps the deadline, so a timeout counts against the tool.
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int) (httptool.Response, error) {
+	select {
+	case g.bulkhead <- struct{}{}:
+		defer func() { <-g.bulkhead }()
+	case <-ctx.Done():
+		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: ctx.Err()}
+	}
+	return g.breaker.Execute(func() (httptool.Response, error) {
+		actx, cancel := context.WithTimeout(ctx, tool.Timeout())
+		defer cancel()
+		return x.cfg.Caller.Call(actx, httptool.Request{
+			URL:            target,
+			IdempotencyKey: rec.Key.String(),
+			CallID:         rec.CallID,
+			TenantID:       rec.Key.TenantID,
+			TraceID:        tmpl.TraceID,
+			Attempt:        attempt,
+			Arguments:      rec.Arguments,
+			MaxResultBytes: tool.MaxResultBytes,
+		})
+	})
+}
+
+// guard returns tool's breaker and bulkhead, creating them on first use.
+func (x *Executor) guard(tool *schemas.Tool) *guard {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if g, ok := x.guards[tool.Name]; ok {
+		return g
+	}
+	bc := x.cfg.Breaker
+	log := x.cfg.Logger
+	g := &guard{
+		bulkhead: make(chan struct{}, tool.MaxConcurrency),
+		breaker: gobreaker.NewCircuitBreaker[httptool.Response](gobreaker.Settings{
+			Name:        tool.Name,
+			MaxRequests: 1,
+			Interval:    bc.Window,
+			Timeout:     bc.OpenFor,
+			ReadyToTrip: func(c gobreaker.Counts) bool {
+				return c.Requests >= bc.MinRequests && float64(c.TotalFailures)/float64(c.Requests) >= bc.FailureRatio
+			},
+			// A tool refusing a bad request is healthy.
+			IsSuccessful: func(err error) bool {
+				var he *httptool.Error
+				return err == nil || errors.As(err, &he) && he.Kind == httptool.Refused
+			},
+			OnStateChange: func(name string, from, to gobreaker.State) {
+				log.Warn("breaker state change", "tool", name, "from", from.String(), "to", to.String())
+			},
+		}),
+	}
+	x.guards[tool.Name] = g
+	return g
+}
+
+// BreakerStates reports each tool's breaker state, for health pages.
+func (x *Executor) BreakerStates() map[string]string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	m := make(map[string]string, len(x.guards))
+	for name, g := range x.guards {
+		m[name] = g.breaker.State().String()
+	}
+	return m
+}
+
+func (x *Executor) resolve(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	if u.IsAbs() {
+		return raw, nil
+	}
+	if x.base == nil {
+		return "", fmt.Errorf("relative backend url %q without a base url", raw)
+	}
+	return x.base.ResolveReference(u).String(), nil
+}
+
+// completion builds a call's completion and its events.
+type completion struct {
+	x            *Executor
+	tmpl         ledger.Event
+	rec          processors.Record
+	start        time.Time
+	firstAttempt int
+}
+
+func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) ledger.Event {
+	e := c.tmpl
+	e.EventID = uuid.Must(uuid.NewV7()).String()
+	e.Type = t
+	e.Seq = seq
+	e.At = at.UTC()
+	e.Actor = c.x.cfg.Owner
+	return e
+}
+
+// finish records a terminal outcome: executing + the terminal event.
+func (c *completion) finish(status processors.Status, attempt int, reason, code string, result *sanitized) processors.Completion {
+	now := c.x.cfg.Now()
+	if attempt < 1 {
+		attempt = 1
+	}
+	first := c.firstAttempt
+	if first < 1 || first > attempt {
+		first = attempt
+	}
+	exec := c.event(statemachine.EventExecuting, c.rec.Seq+1, c.start)
+	exec.Attempt = first
+	term := c.event(terminalEvent(status), c.rec.Seq+2, now)
+	term.Attempt = attempt
+	term.Reason = reason
+	term.ErrorCode = code
+	term.LatencyMS = now.Sub(c.start).Milliseconds()
+	var stored []byte
+	if result != nil {
+		term.ResultDigest = result.digest
+		term.ResultBytes = result.bytes
+		stored = result.stored
+	}
+	return c.complete(status, attempt, stored, c.rec.Seq+2, exec, term)
+}
+
+// expire records that the deadline passed before the call could run.
+func (c *completion) expire() processors.Completion {
+	ev := c.event(statemachine.EventExpired, c.rec.Seq+1, c.x.cfg.Now())
+	ev.Reason = ReasonDeadlineExceeded
+	return c.complete(processors.StatusExpired, c.rec.Attempt, nil, c.rec.Seq+1, ev)
+}
+
+func (c *completion) complete(status processors.Status, attempt int, result []byte, seq int64, evs ...ledger.Event) processors.Completion {
+	outbox, err := ledger.EncodeEvents(evs)
+	if err != nil {
+		// Events built here always encode; keep the call claimed so
+		// the sweep retries it rather than inventing an outcome.
+		c.x.cfg.Logger.Error("encode events", "call_key", c.rec.Key.String(), "err", err)
+		return processors.Completion{}
+	}
+	return processors.Completion{
+		Key:     c.rec.Key,
+		Epoch:   c.rec.Epoch,
+		Status:  status,
+		Attempt: attempt,
+		Result:  result,
+		Seq:     seq,
+		Outbox:  outbox,
+	}
+}
+
+func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Response) processors.Completion {
+	s := sanitize(tool, resp)
+	code := ""
+	if resp.Truncated {
+		code = "result_truncated"
+	}
+	return c.finish(processors.StatusSucceeded, attempt, "", code, &s)
+}
+
+// exhausted ends a call whose attempts ran out.
+func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) processors.Completion {
+	var he *httptool.Error
+	switch {
+	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
+		return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, "breaker_open", nil)
+	case errors.As(err, &he) && (he.Kind == httptool.NotSent || he.Kind == httptool.Throttled):
+		// Nothing reached the tool, or it said it did nothing.
+		return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, errorCode(he), nil)
+	case errors.As(err, &he) && he.Kind == httptool.ServerError:
+		return c.finish(processors.StatusFailed, attempt, ReasonToolFailed, errorCode(he), nil)
+	case attempt == c.rec.Attempt:
+		// Not a single attempt started: the deadline or lease left no
+		// room. Nothing was sent.
+		return c.finish(processors.StatusFailed, attempt+1, ReasonDeadlineExceeded, "not_started", nil)
+	default:
+		// The last attempt may have reached the tool.
+		return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, "timeout", nil)
+	}
+}
+
+func errorCode(he *httptool.Error) string {
+	if he.Status != 0 {
+		return fmt.Sprintf("http_%d", he.Status)
+	}
+	return strings.ToLower(he.Kind.String())
+}
+
+func terminalEvent(s processors.Status) statemachine.EventType {
+	switch s {
+	case processors.StatusSucceeded:
+		return statemachine.EventSucceeded
+	case processors.StatusOutcomeUnknown:
+		return statemachine.EventOutcomeUnknown
+	case processors.StatusExpired:
+		return statemachine.EventExpired
+	}
+	return statemachine.EventFailed
+}
+
+// template keeps the identity fields of an event, for the events that
+// follow it.
+func template(e ledger.Event) ledger.Event {
+	return ledger.Event{
+		TenantID:       e.TenantID,
+		IdempotencyKey: e.IdempotencyKey,
+		CallID:         e.CallID,
+		UserID:         e.UserID,
+		AgentID:        e.AgentID,
+		Tool:           e.Tool,
+		ToolVersion:    e.ToolVersion,
+		ArgumentsHash:  e.ArgumentsHash,
+		TraceID:        e.TraceID,
+	}
+}
+
+// recordTemplate recovers a call's identity fields from the events in its
+// record's outbox: a call found by the sweep has no event in hand.
+func recordTemplate(rec processors.Record) (ledger.Event, error) {
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil {
+		return ledger.Event{}, err
+	}
+	if len(evs) == 0 {
+		return ledger.Event{}, errors.New("empty outbox")
+	}
+	return template(evs[0]), nil
+}
+
+// verifyArguments checks that what is about to run is what was hashed.
+func verifyArguments(rec processors.Record) error {
+	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
+	if err != nil {
+		return err
+	}
+	h, err := ledger.ArgumentsHash(rec.Key.TenantID, rec.Tool, rec.ToolVersion, args)
+	if err != nil {
+		return err
+	}
+	if h != rec.ArgumentsHash {
+		return fmt.Errorf("hash %s, record says %s", h, rec.ArgumentsHash)
+	}
+	return nil
+}
+
+// sanitized is a tool's result made safe to hand back: capped, masked,
+// marked untrusted, with a digest of what the tool returned.
+type sanitized struct {
+	stored []byte
+	digest string
+	bytes  int
+}
+
+func sanitize(tool *schemas.Tool, resp httptool.Response) sanitized {
+	sum := sha256.Sum256(resp.Body)
+	s := sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
+	wrapped := struct {
+		Untrusted bool   `json:"untrusted"`
+		Source    string `json:"source"`
+		Truncated bool   `json:"truncated,omitempty"`
+		Content   any    `json:"content,omitempty"`
+	}{Untrusted: true, Source: fmt.Sprintf("tool:%s@v%d", tool.Name, tool.Version), Truncated: resp.Truncated}
+	if !resp.Truncated {
+		if tree, err := ledger.Decode(resp.Body, ledger.Limits{MaxBytes: max(len(resp.Body), 1)}); err == nil {
+			wrapped.Content = ledger.Redact(tree, tool.Mask)
+		} else {
+			wrapped.Content = string(resp.Body)
+		}
+	}
+	b, err := json.Marshal(wrapped)
+	if err != nil {
+		b = []byte(`{"untrusted":true}`)
+	}
+	s.stored = b
+	return s
+}
+
+// Loop returns the executor on a consume-process-produce loop. lc's Group
+// defaults to "ledger-executor", its Topics to the events topic, and its
+// TransactionalID to "<group>-" + the owner.
+func (x *Executor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
+	if lc.Group == "" {
+		lc.Group = "ledger-executor"
+	}
+	if len(lc.Topics) == 0 {
+		lc.Topics = []string{x.cfg.Topics.Events}
+	}
+	if lc.TransactionalID == "" {
+		lc.TransactionalID = lc.Group + "-" + x.cfg.Owner
+	}
+	if lc.Logger == nil {
+		lc.Logger = x.cfg.Logger
+	}
+	return ledger.NewLoop(lc, x.Step)
+}

@@ -1,0 +1,397 @@
+package executor_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/schemas"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// rig drives the intake's and the executor's steps by hand, without
+// Kafka, against the embedded store and the demo backend: each test
+// decides exactly which records a step sees and which commits happen.
+type rig struct {
+	t       *testing.T
+	store   processors.Store
+	reg     *schemas.Registry
+	backend *demobackend.Server
+	url     string
+	in      *intake.Processor
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "x.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := demobackend.New(demobackend.Config{})
+	srv := httptest.NewServer(b.Handler())
+	t.Cleanup(func() { b.Close(); srv.Close() })
+	in, err := intake.New(intake.Config{Registry: reg, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rig{t: t, store: st, reg: reg, backend: b, url: srv.URL, in: in}
+}
+
+func (r *rig) executor(mod func(*executor.Config)) *executor.Executor {
+	r.t.Helper()
+	cfg := executor.Config{
+		Registry: r.reg, Store: r.store, Caller: httptool.New(httptool.Config{}),
+		BaseURL: r.url, Owner: "x-test", MaxAttempts: 2, RetryBackoff: time.Millisecond,
+		LeaseMargin: 10 * time.Millisecond, SweepEvery: time.Hour,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	x, err := executor.New(cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return x
+}
+
+// admit runs an envelope through the intake's step, commits it, and
+// returns the authorized event's record.
+func (r *rig) admit(tool, key string, args map[string]any, deadlineMS int64) *kgo.Record {
+	r.t.Helper()
+	argBytes, _ := json.Marshal(args)
+	tree, err := ledger.Decode(argBytes, ledger.Limits{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	hash, err := ledger.ArgumentsHash("t_a", tool, 1, tree)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	env := map[string]any{
+		"tool": tool, "tool_version": 1, "call_id": "call_" + key, "arguments": args,
+		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": hash,
+	}
+	if deadlineMS > 0 {
+		env["deadline_ms"] = deadlineMS
+	}
+	val, _ := json.Marshal(env)
+	out, err := r.in.Step(r.t.Context(), []*kgo.Record{{Topic: "toolcalls.requests", Value: val}})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := out.Committed(r.t.Context()); err != nil {
+		r.t.Fatal(err)
+	}
+	for _, rec := range out.Records {
+		if string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventAuthorized) {
+			return rec
+		}
+	}
+	r.t.Fatalf("intake did not authorize %s: %d records", key, len(out.Records))
+	return nil
+}
+
+func decodeAll(t *testing.T, recs []*kgo.Record) []ledger.Event {
+	t.Helper()
+	var evs []ledger.Event
+	for _, r := range recs {
+		e, err := ledger.DecodeEvent(r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+func summary(evs []ledger.Event) []string {
+	var s []string
+	for _, e := range evs {
+		x := string(e.Type)
+		if e.Reason != "" {
+			x += "(" + e.Reason + ")"
+		}
+		s = append(s, x)
+	}
+	return s
+}
+
+// claimAsDeadOwner claims key as an owner that then dies, and waits until
+// its lease is over.
+func (r *rig) claimAsDeadOwner(key ledger.CallKey, hash string) {
+	r.t.Helper()
+	res, err := r.store.Claim(r.t.Context(), []processors.Claim{{Key: key, ArgumentsHash: hash, Owner: "dead", Lease: 20 * time.Millisecond}})
+	if err != nil || res[0].Outcome != processors.Claimed {
+		r.t.Fatalf("claim as dead owner: %v %+v", err, res)
+	}
+	ledgertest.WaitFor(r.t, 5*time.Second, func() error {
+		exp, err := r.store.Expired(r.t.Context(), 10)
+		if err != nil {
+			return err
+		}
+		if len(exp) == 0 {
+			return context.DeadlineExceeded
+		}
+		return nil
+	})
+}
+
+func authorizedEvent(t *testing.T, rec *kgo.Record) ledger.Event {
+	t.Helper()
+	e, err := ledger.DecodeEvent(rec.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func TestStepRunsAuthorizedCall(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("create_ticket", "k1", map[string]any{"title": "t"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if evs[0].Seq != 3 || evs[1].Seq != 4 || evs[1].Attempt != 1 {
+		t.Errorf("seqs %d,%d attempt %d; want 3,4 attempt 1", evs[0].Seq, evs[1].Seq, evs[1].Attempt)
+	}
+	effs := r.backend.Effects()
+	if len(effs) != 1 || effs[0].IdempotencyKey != "t_a/k1" {
+		t.Errorf("backend effects %+v; want one with Idempotency-Key t_a/k1", effs)
+	}
+}
+
+// A lost Kafka commit after the store recorded the outcome: the redelivered
+// authorized event re-appends the same events and does not run the tool.
+func TestOutcomeReappendedWhenCommitLost(t *testing.T) {
+	r := newRig(t)
+	x := r.executor(nil)
+	auth := r.admit("notify", "k2", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	first, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The transaction aborted: Committed never runs.
+	again, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(decodeAll(t, first.Records), decodeAll(t, again.Records)); diff != "" {
+		t.Errorf("re-appended events differ (-first +again):\n%s", diff)
+	}
+	if n := r.backend.Requests(); n != 1 {
+		t.Errorf("tool received %d requests; want 1", n)
+	}
+	// Once committed, a further redelivery appends nothing.
+	if err := again.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	third, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(third.Records) != 0 || r.backend.Requests() != 1 {
+		t.Errorf("after commit: %d records, %d requests; want 0, 1", len(third.Records), r.backend.Requests())
+	}
+}
+
+// An owner died mid-call: a tool without idempotency must not run again.
+func TestExpiredLeaseOnNoneToolIsOutcomeUnknown(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("notify", "k3", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.Requests(); n != 0 {
+		t.Errorf("tool received %d requests; want 0", n)
+	}
+}
+
+// An owner died mid-call: an idempotency-native tool runs again, with the
+// same downstream key.
+func TestExpiredLeaseOnNativeToolRetriesWithSameKey(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("create_ticket", "k4", map[string]any{"title": "t"}, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/k4"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// The sweep finds a dead owner's call without any event arriving.
+func TestSweepFindsExpiredClaims(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("notify", "k5", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	x := r.executor(func(c *executor.Config) { c.SweepEvery = time.Nanosecond })
+	out, err := x.Step(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if evs[1].CallID != "call_k5" || evs[1].Tool != "notify" {
+		t.Errorf("swept events lost the call's identity: %+v", evs[1])
+	}
+}
+
+func TestDeadlinePassedBeforeExecutionExpires(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("create_ticket", "k6", map[string]any{"title": "t"}, 1)
+	x := r.executor(func(c *executor.Config) {
+		c.Now = func() time.Time { return time.Now().Add(time.Second) }
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"expired(" + executor.ReasonDeadlineExceeded + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.Requests(); n != 0 {
+		t.Errorf("tool received %d requests; want 0", n)
+	}
+}
+
+// A tool without idempotency that applied the effect and then failed: the
+// outcome is ambiguous, and it is not retried.
+func TestNoneToolServerErrorIsNotRetried(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("send_email", demobackend.Fault{ApplyThenFail: 500})
+	auth := r.admit("notify", "k7", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, summary(evs)); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("send_email", "t_a", "t_a/k7"); n != 1 {
+		t.Errorf("applied %d times; want exactly 1 (no retry)", n)
+	}
+}
+
+// A native tool whose response was lost after it applied: the retry with
+// the same key replays, the effect stays single.
+func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true, FailTimes: 1})
+	auth := r.admit("create_ticket", "k8", map[string]any{"title": "t"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if evs[1].Attempt != 2 {
+		t.Errorf("attempt = %d; want 2", evs[1].Attempt)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/k8"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// A tool that keeps failing trips its breaker; later calls fail fast
+// without reaching it.
+func TestBreakerOpensAndFailsFast(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{FailStatus: 503})
+	x := r.executor(func(c *executor.Config) {
+		c.MaxAttempts = 1
+		c.Breaker = executor.BreakerConfig{MinRequests: 3, FailureRatio: 0.5, OpenFor: time.Hour}
+	})
+	var codes []string
+	for i := range 6 {
+		auth := r.admit("create_ticket", "b"+string(rune('0'+i)), map[string]any{"title": "t"}, 0)
+		out, err := x.Step(t.Context(), []*kgo.Record{auth})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := decodeAll(t, out.Records)
+		codes = append(codes, evs[len(evs)-1].ErrorCode)
+	}
+	want := []string{"http_503", "http_503", "http_503", "breaker_open", "breaker_open", "breaker_open"}
+	if diff := cmp.Diff(want, codes); diff != "" {
+		t.Errorf("error codes (-want +got):\n%s", diff)
+	}
+	if n := r.backend.Requests(); n != 3 {
+		t.Errorf("tool received %d requests; want 3 (the rest failed fast)", n)
+	}
+	if got := x.BreakerStates()["create_ticket"]; got != "open" {
+		t.Errorf("breaker state %q; want open", got)
+	}
+}
+
+// Results are capped and marked untrusted before they leave the ledger.
+func TestResultSanitized(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("get_weather", "k9", map[string]any{"city": "Oslo"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	rec, err := r.store.Get(t.Context(), evs[0].Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Untrusted bool            `json:"untrusted"`
+		Source    string          `json:"source"`
+		Content   json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(rec.Result, &res); err != nil {
+		t.Fatal(err)
+	}
+	if !res.Untrusted || res.Source != "tool:get_weather@v1" || !strings.Contains(string(res.Content), "Oslo") {
+		t.Errorf("stored result %s; want untrusted, source tool:get_weather@v1, with the content", rec.Result)
+	}
+	if !strings.HasPrefix(evs[1].ResultDigest, "sha256:") || evs[1].ResultBytes == 0 || strings.Contains(string(out.Records[1].Value), "content") {
+		t.Errorf("terminal event %s; want a digest and size, not the result", out.Records[1].Value)
+	}
+}

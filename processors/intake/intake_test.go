@@ -1,0 +1,117 @@
+package intake_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/schemas"
+)
+
+func newIntake(t *testing.T) *intake.Processor {
+	t.Helper()
+	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "x.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := intake.New(intake.Config{Registry: reg, Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func envelopeRecord(t *testing.T, key string, args map[string]any) *kgo.Record {
+	t.Helper()
+	raw, _ := json.Marshal(args)
+	tree, err := ledger.Decode(raw, ledger.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, err := ledger.ArgumentsHash("t_a", "create_ticket", 1, tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := json.Marshal(map[string]any{
+		"tool": "create_ticket", "tool_version": 1, "call_id": "c_" + key, "arguments": args,
+		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": hash,
+	})
+	return &kgo.Record{Topic: "toolcalls.requests", Value: v}
+}
+
+func events(t *testing.T, out ledger.Output) []ledger.Event {
+	t.Helper()
+	var evs []ledger.Event
+	for _, r := range out.Records {
+		e, err := ledger.DecodeEvent(r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+// A crash between the store and the log: the redelivered envelope appends
+// the same events again (readers drop the duplicate seq); once the log has
+// them, a retry appends nothing.
+func TestIntakeReappendsUnloggedEvents(t *testing.T) {
+	in := newIntake(t)
+	rec := envelopeRecord(t, "k1", map[string]any{"title": "t"})
+	first, err := in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(first.Records); got != 2 {
+		t.Fatalf("first step appended %d events; want requested + authorized", got)
+	}
+	// The transaction aborted; Committed never ran.
+	again, err := in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(events(t, first), events(t, again)); diff != "" {
+		t.Errorf("re-appended events differ (-first +again):\n%s", diff)
+	}
+	if err := again.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	third, err := in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(third.Records) != 0 {
+		t.Errorf("a retry after the log has the call appended %d records; want 0", len(third.Records))
+	}
+}
+
+// Within one batch, a retry and a reuse of the same key.
+func TestIntakeBatchWithRetryAndReuse(t *testing.T) {
+	in := newIntake(t)
+	a := envelopeRecord(t, "k2", map[string]any{"title": "a"})
+	b := envelopeRecord(t, "k2", map[string]any{"title": "b"})
+	out, err := in.Step(t.Context(), []*kgo.Record{a, a, b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range events(t, out) {
+		got = append(got, string(e.Type)+"/"+e.Reason)
+	}
+	want := []string{"requested/", "authorized/low_risk", "denied/" + intake.ReasonIdempotencyKeyReuse}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
