@@ -1,0 +1,241 @@
+// Package httpapi is the ledger's HTTP API: agents submit envelopes and ask
+// where their calls are. It reads from the call index and the execution
+// store's results, and writes only to the request topic, like any agent.
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
+)
+
+// Publisher puts a raw envelope on the request topic under key.
+// Implementations are safe for concurrent use and return once the broker
+// acknowledged the record.
+type Publisher interface {
+	Publish(ctx context.Context, key, value []byte) error
+}
+
+// Calls answers what is known of a call.
+type Calls interface {
+	Get(key ledger.CallKey) (callindex.Call, error)
+}
+
+// Results returns a finished call's sanitized result, or nil if there is
+// none (yet).
+type Results interface {
+	Result(ctx context.Context, key ledger.CallKey) (json.RawMessage, error)
+}
+
+// Check is a named readiness check for /healthz.
+type Check struct {
+	Name  string
+	Check func(ctx context.Context) error
+}
+
+// Config configures the API.
+type Config struct {
+	Publisher Publisher // required
+	Calls     Calls     // required
+	Results   Results   // optional
+	Checks    []Check
+	// Limits on envelopes; as the intake's.
+	Limits ledger.Limits
+	// MaxWait bounds ?wait= on POST /v1/calls; default 30s.
+	MaxWait time.Duration
+	Logger  *slog.Logger
+}
+
+// Server is the HTTP API.
+type Server struct {
+	cfg Config
+	mux *http.ServeMux
+}
+
+// New returns the API.
+func New(cfg Config) (*Server, error) {
+	if cfg.Publisher == nil || cfg.Calls == nil {
+		return nil, errors.New("httpapi: publisher and calls are required")
+	}
+	cfg.Limits = cfg.Limits.WithDefaults()
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.mux.HandleFunc("POST /v1/calls", s.submit)
+	s.mux.HandleFunc("GET /v1/calls/{key}", s.get)
+	s.mux.HandleFunc("GET /healthz", s.health)
+	return s, nil
+}
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// apiError is the one error shape the API answers with.
+type apiError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Pointer string `json:"pointer,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, e apiError) {
+	writeJSON(w, status, map[string]apiError{"error": e})
+}
+
+// CallView is the answer of GET /v1/calls/{key}.
+type CallView struct {
+	TenantID       string          `json:"tenant_id"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	State          string          `json:"state"`
+	Settled        bool            `json:"settled"`
+	Events         []ledger.Event  `json:"events"`
+	Refusals       []ledger.Event  `json:"refusals,omitempty"`
+	Result         json.RawMessage `json:"result,omitempty"`
+}
+
+// submit accepts an envelope. It checks the envelope as the intake will,
+// so that a caller learns of a malformed one at once (400, nothing
+// published), then publishes the bytes unchanged. With ?wait=DURATION it
+// answers once the call settled, or with 202 when the wait ran out.
+func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.Limits.MaxBytes)+1))
+	if err != nil || len(body) > s.cfg.Limits.MaxBytes {
+		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: ledger.CodeTooLarge, Message: fmt.Sprintf("envelope larger than %d bytes", s.cfg.Limits.MaxBytes)})
+		return
+	}
+	env, err := ledger.DecodeEnvelope(body, s.cfg.Limits)
+	if err != nil {
+		var de *ledger.DecodeError
+		if errors.As(err, &de) {
+			writeError(w, http.StatusBadRequest, apiError{Code: de.Code, Message: de.Error(), Pointer: de.Pointer})
+			return
+		}
+		writeError(w, http.StatusBadRequest, apiError{Code: ledger.CodeInvalidJSON, Message: err.Error()})
+		return
+	}
+	key := env.Key()
+	if err := s.cfg.Publisher.Publish(r.Context(), []byte(key.String()), body); err != nil {
+		s.cfg.Logger.Warn("publish envelope", "call_key", key.String(), "err", err)
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "publish_failed", Message: "the request topic did not accept the envelope; retry with the same idempotency key"})
+		return
+	}
+	wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
+	if wait > 0 {
+		if v, ok := s.await(r.Context(), key, env.CallID, min(wait, s.cfg.MaxWait)); ok {
+			writeJSON(w, http.StatusOK, v)
+			return
+		}
+	}
+	writeJSON(w, http.StatusAccepted, map[string]string{
+		"tenant_id":       key.TenantID,
+		"idempotency_key": key.IdempotencyKey,
+		"status_url":      "/v1/calls/" + url.PathEscape(key.IdempotencyKey) + "?tenant_id=" + url.QueryEscape(key.TenantID),
+	})
+}
+
+// await polls the index until the call settles or this submission was
+// refused.
+func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d time.Duration) (CallView, bool) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if c, err := s.cfg.Calls.Get(key); err == nil {
+			for _, ref := range c.Refusals {
+				if ref.CallID == callID {
+					return s.view(ctx, c), true
+				}
+			}
+			if c.Settled() {
+				return s.view(ctx, c), true
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return CallView{}, false
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *Server) view(ctx context.Context, c callindex.Call) CallView {
+	v := CallView{
+		TenantID:       c.Key.TenantID,
+		IdempotencyKey: c.Key.IdempotencyKey,
+		State:          string(c.State),
+		Settled:        c.Settled(),
+		Events:         c.Events,
+		Refusals:       c.Refusals,
+	}
+	if v.Events == nil {
+		v.Events = []ledger.Event{}
+	}
+	if s.cfg.Results != nil && c.State.Terminal() {
+		res, err := s.cfg.Results.Result(ctx, c.Key)
+		if err != nil {
+			s.cfg.Logger.Warn("read result", "call_key", c.Key.String(), "err", err)
+		}
+		v.Result = res
+	}
+	return v
+}
+
+// get answers for the caller's tenant only. Until identity lands, the
+// tenant comes from ?tenant_id=.
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	tenant := r.URL.Query().Get("tenant_id")
+	if tenant == "" {
+		writeError(w, http.StatusBadRequest, apiError{Code: "missing_tenant", Message: "tenant_id query parameter is required"})
+		return
+	}
+	key := ledger.CallKey{TenantID: tenant, IdempotencyKey: r.PathValue("key")}
+	c, err := s.cfg.Calls.Get(key)
+	if errors.Is(err, callindex.ErrNotFound) {
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no call under this key for this tenant"})
+		return
+	}
+	if err != nil {
+		s.cfg.Logger.Error("read call index", "call_key", key.String(), "err", err)
+		writeError(w, http.StatusInternalServerError, apiError{Code: "internal", Message: "the call index could not be read"})
+		return
+	}
+	writeJSON(w, http.StatusOK, s.view(r.Context(), c))
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	status, code := "ok", http.StatusOK
+	checks := make(map[string]string, len(s.cfg.Checks))
+	for _, c := range s.cfg.Checks {
+		if err := c.Check(ctx); err != nil {
+			checks[c.Name] = err.Error()
+			status, code = "unavailable", http.StatusServiceUnavailable
+			continue
+		}
+		checks[c.Name] = "ok"
+	}
+	writeJSON(w, code, map[string]any{"status": status, "checks": checks})
+}

@@ -1,0 +1,161 @@
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// publisher records what the API published, and plays the ledger: when
+// asked, it folds a settled call into the index for the published key.
+type publisher struct {
+	mu     sync.Mutex
+	keys   []string
+	fail   bool
+	settle func(key string)
+}
+
+func (p *publisher) Publish(_ context.Context, key, _ []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fail {
+		return errors.New("broker down")
+	}
+	p.keys = append(p.keys, string(key))
+	if p.settle != nil {
+		go p.settle(string(key))
+	}
+	return nil
+}
+
+func validEnvelope(t *testing.T, key string) string {
+	t.Helper()
+	tree, _ := ledger.Decode([]byte(`{"city":"Oslo"}`), ledger.Limits{})
+	hash, err := ledger.ArgumentsHash("t_a", "get_weather", 1, tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(map[string]any{
+		"tool": "get_weather", "tool_version": 1, "call_id": "c1", "arguments": map[string]any{"city": "Oslo"},
+		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": hash,
+	})
+	return string(b)
+}
+
+func newAPI(t *testing.T, pub *publisher) (*httptest.Server, *callindex.Index) {
+	t.Helper()
+	ix, err := callindex.Open(filepath.Join(t.TempDir(), "ix.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ix.Close() })
+	api, err := httpapi.New(httpapi.Config{Publisher: pub, Calls: ix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	return srv, ix
+}
+
+func decodeErr(t *testing.T, resp *http.Response) (code, pointer string) {
+	t.Helper()
+	defer resp.Body.Close()
+	var body struct {
+		Error struct{ Code, Pointer string } `json:"error"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	return body.Error.Code, body.Error.Pointer
+}
+
+func TestSubmitRefusesMalformedWithoutPublishing(t *testing.T) {
+	pub := &publisher{}
+	srv, _ := newAPI(t, pub)
+	for _, tc := range []struct {
+		name, body, code, pointer string
+		status                    int
+	}{
+		{"not json", `nope`, ledger.CodeInvalidJSON, "", 400},
+		{"unknown field", strings.Replace(validEnvelope(t, "k"), `{"arguments"`, `{"extra":1,"arguments"`, 1), ledger.CodeUnknownField, "/extra", 400},
+		{"too large", `{"x":"` + strings.Repeat("a", 300<<10) + `"}`, ledger.CodeTooLarge, "", 413},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := http.Post(srv.URL+"/v1/calls", "application/json", strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			code, ptr := decodeErr(t, resp)
+			if resp.StatusCode != tc.status || code != tc.code || ptr != tc.pointer {
+				t.Errorf("POST = %d %s at %q; want %d %s at %q", resp.StatusCode, code, ptr, tc.status, tc.code, tc.pointer)
+			}
+		})
+	}
+	if len(pub.keys) != 0 {
+		t.Errorf("published %v; want nothing", pub.keys)
+	}
+}
+
+func TestSubmitPublishesUnderTenantKeyAndWaits(t *testing.T) {
+	pub := &publisher{}
+	srv, ix := newAPI(t, pub)
+	pub.settle = func(key string) {
+		k, _ := ledger.ParseCallKey(key)
+		var evs []ledger.Event
+		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x", Attempt: 1})
+		}
+		_ = ix.Apply(evs)
+	}
+	resp, err := http.Post(srv.URL+"/v1/calls?wait=10s", "application/json", strings.NewReader(validEnvelope(t, "k1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || v.State != "succeeded" || len(v.Events) != 4 {
+		t.Errorf("POST ?wait = %d %q with %d events; want 200 succeeded with 4", resp.StatusCode, v.State, len(v.Events))
+	}
+	if len(pub.keys) != 1 || pub.keys[0] != "t_a/k1" {
+		t.Errorf("published keys %v; want [t_a/k1]", pub.keys)
+	}
+
+	resp, err = http.Get(srv.URL + "/v1/calls/k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := decodeErr(t, resp); resp.StatusCode != 400 || code != "missing_tenant" {
+		t.Errorf("GET without tenant = %d %s; want 400 missing_tenant", resp.StatusCode, code)
+	}
+	resp, err = http.Get(srv.URL + "/v1/calls/k1?tenant_id=t_b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := decodeErr(t, resp); resp.StatusCode != 404 || code != "not_found" {
+		t.Errorf("GET as another tenant = %d %s; want 404 not_found", resp.StatusCode, code)
+	}
+}
+
+func TestSubmitPublishFailureIsRetryable(t *testing.T) {
+	pub := &publisher{fail: true}
+	srv, _ := newAPI(t, pub)
+	resp, err := http.Post(srv.URL+"/v1/calls", "application/json", strings.NewReader(validEnvelope(t, "k2")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := decodeErr(t, resp); resp.StatusCode != 503 || code != "publish_failed" {
+		t.Errorf("POST with the broker down = %d %s; want 503 publish_failed", resp.StatusCode, code)
+	}
+}
