@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/pgstore"
+	"github.com/toolcall-ledger/ledger/schemas"
+)
+
+// kafkaFlags name the cluster and the topics.
+type kafkaFlags struct {
+	brokers    []string
+	requests   string
+	events     string
+	control    string
+	dlq        string
+	partitions int32
+	replicas   int16
+}
+
+func (k *kafkaFlags) register(fs *pflag.FlagSet) {
+	fs.StringSliceVar(&k.brokers, "kafka-brokers", []string{"127.0.0.1:9092"}, "Kafka bootstrap brokers, comma separated")
+	fs.StringVar(&k.requests, "topic-requests", "toolcalls.requests", "topic agents publish envelopes to")
+	fs.StringVar(&k.events, "topic-events", "toolcalls.events", "the ledger's events topic")
+	fs.StringVar(&k.control, "topic-control", "toolcalls.control", "compacted control topic (kill switch, revocations)")
+	fs.StringVar(&k.dlq, "topic-dlq", "toolcalls.dlq", "topic for requests that cannot be parsed")
+	fs.Int32Var(&k.partitions, "partitions", 12, "partitions per topic when the ledger creates its topics")
+	fs.Int16Var(&k.replicas, "replication-factor", 1, "replication factor when the ledger creates its topics (3 in production)")
+}
+
+func (k *kafkaFlags) topics() ledger.Topics {
+	return ledger.Topics{Requests: k.requests, Events: k.events, Control: k.control, DLQ: k.dlq}
+}
+
+func (k *kafkaFlags) client(logger *slog.Logger) ledger.ClientConfig {
+	return ledger.ClientConfig{Brokers: k.brokers, Logger: logger}
+}
+
+func (k *kafkaFlags) topicConfig() ledger.TopicConfig {
+	return ledger.TopicConfig{Topics: k.topics(), Partitions: k.partitions, ReplicationFactor: k.replicas}
+}
+
+// storeFlags choose the execution store.
+type storeFlags struct {
+	crdbDSN string
+	dataDir string
+}
+
+func (s *storeFlags) register(fs *pflag.FlagSet, withDataDir bool) {
+	fs.StringVar(&s.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store, e.g. postgresql://root@localhost:26257/ledger?sslmode=disable")
+	if withDataDir {
+		fs.StringVar(&s.dataDir, "data-dir", "./.ledger", "directory for embedded state (Kafka log, execution store, call index)")
+	}
+}
+
+// openStore opens the configured execution store: CockroachDB/PostgreSQL
+// when a DSN is set, else the embedded store in the data directory.
+func (s *storeFlags) openStore(ctx context.Context, logger *slog.Logger) (processors.Store, string, error) {
+	if s.crdbDSN != "" {
+		st, err := pgstore.Open(ctx, pgstore.Config{DSN: s.crdbDSN, Logger: logger})
+		if err != nil {
+			return nil, "", err
+		}
+		return st, "sql (" + redactDSN(s.crdbDSN) + ")", nil
+	}
+	if s.dataDir == "" {
+		return nil, "", fmt.Errorf("no --crdb-dsn and no --data-dir: nowhere to keep execution records")
+	}
+	path := filepath.Join(s.dataDir, "executions.db")
+	st, err := boltstore.Open(boltstore.Config{Path: path, Logger: logger})
+	if err != nil {
+		return nil, "", err
+	}
+	return st, "embedded (" + path + ")", nil
+}
+
+// redactDSN hides a DSN's password for logs and banners.
+func redactDSN(dsn string) string {
+	u, err := parseURL(dsn)
+	if err != nil {
+		return "(dsn)"
+	}
+	return u.Redacted()
+}
+
+// registryFlags choose the tool registry.
+type registryFlags struct{ dir string }
+
+func (r *registryFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&r.dir, "registry-dir", "", "directory holding tools/<name>.v<version>.json (default: the built-in demo registry)")
+}
+
+func (r *registryFlags) load() (*schemas.Registry, error) {
+	if r.dir == "" {
+		return schemas.Demo()
+	}
+	return schemas.Load(os.DirFS(r.dir))
+}
+
+func instanceID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "local"
+	}
+	return h
+}
+
+// kgoPublisher publishes envelopes to the request topic.
+type kgoPublisher struct {
+	cl    *kgo.Client
+	topic string
+}
+
+func newPublisher(cc ledger.ClientConfig, topic string) (*kgoPublisher, error) {
+	cl, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
+	if err != nil {
+		return nil, err
+	}
+	return &kgoPublisher{cl: cl, topic: topic}, nil
+}
+
+func (p *kgoPublisher) Publish(ctx context.Context, key, value []byte) error {
+	return p.cl.ProduceSync(ctx, &kgo.Record{Topic: p.topic, Key: key, Value: value}).FirstErr()
+}
+
+func (p *kgoPublisher) Close() { p.cl.Close() }

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
+)
+
+type devFlags struct {
+	roles       roleFlags
+	kafkaAddr   string
+	httpAddr    string
+	backendAddr string
+}
+
+func newDevCmd(g *globals) *cobra.Command {
+	var f devFlags
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run the whole ledger in one process on embedded engines (Kafka, execution store, call index, demo tools, HTTP API)",
+		Long: `dev runs every role in one process: an in-process Kafka (kfake) listening on
+--kafka-addr and persisted under --data-dir, the embedded execution store (or
+CockroachDB/PostgreSQL with --crdb-dsn), the intake, the executor, the call
+index, a demo tool backend that records every effect it applies, and the HTTP
+API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDev(cmd.Context(), g, &f)
+		},
+	}
+	f.roles.register(cmd, true)
+	fs := cmd.Flags()
+	fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "where the in-process Kafka listens (loopback only)")
+	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "where the HTTP API listens")
+	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens")
+	return cmd
+}
+
+func runDev(ctx context.Context, g *globals, f *devFlags) error {
+	logger := g.logger()
+	dataDir := f.roles.store.dataDir
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	_, portStr, err := net.SplitHostPort(f.kafkaAddr)
+	if err != nil {
+		return fmt.Errorf("--kafka-addr: %w", err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return fmt.Errorf("--kafka-addr port: %w", err)
+	}
+	cluster, err := kfake.NewCluster(
+		kfake.Ports(port),
+		kfake.DataDir(filepath.Join(dataDir, "kafka")),
+		kfake.GroupMinSessionTimeout(time.Second),
+	)
+	if err != nil {
+		return fmt.Errorf("start in-process kafka on %s: %w", f.kafkaAddr, err)
+	}
+	defer cluster.Close()
+	g.kafka.brokers = cluster.ListenAddrs()
+	cc := g.kafka.client(logger)
+	topics := g.kafka.topics()
+
+	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	admin, err := ledger.NewClient(cc)
+	if err == nil {
+		err = ledger.EnsureTopics(setupCtx, admin, g.kafka.topicConfig())
+		admin.Close()
+	}
+	cancel()
+	if err != nil {
+		return err
+	}
+
+	reg, err := f.roles.registry.load()
+	if err != nil {
+		return err
+	}
+	st, storeDesc, err := f.roles.store.openStore(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	index, err := callindex.Open(filepath.Join(dataDir, "index.db"), logger.With("component", "callindex"))
+	if err != nil {
+		return err
+	}
+	defer index.Close()
+
+	backend := demobackend.New(demobackend.Config{Logger: logger.With("component", "demobackend"), JournalPath: filepath.Join(dataDir, "effects.jsonl")})
+	backendLn, err := net.Listen("tcp", f.backendAddr)
+	if err != nil {
+		return fmt.Errorf("demo backend: %w", err)
+	}
+	apiLn, err := net.Listen("tcp", f.httpAddr)
+	if err != nil {
+		backendLn.Close()
+		return fmt.Errorf("http api: %w", err)
+	}
+
+	instance := f.roles.instance
+	intake, err := intakeLoop(cc, topics, reg, st, instance, logger)
+	if err != nil {
+		return err
+	}
+	exec, _, err := executorLoop(cc, topics, reg, st, "http://"+backendLn.Addr().String(), instance, logger)
+	if err != nil {
+		return err
+	}
+	pub, err := newPublisher(cc, topics.Requests)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	api, err := httpapi.New(httpapi.Config{
+		Publisher: pub,
+		Calls:     index,
+		Results:   storeResults{st},
+		Logger:    logger.With("component", "httpapi"),
+		Checks: []httpapi.Check{{Name: "kafka", Check: func(ctx context.Context) error {
+			return pub.cl.Ping(ctx)
+		}}},
+	})
+	if err != nil {
+		return err
+	}
+
+	grp, ctx := errgroup.WithContext(ctx)
+	servers := []*http.Server{
+		{Handler: backend.Handler(), ReadHeaderTimeout: 5 * time.Second},
+		{Handler: api, ReadHeaderTimeout: 5 * time.Second},
+	}
+	for i, ln := range []net.Listener{backendLn, apiLn} {
+		srv := servers[i]
+		grp.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	grp.Go(func() error { return intake.Run(ctx) })
+	grp.Go(func() error { return exec.Run(ctx) })
+	grp.Go(func() error {
+		return index.Run(ctx, callindex.RunConfig{Client: cc, Topic: topics.Events})
+	})
+	grp.Go(func() error {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, s := range servers {
+			_ = s.Shutdown(shut)
+		}
+		return nil
+	})
+
+	printBanner(os.Stdout, banner{
+		kafka:   cluster.ListenAddrs(),
+		api:     apiLn.Addr().String(),
+		backend: backendLn.Addr().String(),
+		store:   storeDesc,
+		dataDir: dataDir,
+		topics:  topics,
+	})
+	err = grp.Wait()
+	logger.Info("ledger dev stopped")
+	return err
+}
+
+// storeResults serves finished calls' results from the execution store.
+type storeResults struct{ st processors.Store }
+
+func (s storeResults) Result(ctx context.Context, key ledger.CallKey) (json.RawMessage, error) {
+	rec, err := s.st.Get(ctx, key)
+	if errors.Is(err, processors.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil || len(rec.Result) == 0 {
+		return nil, err
+	}
+	return json.RawMessage(rec.Result), nil
+}
+
+type banner struct {
+	kafka   []string
+	api     string
+	backend string
+	store   string
+	dataDir string
+	topics  ledger.Topics
+}
+
+func printBanner(w *os.File, b banner) {
+	fmt.Fprintf(w, `
+Toolcall Ledger (dev) is running. Ctrl-C stops it.
+
+  Kafka (in-process)   %v   topics: %s -> %s (dlq: %s)
+  HTTP API             http://%s   (POST /v1/calls, GET /v1/calls/{key}?tenant_id=..., GET /healthz)
+  Demo tool backend    http://%s   (GET /effects lists every effect it applied)
+  Execution store      %s
+  Data directory       %s
+
+Try:
+  go run ./cmd/ledger submit --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
+  curl -s 'http://%s/v1/calls/<idempotency_key>?tenant_id=t_demo'
+
+`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.backend, b.store, b.dataDir, b.api)
+}

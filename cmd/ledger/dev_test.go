@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type devRun struct {
+	kafka, api, backend string
+	dir                 string
+	stop                func()
+}
+
+// startDev runs `ledger dev` in process and waits until its API is healthy.
+func startDev(t *testing.T, dir, kafka, api, backend string) *devRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	root := newRoot()
+	root.SetArgs([]string{"dev", "--data-dir", dir, "--kafka-addr", kafka, "--http-addr", api, "--backend-addr", backend, "--partitions", "3", "--log-level", "warn"})
+	root.SetOut(io.Discard)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("ledger dev: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("ledger dev did not stop within 30s of Ctrl-C")
+		}
+	}
+	t.Cleanup(stop)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("ledger dev exited: %v", err)
+		default:
+		}
+		resp, err := http.Get("http://" + api + "/healthz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("healthz %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return &devRun{kafka: kafka, api: api, backend: backend, dir: dir, stop: stop}
+}
+
+// cli runs a ledger subcommand and returns its output.
+func cli(t *testing.T, args ...string) string {
+	t.Helper()
+	var out bytes.Buffer
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(&out)
+	if err := root.ExecuteContext(t.Context()); err != nil {
+		t.Fatalf("ledger %s: %v\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return out.String()
+}
+
+type callView struct {
+	State   string `json:"state"`
+	Settled bool   `json:"settled"`
+	Events  []struct {
+		Seq  int64  `json:"seq"`
+		Type string `json:"type"`
+	} `json:"events"`
+	Result json.RawMessage `json:"result"`
+}
+
+func getCall(t *testing.T, api, key string) (int, callView) {
+	t.Helper()
+	resp, err := http.Get("http://" + api + "/v1/calls/" + key + "?tenant_id=t_demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v callView
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	return resp.StatusCode, v
+}
+
+func types(v callView) string {
+	var s []string
+	for _, e := range v.Events {
+		s = append(s, e.Type)
+	}
+	return strings.Join(s, ",")
+}
+
+// The README's first steps, end to end: `ledger dev`, then `ledger submit
+// --wait`, then the API; then a restart on the same data directory keeps
+// every call, and a retry after the restart does not run the tool again.
+func TestDevEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	kafka, api, backend := freeAddr(t), freeAddr(t), freeAddr(t)
+	dev := startDev(t, dir, kafka, api, backend)
+
+	out := cli(t, "submit", "--kafka-brokers", kafka, "--tool", "get_weather", "--args", `{"city":"Sydney"}`, "--tenant", "t_demo", "--key", "dev-1", "--wait", "--timeout", "60s")
+	for _, want := range []string{"requested", "authorized", "executing", "succeeded", "t_demo/dev-1 is succeeded"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("submit --wait output lacks %q:\n%s", want, out)
+		}
+	}
+	var v callView
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		code, got := getCall(t, api, "dev-1")
+		if code != 200 || !got.Settled {
+			return fmt.Errorf("GET /v1/calls/dev-1: %d %q", code, got.State)
+		}
+		v = got
+		return nil
+	})
+	if got, want := types(v), "requested,authorized,executing,succeeded"; got != want {
+		t.Errorf("API events %s; want %s", got, want)
+	}
+	if !strings.Contains(string(v.Result), "Sydney") || !strings.Contains(string(v.Result), `"untrusted": true`) {
+		t.Errorf("API result %s; want the weather, marked untrusted", v.Result)
+	}
+	resp, err := http.Get("http://" + api + "/v1/calls/dev-1?tenant_id=t_other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Errorf("another tenant reading dev-1: status %d; want 404", resp.StatusCode)
+	}
+
+	trace := cli(t, "trace", "dev-1", "--tenant", "t_demo", "--kafka-brokers", kafka)
+	for _, want := range []string{"requested", "authorized", "executing", "succeeded"} {
+		if !strings.Contains(trace, want) {
+			t.Errorf("trace lacks %q:\n%s", want, trace)
+		}
+	}
+
+	// The API refuses a malformed envelope at once, with the pointer.
+	resp, err = http.Post("http://"+api+"/v1/calls", "application/json", strings.NewReader(`{"tool":"get_weather","tool":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var apiErr struct {
+		Error struct{ Code, Pointer string } `json:"error"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&apiErr)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || apiErr.Error.Code != "duplicate_key" || apiErr.Error.Pointer != "/tool" {
+		t.Errorf("malformed POST: %d %+v; want 400 duplicate_key at /tool", resp.StatusCode, apiErr.Error)
+	}
+
+	// POST with ?wait answers with the settled call.
+	env := cli(t, "submit", "--kafka-brokers", kafka, "--tool", "create_ticket", "--args", `{"title":"from the api"}`, "--key", "dev-2", "--json")
+	// That published dev-2 already; post the same envelope again through
+	// the API: a retry, answered with the one call.
+	body := env[strings.Index(env, "{"):]
+	resp, err = http.Post("http://"+api+"/v1/calls?wait=30s", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var posted callView
+	_ = json.NewDecoder(resp.Body).Decode(&posted)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || posted.State != "succeeded" {
+		t.Errorf("POST ?wait: %d %q; want 200 succeeded", resp.StatusCode, posted.State)
+	}
+
+	// Restart on the same data directory.
+	dev.stop()
+	startDev(t, dir, kafka, api, backend)
+	if code, v := getCall(t, api, "dev-1"); code != 200 || v.State != "succeeded" || len(v.Events) != 4 {
+		t.Errorf("after restart: %d %q with %d events; want 200 succeeded with 4", code, v.State, len(v.Events))
+	}
+	trace = cli(t, "trace", "t_demo/dev-2", "--kafka-brokers", kafka)
+	if !strings.Contains(trace, "succeeded") {
+		t.Errorf("after restart, trace of dev-2 lacks succeeded:\n%s", trace)
+	}
+	// A retry of dev-2 after the restart: still one effect at the tool.
+	resp, err = http.Post("http://"+api+"/v1/calls?wait=30s", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	effects, err := demobackend.ReadJournal(filepath.Join(dir, "effects.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range effects {
+		if e.IdempotencyKey == "t_demo/dev-2" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("dev-2 reached the tool %d times across the restart; want 1", n)
+	}
+}

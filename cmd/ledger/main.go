@@ -1,0 +1,92 @@
+// Command ledger is Toolcall Ledger: one binary, one subcommand per role.
+// `ledger dev` runs every role in one process on embedded engines.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "ledger:", err)
+		os.Exit(1)
+	}
+}
+
+// globals are the flags every subcommand shares.
+type globals struct {
+	logLevel  string
+	logFormat string
+	kafka     kafkaFlags
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "ledger",
+		Short:         "Toolcall Ledger: an exactly-once, audited execution ledger for AI-agent tool calls",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return bindEnv(cmd)
+		},
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
+	g.kafka.register(pf)
+	root.AddCommand(
+		newDevCmd(g),
+		newIntakeCmd(g),
+		newExecutorCmd(g),
+		newTopicsCmd(g),
+		newMigrateCmd(g),
+		newSubmitCmd(g),
+		newTraceCmd(g),
+	)
+	return root
+}
+
+// bindEnv gives every flag that was not set on the command line the value
+// of LEDGER_<FLAG_NAME> (upper case, dashes as underscores), if set: flag
+// beats environment beats default.
+func bindEnv(cmd *cobra.Command) error {
+	var err error
+	visit := func(f *pflag.Flag) {
+		if f.Changed || err != nil {
+			return
+		}
+		name := "LEDGER_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if serr := f.Value.Set(v); serr != nil {
+				err = fmt.Errorf("%s=%q: %w", name, v, serr)
+			}
+		}
+	}
+	cmd.Flags().VisitAll(visit)
+	cmd.InheritedFlags().VisitAll(visit)
+	return err
+}
+
+func (g *globals) logger() *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+		level = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if g.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}

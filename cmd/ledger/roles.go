@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/pgstore"
+	"github.com/toolcall-ledger/ledger/schemas"
+)
+
+func parseURL(s string) (*url.URL, error) { return url.Parse(s) }
+
+// roleFlags are what the intake and the executor share.
+type roleFlags struct {
+	store    storeFlags
+	registry registryFlags
+	instance string
+}
+
+func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
+	fs := cmd.Flags()
+	r.store.register(fs, withDataDir)
+	r.registry.register(fs)
+	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id)")
+}
+
+// intakeLoop wires an intake onto its consume-process-produce loop.
+func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, instance string, logger *slog.Logger) (*ledger.Loop, error) {
+	in, err := intake.New(intake.Config{
+		Registry: reg, Store: st, Topics: topics,
+		Actor: "intake/" + instance, Logger: logger.With("processor", "intake"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance})
+}
+
+// executorLoop wires an executor onto its loop.
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+	x, err := executor.New(executor.Config{
+		Registry: reg, Store: st, Topics: topics,
+		Caller:  httptool.New(httptool.Config{}),
+		BaseURL: toolsBase,
+		Owner:   "executor/" + instance,
+		Logger:  logger.With("processor", "executor"),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance})
+	return loop, x, err
+}
+
+// run opens what a role needs, builds its loop with build, and runs it
+// until ctx ends.
+func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build func(*schemas.Registry, processors.Store, *slog.Logger) (*ledger.Loop, error)) error {
+	logger := g.logger()
+	reg, err := rf.registry.load()
+	if err != nil {
+		return err
+	}
+	st, desc, err := rf.store.openStore(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	loop, err := build(reg, st, logger)
+	if err != nil {
+		return err
+	}
+	logger.Info(role+" starting", "brokers", g.kafka.brokers, "store", desc, "instance", rf.instance)
+	return loop.Run(ctx)
+}
+
+func newIntakeCmd(g *globals) *cobra.Command {
+	var rf roleFlags
+	cmd := &cobra.Command{
+		Use:   "intake",
+		Short: "Run the intake: validate envelopes from the request topic and append their first events",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return rf.run(cmd.Context(), g, "intake", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
+				return intakeLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, rf.instance, logger)
+			})
+		},
+	}
+	rf.register(cmd, true)
+	return cmd
+}
+
+func newExecutorCmd(g *globals) *cobra.Command {
+	var (
+		rf        roleFlags
+		toolsBase string
+	)
+	cmd := &cobra.Command{
+		Use:   "executor",
+		Short: "Run an executor: run authorized calls exactly once and append their outcome",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return rf.run(cmd.Context(), g, "executor", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
+				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, toolsBase, rf.instance, logger)
+				return loop, err
+			})
+		},
+	}
+	rf.register(cmd, true)
+	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative tool backend URLs resolve against")
+	return cmd
+}
+
+func newTopicsCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "topics", Short: "Manage the ledger's Kafka topics"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "create",
+		Short: "Create the ledger's topics where they do not exist (sized by --partitions and --replication-factor)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger := g.logger()
+			cl, err := ledger.NewClient(g.kafka.client(logger))
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			if err := ledger.EnsureTopics(ctx, cl, g.kafka.topicConfig()); err != nil {
+				return err
+			}
+			t := g.kafka.topics()
+			fmt.Fprintf(cmd.OutOrStdout(), "topics ready: %s %s %s %s\n", t.Requests, t.Events, t.Control, t.DLQ)
+			return nil
+		},
+	})
+	return cmd
+}
+
+func newMigrateCmd(g *globals) *cobra.Command {
+	var dsn string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or update the execution store's tables in CockroachDB/PostgreSQL",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dsn == "" {
+				return fmt.Errorf("--crdb-dsn (or LEDGER_CRDB_DSN) is required")
+			}
+			st, err := pgstore.Open(cmd.Context(), pgstore.Config{DSN: dsn, Logger: g.logger()})
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			fmt.Fprintln(cmd.OutOrStdout(), "execution store schema is up to date")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dsn, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN")
+	return cmd
+}

@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+type submitFlags struct {
+	file        string
+	tool        string
+	toolVersion int
+	args        string
+	tenant      string
+	user        string
+	key         string
+	callID      string
+	traceID     string
+	deadline    time.Duration
+	wait        bool
+	timeout     time.Duration
+	jsonOut     bool
+}
+
+func newSubmitCmd(g *globals) *cobra.Command {
+	var f submitFlags
+	cmd := &cobra.Command{
+		Use:   "submit",
+		Short: "Publish a tool-call envelope to the request topic (from flags, a file, or stdin)",
+		Example: `  ledger submit --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
+  ledger submit --file envelope.json
+  cat envelope.json | ledger submit --file - --wait`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runSubmit(cmd, g, &f)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.file, "file", "", "read the envelope from this file ('-' for stdin) instead of building it from flags; it is sent as is")
+	fs.StringVar(&f.tool, "tool", "", "tool name")
+	fs.IntVar(&f.toolVersion, "tool-version", 1, "tool version")
+	fs.StringVar(&f.args, "args", "{}", "tool arguments as a JSON object")
+	fs.StringVar(&f.tenant, "tenant", "t_demo", "tenant id")
+	fs.StringVar(&f.user, "user", "u_demo", "user id (a claim; the verified assertion decides)")
+	fs.StringVar(&f.key, "key", "", "idempotency key (default: a random one; reuse it to retry the same call)")
+	fs.StringVar(&f.callID, "call-id", "", "call id (default: random)")
+	fs.StringVar(&f.traceID, "trace-id", "", "trace id")
+	fs.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long the call may take before it is no longer wanted (0: none)")
+	fs.BoolVar(&f.wait, "wait", false, "wait for the call to settle and print its last event")
+	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long --wait waits")
+	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
+	return cmd
+}
+
+func randomID(prefix string) string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
+	ctx := cmd.Context()
+	out := cmd.OutOrStdout()
+	var body []byte
+	var key ledger.CallKey
+	var callID string
+	if f.file != "" {
+		var err error
+		if f.file == "-" {
+			body, err = io.ReadAll(cmd.InOrStdin())
+		} else {
+			body, err = os.ReadFile(f.file)
+		}
+		if err != nil {
+			return fmt.Errorf("read envelope: %w", err)
+		}
+		k, id, ok := ledger.LenientKey(body)
+		if !ok && f.wait {
+			return errors.New("--wait needs an envelope with scope.tenant_id and idempotency_key")
+		}
+		key, callID = k, id
+	} else {
+		var err error
+		if body, err = f.envelope(); err != nil {
+			return err
+		}
+		key, callID = ledger.CallKey{TenantID: f.tenant, IdempotencyKey: f.key}, f.callID
+	}
+
+	logger := g.logger()
+	pub, err := newPublisher(g.kafka.client(logger), g.kafka.requests)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err = pub.Publish(pctx, []byte(key.String()), body)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("publish to %s: %w", g.kafka.requests, err)
+	}
+	if !f.jsonOut {
+		fmt.Fprintf(out, "published %s (call_id %s) to %s\n", key, callID, g.kafka.requests)
+	}
+	if !f.wait {
+		if f.jsonOut {
+			fmt.Fprintf(out, "%s\n", body)
+		}
+		return nil
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	var last *ledger.Event
+	var call statemachine.Call
+	err = ledger.FollowCall(wctx, g.kafka.client(logger), g.kafka.events, key, func(e ledger.Event) bool {
+		if e.Refusal() {
+			if e.CallID == callID {
+				last = &e
+				return true
+			}
+			return false
+		}
+		next, _, err := statemachine.Apply(call, e.Transition())
+		if err != nil {
+			return false
+		}
+		call = next
+		if !f.jsonOut {
+			fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, eventNote(e))
+		}
+		if call.State.Settled() {
+			last = &e
+			return true
+		}
+		return false
+	})
+	if last == nil {
+		if errors.Is(err, context.DeadlineExceeded) || err == nil {
+			return fmt.Errorf("call %s did not settle within %s (state %q)", key, f.timeout, call.State)
+		}
+		return err
+	}
+	if f.jsonOut {
+		b, _ := json.MarshalIndent(last, "", "  ")
+		fmt.Fprintf(out, "%s\n", b)
+		return nil
+	}
+	if last.Refusal() {
+		fmt.Fprintf(out, "refused: %s at %s: %s\n", last.Reason, last.Pointer, last.Detail)
+		return nil
+	}
+	fmt.Fprintf(out, "%s is %s\n", key, call.State)
+	return nil
+}
+
+// envelope builds the envelope the flags describe, filling in random ids
+// and computing the arguments hash.
+func (f *submitFlags) envelope() ([]byte, error) {
+	if f.tool == "" {
+		return nil, errors.New("--tool is required (or --file)")
+	}
+	args, err := ledger.Decode([]byte(f.args), ledger.Limits{})
+	if err != nil {
+		return nil, fmt.Errorf("--args: %w", err)
+	}
+	if f.key == "" {
+		f.key = randomID("key_")
+	}
+	if f.callID == "" {
+		f.callID = randomID("call_")
+	}
+	hash, err := ledger.ArgumentsHash(f.tenant, f.tool, f.toolVersion, args)
+	if err != nil {
+		return nil, fmt.Errorf("--args: %w", err)
+	}
+	env := map[string]any{
+		"tool":            f.tool,
+		"tool_version":    f.toolVersion,
+		"call_id":         f.callID,
+		"arguments":       json.RawMessage(f.args),
+		"scope":           map[string]string{"tenant_id": f.tenant, "user_id": f.user},
+		"idempotency_key": f.key,
+		"arguments_hash":  hash,
+	}
+	if f.traceID != "" {
+		env["trace_id"] = f.traceID
+	}
+	if f.deadline > 0 {
+		env["deadline_ms"] = f.deadline.Milliseconds()
+	}
+	return json.Marshal(env)
+}
