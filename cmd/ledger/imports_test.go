@@ -25,7 +25,9 @@ func TestImportDirection(t *testing.T) {
 		}
 	}
 	check("statemachine", func(string) bool { return false })
-	check("schemas", func(d string) bool { return strings.HasPrefix(d, "github.com/santhosh-tekuri/jsonschema/") || strings.HasPrefix(d, "golang.org/x/text") })
+	check("schemas", func(d string) bool {
+		return strings.HasPrefix(d, "github.com/santhosh-tekuri/jsonschema/") || strings.HasPrefix(d, "golang.org/x/text")
+	})
 
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../../...").CombinedOutput()
 	if err != nil {
