@@ -38,7 +38,7 @@ import (
 // harness is one ledger: Kafka, a store, the demo backend, a call index,
 // and the processors the test starts.
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	kafka   *ledgertest.Kafka
 	store   processors.Store
 	backend *demobackend.Server
@@ -56,7 +56,7 @@ const (
 	storeEmbedded storeKind = "embedded"
 )
 
-func newHarness(t *testing.T, kind storeKind, partitions int32, backendOpts ...func(*demobackend.Config)) *harness {
+func newHarness(t testing.TB, kind storeKind, partitions int32, backendOpts ...func(*demobackend.Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, logger: testLogger(t)}
 	h.kafka = ledgertest.New(t, ledgertest.Options{Partitions: partitions})
@@ -106,7 +106,7 @@ func newHarness(t *testing.T, kind storeKind, partitions int32, backendOpts ...f
 	return h
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("LEDGER_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
