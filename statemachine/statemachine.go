@@ -226,9 +226,9 @@ func apply(c Call, ev Event) (Call, *Transition, error) {
 	next.State = t.To
 	next.Seq = ev.Seq
 	next.UpdatedAt = ev.At
-	if ev.Reason != "" {
-		next.Reason = ev.Reason
-	}
+	// The reason is the last transition's: a call that succeeded after an
+	// unknown outcome no longer carries the unknown outcome's reason.
+	next.Reason = ev.Reason
 	if ev.Attempt > next.Attempt {
 		next.Attempt = ev.Attempt
 	}
@@ -300,6 +300,9 @@ func approvalBinds(c Call, ev Event) error {
 	switch {
 	case ev.ApprovalID == "":
 		return errors.New("approval without id")
+	case ev.ExpiresAt.IsZero():
+		// I4: an approval that never expires is not an approval.
+		return errors.New("approval without expiry")
 	case ev.ArgumentsHash != c.ArgumentsHash:
 		return errors.New("approval bound to other arguments")
 	case !c.PendingExpiresAt.IsZero() && !ev.At.Before(c.PendingExpiresAt):

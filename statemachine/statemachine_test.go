@@ -385,6 +385,8 @@ func TestGuards(t *testing.T) {
 			edit: func(_ sm.Call, ev *sm.Event) { ev.ExpiresAt = time.Time{} }, wantErr: sm.ErrInvalidTransition},
 		{name: "approved without approval id", from: sm.StateApprovalPending, typ: sm.EventApproved,
 			edit: func(_ sm.Call, ev *sm.Event) { ev.ApprovalID = "" }, wantErr: sm.ErrInvalidTransition},
+		{name: "approved without expiry", from: sm.StateApprovalPending, typ: sm.EventApproved,
+			edit: func(_ sm.Call, ev *sm.Event) { ev.ExpiresAt = time.Time{} }, wantErr: sm.ErrInvalidTransition},
 		{name: "approved with other hash", from: sm.StateApprovalPending, typ: sm.EventApproved,
 			edit: func(_ sm.Call, ev *sm.Event) { ev.ArgumentsHash = otherHash }, wantErr: sm.ErrInvalidTransition},
 		// Other events may leave the hash out; an approval must name it.
