@@ -206,12 +206,12 @@ type job struct {
 func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
 	jobs := make(map[ledger.CallKey]*job)
 	var order []ledger.CallKey
-	add := func(tmpl ledger.Event, hash string, tool string) {
+	add := func(tmpl ledger.Event, hash string) {
 		k := tmpl.Key()
 		if _, ok := jobs[k]; ok {
 			return
 		}
-		lease := x.leaseFor(tool)
+		lease := x.leaseFor(tmpl.Tool, tmpl.ToolVersion)
 		jobs[k] = &job{tmpl: tmpl, claim: processors.Claim{Key: k, ArgumentsHash: hash, Owner: x.cfg.Owner, Lease: lease}}
 		order = append(order, k)
 	}
@@ -230,7 +230,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		if ev.Type != statemachine.EventAuthorized {
 			continue
 		}
-		add(template(ev), ev.ArgumentsHash, ev.Tool)
+		add(template(ev), ev.ArgumentsHash)
 	}
 	if now := x.cfg.Now(); now.Sub(x.lastSwp) >= x.cfg.SweepEvery {
 		x.lastSwp = now
@@ -244,7 +244,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 				x.cfg.Logger.Error("expired claim without context", "call_key", rec.Key.String(), "err", err)
 				continue
 			}
-			add(tmpl, rec.ArgumentsHash, rec.Tool)
+			add(tmpl, rec.ArgumentsHash)
 		}
 	}
 	if len(order) == 0 {
@@ -352,14 +352,12 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 	return ledger.Output{Records: out, Committed: committed}, nil
 }
 
-// leaseFor is how long a claim on tool may take, with margin.
-func (x *Executor) leaseFor(toolName string) time.Duration {
-	timeout := 30 * time.Second
-	for _, t := range x.cfg.Registry.Tools() {
-		if t.Name == toolName {
-			timeout = t.Timeout()
-			break
-		}
+// leaseFor is how long a claim on a tool may take, with margin. A tool
+// the registry no longer knows fails at once, under the default timeout.
+func (x *Executor) leaseFor(name string, version int) time.Duration {
+	timeout := schemas.DefaultTimeout
+	if t, err := x.cfg.Registry.Lookup(name, version); err == nil {
+		timeout = t.Timeout()
 	}
 	attempts := time.Duration(x.cfg.MaxAttempts)
 	return attempts*timeout + attempts*x.cfg.RetryBackoff*2 + x.cfg.LeaseMargin

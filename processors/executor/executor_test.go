@@ -395,3 +395,47 @@ func TestResultSanitized(t *testing.T) {
 		t.Errorf("terminal event %s; want a digest and size, not the result", out.Records[1].Value)
 	}
 }
+
+// A result over the tool's cap is not kept: the call succeeded (the effect
+// happened), the stored result says it was truncated, and the event says
+// how big it was.
+func TestOversizeResultTruncated(t *testing.T) {
+	r := newRig(t)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("../testdata/registry/tools/get_weather.v1.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entry map[string]any
+	if err := json.Unmarshal(raw, &entry); err != nil {
+		t.Fatal(err)
+	}
+	entry["max_result_bytes"] = 16
+	b, _ := json.Marshal(entry)
+	if err := os.WriteFile(filepath.Join(dir, "tools", "get_weather.v1.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r.reg, err = schemas.Load(os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	auth := r.admit("get_weather", "big", map[string]any{"city": "Oslo"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	last := evs[len(evs)-1]
+	if last.Type != statemachine.EventSucceeded || last.ErrorCode != "result_truncated" {
+		t.Fatalf("terminal event %s (%s); want succeeded with result_truncated", last.Type, last.ErrorCode)
+	}
+	rec, err := r.store.Get(t.Context(), last.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rec.Result), `"truncated":true`) || strings.Contains(string(rec.Result), "Oslo") {
+		t.Errorf("stored result %s; want a truncation marker without the content", rec.Result)
+	}
+}
