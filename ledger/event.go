@@ -55,7 +55,12 @@ type Event struct {
 	ExpiresAt       *time.Time `json:"expires_at,omitempty"`
 	JTI             string     `json:"jti,omitempty"`
 	CredentialScope string     `json:"credential_scope,omitempty"`
-	Attempt         int        `json:"attempt,omitempty"`
+	// CredentialFamily groups the credentials of one tool, tenant and key
+	// epoch: what an incident responder revokes.
+	CredentialFamily string `json:"credential_family,omitempty"`
+	Attempt          int    `json:"attempt,omitempty"`
+	// RetryAfterMS, on a rate-limited refusal, is when to try again.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 
 	// Reason is machine-readable (snake_case); Pointer is the JSON pointer
 	// of the offending field where there is one; Detail is for humans.

@@ -275,9 +275,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			go func() {
 				// Owned by this step: it ends when the call's
 				// attempts end, bounded by the call's deadline and
-				// lease.
+				// lease. A claimed call runs to its end even when
+				// the executor is shutting down, so that its outcome
+				// is recorded rather than lost to a reclaim.
 				defer run.Done()
-				completions[i] = x.execute(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed)
+				completions[i] = x.execute(context.WithoutCancel(ctx), j.tmpl, rec, res.Outcome == processors.Reclaimed)
 			}()
 		case processors.Finished:
 			if rec.Unlogged() {
@@ -307,9 +309,6 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		}
 	}
 	run.Wait()
-	if ctx.Err() != nil {
-		return ledger.Output{}, ctx.Err()
-	}
 
 	var done []processors.Completion
 	for _, c := range completions {
@@ -318,11 +317,20 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		}
 	}
 	if len(done) > 0 {
-		applied, err := x.cfg.Store.Complete(ctx, done)
+		// Record what ran even during shutdown; the events then follow
+		// from the outbox on redelivery.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		applied, err := x.cfg.Store.Complete(cctx, done)
+		cancel()
 		if err != nil {
 			// The tools ran but the outcome is not recorded: the
 			// leases will expire and the sweep will find the calls.
 			return ledger.Output{}, fmt.Errorf("complete %d calls: %w", len(done), err)
+		}
+		if ctx.Err() != nil {
+			// Shutting down: the outcomes are in the store, and their
+			// events go out from the outbox on redelivery.
+			return ledger.Output{}, ctx.Err()
 		}
 		for i, c := range done {
 			if !applied[i] {
@@ -373,14 +381,17 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 	if err != nil {
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnknownTool, "", nil)
 	}
-	if !rec.DeadlineAt.IsZero() && !start.Before(rec.DeadlineAt) {
-		return c.expire()
-	}
-	if reclaimed && tool.Idempotency != schemas.IdempotencyNative {
-		// The previous owner may or may not have called the tool;
-		// calling it again could apply the effect twice.
+	pastDeadline := !rec.DeadlineAt.IsZero() && !start.Before(rec.DeadlineAt)
+	if reclaimed && (tool.Idempotency != schemas.IdempotencyNative || pastDeadline) {
+		// The previous owner may or may not have called the tool.
+		// Calling it again could apply the effect twice, and a call
+		// past its deadline must not run at all; either way only a
+		// reconciler can tell what happened, never "expired".
 		log.Warn("lease expired mid-call, outcome unknown")
 		return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "", nil)
+	}
+	if pastDeadline {
+		return c.expire()
 	}
 	if err := verifyArguments(rec); err != nil {
 		log.Error("arguments do not match their hash", "err", err)

@@ -439,3 +439,76 @@ func TestOversizeResultTruncated(t *testing.T) {
 		t.Errorf("stored result %s; want a truncation marker without the content", rec.Result)
 	}
 }
+
+// A call reclaimed after its deadline may have run under the dead owner:
+// it is an unknown outcome, never "expired" (which says it did not run),
+// and it does not run again, even for a native tool.
+func TestReclaimAfterDeadlineIsOutcomeUnknown(t *testing.T) {
+	for _, tool := range []struct {
+		name string
+		args map[string]any
+	}{
+		{"notify", map[string]any{"to": "a@example.com", "subject": "s"}},
+		{"create_ticket", map[string]any{"title": "t"}},
+	} {
+		t.Run(tool.name, func(t *testing.T) {
+			r := newRig(t)
+			auth := r.admit(tool.name, "late", tool.args, 1)
+			ev := authorizedEvent(t, auth)
+			r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+			x := r.executor(func(c *executor.Config) {
+				c.Now = func() time.Time { return time.Now().Add(time.Second) }
+			})
+			out, err := x.Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			if n := r.backend.Requests(); n != 0 {
+				t.Errorf("tool received %d requests; want 0", n)
+			}
+		})
+	}
+}
+
+// Shutting down mid-call does not throw the call's outcome away: the call
+// finishes, its outcome is recorded, and its events follow on redelivery.
+func TestShutdownRecordsRunningCalls(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("send_email", demobackend.Fault{Latency: 200 * time.Millisecond})
+	auth := r.admit("notify", "slow", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	x := r.executor(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		ledgertest.WaitFor(t, 5*time.Second, func() error {
+			if r.backend.Requests() == 0 {
+				return context.DeadlineExceeded
+			}
+			return nil
+		})
+		cancel()
+	}()
+	if _, err := x.Step(ctx, []*kgo.Record{auth}); err == nil {
+		t.Fatal("Step during shutdown returned no error; want the context's")
+	}
+	ev := authorizedEvent(t, auth)
+	rec, err := r.store.Get(t.Context(), ev.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != processors.StatusSucceeded || !rec.Unlogged() {
+		t.Fatalf("after shutdown the record is %s (unlogged %v); want succeeded, waiting for the log", rec.Status, rec.Unlogged())
+	}
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("redelivered events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("send_email", "t_a", "t_a/slow"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}

@@ -25,6 +25,9 @@ var ErrNotFound = errors.New("call not found")
 
 var bucketCalls = []byte("calls")
 
+// MaxRefusals is how many refused submissions the index keeps per key.
+const MaxRefusals = 100
+
 // Call is what the index knows of one call key.
 type Call struct {
 	Key   ledger.CallKey     `json:"-"`
@@ -32,8 +35,11 @@ type Call struct {
 	Seq   int64              `json:"seq"`
 	// Events are the call's steps in seq order, duplicates dropped.
 	Events []ledger.Event `json:"events"`
-	// Refusals are envelopes refused under this key (seq 0 events).
-	Refusals []ledger.Event `json:"refusals,omitempty"`
+	// Refusals are envelopes refused under this key (seq 0 events), the
+	// first MaxRefusals of them; RefusalsDropped counts the rest, so that
+	// a flood of bad envelopes cannot grow a call's record without bound.
+	Refusals        []ledger.Event `json:"refusals,omitempty"`
+	RefusalsDropped int            `json:"refusals_dropped,omitempty"`
 	// Anomalies counts events that did not fold (an illegal transition
 	// or a gap): a human should look.
 	Anomalies int `json:"anomalies,omitempty"`
@@ -119,6 +125,10 @@ func (ix *Index) apply(c *Call, e ledger.Event) {
 			if r.EventID == e.EventID {
 				return
 			}
+		}
+		if len(c.Refusals) >= MaxRefusals {
+			c.RefusalsDropped++
+			return
 		}
 		c.Refusals = append(c.Refusals, e)
 		return

@@ -2,6 +2,7 @@ package callindex_test
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -43,6 +44,16 @@ func TestIndexFoldsIdempotently(t *testing.T) {
 	if err := ix.Apply([]ledger.Event{refusal, refusal}); err != nil {
 		t.Fatal(err)
 	}
+	// A flood of refusals keeps the first MaxRefusals.
+	var flood []ledger.Event
+	for i := range callindex.MaxRefusals + 5 {
+		r := refusal
+		r.EventID = fmt.Sprintf("flood-%d", i)
+		flood = append(flood, r)
+	}
+	if err := ix.Apply(flood); err != nil {
+		t.Fatal(err)
+	}
 	// A gap is an anomaly, not a state change.
 	if err := ix.Apply([]ledger.Event{ev("k", 9, statemachine.EventCompensated, "")}); err != nil {
 		t.Fatal(err)
@@ -62,8 +73,8 @@ func TestIndexFoldsIdempotently(t *testing.T) {
 	if c.State != statemachine.StateSucceeded || c.Seq != 4 || len(c.Events) != 4 || !c.Settled() {
 		t.Errorf("call = %s seq %d with %d events; want succeeded seq 4 with 4", c.State, c.Seq, len(c.Events))
 	}
-	if len(c.Refusals) != 1 || c.Anomalies != 1 {
-		t.Errorf("refusals %d, anomalies %d; want 1 and 1", len(c.Refusals), c.Anomalies)
+	if len(c.Refusals) != callindex.MaxRefusals || c.RefusalsDropped != 6 || c.Anomalies != 1 {
+		t.Errorf("refusals %d (+%d dropped), anomalies %d; want %d (+6) and 1", len(c.Refusals), c.RefusalsDropped, c.Anomalies, callindex.MaxRefusals)
 	}
 	// Tenant-scoped: the same key under another tenant is unknown.
 	if _, err := ix.Get(ledger.CallKey{TenantID: "t_b", IdempotencyKey: "k"}); !errors.Is(err, callindex.ErrNotFound) {

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -208,6 +209,12 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	tenant := r.URL.Query().Get("tenant_id")
 	if tenant == "" {
 		writeError(w, http.StatusBadRequest, apiError{Code: "missing_tenant", Message: "tenant_id query parameter is required"})
+		return
+	}
+	if strings.Contains(tenant, "/") {
+		// The key is "<tenant>/<key>": a "/" in the tenant would read
+		// another tenant's call.
+		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_tenant", Message: "tenant_id may not contain '/'"})
 		return
 	}
 	key := ledger.CallKey{TenantID: tenant, IdempotencyKey: r.PathValue("key")}

@@ -139,6 +139,13 @@ func TestSubmitPublishesUnderTenantKeyAndWaits(t *testing.T) {
 	if code, _ := decodeErr(t, resp); resp.StatusCode != 400 || code != "missing_tenant" {
 		t.Errorf("GET without tenant = %d %s; want 400 missing_tenant", resp.StatusCode, code)
 	}
+	resp, err = http.Get(srv.URL + "/v1/calls/x?tenant_id=t_a/k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := decodeErr(t, resp); resp.StatusCode != 400 || code != "invalid_tenant" {
+		t.Errorf("GET with a '/' in the tenant = %d %s; want 400 invalid_tenant", resp.StatusCode, code)
+	}
 	resp, err = http.Get(srv.URL + "/v1/calls/k1?tenant_id=t_b")
 	if err != nil {
 		t.Fatal(err)
