@@ -1,0 +1,84 @@
+// Package policy is the ledger's policy decision point: it decides, with
+// Cedar (github.com/cedar-policy/cedar-go), whether a caller may run a tool
+// call, and with which obligations. The intake is the enforcement point; it
+// builds a Request from the verified identity, the registry and the
+// arguments, and records the Decision on the call's decision event.
+//
+// # The Cedar model
+//
+// This is the contract policy authors write against.
+//
+// Principal: User::"<tenant>/<user>", with attribute
+//
+//	tenant  String  the caller's tenant (from the identity assertion)
+//
+// Action: Action::"tool::<tool name>", such as Action::"tool::refund_order".
+// Actions have no parents; `action in [...]` is a list of names.
+//
+// Resource: Resource::"<resource tenant>/<id>", where id is the value of the
+// tool's registry resource pointer in the arguments ("ord_1029"), or the tool
+// name when the tool names no resource. Attributes:
+//
+//	tenant  String  the tenant that owns the resource
+//	kind    String  "object" (an id from the arguments) or "tool"
+//
+// Context, a record with every key always present:
+//
+//	tenant        String   the caller's tenant
+//	agent         String   the acting agent (the assertion's act)
+//	purpose       String   the declared purpose, "" when none
+//	amount        Long     amount in cents; 0 when the tool has none
+//	has_amount    Bool     whether amount is meaningful
+//	risk          String   the tool's risk: "low", "medium", "high"
+//	effect        String   the tool's effect: "read", "write", "external_side_effect"
+//	channel       String   how the call arrived: "agent", "api", ...
+//	tool          String   the tool name
+//	tool_version  Long     the tool version
+//	time          Long     decision time, Unix seconds
+//	hour          Long     hour of the day of time, UTC (0-23)
+//	arguments     Record   the top-level string, integer and bool arguments;
+//	                       nested values, nulls and non-integers are absent,
+//	                       so guard optional ones with `has`
+//
+// Entities passed to Cedar are the principal and the resource only.
+//
+// # Decisions
+//
+// Cedar's rule applies (a matching forbid beats any permit; no matching
+// permit is a denial) with the engine failing closed around it: no active
+// set, an invalid request, a resource of another tenant (checked before
+// Cedar runs), any evaluation error in any policy, a panic, or a decision
+// later than Config.Timeout all deny, each with its own Decision.Reason.
+//
+// # Policy ids and obligations
+//
+// A policy's id is its @id("...") annotation, unique in the set; without
+// one it is "<file>:policy<n>", n counting the file's policies from 0.
+// Obligations are annotations, read only from the permits that decide an
+// allow (annotations on forbids and on policies that did not match have no
+// effect):
+//
+//	@obligation("require_approval")   a human approves first
+//	@obligation("sandbox"), @sandbox  run against the sandbox backend
+//	                                  (@sandbox("true") also; "false" is off)
+//	@mask("/reason, card_number")     comma-separated JSON pointers or bare
+//	                                  field names, masked in results and in
+//	                                  the audit copy of the arguments
+//	@rate_limit("20/m")               n per s, m or h, per (tenant, tool)
+//
+// When several permits decide, their obligations add up: any approval or
+// sandbox applies, masks are united, the strictest rate limit wins. An
+// unknown obligation or a malformed value fails the load of the whole set,
+// since an ignored typo would weaken a rule.
+//
+// # Versions
+//
+// A Set is the *.cedar files of one directory, labelled by the operator
+// ("v41") and hashed over file names and contents; its Version
+// ("v41@3f2a9c1b0d7e") is on every decision. Engine.Swap, Engine.Reload and
+// Engine.WatchDir change the active set at run time; a set that fails to
+// load never replaces the active one.
+//
+// The embedded demo set (Demo, files demo/*.cedar) is what `ledger dev` and
+// the tests use.
+package policy

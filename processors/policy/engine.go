@@ -1,0 +1,323 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cedar-policy/cedar-go"
+)
+
+// Reasons a Decision gives (Decision.Reason).
+const (
+	// ReasonAllowed: at least one permit matched and no forbid did.
+	ReasonAllowed = "allowed"
+	// ReasonDeniedByPolicy: a forbid matched.
+	ReasonDeniedByPolicy = "denied_by_policy"
+	// ReasonNoPolicy: no permit matched (Cedar's default deny).
+	ReasonNoPolicy = "no_policy"
+	// ReasonPolicyError: a policy failed to evaluate (or evaluation
+	// panicked); the engine fails closed.
+	ReasonPolicyError = "policy_error"
+	// ReasonPolicyTimeout: evaluation did not finish within
+	// Config.Timeout, or before the caller's context ended.
+	ReasonPolicyTimeout = "policy_timeout"
+	// ReasonCrossTenant: the resource belongs to another tenant than the
+	// caller. Decided before any policy runs.
+	ReasonCrossTenant = "cross_tenant"
+	// ReasonUnavailable: no policy set is active.
+	ReasonUnavailable = "policy_unavailable"
+	// ReasonInvalidRequest: the request lacks a tenant, user or tool, or
+	// names a tenant the model cannot express.
+	ReasonInvalidRequest = "invalid_request"
+)
+
+// DefaultTimeout is Config.Timeout's default.
+const DefaultTimeout = 50 * time.Millisecond
+
+// Decision is the engine's answer. Every reason but ReasonAllowed has
+// Allow false.
+type Decision struct {
+	Allow bool
+	// Reason is one of the Reason* constants.
+	Reason string
+	// PolicyIDs are the deciding policies, sorted: the permits that
+	// matched when allowed, the forbids that matched when denied by
+	// policy, the policies that failed on policy_error. Empty otherwise.
+	PolicyIDs []string
+	// Version is the Set.Version that decided; empty only when no set
+	// was active.
+	Version string
+	// Obligations come from the annotations of the matching permits
+	// only; a denial carries none.
+	Obligations Obligations
+	// Detail is for humans: which rule failed and why. It never holds
+	// argument values.
+	Detail string
+}
+
+// Config configures an Engine.
+type Config struct {
+	// Set is the policy set active from the start. Nil is allowed: every
+	// decision denies (policy_unavailable) until Swap or Reload.
+	Set *Set
+	// Timeout bounds one evaluation; a late decision is a denial
+	// (policy_timeout) whatever Cedar said. Default DefaultTimeout; it
+	// must not be negative. A shorter deadline on Decide's context wins.
+	Timeout time.Duration
+	// Now is the clock the timeout is measured with, and the decision
+	// time of a Request without Time. Default time.Now.
+	Now func() time.Time
+	// Logger receives evaluation failures and reloads; nil discards.
+	Logger *slog.Logger
+}
+
+// Engine is the policy decision point: it holds the active Set and decides
+// requests against it. It is safe for concurrent use; Swap and Reload take
+// effect for the next Decide, and a Decide in flight finishes on the set it
+// started with.
+type Engine struct {
+	cfg    Config
+	active atomic.Pointer[Set]
+	// hook, when set (tests only), runs before each policy is evaluated.
+	hook func(id cedar.PolicyID)
+}
+
+// NewEngine validates cfg and returns an engine.
+func NewEngine(cfg Config) (*Engine, error) {
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("policy: negative timeout %v", cfg.Timeout)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	e := &Engine{cfg: cfg}
+	if cfg.Set != nil {
+		e.active.Store(cfg.Set)
+	}
+	return e, nil
+}
+
+// Active returns the active set, nil when there is none.
+func (e *Engine) Active() *Set { return e.active.Load() }
+
+// Swap makes s the active set for the next Decide and returns the set it
+// replaces. A nil s makes every decision deny (policy_unavailable).
+func (e *Engine) Swap(s *Set) *Set {
+	old := e.active.Swap(s)
+	e.cfg.Logger.Info("policy set activated", "policy_version", versionOf(s), "previous_version", versionOf(old))
+	return old
+}
+
+func versionOf(s *Set) string {
+	if s == nil {
+		return ""
+	}
+	return s.Version()
+}
+
+// Reload loads dir as a set labelled label and activates it. If the files
+// do not load, the active set stays and the error is returned. Loading the
+// files of the active version again changes nothing.
+func (e *Engine) Reload(dir, label string) error {
+	files, err := readFiles(os.DirFS(dir))
+	if err != nil {
+		return fmt.Errorf("reload policies from %s: %w", dir, err)
+	}
+	_, err = e.reload(files, label)
+	if err != nil {
+		return fmt.Errorf("reload policies from %s: %w", dir, err)
+	}
+	return nil
+}
+
+// reload activates files unless they are the active version already. It
+// reports whether it swapped.
+func (e *Engine) reload(files []file, label string) (bool, error) {
+	hash := hashFiles(files)
+	if cur := e.active.Load(); cur != nil && cur.hash == hash && cur.label == label {
+		return false, nil
+	}
+	s, err := parse(files, label, hash)
+	if err != nil {
+		return false, err
+	}
+	e.Swap(s)
+	return true, nil
+}
+
+// WatchDir reloads dir every interval (as Reload) until ctx ends, then
+// returns nil. It blocks: run it in a goroutine its caller owns, such as an
+// errgroup's. A directory that fails to load is logged once per distinct
+// content and leaves the active set in place.
+func (e *Engine) WatchDir(ctx context.Context, dir, label string, every time.Duration) error {
+	if every <= 0 {
+		return fmt.Errorf("policy: watch interval must be positive, got %v", every)
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	fsys := os.DirFS(dir)
+	var failed string // hash of the last content that failed, to log it once
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		files, err := readFiles(fsys)
+		if err != nil {
+			if msg := err.Error(); msg != failed {
+				failed = msg
+				e.cfg.Logger.Error("policy reload failed", "dir", dir, "error", err)
+			}
+			continue
+		}
+		hash := hashFiles(files)
+		if hash == failed {
+			continue
+		}
+		if _, err := e.reload(files, label); err != nil {
+			failed = hash
+			e.cfg.Logger.Error("policy reload failed", "dir", dir, "policy_hash", hash,
+				"active_version", versionOf(e.active.Load()), "error", err)
+			continue
+		}
+		failed = ""
+	}
+}
+
+// Decide evaluates r against the active set. It never fails open: no set,
+// an invalid or cross-tenant request, an evaluation error, a panic or a
+// late answer are all denials with their own reason.
+func (e *Engine) Decide(ctx context.Context, r Request) (d Decision) {
+	s := e.active.Load()
+	if s == nil {
+		return Decision{Reason: ReasonUnavailable, Detail: "no policy set is active"}
+	}
+	if err := r.validate(); err != nil {
+		return Decision{Reason: ReasonInvalidRequest, Version: s.Version(), Detail: err.Error()}
+	}
+	// The tenant guard runs before Cedar: whatever a tenant's policies
+	// say, they cannot grant on another tenant's resources.
+	if r.ResourceTenant != r.Tenant {
+		return Decision{Reason: ReasonCrossTenant, Version: s.Version(),
+			Detail: "the resource belongs to another tenant"}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			e.cfg.Logger.Error("policy evaluation panicked", "policy_version", s.Version(),
+				"tool", r.Tool, "panic", fmt.Sprint(p))
+			d = Decision{Reason: ReasonPolicyError, Version: s.Version(), Detail: "policy evaluation panicked"}
+		}
+	}()
+	return e.evaluate(ctx, s, r)
+}
+
+// evaluate runs Cedar over s and maps its answer to a Decision.
+func (e *Engine) evaluate(ctx context.Context, s *Set, r Request) Decision {
+	start := e.cfg.Now()
+	deadline := start.Add(e.cfg.Timeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	ev := &evaluation{ctx: ctx, set: s, deadline: deadline, now: e.cfg.Now, hook: e.hook}
+	req, ents := cedarRequest(r, start)
+	ok, diag := cedar.Authorize(ev, ents, req)
+	// A policy is not interruptible, so lateness is checked again once
+	// Cedar returns: an answer that came too late is not used.
+	if ev.late || ev.expired() {
+		e.cfg.Logger.Warn("policy evaluation timed out", "policy_version", s.Version(), "tool", r.Tool,
+			"timeout", e.cfg.Timeout)
+		return Decision{Reason: ReasonPolicyTimeout, Version: s.Version(),
+			Detail: "policy evaluation did not finish in time"}
+	}
+	d := Decision{Version: s.Version()}
+	if len(diag.Errors) > 0 {
+		// Any error denies, even in a policy that might not have
+		// mattered: a broken policy is found at once, not when it
+		// happens to decide.
+		msgs := make([]string, 0, len(diag.Errors))
+		for _, de := range diag.Errors {
+			d.PolicyIDs = append(d.PolicyIDs, string(de.PolicyID))
+			msgs = append(msgs, fmt.Sprintf("policy %s (%s:%d:%d): %s",
+				de.PolicyID, de.Position.Filename, de.Position.Line, de.Position.Column, de.Message))
+		}
+		slices.Sort(d.PolicyIDs)
+		d.PolicyIDs = slices.Compact(d.PolicyIDs)
+		slices.Sort(msgs)
+		d.Reason = ReasonPolicyError
+		d.Detail = strings.Join(msgs, "; ")
+		e.cfg.Logger.Warn("policy evaluation failed", "policy_version", s.Version(), "tool", r.Tool,
+			"policy_ids", d.PolicyIDs, "error", d.Detail)
+		return d
+	}
+	for _, reason := range diag.Reasons {
+		d.PolicyIDs = append(d.PolicyIDs, string(reason.PolicyID))
+	}
+	slices.Sort(d.PolicyIDs)
+	switch {
+	case ok == cedar.Allow:
+		d.Allow = true
+		d.Reason = ReasonAllowed
+		for _, id := range d.PolicyIDs {
+			if p := s.byID[cedar.PolicyID(id)]; p != nil && p.permit {
+				d.Obligations = d.Obligations.merge(p.obligations)
+			}
+		}
+	case len(d.PolicyIDs) > 0:
+		d.Reason = ReasonDeniedByPolicy
+		d.Detail = "forbidden by " + strings.Join(d.PolicyIDs, ", ")
+	default:
+		d.Reason = ReasonNoPolicy
+		d.Detail = "no policy permits " + r.Tool + " here"
+	}
+	return d
+}
+
+// evaluation feeds a set's policies to cedar.Authorize, checking the
+// deadline between policies: Authorize takes no context, and this is
+// where it can be stopped.
+type evaluation struct {
+	ctx      context.Context
+	set      *Set
+	deadline time.Time
+	now      func() time.Time
+	hook     func(cedar.PolicyID)
+	late     bool
+}
+
+func (ev *evaluation) expired() bool {
+	return ev.ctx.Err() != nil || !ev.now().Before(ev.deadline)
+}
+
+// All yields the policies until the deadline passes; it then stops and
+// marks the evaluation late, which discards Cedar's partial answer.
+func (ev *evaluation) All() iter.Seq2[cedar.PolicyID, *cedar.Policy] {
+	return func(yield func(cedar.PolicyID, *cedar.Policy) bool) {
+		for i := range ev.set.policies {
+			p := &ev.set.policies[i]
+			if ev.expired() {
+				ev.late = true
+				return
+			}
+			if ev.hook != nil {
+				ev.hook(p.id)
+			}
+			if !yield(p.id, p.policy) {
+				return
+			}
+		}
+	}
+}

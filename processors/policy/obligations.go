@@ -1,0 +1,204 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cedar-policy/cedar-go"
+)
+
+// The annotation keys the engine reads from a policy. Other annotations
+// (@description, @owner...) are allowed and ignored.
+const (
+	annotationID         = "id"
+	annotationObligation = "obligation"
+	annotationMask       = "mask"
+	annotationRateLimit  = "rate_limit"
+	annotationSandbox    = "sandbox"
+)
+
+// The values @obligation accepts, alone or comma-separated.
+const (
+	obligationRequireApproval = "require_approval"
+	obligationSandbox         = "sandbox"
+)
+
+// Obligations are the conditions an allow comes with, read from the
+// annotations of the permits that decided it. The zero value means "no
+// conditions".
+type Obligations struct {
+	// RequireApproval routes the call to approval_pending: a human
+	// approves the exact arguments before it runs.
+	RequireApproval bool
+	// Mask lists fields (JSON pointers such as "/card_number", or bare
+	// names) masked in the result and in the audit copy of the arguments.
+	// Sorted, without duplicates.
+	Mask []string
+	// RateLimit, when set, caps calls per (tenant, tool). Of several
+	// deciding policies, the strictest limit wins.
+	RateLimit *RateLimit
+	// Sandbox asks the executor to run the call against the tool's
+	// sandbox backend.
+	Sandbox bool
+}
+
+// IsZero reports whether o carries no obligation.
+func (o Obligations) IsZero() bool {
+	return !o.RequireApproval && len(o.Mask) == 0 && o.RateLimit == nil && !o.Sandbox
+}
+
+// List returns o as the strings events carry (ledger.Event.Obligations), in
+// a stable order: "require_approval", "mask:<field>" per field,
+// "rate_limit:<n>/<unit>", "sandbox".
+func (o Obligations) List() []string {
+	var l []string
+	if o.RequireApproval {
+		l = append(l, obligationRequireApproval)
+	}
+	for _, m := range o.Mask {
+		l = append(l, "mask:"+m)
+	}
+	if o.RateLimit != nil {
+		l = append(l, "rate_limit:"+o.RateLimit.String())
+	}
+	if o.Sandbox {
+		l = append(l, obligationSandbox)
+	}
+	return l
+}
+
+// merge adds p's obligations to o: flags are or-ed, masks united, and the
+// stricter rate limit kept. Several permits deciding together all apply.
+func (o Obligations) merge(p Obligations) Obligations {
+	o.RequireApproval = o.RequireApproval || p.RequireApproval
+	o.Sandbox = o.Sandbox || p.Sandbox
+	if len(p.Mask) > 0 {
+		m := append(slices.Clone(o.Mask), p.Mask...)
+		slices.Sort(m)
+		o.Mask = slices.Compact(m)
+	}
+	if p.RateLimit != nil && (o.RateLimit == nil || p.RateLimit.stricter(*o.RateLimit)) {
+		rl := *p.RateLimit
+		o.RateLimit = &rl
+	}
+	return o
+}
+
+// RateLimit is at most N calls per Per.
+type RateLimit struct {
+	N   int
+	Per time.Duration
+}
+
+// String returns the annotation form, such as "20/m".
+func (r RateLimit) String() string {
+	unit := "s"
+	switch r.Per {
+	case time.Minute:
+		unit = "m"
+	case time.Hour:
+		unit = "h"
+	}
+	return strconv.Itoa(r.N) + "/" + unit
+}
+
+// stricter reports whether r allows fewer calls per unit of time than q.
+func (r RateLimit) stricter(q RateLimit) bool {
+	return float64(r.N)/r.Per.Seconds() < float64(q.N)/q.Per.Seconds()
+}
+
+// maxRateN bounds N so that a typo like "60000000000/s" is a load error
+// rather than an effectively unlimited limit someone believes is strict.
+const maxRateN = 1_000_000
+
+// parseRateLimit reads "<n>/<unit>" with unit s, m or h.
+func parseRateLimit(s string) (RateLimit, error) {
+	n, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return RateLimit{}, fmt.Errorf("rate limit %q: want <n>/<unit> such as 20/m", s)
+	}
+	v, err := strconv.Atoi(n)
+	if err != nil || v < 1 || v > maxRateN {
+		return RateLimit{}, fmt.Errorf("rate limit %q: count must be an integer from 1 to %d", s, maxRateN)
+	}
+	var per time.Duration
+	switch unit {
+	case "s":
+		per = time.Second
+	case "m":
+		per = time.Minute
+	case "h":
+		per = time.Hour
+	default:
+		return RateLimit{}, fmt.Errorf("rate limit %q: unit must be s, m or h", s)
+	}
+	return RateLimit{N: v, Per: per}, nil
+}
+
+// parseObligations reads a policy's obligation annotations. A malformed or
+// unknown value is an error: an obligation misspelt and silently ignored
+// would turn a "needs approval" rule into a plain allow.
+func parseObligations(a cedar.Annotations) (Obligations, error) {
+	var o Obligations
+	if v, ok := a[annotationObligation]; ok {
+		items := splitList(string(v))
+		if len(items) == 0 {
+			return o, fmt.Errorf("@obligation is empty")
+		}
+		for _, it := range items {
+			switch it {
+			case obligationRequireApproval:
+				o.RequireApproval = true
+			case obligationSandbox:
+				o.Sandbox = true
+			default:
+				return o, fmt.Errorf("@obligation %q: unknown obligation (want %s or %s)", it, obligationRequireApproval, obligationSandbox)
+			}
+		}
+	}
+	if v, ok := a[annotationMask]; ok {
+		items := splitList(string(v))
+		if len(items) == 0 {
+			return o, fmt.Errorf("@mask is empty")
+		}
+		for _, it := range items {
+			if strings.HasPrefix(it, "/") && len(it) == 1 {
+				return o, fmt.Errorf("@mask %q: the whole document cannot be masked", it)
+			}
+		}
+		slices.Sort(items)
+		o.Mask = slices.Compact(items)
+	}
+	if v, ok := a[annotationRateLimit]; ok {
+		rl, err := parseRateLimit(string(v))
+		if err != nil {
+			return o, fmt.Errorf("@%s: %w", annotationRateLimit, err)
+		}
+		o.RateLimit = &rl
+	}
+	if v, ok := a[annotationSandbox]; ok {
+		// A bare @sandbox is @sandbox("") in Cedar.
+		switch v {
+		case "", "true":
+			o.Sandbox = true
+		case "false":
+		default:
+			return o, fmt.Errorf("@sandbox %q: want no value, \"true\" or \"false\"", string(v))
+		}
+	}
+	return o, nil
+}
+
+// splitList splits a comma-separated annotation value, dropping blanks.
+func splitList(s string) []string {
+	var l []string
+	for it := range strings.SplitSeq(s, ",") {
+		if it = strings.TrimSpace(it); it != "" {
+			l = append(l, it)
+		}
+	}
+	return l
+}

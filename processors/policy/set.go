@@ -1,0 +1,208 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/cedar-policy/cedar-go"
+)
+
+// ErrNoPolicies: a policy directory holds no *.cedar file. Loading it is an
+// error rather than an empty set so that a wrong path never silently
+// replaces the active policies with "deny everything".
+var ErrNoPolicies = errors.New("no *.cedar policy files")
+
+// ErrInvalidSet is wrapped by every error about a policy set that parses
+// but cannot be used: a bad obligation annotation, a duplicate @id, a bad
+// label.
+var ErrInvalidSet = errors.New("invalid policy set")
+
+// ParseError is a Cedar syntax error in one file. Err's message carries
+// the line and column ("parse error at <input>:12:3 ...").
+type ParseError struct {
+	File string
+	Err  error
+}
+
+// Error names the file and the position.
+func (e *ParseError) Error() string { return "policy file " + e.File + ": " + e.Err.Error() }
+
+// Unwrap returns the Cedar error.
+func (e *ParseError) Unwrap() error { return e.Err }
+
+//go:embed demo/*.cedar
+var demoFS embed.FS
+
+// DemoLabel is the label of the embedded demo set.
+const DemoLabel = "demo"
+
+// Set is one version of the policies: parsed, with its obligations read
+// and checked, and named by a label and a content hash. A Set is immutable
+// and safe for concurrent use.
+type Set struct {
+	label    string
+	hash     string
+	version  string
+	policies []entry
+	byID     map[cedar.PolicyID]*entry
+}
+
+// entry is one policy of a set.
+type entry struct {
+	id          cedar.PolicyID
+	policy      *cedar.Policy
+	permit      bool
+	obligations Obligations
+}
+
+// Label returns the label the set was loaded under, such as "v41".
+func (s *Set) Label() string { return s.label }
+
+// Hash returns "sha256:" and the lowercase hex of the SHA-256 of the set's
+// files: for each *.cedar file in name order, the netstrings
+// "<len>:<base name>," and "<len>:<content>,". Two loads of the same files
+// have the same hash wherever the directory lives.
+func (s *Set) Hash() string { return s.hash }
+
+// Version returns the label, "@" and the first 12 hex digits of the hash,
+// such as "v41@3f2a9c1b0d7e": what decision events carry.
+func (s *Set) Version() string { return s.version }
+
+// PolicyIDs returns the ids of the set's policies, sorted.
+func (s *Set) PolicyIDs() []string {
+	ids := make([]string, len(s.policies))
+	for i := range s.policies {
+		ids[i] = string(s.policies[i].id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// String returns the version.
+func (s *Set) String() string { return s.Version() }
+
+// Demo returns the embedded demo policy set (demo/*.cedar), labelled
+// DemoLabel.
+func Demo() (*Set, error) {
+	sub, err := fs.Sub(demoFS, "demo")
+	if err != nil {
+		return nil, err
+	}
+	return LoadFS(sub, DemoLabel)
+}
+
+// LoadDir loads the *.cedar files directly in dir (not in sub-directories)
+// as one set labelled label. A syntax error is a *ParseError naming the
+// file and position.
+func LoadDir(dir, label string) (*Set, error) {
+	return LoadFS(os.DirFS(dir), label)
+}
+
+// LoadFS is LoadDir over a file system, for embedded policies.
+func LoadFS(fsys fs.FS, label string) (*Set, error) {
+	files, err := readFiles(fsys)
+	if err != nil {
+		return nil, err
+	}
+	return parse(files, label, hashFiles(files))
+}
+
+// file is one policy file.
+type file struct {
+	name string
+	data []byte
+}
+
+// readFiles reads the *.cedar files at the root of fsys, sorted by name.
+func readFiles(fsys fs.FS) ([]file, error) {
+	names, err := fs.Glob(fsys, "*.cedar")
+	if err != nil {
+		return nil, fmt.Errorf("list policy files: %w", err)
+	}
+	slices.Sort(names)
+	var files []file
+	for _, n := range names {
+		st, err := fs.Stat(fsys, n)
+		if err != nil {
+			return nil, fmt.Errorf("policy file %s: %w", n, err)
+		}
+		if st.IsDir() {
+			continue
+		}
+		b, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return nil, fmt.Errorf("policy file %s: %w", n, err)
+		}
+		files = append(files, file{name: n, data: b})
+	}
+	if len(files) == 0 {
+		return nil, ErrNoPolicies
+	}
+	return files, nil
+}
+
+// hashFiles returns the set hash of files (sorted by name); see Set.Hash.
+// Length prefixes make the concatenation unambiguous: moving a policy from
+// one file to another changes the hash.
+func hashFiles(files []file) string {
+	h := sha256.New()
+	for _, f := range files {
+		for _, part := range [][]byte{[]byte(path.Base(f.name)), f.data} {
+			h.Write(strconv.AppendInt(nil, int64(len(part)), 10))
+			h.Write([]byte{':'})
+			h.Write(part)
+			h.Write([]byte{','})
+		}
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// parse builds a set from files.
+func parse(files []file, label, hash string) (*Set, error) {
+	if label == "" || strings.ContainsAny(label, "@ \t\r\n") {
+		return nil, fmt.Errorf("%w: label %q must be non-empty, without '@' or spaces", ErrInvalidSet, label)
+	}
+	short := strings.TrimPrefix(hash, "sha256:")[:12]
+	s := &Set{label: label, hash: hash, version: label + "@" + short, byID: make(map[cedar.PolicyID]*entry)}
+	for _, f := range files {
+		list, err := cedar.NewPolicyListFromBytes(f.name, f.data)
+		if err != nil {
+			return nil, &ParseError{File: f.name, Err: err}
+		}
+		for i, p := range list {
+			ann := p.Annotations()
+			// Without @id, the policy keeps cedar-go's own name
+			// ("policy<n>", n counting from 0 in its file), prefixed
+			// with the file so that names are unique in the set.
+			id := cedar.PolicyID(f.name + ":policy" + strconv.Itoa(i))
+			if v, ok := ann[annotationID]; ok {
+				if v == "" {
+					return nil, fmt.Errorf("%w: %s: policy %d has an empty @id", ErrInvalidSet, f.name, i)
+				}
+				id = cedar.PolicyID(v)
+			}
+			if _, dup := s.byID[id]; dup {
+				return nil, fmt.Errorf("%w: %s: duplicate policy id %q", ErrInvalidSet, f.name, string(id))
+			}
+			ob, err := parseObligations(ann)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: policy %q: %w", ErrInvalidSet, f.name, string(id), err)
+			}
+			s.policies = append(s.policies, entry{id: id, policy: p, permit: p.Effect() == cedar.Permit, obligations: ob})
+			s.byID[id] = nil // reserved; pointers are taken once the slice stops growing
+		}
+	}
+	for i := range s.policies {
+		s.byID[s.policies[i].id] = &s.policies[i]
+	}
+	return s, nil
+}
