@@ -11,8 +11,15 @@
 // failures, an effect applied and then the connection dropped) are set at
 // runtime so that tests can drive the executor into every outcome.
 //
-// File map: demobackend.go (server, routes, request flow), tools.go (the four
-// tools), witness.go (effects, counts, journal), fault.go (fault injection).
+// With Config.Credentials set, the backend is also the tool side of the
+// per-call credential: every tool request and status lookup must carry the
+// ledger's credential for exactly that tool, tenant and call, or it is
+// refused with 401 and no effect, and the refusal is counted (Refusals).
+// Each effect records the jti of the credential that caused it.
+//
+// File map: demobackend.go (server, routes, request flow), auth.go
+// (credential check, refusals), tools.go (the four tools), witness.go
+// (effects, counts, journal), fault.go (fault injection).
 package demobackend
 
 import (
@@ -29,6 +36,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 )
 
 // Request headers the backend reads. They are the ones processors/httptool
@@ -64,15 +73,32 @@ type Config struct {
 	// written, tool requests answer 500 without applying any effect, so the
 	// journal never misses an effect that happened. Default: no journal.
 	JournalPath string
+	// Credentials, when set, verifies the per-call credential on every
+	// tool request and status lookup (see auth.go): Authorization: Bearer
+	// <token> for scope "tool::<name>", the X-Ledger-Tenant tenant, the
+	// Idempotency-Key call (for a lookup, its idempotency_key parameter),
+	// and Audience. Anything else is answered 401 {"error": "<reason>"}
+	// without an effect (503 keys_unavailable if the verifier cannot get
+	// the keys). Default: nil, no verification.
+	Credentials *credentials.Verifier
+	// Audience is the backend's audience, the aud its credentials must
+	// carry; it overrides the verifier's own. Default: DefaultAudience.
+	Audience string
 }
+
+// DefaultAudience is the demo backend's audience, as in the registry's
+// backend.audience of the demo tools.
+const DefaultAudience = "demo-backend"
 
 // Server is the demo tool backend. It is safe for concurrent use. Create it
 // with New and serve Handler; Close releases hanging requests and the
 // journal.
 type Server struct {
-	logger  *slog.Logger
-	now     func() time.Time
-	latency time.Duration
+	logger   *slog.Logger
+	now      func() time.Time
+	latency  time.Duration
+	verifier *credentials.Verifier
+	audience string
 
 	// done is closed by Close; it releases requests held by a Hang fault or
 	// a latency so that a test server can shut down.
@@ -84,6 +110,7 @@ type Server struct {
 	mu         sync.Mutex
 	seq        int64
 	effects    []Effect
+	refusals   []Refusal
 	counters   map[string]int64         // per tool: the n in tkt_<n>, rf_<n>, msg_<n>
 	stored     map[dedupeKey]storedCall // native tools: first answer per key
 	faults     map[string]*faultState
@@ -111,6 +138,8 @@ func New(cfg Config) *Server {
 		logger:   cfg.Logger,
 		now:      cfg.Now,
 		latency:  cfg.Latency,
+		verifier: cfg.Credentials,
+		audience: cfg.Audience,
 		done:     make(chan struct{}),
 		counters: make(map[string]int64),
 		stored:   make(map[dedupeKey]storedCall),
@@ -121,6 +150,9 @@ func New(cfg Config) *Server {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.audience == "" {
+		s.audience = DefaultAudience
 	}
 	if cfg.JournalPath != "" {
 		f, err := os.OpenFile(cfg.JournalPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
@@ -177,6 +209,7 @@ func (s *Server) Handler() http.Handler {
 type callMeta struct {
 	key, callID, tenant string
 	attempt             int
+	jti                 string // of the verified credential; "" without verification
 }
 
 func metaOf(r *http.Request) callMeta {
@@ -204,6 +237,13 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "missing_idempotency_key", "the Idempotency-Key header is required")
 		return
 	}
+	// Authenticate before the body is read or any fault applies: a
+	// refused request costs nothing and changes nothing.
+	jti, ok := s.authorize(w, r, t.name, meta.tenant, meta.key)
+	if !ok {
+		return
+	}
+	meta.jti = jti
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
@@ -274,6 +314,11 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "missing_idempotency_key", "the idempotency_key query parameter is required")
 		return
 	}
+	// A lookup reveals a call's result, so it needs that call's
+	// credential, like the call itself.
+	if _, ok := s.authorize(w, r, t.name, r.Header.Get(HeaderTenant), key); !ok {
+		return
+	}
 	f := s.takeFault(t.name + statusSuffix)
 	if !s.hold(ctx, w, s.latency+f.Latency, f.Hang) {
 		return
@@ -322,6 +367,7 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 		TenantID:       meta.tenant,
 		Attempt:        meta.attempt,
 		ArgsHash:       argsHash,
+		JTI:            meta.jti,
 		Read:           t.kind == kindRead,
 	}
 

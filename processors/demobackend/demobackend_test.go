@@ -44,6 +44,7 @@ type call struct {
 	tenant string
 	callID string
 	body   string
+	auth   string // Authorization header; "" sends none
 }
 
 type answer struct {
@@ -76,6 +77,9 @@ func do(t *testing.T, ctx context.Context, base string, c call) (answer, error) 
 		req.Header.Set(HeaderCallID, c.callID)
 	}
 	req.Header.Set(HeaderAttempt, "1")
+	if c.auth != "" {
+		req.Header.Set("Authorization", c.auth)
+	}
 	// With an Idempotency-Key header net/http would silently re-send a
 	// request whose reused connection broke; the witness must see exactly
 	// what the test sent.

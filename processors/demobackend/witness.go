@@ -30,6 +30,10 @@ type Effect struct {
 	Replay bool `json:"replay,omitempty"`
 	// Read: the tool has no side effect (get_weather).
 	Read bool `json:"read,omitempty"`
+	// JTI is the jti of the credential the request carried, when the
+	// backend verifies credentials (Config.Credentials): what an incident
+	// responder asks about ("what did jti X touch").
+	JTI string `json:"jti,omitempty"`
 }
 
 // recordLocked appends ef to the witness and the journal. The journal line
@@ -56,7 +60,7 @@ func (s *Server) recordLocked(ef Effect) error {
 	s.seq = ef.Seq
 	s.effects = append(s.effects, ef)
 	s.logger.Debug("tool effect", "tool", ef.Tool, "tenant_id", ef.TenantID, "idempotency_key", ef.IdempotencyKey,
-		"attempt", ef.Attempt, "replay", ef.Replay, "read", ef.Read, "seq", ef.Seq)
+		"attempt", ef.Attempt, "replay", ef.Replay, "read", ef.Read, "seq", ef.Seq, "jti", ef.JTI)
 	return nil
 }
 

@@ -1,0 +1,405 @@
+// Package credentials is the per-call credential broker (DESIGN.md §5,
+// Credentials) and the verifier that tools use to check what it mints.
+//
+// For every execution the broker mints a short-lived JWT (EdDSA, typ
+// ledger-credential+jwt): issuer the ledger, audience the tool's backend,
+// subject the user, the agent and the executor instance as nested RFC 8693
+// actors, the tenant, one action as scope, a random jti bound to the call's
+// idempotency key, and an expiry of min(deadline, TTL). The signing key
+// rotates; the current key and a few retired ones are published as a JWKS
+// at GET /.well-known/jwks.json.
+//
+// The token is a secret. It is never in an event, a log line or an error:
+// Credential and Broker print redacted under every fmt verb, slog and JSON,
+// and no error of this package quotes a token or key bytes.
+//
+// File map: broker.go (Broker, Grant, Credential, rotation, JWKS handler),
+// keys.go (signing keys and their 0600 files), verifier.go (Verifier, key
+// cache, replay memory), claims.go (Claims, Reason, Error), jws.go and
+// jwk.go (the compact JWS and JWK encodings, kept apart to be replaceable).
+package credentials
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultIssuer      = "toolcall-ledger"
+	DefaultTTL         = 5 * time.Minute
+	DefaultRotateEvery = 24 * time.Hour
+	DefaultKeepOld     = 2
+)
+
+// JWKSPath is where Handler serves the published keys.
+const JWKSPath = "/.well-known/jwks.json"
+
+// rotateRetry is how long the broker waits before it tries again to rotate
+// after a new key could not be saved.
+const rotateRetry = time.Minute
+
+var (
+	// ErrInvalidConfig: a Config field is out of range.
+	ErrInvalidConfig = errors.New("invalid credentials config")
+	// ErrInvalidGrant: a Grant lacks a field every credential needs.
+	ErrInvalidGrant = errors.New("invalid grant")
+	// ErrDeadlinePassed: the call's deadline leaves no time for a
+	// credential; the call should expire, not run.
+	ErrDeadlinePassed = errors.New("deadline passed")
+)
+
+// Config configures a Broker. The zero value is a working in-memory broker.
+type Config struct {
+	// Issuer is the iss of every credential. Default: DefaultIssuer.
+	Issuer string
+	// TTL is the longest a credential lives; a sooner call deadline
+	// shortens it. Default: DefaultTTL (5 min). Must not be negative.
+	TTL time.Duration
+	// RotateEvery is the age at which the signing key is replaced, checked
+	// at each Mint (no goroutine). Default: DefaultRotateEvery (24 h). Keep
+	// it well above TTL, or tokens outlive their key's publication when
+	// KeepOld is small.
+	RotateEvery time.Duration
+	// KeepOld is how many retired keys stay published (and on disk) so
+	// that tokens they signed still verify. Default: DefaultKeepOld (2);
+	// negative: none.
+	KeepOld int
+	// Now is the clock. Default: time.Now.
+	Now func() time.Time
+	// KeyDir, when set, persists the signing keys as 0600 files (the
+	// directory is created 0700), so that a restart keeps them and the
+	// tokens they signed. A key file that other users may read is refused.
+	// One broker per directory. Empty: keys live in memory only.
+	KeyDir string
+	// Logger receives rotations (Info) and key file errors (Error); never a
+	// token or key bytes. Default: discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Issuer == "" {
+		c.Issuer = DefaultIssuer
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.RotateEvery == 0 {
+		c.RotateEvery = DefaultRotateEvery
+	}
+	switch {
+	case c.KeepOld == 0:
+		c.KeepOld = DefaultKeepOld
+	case c.KeepOld < 0:
+		c.KeepOld = 0
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.TTL < 0:
+		return fmt.Errorf("%w: TTL %v is negative", ErrInvalidConfig, c.TTL)
+	case c.RotateEvery < 0:
+		return fmt.Errorf("%w: RotateEvery %v is negative", ErrInvalidConfig, c.RotateEvery)
+	}
+	return nil
+}
+
+// Broker mints per-call credentials and publishes the keys that verify
+// them. It is safe for concurrent use.
+type Broker struct {
+	cfg   Config
+	store keyStore
+
+	mu      sync.Mutex
+	current *signingKey
+	retired []*signingKey // newest first, at most cfg.KeepOld
+	jwks    []byte
+	// noRotateBefore delays the next rotation attempt after a failed one.
+	noRotateBefore time.Time
+}
+
+// New returns a Broker. With cfg.KeyDir it loads the stored keys (the
+// newest signs, the others are published as retired) or creates and saves
+// the first one.
+func New(cfg Config) (*Broker, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	b := &Broker{cfg: cfg, store: keyStore{dir: cfg.KeyDir}}
+	keys, err := b.store.load()
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		k, err := newSigningKey(cfg.Now())
+		if err != nil {
+			return nil, err
+		}
+		if err := b.store.save(k); err != nil {
+			return nil, err
+		}
+		keys = []*signingKey{k}
+	}
+	b.current = keys[0]
+	b.setRetiredLocked(keys[1:])
+	cfg.Logger.Info("credential broker ready", "kid", b.current.kid, "retired_keys", len(b.retired), "key_dir", cfg.KeyDir)
+	return b, nil
+}
+
+// Grant is what one credential is for: one call, by one executor instance,
+// for one user and agent of one tenant, at one tool.
+type Grant struct {
+	Tenant string
+	User   string
+	Agent  string
+	// Executor is the executor instance that runs the call.
+	Executor    string
+	Tool        string
+	ToolVersion int
+	// Action is the scope; default "tool::<Tool>".
+	Action string
+	// Audience is the tool backend's audience, from the registry
+	// (backend.audience).
+	Audience       string
+	CallID         string
+	IdempotencyKey string
+	// KeyEpoch is the execution record's claim epoch; with the tool and
+	// tenant it names the credential family.
+	KeyEpoch int64
+	// Deadline is the call's deadline; zero: none.
+	Deadline time.Time
+}
+
+func (g Grant) validate() error {
+	for _, f := range [...]struct{ name, v string }{
+		{"Tenant", g.Tenant}, {"User", g.User}, {"Agent", g.Agent}, {"Executor", g.Executor},
+		{"Tool", g.Tool}, {"Audience", g.Audience}, {"IdempotencyKey", g.IdempotencyKey},
+	} {
+		if f.v == "" {
+			return fmt.Errorf("%w: %s is required", ErrInvalidGrant, f.name)
+		}
+	}
+	return nil
+}
+
+// Credential is a minted token and what the ledger records about it. The
+// token itself is never printed: fmt (every verb), slog and encoding/json
+// see the other fields and "[redacted]".
+type Credential struct {
+	// Token is the compact JWS, for the Authorization: Bearer header of
+	// the one call it was minted for, and nothing else.
+	Token string
+	JTI   string
+	// Family is "<tool>:<tenant>:<epoch>", the credential family an
+	// incident responder revokes.
+	Family    string
+	ExpiresAt time.Time
+	// Scope is the one action the token allows.
+	Scope string
+}
+
+const redacted = "[redacted]"
+
+// String returns the credential without its token.
+func (c Credential) String() string {
+	return fmt.Sprintf("credentials.Credential{JTI:%q Family:%q Scope:%q ExpiresAt:%s Token:%s}",
+		c.JTI, c.Family, c.Scope, c.ExpiresAt.Format(time.RFC3339), redacted)
+}
+
+// GoString returns String, so that %#v does not print the token either.
+func (c Credential) GoString() string { return c.String() }
+
+// Format prints String under every verb, so that %x or %q cannot reach the
+// token.
+func (c Credential) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, c.String()) }
+
+// LogValue returns the credential without its token for slog.
+func (c Credential) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("jti", c.JTI),
+		slog.String("family", c.Family),
+		slog.String("scope", c.Scope),
+		slog.Time("expires_at", c.ExpiresAt),
+	)
+}
+
+// MarshalJSON encodes the credential with its token redacted; a token
+// travels as a header, never inside a JSON document.
+func (c Credential) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		JTI       string    `json:"jti"`
+		Family    string    `json:"family"`
+		Scope     string    `json:"scope"`
+		ExpiresAt time.Time `json:"expires_at"`
+		Token     string    `json:"token"`
+	}{c.JTI, c.Family, c.Scope, c.ExpiresAt, redacted})
+}
+
+// Mint returns a credential for g, signed by the current key; it first
+// rotates the key if it has reached Config.RotateEvery. The token expires
+// at min(g.Deadline, now+TTL), truncated to the second.
+func (b *Broker) Mint(g Grant) (Credential, error) {
+	if err := g.validate(); err != nil {
+		return Credential{}, err
+	}
+	if g.Action == "" {
+		g.Action = "tool::" + g.Tool
+	}
+	now := b.cfg.Now()
+	exp := now.Add(b.cfg.TTL)
+	if !g.Deadline.IsZero() && g.Deadline.Before(exp) {
+		exp = g.Deadline
+	}
+	// NumericDate is whole seconds; truncating never extends past the
+	// deadline.
+	expiresAt := time.Unix(exp.Unix(), 0).UTC()
+	if !expiresAt.After(now) {
+		return Credential{}, fmt.Errorf("mint %s for %s: %w", g.Tool, g.IdempotencyKey, ErrDeadlinePassed)
+	}
+
+	var id [16]byte
+	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails (it aborts the program instead)
+	cred := Credential{
+		JTI:       b64.EncodeToString(id[:]),
+		Family:    g.Tool + ":" + g.Tenant + ":" + strconv.FormatInt(g.KeyEpoch, 10),
+		ExpiresAt: expiresAt,
+		Scope:     g.Action,
+	}
+	payload, err := json.Marshal(wireClaims{
+		Iss:            b.cfg.Issuer,
+		Aud:            g.Audience,
+		Sub:            g.User,
+		Act:            &Actor{Subject: g.Agent, Actor: &Actor{Subject: g.Executor}},
+		Tenant:         g.Tenant,
+		Scope:          g.Action,
+		JTI:            cred.JTI,
+		Iat:            now.Unix(),
+		Nbf:            now.Unix(),
+		Exp:            expiresAt.Unix(),
+		CallID:         g.CallID,
+		IdempotencyKey: g.IdempotencyKey,
+		Family:         cred.Family,
+		ToolVersion:    g.ToolVersion,
+	})
+	if err != nil {
+		return Credential{}, fmt.Errorf("encode claims: %v", err)
+	}
+
+	key := b.signingKey(now)
+	cred.Token, err = signJWS(key.priv, key.kid, payload)
+	if err != nil {
+		return Credential{}, fmt.Errorf("sign credential: %v", err)
+	}
+	b.cfg.Logger.Debug("credential minted", "jti", cred.JTI, "family", cred.Family, "kid", key.kid,
+		"scope", cred.Scope, "aud", g.Audience, "expires_at", cred.ExpiresAt)
+	return cred, nil
+}
+
+// signingKey returns the key to sign with at now, rotating first if due.
+func (b *Broker) signingKey(now time.Time) *signingKey {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now.Sub(b.current.created) >= b.cfg.RotateEvery && !now.Before(b.noRotateBefore) {
+		b.rotateLocked(now)
+	}
+	return b.current
+}
+
+// rotateLocked replaces the current key. If the new key cannot be saved
+// the broker keeps signing with the old one (a token signed by an unsaved
+// key would not verify after a restart) and tries again after rotateRetry.
+func (b *Broker) rotateLocked(now time.Time) {
+	k, err := newSigningKey(now)
+	if err == nil {
+		err = b.store.save(k)
+	}
+	if err != nil {
+		b.noRotateBefore = now.Add(rotateRetry)
+		b.cfg.Logger.Error("signing key rotation failed; still signing with the old key", "kid", b.current.kid, "err", err)
+		return
+	}
+	old := b.current
+	b.current = k
+	b.setRetiredLocked(append([]*signingKey{old}, b.retired...))
+	b.cfg.Logger.Info("signing key rotated", "kid", k.kid, "retired_kid", old.kid)
+}
+
+// setRetiredLocked keeps the newest KeepOld of retired, forgets (and
+// deletes) the rest, and rebuilds the published set.
+func (b *Broker) setRetiredLocked(retired []*signingKey) {
+	if len(retired) > b.cfg.KeepOld {
+		for _, k := range retired[b.cfg.KeepOld:] {
+			if err := b.store.remove(k); err != nil {
+				b.cfg.Logger.Error("retired signing key not deleted", "kid", k.kid, "err", err)
+			}
+		}
+		retired = retired[:b.cfg.KeepOld]
+	}
+	b.retired = retired
+	set := jwkSet{Keys: []jwk{publicJWK(b.current.kid, b.current.public())}}
+	for _, k := range b.retired {
+		set.Keys = append(set.Keys, publicJWK(k.kid, k.public()))
+	}
+	jwks, err := json.Marshal(set)
+	if err != nil {
+		panic("credentials: encode JWKS: " + err.Error()) // plain strings cannot fail to encode
+	}
+	b.jwks = jwks
+}
+
+// JWKS returns the published key set: the current signing key first, then
+// up to KeepOld retired keys, newest first.
+func (b *Broker) JWKS() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.jwks...)
+}
+
+// Keys returns JWKS in the form VerifierConfig.Keys takes, for a verifier
+// in the same process.
+func (b *Broker) Keys(context.Context) ([]byte, error) { return b.JWKS(), nil }
+
+// Handler serves JWKS at GET /.well-known/jwks.json (HEAD too), cacheable
+// for 60 seconds; verifiers refetch sooner when they meet an unknown kid.
+func (b *Broker) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+JWKSPath, func(w http.ResponseWriter, _ *http.Request) {
+		body := b.JWKS()
+		w.Header().Set("Content-Type", "application/jwk-set+json")
+		w.Header().Set("Cache-Control", "public, max-age=60")
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = w.Write(body) // a write error means the client left
+	})
+	return mux
+}
+
+// String describes the broker without its keys.
+func (b *Broker) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return fmt.Sprintf("credentials.Broker{Issuer:%q KID:%q RetiredKeys:%d}", b.cfg.Issuer, b.current.kid, len(b.retired))
+}
+
+// GoString returns String: %#v must not print the private keys.
+func (b *Broker) GoString() string { return b.String() }
+
+// Format prints String under every verb; without it, fmt would print the
+// private keys held in unexported fields.
+func (b *Broker) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, b.String()) }

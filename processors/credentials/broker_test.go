@@ -1,0 +1,659 @@
+package credentials
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// t0 is the start of every test clock.
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// clock is a test clock that moves only when told.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: t0} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func newBroker(t *testing.T, c *clock, cfg Config) *Broker {
+	t.Helper()
+	cfg.Now = c.Now
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return b
+}
+
+func newVerifier(t *testing.T, c *clock, b *Broker, cfg VerifierConfig) *Verifier {
+	t.Helper()
+	cfg.Now = c.Now
+	if cfg.Keys == nil && cfg.JWKSURL == "" {
+		cfg.Keys = b.Keys
+	}
+	if cfg.Audience == "" {
+		cfg.Audience = "demo-backend"
+	}
+	v, err := NewVerifier(cfg)
+	if err != nil {
+		t.Fatalf("NewVerifier: %v", err)
+	}
+	return v
+}
+
+// grant is a complete grant for refund_order.
+func grant() Grant {
+	return Grant{
+		Tenant:         "t_acme",
+		User:           "u_88",
+		Agent:          "agent_support",
+		Executor:       "executor-1",
+		Tool:           "refund_order",
+		ToolVersion:    3,
+		Audience:       "demo-backend",
+		CallID:         "call_7f3a",
+		IdempotencyKey: "run_42:step_7:refund_order",
+		KeyEpoch:       4,
+	}
+}
+
+// expect is what a request for grant() presents.
+func expect() Expect {
+	return Expect{Scope: "tool::refund_order", Tenant: "t_acme", IdempotencyKey: "run_42:step_7:refund_order"}
+}
+
+func mint(t *testing.T, b *Broker, g Grant) Credential {
+	t.Helper()
+	c, err := b.Mint(g)
+	if err != nil {
+		t.Fatalf("Mint: %v", err)
+	}
+	return c
+}
+
+// segments decodes a token's header and claims without verifying it, the
+// way any JWT reader would.
+func segments(t *testing.T, token string) (header, claims map[string]any) {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		t.Fatalf("token has %d segments; want 3", len(parts))
+	}
+	for i, dst := range []*map[string]any{&header, &claims} {
+		b, err := b64.DecodeString(parts[i])
+		if err != nil {
+			t.Fatalf("segment %d: %v", i, err)
+		}
+		if err := json.Unmarshal(b, dst); err != nil {
+			t.Fatalf("segment %d: %v", i, err)
+		}
+	}
+	return header, claims
+}
+
+func kids(t *testing.T, jwks []byte) []string {
+	t.Helper()
+	var set jwkSet
+	if err := json.Unmarshal(jwks, &set); err != nil {
+		t.Fatalf("JWKS %s: %v", jwks, err)
+	}
+	var out []string
+	for _, k := range set.Keys {
+		out = append(out, k.Kid)
+	}
+	return out
+}
+
+func TestMintVerifyRoundTrip(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{})
+	v := newVerifier(t, c, b, VerifierConfig{})
+	cred := mint(t, b, grant())
+
+	if n := len(cred.JTI); n != 22 {
+		t.Errorf("len(JTI) = %d; want 22 (128 bits, base64url)", n)
+	}
+	if raw, err := b64.DecodeString(cred.JTI); err != nil || len(raw) != 16 {
+		t.Errorf("JTI %q decodes to %d bytes (%v); want 16", cred.JTI, len(raw), err)
+	}
+	wantCred := Credential{
+		Token:     cred.Token,
+		JTI:       cred.JTI,
+		Family:    "refund_order:t_acme:4",
+		ExpiresAt: t0.Add(DefaultTTL),
+		Scope:     "tool::refund_order",
+	}
+	if diff := cmp.Diff(wantCred, cred); diff != "" {
+		t.Errorf("Mint (-want +got):\n%s", diff)
+	}
+
+	header, _ := segments(t, cred.Token)
+	wantHeader := map[string]any{"alg": "EdDSA", "typ": "ledger-credential+jwt", "kid": b.current.kid}
+	if diff := cmp.Diff(wantHeader, header); diff != "" {
+		t.Errorf("JWS header (-want +got):\n%s", diff)
+	}
+
+	got, err := v.Verify(t.Context(), cred.Token, expect())
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	want := Claims{
+		Issuer:         "toolcall-ledger",
+		Audience:       "demo-backend",
+		Subject:        "u_88",
+		Actor:          Actor{Subject: "agent_support", Actor: &Actor{Subject: "executor-1"}},
+		Tenant:         "t_acme",
+		Scope:          "tool::refund_order",
+		JTI:            cred.JTI,
+		IssuedAt:       t0,
+		NotBefore:      t0,
+		ExpiresAt:      t0.Add(DefaultTTL),
+		CallID:         "call_7f3a",
+		IdempotencyKey: "run_42:step_7:refund_order",
+		Family:         "refund_order:t_acme:4",
+		ToolVersion:    3,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Verify claims (-want +got):\n%s", diff)
+	}
+	if got.Agent() != "agent_support" || got.Executor() != "executor-1" {
+		t.Errorf("Agent(), Executor() = %q, %q; want agent_support, executor-1", got.Agent(), got.Executor())
+	}
+
+	// The wire form, as any JWT library would read it: the RFC 8693 nested
+	// actor and NumericDate seconds.
+	_, claims := segments(t, cred.Token)
+	wantWire := map[string]any{
+		"iss": "toolcall-ledger", "aud": "demo-backend", "sub": "u_88",
+		"act":    map[string]any{"sub": "agent_support", "act": map[string]any{"sub": "executor-1"}},
+		"tenant": "t_acme", "scope": "tool::refund_order", "jti": cred.JTI,
+		"iat": float64(t0.Unix()), "nbf": float64(t0.Unix()), "exp": float64(t0.Add(DefaultTTL).Unix()),
+		"call_id": "call_7f3a", "idempotency_key": "run_42:step_7:refund_order",
+		"family": "refund_order:t_acme:4", "tool_version": float64(3),
+	}
+	if diff := cmp.Diff(wantWire, claims); diff != "" {
+		t.Errorf("JWT claims (-want +got):\n%s", diff)
+	}
+
+	// Each credential is its own: a second mint for the same grant has
+	// another jti.
+	if again := mint(t, b, grant()); again.JTI == cred.JTI || again.Token == cred.Token {
+		t.Errorf("two mints share jti %q", cred.JTI)
+	}
+}
+
+func TestMintAction(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{Issuer: "ledger-eu"})
+	g := grant()
+	g.Action = "tool::refund_order.partial"
+	cred := mint(t, b, g)
+	if cred.Scope != g.Action {
+		t.Errorf("Scope = %q; want %q", cred.Scope, g.Action)
+	}
+	_, claims := segments(t, cred.Token)
+	if claims["scope"] != g.Action || claims["iss"] != "ledger-eu" {
+		t.Errorf("scope, iss = %v, %v; want %q, ledger-eu", claims["scope"], claims["iss"], g.Action)
+	}
+}
+
+func TestMintExpiry(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		deadline time.Time
+		want     time.Time
+		wantErr  error
+	}{
+		{name: "no deadline", want: t0.Add(DefaultTTL)},
+		{name: "deadline sooner than the TTL", deadline: t0.Add(8 * time.Second), want: t0.Add(8 * time.Second)},
+		{name: "deadline later than the TTL", deadline: t0.Add(time.Hour), want: t0.Add(DefaultTTL)},
+		{name: "sub-second deadline truncated, never extended", deadline: t0.Add(8*time.Second + 900*time.Millisecond), want: t0.Add(8 * time.Second)},
+		{name: "deadline now", deadline: t0, wantErr: ErrDeadlinePassed},
+		{name: "deadline within the current second", deadline: t0.Add(500 * time.Millisecond), wantErr: ErrDeadlinePassed},
+		{name: "deadline passed", deadline: t0.Add(-time.Minute), wantErr: ErrDeadlinePassed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newClock()
+			b := newBroker(t, c, Config{})
+			g := grant()
+			g.Deadline = tc.deadline
+			cred, err := b.Mint(g)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Mint error = %v; want %v", err, tc.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			if !cred.ExpiresAt.Equal(tc.want) {
+				t.Errorf("ExpiresAt = %v; want %v", cred.ExpiresAt, tc.want)
+			}
+			v := newVerifier(t, c, b, VerifierConfig{})
+			claims, err := v.Verify(t.Context(), cred.Token, expect())
+			if err != nil {
+				t.Fatalf("Verify: %v", err)
+			}
+			if !claims.ExpiresAt.Equal(tc.want) {
+				t.Errorf("exp claim = %v; want %v", claims.ExpiresAt, tc.want)
+			}
+		})
+	}
+}
+
+func TestMintRejectsIncompleteGrant(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		edit  func(*Grant)
+		field string
+	}{
+		{name: "tenant", edit: func(g *Grant) { g.Tenant = "" }, field: "Tenant"},
+		{name: "user", edit: func(g *Grant) { g.User = "" }, field: "User"},
+		{name: "agent", edit: func(g *Grant) { g.Agent = "" }, field: "Agent"},
+		{name: "executor", edit: func(g *Grant) { g.Executor = "" }, field: "Executor"},
+		{name: "tool", edit: func(g *Grant) { g.Tool = "" }, field: "Tool"},
+		{name: "audience", edit: func(g *Grant) { g.Audience = "" }, field: "Audience"},
+		{name: "idempotency key", edit: func(g *Grant) { g.IdempotencyKey = "" }, field: "IdempotencyKey"},
+	}
+	b := newBroker(t, newClock(), Config{})
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			g := grant()
+			tc.edit(&g)
+			_, err := b.Mint(g)
+			if !errors.Is(err, ErrInvalidGrant) || !strings.Contains(err.Error(), tc.field) {
+				t.Errorf("Mint error = %v; want ErrInvalidGrant naming %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]Config{
+		"negative TTL":         {TTL: -time.Second},
+		"negative RotateEvery": {RotateEvery: -time.Second},
+	} {
+		if _, err := New(cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%s) error = %v; want ErrInvalidConfig", name, err)
+		}
+	}
+}
+
+func TestRotation(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	// The TTL outlives two rotations here so that only the key's
+	// publication decides whether an old token verifies.
+	b := newBroker(t, c, Config{TTL: 3 * time.Hour, RotateEvery: time.Hour, KeepOld: 1})
+	v := newVerifier(t, c, b, VerifierConfig{})
+	verify := func(tok string) error {
+		t.Helper()
+		// Each presentation is a retry of the same call: only the key
+		// decides.
+		_, err := v.Verify(t.Context(), tok, expect())
+		return err
+	}
+
+	tok0 := mint(t, b, grant())
+	kid0 := b.current.kid
+	if diff := cmp.Diff([]string{kid0}, kids(t, b.JWKS())); diff != "" {
+		t.Errorf("JWKS at start (-want +got):\n%s", diff)
+	}
+
+	c.Advance(59 * time.Minute)
+	mint(t, b, grant())
+	if b.current.kid != kid0 {
+		t.Fatalf("key rotated after 59m; want it kept until RotateEvery (1h)")
+	}
+
+	c.Advance(time.Minute)
+	tok1 := mint(t, b, grant())
+	kid1 := b.current.kid
+	if kid1 == kid0 {
+		t.Fatalf("key not rotated after RotateEvery")
+	}
+	if h, _ := segments(t, tok1.Token); h["kid"] != kid1 {
+		t.Errorf("token after rotation signed by kid %v; want the new key %s", h["kid"], kid1)
+	}
+	if diff := cmp.Diff([]string{kid1, kid0}, kids(t, b.JWKS())); diff != "" {
+		t.Errorf("JWKS after one rotation (-want +got):\n%s", diff)
+	}
+	if err := verify(tok0.Token); err != nil {
+		t.Errorf("token of the retired key, still published: %v; want accepted", err)
+	}
+	if err := verify(tok1.Token); err != nil {
+		t.Errorf("token of the new key: %v; want accepted", err)
+	}
+
+	c.Advance(time.Hour)
+	tok2 := mint(t, b, grant())
+	kid2 := b.current.kid
+	if diff := cmp.Diff([]string{kid2, kid1}, kids(t, b.JWKS())); diff != "" {
+		t.Errorf("JWKS after two rotations (-want +got):\n%s", diff)
+	}
+	if got := ReasonOf(verify(tok0.Token)); got != ReasonUnknownKid {
+		t.Errorf("token of the dropped key: reason %q; want unknown_kid", got)
+	}
+	for _, tok := range []Credential{tok1, tok2} {
+		if err := verify(tok.Token); err != nil {
+			t.Errorf("token %s: %v; want accepted", tok.JTI, err)
+		}
+	}
+}
+
+func TestRotationKeepsOldKeyWhenSaveFails(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	dir := filepath.Join(t.TempDir(), "keys")
+	var logs bytes.Buffer
+	b := newBroker(t, c, Config{KeyDir: dir, RotateEvery: time.Hour, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	kid0 := b.current.kid
+	// A file where the directory was: the new key cannot be saved.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.Advance(time.Hour)
+	cred := mint(t, b, grant())
+	if h, _ := segments(t, cred.Token); h["kid"] != kid0 {
+		t.Errorf("signed by %v after a failed rotation; want the old key %s", h["kid"], kid0)
+	}
+	if !strings.Contains(logs.String(), "signing key rotation failed") {
+		t.Errorf("log %q; want the failed rotation reported", logs.String())
+	}
+}
+
+func TestJWKSHandler(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{RotateEvery: time.Hour})
+	c.Advance(time.Hour)
+	mint(t, b, grant()) // one rotation: two published keys
+	srv := httptest.NewServer(b.Handler())
+	t.Cleanup(srv.Close)
+
+	resp, err := http.Get(srv.URL + JWKSPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d; want 200", resp.StatusCode)
+	}
+	for h, want := range map[string]string{"Content-Type": "application/jwk-set+json", "Cache-Control": "public, max-age=60"} {
+		if got := resp.Header.Get(h); got != want {
+			t.Errorf("%s = %q; want %q", h, got, want)
+		}
+	}
+	var got struct {
+		Keys []map[string]string `json:"keys"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatalf("body %s: %v", body, err)
+	}
+	var want []map[string]string
+	for _, k := range append([]*signingKey{b.current}, b.retired...) {
+		want = append(want, map[string]string{
+			"kty": "OKP", "crv": "Ed25519", "x": b64.EncodeToString(k.public()),
+			"kid": k.kid, "use": "sig", "alg": "EdDSA",
+		})
+	}
+	// Exactly these members: in particular no "d", the private key.
+	if diff := cmp.Diff(want, got.Keys); diff != "" {
+		t.Errorf("JWKS (-want +got):\n%s", diff)
+	}
+	if !bytes.Equal(body, b.JWKS()) {
+		t.Errorf("served %s; want JWKS() %s", body, b.JWKS())
+	}
+
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodHead, JWKSPath, http.StatusOK},
+		{http.MethodPost, JWKSPath, http.StatusMethodNotAllowed},
+		{http.MethodGet, "/jwks.json", http.StatusNotFound},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s %s: status %d; want %d", tc.method, tc.path, resp.StatusCode, tc.want)
+		}
+	}
+}
+
+func TestThumbprintRFC8037(t *testing.T) {
+	t.Parallel()
+	// RFC 8037 appendix A.2 and A.3.
+	x, err := b64.DecodeString("11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := thumbprint(ed25519.PublicKey(x)), "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"; got != want {
+		t.Errorf("thumbprint = %s; want %s", got, want)
+	}
+	// A.4: the JWS signature over the RFC's example, checked by the same
+	// code that checks credentials.
+	const vector = "eyJhbGciOiJFZERTQSJ9.RXhhbXBsZSBvZiBFZDI1NTE5IHNpZ25pbmc.hgyY0il_MGCjP0JzlnLWG1PPOt7-09PGcvMg3AIbQR6dWbhijcNR4ki4iylGjg5BhVsPt9g7sVvpAr_MuM0KAg"
+	parts := strings.Split(vector, ".")
+	sig, err := b64.DecodeString(parts[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := parsedJWS{input: []byte(parts[0] + "." + parts[1]), sig: sig}
+	if !p.verify(ed25519.PublicKey(x)) {
+		t.Errorf("RFC 8037 A.4 signature does not verify")
+	}
+	d, _ := b64.DecodeString("nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A")
+	if got := b64.EncodeToString(ed25519.Sign(ed25519.NewKeyFromSeed(d), p.input)); got != parts[2] {
+		t.Errorf("signature of the A.4 example = %s; want %s", got, parts[2])
+	}
+}
+
+func TestKeyDirPersistence(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	dir := filepath.Join(t.TempDir(), "keys")
+	cfg := Config{KeyDir: dir, RotateEvery: time.Hour, KeepOld: 1, TTL: 3 * time.Hour}
+	b1 := newBroker(t, c, cfg)
+	tok := mint(t, b1, grant())
+
+	if info, err := os.Stat(dir); err != nil || info.Mode().Perm() != 0o700 {
+		t.Errorf("key dir mode = %v (%v); want 0700", info.Mode().Perm(), err)
+	}
+	assertKeyFiles := func(want ...string) {
+		t.Helper()
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range entries {
+			info, err := e.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if perm := info.Mode().Perm(); perm != 0o600 {
+				t.Errorf("%s mode %#o; want 0600", e.Name(), perm)
+			}
+			got = append(got, e.Name())
+		}
+		var wantNames []string
+		for _, kid := range want {
+			wantNames = append(wantNames, kid+".json")
+		}
+		if diff := cmp.Diff(wantNames, got, cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+			t.Errorf("key files (-want +got):\n%s", diff)
+		}
+	}
+	assertKeyFiles(b1.current.kid)
+
+	// A restart keeps the key: same JWKS, and the first broker's token
+	// verifies against the second's keys.
+	b2 := newBroker(t, c, cfg)
+	if !bytes.Equal(b1.JWKS(), b2.JWKS()) {
+		t.Errorf("JWKS after restart = %s; want %s", b2.JWKS(), b1.JWKS())
+	}
+	v := newVerifier(t, c, b2, VerifierConfig{})
+	if _, err := v.Verify(t.Context(), tok.Token, expect()); err != nil {
+		t.Errorf("token minted before the restart: %v; want accepted", err)
+	}
+
+	// Rotations are saved; a key that leaves the published set leaves
+	// the disk.
+	kid0 := b2.current.kid
+	c.Advance(time.Hour)
+	mint(t, b2, grant())
+	kid1 := b2.current.kid
+	assertKeyFiles(kid1, kid0)
+	c.Advance(time.Hour)
+	mint(t, b2, grant())
+	kid2 := b2.current.kid
+	assertKeyFiles(kid2, kid1)
+
+	b3 := newBroker(t, c, cfg)
+	if diff := cmp.Diff([]string{kid2, kid1}, kids(t, b3.JWKS())); diff != "" {
+		t.Errorf("JWKS after a restart following rotations (-want +got):\n%s", diff)
+	}
+}
+
+func TestKeyDirRefusesBadFiles(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	tests := []struct {
+		name    string
+		corrupt func(t *testing.T, path string)
+		want    string
+	}{
+		{
+			name:    "readable by others",
+			corrupt: func(t *testing.T, path string) { must(t, os.Chmod(path, 0o644)) },
+			want:    "must be 0600",
+		},
+		{
+			name: "key does not match its kid",
+			corrupt: func(t *testing.T, path string) {
+				var f keyFile
+				b, err := os.ReadFile(path)
+				must(t, err)
+				must(t, json.Unmarshal(b, &f))
+				_, other, err := ed25519.GenerateKey(nil)
+				must(t, err)
+				f.Seed = b64.EncodeToString(other.Seed())
+				b, err = json.Marshal(f)
+				must(t, err)
+				must(t, os.WriteFile(path, b, 0o600))
+			},
+			want: "does not match its kid",
+		},
+		{
+			name:    "not JSON",
+			corrupt: func(t *testing.T, path string) { must(t, os.WriteFile(path, []byte("seed=secret"), 0o600)) },
+			want:    "not a key file",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			b := newBroker(t, c, Config{KeyDir: dir})
+			path := filepath.Join(dir, b.current.kid+".json")
+			seed := b64.EncodeToString(b.current.priv.Seed())
+			tc.corrupt(t, path)
+			_, err := New(Config{KeyDir: dir, Now: c.Now})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New over a bad key file: error %v; want one containing %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), seed) || strings.Contains(err.Error(), "secret") {
+				t.Errorf("error %q quotes the key file's content", err)
+			}
+		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConcurrentMintAndVerify(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{})
+	v := newVerifier(t, c, b, VerifierConfig{})
+	const n = 64
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			g := grant()
+			g.IdempotencyKey = "k" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+			cred, err := b.Mint(g)
+			if err == nil {
+				want := expect()
+				want.IdempotencyKey = g.IdempotencyKey
+				// Presented twice: a retry of the same call.
+				_, err = v.Verify(t.Context(), cred.Token, want)
+				if err == nil {
+					_, err = v.Verify(t.Context(), cred.Token, want)
+				}
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	if got := v.remembered(); got != n {
+		t.Errorf("remembered %d jtis; want %d", got, n)
+	}
+}

@@ -1,0 +1,360 @@
+package credentials
+
+import (
+	"container/heap"
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Defaults of VerifierConfig.
+const (
+	DefaultSkew       = 30 * time.Second
+	DefaultCacheFor   = 60 * time.Second
+	DefaultMinRefresh = time.Second
+)
+
+// VerifierConfig configures a Verifier. Exactly one of Keys and JWKSURL
+// must be set.
+type VerifierConfig struct {
+	// Audience is the aud a credential must carry: the backend's own
+	// audience. Expect.Audience overrides it per call. If both are empty
+	// every credential is refused (wrong_audience).
+	Audience string
+	// Issuer is the iss a credential must carry. Default: DefaultIssuer.
+	Issuer string
+	// Keys returns the published key set (JWKS JSON); in-process, the
+	// broker's Keys method.
+	Keys func(ctx context.Context) ([]byte, error)
+	// JWKSURL is where to fetch the key set, such as the broker's
+	// http://127.0.0.1:port/.well-known/jwks.json. It must be https, or
+	// http on a loopback address unless AllowInsecureHTTP is set: keys
+	// fetched in clear over a network can be swapped.
+	JWKSURL string
+	// AllowInsecureHTTP permits an http JWKSURL on a non-loopback host.
+	AllowInsecureHTTP bool
+	// HTTPClient fetches JWKSURL. Default: a client with a 10 s timeout.
+	HTTPClient *http.Client
+	// Now is the clock. Default: time.Now.
+	Now func() time.Time
+	// Skew is the clock difference tolerated on exp and nbf. Default:
+	// DefaultSkew (30 s). Must not be negative.
+	Skew time.Duration
+	// CacheFor is how long a fetched key set is used before it is fetched
+	// again. Default: DefaultCacheFor (60 s, the broker's max-age).
+	CacheFor time.Duration
+	// MinRefresh is the least time between two fetches: a token with an
+	// unknown kid triggers a fetch (the key may have just rotated), at most
+	// this often, so that made-up kids cannot flood the key server.
+	// Default: DefaultMinRefresh (1 s).
+	MinRefresh time.Duration
+	// Logger receives key set fetch failures (Warn). Default: discard.
+	Logger *slog.Logger
+}
+
+func (c *VerifierConfig) setDefaults() {
+	if c.Issuer == "" {
+		c.Issuer = DefaultIssuer
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Skew == 0 {
+		c.Skew = DefaultSkew
+	}
+	if c.CacheFor == 0 {
+		c.CacheFor = DefaultCacheFor
+	}
+	if c.MinRefresh == 0 {
+		c.MinRefresh = DefaultMinRefresh
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c VerifierConfig) validate() error {
+	switch {
+	case (c.Keys == nil) == (c.JWKSURL == ""):
+		return fmt.Errorf("%w: set exactly one of Keys and JWKSURL", ErrInvalidConfig)
+	case c.Skew < 0 || c.CacheFor < 0 || c.MinRefresh < 0:
+		return fmt.Errorf("%w: Skew, CacheFor and MinRefresh must not be negative", ErrInvalidConfig)
+	}
+	if c.JWKSURL == "" {
+		return nil
+	}
+	u, err := url.Parse(c.JWKSURL)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("%w: JWKSURL is not an absolute URL", ErrInvalidConfig)
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !c.AllowInsecureHTTP && !isLoopback(u.Hostname()) {
+			return fmt.Errorf("%w: JWKSURL must be https off loopback (or set AllowInsecureHTTP)", ErrInvalidConfig)
+		}
+	default:
+		return fmt.Errorf("%w: JWKSURL scheme %q is not http(s)", ErrInvalidConfig, u.Scheme)
+	}
+	return nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Expect is what the request presenting a credential is about. Every
+// field is compared exactly; an empty Scope, Tenant or IdempotencyKey
+// matches no credential, so a caller that forgets one fails closed.
+type Expect struct {
+	// Scope is the action the request performs, "tool::<name>".
+	Scope string
+	// Tenant is the tenant the request acts in (X-Ledger-Tenant).
+	Tenant string
+	// IdempotencyKey is the call the request belongs to (Idempotency-Key).
+	IdempotencyKey string
+	// Audience, when set, overrides VerifierConfig.Audience.
+	Audience string
+}
+
+// Verifier checks credentials for a tool: signature under a published key,
+// issuer, audience, expiry, scope, tenant and call, and one call per jti.
+// It is safe for concurrent use.
+type Verifier struct {
+	cfg   VerifierConfig
+	fetch func(ctx context.Context) ([]byte, error)
+
+	// keysMu is held across a fetch, so that concurrent verifications
+	// wait for one fetch instead of each starting its own.
+	keysMu    sync.Mutex
+	keys      map[string]ed25519.PublicKey
+	fetchedAt time.Time
+	triedAt   time.Time
+	lastErr   error
+
+	seenMu sync.Mutex
+	seen   map[string]seenJTI
+	byExp  expiryHeap
+}
+
+// seenJTI is an accepted jti: the call it was accepted for, and until when
+// it must be remembered (its exp plus the skew, after which Verify refuses
+// it as expired anyway).
+type seenJTI struct {
+	idempotencyKey string
+	until          time.Time
+}
+
+// NewVerifier returns a Verifier. It fetches no keys until the first
+// Verify.
+func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	v := &Verifier{cfg: cfg, fetch: cfg.Keys, seen: make(map[string]seenJTI)}
+	if v.fetch == nil {
+		v.fetch = v.fetchURL
+	}
+	return v, nil
+}
+
+// Verify checks token for a request described by want and returns its
+// claims. A refusal is an *Error whose Reason says why (see the Reason
+// constants); keys_unavailable means the verifier could not get the key
+// set, not that the token is bad.
+//
+// Replay: an accepted jti is remembered, bound to the idempotency key it
+// was accepted for, until it expires. The same jti again for the same key
+// is accepted (a retry of the same call with the same credential, such as
+// after a lost answer); for another key it is refused as replayed, whatever
+// else is wrong with that presentation.
+func (v *Verifier) Verify(ctx context.Context, token string, want Expect) (Claims, error) {
+	if token == "" {
+		return Claims{}, reject(ReasonMissingToken, "no bearer token")
+	}
+	p, err := parseJWS(token)
+	if err != nil {
+		return Claims{}, err
+	}
+	pub, err := v.key(ctx, p.kid)
+	if err != nil {
+		return Claims{}, err
+	}
+	if !p.verify(pub) {
+		return Claims{}, reject(ReasonBadSignature, "signature does not verify under kid %s", quote(p.kid))
+	}
+	var w wireClaims
+	if err := json.Unmarshal(p.payload, &w); err != nil {
+		return Claims{}, reject(ReasonMalformed, "claims are not a JSON object of the credential's claims")
+	}
+	if w.Exp == 0 || w.JTI == "" {
+		return Claims{}, reject(ReasonMalformed, "exp and jti are required")
+	}
+	if w.Iss != v.cfg.Issuer {
+		return Claims{}, reject(ReasonWrongIssuer, "iss %s, want %s", quote(w.Iss), quote(v.cfg.Issuer))
+	}
+	aud := want.Audience
+	if aud == "" {
+		aud = v.cfg.Audience
+	}
+	if aud == "" || w.Aud != aud {
+		return Claims{}, reject(ReasonWrongAudience, "aud %s, want %s", quote(w.Aud), quote(aud))
+	}
+	c := w.claims()
+	now := v.cfg.Now()
+	if !now.Before(c.ExpiresAt.Add(v.cfg.Skew)) {
+		return Claims{}, reject(ReasonExpired, "expired at %s", c.ExpiresAt.Format(time.RFC3339))
+	}
+	if now.Add(v.cfg.Skew).Before(c.NotBefore) {
+		return Claims{}, reject(ReasonNotYetValid, "not before %s", c.NotBefore.Format(time.RFC3339))
+	}
+	if err := v.accept(now, c, want); err != nil {
+		return Claims{}, err
+	}
+	return c, nil
+}
+
+// accept runs the replay check and the request checks, and remembers the
+// jti, under one lock: two presentations of one jti for two calls at once
+// cannot both pass.
+func (v *Verifier) accept(now time.Time, c Claims, want Expect) error {
+	v.seenMu.Lock()
+	defer v.seenMu.Unlock()
+	prev, seen := v.seen[c.JTI]
+	switch {
+	case seen && prev.idempotencyKey != want.IdempotencyKey:
+		return reject(ReasonReplayed, "jti %s was accepted for another call", quote(c.JTI))
+	case c.Scope != want.Scope:
+		return reject(ReasonWrongScope, "scope %s, want %s", quote(c.Scope), quote(want.Scope))
+	case c.Tenant != want.Tenant:
+		return reject(ReasonWrongTenant, "tenant %s, want %s", quote(c.Tenant), quote(want.Tenant))
+	case c.IdempotencyKey != want.IdempotencyKey:
+		return reject(ReasonWrongCall, "minted for another idempotency key")
+	case seen:
+		return nil // a retry of the call it was accepted for
+	}
+	for len(v.byExp) > 0 && !now.Before(v.byExp[0].until) {
+		e := heap.Pop(&v.byExp).(expiry)
+		delete(v.seen, e.jti)
+	}
+	until := c.ExpiresAt.Add(v.cfg.Skew)
+	v.seen[c.JTI] = seenJTI{idempotencyKey: want.IdempotencyKey, until: until}
+	heap.Push(&v.byExp, expiry{jti: c.JTI, until: until})
+	return nil
+}
+
+// remembered returns how many jtis the verifier holds.
+func (v *Verifier) remembered() int {
+	v.seenMu.Lock()
+	defer v.seenMu.Unlock()
+	return len(v.seen)
+}
+
+// key returns the public key kid names, fetching the set when the cached
+// one is too old or does not know kid.
+func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, error) {
+	v.keysMu.Lock()
+	defer v.keysMu.Unlock()
+	now := v.cfg.Now()
+	refreshed := false
+	if v.keys == nil || !now.Before(v.fetchedAt.Add(v.cfg.CacheFor)) {
+		// Fail closed: an expired set is not used, since it may still
+		// hold a key the issuer has withdrawn.
+		if err := v.refreshLocked(ctx, now); err != nil {
+			return nil, &Error{Reason: ReasonKeysUnavailable, Err: err}
+		}
+		refreshed = true
+	}
+	if pub, ok := v.keys[kid]; ok {
+		return pub, nil
+	}
+	if !refreshed {
+		if err := v.refreshLocked(ctx, now); err != nil {
+			return nil, &Error{Reason: ReasonKeysUnavailable, Err: err}
+		}
+		if pub, ok := v.keys[kid]; ok {
+			return pub, nil
+		}
+	}
+	return nil, reject(ReasonUnknownKid, "kid %s is not in the published key set", quote(kid))
+}
+
+// refreshLocked fetches the key set, at most once per MinRefresh; within
+// that interval it returns the last attempt's outcome.
+func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) error {
+	if !v.triedAt.IsZero() && now.Before(v.triedAt.Add(v.cfg.MinRefresh)) {
+		return v.lastErr
+	}
+	b, err := v.fetch(ctx)
+	var keys map[string]ed25519.PublicKey
+	if err == nil {
+		keys, err = parseJWKS(b)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			// This caller gave up; that says nothing about the key set,
+			// so the next caller tries again.
+			return fmt.Errorf("fetch key set: %w", err)
+		}
+		v.triedAt, v.lastErr = now, fmt.Errorf("fetch key set: %w", err)
+		v.cfg.Logger.Warn("credential key set unavailable", "err", err)
+		return v.lastErr
+	}
+	v.triedAt, v.lastErr = now, nil
+	v.keys, v.fetchedAt = keys, now
+	return nil
+}
+
+func (v *Verifier) fetchURL(ctx context.Context) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, v.cfg.JWKSURL, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/jwk-set+json, application/json")
+	resp, err := v.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: status %d", v.cfg.JWKSURL, resp.StatusCode)
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, maxJWKSBytes+1))
+}
+
+// expiry is a remembered jti in the purge order.
+type expiry struct {
+	jti   string
+	until time.Time
+}
+
+// expiryHeap orders remembered jtis by when they may be forgotten, so that
+// each insert purges the expired ones in O(log n) each.
+type expiryHeap []expiry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].until.Before(h[j].until) }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiry)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}

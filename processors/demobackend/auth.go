@@ -1,0 +1,90 @@
+package demobackend
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+)
+
+// Refusal is a tool request or status lookup refused for its credential
+// (Config.Credentials). Nothing was applied.
+type Refusal struct {
+	Tool           string             `json:"tool"`
+	Reason         credentials.Reason `json:"reason"`
+	TenantID       string             `json:"tenant_id,omitempty"`
+	IdempotencyKey string             `json:"idempotency_key,omitempty"`
+	// Lookup: the refused request was a status lookup.
+	Lookup bool `json:"lookup,omitempty"`
+}
+
+// authorize verifies the request's credential for tool, tenant and the
+// call key, and returns its jti. On refusal it answers the request (401,
+// or 503 when the keys are unavailable), records the Refusal and returns
+// false. Without a verifier every request is authorized, with no jti.
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant, key string) (string, bool) {
+	if s.verifier == nil {
+		return "", true
+	}
+	claims, err := s.verifier.Verify(r.Context(), bearerToken(r.Header), credentials.Expect{
+		Scope:          "tool::" + tool,
+		Tenant:         tenant,
+		IdempotencyKey: key,
+		Audience:       s.audience,
+	})
+	if err == nil {
+		return claims.JTI, true
+	}
+	reason := credentials.ReasonOf(err)
+	if reason == "" {
+		// Verify returns only *credentials.Error; refuse anything else
+		// all the same.
+		reason = credentials.ReasonMalformed
+	}
+	lookup := r.Method == http.MethodGet
+	s.mu.Lock()
+	s.refusals = append(s.refusals, Refusal{Tool: tool, Reason: reason, TenantID: tenant, IdempotencyKey: key, Lookup: lookup})
+	s.mu.Unlock()
+	s.logger.Debug("credential refused", "tool", tool, "tenant_id", tenant, "idempotency_key", key, "lookup", lookup, "reason", string(reason))
+
+	status := http.StatusUnauthorized
+	if reason == credentials.ReasonKeysUnavailable {
+		status = http.StatusServiceUnavailable
+	} else {
+		// RFC 6750 §3: tell the client which scheme, and that the token
+		// (if any) was not good.
+		challenge := "Bearer realm=" + strconv.Quote(s.audience)
+		if reason != credentials.ReasonMissingToken {
+			challenge += `, error="invalid_token"`
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+	}
+	// The error text never quotes the token (credentials' contract).
+	writeError(w, status, string(reason), err.Error())
+	return "", false
+}
+
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header (the scheme is case-insensitive, RFC 7235), or "" if there is
+// none. Two Authorization headers are ambiguous and count as none.
+func bearerToken(h http.Header) string {
+	values := h.Values("Authorization")
+	if len(values) != 1 {
+		return ""
+	}
+	scheme, token, ok := strings.Cut(values[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(token)
+}
+
+// Refusals returns a copy of every refusal so far, in order.
+func (s *Server) Refusals() []Refusal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Refusal, len(s.refusals))
+	copy(out, s.refusals)
+	return out
+}

@@ -1,0 +1,431 @@
+package demobackend
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+)
+
+// testClock is a clock shared by the broker and the verifier, moved by hand.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// authEnv is a verifying backend and the broker that mints for it.
+type authEnv struct {
+	s      *Server
+	base   string
+	broker *credentials.Broker
+	clock  *testClock
+}
+
+func newAuthEnv(t *testing.T, cfg Config) authEnv {
+	t.Helper()
+	clock := &testClock{now: fixedNow()}
+	b, err := credentials.New(credentials.Config{Now: clock.Now})
+	if err != nil {
+		t.Fatalf("credentials.New: %v", err)
+	}
+	if cfg.Credentials == nil {
+		// No audience on the verifier: the backend's Config.Audience
+		// (default demo-backend) is the one checked.
+		v, err := credentials.NewVerifier(credentials.VerifierConfig{Keys: b.Keys, Now: clock.Now})
+		if err != nil {
+			t.Fatalf("NewVerifier: %v", err)
+		}
+		cfg.Credentials = v
+	}
+	s, ts := newBackend(t, cfg)
+	return authEnv{s: s, base: ts.URL, broker: b, clock: clock}
+}
+
+// mint returns "Bearer <token>" for a call of tool with tenant and key.
+func (e authEnv) mint(t *testing.T, tool, tenant, key string, edit func(*credentials.Grant)) (auth string, jti string) {
+	t.Helper()
+	g := credentials.Grant{
+		Tenant: tenant, User: "u_88", Agent: "agent_support", Executor: "executor-1",
+		Tool: tool, ToolVersion: 1, Audience: DefaultAudience, CallID: "call_" + key,
+		IdempotencyKey: key, KeyEpoch: 1,
+	}
+	if edit != nil {
+		edit(&g)
+	}
+	c, err := e.broker.Mint(g)
+	if err != nil {
+		t.Fatalf("Mint: %v", err)
+	}
+	return "Bearer " + c.Token, c.JTI
+}
+
+const refundBody = `{"order_id":"ord_1","amount_cents":4500,"currency":"AUD"}`
+
+func TestCredentialRefused(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		// prepare returns the request to send; it may move the clock.
+		prepare   func(t *testing.T, e authEnv) call
+		wantError credentials.Reason
+		wantAuth  string // WWW-Authenticate
+	}{
+		{
+			name:      "no token",
+			prepare:   func(t *testing.T, e authEnv) call { return refundCall("k1", "") },
+			wantError: credentials.ReasonMissingToken,
+			wantAuth:  `Bearer realm="demo-backend"`,
+		},
+		{
+			name:      "not a bearer token",
+			prepare:   func(t *testing.T, e authEnv) call { return refundCall("k1", "Basic dTpw") },
+			wantError: credentials.ReasonMissingToken,
+			wantAuth:  `Bearer realm="demo-backend"`,
+		},
+		{
+			name:      "garbage",
+			prepare:   func(t *testing.T, e authEnv) call { return refundCall("k1", "Bearer not-a-jwt") },
+			wantError: credentials.ReasonMalformed,
+			wantAuth:  `Bearer realm="demo-backend", error="invalid_token"`,
+		},
+		{
+			name: "minted for another backend's audience",
+			prepare: func(t *testing.T, e authEnv) call {
+				auth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", func(g *credentials.Grant) { g.Audience = "other-backend" })
+				return refundCall("k1", auth)
+			},
+			wantError: credentials.ReasonWrongAudience,
+			wantAuth:  `Bearer realm="demo-backend", error="invalid_token"`,
+		},
+		{
+			name: "expired",
+			prepare: func(t *testing.T, e authEnv) call {
+				auth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+				e.clock.Advance(credentials.DefaultTTL + credentials.DefaultSkew)
+				return refundCall("k1", auth)
+			},
+			wantError: credentials.ReasonExpired,
+		},
+		{
+			name: "expired at the call's deadline",
+			prepare: func(t *testing.T, e authEnv) call {
+				auth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", func(g *credentials.Grant) { g.Deadline = fixedNow().Add(8 * time.Second) })
+				e.clock.Advance(8*time.Second + credentials.DefaultSkew)
+				return refundCall("k1", auth)
+			},
+			wantError: credentials.ReasonExpired,
+		},
+		{
+			name: "another tool's credential",
+			prepare: func(t *testing.T, e authEnv) call {
+				auth, _ := e.mint(t, ToolSendEmail, "t_acme", "k1", nil)
+				return refundCall("k1", auth)
+			},
+			wantError: credentials.ReasonWrongScope,
+		},
+		{
+			name: "another tenant's credential",
+			prepare: func(t *testing.T, e authEnv) call {
+				auth, _ := e.mint(t, ToolRefundOrder, "t_other", "k1", nil)
+				return refundCall("k1", auth)
+			},
+			wantError: credentials.ReasonWrongTenant,
+		},
+		{
+			name: "another call's credential",
+			prepare: func(t *testing.T, e authEnv) call {
+				auth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k0", nil)
+				return refundCall("k1", auth)
+			},
+			wantError: credentials.ReasonWrongCall,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newAuthEnv(t, Config{})
+			a := mustDo(t, e.base, tc.prepare(t, e))
+			if a.status != http.StatusUnauthorized {
+				t.Errorf("status = %d (%s); want 401", a.status, a.body)
+			}
+			if got := decode[apiError](t, a.body).Error; got != string(tc.wantError) {
+				t.Errorf("error = %q; want %q", got, tc.wantError)
+			}
+			if tc.wantAuth != "" {
+				if got := a.header.Get("WWW-Authenticate"); got != tc.wantAuth {
+					t.Errorf("WWW-Authenticate = %q; want %q", got, tc.wantAuth)
+				}
+			}
+			if n := len(e.s.Effects()); n != 0 {
+				t.Errorf("len(Effects()) = %d; want 0: a refused request applies nothing", n)
+			}
+			want := []Refusal{{Tool: ToolRefundOrder, Reason: tc.wantError, TenantID: "t_acme", IdempotencyKey: "k1"}}
+			if diff := cmp.Diff(want, e.s.Refusals()); diff != "" {
+				t.Errorf("Refusals() (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func refundCall(key, auth string) call {
+	return call{path: "/tools/refund_order", key: key, tenant: "t_acme", callID: "call_" + key, body: refundBody, auth: auth}
+}
+
+func TestCredentialAccepted(t *testing.T) {
+	t.Parallel()
+	journal := filepath.Join(t.TempDir(), "effects.jsonl")
+	e := newAuthEnv(t, Config{JournalPath: journal})
+	auth, jti := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+	a := mustDo(t, e.base, refundCall("k1", auth))
+	if a.status != http.StatusOK {
+		t.Fatalf("status = %d (%s); want 200", a.status, a.body)
+	}
+	// The scheme is case-insensitive (RFC 7235).
+	auth2, jti2 := e.mint(t, ToolSendEmail, "t_acme", "e1", nil)
+	a = mustDo(t, e.base, call{path: "/tools/send_email", key: "e1", tenant: "t_acme", body: `{}`, auth: "bearer " + strings.TrimPrefix(auth2, "Bearer ")})
+	if a.status != http.StatusOK {
+		t.Fatalf("lower-case scheme: status = %d (%s); want 200", a.status, a.body)
+	}
+
+	want := []Effect{
+		{Seq: 1, Tool: ToolRefundOrder, IdempotencyKey: "k1", CallID: "call_k1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), JTI: jti},
+		{Seq: 2, Tool: ToolSendEmail, IdempotencyKey: "e1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), JTI: jti2},
+	}
+	ignoreHash := cmpopts.IgnoreFields(Effect{}, "ArgsHash")
+	if diff := cmp.Diff(want, e.s.Effects(), ignoreHash); diff != "" {
+		t.Errorf("Effects() (-want +got):\n%s", diff)
+	}
+	got, err := ReadJournal(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, ignoreHash); diff != "" {
+		t.Errorf("journal (-want +got):\n%s", diff)
+	}
+	// What did jti X touch: exactly its call.
+	var touched []string
+	for _, ef := range got {
+		if ef.JTI == jti {
+			touched = append(touched, ef.Tool+":"+ef.TenantID+"/"+ef.IdempotencyKey)
+		}
+	}
+	if diff := cmp.Diff([]string{"refund_order:t_acme/k1"}, touched); diff != "" {
+		t.Errorf("effects of jti %s (-want +got):\n%s", jti, diff)
+	}
+	if r := e.s.Refusals(); len(r) != 0 {
+		t.Errorf("Refusals() = %v; want none", r)
+	}
+}
+
+func TestCredentialReplay(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{})
+	auth, jti := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+
+	first := mustDo(t, e.base, refundCall("k1", auth))
+	if first.status != http.StatusOK {
+		t.Fatalf("first call: status %d (%s); want 200", first.status, first.body)
+	}
+	// A retry of the same call with the same credential, as after a lost
+	// answer: accepted, and the native tool replays its answer.
+	retry := mustDo(t, e.base, refundCall("k1", auth))
+	if retry.status != http.StatusOK || retry.header.Get(HeaderReplayed) != "true" {
+		t.Errorf("retry: status %d, replayed %q (%s); want 200, true", retry.status, retry.header.Get(HeaderReplayed), retry.body)
+	}
+	if !bytes.Equal(retry.body, first.body) {
+		t.Errorf("retry answered %s; want %s", retry.body, first.body)
+	}
+
+	// The same credential for a second call: refused, nothing applied.
+	second := mustDo(t, e.base, refundCall("k2", auth))
+	if second.status != http.StatusUnauthorized {
+		t.Errorf("second call: status %d (%s); want 401", second.status, second.body)
+	}
+	if got := decode[apiError](t, second.body).Error; got != string(credentials.ReasonReplayed) {
+		t.Errorf("second call: error %q; want replayed", got)
+	}
+	if n := e.s.AppliedIn(ToolRefundOrder, "t_acme", "k2"); n != 0 {
+		t.Errorf("AppliedIn(k2) = %d; want 0", n)
+	}
+	if n := e.s.AppliedIn(ToolRefundOrder, "t_acme", "k1"); n != 1 {
+		t.Errorf("AppliedIn(k1) = %d; want 1", n)
+	}
+	for _, ef := range e.s.Effects() {
+		if ef.JTI != jti || ef.IdempotencyKey != "k1" {
+			t.Errorf("effect %+v; want only k1's, under jti %s", ef, jti)
+		}
+	}
+	want := []Refusal{{Tool: ToolRefundOrder, Reason: credentials.ReasonReplayed, TenantID: "t_acme", IdempotencyKey: "k2"}}
+	if diff := cmp.Diff(want, e.s.Refusals()); diff != "" {
+		t.Errorf("Refusals() (-want +got):\n%s", diff)
+	}
+}
+
+func TestCredentialRetryAfterInjectedFailure(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{})
+	e.s.SetFault(ToolSendEmail, Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1})
+	auth, _ := e.mint(t, ToolSendEmail, "t_acme", "e1", nil)
+	c := call{path: "/tools/send_email", key: "e1", tenant: "t_acme", body: `{}`, auth: auth}
+	if a := mustDo(t, e.base, c); a.status != http.StatusServiceUnavailable {
+		t.Fatalf("first attempt: status %d; want the injected 503", a.status)
+	}
+	if a := mustDo(t, e.base, c); a.status != http.StatusOK {
+		t.Errorf("retry with the same credential: status %d (%s); want 200", a.status, a.body)
+	}
+	if n := e.s.Applied(ToolSendEmail, "e1"); n != 1 {
+		t.Errorf("Applied = %d; want 1", n)
+	}
+}
+
+func TestCredentialStatusLookup(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{})
+	auth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+	mustDo(t, e.base, refundCall("k1", auth))
+	lookup := func(key, auth string) answer {
+		t.Helper()
+		return mustDo(t, e.base, call{method: http.MethodGet, path: "/tools/refund_order/status?idempotency_key=" + key, tenant: "t_acme", auth: auth})
+	}
+	otherAuth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k9", nil)
+	freshAuth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+	tests := []struct {
+		name       string
+		auth       string
+		wantStatus int
+		wantError  string
+	}{
+		{name: "no token", wantStatus: http.StatusUnauthorized, wantError: "missing_token"},
+		{name: "another call's credential", auth: otherAuth, wantStatus: http.StatusUnauthorized, wantError: "wrong_call"},
+		{name: "the call's credential", auth: auth, wantStatus: http.StatusOK},
+		{name: "a fresh credential for the call", auth: freshAuth, wantStatus: http.StatusOK},
+	}
+	for _, tc := range tests {
+		a := lookup("k1", tc.auth)
+		if a.status != tc.wantStatus {
+			t.Errorf("%s: status %d (%s); want %d", tc.name, a.status, a.body, tc.wantStatus)
+		}
+		if tc.wantError != "" {
+			if got := decode[apiError](t, a.body).Error; got != tc.wantError {
+				t.Errorf("%s: error %q; want %q", tc.name, got, tc.wantError)
+			}
+		}
+	}
+	want := []Refusal{
+		{Tool: ToolRefundOrder, Reason: credentials.ReasonMissingToken, TenantID: "t_acme", IdempotencyKey: "k1", Lookup: true},
+		{Tool: ToolRefundOrder, Reason: credentials.ReasonWrongCall, TenantID: "t_acme", IdempotencyKey: "k1", Lookup: true},
+	}
+	if diff := cmp.Diff(want, e.s.Refusals()); diff != "" {
+		t.Errorf("Refusals() (-want +got):\n%s", diff)
+	}
+}
+
+func TestCredentialKeysUnavailable(t *testing.T) {
+	t.Parallel()
+	v, err := credentials.NewVerifier(credentials.VerifierConfig{
+		Keys: func(context.Context) ([]byte, error) { return nil, errors.New("key server down") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newAuthEnv(t, Config{Credentials: v})
+	auth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+	a := mustDo(t, e.base, refundCall("k1", auth))
+	if a.status != http.StatusServiceUnavailable {
+		t.Errorf("status = %d (%s); want 503: the backend, not the token, is at fault", a.status, a.body)
+	}
+	if got := decode[apiError](t, a.body).Error; got != string(credentials.ReasonKeysUnavailable) {
+		t.Errorf("error = %q; want keys_unavailable", got)
+	}
+	if n := len(e.s.Effects()); n != 0 {
+		t.Errorf("len(Effects()) = %d; want 0", n)
+	}
+}
+
+func TestCustomAudience(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{Audience: "billing-backend"})
+	demo, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+	if a := mustDo(t, e.base, refundCall("k1", demo)); a.status != http.StatusUnauthorized {
+		t.Errorf("demo-backend credential at billing-backend: status %d; want 401", a.status)
+	}
+	billing, _ := e.mint(t, ToolRefundOrder, "t_acme", "k2", func(g *credentials.Grant) { g.Audience = "billing-backend" })
+	if a := mustDo(t, e.base, refundCall("k2", billing)); a.status != http.StatusOK {
+		t.Errorf("billing-backend credential: status %d (%s); want 200", a.status, a.body)
+	}
+}
+
+func TestNoVerifierIgnoresAuthorization(t *testing.T) {
+	t.Parallel()
+	s, ts := newBackend(t, Config{})
+	if a := mustDo(t, ts.URL, refundCall("k1", "Bearer whatever")); a.status != http.StatusOK {
+		t.Errorf("status %d; want 200 without a verifier", a.status)
+	}
+	if ef := s.Effects(); len(ef) != 1 || ef[0].JTI != "" {
+		t.Errorf("Effects() = %+v; want one effect without a jti", ef)
+	}
+}
+
+func TestCredentialNeverLeaks(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	journal := filepath.Join(t.TempDir(), "effects.jsonl")
+	e := newAuthEnv(t, Config{JournalPath: journal, Logger: slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	auth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+	token := strings.TrimPrefix(auth, "Bearer ")
+	var bodies bytes.Buffer
+	for _, c := range []call{
+		refundCall("k1", auth),
+		refundCall("k1", auth),
+		refundCall("k2", auth),                 // replayed
+		refundCall("k1", auth+"x"),             // bad signature
+		refundCall("k1", "Bearer "+token[:20]), // malformed
+		refundCall("k1", strings.Replace(auth, ".", ".x", 1)),
+		{method: http.MethodGet, path: "/tools/refund_order/status?idempotency_key=k1", tenant: "t_acme", auth: auth},
+		{method: http.MethodGet, path: "/effects"},
+	} {
+		a := mustDo(t, e.base, c)
+		bodies.Write(a.body)
+		for k, v := range a.header {
+			bodies.WriteString(k + ": " + strings.Join(v, ",") + "\n")
+		}
+	}
+	got, err := ReadJournal(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(token, ".")
+	payload, sig := parts[1], parts[2]
+	for name, out := range map[string]string{"log": logs.String(), "answers": bodies.String(), "effects": fmt.Sprint(got, e.s.Refusals())} {
+		if out == "" {
+			t.Errorf("%s: empty; the test checked nothing", name)
+		}
+		if strings.Contains(out, sig) || strings.Contains(out, payload) {
+			t.Errorf("%s contains the token:\n%s", name, out)
+		}
+	}
+}
