@@ -1,0 +1,463 @@
+// Package identity verifies the identity assertion an agent host puts in a
+// tool-call envelope: a JWT from a configured issuer that says which user
+// (sub) an agent (act) acts for, in which tenant, for which purpose. The
+// verified Identity, never the envelope's scope or arguments, is who asks
+// (DESIGN §3, invariant I5).
+//
+// Keys come from a JWKS file, a JWKS URL or a static set, and nowhere else.
+// File and URL keys are refreshed lazily: there is no background goroutine.
+// The first Verify after Config.Refresh has passed since the last attempt
+// re-reads the source, synchronously and bounded by a timeout, while
+// concurrent calls go on with the keys they have. A token whose kid is not
+// in the set triggers at most one early refresh per EarlyRefreshInterval, so
+// a key rotated in at the issuer is picked up at once, yet a flood of
+// made-up kids cannot make the verifier hammer the JWKS endpoint. A failed
+// refresh keeps the old keys and logs a warning.
+//
+// The dev Issuer (issuer.go) mints assertions for `ledger dev` and tests.
+package identity
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger/token"
+)
+
+// TypeAssertion is the typ header an agent assertion must carry (explicit
+// typing, RFC 8725 §3.11), so that no other JWT from the same issuer (an ID
+// token, an access token) passes as one.
+const TypeAssertion = "agent-assertion+jwt"
+
+// Defaults of Config.
+const (
+	// DefaultAudience is the aud an assertion must name: the ledger.
+	DefaultAudience = "toolcall-ledger"
+	// DefaultRefresh is how often keys are re-read at most.
+	DefaultRefresh = 5 * time.Minute
+	// DefaultSkew is the clock skew allowed on exp, nbf and iat.
+	DefaultSkew = 30 * time.Second
+	// MaxSkew bounds Config.Skew: more would make expiry meaningless.
+	MaxSkew = 5 * time.Minute
+)
+
+// EarlyRefreshInterval is the least time between two refreshes triggered
+// by an unknown kid.
+const EarlyRefreshInterval = time.Minute
+
+// FetchTimeout bounds one read of the key source.
+const FetchTimeout = 10 * time.Second
+
+// ReasonMissingAssertion is the *token.Error reason for an empty assertion.
+// The other reasons are token's, including token.ReasonMissingClaim when
+// sub, tenant or act is absent.
+const ReasonMissingAssertion = "missing_assertion"
+
+// Identity is who asks, from a verified assertion.
+type Identity struct {
+	// User is the subject (sub): the user the agent acts for.
+	User string
+	// Agent is the actor (act): the agent making the call.
+	Agent string
+	// Tenant is the tenant the user acts in.
+	Tenant string
+	// Purpose is the declared purpose, if any.
+	Purpose string
+	// Roles are the user's roles, such as "approver" or "operator".
+	Roles []string
+}
+
+// Claims are the claims of an agent assertion: the registered claims plus
+// act, tenant, purpose and roles.
+type Claims struct {
+	token.Claims
+	// Act is the agent (RFC 8693 §4.1).
+	Act Actor `json:"act,omitzero"`
+	// Tenant is the tenant id.
+	Tenant string `json:"tenant,omitempty"`
+	// Purpose is optional.
+	Purpose string `json:"purpose,omitempty"`
+	// Roles are optional.
+	Roles []string `json:"roles,omitempty"`
+}
+
+// Actor is the act claim. It reads either a string (the agent id) or an
+// RFC 8693 actor object {"sub": agent, ...}, of which only the outermost
+// sub counts (a nested act is the delegation history, not the caller). It
+// writes the object form.
+type Actor struct {
+	Subject string
+}
+
+// MarshalJSON writes {"sub": subject}.
+func (a Actor) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		Sub string `json:"sub"`
+	}{a.Subject})
+}
+
+// UnmarshalJSON reads a string or an object with a string sub.
+func (a *Actor) UnmarshalJSON(b []byte) error {
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	switch v := v.(type) {
+	case nil:
+		return nil
+	case string:
+		a.Subject = v
+		return nil
+	case map[string]any:
+		if sub, ok := v["sub"].(string); ok {
+			a.Subject = sub
+			return nil
+		}
+	}
+	return errors.New("act: want a string or an object with a string sub")
+}
+
+// Config configures a Verifier. Exactly one of JWKSFile, JWKSURL and Keys
+// must be set.
+type Config struct {
+	// Issuer is the required iss, compared exactly. Required.
+	Issuer string
+	// Audience is the aud the assertion must contain; default
+	// DefaultAudience.
+	Audience string
+	// JWKSFile is a JWKS document on disk, re-read every Refresh.
+	JWKSFile string
+	// JWKSURL is a JWKS document served over https (http only on a
+	// loopback address), re-fetched every Refresh. The body is capped at
+	// token.MaxJWKSBytes and a fetch at FetchTimeout.
+	JWKSURL string
+	// Keys is a static key set, for tests and dev; never refreshed.
+	Keys *token.KeySet
+	// Refresh is the least time between two scheduled refreshes; default
+	// DefaultRefresh. An unknown kid may add one early refresh per
+	// EarlyRefreshInterval.
+	Refresh time.Duration
+	// Skew is the clock skew allowed on exp, nbf and iat; default
+	// DefaultSkew, at most MaxSkew.
+	Skew time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// HTTPClient fetches JWKSURL. Default: a client that refuses
+	// redirects off https.
+	HTTPClient *http.Client
+	// Logger receives refresh warnings; nil discards.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Audience == "" {
+		c.Audience = DefaultAudience
+	}
+	if c.Refresh == 0 {
+		c.Refresh = DefaultRefresh
+	}
+	if c.Skew == 0 {
+		c.Skew = DefaultSkew
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{
+			Timeout: FetchTimeout,
+			CheckRedirect: func(req *http.Request, via []*http.Request) error {
+				if len(via) >= 5 {
+					return errors.New("too many redirects")
+				}
+				return checkJWKSURL(req.URL)
+			},
+		}
+	}
+}
+
+func (c *Config) validate() error {
+	if c.Issuer == "" {
+		return errors.New("identity: no issuer configured")
+	}
+	sources := 0
+	for _, set := range []bool{c.JWKSFile != "", c.JWKSURL != "", c.Keys != nil} {
+		if set {
+			sources++
+		}
+	}
+	if sources != 1 {
+		return errors.New("identity: configure exactly one of JWKSFile, JWKSURL and Keys")
+	}
+	if c.JWKSURL != "" {
+		u, err := url.Parse(c.JWKSURL)
+		if err != nil {
+			return errors.New("identity: JWKSURL is not a url")
+		}
+		if err := checkJWKSURL(u); err != nil {
+			return fmt.Errorf("identity: %v", err)
+		}
+	}
+	if c.Refresh < 0 {
+		return errors.New("identity: negative Refresh")
+	}
+	if c.Skew < 0 || c.Skew > MaxSkew {
+		return fmt.Errorf("identity: Skew must be between 0 and %s", MaxSkew)
+	}
+	return nil
+}
+
+// checkJWKSURL allows https, and http to loopback only: keys fetched in
+// clear text could be swapped by anyone on the path.
+func checkJWKSURL(u *url.URL) error {
+	switch u.Scheme {
+	case "https":
+		return nil
+	case "http":
+		host := u.Hostname()
+		if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+			return nil
+		}
+	}
+	return errors.New("jwks url must be https (http only on loopback)")
+}
+
+// Verifier verifies assertions. It is safe for concurrent use.
+type Verifier struct {
+	cfg    Config
+	source string // for logs: the file path or the URL without query
+	keys   atomic.Pointer[token.KeySet]
+
+	// mu serialises refreshes and guards the two times.
+	mu          sync.Mutex
+	lastAttempt time.Time
+	lastEarly   time.Time
+}
+
+// New returns a Verifier with its keys loaded once; it fails if the source
+// cannot be read or holds no usable key.
+func New(ctx context.Context, cfg Config) (*Verifier, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	v := &Verifier{cfg: cfg}
+	switch {
+	case cfg.JWKSFile != "":
+		v.source = cfg.JWKSFile
+	case cfg.JWKSURL != "":
+		u, _ := url.Parse(cfg.JWKSURL) // validated
+		v.source = (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+	default:
+		v.source = "static"
+	}
+	v.lastAttempt = cfg.Now()
+	set, err := v.load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("identity: load keys from %s: %v", v.source, err)
+	}
+	v.keys.Store(set)
+	return v, nil
+}
+
+// Keys returns the key set in use.
+func (v *Verifier) Keys() *token.KeySet { return v.keys.Load() }
+
+// Verify verifies assertion and returns the identity it asserts. Errors
+// are *token.Error: ReasonMissingAssertion for an empty assertion, a token
+// reason for anything wrong with the token or its claims, and
+// token.ReasonMissingClaim when sub, tenant or act is absent. ctx bounds a
+// key refresh this call may perform.
+func (v *Verifier) Verify(ctx context.Context, assertion string) (Identity, error) {
+	if assertion == "" {
+		return Identity{}, &token.Error{Reason: ReasonMissingAssertion, Detail: "the envelope carries no assertion"}
+	}
+	v.maybeRefresh(ctx)
+	set := v.keys.Load()
+	c, err := v.verify(assertion, set)
+	if token.ReasonOf(err) == token.ReasonUnknownKID {
+		v.refreshEarly(ctx)
+		if now := v.keys.Load(); now != set {
+			c, err = v.verify(assertion, now)
+		}
+	}
+	if err != nil {
+		return Identity{}, err
+	}
+	if err := c.Validate(v.cfg.Now(), v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience); err != nil {
+		return Identity{}, err
+	}
+	for _, m := range []struct{ name, value string }{{"sub", c.Subject}, {"tenant", c.Tenant}, {"act", c.Act.Subject}} {
+		if m.value == "" {
+			return Identity{}, &token.Error{Reason: token.ReasonMissingClaim, Detail: "no " + m.name}
+		}
+	}
+	return Identity{User: c.Subject, Agent: c.Act.Subject, Tenant: c.Tenant, Purpose: c.Purpose, Roles: c.Roles}, nil
+}
+
+func (v *Verifier) verify(assertion string, set *token.KeySet) (Claims, error) {
+	var c Claims
+	_, err := token.Verify(assertion, token.VerifyOptions{Keys: set, Type: TypeAssertion}, &c)
+	return c, err
+}
+
+// maybeRefresh refreshes when Refresh has passed since the last attempt,
+// unless a refresh is already running (then this call uses the current
+// keys rather than wait).
+func (v *Verifier) maybeRefresh(ctx context.Context) {
+	if v.cfg.Keys != nil || !v.mu.TryLock() {
+		return
+	}
+	defer v.mu.Unlock()
+	if now := v.cfg.Now(); now.Sub(v.lastAttempt) >= v.cfg.Refresh {
+		v.refreshLocked(ctx, now)
+	}
+}
+
+// refreshEarly refreshes for an unknown kid, at most once per
+// EarlyRefreshInterval. It waits for a refresh already running, whose
+// keys the caller then sees.
+func (v *Verifier) refreshEarly(ctx context.Context) {
+	if v.cfg.Keys != nil {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	now := v.cfg.Now()
+	if !v.lastEarly.IsZero() && now.Sub(v.lastEarly) < EarlyRefreshInterval {
+		return
+	}
+	v.lastEarly = now
+	v.refreshLocked(ctx, now)
+}
+
+// refreshLocked loads the keys and swaps them in; on failure it keeps the
+// old ones and warns. v.mu must be held.
+func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) {
+	prev := v.lastAttempt
+	v.lastAttempt = now
+	set, err := v.load(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			// The caller gave up (shutdown, say): not the source's fault,
+			// and the next call may try again.
+			v.lastAttempt = prev
+			return
+		}
+		v.cfg.Logger.Warn("jwks refresh failed, keeping the current keys",
+			"jwks_source", v.source, "kids", v.keys.Load().IDs(), "err", err)
+		return
+	}
+	old := v.keys.Swap(set)
+	if !bytes.Equal(old.JWKS(), set.JWKS()) {
+		v.cfg.Logger.Info("jwks keys changed", "jwks_source", v.source, "kids", set.IDs())
+	}
+}
+
+// load reads the configured source; an empty set is an error, so that a
+// truncated or emptied JWKS never replaces working keys.
+func (v *Verifier) load(ctx context.Context) (*token.KeySet, error) {
+	var (
+		data []byte
+		err  error
+	)
+	switch {
+	case v.cfg.Keys != nil:
+		return v.cfg.Keys, nonEmpty(v.cfg.Keys)
+	case v.cfg.JWKSFile != "":
+		data, err = readFile(v.cfg.JWKSFile)
+	default:
+		data, err = v.fetch(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	set, err := token.ParseJWKS(data)
+	if err != nil {
+		return nil, err
+	}
+	return set, nonEmpty(set)
+}
+
+func nonEmpty(s *token.KeySet) error {
+	if s.Len() == 0 {
+		return errors.New("no usable signing key")
+	}
+	return nil
+}
+
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readCapped(f)
+}
+
+func readCapped(r io.Reader) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, token.MaxJWKSBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > token.MaxJWKSBytes {
+		return nil, fmt.Errorf("jwks larger than %d bytes", token.MaxJWKSBytes)
+	}
+	return data, nil
+}
+
+func (v *Verifier) fetch(ctx context.Context) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, FetchTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, v.cfg.JWKSURL, nil)
+	if err != nil {
+		return nil, errors.New("invalid jwks request")
+	}
+	req.Header.Set("Accept", "application/jwk-set+json, application/json")
+	resp, err := v.cfg.HTTPClient.Do(req)
+	if err != nil {
+		// *url.Error repeats the full URL, query included: keep the cause.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("fetch jwks: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("fetch jwks: http status %d", resp.StatusCode)
+	}
+	return readCapped(resp.Body)
+}
+
+// String names the verifier's issuer and key source, never key material.
+func (v *Verifier) String() string {
+	return fmt.Sprintf("identity.Verifier{issuer:%q audience:%q source:%q kids:%q}",
+		v.cfg.Issuer, v.cfg.Audience, v.source, v.keys.Load().IDs())
+}
+
+// GoString is String.
+func (v *Verifier) GoString() string { return v.String() }
+
+// Format prints String for every verb.
+func (v *Verifier) Format(f fmt.State, verb rune) { _, _ = io.WriteString(f, v.String()) }
+
+// LogValue implements slog.LogValuer.
+func (v *Verifier) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("issuer", v.cfg.Issuer), slog.String("jwks_source", v.source))
+}
