@@ -17,6 +17,10 @@
 //	leases   key: lease_until (8 bytes, big-endian, order-preserving) record key
 //	         value: empty; one entry per executing record, so Expired reads
 //	         the oldest leases first without scanning every record
+//	rates    key: a rate limiter bucket name (processors.RateLimiter)
+//	         value: its GCRA theoretical arrival time, RFC 3339 text in UTC
+//	         with microseconds; created by Open if missing, so files
+//	         written before it existed need no format change
 //	meta     "format": the layout version ("1"); Open refuses other values
 //
 // The store's clock is Config.Now (time.Now by default): leases are
@@ -45,6 +49,7 @@ var (
 	bucketRecords = []byte("records")
 	bucketLeases  = []byte("leases")
 	bucketMeta    = []byte("meta")
+	bucketRates   = []byte("rates")
 	metaFormat    = []byte("format")
 )
 
@@ -114,7 +119,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("boltstore: open %s: %w", cfg.Path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketLeases, bucketMeta} {
+		for _, b := range [][]byte{bucketRecords, bucketLeases, bucketMeta, bucketRates} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

@@ -182,7 +182,7 @@ func (s *Store) Close() error {
 // EXISTS only, so it is safe to run on every start and from several
 // processes.
 func (s *Store) Migrate(ctx context.Context) error {
-	ddl := strings.NewReplacer("{table}", s.table, "{index}", pgx.Identifier{indexName}.Sanitize()).Replace(schemaSQL)
+	ddl := strings.NewReplacer("{table}", s.table, "{index}", pgx.Identifier{indexName}.Sanitize(), "{rate_limits}", s.rateTable()).Replace(schemaSQL)
 	stmts := strings.Split(ddl, ";\n")
 	if s.schema != "" {
 		stmts = append([]string{"CREATE SCHEMA IF NOT EXISTS " + s.schema}, stmts...)

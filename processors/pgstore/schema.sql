@@ -40,3 +40,14 @@ CREATE TABLE IF NOT EXISTS {table} (
 -- CockroachDB cluster a status-leading index concentrates writes on few
 -- ranges; make it hash-sharded there (USING HASH) if it becomes a hotspot.
 CREATE INDEX IF NOT EXISTS {index} ON {table} (status, lease_until);
+
+-- Rate limits (processors.RateLimiter): one row per bucket, e.g.
+-- "<tenant>/<tool>", holding GCRA's theoretical arrival time: when the
+-- bucket will be full again. A row whose tat is in the past means the same
+-- as no row, so rows may be deleted when tat < now() at any time (not done
+-- yet: buckets are per tenant and tool, few). {rate_limits} is replaced
+-- like {table}.
+CREATE TABLE IF NOT EXISTS {rate_limits} (
+    bucket TEXT        PRIMARY KEY,
+    tat    TIMESTAMPTZ NOT NULL
+);

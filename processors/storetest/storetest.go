@@ -85,6 +85,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Concurrent/AdmitClaim", testConcurrentAdmitClaim},
 		{"Concurrent/Complete", testConcurrentComplete},
 	}
+	tests = append(tests, rateLimitTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -1,0 +1,348 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/toolcall-ledger/ledger/processors"
+)
+
+// rateLimitTests are the contract subtests of processors.RateLimiter, run
+// by Run against every store: the rate limit's state lives in the
+// execution store, so every store must implement it.
+func rateLimitTests() []struct {
+	name string
+	fn   func(t *testing.T, s processors.Store)
+} {
+	return []struct {
+		name string
+		fn   func(t *testing.T, s processors.Store)
+	}{
+		{"RateLimit/Burst", limiter(testRateBurst)},
+		{"RateLimit/Refill", limiter(testRateRefill)},
+		{"RateLimit/Independent", limiter(testRateIndependent)},
+		{"RateLimit/IntraBatch", limiter(testRateIntraBatch)},
+		{"RateLimit/Invalid", limiter(testRateInvalid)},
+		{"RateLimit/EmptyBatch", limiter(testRateEmptyBatch)},
+		{"RateLimit/CancelledContext", limiter(testRateCancelledContext)},
+		{"RateLimit/Concurrent", limiter(testRateConcurrent)},
+		{"RateLimit/ConcurrentBatches", limiter(testRateConcurrentBatches)},
+	}
+}
+
+// limiter adapts a RateLimiter test to the suite's store tests, failing a
+// store that is not a RateLimiter.
+func limiter(fn func(t *testing.T, rl processors.RateLimiter)) func(t *testing.T, s processors.Store) {
+	return func(t *testing.T, s processors.Store) {
+		t.Helper()
+		rl, ok := s.(processors.RateLimiter)
+		if !ok {
+			t.Fatalf("store %T does not implement processors.RateLimiter; every execution store must (the limits' state lives there)", s)
+		}
+		fn(t, rl)
+	}
+}
+
+// hour is a window long enough that nothing refills during a test.
+const hour = time.Hour
+
+func rate(bucket string, limit int, window time.Duration) processors.RateRequest {
+	return processors.RateRequest{Bucket: bucket, Limit: limit, Window: window}
+}
+
+func mustTake(t *testing.T, rl processors.RateLimiter, rs ...processors.RateRequest) []processors.RateResult {
+	t.Helper()
+	got, err := rl.Take(t.Context(), rs)
+	if err != nil {
+		t.Fatalf("Take(%v) = %v; want no error", rs, err)
+	}
+	if len(got) != len(rs) {
+		t.Fatalf("Take(%d requests) = %d results; want %d", len(rs), len(got), len(rs))
+	}
+	return got
+}
+
+// checkRefused fails unless res is a refusal with a RetryAfter in
+// (lo, hi].
+func checkRefused(t *testing.T, what string, res processors.RateResult, remaining int, lo, hi time.Duration) {
+	t.Helper()
+	if res.Allowed || res.Remaining != remaining {
+		t.Errorf("%s = %+v; want refused with Remaining %d", what, res, remaining)
+	}
+	if res.RetryAfter <= lo || res.RetryAfter > hi {
+		t.Errorf("%s: RetryAfter = %v; want in (%v, %v]", what, res.RetryAfter, lo, hi)
+	}
+}
+
+// testRateBurst: a full bucket admits Limit uses at once, counting down
+// Remaining, then refuses until one interval (Window/Limit) after the
+// burst.
+func testRateBurst(t *testing.T, rl processors.RateLimiter) {
+	const limit = 5
+	r := rate("t_acme/refund_order", limit, hour)
+	for i := range limit {
+		got := mustTake(t, rl, r)[0]
+		if want := (processors.RateResult{Allowed: true, Remaining: limit - 1 - i}); got != want {
+			t.Errorf("use %d: Take = %+v; want %+v", i+1, got, want)
+		}
+	}
+	// The burst put tat one Window after it; the next use fits one
+	// interval after the burst, minus the time the test has taken since.
+	interval := hour / limit
+	for i := range 2 {
+		checkRefused(t, fmt.Sprintf("use %d", limit+1+i), mustTake(t, rl, r)[0], 0, interval-time.Minute, interval)
+	}
+}
+
+// testRateRefill: after RetryAfter has passed on the store's clock, the
+// refused request is admitted, and not before. Short windows; polled.
+func testRateRefill(t *testing.T, rl processors.RateLimiter) {
+	const window = 200 * time.Millisecond
+	r := rate("t_acme/send_email", 2, window)
+	for i := range 2 {
+		if got := mustTake(t, rl, r)[0]; !got.Allowed {
+			t.Fatalf("use %d: Take = %+v; want allowed", i+1, got)
+		}
+	}
+	refusedAt := time.Now()
+	refused := mustTake(t, rl, r)[0]
+	if refused.Allowed {
+		// Only a machine stalled for a whole interval (100ms) between two
+		// calls gets here.
+		t.Fatalf("use 3: Take = %+v; want refused right after a burst of 2 per %v", refused, window)
+	}
+	checkRefused(t, "use 3", refused, 0, 0, window)
+
+	var allowedBy time.Time
+	waitFor(t, pollTimeout, func() error {
+		got := mustTake(t, rl, r)[0]
+		if !got.Allowed {
+			if got.RetryAfter <= 0 || got.RetryAfter > window {
+				t.Fatalf("refused while waiting: RetryAfter = %v; want in (0, %v]", got.RetryAfter, window)
+			}
+			return fmt.Errorf("still refused, RetryAfter %v", got.RetryAfter)
+		}
+		allowedBy = time.Now()
+		return nil
+	})
+	// The store's clock advanced by at least RetryAfter between the
+	// refusal and the admission, and both readings fall within the calls'
+	// spans on this process's clock, so this process saw at least as much
+	// time pass, whatever the offset between the clocks. The slack covers
+	// the stores' microsecond truncation.
+	if elapsed := allowedBy.Sub(refusedAt); elapsed < refused.RetryAfter-time.Millisecond {
+		t.Errorf("admitted %v after the refusal; want no sooner than its RetryAfter %v", elapsed, refused.RetryAfter)
+	}
+}
+
+// testRateIndependent: buckets do not share budget, whether they differ by
+// tool or by tenant.
+func testRateIndependent(t *testing.T, rl processors.RateLimiter) {
+	a := rate("t_acme/refund_order", 1, hour)
+	if got := mustTake(t, rl, a)[0]; !got.Allowed {
+		t.Fatalf("first use of %s: Take = %+v; want allowed", a.Bucket, got)
+	}
+	checkRefused(t, "second use of "+a.Bucket, mustTake(t, rl, a)[0], 0, 0, hour)
+	for _, b := range []string{"t_acme/send_email", "t_other/refund_order", "t_acme/refund_order/x", "T_ACME/refund_order"} {
+		if got, want := mustTake(t, rl, rate(b, 1, hour))[0], (processors.RateResult{Allowed: true}); got != want {
+			t.Errorf("first use of %s after %s ran out: Take = %+v; want %+v", b, a.Bucket, got, want)
+		}
+	}
+	checkRefused(t, "third use of "+a.Bucket, mustTake(t, rl, a)[0], 0, 0, hour)
+}
+
+// testRateIntraBatch: requests of one batch apply in order, each counts,
+// and a later one sees what an earlier one took.
+func testRateIntraBatch(t *testing.T, rl processors.RateLimiter) {
+	t.Run("same bucket thrice", func(t *testing.T) {
+		r := rate("t_acme/intra_1", 2, hour)
+		got := mustTake(t, rl, r, r, r)
+		want := []processors.RateResult{{Allowed: true, Remaining: 1}, {Allowed: true, Remaining: 0}}
+		if diff := cmp.Diff(want, got[:2]); diff != "" {
+			t.Errorf("Take(3 x limit 2) first two results (-want +got):\n%s", diff)
+		}
+		checkRefused(t, "third of the batch", got[2], 0, 0, hour/2)
+		checkRefused(t, "next batch", mustTake(t, rl, r)[0], 0, 0, hour/2)
+	})
+	t.Run("interleaved buckets", func(t *testing.T) {
+		a, b := rate("t_acme/intra_a", 2, hour), rate("t_acme/intra_b", 1, hour)
+		got := mustTake(t, rl, a, b, a, b, a)
+		want := []processors.RateResult{
+			{Allowed: true, Remaining: 1}, {Allowed: true, Remaining: 0}, {Allowed: true, Remaining: 0},
+		}
+		if diff := cmp.Diff(want, []processors.RateResult{got[0], got[1], got[2]}); diff != "" {
+			t.Errorf("Take(a, b, a, b, a) results 0-2 (-want +got):\n%s", diff)
+		}
+		checkRefused(t, "b again in the batch", got[3], 0, 0, hour)
+		checkRefused(t, "a again in the batch", got[4], 0, 0, hour/2)
+	})
+	t.Run("costs", func(t *testing.T) {
+		// Cost 0 means 1. A refused request of cost 2 takes nothing, so a
+		// later one of cost 1 still fits.
+		r := rate("t_acme/intra_cost", 4, hour)
+		two := r
+		two.Cost = 2
+		got := mustTake(t, rl, two, r, two, r, r)
+		want := []processors.RateResult{
+			{Allowed: true, Remaining: 2}, {Allowed: true, Remaining: 1},
+		}
+		if diff := cmp.Diff(want, got[:2]); diff != "" {
+			t.Errorf("Take(2, 0, 2, 0, 0 of 4) results 0-1 (-want +got):\n%s", diff)
+		}
+		checkRefused(t, "cost 2 with 1 left", got[2], 1, 0, hour/4)
+		if want := (processors.RateResult{Allowed: true, Remaining: 0}); got[3] != want {
+			t.Errorf("cost 1 with 1 left = %+v; want %+v", got[3], want)
+		}
+		checkRefused(t, "cost 1 with none left", got[4], 0, 0, hour/4)
+	})
+}
+
+// testRateInvalid: a batch holding a request no store may apply is
+// refused whole, and takes nothing, not even for its valid requests.
+func testRateInvalid(t *testing.T, rl processors.RateLimiter) {
+	tests := []struct {
+		name string
+		r    processors.RateRequest
+	}{
+		{"empty bucket", rate("", 1, hour)},
+		{"zero limit", rate("b", 0, hour)},
+		{"negative limit", rate("b", -1, hour)},
+		{"zero window", rate("b", 1, 0)},
+		{"negative window", rate("b", 1, -time.Second)},
+		{"window over a year", rate("b", 1, processors.MaxRateWindow+time.Microsecond)},
+		{"more than one use per microsecond", rate("b", 1001, time.Millisecond)},
+		{"negative cost", processors.RateRequest{Bucket: "b", Limit: 2, Window: hour, Cost: -1}},
+		{"cost over limit", processors.RateRequest{Bucket: "b", Limit: 2, Window: hour, Cost: 3}},
+		{"bucket too long", rate(strings.Repeat("b", processors.MaxRateBucketLen+1), 1, hour)},
+		{"bucket not UTF-8", rate("t_acme/\xff", 1, hour)},
+		{"bucket with NUL", rate("t_acme/\x00", 1, hour)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			valid := rate("t_acme/invalid_"+strings.ReplaceAll(tc.name, " ", "_"), 1, hour)
+			for _, batch := range [][]processors.RateRequest{{tc.r}, {valid, tc.r}} {
+				got, err := rl.Take(t.Context(), batch)
+				if !errors.Is(err, processors.ErrInvalidRateRequest) {
+					t.Errorf("Take(%+v) = %v, %v; want an error wrapping ErrInvalidRateRequest", batch, got, err)
+				}
+				if got != nil {
+					t.Errorf("Take(%+v) results = %v; want none with the error", batch, got)
+				}
+			}
+			// The valid request of the refused batch took nothing: its
+			// single use is still there.
+			if got, want := mustTake(t, rl, valid)[0], (processors.RateResult{Allowed: true}); got != want {
+				t.Errorf("Take(%s, limit 1) after the refused batch = %+v; want %+v", valid.Bucket, got, want)
+			}
+		})
+	}
+	// The largest valid request is valid.
+	largest := processors.RateRequest{Bucket: strings.Repeat("b", processors.MaxRateBucketLen), Limit: 1000, Window: time.Millisecond, Cost: 1000}
+	if got, want := mustTake(t, rl, largest)[0], (processors.RateResult{Allowed: true}); got != want {
+		t.Errorf("Take(largest valid request) = %+v; want %+v", got, want)
+	}
+}
+
+func testRateEmptyBatch(t *testing.T, rl processors.RateLimiter) {
+	for _, rs := range [][]processors.RateRequest{nil, {}} {
+		got, err := rl.Take(t.Context(), rs)
+		if err != nil || got == nil || len(got) != 0 {
+			t.Errorf("Take(%#v) = %#v, %v; want an empty non-nil slice and no error", rs, got, err)
+		}
+	}
+}
+
+func testRateCancelledContext(t *testing.T, rl processors.RateLimiter) {
+	r := rate("t_acme/cancelled", 1, hour)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if got, err := rl.Take(ctx, []processors.RateRequest{r}); err == nil {
+		t.Errorf("Take(cancelled ctx) = %v, nil error; want an error", got)
+	}
+	if got, want := mustTake(t, rl, r)[0], (processors.RateResult{Allowed: true}); got != want {
+		t.Errorf("Take after a cancelled Take = %+v; want %+v (nothing taken)", got, want)
+	}
+}
+
+// testRateConcurrent: the limit holds under concurrent callers of one
+// bucket: exactly Limit of them are admitted, and the store retries its
+// own serialization failures rather than surfacing them.
+func testRateConcurrent(t *testing.T, rl processors.RateLimiter) {
+	const (
+		callers = 20
+		limit   = 10
+	)
+	r := rate("t_acme/concurrent", limit, hour)
+	allowed, errs := takeConcurrently(t, rl, callers, func(int) []processors.RateRequest { return []processors.RateRequest{r} })
+	for _, err := range errs {
+		t.Errorf("concurrent Take: %v", err)
+	}
+	if allowed[r.Bucket] != limit {
+		t.Errorf("%d concurrent Takes of limit %d: %d allowed; want exactly %d", callers, limit, allowed[r.Bucket], limit)
+	}
+	checkRefused(t, "Take after the race", mustTake(t, rl, r)[0], 0, 0, hour/limit)
+}
+
+// testRateConcurrentBatches: concurrent batches over the same two buckets,
+// in opposite orders, neither deadlock nor fail, and each bucket admits
+// exactly its limit.
+func testRateConcurrentBatches(t *testing.T, rl processors.RateLimiter) {
+	const (
+		callers = 20
+		limit   = 10
+	)
+	x, y := rate("t_acme/batch_x", limit, hour), rate("t_acme/batch_y", limit, hour)
+	allowed, errs := takeConcurrently(t, rl, callers, func(i int) []processors.RateRequest {
+		if i%2 == 0 {
+			return []processors.RateRequest{x, y}
+		}
+		return []processors.RateRequest{y, x}
+	})
+	for _, err := range errs {
+		t.Errorf("concurrent Take: %v", err)
+	}
+	if diff := cmp.Diff(map[string]int{x.Bucket: limit, y.Bucket: limit}, allowed); diff != "" {
+		t.Errorf("%d concurrent batches over two buckets of limit %d: allowed per bucket (-want +got):\n%s", callers, limit, diff)
+	}
+}
+
+// takeConcurrently runs n Takes on rl at once, batch(i) for the i-th, and
+// counts the admitted requests per bucket.
+func takeConcurrently(t *testing.T, rl processors.RateLimiter, n int, batch func(i int) []processors.RateRequest) (map[string]int, []error) {
+	t.Helper()
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		allowed = map[string]int{}
+		errs    []error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		rs := batch(i)
+		wg.Go(func() {
+			<-start
+			got, err := rl.Take(t.Context(), rs)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("caller %d: %w", i, err))
+				return
+			}
+			for j, res := range got {
+				if res.Allowed {
+					allowed[rs[j].Bucket]++
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return allowed, errs
+}
