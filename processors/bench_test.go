@@ -54,7 +54,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			h.startExecutor(h.executorConfig("executor-bench"))
 			w := newTerminalWatcher(b, h)
 			run(b, func(ctx context.Context, i int) error {
-				e := newEnvelope(b, "t_bench", fmt.Sprintf("%s-%d", tool.name, i), tool.name, tool.args(i))
+				e := h.newEnvelope("t_bench", fmt.Sprintf("%s-%d", tool.name, i), tool.name, tool.args(i))
 				done := w.expect(e.key().String())
 				h.publish(e.key().String(), mustJSON(b, e))
 				select {

@@ -40,12 +40,12 @@ func TestMalformedEnvelopesAreRefusedWithPointer(t *testing.T) {
 	h.startIntake("intake-1")
 	h.startExecutor(h.executorConfig("executor-1"))
 
-	good := newEnvelope(t, "t_a", "k", "get_weather", map[string]any{"city": "Oslo"})
+	good := h.newEnvelope("t_a", "k", "get_weather", map[string]any{"city": "Oslo"})
 	hash := good.ArgumentsHash
 	// env is a raw envelope for key with the given middle part.
 	env := func(key, tool, args, extra string) []byte {
-		return fmt.Appendf(nil, `{"tool":%q,"tool_version":1,"call_id":"call_%s","arguments":%s,"scope":{"tenant_id":"t_a"},"idempotency_key":%q,"arguments_hash":%q%s}`,
-			tool, key, args, key, hash, extra)
+		return fmt.Appendf(nil, `{"tool":%q,"tool_version":1,"call_id":"call_%s","arguments":%s,"scope":{"tenant_id":"t_a"},"idempotency_key":%q,"arguments_hash":%q,"assertion":%q%s}`,
+			tool, key, args, key, hash, good.Assertion, extra)
 	}
 	deep := strings.Repeat(`{"a":`, 40) + "1" + strings.Repeat("}", 40)
 	huge := `{"city":"` + strings.Repeat("x", 300<<10) + `"}`
@@ -74,9 +74,9 @@ func TestMalformedEnvelopesAreRefusedWithPointer(t *testing.T) {
 		pointer    string
 		prefixOnly bool
 	}
-	unknownTool := newEnvelope(t, "t_a", "tool", "launch_missiles", map[string]any{"city": "Oslo"})
-	extraArg := newEnvelope(t, "t_a", "args", "get_weather", map[string]any{"city": "Oslo", "zip": "0150"})
-	missingArg := newEnvelope(t, "t_a", "missing", "get_weather", map[string]any{"unit": "c"})
+	unknownTool := h.newEnvelope("t_a", "tool", "launch_missiles", map[string]any{"city": "Oslo"})
+	extraArg := h.newEnvelope("t_a", "args", "get_weather", map[string]any{"city": "Oslo", "zip": "0150"})
+	missingArg := h.newEnvelope("t_a", "missing", "get_weather", map[string]any{"unit": "c"})
 	cases = append(cases,
 		tcase{"unknown tool", "tool", mustJSON(t, unknownTool), intake.ReasonUnknownTool, "/tool", false},
 		tcase{"extra argument", "args", mustJSON(t, extraArg), intake.ReasonInvalidArguments, "/arguments/zip", false},
@@ -108,7 +108,7 @@ func TestMalformedEnvelopesAreRefusedWithPointer(t *testing.T) {
 	}
 
 	// The key of a refused envelope is still free.
-	fixed := newEnvelope(t, "t_a", "unknown", "get_weather", map[string]any{"city": "Oslo"})
+	fixed := h.newEnvelope("t_a", "unknown", "get_weather", map[string]any{"city": "Oslo"})
 	h.submit(fixed)
 	c := h.waitSettled(30*time.Second, fixed.key())[fixed.key()]
 	if c.State != statemachine.StateSucceeded {
@@ -200,9 +200,9 @@ func TestExecutorReplacedMidRunLosesNothingDuplicatesNothing(t *testing.T) {
 			keys := make([]ledger.CallKey, n)
 			for i := range envs {
 				if i%2 == 0 {
-					envs[i] = newEnvelope(t, "t_load", fmt.Sprintf("ticket-%04d", i), "create_ticket", map[string]any{"title": fmt.Sprintf("ticket %d", i)})
+					envs[i] = h.newEnvelope("t_load", fmt.Sprintf("ticket-%04d", i), "create_ticket", map[string]any{"title": fmt.Sprintf("ticket %d", i)})
 				} else {
-					envs[i] = newEnvelope(t, "t_load", fmt.Sprintf("notify-%04d", i), "notify", map[string]any{"to": "ops@example.com", "subject": fmt.Sprintf("note %d", i)})
+					envs[i] = h.newEnvelope("t_load", fmt.Sprintf("notify-%04d", i), "notify", map[string]any{"to": "ops@example.com", "subject": fmt.Sprintf("note %d", i)})
 				}
 				keys[i] = envs[i].key()
 			}

@@ -29,6 +29,8 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
+	"github.com/toolcall-ledger/ledger/processors/policy"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/processors/storetest"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/schemas"
@@ -47,6 +49,8 @@ type harness struct {
 	index   *callindex.Index
 	pub     *kgo.Client
 	logger  *slog.Logger
+	ident   *processorstest.Identity
+	policy  *policy.Engine
 }
 
 type storeKind string
@@ -58,7 +62,7 @@ const (
 
 func newHarness(t testing.TB, kind storeKind, partitions int32, backendOpts ...func(*demobackend.Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, logger: testLogger(t)}
+	h := &harness{t: t, logger: testLogger(t), ident: processorstest.NewIdentity(t), policy: processorstest.Policy(t, "testdata/policies")}
 	h.kafka = ledgertest.New(t, ledgertest.Options{Partitions: partitions})
 	switch kind {
 	case storeSQL:
@@ -132,7 +136,11 @@ func (h *harness) run(name string, fn func(ctx context.Context) error) (stop fun
 
 func (h *harness) startIntake(instance string) (stop func()) {
 	h.t.Helper()
-	in, err := intake.New(intake.Config{Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Actor: instance, Logger: h.logger})
+	limiter, _ := h.store.(processors.RateLimiter)
+	in, err := intake.New(intake.Config{
+		Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Actor: instance, Logger: h.logger,
+		Identity: h.ident.Verifier, Policy: h.policy, RateLimiter: limiter,
+	})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -171,7 +179,8 @@ func (h *harness) startExecutor(cfg executor.Config) (stop func()) {
 	return h.run(cfg.Owner, loop.Run)
 }
 
-// envelope is a well-formed envelope with a correct hash.
+// envelope is a well-formed envelope with a correct hash and a valid
+// assertion for its tenant.
 type envelope struct {
 	Tool           string         `json:"tool"`
 	ToolVersion    int            `json:"tool_version"`
@@ -181,9 +190,11 @@ type envelope struct {
 	IdempotencyKey string         `json:"idempotency_key"`
 	ArgumentsHash  string         `json:"arguments_hash"`
 	DeadlineMS     int64          `json:"deadline_ms,omitempty"`
+	Assertion      string         `json:"assertion,omitempty"`
 }
 
-func newEnvelope(t testing.TB, tenant, key, tool string, args map[string]any) envelope {
+func (h *harness) newEnvelope(tenant, key, tool string, args map[string]any) envelope {
+	t := h.t
 	t.Helper()
 	tree, err := ledger.Decode(mustJSON(t, args), ledger.Limits{})
 	if err != nil {
@@ -197,6 +208,7 @@ func newEnvelope(t testing.TB, tenant, key, tool string, args map[string]any) en
 		Tool: tool, ToolVersion: 1, CallID: "call_" + key, Arguments: args,
 		Scope:          map[string]any{"tenant_id": tenant, "user_id": "u_1"},
 		IdempotencyKey: key, ArgumentsHash: hash,
+		Assertion: h.ident.Assertion(t, tenant, "u_1"),
 	}
 }
 
@@ -303,8 +315,8 @@ func TestCallRunsToSucceeded(t *testing.T) {
 		h.startIntake("intake-1")
 		h.startExecutor(h.executorConfig("executor-1"))
 
-		weather := newEnvelope(t, "t_a", "weather-1", "get_weather", map[string]any{"city": "Sydney"})
-		ticket := newEnvelope(t, "t_a", "ticket-1", "create_ticket", map[string]any{"title": "Printer on fire"})
+		weather := h.newEnvelope("t_a", "weather-1", "get_weather", map[string]any{"city": "Sydney"})
+		ticket := h.newEnvelope("t_a", "ticket-1", "create_ticket", map[string]any{"title": "Printer on fire"})
 		h.submit(weather, ticket)
 		calls := h.waitSettled(30*time.Second, weather.key(), ticket.key())
 		for _, e := range []envelope{weather, ticket} {
@@ -338,8 +350,8 @@ func TestCallRunsToSucceeded(t *testing.T) {
 func TestDuplicateEnvelopesExecuteOnce(t *testing.T) {
 	stores(t, func(t *testing.T, kind storeKind) {
 		h := newHarness(t, kind, 4)
-		ticket := newEnvelope(t, "t_a", "dup-ticket", "create_ticket", map[string]any{"title": "once"})
-		note := newEnvelope(t, "t_a", "dup-notify", "notify", map[string]any{"to": "a@example.com", "subject": "once"})
+		ticket := h.newEnvelope("t_a", "dup-ticket", "create_ticket", map[string]any{"title": "once"})
+		note := h.newEnvelope("t_a", "dup-notify", "notify", map[string]any{"to": "a@example.com", "subject": "once"})
 		for range 100 {
 			h.submit(ticket, note)
 		}
@@ -403,8 +415,8 @@ func TestTenantsSharingAKeyAreTwoCalls(t *testing.T) {
 		h := newHarness(t, kind, 4)
 		h.startIntake("intake-1")
 		h.startExecutor(h.executorConfig("executor-1"))
-		a := newEnvelope(t, "t_a", "shared-key", "create_ticket", map[string]any{"title": "A's ticket"})
-		b := newEnvelope(t, "t_b", "shared-key", "create_ticket", map[string]any{"title": "B's ticket"})
+		a := h.newEnvelope("t_a", "shared-key", "create_ticket", map[string]any{"title": "A's ticket"})
+		b := h.newEnvelope("t_b", "shared-key", "create_ticket", map[string]any{"title": "B's ticket"})
 		h.submit(a, b)
 		calls := h.waitSettled(30*time.Second, a.key(), b.key())
 		for _, e := range []envelope{a, b} {
@@ -432,11 +444,11 @@ func TestKeyReusedWithOtherArgumentsIsRefused(t *testing.T) {
 		h := newHarness(t, kind, 4)
 		h.startIntake("intake-1")
 		h.startExecutor(h.executorConfig("executor-1"))
-		first := newEnvelope(t, "t_a", "reused", "create_ticket", map[string]any{"title": "first"})
+		first := h.newEnvelope("t_a", "reused", "create_ticket", map[string]any{"title": "first"})
 		h.submit(first)
 		h.waitSettled(30*time.Second, first.key())
 
-		second := newEnvelope(t, "t_a", "reused", "create_ticket", map[string]any{"title": "second"})
+		second := h.newEnvelope("t_a", "reused", "create_ticket", map[string]any{"title": "second"})
 		second.CallID = "call_second"
 		h.submit(second)
 		ref := h.waitRefused(30*time.Second, second.key())
@@ -457,7 +469,7 @@ func TestHighRiskToolDeniedWithoutPolicy(t *testing.T) {
 	h := newHarness(t, storeEmbedded, 4)
 	h.startIntake("intake-1")
 	h.startExecutor(h.executorConfig("executor-1"))
-	refund := newEnvelope(t, "t_a", "refund-1", "refund_order", map[string]any{"order_id": "ord_1", "amount_cents": 4500, "currency": "AUD"})
+	refund := h.newEnvelope("t_a", "refund-1", "refund_order", map[string]any{"order_id": "ord_1", "amount_cents": 4500, "currency": "AUD"})
 	h.submit(refund)
 	c := h.waitSettled(30*time.Second, refund.key())[refund.key()]
 	if got, want := eventTypes(c.Events), "1:requested 2:denied"; got != want {

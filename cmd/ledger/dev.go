@@ -18,13 +18,17 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 )
 
 type devFlags struct {
 	roles       roleFlags
+	policy      policyFlags
+	creds       credentialFlags
 	kafkaAddr   string
 	httpAddr    string
 	backendAddr string
@@ -46,6 +50,8 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	}
 	f.roles.register(cmd, true)
 	fs := cmd.Flags()
+	f.policy.register(fs)
+	f.creds.register(fs)
 	fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "where the in-process Kafka listens (loopback only)")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "where the HTTP API listens")
 	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens")
@@ -105,7 +111,27 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 	defer index.Close()
 
-	backend := demobackend.New(demobackend.Config{Logger: logger.With("component", "demobackend"), JournalPath: filepath.Join(dataDir, "effects.jsonl")})
+	issuer, ident, err := devIdentity(ctx, dataDir, logger.With("component", "identity"))
+	if err != nil {
+		return err
+	}
+	engine, watchPolicies, err := f.policy.engine(logger.With("component", "policy"))
+	if err != nil {
+		return err
+	}
+	broker, err := f.creds.broker(dataDir, logger.With("component", "credentials"))
+	if err != nil {
+		return err
+	}
+	toolCreds, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, Keys: broker.Keys})
+	if err != nil {
+		return err
+	}
+	backend := demobackend.New(demobackend.Config{
+		Logger:      logger.With("component", "demobackend"),
+		JournalPath: filepath.Join(dataDir, "effects.jsonl"),
+		Credentials: toolCreds,
+	})
 	backendLn, err := net.Listen("tcp", f.backendAddr)
 	if err != nil {
 		return fmt.Errorf("demo backend: %w", err)
@@ -117,11 +143,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 
 	instance := f.roles.instance
-	intake, err := intakeLoop(cc, topics, reg, st, instance, logger)
+	intakeRole, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev"}, instance, logger)
 	if err != nil {
 		return err
 	}
-	exec, _, err := executorLoop(cc, topics, reg, st, "http://"+backendLn.Addr().String(), instance, logger)
+	exec, _, err := executorLoop(cc, topics, reg, st, broker, "http://"+backendLn.Addr().String(), instance, logger)
 	if err != nil {
 		return err
 	}
@@ -143,10 +169,14 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 
+	mux := http.NewServeMux()
+	mux.Handle(credentials.JWKSPath, broker.Handler())
+	mux.Handle("/", api)
+
 	grp, ctx := errgroup.WithContext(ctx)
 	servers := []*http.Server{
 		{Handler: backend.Handler(), ReadHeaderTimeout: 5 * time.Second},
-		{Handler: api, ReadHeaderTimeout: 5 * time.Second},
+		{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
 	}
 	for i, ln := range []net.Listener{backendLn, apiLn} {
 		srv := servers[i]
@@ -157,7 +187,8 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 			return nil
 		})
 	}
-	grp.Go(func() error { return intake.Run(ctx) })
+	grp.Go(func() error { return watchPolicies(ctx) })
+	grp.Go(func() error { return intakeRole.Run(ctx) })
 	grp.Go(func() error { return exec.Run(ctx) })
 	grp.Go(func() error {
 		return index.Run(ctx, callindex.RunConfig{Client: cc, Topic: topics.Events})
@@ -173,6 +204,8 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	})
 
 	printBanner(os.Stdout, banner{
+		issuer:  issuer.Issuer(),
+		policy:  engine.Active().Version(),
 		kafka:   cluster.ListenAddrs(),
 		api:     apiLn.Addr().String(),
 		backend: backendLn.Addr().String(),
@@ -200,6 +233,8 @@ func (s storeResults) Result(ctx context.Context, key ledger.CallKey) (json.RawM
 }
 
 type banner struct {
+	issuer  string
+	policy  string
 	kafka   []string
 	api     string
 	backend string
@@ -217,10 +252,13 @@ Toolcall Ledger (dev) is running. Ctrl-C stops it.
   Demo tool backend    http://%s   (GET /effects lists every effect it applied)
   Execution store      %s
   Data directory       %s
+  Identity issuer      %s (dev key in the data directory; ledger token mints assertions)
+  Policies             %s
+  Credential keys      http://%s/.well-known/jwks.json
 
 Try:
   go run ./cmd/ledger submit --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
   curl -s 'http://%s/v1/calls/<idempotency_key>?tenant_id=t_demo'
 
-`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.backend, b.store, b.dataDir, b.api)
+`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, b.api)
 }

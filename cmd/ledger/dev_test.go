@@ -130,7 +130,7 @@ func TestDevEndToEnd(t *testing.T) {
 	kafka, api, backend := freeAddr(t), freeAddr(t), freeAddr(t)
 	dev := startDev(t, dir, kafka, api, backend)
 
-	out := cli(t, "submit", "--kafka-brokers", kafka, "--tool", "get_weather", "--args", `{"city":"Sydney"}`, "--tenant", "t_demo", "--key", "dev-1", "--wait", "--timeout", "60s")
+	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Sydney"}`, "--tenant", "t_demo", "--key", "dev-1", "--wait", "--timeout", "60s")
 	for _, want := range []string{"requested", "authorized", "executing", "succeeded", "t_demo/dev-1 is succeeded"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("submit --wait output lacks %q:\n%s", want, out)
@@ -182,7 +182,7 @@ func TestDevEndToEnd(t *testing.T) {
 	}
 
 	// POST with ?wait answers with the settled call.
-	env := cli(t, "submit", "--kafka-brokers", kafka, "--tool", "create_ticket", "--args", `{"title":"from the api"}`, "--key", "dev-2", "--json")
+	env := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "create_ticket", "--args", `{"title":"from the api"}`, "--key", "dev-2", "--json")
 	// That published dev-2 already; post the same envelope again through
 	// the API: a retry, answered with the one call.
 	body := env[strings.Index(env, "{"):]

@@ -54,6 +54,7 @@ func newRoot() *cobra.Command {
 		newMigrateCmd(g),
 		newSubmitCmd(g),
 		newTraceCmd(g),
+		newTokenCmd(g),
 	)
 	return root
 }

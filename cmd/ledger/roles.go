@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"time"
 
@@ -34,12 +36,16 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id)")
 }
 
-// intakeLoop wires an intake onto its consume-process-produce loop.
-func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, instance string, logger *slog.Logger) (*ledger.Loop, error) {
-	in, err := intake.New(intake.Config{
-		Registry: reg, Store: st, Topics: topics,
-		Actor: "intake/" + instance, Logger: logger.With("processor", "intake"),
-	})
+// intakeLoop wires an intake onto its consume-process-produce loop. cfg
+// carries the intake's trust: identity, policy and rate limiter.
+func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, logger *slog.Logger) (*ledger.Loop, error) {
+	cfg.Topics = topics
+	cfg.Actor = "intake/" + instance
+	cfg.Logger = logger.With("processor", "intake")
+	if l, ok := cfg.Store.(processors.RateLimiter); ok && cfg.RateLimiter == nil {
+		cfg.RateLimiter = l
+	}
+	in, err := intake.New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -47,13 +53,14 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Regis
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	x, err := executor.New(executor.Config{
 		Registry: reg, Store: st, Topics: topics,
-		Caller:  httptool.New(httptool.Config{}),
-		BaseURL: toolsBase,
-		Owner:   "executor/" + instance,
-		Logger:  logger.With("processor", "executor"),
+		Caller:      httptool.New(httptool.Config{}),
+		Credentials: minter,
+		BaseURL:     toolsBase,
+		Owner:       "executor/" + instance,
+		Logger:      logger.With("processor", "executor"),
 	})
 	if err != nil {
 		return nil, nil, err
@@ -84,36 +91,79 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 }
 
 func newIntakeCmd(g *globals) *cobra.Command {
-	var rf roleFlags
+	var (
+		rf  roleFlags
+		idf identityFlags
+		pf  policyFlags
+	)
 	cmd := &cobra.Command{
 		Use:   "intake",
-		Short: "Run the intake: validate envelopes from the request topic and append their first events",
+		Short: "Run the intake: verify, validate and decide envelopes from the request topic, and append their first events",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return rf.run(cmd.Context(), g, "intake", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
-				return intakeLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, rf.instance, logger)
+			ctx := cmd.Context()
+			return rf.run(ctx, g, "intake", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
+				ident, err := idf.verifier(ctx, logger)
+				if err != nil {
+					return nil, err
+				}
+				engine, watch, err := pf.engine(logger)
+				if err != nil {
+					return nil, err
+				}
+				go func() {
+					// Owned by the command: it ends with ctx.
+					if err := watch(ctx); err != nil {
+						logger.Error("policy watcher stopped", "err", err)
+					}
+				}()
+				logger.Info("policy active", "policy_version", engine.Active().Version())
+				return intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine}, rf.instance, logger)
 			})
 		},
 	}
 	rf.register(cmd, true)
+	idf.register(cmd.Flags())
+	pf.register(cmd.Flags())
 	return cmd
 }
 
 func newExecutorCmd(g *globals) *cobra.Command {
 	var (
 		rf        roleFlags
+		cf        credentialFlags
 		toolsBase string
+		jwksAddr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "executor",
 		Short: "Run an executor: run authorized calls exactly once and append their outcome",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return rf.run(cmd.Context(), g, "executor", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
-				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, toolsBase, rf.instance, logger)
+				broker, err := cf.broker(rf.store.dataDir, logger)
+				if err != nil {
+					return nil, err
+				}
+				if jwksAddr != "" {
+					srv := &http.Server{Addr: jwksAddr, Handler: broker.Handler(), ReadHeaderTimeout: 5 * time.Second}
+					go func() {
+						// Owned by the command: closed when ctx ends.
+						<-cmd.Context().Done()
+						srv.Close()
+					}()
+					go func() {
+						if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+							logger.Error("jwks server stopped", "err", err)
+						}
+					}()
+				}
+				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, toolsBase, rf.instance, logger)
 				return loop, err
 			})
 		},
 	}
 	rf.register(cmd, true)
+	cf.register(cmd.Flags())
+	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve the credential keys (GET /.well-known/jwks.json) for tools to verify with; empty: not served")
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative tool backend URLs resolve against")
 	return cmd
 }

@@ -31,6 +31,8 @@ type submitFlags struct {
 	wait        bool
 	timeout     time.Duration
 	jsonOut     bool
+	assertion   string
+	dataDir     string
 }
 
 func newSubmitCmd(g *globals) *cobra.Command {
@@ -59,6 +61,8 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.BoolVar(&f.wait, "wait", false, "wait for the call to settle and print its last event")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long --wait waits")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
+	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider); default: one minted by the dev issuer in --data-dir, if there is one")
+	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
 	return cmd
 }
 
@@ -195,6 +199,15 @@ func (f *submitFlags) envelope() ([]byte, error) {
 	}
 	if f.traceID != "" {
 		env["trace_id"] = f.traceID
+	}
+	assertion := f.assertion
+	if assertion == "" {
+		if assertion, err = devAssertion(f.dataDir, f.tenant, f.user); err != nil {
+			return nil, err
+		}
+	}
+	if assertion != "" {
+		env["assertion"] = assertion
 	}
 	if f.deadline > 0 {
 		env["deadline_ms"] = f.deadline.Milliseconds()

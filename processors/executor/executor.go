@@ -38,6 +38,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
@@ -49,6 +50,12 @@ type Store interface {
 	Complete(ctx context.Context, cs []processors.Completion) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 	Expired(ctx context.Context, limit int) ([]processors.Record, error)
+}
+
+// Minter mints the short-lived credential of one execution. The token
+// goes only to the tool's adapter.
+type Minter interface {
+	Mint(g credentials.Grant) (credentials.Credential, error)
 }
 
 // Caller calls a tool over its transport. Implementations are safe for
@@ -67,6 +74,7 @@ const (
 	ReasonUnavailable       = "tool_unavailable"
 	ReasonArgumentIntegrity = "arguments_integrity"
 	ReasonUnknownTool       = "unknown_tool"
+	ReasonNoCredential      = "credential_unavailable"
 )
 
 // Config configures an executor.
@@ -77,6 +85,9 @@ type Config struct {
 	Store Store
 	// Caller reaches the tools. Required.
 	Caller Caller
+	// Credentials mints each execution's credential (sent as
+	// Authorization: Bearer). Nil sends none, for tools that need none.
+	Credentials Minter
 	// BaseURL resolves tools' relative backend URLs. Required when any
 	// tool's URL is relative.
 	BaseURL string
@@ -411,6 +422,23 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 	callCtx, cancel := context.WithDeadline(ctx, stop)
 	defer cancel()
 
+	var bearer string
+	if x.cfg.Credentials != nil {
+		cred, err := x.cfg.Credentials.Mint(credentials.Grant{
+			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: x.cfg.Owner,
+			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
+			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), KeyEpoch: rec.Epoch, Deadline: stop,
+		})
+		if err != nil {
+			// Nothing was sent: without a credential the tool is
+			// not called.
+			log.Error("mint credential", "err", err)
+			return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "", nil)
+		}
+		bearer = cred.Token
+		c.jti, c.scope, c.family = cred.JTI, cred.Scope, cred.Family
+	}
+
 	g := x.guard(tool)
 	attempt := rec.Attempt
 	c.firstAttempt = attempt + 1
@@ -426,7 +454,7 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt)
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, bearer)
 		if err == nil {
 			return c.succeed(tool, attempt, resp)
 		}
@@ -457,7 +485,7 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 
 // attempt is one tool invocation through the tool's bulkhead and breaker.
 // The breaker wraps the deadline, so a timeout counts against the tool.
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int) (httptool.Response, error) {
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, bearer string) (httptool.Response, error) {
 	select {
 	case g.bulkhead <- struct{}{}:
 		defer func() { <-g.bulkhead }()
@@ -475,6 +503,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			TraceID:        tmpl.TraceID,
 			Attempt:        attempt,
 			Arguments:      rec.Arguments,
+			Credential:     bearer,
 			MaxResultBytes: tool.MaxResultBytes,
 		})
 	})
@@ -545,6 +574,9 @@ type completion struct {
 	rec          processors.Record
 	start        time.Time
 	firstAttempt int
+	// The execution's credential, for the events: its id, scope and
+	// family, never the token.
+	jti, scope, family string
 }
 
 func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) ledger.Event {
@@ -554,6 +586,7 @@ func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) le
 	e.Seq = seq
 	e.At = at.UTC()
 	e.Actor = c.x.cfg.Owner
+	e.JTI, e.CredentialScope, e.CredentialFamily = c.jti, c.scope, c.family
 	return e
 }
 
@@ -610,7 +643,7 @@ func (c *completion) complete(status processors.Status, attempt int, result []by
 }
 
 func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Response) processors.Completion {
-	s := sanitize(tool, resp)
+	s := sanitize(tool, resp, append(append([]string(nil), tool.Mask...), obligationMasks(c.tmpl.Obligations)...))
 	code := ""
 	if resp.Truncated {
 		code = "result_truncated"
@@ -671,6 +704,9 @@ func template(e ledger.Event) ledger.Event {
 		ToolVersion:    e.ToolVersion,
 		ArgumentsHash:  e.ArgumentsHash,
 		TraceID:        e.TraceID,
+		PolicyID:       e.PolicyID,
+		PolicyVersion:  e.PolicyVersion,
+		Obligations:    e.Obligations,
 	}
 }
 
@@ -684,7 +720,9 @@ func recordTemplate(rec processors.Record) (ledger.Event, error) {
 	if len(evs) == 0 {
 		return ledger.Event{}, errors.New("empty outbox")
 	}
-	return template(evs[0]), nil
+	// The decision (the outbox's last event) carries the policy fields
+	// and obligations.
+	return template(evs[len(evs)-1]), nil
 }
 
 // verifyArguments checks that what is about to run is what was hashed.
@@ -711,7 +749,18 @@ type sanitized struct {
 	bytes  int
 }
 
-func sanitize(tool *schemas.Tool, resp httptool.Response) sanitized {
+// obligationMasks returns the fields a policy's mask obligations hide.
+func obligationMasks(obligations []string) []string {
+	var masks []string
+	for _, o := range obligations {
+		if m, ok := strings.CutPrefix(o, "mask:"); ok {
+			masks = append(masks, m)
+		}
+	}
+	return masks
+}
+
+func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string) sanitized {
 	sum := sha256.Sum256(resp.Body)
 	s := sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
 	wrapped := struct {
@@ -722,7 +771,7 @@ func sanitize(tool *schemas.Tool, resp httptool.Response) sanitized {
 	}{Untrusted: true, Source: fmt.Sprintf("tool:%s@v%d", tool.Name, tool.Version), Truncated: resp.Truncated}
 	if !resp.Truncated {
 		if tree, err := ledger.Decode(resp.Body, ledger.Limits{MaxBytes: max(len(resp.Body), 1)}); err == nil {
-			wrapped.Content = ledger.Redact(tree, tool.Mask)
+			wrapped.Content = ledger.Redact(tree, masks)
 		} else {
 			wrapped.Content = string(resp.Body)
 		}

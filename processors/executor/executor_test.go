@@ -17,10 +17,12 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -35,6 +37,7 @@ type rig struct {
 	backend *demobackend.Server
 	url     string
 	in      *intake.Processor
+	ident   *processorstest.Identity
 }
 
 func newRig(t *testing.T) *rig {
@@ -51,11 +54,12 @@ func newRig(t *testing.T) *rig {
 	b := demobackend.New(demobackend.Config{})
 	srv := httptest.NewServer(b.Handler())
 	t.Cleanup(func() { b.Close(); srv.Close() })
-	in, err := intake.New(intake.Config{Registry: reg, Store: st})
+	ident := processorstest.NewIdentity(t)
+	in, err := intake.New(intake.Config{Registry: reg, Store: st, Identity: ident.Verifier, Policy: processorstest.Policy(t, "../testdata/policies")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &rig{t: t, store: st, reg: reg, backend: b, url: srv.URL, in: in}
+	return &rig{t: t, store: st, reg: reg, backend: b, url: srv.URL, in: in, ident: ident}
 }
 
 func (r *rig) executor(mod func(*executor.Config)) *executor.Executor {
@@ -91,6 +95,7 @@ func (r *rig) admit(tool, key string, args map[string]any, deadlineMS int64) *kg
 	env := map[string]any{
 		"tool": tool, "tool_version": 1, "call_id": "call_" + key, "arguments": args,
 		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": hash,
+		"assertion": r.ident.Assertion(r.t, "t_a", "u_1"),
 	}
 	if deadlineMS > 0 {
 		env["deadline_ms"] = deadlineMS
@@ -510,5 +515,58 @@ func TestShutdownRecordsRunningCalls(t *testing.T) {
 	}
 	if n := r.backend.AppliedIn("send_email", "t_a", "t_a/slow"); n != 1 {
 		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// Every execution gets its own short-lived credential: the tool verifies
+// it, the events carry its jti and family but never the token, and a tool
+// that demands a credential refuses a call without one.
+func TestExecutionCredential(t *testing.T) {
+	r := newRig(t)
+	broker, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := demobackend.New(demobackend.Config{Credentials: verifier})
+	srv := httptest.NewServer(guarded.Handler())
+	t.Cleanup(func() { guarded.Close(); srv.Close() })
+	r.url = srv.URL
+
+	auth := r.admit("create_ticket", "cred", map[string]any{"title": "t"}, 0)
+	out, err := r.executor(func(c *executor.Config) { c.Credentials = broker }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	last := evs[len(evs)-1]
+	if last.Type != statemachine.EventSucceeded || last.JTI == "" || last.CredentialFamily == "" || last.CredentialScope != "tool::create_ticket" {
+		t.Fatalf("terminal event %s jti %q family %q scope %q; want succeeded with the credential's jti, family and scope", last.Type, last.JTI, last.CredentialFamily, last.CredentialScope)
+	}
+	effs := guarded.Effects()
+	if len(effs) != 1 || effs[0].JTI != last.JTI {
+		t.Errorf("tool effects %+v; want one, under jti %s", effs, last.JTI)
+	}
+	for _, rec := range out.Records {
+		if strings.Contains(string(rec.Value), "eyJ") {
+			t.Errorf("an event carries a token: %s", rec.Value)
+		}
+	}
+
+	// Without a credential the tool refuses, and nothing happens.
+	auth = r.admit("create_ticket", "nocred", map[string]any{"title": "t"}, 0)
+	out, err = r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs = decodeAll(t, out.Records)
+	if last := evs[len(evs)-1]; last.Type != statemachine.EventFailed || last.ErrorCode != "http_401" {
+		t.Errorf("without a credential: %s (%s); want failed with http_401", last.Type, last.ErrorCode)
+	}
+	if n := len(guarded.Effects()); n != 1 {
+		t.Errorf("tool effects %d; want still 1", n)
 	}
 }

@@ -10,13 +10,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -30,7 +34,27 @@ const (
 	ReasonNoPolicy            = "no_policy"
 	ReasonIdempotencyKeyReuse = "idempotency_key_reused"
 	ReasonUnidentifiable      = "unidentifiable_request"
+	// ReasonScopeMismatch: the envelope's scope disagrees with the
+	// verified assertion.
+	ReasonScopeMismatch = "scope_mismatch"
+	// ReasonRateLimited: a policy's rate limit refused the call; the
+	// refusal carries retry_after_ms and the key stays free.
+	ReasonRateLimited = "rate_limited"
+	// ReasonAssertionPrefix prefixes the verifier's reason for a refused
+	// assertion: "assertion_expired", "assertion_alg_not_allowed"...
+	ReasonAssertionPrefix = "assertion_"
 )
+
+// Verifier verifies an agent's identity assertion. Implementations are
+// safe for concurrent use; ctx bounds any key refresh.
+type Verifier interface {
+	Verify(ctx context.Context, assertion string) (identity.Identity, error)
+}
+
+// Decider decides a call with the active policies, failing closed.
+type Decider interface {
+	Decide(ctx context.Context, r policy.Request) policy.Decision
+}
 
 // Store is the part of the execution store the intake uses.
 type Store interface {
@@ -44,6 +68,19 @@ type Config struct {
 	Registry *schemas.Registry
 	// Store records each call on first sight. Required.
 	Store Store
+	// Identity verifies the envelope's assertion; who asks comes from it
+	// alone, never from the scope or the arguments. Required.
+	Identity Verifier
+	// Policy decides every call. Required.
+	Policy Decider
+	// RateLimiter enforces the policies' rate_limit obligations across all
+	// intake instances. Without one, a call under a rate limit is denied.
+	RateLimiter processors.RateLimiter
+	// ApprovalTTL bounds how long a call waits for approval; default 15m,
+	// and never past the call's deadline.
+	ApprovalTTL time.Duration
+	// Channel is what policies see as context.channel; default "kafka".
+	Channel string
 	// Topics; defaults as ledger.Topics.
 	Topics ledger.Topics
 	// Limits on envelopes; defaults 256 KiB and depth 32.
@@ -64,8 +101,14 @@ type Processor struct {
 
 // New validates cfg and returns an intake.
 func New(cfg Config) (*Processor, error) {
-	if cfg.Registry == nil || cfg.Store == nil {
-		return nil, errors.New("intake: registry and store are required")
+	if cfg.Registry == nil || cfg.Store == nil || cfg.Identity == nil || cfg.Policy == nil {
+		return nil, errors.New("intake: registry, store, identity verifier and policy are required")
+	}
+	if cfg.ApprovalTTL <= 0 {
+		cfg.ApprovalTTL = 15 * time.Minute
+	}
+	if cfg.Channel == "" {
+		cfg.Channel = "kafka"
 	}
 	cfg.Topics = cfg.Topics.WithDefaults()
 	cfg.Limits = cfg.Limits.WithDefaults()
@@ -81,10 +124,24 @@ func New(cfg Config) (*Processor, error) {
 	return &Processor{cfg: cfg}, nil
 }
 
-// pending is one envelope that passed every check that needs no state and
-// now waits for the store to say whether its key is free.
+// checked is an envelope that passed every check: who asks, which tool,
+// and the policy's decision.
+type checked struct {
+	env      *ledger.Envelope
+	id       identity.Identity
+	tool     *schemas.Tool
+	decision policy.Decision
+}
+
+// key is the call's key under the verified tenant.
+func (c *checked) key() ledger.CallKey {
+	return ledger.CallKey{TenantID: c.id.Tenant, IdempotencyKey: c.env.IdempotencyKey}
+}
+
+// pending is a checked envelope waiting for the store to say whether its
+// key is free.
 type pending struct {
-	env       *ledger.Envelope
+	*checked
 	admission processors.Admission
 }
 
@@ -106,20 +163,29 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		}
 	}
 	now := p.cfg.Now().UTC()
+	var calls []*checked
 	for _, rec := range recs {
-		env, refusal, dlq := p.check(rec, now)
+		c, refusal, dlq := p.check(ctx, rec, now)
 		switch {
 		case dlq != nil:
 			out = append(out, dlq)
 		case refusal != nil:
 			emit(*refusal)
 		default:
-			a, err := p.admission(env, now)
-			if err != nil {
-				return ledger.Output{}, err
-			}
-			admits = append(admits, pending{env: env, admission: a})
+			calls = append(calls, c)
 		}
+	}
+	calls, limited, err := p.limit(ctx, calls, now)
+	if err != nil {
+		return ledger.Output{}, err
+	}
+	emit(limited...)
+	for _, c := range calls {
+		a, err := p.admission(c, now)
+		if err != nil {
+			return ledger.Output{}, err
+		}
+		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
 		return ledger.Output{Records: out}, emitErr
@@ -169,7 +235,7 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 				p.cfg.Logger.Debug("duplicate envelope", "call_key", a.admission.Key.String())
 			}
 		case processors.Conflict:
-			emit(p.refuse(a.env.Key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
+			emit(p.refuse(a.key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
 				"the idempotency key is already used by a call with other arguments"))
 		default:
 			return ledger.Output{}, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
@@ -184,9 +250,11 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	return ledger.Output{Records: out, Committed: committed}, emitErr
 }
 
-// check runs every check that needs no state. It returns the envelope, or a
+// check runs every check of one record in DESIGN §5's order: strict
+// decode, the assertion, the scope against it, the hash, the registry,
+// the arguments, and the policy. It returns the checked call, or a
 // refusal event, or a DLQ record.
-func (p *Processor) check(rec *kgo.Record, now time.Time) (*ledger.Envelope, *ledger.Event, *kgo.Record) {
+func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (*checked, *ledger.Event, *kgo.Record) {
 	env, err := ledger.DecodeEnvelope(rec.Value, p.cfg.Limits)
 	if err != nil {
 		var de *ledger.DecodeError
@@ -201,84 +269,246 @@ func (p *Processor) check(rec *kgo.Record, now time.Time) (*ledger.Envelope, *le
 		ev := p.refuse(key, &ledger.Envelope{CallID: callID}, now, de.Code, de.Pointer, de.Detail)
 		return nil, &ev, nil
 	}
-	hash, err := ledger.ArgumentsHash(env.Scope.TenantID, env.Tool, env.ToolVersion, env.Arguments)
+	refuse := func(key ledger.CallKey, reason, pointer, detail string) (*checked, *ledger.Event, *kgo.Record) {
+		ev := p.refuse(key, env, now, reason, pointer, detail)
+		return nil, &ev, nil
+	}
+
+	id, err := p.cfg.Identity.Verify(ctx, env.Assertion)
+	if err != nil {
+		reason := token.ReasonOf(err)
+		if reason == "" {
+			reason = "invalid"
+		}
+		var te *token.Error
+		detail := "the assertion was refused"
+		if errors.As(err, &te) {
+			detail = te.Detail
+		}
+		return refuse(env.Key(), ReasonAssertionPrefix+reason, "/assertion", detail)
+	}
+	// From here on the call is the verified tenant's: a refusal goes
+	// under its key, never under the one the scope claimed.
+	c := &checked{env: env, id: id}
+	if ptr, ok := scopeMismatch(env.Scope, id); !ok {
+		return refuse(c.key(), ReasonScopeMismatch, ptr, "the scope disagrees with the verified assertion")
+	}
+	hash, err := ledger.ArgumentsHash(id.Tenant, env.Tool, env.ToolVersion, env.Arguments)
 	if err != nil {
 		var de *ledger.DecodeError
 		code, ptr := ReasonInvalidArguments, "/arguments"
 		if errors.As(err, &de) {
 			code, ptr = de.Code, de.Pointer
 		}
-		ev := p.refuse(env.Key(), env, now, code, ptr, err.Error())
-		return nil, &ev, nil
+		return refuse(c.key(), code, ptr, err.Error())
 	}
 	if hash != env.ArgumentsHash {
-		ev := p.refuse(env.Key(), env, now, ReasonHashMismatch, "/arguments_hash",
+		return refuse(c.key(), ReasonHashMismatch, "/arguments_hash",
 			"arguments_hash is not the sha256 of the canonical (RFC 8785) {arguments, tenant_id, tool, tool_version}")
-		return nil, &ev, nil
 	}
 	tool, err := p.cfg.Registry.Lookup(env.Tool, env.ToolVersion)
 	switch {
 	case errors.Is(err, schemas.ErrUnknownVersion):
-		ev := p.refuse(env.Key(), env, now, ReasonUnknownToolVersion, "/tool_version", err.Error())
-		return nil, &ev, nil
+		return refuse(c.key(), ReasonUnknownToolVersion, "/tool_version", err.Error())
 	case err != nil:
-		ev := p.refuse(env.Key(), env, now, ReasonUnknownTool, "/tool", err.Error())
-		return nil, &ev, nil
+		return refuse(c.key(), ReasonUnknownTool, "/tool", err.Error())
 	}
+	c.tool = tool
 	if err := tool.Validate(env.Arguments); err != nil {
 		var ve *schemas.ValidationError
 		ptr, detail := "/arguments", err.Error()
 		if errors.As(err, &ve) {
 			ptr, detail = "/arguments"+ve.Pointer, ve.Reason
 		}
-		ev := p.refuse(env.Key(), env, now, ReasonInvalidArguments, ptr, detail)
-		return nil, &ev, nil
+		return refuse(c.key(), ReasonInvalidArguments, ptr, detail)
 	}
-	return env, nil, nil
+	c.decision = p.cfg.Policy.Decide(ctx, p.policyRequest(c, now))
+	return c, nil, nil
 }
 
-// admission decides a checked envelope and builds its record: the events
-// the call starts with go into the outbox.
-func (p *Processor) admission(env *ledger.Envelope, now time.Time) (processors.Admission, error) {
-	tool, err := p.cfg.Registry.Lookup(env.Tool, env.ToolVersion)
-	if err != nil {
-		return processors.Admission{}, err
+// scopeMismatch compares the envelope's claims with the verified identity.
+// A claim may be left out; one that is present must agree.
+func scopeMismatch(s ledger.Scope, id identity.Identity) (pointer string, ok bool) {
+	switch {
+	case s.TenantID != id.Tenant:
+		return "/scope/tenant_id", false
+	case s.UserID != "" && s.UserID != id.User:
+		return "/scope/user_id", false
+	case s.OnBehalfOf != "" && s.OnBehalfOf != id.User:
+		return "/scope/on_behalf_of", false
+	case s.Purpose != "" && id.Purpose != "" && s.Purpose != id.Purpose:
+		return "/scope/purpose", false
 	}
+	return "", true
+}
+
+// policyRequest describes the call to the policies. Who asks comes from
+// the identity; the arguments only say what is asked for, and a tenant or
+// user inside them is just data.
+func (p *Processor) policyRequest(c *checked, now time.Time) policy.Request {
+	args, _ := c.env.Arguments.(map[string]any)
+	r := policy.Request{
+		Tenant:      c.id.Tenant,
+		User:        c.id.User,
+		Agent:       c.id.Agent,
+		Purpose:     c.id.Purpose,
+		Tool:        c.tool.Name,
+		ToolVersion: c.tool.Version,
+		Effect:      string(c.tool.Effect),
+		Risk:        string(c.tool.Risk),
+		// Resources are named within the caller's tenant: an id in the
+		// arguments can only ever point into it.
+		ResourceTenant: c.id.Tenant,
+		Channel:        p.cfg.Channel,
+		Arguments:      args,
+		Time:           now,
+	}
+	if c.tool.Resource != "" {
+		if v, ok := lookupPointer(c.env.Arguments, c.tool.Resource); ok {
+			r.Resource = fmt.Sprint(v)
+		}
+	}
+	if n, ok := args["amount_cents"].(json.Number); ok {
+		if v, err := n.Int64(); err == nil {
+			r.Amount = &v
+		}
+	}
+	return r
+}
+
+// lookupPointer resolves a JSON pointer in a decoded tree.
+func lookupPointer(tree any, ptr string) (any, bool) {
+	if ptr == "" {
+		return tree, true
+	}
+	if !strings.HasPrefix(ptr, "/") {
+		return nil, false
+	}
+	cur := tree
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[tok]; !ok {
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
+// limit takes the rate-limit budget of every allowed call under a
+// rate_limit obligation, in one round trip, and turns the refused ones into
+// refusals: a rate-limited envelope leaves its key free for the retry.
+func (p *Processor) limit(ctx context.Context, calls []*checked, now time.Time) ([]*checked, []ledger.Event, error) {
+	var (
+		reqs []processors.RateRequest
+		idx  []int
+	)
+	for i, c := range calls {
+		if rl := c.decision.Obligations.RateLimit; c.decision.Allow && rl != nil {
+			reqs = append(reqs, processors.RateRequest{Bucket: c.id.Tenant + "/" + c.tool.Name, Limit: rl.N, Window: rl.Per, Cost: 1})
+			idx = append(idx, i)
+		}
+	}
+	if len(reqs) == 0 {
+		return calls, nil, nil
+	}
+	refused := make(map[int]ledger.Event)
+	if p.cfg.RateLimiter == nil {
+		for _, i := range idx {
+			ev := p.refuse(calls[i].key(), calls[i].env, now, ReasonRateLimited, "", "a policy sets a rate limit and this intake has no rate limiter")
+			refused[i] = ev
+		}
+	} else {
+		res, err := p.cfg.RateLimiter.Take(ctx, reqs)
+		if err != nil {
+			return nil, nil, fmt.Errorf("rate limits: %w", err)
+		}
+		for k, r := range res {
+			if r.Allowed {
+				continue
+			}
+			c := calls[idx[k]]
+			ev := p.refuse(c.key(), c.env, now, ReasonRateLimited, "",
+				fmt.Sprintf("at most %s for %s in tenant %s", c.decision.Obligations.RateLimit, c.tool.Name, c.id.Tenant))
+			ev.RetryAfterMS = max(r.RetryAfter.Milliseconds(), 1)
+			p.decorate(&ev, c.decision)
+			refused[idx[k]] = ev
+		}
+	}
+	var (
+		kept []*checked
+		evs  []ledger.Event
+	)
+	for i, c := range calls {
+		if ev, ok := refused[i]; ok {
+			evs = append(evs, ev)
+			continue
+		}
+		kept = append(kept, c)
+	}
+	return kept, evs, nil
+}
+
+// decorate puts the decision's policy fields on an event.
+func (p *Processor) decorate(ev *ledger.Event, d policy.Decision) {
+	ev.PolicyID = d.PolicyIDs
+	ev.PolicyVersion = d.Version
+	ev.Obligations = d.Obligations.List()
+}
+
+// admission builds a decided call's record: the events the call starts
+// with go into the outbox.
+func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, error) {
+	env, tool, d := c.env, c.tool, c.decision
 	args, err := ledger.Canonical(env.Arguments)
 	if err != nil {
 		return processors.Admission{}, err
 	}
-	redacted, err := ledger.Canonical(ledger.Redact(env.Arguments, tool.Redact))
+	// The audit copy hides what the registry and the deciding policies
+	// say to hide.
+	hide := append(append([]string(nil), tool.Redact...), d.Obligations.Mask...)
+	redacted, err := ledger.Canonical(ledger.Redact(env.Arguments, hide))
 	if err != nil {
 		return processors.Admission{}, err
 	}
 	deadline := env.Deadline(now)
-	requested := p.event(env, now, statemachine.EventRequested, 1)
+	requested := p.event(c, now, statemachine.EventRequested, 1)
 	requested.Arguments = json.RawMessage(redacted)
 	if !deadline.IsZero() {
 		requested.DeadlineAt = &deadline
 	}
 
-	decision := p.event(env, now, statemachine.EventAuthorized, 2)
+	decision := p.event(c, now, statemachine.EventAuthorized, 2)
+	p.decorate(&decision, d)
+	decision.Reason = d.Reason
 	status := processors.StatusAuthorized
-	// Until policies exist the decision fails closed: only low-risk
-	// tools run.
-	if tool.Risk == schemas.RiskLow {
-		decision.Decision = "allow"
-		decision.Reason = "low_risk"
-	} else {
+	switch {
+	case !d.Allow:
 		decision.Type = statemachine.EventDenied
 		decision.Decision = "deny"
-		decision.Reason = ReasonNoPolicy
-		decision.Detail = fmt.Sprintf("no policy allows %s risk tool %s", tool.Risk, tool.Name)
+		decision.Detail = d.Detail
 		status = processors.StatusDenied
+	case d.Obligations.RequireApproval:
+		decision.Type = statemachine.EventApprovalPending
+		decision.Decision = "require_approval"
+		expires := now.Add(p.cfg.ApprovalTTL)
+		if !deadline.IsZero() && deadline.Before(expires) {
+			expires = deadline
+		}
+		decision.ExpiresAt = &expires
+		status = processors.StatusPending
+	default:
+		decision.Decision = "allow"
 	}
 	outbox, err := ledger.EncodeEvents([]ledger.Event{requested, decision})
 	if err != nil {
 		return processors.Admission{}, err
 	}
 	return processors.Admission{
-		Key:           env.Key(),
+		Key:           c.key(),
 		CallID:        env.CallID,
 		ArgumentsHash: env.ArgumentsHash,
 		Tool:          env.Tool,
@@ -291,18 +521,27 @@ func (p *Processor) admission(env *ledger.Envelope, now time.Time) (processors.A
 	}, nil
 }
 
-// event returns an event of the call env describes.
-func (p *Processor) event(env *ledger.Envelope, now time.Time, t statemachine.EventType, seq int64) ledger.Event {
+// event returns an event of a checked call: who asks is the verified
+// identity's.
+func (p *Processor) event(c *checked, now time.Time, t statemachine.EventType, seq int64) ledger.Event {
+	ev := envelopeEvent(c.env, p.cfg.Actor, now, t, seq)
+	ev.TenantID = c.id.Tenant
+	ev.UserID = c.id.User
+	ev.AgentID = c.id.Agent
+	return ev
+}
+
+// envelopeEvent returns an event with what the envelope itself says.
+func envelopeEvent(env *ledger.Envelope, actor string, now time.Time, t statemachine.EventType, seq int64) ledger.Event {
 	return ledger.Event{
 		EventID:        newEventID(),
 		Type:           t,
 		Seq:            seq,
 		At:             now,
-		Actor:          p.cfg.Actor,
+		Actor:          actor,
 		TenantID:       env.Scope.TenantID,
 		IdempotencyKey: env.IdempotencyKey,
 		CallID:         env.CallID,
-		UserID:         env.Scope.UserID,
 		Tool:           env.Tool,
 		ToolVersion:    env.ToolVersion,
 		ArgumentsHash:  env.ArgumentsHash,
@@ -313,7 +552,7 @@ func (p *Processor) event(env *ledger.Envelope, now time.Time, t statemachine.Ev
 // refuse records a refused submission: one denied event at seq 0, under the
 // key the envelope named, that leaves any call under that key untouched.
 func (p *Processor) refuse(key ledger.CallKey, env *ledger.Envelope, now time.Time, reason, pointer, detail string) ledger.Event {
-	ev := p.event(env, now, statemachine.EventDenied, 0)
+	ev := envelopeEvent(env, p.cfg.Actor, now, statemachine.EventDenied, 0)
 	ev.TenantID, ev.IdempotencyKey = key.TenantID, key.IdempotencyKey
 	ev.Decision = "deny"
 	ev.Reason = reason

@@ -12,10 +12,18 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/policy"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
-func newIntake(t *testing.T) *intake.Processor {
+// fixture is an intake and the identity its envelopes are signed by.
+type fixture struct {
+	in    *intake.Processor
+	ident *processorstest.Identity
+}
+
+func newIntake(t *testing.T) *fixture {
 	t.Helper()
 	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "x.db")})
 	if err != nil {
@@ -26,14 +34,15 @@ func newIntake(t *testing.T) *intake.Processor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := intake.New(intake.Config{Registry: reg, Store: st})
+	ident := processorstest.NewIdentity(t)
+	in, err := intake.New(intake.Config{Registry: reg, Store: st, Identity: ident.Verifier, Policy: processorstest.Policy(t, "../testdata/policies")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return in
+	return &fixture{in: in, ident: ident}
 }
 
-func envelopeRecord(t *testing.T, key string, args map[string]any) *kgo.Record {
+func (f *fixture) envelopeRecord(t *testing.T, key string, args map[string]any) *kgo.Record {
 	t.Helper()
 	raw, _ := json.Marshal(args)
 	tree, err := ledger.Decode(raw, ledger.Limits{})
@@ -47,6 +56,7 @@ func envelopeRecord(t *testing.T, key string, args map[string]any) *kgo.Record {
 	v, _ := json.Marshal(map[string]any{
 		"tool": "create_ticket", "tool_version": 1, "call_id": "c_" + key, "arguments": args,
 		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": hash,
+		"assertion": f.ident.Assertion(t, "t_a", "u_1"),
 	})
 	return &kgo.Record{Topic: "toolcalls.requests", Value: v}
 }
@@ -68,9 +78,9 @@ func events(t *testing.T, out ledger.Output) []ledger.Event {
 // the same events again (readers drop the duplicate seq); once the log has
 // them, a retry appends nothing.
 func TestIntakeReappendsUnloggedEvents(t *testing.T) {
-	in := newIntake(t)
-	rec := envelopeRecord(t, "k1", map[string]any{"title": "t"})
-	first, err := in.Step(t.Context(), []*kgo.Record{rec})
+	f := newIntake(t)
+	rec := f.envelopeRecord(t, "k1", map[string]any{"title": "t"})
+	first, err := f.in.Step(t.Context(), []*kgo.Record{rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +88,7 @@ func TestIntakeReappendsUnloggedEvents(t *testing.T) {
 		t.Fatalf("first step appended %d events; want requested + authorized", got)
 	}
 	// The transaction aborted; Committed never ran.
-	again, err := in.Step(t.Context(), []*kgo.Record{rec})
+	again, err := f.in.Step(t.Context(), []*kgo.Record{rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +98,7 @@ func TestIntakeReappendsUnloggedEvents(t *testing.T) {
 	if err := again.Committed(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	third, err := in.Step(t.Context(), []*kgo.Record{rec})
+	third, err := f.in.Step(t.Context(), []*kgo.Record{rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +109,10 @@ func TestIntakeReappendsUnloggedEvents(t *testing.T) {
 
 // Within one batch, a retry and a reuse of the same key.
 func TestIntakeBatchWithRetryAndReuse(t *testing.T) {
-	in := newIntake(t)
-	a := envelopeRecord(t, "k2", map[string]any{"title": "a"})
-	b := envelopeRecord(t, "k2", map[string]any{"title": "b"})
-	out, err := in.Step(t.Context(), []*kgo.Record{a, a, b})
+	f := newIntake(t)
+	a := f.envelopeRecord(t, "k2", map[string]any{"title": "a"})
+	b := f.envelopeRecord(t, "k2", map[string]any{"title": "b"})
+	out, err := f.in.Step(t.Context(), []*kgo.Record{a, a, b})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +120,7 @@ func TestIntakeBatchWithRetryAndReuse(t *testing.T) {
 	for _, e := range events(t, out) {
 		got = append(got, string(e.Type)+"/"+e.Reason)
 	}
-	want := []string{"requested/", "authorized/low_risk", "denied/" + intake.ReasonIdempotencyKeyReuse}
+	want := []string{"requested/", "authorized/" + policy.ReasonAllowed, "denied/" + intake.ReasonIdempotencyKeyReuse}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/policy"
+)
+
+// DevIssuer names the issuer `ledger dev` runs; its key lives in the data
+// directory as devIssuerFile.
+const (
+	DevIssuer     = "ledger-dev"
+	devIssuerFile = "issuer.jwk"
+)
+
+// identityFlags configure whose assertions the intake trusts.
+type identityFlags struct {
+	issuer   string
+	audience string
+	jwksFile string
+	jwksURL  string
+}
+
+func (f *identityFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.issuer, "issuer", "", "the identity provider whose assertions the intake trusts (its iss)")
+	fs.StringVar(&f.audience, "audience", identity.DefaultAudience, "the audience assertions must name")
+	fs.StringVar(&f.jwksFile, "jwks-file", "", "the issuer's public keys (JWKS) in a file, re-read as it changes")
+	fs.StringVar(&f.jwksURL, "jwks-url", "", "the issuer's public keys (JWKS) at an https URL, cached and refreshed")
+}
+
+func (f *identityFlags) verifier(ctx context.Context, logger *slog.Logger) (*identity.Verifier, error) {
+	if f.issuer == "" || (f.jwksFile == "") == (f.jwksURL == "") {
+		return nil, errors.New("the intake needs --issuer and exactly one of --jwks-file or --jwks-url")
+	}
+	return identity.New(ctx, identity.Config{
+		Issuer: f.issuer, Audience: f.audience, JWKSFile: f.jwksFile, JWKSURL: f.jwksURL, Logger: logger,
+	})
+}
+
+// devIdentity loads (creating on first use) the dev issuer's key in the
+// data directory and a verifier that trusts exactly it.
+func devIdentity(ctx context.Context, dataDir string, logger *slog.Logger) (*identity.Issuer, *identity.Verifier, error) {
+	iss, err := identity.LoadOrCreateIssuer(filepath.Join(dataDir, devIssuerFile), DevIssuer)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := identity.New(ctx, identity.Config{Issuer: DevIssuer, Keys: iss.Keys(), Logger: logger})
+	if err != nil {
+		return nil, nil, err
+	}
+	return iss, v, nil
+}
+
+// policyFlags choose the policy set.
+type policyFlags struct {
+	dir   string
+	label string
+}
+
+func (f *policyFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
+	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
+}
+
+// engine returns the policy engine and, when a directory is watched, the
+// watcher to run until ctx ends.
+func (f *policyFlags) engine(logger *slog.Logger) (*policy.Engine, func(ctx context.Context) error, error) {
+	var (
+		set *policy.Set
+		err error
+	)
+	if f.dir == "" {
+		set, err = policy.Demo()
+	} else {
+		set, err = policy.LoadDir(f.dir, f.label)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	e, err := policy.NewEngine(policy.Config{Set: set, Logger: logger})
+	if err != nil {
+		return nil, nil, err
+	}
+	watch := func(ctx context.Context) error { <-ctx.Done(); return nil }
+	if f.dir != "" {
+		watch = func(ctx context.Context) error { return e.WatchDir(ctx, f.dir, f.label, 2*time.Second) }
+	}
+	return e, watch, nil
+}
+
+// credentialFlags configure the executor's credential broker.
+type credentialFlags struct {
+	keyDir string
+	ttl    time.Duration
+	rotate time.Duration
+}
+
+func (f *credentialFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.keyDir, "credential-key-dir", "", "where the credential broker keeps its signing keys (default: <data-dir>/credentials)")
+	fs.DurationVar(&f.ttl, "credential-ttl", 5*time.Minute, "the longest a per-call credential lives (it never outlives the call's deadline)")
+	fs.DurationVar(&f.rotate, "credential-rotate", 24*time.Hour, "how often the credential signing key rotates")
+}
+
+func (f *credentialFlags) broker(dataDir string, logger *slog.Logger) (*credentials.Broker, error) {
+	dir := f.keyDir
+	if dir == "" && dataDir != "" {
+		dir = filepath.Join(dataDir, "credentials")
+	}
+	return credentials.New(credentials.Config{KeyDir: dir, TTL: f.ttl, RotateEvery: f.rotate, Logger: logger})
+}
+
+func newTokenCmd(g *globals) *cobra.Command {
+	var (
+		dataDir  string
+		id       identity.Identity
+		roles    string
+		approver bool
+		ttl      time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "token",
+		Short: "Mint an identity assertion from the dev issuer of `ledger dev` (for trying things out, never for production)",
+		Example: `  ledger token --tenant t_demo --user u_demo
+  ledger token --tenant t_demo --user u_boss --approver`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path := filepath.Join(dataDir, devIssuerFile)
+			if _, err := os.Stat(path); err != nil {
+				return fmt.Errorf("no dev issuer key at %s: run `ledger dev --data-dir %s` once first", path, dataDir)
+			}
+			iss, err := identity.LoadOrCreateIssuer(path, DevIssuer)
+			if err != nil {
+				return err
+			}
+			if roles != "" {
+				id.Roles = strings.Split(roles, ",")
+			}
+			if approver {
+				id.Roles = append(id.Roles, "approver")
+			}
+			tok, err := iss.Mint(id, identity.DefaultAudience, ttl)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), tok)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&dataDir, "data-dir", "./.ledger", "the data directory of `ledger dev`, where the dev issuer's key is")
+	fs.StringVar(&id.Tenant, "tenant", "t_demo", "tenant claim")
+	fs.StringVar(&id.User, "user", "u_demo", "subject (the user)")
+	fs.StringVar(&id.Agent, "agent", "agent_cli", "actor (the agent)")
+	fs.StringVar(&id.Purpose, "purpose", "", "purpose claim")
+	fs.StringVar(&roles, "roles", "", "roles, comma separated")
+	fs.BoolVar(&approver, "approver", false, "add the approver role")
+	fs.DurationVar(&ttl, "ttl", 10*time.Minute, "how long the assertion is valid")
+	return cmd
+}
+
+// devAssertion mints an assertion for a submit in dev, when the dev
+// issuer's key is in dataDir; "" when it is not.
+func devAssertion(dataDir, tenant, user string) (string, error) {
+	path := filepath.Join(dataDir, devIssuerFile)
+	if _, err := os.Stat(path); err != nil {
+		return "", nil
+	}
+	iss, err := identity.LoadOrCreateIssuer(path, DevIssuer)
+	if err != nil {
+		return "", err
+	}
+	return iss.Mint(identity.Identity{Tenant: tenant, User: user, Agent: "agent_cli"}, identity.DefaultAudience, 10*time.Minute)
+}

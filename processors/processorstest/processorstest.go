@@ -1,0 +1,95 @@
+// Package processorstest gives processor tests what the intake needs to
+// trust anything: an identity issuer with a verifier that trusts it, and a
+// policy engine.
+package processorstest
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger/token"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/policy"
+)
+
+// Issuer names the test issuer; Audience is the ledger's audience.
+const (
+	Issuer   = "https://issuer.test"
+	Audience = "toolcall-ledger"
+)
+
+// Identity is an issuer and a verifier that trusts exactly it. Key is the
+// issuer's signing key, for tests that sign hostile assertions themselves;
+// KeyFile is where it is stored.
+type Identity struct {
+	Issuer   *identity.Issuer
+	Verifier *identity.Verifier
+	Key      token.Key
+	KeyFile  string
+}
+
+// NewIdentity returns a fresh issuer (its key in a temporary directory)
+// and a verifier of its assertions.
+func NewIdentity(t testing.TB) *Identity {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "issuer.jwk")
+	iss, err := identity.LoadOrCreateIssuer(path, Issuer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := identity.New(t.Context(), identity.Config{Issuer: Issuer, Audience: Audience, Keys: iss.Keys()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := token.ParsePrivateJWK(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Identity{Issuer: iss, Verifier: v, Key: key, KeyFile: path}
+}
+
+// Assertion mints an assertion for user u of tenant, acting through agent
+// "agent_test", valid for ten minutes.
+func (i *Identity) Assertion(t testing.TB, tenant, user string) string {
+	t.Helper()
+	a, err := i.Issuer.Mint(identity.Identity{User: user, Agent: "agent_test", Tenant: tenant}, Audience, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// Policy returns an engine on the policy directory dir.
+func Policy(t testing.TB, dir string) *policy.Engine {
+	t.Helper()
+	set, err := policy.LoadDir(dir, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := policy.NewEngine(policy.Config{Set: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// Claims are valid assertion claims for user u of tenant, for tests to
+// spoil one at a time.
+func Claims(tenant, user string) identity.Claims {
+	now := time.Now()
+	return identity.Claims{
+		Claims: token.Claims{
+			Issuer: Issuer, Subject: user, Audience: token.Audience{Audience},
+			IssuedAt: token.NewNumericDate(now), NotBefore: token.NewNumericDate(now),
+			ExpiresAt: token.NewNumericDate(now.Add(10 * time.Minute)), ID: "jti-test",
+		},
+		Act:    identity.Actor{Subject: "agent_test"},
+		Tenant: tenant,
+	}
+}
