@@ -49,6 +49,18 @@ func (s Status) Done() bool {
 // ErrNotFound: no record for the key.
 var ErrNotFound = errors.New("execution record not found")
 
+// ErrRejected: the store refuses the data itself (a value it cannot hold,
+// a constraint it breaks); sending the same data again will not help.
+// Callers branch on it to set the offending item aside instead of retrying
+// the batch forever.
+var ErrRejected = errors.New("store rejected the data")
+
+// Statuses lists every Status, for stores that check them.
+var Statuses = []Status{
+	StatusAuthorized, StatusDenied, StatusPending, StatusExecuting,
+	StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired,
+}
+
 // Record is one call's execution record.
 type Record struct {
 	Key           ledger.CallKey
@@ -190,6 +202,12 @@ type Store interface {
 	// Expired returns up to limit records executing under a lease that
 	// ended before now (the store's clock), oldest first.
 	Expired(ctx context.Context, limit int) ([]Record, error)
+	// Unlogged returns up to limit records that are done (Status.Done)
+	// but whose outbox events are not known to be in the log (LoggedSeq <
+	// Seq), last updated more than olderThan ago by the store's clock,
+	// oldest first. They are what a step whose Kafka transaction aborted
+	// left behind while another instance had already skipped the call.
+	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
 	// Get returns the record for key, or ErrNotFound.
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)
 	Close() error

@@ -2,11 +2,11 @@
 // `ledger dev`: one bbolt file in the data directory, pure Go, no server,
 // durable across restarts.
 //
-// Each method is one bbolt read-write transaction (View for Expired and
-// Get). bbolt runs one writer at a time, so every batch is serializable by
-// construction and nothing ever needs a retry; the price is that writers
-// queue, which is fine for one process on one machine and is why
-// production uses processors/pgstore.
+// Each method is one bbolt read-write transaction (View for Expired,
+// Unlogged and Get). bbolt runs one writer at a time, so every batch is
+// serializable by construction and nothing ever needs a retry; the price
+// is that writers queue, which is fine for one process on one machine and
+// is why production uses processors/pgstore.
 //
 // Layout, in buckets:
 //
@@ -17,11 +17,24 @@
 //	leases   key: lease_until (8 bytes, big-endian, order-preserving) record key
 //	         value: empty; one entry per executing record, so Expired reads
 //	         the oldest leases first without scanning every record
+//	unlogged key: updated_at (8 bytes, as in leases) record key
+//	         value: empty; one entry per done record with LoggedSeq < Seq,
+//	         so Unlogged reads the oldest first without scanning every
+//	         record. Created and filled from the records by Open if
+//	         missing, so files written before it existed need no format
+//	         change. A build older than the index does not maintain it: if
+//	         one wrote to the file since, delete the bucket (bbolt's
+//	         tools) and the next Open rebuilds it
 //	rates    key: a rate limiter bucket name (processors.RateLimiter)
 //	         value: its GCRA theoretical arrival time, RFC 3339 text in UTC
 //	         with microseconds; created by Open if missing, so files
 //	         written before it existed need no format change
 //	meta     "format": the layout version ("1"); Open refuses other values
+//
+// Data the file cannot hold as given (a string that is not valid UTF-8,
+// which JSON would silently replace; a key over bbolt's size limit) and
+// batches that no store may apply (processors.CheckAdmissions...) are
+// refused with errors wrapping processors.ErrRejected.
 //
 // The store's clock is Config.Now (time.Now by default): leases are
 // measured against it, as pgstore measures them against the database's
@@ -38,19 +51,22 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 )
 
 var (
-	bucketRecords = []byte("records")
-	bucketLeases  = []byte("leases")
-	bucketMeta    = []byte("meta")
-	bucketRates   = []byte("rates")
-	metaFormat    = []byte("format")
+	bucketRecords  = []byte("records")
+	bucketLeases   = []byte("leases")
+	bucketUnlogged = []byte("unlogged")
+	bucketMeta     = []byte("meta")
+	bucketRates    = []byte("rates")
+	metaFormat     = []byte("format")
 )
 
 // format is the layout version written into the meta bucket.
@@ -127,10 +143,25 @@ func Open(cfg Config) (*Store, error) {
 		meta := tx.Bucket(bucketMeta)
 		switch v := meta.Get(metaFormat); {
 		case v == nil:
-			return meta.Put(metaFormat, []byte(format))
+			if err := meta.Put(metaFormat, []byte(format)); err != nil {
+				return err
+			}
 		case string(v) != format:
 			return fmt.Errorf("%s has format %q, want %q: %w", cfg.Path, v, format, ErrFormat)
 		}
+		if tx.Bucket(bucketUnlogged) != nil {
+			return nil
+		}
+		// A new file, or one written before the index existed.
+		ub, err := tx.CreateBucket(bucketUnlogged)
+		if err != nil {
+			return err
+		}
+		n, err := backfillUnlogged(tx.Bucket(bucketRecords), ub)
+		if err != nil {
+			return err
+		}
+		cfg.Logger.Info("execution store built the unlogged index", "path", cfg.Path, "entries", n)
 		return nil
 	})
 	if err != nil {
@@ -139,6 +170,24 @@ func Open(cfg Config) (*Store, error) {
 	}
 	cfg.Logger.Info("execution store opened", "path", cfg.Path)
 	return &Store{db: db, now: cfg.Now, log: cfg.Logger}, nil
+}
+
+// backfillUnlogged adds every record that belongs in the unlogged index
+// to ub; it returns how many.
+func backfillUnlogged(records, ub *bolt.Bucket) (int, error) {
+	n := 0
+	err := records.ForEach(func(rk, v []byte) error {
+		var d diskRecord
+		if err := json.Unmarshal(v, &d); err != nil {
+			return fmt.Errorf("decode record %x: %v", rk, err)
+		}
+		if r := d.record(); inUnlogged(&r) {
+			n++
+			return ub.Put(timeKey(r.UpdatedAt, rk), nil)
+		}
+		return nil
+	})
+	return n, err
 }
 
 // Close closes the file. The store must not be used after.
@@ -198,21 +247,26 @@ func recordKey(k ledger.CallKey) []byte {
 	return append(b, k.IdempotencyKey...)
 }
 
-// leaseKey orders by lease end, then record key. Flipping the sign bit
-// makes big-endian byte order match int64 order.
-func leaseKey(until time.Time, rk []byte) []byte {
-	b := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(rk)), uint64(until.UnixNano())^(1<<63))
+// timeKey orders by t (a lease end, an update time), then record key.
+// Flipping the sign bit makes big-endian byte order match int64 order.
+func timeKey(t time.Time, rk []byte) []byte {
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(rk)), uint64(t.UnixNano())^(1<<63))
 	return append(b, rk...)
 }
 
-func leaseEnd(lk []byte) time.Time {
-	return time.Unix(0, int64(binary.BigEndian.Uint64(lk[:8])^(1<<63))).UTC()
+// keyTime is the time a timeKey starts with.
+func keyTime(k []byte) time.Time {
+	return time.Unix(0, int64(binary.BigEndian.Uint64(k[:8])^(1<<63))).UTC()
 }
+
+// inUnlogged reports whether r belongs in the unlogged index: what
+// Unlogged returns, whatever its age.
+func inUnlogged(r *processors.Record) bool { return r.Status.Done() && r.LoggedSeq < r.Seq }
 
 // txn is one batch's view of the buckets.
 type txn struct {
-	records, leases *bolt.Bucket
-	now             time.Time
+	records, leases, unlogged *bolt.Bucket
+	now                       time.Time
 }
 
 func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
@@ -227,17 +281,27 @@ func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
 	return d.record(), true, nil
 }
 
-// put writes r, keeping the lease index in step with prev (the record as
-// it was, or nil for a new one).
+// put writes r, keeping the lease and unlogged indexes in step with prev
+// (the record as it was, or nil for a new one).
 func (x *txn) put(prev *processors.Record, r processors.Record) error {
 	rk := recordKey(r.Key)
 	if prev != nil && prev.Status == processors.StatusExecuting {
-		if err := x.leases.Delete(leaseKey(prev.LeaseUntil, rk)); err != nil {
+		if err := x.leases.Delete(timeKey(prev.LeaseUntil, rk)); err != nil {
 			return err
 		}
 	}
 	if r.Status == processors.StatusExecuting {
-		if err := x.leases.Put(leaseKey(r.LeaseUntil, rk), nil); err != nil {
+		if err := x.leases.Put(timeKey(r.LeaseUntil, rk), nil); err != nil {
+			return err
+		}
+	}
+	if prev != nil && inUnlogged(prev) {
+		if err := x.unlogged.Delete(timeKey(prev.UpdatedAt, rk)); err != nil {
+			return err
+		}
+	}
+	if inUnlogged(&r) {
+		if err := x.unlogged.Put(timeKey(r.UpdatedAt, rk), nil); err != nil {
 			return err
 		}
 	}
@@ -254,10 +318,48 @@ func (s *Store) update(ctx context.Context, op string, fn func(x *txn) error) er
 		return fmt.Errorf("boltstore %s: %w", op, err)
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		return fn(&txn{records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases), now: s.now().UTC()})
+		return fn(&txn{
+			records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases), unlogged: tx.Bucket(bucketUnlogged),
+			now: s.now().UTC(),
+		})
 	})
+	if errors.Is(err, berrors.ErrKeyTooLarge) || errors.Is(err, berrors.ErrValueTooLarge) {
+		// Checked up front for keys (checkHoldable); a value this large
+		// (2 GiB) is the data's problem too.
+		return fmt.Errorf("boltstore %s: %w: %w", op, processors.ErrRejected, err)
+	}
 	if err != nil {
 		return fmt.Errorf("boltstore %s: %w", op, err)
+	}
+	return nil
+}
+
+// checkString refuses a string JSON cannot hold as given: encoding/json
+// replaces invalid UTF-8 with U+FFFD, so the record read back would differ
+// from the one written, and its key from its bucket key.
+func checkString(what, v string) error {
+	if !utf8.ValidString(v) {
+		return fmt.Errorf("%s %q is not valid UTF-8: %w", what, v, processors.ErrRejected)
+	}
+	return nil
+}
+
+// checkHoldable refuses admissions the file cannot hold as given: strings
+// that are not valid UTF-8 (see checkString) and keys too long for bbolt
+// once an index prefixes them with 8 bytes.
+func checkHoldable(as []processors.Admission) error {
+	for i, a := range as {
+		for _, f := range []struct{ what, v string }{
+			{"tenant_id", a.Key.TenantID}, {"idempotency_key", a.Key.IdempotencyKey},
+			{"call_id", a.CallID}, {"arguments_hash", a.ArgumentsHash}, {"tool", a.Tool},
+		} {
+			if err := checkString(f.what, f.v); err != nil {
+				return fmt.Errorf("admission %d: %w", i, err)
+			}
+		}
+		if n := 8 + len(recordKey(a.Key)); n > bolt.MaxKeySize {
+			return fmt.Errorf("admission %d: key of %d bytes over bbolt's %d: %w", i, n, bolt.MaxKeySize, processors.ErrRejected)
+		}
 	}
 	return nil
 }
@@ -265,6 +367,9 @@ func (s *Store) update(ctx context.Context, op string, fn func(x *txn) error) er
 // Admit implements processors.Store.
 func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, error) {
 	if err := processors.CheckAdmissions(as); err != nil {
+		return nil, fmt.Errorf("boltstore admit: %w: %w", processors.ErrRejected, err)
+	}
+	if err := checkHoldable(as); err != nil {
 		return nil, fmt.Errorf("boltstore admit: %w", err)
 	}
 	if len(as) == 0 {
@@ -309,7 +414,14 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 // Claim implements processors.Store.
 func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
 	if err := processors.CheckClaims(cs); err != nil {
-		return nil, fmt.Errorf("boltstore claim: %w", err)
+		return nil, fmt.Errorf("boltstore claim: %w: %w", processors.ErrRejected, err)
+	}
+	for i, c := range cs {
+		// The owner is stored; the key only looked up (a key that is not
+		// valid UTF-8 was never admitted, so it is Missing).
+		if err := checkString("owner", c.Owner); err != nil {
+			return nil, fmt.Errorf("boltstore claim: claim %d: %w", i, err)
+		}
 	}
 	if len(cs) == 0 {
 		return []processors.ClaimResult{}, nil
@@ -374,7 +486,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 // Complete implements processors.Store.
 func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]bool, error) {
 	if err := processors.CheckCompletions(cs); err != nil {
-		return nil, fmt.Errorf("boltstore complete: %w", err)
+		return nil, fmt.Errorf("boltstore complete: %w: %w", processors.ErrRejected, err)
 	}
 	if len(cs) == 0 {
 		return []bool{}, nil
@@ -454,7 +566,7 @@ func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, er
 		x := &txn{records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases), now: now}
 		c := x.leases.Cursor()
 		for lk, _ := c.First(); lk != nil && len(out) < limit; lk, _ = c.Next() {
-			if !leaseEnd(lk).Before(now) {
+			if !keyTime(lk).Before(now) {
 				break
 			}
 			v := x.records.Get(lk[8:])
@@ -471,6 +583,50 @@ func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, er
 	})
 	if err != nil {
 		return nil, fmt.Errorf("boltstore expired: %w", err)
+	}
+	return out, nil
+}
+
+// Unlogged implements processors.Store: done records with LoggedSeq < Seq
+// updated before Config.Now minus olderThan, oldest update first, read
+// from the unlogged index.
+func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("boltstore unlogged: %w", err)
+	}
+	if limit <= 0 {
+		return []processors.Record{}, nil
+	}
+	cutoff := s.now().Add(-olderThan)
+	out := []processors.Record{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		c := tx.Bucket(bucketUnlogged).Cursor()
+		for k, _ := c.First(); k != nil && len(out) < limit; k, _ = c.Next() {
+			updated := keyTime(k)
+			if !updated.Before(cutoff) {
+				break
+			}
+			v := records.Get(k[8:])
+			if v == nil {
+				return fmt.Errorf("unlogged index entry %x has no record", k)
+			}
+			var d diskRecord
+			if err := json.Unmarshal(v, &d); err != nil {
+				return fmt.Errorf("decode record %x: %v", k[8:], err)
+			}
+			r := d.record()
+			// Only a writer that does not know the index (see the package
+			// comment) can leave it out of step with the records.
+			if !inUnlogged(&r) || !r.UpdatedAt.Equal(updated) {
+				return fmt.Errorf("unlogged index entry %x is stale (record %v: status %q, seq %d, logged %d, updated %v); delete the bucket to rebuild it", k, r.Key, r.Status, r.Seq, r.LoggedSeq, r.UpdatedAt)
+			}
+			out = append(out, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boltstore unlogged: %w", err)
 	}
 	return out, nil
 }

@@ -3,6 +3,7 @@ package boltstore
 import (
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -259,17 +260,152 @@ func TestRecordKeyUnambiguous(t *testing.T) {
 	}
 }
 
-func TestLeaseKeyOrder(t *testing.T) {
+func TestTimeKeyOrder(t *testing.T) {
 	times := []time.Time{
 		time.Unix(-5, 0), time.Unix(0, 0), time.Unix(0, 1), time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC),
 	}
 	for i := 1; i < len(times); i++ {
-		lo, hi := leaseKey(times[i-1], nil), leaseKey(times[i], nil)
+		lo, hi := timeKey(times[i-1], nil), timeKey(times[i], nil)
 		if string(lo) >= string(hi) {
-			t.Errorf("leaseKey(%v) = %x >= leaseKey(%v) = %x; want byte order to follow time", times[i-1], lo, times[i], hi)
+			t.Errorf("timeKey(%v) = %x >= timeKey(%v) = %x; want byte order to follow time", times[i-1], lo, times[i], hi)
 		}
-		if got := leaseEnd(hi); !got.Equal(times[i]) {
-			t.Errorf("leaseEnd(leaseKey(%v)) = %v", times[i], got)
+		if got := keyTime(hi); !got.Equal(times[i]) {
+			t.Errorf("keyTime(timeKey(%v)) = %v", times[i], got)
 		}
+	}
+}
+
+// unloggedEntries counts the unlogged index's entries.
+func unloggedEntries(t *testing.T, s *Store) int {
+	t.Helper()
+	n := 0
+	if err := s.db.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketUnlogged).Stats().KeyN; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestUnloggedIndex: the unlogged index holds exactly the done records
+// with LoggedSeq < Seq, through every step that can change either.
+func TestUnloggedIndex(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := openAt(t, filepath.Join(t.TempDir(), "x.db"), clock.Now)
+	defer s.Close()
+	ctx := t.Context()
+	denied := admission(k2)
+	denied.Status = processors.StatusDenied
+	steps := []struct {
+		name string
+		do   func() error
+		want int
+	}{
+		{"admit authorized", func() error { _, err := s.Admit(ctx, []processors.Admission{admission(k1)}); return err }, 0},
+		{"admit denied", func() error { _, err := s.Admit(ctx, []processors.Admission{denied}); return err }, 1},
+		{"claim", func() error {
+			_, err := s.Claim(ctx, []processors.Claim{{Key: k1, ArgumentsHash: "sha256:aa", Owner: "e1", Lease: time.Minute}})
+			return err
+		}, 1},
+		{"complete", func() error {
+			clock.Advance(time.Second)
+			_, err := s.Complete(ctx, []processors.Completion{{Key: k1, Epoch: 1, Status: processors.StatusSucceeded, Seq: 4, Outbox: []byte("o")}})
+			return err
+		}, 2},
+		{"mark logged partly", func() error { return s.MarkLogged(ctx, []processors.Logged{{Key: k1, Seq: 3}}) }, 2},
+		{"mark logged", func() error { return s.MarkLogged(ctx, []processors.Logged{{Key: k1, Seq: 4}, {Key: k2, Seq: 2}}) }, 0},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := unloggedEntries(t, s); got != st.want {
+			t.Errorf("after %s: %d unlogged index entries; want %d", st.name, got, st.want)
+		}
+	}
+}
+
+// TestUnloggedClock: olderThan counts back from Config.Now, strictly.
+func TestUnloggedClock(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := openAt(t, filepath.Join(t.TempDir(), "x.db"), clock.Now)
+	defer s.Close()
+	ctx := t.Context()
+	denied := admission(k1)
+	denied.Status = processors.StatusDenied
+	if _, err := s.Admit(ctx, []processors.Admission{denied}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		advance time.Duration
+		want    int
+	}{
+		{"just updated", 0, 0},
+		{"exactly olderThan", time.Minute, 0}, // updated_at < now - olderThan, strictly
+		{"older", time.Nanosecond, 1},
+	}
+	for _, tc := range tests {
+		clock.Advance(tc.advance)
+		got, err := s.Unlogged(ctx, time.Minute, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != tc.want {
+			t.Errorf("%s: Unlogged(1m) = %d records; want %d", tc.name, len(got), tc.want)
+		}
+	}
+}
+
+// TestUnloggedBackfill: a file written before the unlogged index existed
+// (no bucket) gets it built by Open, format unchanged.
+func TestUnloggedBackfill(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	ctx := t.Context()
+	s := openAt(t, path, clock.Now)
+	denied := admission(k1)
+	denied.Status = processors.StatusDenied
+	if _, err := s.Admit(ctx, []processors.Admission{denied, admission(k2)}); err != nil {
+		t.Fatal(err)
+	}
+	// What an older build's file looks like.
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketUnlogged) }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+
+	s = openAt(t, path, clock.Now)
+	defer s.Close()
+	if got := unloggedEntries(t, s); got != 1 {
+		t.Errorf("unlogged index after reopen: %d entries; want 1 (the denied record)", got)
+	}
+	clock.Advance(time.Hour)
+	got, err := s.Unlogged(ctx, time.Minute, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Key != k1 {
+		t.Errorf("Unlogged after backfill = %v; want only %v", got, k1)
+	}
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMeta).Get(metaFormat); string(v) != format {
+			t.Errorf("format after backfill = %q; want %q (unchanged)", v, format)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRejectedKeyTooLong: a key bbolt cannot hold is refused as the
+// data's fault, before anything is written.
+func TestRejectedKeyTooLong(t *testing.T) {
+	s := openAt(t, filepath.Join(t.TempDir(), "x.db"), nil)
+	defer s.Close()
+	long := admission(ledger.CallKey{TenantID: "t_acme", IdempotencyKey: strings.Repeat("k", bolt.MaxKeySize)})
+	if _, err := s.Admit(t.Context(), []processors.Admission{admission(k1), long}); !errors.Is(err, processors.ErrRejected) {
+		t.Errorf("Admit(key of %d bytes) = %v; want an error wrapping ErrRejected", bolt.MaxKeySize, err)
+	}
+	if _, err := s.Get(t.Context(), k1); !errors.Is(err, processors.ErrNotFound) {
+		t.Errorf("Get(%v) after the rejected batch = %v; want ErrNotFound", k1, err)
 	}
 }

@@ -18,6 +18,11 @@
 //     lost write reported as success, and it never recovers from a
 //     statement-level 40001 either.
 //
+// Errors whose SQLSTATE says the data itself is the problem (class 22, a
+// data exception such as a NUL in TEXT; class 23, an integrity constraint
+// such as the status CHECK, except 23505) wrap processors.ErrRejected as
+// well as the *pgconn.PgError, and are never retried.
+//
 // Dedupe rests on the table's primary key (tenant_id, idempotency_key)
 // and INSERT ... ON CONFLICT DO NOTHING, not on the isolation level alone.
 // Leases are measured against the database's now() (the transaction's
@@ -31,6 +36,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,10 +55,13 @@ import (
 //go:embed schema.sql
 var schemaSQL string
 
-// Table and index names; Config.Schema qualifies them.
+// Table, index and constraint names; Config.Schema qualifies the table
+// and, implicitly, its indexes.
 const (
-	tableName = "execution_records"
-	indexName = "execution_records_status_lease_until"
+	tableName         = "execution_records"
+	indexName         = "execution_records_status_lease_until"
+	unloggedIndexName = "execution_records_unlogged_updated_at"
+	statusCheckName   = "execution_records_status"
 )
 
 // DefaultMaxRetries is Config.MaxRetries' default.
@@ -178,11 +188,18 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Migrate applies the embedded schema (schema.sql): CREATE ... IF NOT
-// EXISTS only, so it is safe to run on every start and from several
-// processes.
+// Migrate applies the embedded schema (schema.sql), CREATE ... IF NOT
+// EXISTS only, then brings the status CHECK of a table an older build
+// created up to processors.Statuses (see migrateStatusCheck). It is safe
+// to run on every start and from several processes.
 func (s *Store) Migrate(ctx context.Context) error {
-	ddl := strings.NewReplacer("{table}", s.table, "{index}", pgx.Identifier{indexName}.Sanitize(), "{rate_limits}", s.rateTable()).Replace(schemaSQL)
+	ddl := strings.NewReplacer(
+		"{table}", s.table,
+		"{index}", pgx.Identifier{indexName}.Sanitize(),
+		"{unlogged_index}", pgx.Identifier{unloggedIndexName}.Sanitize(),
+		"{statuses}", quoteStatuses(processors.Statuses),
+		"{rate_limits}", s.rateTable(),
+	).Replace(schemaSQL)
 	stmts := strings.Split(ddl, ";\n")
 	if s.schema != "" {
 		stmts = append([]string{"CREATE SCHEMA IF NOT EXISTS " + s.schema}, stmts...)
@@ -200,8 +217,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 			// PostgreSQL's IF NOT EXISTS is not atomic against a
 			// concurrent creator of the same object: the loser sees a
 			// duplicate (23505 on the catalog, 42P07 relation, 42P06
-			// schema). The next try finds the object and succeeds.
-			if code := sqlState(err); code != "23505" && code != "42P07" && code != "42P06" {
+			// schema, 42710 the row type of a table created at the same
+			// moment). The next try finds the object and succeeds.
+			if code := sqlState(err); code != "23505" && code != "42P07" && code != "42P06" && code != "42710" {
 				break
 			}
 		}
@@ -209,7 +227,97 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("pgstore: migrate: %w", err)
 		}
 	}
-	return nil
+	return s.migrateStatusCheck(ctx)
+}
+
+// migrateStatusCheck widens the status CHECK of an existing table, which
+// CREATE TABLE IF NOT EXISTS leaves as an older build wrote it (the list
+// before 'expired' made completing a call as expired fail with 23514).
+//
+// It reads the constraint's definition first and changes nothing when the
+// constraint already allows every status of processors.Statuses, so a
+// normal start costs one catalog query. It only ever widens, to the union
+// of both lists: statuses this build does not know were added by a newer
+// build, and dropping them during a rolling upgrade would refuse that
+// build's writes.
+//
+// To widen, it drops and re-adds the constraint, as two statements rather
+// than one ALTER TABLE with two subcommands, which CockroachDB's legacy
+// schema changer refuses for one constraint name (cockroachdb/cockroach
+// issue 96831). The cost, once per change of the list: the ADD validates
+// every row, a full scan under an ACCESS EXCLUSIVE lock on PostgreSQL (an
+// online schema change on CockroachDB), and between the two statements
+// the table has no status check (the stores check statuses before writing
+// anyway). A concurrent Migrate that added it first makes the ADD fail
+// with 42710; the definition is then read again.
+func (s *Store) migrateStatusCheck(ctx context.Context) error {
+	// pg_constraint and pg_get_constraintdef exist on both engines; they
+	// print the expression differently (PostgreSQL status = ANY
+	// (ARRAY['a'::text, ...]), CockroachDB status IN ('a':::STRING, ...)),
+	// so only the quoted literals are compared.
+	const read = `SELECT pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
+WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
+	constraint := pgx.Identifier{statusCheckName}.Sanitize()
+	for attempt := 1; ; attempt++ {
+		// NULL: pg_get_constraintdef found the row gone (a concurrent
+		// Migrate dropped it after this query's catalog snapshot).
+		var def pgtype.Text
+		err := s.pool.QueryRow(ctx, read, s.table, statusCheckName).Scan(&def)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			// Missing (dropped by hand, or a concurrent Migrate is between
+			// its two statements): add it.
+		case err != nil:
+			return fmt.Errorf("pgstore: migrate: read the status check: %w", err)
+		}
+		have := slices.Compact(slices.Sorted(slices.Values(quotedLiterals(def.String))))
+		want := slices.Clone(processors.Statuses)
+		for _, l := range have {
+			if !slices.Contains(want, processors.Status(l)) {
+				want = append(want, processors.Status(l))
+			}
+		}
+		if len(want) == len(have) {
+			return nil // have holds every status of ours, and nothing else
+		}
+		s.log.Info("execution store widening the status check", "old", def.String)
+		stmts := []string{
+			"ALTER TABLE " + s.table + " DROP CONSTRAINT IF EXISTS " + constraint,
+			"ALTER TABLE " + s.table + " ADD CONSTRAINT " + constraint + " CHECK (status IN (" + quoteStatuses(want) + "))",
+		}
+		for _, stmt := range stmts {
+			if _, err = s.pool.Exec(ctx, stmt); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if sqlState(err) != "42710" || attempt == 3 {
+			return fmt.Errorf("pgstore: migrate: replace the status check: %w", err)
+		}
+	}
+}
+
+// quoteStatuses is the SQL list of ss: 'a', 'b'.
+func quoteStatuses(ss []processors.Status) string {
+	q := make([]string, len(ss))
+	for i, st := range ss {
+		q[i] = "'" + strings.ReplaceAll(string(st), "'", "''") + "'"
+	}
+	return strings.Join(q, ", ")
+}
+
+// literalRE matches a single-quoted SQL string literal.
+var literalRE = regexp.MustCompile(`'((?:[^']|'')*)'`)
+
+// quotedLiterals returns the string literals of a SQL expression, unquoted.
+func quotedLiterals(expr string) []string {
+	var out []string
+	for _, m := range literalRE.FindAllStringSubmatch(expr, -1) {
+		out = append(out, strings.ReplaceAll(m[1], "''", "'"))
+	}
+	return out
 }
 
 // stripComments drops "--" line comments, to recognise a piece of the DDL
@@ -268,9 +376,25 @@ func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn f
 		})
 	}
 	if err != nil {
+		if rejectedCode(sqlState(err)) {
+			// Both stay reachable: callers branch on ErrRejected, tests and
+			// logs want the SQLSTATE.
+			return fmt.Errorf("pgstore %s: %w: %w", op, processors.ErrRejected, err)
+		}
 		return fmt.Errorf("pgstore %s: %w", op, err)
 	}
 	return nil
+}
+
+// rejectedCode reports whether SQLSTATE code says the data itself is the
+// problem, so that sending it again cannot help: class 22 (data exception:
+// a NUL or invalid UTF-8 in TEXT, a value out of range) and class 23
+// (integrity constraint violation: the status CHECK, a NOT NULL), except
+// 23505, a unique violation, which can be a race with a concurrent writer
+// that a retry resolves. The retry loops never retry these (they retry
+// 40001 only).
+func rejectedCode(code string) bool {
+	return code != "23505" && (strings.HasPrefix(code, "22") || strings.HasPrefix(code, "23"))
 }
 
 // backoff sleeps before retry n (n >= 1): full jitter over 1ms doubling to
@@ -310,11 +434,17 @@ func cols(prefix string) string {
 
 // queries holds the SQL with the table name filled in.
 type queries struct {
-	selectKeys, selectKeysForUpdate, insert, claim, complete, markLogged, expired, get string
+	selectKeys, selectKeysForUpdate, insert, claim, complete, markLogged, expired, unlogged, get string
 }
 
 func newQueries(table string) queries {
-	r := strings.NewReplacer("{table}", table, "{cols}", cols(""), "{rcols}", cols("r."))
+	var done []processors.Status
+	for _, st := range processors.Statuses {
+		if st.Done() {
+			done = append(done, st)
+		}
+	}
+	r := strings.NewReplacer("{table}", table, "{cols}", cols(""), "{rcols}", cols("r."), "{done}", quoteStatuses(done))
 	selectKeys := `SELECT {cols} FROM {table}
 WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::TEXT[]) AS u (t, k))`
 	return queries{
@@ -386,6 +516,17 @@ WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.logged_seq < u.seq`),
 WHERE status = 'executing' AND lease_until < now()
 ORDER BY lease_until, tenant_id, idempotency_key
 LIMIT $1`),
+		// Served by the partial index on updated_at WHERE logged_seq < seq:
+		// the predicate is repeated word for word so that both engines
+		// match it. The status filter (the done statuses, from
+		// processors.Status.Done) leaves out calls still in flight, whose
+		// next step writes the outbox again anyway. older_us * INTERVAL as
+		// in claim.
+		unlogged: r.Replace(`SELECT {cols} FROM {table}
+WHERE logged_seq < seq AND status IN ({done})
+  AND updated_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
+ORDER BY updated_at, tenant_id, idempotency_key
+LIMIT $2`),
 		get: r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
 	}
 }
@@ -465,7 +606,7 @@ func byKey(rs []processors.Record) map[ledger.CallKey]processors.Record {
 // of the batch's keys, then the insert of the rest.
 func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, error) {
 	if err := processors.CheckAdmissions(as); err != nil {
-		return nil, fmt.Errorf("pgstore admit: %w", err)
+		return nil, fmt.Errorf("pgstore admit: %w: %w", processors.ErrRejected, err)
 	}
 	if len(as) == 0 {
 		return []processors.AdmitResult{}, nil
@@ -549,7 +690,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 // as they were (locked), then the conditional claim of the claimable ones.
 func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
 	if err := processors.CheckClaims(cs); err != nil {
-		return nil, fmt.Errorf("pgstore claim: %w", err)
+		return nil, fmt.Errorf("pgstore claim: %w: %w", processors.ErrRejected, err)
 	}
 	if len(cs) == 0 {
 		return []processors.ClaimResult{}, nil
@@ -634,7 +775,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 // Complete implements processors.Store.
 func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]bool, error) {
 	if err := processors.CheckCompletions(cs); err != nil {
-		return nil, fmt.Errorf("pgstore complete: %w", err)
+		return nil, fmt.Errorf("pgstore complete: %w: %w", processors.ErrRejected, err)
 	}
 	if len(cs) == 0 {
 		return []bool{}, nil
@@ -691,6 +832,30 @@ func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, er
 	var out []processors.Record
 	err := s.inTx(ctx, "expired", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, s.q.expired, limit)
+		var err error
+		out, err = pgx.CollectRows(rows, scanRecord)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Unlogged implements processors.Store, against the database's clock.
+func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error) {
+	if limit <= 0 {
+		return []processors.Record{}, nil
+	}
+	// Rounded up to whole microseconds, the databases' precision: "more
+	// than olderThan ago" must not admit a record updated less long ago.
+	olderUS := int64(olderThan / time.Microsecond)
+	if olderThan%time.Microsecond > 0 {
+		olderUS++
+	}
+	var out []processors.Record
+	err := s.inTx(ctx, "unlogged", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, s.q.unlogged, olderUS, limit)
 		var err error
 		out, err = pgx.CollectRows(rows, scanRecord)
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -100,6 +101,256 @@ VALUES ($1, $2, 'c2', 'h2', 'x', 1, 'authorized', now(), now())`, k.TenantID, k.
 	_, err = s.pool.Exec(ctx, "UPDATE "+s.table+" SET status = 'bogus'")
 	if sqlState(err) != "23514" {
 		t.Errorf("UPDATE to an unknown status = %v; want a check violation (23514)", err)
+	}
+	// Unlogged's partial index, with its predicate.
+	var def string
+	if err := s.pool.QueryRow(ctx, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", schema, unloggedIndexName).Scan(&def); err != nil {
+		t.Fatalf("read index %s: %v", unloggedIndexName, err)
+	}
+	if !strings.Contains(def, "(updated_at) WHERE (logged_seq < seq)") {
+		t.Errorf("index %s = %q; want a partial index on (updated_at) WHERE logged_seq < seq", unloggedIndexName, def)
+	}
+}
+
+// oldTableDDL is execution_records as builds before 'expired' created it:
+// its status check lacks 'expired'. Frozen here; do not update it.
+const oldTableDDL = `CREATE TABLE %s (
+    tenant_id       TEXT        NOT NULL,
+    idempotency_key TEXT        NOT NULL,
+    call_id         TEXT        NOT NULL,
+    arguments_hash  TEXT        NOT NULL,
+    tool            TEXT        NOT NULL,
+    tool_version    BIGINT      NOT NULL,
+    arguments       BYTEA,
+    deadline_at     TIMESTAMPTZ,
+    status          TEXT        NOT NULL,
+    epoch           BIGINT      NOT NULL DEFAULT 0,
+    attempt         BIGINT      NOT NULL DEFAULT 0,
+    lease_owner     TEXT        NOT NULL DEFAULT '',
+    lease_until     TIMESTAMPTZ,
+    result          BYTEA,
+    seq             BIGINT      NOT NULL DEFAULT 0,
+    logged_seq      BIGINT      NOT NULL DEFAULT 0,
+    outbox          BYTEA,
+    created_at      TIMESTAMPTZ NOT NULL,
+    updated_at      TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (tenant_id, idempotency_key),
+    CONSTRAINT execution_records_status CHECK (status IN
+        ('authorized', 'denied', 'pending', 'executing', 'succeeded', 'failed', 'outcome_unknown'))
+)`
+
+// TestMigrateStatusCheck: on a table an older build created, Migrate
+// widens the status check so that a call can complete as expired (it
+// failed with 23514 before), keeps the rows, keeps refusing unknown
+// statuses, and leaves an up-to-date check alone.
+func TestMigrateStatusCheck(t *testing.T) {
+	dsn := testDSN(t)
+	schema := newSchema(t, dsn)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	table := pgx.Identifier{schema, tableName}.Sanitize()
+	for _, stmt := range []string{
+		"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(),
+		fmt.Sprintf(oldTableDDL, table),
+		"INSERT INTO " + table + ` (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, created_at, updated_at)
+VALUES ('t_acme', 'old', 'c', 'h', 'x', 1, 'succeeded', now(), now())`,
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	// The bug, as it was: the old check refuses 'expired'.
+	if _, err := conn.Exec(ctx, "UPDATE "+table+" SET status = 'expired'"); sqlState(err) != "23514" {
+		t.Fatalf("UPDATE to expired under the old check = %v; want 23514 (the test's premise)", err)
+	}
+
+	s := open(t, Config{DSN: dsn, Schema: schema}) // runs Migrate
+	defer s.Close()
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
+	if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized}}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := s.Complete(ctx, []processors.Completion{{Key: k, Epoch: c[0].Record.Epoch, Status: processors.StatusExpired, Seq: 3, Outbox: []byte("x")}})
+	if err != nil || !applied[0] {
+		t.Fatalf("Complete(expired) after Migrate = %v, %v; want applied", applied, err)
+	}
+	if r, err := s.Get(ctx, k); err != nil || r.Status != processors.StatusExpired {
+		t.Errorf("Get = %q, %v; want expired", r.Status, err)
+	}
+	if r, err := s.Get(ctx, ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "old"}); err != nil || r.Status != processors.StatusSucceeded {
+		t.Errorf("Get(the old row) = %q, %v; want it kept, succeeded", r.Status, err)
+	}
+	if _, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET status = 'bogus'"); sqlState(err) != "23514" {
+		t.Errorf("UPDATE to an unknown status after Migrate = %v; want a check violation (23514)", err)
+	}
+
+	// Up to date now: Migrate does not replace the constraint again (its
+	// oid would change).
+	constraintOID := func() uint32 {
+		t.Helper()
+		var oid uint32
+		if err := s.pool.QueryRow(ctx, "SELECT oid FROM pg_catalog.pg_constraint WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2", s.table, statusCheckName).Scan(&oid); err != nil {
+			t.Fatalf("read the status check: %v", err)
+		}
+		return oid
+	}
+	before := constraintOID()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate() again = %v", err)
+	}
+	if after := constraintOID(); after != before {
+		t.Errorf("status check oid %d -> %d after Migrate on an up-to-date table; want it left alone", before, after)
+	}
+
+	// A newer build's statuses are kept: a wider list is left alone, and
+	// a list that lacks some of ours gets the union.
+	setCheck := func(list string) {
+		t.Helper()
+		for _, stmt := range []string{
+			"ALTER TABLE " + s.table + " DROP CONSTRAINT " + statusCheckName,
+			"ALTER TABLE " + s.table + " ADD CONSTRAINT " + statusCheckName + " CHECK (status IN (" + list + "))",
+		} {
+			if _, err := s.pool.Exec(ctx, stmt); err != nil {
+				t.Fatalf("%s: %v", stmt, err)
+			}
+		}
+	}
+	setCheck(quoteStatuses(processors.Statuses) + ", 'future'")
+	before = constraintOID()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate() with a wider check = %v", err)
+	}
+	if after := constraintOID(); after != before {
+		t.Errorf("status check oid %d -> %d after Migrate on a wider check; want it left alone", before, after)
+	}
+	setCheck("'succeeded', 'expired', 'future'")
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate() with a partial check = %v", err)
+	}
+	var def string
+	if err := s.pool.QueryRow(ctx, "SELECT pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2", s.table, statusCheckName).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	got := slices.Sorted(slices.Values(quotedLiterals(def)))
+	want := slices.Sorted(slices.Values(append(quotedLiterals(quoteStatuses(processors.Statuses)), "future")))
+	if !slices.Equal(got, want) {
+		t.Errorf("status check after Migrate on a partial check allows %q; want %q (ours and the newer build's)", got, want)
+	}
+}
+
+func TestQuotedLiterals(t *testing.T) {
+	tests := []struct {
+		name string
+		def  string
+		want []string
+	}{
+		{"postgresql", `CHECK ((status = ANY (ARRAY['authorized'::text, 'denied'::text])))`, []string{"authorized", "denied"}},
+		{"cockroachdb", `CHECK ((status IN ('authorized':::STRING, 'denied':::STRING)))`, []string{"authorized", "denied"}},
+		{"escaped quote", `CHECK ((status IN ('it''s', '')))`, []string{"it's", ""}},
+		{"none", `CHECK ((seq >= 0))`, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := quotedLiterals(tc.def); !slices.Equal(got, tc.want) {
+				t.Errorf("quotedLiterals(%q) = %q; want %q", tc.def, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRejected: data PostgreSQL refuses wraps processors.ErrRejected, with
+// the SQLSTATE still reachable, and is not retried; an error that is not
+// the data's fault does not wrap it.
+func TestRejected(t *testing.T) {
+	dsn := testDSN(t)
+	var retries atomic.Int32
+	log := slog.New(countHandler{msg: "execution store transaction retry", n: &retries})
+	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn), Logger: log})
+	defer s.Close()
+	ctx := t.Context()
+
+	ok := processors.Admission{Key: ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "ok"}, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized}
+	bad := ok
+	bad.Key.IdempotencyKey, bad.CallID = "nul", "call\x00id"
+	_, err := s.Admit(ctx, []processors.Admission{ok, bad})
+	if !errors.Is(err, processors.ErrRejected) {
+		t.Errorf("Admit(call_id with NUL) = %v; want an error wrapping ErrRejected", err)
+	}
+	if code := sqlState(err); code != "22021" {
+		t.Errorf("Admit(call_id with NUL) SQLSTATE = %q (%v); want 22021 reachable through the error", code, err)
+	}
+	if n := retries.Load(); n != 0 {
+		t.Errorf("Admit(call_id with NUL) retried %d times; want none", n)
+	}
+	if _, err := s.Get(ctx, ok.Key); !errors.Is(err, processors.ErrNotFound) {
+		t.Errorf("Get(%v) after the rejected batch = %v; want ErrNotFound", ok.Key, err)
+	}
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Admit(cancelled, []processors.Admission{ok}); err == nil || errors.Is(err, processors.ErrRejected) {
+		t.Errorf("Admit(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
+	}
+}
+
+// countHandler counts the log records with message msg.
+type countHandler struct {
+	msg string
+	n   *atomic.Int32
+}
+
+func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestRejectedCodes: which SQLSTATEs inTx reports as ErrRejected, after
+// one attempt.
+func TestRejectedCodes(t *testing.T) {
+	dsn := testDSN(t)
+	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn), MaxRetries: 3})
+	defer s.Close()
+	tests := []struct {
+		code         string
+		wantRejected bool
+	}{
+		{"22021", true},  // invalid byte sequence: a NUL in TEXT
+		{"22001", true},  // string data right truncation
+		{"23514", true},  // check violation: an unknown status
+		{"23502", true},  // not null violation
+		{"23505", false}, // unique violation: may be a race
+		{"57014", false}, // query canceled
+		{"08006", false}, // connection failure
+		{"42P01", false}, // undefined table: our bug, not the data
+	}
+	for _, tc := range tests {
+		t.Run(tc.code, func(t *testing.T) {
+			var n int
+			pe := &pgconn.PgError{Code: tc.code, Message: "synthetic"}
+			err := s.inTx(t.Context(), "synthetic", pgx.ReadOnly, func(context.Context, pgx.Tx) error { n++; return pe })
+			if got := errors.Is(err, processors.ErrRejected); got != tc.wantRejected {
+				t.Errorf("inTx(SQLSTATE %s) = %v; ErrRejected %v, want %v", tc.code, err, got, tc.wantRejected)
+			}
+			if sqlState(err) != tc.code {
+				t.Errorf("inTx(SQLSTATE %s) = %v; want the PgError reachable", tc.code, err)
+			}
+			if n != 1 {
+				t.Errorf("inTx(SQLSTATE %s) ran %d times; want 1 (not retried)", tc.code, n)
+			}
+		})
 	}
 }
 
@@ -258,5 +509,51 @@ func TestRetriesBounded(t *testing.T) {
 	boom := errors.New("boom")
 	if err := s.inTx(t.Context(), "fails", pgx.ReadOnly, func(context.Context, pgx.Tx) error { n++; return boom }); !errors.Is(err, boom) || n != 1 {
 		t.Errorf("inTx(non-retryable) = %v after %d attempts; want boom after 1", err, n)
+	}
+}
+
+// TestMigrateStatusCheckConcurrent: executors starting together on a
+// table an older build created all open, and the check ends up widened.
+func TestMigrateStatusCheckConcurrent(t *testing.T) {
+	dsn := testDSN(t)
+	schema := newSchema(t, dsn)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	table := pgx.Identifier{schema, tableName}.Sanitize()
+	for _, stmt := range []string{"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(), fmt.Sprintf(oldTableDDL, table)} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	const n = 6
+	var (
+		wg   sync.WaitGroup
+		errs [n]error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			s, err := Open(ctx, Config{DSN: dsn, Schema: schema, MaxConns: 2})
+			if err == nil {
+				s.Close()
+			}
+			errs[i] = err
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Open %d = %v; want nil", i, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO "+table+` (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, created_at, updated_at)
+VALUES ('t_acme', 'k', 'c', 'h', 'x', 1, 'expired', now(), now())`); err != nil {
+		t.Errorf("INSERT of an expired record after the concurrent Opens = %v; want nil", err)
 	}
 }

@@ -2,9 +2,10 @@
 -- transactional outbox. Applied by Store.Migrate; every statement is
 -- idempotent. The same DDL runs on PostgreSQL and CockroachDB.
 --
--- {table} and {index} are replaced by Migrate with the (schema-qualified)
--- names. Statements end with ";" at the end of a line: Migrate runs them
--- one by one.
+-- {table}, {index} and {unlogged_index} are replaced by Migrate with the
+-- (schema-qualified) names, {statuses} with the quoted list of
+-- processors.Statuses. Statements end with ";" at the end of a line:
+-- Migrate runs them one by one.
 --
 -- Integers are BIGINT everywhere: CockroachDB's INT is 64-bit, PostgreSQL's
 -- is 32-bit; BIGINT means the same on both.
@@ -32,14 +33,23 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- The dedupe rests on this key, not on the isolation level: two
     -- admissions of one call cannot both insert.
     PRIMARY KEY (tenant_id, idempotency_key),
-    CONSTRAINT execution_records_status CHECK (status IN
-        ('authorized', 'denied', 'pending', 'executing', 'succeeded', 'failed', 'outcome_unknown'))
+    -- A table created by an older build has an older list here: Migrate
+    -- replaces the constraint when its list differs from processors.Statuses.
+    CONSTRAINT execution_records_status CHECK (status IN ({statuses}))
 );
 
 -- Expired: executing records whose lease ended, oldest first. On a large
 -- CockroachDB cluster a status-leading index concentrates writes on few
 -- ranges; make it hash-sharded there (USING HASH) if it becomes a hotspot.
 CREATE INDEX IF NOT EXISTS {index} ON {table} (status, lease_until);
+
+-- Unlogged: records whose outbox may be missing from the log, oldest
+-- update first. Partial, so that it holds only the few rows between a
+-- step's commit and its MarkLogged (or those a failed Kafka transaction
+-- left behind), not every call ever made; the query repeats the predicate
+-- so that both engines can use it. PostgreSQL and CockroachDB (20.2 and
+-- later) accept partial indexes.
+CREATE INDEX IF NOT EXISTS {unlogged_index} ON {table} (updated_at) WHERE logged_seq < seq;
 
 -- Rate limits (processors.RateLimiter): one row per bucket, e.g.
 -- "<tenant>/<tool>", holding GCRA's theoretical arrival time: when the

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -43,6 +44,17 @@ const clockSlack = 5 * time.Second
 // pollTimeout bounds every wait for a short lease to expire.
 const pollTimeout = 10 * time.Second
 
+// unloggedAge is the olderThan of the Unlogged tests that wait for records
+// to come of age: short, so that the wait is.
+const unloggedAge = 100 * time.Millisecond
+
+// doneStatuses are the statuses Complete accepts (Status.Done): every one
+// must be storable, and each must finish the call.
+var doneStatuses = []processors.Status{
+	processors.StatusSucceeded, processors.StatusFailed, processors.StatusOutcomeUnknown,
+	processors.StatusExpired, processors.StatusDenied,
+}
+
 // Run runs the contract suite. Every subtest calls open for a fresh, empty
 // store of its own, runs in parallel with the others and closes the store
 // when it ends (open must not close it; it may register cleanup of other
@@ -58,6 +70,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Admit/Conflict", testAdmitConflict},
 		{"Admit/Statuses", testAdmitStatuses},
 		{"Admit/InvalidStatus", testAdmitInvalidStatus},
+		{"Admit/Unholdable", testAdmitUnholdable},
 		{"Admit/IntraBatch", testAdmitIntraBatch},
 		{"Admit/BatchOrder", testAdmitBatchOrder},
 		{"Claim/Claimed", testClaimClaimed},
@@ -78,6 +91,10 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Complete/BatchOrder", testCompleteBatchOrder},
 		{"MarkLogged/Monotonic", testMarkLoggedMonotonic},
 		{"MarkLogged/Batch", testMarkLoggedBatch},
+		{"Unlogged/OlderThan", testUnloggedOlderThan},
+		{"Unlogged/MarkLogged", testUnloggedMarkLogged},
+		{"Unlogged/OrderAndLimit", testUnloggedOrderAndLimit},
+		{"Unlogged/DoneOnly", testUnloggedDoneOnly},
 		{"Get/NotFound", testGetNotFound},
 		{"TenantIsolation", testTenantIsolation},
 		{"EmptyBatches", testEmptyBatches},
@@ -217,6 +234,33 @@ func mustExpired(t *testing.T, s processors.Store, limit int) []processors.Recor
 		t.Fatalf("Expired(%d) = %v; want nil error", limit, err)
 	}
 	return rs
+}
+
+func mustUnlogged(t *testing.T, s processors.Store, olderThan time.Duration, limit int) []processors.Record {
+	t.Helper()
+	rs, err := s.Unlogged(t.Context(), olderThan, limit)
+	if err != nil {
+		t.Fatalf("Unlogged(%v, %d) = %v; want nil error", olderThan, limit, err)
+	}
+	if rs == nil {
+		t.Fatalf("Unlogged(%v, %d) = nil slice; want a slice, empty if nothing is unlogged", olderThan, limit)
+	}
+	return rs
+}
+
+// waitUnlogged waits until Unlogged(unloggedAge, 100) lists exactly the
+// keys want, in that order, and returns what it listed.
+func waitUnlogged(t *testing.T, s processors.Store, want []ledger.CallKey) []processors.Record {
+	t.Helper()
+	var got []processors.Record
+	waitFor(t, pollTimeout, func() error {
+		got = mustUnlogged(t, s, unloggedAge, 100)
+		if ks := keysOf(got); !slices.Equal(ks, want) {
+			return fmt.Errorf("Unlogged(%v, 100) keys = %v; want %v", unloggedAge, ks, want)
+		}
+		return nil
+	})
+	return got
 }
 
 // admitClaimed admits k as authorized and claims it under lease; it
@@ -390,8 +434,8 @@ func testAdmitInvalidStatus(t *testing.T, s processors.Store) {
 		t.Run(string(st), func(t *testing.T) {
 			ok := admission(key("valid:"+string(st)), hashA, processors.StatusAuthorized)
 			bad := admission(key("invalid:"+string(st)), hashA, st)
-			if _, err := s.Admit(t.Context(), []processors.Admission{ok, bad}); err == nil {
-				t.Errorf("Admit(status %q) = nil error; want an error", st)
+			if _, err := s.Admit(t.Context(), []processors.Admission{ok, bad}); !errors.Is(err, processors.ErrRejected) {
+				t.Errorf("Admit(status %q) = %v; want an error wrapping ErrRejected (the data is the problem)", st, err)
 			}
 			// The batch is one transaction: nothing of it is stored.
 			for _, k := range []ledger.CallKey{ok.Key, bad.Key} {
@@ -401,6 +445,64 @@ func testAdmitInvalidStatus(t *testing.T, s processors.Store) {
 			}
 		})
 	}
+}
+
+// testAdmitUnholdable: data a store cannot hold as given (PostgreSQL's
+// TEXT refuses NUL and invalid UTF-8; JSON would replace invalid UTF-8)
+// is either stored intact or refused with ErrRejected, so that the intake
+// can set the one call aside instead of retrying its batch forever. It is
+// never stored altered.
+func testAdmitUnholdable(t *testing.T, s processors.Store) {
+	tests := []struct {
+		name string
+		edit func(a *processors.Admission)
+	}{
+		{"NUL in call_id", func(a *processors.Admission) { a.CallID = "call\x00x" }},
+		{"invalid UTF-8 in call_id", func(a *processors.Admission) { a.CallID = "call\xffx" }},
+		{"NUL in tool", func(a *processors.Admission) { a.Tool = "refund\x00order" }},
+		{"invalid UTF-8 in idempotency_key", func(a *processors.Admission) { a.Key.IdempotencyKey += "\xc3" }},
+		{"invalid UTF-8 in tenant_id", func(a *processors.Admission) { a.Key.TenantID += "\xff" }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ok := admission(key("holdable:"+tc.name), hashA, processors.StatusAuthorized)
+			bad := admission(key("unholdable:"+tc.name), hashA, processors.StatusAuthorized)
+			tc.edit(&bad)
+			got, err := s.Admit(t.Context(), []processors.Admission{ok, bad})
+			switch {
+			case errors.Is(err, processors.ErrRejected):
+				// The batch is one transaction: nothing of it is stored.
+				if _, err := s.Get(t.Context(), ok.Key); !errors.Is(err, processors.ErrNotFound) {
+					t.Errorf("Get(%v) after a rejected Admit = %v; want ErrNotFound", ok.Key, err)
+				}
+			case err != nil:
+				t.Fatalf("Admit(%s) = %v; want nil or an error wrapping ErrRejected", tc.name, err)
+			default:
+				if got[1].Outcome != processors.Admitted {
+					t.Errorf("Admit(%s) outcome = %v; want Admitted", tc.name, got[1].Outcome)
+				}
+				if diff := cmp.Diff(fromAdmission(bad), mustGet(t, s, bad.Key), ignoreStoreSet, equateEmpty); diff != "" {
+					t.Errorf("Admit(%s) stored the record altered (-admitted +got):\n%s", tc.name, diff)
+				}
+			}
+		})
+	}
+	t.Run("invalid UTF-8 in owner", func(t *testing.T) {
+		k := key("unholdable:owner")
+		before := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+		owner := "executor-\xff"
+		_, err := s.Claim(t.Context(), []processors.Claim{claim(k, hashA, owner, longLease)})
+		switch {
+		case errors.Is(err, processors.ErrRejected):
+			checkUnchanged(t, s, k, before)
+		case err != nil:
+			t.Fatalf("Claim(owner %q) = %v; want nil or an error wrapping ErrRejected", owner, err)
+		default:
+			if r := mustGet(t, s, k); r.LeaseOwner != owner {
+				t.Errorf("Claim(owner %q) stored owner %q; want it intact", owner, r.LeaseOwner)
+			}
+		}
+	})
 }
 
 func testAdmitIntraBatch(t *testing.T, s processors.Store) {
@@ -507,9 +609,9 @@ func testClaimFinished(t *testing.T, s processors.Store) {
 		}
 		checkUnchanged(t, s, k, r)
 	})
-	for _, st := range []processors.Status{processors.StatusSucceeded, processors.StatusFailed, processors.StatusOutcomeUnknown} {
-		t.Run(string(st), func(t *testing.T) {
-			k := key("finished:" + string(st))
+	for _, st := range doneStatuses {
+		t.Run("completed "+string(st), func(t *testing.T) {
+			k := key("finished:completed:" + string(st))
 			c := admitClaimed(t, s, k, "executor-1", longLease)
 			mustComplete(t, s, processors.Completion{Key: k, Epoch: c.Epoch, Status: st, Attempt: 1, Seq: 4, Outbox: []byte("x")})
 			done := mustGet(t, s, k)
@@ -606,8 +708,8 @@ func testClaimInvalid(t *testing.T, s processors.Store) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := s.Claim(t.Context(), []processors.Claim{tc.c}); err == nil {
-				t.Errorf("Claim(%s) = nil error; want an error", tc.name)
+			if _, err := s.Claim(t.Context(), []processors.Claim{tc.c}); !errors.Is(err, processors.ErrRejected) {
+				t.Errorf("Claim(%s) = %v; want an error wrapping ErrRejected", tc.name, err)
 			}
 			checkUnchanged(t, s, k, r)
 		})
@@ -780,7 +882,7 @@ func testExpiredOrderAndLimit(t *testing.T, s processors.Store) {
 // ---------------------------------------------------------------- Complete
 
 func testCompleteApplied(t *testing.T, s processors.Store) {
-	for _, st := range []processors.Status{processors.StatusSucceeded, processors.StatusFailed, processors.StatusOutcomeUnknown} {
+	for _, st := range doneStatuses {
 		t.Run(string(st), func(t *testing.T) {
 			k := key("complete:" + string(st))
 			c := admitClaimed(t, s, k, "executor-1", longLease)
@@ -876,8 +978,8 @@ func testCompleteInvalidStatus(t *testing.T, s processors.Store) {
 	for _, st := range []processors.Status{"", processors.StatusExecuting, processors.StatusAuthorized, processors.StatusPending, "bogus"} {
 		t.Run(string(st), func(t *testing.T) {
 			_, err := s.Complete(t.Context(), []processors.Completion{{Key: k, Epoch: c.Epoch, Status: st, Attempt: 1, Seq: 4}})
-			if err == nil {
-				t.Errorf("Complete(status %q) = nil error; want an error", st)
+			if !errors.Is(err, processors.ErrRejected) {
+				t.Errorf("Complete(status %q) = %v; want an error wrapping ErrRejected", st, err)
 			}
 			checkUnchanged(t, s, k, c)
 		})
@@ -954,10 +1056,11 @@ func testMarkLoggedMonotonic(t *testing.T, s processors.Store) {
 		if r.LoggedSeq != st.wantLogged || r.Unlogged() != st.wantUnlogged {
 			t.Errorf("%s: MarkLogged(%d) -> LoggedSeq %d Unlogged %v; want %d %v", st.name, st.markSeq, r.LoggedSeq, r.Unlogged(), st.wantLogged, st.wantUnlogged)
 		}
-		// MarkLogged touches nothing else.
+		// MarkLogged touches nothing else, UpdatedAt included: it dates
+		// the call's last step, and Unlogged's olderThan counts from it.
 		want := admitted
 		want.LoggedSeq = st.wantLogged
-		if diff := cmp.Diff(want, r, cmpopts.IgnoreFields(processors.Record{}, "UpdatedAt"), equateEmpty); diff != "" {
+		if diff := cmp.Diff(want, r, equateEmpty); diff != "" {
 			t.Errorf("%s: record mismatch (-want +got):\n%s", st.name, diff)
 		}
 	}
@@ -999,6 +1102,147 @@ func testMarkLoggedBatch(t *testing.T, s processors.Store) {
 	if _, err := s.Get(t.Context(), key("logged:missing")); !errors.Is(err, processors.ErrNotFound) {
 		t.Errorf("Get(missing) after MarkLogged = %v; want ErrNotFound", err)
 	}
+}
+
+// ---------------------------------------------------------------- Unlogged
+
+// completeUnlogged admits k, logs the admission's events, claims and
+// completes it as st with a new outbox (seq 4) that is not logged: a step
+// whose Kafka transaction aborted. It returns the record.
+func completeUnlogged(t *testing.T, s processors.Store, k ledger.CallKey, st processors.Status) processors.Record {
+	t.Helper()
+	c := admitClaimed(t, s, k, "executor-1", longLease)
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 2})
+	comp := processors.Completion{Key: k, Epoch: c.Epoch, Status: st, Attempt: 1, Result: []byte(`{"ok":true}`), Seq: 4, Outbox: []byte(`[{"seq":3},{"seq":4}]`)}
+	if applied := mustComplete(t, s, comp); !applied[0] {
+		t.Fatalf("Complete(%v, %s) applied = false; want true", k, st)
+	}
+	return mustGet(t, s, k)
+}
+
+// testUnloggedOlderThan: a done, unlogged record is listed once it was
+// last updated more than olderThan ago, and not before.
+func testUnloggedOlderThan(t *testing.T, s processors.Store) {
+	k := key("unlogged:age")
+	done := completeUnlogged(t, s, k, processors.StatusSucceeded)
+
+	// Updated just now: not more than an hour ago, whatever the clocks.
+	if got := mustUnlogged(t, s, time.Hour, 100); len(got) != 0 {
+		t.Errorf("Unlogged(1h) right after Complete = %v; want none (too recent)", keysOf(got))
+	}
+	got := waitUnlogged(t, s, []ledger.CallKey{k})
+	if diff := cmp.Diff(done, got[0], equateEmpty); diff != "" {
+		t.Errorf("Unlogged record differs from Get's (-get +unlogged):\n%s", diff)
+	}
+	// Still too recent for an hour, even while old enough for the short age.
+	if got := mustUnlogged(t, s, time.Hour, 100); len(got) != 0 {
+		t.Errorf("Unlogged(1h) = %v; want none", keysOf(got))
+	}
+}
+
+// testUnloggedMarkLogged: only a MarkLogged up to the record's seq takes
+// it off the list, and it does not make the record look recent.
+func testUnloggedMarkLogged(t *testing.T, s processors.Store) {
+	k := key("unlogged:marked")
+	done := completeUnlogged(t, s, k, processors.StatusFailed)
+	waitUnlogged(t, s, []ledger.CallKey{k})
+
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 3})
+	got := mustUnlogged(t, s, unloggedAge, 100)
+	if len(got) != 1 || got[0].LoggedSeq != 3 {
+		t.Fatalf("Unlogged after MarkLogged(3) of seq 4 = %v; want %v with LoggedSeq 3", got, k)
+	}
+	// MarkLogged does not move UpdatedAt: the record stays old enough.
+	if !got[0].UpdatedAt.Equal(done.UpdatedAt) {
+		t.Errorf("UpdatedAt after MarkLogged = %v; want unchanged %v", got[0].UpdatedAt, done.UpdatedAt)
+	}
+
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 4})
+	if got := mustUnlogged(t, s, 0, 100); len(got) != 0 {
+		t.Errorf("Unlogged(0) after MarkLogged(4) = %v; want none", keysOf(got))
+	}
+}
+
+// testUnloggedOrderAndLimit: oldest update first, whatever the keys'
+// order, and at most limit.
+func testUnloggedOrderAndLimit(t *testing.T, s processors.Store) {
+	kc, ka, kb := key("unlogged:c"), key("unlogged:a"), key("unlogged:b")
+	// Updated in this order, each in its own transaction: c, a (an
+	// admission denied by the intake, never claimed), b.
+	completeUnlogged(t, s, kc, processors.StatusSucceeded)
+	mustAdmit(t, s, admission(ka, hashA, processors.StatusDenied))
+	completeUnlogged(t, s, kb, processors.StatusOutcomeUnknown)
+	recs := []processors.Record{mustGet(t, s, kc), mustGet(t, s, ka), mustGet(t, s, kb)}
+	// The expected order comes from the stored timestamps (a store's
+	// clock may give two steps the same one; then the key decides).
+	slices.SortStableFunc(recs, func(x, y processors.Record) int {
+		if c := x.UpdatedAt.Compare(y.UpdatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(x.Key.IdempotencyKey, y.Key.IdempotencyKey)
+	})
+	want := keysOf(recs)
+
+	got := waitUnlogged(t, s, want)
+	if diff := cmp.Diff(recs, got, equateEmpty); diff != "" {
+		t.Errorf("Unlogged(%v, 100) records mismatch (-get +unlogged):\n%s", unloggedAge, diff)
+	}
+	if got := keysOf(mustUnlogged(t, s, unloggedAge, 2)); !slices.Equal(got, want[:2]) {
+		t.Errorf("Unlogged(%v, 2) keys = %v; want %v", unloggedAge, got, want[:2])
+	}
+	for _, limit := range []int{0, -1} {
+		if got := mustUnlogged(t, s, unloggedAge, limit); len(got) != 0 {
+			t.Errorf("Unlogged(%v, %d) = %d records; want none", unloggedAge, limit, len(got))
+		}
+	}
+}
+
+// testUnloggedDoneOnly: only done records are listed. Calls still in
+// flight (authorized, pending, executing, even under an expired lease)
+// write their outbox again at their next step; a record whose events are
+// all logged, or that has none, has nothing to append.
+func testUnloggedDoneOnly(t *testing.T, s processors.Store) {
+	// Not listed; created first, so that they are older than the listed
+	// ones and a store that listed them could never match want.
+	mustAdmit(t, s,
+		admission(key("never:authorized"), hashA, processors.StatusAuthorized),
+		admission(key("never:pending"), hashA, processors.StatusPending),
+	)
+	admitClaimed(t, s, key("never:executing"), "executor-1", longLease)
+	admitClaimed(t, s, key("never:lease-expired"), "executor-1", shortLease)
+	noEvents := admission(key("never:denied-no-events"), hashA, processors.StatusDenied)
+	noEvents.Seq, noEvents.Outbox = 0, nil
+	mustAdmit(t, s, noEvents)
+	logged := completeUnlogged(t, s, key("never:logged"), processors.StatusSucceeded)
+	mustMarkLogged(t, s, processors.Logged{Key: logged.Key, Seq: logged.Seq})
+	deniedLogged := admission(key("never:denied-logged"), hashA, processors.StatusDenied)
+	mustAdmit(t, s, deniedLogged)
+	mustMarkLogged(t, s, processors.Logged{Key: deniedLogged.Key, Seq: deniedLogged.Seq})
+
+	// Listed: every done status, unlogged. Denied straight from Admit.
+	var want []ledger.CallKey
+	for _, st := range doneStatuses {
+		k := key("listed:" + string(st))
+		completeUnlogged(t, s, k, st)
+		want = append(want, k)
+	}
+	k := key("listed:admitted-denied")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusDenied))
+	want = append(want, k)
+
+	waitFor(t, pollTimeout, func() error {
+		got := keysOf(mustUnlogged(t, s, unloggedAge, 100))
+		if !slices.Equal(sortedKeys(got), sortedKeys(want)) {
+			return fmt.Errorf("Unlogged(%v, 100) keys = %v; want (in any order) %v", unloggedAge, got, want)
+		}
+		return nil
+	})
+}
+
+func sortedKeys(ks []ledger.CallKey) []ledger.CallKey {
+	return slices.SortedFunc(slices.Values(ks), func(x, y ledger.CallKey) int {
+		return strings.Compare(x.TenantID+"\x00"+x.IdempotencyKey, y.TenantID+"\x00"+y.IdempotencyKey)
+	})
 }
 
 // ---------------------------------------------------------------- Get, tenants, misc
@@ -1080,23 +1324,34 @@ func testEmptyBatches(t *testing.T, s processors.Store) {
 	if got, err := s.Expired(ctx, 10); err != nil || len(got) != 0 {
 		t.Errorf("Expired(10) on an empty store = %v, %v; want empty, nil", got, err)
 	}
+	if got, err := s.Unlogged(ctx, 0, 10); err != nil || got == nil || len(got) != 0 {
+		t.Errorf("Unlogged(0, 10) on an empty store = %#v, %v; want empty, nil", got, err)
+	}
 }
 
 func testCancelledContext(t *testing.T, s processors.Store) {
 	k := key("cancelled")
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := s.Admit(ctx, []processors.Admission{admission(k, hashA, processors.StatusAuthorized)}); err == nil {
+	_, err := s.Admit(ctx, []processors.Admission{admission(k, hashA, processors.StatusAuthorized)})
+	if err == nil {
 		t.Errorf("Admit(cancelled ctx) = nil error; want an error")
+	}
+	// The data is fine: the caller must retry it, not set it aside.
+	if errors.Is(err, processors.ErrRejected) {
+		t.Errorf("Admit(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
 	}
 	if _, err := s.Get(t.Context(), k); !errors.Is(err, processors.ErrNotFound) {
 		t.Errorf("Get after cancelled Admit = %v; want ErrNotFound", err)
 	}
 	r := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
-	if _, err := s.Claim(ctx, []processors.Claim{claim(k, hashA, "executor-1", longLease)}); err == nil {
-		t.Errorf("Claim(cancelled ctx) = nil error; want an error")
+	if _, err := s.Claim(ctx, []processors.Claim{claim(k, hashA, "executor-1", longLease)}); err == nil || errors.Is(err, processors.ErrRejected) {
+		t.Errorf("Claim(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
 	}
 	checkUnchanged(t, s, k, r)
+	if _, err := s.Unlogged(ctx, 0, 10); err == nil || errors.Is(err, processors.ErrRejected) {
+		t.Errorf("Unlogged(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
+	}
 }
 
 // ---------------------------------------------------------------- concurrency
