@@ -12,6 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -49,9 +51,21 @@ func BenchmarkEndToEnd(b *testing.B) {
 			})
 		})
 		b.Run("ledger/"+tool.name, func(b *testing.B) {
-			h := newHarness(b, storeEmbedded, 12)
+			// The whole path: a verified assertion, a Cedar decision,
+			// a per-call credential the tool verifies.
+			broker, err := credentials.New(credentials.Config{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, Keys: broker.Keys})
+			if err != nil {
+				b.Fatal(err)
+			}
+			h := newHarness(b, storeEmbedded, 12, func(c *demobackend.Config) { c.Credentials = verifier })
 			h.startIntake("intake-bench")
-			h.startExecutor(h.executorConfig("executor-bench"))
+			cfg := h.executorConfig("executor-bench")
+			cfg.Credentials = broker
+			h.startExecutor(cfg)
 			w := newTerminalWatcher(b, h)
 			run(b, func(ctx context.Context, i int) error {
 				e := h.newEnvelope("t_bench", fmt.Sprintf("%s-%d", tool.name, i), tool.name, tool.args(i))

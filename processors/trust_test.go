@@ -219,7 +219,7 @@ func TestPolicyDecisions(t *testing.T) {
 permit (principal, action == Action::"tool::refund_order", resource);
 @id("weather") @rate_limit("2/m")
 permit (principal, action == Action::"tool::get_weather", resource);
-@id("tickets") @mask("/body")
+@id("tickets") @mask("/title")
 permit (principal, action == Action::"tool::create_ticket", resource);`)
 	h.policy.Swap(obligations)
 	state, d = decide("p-4", "refund_order", map[string]any{"order_id": "ord_1", "amount_cents": 4500, "currency": "AUD"})
@@ -230,10 +230,15 @@ permit (principal, action == Action::"tool::create_ticket", resource);`)
 		t.Errorf("tools received %d requests; want 1 (the one weather call allowed before)", n)
 	}
 
-	state, _ = decide("p-5", "create_ticket", map[string]any{"title": "t", "body": "secret body"})
-	c, _ := h.index.Get(ledger.CallKey{TenantID: "t_a", IdempotencyKey: "p-5"})
-	if state != "succeeded" || strings.Contains(string(c.Events[0].Arguments), "secret body") {
-		t.Errorf("masked ticket: %s, audit arguments %s; want succeeded with the body masked", state, c.Events[0].Arguments)
+	state, _ = decide("p-5", "create_ticket", map[string]any{"title": "secret title"})
+	k5 := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "p-5"}
+	c, _ := h.index.Get(k5)
+	rec, err := h.store.Get(t.Context(), k5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state != "succeeded" || strings.Contains(string(c.Events[0].Arguments), "secret title") || strings.Contains(string(rec.Result), "secret title") || !strings.Contains(string(rec.Result), ledger.Redacted) {
+		t.Errorf("masked ticket: %s, audit arguments %s, result %s; want succeeded with the title masked in both", state, c.Events[0].Arguments, rec.Result)
 	}
 
 	// Two weather calls fit the limit; the third is refused with a

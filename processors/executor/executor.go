@@ -50,6 +50,7 @@ type Store interface {
 	Complete(ctx context.Context, cs []processors.Completion) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 	Expired(ctx context.Context, limit int) ([]processors.Record, error)
+	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error)
 }
 
 // Minter mints the short-lived credential of one execution. The token
@@ -111,6 +112,12 @@ type Config struct {
 	SweepEvery time.Duration
 	// SweepLimit bounds one sweep; default 100.
 	SweepLimit int
+	// UnloggedGrace is how long a finished call's events may stay out of
+	// the log before the sweep appends them; default 10s. It covers the
+	// case where this instance's transaction aborted in a rebalance after
+	// the instance that took the partition over had skipped the call as
+	// busy, so no redelivery would ever bring it back.
+	UnloggedGrace time.Duration
 	// Breaker configures the per-tool circuit breakers.
 	Breaker BreakerConfig
 	// Now is the clock; default time.Now.
@@ -151,6 +158,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SweepLimit <= 0 {
 		c.SweepLimit = 100
+	}
+	if c.UnloggedGrace <= 0 {
+		c.UnloggedGrace = 10 * time.Second
 	}
 	if c.Breaker.MinRequests == 0 {
 		c.Breaker.MinRequests = 10
@@ -216,7 +226,10 @@ type job struct {
 // authorized events and ignores the rest.
 func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
 	jobs := make(map[ledger.CallKey]*job)
-	var order []ledger.CallKey
+	var (
+		order    []ledger.CallKey
+		reappend []processors.Record // finished calls whose events the log lacks
+	)
 	add := func(tmpl ledger.Event, hash string) {
 		k := tmpl.Key()
 		if _, ok := jobs[k]; ok {
@@ -257,18 +270,32 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			}
 			add(tmpl, rec.ArgumentsHash)
 		}
+		unlogged, err := x.cfg.Store.Unlogged(ctx, x.cfg.UnloggedGrace, x.cfg.SweepLimit)
+		if err != nil {
+			return ledger.Output{}, fmt.Errorf("sweep unlogged outcomes: %w", err)
+		}
+		for _, rec := range unlogged {
+			if _, ok := jobs[rec.Key]; ok {
+				continue
+			}
+			x.cfg.Logger.Warn("appending a finished call's events left out of the log", "call_key", rec.Key.String(), "seq", rec.Seq, "logged_seq", rec.LoggedSeq)
+			reappend = append(reappend, rec)
+		}
 	}
-	if len(order) == 0 {
+	if len(order) == 0 && len(reappend) == 0 {
 		return ledger.Output{}, nil
 	}
 
-	claims := make([]processors.Claim, len(order))
-	for i, k := range order {
-		claims[i] = jobs[k].claim
-	}
-	results, err := x.cfg.Store.Claim(ctx, claims)
-	if err != nil {
-		return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
+	var results []processors.ClaimResult
+	if len(order) > 0 {
+		claims := make([]processors.Claim, len(order))
+		for i, k := range order {
+			claims[i] = jobs[k].claim
+		}
+		var err error
+		if results, err = x.cfg.Store.Claim(ctx, claims); err != nil {
+			return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
+		}
 	}
 
 	var (
@@ -277,6 +304,28 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		completions = make([]processors.Completion, len(results))
 		run         sync.WaitGroup
 	)
+	outbox := func(rec processors.Record) error {
+		evs, err := ledger.DecodeEvents(rec.Outbox)
+		if err != nil {
+			return err
+		}
+		for k := range evs {
+			if evs[k].Seq > rec.LoggedSeq {
+				r, err := evs[k].Record(x.cfg.Topics.Events)
+				if err != nil {
+					return err
+				}
+				out = append(out, r)
+			}
+		}
+		logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq})
+		return nil
+	}
+	for _, rec := range reappend {
+		if err := outbox(rec); err != nil {
+			return ledger.Output{}, err
+		}
+	}
 	for i, res := range results {
 		j := jobs[order[i]]
 		rec := res.Record
@@ -294,20 +343,9 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			}()
 		case processors.Finished:
 			if rec.Unlogged() {
-				evs, err := ledger.DecodeEvents(rec.Outbox)
-				if err != nil {
+				if err := outbox(rec); err != nil {
 					return ledger.Output{}, err
 				}
-				for k := range evs {
-					if evs[k].Seq > rec.LoggedSeq {
-						r, err := evs[k].Record(x.cfg.Topics.Events)
-						if err != nil {
-							return ledger.Output{}, err
-						}
-						out = append(out, r)
-					}
-				}
-				logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq})
 			}
 		case processors.Busy:
 			x.cfg.Logger.Debug("call busy elsewhere", "call_key", rec.Key.String(), "lease_owner", rec.LeaseOwner)

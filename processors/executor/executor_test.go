@@ -570,3 +570,48 @@ func TestExecutionCredential(t *testing.T) {
 		t.Errorf("tool effects %d; want still 1", n)
 	}
 }
+
+// A finished call whose events never reached the log, and that no
+// redelivery will bring back (another instance skipped it as busy while
+// this one's transaction aborted): the sweep appends its events.
+func TestSweepAppendsUnloggedOutcomes(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("notify", "lost", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	first, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The transaction carrying first aborted: Committed never runs, and
+	// the authorized event is not redelivered.
+	x := r.executor(func(c *executor.Config) {
+		c.SweepEvery = time.Nanosecond
+		c.UnloggedGrace = time.Millisecond
+	})
+	var swept ledger.Output
+	ledgertest.WaitFor(t, 5*time.Second, func() error {
+		var err error
+		if swept, err = x.Step(t.Context(), nil); err != nil {
+			return err
+		}
+		if len(swept.Records) == 0 {
+			return context.DeadlineExceeded
+		}
+		return nil
+	})
+	if diff := cmp.Diff(decodeAll(t, first.Records), decodeAll(t, swept.Records)); diff != "" {
+		t.Errorf("swept events differ from the lost ones (-lost +swept):\n%s", diff)
+	}
+	if err := swept.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	again, err := x.Step(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Records) != 0 {
+		t.Errorf("after the log has them, the sweep appended %d records; want 0", len(again.Records))
+	}
+	if n := r.backend.Requests(); n != 1 {
+		t.Errorf("tool received %d requests; want 1", n)
+	}
+}

@@ -43,6 +43,9 @@ const (
 	// ReasonAssertionPrefix prefixes the verifier's reason for a refused
 	// assertion: "assertion_expired", "assertion_alg_not_allowed"...
 	ReasonAssertionPrefix = "assertion_"
+	// ReasonStoreRejected: the execution store cannot hold the
+	// envelope's data (processors.ErrRejected).
+	ReasonStoreRejected = "store_rejected"
 )
 
 // Verifier verifies an agent's identity assertion. Implementations are
@@ -195,7 +198,7 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	for i := range admits {
 		as[i] = admits[i].admission
 	}
-	results, err := p.cfg.Store.Admit(ctx, as)
+	results, rejected, err := p.admit(ctx, as)
 	if err != nil {
 		return ledger.Output{}, fmt.Errorf("admit %d calls: %w", len(as), err)
 	}
@@ -205,6 +208,11 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	emitted := make(map[ledger.CallKey]bool)
 	for i, res := range results {
 		a := admits[i]
+		if rejected[i] {
+			emit(p.refuse(a.key(), a.env, now, ReasonStoreRejected, "",
+				"the execution store cannot hold this envelope's data"))
+			continue
+		}
 		switch res.Outcome {
 		case processors.Admitted:
 			emitted[a.admission.Key] = true
@@ -248,6 +256,32 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		return p.cfg.Store.MarkLogged(ctx, logged)
 	}
 	return ledger.Output{Records: out, Committed: committed}, emitErr
+}
+
+// admit records a batch of admissions. When the store rejects the data of
+// the batch, it admits them one by one to find the ones it rejects, so
+// that one bad envelope cannot stall its partition; rejected[i] marks
+// those. Any other error is returned, and the batch is retried whole.
+func (p *Processor) admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, []bool, error) {
+	rejected := make([]bool, len(as))
+	results, err := p.cfg.Store.Admit(ctx, as)
+	if err == nil || !errors.Is(err, processors.ErrRejected) {
+		return results, rejected, err
+	}
+	results = make([]processors.AdmitResult, len(as))
+	for i := range as {
+		res, err := p.cfg.Store.Admit(ctx, as[i:i+1])
+		switch {
+		case errors.Is(err, processors.ErrRejected):
+			p.cfg.Logger.Warn("store rejected an admission", "call_key", as[i].Key.String(), "err", err)
+			rejected[i] = true
+		case err != nil:
+			return nil, nil, err
+		default:
+			results[i] = res[0]
+		}
+	}
+	return results, rejected, nil
 }
 
 // check runs every check of one record in DESIGN §5's order: strict

@@ -1,7 +1,9 @@
 package intake_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/policy"
@@ -121,6 +124,58 @@ func TestIntakeBatchWithRetryAndReuse(t *testing.T) {
 		got = append(got, string(e.Type)+"/"+e.Reason)
 	}
 	want := []string{"requested/", "authorized/" + policy.ReasonAllowed, "denied/" + intake.ReasonIdempotencyKeyReuse}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+// rejecting wraps the real store and makes it reject one key's data, as
+// PostgreSQL rejects a value it cannot hold.
+type rejecting struct {
+	intake.Store
+	key string
+}
+
+func (r rejecting) Admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, error) {
+	for _, a := range as {
+		if a.Key.IdempotencyKey == r.key {
+			return nil, fmt.Errorf("value too odd: %w", processors.ErrRejected)
+		}
+	}
+	return r.Store.Admit(ctx, as)
+}
+
+// One envelope the store rejects is refused on its own; the rest of its
+// batch goes through, and the partition does not stall.
+func TestIntakeSetsAsideWhatTheStoreRejects(t *testing.T) {
+	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "x.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ident := processorstest.NewIdentity(t)
+	in, err := intake.New(intake.Config{Registry: reg, Store: rejecting{Store: st, key: "odd"}, Identity: ident.Verifier, Policy: processorstest.Policy(t, "../testdata/policies")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{in: in, ident: ident}
+	out, err := f.in.Step(t.Context(), []*kgo.Record{
+		f.envelopeRecord(t, "fine-1", map[string]any{"title": "a"}),
+		f.envelopeRecord(t, "odd", map[string]any{"title": "b"}),
+		f.envelopeRecord(t, "fine-2", map[string]any{"title": "c"}),
+	})
+	if err != nil {
+		t.Fatalf("Step = %v; want the batch to go through", err)
+	}
+	var got []string
+	for _, e := range events(t, out) {
+		got = append(got, e.IdempotencyKey+":"+string(e.Type)+"/"+e.Reason)
+	}
+	want := []string{"fine-1:requested/", "fine-1:authorized/" + policy.ReasonAllowed, "odd:denied/" + intake.ReasonStoreRejected, "fine-2:requested/", "fine-2:authorized/" + policy.ReasonAllowed}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
