@@ -160,6 +160,27 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("another tenant reading dev-1: status %d; want 404", resp.StatusCode)
 	}
 
+	// ledger token mints an assertion from the dev issuer; a call signed
+	// with it runs, and one signed for another tenant is refused.
+	tok := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--tenant", "t_demo", "--user", "u_tok"))
+	if strings.Count(tok, ".") != 2 {
+		t.Fatalf("ledger token printed %q; want a compact JWT", tok)
+	}
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--assertion", tok, "--user", "u_tok", "--tool", "get_weather", "--args", `{"city":"Hobart"}`, "--key", "dev-tok", "--wait", "--timeout", "60s")
+	if !strings.Contains(out, "t_demo/dev-tok is succeeded") {
+		t.Errorf("submit with a minted assertion:\n%s", out)
+	}
+	other := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--tenant", "t_other"))
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--assertion", other, "--tool", "get_weather", "--args", `{"city":"Hobart"}`, "--key", "dev-forged", "--wait", "--timeout", "60s")
+	// The refusal is recorded under the verified tenant, never the
+	// claimed one; submit --wait follows it there.
+	if !strings.Contains(out, "refused: scope_mismatch at /scope/tenant_id") {
+		t.Errorf("submit with another tenant's assertion:\n%s", out)
+	}
+	if code, _ := getCall(t, api, "dev-forged"); code != 404 {
+		t.Errorf("the claimed tenant t_demo has a record of the forged call (status %d)", code)
+	}
+
 	trace := cli(t, "trace", "dev-1", "--tenant", "t_demo", "--kafka-brokers", kafka)
 	for _, want := range []string{"requested", "authorized", "executing", "succeeded"} {
 		if !strings.Contains(trace, want) {

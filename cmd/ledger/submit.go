@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -125,32 +128,72 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 
 	wctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	var last *ledger.Event
-	var call statemachine.Call
-	err = ledger.FollowCall(wctx, g.kafka.client(logger), g.kafka.events, key, func(e ledger.Event) bool {
-		if e.Refusal() {
-			if e.CallID == callID {
-				last = &e
-				return true
-			}
-			return false
-		}
-		next, _, err := statemachine.Apply(call, e.Transition())
-		if err != nil {
-			return false
-		}
-		call = next
-		if !f.jsonOut {
-			fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, eventNote(e))
-		}
-		if call.State.Settled() {
-			last = &e
-			return true
-		}
-		return false
-	})
+	// The call lives under the verified tenant's key; a refusal found
+	// before the assertion was verified lives under the claimed one.
+	// Follow both when they differ.
+	callKey := key
+	if t := assertedTenant(body); t != "" {
+		callKey.TenantID = t
+	}
+	keys := []ledger.CallKey{callKey}
+	if callKey != key {
+		keys = append(keys, key)
+	}
+	var (
+		mu   sync.Mutex
+		last *ledger.Event
+		call statemachine.Call
+		wg   sync.WaitGroup
+		errs = make([]error, len(keys))
+	)
+	for i, k := range keys {
+		wg.Add(1)
+		go func() {
+			// Owned by this command: ends when the call settles or
+			// wctx ends.
+			defer wg.Done()
+			errs[i] = ledger.FollowCall(wctx, g.kafka.client(logger), g.kafka.events, k, func(e ledger.Event) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				if last != nil {
+					return true
+				}
+				if e.Refusal() {
+					if e.CallID == callID {
+						last = &e
+						cancel()
+						return true
+					}
+					return false
+				}
+				if k != callKey {
+					return false
+				}
+				next, _, err := statemachine.Apply(call, e.Transition())
+				if err != nil {
+					return false
+				}
+				call = next
+				if !f.jsonOut {
+					fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, eventNote(e))
+				}
+				if call.State.Settled() {
+					last = &e
+					cancel()
+					return true
+				}
+				return false
+			})
+		}()
+	}
+	wg.Wait()
+	err = errors.Join(errs...)
+	if last != nil {
+		err = nil
+	}
+	key = callKey
 	if last == nil {
-		if errors.Is(err, context.DeadlineExceeded) || err == nil {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || err == nil {
 			return fmt.Errorf("call %s did not settle within %s (state %q)", key, f.timeout, call.State)
 		}
 		return err
@@ -213,4 +256,31 @@ func (f *submitFlags) envelope() ([]byte, error) {
 		env["deadline_ms"] = f.deadline.Milliseconds()
 	}
 	return json.Marshal(env)
+}
+
+// assertedTenant reads the tenant claim of the envelope's assertion,
+// without verifying it: it is the submitter's own token, read only to know
+// under which tenant the ledger will record the call.
+func assertedTenant(body []byte) string {
+	var env struct {
+		Assertion string `json:"assertion"`
+	}
+	if json.Unmarshal(body, &env) != nil {
+		return ""
+	}
+	parts := strings.Split(env.Assertion, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return ""
+	}
+	var claims struct {
+		Tenant string `json:"tenant"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || strings.Contains(claims.Tenant, "/") {
+		return ""
+	}
+	return claims.Tenant
 }
