@@ -34,13 +34,14 @@ const (
 	StatusSucceeded      Status = "succeeded"       // the tool's effect happened
 	StatusFailed         Status = "failed"          // the tool refused or failed; no effect
 	StatusOutcomeUnknown Status = "outcome_unknown" // the effect may or may not have happened
-	StatusExpired        Status = "expired"         // the deadline passed before the call could run
+	StatusExpired        Status = "expired"         // the deadline (or a pending approval) passed before the call could run
+	StatusRejected       Status = "rejected"        // an approver refused it; never runs
 )
 
 // Done reports whether the executor will never run the call again.
 func (s Status) Done() bool {
 	switch s {
-	case StatusDenied, StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired:
+	case StatusDenied, StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired, StatusRejected:
 		return true
 	}
 	return false
@@ -59,6 +60,7 @@ var ErrRejected = errors.New("store rejected the data")
 var Statuses = []Status{
 	StatusAuthorized, StatusDenied, StatusPending, StatusExecuting,
 	StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired,
+	StatusRejected,
 }
 
 // Record is one call's execution record.
@@ -180,6 +182,20 @@ type Completion struct {
 	Outbox  []byte
 }
 
+// Move is a compare-and-set of a record's status, for the steps outside
+// the executor (an approval decided, a pending approval expired): it
+// applies only while the record is still at From and at seq FromSeq, and
+// then writes To, Seq and Outbox (the events of the step). Of several
+// concurrent moves of one record, one applies.
+type Move struct {
+	Key     ledger.CallKey
+	From    Status
+	FromSeq int64
+	To      Status
+	Seq     int64
+	Outbox  []byte
+}
+
 // Logged says that the events of a call up to Seq are in the log.
 type Logged struct {
 	Key ledger.CallKey
@@ -202,12 +218,20 @@ type Store interface {
 	// Expired returns up to limit records executing under a lease that
 	// ended before now (the store's clock), oldest first.
 	Expired(ctx context.Context, limit int) ([]Record, error)
-	// Unlogged returns up to limit records that are done (Status.Done)
-	// but whose outbox events are not known to be in the log (LoggedSeq <
+	// Unlogged returns up to limit records, in any status but executing,
+	// whose outbox events are not known to be in the log (LoggedSeq <
 	// Seq), last updated more than olderThan ago by the store's clock,
-	// oldest first. They are what a step whose Kafka transaction aborted
-	// left behind while another instance had already skipped the call.
+	// oldest first. They are what a step left behind when its events did
+	// not reach the log (a Kafka transaction aborted in a rebalance after
+	// another instance had skipped the call, a publish that failed after
+	// an approval was recorded). Appending them again is always safe.
 	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
+	// Move applies each move whose record is still at its From status and
+	// FromSeq; applied[i] reports which did.
+	Move(ctx context.Context, ms []Move) (applied []bool, err error)
+	// ByStatus returns up to limit records in status, oldest update
+	// first.
+	ByStatus(ctx context.Context, status Status, limit int) ([]Record, error)
 	// Get returns the record for key, or ErrNotFound.
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)
 	Close() error

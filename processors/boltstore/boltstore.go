@@ -3,10 +3,10 @@
 // durable across restarts.
 //
 // Each method is one bbolt read-write transaction (View for Expired,
-// Unlogged and Get). bbolt runs one writer at a time, so every batch is
-// serializable by construction and nothing ever needs a retry; the price
-// is that writers queue, which is fine for one process on one machine and
-// is why production uses processors/pgstore.
+// Unlogged, ByStatus and Get). bbolt runs one writer at a time, so every
+// batch is serializable by construction and nothing ever needs a retry;
+// the price is that writers queue, which is fine for one process on one
+// machine and is why production uses processors/pgstore.
 //
 // Layout, in buckets:
 //
@@ -17,19 +17,33 @@
 //	leases   key: lease_until (8 bytes, big-endian, order-preserving) record key
 //	         value: empty; one entry per executing record, so Expired reads
 //	         the oldest leases first without scanning every record
-//	unlogged key: updated_at (8 bytes, as in leases) record key
-//	         value: empty; one entry per done record with LoggedSeq < Seq,
-//	         so Unlogged reads the oldest first without scanning every
-//	         record. Created and filled from the records by Open if
-//	         missing, so files written before it existed need no format
-//	         change. A build older than the index does not maintain it: if
-//	         one wrote to the file since, delete the bucket (bbolt's
-//	         tools) and the next Open rebuilds it
+//	unlogged2 key: updated_at (8 bytes, as in leases) record key
+//	         value: empty; one entry per record with LoggedSeq < Seq in
+//	         any status but executing, so Unlogged reads the oldest first
+//	         without scanning every record
+//	status   key: uvarint(len(status)) status updated_at (as in leases)
+//	         record key
+//	         value: empty; one entry per record, so ByStatus reads one
+//	         status, oldest update first, without scanning every record
 //	rates    key: a rate limiter bucket name (processors.RateLimiter)
 //	         value: its GCRA theoretical arrival time, RFC 3339 text in UTC
 //	         with microseconds; created by Open if missing, so files
 //	         written before it existed need no format change
-//	meta     "format": the layout version ("1"); Open refuses other values
+//	meta     "format": the layout version ("1"); Open refuses other values.
+//	         "indexed_txid": the bbolt transaction id of the last write
+//	         by this build's code (8 bytes, big-endian)
+//
+// leases, unlogged2 and status are indexes derived from the records, kept
+// in step by every write. Open rebuilds all three from the records when
+// one is missing or when the file's last write was not this code's (the
+// transaction id after indexed_txid is not the one Open runs in): another
+// build, older or newer, may have written records without maintaining
+// them, as builds before the unlogged2 and status indexes do. A file
+// written before they existed therefore needs no format change, and going
+// back and forth between builds costs a rebuild, not a stale index. Open
+// also deletes the "unlogged" bucket of earlier builds (it held done
+// records only); a build that uses it rebuilds it when it finds it
+// missing.
 //
 // Data the file cannot hold as given (a string that is not valid UTF-8,
 // which JSON would silently replace; a key over bbolt's size limit) and
@@ -42,6 +56,7 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -50,6 +65,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -63,11 +79,19 @@ import (
 var (
 	bucketRecords  = []byte("records")
 	bucketLeases   = []byte("leases")
-	bucketUnlogged = []byte("unlogged")
+	bucketUnlogged = []byte("unlogged2")
+	bucketStatus   = []byte("status")
 	bucketMeta     = []byte("meta")
 	bucketRates    = []byte("rates")
 	metaFormat     = []byte("format")
+	metaTxID       = []byte("indexed_txid")
+	// bucketOldUnlogged is the unlogged index of earlier builds, done
+	// records only; Open deletes it.
+	bucketOldUnlogged = []byte("unlogged")
 )
+
+// indexBuckets are the indexes derived from the records.
+var indexBuckets = [][]byte{bucketLeases, bucketUnlogged, bucketStatus}
 
 // format is the layout version written into the meta bucket.
 const format = "1"
@@ -135,7 +159,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("boltstore: open %s: %w", cfg.Path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketLeases, bucketMeta, bucketRates} {
+		for _, b := range [][]byte{bucketRecords, bucketMeta, bucketRates} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -149,20 +173,17 @@ func Open(cfg Config) (*Store, error) {
 		case string(v) != format:
 			return fmt.Errorf("%s has format %q, want %q: %w", cfg.Path, v, format, ErrFormat)
 		}
-		if tx.Bucket(bucketUnlogged) != nil {
-			return nil
-		}
-		// A new file, or one written before the index existed.
-		ub, err := tx.CreateBucket(bucketUnlogged)
-		if err != nil {
+		if err := tx.DeleteBucket(bucketOldUnlogged); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
 			return err
 		}
-		n, err := backfillUnlogged(tx.Bucket(bucketRecords), ub)
-		if err != nil {
-			return err
+		if why := indexesStale(tx); why != "" {
+			n, err := rebuildIndexes(tx)
+			if err != nil {
+				return fmt.Errorf("rebuild the indexes: %w", err)
+			}
+			cfg.Logger.Info("execution store rebuilt its indexes", "path", cfg.Path, "reason", why, "records", n)
 		}
-		cfg.Logger.Info("execution store built the unlogged index", "path", cfg.Path, "entries", n)
-		return nil
+		return stampTxID(tx)
 	})
 	if err != nil {
 		db.Close()
@@ -172,22 +193,66 @@ func Open(cfg Config) (*Store, error) {
 	return &Store{db: db, now: cfg.Now, log: cfg.Logger}, nil
 }
 
-// backfillUnlogged adds every record that belongs in the unlogged index
-// to ub; it returns how many.
-func backfillUnlogged(records, ub *bolt.Bucket) (int, error) {
+// indexesStale says why the derived indexes cannot be trusted, or "" if
+// they can: every one exists and the file's last write was this code's.
+// tx must be the read-write transaction of Open.
+func indexesStale(tx *bolt.Tx) string {
+	for _, b := range indexBuckets {
+		if tx.Bucket(b) == nil {
+			return fmt.Sprintf("no %s index", b)
+		}
+	}
+	v := tx.Bucket(bucketMeta).Get(metaTxID)
+	if len(v) != 8 {
+		return "no record of the last indexed write"
+	}
+	// A write transaction's id is the last committed one's plus one.
+	if last := binary.BigEndian.Uint64(v); last+1 != uint64(tx.ID()) {
+		return fmt.Sprintf("written since transaction %d by other code (now at %d)", last, tx.ID()-1)
+	}
+	return ""
+}
+
+// rebuildIndexes empties the derived indexes and fills them from the
+// records; it returns how many records it indexed.
+func rebuildIndexes(tx *bolt.Tx) (int, error) {
+	x := &txn{records: tx.Bucket(bucketRecords)}
+	for _, b := range indexBuckets {
+		if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
+			return 0, err
+		}
+		if _, err := tx.CreateBucket(b); err != nil {
+			return 0, err
+		}
+	}
+	x.leases, x.unlogged, x.status = tx.Bucket(bucketLeases), tx.Bucket(bucketUnlogged), tx.Bucket(bucketStatus)
 	n := 0
-	err := records.ForEach(func(rk, v []byte) error {
+	err := x.records.ForEach(func(rk, v []byte) error {
 		var d diskRecord
 		if err := json.Unmarshal(v, &d); err != nil {
 			return fmt.Errorf("decode record %x: %v", rk, err)
 		}
-		if r := d.record(); inUnlogged(&r) {
-			n++
-			return ub.Put(timeKey(r.UpdatedAt, rk), nil)
-		}
-		return nil
+		r := d.record()
+		n++
+		return x.index(nil, &r, rk)
 	})
 	return n, err
+}
+
+// stampTxID records tx as the last write of this code (see indexesStale).
+// Every read-write transaction of the store calls it before committing.
+func stampTxID(tx *bolt.Tx) error {
+	return tx.Bucket(bucketMeta).Put(metaTxID, binary.BigEndian.AppendUint64(nil, uint64(tx.ID())))
+}
+
+// write runs fn in one read-write transaction and stamps it (stampTxID).
+func (s *Store) write(fn func(tx *bolt.Tx) error) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if err := fn(tx); err != nil {
+			return err
+		}
+		return stampTxID(tx)
+	})
 }
 
 // Close closes the file. The store must not be used after.
@@ -259,14 +324,58 @@ func keyTime(k []byte) time.Time {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(k[:8])^(1<<63))).UTC()
 }
 
+// statusPrefix is where status's entries in the status index start. The
+// length prefix keeps one status's entries apart from those of a status
+// it is a prefix of.
+func statusPrefix(st processors.Status) []byte {
+	b := binary.AppendUvarint(make([]byte, 0, 1+len(st)), uint64(len(st)))
+	return append(b, st...)
+}
+
+// statusKey orders by status, then update time, then record key.
+func statusKey(st processors.Status, updated time.Time, rk []byte) []byte {
+	return append(statusPrefix(st), timeKey(updated, rk)...)
+}
+
+// maxIndexPrefix is the longest prefix an index puts before a record key:
+// a status index entry of the longest status.
+func maxIndexPrefix() int {
+	n := 0
+	for _, st := range processors.Statuses {
+		n = max(n, len(statusPrefix(st))+8)
+	}
+	return n
+}
+
 // inUnlogged reports whether r belongs in the unlogged index: what
 // Unlogged returns, whatever its age.
-func inUnlogged(r *processors.Record) bool { return r.Status.Done() && r.LoggedSeq < r.Seq }
+func inUnlogged(r *processors.Record) bool {
+	return r.Status != processors.StatusExecuting && r.LoggedSeq < r.Seq
+}
+
+// indexKeys are a record's entries in the derived indexes, nil for none.
+type indexKeys struct{ lease, unlogged, status []byte }
+
+// keysOf returns r's index entries; nil r has none.
+func keysOf(r *processors.Record, rk []byte) indexKeys {
+	if r == nil {
+		return indexKeys{}
+	}
+	var k indexKeys
+	if r.Status == processors.StatusExecuting {
+		k.lease = timeKey(r.LeaseUntil, rk)
+	}
+	if inUnlogged(r) {
+		k.unlogged = timeKey(r.UpdatedAt, rk)
+	}
+	k.status = statusKey(r.Status, r.UpdatedAt, rk)
+	return k
+}
 
 // txn is one batch's view of the buckets.
 type txn struct {
-	records, leases, unlogged *bolt.Bucket
-	now                       time.Time
+	records, leases, unlogged, status *bolt.Bucket
+	now                               time.Time
 }
 
 func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
@@ -281,29 +390,43 @@ func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
 	return d.record(), true, nil
 }
 
-// put writes r, keeping the lease and unlogged indexes in step with prev
-// (the record as it was, or nil for a new one).
+// index moves the index entries of the record at rk from what prev (nil:
+// a new record) had to what r has. Every write of a record goes through
+// it (by way of put), so the indexes follow every path: Admit, Claim,
+// Complete, MarkLogged, Move.
+func (x *txn) index(prev, r *processors.Record, rk []byte) error {
+	from, to := keysOf(prev, rk), keysOf(r, rk)
+	for _, ix := range []struct {
+		b        *bolt.Bucket
+		from, to []byte
+	}{
+		{x.leases, from.lease, to.lease},
+		{x.unlogged, from.unlogged, to.unlogged},
+		{x.status, from.status, to.status},
+	} {
+		if bytes.Equal(ix.from, ix.to) {
+			continue
+		}
+		if ix.from != nil {
+			if err := ix.b.Delete(ix.from); err != nil {
+				return err
+			}
+		}
+		if ix.to != nil {
+			if err := ix.b.Put(ix.to, nil); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// put writes r, keeping the indexes in step with prev (the record as it
+// was, or nil for a new one).
 func (x *txn) put(prev *processors.Record, r processors.Record) error {
 	rk := recordKey(r.Key)
-	if prev != nil && prev.Status == processors.StatusExecuting {
-		if err := x.leases.Delete(timeKey(prev.LeaseUntil, rk)); err != nil {
-			return err
-		}
-	}
-	if r.Status == processors.StatusExecuting {
-		if err := x.leases.Put(timeKey(r.LeaseUntil, rk), nil); err != nil {
-			return err
-		}
-	}
-	if prev != nil && inUnlogged(prev) {
-		if err := x.unlogged.Delete(timeKey(prev.UpdatedAt, rk)); err != nil {
-			return err
-		}
-	}
-	if inUnlogged(&r) {
-		if err := x.unlogged.Put(timeKey(r.UpdatedAt, rk), nil); err != nil {
-			return err
-		}
+	if err := x.index(prev, &r, rk); err != nil {
+		return err
 	}
 	v, err := json.Marshal(toDisk(r))
 	if err != nil {
@@ -317,9 +440,10 @@ func (s *Store) update(ctx context.Context, op string, fn func(x *txn) error) er
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("boltstore %s: %w", op, err)
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.write(func(tx *bolt.Tx) error {
 		return fn(&txn{
-			records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases), unlogged: tx.Bucket(bucketUnlogged),
+			records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases),
+			unlogged: tx.Bucket(bucketUnlogged), status: tx.Bucket(bucketStatus),
 			now: s.now().UTC(),
 		})
 	})
@@ -346,7 +470,7 @@ func checkString(what, v string) error {
 
 // checkHoldable refuses admissions the file cannot hold as given: strings
 // that are not valid UTF-8 (see checkString) and keys too long for bbolt
-// once an index prefixes them with 8 bytes.
+// once an index prefixes them (maxIndexPrefix).
 func checkHoldable(as []processors.Admission) error {
 	for i, a := range as {
 		for _, f := range []struct{ what, v string }{
@@ -357,7 +481,7 @@ func checkHoldable(as []processors.Admission) error {
 				return fmt.Errorf("admission %d: %w", i, err)
 			}
 		}
-		if n := 8 + len(recordKey(a.Key)); n > bolt.MaxKeySize {
+		if n := maxIndexPrefix() + len(recordKey(a.Key)); n > bolt.MaxKeySize {
 			return fmt.Errorf("admission %d: key of %d bytes over bbolt's %d: %w", i, n, bolt.MaxKeySize, processors.ErrRejected)
 		}
 	}
@@ -526,6 +650,73 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 	return applied, nil
 }
 
+// checkMoves refuses a batch of moves that no store may apply, before any
+// work, as processors.CheckCompletions does for completions. store.go has
+// no CheckMoves, so processors/pgstore holds the same function, with the
+// same refusals and messages; the contract suite checks that both refuse
+// the same moves.
+//
+// Refused: a status that is not in processors.Statuses; a move from or to
+// executing (a claimed call moves through Claim and Complete, under its
+// epoch, only); a move from a done status (Status.Done promises that the
+// call never runs again, and moving it back to authorized would break
+// that); a seq that does not grow (the step appends events after FromSeq).
+func checkMoves(ms []processors.Move) error {
+	for i, m := range ms {
+		switch {
+		case !slices.Contains(processors.Statuses, m.From) || !slices.Contains(processors.Statuses, m.To):
+			return fmt.Errorf("move %d (%v): %q -> %q: unknown status", i, m.Key, m.From, m.To)
+		case m.From == processors.StatusExecuting || m.To == processors.StatusExecuting:
+			return fmt.Errorf("move %d (%v): %q -> %q: an executing call moves through Claim and Complete only", i, m.Key, m.From, m.To)
+		case m.From.Done():
+			return fmt.Errorf("move %d (%v): %q -> %q: a done call does not move", i, m.Key, m.From, m.To)
+		case m.Seq <= m.FromSeq:
+			return fmt.Errorf("move %d (%v): seq %d -> %d: want it to grow", i, m.Key, m.FromSeq, m.Seq)
+		}
+	}
+	return nil
+}
+
+// Move implements processors.Store. The moves run in batch order in one
+// transaction, so a later move of a key sees an earlier one's write.
+func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if err := checkMoves(ms); err != nil {
+		return nil, fmt.Errorf("boltstore move: %w: %w", processors.ErrRejected, err)
+	}
+	if len(ms) == 0 {
+		return []bool{}, nil
+	}
+	applied := make([]bool, len(ms))
+	err := s.update(ctx, "move", func(x *txn) error {
+		for i, m := range ms {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			cur, ok, err := x.get(m.Key)
+			if err != nil {
+				return err
+			}
+			if !ok || cur.Status != m.From || cur.Seq != m.FromSeq {
+				continue // moved by someone else, or never there
+			}
+			next := cur
+			next.Status = m.To
+			next.Seq = m.Seq
+			next.Outbox = m.Outbox
+			next.UpdatedAt = x.now
+			if err := x.put(&cur, next); err != nil {
+				return err
+			}
+			applied[i] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
+}
+
 // MarkLogged implements processors.Store. LoggedSeq only grows; UpdatedAt
 // is left alone (it dates the call's last step, not bookkeeping).
 func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
@@ -587,9 +778,9 @@ func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, er
 	return out, nil
 }
 
-// Unlogged implements processors.Store: done records with LoggedSeq < Seq
-// updated before Config.Now minus olderThan, oldest update first, read
-// from the unlogged index.
+// Unlogged implements processors.Store: records in any status but
+// executing with LoggedSeq < Seq, updated before Config.Now minus
+// olderThan, oldest update first, read from the unlogged index.
 func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore unlogged: %w", err)
@@ -616,10 +807,10 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 				return fmt.Errorf("decode record %x: %v", k[8:], err)
 			}
 			r := d.record()
-			// Only a writer that does not know the index (see the package
-			// comment) can leave it out of step with the records.
+			// Open rebuilds the index after any other writer (see the
+			// package comment): a stale entry is a bug of this code.
 			if !inUnlogged(&r) || !r.UpdatedAt.Equal(updated) {
-				return fmt.Errorf("unlogged index entry %x is stale (record %v: status %q, seq %d, logged %d, updated %v); delete the bucket to rebuild it", k, r.Key, r.Status, r.Seq, r.LoggedSeq, r.UpdatedAt)
+				return fmt.Errorf("unlogged index entry %x is stale (record %v: status %q, seq %d, logged %d, updated %v); delete the %s bucket and reopen to rebuild the indexes", k, r.Key, r.Status, r.Seq, r.LoggedSeq, r.UpdatedAt, bucketUnlogged)
 			}
 			out = append(out, r)
 		}
@@ -627,6 +818,49 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 	})
 	if err != nil {
 		return nil, fmt.Errorf("boltstore unlogged: %w", err)
+	}
+	return out, nil
+}
+
+// ByStatus implements processors.Store: read from the status index, in
+// its order (update time, then record key). A status no record has, known
+// or not, lists nothing.
+func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("boltstore by status: %w", err)
+	}
+	if limit <= 0 {
+		return []processors.Record{}, nil
+	}
+	prefix := statusPrefix(status)
+	out := []processors.Record{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		c := tx.Bucket(bucketStatus).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+			tk := k[len(prefix):]
+			if len(tk) < 8 {
+				return fmt.Errorf("status index entry %x is malformed", k)
+			}
+			v := records.Get(tk[8:])
+			if v == nil {
+				return fmt.Errorf("status index entry %x has no record", k)
+			}
+			var d diskRecord
+			if err := json.Unmarshal(v, &d); err != nil {
+				return fmt.Errorf("decode record %x: %v", tk[8:], err)
+			}
+			r := d.record()
+			// As in Unlogged: only a bug leaves a stale entry.
+			if r.Status != status || !r.UpdatedAt.Equal(keyTime(tk)) {
+				return fmt.Errorf("status index entry %x is stale (record %v: status %q, updated %v); delete the %s bucket and reopen to rebuild the indexes", k, r.Key, r.Status, r.UpdatedAt, bucketStatus)
+			}
+			out = append(out, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("boltstore by status: %w", err)
 	}
 	return out, nil
 }

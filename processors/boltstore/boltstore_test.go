@@ -1,10 +1,16 @@
 package boltstore
 
 import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -275,51 +281,127 @@ func TestTimeKeyOrder(t *testing.T) {
 	}
 }
 
-// unloggedEntries counts the unlogged index's entries.
-func unloggedEntries(t *testing.T, s *Store) int {
+// indexEntries returns the keys of index bucket b.
+func indexEntries(t *testing.T, s *Store, b []byte) []string {
 	t.Helper()
-	n := 0
-	if err := s.db.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketUnlogged).Stats().KeyN; return nil }); err != nil {
-		t.Fatal(err)
+	var ks []string
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(b).ForEach(func(k, _ []byte) error { ks = append(ks, string(k)); return nil })
+	}); err != nil {
+		t.Fatalf("read index %s: %v", b, err)
 	}
-	return n
+	return ks
 }
 
-// TestUnloggedIndex: the unlogged index holds exactly the done records
-// with LoggedSeq < Seq, through every step that can change either.
-func TestUnloggedIndex(t *testing.T) {
+// checkIndexes fails unless every derived index holds exactly the entries
+// the records call for, computed here independently of put.
+func checkIndexes(t *testing.T, s *Store) {
+	t.Helper()
+	want := map[string][]string{}
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRecords).ForEach(func(rk, v []byte) error {
+			var d diskRecord
+			if err := json.Unmarshal(v, &d); err != nil {
+				return err
+			}
+			r := d.record()
+			if r.Status == processors.StatusExecuting {
+				want[string(bucketLeases)] = append(want[string(bucketLeases)], string(timeKey(r.LeaseUntil, rk)))
+			} else if r.LoggedSeq < r.Seq {
+				want[string(bucketUnlogged)] = append(want[string(bucketUnlogged)], string(timeKey(r.UpdatedAt, rk)))
+			}
+			sk := append(binary.AppendUvarint(nil, uint64(len(r.Status))), r.Status...)
+			want[string(bucketStatus)] = append(want[string(bucketStatus)], string(sk)+string(timeKey(r.UpdatedAt, rk)))
+			return nil
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range indexBuckets {
+		w := slices.Sorted(slices.Values(want[string(b)]))
+		if got := indexEntries(t, s, b); !slices.Equal(got, w) {
+			t.Errorf("index %s = %q; want %q", b, got, w)
+		}
+	}
+}
+
+// TestIndexesInStep: every write path keeps the three indexes exactly in
+// step with the records, and their sizes say which records they hold.
+func TestIndexesInStep(t *testing.T) {
 	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	s := openAt(t, filepath.Join(t.TempDir(), "x.db"), clock.Now)
 	defer s.Close()
 	ctx := t.Context()
+	k3 := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "run_1:step_3:refund_order"}
 	denied := admission(k2)
 	denied.Status = processors.StatusDenied
-	steps := []struct {
-		name string
-		do   func() error
-		want int
-	}{
-		{"admit authorized", func() error { _, err := s.Admit(ctx, []processors.Admission{admission(k1)}); return err }, 0},
-		{"admit denied", func() error { _, err := s.Admit(ctx, []processors.Admission{denied}); return err }, 1},
-		{"claim", func() error {
-			_, err := s.Claim(ctx, []processors.Claim{{Key: k1, ArgumentsHash: "sha256:aa", Owner: "e1", Lease: time.Minute}})
+	pending := admission(k3)
+	pending.Status = processors.StatusPending
+	claimK1 := func(owner string) func() error {
+		return func() error {
+			_, err := s.Claim(ctx, []processors.Claim{{Key: k1, ArgumentsHash: "sha256:aa", Owner: owner, Lease: time.Minute}})
 			return err
-		}, 1},
+		}
+	}
+	steps := []struct {
+		name                           string
+		do                             func() error
+		leases, unlogged, statusGroups int
+	}{
+		{"admit authorized", func() error { _, err := s.Admit(ctx, []processors.Admission{admission(k1)}); return err }, 0, 1, 1},
+		{"admit denied", func() error { _, err := s.Admit(ctx, []processors.Admission{denied}); return err }, 0, 2, 2},
+		{"claim", claimK1("e1"), 1, 1, 2},
+		{"reclaim", func() error { clock.Advance(2 * time.Minute); return claimK1("e2")() }, 1, 1, 2},
 		{"complete", func() error {
 			clock.Advance(time.Second)
-			_, err := s.Complete(ctx, []processors.Completion{{Key: k1, Epoch: 1, Status: processors.StatusSucceeded, Seq: 4, Outbox: []byte("o")}})
+			_, err := s.Complete(ctx, []processors.Completion{{Key: k1, Epoch: 2, Status: processors.StatusSucceeded, Seq: 4, Outbox: []byte("o")}})
 			return err
-		}, 2},
-		{"mark logged partly", func() error { return s.MarkLogged(ctx, []processors.Logged{{Key: k1, Seq: 3}}) }, 2},
-		{"mark logged", func() error { return s.MarkLogged(ctx, []processors.Logged{{Key: k1, Seq: 4}, {Key: k2, Seq: 2}}) }, 0},
+		}, 0, 2, 2},
+		{"mark logged partly", func() error { return s.MarkLogged(ctx, []processors.Logged{{Key: k1, Seq: 3}}) }, 0, 2, 2},
+		{"mark logged", func() error { return s.MarkLogged(ctx, []processors.Logged{{Key: k1, Seq: 4}, {Key: k2, Seq: 2}}) }, 0, 0, 2},
+		{"admit pending", func() error { _, err := s.Admit(ctx, []processors.Admission{pending}); return err }, 0, 1, 3},
+		{"mark pending logged", func() error { return s.MarkLogged(ctx, []processors.Logged{{Key: k3, Seq: 2}}) }, 0, 0, 3},
+		{"move twice in a batch", func() error {
+			clock.Advance(time.Second)
+			_, err := s.Move(ctx, []processors.Move{
+				{Key: k3, From: processors.StatusPending, FromSeq: 2, To: processors.StatusAuthorized, Seq: 3},
+				{Key: k3, From: processors.StatusAuthorized, FromSeq: 3, To: processors.StatusPending, Seq: 4},
+			})
+			return err
+		}, 0, 1, 3},
+		{"stale move", func() error {
+			_, err := s.Move(ctx, []processors.Move{{Key: k3, From: processors.StatusPending, FromSeq: 2, To: processors.StatusRejected, Seq: 3}})
+			return err
+		}, 0, 1, 3},
+		{"move", func() error {
+			_, err := s.Move(ctx, []processors.Move{{Key: k3, From: processors.StatusPending, FromSeq: 4, To: processors.StatusRejected, Seq: 5}})
+			return err
+		}, 0, 1, 3},
+		{"rate limiter", func() error {
+			_, err := s.Take(ctx, []processors.RateRequest{{Bucket: "t_acme/refund_order", Limit: 1, Window: time.Second}})
+			return err
+		}, 0, 1, 3},
 	}
 	for _, st := range steps {
 		if err := st.do(); err != nil {
 			t.Fatalf("%s: %v", st.name, err)
 		}
-		if got := unloggedEntries(t, s); got != st.want {
-			t.Errorf("after %s: %d unlogged index entries; want %d", st.name, got, st.want)
+		checkIndexes(t, s)
+		groups := map[processors.Status]bool{}
+		for _, st := range processors.Statuses {
+			if rs, err := s.ByStatus(ctx, st, 100); err != nil {
+				t.Fatalf("ByStatus(%q) = %v", st, err)
+			} else if len(rs) > 0 {
+				groups[st] = true
+			}
 		}
+		got := []int{len(indexEntries(t, s, bucketLeases)), len(indexEntries(t, s, bucketUnlogged)), len(groups)}
+		if want := []int{st.leases, st.unlogged, st.statusGroups}; !slices.Equal(got, want) {
+			t.Errorf("after %s: lease, unlogged entries and statuses in use = %v; want %v", st.name, got, want)
+		}
+	}
+	if r, err := s.Get(ctx, k3); err != nil || r.Status != processors.StatusRejected || r.Seq != 5 {
+		t.Errorf("Get(%v) = %q seq %d, %v; want rejected at 5", k3, r.Status, r.Seq, err)
 	}
 }
 
@@ -329,9 +411,7 @@ func TestUnloggedClock(t *testing.T) {
 	s := openAt(t, filepath.Join(t.TempDir(), "x.db"), clock.Now)
 	defer s.Close()
 	ctx := t.Context()
-	denied := admission(k1)
-	denied.Status = processors.StatusDenied
-	if _, err := s.Admit(ctx, []processors.Admission{denied}); err != nil {
+	if _, err := s.Admit(ctx, []processors.Admission{admission(k1)}); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -355,44 +435,157 @@ func TestUnloggedClock(t *testing.T) {
 	}
 }
 
-// TestUnloggedBackfill: a file written before the unlogged index existed
-// (no bucket) gets it built by Open, format unchanged.
-func TestUnloggedBackfill(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "x.db")
-	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-	ctx := t.Context()
-	s := openAt(t, path, clock.Now)
-	denied := admission(k1)
-	denied.Status = processors.StatusDenied
-	if _, err := s.Admit(ctx, []processors.Admission{denied, admission(k2)}); err != nil {
-		t.Fatal(err)
-	}
-	// What an older build's file looks like.
-	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketUnlogged) }); err != nil {
-		t.Fatal(err)
-	}
-	s.Close()
+// rebuildCounter counts the "rebuilt its indexes" logs.
+type rebuildCounter struct{ n *atomic.Int32 }
 
-	s = openAt(t, path, clock.Now)
-	defer s.Close()
-	if got := unloggedEntries(t, s); got != 1 {
-		t.Errorf("unlogged index after reopen: %d entries; want 1 (the denied record)", got)
+func (h rebuildCounter) Enabled(context.Context, slog.Level) bool { return true }
+func (h rebuildCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "execution store rebuilt its indexes" {
+		h.n.Add(1)
 	}
-	clock.Advance(time.Hour)
-	got, err := s.Unlogged(ctx, time.Minute, 10)
-	if err != nil {
-		t.Fatal(err)
+	return nil
+}
+func (h rebuildCounter) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h rebuildCounter) WithGroup(string) slog.Handler      { return h }
+
+// TestIndexRebuild: Open rebuilds the indexes from the records when they
+// cannot be trusted (a file of an earlier layout, a write by code that
+// does not maintain them), and only then; the format stays "1".
+func TestIndexRebuild(t *testing.T) {
+	k3 := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "run_1:step_3:refund_order"}
+	tests := []struct {
+		name        string
+		tamper      func(tx *bolt.Tx) error
+		wantRebuild bool
+	}{
+		{"untouched", nil, false},
+		// Even a write that changes nothing: Open cannot tell.
+		{"empty write by other code", func(*bolt.Tx) error { return nil }, true},
+		{"earlier layout", func(tx *bolt.Tx) error {
+			// As the build before the unlogged2 and status indexes left
+			// it: its own unlogged index, no stamp.
+			for _, b := range [][]byte{bucketUnlogged, bucketStatus} {
+				if err := tx.DeleteBucket(b); err != nil {
+					return err
+				}
+			}
+			old, err := tx.CreateBucket(bucketOldUnlogged)
+			if err != nil {
+				return err
+			}
+			if err := old.Put([]byte("junk"), nil); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketMeta).Delete(metaTxID)
+		}, true},
+		{"index missing", func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketStatus) }, true},
+		{"written by other code", func(tx *bolt.Tx) error {
+			// A build that does not know the indexes moves k3 from
+			// pending to authorized, and writes k1 unlogged.
+			recs := tx.Bucket(bucketRecords)
+			for _, k := range []ledger.CallKey{k1, k3} {
+				var d diskRecord
+				if err := json.Unmarshal(recs.Get(recordKey(k)), &d); err != nil {
+					return err
+				}
+				d.Status, d.Seq, d.UpdatedAt = processors.StatusAuthorized, 7, d.UpdatedAt.Add(time.Second)
+				v, err := json.Marshal(d)
+				if err != nil {
+					return err
+				}
+				if err := recs.Put(recordKey(k), v); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, true},
 	}
-	if len(got) != 1 || got[0].Key != k1 {
-		t.Errorf("Unlogged after backfill = %v; want only %v", got, k1)
-	}
-	if err := s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMeta).Get(metaFormat); string(v) != format {
-			t.Errorf("format after backfill = %q; want %q (unchanged)", v, format)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "x.db")
+			clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+			ctx := t.Context()
+			s := openAt(t, path, clock.Now)
+			denied := admission(k2)
+			denied.Status = processors.StatusDenied
+			pending := admission(k3)
+			pending.Status = processors.StatusPending
+			if _, err := s.Admit(ctx, []processors.Admission{admission(k1), denied, pending}); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.MarkLogged(ctx, []processors.Logged{{Key: k1, Seq: 2}}); err != nil {
+				t.Fatal(err)
+			}
+			// Not s.write: the tampering is another writer's.
+			if tc.tamper != nil {
+				if err := s.db.Update(tc.tamper); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.Close()
+
+			var rebuilds atomic.Int32
+			s, err := Open(Config{Path: path, Now: clock.Now, Logger: slog.New(rebuildCounter{n: &rebuilds})})
+			if err != nil {
+				t.Fatalf("Open() = %v", err)
+			}
+			t.Cleanup(func() { s.Close() }) // the last one opened
+			if got := rebuilds.Load() == 1; got != tc.wantRebuild {
+				t.Errorf("Open rebuilt the indexes %d times; want rebuilt %v", rebuilds.Load(), tc.wantRebuild)
+			}
+			checkIndexes(t, s)
+			clock.Advance(time.Hour)
+			for _, st := range processors.Statuses {
+				var want []ledger.CallKey
+				for _, k := range []ledger.CallKey{k1, k2, k3} {
+					if r, err := s.Get(ctx, k); err != nil {
+						t.Fatal(err)
+					} else if r.Status == st {
+						want = append(want, k)
+					}
+				}
+				rs, err := s.ByStatus(ctx, st, 10)
+				if err != nil {
+					t.Fatalf("ByStatus(%q) after reopen = %v", st, err)
+				}
+				var got []ledger.CallKey
+				for _, r := range rs {
+					got = append(got, r.Key)
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("ByStatus(%q) after reopen = %v; want %v", st, got, want)
+				}
+			}
+			if _, err := s.Unlogged(ctx, time.Minute, 10); err != nil {
+				t.Errorf("Unlogged after reopen = %v; want nil", err)
+			}
+			if err := s.db.View(func(tx *bolt.Tx) error {
+				if tx.Bucket(bucketOldUnlogged) != nil {
+					t.Errorf("bucket %s still there after Open; want it deleted", bucketOldUnlogged)
+				}
+				if v := tx.Bucket(bucketMeta).Get(metaFormat); string(v) != format {
+					t.Errorf("format after Open = %q; want %q (unchanged)", v, format)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			// The store's own writes since (Open's included) leave the
+			// next Open nothing to rebuild.
+			if err := s.MarkLogged(ctx, []processors.Logged{{Key: k2, Seq: 2}}); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			rebuilds.Store(0)
+			s, err = Open(Config{Path: path, Now: clock.Now, Logger: slog.New(rebuildCounter{n: &rebuilds})})
+			if err != nil {
+				t.Fatalf("Open() again = %v", err)
+			}
+			if n := rebuilds.Load(); n != 0 {
+				t.Errorf("second Open rebuilt the indexes %d times; want 0 (only this code wrote since)", n)
+			}
+			checkIndexes(t, s)
+		})
 	}
 }
 

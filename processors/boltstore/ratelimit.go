@@ -33,7 +33,7 @@ func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]proces
 		return nil, fmt.Errorf("boltstore take: %w", err)
 	}
 	out := make([]processors.RateResult, len(rs))
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.write(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRates)
 		now := s.now().UTC()
 		for i, r := range rs {

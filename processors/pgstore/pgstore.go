@@ -61,6 +61,7 @@ const (
 	tableName         = "execution_records"
 	indexName         = "execution_records_status_lease_until"
 	unloggedIndexName = "execution_records_unlogged_updated_at"
+	statusIndexName   = "execution_records_status_updated_at"
 	statusCheckName   = "execution_records_status"
 )
 
@@ -197,6 +198,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		"{table}", s.table,
 		"{index}", pgx.Identifier{indexName}.Sanitize(),
 		"{unlogged_index}", pgx.Identifier{unloggedIndexName}.Sanitize(),
+		"{status_index}", pgx.Identifier{statusIndexName}.Sanitize(),
 		"{statuses}", quoteStatuses(processors.Statuses),
 		"{rate_limits}", s.rateTable(),
 	).Replace(schemaSQL)
@@ -434,17 +436,11 @@ func cols(prefix string) string {
 
 // queries holds the SQL with the table name filled in.
 type queries struct {
-	selectKeys, selectKeysForUpdate, insert, claim, complete, markLogged, expired, unlogged, get string
+	selectKeys, selectKeysForUpdate, insert, claim, complete, move, markLogged, expired, unlogged, byStatus, get string
 }
 
 func newQueries(table string) queries {
-	var done []processors.Status
-	for _, st := range processors.Statuses {
-		if st.Done() {
-			done = append(done, st)
-		}
-	}
-	r := strings.NewReplacer("{table}", table, "{cols}", cols(""), "{rcols}", cols("r."), "{done}", quoteStatuses(done))
+	r := strings.NewReplacer("{table}", table, "{cols}", cols(""), "{rcols}", cols("r."))
 	selectKeys := `SELECT {cols} FROM {table}
 WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::TEXT[]) AS u (t, k))`
 	return queries{
@@ -502,6 +498,19 @@ FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, status, attempt, result, seq
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
   AND r.status = 'executing'
 RETURNING u.ord`),
+		// The compare-and-set: status and seq in the WHERE clause. The
+		// keys of one statement are distinct (Move sends a key's second
+		// move in a second statement, which sees the first's write), so
+		// UPDATE ... FROM never has two candidate rows for one record.
+		// logged_seq, epoch, the lease, attempt and result stay as they
+		// are. "to" is reserved: to_status.
+		move: r.Replace(`UPDATE {table} AS r
+SET status = u.to_status, seq = u.seq, outbox = u.outbox, updated_at = now()
+FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BYTEA[], $8::BIGINT[])
+     AS u (t, k, from_status, from_seq, to_status, seq, outbox, ord)
+WHERE r.tenant_id = u.t AND r.idempotency_key = u.k
+  AND r.status = u.from_status AND r.seq = u.from_seq
+RETURNING u.ord`),
 		// GREATEST plus the WHERE: monotonic, and rows already logged that
 		// far are not rewritten. updated_at is left alone: it dates the
 		// call's last step, not bookkeeping.
@@ -518,13 +527,22 @@ ORDER BY lease_until, tenant_id, idempotency_key
 LIMIT $1`),
 		// Served by the partial index on updated_at WHERE logged_seq < seq:
 		// the predicate is repeated word for word so that both engines
-		// match it. The status filter (the done statuses, from
-		// processors.Status.Done) leaves out calls still in flight, whose
-		// next step writes the outbox again anyway. older_us * INTERVAL as
-		// in claim.
+		// match it. The status filter leaves out executing calls, whose
+		// completion writes the outbox again (and whose executor may
+		// still be about to append it); it is a residual filter, not
+		// part of the index predicate, so that the index an older build
+		// created still serves. "<>" rather than a list of the others,
+		// so that a status a newer build added is swept too. older_us *
+		// INTERVAL as in claim.
 		unlogged: r.Replace(`SELECT {cols} FROM {table}
-WHERE logged_seq < seq AND status IN ({done})
+WHERE logged_seq < seq AND status <> 'executing'
   AND updated_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
+ORDER BY updated_at, tenant_id, idempotency_key
+LIMIT $2`),
+		// Served by the (status, updated_at) index, in its order; ties
+		// (one batch's records share now()) are sorted by key.
+		byStatus: r.Replace(`SELECT {cols} FROM {table}
+WHERE status = $1
 ORDER BY updated_at, tenant_id, idempotency_key
 LIMIT $2`),
 		get: r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
@@ -809,6 +827,93 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 	return applied, nil
 }
 
+// checkMoves refuses a batch of moves that no store may apply, before any
+// work, as processors.CheckCompletions does for completions. store.go has
+// no CheckMoves, so processors/boltstore holds the same function, with the
+// same refusals and messages; the contract suite checks that both refuse
+// the same moves.
+//
+// Refused: a status that is not in processors.Statuses; a move from or to
+// executing (a claimed call moves through Claim and Complete, under its
+// epoch, only); a move from a done status (Status.Done promises that the
+// call never runs again, and moving it back to authorized would break
+// that); a seq that does not grow (the step appends events after FromSeq).
+func checkMoves(ms []processors.Move) error {
+	for i, m := range ms {
+		switch {
+		case !slices.Contains(processors.Statuses, m.From) || !slices.Contains(processors.Statuses, m.To):
+			return fmt.Errorf("move %d (%v): %q -> %q: unknown status", i, m.Key, m.From, m.To)
+		case m.From == processors.StatusExecuting || m.To == processors.StatusExecuting:
+			return fmt.Errorf("move %d (%v): %q -> %q: an executing call moves through Claim and Complete only", i, m.Key, m.From, m.To)
+		case m.From.Done():
+			return fmt.Errorf("move %d (%v): %q -> %q: a done call does not move", i, m.Key, m.From, m.To)
+		case m.Seq <= m.FromSeq:
+			return fmt.Errorf("move %d (%v): seq %d -> %d: want it to grow", i, m.Key, m.FromSeq, m.Seq)
+		}
+	}
+	return nil
+}
+
+// moveRound is one statement of a Move batch: at most one move per key.
+type moveRound struct {
+	ts, ks, froms, tos   []string
+	fromSeqs, seqs, ords []int64
+	outboxes             [][]byte
+}
+
+// Move implements processors.Store. The batch is split into rounds, the
+// n-th round holding the n-th move of each key, one UPDATE per round,
+// pipelined in one round trip: a later move of a key runs in a later
+// statement of the same transaction and sees the earlier one's write.
+// Batches without a repeated key are one statement.
+func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if err := checkMoves(ms); err != nil {
+		return nil, fmt.Errorf("pgstore move: %w: %w", processors.ErrRejected, err)
+	}
+	if len(ms) == 0 {
+		return []bool{}, nil
+	}
+	var rounds []*moveRound
+	nth := make(map[ledger.CallKey]int, len(ms))
+	for i, m := range ms {
+		n := nth[m.Key]
+		nth[m.Key]++
+		if n == len(rounds) {
+			rounds = append(rounds, &moveRound{})
+		}
+		r := rounds[n]
+		r.ts, r.ks = append(r.ts, m.Key.TenantID), append(r.ks, m.Key.IdempotencyKey)
+		r.froms, r.tos = append(r.froms, string(m.From)), append(r.tos, string(m.To))
+		r.fromSeqs, r.seqs, r.ords = append(r.fromSeqs, m.FromSeq), append(r.seqs, m.Seq), append(r.ords, int64(i))
+		r.outboxes = append(r.outboxes, m.Outbox)
+	}
+	var applied []bool
+	err := s.inTx(ctx, "move", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		for _, r := range rounds {
+			b.Queue(s.q.move, r.ts, r.ks, r.froms, r.fromSeqs, r.tos, r.seqs, r.outboxes, r.ords)
+		}
+		br := tx.SendBatch(ctx, b)
+		applied = make([]bool, len(ms))
+		for range rounds {
+			rows, _ := br.Query()
+			done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				br.Close()
+				return err
+			}
+			for _, i := range done {
+				applied[i] = true
+			}
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
+}
+
 // MarkLogged implements processors.Store.
 func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	if len(ls) == 0 {
@@ -856,6 +961,25 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 	var out []processors.Record
 	err := s.inTx(ctx, "unlogged", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, s.q.unlogged, olderUS, limit)
+		var err error
+		out, err = pgx.CollectRows(rows, scanRecord)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ByStatus implements processors.Store. A status no record has, known or
+// not, lists nothing.
+func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error) {
+	if limit <= 0 {
+		return []processors.Record{}, nil
+	}
+	var out []processors.Record
+	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, s.q.byStatus, string(status), limit)
 		var err error
 		out, err = pgx.CollectRows(rows, scanRecord)
 		return err

@@ -110,6 +110,13 @@ VALUES ($1, $2, 'c2', 'h2', 'x', 1, 'authorized', now(), now())`, k.TenantID, k.
 	if !strings.Contains(def, "(updated_at) WHERE (logged_seq < seq)") {
 		t.Errorf("index %s = %q; want a partial index on (updated_at) WHERE logged_seq < seq", unloggedIndexName, def)
 	}
+	// ByStatus's index.
+	if err := s.pool.QueryRow(ctx, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", schema, statusIndexName).Scan(&def); err != nil {
+		t.Fatalf("read index %s: %v", statusIndexName, err)
+	}
+	if !strings.HasSuffix(def, "(status, updated_at)") {
+		t.Errorf("index %s = %q; want one on (status, updated_at)", statusIndexName, def)
+	}
 }
 
 // oldTableDDL is execution_records as builds before 'expired' created it:
@@ -243,6 +250,51 @@ VALUES ('t_acme', 'old', 'c', 'h', 'x', 1, 'succeeded', now(), now())`,
 	want := slices.Sorted(slices.Values(append(quotedLiterals(quoteStatuses(processors.Statuses)), "future")))
 	if !slices.Equal(got, want) {
 		t.Errorf("status check after Migrate on a partial check allows %q; want %q (ours and the newer build's)", got, want)
+	}
+}
+
+// TestMigrateStatusCheckRejected: on a table whose check has every status
+// but 'rejected' (what the build before the approval queue created),
+// Open widens the check, and a pending call can then be moved to rejected
+// (refused with ErrRejected before: 23514).
+func TestMigrateStatusCheckRejected(t *testing.T) {
+	dsn := testDSN(t)
+	schema := newSchema(t, dsn)
+	ctx := t.Context()
+	s := open(t, Config{DSN: dsn, Schema: schema})
+	var previous []processors.Status
+	for _, st := range processors.Statuses {
+		if st != processors.StatusRejected {
+			previous = append(previous, st)
+		}
+	}
+	for _, stmt := range []string{
+		"ALTER TABLE " + s.table + " DROP CONSTRAINT " + statusCheckName,
+		"ALTER TABLE " + s.table + " ADD CONSTRAINT " + statusCheckName + " CHECK (status IN (" + quoteStatuses(previous) + "))",
+	} {
+		if _, err := s.pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
+	if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusPending, Seq: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	reject := []processors.Move{{Key: k, From: processors.StatusPending, FromSeq: 2, To: processors.StatusRejected, Seq: 3, Outbox: []byte("x")}}
+	// The premise: the previous check refuses it, as the data's fault.
+	if _, err := s.Move(ctx, reject); !errors.Is(err, processors.ErrRejected) || sqlState(err) != "23514" {
+		t.Fatalf("Move to rejected under the previous check = %v; want ErrRejected with 23514 (the test's premise)", err)
+	}
+	s.Close()
+
+	s = open(t, Config{DSN: dsn, Schema: schema}) // runs Migrate
+	defer s.Close()
+	applied, err := s.Move(ctx, reject)
+	if err != nil || !applied[0] {
+		t.Fatalf("Move to rejected after Migrate = %v, %v; want applied", applied, err)
+	}
+	if r, err := s.Get(ctx, k); err != nil || r.Status != processors.StatusRejected {
+		t.Errorf("Get = %q, %v; want rejected", r.Status, err)
 	}
 }
 

@@ -2,7 +2,7 @@
 -- transactional outbox. Applied by Store.Migrate; every statement is
 -- idempotent. The same DDL runs on PostgreSQL and CockroachDB.
 --
--- {table}, {index} and {unlogged_index} are replaced by Migrate with the
+-- {table}, {index}, {unlogged_index} and {status_index} are replaced by Migrate with the
 -- (schema-qualified) names, {statuses} with the quoted list of
 -- processors.Statuses. Statements end with ";" at the end of a line:
 -- Migrate runs them one by one.
@@ -43,11 +43,22 @@ CREATE TABLE IF NOT EXISTS {table} (
 -- ranges; make it hash-sharded there (USING HASH) if it becomes a hotspot.
 CREATE INDEX IF NOT EXISTS {index} ON {table} (status, lease_until);
 
+-- ByStatus: the records in one status, oldest update first (the pending
+-- approvals, for the approval queue and its expiry). The (status,
+-- lease_until) index finds the rows but not in this order, which would sort
+-- every row of a large status. Added to existing tables by the next
+-- Migrate: on PostgreSQL, CREATE INDEX blocks writes to the table while it
+-- builds; on CockroachDB it is an online schema change. Hash-sharding note
+-- as for {index}.
+CREATE INDEX IF NOT EXISTS {status_index} ON {table} (status, updated_at);
+
 -- Unlogged: records whose outbox may be missing from the log, oldest
 -- update first. Partial, so that it holds only the few rows between a
 -- step's commit and its MarkLogged (or those a failed Kafka transaction
 -- left behind), not every call ever made; the query repeats the predicate
--- so that both engines can use it. PostgreSQL and CockroachDB (20.2 and
+-- so that both engines can use it. The query also leaves out executing
+-- records, as a filter outside the predicate: an index an older build
+-- created (same name, same predicate) serves as it is. PostgreSQL and CockroachDB (20.2 and
 -- later) accept partial indexes.
 CREATE INDEX IF NOT EXISTS {unlogged_index} ON {table} (updated_at) WHERE logged_seq < seq;
 

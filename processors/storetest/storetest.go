@@ -52,7 +52,7 @@ const unloggedAge = 100 * time.Millisecond
 // must be storable, and each must finish the call.
 var doneStatuses = []processors.Status{
 	processors.StatusSucceeded, processors.StatusFailed, processors.StatusOutcomeUnknown,
-	processors.StatusExpired, processors.StatusDenied,
+	processors.StatusExpired, processors.StatusDenied, processors.StatusRejected,
 }
 
 // Run runs the contract suite. Every subtest calls open for a fresh, empty
@@ -94,13 +94,22 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Unlogged/OlderThan", testUnloggedOlderThan},
 		{"Unlogged/MarkLogged", testUnloggedMarkLogged},
 		{"Unlogged/OrderAndLimit", testUnloggedOrderAndLimit},
-		{"Unlogged/DoneOnly", testUnloggedDoneOnly},
+		{"Unlogged/Scope", testUnloggedScope},
+		{"Unlogged/Moved", testUnloggedMoved},
+		{"Move/Applied", testMoveApplied},
+		{"Move/NotApplied", testMoveNotApplied},
+		{"Move/Invalid", testMoveInvalid},
+		{"Move/IntraBatch", testMoveIntraBatch},
+		{"Move/BatchOrder", testMoveBatchOrder},
+		{"ByStatus/OrderAndLimit", testByStatusOrderAndLimit},
+		{"ByStatus/Follows", testByStatusFollows},
 		{"Get/NotFound", testGetNotFound},
 		{"TenantIsolation", testTenantIsolation},
 		{"EmptyBatches", testEmptyBatches},
 		{"CancelledContext", testCancelledContext},
 		{"Concurrent/AdmitClaim", testConcurrentAdmitClaim},
 		{"Concurrent/Complete", testConcurrentComplete},
+		{"Concurrent/Move", testConcurrentMove},
 	}
 	tests = append(tests, rateLimitTests()...)
 	for _, tc := range tests {
@@ -216,6 +225,27 @@ func mustMarkLogged(t *testing.T, s processors.Store, ls ...processors.Logged) {
 	if err := s.MarkLogged(t.Context(), ls); err != nil {
 		t.Fatalf("MarkLogged(%d) = %v; want nil", len(ls), err)
 	}
+}
+
+func mustMove(t *testing.T, s processors.Store, ms ...processors.Move) []bool {
+	t.Helper()
+	got, err := s.Move(t.Context(), ms)
+	if err != nil {
+		t.Fatalf("Move(%d moves) = %v; want nil error", len(ms), err)
+	}
+	if len(got) != len(ms) {
+		t.Fatalf("Move(%d moves) returned %d results; want %d", len(ms), len(got), len(ms))
+	}
+	return got
+}
+
+func mustByStatus(t *testing.T, s processors.Store, st processors.Status, limit int) []processors.Record {
+	t.Helper()
+	rs, err := s.ByStatus(t.Context(), st, limit)
+	if err != nil {
+		t.Fatalf("ByStatus(%q, %d) = %v; want nil error", st, limit, err)
+	}
+	return rs
 }
 
 func mustGet(t *testing.T, s processors.Store, k ledger.CallKey) processors.Record {
@@ -1197,17 +1227,17 @@ func testUnloggedOrderAndLimit(t *testing.T, s processors.Store) {
 	}
 }
 
-// testUnloggedDoneOnly: only done records are listed. Calls still in
-// flight (authorized, pending, executing, even under an expired lease)
-// write their outbox again at their next step; a record whose events are
-// all logged, or that has none, has nothing to append.
-func testUnloggedDoneOnly(t *testing.T, s processors.Store) {
+// testUnloggedScope: records in every status but executing are listed
+// while their events are not known to be in the log: a step that wrote
+// them may have failed to publish (an intake whose Kafka transaction
+// aborted, an approval recorded and then not published). Executing
+// records never are, even with their admission's events unlogged and
+// their lease expired: their executor (or its reclaimer) writes the
+// outbox again at completion. A record whose events are all logged, or
+// that has none, has nothing to append.
+func testUnloggedScope(t *testing.T, s processors.Store) {
 	// Not listed; created first, so that they are older than the listed
 	// ones and a store that listed them could never match want.
-	mustAdmit(t, s,
-		admission(key("never:authorized"), hashA, processors.StatusAuthorized),
-		admission(key("never:pending"), hashA, processors.StatusPending),
-	)
 	admitClaimed(t, s, key("never:executing"), "executor-1", longLease)
 	admitClaimed(t, s, key("never:lease-expired"), "executor-1", shortLease)
 	noEvents := admission(key("never:denied-no-events"), hashA, processors.StatusDenied)
@@ -1215,20 +1245,25 @@ func testUnloggedDoneOnly(t *testing.T, s processors.Store) {
 	mustAdmit(t, s, noEvents)
 	logged := completeUnlogged(t, s, key("never:logged"), processors.StatusSucceeded)
 	mustMarkLogged(t, s, processors.Logged{Key: logged.Key, Seq: logged.Seq})
-	deniedLogged := admission(key("never:denied-logged"), hashA, processors.StatusDenied)
-	mustAdmit(t, s, deniedLogged)
-	mustMarkLogged(t, s, processors.Logged{Key: deniedLogged.Key, Seq: deniedLogged.Seq})
+	for _, st := range []processors.Status{processors.StatusDenied, processors.StatusAuthorized, processors.StatusPending} {
+		a := admission(key("never:logged-"+string(st)), hashA, st)
+		mustAdmit(t, s, a)
+		mustMarkLogged(t, s, processors.Logged{Key: a.Key, Seq: a.Seq})
+	}
 
-	// Listed: every done status, unlogged. Denied straight from Admit.
+	// Listed: admitted and never logged, in each status Admit takes, and
+	// every done status, completed and unlogged.
 	var want []ledger.CallKey
+	for _, st := range []processors.Status{processors.StatusAuthorized, processors.StatusPending, processors.StatusDenied} {
+		k := key("listed:admitted-" + string(st))
+		mustAdmit(t, s, admission(k, hashA, st))
+		want = append(want, k)
+	}
 	for _, st := range doneStatuses {
 		k := key("listed:" + string(st))
 		completeUnlogged(t, s, k, st)
 		want = append(want, k)
 	}
-	k := key("listed:admitted-denied")
-	mustAdmit(t, s, admission(k, hashA, processors.StatusDenied))
-	want = append(want, k)
 
 	waitFor(t, pollTimeout, func() error {
 		got := keysOf(mustUnlogged(t, s, unloggedAge, 100))
@@ -1237,12 +1272,391 @@ func testUnloggedDoneOnly(t *testing.T, s processors.Store) {
 		}
 		return nil
 	})
+	// The lease had long expired by then: executing is left out by
+	// status, not by age.
+	if r := mustGet(t, s, key("never:lease-expired")); r.Status != processors.StatusExecuting || !r.Unlogged() {
+		t.Errorf("never:lease-expired = status %q unlogged %v; want executing with unlogged events (the test's premise)", r.Status, r.Unlogged())
+	}
+}
+
+// testUnloggedMoved: a move writes new events; until they are marked
+// logged the record is listed, as the move wrote it, once old enough.
+func testUnloggedMoved(t *testing.T, s processors.Store) {
+	k := key("unlogged:moved")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusPending))
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 2})
+	if got := mustUnlogged(t, s, 0, 100); len(got) != 0 {
+		t.Fatalf("Unlogged(0) with every event logged = %v; want none (the test's premise)", keysOf(got))
+	}
+	m := processors.Move{Key: k, From: processors.StatusPending, FromSeq: 2, To: processors.StatusAuthorized, Seq: 4, Outbox: []byte(`[{"seq":3},{"seq":4}]`)}
+	if applied := mustMove(t, s, m); !applied[0] {
+		t.Fatalf("Move(%v) applied = false; want true", k)
+	}
+	// The move dates the record: not listed for an age it has not reached.
+	if got := mustUnlogged(t, s, time.Hour, 100); len(got) != 0 {
+		t.Errorf("Unlogged(1h) right after Move = %v; want none (too recent)", keysOf(got))
+	}
+	got := waitUnlogged(t, s, []ledger.CallKey{k})[0]
+	if got.Status != m.To || got.Seq != m.Seq || !bytes.Equal(got.Outbox, m.Outbox) || got.LoggedSeq != 2 {
+		t.Errorf("Unlogged record = status %q seq %d outbox %s logged %d; want %q %d %s 2", got.Status, got.Seq, got.Outbox, got.LoggedSeq, m.To, m.Seq, m.Outbox)
+	}
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: m.Seq})
+	if got := mustUnlogged(t, s, 0, 100); len(got) != 0 {
+		t.Errorf("Unlogged(0) after MarkLogged(%d) = %v; want none", m.Seq, keysOf(got))
+	}
 }
 
 func sortedKeys(ks []ledger.CallKey) []ledger.CallKey {
 	return slices.SortedFunc(slices.Values(ks), func(x, y ledger.CallKey) int {
 		return strings.Compare(x.TenantID+"\x00"+x.IdempotencyKey, y.TenantID+"\x00"+y.IdempotencyKey)
 	})
+}
+
+// ---------------------------------------------------------------- Move
+
+// move is the move of k from st at seq 2 (an admission's) to to at seq 3.
+func move(k ledger.CallKey, st, to processors.Status) processors.Move {
+	return processors.Move{Key: k, From: st, FromSeq: 2, To: to, Seq: 3, Outbox: []byte(`[{"seq":3}]`)}
+}
+
+// testMoveApplied: a move from the record's status and seq writes To,
+// Seq, Outbox and UpdatedAt and nothing else, and the call then behaves
+// as its new status says.
+func testMoveApplied(t *testing.T, s processors.Store) {
+	tests := []struct {
+		name      string
+		from, to  processors.Status
+		wantClaim processors.ClaimOutcome
+	}{
+		{"approved", processors.StatusPending, processors.StatusAuthorized, processors.Claimed},
+		{"rejected", processors.StatusPending, processors.StatusRejected, processors.Finished},
+		{"approval expired", processors.StatusPending, processors.StatusExpired, processors.Finished},
+		{"deadline passed", processors.StatusAuthorized, processors.StatusExpired, processors.Finished},
+		{"sent for approval", processors.StatusAuthorized, processors.StatusPending, processors.NotReady},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := key("move:" + tc.name)
+			mustAdmit(t, s, admission(k, hashA, tc.from))
+			// Partly logged: Move must leave LoggedSeq alone.
+			mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 1})
+			admitted := mustGet(t, s, k)
+			m := processors.Move{Key: k, From: tc.from, FromSeq: 2, To: tc.to, Seq: 5, Outbox: []byte(`[{"seq":3},{"seq":4},{"seq":5}]`)}
+
+			before := time.Now()
+			applied := mustMove(t, s, m)
+			after := time.Now()
+			if !applied[0] {
+				t.Fatalf("Move(%s -> %s) applied = false; want true", tc.from, tc.to)
+			}
+			want := admitted
+			want.Status, want.Seq, want.Outbox = tc.to, m.Seq, m.Outbox
+			got := mustGet(t, s, k)
+			if diff := cmp.Diff(want, got, ignoreStoreSet, equateEmpty); diff != "" {
+				t.Errorf("Get after Move mismatch (-want +got):\n%s", diff)
+			}
+			if !got.CreatedAt.Equal(admitted.CreatedAt) || !got.LeaseUntil.IsZero() {
+				t.Errorf("CreatedAt %v LeaseUntil %v; want unchanged %v and zero", got.CreatedAt, got.LeaseUntil, admitted.CreatedAt)
+			}
+			checkWithin(t, "UpdatedAt", got.UpdatedAt, before, after)
+
+			c := mustClaim(t, s, claim(k, hashA, "executor-1", longLease))
+			if c[0].Outcome != tc.wantClaim {
+				t.Errorf("Claim after Move to %s outcome = %v; want %v", tc.to, c[0].Outcome, tc.wantClaim)
+			}
+		})
+	}
+}
+
+// testMoveNotApplied: a move whose record is no longer (or never was) at
+// its From status and seq does not apply and changes nothing.
+func testMoveNotApplied(t *testing.T, s processors.Store) {
+	pending, authorized := processors.StatusPending, processors.StatusAuthorized
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, k ledger.CallKey)
+		m     func(k ledger.CallKey) processors.Move
+	}{
+		{"other status", func(t *testing.T, k ledger.CallKey) {
+			mustAdmit(t, s, admission(k, hashA, pending))
+		}, func(k ledger.CallKey) processors.Move { return move(k, authorized, processors.StatusExpired) }},
+		{"seq behind", func(t *testing.T, k ledger.CallKey) {
+			mustAdmit(t, s, admission(k, hashA, pending))
+		}, func(k ledger.CallKey) processors.Move {
+			m := move(k, pending, authorized)
+			m.FromSeq = 1
+			return m
+		}},
+		{"seq ahead", func(t *testing.T, k ledger.CallKey) {
+			mustAdmit(t, s, admission(k, hashA, pending))
+		}, func(k ledger.CallKey) processors.Move {
+			m := move(k, pending, authorized)
+			m.FromSeq, m.Seq = 3, 4
+			return m
+		}},
+		{"already applied", func(t *testing.T, k ledger.CallKey) {
+			mustAdmit(t, s, admission(k, hashA, pending))
+			if applied := mustMove(t, s, move(k, pending, authorized)); !applied[0] {
+				t.Fatalf("first Move applied = false; want true")
+			}
+		}, func(k ledger.CallKey) processors.Move { return move(k, pending, authorized) }},
+		{"other move applied", func(t *testing.T, k ledger.CallKey) {
+			mustAdmit(t, s, admission(k, hashA, pending))
+			if applied := mustMove(t, s, move(k, pending, processors.StatusRejected)); !applied[0] {
+				t.Fatalf("first Move applied = false; want true")
+			}
+		}, func(k ledger.CallKey) processors.Move { return move(k, pending, authorized) }},
+		{"claimed meanwhile", func(t *testing.T, k ledger.CallKey) {
+			admitClaimed(t, s, k, "executor-1", longLease)
+		}, func(k ledger.CallKey) processors.Move { return move(k, authorized, processors.StatusExpired) }},
+		{"completed meanwhile", func(t *testing.T, k ledger.CallKey) {
+			c := admitClaimed(t, s, k, "executor-1", longLease)
+			mustComplete(t, s, processors.Completion{Key: k, Epoch: c.Epoch, Status: processors.StatusSucceeded, Attempt: 1, Seq: 2})
+		}, func(k ledger.CallKey) processors.Move { return move(k, authorized, processors.StatusExpired) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := key("move-stale:" + tc.name)
+			tc.setup(t, k)
+			before := mustGet(t, s, k)
+			if applied := mustMove(t, s, tc.m(k)); applied[0] {
+				t.Errorf("Move(%s) applied = true; want false", tc.name)
+			}
+			checkUnchanged(t, s, k, before)
+		})
+	}
+	t.Run("missing", func(t *testing.T) {
+		k := key("move-stale:missing")
+		if applied := mustMove(t, s, move(k, pending, authorized)); applied[0] {
+			t.Errorf("Move(missing) applied = true; want false")
+		}
+		if _, err := s.Get(t.Context(), k); !errors.Is(err, processors.ErrNotFound) {
+			t.Errorf("Get after Move(missing) = %v; want ErrNotFound (Move must not create)", err)
+		}
+	})
+}
+
+// testMoveInvalid: moves no store may apply are refused as the data's
+// fault, the whole batch with them, whatever the record's state.
+func testMoveInvalid(t *testing.T, s processors.Store) {
+	k := key("move-invalid")
+	r := mustAdmit(t, s, admission(k, hashA, processors.StatusPending))[0].Record
+	valid := move(k, processors.StatusPending, processors.StatusAuthorized)
+	tests := []struct {
+		name string
+		edit func(m *processors.Move)
+	}{
+		{"unknown from", func(m *processors.Move) { m.From = "bogus" }},
+		{"unknown to", func(m *processors.Move) { m.To = "bogus" }},
+		{"empty from", func(m *processors.Move) { m.From = "" }},
+		{"empty to", func(m *processors.Move) { m.To = "" }},
+		{"to executing", func(m *processors.Move) { m.To = processors.StatusExecuting }},
+		{"from executing", func(m *processors.Move) { m.From = processors.StatusExecuting }},
+		{"from succeeded", func(m *processors.Move) { m.From = processors.StatusSucceeded }},
+		{"from denied", func(m *processors.Move) { m.From = processors.StatusDenied }},
+		{"from rejected", func(m *processors.Move) { m.From, m.To = processors.StatusRejected, processors.StatusExpired }},
+		{"seq unchanged", func(m *processors.Move) { m.Seq = m.FromSeq }},
+		{"seq behind", func(m *processors.Move) { m.Seq = m.FromSeq - 1 }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := valid
+			tc.edit(&bad)
+			// The valid move first: refusing the batch must undo nothing,
+			// because nothing of it ran.
+			_, err := s.Move(t.Context(), []processors.Move{valid, bad})
+			if !errors.Is(err, processors.ErrRejected) {
+				t.Errorf("Move(%s) = %v; want an error wrapping ErrRejected", tc.name, err)
+			}
+			checkUnchanged(t, s, k, r)
+		})
+	}
+}
+
+// testMoveIntraBatch: moves of one key in one batch apply in order, each
+// seeing the ones before it.
+func testMoveIntraBatch(t *testing.T, s processors.Store) {
+	pending, authorized := processors.StatusPending, processors.StatusAuthorized
+	then := func(k ledger.CallKey, from processors.Status, fromSeq int64, to processors.Status, seq int64) processors.Move {
+		return processors.Move{Key: k, From: from, FromSeq: fromSeq, To: to, Seq: seq, Outbox: fmt.Appendf(nil, `[{"seq":%d}]`, seq)}
+	}
+	tests := []struct {
+		name       string
+		moves      func(k ledger.CallKey) []processors.Move
+		want       []bool
+		wantStatus processors.Status
+		wantSeq    int64
+	}{
+		{"chained", func(k ledger.CallKey) []processors.Move {
+			return []processors.Move{then(k, pending, 2, authorized, 3), then(k, authorized, 3, processors.StatusExpired, 4)}
+		}, []bool{true, true}, processors.StatusExpired, 4},
+		{"second from the old state", func(k ledger.CallKey) []processors.Move {
+			return []processors.Move{then(k, pending, 2, authorized, 3), then(k, pending, 2, processors.StatusRejected, 3)}
+		}, []bool{true, false}, authorized, 3},
+		{"first stale, second applies", func(k ledger.CallKey) []processors.Move {
+			return []processors.Move{then(k, authorized, 2, processors.StatusExpired, 3), then(k, pending, 2, processors.StatusRejected, 3)}
+		}, []bool{false, true}, processors.StatusRejected, 3},
+		{"out of order", func(k ledger.CallKey) []processors.Move {
+			return []processors.Move{then(k, authorized, 3, processors.StatusExpired, 4), then(k, pending, 2, authorized, 3)}
+		}, []bool{false, true}, authorized, 3},
+		{"three", func(k ledger.CallKey) []processors.Move {
+			return []processors.Move{then(k, pending, 2, authorized, 3), then(k, authorized, 3, pending, 5), then(k, pending, 5, processors.StatusRejected, 6)}
+		}, []bool{true, true, true}, processors.StatusRejected, 6},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := key("move-intra:" + tc.name)
+			mustAdmit(t, s, admission(k, hashA, pending))
+			if got := mustMove(t, s, tc.moves(k)...); !slices.Equal(got, tc.want) {
+				t.Errorf("Move batch = %v; want %v", got, tc.want)
+			}
+			r := mustGet(t, s, k)
+			if wantOutbox := fmt.Sprintf(`[{"seq":%d}]`, tc.wantSeq); r.Status != tc.wantStatus || r.Seq != tc.wantSeq || string(r.Outbox) != wantOutbox {
+				t.Errorf("Get = status %q seq %d outbox %s; want %q %d %s", r.Status, r.Seq, r.Outbox, tc.wantStatus, tc.wantSeq, wantOutbox)
+			}
+		})
+	}
+}
+
+func testMoveBatchOrder(t *testing.T, s processors.Store) {
+	pending, authorized := processors.StatusPending, processors.StatusAuthorized
+	mustAdmit(t, s,
+		admission(key("mb:1"), hashA, pending),
+		admission(key("mb:2"), hashA, pending),
+		admission(key("mb:3"), hashA, authorized),
+	)
+	got := mustMove(t, s,
+		move(key("mb:missing"), pending, authorized),
+		move(key("mb:3"), authorized, processors.StatusExpired),
+		move(key("mb:2"), authorized, processors.StatusExpired),
+		move(key("mb:1"), pending, processors.StatusRejected),
+	)
+	if want := []bool{false, true, false, true}; !slices.Equal(got, want) {
+		t.Errorf("Move batch = %v; want %v", got, want)
+	}
+	for _, tc := range []struct {
+		k    ledger.CallKey
+		want processors.Status
+	}{
+		{key("mb:1"), processors.StatusRejected},
+		{key("mb:2"), pending},
+		{key("mb:3"), processors.StatusExpired},
+	} {
+		if r := mustGet(t, s, tc.k); r.Status != tc.want {
+			t.Errorf("Get(%v) status = %q; want %q", tc.k, r.Status, tc.want)
+		}
+	}
+}
+
+// ---------------------------------------------------------------- ByStatus
+
+// sortByUpdate sorts records as ByStatus and Unlogged list them: oldest
+// update first, then by key (a store's clock gives one batch's records
+// the same time).
+func sortByUpdate(rs []processors.Record) {
+	slices.SortStableFunc(rs, func(x, y processors.Record) int {
+		if c := x.UpdatedAt.Compare(y.UpdatedAt); c != 0 {
+			return c
+		}
+		if c := strings.Compare(x.Key.TenantID, y.Key.TenantID); c != 0 {
+			return c
+		}
+		return strings.Compare(x.Key.IdempotencyKey, y.Key.IdempotencyKey)
+	})
+}
+
+func testByStatusOrderAndLimit(t *testing.T, s processors.Store) {
+	pending := processors.StatusPending
+	// Pending records updated in this order, each step its own
+	// transaction: c; a with an authorized and a denied record; another
+	// tenant's; z and y in one batch (one timestamp: y first, by key).
+	other := ledger.CallKey{TenantID: "t_other", IdempotencyKey: "bs:b"}
+	mustAdmit(t, s, admission(key("bs:c"), hashA, pending))
+	mustAdmit(t, s,
+		admission(key("bs:auth"), hashA, processors.StatusAuthorized),
+		admission(key("bs:a"), hashA, pending),
+		admission(key("bs:denied"), hashA, processors.StatusDenied),
+	)
+	mustAdmit(t, s, admission(other, hashA, pending))
+	mustAdmit(t, s, admission(key("bs:z"), hashA, pending), admission(key("bs:y"), hashA, pending))
+	// Not pending any more: moved away, and claimed.
+	mustAdmit(t, s, admission(key("bs:approved"), hashA, pending))
+	mustMove(t, s, move(key("bs:approved"), pending, processors.StatusAuthorized))
+	admitClaimed(t, s, key("bs:executing"), "executor-1", longLease)
+
+	var want []processors.Record
+	for _, k := range []ledger.CallKey{key("bs:c"), key("bs:a"), other, key("bs:z"), key("bs:y")} {
+		want = append(want, mustGet(t, s, k))
+	}
+	sortByUpdate(want)
+	if ks := keysOf(want); ks[3] != key("bs:y") || ks[4] != key("bs:z") {
+		t.Fatalf("stored order %v; want y then z last (one batch, one timestamp)", ks)
+	}
+	got := mustByStatus(t, s, pending, 100)
+	if diff := cmp.Diff(want, got, equateEmpty); diff != "" {
+		t.Errorf("ByStatus(pending, 100) mismatch (-want +got):\n%s", diff)
+	}
+	if got := keysOf(mustByStatus(t, s, pending, 2)); !slices.Equal(got, keysOf(want[:2])) {
+		t.Errorf("ByStatus(pending, 2) keys = %v; want %v", got, keysOf(want[:2]))
+	}
+	for _, limit := range []int{0, -1} {
+		if got := mustByStatus(t, s, pending, limit); len(got) != 0 {
+			t.Errorf("ByStatus(pending, %d) = %d records; want none", limit, len(got))
+		}
+	}
+
+	tests := []struct {
+		st   processors.Status
+		want []ledger.CallKey
+	}{
+		{processors.StatusAuthorized, []ledger.CallKey{key("bs:auth"), key("bs:approved")}},
+		{processors.StatusDenied, []ledger.CallKey{key("bs:denied")}},
+		{processors.StatusExecuting, []ledger.CallKey{key("bs:executing")}},
+		{processors.StatusSucceeded, []ledger.CallKey{}},
+		{"bogus", []ledger.CallKey{}},
+	}
+	for _, tc := range tests {
+		if got := keysOf(mustByStatus(t, s, tc.st, 100)); !slices.Equal(got, tc.want) {
+			t.Errorf("ByStatus(%q, 100) keys = %v; want %v", tc.st, got, tc.want)
+		}
+	}
+}
+
+// testByStatusFollows: a record is listed under its current status only,
+// through every step that changes it, as Get returns it.
+func testByStatusFollows(t *testing.T, s processors.Store) {
+	k := key("follows")
+	listed := func(step string, st processors.Status) {
+		t.Helper()
+		for _, other := range processors.Statuses {
+			got := mustByStatus(t, s, other, 100)
+			if other != st {
+				if len(got) != 0 {
+					t.Errorf("after %s: ByStatus(%q) = %v; want none", step, other, keysOf(got))
+				}
+				continue
+			}
+			want := []processors.Record{mustGet(t, s, k)}
+			if diff := cmp.Diff(want, got, equateEmpty); diff != "" {
+				t.Errorf("after %s: ByStatus(%q) mismatch (-want +got):\n%s", step, st, diff)
+			}
+		}
+	}
+	mustAdmit(t, s, admission(k, hashA, processors.StatusPending))
+	listed("admit", processors.StatusPending)
+	mustMove(t, s, move(k, processors.StatusPending, processors.StatusAuthorized))
+	listed("move", processors.StatusAuthorized)
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 3})
+	listed("mark logged", processors.StatusAuthorized)
+	c := mustClaim(t, s, claim(k, hashA, "executor-1", shortLease))[0].Record
+	listed("claim", processors.StatusExecuting)
+	waitExpired(t, s, k)
+	if got := mustClaim(t, s, claim(k, hashA, "executor-2", longLease)); got[0].Outcome != processors.Reclaimed {
+		t.Fatalf("Claim after lease expiry outcome = %v; want Reclaimed", got[0].Outcome)
+	}
+	listed("reclaim", processors.StatusExecuting)
+	mustComplete(t, s, processors.Completion{Key: k, Epoch: c.Epoch + 1, Status: processors.StatusFailed, Attempt: 1, Seq: 5})
+	listed("complete", processors.StatusFailed)
 }
 
 // ---------------------------------------------------------------- Get, tenants, misc
@@ -1327,6 +1741,12 @@ func testEmptyBatches(t *testing.T, s processors.Store) {
 	if got, err := s.Unlogged(ctx, 0, 10); err != nil || got == nil || len(got) != 0 {
 		t.Errorf("Unlogged(0, 10) on an empty store = %#v, %v; want empty, nil", got, err)
 	}
+	if got, err := s.Move(ctx, nil); err != nil || len(got) != 0 {
+		t.Errorf("Move(nil) = %v, %v; want empty, nil", got, err)
+	}
+	if got, err := s.ByStatus(ctx, processors.StatusPending, 10); err != nil || len(got) != 0 {
+		t.Errorf("ByStatus(pending, 10) on an empty store = %v, %v; want empty, nil", got, err)
+	}
 }
 
 func testCancelledContext(t *testing.T, s processors.Store) {
@@ -1351,6 +1771,13 @@ func testCancelledContext(t *testing.T, s processors.Store) {
 	checkUnchanged(t, s, k, r)
 	if _, err := s.Unlogged(ctx, 0, 10); err == nil || errors.Is(err, processors.ErrRejected) {
 		t.Errorf("Unlogged(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
+	}
+	if _, err := s.Move(ctx, []processors.Move{move(k, processors.StatusAuthorized, processors.StatusExpired)}); err == nil || errors.Is(err, processors.ErrRejected) {
+		t.Errorf("Move(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
+	}
+	checkUnchanged(t, s, k, r)
+	if _, err := s.ByStatus(ctx, processors.StatusAuthorized, 10); err == nil || errors.Is(err, processors.ErrRejected) {
+		t.Errorf("ByStatus(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
 	}
 }
 
@@ -1457,5 +1884,54 @@ func testConcurrentComplete(t *testing.T, s processors.Store) {
 	}
 	if r := mustGet(t, s, k); string(r.Result) != fmt.Sprintf("result-%d", applied[0]) {
 		t.Errorf("Get.Result = %q; want the single winner's result-%d", r.Result, applied[0])
+	}
+}
+
+// testConcurrentMove is the approval race: approvers (and the expiry
+// timer) deciding one pending call at once. Exactly one move applies, and
+// the record holds what that one wrote.
+func testConcurrentMove(t *testing.T, s processors.Store) {
+	const n = 16
+	k := key("race-move")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusPending))
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		applied []processors.Move
+		errs    []error
+	)
+	start := make(chan struct{})
+	for i := range n {
+		// Half approve, half reject: the winner's decision stands.
+		to := processors.StatusAuthorized
+		if i%2 == 1 {
+			to = processors.StatusRejected
+		}
+		m := processors.Move{Key: k, From: processors.StatusPending, FromSeq: 2, To: to, Seq: 3, Outbox: fmt.Appendf(nil, "decision-%d", i)}
+		wg.Go(func() {
+			<-start
+			got, err := s.Move(t.Context(), []processors.Move{m})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			if got[0] {
+				applied = append(applied, m)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for _, err := range errs {
+		t.Errorf("concurrent Move: %v", err)
+	}
+	if len(applied) != 1 {
+		t.Fatalf("concurrent Move applied %d moves; want exactly one", len(applied))
+	}
+	w := applied[0]
+	if r := mustGet(t, s, k); r.Status != w.To || r.Seq != w.Seq || !bytes.Equal(r.Outbox, w.Outbox) {
+		t.Errorf("Get = status %q seq %d outbox %q; want the single winner's %q %d %q", r.Status, r.Seq, r.Outbox, w.To, w.Seq, w.Outbox)
 	}
 }
