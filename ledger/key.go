@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"encoding/base64"
 	"fmt"
 	"strings"
 )
@@ -25,4 +26,23 @@ func ParseCallKey(s string) (CallKey, error) {
 		return CallKey{}, fmt.Errorf("call key %q: want <tenant_id>/<idempotency_key>", s)
 	}
 	return CallKey{TenantID: tenant, IdempotencyKey: key}, nil
+}
+
+// ApprovalID is the id of the call's approval: one per call, derived from
+// its key so that every processor names it alike.
+func (k CallKey) ApprovalID() string {
+	return "apr_" + base64.RawURLEncoding.EncodeToString([]byte(k.String()))
+}
+
+// ParseApprovalID is the inverse of CallKey.ApprovalID.
+func ParseApprovalID(id string) (CallKey, error) {
+	raw, ok := strings.CutPrefix(id, "apr_")
+	if !ok {
+		return CallKey{}, fmt.Errorf("approval id %q: want apr_<base64url>", id)
+	}
+	b, err := base64.RawURLEncoding.DecodeString(raw)
+	if err != nil {
+		return CallKey{}, fmt.Errorf("approval id %q: %v", id, err)
+	}
+	return ParseCallKey(string(b))
 }

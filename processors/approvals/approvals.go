@@ -1,0 +1,726 @@
+// Package approvals is the approval queue (DESIGN §5, issue 4): a human
+// approves or rejects a call that a policy routed to approval_pending, bound
+// to the exact arguments they saw, once, before the approval lapses; a timer
+// expires the approvals nobody decided.
+//
+// An approval has no table of its own: its state is the call's execution
+// record. A pending record is a waiting approval; approving moves it to
+// authorized (the executor runs it on the approved event), rejecting to
+// rejected, expiring to expired. Each decision is one compare-and-set
+// (processors.Move) on the record's status and seq, so of an approve, a
+// reject, an expiry and a second approve racing for one approval exactly one
+// applies, whatever the number of instances.
+//
+// The move writes the decision's event into the record's outbox, after the
+// events already there (so that none the log may still lack is dropped, and
+// the preview stays readable); the service then publishes those the log
+// lacks and marks them logged. If the publish fails the
+// decision still stands: the event waits in the outbox and the executor's
+// unlogged sweep appends it.
+package approvals
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/schemas"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// Errors callers branch on. The HTTP handler maps each to a status and a
+// machine-readable code.
+var (
+	// ErrNotApprover: the caller lacks the approver role.
+	ErrNotApprover = errors.New("approvals: caller is not an approver")
+	// ErrNotFound: no approval under this id in the caller's tenant. An
+	// approval of another tenant is reported exactly alike, so that its
+	// existence is never revealed.
+	ErrNotFound = errors.New("approvals: approval not found")
+	// ErrSelfApproval: the approver requested the call themselves.
+	ErrSelfApproval = errors.New("approvals: an approver may not decide their own call")
+	// ErrNotPending: the approval was already decided, expired or used.
+	ErrNotPending = errors.New("approvals: approval is not pending")
+	// ErrExpired: the approval's time is up; the timer expires it.
+	ErrExpired = errors.New("approvals: approval has expired")
+	// ErrHashMismatch: the approver's arguments hash is not the call's:
+	// they did not see what would run.
+	ErrHashMismatch = errors.New("approvals: arguments hash does not match the call")
+	// ErrInvalidRequest: the request itself is malformed (a reject without
+	// a reason, an unknown state filter).
+	ErrInvalidRequest = errors.New("approvals: invalid request")
+	// ErrUnsupported: the request is well formed but not served (listing
+	// approved approvals).
+	ErrUnsupported = errors.New("approvals: unsupported")
+)
+
+// ReasonApprovalExpired is the reason on the expired event the timer emits.
+const ReasonApprovalExpired = "approval_expired"
+
+// ReasonRejected is the machine-readable reason on a rejected event; the
+// approver's own words go in the event's detail.
+const ReasonRejected = "rejected_by_approver"
+
+// MaxReasonBytes bounds the reason an approver gives for a rejection.
+const MaxReasonBytes = 2000
+
+// obligationRequireApproval is how the policy engine lists the approval
+// obligation on events (policy.Obligations.List).
+const obligationRequireApproval = "require_approval"
+
+// State is an approval's state, derived from its call's record.
+type State string
+
+// The states of an approval.
+const (
+	StatePending  State = "pending"
+	StateApproved State = "approved"
+	StateRejected State = "rejected"
+	StateExpired  State = "expired"
+)
+
+// ID returns the approval id of the call under k: one per call, derived
+// from its key, so that every processor names it alike.
+func ID(k ledger.CallKey) string { return k.ApprovalID() }
+
+// ParseID is the inverse of ID.
+func ParseID(id string) (ledger.CallKey, error) { return ledger.ParseApprovalID(id) }
+
+// Store is the part of the execution store the approval queue uses. See
+// processors.Store for the contract; implementations are safe for
+// concurrent use.
+type Store interface {
+	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
+	ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error)
+	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
+	MarkLogged(ctx context.Context, ls []processors.Logged) error
+}
+
+// Publisher appends records to the log. Implementations are safe for
+// concurrent use and return once the broker acknowledged every record (or
+// with an error, after which some may still have been written: readers
+// drop duplicate (key, seq)).
+type Publisher interface {
+	Publish(ctx context.Context, recs ...*kgo.Record) error
+}
+
+// Verifier verifies an approver's assertion. Implementations are safe for
+// concurrent use; ctx bounds any key refresh.
+type Verifier interface {
+	Verify(ctx context.Context, assertion string) (identity.Identity, error)
+}
+
+// Config configures the approval queue.
+type Config struct {
+	// Store is the execution store. Required.
+	Store Store
+	// Registry describes tools for the preview. Required.
+	Registry *schemas.Registry
+	// Identity verifies approvers' bearer assertions for the HTTP API.
+	// Required.
+	Identity Verifier
+	// Publisher appends the decisions' events. Required.
+	Publisher Publisher
+	// Topics; defaults as ledger.Topics.
+	Topics ledger.Topics
+	// ApproverRole is the role an approver's assertion must carry;
+	// default "approver".
+	ApproverRole string
+	// Actor names this instance on the events it emits; default
+	// "approvals". The approver of an approval or rejection is on the
+	// event's approver field.
+	Actor string
+	// ListLimit bounds the records one List reads from the store, across
+	// all tenants; default 1000. The store's ByStatus is not per tenant,
+	// so with more records than this in a state a tenant may see only
+	// part of its approvals (the oldest ones first).
+	ListLimit int
+	// ExpireBatch bounds the pending records one ExpireDue looks at,
+	// oldest first; default 500.
+	ExpireBatch int
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Logger; nil discards.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	c.Topics = c.Topics.WithDefaults()
+	if c.ApproverRole == "" {
+		c.ApproverRole = "approver"
+	}
+	if c.Actor == "" {
+		c.Actor = "approvals"
+	}
+	if c.ListLimit <= 0 {
+		c.ListLimit = 1000
+	}
+	if c.ExpireBatch <= 0 {
+		c.ExpireBatch = 500
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Service is the approval queue. It keeps no state of its own: several
+// instances may serve the same store at once.
+type Service struct {
+	cfg Config
+}
+
+// New validates cfg and returns the approval queue.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil || cfg.Registry == nil || cfg.Identity == nil || cfg.Publisher == nil {
+		return nil, errors.New("approvals: store, registry, identity verifier and publisher are required")
+	}
+	cfg.setDefaults()
+	return &Service{cfg: cfg}, nil
+}
+
+// Approval is what the queue shows of one approval.
+type Approval struct {
+	ID             string    `json:"id"`
+	TenantID       string    `json:"tenant_id"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	CallID         string    `json:"call_id"`
+	Tool           string    `json:"tool"`
+	ToolVersion    int       `json:"tool_version"`
+	Requester      Requester `json:"requester"`
+	// ArgumentsHash is what an approver must send back to approve: the
+	// hash of the arguments the preview shows.
+	ArgumentsHash string   `json:"arguments_hash"`
+	PolicyVersion string   `json:"policy_version,omitempty"`
+	PolicyIDs     []string `json:"policy_ids,omitempty"`
+	// RequestedAt is when the intake admitted the call; ExpiresAt when a
+	// pending approval lapses (and, once approved, until when the approval
+	// is good).
+	RequestedAt time.Time  `json:"requested_at"`
+	ExpiresAt   time.Time  `json:"expires_at"`
+	State       State      `json:"state"`
+	DecidedBy   string     `json:"decided_by,omitempty"`
+	DecidedAt   *time.Time `json:"decided_at,omitempty"`
+	// Reason is the approver's reason for a rejection, or why the
+	// approval expired.
+	Reason  string  `json:"reason,omitempty"`
+	Preview Preview `json:"preview"`
+}
+
+// Requester is who asked for the call.
+type Requester struct {
+	User  string `json:"user"`
+	Agent string `json:"agent"`
+}
+
+// Preview is what an approver reads before deciding. Once the call has run,
+// the record no longer holds the requested event and the arguments,
+// resource and amount are left out.
+type Preview struct {
+	Tool        string `json:"tool"`
+	Description string `json:"description,omitempty"`
+	Effect      string `json:"effect,omitempty"`
+	Risk        string `json:"risk,omitempty"`
+	// Resource is the value at the tool's resource pointer.
+	Resource string `json:"resource,omitempty"`
+	// Arguments are the audit copy: redacted per the registry and masked
+	// per the deciding policies.
+	Arguments json.RawMessage `json:"arguments,omitempty"`
+	// Amount is amount_cents and currency in human form ("45.00 AUD").
+	Amount       string `json:"amount,omitempty"`
+	Compensation string `json:"compensation,omitempty"`
+}
+
+// found is an approval and the record and events it was read from.
+type found struct {
+	rec       processors.Record
+	evs       []ledger.Event
+	requested *ledger.Event // seq 1, while the outbox holds it
+	pending   *ledger.Event // the approval_pending decision
+	approval  Approval
+}
+
+// isApprover reports whether id carries the approver role.
+func (s *Service) isApprover(id identity.Identity) bool {
+	return id.User != "" && id.Tenant != "" && slices.Contains(id.Roles, s.cfg.ApproverRole)
+}
+
+// List returns the approver's tenant's approvals in state ("" means
+// pending), oldest first. "pending", "rejected" and "expired" are served;
+// "approved" wraps ErrUnsupported (approved calls move on through the
+// executor and are better found in the call index); anything else wraps
+// ErrInvalidRequest.
+func (s *Service) List(ctx context.Context, approver identity.Identity, state string) ([]Approval, error) {
+	if !s.isApprover(approver) {
+		return nil, ErrNotApprover
+	}
+	var status processors.Status
+	switch State(state) {
+	case "", StatePending:
+		status, state = processors.StatusPending, string(StatePending)
+	case StateRejected:
+		status = processors.StatusRejected
+	case StateExpired:
+		status = processors.StatusExpired
+	case StateApproved:
+		return nil, fmt.Errorf("%w: listing approved approvals", ErrUnsupported)
+	default:
+		return nil, fmt.Errorf("%w: unknown state %q", ErrInvalidRequest, state)
+	}
+	recs, err := s.cfg.Store.ByStatus(ctx, status, s.cfg.ListLimit)
+	if err != nil {
+		return nil, fmt.Errorf("approvals: list %s: %w", status, err)
+	}
+	out := []Approval{}
+	for _, rec := range recs {
+		if rec.Key.TenantID != approver.Tenant {
+			continue
+		}
+		f, err := s.read(rec)
+		if err != nil {
+			if !errors.Is(err, ErrNotFound) {
+				s.cfg.Logger.Error("unreadable approval", "call_key", rec.Key.String(), "err", err)
+			}
+			continue
+		}
+		if string(f.approval.State) == state {
+			out = append(out, f.approval)
+		}
+	}
+	return out, nil
+}
+
+// Get returns one approval of the approver's tenant.
+func (s *Service) Get(ctx context.Context, approver identity.Identity, id string) (Approval, error) {
+	f, err := s.find(ctx, approver, id)
+	if err != nil {
+		return Approval{}, err
+	}
+	return f.approval, nil
+}
+
+// find checks the approver and reads the approval id names in their
+// tenant.
+func (s *Service) find(ctx context.Context, approver identity.Identity, id string) (*found, error) {
+	if !s.isApprover(approver) {
+		return nil, ErrNotApprover
+	}
+	key, err := ParseID(id)
+	if err != nil || key.TenantID != approver.Tenant {
+		// Another tenant's approval is not found, not forbidden: the
+		// answer must not tell that it exists.
+		return nil, ErrNotFound
+	}
+	rec, err := s.cfg.Store.Get(ctx, key)
+	if errors.Is(err, processors.ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("approvals: read %s: %w", key, err)
+	}
+	return s.read(rec)
+}
+
+// Approve approves the call behind id, bound to argumentsHash: the hash of
+// the arguments the approver saw. The approval emits approved, valid until
+// the pending approval's expires_at, and the call becomes authorized.
+func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, argumentsHash string) (Approval, error) {
+	return s.decide(ctx, approver, id, func(f *found, ev *ledger.Event) (processors.Status, error) {
+		if argumentsHash != f.rec.ArgumentsHash {
+			return "", ErrHashMismatch
+		}
+		ev.Type = statemachine.EventApproved
+		ev.ApprovalID = f.approval.ID
+		ev.Decision = "approve"
+		exp := f.approval.ExpiresAt
+		ev.ExpiresAt = &exp
+		return processors.StatusAuthorized, nil
+	})
+}
+
+// Reject rejects the call behind id; reason, the approver's words, is
+// required. The call becomes rejected and never runs.
+func (s *Service) Reject(ctx context.Context, approver identity.Identity, id, reason string) (Approval, error) {
+	reason = strings.TrimSpace(reason)
+	switch {
+	case reason == "":
+		return Approval{}, fmt.Errorf("%w: a rejection needs a reason", ErrInvalidRequest)
+	case len(reason) > MaxReasonBytes:
+		return Approval{}, fmt.Errorf("%w: reason longer than %d bytes", ErrInvalidRequest, MaxReasonBytes)
+	}
+	return s.decide(ctx, approver, id, func(f *found, ev *ledger.Event) (processors.Status, error) {
+		ev.Type = statemachine.EventRejected
+		ev.ApprovalID = f.approval.ID
+		ev.Decision = "reject"
+		ev.Reason = ReasonRejected
+		ev.Detail = reason
+		return processors.StatusRejected, nil
+	})
+}
+
+// decide runs the checks every decision shares, lets step fill in the
+// event and say where the record goes, and moves the record.
+func (s *Service) decide(ctx context.Context, approver identity.Identity, id string, step func(*found, *ledger.Event) (processors.Status, error)) (Approval, error) {
+	f, err := s.find(ctx, approver, id)
+	if err != nil {
+		return Approval{}, err
+	}
+	a := f.approval
+	now := s.cfg.Now().UTC()
+	switch {
+	case a.Requester.User == "":
+		// Without the requester there is no telling a self-approval.
+		return Approval{}, fmt.Errorf("approvals: %s: the record does not say who requested the call", f.rec.Key)
+	case a.Requester.User == approver.User:
+		return Approval{}, ErrSelfApproval
+	case f.rec.Status != processors.StatusPending:
+		return Approval{}, ErrNotPending
+	case a.ExpiresAt.IsZero():
+		return Approval{}, fmt.Errorf("approvals: %s: the record does not say when the approval expires", f.rec.Key)
+	case !now.Before(a.ExpiresAt):
+		return Approval{}, ErrExpired
+	}
+	ev := s.event(f, now)
+	ev.Approver = approver.User
+	to, err := step(f, &ev)
+	if err != nil {
+		return Approval{}, err
+	}
+	moved, err := s.move(ctx, []*found{f}, []ledger.Event{ev}, []processors.Status{to})
+	if err != nil {
+		return Approval{}, err
+	}
+	if len(moved) == 0 {
+		// Another decision (or the timer) got there first.
+		return Approval{}, ErrNotPending
+	}
+	s.cfg.Logger.Info("approval decided", "approval_id", a.ID, "call_key", f.rec.Key.String(), "decision", string(ev.Type), "approver", approver.User)
+	after, err := s.read(moved[0])
+	if err != nil {
+		return Approval{}, err
+	}
+	return after.approval, nil
+}
+
+// event starts the next event of f's call: the identity fields of the
+// requested event and the policy fields of the pending decision, so that
+// the event stands on its own in the log and for whoever acts on it next.
+func (s *Service) event(f *found, now time.Time) ledger.Event {
+	src := f.requested
+	if src == nil {
+		src = f.pending
+	}
+	ev := ledger.Event{
+		EventID:        uuid.Must(uuid.NewV7()).String(),
+		Seq:            f.rec.Seq + 1,
+		At:             now,
+		Actor:          s.cfg.Actor,
+		TenantID:       f.rec.Key.TenantID,
+		IdempotencyKey: f.rec.Key.IdempotencyKey,
+		CallID:         f.rec.CallID,
+		Tool:           f.rec.Tool,
+		ToolVersion:    f.rec.ToolVersion,
+		ArgumentsHash:  f.rec.ArgumentsHash,
+	}
+	if src != nil {
+		ev.UserID, ev.AgentID, ev.TraceID = src.UserID, src.AgentID, src.TraceID
+	}
+	if p := f.pending; p != nil {
+		ev.PolicyID = slices.Clone(p.PolicyID)
+		ev.PolicyVersion = p.PolicyVersion
+		ev.Obligations = slices.Clone(p.Obligations)
+	}
+	return ev
+}
+
+// move applies one decision per found record as a compare-and-set from
+// pending at its current seq, publishes the events of the moves that
+// applied and marks them logged. It returns the moved records as they now
+// are. A failed publish is logged, not returned: the decision stands and
+// the events wait in the outbox for the executor's unlogged sweep.
+func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to []processors.Status) ([]processors.Record, error) {
+	ms := make([]processors.Move, len(fs))
+	for i, f := range fs {
+		// The outbox keeps the events before the decision: those the
+		// log may still lack go out again with it (a move must never
+		// drop an event that was not logged yet), and the preview can
+		// still be read from the record.
+		outbox, err := ledger.EncodeEvents(append(slices.Clone(f.evs), evs[i]))
+		if err != nil {
+			return nil, fmt.Errorf("approvals: %s: %w", f.rec.Key, err)
+		}
+		ms[i] = processors.Move{
+			Key: f.rec.Key, From: processors.StatusPending, FromSeq: f.rec.Seq,
+			To: to[i], Seq: evs[i].Seq, Outbox: outbox,
+		}
+	}
+	applied, err := s.cfg.Store.Move(ctx, ms)
+	if err != nil {
+		return nil, fmt.Errorf("approvals: move %d records: %w", len(ms), err)
+	}
+	var (
+		moved  []processors.Record
+		recs   []*kgo.Record
+		logged []processors.Logged
+	)
+	for i, f := range fs {
+		if !applied[i] {
+			continue
+		}
+		rec := f.rec
+		rec.Status, rec.Seq, rec.Outbox = ms[i].To, ms[i].Seq, ms[i].Outbox
+		moved = append(moved, rec)
+		for _, e := range append(slices.Clone(f.evs), evs[i]) {
+			if e.Seq <= f.rec.LoggedSeq {
+				continue
+			}
+			r, err := e.Record(s.cfg.Topics.Events)
+			if err != nil {
+				return nil, err
+			}
+			recs = append(recs, r)
+		}
+		logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq})
+	}
+	if len(recs) == 0 {
+		return moved, nil
+	}
+	if err := s.cfg.Publisher.Publish(ctx, recs...); err != nil {
+		s.cfg.Logger.Warn("publish decisions failed; the unlogged sweep will append them", "records", len(logged), "err", err)
+		return moved, nil
+	}
+	if err := s.cfg.Store.MarkLogged(ctx, logged); err != nil {
+		// The events are in the log; the sweep appends them again and
+		// readers drop the duplicates.
+		s.cfg.Logger.Warn("mark decisions logged", "records", len(logged), "err", err)
+	}
+	return moved, nil
+}
+
+// read derives the approval from a record and the events in its outbox. A
+// record that never waited for approval wraps ErrNotFound.
+func (s *Service) read(rec processors.Record) (*found, error) {
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil {
+		return nil, fmt.Errorf("approvals: %s: outbox: %w", rec.Key, err)
+	}
+	f := &found{rec: rec, evs: evs}
+	var decision *ledger.Event
+	for i := range evs {
+		e := &evs[i]
+		switch {
+		case e.Type == statemachine.EventRequested:
+			f.requested = e
+		case e.Type == statemachine.EventApprovalPending:
+			f.pending = e
+		case e.Type == statemachine.EventApproved, e.Type == statemachine.EventRejected,
+			e.Type == statemachine.EventExpired && e.Reason == ReasonApprovalExpired:
+			decision = e
+		}
+	}
+	var state State
+	switch rec.Status {
+	case processors.StatusPending:
+		state = StatePending
+	case processors.StatusRejected:
+		state = StateRejected
+	case processors.StatusExpired:
+		switch {
+		case decision != nil && decision.Type == statemachine.EventExpired:
+			state = StateExpired
+		case waitedForApproval(f, decision):
+			// Approved, then the call's deadline passed before it
+			// could run.
+			state = StateApproved
+		}
+	default:
+		if waitedForApproval(f, decision) {
+			state = StateApproved
+		}
+	}
+	if state == "" {
+		return nil, ErrNotFound
+	}
+
+	// Identity fields: from the earliest event the outbox still holds.
+	var src *ledger.Event
+	for _, e := range []*ledger.Event{f.requested, f.pending, decision} {
+		if e != nil {
+			src = e
+			break
+		}
+	}
+	if src == nil && len(evs) > 0 {
+		src = &evs[len(evs)-1]
+	}
+	a := Approval{
+		ID:             ID(rec.Key),
+		TenantID:       rec.Key.TenantID,
+		IdempotencyKey: rec.Key.IdempotencyKey,
+		CallID:         rec.CallID,
+		Tool:           rec.Tool,
+		ToolVersion:    rec.ToolVersion,
+		ArgumentsHash:  rec.ArgumentsHash,
+		RequestedAt:    rec.CreatedAt,
+		State:          state,
+	}
+	if src != nil {
+		a.Requester = Requester{User: src.UserID, Agent: src.AgentID}
+		a.PolicyVersion, a.PolicyIDs = src.PolicyVersion, src.PolicyID
+	}
+	if p := f.pending; p != nil {
+		a.PolicyVersion, a.PolicyIDs = p.PolicyVersion, p.PolicyID
+		if p.ExpiresAt != nil {
+			a.ExpiresAt = *p.ExpiresAt
+		}
+	}
+	if f.requested != nil {
+		a.RequestedAt = f.requested.At
+	}
+	if d := decision; d != nil {
+		if a.ExpiresAt.IsZero() && d.ExpiresAt != nil {
+			a.ExpiresAt = *d.ExpiresAt
+		}
+		at := d.At
+		a.DecidedAt = &at
+		a.DecidedBy = d.Approver
+		switch d.Type {
+		case statemachine.EventRejected:
+			a.Reason = d.Detail
+			if a.Reason == "" {
+				a.Reason = d.Reason
+			}
+		case statemachine.EventExpired:
+			a.Reason = d.Reason
+		}
+	}
+	a.Preview = s.preview(rec, f.requested)
+	f.approval = a
+	return f, nil
+}
+
+// waitedForApproval reports whether a record past pending went through an
+// approval: its outbox still shows the approval, or (once the executor
+// replaced the outbox) its events carry the approval obligation past the
+// intake's decision at seq 2.
+func waitedForApproval(f *found, decision *ledger.Event) bool {
+	if f.pending != nil || decision != nil {
+		return true
+	}
+	if f.rec.Seq <= 2 {
+		return false
+	}
+	for _, e := range f.evs {
+		if slices.Contains(e.Obligations, obligationRequireApproval) {
+			return true
+		}
+	}
+	return false
+}
+
+// preview builds what an approver reads: the tool as the registry
+// describes it and, while the record holds the requested event, its
+// redacted arguments.
+func (s *Service) preview(rec processors.Record, requested *ledger.Event) Preview {
+	p := Preview{Tool: rec.Tool}
+	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	if err == nil {
+		p.Description = tool.Description
+		p.Effect = string(tool.Effect)
+		p.Risk = string(tool.Risk)
+		p.Compensation = "none declared"
+		if tool.Compensation != nil {
+			p.Compensation = tool.Compensation.String()
+		}
+	}
+	if requested == nil || len(requested.Arguments) == 0 {
+		return p
+	}
+	p.Arguments = requested.Arguments
+	dec := json.NewDecoder(bytes.NewReader(requested.Arguments))
+	dec.UseNumber()
+	var args any
+	if err := dec.Decode(&args); err != nil {
+		return p
+	}
+	if tool != nil && tool.Resource != "" {
+		if v, ok := lookupPointer(args, tool.Resource); ok {
+			p.Resource = scalar(v)
+		}
+	}
+	if m, ok := args.(map[string]any); ok {
+		p.Amount = amount(m)
+	}
+	return p
+}
+
+// amount renders amount_cents and currency as "45.00 AUD". It assumes
+// hundredths, as the argument's name says, whatever the currency.
+func amount(args map[string]any) string {
+	n, ok := args["amount_cents"].(json.Number)
+	cur, ok2 := args["currency"].(string)
+	if !ok || !ok2 || cur == "" {
+		return ""
+	}
+	cents, err := n.Int64()
+	if err != nil {
+		return ""
+	}
+	sign := ""
+	if cents < 0 {
+		sign, cents = "-", -cents
+	}
+	return fmt.Sprintf("%s%d.%02d %s", sign, cents/100, cents%100, cur)
+}
+
+// scalar renders a JSON value for the preview: strings and numbers as
+// they are, anything else as JSON.
+func scalar(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case json.Number:
+		return v.String()
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// lookupPointer resolves an RFC 6901 JSON pointer in a decoded tree.
+func lookupPointer(tree any, ptr string) (any, bool) {
+	if ptr == "" {
+		return tree, true
+	}
+	if !strings.HasPrefix(ptr, "/") {
+		return nil, false
+	}
+	cur := tree
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[tok]; !ok {
+			return nil, false
+		}
+	}
+	return cur, true
+}

@@ -1,0 +1,761 @@
+package approvals_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/approvals"
+	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
+	"github.com/toolcall-ledger/ledger/schemas"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// testPolicies route refunds to approval and let tickets through.
+const testPolicies = `
+@id("refunds") @obligation("require_approval")
+permit (principal, action == Action::"tool::refund_order", resource);
+@id("tickets")
+permit (principal, action == Action::"tool::create_ticket", resource);
+`
+
+// clock is a settable clock, safe for concurrent use.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// recorder is a Publisher that keeps what it was given, or fails.
+type recorder struct {
+	mu   sync.Mutex
+	recs []*kgo.Record
+	fail atomic.Bool
+}
+
+func (r *recorder) Publish(_ context.Context, recs ...*kgo.Record) error {
+	if r.fail.Load() {
+		return errors.New("broker unavailable")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, recs...)
+	return nil
+}
+
+func (r *recorder) events(t *testing.T) []ledger.Event {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var evs []ledger.Event
+	for _, rec := range r.recs {
+		e, err := ledger.DecodeEvent(rec.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(rec.Key) != e.Key().String() || rec.Topic != "toolcalls.events" {
+			t.Errorf("event %s/%d published under key %q on %q; want its call key on toolcalls.events", e.Key(), e.Seq, rec.Key, rec.Topic)
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+func (r *recorder) ofType(t *testing.T, typ statemachine.EventType) []ledger.Event {
+	t.Helper()
+	var out []ledger.Event
+	for _, e := range r.events(t) {
+		if e.Type == typ {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// fixture is a real intake and a real embedded store, with the approval
+// queue on top.
+type fixture struct {
+	t     *testing.T
+	store *boltstore.Store
+	reg   *schemas.Registry
+	ident *processorstest.Identity
+	in    *intake.Processor
+	pub   *recorder
+	clock *clock
+	svc   *approvals.Service
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "x.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "policy.cedar"), []byte(testPolicies), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ident := processorstest.NewIdentity(t)
+	in, err := intake.New(intake.Config{Registry: reg, Store: st, Identity: ident.Verifier, Policy: processorstest.Policy(t, dir)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, store: st, reg: reg, ident: ident, in: in, pub: &recorder{}, clock: &clock{now: time.Now().UTC()}}
+	f.svc = f.service()
+	return f
+}
+
+// service returns another approval queue instance on the fixture's store,
+// publisher and clock.
+func (f *fixture) service() *approvals.Service {
+	f.t.Helper()
+	svc, err := approvals.New(approvals.Config{
+		Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now,
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return svc
+}
+
+// envelope is a signed request of user in tenant.
+func (f *fixture) envelope(tenant, user, key, tool string, args map[string]any) *kgo.Record {
+	t := f.t
+	t.Helper()
+	raw, _ := json.Marshal(args)
+	tree, err := ledger.Decode(raw, ledger.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, err := ledger.ArgumentsHash(tenant, tool, 1, tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := json.Marshal(map[string]any{
+		"tool": tool, "tool_version": 1, "call_id": "c_" + key, "arguments": args,
+		"scope": map[string]any{"tenant_id": tenant}, "idempotency_key": key, "arguments_hash": hash,
+		"assertion": f.ident.Assertion(t, tenant, user), "trace_id": "trace-" + key,
+	})
+	return &kgo.Record{Topic: "toolcalls.requests", Value: v}
+}
+
+// submitTo runs envelopes through the intake; with commit the log is
+// taken to have the intake's events.
+func (f *fixture) submitTo(commit bool, recs ...*kgo.Record) []ledger.Event {
+	t := f.t
+	t.Helper()
+	out, err := f.in.Step(t.Context(), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if commit && out.Committed != nil {
+		if err := out.Committed(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var evs []ledger.Event
+	for _, r := range out.Records {
+		e, err := ledger.DecodeEvent(r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+// refund submits a refund of user u_1 in t_a under key, which waits for
+// approval, and returns the intake's events.
+func (f *fixture) refund(key string) (ledger.CallKey, []ledger.Event) {
+	f.t.Helper()
+	evs := f.submitTo(true, f.envelope("t_a", "u_1", key, "refund_order",
+		map[string]any{"order_id": "ord_" + strings.ReplaceAll(key, "-", ""), "amount_cents": 4500, "currency": "AUD", "reason": "customer is upset"}))
+	k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: key}
+	if len(evs) != 2 || evs[1].Type != statemachine.EventApprovalPending {
+		f.t.Fatalf("intake appended %v; want requested + approval_pending", types(evs))
+	}
+	return k, evs
+}
+
+func (f *fixture) record(k ledger.CallKey) processors.Record {
+	f.t.Helper()
+	rec, err := f.store.Get(f.t.Context(), k)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return rec
+}
+
+func types(evs []ledger.Event) []string {
+	var s []string
+	for _, e := range evs {
+		s = append(s, fmt.Sprintf("%s@%d", e.Type, e.Seq))
+	}
+	return s
+}
+
+// fold folds events through the state machine.
+func fold(t *testing.T, evs []ledger.Event) statemachine.Call {
+	t.Helper()
+	ts := make([]statemachine.Event, len(evs))
+	for i := range evs {
+		ts[i] = evs[i].Transition()
+	}
+	c, err := statemachine.Fold(ts)
+	if err != nil {
+		t.Fatalf("the state machine refuses %v: %v", types(evs), err)
+	}
+	return c
+}
+
+var (
+	boss      = identity.Identity{User: "u_boss", Agent: "console", Tenant: "t_a", Roles: []string{"approver"}}
+	bossOfB   = identity.Identity{User: "u_boss", Agent: "console", Tenant: "t_b", Roles: []string{"approver"}}
+	requester = identity.Identity{User: "u_1", Agent: "console", Tenant: "t_a", Roles: []string{"approver"}}
+	plainUser = identity.Identity{User: "u_2", Agent: "console", Tenant: "t_a", Roles: []string{"operator"}}
+)
+
+// The happy path: the pending approval shows a readable preview; approving
+// it with the hash the approver saw moves the record to authorized, emits
+// an approved event bound to the hash and expiry, publishes it and marks
+// it logged; the state machine accepts the whole sequence.
+func TestApprove(t *testing.T) {
+	f := newFixture(t)
+	k, intakeEvs := f.refund("r-1")
+	pendingEv := intakeEvs[1]
+
+	list, err := f.svc.List(t.Context(), boss, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 {
+		t.Fatalf("List returned %d approvals; want 1", len(list))
+	}
+	a := list[0]
+	want := approvals.Approval{
+		ID: approvals.ID(k), TenantID: "t_a", IdempotencyKey: "r-1", CallID: "c_r-1",
+		Tool: "refund_order", ToolVersion: 1,
+		Requester:     approvals.Requester{User: "u_1", Agent: "agent_test"},
+		ArgumentsHash: intakeEvs[0].ArgumentsHash,
+		PolicyVersion: pendingEv.PolicyVersion, PolicyIDs: []string{"refunds"},
+		RequestedAt: intakeEvs[0].At, ExpiresAt: *pendingEv.ExpiresAt,
+		State: approvals.StatePending,
+		Preview: approvals.Preview{
+			Tool: "refund_order", Description: "Refund part or all of an order to the customer's original payment method.",
+			Effect: "external_side_effect", Risk: "high", Resource: "ord_r1", Amount: "45.00 AUD",
+			Arguments:    intakeEvs[0].Arguments,
+			Compensation: "none declared",
+		},
+	}
+	if diff := cmp.Diff(want, a); diff != "" {
+		t.Errorf("pending approval (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(string(a.Preview.Arguments), ledger.Redacted) || strings.Contains(string(a.Preview.Arguments), "customer is upset") {
+		t.Errorf("preview arguments %s; want the registry's redaction of /reason applied", a.Preview.Arguments)
+	}
+	got, err := f.svc.Get(t.Context(), boss, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(a, got); diff != "" {
+		t.Errorf("Get differs from List (-list +get):\n%s", diff)
+	}
+
+	approved, err := f.svc.Approve(t.Context(), boss, a.ID, a.ArgumentsHash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if approved.State != approvals.StateApproved || approved.DecidedBy != "u_boss" || approved.DecidedAt == nil || !approved.DecidedAt.Equal(f.clock.Now()) {
+		t.Errorf("approved: state %s by %q at %v; want approved by u_boss at %v", approved.State, approved.DecidedBy, approved.DecidedAt, f.clock.Now())
+	}
+	if diff := cmp.Diff(a.Preview, approved.Preview); diff != "" {
+		t.Errorf("preview after approval (-before +after):\n%s", diff)
+	}
+
+	rec := f.record(k)
+	if rec.Status != processors.StatusAuthorized || rec.Seq != 3 || rec.LoggedSeq != 3 {
+		t.Errorf("record %s at seq %d, logged %d; want authorized at 3, logged 3", rec.Status, rec.Seq, rec.LoggedSeq)
+	}
+	pub := f.pub.events(t)
+	if len(pub) != 1 {
+		t.Fatalf("published %v; want the approved event alone", types(pub))
+	}
+	ev := pub[0]
+	exp := *pendingEv.ExpiresAt
+	wantEv := ledger.Event{
+		V: ledger.EncodingVersion, EventID: ev.EventID, Type: statemachine.EventApproved, Seq: 3,
+		At: f.clock.Now(), Actor: "approvals",
+		TenantID: "t_a", IdempotencyKey: "r-1", CallID: "c_r-1", UserID: "u_1", AgentID: "agent_test",
+		Tool: "refund_order", ToolVersion: 1, ArgumentsHash: a.ArgumentsHash, TraceID: "trace-r-1",
+		PolicyID: pendingEv.PolicyID, PolicyVersion: pendingEv.PolicyVersion, Obligations: pendingEv.Obligations,
+		Decision: "approve", ApprovalID: a.ID, Approver: "u_boss", ExpiresAt: &exp,
+	}
+	if diff := cmp.Diff(wantEv, ev); diff != "" {
+		t.Errorf("approved event (-want +got):\n%s", diff)
+	}
+	if ev.EventID == "" {
+		t.Error("approved event without event id")
+	}
+
+	c := fold(t, append(intakeEvs, ev))
+	if c.State != statemachine.StateAuthorized || c.ApprovalID != a.ID || !c.ApprovalExpiresAt.Equal(exp) {
+		t.Errorf("folded call %s, approval %q until %v; want authorized, %q until %v", c.State, c.ApprovalID, c.ApprovalExpiresAt, a.ID, exp)
+	}
+	if list, _ := f.svc.List(t.Context(), boss, "pending"); len(list) != 0 {
+		t.Errorf("a decided approval is still listed as pending: %v", list)
+	}
+}
+
+// Reject records the approver's words; the call is rejected for good.
+func TestReject(t *testing.T) {
+	f := newFixture(t)
+	k, intakeEvs := f.refund("r-1")
+	id := approvals.ID(k)
+
+	a, err := f.svc.Reject(t.Context(), boss, id, "  amount looks wrong  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.State != approvals.StateRejected || a.DecidedBy != "u_boss" || a.Reason != "amount looks wrong" {
+		t.Errorf("rejected: %s by %q (%q); want rejected by u_boss (amount looks wrong)", a.State, a.DecidedBy, a.Reason)
+	}
+	if rec := f.record(k); rec.Status != processors.StatusRejected || rec.LoggedSeq != 3 {
+		t.Errorf("record %s, logged %d; want rejected, logged 3", rec.Status, rec.LoggedSeq)
+	}
+	pub := f.pub.ofType(t, statemachine.EventRejected)
+	if len(pub) != 1 {
+		t.Fatalf("published %d rejected events; want 1", len(pub))
+	}
+	ev := pub[0]
+	if ev.Seq != 3 || ev.Reason != approvals.ReasonRejected || ev.Detail != "amount looks wrong" || ev.Approver != "u_boss" || ev.ApprovalID != id || ev.UserID != "u_1" {
+		t.Errorf("rejected event: seq %d, reason %q, detail %q, approver %q, approval %q, user %q", ev.Seq, ev.Reason, ev.Detail, ev.Approver, ev.ApprovalID, ev.UserID)
+	}
+	if c := fold(t, append(intakeEvs, ev)); c.State != statemachine.StateRejected {
+		t.Errorf("folded call %s; want rejected", c.State)
+	}
+	if _, err := f.svc.Approve(t.Context(), boss, id, a.ArgumentsHash); !errors.Is(err, approvals.ErrNotPending) {
+		t.Errorf("approve after reject: %v; want ErrNotPending", err)
+	}
+	list, err := f.svc.List(t.Context(), boss, "rejected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].ID != id || list[0].Reason != "amount looks wrong" {
+		t.Errorf("rejected list %+v; want the one rejection with its reason", list)
+	}
+}
+
+// Every refusal leaves the approval pending and publishes nothing.
+func TestDecisionRefused(t *testing.T) {
+	cases := []struct {
+		name string
+		act  func(f *fixture, k ledger.CallKey) error
+		want error
+	}{
+		{"not an approver", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Approve(t.Context(), plainUser, approvals.ID(k), f.record(k).ArgumentsHash)
+			return err
+		}, approvals.ErrNotApprover},
+		{"not an approver lists", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.List(t.Context(), plainUser, "")
+			return err
+		}, approvals.ErrNotApprover},
+		{"other tenant's approver", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Approve(t.Context(), bossOfB, approvals.ID(k), f.record(k).ArgumentsHash)
+			return err
+		}, approvals.ErrNotFound},
+		{"other tenant's approver reads", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Get(t.Context(), bossOfB, approvals.ID(k))
+			return err
+		}, approvals.ErrNotFound},
+		{"other tenant's approver rejects", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Reject(t.Context(), bossOfB, approvals.ID(k), "no")
+			return err
+		}, approvals.ErrNotFound},
+		{"self approval", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Approve(t.Context(), requester, approvals.ID(k), f.record(k).ArgumentsHash)
+			return err
+		}, approvals.ErrSelfApproval},
+		{"self rejection", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Reject(t.Context(), requester, approvals.ID(k), "changed my mind")
+			return err
+		}, approvals.ErrSelfApproval},
+		{"hash mismatch", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Approve(t.Context(), boss, approvals.ID(k), "sha256:"+strings.Repeat("0", 64))
+			return err
+		}, approvals.ErrHashMismatch},
+		{"empty hash", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Approve(t.Context(), boss, approvals.ID(k), "")
+			return err
+		}, approvals.ErrHashMismatch},
+		{"expired", func(f *fixture, k ledger.CallKey) error {
+			f.clock.Advance(16 * time.Minute)
+			_, err := f.svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash)
+			return err
+		}, approvals.ErrExpired},
+		{"expired reject", func(f *fixture, k ledger.CallKey) error {
+			f.clock.Advance(16 * time.Minute)
+			_, err := f.svc.Reject(t.Context(), boss, approvals.ID(k), "too late")
+			return err
+		}, approvals.ErrExpired},
+		{"reject without reason", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Reject(t.Context(), boss, approvals.ID(k), "   ")
+			return err
+		}, approvals.ErrInvalidRequest},
+		{"reject with a novel", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Reject(t.Context(), boss, approvals.ID(k), strings.Repeat("x", approvals.MaxReasonBytes+1))
+			return err
+		}, approvals.ErrInvalidRequest},
+		{"malformed id", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Approve(t.Context(), boss, "apr_!!!", f.record(k).ArgumentsHash)
+			return err
+		}, approvals.ErrNotFound},
+		{"unknown id", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.Approve(t.Context(), boss, approvals.ID(ledger.CallKey{TenantID: "t_a", IdempotencyKey: "nope"}), f.record(k).ArgumentsHash)
+			return err
+		}, approvals.ErrNotFound},
+		{"a call that needed no approval", func(f *fixture, k ledger.CallKey) error {
+			f.submitTo(true, f.envelope("t_a", "u_1", "ticket", "create_ticket", map[string]any{"title": "x"}))
+			tk := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "ticket"}
+			if st := f.record(tk).Status; st != processors.StatusAuthorized {
+				t.Fatalf("ticket is %s; want authorized", st)
+			}
+			_, err := f.svc.Approve(t.Context(), boss, approvals.ID(tk), f.record(tk).ArgumentsHash)
+			return err
+		}, approvals.ErrNotFound},
+		{"list approved", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.List(t.Context(), boss, "approved")
+			return err
+		}, approvals.ErrUnsupported},
+		{"list nonsense", func(f *fixture, k ledger.CallKey) error {
+			_, err := f.svc.List(t.Context(), boss, "maybe")
+			return err
+		}, approvals.ErrInvalidRequest},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			k, _ := f.refund("r-1")
+			before := f.record(k)
+			if err := tc.act(f, k); !errors.Is(err, tc.want) {
+				t.Errorf("got %v; want %v", err, tc.want)
+			}
+			if after := f.record(k); after.Status != processors.StatusPending || after.Seq != before.Seq {
+				t.Errorf("record %s at seq %d after a refusal; want pending at %d", after.Status, after.Seq, before.Seq)
+			}
+			for _, e := range f.pub.events(t) {
+				if e.Key() == k {
+					t.Errorf("a refusal published %s@%d", e.Type, e.Seq)
+				}
+			}
+		})
+	}
+}
+
+// An approval is single use: the second approve is refused.
+func TestDoubleApprove(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	hash := f.record(k).ArgumentsHash
+	if _, err := f.svc.Approve(t.Context(), boss, approvals.ID(k), hash); err != nil {
+		t.Fatal(err)
+	}
+	other := boss
+	other.User = "u_other_boss"
+	for _, who := range []identity.Identity{boss, other} {
+		if _, err := f.svc.Approve(t.Context(), who, approvals.ID(k), hash); !errors.Is(err, approvals.ErrNotPending) {
+			t.Errorf("second approve by %s: %v; want ErrNotPending", who.User, err)
+		}
+		if _, err := f.svc.Reject(t.Context(), who, approvals.ID(k), "no"); !errors.Is(err, approvals.ErrNotPending) {
+			t.Errorf("reject after approve by %s: %v; want ErrNotPending", who.User, err)
+		}
+	}
+	if n := len(f.pub.events(t)); n != 1 {
+		t.Errorf("published %d events; want 1", n)
+	}
+	if a, err := f.svc.Get(t.Context(), boss, approvals.ID(k)); err != nil || a.State != approvals.StateApproved {
+		t.Errorf("Get after approval: %v, %v; want state approved", a.State, err)
+	}
+}
+
+// 100 approvers (and instances) race for one approval: exactly one wins,
+// and one approved event is published.
+func TestConcurrentApprovesApplyOnce(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	hash := f.record(k).ArgumentsHash
+	svcs := []*approvals.Service{f.svc, f.service(), f.service()}
+	var (
+		wg       sync.WaitGroup
+		won      atomic.Int32
+		mu       sync.Mutex
+		unwanted []error
+	)
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			who := boss
+			who.User = fmt.Sprintf("u_boss_%d", i)
+			_, err := svcs[i%len(svcs)].Approve(context.Background(), who, approvals.ID(k), hash)
+			switch {
+			case err == nil:
+				won.Add(1)
+			case !errors.Is(err, approvals.ErrNotPending):
+				mu.Lock()
+				unwanted = append(unwanted, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if n := won.Load(); n != 1 {
+		t.Errorf("%d approves applied; want 1", n)
+	}
+	for _, err := range unwanted {
+		t.Errorf("approve failed with %v; want success or ErrNotPending", err)
+	}
+	if pub := f.pub.ofType(t, statemachine.EventApproved); len(pub) != 1 {
+		t.Errorf("published %d approved events; want 1", len(pub))
+	}
+	if rec := f.record(k); rec.Status != processors.StatusAuthorized || rec.Seq != 3 {
+		t.Errorf("record %s at %d; want authorized at 3", rec.Status, rec.Seq)
+	}
+}
+
+// Two timer instances racing expire each lapsed approval exactly once, and
+// not before its time.
+func TestExpireDueOnceWithTwoTimers(t *testing.T) {
+	f := newFixture(t)
+	const n = 20
+	intakeEvs := make(map[ledger.CallKey][]ledger.Event)
+	for i := range n {
+		k, evs := f.refund(fmt.Sprintf("r-%02d", i))
+		intakeEvs[k] = evs
+	}
+	// A call that needed no approval is never touched by the timer.
+	f.submitTo(true, f.envelope("t_a", "u_1", "ticket", "create_ticket", map[string]any{"title": "x"}))
+
+	second := f.service()
+	if got, err := f.svc.ExpireDue(t.Context()); err != nil || got != 0 {
+		t.Fatalf("ExpireDue before expiry: %d, %v; want 0", got, err)
+	}
+	// The intake's clock ran on from the service's start: a minute's
+	// margin past the 15 minutes of the default TTL.
+	f.clock.Advance(16 * time.Minute)
+
+	var (
+		wg    sync.WaitGroup
+		total atomic.Int64
+	)
+	for i := range 6 {
+		svc := f.svc
+		if i%2 == 1 {
+			svc = second
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := svc.ExpireDue(context.Background())
+			if err != nil {
+				t.Errorf("ExpireDue: %v", err)
+			}
+			total.Add(int64(got))
+		}()
+	}
+	wg.Wait()
+	if got := total.Load(); got != n {
+		t.Errorf("timers expired %d approvals; want %d", got, n)
+	}
+	perKey := make(map[ledger.CallKey][]ledger.Event)
+	for _, e := range f.pub.events(t) {
+		if e.Type != statemachine.EventExpired {
+			t.Errorf("timer published %s@%d for %s", e.Type, e.Seq, e.Key())
+		}
+		perKey[e.Key()] = append(perKey[e.Key()], e)
+	}
+	for k, evs := range intakeEvs {
+		got := perKey[k]
+		if len(got) != 1 {
+			t.Errorf("%s: %d expired events; want 1", k, len(got))
+			continue
+		}
+		ev := got[0]
+		if ev.Reason != approvals.ReasonApprovalExpired || ev.Seq != 3 || ev.ApprovalID != approvals.ID(k) || ev.Actor != "approvals" {
+			t.Errorf("%s: expired event reason %q seq %d approval %q actor %q", k, ev.Reason, ev.Seq, ev.ApprovalID, ev.Actor)
+		}
+		if c := fold(t, append(evs, ev)); c.State != statemachine.StateExpired {
+			t.Errorf("%s: folded %s; want expired", k, c.State)
+		}
+		if rec := f.record(k); rec.Status != processors.StatusExpired || rec.LoggedSeq != 3 {
+			t.Errorf("%s: record %s logged %d; want expired logged 3", k, rec.Status, rec.LoggedSeq)
+		}
+	}
+	if rec := f.record(ledger.CallKey{TenantID: "t_a", IdempotencyKey: "ticket"}); rec.Status != processors.StatusAuthorized {
+		t.Errorf("the ticket is %s; want authorized, untouched", rec.Status)
+	}
+	if got, err := second.ExpireDue(t.Context()); err != nil || got != 0 {
+		t.Errorf("ExpireDue again: %d, %v; want 0", got, err)
+	}
+	list, err := f.svc.List(t.Context(), boss, "expired")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != n {
+		t.Errorf("%d expired approvals listed; want %d", len(list), n)
+	}
+	for _, a := range list {
+		if a.State != approvals.StateExpired || a.Reason != approvals.ReasonApprovalExpired || a.Preview.Amount != "45.00 AUD" {
+			t.Errorf("expired approval %s: state %s, reason %q, amount %q", a.ID, a.State, a.Reason, a.Preview.Amount)
+		}
+	}
+	var k0 ledger.CallKey
+	for k := range intakeEvs {
+		k0 = k
+		break
+	}
+	if _, err := f.svc.Approve(t.Context(), boss, approvals.ID(k0), f.record(k0).ArgumentsHash); !errors.Is(err, approvals.ErrNotPending) {
+		t.Errorf("approve after expiry: %v; want ErrNotPending", err)
+	}
+}
+
+// RunTimer expires a lapsed approval on its own and stops with its ctx.
+func TestRunTimer(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	f.clock.Advance(time.Hour)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- f.svc.RunTimer(ctx, 10*time.Millisecond) }()
+	poll := time.NewTicker(5 * time.Millisecond)
+	defer poll.Stop()
+	deadline := time.After(10 * time.Second)
+	for f.record(k).Status != processors.StatusExpired {
+		select {
+		case <-deadline:
+			t.Fatal("the timer did not expire the approval within 10s")
+		case <-poll.C:
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("RunTimer returned %v; want nil once its ctx ended", err)
+	}
+	if n := len(f.pub.ofType(t, statemachine.EventExpired)); n != 1 {
+		t.Errorf("published %d expired events; want 1", n)
+	}
+}
+
+// A publish that fails after the move does not undo the decision: the API
+// answers success and the event waits in the outbox, unlogged, for the
+// executor's sweep.
+func TestApproveWhenPublishFails(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	f.pub.fail.Store(true)
+	a, err := f.svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash)
+	if err != nil {
+		t.Fatalf("approve with the broker down: %v; want success (the decision is recorded)", err)
+	}
+	if a.State != approvals.StateApproved {
+		t.Errorf("state %s; want approved", a.State)
+	}
+	rec := f.record(k)
+	if rec.Status != processors.StatusAuthorized || rec.Seq != 3 || rec.LoggedSeq != 2 || !rec.Unlogged() {
+		t.Errorf("record %s seq %d logged %d; want authorized at 3, logged 2", rec.Status, rec.Seq, rec.LoggedSeq)
+	}
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := evs[len(evs)-1]; last.Type != statemachine.EventApproved || last.Seq != 3 {
+		t.Errorf("outbox ends with %s@%d; want approved@3", last.Type, last.Seq)
+	}
+	unlogged, err := f.store.Unlogged(t.Context(), 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(unlogged, func(r processors.Record) bool { return r.Key == k }) {
+		t.Errorf("the store's unlogged sweep does not find the approved call; its event would never reach the log")
+	}
+}
+
+// A decision on a call whose intake events the log may still lack (the
+// intake's transaction had not committed) carries them along: the move
+// never drops an unlogged event, and they go out in seq order.
+func TestDecisionCarriesUnloggedIntakeEvents(t *testing.T) {
+	f := newFixture(t)
+	f.submitTo(false, f.envelope("t_a", "u_1", "r-1", "refund_order", map[string]any{"order_id": "ord_1", "amount_cents": 100, "currency": "EUR"}))
+	k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "r-1"}
+	if _, err := f.svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash); err != nil {
+		t.Fatal(err)
+	}
+	pub := f.pub.events(t)
+	if diff := cmp.Diff([]string{"requested@1", "approval_pending@2", "approved@3"}, types(pub)); diff != "" {
+		t.Errorf("published (-want +got):\n%s", diff)
+	}
+	fold(t, pub)
+	if rec := f.record(k); rec.LoggedSeq != 3 {
+		t.Errorf("logged seq %d; want 3", rec.LoggedSeq)
+	}
+}
+
+func TestIDRoundTrip(t *testing.T) {
+	cases := []struct {
+		name string
+		key  ledger.CallKey
+	}{
+		{"plain", ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k1"}},
+		{"slashes and unicode in the key", ledger.CallKey{TenantID: "t_a", IdempotencyKey: "a/b/ç?&=#"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			id := approvals.ID(tc.key)
+			if !strings.HasPrefix(id, "apr_") || strings.ContainsAny(id, "/?#&=+") {
+				t.Errorf("id %q; want apr_ and URL-safe characters only", id)
+			}
+			got, err := approvals.ParseID(id)
+			if err != nil || got != tc.key {
+				t.Errorf("ParseID(%q) = %v, %v; want %v", id, got, err, tc.key)
+			}
+		})
+	}
+	for _, bad := range []string{"", "apr_", "k1", "apr_!!", "apr_" + "dF9h"} {
+		if _, err := approvals.ParseID(bad); err == nil {
+			t.Errorf("ParseID(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,204 @@
+package approvals
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/toolcall-ledger/ledger/ledger/token"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+)
+
+// maxBodyBytes bounds a decision's request body.
+const maxBodyBytes = 16 << 10
+
+// Error codes of the HTTP API, in {"error": {"code", "message"}}.
+const (
+	CodeUnauthenticated = "unauthenticated"
+	CodeNotApprover     = "not_approver"
+	CodeNotFound        = "not_found"
+	CodeSelfApproval    = "self_approval"
+	CodeNotPending      = "not_pending"
+	CodeExpired         = "expired"
+	CodeHashMismatch    = "hash_mismatch"
+	CodeInvalidRequest  = "invalid_request"
+	CodeInternal        = "internal"
+)
+
+// ApproveRequest is the body of POST /v1/approvals/{id}/approve.
+type ApproveRequest struct {
+	// ArgumentsHash is the hash of the arguments the approver saw
+	// (Approval.ArgumentsHash).
+	ArgumentsHash string `json:"arguments_hash"`
+}
+
+// RejectRequest is the body of POST /v1/approvals/{id}/reject.
+type RejectRequest struct {
+	Reason string `json:"reason"`
+}
+
+// ListResponse is the answer of GET /v1/approvals.
+type ListResponse struct {
+	Approvals []Approval `json:"approvals"`
+}
+
+// Handler serves the approval API:
+//
+//	GET  /v1/approvals?state=pending   the tenant's approvals in a state
+//	GET  /v1/approvals/{id}            one approval
+//	POST /v1/approvals/{id}/approve    {"arguments_hash": "sha256:..."}
+//	POST /v1/approvals/{id}/reject     {"reason": "..."}
+//
+// Every request carries the approver's assertion as Authorization: Bearer;
+// the tenant and the approver come from it alone. Errors answer
+// {"error": {"code", "message"}}; no answer or log line ever holds the
+// assertion.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/approvals", s.authed(s.serveList))
+	mux.HandleFunc("GET /v1/approvals/{id}", s.authed(s.serveGet))
+	mux.HandleFunc("POST /v1/approvals/{id}/approve", s.authed(s.serveApprove))
+	mux.HandleFunc("POST /v1/approvals/{id}/reject", s.authed(s.serveReject))
+	return mux
+}
+
+type apiError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	writeJSON(w, status, map[string]apiError{"error": {Code: code, Message: message}})
+}
+
+// authed verifies the bearer assertion and hands the identity on.
+func (s *Service) authed(next func(http.ResponseWriter, *http.Request, identity.Identity)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		scheme, assertion, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(assertion) == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-approvals"`)
+			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "an approver assertion is required as Authorization: Bearer")
+			return
+		}
+		id, err := s.cfg.Identity.Verify(r.Context(), strings.TrimSpace(assertion))
+		if err != nil {
+			// The reason is a fixed code ("expired", "bad_signature"),
+			// never the assertion or its claims.
+			reason := token.ReasonOf(err)
+			if reason == "" {
+				reason = "invalid"
+			}
+			s.cfg.Logger.Info("approver assertion refused", "reason", reason)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-approvals", error="invalid_token"`)
+			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the approver assertion was refused: "+reason)
+			return
+		}
+		next(w, r, id)
+	}
+}
+
+// fail answers err with its status and code.
+func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, code := http.StatusInternalServerError, CodeInternal
+	msg := "the approval could not be processed"
+	switch {
+	case errors.Is(err, ErrNotApprover):
+		status, code, msg = http.StatusForbidden, CodeNotApprover, "the assertion does not carry the approver role"
+	case errors.Is(err, ErrNotFound):
+		status, code, msg = http.StatusNotFound, CodeNotFound, "no approval under this id in your tenant"
+	case errors.Is(err, ErrSelfApproval):
+		status, code, msg = http.StatusForbidden, CodeSelfApproval, "an approver may not decide their own call"
+	case errors.Is(err, ErrNotPending):
+		status, code, msg = http.StatusConflict, CodeNotPending, "the approval is no longer pending"
+	case errors.Is(err, ErrExpired):
+		status, code, msg = http.StatusConflict, CodeExpired, "the approval has expired"
+	case errors.Is(err, ErrHashMismatch):
+		status, code, msg = http.StatusConflict, CodeHashMismatch, "arguments_hash is not the hash of the call's arguments; read the approval again"
+	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnsupported):
+		status, code, msg = http.StatusBadRequest, CodeInvalidRequest, err.Error()
+	default:
+		s.cfg.Logger.Error("approval request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, code, msg)
+}
+
+func (s *Service) serveList(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	as, err := s.List(r.Context(), id, r.URL.Query().Get("state"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ListResponse{Approvals: as})
+}
+
+func (s *Service) serveGet(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	a, err := s.Get(r.Context(), id, r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+func (s *Service) serveApprove(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	var req ApproveRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.ArgumentsHash == "" {
+		s.fail(w, r, fmt.Errorf("%w: arguments_hash is required", ErrInvalidRequest))
+		return
+	}
+	a, err := s.Approve(r.Context(), id, r.PathValue("id"), req.ArgumentsHash)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+func (s *Service) serveReject(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	var req RejectRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.Reject(r.Context(), id, r.PathValue("id"), req.Reason)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+// decodeBody reads one JSON object with no unknown fields and nothing
+// after it.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return fmt.Errorf("%w: body larger than %d bytes", ErrInvalidRequest, maxBodyBytes)
+		}
+		return fmt.Errorf("%w: body: %v", ErrInvalidRequest, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: body: trailing data after the JSON object", ErrInvalidRequest)
+	}
+	return nil
+}

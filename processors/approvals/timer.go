@@ -1,0 +1,88 @@
+package approvals
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// DefaultTimerEvery is how often RunTimer looks for lapsed approvals when
+// not told.
+const DefaultTimerEvery = time.Second
+
+// ExpireDue expires the pending approvals whose expires_at has come: each
+// moves pending -> expired with an expired event (reason approval_expired).
+// It looks at up to Config.ExpireBatch pending records, oldest first, and
+// returns how many it expired. Several instances may run it at once: the
+// move's compare-and-set expires each approval exactly once, and only the
+// instance whose move applied publishes the event.
+func (s *Service) ExpireDue(ctx context.Context) (int, error) {
+	recs, err := s.cfg.Store.ByStatus(ctx, processors.StatusPending, s.cfg.ExpireBatch)
+	if err != nil {
+		return 0, fmt.Errorf("approvals: read pending: %w", err)
+	}
+	now := s.cfg.Now().UTC()
+	var (
+		fs  []*found
+		evs []ledger.Event
+		to  []processors.Status
+	)
+	for _, rec := range recs {
+		f, err := s.read(rec)
+		if err != nil {
+			s.cfg.Logger.Error("unreadable pending approval", "call_key", rec.Key.String(), "err", err)
+			continue
+		}
+		exp := f.approval.ExpiresAt
+		if exp.IsZero() {
+			// Nothing says when it lapses; a human must look.
+			s.cfg.Logger.Error("pending approval without expiry", "call_key", rec.Key.String())
+			continue
+		}
+		if now.Before(exp) {
+			continue
+		}
+		ev := s.event(f, now)
+		ev.Type = statemachine.EventExpired
+		ev.ApprovalID = f.approval.ID
+		ev.Reason = ReasonApprovalExpired
+		ev.ExpiresAt = &exp
+		fs, evs, to = append(fs, f), append(evs, ev), append(to, processors.StatusExpired)
+	}
+	if len(fs) == 0 {
+		return 0, nil
+	}
+	moved, err := s.move(ctx, fs, evs, to)
+	if err != nil {
+		return 0, err
+	}
+	for _, rec := range moved {
+		s.cfg.Logger.Info("approval expired", "approval_id", ID(rec.Key), "call_key", rec.Key.String())
+	}
+	return len(moved), nil
+}
+
+// RunTimer runs ExpireDue every interval (DefaultTimerEvery when not
+// positive) until ctx ends, then returns nil. An error of one round is
+// logged and the next round tries again.
+func (s *Service) RunTimer(ctx context.Context, every time.Duration) error {
+	if every <= 0 {
+		every = DefaultTimerEvery
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if _, err := s.ExpireDue(ctx); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("expire approvals", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
