@@ -254,3 +254,14 @@ func waitEffects(h *harness, n int) {
 		return nil
 	})
 }
+
+// endTotal sums the end offsets of topic.
+func endTotal(ctx context.Context, cl *kgo.Client, topic string) (int64, error) {
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n, nil
+}

@@ -51,7 +51,15 @@ type harness struct {
 	logger  *slog.Logger
 	ident   *processorstest.Identity
 	policy  *policy.Engine
+	// approvalTTL, when set, is the intake's approval TTL.
+	approvalTTL time.Duration
+	// pgDSN and pgSchema locate the SQL store, for tests that tamper
+	// with it.
+	pgDSN, pgSchema string
+	nparts          int32
 }
+
+func (h *harness) partitions() int32 { return h.nparts }
 
 type storeKind string
 
@@ -64,10 +72,12 @@ func newHarness(t testing.TB, kind storeKind, partitions int32, backendOpts ...f
 	t.Helper()
 	h := &harness{t: t, logger: testLogger(t), ident: processorstest.NewIdentity(t), policy: processorstest.Policy(t, "testdata/policies")}
 	h.kafka = ledgertest.New(t, ledgertest.Options{Partitions: partitions})
+	h.nparts = partitions
 	switch kind {
 	case storeSQL:
 		dsn := storetest.PGDSN(t)
-		st, err := pgstore.Open(t.Context(), pgstore.Config{DSN: dsn, Schema: storetest.FreshSchema(t, dsn)})
+		h.pgDSN, h.pgSchema = dsn, storetest.FreshSchema(t, dsn)
+		st, err := pgstore.Open(t.Context(), pgstore.Config{DSN: dsn, Schema: h.pgSchema})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +149,7 @@ func (h *harness) startIntake(instance string) (stop func()) {
 	limiter, _ := h.store.(processors.RateLimiter)
 	in, err := intake.New(intake.Config{
 		Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Actor: instance, Logger: h.logger,
-		Identity: h.ident.Verifier, Policy: h.policy, RateLimiter: limiter,
+		Identity: h.ident.Verifier, Policy: h.policy, RateLimiter: limiter, ApprovalTTL: h.approvalTTL,
 	})
 	if err != nil {
 		h.t.Fatal(err)
@@ -159,6 +169,7 @@ func (h *harness) executorConfig(instance string) executor.Config {
 		BaseURL:     h.tools,
 		Topics:      h.kafka.Topics,
 		Owner:       instance,
+		Policy:      h.policy,
 		MaxAttempts: 2,
 		LeaseMargin: 500 * time.Millisecond,
 		SweepEvery:  300 * time.Millisecond,

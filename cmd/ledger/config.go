@@ -134,3 +134,23 @@ func (p *kgoPublisher) Publish(ctx context.Context, key, value []byte) error {
 }
 
 func (p *kgoPublisher) Close() { p.cl.Close() }
+
+// eventPublisher appends the events of steps outside a transactional loop
+// (approval decisions, expiries) to the events topic. Their events are in
+// the execution store's outbox first, so a failed publish is appended
+// later by the executor's sweep.
+type eventPublisher struct{ cl *kgo.Client }
+
+func newEventPublisher(cc ledger.ClientConfig) (*eventPublisher, error) {
+	cl, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
+	if err != nil {
+		return nil, err
+	}
+	return &eventPublisher{cl: cl}, nil
+}
+
+func (p *eventPublisher) Publish(ctx context.Context, recs ...*kgo.Record) error {
+	return p.cl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+func (p *eventPublisher) Close() { p.cl.Close() }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/intake"
@@ -147,7 +148,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
-	exec, _, err := executorLoop(cc, topics, reg, st, broker, "http://"+backendLn.Addr().String(), instance, logger)
+	exec, _, err := executorLoop(cc, topics, reg, st, broker, engine, "http://"+backendLn.Addr().String(), instance, logger)
 	if err != nil {
 		return err
 	}
@@ -169,8 +170,23 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 
+	events, err := newEventPublisher(cc)
+	if err != nil {
+		return err
+	}
+	defer events.Close()
+	queue, err := approvals.New(approvals.Config{
+		Store: st, Registry: reg, Identity: ident, Publisher: events, Topics: topics,
+		Actor: "approvals/" + instance, Logger: logger.With("component", "approvals"),
+	})
+	if err != nil {
+		return err
+	}
+
 	mux := http.NewServeMux()
 	mux.Handle(credentials.JWKSPath, broker.Handler())
+	mux.Handle("/v1/approvals", queue.Handler())
+	mux.Handle("/v1/approvals/", queue.Handler())
 	mux.Handle("/", api)
 
 	grp, ctx := errgroup.WithContext(ctx)
@@ -188,6 +204,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		})
 	}
 	grp.Go(func() error { return watchPolicies(ctx) })
+	grp.Go(func() error { return queue.RunTimer(ctx, time.Second) })
 	grp.Go(func() error { return intakeRole.Run(ctx) })
 	grp.Go(func() error { return exec.Run(ctx) })
 	grp.Go(func() error {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 )
@@ -181,6 +182,50 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("the claimed tenant t_demo has a record of the forged call (status %d)", code)
 	}
 
+	// A refund above the demo threshold waits for a human; the approver
+	// sees a readable preview, approves, and it runs once.
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "refund_order", "--args", `{"order_id":"ord_1029","amount_cents":45000,"currency":"AUD"}`, "--key", "dev-refund", "--wait", "--timeout", "60s")
+	if !strings.Contains(out, "t_demo/dev-refund is approval_pending") {
+		t.Fatalf("refund above the threshold:\n%s", out)
+	}
+	id := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "dev-refund"}.ApprovalID()
+	list := cli(t, "approvals", "list", "--api", "http://"+api, "--data-dir", dir)
+	for _, want := range []string{id, "refund_order", "ord_1029", "450.00 AUD", "u_demo"} {
+		if !strings.Contains(list, want) {
+			t.Errorf("approvals list lacks %q:\n%s", want, list)
+		}
+	}
+	show := cli(t, "approvals", "show", id, "--api", "http://"+api, "--data-dir", dir)
+	if !strings.Contains(show, `"arguments_hash"`) || !strings.Contains(show, "ord_1029") {
+		t.Errorf("approvals show:\n%s", show)
+	}
+	cli(t, "approvals", "approve", id, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss")
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if code, v := getCall(t, api, "dev-refund"); code != 200 || v.State != "succeeded" {
+			return fmt.Errorf("refund is %q", v.State)
+		}
+		return nil
+	})
+	refundTrace := cli(t, "trace", "dev-refund", "--tenant", "t_demo", "--kafka-brokers", kafka, "--json")
+	for _, want := range []string{`"type": "approval_pending"`, `"type": "approved"`, `"approver": "u_boss"`, `"approval_id": "` + id + `"`, `"type": "succeeded"`} {
+		if !strings.Contains(refundTrace, want) {
+			t.Errorf("trace of the refund lacks %s:\n%s", want, refundTrace)
+		}
+	}
+	effects, err := demobackend.ReadJournal(filepath.Join(dir, "effects.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refunds := 0
+	for _, e := range effects {
+		if e.IdempotencyKey == "t_demo/dev-refund" && !e.Replay {
+			refunds++
+		}
+	}
+	if refunds != 1 {
+		t.Errorf("the approved refund ran %d times; want 1", refunds)
+	}
+
 	trace := cli(t, "trace", "dev-1", "--tenant", "t_demo", "--kafka-brokers", kafka)
 	for _, want := range []string{"requested", "authorized", "executing", "succeeded"} {
 		if !strings.Contains(trace, want) {
@@ -234,7 +279,7 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	effects, err := demobackend.ReadJournal(filepath.Join(dir, "effects.jsonl"))
+	effects, err = demobackend.ReadJournal(filepath.Join(dir, "effects.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,6 +55,7 @@ func newRoot() *cobra.Command {
 		newSubmitCmd(g),
 		newTraceCmd(g),
 		newTokenCmd(g),
+		newApprovalsCmd(g),
 	)
 	return root
 }

@@ -53,11 +53,12 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, pol executor.Decider, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	x, err := executor.New(executor.Config{
 		Registry: reg, Store: st, Topics: topics,
 		Caller:      httptool.New(httptool.Config{}),
 		Credentials: minter,
+		Policy:      pol,
 		BaseURL:     toolsBase,
 		Owner:       "executor/" + instance,
 		Logger:      logger.With("processor", "executor"),
@@ -131,6 +132,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 	var (
 		rf        roleFlags
 		cf        credentialFlags
+		pf        policyFlags
 		toolsBase string
 		jwksAddr  string
 	)
@@ -156,13 +158,24 @@ func newExecutorCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, toolsBase, rf.instance, logger)
+				engine, watch, err := pf.engine(logger)
+				if err != nil {
+					return nil, err
+				}
+				go func() {
+					// Owned by the command: it ends with ctx.
+					if err := watch(cmd.Context()); err != nil {
+						logger.Error("policy watcher stopped", "err", err)
+					}
+				}()
+				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, engine, toolsBase, rf.instance, logger)
 				return loop, err
 			})
 		},
 	}
 	rf.register(cmd, true)
 	cf.register(cmd.Flags())
+	pf.register(cmd.Flags())
 	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve the credential keys (GET /.well-known/jwks.json) for tools to verify with; empty: not served")
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative tool backend URLs resolve against")
 	return cmd

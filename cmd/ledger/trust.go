@@ -135,11 +135,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 		Example: `  ledger token --tenant t_demo --user u_demo
   ledger token --tenant t_demo --user u_boss --approver`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path := filepath.Join(dataDir, devIssuerFile)
-			if _, err := os.Stat(path); err != nil {
-				return fmt.Errorf("no dev issuer key at %s: run `ledger dev --data-dir %s` once first", path, dataDir)
-			}
-			iss, err := identity.LoadOrCreateIssuer(path, DevIssuer)
+			iss, err := devIssuer(dataDir)
 			if err != nil {
 				return err
 			}
@@ -169,16 +165,22 @@ func newTokenCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// devIssuer loads the dev issuer of `ledger dev` from its data directory;
+// it never creates one.
+func devIssuer(dataDir string) (*identity.Issuer, error) {
+	path := filepath.Join(dataDir, devIssuerFile)
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("no dev issuer key at %s: run `ledger dev --data-dir %s` once first", path, dataDir)
+	}
+	return identity.LoadOrCreateIssuer(path, DevIssuer)
+}
+
 // devAssertion mints an assertion for a submit in dev, when the dev
 // issuer's key is in dataDir; "" when it is not.
 func devAssertion(dataDir, tenant, user string) (string, error) {
-	path := filepath.Join(dataDir, devIssuerFile)
-	if _, err := os.Stat(path); err != nil {
-		return "", nil
-	}
-	iss, err := identity.LoadOrCreateIssuer(path, DevIssuer)
+	iss, err := devIssuer(dataDir)
 	if err != nil {
-		return "", err
+		return "", nil
 	}
 	return iss.Mint(identity.Identity{Tenant: tenant, User: user, Agent: "agent_cli"}, identity.DefaultAudience, 10*time.Minute)
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -59,6 +60,11 @@ type Minter interface {
 	Mint(g credentials.Grant) (credentials.Credential, error)
 }
 
+// Decider decides a call with the active policies, failing closed.
+type Decider interface {
+	Decide(ctx context.Context, r policy.Request) policy.Decision
+}
+
 // Caller calls a tool over its transport. Implementations are safe for
 // concurrent use and honour ctx's deadline.
 type Caller interface {
@@ -76,6 +82,9 @@ const (
 	ReasonArgumentIntegrity = "arguments_integrity"
 	ReasonUnknownTool       = "unknown_tool"
 	ReasonNoCredential      = "credential_unavailable"
+	// ReasonApprovalExpired: the approval's time ran out before the call
+	// could run.
+	ReasonApprovalExpired = "approval_expired"
 )
 
 // Config configures an executor.
@@ -89,6 +98,10 @@ type Config struct {
 	// Credentials mints each execution's credential (sent as
 	// Authorization: Bearer). Nil sends none, for tools that need none.
 	Credentials Minter
+	// Policy decides an approved call again right before it runs, with
+	// the policies in force then: a newer version that denies wins. Nil
+	// skips the re-check.
+	Policy Decider
 	// BaseURL resolves tools' relative backend URLs. Required when any
 	// tool's URL is relative.
 	BaseURL string
@@ -240,7 +253,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		order = append(order, k)
 	}
 	for _, r := range recs {
-		if t := ledger.Header(r, ledger.HeaderEventType); t != nil && string(t) != string(statemachine.EventAuthorized) {
+		if t := statemachine.EventType(ledger.Header(r, ledger.HeaderEventType)); t != "" && t != statemachine.EventAuthorized && t != statemachine.EventApproved {
 			continue
 		}
 		ev, err := ledger.DecodeEvent(r.Value)
@@ -251,7 +264,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			x.cfg.Logger.Error("undecodable event", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 			continue
 		}
-		if ev.Type != statemachine.EventAuthorized {
+		if ev.Type != statemachine.EventAuthorized && ev.Type != statemachine.EventApproved {
 			continue
 		}
 		add(template(ev), ev.ArgumentsHash)
@@ -278,7 +291,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			if _, ok := jobs[rec.Key]; ok {
 				continue
 			}
-			x.cfg.Logger.Warn("appending a finished call's events left out of the log", "call_key", rec.Key.String(), "seq", rec.Seq, "logged_seq", rec.LoggedSeq)
+			x.cfg.Logger.Warn("appending a call's events left out of the log", "call_key", rec.Key.String(), "seq", rec.Seq, "logged_seq", rec.LoggedSeq)
 			reappend = append(reappend, rec)
 		}
 	}
@@ -442,9 +455,16 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 	if pastDeadline {
 		return c.expire()
 	}
+	if tmpl.ApprovalID != "" {
+		if done, ok := x.recheckApproval(ctx, c, tool, rec, start); !ok {
+			return done
+		}
+	}
 	if err := verifyArguments(rec); err != nil {
+		// What would run is not what was validated, hashed and
+		// approved: it never runs.
 		log.Error("arguments do not match their hash", "err", err)
-		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonArgumentIntegrity, "", nil)
+		return c.deny(ReasonArgumentIntegrity, "the stored arguments do not match the call's arguments hash", policy.Decision{})
 	}
 	target, err := x.resolve(tool.Backend.URL)
 	if err != nil {
@@ -519,6 +539,32 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 		lastErr = callCtx.Err()
 	}
 	return c.exhausted(tool, attempt, lastErr)
+}
+
+// recheckApproval checks an approved call right before it runs: the
+// approval is still valid, and the policies in force now still allow the
+// call. (That the arguments are the approved ones the claim already
+// checked: the record's hash is the approved hash, and verifyArguments
+// checks that what runs hashes to it. That the approval is used once the
+// claim ensures: an approved call is claimed once.) It returns the
+// completion that denies the call, and false, when a check fails.
+func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *schemas.Tool, rec processors.Record, now time.Time) (processors.Completion, bool) {
+	tmpl := c.tmpl
+	if tmpl.ExpiresAt == nil || !now.Before(*tmpl.ExpiresAt) {
+		return c.deny(ReasonApprovalExpired, "the approval expired before the call could run", policy.Decision{}), false
+	}
+	if x.cfg.Policy == nil {
+		return processors.Completion{}, true
+	}
+	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
+	if err != nil {
+		return c.deny(ReasonArgumentIntegrity, "the stored arguments do not decode", policy.Decision{}), false
+	}
+	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID}, args, "executor", now))
+	if !d.Allow {
+		return c.deny(d.Reason, "the policies in force at execution deny the approved call", d), false
+	}
+	return processors.Completion{}, true
 }
 
 // attempt is one tool invocation through the tool's bulkhead and breaker.
@@ -625,6 +671,9 @@ func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) le
 	e.At = at.UTC()
 	e.Actor = c.x.cfg.Owner
 	e.JTI, e.CredentialScope, e.CredentialFamily = c.jti, c.scope, c.family
+	// The approval's expiry belongs to the approved event, not to what
+	// follows it.
+	e.ExpiresAt = nil
 	return e
 }
 
@@ -652,6 +701,18 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 		stored = result.stored
 	}
 	return c.complete(status, attempt, stored, c.rec.Seq+2, exec, term)
+}
+
+// deny records that a check before running refused the call.
+func (c *completion) deny(reason, detail string, d policy.Decision) processors.Completion {
+	ev := c.event(statemachine.EventDenied, c.rec.Seq+1, c.x.cfg.Now())
+	ev.Decision = "deny"
+	ev.Reason = reason
+	ev.Detail = detail
+	if d.Version != "" {
+		ev.PolicyID, ev.PolicyVersion, ev.Obligations = d.PolicyIDs, d.Version, nil
+	}
+	return c.complete(processors.StatusDenied, c.rec.Attempt, nil, c.rec.Seq+1, ev)
 }
 
 // expire records that the deadline passed before the call could run.
@@ -745,6 +806,9 @@ func template(e ledger.Event) ledger.Event {
 		PolicyID:       e.PolicyID,
 		PolicyVersion:  e.PolicyVersion,
 		Obligations:    e.Obligations,
+		ApprovalID:     e.ApprovalID,
+		Approver:       e.Approver,
+		ExpiresAt:      e.ExpiresAt,
 	}
 }
 

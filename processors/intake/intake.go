@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -356,7 +355,8 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		}
 		return refuse(c.key(), ReasonInvalidArguments, ptr, detail)
 	}
-	c.decision = p.cfg.Policy.Decide(ctx, p.policyRequest(c, now))
+	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose}
+	c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, env.Arguments, p.cfg.Channel, now))
 	return c, nil, nil
 }
 
@@ -374,62 +374,6 @@ func scopeMismatch(s ledger.Scope, id identity.Identity) (pointer string, ok boo
 		return "/scope/purpose", false
 	}
 	return "", true
-}
-
-// policyRequest describes the call to the policies. Who asks comes from
-// the identity; the arguments only say what is asked for, and a tenant or
-// user inside them is just data.
-func (p *Processor) policyRequest(c *checked, now time.Time) policy.Request {
-	args, _ := c.env.Arguments.(map[string]any)
-	r := policy.Request{
-		Tenant:      c.id.Tenant,
-		User:        c.id.User,
-		Agent:       c.id.Agent,
-		Purpose:     c.id.Purpose,
-		Tool:        c.tool.Name,
-		ToolVersion: c.tool.Version,
-		Effect:      string(c.tool.Effect),
-		Risk:        string(c.tool.Risk),
-		// Resources are named within the caller's tenant: an id in the
-		// arguments can only ever point into it.
-		ResourceTenant: c.id.Tenant,
-		Channel:        p.cfg.Channel,
-		Arguments:      args,
-		Time:           now,
-	}
-	if c.tool.Resource != "" {
-		if v, ok := lookupPointer(c.env.Arguments, c.tool.Resource); ok {
-			r.Resource = fmt.Sprint(v)
-		}
-	}
-	if n, ok := args["amount_cents"].(json.Number); ok {
-		if v, err := n.Int64(); err == nil {
-			r.Amount = &v
-		}
-	}
-	return r
-}
-
-// lookupPointer resolves a JSON pointer in a decoded tree.
-func lookupPointer(tree any, ptr string) (any, bool) {
-	if ptr == "" {
-		return tree, true
-	}
-	if !strings.HasPrefix(ptr, "/") {
-		return nil, false
-	}
-	cur := tree
-	for _, tok := range strings.Split(ptr[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[tok]; !ok {
-			return nil, false
-		}
-	}
-	return cur, true
 }
 
 // limit takes the rate-limit budget of every allowed call under a
@@ -533,6 +477,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 			expires = deadline
 		}
 		decision.ExpiresAt = &expires
+		decision.ApprovalID = c.key().ApprovalID()
 		status = processors.StatusPending
 	default:
 		decision.Decision = "allow"

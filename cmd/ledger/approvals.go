@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/toolcall-ledger/ledger/processors/identity"
+)
+
+// approverFlags say where the API is and who the approver is.
+type approverFlags struct {
+	api       string
+	assertion string
+	dataDir   string
+	tenant    string
+	user      string
+	jsonOut   bool
+}
+
+func (f *approverFlags) register(cmd *cobra.Command) {
+	fs := cmd.PersistentFlags()
+	fs.StringVar(&f.api, "api", "http://127.0.0.1:8080", "the ledger's HTTP API")
+	fs.StringVar(&f.assertion, "assertion", "", "the approver's assertion (a JWT with the approver role); default: minted by the dev issuer in --data-dir")
+	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer mints the approver's assertion")
+	fs.StringVar(&f.tenant, "tenant", "t_demo", "the approver's tenant (for a dev assertion)")
+	fs.StringVar(&f.user, "user", "u_approver", "the approver (for a dev assertion)")
+	fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
+}
+
+// bearer returns the approver's assertion.
+func (f *approverFlags) bearer() (string, error) {
+	if f.assertion != "" {
+		return f.assertion, nil
+	}
+	iss, err := devIssuer(f.dataDir)
+	if err != nil {
+		return "", fmt.Errorf("no --assertion, and %v", err)
+	}
+	return iss.Mint(identity.Identity{Tenant: f.tenant, User: f.user, Agent: "cli", Roles: []string{"approver"}}, identity.DefaultAudience, 5*time.Minute)
+}
+
+// call makes one API request as the approver and decodes the answer.
+func (f *approverFlags) call(ctx context.Context, method, path string, body, into any) error {
+	tok, err := f.bearer()
+	if err != nil {
+		return err
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(f.api, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		return fmt.Errorf("%s %s: %d %s: %s", method, path, resp.StatusCode, e.Error.Code, e.Error.Message)
+	}
+	return json.Unmarshal(raw, into)
+}
+
+// approvalView is what the CLI reads of an approval.
+type approvalView struct {
+	ID            string    `json:"id"`
+	TenantID      string    `json:"tenant_id"`
+	Tool          string    `json:"tool"`
+	State         string    `json:"state"`
+	ArgumentsHash string    `json:"arguments_hash"`
+	ExpiresAt     time.Time `json:"expires_at"`
+	Requester     struct {
+		User  string `json:"user"`
+		Agent string `json:"agent"`
+	} `json:"requester"`
+	Preview struct {
+		Amount   string `json:"amount"`
+		Resource string `json:"resource"`
+	} `json:"preview"`
+}
+
+func newApprovalsCmd(g *globals) *cobra.Command {
+	var f approverFlags
+	cmd := &cobra.Command{Use: "approvals", Short: "List, inspect, approve and reject calls waiting for a human"}
+	f.register(cmd)
+	printJSON := func(cmd *cobra.Command, v any) error {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	var state string
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the approver's tenant's approvals (pending by default)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var raw json.RawMessage
+			if err := f.call(cmd.Context(), http.MethodGet, "/v1/approvals?state="+url.QueryEscape(state), nil, &raw); err != nil {
+				return err
+			}
+			if f.jsonOut {
+				return printJSON(cmd, raw)
+			}
+			var as []approvalView
+			if err := json.Unmarshal(raw, &as); err != nil {
+				var wrapped struct {
+					Approvals []approvalView `json:"approvals"`
+				}
+				if err := json.Unmarshal(raw, &wrapped); err != nil {
+					return err
+				}
+				as = wrapped.Approvals
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tTOOL\tREQUESTER\tRESOURCE\tAMOUNT\tEXPIRES IN\tSTATE")
+			for _, a := range as {
+				fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\t%s\t%s\t%s\n", a.ID, a.Tool, a.Requester.User, a.Requester.Agent, a.Preview.Resource, a.Preview.Amount, time.Until(a.ExpiresAt).Round(time.Second), a.State)
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().StringVar(&state, "state", "pending", "pending, rejected or expired")
+	show := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show an approval with its readable preview",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var raw json.RawMessage
+			if err := f.call(cmd.Context(), http.MethodGet, "/v1/approvals/"+url.PathEscape(args[0]), nil, &raw); err != nil {
+				return err
+			}
+			return printJSON(cmd, raw)
+		},
+	}
+	var hash string
+	approve := &cobra.Command{
+		Use:   "approve ID",
+		Short: "Approve a pending call: binds the approval to the arguments hash shown by show",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			h := hash
+			if h == "" {
+				var a approvalView
+				if err := f.call(cmd.Context(), http.MethodGet, "/v1/approvals/"+url.PathEscape(args[0]), nil, &a); err != nil {
+					return err
+				}
+				h = a.ArgumentsHash
+			}
+			var out json.RawMessage
+			if err := f.call(cmd.Context(), http.MethodPost, "/v1/approvals/"+url.PathEscape(args[0])+"/approve", map[string]string{"arguments_hash": h}, &out); err != nil {
+				return err
+			}
+			if f.jsonOut {
+				return printJSON(cmd, out)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "approved %s (arguments %s)\n", args[0], h)
+			return nil
+		},
+	}
+	approve.Flags().StringVar(&hash, "hash", "", "the arguments hash being approved (default: the one the approval shows now)")
+	var reason string
+	reject := &cobra.Command{
+		Use:   "reject ID",
+		Short: "Reject a pending call, with a reason",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if reason == "" {
+				return fmt.Errorf("--reason is required")
+			}
+			var out json.RawMessage
+			if err := f.call(cmd.Context(), http.MethodPost, "/v1/approvals/"+url.PathEscape(args[0])+"/reject", map[string]string{"reason": reason}, &out); err != nil {
+				return err
+			}
+			if f.jsonOut {
+				return printJSON(cmd, out)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "rejected %s\n", args[0])
+			return nil
+		},
+	}
+	reject.Flags().StringVar(&reason, "reason", "", "why (recorded on the rejected event)")
+	cmd.AddCommand(list, show, approve, reject)
+	return cmd
+}

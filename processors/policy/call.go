@@ -1,0 +1,73 @@
+package policy
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/schemas"
+)
+
+// Caller is who asks, from the verified identity assertion.
+type Caller struct {
+	Tenant, User, Agent, Purpose string
+}
+
+// NewRequest describes a call to the policies: who asks comes from caller
+// alone; the arguments (a decoded tree, as ledger.Decode makes it) only say
+// what is asked for, and a tenant or user inside them is just data. The
+// intake decides with it, and the executor decides again with it before it
+// runs an approved call.
+func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string, now time.Time) Request {
+	args, _ := arguments.(map[string]any)
+	r := Request{
+		Tenant:      caller.Tenant,
+		User:        caller.User,
+		Agent:       caller.Agent,
+		Purpose:     caller.Purpose,
+		Tool:        tool.Name,
+		ToolVersion: tool.Version,
+		Effect:      string(tool.Effect),
+		Risk:        string(tool.Risk),
+		// Resources are named within the caller's tenant: an id in the
+		// arguments can only ever point into it.
+		ResourceTenant: caller.Tenant,
+		Channel:        channel,
+		Arguments:      args,
+		Time:           now,
+	}
+	if tool.Resource != "" {
+		if v, ok := lookupPointer(arguments, tool.Resource); ok {
+			r.Resource = fmt.Sprint(v)
+		}
+	}
+	if n, ok := args["amount_cents"].(json.Number); ok {
+		if v, err := n.Int64(); err == nil {
+			r.Amount = &v
+		}
+	}
+	return r
+}
+
+// lookupPointer resolves an RFC 6901 JSON pointer in a decoded tree.
+func lookupPointer(tree any, ptr string) (any, bool) {
+	if ptr == "" {
+		return tree, true
+	}
+	if !strings.HasPrefix(ptr, "/") {
+		return nil, false
+	}
+	cur := tree
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[tok]; !ok {
+			return nil, false
+		}
+	}
+	return cur, true
+}
