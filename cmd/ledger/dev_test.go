@@ -263,9 +263,26 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("POST ?wait: %d %q; want 200 succeeded", resp.StatusCode, posted.State)
 	}
 
+	// A second refund waits for approval across the restart.
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "refund_order", "--args", `{"order_id":"ord_2048","amount_cents":30000,"currency":"AUD"}`, "--key", "dev-refund-2", "--wait", "--timeout", "60s")
+	if !strings.Contains(out, "is approval_pending") {
+		t.Fatalf("second refund:\n%s", out)
+	}
+
 	// Restart on the same data directory.
 	dev.stop()
 	startDev(t, dir, kafka, api, backend)
+	id2 := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "dev-refund-2"}.ApprovalID()
+	if list := cli(t, "approvals", "list", "--api", "http://"+api, "--data-dir", dir); !strings.Contains(list, id2) {
+		t.Errorf("after restart the pending approval is gone:\n%s", list)
+	}
+	cli(t, "approvals", "approve", id2, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss")
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if code, v := getCall(t, api, "dev-refund-2"); code != 200 || v.State != "succeeded" {
+			return fmt.Errorf("refund approved after restart is %q", v.State)
+		}
+		return nil
+	})
 	if code, v := getCall(t, api, "dev-1"); code != 200 || v.State != "succeeded" || len(v.Events) != 4 {
 		t.Errorf("after restart: %d %q with %d events; want 200 succeeded with 4", code, v.State, len(v.Events))
 	}
