@@ -110,3 +110,26 @@ func unescapePointerToken(t string) (string, bool) {
 	}
 	return b.String(), true
 }
+
+// Lookup resolves an RFC 6901 JSON pointer in a decoded tree (objects
+// only: a pointer into an array finds nothing).
+func Lookup(tree any, ptr string) (any, bool) {
+	if ptr == "" {
+		return tree, true
+	}
+	if !strings.HasPrefix(ptr, "/") {
+		return nil, false
+	}
+	cur := tree
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[tok]; !ok {
+			return nil, false
+		}
+	}
+	return cur, true
+}

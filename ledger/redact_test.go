@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -73,4 +74,27 @@ func mustDecode(t *testing.T, s string) any {
 		t.Fatalf("Decode(%q) = %v", s, err)
 	}
 	return v
+}
+
+func TestLookup(t *testing.T) {
+	tree, err := Decode([]byte(`{"a":{"b/c":{"d~e":1}},"order_id":"ord_1","list":[1]}`), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		ptr  string
+		want string
+		ok   bool
+	}{
+		{"/order_id", "ord_1", true},
+		{"/a/b~1c/d~0e", "1", true},
+		{"/missing", "", false},
+		{"/list/0", "", false},
+		{"order_id", "", false},
+	} {
+		v, ok := Lookup(tree, tc.ptr)
+		if ok != tc.ok || (ok && fmt.Sprint(v) != tc.want) {
+			t.Errorf("Lookup(%q) = %v, %v; want %q, %v", tc.ptr, v, ok, tc.want, tc.ok)
+		}
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -266,6 +267,25 @@ func CheckCompletions(cs []Completion) error {
 	for i, c := range cs {
 		if !c.Status.Done() {
 			return fmt.Errorf("completion %d (%v): status %q is not a done status", i, c.Key, c.Status)
+		}
+	}
+	return nil
+}
+
+// CheckMoves: see CheckAdmissions. A move neither enters nor leaves
+// executing (claims and completions do that), and a done call never moves:
+// moving it back would let it run again.
+func CheckMoves(ms []Move) error {
+	for i, m := range ms {
+		switch {
+		case !slices.Contains(Statuses, m.From) || !slices.Contains(Statuses, m.To):
+			return fmt.Errorf("move %d (%v): %q -> %q: unknown status", i, m.Key, m.From, m.To)
+		case m.From == StatusExecuting || m.To == StatusExecuting:
+			return fmt.Errorf("move %d (%v): %q -> %q: an executing call moves through Claim and Complete only", i, m.Key, m.From, m.To)
+		case m.From.Done():
+			return fmt.Errorf("move %d (%v): %q -> %q: a done call does not move", i, m.Key, m.From, m.To)
+		case m.Seq <= m.FromSeq:
+			return fmt.Errorf("move %d (%v): seq %d -> %d: want it to grow", i, m.Key, m.FromSeq, m.Seq)
 		}
 	}
 	return nil

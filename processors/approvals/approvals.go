@@ -658,7 +658,7 @@ func (s *Service) preview(rec processors.Record, requested *ledger.Event) Previe
 		return p
 	}
 	if tool != nil && tool.Resource != "" {
-		if v, ok := lookupPointer(args, tool.Resource); ok {
+		if v, ok := ledger.Lookup(args, tool.Resource); ok {
 			p.Resource = scalar(v)
 		}
 	}
@@ -701,26 +701,4 @@ func scalar(v any) string {
 		return ""
 	}
 	return string(b)
-}
-
-// lookupPointer resolves an RFC 6901 JSON pointer in a decoded tree.
-func lookupPointer(tree any, ptr string) (any, bool) {
-	if ptr == "" {
-		return tree, true
-	}
-	if !strings.HasPrefix(ptr, "/") {
-		return nil, false
-	}
-	cur := tree
-	for _, tok := range strings.Split(ptr[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[tok]; !ok {
-			return nil, false
-		}
-	}
-	return cur, true
 }

@@ -65,7 +65,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -656,31 +655,11 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 // same refusals and messages; the contract suite checks that both refuse
 // the same moves.
 //
-// Refused: a status that is not in processors.Statuses; a move from or to
-// executing (a claimed call moves through Claim and Complete, under its
-// epoch, only); a move from a done status (Status.Done promises that the
-// call never runs again, and moving it back to authorized would break
-// that); a seq that does not grow (the step appends events after FromSeq).
-func checkMoves(ms []processors.Move) error {
-	for i, m := range ms {
-		switch {
-		case !slices.Contains(processors.Statuses, m.From) || !slices.Contains(processors.Statuses, m.To):
-			return fmt.Errorf("move %d (%v): %q -> %q: unknown status", i, m.Key, m.From, m.To)
-		case m.From == processors.StatusExecuting || m.To == processors.StatusExecuting:
-			return fmt.Errorf("move %d (%v): %q -> %q: an executing call moves through Claim and Complete only", i, m.Key, m.From, m.To)
-		case m.From.Done():
-			return fmt.Errorf("move %d (%v): %q -> %q: a done call does not move", i, m.Key, m.From, m.To)
-		case m.Seq <= m.FromSeq:
-			return fmt.Errorf("move %d (%v): seq %d -> %d: want it to grow", i, m.Key, m.FromSeq, m.Seq)
-		}
-	}
-	return nil
-}
 
 // Move implements processors.Store. The moves run in batch order in one
 // transaction, so a later move of a key sees an earlier one's write.
 func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
-	if err := checkMoves(ms); err != nil {
+	if err := processors.CheckMoves(ms); err != nil {
 		return nil, fmt.Errorf("boltstore move: %w: %w", processors.ErrRejected, err)
 	}
 	if len(ms) == 0 {

@@ -833,26 +833,6 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 // same refusals and messages; the contract suite checks that both refuse
 // the same moves.
 //
-// Refused: a status that is not in processors.Statuses; a move from or to
-// executing (a claimed call moves through Claim and Complete, under its
-// epoch, only); a move from a done status (Status.Done promises that the
-// call never runs again, and moving it back to authorized would break
-// that); a seq that does not grow (the step appends events after FromSeq).
-func checkMoves(ms []processors.Move) error {
-	for i, m := range ms {
-		switch {
-		case !slices.Contains(processors.Statuses, m.From) || !slices.Contains(processors.Statuses, m.To):
-			return fmt.Errorf("move %d (%v): %q -> %q: unknown status", i, m.Key, m.From, m.To)
-		case m.From == processors.StatusExecuting || m.To == processors.StatusExecuting:
-			return fmt.Errorf("move %d (%v): %q -> %q: an executing call moves through Claim and Complete only", i, m.Key, m.From, m.To)
-		case m.From.Done():
-			return fmt.Errorf("move %d (%v): %q -> %q: a done call does not move", i, m.Key, m.From, m.To)
-		case m.Seq <= m.FromSeq:
-			return fmt.Errorf("move %d (%v): seq %d -> %d: want it to grow", i, m.Key, m.FromSeq, m.Seq)
-		}
-	}
-	return nil
-}
 
 // moveRound is one statement of a Move batch: at most one move per key.
 type moveRound struct {
@@ -867,7 +847,7 @@ type moveRound struct {
 // statement of the same transaction and sees the earlier one's write.
 // Batches without a repeated key are one statement.
 func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
-	if err := checkMoves(ms); err != nil {
+	if err := processors.CheckMoves(ms); err != nil {
 		return nil, fmt.Errorf("pgstore move: %w: %w", processors.ErrRejected, err)
 	}
 	if len(ms) == 0 {

@@ -3,9 +3,9 @@ package policy
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
@@ -38,7 +38,7 @@ func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string
 		Time:           now,
 	}
 	if tool.Resource != "" {
-		if v, ok := lookupPointer(arguments, tool.Resource); ok {
+		if v, ok := ledger.Lookup(arguments, tool.Resource); ok {
 			r.Resource = fmt.Sprint(v)
 		}
 	}
@@ -48,26 +48,4 @@ func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string
 		}
 	}
 	return r
-}
-
-// lookupPointer resolves an RFC 6901 JSON pointer in a decoded tree.
-func lookupPointer(tree any, ptr string) (any, bool) {
-	if ptr == "" {
-		return tree, true
-	}
-	if !strings.HasPrefix(ptr, "/") {
-		return nil, false
-	}
-	cur := tree
-	for _, tok := range strings.Split(ptr[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[tok]; !ok {
-			return nil, false
-		}
-	}
-	return cur, true
 }
