@@ -212,6 +212,12 @@ func TestDevEndToEnd(t *testing.T) {
 			t.Errorf("trace of the refund lacks %s:\n%s", want, refundTrace)
 		}
 	}
+	table := cli(t, "trace", "dev-refund", "--tenant", "t_demo", "--kafka-brokers", kafka)
+	for _, want := range []string{"approval_pending", "reason=approval_required", "approver=u_boss", "hash=sha256:", "jti="} {
+		if !strings.Contains(table, want) {
+			t.Errorf("trace table of the refund lacks %s:\n%s", want, table)
+		}
+	}
 	effects, err := demobackend.ReadJournal(filepath.Join(dir, "effects.jsonl"))
 	if err != nil {
 		t.Fatal(err)

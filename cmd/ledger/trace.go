@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 func newTraceCmd(g *globals) *cobra.Command {
@@ -74,6 +75,21 @@ func eventNote(e ledger.Event) string {
 	if e.Reason != "" {
 		parts = append(parts, "reason="+e.Reason)
 	}
+	if e.Type == statemachine.EventRequested || e.Type == statemachine.EventApproved {
+		parts = append(parts, "hash="+short(e.ArgumentsHash))
+	}
+	if e.PolicyVersion != "" && e.Type != statemachine.EventExecuting {
+		parts = append(parts, "policy="+e.PolicyVersion)
+	}
+	if e.Approver != "" {
+		parts = append(parts, "approver="+e.Approver)
+	}
+	if e.ApprovalID != "" && e.Type != statemachine.EventExecuting {
+		parts = append(parts, "approval="+e.ApprovalID)
+	}
+	if e.JTI != "" && e.Type != statemachine.EventExecuting {
+		parts = append(parts, "jti="+e.JTI)
+	}
 	if e.Pointer != "" {
 		parts = append(parts, "pointer="+e.Pointer)
 	}
@@ -84,7 +100,15 @@ func eventNote(e ledger.Event) string {
 		parts = append(parts, fmt.Sprintf("latency=%dms", e.LatencyMS))
 	}
 	if e.ResultDigest != "" {
-		parts = append(parts, "result="+e.ResultDigest[:min(len(e.ResultDigest), 19)]+"…")
+		parts = append(parts, "result="+short(e.ResultDigest))
 	}
 	return strings.Join(parts, " ")
+}
+
+// short abbreviates a "sha256:<hex>" digest for a table.
+func short(digest string) string {
+	if len(digest) <= 19 {
+		return digest
+	}
+	return digest[:19] + "…"
 }

@@ -42,6 +42,8 @@ const (
 	// ReasonAssertionPrefix prefixes the verifier's reason for a refused
 	// assertion: "assertion_expired", "assertion_alg_not_allowed"...
 	ReasonAssertionPrefix = "assertion_"
+	// ReasonApprovalRequired: a deciding policy asks for a human first.
+	ReasonApprovalRequired = "approval_required"
 	// ReasonStoreRejected: the execution store cannot hold the
 	// envelope's data (processors.ErrRejected).
 	ReasonStoreRejected = "store_rejected"
@@ -478,6 +480,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 		}
 		decision.ExpiresAt = &expires
 		decision.ApprovalID = c.key().ApprovalID()
+		decision.Reason = ReasonApprovalRequired
 		status = processors.StatusPending
 	default:
 		decision.Decision = "allow"
