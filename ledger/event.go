@@ -37,10 +37,14 @@ type Event struct {
 	CallID         string `json:"call_id,omitempty"`
 	UserID         string `json:"user_id,omitempty"`
 	AgentID        string `json:"agent_id,omitempty"`
-	Tool           string `json:"tool,omitempty"`
-	ToolVersion    int    `json:"tool_version,omitempty"`
-	ArgumentsHash  string `json:"arguments_hash,omitempty"`
-	TraceID        string `json:"trace_id,omitempty"`
+	// Purpose is the verified assertion's purpose, if any.
+	Purpose string `json:"purpose,omitempty"`
+	// Channel is how the call arrived, as its policies saw it.
+	Channel       string `json:"channel,omitempty"`
+	Tool          string `json:"tool,omitempty"`
+	ToolVersion   int    `json:"tool_version,omitempty"`
+	ArgumentsHash string `json:"arguments_hash,omitempty"`
+	TraceID       string `json:"trace_id,omitempty"`
 	// Arguments, redacted per the tool's registry entry; only on requested.
 	Arguments json.RawMessage `json:"arguments,omitempty"`
 	// DeadlineAt is when the caller stops caring; only on requested.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -163,16 +164,27 @@ func Header(r *kgo.Record, key string) []byte {
 	return nil
 }
 
+// jwtLike matches what looks like a compact JWS or JWT: three base64url
+// parts, the first a JSON object ("eyJ" is `{"` encoded).
+var jwtLike = regexp.MustCompile(`eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*`)
+
+// RedactTokens replaces anything in b that looks like a JWT with
+// "[redacted]": a record that cannot be parsed may still carry a live
+// assertion, and the DLQ must not hand it to whoever reads it.
+func RedactTokens(b []byte) []byte {
+	return jwtLike.ReplaceAll(b, []byte(Redacted))
+}
+
 // DLQRecord wraps an unparseable request for the DLQ: the original key and
-// bytes, untouched, and why.
+// bytes with anything that looks like a token redacted, and why.
 func DLQRecord(topic string, src *kgo.Record, reason, detail string) *kgo.Record {
 	return &kgo.Record{
 		Topic: topic,
-		Key:   src.Key,
-		Value: src.Value,
+		Key:   RedactTokens(src.Key),
+		Value: RedactTokens(src.Value),
 		Headers: []kgo.RecordHeader{
 			{Key: HeaderDLQReason, Value: []byte(reason)},
-			{Key: HeaderDLQDetail, Value: []byte(detail)},
+			{Key: HeaderDLQDetail, Value: RedactTokens([]byte(detail))},
 			{Key: HeaderDLQSource, Value: fmt.Appendf(nil, "%s/%d/%d", src.Topic, src.Partition, src.Offset)},
 		},
 	}

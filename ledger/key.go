@@ -6,6 +6,13 @@ import (
 	"strings"
 )
 
+// UnverifiedTenant is the reserved tenant under which the intake files
+// refusals of envelopes whose sender it could not verify (unreadable, or
+// with an assertion it refused): they never land in the key space of the
+// tenant such an envelope merely claims. Real tenant ids cannot start with
+// "_" (the envelope schema says so).
+const UnverifiedTenant = "_unverified"
+
 // CallKey identifies a call: the tenant and the caller's idempotency key.
 // Every dedupe record, Kafka record key and lookup uses both, so one tenant
 // can never hit or read another tenant's call.

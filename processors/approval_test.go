@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,10 +100,18 @@ func TestApprovedArgumentsAlteredNeverRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	tag, err := conn.Exec(t.Context(), "UPDATE "+pgx.Identifier{h.pgSchema, "execution_records"}.Sanitize()+
+	// Half get other arguments; the other half other arguments and a
+	// hash to match them.
+	table := pgx.Identifier{h.pgSchema, "execution_records"}.Sanitize()
+	tag, err := conn.Exec(t.Context(), "UPDATE "+table+
 		` SET arguments = convert_to('{"amount_cents":1000000,"currency":"AUD","order_id":"ord_attacker"}', 'UTF8') WHERE status = 'authorized'`)
 	if err != nil || tag.RowsAffected() != 1000 {
 		t.Fatalf("tamper: %v, %d rows", err, tag.RowsAffected())
+	}
+	tag, err = conn.Exec(t.Context(), "UPDATE "+table+
+		` SET arguments_hash = 'sha256:`+strings.Repeat("ab", 32)+`' WHERE status = 'authorized' AND idempotency_key >= 'altered-0500'`)
+	if err != nil || tag.RowsAffected() != 500 {
+		t.Fatalf("tamper hashes: %v, %d rows", err, tag.RowsAffected())
 	}
 	h.startExecutor(h.executorConfig("executor-1"))
 	keys := make([]ledger.CallKey, len(envs))
@@ -217,6 +226,11 @@ func TestApprovalRefusedToRequesterAndOtherTenant(t *testing.T) {
 	self := identity.Identity{User: "u_1", Agent: "a", Tenant: "t_a", Roles: []string{"approver"}}
 	if _, err := svc.Approve(t.Context(), self, e.key().ApprovalID(), e.ArgumentsHash); !errors.Is(err, approvals.ErrSelfApproval) {
 		t.Errorf("self-approval: %v; want ErrSelfApproval", err)
+	}
+	// The agent that asked, presenting some approver's assertion.
+	sameAgent := identity.Identity{User: "u_boss", Agent: "agent_test", Tenant: "t_a", Roles: []string{"approver"}}
+	if _, err := svc.Approve(t.Context(), sameAgent, e.key().ApprovalID(), e.ArgumentsHash); !errors.Is(err, approvals.ErrSelfApproval) {
+		t.Errorf("approval by the requesting agent: %v; want ErrSelfApproval", err)
 	}
 	other := identity.Identity{User: "u_boss", Agent: "a", Tenant: "t_b", Roles: []string{"approver"}}
 	if _, err := svc.Approve(t.Context(), other, e.key().ApprovalID(), e.ArgumentsHash); !errors.Is(err, approvals.ErrNotFound) {

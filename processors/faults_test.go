@@ -88,7 +88,12 @@ func TestMalformedEnvelopesAreRefusedWithPointer(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// Refusals before the sender is verified are filed under the
+			// reserved tenant; the others under the verified one.
 			key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: tc.key}
+			if tc.reason != intake.ReasonHashMismatch && tc.reason != intake.ReasonUnknownTool && tc.reason != intake.ReasonInvalidArguments {
+				key.TenantID = ledger.UnverifiedTenant
+			}
 			ref := h.waitRefused(30*time.Second, key)
 			okPtr := ref.Pointer == tc.pointer || tc.prefixOnly && strings.HasPrefix(ref.Pointer, tc.pointer)
 			if ref.Reason != tc.reason || !okPtr {
@@ -126,6 +131,8 @@ func TestUnparseableRequestsGoToDLQ(t *testing.T) {
 		"truncated":      `{"tool":"get_weather","arguments":{`,
 		"array":          `[1,2,3]`,
 		"no tenant, key": `{"tool":"get_weather","tool_version":1,"arguments":{"city":"Oslo"}}`,
+		// A live assertion in a record that cannot be read as a call.
+		"assertion inside": `{"tool":"get_weather","assertion":"` + h.ident.Assertion(t, "t_a", "u_1") + `"}`,
 	}
 	for name, v := range values {
 		h.publish(name, []byte(v))
@@ -151,8 +158,11 @@ func TestUnparseableRequestsGoToDLQ(t *testing.T) {
 			t.Errorf("%s: not in the DLQ", name)
 			continue
 		}
-		if string(r.Value) != v {
-			t.Errorf("%s: DLQ value %q; want the original %q", name, r.Value, v)
+		if want := string(ledger.RedactTokens([]byte(v))); string(r.Value) != want {
+			t.Errorf("%s: DLQ value %q; want the original with tokens redacted, %q", name, r.Value, want)
+		}
+		if strings.Contains(string(r.Value), "eyJ") {
+			t.Errorf("%s: a token reached the DLQ: %s", name, r.Value)
 		}
 		if reason := ledger.Header(r, ledger.HeaderDLQReason); len(reason) == 0 {
 			t.Errorf("%s: DLQ record without a reason", name)

@@ -99,8 +99,11 @@ func TestAssertionAttacksRefused(t *testing.T) {
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: fmt.Sprintf("attack-%02d", i)}
+			k := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: fmt.Sprintf("attack-%02d", i)}
 			ref := h.waitRefused(30*time.Second, k)
+			if c, err := h.index.Get(ledger.CallKey{TenantID: "t_a", IdempotencyKey: k.IdempotencyKey}); err == nil {
+				t.Errorf("an unverified envelope left a record under the tenant it claimed: %+v", c)
+			}
 			if want := intake.ReasonAssertionPrefix + tc.reason; ref.Reason != want || ref.Pointer != "/assertion" {
 				t.Errorf("refusal %s at %q; want %s at /assertion", ref.Reason, ref.Pointer, want)
 			}
@@ -288,7 +291,7 @@ func TestNoSecretLeaks(t *testing.T) {
 	h.submit(ok1, ok2, bad)
 	h.publish("junk", []byte(`not json at all`))
 	h.waitSettled(30*time.Second, ok1.key(), ok2.key())
-	h.waitRefused(30*time.Second, bad.key())
+	h.waitRefused(30*time.Second, ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: bad.IdempotencyKey})
 
 	secrets := map[string]string{}
 	privateD := func(label string, raw []byte) {

@@ -46,7 +46,7 @@ func (f *approverFlags) bearer() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("no --assertion, and %v", err)
 	}
-	return iss.Mint(identity.Identity{Tenant: f.tenant, User: f.user, Agent: "cli", Roles: []string{"approver"}}, identity.DefaultAudience, 5*time.Minute)
+	return iss.Mint(identity.Identity{Tenant: f.tenant, User: f.user, Agent: "approver_cli", Roles: []string{"approver", "operator"}}, identity.ApproverAudience, 5*time.Minute)
 }
 
 // call makes one API request as the approver and decodes the answer.

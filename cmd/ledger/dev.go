@@ -112,7 +112,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 	defer index.Close()
 
-	issuer, ident, err := devIdentity(ctx, dataDir, logger.With("component", "identity"))
+	issuer, ident, staff, err := devIdentity(ctx, dataDir, logger.With("component", "identity"))
 	if err != nil {
 		return err
 	}
@@ -176,7 +176,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 	defer events.Close()
 	queue, err := approvals.New(approvals.Config{
-		Store: st, Registry: reg, Identity: ident, Publisher: events, Topics: topics,
+		Store: st, Registry: reg, Identity: staff, Publisher: events, Topics: topics,
 		Actor: "approvals/" + instance, Logger: logger.With("component", "approvals"),
 	})
 	if err != nil {

@@ -199,6 +199,23 @@ func TestDevEndToEnd(t *testing.T) {
 	if !strings.Contains(show, `"arguments_hash"`) || !strings.Contains(show, "ord_1029") {
 		t.Errorf("approvals show:\n%s", show)
 	}
+	// An agent's assertion is not an approver's, even with the role.
+	agentTok := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--user", "u_boss", "--roles", "approver"))
+	req, _ := http.NewRequest(http.MethodGet, "http://"+api+"/v1/approvals", nil)
+	req.Header.Set("Authorization", "Bearer "+agentTok)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
+		t.Errorf("the queue with an agent's assertion: %v %v; want 401", resp.StatusCode, err)
+	} else {
+		resp.Body.Close()
+	}
+	// The approval binds the hash the approver saw: another is refused.
+	root := newRoot()
+	root.SetArgs([]string{"approvals", "approve", id, "--api", "http://" + api, "--data-dir", dir, "--user", "u_boss", "--hash", "sha256:" + strings.Repeat("0", 64)})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "hash_mismatch") {
+		t.Errorf("approving another hash: %v; want hash_mismatch", err)
+	}
 	cli(t, "approvals", "approve", id, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss")
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
 		if code, v := getCall(t, api, "dev-refund"); code != 200 || v.State != "succeeded" {

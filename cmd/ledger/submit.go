@@ -128,9 +128,8 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 
 	wctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	// The call lives under the verified tenant's key; a refusal found
-	// before the assertion was verified lives under the claimed one.
-	// Follow both when they differ.
+	// The call lives under the verified tenant's key, which is the
+	// claimed one unless the scope lies.
 	callKey := key
 	if t := assertedTenant(body); t != "" {
 		callKey.TenantID = t
@@ -139,6 +138,9 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	if callKey != key {
 		keys = append(keys, key)
 	}
+	// A refusal before the sender was verified is filed under the
+	// reserved tenant.
+	keys = append(keys, ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: key.IdempotencyKey})
 	var (
 		mu   sync.Mutex
 		last *ledger.Event

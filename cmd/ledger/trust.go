@@ -50,17 +50,22 @@ func (f *identityFlags) verifier(ctx context.Context, logger *slog.Logger) (*ide
 }
 
 // devIdentity loads (creating on first use) the dev issuer's key in the
-// data directory and a verifier that trusts exactly it.
-func devIdentity(ctx context.Context, dataDir string, logger *slog.Logger) (*identity.Issuer, *identity.Verifier, error) {
+// data directory, and verifiers that trust exactly it: one for agents'
+// assertions, one for approvers' and operators'.
+func devIdentity(ctx context.Context, dataDir string, logger *slog.Logger) (*identity.Issuer, *identity.Verifier, *identity.Verifier, error) {
 	iss, err := identity.LoadOrCreateIssuer(filepath.Join(dataDir, devIssuerFile), DevIssuer)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	v, err := identity.New(ctx, identity.Config{Issuer: DevIssuer, Keys: iss.Keys(), Logger: logger})
+	agents, err := identity.New(ctx, identity.Config{Issuer: DevIssuer, Keys: iss.Keys(), Logger: logger})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return iss, v, nil
+	staff, err := identity.New(ctx, identity.Config{Issuer: DevIssuer, Audience: identity.ApproverAudience, Keys: iss.Keys(), Logger: logger})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return iss, agents, staff, nil
 }
 
 // policyFlags choose the policy set.
@@ -142,10 +147,14 @@ func newTokenCmd(g *globals) *cobra.Command {
 			if roles != "" {
 				id.Roles = strings.Split(roles, ",")
 			}
+			audience := identity.DefaultAudience
 			if approver {
+				// Approvers' assertions are for the approval queue
+				// only, and the queue takes no other.
 				id.Roles = append(id.Roles, "approver")
+				audience = identity.ApproverAudience
 			}
-			tok, err := iss.Mint(id, identity.DefaultAudience, ttl)
+			tok, err := iss.Mint(id, audience, ttl)
 			if err != nil {
 				return err
 			}
@@ -160,7 +169,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 	fs.StringVar(&id.Agent, "agent", "agent_cli", "actor (the agent)")
 	fs.StringVar(&id.Purpose, "purpose", "", "purpose claim")
 	fs.StringVar(&roles, "roles", "", "roles, comma separated")
-	fs.BoolVar(&approver, "approver", false, "add the approver role")
+	fs.BoolVar(&approver, "approver", false, "mint an approver's assertion (the approver role, for the approval queue's audience)")
 	fs.DurationVar(&ttl, "ttl", 10*time.Minute, "how long the assertion is valid")
 	return cmd
 }

@@ -49,7 +49,8 @@ var (
 	// approval of another tenant is reported exactly alike, so that its
 	// existence is never revealed.
 	ErrNotFound = errors.New("approvals: approval not found")
-	// ErrSelfApproval: the approver requested the call themselves.
+	// ErrSelfApproval: the approver (or the agent presenting the
+	// approver's assertion) requested the call.
 	ErrSelfApproval = errors.New("approvals: an approver may not decide their own call")
 	// ErrNotPending: the approval was already decided, expired or used.
 	ErrNotPending = errors.New("approvals: approval is not pending")
@@ -385,7 +386,10 @@ func (s *Service) decide(ctx context.Context, approver identity.Identity, id str
 	case a.Requester.User == "":
 		// Without the requester there is no telling a self-approval.
 		return Approval{}, fmt.Errorf("approvals: %s: the record does not say who requested the call", f.rec.Key)
-	case a.Requester.User == approver.User:
+	case a.Requester.User == approver.User,
+		// The agent that asked may not decide either, whoever it
+		// claims to act for now.
+		a.Requester.Agent != "" && a.Requester.Agent == approver.Agent:
 		return Approval{}, ErrSelfApproval
 	case f.rec.Status != processors.StatusPending:
 		return Approval{}, ErrNotPending

@@ -52,6 +52,7 @@ type Store interface {
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 	Expired(ctx context.Context, limit int) ([]processors.Record, error)
 	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error)
+	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 }
 
 // Minter mints the short-lived credential of one execution. The token
@@ -312,10 +313,12 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 	}
 
 	var (
-		out         []*kgo.Record
-		logged      []processors.Logged
-		completions = make([]processors.Completion, len(results))
-		run         sync.WaitGroup
+		out            []*kgo.Record
+		logged         []processors.Logged
+		completions    = make([]processors.Completion, len(results))
+		run            sync.WaitGroup
+		mismatched     []ledger.Event
+		mismatchedRecs []processors.Record
 	)
 	outbox := func(rec processors.Record) error {
 		evs, err := ledger.DecodeEvents(rec.Outbox)
@@ -365,12 +368,22 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		case processors.NotReady:
 			x.cfg.Logger.Warn("authorized event for a call not ready", "call_key", order[i].String(), "status", rec.Status)
 		case processors.Mismatch:
+			// The record's arguments hash is not the one the call was
+			// authorized (or approved) with: someone changed the store.
+			// It must not run, nor sit authorized forever.
 			x.cfg.Logger.Error("authorized event disagrees with the execution record", "call_key", order[i].String())
+			if rec.Status == processors.StatusAuthorized {
+				mismatched = append(mismatched, j.tmpl)
+				mismatchedRecs = append(mismatchedRecs, rec)
+			}
 		case processors.Missing:
 			x.cfg.Logger.Error("authorized event without execution record", "call_key", order[i].String())
 		}
 	}
 	run.Wait()
+	if err := x.denyMismatched(ctx, mismatched, mismatchedRecs, &out, &logged); err != nil {
+		return ledger.Output{}, err
+	}
 
 	var done []processors.Completion
 	for _, c := range completions {
@@ -455,7 +468,9 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 	if pastDeadline {
 		return c.expire()
 	}
-	if tmpl.ApprovalID != "" {
+	// A reclaimed call already used its approval under the first claim
+	// (and may have run): it is not decided again.
+	if tmpl.ApprovalID != "" && !reclaimed {
 		if done, ok := x.recheckApproval(ctx, c, tool, rec, start); !ok {
 			return done
 		}
@@ -541,6 +556,45 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 	return c.exhausted(tool, attempt, lastErr)
 }
 
+// denyMismatched denies calls whose record no longer matches the hash they
+// were authorized with, in one store move: denied, never run.
+func (x *Executor) denyMismatched(ctx context.Context, tmpls []ledger.Event, recs []processors.Record, out *[]*kgo.Record, logged *[]processors.Logged) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	moves := make([]processors.Move, len(recs))
+	evs := make([]ledger.Event, len(recs))
+	for i, rec := range recs {
+		c := &completion{x: x, tmpl: tmpls[i], rec: rec}
+		ev := c.event(statemachine.EventDenied, rec.Seq+1, x.cfg.Now())
+		ev.Decision, ev.Reason = "deny", ReasonArgumentIntegrity
+		ev.Detail = "the execution record's arguments hash is not the one the call was authorized with"
+		ev.PolicyID, ev.PolicyVersion, ev.Obligations = nil, "", nil
+		outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
+		if err != nil {
+			return err
+		}
+		evs[i] = ev
+		moves[i] = processors.Move{Key: rec.Key, From: processors.StatusAuthorized, FromSeq: rec.Seq, To: processors.StatusDenied, Seq: rec.Seq + 1, Outbox: outbox}
+	}
+	applied, err := x.cfg.Store.Move(ctx, moves)
+	if err != nil {
+		return fmt.Errorf("deny %d mismatched calls: %w", len(moves), err)
+	}
+	for i, ok := range applied {
+		if !ok {
+			continue
+		}
+		r, err := evs[i].Record(x.cfg.Topics.Events)
+		if err != nil {
+			return err
+		}
+		*out = append(*out, r)
+		*logged = append(*logged, processors.Logged{Key: recs[i].Key, Seq: recs[i].Seq + 1})
+	}
+	return nil
+}
+
 // recheckApproval checks an approved call right before it runs: the
 // approval is still valid, and the policies in force now still allow the
 // call. (That the arguments are the approved ones the claim already
@@ -560,10 +614,14 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	if err != nil {
 		return c.deny(ReasonArgumentIntegrity, "the stored arguments do not decode", policy.Decision{}), false
 	}
-	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID}, args, "executor", now))
+	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose}
+	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, args, tmpl.Channel, now))
 	if !d.Allow {
 		return c.deny(d.Reason, "the policies in force at execution deny the approved call", d), false
 	}
+	// The call runs under this decision: its version and obligations
+	// (masks included) are the ones on the events that follow.
+	c.tmpl.PolicyID, c.tmpl.PolicyVersion, c.tmpl.Obligations = d.PolicyIDs, d.Version, d.Obligations.List()
 	return processors.Completion{}, true
 }
 
@@ -709,9 +767,9 @@ func (c *completion) deny(reason, detail string, d policy.Decision) processors.C
 	ev.Decision = "deny"
 	ev.Reason = reason
 	ev.Detail = detail
-	if d.Version != "" {
-		ev.PolicyID, ev.PolicyVersion, ev.Obligations = d.PolicyIDs, d.Version, nil
-	}
+	// The denial names the decision that denied, or none: not the
+	// decision that had allowed the call.
+	ev.PolicyID, ev.PolicyVersion, ev.Obligations = d.PolicyIDs, d.Version, nil
 	return c.complete(processors.StatusDenied, c.rec.Attempt, nil, c.rec.Seq+1, ev)
 }
 
@@ -799,6 +857,8 @@ func template(e ledger.Event) ledger.Event {
 		CallID:         e.CallID,
 		UserID:         e.UserID,
 		AgentID:        e.AgentID,
+		Purpose:        e.Purpose,
+		Channel:        e.Channel,
 		Tool:           e.Tool,
 		ToolVersion:    e.ToolVersion,
 		ArgumentsHash:  e.ArgumentsHash,

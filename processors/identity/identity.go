@@ -45,6 +45,11 @@ const TypeAssertion = "agent-assertion+jwt"
 const (
 	// DefaultAudience is the aud an assertion must name: the ledger.
 	DefaultAudience = "toolcall-ledger"
+	// ApproverAudience is the aud of an approver's or operator's
+	// assertion. It differs from DefaultAudience so that an agent's
+	// assertion can never act as an approver's, nor an approver's submit
+	// calls.
+	ApproverAudience = "toolcall-ledger-approvals"
 	// DefaultRefresh is how often keys are re-read at most.
 	DefaultRefresh = 5 * time.Minute
 	// DefaultSkew is the clock skew allowed on exp, nbf and iat.

@@ -301,6 +301,9 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 			p.cfg.Logger.Warn("request to dlq", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "reason", de.Code)
 			return nil, nil, ledger.DLQRecord(p.cfg.Topics.DLQ, rec, de.Code, de.Error())
 		}
+		// Nobody vouches for this sender: the refusal goes under the
+		// reserved tenant, never under the one the record claims.
+		key.TenantID = ledger.UnverifiedTenant
 		ev := p.refuse(key, &ledger.Envelope{CallID: callID}, now, de.Code, de.Pointer, de.Detail)
 		return nil, &ev, nil
 	}
@@ -320,7 +323,8 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		if errors.As(err, &te) {
 			detail = te.Detail
 		}
-		return refuse(env.Key(), ReasonAssertionPrefix+reason, "/assertion", detail)
+		unverified := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: env.IdempotencyKey}
+		return refuse(unverified, ReasonAssertionPrefix+reason, "/assertion", detail)
 	}
 	// From here on the call is the verified tenant's: a refusal goes
 	// under its key, never under the one the scope claimed.
@@ -510,6 +514,8 @@ func (p *Processor) event(c *checked, now time.Time, t statemachine.EventType, s
 	ev.TenantID = c.id.Tenant
 	ev.UserID = c.id.User
 	ev.AgentID = c.id.Agent
+	ev.Purpose = c.id.Purpose
+	ev.Channel = p.cfg.Channel
 	return ev
 }
 
