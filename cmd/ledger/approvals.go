@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
@@ -205,6 +207,77 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 		},
 	}
 	reject.Flags().StringVar(&reason, "reason", "", "why (recorded on the rejected event)")
-	cmd.AddCommand(list, show, approve, reject)
+	cmd.AddCommand(list, show, approve, reject, newApprovalsServeCmd(g))
+	return cmd
+}
+
+// newApprovalsServeCmd runs the approval queue as its own role: its HTTP
+// API and its expiry timer.
+func newApprovalsServeCmd(g *globals) *cobra.Command {
+	var (
+		rf       roleFlags
+		idf      identityFlags
+		httpAddr string
+		every    time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the approval queue: its HTTP API (/v1/approvals) and the timer that expires lapsed approvals (needs --crdb-dsn)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			logger := g.logger()
+			if rf.store.crdbDSN == "" {
+				return errors.New("approvals serve needs --crdb-dsn: it shares the execution store with the intake and executors")
+			}
+			if !cmd.Flags().Changed("audience") {
+				idf.audience = identity.ApproverAudience
+			}
+			staff, err := idf.verifier(ctx, logger)
+			if err != nil {
+				return err
+			}
+			reg, err := rf.registry.load()
+			if err != nil {
+				return err
+			}
+			st, desc, err := rf.store.openStore(ctx, logger)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			events, err := newEventPublisher(g.kafka.client(logger))
+			if err != nil {
+				return err
+			}
+			defer events.Close()
+			queue, err := approvals.New(approvals.Config{
+				Store: st, Registry: reg, Identity: staff, Publisher: events, Topics: g.kafka.topics(),
+				Actor: "approvals/" + rf.instance, Logger: logger.With("component", "approvals"),
+			})
+			if err != nil {
+				return err
+			}
+			srv := &http.Server{Addr: httpAddr, Handler: queue.Handler(), ReadHeaderTimeout: 5 * time.Second}
+			go func() {
+				// Owned by the command: closed when ctx ends.
+				<-ctx.Done()
+				srv.Close()
+			}()
+			go func() {
+				if err := queue.RunTimer(ctx, every); err != nil {
+					logger.Error("approval timer stopped", "err", err)
+				}
+			}()
+			logger.Info("approval queue starting", "http_addr", httpAddr, "store", desc, "instance", rf.instance)
+			if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		},
+	}
+	rf.register(cmd, false)
+	idf.register(cmd.Flags())
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8090", "where the approval queue's HTTP API listens")
+	cmd.Flags().DurationVar(&every, "timer-every", time.Second, "how often lapsed approvals are looked for")
 	return cmd
 }

@@ -158,17 +158,26 @@ func newExecutorCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				engine, watch, err := pf.engine(logger)
-				if err != nil {
-					return nil, err
-				}
-				go func() {
-					// Owned by the command: it ends with ctx.
-					if err := watch(cmd.Context()); err != nil {
-						logger.Error("policy watcher stopped", "err", err)
+				// Approved calls are decided again before they run, with
+				// the intake's policies: the executor needs the same
+				// --policy-dir. Without one it does not re-decide.
+				var pol executor.Decider
+				if pf.dir != "" {
+					engine, watch, err := pf.engine(logger)
+					if err != nil {
+						return nil, err
 					}
-				}()
-				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, engine, toolsBase, rf.instance, logger)
+					go func() {
+						// Owned by the command: it ends with ctx.
+						if err := watch(cmd.Context()); err != nil {
+							logger.Error("policy watcher stopped", "err", err)
+						}
+					}()
+					pol = engine
+				} else {
+					logger.Warn("no --policy-dir: approved calls are not decided again before they run")
+				}
+				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, pol, toolsBase, rf.instance, logger)
 				return loop, err
 			})
 		},
