@@ -27,7 +27,8 @@ const (
 type VerifierConfig struct {
 	// Audience is the aud a credential must carry: the backend's own
 	// audience. Expect.Audience overrides it per call. If both are empty
-	// every credential is refused (wrong_audience).
+	// every credential is refused (wrong_audience) by Verify; Inspect
+	// ignores it.
 	Audience string
 	// Issuer is the iss a credential must carry. Default: DefaultIssuer.
 	Issuer string
@@ -185,29 +186,9 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 // after a lost answer); for another key it is refused as replayed, whatever
 // else is wrong with that presentation.
 func (v *Verifier) Verify(ctx context.Context, token string, want Expect) (Claims, error) {
-	if token == "" {
-		return Claims{}, reject(ReasonMissingToken, "no bearer token")
-	}
-	p, err := parseJWS(token)
+	w, err := v.signed(ctx, token)
 	if err != nil {
 		return Claims{}, err
-	}
-	pub, err := v.key(ctx, p.kid)
-	if err != nil {
-		return Claims{}, err
-	}
-	if !p.verify(pub) {
-		return Claims{}, reject(ReasonBadSignature, "signature does not verify under kid %s", quote(p.kid))
-	}
-	var w wireClaims
-	if err := json.Unmarshal(p.payload, &w); err != nil {
-		return Claims{}, reject(ReasonMalformed, "claims are not a JSON object of the credential's claims")
-	}
-	if w.Exp == 0 || w.JTI == "" {
-		return Claims{}, reject(ReasonMalformed, "exp and jti are required")
-	}
-	if w.Iss != v.cfg.Issuer {
-		return Claims{}, reject(ReasonWrongIssuer, "iss %s, want %s", quote(w.Iss), quote(v.cfg.Issuer))
 	}
 	aud := want.Audience
 	if aud == "" {
@@ -218,16 +199,76 @@ func (v *Verifier) Verify(ctx context.Context, token string, want Expect) (Claim
 	}
 	c := w.claims()
 	now := v.cfg.Now()
-	if !now.Before(c.ExpiresAt.Add(v.cfg.Skew)) {
-		return Claims{}, reject(ReasonExpired, "expired at %s", c.ExpiresAt.Format(time.RFC3339))
-	}
-	if now.Add(v.cfg.Skew).Before(c.NotBefore) {
-		return Claims{}, reject(ReasonNotYetValid, "not before %s", c.NotBefore.Format(time.RFC3339))
+	if err := v.current(now, c); err != nil {
+		return Claims{}, err
 	}
 	if err := v.accept(now, c, want); err != nil {
 		return Claims{}, err
 	}
 	return c, nil
+}
+
+// Inspect checks token for an introspection endpoint (RFC 7662), which
+// answers for any backend: signature under a published key, issuer,
+// expiry and not-before, and nothing about the request (no audience,
+// scope, tenant or call), so a Verifier with an empty Audience serves. It
+// remembers nothing: an inspected jti may still be presented once to its
+// backend, and inspecting it again is no replay. Refusals are *Error as
+// from Verify. Whether the credential was revoked is the caller's to
+// check, from the returned JTI and Family.
+func (v *Verifier) Inspect(ctx context.Context, token string) (Claims, error) {
+	w, err := v.signed(ctx, token)
+	if err != nil {
+		return Claims{}, err
+	}
+	c := w.claims()
+	if err := v.current(v.cfg.Now(), c); err != nil {
+		return Claims{}, err
+	}
+	return c, nil
+}
+
+// signed parses token, checks its signature under a published key and its
+// issuer, and returns its claims; what they are good for is the caller's
+// to check.
+func (v *Verifier) signed(ctx context.Context, token string) (wireClaims, error) {
+	if token == "" {
+		return wireClaims{}, reject(ReasonMissingToken, "no bearer token")
+	}
+	p, err := parseJWS(token)
+	if err != nil {
+		return wireClaims{}, err
+	}
+	pub, err := v.key(ctx, p.kid)
+	if err != nil {
+		return wireClaims{}, err
+	}
+	if !p.verify(pub) {
+		return wireClaims{}, reject(ReasonBadSignature, "signature does not verify under kid %s", quote(p.kid))
+	}
+	var w wireClaims
+	if err := json.Unmarshal(p.payload, &w); err != nil {
+		return wireClaims{}, reject(ReasonMalformed, "claims are not a JSON object of the credential's claims")
+	}
+	if w.Exp == 0 || w.JTI == "" {
+		return wireClaims{}, reject(ReasonMalformed, "exp and jti are required")
+	}
+	if w.Iss != v.cfg.Issuer {
+		return wireClaims{}, reject(ReasonWrongIssuer, "iss %s, want %s", quote(w.Iss), quote(v.cfg.Issuer))
+	}
+	return w, nil
+}
+
+// current checks that c is within its validity window at now, give or
+// take the skew.
+func (v *Verifier) current(now time.Time, c Claims) error {
+	if !now.Before(c.ExpiresAt.Add(v.cfg.Skew)) {
+		return reject(ReasonExpired, "expired at %s", c.ExpiresAt.Format(time.RFC3339))
+	}
+	if now.Add(v.cfg.Skew).Before(c.NotBefore) {
+		return reject(ReasonNotYetValid, "not before %s", c.NotBefore.Format(time.RFC3339))
+	}
+	return nil
 }
 
 // accept runs the replay check and the request checks, and remembers the

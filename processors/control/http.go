@@ -1,0 +1,278 @@
+package control
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/toolcall-ledger/ledger/ledger/token"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+)
+
+// maxBodyBytes bounds a request body: an operator request, or an
+// introspection form (a credential is at most credentials.MaxTokenBytes).
+const maxBodyBytes = 16 << 10
+
+// IntrospectPath is where Handler serves token introspection.
+const IntrospectPath = "/v1/introspect"
+
+// Error codes of the HTTP API, in {"error": {"code", "message"}}.
+const (
+	CodeUnauthenticated = "unauthenticated"
+	CodeForbidden       = "forbidden"
+	CodeInvalidRequest  = "invalid_request"
+	CodeNotFrozen       = "not_frozen"
+	CodeUnavailable     = "unavailable"
+	CodeInternal        = "internal"
+)
+
+// FreezeRequest is the body of POST /v1/control/freeze and
+// /v1/control/unfreeze.
+type FreezeRequest struct {
+	Tool string `json:"tool"`
+	// Tenant limits the freeze to one tenant; empty: every tenant (a
+	// tenant operator's freeze is always for its own tenant).
+	Tenant string `json:"tenant,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// RevokeRequest is the body of POST /v1/control/revoke: exactly one of
+// JTI and Family.
+type RevokeRequest struct {
+	JTI    string `json:"jti,omitempty"`
+	Family string `json:"family,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// Introspection is the answer of POST /v1/introspect (RFC 7662 §2.2). An
+// inactive credential carries nothing but Active false: the endpoint never
+// says why, nor what an inactive token claims.
+type Introspection struct {
+	Active bool   `json:"active"`
+	JTI    string `json:"jti,omitempty"`
+	// Exp is the expiry, in seconds since the epoch.
+	Exp    int64  `json:"exp,omitempty"`
+	Scope  string `json:"scope,omitempty"`
+	Aud    string `json:"aud,omitempty"`
+	Family string `json:"family,omitempty"`
+}
+
+// Handler serves the control API:
+//
+//	GET  /v1/control              the control state (Service.Snapshot)
+//	POST /v1/control/freeze       {"tool", "tenant"?, "reason"}
+//	POST /v1/control/unfreeze     {"tool", "tenant"?, "reason"}
+//	POST /v1/control/revoke       {"jti" | "family", "reason"}
+//	POST /v1/introspect           token=<credential> (RFC 7662)
+//
+// The control routes take the operator's assertion as Authorization:
+// Bearer; who acts, and for which tenant, comes from it alone. They answer
+// the Action (200), or 202 with it when it was published but not yet
+// applied locally, or {"error": {"code", "message"}}: 401 unauthenticated,
+// 403 forbidden, 400 invalid_request, 409 not_frozen, 503 unavailable.
+//
+// Introspection is served when Config.Credentials is set. It does not
+// authenticate its caller in this version: it only says whether a
+// credential is active now (valid signature, issuer and expiry, and
+// neither its jti nor its family revoked), and returns nothing of an
+// active one but jti, exp, scope, aud and family, which whoever holds the
+// token can read from it anyway. It answers 503 while it cannot tell (keys
+// unavailable, control state not caught up). No answer or log line ever
+// holds an assertion or a token.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/control", s.authed(s.serveSnapshot))
+	mux.HandleFunc("POST /v1/control/freeze", s.authed(s.serveFreeze))
+	mux.HandleFunc("POST /v1/control/unfreeze", s.authed(s.serveUnfreeze))
+	mux.HandleFunc("POST /v1/control/revoke", s.authed(s.serveRevoke))
+	if s.cfg.Credentials != nil {
+		mux.HandleFunc("POST "+IntrospectPath, s.serveIntrospect)
+	}
+	return mux
+}
+
+type apiError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // a write error means the client left
+}
+
+func writeError(w http.ResponseWriter, status int, code, message string) {
+	writeJSON(w, status, map[string]apiError{"error": {Code: code, Message: message}})
+}
+
+// authed verifies the bearer assertion and hands the identity on.
+func (s *Service) authed(next func(http.ResponseWriter, *http.Request, identity.Identity)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		scheme, assertion, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		assertion = strings.TrimSpace(assertion)
+		if !ok || !strings.EqualFold(scheme, "Bearer") || assertion == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-control"`)
+			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "an operator assertion is required as Authorization: Bearer")
+			return
+		}
+		id, err := s.cfg.Identity.Verify(r.Context(), assertion)
+		if err != nil {
+			// The reason is a fixed code ("expired", "bad_signature"),
+			// never the assertion or its claims.
+			reason := token.ReasonOf(err)
+			if reason == "" {
+				reason = "invalid"
+			}
+			s.cfg.Logger.Info("operator assertion refused", "reason", reason)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-control", error="invalid_token"`)
+			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the operator assertion was refused: "+reason)
+			return
+		}
+		next(w, r, id)
+	}
+}
+
+// fail answers err with its status and code.
+func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, code, msg := http.StatusInternalServerError, CodeInternal, "the control action could not be processed"
+	switch {
+	case errors.Is(err, ErrForbidden):
+		status, code, msg = http.StatusForbidden, CodeForbidden, err.Error()
+	case errors.Is(err, ErrInvalidRequest):
+		status, code, msg = http.StatusBadRequest, CodeInvalidRequest, err.Error()
+	case errors.Is(err, ErrNotFrozen):
+		status, code, msg = http.StatusConflict, CodeNotFrozen, err.Error()
+	case errors.Is(err, ErrNotReady):
+		status, code, msg = http.StatusServiceUnavailable, CodeUnavailable, "the control state is still loading; try again"
+		w.Header().Set("Retry-After", "1")
+	default:
+		s.cfg.Logger.Error("control request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, status, code, msg)
+}
+
+// answer writes an action, or fails.
+func (s *Service) answer(w http.ResponseWriter, r *http.Request, a Action, err error) {
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, a)
+	case errors.Is(err, ErrNotYetApplied):
+		writeJSON(w, http.StatusAccepted, a)
+	default:
+		s.fail(w, r, err)
+	}
+}
+
+func (s *Service) serveSnapshot(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	snap, err := s.Snapshot(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, snap)
+}
+
+func (s *Service) serveFreeze(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	var req FreezeRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.Freeze(r.Context(), id, req.Tool, req.Tenant, req.Reason)
+	s.answer(w, r, a, err)
+}
+
+func (s *Service) serveUnfreeze(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	var req FreezeRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.Unfreeze(r.Context(), id, req.Tool, req.Tenant, req.Reason)
+	s.answer(w, r, a, err)
+}
+
+func (s *Service) serveRevoke(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	var req RevokeRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.Revoke(r.Context(), id, req.JTI, req.Family, req.Reason)
+	s.answer(w, r, a, err)
+}
+
+// serveIntrospect answers RFC 7662 introspection. The token is read from
+// the form body only, never from the query string, which ends up in
+// access logs.
+func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
+	ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || ct != "application/x-www-form-urlencoded" {
+		writeError(w, http.StatusUnsupportedMediaType, CodeInvalidRequest, "the body must be application/x-www-form-urlencoded")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	if err := r.ParseForm(); err != nil {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, "the body is not a form of at most 16 KiB")
+		return
+	}
+	tok := r.PostForm.Get("token")
+	if tok == "" {
+		writeError(w, http.StatusBadRequest, CodeInvalidRequest, "the token parameter is required")
+		return
+	}
+	if !s.cfg.State.isReady() {
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the control state is still loading; try again")
+		return
+	}
+	c, err := s.cfg.Credentials.Inspect(r.Context(), tok)
+	if err != nil {
+		reason := credentials.ReasonOf(err)
+		if reason == credentials.ReasonKeysUnavailable {
+			// Not the token's fault, and not a verdict on it either.
+			s.cfg.Logger.Warn("introspection without keys", "err", err)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the credential keys are unavailable; try again")
+			return
+		}
+		s.cfg.Logger.Debug("introspection: inactive", "reason", string(reason))
+		writeJSON(w, http.StatusOK, Introspection{Active: false})
+		return
+	}
+	if a, revoked := s.cfg.State.Revoked(c.JTI, c.Family); revoked {
+		s.cfg.Logger.Debug("introspection: revoked", "jti", c.JTI, "family", c.Family, attrSubject, a.Subject)
+		writeJSON(w, http.StatusOK, Introspection{Active: false})
+		return
+	}
+	writeJSON(w, http.StatusOK, Introspection{
+		Active: true, JTI: c.JTI, Exp: c.ExpiresAt.Unix(), Scope: c.Scope, Aud: c.Audience, Family: c.Family,
+	})
+}
+
+// decodeBody reads one JSON object with no unknown fields and nothing
+// after it.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
+			return fmt.Errorf("%w: body larger than %d bytes", ErrInvalidRequest, maxBodyBytes)
+		}
+		return fmt.Errorf("%w: body: %v", ErrInvalidRequest, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: body: trailing data after the JSON object", ErrInvalidRequest)
+	}
+	return nil
+}

@@ -1,0 +1,393 @@
+package control
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
+)
+
+// syncBuffer collects log output from concurrent handlers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// httpEnv is a Service behind an httptest server, with real operator
+// assertions and a real credential broker; every response body and
+// header, and every log line, is kept to look for secrets in.
+type httpEnv struct {
+	t      *testing.T
+	ident  *processorstest.Identity
+	broker *credentials.Broker
+	// shift moves the broker's clock, to mint expired credentials.
+	shift atomic.Int64
+	srv   *httptest.Server
+	svc   *Service
+	logs  *syncBuffer
+
+	mu  sync.Mutex
+	out []string
+}
+
+func newHTTPEnv(t *testing.T, edit func(*Config)) *httpEnv {
+	t.Helper()
+	e := &httpEnv{t: t, ident: processorstest.NewIdentity(t), logs: &syncBuffer{}}
+	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	b, err := credentials.New(credentials.Config{
+		Now:    func() time.Time { return time.Now().Add(time.Duration(e.shift.Load())) },
+		Logger: logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.broker = b
+	inspector, err := credentials.NewVerifier(credentials.VerifierConfig{Keys: b.Keys, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := NewState(logger)
+	st.topic = ledger.Topics{}.WithDefaults().Control
+	close(st.ready)
+	cfg := Config{State: st, Identity: e.ident.Verifier, Credentials: inspector, Logger: logger}
+	if edit != nil {
+		edit(&cfg)
+	}
+	e.svc, _ = newLoopbackService(t, cfg)
+	e.srv = httptest.NewServer(e.svc.Handler())
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *httpEnv) assertion(id identity.Identity) string {
+	e.t.Helper()
+	a, err := e.ident.Issuer.Mint(id, processorstest.Audience, 10*time.Minute)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return a
+}
+
+// credential mints a credential for tool in tenant at key epoch.
+func (e *httpEnv) credential(tool, tenant string, epoch int64) credentials.Credential {
+	e.t.Helper()
+	c, err := e.broker.Mint(credentials.Grant{
+		Tenant: tenant, User: "u_1", Agent: "agent_1", Executor: "executor-1", Tool: tool,
+		Audience: "demo-backend", IdempotencyKey: "run_1:step_1:" + tool, KeyEpoch: epoch,
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// do sends a request and returns the status and body, keeping both.
+func (e *httpEnv) do(method, path, contentType, auth, body string) (int, []byte) {
+	e.t.Helper()
+	req, err := http.NewRequestWithContext(e.t.Context(), method, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var hdr strings.Builder
+	_ = resp.Header.Write(&hdr)
+	e.mu.Lock()
+	e.out = append(e.out, hdr.String(), string(b))
+	e.mu.Unlock()
+	return resp.StatusCode, b
+}
+
+func (e *httpEnv) introspect(token string) (int, map[string]any) {
+	e.t.Helper()
+	status, body := e.do("POST", IntrospectPath, "application/x-www-form-urlencoded", "", url.Values{"token": {token}}.Encode())
+	var m map[string]any
+	if err := json.Unmarshal(body, &m); err != nil {
+		e.t.Fatalf("introspection answer %s: %v", body, err)
+	}
+	return status, m
+}
+
+// assertNoSecrets fails if any response or log line holds one of the
+// secrets, whole or any of its segments.
+func (e *httpEnv) assertNoSecrets(secrets ...string) {
+	e.t.Helper()
+	e.mu.Lock()
+	all := strings.Join(e.out, "\n") + "\n" + e.logs.String()
+	e.mu.Unlock()
+	for _, s := range secrets {
+		forms := []string{s}
+		if parts := strings.Split(s, "."); len(parts) == 3 {
+			forms = append(forms, parts[1], parts[2])
+		}
+		for _, f := range forms {
+			if strings.Contains(all, f) {
+				e.t.Errorf("a response or log line holds a secret (%.12s...)", f)
+			}
+		}
+	}
+}
+
+func errorCode(t *testing.T, body []byte) string {
+	t.Helper()
+	var m struct {
+		Error apiError `json:"error"`
+	}
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("error body %s: %v", body, err)
+	}
+	return m.Error.Code
+}
+
+// The operator API answers each outcome with its status and code. The
+// steps run in order: later ones depend on earlier ones.
+func TestHandler(t *testing.T) {
+	e := newHTTPEnv(t, nil)
+	var (
+		rootTok  = "Bearer " + e.assertion(platformOp)
+		acmeTok  = "Bearer " + e.assertion(acmeOp)
+		bossTok  = "Bearer " + e.assertion(approver)
+		agentTok = "Bearer " + e.ident.Assertion(t, "t_acme", "u_1") // valid, no role
+	)
+	const js = "application/json"
+	cases := []struct {
+		name       string
+		method     string
+		path       string
+		auth       string
+		body       string
+		wantStatus int
+		wantCode   string
+		check      func(t *testing.T, body []byte)
+	}{
+		{name: "no credentials", method: "GET", path: "/v1/control", wantStatus: 401, wantCode: CodeUnauthenticated},
+		{name: "garbage bearer", method: "GET", path: "/v1/control", auth: "Bearer not.a.jwt", wantStatus: 401, wantCode: CodeUnauthenticated},
+		{name: "basic auth", method: "GET", path: "/v1/control", auth: "Basic " + strings.TrimPrefix(rootTok, "Bearer "), wantStatus: 401, wantCode: CodeUnauthenticated},
+		{name: "approver is not an operator", method: "GET", path: "/v1/control", auth: bossTok, wantStatus: 403, wantCode: CodeForbidden},
+		{name: "agent assertion", method: "POST", path: "/v1/control/freeze", auth: agentTok, body: `{"tool":"refund_order","reason":"r"}`, wantStatus: 403, wantCode: CodeForbidden},
+		{name: "freeze", method: "POST", path: "/v1/control/freeze", auth: rootTok, body: `{"tool":"refund_order","reason":"incident 42"}`, wantStatus: 200,
+			check: func(t *testing.T, body []byte) {
+				var a Action
+				if err := json.Unmarshal(body, &a); err != nil {
+					t.Fatal(err)
+				}
+				if a.Subject != "tool:refund_order" || a.By != "op_root" || a.Reason != "incident 42" {
+					t.Errorf("freeze answered %+v; want the freeze of refund_order by op_root", a)
+				}
+				if _, ok := e.svc.cfg.State.Frozen("refund_order", "t_acme"); !ok {
+					t.Error("refund_order not frozen after a 200")
+				}
+			}},
+		{name: "freeze body not JSON", method: "POST", path: "/v1/control/freeze", auth: rootTok, body: `tool=refund_order`, wantStatus: 400, wantCode: CodeInvalidRequest},
+		{name: "freeze unknown field", method: "POST", path: "/v1/control/freeze", auth: rootTok, body: `{"tool":"refund_order","reason":"r","all":true}`, wantStatus: 400, wantCode: CodeInvalidRequest},
+		{name: "freeze trailing data", method: "POST", path: "/v1/control/freeze", auth: rootTok, body: `{"tool":"refund_order","reason":"r"} {}`, wantStatus: 400, wantCode: CodeInvalidRequest},
+		{name: "freeze body too large", method: "POST", path: "/v1/control/freeze", auth: rootTok, body: `{"tool":"refund_order","reason":"` + strings.Repeat("x", maxBodyBytes) + `"}`, wantStatus: 400, wantCode: CodeInvalidRequest},
+		{name: "freeze without reason", method: "POST", path: "/v1/control/freeze", auth: rootTok, body: `{"tool":"refund_order"}`, wantStatus: 400, wantCode: CodeInvalidRequest},
+		{name: "freeze of another tenant", method: "POST", path: "/v1/control/freeze", auth: acmeTok, body: `{"tool":"send_email","tenant":"t_other","reason":"r"}`, wantStatus: 403, wantCode: CodeForbidden},
+		{name: "tenant freeze", method: "POST", path: "/v1/control/freeze", auth: acmeTok, body: `{"tool":"send_email","reason":"r"}`, wantStatus: 200},
+		{name: "unfreeze of what is not frozen", method: "POST", path: "/v1/control/unfreeze", auth: rootTok, body: `{"tool":"send_email","reason":"r"}`, wantStatus: 409, wantCode: CodeNotFrozen},
+		{name: "unfreeze", method: "POST", path: "/v1/control/unfreeze", auth: acmeTok, body: `{"tool":"send_email","reason":"fixed"}`, wantStatus: 200},
+		{name: "revoke jti as a tenant operator", method: "POST", path: "/v1/control/revoke", auth: acmeTok, body: `{"jti":"jti-1","reason":"r"}`, wantStatus: 403, wantCode: CodeForbidden},
+		{name: "revoke both", method: "POST", path: "/v1/control/revoke", auth: rootTok, body: `{"jti":"jti-1","family":"refund_order:t_acme:1","reason":"r"}`, wantStatus: 400, wantCode: CodeInvalidRequest},
+		{name: "revoke family", method: "POST", path: "/v1/control/revoke", auth: acmeTok, body: `{"family":"refund_order:t_acme:1","reason":"r"}`, wantStatus: 200},
+		{name: "snapshot", method: "GET", path: "/v1/control", auth: acmeTok, wantStatus: 200,
+			check: func(t *testing.T, body []byte) {
+				var snap Snapshot
+				if err := json.Unmarshal(body, &snap); err != nil {
+					t.Fatal(err)
+				}
+				if len(snap.Freezes) != 1 || snap.Freezes[0].Subject != "tool:refund_order" ||
+					len(snap.Revocations) != 1 || snap.Revocations[0].Subject != "family:refund_order:t_acme:1" {
+					t.Errorf("snapshot %+v; want the refund_order freeze and acme's family", snap)
+				}
+			}},
+		{name: "wrong method", method: "DELETE", path: "/v1/control", auth: rootTok, wantStatus: 405},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body := e.do(tc.method, tc.path, js, tc.auth, tc.body)
+			if status != tc.wantStatus {
+				t.Fatalf("%s %s = %d %s; want %d", tc.method, tc.path, status, body, tc.wantStatus)
+			}
+			if tc.wantCode != "" {
+				if got := errorCode(t, body); got != tc.wantCode {
+					t.Errorf("error code %q; want %q", got, tc.wantCode)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, body)
+			}
+		})
+	}
+	e.assertNoSecrets(rootTok[7:], acmeTok[7:], bossTok[7:], agentTok[7:])
+}
+
+func TestHandlerNotYetAppliedAndNotReady(t *testing.T) {
+	t.Parallel()
+	e := newHTTPEnv(t, func(c *Config) { c.ApplyWait = 10 * time.Millisecond })
+	e.svc.cfg.Publisher.(*loopback).apply = false
+	root := "Bearer " + e.assertion(platformOp)
+	if status, body := e.do("POST", "/v1/control/freeze", "application/json", root, `{"tool":"refund_order","reason":"r"}`); status != 202 {
+		t.Errorf("freeze not applied locally = %d %s; want 202", status, body)
+	}
+
+	nr := newHTTPEnv(t, func(c *Config) { c.State = NewState(nil) })
+	root = "Bearer " + nr.assertion(platformOp)
+	if status, body := nr.do("POST", "/v1/control/freeze", "application/json", root, `{"tool":"refund_order","reason":"r"}`); status != 503 || errorCode(t, body) != CodeUnavailable {
+		t.Errorf("freeze before Ready = %d %s; want 503 unavailable", status, body)
+	}
+	cred := nr.credential("refund_order", "t_acme", 1)
+	if status, m := nr.introspect(cred.Token); status != 503 {
+		t.Errorf("introspection before Ready = %d %v; want 503", status, m)
+	}
+	nr.assertNoSecrets(cred.Token)
+}
+
+// Introspection says active for a good credential until its jti or its
+// family is revoked, never for an expired or forged one, and no answer or
+// log line holds a token.
+func TestIntrospection(t *testing.T) {
+	t.Parallel()
+	e := newHTTPEnv(t, nil)
+	root := "Bearer " + e.assertion(platformOp)
+	acme := "Bearer " + e.assertion(acmeOp)
+	revoke := func(auth, body string) {
+		t.Helper()
+		if status, b := e.do("POST", "/v1/control/revoke", "application/json", auth, body); status != 200 {
+			t.Fatalf("revoke %s = %d %s", body, status, b)
+		}
+	}
+	inactive := map[string]any{"active": false}
+
+	first := e.credential("refund_order", "t_acme", 7)
+	second := e.credential("refund_order", "t_acme", 7) // same family
+	other := e.credential("send_email", "t_acme", 7)
+	e.shift.Store(int64(-time.Hour))
+	expired := e.credential("refund_order", "t_acme", 7)
+	e.shift.Store(0)
+	stranger, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := stranger.Mint(credentials.Grant{Tenant: "t_acme", User: "u_1", Agent: "a", Executor: "x", Tool: "refund_order", Audience: "demo-backend", IdempotencyKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := strings.Split(first.Token, ".")
+	q := strings.Split(other.Token, ".")
+	tampered := p[0] + "." + q[1] + "." + p[2]
+
+	status, got := e.introspect(first.Token)
+	want := map[string]any{
+		"active": true, "jti": first.JTI, "exp": float64(first.ExpiresAt.Unix()),
+		"scope": "tool::refund_order", "aud": "demo-backend", "family": "refund_order:t_acme:7",
+	}
+	if status != 200 {
+		t.Fatalf("introspect active = %d %v; want 200", status, got)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("active credential (-want +got):\n%s", diff)
+	}
+
+	for name, tok := range map[string]string{"expired": expired.Token, "forged": forged.Token, "tampered": tampered, "garbage": "not-a-token"} {
+		if status, got := e.introspect(tok); status != 200 || !cmp.Equal(got, inactive) {
+			t.Errorf("introspect %s = %d %v; want 200 %v", name, status, got, inactive)
+		}
+	}
+
+	revoke(root, `{"jti":"`+first.JTI+`","reason":"leaked"}`)
+	if _, got := e.introspect(first.Token); !cmp.Equal(got, inactive) {
+		t.Errorf("after revoking its jti: %v; want %v", got, inactive)
+	}
+	if _, got := e.introspect(second.Token); got["active"] != true {
+		t.Errorf("a sibling after revoking one jti: %v; want active", got)
+	}
+	revoke(acme, `{"family":"refund_order:t_acme:7","reason":"executor compromised"}`)
+	if _, got := e.introspect(second.Token); !cmp.Equal(got, inactive) {
+		t.Errorf("after revoking its family: %v; want %v", got, inactive)
+	}
+	if _, got := e.introspect(other.Token); got["active"] != true {
+		t.Errorf("another family after a family revocation: %v; want active", got)
+	}
+
+	// The token is read from the form body only.
+	if status, body := e.do("POST", IntrospectPath+"?token="+url.QueryEscape(other.Token), "application/x-www-form-urlencoded", "", ""); status != 400 {
+		t.Errorf("token in the query string = %d %s; want 400", status, body)
+	}
+	if status, body := e.do("POST", IntrospectPath, "application/json", "", `{"token":"`+other.Token+`"}`); status != 415 {
+		t.Errorf("JSON body = %d %s; want 415", status, body)
+	}
+	if status, body := e.do("POST", IntrospectPath, "application/x-www-form-urlencoded", "", "token_type_hint=access_token"); status != 400 {
+		t.Errorf("no token = %d %s; want 400", status, body)
+	}
+	if status, body := e.do("GET", IntrospectPath, "", "", ""); status != 405 {
+		t.Errorf("GET = %d %s; want 405", status, body)
+	}
+	e.assertNoSecrets(first.Token, second.Token, other.Token, expired.Token, forged.Token, tampered, root[7:], acme[7:])
+}
+
+func TestIntrospectionUnavailableKeys(t *testing.T) {
+	t.Parallel()
+	failing, err := credentials.NewVerifier(credentials.VerifierConfig{
+		Keys: func(context.Context) ([]byte, error) { return nil, errors.New("key server down") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newHTTPEnv(t, func(c *Config) { c.Credentials = failing })
+	cred := e.credential("refund_order", "t_acme", 1)
+	if status, got := e.introspect(cred.Token); status != 503 {
+		t.Errorf("introspect without keys = %d %v; want 503 (not a verdict on the token)", status, got)
+	}
+	e.assertNoSecrets(cred.Token)
+}
+
+func TestIntrospectionNotServedWithoutInspector(t *testing.T) {
+	t.Parallel()
+	e := newHTTPEnv(t, func(c *Config) { c.Credentials = nil })
+	if status, _ := e.do("POST", IntrospectPath, "application/x-www-form-urlencoded", "", "token=x"); status != 404 {
+		t.Errorf("introspection without Config.Credentials = %d; want 404", status)
+	}
+}

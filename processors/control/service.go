@@ -1,0 +1,320 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+)
+
+// PlatformTenant is the tenant of a platform operator's identity: such an
+// operator may act on every tenant.
+const PlatformTenant = "*"
+
+// Defaults of Config.
+const (
+	DefaultOperatorRole = "operator"
+	DefaultApplyWait    = 2 * time.Second
+)
+
+var (
+	// ErrForbidden: the identity is not an operator, or not one who may do
+	// this (another tenant's tool or family, or a jti revocation by a
+	// tenant operator).
+	ErrForbidden = errors.New("forbidden")
+	// ErrNotFrozen: an unfreeze named a freeze that is not in force.
+	ErrNotFrozen = errors.New("not frozen")
+	// ErrNotReady: the State has not caught up with the control topic
+	// yet, so the service cannot tell what is in force.
+	ErrNotReady = errors.New("control state not ready")
+	// ErrNotYetApplied: the action was published (it is durable and
+	// every instance will apply it) but the local State had not applied
+	// it within Config.ApplyWait. The Action is returned with it.
+	ErrNotYetApplied = errors.New("published but not yet applied locally")
+)
+
+// Publisher appends records to the control topic. Implementations are
+// safe for concurrent use, return once the broker acknowledged every
+// record, and set each record's Partition and Offset on success, as
+// franz-go's ProduceSync does: Service waits for that offset to be applied.
+type Publisher interface {
+	Publish(ctx context.Context, recs ...*kgo.Record) error
+}
+
+// Verifier verifies an operator's assertion. Implementations are safe for
+// concurrent use; ctx bounds any key refresh.
+type Verifier interface {
+	Verify(ctx context.Context, assertion string) (identity.Identity, error)
+}
+
+// Inspector checks a credential's signature, issuer and expiry, and
+// nothing about the request it is presented with
+// (*credentials.Verifier's Inspect). A refusal is a *credentials.Error.
+// Implementations are safe for concurrent use; ctx bounds any key fetch.
+type Inspector interface {
+	Inspect(ctx context.Context, token string) (credentials.Claims, error)
+}
+
+// Config configures a Service.
+type Config struct {
+	// State is the control state, run by the caller (State.Run). Required.
+	State *State
+	// Publisher appends to Topics.Control. Required.
+	Publisher Publisher
+	// Identity verifies operators' assertions for Handler. Required.
+	Identity Verifier
+	// Topics names the control topic; empty names take their defaults.
+	// It must be the topic State.Run reads.
+	Topics ledger.Topics
+	// OperatorRole is the role an operator's assertion must carry.
+	// Default: DefaultOperatorRole.
+	OperatorRole string
+	// Credentials checks tokens for the introspection endpoint. Nil: the
+	// endpoint is not served.
+	Credentials Inspector
+	// ApplyWait bounds how long an action waits for the local State to
+	// apply it after it was published. Default: DefaultApplyWait (2 s).
+	ApplyWait time.Duration
+	// Now is the clock of Action.At. Default: time.Now.
+	Now func() time.Time
+	// Logger receives every published action (Info) and failures; never
+	// an assertion or a token. Nil discards.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	c.Topics = c.Topics.WithDefaults()
+	if c.OperatorRole == "" {
+		c.OperatorRole = DefaultOperatorRole
+	}
+	if c.ApplyWait == 0 {
+		c.ApplyWait = DefaultApplyWait
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.State == nil:
+		return errors.New("control: no State")
+	case c.Publisher == nil:
+		return errors.New("control: no Publisher")
+	case c.Identity == nil:
+		return errors.New("control: no Identity verifier")
+	case c.ApplyWait < 0:
+		return errors.New("control: negative ApplyWait")
+	}
+	return nil
+}
+
+// Service is the operator API of the control plane: freeze and unfreeze
+// tools, revoke credentials, and the token introspection endpoint. It is
+// safe for concurrent use.
+//
+// Authorization: the operator's identity must carry Config.OperatorRole.
+// A platform operator (tenant PlatformTenant, "*") may do anything. Any
+// other operator acts on its own tenant only: a freeze or unfreeze without
+// a tenant becomes one for the operator's tenant (it can neither freeze
+// nor lift a freeze of every tenant), a freeze naming another tenant is
+// forbidden, a family revocation must name a family of the operator's
+// tenant, and a jti revocation is forbidden, since a jti alone does not
+// say whose credential it is. Every action needs a reason.
+type Service struct {
+	cfg Config
+}
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.Logger = cfg.Logger.With("component", "control")
+	return &Service{cfg: cfg}, nil
+}
+
+// operator checks that id is an operator and reports whether it is a
+// platform operator.
+func (s *Service) operator(id identity.Identity) (platform bool, err error) {
+	if id.User == "" || id.Tenant == "" || !slices.Contains(id.Roles, s.cfg.OperatorRole) {
+		return false, fmt.Errorf("%w: the assertion does not carry the %s role", ErrForbidden, s.cfg.OperatorRole)
+	}
+	return id.Tenant == PlatformTenant, nil
+}
+
+// toolScope authorizes a freeze or unfreeze of tool for tenant and returns
+// the tenant it applies to.
+func (s *Service) toolScope(op identity.Identity, tool, tenant, reason string) (string, string, error) {
+	platform, err := s.operator(op)
+	if err != nil {
+		return "", "", err
+	}
+	if reason, err = checkReason(reason); err != nil {
+		return "", "", err
+	}
+	if err := checkTool(tool); err != nil {
+		return "", "", err
+	}
+	if !platform {
+		switch tenant {
+		case "":
+			tenant = op.Tenant
+		case op.Tenant:
+		default:
+			return "", "", fmt.Errorf("%w: an operator of tenant %s may not act on tenant %s", ErrForbidden, op.Tenant, tenant)
+		}
+	}
+	if tenant != "" {
+		if err := checkTenant(tenant); err != nil {
+			return "", "", err
+		}
+	}
+	return tenant, reason, nil
+}
+
+// Freeze freezes tool, for every tenant when tenant is empty, else for
+// that tenant (see Service for who may do which). Freezing again replaces
+// the record (its operator and reason). It returns once the local State
+// applied the freeze, or with ErrNotYetApplied (and the Action) after
+// Config.ApplyWait.
+func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string) (Action, error) {
+	if !s.cfg.State.isReady() {
+		return Action{}, ErrNotReady
+	}
+	tenant, reason, err := s.toolScope(operator, tool, tenant, reason)
+	if err != nil {
+		return Action{}, err
+	}
+	return s.publish(ctx, s.action(operator, KindFreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant }))
+}
+
+// Unfreeze lifts the freeze of tool for tenant ("" for the freeze of every
+// tenant; a tenant operator's unfreeze is always for its own tenant). It
+// lifts exactly that freeze: a freeze of every tenant and one of a single
+// tenant are lifted separately. ErrNotFrozen when that freeze is not in
+// force. It waits like Freeze.
+func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string) (Action, error) {
+	if !s.cfg.State.isReady() {
+		return Action{}, ErrNotReady
+	}
+	tenant, reason, err := s.toolScope(operator, tool, tenant, reason)
+	if err != nil {
+		return Action{}, err
+	}
+	if _, frozen := s.cfg.State.frozenExactly(tool, tenant); !frozen {
+		return Action{}, fmt.Errorf("%w: %s", ErrNotFrozen, ToolSubject(tool, tenant))
+	}
+	return s.publish(ctx, s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant }))
+}
+
+// Revoke revokes one credential (jti) or a credential family (family,
+// "<tool>:<tenant>:<epoch>"); exactly one of them must be set. A
+// revocation is permanent; revoking what is already revoked returns the
+// revocation in force and publishes nothing. It waits like Freeze.
+func (s *Service) Revoke(ctx context.Context, operator identity.Identity, jti, family, reason string) (Action, error) {
+	if !s.cfg.State.isReady() {
+		return Action{}, ErrNotReady
+	}
+	platform, err := s.operator(operator)
+	if err != nil {
+		return Action{}, err
+	}
+	if reason, err = checkReason(reason); err != nil {
+		return Action{}, err
+	}
+	switch {
+	case (jti == "") == (family == ""):
+		return Action{}, fmt.Errorf("%w: name exactly one of jti and family", ErrInvalidRequest)
+	case jti != "":
+		if !platform {
+			return Action{}, fmt.Errorf("%w: only a platform operator may revoke a single jti; revoke the family instead", ErrForbidden)
+		}
+		if err := checkID("jti", jti, ""); err != nil {
+			return Action{}, err
+		}
+		if a, ok := s.cfg.State.Revoked(jti, ""); ok {
+			return a, nil
+		}
+	default:
+		_, tenant, err := parseFamily(family)
+		if err != nil {
+			return Action{}, err
+		}
+		if !platform && tenant != operator.Tenant {
+			return Action{}, fmt.Errorf("%w: an operator of tenant %s may not revoke a family of tenant %s", ErrForbidden, operator.Tenant, tenant)
+		}
+		if a, ok := s.cfg.State.Revoked("", family); ok {
+			return a, nil
+		}
+	}
+	return s.publish(ctx, s.action(operator, KindRevoke, reason, func(a *Action) { a.JTI, a.Family = jti, family }))
+}
+
+// Snapshot returns what operator may see of the control state: everything
+// for a platform operator; for a tenant operator, the freezes of every
+// tenant and of its own, and the revocations of its own families.
+func (s *Service) Snapshot(_ context.Context, operator identity.Identity) (Snapshot, error) {
+	if !s.cfg.State.isReady() {
+		return Snapshot{}, ErrNotReady
+	}
+	platform, err := s.operator(operator)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	snap := s.cfg.State.Snapshot()
+	if platform {
+		return snap, nil
+	}
+	snap.Freezes = slices.DeleteFunc(snap.Freezes, func(a Action) bool {
+		return a.Tenant != "" && a.Tenant != operator.Tenant
+	})
+	snap.Revocations = slices.DeleteFunc(snap.Revocations, func(a Action) bool {
+		if a.Family == "" {
+			return true
+		}
+		_, tenant, err := parseFamily(a.Family)
+		return err != nil || tenant != operator.Tenant
+	})
+	return snap, nil
+}
+
+func (s *Service) action(op identity.Identity, kind, reason string, fill func(*Action)) Action {
+	a := Action{V: ActionVersion, Kind: kind, By: op.User, ByTenant: op.Tenant, Reason: reason, At: s.cfg.Now().UTC()}
+	fill(&a)
+	a.Subject = a.subject()
+	return a
+}
+
+// publish appends a to the control topic and waits for the local State to
+// apply it.
+func (s *Service) publish(ctx context.Context, a Action) (Action, error) {
+	value, err := json.Marshal(a)
+	if err != nil {
+		return Action{}, fmt.Errorf("encode control action: %v", err)
+	}
+	rec := &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(a.Subject), Value: value}
+	if err := s.cfg.Publisher.Publish(ctx, rec); err != nil {
+		return Action{}, fmt.Errorf("publish %s of %s: %w", a.Kind, a.Subject, err)
+	}
+	s.cfg.Logger.Info("control action published", attrKind, a.Kind, attrSubject, a.Subject,
+		attrBy, a.By, attrByTenant, a.ByTenant, "reason", a.Reason, "partition", rec.Partition, "offset", rec.Offset)
+	if !s.cfg.State.waitApplied(ctx, rec.Topic, rec.Partition, rec.Offset, s.cfg.ApplyWait) {
+		s.cfg.Logger.Warn("control action not yet applied locally", attrKind, a.Kind, attrSubject, a.Subject, "waited", s.cfg.ApplyWait)
+		return a, ErrNotYetApplied
+	}
+	return a, nil
+}

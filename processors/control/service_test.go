@@ -1,0 +1,428 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
+
+// loopback is a Publisher that applies what it publishes to a State
+// directly, as if the State had read it from the topic (partition 0,
+// consecutive offsets). Tests of the rules use it; the Kafka path is
+// tested in state_test.go.
+type loopback struct {
+	state *State
+	// apply false: publish without the State ever seeing it.
+	apply bool
+
+	mu   sync.Mutex
+	next int64
+	recs []*kgo.Record
+}
+
+func (l *loopback) Publish(_ context.Context, recs ...*kgo.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range recs {
+		r.Partition, r.Offset = 0, l.next
+		l.next++
+		l.recs = append(l.recs, r)
+	}
+	if l.apply {
+		l.state.apply(recs)
+	}
+	return nil
+}
+
+func (l *loopback) published() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.recs)
+}
+
+// readyState is a State that Run never fills: ready, on the default topic.
+func readyState() *State {
+	s := NewState(nil)
+	s.topic = ledger.Topics{}.WithDefaults().Control
+	close(s.ready)
+	return s
+}
+
+func newLoopbackService(t *testing.T, cfg Config) (*Service, *loopback) {
+	t.Helper()
+	if cfg.State == nil {
+		cfg.State = readyState()
+	}
+	pub := &loopback{state: cfg.State, apply: true}
+	cfg.Publisher = pub
+	if cfg.Identity == nil {
+		cfg.Identity = nopVerifier{}
+	}
+	if cfg.Now == nil {
+		cfg.Now = func() time.Time { return time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC) }
+	}
+	svc, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc, pub
+}
+
+// Who may do what (Service's doc comment), and what each action records.
+func TestAuthorization(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	tests := []struct {
+		name    string
+		do      func(context.Context, *Service) (Action, error)
+		want    Action
+		wantErr error
+	}{
+		{name: "platform freezes a tool for every tenant",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, platformOp, "refund_order", "", "incident 42")
+			},
+			want: Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order", Tool: "refund_order", By: "op_root", ByTenant: "*", Reason: "incident 42", At: at}},
+		{name: "platform freezes a tool for one tenant",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, platformOp, "refund_order", "t_other", "incident 42")
+			},
+			want: Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_other", Tool: "refund_order", Tenant: "t_other", By: "op_root", ByTenant: "*", Reason: "incident 42", At: at}},
+		{name: "tenant operator's freeze is scoped to its tenant",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, acmeOp, "refund_order", "", "  our agent loops  ")
+			},
+			want: Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "our agent loops", At: at}},
+		{name: "tenant operator names its own tenant",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, acmeOp, "refund_order", "t_acme", "r")
+			},
+			want: Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "r", At: at}},
+		{name: "tenant operator freezes another tenant",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, acmeOp, "refund_order", "t_other", "r")
+			},
+			wantErr: ErrForbidden},
+		{name: "no operator role",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, approver, "refund_order", "", "r")
+			},
+			wantErr: ErrForbidden},
+		{name: "operator role under another name",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				op := platformOp
+				op.Roles = []string{"Operator", "operators"}
+				return s.Freeze(ctx, op, "refund_order", "", "r")
+			},
+			wantErr: ErrForbidden},
+		{name: "missing reason",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, platformOp, "refund_order", "", " \n ")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "reason too long",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, platformOp, "refund_order", "", strings.Repeat("x", MaxReasonBytes+1))
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "malformed tool",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, platformOp, "refund_order@t_acme", "", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "malformed tenant",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, platformOp, "refund_order", "t@x", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "platform tenant is not a freeze scope",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Freeze(ctx, platformOp, "refund_order", "*", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "unfreeze of a freeze not in force",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Unfreeze(ctx, platformOp, "refund_order", "", "r")
+			},
+			wantErr: ErrNotFrozen},
+		{name: "unfreeze without a reason",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Unfreeze(ctx, platformOp, "refund_order", "", "")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "platform revokes a jti",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "jti-1", "", "leaked")
+			},
+			want: Action{V: 1, Kind: KindRevoke, Subject: "jti:jti-1", JTI: "jti-1", By: "op_root", ByTenant: "*", Reason: "leaked", At: at}},
+		{name: "platform revokes any family",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "", "refund_order:t_other:3", "leaked")
+			},
+			want: Action{V: 1, Kind: KindRevoke, Subject: "family:refund_order:t_other:3", Family: "refund_order:t_other:3", By: "op_root", ByTenant: "*", Reason: "leaked", At: at}},
+		{name: "tenant operator revokes its family",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:3", "leaked")
+			},
+			want: Action{V: 1, Kind: KindRevoke, Subject: "family:refund_order:t_acme:3", Family: "refund_order:t_acme:3", By: "op_acme", ByTenant: "t_acme", Reason: "leaked", At: at}},
+		{name: "tenant operator revokes another tenant's family",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, acmeOp, "", "refund_order:t_other:3", "leaked")
+			},
+			wantErr: ErrForbidden},
+		{name: "tenant operator's tenant as a suffix of another's",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, acmeOp, "", "refund_order:x:t_acme:3", "leaked")
+			},
+			wantErr: ErrForbidden},
+		{name: "tenant operator revokes a jti",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, acmeOp, "jti-1", "", "leaked")
+			},
+			wantErr: ErrForbidden},
+		{name: "revoke without a reason",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "jti-1", "", "")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "revoke both a jti and a family",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "jti-1", "refund_order:t_acme:3", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "revoke nothing",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "", "", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "malformed family",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "", "refund_order:t_acme", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "family with a non-numeric epoch",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "", "refund_order:t_acme:x", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "jti with a space",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "jti 1", "", "r")
+			},
+			wantErr: ErrInvalidRequest},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			svc, pub := newLoopbackService(t, Config{})
+			got, err := tc.do(t.Context(), svc)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("got %+v, %v; want error %v", got, err, tc.wantErr)
+			}
+			if tc.wantErr != nil {
+				if n := pub.published(); n != 0 {
+					t.Errorf("refused action published %d records; want 0", n)
+				}
+				return
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("action (-want +got):\n%s", diff)
+			}
+			if n := pub.published(); n != 1 {
+				t.Fatalf("published %d records; want 1", n)
+			}
+			if key := string(pub.recs[0].Key); key != tc.want.Subject {
+				t.Errorf("published under key %q; want %s", key, tc.want.Subject)
+			}
+		})
+	}
+}
+
+// A tenant-scoped freeze stops that tenant only; a tenant operator cannot
+// lift a freeze of every tenant, and unfreezing one freeze leaves the
+// other.
+func TestTenantScopedFreezeAndUnfreeze(t *testing.T) {
+	t.Parallel()
+	svc, _ := newLoopbackService(t, Config{})
+	st := svc.cfg.State
+	ctx := t.Context()
+	m := must[Action](t)
+
+	m(svc.Freeze(ctx, acmeOp, "refund_order", "", "our agent loops"))
+	if _, ok := st.Frozen("refund_order", "t_acme"); !ok {
+		t.Error("refund_order not frozen for t_acme after its operator froze it")
+	}
+	if a, ok := st.Frozen("refund_order", "t_other"); ok {
+		t.Errorf("refund_order frozen for t_other by %+v; want only t_acme", a)
+	}
+	if a, ok := st.Frozen("refund_order", ""); ok {
+		t.Errorf("refund_order frozen for every tenant by %+v; want only t_acme", a)
+	}
+
+	m(svc.Freeze(ctx, platformOp, "refund_order", "", "platform incident"))
+	if _, ok := st.Frozen("refund_order", "t_other"); !ok {
+		t.Error("refund_order not frozen for t_other after a freeze of every tenant")
+	}
+	// The acme operator's unfreeze is of acme's freeze only.
+	m(svc.Unfreeze(ctx, acmeOp, "refund_order", "", "loop fixed"))
+	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.Subject != "tool:refund_order" {
+		t.Errorf("after acme's unfreeze Frozen(t_acme) = %+v, %v; want the platform freeze", a, ok)
+	}
+	if _, err := svc.Unfreeze(ctx, acmeOp, "refund_order", "", "again"); !errors.Is(err, ErrNotFrozen) {
+		t.Errorf("acme unfreezing the platform freeze = %v; want ErrNotFrozen", err)
+	}
+	m(svc.Unfreeze(ctx, platformOp, "refund_order", "", "incident over"))
+	for _, tenant := range []string{"t_acme", "t_other", ""} {
+		if a, ok := st.Frozen("refund_order", tenant); ok {
+			t.Errorf("after both unfreezes Frozen(%q) = %+v; want not frozen", tenant, a)
+		}
+	}
+	if snap := st.Snapshot(); len(snap.Freezes) != 0 {
+		t.Errorf("snapshot after unfreezes holds freezes %+v; want none", snap.Freezes)
+	}
+}
+
+func TestRevoke(t *testing.T) {
+	t.Parallel()
+	svc, pub := newLoopbackService(t, Config{})
+	st := svc.cfg.State
+	ctx := t.Context()
+	m := must[Action](t)
+
+	if _, ok := st.Revoked("jti-1", "refund_order:t_acme:3"); ok {
+		t.Fatal("revoked before any revocation")
+	}
+	byJTI := m(svc.Revoke(ctx, platformOp, "jti-1", "", "leaked"))
+	if got, ok := st.Revoked("jti-1", "refund_order:t_acme:4"); !ok || got != byJTI {
+		t.Errorf("Revoked(jti-1) = %+v, %v; want %+v", got, ok, byJTI)
+	}
+	if _, ok := st.Revoked("jti-2", "refund_order:t_acme:4"); ok {
+		t.Error("another jti of another family is revoked")
+	}
+	byFamily := m(svc.Revoke(ctx, acmeOp, "", "refund_order:t_acme:3", "executor compromised"))
+	if got, ok := st.Revoked("jti-2", "refund_order:t_acme:3"); !ok || got != byFamily {
+		t.Errorf("Revoked(family) = %+v, %v; want %+v", got, ok, byFamily)
+	}
+	// Revoking again keeps the revocation in force and publishes nothing.
+	n := pub.published()
+	again := m(svc.Revoke(ctx, platformOp, "", "refund_order:t_acme:3", "another reason"))
+	if again != byFamily || pub.published() != n {
+		t.Errorf("second revocation = %+v with %d new records; want the first, %+v, and none", again, pub.published()-n, byFamily)
+	}
+}
+
+// A tenant operator sees the freezes that affect its tenant and its own
+// families' revocations; a platform operator sees everything.
+func TestSnapshotVisibility(t *testing.T) {
+	t.Parallel()
+	svc, _ := newLoopbackService(t, Config{})
+	ctx := t.Context()
+	m := must[Action](t)
+	m(svc.Freeze(ctx, platformOp, "refund_order", "", "r"))
+	m(svc.Freeze(ctx, acmeOp, "send_email", "", "r"))
+	m(svc.Freeze(ctx, otherOp, "send_email", "", "r"))
+	m(svc.Revoke(ctx, platformOp, "jti-1", "", "r"))
+	m(svc.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1", "r"))
+	m(svc.Revoke(ctx, otherOp, "", "refund_order:t_other:1", "r"))
+
+	subjects := func(as []Action) []string {
+		out := []string{}
+		for _, a := range as {
+			out = append(out, a.Subject)
+		}
+		return out
+	}
+	tests := []struct {
+		name        string
+		op          func() (Snapshot, error)
+		freezes     []string
+		revocations []string
+	}{
+		{name: "platform", op: func() (Snapshot, error) { return svc.Snapshot(ctx, platformOp) },
+			freezes:     []string{"tool:refund_order", "tool:send_email@t_acme", "tool:send_email@t_other"},
+			revocations: []string{"family:refund_order:t_acme:1", "family:refund_order:t_other:1", "jti:jti-1"}},
+		{name: "acme", op: func() (Snapshot, error) { return svc.Snapshot(ctx, acmeOp) },
+			freezes:     []string{"tool:refund_order", "tool:send_email@t_acme"},
+			revocations: []string{"family:refund_order:t_acme:1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			snap, err := tc.op()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.freezes, subjects(snap.Freezes)); diff != "" {
+				t.Errorf("freezes (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.revocations, subjects(snap.Revocations)); diff != "" {
+				t.Errorf("revocations (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if _, err := svc.Snapshot(ctx, approver); !errors.Is(err, ErrForbidden) {
+		t.Errorf("Snapshot by a non-operator = %v; want ErrForbidden", err)
+	}
+}
+
+// A State that has not caught up cannot tell what is in force: the
+// service refuses until it has.
+func TestNotReady(t *testing.T) {
+	t.Parallel()
+	svc, pub := newLoopbackService(t, Config{State: NewState(nil)})
+	ctx := t.Context()
+	for name, do := range map[string]func() error{
+		"freeze":   func() error { _, err := svc.Freeze(ctx, platformOp, "refund_order", "", "r"); return err },
+		"unfreeze": func() error { _, err := svc.Unfreeze(ctx, platformOp, "refund_order", "", "r"); return err },
+		"revoke":   func() error { _, err := svc.Revoke(ctx, platformOp, "jti-1", "", "r"); return err },
+		"snapshot": func() error { _, err := svc.Snapshot(ctx, platformOp); return err },
+	} {
+		if err := do(); !errors.Is(err, ErrNotReady) {
+			t.Errorf("%s before Ready = %v; want ErrNotReady", name, err)
+		}
+	}
+	if n := pub.published(); n != 0 {
+		t.Errorf("published %d records before Ready; want 0", n)
+	}
+}
+
+// An action the local State does not apply in time is returned with
+// ErrNotYetApplied: it was published, and it is not claimed in force here.
+func TestNotYetApplied(t *testing.T) {
+	t.Parallel()
+	svc, pub := newLoopbackService(t, Config{ApplyWait: 20 * time.Millisecond})
+	pub.apply = false
+	a, err := svc.Freeze(t.Context(), platformOp, "refund_order", "", "r")
+	if !errors.Is(err, ErrNotYetApplied) {
+		t.Fatalf("Freeze = %+v, %v; want ErrNotYetApplied", a, err)
+	}
+	if a.Subject != "tool:refund_order" || pub.published() != 1 {
+		t.Errorf("Freeze returned %+v after %d publishes; want the published action", a, pub.published())
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	st, pub := readyState(), &loopback{}
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"no state", Config{Publisher: pub, Identity: nopVerifier{}}},
+		{"no publisher", Config{State: st, Identity: nopVerifier{}}},
+		{"no identity", Config{State: st, Publisher: pub}},
+		{"negative wait", Config{State: st, Publisher: pub, Identity: nopVerifier{}, ApplyWait: -time.Second}},
+	}
+	for _, tc := range tests {
+		if _, err := New(tc.cfg); err == nil {
+			t.Errorf("New(%s) = nil error; want one", tc.name)
+		}
+	}
+}

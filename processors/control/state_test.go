@@ -1,0 +1,337 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+)
+
+// Operators the tests act as.
+var (
+	platformOp = identity.Identity{User: "op_root", Agent: "cli", Tenant: PlatformTenant, Roles: []string{"operator"}}
+	acmeOp     = identity.Identity{User: "op_acme", Agent: "cli", Tenant: "t_acme", Roles: []string{"operator"}}
+	otherOp    = identity.Identity{User: "op_other", Agent: "cli", Tenant: "t_other", Roles: []string{"operator"}}
+	approver   = identity.Identity{User: "u_boss", Agent: "cli", Tenant: "t_acme", Roles: []string{"approver"}}
+)
+
+// kafkaPublisher publishes through a franz-go client, as the ledger's
+// wiring does.
+type kafkaPublisher struct{ cl *kgo.Client }
+
+func newKafkaPublisher(t *testing.T, k *ledgertest.Kafka) *kafkaPublisher {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(ledger.Partitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &kafkaPublisher{cl: cl}
+}
+
+func (p *kafkaPublisher) Publish(ctx context.Context, recs ...*kgo.Record) error {
+	return p.cl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+// runState starts a State on k's control topic; it stops when the test
+// ends, and the test fails if Run failed.
+func runState(t *testing.T, k *ledgertest.Kafka) *State {
+	t.Helper()
+	s := NewState(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, k.Client, k.Topics.Control) }() // exits when the test's cleanup cancels ctx
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("State.Run = %v; want nil after cancel", err)
+		}
+	})
+	return s
+}
+
+func waitReady(t *testing.T, s *State) {
+	t.Helper()
+	select {
+	case <-s.Ready():
+	case <-time.After(15 * time.Second):
+		t.Fatal("State not ready after 15s")
+	}
+}
+
+// kafkaEnv is a Service on kfake, with its own State.
+type kafkaEnv struct {
+	k     *ledgertest.Kafka
+	state *State
+	svc   *Service
+	pub   *kafkaPublisher
+}
+
+func newKafkaEnv(t *testing.T) kafkaEnv {
+	t.Helper()
+	k := ledgertest.New(t, ledgertest.Options{})
+	st := runState(t, k)
+	waitReady(t, st)
+	pub := newKafkaPublisher(t, k)
+	svc, err := New(Config{State: st, Publisher: pub, Identity: nopVerifier{}, Topics: k.Topics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kafkaEnv{k: k, state: st, svc: svc, pub: pub}
+}
+
+// nopVerifier refuses every assertion; for tests that call Service's
+// methods directly.
+type nopVerifier struct{}
+
+func (nopVerifier) Verify(context.Context, string) (identity.Identity, error) {
+	return identity.Identity{}, errors.New("no assertions in this test")
+}
+
+func must[T any](t *testing.T) func(T, error) T {
+	return func(v T, err error) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+// Every instance honours a freeze within one second: the freeze made
+// through one instance is seen by another State, measured from the moment
+// the operator asked.
+func TestFreezeReachesAnotherInstanceWithinOneSecond(t *testing.T) {
+	t.Parallel()
+	e := newKafkaEnv(t)
+	other := runState(t, e.k)
+	waitReady(t, other)
+
+	// Readers on the hot path while records are applied (for -race).
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() {
+		for ctx.Err() == nil {
+			other.Frozen("refund_order", "t_acme")
+			other.Revoked("jti", "fam")
+		}
+	}()
+
+	for i := range 5 {
+		tool := fmt.Sprintf("tool_%d", i)
+		start := time.Now()
+		a, err := e.svc.Freeze(t.Context(), platformOp, tool, "", "incident 42")
+		if err != nil {
+			t.Fatalf("Freeze(%s) = %v", tool, err)
+		}
+		// Freeze returns once its own State applied it.
+		if got, ok := e.state.Frozen(tool, "t_acme"); !ok || got.Subject != a.Subject {
+			t.Fatalf("own State after Freeze: Frozen(%s) = %+v, %v; want the freeze", tool, got, ok)
+		}
+		for {
+			if _, ok := other.Frozen(tool, "t_acme"); ok {
+				break
+			}
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("freeze of %s not seen by another instance after 5s", tool)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if took := time.Since(start); took >= time.Second {
+			t.Errorf("freeze of %s seen by another instance after %s; want < 1s", tool, took)
+		} else {
+			t.Logf("freeze of %s seen by another instance after %s", tool, took)
+		}
+	}
+}
+
+// A new State started after freezes, unfreezes and revocations has all of
+// them applied by the time Ready closes, with no polling.
+func TestNewStateStartsWithCurrentState(t *testing.T) {
+	t.Parallel()
+	e := newKafkaEnv(t)
+	ctx := t.Context()
+	m := must[Action](t)
+	frozen := m(e.svc.Freeze(ctx, platformOp, "refund_order", "", "refunds double-paying"))
+	scoped := m(e.svc.Freeze(ctx, acmeOp, "send_email", "", "spam from acme's agent"))
+	m(e.svc.Freeze(ctx, platformOp, "create_ticket", "", "noisy"))
+	unfrozen := m(e.svc.Unfreeze(ctx, platformOp, "create_ticket", "", "fixed"))
+	jti := m(e.svc.Revoke(ctx, platformOp, "jti-leaked", "", "token in a screenshot"))
+	fam := m(e.svc.Revoke(ctx, acmeOp, "", "refund_order:t_acme:7", "executor compromised"))
+
+	fresh := runState(t, e.k)
+	waitReady(t, fresh)
+
+	tests := []struct {
+		name   string
+		got    func() (Action, bool)
+		want   Action
+		wantOK bool
+	}{
+		{name: "freeze of every tenant", got: func() (Action, bool) { return fresh.Frozen("refund_order", "t_zeta") }, want: frozen, wantOK: true},
+		{name: "tenant freeze, its tenant", got: func() (Action, bool) { return fresh.Frozen("send_email", "t_acme") }, want: scoped, wantOK: true},
+		{name: "tenant freeze, another tenant", got: func() (Action, bool) { return fresh.Frozen("send_email", "t_other") }},
+		{name: "unfrozen", got: func() (Action, bool) { return fresh.Frozen("create_ticket", "t_acme") }},
+		{name: "revoked jti", got: func() (Action, bool) { return fresh.Revoked("jti-leaked", "get_weather:t_zeta:1") }, want: jti, wantOK: true},
+		{name: "revoked family", got: func() (Action, bool) { return fresh.Revoked("jti-other", "refund_order:t_acme:7") }, want: fam, wantOK: true},
+		{name: "another epoch", got: func() (Action, bool) { return fresh.Revoked("jti-other", "refund_order:t_acme:8") }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := tc.got()
+			if ok != tc.wantOK {
+				t.Fatalf("lookup = %+v, %v; want %v", got, ok, tc.wantOK)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("action (-want +got):\n%s", diff)
+			}
+		})
+	}
+	snap := fresh.Snapshot()
+	var subjects []string
+	for _, a := range append(snap.Freezes, snap.Revocations...) {
+		subjects = append(subjects, a.Subject)
+	}
+	want := []string{"tool:refund_order", "tool:send_email@t_acme", "family:refund_order:t_acme:7", "jti:jti-leaked"}
+	if diff := cmp.Diff(want, subjects); diff != "" {
+		t.Errorf("snapshot subjects (-want +got):\n%s", diff)
+	}
+	if unfrozen.Kind != KindUnfreeze || unfrozen.By != platformOp.User || unfrozen.Reason != "fixed" {
+		t.Errorf("unfreeze = %+v; want a record of who unfroze and why", unfrozen)
+	}
+}
+
+// Records the State cannot trust (undecodable, or whose fields do not make
+// their key) are skipped without stopping it; a tombstone deletes its
+// subject; transaction markers and aborted records do not keep Ready from
+// closing, and aborted records are not applied.
+func TestStateRecords(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	pub := newKafkaPublisher(t, k)
+	freeze := func(tool, tenant string) Action {
+		return Action{V: 1, Kind: KindFreeze, Subject: ToolSubject(tool, tenant), Tool: tool, Tenant: tenant, By: "op", ByTenant: "*", Reason: "r", At: time.Unix(1700000000, 0).UTC()}
+	}
+	rec := func(key string, a any) *kgo.Record {
+		b, err := json.Marshal(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &kgo.Record{Topic: k.Topics.Control, Key: []byte(key), Value: b}
+	}
+	spoofed := freeze("refund_order", "")
+	spoofed.Subject = "tool:send_email"
+	ctx := t.Context()
+	for _, r := range []*kgo.Record{
+		{Topic: k.Topics.Control, Key: []byte("tool:get_weather"), Value: []byte("{not json")},
+		rec("tool:send_email", spoofed), // the key does not match the fields
+		rec("tool:create_ticket", Action{V: 1, Kind: "explode", Subject: "tool:create_ticket", Tool: "create_ticket"}),
+		rec("tool:refund_order", freeze("refund_order", "")),
+		rec("tool:create_ticket", freeze("create_ticket", "")),
+		{Topic: k.Topics.Control, Key: []byte("tool:create_ticket")}, // tombstone
+	} {
+		if err := pub.Publish(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A committed transaction, then an aborted one: the partition ends
+	// in a transaction marker.
+	txn, err := ledger.NewClient(k.Client, kgo.TransactionalID("control-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	for _, commit := range []kgo.TransactionEndTry{kgo.TryCommit, kgo.TryAbort} {
+		if err := txn.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		tool := "get_weather"
+		if commit == kgo.TryAbort {
+			tool = "aborted_tool"
+		}
+		if err := txn.ProduceSync(ctx, rec(ToolSubject(tool, ""), freeze(tool, ""))).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := txn.EndTransaction(ctx, commit); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	s := runState(t, k)
+	waitReady(t, s)
+	for _, tc := range []struct {
+		tool   string
+		frozen bool
+	}{
+		{"refund_order", true},
+		{"get_weather", true}, // committed in a transaction
+		{"send_email", false}, // only in the spoofed record
+		{"create_ticket", false},
+		{"aborted_tool", false},
+	} {
+		if _, got := s.Frozen(tc.tool, "t_acme"); got != tc.frozen {
+			t.Errorf("Frozen(%s) = %v; want %v", tc.tool, got, tc.frozen)
+		}
+	}
+}
+
+func TestRunMissingTopic(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	s := NewState(nil)
+	err := s.Run(t.Context(), k.Client, "no.such.topic")
+	if err == nil {
+		t.Fatal("Run on a missing topic = nil; want an error")
+	}
+	select {
+	case <-s.Ready():
+		t.Error("Ready closed after Run failed")
+	default:
+	}
+	if err := s.Run(t.Context(), k.Client, k.Topics.Control); err == nil {
+		t.Error("second Run = nil; want an error")
+	}
+}
+
+// Lookups are on every call's hot path: they must not allocate.
+func TestLookupsDoNotAllocate(t *testing.T) {
+	s := NewState(nil)
+	s.tools[freezeKey{tool: "refund_order", tenant: "t_acme"}] = Action{Kind: KindFreeze, Subject: "tool:refund_order@t_acme"}
+	s.families["refund_order:t_acme:1"] = Action{Kind: KindRevoke}
+	tool, tenant, jti, fam := "refund_order", "t_acme", "jti-1", "refund_order:t_acme:1"
+	var sink bool
+	allocs := testing.AllocsPerRun(1000, func() {
+		_, a := s.Frozen(tool, tenant)
+		_, b := s.Revoked(jti, fam)
+		_, c := s.Frozen("send_email", tenant)
+		sink = a && b && !c
+	})
+	if !sink {
+		t.Fatal("lookups did not find the freeze and the revocation")
+	}
+	if allocs != 0 {
+		t.Errorf("Frozen + Revoked allocate %v times per call; want 0", allocs)
+	}
+}
+
+func BenchmarkFrozen(b *testing.B) {
+	s := NewState(nil)
+	for i := range 1000 {
+		s.tools[freezeKey{tool: fmt.Sprintf("tool_%d", i), tenant: "t_acme"}] = Action{Kind: KindFreeze}
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			s.Frozen("tool_500", "t_acme")
+		}
+	})
+}
