@@ -205,6 +205,13 @@ type envelope struct {
 }
 
 func (h *harness) newEnvelope(tenant, key, tool string, args map[string]any) envelope {
+	h.t.Helper()
+	return h.newEnvelopeSigned(tenant, key, tool, args, h.ident.Assertion(h.t, tenant, "u_1"))
+}
+
+// newEnvelopeSigned is newEnvelope with a given assertion (minting one per
+// envelope costs more than a load test can spend).
+func (h *harness) newEnvelopeSigned(tenant, key, tool string, args map[string]any, assertion string) envelope {
 	t := h.t
 	t.Helper()
 	tree, err := ledger.Decode(mustJSON(t, args), ledger.Limits{})
@@ -219,7 +226,7 @@ func (h *harness) newEnvelope(tenant, key, tool string, args map[string]any) env
 		Tool: tool, ToolVersion: 1, CallID: "call_" + key, Arguments: args,
 		Scope:          map[string]any{"tenant_id": tenant, "user_id": "u_1"},
 		IdempotencyKey: key, ArgumentsHash: hash,
-		Assertion: h.ident.Assertion(t, tenant, "u_1"),
+		Assertion: assertion,
 	}
 }
 

@@ -19,8 +19,8 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
-// approverFlags say where the API is and who the approver is.
-type approverFlags struct {
+// staffFlags say where the API is and who the approver or operator is.
+type staffFlags struct {
 	api       string
 	assertion string
 	dataDir   string
@@ -29,7 +29,7 @@ type approverFlags struct {
 	jsonOut   bool
 }
 
-func (f *approverFlags) register(cmd *cobra.Command) {
+func (f *staffFlags) register(cmd *cobra.Command) {
 	fs := cmd.PersistentFlags()
 	fs.StringVar(&f.api, "api", "http://127.0.0.1:8080", "the ledger's HTTP API")
 	fs.StringVar(&f.assertion, "assertion", "", "the approver's assertion (a JWT with the approver role); default: minted by the dev issuer in --data-dir")
@@ -40,7 +40,7 @@ func (f *approverFlags) register(cmd *cobra.Command) {
 }
 
 // bearer returns the approver's assertion.
-func (f *approverFlags) bearer() (string, error) {
+func (f *staffFlags) bearer() (string, error) {
 	if f.assertion != "" {
 		return f.assertion, nil
 	}
@@ -52,7 +52,7 @@ func (f *approverFlags) bearer() (string, error) {
 }
 
 // call makes one API request as the approver and decodes the answer.
-func (f *approverFlags) call(ctx context.Context, method, path string, body, into any) error {
+func (f *staffFlags) call(ctx context.Context, method, path string, body, into any) error {
 	tok, err := f.bearer()
 	if err != nil {
 		return err
@@ -109,7 +109,7 @@ type approvalView struct {
 }
 
 func newApprovalsCmd(g *globals) *cobra.Command {
-	var f approverFlags
+	var f staffFlags
 	cmd := &cobra.Command{Use: "approvals", Short: "List, inspect, approve and reject calls waiting for a human"}
 	f.register(cmd)
 	printJSON := func(cmd *cobra.Command, v any) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/approvals"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/intake"
@@ -128,11 +129,6 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
-	backend := demobackend.New(demobackend.Config{
-		Logger:      logger.With("component", "demobackend"),
-		JournalPath: filepath.Join(dataDir, "effects.jsonl"),
-		Credentials: toolCreds,
-	})
 	backendLn, err := net.Listen("tcp", f.backendAddr)
 	if err != nil {
 		return fmt.Errorf("demo backend: %w", err)
@@ -142,13 +138,32 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		backendLn.Close()
 		return fmt.Errorf("http api: %w", err)
 	}
+	backend := demobackend.New(demobackend.Config{
+		Logger:        logger.With("component", "demobackend"),
+		JournalPath:   filepath.Join(dataDir, "effects.jsonl"),
+		Credentials:   toolCreds,
+		IntrospectURL: "http://" + apiLn.Addr().String() + control.IntrospectPath,
+	})
 
-	instance := f.roles.instance
-	intakeRole, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev"}, instance, logger)
+	// The kill switch: the current freezes and revocations, rebuilt from
+	// the control topic before anything runs.
+	ctlCtx, stopControls := context.WithCancel(ctx)
+	defer stopControls()
+	controls, err := startControls(ctlCtx, cc, topics.Control, logger)
 	if err != nil {
 		return err
 	}
-	exec, _, err := executorLoop(cc, topics, reg, st, broker, engine, "http://"+backendLn.Addr().String(), instance, logger)
+	inspector, err := credentials.NewVerifier(credentials.VerifierConfig{Keys: broker.Keys})
+	if err != nil {
+		return err
+	}
+
+	instance := f.roles.instance
+	intakeRole, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, logger)
+	if err != nil {
+		return err
+	}
+	exec, _, err := executorLoop(cc, topics, reg, st, broker, engine, controls, "http://"+backendLn.Addr().String(), instance, logger)
 	if err != nil {
 		return err
 	}
@@ -185,6 +200,16 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 
 	mux := http.NewServeMux()
 	mux.Handle(credentials.JWKSPath, broker.Handler())
+	kill, err := control.New(control.Config{
+		State: controls, Publisher: events, Identity: staff, Topics: topics, Credentials: inspector,
+		Logger: logger.With("component", "control"),
+	})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/v1/control", kill.Handler())
+	mux.Handle("/v1/control/", kill.Handler())
+	mux.Handle(control.IntrospectPath, kill.Handler())
 	mux.Handle("/v1/approvals", queue.Handler())
 	mux.Handle("/v1/approvals/", queue.Handler())
 	mux.Handle("/", api)
@@ -204,6 +229,12 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		})
 	}
 	grp.Go(func() error { return watchPolicies(ctx) })
+	grp.Go(func() error {
+		// The control state already runs; it ends with the others.
+		<-ctx.Done()
+		stopControls()
+		return nil
+	})
 	grp.Go(func() error { return queue.RunTimer(ctx, time.Second) })
 	grp.Go(func() error { return intakeRole.Run(ctx) })
 	grp.Go(func() error { return exec.Run(ctx) })

@@ -286,6 +286,22 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("POST ?wait: %d %q; want 200 succeeded", resp.StatusCode, posted.State)
 	}
 
+	// The kill switch: a frozen tool's calls are refused; after the
+	// unfreeze they run.
+	cli(t, "control", "freeze", "--tool", "create_ticket", "--reason", "incident 42", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
+	if shown := cli(t, "control", "show", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops"); !strings.Contains(shown, "incident 42") {
+		t.Errorf("control show after a freeze:\n%s", shown)
+	}
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "create_ticket", "--args", `{"title":"while frozen"}`, "--key", "dev-frozen", "--wait", "--timeout", "60s")
+	if !strings.Contains(out, "refused: tool_frozen") || !strings.Contains(out, "incident 42") {
+		t.Errorf("a call to a frozen tool:\n%s", out)
+	}
+	cli(t, "control", "unfreeze", "--tool", "create_ticket", "--reason", "resolved", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "create_ticket", "--args", `{"title":"after"}`, "--key", "dev-frozen", "--wait", "--timeout", "60s")
+	if !strings.Contains(out, "t_demo/dev-frozen is succeeded") {
+		t.Errorf("the same key after the unfreeze:\n%s", out)
+	}
+
 	// A second refund waits for approval across the restart.
 	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "refund_order", "--args", `{"order_id":"ord_2048","amount_cents":30000,"currency":"AUD"}`, "--key", "dev-refund-2", "--wait", "--timeout", "60s")
 	if !strings.Contains(out, "is approval_pending") {

@@ -56,6 +56,7 @@ func newRoot() *cobra.Command {
 		newTraceCmd(g),
 		newTokenCmd(g),
 		newApprovalsCmd(g),
+		newControlCmd(g),
 	)
 	return root
 }

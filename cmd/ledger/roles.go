@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/intake"
@@ -53,12 +54,13 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, pol executor.Decider, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	x, err := executor.New(executor.Config{
 		Registry: reg, Store: st, Topics: topics,
 		Caller:      httptool.New(httptool.Config{}),
 		Credentials: minter,
 		Policy:      pol,
+		Freezes:     freezes,
 		BaseURL:     toolsBase,
 		Owner:       "executor/" + instance,
 		Logger:      logger.With("processor", "executor"),
@@ -118,7 +120,11 @@ func newIntakeCmd(g *globals) *cobra.Command {
 					}
 				}()
 				logger.Info("policy active", "policy_version", engine.Active().Version())
-				return intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine}, rf.instance, logger)
+				controls, err := startControls(ctx, g.kafka.client(logger), g.kafka.topics().Control, logger)
+				if err != nil {
+					return nil, err
+				}
+				return intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, logger)
 			})
 		},
 	}
@@ -177,7 +183,11 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				} else {
 					logger.Warn("no --policy-dir: approved calls are not decided again before they run")
 				}
-				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, pol, toolsBase, rf.instance, logger)
+				controls, err := startControls(cmd.Context(), g.kafka.client(logger), g.kafka.topics().Control, logger)
+				if err != nil {
+					return nil, err
+				}
+				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, pol, controls, toolsBase, rf.instance, logger)
 				return loop, err
 			})
 		},
@@ -235,4 +245,28 @@ func newMigrateCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&dsn, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN")
 	return cmd
+}
+
+// startControls follows the control topic (freezes, revocations) until ctx
+// ends, and returns once it caught up with it: a new instance starts with
+// the current freezes.
+func startControls(ctx context.Context, cc ledger.ClientConfig, topic string, logger *slog.Logger) (*control.State, error) {
+	st := control.NewState(logger.With("component", "control"))
+	done := make(chan error, 1)
+	go func() {
+		// Owned by the command: it ends with ctx.
+		err := st.Run(ctx, cc, topic)
+		if err != nil {
+			logger.Error("control state stopped", "err", err)
+		}
+		done <- err
+	}()
+	select {
+	case <-st.Ready():
+		return st, nil
+	case err := <-done:
+		return nil, fmt.Errorf("control state: %v", err)
+	case <-time.After(30 * time.Second):
+		return nil, errors.New("control state: not caught up with the control topic after 30s")
+	}
 }

@@ -1,9 +1,15 @@
 package demobackend
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 )
@@ -34,7 +40,16 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant,
 		Audience:       s.audience,
 	})
 	if err == nil {
-		return claims.JTI, true
+		active, ierr := s.active(r.Context(), bearerToken(r.Header))
+		switch {
+		case ierr != nil:
+			s.logger.Warn("introspection unavailable", "err", ierr)
+			writeError(w, http.StatusServiceUnavailable, "introspection_unavailable", "the credential's status cannot be checked")
+			return "", false
+		case active:
+			return claims.JTI, true
+		}
+		err = &credentials.Error{Reason: ReasonRevoked, Detail: "the credential was revoked"}
 	}
 	reason := credentials.ReasonOf(err)
 	if reason == "" {
@@ -87,4 +102,41 @@ func (s *Server) Refusals() []Refusal {
 	out := make([]Refusal, len(s.refusals))
 	copy(out, s.refusals)
 	return out
+}
+
+// ReasonRevoked: the ledger's introspection endpoint says the credential
+// is no longer active.
+const ReasonRevoked credentials.Reason = "revoked"
+
+// active asks the introspection endpoint whether token is active; true
+// when no endpoint is configured.
+func (s *Server) active(ctx context.Context, token string) (bool, error) {
+	if s.introspect == "" {
+		return true, nil
+	}
+	client := s.client
+	if client == nil {
+		client = &http.Client{Timeout: 2 * time.Second}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.introspect, strings.NewReader(url.Values{"token": {token}}.Encode()))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := client.Do(req)
+	if err != nil {
+		// The error names the URL, never the token (it is in the body).
+		return false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("introspection answered %d", resp.StatusCode)
+	}
+	var out struct {
+		Active bool `json:"active"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
+		return false, fmt.Errorf("introspection answer: %v", err)
+	}
+	return out.Active, nil
 }

@@ -84,6 +84,14 @@ type Config struct {
 	// Audience is the backend's audience, the aud its credentials must
 	// carry; it overrides the verifier's own. Default: DefaultAudience.
 	Audience string
+	// IntrospectURL, when set with Credentials, is the ledger's RFC 7662
+	// token introspection endpoint: every credential that verifies is
+	// also asked about there, and one that is not active (revoked) is
+	// refused with 401 revoked. Unreachable: 503, no effect.
+	IntrospectURL string
+	// HTTPClient reaches IntrospectURL; default a client with a 2s
+	// timeout.
+	HTTPClient *http.Client
 }
 
 // DefaultAudience is the demo backend's audience, as in the registry's
@@ -94,11 +102,13 @@ const DefaultAudience = "demo-backend"
 // with New and serve Handler; Close releases hanging requests and the
 // journal.
 type Server struct {
-	logger   *slog.Logger
-	now      func() time.Time
-	latency  time.Duration
-	verifier *credentials.Verifier
-	audience string
+	logger     *slog.Logger
+	now        func() time.Time
+	latency    time.Duration
+	verifier   *credentials.Verifier
+	introspect string
+	client     *http.Client
+	audience   string
 
 	// done is closed by Close; it releases requests held by a Hang fault or
 	// a latency so that a test server can shut down.
@@ -135,15 +145,17 @@ type storedCall struct {
 // Config.JournalPath).
 func New(cfg Config) *Server {
 	s := &Server{
-		logger:   cfg.Logger,
-		now:      cfg.Now,
-		latency:  cfg.Latency,
-		verifier: cfg.Credentials,
-		audience: cfg.Audience,
-		done:     make(chan struct{}),
-		counters: make(map[string]int64),
-		stored:   make(map[dedupeKey]storedCall),
-		faults:   make(map[string]*faultState),
+		logger:     cfg.Logger,
+		now:        cfg.Now,
+		latency:    cfg.Latency,
+		verifier:   cfg.Credentials,
+		introspect: cfg.IntrospectURL,
+		client:     cfg.HTTPClient,
+		audience:   cfg.Audience,
+		done:       make(chan struct{}),
+		counters:   make(map[string]int64),
+		stored:     make(map[dedupeKey]storedCall),
+		faults:     make(map[string]*faultState),
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)

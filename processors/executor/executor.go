@@ -38,6 +38,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/policy"
@@ -61,6 +62,15 @@ type Minter interface {
 	Mint(g credentials.Grant) (credentials.Credential, error)
 }
 
+// Freezes says whether the kill switch froze a tool, for all tenants or
+// for one; asked right before a call's first attempt.
+type Freezes interface {
+	Frozen(tool, tenant string) (control.Action, bool)
+}
+
+// errFrozen: the tool was frozen before the call's first attempt.
+var errFrozen = errors.New("tool frozen")
+
 // Decider decides a call with the active policies, failing closed.
 type Decider interface {
 	Decide(ctx context.Context, r policy.Request) policy.Decision
@@ -83,6 +93,8 @@ const (
 	ReasonArgumentIntegrity = "arguments_integrity"
 	ReasonUnknownTool       = "unknown_tool"
 	ReasonNoCredential      = "credential_unavailable"
+	// ReasonToolFrozen: an operator froze the tool before the call started.
+	ReasonToolFrozen = "tool_frozen"
 	// ReasonApprovalExpired: the approval's time ran out before the call
 	// could run.
 	ReasonApprovalExpired = "approval_expired"
@@ -99,6 +111,10 @@ type Config struct {
 	// Credentials mints each execution's credential (sent as
 	// Authorization: Bearer). Nil sends none, for tools that need none.
 	Credentials Minter
+	// Freezes, when set, stops calls to a frozen tool that have not
+	// started yet (denied, tool_frozen), however long ago they were
+	// authorized; calls already in flight finish or time out.
+	Freezes Freezes
 	// Policy decides an approved call again right before it runs, with
 	// the policies in force then: a newer version that denies wins. Nil
 	// skips the re-check.
@@ -527,9 +543,14 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, bearer)
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, bearer, n == 0)
 		if err == nil {
 			return c.succeed(tool, attempt, resp)
+		}
+		if errors.Is(err, errFrozen) {
+			a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
+			log.Info("tool frozen before the call started")
+			return c.deny(ReasonToolFrozen, fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason), policy.Decision{})
 		}
 		lastErr = err
 		if errors.Is(err, httptool.ErrInvalidRequest) {
@@ -627,12 +648,20 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 
 // attempt is one tool invocation through the tool's bulkhead and breaker.
 // The breaker wraps the deadline, so a timeout counts against the tool.
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, bearer string) (httptool.Response, error) {
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, bearer string, first bool) (httptool.Response, error) {
 	select {
 	case g.bulkhead <- struct{}{}:
 		defer func() { <-g.bulkhead }()
 	case <-ctx.Done():
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: ctx.Err()}
+	}
+	// The kill switch is checked as late as possible: after the wait for
+	// the bulkhead, right before the first request leaves. A retry of a
+	// call already in flight goes on: its first attempt may have applied.
+	if first && x.cfg.Freezes != nil {
+		if _, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
+			return httptool.Response{}, errFrozen
+		}
 	}
 	return g.breaker.Execute(func() (httptool.Response, error) {
 		actx, cancel := context.WithTimeout(ctx, tool.Timeout())

@@ -18,6 +18,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/schemas"
@@ -42,6 +43,8 @@ const (
 	// ReasonAssertionPrefix prefixes the verifier's reason for a refused
 	// assertion: "assertion_expired", "assertion_alg_not_allowed"...
 	ReasonAssertionPrefix = "assertion_"
+	// ReasonToolFrozen: an operator froze the tool (the kill switch).
+	ReasonToolFrozen = "tool_frozen"
 	// ReasonApprovalRequired: a deciding policy asks for a human first.
 	ReasonApprovalRequired = "approval_required"
 	// ReasonStoreRejected: the execution store cannot hold the
@@ -53,6 +56,13 @@ const (
 // safe for concurrent use; ctx bounds any key refresh.
 type Verifier interface {
 	Verify(ctx context.Context, assertion string) (identity.Identity, error)
+}
+
+// Freezes says whether the kill switch froze a tool, for all tenants or
+// for one. Implementations are safe for concurrent use and cheap: they are
+// asked for every call.
+type Freezes interface {
+	Frozen(tool, tenant string) (control.Action, bool)
 }
 
 // Decider decides a call with the active policies, failing closed.
@@ -85,6 +95,9 @@ type Config struct {
 	ApprovalTTL time.Duration
 	// Channel is what policies see as context.channel; default "kafka".
 	Channel string
+	// Freezes, when set, refuses calls to frozen tools (tool_frozen; the
+	// key stays free for after the unfreeze).
+	Freezes Freezes
 	// Topics; defaults as ledger.Topics.
 	Topics ledger.Topics
 	// Limits on envelopes; defaults 256 KiB and depth 32.
@@ -353,6 +366,11 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		return refuse(c.key(), ReasonUnknownTool, "/tool", err.Error())
 	}
 	c.tool = tool
+	if p.cfg.Freezes != nil {
+		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen {
+			return refuse(c.key(), ReasonToolFrozen, "/tool", fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason))
+		}
+	}
 	if err := tool.Validate(env.Arguments); err != nil {
 		var ve *schemas.ValidationError
 		ptr, detail := "/arguments", err.Error()

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/spf13/cobra"
+)
+
+func newControlCmd(g *globals) *cobra.Command {
+	var f staffFlags
+	cmd := &cobra.Command{
+		Use:   "control",
+		Short: "The kill switch: freeze and unfreeze tools, revoke credentials (as an operator, through the HTTP API)",
+	}
+	f.register(cmd)
+	printJSON := func(cmd *cobra.Command, raw json.RawMessage) error {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(raw)
+	}
+	var tool, tenant, reason, jti, family string
+	action := func(use, short, path string, body func() map[string]string) *cobra.Command {
+		c := &cobra.Command{
+			Use:   use,
+			Short: short,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				if reason == "" {
+					return fmt.Errorf("--reason is required: every control action says why")
+				}
+				var out json.RawMessage
+				if err := f.call(cmd.Context(), http.MethodPost, path, body(), &out); err != nil {
+					return err
+				}
+				return printJSON(cmd, out)
+			},
+		}
+		c.Flags().StringVar(&reason, "reason", "", "why (recorded with the action)")
+		return c
+	}
+	toolBody := func() map[string]string { return map[string]string{"tool": tool, "tenant": tenant, "reason": reason} }
+	freeze := action("freeze", "Freeze a tool: calls not yet started are denied tool_frozen within a second", "/v1/control/freeze", toolBody)
+	unfreeze := action("unfreeze", "Lift a freeze", "/v1/control/unfreeze", toolBody)
+	for _, c := range []*cobra.Command{freeze, unfreeze} {
+		c.Flags().StringVar(&tool, "tool", "", "the tool")
+		c.Flags().StringVar(&tenant, "for-tenant", "", "only this tenant (default: all, for a platform operator; the operator's own tenant otherwise)")
+	}
+	revoke := action("revoke", "Revoke a credential (--jti) or a credential family (--family): tools refuse it at once", "/v1/control/revoke", func() map[string]string {
+		return map[string]string{"jti": jti, "family": family, "reason": reason}
+	})
+	revoke.Flags().StringVar(&jti, "jti", "", "one credential's id")
+	revoke.Flags().StringVar(&family, "family", "", "a credential family (<tool>:<tenant>:<epoch>, as on the events)")
+	show := &cobra.Command{
+		Use:   "show",
+		Short: "Show the current freezes and revocations",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var out json.RawMessage
+			if err := f.call(cmd.Context(), http.MethodGet, "/v1/control", nil, &out); err != nil {
+				return err
+			}
+			return printJSON(cmd, out)
+		},
+	}
+	cmd.AddCommand(freeze, unfreeze, revoke, show)
+	return cmd
+}
