@@ -37,12 +37,13 @@ const (
 	StatusOutcomeUnknown Status = "outcome_unknown" // the effect may or may not have happened
 	StatusExpired        Status = "expired"         // the deadline (or a pending approval) passed before the call could run
 	StatusRejected       Status = "rejected"        // an approver refused it; never runs
+	StatusCompensated    Status = "compensated"     // its effect was undone
 )
 
 // Done reports whether the executor will never run the call again.
 func (s Status) Done() bool {
 	switch s {
-	case StatusDenied, StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired, StatusRejected:
+	case StatusDenied, StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired, StatusRejected, StatusCompensated:
 		return true
 	}
 	return false
@@ -61,7 +62,7 @@ var ErrRejected = errors.New("store rejected the data")
 var Statuses = []Status{
 	StatusAuthorized, StatusDenied, StatusPending, StatusExecuting,
 	StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired,
-	StatusRejected,
+	StatusRejected, StatusCompensated,
 }
 
 // Record is one call's execution record.
@@ -272,9 +273,24 @@ func CheckCompletions(cs []Completion) error {
 	return nil
 }
 
+// settles reports whether a move from a done status only settles what
+// happened, never lets the call run again: an unknown outcome resolved
+// (succeeded, failed, compensated) or parked for a human (outcome_unknown
+// again, one event later), a succeeded call compensated.
+func settles(from, to Status) bool {
+	switch from {
+	case StatusOutcomeUnknown:
+		return to == StatusSucceeded || to == StatusFailed || to == StatusCompensated || to == StatusOutcomeUnknown
+	case StatusSucceeded:
+		return to == StatusCompensated
+	}
+	return false
+}
+
 // CheckMoves: see CheckAdmissions. A move neither enters nor leaves
-// executing (claims and completions do that), and a done call never moves:
-// moving it back would let it run again.
+// executing (claims and completions do that), and a done call moves only
+// to settle what happened (see settles): moving it back would let it run
+// again.
 func CheckMoves(ms []Move) error {
 	for i, m := range ms {
 		switch {
@@ -282,7 +298,7 @@ func CheckMoves(ms []Move) error {
 			return fmt.Errorf("move %d (%v): %q -> %q: unknown status", i, m.Key, m.From, m.To)
 		case m.From == StatusExecuting || m.To == StatusExecuting:
 			return fmt.Errorf("move %d (%v): %q -> %q: an executing call moves through Claim and Complete only", i, m.Key, m.From, m.To)
-		case m.From.Done():
+		case m.From.Done() && !settles(m.From, m.To):
 			return fmt.Errorf("move %d (%v): %q -> %q: a done call does not move", i, m.Key, m.From, m.To)
 		case m.Seq <= m.FromSeq:
 			return fmt.Errorf("move %d (%v): seq %d -> %d: want it to grow", i, m.Key, m.FromSeq, m.Seq)

@@ -72,13 +72,17 @@ const (
 	EventFailed          EventType = "failed"
 	EventOutcomeUnknown  EventType = "outcome_unknown"
 	EventCompensated     EventType = "compensated"
+	// EventParked records that the reconciler could not resolve an
+	// unknown outcome and a human must: the call stays outcome_unknown,
+	// with the reason.
+	EventParked EventType = "parked"
 )
 
 // EventTypes lists every event type.
 var EventTypes = []EventType{
 	EventRequested, EventAuthorized, EventApprovalPending, EventApproved,
 	EventRejected, EventExpired, EventDenied, EventExecuting, EventSucceeded,
-	EventFailed, EventOutcomeUnknown, EventCompensated,
+	EventFailed, EventOutcomeUnknown, EventCompensated, EventParked,
 }
 
 // Errors that callers branch on.
@@ -161,6 +165,7 @@ var Transitions = []Transition{
 	{From: []State{StateExecuting, StateOutcomeUnknown}, On: EventFailed, To: StateFailed, Guard: needReason, Effects: []Effect{EffectNotify}},
 	{From: []State{StateExecuting}, On: EventOutcomeUnknown, To: StateOutcomeUnknown, Guard: needReason, Effects: []Effect{EffectReconcile}},
 	{From: []State{StateOutcomeUnknown, StateSucceeded}, On: EventCompensated, To: StateCompensated, Effects: []Effect{EffectNotify}},
+	{From: []State{StateOutcomeUnknown}, On: EventParked, To: StateOutcomeUnknown, Guard: needReason, Effects: []Effect{EffectNotify}},
 }
 
 // index maps (from, on) to its edge; built once from Transitions.

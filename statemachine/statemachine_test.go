@@ -67,6 +67,8 @@ func wantEdges() map[sm.State]map[sm.EventType]edge {
 			sm.EventSucceeded:   {to: sm.StateSucceeded, effects: notify},
 			sm.EventFailed:      {to: sm.StateFailed, effects: notify},
 			sm.EventCompensated: {to: sm.StateCompensated, effects: notify},
+			// The reconciler hands the call to a human.
+			sm.EventParked: {to: sm.StateOutcomeUnknown, effects: notify},
 		},
 		sm.StateSucceeded: {
 			// An incident responder undoes a call.
@@ -202,7 +204,7 @@ func TestStatesAndEventTypes(t *testing.T) {
 	}
 	wantTypes := []sm.EventType{
 		"requested", "authorized", "approval_pending", "approved", "rejected", "expired",
-		"denied", "executing", "succeeded", "failed", "outcome_unknown", "compensated",
+		"denied", "executing", "succeeded", "failed", "outcome_unknown", "compensated", "parked",
 	}
 	if diff := cmp.Diff(wantTypes, sm.EventTypes); diff != "" {
 		t.Errorf("EventTypes mismatch (-want +got):\n%s", diff)

@@ -65,3 +65,33 @@ func newControlCmd(g *globals) *cobra.Command {
 	cmd.AddCommand(freeze, unfreeze, revoke, show)
 	return cmd
 }
+
+func newCallsCmd(g *globals) *cobra.Command {
+	var f staffFlags
+	cmd := &cobra.Command{Use: "calls", Short: "Operate on calls (as an operator, through the HTTP API)"}
+	f.register(cmd)
+	var as, evidence, tenant string
+	resolve := &cobra.Command{
+		Use:   "resolve KEY",
+		Short: "Settle a call whose outcome is unknown, with the evidence of what happened",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if evidence == "" {
+				return fmt.Errorf("--evidence is required: say how you know")
+			}
+			var out json.RawMessage
+			body := map[string]string{"tenant_id": tenant, "idempotency_key": args[0], "as": as, "evidence": evidence}
+			if err := f.call(cmd.Context(), http.MethodPost, "/v1/resolutions", body, &out); err != nil {
+				return err
+			}
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			enc.SetIndent("", "  ")
+			return enc.Encode(out)
+		},
+	}
+	resolve.Flags().StringVar(&as, "as", "", "succeeded or failed")
+	resolve.Flags().StringVar(&evidence, "evidence", "", "how you found out (recorded on the event)")
+	resolve.Flags().StringVar(&tenant, "call-tenant", "t_demo", "the call's tenant")
+	cmd.AddCommand(resolve)
+	return cmd
+}

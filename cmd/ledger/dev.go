@@ -22,6 +22,8 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
@@ -200,6 +202,19 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 
 	mux := http.NewServeMux()
 	mux.Handle(credentials.JWKSPath, broker.Handler())
+	reconciler, err := executor.NewReconciler(executor.ReconcilerConfig{
+		Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
+		BaseURL: "http://" + backendLn.Addr().String(), Topics: topics, Owner: "reconciler/" + instance,
+		Logger: logger.With("processor", "reconciler"),
+	})
+	if err != nil {
+		return err
+	}
+	reconcileRole, err := reconciler.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-reconciler-" + instance})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/v1/resolutions", reconciler.ResolveHandler(staff, events))
 	kill, err := control.New(control.Config{
 		State: controls, Publisher: events, Identity: staff, Topics: topics, Credentials: inspector,
 		Logger: logger.With("component", "control"),
@@ -238,6 +253,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	grp.Go(func() error { return queue.RunTimer(ctx, time.Second) })
 	grp.Go(func() error { return intakeRole.Run(ctx) })
 	grp.Go(func() error { return exec.Run(ctx) })
+	grp.Go(func() error { return reconcileRole.Run(ctx) })
 	grp.Go(func() error {
 		return index.Run(ctx, callindex.RunConfig{Client: cc, Topic: topics.Events})
 	})

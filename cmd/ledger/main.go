@@ -57,6 +57,8 @@ func newRoot() *cobra.Command {
 		newTokenCmd(g),
 		newApprovalsCmd(g),
 		newControlCmd(g),
+		newReconcilerCmd(g),
+		newCallsCmd(g),
 	)
 	return root
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
 	"github.com/toolcall-ledger/ledger/schemas"
@@ -269,4 +270,67 @@ func startControls(ctx context.Context, cc ledger.ClientConfig, topic string, lo
 	case <-time.After(30 * time.Second):
 		return nil, errors.New("control state: not caught up with the control topic after 30s")
 	}
+}
+
+func newReconcilerCmd(g *globals) *cobra.Command {
+	var (
+		rf        roleFlags
+		cf        credentialFlags
+		idf       identityFlags
+		toolsBase string
+		httpAddr  string
+	)
+	cmd := &cobra.Command{
+		Use:   "reconciler",
+		Short: "Run the reconciler: resolve outcome_unknown calls through the tools' status lookups, park the rest for a human, and serve POST /v1/resolutions",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			return rf.run(ctx, g, "reconciler", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
+				broker, err := cf.broker(rf.store.dataDir, logger)
+				if err != nil {
+					return nil, err
+				}
+				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
+					Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
+					BaseURL: toolsBase, Topics: g.kafka.topics(), Owner: "reconciler/" + rf.instance,
+					Logger: logger.With("processor", "reconciler"),
+				})
+				if err != nil {
+					return nil, err
+				}
+				if httpAddr != "" {
+					if !cmd.Flags().Changed("audience") {
+						idf.audience = identity.ApproverAudience
+					}
+					staff, err := idf.verifier(ctx, logger)
+					if err != nil {
+						return nil, err
+					}
+					events, err := newEventPublisher(g.kafka.client(logger))
+					if err != nil {
+						return nil, err
+					}
+					srv := &http.Server{Addr: httpAddr, Handler: rc.ResolveHandler(staff, events), ReadHeaderTimeout: 5 * time.Second}
+					go func() {
+						// Owned by the command: closed when ctx ends.
+						<-ctx.Done()
+						srv.Close()
+						events.Close()
+					}()
+					go func() {
+						if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+							logger.Error("resolutions server stopped", "err", err)
+						}
+					}()
+				}
+				return rc.Loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance})
+			})
+		},
+	}
+	rf.register(cmd, true)
+	cf.register(cmd.Flags())
+	idf.register(cmd.Flags())
+	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative status lookup URLs resolve against")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve POST /v1/resolutions for operators (needs --issuer and --jwks-*); empty: not served")
+	return cmd
 }

@@ -1,0 +1,418 @@
+package executor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/schemas"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// Reasons the reconciler gives.
+const (
+	// ReasonReconciled: the tool's status lookup said what happened.
+	ReasonReconciled = "reconciled"
+	// ReasonNoStatusLookup: the tool declares no way to ask what
+	// happened; a human must find out (parked).
+	ReasonNoStatusLookup = "no_status_lookup"
+	// ReasonLookupFailed: the status lookup kept failing (parked).
+	ReasonLookupFailed = "status_lookup_failed"
+	// ReasonResolvedByOperator: an operator settled the call by hand.
+	ReasonResolvedByOperator = "resolved_by_operator"
+)
+
+// Errors the reconciler's callers branch on.
+var (
+	// ErrNotUnknown: the call is not (or no longer) outcome_unknown.
+	ErrNotUnknown = errors.New("executor: the call's outcome is not unknown")
+	// ErrForbidden: the identity may not resolve the call.
+	ErrForbidden = errors.New("executor: not an operator of the call's tenant")
+)
+
+// ReconcilerStore is the part of the execution store the reconciler uses.
+type ReconcilerStore interface {
+	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
+	ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error)
+	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
+	MarkLogged(ctx context.Context, ls []processors.Logged) error
+}
+
+// Looker asks a tool what became of a call, by its idempotency key.
+type Looker interface {
+	Lookup(ctx context.Context, lookupURL string, r httptool.Request) (httptool.Response, error)
+}
+
+// ReconcilerConfig configures a reconciler.
+type ReconcilerConfig struct {
+	Registry *schemas.Registry // required
+	Store    ReconcilerStore   // required
+	Looker   Looker            // required
+	// Credentials mints the lookup's credential (the tool checks it as it
+	// checks the call's). Nil sends none.
+	Credentials Minter
+	// BaseURL resolves relative status lookup URLs.
+	BaseURL string
+	Topics  ledger.Topics
+	// Owner names this instance in events; default "reconciler".
+	Owner string
+	// MaxAttempts bounds the lookups of one call per pass; default 3,
+	// with Backoff (default 200ms) doubling between them.
+	MaxAttempts int
+	Backoff     time.Duration
+	// SweepEvery is how often unknown outcomes are looked for in the
+	// store besides the events that announce them; default 10s.
+	SweepEvery time.Duration
+	// OperatorRole may resolve calls by hand; default "operator".
+	OperatorRole string
+	Breaker      BreakerConfig
+	Now          func() time.Time
+	Logger       *slog.Logger
+}
+
+// Reconciler resolves unknown outcomes: it asks the tool's status lookup
+// what happened and records succeeded or failed with the evidence, or
+// parks the call for a human with the reason. Lookups go through the same
+// per-tool breakers and bulkheads as the executor's calls.
+type Reconciler struct {
+	cfg     ReconcilerConfig
+	x       *Executor // for its guards and URL resolution
+	lastSwp time.Time
+}
+
+// NewReconciler validates cfg and returns a reconciler.
+func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
+	if cfg.Registry == nil || cfg.Store == nil || cfg.Looker == nil {
+		return nil, errors.New("reconciler: registry, store and looker are required")
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = "reconciler"
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 3
+	}
+	if cfg.Backoff <= 0 {
+		cfg.Backoff = 200 * time.Millisecond
+	}
+	if cfg.SweepEvery <= 0 {
+		cfg.SweepEvery = 10 * time.Second
+	}
+	if cfg.OperatorRole == "" {
+		cfg.OperatorRole = "operator"
+	}
+	cfg.Topics = cfg.Topics.WithDefaults()
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	x := &Executor{cfg: Config{Registry: cfg.Registry, Breaker: cfg.Breaker, Logger: cfg.Logger}, guards: make(map[string]*guard)}
+	x.cfg.setDefaults()
+	if cfg.BaseURL != "" {
+		u, err := url.Parse(cfg.BaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("reconciler: base url: %w", err)
+		}
+		x.base = u
+	}
+	return &Reconciler{cfg: cfg, x: x}, nil
+}
+
+// Loop returns the reconciler on a consume-process-produce loop over the
+// events topic; lc's Group defaults to "ledger-reconciler".
+func (r *Reconciler) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
+	if lc.Group == "" {
+		lc.Group = "ledger-reconciler"
+	}
+	if len(lc.Topics) == 0 {
+		lc.Topics = []string{r.cfg.Topics.Events}
+	}
+	if lc.TransactionalID == "" {
+		lc.TransactionalID = lc.Group + "-" + r.cfg.Owner
+	}
+	if lc.Logger == nil {
+		lc.Logger = r.cfg.Logger
+	}
+	return ledger.NewLoop(lc, r.Step)
+}
+
+// Step handles a batch of events: it is a ledger.Step. It acts on
+// outcome_unknown events, and now and then on the unknown outcomes in the
+// store (those whose lookups failed before, or whose event it missed).
+func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
+	var keys []ledger.CallKey
+	seen := make(map[ledger.CallKey]bool)
+	for _, rec := range recs {
+		if statemachine.EventType(ledger.Header(rec, ledger.HeaderEventType)) != statemachine.EventOutcomeUnknown {
+			continue
+		}
+		ev, err := ledger.DecodeEvent(rec.Value)
+		if err != nil {
+			r.cfg.Logger.Error("undecodable event", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+			continue
+		}
+		if k := ev.Key(); !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	var candidates []processors.Record
+	for _, k := range keys {
+		rec, err := r.cfg.Store.Get(ctx, k)
+		if errors.Is(err, processors.ErrNotFound) {
+			r.cfg.Logger.Error("unknown outcome without execution record", "call_key", k.String())
+			continue
+		}
+		if err != nil {
+			return ledger.Output{}, err
+		}
+		candidates = append(candidates, rec)
+	}
+	if now := r.cfg.Now(); now.Sub(r.lastSwp) >= r.cfg.SweepEvery {
+		r.lastSwp = now
+		unknown, err := r.cfg.Store.ByStatus(ctx, processors.StatusOutcomeUnknown, 100)
+		if err != nil {
+			return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
+		}
+		for _, rec := range unknown {
+			if !seen[rec.Key] {
+				seen[rec.Key] = true
+				candidates = append(candidates, rec)
+			}
+		}
+	}
+
+	var (
+		mu    sync.Mutex
+		moves []pendingMove
+		wg    sync.WaitGroup
+	)
+	for _, rec := range candidates {
+		if rec.Status != processors.StatusOutcomeUnknown || parked(rec) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			// Owned by this step: bounded by the lookups' attempts.
+			defer wg.Done()
+			if m, ok := r.reconcile(context.WithoutCancel(ctx), rec); ok {
+				mu.Lock()
+				moves = append(moves, m)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return r.apply(ctx, moves)
+}
+
+// pendingMove is a decided move and its event.
+type pendingMove struct {
+	move processors.Move
+	ev   ledger.Event
+}
+
+// parked reports whether the record's latest step parked it for a human.
+func parked(rec processors.Record) bool {
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	return err == nil && len(evs) > 0 && evs[len(evs)-1].Type == statemachine.EventParked && evs[len(evs)-1].Seq == rec.Seq
+}
+
+// reconcile asks the tool what became of rec and returns the move that
+// records it.
+func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pendingMove, bool) {
+	log := r.cfg.Logger.With("call_key", rec.Key.String(), "tool", rec.Tool)
+	tmpl, err := recordTemplate(rec)
+	if err != nil {
+		log.Error("unknown outcome without context", "err", err)
+		return pendingMove{}, false
+	}
+	tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	if err != nil || tool.StatusLookup == nil || tool.StatusLookup.URL == "" {
+		detail := "the tool declares no status lookup: a human must find out what happened (ledger calls resolve)"
+		if tool != nil && tool.Compensation != nil {
+			detail += "; it declares the compensation " + tool.Compensation.String()
+		}
+		return r.settle(rec, tmpl, processors.StatusOutcomeUnknown, statemachine.EventParked, ReasonNoStatusLookup, detail, "", 0), true
+	}
+	target, err := r.x.resolve(tool.StatusLookup.URL)
+	if err != nil {
+		return r.settle(rec, tmpl, processors.StatusOutcomeUnknown, statemachine.EventParked, ReasonLookupFailed, "bad status lookup url", "", 0), true
+	}
+	var bearer string
+	if r.cfg.Credentials != nil {
+		cred, err := r.cfg.Credentials.Mint(credentials.Grant{
+			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: r.cfg.Owner,
+			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
+			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), KeyEpoch: rec.Epoch,
+		})
+		if err != nil {
+			return r.settle(rec, tmpl, processors.StatusOutcomeUnknown, statemachine.EventParked, ReasonLookupFailed, "no credential for the lookup", "", 0), true
+		}
+		bearer = cred.Token
+	}
+	g := r.x.guard(tool)
+	var last error
+	for n := range r.cfg.MaxAttempts {
+		if n > 0 {
+			time.Sleep(r.cfg.Backoff << (n - 1))
+		}
+		resp, err := r.lookup(ctx, g, tool, target, rec, bearer)
+		var he *httptool.Error
+		switch {
+		case err == nil && lookupState(resp.Body) == "applied":
+			sum := sha256.Sum256(resp.Body)
+			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
+				"status lookup: the tool applied the call", "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)), true
+		case errors.As(err, &he) && he.Status == 404:
+			return r.settle(rec, tmpl, processors.StatusFailed, statemachine.EventFailed, ReasonReconciled,
+				"status lookup: the tool has no trace of the call; it did not apply it", "", 0), true
+		case err == nil:
+			last = fmt.Errorf("status lookup answered %q", lookupState(resp.Body))
+		default:
+			last = err
+		}
+		log.Warn("status lookup failed", "attempt", n+1, "err", last)
+	}
+	return r.settle(rec, tmpl, processors.StatusOutcomeUnknown, statemachine.EventParked, ReasonLookupFailed,
+		fmt.Sprintf("the status lookup failed %d times: %v", r.cfg.MaxAttempts, last), "", 0), true
+}
+
+func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, bearer string) (httptool.Response, error) {
+	select {
+	case g.bulkhead <- struct{}{}:
+		defer func() { <-g.bulkhead }()
+	case <-ctx.Done():
+		return httptool.Response{}, ctx.Err()
+	}
+	return g.breaker.Execute(func() (httptool.Response, error) {
+		lctx, cancel := context.WithTimeout(ctx, tool.Timeout())
+		defer cancel()
+		return r.cfg.Looker.Lookup(lctx, target, httptool.Request{
+			IdempotencyKey: rec.Key.String(), CallID: rec.CallID, TenantID: rec.Key.TenantID,
+			Attempt: rec.Attempt, Arguments: rec.Arguments, Credential: bearer, MaxResultBytes: tool.MaxResultBytes,
+		})
+	})
+}
+
+// lookupState reads {"state": ...} from a status lookup's answer.
+func lookupState(body []byte) string {
+	var s struct {
+		State string `json:"state"`
+	}
+	if json.Unmarshal(body, &s) != nil {
+		return ""
+	}
+	return s.State
+}
+
+// settle builds the move that records what the reconciler (or an
+// operator) found: to, with an event of type t.
+func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to processors.Status, t statemachine.EventType, reason, detail, digest string, n int) pendingMove {
+	ev := tmpl
+	ev.EventID = uuid.Must(uuid.NewV7()).String()
+	ev.Type, ev.Seq, ev.At, ev.Actor = t, rec.Seq+1, r.cfg.Now().UTC(), r.cfg.Owner
+	ev.Reason, ev.Detail, ev.ResultDigest, ev.ResultBytes = reason, detail, digest, n
+	ev.ExpiresAt = nil
+	outbox, _ := ledger.EncodeEvents([]ledger.Event{ev})
+	return pendingMove{
+		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, To: to, Seq: rec.Seq + 1, Outbox: outbox},
+		ev:   ev,
+	}
+}
+
+// apply records the moves, and returns the events of those that applied.
+func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Output, error) {
+	if len(moves) == 0 {
+		return ledger.Output{}, nil
+	}
+	ms := make([]processors.Move, len(moves))
+	for i := range moves {
+		ms[i] = moves[i].move
+	}
+	applied, err := r.cfg.Store.Move(ctx, ms)
+	if err != nil {
+		return ledger.Output{}, fmt.Errorf("record %d reconciliations: %w", len(ms), err)
+	}
+	var (
+		out    []*kgo.Record
+		logged []processors.Logged
+	)
+	for i, ok := range applied {
+		if !ok {
+			continue // settled meanwhile, by another reconciler or a human
+		}
+		rec, err := moves[i].ev.Record(r.cfg.Topics.Events)
+		if err != nil {
+			return ledger.Output{}, err
+		}
+		out = append(out, rec)
+		logged = append(logged, processors.Logged{Key: ms[i].Key, Seq: ms[i].Seq})
+	}
+	return ledger.Output{Records: out, Committed: func(ctx context.Context) error {
+		if len(logged) == 0 {
+			return nil
+		}
+		return r.cfg.Store.MarkLogged(ctx, logged)
+	}}, nil
+}
+
+// Resolve settles an unknown outcome by hand: operator found out what
+// happened (evidence says how) and records it as succeeded or failed. It
+// returns the event to publish; the move is in the store, so if the
+// publish fails the executor's sweep appends it.
+func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, as processors.Status, evidence string) (ledger.Event, error) {
+	if !slices.Contains(operator.Roles, r.cfg.OperatorRole) || (operator.Tenant != key.TenantID && operator.Tenant != "*") {
+		return ledger.Event{}, ErrForbidden
+	}
+	if as != processors.StatusSucceeded && as != processors.StatusFailed {
+		return ledger.Event{}, fmt.Errorf("resolve as %q: want succeeded or failed", as)
+	}
+	if strings.TrimSpace(evidence) == "" {
+		return ledger.Event{}, errors.New("resolve: evidence is required")
+	}
+	rec, err := r.cfg.Store.Get(ctx, key)
+	if err != nil {
+		return ledger.Event{}, err
+	}
+	if rec.Status != processors.StatusOutcomeUnknown {
+		return ledger.Event{}, ErrNotUnknown
+	}
+	tmpl, err := recordTemplate(rec)
+	if err != nil {
+		return ledger.Event{}, err
+	}
+	t := statemachine.EventSucceeded
+	if as == processors.StatusFailed {
+		t = statemachine.EventFailed
+	}
+	m := r.settle(rec, tmpl, as, t, ReasonResolvedByOperator, evidence, "", 0)
+	m.ev.Actor = "operator:" + operator.User
+	m.move.Outbox, _ = ledger.EncodeEvents([]ledger.Event{m.ev})
+	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})
+	if err != nil {
+		return ledger.Event{}, err
+	}
+	if !applied[0] {
+		return ledger.Event{}, ErrNotUnknown
+	}
+	return m.ev, nil
+}

@@ -1,0 +1,166 @@
+package executor_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+func (r *rig) reconciler() *executor.Reconciler {
+	r.t.Helper()
+	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
+		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
+		Backoff: time.Millisecond, SweepEvery: time.Hour,
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return rc
+}
+
+// unknown runs an authorized call through the executor into
+// outcome_unknown and returns the event that says so.
+func (r *rig) unknown(auth *kgo.Record) *kgo.Record {
+	r.t.Helper()
+	out, err := r.executor(func(c *executor.Config) { c.MaxAttempts = 2 }).Step(r.t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := out.Committed(r.t.Context()); err != nil {
+		r.t.Fatal(err)
+	}
+	last := out.Records[len(out.Records)-1]
+	if string(ledger.Header(last, ledger.HeaderEventType)) != string(statemachine.EventOutcomeUnknown) {
+		r.t.Fatalf("the call ended %s; want outcome_unknown", ledger.Header(last, ledger.HeaderEventType))
+	}
+	return last
+}
+
+func (r *rig) reconcile(rc *executor.Reconciler, recs ...*kgo.Record) []string {
+	r.t.Helper()
+	out, err := rc.Step(r.t.Context(), recs)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if out.Committed != nil {
+		if err := out.Committed(r.t.Context()); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	return summary(decodeAll(r.t, out.Records))
+}
+
+// The response was lost after the tool applied the call, every time: the
+// status lookup finds the effect, and the call is recorded succeeded, with
+// one effect at the tool.
+func TestReconcileResponseLostAfterEffect(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	auth := r.admit("create_ticket", "lost-resp", map[string]any{"title": "t"}, 0)
+	unknown := r.unknown(auth)
+	r.backend.ClearFaults()
+	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(r.reconciler(), unknown)); diff != "" {
+		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/lost-resp"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "lost-resp"})
+	if err != nil || rec.Status != processors.StatusSucceeded {
+		t.Errorf("record %s, %v; want succeeded", rec.Status, err)
+	}
+	// A redelivered outcome_unknown finds the call settled: nothing more.
+	if got := r.reconcile(r.reconciler(), unknown); len(got) != 0 {
+		t.Errorf("a second pass appended %v; want nothing", got)
+	}
+}
+
+// The tool never got the call (it hung until the deadline): the lookup
+// finds nothing, and the call is recorded failed.
+func TestReconcileNothingApplied(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{Hang: true})
+	auth := r.admit("create_ticket", "never", map[string]any{"title": "t"}, 1500)
+	unknown := r.unknown(auth)
+	r.backend.ClearFaults()
+	if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(r.reconciler(), unknown)); diff != "" {
+		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/never"); n != 0 {
+		t.Errorf("applied %d times; want 0", n)
+	}
+}
+
+// A tool without a status lookup is never retried blindly: the call is
+// parked for a human, who resolves it with the evidence.
+func TestReconcileParksAndOperatorResolves(t *testing.T) {
+	r := newRig(t)
+	// The owner applied the effect, then died before recording it.
+	auth := r.admit("notify", "crashed", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	if _, err := httptool.New(httptool.Config{}).Call(t.Context(), httptool.Request{URL: r.url + "/tools/send_email", IdempotencyKey: "t_a/crashed", TenantID: "t_a", CallID: "c", Attempt: 1, Arguments: []byte(`{"to":"a@example.com","subject":"s"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if last := evs[len(evs)-1]; last.Type != statemachine.EventOutcomeUnknown {
+		t.Fatalf("after the crash the call is %s; want outcome_unknown", last.Type)
+	}
+	if err := out.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rc := r.reconciler()
+	if diff := cmp.Diff([]string{"parked(" + executor.ReasonNoStatusLookup + ")"}, r.reconcile(rc, out.Records[len(out.Records)-1])); diff != "" {
+		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+	// Parked calls are not looked at again.
+	if got := r.reconcile(rc, out.Records[len(out.Records)-1]); len(got) != 0 {
+		t.Errorf("a parked call was reconciled again: %v", got)
+	}
+	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "crashed"}
+	nobody := identity.Identity{User: "u_1", Tenant: "t_a"}
+	if _, err := rc.Resolve(t.Context(), nobody, key, processors.StatusSucceeded, "looked"); err == nil {
+		t.Errorf("a non-operator resolved a call")
+	}
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	resolved, err := rc.Resolve(t.Context(), ops, key, processors.StatusSucceeded, "the mail server's log has message 17")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resolved.Type != statemachine.EventSucceeded || resolved.Actor != "operator:u_ops" || resolved.Detail == "" || resolved.Seq != 6 {
+		t.Errorf("resolution %+v; want succeeded by operator:u_ops with the evidence at seq 6", resolved)
+	}
+	if _, err := rc.Resolve(t.Context(), ops, key, processors.StatusFailed, "again"); err == nil {
+		t.Errorf("a resolved call was resolved again")
+	}
+	if n := r.backend.AppliedIn("send_email", "t_a", "t_a/crashed"); n != 1 {
+		t.Errorf("applied %d times; want 1 (never retried blindly)", n)
+	}
+}
+
+// A status lookup that keeps failing parks the call with the reason.
+func TestReconcileLookupFailingParks(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	auth := r.admit("create_ticket", "dark", map[string]any{"title": "t"}, 0)
+	unknown := r.unknown(auth)
+	r.backend.ClearFaults()
+	r.backend.SetFault("create_ticket/status", demobackend.Fault{FailStatus: 503})
+	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(r.reconciler(), unknown)); diff != "" {
+		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+}

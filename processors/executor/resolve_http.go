@@ -1,0 +1,96 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+)
+
+// IdentityVerifier verifies an operator's assertion.
+type IdentityVerifier interface {
+	Verify(ctx context.Context, assertion string) (identity.Identity, error)
+}
+
+// Publisher appends events outside a transactional loop.
+type Publisher interface {
+	Publish(ctx context.Context, recs ...*kgo.Record) error
+}
+
+// ResolveRequest is the body of POST /v1/resolutions.
+type ResolveRequest struct {
+	TenantID       string `json:"tenant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	// As is "succeeded" or "failed".
+	As string `json:"as"`
+	// Evidence says how the operator found out.
+	Evidence string `json:"evidence"`
+}
+
+// ResolveHandler serves POST /v1/resolutions: an operator (an assertion
+// verified by v, with the operator role, of the call's tenant or "*")
+// settles an unknown outcome by hand. The resolution is recorded in the
+// store first, then published; a failed publish is appended later by the
+// executor's sweep.
+func (r *Reconciler) ResolveHandler(v IdentityVerifier, p Publisher) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/resolutions", func(w http.ResponseWriter, req *http.Request) {
+		tok, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			resolveError(w, http.StatusUnauthorized, "unauthenticated", "an operator's assertion is required")
+			return
+		}
+		op, err := v.Verify(req.Context(), tok)
+		if err != nil {
+			resolveError(w, http.StatusUnauthorized, "unauthenticated", "the assertion was refused")
+			return
+		}
+		var body ResolveRequest
+		if err := json.NewDecoder(io.LimitReader(req.Body, 64<<10)).Decode(&body); err != nil {
+			resolveError(w, http.StatusBadRequest, "invalid_request", "the body is not a resolution")
+			return
+		}
+		key := ledger.CallKey{TenantID: body.TenantID, IdempotencyKey: body.IdempotencyKey}
+		ev, err := r.Resolve(req.Context(), op, key, processors.Status(body.As), body.Evidence)
+		switch {
+		case errors.Is(err, ErrForbidden):
+			resolveError(w, http.StatusForbidden, "forbidden", err.Error())
+			return
+		case errors.Is(err, processors.ErrNotFound):
+			resolveError(w, http.StatusNotFound, "not_found", "no call under this key for this tenant")
+			return
+		case errors.Is(err, ErrNotUnknown):
+			resolveError(w, http.StatusConflict, "not_unknown", err.Error())
+			return
+		case err != nil:
+			resolveError(w, http.StatusBadRequest, "invalid_request", err.Error())
+			return
+		}
+		rec, err := ev.Record(r.cfg.Topics.Events)
+		if err == nil {
+			err = p.Publish(req.Context(), rec)
+		}
+		if err != nil {
+			r.cfg.Logger.Warn("publish resolution; the sweep will append it", "call_key", key.String(), "err", err)
+		} else if err := r.cfg.Store.MarkLogged(req.Context(), []processors.Logged{{Key: key, Seq: ev.Seq}}); err != nil {
+			r.cfg.Logger.Warn("mark resolution logged", "call_key", key.String(), "err", err)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(ev)
+	})
+	return mux
+}
+
+func resolveError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]map[string]string{"error": {"code": code, "message": msg}})
+}
