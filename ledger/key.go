@@ -53,3 +53,22 @@ func ParseApprovalID(id string) (CallKey, error) {
 	}
 	return ParseCallKey(string(b))
 }
+
+// compensationSuffix marks the key of a compensation call.
+const compensationSuffix = ":compensate"
+
+// CompensationKey is the key of the call that undoes k: its own call, with
+// its own key derived from k's, so that asking twice runs it once.
+func (k CallKey) CompensationKey() CallKey {
+	return CallKey{TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey + compensationSuffix}
+}
+
+// Compensates returns the call that the compensation call k undoes, if k
+// is one.
+func (k CallKey) Compensates() (CallKey, bool) {
+	orig, ok := strings.CutSuffix(k.IdempotencyKey, compensationSuffix)
+	if !ok || orig == "" {
+		return CallKey{}, false
+	}
+	return CallKey{TenantID: k.TenantID, IdempotencyKey: orig}, true
+}

@@ -38,12 +38,13 @@ const (
 	StatusExpired        Status = "expired"         // the deadline (or a pending approval) passed before the call could run
 	StatusRejected       Status = "rejected"        // an approver refused it; never runs
 	StatusCompensated    Status = "compensated"     // its effect was undone
+	StatusParked         Status = "parked"          // outcome unknown, and the reconciler handed it to a human
 )
 
 // Done reports whether the executor will never run the call again.
 func (s Status) Done() bool {
 	switch s {
-	case StatusDenied, StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired, StatusRejected, StatusCompensated:
+	case StatusDenied, StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired, StatusRejected, StatusCompensated, StatusParked:
 		return true
 	}
 	return false
@@ -62,7 +63,7 @@ var ErrRejected = errors.New("store rejected the data")
 var Statuses = []Status{
 	StatusAuthorized, StatusDenied, StatusPending, StatusExecuting,
 	StatusSucceeded, StatusFailed, StatusOutcomeUnknown, StatusExpired,
-	StatusRejected, StatusCompensated,
+	StatusRejected, StatusCompensated, StatusParked,
 }
 
 // Record is one call's execution record.
@@ -275,12 +276,12 @@ func CheckCompletions(cs []Completion) error {
 
 // settles reports whether a move from a done status only settles what
 // happened, never lets the call run again: an unknown outcome resolved
-// (succeeded, failed, compensated) or parked for a human (outcome_unknown
-// again, one event later), a succeeded call compensated.
+// (succeeded, failed, compensated) or parked for a human, a parked one
+// resolved, a succeeded call compensated.
 func settles(from, to Status) bool {
 	switch from {
-	case StatusOutcomeUnknown:
-		return to == StatusSucceeded || to == StatusFailed || to == StatusCompensated || to == StatusOutcomeUnknown
+	case StatusOutcomeUnknown, StatusParked:
+		return to == StatusSucceeded || to == StatusFailed || to == StatusCompensated || to == StatusParked
 	case StatusSucceeded:
 		return to == StatusCompensated
 	}

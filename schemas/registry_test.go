@@ -72,6 +72,9 @@ func TestDemo(t *testing.T) {
 	}
 	id := func(name string) string { return "https://schemas.toolcall-ledger.dev/tools/" + name + ".v1.json" }
 	want := []summary{
+		{Name: "cancel_refund", Version: 1, Effect: EffectExternalSideEffect, Risk: RiskLow, Idempotency: IdempotencyNative,
+			Redact: []string{"/reason"}, Resource: "/order_id",
+			Backend: backend("cancel_refund"), SchemaID: id("cancel_refund"), HasMaxConc: true, HasResultBytes: true},
 		{Name: "create_ticket", Version: 1, Effect: EffectWrite, Risk: RiskLow, Idempotency: IdempotencyNative,
 			Backend: backend("create_ticket"), SchemaID: id("create_ticket"), HasMaxConc: true, HasResultBytes: true},
 		{Name: "get_weather", Version: 1, Effect: EffectRead, Risk: RiskLow, Idempotency: IdempotencyNative,

@@ -14,6 +14,8 @@ const (
 	ToolCreateTicket = "create_ticket"
 	ToolRefundOrder  = "refund_order"
 	ToolSendEmail    = "send_email"
+	// ToolCancelRefund undoes a refund_order: its compensation.
+	ToolCancelRefund = "cancel_refund"
 )
 
 // statusSuffix names the status lookup of a tool in SetFault:
@@ -53,6 +55,8 @@ func toolNamed(name string) (tool, bool) {
 		return tool{name: name, kind: kindNative, parse: parseRefund}, true
 	case ToolSendEmail:
 		return tool{name: name, kind: kindNone, parse: parseEmail}, true
+	case ToolCancelRefund:
+		return tool{name: name, kind: kindNative, parse: parseCancelRefund}, true
 	}
 	return tool{}, false
 }
@@ -156,6 +160,21 @@ func parseRefund(body []byte) (func(int64) any, error) {
 			Currency:    args.Currency,
 			State:       "refunded",
 		}
+	}, nil
+}
+
+// parseCancelRefund takes the refund's own arguments and answers with the
+// refund marked cancelled.
+func parseCancelRefund(body []byte) (func(int64) any, error) {
+	build, err := parseRefund(body)
+	if err != nil {
+		return nil, err
+	}
+	return func(n int64) any {
+		r := build(n).(Refund)
+		r.RefundID = fmt.Sprintf("cr_%d", n)
+		r.State = "cancelled"
+		return r
 	}, nil
 }
 

@@ -158,15 +158,25 @@ func (r *Reconciler) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
 // outcome_unknown events, and now and then on the unknown outcomes in the
 // store (those whose lookups failed before, or whose event it missed).
 func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
-	var keys []ledger.CallKey
+	var (
+		keys        []ledger.CallKey
+		compensated []ledger.Event // succeeded compensation calls
+	)
 	seen := make(map[ledger.CallKey]bool)
 	for _, rec := range recs {
-		if statemachine.EventType(ledger.Header(rec, ledger.HeaderEventType)) != statemachine.EventOutcomeUnknown {
+		t := statemachine.EventType(ledger.Header(rec, ledger.HeaderEventType))
+		if t != statemachine.EventOutcomeUnknown && t != statemachine.EventSucceeded {
 			continue
 		}
 		ev, err := ledger.DecodeEvent(rec.Value)
 		if err != nil {
 			r.cfg.Logger.Error("undecodable event", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+			continue
+		}
+		if ev.Type == statemachine.EventSucceeded {
+			if _, ok := ev.Key().Compensates(); ok {
+				compensated = append(compensated, ev)
+			}
 			continue
 		}
 		if k := ev.Key(); !seen[k] {
@@ -206,8 +216,8 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		wg    sync.WaitGroup
 	)
 	for _, rec := range candidates {
-		if rec.Status != processors.StatusOutcomeUnknown || parked(rec) {
-			continue
+		if rec.Status != processors.StatusOutcomeUnknown {
+			continue // resolved, or parked for a human
 		}
 		wg.Add(1)
 		go func() {
@@ -221,19 +231,48 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		}()
 	}
 	wg.Wait()
+	for _, ev := range compensated {
+		m, ok, err := r.compensate(ctx, ev)
+		if err != nil {
+			return ledger.Output{}, err
+		}
+		if ok {
+			moves = append(moves, m)
+		}
+	}
 	return r.apply(ctx, moves)
 }
 
-// pendingMove is a decided move and its event.
-type pendingMove struct {
-	move processors.Move
-	ev   ledger.Event
+// compensate records that the call a succeeded compensation call undid is
+// compensated.
+func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pendingMove, bool, error) {
+	orig, _ := comp.Key().Compensates()
+	rec, err := r.cfg.Store.Get(ctx, orig)
+	if errors.Is(err, processors.ErrNotFound) {
+		r.cfg.Logger.Error("compensation of an unknown call", "call_key", comp.Key().String())
+		return pendingMove{}, false, nil
+	}
+	if err != nil {
+		return pendingMove{}, false, err
+	}
+	if rec.Status != processors.StatusSucceeded && rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
+		return pendingMove{}, false, nil // compensated already, or nothing to undo
+	}
+	tmpl, err := recordTemplate(rec)
+	if err != nil {
+		return pendingMove{}, false, err
+	}
+	m := r.settle(rec, tmpl, processors.StatusCompensated, statemachine.EventCompensated, "compensated",
+		"undone by the compensation call "+comp.Key().String()+" ("+comp.Tool+")", "", 0)
+	m.move.From = rec.Status
+	return m, true, nil
 }
 
-// parked reports whether the record's latest step parked it for a human.
-func parked(rec processors.Record) bool {
-	evs, err := ledger.DecodeEvents(rec.Outbox)
-	return err == nil && len(evs) > 0 && evs[len(evs)-1].Type == statemachine.EventParked && evs[len(evs)-1].Seq == rec.Seq
+// pendingMove is a decided move and the events it appends: any the
+// record held that the log may lack, then the step's own (last).
+type pendingMove struct {
+	move processors.Move
+	evs  []ledger.Event
 }
 
 // reconcile asks the tool what became of rec and returns the move that
@@ -251,11 +290,11 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		if tool != nil && tool.Compensation != nil {
 			detail += "; it declares the compensation " + tool.Compensation.String()
 		}
-		return r.settle(rec, tmpl, processors.StatusOutcomeUnknown, statemachine.EventParked, ReasonNoStatusLookup, detail, "", 0), true
+		return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonNoStatusLookup, detail, "", 0), true
 	}
 	target, err := r.x.resolve(tool.StatusLookup.URL)
 	if err != nil {
-		return r.settle(rec, tmpl, processors.StatusOutcomeUnknown, statemachine.EventParked, ReasonLookupFailed, "bad status lookup url", "", 0), true
+		return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupFailed, "bad status lookup url", "", 0), true
 	}
 	var bearer string
 	if r.cfg.Credentials != nil {
@@ -265,7 +304,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), KeyEpoch: rec.Epoch,
 		})
 		if err != nil {
-			return r.settle(rec, tmpl, processors.StatusOutcomeUnknown, statemachine.EventParked, ReasonLookupFailed, "no credential for the lookup", "", 0), true
+			return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupFailed, "no credential for the lookup", "", 0), true
 		}
 		bearer = cred.Token
 	}
@@ -292,7 +331,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		}
 		log.Warn("status lookup failed", "attempt", n+1, "err", last)
 	}
-	return r.settle(rec, tmpl, processors.StatusOutcomeUnknown, statemachine.EventParked, ReasonLookupFailed,
+	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupFailed,
 		fmt.Sprintf("the status lookup failed %d times: %v", r.cfg.MaxAttempts, last), "", 0), true
 }
 
@@ -325,17 +364,29 @@ func lookupState(body []byte) string {
 }
 
 // settle builds the move that records what the reconciler (or an
-// operator) found: to, with an event of type t.
+// operator) found: to, with an event of type t. Events the record holds
+// that the log may lack (its step's transaction aborted, say) stay in the
+// outbox ahead of the new one and go out with it: replacing them would
+// lose them, and the new event would follow a gap.
 func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to processors.Status, t statemachine.EventType, reason, detail, digest string, n int) pendingMove {
 	ev := tmpl
 	ev.EventID = uuid.Must(uuid.NewV7()).String()
 	ev.Type, ev.Seq, ev.At, ev.Actor = t, rec.Seq+1, r.cfg.Now().UTC(), r.cfg.Owner
 	ev.Reason, ev.Detail, ev.ResultDigest, ev.ResultBytes = reason, detail, digest, n
 	ev.ExpiresAt = nil
-	outbox, _ := ledger.EncodeEvents([]ledger.Event{ev})
+	var evs []ledger.Event
+	if held, err := ledger.DecodeEvents(rec.Outbox); err == nil {
+		for _, e := range held {
+			if e.Seq > rec.LoggedSeq {
+				evs = append(evs, e)
+			}
+		}
+	}
+	evs = append(evs, ev)
+	outbox, _ := ledger.EncodeEvents(evs)
 	return pendingMove{
 		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, To: to, Seq: rec.Seq + 1, Outbox: outbox},
-		ev:   ev,
+		evs:  evs,
 	}
 }
 
@@ -360,11 +411,13 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 		if !ok {
 			continue // settled meanwhile, by another reconciler or a human
 		}
-		rec, err := moves[i].ev.Record(r.cfg.Topics.Events)
-		if err != nil {
-			return ledger.Output{}, err
+		for _, ev := range moves[i].evs {
+			rec, err := ev.Record(r.cfg.Topics.Events)
+			if err != nil {
+				return ledger.Output{}, err
+			}
+			out = append(out, rec)
 		}
-		out = append(out, rec)
 		logged = append(logged, processors.Logged{Key: ms[i].Key, Seq: ms[i].Seq})
 	}
 	return ledger.Output{Records: out, Committed: func(ctx context.Context) error {
@@ -377,42 +430,43 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 
 // Resolve settles an unknown outcome by hand: operator found out what
 // happened (evidence says how) and records it as succeeded or failed. It
-// returns the event to publish; the move is in the store, so if the
-// publish fails the executor's sweep appends it.
-func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, as processors.Status, evidence string) (ledger.Event, error) {
+// returns the events to publish, the resolution last; the move is in the
+// store, so if the publish fails the executor's sweep appends them.
+func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, as processors.Status, evidence string) ([]ledger.Event, error) {
 	if !slices.Contains(operator.Roles, r.cfg.OperatorRole) || (operator.Tenant != key.TenantID && operator.Tenant != "*") {
-		return ledger.Event{}, ErrForbidden
+		return nil, ErrForbidden
 	}
 	if as != processors.StatusSucceeded && as != processors.StatusFailed {
-		return ledger.Event{}, fmt.Errorf("resolve as %q: want succeeded or failed", as)
+		return nil, fmt.Errorf("resolve as %q: want succeeded or failed", as)
 	}
 	if strings.TrimSpace(evidence) == "" {
-		return ledger.Event{}, errors.New("resolve: evidence is required")
+		return nil, errors.New("resolve: evidence is required")
 	}
 	rec, err := r.cfg.Store.Get(ctx, key)
 	if err != nil {
-		return ledger.Event{}, err
+		return nil, err
 	}
-	if rec.Status != processors.StatusOutcomeUnknown {
-		return ledger.Event{}, ErrNotUnknown
+	if rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
+		return nil, ErrNotUnknown
 	}
 	tmpl, err := recordTemplate(rec)
 	if err != nil {
-		return ledger.Event{}, err
+		return nil, err
 	}
 	t := statemachine.EventSucceeded
 	if as == processors.StatusFailed {
 		t = statemachine.EventFailed
 	}
 	m := r.settle(rec, tmpl, as, t, ReasonResolvedByOperator, evidence, "", 0)
-	m.ev.Actor = "operator:" + operator.User
-	m.move.Outbox, _ = ledger.EncodeEvents([]ledger.Event{m.ev})
+	m.move.From = rec.Status
+	m.evs[len(m.evs)-1].Actor = "operator:" + operator.User
+	m.move.Outbox, _ = ledger.EncodeEvents(m.evs)
 	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})
 	if err != nil {
-		return ledger.Event{}, err
+		return nil, err
 	}
 	if !applied[0] {
-		return ledger.Event{}, ErrNotUnknown
+		return nil, ErrNotUnknown
 	}
-	return m.ev, nil
+	return m.evs, nil
 }

@@ -137,10 +137,11 @@ func TestReconcileParksAndOperatorResolves(t *testing.T) {
 		t.Errorf("a non-operator resolved a call")
 	}
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	resolved, err := rc.Resolve(t.Context(), ops, key, processors.StatusSucceeded, "the mail server's log has message 17")
+	evs, err = rc.Resolve(t.Context(), ops, key, processors.StatusSucceeded, "the mail server's log has message 17")
 	if err != nil {
 		t.Fatal(err)
 	}
+	resolved := evs[len(evs)-1]
 	if resolved.Type != statemachine.EventSucceeded || resolved.Actor != "operator:u_ops" || resolved.Detail == "" || resolved.Seq != 6 {
 		t.Errorf("resolution %+v; want succeeded by operator:u_ops with the evidence at seq 6", resolved)
 	}

@@ -59,7 +59,7 @@ func (r *Reconciler) ResolveHandler(v IdentityVerifier, p Publisher) http.Handle
 			return
 		}
 		key := ledger.CallKey{TenantID: body.TenantID, IdempotencyKey: body.IdempotencyKey}
-		ev, err := r.Resolve(req.Context(), op, key, processors.Status(body.As), body.Evidence)
+		evs, err := r.Resolve(req.Context(), op, key, processors.Status(body.As), body.Evidence)
 		switch {
 		case errors.Is(err, ErrForbidden):
 			resolveError(w, http.StatusForbidden, "forbidden", err.Error())
@@ -74,17 +74,26 @@ func (r *Reconciler) ResolveHandler(v IdentityVerifier, p Publisher) http.Handle
 			resolveError(w, http.StatusBadRequest, "invalid_request", err.Error())
 			return
 		}
-		rec, err := ev.Record(r.cfg.Topics.Events)
-		if err == nil {
-			err = p.Publish(req.Context(), rec)
+		recs := make([]*kgo.Record, 0, len(evs))
+		for _, ev := range evs {
+			rec, rerr := ev.Record(r.cfg.Topics.Events)
+			if rerr != nil {
+				err = rerr
+				break
+			}
+			recs = append(recs, rec)
 		}
+		if err == nil {
+			err = p.Publish(req.Context(), recs...)
+		}
+		last := evs[len(evs)-1]
 		if err != nil {
 			r.cfg.Logger.Warn("publish resolution; the sweep will append it", "call_key", key.String(), "err", err)
-		} else if err := r.cfg.Store.MarkLogged(req.Context(), []processors.Logged{{Key: key, Seq: ev.Seq}}); err != nil {
+		} else if err := r.cfg.Store.MarkLogged(req.Context(), []processors.Logged{{Key: key, Seq: last.Seq}}); err != nil {
 			r.cfg.Logger.Warn("mark resolution logged", "call_key", key.String(), "err", err)
 		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(ev)
+		_ = json.NewEncoder(w).Encode(last)
 	})
 	return mux
 }

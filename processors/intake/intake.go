@@ -166,7 +166,6 @@ type pending struct {
 func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
 	var (
 		out     []*kgo.Record
-		admits  []pending
 		emitErr error
 	)
 	emit := func(evs ...ledger.Event) {
@@ -192,20 +191,44 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 			calls = append(calls, c)
 		}
 	}
-	calls, limited, err := p.limit(ctx, calls, now)
+	evs, logged, err := p.settle(ctx, calls, now)
 	if err != nil {
 		return ledger.Output{}, err
+	}
+	emit(evs...)
+	committed := func(ctx context.Context) error {
+		if len(logged) == 0 {
+			return nil
+		}
+		return p.cfg.Store.MarkLogged(ctx, logged)
+	}
+	return ledger.Output{Records: out, Committed: committed}, emitErr
+}
+
+// settle takes checked calls the rest of the way: rate limits, then the
+// store, which says whether each key is free. It returns the events to
+// append (the calls' first events, refusals, and events a crash left out
+// of the log) and what to mark logged once they are in.
+func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time) ([]ledger.Event, []processors.Logged, error) {
+	var (
+		evs    []ledger.Event
+		admits []pending
+	)
+	emit := func(e ...ledger.Event) { evs = append(evs, e...) }
+	calls, limited, err := p.limit(ctx, calls, now)
+	if err != nil {
+		return nil, nil, err
 	}
 	emit(limited...)
 	for _, c := range calls {
 		a, err := p.admission(c, now)
 		if err != nil {
-			return ledger.Output{}, err
+			return nil, nil, err
 		}
 		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
-		return ledger.Output{Records: out}, emitErr
+		return evs, nil, nil
 	}
 
 	as := make([]processors.Admission, len(admits))
@@ -214,7 +237,7 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	}
 	results, rejected, err := p.admit(ctx, as)
 	if err != nil {
-		return ledger.Output{}, fmt.Errorf("admit %d calls: %w", len(as), err)
+		return nil, nil, fmt.Errorf("admit %d calls: %w", len(as), err)
 	}
 	var logged []processors.Logged
 	// A key's events go out once per batch, however many copies of its
@@ -232,7 +255,7 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 			emitted[a.admission.Key] = true
 			evs, err := ledger.DecodeEvents(a.admission.Outbox)
 			if err != nil {
-				return ledger.Output{}, err
+				return nil, nil, err
 			}
 			emit(evs...)
 			logged = append(logged, processors.Logged{Key: a.admission.Key, Seq: a.admission.Seq})
@@ -245,7 +268,7 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 				emitted[a.admission.Key] = true
 				evs, err := ledger.DecodeEvents(res.Record.Outbox)
 				if err != nil {
-					return ledger.Output{}, err
+					return nil, nil, err
 				}
 				for _, e := range evs {
 					if e.Seq > res.Record.LoggedSeq {
@@ -260,16 +283,10 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 			emit(p.refuse(a.key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
 				"the idempotency key is already used by a call with other arguments"))
 		default:
-			return ledger.Output{}, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
+			return nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}
 	}
-	committed := func(ctx context.Context) error {
-		if len(logged) == 0 {
-			return nil
-		}
-		return p.cfg.Store.MarkLogged(ctx, logged)
-	}
-	return ledger.Output{Records: out, Committed: committed}, emitErr
+	return evs, logged, nil
 }
 
 // admit records a batch of admissions. When the store rejects the data of
@@ -339,6 +356,17 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		unverified := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: env.IdempotencyKey}
 		return refuse(unverified, ReasonAssertionPrefix+reason, "/assertion", detail)
 	}
+	c, refusal := p.checkCall(ctx, env, id, now)
+	return c, refusal, nil
+}
+
+// checkCall runs the checks that follow the identity's: the scope against
+// it, the hash, the registry, the kill switch, the arguments, the policy.
+func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id identity.Identity, now time.Time) (*checked, *ledger.Event) {
+	refuse := func(key ledger.CallKey, reason, pointer, detail string) (*checked, *ledger.Event) {
+		ev := p.refuse(key, env, now, reason, pointer, detail)
+		return nil, &ev
+	}
 	// From here on the call is the verified tenant's: a refusal goes
 	// under its key, never under the one the scope claimed.
 	c := &checked{env: env, id: id}
@@ -381,7 +409,24 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 	}
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose}
 	c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, env.Arguments, p.cfg.Channel, now))
-	return c, nil, nil
+	return c, nil
+}
+
+// Submit runs a call that the ledger itself makes for an authenticated
+// identity (a compensation an operator asked for) through every check but
+// the assertion's, the same policies, and the store. It returns the events
+// to append: the call's first events, or a refusal, or nothing for a
+// retry the log already has. The caller appends them and then marks them
+// logged; until then they wait in the store's outbox, which the
+// executor's sweep appends if the caller does not.
+func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity) ([]ledger.Event, error) {
+	now := p.cfg.Now().UTC()
+	c, refusal := p.checkCall(ctx, env, id, now)
+	if refusal != nil {
+		return []ledger.Event{*refusal}, nil
+	}
+	evs, _, err := p.settle(ctx, []*checked{c}, now)
+	return evs, err
 }
 
 // scopeMismatch compares the envelope's claims with the verified identity.

@@ -446,7 +446,7 @@ func TestDemoMatchesItsFilesOnDisk(t *testing.T) {
 		t.Errorf("LoadDir(demo).Hash() = %s, want the embedded set's %s", disk.Hash(), demo.Hash())
 	}
 	wantIDs := []string{
-		"email-external-needs-approval", "email-internal", "read-tools", "refund-cap",
+		"email-external-needs-approval", "email-internal", "read-tools", "refund-cap", "refund-compensation",
 		"refund-large-needs-approval", "refund-small", "tenant-isolation",
 	}
 	if diff := cmp.Diff(wantIDs, demo.PolicyIDs()); diff != "" {

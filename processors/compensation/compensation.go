@@ -1,0 +1,217 @@
+// Package compensation undoes calls: on an operator's request it runs the
+// compensation a tool declares (refund_order's is cancel_refund) as a
+// ledger call of its own, with its own key derived from the original's,
+// through the intake's checks, the same policies, the executor and a
+// credential of its own. The reconciler appends compensated to the
+// original once the compensation succeeded.
+package compensation
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/schemas"
+)
+
+// Errors callers branch on.
+var (
+	// ErrForbidden: not an operator of the call's tenant.
+	ErrForbidden = errors.New("compensation: not an operator of the call's tenant")
+	// ErrNotCompensable: the call did not (or may not have) taken effect,
+	// or was compensated already.
+	ErrNotCompensable = errors.New("compensation: only a succeeded call, or one whose outcome is unknown, can be compensated")
+	// ErrNoCompensation: the tool declares no compensation.
+	ErrNoCompensation = errors.New("compensation: the tool declares no compensation")
+)
+
+// Store is the part of the execution store the service uses.
+type Store interface {
+	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
+	MarkLogged(ctx context.Context, ls []processors.Logged) error
+}
+
+// Submitter runs a call the ledger makes itself through the intake's
+// checks (processors/intake.Processor.Submit).
+type Submitter interface {
+	Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity) ([]ledger.Event, error)
+}
+
+// Publisher appends events.
+type Publisher interface {
+	Publish(ctx context.Context, recs ...*kgo.Record) error
+}
+
+// Verifier verifies operators' assertions for the HTTP API.
+type Verifier interface {
+	Verify(ctx context.Context, assertion string) (identity.Identity, error)
+}
+
+// Config configures the service.
+type Config struct {
+	Store     Store             // required
+	Registry  *schemas.Registry // required
+	Intake    Submitter         // required
+	Publisher Publisher         // required
+	Identity  Verifier          // required for Handler
+	Topics    ledger.Topics
+	// OperatorRole may ask for compensations; default "operator".
+	OperatorRole string
+	Logger       *slog.Logger
+}
+
+// Service asks for compensations.
+type Service struct{ cfg Config }
+
+// New validates cfg and returns the service.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil || cfg.Registry == nil || cfg.Intake == nil || cfg.Publisher == nil {
+		return nil, errors.New("compensation: store, registry, intake and publisher are required")
+	}
+	cfg.Topics = cfg.Topics.WithDefaults()
+	if cfg.OperatorRole == "" {
+		cfg.OperatorRole = "operator"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg}, nil
+}
+
+// Compensate asks to undo the call key, as operator, and returns the key
+// of the compensation call and the events it started with (a refusal, if
+// the intake's checks or the policies refuse it; none, if it was asked for
+// before and the log has it).
+func (s *Service) Compensate(ctx context.Context, operator identity.Identity, key ledger.CallKey, reason string) (ledger.CallKey, []ledger.Event, error) {
+	if !slices.Contains(operator.Roles, s.cfg.OperatorRole) || (operator.Tenant != key.TenantID && operator.Tenant != "*") {
+		return ledger.CallKey{}, nil, ErrForbidden
+	}
+	if strings.TrimSpace(reason) == "" {
+		return ledger.CallKey{}, nil, errors.New("compensation: a reason is required")
+	}
+	rec, err := s.cfg.Store.Get(ctx, key)
+	if err != nil {
+		return ledger.CallKey{}, nil, err
+	}
+	if rec.Status != processors.StatusSucceeded && rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
+		return ledger.CallKey{}, nil, fmt.Errorf("%w (it is %s)", ErrNotCompensable, rec.Status)
+	}
+	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	if err != nil {
+		return ledger.CallKey{}, nil, err
+	}
+	if tool.Compensation == nil {
+		return ledger.CallKey{}, nil, ErrNoCompensation
+	}
+	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
+	if err != nil {
+		return ledger.CallKey{}, nil, err
+	}
+	comp := tool.Compensation
+	ck := key.CompensationKey()
+	hash, err := ledger.ArgumentsHash(key.TenantID, comp.Tool, comp.Version, args)
+	if err != nil {
+		return ledger.CallKey{}, nil, err
+	}
+	env := &ledger.Envelope{
+		Tool: comp.Tool, ToolVersion: comp.Version, CallID: "comp_" + rec.CallID,
+		Scope:          ledger.Scope{TenantID: key.TenantID, UserID: operator.User},
+		IdempotencyKey: ck.IdempotencyKey, ArgumentsHash: hash, Arguments: args,
+	}
+	// The operator asks; the ledger's compensation acts for them.
+	who := identity.Identity{User: operator.User, Agent: "ledger-compensation", Tenant: key.TenantID, Roles: operator.Roles}
+	evs, err := s.cfg.Intake.Submit(ctx, env, who)
+	if err != nil {
+		return ledger.CallKey{}, nil, err
+	}
+	s.cfg.Logger.Info("compensation requested", "call_key", key.String(), "compensation_key", ck.String(), "operator", operator.User, "reason", reason)
+	if err := s.publish(ctx, ck, evs); err != nil {
+		s.cfg.Logger.Warn("publish compensation; the sweep will append it", "compensation_key", ck.String(), "err", err)
+	}
+	return ck, evs, nil
+}
+
+func (s *Service) publish(ctx context.Context, ck ledger.CallKey, evs []ledger.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	recs := make([]*kgo.Record, len(evs))
+	var last int64
+	for i := range evs {
+		r, err := evs[i].Record(s.cfg.Topics.Events)
+		if err != nil {
+			return err
+		}
+		recs[i] = r
+		last = max(last, evs[i].Seq)
+	}
+	if err := s.cfg.Publisher.Publish(ctx, recs...); err != nil {
+		return err
+	}
+	if last == 0 {
+		return nil
+	}
+	return s.cfg.Store.MarkLogged(ctx, []processors.Logged{{Key: ck, Seq: last}})
+}
+
+// Request is the body of POST /v1/compensations.
+type Request struct {
+	TenantID       string `json:"tenant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	Reason         string `json:"reason"`
+}
+
+// Handler serves POST /v1/compensations for operators (Authorization:
+// Bearer <operator assertion>).
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/compensations", func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || s.cfg.Identity == nil {
+			writeError(w, http.StatusUnauthorized, "unauthenticated", "an operator's assertion is required")
+			return
+		}
+		op, err := s.cfg.Identity.Verify(r.Context(), tok)
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, "unauthenticated", "the assertion was refused")
+			return
+		}
+		var body Request
+		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request", "the body is not a compensation request")
+			return
+		}
+		ck, evs, err := s.Compensate(r.Context(), op, ledger.CallKey{TenantID: body.TenantID, IdempotencyKey: body.IdempotencyKey}, body.Reason)
+		switch {
+		case errors.Is(err, ErrForbidden):
+			writeError(w, http.StatusForbidden, "forbidden", err.Error())
+		case errors.Is(err, processors.ErrNotFound):
+			writeError(w, http.StatusNotFound, "not_found", "no call under this key for this tenant")
+		case errors.Is(err, ErrNotCompensable), errors.Is(err, ErrNoCompensation):
+			writeError(w, http.StatusConflict, "not_compensable", err.Error())
+		case err != nil:
+			writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(map[string]any{"compensation_key": ck.String(), "events": evs})
+		}
+	})
+	return mux
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]map[string]string{"error": {"code": code, "message": msg}})
+}
