@@ -277,7 +277,7 @@ func TestApprove(t *testing.T) {
 			Tool: "refund_order", Description: "Refund part or all of an order to the customer's original payment method.",
 			Effect: "external_side_effect", Risk: "high", Resource: "ord_r1", Amount: "45.00 AUD",
 			Arguments:    intakeEvs[0].Arguments,
-			Compensation: "none declared",
+			Compensation: "cancel_refund.v1",
 		},
 	}
 	if diff := cmp.Diff(want, a); diff != "" {
