@@ -92,6 +92,28 @@ func newCallsCmd(g *globals) *cobra.Command {
 	resolve.Flags().StringVar(&as, "as", "", "succeeded or failed")
 	resolve.Flags().StringVar(&evidence, "evidence", "", "how you found out (recorded on the event)")
 	resolve.Flags().StringVar(&tenant, "call-tenant", "t_demo", "the call's tenant")
-	cmd.AddCommand(resolve)
+	var reason, compTenant string
+	compensate := &cobra.Command{
+		Use:   "compensate KEY",
+		Short: "Undo a succeeded call: its tool's declared compensation runs as a governed call of its own (<KEY>:compensate)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if reason == "" {
+				return fmt.Errorf("--reason is required")
+			}
+			var out struct {
+				CompensationKey string `json:"compensation_key"`
+			}
+			body := map[string]string{"tenant_id": compTenant, "idempotency_key": args[0], "reason": reason}
+			if err := f.call(cmd.Context(), http.MethodPost, "/v1/compensations", body, &out); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "compensation requested: %s\n", out.CompensationKey)
+			return nil
+		},
+	}
+	compensate.Flags().StringVar(&reason, "reason", "", "why (logged with the operator)")
+	compensate.Flags().StringVar(&compTenant, "call-tenant", "t_demo", "the call's tenant")
+	cmd.AddCommand(resolve, compensate)
 	return cmd
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/approvals"
+	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
@@ -161,7 +162,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 
 	instance := f.roles.instance
-	intakeRole, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, logger)
+	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, logger)
 	if err != nil {
 		return err
 	}
@@ -215,6 +216,14 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	mux.Handle("/v1/resolutions", reconciler.ResolveHandler(staff, events))
+	undo, err := compensation.New(compensation.Config{
+		Store: st, Registry: reg, Intake: intakeProc, Publisher: events, Identity: staff, Topics: topics,
+		Logger: logger.With("component", "compensation"),
+	})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/v1/compensations", undo.Handler())
 	kill, err := control.New(control.Config{
 		State: controls, Publisher: events, Identity: staff, Topics: topics, Credentials: inspector,
 		Logger: logger.With("component", "control"),

@@ -286,20 +286,36 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("POST ?wait: %d %q; want 200 succeeded", resp.StatusCode, posted.State)
 	}
 
-	// The kill switch: a frozen tool's calls are refused; after the
-	// unfreeze they run.
-	cli(t, "control", "freeze", "--tool", "create_ticket", "--reason", "incident 42", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
+	// The kill switch: freeze refund_order, and a refund is refused
+	// tool_frozen with the operator's reason; unfreeze, and the same key
+	// runs.
+	cli(t, "control", "freeze", "--tool", "refund_order", "--reason", "incident 42", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
 	if shown := cli(t, "control", "show", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops"); !strings.Contains(shown, "incident 42") {
 		t.Errorf("control show after a freeze:\n%s", shown)
 	}
-	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "create_ticket", "--args", `{"title":"while frozen"}`, "--key", "dev-frozen", "--wait", "--timeout", "60s")
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "refund_order", "--args", `{"order_id":"ord_7","amount_cents":2500,"currency":"AUD"}`, "--key", "dev-small-refund", "--wait", "--timeout", "60s")
 	if !strings.Contains(out, "refused: tool_frozen") || !strings.Contains(out, "incident 42") {
-		t.Errorf("a call to a frozen tool:\n%s", out)
+		t.Errorf("a refund while refund_order is frozen:\n%s", out)
 	}
-	cli(t, "control", "unfreeze", "--tool", "create_ticket", "--reason", "resolved", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
-	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "create_ticket", "--args", `{"title":"after"}`, "--key", "dev-frozen", "--wait", "--timeout", "60s")
-	if !strings.Contains(out, "t_demo/dev-frozen is succeeded") {
-		t.Errorf("the same key after the unfreeze:\n%s", out)
+	cli(t, "control", "unfreeze", "--tool", "refund_order", "--reason", "resolved", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
+
+	// Now the small refund runs at once; an operator compensates it, and
+	// the trace ends compensated.
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "refund_order", "--args", `{"order_id":"ord_7","amount_cents":2500,"currency":"AUD"}`, "--key", "dev-small-refund", "--wait", "--timeout", "60s")
+	if !strings.Contains(out, "t_demo/dev-small-refund is succeeded") {
+		t.Fatalf("small refund:\n%s", out)
+	}
+	if got := cli(t, "calls", "compensate", "dev-small-refund", "--reason", "goods returned", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops"); !strings.Contains(got, "t_demo/dev-small-refund:compensate") {
+		t.Errorf("calls compensate: %s", got)
+	}
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if code, v := getCall(t, api, "dev-small-refund"); code != 200 || v.State != "compensated" {
+			return fmt.Errorf("refund is %q", v.State)
+		}
+		return nil
+	})
+	if tr := cli(t, "trace", "dev-small-refund", "--tenant", "t_demo", "--kafka-brokers", kafka); !strings.Contains(tr, "compensated") {
+		t.Errorf("trace of the compensated refund:\n%s", tr)
 	}
 
 	// A second refund waits for approval across the restart.

@@ -40,7 +40,7 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 
 // intakeLoop wires an intake onto its consume-process-produce loop. cfg
 // carries the intake's trust: identity, policy and rate limiter.
-func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, logger *slog.Logger) (*ledger.Loop, error) {
+func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
 	cfg.Topics = topics
 	cfg.Actor = "intake/" + instance
 	cfg.Logger = logger.With("processor", "intake")
@@ -49,9 +49,10 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 	}
 	in, err := intake.New(cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance})
+	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance})
+	return loop, in, err
 }
 
 // executorLoop wires an executor onto its loop.
@@ -125,7 +126,8 @@ func newIntakeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				return intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, logger)
+				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, logger)
+				return loop, err
 			})
 		},
 	}
