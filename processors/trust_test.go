@@ -26,6 +26,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 var b64 = base64.RawURLEncoding
@@ -273,15 +274,26 @@ func TestNoSecretLeaks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A tool's long-lived backend secret, in the executor's keystore.
+	const backendCanary = "canary-backend-secret-7f3a9c"
+	keystore := t.TempDir()
+	if err := os.WriteFile(filepath.Join(keystore, "weather_api_key"), []byte(backendCanary), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var logs bytes.Buffer
 	h := newHarness(t, storeSQL, 4, func(c *demobackend.Config) {
 		c.Credentials = verifier
+		c.BackendSecrets = map[string]string{"get_weather": backendCanary}
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	h.reg = registryWith(t, "get_weather", func(entry map[string]any) {
+		entry["backend"].(map[string]any)["secret_ref"] = "weather_api_key"
 	})
 	h.logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h.startIntake("intake-1")
 	cfg := h.executorConfig("executor-1")
 	cfg.Credentials = broker
+	cfg.Secrets = credentials.NewKeystore(keystore)
 	h.startExecutor(cfg)
 
 	ok1 := h.newEnvelope("t_a", "c-1", "get_weather", map[string]any{"city": "Oslo"})
@@ -318,6 +330,7 @@ func TestNoSecretLeaks(t *testing.T) {
 	if len(secrets) < 2 {
 		t.Fatalf("found %d canaries; want the issuer's and the broker's keys", len(secrets))
 	}
+	secrets["backend secret"] = backendCanary
 
 	var haystacks []struct{ where, text string }
 	add := func(where string, b []byte) {
@@ -367,6 +380,43 @@ func TestNoSecretLeaks(t *testing.T) {
 		t.Errorf("a token in the logs")
 	}
 	if n := len(h.backend.Effects()); n != 2 {
-		t.Errorf("tools applied %d effects; want 2 (credentials verified)", n)
+		t.Errorf("tools applied %d effects; want 2 (credentials and the backend secret verified)", n)
 	}
+}
+
+// registryWith is the test registry with one tool's entry changed.
+func registryWith(t *testing.T, tool string, change func(entry map[string]any)) *schemas.Registry {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob("testdata/registry/tools/*.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(f) == tool+".v1.json" {
+			var entry map[string]any
+			if err := json.Unmarshal(raw, &entry); err != nil {
+				t.Fatal(err)
+			}
+			change(entry)
+			if raw, err = json.Marshal(entry); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tools", filepath.Base(f)), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := schemas.Load(os.DirFS(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }

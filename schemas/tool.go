@@ -104,6 +104,10 @@ type Backend struct {
 	URL string `json:"url"`
 	// Audience is the aud of the per-call credential minted for the call.
 	Audience string `json:"audience"`
+	// SecretRef names a long-lived secret the backend demands (an API key
+	// of a third party, say), kept in the executor's keystore and sent
+	// only to the backend, as the X-Backend-Secret header. Empty: none.
+	SecretRef string `json:"secret_ref,omitempty"`
 }
 
 // StatusLookup is how the reconciler asks a backend whether a call whose

@@ -166,7 +166,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
-	exec, _, err := executorLoop(cc, topics, reg, st, broker, engine, controls, "http://"+backendLn.Addr().String(), instance, logger)
+	exec, _, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, logger)
 	if err != nil {
 		return err
 	}

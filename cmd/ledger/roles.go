@@ -56,11 +56,12 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	x, err := executor.New(executor.Config{
 		Registry: reg, Store: st, Topics: topics,
 		Caller:      httptool.New(httptool.Config{}),
 		Credentials: minter,
+		Secrets:     secrets,
 		Policy:      pol,
 		Freezes:     freezes,
 		BaseURL:     toolsBase,
@@ -190,7 +191,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, pol, controls, toolsBase, rf.instance, logger)
+				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, logger)
 				return loop, err
 			})
 		},

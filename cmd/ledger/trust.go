@@ -105,17 +105,30 @@ func (f *policyFlags) engine(logger *slog.Logger) (*policy.Engine, func(ctx cont
 	return e, watch, nil
 }
 
-// credentialFlags configure the executor's credential broker.
+// credentialFlags configure the executor's credential broker and the
+// keystore of the backends' long-lived secrets.
 type credentialFlags struct {
-	keyDir string
-	ttl    time.Duration
-	rotate time.Duration
+	keyDir     string
+	ttl        time.Duration
+	rotate     time.Duration
+	secretsDir string
+}
+
+// keystore returns the backends' secrets keystore: --secrets-dir, or
+// <data-dir>/secrets.
+func (f *credentialFlags) keystore(dataDir string) *credentials.Keystore {
+	dir := f.secretsDir
+	if dir == "" && dataDir != "" {
+		dir = filepath.Join(dataDir, "secrets")
+	}
+	return credentials.NewKeystore(dir)
 }
 
 func (f *credentialFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.keyDir, "credential-key-dir", "", "where the credential broker keeps its signing keys (default: <data-dir>/credentials)")
 	fs.DurationVar(&f.ttl, "credential-ttl", 5*time.Minute, "the longest a per-call credential lives (it never outlives the call's deadline)")
 	fs.DurationVar(&f.rotate, "credential-rotate", 24*time.Hour, "how often the credential signing key rotates")
+	fs.StringVar(&f.secretsDir, "secrets-dir", "", "keystore of the backends' long-lived secrets, one 0600 file per registry backend.secret_ref (default: <data-dir>/secrets)")
 }
 
 func (f *credentialFlags) broker(dataDir string, logger *slog.Logger) (*credentials.Broker, error) {

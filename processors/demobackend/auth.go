@@ -140,3 +140,11 @@ func (s *Server) active(ctx context.Context, token string) (bool, error) {
 	}
 	return out.Active, nil
 }
+
+// ReasonBackendSecret: the request lacks the tool's backend secret.
+const ReasonBackendSecret credentials.Reason = "backend_secret"
+
+// httpHeaderBackendSecret is where the ledger's adapter sends a backend
+// secret (httptool.HeaderBackendSecret; the backend does not import the
+// adapter).
+const httpHeaderBackendSecret = "X-Backend-Secret"

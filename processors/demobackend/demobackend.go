@@ -25,6 +25,7 @@ package demobackend
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -84,6 +85,11 @@ type Config struct {
 	// Audience is the backend's audience, the aud its credentials must
 	// carry; it overrides the verifier's own. Default: DefaultAudience.
 	Audience string
+	// BackendSecrets, by tool, are long-lived secrets a tool demands in
+	// the X-Backend-Secret header (as a third-party API demands its key):
+	// a request without the right one is refused 401 backend_secret,
+	// without an effect.
+	BackendSecrets map[string]string
 	// IntrospectURL, when set with Credentials, is the ledger's RFC 7662
 	// token introspection endpoint: every credential that verifies is
 	// also asked about there, and one that is not active (revoked) is
@@ -102,13 +108,14 @@ const DefaultAudience = "demo-backend"
 // with New and serve Handler; Close releases hanging requests and the
 // journal.
 type Server struct {
-	logger     *slog.Logger
-	now        func() time.Time
-	latency    time.Duration
-	verifier   *credentials.Verifier
-	introspect string
-	client     *http.Client
-	audience   string
+	logger         *slog.Logger
+	now            func() time.Time
+	latency        time.Duration
+	verifier       *credentials.Verifier
+	introspect     string
+	client         *http.Client
+	backendSecrets map[string]string
+	audience       string
 
 	// done is closed by Close; it releases requests held by a Hang fault or
 	// a latency so that a test server can shut down.
@@ -145,17 +152,18 @@ type storedCall struct {
 // Config.JournalPath).
 func New(cfg Config) *Server {
 	s := &Server{
-		logger:     cfg.Logger,
-		now:        cfg.Now,
-		latency:    cfg.Latency,
-		verifier:   cfg.Credentials,
-		introspect: cfg.IntrospectURL,
-		client:     cfg.HTTPClient,
-		audience:   cfg.Audience,
-		done:       make(chan struct{}),
-		counters:   make(map[string]int64),
-		stored:     make(map[dedupeKey]storedCall),
-		faults:     make(map[string]*faultState),
+		logger:         cfg.Logger,
+		now:            cfg.Now,
+		latency:        cfg.Latency,
+		verifier:       cfg.Credentials,
+		introspect:     cfg.IntrospectURL,
+		backendSecrets: cfg.BackendSecrets,
+		client:         cfg.HTTPClient,
+		audience:       cfg.Audience,
+		done:           make(chan struct{}),
+		counters:       make(map[string]int64),
+		stored:         make(map[dedupeKey]storedCall),
+		faults:         make(map[string]*faultState),
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -253,6 +261,13 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 	// refused request costs nothing and changes nothing.
 	jti, ok := s.authorize(w, r, t.name, meta.tenant, meta.key)
 	if !ok {
+		return
+	}
+	if want, ok := s.backendSecrets[t.name]; ok && subtle.ConstantTimeCompare([]byte(r.Header.Get(httpHeaderBackendSecret)), []byte(want)) != 1 {
+		s.mu.Lock()
+		s.refusals = append(s.refusals, Refusal{Tool: t.name, Reason: ReasonBackendSecret, TenantID: meta.tenant, IdempotencyKey: meta.key})
+		s.mu.Unlock()
+		writeError(w, http.StatusUnauthorized, string(ReasonBackendSecret), "the backend secret is missing or wrong")
 		return
 	}
 	meta.jti = jti

@@ -71,6 +71,11 @@ type Freezes interface {
 // errFrozen: the tool was frozen before the call's first attempt.
 var errFrozen = errors.New("tool frozen")
 
+// Secrets hands out the long-lived secrets tool backends demand.
+type Secrets interface {
+	Secret(name string) (string, error)
+}
+
 // Decider decides a call with the active policies, failing closed.
 type Decider interface {
 	Decide(ctx context.Context, r policy.Request) policy.Decision
@@ -111,6 +116,9 @@ type Config struct {
 	// Credentials mints each execution's credential (sent as
 	// Authorization: Bearer). Nil sends none, for tools that need none.
 	Credentials Minter
+	// Secrets holds the backends' long-lived secrets (registry
+	// backend.secret_ref). A tool that names one fails without it.
+	Secrets Secrets
 	// Freezes, when set, stops calls to a frozen tool that have not
 	// started yet (denied, tool_frozen), however long ago they were
 	// authorized; calls already in flight finish or time out.
@@ -511,6 +519,19 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 	callCtx, cancel := context.WithDeadline(ctx, stop)
 	defer cancel()
 
+	var backendSecret string
+	if ref := tool.Backend.SecretRef; ref != "" {
+		if x.cfg.Secrets == nil {
+			return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "no_keystore", nil)
+		}
+		sec, err := x.cfg.Secrets.Secret(ref)
+		if err != nil {
+			// The error names the secret, never its value.
+			log.Error("backend secret unavailable", "secret_ref", ref, "err", err)
+			return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "backend_secret_unavailable", nil)
+		}
+		backendSecret = sec
+	}
 	var bearer string
 	if x.cfg.Credentials != nil {
 		cred, err := x.cfg.Credentials.Mint(credentials.Grant{
@@ -543,7 +564,7 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, bearer, n == 0)
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backendSecret}, n == 0)
 		if err == nil {
 			return c.succeed(tool, attempt, resp)
 		}
@@ -648,7 +669,11 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 
 // attempt is one tool invocation through the tool's bulkhead and breaker.
 // The breaker wraps the deadline, so a timeout counts against the tool.
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, bearer string, first bool) (httptool.Response, error) {
+// secrets are what an attempt sends that must never be kept: the call's
+// credential and the backend's secret.
+type secrets struct{ bearer, backend string }
+
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets, first bool) (httptool.Response, error) {
 	select {
 	case g.bulkhead <- struct{}{}:
 		defer func() { <-g.bulkhead }()
@@ -674,7 +699,8 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			TraceID:        tmpl.TraceID,
 			Attempt:        attempt,
 			Arguments:      rec.Arguments,
-			Credential:     bearer,
+			Credential:     sec.bearer,
+			BackendSecret:  sec.backend,
 			MaxResultBytes: tool.MaxResultBytes,
 		})
 	})

@@ -51,6 +51,8 @@ const (
 	HeaderTenant         = "X-Ledger-Tenant"
 	HeaderAttempt        = "X-Ledger-Attempt"
 	HeaderTraceID        = "X-Ledger-Trace-Id"
+	// HeaderBackendSecret carries Request.BackendSecret.
+	HeaderBackendSecret = "X-Backend-Secret"
 )
 
 // ErrInvalidRequest: the Request itself is unusable (no URL, no idempotency
@@ -128,6 +130,10 @@ type Request struct {
 	// Credential is the per-call bearer token, sent as Authorization when
 	// set. It never appears in an error or a log.
 	Credential string
+	// BackendSecret is a long-lived secret the backend demands, sent as
+	// HeaderBackendSecret when set. Like Credential, it never appears in
+	// an error or a log.
+	BackendSecret string
 	// MaxResultBytes caps the answer's body; a longer body is cut there and
 	// Response.Truncated is set. 0 means DefaultMaxResultBytes.
 	MaxResultBytes int
@@ -210,6 +216,9 @@ func (c *Client) setHeaders(req *http.Request, r Request) {
 	}
 	if r.Credential != "" {
 		h.Set("Authorization", "Bearer "+r.Credential)
+	}
+	if r.BackendSecret != "" {
+		h.Set(HeaderBackendSecret, r.BackendSecret)
 	}
 }
 
@@ -341,6 +350,7 @@ func (r Request) validate() error {
 		{"tenant id", r.TenantID},
 		{"trace id", r.TraceID},
 		{"credential", r.Credential},
+		{"backend secret", r.BackendSecret},
 	} {
 		if !validHeaderValue(f.v) {
 			// The value is left out: it may be the credential.
@@ -369,10 +379,18 @@ func validHeaderValue(v string) bool {
 // errors do not include headers, but an error from a custom RoundTripper
 // might. It is a guard, not a parser.
 func (r Request) redact(e *Error) *Error {
-	if r.Credential == "" || e.Err == nil || !strings.Contains(e.Err.Error(), r.Credential) {
+	if e.Err == nil {
 		return e
 	}
-	e.Err = &redactedError{msg: strings.ReplaceAll(e.Err.Error(), r.Credential, "[redacted]"), orig: e.Err}
+	msg := e.Err.Error()
+	for _, secret := range []string{r.Credential, r.BackendSecret} {
+		if secret != "" {
+			msg = strings.ReplaceAll(msg, secret, "[redacted]")
+		}
+	}
+	if msg != e.Err.Error() {
+		e.Err = &redactedError{msg: msg, orig: e.Err}
+	}
 	return e
 }
 
