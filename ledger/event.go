@@ -55,6 +55,9 @@ type Event struct {
 	Decision        string     `json:"decision,omitempty"`
 	Obligations     []string   `json:"obligations,omitempty"`
 	ApprovalID      string     `json:"approval_id,omitempty"`
+	// ResourceVersion, on approved, is the version of the call's resource
+	// the approver saw.
+	ResourceVersion string `json:"resource_version,omitempty"`
 	Approver        string     `json:"approver,omitempty"`
 	ExpiresAt       *time.Time `json:"expires_at,omitempty"`
 	JTI             string     `json:"jti,omitempty"`

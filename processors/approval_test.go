@@ -20,6 +20,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -45,6 +46,7 @@ func (h *harness) approvals(actor string) *approvals.Service {
 	s, err := approvals.New(approvals.Config{
 		Store: h.store, Registry: h.reg, Identity: h.ident.Verifier,
 		Publisher: kafkaPublisher{h.pub}, Topics: h.kafka.Topics, Actor: actor, Logger: h.logger,
+		Versions: httptool.New(httptool.Config{}), BaseURL: h.tools,
 	})
 	if err != nil {
 		h.t.Fatal(err)
@@ -213,6 +215,40 @@ func waitEventsConsumed(t *testing.T, h *harness) {
 		}
 		return nil
 	})
+}
+
+// The approval binds the version of the resource the approver saw: a
+// refund whose order changed after the approval is denied.
+func TestApprovalBindsResourceVersion(t *testing.T) {
+	h := newHarness(t, storeSQL, 4)
+	h.policy.Swap(loadSet(t, "approvals", approvalPolicies))
+	h.startIntake("intake-1")
+	svc := h.approvals("approvals-1")
+	envs := h.pendingRefunds("version", 2)
+	for _, e := range envs {
+		if _, err := svc.Approve(t.Context(), boss, e.key().ApprovalID(), e.ArgumentsHash); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first order changes between the approval and the execution.
+	h.backend.BumpResource("t_a", "ord_0")
+	h.startExecutor(h.executorConfig("executor-1"))
+	calls := h.waitSettled(30*time.Second, envs[0].key(), envs[1].key())
+	changed, same := calls[envs[0].key()], calls[envs[1].key()]
+	if last := changed.Events[len(changed.Events)-1]; changed.State != statemachine.StateDenied || last.Reason != executor.ReasonResourceChanged {
+		t.Errorf("changed order: %s (%s); want denied, %s", changed.State, last.Reason, executor.ReasonResourceChanged)
+	}
+	if same.State != statemachine.StateSucceeded {
+		t.Errorf("unchanged order: %s; want succeeded", same.State)
+	}
+	for _, ev := range same.Events {
+		if ev.Type == statemachine.EventApproved && ev.ResourceVersion == "" {
+			t.Errorf("the approved event binds no resource version")
+		}
+	}
+	if n := h.refundsApplied(); n != 1 {
+		t.Errorf("%d refunds ran; want 1", n)
+	}
 }
 
 // Self-approval and another tenant's approver are refused; nothing runs.

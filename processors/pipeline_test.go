@@ -170,6 +170,7 @@ func (h *harness) executorConfig(instance string) executor.Config {
 		Topics:      h.kafka.Topics,
 		Owner:       instance,
 		Policy:      h.policy,
+		Versions:    httptool.New(httptool.Config{}),
 		MaxAttempts: 2,
 		LeaseMargin: 500 * time.Millisecond,
 		SweepEvery:  300 * time.Millisecond,

@@ -118,6 +118,12 @@ type StatusLookup struct {
 	URL string `json:"url"`
 }
 
+// ResourceVersion is how to read a resource's version; like Backend.URL
+// the URL may be relative to the executor's base URL.
+type ResourceVersion struct {
+	URL string `json:"url"`
+}
+
 // ToolRef names one version of a tool, such as a compensation tool.
 type ToolRef struct {
 	Tool    string `json:"tool"`
@@ -172,6 +178,11 @@ type Tool struct {
 	// Resource is an optional JSON pointer into the arguments naming the
 	// resource the call touches ("/order_id"), for policy and blast radius.
 	Resource string `json:"resource,omitempty"`
+	// ResourceVersion, optional, says how to read the resource's version:
+	// a GET of URL?resource=<value> answering {"version": "..."}. An
+	// approval binds the version the approver saw, and an approved call
+	// whose resource changed since is denied (resource_changed).
+	ResourceVersion *ResourceVersion `json:"resource_version,omitempty"`
 
 	schema *jsonschema.Schema
 }

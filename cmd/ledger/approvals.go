@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolcall-ledger/ledger/processors/approvals"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
@@ -215,10 +216,11 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 // API and its expiry timer.
 func newApprovalsServeCmd(g *globals) *cobra.Command {
 	var (
-		rf       roleFlags
-		idf      identityFlags
-		httpAddr string
-		every    time.Duration
+		rf        roleFlags
+		idf       identityFlags
+		httpAddr  string
+		every     time.Duration
+		toolsBase string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -252,6 +254,7 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 			defer events.Close()
 			queue, err := approvals.New(approvals.Config{
 				Store: st, Registry: reg, Identity: staff, Publisher: events, Topics: g.kafka.topics(),
+				Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase,
 				Actor: "approvals/" + rf.instance, Logger: logger.With("component", "approvals"),
 			})
 			if err != nil {
@@ -279,5 +282,6 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 	idf.register(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8090", "where the approval queue's HTTP API listens")
 	cmd.Flags().DurationVar(&every, "timer-every", time.Second, "how often lapsed approvals are looked for")
+	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative resource version URLs resolve against")
 	return cmd
 }

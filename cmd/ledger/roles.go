@@ -57,9 +57,11 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 
 // executorLoop wires an executor onto its loop.
 func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+	tools := httptool.New(httptool.Config{})
 	x, err := executor.New(executor.Config{
 		Registry: reg, Store: st, Topics: topics,
-		Caller:      httptool.New(httptool.Config{}),
+		Caller:      tools,
+		Versions:    tools,
 		Credentials: minter,
 		Secrets:     secrets,
 		Policy:      pol,

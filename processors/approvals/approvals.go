@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -148,6 +149,11 @@ type Config struct {
 	// so with more records than this in a state a tenant may see only
 	// part of its approvals (the oldest ones first).
 	ListLimit int
+	// Versions reads resource versions for tools that declare how, and
+	// BaseURL resolves their relative URLs. Nil: approvals bind no
+	// resource version.
+	Versions VersionReader
+	BaseURL  string
 	// ExpireBatch bounds the pending records one ExpireDue looks at,
 	// oldest first; default 500.
 	ExpireBatch int
@@ -344,6 +350,11 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		if argumentsHash != f.rec.ArgumentsHash {
 			return "", ErrHashMismatch
 		}
+		v, err := s.resourceVersion(ctx, f.rec)
+		if err != nil {
+			return "", err
+		}
+		ev.ResourceVersion = v
 		ev.Type = statemachine.EventApproved
 		ev.ApprovalID = f.approval.ID
 		ev.Decision = "approve"
@@ -420,6 +431,56 @@ func (s *Service) decide(ctx context.Context, approver identity.Identity, id str
 	return after.approval, nil
 }
 
+// VersionReader reads a resource's version (httptool.Client does).
+type VersionReader interface {
+	ResourceVersion(ctx context.Context, versionURL, resource, tenant string) (string, error)
+}
+
+// ErrUnavailable: something the decision needs could not be read.
+var ErrUnavailable = errors.New("approvals: cannot read the resource's version now")
+
+// resourceVersion reads the version of the call's resource, when its tool
+// declares how: the approval binds what the approver saw.
+func (s *Service) resourceVersion(ctx context.Context, rec processors.Record) (string, error) {
+	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	if err != nil || tool.ResourceVersion == nil || tool.Resource == "" || s.cfg.Versions == nil {
+		return "", nil
+	}
+	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
+	if err != nil {
+		return "", nil
+	}
+	res, ok := ledger.Lookup(args, tool.Resource)
+	if !ok {
+		return "", nil
+	}
+	u, err := resolveURL(s.cfg.BaseURL, tool.ResourceVersion.URL)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	v, err := s.cfg.Versions.ResourceVersion(ctx, u, fmt.Sprint(res), rec.Key.TenantID)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return v, nil
+}
+
+// resolveURL resolves a registry URL against base.
+func resolveURL(base, raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	if u.IsAbs() {
+		return raw, nil
+	}
+	b, err := url.Parse(base)
+	if err != nil || base == "" {
+		return "", fmt.Errorf("relative url %q without a base url", raw)
+	}
+	return b.ResolveReference(u).String(), nil
+}
+
 // event starts the next event of f's call: the identity fields of the
 // requested event and the policy fields of the pending decision, so that
 // the event stands on its own in the log and for whoever acts on it next.
@@ -442,6 +503,7 @@ func (s *Service) event(f *found, now time.Time) ledger.Event {
 	}
 	if src != nil {
 		ev.UserID, ev.AgentID, ev.TraceID = src.UserID, src.AgentID, src.TraceID
+		ev.Purpose, ev.Channel = src.Purpose, src.Channel
 	}
 	if p := f.pending; p != nil {
 		ev.PolicyID = slices.Clone(p.PolicyID)

@@ -127,6 +127,8 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusConflict, CodeExpired, "the approval has expired"
 	case errors.Is(err, ErrHashMismatch):
 		status, code, msg = http.StatusConflict, CodeHashMismatch, "arguments_hash is not the hash of the call's arguments; read the approval again"
+	case errors.Is(err, ErrUnavailable):
+		status, code, msg = http.StatusServiceUnavailable, "unavailable", "the resource's version cannot be read now; try again"
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnsupported):
 		status, code, msg = http.StatusBadRequest, CodeInvalidRequest, err.Error()
 	default:

@@ -115,6 +115,7 @@ type Server struct {
 	introspect     string
 	client         *http.Client
 	backendSecrets map[string]string
+	versions       map[string]int64 // by "<tenant>/<resource>"; guarded by mu
 	audience       string
 
 	// done is closed by Close; it releases requests held by a Hang fault or
@@ -162,6 +163,7 @@ func New(cfg Config) *Server {
 		audience:       cfg.Audience,
 		done:           make(chan struct{}),
 		counters:       make(map[string]int64),
+		versions:       make(map[string]int64),
 		stored:         make(map[dedupeKey]storedCall),
 		faults:         make(map[string]*faultState),
 	}
@@ -216,6 +218,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /tools/{tool}", s.handleTool)
 	mux.HandleFunc("GET /tools/{tool}/status", s.handleStatus)
 	mux.HandleFunc("GET /effects", s.handleEffects)
+	mux.HandleFunc("GET /resource_version", s.handleResourceVersion)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -308,6 +311,9 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusInternalServerError, "journal_unavailable", "the effect journal cannot be written; nothing applied")
 		}
 		return
+	}
+	if !out.replay && t.kind != kindRead {
+		s.bumpFromBody(meta.tenant, body)
 	}
 
 	switch {
@@ -494,4 +500,38 @@ func writeRaw(w http.ResponseWriter, status int, b []byte) {
 	w.WriteHeader(status)
 	// A write error means the caller went away; there is nobody to tell.
 	_, _ = w.Write(b)
+}
+
+// handleResourceVersion answers a resource's version for the tenant: it
+// grows with every effect applied to it (calls whose arguments name it as
+// order_id), so an approval can tell that the order changed since.
+func (s *Server) handleResourceVersion(w http.ResponseWriter, r *http.Request) {
+	res := r.URL.Query().Get("resource")
+	if res == "" {
+		writeError(w, http.StatusBadRequest, "missing_resource", "resource is required")
+		return
+	}
+	s.mu.Lock()
+	v := s.versions[r.Header.Get(HeaderTenant)+"/"+res]
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]string{"version": "v" + strconv.FormatInt(v, 10)})
+}
+
+// BumpResource changes a resource's version, as a change made outside the
+// ledger would.
+func (s *Server) BumpResource(tenant, resource string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.versions[tenant+"/"+resource]++
+}
+
+// bumpFromBody changes the version of the resource an applied call names.
+func (s *Server) bumpFromBody(tenant string, body []byte) {
+	var args struct {
+		OrderID string `json:"order_id"`
+	}
+	if json.Unmarshal(body, &args) == nil && args.OrderID != "" {
+		s.BumpResource(tenant, args.OrderID)
+	}
 }

@@ -76,6 +76,11 @@ type Secrets interface {
 	Secret(name string) (string, error)
 }
 
+// VersionReader reads a resource's version (httptool.Client does).
+type VersionReader interface {
+	ResourceVersion(ctx context.Context, versionURL, resource, tenant string) (string, error)
+}
+
 // Decider decides a call with the active policies, failing closed.
 type Decider interface {
 	Decide(ctx context.Context, r policy.Request) policy.Decision
@@ -98,6 +103,9 @@ const (
 	ReasonArgumentIntegrity = "arguments_integrity"
 	ReasonUnknownTool       = "unknown_tool"
 	ReasonNoCredential      = "credential_unavailable"
+	// ReasonResourceChanged: the approved call's resource changed (or
+	// could not be read) since the approval.
+	ReasonResourceChanged = "resource_changed"
 	// ReasonToolFrozen: an operator froze the tool before the call started.
 	ReasonToolFrozen = "tool_frozen"
 	// ReasonApprovalExpired: the approval's time ran out before the call
@@ -116,6 +124,10 @@ type Config struct {
 	// Credentials mints each execution's credential (sent as
 	// Authorization: Bearer). Nil sends none, for tools that need none.
 	Credentials Minter
+	// Versions reads resource versions: an approved call whose resource
+	// changed since the approval is denied (resource_changed). Nil skips
+	// the check.
+	Versions VersionReader
 	// Secrets holds the backends' long-lived secrets (registry
 	// backend.secret_ref). A tool that names one fails without it.
 	Secrets Secrets
@@ -649,12 +661,27 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	if tmpl.ExpiresAt == nil || !now.Before(*tmpl.ExpiresAt) {
 		return c.deny(ReasonApprovalExpired, "the approval expired before the call could run", policy.Decision{}), false
 	}
-	if x.cfg.Policy == nil {
-		return processors.Completion{}, true
-	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
 		return c.deny(ReasonArgumentIntegrity, "the stored arguments do not decode", policy.Decision{}), false
+	}
+	if tmpl.ResourceVersion != "" && tool.ResourceVersion != nil && x.cfg.Versions != nil {
+		res, _ := ledger.Lookup(args, tool.Resource)
+		u, err := x.resolve(tool.ResourceVersion.URL)
+		if err == nil {
+			var v string
+			if v, err = x.cfg.Versions.ResourceVersion(ctx, u, fmt.Sprint(res), rec.Key.TenantID); err == nil && v != tmpl.ResourceVersion {
+				return c.deny(ReasonResourceChanged, fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion), policy.Decision{}), false
+			}
+		}
+		if err != nil {
+			// Not knowing is not running: the approval is for a
+			// version the executor cannot confirm.
+			return c.deny(ReasonResourceChanged, "the resource's version cannot be read to confirm the approval", policy.Decision{}), false
+		}
+	}
+	if x.cfg.Policy == nil {
+		return processors.Completion{}, true
 	}
 	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose}
 	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, args, tmpl.Channel, now))
@@ -907,23 +934,24 @@ func terminalEvent(s processors.Status) statemachine.EventType {
 // follow it.
 func template(e ledger.Event) ledger.Event {
 	return ledger.Event{
-		TenantID:       e.TenantID,
-		IdempotencyKey: e.IdempotencyKey,
-		CallID:         e.CallID,
-		UserID:         e.UserID,
-		AgentID:        e.AgentID,
-		Purpose:        e.Purpose,
-		Channel:        e.Channel,
-		Tool:           e.Tool,
-		ToolVersion:    e.ToolVersion,
-		ArgumentsHash:  e.ArgumentsHash,
-		TraceID:        e.TraceID,
-		PolicyID:       e.PolicyID,
-		PolicyVersion:  e.PolicyVersion,
-		Obligations:    e.Obligations,
-		ApprovalID:     e.ApprovalID,
-		Approver:       e.Approver,
-		ExpiresAt:      e.ExpiresAt,
+		TenantID:        e.TenantID,
+		IdempotencyKey:  e.IdempotencyKey,
+		CallID:          e.CallID,
+		UserID:          e.UserID,
+		AgentID:         e.AgentID,
+		Purpose:         e.Purpose,
+		Channel:         e.Channel,
+		Tool:            e.Tool,
+		ToolVersion:     e.ToolVersion,
+		ArgumentsHash:   e.ArgumentsHash,
+		TraceID:         e.TraceID,
+		PolicyID:        e.PolicyID,
+		PolicyVersion:   e.PolicyVersion,
+		Obligations:     e.Obligations,
+		ApprovalID:      e.ApprovalID,
+		Approver:        e.Approver,
+		ExpiresAt:       e.ExpiresAt,
+		ResourceVersion: e.ResourceVersion,
 	}
 }
 

@@ -26,6 +26,7 @@ package httptool
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -405,3 +406,36 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 
 func (e *redactedError) Is(target error) bool { return errors.Is(e.orig, target) }
+
+// ResourceVersion reads a resource's version: a GET of versionURL with
+// ?resource=<resource>, for tenant, answering {"version": "..."}.
+func (c *Client) ResourceVersion(ctx context.Context, versionURL, resource, tenant string) (string, error) {
+	u, err := url.Parse(versionURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return "", fmt.Errorf("resource version url: %w", ErrInvalidRequest)
+	}
+	q := u.Query()
+	q.Set("resource", resource)
+	u.RawQuery = q.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return "", fmt.Errorf("resource version: %w", ErrInvalidRequest)
+	}
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set(HeaderTenant, tenant)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return "", &Error{Kind: Unknown, Detail: "resource version", Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", &Error{Kind: ServerError, Status: resp.StatusCode, Detail: "resource version"}
+	}
+	var out struct {
+		Version string `json:"version"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil || out.Version == "" {
+		return "", &Error{Kind: Unknown, Detail: "resource version: no version in the answer"}
+	}
+	return out.Version, nil
+}
