@@ -50,14 +50,14 @@ type Event struct {
 	// DeadlineAt is when the caller stops caring; only on requested.
 	DeadlineAt *time.Time `json:"deadline_at,omitempty"`
 
-	PolicyID        []string   `json:"policy_id,omitempty"`
-	PolicyVersion   string     `json:"policy_version,omitempty"`
-	Decision        string     `json:"decision,omitempty"`
-	Obligations     []string   `json:"obligations,omitempty"`
-	ApprovalID      string     `json:"approval_id,omitempty"`
+	PolicyID      []string `json:"policy_id,omitempty"`
+	PolicyVersion string   `json:"policy_version,omitempty"`
+	Decision      string   `json:"decision,omitempty"`
+	Obligations   []string `json:"obligations,omitempty"`
+	ApprovalID    string   `json:"approval_id,omitempty"`
 	// ResourceVersion, on approved, is the version of the call's resource
 	// the approver saw.
-	ResourceVersion string `json:"resource_version,omitempty"`
+	ResourceVersion string     `json:"resource_version,omitempty"`
 	Approver        string     `json:"approver,omitempty"`
 	ExpiresAt       *time.Time `json:"expires_at,omitempty"`
 	JTI             string     `json:"jti,omitempty"`

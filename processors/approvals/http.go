@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 
-	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
@@ -87,20 +85,15 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 // authed verifies the bearer assertion and hands the identity on.
 func (s *Service) authed(next func(http.ResponseWriter, *http.Request, identity.Identity)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		scheme, assertion, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(assertion) == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-approvals"`)
-			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "an approver assertion is required as Authorization: Bearer")
-			return
-		}
-		id, err := s.cfg.Identity.Verify(r.Context(), strings.TrimSpace(assertion))
+		id, reason, err := identity.Authenticate(r, s.cfg.Identity)
 		if err != nil {
+			if reason == identity.ReasonMissingBearer {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-approvals"`)
+				writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "an approver assertion is required as Authorization: Bearer")
+				return
+			}
 			// The reason is a fixed code ("expired", "bad_signature"),
 			// never the assertion or its claims.
-			reason := token.ReasonOf(err)
-			if reason == "" {
-				reason = "invalid"
-			}
 			s.cfg.Logger.Info("approver assertion refused", "reason", reason)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-approvals", error="invalid_token"`)
 			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the approver assertion was refused: "+reason)

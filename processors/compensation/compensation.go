@@ -177,14 +177,13 @@ type Request struct {
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/compensations", func(w http.ResponseWriter, r *http.Request) {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || s.cfg.Identity == nil {
-			writeError(w, http.StatusUnauthorized, "unauthenticated", "an operator's assertion is required")
+		if s.cfg.Identity == nil {
+			writeError(w, http.StatusUnauthorized, "unauthenticated", "operators cannot be verified here")
 			return
 		}
-		op, err := s.cfg.Identity.Verify(r.Context(), tok)
+		op, reason, err := identity.Authenticate(r, s.cfg.Identity)
 		if err != nil {
-			writeError(w, http.StatusUnauthorized, "unauthenticated", "the assertion was refused")
+			writeError(w, http.StatusUnauthorized, "unauthenticated", "an operator's assertion is required: "+reason)
 			return
 		}
 		var body Request

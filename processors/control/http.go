@@ -7,9 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"strings"
 
-	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
@@ -118,21 +116,15 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 // authed verifies the bearer assertion and hands the identity on.
 func (s *Service) authed(next func(http.ResponseWriter, *http.Request, identity.Identity)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		scheme, assertion, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		assertion = strings.TrimSpace(assertion)
-		if !ok || !strings.EqualFold(scheme, "Bearer") || assertion == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-control"`)
-			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "an operator assertion is required as Authorization: Bearer")
-			return
-		}
-		id, err := s.cfg.Identity.Verify(r.Context(), assertion)
+		id, reason, err := identity.Authenticate(r, s.cfg.Identity)
 		if err != nil {
+			if reason == identity.ReasonMissingBearer {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-control"`)
+				writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "an operator assertion is required as Authorization: Bearer")
+				return
+			}
 			// The reason is a fixed code ("expired", "bad_signature"),
 			// never the assertion or its claims.
-			reason := token.ReasonOf(err)
-			if reason == "" {
-				reason = "invalid"
-			}
 			s.cfg.Logger.Info("operator assertion refused", "reason", reason)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-control", error="invalid_token"`)
 			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the operator assertion was refused: "+reason)

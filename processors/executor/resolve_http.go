@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strings"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -14,11 +13,6 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
-
-// IdentityVerifier verifies an operator's assertion.
-type IdentityVerifier interface {
-	Verify(ctx context.Context, assertion string) (identity.Identity, error)
-}
 
 // Publisher appends events outside a transactional loop.
 type Publisher interface {
@@ -40,17 +34,12 @@ type ResolveRequest struct {
 // settles an unknown outcome by hand. The resolution is recorded in the
 // store first, then published; a failed publish is appended later by the
 // executor's sweep.
-func (r *Reconciler) ResolveHandler(v IdentityVerifier, p Publisher) http.Handler {
+func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/resolutions", func(w http.ResponseWriter, req *http.Request) {
-		tok, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
-		if !ok {
-			resolveError(w, http.StatusUnauthorized, "unauthenticated", "an operator's assertion is required")
-			return
-		}
-		op, err := v.Verify(req.Context(), tok)
+		op, reason, err := identity.Authenticate(req, v)
 		if err != nil {
-			resolveError(w, http.StatusUnauthorized, "unauthenticated", "the assertion was refused")
+			resolveError(w, http.StatusUnauthorized, "unauthenticated", "an operator's assertion is required: "+reason)
 			return
 		}
 		var body ResolveRequest

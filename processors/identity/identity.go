@@ -29,6 +29,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -465,4 +466,34 @@ func (v *Verifier) Format(f fmt.State, verb rune) { _, _ = io.WriteString(f, v.S
 // LogValue implements slog.LogValuer.
 func (v *Verifier) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("issuer", v.cfg.Issuer), slog.String("jwks_source", v.source))
+}
+
+// AssertionVerifier verifies an assertion; *Verifier is one.
+type AssertionVerifier interface {
+	Verify(ctx context.Context, assertion string) (Identity, error)
+}
+
+// ReasonMissingBearer is Authenticate's refusal for a request without an
+// "Authorization: Bearer" assertion.
+const ReasonMissingBearer = "missing_bearer"
+
+// Authenticate verifies the assertion a request carries as
+// "Authorization: Bearer <assertion>". On refusal it returns a
+// machine-readable reason (ReasonMissingBearer, or the verifier's token
+// reason) that never quotes the assertion or its claims.
+func Authenticate(r *http.Request, v AssertionVerifier) (Identity, string, error) {
+	scheme, assertion, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	assertion = strings.TrimSpace(assertion)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || assertion == "" {
+		return Identity{}, ReasonMissingBearer, errors.New("identity: no bearer assertion")
+	}
+	id, err := v.Verify(r.Context(), assertion)
+	if err != nil {
+		reason := token.ReasonOf(err)
+		if reason == "" {
+			reason = "invalid"
+		}
+		return Identity{}, reason, err
+	}
+	return id, "", nil
 }
