@@ -120,7 +120,7 @@ func TestApprovedArgumentsAlteredNeverRun(t *testing.T) {
 	for i, e := range envs {
 		keys[i] = e.key()
 	}
-	for k, c := range h.waitSettled(time.Minute, keys...) {
+	for k, c := range h.waitTerminal(time.Minute, keys...) {
 		last := c.Events[len(c.Events)-1]
 		if c.State != statemachine.StateDenied || last.Reason != executor.ReasonArgumentIntegrity {
 			t.Fatalf("%s ended %s (%s); want denied for %s", k, c.State, last.Reason, executor.ReasonArgumentIntegrity)
@@ -160,7 +160,7 @@ func TestApprovalUsedOnce(t *testing.T) {
 	if n := applied.Load(); n != 1 {
 		t.Fatalf("%d approvals applied; want 1", n)
 	}
-	c := h.waitSettled(30*time.Second, e.key())[e.key()]
+	c := h.waitTerminal(30*time.Second, e.key())[e.key()]
 	// Replay the approved event 100 times.
 	var approved ledger.Event
 	for _, ev := range c.Events {
@@ -233,7 +233,7 @@ func TestApprovalBindsResourceVersion(t *testing.T) {
 	// The first order changes between the approval and the execution.
 	h.backend.BumpResource("t_a", "ord_0")
 	h.startExecutor(h.executorConfig("executor-1"))
-	calls := h.waitSettled(30*time.Second, envs[0].key(), envs[1].key())
+	calls := h.waitTerminal(30*time.Second, envs[0].key(), envs[1].key())
 	changed, same := calls[envs[0].key()], calls[envs[1].key()]
 	if last := changed.Events[len(changed.Events)-1]; changed.State != statemachine.StateDenied || last.Reason != executor.ReasonResourceChanged {
 		t.Errorf("changed order: %s (%s); want denied, %s", changed.State, last.Reason, executor.ReasonResourceChanged)
@@ -296,7 +296,7 @@ func TestApprovalRecheckedAtExecution(t *testing.T) {
 @id("no-ord-0") forbid (principal, action == Action::"tool::refund_order", resource) when { context.arguments.order_id == "ord_0" };`)
 	h.policy.Swap(deny)
 	stop := h.startExecutor(h.executorConfig("executor-1"))
-	first := h.waitSettled(30*time.Second, envs[0].key())[envs[0].key()]
+	first := h.waitTerminal(30*time.Second, envs[0].key())[envs[0].key()]
 	last := first.Events[len(first.Events)-1]
 	if first.State != statemachine.StateDenied || last.PolicyVersion != deny.Version() || len(last.PolicyID) != 1 || last.PolicyID[0] != "no-ord-0" {
 		t.Errorf("after a denying policy: %s by %v at %s (%s); want denied by [no-ord-0] at %s", first.State, last.PolicyID, last.PolicyVersion, last.Reason, deny.Version())
@@ -316,7 +316,7 @@ func TestApprovalRecheckedAtExecution(t *testing.T) {
 		return nil
 	})
 	h.startExecutor(h.executorConfig("executor-2"))
-	second := h.waitSettled(30*time.Second, envs[1].key())[envs[1].key()]
+	second := h.waitTerminal(30*time.Second, envs[1].key())[envs[1].key()]
 	if last := second.Events[len(second.Events)-1]; second.State != statemachine.StateDenied || last.Reason != executor.ReasonApprovalExpired {
 		t.Errorf("after the approval expired: %s (%s); want denied, %s", second.State, last.Reason, executor.ReasonApprovalExpired)
 	}

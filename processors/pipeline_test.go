@@ -296,6 +296,25 @@ func (h *harness) waitSettled(timeout time.Duration, keys ...ledger.CallKey) map
 	return calls
 }
 
+// waitTerminal waits until every key's call is terminal (waitSettled also
+// accepts a call that waits, for approval or a human) and returns the
+// calls.
+func (h *harness) waitTerminal(timeout time.Duration, keys ...ledger.CallKey) map[ledger.CallKey]callindex.Call {
+	h.t.Helper()
+	calls := make(map[ledger.CallKey]callindex.Call, len(keys))
+	ledgertest.WaitFor(h.t, timeout, func() error {
+		for _, k := range keys {
+			c, err := h.index.Get(k)
+			if err != nil || !c.State.Terminal() {
+				return fmt.Errorf("%s is %q", k, c.State)
+			}
+			calls[k] = c
+		}
+		return nil
+	})
+	return calls
+}
+
 // waitRefused waits until key has a refusal and returns it.
 func (h *harness) waitRefused(timeout time.Duration, key ledger.CallKey) ledger.Event {
 	h.t.Helper()
