@@ -26,6 +26,7 @@ func (h *harness) startReconciler(owner string) *executor.Reconciler {
 	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: h.reg, Store: h.store, Looker: httptool.New(httptool.Config{}), BaseURL: h.tools,
 		Topics: h.kafka.Topics, Owner: owner, Backoff: 10 * time.Millisecond, SweepEvery: 500 * time.Millisecond, Logger: h.logger,
+		Compensator: h.compensation(),
 	})
 	if err != nil {
 		h.t.Fatal(err)
@@ -119,6 +120,55 @@ func TestUnknownOutcomesResolvedOrParked(t *testing.T) {
 	t.Logf("%d calls: %v; %d orphan effects", n, outcomes, orphans)
 }
 
+// compensation is the compensation service on the harness's store, with
+// an intake of its own for the governed call.
+func (h *harness) compensation() *compensation.Service {
+	h.t.Helper()
+	submitter, err := intake.New(intake.Config{Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Identity: h.ident.Verifier, Policy: h.policy, Actor: "compensation"})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	svc, err := compensation.New(compensation.Config{Store: h.store, Registry: h.reg, Intake: submitter, Publisher: kafkaPublisher{h.pub}, Topics: h.kafka.Topics})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return svc
+}
+
+// A refund whose outcome cannot be established (the response lost, the
+// status lookup down) is undone automatically where its policy says so:
+// the compensation runs as a governed call, and the refund ends
+// compensated.
+func TestUnknownOutcomeUndoneWherePolicySays(t *testing.T) {
+	h := newHarness(t, storeSQL, 4)
+	h.policy.Swap(loadSet(t, "undo", `
+@id("refunds") @obligation("undo_unknown") permit (principal, action == Action::"tool::refund_order", resource);
+@id("compensations") permit (principal, action == Action::"tool::cancel_refund", resource) when { principal.tenant == resource.tenant };`))
+	h.backend.SetFault("refund_order", demobackend.Fault{ApplyThenDrop: true})
+	h.backend.SetFault("refund_order/status", demobackend.Fault{FailStatus: 503})
+	h.startIntake("intake-1")
+	h.startExecutor(h.executorConfig("executor-1"))
+	h.startReconciler("reconciler-1")
+	refund := h.newEnvelope("t_a", "undo-1", "refund_order", map[string]any{"order_id": "ord_u", "amount_cents": 4500, "currency": "AUD"})
+	h.submit(refund)
+	c := h.waitTerminal(time.Minute, refund.key())[refund.key()]
+	if c.State != statemachine.StateCompensated {
+		t.Fatalf("refund ended %s (%s); want compensated", c.State, eventTypes(c.Events))
+	}
+	var parked ledger.Event
+	for _, ev := range c.Events {
+		if ev.Type == statemachine.EventParked {
+			parked = ev
+		}
+	}
+	if parked.Reason != executor.ReasonCompensating {
+		t.Errorf("parked for %q; want %q", parked.Reason, executor.ReasonCompensating)
+	}
+	if n := h.backend.AppliedIn("cancel_refund", "t_a", refund.key().CompensationKey().String()); n != 1 {
+		t.Errorf("cancel_refund applied %d times; want 1", n)
+	}
+}
+
 // An operator compensates a succeeded refund: the compensation runs as a
 // governed call of its own, and the refund is recorded compensated.
 func TestCompensationIsAGovernedCall(t *testing.T) {
@@ -135,14 +185,7 @@ func TestCompensationIsAGovernedCall(t *testing.T) {
 		t.Fatalf("refund is %s", c.State)
 	}
 
-	submitter, err := intake.New(intake.Config{Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Identity: h.ident.Verifier, Policy: h.policy, Actor: "compensation"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := compensation.New(compensation.Config{Store: h.store, Registry: h.reg, Intake: submitter, Publisher: kafkaPublisher{h.pub}, Topics: h.kafka.Topics})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := h.compensation()
 	op := identity.Identity{User: "u_ops", Agent: "console", Tenant: "t_a", Roles: []string{"operator"}}
 	if _, _, err := svc.Compensate(t.Context(), identity.Identity{User: "u_1", Tenant: "t_a"}, refund.key(), "x"); !errors.Is(err, compensation.ErrForbidden) {
 		t.Errorf("compensation by a non-operator: %v; want ErrForbidden", err)

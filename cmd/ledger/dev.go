@@ -204,19 +204,6 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 
 	mux := http.NewServeMux()
 	mux.Handle(credentials.JWKSPath, broker.Handler())
-	reconciler, err := executor.NewReconciler(executor.ReconcilerConfig{
-		Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
-		BaseURL: "http://" + backendLn.Addr().String(), Topics: topics, Owner: "reconciler/" + instance,
-		Logger: logger.With("processor", "reconciler"),
-	})
-	if err != nil {
-		return err
-	}
-	reconcileRole, err := reconciler.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-reconciler-" + instance})
-	if err != nil {
-		return err
-	}
-	mux.Handle("/v1/resolutions", reconciler.ResolveHandler(staff, events))
 	undo, err := compensation.New(compensation.Config{
 		Store: st, Registry: reg, Intake: intakeProc, Publisher: events, Identity: staff, Topics: topics,
 		Logger: logger.With("component", "compensation"),
@@ -224,7 +211,21 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
+	reconciler, err := executor.NewReconciler(executor.ReconcilerConfig{
+		Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
+		BaseURL: "http://" + backendLn.Addr().String(), Topics: topics, Owner: "reconciler/" + instance,
+		Logger: logger.With("processor", "reconciler"), Compensator: undo,
+	})
+	if err != nil {
+		return err
+	}
 	mux.Handle("/v1/compensations", undo.Handler())
+	reconcileRole, err := reconciler.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-reconciler-" + instance})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/v1/resolutions", reconciler.ResolveHandler(staff, events))
+
 	kill, err := control.New(control.Config{
 		State: controls, Publisher: events, Identity: staff, Topics: topics, Credentials: inspector,
 		Logger: logger.With("component", "control"),

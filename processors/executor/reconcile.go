@@ -60,6 +60,17 @@ type Looker interface {
 	Lookup(ctx context.Context, lookupURL string, r httptool.Request) (httptool.Response, error)
 }
 
+// Compensator runs a call's declared compensation as a governed call of
+// its own (processors/compensation.Service does).
+type Compensator interface {
+	Compensate(ctx context.Context, operator identity.Identity, key ledger.CallKey, reason string) (ledger.CallKey, []ledger.Event, error)
+}
+
+// ReasonCompensating: the outcome could not be established, a policy
+// says to undo such calls, and the compensation was requested (parked
+// until it succeeds, then compensated).
+const ReasonCompensating = "compensation_requested"
+
 // ReconcilerConfig configures a reconciler.
 type ReconcilerConfig struct {
 	Registry *schemas.Registry // required
@@ -82,9 +93,13 @@ type ReconcilerConfig struct {
 	SweepEvery time.Duration
 	// OperatorRole may resolve calls by hand; default "operator".
 	OperatorRole string
-	Breaker      BreakerConfig
-	Now          func() time.Time
-	Logger       *slog.Logger
+	// Compensator, when set, undoes calls whose outcome cannot be
+	// established and whose deciding policy carries the undo_unknown
+	// obligation, for tools that declare a compensation.
+	Compensator Compensator
+	Breaker     BreakerConfig
+	Now         func() time.Time
+	Logger      *slog.Logger
 }
 
 // Reconciler resolves unknown outcomes: it asks the tool's status lookup
@@ -290,7 +305,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		if tool != nil && tool.Compensation != nil {
 			detail += "; it declares the compensation " + tool.Compensation.String()
 		}
-		return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonNoStatusLookup, detail, "", 0), true
+		return r.park(ctx, rec, tmpl, tool, ReasonNoStatusLookup, detail), true
 	}
 	target, err := r.x.resolve(tool.StatusLookup.URL)
 	if err != nil {
@@ -331,8 +346,26 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		}
 		log.Warn("status lookup failed", "attempt", n+1, "err", last)
 	}
-	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupFailed,
-		fmt.Sprintf("the status lookup failed %d times: %v", r.cfg.MaxAttempts, last), "", 0), true
+	return r.park(ctx, rec, tmpl, tool, ReasonLookupFailed,
+		fmt.Sprintf("the status lookup failed %d times: %v", r.cfg.MaxAttempts, last)), true
+}
+
+// park hands a call whose outcome cannot be established to a human, or,
+// when its deciding policy says to undo such calls and its tool declares a
+// compensation, asks for the compensation and parks it until that
+// succeeds.
+func (r *Reconciler) park(ctx context.Context, rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) pendingMove {
+	if r.cfg.Compensator != nil && tool != nil && tool.Compensation != nil && slices.Contains(tmpl.Obligations, "undo_unknown") {
+		system := identity.Identity{User: "ledger-reconciler", Agent: r.cfg.Owner, Tenant: rec.Key.TenantID, Roles: []string{r.cfg.OperatorRole}}
+		ck, _, err := r.cfg.Compensator.Compensate(ctx, system, rec.Key, "outcome unknown ("+reason+"); a policy says to undo it")
+		if err == nil {
+			return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonCompensating,
+				"the outcome could not be established ("+reason+"); the compensation "+ck.String()+" was requested", "", 0)
+		}
+		r.cfg.Logger.Warn("automatic compensation refused", "call_key", rec.Key.String(), "err", err)
+		detail += "; the automatic compensation was refused: " + err.Error()
+	}
+	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, reason, detail, "", 0)
 }
 
 func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, bearer string) (httptool.Response, error) {

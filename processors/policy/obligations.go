@@ -24,6 +24,9 @@ const (
 const (
 	obligationRequireApproval = "require_approval"
 	obligationSandbox         = "sandbox"
+	// obligationUndoUnknown: if the call's outcome turns out unknown and
+	// cannot be established, run the tool's declared compensation.
+	obligationUndoUnknown = "undo_unknown"
 )
 
 // Obligations are the conditions an allow comes with, read from the
@@ -43,11 +46,15 @@ type Obligations struct {
 	// Sandbox asks the executor to run the call against the tool's
 	// sandbox backend.
 	Sandbox bool
+	// UndoUnknown asks the reconciler to run the tool's declared
+	// compensation when the call's outcome is unknown and cannot be
+	// established, instead of leaving it to a human.
+	UndoUnknown bool
 }
 
 // IsZero reports whether o carries no obligation.
 func (o Obligations) IsZero() bool {
-	return !o.RequireApproval && len(o.Mask) == 0 && o.RateLimit == nil && !o.Sandbox
+	return !o.RequireApproval && len(o.Mask) == 0 && o.RateLimit == nil && !o.Sandbox && !o.UndoUnknown
 }
 
 // List returns o as the strings events carry (ledger.Event.Obligations), in
@@ -67,6 +74,9 @@ func (o Obligations) List() []string {
 	if o.Sandbox {
 		l = append(l, obligationSandbox)
 	}
+	if o.UndoUnknown {
+		l = append(l, obligationUndoUnknown)
+	}
 	return l
 }
 
@@ -75,6 +85,7 @@ func (o Obligations) List() []string {
 func (o Obligations) merge(p Obligations) Obligations {
 	o.RequireApproval = o.RequireApproval || p.RequireApproval
 	o.Sandbox = o.Sandbox || p.Sandbox
+	o.UndoUnknown = o.UndoUnknown || p.UndoUnknown
 	if len(p.Mask) > 0 {
 		m := append(slices.Clone(o.Mask), p.Mask...)
 		slices.Sort(m)
@@ -154,8 +165,10 @@ func parseObligations(a cedar.Annotations) (Obligations, error) {
 				o.RequireApproval = true
 			case obligationSandbox:
 				o.Sandbox = true
+			case obligationUndoUnknown:
+				o.UndoUnknown = true
 			default:
-				return o, fmt.Errorf("@obligation %q: unknown obligation (want %s or %s)", it, obligationRequireApproval, obligationSandbox)
+				return o, fmt.Errorf("@obligation %q: unknown obligation (want %s, %s or %s)", it, obligationRequireApproval, obligationSandbox, obligationUndoUnknown)
 			}
 		}
 	}
