@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
@@ -282,12 +283,13 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		rf        roleFlags
 		cf        credentialFlags
 		idf       identityFlags
+		pf        policyFlags
 		toolsBase string
 		httpAddr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconciler",
-		Short: "Run the reconciler: resolve outcome_unknown calls through the tools' status lookups, park the rest for a human, and serve POST /v1/resolutions",
+		Short: "Run the reconciler: resolve outcome_unknown calls through the tools' status lookups, compensate or park the rest, and serve /v1/resolutions and /v1/compensations",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			return rf.run(ctx, g, "reconciler", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
@@ -295,10 +297,39 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
+				// Compensations are governed calls: the same checks and
+				// policies as the intake's, on the same store.
+				engine, watch, err := pf.engine(logger)
+				if err != nil {
+					return nil, err
+				}
+				go func() {
+					// Owned by the command: it ends with ctx.
+					if err := watch(ctx); err != nil {
+						logger.Error("policy watcher stopped", "err", err)
+					}
+				}()
+				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
+				if err != nil {
+					return nil, err
+				}
+				events, err := newEventPublisher(g.kafka.client(logger))
+				if err != nil {
+					return nil, err
+				}
+				go func() {
+					// Owned by the command: closed when ctx ends.
+					<-ctx.Done()
+					events.Close()
+				}()
+				undo, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Topics: g.kafka.topics(), Logger: logger})
+				if err != nil {
+					return nil, err
+				}
 				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 					Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
 					BaseURL: toolsBase, Topics: g.kafka.topics(), Owner: "reconciler/" + rf.instance,
-					Logger: logger.With("processor", "reconciler"),
+					Logger: logger.With("processor", "reconciler"), Compensator: undo,
 				})
 				if err != nil {
 					return nil, err
@@ -311,16 +342,18 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					if err != nil {
 						return nil, err
 					}
-					events, err := newEventPublisher(g.kafka.client(logger))
+					undoAPI, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Identity: staff, Topics: g.kafka.topics(), Logger: logger})
 					if err != nil {
 						return nil, err
 					}
-					srv := &http.Server{Addr: httpAddr, Handler: rc.ResolveHandler(staff, events), ReadHeaderTimeout: 5 * time.Second}
+					mux := http.NewServeMux()
+					mux.Handle("/v1/resolutions", rc.ResolveHandler(staff, events))
+					mux.Handle("/v1/compensations", undoAPI.Handler())
+					srv := &http.Server{Addr: httpAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 					go func() {
 						// Owned by the command: closed when ctx ends.
 						<-ctx.Done()
 						srv.Close()
-						events.Close()
 					}()
 					go func() {
 						if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
@@ -336,6 +369,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	cf.register(cmd.Flags())
 	idf.register(cmd.Flags())
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative status lookup URLs resolve against")
-	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve POST /v1/resolutions for operators (needs --issuer and --jwks-*); empty: not served")
+	pf.register(cmd.Flags())
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve POST /v1/resolutions and /v1/compensations for operators (needs --issuer and --jwks-*); empty: not served")
 	return cmd
 }

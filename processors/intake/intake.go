@@ -83,7 +83,9 @@ type Config struct {
 	// Store records each call on first sight. Required.
 	Store Store
 	// Identity verifies the envelope's assertion; who asks comes from it
-	// alone, never from the scope or the arguments. Required.
+	// alone, never from the scope or the arguments. Without one, Step
+	// refuses every envelope (only Submit, for calls the ledger makes
+	// itself, works).
 	Identity Verifier
 	// Policy decides every call. Required.
 	Policy Decider
@@ -118,8 +120,8 @@ type Processor struct {
 
 // New validates cfg and returns an intake.
 func New(cfg Config) (*Processor, error) {
-	if cfg.Registry == nil || cfg.Store == nil || cfg.Identity == nil || cfg.Policy == nil {
-		return nil, errors.New("intake: registry, store, identity verifier and policy are required")
+	if cfg.Registry == nil || cfg.Store == nil || cfg.Policy == nil {
+		return nil, errors.New("intake: registry, store and policy are required")
 	}
 	if cfg.ApprovalTTL <= 0 {
 		cfg.ApprovalTTL = 15 * time.Minute
@@ -342,6 +344,10 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		return nil, &ev, nil
 	}
 
+	if p.cfg.Identity == nil {
+		unverified := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: env.IdempotencyKey}
+		return refuse(unverified, ReasonAssertionPrefix+"unverifiable", "/assertion", "this intake verifies no assertions")
+	}
 	id, err := p.cfg.Identity.Verify(ctx, env.Assertion)
 	if err != nil {
 		reason := token.ReasonOf(err)

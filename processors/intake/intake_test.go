@@ -180,3 +180,30 @@ func TestIntakeSetsAsideWhatTheStoreRejects(t *testing.T) {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
+
+// An intake without an identity verifier (one that only runs the ledger's
+// own calls) refuses every envelope it is sent.
+func TestIntakeWithoutVerifierRefusesEnvelopes(t *testing.T) {
+	f := newIntake(t)
+	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "y.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blind, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: processorstest.Policy(t, "../testdata/policies")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := blind.Step(t.Context(), []*kgo.Record{f.envelopeRecord(t, "k9", map[string]any{"title": "t"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := events(t, out)
+	if len(evs) != 1 || evs[0].Reason != intake.ReasonAssertionPrefix+"unverifiable" || evs[0].TenantID != ledger.UnverifiedTenant {
+		t.Errorf("events %+v; want one refusal, assertion_unverifiable, under %s", evs, ledger.UnverifiedTenant)
+	}
+}
