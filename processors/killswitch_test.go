@@ -7,6 +7,9 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // ops is a platform operator.
@@ -223,5 +227,59 @@ func TestRevokedCredentialRefusedByTool(t *testing.T) {
 				t.Errorf("the tool's refusals %+v lack %s for %s", tool.Refusals(), demobackend.ReasonRevoked, key)
 			}
 		})
+	}
+}
+
+// An operator activates a policy version on the control topic; an intake
+// following the activations decides the next call with it.
+func TestPolicyVersionActivatedThroughControl(t *testing.T) {
+	root := t.TempDir()
+	for label, src := range map[string]string{
+		"v1": `@id("weather") permit (principal, action == Action::"tool::get_weather", resource);`,
+		"v2": `@id("weather") permit (principal, action == Action::"tool::get_weather", resource);
+@id("no-weather") forbid (principal, action == Action::"tool::get_weather", resource);`,
+	} {
+		if err := os.MkdirAll(filepath.Join(root, label), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, label, "policy.cedar"), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHarness(t, storeSQL, 4)
+	controls := h.controlState("controls")
+	h.run("activations", func(ctx context.Context) error {
+		return h.policy.FollowActivations(ctx, root, func() (string, bool) {
+			a, ok := controls.ActivePolicy()
+			return a.Policy, ok
+		}, 20*time.Millisecond)
+	})
+	h.startIntake("intake-1")
+	h.startExecutor(h.executorConfig("executor-1"))
+	svc := h.controlService(controls, nil)
+	tenantOps := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	if _, err := svc.ActivatePolicy(t.Context(), tenantOps, "v2", "try"); err == nil {
+		t.Errorf("a tenant operator activated a policy version")
+	}
+	for i, label := range []string{"v1", "v2"} {
+		if _, err := svc.ActivatePolicy(t.Context(), ops, label, "rollout"); err != nil {
+			t.Fatal(err)
+		}
+		ledgertest.WaitFor(t, 5*time.Second, func() error {
+			if v := h.policy.Active().Version(); !strings.HasPrefix(v, label+"@") {
+				return fmt.Errorf("engine at %s", v)
+			}
+			return nil
+		})
+		e := h.newEnvelope("t_a", fmt.Sprintf("activated-%d", i), "get_weather", map[string]any{"city": "Oslo"})
+		h.submit(e)
+		c := h.waitSettled(30*time.Second, e.key())[e.key()]
+		want := statemachine.StateSucceeded
+		if label == "v2" {
+			want = statemachine.StateDenied
+		}
+		if c.State != want || !strings.HasPrefix(c.Events[1].PolicyVersion, label+"@") {
+			t.Errorf("under %s: %s at %s; want %s at %s@…", label, c.State, c.Events[1].PolicyVersion, want, label)
+		}
 	}
 }

@@ -62,7 +62,12 @@ func newControlCmd(g *globals) *cobra.Command {
 			return printJSON(cmd, out)
 		},
 	}
-	cmd.AddCommand(freeze, unfreeze, revoke, show)
+	var label string
+	activate := action("activate-policy", "Make a policy version (a label under each instance's --policy-versions-dir) the one every intake and executor decides with", "/v1/control/activate-policy", func() map[string]string {
+		return map[string]string{"policy": label, "reason": reason}
+	})
+	activate.Flags().StringVar(&label, "policy", "", "the version's label")
+	cmd.AddCommand(freeze, unfreeze, revoke, activate, show)
 	return cmd
 }
 

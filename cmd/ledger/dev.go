@@ -255,6 +255,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		})
 	}
 	grp.Go(func() error { return watchPolicies(ctx) })
+	grp.Go(func() error { return f.policy.followActivations(ctx, engine, controls) })
 	grp.Go(func() error {
 		// The control state already runs; it ends with the others.
 		<-ctx.Done()

@@ -20,6 +20,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
@@ -130,6 +131,12 @@ func newIntakeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
+				go func() {
+					// Owned by the command: it ends with ctx.
+					if err := pf.followActivations(ctx, engine, controls); err != nil {
+						logger.Error("policy activations stopped", "err", err)
+					}
+				}()
 				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, logger)
 				return loop, err
 			})
@@ -193,6 +200,14 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				controls, err := startControls(cmd.Context(), g.kafka.client(logger), g.kafka.topics().Control, logger)
 				if err != nil {
 					return nil, err
+				}
+				if engine, ok := pol.(*policy.Engine); ok {
+					go func() {
+						// Owned by the command: it ends with ctx.
+						if err := pf.followActivations(cmd.Context(), engine, controls); err != nil {
+							logger.Error("policy activations stopped", "err", err)
+						}
+					}()
 				}
 				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, logger)
 				return loop, err

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/policy"
@@ -70,13 +71,28 @@ func devIdentity(ctx context.Context, dataDir string, logger *slog.Logger) (*ide
 
 // policyFlags choose the policy set.
 type policyFlags struct {
-	dir   string
-	label string
+	dir      string
+	label    string
+	versions string
 }
 
 func (f *policyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
 	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
+	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir")
+}
+
+// followActivations keeps engine on the version activated on the control
+// topic, when a versions directory is set; it returns when ctx ends.
+func (f *policyFlags) followActivations(ctx context.Context, engine *policy.Engine, controls *control.State) error {
+	if f.versions == "" {
+		<-ctx.Done()
+		return nil
+	}
+	return engine.FollowActivations(ctx, f.versions, func() (string, bool) {
+		a, ok := controls.ActivePolicy()
+		return a.Policy, ok
+	}, 500*time.Millisecond)
 }
 
 // engine returns the policy engine and, when a directory is watched, the

@@ -50,7 +50,14 @@ const (
 	// KindRevoke revokes a credential (JTI) or a credential family
 	// (Family), for good.
 	KindRevoke = "revoke"
+	// KindActivatePolicy makes Policy the policy version every intake and
+	// executor decides with.
+	KindActivatePolicy = "activate_policy"
 )
+
+// PolicySubject is the one subject of policy activations: the compacted
+// topic keeps the latest.
+const PolicySubject = "policy:active"
 
 // Subject prefixes.
 const (
@@ -92,6 +99,8 @@ type Action struct {
 	// Family is the revoked credential family, "<tool>:<tenant>:<epoch>";
 	// revocations only, exclusive with JTI.
 	Family string `json:"family,omitempty"`
+	// Policy is the activated policy version's label; activations only.
+	Policy string `json:"policy,omitempty"`
 	// By is the operator (the assertion's user) who did it.
 	By string `json:"by"`
 	// ByTenant is the operator's tenant, "*" for a platform operator.
@@ -120,6 +129,8 @@ func FamilySubject(family string) string { return subjectFamily + family }
 // subject derives the subject from the Action's fields.
 func (a Action) subject() string {
 	switch {
+	case a.Kind == KindActivatePolicy:
+		return PolicySubject
 	case a.Kind == KindRevoke && a.JTI != "":
 		return JTISubject(a.JTI)
 	case a.Kind == KindRevoke:
@@ -141,6 +152,10 @@ func (a Action) check(key string) error {
 	case KindRevoke:
 		if (a.JTI == "") == (a.Family == "") || a.Tool != "" || a.Tenant != "" {
 			return errors.New("a revocation names exactly one of jti and family")
+		}
+	case KindActivatePolicy:
+		if a.Policy == "" || a.Tool != "" || a.JTI != "" || a.Family != "" {
+			return errors.New("an activation names a policy version and nothing else")
 		}
 	default:
 		return fmt.Errorf("unknown kind %q", a.Kind)

@@ -88,6 +88,7 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/control/freeze", s.authed(s.serveFreeze))
 	mux.HandleFunc("POST /v1/control/unfreeze", s.authed(s.serveUnfreeze))
 	mux.HandleFunc("POST /v1/control/revoke", s.authed(s.serveRevoke))
+	mux.HandleFunc("POST /v1/control/activate-policy", s.authed(s.serveActivate))
 	if s.cfg.Credentials != nil {
 		mux.HandleFunc("POST "+IntrospectPath, s.serveIntrospect)
 	}
@@ -191,6 +192,22 @@ func (s *Service) serveUnfreeze(w http.ResponseWriter, r *http.Request, id ident
 		return
 	}
 	a, err := s.Unfreeze(r.Context(), id, req.Tool, req.Tenant, req.Reason)
+	s.answer(w, r, a, err)
+}
+
+// ActivateRequest is the body of POST /v1/control/activate-policy.
+type ActivateRequest struct {
+	Policy string `json:"policy"`
+	Reason string `json:"reason"`
+}
+
+func (s *Service) serveActivate(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	var req ActivateRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.ActivatePolicy(r.Context(), id, req.Policy, req.Reason)
 	s.answer(w, r, a, err)
 }
 

@@ -221,6 +221,29 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 	return s.publish(ctx, s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant }))
 }
 
+// ActivatePolicy makes the policy version labelled label the one every
+// intake and executor decides with (each loads it from its policy
+// versions directory). Platform operators only. It waits like Freeze.
+func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity, label, reason string) (Action, error) {
+	if !s.cfg.State.isReady() {
+		return Action{}, ErrNotReady
+	}
+	platform, err := s.operator(operator)
+	if err != nil {
+		return Action{}, err
+	}
+	if !platform {
+		return Action{}, fmt.Errorf("%w: only a platform operator activates a policy version", ErrForbidden)
+	}
+	if err := checkID("policy", label, "/\\@*:"); err != nil {
+		return Action{}, err
+	}
+	if reason, err = checkReason(reason); err != nil {
+		return Action{}, err
+	}
+	return s.publish(ctx, s.action(operator, KindActivatePolicy, reason, func(a *Action) { a.Policy = label }))
+}
+
 // Revoke revokes one credential (jti) or a credential family (family,
 // "<tool>:<tenant>:<epoch>"); exactly one of them must be set. A
 // revocation is permanent; revoking what is already revoked returns the

@@ -53,6 +53,8 @@ type State struct {
 	tools    map[freezeKey]Action
 	jtis     map[string]Action
 	families map[string]Action
+	// policy is the latest policy activation, or nil.
+	policy *Action
 	// next is, per partition, the offset after the last record applied.
 	next map[int32]int64
 	// changed is closed, and replaced, after every applied batch.
@@ -332,6 +334,8 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		return
 	}
 	switch {
+	case a.Kind == KindActivatePolicy:
+		s.policy = &a
 	case a.Kind != KindRevoke:
 		s.tools[freezeKey{tool: a.Tool, tenant: a.Tenant}] = a
 	case a.JTI != "":
@@ -349,6 +353,8 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 
 func (s *State) deleteLocked(subject string) {
 	switch {
+	case subject == PolicySubject:
+		s.policy = nil
 	case strings.HasPrefix(subject, subjectJTI):
 		delete(s.jtis, strings.TrimPrefix(subject, subjectJTI))
 	case strings.HasPrefix(subject, subjectFamily):
@@ -380,4 +386,14 @@ func (s *State) waitApplied(ctx context.Context, topic string, partition int32, 
 			return false
 		}
 	}
+}
+
+// ActivePolicy returns the latest policy activation, if there is one.
+func (s *State) ActivePolicy() (Action, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.policy == nil {
+		return Action{}, false
+	}
+	return *s.policy, true
 }

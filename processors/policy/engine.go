@@ -6,6 +6,7 @@ import (
 	"iter"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -318,6 +319,37 @@ func (ev *evaluation) All() iter.Seq2[cedar.PolicyID, *cedar.Policy] {
 			if !yield(p.id, p.policy) {
 				return
 			}
+		}
+	}
+}
+
+// FollowActivations keeps the engine on the policy version that active
+// names (a label, the latest control-plane activation; false while there
+// is none), loading it from root/<label>, checking every interval until
+// ctx ends. A version that does not load leaves the current one active
+// and is logged; the next change is tried again. It returns nil when ctx
+// ends.
+func (e *Engine) FollowActivations(ctx context.Context, root string, active func() (string, bool), every time.Duration) error {
+	if every <= 0 {
+		every = time.Second
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	tried := ""
+	for {
+		if label, ok := active(); ok && label != tried {
+			tried = label
+			set, err := LoadDir(filepath.Join(root, label), label)
+			if err != nil {
+				e.cfg.Logger.Error("activated policy version does not load; keeping the current one", "policy_label", label, "err", err)
+			} else {
+				e.Swap(set)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
 		}
 	}
 }
