@@ -273,6 +273,13 @@ func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pending
 	if rec.Status != processors.StatusSucceeded && rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
 		return pendingMove{}, false, nil // compensated already, or nothing to undo
 	}
+	// Only the compensation the original's tool declares undoes it (the
+	// intake reserves the keys, this checks the tool as well).
+	if tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion); err != nil || tool.Compensation == nil ||
+		tool.Compensation.Tool != comp.Tool || tool.Compensation.Version != comp.ToolVersion {
+		r.cfg.Logger.Error("a call under a compensation key is not the declared compensation", "call_key", comp.Key().String(), "tool", comp.Tool)
+		return pendingMove{}, false, nil
+	}
 	tmpl, err := recordTemplate(rec)
 	if err != nil {
 		return pendingMove{}, false, err

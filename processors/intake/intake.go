@@ -47,6 +47,9 @@ const (
 	ReasonToolFrozen = "tool_frozen"
 	// ReasonApprovalRequired: a deciding policy asks for a human first.
 	ReasonApprovalRequired = "approval_required"
+	// ReasonReservedKey: the idempotency key has a form reserved for the
+	// ledger's own calls (compensations).
+	ReasonReservedKey = "reserved_key"
 	// ReasonStoreRejected: the execution store cannot hold the
 	// envelope's data (processors.ErrRejected).
 	ReasonStoreRejected = "store_rejected"
@@ -361,6 +364,12 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		}
 		unverified := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: env.IdempotencyKey}
 		return refuse(unverified, ReasonAssertionPrefix+reason, "/assertion", detail)
+	}
+	if _, reserved := env.Key().Compensates(); reserved {
+		// Keys of compensation calls are the ledger's: an agent's call
+		// under one would pass for the undoing of another call.
+		return refuse(ledger.CallKey{TenantID: id.Tenant, IdempotencyKey: env.IdempotencyKey}, ReasonReservedKey, "/idempotency_key",
+			"idempotency keys ending in :compensate are reserved for the ledger's compensation calls")
 	}
 	c, refusal := p.checkCall(ctx, env, id, now)
 	return c, refusal, nil

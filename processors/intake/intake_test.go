@@ -207,3 +207,17 @@ func TestIntakeWithoutVerifierRefusesEnvelopes(t *testing.T) {
 		t.Errorf("events %+v; want one refusal, assertion_unverifiable, under %s", evs, ledger.UnverifiedTenant)
 	}
 }
+
+// An agent cannot use a key of the form the ledger's compensation calls
+// use: its call would pass for the undoing of another call.
+func TestIntakeRefusesReservedKeys(t *testing.T) {
+	f := newIntake(t)
+	out, err := f.in.Step(t.Context(), []*kgo.Record{f.envelopeRecord(t, "order-1:compensate", map[string]any{"title": "t"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := events(t, out)
+	if len(evs) != 1 || evs[0].Reason != intake.ReasonReservedKey || evs[0].Pointer != "/idempotency_key" {
+		t.Errorf("events %+v; want one refusal, %s at /idempotency_key", evs, intake.ReasonReservedKey)
+	}
+}
