@@ -324,7 +324,17 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						logger.Error("policy watcher stopped", "err", err)
 					}
 				}()
-				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
+				controls, err := startControls(ctx, g.kafka.client(logger), g.kafka.topics().Control, logger)
+				if err != nil {
+					return nil, err
+				}
+				go func() {
+					// Owned by the command: it ends with ctx.
+					if err := pf.followActivations(ctx, engine, controls); err != nil {
+						logger.Error("policy activations stopped", "err", err)
+					}
+				}()
+				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, Freezes: controls, Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
 				if err != nil {
 					return nil, err
 				}

@@ -34,6 +34,9 @@ var (
 	ErrNotCompensable = errors.New("compensation: only a succeeded call, or one whose outcome is unknown, can be compensated")
 	// ErrNoCompensation: the tool declares no compensation.
 	ErrNoCompensation = errors.New("compensation: the tool declares no compensation")
+	// ErrCompensationFailed: the call's compensation ran and did not
+	// undo it (failed, denied, expired).
+	ErrCompensationFailed = errors.New("compensation: the compensation did not succeed")
 )
 
 // Store is the part of the execution store the service uses.
@@ -120,6 +123,11 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	}
 	comp := tool.Compensation
 	ck := key.CompensationKey()
+	if prev, err := s.cfg.Store.Get(ctx, ck); err == nil && prev.Status.Done() && prev.Status != processors.StatusSucceeded {
+		// The one compensation of this call ended without undoing it:
+		// asking again would find its key used and run nothing.
+		return ck, nil, fmt.Errorf("%w: its compensation %s ended %s; a human must undo it", ErrCompensationFailed, ck, prev.Status)
+	}
 	hash, err := ledger.ArgumentsHash(key.TenantID, comp.Tool, comp.Version, args)
 	if err != nil {
 		return ledger.CallKey{}, nil, err
@@ -197,10 +205,13 @@ func (s *Service) Handler() http.Handler {
 			writeError(w, http.StatusForbidden, "forbidden", err.Error())
 		case errors.Is(err, processors.ErrNotFound):
 			writeError(w, http.StatusNotFound, "not_found", "no call under this key for this tenant")
-		case errors.Is(err, ErrNotCompensable), errors.Is(err, ErrNoCompensation):
+		case errors.Is(err, ErrNotCompensable), errors.Is(err, ErrNoCompensation), errors.Is(err, ErrCompensationFailed):
 			writeError(w, http.StatusConflict, "not_compensable", err.Error())
-		case err != nil:
+		case err != nil && strings.Contains(err.Error(), "reason is required"):
 			writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		case err != nil:
+			s.cfg.Logger.Error("compensation request failed", "err", err)
+			writeError(w, http.StatusInternalServerError, "internal", "the compensation could not be requested; try again")
 		default:
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(map[string]any{"compensation_key": ck.String(), "events": evs})

@@ -259,7 +259,10 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Introspection{Active: false})
 		return
 	}
-	if a, revoked := s.cfg.State.Revoked(c.JTI, c.Family); revoked {
+	// A family's revocation covers the credentials issued up to it: the
+	// family (tool, tenant, claim epoch) goes on being minted afterwards,
+	// and those later credentials were never exposed.
+	if a, revoked := s.cfg.State.Revoked(c.JTI, c.Family); revoked && (a.JTI != "" || !c.IssuedAt.After(a.At)) {
 		s.cfg.Logger.Debug("introspection: revoked", "jti", c.JTI, "family", c.Family, attrSubject, a.Subject)
 		writeJSON(w, http.StatusOK, Introspection{Active: false})
 		return

@@ -290,7 +290,9 @@ func TestHandlerNotYetAppliedAndNotReady(t *testing.T) {
 // log line holds a token.
 func TestIntrospection(t *testing.T) {
 	t.Parallel()
-	e := newHTTPEnv(t, nil)
+	// Revocations are compared with the credentials' issue times: the
+	// control plane's clock is the real one here.
+	e := newHTTPEnv(t, func(c *Config) { c.Now = time.Now })
 	root := "Bearer " + e.assertion(platformOp)
 	acme := "Bearer " + e.assertion(acmeOp)
 	revoke := func(auth, body string) {
@@ -347,6 +349,14 @@ func TestIntrospection(t *testing.T) {
 	revoke(acme, `{"family":"refund_order:t_acme:7","reason":"executor compromised"}`)
 	if _, got := e.introspect(second.Token); !cmp.Equal(got, inactive) {
 		t.Errorf("after revoking its family: %v; want %v", got, inactive)
+	}
+	// A credential of the family issued after the revocation was never
+	// exposed: it is active.
+	e.shift.Store(int64(2 * time.Second)) // iat has whole seconds
+	later := e.credential("refund_order", "t_acme", 7)
+	e.shift.Store(0)
+	if _, got := e.introspect(later.Token); got["active"] != true {
+		t.Errorf("a credential of a revoked family issued after the revocation: %v; want active", got)
 	}
 	if _, got := e.introspect(other.Token); got["active"] != true {
 		t.Errorf("another family after a family revocation: %v; want active", got)

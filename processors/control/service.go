@@ -238,6 +238,9 @@ func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity
 	if err := checkID("policy", label, "/\\@*:"); err != nil {
 		return Action{}, err
 	}
+	if label == "." || label == ".." {
+		return Action{}, fmt.Errorf("%w: policy must name a version directory", ErrInvalidRequest)
+	}
 	if reason, err = checkReason(reason); err != nil {
 		return Action{}, err
 	}

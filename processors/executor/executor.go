@@ -54,6 +54,7 @@ type Store interface {
 	Expired(ctx context.Context, limit int) ([]processors.Record, error)
 	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
+	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 }
 
 // Minter mints the short-lived credential of one execution. The token
@@ -106,6 +107,9 @@ const (
 	// ReasonResourceChanged: the approved call's resource changed (or
 	// could not be read) since the approval.
 	ReasonResourceChanged = "resource_changed"
+	// ReasonNothingToUndo: a compensation whose call turned out to have
+	// had no effect.
+	ReasonNothingToUndo = "nothing_to_undo"
 	// ReasonToolFrozen: an operator froze the tool before the call started.
 	ReasonToolFrozen = "tool_frozen"
 	// ReasonApprovalExpired: the approval's time ran out before the call
@@ -504,6 +508,14 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 	if pastDeadline {
 		return c.expire()
 	}
+	// A compensation undoes an effect: if its call turned out to have
+	// none (resolved failed meanwhile), there is nothing to undo.
+	if orig, ok := rec.Key.Compensates(); ok && !reclaimed {
+		o, err := x.cfg.Store.Get(ctx, orig)
+		if err == nil && o.Status != processors.StatusSucceeded && o.Status != processors.StatusOutcomeUnknown && o.Status != processors.StatusParked {
+			return c.deny(ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{})
+		}
+	}
 	// A reclaimed call already used its approval under the first claim
 	// (and may have run): it is not decided again.
 	if tmpl.ApprovalID != "" && !reclaimed {
@@ -576,7 +588,9 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backendSecret}, n == 0)
+		// A reclaimed call may already be in flight (its first owner
+		// may have sent it): the freeze lets it finish like any other.
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backendSecret}, n == 0 && !reclaimed)
 		if err == nil {
 			return c.succeed(tool, attempt, resp)
 		}

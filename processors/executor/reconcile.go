@@ -287,14 +287,18 @@ func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pending
 	m := r.settle(rec, tmpl, processors.StatusCompensated, statemachine.EventCompensated, "compensated",
 		"undone by the compensation call "+comp.Key().String()+" ("+comp.Tool+")", "", 0)
 	m.move.From = rec.Status
+	m.mustApply = true
 	return m, true, nil
 }
 
 // pendingMove is a decided move and the events it appends: any the
-// record held that the log may lack, then the step's own (last).
+// record held that the log may lack, then the step's own (last). A move
+// that must apply (a compensation's success) fails the step when it does
+// not, so that its event comes again and is decided on the fresh record.
 type pendingMove struct {
-	move processors.Move
-	evs  []ledger.Event
+	move      processors.Move
+	evs       []ledger.Event
+	mustApply bool
 }
 
 // reconcile asks the tool what became of rec and returns the move that
@@ -343,7 +347,14 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 			sum := sha256.Sum256(resp.Body)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
 				"status lookup: the tool applied the call", "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)), true
-		case errors.As(err, &he) && he.Status == 404:
+		case errors.As(err, &he) && he.Status == 404 && lookupState(resp.Body) == "not_found":
+			// Not found is final only once the last attempt could no
+			// longer land: it started before the outcome was recorded
+			// and lasts at most the tool's timeout.
+			if r.cfg.Now().Before(rec.UpdatedAt.Add(tool.Timeout())) {
+				log.Debug("not found yet; asking again after the last attempt's time is up")
+				return pendingMove{}, false
+			}
 			return r.settle(rec, tmpl, processors.StatusFailed, statemachine.EventFailed, ReasonReconciled,
 				"status lookup: the tool has no trace of the call; it did not apply it", "", 0), true
 		case err == nil:
@@ -364,15 +375,29 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 func (r *Reconciler) park(ctx context.Context, rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) pendingMove {
 	if r.cfg.Compensator != nil && tool != nil && tool.Compensation != nil && slices.Contains(tmpl.Obligations, "undo_unknown") {
 		system := identity.Identity{User: "ledger-reconciler", Agent: r.cfg.Owner, Tenant: rec.Key.TenantID, Roles: []string{r.cfg.OperatorRole}}
-		ck, _, err := r.cfg.Compensator.Compensate(ctx, system, rec.Key, "outcome unknown ("+reason+"); a policy says to undo it")
-		if err == nil {
-			return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonCompensating,
+		ck, evs, err := r.cfg.Compensator.Compensate(ctx, system, rec.Key, "outcome unknown ("+reason+"); a policy says to undo it")
+		if err == nil && !refused(evs) {
+			m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonCompensating,
 				"the outcome could not be established ("+reason+"); the compensation "+ck.String()+" was requested", "", 0)
+			return m
+		}
+		if err == nil {
+			last := evs[len(evs)-1]
+			err = fmt.Errorf("%s (%s)", last.Reason, last.Detail)
 		}
 		r.cfg.Logger.Warn("automatic compensation refused", "call_key", rec.Key.String(), "err", err)
 		detail += "; the automatic compensation was refused: " + err.Error()
 	}
 	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, reason, detail, "", 0)
+}
+
+// refused reports whether a compensation's first events refuse it.
+func refused(evs []ledger.Event) bool {
+	if len(evs) == 0 {
+		return false // asked for before; it is under way or done
+	}
+	last := evs[len(evs)-1]
+	return last.Refusal() || last.Type == statemachine.EventDenied
 }
 
 func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, bearer string) (httptool.Response, error) {
@@ -448,6 +473,9 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 		logged []processors.Logged
 	)
 	for i, ok := range applied {
+		if !ok && moves[i].mustApply {
+			return ledger.Output{}, fmt.Errorf("%s moved meanwhile; its compensation is recorded on redelivery", ms[i].Key)
+		}
 		if !ok {
 			continue // settled meanwhile, by another reconciler or a human
 		}

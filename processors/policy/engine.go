@@ -339,6 +339,10 @@ func (e *Engine) FollowActivations(ctx context.Context, root string, active func
 	for {
 		if label, ok := active(); ok && label != tried {
 			tried = label
+			if !filepath.IsLocal(label) || strings.ContainsAny(label, `/\`) {
+				e.cfg.Logger.Error("activated policy label is not a directory name; keeping the current version", "policy_label", label)
+				continue
+			}
 			set, err := LoadDir(filepath.Join(root, label), label)
 			if err != nil {
 				e.cfg.Logger.Error("activated policy version does not load; keeping the current one", "policy_label", label, "err", err)
