@@ -15,6 +15,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/control"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
@@ -301,10 +302,11 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		pf        policyFlags
 		toolsBase string
 		httpAddr  string
+		credsJWKS string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconciler",
-		Short: "Run the reconciler: resolve outcome_unknown calls through the tools' status lookups, compensate or park the rest, and serve /v1/resolutions and /v1/compensations",
+		Short: "Run the reconciler: resolve outcome_unknown calls through the tools' status lookups, compensate or park the rest; serve the operators' APIs (resolutions, compensations, the kill switch, introspection)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			return rf.run(ctx, g, "reconciler", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
@@ -374,6 +376,25 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					mux := http.NewServeMux()
 					mux.Handle("/v1/resolutions", rc.ResolveHandler(staff, events))
 					mux.Handle("/v1/compensations", undoAPI.Handler())
+					// The kill switch's API, and introspection for tools
+					// when the executors' credential keys are known.
+					var inspector control.Inspector
+					if credsJWKS != "" {
+						v, err := credentials.NewVerifier(credentials.VerifierConfig{JWKSURL: credsJWKS, Logger: logger})
+						if err != nil {
+							return nil, err
+						}
+						inspector = v
+					}
+					kill, err := control.New(control.Config{State: controls, Publisher: events, Identity: staff, Topics: g.kafka.topics(), Credentials: inspector, Logger: logger})
+					if err != nil {
+						return nil, err
+					}
+					mux.Handle("/v1/control", kill.Handler())
+					mux.Handle("/v1/control/", kill.Handler())
+					if inspector != nil {
+						mux.Handle(control.IntrospectPath, kill.Handler())
+					}
 					srv := &http.Server{Addr: httpAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 					go func() {
 						// Owned by the command: closed when ctx ends.
@@ -395,6 +416,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	idf.register(cmd.Flags())
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative status lookup URLs resolve against")
 	pf.register(cmd.Flags())
-	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve POST /v1/resolutions and /v1/compensations for operators (needs --issuer and --jwks-*); empty: not served")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve the operators' APIs: /v1/resolutions, /v1/compensations, /v1/control (needs --issuer and --jwks-*); empty: not served")
+	cmd.Flags().StringVar(&credsJWKS, "credential-jwks-url", "", "the executors' credential keys (an executor's --jwks-addr): with it, --http-addr also serves RFC 7662 introspection at /v1/introspect")
 	return cmd
 }
