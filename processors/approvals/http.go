@@ -84,23 +84,7 @@ func writeError(w http.ResponseWriter, status int, code, message string) {
 
 // authed verifies the bearer assertion and hands the identity on.
 func (s *Service) authed(next func(http.ResponseWriter, *http.Request, identity.Identity)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		id, reason, err := identity.Authenticate(r, s.cfg.Identity)
-		if err != nil {
-			if reason == identity.ReasonMissingBearer {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-approvals"`)
-				writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "an approver assertion is required as Authorization: Bearer")
-				return
-			}
-			// The reason is a fixed code ("expired", "bad_signature"),
-			// never the assertion or its claims.
-			s.cfg.Logger.Info("approver assertion refused", "reason", reason)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="ledger-approvals", error="invalid_token"`)
-			writeError(w, http.StatusUnauthorized, CodeUnauthenticated, "the approver assertion was refused: "+reason)
-			return
-		}
-		next(w, r, id)
-	}
+	return identity.Require(s.cfg.Identity, "ledger-approvals", "an approver", s.cfg.Logger, next)
 }
 
 // fail answers err with its status and code.

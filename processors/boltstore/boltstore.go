@@ -649,13 +649,6 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 	return applied, nil
 }
 
-// checkMoves refuses a batch of moves that no store may apply, before any
-// work, as processors.CheckCompletions does for completions. store.go has
-// no CheckMoves, so processors/pgstore holds the same function, with the
-// same refusals and messages; the contract suite checks that both refuse
-// the same moves.
-//
-
 // Move implements processors.Store. The moves run in batch order in one
 // transaction, so a later move of a key sees an earlier one's write.
 func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {

@@ -181,19 +181,14 @@ type Request struct {
 }
 
 // Handler serves POST /v1/compensations for operators (Authorization:
-// Bearer <operator assertion>).
+// Bearer <operator assertion>); without Config.Identity it serves nothing.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/compensations", func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.Identity == nil {
-			writeError(w, http.StatusUnauthorized, "unauthenticated", "operators cannot be verified here")
-			return
-		}
-		op, reason, err := identity.Authenticate(r, s.cfg.Identity)
-		if err != nil {
-			writeError(w, http.StatusUnauthorized, "unauthenticated", "an operator's assertion is required: "+reason)
-			return
-		}
+	if s.cfg.Identity == nil {
+		// Nobody can be verified: the API is not served.
+		return mux
+	}
+	mux.HandleFunc("POST /v1/compensations", identity.Require(s.cfg.Identity, "ledger-compensations", "an operator", s.cfg.Logger, func(w http.ResponseWriter, r *http.Request, op identity.Identity) {
 		var body Request
 		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request", "the body is not a compensation request")
@@ -216,7 +211,7 @@ func (s *Service) Handler() http.Handler {
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(map[string]any{"compensation_key": ck.String(), "events": evs})
 		}
-	})
+	}))
 	return mux
 }
 

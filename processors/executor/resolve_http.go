@@ -36,12 +36,7 @@ type ResolveRequest struct {
 // executor's sweep.
 func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/resolutions", func(w http.ResponseWriter, req *http.Request) {
-		op, reason, err := identity.Authenticate(req, v)
-		if err != nil {
-			resolveError(w, http.StatusUnauthorized, "unauthenticated", "an operator's assertion is required: "+reason)
-			return
-		}
+	mux.HandleFunc("POST /v1/resolutions", identity.Require(v, "ledger-resolutions", "an operator", r.cfg.Logger, func(w http.ResponseWriter, req *http.Request, op identity.Identity) {
 		var body ResolveRequest
 		if err := json.NewDecoder(io.LimitReader(req.Body, 64<<10)).Decode(&body); err != nil {
 			resolveError(w, http.StatusBadRequest, "invalid_request", "the body is not a resolution")
@@ -83,7 +78,7 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(last)
-	})
+	}))
 	return mux
 }
 

@@ -29,6 +29,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -496,4 +497,33 @@ func Authenticate(r *http.Request, v AssertionVerifier) (Identity, string, error
 		return Identity{}, reason, err
 	}
 	return id, "", nil
+}
+
+// Require wraps next so that it runs only for a request whose bearer
+// assertion v verifies; any other request is answered 401 with
+// {"error": {"code": "unauthenticated", "message": ...}} and a
+// WWW-Authenticate challenge for realm. who names the expected party in
+// the message ("an approver", "an operator"). The refusal is logged with
+// its reason only, never the assertion.
+func Require(v AssertionVerifier, realm, who string, logger *slog.Logger, next func(http.ResponseWriter, *http.Request, Identity)) http.HandlerFunc {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, reason, err := Authenticate(r, v)
+		if err == nil {
+			next(w, r, id)
+			return
+		}
+		challenge, msg := "Bearer realm="+strconv.Quote(realm), who+" assertion is required as Authorization: Bearer"
+		if reason != ReasonMissingBearer {
+			logger.Info("assertion refused", "realm", realm, "reason", reason)
+			challenge += `, error="invalid_token"`
+			msg = who + "'s assertion was refused: " + reason
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_ = json.NewEncoder(w).Encode(map[string]map[string]string{"error": {"code": "unauthenticated", "message": msg}})
+	}
 }

@@ -827,13 +827,6 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 	return applied, nil
 }
 
-// checkMoves refuses a batch of moves that no store may apply, before any
-// work, as processors.CheckCompletions does for completions. store.go has
-// no CheckMoves, so processors/boltstore holds the same function, with the
-// same refusals and messages; the contract suite checks that both refuse
-// the same moves.
-//
-
 // moveRound is one statement of a Move batch: at most one move per key.
 type moveRound struct {
 	ts, ks, froms, tos   []string
