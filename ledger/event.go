@@ -40,9 +40,12 @@ type Event struct {
 	// Purpose is the verified assertion's purpose, if any.
 	Purpose string `json:"purpose,omitempty"`
 	// Channel is how the call arrived, as its policies saw it.
-	Channel       string `json:"channel,omitempty"`
-	Tool          string `json:"tool,omitempty"`
-	ToolVersion   int    `json:"tool_version,omitempty"`
+	Channel     string `json:"channel,omitempty"`
+	Tool        string `json:"tool,omitempty"`
+	ToolVersion int    `json:"tool_version,omitempty"`
+	// Resource is what the call touches: the value at the tool's resource
+	// pointer in the redacted arguments ("ord_42"), for blast radius.
+	Resource      string `json:"resource,omitempty"`
 	ArgumentsHash string `json:"arguments_hash,omitempty"`
 	TraceID       string `json:"trace_id,omitempty"`
 	// Arguments, redacted per the tool's registry entry; only on requested.

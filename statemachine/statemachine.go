@@ -323,3 +323,23 @@ func pendingLapsed(c Call, ev Event) error {
 	}
 	return nil
 }
+
+// targets maps each event type to the state every edge on it leads to.
+var targets = func() map[EventType]State {
+	m := make(map[EventType]State)
+	for _, t := range Transitions {
+		if to, ok := m[t.On]; ok && to != t.To {
+			panic(fmt.Sprintf("statemachine: %q leads to both %q and %q", t.On, to, t.To))
+		}
+		m[t.On] = t.To
+	}
+	return m
+}()
+
+// Target returns the state a call is in after an event of type t, whatever
+// state it came from: every edge on one event type leads to one state. A
+// projection uses it to know a call's state from its latest event alone.
+func Target(t EventType) (State, bool) {
+	s, ok := targets[t]
+	return s, ok
+}

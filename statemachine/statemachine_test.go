@@ -745,3 +745,15 @@ func BenchmarkFold(b *testing.B) {
 		})
 	}
 }
+
+func TestTargetIsEveryEdgesTo(t *testing.T) {
+	for _, tr := range sm.Transitions {
+		got, ok := sm.Target(tr.On)
+		if !ok || got != tr.To {
+			t.Errorf("Target(%q) = %q, %v; the edge from %v leads to %q", tr.On, got, ok, tr.From, tr.To)
+		}
+	}
+	if s, ok := sm.Target("no_such_event"); ok {
+		t.Errorf("Target of an unknown event = %q, want none", s)
+	}
+}

@@ -503,7 +503,7 @@ func (s *Service) event(f *found, now time.Time) ledger.Event {
 	}
 	if src != nil {
 		ev.UserID, ev.AgentID, ev.TraceID = src.UserID, src.AgentID, src.TraceID
-		ev.Purpose, ev.Channel = src.Purpose, src.Channel
+		ev.Purpose, ev.Channel, ev.Resource = src.Purpose, src.Channel, src.Resource
 	}
 	if p := f.pending; p != nil {
 		ev.PolicyID = slices.Clone(p.PolicyID)

@@ -32,9 +32,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/toolcall-ledger/ledger/ledger"
 )
 
 // ActionVersion is the V of the Actions this package writes.
@@ -77,39 +78,11 @@ const (
 // toolNameRE is the registry's tool name syntax (schemas' toolNameRE).
 var toolNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 
-// Action is one control record: a freeze, an unfreeze or a revocation,
-// with who did it and why. It is the JSON value of a control record whose
-// key is Subject.
-type Action struct {
-	// V is the record format version, ActionVersion.
-	V int `json:"v"`
-	// Kind is KindFreeze, KindUnfreeze or KindRevoke.
-	Kind string `json:"kind"`
-	// Subject is the record key: ToolSubject, JTISubject or
-	// FamilySubject of the fields below.
-	Subject string `json:"subject"`
-	// Tool is the frozen (or unfrozen) tool; freezes only.
-	Tool string `json:"tool,omitempty"`
-	// Tenant limits a freeze to one tenant; empty: every tenant. Freezes
-	// only.
-	Tenant string `json:"tenant,omitempty"`
-	// JTI is the revoked credential; revocations only, exclusive with
-	// Family.
-	JTI string `json:"jti,omitempty"`
-	// Family is the revoked credential family, "<tool>:<tenant>:<epoch>";
-	// revocations only, exclusive with JTI.
-	Family string `json:"family,omitempty"`
-	// Policy is the activated policy version's label; activations only.
-	Policy string `json:"policy,omitempty"`
-	// By is the operator (the assertion's user) who did it.
-	By string `json:"by"`
-	// ByTenant is the operator's tenant, "*" for a platform operator.
-	ByTenant string `json:"by_tenant"`
-	// Reason is the operator's why. Required.
-	Reason string `json:"reason"`
-	// At is when the operator did it.
-	At time.Time `json:"at"`
-}
+// Action is one control record: a freeze, an unfreeze, a revocation or a
+// policy activation, with who did it and why. Its wire form is the
+// ledger's (ledger.ControlAction), so that projections read the control
+// topic without this package.
+type Action = ledger.ControlAction
 
 // ToolSubject is the subject of a freeze of tool: for every tenant when
 // tenant is empty, else for that tenant only.
@@ -126,8 +99,8 @@ func JTISubject(jti string) string { return subjectJTI + jti }
 // FamilySubject is the subject of the revocation of a credential family.
 func FamilySubject(family string) string { return subjectFamily + family }
 
-// subject derives the subject from the Action's fields.
-func (a Action) subject() string {
+// subjectOf derives the subject from the Action's fields.
+func subjectOf(a Action) string {
 	switch {
 	case a.Kind == KindActivatePolicy:
 		return PolicySubject
@@ -140,10 +113,10 @@ func (a Action) subject() string {
 	}
 }
 
-// check reports what is wrong with an Action read from the topic: a
+// checkAction reports what is wrong with an Action read from the topic: a
 // record whose fields do not make its key is not applied, since it could
 // be meant for another subject than the one it would change.
-func (a Action) check(key string) error {
+func checkAction(a Action, key string) error {
 	switch a.Kind {
 	case KindFreeze, KindUnfreeze:
 		if a.Tool == "" || a.JTI != "" || a.Family != "" {
@@ -160,7 +133,7 @@ func (a Action) check(key string) error {
 	default:
 		return fmt.Errorf("unknown kind %q", a.Kind)
 	}
-	if s := a.subject(); s != a.Subject || s != key {
+	if s := subjectOf(a); s != a.Subject || s != key {
 		return fmt.Errorf("subject %q and key %q do not match the action's fields (%q)", a.Subject, key, s)
 	}
 	return nil

@@ -321,7 +321,7 @@ func (s *Service) Snapshot(_ context.Context, operator identity.Identity) (Snaps
 func (s *Service) action(op identity.Identity, kind, reason string, fill func(*Action)) Action {
 	a := Action{V: ActionVersion, Kind: kind, By: op.User, ByTenant: op.Tenant, Reason: reason, At: s.cfg.Now().UTC()}
 	fill(&a)
-	a.Subject = a.subject()
+	a.Subject = subjectOf(a)
 	return a
 }
 

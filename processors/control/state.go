@@ -327,7 +327,7 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 	var a Action
 	err := json.Unmarshal(r.Value, &a)
 	if err == nil {
-		err = a.check(key)
+		err = checkAction(a, key)
 	}
 	if err != nil {
 		s.logger.Error("control record ignored", attrSubject, key, "partition", r.Partition, "offset", r.Offset, "err", err)

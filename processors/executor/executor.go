@@ -957,6 +957,7 @@ func template(e ledger.Event) ledger.Event {
 		Channel:         e.Channel,
 		Tool:            e.Tool,
 		ToolVersion:     e.ToolVersion,
+		Resource:        e.Resource,
 		ArgumentsHash:   e.ArgumentsHash,
 		TraceID:         e.TraceID,
 		PolicyID:        e.PolicyID,

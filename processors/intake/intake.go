@@ -532,18 +532,29 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 	// The audit copy hides what the registry and the deciding policies
 	// say to hide.
 	hide := append(append([]string(nil), tool.Redact...), d.Obligations.Mask...)
-	redacted, err := ledger.Canonical(ledger.Redact(env.Arguments, hide))
+	audit := ledger.Redact(env.Arguments, hide)
+	redacted, err := ledger.Canonical(audit)
 	if err != nil {
 		return processors.Admission{}, err
+	}
+	// The resource is read from the audit copy, so that a redacted
+	// resource stays redacted in every event.
+	var resource string
+	if tool.Resource != "" {
+		if v, ok := ledger.Lookup(audit, tool.Resource); ok {
+			resource = fmt.Sprint(v)
+		}
 	}
 	deadline := env.Deadline(now)
 	requested := p.event(c, now, statemachine.EventRequested, 1)
 	requested.Arguments = json.RawMessage(redacted)
+	requested.Resource = resource
 	if !deadline.IsZero() {
 		requested.DeadlineAt = &deadline
 	}
 
 	decision := p.event(c, now, statemachine.EventAuthorized, 2)
+	decision.Resource = resource
 	p.decorate(&decision, d)
 	decision.Reason = d.Reason
 	status := processors.StatusAuthorized

@@ -1,0 +1,39 @@
+package ledger
+
+import "time"
+
+// ControlAction is the value of a record on the control topic
+// (Topics.Control), keyed by its Subject: a freeze or unfreeze of a tool,
+// a revocation of a credential or a credential family, or the activation
+// of a policy version, with who did it and why. The control plane writes
+// and validates them (processors/control); projections read them.
+type ControlAction struct {
+	// V is the record format version.
+	V int `json:"v"`
+	// Kind is freeze, unfreeze, revoke or activate_policy.
+	Kind string `json:"kind"`
+	// Subject is the record key: tool:<name>[@<tenant>], jti:<jti>,
+	// family:<family> or policy:active.
+	Subject string `json:"subject"`
+	// Tool is the frozen (or unfrozen) tool; freezes only.
+	Tool string `json:"tool,omitempty"`
+	// Tenant limits a freeze to one tenant; empty: every tenant. Freezes
+	// only.
+	Tenant string `json:"tenant,omitempty"`
+	// JTI is the revoked credential; revocations only, exclusive with
+	// Family.
+	JTI string `json:"jti,omitempty"`
+	// Family is the revoked credential family, "<tool>:<tenant>:<epoch>";
+	// revocations only, exclusive with JTI.
+	Family string `json:"family,omitempty"`
+	// Policy is the activated policy version's label; activations only.
+	Policy string `json:"policy,omitempty"`
+	// By is the operator (the assertion's user) who did it.
+	By string `json:"by"`
+	// ByTenant is the operator's tenant, "*" for a platform operator.
+	ByTenant string `json:"by_tenant"`
+	// Reason is the operator's why. Required.
+	Reason string `json:"reason"`
+	// At is when the operator did it.
+	At time.Time `json:"at"`
+}
