@@ -1,5 +1,39 @@
 // Package projections holds the read side of the ledger: views built by
-// folding the events topic, which can always be rebuilt from it. The
-// embedded call index (callindex) serves `ledger dev` and the HTTP API;
-// the HTTP API itself is in httpapi.
+// folding the events and control topics, which can always be rebuilt from
+// them. This package defines what every projection answers and how:
+//
+//   - Sink is what the projector (package projector) writes batches of
+//     committed records to. Writing the same batch twice changes no answer:
+//     every projection deduplicates on the event's id.
+//   - Queries is what responders ask: a call's trace, the blast radius of a
+//     credential, tool, policy version or approver, outcome counts by tool
+//     and time bucket, and the unresolved calls. Every question is scoped
+//     to one tenant unless it says AllTenants.
+//
+// Two projections implement both: chstore on ClickHouse, for production,
+// and callindex in a bbolt file, for `ledger dev`. The contract suite in
+// projectionstest holds both to the same answers, computed independently
+// from the events. httpapi serves the queries over HTTP.
+//
+// # What matches a filter
+//
+// A call matches a Filter when each reference the filter names is carried
+// by at least one of the call's events whose time is in [Since, Until):
+//
+//   - JTI, CredentialFamily, Approver, ApprovalID: any event carrying it
+//     (the executor's events carry the credential; the approval's decision
+//     and what follows carry the approver);
+//   - PolicyVersion: a policy's decision event (one whose Decision is
+//     allow, deny or require_approval; not an approver's approve or
+//     reject) made under that version; with Decision set, only decisions
+//     of that kind;
+//   - with none of those: the call's requested event.
+//
+// Tenant and Tool narrow the match to the events of that tenant and tool.
+// Times compare in whole seconds (an event at 12:00:00.7 is in a window
+// from 12:00:00), as ClickHouse's DateTime keeps them. Refused submissions
+// (seq 0) are not calls: only Trace shows them.
+//
+// A call's state in an answer is its state now, after its highest-seq
+// event, not its state within the window.
 package projections

@@ -54,7 +54,8 @@ func TestIndexFoldsIdempotently(t *testing.T) {
 	if err := ix.Apply(flood); err != nil {
 		t.Fatal(err)
 	}
-	// A gap is an anomaly, not a state change.
+	// A gap is an anomaly, not a state change; the event stays in the
+	// trace.
 	if err := ix.Apply([]ledger.Event{ev("k", 9, statemachine.EventCompensated, "")}); err != nil {
 		t.Fatal(err)
 	}
@@ -70,8 +71,8 @@ func TestIndexFoldsIdempotently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.State != statemachine.StateSucceeded || c.Seq != 4 || len(c.Events) != 4 || !c.Settled() {
-		t.Errorf("call = %s seq %d with %d events; want succeeded seq 4 with 4", c.State, c.Seq, len(c.Events))
+	if c.State != statemachine.StateSucceeded || c.Seq != 4 || len(c.Events) != 5 || !c.Settled() {
+		t.Errorf("call = %s seq %d with %d events; want succeeded seq 4 with 5", c.State, c.Seq, len(c.Events))
 	}
 	if len(c.Refusals) != callindex.MaxRefusals || c.RefusalsDropped != 6 || c.Anomalies != 1 {
 		t.Errorf("refusals %d (+%d dropped), anomalies %d; want %d (+6) and 1", len(c.Refusals), c.RefusalsDropped, c.Anomalies, callindex.MaxRefusals)

@@ -1,0 +1,367 @@
+package projections
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// Event is a committed event with where it was read from.
+type Event struct {
+	ledger.Event
+	// Partition and Offset locate the record on the events topic.
+	Partition int32
+	Offset    int64
+	// Produced is the record's timestamp: when it was appended.
+	Produced time.Time
+}
+
+// Action is a committed control record (a freeze, unfreeze, revocation or
+// policy activation) with where it was read from.
+type Action struct {
+	Action    ledger.ControlAction
+	Partition int32
+	Offset    int64
+}
+
+// Batch is what the projector hands a Sink at once: records committed to
+// the events and control topics, in each partition's order.
+type Batch struct {
+	Events  []Event
+	Actions []Action
+}
+
+// Len is the number of records in the batch.
+func (b Batch) Len() int { return len(b.Events) + len(b.Actions) }
+
+// Sink is a projection that the projector writes to. Write returns only
+// once the batch is durable in the projection; the projector commits the
+// batch's offsets after that, so a batch may be written again after a
+// crash, and writing it again must change no answer.
+type Sink interface {
+	Write(ctx context.Context, b Batch) error
+}
+
+// Queries is what a projection answers. Every method but Trace refuses a
+// Filter without a tenant unless it says AllTenants (ErrTenantRequired).
+type Queries interface {
+	// Trace returns the events under key in seq order (refused
+	// submissions, seq 0, first, by time), each event once. No events:
+	// ErrNotFound.
+	Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error)
+	// BlastRadius returns the calls matching f and what they add up to.
+	BlastRadius(ctx context.Context, f Filter) (BlastRadius, error)
+	// Outcomes counts the calls that reached each outcome, by tool and
+	// bucket of the outcome event's time. f may name only Tenant,
+	// AllTenants, Tool, Since and Until.
+	Outcomes(ctx context.Context, f Filter, bucket time.Duration) ([]OutcomeCount, error)
+	// Unresolved returns the calls that wait on someone: outcome_unknown
+	// (parked or not) and approval_pending, oldest first. f may name only
+	// Tenant, AllTenants, Tool and Limit.
+	Unresolved(ctx context.Context, f Filter) ([]Call, error)
+}
+
+// Errors callers branch on.
+var (
+	// ErrNotFound: nothing is projected under the key.
+	ErrNotFound = errors.New("not found")
+	// ErrTenantRequired: a query named no tenant and did not ask across
+	// tenants.
+	ErrTenantRequired = errors.New("a tenant is required (or ask across tenants explicitly)")
+	// ErrInvalidFilter: the filter cannot be asked; the message says why.
+	ErrInvalidFilter = errors.New("invalid filter")
+)
+
+// DefaultLimit is how many calls an answer lists when Filter.Limit is 0;
+// counts always cover every matching call.
+const DefaultLimit = 1000
+
+// MaxLimit bounds Filter.Limit.
+const MaxLimit = 100_000
+
+// Filter selects calls; see the package doc for what matches.
+type Filter struct {
+	Tenant     string `json:"tenant,omitempty"`
+	AllTenants bool   `json:"all_tenants,omitempty"`
+
+	JTI              string `json:"jti,omitempty"`
+	CredentialFamily string `json:"credential_family,omitempty"`
+	Tool             string `json:"tool,omitempty"`
+	PolicyVersion    string `json:"policy_version,omitempty"`
+	// Decision narrows PolicyVersion to decisions of one kind: allow,
+	// deny or require_approval.
+	Decision   string `json:"decision,omitempty"`
+	Approver   string `json:"approver,omitempty"`
+	ApprovalID string `json:"approval_id,omitempty"`
+
+	// Since and Until bound the matching events' times, [Since, Until),
+	// in whole seconds; zero is unbounded.
+	Since time.Time `json:"since,omitzero"`
+	Until time.Time `json:"until,omitzero"`
+
+	// Limit bounds the calls listed; 0 is DefaultLimit.
+	Limit int `json:"limit,omitempty"`
+}
+
+// Decisions a policy makes, as events record them. An approver's approve
+// and reject are decisions too, but not the policy's.
+var decisions = map[string]bool{"allow": true, "deny": true, "require_approval": true}
+
+// PolicyDecision reports whether d is a decision a policy made (allow,
+// deny, require_approval): the events a policy version is looked up by.
+func PolicyDecision(d string) bool { return decisions[d] }
+
+// Check reports what makes f unaskable, and returns f normalised: times
+// truncated to the second and in UTC, Limit defaulted.
+func (f Filter) Check() (Filter, error) {
+	switch {
+	case f.Tenant == "" && !f.AllTenants:
+		return f, ErrTenantRequired
+	case f.Tenant != "" && f.AllTenants:
+		return f, fmt.Errorf("%w: a tenant and all tenants at once", ErrInvalidFilter)
+	case f.Decision != "" && f.PolicyVersion == "":
+		return f, fmt.Errorf("%w: a decision narrows a policy version; name one", ErrInvalidFilter)
+	case f.Decision != "" && !decisions[f.Decision]:
+		return f, fmt.Errorf("%w: decision %q is not one of allow, deny, require_approval", ErrInvalidFilter, f.Decision)
+	case f.Limit < 0 || f.Limit > MaxLimit:
+		return f, fmt.Errorf("%w: limit must be between 0 and %d", ErrInvalidFilter, MaxLimit)
+	}
+	if !f.Since.IsZero() {
+		f.Since = f.Since.UTC().Truncate(time.Second)
+	}
+	if !f.Until.IsZero() {
+		f.Until = f.Until.UTC().Truncate(time.Second)
+	}
+	if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+		return f, fmt.Errorf("%w: since (%s) must be before until (%s)", ErrInvalidFilter, f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
+	}
+	if f.Limit == 0 {
+		f.Limit = DefaultLimit
+	}
+	return f, nil
+}
+
+// References reports whether f names any reference (JTI, family, policy
+// version, approver or approval id), rather than only tenant, tool and
+// time.
+func (f Filter) References() bool {
+	return f.JTI != "" || f.CredentialFamily != "" || f.PolicyVersion != "" || f.Approver != "" || f.ApprovalID != ""
+}
+
+// InWindow reports whether t, in whole seconds, is in [Since, Until).
+func (f Filter) InWindow(t time.Time) bool {
+	s := t.Unix()
+	return (f.Since.IsZero() || s >= f.Since.Unix()) && (f.Until.IsZero() || s < f.Until.Unix())
+}
+
+// Call is a call as a projection knows it: the fields of its highest-seq
+// event.
+type Call struct {
+	TenantID       string `json:"tenant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	CallID         string `json:"call_id,omitempty"`
+	Tool           string `json:"tool"`
+	ToolVersion    int    `json:"tool_version,omitempty"`
+	AgentID        string `json:"agent_id,omitempty"`
+	UserID         string `json:"user_id,omitempty"`
+	Resource       string `json:"resource,omitempty"`
+	TraceID        string `json:"trace_id,omitempty"`
+
+	State statemachine.State `json:"state"`
+	// LastEvent is the type of the highest-seq event: parked tells a
+	// parked outcome_unknown from one the reconciler still works on.
+	LastEvent statemachine.EventType `json:"last_event"`
+	Seq       int64                  `json:"seq"`
+	UpdatedAt time.Time              `json:"updated_at"`
+
+	PolicyVersion    string `json:"policy_version,omitempty"`
+	Approver         string `json:"approver,omitempty"`
+	ApprovalID       string `json:"approval_id,omitempty"`
+	JTI              string `json:"jti,omitempty"`
+	CredentialFamily string `json:"credential_family,omitempty"`
+	Reason           string `json:"reason,omitempty"`
+	ErrorCode        string `json:"error_code,omitempty"`
+}
+
+// Key is the call's key.
+func (c Call) Key() ledger.CallKey {
+	return ledger.CallKey{TenantID: c.TenantID, IdempotencyKey: c.IdempotencyKey}
+}
+
+// CallOf returns the call as its highest-seq event e shows it.
+func CallOf(e *ledger.Event) Call {
+	state, _ := statemachine.Target(e.Type)
+	return Call{
+		TenantID: e.TenantID, IdempotencyKey: e.IdempotencyKey, CallID: e.CallID,
+		Tool: e.Tool, ToolVersion: e.ToolVersion, AgentID: e.AgentID, UserID: e.UserID,
+		Resource: e.Resource, TraceID: e.TraceID,
+		State: state, LastEvent: e.Type, Seq: e.Seq, UpdatedAt: e.At.UTC(),
+		PolicyVersion: e.PolicyVersion, Approver: e.Approver, ApprovalID: e.ApprovalID,
+		JTI: e.JTI, CredentialFamily: e.CredentialFamily, Reason: e.Reason, ErrorCode: e.ErrorCode,
+	}
+}
+
+// Count is a number of calls under a value.
+type Count struct {
+	Value string `json:"value"`
+	Calls int    `json:"calls"`
+}
+
+// BlastRadius is the answer to "what did this touch".
+type BlastRadius struct {
+	Filter Filter `json:"filter"`
+	// Total is the number of matching calls; Calls lists the first
+	// Filter.Limit of them, most recently updated first (then by tenant
+	// and key), and Truncated says whether some were left out.
+	Total     int    `json:"total"`
+	Calls     []Call `json:"calls"`
+	Truncated bool   `json:"truncated,omitempty"`
+	// Counts over every matching call, largest first (then by value).
+	ByTenant   []Count `json:"by_tenant"`
+	ByState    []Count `json:"by_state"`
+	ByTool     []Count `json:"by_tool"`
+	ByResource []Count `json:"by_resource"`
+}
+
+// OutcomeCount is the number of calls that reached State with an event of
+// Tool in the bucket starting at Bucket.
+type OutcomeCount struct {
+	Bucket time.Time          `json:"bucket"`
+	Tool   string             `json:"tool"`
+	State  statemachine.State `json:"state"`
+	Calls  int                `json:"calls"`
+}
+
+// OutcomeEvents are the event types Outcomes counts: the ones that end a
+// call, or hand it to someone.
+var OutcomeEvents = []statemachine.EventType{
+	statemachine.EventSucceeded, statemachine.EventFailed, statemachine.EventOutcomeUnknown,
+	statemachine.EventCompensated, statemachine.EventDenied, statemachine.EventRejected,
+	statemachine.EventExpired,
+}
+
+// CheckOutcomes checks an Outcomes question and returns its filter
+// normalised.
+func CheckOutcomes(f Filter, bucket time.Duration) (Filter, error) {
+	f, err := f.Check()
+	if err != nil {
+		return f, err
+	}
+	switch {
+	case f.References():
+		return f, fmt.Errorf("%w: outcomes are counted by tenant, tool and time only", ErrInvalidFilter)
+	case bucket < time.Second || bucket%time.Second != 0:
+		return f, fmt.Errorf("%w: the bucket must be a whole number of seconds, at least 1s", ErrInvalidFilter)
+	}
+	return f, nil
+}
+
+// BucketOf returns the start of t's bucket: buckets are aligned on the
+// Unix epoch.
+func BucketOf(t time.Time, bucket time.Duration) time.Time {
+	n := int64(bucket / time.Second)
+	s := t.Unix()
+	return time.Unix(s-s%n, 0).UTC()
+}
+
+// CheckUnresolved checks an Unresolved question and returns its filter
+// normalised.
+func CheckUnresolved(f Filter) (Filter, error) {
+	f, err := f.Check()
+	if err != nil {
+		return f, err
+	}
+	if f.References() || !f.Since.IsZero() || !f.Until.IsZero() {
+		return f, fmt.Errorf("%w: unresolved calls are listed by tenant and tool only", ErrInvalidFilter)
+	}
+	return f, nil
+}
+
+// Unresolved reports whether c waits on someone.
+func (c Call) Unresolved() bool {
+	return c.State == statemachine.StateOutcomeUnknown || c.State == statemachine.StateApprovalPending
+}
+
+// Summarize builds the answer for f from every matching call: the order,
+// the limit and the counts that every projection gives.
+func Summarize(f Filter, calls []Call) BlastRadius {
+	SortCalls(calls)
+	br := BlastRadius{Filter: f, Total: len(calls), Calls: calls}
+	if len(br.Calls) > f.Limit {
+		br.Calls, br.Truncated = br.Calls[:f.Limit:f.Limit], true
+	}
+	count := func(value func(Call) string) []Count {
+		m := make(map[string]int)
+		for _, c := range calls {
+			m[value(c)]++
+		}
+		out := make([]Count, 0, len(m))
+		for v, n := range m {
+			out = append(out, Count{Value: v, Calls: n})
+		}
+		SortCounts(out)
+		return out
+	}
+	br.ByTenant = count(func(c Call) string { return c.TenantID })
+	br.ByState = count(func(c Call) string { return string(c.State) })
+	br.ByTool = count(func(c Call) string { return c.Tool })
+	br.ByResource = count(func(c Call) string { return c.Resource })
+	return br
+}
+
+// SortCalls orders calls as answers list them: most recently updated
+// first, then by tenant and key.
+func SortCalls(calls []Call) {
+	slices.SortFunc(calls, func(a, b Call) int {
+		if c := b.UpdatedAt.Compare(a.UpdatedAt); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.TenantID, b.TenantID); c != 0 {
+			return c
+		}
+		return strings.Compare(a.IdempotencyKey, b.IdempotencyKey)
+	})
+}
+
+// SortCounts orders counts largest first, then by value.
+func SortCounts(cs []Count) {
+	slices.SortFunc(cs, func(a, b Count) int {
+		if a.Calls != b.Calls {
+			return b.Calls - a.Calls
+		}
+		return strings.Compare(a.Value, b.Value)
+	})
+}
+
+// SortOutcomes orders outcome counts by bucket, tool and state.
+func SortOutcomes(os []OutcomeCount) {
+	slices.SortFunc(os, func(a, b OutcomeCount) int {
+		if c := a.Bucket.Compare(b.Bucket); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Tool, b.Tool); c != 0 {
+			return c
+		}
+		return strings.Compare(string(a.State), string(b.State))
+	})
+}
+
+// SortUnresolved orders unresolved calls oldest first, then by tenant and
+// key.
+func SortUnresolved(calls []Call) {
+	slices.SortFunc(calls, func(a, b Call) int {
+		if c := a.UpdatedAt.Compare(b.UpdatedAt); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.TenantID, b.TenantID); c != 0 {
+			return c
+		}
+		return strings.Compare(a.IdempotencyKey, b.IdempotencyKey)
+	})
+}

@@ -1,0 +1,262 @@
+package projectionstest
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// LogConfig shapes a generated log.
+type LogConfig struct {
+	// Seed makes the log repeatable.
+	Seed uint64
+	// Calls is the number of calls; default 500.
+	Calls int
+	// Tenants is the number of tenants (t_00, t_01...); default 4.
+	Tenants int
+	// Start is when the first call is requested; the calls are spread
+	// evenly over Span (default 2h) from it. Default: 2026-11-30 10:00 UTC.
+	Start time.Time
+	Span  time.Duration
+	// PolicyEvery is how long each policy version is in force, v40, v41...
+	// from Start; default 30m.
+	PolicyEvery time.Duration
+}
+
+func (c LogConfig) withDefaults() LogConfig {
+	if c.Calls <= 0 {
+		c.Calls = 500
+	}
+	if c.Tenants <= 0 {
+		c.Tenants = 4
+	}
+	if c.Start.IsZero() {
+		c.Start = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	}
+	if c.Span <= 0 {
+		c.Span = 2 * time.Hour
+	}
+	if c.PolicyEvery <= 0 {
+		c.PolicyEvery = 30 * time.Minute
+	}
+	return c
+}
+
+// Approvers are the generated logs' approvers.
+var Approvers = []string{"u_alice", "u_bob", "u_carol"}
+
+// Tools are the generated logs' tools; refund_order's calls name a
+// resource.
+var Tools = []string{"get_weather", "create_ticket", "refund_order", "send_email"}
+
+// Generator produces the events of generated calls, one call at a time,
+// so that a log of millions of events need not be held in memory.
+type Generator struct {
+	cfg LogConfig
+}
+
+// NewGenerator returns a generator for cfg.
+func NewGenerator(cfg LogConfig) *Generator { return &Generator{cfg: cfg.withDefaults()} }
+
+// Calls is the number of calls the generator makes.
+func (g *Generator) Calls() int { return g.cfg.Calls }
+
+// Call returns the events of call i, in seq order, in the form the log
+// holds them (encoded and decoded once). The same i always gives the same
+// events.
+func (g *Generator) Call(i int) []ledger.Event {
+	cfg := g.cfg
+	r := rand.New(rand.NewPCG(cfg.Seed, uint64(i)))
+	at := cfg.Start.Add(time.Duration(int64(cfg.Span) / int64(cfg.Calls) * int64(i))).Add(time.Duration(r.Int64N(int64(time.Second))))
+	tenant := fmt.Sprintf("t_%02d", r.IntN(cfg.Tenants))
+	tool := Tools[r.IntN(len(Tools))]
+	key := fmt.Sprintf("k-%d-%07d", cfg.Seed, i)
+	base := ledger.Event{
+		TenantID: tenant, IdempotencyKey: key, CallID: fmt.Sprintf("c-%d-%07d", cfg.Seed, i),
+		UserID: fmt.Sprintf("u_%d", r.IntN(50)), AgentID: fmt.Sprintf("a_%d", r.IntN(10)),
+		Channel: "kafka", Tool: tool, ToolVersion: 1, TraceID: fmt.Sprintf("%032x", uint64(i)+1),
+		ArgumentsHash: fmt.Sprintf("sha256:%064x", uint64(i)+1),
+	}
+	args := `{"city":"Lisbon"}`
+	if tool == "refund_order" {
+		base.Resource = fmt.Sprintf("ord_%d", r.IntN(cfg.Calls/4+1))
+		args = fmt.Sprintf(`{"amount":%d,"order_id":%q,"reason":"[REDACTED]"}`, r.IntN(900)+1, base.Resource)
+	}
+	base.PolicyVersion = fmt.Sprintf("v%d", 40+int(at.Sub(cfg.Start)/cfg.PolicyEvery))
+	epoch := at.Unix() / 3600
+	jti := fmt.Sprintf("jti-%d-%07d", cfg.Seed, i)
+	family := fmt.Sprintf("%s:%s:%d", tool, tenant, epoch)
+
+	var evs []ledger.Event
+	add := func(t statemachine.EventType, edit func(e *ledger.Event)) {
+		at = at.Add(time.Duration(1+r.IntN(900)) * time.Millisecond)
+		e := base
+		e.EventID = fmt.Sprintf("e-%d-%07d-%d", cfg.Seed, i, len(evs)+1)
+		e.Type, e.Seq, e.At, e.Actor = t, int64(len(evs)+1), at, "gen"
+		if edit != nil {
+			edit(&e)
+		}
+		evs = append(evs, e)
+		// What follows an event carries its policy and approval
+		// fields, as the executor's template does.
+		base.Approver, base.ApprovalID = e.Approver, e.ApprovalID
+	}
+	decide := func(decision string) func(e *ledger.Event) {
+		return func(e *ledger.Event) { e.Decision = decision; e.PolicyID = []string{"p_" + tool} }
+	}
+	run := func(ends ...statemachine.EventType) {
+		attempt := 1 + r.IntN(2)
+		add(statemachine.EventExecuting, func(e *ledger.Event) {
+			e.Attempt, e.JTI, e.CredentialFamily, e.CredentialScope = attempt, jti, family, tool
+		})
+		for _, end := range ends {
+			add(end, func(e *ledger.Event) {
+				e.Attempt, e.JTI, e.CredentialFamily, e.CredentialScope = attempt, jti, family, tool
+				switch end {
+				case statemachine.EventFailed:
+					e.Reason, e.ErrorCode = "tool_failed", "http_500"
+				case statemachine.EventOutcomeUnknown:
+					e.Reason, e.ErrorCode = "outcome_ambiguous", "timeout"
+				case statemachine.EventParked:
+					e.Reason = "unresolved"
+				case statemachine.EventSucceeded:
+					e.ResultDigest, e.ResultBytes, e.LatencyMS = "sha256:"+fmt.Sprintf("%064x", i), 42, int64(r.IntN(200))
+				}
+			})
+		}
+	}
+	var exp time.Time
+	approve := func(then func()) {
+		approval := key + ":approval"
+		exp = at.Add(15 * time.Minute)
+		add(statemachine.EventApprovalPending, func(e *ledger.Event) {
+			decide("require_approval")(e)
+			e.ApprovalID, e.ExpiresAt, e.Reason = approval, &exp, "approval_required"
+		})
+		if then != nil {
+			then()
+		}
+	}
+	approver := Approvers[r.IntN(len(Approvers))]
+
+	add(statemachine.EventRequested, func(e *ledger.Event) {
+		e.Arguments = json.RawMessage(args)
+		e.PolicyVersion = ""
+	})
+	switch p := r.IntN(100); {
+	case p < 50:
+		add(statemachine.EventAuthorized, decide("allow"))
+		run(statemachine.EventSucceeded)
+	case p < 58:
+		add(statemachine.EventAuthorized, decide("allow"))
+		run(statemachine.EventFailed)
+	case p < 68:
+		add(statemachine.EventDenied, func(e *ledger.Event) { decide("deny")(e); e.Reason = "policy_denied" })
+	case p < 76:
+		approve(func() {
+			add(statemachine.EventApproved, func(e *ledger.Event) { e.Approver, e.ExpiresAt, e.Decision = approver, &exp, "approve" })
+			run(statemachine.EventSucceeded)
+		})
+	case p < 80:
+		approve(func() {
+			add(statemachine.EventRejected, func(e *ledger.Event) { e.Approver, e.Reason, e.Decision = approver, "not_today", "reject" })
+		})
+	case p < 83:
+		approve(func() {
+			at = exp
+			add(statemachine.EventExpired, func(e *ledger.Event) { e.Reason = "approval_expired" })
+		})
+	case p < 86:
+		approve(nil)
+	case p < 89:
+		add(statemachine.EventAuthorized, decide("allow"))
+		run(statemachine.EventOutcomeUnknown)
+	case p < 92:
+		add(statemachine.EventAuthorized, decide("allow"))
+		run(statemachine.EventOutcomeUnknown, statemachine.EventParked)
+	case p < 94:
+		add(statemachine.EventAuthorized, decide("allow"))
+		run(statemachine.EventOutcomeUnknown, statemachine.EventCompensated)
+	case p < 96:
+		add(statemachine.EventAuthorized, decide("allow"))
+		run(statemachine.EventOutcomeUnknown, statemachine.EventSucceeded)
+	case p < 98:
+		add(statemachine.EventAuthorized, decide("allow"))
+		add(statemachine.EventExpired, func(e *ledger.Event) { e.Reason = "deadline_exceeded" })
+	default:
+		// Allowed at intake, denied by the executor's re-check under
+		// the next policy version.
+		add(statemachine.EventAuthorized, decide("allow"))
+		add(statemachine.EventDenied, func(e *ledger.Event) {
+			decide("deny")(e)
+			e.Reason = "policy_changed"
+			e.PolicyVersion = fmt.Sprintf("v%d", 41+int(at.Sub(cfg.Start)/cfg.PolicyEvery))
+		})
+	}
+	// Now and then the same key is submitted again with other
+	// arguments: a refusal, seq 0, that leaves the call alone.
+	if r.IntN(25) == 0 {
+		add(statemachine.EventDenied, func(e *ledger.Event) {
+			e.Seq, e.Decision, e.Reason, e.Pointer = 0, "deny", "idempotency_key_reused", "/arguments"
+			e.PolicyVersion, e.Approver, e.ApprovalID = "", "", ""
+		})
+	}
+	for j := range evs {
+		evs[j] = roundTrip(evs[j])
+	}
+	return evs
+}
+
+// roundTrip returns e as a reader of the log sees it.
+func roundTrip(e ledger.Event) ledger.Event {
+	b, err := e.Encode()
+	if err != nil {
+		panic(fmt.Sprintf("projectionstest: generated event does not encode: %v", err))
+	}
+	out, err := ledger.DecodeEvent(b)
+	if err != nil {
+		panic(fmt.Sprintf("projectionstest: generated event does not decode: %v", err))
+	}
+	return out
+}
+
+// Log returns the whole log of cfg as a broker would hold it: calls
+// interleaved (each call's events in order, as one partition keeps them),
+// with some events published twice, as an outbox re-publish after a crash
+// does.
+func Log(cfg LogConfig) []ledger.Event {
+	g := NewGenerator(cfg)
+	r := rand.New(rand.NewPCG(g.cfg.Seed, 1<<62))
+	queues := make([][]ledger.Event, g.Calls())
+	for i := range queues {
+		queues[i] = g.Call(i)
+	}
+	var log []ledger.Event
+	// Interleave: take the next event of a random call among a window
+	// of open calls, so that calls overlap in time as they do live.
+	const window = 16
+	next := 0
+	var open []int
+	for next < len(queues) || len(open) > 0 {
+		for len(open) < window && next < len(queues) {
+			open = append(open, next)
+			next++
+		}
+		k := r.IntN(len(open))
+		q := open[k]
+		e := queues[q][0]
+		queues[q] = queues[q][1:]
+		log = append(log, e)
+		if r.IntN(40) == 0 {
+			log = append(log, e)
+		}
+		if len(queues[q]) == 0 {
+			open = append(open[:k], open[k+1:]...)
+		}
+	}
+	return log
+}

@@ -1,0 +1,82 @@
+package projectionstest
+
+import (
+	"testing"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// The generated calls are legal lifecycles: every call folds without an
+// error, so the projections are tested on logs the ledger can write.
+func TestGeneratedCallsFold(t *testing.T) {
+	log := Log(LogConfig{Seed: 3, Calls: 2000})
+	o := NewOracle(log)
+	calls := 0
+	for _, k := range o.Keys() {
+		evs := o.Events(k)
+		if len(evs) == 0 {
+			continue
+		}
+		calls++
+		tr := make([]statemachine.Event, len(evs))
+		for i := range evs {
+			tr[i] = evs[i].Transition()
+		}
+		if _, err := statemachine.Fold(tr); err != nil {
+			t.Errorf("call %s does not fold: %v", k, err)
+		}
+	}
+	if calls != 2000 {
+		t.Errorf("%d calls in the log, want 2000", calls)
+	}
+	dups := len(log) - len(uniqueIDs(log))
+	if dups == 0 {
+		t.Error("the log has no re-published event")
+	}
+	checkCoverage(t, o)
+}
+
+// The same seed and index give the same call.
+func TestGeneratorRepeats(t *testing.T) {
+	a, b := NewGenerator(LogConfig{Seed: 9}), NewGenerator(LogConfig{Seed: 9})
+	for i := range 50 {
+		x, y := a.Call(i), b.Call(i)
+		if len(x) != len(y) || x[len(x)-1].EventID != y[len(y)-1].EventID || !x[0].At.Equal(y[0].At) {
+			t.Fatalf("call %d differs between two generators of one seed", i)
+		}
+	}
+}
+
+func uniqueIDs(log []ledger.Event) map[string]bool {
+	m := map[string]bool{}
+	for _, e := range log {
+		m[e.EventID] = true
+	}
+	return m
+}
+
+// Most questions the suite asks have answers in its log: a projection
+// that answers nothing fails the suite.
+func TestQuestionsHaveAnswers(t *testing.T) {
+	cfg := LogConfig{Seed: 7, Calls: 600, Tenants: 4}
+	o := NewOracle(Log(cfg))
+	qs := Questions(o, cfg)
+	answered := 0
+	for _, q := range qs {
+		f, err := q.Check()
+		if err != nil {
+			t.Fatalf("question %+v: %v", q, err)
+		}
+		if o.BlastRadius(f).Total > 0 {
+			answered++
+		}
+	}
+	if answered < len(qs)*3/4 {
+		t.Errorf("%d of %d questions have answers, want at least three quarters", answered, len(qs))
+	}
+	if n := len(o.Unresolved(projections.Filter{AllTenants: true, Limit: 1000})); n == 0 {
+		t.Error("no unresolved call in the log")
+	}
+}

@@ -1,0 +1,254 @@
+// Package projectionstest holds what every projection is tested against:
+// a generator of realistic event logs, an oracle that answers the
+// projections' questions straight from a log, and the contract suite (Run)
+// that holds a projection's answers to the oracle's.
+//
+// The oracle is written apart from the projections on purpose: it reads
+// the rules in projections' package doc, not their code, so that a
+// projection and its test cannot share a mistake.
+package projectionstest
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// Oracle answers the projections' questions from a log by brute force.
+type Oracle struct {
+	// calls holds each call's events, deduplicated by event id, in seq
+	// order; refusals holds the refused submissions under each key.
+	calls    map[ledger.CallKey][]ledger.Event
+	refusals map[ledger.CallKey][]ledger.Event
+}
+
+// NewOracle reads a log: every event, in any order, duplicates included.
+func NewOracle(log []ledger.Event) *Oracle {
+	o := &Oracle{calls: map[ledger.CallKey][]ledger.Event{}, refusals: map[ledger.CallKey][]ledger.Event{}}
+	seen := map[string]bool{}
+	for _, e := range log {
+		if seen[e.EventID] {
+			continue
+		}
+		seen[e.EventID] = true
+		if e.Seq == 0 {
+			o.refusals[e.Key()] = append(o.refusals[e.Key()], e)
+			continue
+		}
+		o.calls[e.Key()] = append(o.calls[e.Key()], e)
+	}
+	for _, evs := range o.calls {
+		slices.SortFunc(evs, func(a, b ledger.Event) int { return cmp.Compare(a.Seq, b.Seq) })
+	}
+	return o
+}
+
+// Keys returns every call key the log holds, refusals' keys included.
+func (o *Oracle) Keys() []ledger.CallKey {
+	var keys []ledger.CallKey
+	for k := range o.calls {
+		keys = append(keys, k)
+	}
+	for k := range o.refusals {
+		if _, ok := o.calls[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b ledger.CallKey) int { return cmp.Compare(a.String(), b.String()) })
+	return keys
+}
+
+// Events returns the call's events in seq order.
+func (o *Oracle) Events(key ledger.CallKey) []ledger.Event { return o.calls[key] }
+
+// Trace is what Queries.Trace must return, or nil for ErrNotFound.
+func (o *Oracle) Trace(key ledger.CallKey) []ledger.Event {
+	refused := slices.Clone(o.refusals[key])
+	slices.SortStableFunc(refused, func(a, b ledger.Event) int { return a.At.Compare(b.At) })
+	out := append(refused, o.calls[key]...)
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// latest is the call as its highest-seq event shows it.
+func latest(evs []ledger.Event) projections.Call {
+	last := evs[len(evs)-1]
+	state, _ := statemachine.Target(last.Type)
+	return projections.Call{
+		TenantID: last.TenantID, IdempotencyKey: last.IdempotencyKey, CallID: last.CallID,
+		Tool: last.Tool, ToolVersion: last.ToolVersion, AgentID: last.AgentID, UserID: last.UserID,
+		Resource: last.Resource, TraceID: last.TraceID,
+		State: state, LastEvent: last.Type, Seq: last.Seq, UpdatedAt: last.At.UTC(),
+		PolicyVersion: last.PolicyVersion, Approver: last.Approver, ApprovalID: last.ApprovalID,
+		JTI: last.JTI, CredentialFamily: last.CredentialFamily, Reason: last.Reason, ErrorCode: last.ErrorCode,
+	}
+}
+
+// inWindow compares in whole seconds, as the package doc says.
+func inWindow(f projections.Filter, t time.Time) bool {
+	s := t.Unix()
+	if !f.Since.IsZero() && s < f.Since.Unix() {
+		return false
+	}
+	return f.Until.IsZero() || s < f.Until.Unix()
+}
+
+// narrows reports whether e is of f's tenant and tool, where f names them.
+func narrows(f projections.Filter, e ledger.Event) bool {
+	return (f.Tenant == "" || e.TenantID == f.Tenant) && (f.Tool == "" || e.Tool == f.Tool)
+}
+
+// matches reports whether the call with events evs is one f selects.
+func matches(f projections.Filter, evs []ledger.Event) bool {
+	type ref struct {
+		want  string
+		carry func(e ledger.Event) bool
+	}
+	refs := []ref{
+		{f.JTI, func(e ledger.Event) bool { return e.JTI == f.JTI }},
+		{f.CredentialFamily, func(e ledger.Event) bool { return e.CredentialFamily == f.CredentialFamily }},
+		{f.PolicyVersion, func(e ledger.Event) bool {
+			policyDecision := e.Decision == "allow" || e.Decision == "deny" || e.Decision == "require_approval"
+			return policyDecision && e.PolicyVersion == f.PolicyVersion && (f.Decision == "" || e.Decision == f.Decision)
+		}},
+		{f.Approver, func(e ledger.Event) bool { return e.Approver == f.Approver }},
+		{f.ApprovalID, func(e ledger.Event) bool { return e.ApprovalID == f.ApprovalID }},
+	}
+	named := 0
+	for _, r := range refs {
+		if r.want == "" {
+			continue
+		}
+		named++
+		if !slices.ContainsFunc(evs, func(e ledger.Event) bool { return r.carry(e) && narrows(f, e) && inWindow(f, e.At) }) {
+			return false
+		}
+	}
+	if named > 0 {
+		return true
+	}
+	return slices.ContainsFunc(evs, func(e ledger.Event) bool {
+		return e.Seq == 1 && e.Type == statemachine.EventRequested && narrows(f, e) && inWindow(f, e.At)
+	})
+}
+
+// BlastRadius is what Queries.BlastRadius must return for f, which must
+// already be normalised (Filter.Check).
+func (o *Oracle) BlastRadius(f projections.Filter) projections.BlastRadius {
+	var calls []projections.Call
+	for _, evs := range o.calls {
+		if matches(f, evs) {
+			calls = append(calls, latest(evs))
+		}
+	}
+	slices.SortFunc(calls, func(a, b projections.Call) int {
+		if c := b.UpdatedAt.Compare(a.UpdatedAt); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.TenantID, b.TenantID); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.IdempotencyKey, b.IdempotencyKey)
+	})
+	br := projections.BlastRadius{Filter: f, Total: len(calls)}
+	counts := map[string]map[string]int{"tenant": {}, "state": {}, "tool": {}, "resource": {}}
+	for _, c := range calls {
+		counts["tenant"][c.TenantID]++
+		counts["state"][string(c.State)]++
+		counts["tool"][c.Tool]++
+		counts["resource"][c.Resource]++
+	}
+	sorted := func(m map[string]int) []projections.Count {
+		out := []projections.Count{}
+		for v, n := range m {
+			out = append(out, projections.Count{Value: v, Calls: n})
+		}
+		slices.SortFunc(out, func(a, b projections.Count) int {
+			if a.Calls != b.Calls {
+				return cmp.Compare(b.Calls, a.Calls)
+			}
+			return cmp.Compare(a.Value, b.Value)
+		})
+		return out
+	}
+	br.ByTenant, br.ByState = sorted(counts["tenant"]), sorted(counts["state"])
+	br.ByTool, br.ByResource = sorted(counts["tool"]), sorted(counts["resource"])
+	if len(calls) > f.Limit {
+		calls, br.Truncated = calls[:f.Limit], true
+	}
+	br.Calls = calls
+	return br
+}
+
+// Outcomes is what Queries.Outcomes must return for a normalised f.
+func (o *Oracle) Outcomes(f projections.Filter, bucket time.Duration) []projections.OutcomeCount {
+	type cell struct {
+		bucket int64
+		tool   string
+		state  statemachine.State
+	}
+	seen := map[cell]map[ledger.CallKey]bool{}
+	n := int64(bucket / time.Second)
+	for key, evs := range o.calls {
+		for _, e := range evs {
+			if !slices.Contains(projections.OutcomeEvents, e.Type) || !narrows(f, e) || !inWindow(f, e.At) {
+				continue
+			}
+			state, _ := statemachine.Target(e.Type)
+			s := e.At.Unix()
+			c := cell{s - s%n, e.Tool, state}
+			if seen[c] == nil {
+				seen[c] = map[ledger.CallKey]bool{}
+			}
+			seen[c][key] = true
+		}
+	}
+	out := []projections.OutcomeCount{}
+	for c, keys := range seen {
+		out = append(out, projections.OutcomeCount{Bucket: time.Unix(c.bucket, 0).UTC(), Tool: c.tool, State: c.state, Calls: len(keys)})
+	}
+	slices.SortFunc(out, func(a, b projections.OutcomeCount) int {
+		if c := a.Bucket.Compare(b.Bucket); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Tool, b.Tool); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.State, b.State)
+	})
+	return out
+}
+
+// Unresolved is what Queries.Unresolved must return for a normalised f.
+func (o *Oracle) Unresolved(f projections.Filter) []projections.Call {
+	out := []projections.Call{}
+	for _, evs := range o.calls {
+		c := latest(evs)
+		if c.State != statemachine.StateOutcomeUnknown && c.State != statemachine.StateApprovalPending {
+			continue
+		}
+		if (f.Tenant != "" && c.TenantID != f.Tenant) || (f.Tool != "" && c.Tool != f.Tool) {
+			continue
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b projections.Call) int {
+		if c := a.UpdatedAt.Compare(b.UpdatedAt); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.TenantID, b.TenantID); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.IdempotencyKey, b.IdempotencyKey)
+	})
+	if len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out
+}

@@ -1,0 +1,291 @@
+package projectionstest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// Projection is what the suite tests: a sink that answers queries.
+type Projection interface {
+	projections.Sink
+	projections.Queries
+}
+
+// Run holds the projection that open returns (a fresh, empty one per
+// call) to the oracle's answers over a generated log, written once and
+// then again.
+func Run(t *testing.T, open func(t *testing.T) Projection) {
+	cfg := LogConfig{Seed: 7, Calls: 600, Tenants: 4}
+	log := Log(cfg)
+	oracle := NewOracle(log)
+
+	t.Run("answers", func(t *testing.T) {
+		p := open(t)
+		Write(t, p, log, 97)
+		Check(t, p, oracle, cfg)
+	})
+	t.Run("written twice", func(t *testing.T) {
+		p := open(t)
+		Write(t, p, log, 250)
+		// A projector that crashed before committing re-reads what it
+		// wrote, in other batches.
+		Write(t, p, log, 61)
+		Check(t, p, oracle, cfg)
+	})
+	t.Run("tenant required", func(t *testing.T) {
+		p := open(t)
+		ctx := t.Context()
+		if _, err := p.BlastRadius(ctx, projections.Filter{JTI: "x"}); !errors.Is(err, projections.ErrTenantRequired) {
+			t.Errorf("BlastRadius without a tenant: err = %v, want ErrTenantRequired", err)
+		}
+		if _, err := p.Outcomes(ctx, projections.Filter{}, time.Minute); !errors.Is(err, projections.ErrTenantRequired) {
+			t.Errorf("Outcomes without a tenant: err = %v, want ErrTenantRequired", err)
+		}
+		if _, err := p.Unresolved(ctx, projections.Filter{}); !errors.Is(err, projections.ErrTenantRequired) {
+			t.Errorf("Unresolved without a tenant: err = %v, want ErrTenantRequired", err)
+		}
+		if _, err := p.Outcomes(ctx, projections.Filter{AllTenants: true}, 1500*time.Millisecond); !errors.Is(err, projections.ErrInvalidFilter) {
+			t.Errorf("Outcomes with a 1.5s bucket: err = %v, want ErrInvalidFilter", err)
+		}
+		if _, err := p.Trace(ctx, ledger.CallKey{TenantID: "t_00", IdempotencyKey: "nothing-here"}); !errors.Is(err, projections.ErrNotFound) {
+			t.Errorf("Trace of an unknown key: err = %v, want ErrNotFound", err)
+		}
+	})
+}
+
+// Write writes log to p in batches of n events, in the log's order.
+func Write(t testing.TB, p projections.Sink, log []ledger.Event, n int) {
+	t.Helper()
+	for i := 0; i < len(log); i += n {
+		var b projections.Batch
+		for j, e := range log[i:min(i+n, len(log))] {
+			b.Events = append(b.Events, projections.Event{Event: e, Offset: int64(i + j), Produced: e.At})
+		}
+		if err := p.Write(context.Background(), b); err != nil {
+			t.Fatalf("write events %d..: %v", i, err)
+		}
+	}
+}
+
+// Questions are the filters Check asks about a log of cfg: by every kind
+// of reference, alone and together, per tenant and across tenants, with
+// and without a window.
+func Questions(o *Oracle, cfg LogConfig) []projections.Filter {
+	cfg = cfg.withDefaults()
+	var qs []projections.Filter
+	keys := o.Keys()
+	// A sample of calls that ran: their credentials and families.
+	ran := 0
+	for _, k := range keys {
+		evs := o.Events(k)
+		i := slices.IndexFunc(evs, func(e ledger.Event) bool { return e.JTI != "" })
+		if i < 0 {
+			continue
+		}
+		e := evs[i]
+		qs = append(qs,
+			projections.Filter{Tenant: e.TenantID, JTI: e.JTI},
+			projections.Filter{AllTenants: true, JTI: e.JTI},
+			projections.Filter{Tenant: other(e.TenantID), JTI: e.JTI},
+			projections.Filter{AllTenants: true, CredentialFamily: e.CredentialFamily},
+			projections.Filter{Tenant: e.TenantID, CredentialFamily: e.CredentialFamily, Since: e.At.Add(time.Second), Limit: 3},
+		)
+		if ran++; ran == 12 {
+			break
+		}
+	}
+	mid := cfg.Start.Add(cfg.Span / 2)
+	for _, v := range []string{"v40", "v41", "v43"} {
+		qs = append(qs,
+			projections.Filter{AllTenants: true, PolicyVersion: v},
+			projections.Filter{AllTenants: true, PolicyVersion: v, Decision: "allow", Since: mid.Add(-time.Hour), Until: mid},
+			projections.Filter{Tenant: "t_01", PolicyVersion: v, Decision: "deny"},
+			projections.Filter{Tenant: "t_02", PolicyVersion: v, Decision: "require_approval", Tool: "refund_order"},
+		)
+	}
+	for _, a := range Approvers {
+		qs = append(qs,
+			projections.Filter{AllTenants: true, Approver: a},
+			projections.Filter{Tenant: "t_00", Approver: a, Since: cfg.Start.Add(20 * time.Minute), Until: cfg.Start.Add(80 * time.Minute)},
+			projections.Filter{AllTenants: true, Approver: a, PolicyVersion: "v41"},
+		)
+	}
+	for _, k := range keys {
+		evs := o.Events(k)
+		if i := slices.IndexFunc(evs, func(e ledger.Event) bool { return e.ApprovalID != "" }); i >= 0 {
+			qs = append(qs, projections.Filter{Tenant: k.TenantID, ApprovalID: evs[i].ApprovalID})
+			break
+		}
+	}
+	// An approver's decision carries the policy version but is not the
+	// policy's: a window holding the approval but not the policy's
+	// decision does not match the version.
+	approvals := 0
+	for _, k := range keys {
+		evs := o.Events(k)
+		i := slices.IndexFunc(evs, func(e ledger.Event) bool { return e.Type == statemachine.EventApproved })
+		if i < 1 || evs[i].At.Unix() == evs[i-1].At.Unix() {
+			continue
+		}
+		qs = append(qs, projections.Filter{Tenant: k.TenantID, PolicyVersion: evs[i].PolicyVersion, Since: evs[i].At})
+		if approvals++; approvals == 5 {
+			break
+		}
+	}
+	for _, tool := range Tools {
+		qs = append(qs,
+			projections.Filter{AllTenants: true, Tool: tool, Since: mid.Add(-time.Hour), Until: mid},
+			projections.Filter{Tenant: "t_03", Tool: tool},
+		)
+	}
+	qs = append(qs,
+		projections.Filter{Tenant: "t_00"},
+		projections.Filter{AllTenants: true, Limit: 25},
+		projections.Filter{Tenant: "t_nobody"},
+		projections.Filter{AllTenants: true, JTI: "jti-never-issued"},
+		// A window of one second, its ends exact.
+		projections.Filter{AllTenants: true, Since: mid, Until: mid.Add(time.Second)},
+	)
+	return qs
+}
+
+func other(tenant string) string {
+	if tenant == "t_00" {
+		return "t_01"
+	}
+	return "t_00"
+}
+
+// Check asks p every question of Questions and more, and compares each
+// answer with the oracle's.
+func Check(t *testing.T, p projections.Queries, o *Oracle, cfg LogConfig) {
+	t.Helper()
+	ctx := t.Context()
+	cfg = cfg.withDefaults()
+	for _, q := range Questions(o, cfg) {
+		f, err := q.Check()
+		if err != nil {
+			t.Fatalf("question %+v: %v", q, err)
+		}
+		got, err := p.BlastRadius(ctx, q)
+		if err != nil {
+			t.Errorf("BlastRadius(%s): %v", describe(q), err)
+			continue
+		}
+		want := o.BlastRadius(f)
+		if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("BlastRadius(%s) (-oracle +projection):\n%s", describe(q), diff)
+		}
+	}
+	for _, q := range []struct {
+		f      projections.Filter
+		bucket time.Duration
+	}{
+		{projections.Filter{AllTenants: true}, 10 * time.Minute},
+		{projections.Filter{Tenant: "t_01"}, time.Hour},
+		{projections.Filter{Tenant: "t_02", Tool: "refund_order", Since: cfg.Start.Add(30 * time.Minute), Until: cfg.Start.Add(90 * time.Minute)}, 7 * time.Minute},
+		{projections.Filter{AllTenants: true, Tool: "get_weather"}, time.Second},
+	} {
+		f, err := projections.CheckOutcomes(q.f, q.bucket)
+		if err != nil {
+			t.Fatalf("outcomes question %+v: %v", q.f, err)
+		}
+		got, err := p.Outcomes(ctx, q.f, q.bucket)
+		if err != nil {
+			t.Errorf("Outcomes(%s, %s): %v", describe(q.f), q.bucket, err)
+			continue
+		}
+		if diff := cmp.Diff(o.Outcomes(f, q.bucket), got, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("Outcomes(%s, %s) (-oracle +projection):\n%s", describe(q.f), q.bucket, diff)
+		}
+	}
+	for _, q := range []projections.Filter{
+		{AllTenants: true},
+		{Tenant: "t_03"},
+		{Tenant: "t_00", Tool: "refund_order"},
+		{AllTenants: true, Limit: 5},
+	} {
+		f, err := projections.CheckUnresolved(q)
+		if err != nil {
+			t.Fatalf("unresolved question %+v: %v", q, err)
+		}
+		got, err := p.Unresolved(ctx, q)
+		if err != nil {
+			t.Errorf("Unresolved(%s): %v", describe(q), err)
+			continue
+		}
+		want := o.Unresolved(f)
+		if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("Unresolved(%s) (-oracle +projection):\n%s", describe(q), diff)
+		}
+	}
+	traced, refusals := 0, 0
+	for i, k := range o.Keys() {
+		want := o.Trace(k)
+		hasRefusal := slices.ContainsFunc(want, func(e ledger.Event) bool { return e.Seq == 0 })
+		if i%17 != 0 && !hasRefusal {
+			continue
+		}
+		traced++
+		if hasRefusal {
+			refusals++
+		}
+		got, err := p.Trace(ctx, k)
+		if err != nil {
+			t.Errorf("Trace(%s): %v", k, err)
+			continue
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("Trace(%s) (-oracle +projection):\n%s", k, diff)
+		}
+	}
+	if traced < 20 || refusals == 0 {
+		t.Fatalf("the log gave only %d traces (%d with refusals): the generator changed?", traced, refusals)
+	}
+	checkCoverage(t, o)
+}
+
+// checkCoverage fails if the log no longer holds what the questions are
+// about, so that the suite cannot pass by asking about nothing.
+func checkCoverage(t *testing.T, o *Oracle) {
+	t.Helper()
+	states := map[statemachine.State]int{}
+	parked := 0
+	for _, k := range o.Keys() {
+		evs := o.Events(k)
+		if len(evs) == 0 {
+			continue
+		}
+		c := latest(evs)
+		states[c.State]++
+		if c.LastEvent == statemachine.EventParked {
+			parked++
+		}
+	}
+	for _, s := range []statemachine.State{
+		statemachine.StateSucceeded, statemachine.StateFailed, statemachine.StateDenied,
+		statemachine.StateRejected, statemachine.StateExpired, statemachine.StateApprovalPending,
+		statemachine.StateOutcomeUnknown, statemachine.StateCompensated,
+	} {
+		if states[s] == 0 {
+			t.Errorf("the generated log has no call in state %s", s)
+		}
+	}
+	if parked == 0 {
+		t.Error("the generated log has no parked call")
+	}
+}
+
+// describe is a filter as the failure messages show it.
+func describe(f projections.Filter) string { return fmt.Sprintf("%+v", f) }
