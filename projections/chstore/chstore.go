@@ -1,0 +1,407 @@
+// Package chstore is the ClickHouse projection of the ledger
+// (DESIGN.md §7): the projector writes every committed event and control
+// record into it (Store.Write, a projections.Sink), and responders ask it
+// the questions of projections.Queries.
+//
+// Tables (DDL in schema/, applied by Migrate):
+//
+//   - events: every event, refusals included, sorted by (tenant, tool,
+//     time) and carrying its exact wire form for Trace;
+//   - calls: one row per event with the call as that event shows it
+//     (projections.CallOf); a call is its highest-seq row;
+//   - call_refs: the lookup orders of blast radius (jti, credential
+//     family, policy version of decisions, approver, approval id, and
+//     each call's requested event);
+//   - event_keys: which tools and times a key's events were written
+//     under, so that Trace reads events by a range of their sort key;
+//   - control_actions: every control record;
+//   - schema_migrations: the schema versions applied.
+//
+// Every table is a ReplacingMergeTree whose sort key identifies a row, so
+// that a batch written twice collapses on merge; but a merge happens
+// whenever ClickHouse likes, so no query relies on it: each one groups by
+// the event id or by the call (uniqExact, argMax), and answers the same
+// before and after merges.
+//
+// The DDL and queries keep to what ClickHouse 18.16 (the server the tests
+// run against) and current releases both accept: no Map, JSON,
+// DateTime64, LowCardinality, TTL or codecs; times are a DateTime (whole
+// seconds) plus a UInt32 of nanoseconds; every INSERT names its columns.
+//
+// File map: chstore.go (Config, Open, Migrate, Checksums, Swap),
+// write.go (Write and the rows of each table), query.go (the queries),
+// schema/ (the DDL), chtest (test helpers).
+package chstore
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// DefaultDatabase is the database used when neither Config.Database nor
+// the DSN names one.
+const DefaultDatabase = "ledger"
+
+// Config configures a Store.
+type Config struct {
+	// DSN is the ClickHouse server, native protocol, as
+	// clickhouse.ParseDSN reads it, e.g.
+	// "clickhouse://default@127.0.0.1:9000/ledger". Required.
+	DSN string
+	// Database holds the projection's tables; it overrides the DSN's
+	// database. Default: the DSN's, else DefaultDatabase. It must be a
+	// plain identifier (letters, digits, underscores), since it is part
+	// of every statement's text.
+	Database string
+	// Logger receives migrations and swaps; default: discard.
+	Logger *slog.Logger
+}
+
+// dbNameRE is what a database name may be: it is spliced into SQL.
+var dbNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// Store is the ClickHouse projection. It is safe for concurrent use.
+type Store struct {
+	conn   driver.Conn
+	db     string
+	addr   string
+	logger *slog.Logger
+}
+
+// Open connects to the server of cfg.DSN and checks that it answers. It
+// neither creates the database nor its tables: Migrate does.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.DSN == "" {
+		return nil, errors.New("chstore: a DSN is required")
+	}
+	opts, err := clickhouse.ParseDSN(cfg.DSN)
+	if err != nil {
+		// The DSN may hold a password: do not repeat it.
+		return nil, fmt.Errorf("chstore: parse DSN: %w", err)
+	}
+	db := cfg.Database
+	if db == "" {
+		db = opts.Auth.Database
+	}
+	if db == "" {
+		db = DefaultDatabase
+	}
+	if !dbNameRE.MatchString(db) {
+		return nil, fmt.Errorf("chstore: database name %q: must be letters, digits and underscores, not starting with a digit", db)
+	}
+	// Connect without a database: it may not exist before Migrate, and
+	// the handshake would fail. Every statement names the database.
+	opts.Auth.Database = ""
+	addr := strings.Join(opts.Addr, ",")
+	conn, err := clickhouse.Open(opts)
+	if err != nil {
+		return nil, fmt.Errorf("chstore: open clickhouse at %s (database %s): %w", addr, db, err)
+	}
+	if err := conn.Ping(ctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("chstore: clickhouse at %s (database %s) does not answer: %w", addr, db, err)
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{conn: conn, db: db, addr: addr, logger: logger}, nil
+}
+
+// Close closes the connections.
+func (s *Store) Close() error { return s.conn.Close() }
+
+// Ping checks that the server answers, for readiness checks.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.conn.Ping(ctx); err != nil {
+		return s.wrap("ping", err)
+	}
+	return nil
+}
+
+// Database is the database holding the store's tables.
+func (s *Store) Database() string { return s.db }
+
+// table names a table of the store's database as SQL text.
+func (s *Store) table(name string) string { return "`" + s.db + "`.`" + name + "`" }
+
+// wrap says where an error happened: which server and database.
+func (s *Store) wrap(what string, err error) error {
+	return fmt.Errorf("chstore: %s (clickhouse at %s, database %s): %w", what, s.addr, s.db, err)
+}
+
+//go:embed schema/*.sql
+var schemaFS embed.FS
+
+// migration is one numbered file of schema/.
+type migration struct {
+	version    uint32
+	name       string
+	statements []string
+}
+
+// migrations reads schema/: files named NNN_name.sql, applied in order
+// of NNN, each a version.
+func migrations() ([]migration, error) {
+	names, err := fs.Glob(schemaFS, "schema/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, path := range names {
+		base := strings.TrimSuffix(strings.TrimPrefix(path, "schema/"), ".sql")
+		num, _, ok := strings.Cut(base, "_")
+		v, err := strconv.ParseUint(num, 10, 32)
+		if !ok || err != nil || v == 0 {
+			return nil, fmt.Errorf("schema file %s: want NNN_name.sql", path)
+		}
+		raw, err := schemaFS.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		// Drop comment lines, then split statements on ';'.
+		var lines []string
+		for _, l := range strings.Split(string(raw), "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(l), "--") {
+				lines = append(lines, l)
+			}
+		}
+		var stmts []string
+		for _, st := range strings.Split(strings.Join(lines, "\n"), ";") {
+			if st = strings.TrimSpace(st); st != "" {
+				stmts = append(stmts, st)
+			}
+		}
+		ms = append(ms, migration{version: uint32(v), name: base, statements: stmts})
+	}
+	slices.SortFunc(ms, func(a, b migration) int { return int(a.version) - int(b.version) })
+	for i := 1; i < len(ms); i++ {
+		if ms[i].version == ms[i-1].version {
+			return nil, fmt.Errorf("schema files %s and %s have the same version", ms[i-1].name, ms[i].name)
+		}
+	}
+	return ms, nil
+}
+
+// LatestVersion is the schema version this build's Migrate brings a
+// database to.
+func LatestVersion() int {
+	ms, err := migrations()
+	if err != nil || len(ms) == 0 {
+		return 0
+	}
+	return int(ms[len(ms)-1].version)
+}
+
+// Migrate creates the database and brings its tables to LatestVersion.
+// Every statement is idempotent (IF NOT EXISTS) and applied versions are
+// recorded in schema_migrations, so running it again, or from two
+// processes at once, is harmless.
+func (s *Store) Migrate(ctx context.Context) error {
+	ms, err := migrations()
+	if err != nil {
+		return s.wrap("read schema", err)
+	}
+	if err := s.conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS `"+s.db+"`"); err != nil {
+		return s.wrap("create database", err)
+	}
+	if err := s.conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+s.table("schema_migrations")+
+		" (version UInt32, name String, applied_at DateTime) ENGINE = ReplacingMergeTree ORDER BY version"); err != nil {
+		return s.wrap("create schema_migrations", err)
+	}
+	applied, err := s.applied(ctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		if applied[m.version] {
+			continue
+		}
+		for _, st := range m.statements {
+			if err := s.conn.Exec(ctx, strings.ReplaceAll(st, "{db}", "`"+s.db+"`")); err != nil {
+				return s.wrap("apply schema "+m.name, err)
+			}
+		}
+		if err := s.conn.Exec(ctx, "INSERT INTO "+s.table("schema_migrations")+
+			" (version, name, applied_at) SELECT ?, ?, now()", m.version, m.name); err != nil {
+			return s.wrap("record schema "+m.name, err)
+		}
+		s.logger.Info("schema applied", "database", s.db, "version", m.version, "name", m.name)
+	}
+	return nil
+}
+
+// applied returns the versions schema_migrations records.
+func (s *Store) applied(ctx context.Context) (map[uint32]bool, error) {
+	rows, err := s.conn.Query(ctx, "SELECT DISTINCT version FROM "+s.table("schema_migrations"))
+	if err != nil {
+		return nil, s.wrap("read schema_migrations", err)
+	}
+	defer rows.Close()
+	out := make(map[uint32]bool)
+	for rows.Next() {
+		var v uint32
+		if err := rows.Scan(&v); err != nil {
+			return nil, s.wrap("read schema_migrations", err)
+		}
+		out[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("read schema_migrations", err)
+	}
+	return out, nil
+}
+
+// SchemaVersion is the highest schema version applied to the database:
+// 0 when Migrate never ran.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var n uint64
+	if err := s.conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name = 'schema_migrations'", s.db).Scan(&n); err != nil {
+		return 0, s.wrap("look for schema_migrations", err)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	applied, err := s.applied(ctx)
+	if err != nil {
+		return 0, err
+	}
+	v := uint32(0)
+	for a := range applied {
+		v = max(v, a)
+	}
+	return int(v), nil
+}
+
+// DropDatabase drops the store's database and every table in it: for
+// tests, and to clean up after a rebuild.
+func (s *Store) DropDatabase(ctx context.Context) error {
+	if err := s.conn.Exec(ctx, "DROP DATABASE IF EXISTS `"+s.db+"`"); err != nil {
+		return s.wrap("drop database", err)
+	}
+	return nil
+}
+
+// Checksum sums up a table's distinct rows.
+type Checksum struct {
+	// Rows is the number of distinct rows.
+	Rows uint64
+	// Sum is the sum, modulo 2^64, of the rows' cityHash64.
+	Sum uint64
+}
+
+// Checksums sums up each table's content (schema_migrations aside) over
+// its distinct rows as merged (FINAL): the same log gives the same
+// checksums whether it was written live, rebuilt, written twice or merged
+// since. calls counts one row per call, its latest.
+func (s *Store) Checksums(ctx context.Context) (map[string]Checksum, error) {
+	out := make(map[string]Checksum, len(tables))
+	for _, t := range tables {
+		cols := strings.Join(t.cols, ", ")
+		q := "SELECT count(), sum(cityHash64(" + cols + ")) FROM (SELECT DISTINCT " + cols + " FROM " + s.table(t.name) + " FINAL)"
+		var c Checksum
+		if err := s.conn.QueryRow(ctx, q).Scan(&c.Rows, &c.Sum); err != nil {
+			return nil, s.wrap("checksum "+t.name, err)
+		}
+		out[t.name] = c
+	}
+	return out, nil
+}
+
+// swapSuffix names the tables a swap moves out of the way.
+const swapSuffix = "_swapped_out"
+
+// Swap makes the tables of other's database (a rebuild) this store's:
+// in one RENAME TABLE statement, each table of this database is renamed
+// to <name>_swapped_out and other's table of the same name takes its
+// place; then the old tables are dropped. other's database is left
+// without those tables (drop it with other.DropDatabase). other must be
+// migrated, and this database at the same version or not migrated at all
+// (a first deployment from a rebuild, or a swap that failed half way).
+//
+// The window: ClickHouse 18.16 has no EXCHANGE TABLES, and it renames the
+// tables of one statement one after another, not atomically. For the
+// moment the statement takes (milliseconds; no data is copied), a query
+// may find a table missing, or read one table swapped and another not
+// yet. Tables are renamed in pairs, so each table is missing only
+// between its two renames. A RENAME that fails half way may leave some
+// tables swapped and others not (the error says which database): the
+// way out is another rebuild into a fresh database, and Swap again, which
+// first drops any swapped-out leftovers.
+func (s *Store) Swap(ctx context.Context, other *Store) error {
+	if other.db == s.db {
+		return fmt.Errorf("chstore: swap database %s with itself", s.db)
+	}
+	mine, err := s.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	theirs, err := other.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if theirs == 0 || mine != 0 && mine != theirs {
+		return fmt.Errorf("chstore: swap database %s (schema version %d) with %s (version %d): the rebuild must be migrated, to this database's version", s.db, mine, other.db, theirs)
+	}
+	names := make([]string, 0, len(tables)+1)
+	for _, t := range tables {
+		names = append(names, t.name)
+	}
+	names = append(names, "schema_migrations")
+	// Leftovers of a swap that failed half way.
+	for _, n := range names {
+		if err := s.conn.Exec(ctx, "DROP TABLE IF EXISTS "+s.table(n+swapSuffix)); err != nil {
+			return s.wrap("drop "+n+swapSuffix, err)
+		}
+	}
+	// A table this database lacks (never migrated, or a swap that failed
+	// half way) has nothing to move out of the way.
+	have := make(map[string]bool)
+	rows, err := s.conn.Query(ctx, "SELECT name FROM system.tables WHERE database = ?", s.db)
+	if err != nil {
+		return s.wrap("list tables", err)
+	}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return s.wrap("list tables", err)
+		}
+		have[n] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return s.wrap("list tables", err)
+	}
+	if err := s.conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS `"+s.db+"`"); err != nil {
+		return s.wrap("create database", err)
+	}
+	var pairs []string
+	for _, n := range names {
+		if have[n] {
+			pairs = append(pairs, s.table(n)+" TO "+s.table(n+swapSuffix))
+		}
+		pairs = append(pairs, other.table(n)+" TO "+s.table(n))
+	}
+	if err := s.conn.Exec(ctx, "RENAME TABLE "+strings.Join(pairs, ", ")); err != nil {
+		return s.wrap("swap tables with database "+other.db, err)
+	}
+	s.logger.Info("projection swapped", "database", s.db, "from", other.db)
+	for _, n := range names {
+		if err := s.conn.Exec(ctx, "DROP TABLE IF EXISTS "+s.table(n+swapSuffix)); err != nil {
+			return s.wrap("drop "+n+swapSuffix+" after swap", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,728 @@
+package chstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/control"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// openStore opens a migrated store on a fresh database, dropped when the
+// test ends.
+func openStore(t testing.TB) *Store {
+	t.Helper()
+	db := chtest.FreshDatabase(t)
+	s, err := Open(context.Background(), Config{DSN: chtest.DSN(t), Database: db})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return s
+}
+
+// t0 is when the fixture starts: a whole minute, so that buckets are easy
+// to tell.
+var t0 = time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
+
+// fixture is a small log written by hand:
+//
+//	acme/a1    refund_order ord_1  requested, authorized (allow v7), executing, succeeded
+//	acme/a1    a refusal under a1's key (denied, seq 0, decision deny v8)
+//	acme/b1    refund_order ord_2  requested, approval_pending (v7), approved by u_alice, executing, outcome_unknown
+//	acme/c1    get_weather         requested, denied (deny v8)
+//	globex/d1  refund_order ord_1  requested, approval_pending (v7)
+//	globex/e1  get_weather         an hour later: requested, authorized (allow v8), executing, failed
+//	acme/z9    a refusal alone, without a tool
+type fixture struct {
+	a, b, c, d, e []ledger.Event
+	refusalA      ledger.Event
+	refusalZ      ledger.Event
+	actions       []control.Action
+}
+
+func newFixture() fixture {
+	var f fixture
+	n := 0
+	ev := func(tenant, key, tool, resource string, seq int64, typ statemachine.EventType, when time.Time, edit func(e *ledger.Event)) ledger.Event {
+		n++
+		e := ledger.Event{
+			V: ledger.EncodingVersion, EventID: fmt.Sprintf("ev-%03d", n), Type: typ, Seq: seq, At: when, Actor: "test",
+			TenantID: tenant, IdempotencyKey: key, CallID: "call-" + key, UserID: "u_" + tenant, AgentID: "agent_1",
+			Tool: tool, ToolVersion: 2, Resource: resource, TraceID: "trace-" + key, ArgumentsHash: "sha256:" + key,
+		}
+		if edit != nil {
+			edit(&e)
+		}
+		// As a reader of the log sees it.
+		b, err := e.Encode()
+		if err != nil {
+			panic(err)
+		}
+		out, err := ledger.DecodeEvent(b)
+		if err != nil {
+			panic(err)
+		}
+		return out
+	}
+	decide := func(decision, pv string) func(*ledger.Event) {
+		return func(e *ledger.Event) { e.Decision, e.PolicyVersion, e.PolicyID = decision, pv, []string{"p1"} }
+	}
+	cred := func(jti, family string, more func(*ledger.Event)) func(*ledger.Event) {
+		return func(e *ledger.Event) {
+			e.JTI, e.CredentialFamily, e.Attempt = jti, family, 1
+			if more != nil {
+				more(e)
+			}
+		}
+	}
+	ms := time.Millisecond
+	exp := at(15 * time.Minute)
+
+	f.a = []ledger.Event{
+		ev("acme", "a1", "refund_order", "ord_1", 1, statemachine.EventRequested, at(200*ms), func(e *ledger.Event) {
+			e.Arguments = []byte(`{"order_id":"ord_1"}`)
+		}),
+		ev("acme", "a1", "refund_order", "ord_1", 2, statemachine.EventAuthorized, at(1500*ms), decide("allow", "v7")),
+		ev("acme", "a1", "refund_order", "ord_1", 3, statemachine.EventExecuting, at(2100*ms), cred("j-a1", "refund_order:acme:1", nil)),
+		ev("acme", "a1", "refund_order", "ord_1", 4, statemachine.EventSucceeded, at(3000*ms), cred("j-a1", "refund_order:acme:1", func(e *ledger.Event) {
+			e.LatencyMS, e.ResultDigest, e.ResultBytes = 40, "sha256:r", 12
+		})),
+	}
+	f.refusalA = ev("acme", "a1", "refund_order", "", 0, statemachine.EventDenied, at(5*time.Second), func(e *ledger.Event) {
+		e.Decision, e.PolicyVersion, e.Reason, e.Pointer = "deny", "v8", "idempotency_key_reused", "/arguments"
+	})
+	approval := func(e *ledger.Event) { e.ApprovalID = "ap-b1" }
+	f.b = []ledger.Event{
+		ev("acme", "b1", "refund_order", "ord_2", 1, statemachine.EventRequested, at(10*time.Second), nil),
+		ev("acme", "b1", "refund_order", "ord_2", 2, statemachine.EventApprovalPending, at(11*time.Second), func(e *ledger.Event) {
+			decide("require_approval", "v7")(e)
+			e.ApprovalID, e.ExpiresAt, e.Reason = "ap-b1", &exp, "approval_required"
+		}),
+		ev("acme", "b1", "refund_order", "ord_2", 3, statemachine.EventApproved, at(70*time.Second), func(e *ledger.Event) {
+			e.ApprovalID, e.Approver, e.ExpiresAt = "ap-b1", "u_alice", &exp
+		}),
+		ev("acme", "b1", "refund_order", "ord_2", 4, statemachine.EventExecuting, at(71*time.Second), cred("j-b1", "refund_order:acme:1", func(e *ledger.Event) {
+			approval(e)
+			e.Approver = "u_alice"
+		})),
+		ev("acme", "b1", "refund_order", "ord_2", 5, statemachine.EventOutcomeUnknown, at(72500*ms), cred("j-b1", "refund_order:acme:1", func(e *ledger.Event) {
+			approval(e)
+			e.Approver, e.Reason, e.ErrorCode = "u_alice", "outcome_ambiguous", "timeout"
+		})),
+	}
+	f.c = []ledger.Event{
+		ev("acme", "c1", "get_weather", "", 1, statemachine.EventRequested, at(20*time.Second), nil),
+		ev("acme", "c1", "get_weather", "", 2, statemachine.EventDenied, at(20400*ms), func(e *ledger.Event) {
+			decide("deny", "v8")(e)
+			e.Reason = "policy_denied"
+		}),
+	}
+	f.d = []ledger.Event{
+		ev("globex", "d1", "refund_order", "ord_1", 1, statemachine.EventRequested, at(30*time.Second), nil),
+		ev("globex", "d1", "refund_order", "ord_1", 2, statemachine.EventApprovalPending, at(31*time.Second), func(e *ledger.Event) {
+			decide("require_approval", "v7")(e)
+			e.ApprovalID, e.ExpiresAt, e.Reason = "ap-d1", &exp, "approval_required"
+		}),
+	}
+	f.e = []ledger.Event{
+		ev("globex", "e1", "get_weather", "", 1, statemachine.EventRequested, at(time.Hour), nil),
+		ev("globex", "e1", "get_weather", "", 2, statemachine.EventAuthorized, at(time.Hour+time.Second), decide("allow", "v8")),
+		ev("globex", "e1", "get_weather", "", 3, statemachine.EventExecuting, at(time.Hour+2*time.Second), cred("j-e1", "get_weather:globex:1", nil)),
+		ev("globex", "e1", "get_weather", "", 4, statemachine.EventFailed, at(time.Hour+3*time.Second), cred("j-e1", "get_weather:globex:1", func(e *ledger.Event) {
+			e.Reason, e.ErrorCode = "tool_failed", "http_500"
+		})),
+	}
+	f.refusalZ = ev("acme", "z9", "", "", 0, statemachine.EventRejected, at(6*time.Second), func(e *ledger.Event) {
+		e.Reason, e.Pointer = "malformed_envelope", "/tool"
+	})
+	f.actions = []control.Action{
+		{V: 1, Kind: control.KindFreeze, Subject: control.ToolSubject("refund_order", "acme"), Tool: "refund_order", Tenant: "acme",
+			By: "u_ops", ByTenant: "*", Reason: "incident 7", At: at(80 * time.Second)},
+		{V: 1, Kind: control.KindRevoke, Subject: control.JTISubject("j-b1"), JTI: "j-b1",
+			By: "u_ops", ByTenant: "*", Reason: "incident 7", At: at(81*time.Second + 5*ms)},
+	}
+	return f
+}
+
+// log is the fixture's events as a partitioned topic might interleave
+// them: each call's events in order.
+func (f fixture) log() []ledger.Event {
+	var out []ledger.Event
+	out = append(out, f.a[0], f.a[1], f.b[0], f.a[2], f.a[3], f.refusalA, f.refusalZ)
+	out = append(out, f.b[1:]...)
+	out = append(out, f.c...)
+	out = append(out, f.d...)
+	out = append(out, f.e...)
+	return out
+}
+
+// batches splits the log into batches of n events, the actions in the
+// last.
+func (f fixture) batches(n int) []projections.Batch {
+	log := f.log()
+	var out []projections.Batch
+	for i := 0; i < len(log); i += n {
+		var b projections.Batch
+		for j, e := range log[i:min(i+n, len(log))] {
+			b.Events = append(b.Events, projections.Event{Event: e, Offset: int64(i + j), Produced: e.At})
+		}
+		out = append(out, b)
+	}
+	for i, a := range f.actions {
+		out[len(out)-1].Actions = append(out[len(out)-1].Actions, projections.Action{Action: a, Offset: int64(i)})
+	}
+	return out
+}
+
+func write(t testing.TB, s *Store, bs []projections.Batch) {
+	t.Helper()
+	for _, b := range bs {
+		if err := s.Write(context.Background(), b); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}
+}
+
+func last(evs []ledger.Event) projections.Call { return projections.CallOf(&evs[len(evs)-1]) }
+
+func TestMigrateTwice(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	v, err := s.SchemaVersion(ctx)
+	if err != nil {
+		t.Fatalf("schema version: %v", err)
+	}
+	if v != LatestVersion() || v == 0 {
+		t.Fatalf("schema version after Migrate = %d, want %d", v, LatestVersion())
+	}
+	tablesNow := func() []string {
+		rows, err := s.conn.Query(ctx, "SELECT name FROM system.tables WHERE database = ? ORDER BY name", s.db)
+		if err != nil {
+			t.Fatalf("list tables: %v", err)
+		}
+		defer rows.Close()
+		var names []string
+		for rows.Next() {
+			var n string
+			if err := rows.Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, n)
+		}
+		return names
+	}
+	before := tablesNow()
+	want := []string{"call_refs", "calls", "control_actions", "event_keys", "events", "schema_migrations"}
+	if diff := cmp.Diff(want, before); diff != "" {
+		t.Errorf("tables (-want +got):\n%s", diff)
+	}
+	write(t, s, newFixture().batches(100))
+	sums, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("migrate again: %v", err)
+	}
+	if v2, err := s.SchemaVersion(ctx); err != nil || v2 != v {
+		t.Errorf("schema version after a second Migrate = %d, %v; want %d", v2, err, v)
+	}
+	if diff := cmp.Diff(before, tablesNow()); diff != "" {
+		t.Errorf("tables changed by a second Migrate (-before +after):\n%s", diff)
+	}
+	var recorded uint64
+	if err := s.conn.QueryRow(ctx, "SELECT count() FROM "+s.table("schema_migrations")).Scan(&recorded); err != nil {
+		t.Fatal(err)
+	}
+	if int(recorded) != v {
+		t.Errorf("schema_migrations holds %d rows, want one per version (%d)", recorded, v)
+	}
+	sums2, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(sums, sums2); diff != "" {
+		t.Errorf("checksums changed by a second Migrate (-before +after):\n%s", diff)
+	}
+}
+
+func TestSchemaVersionUnmigrated(t *testing.T) {
+	s, err := Open(t.Context(), Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if v, err := s.SchemaVersion(t.Context()); err != nil || v != 0 {
+		t.Errorf("schema version of a database never migrated = %d, %v; want 0, nil", v, err)
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	dsn := chtest.DSN(t)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no DSN", Config{}, "DSN is required"},
+		{"bad DSN", Config{DSN: "clickhouse://[::1"}, "parse DSN"},
+		{"bad database name", Config{DSN: dsn, Database: "x; DROP DATABASE y"}, `database name "x; DROP DATABASE y"`},
+		{"nobody listening", Config{DSN: "clickhouse://default@127.0.0.1:1/ledger?dial_timeout=2s"}, "clickhouse at 127.0.0.1:1 (database ledger)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Open(t.Context(), tc.cfg)
+			if err == nil {
+				s.Close()
+				t.Fatalf("Open succeeded, want an error saying %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Open: %v; want it to say %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDatabaseName(t *testing.T) {
+	u, err := url.Parse(chtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path, database, want string
+	}{
+		{"/from_dsn", "", "from_dsn"},
+		{"/from_dsn", "from_config", "from_config"},
+		{"", "", DefaultDatabase},
+	} {
+		u.Path = tc.path
+		s, err := Open(t.Context(), Config{DSN: u.String(), Database: tc.database})
+		if err != nil {
+			t.Fatalf("open %s: %v", u.Redacted(), err)
+		}
+		if got := s.Database(); got != tc.want {
+			t.Errorf("database of DSN path %q and Config.Database %q = %q, want %q", tc.path, tc.database, got, tc.want)
+		}
+		s.Close()
+	}
+}
+
+// question is one query and its answer, for comparing stores.
+type question struct {
+	name string
+	ask  func(ctx context.Context, s *Store) (any, error)
+}
+
+func blast(f projections.Filter) question {
+	return question{fmt.Sprintf("BlastRadius(%+v)", f), func(ctx context.Context, s *Store) (any, error) { return s.BlastRadius(ctx, f) }}
+}
+
+func outcomes(f projections.Filter, bucket time.Duration) question {
+	return question{fmt.Sprintf("Outcomes(%+v, %s)", f, bucket), func(ctx context.Context, s *Store) (any, error) { return s.Outcomes(ctx, f, bucket) }}
+}
+
+func unresolved(f projections.Filter) question {
+	return question{fmt.Sprintf("Unresolved(%+v)", f), func(ctx context.Context, s *Store) (any, error) { return s.Unresolved(ctx, f) }}
+}
+
+func trace(tenant, key string) question {
+	return question{"Trace(" + tenant + "/" + key + ")", func(ctx context.Context, s *Store) (any, error) {
+		return s.Trace(ctx, ledger.CallKey{TenantID: tenant, IdempotencyKey: key})
+	}}
+}
+
+// expectations are the fixture's questions with the answers worked out
+// by hand.
+func expectations(f fixture) []struct {
+	q    question
+	want any
+} {
+	A, B, C, D, E := last(f.a), last(f.b), last(f.c), last(f.d), last(f.e)
+	br := func(filter projections.Filter, calls ...projections.Call) projections.BlastRadius {
+		nf, err := filter.Check()
+		if err != nil {
+			panic(err)
+		}
+		return projections.Summarize(nf, calls)
+	}
+	type qa = struct {
+		q    question
+		want any
+	}
+	var out []qa
+	for _, tc := range []struct {
+		f     projections.Filter
+		calls []projections.Call
+	}{
+		{projections.Filter{Tenant: "acme", JTI: "j-a1"}, []projections.Call{A}},
+		{projections.Filter{Tenant: "globex", JTI: "j-a1"}, nil},
+		{projections.Filter{AllTenants: true, CredentialFamily: "refund_order:acme:1"}, []projections.Call{A, B}},
+		{projections.Filter{AllTenants: true, CredentialFamily: "refund_order:acme:1", Since: at(60 * time.Second)}, []projections.Call{B}},
+		{projections.Filter{AllTenants: true, PolicyVersion: "v7"}, []projections.Call{A, B, D}},
+		{projections.Filter{AllTenants: true, PolicyVersion: "v7", Decision: "require_approval"}, []projections.Call{B, D}},
+		// The refusal under a1 carries deny under v8: it is no call.
+		{projections.Filter{Tenant: "acme", PolicyVersion: "v8", Decision: "deny"}, []projections.Call{C}},
+		{projections.Filter{Tenant: "acme", Approver: "u_alice"}, []projections.Call{B}},
+		{projections.Filter{Tenant: "globex", ApprovalID: "ap-d1"}, []projections.Call{D}},
+		{projections.Filter{AllTenants: true, JTI: "j-b1", Approver: "u_alice"}, []projections.Call{B}},
+		{projections.Filter{AllTenants: true, JTI: "j-a1", Approver: "u_alice"}, nil},
+		{projections.Filter{Tenant: "acme"}, []projections.Call{A, B, C}},
+		{projections.Filter{Tenant: "acme", Tool: "refund_order"}, []projections.Call{A, B}},
+		{projections.Filter{AllTenants: true, Tool: "refund_order"}, []projections.Call{A, B, D}},
+		{projections.Filter{AllTenants: true, Since: at(time.Hour)}, []projections.Call{E}},
+		// [Since, Until): d1 was requested at +30s exactly.
+		{projections.Filter{AllTenants: true, Until: at(30 * time.Second)}, []projections.Call{A, B, C}},
+		{projections.Filter{AllTenants: true, Since: at(30 * time.Second)}, []projections.Call{D, E}},
+		// Whole seconds: a1 was requested at +0.2s, in a window from +0s
+		// to +1s.
+		{projections.Filter{AllTenants: true, Since: at(0), Until: at(time.Second)}, []projections.Call{A}},
+		{projections.Filter{AllTenants: true, Since: at(500 * time.Millisecond), Until: at(time.Second)}, []projections.Call{A}},
+		{projections.Filter{AllTenants: true, Limit: 2}, []projections.Call{A, B, C, D, E}},
+		{projections.Filter{Tenant: "nobody"}, nil},
+	} {
+		out = append(out, qa{blast(tc.f), br(tc.f, tc.calls...)})
+	}
+	oc := func(d time.Duration, tool string, state statemachine.State, n int) projections.OutcomeCount {
+		return projections.OutcomeCount{Bucket: at(d), Tool: tool, State: state, Calls: n}
+	}
+	out = append(out,
+		qa{outcomes(projections.Filter{AllTenants: true}, time.Minute), []projections.OutcomeCount{
+			oc(0, "get_weather", statemachine.StateDenied, 1),
+			oc(0, "refund_order", statemachine.StateSucceeded, 1),
+			oc(time.Minute, "refund_order", statemachine.StateOutcomeUnknown, 1),
+			oc(time.Hour, "get_weather", statemachine.StateFailed, 1),
+		}},
+		qa{outcomes(projections.Filter{Tenant: "acme"}, time.Hour), []projections.OutcomeCount{
+			oc(0, "get_weather", statemachine.StateDenied, 1),
+			oc(0, "refund_order", statemachine.StateOutcomeUnknown, 1),
+			oc(0, "refund_order", statemachine.StateSucceeded, 1),
+		}},
+		qa{outcomes(projections.Filter{AllTenants: true, Tool: "get_weather", Since: at(time.Minute)}, time.Second), []projections.OutcomeCount{
+			oc(time.Hour+3*time.Second, "get_weather", statemachine.StateFailed, 1),
+		}},
+		qa{outcomes(projections.Filter{Tenant: "nobody"}, time.Second), []projections.OutcomeCount{}},
+		qa{unresolved(projections.Filter{AllTenants: true}), []projections.Call{D, B}},
+		qa{unresolved(projections.Filter{Tenant: "acme"}), []projections.Call{B}},
+		qa{unresolved(projections.Filter{AllTenants: true, Tool: "get_weather"}), []projections.Call{}},
+		qa{unresolved(projections.Filter{AllTenants: true, Limit: 1}), []projections.Call{D}},
+		qa{trace("acme", "a1"), append([]ledger.Event{f.refusalA}, f.a...)},
+		qa{trace("acme", "b1"), f.b},
+		qa{trace("globex", "e1"), f.e},
+		qa{trace("acme", "z9"), []ledger.Event{f.refusalZ}},
+	)
+	return out
+}
+
+// check asks every question of expectations and compares.
+func check(t *testing.T, s *Store, f fixture) {
+	t.Helper()
+	for _, qa := range expectations(f) {
+		got, err := qa.q.ask(t.Context(), s)
+		if err != nil {
+			t.Errorf("%s: %v", qa.q.name, err)
+			continue
+		}
+		if diff := cmp.Diff(qa.want, got, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", qa.q.name, diff)
+		}
+	}
+	for _, key := range []ledger.CallKey{{TenantID: "acme", IdempotencyKey: "nothing"}, {TenantID: "globex", IdempotencyKey: "a1"}} {
+		if _, err := s.Trace(t.Context(), key); !errors.Is(err, projections.ErrNotFound) {
+			t.Errorf("Trace(%s): err = %v, want ErrNotFound", key, err)
+		}
+	}
+}
+
+func TestQueries(t *testing.T) {
+	s := openStore(t)
+	f := newFixture()
+	write(t, s, f.batches(100))
+	check(t, s, f)
+}
+
+func TestWriteTwice(t *testing.T) {
+	s := openStore(t)
+	f := newFixture()
+	ctx := t.Context()
+	write(t, s, f.batches(100))
+	once, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Again, in other batches, as a projector that crashed before
+	// committing would.
+	write(t, s, f.batches(3))
+	write(t, s, f.batches(7))
+	check(t, s, f)
+	twice, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(once, twice); diff != "" {
+		t.Errorf("checksums after writing the log again (-once +twice):\n%s", diff)
+	}
+	// The checksums count distinct rows: every event once, the calls
+	// once each, the actions once each.
+	log := f.log()
+	wantRows := map[string]uint64{"events": uint64(len(log)), "event_keys": uint64(len(log)), "calls": 5, "control_actions": 2}
+	for table, n := range wantRows {
+		if once[table].Rows != n {
+			t.Errorf("checksum of %s counts %d rows, want %d", table, once[table].Rows, n)
+		}
+	}
+
+	// A rebuild from the same log, in other batches, sums up the same.
+	r := openStore(t)
+	write(t, r, f.batches(5))
+	rebuilt, err := r.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(once, rebuilt); diff != "" {
+		t.Errorf("checksums of a rebuild (-live +rebuild):\n%s", diff)
+	}
+	// A log missing an event does not.
+	p := openStore(t)
+	bs := f.batches(100)
+	bs[0].Events = bs[0].Events[:len(bs[0].Events)-1]
+	write(t, p, bs)
+	partial, err := p.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmp.Equal(once, partial) {
+		t.Errorf("checksums of a log missing an event equal the whole log's: %v", partial)
+	}
+}
+
+func TestOptimizeFinal(t *testing.T) {
+	s := openStore(t)
+	f := newFixture()
+	ctx := t.Context()
+	write(t, s, f.batches(4))
+	write(t, s, f.batches(100))
+	before, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"events", "event_keys", "calls", "call_refs", "control_actions"} {
+		if err := s.conn.Exec(ctx, "OPTIMIZE TABLE "+s.table(name)+" FINAL"); err != nil {
+			t.Fatalf("optimize %s: %v", name, err)
+		}
+	}
+	// Merged: calls keeps one row per call, events one per event.
+	for table, want := range map[string]uint64{"calls": 5, "events": uint64(len(f.log()))} {
+		var n uint64
+		if err := s.conn.QueryRow(ctx, "SELECT count() FROM "+s.table(table)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Errorf("%s holds %d rows after OPTIMIZE FINAL, want %d", table, n, want)
+		}
+	}
+	check(t, s, f)
+	after, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(before, after); diff != "" {
+		t.Errorf("checksums after OPTIMIZE FINAL (-before +after):\n%s", diff)
+	}
+}
+
+func TestRefusalsOnlyInTrace(t *testing.T) {
+	s := openStore(t)
+	f := newFixture()
+	ctx := t.Context()
+	// Only the refusals.
+	write(t, s, []projections.Batch{{Events: []projections.Event{{Event: f.refusalA}, {Event: f.refusalZ}}}})
+	got, err := s.Trace(ctx, f.refusalA.Key())
+	if err != nil {
+		t.Fatalf("Trace of a refused key: %v", err)
+	}
+	if diff := cmp.Diff([]ledger.Event{f.refusalA}, got); diff != "" {
+		t.Errorf("Trace of a refused key (-want +got):\n%s", diff)
+	}
+	for _, filter := range []projections.Filter{
+		{Tenant: "acme"},
+		{AllTenants: true, PolicyVersion: "v8"},
+		{AllTenants: true, Tool: "refund_order"},
+	} {
+		br, err := s.BlastRadius(ctx, filter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if br.Total != 0 || len(br.Calls) != 0 || len(br.ByState) != 0 {
+			t.Errorf("BlastRadius(%+v) of refusals only = %+v, want nothing", filter, br)
+		}
+	}
+	if oc, err := s.Outcomes(ctx, projections.Filter{AllTenants: true}, time.Hour); err != nil || len(oc) != 0 {
+		t.Errorf("Outcomes of refusals only = %+v, %v; want nothing", oc, err)
+	}
+	if u, err := s.Unresolved(ctx, projections.Filter{AllTenants: true}); err != nil || len(u) != 0 {
+		t.Errorf("Unresolved of refusals only = %+v, %v; want nothing", u, err)
+	}
+	for _, table := range []string{"calls", "call_refs"} {
+		var n uint64
+		if err := s.conn.QueryRow(ctx, "SELECT count() FROM "+s.table(table)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("%s holds %d rows of refusals, want none", table, n)
+		}
+	}
+}
+
+func TestFilters(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		name string
+		ask  func() error
+		want error
+	}{
+		{"blast radius without tenant", func() error { _, err := s.BlastRadius(ctx, projections.Filter{JTI: "x"}); return err }, projections.ErrTenantRequired},
+		{"outcomes without tenant", func() error { _, err := s.Outcomes(ctx, projections.Filter{}, time.Minute); return err }, projections.ErrTenantRequired},
+		{"unresolved without tenant", func() error { _, err := s.Unresolved(ctx, projections.Filter{Tool: "x"}); return err }, projections.ErrTenantRequired},
+		{"tenant and all tenants", func() error {
+			_, err := s.BlastRadius(ctx, projections.Filter{Tenant: "a", AllTenants: true})
+			return err
+		}, projections.ErrInvalidFilter},
+		{"outcomes by jti", func() error {
+			_, err := s.Outcomes(ctx, projections.Filter{Tenant: "a", JTI: "x"}, time.Minute)
+			return err
+		}, projections.ErrInvalidFilter},
+		{"sub-second bucket", func() error {
+			_, err := s.Outcomes(ctx, projections.Filter{Tenant: "a"}, 1500*time.Millisecond)
+			return err
+		}, projections.ErrInvalidFilter},
+		{"unresolved in a window", func() error {
+			_, err := s.Unresolved(ctx, projections.Filter{Tenant: "a", Since: t0})
+			return err
+		}, projections.ErrInvalidFilter},
+		{"trace of nothing", func() error {
+			_, err := s.Trace(ctx, ledger.CallKey{TenantID: "a", IdempotencyKey: "k"})
+			return err
+		}, projections.ErrNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.ask(); !errors.Is(err, tc.want) {
+				t.Errorf("err = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestValuesAreBound asks with values that would break a query built by
+// pasting them into SQL.
+func TestValuesAreBound(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	f := newFixture()
+	evil := `it's a \ 'quote' ?`
+	e := f.a[0]
+	e.TenantID, e.IdempotencyKey, e.EventID, e.JTI = evil, evil+"k", "ev-evil", evil
+	write(t, s, []projections.Batch{{Events: []projections.Event{{Event: e}}}})
+	got, err := s.Trace(ctx, e.Key())
+	if err != nil {
+		t.Fatalf("Trace: %v", err)
+	}
+	if diff := cmp.Diff([]ledger.Event{e}, got); diff != "" {
+		t.Errorf("Trace (-want +got):\n%s", diff)
+	}
+	br, err := s.BlastRadius(ctx, projections.Filter{Tenant: evil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if br.Total != 1 || br.ByTenant[0].Value != evil {
+		t.Errorf("BlastRadius by an odd tenant = %+v, want the one call", br)
+	}
+}
+
+func TestSwap(t *testing.T) {
+	ctx := t.Context()
+	f := newFixture()
+	live := openStore(t)
+	// The live projection lost some events; the rebuild has all.
+	bs := f.batches(100)
+	write(t, live, []projections.Batch{{Events: bs[0].Events[:3]}})
+	rebuild := openStore(t)
+	write(t, rebuild, bs)
+	want, err := rebuild.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := live.Swap(ctx, rebuild); err != nil {
+		t.Fatalf("swap: %v", err)
+	}
+	got, err := live.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("checksums of the live database after the swap (-rebuild +live):\n%s", diff)
+	}
+	check(t, live, f)
+	if v, err := live.SchemaVersion(ctx); err != nil || v != LatestVersion() {
+		t.Errorf("schema version after the swap = %d, %v", v, err)
+	}
+	var left uint64
+	if err := live.conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database IN (?, ?) AND name LIKE '%_swapped_out'", live.db, rebuild.db).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d swapped-out tables left, want none", left)
+	}
+	if v, err := rebuild.SchemaVersion(ctx); err != nil || v != 0 {
+		t.Errorf("the rebuild's database after the swap has schema version %d, %v; want it empty", v, err)
+	}
+	// A database not migrated cannot be swapped in.
+	empty, err := Open(ctx, Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer empty.Close()
+	if err := live.Swap(ctx, empty); err == nil {
+		t.Error("Swap with a database never migrated succeeded")
+	}
+	// But a database never migrated can take a rebuild: the first
+	// deployment, or the way out of a swap that failed half way.
+	again := openStore(t)
+	write(t, again, bs)
+	if err := empty.Swap(ctx, again); err != nil {
+		t.Fatalf("swap a rebuild into a database never migrated: %v", err)
+	}
+	if got, err := empty.Checksums(ctx); err != nil || !cmp.Equal(want, got) {
+		t.Errorf("checksums after swapping into a database never migrated = %v, %v; want %v", got, err, want)
+	}
+}
+
+func TestDropDatabase(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	if err := s.DropDatabase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.SchemaVersion(ctx); err != nil || v != 0 {
+		t.Errorf("schema version after DropDatabase = %d, %v; want 0", v, err)
+	}
+	if err := s.DropDatabase(ctx); err != nil {
+		t.Errorf("DropDatabase twice: %v", err)
+	}
+}

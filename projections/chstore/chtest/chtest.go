@@ -1,0 +1,78 @@
+// Package chtest gives tests a ClickHouse server and a database of their
+// own, for the chstore projection and the packages that test against it.
+//
+// The server under test is named by one of, in this order:
+//
+//   - LEDGER_TEST_CLICKHOUSE_DSN, a full DSN as clickhouse.ParseDSN reads
+//     it (to point the tests at a current ClickHouse, with a user and
+//     password);
+//   - LEDGER_TEST_CLICKHOUSE_ADDR, host:port of the native protocol, user
+//     default without a password (deploy/testservices.sh starts one).
+//
+// With neither, a test fails when LEDGER_TEST_REQUIRE=1 (as under make
+// test and CI), and is skipped loudly otherwise.
+package chtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+)
+
+// DSN returns the ClickHouse server under test (see the package doc).
+func DSN(t testing.TB) string {
+	t.Helper()
+	if dsn := os.Getenv("LEDGER_TEST_CLICKHOUSE_DSN"); dsn != "" {
+		return dsn
+	}
+	if addr := os.Getenv("LEDGER_TEST_CLICKHOUSE_ADDR"); addr != "" {
+		return "clickhouse://default@" + addr + "/default"
+	}
+	const how = `start one with: eval "$(bash deploy/testservices.sh start)"`
+	if os.Getenv("LEDGER_TEST_REQUIRE") == "1" {
+		t.Fatal("neither LEDGER_TEST_CLICKHOUSE_DSN nor LEDGER_TEST_CLICKHOUSE_ADDR is set and LEDGER_TEST_REQUIRE=1: the ClickHouse projection cannot be tested without ClickHouse; " + how)
+	}
+	t.Skip("SKIPPING: neither LEDGER_TEST_CLICKHOUSE_DSN nor LEDGER_TEST_CLICKHOUSE_ADDR is set; " + how)
+	return ""
+}
+
+// FreshDatabase names a database for one test on the server of DSN (the
+// store's Migrate creates it) and drops it, with every table in it, when
+// the test ends.
+func FreshDatabase(t testing.TB) string {
+	t.Helper()
+	dsn := DSN(t)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	db := "ledger_test_" + hex.EncodeToString(b)
+	t.Cleanup(func() { DropDatabase(t, dsn, db) })
+	return db
+}
+
+// DropDatabase drops db on the server of dsn.
+func DropDatabase(t testing.TB, dsn, db string) {
+	t.Helper()
+	// t.Context is already done during cleanup.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	opts, err := clickhouse.ParseDSN(dsn)
+	if err != nil {
+		t.Errorf("drop database %s: parse DSN: %v", db, err)
+		return
+	}
+	opts.Auth.Database = ""
+	conn, err := clickhouse.Open(opts)
+	if err != nil {
+		t.Errorf("drop database %s: %v", db, err)
+		return
+	}
+	defer conn.Close()
+	if err := conn.Exec(ctx, "DROP DATABASE IF EXISTS `"+db+"`"); err != nil {
+		t.Errorf("drop database %s: %v", db, err)
+	}
+}

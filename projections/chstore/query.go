@@ -1,0 +1,387 @@
+package chstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// The store is what the projector writes to and what responders ask.
+var (
+	_ projections.Sink    = (*Store)(nil)
+	_ projections.Queries = (*Store)(nil)
+)
+
+// placeholders is n bound parameters, comma-separated.
+func placeholders(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
+}
+
+// Trace returns the events under key: refusals first by time, then the
+// call's events by seq, each event once.
+//
+// event_keys tells under which tools and times the key's events were
+// written, so that the events table is read by ranges of its sort key
+// (tenant, tool, time).
+func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error) {
+	rows, err := s.conn.Query(ctx, "SELECT tool, toUInt32(min(at)), toUInt32(max(at)) FROM "+s.table("event_keys")+
+		" WHERE tenant_id = ? AND idempotency_key = ? GROUP BY tool", key.TenantID, key.IdempotencyKey)
+	if err != nil {
+		return nil, s.wrap("trace: read event_keys", err)
+	}
+	var (
+		ranges []string
+		args   = []any{key.TenantID, key.IdempotencyKey}
+	)
+	for rows.Next() {
+		var (
+			tool     string
+			from, to uint32
+		)
+		if err := rows.Scan(&tool, &from, &to); err != nil {
+			rows.Close()
+			return nil, s.wrap("trace: read event_keys", err)
+		}
+		ranges = append(ranges, "(tool = ? AND at >= toDateTime(?) AND at <= toDateTime(?))")
+		args = append(args, tool, from, to)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("trace: read event_keys", err)
+	}
+	if len(ranges) == 0 {
+		return nil, projections.ErrNotFound
+	}
+	q := "SELECT event_id, any(seq) AS e_seq, toUInt32(any(at)) AS e_at, any(at_ns) AS e_ns, any(body) FROM " + s.table("events") +
+		" WHERE tenant_id = ? AND idempotency_key = ? AND (" + strings.Join(ranges, " OR ") + ")" +
+		" GROUP BY event_id ORDER BY e_seq > 0, e_seq, e_at, e_ns, event_id"
+	rows, err = s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, s.wrap("trace: read events", err)
+	}
+	defer rows.Close()
+	var out []ledger.Event
+	for rows.Next() {
+		var (
+			id, body string
+			seq      int64
+			at, ns   uint32
+		)
+		if err := rows.Scan(&id, &seq, &at, &ns, &body); err != nil {
+			return nil, s.wrap("trace: read events", err)
+		}
+		e, err := ledger.DecodeEvent([]byte(body))
+		if err != nil {
+			return nil, s.wrap("trace: event "+id, err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("trace: read events", err)
+	}
+	if len(out) == 0 {
+		// event_keys was written and events not (a Write that failed
+		// half way, to be written again): nothing to show yet.
+		return nil, projections.ErrNotFound
+	}
+	return out, nil
+}
+
+// where gathers a WHERE clause's conditions and their bound values.
+type where struct {
+	conds []string
+	args  []any
+}
+
+func (w *where) add(cond string, args ...any) {
+	w.conds = append(w.conds, cond)
+	w.args = append(w.args, args...)
+}
+
+func (w *where) String() string {
+	if len(w.conds) == 0 {
+		return "1"
+	}
+	return strings.Join(w.conds, " AND ")
+}
+
+// window adds f's [Since, Until) on col, a DateTime: whole seconds.
+func (w *where) window(col string, f projections.Filter) {
+	if !f.Since.IsZero() {
+		w.add(col+" >= toDateTime(?)", unixSeconds(f.Since))
+	}
+	if !f.Until.IsZero() {
+		w.add(col+" < toDateTime(?)", unixSeconds(f.Until))
+	}
+}
+
+// tenantTool adds f's tenant and tool, where it names them.
+func (w *where) tenantTool(f projections.Filter) {
+	if f.Tenant != "" {
+		w.add("tenant_id = ?", f.Tenant)
+	}
+	if f.Tool != "" {
+		w.add("tool = ?", f.Tool)
+	}
+}
+
+// callColumns are what latestCalls selects per call, in the order
+// scanCall reads them. Aliases differ from column names: ClickHouse's
+// aliases are visible to the whole query, and an alias named like a
+// column would shadow it inside the other aggregates.
+const callColumns = "tenant_id, idempotency_key, c_call_id, c_tool, c_tool_version, c_agent_id, c_user_id, c_resource, c_trace_id," +
+	" c_state, c_last_event, c_seq, c_updated_at, c_updated_at_ns, c_policy_version, c_approver, c_approval_id, c_jti," +
+	" c_credential_family, c_reason, c_error_code"
+
+// latestCalls is a subquery: one row per call of the calls table that
+// cond (with args) selects, as its highest-seq row shows it.
+func (s *Store) latestCalls(cond string) string {
+	return "SELECT tenant_id, idempotency_key," +
+		" argMax(call_id, seq) AS c_call_id, argMax(tool, seq) AS c_tool, argMax(tool_version, seq) AS c_tool_version," +
+		" argMax(agent_id, seq) AS c_agent_id, argMax(user_id, seq) AS c_user_id, argMax(resource, seq) AS c_resource," +
+		" argMax(trace_id, seq) AS c_trace_id, argMax(state, seq) AS c_state, argMax(last_event, seq) AS c_last_event," +
+		" max(seq) AS c_seq, toUInt32(argMax(updated_at, seq)) AS c_updated_at, argMax(updated_at_ns, seq) AS c_updated_at_ns," +
+		" argMax(policy_version, seq) AS c_policy_version, argMax(approver, seq) AS c_approver," +
+		" argMax(approval_id, seq) AS c_approval_id, argMax(jti, seq) AS c_jti," +
+		" argMax(credential_family, seq) AS c_credential_family, argMax(reason, seq) AS c_reason," +
+		" argMax(error_code, seq) AS c_error_code" +
+		" FROM " + s.table("calls") + " WHERE " + cond + " GROUP BY tenant_id, idempotency_key"
+}
+
+// scanner is a row of a query result.
+type scanner interface{ Scan(dest ...any) error }
+
+// scanCall reads a row of callColumns.
+func scanCall(r scanner) (projections.Call, error) {
+	var (
+		c                  projections.Call
+		toolVersion        int64
+		state, last        string
+		updated, updatedNS uint32
+	)
+	err := r.Scan(&c.TenantID, &c.IdempotencyKey, &c.CallID, &c.Tool, &toolVersion, &c.AgentID, &c.UserID, &c.Resource, &c.TraceID,
+		&state, &last, &c.Seq, &updated, &updatedNS, &c.PolicyVersion, &c.Approver, &c.ApprovalID, &c.JTI,
+		&c.CredentialFamily, &c.Reason, &c.ErrorCode)
+	c.ToolVersion = int(toolVersion)
+	c.State, c.LastEvent = statemachine.State(state), statemachine.EventType(last)
+	c.UpdatedAt = time.Unix(int64(updated), int64(updatedNS)).UTC()
+	return c, err
+}
+
+// matching is the subquery of the (tenant, key) of the calls that f
+// selects, with its bound values: each reference f names must be carried
+// by one of the call's events in the window, of f's tenant and tool; with
+// no reference, the call's requested event.
+func matching(s *Store, f projections.Filter) (string, []any) {
+	var (
+		kinds []string
+		w     where
+	)
+	ref := func(kind, value string) {
+		if value != "" {
+			kinds = append(kinds, "(kind = ? AND value = ?)")
+			w.args = append(w.args, kind, value)
+		}
+	}
+	ref(refJTI, f.JTI)
+	ref(refFamily, f.CredentialFamily)
+	if f.PolicyVersion != "" {
+		if f.Decision != "" {
+			kinds = append(kinds, "(kind = ? AND value = ? AND decision = ?)")
+			w.args = append(w.args, refPolicyVersion, f.PolicyVersion, f.Decision)
+		} else {
+			ref(refPolicyVersion, f.PolicyVersion)
+		}
+	}
+	ref(refApprover, f.Approver)
+	ref(refApprovalID, f.ApprovalID)
+	named := len(kinds)
+	if named == 0 {
+		// The requested rows are valued with their tenant.
+		if f.Tenant != "" {
+			kinds = append(kinds, "(kind = ? AND value = ?)")
+			w.args = append(w.args, refRequested, f.Tenant)
+		} else {
+			kinds = append(kinds, "kind = ?")
+			w.args = append(w.args, refRequested)
+		}
+		named = 1
+	}
+	w.conds = append(w.conds, "("+strings.Join(kinds, " OR ")+")")
+	w.window("at", f)
+	w.tenantTool(f)
+	return "SELECT tenant_id, idempotency_key FROM " + s.table("call_refs") + " WHERE " + w.String() +
+		" GROUP BY tenant_id, idempotency_key HAVING uniqExact(kind) = " + fmt.Sprint(named), w.args
+}
+
+// BlastRadius answers what f touched. The matching calls are found from
+// call_refs by primary-key ranges, their latest rows from calls, and
+// every count is computed by the server, so that the answer costs two
+// queries and the listed calls, however many calls match.
+func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projections.BlastRadius, error) {
+	f, err := f.Check()
+	if err != nil {
+		return projections.BlastRadius{}, err
+	}
+	sub, subArgs := matching(s, f)
+	var w where
+	if f.Tenant != "" {
+		w.add("tenant_id = ?", f.Tenant)
+	}
+	w.add("(tenant_id, idempotency_key) IN ("+sub+")", subArgs...)
+	calls := s.latestCalls(w.String())
+
+	br := projections.BlastRadius{Filter: f, Calls: []projections.Call{}}
+	if err := s.blastCounts(ctx, &br, calls, w.args); err != nil {
+		return br, s.wrap("blast radius: count", err)
+	}
+	if br.Total == 0 {
+		return br, nil
+	}
+	list, err := s.queryCalls(ctx, "SELECT "+callColumns+" FROM ("+calls+")"+
+		" ORDER BY c_updated_at DESC, c_updated_at_ns DESC, tenant_id, idempotency_key LIMIT ?", append(w.args, f.Limit)...)
+	if err != nil {
+		return br, s.wrap("blast radius: list", err)
+	}
+	br.Calls = list
+	// Total and the list come from two reads; a Write between them may
+	// make them disagree a little, never more than that batch.
+	br.Truncated = br.Total > len(list)
+	return br, nil
+}
+
+// blastCounts fills br's Total and counts from the calls subquery, in one
+// pass: each call counts once under each dimension, largest first, then
+// by value (bytewise, as strings.Compare).
+func (s *Store) blastCounts(ctx context.Context, br *projections.BlastRadius, calls string, args []any) error {
+	rows, err := s.conn.Query(ctx, "SELECT d.1 AS dim, d.2 AS val, count() AS n FROM ("+calls+")"+
+		" ARRAY JOIN [('tenant', tenant_id), ('state', c_state), ('tool', c_tool), ('resource', c_resource)] AS d"+
+		" GROUP BY dim, val ORDER BY dim, n DESC, val", args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	br.ByTenant, br.ByState, br.ByTool, br.ByResource = []projections.Count{}, []projections.Count{}, []projections.Count{}, []projections.Count{}
+	dims := map[string]*[]projections.Count{
+		"tenant": &br.ByTenant, "state": &br.ByState, "tool": &br.ByTool, "resource": &br.ByResource,
+	}
+	for rows.Next() {
+		var (
+			dim, val string
+			n        uint64
+		)
+		if err := rows.Scan(&dim, &val, &n); err != nil {
+			return err
+		}
+		if dim == "tenant" {
+			br.Total += int(n)
+		}
+		if cs := dims[dim]; cs != nil {
+			*cs = append(*cs, projections.Count{Value: val, Calls: int(n)})
+		}
+	}
+	return rows.Err()
+}
+
+// queryCalls reads rows of callColumns.
+func (s *Store) queryCalls(ctx context.Context, q string, args ...any) ([]projections.Call, error) {
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []projections.Call{}
+	for rows.Next() {
+		c, err := scanCall(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// Outcomes counts the calls that reached each outcome, by tool and
+// epoch-aligned bucket of the outcome event's time. A call counts once
+// per bucket, tool and state, however many such events it has there.
+func (s *Store) Outcomes(ctx context.Context, f projections.Filter, bucket time.Duration) ([]projections.OutcomeCount, error) {
+	f, err := projections.CheckOutcomes(f, bucket)
+	if err != nil {
+		return nil, err
+	}
+	n := uint64(bucket / time.Second)
+	var w where
+	w.tenantTool(f)
+	w.window("at", f)
+	types := make([]any, len(projections.OutcomeEvents))
+	for i, t := range projections.OutcomeEvents {
+		types[i] = string(t)
+	}
+	w.add("type IN ("+placeholders(len(types))+")", types...)
+	// Refusals are not calls, whatever their type.
+	w.add("seq > 0")
+	rows, err := s.conn.Query(ctx, "SELECT toUInt64(intDiv(toUInt32(at), ?) * ?) AS b, tool, state,"+
+		" uniqExact(tenant_id, idempotency_key) FROM "+s.table("events")+" WHERE "+w.String()+
+		" GROUP BY b, tool, state ORDER BY b, tool, state", append([]any{n, n}, w.args...)...)
+	if err != nil {
+		return nil, s.wrap("outcomes", err)
+	}
+	defer rows.Close()
+	out := []projections.OutcomeCount{}
+	for rows.Next() {
+		var (
+			b, calls    uint64
+			tool, state string
+		)
+		if err := rows.Scan(&b, &tool, &state, &calls); err != nil {
+			return nil, s.wrap("outcomes", err)
+		}
+		out = append(out, projections.OutcomeCount{
+			Bucket: time.Unix(int64(b), 0).UTC(), Tool: tool, State: statemachine.State(state), Calls: int(calls),
+		})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("outcomes", err)
+	}
+	return out, nil
+}
+
+// unresolvedStates are the states Unresolved lists.
+var unresolvedStates = []any{string(statemachine.StateOutcomeUnknown), string(statemachine.StateApprovalPending)}
+
+// Unresolved lists the calls whose latest state waits on someone, oldest
+// update first. Only calls that ever had such a row are folded: a call
+// waits only if its latest row says so.
+func (s *Store) Unresolved(ctx context.Context, f projections.Filter) ([]projections.Call, error) {
+	f, err := projections.CheckUnresolved(f)
+	if err != nil {
+		return nil, err
+	}
+	var inner where
+	if f.Tenant != "" {
+		inner.add("tenant_id = ?", f.Tenant)
+	}
+	inner.add("state IN ("+placeholders(len(unresolvedStates))+")", unresolvedStates...)
+	var w where
+	if f.Tenant != "" {
+		w.add("tenant_id = ?", f.Tenant)
+	}
+	w.add("(tenant_id, idempotency_key) IN (SELECT tenant_id, idempotency_key FROM "+s.table("calls")+" WHERE "+inner.String()+")", inner.args...)
+	var outer where
+	outer.add("c_state IN ("+placeholders(len(unresolvedStates))+")", unresolvedStates...)
+	if f.Tool != "" {
+		outer.add("c_tool = ?", f.Tool)
+	}
+	args := append(append(w.args, outer.args...), f.Limit)
+	out, err := s.queryCalls(ctx, "SELECT "+callColumns+" FROM ("+s.latestCalls(w.String())+") WHERE "+outer.String()+
+		" ORDER BY c_updated_at, c_updated_at_ns, tenant_id, idempotency_key LIMIT ?", args...)
+	if err != nil {
+		return nil, s.wrap("unresolved", err)
+	}
+	return out, nil
+}
