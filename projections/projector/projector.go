@@ -1,0 +1,648 @@
+// Package projector feeds projections from Kafka. It reads the events and
+// control topics read_committed in a consumer group, hands the records to
+// a projections.Sink in batches, and commits a batch's offsets only once
+// the sink's Write returned nil: a projection may see a record twice
+// (after a crash or a rebalance), never miss one.
+//
+// Offsets. A batch's offset for a partition is the one after the last
+// record read into it. The client keeps transaction markers
+// (kgo.KeepControlRecords), so that this offset moves past the commit or
+// abort marker that ends a transaction: a caught-up group's committed
+// offset is the high watermark, and lag in records reaches 0.
+//
+// Rebalances. Polls and the rebalance callbacks exclude each other
+// (kgo.BlockRebalanceOnPoll, allowed again right after each poll), and a
+// commit excludes the callbacks (commitMu). A revoked or lost partition's
+// records that are not committed yet are dropped from the batch being
+// built, and an in-flight batch never commits that partition's offset: its
+// next owner reads them again from the group's committed offset. Writing
+// and committing them in the callback instead would hold the whole group's
+// rebalance hostage to a sink that may be down, and a lost partition
+// cannot be committed anyway; the Sink contract makes the second write
+// harmless.
+//
+// Beside Projector, the package has Replay (rebuild a projection from the
+// log start without a group), Status (a group's lag from the brokers, with kadm)
+// and CommitOffsets (move a stopped group to where a replay ended).
+//
+// File map: projector.go (Projector, Config, the poll loop, commits,
+// rebalances), metrics.go (Lag, Metrics, Histogram, the Prometheus
+// handler), status.go (Status, CommitOffsets, direct fetches),
+// replay.go (Replay, Progress, NewBar).
+package projector
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+)
+
+// Defaults of Config.
+const (
+	DefaultGroup    = "ledger-projector"
+	DefaultMaxBatch = 5000
+	DefaultMaxWait  = 250 * time.Millisecond
+)
+
+// Config configures a Projector.
+type Config struct {
+	// Client is the Kafka connection. Brokers are required.
+	Client ledger.ClientConfig
+	// Topics names the topics; the projector reads Events and Control.
+	// Empty names take the defaults.
+	Topics ledger.Topics
+	// Group is the consumer group; default DefaultGroup. Every projection
+	// needs its own group: the group's offsets are how far that
+	// projection got.
+	Group string
+	// MaxBatch bounds the records in a batch (every record read,
+	// including transaction markers and undecodable ones); default
+	// DefaultMaxBatch.
+	MaxBatch int
+	// MaxWait is how long after its first record a batch that is not
+	// full is written anyway; default DefaultMaxWait. It is measured on
+	// the wall clock, not with Now.
+	MaxWait time.Duration
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Now is the clock for lag in seconds and the projection latency;
+	// default time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	c.Topics = c.Topics.WithDefaults()
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = DefaultMaxWait
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case len(c.Client.Brokers) == 0:
+		return errors.New("projector: no kafka brokers")
+	case c.Topics.Events == c.Topics.Control:
+		return fmt.Errorf("projector: events and control are the same topic %q", c.Topics.Events)
+	}
+	return nil
+}
+
+// Projector consumes the events and control topics into a Sink. Run it
+// once; Lag, Metrics, Latency and ServeHTTP may be called concurrently
+// with Run and with each other.
+type Projector struct {
+	cfg     Config
+	sink    projections.Sink
+	logger  *slog.Logger
+	running atomic.Bool
+
+	// commitMu is held across a commit and across the rebalance
+	// callbacks, so that no offset of a partition is committed once its
+	// revocation returned. Lock order: commitMu, then mu.
+	commitMu sync.Mutex
+	// mu guards parts and pending.
+	mu      sync.Mutex
+	parts   map[topicPartition]*partState
+	pending *pendingBatch
+
+	written      atomic.Int64
+	batches      atomic.Int64
+	writeErrors  atomic.Int64
+	undecodable  atomic.Int64
+	commitErrors atomic.Int64
+	latency      Histogram
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// partState is what the projector knows of one partition it was assigned.
+type partState struct {
+	owned bool
+	// gen changes whenever the partition is revoked or lost: an
+	// in-flight batch commits the partition only if gen did not change
+	// since the batch was taken.
+	gen uint64
+	// end is the high watermark of the last fetch with records; -1
+	// before one.
+	end int64
+	// committed is the offset the group will resume from: the last
+	// offset committed, or where this assignment started reading; -1
+	// before the first fetch.
+	committed int64
+	// pendingOldest and inflightOldest are the timestamps of the oldest
+	// record read but not yet written, in the batch being built and in
+	// the batch being written; zero when there is none.
+	pendingOldest, inflightOldest time.Time
+}
+
+// pendingBatch is the batch being built.
+type pendingBatch struct {
+	batch projections.Batch
+	// records counts every record read into the batch, per partition
+	// too: markers and undecodable records are not in batch, but their
+	// offsets are committed with it.
+	records int
+	counts  map[topicPartition]int
+	// next is, per partition, the offset after the last record read.
+	next map[topicPartition]kgo.EpochOffset
+	// started is when the first record was read (wall clock).
+	started time.Time
+}
+
+func newPendingBatch() *pendingBatch {
+	return &pendingBatch{counts: make(map[topicPartition]int), next: make(map[topicPartition]kgo.EpochOffset)}
+}
+
+// New returns a projector that writes to sink.
+func New(cfg Config, sink projections.Sink) (*Projector, error) {
+	cfg.setDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if sink == nil {
+		return nil, errors.New("projector: no sink")
+	}
+	return &Projector{
+		cfg:     cfg,
+		sink:    sink,
+		logger:  cfg.Logger.With("group", cfg.Group),
+		parts:   make(map[topicPartition]*partState),
+		pending: newPendingBatch(),
+	}, nil
+}
+
+// Run consumes until ctx is done, then leaves the group and returns nil.
+// Records read but not committed at that point are read again by the
+// group's next member. It returns an error only when the client cannot
+// run at all.
+func (p *Projector) Run(ctx context.Context) error {
+	if !p.running.CompareAndSwap(false, true) {
+		return errors.New("projector: already running")
+	}
+	defer p.running.Store(false)
+
+	t := p.cfg.Topics
+	cl, err := ledger.NewClient(p.cfg.Client,
+		kgo.ConsumerGroup(p.cfg.Group),
+		kgo.ConsumeTopics(t.Events, t.Control),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.DisableAutoCommit(),
+		kgo.KeepControlRecords(),
+		// A fetch in flight when partitions are assigned does not ask
+		// for them; kgo's 5s default would hold new partitions back
+		// that long after every rebalance. 500ms is Kafka's default.
+		kgo.FetchMaxWait(500*time.Millisecond),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsAssigned(p.assigned),
+		kgo.OnPartitionsRevoked(p.revoked),
+		kgo.OnPartitionsLost(p.revoked),
+	)
+	if err != nil {
+		return fmt.Errorf("projector: %w", err)
+	}
+	// Close leaves the group, which revokes everything: the callback
+	// drops what was not committed.
+	defer cl.Close()
+	p.logger.Info("projector started", "events_topic", t.Events, "control_topic", t.Control,
+		"max_batch", p.cfg.MaxBatch, "max_wait", p.cfg.MaxWait)
+
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		room := p.cfg.MaxBatch - p.pending.records
+		started := p.pending.started
+		p.mu.Unlock()
+
+		if room > 0 && (started.IsZero() || time.Since(started) < p.cfg.MaxWait) {
+			pollCtx, cancel := ctx, context.CancelFunc(func() {})
+			if !started.IsZero() {
+				pollCtx, cancel = context.WithDeadline(ctx, started.Add(p.cfg.MaxWait))
+			}
+			fetches := cl.PollRecords(pollCtx, room)
+			cancel()
+			p.read(cl, fetches)
+			// Rebalances wait while polled records are not yet in
+			// the batch (BlockRebalanceOnPoll), and only then.
+			cl.AllowRebalance()
+			if fetches.IsClientClosed() {
+				return errors.New("projector: kafka client closed")
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if p.due() {
+			if err := p.flush(ctx, cl); err != nil {
+				break // ctx is done
+			}
+		}
+	}
+	p.logger.Info("projector stopping")
+	return nil
+}
+
+// due reports whether the batch being built is full or old enough.
+func (p *Projector) due() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := p.pending
+	return b.records > 0 && (b.records >= p.cfg.MaxBatch || time.Since(b.started) >= p.cfg.MaxWait)
+}
+
+// readPart is what one poll read of one partition.
+type readPart struct {
+	tp       topicPartition
+	hwm      int64
+	logStart int64
+	first    int64
+	next     kgo.EpochOffset
+	oldest   time.Time
+	records  int
+	events   []projections.Event
+	actions  []projections.Action
+}
+
+// read decodes what a poll returned and adds it to the batch being built.
+func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
+	fetches.EachError(func(topic string, partition int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		p.logger.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
+	})
+	var parts []readPart
+	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		if len(ftp.Records) == 0 {
+			return
+		}
+		rp := readPart{
+			tp:       topicPartition{ftp.Topic, ftp.Partition},
+			hwm:      ftp.HighWatermark,
+			logStart: ftp.LogStartOffset,
+			first:    ftp.Records[0].Offset,
+		}
+		for _, r := range ftp.Records {
+			rp.records++
+			rp.next = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
+			if rp.oldest.IsZero() || r.Timestamp.Before(rp.oldest) {
+				rp.oldest = r.Timestamp
+			}
+			if r.Attrs.IsControl() {
+				continue // a transaction marker: only its offset counts
+			}
+			p.decode(r, &rp.events, &rp.actions)
+		}
+		parts = append(parts, rp)
+	})
+	if len(parts) == 0 {
+		return
+	}
+	// Where the group resumed reading, for the lag of a partition this
+	// assignment has not committed yet. Read before taking mu: kgo takes
+	// its own lock.
+	committed := cl.CommittedOffsets()
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := p.pending
+	for i := range parts {
+		rp := &parts[i]
+		st := p.state(rp.tp)
+		if !st.owned {
+			// kgo returns records only of assigned partitions; an
+			// assignment we did not hear of is still ours.
+			p.logger.Warn("records of a partition not known to be assigned", "topic", rp.tp.topic, "partition", rp.tp.partition)
+			st.owned = true
+		}
+		if rp.hwm >= 0 {
+			st.end = rp.hwm
+		}
+		if st.committed < 0 {
+			switch o, ok := committed[rp.tp.topic][rp.tp.partition]; {
+			case ok && o.Offset >= 0:
+				st.committed = o.Offset
+			case rp.logStart >= 0:
+				st.committed = rp.logStart
+			default:
+				st.committed = rp.first
+			}
+		}
+		if st.pendingOldest.IsZero() || rp.oldest.Before(st.pendingOldest) {
+			st.pendingOldest = rp.oldest
+		}
+		b.batch.Events = append(b.batch.Events, rp.events...)
+		b.batch.Actions = append(b.batch.Actions, rp.actions...)
+		b.records += rp.records
+		b.counts[rp.tp] += rp.records
+		b.next[rp.tp] = rp.next
+	}
+	if b.started.IsZero() {
+		b.started = time.Now()
+	}
+}
+
+// state returns the partition's state, creating it. mu is held.
+func (p *Projector) state(tp topicPartition) *partState {
+	st := p.parts[tp]
+	if st == nil {
+		st = &partState{end: -1, committed: -1}
+		p.parts[tp] = st
+	}
+	return st
+}
+
+// decode appends r to evs or acts, or counts and logs it as undecodable.
+func (p *Projector) decode(r *kgo.Record, evs *[]projections.Event, acts *[]projections.Action) {
+	if err := decodeRecord(r, p.cfg.Topics, evs, acts); err != nil {
+		p.undecodable.Add(1)
+		logUndecodable(p.logger, r, err)
+	}
+}
+
+// decodeRecord appends r to evs or acts, or says why it cannot.
+func decodeRecord(r *kgo.Record, t ledger.Topics, evs *[]projections.Event, acts *[]projections.Action) error {
+	switch r.Topic {
+	case t.Events:
+		e, err := ledger.DecodeEvent(r.Value)
+		if err != nil {
+			return err
+		}
+		*evs = append(*evs, projections.Event{Event: e, Partition: r.Partition, Offset: r.Offset, Produced: r.Timestamp})
+	case t.Control:
+		a, err := DecodeAction(r.Value)
+		if err != nil {
+			return err
+		}
+		*acts = append(*acts, projections.Action{Action: a, Partition: r.Partition, Offset: r.Offset})
+	default:
+		return errors.New("a record of a topic the projector does not read")
+	}
+	return nil
+}
+
+// logUndecodable logs a record that did not decode. The record is the
+// log's: the projection goes on without it, and a human must look.
+func logUndecodable(logger *slog.Logger, r *kgo.Record, err error) {
+	logger.Error("undecodable record skipped", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+}
+
+// MaxActionVersion is the newest control action encoding (the V of
+// ledger.ControlAction, which the control plane writes) this build reads.
+const MaxActionVersion = 1
+
+// ErrUnsupportedAction: a control record was written by a newer ledger.
+var ErrUnsupportedAction = errors.New("unsupported control action version")
+
+// DecodeAction parses a control record's value. A tombstone (nil value) is
+// not an action, and neither is an encoding newer than MaxActionVersion
+// (ErrUnsupportedAction).
+func DecodeAction(b []byte) (ledger.ControlAction, error) {
+	if b == nil {
+		return ledger.ControlAction{}, errors.New("decode action: a tombstone, not an action")
+	}
+	var a ledger.ControlAction
+	if err := json.Unmarshal(b, &a); err != nil {
+		return ledger.ControlAction{}, fmt.Errorf("decode action: %w", err)
+	}
+	switch {
+	case a.V < 1:
+		return ledger.ControlAction{}, errors.New("decode action: missing version")
+	case a.V > MaxActionVersion:
+		return ledger.ControlAction{}, fmt.Errorf("%w: v%d (this build reads up to v%d)", ErrUnsupportedAction, a.V, MaxActionVersion)
+	}
+	return a, nil
+}
+
+// flush writes the batch being built until the sink takes it, then
+// commits its offsets. It returns an error only when ctx is done.
+func (p *Projector) flush(ctx context.Context, cl *kgo.Client) error {
+	p.mu.Lock()
+	b := p.pending
+	p.pending = newPendingBatch()
+	gens := make(map[topicPartition]uint64, len(b.next))
+	for tp := range b.next {
+		st := p.parts[tp]
+		gens[tp] = st.gen
+		st.inflightOldest, st.pendingOldest = st.pendingOldest, time.Time{}
+	}
+	p.mu.Unlock()
+
+	batch := b.batch
+	for attempt := 1; batch.Len() > 0; attempt++ {
+		err := p.sink.Write(ctx, batch)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		p.writeErrors.Add(1)
+		backoff := retryBackoff(attempt)
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // the projection falls behind: a human must look
+		}
+		p.logger.Log(ctx, level, "projection write failed, retrying the batch",
+			"records", batch.Len(), "attempt", attempt, "backoff", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		// Partitions revoked meanwhile belong to their next owner.
+		batch = p.prune(batch, gens)
+	}
+	if n := batch.Len(); n > 0 {
+		now := p.cfg.Now()
+		for i := range batch.Events {
+			p.latency.Observe(now.Sub(batch.Events[i].Produced))
+		}
+		p.written.Add(int64(n))
+		p.batches.Add(1)
+	}
+	p.commit(ctx, cl, b, gens)
+	return nil
+}
+
+// prune drops from batch the records of partitions revoked since gens.
+func (p *Projector) prune(batch projections.Batch, gens map[topicPartition]uint64) projections.Batch {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := p.cfg.Topics
+	current := func(topic string, partition int32) bool {
+		tp := topicPartition{topic, partition}
+		st := p.parts[tp]
+		return st != nil && st.owned && st.gen == gens[tp]
+	}
+	var out projections.Batch
+	for _, e := range batch.Events {
+		if current(t.Events, e.Partition) {
+			out.Events = append(out.Events, e)
+		}
+	}
+	for _, a := range batch.Actions {
+		if current(t.Control, a.Partition) {
+			out.Actions = append(out.Actions, a)
+		}
+	}
+	return out
+}
+
+// commit commits b's offsets of the partitions still owned since gens.
+// A failed commit is logged: the records are read again after the next
+// rebalance or restart, and the next batch's commit covers them.
+func (p *Projector) commit(ctx context.Context, cl *kgo.Client, b *pendingBatch, gens map[topicPartition]uint64) {
+	p.commitMu.Lock()
+	defer p.commitMu.Unlock()
+
+	offsets := make(map[string]map[int32]kgo.EpochOffset)
+	p.mu.Lock()
+	for tp, next := range b.next {
+		st := p.parts[tp]
+		if !st.owned || st.gen != gens[tp] {
+			continue
+		}
+		st.inflightOldest = time.Time{}
+		if offsets[tp.topic] == nil {
+			offsets[tp.topic] = make(map[int32]kgo.EpochOffset)
+		}
+		offsets[tp.topic][tp.partition] = next
+	}
+	p.mu.Unlock()
+	if len(offsets) == 0 {
+		return
+	}
+
+	var cerr error
+	cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			cerr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, pt := range t.Partitions {
+				if err := kerr.ErrorForCode(pt.ErrorCode); err != nil && cerr == nil {
+					cerr = fmt.Errorf("%s/%d: %w", t.Topic, pt.Partition, err)
+				}
+			}
+		}
+	})
+	if cerr != nil {
+		if ctx.Err() == nil {
+			p.commitErrors.Add(1)
+			p.logger.Warn("offset commit failed; the batch will be read again", "records", b.records, "err", cerr)
+		}
+		return
+	}
+	p.mu.Lock()
+	for topic, ps := range offsets {
+		for partition, o := range ps {
+			if st := p.parts[topicPartition{topic, partition}]; st.gen == gens[topicPartition{topic, partition}] {
+				st.committed = o.Offset
+			}
+		}
+	}
+	p.mu.Unlock()
+}
+
+// assigned is the OnPartitionsAssigned callback.
+func (p *Projector) assigned(_ context.Context, _ *kgo.Client, added map[string][]int32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for topic, ps := range added {
+		for _, partition := range ps {
+			st := p.state(topicPartition{topic, partition})
+			st.owned, st.end, st.committed = true, -1, -1
+		}
+	}
+	if len(added) > 0 {
+		p.logger.Info("partitions assigned", "partitions", added)
+	}
+}
+
+// revoked is the OnPartitionsRevoked and OnPartitionsLost callback: it
+// drops the revoked partitions' uncommitted records (their next owner
+// reads them again from the committed offset) and, holding commitMu,
+// makes sure no in-flight batch commits them after it returns.
+func (p *Projector) revoked(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	p.commitMu.Lock()
+	defer p.commitMu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	gone := make(map[topicPartition]bool)
+	dropped := 0
+	b := p.pending
+	for topic, ps := range lost {
+		for _, partition := range ps {
+			tp := topicPartition{topic, partition}
+			gone[tp] = true
+			st := p.state(tp)
+			st.gen++
+			st.owned, st.end, st.committed = false, -1, -1
+			st.pendingOldest, st.inflightOldest = time.Time{}, time.Time{}
+			dropped += b.counts[tp]
+			b.records -= b.counts[tp]
+			delete(b.counts, tp)
+			delete(b.next, tp)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	t := p.cfg.Topics
+	evs := b.batch.Events[:0]
+	for _, e := range b.batch.Events {
+		if !gone[topicPartition{t.Events, e.Partition}] {
+			evs = append(evs, e)
+		}
+	}
+	acts := b.batch.Actions[:0]
+	for _, a := range b.batch.Actions {
+		if !gone[topicPartition{t.Control, a.Partition}] {
+			acts = append(acts, a)
+		}
+	}
+	b.batch.Events, b.batch.Actions = evs, acts
+	if b.records == 0 {
+		b.started = time.Time{}
+	}
+	p.logger.Info("partitions revoked; their uncommitted records are left to the next owner",
+		"partitions", lost, "dropped_records", dropped)
+}
+
+// retryBackoff is the wait before the next attempt: doubling from 100ms
+// to 10s, jittered so that many projectors do not retry in step.
+func retryBackoff(attempt int) time.Duration {
+	d := 100 * time.Millisecond << min(attempt-1, 7)
+	d = min(d, 10*time.Second)
+	return d/2 + rand.N(d/2+1)
+}

@@ -1,0 +1,951 @@
+package projector
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// recSink is a Sink that stores the batches it took. hook, if set, runs
+// first: an error from it fails the Write and nothing is stored.
+type recSink struct {
+	mu      sync.Mutex
+	batches []projections.Batch
+	calls   int
+	hook    func(ctx context.Context, call int, b projections.Batch) error
+}
+
+func (s *recSink) Write(ctx context.Context, b projections.Batch) error {
+	s.mu.Lock()
+	s.calls++
+	call, hook := s.calls, s.hook
+	s.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx, call, b); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batches = append(s.batches, projections.Batch{
+		Events: slices.Clone(b.Events), Actions: slices.Clone(b.Actions),
+	})
+	return nil
+}
+
+func (s *recSink) setHook(h func(ctx context.Context, call int, b projections.Batch) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hook = h
+}
+
+// events counts the event ids the sink took.
+func (s *recSink) events() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int)
+	for _, b := range s.batches {
+		for _, e := range b.Events {
+			out[e.EventID]++
+		}
+	}
+	return out
+}
+
+// actions counts the action subjects the sink took.
+func (s *recSink) actions() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int)
+	for _, b := range s.batches {
+		for _, a := range b.Actions {
+			out[a.Action.Subject]++
+		}
+	}
+	return out
+}
+
+func (s *recSink) all() []projections.Batch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.batches)
+}
+
+// set returns ids as a set, each counted once.
+func set(ids ...string) map[string]int {
+	out := make(map[string]int)
+	for _, id := range ids {
+		out[id] = 1
+	}
+	return out
+}
+
+// once returns the keys of m, each counted once.
+func once(m map[string]int) map[string]int {
+	return set(slices.Collect(maps.Keys(m))...)
+}
+
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%03d", prefix, i)
+	}
+	return out
+}
+
+func eventRecord(t testing.TB, topic, id string) *kgo.Record {
+	t.Helper()
+	e := ledger.Event{
+		EventID: id, Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(), Actor: "intake",
+		TenantID: "t_a", IdempotencyKey: "key-" + id, Tool: "refund_order",
+	}
+	r, err := e.Record(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func eventRecords(t testing.TB, topic string, ids []string) []*kgo.Record {
+	out := make([]*kgo.Record, len(ids))
+	for i, id := range ids {
+		out[i] = eventRecord(t, topic, id)
+	}
+	return out
+}
+
+func actionRecord(t testing.TB, topic, tool string) *kgo.Record {
+	t.Helper()
+	a := ledger.ControlAction{
+		V: 1, Kind: "freeze", Subject: "tool:" + tool, Tool: tool,
+		By: "op_root", ByTenant: "*", Reason: "test", At: time.Now().UTC(),
+	}
+	b, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(a.Subject), Value: b}
+}
+
+// produce appends recs outside a transaction.
+func produce(t testing.TB, k *ledgertest.Kafka, recs ...*kgo.Record) {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+// spread sets the records' partitions round robin over n partitions.
+func spread(recs []*kgo.Record, n int32) []*kgo.Record {
+	for i, r := range recs {
+		r.Partition = int32(i) % n
+	}
+	return recs
+}
+
+// beginTxn opens a transaction and appends recs in it, leaving it open.
+func beginTxn(t testing.TB, k *ledgertest.Kafka, id string, recs ...*kgo.Record) *kgo.Client {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client, kgo.TransactionalID(id), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatalf("produce in transaction %s: %v", id, err)
+	}
+	return cl
+}
+
+func endTxn(t testing.TB, cl *kgo.Client, how kgo.TransactionEndTry) {
+	t.Helper()
+	if err := cl.EndTransaction(t.Context(), how); err != nil {
+		t.Fatalf("end transaction: %v", err)
+	}
+}
+
+// produceTxn appends recs in a transaction and commits or aborts it.
+func produceTxn(t testing.TB, k *ledgertest.Kafka, id string, how kgo.TransactionEndTry, recs ...*kgo.Record) {
+	t.Helper()
+	cl := beginTxn(t, k, id, recs...)
+	endTxn(t, cl, how)
+	cl.Close()
+}
+
+func admin(t testing.TB, k *ledgertest.Kafka) *kadm.Client {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+// committed returns the group's committed offsets.
+func committed(t testing.TB, adm *kadm.Client, group string) map[string]map[int32]int64 {
+	t.Helper()
+	os, err := adm.FetchOffsets(t.Context(), group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("fetch offsets: %v", err)
+	}
+	out := make(map[string]map[int32]int64)
+	os.Each(func(o kadm.OffsetResponse) {
+		if o.Err == nil && o.At >= 0 {
+			if out[o.Topic] == nil {
+				out[o.Topic] = make(map[int32]int64)
+			}
+			out[o.Topic][o.Partition] = o.At
+		}
+	})
+	return out
+}
+
+// highWatermarks returns the end offsets of the events and control topics.
+func highWatermarks(t testing.TB, adm *kadm.Client, k *ledgertest.Kafka) map[string]map[int32]int64 {
+	t.Helper()
+	l, err := adm.ListEndOffsets(t.Context(), k.Topics.Events, k.Topics.Control)
+	if err == nil {
+		err = l.Error()
+	}
+	if err != nil {
+		t.Fatalf("list end offsets: %v", err)
+	}
+	out := make(map[string]map[int32]int64)
+	l.Each(func(o kadm.ListedOffset) {
+		if out[o.Topic] == nil {
+			out[o.Topic] = make(map[int32]int64)
+		}
+		out[o.Topic][o.Partition] = o.Offset
+	})
+	return out
+}
+
+// waitCaughtUp waits until the group committed the high watermark of
+// every partition that has records.
+func waitCaughtUp(t testing.TB, adm *kadm.Client, k *ledgertest.Kafka, group string) {
+	t.Helper()
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		ends := highWatermarks(t, adm, k)
+		got := committed(t, adm, group)
+		for topic, ps := range ends {
+			for p, end := range ps {
+				if end > 0 && got[topic][p] != end {
+					return fmt.Errorf("%s/%d: committed %d, end %d", topic, p, got[topic][p], end)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// receive waits for a value on ch.
+func receive(t testing.TB, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing received after 30s")
+	}
+}
+
+// logRecorder is a slog handler that keeps the records.
+type logRecorder struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (h *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recs = append(h.recs, r.Clone())
+	return nil
+}
+func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logRecorder) WithGroup(string) slog.Handler      { return h }
+
+func (h *logRecorder) records(msg string) []slog.Record {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []slog.Record
+	for _, r := range h.recs {
+		if r.Message == msg {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func attrs(r slog.Record) map[string]string {
+	out := make(map[string]string)
+	r.Attrs(func(a slog.Attr) bool {
+		out[a.Key] = a.Value.String()
+		return true
+	})
+	return out
+}
+
+// start runs a projector in group until the test ends or stop is called.
+func start(t *testing.T, k *ledgertest.Kafka, group string, sink projections.Sink, mod func(*Config)) (*Projector, func()) {
+	t.Helper()
+	cfg := Config{Client: k.Client, Topics: k.Topics, Group: group, MaxWait: 50 * time.Millisecond}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p, err := New(cfg, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var stopOnce sync.Once
+	stop := func() {
+		stopOnce.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run = %v; want nil", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("Run did not return after its context was canceled")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return p, stop
+}
+
+func TestCommittedTransactionsOnly(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	committedIDs, abortedIDs, plainIDs := ids("c", 6), ids("a", 4), ids("p", 3)
+	produceTxn(t, k, "txn-commit", kgo.TryCommit, append(spread(eventRecords(t, k.Topics.Events, committedIDs), 4),
+		actionRecord(t, k.Topics.Control, "tool_a"))...)
+	produceTxn(t, k, "txn-abort", kgo.TryAbort, append(spread(eventRecords(t, k.Topics.Events, abortedIDs), 4),
+		actionRecord(t, k.Topics.Control, "tool_b"))...)
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, plainIDs), 4)...)
+
+	sink := &recSink{}
+	group := k.Group("committed-only")
+	p, _ := start(t, k, group, sink, nil)
+	// Caught up: every offset, the aborted records' included, is behind
+	// the group.
+	waitCaughtUp(t, adm, k, group)
+
+	want := set(append(committedIDs, plainIDs...)...)
+	if diff := cmp.Diff(want, sink.events()); diff != "" {
+		t.Errorf("events written (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(set("tool:tool_a"), sink.actions()); diff != "" {
+		t.Errorf("actions written (-want +got):\n%s", diff)
+	}
+	for _, b := range sink.all() {
+		for _, e := range b.Events {
+			if e.Produced.IsZero() || e.Offset < 0 {
+				t.Errorf("event %s: Produced %v, Offset %d; want both set", e.EventID, e.Produced, e.Offset)
+			}
+		}
+	}
+	if m := p.Metrics(); m.Written != int64(len(want)+1) || m.WriteErrors != 0 || m.Undecodable != 0 {
+		t.Errorf("Metrics = %+v; want %d written, no errors", m, len(want)+1)
+	}
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if l := p.Lag(); l.Records != 0 || l.Time != 0 {
+			return fmt.Errorf("Lag = %+v; want 0 once caught up", l)
+		}
+		return nil
+	})
+}
+
+func TestCommitOnlyAfterWrite(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("commit-after-write")
+	want := ids("e", 20)
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, want), 4)...)
+
+	const failures = 3
+	var committedWhileFailing atomic.Bool
+	sink := &recSink{}
+	sink.setHook(func(_ context.Context, call int, _ projections.Batch) error {
+		if call > failures {
+			return nil
+		}
+		if len(committed(t, adm, group)) > 0 {
+			committedWhileFailing.Store(true)
+		}
+		return errors.New("projection down")
+	})
+	p, _ := start(t, k, group, sink, nil)
+	waitCaughtUp(t, adm, k, group)
+
+	if committedWhileFailing.Load() {
+		t.Error("offsets were committed while the sink failed every write")
+	}
+	// No rebalance, so no redelivery: each event exactly once.
+	if diff := cmp.Diff(set(want...), sink.events()); diff != "" {
+		t.Errorf("events written (-want +got):\n%s", diff)
+	}
+	if m := p.Metrics(); m.WriteErrors != failures || m.Written != int64(len(want)) {
+		t.Errorf("Metrics = %+v; want %d write errors, %d written", m, failures, len(want))
+	}
+}
+
+func TestNewMemberRereadsUncommitted(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("crash")
+	first, second := ids("first", 10), ids("second", 10)
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, first), 4)...)
+
+	sinkA := &recSink{}
+	_, stopA := start(t, k, group, sinkA, nil)
+	waitCaughtUp(t, adm, k, group)
+	before := committed(t, adm, group)
+
+	// From now on A's writes land but the projector never hears so: a
+	// crash between the write and the commit.
+	landed := &recSink{}
+	sinkA.setHook(func(ctx context.Context, _ int, b projections.Batch) error {
+		_ = landed.Write(ctx, b)
+		return errors.New("connection reset after the write")
+	})
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, second), 4)...)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if got := once(landed.events()); !cmp.Equal(got, set(second...)) {
+			return fmt.Errorf("landed %v; want every second event", got)
+		}
+		return nil
+	})
+	stopA()
+	if diff := cmp.Diff(before, committed(t, adm, group)); diff != "" {
+		t.Fatalf("offsets moved although no write succeeded (-before +after):\n%s", diff)
+	}
+
+	sinkB := &recSink{}
+	start(t, k, group, sinkB, nil)
+	waitCaughtUp(t, adm, k, group)
+	if diff := cmp.Diff(set(second...), once(sinkB.events())); diff != "" {
+		t.Errorf("events the new member wrote (-want +got):\n%s", diff)
+	}
+}
+
+func TestUndecodableRecords(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("undecodable")
+	ev, ctl := k.Topics.Events, k.Topics.Control
+	recs := []*kgo.Record{
+		eventRecord(t, ev, "ok-1"),
+		{Topic: ev, Key: []byte("t_a/bad"), Value: []byte("not json")},
+		{Topic: ev, Key: []byte("t_a/future"), Value: []byte(`{"v":99,"event_id":"future","type":"requested","seq":1}`)},
+		eventRecord(t, ev, "ok-2"),
+		{Topic: ctl, Key: []byte("tool:x"), Value: []byte("{bad")},
+		{Topic: ctl, Key: []byte("tool:y")}, // a tombstone
+		actionRecord(t, ctl, "tool_c"),
+	}
+	produce(t, k, recs...) // all on partition 0, in this order
+
+	logs := &logRecorder{}
+	sink := &recSink{}
+	p, _ := start(t, k, group, sink, func(c *Config) { c.Logger = slog.New(logs) })
+	waitCaughtUp(t, adm, k, group)
+
+	if diff := cmp.Diff(set("ok-1", "ok-2"), sink.events()); diff != "" {
+		t.Errorf("events written (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(set("tool:tool_c"), sink.actions()); diff != "" {
+		t.Errorf("actions written (-want +got):\n%s", diff)
+	}
+	if got := p.Metrics().Undecodable; got != 4 {
+		t.Errorf("Metrics().Undecodable = %d; want 4", got)
+	}
+	var got []string
+	for _, r := range logs.records("undecodable record skipped") {
+		a := attrs(r)
+		if r.Level != slog.LevelError || a["err"] == "" {
+			t.Errorf("log %v %v; want an error with the cause", r.Level, a)
+		}
+		got = append(got, a["topic"]+"/"+a["partition"]+"/"+a["offset"])
+	}
+	slices.Sort(got)
+	want := []string{ctl + "/0/0", ctl + "/0/1", ev + "/0/1", ev + "/0/2"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("undecodable records logged (-want +got):\n%s", diff)
+	}
+}
+
+func TestLagAndStatus(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("lag")
+	scfg := StatusConfig{Client: k.Client, Topics: k.Topics, Group: group}
+
+	if _, err := Status(t.Context(), scfg); !errors.Is(err, ErrNeverCommitted) {
+		t.Errorf("Status of a group that never committed: err = %v; want ErrNeverCommitted", err)
+	}
+
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, ids("before", 8)), 4)...)
+	var blocked atomic.Bool
+	release := make(chan struct{})
+	entered := make(chan struct{}, 100)
+	sink := &recSink{}
+	sink.setHook(func(ctx context.Context, _ int, _ projections.Batch) error {
+		if !blocked.Load() {
+			return nil
+		}
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	p, _ := start(t, k, group, sink, nil)
+	waitCaughtUp(t, adm, k, group)
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if l := p.Lag(); l.Records != 0 || l.Time != 0 {
+			return fmt.Errorf("Lag = %+v; want 0", l)
+		}
+		return nil
+	})
+	st, err := Status(t.Context(), scfg)
+	if err != nil || st.Records != 0 || st.Time != 0 {
+		t.Fatalf("Status caught up = %+v, %v; want no lag", st, err)
+	}
+
+	// One committed transaction on one partition: its records reach
+	// the projector in one fetch, with the high watermark after them.
+	blocked.Store(true)
+	produceTxn(t, k, "lag-txn", kgo.TryCommit, eventRecords(t, k.Topics.Events, ids("after", 5))...)
+	receive(t, entered)
+	var lag Lag
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		lag = p.Lag()
+		if lag.Records <= 0 || lag.Time <= 0 {
+			return fmt.Errorf("Lag = %+v; want > 0 while the sink is blocked", lag)
+		}
+		return nil
+	})
+	st, err = Status(t.Context(), scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Records != lag.Records {
+		t.Errorf("Status lag %d records; Lag %d", st.Records, lag.Records)
+	}
+	for _, pl := range lag.Partitions {
+		i := slices.IndexFunc(st.Partitions, func(ps PartitionStatus) bool {
+			return ps.Topic == pl.Topic && ps.Partition == pl.Partition
+		})
+		if i < 0 {
+			t.Errorf("Status has no %s/%d", pl.Topic, pl.Partition)
+			continue
+		}
+		ps := st.Partitions[i]
+		if ps.End != pl.End || ps.Records != pl.Records {
+			t.Errorf("%s/%d: Status end %d, lag %d; Lag end %d, lag %d", pl.Topic, pl.Partition, ps.End, ps.Records, pl.End, pl.Records)
+		}
+		if d := ps.Time - pl.Time; (pl.Records > 0) != (ps.Time > 0) || d < -time.Second || d > time.Second {
+			t.Errorf("%s/%d: Status lag %s; Lag %s", pl.Topic, pl.Partition, ps.Time, pl.Time)
+		}
+	}
+	if !strings.Contains(st.String(), k.Topics.Events) {
+		t.Errorf("Status.String() = %q; want the topics listed", st.String())
+	}
+
+	close(release)
+	waitCaughtUp(t, adm, k, group)
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if l := p.Lag(); l.Records != 0 || l.Time != 0 {
+			return fmt.Errorf("Lag = %+v; want 0 once caught up", l)
+		}
+		return nil
+	})
+	st, err = Status(t.Context(), scfg)
+	if err != nil || st.Records != 0 || st.Time != 0 {
+		t.Errorf("Status caught up = %+v, %v; want no lag", st, err)
+	}
+}
+
+func TestReplay(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	ev := k.Topics.Events
+	committedIDs, plainIDs := ids("c", 5), ids("p", 2)
+	produceTxn(t, k, "r-commit", kgo.TryCommit, append(spread(eventRecords(t, ev, committedIDs), 4),
+		actionRecord(t, k.Topics.Control, "tool_a"))...)
+	produceTxn(t, k, "r-abort", kgo.TryAbort, append(spread(eventRecords(t, ev, ids("a", 3)), 4),
+		actionRecord(t, k.Topics.Control, "tool_b"))...)
+	produce(t, k, spread(eventRecords(t, ev, plainIDs), 4)...)
+	// On partition 0: a transaction that will abort, then one that
+	// stays open; the abort marker lands after the open transaction's
+	// first record, so the last stable offset sits right after an
+	// aborted record whose marker is past it.
+	txnA := beginTxn(t, k, "r-interleaved-a", eventRecord(t, ev, "x-aborted"))
+	txnB := beginTxn(t, k, "r-open", eventRecord(t, ev, "x-open"))
+	endTxn(t, txnA, kgo.TryAbort)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	sink := &recSink{}
+	var reports []Progress
+	logs := &logRecorder{}
+	rcfg := ReplayConfig{Client: k.Client, Topics: k.Topics, MaxBatch: 3, Logger: slog.New(logs)}
+	prog, err := Replay(ctx, rcfg, sink, func(p Progress) {
+		reports = append(reports, p)
+	})
+	if err != nil {
+		t.Fatalf("Replay: %v", err)
+	}
+	want := set(append(committedIDs, plainIDs...)...)
+	if diff := cmp.Diff(want, sink.events()); diff != "" {
+		t.Errorf("events replayed (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(set("tool:tool_a"), sink.actions()); diff != "" {
+		t.Errorf("actions replayed (-want +got):\n%s", diff)
+	}
+	if prog.Done != int64(len(want)+1) || prog.Read != prog.Total || !prog.Final {
+		t.Errorf("Replay progress = %+v; want Done %d, Read == Total, Final", prog, len(want)+1)
+	}
+	if len(reports) == 0 || !cmp.Equal(reports[len(reports)-1], prog) {
+		t.Errorf("last progress report %+v; want %+v", reports, prog)
+	}
+	for i, r := range reports[:max(0, len(reports)-1)] {
+		if r.Final {
+			t.Errorf("report %d of %d is final", i, len(reports))
+		}
+	}
+	// Partition 0 ends in an aborted record that a consumer skips
+	// silently: only a direct fetch tells that nothing is left.
+	var probed []string
+	for _, r := range logs.records("replay: only aborted records left before the end") {
+		a := attrs(r)
+		probed = append(probed, a["topic"]+"/"+a["partition"])
+	}
+	if diff := cmp.Diff([]string{ev + "/0"}, probed); diff != "" {
+		t.Errorf("partitions ended by a direct fetch (-want +got):\n%s", diff)
+	}
+	hwm := highWatermarks(t, adm, k)
+	if got := prog.Ends[ev][0]; got >= hwm[ev][0] {
+		t.Errorf("replayed partition 0 to %d; want below the high watermark %d (the open transaction)", got, hwm[ev][0])
+	}
+
+	// The open transaction commits, and more comes; a group set to the
+	// replay's ends reads only that.
+	endTxn(t, txnB, kgo.TryCommit)
+	produce(t, k, spread(eventRecords(t, ev, ids("later", 3)), 4)...)
+	group := k.Group("after-replay")
+	if err := CommitOffsets(t.Context(), k.Client, group, prog.Ends); err != nil {
+		t.Fatalf("CommitOffsets: %v", err)
+	}
+	after := &recSink{}
+	start(t, k, group, after, nil)
+	waitCaughtUp(t, adm, k, group)
+	if diff := cmp.Diff(set(append(ids("later", 3), "x-open")...), once(after.events())); diff != "" {
+		t.Errorf("events after the replay (-want +got):\n%s", diff)
+	}
+	if err := CommitOffsets(t.Context(), k.Client, group, prog.Ends); !errors.Is(err, ErrGroupActive) {
+		t.Errorf("CommitOffsets on a running group: err = %v; want ErrGroupActive", err)
+	}
+}
+
+func TestReplayEmpty(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	sink := &recSink{}
+	prog, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics}, sink, nil)
+	if err != nil || prog.Done != 0 || prog.Total != 0 || !prog.Final || len(prog.Ends[k.Topics.Events]) != 4 {
+		t.Errorf("Replay of empty topics = %+v, %v; want nothing done, four partitions' ends", prog, err)
+	}
+}
+
+func TestRebalanceLosesNothing(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("rebalance")
+	fast := func(c *Config) {
+		c.Client.Opts = append(slices.Clone(c.Client.Opts), kgo.HeartbeatInterval(100*time.Millisecond))
+	}
+	first, second := ids("r1", 40), ids("r2", 40)
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, first), 4)...)
+
+	sinkA, sinkB := &recSink{}, &recSink{}
+	start(t, k, group, sinkA, fast)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if len(sinkA.events()) == 0 {
+			return errors.New("A wrote nothing yet")
+		}
+		return nil
+	})
+	start(t, k, group, sinkB, fast)
+	// B joins; the group rebalances; what comes next is split.
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		st, err := Status(t.Context(), StatusConfig{Client: k.Client, Topics: k.Topics, Group: group})
+		if err != nil || st.Members != 2 || st.State != "Stable" {
+			return fmt.Errorf("group %s, %d members, %v; want Stable with 2", st.State, st.Members, err)
+		}
+		return nil
+	})
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, second), 4)...)
+	waitCaughtUp(t, adm, k, group)
+
+	all := once(sinkA.events())
+	maps.Copy(all, once(sinkB.events()))
+	if diff := cmp.Diff(set(append(first, second...)...), all); diff != "" {
+		t.Errorf("events written by A or B (-want +got):\n%s", diff)
+	}
+	if len(sinkB.events()) == 0 {
+		t.Error("B wrote nothing; want a share of the partitions")
+	}
+}
+
+func TestRevokedPartitionsNotCommittedByOldOwner(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("revoked-inflight")
+	fast := func(c *Config) {
+		c.Client.Opts = append(slices.Clone(c.Client.Opts), kgo.HeartbeatInterval(100*time.Millisecond))
+	}
+	first, second := ids("f", 16), ids("s", 16)
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, first), 4)...)
+
+	// A's first write hangs until released: its batch is in flight
+	// while B joins and takes some of A's partitions.
+	release, entered := make(chan struct{}), make(chan struct{}, 1)
+	sinkA := &recSink{}
+	sinkA.setHook(func(ctx context.Context, call int, _ projections.Batch) error {
+		if call == 1 {
+			entered <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	a, _ := start(t, k, group, sinkA, fast)
+	receive(t, entered)
+	sinkB := &recSink{}
+	b, _ := start(t, k, group, sinkB, fast)
+	// B writes the records of its partitions and commits them; then
+	// more comes, and B commits past what A holds in flight.
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if len(sinkB.events()) == 0 {
+			return errors.New("B wrote nothing yet")
+		}
+		return nil
+	})
+	produce(t, k, spread(eventRecords(t, k.Topics.Events, second), 4)...)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		ends, got := highWatermarks(t, adm, k), committed(t, adm, group)
+		lag := b.Lag()
+		if len(lag.Partitions) == 0 {
+			return errors.New("B owns nothing yet")
+		}
+		for _, pl := range lag.Partitions {
+			if pl.Topic == k.Topics.Events && got[pl.Topic][pl.Partition] != ends[pl.Topic][pl.Partition] {
+				return fmt.Errorf("B's %s/%d committed at %d, end %d", pl.Topic, pl.Partition, got[pl.Topic][pl.Partition], ends[pl.Topic][pl.Partition])
+			}
+		}
+		return nil
+	})
+
+	// A's write returns: it must commit only the partitions it still
+	// owns, or it would rewind B's.
+	close(release)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if a.Metrics().Batches == 0 {
+			return errors.New("A's write has not returned")
+		}
+		return nil
+	})
+	a.commitMu.Lock() // wait for A's commit to end
+	a.commitMu.Unlock()
+	waitCaughtUp(t, adm, k, group)
+	all := once(sinkA.events())
+	maps.Copy(all, once(sinkB.events()))
+	if diff := cmp.Diff(set(append(first, second...)...), all); diff != "" {
+		t.Errorf("events written by A or B (-want +got):\n%s", diff)
+	}
+}
+
+// sampleRE is a Prometheus text exposition sample line.
+var sampleRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$`)
+
+func TestMetricsEndpoint(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("metrics")
+	produce(t, k, append(spread(eventRecords(t, k.Topics.Events, ids("m", 8)), 4),
+		&kgo.Record{Topic: k.Topics.Events, Value: []byte("garbage")})...)
+	p, _ := start(t, k, group, &recSink{}, nil)
+	waitCaughtUp(t, adm, k, group)
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if l := p.Lag(); l.Records != 0 || len(l.Partitions) == 0 {
+			return fmt.Errorf("Lag = %+v; want partitions, caught up", l)
+		}
+		return nil
+	})
+
+	rec := httptest.NewRecorder()
+	p.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+		t.Errorf("Content-Type = %q; want text/plain", ct)
+	}
+	samples := make(map[string]float64)
+	sc := bufio.NewScanner(rec.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "# HELP ") || strings.HasPrefix(line, "# TYPE ") {
+			continue
+		}
+		m := sampleRE.FindStringSubmatch(line)
+		if m == nil {
+			t.Errorf("line does not parse: %q", line)
+			continue
+		}
+		v, err := strconv.ParseFloat(m[4], 64)
+		if err != nil {
+			t.Errorf("line %q: value: %v", line, err)
+		}
+		samples[m[1]] += v
+	}
+	for name, want := range map[string]float64{
+		"ledger_projector_lag_records":               0,
+		"ledger_projector_lag_seconds":               0,
+		"ledger_projector_written_records_total":     8,
+		"ledger_projector_batches_total":             -1,
+		"ledger_projector_write_errors_total":        0,
+		"ledger_projector_undecodable_records_total": 1,
+		"ledger_projector_latency_seconds_bucket":    -1,
+		"ledger_projector_latency_seconds_count":     8,
+		"ledger_projector_latency_seconds_sum":       -1,
+	} {
+		got, ok := samples[name]
+		switch {
+		case !ok:
+			t.Errorf("no %s sample", name)
+		case want >= 0 && got != want:
+			t.Errorf("%s = %v; want %v", name, got, want)
+		}
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	t.Parallel()
+	var h Histogram
+	if got := h.Quantile(0.5); got != 0 {
+		t.Errorf("empty Quantile(0.5) = %s; want 0", got)
+	}
+	for i := 1; i <= 1000; i++ {
+		h.Observe(time.Duration(i) * time.Millisecond)
+	}
+	h.Observe(-time.Second) // a clock behind the record: counts as 0
+	for _, tc := range []struct {
+		q    float64
+		want time.Duration
+	}{
+		{0.5, 500 * time.Millisecond},
+		{0.99, 990 * time.Millisecond},
+		{1, time.Second},
+	} {
+		got := h.Quantile(tc.q)
+		if got < tc.want || float64(got) > float64(tc.want)*1.1 {
+			t.Errorf("Quantile(%v) = %s; want %s, at most 10%% over", tc.q, got, tc.want)
+		}
+	}
+	if h.Count() != 1001 {
+		t.Errorf("Count() = %d; want 1001", h.Count())
+	}
+	if got := h.Quantile(0.0001); got > time.Microsecond {
+		t.Errorf("Quantile(0.0001) = %s; want at most 1µs, the first bucket (the negative observation)", got)
+	}
+}
+
+func TestBar(t *testing.T) {
+	t.Parallel()
+	p := Progress{Done: 1234567, Total: 5000000, Read: 1235000, Rate: 210000, ETA: 18 * time.Second, Elapsed: time.Second}
+	if got, want := barLine("rebuild", p), "rebuild: 1234567/5000000 events (24.7%) 210k/s ETA 18s"; got != want {
+		t.Errorf("barLine = %q; want %q", got, want)
+	}
+
+	var b strings.Builder
+	bar := newBar(&b, "rebuild", false)
+	for _, s := range []int{1, 4, 6, 8, 12} {
+		p.Elapsed = time.Duration(s) * time.Second
+		bar(p)
+	}
+	p.Done, p.Read, p.Final, p.Elapsed = 4999000, 5000000, true, 23*time.Second
+	bar(p)
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	want := []string{
+		"rebuild: 1234567/5000000 events (24.7%) 210k/s ETA 18s",
+		"rebuild: 1234567/5000000 events (24.7%) 210k/s ETA 18s",
+		"rebuild: 4999000/5000000 events (100.0%) 210k/s in 23s",
+	}
+	if diff := cmp.Diff(want, lines); diff != "" {
+		t.Errorf("lines every 5s and the last (-want +got):\n%s", diff)
+	}
+
+	b.Reset()
+	bar = newBar(&b, "rebuild", true)
+	p.Final = false
+	bar(p)
+	p.Final = true
+	bar(p)
+	if got := b.String(); strings.Count(got, "\r") != 2 || !strings.HasSuffix(got, "\n") || strings.Count(got, "\n") != 1 {
+		t.Errorf("terminal output %q; want two redraws and a final newline", got)
+	}
+}
