@@ -33,6 +33,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/processors/storetest"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/projector"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -109,8 +110,15 @@ func newHarness(t testing.TB, kind storeKind, partitions int32, backendOpts ...f
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { h.index.Close() })
+	indexer, err := projector.New(projector.Config{
+		Client: h.kafka.Client, Topics: h.kafka.Topics, Group: h.kafka.Group("callindex"),
+		MaxWait: 5 * time.Millisecond, Logger: h.logger,
+	}, h.index)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h.run("callindex", func(ctx context.Context) error {
-		return h.index.Run(ctx, callindex.RunConfig{Client: h.kafka.Client, Topic: h.kafka.Topics.Events, Group: h.kafka.Group("callindex")})
+		return indexer.Run(ctx)
 	})
 	h.pub, err = ledger.NewClient(h.kafka.Client, kgo.RecordPartitioner(ledger.Partitioner()))
 	if err != nil {

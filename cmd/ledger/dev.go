@@ -26,8 +26,11 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
+	"github.com/toolcall-ledger/ledger/projections/projector"
 )
 
 type devFlags struct {
@@ -37,6 +40,7 @@ type devFlags struct {
 	kafkaAddr   string
 	httpAddr    string
 	backendAddr string
+	clickhouse  clickhouseFlags
 }
 
 func newDevCmd(g *globals) *cobra.Command {
@@ -60,6 +64,7 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "where the in-process Kafka listens (loopback only)")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "where the HTTP API listens")
 	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens")
+	f.clickhouse.register(fs)
 	return cmd
 }
 
@@ -240,6 +245,47 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	mux.Handle("/v1/approvals/", queue.Handler())
 	mux.Handle("/", api)
 
+	// The responders' questions: from ClickHouse when --clickhouse-dsn is
+	// given, else from the embedded index.
+	var (
+		queries   projections.Queries = index
+		chStore   *chstore.Store
+		queryDesc = "embedded (" + filepath.Join(dataDir, "index.db") + ")"
+	)
+	if f.clickhouse.dsn != "" {
+		chStore, err = f.clickhouse.open(ctx, logger.With("component", "chstore"))
+		if err != nil {
+			return err
+		}
+		defer chStore.Close()
+		if err := chStore.Migrate(ctx); err != nil {
+			return err
+		}
+		queries = chStore
+		queryDesc = "ClickHouse (" + redactDSN(f.clickhouse.dsn) + ", database " + chStore.Database() + ")"
+	}
+	if err := mountQueries(mux, queries, staff, logger); err != nil {
+		return err
+	}
+	indexer, err := projector.New(projector.Config{
+		Client: cc, Topics: topics, Group: "ledger-callindex",
+		// Agents wait on the index for their calls: do not hold events
+		// back to fill a batch.
+		MaxWait: 5 * time.Millisecond,
+		Logger:  logger.With("component", "callindex"),
+	}, index)
+	if err != nil {
+		return err
+	}
+	var chProjector *projector.Projector
+	if chStore != nil {
+		chProjector, err = projector.New(projector.Config{Client: cc, Topics: topics, Logger: logger.With("component", "projector")}, chStore)
+		if err != nil {
+			return err
+		}
+		mux.Handle("GET /metrics", chProjector)
+	}
+
 	grp, ctx := errgroup.WithContext(ctx)
 	servers := []*http.Server{
 		{Handler: backend.Handler(), ReadHeaderTimeout: 5 * time.Second},
@@ -266,9 +312,10 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	grp.Go(func() error { return intakeRole.Run(ctx) })
 	grp.Go(func() error { return exec.Run(ctx) })
 	grp.Go(func() error { return reconcileRole.Run(ctx) })
-	grp.Go(func() error {
-		return index.Run(ctx, callindex.RunConfig{Client: cc, Topic: topics.Events})
-	})
+	grp.Go(func() error { return indexer.Run(ctx) })
+	if chProjector != nil {
+		grp.Go(func() error { return chProjector.Run(ctx) })
+	}
 	grp.Go(func() error {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -286,6 +333,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		api:     apiLn.Addr().String(),
 		backend: backendLn.Addr().String(),
 		store:   storeDesc,
+		queries: queryDesc,
 		dataDir: dataDir,
 		topics:  topics,
 	})
@@ -315,6 +363,7 @@ type banner struct {
 	api     string
 	backend string
 	store   string
+	queries string
 	dataDir string
 	topics  ledger.Topics
 }
@@ -325,6 +374,7 @@ Toolcall Ledger (dev) is running. Ctrl-C stops it.
 
   Kafka (in-process)   %v   topics: %s -> %s (dlq: %s)
   HTTP API             http://%s   (POST /v1/calls, GET /v1/calls/{key}?tenant_id=..., GET /healthz)
+  Queries              %s   (GET /v1/blast-radius, /v1/outcomes, /v1/unresolved, /v1/trace/...)
   Demo tool backend    http://%s   (GET /effects lists every effect it applied)
   Execution store      %s
   Data directory       %s
@@ -335,6 +385,7 @@ Toolcall Ledger (dev) is running. Ctrl-C stops it.
 Try:
   go run ./cmd/ledger submit --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
   curl -s 'http://%s/v1/calls/<idempotency_key>?tenant_id=t_demo'
+  go run ./cmd/ledger blast-radius --tool get_weather --tenant t_demo --since 1h
 
-`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, b.api)
+`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, b.api)
 }

@@ -35,12 +35,12 @@ type devRun struct {
 }
 
 // startDev runs `ledger dev` in process and waits until its API is healthy.
-func startDev(t *testing.T, dir, kafka, api, backend string) *devRun {
+func startDev(t *testing.T, dir, kafka, api, backend string, extra ...string) *devRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	root := newRoot()
-	root.SetArgs([]string{"dev", "--data-dir", dir, "--kafka-addr", kafka, "--http-addr", api, "--backend-addr", backend, "--partitions", "3", "--log-level", "warn"})
+	root.SetArgs(append([]string{"dev", "--data-dir", dir, "--kafka-addr", kafka, "--http-addr", api, "--backend-addr", backend, "--partitions", "3", "--log-level", "warn"}, extra...))
 	root.SetOut(io.Discard)
 	go func() { done <- root.ExecuteContext(ctx) }()
 	stopped := false

@@ -59,6 +59,10 @@ func newRoot() *cobra.Command {
 		newControlCmd(g),
 		newReconcilerCmd(g),
 		newCallsCmd(g),
+		newProjectorCmd(g),
+		newBlastRadiusCmd(g),
+		newOutcomesCmd(g),
+		newUnresolvedCmd(g),
 	)
 	return root
 }

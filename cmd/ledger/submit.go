@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections/report"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -177,7 +178,7 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 				}
 				call = next
 				if !f.jsonOut {
-					fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, eventNote(e))
+					fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, report.EventNote(e))
 				}
 				if call.State.Settled() {
 					last = &e

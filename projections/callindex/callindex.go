@@ -32,7 +32,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -308,61 +307,4 @@ func (ix *Index) Get(key ledger.CallKey) (Call, error) {
 	})
 	c.Key = key
 	return c, err
-}
-
-// RunConfig configures the index's consumer.
-type RunConfig struct {
-	Client ledger.ClientConfig
-	// Topic is the events topic. Required.
-	Topic string
-	// Group is the consumer group; default "ledger-callindex".
-	Group string
-}
-
-// Run consumes the events topic into the index until ctx is done. Offsets
-// are committed only after the events they cover are written.
-func (ix *Index) Run(ctx context.Context, cfg RunConfig) error {
-	if cfg.Group == "" {
-		cfg.Group = "ledger-callindex"
-	}
-	cl, err := ledger.NewClient(cfg.Client,
-		kgo.ConsumerGroup(cfg.Group),
-		kgo.ConsumeTopics(cfg.Topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.DisableAutoCommit(),
-	)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	for {
-		fetches := cl.PollRecords(ctx, 1000)
-		if ctx.Err() != nil {
-			return nil
-		}
-		fetches.EachError(func(t string, p int32, err error) {
-			ix.logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
-		})
-		recs := fetches.Records()
-		if len(recs) == 0 {
-			continue
-		}
-		evs := make([]ledger.Event, 0, len(recs))
-		for _, r := range recs {
-			e, err := ledger.DecodeEvent(r.Value)
-			if err != nil {
-				ix.logger.Error("undecodable event", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
-				continue
-			}
-			evs = append(evs, e)
-		}
-		if err := ix.Apply(evs); err != nil {
-			// Without the write the offsets must not move: stop, and
-			// let the owner restart us from the committed offsets.
-			return fmt.Errorf("apply %d events: %w", len(evs), err)
-		}
-		if err := cl.CommitRecords(ctx, recs...); err != nil && ctx.Err() == nil {
-			ix.logger.Warn("commit offsets", "err", err)
-		}
-	}
 }

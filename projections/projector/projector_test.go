@@ -917,7 +917,7 @@ func TestHistogramQuantile(t *testing.T) {
 func TestBar(t *testing.T) {
 	t.Parallel()
 	p := Progress{Done: 1234567, Total: 5000000, Read: 1235000, Rate: 210000, ETA: 18 * time.Second, Elapsed: time.Second}
-	if got, want := barLine("rebuild", p), "rebuild: 1234567/5000000 events (24.7%) 210k/s ETA 18s"; got != want {
+	if got, want := barLine("rebuild", p), "rebuild: 1234567/5000000 records (24.7%) 210k/s ETA 18s"; got != want {
 		t.Errorf("barLine = %q; want %q", got, want)
 	}
 
@@ -931,9 +931,9 @@ func TestBar(t *testing.T) {
 	bar(p)
 	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
 	want := []string{
-		"rebuild: 1234567/5000000 events (24.7%) 210k/s ETA 18s",
-		"rebuild: 1234567/5000000 events (24.7%) 210k/s ETA 18s",
-		"rebuild: 4999000/5000000 events (100.0%) 210k/s in 23s",
+		"rebuild: 1234567/5000000 records (24.7%) 210k/s ETA 18s",
+		"rebuild: 1234567/5000000 records (24.7%) 210k/s ETA 18s",
+		"rebuild: done, 4999000 records written (5000000 offsets read) in 23s, 210k/s",
 	}
 	if diff := cmp.Diff(want, lines); diff != "" {
 		t.Errorf("lines every 5s and the last (-want +got):\n%s", diff)

@@ -378,10 +378,17 @@ func newBar(w io.Writer, what string, tty bool) func(Progress) {
 }
 
 func barLine(what string, p Progress) string {
-	line := fmt.Sprintf("%s: %d/%d events (%.1f%%) %s", what, p.Done, p.Total, 100*p.Fraction(), rate(p.Rate))
+	if p.Final {
+		// Total counted offsets, transaction markers and aborted
+		// records among them: say what was written.
+		line := fmt.Sprintf("%s: done, %d records written (%d offsets read) in %s, %s", what, p.Done, p.Total, p.Elapsed.Round(time.Millisecond), rate(p.Rate))
+		if p.Undecodable > 0 {
+			line += fmt.Sprintf(", %d undecodable", p.Undecodable)
+		}
+		return line
+	}
+	line := fmt.Sprintf("%s: %d/%d records (%.1f%%) %s", what, p.Done, p.Total, 100*p.Fraction(), rate(p.Rate))
 	switch {
-	case p.Final:
-		line += " in " + p.Elapsed.Round(time.Second).String()
 	case p.ETA > 0:
 		line += " ETA " + p.ETA.Round(time.Second).String()
 	}

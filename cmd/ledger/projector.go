@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
+	"github.com/toolcall-ledger/ledger/projections/projector"
+)
+
+func newProjectorCmd(g *globals) *cobra.Command {
+	var (
+		ch          clickhouseFlags
+		group       string
+		metricsAddr string
+		batch       int
+		wait        time.Duration
+		idf         identityFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "projector",
+		Short: "Project the events and control topics into ClickHouse, for the incident-response queries",
+		Long: `projector consumes the events and control topics (read_committed) and
+batch-inserts them into ClickHouse; it commits its offsets only once ClickHouse
+accepted the batch, so a crash re-inserts a batch at worst, which changes no
+answer. Its lag (records and seconds) is at --metrics-addr/metrics and from
+` + "`ledger projector status`" + `. Run ` + "`ledger projector migrate`" + ` first.
+
+With --issuer and --jwks-*, the same address also serves the responders'
+questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
+/v1/unresolved and /v1/trace/<tenant>/<key>.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			logger := g.logger()
+			st, err := ch.open(ctx, logger.With("component", "chstore"))
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if err := checkSchema(ctx, st); err != nil {
+				return err
+			}
+			p, err := projector.New(projector.Config{
+				Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group,
+				MaxBatch: batch, MaxWait: wait, Logger: logger.With("component", "projector"),
+			}, st)
+			if err != nil {
+				return err
+			}
+			grp, ctx := errgroup.WithContext(ctx)
+			if metricsAddr != "" {
+				mux := http.NewServeMux()
+				mux.Handle("GET /metrics", p)
+				if idf.issuer != "" {
+					if !cmd.Flags().Changed("audience") {
+						idf.audience = identity.ApproverAudience
+					}
+					staff, err := idf.verifier(ctx, logger)
+					if err != nil {
+						return err
+					}
+					if err := mountQueries(mux, st, staff, logger); err != nil {
+						return err
+					}
+				}
+				mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+					if err := st.Ping(r.Context()); err != nil {
+						http.Error(w, "clickhouse: "+err.Error(), http.StatusServiceUnavailable)
+						return
+					}
+					fmt.Fprintln(w, "ok")
+				})
+				srv := &http.Server{Addr: metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+				grp.Go(func() error {
+					if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+						return fmt.Errorf("metrics on %s: %w", metricsAddr, err)
+					}
+					return nil
+				})
+				grp.Go(func() error {
+					<-ctx.Done()
+					shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					return srv.Shutdown(shut)
+				})
+			}
+			grp.Go(func() error { return p.Run(ctx) })
+			logger.Info("projector running", "clickhouse", redactDSN(ch.dsn), "database", st.Database(), "metrics", metricsAddr)
+			return grp.Wait()
+		},
+	}
+	fs := cmd.PersistentFlags()
+	ch.register(fs)
+	fs.StringVar(&group, "group", projector.DefaultGroup, "the projector's consumer group")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:9464", "where /metrics, /healthz and (with --issuer) the query API are served; empty: nowhere")
+	idf.register(cmd.Flags())
+	cmd.Flags().IntVar(&batch, "batch", projector.DefaultMaxBatch, "records per ClickHouse insert, at most")
+	cmd.Flags().DurationVar(&wait, "batch-wait", projector.DefaultMaxWait, "how long a batch waits to fill before it is inserted")
+
+	migrate := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the projection's ClickHouse tables (idempotent)",
+		Args:  cobra.NoArgs,
+		RunE: ch.with(g, func(cmd *cobra.Command, st *chstore.Store) error {
+			if err := st.Migrate(cmd.Context()); err != nil {
+				return err
+			}
+			v, err := st.SchemaVersion(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "clickhouse database %s: schema version %d\n", st.Database(), v)
+			return nil
+		}),
+	}
+
+	var statusJSON bool
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "How far behind the log the projection is (records and seconds, per partition)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, err := projector.Status(cmd.Context(), projector.StatusConfig{
+				Client: g.kafka.client(g.logger()), Topics: g.kafka.topics(), Group: group,
+			})
+			if err != nil {
+				return err
+			}
+			if statusJSON {
+				return printJSONTo(cmd.OutOrStdout(), s)
+			}
+			fmt.Fprint(cmd.OutOrStdout(), s.String())
+			return nil
+		},
+	}
+	status.Flags().BoolVar(&statusJSON, "json", false, "print JSON")
+
+	var (
+		into string
+		swap bool
+	)
+	rebuild := &cobra.Command{
+		Use:   "rebuild",
+		Short: "Replay the whole log into fresh tables, with progress; --swap puts them in place of the live ones",
+		Long: `rebuild replays the events and control topics from the start of the log
+(read_committed, up to their ends when it starts) into fresh tables in the
+database --into (default: <database>_rebuild, emptied first), showing progress.
+It prints the checksums of the rebuilt tables: equal to the live ones' when the
+live projection is caught up to the same offsets.
+
+With --swap, stop the projector first: the rebuilt tables replace the live ones
+and the projector's group offsets are set to where the replay ended, so the
+projector, started again, goes on from there.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			logger := g.logger()
+			live, err := ch.open(ctx, logger)
+			if err != nil {
+				return err
+			}
+			defer live.Close()
+			if into == "" {
+				into = live.Database() + "_rebuild"
+			}
+			if into == live.Database() {
+				return fmt.Errorf("--into names the live database %s: rebuild into another and --swap", into)
+			}
+			fresh, err := chstore.Open(ctx, chstore.Config{DSN: ch.dsn, Database: into, Logger: logger})
+			if err != nil {
+				return err
+			}
+			defer fresh.Close()
+			if err := fresh.DropDatabase(ctx); err != nil {
+				return err
+			}
+			if err := fresh.Migrate(ctx); err != nil {
+				return err
+			}
+			done, err := projector.Replay(ctx, projector.ReplayConfig{
+				Client: g.kafka.client(logger), Topics: g.kafka.topics(), Logger: logger,
+			}, fresh, projector.NewBar(os.Stderr, "rebuild"))
+			if err != nil {
+				return err
+			}
+			sums, err := fresh.Checksums(ctx)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "rebuilt %d records into %s in %s\n", done.Done, into, done.Elapsed.Round(time.Millisecond))
+			printChecksums(out, sums)
+			if !swap {
+				return nil
+			}
+			if err := projector.CommitOffsets(ctx, g.kafka.client(logger), group, done.Ends); err != nil {
+				return fmt.Errorf("the rebuild is in %s but not swapped in: %w", into, err)
+			}
+			if err := live.Swap(ctx, fresh); err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "swapped: %s now holds the rebuilt tables; group %s goes on from the replay's end\n", live.Database(), group)
+			return nil
+		},
+	}
+	rebuild.Flags().StringVar(&into, "into", "", "database to rebuild into (default <database>_rebuild)")
+	rebuild.Flags().BoolVar(&swap, "swap", false, "replace the live tables with the rebuilt ones (stop the projector first)")
+
+	var sumsJSON bool
+	checksums := &cobra.Command{
+		Use:   "checksums",
+		Short: "Print a checksum of every projection table (rows and a hash over distinct rows), to compare two projections",
+		Args:  cobra.NoArgs,
+		RunE: ch.with(g, func(cmd *cobra.Command, st *chstore.Store) error {
+			sums, err := st.Checksums(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if sumsJSON {
+				return printJSONTo(cmd.OutOrStdout(), sums)
+			}
+			printChecksums(cmd.OutOrStdout(), sums)
+			return nil
+		}),
+	}
+	checksums.Flags().BoolVar(&sumsJSON, "json", false, "print JSON")
+	cmd.AddCommand(migrate, status, rebuild, checksums)
+	return cmd
+}
+
+// checkSchema refuses to project into tables of another schema version.
+func checkSchema(ctx context.Context, st *chstore.Store) error {
+	v, err := st.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if want := chstore.LatestVersion(); v != want {
+		return fmt.Errorf("clickhouse database %s is at schema version %d, this build writes %d: run `ledger projector migrate`", st.Database(), v, want)
+	}
+	return nil
+}
+
+// with runs fn on the store the flags name, closing it after.
+func (c *clickhouseFlags) with(g *globals, fn func(cmd *cobra.Command, st *chstore.Store) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		st, err := c.open(cmd.Context(), g.logger())
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		return fn(cmd, st)
+	}
+}

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
+	"github.com/toolcall-ledger/ledger/projections/report"
+)
+
+// clickhouseFlags name the ClickHouse projection.
+type clickhouseFlags struct {
+	dsn      string
+	database string
+}
+
+func (c *clickhouseFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&c.dsn, "clickhouse-dsn", "", "ClickHouse of the projection (native protocol), e.g. clickhouse://default@127.0.0.1:9000; empty: the embedded projection of `ledger dev`")
+	fs.StringVar(&c.database, "clickhouse-database", "ledger", "ClickHouse database of the projection's tables")
+}
+
+func (c *clickhouseFlags) open(ctx context.Context, logger *slog.Logger) (*chstore.Store, error) {
+	if c.dsn == "" {
+		return nil, fmt.Errorf("--clickhouse-dsn (or LEDGER_CLICKHOUSE_DSN) is required")
+	}
+	return chstore.Open(ctx, chstore.Config{DSN: c.dsn, Database: c.database, Logger: logger})
+}
+
+// queryFlags say where the responders' questions are answered: ClickHouse
+// when a DSN is given, else a ledger's query API (that of `ledger dev` by
+// default, with an operator assertion its dev issuer mints).
+type queryFlags struct {
+	ch        clickhouseFlags
+	api       string
+	assertion string
+	dataDir   string
+	user      string
+	jsonOut   bool
+	csvOut    bool
+}
+
+func (q *queryFlags) register(fs *pflag.FlagSet) {
+	q.ch.register(fs)
+	fs.StringVar(&q.api, "api", "http://127.0.0.1:8080", "the ledger's HTTP API, asked when there is no --clickhouse-dsn")
+	fs.StringVar(&q.assertion, "assertion", "", "an operator's assertion for --api; default: minted by the dev issuer in --data-dir")
+	fs.StringVar(&q.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer mints the operator's assertion")
+	fs.StringVar(&q.user, "as-user", "u_responder", "the operator, for a dev assertion")
+	fs.BoolVar(&q.jsonOut, "json", false, "print JSON")
+	fs.BoolVar(&q.csvOut, "csv", false, "print CSV")
+}
+
+// open returns the queries and a function to release them.
+func (q *queryFlags) open(ctx context.Context, logger *slog.Logger) (projections.Queries, func(), error) {
+	if q.jsonOut && q.csvOut {
+		return nil, nil, fmt.Errorf("--json and --csv: choose one")
+	}
+	if q.ch.dsn != "" {
+		st, err := q.ch.open(ctx, logger)
+		if err != nil {
+			return nil, nil, err
+		}
+		return st, func() { st.Close() }, nil
+	}
+	return &httpapi.QueryClient{Base: q.api, Bearer: q.bearer}, func() {}, nil
+}
+
+// bearer returns the operator's assertion for a question about tenant.
+func (q *queryFlags) bearer(tenant string) (string, error) {
+	if q.assertion != "" {
+		return q.assertion, nil
+	}
+	iss, err := devIssuer(q.dataDir)
+	if err != nil {
+		return "", fmt.Errorf("no --assertion, and %v", err)
+	}
+	return iss.Mint(identity.Identity{Tenant: tenant, User: q.user, Agent: "responder_cli", Roles: []string{"operator"}}, identity.ApproverAudience, 5*time.Minute)
+}
+
+// print writes v as JSON, or with the table or CSV writer given.
+func (q *queryFlags) print(w io.Writer, v any, table, csv func(io.Writer) error) error {
+	switch {
+	case q.jsonOut:
+		return printJSONTo(w, v)
+	case q.csvOut:
+		return csv(w)
+	}
+	return table(w)
+}
+
+// filterFlags are a Filter's flags.
+type filterFlags struct {
+	f            projections.Filter
+	since, until string
+}
+
+func (ff *filterFlags) register(fs *pflag.FlagSet, refs bool) {
+	fs.StringVar(&ff.f.Tenant, "tenant", "", "the tenant asked about (one of --tenant and --all-tenants is required)")
+	fs.BoolVar(&ff.f.AllTenants, "all-tenants", false, "ask across every tenant (a platform operator's question)")
+	fs.StringVar(&ff.f.Tool, "tool", "", "only calls of this tool")
+	fs.IntVar(&ff.f.Limit, "limit", 0, fmt.Sprintf("list at most this many calls (default %d; counts cover all)", projections.DefaultLimit))
+	if !refs {
+		return
+	}
+	fs.StringVar(&ff.f.JTI, "jti", "", "calls that used this credential")
+	fs.StringVar(&ff.f.CredentialFamily, "credential-family", "", "calls that used a credential of this family (<tool>:<tenant>:<epoch>)")
+	fs.StringVar(&ff.f.PolicyVersion, "policy-version", "", "calls decided under this policy version")
+	fs.StringVar(&ff.f.Decision, "decision", "", "with --policy-version: only its allow, deny or require_approval decisions")
+	fs.StringVar(&ff.f.Approver, "approver", "", "calls this approver decided")
+	fs.StringVar(&ff.f.ApprovalID, "approval-id", "", "the call of this approval")
+}
+
+func (ff *filterFlags) registerWindow(fs *pflag.FlagSet) {
+	fs.StringVar(&ff.since, "since", "", "from this time: RFC 3339, or a duration ago such as 2h")
+	fs.StringVar(&ff.until, "until", "", "until this time (excluded): RFC 3339, or a duration ago")
+}
+
+func (ff *filterFlags) filter(now time.Time) (projections.Filter, error) {
+	f := ff.f
+	var err error
+	if f.Since, err = projections.ParseTime(ff.since, now); err != nil {
+		return f, fmt.Errorf("--since: %w", err)
+	}
+	if f.Until, err = projections.ParseTime(ff.until, now); err != nil {
+		return f, fmt.Errorf("--until: %w", err)
+	}
+	return f, nil
+}
+
+// answer is what a query command prints: the value as JSON, or its table
+// or CSV form.
+type answer struct {
+	v          any
+	table, csv func(io.Writer) error
+}
+
+// queryCmd is a command asking one question of the projection: ask gets
+// the filter from the flags and the queries from --clickhouse-dsn or --api.
+func queryCmd(g *globals, cmd *cobra.Command, refs, window bool, ask func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error)) *cobra.Command {
+	var (
+		q  queryFlags
+		ff filterFlags
+	)
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		f, err := ff.filter(time.Now())
+		if err != nil {
+			return err
+		}
+		qs, done, err := q.open(cmd.Context(), g.logger())
+		if err != nil {
+			return err
+		}
+		defer done()
+		a, err := ask(cmd.Context(), qs, f)
+		if err != nil {
+			return err
+		}
+		return q.print(cmd.OutOrStdout(), a.v, a.table, a.csv)
+	}
+	q.register(cmd.Flags())
+	ff.register(cmd.Flags(), refs)
+	if window {
+		ff.registerWindow(cmd.Flags())
+	}
+	return cmd
+}
+
+func newBlastRadiusCmd(g *globals) *cobra.Command {
+	return queryCmd(g, &cobra.Command{
+		Use:   "blast-radius",
+		Short: "What a credential, tool, policy version or approver touched: the calls, tenants, resources and outcomes",
+		Example: `  ledger blast-radius --jti 0193... --all-tenants
+  ledger blast-radius --policy-version v41 --decision allow --since 2h --all-tenants --csv > v41.csv
+  ledger blast-radius --tool refund_order --tenant t_demo --since 1h`,
+	}, true, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
+		br, err := qs.BlastRadius(ctx, f)
+		return answer{br,
+			func(w io.Writer) error { return report.BlastRadiusTable(w, br) },
+			func(w io.Writer) error { return report.BlastRadiusCSV(w, br) }}, err
+	})
+}
+
+func newOutcomesCmd(g *globals) *cobra.Command {
+	var bucket time.Duration
+	cmd := queryCmd(g, &cobra.Command{
+		Use:   "outcomes",
+		Short: "How many calls reached each outcome, by tool and time bucket",
+	}, false, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
+		os, err := qs.Outcomes(ctx, f, bucket)
+		return answer{os,
+			func(w io.Writer) error { return report.OutcomesTable(w, os) },
+			func(w io.Writer) error { return report.OutcomesCSV(w, os) }}, err
+	})
+	cmd.Flags().DurationVar(&bucket, "bucket", 5*time.Minute, "bucket width (whole seconds)")
+	return cmd
+}
+
+func newUnresolvedCmd(g *globals) *cobra.Command {
+	return queryCmd(g, &cobra.Command{
+		Use:   "unresolved",
+		Short: "Calls waiting on someone: outcome unknown (parked or being reconciled) and pending approvals, oldest first",
+	}, false, false, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
+		calls, err := qs.Unresolved(ctx, f)
+		return answer{calls,
+			func(w io.Writer) error { return report.CallsTable(w, calls) },
+			func(w io.Writer) error { return report.CallsCSV(w, calls) }}, err
+	})
+}
+
+// operatorGuard authenticates the query API's operators with the staff
+// verifier: their assertion as Authorization: Bearer.
+func operatorGuard(v identity.AssertionVerifier, logger *slog.Logger) httpapi.Guard {
+	return func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
+		return identity.Require(v, "ledger-queries", "an operator", logger, func(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+			next(w, r, httpapi.Operator{User: id.User, Tenant: id.Tenant, Roles: id.Roles})
+		})
+	}
+}
+
+// printJSONTo writes v as indented JSON.
+func printJSONTo(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// printChecksums writes a projection's checksums, one table a line.
+func printChecksums(w io.Writer, sums map[string]chstore.Checksum) {
+	names := slices.Sorted(maps.Keys(sums))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tROWS\tCHECKSUM")
+	for _, n := range names {
+		fmt.Fprintf(tw, "%s\t%d\t%016x\n", n, sums[n].Rows, sums[n].Sum)
+	}
+	tw.Flush()
+}
+
+// mountQueries serves the responders' questions on mux, from qs, to the
+// operators staff verifies.
+func mountQueries(mux *http.ServeMux, qs projections.Queries, staff identity.AssertionVerifier, logger *slog.Logger) error {
+	h, err := httpapi.QueryHandler(httpapi.QueryConfig{
+		Queries: qs, Guard: operatorGuard(staff, logger), Logger: logger.With("component", "queries"),
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range []string{httpapi.PathBlastRadius, httpapi.PathOutcomes, httpapi.PathUnresolved, httpapi.PathTrace} {
+		mux.Handle(p, h)
+	}
+	return nil
+}

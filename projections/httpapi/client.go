@@ -1,0 +1,128 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+)
+
+// QueryClient asks a ledger's query API (QueryHandler) the projections'
+// questions: it implements projections.Queries, so a CLI asks the same
+// way whether it reads ClickHouse itself or goes through a ledger.
+type QueryClient struct {
+	// Base is the API's address, such as http://127.0.0.1:8080.
+	Base string
+	// Bearer returns the operator's assertion for a question about
+	// tenant (PlatformTenant for one across tenants).
+	Bearer func(tenant string) (string, error)
+	// HTTP is the client; default http.DefaultClient.
+	HTTP *http.Client
+}
+
+var _ projections.Queries = (*QueryClient)(nil)
+
+// BlastRadius asks GET /v1/blast-radius.
+func (c *QueryClient) BlastRadius(ctx context.Context, f projections.Filter) (projections.BlastRadius, error) {
+	var br projections.BlastRadius
+	if _, err := f.Check(); err != nil {
+		return br, err
+	}
+	err := c.get(ctx, PathBlastRadius, f.Values(), scope(f), &br)
+	return br, err
+}
+
+// Outcomes asks GET /v1/outcomes.
+func (c *QueryClient) Outcomes(ctx context.Context, f projections.Filter, bucket time.Duration) ([]projections.OutcomeCount, error) {
+	if _, err := projections.CheckOutcomes(f, bucket); err != nil {
+		return nil, err
+	}
+	v := f.Values()
+	v.Set(projections.ParamBucket, bucket.String())
+	var out []projections.OutcomeCount
+	err := c.get(ctx, PathOutcomes, v, scope(f), &out)
+	return out, err
+}
+
+// Unresolved asks GET /v1/unresolved.
+func (c *QueryClient) Unresolved(ctx context.Context, f projections.Filter) ([]projections.Call, error) {
+	if _, err := projections.CheckUnresolved(f); err != nil {
+		return nil, err
+	}
+	var out []projections.Call
+	err := c.get(ctx, PathUnresolved, f.Values(), scope(f), &out)
+	return out, err
+}
+
+// Trace asks GET /v1/trace/<tenant>/<key>.
+func (c *QueryClient) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error) {
+	var out []ledger.Event
+	path := PathTrace + url.PathEscape(key.TenantID) + "/" + url.PathEscape(key.IdempotencyKey)
+	err := c.get(ctx, path, nil, key.TenantID, &out)
+	return out, err
+}
+
+// scope is the tenant an assertion for f must be of.
+func scope(f projections.Filter) string {
+	if f.AllTenants {
+		return PlatformTenant
+	}
+	return f.Tenant
+}
+
+// get asks path and decodes the answer into into; the API's error codes
+// come back as the projections' errors they stand for.
+func (c *QueryClient) get(ctx context.Context, path string, v url.Values, tenant string, into any) error {
+	tok, err := c.Bearer(tenant)
+	if err != nil {
+		return err
+	}
+	u := strings.TrimSuffix(c.Base, "/") + path
+	if len(v) > 0 {
+		u += "?" + v.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error apiError `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		switch e.Error.Code {
+		case "not_found":
+			return fmt.Errorf("%w: %s", projections.ErrNotFound, e.Error.Message)
+		case "tenant_required":
+			return projections.ErrTenantRequired
+		case "invalid_filter":
+			return fmt.Errorf("%w (%s)", projections.ErrInvalidFilter, e.Error.Message)
+		}
+		return fmt.Errorf("GET %s: %d %s: %s", path, resp.StatusCode, e.Error.Code, e.Error.Message)
+	}
+	if err := json.Unmarshal(raw, into); err != nil {
+		return fmt.Errorf("GET %s: the answer does not decode: %w", path, err)
+	}
+	return nil
+}

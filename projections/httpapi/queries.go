@@ -1,0 +1,237 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/report"
+)
+
+// The responders' query routes.
+const (
+	PathBlastRadius = "/v1/blast-radius"
+	PathOutcomes    = "/v1/outcomes"
+	PathUnresolved  = "/v1/unresolved"
+	// PathTrace is followed by <tenant>/<idempotency_key>.
+	PathTrace = "/v1/trace/"
+)
+
+// PlatformTenant is the tenant of an operator who may ask about every
+// tenant (as the control plane's).
+const PlatformTenant = "*"
+
+// ParamFormat chooses an answer's form: json (default) or csv.
+const ParamFormat = "format"
+
+// Operator is who asks a question, as the guard authenticated them.
+type Operator struct {
+	User   string
+	Tenant string
+	Roles  []string
+}
+
+// Guard wraps a handler so that it runs only for an authenticated
+// operator; any other request it answers itself (401). The ledger's guard
+// verifies the operator's assertion (processors/identity).
+type Guard func(next func(w http.ResponseWriter, r *http.Request, op Operator)) http.HandlerFunc
+
+// QueryConfig configures the responders' query API.
+type QueryConfig struct {
+	// Queries answers; required.
+	Queries projections.Queries
+	// Guard authenticates the operator asking; required. It answers
+	// 401 itself for a request without a valid assertion.
+	Guard Guard
+	// OperatorRole is the role an operator must hold; default
+	// "operator".
+	OperatorRole string
+	Now          func() time.Time
+	Logger       *slog.Logger
+}
+
+// QueryHandler serves the responders' questions:
+//
+//	GET /v1/blast-radius?jti=..&tenant=..   projections.BlastRadius
+//	GET /v1/outcomes?bucket=5m&tenant=..    []projections.OutcomeCount
+//	GET /v1/unresolved?tenant=..            []projections.Call
+//	GET /v1/trace/<tenant>/<key>            []ledger.Event
+//
+// Every route takes an operator's assertion as Authorization: Bearer. An
+// operator of one tenant asks about that tenant only (a question without
+// a tenant is about theirs); a platform operator (tenant "*") may name any
+// tenant, or all_tenants=true. The filter parameters are projections'
+// (projections.FilterFromValues); format=csv answers CSV.
+func QueryHandler(cfg QueryConfig) (http.Handler, error) {
+	if cfg.Queries == nil || cfg.Guard == nil {
+		return nil, errors.New("httpapi: queries and guard are required")
+	}
+	if cfg.OperatorRole == "" {
+		cfg.OperatorRole = "operator"
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	q := &queries{cfg: cfg}
+	mux := http.NewServeMux()
+	auth := cfg.Guard
+	mux.HandleFunc("GET "+PathBlastRadius, auth(q.blastRadius))
+	mux.HandleFunc("GET "+PathOutcomes, auth(q.outcomes))
+	mux.HandleFunc("GET "+PathUnresolved, auth(q.unresolved))
+	mux.HandleFunc("GET "+PathTrace+"{tenant}/{key...}", auth(q.trace))
+	return mux, nil
+}
+
+type queries struct{ cfg QueryConfig }
+
+// operator answers 403 unless id is an operator.
+func (q *queries) operator(w http.ResponseWriter, id Operator) bool {
+	if id.User == "" || id.Tenant == "" || !slices.Contains(id.Roles, q.cfg.OperatorRole) {
+		writeError(w, http.StatusForbidden, apiError{Code: "forbidden", Message: "the assertion does not carry the " + q.cfg.OperatorRole + " role"})
+		return false
+	}
+	return true
+}
+
+// filter reads the request's filter and scopes it to what id may ask.
+func (q *queries) filter(w http.ResponseWriter, r *http.Request, id Operator, extra ...string) (projections.Filter, bool) {
+	if !q.operator(w, id) {
+		return projections.Filter{}, false
+	}
+	f, err := projections.FilterFromValues(r.URL.Query(), q.cfg.Now(), append(extra, ParamFormat)...)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_filter", Message: err.Error()})
+		return f, false
+	}
+	if id.Tenant != PlatformTenant {
+		if f.AllTenants || (f.Tenant != "" && f.Tenant != id.Tenant) {
+			writeError(w, http.StatusForbidden, apiError{Code: "forbidden", Message: "an operator of tenant " + id.Tenant + " may ask about that tenant only"})
+			return f, false
+		}
+		f.Tenant = id.Tenant
+	}
+	return f, true
+}
+
+// answerError maps a query's error to a status.
+func (q *queries) answerError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, projections.ErrTenantRequired):
+		writeError(w, http.StatusBadRequest, apiError{Code: "tenant_required", Message: err.Error() + ": tenant=<id> or all_tenants=true"})
+	case errors.Is(err, projections.ErrInvalidFilter):
+		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_filter", Message: err.Error()})
+	case errors.Is(err, projections.ErrNotFound):
+		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
+	default:
+		q.cfg.Logger.Error("query failed", "err", err)
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "projection_unavailable", Message: "the projection could not answer; see the server's log"})
+	}
+}
+
+// csvWanted reports whether the request asks for CSV, answering 400 for a
+// format it does not know.
+func csvWanted(w http.ResponseWriter, r *http.Request) (csv, ok bool) {
+	switch r.URL.Query().Get(ParamFormat) {
+	case "", "json":
+		return false, true
+	case "csv":
+		return true, true
+	}
+	writeError(w, http.StatusBadRequest, apiError{Code: "invalid_format", Message: "format must be json or csv"})
+	return false, false
+}
+
+// ask answers one question: it reads and scopes the filter (extra names
+// the question's own parameters), asks, and writes the answer as JSON or,
+// with format=csv, as the CSV file name.csv.
+func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name string, extra []string, question func(f projections.Filter) (any, func(io.Writer) error, error)) {
+	f, ok := q.filter(w, r, id, extra...)
+	if !ok {
+		return
+	}
+	csv, ok := csvWanted(w, r)
+	if !ok {
+		return
+	}
+	v, toCSV, err := question(f)
+	if err != nil {
+		q.answerError(w, err)
+		return
+	}
+	q.cfg.Logger.Info("question answered", "question", name, "operator", id.User, "operator_tenant", id.Tenant, "all_tenants", f.AllTenants)
+	if !csv {
+		writeJSON(w, http.StatusOK, v)
+		return
+	}
+	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+name+`.csv"`)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	if err := toCSV(w); err != nil {
+		q.cfg.Logger.Warn("write csv", "question", name, "err", err)
+	}
+}
+
+func (q *queries) blastRadius(w http.ResponseWriter, r *http.Request, id Operator) {
+	q.ask(w, r, id, "blast-radius", nil, func(f projections.Filter) (any, func(io.Writer) error, error) {
+		br, err := q.cfg.Queries.BlastRadius(r.Context(), f)
+		return br, func(w io.Writer) error { return report.BlastRadiusCSV(w, br) }, err
+	})
+}
+
+func (q *queries) outcomes(w http.ResponseWriter, r *http.Request, id Operator) {
+	q.ask(w, r, id, "outcomes", []string{projections.ParamBucket}, func(f projections.Filter) (any, func(io.Writer) error, error) {
+		bucket, err := projections.ParseBucket(r.URL.Query().Get(projections.ParamBucket))
+		if err != nil {
+			return nil, nil, err
+		}
+		os, err := q.cfg.Queries.Outcomes(r.Context(), f, bucket)
+		if os == nil {
+			os = []projections.OutcomeCount{}
+		}
+		return os, func(w io.Writer) error { return report.OutcomesCSV(w, os) }, err
+	})
+}
+
+func (q *queries) unresolved(w http.ResponseWriter, r *http.Request, id Operator) {
+	q.ask(w, r, id, "unresolved", nil, func(f projections.Filter) (any, func(io.Writer) error, error) {
+		calls, err := q.cfg.Queries.Unresolved(r.Context(), f)
+		if calls == nil {
+			calls = []projections.Call{}
+		}
+		return calls, func(w io.Writer) error { return report.CallsCSV(w, calls) }, err
+	})
+}
+
+func (q *queries) trace(w http.ResponseWriter, r *http.Request, id Operator) {
+	if !q.operator(w, id) {
+		return
+	}
+	key := ledger.CallKey{TenantID: r.PathValue("tenant"), IdempotencyKey: r.PathValue("key")}
+	if id.Tenant != PlatformTenant && key.TenantID != id.Tenant {
+		writeError(w, http.StatusForbidden, apiError{Code: "forbidden", Message: "an operator of tenant " + id.Tenant + " may ask about that tenant only"})
+		return
+	}
+	evs, err := q.cfg.Queries.Trace(r.Context(), key)
+	if err != nil {
+		q.answerError(w, err)
+		return
+	}
+	// Compact, so that each event's arguments are the log's bytes: an
+	// indenting encoder would re-indent them.
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(evs)
+}

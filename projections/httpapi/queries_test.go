@@ -1,0 +1,182 @@
+package httpapi_test
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
+	"github.com/toolcall-ledger/ledger/projections/projectionstest"
+)
+
+// queryServer serves the query API over a fresh embedded projection.
+type queryServer struct {
+	*callindex.Index
+	srv *httptest.Server
+	id  *processorstest.Identity
+}
+
+func newQueryServer(t *testing.T) *queryServer {
+	t.Helper()
+	ix, err := callindex.Open(filepath.Join(t.TempDir(), "index.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ix.Close() })
+	id := processorstest.NewIdentity(t)
+	guard := func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
+		return identity.Require(id.Verifier, "test", "an operator", nil, func(w http.ResponseWriter, r *http.Request, who identity.Identity) {
+			next(w, r, httpapi.Operator{User: who.User, Tenant: who.Tenant, Roles: who.Roles})
+		})
+	}
+	h, err := httpapi.QueryHandler(httpapi.QueryConfig{Queries: ix, Guard: guard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &queryServer{Index: ix, srv: srv, id: id}
+}
+
+// operator mints an operator's assertion of tenant.
+func (s *queryServer) operator(t testing.TB, tenant string, roles ...string) string {
+	t.Helper()
+	if roles == nil {
+		roles = []string{"operator"}
+	}
+	a, err := s.id.Issuer.Mint(identity.Identity{User: "u_responder", Agent: "cli", Tenant: tenant, Roles: roles}, processorstest.Audience, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// client asks as the operator the question's scope calls for.
+func (s *queryServer) client(t testing.TB) *httpapi.QueryClient {
+	return &httpapi.QueryClient{Base: s.srv.URL, Bearer: func(tenant string) (string, error) {
+		return s.operator(t, tenant), nil
+	}}
+}
+
+// The query API gives the oracle's answers: the contract suite, asked
+// through HTTP and the client, over the embedded projection.
+func TestQueryAPIContract(t *testing.T) {
+	projectionstest.Run(t, func(t *testing.T) projectionstest.Projection {
+		s := newQueryServer(t)
+		return struct {
+			projections.Sink
+			projections.Queries
+		}{s.Index, s.client(t)}
+	})
+}
+
+func TestQueryAPIAuthorization(t *testing.T) {
+	s := newQueryServer(t)
+	log := projectionstest.Log(projectionstest.LogConfig{Seed: 1, Calls: 100, Tenants: 2})
+	projectionstest.Write(t, s.Index, log, 50)
+
+	get := func(path, bearer string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, s.srv.URL+path, nil)
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, string(b)
+	}
+	tenantOp := s.operator(t, "t_00")
+	for _, c := range []struct {
+		name, path, bearer string
+		status             int
+		code               string
+	}{
+		{"no assertion", "/v1/blast-radius?all_tenants=true", "", 401, "unauthenticated"},
+		{"not an operator", "/v1/blast-radius?tenant=t_00", s.operator(t, "t_00", "approver"), 403, "forbidden"},
+		{"tenant operator across tenants", "/v1/blast-radius?all_tenants=true", tenantOp, 403, "forbidden"},
+		{"tenant operator, other tenant", "/v1/blast-radius?tenant=t_01", tenantOp, 403, "forbidden"},
+		{"tenant operator, other tenant's trace", "/v1/trace/t_01/k-1-0000001", tenantOp, 403, "forbidden"},
+		{"platform operator without a tenant", "/v1/blast-radius?jti=x", s.operator(t, "*"), 400, "tenant_required"},
+		{"misspelt parameter", "/v1/blast-radius?tenant=t_00&jit=x", tenantOp, 400, "invalid_filter"},
+		{"bad time", "/v1/blast-radius?tenant=t_00&since=yesterday", tenantOp, 400, "invalid_filter"},
+		{"bad format", "/v1/unresolved?tenant=t_00&format=xml", tenantOp, 400, "invalid_format"},
+		{"bad bucket", "/v1/outcomes?tenant=t_00&bucket=soon", tenantOp, 400, "invalid_filter"},
+		{"unknown call", "/v1/trace/t_00/no-such-key", tenantOp, 404, "not_found"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			resp, body := get(c.path, c.bearer)
+			var e struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(body), &e); err != nil {
+				t.Fatalf("%d answer is not JSON: %q", resp.StatusCode, body)
+			}
+			if resp.StatusCode != c.status || e.Error.Code != c.code || e.Error.Message == "" {
+				t.Errorf("GET %s = %d %q (%q), want %d %q", c.path, resp.StatusCode, e.Error.Code, e.Error.Message, c.status, c.code)
+			}
+		})
+	}
+
+	t.Run("tenant operator is scoped to its tenant", func(t *testing.T) {
+		resp, body := get("/v1/blast-radius", tenantOp)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET = %d %s", resp.StatusCode, body)
+		}
+		var br projections.BlastRadius
+		if err := json.Unmarshal([]byte(body), &br); err != nil {
+			t.Fatal(err)
+		}
+		if br.Total == 0 || br.Filter.Tenant != "t_00" {
+			t.Fatalf("answer: %d calls, filter tenant %q; want t_00's calls", br.Total, br.Filter.Tenant)
+		}
+		for _, c := range br.Calls {
+			if c.TenantID != "t_00" {
+				t.Errorf("call %s of another tenant in t_00's answer", c.Key())
+			}
+		}
+	})
+
+	t.Run("csv", func(t *testing.T) {
+		resp, body := get("/v1/blast-radius?format=csv&tool=refund_order", tenantOp)
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/csv") {
+			t.Fatalf("GET csv = %d %s %q", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+		rows, err := csv.NewReader(strings.NewReader(body)).ReadAll()
+		if err != nil {
+			t.Fatalf("CSV does not parse: %v", err)
+		}
+		if len(rows) < 2 || rows[0][1] != "tenant_id" {
+			t.Fatalf("CSV: %d rows, header %v", len(rows), rows[0])
+		}
+		for _, r := range rows[1:] {
+			if r[1] != "t_00" || r[3] != "refund_order" {
+				t.Errorf("CSV row of another tenant or tool: %v", r)
+			}
+		}
+	})
+
+	t.Run("client maps errors", func(t *testing.T) {
+		c := s.client(t)
+		if _, err := c.Trace(t.Context(), projectionstest.Log(projectionstest.LogConfig{Seed: 99, Calls: 1})[0].Key()); !errors.Is(err, projections.ErrNotFound) {
+			t.Errorf("Trace of an unknown key: %v, want ErrNotFound", err)
+		}
+	})
+}

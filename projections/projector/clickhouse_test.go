@@ -1,0 +1,300 @@
+package projector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
+	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
+	"github.com/toolcall-ledger/ledger/projections/projectionstest"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// freshStore is a migrated ClickHouse projection in a database of its
+// own, dropped when the test ends.
+func freshStore(t *testing.T) *chstore.Store {
+	t.Helper()
+	st, err := chstore.Open(t.Context(), chstore.Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// readLog reads every committed event on the topic, as an auditor with a
+// read_committed consumer would: the log the oracle answers from.
+func readLog(t *testing.T, k *ledgertest.Kafka) []ledger.Event {
+	t.Helper()
+	adm := admin(t, k)
+	ends := highWatermarks(t, adm, k)[k.Topics.Events]
+	cl, err := ledger.NewClient(k.Client,
+		kgo.ConsumeTopics(k.Topics.Events),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	next := map[int32]int64{}
+	var log []ledger.Event
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	done := func() bool {
+		for p, end := range ends {
+			if next[p] < end {
+				return false
+			}
+		}
+		return true
+	}
+	for !done() {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("reading the log back: %v (at %v of %v)", ctx.Err(), next, ends)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			next[r.Partition] = r.Offset + 1
+			if r.Attrs.IsControl() {
+				return
+			}
+			e, err := ledger.DecodeEvent(r.Value)
+			if err != nil {
+				t.Fatalf("log record %d/%d: %v", r.Partition, r.Offset, err)
+			}
+			log = append(log, e)
+		})
+	}
+	return log
+}
+
+// The whole projection path on the real engines: a log with committed and
+// aborted transactions and re-published events goes through the projector
+// into ClickHouse, part of it twice (a projector that wrote and died
+// before committing), and is then rebuilt from the log into fresh tables.
+// The live projection and the rebuild have equal checksums over every
+// table and give the oracle's answers, computed from the log as a
+// read_committed reader sees it; no event of an aborted transaction is
+// anywhere; replaying the log once more changes nothing.
+func TestClickHouseLiveAndRebuild(t *testing.T) {
+	const partitions = 4
+	k := ledgertest.New(t, ledgertest.Options{Partitions: partitions})
+	cfg := projectionstest.LogConfig{Seed: 11, Calls: 1500, Tenants: 5}
+	log := projectionstest.Log(cfg)
+
+	// What aborted transactions carry: whole calls that never happened,
+	// and steps of real calls that never happened (a failure after the
+	// call's last event). Either would change answers if it showed.
+	var aborted []ledger.Event
+	var abortedOnly ledger.CallKey
+	for i, e := range projectionstest.Log(projectionstest.LogConfig{Seed: 12, Calls: 40, Tenants: 5}) {
+		e.EventID = fmt.Sprintf("aborted-%d", i)
+		aborted = append(aborted, e)
+		abortedOnly = e.Key()
+	}
+	oracleOfLog := projectionstest.NewOracle(log)
+	for i, key := range oracleOfLog.Keys()[:60] {
+		evs := oracleOfLog.Events(key)
+		if len(evs) == 0 {
+			continue
+		}
+		last := evs[len(evs)-1]
+		last.EventID, last.Seq, last.Type, last.Reason = fmt.Sprintf("aborted-step-%d", i), last.Seq+1, statemachine.EventFailed, "never_happened"
+		last.JTI = "jti-aborted"
+		aborted = append(aborted, last)
+	}
+
+	// Produce the log in transactions of up to 50 events, the events of
+	// a call on the call's partition, with an aborted transaction now and
+	// then.
+	record := func(e ledger.Event) *kgo.Record {
+		r, err := e.Record(k.Topics.Events)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Partition = ledger.PartitionFor(r.Key, partitions)
+		return r
+	}
+	r := rand.New(rand.NewPCG(5, 5))
+	txn := 0
+	for i := 0; i < len(log); {
+		n := min(1+r.IntN(50), len(log)-i)
+		recs := make([]*kgo.Record, 0, n)
+		for _, e := range log[i : i+n] {
+			recs = append(recs, record(e))
+		}
+		i += n
+		txn++
+		produceTxn(t, k, fmt.Sprintf("producer-%d", txn%3), kgo.TryCommit, recs...)
+		if len(aborted) > 0 && txn%4 == 0 {
+			m := min(10, len(aborted))
+			var bad []*kgo.Record
+			for _, e := range aborted[:m] {
+				bad = append(bad, record(e))
+			}
+			aborted = aborted[m:]
+			produceTxn(t, k, fmt.Sprintf("producer-%d", txn%3), kgo.TryAbort, bad...)
+		}
+	}
+	if len(aborted) > 0 {
+		t.Fatalf("%d aborted events were never produced: make the log longer", len(aborted))
+	}
+	produce(t, k, spread([]*kgo.Record{actionRecord(t, k.Topics.Control, "refund_order"), actionRecord(t, k.Topics.Control, "send_email")}, partitions)...)
+
+	committedLog := readLog(t, k)
+	oracle := projectionstest.NewOracle(committedLog)
+	for _, e := range committedLog {
+		if e.JTI == "jti-aborted" || e.Reason == "never_happened" {
+			t.Fatalf("the read_committed reader sees an aborted event %s: the broker is not testing what this test thinks", e.EventID)
+		}
+	}
+	if diff := cmp.Diff(projectionstest.NewOracle(log).Keys(), oracle.Keys()); diff != "" {
+		t.Fatalf("the log read back is not the log produced (-produced +read):\n%s", diff)
+	}
+
+	// A projector that wrote the first third and died before committing:
+	// its batches are in ClickHouse, its offsets are not.
+	live := freshStore(t)
+	projectionstest.Write(t, live, committedLog[:len(committedLog)/3], 500)
+	p, stop := start(t, k, k.Group("projector"), live, func(c *Config) { c.MaxBatch = 700 })
+	waitCaughtUp(t, admin(t, k), k, k.Group("projector"))
+	stop()
+	if m := p.Metrics(); m.Undecodable != 0 || m.WriteErrors != 0 {
+		t.Errorf("projector metrics %+v: want no undecodable records and no write errors", m)
+	}
+
+	rebuilt := freshStore(t)
+	prog, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, MaxBatch: 900}, rebuilt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(committedLog) + 2); prog.Done != want {
+		t.Errorf("replay wrote %d records, want the %d committed ones", prog.Done, want)
+	}
+
+	liveSums, err := live.Checksums(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebuiltSums, err := rebuilt.Checksums(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(liveSums, rebuiltSums); diff != "" {
+		t.Errorf("live and rebuilt checksums differ (-live +rebuilt):\n%s", diff)
+	}
+	distinct := map[string]bool{}
+	for _, e := range committedLog {
+		distinct[e.EventID] = true
+	}
+	if got := liveSums["events"].Rows; got != uint64(len(distinct)) {
+		t.Errorf("events table holds %d distinct rows, the log %d distinct events", got, len(distinct))
+	}
+	for name, sum := range liveSums {
+		if sum.Rows == 0 && name != "schema_migrations" {
+			t.Errorf("table %s is empty: the checksums compare nothing", name)
+		}
+	}
+
+	// Both answer as the oracle does, every blast radius by jti
+	// included, and nothing of the aborted transactions shows.
+	for name, st := range map[string]*chstore.Store{"live": live, "rebuilt": rebuilt} {
+		t.Run(name, func(t *testing.T) {
+			projectionstest.Check(t, st, oracle, cfg)
+			if name == "live" {
+				// The rebuild's tables have the live ones' checksums.
+				checkEveryJTI(t, st, oracle)
+			}
+			br, err := st.BlastRadius(t.Context(), projections.Filter{AllTenants: true, JTI: "jti-aborted"})
+			if err != nil || br.Total != 0 {
+				t.Errorf("blast radius of the aborted transactions' jti: %d calls, %v; want none", br.Total, err)
+			}
+			if _, err := st.Trace(t.Context(), abortedOnly); !errors.Is(err, projections.ErrNotFound) {
+				t.Errorf("Trace of a call only an aborted transaction held: %v, want ErrNotFound", err)
+			}
+		})
+	}
+
+	// Replaying the whole log into the rebuilt tables once more changes
+	// no checksum.
+	if _, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, MaxBatch: 333}, rebuilt, nil); err != nil {
+		t.Fatal(err)
+	}
+	again, err := rebuilt.Checksums(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(rebuiltSums, again); diff != "" {
+		t.Errorf("checksums changed when the log was projected twice (-once +twice):\n%s", diff)
+	}
+}
+
+// checkEveryJTI asks the blast radius of every credential in the log
+// across tenants (every tenth in its tenant too), and of a sample of
+// families.
+func checkEveryJTI(t *testing.T, st projections.Queries, o *projectionstest.Oracle) {
+	t.Helper()
+	asked := 0
+	families := map[string]bool{}
+	for _, k := range o.Keys() {
+		evs := o.Events(k)
+		i := slices.IndexFunc(evs, func(e ledger.Event) bool { return e.JTI != "" })
+		if i < 0 {
+			continue
+		}
+		e := evs[i]
+		filters := []projections.Filter{{AllTenants: true, JTI: e.JTI}}
+		if asked%10 == 0 {
+			filters = append(filters, projections.Filter{Tenant: e.TenantID, JTI: e.JTI})
+		}
+		for _, f := range filters {
+			want, err := f.Check()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := st.BlastRadius(t.Context(), f)
+			if err != nil {
+				t.Fatalf("BlastRadius(%+v): %v", f, err)
+			}
+			if diff := cmp.Diff(o.BlastRadius(want), got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("BlastRadius(jti %s) (-oracle +clickhouse):\n%s", e.JTI, diff)
+			}
+			if got.Total != 1 {
+				t.Errorf("jti %s: %d calls, want its one call", e.JTI, got.Total)
+			}
+		}
+		asked++
+		if len(families) < 25 && !families[e.CredentialFamily] {
+			families[e.CredentialFamily] = true
+			f := projections.Filter{AllTenants: true, CredentialFamily: e.CredentialFamily}
+			want, _ := f.Check()
+			got, err := st.BlastRadius(t.Context(), f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(o.BlastRadius(want), got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("BlastRadius(family %s) (-oracle +clickhouse):\n%s", e.CredentialFamily, diff)
+			}
+		}
+	}
+	if asked < 500 {
+		t.Fatalf("only %d credentials in the log", asked)
+	}
+}

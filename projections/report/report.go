@@ -1,0 +1,261 @@
+// Package report renders the projections' answers for people: aligned
+// text tables for a terminal, and CSV for a spreadsheet. Every value in
+// them may come from an agent or a tool (a key, a resource, a reason), so
+// tables strip control characters and CSV cells that a spreadsheet would
+// run as a formula are quoted as text.
+package report
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// CallColumns are the columns of a list of calls, in CSV and tables.
+var CallColumns = []string{
+	"updated_at", "tenant_id", "idempotency_key", "tool", "state", "last_event", "seq",
+	"resource", "agent_id", "user_id", "policy_version", "approver", "jti",
+	"credential_family", "reason", "error_code", "call_id", "trace_id",
+}
+
+func callRow(c projections.Call) []string {
+	return []string{
+		c.UpdatedAt.UTC().Format(time.RFC3339Nano), c.TenantID, c.IdempotencyKey, c.Tool,
+		string(c.State), string(c.LastEvent), strconv.FormatInt(c.Seq, 10), c.Resource,
+		c.AgentID, c.UserID, c.PolicyVersion, c.Approver, c.JTI, c.CredentialFamily,
+		c.Reason, c.ErrorCode, c.CallID, c.TraceID,
+	}
+}
+
+// CallsCSV writes calls as CSV with a header row.
+func CallsCSV(w io.Writer, calls []projections.Call) error {
+	rows := make([][]string, 0, len(calls)+1)
+	rows = append(rows, CallColumns)
+	for _, c := range calls {
+		rows = append(rows, callRow(c))
+	}
+	return writeCSV(w, rows)
+}
+
+// OutcomesCSV writes outcome counts as CSV with a header row.
+func OutcomesCSV(w io.Writer, os []projections.OutcomeCount) error {
+	rows := [][]string{{"bucket", "tool", "state", "calls"}}
+	for _, o := range os {
+		rows = append(rows, []string{o.Bucket.UTC().Format(time.RFC3339), o.Tool, string(o.State), strconv.Itoa(o.Calls)})
+	}
+	return writeCSV(w, rows)
+}
+
+// tableCallColumns are the columns a terminal has room for.
+var tableCallColumns = []string{"UPDATED", "TENANT", "KEY", "TOOL", "STATE", "RESOURCE", "POLICY", "APPROVER", "JTI"}
+
+func tableCallRow(c projections.Call) []string {
+	state := string(c.State)
+	if c.LastEvent == statemachine.EventParked {
+		state += " (parked)"
+	}
+	return []string{
+		c.UpdatedAt.UTC().Format("2006-01-02 15:04:05"), c.TenantID, c.IdempotencyKey, c.Tool,
+		state, c.Resource, c.PolicyVersion, c.Approver, c.JTI,
+	}
+}
+
+// CallsTable writes calls as an aligned table.
+func CallsTable(w io.Writer, calls []projections.Call) error {
+	rows := [][]string{tableCallColumns}
+	for _, c := range calls {
+		rows = append(rows, tableCallRow(c))
+	}
+	return writeTable(w, rows)
+}
+
+// BlastRadiusTable writes a blast radius for a responder: the totals and
+// counts first, then the calls.
+func BlastRadiusTable(w io.Writer, br projections.BlastRadius) error {
+	fmt.Fprintf(w, "%d calls", br.Total)
+	if br.Truncated {
+		fmt.Fprintf(w, " (listing the %d most recent; --limit for more)", len(br.Calls))
+	}
+	fmt.Fprintf(w, ", %d tenants, %d resources\n\n", len(br.ByTenant), countNonEmpty(br.ByResource))
+	for _, g := range []struct {
+		title  string
+		counts []projections.Count
+	}{{"TENANT", br.ByTenant}, {"STATE", br.ByState}, {"TOOL", br.ByTool}, {"RESOURCE", br.ByResource}} {
+		if len(g.counts) == 0 {
+			continue
+		}
+		rows := [][]string{{g.title, "CALLS"}}
+		for i, c := range g.counts {
+			if i == 20 {
+				rows = append(rows, []string{fmt.Sprintf("(%d more)", len(g.counts)-i), ""})
+				break
+			}
+			v := c.Value
+			if v == "" {
+				v = "-"
+			}
+			rows = append(rows, []string{v, strconv.Itoa(c.Calls)})
+		}
+		if err := writeTable(w, rows); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+	}
+	return CallsTable(w, br.Calls)
+}
+
+// BlastRadiusCSV writes a blast radius's calls as CSV: one row per listed
+// call. The counts are in the JSON form.
+func BlastRadiusCSV(w io.Writer, br projections.BlastRadius) error {
+	return CallsCSV(w, br.Calls)
+}
+
+// OutcomesTable writes outcome counts as an aligned table.
+func OutcomesTable(w io.Writer, os []projections.OutcomeCount) error {
+	rows := [][]string{{"BUCKET", "TOOL", "STATE", "CALLS"}}
+	for _, o := range os {
+		rows = append(rows, []string{o.Bucket.UTC().Format("2006-01-02 15:04:05"), o.Tool, string(o.State), strconv.Itoa(o.Calls)})
+	}
+	return writeTable(w, rows)
+}
+
+// EventsTable writes a call's events as an aligned table, one line each.
+func EventsTable(w io.Writer, evs []ledger.Event) error {
+	rows := [][]string{{"SEQ", "TYPE", "AT", "ACTOR", "ATTEMPT", "NOTE"}}
+	for _, e := range evs {
+		seq := strconv.FormatInt(e.Seq, 10)
+		if e.Refusal() {
+			seq = "-"
+		}
+		attempt := ""
+		if e.Attempt > 0 {
+			attempt = strconv.Itoa(e.Attempt)
+		}
+		rows = append(rows, []string{seq, string(e.Type), e.At.UTC().Format(time.RFC3339Nano), e.Actor, attempt, EventNote(e)})
+	}
+	return writeTable(w, rows)
+}
+
+// EventNote is the one-line gist of an event for humans.
+func EventNote(e ledger.Event) string {
+	var parts []string
+	if e.Refusal() {
+		parts = append(parts, "refused submission")
+	}
+	if e.Reason != "" {
+		parts = append(parts, "reason="+e.Reason)
+	}
+	if e.Type == statemachine.EventRequested || e.Type == statemachine.EventApproved {
+		parts = append(parts, "hash="+short(e.ArgumentsHash))
+	}
+	if e.Resource != "" && e.Type == statemachine.EventRequested {
+		parts = append(parts, "resource="+e.Resource)
+	}
+	if e.PolicyVersion != "" && e.Type != statemachine.EventExecuting {
+		parts = append(parts, "policy="+e.PolicyVersion)
+	}
+	if e.Approver != "" {
+		parts = append(parts, "approver="+e.Approver)
+	}
+	if e.ApprovalID != "" && e.Type != statemachine.EventExecuting {
+		parts = append(parts, "approval="+e.ApprovalID)
+	}
+	if e.JTI != "" && e.Type != statemachine.EventExecuting {
+		parts = append(parts, "jti="+e.JTI)
+	}
+	if e.Pointer != "" {
+		parts = append(parts, "pointer="+e.Pointer)
+	}
+	if e.ErrorCode != "" {
+		parts = append(parts, "error="+e.ErrorCode)
+	}
+	if e.LatencyMS > 0 {
+		parts = append(parts, fmt.Sprintf("latency=%dms", e.LatencyMS))
+	}
+	if e.ResultDigest != "" {
+		parts = append(parts, "result="+short(e.ResultDigest))
+	}
+	return strings.Join(parts, " ")
+}
+
+// short abbreviates a "sha256:<hex>" digest for a table.
+func short(digest string) string {
+	if len(digest) <= 19 {
+		return digest
+	}
+	return digest[:19] + "…"
+}
+
+func countNonEmpty(cs []projections.Count) int {
+	n := 0
+	for _, c := range cs {
+		if c.Value != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// writeTable aligns rows; the first is the header.
+func writeTable(w io.Writer, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range rows {
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = printable(c)
+		}
+		if _, err := fmt.Fprintln(tw, strings.Join(cells, "\t")); err != nil {
+			return err
+		}
+	}
+	return tw.Flush()
+}
+
+// printable keeps a cell on its line and in its column: a value from an
+// agent or a tool may carry newlines, tabs or terminal escapes.
+func printable(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return '?'
+		}
+		return r
+	}, s)
+}
+
+// writeCSV writes rows, every cell safe to open in a spreadsheet.
+func writeCSV(w io.Writer, rows [][]string) error {
+	cw := csv.NewWriter(w)
+	for _, r := range rows {
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = SafeCell(c)
+		}
+		if err := cw.Write(cells); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// SafeCell returns s as a CSV cell that a spreadsheet shows as text: a
+// cell starting with = + - @ or a tab or carriage return would be run as
+// a formula (CSV injection), so it gets a leading apostrophe.
+func SafeCell(s string) string {
+	if s != "" && strings.ContainsRune("=+-@\t\r", rune(s[0])) {
+		return "'" + s
+	}
+	return s
+}
