@@ -6,7 +6,7 @@ DATA_DIR ?= ./.ledger
 TEST_TIMEOUT ?= 13m
 BENCH_COUNT ?= 1
 
-.PHONY: dev build test test-services-start test-services-stop bench fuzz lint vet
+.PHONY: dev build test bench bench-projections fuzz lint vet
 
 dev:
 	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR)
@@ -14,16 +14,19 @@ dev:
 build:
 	$(GO) build -o bin/ledger ./cmd/ledger
 
-# Starts PostgreSQL and ClickHouse (reusing running ones), runs every test
-# with LEDGER_TEST_REQUIRE=1 so that a missing service fails instead of
-# skipping, and stops what it started.
-test:
-	@set -euo pipefail; \
+# WITH_SERVICES runs the rest of a recipe line with PostgreSQL and ClickHouse
+# started (reusing running ones) and their addresses exported, with
+# LEDGER_TEST_REQUIRE=1 so that a missing service fails instead of skipping,
+# and stops what it started.
+WITH_SERVICES = set -euo pipefail; \
 	env_file=$$(mktemp); \
 	trap 'bash deploy/testservices.sh stop >&2 || true; rm -f "$$env_file"' EXIT; \
 	bash deploy/testservices.sh start > "$$env_file"; \
 	source "$$env_file"; \
-	export LEDGER_TEST_REQUIRE=1; \
+	export LEDGER_TEST_REQUIRE=1;
+
+test:
+	@$(WITH_SERVICES) \
 	echo "== go vet" >&2; $(GO) vet ./...; \
 	echo "== go test" >&2; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
@@ -34,8 +37,21 @@ lint: vet
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
+# Every benchmark but the projection load (bench-projections), which takes
+# minutes.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) ./...
+	@$(WITH_SERVICES) \
+	$(GO) test -run '^$$' -bench . -skip BenchmarkLoad -benchmem -count $(BENCH_COUNT) ./...
+
+# The ClickHouse projection under load: BENCH_EVENTS events over 24 h, the
+# raw clickhouse-go insert rate beside the projector's, projection lag at
+# BENCH_RATE events/s, and blast-radius latencies.
+BENCH_EVENTS ?= 5000000
+BENCH_RATE ?= 5000
+bench-projections:
+	@$(WITH_SERVICES) \
+	LEDGER_BENCH_EVENTS=$(BENCH_EVENTS) LEDGER_BENCH_RATE=$(BENCH_RATE) \
+	$(GO) test -run '^$$' -bench BenchmarkLoad -benchtime 1x -timeout 90m -v ./projections/chstore/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEnvelope -fuzztime 60s ./ledger/

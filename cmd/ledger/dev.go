@@ -33,6 +33,9 @@ import (
 	"github.com/toolcall-ledger/ledger/projections/projector"
 )
 
+// devProjectorGroup is the consumer group of dev's ClickHouse projector.
+const devProjectorGroup = "ledger-dev-projector"
+
 type devFlags struct {
 	roles       roleFlags
 	policy      policyFlags
@@ -64,7 +67,8 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "where the in-process Kafka listens (loopback only)")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "where the HTTP API listens")
 	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens")
-	f.clickhouse.register(fs)
+	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "project into this ClickHouse too (native protocol), and answer the incident queries from it; empty: from the embedded index")
+	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_dev", "ClickHouse database of dev's projection: never a production one")
 	return cmd
 }
 
@@ -261,6 +265,19 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		if err := chStore.Migrate(ctx); err != nil {
 			return err
 		}
+		// A fresh database behind a group that already projected
+		// (another database, or one since dropped): start the group
+		// from the log's start, so the projection holds everything.
+		starts, gap, err := projectionGap(ctx, chStore, cc, topics, devProjectorGroup)
+		if err != nil {
+			return err
+		}
+		if gap {
+			logger.Info("clickhouse database is empty: projecting the log from its start", "database", chStore.Database())
+			if err := projector.CommitOffsets(ctx, cc, devProjectorGroup, starts); err != nil {
+				return err
+			}
+		}
 		queries = chStore
 		queryDesc = "ClickHouse (" + redactDSN(f.clickhouse.dsn) + ", database " + chStore.Database() + ")"
 	}
@@ -279,7 +296,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 	var chProjector *projector.Projector
 	if chStore != nil {
-		chProjector, err = projector.New(projector.Config{Client: cc, Topics: topics, Logger: logger.With("component", "projector")}, chStore)
+		chProjector, err = projector.New(projector.Config{Client: cc, Topics: topics, Group: devProjectorGroup, Logger: logger.With("component", "projector")}, chStore)
 		if err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +27,7 @@ func TestDevIncidentQueries(t *testing.T) {
 	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
 	dir := t.TempDir()
 	kafka, api, backend := freeAddr(t), freeAddr(t), freeAddr(t)
-	startDev(t, dir, kafka, api, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", db)
+	dev := startDev(t, dir, kafka, api, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", db)
 	direct := []string{"--clickhouse-dsn", dsn, "--clickhouse-database", db}
 	viaAPI := []string{"--api", "http://" + api, "--data-dir", dir}
 
@@ -128,16 +129,52 @@ func TestDevIncidentQueries(t *testing.T) {
 	// A rebuild from the log has the live projection's checksums once the
 	// live one is caught up.
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
-		status := cli(t, "projector", "status", "--kafka-brokers", kafka)
+		status := cli(t, "projector", "status", "--kafka-brokers", kafka, "--group", devProjectorGroup)
 		if !strings.Contains(status, "lag 0 records") {
 			return fmt.Errorf("projector status:\n%s", status)
 		}
 		return nil
 	})
 	live := cli(t, append([]string{"projector", "checksums"}, direct...)...)
+	// A swap while the dev's projector runs in the group is refused
+	// before any replay.
+	if err := cliErr(t, append([]string{"projector", "rebuild", "--swap", "--kafka-brokers", kafka, "--group", devProjectorGroup, "--into", db + "_never"}, direct...)...); err == nil || !strings.Contains(err.Error(), "stop the projector") {
+		t.Errorf("rebuild --swap with the projector running: %v", err)
+	}
+	// A projector on an empty database behind a group that already
+	// projected would leave out the log before its offsets: refused.
+	empty := chtest.FreshDatabase(t)
+	cli(t, "projector", "migrate", "--clickhouse-dsn", dsn, "--clickhouse-database", empty)
+	if err := cliErr(t, "projector", "--kafka-brokers", kafka, "--group", devProjectorGroup, "--clickhouse-dsn", dsn, "--clickhouse-database", empty, "--metrics-addr", ""); err == nil || !strings.Contains(err.Error(), "holds no events") {
+		t.Errorf("projector on an empty database behind a used group: %v", err)
+	}
 	rebuilt := cli(t, append([]string{"projector", "rebuild", "--kafka-brokers", kafka, "--into", db + "_rebuild"}, direct...)...)
 	t.Cleanup(func() { chtest.DropDatabase(t, dsn, db+"_rebuild") })
 	if !strings.Contains(rebuilt, live) {
 		t.Errorf("rebuild checksums differ from the live ones:\nlive:\n%s\nrebuild:\n%s", live, rebuilt)
 	}
+
+	// dev restarted on the same data directory with a new, empty
+	// database projects the whole log into it, not only what came after
+	// its group's offsets.
+	dev.stop()
+	again := chtest.FreshDatabase(t)
+	startDev(t, dir, kafka, api, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", again)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if br := blast([]string{"--clickhouse-dsn", dsn, "--clickhouse-database", again}, "--tenant", "t_demo"); br.Total != 5 {
+			return fmt.Errorf("%d calls in the new database, want all 5", br.Total)
+		}
+		return nil
+	})
+}
+
+// cliErr runs a ledger subcommand that is expected to fail, and returns
+// its error.
+func cliErr(t *testing.T, args ...string) error {
+	t.Helper()
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	return root.ExecuteContext(t.Context())
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/projector"
@@ -49,6 +50,11 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			if err := checkSchema(ctx, st); err != nil {
 				return err
 			}
+			if _, gap, err := projectionGap(ctx, st, g.kafka.client(logger), g.kafka.topics(), group); err != nil {
+				return err
+			} else if gap {
+				return fmt.Errorf("clickhouse database %s holds no events, but group %s has committed offsets past the start of the log: projecting from there would leave out everything before; run `ledger projector rebuild --swap` (with the projector stopped), or delete the group", st.Database(), group)
+			}
 			p, err := projector.New(projector.Config{
 				Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group,
 				MaxBatch: batch, MaxWait: wait, Logger: logger.With("component", "projector"),
@@ -74,7 +80,8 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 				}
 				mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 					if err := st.Ping(r.Context()); err != nil {
-						http.Error(w, "clickhouse: "+err.Error(), http.StatusServiceUnavailable)
+						logger.Warn("health check", "err", err)
+						http.Error(w, "clickhouse does not answer", http.StatusServiceUnavailable)
 						return
 					}
 					fmt.Fprintln(w, "ok")
@@ -132,7 +139,10 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			s, err := projector.Status(cmd.Context(), projector.StatusConfig{
 				Client: g.kafka.client(g.logger()), Topics: g.kafka.topics(), Group: group,
 			})
-			if err != nil {
+			if errors.Is(err, projector.ErrNeverCommitted) {
+				// Still worth showing: the whole log is the lag.
+				fmt.Fprintf(cmd.ErrOrStderr(), "group %s has committed no offset yet\n", group)
+			} else if err != nil {
 				return err
 			}
 			if statusJSON {
@@ -145,8 +155,9 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 	status.Flags().BoolVar(&statusJSON, "json", false, "print JSON")
 
 	var (
-		into string
-		swap bool
+		into  string
+		swap  bool
+		force bool
 	)
 	rebuild := &cobra.Command{
 		Use:   "rebuild",
@@ -154,12 +165,17 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 		Long: `rebuild replays the events and control topics from the start of the log
 (read_committed, up to their ends when it starts) into fresh tables in the
 database --into (default: <database>_rebuild, emptied first), showing progress.
-It prints the checksums of the rebuilt tables: equal to the live ones' when the
-live projection is caught up to the same offsets.
+Only the projection's own tables in --into are replaced; nothing else there is
+touched. It prints the checksums of the rebuilt tables: equal to the live ones'
+when the live projection is caught up to the same offsets and the log still
+holds everything (retention deletes old events; compaction keeps only the
+latest control record per subject).
 
-With --swap, stop the projector first: the rebuilt tables replace the live ones
-and the projector's group offsets are set to where the replay ended, so the
-projector, started again, goes on from there.`,
+With --swap, stop the projector first: the rebuilt tables replace the live ones,
+then the projector's group offsets are set to where the replay ended, so the
+projector, started again, goes on from there. A rebuild holding fewer events or
+control actions than the live tables (the log no longer has them all) is not
+swapped in without --force.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -175,12 +191,22 @@ projector, started again, goes on from there.`,
 			if into == live.Database() {
 				return fmt.Errorf("--into names the live database %s: rebuild into another and --swap", into)
 			}
+			if swap {
+				// Found now, not after an hour of replay.
+				s, err := projector.Status(ctx, projector.StatusConfig{Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group})
+				if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
+					return err
+				}
+				if s.Members > 0 {
+					return fmt.Errorf("group %s has %d members: stop the projector before rebuild --swap", group, s.Members)
+				}
+			}
 			fresh, err := chstore.Open(ctx, chstore.Config{DSN: ch.dsn, Database: into, Logger: logger})
 			if err != nil {
 				return err
 			}
 			defer fresh.Close()
-			if err := fresh.DropDatabase(ctx); err != nil {
+			if err := fresh.Reset(ctx); err != nil {
 				return err
 			}
 			if err := fresh.Migrate(ctx); err != nil {
@@ -202,11 +228,26 @@ projector, started again, goes on from there.`,
 			if !swap {
 				return nil
 			}
-			if err := projector.CommitOffsets(ctx, g.kafka.client(logger), group, done.Ends); err != nil {
-				return fmt.Errorf("the rebuild is in %s but not swapped in: %w", into, err)
+			if !force {
+				liveSums, err := live.Checksums(ctx)
+				if err != nil {
+					return err
+				}
+				for _, t := range []string{"events", "control_actions"} {
+					if sums[t].Rows < liveSums[t].Rows {
+						return fmt.Errorf("the rebuild in %s holds %d rows of %s, the live tables %d: the log no longer has them all (retention, compaction); not swapped (--force to swap anyway)", into, sums[t].Rows, t, liveSums[t].Rows)
+					}
+				}
 			}
+			// Swap, then move the offsets: offsets moved before a swap
+			// that failed would skip records for the live tables; a
+			// commit that fails after the swap only has the projector
+			// write some records again.
 			if err := live.Swap(ctx, fresh); err != nil {
 				return err
+			}
+			if err := projector.CommitOffsets(ctx, g.kafka.client(logger), group, done.Ends); err != nil {
+				return fmt.Errorf("swapped, but group %s's offsets are not moved to the replay's end (the projector will write again what the rebuild holds, which changes nothing): %w", group, err)
 			}
 			fmt.Fprintf(out, "swapped: %s now holds the rebuilt tables; group %s goes on from the replay's end\n", live.Database(), group)
 			return nil
@@ -214,6 +255,7 @@ projector, started again, goes on from there.`,
 	}
 	rebuild.Flags().StringVar(&into, "into", "", "database to rebuild into (default <database>_rebuild)")
 	rebuild.Flags().BoolVar(&swap, "swap", false, "replace the live tables with the rebuilt ones (stop the projector first)")
+	rebuild.Flags().BoolVar(&force, "force", false, "with --swap: swap even a rebuild holding fewer rows than the live tables")
 
 	var sumsJSON bool
 	checksums := &cobra.Command{
@@ -259,4 +301,34 @@ func (c *clickhouseFlags) with(g *globals, fn func(cmd *cobra.Command, st *chsto
 		defer st.Close()
 		return fn(cmd, st)
 	}
+}
+
+// projectionGap reports whether st holds no events while group has
+// committed offsets past the start of the log: a projector in the group
+// would resume there and leave the projection without everything before.
+// It returns the log's start offsets, to reset the group to.
+func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfig, topics ledger.Topics, group string) (map[string]map[int32]int64, bool, error) {
+	n, err := st.EventRows(ctx)
+	if err != nil || n > 0 {
+		return nil, false, err
+	}
+	s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: topics, Group: group})
+	if errors.Is(err, projector.ErrNeverCommitted) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	starts := make(map[string]map[int32]int64)
+	gap := false
+	for _, p := range s.Partitions {
+		if starts[p.Topic] == nil {
+			starts[p.Topic] = make(map[int32]int64)
+		}
+		starts[p.Topic][p.Partition] = p.Start
+		if p.Committed > p.Start {
+			gap = true
+		}
+	}
+	return starts, gap, nil
 }

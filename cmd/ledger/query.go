@@ -29,8 +29,8 @@ type clickhouseFlags struct {
 }
 
 func (c *clickhouseFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&c.dsn, "clickhouse-dsn", "", "ClickHouse of the projection (native protocol), e.g. clickhouse://default@127.0.0.1:9000; empty: the embedded projection of `ledger dev`")
-	fs.StringVar(&c.database, "clickhouse-database", "ledger", "ClickHouse database of the projection's tables")
+	fs.StringVar(&c.dsn, "clickhouse-dsn", "", "ClickHouse of the projection (native protocol), e.g. clickhouse://default@127.0.0.1:9000/ledger; empty: the embedded projection of `ledger dev`")
+	fs.StringVar(&c.database, "clickhouse-database", "", "ClickHouse database of the projection's tables (default: the DSN's, else ledger)")
 }
 
 func (c *clickhouseFlags) open(ctx context.Context, logger *slog.Logger) (*chstore.Store, error) {

@@ -726,3 +726,29 @@ func TestDropDatabase(t *testing.T) {
 		t.Errorf("DropDatabase twice: %v", err)
 	}
 }
+
+// Reset drops the projection's tables and leaves any other table of the
+// database alone.
+func TestReset(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	if err := s.conn.Exec(ctx, "CREATE TABLE "+s.table("not_ours")+" (x UInt8) ENGINE = Memory"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.SchemaVersion(ctx); err != nil || v != 0 {
+		t.Errorf("schema version after Reset = %d, %v; want 0", v, err)
+	}
+	var n uint64
+	if err := s.conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ?", s.db).Scan(&n); err != nil || n != 1 {
+		t.Errorf("%d tables left after Reset (%v); want the one that is not the projection's", n, err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Errorf("Migrate after Reset: %v", err)
+	}
+	if n, err := s.EventRows(ctx); err != nil || n != 0 {
+		t.Errorf("EventRows of a fresh projection = %d, %v; want 0", n, err)
+	}
+}

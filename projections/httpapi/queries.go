@@ -167,7 +167,7 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 		q.answerError(w, err)
 		return
 	}
-	q.cfg.Logger.Info("question answered", "question", name, "operator", id.User, "operator_tenant", id.Tenant, "all_tenants", f.AllTenants)
+	q.cfg.Logger.Info("question answered", "question", name, "operator", id.User, "operator_tenant", id.Tenant, "filter", f.Values().Encode())
 	if !csv {
 		writeJSON(w, http.StatusOK, v)
 		return

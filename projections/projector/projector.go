@@ -136,6 +136,10 @@ type Projector struct {
 	undecodable  atomic.Int64
 	commitErrors atomic.Int64
 	latency      Histogram
+
+	// stop, set and read by Run's goroutine only, is why Run must stop:
+	// a record it must not skip (ErrNewerRecord).
+	stop error
 }
 
 type topicPartition struct {
@@ -208,6 +212,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		return errors.New("projector: already running")
 	}
 	defer p.running.Store(false)
+	p.stop = nil
 
 	t := p.cfg.Topics
 	cl, err := ledger.NewClient(p.cfg.Client,
@@ -254,6 +259,15 @@ func (p *Projector) Run(ctx context.Context) error {
 			cl.AllowRebalance()
 			if fetches.IsClientClosed() {
 				return errors.New("projector: kafka client closed")
+			}
+			if p.stop != nil {
+				// What came before the newer record is written and
+				// committed; then stop, loudly.
+				if err := p.flush(ctx, cl); err != nil {
+					return nil
+				}
+				p.logger.Error("projector stopped: upgrade it to read the log", "err", p.stop)
+				return p.stop
 			}
 		}
 		if ctx.Err() != nil {
@@ -310,17 +324,25 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 			first:    ftp.Records[0].Offset,
 		}
 		for _, r := range ftp.Records {
+			if !r.Attrs.IsControl() {
+				if err := p.decode(r, &rp.events, &rp.actions); err != nil {
+					// Nothing from here on in this partition: the
+					// batch ends, and its offsets stop, before r.
+					if p.stop == nil {
+						p.stop = err
+					}
+					break
+				}
+			}
 			rp.records++
 			rp.next = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
 			if rp.oldest.IsZero() || r.Timestamp.Before(rp.oldest) {
 				rp.oldest = r.Timestamp
 			}
-			if r.Attrs.IsControl() {
-				continue // a transaction marker: only its offset counts
-			}
-			p.decode(r, &rp.events, &rp.actions)
 		}
-		parts = append(parts, rp)
+		if rp.records > 0 {
+			parts = append(parts, rp)
+		}
 	})
 	if len(parts) == 0 {
 		return
@@ -380,11 +402,29 @@ func (p *Projector) state(tp topicPartition) *partState {
 }
 
 // decode appends r to evs or acts, or counts and logs it as undecodable.
-func (p *Projector) decode(r *kgo.Record, evs *[]projections.Event, acts *[]projections.Action) {
-	if err := decodeRecord(r, p.cfg.Topics, evs, acts); err != nil {
+// A record of a newer encoding than this build reads is not skipped: it
+// returns ErrNewerRecord, and the projection stops before it.
+func (p *Projector) decode(r *kgo.Record, evs *[]projections.Event, acts *[]projections.Action) error {
+	err := decodeRecord(r, p.cfg.Topics, evs, acts)
+	if newer(err) {
+		return fmt.Errorf("%w: %s/%d at offset %d: %w", ErrNewerRecord, r.Topic, r.Partition, r.Offset, err)
+	}
+	if err != nil {
 		p.undecodable.Add(1)
 		logUndecodable(p.logger, r, err)
 	}
+	return nil
+}
+
+// ErrNewerRecord: the log holds a record written by a newer ledger than
+// this one. Skipping it would leave the projection short of it for good,
+// so the projector writes and commits what came before it and stops: the
+// projector must be upgraded.
+var ErrNewerRecord = errors.New("a record of a newer encoding than this projector reads")
+
+// newer reports whether err says a record is of a newer encoding.
+func newer(err error) bool {
+	return errors.Is(err, ledger.ErrUnsupportedEncoding) || errors.Is(err, ErrUnsupportedAction)
 }
 
 // decodeRecord appends r to evs or acts, or says why it cannot.

@@ -479,7 +479,7 @@ func TestUndecodableRecords(t *testing.T) {
 	recs := []*kgo.Record{
 		eventRecord(t, ev, "ok-1"),
 		{Topic: ev, Key: []byte("t_a/bad"), Value: []byte("not json")},
-		{Topic: ev, Key: []byte("t_a/future"), Value: []byte(`{"v":99,"event_id":"future","type":"requested","seq":1}`)},
+		{Topic: ev, Key: []byte("t_a/unversioned"), Value: []byte(`{"event_id":"unversioned","type":"requested","seq":1}`)},
 		eventRecord(t, ev, "ok-2"),
 		{Topic: ctl, Key: []byte("tool:x"), Value: []byte("{bad")},
 		{Topic: ctl, Key: []byte("tool:y")}, // a tombstone
@@ -947,5 +947,41 @@ func TestBar(t *testing.T) {
 	bar(p)
 	if got := b.String(); strings.Count(got, "\r") != 2 || !strings.HasSuffix(got, "\n") || strings.Count(got, "\n") != 1 {
 		t.Errorf("terminal output %q; want two redraws and a final newline", got)
+	}
+}
+
+// A record of a newer encoding is not skipped: the projector writes and
+// commits what came before it, and stops with ErrNewerRecord; so does a
+// replay.
+func TestNewerRecordStops(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("newer")
+	ev := k.Topics.Events
+	produce(t, k,
+		eventRecord(t, ev, "before"),
+		&kgo.Record{Topic: ev, Key: []byte("t_a/future"), Value: []byte(`{"v":99,"event_id":"future","type":"requested","seq":1}`)},
+		eventRecord(t, ev, "after"),
+	) // all on partition 0, in this order
+
+	sink := &recSink{}
+	p, err := New(Config{Client: k.Client, Topics: k.Topics, Group: group, MaxWait: 50 * time.Millisecond}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := p.Run(ctx); !errors.Is(err, ErrNewerRecord) {
+		t.Fatalf("Run = %v; want ErrNewerRecord", err)
+	}
+	if diff := cmp.Diff(set("before"), sink.events()); diff != "" {
+		t.Errorf("events written (-want +got):\n%s", diff)
+	}
+	if got := committed(t, adm, group)[ev][0]; got != 1 {
+		t.Errorf("committed offset of %s/0 = %d; want 1, before the newer record", ev, got)
+	}
+	if _, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics}, &recSink{}, nil); !errors.Is(err, ErrNewerRecord) {
+		t.Errorf("Replay = %v; want ErrNewerRecord", err)
 	}
 }

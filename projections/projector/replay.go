@@ -169,6 +169,8 @@ type replay struct {
 	prog      Progress
 	began     time.Time
 	reported  time.Time
+	// stop is a record the replay cannot skip (ErrNewerRecord).
+	stop error
 }
 
 func (r *replay) run(ctx context.Context, cl *kgo.Client) error {
@@ -192,6 +194,9 @@ func (r *replay) run(ctx context.Context, cl *kgo.Client) error {
 			n++
 			r.take(cl, rec)
 		})
+		if r.stop != nil {
+			return r.stop
+		}
 		if n == 0 && r.remaining > 0 {
 			if err := r.probe(ctx, cl); err != nil {
 				return err
@@ -228,7 +233,12 @@ func (r *replay) take(cl *kgo.Client, rec *kgo.Record) {
 	r.prog.Read += rec.Offset + 1 - rp.pos
 	rp.pos = rec.Offset + 1
 	if !rec.Attrs.IsControl() {
-		if err := decodeRecord(rec, r.cfg.Topics, &r.batch.Events, &r.batch.Actions); err != nil {
+		if err := decodeRecord(rec, r.cfg.Topics, &r.batch.Events, &r.batch.Actions); newer(err) {
+			// A rebuild without it would be short of it: fail.
+			if r.stop == nil {
+				r.stop = fmt.Errorf("%w: %s/%d at offset %d: %w", ErrNewerRecord, rec.Topic, rec.Partition, rec.Offset, err)
+			}
+		} else if err != nil {
 			r.prog.Undecodable++
 			logUndecodable(r.cfg.Logger, rec, err)
 		}

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/projections"
@@ -145,8 +146,11 @@ func EventsTable(w io.Writer, evs []ledger.Event) error {
 	return writeTable(w, rows)
 }
 
-// EventNote is the one-line gist of an event for humans.
-func EventNote(e ledger.Event) string {
+// EventNote is the one-line gist of an event for humans, safe to print:
+// the reason, resource and detail come from agents and tools.
+func EventNote(e ledger.Event) string { return printable(eventNote(e)) }
+
+func eventNote(e ledger.Event) string {
 	var parts []string
 	if e.Refusal() {
 		parts = append(parts, "refused submission")
@@ -251,10 +255,16 @@ func writeCSV(w io.Writer, rows [][]string) error {
 }
 
 // SafeCell returns s as a CSV cell that a spreadsheet shows as text: a
-// cell starting with = + - @ or a tab or carriage return would be run as
-// a formula (CSV injection), so it gets a leading apostrophe.
+// cell whose first character other than a space is = + - @ (or their
+// full-width forms), a tab or a carriage return would be run as a formula
+// (CSV injection), so it gets a leading apostrophe.
 func SafeCell(s string) string {
-	if s != "" && strings.ContainsRune("=+-@\t\r", rune(s[0])) {
+	t := strings.TrimLeft(s, " ")
+	if t == "" {
+		return s
+	}
+	r, _ := utf8.DecodeRuneInString(t)
+	if strings.ContainsRune("=+-@\t\r＝＋－＠", r) {
 		return "'" + s
 	}
 	return s

@@ -1,0 +1,63 @@
+package report
+
+import (
+	"bytes"
+	"encoding/csv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+func TestSafeCell(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                  "",
+		"ord_42":            "ord_42",
+		"=HYPERLINK(\"x\")": "'=HYPERLINK(\"x\")",
+		"+1":                "'+1",
+		"-2+3":              "'-2+3",
+		"@SUM(A1)":          "'@SUM(A1)",
+		"  =1+1":            "'  =1+1",
+		"＝1+1":              "'＝1+1",
+		"\t=1":              "'\t=1",
+		"a=b":               "a=b",
+	} {
+		if got := SafeCell(in); got != want {
+			t.Errorf("SafeCell(%q) = %q; want %q", in, got, want)
+		}
+	}
+}
+
+// Values from agents and tools cannot break a CSV row, run as a formula,
+// or move a terminal's cursor.
+func TestHostileValues(t *testing.T) {
+	c := projections.Call{
+		TenantID: "t_a", IdempotencyKey: "k\n1,\"x\"", Tool: "refund_order", State: statemachine.StateSucceeded,
+		Resource: "=cmd|' /C calc'!A0", Reason: "\x1b[2J\x1b[Hcleared", UpdatedAt: time.Unix(0, 0),
+	}
+	var buf bytes.Buffer
+	if err := CallsCSV(&buf, []projections.Call{c}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(&buf).ReadAll()
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("CSV of a hostile call: %d rows, %v", len(rows), err)
+	}
+	if rows[1][2] != c.IdempotencyKey || rows[1][7] != "'"+c.Resource {
+		t.Errorf("CSV cells %q, %q; want the key intact and the resource quoted as text", rows[1][2], rows[1][7])
+	}
+	buf.Reset()
+	if err := CallsTable(&buf, []projections.Call{c}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "\x1b") || strings.Count(buf.String(), "\n") != 2 {
+		t.Errorf("table of a hostile call:\n%q", buf.String())
+	}
+	note := EventNote(ledger.Event{Type: statemachine.EventFailed, Seq: 4, Reason: c.Reason, Detail: "line\nbreak"})
+	if strings.ContainsAny(note, "\x1b\n") {
+		t.Errorf("EventNote keeps control characters: %q", note)
+	}
+}
