@@ -51,9 +51,10 @@ type Sink interface {
 // Queries is what a projection answers. Every method but Trace refuses a
 // Filter without a tenant unless it says AllTenants (ErrTenantRequired).
 type Queries interface {
-	// Trace returns the events under key in seq order (refused
-	// submissions, seq 0, first, by time), each event once. No events:
-	// ErrNotFound.
+	// Trace returns the events under key, each event once: the refused
+	// submissions (seq 0) first, by time then event id, at most
+	// MaxRefusals of them (the earliest), then the call's events in seq
+	// order. No events: ErrNotFound.
 	Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error)
 	// BlastRadius returns the calls matching f and what they add up to.
 	BlastRadius(ctx context.Context, f Filter) (BlastRadius, error)
@@ -77,6 +78,10 @@ var (
 	// ErrInvalidFilter: the filter cannot be asked; the message says why.
 	ErrInvalidFilter = errors.New("invalid filter")
 )
+
+// MaxRefusals is how many refused submissions under one key a trace
+// shows: a flood of bad envelopes under a key cannot make it unbounded.
+const MaxRefusals = 100
 
 // DefaultLimit is how many calls an answer lists when Filter.Limit is 0;
 // counts always cover every matching call.

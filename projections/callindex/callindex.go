@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -60,7 +61,7 @@ var (
 )
 
 // MaxRefusals is how many refused submissions the index keeps per key.
-const MaxRefusals = 100
+const MaxRefusals = projections.MaxRefusals
 
 // Call is what the index knows of one call key.
 type Call struct {
@@ -85,6 +86,15 @@ type Call struct {
 	Anomalies int `json:"anomalies,omitempty"`
 }
 
+// compareRefusals orders refusals as traces show them: by time, then
+// event id.
+func compareRefusals(a, b ledger.Event) int {
+	if c := a.At.Compare(b.At); c != 0 {
+		return c
+	}
+	return strings.Compare(a.EventID, b.EventID)
+}
+
 // Settled reports whether the call will not move without a human.
 func (c *Call) Settled() bool { return c.Seq > 0 && c.State.Settled() }
 
@@ -96,11 +106,17 @@ func (c *Call) add(e ledger.Event) bool {
 				return false
 			}
 		}
+		// Keep the earliest MaxRefusals, as every projection does,
+		// whatever order they arrive in.
+		i, _ := slices.BinarySearchFunc(c.Refusals, e, compareRefusals)
 		if len(c.Refusals) >= MaxRefusals {
 			c.RefusalsDropped++
-			return false
+			if i >= len(c.Refusals) {
+				return false
+			}
+			c.Refusals = c.Refusals[:len(c.Refusals)-1]
 		}
-		c.Refusals = append(c.Refusals, e)
+		c.Refusals = slices.Insert(c.Refusals, i, e)
 		return true
 	}
 	for _, x := range c.Events {

@@ -129,7 +129,8 @@ func (ix *Index) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event,
 	}
 	out := make([]ledger.Event, 0, len(c.Refusals)+len(c.Events))
 	out = append(out, c.Refusals...)
-	slices.SortStableFunc(out, func(a, b ledger.Event) int { return a.At.Compare(b.At) })
+	// Sorted as kept; files written before kept them as they came.
+	slices.SortFunc(out, compareRefusals)
 	return append(out, c.Events...), nil
 }
 

@@ -3,6 +3,7 @@ package chstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,9 +58,13 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 	if len(ranges) == 0 {
 		return nil, projections.ErrNotFound
 	}
-	q := "SELECT event_id, any(seq) AS e_seq, toUInt32(any(at)) AS e_at, any(at_ns) AS e_ns, any(body) FROM " + s.table("events") +
+	// LIMIT BY keeps the earliest MaxRefusals refusals (one group) and
+	// every event of the call (a group each).
+	q := "SELECT event_id, any(seq) AS e_seq, toUInt32(any(at)) AS e_at, any(at_ns) AS e_ns, any(body)," +
+		" if(e_seq > 0, event_id, '') AS e_group FROM " + s.table("events") +
 		" WHERE tenant_id = ? AND idempotency_key = ? AND (" + strings.Join(ranges, " OR ") + ")" +
-		" GROUP BY event_id ORDER BY e_seq > 0, e_seq, e_at, e_ns, event_id"
+		" GROUP BY event_id ORDER BY e_seq > 0, e_seq, e_at, e_ns, event_id" +
+		" LIMIT " + strconv.Itoa(projections.MaxRefusals) + " BY e_group"
 	rows, err = s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, s.wrap("trace: read events", err)
@@ -68,11 +73,11 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 	var out []ledger.Event
 	for rows.Next() {
 		var (
-			id, body string
-			seq      int64
-			at, ns   uint32
+			id, body, group string
+			seq             int64
+			at, ns          uint32
 		)
-		if err := rows.Scan(&id, &seq, &at, &ns, &body); err != nil {
+		if err := rows.Scan(&id, &seq, &at, &ns, &body, &group); err != nil {
 			return nil, s.wrap("trace: read events", err)
 		}
 		e, err := ledger.DecodeEvent([]byte(body))

@@ -260,3 +260,21 @@ func Log(cfg LogConfig) []ledger.Event {
 	}
 	return log
 }
+
+// Flood returns n refused submissions under key, as a client retrying a
+// bad envelope in a loop leaves them: times within a minute of start,
+// some equal, in no particular order.
+func Flood(key ledger.CallKey, n int, seed uint64, start time.Time) []ledger.Event {
+	r := rand.New(rand.NewPCG(seed, uint64(n)))
+	out := make([]ledger.Event, n)
+	for i := range out {
+		out[i] = roundTrip(ledger.Event{
+			EventID: fmt.Sprintf("flood-%d-%04d", seed, r.IntN(1_000_000)*1000+i), Type: statemachine.EventDenied, Seq: 0,
+			At:       start.Add(time.Duration(r.IntN(60)) * time.Second),
+			Actor:    "gen",
+			TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey,
+			Decision: "deny", Reason: "idempotency_key_reused", Pointer: "/arguments",
+		})
+	}
+	return out
+}

@@ -28,6 +28,13 @@ type Projection interface {
 func Run(t *testing.T, open func(t *testing.T) Projection) {
 	cfg := LogConfig{Seed: 7, Calls: 600, Tenants: 4}
 	log := Log(cfg)
+	// One key flooded with more refusals than a trace shows, spread
+	// through the log.
+	flooded := log[len(log)/2].Key()
+	for i, e := range Flood(flooded, projections.MaxRefusals+30, 7, cfg.withDefaults().Start) {
+		at := (i*7919 + 13) % len(log)
+		log = slices.Insert(log, at, e)
+	}
 	oracle := NewOracle(log)
 
 	t.Run("answers", func(t *testing.T) {
