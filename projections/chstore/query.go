@@ -3,6 +3,7 @@ package chstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/statemachine"
+	"golang.org/x/sync/errgroup"
 )
 
 // The store is what the projector writes to and what responders ask.
@@ -242,16 +244,27 @@ func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projecti
 	calls := s.latestCalls(w.String())
 
 	br := projections.BlastRadius{Filter: f, Calls: []projections.Call{}}
-	if err := s.blastCounts(ctx, &br, calls, w.args); err != nil {
-		return br, s.wrap("blast radius: count", err)
-	}
-	if br.Total == 0 {
-		return br, nil
-	}
-	list, err := s.queryCalls(ctx, "SELECT "+callColumns+" FROM ("+calls+")"+
-		" ORDER BY c_updated_at DESC, c_updated_at_ns DESC, tenant_id, idempotency_key LIMIT ?", append(w.args, f.Limit)...)
-	if err != nil {
-		return br, s.wrap("blast radius: list", err)
+	// The counts and the list are two queries over the same calls: asked
+	// at once, the server works on both together.
+	var list []projections.Call
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := s.blastCounts(gctx, &br, calls, w.args); err != nil {
+			return s.wrap("blast radius: count", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		var err error
+		list, err = s.queryCalls(gctx, "SELECT "+callColumns+" FROM ("+calls+")"+
+			" ORDER BY c_updated_at DESC, c_updated_at_ns DESC, tenant_id, idempotency_key LIMIT ?", append(slices.Clone(w.args), f.Limit)...)
+		if err != nil {
+			return s.wrap("blast radius: list", err)
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return projections.BlastRadius{Filter: f, Calls: []projections.Call{}}, err
 	}
 	br.Calls = list
 	// Total and the list come from two reads; a Write between them may
