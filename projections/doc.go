@@ -6,9 +6,10 @@
 //     committed records to. Writing the same batch twice changes no answer:
 //     every projection deduplicates on the event's id.
 //   - Queries is what responders ask: a call's trace, the blast radius of a
-//     credential, tool, policy version or approver, outcome counts by tool
-//     and time bucket, and the unresolved calls. Every question is scoped
-//     to one tenant unless it says AllTenants.
+//     credential, tool, policy version, approver, call or trace (narrowed
+//     by the calls' state if asked), outcome counts by tool and time
+//     bucket, and the unresolved calls. Every question is scoped to one
+//     tenant unless it says AllTenants.
 //
 // Two projections implement both: chstore on ClickHouse, for production,
 // and callindex in a bbolt file, for `ledger dev`. The contract suite in
@@ -23,6 +24,10 @@
 //   - JTI, CredentialFamily, Approver, ApprovalID: any event carrying it
 //     (the executor's events carry the credential; the approval's decision
 //     and what follows carry the approver);
+//   - CallID, TraceID: any event carrying that call id or trace id. Every
+//     event of a call carries both, so in practice a call matches when
+//     its requested event or any later one is in the window; a trace id
+//     may be shared by several calls;
 //   - PolicyVersion: a policy's decision event (one whose Decision is
 //     allow, deny or require_approval; not an approver's approve or
 //     reject) made under that version; with Decision set, only decisions
@@ -33,6 +38,13 @@
 // Times compare in whole seconds (an event at 12:00:00.7 is in a window
 // from 12:00:00), as ClickHouse's DateTime keeps them. Refused submissions
 // (seq 0) are not calls: only Trace shows them.
+//
+// State is not a reference: it narrows the calls matched as above (by
+// their references, or with none by their requested event in the window)
+// to those whose state now, after their highest-seq event, is State, even
+// when that event is outside the window. Only BlastRadius takes a State;
+// Outcomes and Unresolved refuse it, as they refuse every reference
+// (ErrInvalidFilter).
 //
 // A call's state in an answer is its state now, after its highest-seq
 // event, not its state within the window.

@@ -57,6 +57,7 @@ type Queries interface {
 	// order. No events: ErrNotFound.
 	Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error)
 	// BlastRadius returns the calls matching f and what they add up to.
+	// It is the only question that takes f.State.
 	BlastRadius(ctx context.Context, f Filter) (BlastRadius, error)
 	// Outcomes counts the calls that reached each outcome, by tool and
 	// bucket of the outcome event's time. f may name only Tenant,
@@ -104,6 +105,14 @@ type Filter struct {
 	Decision   string `json:"decision,omitempty"`
 	Approver   string `json:"approver,omitempty"`
 	ApprovalID string `json:"approval_id,omitempty"`
+	// CallID and TraceID name a call, or the calls of a trace, by the
+	// ids their events carry: references like JTI.
+	CallID  string `json:"call_id,omitempty"`
+	TraceID string `json:"trace_id,omitempty"`
+
+	// State narrows the matched calls to those whose state now is State.
+	// It is not a reference, and only BlastRadius takes it.
+	State statemachine.State `json:"state,omitempty"`
 
 	// Since and Until bound the matching events' times, [Since, Until),
 	// in whole seconds; zero is unbounded.
@@ -134,6 +143,8 @@ func (f Filter) Check() (Filter, error) {
 		return f, fmt.Errorf("%w: a decision narrows a policy version; name one", ErrInvalidFilter)
 	case f.Decision != "" && !decisions[f.Decision]:
 		return f, fmt.Errorf("%w: decision %q is not one of allow, deny, require_approval", ErrInvalidFilter, f.Decision)
+	case f.State != "" && !slices.Contains(statemachine.States, f.State):
+		return f, fmt.Errorf("%w: state %q is not one of %s", ErrInvalidFilter, f.State, knownStates())
 	case f.Limit < 0 || f.Limit > MaxLimit:
 		return f, fmt.Errorf("%w: limit must be between 0 and %d", ErrInvalidFilter, MaxLimit)
 	}
@@ -152,11 +163,23 @@ func (f Filter) Check() (Filter, error) {
 	return f, nil
 }
 
+// knownStates lists the states a filter may name, for its errors.
+func knownStates() string {
+	names := make([]string, 0, len(statemachine.States))
+	for _, s := range statemachine.States {
+		if s != statemachine.StateNone {
+			names = append(names, string(s))
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
 // References reports whether f names any reference (JTI, family, policy
-// version, approver or approval id), rather than only tenant, tool and
-// time.
+// version, approver, approval id, call id or trace id), rather than only
+// tenant, tool, time and state.
 func (f Filter) References() bool {
-	return f.JTI != "" || f.CredentialFamily != "" || f.PolicyVersion != "" || f.Approver != "" || f.ApprovalID != ""
+	return f.JTI != "" || f.CredentialFamily != "" || f.PolicyVersion != "" || f.Approver != "" || f.ApprovalID != "" ||
+		f.CallID != "" || f.TraceID != ""
 }
 
 // InWindow reports whether t, in whole seconds, is in [Since, Until).
@@ -259,7 +282,7 @@ func CheckOutcomes(f Filter, bucket time.Duration) (Filter, error) {
 		return f, err
 	}
 	switch {
-	case f.References():
+	case f.References() || f.State != "":
 		return f, fmt.Errorf("%w: outcomes are counted by tenant, tool and time only", ErrInvalidFilter)
 	case bucket < time.Second || bucket%time.Second != 0:
 		return f, fmt.Errorf("%w: the bucket must be a whole number of seconds, at least 1s", ErrInvalidFilter)
@@ -282,7 +305,7 @@ func CheckUnresolved(f Filter) (Filter, error) {
 	if err != nil {
 		return f, err
 	}
-	if f.References() || !f.Since.IsZero() || !f.Until.IsZero() {
+	if f.References() || f.State != "" || !f.Since.IsZero() || !f.Until.IsZero() {
 		return f, fmt.Errorf("%w: unresolved calls are listed by tenant and tool only", ErrInvalidFilter)
 	}
 	return f, nil

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // The query parameters of a Filter, as the HTTP API and the CLI name them.
@@ -19,6 +21,9 @@ const (
 	ParamDecision         = "decision"
 	ParamApprover         = "approver"
 	ParamApprovalID       = "approval_id"
+	ParamCallID           = "call_id"
+	ParamTraceID          = "trace_id"
+	ParamState            = "state"
 	ParamSince            = "since"
 	ParamUntil            = "until"
 	ParamLimit            = "limit"
@@ -44,6 +49,9 @@ func (f Filter) Values() url.Values {
 	set(ParamDecision, f.Decision)
 	set(ParamApprover, f.Approver)
 	set(ParamApprovalID, f.ApprovalID)
+	set(ParamCallID, f.CallID)
+	set(ParamTraceID, f.TraceID)
+	set(ParamState, string(f.State))
 	if !f.Since.IsZero() {
 		v.Set(ParamSince, f.Since.UTC().Format(time.RFC3339Nano))
 	}
@@ -61,7 +69,8 @@ func (f Filter) Values() url.Values {
 var known = map[string]bool{
 	ParamTenant: true, ParamAllTenants: true, ParamJTI: true, ParamCredentialFamily: true,
 	ParamTool: true, ParamPolicyVersion: true, ParamDecision: true, ParamApprover: true,
-	ParamApprovalID: true, ParamSince: true, ParamUntil: true, ParamLimit: true,
+	ParamApprovalID: true, ParamCallID: true, ParamTraceID: true, ParamState: true,
+	ParamSince: true, ParamUntil: true, ParamLimit: true,
 }
 
 // FilterFromValues reads a Filter from query parameters. Times are RFC
@@ -93,6 +102,10 @@ func FilterFromValues(v url.Values, now time.Time, extra ...string) (Filter, err
 	f.Decision = v.Get(ParamDecision)
 	f.Approver = v.Get(ParamApprover)
 	f.ApprovalID = v.Get(ParamApprovalID)
+	f.CallID = v.Get(ParamCallID)
+	f.TraceID = v.Get(ParamTraceID)
+	// Check says whether the state is one the machine knows.
+	f.State = statemachine.State(v.Get(ParamState))
 	var err error
 	if f.Since, err = ParseTime(v.Get(ParamSince), now); err != nil {
 		return f, fmt.Errorf("%w: %s: %v", ErrInvalidFilter, ParamSince, err)

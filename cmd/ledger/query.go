@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // clickhouseFlags name the ClickHouse projection.
@@ -121,6 +123,15 @@ func (ff *filterFlags) register(fs *pflag.FlagSet, refs bool) {
 	fs.StringVar(&ff.f.Decision, "decision", "", "with --policy-version: only its allow, deny or require_approval decisions")
 	fs.StringVar(&ff.f.Approver, "approver", "", "calls this approver decided")
 	fs.StringVar(&ff.f.ApprovalID, "approval-id", "", "the call of this approval")
+	fs.StringVar(&ff.f.CallID, "call-id", "", "the call of this call id")
+	fs.StringVar(&ff.f.TraceID, "trace-id", "", "the calls of this trace")
+	states := make([]string, 0, len(statemachine.States))
+	for _, st := range statemachine.States {
+		if st != statemachine.StateNone {
+			states = append(states, string(st))
+		}
+	}
+	fs.StringVar((*string)(&ff.f.State), "state", "", "only the matched calls whose state now is this one: "+strings.Join(states, ", "))
 }
 
 func (ff *filterFlags) registerWindow(fs *pflag.FlagSet) {
@@ -182,10 +193,12 @@ func queryCmd(g *globals, cmd *cobra.Command, refs, window bool, ask func(ctx co
 func newBlastRadiusCmd(g *globals) *cobra.Command {
 	return queryCmd(g, &cobra.Command{
 		Use:   "blast-radius",
-		Short: "What a credential, tool, policy version or approver touched: the calls, tenants, resources and outcomes",
+		Short: "What a credential, tool, policy version, approver, call or trace touched: the calls, tenants, resources and outcomes",
 		Example: `  ledger blast-radius --jti 0193... --all-tenants
   ledger blast-radius --policy-version v41 --decision allow --since 2h --all-tenants --csv > v41.csv
-  ledger blast-radius --tool refund_order --tenant t_demo --since 1h`,
+  ledger blast-radius --tool refund_order --tenant t_demo --since 1h
+  ledger blast-radius --trace-id 4bf92f35... --tenant t_demo
+  ledger blast-radius --state outcome_unknown --tool refund_order --tenant t_demo --since 24h`,
 	}, true, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
 		br, err := qs.BlastRadius(ctx, f)
 		return answer{br,

@@ -1,6 +1,7 @@
 package callindex_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,12 +12,14 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/projectionstest"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -534,6 +537,88 @@ func TestProjectionWriteTwice(t *testing.T) {
 	defer ix.Close()
 	if diff := cmp.Diff(want, ask(t, ix)); diff != "" {
 		t.Errorf("answers after rebuilding the indexes (-before +after):\n%s", diff)
+	}
+}
+
+// A file of layout 2 has no refs by call id or trace id: opening it
+// indexes its calls again, and questions by them find the calls.
+func TestLayoutTwoIndexedAgain(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "index.db")
+	ix := openIndex(t, path)
+	log := projectionstest.Log(projectionstest.LogConfig{Seed: 5, Calls: 60, Tenants: 2})
+	projectionstest.Write(t, ix, log, 40)
+	if err := ix.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// As layout 2 left the file: the other refs, and none of these.
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := 0
+	err = db.Update(func(tx *bolt.Tx) error {
+		refs := tx.Bucket([]byte("refs"))
+		var old [][]byte
+		err := refs.ForEach(func(k, _ []byte) error {
+			if bytes.HasPrefix(k, []byte("call_id\x00")) || bytes.HasPrefix(k, []byte("trace_id\x00")) {
+				old = append(old, slices.Clone(k))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range old {
+			if err := refs.Delete(k); err != nil {
+				return err
+			}
+		}
+		removed = len(old)
+		return tx.Bucket([]byte("meta")).Put([]byte("layout"), []byte("2"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if removed == 0 {
+		t.Fatal("the file held no refs by call id or trace id to remove")
+	}
+
+	ix = openIndex(t, path)
+	defer ix.Close()
+	o := projectionstest.NewOracle(log)
+	asked := 0
+	for _, k := range o.Keys() {
+		evs := o.Events(k)
+		if len(evs) == 0 {
+			continue
+		}
+		for _, f := range []projections.Filter{
+			{Tenant: k.TenantID, CallID: evs[0].CallID},
+			{AllTenants: true, TraceID: evs[0].TraceID},
+		} {
+			nf, err := f.Check()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := ix.BlastRadius(t.Context(), f)
+			if err != nil {
+				t.Fatalf("BlastRadius(%+v): %v", f, err)
+			}
+			if diff := cmp.Diff(o.BlastRadius(nf), got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("BlastRadius(%+v) after reopening (-oracle +index):\n%s", f, diff)
+			}
+			if got.Total == 0 {
+				t.Errorf("BlastRadius(%+v) after reopening found no call", f)
+			}
+			asked++
+		}
+	}
+	if asked == 0 {
+		t.Fatal("asked nothing")
 	}
 }
 

@@ -25,6 +25,8 @@ const (
 	refPolicy   = "policy_version"
 	refApprover = "approver"
 	refApproval = "approval_id"
+	refCallID   = "call_id"
+	refTraceID  = "trace_id"
 )
 
 // maxRefValue bounds a value as a refs key spells it: a longer one is
@@ -46,6 +48,8 @@ func refs(e *ledger.Event) [][2]string {
 	}
 	add(refApprover, e.Approver)
 	add(refApproval, e.ApprovalID)
+	add(refCallID, e.CallID)
+	add(refTraceID, e.TraceID)
 	return out
 }
 
@@ -145,8 +149,11 @@ func (ix *Index) BlastRadius(ctx context.Context, f projections.Filter) (project
 	var calls []projections.Call
 	err = ix.db.View(func(tx *bolt.Tx) error {
 		return eachCandidate(ctx, tx, f, func(c *Call) {
-			if matches(f, c.Events) {
-				latest, _ := c.latest()
+			if !matches(f, c.Events) {
+				return
+			}
+			// The state narrows on the call as it is now.
+			if latest, ok := c.latest(); ok && (f.State == "" || latest.State == f.State) {
 				calls = append(calls, latest)
 			}
 		})
@@ -175,8 +182,8 @@ func eachCandidate(ctx context.Context, tx *bolt.Tx, f projections.Filter, fn fu
 	}
 	var kind, value string
 	for _, r := range [][2]string{
-		{refApproval, f.ApprovalID}, {refJTI, f.JTI}, {refFamily, f.CredentialFamily},
-		{refApprover, f.Approver}, {refPolicy, f.PolicyVersion},
+		{refCallID, f.CallID}, {refApproval, f.ApprovalID}, {refJTI, f.JTI}, {refTraceID, f.TraceID},
+		{refFamily, f.CredentialFamily}, {refApprover, f.Approver}, {refPolicy, f.PolicyVersion},
 	} {
 		if r[1] != "" {
 			kind, value = r[0], r[1]
@@ -227,8 +234,9 @@ func narrows(f projections.Filter, e *ledger.Event) bool {
 	return (f.Tenant == "" || e.TenantID == f.Tenant) && (f.Tool == "" || e.Tool == f.Tool)
 }
 
-// matches reports whether the call with events evs matches f, as the
-// projections package doc says.
+// matches reports whether the call with events evs carries what f
+// references, as the projections package doc says; the state is
+// BlastRadius's to check.
 func matches(f projections.Filter, evs []ledger.Event) bool {
 	carried := func(carries func(e *ledger.Event) bool) bool {
 		for i := range evs {
@@ -248,7 +256,9 @@ func matches(f projections.Filter, evs []ledger.Event) bool {
 			return projections.PolicyDecision(e.Decision) && e.PolicyVersion == f.PolicyVersion && (f.Decision == "" || e.Decision == f.Decision)
 		})) &&
 		(f.Approver == "" || carried(func(e *ledger.Event) bool { return e.Approver == f.Approver })) &&
-		(f.ApprovalID == "" || carried(func(e *ledger.Event) bool { return e.ApprovalID == f.ApprovalID }))
+		(f.ApprovalID == "" || carried(func(e *ledger.Event) bool { return e.ApprovalID == f.ApprovalID })) &&
+		(f.CallID == "" || carried(func(e *ledger.Event) bool { return e.CallID == f.CallID })) &&
+		(f.TraceID == "" || carried(func(e *ledger.Event) bool { return e.TraceID == f.TraceID }))
 }
 
 // Outcomes counts the calls that reached each outcome, by bucket of the

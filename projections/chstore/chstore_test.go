@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
@@ -263,6 +264,65 @@ func TestMigrateTwice(t *testing.T) {
 	}
 }
 
+// callTraceRefsVersion is the schema version that adds call_refs' call_id
+// and trace_id rows.
+const callTraceRefsVersion = 6
+
+// deleteRows deletes the rows of table that cond selects, and waits for
+// the mutation to be done.
+func deleteRows(t *testing.T, s *Store, table, cond string) {
+	t.Helper()
+	ctx := t.Context()
+	if err := s.conn.Exec(ctx, "ALTER TABLE "+s.table(table)+" DELETE WHERE "+cond); err != nil {
+		t.Fatalf("delete from %s: %v", table, err)
+	}
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		var n uint64
+		if err := s.conn.QueryRow(ctx, "SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0", s.db, table).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			return fmt.Errorf("%d mutations of %s not done", n, table)
+		}
+		return nil
+	})
+}
+
+// A database projected before call_refs held call ids and trace ids:
+// Migrate fills them in from the events, the rows Write would have
+// written, and the questions by call id and trace id answer as on a
+// database written since.
+func TestMigrateFillsCallAndTraceRefs(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	f := newFixture()
+	write(t, s, f.batches(4))
+	want, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the database was at the version before.
+	deleteRows(t, s, "call_refs", "kind IN ('call_id', 'trace_id')")
+	deleteRows(t, s, "schema_migrations", fmt.Sprintf("version >= %d", callTraceRefsVersion))
+	if v, err := s.SchemaVersion(ctx); err != nil || v != callTraceRefsVersion-1 {
+		t.Fatalf("schema version before = %d, %v; want %d", v, err, callTraceRefsVersion-1)
+	}
+	if br, err := s.BlastRadius(ctx, projections.Filter{AllTenants: true, CallID: "call-b1"}); err != nil || br.Total != 0 {
+		t.Fatalf("BlastRadius by call id before the migration = %d calls, %v; want none", br.Total, err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	got, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("checksums after the migration filled call_refs in (-written +filled):\n%s", diff)
+	}
+	check(t, s, f)
+}
+
 func TestSchemaVersionUnmigrated(t *testing.T) {
 	s, err := Open(t.Context(), Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
 	if err != nil {
@@ -395,6 +455,22 @@ func expectations(f fixture) []struct {
 		{projections.Filter{AllTenants: true, Since: at(500 * time.Millisecond), Until: at(time.Second)}, []projections.Call{A}},
 		{projections.Filter{AllTenants: true, Limit: 2}, []projections.Call{A, B, C, D, E}},
 		{projections.Filter{Tenant: "nobody"}, nil},
+		// Every event carries the call id and trace id: a1's executing
+		// event at +2.1s is in a window from +2s; its refusal at +5s,
+		// which carries them too, is no call.
+		{projections.Filter{Tenant: "acme", CallID: "call-b1"}, []projections.Call{B}},
+		{projections.Filter{AllTenants: true, CallID: "call-a1", Since: at(2 * time.Second)}, []projections.Call{A}},
+		{projections.Filter{AllTenants: true, CallID: "call-a1", Since: at(4 * time.Second)}, nil},
+		{projections.Filter{Tenant: "acme", CallID: "call-d1"}, nil},
+		{projections.Filter{Tenant: "globex", TraceID: "trace-e1", Tool: "get_weather"}, []projections.Call{E}},
+		{projections.Filter{Tenant: "globex", TraceID: "trace-e1", Tool: "refund_order"}, nil},
+		// The state now narrows what matched.
+		{projections.Filter{AllTenants: true, State: statemachine.StateApprovalPending}, []projections.Call{D}},
+		{projections.Filter{Tenant: "acme", Tool: "refund_order", State: statemachine.StateSucceeded}, []projections.Call{A}},
+		{projections.Filter{AllTenants: true, State: statemachine.StateDenied, Until: at(30 * time.Second)}, []projections.Call{C}},
+		{projections.Filter{AllTenants: true, JTI: "j-b1", State: statemachine.StateOutcomeUnknown}, []projections.Call{B}},
+		{projections.Filter{AllTenants: true, JTI: "j-b1", State: statemachine.StateSucceeded}, nil},
+		{projections.Filter{AllTenants: true, State: statemachine.StateSucceeded, Limit: 1}, []projections.Call{A}},
 	} {
 		out = append(out, qa{blast(tc.f), br(tc.f, tc.calls...)})
 	}

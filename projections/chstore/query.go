@@ -146,8 +146,13 @@ const callColumns = "tenant_id, idempotency_key, c_call_id, c_tool, c_tool_versi
 	" c_credential_family, c_reason, c_error_code"
 
 // latestCalls is a subquery: one row per call of the calls table that
-// cond (with args) selects, as its highest-seq row shows it.
-func (s *Store) latestCalls(cond string) string {
+// cond (with args) selects, as its highest-seq row shows it; having, if
+// not empty, is a condition on those rows (on the c_ columns), its
+// values bound after cond's.
+func (s *Store) latestCalls(cond, having string) string {
+	if having != "" {
+		having = " HAVING " + having
+	}
 	return "SELECT tenant_id, idempotency_key," +
 		" argMax(call_id, seq) AS c_call_id, argMax(tool, seq) AS c_tool, argMax(tool_version, seq) AS c_tool_version," +
 		" argMax(agent_id, seq) AS c_agent_id, argMax(user_id, seq) AS c_user_id, argMax(resource, seq) AS c_resource," +
@@ -157,7 +162,7 @@ func (s *Store) latestCalls(cond string) string {
 		" argMax(approval_id, seq) AS c_approval_id, argMax(jti, seq) AS c_jti," +
 		" argMax(credential_family, seq) AS c_credential_family, argMax(reason, seq) AS c_reason," +
 		" argMax(error_code, seq) AS c_error_code" +
-		" FROM " + s.table("calls") + " WHERE " + cond + " GROUP BY tenant_id, idempotency_key"
+		" FROM " + s.table("calls") + " WHERE " + cond + " GROUP BY tenant_id, idempotency_key" + having
 }
 
 // scanner is a row of a query result.
@@ -207,6 +212,8 @@ func matching(s *Store, f projections.Filter) (string, []any) {
 	}
 	ref(refApprover, f.Approver)
 	ref(refApprovalID, f.ApprovalID)
+	ref(refCallID, f.CallID)
+	ref(refTraceID, f.TraceID)
 	named := len(kinds)
 	if named == 0 {
 		// The requested rows are valued with their tenant.
@@ -227,9 +234,10 @@ func matching(s *Store, f projections.Filter) (string, []any) {
 }
 
 // BlastRadius answers what f touched. The matching calls are found from
-// call_refs by primary-key ranges, their latest rows from calls, and
-// every count is computed by the server, so that the answer costs two
-// queries and the listed calls, however many calls match.
+// call_refs by primary-key ranges, their latest rows from calls (where
+// f.State narrows them), and every count is computed by the server, so
+// that the answer costs two queries and the listed calls, however many
+// calls match.
 func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projections.BlastRadius, error) {
 	f, err := f.Check()
 	if err != nil {
@@ -241,7 +249,14 @@ func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projecti
 		w.add("tenant_id = ?", f.Tenant)
 	}
 	w.add("(tenant_id, idempotency_key) IN ("+sub+")", subArgs...)
-	calls := s.latestCalls(w.String())
+	// The state narrows on the call's latest row, in the subquery both
+	// the counts and the list read, so that they agree.
+	having := ""
+	if f.State != "" {
+		having = "c_state = ?"
+		w.args = append(w.args, string(f.State))
+	}
+	calls := s.latestCalls(w.String(), having)
 
 	br := projections.BlastRadius{Filter: f, Calls: []projections.Call{}}
 	// The counts and the list are two queries over the same calls: asked
@@ -396,7 +411,7 @@ func (s *Store) Unresolved(ctx context.Context, f projections.Filter) ([]project
 		outer.add("c_tool = ?", f.Tool)
 	}
 	args := append(append(w.args, outer.args...), f.Limit)
-	out, err := s.queryCalls(ctx, "SELECT "+callColumns+" FROM ("+s.latestCalls(w.String())+") WHERE "+outer.String()+
+	out, err := s.queryCalls(ctx, "SELECT "+callColumns+" FROM ("+s.latestCalls(w.String(), "")+") WHERE "+outer.String()+
 		" ORDER BY c_updated_at, c_updated_at_ns, tenant_id, idempotency_key LIMIT ?", args...)
 	if err != nil {
 		return nil, s.wrap("unresolved", err)

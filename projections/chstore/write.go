@@ -56,6 +56,10 @@ const (
 	refPolicyVersion = "policy_version"
 	refApprover      = "approver"
 	refApprovalID    = "approval_id"
+	// refCallID and refTraceID are on every event of a call, so that a
+	// call is found by them over any window its events fall in.
+	refCallID  = "call_id"
+	refTraceID = "trace_id"
 	// refRequested is a call's requested event; its value is the tenant,
 	// so that a tenant's calls over a window are one range.
 	refRequested = "requested"
@@ -119,6 +123,12 @@ func eventRows(r tableRows, e ledger.Event) error {
 	}
 	if e.ApprovalID != "" {
 		ref(refApprovalID, e.ApprovalID, "")
+	}
+	if e.CallID != "" {
+		ref(refCallID, e.CallID, "")
+	}
+	if e.TraceID != "" {
+		ref(refTraceID, e.TraceID, "")
 	}
 	if e.Seq == 1 && e.Type == statemachine.EventRequested {
 		ref(refRequested, e.TenantID, "")

@@ -78,7 +78,9 @@ func (g *Generator) Call(i int) []ledger.Event {
 	base := ledger.Event{
 		TenantID: tenant, IdempotencyKey: key, CallID: fmt.Sprintf("c-%d-%07d", cfg.Seed, i),
 		UserID: fmt.Sprintf("u_%d", r.IntN(50)), AgentID: fmt.Sprintf("a_%d", r.IntN(10)),
-		Channel: "kafka", Tool: tool, ToolVersion: 1, TraceID: fmt.Sprintf("%032x", uint64(i)+1),
+		// Three calls in a row share a trace, as an agent's run makes
+		// several calls, here not always of one tenant or tool.
+		Channel: "kafka", Tool: tool, ToolVersion: 1, TraceID: fmt.Sprintf("%032x", uint64(i/3)+1),
 		ArgumentsHash: fmt.Sprintf("sha256:%064x", uint64(i)+1),
 	}
 	args := `{"city":"Lisbon"}`

@@ -112,8 +112,18 @@ func narrows(f projections.Filter, e ledger.Event) bool {
 	return (f.Tenant == "" || e.TenantID == f.Tenant) && (f.Tool == "" || e.Tool == f.Tool)
 }
 
-// matches reports whether the call with events evs is one f selects.
+// matches reports whether the call with events evs is one f selects: by
+// its references (or its requested event), then by its state now.
 func matches(f projections.Filter, evs []ledger.Event) bool {
+	if f.State != "" && latest(evs).State != f.State {
+		return false
+	}
+	return referenced(f, evs)
+}
+
+// referenced reports whether the call with events evs carries every
+// reference f names in the window, or with none its requested event.
+func referenced(f projections.Filter, evs []ledger.Event) bool {
 	type ref struct {
 		want  string
 		carry func(e ledger.Event) bool
@@ -127,6 +137,8 @@ func matches(f projections.Filter, evs []ledger.Event) bool {
 		}},
 		{f.Approver, func(e ledger.Event) bool { return e.Approver == f.Approver }},
 		{f.ApprovalID, func(e ledger.Event) bool { return e.ApprovalID == f.ApprovalID }},
+		{f.CallID, func(e ledger.Event) bool { return e.CallID == f.CallID }},
+		{f.TraceID, func(e ledger.Event) bool { return e.TraceID == f.TraceID }},
 	}
 	named := 0
 	for _, r := range refs {

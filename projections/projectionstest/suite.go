@@ -50,6 +50,42 @@ func Run(t *testing.T, open func(t *testing.T) Projection) {
 		Write(t, p, log, 61)
 		Check(t, p, oracle, cfg)
 	})
+	t.Run("refused", func(t *testing.T) {
+		p := open(t)
+		ctx := t.Context()
+		for _, q := range []struct {
+			name string
+			ask  func() error
+		}{
+			{"blast radius in an unknown state", func() error {
+				_, err := p.BlastRadius(ctx, projections.Filter{Tenant: "t_00", State: "done"})
+				return err
+			}},
+			{"outcomes by state", func() error {
+				_, err := p.Outcomes(ctx, projections.Filter{Tenant: "t_00", State: statemachine.StateSucceeded}, time.Minute)
+				return err
+			}},
+			{"outcomes by call id", func() error {
+				_, err := p.Outcomes(ctx, projections.Filter{Tenant: "t_00", CallID: "c-1"}, time.Minute)
+				return err
+			}},
+			{"unresolved by state", func() error {
+				_, err := p.Unresolved(ctx, projections.Filter{Tenant: "t_00", State: statemachine.StateOutcomeUnknown})
+				return err
+			}},
+			{"unresolved by trace id", func() error {
+				_, err := p.Unresolved(ctx, projections.Filter{Tenant: "t_00", TraceID: "tr-1"})
+				return err
+			}},
+		} {
+			if err := q.ask(); !errors.Is(err, projections.ErrInvalidFilter) {
+				t.Errorf("%s: err = %v, want ErrInvalidFilter", q.name, err)
+			}
+		}
+		if _, err := p.BlastRadius(ctx, projections.Filter{CallID: "c-1"}); !errors.Is(err, projections.ErrTenantRequired) {
+			t.Errorf("BlastRadius by call id without a tenant: err = %v, want ErrTenantRequired", err)
+		}
+	})
 	t.Run("tenant required", func(t *testing.T) {
 		p := open(t)
 		ctx := t.Context()
@@ -87,7 +123,7 @@ func Write(t testing.TB, p projections.Sink, log []ledger.Event, n int) {
 
 // Questions are the filters Check asks about a log of cfg: by every kind
 // of reference, alone and together, per tenant and across tenants, with
-// and without a window.
+// and without a window, and narrowed by state.
 func Questions(o *Oracle, cfg LogConfig) []projections.Filter {
 	cfg = cfg.withDefaults()
 	var qs []projections.Filter
@@ -108,6 +144,15 @@ func Questions(o *Oracle, cfg LogConfig) []projections.Filter {
 			projections.Filter{AllTenants: true, CredentialFamily: e.CredentialFamily},
 			projections.Filter{Tenant: e.TenantID, CredentialFamily: e.CredentialFamily, Since: e.At.Add(time.Second), Limit: 3},
 		)
+		// A state narrows a credential's calls: to the call that used
+		// it, as it is now, or to none.
+		if ran < 4 {
+			qs = append(qs,
+				projections.Filter{Tenant: e.TenantID, JTI: e.JTI, State: latest(evs).State},
+				projections.Filter{Tenant: e.TenantID, JTI: e.JTI, State: statemachine.StateApprovalPending},
+				projections.Filter{AllTenants: true, CredentialFamily: e.CredentialFamily, State: statemachine.StateSucceeded},
+			)
+		}
 		if ran++; ran == 12 {
 			break
 		}
@@ -154,8 +199,71 @@ func Questions(o *Oracle, cfg LogConfig) []projections.Filter {
 		qs = append(qs,
 			projections.Filter{AllTenants: true, Tool: tool, Since: mid.Add(-time.Hour), Until: mid},
 			projections.Filter{Tenant: "t_03", Tool: tool},
+			// The calls requested in the window, by their state now,
+			// which some reached after the window.
+			projections.Filter{AllTenants: true, Tool: tool, State: statemachine.StateSucceeded, Since: mid.Add(-time.Hour), Until: mid},
+			projections.Filter{Tenant: "t_02", Tool: tool, State: statemachine.StateDenied, Since: mid.Add(-time.Hour)},
 		)
 	}
+	// Calls by their call id: every event carries it, so a window from a
+	// call's second event (in a later second than its first) finds the
+	// call too, and one ending at its requested event finds none.
+	byCall := 0
+	for i, k := range keys {
+		evs := o.Events(k)
+		if i%max(1, len(keys)/7) != 0 || len(evs) < 2 {
+			continue
+		}
+		first, second := evs[0], evs[1]
+		qs = append(qs,
+			projections.Filter{Tenant: k.TenantID, CallID: first.CallID},
+			projections.Filter{AllTenants: true, CallID: first.CallID, Tool: first.Tool},
+			projections.Filter{Tenant: other(k.TenantID), CallID: first.CallID},
+			projections.Filter{Tenant: k.TenantID, CallID: first.CallID, Until: first.At},
+			projections.Filter{AllTenants: true, CallID: first.CallID, State: latest(evs).State},
+		)
+		if second.At.Unix() > first.At.Unix() {
+			qs = append(qs, projections.Filter{Tenant: k.TenantID, CallID: first.CallID, Since: second.At})
+		}
+		if byCall++; byCall == 6 {
+			break
+		}
+	}
+	// Calls by trace: a trace may hold calls of several tenants and
+	// tools, which the tenant and tool narrow.
+	byTrace := 0
+	for i, k := range keys {
+		evs := o.Events(k)
+		if i%max(1, len(keys)/6+5) != 0 || len(evs) == 0 {
+			continue
+		}
+		e := evs[0]
+		qs = append(qs,
+			projections.Filter{AllTenants: true, TraceID: e.TraceID},
+			projections.Filter{Tenant: k.TenantID, TraceID: e.TraceID},
+			projections.Filter{AllTenants: true, TraceID: e.TraceID, Tool: e.Tool, Since: e.At},
+			projections.Filter{AllTenants: true, TraceID: e.TraceID, State: latest(evs).State},
+		)
+		if byTrace++; byTrace == 6 {
+			break
+		}
+	}
+	// A tenant's calls by their state alone: each state the log ends
+	// calls in, spread over the tenants, and one no call stays in.
+	for i, st := range []statemachine.State{
+		statemachine.StateSucceeded, statemachine.StateFailed, statemachine.StateDenied,
+		statemachine.StateRejected, statemachine.StateExpired, statemachine.StateApprovalPending,
+		statemachine.StateOutcomeUnknown, statemachine.StateCompensated,
+	} {
+		qs = append(qs, projections.Filter{Tenant: fmt.Sprintf("t_%02d", i%cfg.Tenants), State: st})
+	}
+	qs = append(qs,
+		projections.Filter{Tenant: "t_00", State: statemachine.StateExecuting},
+		projections.Filter{AllTenants: true, State: statemachine.StateSucceeded, Limit: 10},
+		// Approvals lapse 15 minutes after the request: some of these
+		// calls expired after the window.
+		projections.Filter{AllTenants: true, State: statemachine.StateExpired, Since: mid.Add(-30 * time.Minute), Until: mid},
+	)
 	qs = append(qs,
 		projections.Filter{Tenant: "t_00"},
 		projections.Filter{AllTenants: true, Limit: 25},

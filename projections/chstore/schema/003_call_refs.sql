@@ -4,6 +4,7 @@
 -- 'requested' row per call, valued with its tenant, for questions by
 -- tenant, tool and time alone. A lookup by kind and value, over a window,
 -- is a range of the sort key. Refusals have no rows here.
+-- (006 adds the kinds call_id and trace_id, on every event.)
 CREATE TABLE IF NOT EXISTS {db}.call_refs
 (
     kind            String,
