@@ -290,8 +290,28 @@ func (v *Verifier) Keys() *token.KeySet { return v.keys.Load() }
 // token.ReasonMissingClaim when sub, tenant or act is absent. ctx bounds a
 // key refresh this call may perform.
 func (v *Verifier) Verify(ctx context.Context, assertion string) (Identity, error) {
+	id, _, err := v.VerifyUntil(ctx, assertion)
+	return id, err
+}
+
+// VerifyUntil is Verify, and also returns when the assertion expires: a
+// session built on it (the console's) must end then.
+func (v *Verifier) VerifyUntil(ctx context.Context, assertion string) (Identity, time.Time, error) {
+	c, err := v.claims(ctx, assertion)
+	if err != nil {
+		return Identity{}, time.Time{}, err
+	}
+	var exp time.Time
+	if c.ExpiresAt != nil {
+		exp = c.ExpiresAt.Time
+	}
+	return Identity{User: c.Subject, Agent: c.Act.Subject, Tenant: c.Tenant, Purpose: c.Purpose, Roles: c.Roles}, exp, nil
+}
+
+// claims verifies assertion and returns its claims.
+func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error) {
 	if assertion == "" {
-		return Identity{}, &token.Error{Reason: ReasonMissingAssertion, Detail: "the envelope carries no assertion"}
+		return Claims{}, &token.Error{Reason: ReasonMissingAssertion, Detail: "the envelope carries no assertion"}
 	}
 	v.maybeRefresh(ctx)
 	set := v.keys.Load()
@@ -303,17 +323,17 @@ func (v *Verifier) Verify(ctx context.Context, assertion string) (Identity, erro
 		}
 	}
 	if err != nil {
-		return Identity{}, err
+		return Claims{}, err
 	}
 	if err := c.Validate(v.cfg.Now(), v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience); err != nil {
-		return Identity{}, err
+		return Claims{}, err
 	}
 	for _, m := range []struct{ name, value string }{{"sub", c.Subject}, {"tenant", c.Tenant}, {"act", c.Act.Subject}} {
 		if m.value == "" {
-			return Identity{}, &token.Error{Reason: token.ReasonMissingClaim, Detail: "no " + m.name}
+			return Claims{}, &token.Error{Reason: token.ReasonMissingClaim, Detail: "no " + m.name}
 		}
 	}
-	return Identity{User: c.Subject, Agent: c.Act.Subject, Tenant: c.Tenant, Purpose: c.Purpose, Roles: c.Roles}, nil
+	return c, nil
 }
 
 func (v *Verifier) verify(assertion string, set *token.KeySet) (Claims, error) {

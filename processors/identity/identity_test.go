@@ -552,3 +552,26 @@ func TestNewErrors(t *testing.T) {
 		})
 	}
 }
+
+// VerifyUntil returns the identity Verify does and the assertion's expiry.
+func TestVerifyUntil(t *testing.T) {
+	iss, _ := newIssuer(t)
+	v, err := New(t.Context(), Config{Issuer: testIssuer, Keys: iss.Keys()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := iss.Mint(testIdentity, "", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, exp, err := v.VerifyUntil(t.Context(), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.User != testIdentity.User || exp.Before(time.Now()) || exp.After(time.Now().Add(2*time.Minute)) {
+		t.Errorf("VerifyUntil = %+v, %v; want %s and an expiry within a minute", got, exp, testIdentity.User)
+	}
+	if _, _, err := v.VerifyUntil(t.Context(), ""); err == nil {
+		t.Error("VerifyUntil of no assertion succeeded")
+	}
+}
