@@ -1,0 +1,186 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
+
+// Every action below runs after authed checked the session, the CSRF
+// token and the origin, sends the session's assertion to one API, and
+// ends with a 303 back and a flash that names the person and the outcome:
+// the API's answer, or its refusal's code and message.
+
+// refusedFlash is the flash of a refused action.
+func refusedFlash(s *session, what string, err error) flash {
+	return flash{Text: fmt.Sprintf("%s: %s was refused — %s", s.id.User, what, describe(err))}
+}
+
+func (c *Console) logAction(s *session, action, target string, err error) {
+	if err != nil {
+		c.cfg.Logger.Info("console action refused", "user", s.id.User, "tenant", s.id.Tenant, "action", action, "target", target, "err", describe(err))
+		return
+	}
+	c.cfg.Logger.Info("console action", "user", s.id.User, "tenant", s.id.Tenant, "action", action, "target", target)
+}
+
+func (c *Console) postApprove(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	back := approvalURL(id)
+	var a approval
+	_, err := c.call(r, s, http.MethodPost, apiApprovalPath(id)+"/approve", nil, approveBody{ArgumentsHash: r.PostForm.Get("arguments_hash")}, &a)
+	c.logAction(s, "approve", id, err)
+	if err != nil {
+		c.redirect(w, r, s, back, refusedFlash(s, "the approval", err))
+		return
+	}
+	c.redirect(w, r, s, back, flash{OK: true, Text: fmt.Sprintf("%s approved the %s call %s/%s (arguments %s).", s.id.User, a.Tool, a.TenantID, a.IdempotencyKey, a.ArgumentsHash)})
+}
+
+func (c *Console) postReject(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	back := approvalURL(id)
+	var a approval
+	_, err := c.call(r, s, http.MethodPost, apiApprovalPath(id)+"/reject", nil, rejectBody{Reason: r.PostForm.Get("reason")}, &a)
+	c.logAction(s, "reject", id, err)
+	if err != nil {
+		c.redirect(w, r, s, back, refusedFlash(s, "the rejection", err))
+		return
+	}
+	c.redirect(w, r, s, back, flash{OK: true, Text: fmt.Sprintf("%s rejected the %s call %s/%s.", s.id.User, a.Tool, a.TenantID, a.IdempotencyKey)})
+}
+
+func (c *Console) postResolve(w http.ResponseWriter, r *http.Request, s *session) {
+	f := r.PostForm
+	key := ledger.CallKey{TenantID: f.Get("tenant"), IdempotencyKey: f.Get("key")}
+	back := localPath(f.Get("back"), "/calls")
+	as := f.Get("as")
+	var ev ledger.Event
+	_, err := c.call(r, s, http.MethodPost, pathResolutions, nil, resolveBody{
+		TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey, As: as, Evidence: f.Get("evidence"),
+	}, &ev)
+	c.logAction(s, "resolve", key.String(), err)
+	if err != nil {
+		c.redirect(w, r, s, back, refusedFlash(s, "the resolution of "+key.String(), err))
+		return
+	}
+	c.redirect(w, r, s, back, flash{OK: true, Text: fmt.Sprintf("%s resolved %s as %s (event %s, seq %d).", s.id.User, key, as, ev.Type, ev.Seq)})
+}
+
+func (c *Console) postCompensate(w http.ResponseWriter, r *http.Request, s *session) {
+	f := r.PostForm
+	key := ledger.CallKey{TenantID: f.Get("tenant"), IdempotencyKey: f.Get("key")}
+	back := localPath(f.Get("back"), "/calls")
+	ans, err := c.compensate(r, s, key, f.Get("reason"))
+	if err != nil {
+		c.redirect(w, r, s, back, refusedFlash(s, "the compensation of "+key.String(), err))
+		return
+	}
+	c.redirect(w, r, s, back, flash{OK: true, Text: fmt.Sprintf("%s asked to compensate %s: %s.", s.id.User, key, compensationOutcome(ans))})
+}
+
+// compensate asks POST /v1/compensations for key.
+func (c *Console) compensate(r *http.Request, s *session, key ledger.CallKey, reason string) (compensationAnswer, error) {
+	var ans compensationAnswer
+	_, err := c.call(r, s, http.MethodPost, pathCompensations, nil, compensateBody{
+		TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey, Reason: reason,
+	}, &ans)
+	c.logAction(s, "compensate", key.String(), err)
+	return ans, err
+}
+
+// compensationOutcome says what a compensation request started: its
+// call's key and, if the intake already decided, its first decision.
+func compensationOutcome(a compensationAnswer) string {
+	out := "compensation call " + a.CompensationKey
+	if len(a.Events) == 0 {
+		return out + " (asked for before; see its timeline)"
+	}
+	last := a.Events[len(a.Events)-1]
+	out += " " + string(last.Type)
+	if last.Reason != "" {
+		out += " (" + last.Reason + ")"
+	}
+	return out
+}
+
+// hidden is a hidden form field.
+type hidden struct{ Name, Value string }
+
+// confirmPage is a server-rendered confirmation: what an action will do
+// and how many calls it touches, then a form that POSTs it.
+type confirmPage struct {
+	Heading   string
+	Lines     []string
+	Count     int
+	Counted   bool
+	CountNote string
+	Calls     []callRow
+	Err       string
+	Action    string
+	Hidden    []hidden
+	Reason    string // the reason field's label; empty: none
+	Submit    string
+	Cancel    string
+	Ready     bool
+}
+
+func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s *session) {
+	q := r.URL.Query()
+	tool, tenant := q.Get("tool"), q.Get("tenant")
+	scope := "every tenant"
+	if tenant != "" {
+		scope = "tenant " + tenant
+	}
+	c.render(w, r, s, "confirm", "Unfreeze "+tool, confirmPage{
+		Heading: "Unfreeze " + tool,
+		Lines:   []string{"Calls to " + tool + " for " + scope + " will be accepted and run again."},
+		Action:  "/health/unfreeze",
+		Hidden:  []hidden{{"tool", tool}, {"tenant", tenant}},
+		Reason:  "Why lift the freeze",
+		Submit:  "Unfreeze " + tool,
+		Cancel:  "/health",
+		Ready:   tool != "",
+	})
+}
+
+func (c *Console) postUnfreeze(w http.ResponseWriter, r *http.Request, s *session) {
+	f := r.PostForm
+	body := freezeBody{Tool: f.Get("tool"), Tenant: f.Get("tenant"), Reason: f.Get("reason")}
+	var a ledger.ControlAction
+	status, err := c.call(r, s, http.MethodPost, pathControl+"/unfreeze", nil, body, &a)
+	c.logAction(s, "unfreeze", body.Tool, err)
+	if err != nil {
+		c.redirect(w, r, s, "/health", refusedFlash(s, "the unfreeze of "+body.Tool, err))
+		return
+	}
+	c.redirect(w, r, s, "/health", flash{OK: true, Text: fmt.Sprintf("%s unfroze %s%s%s.", s.id.User, body.Tool, freezeScopeText(a.Tenant), applied(status))})
+}
+
+// freezeScopeText names the tenants a freeze covers, as the API's answer
+// says.
+func freezeScopeText(tenant string) string {
+	if tenant == "" {
+		return " for every tenant"
+	}
+	return " for tenant " + tenant
+}
+
+// applied notes a control action published but not yet applied here
+// (202).
+func applied(status int) string {
+	if status == http.StatusAccepted {
+		return " (published; this instance has not applied it yet)"
+	}
+	return ""
+}
+
+// queryString is q as a console URL's query, "" when empty.
+func queryString(path string, q url.Values) string {
+	if len(q) == 0 {
+		return path
+	}
+	return path + "?" + q.Encode()
+}

@@ -1,0 +1,1038 @@
+package console
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
+
+func TestNewRequiresAPIAndAuthenticate(t *testing.T) {
+	if _, err := New(Config{}); err == nil {
+		t.Errorf("New(Config{}) = nil error; want one (API and Authenticate are required)")
+	}
+}
+
+func TestSignIn(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.browser()
+	login := b.get("/login")
+	if !strings.Contains(login.Body.String(), `name="assertion"`) || !strings.Contains(login.Body.String(), `<label for="assertion">`) {
+		t.Fatalf("login page has no labelled assertion field:\n%s", login.Body)
+	}
+	if strings.Contains(login.Body.String(), "Dev login") {
+		t.Errorf("login page offers Dev login without Config.DevLogin")
+	}
+	w := b.do("POST", "/login", url.Values{"csrf": {csrfOf(t, login.Body.String())}, "assertion": {assertApprover}}, nil)
+	if w.Code != http.StatusSeeOther {
+		t.Fatalf("POST /login = %d; want 303", w.Code)
+	}
+	var ck *http.Cookie
+	for _, c := range w.Result().Cookies() {
+		if c.Name == CookieName {
+			ck = c
+		}
+	}
+	if ck == nil {
+		t.Fatalf("POST /login set no %s cookie", CookieName)
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(ck.Value)
+	if err != nil || len(raw) != 32 {
+		t.Errorf("session id %q decodes to %d bytes (%v); want 32 random bytes", ck.Value, len(raw), err)
+	}
+	if !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/" || ck.Secure {
+		t.Errorf("cookie HttpOnly=%v SameSite=%v Path=%q Secure=%v; want true, Strict, /, false over plain HTTP", ck.HttpOnly, ck.SameSite, ck.Path, ck.Secure)
+	}
+	if !ck.Expires.Equal(identities[assertApprover].Expires.Truncate(time.Second)) {
+		t.Errorf("cookie expires %v; want the assertion's expiry %v", ck.Expires, identities[assertApprover].Expires)
+	}
+	page := b.get("/approvals")
+	if page.Code != http.StatusOK {
+		t.Fatalf("GET /approvals after sign-in = %d; want 200", page.Code)
+	}
+	body := page.Body.String()
+	for _, want := range []string{"<strong>alice</strong>", "Signed in as alice", `action="/logout"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("approvals page after sign-in lacks %q", want)
+		}
+	}
+	// Another session is another random id.
+	b2 := fx.signedIn(assertApprover)
+	if b2.cookies[CookieName].Value == b.cookies[CookieName].Value {
+		t.Errorf("two sign-ins got the same session id")
+	}
+}
+
+func TestSessionCookieSecureOverTLS(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.browser()
+	b.tls = true
+	b.signIn(assertOperator)
+	if !b.cookies[CookieName].Secure {
+		t.Errorf("session cookie over TLS is not Secure")
+	}
+}
+
+func TestSignInRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name, assertion, want string
+	}{
+		{"unknown assertion", "forged", "m=refused"},
+		{"no operator or approver role", assertViewer, "m=role"},
+		{"no roles", assertNoRoles, "m=role"},
+		{"no expiry", assertNoExpiry, "m=no_expiry"},
+		{"empty", "  ", "m=empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := newFixture(t)
+			b := fx.browser()
+			login := b.get("/login")
+			w := b.do("POST", "/login", url.Values{"csrf": {csrfOf(t, login.Body.String())}, "assertion": {tc.assertion}}, nil)
+			if w.Code != http.StatusSeeOther || !strings.Contains(w.Header().Get("Location"), tc.want) {
+				t.Errorf("POST /login = %d to %q; want 303 to /login?%s", w.Code, w.Header().Get("Location"), tc.want)
+			}
+			if _, ok := b.cookies[CookieName]; ok {
+				t.Errorf("a refused sign-in set the session cookie")
+			}
+			if n := fx.c.sessions.len(); n != 0 {
+				t.Errorf("sessions after a refused sign-in = %d; want 0", n)
+			}
+			if got := b.get("/approvals"); got.Code != http.StatusSeeOther || !strings.HasPrefix(got.Header().Get("Location"), "/login") {
+				t.Errorf("GET /approvals = %d to %q; want 303 to /login", got.Code, got.Header().Get("Location"))
+			}
+			page := b.get(w.Header().Get("Location"))
+			if !strings.Contains(page.Body.String(), `class="flash bad"`) {
+				t.Errorf("login page after refusal shows no error notice")
+			}
+		})
+	}
+}
+
+func TestSessionEndsAtAssertionExpiry(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	fx.advance(59 * time.Minute)
+	if w := b.get("/health"); w.Code != http.StatusOK {
+		t.Fatalf("GET /health a minute before expiry = %d; want 200", w.Code)
+	}
+	fx.advance(time.Minute)
+	w := b.get("/health")
+	if w.Code != http.StatusSeeOther || w.Header().Get("Location") != "/login?m=ended" {
+		t.Errorf("GET /health at expiry = %d to %q; want 303 to /login?m=ended", w.Code, w.Header().Get("Location"))
+	}
+	if n := fx.c.sessions.len(); n != 0 {
+		t.Errorf("sessions after expiry = %d; want 0 (the expired one deleted)", n)
+	}
+	fx.api.reset()
+	if w := b.post("/incidents/act", url.Values{"action": {"freeze"}, "tool": {"refund_order"}, "reason": {"x"}}); w.Code != http.StatusForbidden {
+		t.Errorf("POST with an expired session = %d; want 403", w.Code)
+	}
+	if reqs := fx.api.requests(); len(reqs) != 0 {
+		t.Errorf("the API got %d requests from an expired session; want none", len(reqs))
+	}
+}
+
+func TestSessionsBoundedAndSwept(t *testing.T) {
+	fx := newFixture(t, func(*fixture) fixtureOpt { return func(c *Config) { c.MaxSessions = 2 } })
+	first := fx.signedIn(assertOperator)
+	fx.advance(time.Second)
+	second := fx.signedIn(assertApprover)
+	fx.advance(time.Second)
+	third := fx.signedIn(assertPlatform)
+	if n := fx.c.sessions.len(); n != 2 {
+		t.Errorf("sessions = %d; want the bound 2", n)
+	}
+	if w := first.get("/health"); w.Code != http.StatusSeeOther {
+		t.Errorf("the oldest session still works (%d) after the bound pushed it out", w.Code)
+	}
+	for _, b := range []*browser{second, third} {
+		if w := b.get("/health"); w.Code != http.StatusOK {
+			t.Errorf("a recent session = %d; want 200", w.Code)
+		}
+	}
+	// Expired sessions are swept before anyone live is pushed out.
+	fx.advance(2 * time.Hour)
+	fx.c.sessions.mu.Lock()
+	for k, s := range fx.c.sessions.byID {
+		s.id.Expires = t0.Add(time.Hour) // both expired now
+		fx.c.sessions.byID[k] = s
+	}
+	fx.c.sessions.mu.Unlock()
+	identities["assert-late"] = Identity{User: "late", Tenant: "acme", Roles: []string{"operator"}, Expires: t0.Add(5 * time.Hour)}
+	defer delete(identities, "assert-late")
+	fx.signedIn("assert-late")
+	if n := fx.c.sessions.len(); n != 1 {
+		t.Errorf("sessions after a sign-in with two expired ones = %d; want 1 (expired swept)", n)
+	}
+}
+
+func TestLogout(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	stolen := b.cookies[CookieName].Value
+
+	// Without the CSRF token, logout is refused and the session lives.
+	if w := b.do("POST", "/logout", url.Values{}, nil); w.Code != http.StatusForbidden {
+		t.Errorf("POST /logout without CSRF = %d; want 403", w.Code)
+	}
+	if w := b.get("/health"); w.Code != http.StatusOK {
+		t.Fatalf("session gone after a refused logout: %d", w.Code)
+	}
+
+	w := b.post("/logout", nil)
+	if w.Code != http.StatusSeeOther || w.Header().Get("Location") != "/login?m=signed_out" {
+		t.Errorf("POST /logout = %d to %q; want 303 to /login?m=signed_out", w.Code, w.Header().Get("Location"))
+	}
+	if n := fx.c.sessions.len(); n != 0 {
+		t.Errorf("sessions after logout = %d; want 0", n)
+	}
+	// The old cookie names nothing any more.
+	replay := fx.browser()
+	replay.cookies[CookieName] = &http.Cookie{Name: CookieName, Value: stolen}
+	if w := replay.get("/approvals"); w.Code != http.StatusSeeOther {
+		t.Errorf("GET with the logged-out session id = %d; want 303 to /login", w.Code)
+	}
+}
+
+func TestDevLogin(t *testing.T) {
+	t.Run("offered", func(t *testing.T) {
+		fx := newFixture(t, withDevLogin)
+		b := fx.browser()
+		login := b.get("/login").Body.String()
+		for _, want := range []string{`action="/login/dev"`, "Dev login", "operator and approver roles", "dev issuer", "only in <code>ledger dev</code>"} {
+			if !strings.Contains(login, want) {
+				t.Errorf("login page lacks %q", want)
+			}
+		}
+		w := b.do("POST", "/login/dev", url.Values{"csrf": {csrfOf(t, login)}}, nil)
+		if w.Code != http.StatusSeeOther || w.Header().Get("Location") != "/approvals" {
+			t.Fatalf("POST /login/dev = %d to %q; want 303 to /approvals", w.Code, w.Header().Get("Location"))
+		}
+		if fx.devUsed != 1 {
+			t.Errorf("DevLogin called %d times; want 1", fx.devUsed)
+		}
+		if !strings.Contains(b.get("/approvals").Body.String(), "<strong>dev</strong>") {
+			t.Errorf("dev login did not sign in as the minted identity")
+		}
+	})
+	t.Run("refused without the login token", func(t *testing.T) {
+		fx := newFixture(t, withDevLogin)
+		if w := fx.browser().do("POST", "/login/dev", url.Values{}, nil); w.Code != http.StatusForbidden {
+			t.Errorf("POST /login/dev without token = %d; want 403", w.Code)
+		}
+		if fx.devUsed != 0 {
+			t.Errorf("DevLogin minted an assertion for a forged request")
+		}
+	})
+	t.Run("absent", func(t *testing.T) {
+		fx := newFixture(t)
+		b := fx.browser()
+		login := b.get("/login").Body.String()
+		if w := b.do("POST", "/login/dev", url.Values{"csrf": {csrfOf(t, login)}}, nil); w.Code != http.StatusNotFound {
+			t.Errorf("POST /login/dev without DevLogin = %d; want 404", w.Code)
+		}
+	})
+}
+
+func TestLoginCSRF(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		token  func(login string) string
+		header http.Header
+	}{
+		{"no token", func(string) string { return "" }, nil},
+		{"wrong token", func(string) string { return base64.RawURLEncoding.EncodeToString(make([]byte, 32)) }, nil},
+		{"foreign origin", func(l string) string { return l }, http.Header{"Origin": {"https://evil.example"}}},
+		{"cross-site fetch", func(l string) string { return l }, http.Header{"Sec-Fetch-Site": {"cross-site"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := newFixture(t)
+			b := fx.browser()
+			login := csrfOf(t, b.get("/login").Body.String())
+			w := b.do("POST", "/login", url.Values{"csrf": {tc.token(login)}, "assertion": {assertOperator}}, tc.header)
+			if w.Code != http.StatusForbidden {
+				t.Errorf("POST /login = %d; want 403", w.Code)
+			}
+			if fx.authN != 0 {
+				t.Errorf("the assertion was verified %d times for a forged sign-in; want 0", fx.authN)
+			}
+		})
+	}
+}
+
+// postRoutes are every POST the console serves once signed in, with a
+// form that would act.
+var postRoutes = []struct {
+	path string
+	form url.Values
+}{
+	{"/logout", url.Values{}},
+	{"/approvals/" + keyPending.ApprovalID() + "/approve", url.Values{"arguments_hash": {hashPending}}},
+	{"/approvals/" + keyPending.ApprovalID() + "/reject", url.Values{"reason": {"no"}}},
+	{"/calls/resolve", url.Values{"tenant": {"acme"}, "key": {"refund-4"}, "as": {"failed"}, "evidence": {"ticket 9"}}},
+	{"/calls/compensate", url.Values{"tenant": {"acme"}, "key": {"refund-1"}, "reason": {"fraud"}}},
+	{"/incidents/act", url.Values{"action": {"freeze"}, "tool": {"refund_order"}, "reason": {"incident"}}},
+	{"/incidents/act", url.Values{"action": {"revoke_jti"}, "jti": {"jti-1"}, "reason": {"leak"}}},
+	{"/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"undo"}, "digest": {"x"}}},
+	{"/health/unfreeze", url.Values{"tool": {"refund_order"}, "reason": {"over"}}},
+}
+
+func TestCSRFRefusedAndNothingDone(t *testing.T) {
+	for _, rt := range postRoutes {
+		for _, tc := range []struct {
+			name   string
+			token  func(b *browser) string
+			header http.Header
+		}{
+			{"no token", func(*browser) string { return "" }, nil},
+			{"another session's token", func(*browser) string { return "" }, nil},
+			{"wrong token", func(b *browser) string { return b.csrf[:len(b.csrf)-2] + "xx" }, nil},
+			{"foreign origin", func(b *browser) string { return b.csrf }, http.Header{"Origin": {"http://evil.example"}}},
+			{"null origin", func(b *browser) string { return b.csrf }, http.Header{"Origin": {"null"}}},
+			{"cross-site", func(b *browser) string { return b.csrf }, http.Header{"Sec-Fetch-Site": {"cross-site"}}},
+		} {
+			t.Run(rt.path+"/"+tc.name, func(t *testing.T) {
+				fx := newFixture(t)
+				b := fx.signedIn(assertPlatform)
+				tok := tc.token(b)
+				if tc.name == "another session's token" {
+					tok = fx.signedIn(assertOperator).csrf
+				}
+				sessions := fx.c.sessions.len()
+				fx.api.reset()
+				form := url.Values{}
+				for k, v := range rt.form {
+					form[k] = v
+				}
+				if tok != "" {
+					form.Set("csrf", tok)
+				}
+				w := b.do("POST", rt.path, form, tc.header)
+				if w.Code != http.StatusForbidden {
+					t.Errorf("POST %s = %d; want 403", rt.path, w.Code)
+				}
+				if reqs := fx.api.requests(); len(reqs) != 0 {
+					t.Errorf("the API got %v; want nothing for a refused POST", reqs)
+				}
+				if fx.c.sessions.len() != sessions {
+					t.Errorf("a refused POST changed the sessions")
+				}
+			})
+		}
+		t.Run(rt.path+"/same origin", func(t *testing.T) {
+			fx := newFixture(t)
+			b := fx.signedIn(assertPlatform)
+			form := url.Values{}
+			for k, v := range rt.form {
+				form[k] = v
+			}
+			form.Set("csrf", b.csrf)
+			w := b.do("POST", rt.path, form, http.Header{"Origin": {"http://console.test"}, "Sec-Fetch-Site": {"same-origin"}})
+			if w.Code != http.StatusSeeOther {
+				t.Errorf("POST %s with token and same origin = %d; want 303", rt.path, w.Code)
+			}
+		})
+	}
+}
+
+func TestSecurityHeadersOnEveryResponse(t *testing.T) {
+	fx := newFixture(t, withDevLogin)
+	b := fx.signedIn(assertPlatform)
+	anon := fx.browser()
+	type req struct {
+		who            *browser
+		method, target string
+		form           url.Values
+		page           bool
+	}
+	reqs := []req{
+		{anon, "GET", "/", nil, false},
+		{anon, "GET", "/login", nil, true},
+		{anon, "GET", "/login?m=" + url.QueryEscape(xssScript), nil, true},
+		{anon, "GET", "/approvals", nil, false},
+		{anon, "POST", "/login", url.Values{}, true},
+		{anon, "GET", "/nowhere", nil, true},
+		{b, "GET", "/", nil, false},
+		{b, "GET", "/assets/console.css", nil, false},
+		{b, "GET", fx.c.assetURL("console.js"), nil, false},
+		{b, "GET", "/assets/missing.css", nil, true},
+		{b, "GET", "/approvals", nil, true},
+		{b, "GET", approvalURL(keyPending.ApprovalID()), nil, true},
+		{b, "GET", approvalURL("apr_missing"), nil, true},
+		{b, "GET", "/calls", nil, true},
+		{b, "GET", "/calls?tool=refund_order", nil, true},
+		{b, "GET", callURL(keyHostile.TenantID, keyHostile.IdempotencyKey), nil, true},
+		{b, "GET", "/incidents", nil, true},
+		{b, "GET", "/incidents?tool=refund_order", nil, true},
+		{b, "GET", "/incidents.csv?tool=refund_order", nil, false},
+		{b, "GET", "/incidents/confirm?action=freeze&tool=refund_order", nil, true},
+		{b, "GET", "/health", nil, true},
+		{b, "GET", "/health/unfreeze?tool=refund_order", nil, true},
+		{b, "POST", "/calls/resolve", url.Values{}, true},
+		{b, "POST", "/calls/resolve", url.Values{"csrf": {b.csrf}, "tenant": {"acme"}, "key": {"refund-4"}, "as": {"failed"}}, false},
+	}
+	for _, rq := range reqs {
+		w := rq.who.do(rq.method, rq.target, rq.form, nil)
+		h := w.Header()
+		name := rq.method + " " + rq.target
+		want := map[string]string{
+			"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+			"X-Content-Type-Options":  "nosniff",
+			"Referrer-Policy":         "same-origin",
+			"X-Frame-Options":         "DENY",
+		}
+		for k, v := range want {
+			if got := h.Get(k); got != v {
+				t.Errorf("%s (%d): %s = %q; want %q", name, w.Code, k, got, v)
+			}
+		}
+		if rq.page {
+			if got := h.Get("Cache-Control"); got != "no-store" {
+				t.Errorf("%s: Cache-Control = %q; want no-store on a page", name, got)
+			}
+			if ct := h.Get("Content-Type"); ct != "text/html; charset=utf-8" {
+				t.Errorf("%s: Content-Type = %q; want text/html; charset=utf-8", name, ct)
+			}
+		}
+	}
+}
+
+var (
+	tagRE    = regexp.MustCompile(`<[a-zA-Z][^>]*>`)
+	quotedRE = regexp.MustCompile(`"[^"]*"`)
+	handlerR = regexp.MustCompile(`(?i)\son[a-z]+\s*=`)
+	scriptRE = regexp.MustCompile(`(?is)<script\b([^>]*)>(.*?)</script>`)
+)
+
+// checkNoInline fails if a page holds inline script or style: every
+// script has a src on this origin and no body, no style element or
+// attribute, no event handler attribute. Escaped data cannot open a tag,
+// so every "<" followed by a letter is markup.
+func checkNoInline(t *testing.T, name, body string) {
+	t.Helper()
+	if n, m := strings.Count(strings.ToLower(body), "<script"), len(scriptRE.FindAllString(body, -1)); n != m {
+		t.Errorf("%s: %d <script openings but %d whole script elements", name, n, m)
+	}
+	for _, m := range scriptRE.FindAllStringSubmatch(body, -1) {
+		if !strings.Contains(m[1], `src="/assets/`) || strings.TrimSpace(m[2]) != "" {
+			t.Errorf("%s: inline or foreign script %q", name, m[0])
+		}
+	}
+	if strings.Contains(strings.ToLower(body), "<style") {
+		t.Errorf("%s: has a <style> element", name)
+	}
+	for _, tag := range tagRE.FindAllString(body, -1) {
+		bare := quotedRE.ReplaceAllString(tag, `""`)
+		if handlerR.MatchString(bare) {
+			t.Errorf("%s: event handler attribute in %q", name, tag)
+		}
+		if strings.Contains(strings.ToLower(bare), " style=") {
+			t.Errorf("%s: style attribute in %q", name, tag)
+		}
+		lower := strings.ToLower(tag)
+		for _, attr := range []string{`href="javascript:`, `src="javascript:`, `action="javascript:`, `href="data:`} {
+			if strings.Contains(lower, attr) {
+				t.Errorf("%s: dangerous URL in %q", name, tag)
+			}
+		}
+	}
+}
+
+// pages are every page, signed in as a platform operator and approver,
+// fed with the fake API's hostile data.
+func pages(fx *fixture) []string {
+	return []string{
+		"/approvals",
+		approvalURL(keyPending.ApprovalID()),
+		approvalURL(keyHostile.ApprovalID()),
+		approvalURL(keyRejected.ApprovalID()),
+		approvalURL(keyExpired.ApprovalID()),
+		"/calls",
+		"/calls?tenant=acme&tool=refund_order&state=succeeded&call_id=c1&trace_id=t1&since=2h",
+		callURL(keyHostile.TenantID, keyHostile.IdempotencyKey),
+		callURL(keyUnknown.TenantID, keyUnknown.IdempotencyKey),
+		"/incidents",
+		"/incidents?tool=refund_order&jti=jti-1&credential_family=refund_order:acme:1&all_tenants=true&since=6h",
+		"/incidents?tool=" + url.QueryEscape(xssScript) + "&jti=" + url.QueryEscape(xssAttr),
+		"/incidents/confirm?action=freeze&tool=refund_order&tenant=acme",
+		"/incidents/confirm?action=revoke_family&credential_family=" + url.QueryEscape(xssAttr),
+		"/incidents/confirm?action=compensate&tool=refund_order",
+		"/incidents/confirm?action=" + url.QueryEscape(xssScript),
+		"/health",
+		"/health/unfreeze?tool=" + url.QueryEscape(xssScript) + "&tenant=" + url.QueryEscape(xssURL),
+		"/nowhere/" + url.PathEscape(xssScript),
+	}
+}
+
+func TestEveryPageEscapesUntrustedData(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertPlatform)
+	for _, p := range pages(fx) {
+		w := b.get(p)
+		body := w.Body.String()
+		if w.Code >= 500 {
+			t.Errorf("GET %s = %d:\n%s", p, w.Code, body)
+			continue
+		}
+		for _, raw := range []string{xssScript, "<img", "onerror=alert(1)>", `"><img`} {
+			if strings.Contains(body, raw) {
+				t.Errorf("GET %s: the page holds %q unescaped", p, raw)
+			}
+		}
+		checkNoInline(t, p, body)
+	}
+	// And the escaped forms are there, so the data was shown, not
+	// dropped.
+	for _, tc := range []struct {
+		page string
+		want []string
+	}{
+		{"/approvals", []string{"&lt;script&gt;alert(1)&lt;/script&gt;", "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"}},
+		{approvalURL(keyHostile.ApprovalID()), []string{"Refund an order &lt;script&gt;alert(1)&lt;/script&gt;", "javascript:alert(1)", `/calls/%3Cscript%3Ealert%281%29%3C%2Fscript%3E/%22%3E%3Cimg%20src=x%20onerror=alert%281%29%3E`}},
+		{callURL(keyHostile.TenantID, keyHostile.IdempotencyKey), []string{"&#34;html&#34;: &#34;&lt;script&gt;alert(1)&lt;/script&gt;&#34;", "pv-7 &lt;script&gt;alert(1)&lt;/script&gt;", "jti-&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"}},
+		{"/health", []string{"pv-7 &lt;script&gt;alert(1)&lt;/script&gt;", "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"}},
+		{"/incidents?tool=" + url.QueryEscape(xssScript), []string{`value="&lt;script&gt;alert(1)&lt;/script&gt;"`, "<title>", "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"}},
+	} {
+		body := b.get(tc.page).Body.String()
+		for _, want := range tc.want {
+			if !strings.Contains(body, want) {
+				t.Errorf("GET %s lacks the escaped %q", tc.page, want)
+			}
+		}
+	}
+}
+
+var postFormRE = regexp.MustCompile(`(?s)<form[^>]*method="post"[^>]*>(.*?)</form>`)
+
+func TestEveryPostFormCarriesTheSessionsToken(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertPlatform)
+	want := `<input type="hidden" name="csrf" value="` + b.csrf + `">`
+	forms := 0
+	for _, p := range pages(fx) {
+		for _, m := range postFormRE.FindAllStringSubmatch(b.get(p).Body.String(), -1) {
+			forms++
+			if !strings.Contains(m[1], want) {
+				t.Errorf("GET %s: a POST form without the session's CSRF token: %s", p, m[0])
+			}
+		}
+	}
+	// The logout form on every page, plus approve, reject, resolve,
+	// compensate and the confirmations.
+	if forms < len(pages(fx))+8 {
+		t.Errorf("found %d POST forms; the pages should hold more", forms)
+	}
+}
+
+func TestLoginPageIsStatic(t *testing.T) {
+	fx := newFixture(t, withDevLogin)
+	body := fx.browser().get("/login?m=" + url.QueryEscape(xssScript)).Body.String()
+	if strings.Contains(body, "alert(1)") {
+		t.Errorf("the login page echoes its address")
+	}
+	checkNoInline(t, "/login", body)
+}
+
+func TestTemplatesHaveNoInlineCode(t *testing.T) {
+	entries, err := templateFS.ReadDir("templates")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := templateFS.ReadFile("templates/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := strings.ToLower(string(b))
+		for _, bad := range []string{"<style", " style=", "template.html", "javascript:", " onclick", " onload", " onsubmit"} {
+			if strings.Contains(s, bad) {
+				t.Errorf("template %s contains %q", e.Name(), bad)
+			}
+		}
+		if strings.Count(s, "<script") != strings.Count(s, `<script src="{{.js}}" defer></script>`) {
+			t.Errorf("template %s has a script other than the console's own file", e.Name())
+		}
+	}
+}
+
+func TestRootAndAssets(t *testing.T) {
+	fx := newFixture(t)
+	if w := fx.browser().get("/"); w.Header().Get("Location") != "/login" {
+		t.Errorf("GET / signed out goes to %q; want /login", w.Header().Get("Location"))
+	}
+	b := fx.signedIn(assertApprover)
+	if w := b.get("/"); w.Header().Get("Location") != "/approvals" {
+		t.Errorf("GET / signed in goes to %q; want /approvals", w.Header().Get("Location"))
+	}
+	w := b.get(fx.c.assetURL("console.css"))
+	if w.Code != http.StatusOK || w.Header().Get("Content-Type") != "text/css; charset=utf-8" || !strings.Contains(w.Body.String(), ".badge") {
+		t.Errorf("GET console.css = %d %q", w.Code, w.Header().Get("Content-Type"))
+	}
+	if cc := w.Header().Get("Cache-Control"); !strings.Contains(cc, "immutable") {
+		t.Errorf("versioned asset Cache-Control = %q; want immutable", cc)
+	}
+	js := b.get(fx.c.assetURL("console.js"))
+	if js.Header().Get("Content-Type") != "text/javascript; charset=utf-8" {
+		t.Errorf("console.js Content-Type = %q", js.Header().Get("Content-Type"))
+	}
+	page := b.get("/approvals").Body.String()
+	if !strings.Contains(page, `href="`+fx.c.assetURL("console.css")+`"`) {
+		t.Errorf("pages do not link the versioned stylesheet")
+	}
+}
+
+func TestPagesRender(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertPlatform)
+	for _, tc := range []struct {
+		page string
+		want []string
+		api  []string // paths the page asked, with their query
+	}{
+		{"/approvals", []string{
+			"Waiting for a decision", "refund_order", "45.00 AUD", "5m 0s", `datetime="2026-11-30T14:10:00Z"`, "10m 0s", "bob",
+			"Recently rejected or expired", `badge st-rejected`, `badge st-expired`, "approval_expired", `aria-current="page">Approvals`,
+			`href="` + approvalURL(keyPending.ApprovalID()) + `"`,
+		}, []string{"/v1/approvals?state=pending", "/v1/approvals?state=rejected", "/v1/approvals?state=expired"}},
+		{approvalURL(keyPending.ApprovalID()), []string{
+			hashPending, `name="arguments_hash" value="` + hashPending + `"`, `<span class="masked"`, "/card_number",
+			"/nested/x", "cancel_refund v1", "45.00 AUD", `badge risk-high`, `action="` + approvalURL(keyPending.ApprovalID()) + `/reject"`,
+			`name="reason"`, "required", `<label for="reason">`,
+		}, []string{"/v1/approvals/" + keyPending.ApprovalID()}},
+		{approvalURL(keyRejected.ApprovalID()), []string{"read-only", "&#34;&gt;&lt;img", "2026-11-30 13:00:00 UTC"}, nil},
+		{approvalURL(keyExpired.ApprovalID()), []string{"the timer expired it", "read-only"}, nil},
+		{"/calls?tenant=acme&tool=refund_order&state=succeeded&call_id=c1&trace_id=t1&since=2h", []string{
+			"Results", "refund-1", "Unresolved", "parked", `action="/calls/resolve"`, `action="/calls/compensate"`,
+			"Review approval", `<option value="succeeded" selected>`,
+		}, []string{"/v1/blast-radius?call_id=c1&since=2h&state=succeeded&tenant=acme&tool=refund_order&trace_id=t1", "/v1/unresolved?tenant=acme&tool=refund_order"}},
+		{"/calls", []string{"Unresolved", "in all tenants"}, []string{"/v1/unresolved?all_tenants=true"}},
+		{callURL(keyUnknown.TenantID, keyUnknown.IdempotencyKey), []string{
+			"Timeline", "1.234s", "executor", "allow", "key_reused", "Refused submissions", "&#34;refund_id&#34;: &#34;rf_1&#34;",
+			`action="/calls/resolve"`, `name="back" value="/calls/acme/refund-4"`, `badge st-outcome_unknown`, "/secret", `<span class="masked"`,
+		}, []string{"/v1/trace/acme/refund-4", "/v1/calls/refund-4?tenant_id=acme"}},
+		{"/incidents?tool=refund_order&all_tenants=true&since=6h", []string{
+			"matching call(s)", "By tenant", "By state", "<svg", `class="st-succeeded"`, "Outcomes per 15 minutes",
+			`href="/incidents.csv?all_tenants=true&amp;since=6h&amp;tool=refund_order"`, "Freeze refund_order…",
+			"Compensate all succeeded calls…",
+		}, []string{"/v1/blast-radius?all_tenants=true&since=6h&tool=refund_order", "/v1/outcomes?all_tenants=true&bucket=15m0s&since=2026-11-30T08%3A00%3A00Z&tool=refund_order&until=2026-11-30T14%3A00%3A00Z"}},
+		{"/incidents", []string{"What did it touch?", `<label for="i-jti">`}, []string{}},
+		{"/health", []string{
+			"Active policy", "42", "3s behind", `badge ok">closed`, `badge bad">open`, `badge warn">half-open`,
+			"incident 12", `href="/health/unfreeze?tenant=acme&amp;tool=refund_order"`, "Unfreeze…",
+		}, []string{"/v1/health", "/v1/control"}},
+	} {
+		t.Run(tc.page, func(t *testing.T) {
+			fx.api.reset()
+			w := b.get(tc.page)
+			if w.Code != http.StatusOK {
+				t.Fatalf("GET %s = %d; want 200:\n%s", tc.page, w.Code, w.Body)
+			}
+			body := w.Body.String()
+			for _, want := range tc.want {
+				if !strings.Contains(body, want) {
+					t.Errorf("GET %s lacks %q", tc.page, want)
+				}
+			}
+			if tc.api != nil {
+				var got []string
+				for _, r := range fx.api.requests() {
+					if r.Auth != "Bearer "+assertPlatform {
+						t.Errorf("%s %s: Authorization %q; want the session's assertion", r.Method, r.Path, r.Auth)
+					}
+					got = append(got, queryString(r.Path, r.Query))
+				}
+				if d := cmp.Diff(tc.api, got, cmpEmptyNil); d != "" {
+					t.Errorf("GET %s asked the API (-want +got):\n%s", tc.page, d)
+				}
+			}
+		})
+	}
+}
+
+var cmpEmptyNil = cmp.FilterValues(func(a, b []string) bool { return len(a) == 0 && len(b) == 0 }, cmp.Ignore())
+
+func TestCallsKeyOpensTimeline(t *testing.T) {
+	fx := newFixture(t)
+	op := fx.signedIn(assertOperator)
+	if w := op.get("/calls?key=" + url.QueryEscape("a/b c")); w.Code != http.StatusSeeOther || w.Header().Get("Location") != "/calls/acme/a%2Fb%20c" {
+		t.Errorf("GET /calls?key= = %d to %q; want 303 to the call in the operator's tenant", w.Code, w.Header().Get("Location"))
+	}
+	platform := fx.signedIn(assertPlatform)
+	if w := platform.get("/calls?key=k1&tenant=globex"); w.Header().Get("Location") != "/calls/globex/k1" {
+		t.Errorf("GET /calls?key=k1&tenant=globex goes to %q", w.Header().Get("Location"))
+	}
+	if w := platform.get("/calls?key=k1"); w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "Name the call") {
+		t.Errorf("a platform operator's key without tenant = %d; want the page asking for a tenant", w.Code)
+	}
+}
+
+func TestRefusalsShowTheAPIsCodeAndMessage(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	fx.api.refuse["GET /v1/approvals"] = refusalSpec{http.StatusForbidden, "not_approver", "the assertion does not carry the approver role"}
+	body := b.get("/approvals").Body.String()
+	if !strings.Contains(body, "not_approver: the assertion does not carry the approver role") {
+		t.Errorf("approvals page does not show the API's refusal")
+	}
+	w := b.get(approvalURL("apr_nope"))
+	if w.Code != http.StatusNotFound || !strings.Contains(w.Body.String(), "not_found: no approval under this id in your tenant") {
+		t.Errorf("missing approval = %d; want 404 with the API's code and message", w.Code)
+	}
+	fx.api.refuse["GET /v1/trace/acme/refund-4"] = refusalSpec{http.StatusForbidden, "forbidden", "an operator of tenant acme may ask about that tenant only"}
+	fx.api.reset()
+	w = b.get(callURL("acme", "refund-4"))
+	if w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "forbidden: an operator of tenant acme") {
+		t.Errorf("refused trace = %d; want 403 with the API's message", w.Code)
+	}
+	for _, r := range fx.api.requests() {
+		if strings.HasPrefix(r.Path, "/v1/calls/") {
+			t.Errorf("the console read the call view (%s) after the trace was refused", r.Path)
+		}
+	}
+}
+
+// followFlash follows a 303 and returns the flash on the page it lands on.
+func followFlash(t *testing.T, b *browser, w *http.Response) string {
+	t.Helper()
+	if w.StatusCode != http.StatusSeeOther {
+		t.Fatalf("POST = %d; want 303", w.StatusCode)
+	}
+	page := b.get(w.Header.Get("Location")).Body.String()
+	m := regexp.MustCompile(`(?s)<div class="flash (ok|bad)"[^>]*>(.*?)</div>`).FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no flash after the redirect to %s", w.Header.Get("Location"))
+	}
+	return m[1] + ": " + m[2]
+}
+
+func TestActionsCallTheAPI(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		as         string
+		path       string
+		form       url.Values
+		wantPath   string
+		wantBody   string
+		wantBack   string
+		wantFlash  string
+		refusal    bool
+		wantPrefix string
+	}{
+		{
+			name: "approve", as: assertApprover,
+			path: "/approvals/" + keyPending.ApprovalID() + "/approve", form: url.Values{"arguments_hash": {hashPending}},
+			wantPath: "/v1/approvals/" + keyPending.ApprovalID() + "/approve", wantBody: `{"arguments_hash":"` + hashPending + `"}`,
+			wantBack: approvalURL(keyPending.ApprovalID()), wantFlash: "ok: alice approved the refund_order call acme/order-1",
+		},
+		{
+			name: "approve with another hash", as: assertApprover,
+			path: "/approvals/" + keyPending.ApprovalID() + "/approve", form: url.Values{"arguments_hash": {"sha256:other"}},
+			wantPath: "/v1/approvals/" + keyPending.ApprovalID() + "/approve", wantBody: `{"arguments_hash":"sha256:other"}`,
+			wantBack: approvalURL(keyPending.ApprovalID()), wantFlash: "bad: alice: the approval was refused — hash_mismatch: arguments_hash is not the hash",
+		},
+		{
+			name: "reject", as: assertApprover,
+			path: "/approvals/" + keyPending.ApprovalID() + "/reject", form: url.Values{"reason": {"too much <b>"}},
+			wantPath: "/v1/approvals/" + keyPending.ApprovalID() + "/reject", wantBody: `{"reason":"too much \u003cb\u003e"}`,
+			wantBack: approvalURL(keyPending.ApprovalID()), wantFlash: "ok: alice rejected the refund_order call acme/order-1",
+		},
+		{
+			name: "reject without reason", as: assertApprover,
+			path: "/approvals/" + keyPending.ApprovalID() + "/reject", form: url.Values{"reason": {""}},
+			wantPath: "/v1/approvals/" + keyPending.ApprovalID() + "/reject", wantBody: `{"reason":""}`,
+			wantBack: approvalURL(keyPending.ApprovalID()), wantFlash: "bad: alice: the rejection was refused — invalid_request: approvals: invalid request: a rejection needs a reason",
+		},
+		{
+			name: "resolve", as: assertOperator,
+			path: "/calls/resolve", form: url.Values{"tenant": {"acme"}, "key": {"refund-4"}, "as": {"succeeded"}, "evidence": {"backend says ok"}, "back": {"/calls?tool=x"}},
+			wantPath: "/v1/resolutions", wantBody: `{"tenant_id":"acme","idempotency_key":"refund-4","as":"succeeded","evidence":"backend says ok"}`,
+			wantBack: "/calls?tool=x", wantFlash: "ok: olga resolved acme/refund-4 as succeeded (event succeeded, seq 6).",
+		},
+		{
+			name: "resolve elsewhere is not followed", as: assertOperator,
+			path: "/calls/resolve", form: url.Values{"tenant": {"acme"}, "key": {"refund-4"}, "as": {"failed"}, "evidence": {"e"}, "back": {"//evil.example/x"}},
+			wantPath: "/v1/resolutions", wantBody: `{"tenant_id":"acme","idempotency_key":"refund-4","as":"failed","evidence":"e"}`,
+			wantBack: "/calls", wantFlash: "ok: olga resolved acme/refund-4 as failed",
+		},
+		{
+			name: "compensate", as: assertOperator,
+			path: "/calls/compensate", form: url.Values{"tenant": {"acme"}, "key": {"refund-1"}, "reason": {"fraud"}, "back": {"/calls/acme/refund-1"}},
+			wantPath: "/v1/compensations", wantBody: `{"tenant_id":"acme","idempotency_key":"refund-1","reason":"fraud"}`,
+			wantBack: "/calls/acme/refund-1", wantFlash: "ok: olga asked to compensate acme/refund-1: compensation call acme/refund-1",
+		},
+		{
+			name: "compensate refused", as: assertOperator,
+			path: "/calls/compensate", form: url.Values{"tenant": {"acme"}, "key": {"refund-2"}, "reason": {"fraud"}},
+			wantPath: "/v1/compensations", wantBody: `{"tenant_id":"acme","idempotency_key":"refund-2","reason":"fraud"}`,
+			wantBack: "/calls", wantFlash: "bad: olga: the compensation of acme/refund-2 was refused — not_compensable: compensation: the tool declares no compensation",
+		},
+		{
+			name: "freeze", as: assertOperator,
+			path: "/incidents/act", form: url.Values{"action": {"freeze"}, "tool": {"refund_order"}, "tenant": {"acme"}, "reason": {"incident 12"}},
+			wantPath: "/v1/control/freeze", wantBody: `{"tool":"refund_order","tenant":"acme","reason":"incident 12"}`,
+			wantBack: "/incidents?tenant=acme&tool=refund_order", wantFlash: "ok: olga froze refund_order for tenant acme.",
+		},
+		{
+			name: "freeze every tenant", as: assertPlatform,
+			path: "/incidents/act", form: url.Values{"action": {"freeze"}, "tool": {"refund_order"}, "all_tenants": {"true"}, "reason": {"incident 12"}},
+			wantPath: "/v1/control/freeze", wantBody: `{"tool":"refund_order","reason":"incident 12"}`,
+			wantBack: "/incidents?all_tenants=true&tool=refund_order", wantFlash: "ok: pat froze refund_order for every tenant.",
+		},
+		{
+			name: "freeze by a tenant operator", as: assertOperator,
+			path: "/incidents/act", form: url.Values{"action": {"freeze"}, "tool": {"refund_order"}, "reason": {"incident 12"}},
+			wantPath: "/v1/control/freeze", wantBody: `{"tool":"refund_order","reason":"incident 12"}`,
+			wantBack: "/incidents?tool=refund_order", wantFlash: "ok: olga froze refund_order for tenant acme.",
+		},
+		{
+			name: "freeze without reason", as: assertOperator,
+			path: "/incidents/act", form: url.Values{"action": {"freeze"}, "tool": {"refund_order"}, "reason": {""}},
+			wantPath: "/v1/control/freeze", wantBody: `{"tool":"refund_order","reason":""}`,
+			wantBack: "/incidents?tool=refund_order", wantFlash: "bad: olga: the freeze of refund_order was refused — invalid_request: control: invalid request: a reason is required",
+		},
+		{
+			name: "revoke jti", as: assertOperator,
+			path: "/incidents/act", form: url.Values{"action": {"revoke_jti"}, "jti": {"jti-1"}, "tool": {"refund_order"}, "reason": {"leaked"}},
+			wantPath: "/v1/control/revoke", wantBody: `{"jti":"jti-1","reason":"leaked"}`,
+			wantBack: "/incidents?jti=jti-1&tool=refund_order", wantFlash: "ok: olga revoked credential jti-1.",
+		},
+		{
+			name: "revoke family", as: assertOperator,
+			path: "/incidents/act", form: url.Values{"action": {"revoke_family"}, "credential_family": {"refund_order:acme:1"}, "reason": {"key leaked"}},
+			wantPath: "/v1/control/revoke", wantBody: `{"family":"refund_order:acme:1","reason":"key leaked"}`,
+			wantBack: "/incidents?credential_family=refund_order%3Aacme%3A1", wantFlash: "ok: olga revoked credential family refund_order:acme:1.",
+		},
+		{
+			name: "unfreeze", as: assertOperator,
+			path: "/health/unfreeze", form: url.Values{"tool": {"refund_order"}, "tenant": {"acme"}, "reason": {"fixed"}},
+			wantPath: "/v1/control/unfreeze", wantBody: `{"tool":"refund_order","tenant":"acme","reason":"fixed"}`,
+			wantBack: "/health", wantFlash: "ok: olga unfroze refund_order for tenant acme.",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := newFixture(t)
+			b := fx.signedIn(tc.as)
+			fx.api.reset()
+			w := b.post(tc.path, tc.form)
+			reqs := fx.api.requests()
+			if len(reqs) != 1 {
+				t.Fatalf("POST %s made %d API requests; want 1: %v", tc.path, len(reqs), reqs)
+			}
+			r := reqs[0]
+			if r.Method != "POST" || r.Path != tc.wantPath {
+				t.Errorf("API request %s %s; want POST %s", r.Method, r.Path, tc.wantPath)
+			}
+			if r.Auth != "Bearer "+tc.as {
+				t.Errorf("API request Authorization %q; want the session's assertion", r.Auth)
+			}
+			if strings.TrimSpace(r.Body) != tc.wantBody {
+				t.Errorf("API request body %s; want %s", r.Body, tc.wantBody)
+			}
+			if got := w.Header().Get("Location"); got != tc.wantBack {
+				t.Errorf("redirect to %q; want %q", got, tc.wantBack)
+			}
+			if got := followFlash(t, b, w.Result()); !strings.Contains(got, htmlEscape(tc.wantFlash)) {
+				t.Errorf("flash %q; want it to contain %q", got, tc.wantFlash)
+			}
+		})
+	}
+}
+
+// htmlEscape is how html/template writes s in text.
+func htmlEscape(s string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#34;", "'", "&#39;").Replace(s)
+}
+
+func TestConfirmationPagesCount(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	for _, tc := range []struct {
+		page string
+		want []string
+	}{
+		{"/incidents/confirm?action=freeze&tool=refund_order&tenant=acme", []string{
+			`<span class="big">4</span> calls to refund_order match this question in tenant acme.`,
+			"deny new calls to refund_order for tenant acme", `name="action" value="freeze"`, `name="tool" value="refund_order"`,
+			`name="tenant" value="acme"`, `action="/incidents/act"`, "Freeze refund_order</button>", `href="/incidents?tenant=acme&amp;tool=refund_order">Cancel`,
+		}},
+		{"/incidents/confirm?action=freeze&tool=refund_order", []string{"for your tenant (acme)"}},
+		{"/incidents/confirm?action=revoke_jti&jti=jti-1", []string{`<span class="big">4</span> calls carry it in your tenant (acme).`, "There is no un-revoke", `name="jti" value="jti-1"`}},
+		{"/incidents/confirm?action=revoke_family&credential_family=refund_order:acme:1", []string{"credential family refund_order:acme:1", `name="credential_family" value="refund_order:acme:1"`}},
+		{"/incidents/confirm?action=compensate&tool=refund_order", []string{
+			`<span class="big">3</span> succeeded call(s) will each get a compensation request`, "refund-1", "refund-2",
+			`name="digest" value="` + keysDigest([]ledger.CallKey{keyOK1, keyHostile, keyOK2}) + `"`,
+		}},
+	} {
+		w := b.get(tc.page)
+		body := w.Body.String()
+		if w.Code != http.StatusOK {
+			t.Errorf("GET %s = %d", tc.page, w.Code)
+		}
+		for _, want := range tc.want {
+			if !strings.Contains(body, want) {
+				t.Errorf("GET %s lacks %q", tc.page, want)
+			}
+		}
+	}
+	// The compensate-all confirmation lists only the succeeded calls.
+	body := b.get("/incidents/confirm?action=compensate&tool=refund_order").Body.String()
+	if strings.Contains(body, "refund-3") {
+		t.Errorf("compensate-all confirmation lists the failed call refund-3")
+	}
+	// Nothing to confirm: no form.
+	fx.api.blast.Calls = fx.api.blast.Calls[2:3]
+	body = b.get("/incidents/confirm?action=compensate&tool=refund_order").Body.String()
+	if strings.Contains(body, `action="/incidents/act"`) {
+		t.Errorf("compensate-all with no succeeded call offers a form")
+	}
+	if w := b.get("/incidents/confirm?action=explode"); w.Code != http.StatusBadRequest {
+		t.Errorf("unknown action confirmation = %d; want 400", w.Code)
+	}
+}
+
+func TestCompensateAll(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	confirm := b.get("/incidents/confirm?action=compensate&tool=refund_order").Body.String()
+	digest := regexp.MustCompile(`name="digest" value="([0-9a-f]+)"`).FindStringSubmatch(confirm)
+	if digest == nil {
+		t.Fatalf("no digest on the confirmation page")
+	}
+	fx.api.reset()
+	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"mass refund fraud"}, "digest": {digest[1]}})
+	var bodies []string
+	for _, r := range fx.api.requests() {
+		if r.Auth != "Bearer "+assertOperator {
+			t.Errorf("%s %s without the session's assertion", r.Method, r.Path)
+		}
+		if r.Method == "POST" {
+			if r.Path != "/v1/compensations" {
+				t.Errorf("POST %s; want /v1/compensations", r.Path)
+			}
+			bodies = append(bodies, strings.TrimSpace(r.Body))
+		}
+	}
+	want := []string{
+		mustJSON(t, compensateBody{TenantID: "acme", IdempotencyKey: "refund-1", Reason: "mass refund fraud"}),
+		mustJSON(t, compensateBody{TenantID: keyHostile.TenantID, IdempotencyKey: keyHostile.IdempotencyKey, Reason: "mass refund fraud"}),
+		mustJSON(t, compensateBody{TenantID: "acme", IdempotencyKey: "refund-2", Reason: "mass refund fraud"}),
+	}
+	if d := cmp.Diff(want, bodies); d != "" {
+		t.Errorf("compensation requests (-want +got):\n%s", d)
+	}
+	flash := followFlash(t, b, w.Result())
+	if !strings.Contains(flash, "olga asked to compensate 2 of 3 succeeded call(s). 1 refused: acme/refund-2: not_compensable") {
+		t.Errorf("flash %q; want the count and the refusal", flash)
+	}
+
+	// The question now matches other calls: nothing is done.
+	fx.api.blast.Calls = fx.api.blast.Calls[:1]
+	fx.api.reset()
+	w = b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"again"}, "digest": {digest[1]}})
+	for _, r := range fx.api.requests() {
+		if r.Method == "POST" {
+			t.Errorf("a stale confirmation still posted %s", r.Path)
+		}
+	}
+	if loc := w.Header().Get("Location"); !strings.HasPrefix(loc, "/incidents/confirm?action=compensate") {
+		t.Errorf("stale confirmation redirects to %q; want back to the confirmation", loc)
+	}
+	if flash := followFlash(t, b, w.Result()); !strings.Contains(flash, "nothing was done") {
+		t.Errorf("flash %q; want it to say nothing was done", flash)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestCSVExport(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	fx.api.reset()
+	w := b.get("/incidents.csv?tool=refund_order&jti=jti-1&since=2h&bogus=1")
+	if w.Code != http.StatusOK {
+		t.Fatalf("GET /incidents.csv = %d:\n%s", w.Code, w.Body)
+	}
+	if got := w.Body.String(); got != csvBody {
+		t.Errorf("CSV body %q; want the API's %q", got, csvBody)
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "text/csv; charset=utf-8" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	if cd := w.Header().Get("Content-Disposition"); cd != `attachment; filename="blast-radius-20261130T140000Z.csv"` {
+		t.Errorf("Content-Disposition %q; want a dated download filename", cd)
+	}
+	reqs := fx.api.requests()
+	if len(reqs) != 1 || reqs[0].Path != "/v1/blast-radius" || reqs[0].Auth != "Bearer "+assertOperator {
+		t.Fatalf("API requests %v; want one GET /v1/blast-radius with the assertion", reqs)
+	}
+	wantQ := url.Values{"format": {"csv"}, "tool": {"refund_order"}, "jti": {"jti-1"}, "since": {"2h"}}
+	if d := cmp.Diff(wantQ, reqs[0].Query); d != "" {
+		t.Errorf("CSV query (-want +got):\n%s", d)
+	}
+
+	fx.api.refuse["GET /v1/blast-radius"] = refusalSpec{http.StatusBadRequest, "invalid_filter", "invalid filter: since: \"x\" is neither"}
+	w = b.get("/incidents.csv?since=x")
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "invalid_filter") || w.Header().Get("Content-Disposition") != "" {
+		t.Errorf("refused CSV = %d %q; want 400, the API's code and no download", w.Code, w.Header().Get("Content-Disposition"))
+	}
+}
+
+func TestStreamerFlushes(t *testing.T) {
+	// The CSV passes through as the API writes it, flushes included.
+	w := &flushRecorder{ResponseRecorder: newTestRecorder()}
+	s := &streamer{w: w, start: func(h http.Header) { h.Set("X-Started", "1") }, header: http.Header{}}
+	_, _ = s.Write([]byte("a,b\n"))
+	s.Flush()
+	if w.flushes != 1 || w.Body.String() != "a,b\n" || w.Header().Get("X-Started") != "1" {
+		t.Errorf("streamer: flushes %d body %q started %q", w.flushes, w.Body, w.Header().Get("X-Started"))
+	}
+}
+
+func TestLocalPath(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"/calls?tool=x", "/calls?tool=x"},
+		{"/calls/acme/k", "/calls/acme/k"},
+		{"//evil.example/", "/d"},
+		{"https://evil.example/", "/d"},
+		{"javascript:alert(1)", "/d"},
+		{"/\\evil.example", "/d"},
+		{"", "/d"},
+		{"calls", "/d"},
+	} {
+		if got := localPath(tc.in, "/d"); got != tc.want {
+			t.Errorf("localPath(%q) = %q; want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestFlattenArgs(t *testing.T) {
+	rows, cut, err := flattenArgs([]byte(`{"b":{"c~/d":[1,"[redacted]"]},"a":"x","e":{},"f":null}`))
+	if err != nil || cut {
+		t.Fatalf("flattenArgs: %v, cut %v", err, cut)
+	}
+	want := []argRow{
+		{Pointer: "/a", Value: "x"},
+		{Pointer: "/b/c~0~1d/0", Value: "1"},
+		{Pointer: "/b/c~0~1d/1", Value: "[redacted]", Masked: true},
+		{Pointer: "/e", Value: "{}"},
+		{Pointer: "/f", Value: "null"},
+	}
+	if d := cmp.Diff(want, rows); d != "" {
+		t.Errorf("flattenArgs (-want +got):\n%s", d)
+	}
+}

@@ -1,0 +1,524 @@
+package console
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// incidentParams are the incident form's fields: a blast radius question.
+var incidentParams = []string{
+	projections.ParamTenant, projections.ParamAllTenants, projections.ParamJTI,
+	projections.ParamCredentialFamily, projections.ParamTool, projections.ParamPolicyVersion,
+	projections.ParamDecision, projections.ParamApprover, projections.ParamSince, projections.ParamUntil,
+}
+
+// maxListed is how many of a blast radius's calls the incident page lists;
+// the CSV export has every call the API lists.
+const maxListed = 200
+
+// The incident actions, as the confirmation page and its POST name them.
+const (
+	actFreeze       = "freeze"
+	actRevokeJTI    = "revoke_jti"
+	actRevokeFamily = "revoke_family"
+	actCompensate   = "compensate"
+)
+
+// incidentAction is a link to an action's confirmation.
+type incidentAction struct {
+	Label, URL, Note string
+}
+
+type incidentsPage struct {
+	Form      url.Values
+	Decisions []string
+	Asked     bool
+	Err       string
+	Total     int
+	Truncated bool
+	Listed    int
+	ByTenant  []projections.Count
+	ByState   []projections.Count
+	Calls     []callRow
+	Histogram *histogram
+	HistErr   string
+	CSVURL    string
+	Actions   []incidentAction
+	Succeeded int
+}
+
+func (c *Console) serveIncidents(w http.ResponseWriter, r *http.Request, s *session) {
+	q := pick(r.URL.Query(), incidentParams)
+	p := incidentsPage{Form: r.URL.Query(), Decisions: []string{"allow", "deny", "require_approval"}, Asked: len(q) > 0}
+	if !p.Asked {
+		c.render(w, r, s, "incidents", "Incidents", p)
+		return
+	}
+	now := c.cfg.Now()
+	p.CSVURL = queryString("/incidents.csv", q)
+	var br projections.BlastRadius
+	if _, err := c.call(r, s, http.MethodGet, pathBlastRadius, q, nil, &br); err != nil {
+		p.Err = describe(err)
+	} else {
+		p.Total, p.Truncated, p.ByTenant, p.ByState = br.Total, br.Truncated, br.ByTenant, br.ByState
+		p.Listed = len(br.Calls)
+		listed := br.Calls
+		if len(listed) > maxListed {
+			listed = listed[:maxListed]
+		}
+		p.Calls = c.callRows(listed, now)
+		p.Succeeded = len(succeeded(br.Calls))
+	}
+	p.Histogram, p.HistErr = c.outcomes(r, s, q, now)
+
+	link := func(action string) string {
+		aq := url.Values{"action": {action}}
+		for k, v := range q {
+			aq[k] = v
+		}
+		return queryString("/incidents/confirm", aq)
+	}
+	if t := q.Get(projections.ParamTool); t != "" {
+		p.Actions = append(p.Actions, incidentAction{Label: "Freeze " + t + "…", URL: link(actFreeze), Note: "stop new and not-yet-started calls to the tool"})
+	}
+	if j := q.Get(projections.ParamJTI); j != "" {
+		p.Actions = append(p.Actions, incidentAction{Label: "Revoke credential " + j + "…", URL: link(actRevokeJTI), Note: "for good; tool backends refuse it at introspection"})
+	}
+	if f := q.Get(projections.ParamCredentialFamily); f != "" {
+		p.Actions = append(p.Actions, incidentAction{Label: "Revoke family " + f + "…", URL: link(actRevokeFamily), Note: "every credential issued in the family so far"})
+	}
+	if p.Err == "" && p.Succeeded > 0 {
+		p.Actions = append(p.Actions, incidentAction{Label: "Compensate all succeeded calls…", URL: link(actCompensate), Note: strconv.Itoa(p.Succeeded) + " listed call(s) succeeded"})
+	}
+	c.render(w, r, s, "incidents", "Incidents", p)
+}
+
+// succeeded returns the keys of the succeeded calls among calls.
+func succeeded(calls []projections.Call) []ledger.CallKey {
+	var keys []ledger.CallKey
+	for _, cl := range calls {
+		if cl.State == statemachine.StateSucceeded {
+			keys = append(keys, cl.Key())
+		}
+	}
+	return keys
+}
+
+// keysDigest binds a confirmation to the calls it listed: if the question
+// matches other calls by the time it is confirmed, nothing is done.
+func keysDigest(keys []ledger.CallKey) string {
+	h := sha256.New()
+	for _, k := range keys {
+		fmt.Fprintf(h, "%d:%s%d:%s", len(k.TenantID), k.TenantID, len(k.IdempotencyKey), k.IdempotencyKey)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// The histogram's geometry, in SVG user units.
+const (
+	histW, histH = 960, 220
+	histLeft     = 52
+	histRight    = 12
+	histTop      = 12
+	histBottom   = 40
+	maxBuckets   = 60
+)
+
+// bucketSizes are the buckets a histogram may use, smallest first.
+var bucketSizes = []time.Duration{
+	time.Minute, 5 * time.Minute, 15 * time.Minute, 30 * time.Minute, time.Hour,
+	3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour, 7 * 24 * time.Hour,
+}
+
+// bucketFor is the smallest bucket that covers window in at most
+// maxBuckets bars.
+func bucketFor(window time.Duration) time.Duration {
+	for _, b := range bucketSizes {
+		if window/b <= maxBuckets {
+			return b
+		}
+	}
+	return bucketSizes[len(bucketSizes)-1]
+}
+
+// stackOrder is the order of states in a bar, bottom up.
+var stackOrder = []string{"succeeded", "compensated", "failed", "outcome_unknown", "denied", "rejected", "expired"}
+
+type histogram struct {
+	W, H                       int
+	PlotX, PlotY, PlotW, PlotH int
+	AxisY                      int
+	Bars                       []bar
+	YTicks                     []tick
+	XTicks                     []tick
+	Legend                     []legendItem
+	Bucket, From, To           string
+	Total                      int
+}
+
+type bar struct {
+	X, W  int
+	Title string
+	Segs  []seg
+}
+
+type seg struct {
+	Y, H  int
+	Class string
+}
+
+type tick struct {
+	Pos   int
+	Label string
+}
+
+type legendItem struct {
+	Class, State string
+	Calls        int
+}
+
+// outcomes asks /v1/outcomes over the question's window (the last 24
+// hours when it names none) and draws the histogram.
+func (c *Console) outcomes(r *http.Request, s *session, q url.Values, now time.Time) (*histogram, string) {
+	until, err := projections.ParseTime(q.Get(projections.ParamUntil), now)
+	if err != nil {
+		return nil, "until: " + err.Error()
+	}
+	if until.IsZero() {
+		until = now.UTC()
+	}
+	since, err := projections.ParseTime(q.Get(projections.ParamSince), now)
+	if err != nil {
+		return nil, "since: " + err.Error()
+	}
+	if since.IsZero() {
+		since = until.Add(-24 * time.Hour)
+	}
+	if !since.Before(until) {
+		return nil, "the window is empty: since must be before until"
+	}
+	bucket := bucketFor(until.Sub(since))
+	oq := pick(q, []string{projections.ParamTenant, projections.ParamAllTenants, projections.ParamTool})
+	oq.Set(projections.ParamSince, since.UTC().Format(time.RFC3339))
+	oq.Set(projections.ParamUntil, until.UTC().Format(time.RFC3339))
+	oq.Set(projections.ParamBucket, bucket.String())
+	var counts []projections.OutcomeCount
+	if _, err := c.call(r, s, http.MethodGet, pathOutcomes, oq, nil, &counts); err != nil {
+		return nil, describe(err)
+	}
+	return drawHistogram(counts, since, until, bucket), ""
+}
+
+// drawHistogram lays out stacked bars of outcomes per bucket over
+// [since, until). Every label is data, escaped by the template.
+func drawHistogram(counts []projections.OutcomeCount, since, until time.Time, bucket time.Duration) *histogram {
+	h := &histogram{
+		W: histW, H: histH,
+		PlotX: histLeft, PlotY: histTop,
+		PlotW: histW - histLeft - histRight, PlotH: histH - histTop - histBottom,
+		Bucket: bucketLabel(bucket), From: fmtTime(since), To: fmtTime(until),
+	}
+	h.AxisY = h.PlotY + h.PlotH
+	first := projections.BucketOf(since, bucket)
+	n := int(until.Sub(first)/bucket) + 1
+	if until.Sub(first)%bucket == 0 {
+		n--
+	}
+	n = max(1, min(n, maxBuckets+1))
+	per := make([]map[string]int, n)
+	totals := make([]int, n)
+	byState := map[string]int{}
+	for _, oc := range counts {
+		i := int(oc.Bucket.Sub(first) / bucket)
+		if i < 0 || i >= n {
+			continue
+		}
+		st := string(oc.State)
+		if !slices.Contains(stackOrder, st) {
+			st = "other"
+		}
+		if per[i] == nil {
+			per[i] = map[string]int{}
+		}
+		per[i][st] += oc.Calls
+		totals[i] += oc.Calls
+		byState[st] += oc.Calls
+		h.Total += oc.Calls
+	}
+	top := 0
+	for _, t := range totals {
+		top = max(top, t)
+	}
+	top = niceCeil(top)
+	slot := h.PlotW / n
+	bw := max(1, slot-max(1, slot/6))
+	order := append(append([]string{}, stackOrder...), "other")
+	for i := range n {
+		start := first.Add(time.Duration(i) * bucket)
+		b := bar{X: h.PlotX + i*slot + (slot-bw)/2, W: bw}
+		var parts []string
+		y := h.AxisY
+		for _, st := range order {
+			v := per[i][st]
+			if v == 0 {
+				continue
+			}
+			ht := v * h.PlotH / top
+			if ht == 0 {
+				ht = 1
+			}
+			y -= ht
+			b.Segs = append(b.Segs, seg{Y: y, H: ht, Class: stateClass(st)})
+			parts = append(parts, fmt.Sprintf("%d %s", v, st))
+		}
+		if len(parts) == 0 {
+			parts = []string{"no outcomes"}
+		}
+		b.Title = fmtTime(start) + " (" + bucketLabel(bucket) + "): " + strings.Join(parts, ", ")
+		h.Bars = append(h.Bars, b)
+	}
+	for _, v := range []int{0, top / 2, top} {
+		h.YTicks = append(h.YTicks, tick{Pos: h.AxisY - v*h.PlotH/top, Label: strconv.Itoa(v)})
+	}
+	every := max(1, (n+7)/8)
+	layout := "15:04"
+	switch {
+	case bucket >= 24*time.Hour:
+		layout = "Jan 2"
+	case until.Sub(since) > 24*time.Hour:
+		layout = "Jan 2 15:04"
+	}
+	for i := 0; i < n; i += every {
+		h.XTicks = append(h.XTicks, tick{Pos: h.PlotX + i*slot + slot/2, Label: first.Add(time.Duration(i) * bucket).UTC().Format(layout)})
+	}
+	for _, st := range order {
+		if byState[st] > 0 {
+			h.Legend = append(h.Legend, legendItem{Class: stateClass(st), State: st, Calls: byState[st]})
+		}
+	}
+	return h
+}
+
+// niceCeil rounds n up to 1, 2 or 5 times a power of ten (at least 1), so
+// that the axis reads well.
+func niceCeil(n int) int {
+	if n <= 1 {
+		return 1
+	}
+	for p := 1; ; p *= 10 {
+		for _, m := range []int{1, 2, 5} {
+			if m*p >= n {
+				return m * p
+			}
+		}
+	}
+}
+
+func (c *Console) serveIncidentsCSV(w http.ResponseWriter, r *http.Request, s *session) {
+	q := pick(r.URL.Query(), incidentParams)
+	q.Set("format", "csv")
+	name := "blast-radius-" + c.cfg.Now().UTC().Format("20060102T150405Z") + ".csv"
+	err := c.stream(w, r, s, pathBlastRadius, q, func(h http.Header) {
+		h.Set("Content-Type", "text/csv; charset=utf-8")
+		h.Set("Content-Disposition", `attachment; filename="`+name+`"`)
+	})
+	if err != nil {
+		status := http.StatusBadGateway
+		if ae, ok := errors.AsType[*apiError](err); ok && ae.Status >= 400 {
+			status = ae.Status
+		}
+		q.Del("format")
+		c.renderStatus(w, r, s, status, "message", "CSV export", messagePage{
+			Heading: "CSV export: the ledger refused",
+			Text:    describe(err),
+			Back:    queryString("/incidents", q),
+		})
+	}
+	c.logAction(s, "export_csv", q.Encode(), err)
+}
+
+// scopeOf names the tenants a question covers.
+func scopeOf(q url.Values, s *session) string {
+	switch {
+	case q.Get(projections.ParamTenant) != "":
+		return "tenant " + q.Get(projections.ParamTenant)
+	case q.Get(projections.ParamAllTenants) == "true":
+		return "all tenants"
+	case s.id.Tenant == "*":
+		return "no tenant named"
+	}
+	return "your tenant (" + s.id.Tenant + ")"
+}
+
+func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *session) {
+	query := r.URL.Query()
+	action := query.Get("action")
+	q := pick(query, incidentParams)
+	back := queryString("/incidents", q)
+	p := confirmPage{Action: "/incidents/act", Cancel: back, Hidden: []hidden{{"action", action}}}
+	for _, k := range incidentParams {
+		if v := q.Get(k); v != "" {
+			p.Hidden = append(p.Hidden, hidden{k, v})
+		}
+	}
+	var br projections.BlastRadius
+	if _, err := c.call(r, s, http.MethodGet, pathBlastRadius, q, nil, &br); err != nil {
+		p.Err = "The question could not be counted, so nothing can be confirmed: " + describe(err)
+	} else {
+		p.Counted, p.Count = true, br.Total
+	}
+	scope := scopeOf(q, s)
+	status := http.StatusOK
+	switch action {
+	case actFreeze:
+		tool := q.Get(projections.ParamTool)
+		freezeScope := "every tenant"
+		if t := q.Get(projections.ParamTenant); t != "" {
+			freezeScope = "tenant " + t
+		} else if q.Get(projections.ParamAllTenants) != "true" && s.id.Tenant != "*" {
+			freezeScope = "your tenant (" + s.id.Tenant + ")"
+		}
+		p.Heading, p.Submit, p.Reason = "Freeze "+tool, "Freeze "+tool, "Why freeze it"
+		p.Lines = []string{
+			"The intake will deny new calls to " + tool + " for " + freezeScope + ", and the executor will deny authorized calls not yet started.",
+			"Calls already running are not stopped. An unfreeze (from the Health page) lifts it.",
+		}
+		p.CountNote = "calls to " + tool + " match this question in " + scope + "."
+		p.Ready = tool != "" && p.Counted
+	case actRevokeJTI, actRevokeFamily:
+		what, v := "credential", q.Get(projections.ParamJTI)
+		if action == actRevokeFamily {
+			what, v = "credential family", q.Get(projections.ParamCredentialFamily)
+		}
+		p.Heading, p.Submit, p.Reason = "Revoke "+what+" "+v, "Revoke "+what, "Why revoke it"
+		p.Lines = []string{
+			"The " + what + " " + v + " is revoked for good: the executor stops using it and tool backends refuse it at introspection. There is no un-revoke.",
+		}
+		p.CountNote = "calls carry it in " + scope + "."
+		p.Ready = v != "" && p.Counted
+	case actCompensate:
+		p.Heading, p.Submit, p.Reason = "Compensate every succeeded call", "Compensate them", "Why undo them"
+		keys := succeeded(br.Calls)
+		p.Count = len(keys)
+		p.CountNote = "succeeded call(s) will each get a compensation request (POST /v1/compensations), run as a ledger call of its own through the intake's checks."
+		p.Lines = []string{
+			fmt.Sprintf("The question matches %d call(s) in %s; the compensations go to the succeeded ones listed below.", br.Total, scope),
+		}
+		if br.Truncated {
+			p.Lines = append(p.Lines, fmt.Sprintf("The answer lists only %d of the %d matching calls: narrow the question to reach the others.", len(br.Calls), br.Total))
+		}
+		p.Calls = c.callRows(pickSucceeded(br.Calls), c.cfg.Now())
+		p.Hidden = append(p.Hidden, hidden{"digest", keysDigest(keys)})
+		p.Ready = p.Counted && len(keys) > 0
+	default:
+		p.Heading, p.Err = "Unknown action", "There is no incident action "+strconv.Quote(action)+"."
+		status = http.StatusBadRequest
+	}
+	c.renderStatus(w, r, s, status, "confirm", p.Heading, p)
+}
+
+func pickSucceeded(calls []projections.Call) []projections.Call {
+	var out []projections.Call
+	for _, cl := range calls {
+		if cl.State == statemachine.StateSucceeded {
+			out = append(out, cl)
+		}
+	}
+	return out
+}
+
+// maxRefusalsShown bounds the refusals a compensate-all flash names.
+const maxRefusalsShown = 3
+
+func (c *Console) postIncidentAction(w http.ResponseWriter, r *http.Request, s *session) {
+	f := r.PostForm
+	q := pick(f, incidentParams)
+	back := queryString("/incidents", q)
+	reason := f.Get("reason")
+	switch action := f.Get("action"); action {
+	case actFreeze:
+		body := freezeBody{Tool: q.Get(projections.ParamTool), Tenant: q.Get(projections.ParamTenant), Reason: reason}
+		var a ledger.ControlAction
+		status, err := c.call(r, s, http.MethodPost, pathControl+"/freeze", nil, body, &a)
+		c.logAction(s, "freeze", body.Tool, err)
+		if err != nil {
+			c.redirect(w, r, s, back, refusedFlash(s, "the freeze of "+body.Tool, err))
+			return
+		}
+		// The scope as the API applied it: a tenant operator's freeze is
+		// always for their own tenant.
+		c.redirect(w, r, s, back, flash{OK: true, Text: fmt.Sprintf("%s froze %s%s%s.", s.id.User, body.Tool, freezeScopeText(a.Tenant), applied(status))})
+	case actRevokeJTI, actRevokeFamily:
+		body := revokeBody{JTI: q.Get(projections.ParamJTI), Reason: reason}
+		what := "credential " + body.JTI
+		if action == actRevokeFamily {
+			body = revokeBody{Family: q.Get(projections.ParamCredentialFamily), Reason: reason}
+			what = "credential family " + body.Family
+		}
+		status, err := c.call(r, s, http.MethodPost, pathControl+"/revoke", nil, body, nil)
+		c.logAction(s, action, what, err)
+		if err != nil {
+			c.redirect(w, r, s, back, refusedFlash(s, "the revocation of "+what, err))
+			return
+		}
+		c.redirect(w, r, s, back, flash{OK: true, Text: fmt.Sprintf("%s revoked %s%s.", s.id.User, what, applied(status))})
+	case actCompensate:
+		c.compensateAll(w, r, s, q, reason, f.Get("digest"))
+	default:
+		c.redirect(w, r, s, back, flash{Text: "There is no incident action " + strconv.Quote(action) + "; nothing was done."})
+	}
+}
+
+// compensateAll asks a compensation for every succeeded call the question
+// lists now, provided they are the calls the person confirmed.
+func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *session, q url.Values, reason, digest string) {
+	back := queryString("/incidents", q)
+	var br projections.BlastRadius
+	if _, err := c.call(r, s, http.MethodGet, pathBlastRadius, q, nil, &br); err != nil {
+		c.redirect(w, r, s, back, refusedFlash(s, "counting the calls to compensate", err))
+		return
+	}
+	keys := succeeded(br.Calls)
+	if subtle.ConstantTimeCompare([]byte(keysDigest(keys)), []byte(digest)) != 1 {
+		aq := url.Values{"action": {actCompensate}}
+		for k, v := range q {
+			aq[k] = v
+		}
+		c.redirect(w, r, s, queryString("/incidents/confirm", aq), flash{Text: fmt.Sprintf("The question now matches other succeeded calls (%d) than those you confirmed; nothing was done. Review them and confirm again.", len(keys))})
+		return
+	}
+	var ok int
+	var refusals []string
+	for _, k := range keys {
+		if _, err := c.compensate(r, s, k, reason); err != nil {
+			refusals = append(refusals, k.String()+": "+describe(err))
+			if ae, isAPI := errors.AsType[*apiError](err); isAPI && ae.Status == http.StatusUnauthorized {
+				break // the assertion ended: every other request would fail alike
+			}
+			continue
+		}
+		ok++
+	}
+	text := fmt.Sprintf("%s asked to compensate %d of %d succeeded call(s).", s.id.User, ok, len(keys))
+	if len(refusals) > 0 {
+		shown := refusals[:min(len(refusals), maxRefusalsShown)]
+		text += fmt.Sprintf(" %d refused: %s", len(refusals), strings.Join(shown, "; "))
+		if len(refusals) > len(shown) {
+			text += "; …"
+		}
+	}
+	c.redirect(w, r, s, back, flash{OK: len(refusals) == 0, Text: text})
+}
