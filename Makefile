@@ -6,7 +6,7 @@ DATA_DIR ?= ./.ledger
 TEST_TIMEOUT ?= 13m
 BENCH_COUNT ?= 1
 
-.PHONY: dev build test bench bench-projections fuzz lint vet
+.PHONY: dev build test bench bench-projections screenshots fuzz lint vet
 
 dev:
 	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR)
@@ -52,6 +52,15 @@ bench-projections:
 	@$(WITH_SERVICES) \
 	LEDGER_BENCH_EVENTS=$(BENCH_EVENTS) LEDGER_BENCH_RATE=$(BENCH_RATE) \
 	$(GO) test -run '^$$' -bench BenchmarkLoad -benchtime 1x -timeout 90m -v ./projections/chstore/
+
+# The console's pages at 1280x800, as the browser test sees them, into
+# SCREENSHOTS (linked from the README).
+SCREENSHOTS ?= projections/console/screenshots
+screenshots:
+	@$(WITH_SERVICES) \
+	mkdir -p $(SCREENSHOTS); \
+	LEDGER_SCREENSHOTS_DIR=$$(realpath $(SCREENSHOTS)) $(GO) test -count=1 -run TestConsoleInBrowser ./cmd/ledger/; \
+	ls -l $(SCREENSHOTS) >&2
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEnvelope -fuzztime 60s ./ledger/

@@ -5,6 +5,8 @@ go 1.26.8
 require (
 	github.com/ClickHouse/clickhouse-go/v2 v2.51.0
 	github.com/cedar-policy/cedar-go v1.9.1
+	github.com/chromedp/cdproto v0.159.0
+	github.com/chromedp/chromedp v0.23.0
 	github.com/cockroachdb/cockroach-go/v2 v2.4.2
 	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0

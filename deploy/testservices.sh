@@ -10,6 +10,7 @@
 #   export LEDGER_TEST_PG_DSN=postgres://ledger@127.0.0.1:55432/ledger?sslmode=disable
 #   export LEDGER_TEST_CLICKHOUSE_ADDR=127.0.0.1:59000          (native protocol)
 #   export LEDGER_TEST_CLICKHOUSE_HTTP=http://127.0.0.1:58123   (HTTP interface)
+#   export LEDGER_TEST_CHROMIUM=/usr/bin/chromium               (headless browser)
 # Everything else (progress, apt output, server logs on failure) goes to
 # stderr.
 #
@@ -26,7 +27,11 @@
 #   LEDGER_TEST_PG_DSN        reuse this PostgreSQL/CockroachDB if it answers
 #   LEDGER_TEST_CLICKHOUSE_ADDR, LEDGER_TEST_CLICKHOUSE_HTTP
 #                             reuse this ClickHouse if it answers (both needed)
+#   LEDGER_TEST_CHROMIUM      use this Chromium for the console's browser tests
 #   LEDGER_TEST_WAIT          seconds to wait for a server to answer (default 90)
+#
+# Chromium is not a server: start finds it (or installs Debian's chromium
+# package, as root) for the console's browser tests, which run it headless.
 set -euo pipefail
 
 STATE="${LEDGER_TEST_STATE:-/tmp/ledger-testservices}"
@@ -417,6 +422,25 @@ ch_stop() {
 	rm -f "$pidf"
 }
 
+# ---------------------------------------------------------------- chromium
+
+# chromium_find sets CHROMIUM to a headless-capable Chromium: the one in
+# the environment, Debian's, or Debian's installed now (root only).
+chromium_find() {
+	CHROMIUM="${LEDGER_TEST_CHROMIUM:-}"
+	if [ -n "$CHROMIUM" ] && [ -x "$CHROMIUM" ]; then
+		log "chromium: using $CHROMIUM"
+		return
+	fi
+	CHROMIUM=/usr/bin/chromium
+	if [ ! -x "$CHROMIUM" ]; then
+		is_root || die "chromium is not installed and this is not root: install Debian's chromium package or set LEDGER_TEST_CHROMIUM"
+		apt_install chromium
+	fi
+	[ -x "$CHROMIUM" ] || die "chromium: $CHROMIUM is missing after installing the package"
+	log "chromium: $("$CHROMIUM" --version 2>/dev/null || echo "$CHROMIUM")"
+}
+
 # ---------------------------------------------------------------- main
 
 # Serialize concurrent start/stop calls (several test runs on one machine)
@@ -439,10 +463,12 @@ start)
 	lock
 	pg_start
 	ch_start
+	chromium_find
 	# Single quotes: DSNs carry "?" and "&", which a shell would expand.
 	printf "export LEDGER_TEST_PG_DSN='%s'\n" "$PG_DSN"
 	printf "export LEDGER_TEST_CLICKHOUSE_ADDR='%s'\n" "$CH_ADDR"
 	printf "export LEDGER_TEST_CLICKHOUSE_HTTP='%s'\n" "$CH_HTTP"
+	printf "export LEDGER_TEST_CHROMIUM='%s'\n" "$CHROMIUM"
 	;;
 stop)
 	lock

@@ -25,10 +25,12 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/chstore"
+	"github.com/toolcall-ledger/ledger/projections/console"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/projector"
 )
@@ -175,7 +177,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
-	exec, _, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, logger)
+	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, logger)
 	if err != nil {
 		return err
 	}
@@ -247,7 +249,10 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	mux.Handle(control.IntrospectPath, kill.Handler())
 	mux.Handle("/v1/approvals", queue.Handler())
 	mux.Handle("/v1/approvals/", queue.Handler())
-	mux.Handle("/", api)
+	// The agents' API; the console has the rest of the paths.
+	mux.Handle("/v1/calls", api)
+	mux.Handle("/v1/calls/", api)
+	mux.Handle("GET /healthz", api)
 
 	// The responders' questions: from ClickHouse when --clickhouse-dsn is
 	// given, else from the embedded index.
@@ -295,13 +300,37 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	var chProjector *projector.Projector
+	lagOf := indexer
 	if chStore != nil {
 		chProjector, err = projector.New(projector.Config{Client: cc, Topics: topics, Group: devProjectorGroup, Logger: logger.With("component", "projector")}, chStore)
 		if err != nil {
 			return err
 		}
 		mux.Handle("GET /metrics", chProjector)
+		lagOf = chProjector
 	}
+	mux.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, _ httpapi.Operator) {
+		lag := lagOf.Lag()
+		writeHealth(w, console.Health{
+			Policy: engine.Active().Version(), Breakers: execProc.BreakerStates(),
+			ProjectionLagRecords: lag.Records, ProjectionLagSeconds: lag.Time.Seconds(),
+		})
+	}))
+	ui, err := console.New(console.Config{
+		API: mux,
+		Authenticate: func(ctx context.Context, assertion string) (console.Identity, error) {
+			id, exp, err := staff.VerifyUntil(ctx, assertion)
+			return console.Identity{User: id.User, Tenant: id.Tenant, Roles: id.Roles, Expires: exp}, err
+		},
+		DevLogin: func(context.Context) (string, error) {
+			return issuer.Mint(identity.Identity{Tenant: "t_demo", User: "u_console", Agent: "console", Roles: []string{"approver", "operator"}}, identity.ApproverAudience, 8*time.Hour)
+		},
+		Logger: logger.With("component", "console"),
+	})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/", ui)
 
 	grp, ctx := errgroup.WithContext(ctx)
 	servers := []*http.Server{
@@ -359,6 +388,13 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	return err
 }
 
+// writeHealth answers GET /v1/health.
+func writeHealth(w http.ResponseWriter, h console.Health) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(h)
+}
+
 // storeResults serves finished calls' results from the execution store.
 type storeResults struct{ st processors.Store }
 
@@ -390,6 +426,7 @@ func printBanner(w *os.File, b banner) {
 Toolcall Ledger (dev) is running. Ctrl-C stops it.
 
   Kafka (in-process)   %v   topics: %s -> %s (dlq: %s)
+  Console              http://%s/   (approvals, calls, incidents, health; one-click dev login)
   HTTP API             http://%s   (POST /v1/calls, GET /v1/calls/{key}?tenant_id=..., GET /healthz)
   Queries              %s   (GET /v1/blast-radius, /v1/outcomes, /v1/unresolved, /v1/trace/...)
   Demo tool backend    http://%s   (GET /effects lists every effect it applied)
@@ -404,5 +441,5 @@ Try:
   curl -s 'http://%s/v1/calls/<idempotency_key>?tenant_id=t_demo'
   go run ./cmd/ledger blast-radius --tool get_weather --tenant t_demo --since 1h
 
-`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, b.api)
+`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, b.api)
 }
