@@ -317,11 +317,8 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		})
 	}))
 	ui, err := console.New(console.Config{
-		API: mux,
-		Authenticate: func(ctx context.Context, assertion string) (console.Identity, error) {
-			id, exp, err := staff.VerifyUntil(ctx, assertion)
-			return console.Identity{User: id.User, Tenant: id.Tenant, Roles: id.Roles, Expires: exp}, err
-		},
+		API:          mux,
+		Authenticate: consoleAuthenticate(staff),
 		DevLogin: func(context.Context) (string, error) {
 			return issuer.Mint(identity.Identity{Tenant: "t_demo", User: "u_console", Agent: "console", Roles: []string{"approver", "operator"}}, identity.ApproverAudience, 8*time.Hour)
 		},

@@ -1,10 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +20,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
 )
@@ -177,4 +185,118 @@ func cliErr(t *testing.T, args ...string) error {
 	root.SetOut(io.Discard)
 	root.SetErr(io.Discard)
 	return root.ExecuteContext(t.Context())
+}
+
+// `ledger api`, the production front door, against a running ledger:
+// agents' calls and the responders' questions from ClickHouse, the
+// approvals and control APIs of the other roles through its proxy, and
+// the console signed in with a pasted assertion (no dev login there).
+func TestAPIRole(t *testing.T) {
+	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
+	dir := t.TempDir()
+	kafka, devAPI, backend, addr := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	startDev(t, dir, kafka, devAPI, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", db)
+	submit := func(tool, args, key string) string {
+		return cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", tool, "--args", args, "--key", key, "--deadline", "10m", "--wait", "--timeout", "60s")
+	}
+	submit("get_weather", `{"city":"Perth"}`, "api-weather")
+	if out := submit("refund_order", `{"order_id":"ord_api1","amount_cents":45000,"currency":"AUD"}`, "api-refund"); !strings.Contains(out, "approval_pending") {
+		t.Fatalf("refund:\n%s", out)
+	}
+
+	// The dev issuer stands in for the identity provider: its public
+	// keys in a file, as an operator would configure them.
+	iss, err := devIssuer(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks := filepath.Join(t.TempDir(), "jwks.json")
+	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	root := newRoot()
+	root.SetArgs([]string{"api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
+		"--issuer", DevIssuer, "--jwks-file", jwks, "--approvals-url", "http://" + devAPI, "--operators-url", "http://" + devAPI,
+		"--projector-group", devProjectorGroup, "--log-level", "warn"})
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("ledger api: %v", err)
+		}
+	})
+	base := "http://" + addr
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		resp, err := http.Get(base + "/v1/calls/api-weather?tenant_id=t_demo")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var v callView
+		_ = json.NewDecoder(resp.Body).Decode(&v)
+		if resp.StatusCode != 200 || v.State != "succeeded" {
+			return fmt.Errorf("GET /v1/calls/api-weather: %d %q", resp.StatusCode, v.State)
+		}
+		return nil
+	})
+
+	operator, err := iss.Mint(identity.Identity{Tenant: "t_demo", User: "u_ops", Agent: "test", Roles: []string{"operator", "approver"}}, identity.ApproverAudience, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, base+path, nil)
+		req.Header.Set("Authorization", "Bearer "+operator)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/v1/blast-radius?tool=get_weather"); code != 200 || !strings.Contains(body, "api-weather") {
+		t.Errorf("blast radius through ledger api: %d %s", code, body)
+	}
+	if code, body := get("/v1/approvals"); code != 200 || !strings.Contains(body, "ord_api1") {
+		t.Errorf("approvals through ledger api's proxy: %d %s", code, body)
+	}
+	if code, body := get("/v1/control"); code != 200 {
+		t.Errorf("control through ledger api's proxy: %d %s", code, body)
+	}
+	if code, body := get("/v1/health"); code != 200 || !strings.Contains(body, "projection_lag_records") {
+		t.Errorf("health: %d %s", code, body)
+	}
+
+	// The console: a pasted assertion signs in; there is no dev login.
+	jar, _ := cookiejar.New(nil)
+	hc := &http.Client{Jar: jar}
+	resp, err := hc.Get(base + "/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(page), "/login/dev") {
+		t.Error("ledger api's sign-in page offers the dev login")
+	}
+	m := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(string(page))
+	if m == nil {
+		t.Fatalf("no CSRF token on the sign-in page:\n%s", page)
+	}
+	req, _ := http.NewRequest(http.MethodPost, base+"/login", strings.NewReader(url.Values{"csrf": {m[1]}, "assertion": {operator}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", base)
+	resp, err = hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasSuffix(resp.Request.URL.Path, "/approvals") || !strings.Contains(string(queue), "ord_api1") {
+		t.Errorf("console after signing in: %d at %s:\n%s", resp.StatusCode, resp.Request.URL, queue)
+	}
 }

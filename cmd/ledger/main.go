@@ -60,6 +60,7 @@ func newRoot() *cobra.Command {
 		newReconcilerCmd(g),
 		newCallsCmd(g),
 		newProjectorCmd(g),
+		newAPICmd(g),
 		newBlastRadiusCmd(g),
 		newOutcomesCmd(g),
 		newUnresolvedCmd(g),

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/console"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
+	"github.com/toolcall-ledger/ledger/projections/projector"
+)
+
+func newAPICmd(g *globals) *cobra.Command {
+	var (
+		ch           clickhouseFlags
+		idf          identityFlags
+		httpAddr     string
+		approvalsURL string
+		operatorsURL string
+		group        string
+	)
+	cmd := &cobra.Command{
+		Use:   "api",
+		Short: "Serve the HTTP API and the console: agents' calls, the responders' queries from ClickHouse, and the approvals and operators' APIs of the other roles",
+		Long: `api is the ledger's front door in production. On --http-addr it serves:
+
+  /                      the console (approvers and incident responders sign
+                         in with an assertion for the approvals audience)
+  POST /v1/calls         envelopes from agents, published to the request topic
+  GET  /v1/calls/{key}   a call, from the ClickHouse projection
+  GET  /v1/blast-radius, /v1/outcomes, /v1/unresolved, /v1/trace/...
+                         the responders' questions, from ClickHouse
+  /v1/approvals...       proxied to --approvals-url (ledger approvals serve)
+  /v1/control..., /v1/resolutions, /v1/compensations
+                         proxied to --operators-url (ledger reconciler --http-addr)
+  GET  /v1/health        the active policy and the projection's lag
+
+Every API checks its own caller; the console calls them with the signed-in
+person's assertion.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			logger := g.logger()
+			if !cmd.Flags().Changed("audience") {
+				idf.audience = identity.ApproverAudience
+			}
+			staff, err := idf.verifier(ctx, logger)
+			if err != nil {
+				return fmt.Errorf("the console and the queries need operators' and approvers' keys: %w", err)
+			}
+			st, err := ch.open(ctx, logger.With("component", "chstore"))
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			pub, err := newPublisher(g.kafka.client(logger), g.kafka.topics().Requests)
+			if err != nil {
+				return err
+			}
+			defer pub.Close()
+			controls, err := startControls(ctx, g.kafka.client(logger), g.kafka.topics().Control, logger)
+			if err != nil {
+				return err
+			}
+			api, err := httpapi.New(httpapi.Config{
+				Publisher: pub, Calls: traceCalls{st}, Logger: logger.With("component", "httpapi"),
+				Checks: []httpapi.Check{
+					{Name: "kafka", Check: func(ctx context.Context) error { return pub.cl.Ping(ctx) }},
+					{Name: "clickhouse", Check: st.Ping},
+				},
+			})
+			if err != nil {
+				return err
+			}
+			mux := http.NewServeMux()
+			mux.Handle("/v1/calls", api)
+			mux.Handle("/v1/calls/", api)
+			mux.Handle("GET /healthz", api)
+			if err := mountQueries(mux, st, staff, logger); err != nil {
+				return err
+			}
+			for _, route := range []struct {
+				upstream string
+				paths    []string
+			}{
+				{approvalsURL, []string{"/v1/approvals", "/v1/approvals/"}},
+				{operatorsURL, []string{"/v1/control", "/v1/control/", "/v1/resolutions", "/v1/compensations"}},
+			} {
+				if route.upstream == "" {
+					continue
+				}
+				proxy, err := newProxy(route.upstream, logger)
+				if err != nil {
+					return err
+				}
+				for _, p := range route.paths {
+					mux.Handle(p, proxy)
+				}
+			}
+			status := projector.StatusConfig{Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group}
+			mux.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, _ httpapi.Operator) {
+				h := console.Health{Breakers: map[string]string{}}
+				if a, ok := controls.ActivePolicy(); ok {
+					h.Policy = a.Policy
+				}
+				if s, err := projector.Status(r.Context(), status); err == nil || errors.Is(err, projector.ErrNeverCommitted) {
+					h.ProjectionLagRecords, h.ProjectionLagSeconds = s.Records, s.Time.Seconds()
+				}
+				writeHealth(w, h)
+			}))
+			ui, err := console.New(console.Config{
+				API:          mux,
+				Authenticate: consoleAuthenticate(staff),
+				Logger:       logger.With("component", "console"),
+			})
+			if err != nil {
+				return err
+			}
+			mux.Handle("/", ui)
+
+			grp, ctx := errgroup.WithContext(ctx)
+			serve(ctx, grp, "api", httpAddr, mux)
+			logger.Info("api serving", "addr", httpAddr, "clickhouse", redactDSN(ch.dsn), "approvals", approvalsURL, "operators", operatorsURL)
+			return grp.Wait()
+		},
+	}
+	fs := cmd.Flags()
+	ch.register(fs)
+	idf.register(fs)
+	fs.StringVar(&httpAddr, "http-addr", "127.0.0.1:8080", "where the API and the console listen")
+	fs.StringVar(&approvalsURL, "approvals-url", "", "base URL of `ledger approvals serve` (its --http-addr); empty: /v1/approvals is not served")
+	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs (`ledger reconciler --http-addr`); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")
+	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
+	return cmd
+}
+
+// consoleAuthenticate signs console users in with the staff verifier.
+func consoleAuthenticate(staff *identity.Verifier) func(ctx context.Context, assertion string) (console.Identity, error) {
+	return func(ctx context.Context, assertion string) (console.Identity, error) {
+		id, exp, err := staff.VerifyUntil(ctx, assertion)
+		return console.Identity{User: id.User, Tenant: id.Tenant, Roles: id.Roles, Expires: exp}, err
+	}
+}
+
+// newProxy forwards requests, with their Authorization, to the role at
+// upstream.
+func newProxy(upstream string, logger *slog.Logger) (http.Handler, error) {
+	u, err := url.Parse(upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%q is not an http(s) base URL", upstream)
+	}
+	p := httputil.NewSingleHostReverseProxy(u)
+	p.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		logger.Warn("upstream unavailable", "upstream", u.Host, "path", r.URL.Path, "err", err)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadGateway)
+		fmt.Fprintf(w, `{"error":{"code":"upstream_unavailable","message":"%s does not answer"}}`+"\n", u.Host)
+	}
+	return p, nil
+}
+
+// traceCalls serves GET /v1/calls/{key} from a projection's trace.
+type traceCalls struct{ q projections.Queries }
+
+func (c traceCalls) Get(key ledger.CallKey) (callindex.Call, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	evs, err := c.q.Trace(ctx, key)
+	if err != nil {
+		return callindex.Call{}, err
+	}
+	return callindex.CallFrom(key, evs), nil
+}
