@@ -8,15 +8,12 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"time"
+	"slices"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/identity"
-	"github.com/toolcall-ledger/ledger/projections"
-	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/console"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/projector"
@@ -24,12 +21,13 @@ import (
 
 func newAPICmd(g *globals) *cobra.Command {
 	var (
-		ch           clickhouseFlags
-		idf          identityFlags
-		httpAddr     string
-		approvalsURL string
-		operatorsURL string
-		group        string
+		ch            clickhouseFlags
+		idf           identityFlags
+		httpAddr      string
+		approvalsURL  string
+		operatorsURL  string
+		group         string
+		secureCookies bool
 	)
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -39,7 +37,9 @@ func newAPICmd(g *globals) *cobra.Command {
   /                      the console (approvers and incident responders sign
                          in with an assertion for the approvals audience)
   POST /v1/calls         envelopes from agents, published to the request topic
-  GET  /v1/calls/{key}   a call, from the ClickHouse projection
+                         (no GET /v1/calls/{key} and no ?wait= here: that
+                         view does not check its caller yet; operators read
+                         calls through /v1/trace)
   GET  /v1/blast-radius, /v1/outcomes, /v1/unresolved, /v1/trace/...
                          the responders' questions, from ClickHouse
   /v1/approvals...       proxied to --approvals-url (ledger approvals serve)
@@ -75,7 +75,7 @@ person's assertion.`,
 				return err
 			}
 			api, err := httpapi.New(httpapi.Config{
-				Publisher: pub, Calls: traceCalls{st}, Logger: logger.With("component", "httpapi"),
+				Publisher: pub, Logger: logger.With("component", "httpapi"),
 				Checks: []httpapi.Check{
 					{Name: "kafka", Check: func(ctx context.Context) error { return pub.cl.Ping(ctx) }},
 					{Name: "clickhouse", Check: st.Ping},
@@ -85,8 +85,7 @@ person's assertion.`,
 				return err
 			}
 			mux := http.NewServeMux()
-			mux.Handle("/v1/calls", api)
-			mux.Handle("/v1/calls/", api)
+			mux.Handle("POST /v1/calls", api)
 			mux.Handle("GET /healthz", api)
 			if err := mountQueries(mux, st, staff, logger); err != nil {
 				return err
@@ -110,7 +109,11 @@ person's assertion.`,
 				}
 			}
 			status := projector.StatusConfig{Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group}
-			mux.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, _ httpapi.Operator) {
+			mux.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, op httpapi.Operator) {
+				if !slices.Contains(op.Roles, console.RoleOperator) {
+					http.Error(w, `{"error":{"code":"forbidden","message":"the operator role is required"}}`, http.StatusForbidden)
+					return
+				}
 				h := console.Health{Breakers: map[string]string{}}
 				if a, ok := controls.ActivePolicy(); ok {
 					h.Policy = a.Policy
@@ -121,9 +124,10 @@ person's assertion.`,
 				writeHealth(w, h)
 			}))
 			ui, err := console.New(console.Config{
-				API:          mux,
-				Authenticate: consoleAuthenticate(staff),
-				Logger:       logger.With("component", "console"),
+				API:           mux,
+				Authenticate:  consoleAuthenticate(staff),
+				SecureCookies: secureCookies,
+				Logger:        logger.With("component", "console"),
 			})
 			if err != nil {
 				return err
@@ -143,6 +147,7 @@ person's assertion.`,
 	fs.StringVar(&approvalsURL, "approvals-url", "", "base URL of `ledger approvals serve` (its --http-addr); empty: /v1/approvals is not served")
 	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs (`ledger reconciler --http-addr`); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
+	fs.BoolVar(&secureCookies, "secure-cookies", true, "mark the console's cookies Secure and send HSTS (the console is served over TLS, here or by a proxy in front); false only for plain-HTTP trials")
 	return cmd
 }
 
@@ -161,25 +166,20 @@ func newProxy(upstream string, logger *slog.Logger) (http.Handler, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("%q is not an http(s) base URL", upstream)
 	}
-	p := httputil.NewSingleHostReverseProxy(u)
-	p.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
-		logger.Warn("upstream unavailable", "upstream", u.Host, "path", r.URL.Path, "err", err)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusBadGateway)
-		fmt.Fprintf(w, `{"error":{"code":"upstream_unavailable","message":"%s does not answer"}}`+"\n", u.Host)
+	p := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(u)
+			pr.SetXForwarded()
+			// The upstream authenticates the bearer; the console's
+			// session cookie is not for it.
+			pr.Out.Header.Del("Cookie")
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			logger.Warn("upstream unavailable", "upstream", u.Host, "path", r.URL.Path, "err", err)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			fmt.Fprintln(w, `{"error":{"code":"upstream_unavailable","message":"a service behind this API does not answer; see its log"}}`)
+		},
 	}
 	return p, nil
-}
-
-// traceCalls serves GET /v1/calls/{key} from a projection's trace.
-type traceCalls struct{ q projections.Queries }
-
-func (c traceCalls) Get(key ledger.CallKey) (callindex.Call, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	evs, err := c.q.Trace(ctx, key)
-	if err != nil {
-		return callindex.Call{}, err
-	}
-	return callindex.CallFrom(key, evs), nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -288,7 +289,11 @@ func startControls(ctx context.Context, cc ledger.ClientConfig, topic string, lo
 	case <-st.Ready():
 		return st, nil
 	case err := <-done:
-		return nil, fmt.Errorf("control state: %v", err)
+		if err == nil {
+			// Run returns nil when ctx ended before it caught up.
+			err = cmp.Or(ctx.Err(), errors.New("stopped before catching up"))
+		}
+		return nil, fmt.Errorf("control state: %w", err)
 	case <-time.After(30 * time.Second):
 		return nil, errors.New("control state: not caught up with the control topic after 30s")
 	}

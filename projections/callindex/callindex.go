@@ -96,18 +96,6 @@ func compareRefusals(a, b ledger.Event) int {
 	return strings.Compare(a.EventID, b.EventID)
 }
 
-// CallFrom returns what an index holding evs (in any order, duplicates
-// included) would know under key: for a view of a call read from another
-// projection (a ClickHouse trace) through the same type.
-func CallFrom(key ledger.CallKey, evs []ledger.Event) Call {
-	c := Call{Key: key}
-	for _, e := range evs {
-		c.add(e)
-	}
-	c.refold()
-	return c
-}
-
 // Settled reports whether the call will not move without a human.
 func (c *Call) Settled() bool { return c.Seq > 0 && c.State.Settled() }
 

@@ -4,15 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
-	"github.com/toolcall-ledger/ledger/projections/projectionstest"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -84,32 +80,5 @@ func TestIndexFoldsIdempotently(t *testing.T) {
 	// Tenant-scoped: the same key under another tenant is unknown.
 	if _, err := ix.Get(ledger.CallKey{TenantID: "t_b", IdempotencyKey: "k"}); !errors.Is(err, callindex.ErrNotFound) {
 		t.Errorf("other tenant's lookup = %v; want ErrNotFound", err)
-	}
-}
-
-// CallFrom knows what the index would: same state, events and refusals.
-func TestCallFromMatchesTheIndex(t *testing.T) {
-	ix, err := callindex.Open(filepath.Join(t.TempDir(), "index.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ix.Close()
-	log := projectionstest.Log(projectionstest.LogConfig{Seed: 5, Calls: 50})
-	if err := ix.Apply(log); err != nil {
-		t.Fatal(err)
-	}
-	byKey := map[ledger.CallKey][]ledger.Event{}
-	for _, e := range log {
-		byKey[e.Key()] = append(byKey[e.Key()], e)
-	}
-	for key, evs := range byKey {
-		want, err := ix.Get(key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		slices.Reverse(evs)
-		if diff := cmp.Diff(want, callindex.CallFrom(key, evs)); diff != "" {
-			t.Errorf("CallFrom(%s) (-index +CallFrom):\n%s", key, diff)
-		}
 	}
 }

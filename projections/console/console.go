@@ -114,6 +114,10 @@ type Config struct {
 	// dev issuer: the sign-in page then offers a one-click "Dev login".
 	// Only `ledger dev` sets it; nil in any other deployment.
 	DevLogin func(ctx context.Context) (assertion string, err error)
+	// SecureCookies marks the console's cookies Secure (and sends HSTS)
+	// even on plain HTTP requests: for a console behind a proxy that
+	// terminates TLS. Requests that arrive over TLS always get them.
+	SecureCookies bool
 	// MaxSessions bounds the sessions held at once; default
 	// DefaultMaxSessions. When full, expired sessions are swept first,
 	// then the oldest session is ended to make room.
@@ -236,6 +240,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
+	if c.secure(r) {
+		h.Set("Strict-Transport-Security", "max-age=31536000")
+	}
 	c.mux.ServeHTTP(w, r)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -206,6 +207,7 @@ func TestDevLogin(t *testing.T) {
 	t.Run("offered", func(t *testing.T) {
 		fx := newFixture(t, withDevLogin)
 		b := fx.browser()
+		b.local = true
 		login := b.get("/login").Body.String()
 		for _, want := range []string{`action="/login/dev"`, "Dev login", "operator and approver roles", "dev issuer", "only in <code>ledger dev</code>"} {
 			if !strings.Contains(login, want) {
@@ -225,11 +227,37 @@ func TestDevLogin(t *testing.T) {
 	})
 	t.Run("refused without the login token", func(t *testing.T) {
 		fx := newFixture(t, withDevLogin)
-		if w := fx.browser().do("POST", "/login/dev", url.Values{}, nil); w.Code != http.StatusForbidden {
+		b := fx.browser()
+		b.local = true
+		if w := b.do("POST", "/login/dev", url.Values{}, nil); w.Code != http.StatusForbidden {
 			t.Errorf("POST /login/dev without token = %d; want 403", w.Code)
 		}
 		if fx.devUsed != 0 {
 			t.Errorf("DevLogin minted an assertion for a forged request")
+		}
+	})
+	t.Run("only from this machine to a loopback name", func(t *testing.T) {
+		fx := newFixture(t, withDevLogin)
+		// Another machine, and a page of another site whose name was
+		// rebound to 127.0.0.1: neither is offered the dev login, and
+		// neither gets one.
+		for name, edit := range map[string]func(b *browser){
+			"remote peer":  func(b *browser) {},
+			"rebound name": func(b *browser) { b.local, b.host = true, "evil.example:8080" },
+		} {
+			b := fx.browser()
+			edit(b)
+			login := b.get("/login").Body.String()
+			if strings.Contains(login, `action="/login/dev"`) {
+				t.Errorf("%s: the sign-in page offers the dev login", name)
+			}
+			w := b.do("POST", "/login/dev", url.Values{"csrf": {csrfOf(t, login)}}, nil)
+			if w.Code != http.StatusNotFound {
+				t.Errorf("%s: POST /login/dev = %d; want 404", name, w.Code)
+			}
+		}
+		if fx.devUsed != 0 {
+			t.Errorf("DevLogin minted %d assertions for requests not from this machine", fx.devUsed)
 		}
 	})
 	t.Run("absent", func(t *testing.T) {
@@ -859,12 +887,12 @@ func TestConfirmationPagesCount(t *testing.T) {
 		want []string
 	}{
 		{"/incidents/confirm?action=freeze&tool=refund_order&tenant=acme", []string{
-			`<span class="big">4</span> calls to refund_order match this question in tenant acme.`,
+			`<span class="big">4</span> calls to refund_order so far in tenant acme, at any time and whatever else the question named`,
 			"deny new calls to refund_order for tenant acme", `name="action" value="freeze"`, `name="tool" value="refund_order"`,
 			`name="tenant" value="acme"`, `action="/incidents/act"`, "Freeze refund_order</button>", `href="/incidents?tenant=acme&amp;tool=refund_order">Cancel`,
 		}},
 		{"/incidents/confirm?action=freeze&tool=refund_order", []string{"for your tenant (acme)"}},
-		{"/incidents/confirm?action=revoke_jti&jti=jti-1", []string{`<span class="big">4</span> calls carry it in your tenant (acme).`, "There is no un-revoke", `name="jti" value="jti-1"`}},
+		{"/incidents/confirm?action=revoke_jti&jti=jti-1", []string{`<span class="big">4</span> calls carry it in your tenant (acme), at any time and whatever else the question named.`, "There is no un-revoke", `name="jti" value="jti-1"`}},
 		{"/incidents/confirm?action=revoke_family&credential_family=refund_order:acme:1", []string{"credential family refund_order:acme:1", `name="credential_family" value="refund_order:acme:1"`}},
 		{"/incidents/confirm?action=compensate&tool=refund_order", []string{
 			`<span class="big">3</span> succeeded call(s) will each get a compensation request`, "refund-1", "refund-2",
@@ -880,6 +908,24 @@ func TestConfirmationPagesCount(t *testing.T) {
 			if !strings.Contains(body, want) {
 				t.Errorf("GET %s lacks %q", tc.page, want)
 			}
+		}
+	}
+	// A freeze or a revocation is counted by what it acts on: the tool or
+	// the credential in scope, not the rest of the question.
+	for page, want := range map[string]url.Values{
+		"/incidents/confirm?action=freeze&tool=refund_order&tenant=acme&approver=u_x&since=1h": {"tool": {"refund_order"}, "tenant": {"acme"}},
+		"/incidents/confirm?action=revoke_jti&jti=jti-1&tool=refund_order&all_tenants=true":    {"jti": {"jti-1"}, "all_tenants": {"true"}},
+	} {
+		fx.api.reset()
+		b.get(page)
+		var asked url.Values
+		for _, r := range fx.api.requests() {
+			if strings.HasSuffix(r.Path, "/v1/blast-radius") {
+				asked = r.Query
+			}
+		}
+		if !reflect.DeepEqual(asked, want) {
+			t.Errorf("GET %s counted with %v; want %v", page, asked, want)
 		}
 	}
 	// The compensate-all confirmation lists only the succeeded calls.
@@ -1034,5 +1080,52 @@ func TestFlattenArgs(t *testing.T) {
 	}
 	if d := cmp.Diff(want, rows); d != "" {
 		t.Errorf("flattenArgs (-want +got):\n%s", d)
+	}
+}
+
+// Behind a proxy that terminates TLS, SecureCookies marks the cookies
+// Secure and sends HSTS on plain HTTP requests too.
+func TestSecureCookiesBehindAProxy(t *testing.T) {
+	fx := newFixture(t, func(*fixture) fixtureOpt { return func(c *Config) { c.SecureCookies = true } })
+	b := fx.browser()
+	w := b.get("/login")
+	if w.Header().Get("Strict-Transport-Security") == "" {
+		t.Error("no HSTS header with SecureCookies")
+	}
+	for _, ck := range w.Result().Cookies() {
+		if !ck.Secure {
+			t.Errorf("cookie %s not Secure with SecureCookies", ck.Name)
+		}
+	}
+	b.signIn(assertOperator)
+	if ck := b.cookies[CookieName]; ck == nil || !ck.Secure {
+		t.Errorf("session cookie %+v; want it Secure", ck)
+	}
+	// And without the option, plain HTTP gets neither.
+	plain := newFixture(t).browser().get("/login")
+	if plain.Header().Get("Strict-Transport-Security") != "" {
+		t.Error("HSTS sent on plain HTTP without SecureCookies")
+	}
+}
+
+// A sign-in ends the session the browser's cookie named: a cookie from
+// before names nothing afterwards.
+func TestSignInEndsThePreviousSession(t *testing.T) {
+	fx := newFixture(t)
+	old := fx.signedIn(assertOperator).cookies[CookieName].Value
+	b := fx.browser()
+	login := b.get("/login").Body.String()
+	b.cookies[CookieName] = &http.Cookie{Name: CookieName, Value: old}
+	w := b.do("POST", "/login", url.Values{"csrf": {csrfOf(t, login)}, "assertion": {assertOperator}}, nil)
+	if w.Code != http.StatusSeeOther || b.cookies[CookieName].Value == old {
+		t.Fatalf("POST /login = %d, session %q; want a new session", w.Code, b.cookies[CookieName].Value)
+	}
+	if n := fx.c.sessions.len(); n != 1 {
+		t.Errorf("%d sessions after signing in over an old one; want 1", n)
+	}
+	replay := fx.browser()
+	replay.cookies[CookieName] = &http.Cookie{Name: CookieName, Value: old}
+	if w := replay.get("/approvals"); w.Code != http.StatusSeeOther {
+		t.Errorf("GET with the previous session id = %d; want 303 to /login", w.Code)
 	}
 }

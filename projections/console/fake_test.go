@@ -487,6 +487,11 @@ type browser struct {
 	cookies map[string]*http.Cookie
 	csrf    string
 	tls     bool
+	// local makes the requests come from this machine to 127.0.0.1, as
+	// the dev login wants.
+	local bool
+	// host, when set, is the name the request is addressed to.
+	host string
 }
 
 func (fx *fixture) browser() *browser {
@@ -504,7 +509,17 @@ func (b *browser) do(method, target string, form url.Values, header http.Header)
 	if b.tls {
 		scheme = "https"
 	}
-	r := httptest.NewRequest(method, scheme+"://console.test"+target, body)
+	host := "console.test"
+	if b.local {
+		host = "127.0.0.1:8080"
+	}
+	if b.host != "" {
+		host = b.host
+	}
+	r := httptest.NewRequest(method, scheme+"://"+host+target, body)
+	if b.local {
+		r.RemoteAddr = "127.0.0.1:50000"
+	}
 	if form != nil {
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}

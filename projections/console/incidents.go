@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -318,13 +319,15 @@ func niceCeil(n int) int {
 	if n <= 1 {
 		return 1
 	}
-	for p := 1; ; p *= 10 {
+	// Bounded: p stops growing before it could overflow.
+	for p := 1; p <= math.MaxInt/10; p *= 10 {
 		for _, m := range []int{1, 2, 5} {
 			if m*p >= n {
 				return m * p
 			}
 		}
 	}
+	return n
 }
 
 func (c *Console) serveIncidentsCSV(w http.ResponseWriter, r *http.Request, s *session) {
@@ -374,8 +377,20 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 			p.Hidden = append(p.Hidden, hidden{k, v})
 		}
 	}
+	// A freeze or a revocation acts on everything of the tool or the
+	// credential in scope, whatever else the question narrowed: count
+	// that, not the question.
+	countQ := q
+	switch action {
+	case actFreeze:
+		countQ = pick(q, []string{projections.ParamTool, projections.ParamTenant, projections.ParamAllTenants})
+	case actRevokeJTI:
+		countQ = pick(q, []string{projections.ParamJTI, projections.ParamTenant, projections.ParamAllTenants})
+	case actRevokeFamily:
+		countQ = pick(q, []string{projections.ParamCredentialFamily, projections.ParamTenant, projections.ParamAllTenants})
+	}
 	var br projections.BlastRadius
-	if _, err := c.call(r, s, http.MethodGet, pathBlastRadius, q, nil, &br); err != nil {
+	if _, err := c.call(r, s, http.MethodGet, pathBlastRadius, countQ, nil, &br); err != nil {
 		p.Err = "The question could not be counted, so nothing can be confirmed: " + describe(err)
 	} else {
 		p.Counted, p.Count = true, br.Total
@@ -396,7 +411,7 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 			"The intake will deny new calls to " + tool + " for " + freezeScope + ", and the executor will deny authorized calls not yet started.",
 			"Calls already running are not stopped. An unfreeze (from the Health page) lifts it.",
 		}
-		p.CountNote = "calls to " + tool + " match this question in " + scope + "."
+		p.CountNote = "calls to " + tool + " so far in " + scope + ", at any time and whatever else the question named: the freeze stops every call to it from now on."
 		p.Ready = tool != "" && p.Counted
 	case actRevokeJTI, actRevokeFamily:
 		what, v := "credential", q.Get(projections.ParamJTI)
@@ -407,7 +422,7 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 		p.Lines = []string{
 			"The " + what + " " + v + " is revoked for good: the executor stops using it and tool backends refuse it at introspection. There is no un-revoke.",
 		}
-		p.CountNote = "calls carry it in " + scope + "."
+		p.CountNote = "calls carry it in " + scope + ", at any time and whatever else the question named."
 		p.Ready = v != "" && p.Counted
 	case actCompensate:
 		p.Heading, p.Submit, p.Reason = "Compensate every succeeded call", "Compensate them", "Why undo them"

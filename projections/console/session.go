@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -223,17 +224,17 @@ func sameOrigin(r *http.Request) bool {
 }
 
 // setSessionCookie names the session in the browser until expires.
-func setSessionCookie(w http.ResponseWriter, r *http.Request, value string, expires time.Time) {
+func (c *Console) setSessionCookie(w http.ResponseWriter, r *http.Request, value string, expires time.Time) {
 	http.SetCookie(w, &http.Cookie{
 		Name: CookieName, Value: value, Path: "/",
-		Expires: expires, HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+		Expires: expires, HttpOnly: true, Secure: c.secure(r), SameSite: http.SameSiteStrictMode,
 	})
 }
 
-func clearCookie(w http.ResponseWriter, r *http.Request, name, path string) {
+func (c *Console) clearCookie(w http.ResponseWriter, r *http.Request, name, path string) {
 	http.SetCookie(w, &http.Cookie{
 		Name: name, Value: "", Path: path, MaxAge: -1,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+		HttpOnly: true, Secure: c.secure(r), SameSite: http.SameSiteStrictMode,
 	})
 }
 
@@ -252,7 +253,7 @@ func (c *Console) loginToken(w http.ResponseWriter, r *http.Request) (string, er
 	}
 	http.SetCookie(w, &http.Cookie{
 		Name: loginCookieName, Value: tok, Path: "/login", MaxAge: 3600,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+		HttpOnly: true, Secure: c.secure(r), SameSite: http.SameSiteStrictMode,
 	})
 	return tok, nil
 }
@@ -287,7 +288,7 @@ func (c *Console) serveLogin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the console could not start a sign-in", http.StatusInternalServerError)
 		return
 	}
-	p := loginPage{CSRF: tok, Dev: c.cfg.DevLogin != nil}
+	p := loginPage{CSRF: tok, Dev: c.cfg.DevLogin != nil && loopback(r)}
 	if m, ok := loginMessages[r.URL.Query().Get("m")]; ok {
 		p.Message = &m
 	}
@@ -322,7 +323,7 @@ func (c *Console) postLogin(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) postDevLogin(w http.ResponseWriter, r *http.Request) {
-	if c.cfg.DevLogin == nil {
+	if c.cfg.DevLogin == nil || !loopback(r) {
 		c.serveNotFound(w, r)
 		return
 	}
@@ -361,6 +362,10 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, assertion strin
 		http.Redirect(w, r, "/login?m=refused", http.StatusSeeOther)
 		return
 	}
+	// A sign-in ends whatever session the browser held before.
+	if old, ok := c.session(r); ok {
+		c.sessions.delete(old)
+	}
 	raw, s, err := c.sessions.create(now, id, assertion)
 	if err != nil {
 		c.cfg.Logger.Error("console session", "err", err)
@@ -368,15 +373,44 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, assertion strin
 		return
 	}
 	c.cfg.Logger.Info("console sign-in", "user", id.User, "tenant", id.Tenant, "roles", strings.Join(id.Roles, ","), "expires", id.Expires)
-	setSessionCookie(w, r, raw, id.Expires)
-	clearCookie(w, r, loginCookieName, "/login")
+	c.setSessionCookie(w, r, raw, id.Expires)
+	c.clearCookie(w, r, loginCookieName, "/login")
 	c.sessions.setFlash(s, flash{OK: true, Text: "Signed in as " + id.User + " (tenant " + id.Tenant + ") until " + fmtTime(id.Expires) + "."})
 	http.Redirect(w, r, "/approvals", http.StatusSeeOther)
 }
 
 func (c *Console) postLogout(w http.ResponseWriter, r *http.Request, s *session) {
 	c.sessions.delete(s)
-	clearCookie(w, r, CookieName, "/")
+	c.clearCookie(w, r, CookieName, "/")
 	c.cfg.Logger.Info("console sign-out", "user", s.id.User, "tenant", s.id.Tenant)
 	http.Redirect(w, r, "/login?m=signed_out", http.StatusSeeOther)
 }
+
+// loopback reports whether r came from this machine to a loopback name:
+// the dev login mints an operator's assertion for whoever asks, so it
+// answers only there. Both the peer and the Host count, so that a page of
+// another site whose name was rebound to 127.0.0.1 (DNS rebinding) is
+// refused too.
+func loopback(r *http.Request) bool {
+	peer, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	if ip := net.ParseIP(peer); ip == nil || !ip.IsLoopback() {
+		return false
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(r.Host); err == nil {
+		host = h
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+// secure reports whether the console's cookies must be marked Secure: the
+// request came over TLS, or the console is told it is served over TLS (a
+// proxy in front terminates it).
+func (c *Console) secure(r *http.Request) bool { return r.TLS != nil || c.cfg.SecureCookies }

@@ -46,9 +46,12 @@ type Check struct {
 // Config configures the API.
 type Config struct {
 	Publisher Publisher // required
-	Calls     Calls     // required
-	Results   Results   // optional
-	Checks    []Check
+	// Calls, optional, answers GET /v1/calls/{key} and ?wait= on POST.
+	// Without it (a deployment whose calls view would need the caller's
+	// identity, which this API does not check yet) neither is served.
+	Calls   Calls
+	Results Results // optional
+	Checks  []Check
 	// Limits on envelopes; as the intake's.
 	Limits ledger.Limits
 	// MaxWait bounds ?wait= on POST /v1/calls; default 30s.
@@ -64,8 +67,8 @@ type Server struct {
 
 // New returns the API.
 func New(cfg Config) (*Server, error) {
-	if cfg.Publisher == nil || cfg.Calls == nil {
-		return nil, errors.New("httpapi: publisher and calls are required")
+	if cfg.Publisher == nil {
+		return nil, errors.New("httpapi: a publisher is required")
 	}
 	cfg.Limits = cfg.Limits.WithDefaults()
 	if cfg.MaxWait <= 0 {
@@ -76,7 +79,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux()}
 	s.mux.HandleFunc("POST /v1/calls", s.submit)
-	s.mux.HandleFunc("GET /v1/calls/{key}", s.get)
+	if cfg.Calls != nil {
+		s.mux.HandleFunc("GET /v1/calls/{key}", s.get)
+	}
 	s.mux.HandleFunc("GET /healthz", s.health)
 	return s, nil
 }
@@ -142,7 +147,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
-	if wait > 0 {
+	if wait > 0 && s.cfg.Calls != nil {
 		if v, ok := s.await(r.Context(), key, env.CallID, min(wait, s.cfg.MaxWait)); ok {
 			writeJSON(w, http.StatusOK, v)
 			return
