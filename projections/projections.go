@@ -1,6 +1,7 @@
 package projections
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -345,16 +346,15 @@ func Summarize(f Filter, calls []Call) BlastRadius {
 
 // SortCalls orders calls as answers list them: most recently updated
 // first, then by tenant and key.
-func SortCalls(calls []Call) {
-	slices.SortFunc(calls, func(a, b Call) int {
-		if c := b.UpdatedAt.Compare(a.UpdatedAt); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.TenantID, b.TenantID); c != 0 {
-			return c
-		}
-		return strings.Compare(a.IdempotencyKey, b.IdempotencyKey)
-	})
+func SortCalls(calls []Call) { slices.SortFunc(calls, byUpdate(-1)) }
+
+// byUpdate orders calls by their last update (sign 1: oldest first, -1:
+// newest first), then by tenant and key.
+func byUpdate(sign int) func(a, b Call) int {
+	return func(a, b Call) int {
+		return cmp.Or(sign*a.UpdatedAt.Compare(b.UpdatedAt),
+			strings.Compare(a.TenantID, b.TenantID), strings.Compare(a.IdempotencyKey, b.IdempotencyKey))
+	}
 }
 
 // SortCounts orders counts largest first, then by value.
@@ -382,14 +382,4 @@ func SortOutcomes(os []OutcomeCount) {
 
 // SortUnresolved orders unresolved calls oldest first, then by tenant and
 // key.
-func SortUnresolved(calls []Call) {
-	slices.SortFunc(calls, func(a, b Call) int {
-		if c := a.UpdatedAt.Compare(b.UpdatedAt); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.TenantID, b.TenantID); c != 0 {
-			return c
-		}
-		return strings.Compare(a.IdempotencyKey, b.IdempotencyKey)
-	})
-}
+func SortUnresolved(calls []Call) { slices.SortFunc(calls, byUpdate(1)) }
