@@ -18,6 +18,8 @@
 package identity
 
 import (
+	"crypto/sha256"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -166,7 +168,17 @@ type Config struct {
 	HTTPClient *http.Client
 	// Logger receives refresh warnings; nil discards.
 	Logger *slog.Logger
+	// CacheSize bounds the cache of verified signatures (agents reuse an
+	// assertion for many calls, and an Ed25519 verification costs more
+	// than the rest of the intake's checks together); default
+	// DefaultCacheSize, negative disables it. Only the signature is
+	// cached: every use still checks exp, nbf, iss and aud against the
+	// clock, and a change of the key set empties the cache.
+	CacheSize int
 }
+
+// DefaultCacheSize is Config.CacheSize's default.
+const DefaultCacheSize = 4096
 
 func (c *Config) setDefaults() {
 	if c.Audience == "" {
@@ -183,6 +195,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = DefaultCacheSize
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{
@@ -253,6 +268,37 @@ type Verifier struct {
 	mu          sync.Mutex
 	lastAttempt time.Time
 	lastEarly   time.Time
+
+	cache verifiedCache
+}
+
+// verifiedCache holds the claims of assertions whose signature verified,
+// by the sha256 of the assertion, for one key set.
+type verifiedCache struct {
+	mu   sync.Mutex
+	keys *token.KeySet
+	m    map[[sha256.Size]byte]Claims
+}
+
+func (c *verifiedCache) get(sum [sha256.Size]byte, keys *token.KeySet) (Claims, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.keys != keys {
+		return Claims{}, false
+	}
+	cl, ok := c.m[sum]
+	return cl, ok
+}
+
+func (c *verifiedCache) put(sum [sha256.Size]byte, keys *token.KeySet, cl Claims, size int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.keys != keys || len(c.m) >= size {
+		// A new key set, or full: start again rather than track ages;
+		// the working set of live assertions refills it at once.
+		c.keys, c.m = keys, make(map[[sha256.Size]byte]Claims, min(size, 1024))
+	}
+	c.m[sum] = cl
 }
 
 // New returns a Verifier with its keys loaded once; it fails if the source
@@ -315,15 +361,31 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 	}
 	v.maybeRefresh(ctx)
 	set := v.keys.Load()
-	c, err := v.verify(assertion, set)
-	if token.ReasonOf(err) == token.ReasonUnknownKID {
-		v.refreshEarly(ctx)
-		if now := v.keys.Load(); now != set {
-			c, err = v.verify(assertion, now)
-		}
+	var (
+		sum    [sha256.Size]byte
+		c      Claims
+		err    error
+		cached bool
+	)
+	if v.cfg.CacheSize > 0 {
+		sum = sha256.Sum256([]byte(assertion))
+		c, cached = v.cache.get(sum, set)
 	}
-	if err != nil {
-		return Claims{}, err
+	if !cached {
+		c, err = v.verify(assertion, set)
+		if token.ReasonOf(err) == token.ReasonUnknownKID {
+			v.refreshEarly(ctx)
+			if now := v.keys.Load(); now != set {
+				set = now
+				c, err = v.verify(assertion, now)
+			}
+		}
+		if err != nil {
+			return Claims{}, err
+		}
+		if v.cfg.CacheSize > 0 {
+			v.cache.put(sum, set, c, v.cfg.CacheSize)
+		}
 	}
 	if err := c.Validate(v.cfg.Now(), v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience); err != nil {
 		return Claims{}, err
