@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -141,15 +143,36 @@ func DecodeEvent(b []byte) (Event, error) {
 // EncodeEvents encodes a batch of events as one JSON array, the form the
 // execution store keeps as its outbox.
 func EncodeEvents(evs []Event) ([]byte, error) {
-	raws := make([]json.RawMessage, len(evs))
+	b, _, err := EncodeOutbox(evs, "")
+	return b, err
+}
+
+// EncodeOutbox encodes each event once, for both of its destinations: the
+// outbox array that EncodeEvents returns, and the events' records on
+// topic. A step that writes an outbox and then appends its events needs no
+// second encoding (nor a decoding of what it just wrote).
+func EncodeOutbox(evs []Event, topic string) ([]byte, []*kgo.Record, error) {
+	recs := make([]*kgo.Record, len(evs))
+	n := 2
 	for i := range evs {
-		b, err := evs[i].Encode()
+		r, err := evs[i].Record(topic)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		raws[i] = b
+		recs[i] = r
+		n += len(r.Value) + 1
 	}
-	return json.Marshal(raws)
+	// Each value is a complete JSON object from Encode: the array is
+	// their concatenation.
+	out := make([]byte, 0, n)
+	out = append(out, '[')
+	for i, r := range recs {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, r.Value...)
+	}
+	return append(out, ']'), recs, nil
 }
 
 // DecodeEvents is the inverse of EncodeEvents.

@@ -20,7 +20,9 @@ type Output struct {
 	// Committed, if set, runs after the transaction carrying Records and
 	// the consumed offsets committed (to mark an outbox logged, say). It
 	// runs at most once and never for an aborted transaction; a failure
-	// there is safe to lose, because the outbox is appended again.
+	// there is safe to lose, because the outbox is appended again. It runs
+	// in the background, overlapping the next step, and the after-commit
+	// steps of one loop run one at a time, in order.
 	Committed func(ctx context.Context) error
 }
 
@@ -141,7 +143,15 @@ func (l *Loop) runSession(ctx context.Context) error {
 	}
 	defer sess.Close()
 
-	var stepFailures int
+	var (
+		stepFailures int
+		afterCommit  chan struct{} // closed when the last after-commit step is done
+	)
+	defer func() {
+		if afterCommit != nil {
+			<-afterCommit
+		}
+	}()
 	for {
 		pollCtx, cancel := context.WithTimeout(ctx, l.cfg.Tick)
 		fetches := sess.PollRecords(pollCtx, l.cfg.MaxPollRecords)
@@ -159,7 +169,9 @@ func (l *Loop) runSession(ctx context.Context) error {
 		})
 		recs := fetches.Records()
 
+		t0 := time.Now()
 		out, err := l.step(ctx, recs)
+		stepDur := time.Since(t0)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -219,10 +231,21 @@ func (l *Loop) runSession(ctx context.Context) error {
 			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", len(recs))
 			continue
 		}
+		l.cfg.Logger.Debug("batch committed", "group", l.cfg.Group, "records", len(recs), "appended", len(out.Records), "step", stepDur, "transaction", time.Since(t0)-stepDur)
 		if out.Committed != nil {
-			if err := out.Committed(ctx); err != nil && ctx.Err() == nil {
-				l.cfg.Logger.Warn("after-commit step failed", "group", l.cfg.Group, "err", err)
+			// The after-commit step (marking outboxes logged) overlaps
+			// the next poll and step; one runs at a time, in order.
+			if afterCommit != nil {
+				<-afterCommit
 			}
+			done := make(chan struct{})
+			afterCommit = done
+			go func(fn func(context.Context) error) {
+				defer close(done)
+				if err := fn(ctx); err != nil && ctx.Err() == nil {
+					l.cfg.Logger.Warn("after-commit step failed", "group", l.cfg.Group, "err", err)
+				}
+			}(out.Committed)
 		}
 	}
 }

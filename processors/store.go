@@ -13,6 +13,8 @@
 package processors
 
 import (
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"context"
 	"errors"
 	"fmt"
@@ -112,6 +114,9 @@ type Admission struct {
 	Status        Status // StatusAuthorized, StatusDenied or StatusPending
 	Seq           int64  // seq of the last event in Outbox
 	Outbox        []byte
+	// Records, when set, are Outbox's events as records for the log,
+	// encoded with it (ledger.EncodeOutbox). The stores ignore them.
+	Records []*kgo.Record
 }
 
 // AdmitOutcome says what Admit found.
@@ -183,6 +188,8 @@ type Completion struct {
 	Result  []byte
 	Seq     int64
 	Outbox  []byte
+	// Records: as Admission.Records.
+	Records []*kgo.Record
 }
 
 // Move is a compare-and-set of a record's status, for the steps outside

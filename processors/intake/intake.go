@@ -5,6 +5,10 @@
 package intake
 
 import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -167,59 +171,99 @@ type pending struct {
 	admission processors.Admission
 }
 
-// Step handles one batch of request records: it is a ledger.Step.
+// Step handles one batch of request records: it is a ledger.Step. The
+// checks of the records (the assertion's signature, the schema, the
+// policy) run in parallel; the store sees the batch in one round trip.
 func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
-	var (
-		out     []*kgo.Record
-		emitErr error
-	)
-	emit := func(evs ...ledger.Event) {
-		for i := range evs {
-			r, err := evs[i].Record(p.cfg.Topics.Events)
-			if err != nil {
-				emitErr = err
-				return
-			}
-			out = append(out, r)
-		}
-	}
 	now := p.cfg.Now().UTC()
-	var calls []*checked
-	for _, rec := range recs {
-		c, refusal, dlq := p.check(ctx, rec, now)
+	type result struct {
+		c       *checked
+		refusal *ledger.Event
+		dlq     *kgo.Record
+	}
+	results := make([]result, len(recs))
+	parallel(len(recs), func(i int) {
+		c, refusal, dlq := p.check(ctx, recs[i], now)
+		results[i] = result{c, refusal, dlq}
+	})
+	var (
+		out   []*kgo.Record
+		calls []*checked
+	)
+	for _, r := range results {
 		switch {
-		case dlq != nil:
-			out = append(out, dlq)
-		case refusal != nil:
-			emit(*refusal)
+		case r.dlq != nil:
+			out = append(out, r.dlq)
+		case r.refusal != nil:
+			rec, err := r.refusal.Record(p.cfg.Topics.Events)
+			if err != nil {
+				return ledger.Output{}, err
+			}
+			out = append(out, rec)
 		default:
-			calls = append(calls, c)
+			calls = append(calls, r.c)
 		}
 	}
-	evs, logged, err := p.settle(ctx, calls, now)
+	settled, logged, err := p.settle(ctx, calls, now)
 	if err != nil {
 		return ledger.Output{}, err
 	}
-	emit(evs...)
+	out = append(out, settled...)
 	committed := func(ctx context.Context) error {
 		if len(logged) == 0 {
 			return nil
 		}
 		return p.cfg.Store.MarkLogged(ctx, logged)
 	}
-	return ledger.Output{Records: out, Committed: committed}, emitErr
+	return ledger.Output{Records: out, Committed: committed}, nil
+}
+
+// parallel runs fn(0..n-1) on up to GOMAXPROCS goroutines and returns
+// when all are done. A small batch runs inline: a goroutine costs more
+// than its checks.
+func parallel(n int, fn func(i int)) {
+	workers := min(runtime.GOMAXPROCS(0), n/8)
+	if workers <= 1 {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				fn(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // settle takes checked calls the rest of the way: rate limits, then the
-// store, which says whether each key is free. It returns the events to
+// store, which says whether each key is free. It returns the records to
 // append (the calls' first events, refusals, and events a crash left out
 // of the log) and what to mark logged once they are in.
-func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time) ([]ledger.Event, []processors.Logged, error) {
+func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time) ([]*kgo.Record, []processors.Logged, error) {
 	var (
-		evs    []ledger.Event
-		admits []pending
+		out     []*kgo.Record
+		admits  []pending
+		emitErr error
 	)
-	emit := func(e ...ledger.Event) { evs = append(evs, e...) }
+	emit := func(evs ...ledger.Event) {
+		for i := range evs {
+			r, err := evs[i].Record(p.cfg.Topics.Events)
+			if err != nil && emitErr == nil {
+				emitErr = err
+			}
+			out = append(out, r)
+		}
+	}
 	calls, limited, err := p.limit(ctx, calls, now)
 	if err != nil {
 		return nil, nil, err
@@ -233,7 +277,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
-		return evs, nil, nil
+		return out, nil, emitErr
 	}
 
 	as := make([]processors.Admission, len(admits))
@@ -258,11 +302,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		switch res.Outcome {
 		case processors.Admitted:
 			emitted[a.admission.Key] = true
-			evs, err := ledger.DecodeEvents(a.admission.Outbox)
-			if err != nil {
-				return nil, nil, err
-			}
-			emit(evs...)
+			out = append(out, a.admission.Records...)
 			logged = append(logged, processors.Logged{Key: a.admission.Key, Seq: a.admission.Seq})
 		case processors.Duplicate:
 			// A retry of a call we already hold. Its events are in
@@ -291,7 +331,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			return nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}
 	}
-	return evs, logged, nil
+	return out, logged, emitErr
 }
 
 // admit records a batch of admissions. When the store rejects the data of
@@ -440,8 +480,17 @@ func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identit
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil
 	}
-	evs, _, err := p.settle(ctx, []*checked{c}, now)
-	return evs, err
+	recs, _, err := p.settle(ctx, []*checked{c}, now)
+	if err != nil {
+		return nil, err
+	}
+	evs := make([]ledger.Event, len(recs))
+	for i, r := range recs {
+		if evs[i], err = ledger.DecodeEvent(r.Value); err != nil {
+			return nil, err
+		}
+	}
+	return evs, nil
 }
 
 // scopeMismatch compares the envelope's claims with the verified identity.
@@ -578,7 +627,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 	default:
 		decision.Decision = "allow"
 	}
-	outbox, err := ledger.EncodeEvents([]ledger.Event{requested, decision})
+	outbox, recs, err := ledger.EncodeOutbox([]ledger.Event{requested, decision}, p.cfg.Topics.Events)
 	if err != nil {
 		return processors.Admission{}, err
 	}
@@ -593,6 +642,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 		Status:        status,
 		Seq:           2,
 		Outbox:        outbox,
+		Records:       recs,
 	}, nil
 }
 
