@@ -6,7 +6,7 @@ DATA_DIR ?= ./.ledger
 TEST_TIMEOUT ?= 13m
 BENCH_COUNT ?= 1
 
-.PHONY: dev build test bench bench-projections screenshots fuzz lint vet
+.PHONY: dev build test bench bench-sizes bench-go bench-projections screenshots fuzz lint vet
 
 dev:
 	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR)
@@ -37,9 +37,40 @@ lint: vet
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
-# Every benchmark but the projection load (bench-projections), which takes
-# minutes.
+# `ledger bench` on PostgreSQL (standing in for CockroachDB): the closed
+# loop, an open-loop sweep for the latency against load plot, 1/2/4
+# executor processes, the direct floor and the raw limits, all in one run.
+# The report is printed and written, with the plot, under BENCH_OUT.
+BENCH_OUT ?= bench-out
+BENCH_MIX ?= create_ticket
+BENCH_DURATION ?= 20s
+BENCH_CONCURRENCY ?= 512
+BENCH_SWEEP ?= 500,1000,1500,2000,2500,3000
+BENCH_SCALING ?= 1,2,4
+BENCH_FLAGS ?=
 bench:
+	@$(WITH_SERVICES) \
+	mkdir -p $(BENCH_OUT); \
+	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \
+	$(BENCH_OUT)/ledger bench --crdb-dsn "$$LEDGER_TEST_PG_DSN" --mix $(BENCH_MIX) \
+		--calls 0 --duration $(BENCH_DURATION) --concurrency $(BENCH_CONCURRENCY) \
+		--sweep $(BENCH_SWEEP) --scaling $(BENCH_SCALING) \
+		--json $(BENCH_OUT)/$(BENCH_MIX).json --svg $(BENCH_OUT)/$(BENCH_MIX).svg $(BENCH_FLAGS) \
+		| tee $(BENCH_OUT)/$(BENCH_MIX).txt
+
+# How CPU and memory grow with the number of calls (BENCH_SIZES).
+BENCH_SIZES ?= 10000,100000,1000000
+bench-sizes:
+	@$(WITH_SERVICES) \
+	mkdir -p $(BENCH_OUT); \
+	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \
+	$(BENCH_OUT)/ledger bench --crdb-dsn "$$LEDGER_TEST_PG_DSN" --mix $(BENCH_MIX) --concurrency $(BENCH_CONCURRENCY) \
+		--calls 10000 --sizes $(BENCH_SIZES) --direct=false --limits=false \
+		--json $(BENCH_OUT)/sizes.json $(BENCH_FLAGS) | tee $(BENCH_OUT)/sizes.txt
+
+# The Go benchmarks of the parts (every one but the projection load,
+# bench-projections, which takes minutes).
+bench-go:
 	@$(WITH_SERVICES) \
 	$(GO) test -run '^$$' -bench . -skip BenchmarkLoad -benchmem -count $(BENCH_COUNT) ./...
 

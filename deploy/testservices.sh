@@ -184,8 +184,14 @@ pg_start() {
 		as_user "$user" "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2 || true
 	fi
 	log "postgres: starting on ${PG_HOST}:${PG_PORT}"
+	# The execution store's batched SERIALIZABLE statements read hundreds
+	# of rows each: with the default thresholds PostgreSQL's SSI escalates
+	# their predicate locks to whole pages and then to the relation, and
+	# concurrent batches on disjoint keys fail with 40001 one after another
+	# (CockroachDB tracks conflicts per key and has no such escalation).
+	local ssi="-c max_pred_locks_per_transaction=1024 -c max_pred_locks_per_relation=8192 -c max_pred_locks_per_page=64"
 	# 9>&-: the server must not inherit (and hold) this script's lock.
-	if ! as_user "$user" "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$WAIT" start >&2 9>&-; then
+	if ! as_user "$user" "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$WAIT" -o "$ssi" start >&2 9>&-; then
 		log "postgres: did not start; log tail:"
 		tail -n 50 "$logf" >&2 || true
 		die "postgres: start failed"

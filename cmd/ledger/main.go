@@ -61,6 +61,7 @@ func newRoot() *cobra.Command {
 		newCallsCmd(g),
 		newProjectorCmd(g),
 		newAPICmd(g),
+		newBenchCmd(g),
 		newBlastRadiusCmd(g),
 		newOutcomesCmd(g),
 		newUnresolvedCmd(g),

@@ -1,0 +1,622 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/loadtest"
+	"github.com/toolcall-ledger/ledger/processors/pgstore"
+)
+
+// benchIssuer names the benchmark's own agent identity provider.
+const benchIssuer = "https://bench.ledger.invalid"
+
+// benchFlags configure `ledger bench`.
+type benchFlags struct {
+	crdbDSN        string
+	mix            string
+	tenants        int
+	calls          int64
+	duration       time.Duration
+	concurrency    int
+	rate           float64
+	sweep          string
+	sizes          string
+	scaling        string
+	executors      int
+	warmup         int64
+	backendLatency time.Duration
+	backendVerify  bool
+	direct         bool
+	limits         bool
+	jsonOut        string
+	svgOut         string
+	workDir        string
+	keep           bool
+	profile        string
+	nodeLogLevel   string
+	limitCalls     int
+}
+
+func newBenchCmd(g *globals) *cobra.Command {
+	var f benchFlags
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the ledger end to end against calling the tools directly and against the raw limits of its engines, in one run",
+		Long: `bench starts a ledger (intake and executors in processes of their own, on an
+in-process Kafka and the embedded execution store unless --kafka-brokers and
+--crdb-dsn name real ones), offers it calls of the demo tools from several
+tenants, and reports, from one run on one machine:
+
+  - calls/s and end-to-end latency percentiles (publish to the terminal event,
+    read committed), and added latency (minus the tool's own time);
+  - the ledger processes' CPU seconds per call and peak RSS;
+  - the same calls made directly to the tool backend (the floor);
+  - the raw limits of the parts: transactional consume-produce records/s on
+    the same Kafka, batched claims/s on the same store;
+  - duplicate effects and lost calls, counted at the tool backend.
+
+A closed loop (--concurrency calls in flight) is the main run; --sweep adds
+open-loop runs at the given arrival rates (the latency against load plot,
+--svg); --scaling runs with 1, 2, 4... executor processes over the topic's
+partitions; --sizes repeats the main run at several call counts to show how
+cost grows. Each run gets fresh topics and fresh ledger processes.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			embedded := !cmd.Flags().Changed("kafka-brokers") && os.Getenv("LEDGER_KAFKA_BROKERS") == ""
+			return runBench(cmd.Context(), g, &f, embedded, cmd.ErrOrStderr(), cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store; empty: the embedded store (one ledger process)")
+	fs.StringVar(&f.mix, "mix", "create_ticket", "tools and weights, e.g. get_weather=3,create_ticket=1 (get_weather, create_ticket, refund_order)")
+	fs.IntVar(&f.tenants, "tenants", 8, "tenants the calls come from, round robin")
+	fs.Int64Var(&f.calls, "calls", 20000, "calls per run (0: run for --duration)")
+	fs.DurationVar(&f.duration, "duration", 0, "how long each run submits, when --calls is 0")
+	fs.IntVar(&f.concurrency, "concurrency", 512, "calls in flight in the closed-loop runs and the direct floor")
+	fs.Float64Var(&f.rate, "rate", 0, "make the main run open loop at this many calls/s")
+	fs.StringVar(&f.sweep, "sweep", "", "open-loop arrival rates, calls/s, comma separated (e.g. 500,1000,2000): one run each, for the latency against load plot")
+	fs.StringVar(&f.sizes, "sizes", "", "call counts, comma separated (e.g. 10000,100000,1000000): one closed-loop run each, to show how CPU and memory grow")
+	fs.StringVar(&f.scaling, "scaling", "", "executor counts, comma separated (e.g. 1,2,4): one closed-loop run each")
+	fs.IntVar(&f.executors, "executors", 1, "executor instances in the main run: a process each with --crdb-dsn; on the embedded store, which one process owns, instances in the one ledger process")
+	fs.Int64Var(&f.warmup, "warmup", 2000, "calls each run makes before it measures (joins groups, warms connections)")
+	fs.DurationVar(&f.backendLatency, "backend-latency", 0, "latency the demo backend adds to every tool request")
+	fs.BoolVar(&f.backendVerify, "backend-verify", false, "make the demo backend verify each call's credential, as a deployed tool would (costs CPU on the same machine)")
+	fs.BoolVar(&f.direct, "direct", true, "also make the same calls directly to the backend (the floor)")
+	fs.BoolVar(&f.limits, "limits", true, "also measure the raw limits: transactional Kafka consume-produce and batched store claims")
+	fs.IntVar(&f.limitCalls, "limit-calls", 20000, "calls' worth of work for the raw limits: this many claims, four times as many Kafka records")
+	fs.StringVar(&f.jsonOut, "json", "", "write the report as JSON to this file")
+	fs.StringVar(&f.svgOut, "svg", "", "write the latency against offered load plot (from --sweep) to this SVG file")
+	fs.StringVar(&f.workDir, "work-dir", "", "directory for the run's files (embedded stores, keys, process logs); default a temporary one")
+	fs.BoolVar(&f.keep, "keep", false, "keep the work directory afterwards")
+	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
+	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles into this directory (go tool pprof)")
+	cmd.AddCommand(newBenchNodeCmd(g))
+	return cmd
+}
+
+// benchEnv is what every run of one `ledger bench` shares.
+type benchEnv struct {
+	g        *globals
+	f        *benchFlags
+	logger   *slog.Logger
+	progress io.Writer
+	dir      string
+	cc       ledger.ClientConfig
+	brokers  []string
+	issuer   *identity.Issuer
+	jwksFile string
+	credDir  string
+	backend  *demobackend.Server
+	toolsURL string
+	tools    []loadtest.Tool
+	runs     int
+	// id makes this invocation's idempotency keys unique in a store that
+	// outlives it.
+	id string
+}
+
+func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, progress, out io.Writer) error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	tools, err := loadtest.ParseMix(f.mix)
+	if err != nil {
+		return err
+	}
+	logger := g.logger()
+	dir := f.workDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "ledger-bench-"); err != nil {
+			return err
+		}
+		if !f.keep {
+			defer os.RemoveAll(dir)
+		}
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if f.profile != "" {
+		if err := os.MkdirAll(f.profile, 0o755); err != nil {
+			return err
+		}
+	}
+	env := &benchEnv{g: g, f: f, logger: logger, progress: progress, dir: dir, tools: tools,
+		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
+
+	report := loadtest.Report{Machine: loadtest.ThisMachine(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
+	if embedded {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+		if err != nil {
+			return fmt.Errorf("start in-process kafka: %w", err)
+		}
+		defer cluster.Close()
+		env.brokers = cluster.ListenAddrs()
+		report.Kafka = "kfake (in process, 1 broker)"
+	} else {
+		env.brokers = g.kafka.brokers
+		report.Kafka = strings.Join(env.brokers, ",")
+	}
+	env.cc = ledger.ClientConfig{Brokers: env.brokers, Logger: logger}
+	report.Store = "embedded (bbolt)"
+	if f.crdbDSN != "" {
+		report.Store = redactDSN(f.crdbDSN)
+		st, err := pgstore.Open(ctx, pgstore.Config{DSN: f.crdbDSN, Logger: logger})
+		if err != nil {
+			return err
+		}
+		err = st.Migrate(ctx)
+		st.Close()
+		if err != nil {
+			return err
+		}
+	}
+
+	// The agents' identity provider, trusted by the intake through a
+	// JWKS file; the credential broker's keys, shared by every executor
+	// process and the backend.
+	if env.issuer, err = identity.LoadOrCreateIssuer(filepath.Join(dir, "issuer.key"), benchIssuer); err != nil {
+		return err
+	}
+	env.jwksFile = filepath.Join(dir, "issuer.jwks.json")
+	if err := os.WriteFile(env.jwksFile, env.issuer.Keys().JWKS(), 0o600); err != nil {
+		return err
+	}
+	env.credDir = filepath.Join(dir, "credentials")
+	broker, err := credentials.New(credentials.Config{KeyDir: env.credDir, Logger: logger})
+	if err != nil {
+		return err
+	}
+	bc := demobackend.Config{Latency: f.backendLatency, Logger: logger.With("component", "demobackend")}
+	if f.backendVerify {
+		if bc.Credentials, err = credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, Keys: broker.Keys}); err != nil {
+			return err
+		}
+	}
+	env.backend = demobackend.New(bc)
+	defer env.backend.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: env.backend.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	env.toolsURL = "http://" + ln.Addr().String()
+	fmt.Fprintf(progress, "bench: kafka %s, store %s, tools %s, mix %s, work dir %s\n", report.Kafka, report.Store, env.toolsURL, f.mix, dir)
+
+	main := benchRun{name: "ledger", executors: f.executors, calls: f.calls, rate: f.rate}
+	if r, err := env.run(ctx, main); err != nil {
+		return err
+	} else {
+		report.Runs = append(report.Runs, r)
+	}
+	for _, rate := range parseFloats(f.sweep) {
+		r, err := env.run(ctx, benchRun{name: fmt.Sprintf("open %g/s", rate), executors: f.executors, calls: f.calls, rate: rate})
+		if err != nil {
+			return err
+		}
+		report.Runs = append(report.Runs, r)
+	}
+	for _, n := range parseFloats(f.scaling) {
+		r, err := env.run(ctx, benchRun{name: fmt.Sprintf("%d executors", int(n)), executors: int(n), calls: f.calls})
+		if err != nil {
+			return err
+		}
+		report.Runs = append(report.Runs, r)
+	}
+	for _, n := range parseFloats(f.sizes) {
+		r, err := env.run(ctx, benchRun{name: fmt.Sprintf("%d calls", int64(n)), executors: f.executors, calls: int64(n)})
+		if err != nil {
+			return err
+		}
+		report.Runs = append(report.Runs, r)
+	}
+	if f.direct {
+		d, err := env.directFloor(ctx)
+		if err != nil {
+			return err
+		}
+		report.Direct = &d
+	}
+	if f.limits {
+		lims, err := env.rawLimits(ctx)
+		if err != nil {
+			return err
+		}
+		report.Limits = lims
+	}
+	if err := report.WriteTable(out); err != nil {
+		return err
+	}
+	if f.jsonOut != "" {
+		if err := writeFileWith(f.jsonOut, report.WriteJSON); err != nil {
+			return err
+		}
+	}
+	if f.svgOut != "" {
+		var pts []loadtest.LoadPoint
+		for _, r := range report.Runs {
+			if r.Result.Mode == "open" {
+				pts = append(pts, r.Result.Point())
+			}
+		}
+		title := fmt.Sprintf("Toolcall Ledger: %s, %s, %s", f.mix, report.Store, report.Machine.CPU)
+		if err := writeFileWith(f.svgOut, func(w io.Writer) error { return loadtest.PlotSVG(w, title, pts) }); err != nil {
+			return err
+		}
+	}
+	if bad := report.Failures(); len(bad) > 0 {
+		return fmt.Errorf("bench: %s", strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+func (f *benchFlags) validate() error {
+	switch {
+	case f.calls < 0, f.calls == 0 && f.duration <= 0:
+		return errors.New("bench: set --calls, or --calls 0 and a --duration")
+	case f.concurrency <= 0:
+		return errors.New("bench: --concurrency must be positive")
+	case f.executors <= 0:
+		return errors.New("bench: --executors must be positive")
+	case f.limits && f.limitCalls <= 0:
+		return errors.New("bench: --limit-calls must be positive")
+	case f.warmup < 0:
+		return errors.New("bench: --warmup must not be negative")
+	}
+	for _, list := range []struct{ name, v string }{{"--sweep", f.sweep}, {"--sizes", f.sizes}, {"--scaling", f.scaling}} {
+		for s := range strings.SplitSeq(list.v, ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			if v, err := strconv.ParseFloat(s, 64); err != nil || v <= 0 {
+				return fmt.Errorf("bench: %s: %q is not a positive number", list.name, s)
+			}
+		}
+	}
+	return nil
+}
+
+func parseFloats(s string) []float64 {
+	var out []float64
+	for p := range strings.SplitSeq(s, ",") {
+		if v, err := strconv.ParseFloat(strings.TrimSpace(p), 64); err == nil && v > 0 {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func writeFileWith(path string, write func(io.Writer) error) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(fh); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}
+
+// benchRun is one run: fresh topics, fresh ledger processes.
+type benchRun struct {
+	name      string
+	executors int
+	calls     int64
+	rate      float64
+}
+
+// run starts the ledger processes of r on fresh topics, warms them up,
+// offers r's load, stops them, and measures.
+func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, error) {
+	e.runs++
+	prefix := fmt.Sprintf("bench%d.", e.runs)
+	topics := ledger.Topics{Requests: prefix + "requests", Events: prefix + "events", Control: prefix + "control", DLQ: prefix + "dlq"}
+	admin, err := ledger.NewClient(e.cc)
+	if err != nil {
+		return loadtest.RunReport{}, err
+	}
+	err = ledger.EnsureTopics(ctx, admin, ledger.TopicConfig{Topics: topics, Partitions: e.g.kafka.partitions, ReplicationFactor: e.g.kafka.replicas})
+	admin.Close()
+	if err != nil {
+		return loadtest.RunReport{}, err
+	}
+
+	// One process runs the intake (and, on the embedded store, every
+	// executor); with a shared store each further executor is a process
+	// of its own.
+	procs := 1
+	if e.f.crdbDSN != "" {
+		procs = r.executors
+	}
+	var nodes []*benchNode
+	defer func() {
+		for _, n := range nodes {
+			n.kill()
+		}
+	}()
+	for i := range procs {
+		args := []string{
+			"--kafka-brokers", strings.Join(e.brokers, ","),
+			"--topic-requests", topics.Requests, "--topic-events", topics.Events,
+			"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
+			"--log-level", e.f.nodeLogLevel,
+			"bench", "node",
+			"--instance-id", fmt.Sprintf("bench%d-%d", e.runs, i),
+			"--tools-base-url", e.toolsURL,
+			"--credential-key-dir", e.credDir,
+		}
+		if e.f.profile != "" {
+			args = append(args, "--profile", filepath.Join(e.f.profile, fmt.Sprintf("run%d-node%d", e.runs, i)))
+		}
+		if i == 0 {
+			args = append(args, "--intake", "--issuer", benchIssuer, "--jwks-file", e.jwksFile)
+		}
+		if e.f.crdbDSN != "" {
+			args = append(args, "--crdb-dsn", e.f.crdbDSN, "--executors", "1")
+		} else {
+			args = append(args, "--data-dir", filepath.Join(e.dir, fmt.Sprintf("run%d", e.runs)), "--executors", strconv.Itoa(r.executors))
+		}
+		n, err := startBenchNode(args, filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
+		if err != nil {
+			return loadtest.RunReport{}, err
+		}
+		nodes = append(nodes, n)
+	}
+
+	cfg := loadtest.Config{
+		Client: e.cc, Topics: topics, Minter: e.issuer, Tenants: e.f.tenants, Tools: e.tools,
+		Concurrency: e.f.concurrency, Drain: 2 * time.Minute,
+	}
+	fmt.Fprintf(e.progress, "bench: %s: warming up (%d calls)\n", r.name, e.f.warmup)
+	warm := cfg
+	warm.Calls, warm.RunID = max(e.f.warmup, 1), fmt.Sprintf("w%s%d", e.id, e.runs)
+	if _, err := loadtest.Run(ctx, warm); err != nil {
+		return loadtest.RunReport{}, fmt.Errorf("%s: warm-up: %w", r.name, err)
+	}
+
+	cfg.Calls, cfg.Duration, cfg.Rate = r.calls, e.f.duration, r.rate
+	cfg.RunID = fmt.Sprintf("r%s%d", e.id, e.runs)
+	// On a terminal the progress line rewrites itself every second;
+	// into a file or a pipe it is a line every five.
+	lineEnd := "\n"
+	cfg.ProgressEvery = 5 * time.Second
+	if isTerminal(e.progress) {
+		lineEnd, cfg.ProgressEvery = "", time.Second
+	}
+	cfg.Progress = func(p loadtest.Progress) {
+		if lineEnd == "" {
+			fmt.Fprint(e.progress, "\r")
+		}
+		fmt.Fprintf(e.progress, "bench: %-14s %6.1fs  submitted %9d  done %9d  in flight %6d  %8.0f calls/s  p99 %8.1f ms %s",
+			r.name, p.Elapsed.Seconds(), p.Submitted, p.Done, p.InFlight, p.Rate, ms(p.P99), lineEnd)
+	}
+	before := make([]time.Duration, len(nodes))
+	for i, n := range nodes {
+		before[i] = n.cpu()
+	}
+	selfBefore := selfCPU()
+	res, err := loadtest.Run(ctx, cfg)
+	if lineEnd == "" {
+		fmt.Fprintln(e.progress)
+	}
+	if err != nil {
+		return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, err)
+	}
+	rep := loadtest.RunReport{Name: r.name, Executors: r.executors, Processes: len(nodes), Result: res}
+	rep.HarnessCPU = selfCPU() - selfBefore
+	for i, n := range nodes {
+		rep.LedgerCPU += n.cpu() - before[i]
+	}
+	for _, n := range nodes {
+		peak, err := n.stop()
+		if err != nil {
+			return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, err)
+		}
+		rep.PeakRSS += peak
+	}
+	nodes = nil
+	rep.Witness = loadtest.Check(res, e.backend.Effects())
+	rep.Derive()
+	fmt.Fprintf(e.progress, "bench: %s: %.0f calls/s, e2e p99 %.1f ms, duplicates %d, lost %d\n", r.name, res.PerSec, ms(res.E2E.P99), rep.Witness.Duplicates, res.Lost)
+	return rep, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// directFloor makes the main run's calls straight to the backend, with
+// the same concurrency: what the tools cost without the ledger.
+func (e *benchEnv) directFloor(ctx context.Context) (loadtest.DirectReport, error) {
+	fmt.Fprintf(e.progress, "bench: direct calls to the backend (%d)\n", e.f.calls)
+	calls := e.f.calls
+	if calls <= 0 {
+		calls = 20000
+	}
+	cl := httptool.New(httptool.Config{})
+	return loadtest.Direct(ctx, loadtest.DirectConfig{
+		Tools: e.tools, Calls: calls, Concurrency: e.f.concurrency, Tenants: e.f.tenants, RunID: "d" + e.id,
+		Call: func(ctx context.Context, tool loadtest.Tool, tenant, key string, args []byte) error {
+			_, err := cl.Call(ctx, httptool.Request{
+				URL: e.toolsURL + "/tools/" + tool.Name, IdempotencyKey: key, TenantID: tenant,
+				CallID: "call_" + key, Attempt: 1, Arguments: args,
+			})
+			return err
+		},
+	})
+}
+
+// rawLimits measures the parts on the same engines: transactional
+// consume-produce on the same Kafka, batched claims on the same store.
+func (e *benchEnv) rawLimits(ctx context.Context) ([]loadtest.Limit, error) {
+	n := e.f.limitCalls
+	fmt.Fprintf(e.progress, "bench: raw limits (%d records, %d claims)\n", n*4, n)
+	k, err := loadtest.KafkaTxnLimit(ctx, e.cc, n*4, 500, int(e.g.kafka.partitions), nil)
+	if err != nil {
+		return nil, fmt.Errorf("kafka raw limit: %w", err)
+	}
+	var rs storeFlags
+	rs.crdbDSN, rs.dataDir = e.f.crdbDSN, filepath.Join(e.dir, "limits")
+	if err := os.MkdirAll(rs.dataDir, 0o700); err != nil {
+		return nil, err
+	}
+	st, _, err := rs.openStore(ctx, e.logger)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	claims, err := loadtest.ClaimLimit(ctx, st, n, 500, nil)
+	if err != nil {
+		return nil, fmt.Errorf("store raw limit: %w", err)
+	}
+	return append([]loadtest.Limit{k}, claims...), nil
+}
+
+// benchNode is one ledger process of a run.
+type benchNode struct {
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan error
+}
+
+func startBenchNode(args []string, logPath string) (*benchNode, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	log, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("start ledger process: %w", err)
+	}
+	n := &benchNode{cmd: cmd, log: log, done: make(chan error, 1)}
+	go func() { n.done <- cmd.Wait() }()
+	return n, nil
+}
+
+// cpu is the process's CPU time so far (user + system), from /proc.
+func (n *benchNode) cpu() time.Duration {
+	return procCPU(n.cmd.Process.Pid)
+}
+
+// stop ends the process gracefully and returns its peak RSS in bytes.
+func (n *benchNode) stop() (int64, error) {
+	defer n.log.Close()
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	var err error
+	select {
+	case err = <-n.done:
+	case <-time.After(30 * time.Second):
+		_ = n.cmd.Process.Kill()
+		<-n.done
+		return 0, fmt.Errorf("ledger process %d did not stop within 30s of SIGTERM (log %s)", n.cmd.Process.Pid, n.log.Name())
+	}
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		return 0, err
+	}
+	if !n.cmd.ProcessState.Success() {
+		return 0, fmt.Errorf("ledger process exited %s (log %s)", n.cmd.ProcessState, n.log.Name())
+	}
+	ru, ok := n.cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return 0, nil
+	}
+	return ru.Maxrss * 1024, nil // Linux reports KiB
+}
+
+func (n *benchNode) kill() {
+	if n.cmd.ProcessState == nil {
+		_ = n.cmd.Process.Kill()
+		<-n.done
+		n.log.Close()
+	}
+}
+
+// procCPU reads utime + stime of pid from /proc/<pid>/stat (Linux; 0
+// elsewhere).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name may hold spaces; fields resume after its ')'.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		s = s[i+1:]
+	}
+	f := strings.Fields(s)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	const clockTicks = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// selfCPU is this process's CPU time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/toolcall-ledger/ledger/processors/loadtest"
+	"github.com/toolcall-ledger/ledger/processors/storetest"
+)
+
+// runMainEnv makes a child of the test binary run the command line it was
+// given as the ledger binary would: `ledger bench` starts its ledger
+// processes from os.Executable(), which under `go test` is this binary.
+const runMainEnv = "LEDGER_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestBenchOnPostgres runs `ledger bench` as an operator would, on the
+// shared-store path (two executor processes, PostgreSQL), with an
+// open-loop sweep, the direct floor and the raw limits, and checks the
+// report: every call accounted for at the tool, nothing duplicated or
+// lost, every figure present.
+func TestBenchOnPostgres(t *testing.T) {
+	dsn := storetest.PGDSN(t)
+	schema := storetest.FreshSchema(t, dsn)
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(t.Context(), "CREATE SCHEMA "+schema)
+	conn.Close(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	t.Setenv(runMainEnv, "1")
+	dir := t.TempDir()
+	jsonOut, svgOut := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
+	out := runBenchCmd(t,
+		"--crdb-dsn", dsn+sep+"search_path="+schema,
+		"--mix", "create_ticket=1,get_weather=1", "--tenants", "3",
+		"--calls", "400", "--warmup", "100", "--concurrency", "64", "--executors", "2",
+		"--sweep", "300", "--limit-calls", "2000",
+		"--json", jsonOut, "--svg", svgOut, "--work-dir", filepath.Join(dir, "work"),
+	)
+	for _, want := range []string{"ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	rep := readReport(t, jsonOut)
+	if len(rep.Runs) != 2 {
+		t.Fatalf("%d runs; want the closed loop and one open-loop rate", len(rep.Runs))
+	}
+	for _, r := range rep.Runs {
+		res, w := r.Result, r.Witness
+		if res.Submitted != 400 || res.Finished != 400 || res.Lost != 0 || res.ByState["succeeded"] != 400 {
+			t.Errorf("%s: submitted %d, finished %d, lost %d, states %v; want 400 succeeded", r.Name, res.Submitted, res.Finished, res.Lost, res.ByState)
+		}
+		if w.Effects != 200 || w.Reads != 200 || w.Duplicates != 0 || w.Missing != 0 || w.Orphans != 0 {
+			t.Errorf("%s: witness %+v; want 200 effects, 200 reads, nothing else", r.Name, w)
+		}
+		if res.PerSec <= 0 || res.E2E.P50 <= 0 || res.E2E.P99 < res.E2E.P50 || r.LedgerCPU <= 0 || r.PeakRSS <= 0 || r.CPUPerCall <= 0 {
+			t.Errorf("%s: missing figures: %+v", r.Name, r)
+		}
+		if r.Processes != 2 {
+			t.Errorf("%s: %d ledger processes; want 2 (one executor each)", r.Name, r.Processes)
+		}
+	}
+	if rep.Runs[1].Result.Mode != "open" || rep.Runs[1].Result.Offered != 300 {
+		t.Errorf("second run is %q at %v/s; want open at 300/s", rep.Runs[1].Result.Mode, rep.Runs[1].Result.Offered)
+	}
+	if d := rep.Direct; d == nil || d.Calls != 400 || d.Errors != 0 || d.PerSec <= 0 {
+		t.Errorf("direct floor = %+v; want 400 calls without errors", d)
+	}
+	names := map[string]bool{}
+	for _, l := range rep.Limits {
+		if l.PerSec <= 0 {
+			t.Errorf("raw limit %s: %v/s", l.Name, l.PerSec)
+		}
+		names[l.Name] = true
+	}
+	for _, n := range []string{"kafka_txn_consume_produce", "store_claims", "store_complete"} {
+		if !names[n] {
+			t.Errorf("no raw limit %s in %v", n, names)
+		}
+	}
+	svg, err := os.ReadFile(svgOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(svg), "<polyline"); n < 4 {
+		t.Errorf("plot has %d polylines; want one per percentile", n)
+	}
+	dec := xml.NewDecoder(strings.NewReader(string(svg)))
+	for {
+		if _, err := dec.Token(); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Errorf("plot is not well-formed XML: %v", err)
+			}
+			break
+		}
+	}
+}
+
+// TestBenchEmbedded runs the default: in-process Kafka and the embedded
+// store, two executor instances in the one ledger process.
+func TestBenchEmbedded(t *testing.T) {
+	t.Setenv(runMainEnv, "1")
+	dir := t.TempDir()
+	jsonOut := filepath.Join(dir, "bench.json")
+	runBenchCmd(t, "--calls", "300", "--warmup", "50", "--concurrency", "32", "--executors", "2",
+		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
+	rep := readReport(t, jsonOut)
+	if len(rep.Runs) != 1 {
+		t.Fatalf("%d runs; want 1", len(rep.Runs))
+	}
+	r := rep.Runs[0]
+	if r.Result.Finished != 300 || r.Result.Lost != 0 || r.Witness.Effects != 300 || r.Witness.Duplicates != 0 || r.Witness.Missing != 0 || r.Processes != 1 {
+		t.Errorf("run = %+v; want 300 calls, 300 effects, one process", r)
+	}
+	if rep.Direct != nil || len(rep.Limits) != 0 {
+		t.Errorf("direct %v and limits %v measured though switched off", rep.Direct, rep.Limits)
+	}
+}
+
+// TestBenchFlags: flags that cannot make a run are refused before
+// anything starts.
+func TestBenchFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--calls", "0"},
+		{"--concurrency", "0"},
+		{"--executors", "0"},
+		{"--sweep", "100,x"},
+		{"--scaling", "-1"},
+		{"--mix", "drop_table"},
+		{"--mix", "create_ticket=0"},
+		{"--limit-calls", "0"},
+	} {
+		root := newRoot()
+		root.SetArgs(append([]string{"bench"}, args...))
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		if err := root.ExecuteContext(t.Context()); err == nil {
+			t.Errorf("bench %v: no error", args)
+		}
+	}
+}
+
+func runBenchCmd(t *testing.T, args ...string) string {
+	t.Helper()
+	var out, progress strings.Builder
+	root := newRoot()
+	root.SetArgs(append([]string{"--log-level", "warn", "bench"}, args...))
+	root.SetOut(&out)
+	root.SetErr(&progress)
+	if err := root.ExecuteContext(t.Context()); err != nil {
+		t.Fatalf("ledger bench: %v\nprogress:\n%s\nreport:\n%s", err, progress.String(), out.String())
+	}
+	t.Logf("ledger bench %s:\n%s", strings.Join(args, " "), out.String())
+	return out.String()
+}
+
+func readReport(t *testing.T, path string) loadtest.Report {
+	t.Helper()
+	var rep loadtest.Report
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/intake"
+)
+
+// benchNodeFlags configure one ledger process of a benchmark.
+type benchNodeFlags struct {
+	roles     roleFlags
+	ident     identityFlags
+	creds     credentialFlags
+	intake    bool
+	executors int
+	toolsBase string
+	profile   string
+}
+
+// newBenchNodeCmd is the ledger process that `ledger bench` starts: the
+// intake and/or executor instances, wired as their role commands wire
+// them, in a process of their own so that its CPU and memory are the
+// ledger's alone.
+func newBenchNodeCmd(g *globals) *cobra.Command {
+	var f benchNodeFlags
+	cmd := &cobra.Command{
+		Use:    "node",
+		Short:  "Run intake and executor instances for `ledger bench` (started by it)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBenchNode(cmd.Context(), g, &f)
+		},
+	}
+	f.roles.register(cmd, true)
+	fs := cmd.Flags()
+	f.ident.register(fs)
+	f.creds.register(fs)
+	fs.BoolVar(&f.intake, "intake", false, "run an intake")
+	fs.IntVar(&f.executors, "executors", 1, "executor instances in this process (each its own transactional id and group member)")
+	fs.StringVar(&f.toolsBase, "tools-base-url", "", "base URL of the tool backend")
+	fs.StringVar(&f.profile, "profile", "", "write a CPU profile to <profile>.cpu.pprof and an allocation profile to <profile>.allocs.pprof")
+	return cmd
+}
+
+func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
+	// The parent stops a node with SIGTERM; main's context already ends
+	// on it, this only makes it explicit for a node started by hand.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	logger := g.logger()
+	if f.profile != "" {
+		stopProfile, err := startProfiles(f.profile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
+	}
+	reg, err := f.roles.registry.load()
+	if err != nil {
+		return err
+	}
+	st, desc, err := f.roles.store.openStore(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	cc, topics := g.kafka.client(logger), g.kafka.topics()
+	controls, err := startControls(ctx, cc, topics.Control, logger)
+	if err != nil {
+		return err
+	}
+	var pf policyFlags
+	engine, _, err := pf.engine(logger)
+	if err != nil {
+		return err
+	}
+	var loops []*ledger.Loop
+	if f.intake {
+		ident, err := f.ident.verifier(ctx, logger)
+		if err != nil {
+			return err
+		}
+		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, logger)
+		if err != nil {
+			return err
+		}
+		loops = append(loops, loop)
+	}
+	if f.executors > 0 {
+		broker, err := f.creds.broker("", logger)
+		if err != nil {
+			return err
+		}
+		for i := range f.executors {
+			loop, _, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), logger)
+			if err != nil {
+				return err
+			}
+			loops = append(loops, loop)
+		}
+	}
+	if len(loops) == 0 {
+		return fmt.Errorf("bench node: nothing to run (no --intake, --executors 0)")
+	}
+	logger.Info("bench node running", "intake", f.intake, "executors", f.executors, "store", desc, slog.String("instance", f.roles.instance))
+	grp, ctx := errgroup.WithContext(ctx)
+	for _, l := range loops {
+		grp.Go(func() error { return l.Run(ctx) })
+	}
+	return grp.Wait()
+}
+
+// startProfiles starts a CPU profile into <prefix>.cpu.pprof; the returned
+// stop ends it and writes the allocations so far to <prefix>.allocs.pprof.
+func startProfiles(prefix string) (stop func(), err error) {
+	cpu, err := os.Create(prefix + ".cpu.pprof")
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(cpu); err != nil {
+		cpu.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		cpu.Close()
+		if fh, err := os.Create(prefix + ".allocs.pprof"); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(fh, 0)
+			fh.Close()
+		}
+	}, nil
+}

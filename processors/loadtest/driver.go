@@ -1,0 +1,644 @@
+package loadtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// Tool is one tool of the offered mix.
+type Tool struct {
+	Name    string
+	Version int
+	// Weight is the tool's share of the calls, relative to the others'.
+	Weight int
+	// Args returns call i's arguments.
+	Args func(i int64) map[string]any
+}
+
+// DemoTool returns the demo backend's tool name with arguments that the
+// demo policies allow without a human: a weather read, a ticket, a small
+// refund. Other demo tools need approval or are rate limited, which a
+// throughput benchmark cannot use.
+func DemoTool(name string, weight int) (Tool, error) {
+	var args func(i int64) map[string]any
+	switch name {
+	case "get_weather":
+		cities := []string{"Sydney", "Berlin", "Lagos", "Lima", "Osaka", "Oslo", "Quito", "Pune"}
+		args = func(i int64) map[string]any { return map[string]any{"city": cities[i%int64(len(cities))]} }
+	case "create_ticket":
+		args = func(i int64) map[string]any {
+			return map[string]any{"title": "bench ticket " + strconv.FormatInt(i, 10)}
+		}
+	case "refund_order":
+		args = func(i int64) map[string]any {
+			return map[string]any{"order_id": "ord_" + strconv.FormatInt(i, 36), "amount_cents": 100 + i%900, "currency": "AUD"}
+		}
+	default:
+		return Tool{}, fmt.Errorf("loadtest: no benchmark arguments for tool %q (known: get_weather, create_ticket, refund_order)", name)
+	}
+	if weight <= 0 {
+		return Tool{}, fmt.Errorf("loadtest: tool %q: weight %d must be positive", name, weight)
+	}
+	return Tool{Name: name, Version: 1, Weight: weight, Args: args}, nil
+}
+
+// ParseMix reads "get_weather=3,create_ticket=1" (a bare name weighs 1)
+// into demo tools.
+func ParseMix(s string) ([]Tool, error) {
+	var tools []Tool
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, w, hasW := strings.Cut(part, "=")
+		weight := 1
+		if hasW {
+			n, err := strconv.Atoi(w)
+			if err != nil {
+				return nil, fmt.Errorf("loadtest: mix %q: weight of %s: %w", s, name, err)
+			}
+			weight = n
+		}
+		t, err := DemoTool(name, weight)
+		if err != nil {
+			return nil, err
+		}
+		tools = append(tools, t)
+	}
+	if len(tools) == 0 {
+		return nil, fmt.Errorf("loadtest: mix %q names no tool", s)
+	}
+	return tools, nil
+}
+
+// Minter mints the agents' identity assertions; identity.Issuer is one.
+type Minter interface {
+	Mint(id identity.Identity, audience string, ttl time.Duration) (string, error)
+}
+
+// Config configures a load run.
+type Config struct {
+	// Client reaches the Kafka cluster the ledger reads. Required.
+	Client ledger.ClientConfig
+	// Topics are the ledger's topics.
+	Topics ledger.Topics
+	// Minter mints each tenant's agent assertion, as the agents' identity
+	// provider would. Required.
+	Minter Minter
+	// Audience of the assertions; default identity.DefaultAudience.
+	Audience string
+	// Tenants share the calls round robin; default 8.
+	Tenants int
+	// Tools is the mix. Required.
+	Tools []Tool
+	// Calls to submit; 0 submits for Duration instead. One of the two is
+	// required.
+	Calls int64
+	// Duration of submission when Calls is 0.
+	Duration time.Duration
+	// Concurrency is the number of calls in flight in a closed loop (each
+	// finished call lets the next one in); default 64. Ignored in an open
+	// loop.
+	Concurrency int
+	// Rate, when positive, makes the loop open: calls arrive at Rate per
+	// second whatever the ledger does, and latency counts from the
+	// scheduled arrival, so a ledger that falls behind is charged for
+	// the wait (no coordinated omission).
+	Rate float64
+	// MaxInFlight stops an open loop that the ledger cannot keep up with
+	// (Result.Saturated); default 200,000.
+	MaxInFlight int
+	// RunID prefixes every idempotency key, so that runs never collide
+	// and the witness can pick out this run's effects; default random.
+	RunID string
+	// DeadlineMS is each envelope's deadline; default 60,000.
+	DeadlineMS int64
+	// Drain is how long to wait, after the last submission, for the calls
+	// still in flight; the rest count as lost. A closed loop in which no
+	// call finishes for Drain stops submitting. Default 2 minutes.
+	Drain time.Duration
+	// Progress, if set, is called every ProgressEvery (default 1s).
+	Progress      func(Progress)
+	ProgressEvery time.Duration
+}
+
+func (c *Config) setDefaults() error {
+	if c.Minter == nil || len(c.Tools) == 0 || len(c.Client.Brokers) == 0 {
+		return errors.New("loadtest: Client, Minter and Tools are required")
+	}
+	if c.Calls <= 0 && c.Duration <= 0 {
+		return errors.New("loadtest: set Calls or Duration")
+	}
+	for _, t := range c.Tools {
+		if t.Weight <= 0 || t.Args == nil || t.Name == "" {
+			return fmt.Errorf("loadtest: tool %q needs a name, a positive weight and arguments", t.Name)
+		}
+	}
+	c.Topics = c.Topics.WithDefaults()
+	if c.Audience == "" {
+		c.Audience = identity.DefaultAudience
+	}
+	if c.Tenants <= 0 {
+		c.Tenants = 8
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 64
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 200_000
+	}
+	if c.RunID == "" {
+		c.RunID = "b" + strconv.FormatUint(rand.Uint64()&0xffffffffff, 36)
+	}
+	for _, ch := range c.RunID {
+		// Idempotency keys are printable ASCII; '-' and '/' and ':' are
+		// the key's own separators.
+		if ch < 0x21 || ch > 0x7e || strings.ContainsRune("-/:", ch) {
+			return fmt.Errorf("loadtest: run id %q must be printable ASCII without spaces, '-', '/' or ':'", c.RunID)
+		}
+	}
+	if c.DeadlineMS <= 0 {
+		c.DeadlineMS = 60_000
+	}
+	if c.Drain <= 0 {
+		c.Drain = 2 * time.Minute
+	}
+	if c.ProgressEvery <= 0 {
+		c.ProgressEvery = time.Second
+	}
+	return nil
+}
+
+// Progress is a snapshot of a run, for a progress line.
+type Progress struct {
+	Elapsed   time.Duration
+	Submitted int64
+	Done      int64
+	InFlight  int
+	// Rate is the calls/s finished since the previous snapshot.
+	Rate float64
+	// P99 of the end-to-end latency so far.
+	P99 time.Duration
+}
+
+// Result is what a run measured.
+type Result struct {
+	Mode      string  `json:"mode"` // "closed" or "open"
+	Offered   float64 `json:"offered_per_sec,omitempty"`
+	Submitted int64   `json:"submitted"`
+	// Finished counts calls that reached a terminal state (or
+	// outcome_unknown, which waits visibly for the reconciler).
+	Finished int64            `json:"finished"`
+	ByState  map[string]int64 `json:"by_state"`
+	// Lost are calls submitted but not finished when the drain ended.
+	Lost int64 `json:"lost"`
+	// Saturated: an open loop stopped early because MaxInFlight calls
+	// were waiting.
+	Saturated bool          `json:"saturated,omitempty"`
+	Elapsed   time.Duration `json:"elapsed_ns"`
+	PerSec    float64       `json:"calls_per_sec"`
+	// E2E is publish (or scheduled arrival) to the terminal event read
+	// committed; Added is E2E minus the tool call's own time as the
+	// executor measured it (the terminal event's latency_ms).
+	E2E   Percentiles `json:"e2e"`
+	Added Percentiles `json:"added"`
+	// RunID prefixes the run's idempotency keys.
+	RunID string `json:"run_id"`
+
+	e2e, added *Histogram
+	succeeded  []uint64 // bit i: call i succeeded
+}
+
+// Percentiles summarises a latency histogram.
+type Percentiles struct {
+	P50  time.Duration `json:"p50_ns"`
+	P95  time.Duration `json:"p95_ns"`
+	P99  time.Duration `json:"p99_ns"`
+	P999 time.Duration `json:"p999_ns"`
+	Max  time.Duration `json:"max_ns"`
+}
+
+func percentilesOf(h *Histogram) Percentiles {
+	return Percentiles{P50: h.Quantile(0.50), P95: h.Quantile(0.95), P99: h.Quantile(0.99), P999: h.Quantile(0.999), Max: h.Max()}
+}
+
+// Point is the result as a point of a latency against load plot.
+func (r Result) Point() LoadPoint {
+	return LoadPoint{Offered: r.Offered, Achieved: r.PerSec, P50: r.E2E.P50, P95: r.E2E.P95, P99: r.E2E.P99, P999: r.E2E.P999}
+}
+
+// inflight is a call submitted and not yet finished.
+type inflight struct {
+	start time.Time
+}
+
+// run is the state of one load run.
+type run struct {
+	cfg    Config
+	pub    *kgo.Client
+	tokens []string // per tenant: the agent's assertion
+
+	mu       sync.Mutex
+	waiting  map[int64]inflight
+	res      Result
+	sem      chan struct{} // closed loop: one token per call in flight
+	drained  chan struct{} // closed when nothing waits after the last submission
+	lastDone time.Time
+	finished bool // no more submissions
+
+	submitted atomic.Int64
+	done      atomic.Int64
+	pubErr    atomic.Pointer[error]
+	mix       mix
+}
+
+// Run offers cfg's load to the ledger behind cfg.Client and measures it.
+// It follows the events topic from its current end (read committed), so
+// start it against a ledger that is already running.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return Result{}, err
+	}
+	r := &run{
+		cfg:     cfg,
+		waiting: make(map[int64]inflight),
+		drained: make(chan struct{}),
+		res: Result{
+			Mode: "closed", ByState: make(map[string]int64), RunID: cfg.RunID,
+			e2e: NewHistogram(), added: NewHistogram(),
+		},
+	}
+	if cfg.Rate > 0 {
+		r.res.Mode, r.res.Offered = "open", cfg.Rate
+	} else {
+		r.sem = make(chan struct{}, cfg.Concurrency)
+	}
+	r.mix = newMix(cfg.Tools)
+	// An assertion per tenant, valid for the whole run: agents reuse
+	// theirs until it nears its expiry, and so does the benchmark.
+	ttl := cfg.Duration + cfg.Drain + 10*time.Minute
+	if cfg.Calls > 0 {
+		ttl = time.Hour + cfg.Drain
+	}
+	for t := range cfg.Tenants {
+		tok, err := cfg.Minter.Mint(identity.Identity{Tenant: tenantName(t), User: "u_bench", Agent: "bench-agent"}, cfg.Audience, ttl)
+		if err != nil {
+			return Result{}, err
+		}
+		r.tokens = append(r.tokens, tok)
+	}
+
+	watch, err := r.follow(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	defer watch.Close()
+	r.pub, err = ledger.NewClient(cfg.Client, kgo.RecordPartitioner(ledger.Partitioner()), kgo.ProducerLinger(time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	if err != nil {
+		return Result{}, err
+	}
+	defer r.pub.Close()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watched := make(chan error, 1)
+	go func() { watched <- r.watch(ctx, watch) }()
+	progressDone, progressStopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(progressStopped)
+		r.progress(ctx, progressDone)
+	}()
+
+	start := time.Now()
+	err = r.submit(ctx, start)
+	r.mu.Lock()
+	r.finished = true
+	if len(r.waiting) == 0 {
+		close(r.drained)
+	}
+	r.mu.Unlock()
+	watcherDone := false
+	if err == nil {
+		select {
+		case <-r.drained:
+		case <-time.After(cfg.Drain):
+		case err = <-watched:
+			watcherDone = true
+			if err == nil {
+				err = errors.New("loadtest: events consumer stopped")
+			}
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	// The result is read only once nothing else writes it: the events
+	// follower and the progress reporter have returned.
+	cancel()
+	close(progressDone)
+	<-progressStopped
+	if !watcherDone {
+		<-watched
+	}
+	if p := r.pubErr.Load(); p != nil && err == nil {
+		err = *p
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res := r.res
+	res.Submitted = r.submitted.Load()
+	res.Finished = r.done.Load()
+	res.Lost = int64(len(r.waiting))
+	end := r.lastDone
+	if end.IsZero() {
+		end = time.Now()
+	}
+	res.Elapsed = end.Sub(start)
+	if res.Elapsed > 0 {
+		res.PerSec = float64(res.Finished) / res.Elapsed.Seconds()
+	}
+	res.E2E, res.Added = percentilesOf(res.e2e), percentilesOf(res.added)
+	return res, err
+}
+
+func tenantName(t int) string { return "t_bench" + strconv.Itoa(t) }
+
+// callKey is call i's idempotency key, shaped as agents' keys are (a run
+// id, then the step): "<8 hex digits>:<run id>-<i>". The leading digits
+// scatter the keys as agents' random run ids do; keys that grow in order
+// would all land on the last pages of the store's index, which is not
+// what a ledger serving many agents sees.
+func callKey(runID string, i int64) string {
+	h := uint32(i) * 2654435761 // Knuth's multiplicative hash: a bijection on uint32
+	return fmt.Sprintf("%08x:%s-%d", h, runID, i)
+}
+
+// callIndex returns i from a call key "<tenant>/<callKey>", as the events
+// and the tools' Idempotency-Key carry it.
+func callIndex(key, runID string) (int64, bool) {
+	_, idem, ok := strings.Cut(key, "/")
+	if !ok {
+		return 0, false
+	}
+	_, rest, ok := strings.Cut(idem, ":"+runID+"-")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.ParseInt(rest, 10, 64)
+	return i, err == nil && i >= 0
+}
+
+// follow returns a read-committed consumer of the events topic from its
+// current end, so that the run sees its own calls' events only.
+func (r *run) follow(ctx context.Context) (*kgo.Client, error) {
+	admin, err := ledger.NewClient(r.cfg.Client)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	ends, err := kadm.NewClient(admin).ListEndOffsets(ctx, r.cfg.Topics.Events)
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: end offsets of %s: %w", r.cfg.Topics.Events, err)
+	}
+	if err := ends.Error(); err != nil {
+		return nil, fmt.Errorf("loadtest: end offsets of %s: %w", r.cfg.Topics.Events, err)
+	}
+	parts := make(map[int32]kgo.Offset)
+	ends.Each(func(o kadm.ListedOffset) { parts[o.Partition] = kgo.NewOffset().At(o.Offset) })
+	if len(parts) == 0 {
+		return nil, fmt.Errorf("loadtest: topic %s has no partitions", r.cfg.Topics.Events)
+	}
+	return ledger.NewClient(r.cfg.Client,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{r.cfg.Topics.Events: parts}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(50*time.Millisecond),
+	)
+}
+
+// finishing reports whether an event type ends a call for the benchmark:
+// a terminal state, or outcome_unknown (which waits for the reconciler,
+// visibly).
+func finishing(t statemachine.EventType) bool {
+	switch t {
+	case statemachine.EventSucceeded, statemachine.EventFailed, statemachine.EventDenied,
+		statemachine.EventExpired, statemachine.EventRejected, statemachine.EventOutcomeUnknown,
+		statemachine.EventApprovalPending:
+		return true
+	}
+	return false
+}
+
+// watch reads the events topic and finishes the calls whose terminal
+// events arrive.
+func (r *run) watch(ctx context.Context, cl *kgo.Client) error {
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		if fs.IsClientClosed() {
+			return nil
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.Canceled) && ferr == nil {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return fmt.Errorf("loadtest: fetch events: %w", ferr)
+		}
+		now := time.Now()
+		fs.EachRecord(func(rec *kgo.Record) {
+			t := statemachine.EventType(ledger.Header(rec, ledger.HeaderEventType))
+			if !finishing(t) {
+				return
+			}
+			i, ok := callIndex(string(rec.Key), r.cfg.RunID)
+			if !ok {
+				return
+			}
+			var tail struct {
+				LatencyMS int64 `json:"latency_ms"`
+			}
+			if t != statemachine.EventDenied && t != statemachine.EventApprovalPending {
+				_ = json.Unmarshal(rec.Value, &tail)
+			}
+			r.finish(i, t, now, time.Duration(tail.LatencyMS)*time.Millisecond)
+		})
+	}
+	return nil
+}
+
+func (r *run) finish(i int64, t statemachine.EventType, now time.Time, tool time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.waiting[i]
+	if !ok {
+		return // a re-appended event of a call already finished
+	}
+	delete(r.waiting, i)
+	d := now.Sub(c.start)
+	r.res.e2e.Record(d)
+	r.res.added.Record(d - tool)
+	st, _ := statemachine.Target(t)
+	r.res.ByState[string(st)]++
+	if t == statemachine.EventSucceeded {
+		w := int(i / 64)
+		if w >= len(r.res.succeeded) {
+			r.res.succeeded = append(r.res.succeeded, make([]uint64, w+1-len(r.res.succeeded))...)
+		}
+		r.res.succeeded[w] |= 1 << (i % 64)
+	}
+	r.lastDone = now
+	r.done.Add(1)
+	if r.sem != nil {
+		<-r.sem
+	}
+	if r.finished && len(r.waiting) == 0 {
+		close(r.drained)
+	}
+}
+
+// submit offers the calls: closed loop, as tokens come back; open loop,
+// on the arrival schedule.
+func (r *run) submit(ctx context.Context, start time.Time) error {
+	stop := time.Time{}
+	if r.cfg.Calls <= 0 {
+		stop = start.Add(r.cfg.Duration)
+	}
+	for i := int64(0); ; i++ {
+		if r.cfg.Calls > 0 && i >= r.cfg.Calls {
+			return nil
+		}
+		if p := r.pubErr.Load(); p != nil {
+			return *p
+		}
+		at := time.Now()
+		if r.sem != nil {
+			// A ledger that finishes nothing for Drain has stalled: stop
+			// offering calls, and those in flight count as lost.
+			stalled := time.NewTimer(r.cfg.Drain)
+			select {
+			case r.sem <- struct{}{}:
+				stalled.Stop()
+			case <-stalled.C:
+				return nil
+			case <-ctx.Done():
+				stalled.Stop()
+				return ctx.Err()
+			}
+			at = time.Now()
+		} else {
+			at = start.Add(time.Duration(float64(i) / r.cfg.Rate * float64(time.Second)))
+			if wait := time.Until(at); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		if !stop.IsZero() && at.After(stop) {
+			if r.sem != nil {
+				<-r.sem
+			}
+			return nil
+		}
+		rec, err := r.envelope(i)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.waiting[i] = inflight{start: at}
+		n := len(r.waiting)
+		r.mu.Unlock()
+		if r.sem == nil && n > r.cfg.MaxInFlight {
+			r.mu.Lock()
+			delete(r.waiting, i)
+			r.res.Saturated = true
+			r.mu.Unlock()
+			return nil
+		}
+		r.submitted.Add(1)
+		r.pub.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			if err != nil && !errors.Is(err, context.Canceled) {
+				err = fmt.Errorf("loadtest: publish: %w", err)
+				r.pubErr.CompareAndSwap(nil, &err)
+			}
+		})
+	}
+}
+
+// envelope builds call i: its tool by weight, its tenant round robin.
+func (r *run) envelope(i int64) (*kgo.Record, error) {
+	tool := r.mix.pick(i)
+	tenant := int(i % int64(r.cfg.Tenants))
+	raw, err := json.Marshal(tool.Args(i))
+	if err != nil {
+		return nil, err
+	}
+	tree, err := ledger.Decode(raw, ledger.Limits{})
+	if err != nil {
+		return nil, err
+	}
+	hash, err := ledger.ArgumentsHash(tenantName(tenant), tool.Name, tool.Version, tree)
+	if err != nil {
+		return nil, err
+	}
+	key := callKey(r.cfg.RunID, i)
+	env := ledger.Envelope{
+		Tool: tool.Name, ToolVersion: tool.Version, CallID: "call_" + key,
+		Scope:          ledger.Scope{TenantID: tenantName(tenant), UserID: "u_bench"},
+		TraceID:        "tr_" + key,
+		DeadlineMS:     r.cfg.DeadlineMS,
+		IdempotencyKey: key, ArgumentsHash: hash, Assertion: r.tokens[tenant],
+		Arguments: json.RawMessage(raw),
+	}
+	v, err := json.Marshal(env)
+	if err != nil {
+		return nil, err
+	}
+	return &kgo.Record{Topic: r.cfg.Topics.Requests, Key: []byte(env.Key().String()), Value: v}, nil
+}
+
+// progress reports every ProgressEvery until done closes.
+func (r *run) progress(ctx context.Context, done <-chan struct{}) {
+	if r.cfg.Progress == nil {
+		return
+	}
+	t := time.NewTicker(r.cfg.ProgressEvery)
+	defer t.Stop()
+	start, last, lastDone := time.Now(), time.Now(), int64(0)
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			d := r.done.Load()
+			r.mu.Lock()
+			p := Progress{
+				Elapsed: now.Sub(start), Submitted: r.submitted.Load(), Done: d, InFlight: len(r.waiting),
+				Rate: float64(d-lastDone) / now.Sub(last).Seconds(), P99: r.res.e2e.Quantile(0.99),
+			}
+			r.mu.Unlock()
+			last, lastDone = now, d
+			r.cfg.Progress(p)
+		}
+	}
+}

@@ -1,0 +1,208 @@
+package loadtest
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is everything one `ledger bench` measured, side by side.
+type Report struct {
+	Machine        Machine       `json:"machine"`
+	At             time.Time     `json:"at"`
+	Kafka          string        `json:"kafka"`
+	Store          string        `json:"store"`
+	Mix            string        `json:"mix"`
+	Tenants        int           `json:"tenants"`
+	Concurrency    int           `json:"concurrency"`
+	BackendLatency time.Duration `json:"backend_latency_ns"`
+	Runs           []RunReport   `json:"runs"`
+	Direct         *DirectReport `json:"direct,omitempty"`
+	Limits         []Limit       `json:"limits,omitempty"`
+}
+
+// Machine says where the figures come from.
+type Machine struct {
+	CPU      string `json:"cpu"`
+	Cores    int    `json:"cores"`
+	MemoryGB int    `json:"memory_gb"`
+	Go       string `json:"go"`
+	OS       string `json:"os"`
+}
+
+// ThisMachine describes the machine the process runs on (CPU model and
+// memory from /proc on Linux).
+func ThisMachine() Machine {
+	m := Machine{Cores: runtime.NumCPU(), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, CPU: "unknown"}
+	if fh, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		fh.Close()
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int64
+		if _, err := fmt.Sscanf(string(b), "MemTotal: %d kB", &kb); err == nil {
+			m.MemoryGB = int((kb + 1<<19) >> 20)
+		}
+	}
+	return m
+}
+
+// RunReport is one run of the ledger under load.
+type RunReport struct {
+	Name      string `json:"name"`
+	Executors int    `json:"executors"`
+	// Processes is the number of ledger processes (the intake's and the
+	// executors').
+	Processes int     `json:"processes"`
+	Result    Result  `json:"result"`
+	Witness   Witness `json:"witness"`
+	// LedgerCPU is the CPU time of the ledger processes while the run
+	// was measured; HarnessCPU that of the benchmark process (load
+	// generator, Kafka when in process, the tool backend).
+	LedgerCPU  time.Duration `json:"ledger_cpu_ns"`
+	HarnessCPU time.Duration `json:"harness_cpu_ns"`
+	// PeakRSS is the sum over the ledger processes of their peak
+	// resident memory.
+	PeakRSS int64 `json:"peak_rss_bytes"`
+	// Derived by Derive.
+	CPUPerCall         time.Duration `json:"ledger_cpu_per_call_ns"`
+	HarnessCPUPerCall  time.Duration `json:"harness_cpu_per_call_ns"`
+	PeakRSSPerCall     float64       `json:"peak_rss_bytes_per_call"`
+	PerSecPerExecutor  float64       `json:"calls_per_sec_per_executor"`
+	PerSecPerLedgerCPU float64       `json:"calls_per_ledger_cpu_sec"`
+}
+
+// Derive fills the per-call figures from the totals.
+func (r *RunReport) Derive() {
+	if n := r.Result.Finished; n > 0 {
+		r.CPUPerCall = r.LedgerCPU / time.Duration(n)
+		r.HarnessCPUPerCall = r.HarnessCPU / time.Duration(n)
+		r.PeakRSSPerCall = float64(r.PeakRSS) / float64(n)
+	}
+	if r.Executors > 0 {
+		r.PerSecPerExecutor = r.Result.PerSec / float64(r.Executors)
+	}
+	if r.LedgerCPU > 0 {
+		r.PerSecPerLedgerCPU = float64(r.Result.Finished) / r.LedgerCPU.Seconds()
+	}
+}
+
+// Failures lists what makes the run a failure whatever its speed: a
+// duplicate or missing effect, a lost call.
+func (rep Report) Failures() []string {
+	var bad []string
+	for _, r := range rep.Runs {
+		if r.Witness.Duplicates > 0 {
+			bad = append(bad, fmt.Sprintf("%s: %d duplicate effects", r.Name, r.Witness.Duplicates))
+		}
+		if r.Witness.Missing > 0 {
+			bad = append(bad, fmt.Sprintf("%s: %d calls succeeded without an effect at the tool", r.Name, r.Witness.Missing))
+		}
+		if r.Result.Lost > 0 {
+			bad = append(bad, fmt.Sprintf("%s: %d calls lost", r.Name, r.Result.Lost))
+		}
+	}
+	return bad
+}
+
+// WriteJSON writes the report as indented JSON.
+func (rep Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// WriteTable writes the report as aligned text tables.
+func (rep Report) WriteTable(w io.Writer) error {
+	m := rep.Machine
+	fmt.Fprintf(w, "machine: %s, %d cores, %d GB, %s %s\n", m.CPU, m.Cores, m.MemoryGB, m.Go, m.OS)
+	fmt.Fprintf(w, "kafka: %s; store: %s; mix: %s; %d tenants; concurrency %d; backend latency %s\n\n",
+		rep.Kafka, rep.Store, rep.Mix, rep.Tenants, rep.Concurrency, rep.BackendLatency)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tpeak RSS MB\tdup\tlost\t")
+	for _, r := range rep.Runs {
+		res := r.Result
+		mode := res.Mode
+		if res.Mode == "open" {
+			mode = fmt.Sprintf("open %.0f/s", res.Offered)
+			if res.Saturated {
+				mode += " (saturated)"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.0f\t%d\t%d\t\n",
+			r.Name, mode, r.Executors, res.Finished, res.PerSec,
+			msOf(res.E2E.P50), msOf(res.E2E.P95), msOf(res.E2E.P99), msOf(res.E2E.P999),
+			msOf(res.Added.P50), msOf(res.Added.P99),
+			float64(r.CPUPerCall.Nanoseconds())/1e3, float64(r.HarnessCPUPerCall.Nanoseconds())/1e3,
+			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost)
+	}
+	if d := rep.Direct; d != nil {
+		// The direct calls have no ledger to lose them: the last
+		// column counts the ones that failed.
+		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t%d\t\n",
+			d.Calls, d.PerSec, msOf(d.Latency.P50), msOf(d.Latency.P95), msOf(d.Latency.P99), msOf(d.Latency.P999), d.Errors)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rep.Limits) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "raw limit\tops\tbatch\tper second\twhat")
+		for _, l := range rep.Limits {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\n", l.Name, l.Ops, l.Batch, l.PerSec, l.Note)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(rep.Runs) > 0 {
+		main := rep.Runs[0].Result.PerSec
+		fmt.Fprintln(w)
+		if d := rep.Direct; d != nil && d.PerSec > 0 {
+			fmt.Fprintf(w, "ledger / direct: %.0f%%\n", 100*main/d.PerSec)
+		}
+		if slow, name := rep.slowestLimit(); slow > 0 {
+			fmt.Fprintf(w, "ledger / slowest raw limit (%s): %.0f%%\n", name, 100*main/slow)
+		}
+	}
+	return nil
+}
+
+// slowestLimit is the raw limit that bounds the ledger: Kafka records are
+// divided by the events a call appends (about four), store claims are per
+// call.
+func (rep Report) slowestLimit() (perCall float64, name string) {
+	for _, l := range rep.Limits {
+		v := l.PerSec
+		switch l.Name {
+		case "kafka_txn_consume_produce":
+			v /= EventsPerCall
+		case "store_complete":
+			continue
+		}
+		if perCall == 0 || v < perCall {
+			perCall, name = v, l.Name
+		}
+	}
+	return perCall, name
+}
+
+// EventsPerCall is how many events a call that runs appends (requested,
+// authorized, executing, succeeded): the Kafka raw limit in records/s is
+// divided by it to compare it with calls/s.
+const EventsPerCall = 4
+
+func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

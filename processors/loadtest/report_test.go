@@ -1,0 +1,354 @@
+package loadtest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// repResult is a run's result with every exported field set.
+func repResult(name string, perSec float64) Result {
+	h := NewHistogram()
+	h.Record(3 * time.Millisecond)
+	return Result{
+		Mode: "closed", Submitted: 1000, Finished: 1000, ByState: map[string]int64{"succeeded": 999, "failed": 1},
+		Elapsed: 2 * time.Second, PerSec: perSec, RunID: "r" + name,
+		E2E:   Percentiles{P50: 3 * time.Millisecond, P95: 5 * time.Millisecond, P99: 8 * time.Millisecond, P999: 13 * time.Millisecond, Max: 21 * time.Millisecond},
+		Added: Percentiles{P50: 2 * time.Millisecond, P95: 4 * time.Millisecond, P99: 7 * time.Millisecond, P999: 12 * time.Millisecond, Max: 20 * time.Millisecond},
+		e2e:   h, added: h, succeeded: []uint64{1, 2, 3},
+	}
+}
+
+// repReport is a report with every field set: two runs (the second an
+// open loop that saturated), the direct floor and the three raw limits.
+func repReport() Report {
+	open := repResult("open", 480)
+	open.Mode, open.Offered, open.Saturated, open.Lost = "open", 500, true, 3
+	return Report{
+		Machine: Machine{CPU: "Test CPU @ 3.00GHz", Cores: 8, MemoryGB: 16, Go: "go1.26", OS: "linux/amd64"},
+		At:      time.Date(2026, 3, 4, 5, 6, 7, 891011, time.FixedZone("AEDT", 11*3600)),
+		Kafka:   "kfake (1 broker)", Store: "embedded", Mix: "get_weather=3,create_ticket=1",
+		Tenants: 8, Concurrency: 64, BackendLatency: 2 * time.Millisecond,
+		Runs: []RunReport{
+			{
+				Name: "ledger", Executors: 2, Processes: 1, Result: repResult("main", 500),
+				Witness:   Witness{Effects: 250, Reads: 750, Replays: 4, Orphans: 1},
+				LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, PeakRSS: 200 << 20,
+				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, PeakRSSPerCall: 209715.2,
+				PerSecPerExecutor: 250, PerSecPerLedgerCPU: 333.25,
+			},
+			{Name: "open 500/s", Executors: 2, Processes: 1, Result: open, Witness: Witness{Effects: 250, Reads: 747, Duplicates: 2, Missing: 1}},
+		},
+		Direct: &DirectReport{Calls: 1000, Errors: 2, Elapsed: time.Second, PerSec: 2000,
+			Latency: Percentiles{P50: time.Millisecond, P95: 2 * time.Millisecond, P99: 3 * time.Millisecond, P999: 4 * time.Millisecond, Max: 5 * time.Millisecond}},
+		Limits: []Limit{
+			{Name: "kafka_txn_consume_produce", Ops: 80000, Elapsed: 4 * time.Second, PerSec: 20000, Batch: 500, Note: "records copied"},
+			{Name: "store_claims", Ops: 20000, Elapsed: 8 * time.Second, PerSec: 2500, Batch: 500, Note: "calls claimed"},
+			{Name: "store_complete", Ops: 20000, Elapsed: 40 * time.Second, PerSec: 500, Batch: 500, Note: "calls completed"},
+		},
+	}
+}
+
+func TestRunReportDerive(t *testing.T) {
+	cases := []struct {
+		name string
+		in   RunReport
+		want RunReport // only the derived fields are compared
+	}{
+		{
+			name: "totals",
+			in: RunReport{Executors: 4, LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, PeakRSS: 300 << 20,
+				Result: Result{Finished: 1000, PerSec: 500}},
+			want: RunReport{CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond,
+				PeakRSSPerCall: float64(300<<20) / 1000, PerSecPerExecutor: 125, PerSecPerLedgerCPU: 1000.0 / 3},
+		},
+		{
+			name: "no calls finished",
+			in:   RunReport{Executors: 2, LedgerCPU: time.Second, HarnessCPU: time.Second, PeakRSS: 1 << 20},
+			want: RunReport{},
+		},
+		{
+			name: "nothing measured",
+			in:   RunReport{},
+			want: RunReport{},
+		},
+		{
+			name: "calls without ledger CPU or executors",
+			in:   RunReport{Result: Result{Finished: 10, PerSec: 5}},
+			want: RunReport{},
+		},
+	}
+	derived := cmp.Transformer("derived", func(r RunReport) [5]float64 {
+		return [5]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU}
+	})
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.in
+			got.Derive()
+			if diff := cmp.Diff(tc.want, got, derived, cmpopts.EquateApprox(1e-12, 0)); diff != "" {
+				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, rss/call, /s/executor, /ledger cpu s]:\n%s", diff)
+			}
+			for _, v := range []float64{got.PeakRSSPerCall, got.PerSecPerExecutor, got.PerSecPerLedgerCPU} {
+				if math.IsNaN(v) || math.IsInf(v, 0) {
+					t.Errorf("Derive made %v: %+v", v, got)
+				}
+			}
+		})
+	}
+}
+
+func TestReportFailures(t *testing.T) {
+	clean := RunReport{Name: "clean", Witness: Witness{Effects: 10, Reads: 5, Replays: 3, Orphans: 2}}
+	cases := []struct {
+		name string
+		runs []RunReport
+		want []string // each failure holds all of these
+	}{
+		{name: "no runs"},
+		{name: "clean, orphans and replays included", runs: []RunReport{clean}},
+		{
+			name: "duplicates",
+			runs: []RunReport{clean, {Name: "dup run", Witness: Witness{Duplicates: 2}}},
+			want: []string{"dup run: 2 duplicate effects"},
+		},
+		{
+			name: "missing",
+			runs: []RunReport{{Name: "miss run", Witness: Witness{Missing: 3}}},
+			want: []string{"miss run: 3 calls succeeded without an effect"},
+		},
+		{
+			name: "lost",
+			runs: []RunReport{{Name: "lost run", Result: Result{Lost: 4}}},
+			want: []string{"lost run: 4 calls lost"},
+		},
+		{
+			name: "everything in one run, then another",
+			runs: []RunReport{
+				{Name: "bad", Witness: Witness{Duplicates: 1, Missing: 1}, Result: Result{Lost: 1}},
+				clean,
+				{Name: "bad too", Result: Result{Lost: 7}},
+			},
+			want: []string{"bad: 1 duplicate effects", "bad: 1 calls succeeded without an effect", "bad: 1 calls lost", "bad too: 7 calls lost"},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Report{Runs: tc.runs}.Failures()
+			if len(got) != len(tc.want) {
+				t.Fatalf("Failures = %q; want %d failures like %q", got, len(tc.want), tc.want)
+			}
+			for i := range got {
+				if !strings.HasPrefix(got[i], tc.want[i]) {
+					t.Errorf("failure %d = %q; want it to start %q", i, got[i], tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestReportWriteJSON(t *testing.T) {
+	want := repReport()
+	var buf bytes.Buffer
+	if err := want.WriteJSON(&buf); err != nil {
+		t.Fatalf("WriteJSON: %v", err)
+	}
+	var got Report
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("decode %s: %v", buf.Bytes(), err)
+	}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Result{})); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+	// The names a reader of the file (or a script comparing runs) keys
+	// on.
+	var raw map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	run := raw["runs"].([]any)[0].(map[string]any)
+	res := run["result"].(map[string]any)
+	wit := run["witness"].(map[string]any)
+	for _, c := range []struct {
+		obj  map[string]any
+		name string
+	}{
+		{raw, "machine"}, {raw, "direct"}, {raw, "limits"}, {raw, "backend_latency_ns"},
+		{run, "ledger_cpu_per_call_ns"}, {run, "calls_per_sec_per_executor"},
+		{res, "calls_per_sec"}, {res, "lost"}, {res, "e2e"}, {res, "added"}, {res, "by_state"}, {res, "elapsed_ns"},
+		{wit, "duplicate_effects"}, {wit, "missing_effects"}, {wit, "orphan_effects"},
+	} {
+		if _, ok := c.obj[c.name]; !ok {
+			t.Errorf("JSON lacks %q", c.name)
+		}
+	}
+	if got := res["e2e"].(map[string]any)["p99_ns"]; got != float64(8*time.Millisecond) {
+		t.Errorf("result.e2e.p99_ns = %v; want %d (nanoseconds)", got, 8*time.Millisecond)
+	}
+	if !strings.HasSuffix(buf.String(), "}\n") || !strings.Contains(buf.String(), "\n  \"machine\"") {
+		t.Errorf("WriteJSON output is not indented JSON ending in a newline:\n%s", buf.String())
+	}
+
+	// Optional parts stay out when unset.
+	buf.Reset()
+	if err := (Report{}).WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{`"direct"`, `"limits"`} {
+		if strings.Contains(buf.String(), name) {
+			t.Errorf("empty report's JSON has %s:\n%s", name, buf.String())
+		}
+	}
+}
+
+func TestReportWriteTable(t *testing.T) {
+	rep := repReport()
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatalf("WriteTable: %v", err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		"machine: Test CPU @ 3.00GHz, 8 cores, 16 GB, go1.26 linux/amd64",
+		"kafka: kfake (1 broker); store: embedded; mix: get_weather=3,create_ticket=1; 8 tenants; concurrency 64; backend latency 2ms",
+		"ledger", "open 500/s", "open 500/s (saturated)",
+		"direct to backend",
+		"raw limit", "kafka_txn_consume_produce", "store_claims", "store_complete", "records copied",
+		// main run 500/s against direct 2000/s
+		"ledger / direct: 25%",
+		// slowest: Kafka 20000 records/s / 4 events a call = 5000 calls/s
+		// is above claims 2500/s; store_complete (500/s) is not a bound.
+		"ledger / slowest raw limit (store_claims): 20%",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	// The run rows, cell by cell: the main run and the direct floor.
+	rows := repRows(out)
+	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "200", "0", "0"}, rows["ledger"]); diff != "" {
+		t.Errorf("ledger row (-want +got):\n%s\n%s", diff, out)
+	}
+	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "2"}, rows["direct"]); diff != "" {
+		t.Errorf("direct row (-want +got):\n%s\n%s", diff, out)
+	}
+	if row := rows["open"]; len(row) < 3 || row[len(row)-2] != "2" || row[len(row)-1] != "3" {
+		t.Errorf("open row %q; want dup 2 and lost 3 last", row)
+	}
+
+	// Without the direct floor and the limits, neither their rows nor
+	// their ratios.
+	rep.Direct, rep.Limits = nil, nil
+	buf.Reset()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatalf("WriteTable: %v", err)
+	}
+	for _, absent := range []string{"direct to backend", "raw limit", "ledger / direct", "slowest raw limit"} {
+		if strings.Contains(buf.String(), absent) {
+			t.Errorf("table without direct and limits has %q:\n%s", absent, buf.String())
+		}
+	}
+
+	// A report with no run writes its header and no ratio (no run to
+	// divide).
+	buf.Reset()
+	if err := (Report{Direct: &DirectReport{PerSec: 10}}).WriteTable(&buf); err != nil {
+		t.Fatalf("WriteTable of an empty report: %v", err)
+	}
+	if strings.Contains(buf.String(), "ledger / direct") {
+		t.Errorf("table with no run has a ratio:\n%s", buf.String())
+	}
+}
+
+// repRows splits the table's lines into cells, by the first cell (the
+// first word of a run's name).
+func repRows(out string) map[string][]string {
+	rows := make(map[string][]string)
+	for line := range strings.SplitSeq(out, "\n") {
+		cells := strings.Fields(line)
+		if len(cells) > 0 {
+			if _, ok := rows[cells[0]]; !ok {
+				rows[cells[0]] = cells
+			}
+		}
+	}
+	return rows
+}
+
+// repFailWriter fails every write.
+type repFailWriter struct{ err error }
+
+func (w repFailWriter) Write([]byte) (int, error) { return 0, w.err }
+
+func TestReportWriteErrors(t *testing.T) {
+	boom := errors.New("disk full")
+	if err := repReport().WriteTable(repFailWriter{boom}); !errors.Is(err, boom) {
+		t.Errorf("WriteTable to a failing writer = %v; want %v", err, boom)
+	}
+	if err := repReport().WriteJSON(repFailWriter{boom}); !errors.Is(err, boom) {
+		t.Errorf("WriteJSON to a failing writer = %v; want %v", err, boom)
+	}
+}
+
+func TestReportSlowestLimit(t *testing.T) {
+	cases := []struct {
+		name    string
+		limits  []Limit
+		perCall float64
+		limit   string
+	}{
+		{name: "none"},
+		{
+			name:    "kafka divided by the events a call appends",
+			limits:  []Limit{{Name: "kafka_txn_consume_produce", PerSec: 4000}, {Name: "store_claims", PerSec: 1500}},
+			perCall: 1000, limit: "kafka_txn_consume_produce",
+		},
+		{
+			name:    "claims slower than kafka per call",
+			limits:  []Limit{{Name: "kafka_txn_consume_produce", PerSec: 8000}, {Name: "store_claims", PerSec: 1500}},
+			perCall: 1500, limit: "store_claims",
+		},
+		{
+			name:    "store_complete never bounds",
+			limits:  []Limit{{Name: "store_complete", PerSec: 1}, {Name: "store_claims", PerSec: 1500}},
+			perCall: 1500, limit: "store_claims",
+		},
+		{
+			name:   "store_complete alone",
+			limits: []Limit{{Name: "store_complete", PerSec: 1}},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			perCall, name := Report{Limits: tc.limits}.slowestLimit()
+			if perCall != tc.perCall || name != tc.limit {
+				t.Errorf("slowestLimit = %v, %q; want %v, %q", perCall, name, tc.perCall, tc.limit)
+			}
+		})
+	}
+	// slowestLimit switches on literal names: they must be the names
+	// the limits are measured under.
+	if limitNameKafka != "kafka_txn_consume_produce" || limitNameComplete != "store_complete" {
+		t.Errorf("limit names %q, %q differ from those slowestLimit expects", limitNameKafka, limitNameComplete)
+	}
+}
+
+func TestThisMachine(t *testing.T) {
+	m := ThisMachine()
+	if m.Cores != runtime.NumCPU() || m.Go != runtime.Version() || m.OS != runtime.GOOS+"/"+runtime.GOARCH {
+		t.Errorf("ThisMachine = %+v; want cores %d, %s, %s/%s", m, runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	}
+	if m.CPU == "" {
+		t.Errorf("ThisMachine CPU is empty; want a model or \"unknown\"")
+	}
+	if runtime.GOOS == "linux" && m.MemoryGB <= 0 {
+		t.Errorf("ThisMachine MemoryGB = %d on Linux; want it read from /proc/meminfo", m.MemoryGB)
+	}
+}

@@ -1,0 +1,78 @@
+package loadtest
+
+import (
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+)
+
+// Witness is what the tool backend saw of a run: the count of effects
+// where they happen, so that "exactly once" is checked at the tool and not
+// in the ledger's own tables.
+type Witness struct {
+	// Effects are new side effects (writes).
+	Effects int64 `json:"effects"`
+	// Reads are requests to read-only tools.
+	Reads int64 `json:"reads"`
+	// Replays are native replays: the tool answered a repeated key from
+	// its record, with no new effect.
+	Replays int64 `json:"replays"`
+	// Duplicates are calls with more than one new side effect: must be 0.
+	Duplicates int64 `json:"duplicate_effects"`
+	// Missing are calls the ledger reported succeeded that the tool never
+	// saw: must be 0.
+	Missing int64 `json:"missing_effects"`
+	// Orphans are calls the tool saw that the ledger did not report
+	// succeeded (lost, failed after the tool ran, or still in flight).
+	Orphans int64 `json:"orphan_effects"`
+}
+
+// Check counts the run's effects among those the backend applied.
+func Check(res Result, effects []demobackend.Effect) Witness {
+	var w Witness
+	seen := make(map[int64]int64) // call -> new effects (reads count as one)
+	for _, ef := range effects {
+		i, ok := callIndex(ef.IdempotencyKey, res.RunID)
+		if !ok {
+			continue
+		}
+		switch {
+		case ef.Read:
+			w.Reads++
+			if _, ok := seen[i]; !ok {
+				seen[i] = 0
+			}
+		case ef.Replay:
+			w.Replays++
+			if _, ok := seen[i]; !ok {
+				seen[i] = 0
+			}
+		default:
+			w.Effects++
+			seen[i]++
+		}
+	}
+	for i, n := range seen {
+		if n > 1 {
+			w.Duplicates++
+		}
+		if !res.Succeeded(i) {
+			w.Orphans++
+		}
+	}
+	for wi, word := range res.succeeded {
+		for b := range 64 {
+			if word&(1<<b) == 0 {
+				continue
+			}
+			if _, ok := seen[int64(wi*64+b)]; !ok {
+				w.Missing++
+			}
+		}
+	}
+	return w
+}
+
+// Succeeded reports whether call i of the run succeeded.
+func (r Result) Succeeded(i int64) bool {
+	w := int(i / 64)
+	return i >= 0 && w < len(r.succeeded) && r.succeeded[w]&(1<<(i%64)) != 0
+}
