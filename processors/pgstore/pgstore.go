@@ -445,6 +445,17 @@ func newQueries(table string) queries {
 WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::TEXT[]) AS u (t, k))`
 	return queries{
 		selectKeys: r.Replace(selectKeys),
+		// claim tests the status through COALESCE (status is NOT NULL: it
+		// changes nothing) so that neither engine can answer it from a
+		// status index. Statistics say authorized rows are rare, which
+		// holds until a backlog builds (an executor down, an overload):
+		// the planner would then read every authorized row and compare it
+		// with every key of the batch, a cost that grows with the backlog
+		// times the batch, just when the backlog must drain. Driven by the
+		// primary key, a batch costs its own size. (Executing rows stay
+		// few, bounded by what the executors hold: complete keeps the
+		// plain test.)
+		//
 		// FOR UPDATE: claimers of one key queue on the row lock instead of
 		// all reading, all writing and all but one failing at commit. On
 		// PostgreSQL the queued ones still get 40001 once the first
@@ -482,7 +493,7 @@ FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, ord
            AS u (t, k, h, owner, lease_us, ord)
       ORDER BY t, k, h, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.arguments_hash = u.h
-  AND (r.status = 'authorized' OR (r.status = 'executing' AND r.lease_until < now()))
+  AND (COALESCE(r.status, '') = 'authorized' OR (COALESCE(r.status, '') = 'executing' AND r.lease_until < now()))
 RETURNING u.ord, {rcols}`),
 		// The fence: epoch and status in the WHERE clause. One completion
 		// per (key, epoch), the first in the batch: only one epoch is
