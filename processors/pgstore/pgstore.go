@@ -334,6 +334,19 @@ func stripComments(sql string) string {
 	return b.String()
 }
 
+// codeDeadlock is PostgreSQL's deadlock_detected: it breaks a deadlock by
+// aborting one of the transactions, which, like a serialization failure,
+// is safe to run again whole.
+const codeDeadlock = "40P01"
+
+// deadlock makes a deadlock retried as a serialization failure is: the
+// retry loop goes by SQLSTATE 40001. The error itself stays reachable.
+type deadlock struct{ err error }
+
+func (d deadlock) Error() string    { return d.err.Error() }
+func (d deadlock) Unwrap() error    { return d.err }
+func (d deadlock) SQLState() string { return "40001" }
+
 func sqlState(err error) string {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
@@ -374,6 +387,9 @@ func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn f
 			// A commit-time 40001 comes back from BeginTxFunc's COMMIT,
 			// and ExecuteCtx retries it like any other.
 			last = pgx.BeginTxFunc(ctx, s.pool, opts, run)
+			if sqlState(last) == codeDeadlock {
+				return deadlock{last}
+			}
 			return last
 		})
 	}
@@ -441,8 +457,12 @@ type queries struct {
 
 func newQueries(table string) queries {
 	r := strings.NewReplacer("{table}", table, "{cols}", cols(""), "{rcols}", cols("r."))
+	// In key order, as the batch statements below take their rows (their
+	// DISTINCT ON sorts by key): concurrent batches that share rows lock
+	// them in one order and do not deadlock.
 	selectKeys := `SELECT {cols} FROM {table}
-WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::TEXT[]) AS u (t, k))`
+WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::TEXT[]) AS u (t, k))
+ORDER BY tenant_id, idempotency_key`
 	return queries{
 		selectKeys: r.Replace(selectKeys),
 		// claim tests the status through COALESCE (status is NOT NULL: it
@@ -527,9 +547,9 @@ RETURNING u.ord`),
 		// call's last step, not bookkeeping.
 		markLogged: r.Replace(`UPDATE {table} AS r
 SET logged_seq = GREATEST(r.logged_seq, u.seq)
-FROM (SELECT t, k, max(seq) AS seq
+FROM (SELECT DISTINCT ON (t, k) t, k, seq
       FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u (t, k, seq)
-      GROUP BY t, k) AS u
+      ORDER BY t, k, seq DESC) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.logged_seq < u.seq`),
 		// Served by the (status, lease_until) index.
 		expired: r.Replace(`SELECT {cols} FROM {table}

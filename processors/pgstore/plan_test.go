@@ -1,10 +1,14 @@
 package pgstore
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestClaimPlanUnderBacklog: with statistics taken when authorized rows
@@ -82,4 +86,32 @@ func collectIndexes(t *testing.T, plan []byte, out *[]string) {
 		}
 	}
 	walk(v)
+}
+
+// TestDeadlockRetried: PostgreSQL's answer to a deadlock (40P01, one
+// transaction aborted) is retried whole like a serialization failure,
+// and a deadlock that persists still fails with its own SQLSTATE.
+func TestDeadlockRetried(t *testing.T) {
+	dsn := testDSN(t)
+	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn), MaxRetries: 3})
+	defer s.Close()
+	var n int
+	err := s.inTx(t.Context(), "deadlocks once", pgx.ReadOnly, func(context.Context, pgx.Tx) error {
+		n++
+		if n == 1 {
+			return &pgconn.PgError{Code: codeDeadlock, Message: "synthetic deadlock"}
+		}
+		return nil
+	})
+	if err != nil || n != 2 {
+		t.Errorf("inTx = %v after %d attempts; want nil after 2", err, n)
+	}
+	n = 0
+	err = s.inTx(t.Context(), "always deadlocks", pgx.ReadOnly, func(context.Context, pgx.Tx) error {
+		n++
+		return &pgconn.PgError{Code: codeDeadlock, Message: "synthetic deadlock"}
+	})
+	if n != 4 || sqlState(err) != codeDeadlock {
+		t.Errorf("inTx = %v after %d attempts; want SQLSTATE %s after 4", err, n, codeDeadlock)
+	}
 }
