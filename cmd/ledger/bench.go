@@ -549,6 +549,11 @@ func (n *benchNode) cpu() time.Duration {
 // stop ends the process gracefully and returns its peak RSS in bytes.
 func (n *benchNode) stop() (int64, error) {
 	defer n.log.Close()
+	// VmHWM, read while the process lives, is its own peak since exec.
+	// The wait4 rusage peak is not: Linux carries over the peak of the
+	// address space the child was forked from, this process's, which
+	// holds the in-process Kafka's log.
+	peak := procPeakRSS(n.cmd.Process.Pid)
 	_ = n.cmd.Process.Signal(syscall.SIGTERM)
 	var err error
 	select {
@@ -565,11 +570,25 @@ func (n *benchNode) stop() (int64, error) {
 	if !n.cmd.ProcessState.Success() {
 		return 0, fmt.Errorf("ledger process exited %s (log %s)", n.cmd.ProcessState, n.log.Name())
 	}
-	ru, ok := n.cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	if !ok {
-		return 0, nil
+	return peak, nil
+}
+
+// procPeakRSS reads VmHWM of pid from /proc/<pid>/status, in bytes (Linux;
+// 0 elsewhere).
+func procPeakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
 	}
-	return ru.Maxrss * 1024, nil // Linux reports KiB
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err == nil {
+				return kb * 1024
+			}
+		}
+	}
+	return 0
 }
 
 func (n *benchNode) kill() {
