@@ -465,16 +465,16 @@ WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::T
 ORDER BY tenant_id, idempotency_key`
 	return queries{
 		selectKeys: r.Replace(selectKeys),
-		// claim tests the status through COALESCE (status is NOT NULL: it
-		// changes nothing) so that neither engine can answer it from a
-		// status index. Statistics say authorized rows are rare, which
-		// holds until a backlog builds (an executor down, an overload):
-		// the planner would then read every authorized row and compare it
-		// with every key of the batch, a cost that grows with the backlog
-		// times the batch, just when the backlog must drain. Driven by the
-		// primary key, a batch costs its own size. (Executing rows stay
-		// few, bounded by what the executors hold: complete keeps the
-		// plain test.)
+		// claim and complete test the status through COALESCE (status is
+		// NOT NULL: it changes nothing) so that neither engine can answer
+		// them from a status index. Statistics say authorized and
+		// executing rows are rare, which holds until a backlog builds (an
+		// executor down, an overload, many calls claimed at once): the
+		// planner would then read every such row and compare it with
+		// every key of the batch, a cost that grows with the backlog times
+		// the batch, just when the backlog must drain. Through the primary
+		// key (or, on a small table, one scan), a batch costs its own
+		// size.
 		//
 		// FOR UPDATE: claimers of one key queue on the row lock instead of
 		// all reading, all writing and all but one failing at commit. On
@@ -527,7 +527,7 @@ FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, status, attempt, result, seq
            AS u (t, k, epoch, status, attempt, result, seq, outbox, ord)
       ORDER BY t, k, epoch, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
-  AND r.status = 'executing'
+  AND COALESCE(r.status, '') = 'executing'
 RETURNING u.ord`),
 		// The compare-and-set: status and seq in the WHERE clause. The
 		// keys of one statement are distinct (Move sends a key's second
