@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,6 +27,8 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
+	"github.com/toolcall-ledger/ledger/projections/projector"
 )
 
 // benchIssuer names the benchmark's own agent identity provider.
@@ -56,6 +59,7 @@ type benchFlags struct {
 	profile        string
 	nodeLogLevel   string
 	limitCalls     int
+	clickhouse     clickhouseFlags
 }
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -109,6 +113,8 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 	fs.StringVar(&f.svgOut, "svg", "", "write the latency against offered load plot (from --sweep) to this SVG file")
 	fs.StringVar(&f.workDir, "work-dir", "", "directory for the run's files (embedded stores, keys, process logs); default a temporary one")
 	fs.BoolVar(&f.keep, "keep", false, "keep the work directory afterwards")
+	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "also project every run's events into this ClickHouse (native protocol) and report the projection's lag under the load")
+	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_bench", "ClickHouse database of the benchmark's projection: never a production one")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles into this directory (go tool pprof)")
 	cmd.AddCommand(newBenchNodeCmd(g))
@@ -131,6 +137,7 @@ type benchEnv struct {
 	toolsURL string
 	tools    []loadtest.Tool
 	runs     int
+	ch       *chstore.Store // nil: no projection
 	// id makes this invocation's idempotency keys unique in a store that
 	// outlives it.
 	id string
@@ -223,6 +230,16 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	env.toolsURL = "http://" + ln.Addr().String()
+	if f.clickhouse.dsn != "" {
+		if env.ch, err = f.clickhouse.open(ctx, logger.With("component", "chstore")); err != nil {
+			return err
+		}
+		defer env.ch.Close()
+		if err := env.ch.Migrate(ctx); err != nil {
+			return err
+		}
+		report.ClickHouse = redactDSN(f.clickhouse.dsn) + " database " + env.ch.Database()
+	}
 	fmt.Fprintf(progress, "bench: kafka %s, store %s, tools %s, mix %s, work dir %s\n", report.Kafka, report.Store, env.toolsURL, f.mix, dir)
 
 	main := benchRun{name: "ledger", executors: f.executors, calls: f.calls, rate: f.rate}
@@ -406,6 +423,14 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		nodes = append(nodes, n)
 	}
 
+	var lag *lagSampler
+	if e.ch != nil {
+		if lag, err = e.project(ctx, topics, fmt.Sprintf("bench%s-projector-%d", e.id, e.runs)); err != nil {
+			return loadtest.RunReport{}, err
+		}
+		defer lag.stop()
+	}
+
 	cfg := loadtest.Config{
 		Client: e.cc, Topics: topics, Minter: e.issuer, Tenants: e.f.tenants, Tools: e.tools,
 		Concurrency: e.f.concurrency, Drain: 2 * time.Minute,
@@ -438,6 +463,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		before[i] = n.cpu()
 	}
 	selfBefore := selfCPU()
+	lag.start()
 	res, err := loadtest.Run(ctx, cfg)
 	if lineEnd == "" {
 		fmt.Fprintln(e.progress)
@@ -459,6 +485,13 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	}
 	nodes = nil
 	rep.Witness = loadtest.Check(res, e.backend.Effects())
+	if lag != nil {
+		p, err := lag.finish(ctx)
+		if err != nil {
+			return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, err)
+		}
+		rep.ProjectionLag = &p
+	}
 	rep.Derive()
 	fmt.Fprintf(e.progress, "bench: %s: %.0f calls/s, e2e p99 %.1f ms, duplicates %d, lost %d\n", r.name, res.PerSec, ms(res.E2E.P99), rep.Witness.Duplicates, res.Lost)
 	return rep, nil
@@ -638,4 +671,86 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// lagSampler runs a ClickHouse projector of one run and samples its lag.
+type lagSampler struct {
+	p        *projector.Projector
+	cancel   context.CancelFunc
+	done     chan error
+	mu       sync.Mutex
+	hist     *loadtest.Histogram
+	sampling chan struct{} // closed to start sampling
+	stopped  chan struct{}
+	once     sync.Once
+}
+
+// project starts projecting topics into the benchmark's ClickHouse.
+func (e *benchEnv) project(ctx context.Context, topics ledger.Topics, group string) (*lagSampler, error) {
+	p, err := projector.New(projector.Config{Client: e.cc, Topics: topics, Group: group, Logger: e.logger.With("component", "projector")}, e.ch)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	l := &lagSampler{p: p, cancel: cancel, done: make(chan error, 1), hist: loadtest.NewHistogram(),
+		sampling: make(chan struct{}), stopped: make(chan struct{})}
+	go func() { l.done <- p.Run(ctx) }()
+	go func() {
+		// Owned by the sampler: it ends with ctx.
+		defer close(l.stopped)
+		select {
+		case <-l.sampling:
+		case <-ctx.Done():
+			return
+		}
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				d := p.Lag().Time
+				l.mu.Lock()
+				l.hist.Record(d)
+				l.mu.Unlock()
+			}
+		}
+	}()
+	return l, nil
+}
+
+// start begins sampling (when the measured run starts); nil-safe.
+func (l *lagSampler) start() {
+	if l != nil {
+		l.once.Do(func() { close(l.sampling) })
+	}
+}
+
+// finish waits for the projection to catch up with the run (at most a
+// minute) and returns the lag sampled while the load ran.
+func (l *lagSampler) finish(ctx context.Context) (loadtest.Percentiles, error) {
+	deadline := time.Now().Add(time.Minute)
+	for l.p.Lag().Records > 0 {
+		if time.Now().After(deadline) {
+			return loadtest.Percentiles{}, fmt.Errorf("projection still %d records behind a minute after the run", l.p.Lag().Records)
+		}
+		select {
+		case err := <-l.done:
+			return loadtest.Percentiles{}, fmt.Errorf("projector stopped: %w", err)
+		case <-ctx.Done():
+			return loadtest.Percentiles{}, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return loadtest.Percentiles{P50: l.hist.Quantile(0.5), P95: l.hist.Quantile(0.95), P99: l.hist.Quantile(0.99),
+		P999: l.hist.Quantile(0.999), Max: l.hist.Max()}, nil
+}
+
+func (l *lagSampler) stop() {
+	l.cancel()
+	<-l.done
+	<-l.stopped
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
 	"github.com/toolcall-ledger/ledger/processors/storetest"
+	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
 )
 
 // runMainEnv makes a child of the test binary run the command line it was
@@ -30,10 +31,10 @@ func TestMain(m *testing.M) {
 }
 
 // TestBenchOnPostgres runs `ledger bench` as an operator would, on the
-// shared-store path (two executor processes, PostgreSQL), with an
-// open-loop sweep, the direct floor and the raw limits, and checks the
-// report: every call accounted for at the tool, nothing duplicated or
-// lost, every figure present.
+// shared-store path (two executor processes, PostgreSQL), projecting into
+// ClickHouse, with an open-loop sweep, the direct floor and the raw
+// limits, and checks the report: every call accounted for at the tool,
+// nothing duplicated or lost, every figure present.
 func TestBenchOnPostgres(t *testing.T) {
 	dsn := storetest.PGDSN(t)
 	schema := storetest.FreshSchema(t, dsn)
@@ -53,14 +54,16 @@ func TestBenchOnPostgres(t *testing.T) {
 	t.Setenv(runMainEnv, "1")
 	dir := t.TempDir()
 	jsonOut, svgOut := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
+	chDSN, chDB := chtest.DSN(t), chtest.FreshDatabase(t)
 	out := runBenchCmd(t,
 		"--crdb-dsn", dsn+sep+"search_path="+schema,
+		"--clickhouse-dsn", chDSN, "--clickhouse-database", chDB,
 		"--mix", "create_ticket=1,get_weather=1", "--tenants", "3",
 		"--calls", "400", "--warmup", "100", "--concurrency", "64", "--executors", "2",
 		"--sweep", "300", "--limit-calls", "2000",
 		"--json", jsonOut, "--svg", svgOut, "--work-dir", filepath.Join(dir, "work"),
 	)
-	for _, want := range []string{"ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
+	for _, want := range []string{"projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
@@ -79,6 +82,9 @@ func TestBenchOnPostgres(t *testing.T) {
 		}
 		if res.PerSec <= 0 || res.E2E.P50 <= 0 || res.E2E.P99 < res.E2E.P50 || r.LedgerCPU <= 0 || r.PeakRSS <= 0 || r.CPUPerCall <= 0 {
 			t.Errorf("%s: missing figures: %+v", r.Name, r)
+		}
+		if r.ProjectionLag == nil || r.ProjectionLag.Max <= 0 {
+			t.Errorf("%s: projection lag %v; want it sampled", r.Name, r.ProjectionLag)
 		}
 		if r.Processes != 2 {
 			t.Errorf("%s: %d ledger processes; want 2 (one executor each)", r.Name, r.Processes)

@@ -18,6 +18,7 @@ type Report struct {
 	At             time.Time     `json:"at"`
 	Kafka          string        `json:"kafka"`
 	Store          string        `json:"store"`
+	ClickHouse     string        `json:"clickhouse,omitempty"`
 	Mix            string        `json:"mix"`
 	Tenants        int           `json:"tenants"`
 	Concurrency    int           `json:"concurrency"`
@@ -76,6 +77,10 @@ type RunReport struct {
 	// PeakRSS is the sum over the ledger processes of their peak
 	// resident memory.
 	PeakRSS int64 `json:"peak_rss_bytes"`
+	// ProjectionLag, when the run was projected into ClickHouse, is the
+	// age of the oldest event not yet projected, sampled while the load
+	// ran.
+	ProjectionLag *Percentiles `json:"projection_lag,omitempty"`
 	// Derived by Derive.
 	CPUPerCall         time.Duration `json:"ledger_cpu_per_call_ns"`
 	HarnessCPUPerCall  time.Duration `json:"harness_cpu_per_call_ns"`
@@ -157,6 +162,17 @@ func (rep Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if lagged := rep.lagged(); len(lagged) > 0 {
+		fmt.Fprintf(w, "\nprojection lag into ClickHouse (%s), sampled while the load ran:\n", rep.ClickHouse)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "run\tp50 ms\tp99 ms\tmax ms\t")
+		for _, r := range lagged {
+			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t\n", r.Name, msOf(r.ProjectionLag.P50), msOf(r.ProjectionLag.P99), msOf(r.ProjectionLag.Max))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	if len(rep.Limits) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -206,3 +222,14 @@ func (rep Report) slowestLimit() (perCall float64, name string) {
 const EventsPerCall = 4
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// lagged are the runs with a projection lag.
+func (rep Report) lagged() []RunReport {
+	var out []RunReport
+	for _, r := range rep.Runs {
+		if r.ProjectionLag != nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
