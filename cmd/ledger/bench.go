@@ -298,7 +298,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 				pts = append(pts, r.Result.Point())
 			}
 		}
-		title := fmt.Sprintf("Toolcall Ledger: %s, %s, %s", f.mix, report.Store, report.Machine.CPU)
+		store := "embedded store"
+		if f.crdbDSN != "" {
+			store = "CockroachDB/PostgreSQL"
+		}
+		title := fmt.Sprintf("ledger bench: %s, %s, %d cores", f.mix, store, report.Machine.Cores)
 		if err := writeFileWith(f.svgOut, func(w io.Writer) error { return loadtest.PlotSVG(w, title, pts) }); err != nil {
 			return err
 		}
