@@ -167,3 +167,26 @@ func cachingVerifier(t *testing.T, clk *clock) (token.Key, *token.KeySet, *Verif
 	}
 	return k, set, v
 }
+
+// TestVerifiedCacheRolesNotShared: a caller that changes the roles it was
+// given does not change what the next use of the assertion gets.
+func TestVerifiedCacheRolesNotShared(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	k, _, v := cachingVerifier(t, clk)
+	c := assertionClaims(clk.Now())
+	c.Roles = []string{"approver"}
+	tok := sign(t, k, TypeAssertion, c)
+	id, err := v.Verify(t.Context(), tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id.Roles[0] = "operator"
+	again, err := v.Verify(t.Context(), tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Roles) != 1 || again.Roles[0] != "approver" {
+		t.Errorf("roles after a caller changed its copy = %v; want [approver]", again.Roles)
+	}
+}

@@ -19,6 +19,7 @@ package identity
 
 import (
 	"crypto/sha256"
+	"slices"
 
 	"bytes"
 	"context"
@@ -351,7 +352,9 @@ func (v *Verifier) VerifyUntil(ctx context.Context, assertion string) (Identity,
 	if c.ExpiresAt != nil {
 		exp = c.ExpiresAt.Time
 	}
-	return Identity{User: c.Subject, Agent: c.Act.Subject, Tenant: c.Tenant, Purpose: c.Purpose, Roles: c.Roles}, exp, nil
+	// Roles is cloned: the claims may be the cache's, shared with every
+	// later use of the same assertion.
+	return Identity{User: c.Subject, Agent: c.Act.Subject, Tenant: c.Tenant, Purpose: c.Purpose, Roles: slices.Clone(c.Roles)}, exp, nil
 }
 
 // claims verifies assertion and returns its claims.

@@ -457,9 +457,11 @@ type queries struct {
 
 func newQueries(table string) queries {
 	r := strings.NewReplacer("{table}", table, "{cols}", cols(""), "{rcols}", cols("r."))
-	// In key order, as the batch statements below take their rows (their
-	// DISTINCT ON sorts by key): concurrent batches that share rows lock
-	// them in one order and do not deadlock.
+	// In key order: claims of overlapping batches lock their rows in one
+	// order and do not deadlock each other. The other batch statements
+	// lock in their plan's order (key order through the primary key, not
+	// after a hash join), so a deadlock stays possible between them; inTx
+	// retries it whole.
 	selectKeys := `SELECT {cols} FROM {table}
 WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::TEXT[]) AS u (t, k))
 ORDER BY tenant_id, idempotency_key`
