@@ -139,7 +139,9 @@ func TestFreezeUnderLoad(t *testing.T) {
 	})
 	late := 0
 	for _, e := range h.backend.Effects() {
-		if e.Tool == "create_ticket" && e.At.After(frozenAt.Add(time.Second)) {
+		// Received: when the executor's request reached the tool, that
+		// is, when it started the effect.
+		if e.Tool == "create_ticket" && e.Received.After(frozenAt.Add(time.Second)) {
 			late++
 		}
 	}

@@ -212,8 +212,8 @@ func TestCredentialAccepted(t *testing.T) {
 	}
 
 	want := []Effect{
-		{Seq: 1, Tool: ToolRefundOrder, IdempotencyKey: "k1", CallID: "call_k1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), JTI: jti},
-		{Seq: 2, Tool: ToolSendEmail, IdempotencyKey: "e1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), JTI: jti2},
+		{Seq: 1, Tool: ToolRefundOrder, IdempotencyKey: "k1", CallID: "call_k1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), Received: fixedNow(), JTI: jti},
+		{Seq: 2, Tool: ToolSendEmail, IdempotencyKey: "e1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), Received: fixedNow(), JTI: jti2},
 	}
 	ignoreHash := cmpopts.IgnoreFields(Effect{}, "ArgsHash")
 	if diff := cmp.Diff(want, e.s.Effects(), ignoreHash); diff != "" {

@@ -232,7 +232,8 @@ func (s *Server) Handler() http.Handler {
 type callMeta struct {
 	key, callID, tenant string
 	attempt             int
-	jti                 string // of the verified credential; "" without verification
+	jti                 string    // of the verified credential; "" without verification
+	received            time.Time // when the request reached the handler
 }
 
 func metaOf(r *http.Request) callMeta {
@@ -248,6 +249,7 @@ func metaOf(r *http.Request) callMeta {
 }
 
 func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
+	received := s.now()
 	s.requests.Add(1)
 	ctx := r.Context()
 	t, ok := toolNamed(r.PathValue("tool"))
@@ -273,7 +275,7 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, string(ReasonBackendSecret), "the backend secret is missing or wrong")
 		return
 	}
-	meta.jti = jti
+	meta.jti, meta.received = jti, received
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
@@ -402,6 +404,7 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 		ArgsHash:       argsHash,
 		JTI:            meta.jti,
 		Read:           t.kind == kindRead,
+		Received:       meta.received,
 	}
 
 	s.mu.Lock()

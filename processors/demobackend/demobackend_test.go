@@ -400,7 +400,7 @@ func TestEffectFields(t *testing.T) {
 	sum := sha256.Sum256([]byte(body))
 	want := []Effect{{
 		Seq: 1, Tool: ToolSendEmail, IdempotencyKey: "e1", CallID: "call_1", TenantID: "t_acme",
-		Attempt: 1, ArgsHash: hex.EncodeToString(sum[:]), At: fixedNow(),
+		Attempt: 1, ArgsHash: hex.EncodeToString(sum[:]), At: fixedNow(), Received: fixedNow(),
 	}}
 	if diff := cmp.Diff(want, s.Effects()); diff != "" {
 		t.Errorf("Effects() (-want +got):\n%s", diff)

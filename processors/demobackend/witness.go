@@ -25,6 +25,10 @@ type Effect struct {
 	// ArgsHash is the lowercase hex sha256 of the request body.
 	ArgsHash string    `json:"args_hash"`
 	At       time.Time `json:"at"`
+	// Received is when the request reached the tool: when the caller
+	// started the effect. At, when it was applied, is later by whatever
+	// the tool spent first (reading the body, a latency, a busy lock).
+	Received time.Time `json:"received,omitzero"`
 	// Replay: a native tool answered from its record of an earlier request
 	// with the same (tenant, key); nothing new happened.
 	Replay bool `json:"replay,omitempty"`
