@@ -749,8 +749,7 @@ func (l *lagSampler) finish(ctx context.Context) (loadtest.Percentiles, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return loadtest.Percentiles{P50: l.hist.Quantile(0.5), P95: l.hist.Quantile(0.95), P99: l.hist.Quantile(0.99),
-		P999: l.hist.Quantile(0.999), Max: l.hist.Max()}, nil
+	return loadtest.PercentilesOf(l.hist), nil
 }
 
 func (l *lagSampler) stop() {

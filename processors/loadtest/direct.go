@@ -83,7 +83,7 @@ func Direct(ctx context.Context, cfg DirectConfig) (DirectReport, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	rep := DirectReport{Calls: hist.Count(), Errors: errs.Load(), Elapsed: elapsed, Latency: percentilesOf(hist)}
+	rep := DirectReport{Calls: hist.Count(), Errors: errs.Load(), Elapsed: elapsed, Latency: PercentilesOf(hist)}
 	rep.PerSec = float64(rep.Calls-rep.Errors) / elapsed.Seconds()
 	if first != nil {
 		return rep, first

@@ -234,7 +234,8 @@ type Percentiles struct {
 	Max  time.Duration `json:"max_ns"`
 }
 
-func percentilesOf(h *Histogram) Percentiles {
+// PercentilesOf summarises h.
+func PercentilesOf(h *Histogram) Percentiles {
 	return Percentiles{P50: h.Quantile(0.50), P95: h.Quantile(0.95), P99: h.Quantile(0.99), P999: h.Quantile(0.999), Max: h.Max()}
 }
 
@@ -373,7 +374,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if res.Elapsed > 0 {
 		res.PerSec = float64(res.Finished) / res.Elapsed.Seconds()
 	}
-	res.E2E, res.Added = percentilesOf(res.e2e), percentilesOf(res.added)
+	res.E2E, res.Added = PercentilesOf(res.e2e), PercentilesOf(res.added)
 	return res, err
 }
 
