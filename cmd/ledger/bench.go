@@ -171,7 +171,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	env := &benchEnv{g: g, f: f, logger: logger, progress: progress, dir: dir, tools: tools,
 		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
 
-	report := loadtest.Report{Machine: loadtest.ThisMachine(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
+	report := loadtest.Report{Machine: loadtest.ThisMachine(), At: time.Now().UTC(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
 	if embedded {
 		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
 		if err != nil {
@@ -506,11 +506,12 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // directFloor makes the main run's calls straight to the backend, with
 // the same concurrency: what the tools cost without the ledger.
 func (e *benchEnv) directFloor(ctx context.Context) (loadtest.DirectReport, error) {
-	fmt.Fprintf(e.progress, "bench: direct calls to the backend (%d)\n", e.f.calls)
+	// A run by duration has no call count: the floor makes 20,000.
 	calls := e.f.calls
 	if calls <= 0 {
 		calls = 20000
 	}
+	fmt.Fprintf(e.progress, "bench: direct calls to the backend (%d)\n", calls)
 	cl := httptool.New(httptool.Config{})
 	return loadtest.Direct(ctx, loadtest.DirectConfig{
 		Tools: e.tools, Calls: calls, Concurrency: e.f.concurrency, Tenants: e.f.tenants, RunID: "d" + e.id,

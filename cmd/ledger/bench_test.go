@@ -90,6 +90,9 @@ func TestBenchOnPostgres(t *testing.T) {
 			t.Errorf("%s: %d ledger processes; want 2 (one executor each)", r.Name, r.Processes)
 		}
 	}
+	if rep.At.IsZero() {
+		t.Error("the report does not say when it was measured")
+	}
 	if rep.Runs[1].Result.Mode != "open" || rep.Runs[1].Result.Offered != 300 {
 		t.Errorf("second run is %q at %v/s; want open at 300/s", rep.Runs[1].Result.Mode, rep.Runs[1].Result.Offered)
 	}
