@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -88,6 +89,12 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			embedded := !cmd.Flags().Changed("kafka-brokers") && os.Getenv("LEDGER_KAFKA_BROKERS") == ""
+			// --gc-percent is for the ledger processes the bench starts. The
+			// bench process itself holds the in-process Kafka's whole log,
+			// which grows with the run, so it collects at Go's default.
+			if _, ok := os.LookupEnv("GOGC"); !ok {
+				debug.SetGCPercent(100)
+			}
 			return runBench(cmd.Context(), g, &f, embedded, cmd.ErrOrStderr(), cmd.OutOrStdout())
 		},
 	}
@@ -404,6 +411,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 			"--topic-requests", topics.Requests, "--topic-events", topics.Events,
 			"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
 			"--log-level", e.f.nodeLogLevel,
+			"--gc-percent", strconv.Itoa(e.g.gcPercent),
 			"bench", "node",
 			"--instance-id", fmt.Sprintf("bench%d-%d", e.runs, i),
 			"--tools-base-url", e.toolsURL,
