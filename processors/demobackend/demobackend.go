@@ -286,7 +286,7 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	f := s.takeFault(t.name)
+	f := s.takeFault(t.name, meta.tenant)
 	if !s.hold(ctx, w, s.latency+f.Latency, f.Hang) {
 		return // the caller gave up or the server is closing: nothing applied
 	}
@@ -354,7 +354,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	if _, ok := s.authorize(w, r, t.name, r.Header.Get(HeaderTenant), key); !ok {
 		return
 	}
-	f := s.takeFault(t.name + statusSuffix)
+	f := s.takeFault(t.name+statusSuffix, r.Header.Get(HeaderTenant))
 	if !s.hold(ctx, w, s.latency+f.Latency, f.Hang) {
 		return
 	}

@@ -452,6 +452,24 @@ func TestFaults(t *testing.T) {
 			t.Errorf("Applied = %d; want 1", n)
 		}
 	})
+	t.Run("one tenant's fault leaves the others alone", func(t *testing.T) {
+		t.Parallel()
+		s, ts := newBackend(t, Config{})
+		s.SetTenantFault(ToolSendEmail, "noisy", Fault{FailStatus: http.StatusServiceUnavailable})
+		s.SetFault(ToolSendEmail, Fault{FailStatus: http.StatusTooManyRequests, FailTimes: 1})
+		var got []int
+		for _, tenant := range []string{"noisy", "calm", "calm", "noisy"} {
+			got = append(got, mustDo(t, ts.URL, call{path: "/tools/send_email", key: "e-" + tenant, tenant: tenant, body: `{}`}).status)
+		}
+		// The tenant's fault wins over the route's; the route's applies
+		// to everyone else.
+		if diff := cmp.Diff([]int{503, 429, 200, 503}, got); diff != "" {
+			t.Errorf("statuses (-want +got):\n%s", diff)
+		}
+		if n := s.AppliedIn(ToolSendEmail, "noisy", "e-noisy"); n != 0 {
+			t.Errorf("noisy tenant applied %d; want 0", n)
+		}
+	})
 	t.Run("hang until the caller gives up", func(t *testing.T) {
 		t.Parallel()
 		s, ts := newBackend(t, Config{})

@@ -48,6 +48,19 @@ func (s *Server) SetFault(tool string, f Fault) {
 	s.faults[tool] = &faultState{Fault: f}
 }
 
+// SetTenantFault injects f into tool's route for one tenant's requests
+// only, the noisy neighbour a bulkhead must contain. A tenant's fault
+// takes precedence over the route's fault set by SetFault.
+func (s *Server) SetTenantFault(tool, tenant string, f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults[tenantRoute(tool, tenant)] = &faultState{Fault: f}
+}
+
+// tenantRoute is the fault key of one tenant's requests to route. NUL
+// cannot occur in a tool name or a tenant header.
+func tenantRoute(route, tenant string) string { return route + "\x00" + tenant }
+
 // ClearFaults removes every fault.
 func (s *Server) ClearFaults() {
 	s.mu.Lock()
@@ -55,12 +68,15 @@ func (s *Server) ClearFaults() {
 	clear(s.faults)
 }
 
-// takeFault returns the fault that applies to this request to route (the
-// zero Fault when none does) and counts the hit.
-func (s *Server) takeFault(route string) Fault {
+// takeFault returns the fault that applies to tenant's request to route
+// (the zero Fault when none does) and counts the hit.
+func (s *Server) takeFault(route, tenant string) Fault {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	fs, ok := s.faults[route]
+	fs, ok := s.faults[tenantRoute(route, tenant)]
+	if !ok {
+		fs, ok = s.faults[route]
+	}
 	if !ok {
 		return Fault{}
 	}
