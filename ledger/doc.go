@@ -15,6 +15,7 @@
 //	envelope_decode.go DecodeEnvelope, LenientKey
 //	event.go           Event, its encoding and the outbox form
 //	kafka.go           topics, client options, DLQ records
+//	dlq.go             the bounds of a DLQ record
 //	loop.go            Loop: GroupTransactSession, read_committed, one transaction per step
 //	reader.go          the partitioner and ReadCall / FollowCall
 package ledger

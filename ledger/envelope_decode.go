@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/toolcall-ledger/ledger/schemas"
 )
@@ -167,8 +168,11 @@ func integerValue(v any) (int64, string) {
 // meant for. It is best effort (plain encoding/json, errors ignored, so a
 // record that is not JSON at all yields nothing) and must never be used to
 // decide anything but where a refusal is filed. ok is false when the tenant
-// or the key is missing or empty, or the tenant contains "/" (it could not
-// be told apart from the key in the record key).
+// or the key is missing or empty, longer than the envelope schema allows
+// (a refusal filed under it would be as large as the record, and outgrow
+// what Kafka and the stores hold), or the tenant contains "/" (it could
+// not be told apart from the key in the record key). A call id longer than
+// the schema allows is returned empty.
 func LenientKey(data []byte) (CallKey, string, bool) {
 	var rec struct {
 		Scope struct {
@@ -178,9 +182,23 @@ func LenientKey(data []byte) (CallKey, string, bool) {
 		CallID         string `json:"call_id"`
 	}
 	_ = json.Unmarshal(data, &rec) // best effort: keep whatever decoded
-	k := CallKey{TenantID: rec.Scope.TenantID, IdempotencyKey: rec.IdempotencyKey}
-	if k.TenantID == "" || k.IdempotencyKey == "" || strings.Contains(k.TenantID, "/") {
-		return CallKey{}, rec.CallID, false
+	callID := rec.CallID
+	if utf8.RuneCountInString(callID) > maxCallIDLen {
+		callID = ""
 	}
-	return k, rec.CallID, true
+	k := CallKey{TenantID: rec.Scope.TenantID, IdempotencyKey: rec.IdempotencyKey}
+	if k.TenantID == "" || k.IdempotencyKey == "" || strings.Contains(k.TenantID, "/") ||
+		len(k.TenantID) > maxTenantLen || utf8.RuneCountInString(k.IdempotencyKey) > maxKeyLen {
+		return CallKey{}, callID, false
+	}
+	return k, callID, true
 }
+
+// The envelope schema's bounds (schemas/envelope.schema.json), for what
+// LenientKey reads without the schema: a tenant id is at most 128 ASCII
+// characters, an idempotency key and a call id at most 255 characters.
+const (
+	maxTenantLen = 128
+	maxKeyLen    = 255
+	maxCallIDLen = 255
+)

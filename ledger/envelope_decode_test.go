@@ -201,6 +201,18 @@ func TestLenientKey(t *testing.T) {
 		{name: "empty key", in: edit(`"idempotency_key": "run_42:step_7:refund_order"`, `"idempotency_key": ""`), wantCallID: "call_7f3a", wantOK: false},
 		{name: "tenant with slash", in: edit(`"tenant_id": "t_acme"`, `"tenant_id": "t/acme"`), wantCallID: "call_7f3a", wantOK: false},
 		{name: "array", in: `[1,2]`, wantOK: false},
+		// Keys past the schema's bounds would make a refusal as large as
+		// the record: such a record goes to the DLQ instead.
+		{name: "key of 255 characters", in: edit(`"idempotency_key": "run_42:step_7:refund_order"`, `"idempotency_key": "`+strings.Repeat("é", 255)+`"`),
+			wantKey: CallKey{TenantID: "t_acme", IdempotencyKey: strings.Repeat("é", 255)}, wantCallID: "call_7f3a", wantOK: true},
+		{name: "key of 256 characters", in: edit(`"idempotency_key": "run_42:step_7:refund_order"`, `"idempotency_key": "`+strings.Repeat("k", 256)+`"`),
+			wantCallID: "call_7f3a", wantOK: false},
+		{name: "key of 300 KB", in: edit(`"idempotency_key": "run_42:step_7:refund_order"`, `"idempotency_key": "`+strings.Repeat("k", 300<<10)+`"`),
+			wantCallID: "call_7f3a", wantOK: false},
+		{name: "tenant of 129 bytes", in: edit(`"tenant_id": "t_acme"`, `"tenant_id": "`+strings.Repeat("t", 129)+`"`),
+			wantCallID: "call_7f3a", wantOK: false},
+		{name: "call id of 256 characters is dropped", in: edit(`"call_id": "call_7f3a"`, `"call_id": "`+strings.Repeat("c", 256)+`"`),
+			wantKey: CallKey{TenantID: "t_acme", IdempotencyKey: "run_42:step_7:refund_order"}, wantOK: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -89,6 +90,15 @@ type ClientConfig struct {
 	Logger *slog.Logger
 	// Opts are extra franz-go options (TLS, SASL, tuning), applied last.
 	Opts []kgo.Opt
+	// SessionTimeout is how long a consumer-group member (a Loop) may go
+	// silent before the group takes its partitions away; a Loop then
+	// heartbeats every third of it (at most every 3s). Default franz-go's
+	// 45s.
+	SessionTimeout time.Duration
+	// RebalanceTimeout is how long a rebalance waits for the members to
+	// rejoin, and so how long a member may take to end the transaction
+	// it is in when one starts. Default franz-go's 60s.
+	RebalanceTimeout time.Duration
 }
 
 // baseOpts are the options every client uses.
@@ -176,9 +186,11 @@ func RedactTokens(b []byte) []byte {
 }
 
 // DLQRecord wraps an unparseable request for the DLQ: the original key and
-// bytes with anything that looks like a token redacted, and why.
+// bytes with anything that looks like a token redacted, and why. Copies
+// too large for a DLQ record are cut (see DLQMaxValueBytes and
+// HeaderDLQTruncated).
 func DLQRecord(topic string, src *kgo.Record, reason, detail string) *kgo.Record {
-	return &kgo.Record{
+	return boundDLQ(&kgo.Record{
 		Topic: topic,
 		Key:   RedactTokens(src.Key),
 		Value: RedactTokens(src.Value),
@@ -187,5 +199,5 @@ func DLQRecord(topic string, src *kgo.Record, reason, detail string) *kgo.Record
 			{Key: HeaderDLQDetail, Value: RedactTokens([]byte(detail))},
 			{Key: HeaderDLQSource, Value: fmt.Appendf(nil, "%s/%d/%d", src.Topic, src.Partition, src.Offset)},
 		},
-	}
+	}, len(src.Value))
 }

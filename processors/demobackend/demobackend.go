@@ -8,8 +8,9 @@
 // and not in the ledger's own tables (DESIGN.md §5: tests count effects at
 // the tool). Every request that reaches a tool is recorded as an Effect: a new
 // effect, a native replay (no new effect) or a read. Faults (latency, hangs,
-// failures, an effect applied and then the connection dropped) are set at
-// runtime so that tests can drive the executor into every outcome.
+// failures, an effect applied and then the connection dropped, huge or
+// hostile answers) are set at runtime so that tests can drive the executor
+// into every outcome.
 //
 // With Config.Credentials set, the backend is also the tool side of the
 // per-call credential: every tool request and status lookup must carry the
@@ -324,6 +325,12 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 		return
 	case f.ApplyThenFail != 0:
 		writeError(w, f.ApplyThenFail, "injected_fault_after_apply", "fault injected after the effect was applied")
+		return
+	case f.HugeBody > 0:
+		writeHuge(w, f.HugeBody)
+		return
+	case f.Body != nil:
+		writeRaw(w, http.StatusOK, f.Body)
 		return
 	}
 	if out.replay {

@@ -1,10 +1,17 @@
 package demobackend
 
-import "time"
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
 
 // Fault is a misbehaviour injected into one tool's route. Fields combine in
 // the order a request meets them: Latency, then Hang, then FailStatus (no
-// effect), then the tool runs, then ApplyThenDrop or ApplyThenFail.
+// effect), then the tool runs, then ApplyThenDrop, ApplyThenFail, HugeBody
+// or Body (the first one set wins).
 type Fault struct {
 	// Latency delays the request before it is handled (on top of
 	// Config.Latency). A caller that gives up during the delay gets nothing
@@ -30,6 +37,45 @@ type Fault struct {
 	// this status. A native tool still remembers the real answer, so a retry
 	// with the same key replays it.
 	ApplyThenFail int
+	// HugeBody, when positive, applies the effect and then answers 200
+	// with a valid JSON document of exactly HugeBody bytes (at least 14,
+	// the smallest such document) instead of the tool's answer: a tool
+	// that returns far more than anyone asked for. It is streamed, so the
+	// backend never holds it.
+	// A native tool still remembers (and replays) the real answer.
+	HugeBody int
+	// Body, when non-nil, applies the effect and then answers 200 with
+	// these bytes verbatim, labelled application/json whatever they are:
+	// invalid JSON, invalid UTF-8, control characters, or text that tries
+	// to instruct whoever reads it (prompt injection). A native tool still
+	// remembers (and replays) the real answer.
+	Body []byte
+}
+
+// minHugeBody is the smallest HugeBody document: {"padding":""}.
+const minHugeBody = len(`{"padding":""}`)
+
+// writeHuge answers 200 with a JSON document of n bytes (at least
+// minHugeBody), written in 32 KiB chunks whatever its size.
+func writeHuge(w http.ResponseWriter, n int) {
+	n = max(n, minHugeBody)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(n))
+	w.WriteHeader(http.StatusOK)
+	chunk := bytes.Repeat([]byte("x"), 32<<10)
+	// A write error means the caller stopped reading (it caps what it
+	// reads); there is nobody to tell.
+	if _, err := io.WriteString(w, `{"padding":"`); err != nil {
+		return
+	}
+	for left := n - minHugeBody; left > 0; {
+		k := min(left, len(chunk))
+		if _, err := w.Write(chunk[:k]); err != nil {
+			return
+		}
+		left -= k
+	}
+	_, _ = io.WriteString(w, `"}`)
 }
 
 // faultState is a Fault and how many requests it has hit.

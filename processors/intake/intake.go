@@ -14,7 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -683,9 +685,46 @@ func (p *Processor) refuse(key ledger.CallKey, env *ledger.Envelope, now time.Ti
 	ev.TenantID, ev.IdempotencyKey = key.TenantID, key.IdempotencyKey
 	ev.Decision = "deny"
 	ev.Reason = reason
-	ev.Pointer = pointer
-	ev.Detail = detail
+	ev.Pointer = boundPointer(pointer, maxRefusalPointer)
+	ev.Detail = boundDetail(detail, maxRefusalDetail)
 	return ev
+}
+
+// Bounds of a refusal's pointer and detail. Both may quote member names of
+// the envelope, which can be as long as the envelope (and every JSON
+// encoder escapes some characters six-fold): unbounded, a refusal could
+// outgrow a Kafka record and stall the intake's partition behind it.
+const (
+	maxRefusalPointer = 1 << 10
+	maxRefusalDetail  = 1 << 10
+)
+
+// boundPointer returns the longest prefix of the JSON pointer p made of
+// whole reference tokens and at most n bytes long: the pointer of an
+// ancestor of the offending member, which still holds it ("" is the whole
+// envelope).
+func boundPointer(p string, n int) string {
+	for len(p) > n {
+		i := strings.LastIndexByte(p, '/')
+		if i < 0 {
+			return ""
+		}
+		p = p[:i]
+	}
+	return p
+}
+
+// boundDetail cuts s to at most n bytes, on a rune boundary, and says so.
+func boundDetail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = " [cut]"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 func newEventID() string {

@@ -1,12 +1,15 @@
 package intake_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -219,5 +222,48 @@ func TestIntakeRefusesReservedKeys(t *testing.T) {
 	evs := events(t, out)
 	if len(evs) != 1 || evs[0].Reason != intake.ReasonReservedKey || evs[0].Pointer != "/idempotency_key" {
 		t.Errorf("events %+v; want one refusal, %s at /idempotency_key", evs, intake.ReasonReservedKey)
+	}
+}
+
+// A refusal stays a small record whatever the envelope's member names: a
+// name the pointer and the detail would quote is cut (the pointer to a
+// whole ancestor), so the refusal cannot outgrow a Kafka record and stall
+// the partition.
+func TestIntakeRefusalsAreBounded(t *testing.T) {
+	f := newIntake(t)
+	valid := f.envelopeRecord(t, "bounded", map[string]any{"title": "t"})
+	// 85,000 LINE SEPARATORs: 255 KB as UTF-8, six-fold once escaped.
+	long := strings.Repeat("\u2028", 85_000)
+	withMember := func(v []byte, member string) []byte {
+		return append(bytes.Clone(bytes.TrimSuffix(v, []byte("}"))), `,"`+member+`":1}`...)
+	}
+	tests := []struct {
+		name        string
+		value       []byte
+		wantReason  string
+		wantPointer string
+	}{
+		{"unknown member with a huge name", withMember(valid.Value, long), ledger.CodeUnknownField, ""},
+		{"unknown member with a short name", withMember(valid.Value, "x"), ledger.CodeUnknownField, "/x"},
+		{"argument with a huge name twice", bytes.Replace(valid.Value, []byte(`{"title":"t"}`), []byte(`{"title":"t","`+long[:120_000]+`":1,"`+long[:120_000]+`":2}`), 1),
+			ledger.CodeDuplicateKey, "/arguments"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := f.in.Step(t.Context(), []*kgo.Record{{Topic: "toolcalls.requests", Value: tc.value}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := events(t, out)
+			if len(evs) != 1 || evs[0].Reason != tc.wantReason || evs[0].Pointer != tc.wantPointer {
+				t.Fatalf("events %+v; want one refusal, %s at %q", evs, tc.wantReason, tc.wantPointer)
+			}
+			if n := len(out.Records[0].Key) + len(out.Records[0].Value); n > 4<<10 {
+				t.Errorf("refusal record of %d bytes; want at most 4 KiB", n)
+			}
+			if !utf8.ValidString(evs[0].Detail) || len(evs[0].Detail) > 1<<10 {
+				t.Errorf("detail of %d bytes (valid UTF-8: %v); want at most 1 KiB of valid UTF-8", len(evs[0].Detail), utf8.ValidString(evs[0].Detail))
+			}
+		})
 	}
 }
