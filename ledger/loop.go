@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 )
 
 // Output is what one step of a processor appends, and what it must do once
@@ -54,6 +56,12 @@ type LoopConfig struct {
 	Logger *slog.Logger
 	// Opts are extra franz-go options for the session's client.
 	Opts []kgo.Opt
+	// Failpoint, if set, is hit after a non-empty poll
+	// (failpoint.Consumed), after the batch's events are produced and
+	// before EndTxn (failpoint.Produced), and after EndTxn committed
+	// (failpoint.Committed): the reliability suite crashes processors
+	// there.
+	Failpoint failpoint.Hook
 }
 
 func (c *LoopConfig) setDefaults() {
@@ -101,15 +109,23 @@ func NewLoop(cfg LoopConfig, step Step) (*Loop, error) {
 
 // Run runs the loop until ctx is done. After an error that leaves the
 // transactional producer in doubt (EndTxn failed, a produce timed out) it
-// discards the session and starts a new one, which re-initialises the
-// producer id and fences whatever the old one left open. It returns nil on
-// a clean shutdown.
+// aborts what it can and discards the session, and starts a new one, which
+// re-initialises the producer id before it consumes, fencing whatever the
+// old one left open. A transaction open when ctx ends is aborted. It
+// returns nil on a clean shutdown.
 func (l *Loop) Run(ctx context.Context) error {
-	backoff := 100 * time.Millisecond
+	const firstBackoff = 100 * time.Millisecond
+	backoff := firstBackoff
 	for ctx.Err() == nil {
-		err := l.runSession(ctx)
+		var progressed bool
+		err := l.runSession(ctx, &progressed)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if progressed {
+			// The session worked for a while: this failure starts a
+			// new series rather than continuing the last one.
+			backoff = firstBackoff
 		}
 		l.cfg.Logger.Warn("transact session restart", "group", l.cfg.Group, "err", err, "backoff", backoff)
 		select {
@@ -122,21 +138,34 @@ func (l *Loop) Run(ctx context.Context) error {
 	return nil
 }
 
-func (l *Loop) runSession(ctx context.Context) error {
+// runSession runs one transact session until it fails or ctx ends. It
+// sets *progressed once a transaction of the session committed.
+func (l *Loop) runSession(ctx context.Context, progressed *bool) error {
 	base, err := l.cfg.Client.baseOpts()
 	if err != nil {
 		return err
 	}
+	// The topics are added once the producer id is initialised (below),
+	// so that the group is joined only then.
 	opts := append(base,
 		kgo.ConsumerGroup(l.cfg.Group),
-		kgo.ConsumeTopics(l.cfg.Topics...),
 		kgo.TransactionalID(l.cfg.TransactionalID),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RequireStableFetchOffsets(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.TransactionTimeout(time.Minute),
+		// A fetch waits on the broker at most a tick: with franz-go's
+		// default of 5s, a session that resumes with one partition
+		// empty sees the others' records only when that wait ends.
+		kgo.FetchMaxWait(l.cfg.Tick),
 		kgo.RecordPartitioner(Partitioner()),
 	)
+	if d := l.cfg.Client.SessionTimeout; d > 0 {
+		opts = append(opts, kgo.SessionTimeout(d), kgo.HeartbeatInterval(min(d/3, 3*time.Second)))
+	}
+	if d := l.cfg.Client.RebalanceTimeout; d > 0 {
+		opts = append(opts, kgo.RebalanceTimeout(d))
+	}
 	sess, err := kgo.NewGroupTransactSession(append(opts, l.cfg.Opts...)...)
 	if err != nil {
 		return fmt.Errorf("new transact session: %w", err)
@@ -150,6 +179,34 @@ func (l *Loop) runSession(ctx context.Context) error {
 	defer func() {
 		if afterCommit != nil {
 			<-afterCommit
+		}
+	}()
+
+	// Fence first, then join the group. A predecessor with this
+	// transactional id (the session this one replaces, or the process
+	// before a restart) may have left a transaction open with offsets
+	// pending in the group; until it ends the group's offsets are
+	// unstable and this session cannot learn where to resume. franz-go
+	// initialises the producer id, which ends that transaction, only at
+	// the first produce, which then never comes: the session would wait
+	// out the broker's transaction timeout.
+	if _, _, err := sess.Client().ProducerID(ctx); err != nil {
+		return fmt.Errorf("init producer id: %w", err)
+	}
+	sess.Client().AddConsumeTopics(l.cfg.Topics...)
+	// open: a transaction may be open on the broker, from Begin until an
+	// End that returned. Leaving with one open aborts it: every
+	// read_committed reader of its partitions waits until it ends, and
+	// after a shutdown no successor may come to fence it.
+	open := false
+	defer func() {
+		if !open {
+			return
+		}
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, err := sess.End(actx, kgo.TryAbort); err != nil {
+			l.cfg.Logger.Warn("abort of the open transaction failed; the broker ends it at its timeout", "group", l.cfg.Group, "err", err)
 		}
 	}()
 	for {
@@ -168,6 +225,9 @@ func (l *Loop) runSession(ctx context.Context) error {
 			}
 		})
 		recs := fetches.Records()
+		if len(recs) > 0 {
+			l.cfg.Failpoint.Hit(failpoint.Consumed)
+		}
 
 		t0 := time.Now()
 		out, err := l.step(ctx, recs)
@@ -198,6 +258,7 @@ func (l *Loop) runSession(ctx context.Context) error {
 		if err := sess.Begin(); err != nil {
 			return fmt.Errorf("begin transaction: %w", err)
 		}
+		open = true
 		var (
 			mu         sync.Mutex
 			produceErr error
@@ -218,12 +279,16 @@ func (l *Loop) runSession(ctx context.Context) error {
 		mu.Lock()
 		failed := produceErr
 		mu.Unlock()
+		if failed == nil {
+			l.cfg.Failpoint.Hit(failpoint.Produced)
+		}
 		// End flushes, then commits only if every produce succeeded,
 		// the group did not rebalance, and the offsets committed.
 		committed, err := sess.End(ctx, kgo.TransactionEndTry(failed == nil))
 		if err != nil {
 			return fmt.Errorf("end transaction: %w", err)
 		}
+		open = false
 		if failed != nil {
 			return fmt.Errorf("produce: %w", failed)
 		}
@@ -231,6 +296,8 @@ func (l *Loop) runSession(ctx context.Context) error {
 			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", len(recs))
 			continue
 		}
+		*progressed = true
+		l.cfg.Failpoint.Hit(failpoint.Committed)
 		l.cfg.Logger.Debug("batch committed", "group", l.cfg.Group, "records", len(recs), "appended", len(out.Records), "step", stepDur, "transaction", time.Since(t0)-stepDur)
 		if out.Committed != nil {
 			// The after-commit step (marking outboxes logged) overlaps

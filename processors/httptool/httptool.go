@@ -38,6 +38,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 )
 
 // DefaultMaxResultBytes caps an answer's body when Request.MaxResultBytes is
@@ -73,12 +75,18 @@ type Config struct {
 	Client *http.Client
 	// UserAgent is sent as User-Agent. Default: "toolcall-ledger-httptool".
 	UserAgent string
+	// Failpoint, if set, is hit when a tool call's answer arrives, before
+	// its body is read (failpoint.ToolApplied): the reliability suite
+	// crashes the executor there, the tool's effect applied and its
+	// answer lost.
+	Failpoint failpoint.Hook
 }
 
 // Client calls HTTP tools. It is safe for concurrent use.
 type Client struct {
 	hc        *http.Client
 	userAgent string
+	failpoint failpoint.Hook
 }
 
 // New returns a Client.
@@ -94,7 +102,7 @@ func New(cfg Config) *Client {
 	if ua == "" {
 		ua = "toolcall-ledger-httptool"
 	}
-	return &Client{hc: &hc, userAgent: ua}
+	return &Client{hc: &hc, userAgent: ua, failpoint: cfg.Failpoint}
 }
 
 func newTransport() *http.Transport {
@@ -260,6 +268,7 @@ func (c *Client) do(ctx context.Context, req *http.Request, r Request) (Response
 		return out, r.redact(e)
 	}
 	defer resp.Body.Close()
+	c.failpoint.Hit(failpoint.ToolApplied)
 
 	limit := r.MaxResultBytes
 	if limit == 0 {

@@ -49,6 +49,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 	"github.com/toolcall-ledger/ledger/processors"
 )
 
@@ -96,6 +97,10 @@ type Config struct {
 	// Logger receives lifecycle logs and a Warn per transaction retry.
 	// Nil discards.
 	Logger *slog.Logger
+	// Failpoint, if set, is hit when a claim's statements have run and
+	// its COMMIT is not yet sent (failpoint.ClaimSent): the reliability
+	// suite crashes the executor there.
+	Failpoint failpoint.Hook
 }
 
 func (c *Config) setDefaults() {
@@ -129,6 +134,7 @@ type Store struct {
 	schema     string // sanitized identifier, or ""
 	table      string // sanitized, qualified by schema if set
 	q          queries
+	failpoint  failpoint.Hook
 }
 
 var _ processors.Store = (*Store)(nil)
@@ -163,6 +169,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		crdb:       strings.Contains(version, "CockroachDB"),
 		maxRetries: cfg.MaxRetries,
 		table:      pgx.Identifier{tableName}.Sanitize(),
+		failpoint:  cfg.Failpoint,
 	}
 	if cfg.Schema != "" {
 		s.schema = pgx.Identifier{cfg.Schema}.Sanitize()
@@ -779,6 +786,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 		if err := br.Close(); err != nil {
 			return err
 		}
+		s.failpoint.Hit(failpoint.ClaimSent)
 
 		won := make(map[int]processors.Record, len(claimed))
 		for _, c := range claimed {

@@ -1,0 +1,261 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+)
+
+// faultableKafka is the in-process cluster, whatever cluster
+// LEDGER_TEST_KAFKA_BROKERS names: the tests inject broker faults.
+func faultableKafka(t *testing.T) *ledgertest.Kafka {
+	t.Setenv("LEDGER_TEST_KAFKA_BROKERS", "")
+	return ledgertest.New(t, ledgertest.Options{Partitions: 2})
+}
+
+// copyLoop is a loop that copies requests to the events topic.
+func copyLoop(t *testing.T, k *ledgertest.Kafka, txn string) *ledger.Loop {
+	t.Helper()
+	l, err := ledger.NewLoop(ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: txn, Tick: 50 * time.Millisecond,
+		// A fetch in flight is not redone when a partition becomes
+		// fetchable: a session resuming at committed offsets would see
+		// its records only after franz-go's default 5s fetch wait.
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+	}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		var out ledger.Output
+		for _, r := range recs {
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// publishRequests puts n records on the requests topic.
+func publishRequests(t *testing.T, k *ledgertest.Kafka, n int) {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		recs[i] = &kgo.Record{Topic: k.Topics.Requests, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// transactionState is the coordinator's state of txn ("Ongoing", ...).
+func transactionState(t *testing.T, k *ledgertest.Kafka, txn string) string {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	txs, err := kadm.NewClient(cl).DescribeTransactions(t.Context(), txn)
+	if err != nil {
+		t.Fatalf("describe transaction %s: %v", txn, err)
+	}
+	d, ok := txs[txn]
+	if !ok || d.Err != nil {
+		t.Fatalf("describe transaction %s: %v", txn, d.Err)
+	}
+	return d.State
+}
+
+// A session discarded after EndTxn failed leaves its transaction open,
+// with the batch's offsets pending in the group. The next session must
+// fence it at once: until the transaction ends, the group's offsets are
+// unstable and the new session cannot even learn where to resume, so
+// waiting for the broker's transaction timeout (a minute) stalls the
+// processor that long.
+func TestLoopRestartAfterEndTxnFailureFencesAtOnce(t *testing.T) {
+	k := faultableKafka(t)
+	const n = 20
+	publishRequests(t, k, n)
+	f := k.Cluster.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.InvalidTxnState,
+		When: func(r kmsg.Request) bool { return r.(*kmsg.EndTxnRequest).Commit },
+	})
+	defer f.Remove()
+
+	loop := copyLoop(t, k, "copy-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitCommitted(t, k, n, 15*time.Second)
+	if f.Hits() != 1 {
+		t.Errorf("EndTxn failed %d times; want 1", f.Hits())
+	}
+}
+
+// A process that died mid-commit leaves its transaction open, with the
+// batch's offsets pending in the group, and nothing of it aborts it. Its
+// successor, with the same transactional id, must fence it before it
+// consumes, for the same reason as above.
+func TestLoopFencesAPredecessorThatDiedMidCommit(t *testing.T) {
+	k := faultableKafka(t)
+	const n = 20
+	publishRequests(t, k, n)
+
+	// The predecessor: it consumes the batch, produces its copies and
+	// commits the offsets into its transaction; its EndTxn fails and
+	// it dies without a word.
+	pre, err := kgo.NewGroupTransactSession(
+		kgo.SeedBrokers(k.Client.Brokers...), kgo.ConsumerGroup(k.Group("copy")), kgo.ConsumeTopics(k.Topics.Requests),
+		kgo.TransactionalID("copy-1"), kgo.TransactionTimeout(time.Minute),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.RequireStableFetchOffsets(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []*kgo.Record
+	for len(recs) == 0 {
+		fs := pre.PollFetches(t.Context())
+		if err := fs.Err0(); err != nil {
+			t.Fatal(err)
+		}
+		recs = fs.Records()
+	}
+	if err := pre.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if err := pre.ProduceSync(t.Context(), &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := k.Cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.InvalidTxnState})
+	if _, err := pre.End(t.Context(), kgo.TryCommit); err == nil || f.Hits() != 1 {
+		t.Fatalf("predecessor's commit: %v, %d EndTxn failed; want it failed", err, f.Hits())
+	}
+	pre.Close()
+	if got := transactionState(t, k, "copy-1"); got != "Ongoing" {
+		t.Fatalf("the predecessor's transaction is %s; want it left open", got)
+	}
+
+	loop := copyLoop(t, k, "copy-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitCommitted(t, k, n, 15*time.Second)
+}
+
+// waitCommitted waits until the copy group committed n requests.
+func waitCommitted(t *testing.T, k *ledgertest.Kafka, n int64, timeout time.Duration) {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ledgertest.WaitFor(t, timeout, func() error {
+		offs, err := kadm.NewClient(cl).FetchOffsets(t.Context(), k.Group("copy"))
+		if err != nil {
+			return err
+		}
+		var got int64
+		offs.Each(func(o kadm.OffsetResponse) { got += max(o.At, 0) })
+		if got < n {
+			return fmt.Errorf("the group committed %d of %d requests", got, n)
+		}
+		return nil
+	})
+}
+
+// A loop stopped while a transaction is open aborts it: no successor
+// with its transactional id may come to fence it, and until it ends every
+// read_committed reader of its partitions waits.
+func TestLoopShutdownAbortsTheOpenTransaction(t *testing.T) {
+	k := faultableKafka(t)
+	publishRequests(t, k, 20)
+	loop := copyLoop(t, k, "copy-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The shutdown comes while the commit is on its way, and the
+	// commit never arrives.
+	var stopped atomic.Bool
+	k.Cluster.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if stopped.Swap(true) {
+			return nil, nil, false
+		}
+		cancel()
+		return nil, errors.New("connection lost with the commit"), true
+	})
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the loop did not stop")
+	}
+	if !stopped.Load() {
+		t.Fatal("the loop stopped before its commit")
+	}
+	if got := transactionState(t, k, "copy-1"); got == "Ongoing" {
+		t.Errorf("after the loop stopped its transaction is %s; want it ended", got)
+	}
+}
+
+// A session that committed before it failed starts the next one after
+// the first backoff again: a loop that has run for days must not wait
+// ten seconds to recover from its eighth transient error, as if the
+// eight had come in a row.
+func TestLoopRestartBackoffResetsAfterProgress(t *testing.T) {
+	k := faultableKafka(t)
+	// Every batch's first commit fails; its retry, in a new session,
+	// commits.
+	const failures = 8
+	var commits atomic.Int64
+	f := k.Cluster.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.InvalidTxnState, Count: failures,
+		When: func(r kmsg.Request) bool {
+			return r.(*kmsg.EndTxnRequest).Commit && commits.Add(1)%2 == 1
+		},
+	})
+	defer f.Remove()
+
+	loop := copyLoop(t, k, "copy-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// Without the reset the restarts wait 0.1s, 0.2s, ... 6.4s (each
+	// jittered down to half): the last batches would take seconds.
+	for i := range failures {
+		publishRequests(t, k, 1)
+		waitCommitted(t, k, int64(i+1), 2*time.Second)
+	}
+	if got := f.Hits(); got != failures {
+		t.Errorf("%d commits failed; want %d", got, failures)
+	}
+}
