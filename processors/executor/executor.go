@@ -15,10 +15,17 @@
 //   - only the holder of the current epoch may complete a call, so an owner
 //     that lost its lease cannot overwrite the outcome;
 //   - the outcome's events sit in the record's outbox until the log has
-//     them, so a crash between the store and the log loses nothing.
+//     them, so a crash between the store and the log loses nothing;
+//   - a call that outlives its step's budget is carried over: the
+//     authorized event's offset commits before the call ends, which the
+//     durable claim makes safe (a crash leaves the lease to expire and the
+//     sweep to reclaim, as above), and the outcome is recorded and
+//     appended by a later step, or, at shutdown, recorded by the call
+//     itself and appended from the outbox by the sweep.
 package executor
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -37,6 +44,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
@@ -170,17 +178,63 @@ type Config struct {
 	// the log before the sweep appends them; default 10s. It covers the
 	// case where this instance's transaction aborted in a rebalance after
 	// the instance that took the partition over had skipped the call as
-	// busy, so no redelivery would ever bring it back.
+	// busy, so no redelivery would ever bring it back; and the calls
+	// carried over past a step (see StepBudget), whose authorized events
+	// were committed before they ended, when the transaction carrying
+	// their outcome aborted or the executor shut down first.
 	UnloggedGrace time.Duration
-	// Breaker configures the per-tool circuit breakers.
+	// StepBudget bounds how long a step waits for the calls it claimed
+	// before it hands what finished to the log; default 200ms. A call
+	// still running then is carried over: its outcome goes out with a
+	// later step (the loop runs one at least every tick), so one hanging
+	// call holds up neither its batch nor the batches after it. While a
+	// tool has carried calls of a tenant, steps do not wait for that
+	// tenant's new calls to it at all, so a hanging tenant costs the
+	// others at most one budget per episode. Carrying a call over is safe
+	// because its claim is durable: if this instance dies first, the
+	// lease expires and the sweep reclaims the call as for any crash.
+	// Negative waits for every claimed call, as before carry-over.
+	StepBudget time.Duration
+	// MaxInFlight bounds the calls this instance has running or waiting
+	// to be recorded, carried ones included; default 4096. At the bound
+	// a step waits for calls to end before it claims more (the loop's
+	// back-pressure), which keeps memory bounded when a tool hangs for
+	// everyone.
+	MaxInFlight int
+	// DrainTimeout is how long a step that finds its context done (the
+	// executor is shutting down) waits for the calls still running to
+	// end and be recorded; default 10s. Calls running past it go on in
+	// the background and record their outcomes in the store themselves
+	// (their events follow from the outbox through the sweep); if the
+	// process exits first, their leases expire and the sweep reclaims
+	// them like a crash's: an idempotency-native tool runs again with
+	// the same downstream key, any other call goes to outcome_unknown.
+	// Never a second effect. See also Drain.
+	DrainTimeout time.Duration
+	// TenantShare is the fraction of each tool's bulkhead (its
+	// MaxConcurrency) that one tenant's calls may hold while other
+	// tenants use the tool, so that one tenant's hanging calls leave
+	// slots for the others; default 0.25. A tenant gets max(1,
+	// floor(MaxConcurrency × TenantShare)) slots. A tenant that is the
+	// only one to have called the tool within a breaker window
+	// (Breaker.Window) may use the whole bulkhead, so that a lone
+	// tenant's bursts lose nothing. 1 lets any tenant fill the bulkhead.
+	TenantShare float64
+	// Breaker configures the circuit breakers, one per tool and tenant:
+	// one tenant's failures do not open the tool for the others.
 	Breaker BreakerConfig
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// Failpoint, if set, is hit after a batch's claims commit
+	// (failpoint.Claimed), before its results are written
+	// (failpoint.ResponseReceived) and after (failpoint.ResultWritten):
+	// the reliability suite crashes the executor there.
+	Failpoint failpoint.Hook
 }
 
-// BreakerConfig configures the per-tool circuit breakers.
+// BreakerConfig configures the circuit breakers, one per tool and tenant.
 type BreakerConfig struct {
 	// MinRequests in a window before the breaker may trip; default 10.
 	MinRequests uint32
@@ -216,6 +270,19 @@ func (c *Config) setDefaults() {
 	if c.UnloggedGrace <= 0 {
 		c.UnloggedGrace = 10 * time.Second
 	}
+	if c.StepBudget == 0 {
+		c.StepBudget = 200 * time.Millisecond
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 4096
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 10 * time.Second
+	}
+	if c.TenantShare <= 0 {
+		c.TenantShare = 0.25
+	}
+	c.TenantShare = min(c.TenantShare, 1)
 	if c.Breaker.MinRequests == 0 {
 		c.Breaker.MinRequests = 10
 	}
@@ -236,21 +303,24 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// Executor is one executor instance. Its only in-memory state is per tool
-// (breakers, bulkheads); nothing is kept per call once a batch is done.
+// Executor is one executor instance. Its in-memory state is per tool and
+// tenant (breakers, bulkheads) and per call in flight: the calls running,
+// carried over from earlier steps, bounded by MaxInFlight; nothing is
+// kept per call once its outcome is handed to a step.
 type Executor struct {
 	cfg  Config
 	base *url.URL
 
-	mu      sync.Mutex
-	guards  map[string]*guard // by tool name
-	lastSwp time.Time
-}
+	mu        sync.Mutex
+	guards    map[string]*toolGuard // by tool name
+	lastPrune time.Time
+	lastSwp   time.Time
 
-// guard is a tool's circuit breaker and bulkhead.
-type guard struct {
-	breaker  *gobreaker.CircuitBreaker[httptool.Response]
-	bulkhead chan struct{}
+	// running are the calls in flight, by key (under mu); done hands
+	// finished calls to the next step that waits for them.
+	running map[ledger.CallKey]struct{}
+	done    chan *flight
+	flights flights
 }
 
 // New validates cfg and returns an executor.
@@ -259,7 +329,7 @@ func New(cfg Config) (*Executor, error) {
 		return nil, errors.New("executor: registry, store and caller are required")
 	}
 	cfg.setDefaults()
-	x := &Executor{cfg: cfg, guards: make(map[string]*guard)}
+	x := newExecutor(cfg)
 	if cfg.BaseURL != "" {
 		u, err := url.Parse(cfg.BaseURL)
 		if err != nil {
@@ -277,8 +347,20 @@ type job struct {
 }
 
 // Step handles one batch of events: it is a ledger.Step. It acts on
-// authorized events and ignores the rest.
-func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
+// authorized events and ignores the rest. It claims the batch's calls,
+// runs them, and waits for them up to Config.StepBudget; it returns the
+// events of every call that ended by then, this batch's or carried over
+// from an earlier step's.
+func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Output, err error) {
+	var got []*flight // ended calls taken from the flights and not yet recorded
+	defer func() {
+		if err != nil && len(got) > 0 {
+			// The step failed after taking ended calls: no later step
+			// will see them again, so record them now; their events
+			// follow from the outbox through the sweep.
+			x.recordAlone(ctx, got...)
+		}
+	}()
 	jobs := make(map[ledger.CallKey]*job)
 	var (
 		order    []ledger.CallKey
@@ -287,6 +369,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 	add := func(tmpl ledger.Event, hash string) {
 		k := tmpl.Key()
 		if _, ok := jobs[k]; ok {
+			return
+		}
+		if x.inFlight(k) {
+			// Carried over from an earlier step: its outcome comes
+			// with a later one, even if its lease ran out meanwhile.
 			return
 		}
 		lease := x.leaseFor(tmpl.Tool, tmpl.ToolVersion)
@@ -336,12 +423,22 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			reappend = append(reappend, rec)
 		}
 	}
-	if len(order) == 0 && len(reappend) == 0 {
+	if len(order) == 0 && len(reappend) == 0 && x.flights.count() == 0 {
 		return ledger.Output{}, nil
 	}
 
 	var results []processors.ClaimResult
 	if len(order) > 0 {
+		// At the bound of calls in flight, wait for some to end before
+		// claiming more: the loop's back-pressure.
+		for x.flights.count() >= x.cfg.MaxInFlight && ctx.Err() == nil {
+			select {
+			case f := <-x.done:
+				x.landed(f)
+				got = append(got, f)
+			case <-ctx.Done():
+			}
+		}
 		claims := make([]processors.Claim, len(order))
 		for i, k := range order {
 			claims[i] = jobs[k].claim
@@ -350,13 +447,13 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		if results, err = x.cfg.Store.Claim(ctx, claims); err != nil {
 			return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
 		}
+		x.cfg.Failpoint.Hit(failpoint.Claimed)
 	}
 
 	var (
 		out            []*kgo.Record
 		logged         []processors.Logged
-		completions    = make([]processors.Completion, len(results))
-		run            sync.WaitGroup
+		waiting        = make(map[*flight]struct{}) // the calls this step waits for
 		mismatched     []ledger.Event
 		mismatchedRecs []processors.Record
 	)
@@ -387,16 +484,10 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		rec := res.Record
 		switch res.Outcome {
 		case processors.Claimed, processors.Reclaimed:
-			run.Add(1)
-			go func() {
-				// Owned by this step: it ends when the call's
-				// attempts end, bounded by the call's deadline and
-				// lease. A claimed call runs to its end even when
-				// the executor is shutting down, so that its outcome
-				// is recorded rather than lost to a reclaim.
-				defer run.Done()
-				completions[i] = x.execute(context.WithoutCancel(ctx), j.tmpl, rec, res.Outcome == processors.Reclaimed)
-			}()
+			f, wait := x.launch(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed)
+			if wait || x.cfg.StepBudget < 0 {
+				waiting[f] = struct{}{}
+			}
 		case processors.Finished:
 			if rec.Unlogged() {
 				if err := outbox(rec); err != nil {
@@ -420,20 +511,33 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			x.cfg.Logger.Error("authorized event without execution record", "call_key", order[i].String())
 		}
 	}
-	run.Wait()
+	got = x.await(ctx, got, waiting)
+	if ctx.Err() != nil {
+		// Shutting down: the calls still running record their own
+		// outcomes when they end; give them a while to do so.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), x.cfg.DrainTimeout)
+		if err := x.flights.wait(dctx); err != nil {
+			x.cfg.Logger.Warn("calls still running at shutdown; they record their outcomes if the store is still open, or their leases expire", "calls", x.flights.count())
+		}
+		cancel()
+	}
 	if err := x.denyMismatched(ctx, mismatched, mismatchedRecs, &out, &logged); err != nil {
 		return ledger.Output{}, err
 	}
 
 	var done []processors.Completion
-	for _, c := range completions {
-		if c.Epoch != 0 {
-			done = append(done, c)
+	for _, f := range got {
+		if f.c.Epoch != 0 {
+			done = append(done, f.c)
 		}
 	}
+	// From here a failure to record is a crash's: the leases expire and
+	// the sweep finds the calls.
+	got = nil
 	if len(done) > 0 {
 		// Record what ran even during shutdown; the events then follow
-		// from the outbox on redelivery.
+		// from the outbox on redelivery or through the sweep.
+		x.cfg.Failpoint.Hit(failpoint.ResponseReceived)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		applied, err := x.cfg.Store.Complete(cctx, done)
 		cancel()
@@ -442,9 +546,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			// leases will expire and the sweep will find the calls.
 			return ledger.Output{}, fmt.Errorf("complete %d calls: %w", len(done), err)
 		}
+		x.cfg.Failpoint.Hit(failpoint.ResultWritten)
 		if ctx.Err() != nil {
 			// Shutting down: the outcomes are in the store, and their
-			// events go out from the outbox on redelivery.
+			// events go out from the outbox on redelivery or through
+			// the sweep.
 			return ledger.Output{}, ctx.Err()
 		}
 		for i, c := range done {
@@ -456,6 +562,9 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 			logged = append(logged, processors.Logged{Key: c.Key, Seq: c.Seq})
 		}
 	}
+	if ctx.Err() != nil {
+		return ledger.Output{}, ctx.Err()
+	}
 	committed := func(ctx context.Context) error {
 		if len(logged) == 0 {
 			return nil
@@ -463,6 +572,45 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output,
 		return x.cfg.Store.MarkLogged(ctx, logged)
 	}
 	return ledger.Output{Records: out, Committed: committed}, nil
+}
+
+// await takes ended calls from the flights until every call in waiting
+// has ended, the step budget is spent, or ctx is done, and then whatever
+// else has ended by now, carried over from earlier steps. The calls of
+// waiting still running carry over to later steps.
+func (x *Executor) await(ctx context.Context, got []*flight, waiting map[*flight]struct{}) []*flight {
+	var budget <-chan time.Time
+	if x.cfg.StepBudget > 0 && len(waiting) > 0 {
+		t := time.NewTimer(x.cfg.StepBudget)
+		defer t.Stop()
+		budget = t.C
+	}
+wait:
+	for len(waiting) > 0 {
+		select {
+		case f := <-x.done:
+			x.landed(f)
+			delete(waiting, f)
+			got = append(got, f)
+		case <-budget:
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	if len(waiting) > 0 && ctx.Err() == nil {
+		x.carry(waiting)
+		x.cfg.Logger.Debug("calls carried over past the step budget", "calls", len(waiting))
+	}
+	for {
+		select {
+		case f := <-x.done:
+			x.landed(f)
+			got = append(got, f)
+		default:
+			return got
+		}
+	}
 }
 
 // leaseFor is how long a claim on a tool may take, with margin. A tool
@@ -476,10 +624,11 @@ func (x *Executor) leaseFor(name string, version int) time.Duration {
 	return attempts*timeout + attempts*x.cfg.RetryBackoff*2 + x.cfg.LeaseMargin
 }
 
-// execute runs one claimed call and returns its completion.
-func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool) processors.Completion {
+// execute runs one claimed call and returns its completion. g is the
+// tenant's guard for the tool, held by the caller; nil takes one here.
+func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, g *guard) processors.Completion {
 	start := x.cfg.Now()
-	c := &completion{x: x, tmpl: tmpl, rec: rec, start: start}
+	c := &completion{x: x, tmpl: tmpl, rec: rec, start: start, reclaimed: reclaimed}
 	log := x.cfg.Logger.With("call_key", rec.Key.String(), "tool", rec.Tool, "epoch", rec.Epoch)
 
 	tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
@@ -563,10 +712,15 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 		c.jti, c.scope, c.family = cred.JTI, cred.Scope, cred.Family
 	}
 
-	g := x.guard(tool)
+	if g == nil {
+		g = x.guard(tool, rec.Key.TenantID)
+		defer x.release(g)
+	}
 	attempt := rec.Attempt
 	c.firstAttempt = attempt + 1
-	var lastErr error
+	// unknownErr is the last attempt that may have reached the tool
+	// without an answer.
+	var lastErr, unknownErr error
 	for n := 0; n < x.cfg.MaxAttempts; n++ {
 		if n > 0 {
 			select {
@@ -590,6 +744,12 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 			return c.deny(ReasonToolFrozen, fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason), policy.Decision{})
 		}
 		lastErr = err
+		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+			// Nothing was sent, and the tenant's breaker for the tool
+			// stays open longer than any backoff: waiting to try again
+			// would only hold up the step.
+			break
+		}
 		if errors.Is(err, httptool.ErrInvalidRequest) {
 			// Nothing was sent, and sending again will not help.
 			return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, "invalid_request", nil)
@@ -605,11 +765,21 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 					return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, errorCode(he), nil)
 				}
 			}
+			if he.Kind == httptool.Unknown {
+				unknownErr = err
+			}
 		}
 		log.Warn("tool attempt failed", "attempt", attempt, "err", err)
 	}
 	if callCtx.Err() != nil && lastErr == nil {
 		lastErr = callCtx.Err()
+	}
+	if unknownErr != nil && notSent(lastErr) {
+		// A later attempt that never left (no slot before the
+		// deadline, an open breaker) does not undo an earlier one that
+		// may have reached the tool: the outcome is unknown, not
+		// failed.
+		lastErr = unknownErr
 	}
 	return c.exhausted(tool, attempt, lastErr)
 }
@@ -698,19 +868,19 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	return processors.Completion{}, true
 }
 
-// attempt is one tool invocation through the tool's bulkhead and breaker.
-// The breaker wraps the deadline, so a timeout counts against the tool.
+// attempt is one tool invocation through the tenant's share of the tool's
+// bulkhead and the tenant's breaker for the tool. The breaker wraps the
+// deadline, so a timeout counts against the tool, for this tenant.
 // secrets are what an attempt sends that must never be kept: the call's
 // credential and the backend's secret.
 type secrets struct{ bearer, backend string }
 
 func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets, first bool) (httptool.Response, error) {
-	select {
-	case g.bulkhead <- struct{}{}:
-		defer func() { <-g.bulkhead }()
-	case <-ctx.Done():
-		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: ctx.Err()}
+	release, err := x.acquire(ctx, g)
+	if err != nil {
+		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: err}
 	}
+	defer release()
 	// The kill switch is checked as late as possible: after the wait for
 	// the bulkhead, right before the first request leaves. A retry of a
 	// call already in flight goes on: its first attempt may have applied.
@@ -737,50 +907,6 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	})
 }
 
-// guard returns tool's breaker and bulkhead, creating them on first use.
-func (x *Executor) guard(tool *schemas.Tool) *guard {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if g, ok := x.guards[tool.Name]; ok {
-		return g
-	}
-	bc := x.cfg.Breaker
-	log := x.cfg.Logger
-	g := &guard{
-		bulkhead: make(chan struct{}, tool.MaxConcurrency),
-		breaker: gobreaker.NewCircuitBreaker[httptool.Response](gobreaker.Settings{
-			Name:        tool.Name,
-			MaxRequests: 1,
-			Interval:    bc.Window,
-			Timeout:     bc.OpenFor,
-			ReadyToTrip: func(c gobreaker.Counts) bool {
-				return c.Requests >= bc.MinRequests && float64(c.TotalFailures)/float64(c.Requests) >= bc.FailureRatio
-			},
-			// A tool refusing a bad request is healthy.
-			IsSuccessful: func(err error) bool {
-				var he *httptool.Error
-				return err == nil || errors.As(err, &he) && he.Kind == httptool.Refused
-			},
-			OnStateChange: func(name string, from, to gobreaker.State) {
-				log.Warn("breaker state change", "tool", name, "from", from.String(), "to", to.String())
-			},
-		}),
-	}
-	x.guards[tool.Name] = g
-	return g
-}
-
-// BreakerStates reports each tool's breaker state, for health pages.
-func (x *Executor) BreakerStates() map[string]string {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	m := make(map[string]string, len(x.guards))
-	for name, g := range x.guards {
-		m[name] = g.breaker.State().String()
-	}
-	return m
-}
-
 func (x *Executor) resolve(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -802,6 +928,9 @@ type completion struct {
 	rec          processors.Record
 	start        time.Time
 	firstAttempt int
+	// reclaimed: an earlier owner's lease expired mid-call, so it may
+	// have reached the tool.
+	reclaimed bool
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string
@@ -826,6 +955,13 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 	now := c.x.cfg.Now()
 	if attempt < 1 {
 		attempt = 1
+	}
+	if c.reclaimed && status == processors.StatusFailed && !definitiveRefusal(reason, code) {
+		// This owner's attempts did not settle it, but the owner whose
+		// lease expired may have reached the tool: "failed" would tell
+		// the agent that nothing happened, and a retry under a new key
+		// would apply the effect twice. Only the reconciler can tell.
+		status, reason, code = processors.StatusOutcomeUnknown, ReasonLeaseExpired, "reclaimed_"+cmp.Or(code, reason)
 	}
 	first := c.firstAttempt
 	if first < 1 || first > attempt {
@@ -914,6 +1050,21 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 		// The last attempt may have reached the tool.
 		return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, "timeout", nil)
 	}
+}
+
+// definitiveRefusal reports whether a failure is the tool's own refusal of
+// the request, which a native tool gives whatever an earlier attempt with
+// the same key did. A 409 is not: idempotent APIs answer it while an
+// earlier request with the key is still in progress.
+func definitiveRefusal(reason, code string) bool {
+	return reason == ReasonToolRefused && code != "http_409"
+}
+
+// notSent reports whether err says an attempt never reached the tool.
+func notSent(err error) bool {
+	var he *httptool.Error
+	return errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) ||
+		errors.As(err, &he) && (he.Kind == httptool.NotSent || he.Kind == httptool.Throttled)
 }
 
 func errorCode(he *httptool.Error) string {
@@ -1036,8 +1187,8 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string) saniti
 }
 
 // Loop returns the executor on a consume-process-produce loop. lc's Group
-// defaults to "ledger-executor", its Topics to the events topic, and its
-// TransactionalID to "<group>-" + the owner.
+// defaults to "ledger-executor", its Topics to the events topic, its
+// TransactionalID to "<group>-" + the owner, and its Tick to 100ms.
 func (x *Executor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
 	if lc.Group == "" {
 		lc.Group = "ledger-executor"
@@ -1056,6 +1207,13 @@ func (x *Executor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
 		// (authorized, approved): a larger poll gives each claim and
 		// completion round trip more calls.
 		lc.MaxPollRecords = 2000
+	}
+	if lc.Tick == 0 {
+		// A call carried over past its step's budget goes out with the
+		// next step, which on an idle topic comes a tick later: a short
+		// tick keeps that wait short. An empty step costs next to
+		// nothing.
+		lc.Tick = 100 * time.Millisecond
 	}
 	return ledger.NewLoop(lc, x.Step)
 }

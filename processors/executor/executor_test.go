@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -68,6 +69,9 @@ func (r *rig) executor(mod func(*executor.Config)) *executor.Executor {
 		Registry: r.reg, Store: r.store, Caller: httptool.New(httptool.Config{}),
 		BaseURL: r.url, Owner: "x-test", MaxAttempts: 2, RetryBackoff: time.Millisecond,
 		LeaseMargin: 10 * time.Millisecond, SweepEvery: time.Hour,
+		// The rig reads each call's events from the step that ran it;
+		// the carry-over tests set a budget.
+		StepBudget: -1,
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -83,19 +87,25 @@ func (r *rig) executor(mod func(*executor.Config)) *executor.Executor {
 // returns the authorized event's record.
 func (r *rig) admit(tool, key string, args map[string]any, deadlineMS int64) *kgo.Record {
 	r.t.Helper()
+	return r.admitAs("t_a", tool, key, args, deadlineMS)
+}
+
+// admitAs is admit for a tenant's call.
+func (r *rig) admitAs(tenant, tool, key string, args map[string]any, deadlineMS int64) *kgo.Record {
+	r.t.Helper()
 	argBytes, _ := json.Marshal(args)
 	tree, err := ledger.Decode(argBytes, ledger.Limits{})
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	hash, err := ledger.ArgumentsHash("t_a", tool, 1, tree)
+	hash, err := ledger.ArgumentsHash(tenant, tool, 1, tree)
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	env := map[string]any{
 		"tool": tool, "tool_version": 1, "call_id": "call_" + key, "arguments": args,
-		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": hash,
-		"assertion": r.ident.Assertion(r.t, "t_a", "u_1"),
+		"scope": map[string]any{"tenant_id": tenant}, "idempotency_key": key, "arguments_hash": hash,
+		"assertion": r.ident.Assertion(r.t, tenant, "u_1"),
 	}
 	if deadlineMS > 0 {
 		env["deadline_ms"] = deadlineMS
@@ -367,7 +377,7 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 	if n := r.backend.Requests(); n != 3 {
 		t.Errorf("tool received %d requests; want 3 (the rest failed fast)", n)
 	}
-	if got := x.BreakerStates()["create_ticket"]; got != "open" {
+	if got := x.BreakerStates()["create_ticket/t_a"]; got != "open" {
 		t.Errorf("breaker state %q; want open", got)
 	}
 }
@@ -473,6 +483,41 @@ func TestReclaimAfterDeadlineIsOutcomeUnknown(t *testing.T) {
 			}
 			if n := r.backend.Requests(); n != 0 {
 				t.Errorf("tool received %d requests; want 0", n)
+			}
+		})
+	}
+}
+
+// A reclaimed call that this owner cannot settle is an unknown outcome,
+// not "failed": the dead owner may have reached the tool. Only the tool's
+// own refusal settles it; a 409 does not, since idempotent APIs answer it
+// while an earlier request with the key is still in progress.
+func TestReclaimedCallNotSettledIsOutcomeUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		want   string
+	}{
+		{"in progress", http.StatusConflict, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
+		{"unavailable", http.StatusServiceUnavailable, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
+		{"refused", http.StatusBadRequest, "failed(" + executor.ReasonToolRefused + ")"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.backend.SetFault("create_ticket", demobackend.Fault{FailStatus: tc.status})
+			auth := r.admit("create_ticket", "reclaimed", map[string]any{"title": "t"}, 60_000)
+			ev := authorizedEvent(t, auth)
+			r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+			x := r.executor(func(c *executor.Config) { c.MaxAttempts = 1 })
+			out, err := x.Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]string{"executing", tc.want}, summary(decodeAll(t, out.Records))); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			if n := r.backend.Requests(); n != 1 {
+				t.Errorf("tool received %d requests; want the one retry with the same key", n)
 			}
 		})
 	}

@@ -104,8 +104,8 @@ type ReconcilerConfig struct {
 
 // Reconciler resolves unknown outcomes: it asks the tool's status lookup
 // what happened and records succeeded or failed with the evidence, or
-// parks the call for a human with the reason. Lookups go through the same
-// per-tool breakers and bulkheads as the executor's calls.
+// parks the call for a human with the reason. Lookups go through
+// breakers and bulkheads per tool and tenant, like the executor's calls.
 type Reconciler struct {
 	cfg     ReconcilerConfig
 	x       *Executor // for its guards and URL resolution
@@ -139,8 +139,9 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	x := &Executor{cfg: Config{Registry: cfg.Registry, Breaker: cfg.Breaker, Logger: cfg.Logger}, guards: make(map[string]*guard)}
-	x.cfg.setDefaults()
+	xc := Config{Registry: cfg.Registry, Breaker: cfg.Breaker, Logger: cfg.Logger}
+	xc.setDefaults()
+	x := newExecutor(xc)
 	if cfg.BaseURL != "" {
 		u, err := url.Parse(cfg.BaseURL)
 		if err != nil {
@@ -334,7 +335,8 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		}
 		bearer = cred.Token
 	}
-	g := r.x.guard(tool)
+	g := r.x.guard(tool, rec.Key.TenantID)
+	defer r.x.release(g)
 	var last error
 	for n := range r.cfg.MaxAttempts {
 		if n > 0 {
@@ -401,12 +403,11 @@ func refused(evs []ledger.Event) bool {
 }
 
 func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, bearer string) (httptool.Response, error) {
-	select {
-	case g.bulkhead <- struct{}{}:
-		defer func() { <-g.bulkhead }()
-	case <-ctx.Done():
-		return httptool.Response{}, ctx.Err()
+	release, err := r.x.acquire(ctx, g)
+	if err != nil {
+		return httptool.Response{}, err
 	}
+	defer release()
 	return g.breaker.Execute(func() (httptool.Response, error) {
 		lctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 		defer cancel()

@@ -1,0 +1,400 @@
+package executor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+)
+
+// byCall groups a step's events by call: "t_a/k" -> executing, succeeded.
+func byCall(t *testing.T, recs []*kgo.Record) map[string][]string {
+	t.Helper()
+	m := map[string][]string{}
+	for _, e := range decodeAll(t, recs) {
+		m[e.Key().String()] = append(m[e.Key().String()], summary([]ledger.Event{e})...)
+	}
+	return m
+}
+
+// stepUntil runs empty steps, committing each, until the calls of want
+// all have events, and returns the events they got.
+func stepUntil(t *testing.T, x *executor.Executor, timeout time.Duration, want ...string) map[string][]string {
+	t.Helper()
+	got := map[string][]string{}
+	ledgertest.WaitFor(t, timeout, func() error {
+		out, err := x.Step(t.Context(), nil)
+		if err != nil {
+			return err
+		}
+		for k, evs := range byCall(t, out.Records) {
+			got[k] = append(got[k], evs...)
+		}
+		if out.Committed != nil {
+			if err := out.Committed(t.Context()); err != nil {
+				return err
+			}
+		}
+		for _, k := range want {
+			if _, ok := got[k]; !ok {
+				return fmt.Errorf("no events yet for %s", k)
+			}
+		}
+		return nil
+	})
+	return got
+}
+
+var ticket = map[string]any{"title": "t"}
+
+// A call slower than the step budget does not hold up the others of its
+// batch: the step returns with their events, and the slow call's events
+// come with a later step, with no new record to bring them.
+func TestSlowCallCarriedOver(t *testing.T) {
+	r := newRig(t)
+	// Slow, but within create_ticket's 2s timeout.
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 1200 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) { c.StepBudget = 300 * time.Millisecond })
+	slow := r.admitAs("t_slow", "create_ticket", "slow", ticket, 0)
+	fast := r.admitAs("t_a", "create_ticket", "fast", ticket, 0)
+
+	start := time.Now()
+	out, err := x.Step(t.Context(), []*kgo.Record{slow, fast})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string][]string{"t_a/fast": {"executing", "succeeded"}}, byCall(t, out.Records)); diff != "" {
+		t.Errorf("first step's events (-want +got):\n%s", diff)
+	}
+	if took > 900*time.Millisecond {
+		t.Errorf("the step took %v; want about its 300ms budget, not the slow call's 1.2s", took)
+	}
+	if err := out.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+
+	later := stepUntil(t, x, 10*time.Second, "t_slow/slow")
+	if diff := cmp.Diff(map[string][]string{"t_slow/slow": {"executing", "succeeded"}}, later); diff != "" {
+		t.Errorf("later steps' events (-want +got):\n%s", diff)
+	}
+	for _, k := range []string{"t_a/fast", "t_slow/slow"} {
+		key, _ := ledger.ParseCallKey(k)
+		rec, err := r.store.Get(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != processors.StatusSucceeded || rec.Unlogged() {
+			t.Errorf("%s record %s (unlogged %v); want succeeded and logged", k, rec.Status, rec.Unlogged())
+		}
+		if n := r.backend.AppliedIn("create_ticket", key.TenantID, k); n != 1 {
+			t.Errorf("%s applied %d times; want 1", k, n)
+		}
+	}
+}
+
+// Once a tenant's call to a tool runs past the budget, steps stop waiting
+// for that tenant's new calls to it, so its next slow call costs the
+// other tenants nothing.
+func TestSlowTenantsNextCallsNotWaitedFor(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 1500 * time.Millisecond})
+	budget := 600 * time.Millisecond
+	x := r.executor(func(c *executor.Config) { c.StepBudget = budget })
+
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_slow", "create_ticket", "slow-1", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 {
+		t.Errorf("first step appended %v; want nothing yet", byCall(t, out.Records))
+	}
+
+	start := time.Now()
+	out, err = x.Step(t.Context(), []*kgo.Record{
+		r.admitAs("t_slow", "create_ticket", "slow-2", ticket, 0),
+		r.admitAs("t_a", "create_ticket", "fast", ticket, 0),
+	})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string][]string{"t_a/fast": {"executing", "succeeded"}}, byCall(t, out.Records)); diff != "" {
+		t.Errorf("second step's events (-want +got):\n%s", diff)
+	}
+	if took >= budget*8/10 {
+		t.Errorf("the second step took %v; want it done with the fast call, well before the %v budget", took, budget)
+	}
+	if err := out.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	later := stepUntil(t, x, 10*time.Second, "t_slow/slow-1", "t_slow/slow-2")
+	want := map[string][]string{"t_slow/slow-1": {"executing", "succeeded"}, "t_slow/slow-2": {"executing", "succeeded"}}
+	if diff := cmp.Diff(want, later); diff != "" {
+		t.Errorf("later steps' events (-want +got):\n%s", diff)
+	}
+}
+
+// A tenant whose calls hang holds at most its share of the tool's
+// bulkhead while another tenant uses the tool: the other tenant's call
+// still runs at once. With one bulkhead for all (a share of 1), or when
+// the hanging tenant was alone on the tool until then (a lone tenant may
+// use the whole bulkhead), the same call waits for a slot.
+func TestTenantShareLeavesSlotsForOthers(t *testing.T) {
+	note := map[string]any{"to": "a@example.com", "subject": "s"}
+	for _, tc := range []struct {
+		name        string
+		share       float64
+		otherBefore bool  // the other tenant called the tool before the hang
+		inFlight    int64 // the hanging tenant's requests at the tool
+		fastNow     bool  // the other tenant's call ends in its own step
+	}{
+		// notify's bulkhead is 4: a share of 0.25 is one slot.
+		{"shares", 0.25, true, 1, true},
+		{"one bulkhead", 1, true, 4, false},
+		{"alone until then", 0.25, false, 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.backend.SetTenantFault("send_email", "t_slow", demobackend.Fault{Hang: true})
+			x := r.executor(func(c *executor.Config) {
+				c.StepBudget = 200 * time.Millisecond
+				c.TenantShare = tc.share
+				c.MaxAttempts = 1
+			})
+			var before int64
+			if tc.otherBefore {
+				out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_a", "notify", "before", note, 0)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if diff := cmp.Diff(map[string][]string{"t_a/before": {"executing", "succeeded"}}, byCall(t, out.Records)); diff != "" {
+					t.Fatalf("other tenant's first call (-want +got):\n%s", diff)
+				}
+				before = 1
+			}
+			var hung []*kgo.Record
+			var keys []string
+			for i := range 4 {
+				key := fmt.Sprintf("hung-%d", i)
+				hung = append(hung, r.admitAs("t_slow", "notify", key, note, 1500))
+				keys = append(keys, "t_slow/"+key)
+			}
+			out, err := x.Step(t.Context(), hung)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out.Records) != 0 {
+				t.Fatalf("the hanging calls' step appended %v; want nothing yet", byCall(t, out.Records))
+			}
+			ledgertest.WaitFor(t, 5*time.Second, func() error {
+				if n := r.backend.Requests() - before; n != tc.inFlight {
+					return fmt.Errorf("%d hanging requests at the tool; want %d", n, tc.inFlight)
+				}
+				return nil
+			})
+
+			out, err = x.Step(t.Context(), []*kgo.Record{r.admitAs("t_a", "notify", "fast", note, 0)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := byCall(t, out.Records)
+			if tc.fastNow {
+				if diff := cmp.Diff(map[string][]string{"t_a/fast": {"executing", "succeeded"}}, got); diff != "" {
+					t.Errorf("other tenant's step (-want +got):\n%s", diff)
+				}
+			} else if len(got) != 0 {
+				t.Errorf("other tenant's step appended %v; want nothing, its call waiting for a slot", got)
+			}
+			if err := out.Committed(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			// Nothing is lost: every call ends, the hanging ones at
+			// their deadline.
+			if !tc.fastNow {
+				keys = append(keys, "t_a/fast")
+			}
+			later := stepUntil(t, x, 10*time.Second, keys...)
+			for _, k := range keys {
+				evs := later[k]
+				switch {
+				case k == "t_a/fast":
+					if diff := cmp.Diff([]string{"executing", "succeeded"}, evs); diff != "" {
+						t.Errorf("%s (-want +got):\n%s", k, diff)
+					}
+				case len(evs) != 2 || evs[0] != "executing" || evs[1] == "succeeded":
+					t.Errorf("%s: %v; want executing and an end at the deadline", k, evs)
+				}
+			}
+		})
+	}
+}
+
+// One tenant's failures open its own breaker for the tool, not the
+// other tenants'.
+func TestBreakerPerTenant(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_bad", demobackend.Fault{FailStatus: 503})
+	x := r.executor(func(c *executor.Config) {
+		c.MaxAttempts = 1
+		c.Breaker = executor.BreakerConfig{MinRequests: 3, FailureRatio: 0.5, OpenFor: time.Hour}
+	})
+	var codes []string
+	for i := range 4 {
+		out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_bad", "create_ticket", fmt.Sprintf("bad-%d", i), ticket, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := decodeAll(t, out.Records)
+		codes = append(codes, evs[len(evs)-1].ErrorCode)
+	}
+	if diff := cmp.Diff([]string{"http_503", "http_503", "http_503", "breaker_open"}, codes); diff != "" {
+		t.Errorf("failing tenant's error codes (-want +got):\n%s", diff)
+	}
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_a", "create_ticket", "good", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string][]string{"t_a/good": {"executing", "succeeded"}}, byCall(t, out.Records)); diff != "" {
+		t.Errorf("other tenant's call (-want +got):\n%s", diff)
+	}
+	want := map[string]string{"create_ticket/t_bad": "open", "create_ticket/t_a": "closed"}
+	if diff := cmp.Diff(want, x.BreakerStates()); diff != "" {
+		t.Errorf("breaker states (-want +got):\n%s", diff)
+	}
+}
+
+// At MaxInFlight calls in flight a step waits for one to end before it
+// claims more, and hands out the ended call's events with its own.
+func TestMaxInFlightBackPressure(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 500 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) {
+		c.StepBudget = 50 * time.Millisecond
+		c.MaxInFlight = 1
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_slow", "create_ticket", "slow", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 {
+		t.Fatalf("first step appended %v; want nothing yet", byCall(t, out.Records))
+	}
+	out, err = x.Step(t.Context(), []*kgo.Record{r.admitAs("t_a", "create_ticket", "next", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{"t_slow/slow": {"executing", "succeeded"}, "t_a/next": {"executing", "succeeded"}}
+	if diff := cmp.Diff(want, byCall(t, out.Records)); diff != "" {
+		t.Errorf("second step's events (-want +got):\n%s", diff)
+	}
+}
+
+// A call carried over when the executor shuts down is not lost: it runs
+// to its end and records its outcome itself, Drain waits for that, and
+// its events follow through the sweep of unlogged outcomes.
+func TestShutdownRecordsCarriedCalls(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 500 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) { c.StepBudget = 50 * time.Millisecond })
+	ctx, cancel := context.WithCancel(t.Context())
+	out, err := x.Step(ctx, []*kgo.Record{r.admitAs("t_slow", "create_ticket", "slow", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 {
+		t.Fatalf("step appended %v; want nothing yet", byCall(t, out.Records))
+	}
+	cancel() // the loop stops; no step will come
+	dctx, dcancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer dcancel()
+	if err := x.Drain(dctx); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	key := ledger.CallKey{TenantID: "t_slow", IdempotencyKey: "slow"}
+	rec, err := r.store.Get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != processors.StatusSucceeded || !rec.Unlogged() {
+		t.Fatalf("after shutdown the record is %s (unlogged %v); want succeeded, waiting for the log", rec.Status, rec.Unlogged())
+	}
+	next := r.executor(func(c *executor.Config) {
+		c.SweepEvery = time.Nanosecond
+		c.UnloggedGrace = time.Millisecond
+	})
+	got := stepUntil(t, next, 5*time.Second, key.String())
+	if diff := cmp.Diff(map[string][]string{key.String(): {"executing", "succeeded"}}, got); diff != "" {
+		t.Errorf("swept events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_slow", key.String()); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// failingClaims is the store, except that Claim fails while fail is set.
+type failingClaims struct {
+	executor.Store
+	fail bool
+}
+
+func (s *failingClaims) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
+	if s.fail {
+		return nil, errors.New("store unavailable")
+	}
+	return s.Store.Claim(ctx, cs)
+}
+
+// A step that fails after it took a carried call's outcome (here: it
+// waited for it at MaxInFlight, then could not claim its batch) records
+// the outcome before it returns, so that the sweep appends its events:
+// the failed step's batch is redelivered, the carried call's event is
+// not.
+func TestFailedStepRecordsTheOutcomesItTook(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 300 * time.Millisecond})
+	st := &failingClaims{Store: r.store}
+	x := r.executor(func(c *executor.Config) {
+		c.Store = st
+		c.StepBudget = 50 * time.Millisecond
+		c.MaxInFlight = 1
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_slow", "create_ticket", "slow", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 {
+		t.Fatalf("first step appended %v; want nothing yet", byCall(t, out.Records))
+	}
+	st.fail = true
+	if _, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_a", "create_ticket", "next", ticket, 0)}); err == nil {
+		t.Fatal("step with a failing store returned no error")
+	}
+	key := ledger.CallKey{TenantID: "t_slow", IdempotencyKey: "slow"}
+	rec, err := r.store.Get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != processors.StatusSucceeded || !rec.Unlogged() {
+		t.Fatalf("after the failed step the record is %s (unlogged %v); want succeeded, waiting for the log", rec.Status, rec.Unlogged())
+	}
+	st.fail = false
+	next := r.executor(func(c *executor.Config) {
+		c.SweepEvery = time.Nanosecond
+		c.UnloggedGrace = time.Millisecond
+	})
+	got := stepUntil(t, next, 5*time.Second, key.String())
+	if diff := cmp.Diff(map[string][]string{key.String(): {"executing", "succeeded"}}, got); diff != "" {
+		t.Errorf("swept events (-want +got):\n%s", diff)
+	}
+}

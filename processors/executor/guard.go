@@ -1,0 +1,398 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/schemas"
+)
+
+// This file holds what keeps one tenant's trouble with a tool from
+// reaching the other tenants: bulkheads and breakers per tool and tenant,
+// and the calls in flight that steps carry over instead of waiting for.
+
+// toolGuard is one tool's bulkhead, shared by its tenants, and the
+// tenants' guards. Apart from slots, it is under Executor.mu.
+type toolGuard struct {
+	slots   chan struct{} // MaxConcurrency: attempts in flight for all tenants
+	share   int           // the slots one tenant may hold while others use the tool
+	tenants map[string]*guard
+	// recent are the last two distinct tenants to use the tool, the
+	// latest first: enough to tell whether another tenant than a given
+	// one used it lately.
+	recent [2]use
+}
+
+type use struct {
+	tenant string
+	at     time.Time
+}
+
+// used notes that tenant used the tool at now.
+func (tg *toolGuard) used(tenant string, now time.Time) {
+	if tg.recent[0].tenant != tenant {
+		tg.recent[1] = tg.recent[0]
+	}
+	tg.recent[0] = use{tenant, now}
+}
+
+// alone reports whether no tenant but tenant used the tool within w.
+func (tg *toolGuard) alone(tenant string, now time.Time, w time.Duration) bool {
+	for _, u := range tg.recent {
+		if u.tenant != "" && u.tenant != tenant && now.Sub(u.at) < w {
+			return false
+		}
+	}
+	return true
+}
+
+// guard is one tenant's part of a tool: its circuit breaker for the tool
+// and its share of the tool's bulkhead. Apart from breaker, it is under
+// Executor.mu.
+type guard struct {
+	tool, tenant string
+	tg           *toolGuard
+	breaker      *gobreaker.CircuitBreaker[httptool.Response]
+
+	held     int           // slots of the tool's bulkhead the tenant holds or is taking
+	freed    chan struct{} // closed when the tenant gives a slot back
+	users    int           // calls and lookups holding the guard: it is not pruned meanwhile
+	slow     int           // the tenant's calls to the tool running past a step's budget
+	lastUsed time.Time
+}
+
+// acquire takes a slot of the tool's bulkhead for g's tenant, waiting
+// until ctx is done. The tenant takes at most its share of the bulkhead
+// while other tenants use the tool (within a breaker window), so its
+// hanging calls leave the rest to them; alone, it may take every slot.
+// The share is checked first, so a tenant waiting for its share holds
+// none of the tool's slots.
+func (x *Executor) acquire(ctx context.Context, g *guard) (release func(), err error) {
+	for {
+		now := x.cfg.Now()
+		x.mu.Lock()
+		if g.held < g.tg.share || g.tg.alone(g.tenant, now, x.cfg.Breaker.Window) {
+			g.held++
+			g.tg.used(g.tenant, now)
+			x.mu.Unlock()
+			break
+		}
+		// The tenant holds its share, so it gives a slot back
+		// sooner or later; then it may take one again.
+		freed := g.freed
+		x.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	select {
+	case g.tg.slots <- struct{}{}:
+	case <-ctx.Done():
+		x.giveBack(g)
+		return nil, ctx.Err()
+	}
+	return func() {
+		<-g.tg.slots
+		x.giveBack(g)
+	}, nil
+}
+
+// giveBack ends the tenant's hold on a slot and wakes its calls waiting
+// for one.
+func (x *Executor) giveBack(g *guard) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	g.held--
+	close(g.freed)
+	g.freed = make(chan struct{})
+}
+
+func newExecutor(cfg Config) *Executor {
+	return &Executor{cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), done: make(chan *flight)}
+}
+
+// guard returns tenant's guard for tool, creating it on first use, and
+// holds it until release.
+func (x *Executor) guard(tool *schemas.Tool, tenant string) *guard {
+	now := x.cfg.Now()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.pruneLocked(now)
+	tg, ok := x.guards[tool.Name]
+	if !ok {
+		n := max(tool.MaxConcurrency, 1)
+		tg = &toolGuard{
+			slots:   make(chan struct{}, n),
+			share:   max(1, int(float64(n)*x.cfg.TenantShare)),
+			tenants: make(map[string]*guard),
+		}
+		x.guards[tool.Name] = tg
+	}
+	g, ok := tg.tenants[tenant]
+	if !ok {
+		g = &guard{
+			tool: tool.Name, tenant: tenant, tg: tg,
+			breaker: x.newBreaker(tool.Name, tenant),
+			freed:   make(chan struct{}),
+		}
+		tg.tenants[tenant] = g
+	}
+	g.users++
+	g.lastUsed = now
+	// A call that waits counts as using the tool: its tenant is one of
+	// those the others leave slots for.
+	tg.used(tenant, now)
+	return g
+}
+
+// release gives back a guard taken with Executor.guard.
+func (x *Executor) release(g *guard) {
+	now := x.cfg.Now()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	g.users--
+	g.lastUsed = now
+}
+
+// pruneLocked forgets the guards of tenants that have not used a tool for
+// a breaker window plus its open time, so that memory follows the tenants
+// that are active rather than all that ever were. A breaker idle that
+// long is closed or half-open; forgetting it closes it.
+func (x *Executor) pruneLocked(now time.Time) {
+	idle := x.cfg.Breaker.Window + x.cfg.Breaker.OpenFor
+	if now.Sub(x.lastPrune) < idle {
+		return
+	}
+	x.lastPrune = now
+	for _, tg := range x.guards {
+		for tenant, g := range tg.tenants {
+			if g.users == 0 && now.Sub(g.lastUsed) >= idle {
+				delete(tg.tenants, tenant)
+			}
+		}
+	}
+}
+
+func (x *Executor) newBreaker(tool, tenant string) *gobreaker.CircuitBreaker[httptool.Response] {
+	bc := x.cfg.Breaker
+	log := x.cfg.Logger
+	return gobreaker.NewCircuitBreaker[httptool.Response](gobreaker.Settings{
+		Name:        tool + "/" + tenant,
+		MaxRequests: 1,
+		Interval:    bc.Window,
+		Timeout:     bc.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.Requests >= bc.MinRequests && float64(c.TotalFailures)/float64(c.Requests) >= bc.FailureRatio
+		},
+		// A tool refusing a bad request is healthy.
+		IsSuccessful: func(err error) bool {
+			var he *httptool.Error
+			return err == nil || errors.As(err, &he) && he.Kind == httptool.Refused
+		},
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			log.Warn("breaker state change", "tool", tool, "tenant", tenant, "from", from.String(), "to", to.String())
+		},
+	})
+}
+
+// BreakerStates reports the circuit breakers' states (closed, open,
+// half-open), for health pages, keyed "tool/tenant": each tenant has its
+// own breaker for each tool. A tenant's breaker that has been idle for a
+// breaker window plus its open time is forgotten, which closes it.
+func (x *Executor) BreakerStates() map[string]string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	m := make(map[string]string)
+	for name, tg := range x.guards {
+		for tenant, g := range tg.tenants {
+			m[name+"/"+tenant] = g.breaker.State().String()
+		}
+	}
+	return m
+}
+
+// flight is one claimed call running in the background. ended and slow
+// are under Executor.mu; c is the call's completion once it ended.
+type flight struct {
+	key   ledger.CallKey
+	g     *guard // nil when the registry does not know the tool
+	c     processors.Completion
+	ended bool
+	slow  bool // counted in g.slow
+}
+
+// flights counts the calls in flight: launched by a step, and neither
+// handed to a step nor recorded on their own yet.
+type flights struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0
+}
+
+func (f *flights) add() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.n++
+}
+
+func (f *flights) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n--
+	if f.n == 0 {
+		close(f.idle)
+	}
+}
+
+func (f *flights) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n
+}
+
+// wait waits until no call is in flight, or ctx is done.
+func (f *flights) wait(ctx context.Context) error {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	idle := f.idle
+	f.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// launch runs a claimed call in the background. It reports whether the
+// step should wait for the call: not when the call's tenant already has
+// calls to the tool running past a step's budget, since this one will
+// most likely be as slow (or wait for the same share of the bulkhead).
+//
+// The goroutine is owned by the executor: it ends when the call's
+// attempts end, bounded by the call's deadline and lease, and the
+// outcome has been handed to a step, or, when ctx is done (shutdown),
+// recorded in the store. A claimed call runs to its end even when the
+// executor is shutting down, so that its outcome is recorded rather than
+// lost to a reclaim.
+func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool) (*flight, bool) {
+	f := &flight{key: rec.Key}
+	if tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion); err == nil {
+		f.g = x.guard(tool, rec.Key.TenantID)
+	}
+	x.mu.Lock()
+	x.running[rec.Key] = struct{}{}
+	wait := f.g == nil || f.g.slow == 0
+	if !wait {
+		// While the tenant has calls running past a budget, its new
+		// calls to the tool count as slow too: the episode lasts as
+		// long as any of them runs, so a hanging tenant costs the
+		// others one budget per episode, not one per call that ends.
+		// A busy tenant may so stay "slow" after its tool recovered;
+		// that costs its own outcomes a tick, nothing else.
+		f.slow = true
+		f.g.slow++
+	}
+	x.mu.Unlock()
+	x.flights.add()
+	go func() {
+		c := x.execute(context.WithoutCancel(ctx), tmpl, rec, reclaimed, f.g)
+		now := x.cfg.Now()
+		x.mu.Lock()
+		f.c, f.ended = c, true
+		if g := f.g; g != nil {
+			if f.slow {
+				g.slow--
+			}
+			g.users--
+			g.lastUsed = now
+		}
+		x.mu.Unlock()
+		select {
+		case x.done <- f:
+		case <-ctx.Done():
+			x.recordAlone(ctx, f)
+			x.landed(f)
+		}
+	}()
+	return f, wait
+}
+
+// landed ends f's flight: a step took it, or it recorded itself.
+func (x *Executor) landed(f *flight) {
+	x.mu.Lock()
+	delete(x.running, f.key)
+	x.mu.Unlock()
+	x.flights.done()
+}
+
+// inFlight reports whether this executor runs the call, or holds its
+// outcome for a step: its claim is this executor's, however late, and
+// neither a redelivery nor the sweep of expired leases should take it.
+func (x *Executor) inFlight(k ledger.CallKey) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	_, ok := x.running[k]
+	return ok
+}
+
+// carry marks the calls a step stops waiting for as running past its
+// budget: until they end, steps do not wait for their tenants' new calls
+// to the same tools.
+func (x *Executor) carry(fs map[*flight]struct{}) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for f := range fs {
+		if !f.ended && !f.slow && f.g != nil {
+			f.slow = true
+			f.g.slow++
+		}
+	}
+}
+
+// recordAlone records finished calls in the store outside a step's
+// output, when no step will append their events (shutdown, or a step
+// that failed after taking them): the events follow from the outbox
+// through the sweep of unlogged outcomes. A failure here leaves the calls
+// to their leases, as a crash would.
+func (x *Executor) recordAlone(ctx context.Context, fs ...*flight) {
+	var cs []processors.Completion
+	for _, f := range fs {
+		if f.c.Epoch != 0 {
+			cs = append(cs, f.c)
+		}
+	}
+	if len(cs) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if _, err := x.cfg.Store.Complete(cctx, cs); err != nil {
+		x.cfg.Logger.Error("record finished calls; their leases will expire", "calls", len(cs), "err", err)
+	}
+}
+
+// Drain waits until every call this executor started has ended and been
+// handed to a step or recorded in the store, or until ctx is done. Call
+// it after the loop's Run returned and before closing the store: calls
+// still running at shutdown record their outcomes themselves, and Drain
+// lets them finish doing so. What Drain does not wait for is left to the
+// leases (see Config.DrainTimeout).
+func (x *Executor) Drain(ctx context.Context) error {
+	return x.flights.wait(ctx)
+}
