@@ -6,7 +6,7 @@ DATA_DIR ?= ./.ledger
 TEST_TIMEOUT ?= 13m
 BENCH_COUNT ?= 1
 
-.PHONY: dev build test bench bench-sizes bench-go bench-projections screenshots fuzz lint vet
+.PHONY: dev build test bench bench-sizes bench-go bench-projections screenshots fuzz chaos lint vet
 
 dev:
 	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR)
@@ -25,10 +25,26 @@ WITH_SERVICES = set -euo pipefail; \
 	source "$$env_file"; \
 	export LEDGER_TEST_REQUIRE=1;
 
+# The fuzz targets: envelope decoding, JSON decoding, JCS hashing, event
+# folding, schema validation (package:target).
+FUZZ_TARGETS = ledger:FuzzDecodeEnvelope ledger:FuzzDecode ledger:FuzzCanonical \
+	statemachine:FuzzApplySequence schemas:FuzzValidate
+FUZZ_BOUNDED ?= 8s
+FUZZTIME ?= 5m
+# run-fuzz runs every fuzz target for $(1).
+run-fuzz = for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; fn=$${t\#*:}; \
+	  echo "== fuzz $$fn ($(1))" >&2; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(1) ./$$pkg/ || exit 1; \
+	done
+
 test:
 	@$(WITH_SERVICES) \
-	echo "== go vet" >&2; $(GO) vet ./...; \
-	echo "== go test" >&2; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	echo "== go vet" >&2; $(GO) vet ./...; $(GO) vet -tags failpoints ./...; \
+	echo "== go test" >&2; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...; \
+	echo "== crash points (build tag failpoints)" >&2; \
+	$(GO) test -tags failpoints -count=1 -timeout 10m -run 'TestChaosBounded|TestCrash' ./cmd/ledger/ ./ledger/failpoint/; \
+	$(call run-fuzz,$(FUZZ_BOUNDED))
 
 vet:
 	$(GO) vet ./...
@@ -93,6 +109,21 @@ screenshots:
 	LEDGER_SCREENSHOTS_DIR=$$(realpath $(SCREENSHOTS)) $(GO) test -count=1 -run TestConsoleInBrowser ./cmd/ledger/; \
 	ls -l $(SCREENSHOTS) >&2
 
+# Every fuzz target for FUZZTIME each.
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecodeEnvelope -fuzztime 60s ./ledger/
-	$(GO) test -run '^$$' -fuzz FuzzApplySequence -fuzztime 60s ./statemachine/
+	@$(call run-fuzz,$(FUZZTIME))
+
+# The reliability suite at full size: `ledger chaos` (built with the
+# failpoints tag) for CHAOS_DURATION at CHAOS_RATE calls/s, every crash
+# point hit at least 50 times, at least 50,000 calls; the figures table is
+# printed and written under CHAOS_OUT.
+CHAOS_OUT ?= chaos-out
+CHAOS_DURATION ?= 15m
+CHAOS_RATE ?= 60
+CHAOS_FLAGS ?=
+chaos:
+	@$(WITH_SERVICES) \
+	mkdir -p $(CHAOS_OUT); \
+	$(GO) build -tags failpoints -o $(CHAOS_OUT)/ledger ./cmd/ledger; \
+	$(CHAOS_OUT)/ledger chaos --crdb-dsn "$$LEDGER_TEST_PG_DSN" --duration $(CHAOS_DURATION) --rate $(CHAOS_RATE) \
+		--min-calls 50000 --min-crashes 50 --json $(CHAOS_OUT)/chaos.json $(CHAOS_FLAGS) | tee $(CHAOS_OUT)/chaos.txt

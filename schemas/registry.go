@@ -63,6 +63,11 @@ func Demo() (*Registry, error) {
 	return r, nil
 }
 
+// DemoFiles returns the files of the demo registry embedded in the binary
+// (tools/<name>.v<version>.json), for a tool that writes a variant of it
+// (the reliability suite shortens the tools' timeouts).
+func DemoFiles() fs.FS { return files }
+
 // fileNameRE is what a registry file must be called: <name>.v<version>.json.
 var fileNameRE = regexp.MustCompile(`^([a-z][a-z0-9_]{0,63})\.v([1-9][0-9]{0,8})\.json$`)
 

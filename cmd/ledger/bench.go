@@ -159,17 +159,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		return err
 	}
 	logger := g.logger()
-	dir := f.workDir
-	if dir == "" {
-		if dir, err = os.MkdirTemp("", "ledger-bench-"); err != nil {
-			return err
-		}
-		if !f.keep {
-			defer os.RemoveAll(dir)
-		}
-	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+	dir, cleanup, err := makeWorkDir(f.workDir, "ledger-bench-", f.keep)
+	if err != nil {
 		return err
 	}
+	defer cleanup()
 	if f.profile != "" {
 		if err := os.MkdirAll(f.profile, 0o755); err != nil {
 			return err
@@ -320,6 +314,22 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	return nil
 }
 
+// makeWorkDir returns dir, created if missing, or when dir is empty a new
+// temporary directory named by prefix, which cleanup removes unless keep.
+func makeWorkDir(dir, prefix string, keep bool) (string, func(), error) {
+	if dir != "" {
+		return dir, func() {}, os.MkdirAll(dir, 0o700)
+	}
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	if keep {
+		return dir, func() {}, nil
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
+}
+
 func (f *benchFlags) validate() error {
 	switch {
 	case f.calls < 0, f.calls == 0 && f.duration <= 0:
@@ -428,7 +438,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		} else {
 			args = append(args, "--data-dir", filepath.Join(e.dir, fmt.Sprintf("run%d", e.runs)), "--executors", strconv.Itoa(r.executors))
 		}
-		n, err := startBenchNode(args, filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
+		n, err := startNode(args, nil, filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
 		if err != nil {
 			return loadtest.RunReport{}, err
 		}
@@ -566,7 +576,9 @@ type benchNode struct {
 	done chan error
 }
 
-func startBenchNode(args []string, logPath string) (*benchNode, error) {
+// startNode starts this binary with args, its output into logPath and env
+// added to this process's environment.
+func startNode(args, env []string, logPath string) (*benchNode, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -577,6 +589,9 @@ func startBenchNode(args []string, logPath string) (*benchNode, error) {
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Stdout, cmd.Stderr = log, log
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		log.Close()

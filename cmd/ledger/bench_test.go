@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
 	"github.com/toolcall-ledger/ledger/processors/storetest"
 	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
@@ -36,27 +34,13 @@ func TestMain(m *testing.M) {
 // limits, and checks the report: every call accounted for at the tool,
 // nothing duplicated or lost, every figure present.
 func TestBenchOnPostgres(t *testing.T) {
-	dsn := storetest.PGDSN(t)
-	schema := storetest.FreshSchema(t, dsn)
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = conn.Exec(t.Context(), "CREATE SCHEMA "+schema)
-	conn.Close(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
+	dsn := freshSchemaDSN(t)
 	t.Setenv(runMainEnv, "1")
 	dir := t.TempDir()
 	jsonOut, svgOut := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
 	chDSN, chDB := chtest.DSN(t), chtest.FreshDatabase(t)
 	out := runBenchCmd(t,
-		"--crdb-dsn", dsn+sep+"search_path="+schema,
+		"--crdb-dsn", dsn,
 		"--clickhouse-dsn", chDSN, "--clickhouse-database", chDB,
 		"--mix", "create_ticket=1,get_weather=1", "--tenants", "3",
 		"--calls", "400", "--warmup", "100", "--concurrency", "64", "--executors", "2",
@@ -171,6 +155,20 @@ func TestBenchFlags(t *testing.T) {
 			t.Errorf("bench %v: no error", args)
 		}
 	}
+}
+
+// freshSchemaDSN is the test PostgreSQL's DSN with a fresh schema, created
+// and dropped with the test, as its search_path: the processes a command
+// starts share it, and it shares nothing with other tests.
+func freshSchemaDSN(t *testing.T) string {
+	t.Helper()
+	dsn := storetest.PGDSN(t)
+	out, drop, err := createSchemaDSN(t.Context(), dsn, storetest.FreshSchema(t, dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	return out
 }
 
 func runBenchCmd(t *testing.T, args ...string) string {

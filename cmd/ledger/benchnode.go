@@ -86,7 +86,10 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 	if err != nil {
 		return err
 	}
-	var loops []*ledger.Loop
+	var (
+		loops  []*ledger.Loop
+		drains []func(context.Context) error
+	)
 	if f.intake {
 		ident, err := f.ident.verifier(ctx, logger)
 		if err != nil {
@@ -104,11 +107,12 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 			return err
 		}
 		for i := range f.executors {
-			loop, _, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), logger)
+			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), logger)
 			if err != nil {
 				return err
 			}
 			loops = append(loops, loop)
+			drains = append(drains, x.Drain)
 		}
 	}
 	if len(loops) == 0 {
@@ -119,7 +123,11 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 	for _, l := range loops {
 		grp.Go(func() error { return l.Run(ctx) })
 	}
-	return grp.Wait()
+	err = grp.Wait()
+	for _, d := range drains {
+		drainCalls(ctx, d, logger)
+	}
+	return err
 }
 
 // startProfiles starts a CPU profile into <prefix>.cpu.pprof; the returned

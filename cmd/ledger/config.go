@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
@@ -26,6 +28,10 @@ type kafkaFlags struct {
 	dlq        string
 	partitions int32
 	replicas   int16
+	// sessionTimeout and rebalanceTimeout configure the processors'
+	// consumer-group membership.
+	sessionTimeout   time.Duration
+	rebalanceTimeout time.Duration
 }
 
 func (k *kafkaFlags) register(fs *pflag.FlagSet) {
@@ -36,6 +42,8 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&k.dlq, "topic-dlq", "toolcalls.dlq", "topic for requests that cannot be parsed")
 	fs.Int32Var(&k.partitions, "partitions", 12, "partitions per topic when the ledger creates its topics")
 	fs.Int16Var(&k.replicas, "replication-factor", 1, "replication factor when the ledger creates its topics (3 in production)")
+	fs.DurationVar(&k.sessionTimeout, "session-timeout", 45*time.Second, "how long an intake or executor may go silent before its consumer group gives its partitions to the others")
+	fs.DurationVar(&k.rebalanceTimeout, "rebalance-timeout", time.Minute, "how long a rebalance of an intake or executor group waits for its members to rejoin (and for each to end the transaction it is in)")
 }
 
 func (k *kafkaFlags) topics() ledger.Topics {
@@ -43,7 +51,7 @@ func (k *kafkaFlags) topics() ledger.Topics {
 }
 
 func (k *kafkaFlags) client(logger *slog.Logger) ledger.ClientConfig {
-	return ledger.ClientConfig{Brokers: k.brokers, Logger: logger}
+	return ledger.ClientConfig{Brokers: k.brokers, Logger: logger, SessionTimeout: k.sessionTimeout, RebalanceTimeout: k.rebalanceTimeout}
 }
 
 func (k *kafkaFlags) topicConfig() ledger.TopicConfig {
@@ -54,6 +62,9 @@ func (k *kafkaFlags) topicConfig() ledger.TopicConfig {
 type storeFlags struct {
 	crdbDSN string
 	dataDir string
+	// failpoint is the SQL store's crash hook, set by a role that runs
+	// under the reliability suite; nil otherwise.
+	failpoint failpoint.Hook
 }
 
 func (s *storeFlags) register(fs *pflag.FlagSet, withDataDir bool) {
@@ -67,7 +78,7 @@ func (s *storeFlags) register(fs *pflag.FlagSet, withDataDir bool) {
 // when a DSN is set, else the embedded store in the data directory.
 func (s *storeFlags) openStore(ctx context.Context, logger *slog.Logger) (processors.Store, string, error) {
 	if s.crdbDSN != "" {
-		st, err := pgstore.Open(ctx, pgstore.Config{DSN: s.crdbDSN, Logger: logger})
+		st, err := pgstore.Open(ctx, pgstore.Config{DSN: s.crdbDSN, Logger: logger, Failpoint: s.failpoint})
 		if err != nil {
 			return nil, "", err
 		}

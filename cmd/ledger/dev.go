@@ -353,7 +353,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	})
 	grp.Go(func() error { return queue.RunTimer(ctx, time.Second) })
 	grp.Go(func() error { return intakeRole.Run(ctx) })
-	grp.Go(func() error { return exec.Run(ctx) })
+	grp.Go(func() error {
+		err := exec.Run(ctx)
+		drainCalls(ctx, execProc.Drain, logger)
+		return err
+	})
 	grp.Go(func() error { return reconcileRole.Run(ctx) })
 	grp.Go(func() error { return indexer.Run(ctx) })
 	if chProjector != nil {

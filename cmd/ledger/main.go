@@ -86,6 +86,7 @@ func newRoot() *cobra.Command {
 		newProjectorCmd(g),
 		newAPICmd(g),
 		newBenchCmd(g),
+		newChaosCmd(g),
 		newBlastRadiusCmd(g),
 		newOutcomesCmd(g),
 		newUnresolvedCmd(g),

@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/control"
@@ -33,6 +35,10 @@ type roleFlags struct {
 	store    storeFlags
 	registry registryFlags
 	instance string
+	// drain, if set by the role's build, runs after its loop stopped and
+	// before the store closes: an executor's calls still running then
+	// record their outcomes.
+	drain func(context.Context) error
 }
 
 func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
@@ -55,13 +61,23 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 	if err != nil {
 		return nil, nil, err
 	}
-	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance})
+	fp, err := failpoint.FromEnv("intake")
+	if err != nil {
+		return nil, nil, err
+	}
+	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance, Failpoint: fp})
 	return loop, in, err
 }
 
 // executorLoop wires an executor onto its loop.
 func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
-	tools := httptool.New(httptool.Config{})
+	// The reliability suite's crash points, in a binary built with the
+	// failpoints tag; nil (and free) otherwise.
+	fp, err := failpoint.FromEnv("executor")
+	if err != nil {
+		return nil, nil, err
+	}
+	tools := httptool.New(httptool.Config{Failpoint: fp})
 	x, err := executor.New(executor.Config{
 		Registry: reg, Store: st, Topics: topics,
 		Caller:      tools,
@@ -73,11 +89,12 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 		BaseURL:     toolsBase,
 		Owner:       "executor/" + instance,
 		Logger:      logger.With("processor", "executor"),
+		Failpoint:   fp,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance})
+	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Failpoint: fp})
 	return loop, x, err
 }
 
@@ -89,6 +106,12 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 	if err != nil {
 		return err
 	}
+	if rf.store.failpoint, err = failpoint.FromEnv(role); err != nil {
+		return err
+	}
+	if failpoint.Enabled && rf.store.failpoint != nil {
+		logger.Warn("failpoints armed: this process will crash itself on purpose", "spec", os.Getenv(failpoint.EnvSpec))
+	}
 	st, desc, err := rf.store.openStore(ctx, logger)
 	if err != nil {
 		return err
@@ -99,8 +122,28 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 		return err
 	}
 	logger.Info(role+" starting", "brokers", g.kafka.brokers, "store", desc, "instance", rf.instance)
-	return loop.Run(ctx)
+	err = loop.Run(ctx)
+	drainCalls(ctx, rf.drain, logger)
+	return err
 }
+
+// drainCalls runs drain, if set, bounded by drainTimeout, once a loop has
+// stopped and before the store closes.
+func drainCalls(ctx context.Context, drain func(context.Context) error, logger *slog.Logger) {
+	if drain == nil {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainTimeout)
+	defer cancel()
+	if err := drain(dctx); err != nil {
+		logger.Warn("calls still running at shutdown are left to their leases", "err", err)
+	}
+}
+
+// drainTimeout bounds how long a stopping executor waits for its calls
+// still running to record their outcomes; what is left then is reclaimed
+// when its lease expires, as after a crash.
+const drainTimeout = 15 * time.Second
 
 func newIntakeCmd(g *globals) *cobra.Command {
 	var (
@@ -211,8 +254,12 @@ func newExecutorCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				loop, _, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, logger)
-				return loop, err
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, logger)
+				if err != nil {
+					return nil, err
+				}
+				rf.drain = x.Drain
+				return loop, nil
 			})
 		},
 	}

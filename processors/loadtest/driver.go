@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +29,9 @@ type Tool struct {
 	Weight int
 	// Args returns call i's arguments.
 	Args func(i int64) map[string]any
+	// DeadlineMS, when positive, is this tool's envelopes' deadline
+	// instead of Config.DeadlineMS.
+	DeadlineMS int64
 }
 
 // DemoTool returns the demo backend's tool name with arguments that the
@@ -380,6 +384,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 func tenantName(t int) string { return "t_bench" + strconv.Itoa(t) }
 
+// CallKey is the key of call i of run runID with tenants tenants (as
+// Config.RunID and Config.Tenants, defaults applied): what a checker needs
+// to list every call a run submitted (Result.Submitted of them, from 0).
+func CallKey(runID string, tenants int, i int64) ledger.CallKey {
+	return ledger.CallKey{TenantID: tenantName(int(i % int64(tenants))), IdempotencyKey: callKey(runID, i)}
+}
+
 // callKey is call i's idempotency key, shaped as agents' keys are (a run
 // id, then the step): "<8 hex digits>:<run id>-<i>". The leading digits
 // scatter the keys as agents' random run ids do; keys that grow in order
@@ -605,7 +616,7 @@ func (r *run) envelope(i int64) (*kgo.Record, error) {
 		Tool: tool.Name, ToolVersion: tool.Version, CallID: "call_" + key,
 		Scope:          ledger.Scope{TenantID: tenantName(tenant), UserID: "u_bench"},
 		TraceID:        "tr_" + key,
-		DeadlineMS:     r.cfg.DeadlineMS,
+		DeadlineMS:     cmp.Or(tool.DeadlineMS, r.cfg.DeadlineMS),
 		IdempotencyKey: key, ArgumentsHash: hash, Assertion: r.tokens[tenant],
 		Arguments: json.RawMessage(raw),
 	}

@@ -810,3 +810,41 @@ func TestRunStalledClosedLoop(t *testing.T) {
 		t.Errorf("Run took %s on a stalled ledger; want about two drains", d)
 	}
 }
+
+// TestEnvelopeKeysAndDeadlines: CallKey names exactly the key and tenant
+// that call i is published under, and a tool's own deadline wins over the
+// run's.
+func TestEnvelopeKeysAndDeadlines(t *testing.T) {
+	weather, err := DemoTool("get_weather", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refund, err := DemoTool("refund_order", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refund.DeadlineMS = 5_000
+	cfg := Config{RunID: "k1", Tenants: 3, DeadlineMS: 60_000, Tools: []Tool{weather, refund}}
+	r := &run{cfg: cfg, mix: newMix(cfg.Tools), tokens: []string{"a0", "a1", "a2"}}
+	for i := range int64(12) {
+		rec, err := r.envelope(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env ledger.Envelope
+		if err := json.Unmarshal(rec.Value, &env); err != nil {
+			t.Fatal(err)
+		}
+		want := CallKey(cfg.RunID, cfg.Tenants, i)
+		if got := env.Key(); got != want {
+			t.Errorf("call %d published as %v; CallKey says %v", i, got, want)
+		}
+		wantDeadline := int64(60_000)
+		if env.Tool == "refund_order" {
+			wantDeadline = 5_000
+		}
+		if env.DeadlineMS != wantDeadline {
+			t.Errorf("call %d (%s): deadline %d ms; want %d", i, env.Tool, env.DeadlineMS, wantDeadline)
+		}
+	}
+}

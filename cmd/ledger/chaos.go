@@ -1,0 +1,711 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/failpoint"
+	"github.com/toolcall-ledger/ledger/processors/consistency"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/loadtest"
+	"github.com/toolcall-ledger/ledger/processors/pgstore"
+	"github.com/toolcall-ledger/ledger/schemas"
+)
+
+// chaosFlags configure `ledger chaos`.
+type chaosFlags struct {
+	crdbDSN        string
+	duration       time.Duration
+	minCalls       int64
+	rate           float64
+	executors      int
+	minCrashes     int
+	mix            string
+	tenants        int
+	toolTimeout    time.Duration
+	lookupDeadline time.Duration
+	sessionTimeout time.Duration
+	drain          time.Duration
+	workDir        string
+	keep           bool
+	jsonOut        string
+	nodeLogLevel   string
+	pause          bool
+}
+
+// pausePoint names the fault that is not a crash: an executor stopped
+// (SIGSTOP) past its group session and its claims' leases, then resumed.
+const pausePoint = "executor.paused"
+
+func newChaosCmd(g *globals) *cobra.Command {
+	var f chaosFlags
+	cmd := &cobra.Command{
+		Use:   "chaos",
+		Short: "Crash the ledger's processors at every failpoint under load, and count what happened at the tools and in the log",
+		Long: `chaos runs an intake, several executors and a reconciler as processes of
+their own (the real role commands) on an in-process Kafka and a
+CockroachDB/PostgreSQL store, offers them calls at a steady rate, and
+meanwhile kills them at the failpoints: each process starts with one point
+armed, the one crashed least so far, and dies there by SIGKILL; it is
+restarted at once. Executors are also stopped (SIGSTOP) past their group
+session and their claims' leases, then resumed. When the load ends the
+crashing stops, every call is waited for, and the whole history is checked:
+duplicate and orphan effects at the tools, lost calls, illegal transitions
+and aborted-transaction events visible in the log, and the time to a
+terminal state and to resolve unknown outcomes.
+
+It needs a binary built with -tags failpoints (make chaos). It exits 1 when
+any count that must be 0 is not, or a point was hit fewer than
+--min-crashes times.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runChaos(cmd.Context(), g, &f, cmd.ErrOrStderr(), cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store (required: several executor processes share it)")
+	fs.DurationVar(&f.duration, "duration", 10*time.Minute, "how long to offer load and crash processes")
+	fs.Int64Var(&f.minCalls, "min-calls", 50_000, "fail unless at least this many calls were made")
+	fs.Float64Var(&f.rate, "rate", 100, "calls offered per second (open loop)")
+	fs.IntVar(&f.executors, "executors", 3, "executor processes")
+	fs.IntVar(&f.minCrashes, "min-crashes", 50, "fail unless every failpoint (and the pause) was hit at least this many times")
+	fs.StringVar(&f.mix, "mix", "create_ticket=2,refund_order=1,get_weather=1", "tools and weights (tools that the reconciler can resolve)")
+	fs.IntVar(&f.tenants, "tenants", 8, "tenants sharing the calls")
+	fs.DurationVar(&f.toolTimeout, "tool-timeout", 2*time.Second, "the tools' timeout in the run's registry: it sets the claims' leases, and so how long a pause must last")
+	fs.DurationVar(&f.lookupDeadline, "lookup-deadline", 8*time.Second, "deadline of the calls to tools with a status lookup (refund_order): shorter than a claim's lease, so that such a call whose executor died is past its deadline when reclaimed, and its outcome is unknown until the reconciler looks it up")
+	fs.DurationVar(&f.sessionTimeout, "session-timeout", 1500*time.Millisecond, "the processors' consumer-group session timeout (their rebalance timeout is twice it): short, so that the group gives a dead process's partitions to the others soon")
+	fs.DurationVar(&f.drain, "drain", 5*time.Minute, "after the load, how long to wait for the last calls before counting them lost")
+	fs.StringVar(&f.workDir, "work-dir", "", "directory for the processes' logs, the crash log and the keys (default: a temporary one, removed unless --keep)")
+	fs.BoolVar(&f.keep, "keep", false, "keep the work directory")
+	fs.StringVar(&f.jsonOut, "json", "", "also write the report as JSON to this file")
+	fs.BoolVar(&f.pause, "pause", true, "also stop executors (SIGSTOP) past their group session and their claims' leases, then resume them")
+	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
+	return cmd
+}
+
+func (f *chaosFlags) validate() error {
+	switch {
+	case !failpoint.Enabled:
+		return errors.New("chaos: this binary was built without failpoints: build it with -tags failpoints (make chaos)")
+	case f.crdbDSN == "":
+		return errors.New("chaos: --crdb-dsn is required (several executor processes share the store)")
+	case f.duration <= 0, f.rate <= 0, f.executors < 2, f.minCrashes < 0, f.toolTimeout <= 0, f.lookupDeadline <= 0, f.sessionTimeout <= 0, f.drain <= 0:
+		return errors.New("chaos: --duration, --rate, --tool-timeout, --lookup-deadline, --session-timeout and --drain must be positive, --executors at least 2")
+	case f.lookupDeadline >= f.lease():
+		return fmt.Errorf("chaos: --lookup-deadline %s must be shorter than a claim's lease (%s with --tool-timeout %s)", f.lookupDeadline, f.lease(), f.toolTimeout)
+	}
+	return nil
+}
+
+// lease is an executor's claim lease for the run's tools: its MaxAttempts
+// (3) timeouts and backoffs plus its margin (10s); see executor.Config.
+func (f *chaosFlags) lease() time.Duration {
+	return 3*f.toolTimeout + 600*time.Millisecond + 10*time.Second
+}
+
+// chaosReport is what `ledger chaos` found.
+type chaosReport struct {
+	At       time.Time        `json:"at"`
+	Machine  loadtest.Machine `json:"machine"`
+	Duration time.Duration    `json:"duration_ns"`
+	Rate     float64          `json:"offered_per_sec"`
+	Load     loadtest.Result  `json:"load"`
+	Witness  loadtest.Witness `json:"witness"`
+	// Crashes counts the crashes per failpoint (role.point) and the
+	// pauses (executor.paused).
+	Crashes map[string]int `json:"crashes"`
+	// Restarts counts process starts after the first, per role.
+	Restarts map[string]int `json:"restarts"`
+	// UnexpectedExits are exits that were not a failpoint's SIGKILL.
+	UnexpectedExits int `json:"unexpected_exits"`
+	// MinCrashes and MinCalls are what the run was asked to reach.
+	MinCrashes int   `json:"min_crashes"`
+	MinCalls   int64 `json:"min_calls"`
+	// Check is the whole history, checked: the log read both ways, the
+	// witness's effects, every submitted call.
+	Check consistency.Report `json:"check"`
+}
+
+// chaosEnv is one `ledger chaos` run's shared state.
+type chaosEnv struct {
+	f        *chaosFlags
+	g        *globals
+	logger   *slog.Logger
+	progress io.Writer
+	dir      string
+	crashLog string
+	common   []string // flags every process gets
+	armed    atomic.Bool
+	paused   atomic.Int64
+	unexpect atomic.Int64
+
+	mu       sync.Mutex
+	slots    []*chaosSlot
+	restarts map[string]int
+}
+
+// chaosSlot is one process of the run, restarted each time it dies.
+type chaosSlot struct {
+	name   string
+	role   string
+	args   []string
+	points []failpoint.Name
+
+	mu     sync.Mutex
+	node   *benchNode // nil between a death and the restart
+	paused bool       // stopped by the pauser
+}
+
+func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.Writer) error {
+	if err := f.validate(); err != nil {
+		return err
+	}
+	tools, err := loadtest.ParseMix(f.mix)
+	if err != nil {
+		return err
+	}
+	logger := g.logger()
+	dir, cleanup, err := makeWorkDir(f.workDir, "ledger-chaos-", f.keep)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	e := &chaosEnv{f: f, g: g, logger: logger, progress: progress, dir: dir, crashLog: filepath.Join(dir, "crashes.log"), restarts: map[string]int{}}
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("start in-process kafka: %w", err)
+	}
+	defer cluster.Close()
+	cc := ledger.ClientConfig{Brokers: cluster.ListenAddrs(), Logger: logger}
+	id := strconv.FormatInt(time.Now().UnixNano(), 36)
+	topics := ledger.Topics{Requests: "chaos" + id + ".requests", Events: "chaos" + id + ".events", Control: "chaos" + id + ".control", DLQ: "chaos" + id + ".dlq"}
+	admin, err := ledger.NewClient(cc)
+	if err != nil {
+		return err
+	}
+	err = ledger.EnsureTopics(ctx, admin, ledger.TopicConfig{Topics: topics, Partitions: 12, ReplicationFactor: 1})
+	admin.Close()
+	if err != nil {
+		return err
+	}
+	// A schema of the run's own: the executors sweep the store for calls
+	// left behind, and another run's would land in this run's log.
+	dsn, dropSchema, err := createSchemaDSN(ctx, f.crdbDSN, "chaos_"+id)
+	if err != nil {
+		return err
+	}
+	if !f.keep {
+		defer dropSchema()
+	}
+	st, err := pgstore.Open(ctx, pgstore.Config{DSN: dsn, Logger: logger})
+	if err != nil {
+		return err
+	}
+	st.Close()
+	reg, err := schemas.Demo()
+	if err != nil {
+		return err
+	}
+	for i, t := range tools {
+		if def, err := reg.Lookup(t.Name, t.Version); err == nil && def.StatusLookup != nil {
+			tools[i].DeadlineMS = f.lookupDeadline.Milliseconds()
+		}
+	}
+
+	issuer, err := identity.LoadOrCreateIssuer(filepath.Join(dir, "issuer.key"), benchIssuer)
+	if err != nil {
+		return err
+	}
+	jwksFile := filepath.Join(dir, "issuer.jwks.json")
+	if err := os.WriteFile(jwksFile, issuer.Keys().JWKS(), 0o600); err != nil {
+		return err
+	}
+	credDir := filepath.Join(dir, "credentials")
+	if _, err := credentials.New(credentials.Config{KeyDir: credDir, Logger: logger}); err != nil {
+		return err
+	}
+	regDir := filepath.Join(dir, "registry")
+	if err := writeRegistry(regDir, f.toolTimeout); err != nil {
+		return err
+	}
+	backend := demobackend.New(demobackend.Config{Logger: logger.With("component", "demobackend")})
+	defer backend.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: backend.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	toolsURL := "http://" + ln.Addr().String()
+
+	e.common = []string{
+		"--kafka-brokers", strings.Join(cc.Brokers, ","),
+		"--topic-requests", topics.Requests, "--topic-events", topics.Events,
+		"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
+		"--session-timeout", f.sessionTimeout.String(), "--rebalance-timeout", (2 * f.sessionTimeout).String(),
+		"--log-level", f.nodeLogLevel,
+	}
+	store := []string{"--crdb-dsn", dsn, "--registry-dir", regDir}
+	e.slots = append(e.slots, &chaosSlot{
+		name: "intake-0", role: "intake", points: []failpoint.Name{failpoint.Consumed, failpoint.Produced, failpoint.Committed},
+		args: slices.Concat([]string{"intake", "--instance-id", "chaos-intake-0", "--data-dir", filepath.Join(dir, "intake-0"), "--issuer", benchIssuer, "--jwks-file", jwksFile}, store),
+	})
+	for i := range f.executors {
+		name := "executor-" + strconv.Itoa(i)
+		e.slots = append(e.slots, &chaosSlot{
+			name: name, role: "executor", points: failpoint.All,
+			args: slices.Concat([]string{"executor", "--instance-id", "chaos-" + name, "--data-dir", filepath.Join(dir, name), "--tools-base-url", toolsURL, "--credential-key-dir", credDir}, store),
+		})
+	}
+	e.slots = append(e.slots, &chaosSlot{
+		name: "reconciler-0", role: "reconciler",
+		args: slices.Concat([]string{"reconciler", "--instance-id", "chaos-reconciler-0", "--data-dir", filepath.Join(dir, "reconciler-0"), "--tools-base-url", toolsURL, "--credential-key-dir", credDir}, store),
+	})
+
+	fmt.Fprintf(progress, "chaos: %d executors, intake, reconciler; %g calls/s for %s; store %s; work dir %s\n", f.executors, f.rate, f.duration, redactDSN(f.crdbDSN), dir)
+	runCtx, stopRun := context.WithCancel(ctx)
+	var procs sync.WaitGroup
+	e.armed.Store(true)
+	for _, s := range e.slots {
+		procs.Go(func() { e.supervise(runCtx, s) })
+	}
+	if f.pause {
+		procs.Go(func() { e.pauser(runCtx) })
+	}
+	defer func() {
+		stopRun()
+		procs.Wait()
+	}()
+
+	start := time.Now()
+	runID := "c" + id
+	cfg := loadtest.Config{
+		Client: cc, Topics: topics, Minter: issuer, Tenants: f.tenants, Tools: tools,
+		Rate: f.rate, Duration: f.duration, Drain: f.drain, RunID: runID,
+		// Long enough that a call whose executor died is reclaimed and
+		// retried (a native tool replays) rather than found past its
+		// deadline; the tools with a status lookup get --lookup-deadline.
+		DeadlineMS:    (5 * time.Minute).Milliseconds(),
+		ProgressEvery: 5 * time.Second,
+		Progress: func(p loadtest.Progress) {
+			if p.Elapsed >= f.duration && e.armed.Swap(false) {
+				fmt.Fprintf(progress, "chaos: load done; crashes stop, waiting for the last calls\n")
+			}
+			fmt.Fprintf(progress, "chaos: %6.0fs  submitted %7d  done %7d  in flight %6d  p99 %8.0f ms  crashes %s\n",
+				p.Elapsed.Seconds(), p.Submitted, p.Done, p.InFlight, ms(p.P99), e.crashSummary())
+		},
+	}
+	res, err := loadtest.Run(ctx, cfg)
+	e.armed.Store(false)
+	if err != nil {
+		return fmt.Errorf("chaos: load: %w", err)
+	}
+	subs := make([]consistency.Submitted, res.Submitted)
+	for i := range subs {
+		subs[i].Key = loadtest.CallKey(runID, f.tenants, int64(i))
+	}
+	// The driver counts a call done at outcome_unknown; the reconciler
+	// resolves it later. Wait for that, with the processes still up.
+	if err := e.waitResolved(ctx, cc, topics.Events, subs, backend); err != nil {
+		return err
+	}
+	stopRun()
+	procs.Wait()
+
+	report := chaosReport{
+		At: start.UTC(), Machine: loadtest.ThisMachine(), Duration: time.Since(start), Rate: f.rate,
+		Load: res, Witness: loadtest.Check(res, backend.Effects()),
+		Crashes: e.crashCounts(), Restarts: e.restartCounts(), UnexpectedExits: int(e.unexpect.Load()),
+		MinCrashes: f.minCrashes, MinCalls: f.minCalls,
+	}
+	fmt.Fprintf(progress, "chaos: checking the history (%d calls)\n", res.Submitted)
+	log, err := consistency.ReadLog(ctx, cc, topics.Events)
+	if err != nil {
+		return fmt.Errorf("chaos: read the log: %w", err)
+	}
+	report.Check = consistency.Check(log, subs, backend.Effects())
+	// The driver timed each call from its scheduled arrival to its
+	// terminal event, which the log's own timestamps cannot do.
+	report.Check.TimeToTerminalP50, report.Check.TimeToTerminalP99 = res.E2E.P50, res.E2E.P99
+	if err := report.writeTable(out, e.allPoints()); err != nil {
+		return err
+	}
+	if f.jsonOut != "" {
+		if err := writeFileWith(f.jsonOut, func(w io.Writer) error {
+			enc := json.NewEncoder(w)
+			enc.SetIndent("", "  ")
+			return enc.Encode(report)
+		}); err != nil {
+			return err
+		}
+	}
+	if bad := report.failures(e.allPoints()); len(bad) > 0 {
+		return fmt.Errorf("chaos: %s", strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+// waitResolved waits, up to --drain, until no submitted call is left in
+// outcome_unknown without the reconciler having resolved or parked it.
+func (e *chaosEnv) waitResolved(ctx context.Context, cc ledger.ClientConfig, topic string, subs []consistency.Submitted, backend *demobackend.Server) error {
+	deadline := time.Now().Add(e.f.drain)
+	for {
+		log, err := consistency.ReadLog(ctx, cc, topic)
+		if err != nil {
+			return fmt.Errorf("chaos: read the log: %w", err)
+		}
+		rep := consistency.Check(log, subs, backend.Effects())
+		if rep.Unresolved == 0 || time.Now().After(deadline) {
+			return nil
+		}
+		fmt.Fprintf(e.progress, "chaos: %d calls still outcome_unknown; waiting for the reconciler\n", rep.Unresolved)
+		if !sleepCtx(ctx, 5*time.Second) {
+			return ctx.Err()
+		}
+	}
+}
+
+// writeTable prints the run: the load, the crashes per point, and the
+// checked history.
+func (r *chaosReport) writeTable(w io.Writer, points []string) error {
+	fmt.Fprintf(w, "machine: %s, %d cores, %s\n", r.Machine.CPU, r.Machine.Cores, r.Machine.Go)
+	fmt.Fprintf(w, "load: %g calls/s offered for the run; %d submitted, %d finished, %d lost, %.0f calls/s; %s in all\n",
+		r.Rate, r.Load.Submitted, r.Load.Finished, r.Load.Lost, r.Load.PerSec, r.Duration.Round(time.Second))
+	fmt.Fprintf(w, "witness: %d effects, %d reads, %d native replays, %d duplicate, %d missing\n\n",
+		r.Witness.Effects, r.Witness.Reads, r.Witness.Replays, r.Witness.Duplicates, r.Witness.Missing)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "failpoint\thits\t")
+	for _, p := range points {
+		mark := "ok"
+		if r.Crashes[p] < r.MinCrashes {
+			mark = fmt.Sprintf("FAIL (fewer than %d)", r.MinCrashes)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", p, r.Crashes[p], mark)
+	}
+	roles := slices.Sorted(maps.Keys(r.Restarts))
+	for _, role := range roles {
+		fmt.Fprintf(tw, "restarts: %s\t%d\t\n", role, r.Restarts[role])
+	}
+	fmt.Fprintf(tw, "unexpected exits\t%d\t\n", r.UnexpectedExits)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	return r.Check.WriteTable(w)
+}
+
+// failures names everything that makes the run fail.
+func (r *chaosReport) failures(points []string) []string {
+	bad := r.Check.Failures()
+	if r.Witness.Duplicates != 0 || r.Witness.Missing != 0 {
+		bad = append(bad, fmt.Sprintf("witness: %d duplicate, %d missing effects", r.Witness.Duplicates, r.Witness.Missing))
+	}
+	if r.Load.Lost != 0 {
+		bad = append(bad, fmt.Sprintf("load driver: %d calls never finished", r.Load.Lost))
+	}
+	if r.Load.Submitted < r.MinCalls {
+		bad = append(bad, fmt.Sprintf("%d calls, fewer than --min-calls %d: raise --rate or --duration", r.Load.Submitted, r.MinCalls))
+	}
+	for _, p := range points {
+		if r.Crashes[p] < r.MinCrashes {
+			bad = append(bad, fmt.Sprintf("%s hit %d times, fewer than --min-crashes %d: lengthen --duration", p, r.Crashes[p], r.MinCrashes))
+		}
+	}
+	return bad
+}
+
+// chaosSchema creates schema in dsn's database and returns dsn with it as
+// the search_path, and a function that drops it.
+func createSchemaDSN(ctx context.Context, dsn, schema string) (string, func(), error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "", nil, fmt.Errorf("connect to the store: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		conn.Close(ctx)
+		return "", nil, fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	conn.Close(ctx)
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if conn, err := pgx.Connect(ctx, dsn); err == nil {
+			_, _ = conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+			conn.Close(ctx)
+		}
+	}
+	sep := " " // a key=value DSN
+	if strings.Contains(dsn, "://") {
+		sep = "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+	}
+	return dsn + sep + "search_path=" + schema, drop, nil
+}
+
+// writeRegistry writes the demo registry into dir with every tool's
+// timeout set to timeout: a claim's lease follows from it.
+func writeRegistry(dir string, timeout time.Duration) error {
+	demo := schemas.DemoFiles()
+	return fs.WalkDir(demo, "tools", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(demo, path)
+		if err != nil {
+			return err
+		}
+		var doc map[string]json.RawMessage
+		if err := json.Unmarshal(b, &doc); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		doc["timeout_ms"] = json.RawMessage(strconv.FormatInt(timeout.Milliseconds(), 10))
+		if b, err = json.MarshalIndent(doc, "", "  "); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(path)), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, path), b, 0o644)
+	})
+}
+
+// supervise keeps slot's process running until ctx ends: each start arms
+// the slot's least-crashed failpoint (while the run is armed), and a
+// process that dies is started again.
+func (e *chaosEnv) supervise(ctx context.Context, s *chaosSlot) {
+	for n := 0; ctx.Err() == nil; n++ {
+		env := []string{failpoint.EnvLog + "=" + e.crashLog}
+		point := ""
+		if e.armed.Load() && len(s.points) > 0 {
+			point = e.nextPoint(s)
+			env = append(env, failpoint.EnvSpec+"="+point+"="+strconv.FormatFloat(crashProbability(point), 'g', -1, 64))
+		}
+		args := slices.Concat(e.common, s.args)
+		node, err := startNode(args, env, filepath.Join(e.dir, fmt.Sprintf("%s.%d.log", s.name, n)))
+		if err != nil {
+			e.logger.Error("chaos: start process", "slot", s.name, "err", err)
+			e.unexpect.Add(1)
+			if !sleepCtx(ctx, time.Second) {
+				return
+			}
+			continue
+		}
+		if n > 0 {
+			e.mu.Lock()
+			e.restarts[s.role]++
+			e.mu.Unlock()
+		}
+		s.mu.Lock()
+		s.node = node
+		s.mu.Unlock()
+		var waitErr error
+		select {
+		case waitErr = <-node.done:
+		case <-ctx.Done():
+			// Unarmed processes stop cleanly; an armed one may still
+			// crash on its way out, which is as good.
+			_ = node.cmd.Process.Signal(syscall.SIGCONT)
+			_ = node.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case waitErr = <-node.done:
+			case <-time.After(30 * time.Second):
+				_ = node.cmd.Process.Kill()
+				waitErr = <-node.done
+			}
+		}
+		s.mu.Lock()
+		s.node = nil
+		s.mu.Unlock()
+		node.log.Close()
+		if ws, ok := node.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL && point != "" {
+			continue // a failpoint: counted from the crash log
+		}
+		if ctx.Err() == nil {
+			e.logger.Warn("chaos: process exited without a failpoint", "slot", s.name, "point", point, "err", waitErr, "log", node.log.Name())
+			e.unexpect.Add(1)
+			if !sleepCtx(ctx, 500*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+// crashProbability is the chance of a crash each time point is passed:
+// about one crash in the first few batches of a process. A tool's answer
+// comes once per call, not per batch, hence its lower chance.
+func crashProbability(point string) float64 {
+	if strings.HasSuffix(point, "."+string(failpoint.ToolApplied)) {
+		return 0.1
+	}
+	return 0.5
+}
+
+// nextPoint is the point of s's role crashed least so far, ties at random.
+func (e *chaosEnv) nextPoint(s *chaosSlot) string {
+	counts := e.crashCounts()
+	best, bestN := "", -1
+	for _, i := range rand.Perm(len(s.points)) {
+		p := s.role + "." + string(s.points[i])
+		if n := counts[p]; bestN < 0 || n < bestN {
+			best, bestN = p, n
+		}
+	}
+	return best
+}
+
+// pauser stops an executor (SIGSTOP) past its group session and its
+// claims' leases, then resumes it, over and over while the run is armed:
+// at most two executors at a time, so that the rest keep working, and
+// staggered so that a new pause starts every third of a pause.
+func (e *chaosEnv) pauser(ctx context.Context) {
+	pause := e.f.lease() + e.f.sessionTimeout + 2*time.Second
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	busy := make(chan struct{}, 2)
+	for {
+		select {
+		case busy <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		if !e.armed.Load() {
+			return
+		}
+		s, node := e.pickRunning()
+		if node == nil {
+			<-busy
+			if !sleepCtx(ctx, 500*time.Millisecond) {
+				return
+			}
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-busy }()
+			defer s.setPaused(false)
+			if node.cmd.Process.Signal(syscall.SIGSTOP) != nil {
+				return
+			}
+			sleepCtx(ctx, pause)
+			if node.cmd.Process.Signal(syscall.SIGCONT) == nil {
+				e.paused.Add(1)
+			}
+		})
+		if !sleepCtx(ctx, pause/3) {
+			return
+		}
+	}
+}
+
+// pickRunning picks, at random, an executor slot whose process runs and is
+// not paused, and marks it paused; nil when there is none.
+func (e *chaosEnv) pickRunning() (*chaosSlot, *benchNode) {
+	for _, i := range rand.Perm(e.f.executors) {
+		s := e.slots[1+i]
+		s.mu.Lock()
+		node := s.node
+		if node != nil && !s.paused {
+			s.paused = true
+			s.mu.Unlock()
+			return s, node
+		}
+		s.mu.Unlock()
+	}
+	return nil, nil
+}
+
+func (s *chaosSlot) setPaused(p bool) {
+	s.mu.Lock()
+	s.paused = p
+	s.mu.Unlock()
+}
+
+// crashCounts counts the crash log's lines per role.point, with the pauses.
+func (e *chaosEnv) crashCounts() map[string]int {
+	counts := map[string]int{}
+	if b, err := os.ReadFile(e.crashLog); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if f := strings.Fields(line); len(f) == 4 {
+				counts[f[0]+"."+f[1]]++
+			}
+		}
+	}
+	counts[pausePoint] = int(e.paused.Load())
+	return counts
+}
+
+// crashSummary is the progress line's crash figure: the total and the
+// least-hit point.
+func (e *chaosEnv) crashSummary() string {
+	counts := e.crashCounts()
+	total, least, leastN := 0, "", -1
+	for _, p := range e.allPoints() {
+		n := counts[p]
+		total += n
+		if leastN < 0 || n < leastN {
+			least, leastN = p, n
+		}
+	}
+	return fmt.Sprintf("%d (least: %s %d)", total, least, leastN)
+}
+
+// allPoints lists every point of the run as role.point, and the pause.
+func (e *chaosEnv) allPoints() []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, s := range e.slots {
+		for _, p := range s.points {
+			if k := s.role + "." + string(p); !seen[k] {
+				seen[k] = true
+				out = append(out, k)
+			}
+		}
+	}
+	return append(out, pausePoint)
+}
+
+func (e *chaosEnv) restartCounts() map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.restarts)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
