@@ -352,6 +352,15 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		return fmt.Errorf("chaos: read the log: %w", err)
 	}
 	report.Check = consistency.Check(log, subs, backend.Effects())
+	records, err := pgstore.Open(ctx, pgstore.Config{DSN: dsn, Logger: logger, SkipMigrate: true})
+	if err != nil {
+		return err
+	}
+	err = consistency.CheckStore(ctx, &report.Check, log, subs, records)
+	records.Close()
+	if err != nil {
+		return err
+	}
 	// The driver timed each call from its scheduled arrival to its
 	// terminal event, which the log's own timestamps cannot do.
 	report.Check.TimeToTerminalP50, report.Check.TimeToTerminalP99 = res.E2E.P50, res.E2E.P99

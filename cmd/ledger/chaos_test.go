@@ -51,6 +51,9 @@ func TestChaosBounded(t *testing.T) {
 	if c.Lost+c.DuplicateEffects+c.OrphanEffects+c.MissingEffects+c.IllegalTransitions+c.Unresolved != 0 || c.AbortedVisible != 0 {
 		t.Errorf("check: %v", c.Failures())
 	}
+	if c.StoreChecked != c.Submitted || c.StoreDisagreements != 0 {
+		t.Errorf("store: %d records checked of %d calls, %d disagree with the log", c.StoreChecked, c.Submitted, c.StoreDisagreements)
+	}
 	if c.Effects == 0 || c.Events == 0 {
 		t.Errorf("check saw %d effects and %d events: nothing was checked", c.Effects, c.Events)
 	}

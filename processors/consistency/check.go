@@ -100,6 +100,13 @@ type Report struct {
 	// may have happened, and it did. Visible, not a failure.
 	ParkedWithEffect int `json:"parked_with_effect"`
 
+	// StoreChecked counts the calls whose execution record CheckStore
+	// compared with the log; StoreDisagreements those whose record says
+	// another outcome than the log (or is missing). Only CheckStore sets
+	// them.
+	StoreChecked       int `json:"store_checked"`
+	StoreDisagreements int `json:"store_disagreements"`
+
 	// OutcomeUnknown counts the calls that passed through
 	// outcome_unknown.
 	OutcomeUnknown int `json:"outcome_unknown"`
@@ -163,6 +170,8 @@ func (r Report) rows() []row {
 		{"unresolved", int64(r.Unresolved), true},
 		{"parked", int64(r.Parked), false},
 		{"parked_with_effect", int64(r.ParkedWithEffect), false},
+		{"store_checked", int64(r.StoreChecked), false},
+		{"store_disagreements", int64(r.StoreDisagreements), true},
 	}
 }
 
