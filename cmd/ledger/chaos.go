@@ -42,6 +42,7 @@ import (
 type chaosFlags struct {
 	crdbDSN        string
 	duration       time.Duration
+	maxDuration    time.Duration
 	minCalls       int64
 	rate           float64
 	executors      int
@@ -91,6 +92,7 @@ any count that must be 0 is not, or a point was hit fewer than
 	fs := cmd.Flags()
 	fs.StringVar(&f.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store (required: several executor processes share it)")
 	fs.DurationVar(&f.duration, "duration", 10*time.Minute, "how long to offer load and crash processes")
+	fs.DurationVar(&f.maxDuration, "max-duration", 0, "past --duration, keep the load and the crashes going until every point was hit --min-crashes times, at most this long in all (default: 3 times --duration)")
 	fs.Int64Var(&f.minCalls, "min-calls", 50_000, "fail unless at least this many calls were made")
 	fs.Float64Var(&f.rate, "rate", 100, "calls offered per second (open loop)")
 	fs.IntVar(&f.executors, "executors", 3, "executor processes")
@@ -117,6 +119,8 @@ func (f *chaosFlags) validate() error {
 		return errors.New("chaos: --crdb-dsn is required (several executor processes share the store)")
 	case f.duration <= 0, f.rate <= 0, f.executors < 2, f.minCrashes < 0, f.toolTimeout <= 0, f.lookupDeadline <= 0, f.sessionTimeout <= 0, f.drain <= 0:
 		return errors.New("chaos: --duration, --rate, --tool-timeout, --lookup-deadline, --session-timeout and --drain must be positive, --executors at least 2")
+	case f.maxDuration != 0 && f.maxDuration < f.duration:
+		return errors.New("chaos: --max-duration must not be shorter than --duration")
 	case f.lookupDeadline >= f.lease():
 		return fmt.Errorf("chaos: --lookup-deadline %s must be shorter than a claim's lease (%s with --tool-timeout %s)", f.lookupDeadline, f.lease(), f.toolTimeout)
 	}
@@ -185,6 +189,9 @@ type chaosSlot struct {
 func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
+	}
+	if f.maxDuration == 0 {
+		f.maxDuration = 3 * f.duration
 	}
 	tools, err := loadtest.ParseMix(f.mix)
 	if err != nil {
@@ -290,7 +297,8 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		args: slices.Concat([]string{"reconciler", "--instance-id", "chaos-reconciler-0", "--data-dir", filepath.Join(dir, "reconciler-0"), "--tools-base-url", toolsURL, "--credential-key-dir", credDir}, store),
 	})
 
-	fmt.Fprintf(progress, "chaos: %d executors, intake, reconciler; %g calls/s for %s; store %s; work dir %s\n", f.executors, f.rate, f.duration, redactDSN(f.crdbDSN), dir)
+	fmt.Fprintf(progress, "chaos: %d executors, intake, reconciler; %g calls/s for %s (up to %s until every point is hit %d times); store %s; work dir %s\n",
+		f.executors, f.rate, f.duration, f.maxDuration, f.minCrashes, redactDSN(f.crdbDSN), dir)
 	runCtx, stopRun := context.WithCancel(ctx)
 	var procs sync.WaitGroup
 	e.armed.Store(true)
@@ -315,9 +323,21 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		// deadline; the tools with a status lookup get --lookup-deadline.
 		DeadlineMS:    (5 * time.Minute).Milliseconds(),
 		ProgressEvery: 5 * time.Second,
+		// Past --duration the load (and the crashing) goes on until every
+		// point was hit --min-crashes times, up to --max-duration.
+		MaxDuration: f.maxDuration,
+		Until: func() bool {
+			if e.covered() {
+				if e.armed.Swap(false) {
+					fmt.Fprintf(progress, "chaos: every point hit; load done, crashes stop, waiting for the last calls\n")
+				}
+				return true
+			}
+			return false
+		},
 		Progress: func(p loadtest.Progress) {
-			if p.Elapsed >= f.duration && e.armed.Swap(false) {
-				fmt.Fprintf(progress, "chaos: load done; crashes stop, waiting for the last calls\n")
+			if p.Elapsed >= f.maxDuration && e.armed.Swap(false) {
+				fmt.Fprintf(progress, "chaos: --max-duration reached; load done, crashes stop, waiting for the last calls\n")
 			}
 			fmt.Fprintf(progress, "chaos: %6.0fs  submitted %7d  done %7d  in flight %6d  p99 %8.0f ms  crashes %s\n",
 				p.Elapsed.Seconds(), p.Submitted, p.Done, p.InFlight, ms(p.P99), e.crashSummary())
@@ -685,6 +705,17 @@ func (e *chaosEnv) crashSummary() string {
 		}
 	}
 	return fmt.Sprintf("%d (least: %s %d)", total, least, leastN)
+}
+
+// covered reports whether every point was hit --min-crashes times.
+func (e *chaosEnv) covered() bool {
+	counts := e.crashCounts()
+	for _, p := range e.allPoints() {
+		if counts[p] < e.f.minCrashes {
+			return false
+		}
+	}
+	return true
 }
 
 // allPoints lists every point of the run as role.point, and the pause.

@@ -116,6 +116,14 @@ type Config struct {
 	Calls int64
 	// Duration of submission when Calls is 0.
 	Duration time.Duration
+	// Until, if set, extends a submission for Duration: past Duration,
+	// calls go on arriving until Until reports true, or until
+	// MaxDuration. The reliability suite keeps the load up until every
+	// crash point was hit often enough.
+	Until func() bool
+	// MaxDuration bounds a submission that Until extends; default
+	// Duration (no extension).
+	MaxDuration time.Duration
 	// Concurrency is the number of calls in flight in a closed loop (each
 	// finished call lets the next one in); default 64. Ignored in an open
 	// loop.
@@ -297,7 +305,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	r.mix = newMix(cfg.Tools)
 	// An assertion per tenant, valid for the whole run: agents reuse
 	// theirs until it nears its expiry, and so does the benchmark.
-	ttl := cfg.Duration + cfg.Drain + 10*time.Minute
+	ttl := max(cfg.Duration, cfg.MaxDuration) + cfg.Drain + 10*time.Minute
 	if cfg.Calls > 0 {
 		ttl = time.Hour + cfg.Drain
 	}
@@ -528,9 +536,14 @@ func (r *run) finish(i int64, t statemachine.EventType, now time.Time, tool time
 // submit offers the calls: closed loop, as tokens come back; open loop,
 // on the arrival schedule.
 func (r *run) submit(ctx context.Context, start time.Time) error {
-	stop := time.Time{}
+	var stop, hardStop time.Time
 	if r.cfg.Calls <= 0 {
 		stop = start.Add(r.cfg.Duration)
+		hardStop = start.Add(max(r.cfg.Duration, r.cfg.MaxDuration))
+	}
+	// over: past Duration, and Until does not extend it (or no longer may).
+	over := func(at time.Time) bool {
+		return !stop.IsZero() && at.After(stop) && (r.cfg.Until == nil || at.After(hardStop) || r.cfg.Until())
 	}
 	for i := int64(0); ; i++ {
 		if r.cfg.Calls > 0 && i >= r.cfg.Calls {
@@ -564,7 +577,7 @@ func (r *run) submit(ctx context.Context, start time.Time) error {
 				}
 			}
 		}
-		if !stop.IsZero() && at.After(stop) {
+		if over(at) {
 			if r.sem != nil {
 				<-r.sem
 			}

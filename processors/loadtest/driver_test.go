@@ -848,3 +848,36 @@ func TestEnvelopeKeysAndDeadlines(t *testing.T) {
 		}
 	}
 }
+
+// TestRunUntil: Until extends an open loop past Duration while it says so,
+// and MaxDuration bounds the extension, on the arrival schedule.
+func TestRunUntil(t *testing.T) {
+	l := drvNewLedger(t, true)
+	t.Run("extended", func(t *testing.T) {
+		cfg := l.config("get_weather", "runtil")
+		start := time.Now()
+		cfg.Rate, cfg.Duration, cfg.MaxDuration = 100, 200*time.Millisecond, 5*time.Second
+		cfg.Until = func() bool { return time.Since(start) > 600*time.Millisecond }
+		res, err := l.run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Duration alone gives 21 arrivals (0 to 200 ms at 100/s).
+		if res.Submitted < 45 || res.Lost != 0 {
+			t.Errorf("submitted %d, lost %d; want about 60 (extended to 600 ms), none lost", res.Submitted, res.Lost)
+		}
+	})
+	t.Run("capped", func(t *testing.T) {
+		cfg := l.config("get_weather", "rcap")
+		cfg.Rate, cfg.Duration, cfg.MaxDuration = 100, 200*time.Millisecond, 500*time.Millisecond
+		cfg.Until = func() bool { return false }
+		res, err := l.run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Arrivals at 0, 10, ..., 500 ms: the cap is on the schedule.
+		if res.Submitted != 51 || res.Lost != 0 {
+			t.Errorf("submitted %d, lost %d; want 51 (capped at 500 ms), none lost", res.Submitted, res.Lost)
+		}
+	})
+}
