@@ -116,7 +116,8 @@ fuzz:
 # The reliability suite at full size: `ledger chaos` (built with the
 # failpoints tag) for CHAOS_DURATION at CHAOS_RATE calls/s, every crash
 # point hit at least 50 times, at least 50,000 calls; the figures table is
-# printed and written under CHAOS_OUT.
+# printed and written under CHAOS_OUT, with the run's history (every
+# envelope submitted and every call's outcome, as JSON lines).
 CHAOS_OUT ?= chaos-out
 CHAOS_DURATION ?= 15m
 CHAOS_RATE ?= 60
@@ -126,4 +127,5 @@ chaos:
 	mkdir -p $(CHAOS_OUT); \
 	$(GO) build -tags failpoints -o $(CHAOS_OUT)/ledger ./cmd/ledger; \
 	$(CHAOS_OUT)/ledger chaos --crdb-dsn "$$LEDGER_TEST_PG_DSN" --duration $(CHAOS_DURATION) --rate $(CHAOS_RATE) \
-		--min-calls 50000 --min-crashes 50 --json $(CHAOS_OUT)/chaos.json $(CHAOS_FLAGS) | tee $(CHAOS_OUT)/chaos.txt
+		--min-calls 50000 --min-crashes 50 --json $(CHAOS_OUT)/chaos.json --history $(CHAOS_OUT)/history.jsonl \
+		$(CHAOS_FLAGS) | tee $(CHAOS_OUT)/chaos.txt

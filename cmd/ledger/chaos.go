@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
@@ -56,6 +58,7 @@ type chaosFlags struct {
 	workDir        string
 	keep           bool
 	jsonOut        string
+	history        string
 	nodeLogLevel   string
 	pause          bool
 }
@@ -106,6 +109,7 @@ any count that must be 0 is not, or a point was hit fewer than
 	fs.StringVar(&f.workDir, "work-dir", "", "directory for the processes' logs, the crash log and the keys (default: a temporary one, removed unless --keep)")
 	fs.BoolVar(&f.keep, "keep", false, "keep the work directory")
 	fs.StringVar(&f.jsonOut, "json", "", "also write the report as JSON to this file")
+	fs.StringVar(&f.history, "history", "", "write the history, every submitted envelope (tokens redacted) and every call's outcome, as JSON lines to this file (default: history.jsonl in the work directory)")
 	fs.BoolVar(&f.pause, "pause", true, "also stop executors (SIGSTOP) past their group session and their claims' leases, then resume them")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
 	return cmd
@@ -313,6 +317,15 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		procs.Wait()
 	}()
 
+	if f.history == "" {
+		f.history = filepath.Join(dir, "history.jsonl")
+	}
+	hist, err := newChaosHistory(f.history)
+	if err != nil {
+		return err
+	}
+	defer hist.close()
+
 	start := time.Now()
 	runID := "c" + id
 	cfg := loadtest.Config{
@@ -323,6 +336,7 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		// deadline; the tools with a status lookup get --lookup-deadline.
 		DeadlineMS:    (5 * time.Minute).Milliseconds(),
 		ProgressEvery: 5 * time.Second,
+		OnSubmit:      hist.submitted,
 		// Past --duration the load (and the crashing) goes on until every
 		// point was hit --min-crashes times, up to --max-duration.
 		MaxDuration: f.maxDuration,
@@ -381,6 +395,12 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 	if err != nil {
 		return err
 	}
+	for _, sub := range subs {
+		hist.outcome(sub.Key, log.Outcome(sub.Key))
+	}
+	if err := hist.close(); err != nil {
+		return fmt.Errorf("chaos: history: %w", err)
+	}
 	// The driver timed each call from its scheduled arrival to its
 	// terminal event, which the log's own timestamps cannot do.
 	report.Check.TimeToTerminalP50, report.Check.TimeToTerminalP99 = res.E2E.P50, res.E2E.P99
@@ -420,6 +440,67 @@ func (e *chaosEnv) waitResolved(ctx context.Context, cc ledger.ClientConfig, top
 			return ctx.Err()
 		}
 	}
+}
+
+// chaosHistory records the run's history as JSON lines: each envelope as
+// it was submitted (with anything that looks like a token redacted), then
+// each call's outcome in the committed log.
+type chaosHistory struct {
+	fh  *os.File
+	w   *bufio.Writer
+	enc *json.Encoder
+	err error
+}
+
+func newChaosHistory(path string) (*chaosHistory, error) {
+	fh, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: history: %w", err)
+	}
+	w := bufio.NewWriterSize(fh, 1<<20)
+	return &chaosHistory{fh: fh, w: w, enc: json.NewEncoder(w)}, nil
+}
+
+// submitted records one envelope; it runs on the load's submitting
+// goroutine.
+func (h *chaosHistory) submitted(rec *kgo.Record, at time.Time) {
+	h.write(struct {
+		Event    string    `json:"event"`
+		At       time.Time `json:"at"`
+		Key      string    `json:"key"`
+		Envelope string    `json:"envelope"`
+	}{"submitted", at.UTC(), string(rec.Key), string(ledger.RedactTokens(rec.Value))})
+}
+
+// outcome records where a call's committed history ends.
+func (h *chaosHistory) outcome(k ledger.CallKey, o consistency.Outcome) {
+	h.write(struct {
+		Event string `json:"event"`
+		Key   string `json:"key"`
+		consistency.Outcome
+	}{"outcome", k.String(), o})
+}
+
+func (h *chaosHistory) write(v any) {
+	if h.err == nil {
+		h.err = h.enc.Encode(v)
+	}
+}
+
+// close flushes and closes the file; it reports the first error, and is
+// safe to call twice.
+func (h *chaosHistory) close() error {
+	if h.fh == nil {
+		return h.err
+	}
+	if err := h.w.Flush(); err != nil && h.err == nil {
+		h.err = err
+	}
+	if err := h.fh.Close(); err != nil && h.err == nil {
+		h.err = err
+	}
+	h.fh = nil
+	return h.err
 }
 
 // writeTable prints the run: the load, the crashes per point, and the

@@ -22,13 +22,13 @@ func TestChaosBounded(t *testing.T) {
 	dsn := freshSchemaDSN(t)
 	t.Setenv(runMainEnv, "1")
 	dir := t.TempDir()
-	jsonOut := filepath.Join(dir, "chaos.json")
+	jsonOut, history := filepath.Join(dir, "chaos.json"), filepath.Join(dir, "history.jsonl")
 	var out, progress strings.Builder
 	root := newRoot()
 	root.SetArgs([]string{"--log-level", "warn", "chaos",
 		"--crdb-dsn", dsn, "--duration", "60s", "--max-duration", "4m", "--rate", "40", "--min-calls", "2000",
 		"--min-crashes", "5", "--executors", "3", "--drain", "3m",
-		"--json", jsonOut, "--work-dir", filepath.Join(dir, "work"), "--keep",
+		"--json", jsonOut, "--history", history, "--work-dir", filepath.Join(dir, "work"), "--keep",
 	})
 	root.SetOut(&out)
 	root.SetErr(&progress)
@@ -62,6 +62,28 @@ func TestChaosBounded(t *testing.T) {
 	// run without any did not test what it claims to.
 	if c.AbortedRecords == 0 {
 		t.Errorf("no aborted records in the log after %d crashes before EndTxn", rep.Crashes["executor.produced"]+rep.Crashes["intake.produced"])
+	}
+	// The history: every envelope as submitted, tokens redacted, and
+	// every call's outcome.
+	hb, err := os.ReadFile(history)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int64{}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(hb)), "\n") {
+		var h struct {
+			Event, Key, State string
+		}
+		if err := json.Unmarshal([]byte(line), &h); err != nil {
+			t.Fatalf("history line %q: %v", line, err)
+		}
+		kinds[h.Event]++
+	}
+	if kinds["submitted"] != rep.Load.Submitted || kinds["outcome"] != rep.Load.Submitted {
+		t.Errorf("history has %v; want %d submitted and %d outcomes", kinds, rep.Load.Submitted, rep.Load.Submitted)
+	}
+	if strings.Contains(string(hb), "eyJ") {
+		t.Error("history holds what looks like a token; want assertions redacted")
 	}
 	for _, p := range []string{"intake.consumed", "intake.produced", "intake.committed",
 		"executor.consumed", "executor.claim-sent", "executor.claimed", "executor.tool-applied",

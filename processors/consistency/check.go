@@ -136,6 +136,30 @@ type Report struct {
 	Examples map[string][]string `json:"examples,omitempty"`
 }
 
+// Outcome is where one call's committed history ends.
+type Outcome struct {
+	// State is the state its events fold to ("" when the log has no
+	// event of the call); Seq the last seq folded.
+	State statemachine.State `json:"state"`
+	Seq   int64              `json:"seq"`
+	// Parked: outcome_unknown, handed to a human.
+	Parked bool `json:"parked,omitempty"`
+	// Refusals counts the intake's refusals of the key (seq 0 events).
+	Refusals int `json:"refusals,omitempty"`
+	// Illegal says why its events do not fold, if they do not.
+	Illegal string `json:"illegal,omitempty"`
+}
+
+// Outcome folds key's committed events.
+func (l *Log) Outcome(key ledger.CallKey) Outcome {
+	c, ok := l.calls[key]
+	if !ok {
+		return Outcome{}
+	}
+	f := l.fold(c)
+	return Outcome{State: f.state, Seq: f.seq, Parked: f.parked, Refusals: f.refusals, Illegal: f.illegal}
+}
+
 // row is one figure of a Report, as Failures and WriteTable show it.
 type row struct {
 	name  string

@@ -41,6 +41,12 @@ func TestCheckStore(t *testing.T) {
 	for _, k := range []ledger.CallKey{good, parkedCall, wrong, missing, refusedOnly} {
 		subs = append(subs, Submitted{Key: k, At: base})
 	}
+	if diff := cmp.Diff(Outcome{State: "outcome_unknown", Seq: 5, Parked: true}, log.Outcome(parkedCall)); diff != "" {
+		t.Errorf("Outcome(parked) (-want +got):\n%s", diff)
+	}
+	if got := log.Outcome(refusedOnly); got != (Outcome{}) {
+		t.Errorf("Outcome of a key the log never saw = %+v; want the zero Outcome", got)
+	}
 	r := Check(log, subs, nil)
 	if err := CheckStore(t.Context(), &r, log, subs, st); err != nil {
 		t.Fatal(err)

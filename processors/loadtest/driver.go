@@ -124,6 +124,11 @@ type Config struct {
 	// MaxDuration bounds a submission that Until extends; default
 	// Duration (no extension).
 	MaxDuration time.Duration
+	// OnSubmit, if set, sees every envelope record as it is published,
+	// with its scheduled (open loop) or actual (closed loop) arrival: a
+	// history recorder. It runs on the submitting goroutine, so it must
+	// be quick.
+	OnSubmit func(rec *kgo.Record, at time.Time)
 	// Concurrency is the number of calls in flight in a closed loop (each
 	// finished call lets the next one in); default 64. Ignored in an open
 	// loop.
@@ -599,6 +604,9 @@ func (r *run) submit(ctx context.Context, start time.Time) error {
 			return nil
 		}
 		r.submitted.Add(1)
+		if r.cfg.OnSubmit != nil {
+			r.cfg.OnSubmit(rec, at)
+		}
 		r.pub.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 			if err != nil && !errors.Is(err, context.Canceled) {
 				err = fmt.Errorf("loadtest: publish: %w", err)

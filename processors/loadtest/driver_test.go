@@ -22,6 +22,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
@@ -871,9 +872,14 @@ func TestRunUntil(t *testing.T) {
 		cfg := l.config("get_weather", "rcap")
 		cfg.Rate, cfg.Duration, cfg.MaxDuration = 100, 200*time.Millisecond, 500*time.Millisecond
 		cfg.Until = func() bool { return false }
+		var recorded []string
+		cfg.OnSubmit = func(rec *kgo.Record, _ time.Time) { recorded = append(recorded, string(rec.Key)) }
 		res, err := l.run(cfg)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if int64(len(recorded)) != res.Submitted || len(recorded) == 0 || recorded[0] != CallKey("rcap", 3, 0).String() {
+			t.Errorf("OnSubmit saw %d records (first %q); want every one of the %d submitted, call 0 first", len(recorded), recorded[0:min(1, len(recorded))], res.Submitted)
 		}
 		// Arrivals at 0, 10, ..., 500 ms: the cap is on the schedule.
 		if res.Submitted != 51 || res.Lost != 0 {
