@@ -61,6 +61,7 @@ type chaosFlags struct {
 	history        string
 	nodeLogLevel   string
 	pause          bool
+	restartEvery   time.Duration
 }
 
 // pausePoint names the fault that is not a crash: an executor stopped
@@ -110,6 +111,7 @@ any count that must be 0 is not, or a point was hit fewer than
 	fs.BoolVar(&f.keep, "keep", false, "keep the work directory")
 	fs.StringVar(&f.jsonOut, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&f.history, "history", "", "write the history, every submitted envelope (tokens redacted) and every call's outcome, as JSON lines to this file (default: history.jsonl in the work directory)")
+	fs.DurationVar(&f.restartEvery, "restart-every", 0, "also restart the executors gracefully (SIGTERM, then start again), one at a time, this often: a rolling restart under load; 0: never")
 	fs.BoolVar(&f.pause, "pause", true, "also stop executors (SIGSTOP) past their group session and their claims' leases, then resume them")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
 	return cmd
@@ -117,8 +119,8 @@ any count that must be 0 is not, or a point was hit fewer than
 
 func (f *chaosFlags) validate() error {
 	switch {
-	case !failpoint.Enabled:
-		return errors.New("chaos: this binary was built without failpoints: build it with -tags failpoints (make chaos)")
+	case !failpoint.Enabled && f.minCrashes > 0:
+		return errors.New("chaos: this binary was built without failpoints: build it with -tags failpoints (make chaos), or run without crashes (--min-crashes 0)")
 	case f.crdbDSN == "":
 		return errors.New("chaos: --crdb-dsn is required (several executor processes share the store)")
 	case f.duration <= 0, f.rate <= 0, f.executors < 2, f.minCrashes < 0, f.toolTimeout <= 0, f.lookupDeadline <= 0, f.sessionTimeout <= 0, f.drain <= 0:
@@ -150,7 +152,11 @@ type chaosReport struct {
 	Crashes map[string]int `json:"crashes"`
 	// Restarts counts process starts after the first, per role.
 	Restarts map[string]int `json:"restarts"`
-	// UnexpectedExits are exits that were not a failpoint's SIGKILL.
+	// GracefulRestarts counts the executors stopped with SIGTERM by the
+	// rolling restart that exited cleanly and were started again.
+	GracefulRestarts int `json:"graceful_restarts"`
+	// UnexpectedExits are exits that were neither a failpoint's SIGKILL
+	// nor a clean exit asked for by the rolling restart.
 	UnexpectedExits int `json:"unexpected_exits"`
 	// MinCrashes and MinCalls are what the run was asked to reach.
 	MinCrashes int   `json:"min_crashes"`
@@ -171,6 +177,7 @@ type chaosEnv struct {
 	common   []string // flags every process gets
 	armed    atomic.Bool
 	paused   atomic.Int64
+	graceful atomic.Int64
 	unexpect atomic.Int64
 
 	mu       sync.Mutex
@@ -185,9 +192,10 @@ type chaosSlot struct {
 	args   []string
 	points []failpoint.Name
 
-	mu     sync.Mutex
-	node   *benchNode // nil between a death and the restart
-	paused bool       // stopped by the pauser
+	mu       sync.Mutex
+	node     *benchNode // nil between a death and the restart
+	paused   bool       // stopped by the pauser
+	stopping bool       // asked to stop by the rolling restart
 }
 
 func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.Writer) error {
@@ -312,6 +320,9 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 	if f.pause {
 		procs.Go(func() { e.pauser(runCtx) })
 	}
+	if f.restartEvery > 0 {
+		procs.Go(func() { e.restarter(runCtx) })
+	}
 	defer func() {
 		stopRun()
 		procs.Wait()
@@ -378,7 +389,8 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		At: start.UTC(), Machine: loadtest.ThisMachine(), Duration: time.Since(start), Rate: f.rate,
 		Load: res, Witness: loadtest.Check(res, backend.Effects()),
 		Crashes: e.crashCounts(), Restarts: e.restartCounts(), UnexpectedExits: int(e.unexpect.Load()),
-		MinCrashes: f.minCrashes, MinCalls: f.minCalls,
+		GracefulRestarts: int(e.graceful.Load()),
+		MinCrashes:       f.minCrashes, MinCalls: f.minCalls,
 	}
 	fmt.Fprintf(progress, "chaos: checking the history (%d calls)\n", res.Submitted)
 	log, err := consistency.ReadLog(ctx, cc, topics.Events)
@@ -524,6 +536,7 @@ func (r *chaosReport) writeTable(w io.Writer, points []string) error {
 	for _, role := range roles {
 		fmt.Fprintf(tw, "restarts: %s\t%d\t\n", role, r.Restarts[role])
 	}
+	fmt.Fprintf(tw, "graceful restarts\t%d\t\n", r.GracefulRestarts)
 	fmt.Fprintf(tw, "unexpected exits\t%d\t\n", r.UnexpectedExits)
 	if err := tw.Flush(); err != nil {
 		return err
@@ -537,6 +550,9 @@ func (r *chaosReport) failures(points []string) []string {
 	bad := r.Check.Failures()
 	if r.Witness.Duplicates != 0 || r.Witness.Missing != 0 {
 		bad = append(bad, fmt.Sprintf("witness: %d duplicate, %d missing effects", r.Witness.Duplicates, r.Witness.Missing))
+	}
+	if r.UnexpectedExits != 0 {
+		bad = append(bad, fmt.Sprintf("%d processes exited neither at a failpoint nor cleanly when asked (their logs are in the work directory)", r.UnexpectedExits))
 	}
 	if r.Load.Lost != 0 {
 		bad = append(bad, fmt.Sprintf("load driver: %d calls never finished", r.Load.Lost))
@@ -616,7 +632,7 @@ func (e *chaosEnv) supervise(ctx context.Context, s *chaosSlot) {
 	for n := 0; ctx.Err() == nil; n++ {
 		env := []string{failpoint.EnvLog + "=" + e.crashLog}
 		point := ""
-		if e.armed.Load() && len(s.points) > 0 {
+		if e.f.minCrashes > 0 && e.armed.Load() && len(s.points) > 0 {
 			point = e.nextPoint(s)
 			env = append(env, failpoint.EnvSpec+"="+point+"="+strconv.FormatFloat(crashProbability(point), 'g', -1, 64))
 		}
@@ -659,6 +675,14 @@ func (e *chaosEnv) supervise(ctx context.Context, s *chaosSlot) {
 		node.log.Close()
 		if ws, ok := node.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL && point != "" {
 			continue // a failpoint: counted from the crash log
+		}
+		s.mu.Lock()
+		stopping := s.stopping
+		s.stopping = false
+		s.mu.Unlock()
+		if stopping && node.cmd.ProcessState.Success() {
+			e.graceful.Add(1)
+			continue // a rolling restart: start it again at once
 		}
 		if ctx.Err() == nil {
 			e.logger.Warn("chaos: process exited without a failpoint", "slot", s.name, "point", point, "err", waitErr, "log", node.log.Name())
@@ -733,6 +757,28 @@ func (e *chaosEnv) pauser(ctx context.Context) {
 		if !sleepCtx(ctx, pause/3) {
 			return
 		}
+	}
+}
+
+// restarter stops the executors one at a time, every --restart-every,
+// with SIGTERM, as a rolling restart does; the supervisor starts each
+// again once it exited cleanly. It stops when the load ends.
+func (e *chaosEnv) restarter(ctx context.Context) {
+	for i := 0; ; i++ {
+		if !sleepCtx(ctx, e.f.restartEvery) {
+			return
+		}
+		if !e.armed.Load() {
+			return
+		}
+		s := e.slots[1+i%e.f.executors]
+		s.mu.Lock()
+		node := s.node
+		if node != nil && !s.paused {
+			s.stopping = true
+			_ = node.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		s.mu.Unlock()
 	}
 }
 
