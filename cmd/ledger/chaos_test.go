@@ -19,32 +19,11 @@ import (
 // orphan effect, illegal transition or visible aborted event, or a point
 // hit too rarely; the test checks the report besides.
 func TestChaosBounded(t *testing.T) {
-	dsn := freshSchemaDSN(t)
-	t.Setenv(runMainEnv, "1")
-	dir := t.TempDir()
-	jsonOut, history := filepath.Join(dir, "chaos.json"), filepath.Join(dir, "history.jsonl")
-	var out, progress strings.Builder
-	root := newRoot()
-	root.SetArgs([]string{"--log-level", "warn", "chaos",
-		"--crdb-dsn", dsn, "--duration", "60s", "--max-duration", "4m", "--rate", "40", "--min-calls", "2000",
-		"--min-crashes", "5", "--executors", "3", "--drain", "3m",
-		"--json", jsonOut, "--history", history, "--work-dir", filepath.Join(dir, "work"), "--keep",
-	})
-	root.SetOut(&out)
-	root.SetErr(&progress)
-	err := root.ExecuteContext(t.Context())
-	t.Logf("ledger chaos:\n%s", out.String())
-	if err != nil {
-		t.Fatalf("ledger chaos: %v\nprogress:\n%s\nlogs in %s", err, progress.String(), filepath.Join(dir, "work"))
-	}
-	b, err := os.ReadFile(jsonOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep chaosReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	history := filepath.Join(t.TempDir(), "history.jsonl")
+	rep := runChaosCmd(t,
+		"--duration", "60s", "--max-duration", "4m", "--rate", "40", "--min-calls", "2000",
+		"--min-crashes", "5", "--executors", "3", "--drain", "3m", "--history", history,
+	)
 	c := rep.Check
 	if rep.Load.Submitted < 2000 || c.Submitted != int(rep.Load.Submitted) || c.Terminal != c.Submitted {
 		t.Errorf("submitted %d, checked %d, terminal %d: want every one of at least 2000 calls terminal", rep.Load.Submitted, c.Submitted, c.Terminal)

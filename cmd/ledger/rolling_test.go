@@ -14,32 +14,10 @@ import (
 // store, and the whole history must show nothing lost, duplicated or left
 // behind (the same checks as the chaos suite, without crashes).
 func TestRollingRestartUnderLoad(t *testing.T) {
-	dsn := freshSchemaDSN(t)
-	t.Setenv(runMainEnv, "1")
-	dir := t.TempDir()
-	jsonOut := filepath.Join(dir, "rolling.json")
-	var out, progress strings.Builder
-	root := newRoot()
-	root.SetArgs([]string{"--log-level", "warn", "chaos",
-		"--crdb-dsn", dsn, "--duration", "40s", "--rate", "40", "--min-calls", "1500",
+	rep := runChaosCmd(t,
+		"--duration", "40s", "--rate", "40", "--min-calls", "1500",
 		"--min-crashes", "0", "--pause=false", "--restart-every", "4s", "--executors", "3", "--drain", "3m",
-		"--json", jsonOut, "--work-dir", filepath.Join(dir, "work"), "--keep",
-	})
-	root.SetOut(&out)
-	root.SetErr(&progress)
-	err := root.ExecuteContext(t.Context())
-	t.Logf("ledger chaos (rolling restarts):\n%s", out.String())
-	if err != nil {
-		t.Fatalf("ledger chaos: %v\nprogress:\n%s\nlogs in %s", err, progress.String(), filepath.Join(dir, "work"))
-	}
-	b, err := os.ReadFile(jsonOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep chaosReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	)
 	c := rep.Check
 	// 40 s at one restart every 4 s: about 9, each executor about 3 times.
 	if rep.GracefulRestarts < 6 || rep.UnexpectedExits != 0 {
@@ -51,4 +29,35 @@ func TestRollingRestartUnderLoad(t *testing.T) {
 	if f := c.Failures(); len(f) != 0 || rep.Witness.Duplicates != 0 || c.Effects == 0 {
 		t.Errorf("failures %q, duplicates at the tools %d, effects %d; want none, 0, some", f, rep.Witness.Duplicates, c.Effects)
 	}
+}
+
+// runChaosCmd runs `ledger chaos` with args on a fresh PostgreSQL schema,
+// as an operator would, and returns its JSON report; the test fails if
+// the command does.
+func runChaosCmd(t *testing.T, args ...string) chaosReport {
+	t.Helper()
+	dsn := freshSchemaDSN(t)
+	t.Setenv(runMainEnv, "1")
+	dir := t.TempDir()
+	jsonOut := filepath.Join(dir, "chaos.json")
+	var out, progress strings.Builder
+	root := newRoot()
+	root.SetArgs(append([]string{"--log-level", "warn", "chaos", "--crdb-dsn", dsn,
+		"--json", jsonOut, "--work-dir", filepath.Join(dir, "work"), "--keep"}, args...))
+	root.SetOut(&out)
+	root.SetErr(&progress)
+	err := root.ExecuteContext(t.Context())
+	t.Logf("ledger chaos %s:\n%s", strings.Join(args, " "), out.String())
+	if err != nil {
+		t.Fatalf("ledger chaos: %v\nprogress:\n%s\nlogs in %s", err, progress.String(), filepath.Join(dir, "work"))
+	}
+	b, err := os.ReadFile(jsonOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep chaosReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
