@@ -104,6 +104,18 @@ type faultLoad struct {
 	sent int
 }
 
+// startFaultRun starts a fault harness on brokers (the in-process cluster
+// when empty) with an intake and one executor, and warms the load up.
+func startFaultRun(t *testing.T, brokers string) (*harness, *faultLoad) {
+	t.Helper()
+	h := newFaultHarness(t, brokers)
+	l := newFaultLoad(t, h)
+	h.startIntake("intake-1")
+	l.executor("executor-1")
+	l.warmUp()
+	return h, l
+}
+
 // newFaultLoad prepares the load on h: policies that let every call run,
 // a log tally, and the envelopes (faultMaxWaves waves' worth, across four
 // tenants and three write tools). Start processors after it, so that
@@ -703,11 +715,7 @@ func commits(r kmsg.Request) bool { return r.(*kmsg.EndTxnRequest).Commit }
 // (the producer retries inside the transaction) and with a non-retriable
 // one (the record fails, the loop aborts and restarts its session).
 func TestKafkaFaultProduceErrors(t *testing.T) {
-	h := newFaultHarness(t, "")
-	l := newFaultLoad(t, h)
-	h.startIntake("intake-1")
-	l.executor("executor-1")
-	l.warmUp()
+	h, l := startFaultRun(t, "")
 
 	c, events := h.kafka.Cluster, h.kafka.Topics.Events
 	retriable := injectFault(c, "produce NOT_ENOUGH_REPLICAS", 5, 12, 3,
@@ -730,11 +738,7 @@ func TestKafkaFaultProduceErrors(t *testing.T) {
 // REQUEST_TIMED_OUT after the append, the broker's own way of saying "done,
 // but I cannot tell you".
 func TestKafkaFaultLostResponses(t *testing.T) {
-	h := newFaultHarness(t, "")
-	l := newFaultLoad(t, h)
-	h.startIntake("intake-1")
-	l.executor("executor-1")
-	l.warmUp()
+	h, l := startFaultRun(t, "")
 
 	events := h.kafka.Topics.Events
 	toEvents := producesTo(events, topicID(t, h, events))
@@ -753,11 +757,7 @@ func TestKafkaFaultLostResponses(t *testing.T) {
 // (the commit is unconfirmed: the client aborts and redelivers) and
 // COORDINATOR_NOT_AVAILABLE (retried).
 func TestKafkaFaultEndTxnFailures(t *testing.T) {
-	h := newFaultHarness(t, "")
-	l := newFaultLoad(t, h)
-	h.startIntake("intake-1")
-	l.executor("executor-1")
-	l.warmUp()
+	h, l := startFaultRun(t, "")
 
 	c := h.kafka.Cluster
 	endTxn := []kmsg.Key{kmsg.EndTxn}
@@ -779,11 +779,7 @@ func TestKafkaFaultEndTxnFailures(t *testing.T) {
 // the transaction itself, really, and says so. Either way the batch's
 // records and offsets are gone, and the batch must come again.
 func TestKafkaFaultTransactionAborts(t *testing.T) {
-	h := newFaultHarness(t, "")
-	l := newFaultLoad(t, h)
-	h.startIntake("intake-1")
-	l.executor("executor-1")
-	l.warmUp()
+	h, l := startFaultRun(t, "")
 
 	c := h.kafka.Cluster
 	abortable := injectFault(c, "EndTxn commit answered TRANSACTION_ABORTABLE", 3, 5, 4,
@@ -1042,11 +1038,7 @@ func TestKafkaFaultBrokerRestartWithDataDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := newFaultHarness(t, addr)
-	l := newFaultLoad(t, h)
-	h.startIntake("intake-1")
-	l.executor("executor-1")
-	l.warmUp()
+	_, l := startFaultRun(t, addr)
 
 	restarts := 0
 	restart := func() {
