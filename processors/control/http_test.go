@@ -1,7 +1,6 @@
 package control
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,28 +18,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 )
-
-// syncBuffer collects log output from concurrent handlers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // httpEnv is a Service behind an httptest server, with real operator
 // assertions and a real credential broker; every response body and
@@ -53,7 +35,7 @@ type httpEnv struct {
 	shift atomic.Int64
 	srv   *httptest.Server
 	svc   *Service
-	logs  *syncBuffer
+	logs  *ledgertest.LogBuffer
 
 	mu  sync.Mutex
 	out []string
@@ -61,7 +43,7 @@ type httpEnv struct {
 
 func newHTTPEnv(t *testing.T, edit func(*Config)) *httpEnv {
 	t.Helper()
-	e := &httpEnv{t: t, ident: processorstest.NewIdentity(t), logs: &syncBuffer{}}
+	e := &httpEnv{t: t, ident: processorstest.NewIdentity(t), logs: &ledgertest.LogBuffer{}}
 	logger := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	b, err := credentials.New(credentials.Config{
 		Now:    func() time.Time { return time.Now().Add(time.Duration(e.shift.Load())) },

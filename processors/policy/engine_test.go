@@ -19,6 +19,8 @@ import (
 
 	"github.com/cedar-policy/cedar-go"
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 )
 
 // load builds a set from in-memory files.
@@ -615,24 +617,6 @@ func TestContextModel(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a polling test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // eventually polls cond until it holds or a deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -652,7 +636,7 @@ func TestWatchDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &ledgertest.LogBuffer{}
 	e := newEngine(t, Config{Set: first, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -700,7 +684,7 @@ func TestNoArgumentValuesLeak(t *testing.T) {
 @id("type-error") permit (principal, action, resource) when { context.arguments.card_number > 5 };
 @id("like") permit (principal, action, resource) when { context.arguments.to like "*@example.com" };
 `})
-	logs := &syncBuffer{}
+	logs := &ledgertest.LogBuffer{}
 	h := slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})
 	e := newEngine(t, Config{Set: s, Logger: slog.New(h)})
 	e.hook = func(id cedar.PolicyID) {
