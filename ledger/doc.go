@@ -15,7 +15,8 @@
 //	envelope_decode.go DecodeEnvelope, LenientKey
 //	event.go           Event, its encoding and the outbox form
 //	kafka.go           topics, client options, DLQ records
+//	kafkasec.go        Security: TLS and SASL for every Kafka client
 //	dlq.go             the bounds of a DLQ record
-//	loop.go            Loop: GroupTransactSession, read_committed, one transaction per step
+//	loop.go            Loop: GroupTransactSession, read_committed, one transaction per step; its metrics and readiness
 //	reader.go          the partitioner and ReadCall / FollowCall
 package ledger

@@ -99,6 +99,10 @@ type ClientConfig struct {
 	// rejoin, and so how long a member may take to end the transaction
 	// it is in when one starts. Default franz-go's 60s.
 	RebalanceTimeout time.Duration
+	// Security is TLS and SASL for every connection; the zero value is
+	// plaintext without authentication. Opts, applied after it, may
+	// override it.
+	Security Security
 }
 
 // baseOpts are the options every client uses.
@@ -110,6 +114,11 @@ func (c ClientConfig) baseOpts() ([]kgo.Opt, error) {
 	if c.Logger != nil {
 		opts = append(opts, kgo.WithLogger(levelFilter{kslog.New(c.Logger.With("component", "kafka"))}))
 	}
+	sec, err := c.Security.Opts()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, sec...)
 	return append(opts, c.Opts...), nil
 }
 

@@ -32,6 +32,8 @@ type kafkaFlags struct {
 	// consumer-group membership.
 	sessionTimeout   time.Duration
 	rebalanceTimeout time.Duration
+	// security is TLS and SASL for every client of the cluster.
+	security ledger.Security
 }
 
 func (k *kafkaFlags) register(fs *pflag.FlagSet) {
@@ -44,6 +46,17 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	fs.Int16Var(&k.replicas, "replication-factor", 1, "replication factor when the ledger creates its topics (3 in production)")
 	fs.DurationVar(&k.sessionTimeout, "session-timeout", 45*time.Second, "how long an intake or executor may go silent before its consumer group gives its partitions to the others")
 	fs.DurationVar(&k.rebalanceTimeout, "rebalance-timeout", time.Minute, "how long a rebalance of an intake or executor group waits for its members to rejoin (and for each to end the transaction it is in)")
+	tc, sc := &k.security.TLS, &k.security.SASL
+	fs.BoolVar(&tc.Enabled, "kafka-tls", false, "connect to Kafka over TLS (implied by any other --kafka-tls-* flag)")
+	fs.StringVar(&tc.CAFile, "kafka-tls-ca", "", "PEM file of the CAs that sign the brokers' certificates (default: the system's roots)")
+	fs.StringVar(&tc.CertFile, "kafka-tls-cert", "", "PEM client certificate, for brokers that require mutual TLS (with --kafka-tls-key)")
+	fs.StringVar(&tc.KeyFile, "kafka-tls-key", "", "PEM key of --kafka-tls-cert")
+	fs.StringVar(&tc.ServerName, "kafka-tls-server-name", "", "name to verify every broker's certificate against (default: the host dialled)")
+	fs.BoolVar(&tc.InsecureSkipVerify, "kafka-tls-insecure-skip-verify", false, "accept any broker certificate (encrypted but unauthenticated; debugging only)")
+	fs.StringVar(&sc.Mechanism, "kafka-sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (default: none)")
+	fs.StringVar(&sc.User, "kafka-sasl-user", "", "SASL user, for PLAIN and SCRAM")
+	fs.StringVar(&sc.Password, "kafka-sasl-password", "", "SASL password, for PLAIN and SCRAM; prefer LEDGER_KAFKA_SASL_PASSWORD over the command line, where other users see it")
+	fs.StringVar(&sc.TokenFile, "kafka-sasl-token-file", "", "file holding the OAUTHBEARER token, read again at every authentication so that it can be rotated in place")
 }
 
 func (k *kafkaFlags) topics() ledger.Topics {
@@ -51,7 +64,7 @@ func (k *kafkaFlags) topics() ledger.Topics {
 }
 
 func (k *kafkaFlags) client(logger *slog.Logger) ledger.ClientConfig {
-	return ledger.ClientConfig{Brokers: k.brokers, Logger: logger, SessionTimeout: k.sessionTimeout, RebalanceTimeout: k.rebalanceTimeout}
+	return ledger.ClientConfig{Brokers: k.brokers, Logger: logger, SessionTimeout: k.sessionTimeout, RebalanceTimeout: k.rebalanceTimeout, Security: k.security}
 }
 
 func (k *kafkaFlags) topicConfig() ledger.TopicConfig {

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/cobra"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
+
+// TestKafkaSecurityFlags checks that the Kafka TLS and SASL flags are on
+// the root for every subcommand, and that they and their LEDGER_*
+// variables reach the ClientConfig every Kafka client is built from, flag
+// beating environment.
+func TestKafkaSecurityFlags(t *testing.T) {
+	pf := newRoot().PersistentFlags()
+	for _, name := range []string{
+		"kafka-tls", "kafka-tls-ca", "kafka-tls-cert", "kafka-tls-key",
+		"kafka-tls-server-name", "kafka-tls-insecure-skip-verify",
+		"kafka-sasl-mechanism", "kafka-sasl-user", "kafka-sasl-password", "kafka-sasl-token-file",
+	} {
+		f := pf.Lookup(name)
+		if f == nil {
+			t.Errorf("root has no persistent --%s", name)
+			continue
+		}
+		if f.DefValue != "" && f.DefValue != "false" {
+			t.Errorf("--%s defaults to %q; want off", name, f.DefValue)
+		}
+	}
+	if f := pf.Lookup("kafka-sasl-password"); f != nil && !strings.Contains(f.Usage, "LEDGER_KAFKA_SASL_PASSWORD") {
+		t.Errorf("--kafka-sasl-password usage %q does not point to LEDGER_KAFKA_SASL_PASSWORD", f.Usage)
+	}
+
+	// run parses args under a root wired as newRoot wires the Kafka flags
+	// and returns the client configuration a role would build.
+	run := func(t *testing.T, args ...string) ledger.ClientConfig {
+		t.Helper()
+		g := &globals{}
+		root := &cobra.Command{Use: "ledger", SilenceUsage: true, SilenceErrors: true}
+		g.kafka.register(root.PersistentFlags())
+		var got ledger.ClientConfig
+		root.AddCommand(&cobra.Command{Use: "role", RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := bindEnv(cmd); err != nil {
+				return err
+			}
+			got = g.kafka.client(nil)
+			return nil
+		}})
+		root.SetArgs(append([]string{"role"}, args...))
+		if err := root.Execute(); err != nil {
+			t.Fatalf("ledger role %v: %v", args, err)
+		}
+		return got
+	}
+
+	t.Run("defaults", func(t *testing.T) {
+		if got := run(t).Security; got != (ledger.Security{}) {
+			t.Errorf("Security = %v; want the zero value (plaintext, no SASL)", got)
+		}
+	})
+
+	t.Run("environment", func(t *testing.T) {
+		for k, v := range map[string]string{
+			"LEDGER_KAFKA_TLS":                      "true",
+			"LEDGER_KAFKA_TLS_CA":                   "/etc/kafka/ca.pem",
+			"LEDGER_KAFKA_TLS_CERT":                 "/etc/kafka/client.pem",
+			"LEDGER_KAFKA_TLS_KEY":                  "/etc/kafka/client-key.pem",
+			"LEDGER_KAFKA_TLS_SERVER_NAME":          "kafka.internal",
+			"LEDGER_KAFKA_TLS_INSECURE_SKIP_VERIFY": "true",
+			"LEDGER_KAFKA_SASL_MECHANISM":           "SCRAM-SHA-512",
+			"LEDGER_KAFKA_SASL_USER":                "ledger",
+			"LEDGER_KAFKA_SASL_PASSWORD":            "from-env",
+			"LEDGER_KAFKA_SASL_TOKEN_FILE":          "/var/run/token",
+		} {
+			t.Setenv(k, v)
+		}
+		want := ledger.Security{
+			TLS: ledger.TLS{
+				Enabled: true, CAFile: "/etc/kafka/ca.pem",
+				CertFile: "/etc/kafka/client.pem", KeyFile: "/etc/kafka/client-key.pem",
+				ServerName: "kafka.internal", InsecureSkipVerify: true,
+			},
+			SASL: ledger.SASL{Mechanism: "SCRAM-SHA-512", User: "ledger", Password: "from-env", TokenFile: "/var/run/token"},
+		}
+		if diff := cmp.Diff(want, run(t).Security); diff != "" {
+			t.Errorf("Security from LEDGER_* (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("flags beat environment", func(t *testing.T) {
+		t.Setenv("LEDGER_KAFKA_SASL_MECHANISM", "PLAIN")
+		t.Setenv("LEDGER_KAFKA_SASL_USER", "env-user")
+		t.Setenv("LEDGER_KAFKA_SASL_PASSWORD", "from-env")
+		t.Setenv("LEDGER_KAFKA_TLS_CA", "/env/ca.pem")
+		got := run(t, "--kafka-sasl-mechanism", "oauthbearer", "--kafka-sasl-user", "flag-user",
+			"--kafka-tls-ca", "/flag/ca.pem", "--kafka-tls-server-name", "flag.internal")
+		want := ledger.Security{
+			TLS:  ledger.TLS{CAFile: "/flag/ca.pem", ServerName: "flag.internal"},
+			SASL: ledger.SASL{Mechanism: "oauthbearer", User: "flag-user", Password: "from-env"},
+		}
+		if diff := cmp.Diff(want, got.Security); diff != "" {
+			t.Errorf("Security from flags and LEDGER_* (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("bad boolean", func(t *testing.T) {
+		t.Setenv("LEDGER_KAFKA_TLS", "maybe")
+		g := &globals{}
+		root := &cobra.Command{Use: "ledger"}
+		g.kafka.register(root.PersistentFlags())
+		sub := &cobra.Command{Use: "role"}
+		root.AddCommand(sub)
+		if err := bindEnv(sub); err == nil || !strings.Contains(err.Error(), "LEDGER_KAFKA_TLS") {
+			t.Errorf("bindEnv with LEDGER_KAFKA_TLS=maybe = %v; want an error naming the variable", err)
+		}
+	})
+}

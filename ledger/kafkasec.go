@@ -1,0 +1,327 @@
+package ledger
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/oauth"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+)
+
+// The SASL mechanisms Security accepts (SASL.Mechanism, in any case).
+const (
+	MechanismPlain       = "PLAIN"
+	MechanismScramSHA256 = "SCRAM-SHA-256"
+	MechanismScramSHA512 = "SCRAM-SHA-512"
+	MechanismOAuthBearer = "OAUTHBEARER"
+)
+
+// validMechanisms lists the mechanisms for error messages.
+const validMechanisms = MechanismPlain + ", " + MechanismScramSHA256 + ", " + MechanismScramSHA512 + ", " + MechanismOAuthBearer
+
+// Security is how the ledger's Kafka clients encrypt and authenticate. The
+// zero value is plaintext without authentication (ledger dev, tests).
+//
+// Its String, GoString and LogValue never show the password; the password
+// and the token never appear in an error either.
+type Security struct {
+	TLS  TLS
+	SASL SASL
+}
+
+// TLS configures the connection's encryption.
+type TLS struct {
+	// Enabled dials brokers over TLS. Setting any other field of TLS
+	// enables it too: a CA or a client certificate means nothing on a
+	// plaintext connection.
+	Enabled bool
+	// CAFile is a PEM file of the CAs that sign the brokers'
+	// certificates. Default: the system's roots.
+	CAFile string
+	// CertFile and KeyFile are the client certificate and its key (PEM),
+	// for brokers that require mutual TLS. Both or neither.
+	CertFile string
+	KeyFile  string
+	// ServerName is the name checked against every broker's certificate.
+	// Default: the host of the address dialled, which suits certificates
+	// issued per broker.
+	ServerName string
+	// InsecureSkipVerify accepts any broker certificate: the connection is
+	// encrypted but not authenticated, so anyone on the path can read it.
+	// For debugging only.
+	InsecureSkipVerify bool
+}
+
+// on reports whether TLS is wanted, explicitly or through another field.
+func (t TLS) on() bool {
+	return t.Enabled || t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify
+}
+
+// SASL configures the client's authentication. PLAIN sends the password
+// as it is, so use it only over TLS.
+type SASL struct {
+	// Mechanism is "" (no SASL), PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or
+	// OAUTHBEARER, in any case.
+	Mechanism string
+	// User and Password authenticate PLAIN and SCRAM; both required there,
+	// and refused with OAUTHBEARER.
+	User     string
+	Password string
+	// TokenFile, for OAUTHBEARER (required there, refused otherwise), is a
+	// file whose content, trimmed of surrounding white space, is the
+	// bearer token. It is read again for every authentication (each new
+	// connection, each re-authentication), so a sidecar that rewrites it
+	// rotates the token without a restart. It is not read before the
+	// first connection: the sidecar may not have written it yet.
+	TokenFile string
+}
+
+// SecurityError is a Security that cannot be applied. It names the field
+// and never quotes a password or a token.
+type SecurityError struct {
+	// Field is the offending field, as "SASL.Mechanism" or "TLS.CAFile".
+	Field string
+	// Reason is for humans.
+	Reason string
+	// Err is the underlying error (reading a file, parsing a key), if any.
+	Err error
+}
+
+// Error returns the field, the reason and the underlying error.
+func (e *SecurityError) Error() string {
+	s := "kafka security: " + e.Field + ": " + e.Reason
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns the underlying error, so that errors.Is(err,
+// fs.ErrNotExist) works for a missing file.
+func (e *SecurityError) Unwrap() error { return e.Err }
+
+func secErr(field, reason string, err error) error {
+	return &SecurityError{Field: field, Reason: reason, Err: err}
+}
+
+// Opts returns the franz-go options that apply s: a TLS dialer and a SASL
+// mechanism, either or both, or none for the zero value. It reads the CA
+// and client certificate files now, and fails with a *SecurityError on a
+// setting it cannot apply.
+func (s Security) Opts() ([]kgo.Opt, error) {
+	var opts []kgo.Opt
+	if s.TLS.on() {
+		cfg, err := s.TLS.config()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, kgo.DialTLSConfig(cfg))
+	}
+	mech, err := s.SASL.mechanism()
+	if err != nil {
+		return nil, err
+	}
+	if mech != nil {
+		opts = append(opts, kgo.SASL(mech))
+	}
+	return opts, nil
+}
+
+// config builds the client's tls.Config. franz-go clones it per dial and
+// fills ServerName from the broker's host when it is empty.
+func (t TLS) config() (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // documented as for debugging only
+	}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, secErr("TLS.CAFile", "cannot read the CA file", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, secErr("TLS.CAFile", fmt.Sprintf("no PEM certificate in %s", t.CAFile), nil)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile == "":
+		return nil, secErr("TLS.KeyFile", "a client certificate needs its key file", nil)
+	case t.CertFile == "" && t.KeyFile != "":
+		return nil, secErr("TLS.CertFile", "a client key needs its certificate file", nil)
+	case t.CertFile != "":
+		certPEM, err := os.ReadFile(t.CertFile)
+		if err != nil {
+			return nil, secErr("TLS.CertFile", "cannot read the client certificate", err)
+		}
+		keyPEM, err := os.ReadFile(t.KeyFile)
+		if err != nil {
+			return nil, secErr("TLS.KeyFile", "cannot read the client key", err)
+		}
+		// X509KeyPair's errors describe the PEM blocks, never the key.
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, secErr("TLS.CertFile", fmt.Sprintf("%s and %s are not a certificate and its key", t.CertFile, t.KeyFile), err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
+}
+
+// mechanism returns the SASL mechanism, or nil when SASL is off.
+func (a SASL) mechanism() (sasl.Mechanism, error) {
+	name := strings.ToUpper(strings.TrimSpace(a.Mechanism))
+	switch name {
+	case "":
+		if a.User != "" || a.Password != "" || a.TokenFile != "" {
+			// Credentials without a mechanism would silently connect
+			// unauthenticated.
+			return nil, secErr("SASL.Mechanism", "credentials are set but no mechanism; valid: "+validMechanisms, nil)
+		}
+		return nil, nil
+	case MechanismPlain, MechanismScramSHA256, MechanismScramSHA512:
+		switch {
+		case a.User == "":
+			return nil, secErr("SASL.User", "required by "+name, nil)
+		case a.Password == "":
+			return nil, secErr("SASL.Password", "required by "+name, nil)
+		case a.TokenFile != "":
+			return nil, secErr("SASL.TokenFile", "only OAUTHBEARER uses a token file, not "+name, nil)
+		}
+		switch name {
+		case MechanismPlain:
+			return plain.Auth{User: a.User, Pass: a.Password}.AsMechanism(), nil
+		case MechanismScramSHA256:
+			return scram.Auth{User: a.User, Pass: a.Password}.AsSha256Mechanism(), nil
+		default:
+			return scram.Auth{User: a.User, Pass: a.Password}.AsSha512Mechanism(), nil
+		}
+	case MechanismOAuthBearer:
+		switch {
+		case a.TokenFile == "":
+			return nil, secErr("SASL.TokenFile", "required by "+name, nil)
+		case a.Password != "":
+			return nil, secErr("SASL.Password", name+" authenticates with the token file alone; unset the password", nil)
+		case a.User != "":
+			return nil, secErr("SASL.User", name+" authenticates with the token file alone; unset the user", nil)
+		}
+		path := a.TokenFile
+		return oauth.Oauth(func(context.Context) (oauth.Auth, error) {
+			return readToken(path)
+		}), nil
+	default:
+		return nil, secErr("SASL.Mechanism", fmt.Sprintf("unknown mechanism %q; valid: %s", a.Mechanism, validMechanisms), nil)
+	}
+}
+
+// readToken reads the bearer token from path. Its errors name the file,
+// never its content.
+func readToken(path string) (oauth.Auth, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return oauth.Auth{}, secErr("SASL.TokenFile", "cannot read the token file", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return oauth.Auth{}, secErr("SASL.TokenFile", fmt.Sprintf("token file %s is empty", path), nil)
+	}
+	return oauth.Auth{Token: tok}, nil
+}
+
+// String describes s for logs: TLS on or off with its files, the mechanism
+// and the user; the password only as "[redacted]".
+func (s Security) String() string {
+	var b strings.Builder
+	if s.TLS.on() {
+		b.WriteString("tls=on")
+		for _, kv := range [][2]string{{"ca", s.TLS.CAFile}, {"cert", s.TLS.CertFile}, {"server_name", s.TLS.ServerName}} {
+			if kv[1] != "" {
+				fmt.Fprintf(&b, " %s=%s", kv[0], kv[1])
+			}
+		}
+		if s.TLS.InsecureSkipVerify {
+			b.WriteString(" insecure_skip_verify=true")
+		}
+	} else {
+		b.WriteString("tls=off")
+	}
+	return b.String() + " " + s.SASL.String()
+}
+
+// GoString is String, so that %#v does not print the password either.
+func (s Security) GoString() string { return "ledger.Security{" + s.String() + "}" }
+
+// LogValue is s as slog attributes, without the password.
+func (s Security) LogValue() slog.Value {
+	attrs := []slog.Attr{slog.Bool("tls", s.TLS.on())}
+	if s.TLS.on() {
+		attrs = append(attrs,
+			slog.String("tls_ca", s.TLS.CAFile),
+			slog.String("tls_cert", s.TLS.CertFile),
+			slog.String("tls_server_name", s.TLS.ServerName),
+			slog.Bool("tls_insecure_skip_verify", s.TLS.InsecureSkipVerify),
+		)
+	}
+	return slog.GroupValue(append(attrs, s.SASL.LogValue().Group()...)...)
+}
+
+// String describes a for logs: the mechanism, the user and the token file;
+// the password only as "[redacted]". SASL has its own, and not only
+// Security, so that printing a SASL alone does not leak the password.
+func (a SASL) String() string {
+	if a == (SASL{}) {
+		return "sasl=off"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "sasl=%s", strings.ToUpper(strings.TrimSpace(a.Mechanism)))
+	if a.User != "" {
+		fmt.Fprintf(&b, " user=%s", a.User)
+	}
+	if a.Password != "" {
+		b.WriteString(" password=" + Redacted)
+	}
+	if a.TokenFile != "" {
+		fmt.Fprintf(&b, " token_file=%s", a.TokenFile)
+	}
+	return b.String()
+}
+
+// GoString is String, so that %#v does not print the password either.
+func (a SASL) GoString() string { return "ledger.SASL{" + a.String() + "}" }
+
+// MarshalJSON writes a with the password redacted: slog's JSON handler
+// marshals a struct that holds a SASL (a ClientConfig logged whole)
+// without asking for its LogValue.
+func (a SASL) MarshalJSON() ([]byte, error) {
+	if a.Password != "" {
+		a.Password = Redacted
+	}
+	type plainSASL SASL // without this method
+	return json.Marshal(plainSASL(a))
+}
+
+// LogValue is a as slog attributes, without the password.
+func (a SASL) LogValue() slog.Value {
+	attrs := []slog.Attr{slog.String("sasl_mechanism", strings.ToUpper(strings.TrimSpace(a.Mechanism)))}
+	if a.User != "" {
+		attrs = append(attrs, slog.String("sasl_user", a.User))
+	}
+	if a.Password != "" {
+		attrs = append(attrs, slog.String("sasl_password", Redacted))
+	}
+	if a.TokenFile != "" {
+		attrs = append(attrs, slog.String("sasl_token_file", a.TokenFile))
+	}
+	return slog.GroupValue(attrs...)
+}
