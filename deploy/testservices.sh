@@ -8,6 +8,9 @@
 #
 # start prints, on stdout and nothing else:
 #   export LEDGER_TEST_PG_DSN=postgres://ledger@127.0.0.1:55432/ledger?sslmode=disable
+#   export LEDGER_TEST_PG_TLS_CA=/tmp/ledger-testservices/postgres/tls/server.crt
+#                             (the private server's certificate, for
+#                             sslmode=verify-full; only when it serves TLS)
 #   export LEDGER_TEST_CLICKHOUSE_ADDR=127.0.0.1:59000          (native protocol)
 #   export LEDGER_TEST_CLICKHOUSE_HTTP=http://127.0.0.1:58123   (HTTP interface)
 #   export LEDGER_TEST_CHROMIUM=/usr/bin/chromium               (headless browser)
@@ -21,6 +24,13 @@
 # only) and a private server is started with its data, config, logs and pid
 # file under the state directory. stop stops only servers that have a pid
 # file there.
+#
+# The private PostgreSQL always has ssl on (CockroachDB in production is
+# reached over TLS), with a self-signed certificate for 127.0.0.1 that start
+# generates with openssl into the state directory; plain connections are
+# still accepted, so the DSN above keeps working. A private server found
+# running with ssl off gets it turned on with ALTER SYSTEM and a reload, no
+# restart.
 #
 # Environment:
 #   LEDGER_TEST_STATE         state directory (default /tmp/ledger-testservices)
@@ -208,6 +218,73 @@ pg_start() {
 	fi
 	pg_answers "$PG_DSN" || die "postgres: started but $PG_DSN does not answer; see $logf"
 	log "postgres: ready"
+}
+
+# pg_tls makes the private server serve TLS, if PG_DSN is the private
+# server, and sets PG_TLS_CA to its certificate once it does. A failure
+# here leaves the server as it was (plain connections work) and only
+# LEDGER_TEST_PG_TLS_CA unset: the TLS tests then fail, saying why.
+pg_tls() {
+	PG_TLS_CA=""
+	case "$PG_DSN" in
+	*"@${PG_HOST}:${PG_PORT}/"*) ;;
+	*) return 0 ;;
+	esac
+	local dir="$PG_DIR/tls"
+	local crt="$dir/server.crt" key="$dir/server.key"
+	local psqlc=(psql -X -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -Atq)
+	local user=postgres
+	is_root || user="$(id -un)"
+
+	if [ "$("${psqlc[@]}" -c 'SHOW ssl' 2>/dev/null)" = on ]; then
+		if [ "$("${psqlc[@]}" -c 'SHOW ssl_cert_file')" = "$crt" ] && [ -r "$crt" ]; then
+			PG_TLS_CA="$crt"
+		else
+			log "postgres: ssl is on with a certificate this script did not make; LEDGER_TEST_PG_TLS_CA not set"
+		fi
+		return 0
+	fi
+
+	if [ ! -s "$crt" ] || [ ! -s "$key" ]; then
+		if ! command -v openssl >/dev/null; then
+			if ! is_root; then
+				log "postgres: openssl missing and not root: the server stays without TLS"
+				return 0
+			fi
+			apt_install openssl
+		fi
+		log "postgres: generating a self-signed TLS certificate in $dir"
+		if ! as_user "$user" mkdir -p "$dir" ||
+			! as_user "$user" openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+				-days 3650 -subj "/CN=ledger test postgres" \
+				-addext "subjectAltName=IP:${PG_HOST},DNS:localhost" \
+				-keyout "$key" -out "$crt" >&2 ||
+			! as_user "$user" chmod 600 "$key" || ! as_user "$user" chmod 644 "$crt"; then
+			log "postgres: could not write a certificate in $dir: the server stays without TLS"
+			return 0
+		fi
+	fi
+
+	log "postgres: turning ssl on"
+	# The server reads these paths: single quotes doubled for SQL.
+	if ! "${psqlc[@]}" -c "ALTER SYSTEM SET ssl_cert_file = '${crt//\'/\'\'}'" \
+		-c "ALTER SYSTEM SET ssl_key_file = '${key//\'/\'\'}'" \
+		-c "ALTER SYSTEM SET ssl = on" -c "SELECT pg_reload_conf()" >/dev/null; then
+		log "postgres: could not turn ssl on: the server stays without TLS"
+		return 0
+	fi
+	local deadline=$((SECONDS + 10))
+	until [ "$("${psqlc[@]}" -c 'SHOW ssl')" = on ]; do
+		if [ "$SECONDS" -ge "$deadline" ]; then
+			# Undone, or the next start would fail on the same files.
+			"${psqlc[@]}" -c "ALTER SYSTEM RESET ssl" -c "SELECT pg_reload_conf()" >/dev/null || true
+			log "postgres: ssl stayed off after a reload (see $PG_DIR/postgres.log): the server stays without TLS"
+			return 0
+		fi
+		sleep 0.2
+	done
+	PG_TLS_CA="$crt"
+	log "postgres: ssl on"
 }
 
 pg_stop() {
@@ -468,10 +545,14 @@ case "${1:-}" in
 start)
 	lock
 	pg_start
+	pg_tls
 	ch_start
 	chromium_find
 	# Single quotes: DSNs carry "?" and "&", which a shell would expand.
 	printf "export LEDGER_TEST_PG_DSN='%s'\n" "$PG_DSN"
+	if [ -n "$PG_TLS_CA" ]; then
+		printf "export LEDGER_TEST_PG_TLS_CA='%s'\n" "$PG_TLS_CA"
+	fi
 	printf "export LEDGER_TEST_CLICKHOUSE_ADDR='%s'\n" "$CH_ADDR"
 	printf "export LEDGER_TEST_CLICKHOUSE_HTTP='%s'\n" "$CH_HTTP"
 	printf "export LEDGER_TEST_CHROMIUM='%s'\n" "$CHROMIUM"

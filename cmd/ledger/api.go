@@ -135,7 +135,7 @@ person's assertion.`,
 			mux.Handle("/", ui)
 
 			grp, ctx := errgroup.WithContext(ctx)
-			serve(ctx, grp, "api", httpAddr, mux)
+			g.serve(ctx, grp, "api", httpAddr, mux)
 			logger.Info("api serving", "addr", httpAddr, "clickhouse", redactDSN(ch.dsn), "approvals", approvalsURL, "operators", operatorsURL)
 			return grp.Wait()
 		},

@@ -261,6 +261,10 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 				return err
 			}
 			srv := &http.Server{Addr: httpAddr, Handler: queue.Handler(), ReadHeaderTimeout: 5 * time.Second}
+			serveHTTP, err := g.httpTLS.listen(srv, logger)
+			if err != nil {
+				return err
+			}
 			go func() {
 				// Owned by the command: closed when ctx ends.
 				<-ctx.Done()
@@ -272,7 +276,7 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 				}
 			}()
 			logger.Info("approval queue starting", "http_addr", httpAddr, "store", desc, "instance", rf.instance)
-			if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+			if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil

@@ -75,6 +75,11 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 }
 
 func runDev(ctx context.Context, g *globals, f *devFlags) error {
+	if g.httpTLS.enabled() || g.httpTLS.clientCAFile != "" {
+		// dev is the local trial on loopback; its banner and its demo
+		// tools speak plain HTTP. Saying so beats ignoring the flags.
+		return errors.New("ledger dev serves plain HTTP on loopback only: --http-tls-* (LEDGER_HTTP_TLS_*) apply to the production roles, not to dev")
+	}
 	logger := g.logger()
 	dataDir := f.roles.store.dataDir
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {

@@ -31,6 +31,7 @@ type globals struct {
 	logFormat string
 	gcPercent int
 	kafka     kafkaFlags
+	httpTLS   httpTLSFlags
 }
 
 // defaultGCPercent is the ledger's garbage collector target. Its processes
@@ -70,6 +71,7 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
 	pf.IntVar(&g.gcPercent, "gc-percent", defaultGCPercent, "garbage collector target, as GOGC (which wins if set): higher spends memory to save CPU, -1 turns the collector off")
 	g.kafka.register(pf)
+	g.httpTLS.register(pf)
 	root.AddCommand(
 		newDevCmd(g),
 		newIntakeCmd(g),

@@ -86,7 +86,7 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 					}
 					fmt.Fprintln(w, "ok")
 				})
-				serve(ctx, grp, "metrics", metricsAddr, mux)
+				g.serve(ctx, grp, "metrics", metricsAddr, mux)
 			}
 			grp.Go(func() error { return p.Run(ctx) })
 			logger.Info("projector running", "clickhouse", redactDSN(ch.dsn), "database", st.Database(), "metrics", metricsAddr)
@@ -319,22 +319,4 @@ func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfi
 		}
 	}
 	return starts, gap, nil
-}
-
-// serve runs an HTTP server on addr in grp until ctx ends, then shuts it
-// down gracefully.
-func serve(ctx context.Context, grp *errgroup.Group, what, addr string, h http.Handler) {
-	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	grp.Go(func() error {
-		if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("%s on %s: %w", what, addr, err)
-		}
-		return nil
-	})
-	grp.Go(func() error {
-		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(shut)
-	})
 }

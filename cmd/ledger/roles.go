@@ -212,13 +212,17 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				}
 				if jwksAddr != "" {
 					srv := &http.Server{Addr: jwksAddr, Handler: broker.Handler(), ReadHeaderTimeout: 5 * time.Second}
+					serveHTTP, err := g.httpTLS.listen(srv, logger.With("server", "jwks"))
+					if err != nil {
+						return nil, err
+					}
 					go func() {
 						// Owned by the command: closed when ctx ends.
 						<-cmd.Context().Done()
 						srv.Close()
 					}()
 					go func() {
-						if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+						if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
 							logger.Error("jwks server stopped", "err", err)
 						}
 					}()
@@ -448,13 +452,17 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						mux.Handle(control.IntrospectPath, kill.Handler())
 					}
 					srv := &http.Server{Addr: httpAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+					serveHTTP, err := g.httpTLS.listen(srv, logger.With("server", "operators"))
+					if err != nil {
+						return nil, err
+					}
 					go func() {
 						// Owned by the command: closed when ctx ends.
 						<-ctx.Done()
 						srv.Close()
 					}()
 					go func() {
-						if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+						if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
 							logger.Error("resolutions server stopped", "err", err)
 						}
 					}()

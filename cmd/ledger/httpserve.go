@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
+)
+
+// httpTLSFlags put TLS, and optionally client certificates, on every HTTP
+// server of the binary (the API, the metrics and query address, the
+// approval queue, the operators' APIs, the executors' JWKS). They are root
+// flags: one role's servers share one certificate.
+type httpTLSFlags struct {
+	certFile     string
+	keyFile      string
+	clientCAFile string
+}
+
+func (f *httpTLSFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.certFile, "http-tls-cert", "", "PEM certificate (with its chain) of the HTTP servers: with it they serve HTTPS only, TLS 1.2 or later; read again when the file changes, so a rotated certificate needs no restart; needs --http-tls-key")
+	fs.StringVar(&f.keyFile, "http-tls-key", "", "PEM private key of --http-tls-cert")
+	fs.StringVar(&f.clientCAFile, "http-tls-client-ca", "", "PEM CA certificates: with it, the HTTP servers accept only clients presenting a certificate one of them signed (mutual TLS); needs --http-tls-cert")
+}
+
+// enabled reports whether the servers speak TLS.
+func (f *httpTLSFlags) enabled() bool { return f.certFile != "" || f.keyFile != "" }
+
+// tlsConfig returns the servers' TLS configuration, or nil for plain HTTP.
+// It loads every file now, so a wrong flag fails the role at startup.
+func (f *httpTLSFlags) tlsConfig(logger *slog.Logger) (*tls.Config, error) {
+	switch {
+	case f.clientCAFile != "" && f.certFile == "":
+		return nil, errors.New("--http-tls-client-ca needs --http-tls-cert and --http-tls-key: client certificates are asked for only over TLS")
+	case !f.enabled():
+		return nil, nil
+	case f.certFile == "":
+		return nil, errors.New("--http-tls-key needs --http-tls-cert")
+	case f.keyFile == "":
+		return nil, errors.New("--http-tls-cert needs --http-tls-key")
+	}
+	kp := &keyPair{certFile: f.certFile, keyFile: f.keyFile, logger: logger}
+	if err := kp.load(); err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: kp.get}
+	if f.clientCAFile != "" {
+		pem, err := os.ReadFile(f.clientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("--http-tls-client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--http-tls-client-ca %s holds no PEM certificate", f.clientCAFile)
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
+
+// listen opens srv.Addr for srv, over TLS when the flags name a
+// certificate, and returns the function that serves srv there until srv is
+// closed (returning http.ErrServerClosed then, as ListenAndServe does).
+// Every HTTP server of the binary but `ledger dev`'s listens through it.
+// Bad TLS flags and an address in use are errors here, before anything
+// is served. srv.Addr becomes the bound address (port 0 resolved).
+func (f *httpTLSFlags) listen(srv *http.Server, logger *slog.Logger) (serve func() error, err error) {
+	cfg, err := f.tlsConfig(logger)
+	if err != nil {
+		return nil, err
+	}
+	addr := srv.Addr
+	if addr == "" {
+		addr = ":http"
+		if cfg != nil {
+			addr = ":https"
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	srv.Addr = ln.Addr().String()
+	if srv.ErrorLog == nil {
+		// Refused handshakes (no client certificate, an untrusted CA,
+		// plain HTTP) go to the role's log, not to the standard logger.
+		srv.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
+	}
+	logger.Info("http server listening", "addr", srv.Addr, "tls", cfg != nil, "client_certificates", cfg != nil && cfg.ClientCAs != nil)
+	if cfg == nil {
+		return func() error { return srv.Serve(ln) }, nil
+	}
+	srv.TLSConfig = cfg
+	// The certificate comes from cfg.GetCertificate, not from files
+	// named here.
+	return func() error { return srv.ServeTLS(ln, "", "") }, nil
+}
+
+// serve runs an HTTP server on addr in grp until ctx ends, then shuts it
+// down gracefully.
+func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr string, h http.Handler) {
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	grp.Go(func() error {
+		run, err := g.httpTLS.listen(srv, g.logger().With("server", what))
+		if err == nil {
+			err = run()
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("%s on %s: %w", what, addr, err)
+		}
+		return nil
+	})
+	grp.Go(func() error {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(shut)
+	})
+}
+
+// keyPair is a certificate and its key, read again from their files on the
+// first handshake after either file changed (rotation by cert-manager, a
+// mounted secret, or an operator's cp), so a renewed certificate is served
+// without a restart. A pair that does not load (a rotation caught between
+// its two writes) leaves the last good one in use until the files change
+// again.
+type keyPair struct {
+	certFile, keyFile string
+	logger            *slog.Logger
+
+	mu   sync.Mutex
+	cert *tls.Certificate
+	// certStat and keyStat describe the files as last read (or last
+	// tried), to see a change with two stats per handshake.
+	certStat, keyStat os.FileInfo
+}
+
+// load reads the pair, and fails if it is unreadable or does not match.
+func (k *keyPair) load() error {
+	cs, ks, err := k.stat()
+	if err != nil {
+		return err
+	}
+	cert, err := k.read()
+	if err != nil {
+		return err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.cert, k.certStat, k.keyStat = cert, cs, ks
+	return nil
+}
+
+func (k *keyPair) stat() (cert, key os.FileInfo, err error) {
+	if cert, err = os.Stat(k.certFile); err != nil {
+		return nil, nil, fmt.Errorf("--http-tls-cert: %w", err)
+	}
+	if key, err = os.Stat(k.keyFile); err != nil {
+		return nil, nil, fmt.Errorf("--http-tls-key: %w", err)
+	}
+	return cert, key, nil
+}
+
+func (k *keyPair) read() (*tls.Certificate, error) {
+	certPEM, err := os.ReadFile(k.certFile)
+	if err != nil {
+		return nil, fmt.Errorf("--http-tls-cert: %w", err)
+	}
+	keyPEM, err := os.ReadFile(k.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--http-tls-key: %w", err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		// Its errors name what is wrong, never the key's bytes.
+		return nil, fmt.Errorf("--http-tls-cert %s and --http-tls-key %s: %w", k.certFile, k.keyFile, err)
+	}
+	return &cert, nil
+}
+
+// get is the servers' tls.Config.GetCertificate.
+func (k *keyPair) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	cs, ks, err := k.stat()
+	if err != nil || (sameFile(cs, k.certStat) && sameFile(ks, k.keyStat)) {
+		// A file gone for a moment (a secret's symlinks swapped) is
+		// not a reason to fail handshakes: serve the last good pair.
+		return k.cert, nil
+	}
+	k.certStat, k.keyStat = cs, ks
+	cert, err := k.read()
+	if err != nil {
+		k.logger.Warn("tls certificate not reloaded, still serving the previous one", "cert_file", k.certFile, "key_file", k.keyFile, "err", err)
+		return k.cert, nil
+	}
+	k.cert = cert
+	if cert.Leaf != nil {
+		k.logger.Info("tls certificate reloaded", "cert_file", k.certFile, "not_after", cert.Leaf.NotAfter)
+	}
+	return k.cert, nil
+}
+
+// sameFile reports whether a and b are the same file, unmodified.
+func sameFile(a, b os.FileInfo) bool {
+	return os.SameFile(a, b) && a.ModTime().Equal(b.ModTime()) && a.Size() == b.Size()
+}

@@ -1,0 +1,352 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
+)
+
+// startHTTP serves h through f.listen on a free loopback port until t
+// ends, and returns the address.
+func startHTTP(t *testing.T, f httpTLSFlags, logger *slog.Logger, h http.Handler) string {
+	t.Helper()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	srv := &http.Server{Addr: "127.0.0.1:0", Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	serve, err := f.listen(srv, logger)
+	if err != nil {
+		t.Fatalf("listen(%+v) = %v", f, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- serve() }()
+	t.Cleanup(func() {
+		srv.Close()
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("serve() = %v; want http.ErrServerClosed", err)
+		}
+	})
+	return srv.Addr
+}
+
+// hello answers with the client certificate's common name, or "hello"
+// without one.
+var hello = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		fmt.Fprint(w, "hello "+r.TLS.PeerCertificates[0].Subject.CommonName)
+		return
+	}
+	fmt.Fprint(w, "hello")
+})
+
+// httpsClient trusts roots and presents certs; one connection per request,
+// so that each request sees the server's certificate of the moment.
+func httpsClient(roots *x509.CertPool, certs ...tls.Certificate) *http.Client {
+	return &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			TLSClientConfig:   &tls.Config{RootCAs: roots, Certificates: certs},
+			DisableKeepAlives: true,
+		},
+	}
+}
+
+// fetch returns the body of a 200 answer, or an error.
+func fetch(hc *http.Client, url string) (string, *http.Response, error) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return "", nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return string(b), resp, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return string(b), resp, nil
+}
+
+// TestServeHTTPPlain: without the flags, servers speak plain HTTP as
+// before.
+func TestServeHTTPPlain(t *testing.T) {
+	addr := startHTTP(t, httpTLSFlags{}, nil, hello)
+	if body, _, err := fetch(http.DefaultClient, "http://"+addr+"/"); err != nil || body != "hello" {
+		t.Errorf("GET http://%s = %q, %v; want hello", addr, body, err)
+	}
+}
+
+// TestHTTPTLSServe: with a certificate, the server answers HTTPS clients
+// that trust its CA, over TLS 1.2 or later, and nobody else.
+func TestHTTPTLSServe(t *testing.T) {
+	pki := ledgertest.NewPKI(t)
+	pair := pki.Server("api")
+	addr := startHTTP(t, httpTLSFlags{certFile: pair.CertFile, keyFile: pair.KeyFile}, nil, hello)
+
+	body, resp, err := fetch(httpsClient(pki.Pool), "https://"+addr+"/")
+	if err != nil || body != "hello" {
+		t.Fatalf("GET https://%s = %q, %v; want hello", addr, body, err)
+	}
+	if resp.TLS == nil || resp.TLS.Version < tls.VersionTLS12 {
+		t.Errorf("connection state %+v; want TLS 1.2 or later", resp.TLS)
+	} else if got, want := resp.TLS.PeerCertificates[0].SerialNumber, pair.Cert.Leaf.SerialNumber; got.Cmp(want) != 0 {
+		t.Errorf("server certificate serial %v; want %v (--http-tls-cert's)", got, want)
+	}
+
+	// Plain HTTP gets no answer from the handler.
+	if body, _, err := fetch(http.DefaultClient, "http://"+addr+"/"); err == nil || body == "hello" {
+		t.Errorf("plain GET http://%s = %q, %v; want an error", addr, body, err)
+	}
+	// A client that does not trust the CA refuses the server.
+	var unknown x509.UnknownAuthorityError
+	if _, _, err := fetch(httpsClient(ledgertest.NewPKI(t).Pool), "https://"+addr+"/"); !errors.As(err, &unknown) {
+		t.Errorf("GET with another CA's roots: %v; want x509.UnknownAuthorityError", err)
+	}
+	// TLS 1.1 is below the server's minimum.
+	old := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: pki.Pool, MinVersion: tls.VersionTLS10, MaxVersion: tls.VersionTLS11,
+	}}}
+	if _, _, err := fetch(old, "https://"+addr+"/"); err == nil {
+		t.Errorf("GET over TLS 1.1 succeeded; want the handshake refused")
+	}
+}
+
+// TestHTTPTLSClientCA: with --http-tls-client-ca, only clients presenting
+// a certificate that CA signed are served.
+func TestHTTPTLSClientCA(t *testing.T) {
+	pki := ledgertest.NewPKI(t)
+	pair := pki.Server("api")
+	addr := startHTTP(t, httpTLSFlags{certFile: pair.CertFile, keyFile: pair.KeyFile, clientCAFile: pki.CAFile}, nil, hello)
+	url := "https://" + addr + "/"
+
+	if body, _, err := fetch(httpsClient(pki.Pool), url); err == nil {
+		t.Errorf("GET without a client certificate = %q; want refused", body)
+	}
+	stranger := ledgertest.NewPKI(t).Client("stranger", "u_stranger")
+	if body, _, err := fetch(httpsClient(pki.Pool, stranger.Cert), url); err == nil {
+		t.Errorf("GET with another CA's client certificate = %q; want refused", body)
+	}
+	// A server certificate of the right CA is not a client certificate.
+	if body, _, err := fetch(httpsClient(pki.Pool, pki.Server("other").Cert), url); err == nil {
+		t.Errorf("GET presenting a server-auth certificate = %q; want refused", body)
+	}
+	client := pki.Client("ops", "u_ops")
+	if body, _, err := fetch(httpsClient(pki.Pool, client.Cert), url); err != nil || body != "hello u_ops" {
+		t.Errorf("GET with the CA's client certificate = %q, %v; want hello u_ops", body, err)
+	}
+}
+
+// TestHTTPTLSRotation: a certificate replaced on disk is served from the
+// next handshake, without a restart; a replacement caught half-written
+// (the new certificate beside the old key) keeps the last good one in
+// service, and is logged.
+func TestHTTPTLSRotation(t *testing.T) {
+	pki := ledgertest.NewPKI(t)
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	// The files change at most once per step, each time with a later
+	// mtime, as on any file system whatever its timestamp granularity.
+	mtime := time.Now()
+	install := func(t *testing.T, pair ledgertest.Pair, cert, key bool) {
+		t.Helper()
+		for _, f := range []struct {
+			do       bool
+			src, dst string
+		}{{cert, pair.CertFile, certFile}, {key, pair.KeyFile, keyFile}} {
+			if !f.do {
+				continue
+			}
+			b, err := os.ReadFile(f.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f.dst, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			mtime = mtime.Add(time.Second)
+			if err := os.Chtimes(f.dst, mtime, mtime); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	first, second, third := pki.Server("first"), pki.Server("second"), pki.Server("third")
+	install(t, first, true, true)
+	logs := &ledgertest.LogBuffer{}
+	addr := startHTTP(t, httpTLSFlags{certFile: certFile, keyFile: keyFile}, slog.New(slog.NewTextHandler(logs, nil)), hello)
+	hc := httpsClient(pki.Pool)
+	served := func(t *testing.T, want ledgertest.Pair, name string) {
+		t.Helper()
+		_, resp, err := fetch(hc, "https://"+addr+"/")
+		if err != nil {
+			t.Fatalf("GET after %s: %v", name, err)
+		}
+		if got := resp.TLS.PeerCertificates[0].SerialNumber; got.Cmp(want.Cert.Leaf.SerialNumber) != 0 {
+			t.Errorf("after %s the server presents serial %v; want %v", name, got, want.Cert.Leaf.SerialNumber)
+		}
+	}
+	served(t, first, "start")
+
+	install(t, second, true, true)
+	served(t, second, "rotating to the second certificate")
+
+	install(t, third, true, false)
+	served(t, second, "writing only the third certificate, not its key")
+	if !strings.Contains(logs.String(), "tls certificate not reloaded") {
+		t.Errorf("no warning logged for a certificate that does not match its key; log:\n%s", logs)
+	}
+	install(t, third, false, true)
+	served(t, third, "writing the third key too")
+}
+
+// TestHTTPTLSConfigErrors: wrong TLS flags fail at startup, naming the
+// flag, and never quote the key.
+func TestHTTPTLSConfigErrors(t *testing.T) {
+	pki := ledgertest.NewPKI(t)
+	pair, other := pki.Server("api"), pki.Server("other")
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage.pem")
+	if err := os.WriteFile(garbage, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.pem")
+	keyPEM, err := os.ReadFile(pair.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A run of the key's base64, past its PEM header.
+	keyBody := string(bytes.Split(keyPEM, []byte("\n"))[1])
+	tests := []struct {
+		name string
+		f    httpTLSFlags
+		want string
+	}{
+		{"cert without key", httpTLSFlags{certFile: pair.CertFile}, "--http-tls-cert needs --http-tls-key"},
+		{"key without cert", httpTLSFlags{keyFile: pair.KeyFile}, "--http-tls-key needs --http-tls-cert"},
+		{"client CA without cert", httpTLSFlags{clientCAFile: pki.CAFile}, "--http-tls-client-ca needs --http-tls-cert"},
+		{"missing cert", httpTLSFlags{certFile: missing, keyFile: pair.KeyFile}, "--http-tls-cert: stat " + missing},
+		{"missing key", httpTLSFlags{certFile: pair.CertFile, keyFile: missing}, "--http-tls-key: stat " + missing},
+		{"unreadable cert", httpTLSFlags{certFile: dir, keyFile: pair.KeyFile}, "--http-tls-cert: read " + dir},
+		{"cert not PEM", httpTLSFlags{certFile: garbage, keyFile: pair.KeyFile}, "--http-tls-cert " + garbage},
+		{"key of another certificate", httpTLSFlags{certFile: pair.CertFile, keyFile: other.KeyFile}, "private key does not match"},
+		{"cert given as key", httpTLSFlags{certFile: pair.CertFile, keyFile: pair.CertFile}, "--http-tls-key " + pair.CertFile},
+		{"missing client CA", httpTLSFlags{certFile: pair.CertFile, keyFile: pair.KeyFile, clientCAFile: missing}, "--http-tls-client-ca: open " + missing},
+		{"client CA not PEM", httpTLSFlags{certFile: pair.CertFile, keyFile: pair.KeyFile, clientCAFile: garbage}, "--http-tls-client-ca " + garbage + " holds no PEM certificate"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := &http.Server{Addr: "127.0.0.1:0", Handler: hello}
+			serve, err := tc.f.listen(srv, slog.New(slog.DiscardHandler))
+			if err == nil {
+				srv.Close()
+				_ = serve()
+				t.Fatalf("listen(%+v) = nil error; want one containing %q", tc.f, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("listen(%+v) = %q; want it to contain %q", tc.f, err, tc.want)
+			}
+			if strings.Contains(err.Error(), keyBody) {
+				t.Errorf("listen(%+v) = %q; it quotes the private key", tc.f, err)
+			}
+		})
+	}
+}
+
+// TestHTTPTLSProjectorEnv runs the real `ledger projector` configured
+// only through LEDGER_* variables, TLS and mutual TLS included, and checks
+// that its /healthz is served over TLS to a client with a certificate, and
+// to nobody else.
+func TestHTTPTLSProjectorEnv(t *testing.T) {
+	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	cli(t, "projector", "migrate", "--clickhouse-dsn", dsn, "--clickhouse-database", db)
+
+	pki := ledgertest.NewPKI(t)
+	pair := pki.Server("projector")
+	addr := freeAddr(t)
+	for name, v := range map[string]string{
+		"LEDGER_KAFKA_BROKERS":       strings.Join(k.Client.Brokers, ","),
+		"LEDGER_TOPIC_REQUESTS":      k.Topics.Requests,
+		"LEDGER_TOPIC_EVENTS":        k.Topics.Events,
+		"LEDGER_TOPIC_CONTROL":       k.Topics.Control,
+		"LEDGER_TOPIC_DLQ":           k.Topics.DLQ,
+		"LEDGER_GROUP":               k.Group("projector-tls"),
+		"LEDGER_CLICKHOUSE_DSN":      dsn,
+		"LEDGER_CLICKHOUSE_DATABASE": db,
+		"LEDGER_METRICS_ADDR":        addr,
+		"LEDGER_HTTP_TLS_CERT":       pair.CertFile,
+		"LEDGER_HTTP_TLS_KEY":        pair.KeyFile,
+		"LEDGER_HTTP_TLS_CLIENT_CA":  pki.CAFile,
+		"LEDGER_LOG_LEVEL":           "warn",
+	} {
+		t.Setenv(name, v)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	root := newRoot()
+	root.SetArgs([]string{"projector"})
+	root.SetOut(io.Discard)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("ledger projector: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("ledger projector did not stop within 30s of its context's end")
+		}
+	})
+
+	url := "https://" + addr + "/healthz"
+	withCert := httpsClient(pki.Pool, pki.Client("monitor", "u_monitor").Cert)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		select {
+		case err := <-done:
+			t.Fatalf("ledger projector exited: %v", err)
+		default:
+		}
+		body, _, err := fetch(withCert, url)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(body) != "ok" {
+			return fmt.Errorf("healthz = %q; want ok", body)
+		}
+		return nil
+	})
+	if body, _, err := fetch(httpsClient(pki.Pool), url); err == nil {
+		t.Errorf("healthz without a client certificate = %q; want refused", body)
+	}
+	if body, _, err := fetch(http.DefaultClient, "http://"+addr+"/healthz"); err == nil {
+		t.Errorf("healthz over plain HTTP = %q; want an error", body)
+	}
+}
+
+// TestDevRefusesHTTPTLS: ledger dev serves plain HTTP only, so it refuses
+// the TLS flags rather than ignore them.
+func TestDevRefusesHTTPTLS(t *testing.T) {
+	root := newRoot()
+	root.SetArgs([]string{"dev", "--data-dir", t.TempDir(), "--http-tls-cert", "cert.pem", "--http-tls-key", "key.pem"})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	err := root.ExecuteContext(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "plain HTTP") {
+		t.Fatalf("ledger dev with --http-tls-cert: %v; want a refusal naming plain HTTP", err)
+	}
+}
