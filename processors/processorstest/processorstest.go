@@ -65,6 +65,13 @@ func (i *Identity) Assertion(t testing.TB, tenant, user string) string {
 	return a
 }
 
+// testPolicyTimeout bounds an evaluation in tests. The production default
+// (policy.DefaultTimeout) is tight; on a test machine whose cores are
+// taken by other tests, a scheduler stall alone can exceed it and turn an
+// allow into a policy_timeout denial that the test is not about. The
+// policy package's own tests cover the timeout.
+const testPolicyTimeout = 5 * time.Second
+
 // Policy returns an engine on the policy directory dir.
 func Policy(t testing.TB, dir string) *policy.Engine {
 	t.Helper()
@@ -72,7 +79,7 @@ func Policy(t testing.TB, dir string) *policy.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := policy.NewEngine(policy.Config{Set: set})
+	e, err := policy.NewEngine(policy.Config{Set: set, Timeout: testPolicyTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
