@@ -156,6 +156,7 @@ func (e *Event) Record(topic string) (*kgo.Record, error) {
 		Value: b,
 		Headers: []kgo.RecordHeader{
 			{Key: HeaderEventType, Value: []byte(e.Type)},
+			{Key: HeaderTool, Value: []byte(e.Tool)},
 		},
 	}, nil
 }
@@ -165,6 +166,9 @@ const (
 	// HeaderEventType carries the event type so that consumers can skip
 	// events they do not handle without decoding them.
 	HeaderEventType = "ledger-event-type"
+	// HeaderTool carries the call's tool, for the same reason: metrics
+	// and filters by tool without decoding.
+	HeaderTool = "ledger-tool"
 	// HeaderDLQReason carries the machine-readable reason a request went to
 	// the DLQ; HeaderDLQDetail the human one; HeaderDLQSource the topic,
 	// partition and offset it came from.

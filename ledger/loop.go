@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -62,7 +63,26 @@ type LoopConfig struct {
 	// (failpoint.Committed): the reliability suite crashes processors
 	// there.
 	Failpoint failpoint.Hook
+	// Metrics, if set, counts the loop's transactions.
+	Metrics LoopMetrics
 }
+
+// LoopMetrics receives a loop's measurements (metrics.Registry is one).
+type LoopMetrics interface {
+	// Committed: a transaction committed the records a step produced,
+	// with the offsets of the consumed records; step is how long the step
+	// took, txn how long producing and ending the transaction did.
+	Committed(consumed int, produced []*kgo.Record, step, txn time.Duration)
+	// NotCommitted: a step's work was not committed, and why:
+	// "rebalanced", "step_failed" or "failed".
+	NotCommitted(result string)
+}
+
+// nopLoopMetrics measures nothing.
+type nopLoopMetrics struct{}
+
+func (nopLoopMetrics) Committed(int, []*kgo.Record, time.Duration, time.Duration) {}
+func (nopLoopMetrics) NotCommitted(string)                                        {}
 
 func (c *LoopConfig) setDefaults() {
 	if c.MaxPollRecords <= 0 {
@@ -73,6 +93,9 @@ func (c *LoopConfig) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopLoopMetrics{}
 	}
 }
 
@@ -96,6 +119,30 @@ func (c *LoopConfig) validate() error {
 type Loop struct {
 	cfg  LoopConfig
 	step Step
+
+	// lastPoll is when a live session last returned from a poll, in Unix
+	// nanoseconds; 0 while no session is live.
+	lastPoll atomic.Int64
+}
+
+// Group is the loop's consumer group.
+func (l *Loop) Group() string { return l.cfg.Group }
+
+// ErrNotReady is what Ready returns while the loop has no live session.
+var ErrNotReady = errors.New("loop: not ready")
+
+// Ready reports whether the loop is doing its work: a session is live
+// (its producer id initialised, so Kafka answers) and it polled within
+// three ticks. It wraps ErrNotReady with why not.
+func (l *Loop) Ready() error {
+	last := l.lastPoll.Load()
+	if last == 0 {
+		return fmt.Errorf("%w: no live Kafka session (group %s)", ErrNotReady, l.cfg.Group)
+	}
+	if age := time.Since(time.Unix(0, last)); age > 3*l.cfg.Tick+5*time.Second {
+		return fmt.Errorf("%w: no poll for %s (group %s): a step or a transaction is stuck", ErrNotReady, age.Round(time.Second), l.cfg.Group)
+	}
+	return nil
 }
 
 // NewLoop validates cfg and returns a loop that runs step.
@@ -119,6 +166,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		var progressed bool
 		err := l.runSession(ctx, &progressed)
+		l.lastPoll.Store(0)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -127,6 +175,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			// new series rather than continuing the last one.
 			backoff = firstBackoff
 		}
+		l.cfg.Metrics.NotCommitted("failed")
 		l.cfg.Logger.Warn("transact session restart", "group", l.cfg.Group, "err", err, "backoff", backoff)
 		select {
 		case <-ctx.Done():
@@ -216,6 +265,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		l.lastPoll.Store(time.Now().UnixNano())
 		if fetches.IsClientClosed() {
 			return errors.New("client closed")
 		}
@@ -237,6 +287,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) error {
 				return ctx.Err()
 			}
 			stepFailures++
+			l.cfg.Metrics.NotCommitted("step_failed")
 			l.cfg.Logger.Warn("step failed, redelivering batch", "group", l.cfg.Group, "records", len(recs), "err", err)
 			// Aborting rewinds the session to the committed offsets,
 			// so the batch comes again.
@@ -293,11 +344,13 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) error {
 			return fmt.Errorf("produce: %w", failed)
 		}
 		if !committed {
+			l.cfg.Metrics.NotCommitted("rebalanced")
 			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", len(recs))
 			continue
 		}
 		*progressed = true
 		l.cfg.Failpoint.Hit(failpoint.Committed)
+		l.cfg.Metrics.Committed(len(recs), out.Records, stepDur, time.Since(t0)-stepDur)
 		l.cfg.Logger.Debug("batch committed", "group", l.cfg.Group, "records", len(recs), "appended", len(out.Records), "step", stepDur, "transaction", time.Since(t0)-stepDur)
 		if out.Committed != nil {
 			// The after-commit step (marking outboxes logged) overlaps

@@ -211,6 +211,7 @@ type envelope struct {
 	ArgumentsHash  string         `json:"arguments_hash"`
 	DeadlineMS     int64          `json:"deadline_ms,omitempty"`
 	Assertion      string         `json:"assertion,omitempty"`
+	TraceID        string         `json:"trace_id,omitempty"`
 }
 
 func (h *harness) newEnvelope(tenant, key, tool string, args map[string]any) envelope {

@@ -23,6 +23,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/schemas"
@@ -35,6 +36,10 @@ type roleFlags struct {
 	store    storeFlags
 	registry registryFlags
 	instance string
+	// metricsAddr is where /metrics, /healthz and /readyz are served.
+	metricsAddr string
+	// metrics is the process's registry, made by run before build.
+	metrics *metrics.Registry
 	// drain, if set by the role's build, runs after its loop stopped and
 	// before the store closes: an executor's calls still running then
 	// record their outcomes.
@@ -46,11 +51,20 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 	r.store.register(fs, withDataDir)
 	r.registry.register(fs)
 	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id)")
+	fs.StringVar(&r.metricsAddr, "metrics-addr", "", "where to serve /metrics (Prometheus), /healthz (the process serves) and /readyz (Kafka, the store and the processing loop answer), e.g. :9464; empty: not served")
+}
+
+// loopMetrics is m as a loop's metrics, or nil (none) when m is nil.
+func loopMetrics(m *metrics.Registry) ledger.LoopMetrics {
+	if m == nil {
+		return nil
+	}
+	return m
 }
 
 // intakeLoop wires an intake onto its consume-process-produce loop. cfg
 // carries the intake's trust: identity, policy and rate limiter.
-func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
+func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, m *metrics.Registry, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
 	cfg.Topics = topics
 	cfg.Actor = "intake/" + instance
 	cfg.Logger = logger.With("processor", "intake")
@@ -65,12 +79,12 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 	if err != nil {
 		return nil, nil, err
 	}
-	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance, Failpoint: fp})
+	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance, Failpoint: fp, Metrics: loopMetrics(m)})
 	return loop, in, err
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, m *metrics.Registry, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	// The reliability suite's crash points, in a binary built with the
 	// failpoints tag; nil (and free) otherwise.
 	fp, err := failpoint.FromEnv("executor")
@@ -78,7 +92,7 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 		return nil, nil, err
 	}
 	tools := httptool.New(httptool.Config{Failpoint: fp})
-	x, err := executor.New(executor.Config{
+	xcfg := executor.Config{
 		Registry: reg, Store: st, Topics: topics,
 		Caller:      tools,
 		Versions:    tools,
@@ -90,11 +104,25 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 		Owner:       "executor/" + instance,
 		Logger:      logger.With("processor", "executor"),
 		Failpoint:   fp,
-	})
+	}
+	if m != nil {
+		xcfg.Metrics = m
+	}
+	x, err := executor.New(xcfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Failpoint: fp})
+	if m != nil {
+		m.Breakers(x.BreakerStates)
+		m.Bulkheads(func() map[string]metrics.Bulkhead {
+			out := make(map[string]metrics.Bulkhead)
+			for tool, b := range x.Bulkheads() {
+				out[tool] = metrics.Bulkhead{InUse: b.InUse, Size: b.Size}
+			}
+			return out
+		}, x.InFlight)
+	}
+	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Failpoint: fp, Metrics: loopMetrics(m)})
 	return loop, x, err
 }
 
@@ -117,11 +145,19 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 		return err
 	}
 	defer st.Close()
+	rf.metrics = metrics.New(role)
 	loop, err := build(reg, st, logger)
 	if err != nil {
 		return err
 	}
-	logger.Info(role+" starting", "brokers", g.kafka.brokers, "store", desc, "instance", rf.instance)
+	if rf.metricsAddr != "" {
+		ops, err := startOps(g, rf.metricsAddr, role, rf.metrics, loop, st, logger)
+		if err != nil {
+			return err
+		}
+		defer ops.stop()
+	}
+	logger.Info(role+" starting", "brokers", g.kafka.brokers, "store", desc, "instance", rf.instance, "metrics", rf.metricsAddr)
 	err = loop.Run(ctx)
 	drainCalls(ctx, rf.drain, logger)
 	return err
@@ -182,7 +218,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 						logger.Error("policy activations stopped", "err", err)
 					}
 				}()
-				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, logger)
+				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, rf.metrics, logger)
 				return loop, err
 			})
 		},
@@ -258,7 +294,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, logger)
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, rf.metrics, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -467,7 +503,8 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				return rc.Loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance})
+				rf.metrics.Unknown(rc.Unknown)
+				return rc.Loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance, Metrics: rf.metrics})
 			})
 		},
 	}

@@ -233,6 +233,7 @@ func (s *Server) Handler() http.Handler {
 type callMeta struct {
 	key, callID, tenant string
 	attempt             int
+	traceparent         string    // the W3C trace context the request carried
 	jti                 string    // of the verified credential; "" without verification
 	received            time.Time // when the request reached the handler
 }
@@ -246,6 +247,9 @@ func metaOf(r *http.Request) callMeta {
 		callID:  r.Header.Get(HeaderCallID),
 		tenant:  r.Header.Get(HeaderTenant),
 		attempt: attempt,
+		// traceparent is W3C's header name; the backend does not import
+		// the client's package.
+		traceparent: r.Header.Get("traceparent"),
 	}
 }
 
@@ -412,6 +416,7 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 		JTI:            meta.jti,
 		Read:           t.kind == kindRead,
 		Received:       meta.received,
+		Traceparent:    meta.traceparent,
 	}
 
 	s.mu.Lock()

@@ -38,6 +38,9 @@ type Effect struct {
 	// backend verifies credentials (Config.Credentials): what an incident
 	// responder asks about ("what did jti X touch").
 	JTI string `json:"jti,omitempty"`
+	// Traceparent is the W3C trace context the request carried: the
+	// agent's trace, propagated by the ledger.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // recordLocked appends ef to the witness and the journal. The journal line

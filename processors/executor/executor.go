@@ -232,6 +232,46 @@ type Config struct {
 	// (failpoint.ResponseReceived) and after (failpoint.ResultWritten):
 	// the reliability suite crashes the executor there.
 	Failpoint failpoint.Hook
+	// Metrics, if set, receives the executor's measurements.
+	Metrics Metrics
+}
+
+// Metrics receives an executor's measurements (metrics.Registry is one).
+type Metrics interface {
+	// Claims: n claims ended in result (see claimResult).
+	Claims(result string, n int)
+	// Stage: a stage ("claim", "complete") took d.
+	Stage(stage string, d time.Duration)
+	// ToolCall: one request to tool ended in result ("ok", "refused",
+	// "error", "not_sent", "breaker_open") after d.
+	ToolCall(tool, result string, d time.Duration)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Claims(string, int)                     {}
+func (nopMetrics) Stage(string, time.Duration)            {}
+func (nopMetrics) ToolCall(string, string, time.Duration) {}
+
+// claimResult names a claim's outcome for metrics.
+func claimResult(o processors.ClaimOutcome) string {
+	switch o {
+	case processors.Claimed:
+		return "claimed"
+	case processors.Reclaimed:
+		return "reclaimed"
+	case processors.Busy:
+		return "busy"
+	case processors.Finished:
+		return "finished"
+	case processors.Mismatch:
+		return "mismatch"
+	case processors.Missing:
+		return "missing"
+	case processors.NotReady:
+		return "not_ready"
+	}
+	return "other"
 }
 
 // BreakerConfig configures the circuit breakers, one per tool and tenant.
@@ -300,6 +340,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
 	}
 }
 
@@ -444,10 +487,13 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			claims[i] = jobs[k].claim
 		}
 		var err error
+		t0 := time.Now()
 		if results, err = x.cfg.Store.Claim(ctx, claims); err != nil {
 			return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
 		}
+		x.cfg.Metrics.Stage("claim", time.Since(t0))
 		x.cfg.Failpoint.Hit(failpoint.Claimed)
+		x.countClaims(results)
 	}
 
 	var (
@@ -495,20 +541,20 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 				}
 			}
 		case processors.Busy:
-			x.cfg.Logger.Debug("call busy elsewhere", "call_key", rec.Key.String(), "lease_owner", rec.LeaseOwner)
+			x.cfg.Logger.Debug("call busy elsewhere", "call_key", rec.Key.String(), "trace_id", j.tmpl.TraceID, "lease_owner", rec.LeaseOwner)
 		case processors.NotReady:
-			x.cfg.Logger.Warn("authorized event for a call not ready", "call_key", order[i].String(), "status", rec.Status)
+			x.cfg.Logger.Warn("authorized event for a call not ready", "call_key", order[i].String(), "trace_id", j.tmpl.TraceID, "status", rec.Status)
 		case processors.Mismatch:
 			// The record's arguments hash is not the one the call was
 			// authorized (or approved) with: someone changed the store.
 			// It must not run, nor sit authorized forever.
-			x.cfg.Logger.Error("authorized event disagrees with the execution record", "call_key", order[i].String())
+			x.cfg.Logger.Error("authorized event disagrees with the execution record", "call_key", order[i].String(), "trace_id", j.tmpl.TraceID)
 			if rec.Status == processors.StatusAuthorized {
 				mismatched = append(mismatched, j.tmpl)
 				mismatchedRecs = append(mismatchedRecs, rec)
 			}
 		case processors.Missing:
-			x.cfg.Logger.Error("authorized event without execution record", "call_key", order[i].String())
+			x.cfg.Logger.Error("authorized event without execution record", "call_key", order[i].String(), "trace_id", j.tmpl.TraceID)
 		}
 	}
 	got = x.await(ctx, got, waiting)
@@ -539,8 +585,10 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		// from the outbox on redelivery or through the sweep.
 		x.cfg.Failpoint.Hit(failpoint.ResponseReceived)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		t0 := time.Now()
 		applied, err := x.cfg.Store.Complete(cctx, done)
 		cancel()
+		x.cfg.Metrics.Stage("complete", time.Since(t0))
 		if err != nil {
 			// The tools ran but the outcome is not recorded: the
 			// leases will expire and the sweep will find the calls.
@@ -629,7 +677,7 @@ func (x *Executor) leaseFor(name string, version int) time.Duration {
 func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, g *guard) processors.Completion {
 	start := x.cfg.Now()
 	c := &completion{x: x, tmpl: tmpl, rec: rec, start: start, reclaimed: reclaimed}
-	log := x.cfg.Logger.With("call_key", rec.Key.String(), "tool", rec.Tool, "epoch", rec.Epoch)
+	log := x.cfg.Logger.With("call_key", rec.Key.String(), "trace_id", tmpl.TraceID, "tool", rec.Tool, "epoch", rec.Epoch)
 
 	tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
 	if err != nil {
@@ -889,7 +937,8 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			return httptool.Response{}, errFrozen
 		}
 	}
-	return g.breaker.Execute(func() (httptool.Response, error) {
+	t0 := time.Now()
+	resp, err := g.breaker.Execute(func() (httptool.Response, error) {
 		actx, cancel := context.WithTimeout(ctx, tool.Timeout())
 		defer cancel()
 		return x.cfg.Caller.Call(actx, httptool.Request{
@@ -905,6 +954,39 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			MaxResultBytes: tool.MaxResultBytes,
 		})
 	})
+	x.cfg.Metrics.ToolCall(tool.Name, toolCallResult(err), time.Since(t0))
+	return resp, err
+}
+
+// toolCallResult names a request's result for metrics.
+func toolCallResult(err error) string {
+	var he *httptool.Error
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
+		return "breaker_open"
+	case errors.As(err, &he) && he.Kind == httptool.Refused:
+		return "refused"
+	case errors.As(err, &he) && he.Kind == httptool.NotSent:
+		return "not_sent"
+	}
+	return "error"
+}
+
+// countClaims reports a batch of claims' results.
+func (x *Executor) countClaims(results []processors.ClaimResult) {
+	var n [processors.NotReady + 1]int
+	for _, r := range results {
+		if r.Outcome > 0 && r.Outcome <= processors.NotReady {
+			n[r.Outcome]++
+		}
+	}
+	for o, c := range n {
+		if c > 0 {
+			x.cfg.Metrics.Claims(claimResult(processors.ClaimOutcome(o)), c)
+		}
+	}
 }
 
 func (x *Executor) resolve(raw string) (string, error) {

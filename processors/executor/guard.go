@@ -220,6 +220,29 @@ func (x *Executor) BreakerStates() map[string]string {
 	return m
 }
 
+// BulkheadState is one tool's bulkhead: slots held and slots in all.
+type BulkheadState struct {
+	InUse, Size int
+}
+
+// Bulkheads reports each tool's bulkhead, keyed by tool, for metrics and
+// health pages: a tool at its size makes its calls wait.
+func (x *Executor) Bulkheads() map[string]BulkheadState {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	m := make(map[string]BulkheadState, len(x.guards))
+	for name, tg := range x.guards {
+		m[name] = BulkheadState{InUse: len(tg.slots), Size: cap(tg.slots)}
+	}
+	return m
+}
+
+// InFlight reports the calls in flight and their bound (MaxInFlight): at
+// the bound, steps stop claiming.
+func (x *Executor) InFlight() (n, max int) {
+	return x.flights.count(), x.cfg.MaxInFlight
+}
+
 // flight is one claimed call running in the background. ended and slow
 // are under Executor.mu; c is the call's completion once it ended.
 type flight struct {

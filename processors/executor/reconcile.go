@@ -110,6 +110,20 @@ type Reconciler struct {
 	cfg     ReconcilerConfig
 	x       *Executor // for its guards and URL resolution
 	lastSwp time.Time
+
+	// unknown is what the last sweep saw in outcome_unknown.
+	mu            sync.Mutex
+	unknown       int
+	oldestUnknown time.Time
+}
+
+// Unknown reports the calls in outcome_unknown at the last sweep (at most
+// the sweep's limit) and since when the oldest of them has been so; the
+// zero time when there were none.
+func (r *Reconciler) Unknown() (n int, oldest time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.unknown, r.oldestUnknown
 }
 
 // NewReconciler validates cfg and returns a reconciler.
@@ -218,6 +232,15 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 		}
+		var oldest time.Time
+		for _, rec := range unknown {
+			if oldest.IsZero() || rec.UpdatedAt.Before(oldest) {
+				oldest = rec.UpdatedAt
+			}
+		}
+		r.mu.Lock()
+		r.unknown, r.oldestUnknown = len(unknown), oldest
+		r.mu.Unlock()
 		for _, rec := range unknown {
 			if !seen[rec.Key] {
 				seen[rec.Key] = true

@@ -223,6 +223,7 @@ func (c *Client) setHeaders(req *http.Request, r Request) {
 	if r.TraceID != "" {
 		h.Set(HeaderTraceID, r.TraceID)
 	}
+	h.Set(HeaderTraceparent, Traceparent(r.TraceID, r.IdempotencyKey, r.Attempt))
 	if r.Credential != "" {
 		h.Set("Authorization", "Bearer "+r.Credential)
 	}

@@ -357,6 +357,7 @@ func TestHeaders(t *testing.T) {
 		Method, Path, Body                        string
 		ContentType, Accept, UserAgent            string
 		Key, CallID, Tenant, Attempt, Trace, Auth string
+		Traceparent                               string
 		HasTrace, HasAuth                         bool
 	}
 	tests := []struct {
@@ -372,6 +373,8 @@ func TestHeaders(t *testing.T) {
 				ContentType: "application/json", Accept: "application/json", UserAgent: "toolcall-ledger-httptool",
 				Key: "run_42:step_7:refund_order", CallID: "call_7f3a", Tenant: "t_acme", Attempt: "2",
 				Trace: "tr_5c1e", Auth: "Bearer " + secret, HasTrace: true, HasAuth: true,
+				// The envelope's trace, hashed (tr_5c1e is not a W3C id).
+				Traceparent: Traceparent("tr_5c1e", "run_42:step_7:refund_order", 2),
 			},
 		},
 		{
@@ -382,6 +385,8 @@ func TestHeaders(t *testing.T) {
 				Method: "POST", Path: "/tools/refund_order", Body: `{"note":"` + bodyMarker + `","order_id":"ord_1029"}`,
 				ContentType: "application/json", Accept: "application/json", UserAgent: "ledger-test/1",
 				Key: "run_42:step_7:refund_order", CallID: "call_7f3a", Tenant: "t_acme", Attempt: "2",
+				// No trace_id: the call is a trace of its own.
+				Traceparent: Traceparent("", "run_42:step_7:refund_order", 2),
 			},
 		},
 	}
@@ -398,7 +403,7 @@ func TestHeaders(t *testing.T) {
 					ContentType: r.Header.Get("Content-Type"), Accept: r.Header.Get("Accept"), UserAgent: r.UserAgent(),
 					Key: r.Header.Get(HeaderIdempotencyKey), CallID: r.Header.Get(HeaderCallID), Tenant: r.Header.Get(HeaderTenant),
 					Attempt: r.Header.Get(HeaderAttempt), Trace: r.Header.Get(HeaderTraceID), Auth: r.Header.Get("Authorization"),
-					HasTrace: hasTrace, HasAuth: hasAuth,
+					Traceparent: r.Header.Get(HeaderTraceparent), HasTrace: hasTrace, HasAuth: hasAuth,
 				}
 			}))
 			defer ts.Close()

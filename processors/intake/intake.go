@@ -324,7 +324,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 				}
 				logged = append(logged, processors.Logged{Key: res.Record.Key, Seq: res.Record.Seq})
 			} else {
-				p.cfg.Logger.Debug("duplicate envelope", "call_key", a.admission.Key.String())
+				p.cfg.Logger.Debug("duplicate envelope", "call_key", a.admission.Key.String(), "trace_id", a.env.TraceID)
 			}
 		case processors.Conflict:
 			emit(p.refuse(a.key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",

@@ -190,6 +190,14 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 // selects the savepoint retry protocol.
 func (s *Store) CockroachDB() bool { return s.crdb }
 
+// Ping checks that the database answers, for readiness checks.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("execution store: %w", err)
+	}
+	return nil
+}
+
 // Close closes the pool, waiting for connections in use to be released.
 func (s *Store) Close() error {
 	s.pool.Close()

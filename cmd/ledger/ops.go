@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
+)
+
+// readyCheck is one dependency /readyz looks at.
+type readyCheck struct {
+	name string
+	fn   func(context.Context) error
+}
+
+// readyTimeout bounds one check of one /readyz request: a probe answers
+// within a probe's timeout even when a dependency hangs.
+const readyTimeout = 2 * time.Second
+
+// readiness answers /readyz: 200 when every check passes, 503 with the
+// failing ones otherwise, as JSON either way.
+type readiness struct {
+	checks []readyCheck
+	logger *slog.Logger
+}
+
+type readyResult struct {
+	Name  string `json:"name"`
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+func (rd readiness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	results := make([]readyResult, len(rd.checks))
+	var wg sync.WaitGroup
+	for i, c := range rd.checks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+			defer cancel()
+			results[i] = readyResult{Name: c.name, OK: true}
+			if err := c.fn(ctx); err != nil {
+				results[i] = readyResult{Name: c.name, Error: err.Error()}
+			}
+		})
+	}
+	wg.Wait()
+	ready := true
+	for _, res := range results {
+		if !res.OK {
+			ready = false
+			rd.logger.Warn("not ready", "check", res.Name, "err", res.Error)
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if !ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_ = json.NewEncoder(w).Encode(struct {
+		Ready  bool          `json:"ready"`
+		Checks []readyResult `json:"checks"`
+	}{ready, results})
+}
+
+// pinger is a store that can say whether its database answers.
+type pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// opsServer is a role's operational endpoint: /metrics, /healthz (the
+// process serves) and /readyz (its dependencies answer and its loop
+// works).
+type opsServer struct {
+	srv   *http.Server
+	admin *kgo.Client
+	done  chan struct{}
+}
+
+// startOps serves reg and the readiness of loop, the Kafka cluster and
+// store (when it can be pinged) on addr, until stop. It listens before it
+// returns, so a taken port fails the role's start. It also reports the
+// loop's consumer-group lag.
+func startOps(g *globals, addr, role string, reg *metrics.Registry, loop *ledger.Loop, store any, logger *slog.Logger) (*opsServer, error) {
+	admin, err := ledger.NewClient(g.kafka.client(logger))
+	if err != nil {
+		return nil, err
+	}
+	reg.ConsumerLag(kadm.NewClient(admin), loop.Group(), logger)
+	checks := []readyCheck{
+		{"loop", func(context.Context) error { return loop.Ready() }},
+		{"kafka", func(ctx context.Context) error { return admin.Ping(ctx) }},
+	}
+	if p, ok := store.(pinger); ok {
+		checks = append(checks, readyCheck{"store", p.Ping})
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", reg.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /readyz", readiness{checks: checks, logger: logger.With("server", "ops")})
+	o := &opsServer{
+		srv:   &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second},
+		admin: admin,
+		done:  make(chan struct{}),
+	}
+	serve, err := g.httpTLS.listen(o.srv, logger.With("server", "ops", "role", role))
+	if err != nil {
+		admin.Close()
+		return nil, err
+	}
+	go func() {
+		defer close(o.done)
+		if err := serve(); !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("ops server stopped", "addr", addr, "err", err)
+		}
+	}()
+	return o, nil
+}
+
+// stop shuts the server down, letting a scrape in progress finish.
+func (o *opsServer) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = o.srv.Shutdown(ctx)
+	<-o.done
+	o.admin.Close()
+}

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+)
+
+type readyBody struct {
+	Ready  bool `json:"ready"`
+	Checks []struct {
+		Name  string `json:"name"`
+		OK    bool   `json:"ok"`
+		Error string `json:"error"`
+	} `json:"checks"`
+}
+
+func getReady(url string) (int, readyBody, error) {
+	var rb readyBody
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, rb, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&rb); err != nil {
+		return resp.StatusCode, rb, fmt.Errorf("readyz body: %w", err)
+	}
+	return resp.StatusCode, rb, nil
+}
+
+// TestExecutorOpsEndpoints runs `ledger executor --metrics-addr` on an
+// in-process Kafka and PostgreSQL and checks its operational endpoint:
+// /readyz turns ready once its loop, Kafka and the store answer, /metrics
+// serves the executor's series (its consumer group's lag among them), and
+// /readyz turns unready, naming Kafka, when the cluster goes away.
+func TestExecutorOpsEndpoints(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			cluster.Close()
+		}
+	})
+	cc := ledger.ClientConfig{Brokers: cluster.ListenAddrs()}
+	topics := ledger.Topics{Requests: "ops.requests", Events: "ops.events", Control: "ops.control", DLQ: "ops.dlq"}
+	admin, err := ledger.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := ledger.EnsureTopics(t.Context(), admin, ledger.TopicConfig{Topics: topics, Partitions: 3}); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	dsn := freshSchemaDSN(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	root := newRoot()
+	root.SetArgs([]string{"--log-level", "error",
+		"--kafka-brokers", strings.Join(cc.Brokers, ","),
+		"--topic-requests", topics.Requests, "--topic-events", topics.Events,
+		"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
+		"executor", "--crdb-dsn", dsn, "--data-dir", t.TempDir(), "--instance-id", "ops-test",
+		"--metrics-addr", addr, "--tools-base-url", "http://127.0.0.1:1",
+	})
+	root.SetOut(io.Discard)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("ledger executor did not stop within 30s of its context's end")
+		}
+	})
+	exited := func() {
+		select {
+		case err := <-done:
+			t.Fatalf("ledger executor exited: %v", err)
+		default:
+		}
+	}
+
+	readyz := "http://" + addr + "/readyz"
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
+		code, rb, err := getReady(readyz)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK || !rb.Ready {
+			return fmt.Errorf("readyz %d %+v", code, rb)
+		}
+		names := map[string]bool{}
+		for _, c := range rb.Checks {
+			names[c.Name] = c.OK
+		}
+		if !names["loop"] || !names["kafka"] || !names["store"] {
+			return fmt.Errorf("readyz checks %+v; want loop, kafka and store ok", rb.Checks)
+		}
+		return nil
+	})
+
+	// Events the executor has nothing to do for: it consumes and commits
+	// them, so its group has offsets and a lag of 0.
+	for i := range 6 {
+		rec := &kgo.Record{Topic: topics.Events, Key: []byte("k" + strconv.Itoa(i)), Value: []byte(`{}`),
+			Headers: []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte("denied")}}}
+		if err := admin.ProduceSync(t.Context(), rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body := string(b)
+		for _, want := range []string{
+			`ledger_records_consumed_total{role="executor"} 6`,
+			`ledger_transactions_total{result="committed",role="executor"}`,
+			`ledger_calls_in_flight_max{role="executor"} 4096`,
+			`ledger_consumer_lag_records{group="ledger-executor",partition="0",role="executor",topic="ops.events"} 0`,
+			"process_resident_memory_bytes",
+			"go_goroutines",
+		} {
+			if !strings.Contains(body, want) {
+				return fmt.Errorf("metrics lack %q", want)
+			}
+		}
+		return nil
+	})
+
+	cluster.Close()
+	closed = true
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		code, rb, err := getReady(readyz)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || rb.Ready {
+			return fmt.Errorf("readyz %d ready=%v with Kafka gone; want 503", code, rb.Ready)
+		}
+		for _, c := range rb.Checks {
+			if c.Name == "kafka" && !c.OK && c.Error != "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("readyz checks %+v; want kafka failing with a reason", rb.Checks)
+	})
+	if resp, err := http.Get("http://" + addr + "/healthz"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("healthz with Kafka gone: %v %v; want 200 (the process lives; readiness is /readyz)", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+}

@@ -1,0 +1,252 @@
+// Package metrics is the Prometheus side of a ledger process: one
+// registry per process (no global state), the counters and histograms the
+// processors report to through their own small interfaces, and the gauges
+// read at scrape time from the executor's breakers and bulkheads, the
+// reconciler's unknown outcomes and the consumer groups' lag.
+//
+// Every series is named ledger_*; deploy/README.md ("Observability")
+// lists them.
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
+
+// stageBuckets span a local claim (sub-millisecond) to a tool at its
+// timeout (tens of seconds).
+var stageBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// Registry holds one process's metrics. Its methods are safe for
+// concurrent use; the zero value is not usable: call New.
+type Registry struct {
+	reg  *prometheus.Registry
+	role string
+
+	events       *prometheus.CounterVec
+	consumed     prometheus.Counter
+	transactions *prometheus.CounterVec
+	stages       *prometheus.HistogramVec
+	claims       *prometheus.CounterVec
+	toolCalls    *prometheus.HistogramVec
+}
+
+// New returns the registry of a process running role ("intake",
+// "executor", "reconciler", ...), with the Go runtime's and the process's
+// own collectors (CPU, RSS, GC, goroutines) registered.
+func New(role string) *Registry {
+	r := &Registry{reg: prometheus.NewRegistry(), role: role}
+	constRole := prometheus.Labels{"role": role}
+	r.events = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_events_total", ConstLabels: constRole,
+		Help: "Events this process appended to the log in committed transactions, by event type (the intake's decisions, the executor's outcomes) and tool.",
+	}, []string{"type", "tool"})
+	r.consumed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ledger_records_consumed_total", ConstLabels: constRole,
+		Help: "Records consumed in committed transactions.",
+	})
+	r.transactions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_transactions_total", ConstLabels: constRole,
+		Help: "Consume-process-produce transactions, by result: committed, rebalanced (aborted by a group rebalance, redelivered), step_failed (redelivered), failed (the session restarts).",
+	}, []string{"result"})
+	r.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "ledger_stage_duration_seconds", ConstLabels: constRole, Buckets: stageBuckets,
+		Help: "Time spent per stage: step (processing a polled batch), transaction (produce and EndTxn), claim, complete (writing outcomes to the store).",
+	}, []string{"stage"})
+	r.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_claims_total", ConstLabels: constRole,
+		Help: "Claims on calls by result: claimed, reclaimed (an expired lease taken over), busy (a claim conflict: another executor holds the lease), finished, mismatch, missing, not_ready.",
+	}, []string{"result"})
+	r.toolCalls = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "ledger_tool_call_duration_seconds", ConstLabels: constRole, Buckets: stageBuckets,
+		Help: "Requests to tools, from the bulkhead slot taken to the response, by tool and result (ok, refused, error, not_sent, breaker_open).",
+	}, []string{"tool", "result"})
+	r.reg.MustRegister(r.events, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (r *Registry) Handler() http.Handler {
+	return promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg})
+}
+
+// Gatherer is the registry, for tests and for serving elsewhere.
+func (r *Registry) Gatherer() prometheus.Gatherer { return r.reg }
+
+// Committed counts a committed transaction: the records it consumed and
+// the events it appended. It implements ledger.LoopMetrics.
+func (r *Registry) Committed(consumed int, produced []*kgo.Record, step, txn time.Duration) {
+	r.transactions.WithLabelValues("committed").Inc()
+	r.consumed.Add(float64(consumed))
+	r.stages.WithLabelValues("step").Observe(step.Seconds())
+	r.stages.WithLabelValues("transaction").Observe(txn.Seconds())
+	for _, rec := range produced {
+		typ := ledger.Header(rec, ledger.HeaderEventType)
+		if typ == nil {
+			continue // a DLQ record, counted by the DLQ's reason elsewhere
+		}
+		r.events.WithLabelValues(string(typ), string(ledger.Header(rec, ledger.HeaderTool))).Inc()
+	}
+}
+
+// NotCommitted counts a transaction that did not commit, by why
+// ("rebalanced", "step_failed", "failed"). It implements
+// ledger.LoopMetrics.
+func (r *Registry) NotCommitted(result string) {
+	r.transactions.WithLabelValues(result).Inc()
+}
+
+// Stage observes how long a stage took.
+func (r *Registry) Stage(stage string, d time.Duration) {
+	r.stages.WithLabelValues(stage).Observe(d.Seconds())
+}
+
+// Claims counts n claims that ended in result.
+func (r *Registry) Claims(result string, n int) {
+	r.claims.WithLabelValues(result).Add(float64(n))
+}
+
+// ToolCall observes one request to a tool.
+func (r *Registry) ToolCall(tool, result string, d time.Duration) {
+	r.toolCalls.WithLabelValues(tool, result).Observe(d.Seconds())
+}
+
+// Breakers reports the circuit breakers' states at each scrape:
+// ledger_breaker_state{tool,tenant} is 0 closed, 1 half-open, 2 open.
+// states returns them keyed "tool/tenant" (executor.BreakerStates).
+func (r *Registry) Breakers(states func() map[string]string) {
+	desc := prometheus.NewDesc("ledger_breaker_state", "Circuit breaker state per tool and tenant: 0 closed, 1 half-open, 2 open.", []string{"tool", "tenant"}, prometheus.Labels{"role": r.role})
+	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
+		for key, state := range states() {
+			tool, tenant := splitKey(key)
+			ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, breakerValue(state), tool, tenant)
+		}
+	}, desc))
+}
+
+func splitKey(key string) (tool, tenant string) {
+	for i := len(key) - 1; i >= 0; i-- {
+		if key[i] == '/' {
+			return key[:i], key[i+1:]
+		}
+	}
+	return key, ""
+}
+
+func breakerValue(state string) float64 {
+	switch state {
+	case "half-open":
+		return 1
+	case "open":
+		return 2
+	}
+	return 0
+}
+
+// Bulkhead is one tool's bulkhead at a scrape: slots in use and in all.
+type Bulkhead struct {
+	InUse, Size int
+}
+
+// Bulkheads reports, at each scrape, each tool's bulkhead
+// (ledger_bulkhead_in_use and ledger_bulkhead_size by tool) and the
+// calls in flight against their bound (ledger_calls_in_flight,
+// ledger_calls_in_flight_max): saturation is the one over the other.
+func (r *Registry) Bulkheads(tools func() map[string]Bulkhead, inFlight func() (n, max int)) {
+	labels := prometheus.Labels{"role": r.role}
+	inUse := prometheus.NewDesc("ledger_bulkhead_in_use", "Slots of a tool's bulkhead held by requests in flight.", []string{"tool"}, labels)
+	size := prometheus.NewDesc("ledger_bulkhead_size", "Slots of a tool's bulkhead (the tool's max_concurrency).", []string{"tool"}, labels)
+	flying := prometheus.NewDesc("ledger_calls_in_flight", "Calls claimed and running (or waiting for a bulkhead slot) in this process.", nil, labels)
+	bound := prometheus.NewDesc("ledger_calls_in_flight_max", "The bound on calls in flight (--max-in-flight): at it, the executor stops claiming.", nil, labels)
+	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
+		for tool, b := range tools() {
+			ch <- prometheus.MustNewConstMetric(inUse, prometheus.GaugeValue, float64(b.InUse), tool)
+			ch <- prometheus.MustNewConstMetric(size, prometheus.GaugeValue, float64(b.Size), tool)
+		}
+		n, m := inFlight()
+		ch <- prometheus.MustNewConstMetric(flying, prometheus.GaugeValue, float64(n))
+		ch <- prometheus.MustNewConstMetric(bound, prometheus.GaugeValue, float64(m))
+	}, inUse, size, flying, bound))
+}
+
+// Unknown reports, at each scrape, the calls whose outcome is unknown as
+// the reconciler last saw them: how many (ledger_outcome_unknown_calls,
+// up to the sweep's limit) and the age of the oldest
+// (ledger_outcome_unknown_oldest_age_seconds, 0 when none).
+func (r *Registry) Unknown(seen func() (n int, oldest time.Time)) {
+	labels := prometheus.Labels{"role": r.role}
+	count := prometheus.NewDesc("ledger_outcome_unknown_calls", "Calls in outcome_unknown at the reconciler's last sweep (at most its sweep limit).", nil, labels)
+	age := prometheus.NewDesc("ledger_outcome_unknown_oldest_age_seconds", "How long the oldest call in outcome_unknown has been so; 0 when none.", nil, labels)
+	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
+		n, oldest := seen()
+		a := 0.0
+		if n > 0 && !oldest.IsZero() {
+			a = time.Since(oldest).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(count, prometheus.GaugeValue, float64(n))
+		ch <- prometheus.MustNewConstMetric(age, prometheus.GaugeValue, a)
+	}, count, age))
+}
+
+// lagTimeout bounds the broker round trips of one scrape's lag.
+const lagTimeout = 3 * time.Second
+
+// ConsumerLag reports, at each scrape, the consumer group's lag per
+// partition (ledger_consumer_lag_records{group,topic,partition}): the
+// records between its committed offset and the partition's end, which
+// counts the transaction markers too. A scrape that cannot reach the
+// brokers reports no lag and logs why.
+func (r *Registry) ConsumerLag(adm *kadm.Client, group string, logger *slog.Logger) {
+	desc := prometheus.NewDesc("ledger_consumer_lag_records", "Records between the consumer group's committed offset and the end of each partition (transaction markers included).", []string{"group", "topic", "partition"}, prometheus.Labels{"role": r.role})
+	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
+		ctx, cancel := context.WithTimeout(context.Background(), lagTimeout)
+		defer cancel()
+		lags, err := adm.Lag(ctx, group)
+		if err == nil {
+			err = lags.Error()
+		}
+		if err != nil {
+			logger.Warn("consumer lag not available", "group", group, "err", err)
+			return
+		}
+		for _, l := range lags[group].Lag.Sorted() {
+			if l.Err != nil {
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(l.Lag), group, l.Topic, strconv.Itoa(int(l.Partition)))
+		}
+	}, desc))
+}
+
+// collectorFunc is a collector whose metrics, of the descs, are computed
+// at scrape time by collect.
+type collectorFunc struct {
+	collect func(chan<- prometheus.Metric)
+	descs   []*prometheus.Desc
+}
+
+func newCollector(collect func(chan<- prometheus.Metric), descs ...*prometheus.Desc) collectorFunc {
+	return collectorFunc{collect: collect, descs: descs}
+}
+
+// Describe implements prometheus.Collector.
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }
