@@ -92,6 +92,7 @@ func newRoot() *cobra.Command {
 		newBlastRadiusCmd(g),
 		newOutcomesCmd(g),
 		newUnresolvedCmd(g),
+		newDoctorCmd(g),
 	)
 	return root
 }

@@ -1,0 +1,215 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/toolcall-ledger/ledger/processors"
+)
+
+// Checker looks at a database the way Open would use it, and changes
+// nothing: it never runs DDL, and it reads the schema inside a READ ONLY
+// transaction. `ledger doctor` uses it to say whether the store is
+// reachable and migrated without migrating it. It holds one connection
+// and is not safe for concurrent use.
+type Checker struct {
+	conn   *pgx.Conn
+	schema string // Config.Schema, raw; "" for the connection's current_schema()
+}
+
+// NewChecker connects to cfg.DSN. Only DSN and Schema of cfg matter; the
+// error never repeats the DSN, which may hold a password.
+func NewChecker(ctx context.Context, cfg Config) (*Checker, error) {
+	if cfg.DSN == "" {
+		return nil, errors.New("pgstore: DSN is required")
+	}
+	pcfg, err := pgx.ParseConfig(cfg.DSN)
+	if err != nil {
+		return nil, errors.New("pgstore: cannot parse DSN")
+	}
+	conn, err := pgx.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connect: %w", err)
+	}
+	return &Checker{conn: conn, schema: cfg.Schema}, nil
+}
+
+// Close closes the connection.
+func (c *Checker) Close(ctx context.Context) error { return c.conn.Close(ctx) }
+
+// Server is what a database says of itself.
+type Server struct {
+	// Version is version()'s answer.
+	Version string
+	// CockroachDB is whether Version names CockroachDB, which Open uses to
+	// choose the transaction retry protocol.
+	CockroachDB bool
+}
+
+// Server reads the server's version.
+func (c *Checker) Server(ctx context.Context) (Server, error) {
+	var v string
+	if err := c.conn.QueryRow(ctx, "SELECT version()").Scan(&v); err != nil {
+		return Server{}, fmt.Errorf("pgstore: read version: %w", err)
+	}
+	return Server{Version: v, CockroachDB: strings.Contains(v, "CockroachDB")}, nil
+}
+
+// Now is the database's now(), for measuring the skew between the local
+// clock and the database's: leases are measured against the latter.
+func (c *Checker) Now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	if err := c.conn.QueryRow(ctx, "SELECT now()").Scan(&t); err != nil {
+		return time.Time{}, fmt.Errorf("pgstore: read now(): %w", err)
+	}
+	return t, nil
+}
+
+// SchemaStatus compares a database's schema with the one this build's
+// Migrate creates. The store's schema has no version number: its version
+// is its tables, columns, indexes and status check, which is what is
+// compared.
+type SchemaStatus struct {
+	// Schema is where the tables were looked for: Config.Schema, else the
+	// connection's current_schema(); "" when the search_path names no
+	// schema that exists.
+	Schema string
+	// MissingTables, MissingColumns ("table.column") and MissingIndexes
+	// are what Migrate would create. A schema Migrate never ran on lacks
+	// every table (and so reports no columns or indexes).
+	MissingTables  []string
+	MissingColumns []string
+	MissingIndexes []string
+	// MissingStatusCheck is whether the execution records table has no
+	// status CHECK constraint (Migrate adds it).
+	MissingStatusCheck bool
+	// MissingStatuses are the statuses of processors.Statuses that the
+	// status check refuses: a table an older build created, which
+	// Migrate widens.
+	MissingStatuses []processors.Status
+	// NewerStatuses are statuses the check allows that this build does not
+	// know: a newer build migrated the table. This build works with it
+	// (Migrate only ever widens the check).
+	NewerStatuses []string
+}
+
+// Migrated is whether Migrate ran here at all: some of its tables exist.
+func (s SchemaStatus) Migrated() bool {
+	return len(s.MissingTables) < len(checkedColumns)
+}
+
+// Current is whether the schema holds everything this build's Migrate
+// creates.
+func (s SchemaStatus) Current() bool {
+	return len(s.MissingTables) == 0 && len(s.MissingColumns) == 0 && len(s.MissingIndexes) == 0 &&
+		!s.MissingStatusCheck && len(s.MissingStatuses) == 0
+}
+
+// checkedColumns are the tables of schema.sql and the columns the store's
+// queries use.
+var checkedColumns = map[string][]string{
+	tableName:     recordCols,
+	rateTableName: {"bucket", "tat"},
+}
+
+// Schema reads the schema, in a READ ONLY transaction.
+func (c *Checker) Schema(ctx context.Context) (SchemaStatus, error) {
+	var st SchemaStatus
+	tx, err := c.conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return st, fmt.Errorf("pgstore: check schema: %w", err)
+	}
+	// Read only: there is nothing to commit.
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	st.Schema = c.schema
+	if st.Schema == "" {
+		var cur pgtype.Text
+		if err := tx.QueryRow(ctx, "SELECT current_schema()").Scan(&cur); err != nil {
+			return st, fmt.Errorf("pgstore: check schema: current_schema: %w", err)
+		}
+		st.Schema = cur.String
+	}
+	tables := slices.Sorted(maps.Keys(checkedColumns))
+	have := make(map[string]map[string]bool)
+	rows, err := tx.Query(ctx, `SELECT table_name, column_name FROM information_schema.columns
+WHERE table_schema = $1 AND table_name = ANY($2::TEXT[])`, st.Schema, tables)
+	if err != nil {
+		return st, fmt.Errorf("pgstore: check schema: read columns: %w", err)
+	}
+	for rows.Next() {
+		var t, col string
+		if err := rows.Scan(&t, &col); err != nil {
+			rows.Close()
+			return st, fmt.Errorf("pgstore: check schema: read columns: %w", err)
+		}
+		if have[t] == nil {
+			have[t] = make(map[string]bool)
+		}
+		have[t][col] = true
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("pgstore: check schema: read columns: %w", err)
+	}
+	for _, t := range tables {
+		if have[t] == nil {
+			st.MissingTables = append(st.MissingTables, t)
+			continue
+		}
+		for _, col := range checkedColumns[t] {
+			if !have[t][col] {
+				st.MissingColumns = append(st.MissingColumns, t+"."+col)
+			}
+		}
+	}
+	if have[tableName] == nil {
+		return st, nil
+	}
+
+	rows, err = tx.Query(ctx, "SELECT indexname FROM pg_catalog.pg_indexes WHERE schemaname = $1 AND tablename = $2", st.Schema, tableName)
+	if err != nil {
+		return st, fmt.Errorf("pgstore: check schema: read indexes: %w", err)
+	}
+	indexes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return st, fmt.Errorf("pgstore: check schema: read indexes: %w", err)
+	}
+	for _, ix := range []string{indexName, statusIndexName, unloggedIndexName} {
+		if !slices.Contains(indexes, ix) {
+			st.MissingIndexes = append(st.MissingIndexes, ix)
+		}
+	}
+
+	// The same reading of the constraint as migrateStatusCheck.
+	const read = `SELECT pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
+WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
+	var def pgtype.Text
+	err = tx.QueryRow(ctx, read, pgx.Identifier{st.Schema, tableName}.Sanitize(), statusCheckName).Scan(&def)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		st.MissingStatusCheck = true
+		return st, nil
+	case err != nil:
+		return st, fmt.Errorf("pgstore: check schema: read the status check: %w", err)
+	}
+	allowed := quotedLiterals(def.String)
+	for _, s := range processors.Statuses {
+		if !slices.Contains(allowed, string(s)) {
+			st.MissingStatuses = append(st.MissingStatuses, s)
+		}
+	}
+	for _, l := range slices.Compact(slices.Sorted(slices.Values(allowed))) {
+		if !slices.Contains(processors.Statuses, processors.Status(l)) {
+			st.NewerStatuses = append(st.NewerStatuses, l)
+		}
+	}
+	return st, nil
+}

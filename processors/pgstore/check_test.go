@@ -1,0 +1,160 @@
+package pgstore
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/toolcall-ledger/ledger/processors"
+)
+
+func newChecker(t *testing.T, cfg Config) *Checker {
+	t.Helper()
+	c, err := NewChecker(t.Context(), cfg)
+	if err != nil {
+		t.Fatalf("NewChecker() = %v", err)
+	}
+	t.Cleanup(func() { c.Close(t.Context()) })
+	return c
+}
+
+// TestCheckerSchema: the checker tells an unmigrated schema (without
+// creating it), a current one, and one that lacks pieces or allows other
+// statuses, each piece named.
+func TestCheckerSchema(t *testing.T) {
+	ctx := t.Context()
+	dsn := testDSN(t)
+	schema := newSchema(t, dsn)
+	c := newChecker(t, Config{DSN: dsn, Schema: schema})
+
+	got, err := c.Schema(ctx)
+	if err != nil {
+		t.Fatalf("Schema() on an unmigrated schema = %v", err)
+	}
+	want := SchemaStatus{Schema: schema, MissingTables: []string{tableName, rateTableName}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Schema() unmigrated (-want +got):\n%s", diff)
+	}
+	if got.Migrated() || got.Current() {
+		t.Errorf("unmigrated: Migrated() = %v, Current() = %v; want false, false", got.Migrated(), got.Current())
+	}
+	var n int
+	if err := c.conn.QueryRow(ctx, "SELECT count(*) FROM pg_catalog.pg_namespace WHERE nspname = $1", schema).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("after Schema(), schema %s exists; want the checker to create nothing", schema)
+	}
+
+	s := open(t, Config{DSN: dsn, Schema: schema})
+	defer s.Close()
+	if got, err = c.Schema(ctx); err != nil {
+		t.Fatalf("Schema() after Migrate = %v", err)
+	}
+	if diff := cmp.Diff(SchemaStatus{Schema: schema}, got); diff != "" || !got.Current() {
+		t.Errorf("Schema() after Migrate (-want +got), Current() %v:\n%s", got.Current(), diff)
+	}
+
+	// An older or damaged schema: each missing piece is named, statuses
+	// of a newer build are told apart.
+	statuses := quoteStatuses(withoutStatus(processors.Statuses, processors.StatusParked)) + ", 'from_the_future'"
+	for _, stmt := range []string{
+		"DROP INDEX " + pgx.Identifier{schema, statusIndexName}.Sanitize(),
+		"ALTER TABLE " + s.table + " DROP COLUMN outbox",
+		"ALTER TABLE " + s.table + " DROP CONSTRAINT " + statusCheckName,
+		"ALTER TABLE " + s.table + " ADD CONSTRAINT " + statusCheckName + " CHECK (status IN (" + statuses + "))",
+		"DROP TABLE " + s.rateTable(),
+	} {
+		if _, err := s.pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	if got, err = c.Schema(ctx); err != nil {
+		t.Fatalf("Schema() of a damaged schema = %v", err)
+	}
+	want = SchemaStatus{
+		Schema:          schema,
+		MissingTables:   []string{rateTableName},
+		MissingColumns:  []string{tableName + ".outbox"},
+		MissingIndexes:  []string{statusIndexName},
+		MissingStatuses: []processors.Status{processors.StatusParked},
+		NewerStatuses:   []string{"from_the_future"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Schema() damaged (-want +got):\n%s", diff)
+	}
+	if !got.Migrated() || got.Current() {
+		t.Errorf("damaged: Migrated() = %v, Current() = %v; want true, false", got.Migrated(), got.Current())
+	}
+
+	if _, err := s.pool.Exec(ctx, "ALTER TABLE "+s.table+" DROP CONSTRAINT "+statusCheckName); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = c.Schema(ctx); err != nil || !got.MissingStatusCheck || got.Current() {
+		t.Errorf("Schema() without the status check = %+v, %v; want MissingStatusCheck", got, err)
+	}
+}
+
+// TestCheckerSearchPath: without Config.Schema the tables are looked for
+// where an unqualified name resolves, the search_path's first schema.
+func TestCheckerSearchPath(t *testing.T) {
+	dsn := testDSN(t)
+	schema := newSchema(t, dsn)
+	open(t, Config{DSN: dsn, Schema: schema}).Close()
+	c := newChecker(t, Config{DSN: dsn + sep(dsn) + "search_path=" + schema})
+	got, err := c.Schema(t.Context())
+	if err != nil {
+		t.Fatalf("Schema() = %v", err)
+	}
+	if got.Schema != schema || !got.Current() {
+		t.Errorf("Schema() through the search_path = %+v; want schema %s, current", got, schema)
+	}
+}
+
+func sep(dsn string) string {
+	if !strings.Contains(dsn, "://") {
+		return " "
+	}
+	if strings.Contains(dsn, "?") {
+		return "&"
+	}
+	return "?"
+}
+
+func withoutStatus(ss []processors.Status, drop processors.Status) []processors.Status {
+	var out []processors.Status
+	for _, s := range ss {
+		if s != drop {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestCheckerServer: the version and the clock of the server; a DSN that
+// does not parse is not repeated.
+func TestCheckerServer(t *testing.T) {
+	c := newChecker(t, Config{DSN: testDSN(t)})
+	srv, err := c.Server(t.Context())
+	if err != nil || srv.Version == "" {
+		t.Errorf("Server() = %+v, %v; want a version", srv, err)
+	}
+	before := time.Now()
+	now, err := c.Now(t.Context())
+	if err != nil {
+		t.Fatalf("Now() = %v", err)
+	}
+	// The test server runs on this machine: its clock is this one's, give
+	// or take the query.
+	if d := now.Sub(before); d < -time.Minute || d > time.Minute {
+		t.Errorf("Now() = %v, this machine %v; want the same clock", now, before)
+	}
+
+	_, err = NewChecker(t.Context(), Config{DSN: "postgres://u:hunter2@127.0.0.1:notaport/x"})
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("NewChecker(bad DSN) = %v; want an error without the password", err)
+	}
+}

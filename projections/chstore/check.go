@@ -1,0 +1,66 @@
+package chstore
+
+import (
+	"context"
+	"time"
+)
+
+// What `ledger doctor` reads of the server and the database: none of it
+// creates or changes anything (Open only pings).
+
+// ServerVersion is the server's version().
+func (s *Store) ServerVersion(ctx context.Context) (string, error) {
+	var v string
+	if err := s.conn.QueryRow(ctx, "SELECT version()").Scan(&v); err != nil {
+		return "", s.wrap("read version", err)
+	}
+	return v, nil
+}
+
+// Now is the server's now(). It is a DateTime, so whole seconds: a
+// caller measuring clock skew must allow for that.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	if err := s.conn.QueryRow(ctx, "SELECT now()").Scan(&t); err != nil {
+		return time.Time{}, s.wrap("read now()", err)
+	}
+	return t, nil
+}
+
+// MissingTables lists the tables Migrate creates (the projection's and
+// schema_migrations) that the database lacks, schema_migrations first;
+// all of them when the database does not exist.
+func (s *Store) MissingTables(ctx context.Context) ([]string, error) {
+	rows, err := s.conn.Query(ctx, "SELECT name FROM system.tables WHERE database = ?", s.db)
+	if err != nil {
+		return nil, s.wrap("list tables", err)
+	}
+	defer rows.Close()
+	have := make(map[string]bool)
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, s.wrap("list tables", err)
+		}
+		have[n] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("list tables", err)
+	}
+	var missing []string
+	for _, n := range append([]string{"schema_migrations"}, tableNames()...) {
+		if !have[n] {
+			missing = append(missing, n)
+		}
+	}
+	return missing, nil
+}
+
+// tableNames are the projection's tables, schema_migrations aside.
+func tableNames() []string {
+	out := make([]string, len(tables))
+	for i, t := range tables {
+		out[i] = t.name
+	}
+	return out
+}
