@@ -6,7 +6,7 @@ DATA_DIR ?= ./.ledger
 TEST_TIMEOUT ?= 13m
 BENCH_COUNT ?= 1
 
-.PHONY: dev build test bench bench-sizes bench-go bench-projections screenshots fuzz chaos lint vet
+.PHONY: dev build test bench bench-sizes bench-go bench-projections screenshots fuzz chaos lint vet config-reference
 
 dev:
 	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR)
@@ -48,6 +48,10 @@ test:
 
 vet:
 	$(GO) vet ./...
+
+# deploy/CONFIG.md, generated from the flags; a test fails when it is stale.
+config-reference:
+	$(GO) run ./cmd/ledger config-reference > deploy/CONFIG.md
 
 lint: vet
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -89,6 +88,7 @@ func newRoot() *cobra.Command {
 		newAPICmd(g),
 		newBenchCmd(g),
 		newChaosCmd(g),
+		newConfigRefCmd(),
 		newBlastRadiusCmd(g),
 		newOutcomesCmd(g),
 		newUnresolvedCmd(g),
@@ -106,7 +106,7 @@ func bindEnv(cmd *cobra.Command) error {
 		if f.Changed || err != nil {
 			return
 		}
-		name := "LEDGER_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		name := envName(f.Name)
 		if v, ok := os.LookupEnv(name); ok {
 			if serr := f.Value.Set(v); serr != nil {
 				err = fmt.Errorf("%s=%q: %w", name, v, serr)
