@@ -199,6 +199,10 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) error {
 	opts := append(base,
 		kgo.ConsumerGroup(l.cfg.Group),
 		kgo.TransactionalID(l.cfg.TransactionalID),
+		// The client id names the instance to the brokers: group
+		// descriptions (kafka-consumer-groups --describe), quotas and
+		// broker logs show which instance holds which partitions.
+		kgo.ClientID(l.cfg.TransactionalID),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RequireStableFetchOffsets(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),

@@ -26,6 +26,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -62,6 +63,7 @@ type chaosFlags struct {
 	nodeLogLevel   string
 	pause          bool
 	restartEvery   time.Duration
+	killAfter      time.Duration
 }
 
 // pausePoint names the fault that is not a crash: an executor stopped
@@ -84,6 +86,12 @@ crashing stops, every call is waited for, and the whole history is checked:
 duplicate and orphan effects at the tools, lost calls, illegal transitions
 and aborted-transaction events visible in the log, and the time to a
 terminal state and to resolve unknown outcomes.
+
+With --kill-executor-after, one executor is killed (SIGKILL) that far into
+the load and never started again: the others must take over its
+partitions and, once their leases expire, its claims. The executor
+group's assignment is reported just before the kill and once the group
+settled on the survivors.
 
 It needs a binary built with -tags failpoints (make chaos). It exits 1 when
 any count that must be 0 is not, or a point was hit fewer than
@@ -112,6 +120,7 @@ any count that must be 0 is not, or a point was hit fewer than
 	fs.StringVar(&f.jsonOut, "json", "", "also write the report as JSON to this file")
 	fs.StringVar(&f.history, "history", "", "write the history, every submitted envelope (tokens redacted) and every call's outcome, as JSON lines to this file (default: history.jsonl in the work directory)")
 	fs.DurationVar(&f.restartEvery, "restart-every", 0, "also restart the executors gracefully (SIGTERM, then start again), one at a time, this often: a rolling restart under load; 0: never")
+	fs.DurationVar(&f.killAfter, "kill-executor-after", 0, "kill one executor (SIGKILL) this far into the load and never restart it, and report the executor group's partitions just before the kill and once the group settled on the survivors; shorter than --duration; 0: never")
 	fs.BoolVar(&f.pause, "pause", true, "also stop executors (SIGSTOP) past their group session and their claims' leases, then resume them")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
 	return cmd
@@ -125,6 +134,8 @@ func (f *chaosFlags) validate() error {
 		return errors.New("chaos: --crdb-dsn is required (several executor processes share the store)")
 	case f.duration <= 0, f.rate <= 0, f.executors < 2, f.minCrashes < 0, f.toolTimeout <= 0, f.lookupDeadline <= 0, f.sessionTimeout <= 0, f.drain <= 0:
 		return errors.New("chaos: --duration, --rate, --tool-timeout, --lookup-deadline, --session-timeout and --drain must be positive, --executors at least 2")
+	case f.killAfter < 0 || (f.killAfter > 0 && f.killAfter >= f.duration):
+		return errors.New("chaos: --kill-executor-after must be 0 (never) or positive and shorter than --duration")
 	case f.maxDuration != 0 && f.maxDuration < f.duration:
 		return errors.New("chaos: --max-duration must not be shorter than --duration")
 	case f.lookupDeadline >= f.lease():
@@ -164,6 +175,37 @@ type chaosReport struct {
 	// Check is the whole history, checked: the log read both ways, the
 	// witness's effects, every submitted call.
 	Check consistency.Report `json:"check"`
+	// Assignment is the executor group's assignment around the kill of
+	// --kill-executor-after; nil without it.
+	Assignment *chaosAssignment `json:"assignment,omitempty"`
+}
+
+// chaosAssignment is the executor group's assignment of the events
+// topic's partitions around the kill of one executor. Members are named by
+// their slot (executor-0, ...), from their client id (a loop's client id
+// is its transactional id); a member not named so is "member <member
+// id>".
+type chaosAssignment struct {
+	Group      string        `json:"group"`
+	Topic      string        `json:"topic"`
+	Partitions int32         `json:"partitions"`
+	KillAfter  time.Duration `json:"kill_after_ns"`
+	// Killed is the slot of the executor killed for good; empty if none
+	// was.
+	Killed string `json:"killed"`
+	// Before is each member's partitions just before the kill, once every
+	// executor was a member and the group was stable; After is each
+	// member's once the group settled on the survivors.
+	Before map[string][]int32 `json:"before"`
+	After  map[string][]int32 `json:"after"`
+	// MemberIDs are the group member ids of the slots, before and after.
+	MemberIDs map[string]string `json:"member_ids"`
+	// SettledIn is the time from the kill to After.
+	SettledIn time.Duration `json:"settled_in_ns"`
+	// Problem says what did not happen as it should (the group never
+	// stable before the kill, or never settled after it); empty if all
+	// did.
+	Problem string `json:"problem,omitempty"`
 }
 
 // chaosEnv is one `ledger chaos` run's shared state.
@@ -180,9 +222,10 @@ type chaosEnv struct {
 	graceful atomic.Int64
 	unexpect atomic.Int64
 
-	mu       sync.Mutex
-	slots    []*chaosSlot
-	restarts map[string]int
+	mu         sync.Mutex
+	slots      []*chaosSlot
+	restarts   map[string]int
+	assignment *chaosAssignment // set by killExecutor
 }
 
 // chaosSlot is one process of the run, restarted each time it dies.
@@ -196,6 +239,7 @@ type chaosSlot struct {
 	node     *benchNode // nil between a death and the restart
 	paused   bool       // stopped by the pauser
 	stopping bool       // asked to stop by the rolling restart
+	dead     bool       // killed for good by --kill-executor-after
 }
 
 func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.Writer) error {
@@ -215,6 +259,9 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		return err
 	}
 	defer cleanup()
+	// The load's progress, the supervisors and the executor kill all
+	// report to progress, each from a goroutine of its own.
+	progress = &lockedWriter{w: progress}
 	e := &chaosEnv{f: f, g: g, logger: logger, progress: progress, dir: dir, crashLog: filepath.Join(dir, "crashes.log"), restarts: map[string]int{}}
 
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(500*time.Millisecond))
@@ -229,7 +276,7 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 	if err != nil {
 		return err
 	}
-	err = ledger.EnsureTopics(ctx, admin, ledger.TopicConfig{Topics: topics, Partitions: 12, ReplicationFactor: 1})
+	err = ledger.EnsureTopics(ctx, admin, ledger.TopicConfig{Topics: topics, Partitions: chaosPartitions, ReplicationFactor: 1})
 	admin.Close()
 	if err != nil {
 		return err
@@ -368,6 +415,9 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 				p.Elapsed.Seconds(), p.Submitted, p.Done, p.InFlight, ms(p.P99), e.crashSummary())
 		},
 	}
+	if f.killAfter > 0 {
+		procs.Go(func() { e.killExecutor(runCtx, cc, topics.Events) })
+	}
 	res, err := loadtest.Run(ctx, cfg)
 	e.armed.Store(false)
 	if err != nil {
@@ -391,6 +441,7 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		Crashes: e.crashCounts(), Restarts: e.restartCounts(), UnexpectedExits: int(e.unexpect.Load()),
 		GracefulRestarts: int(e.graceful.Load()),
 		MinCrashes:       f.minCrashes, MinCalls: f.minCalls,
+		Assignment: e.killedAssignment(),
 	}
 	fmt.Fprintf(progress, "chaos: checking the history (%d calls)\n", res.Submitted)
 	log, err := consistency.ReadLog(ctx, cc, topics.Events)
@@ -541,6 +592,13 @@ func (r *chaosReport) writeTable(w io.Writer, points []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if a := r.Assignment; a != nil {
+		fmt.Fprintf(w, "executor partitions before kill: %s\n", formatOwners(a.Before))
+		fmt.Fprintf(w, "executor partitions after kill of %s (settled in %s): %s\n", a.Killed, a.SettledIn.Round(time.Millisecond), formatOwners(a.After))
+		if a.Problem != "" {
+			fmt.Fprintf(w, "executor kill: %s\n", a.Problem)
+		}
+	}
 	fmt.Fprintln(w)
 	return r.Check.WriteTable(w)
 }
@@ -556,6 +614,14 @@ func (r *chaosReport) failures(points []string) []string {
 	}
 	if r.Load.Lost != 0 {
 		bad = append(bad, fmt.Sprintf("load driver: %d calls never finished", r.Load.Lost))
+	}
+	if a := r.Assignment; a != nil {
+		if a.Killed == "" {
+			bad = append(bad, "--kill-executor-after: no executor was killed")
+		}
+		if a.Problem != "" {
+			bad = append(bad, "--kill-executor-after: "+a.Problem)
+		}
 	}
 	if r.Load.Submitted < r.MinCalls {
 		bad = append(bad, fmt.Sprintf("%d calls, fewer than --min-calls %d: raise --rate or --duration", r.Load.Submitted, r.MinCalls))
@@ -671,8 +737,12 @@ func (e *chaosEnv) supervise(ctx context.Context, s *chaosSlot) {
 		}
 		s.mu.Lock()
 		s.node = nil
+		dead := s.dead
 		s.mu.Unlock()
 		node.log.Close()
+		if dead {
+			return // killed for good by --kill-executor-after
+		}
 		if ws, ok := node.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL && point != "" {
 			continue // a failpoint: counted from the crash log
 		}
@@ -774,7 +844,7 @@ func (e *chaosEnv) restarter(ctx context.Context) {
 		s := e.slots[1+i%e.f.executors]
 		s.mu.Lock()
 		node := s.node
-		if node != nil && !s.paused {
+		if node != nil && !s.paused && !s.dead {
 			s.stopping = true
 			_ = node.cmd.Process.Signal(syscall.SIGTERM)
 		}
@@ -783,13 +853,14 @@ func (e *chaosEnv) restarter(ctx context.Context) {
 }
 
 // pickRunning picks, at random, an executor slot whose process runs and is
-// not paused, and marks it paused; nil when there is none.
+// neither paused nor killed for good, and marks it paused; nil when there
+// is none.
 func (e *chaosEnv) pickRunning() (*chaosSlot, *benchNode) {
 	for _, i := range rand.Perm(e.f.executors) {
 		s := e.slots[1+i]
 		s.mu.Lock()
 		node := s.node
-		if node != nil && !s.paused {
+		if node != nil && !s.paused && !s.dead {
 			s.paused = true
 			s.mu.Unlock()
 			return s, node
@@ -864,6 +935,201 @@ func (e *chaosEnv) restartCounts() map[string]int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return maps.Clone(e.restarts)
+}
+
+// executorGroup is the executors' consumer group: executor.Loop's
+// default, which the executor role keeps.
+const executorGroup = "ledger-executor"
+
+// killExecutor kills one executor (SIGKILL) --kill-executor-after into the
+// load and leaves its slot dead, so that the others must take over its
+// partitions and its claims. Around the kill it records the executor
+// group's assignment of topic: just before, once every executor is a
+// member and the group is stable, and after, once the group settled on
+// the survivors. It ends with ctx or once the group settled (or did not
+// in time).
+func (e *chaosEnv) killExecutor(ctx context.Context, cc ledger.ClientConfig, topic string) {
+	a := &chaosAssignment{Group: executorGroup, Topic: topic, Partitions: chaosPartitions, KillAfter: e.f.killAfter, MemberIDs: map[string]string{}}
+	defer func() {
+		e.mu.Lock()
+		e.assignment = a
+		e.mu.Unlock()
+	}()
+	cl, err := ledger.NewClient(cc)
+	if err != nil {
+		a.Problem = fmt.Sprintf("admin client: %v", err)
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	if !sleepCtx(ctx, e.f.killAfter) {
+		return
+	}
+	// A group that did not settle in this long will not: with the run's
+	// session timeout a dead member is gone in a few seconds.
+	settle := max(30*time.Second, 20*e.f.sessionTimeout)
+	before, ok := e.waitGroup(ctx, adm, topic, settle, func(v groupView) bool {
+		return len(v.owners) == e.f.executors
+	})
+	a.Before = before.owners
+	maps.Copy(a.MemberIDs, before.memberIDs)
+	if !ok {
+		a.Problem = fmt.Sprintf("the executor group was not stable with all %d executors within %s before the kill (last: %s, %s)", e.f.executors, settle, before.state, formatOwners(before.owners))
+	}
+	fmt.Fprintf(e.progress, "chaos: executor partitions before the kill: %s\n", formatOwners(before.owners))
+
+	s := e.killOne()
+	if s == nil {
+		if a.Problem == "" {
+			a.Problem = "no executor was running to kill"
+		}
+		return
+	}
+	killed := time.Now()
+	a.Killed = s.name
+	fmt.Fprintf(e.progress, "chaos: %s killed (SIGKILL) for good; the others must take over its partitions and claims\n", s.name)
+
+	after, ok := e.waitGroup(ctx, adm, topic, settle, func(v groupView) bool {
+		_, has := v.owners[s.name]
+		return len(v.owners) == e.f.executors-1 && !has
+	})
+	a.After, a.SettledIn = after.owners, time.Since(killed)
+	maps.Copy(a.MemberIDs, after.memberIDs)
+	if !ok && ctx.Err() == nil && a.Problem == "" {
+		a.Problem = fmt.Sprintf("the executor group did not settle on the survivors within %s of the kill (last: %s, %s)", settle, after.state, formatOwners(after.owners))
+	}
+	fmt.Fprintf(e.progress, "chaos: executor partitions %s after the kill: %s\n", a.SettledIn.Round(time.Millisecond), formatOwners(after.owners))
+}
+
+// killOne kills, at random, an executor whose process runs, marks its slot
+// dead so that nothing starts, pauses or restarts it again, and returns
+// the slot; nil when none runs.
+func (e *chaosEnv) killOne() *chaosSlot {
+	for _, i := range rand.Perm(e.f.executors) {
+		s := e.slots[1+i]
+		s.mu.Lock()
+		if s.node != nil && !s.dead {
+			s.dead = true
+			// A paused process dies of SIGKILL too.
+			_ = s.node.cmd.Process.Kill()
+			s.mu.Unlock()
+			return s
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+func (e *chaosEnv) killedAssignment() *chaosAssignment {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.assignment
+}
+
+// chaosPartitions is the partitions of each of the run's topics.
+const chaosPartitions = 12
+
+// groupView is one look at the executor group: each member's partitions
+// of the topic, by slot name.
+type groupView struct {
+	state     string
+	owners    map[string][]int32
+	memberIDs map[string]string
+	// settled: stable, every member's process found, and every
+	// partition of the topic assigned to exactly one member.
+	settled bool
+}
+
+// waitGroup describes the executor group until it is settled and want
+// holds, or for at most timeout; it returns the last view and whether it
+// was the one waited for.
+func (e *chaosEnv) waitGroup(ctx context.Context, adm *kadm.Client, topic string, timeout time.Duration, want func(groupView) bool) (groupView, bool) {
+	deadline := time.Now().Add(timeout)
+	for {
+		v := e.describeGroup(ctx, adm, topic)
+		if v.settled && want(v) {
+			return v, true
+		}
+		if time.Now().After(deadline) || !sleepCtx(ctx, 200*time.Millisecond) {
+			return v, false
+		}
+	}
+}
+
+// describeGroup looks at the executor group once. An error leaves the
+// view unsettled, to be looked at again.
+func (e *chaosEnv) describeGroup(ctx context.Context, adm *kadm.Client, topic string) groupView {
+	v := groupView{owners: map[string][]int32{}, memberIDs: map[string]string{}}
+	groups, err := adm.DescribeGroups(ctx, executorGroup)
+	if err != nil {
+		v.state = err.Error()
+		return v
+	}
+	g, err := groups.On(executorGroup, nil)
+	if err == nil {
+		err = g.Err
+	}
+	if err != nil {
+		v.state = err.Error()
+		return v
+	}
+	v.state = g.State
+	resolved := true
+	owner := map[int32]int{}
+	for _, m := range g.Members {
+		// A loop's client id is its transactional id, which the run
+		// names after the slot (--instance-id chaos-<slot>).
+		name, ok := strings.CutPrefix(m.ClientID, "ledger-executor-chaos-")
+		if _, taken := v.owners[name]; !ok || taken {
+			name, resolved = "member "+m.MemberID, false
+		}
+		parts := []int32{}
+		if c, ok := m.Assigned.AsConsumer(); ok {
+			for _, t := range c.Topics {
+				if t.Topic == topic {
+					parts = append(parts, t.Partitions...)
+				}
+			}
+		}
+		slices.Sort(parts)
+		for _, p := range parts {
+			owner[p]++
+		}
+		v.owners[name], v.memberIDs[name] = parts, m.MemberID
+	}
+	v.settled = g.State == "Stable" && resolved && len(owner) == chaosPartitions
+	for p, n := range owner {
+		if n != 1 || p < 0 || p >= chaosPartitions {
+			v.settled = false
+		}
+	}
+	return v
+}
+
+func formatOwners(owners map[string][]int32) string {
+	if len(owners) == 0 {
+		return "no members"
+	}
+	var b strings.Builder
+	for i, name := range slices.Sorted(maps.Keys(owners)) {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s %v", name, owners[name])
+	}
+	return b.String()
+}
+
+// lockedWriter serializes the writes of several goroutines to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
