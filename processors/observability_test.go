@@ -1,6 +1,7 @@
 package processors_test
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -9,17 +10,28 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
-	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/metrics"
+	"github.com/toolcall-ledger/ledger/processors/tracing"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
+
+func hasAttr(attrs []attribute.KeyValue, key, value string) bool {
+	for _, a := range attrs {
+		if string(a.Key) == key && a.Value.AsString() == value {
+			return true
+		}
+	}
+	return false
+}
 
 // metricValue is the value of the series name{labels} in g (a counter's
 // or gauge's value, a histogram's sample count), and whether it exists.
@@ -67,7 +79,8 @@ func value(m *dto.Metric) float64 {
 // an operator reads: the metrics count what happened (calls by tool and
 // decision and outcome, stage latencies, claims, breakers, bulkheads),
 // every log line about a call names its call key and trace, and the
-// agent's trace reaches the tool as a W3C traceparent.
+// ledger's spans join the agent's trace and reach the tool as its W3C
+// traceparent.
 func TestObservability(t *testing.T) {
 	h := newHarness(t, storeSQL, 4)
 	inMetrics, xMetrics := metrics.New("intake"), metrics.New("executor")
@@ -90,6 +103,13 @@ func TestObservability(t *testing.T) {
 	cfg := h.executorConfig("executor-1")
 	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg.Metrics = xMetrics
+	spans := tracetest.NewInMemoryExporter()
+	tp, err := tracing.NewProvider(t.Context(), tracing.Config{Service: "toolcall-ledger-executor", Exporter: spans})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	cfg.Tracer = tp.Tracer()
 	x, err := executor.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +135,10 @@ func TestObservability(t *testing.T) {
 	ticket := h.newEnvelope("t_b", "ticket-obs", "create_ticket", map[string]any{"title": "Printer on fire"})
 	ticket.TraceID = w3cTrace
 	weather := h.newEnvelope("t_a", "weather-obs", "get_weather", map[string]any{"city": "Sydney"})
-	weather.TraceID = "tr_agent_run_7"
+	// A whole traceparent: the agent's span is the parent of the
+	// ledger's.
+	const agentTrace, agentSpan = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+	weather.TraceID = "00-" + agentTrace + "-" + agentSpan + "-01"
 	denied := h.newEnvelope("t_a", "refund-obs", "refund_order", map[string]any{"order_id": "ord_1", "amount_cents": 4500, "currency": "AUD"})
 	h.submit(ticket, weather, denied)
 	calls := h.waitSettled(30*time.Second, ticket.key(), weather.key(), denied.key())
@@ -126,24 +149,64 @@ func TestObservability(t *testing.T) {
 	}
 	deniedType := calls[denied.key()].Events[len(calls[denied.key()].Events)-1].Type
 
-	t.Run("traceparent", func(t *testing.T) {
-		for _, e := range []envelope{ticket, weather} {
+	t.Run("spans", func(t *testing.T) {
+		if err := tp.ForceFlush(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		got := spans.GetSpans()
+		for _, c := range []struct {
+			e          envelope
+			trace      string
+			parentSpan string // of ledger.execute; "" for a root span
+			attempts   int    // tool.call spans
+		}{
+			{ticket, w3cTrace, "", 2}, // the first attempt got a 503
+			{weather, agentTrace, agentSpan, 1},
+		} {
+			key := c.e.key().String()
+			var exec *tracetest.SpanStub
+			var toolCalls []tracetest.SpanStub
+			for i := range got {
+				s := &got[i]
+				if s.Name == "ledger.execute" && hasAttr(s.Attributes, "ledger.call_key", key) {
+					exec = s
+				}
+			}
+			if exec == nil {
+				t.Errorf("%s: no ledger.execute span among %d", key, len(got))
+				continue
+			}
+			if tid := exec.SpanContext.TraceID().String(); tid != c.trace {
+				t.Errorf("%s: ledger.execute in trace %s; want the agent's %s", key, tid, c.trace)
+			}
+			if p := exec.Parent; (c.parentSpan == "") == p.IsValid() || (c.parentSpan != "" && p.SpanID().String() != c.parentSpan) {
+				t.Errorf("%s: ledger.execute's parent %v; want span %q", key, p.SpanID(), c.parentSpan)
+			}
+			for _, s := range got {
+				if s.Name == "tool.call" && s.Parent.SpanID() == exec.SpanContext.SpanID() {
+					toolCalls = append(toolCalls, s)
+				}
+			}
+			if len(toolCalls) != c.attempts {
+				t.Errorf("%s: %d tool.call spans under ledger.execute; want %d", key, len(toolCalls), c.attempts)
+			}
+			// The tool saw the applied attempt's span as its parent.
 			var seen int
 			for _, ef := range h.backend.Effects() {
-				if ef.IdempotencyKey != e.key().String() {
+				if ef.IdempotencyKey != key {
 					continue
 				}
 				seen++
-				want := httptool.Traceparent(e.TraceID, e.key().String(), ef.Attempt)
-				if ef.Traceparent != want {
-					t.Errorf("%s attempt %d reached the tool with traceparent %q; want %q", e.key(), ef.Attempt, ef.Traceparent, want)
+				var match bool
+				for _, s := range toolCalls {
+					match = match || ef.Traceparent == tracing.Traceparent(s.SpanContext)
 				}
-				if e.TraceID == w3cTrace && !strings.HasPrefix(ef.Traceparent, "00-"+w3cTrace+"-") {
-					t.Errorf("%s: the agent's W3C trace %s is not the tool's: %q", e.key(), w3cTrace, ef.Traceparent)
+				if !match || !strings.HasPrefix(ef.Traceparent, "00-"+c.trace+"-") {
+					t.Errorf("%s attempt %d reached the tool with traceparent %q; want a tool.call span's of trace %s", key, ef.Attempt, ef.Traceparent, c.trace)
 				}
 			}
 			if seen == 0 {
-				t.Errorf("%s: no effect at the tool", e.key())
+				t.Errorf("%s: no effect at the tool", key)
 			}
 		}
 	})

@@ -95,7 +95,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		if err != nil {
 			return err
 		}
-		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, nil, logger)
+		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, observers{}, logger)
 		if err != nil {
 			return err
 		}
@@ -107,7 +107,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 			return err
 		}
 		for i := range f.executors {
-			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), nil, logger)
+			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), observers{}, logger)
 			if err != nil {
 				return err
 			}

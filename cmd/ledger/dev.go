@@ -178,11 +178,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 
 	instance := f.roles.instance
-	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, nil, logger)
+	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, observers{}, logger)
 	if err != nil {
 		return err
 	}
-	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, nil, logger)
+	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, observers{}, logger)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
@@ -26,6 +27,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
 	"github.com/toolcall-ledger/ledger/processors/policy"
+	"github.com/toolcall-ledger/ledger/processors/tracing"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
@@ -38,8 +40,10 @@ type roleFlags struct {
 	instance string
 	// metricsAddr is where /metrics, /healthz and /readyz are served.
 	metricsAddr string
-	// metrics is the process's registry, made by run before build.
-	metrics *metrics.Registry
+	// otlpURL is where spans are exported; empty: nowhere.
+	otlpURL string
+	// obs are the process's metrics and tracer, made by run before build.
+	obs observers
 	// drain, if set by the role's build, runs after its loop stopped and
 	// before the store closes: an executor's calls still running then
 	// record their outcomes.
@@ -52,19 +56,27 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 	r.registry.register(fs)
 	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id)")
 	fs.StringVar(&r.metricsAddr, "metrics-addr", "", "where to serve /metrics (Prometheus), /healthz (the process serves) and /readyz (Kafka, the store and the processing loop answer), e.g. :9464; empty: not served")
+	fs.StringVar(&r.otlpURL, "otlp-traces-url", "", "OTLP/HTTP endpoint to export spans to (the executor's per call and per tool request, in the agents' traces), e.g. http://otel-collector:4318/v1/traces; empty: no spans (tools still get a traceparent)")
 }
 
-// loopMetrics is m as a loop's metrics, or nil (none) when m is nil.
-func loopMetrics(m *metrics.Registry) ledger.LoopMetrics {
-	if m == nil {
+// observers are what a role's processors report to; the zero value
+// reports nothing.
+type observers struct {
+	metrics *metrics.Registry
+	tracer  trace.Tracer
+}
+
+// loop is the metrics as a loop's, or nil (none).
+func (o observers) loop() ledger.LoopMetrics {
+	if o.metrics == nil {
 		return nil
 	}
-	return m
+	return o.metrics
 }
 
 // intakeLoop wires an intake onto its consume-process-produce loop. cfg
 // carries the intake's trust: identity, policy and rate limiter.
-func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, m *metrics.Registry, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
+func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, obs observers, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
 	cfg.Topics = topics
 	cfg.Actor = "intake/" + instance
 	cfg.Logger = logger.With("processor", "intake")
@@ -79,12 +91,12 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 	if err != nil {
 		return nil, nil, err
 	}
-	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance, Failpoint: fp, Metrics: loopMetrics(m)})
+	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance, Failpoint: fp, Metrics: obs.loop()})
 	return loop, in, err
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, m *metrics.Registry, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	// The reliability suite's crash points, in a binary built with the
 	// failpoints tag; nil (and free) otherwise.
 	fp, err := failpoint.FromEnv("executor")
@@ -105,14 +117,15 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 		Logger:      logger.With("processor", "executor"),
 		Failpoint:   fp,
 	}
-	if m != nil {
+	if m := obs.metrics; m != nil {
 		xcfg.Metrics = m
 	}
+	xcfg.Tracer = obs.tracer
 	x, err := executor.New(xcfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	if m != nil {
+	if m := obs.metrics; m != nil {
 		m.Breakers(x.BreakerStates)
 		m.Bulkheads(func() map[string]metrics.Bulkhead {
 			out := make(map[string]metrics.Bulkhead)
@@ -122,7 +135,7 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 			return out
 		}, x.InFlight)
 	}
-	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Failpoint: fp, Metrics: loopMetrics(m)})
+	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Failpoint: fp, Metrics: obs.loop()})
 	return loop, x, err
 }
 
@@ -145,13 +158,27 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 		return err
 	}
 	defer st.Close()
-	rf.metrics = metrics.New(role)
+	rf.obs.metrics = metrics.New(role)
+	if rf.otlpURL != "" {
+		tp, err := tracing.NewProvider(ctx, tracing.Config{URL: rf.otlpURL, Service: "toolcall-ledger-" + role, Instance: rf.instance})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				logger.Warn("spans not exported at shutdown", "err", err)
+			}
+		}()
+		rf.obs.tracer = tp.Tracer()
+	}
 	loop, err := build(reg, st, logger)
 	if err != nil {
 		return err
 	}
 	if rf.metricsAddr != "" {
-		ops, err := startOps(g, rf.metricsAddr, role, rf.metrics, loop, st, logger)
+		ops, err := startOps(g, rf.metricsAddr, role, rf.obs.metrics, loop, st, logger)
 		if err != nil {
 			return err
 		}
@@ -218,7 +245,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 						logger.Error("policy activations stopped", "err", err)
 					}
 				}()
-				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, rf.metrics, logger)
+				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, rf.obs, logger)
 				return loop, err
 			})
 		},
@@ -294,7 +321,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, rf.metrics, logger)
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, rf.obs, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -503,8 +530,8 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				rf.metrics.Unknown(rc.Unknown)
-				return rc.Loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance, Metrics: rf.metrics})
+				rf.obs.metrics.Unknown(rc.Unknown)
+				return rc.Loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance, Metrics: rf.obs.metrics})
 			})
 		},
 	}

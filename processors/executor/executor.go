@@ -42,6 +42,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/sony/gobreaker/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
@@ -50,6 +53,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/policy"
+	"github.com/toolcall-ledger/ledger/processors/tracing"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -234,6 +238,10 @@ type Config struct {
 	Failpoint failpoint.Hook
 	// Metrics, if set, receives the executor's measurements.
 	Metrics Metrics
+	// Tracer, if set, exports a span for each call (ledger.execute) and
+	// each request to its tool (tool.call), in the agent's trace; the
+	// tool gets the request's span as its traceparent.
+	Tracer trace.Tracer
 }
 
 // Metrics receives an executor's measurements (metrics.Registry is one).
@@ -672,9 +680,29 @@ func (x *Executor) leaseFor(name string, version int) time.Duration {
 	return attempts*timeout + attempts*x.cfg.RetryBackoff*2 + x.cfg.LeaseMargin
 }
 
-// execute runs one claimed call and returns its completion. g is the
-// tenant's guard for the tool, held by the caller; nil takes one here.
+// execute runs one claimed call and returns its completion, in a span of
+// the call's trace when the executor traces. g is the tenant's guard for
+// the tool, held by the caller; nil takes one here.
 func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, g *guard) processors.Completion {
+	ctx, span := tracing.StartCall(ctx, x.cfg.Tracer, "ledger.execute", tmpl.TraceID, rec.Key.String(),
+		trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(
+			attribute.String("ledger.call_key", rec.Key.String()),
+			attribute.String("ledger.tenant", rec.Key.TenantID),
+			attribute.String("ledger.tool", rec.Tool),
+			attribute.Int64("ledger.epoch", rec.Epoch),
+			attribute.Bool("ledger.reclaimed", reclaimed),
+		))
+	c := x.executeCall(ctx, tmpl, rec, reclaimed, g)
+	span.SetAttributes(attribute.String("ledger.status", string(c.Status)))
+	if c.Status != processors.StatusSucceeded {
+		span.SetStatus(codes.Error, string(c.Status))
+	}
+	span.End()
+	return c
+}
+
+func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, g *guard) processors.Completion {
 	start := x.cfg.Now()
 	c := &completion{x: x, tmpl: tmpl, rec: rec, start: start, reclaimed: reclaimed}
 	log := x.cfg.Logger.With("call_key", rec.Key.String(), "trace_id", tmpl.TraceID, "tool", rec.Tool, "epoch", rec.Epoch)
@@ -937,11 +965,15 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			return httptool.Response{}, errFrozen
 		}
 	}
+	ctx, span := x.startSpan(ctx, "tool.call", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("ledger.tool", tool.Name), attribute.Int("ledger.attempt", attempt)))
+	defer span.End()
 	t0 := time.Now()
 	resp, err := g.breaker.Execute(func() (httptool.Response, error) {
 		actx, cancel := context.WithTimeout(ctx, tool.Timeout())
 		defer cancel()
 		return x.cfg.Caller.Call(actx, httptool.Request{
+			Traceparent:    tracing.Traceparent(span.SpanContext()),
 			URL:            target,
 			IdempotencyKey: rec.Key.String(),
 			CallID:         rec.CallID,
@@ -954,8 +986,22 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			MaxResultBytes: tool.MaxResultBytes,
 		})
 	})
-	x.cfg.Metrics.ToolCall(tool.Name, toolCallResult(err), time.Since(t0))
+	result := toolCallResult(err)
+	x.cfg.Metrics.ToolCall(tool.Name, result, time.Since(t0))
+	span.SetAttributes(attribute.String("ledger.result", result))
+	if err != nil {
+		span.SetStatus(codes.Error, result)
+	}
 	return resp, err
+}
+
+// startSpan starts a child of the call's span in ctx; a no-op span when
+// the executor does not trace.
+func (x *Executor) startSpan(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if x.cfg.Tracer == nil {
+		return ctx, trace.SpanFromContext(context.Background())
+	}
+	return x.cfg.Tracer.Start(ctx, name, opts...)
 }
 
 // toolCallResult names a request's result for metrics.

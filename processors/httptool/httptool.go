@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
+	"github.com/toolcall-ledger/ledger/processors/tracing"
 )
 
 // DefaultMaxResultBytes caps an answer's body when Request.MaxResultBytes is
@@ -132,7 +133,10 @@ type Request struct {
 	CallID         string
 	TenantID       string
 	TraceID        string // sent only when set
-	Attempt        int
+	// Traceparent is the W3C trace context of the request's span; when
+	// empty, one in the call's trace is derived (tracing.Fallback).
+	Traceparent string
+	Attempt     int
 	// Arguments is the body: the call's canonical JSON arguments. Required
 	// by Call (at least "{}"); not used by Lookup.
 	Arguments []byte
@@ -223,7 +227,11 @@ func (c *Client) setHeaders(req *http.Request, r Request) {
 	if r.TraceID != "" {
 		h.Set(HeaderTraceID, r.TraceID)
 	}
-	h.Set(HeaderTraceparent, Traceparent(r.TraceID, r.IdempotencyKey, r.Attempt))
+	tp := r.Traceparent
+	if tp == "" {
+		tp = tracing.Fallback(r.TraceID, r.IdempotencyKey, r.Attempt)
+	}
+	h.Set(tracing.HeaderTraceparent, tp)
 	if r.Credential != "" {
 		h.Set("Authorization", "Bearer "+r.Credential)
 	}

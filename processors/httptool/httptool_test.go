@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/tracing"
 )
 
 // secret is the credential every test sends; no error may ever show it.
@@ -374,7 +376,7 @@ func TestHeaders(t *testing.T) {
 				Key: "run_42:step_7:refund_order", CallID: "call_7f3a", Tenant: "t_acme", Attempt: "2",
 				Trace: "tr_5c1e", Auth: "Bearer " + secret, HasTrace: true, HasAuth: true,
 				// The envelope's trace, hashed (tr_5c1e is not a W3C id).
-				Traceparent: Traceparent("tr_5c1e", "run_42:step_7:refund_order", 2),
+				Traceparent: tracing.Fallback("tr_5c1e", "run_42:step_7:refund_order", 2),
 			},
 		},
 		{
@@ -386,7 +388,7 @@ func TestHeaders(t *testing.T) {
 				ContentType: "application/json", Accept: "application/json", UserAgent: "ledger-test/1",
 				Key: "run_42:step_7:refund_order", CallID: "call_7f3a", Tenant: "t_acme", Attempt: "2",
 				// No trace_id: the call is a trace of its own.
-				Traceparent: Traceparent("", "run_42:step_7:refund_order", 2),
+				Traceparent: tracing.Fallback("", "run_42:step_7:refund_order", 2),
 			},
 		},
 	}
@@ -403,7 +405,7 @@ func TestHeaders(t *testing.T) {
 					ContentType: r.Header.Get("Content-Type"), Accept: r.Header.Get("Accept"), UserAgent: r.UserAgent(),
 					Key: r.Header.Get(HeaderIdempotencyKey), CallID: r.Header.Get(HeaderCallID), Tenant: r.Header.Get(HeaderTenant),
 					Attempt: r.Header.Get(HeaderAttempt), Trace: r.Header.Get(HeaderTraceID), Auth: r.Header.Get("Authorization"),
-					Traceparent: r.Header.Get(HeaderTraceparent), HasTrace: hasTrace, HasAuth: hasAuth,
+					Traceparent: r.Header.Get(tracing.HeaderTraceparent), HasTrace: hasTrace, HasAuth: hasAuth,
 				}
 			}))
 			defer ts.Close()

@@ -1,4 +1,4 @@
-package httptool
+package tracing
 
 import (
 	"regexp"
@@ -24,7 +24,7 @@ func parts(t *testing.T, tp string) (trace, span string) {
 func TestTraceparentKeepsAW3CTrace(t *testing.T) {
 	const w3c = "4bf92f3577b34da6a3ce929d0e0e4736"
 	for _, in := range []string{w3c, "00-" + w3c + "-00f067aa0ba902b7-01"} {
-		trace, _ := parts(t, Traceparent(in, "t_a:call_1", 1))
+		trace, _ := parts(t, Fallback(in, "t_a:call_1", 1))
 		if trace != w3c {
 			t.Errorf("trace_id %q: trace %s, want %s", in, trace, w3c)
 		}
@@ -32,9 +32,9 @@ func TestTraceparentKeepsAW3CTrace(t *testing.T) {
 }
 
 func TestTraceparentDerivesOtherTraces(t *testing.T) {
-	a1, _ := parts(t, Traceparent("tr_5c1e", "t_a:call_1", 1))
-	a2, _ := parts(t, Traceparent("tr_5c1e", "t_a:call_2", 1))
-	b, _ := parts(t, Traceparent("tr_other", "t_a:call_1", 1))
+	a1, _ := parts(t, Fallback("tr_5c1e", "t_a:call_1", 1))
+	a2, _ := parts(t, Fallback("tr_5c1e", "t_a:call_2", 1))
+	b, _ := parts(t, Fallback("tr_other", "t_a:call_1", 1))
 	if a1 != a2 {
 		t.Errorf("two calls of trace_id tr_5c1e are in traces %s and %s; want one", a1, a2)
 	}
@@ -43,23 +43,23 @@ func TestTraceparentDerivesOtherTraces(t *testing.T) {
 	}
 	// Not W3C: upper case, all zero, wrong length.
 	for _, in := range []string{"4BF92F3577B34DA6A3CE929D0E0E4736", "00000000000000000000000000000000", "4bf92f35"} {
-		if trace, _ := parts(t, Traceparent(in, "k", 1)); trace == in {
+		if trace, _ := parts(t, Fallback(in, "k", 1)); trace == in {
 			t.Errorf("trace_id %q taken as a W3C trace id", in)
 		}
 	}
 	// Without a trace_id each call is its own trace.
-	n1, _ := parts(t, Traceparent("", "t_a:call_1", 1))
-	n2, _ := parts(t, Traceparent("", "t_a:call_2", 1))
+	n1, _ := parts(t, Fallback("", "t_a:call_1", 1))
+	n2, _ := parts(t, Fallback("", "t_a:call_2", 1))
 	if n1 == n2 {
 		t.Errorf("calls without trace_id share trace %s", n1)
 	}
 }
 
 func TestTraceparentSpanPerAttempt(t *testing.T) {
-	_, s1 := parts(t, Traceparent("tr", "t_a:call_1", 1))
-	_, s1again := parts(t, Traceparent("tr", "t_a:call_1", 1))
-	_, s2 := parts(t, Traceparent("tr", "t_a:call_1", 2))
-	_, other := parts(t, Traceparent("tr", "t_a:call_2", 1))
+	_, s1 := parts(t, Fallback("tr", "t_a:call_1", 1))
+	_, s1again := parts(t, Fallback("tr", "t_a:call_1", 1))
+	_, s2 := parts(t, Fallback("tr", "t_a:call_1", 2))
+	_, other := parts(t, Fallback("tr", "t_a:call_2", 1))
 	if s1 != s1again {
 		t.Errorf("one attempt has spans %s and %s", s1, s1again)
 	}
