@@ -21,6 +21,7 @@ build:
 WITH_SERVICES = set -euo pipefail; \
 	env_file=$$(mktemp); \
 	trap 'bash deploy/testservices.sh stop >&2 || true; rm -f "$$env_file"' EXIT; \
+	echo "== services ($$(date +%T))" >&2; \
 	bash deploy/testservices.sh start > "$$env_file"; \
 	source "$$env_file"; \
 	export LEDGER_TEST_REQUIRE=1;
@@ -29,7 +30,7 @@ WITH_SERVICES = set -euo pipefail; \
 # folding, schema validation (package:target).
 FUZZ_TARGETS = ledger:FuzzDecodeEnvelope ledger:FuzzDecode ledger:FuzzCanonical \
 	statemachine:FuzzApplySequence schemas:FuzzValidate
-FUZZ_BOUNDED ?= 8s
+FUZZ_BOUNDED ?= 6s
 FUZZTIME ?= 5m
 # run-fuzz runs every fuzz target for $(1).
 run-fuzz = for t in $(FUZZ_TARGETS); do \
@@ -38,13 +39,18 @@ run-fuzz = for t in $(FUZZ_TARGETS); do \
 	  $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(1) ./$$pkg/ || exit 1; \
 	done
 
+# Only these packages have files built under the failpoints tag.
+FAILPOINT_PKGS = ./cmd/ledger/ ./ledger/failpoint/
+
 test:
 	@$(WITH_SERVICES) \
-	echo "== go vet" >&2; $(GO) vet ./...; $(GO) vet -tags failpoints ./...; \
-	echo "== go test" >&2; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...; \
-	echo "== crash points (build tag failpoints)" >&2; \
-	$(GO) test -tags failpoints -count=1 -timeout 10m -run 'TestChaosBounded|TestCrash' ./cmd/ledger/ ./ledger/failpoint/; \
-	$(call run-fuzz,$(FUZZ_BOUNDED))
+	echo "== go vet ($$(date +%T))" >&2; $(GO) vet ./...; $(GO) vet -tags failpoints $(FAILPOINT_PKGS); \
+	echo "== go test ($$(date +%T))" >&2; $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...; \
+	echo "== crash points, build tag failpoints ($$(date +%T))" >&2; \
+	$(GO) test -tags failpoints -count=1 -timeout 10m -run 'TestChaosBounded|TestCrash' $(FAILPOINT_PKGS); \
+	echo "== fuzz ($$(date +%T))" >&2; \
+	$(call run-fuzz,$(FUZZ_BOUNDED)); \
+	echo "== done ($$(date +%T))" >&2
 
 vet:
 	$(GO) vet ./...
