@@ -161,8 +161,11 @@ func (e *Engine) reload(files []file, label string) (bool, error) {
 
 // WatchDir reloads dir every interval (as Reload) until ctx ends, then
 // returns nil. It blocks: run it in a goroutine its caller owns, such as an
-// errgroup's. A directory that fails to load is logged once per distinct
-// content and leaves the active set in place.
+// errgroup's. A change is loaded once the directory reads the same on two
+// polls in a row, so that a file caught while being written (truncated,
+// then filled) is not activated half-written; writing a file elsewhere and
+// renaming it in is still the safe way. A directory that fails to load is
+// logged once per distinct content and leaves the active set in place.
 func (e *Engine) WatchDir(ctx context.Context, dir, label string, every time.Duration) error {
 	if every <= 0 {
 		return fmt.Errorf("policy: watch interval must be positive, got %v", every)
@@ -170,7 +173,10 @@ func (e *Engine) WatchDir(ctx context.Context, dir, label string, every time.Dur
 	t := time.NewTicker(every)
 	defer t.Stop()
 	fsys := os.DirFS(dir)
-	var failed string // hash of the last content that failed, to log it once
+	var (
+		failed string // hash of the last content that failed, to log it once
+		w      settle
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -186,7 +192,7 @@ func (e *Engine) WatchDir(ctx context.Context, dir, label string, every time.Dur
 			continue
 		}
 		hash := hashFiles(files)
-		if hash == failed {
+		if hash == failed || !w.settled(hash) {
 			continue
 		}
 		if _, err := e.reload(files, label); err != nil {
@@ -197,6 +203,17 @@ func (e *Engine) WatchDir(ctx context.Context, dir, label string, every time.Dur
 		}
 		failed = ""
 	}
+}
+
+// settle tells when a directory's content has held still for a poll.
+type settle struct{ last string }
+
+// settled records this poll's hash and reports whether the previous poll
+// saw the same.
+func (w *settle) settled(hash string) bool {
+	same := w.last == hash
+	w.last = hash
+	return same
 }
 
 // Decide evaluates r against the active set. It never fails open: no set,

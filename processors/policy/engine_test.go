@@ -270,9 +270,15 @@ func TestConcurrentDecideAndSwap(t *testing.T) {
 	}
 }
 
+// writeFile replaces dir/name by a rename, as a deployment should, so that
+// a watcher never reads it half-written.
 func writeFile(t *testing.T, dir, name, content string) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+	tmp := filepath.Join(dir, "."+name+".tmp")
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -714,5 +720,27 @@ func TestNoArgumentValuesLeak(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "card_number") {
 		t.Errorf("output lacks even the argument names:\n%s", out.String())
+	}
+}
+
+// TestWatchDirLoadsOnlySettledContent: a content is loaded only when two
+// polls in a row read it, so a file caught mid-write (the empty file an
+// editor's truncate leaves, say) is never activated.
+func TestWatchDirLoadsOnlySettledContent(t *testing.T) {
+	var w settle
+	for i, step := range []struct {
+		hash string
+		load bool
+	}{
+		{"a", false}, // first sight
+		{"a", true},  // held still
+		{"a", true},  // still the same: reload no-ops on the active hash
+		{"", false},  // truncated mid-write
+		{"b", false}, // written, not yet seen twice
+		{"b", true},
+	} {
+		if got := w.settled(step.hash); got != step.load {
+			t.Errorf("poll %d (%q): settled = %v; want %v", i, step.hash, got, step.load)
+		}
 	}
 }
