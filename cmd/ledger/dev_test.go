@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,14 +20,24 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 )
 
+// freeAddr is a loopback address nobody listens on, for a command under
+// test to listen on. It is picked below Linux's ephemeral range
+// (32768-60999): a port the kernel hands out for ":0" listeners and for
+// the source of outgoing connections (the suite opens many) could be
+// taken again between this check and the command's own listen.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+rand.IntN(12000)))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no free loopback port between 20000 and 32000")
+	return ""
 }
 
 type devRun struct {
@@ -63,6 +75,7 @@ func startDev(t *testing.T, dir, kafka, api, backend string, extra ...string) *d
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
 		select {
 		case err := <-done:
+			stopped = true // it did stop: nothing to wait for
 			t.Fatalf("ledger dev exited: %v", err)
 		default:
 		}
