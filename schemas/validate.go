@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,7 +110,7 @@ func validate(s *jsonschema.Schema, id string, v any) error {
 		// failure of this document, reported as one.
 		return &ValidationError{Schema: id, Reason: err.Error()}
 	}
-	return fromJSONSchema(id, ve)
+	return fromJSONSchema(id, ve, v)
 }
 
 // validateRecovering runs the validator and turns a panic inside it into a
@@ -129,7 +130,7 @@ func validateRecovering(s *jsonschema.Schema, v any) (err error) {
 // fromJSONSchema picks the most specific leaf of a jsonschema error tree:
 // the deepest instance location, ties broken by pointer then keyword so that
 // the choice does not depend on map iteration order.
-func fromJSONSchema(id string, root *jsonschema.ValidationError) *ValidationError {
+func fromJSONSchema(id string, root *jsonschema.ValidationError, doc any) *ValidationError {
 	var best *ValidationError
 	bestDepth := -1
 	var walk func(e *jsonschema.ValidationError)
@@ -140,7 +141,7 @@ func fromJSONSchema(id string, root *jsonschema.ValidationError) *ValidationErro
 			}
 			return
 		}
-		cand := leaf(id, e)
+		cand := leaf(id, e, doc)
 		d := strings.Count(cand.Pointer, "/")
 		switch {
 		case best == nil, d > bestDepth,
@@ -156,8 +157,8 @@ func fromJSONSchema(id string, root *jsonschema.ValidationError) *ValidationErro
 	return best
 }
 
-// leaf converts one jsonschema leaf error.
-func leaf(id string, e *jsonschema.ValidationError) *ValidationError {
+// leaf converts one jsonschema leaf error of doc.
+func leaf(id string, e *jsonschema.ValidationError, doc any) *ValidationError {
 	ptr := instancePointer(e.InstanceLocation)
 	kw := keyword(e.KeywordLocation)
 	reason := e.Message
@@ -172,8 +173,8 @@ func leaf(id string, e *jsonschema.ValidationError) *ValidationError {
 		// With additionalProperties:false the library reports the object;
 		// point at the (first) property that is not allowed instead.
 		if rest, ok := strings.CutPrefix(e.Message, "additionalProperties "); ok {
-			if names := quotedNames(strings.TrimSuffix(rest, " not allowed")); len(names) > 0 {
-				ptr += "/" + escapeToken(names[0])
+			if name, ok := notAllowed(doc, ptr, strings.TrimSuffix(rest, " not allowed")); ok {
+				ptr += "/" + escapeToken(name)
 				reason = "property not allowed"
 			}
 		}
@@ -219,6 +220,65 @@ func instancePointer(loc string) string {
 		}
 	}
 	return strings.Join(toks, "/")
+}
+
+// notAllowed finds, among the properties of the object at ptr in doc, the
+// first by name that the library's list of properties not allowed names.
+// The names are matched against the document rather than parsed out of
+// the list: the library's quoting is ambiguous (a name ending in a
+// backslash comes out as if its closing quote were escaped), and it lists
+// them in map order.
+func notAllowed(doc any, ptr, list string) (string, bool) {
+	obj, ok := lookup(doc, ptr).(map[string]any)
+	if !ok {
+		return "", false
+	}
+	names := make([]string, 0, len(obj))
+	for k := range obj {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		q := libraryQuote(k)
+		if list == q || strings.HasPrefix(list, q+", ") || strings.HasSuffix(list, ", "+q) || strings.Contains(list, ", "+q+", ") {
+			return k, true
+		}
+	}
+	return "", false
+}
+
+// libraryQuote quotes a property name the way the validator library does
+// in its messages: Go quoting, double quotes unescaped, single quotes
+// escaped, in single quotes.
+func libraryQuote(s string) string {
+	q := strconv.Quote(s)
+	q = strings.ReplaceAll(q, `\"`, `"`)
+	q = strings.ReplaceAll(q, `'`, `\'`)
+	return "'" + q[1:len(q)-1] + "'"
+}
+
+// lookup follows an RFC 6901 pointer in doc; nil when it does not resolve.
+func lookup(doc any, ptr string) any {
+	if ptr == "" {
+		return doc
+	}
+	cur := doc
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch c := cur.(type) {
+		case map[string]any:
+			cur = c[tok]
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) {
+				return nil
+			}
+			cur = c[i]
+		default:
+			return nil
+		}
+	}
+	return cur
 }
 
 // escapeToken escapes one reference token per RFC 6901.
