@@ -782,7 +782,7 @@ func TestKafkaFaultTransactionAborts(t *testing.T) {
 	h, l := startFaultRun(t, "")
 
 	c := h.kafka.Cluster
-	abortable := injectFault(c, "EndTxn commit answered TRANSACTION_ABORTABLE", 3, 5, 4,
+	abortable := injectFault(c, "EndTxn commit answered TRANSACTION_ABORTABLE", 3, 5, 2,
 		kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.TransactionAbortable}, commits)
 
 	// A commit turned into an abort at the coordinator.
