@@ -925,6 +925,8 @@ func storeSchemaCheck(st pgstore.SchemaStatus, err error) checkResult {
 			missing = append(missing, "status "+string(s))
 		}
 		return result(checkStoreSchema, statusFail, "schema %s is older than this build, it lacks %s: %s", schema, strings.Join(missing, ", "), migrate)
+	case len(st.ObsoleteIndexes) > 0:
+		return result(checkStoreSchema, statusWarn, "schema %s still has indexes an older build created and this build does not use (%s); every write pays for them: %s", schema, strings.Join(st.ObsoleteIndexes, ", "), migrate)
 	case len(st.NewerStatuses) > 0:
 		return result(checkStoreSchema, statusWarn, "schema %s allows statuses this build does not know (%s): a newer build migrated it; finish rolling it out", schema, strings.Join(st.NewerStatuses, ", "))
 	}

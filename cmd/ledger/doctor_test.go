@@ -512,3 +512,32 @@ func TestDoctorRetention(t *testing.T) {
 		t.Errorf("retentionCheck without the events topic = %s (%s); want skipped", r.Status, r.Detail)
 	}
 }
+
+// TestDoctorStoreSchemaJudgement: a schema that lacks something fails; one
+// that works but carries an older build's indexes, or a newer build's
+// statuses, warns, naming them.
+func TestDoctorStoreSchemaJudgement(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		st    pgstore.SchemaStatus
+		want  checkStatus
+		names []string
+	}{
+		{"current", pgstore.SchemaStatus{Schema: "s"}, statusOK, []string{"schema s"}},
+		{"missing index", pgstore.SchemaStatus{Schema: "s", MissingIndexes: []string{"ix_a"}}, statusFail, []string{"ix_a", "ledger migrate"}},
+		{"obsolete indexes", pgstore.SchemaStatus{Schema: "s", ObsoleteIndexes: []string{"ix_old", "ix_older"}}, statusWarn, []string{"ix_old, ix_older", "ledger migrate"}},
+		{"newer statuses", pgstore.SchemaStatus{Schema: "s", NewerStatuses: []string{"later"}}, statusWarn, []string{"later"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := storeSchemaCheck(tc.st, nil)
+			if r.Status != tc.want {
+				t.Errorf("storeSchemaCheck(%+v) = %s (%s); want %s", tc.st, r.Status, r.Detail, tc.want)
+			}
+			for _, n := range tc.names {
+				if !strings.Contains(r.Detail, n) {
+					t.Errorf("storeSchemaCheck(%+v) detail %q; want it to name %q", tc.st, r.Detail, n)
+				}
+			}
+		})
+	}
+}

@@ -88,6 +88,10 @@ type SchemaStatus struct {
 	MissingTables  []string
 	MissingColumns []string
 	MissingIndexes []string
+	// ObsoleteIndexes are indexes an older build created that this build
+	// no longer uses, which Migrate drops: the schema works with them,
+	// but every write pays for them.
+	ObsoleteIndexes []string
 	// MissingStatusCheck is whether the execution records table has no
 	// status CHECK constraint (Migrate adds it).
 	MissingStatusCheck bool
@@ -182,9 +186,14 @@ WHERE table_schema = $1 AND table_name = ANY($2::TEXT[])`, st.Schema, tables)
 	if err != nil {
 		return st, fmt.Errorf("pgstore: check schema: read indexes: %w", err)
 	}
-	for _, ix := range []string{indexName, statusIndexName, unloggedIndexName} {
+	for _, ix := range []string{leaseIndexName, statusIndexName, unloggedIndexName} {
 		if !slices.Contains(indexes, ix) {
 			st.MissingIndexes = append(st.MissingIndexes, ix)
+		}
+	}
+	for _, ix := range obsoleteIndexes {
+		if slices.Contains(indexes, ix) {
+			st.ObsoleteIndexes = append(st.ObsoleteIndexes, ix)
 		}
 	}
 

@@ -60,11 +60,26 @@ var schemaSQL string
 // and, implicitly, its indexes.
 const (
 	tableName         = "execution_records"
-	indexName         = "execution_records_status_lease_until"
+	leaseIndexName    = "execution_records_executing_lease_until"
 	unloggedIndexName = "execution_records_unlogged_updated_at"
-	statusIndexName   = "execution_records_status_updated_at"
+	statusIndexName   = "execution_records_listed_updated_at"
 	statusCheckName   = "execution_records_status"
 )
+
+// obsoleteIndexes are indexes older builds created on the execution
+// records table, replaced by leaseIndexName and statusIndexName: full
+// indexes on (status, lease_until) and (status, updated_at), which took
+// an entry for every update of every call. Migrate drops them.
+var obsoleteIndexes = []string{"execution_records_status_lease_until", "execution_records_status_updated_at"}
+
+// listedStatuses are the statuses ByStatus serves through statusIndexName:
+// those the approval queue, its expiry and the reconciler list, which few
+// calls reach. Changing the list changes the index's predicate, which
+// needs a new index name (CREATE INDEX IF NOT EXISTS keeps the old one).
+var listedStatuses = []processors.Status{
+	processors.StatusPending, processors.StatusOutcomeUnknown, processors.StatusParked,
+	processors.StatusRejected, processors.StatusExpired, processors.StatusCompensated,
+}
 
 // DefaultMaxRetries is Config.MaxRetries' default.
 const DefaultMaxRetries = 30
@@ -211,10 +226,11 @@ func (s *Store) Close() error {
 func (s *Store) Migrate(ctx context.Context) error {
 	ddl := strings.NewReplacer(
 		"{table}", s.table,
-		"{index}", pgx.Identifier{indexName}.Sanitize(),
+		"{lease_index}", pgx.Identifier{leaseIndexName}.Sanitize(),
 		"{unlogged_index}", pgx.Identifier{unloggedIndexName}.Sanitize(),
 		"{status_index}", pgx.Identifier{statusIndexName}.Sanitize(),
 		"{statuses}", quoteStatuses(processors.Statuses),
+		"{listed_statuses}", quoteStatuses(listedStatuses),
 		"{rate_limits}", s.rateTable(),
 	).Replace(schemaSQL)
 	stmts := strings.Split(ddl, ";\n")
@@ -244,7 +260,36 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("pgstore: migrate: %w", err)
 		}
 	}
+	if err := s.dropObsoleteIndexes(ctx); err != nil {
+		return err
+	}
 	return s.migrateStatusCheck(ctx)
+}
+
+// dropObsoleteIndexes drops the indexes of obsoleteIndexes, after their
+// replacements exist. Until then a table an older build created keeps
+// paying for them on every write. An older build still running during a
+// rolling upgrade works without them: its Expired matches the new lease
+// index, and its ByStatus scans.
+//
+// The two engines name an index differently in DROP INDEX: PostgreSQL as
+// schema.index, CockroachDB as table@index.
+func (s *Store) dropObsoleteIndexes(ctx context.Context) error {
+	for _, name := range obsoleteIndexes {
+		var stmt string
+		switch {
+		case s.crdb:
+			stmt = "DROP INDEX IF EXISTS " + s.table + "@" + pgx.Identifier{name}.Sanitize()
+		case s.schema != "":
+			stmt = "DROP INDEX IF EXISTS " + s.schema + "." + pgx.Identifier{name}.Sanitize()
+		default:
+			stmt = "DROP INDEX IF EXISTS " + pgx.Identifier{name}.Sanitize()
+		}
+		if _, err := s.pool.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("pgstore: migrate: drop the obsolete index %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // migrateStatusCheck widens the status CHECK of an existing table, which
@@ -468,6 +513,11 @@ func cols(prefix string) string {
 // queries holds the SQL with the table name filled in.
 type queries struct {
 	selectKeys, selectKeysForUpdate, insert, claim, complete, move, markLogged, expired, unlogged, byStatus, get string
+	// byListedStatus holds ByStatus's query for each of listedStatuses,
+	// the status written as a literal: a parameter would hide from the
+	// planner (of a prepared, generic plan) that the partial index
+	// covers it.
+	byListedStatus map[processors.Status]string
 }
 
 func newQueries(table string) queries {
@@ -480,7 +530,13 @@ func newQueries(table string) queries {
 	selectKeys := `SELECT {cols} FROM {table}
 WHERE (tenant_id, idempotency_key) IN (SELECT t, k FROM unnest($1::TEXT[], $2::TEXT[]) AS u (t, k))
 ORDER BY tenant_id, idempotency_key`
-	return queries{
+	// Ties (one batch's records share now()) are sorted by key. The
+	// status and the limit are filled in below.
+	byStatus := `SELECT {cols} FROM {table}
+WHERE status = %s
+ORDER BY updated_at, tenant_id, idempotency_key
+LIMIT %s`
+	q := queries{
 		selectKeys: r.Replace(selectKeys),
 		// claim and complete test the status through COALESCE (status is
 		// NOT NULL: it changes nothing) so that neither engine can answer
@@ -568,7 +624,8 @@ FROM (SELECT DISTINCT ON (t, k) t, k, seq
       FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u (t, k, seq)
       ORDER BY t, k, seq DESC) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.logged_seq < u.seq`),
-		// Served by the (status, lease_until) index.
+		// Served by the lease index, whose predicate is repeated word for
+		// word.
 		expired: r.Replace(`SELECT {cols} FROM {table}
 WHERE status = 'executing' AND lease_until < now()
 ORDER BY lease_until, tenant_id, idempotency_key
@@ -587,14 +644,16 @@ WHERE logged_seq < seq AND status <> 'executing'
   AND updated_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
 ORDER BY updated_at, tenant_id, idempotency_key
 LIMIT $2`),
-		// Served by the (status, updated_at) index, in its order; ties
-		// (one batch's records share now()) are sorted by key.
-		byStatus: r.Replace(`SELECT {cols} FROM {table}
-WHERE status = $1
-ORDER BY updated_at, tenant_id, idempotency_key
-LIMIT $2`),
-		get: r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
+		// A status outside listedStatuses: a scan.
+		byStatus:       r.Replace(fmt.Sprintf(byStatus, "$1", "$2")),
+		get:            r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
+		byListedStatus: make(map[processors.Status]string, len(listedStatuses)),
 	}
+	for _, st := range listedStatuses {
+		// Served by the status index, in its order.
+		q.byListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), "$1"))
+	}
+	return q
 }
 
 // recordScan receives one row in recordCols order.
@@ -1001,7 +1060,12 @@ func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit in
 	}
 	var out []processors.Record
 	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, s.q.byStatus, string(status), limit)
+		var rows pgx.Rows
+		if q, ok := s.q.byListedStatus[status]; ok {
+			rows, _ = tx.Query(ctx, q, limit)
+		} else {
+			rows, _ = tx.Query(ctx, s.q.byStatus, string(status), limit)
+		}
 		var err error
 		out, err = pgx.CollectRows(rows, scanRecord)
 		return err

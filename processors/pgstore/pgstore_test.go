@@ -20,9 +20,9 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/storetest"
 )
 
-func testDSN(t *testing.T) string { return storetest.PGDSN(t) }
+func testDSN(t testing.TB) string { return storetest.PGDSN(t) }
 
-func newSchema(t *testing.T, dsn string) string { return storetest.FreshSchema(t, dsn) }
+func newSchema(t testing.TB, dsn string) string { return storetest.FreshSchema(t, dsn) }
 
 func open(t *testing.T, cfg Config) *Store {
 	t.Helper()
@@ -110,12 +110,76 @@ VALUES ($1, $2, 'c2', 'h2', 'x', 1, 'authorized', now(), now())`, k.TenantID, k.
 	if !strings.Contains(def, "(updated_at) WHERE (logged_seq < seq)") {
 		t.Errorf("index %s = %q; want a partial index on (updated_at) WHERE logged_seq < seq", unloggedIndexName, def)
 	}
-	// ByStatus's index.
-	if err := s.pool.QueryRow(ctx, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", schema, statusIndexName).Scan(&def); err != nil {
-		t.Fatalf("read index %s: %v", statusIndexName, err)
+	// Expired's and ByStatus's indexes: partial, so that the statuses
+	// every call passes through write no entry in them.
+	for ix, want := range map[string]string{
+		leaseIndexName:  "(lease_until) WHERE (status = 'executing'::text)",
+		statusIndexName: "(status, updated_at) WHERE (status = ANY (ARRAY['pending'::text, 'outcome_unknown'::text, 'parked'::text, 'rejected'::text, 'expired'::text, 'compensated'::text]))",
+	} {
+		if err := s.pool.QueryRow(ctx, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", schema, ix).Scan(&def); err != nil {
+			t.Fatalf("read index %s: %v", ix, err)
+		}
+		if !strings.HasSuffix(def, want) {
+			t.Errorf("index %s = %q; want it to end %q", ix, def, want)
+		}
 	}
-	if !strings.HasSuffix(def, "(status, updated_at)") {
-		t.Errorf("index %s = %q; want one on (status, updated_at)", statusIndexName, def)
+}
+
+// TestMigrateDropsObsoleteIndexes: the full status indexes an older build
+// created are reported by the checker and dropped by the next Migrate,
+// which leaves the rows and the current indexes as they were.
+func TestMigrateDropsObsoleteIndexes(t *testing.T) {
+	for _, qualified := range []bool{true, false} {
+		t.Run(fmt.Sprint("qualified=", qualified), func(t *testing.T) {
+			dsn := testDSN(t)
+			schema := newSchema(t, dsn)
+			cfg := Config{DSN: dsn, Schema: schema}
+			if qualified {
+				// A name that needs quoting, in DROP INDEX too.
+				schema += ` Odd "Name"`
+				t.Cleanup(func() { storetest.DropSchema(t, dsn, schema) })
+				cfg.Schema = schema
+			} else {
+				// Unqualified: the table resolves through the
+				// search_path, which names the schema.
+				open(t, cfg).Close()
+				cfg = Config{DSN: dsn + sep(dsn) + "search_path=" + schema}
+			}
+			s := open(t, cfg)
+			defer s.Close()
+			ctx := t.Context()
+			c := newChecker(t, cfg)
+			for _, stmt := range []string{
+				"CREATE INDEX execution_records_status_lease_until ON " + s.table + " (status, lease_until)",
+				"CREATE INDEX execution_records_status_updated_at ON " + s.table + " (status, updated_at)",
+			} {
+				if _, err := s.pool.Exec(ctx, stmt); err != nil {
+					t.Fatalf("%s: %v", stmt, err)
+				}
+			}
+			k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
+			if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusPending}}); err != nil {
+				t.Fatal(err)
+			}
+			st, err := c.Schema(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(st.ObsoleteIndexes, obsoleteIndexes) || !st.Current() {
+				t.Errorf("before Migrate: ObsoleteIndexes = %v, Current() = %v; want %v, true", st.ObsoleteIndexes, st.Current(), obsoleteIndexes)
+			}
+			for i := range 2 {
+				if err := s.Migrate(ctx); err != nil {
+					t.Fatalf("Migrate() run %d = %v", i+1, err)
+				}
+			}
+			if st, err = c.Schema(ctx); err != nil || len(st.ObsoleteIndexes) != 0 || !st.Current() {
+				t.Errorf("after Migrate: Schema() = %+v, %v; want no obsolete index, current", st, err)
+			}
+			if got, err := s.ByStatus(ctx, processors.StatusPending, 10); err != nil || len(got) != 1 || got[0].Key != k {
+				t.Errorf("ByStatus(pending) after Migrate = %v, %v; want the one record", got, err)
+			}
+		})
 	}
 }
 

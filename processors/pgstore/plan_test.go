@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/toolcall-ledger/ledger/processors"
 )
 
 // TestBatchPlansUnderBacklog: with statistics taken when authorized and
@@ -72,6 +74,55 @@ FROM generate_series($2::BIGINT, $3::BIGINT) AS g`, status, from, from+n-1)
 		if slices.ContainsFunc(indexes, func(n string) bool { return n != "execution_records_pkey" }) || (q.pkOnly && len(indexes) == 0) {
 			t.Errorf("%s is planned through %v; want the primary key only:\n%s", q.name, indexes, plan)
 		}
+	}
+}
+
+// TestSweepPlans: Expired and ByStatus of a listed status are answered
+// through their partial indexes, on a table where nearly every call has
+// ended (the indexes hold none of those), so that neither reads the
+// calls that ended.
+func TestSweepPlans(t *testing.T) {
+	dsn := testDSN(t)
+	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn)})
+	defer s.Close()
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+`
+    (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, epoch, seq, logged_seq, lease_until, created_at, updated_at)
+SELECT 't_plan', 'k' || g, 'c' || g, 'h', 'create_ticket', 1,
+       CASE WHEN g % 1000 = 0 THEN 'executing' WHEN g % 1000 = 1 THEN 'pending' WHEN g % 1000 = 2 THEN 'outcome_unknown' ELSE 'succeeded' END,
+       1, 2, 2, CASE WHEN g % 1000 = 0 THEN now() - INTERVAL '1 minute' END, now(), now()
+FROM generate_series(1, 30000) AS g`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, "ANALYZE "+s.table); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []struct {
+		name, sql, index string
+	}{
+		{"expired", s.q.expired, leaseIndexName},
+		{"by status pending", s.q.byListedStatus[processors.StatusPending], statusIndexName},
+		{"by status outcome_unknown", s.q.byListedStatus[processors.StatusOutcomeUnknown], statusIndexName},
+	} {
+		var plan []byte
+		if err := s.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q.sql, 100).Scan(&plan); err != nil {
+			t.Fatalf("explain %s: %v", q.name, err)
+		}
+		var indexes []string
+		collectIndexes(t, plan, &indexes)
+		if !slices.Equal(indexes, []string{q.index}) {
+			t.Errorf("%s is planned through %v; want %s only:\n%s", q.name, indexes, q.index, plan)
+		}
+	}
+	// And they answer: 30 of each.
+	for _, st := range []processors.Status{processors.StatusPending, processors.StatusOutcomeUnknown} {
+		if got, err := s.ByStatus(ctx, st, 100); err != nil || len(got) != 30 {
+			t.Errorf("ByStatus(%s) = %d records, %v; want 30", st, len(got), err)
+		}
+	}
+	if got, err := s.Expired(ctx, 100); err != nil || len(got) != 30 {
+		t.Errorf("Expired() = %d records, %v; want 30", len(got), err)
 	}
 }
 

@@ -2,10 +2,12 @@
 -- transactional outbox. Applied by Store.Migrate; every statement is
 -- idempotent. The same DDL runs on PostgreSQL and CockroachDB.
 --
--- {table}, {index}, {unlogged_index} and {status_index} are replaced by Migrate with the
--- (schema-qualified) names, {statuses} with the quoted list of
--- processors.Statuses. Statements end with ";" at the end of a line:
--- Migrate runs them one by one.
+-- {table}, {lease_index}, {unlogged_index} and {status_index} are replaced by
+-- Migrate with the (schema-qualified) names, {statuses} with the quoted
+-- list of processors.Statuses, {listed_statuses} with that of the statuses
+-- ByStatus serves through an index. Migrate then drops the indexes older
+-- builds created in their place (pgstore.obsoleteIndexes). Statements
+-- end with ";" at the end of a line: Migrate runs them one by one.
 --
 -- Integers are BIGINT everywhere: CockroachDB's INT is 64-bit, PostgreSQL's
 -- is 32-bit; BIGINT means the same on both.
@@ -38,19 +40,26 @@ CREATE TABLE IF NOT EXISTS {table} (
     CONSTRAINT execution_records_status CHECK (status IN ({statuses}))
 );
 
--- Expired: executing records whose lease ended, oldest first. On a large
--- CockroachDB cluster a status-leading index concentrates writes on few
--- ranges; make it hash-sharded there (USING HASH) if it becomes a hotspot.
-CREATE INDEX IF NOT EXISTS {index} ON {table} (status, lease_until);
+-- Expired: executing records whose lease ended, oldest first. Partial, so
+-- that it holds only the calls in flight: every update of a row writes
+-- an entry into each index whose predicate the new row version meets
+-- (no update here can be HOT, the indexed columns change), and a full
+-- (status, lease_until) index took one entry per update of every call.
+-- The query names the status as a literal, so both engines match the
+-- predicate. On a large CockroachDB cluster, hash-shard it (USING HASH)
+-- if its ever-increasing lease_until concentrates writes on one range.
+CREATE INDEX IF NOT EXISTS {lease_index} ON {table} (lease_until) WHERE status = 'executing';
 
--- ByStatus: the records in one status, oldest update first (the pending
--- approvals, for the approval queue and its expiry). The (status,
--- lease_until) index finds the rows but not in this order, which would sort
--- every row of a large status. Added to existing tables by the next
--- Migrate: on PostgreSQL, CREATE INDEX blocks writes to the table while it
--- builds; on CockroachDB it is an online schema change. Hash-sharding note
--- as for {index}.
-CREATE INDEX IF NOT EXISTS {status_index} ON {table} (status, updated_at);
+-- ByStatus: the records in one of the listed statuses (the ones the
+-- approval queue, its expiry and the reconciler list), oldest update
+-- first. Partial for the same reason as {lease_index}: the statuses every
+-- call passes through or ends in (authorized, executing, succeeded,
+-- failed, denied) are left out, so a call's hot path writes no entry
+-- here. ByStatus of a status outside the list is answered by a scan.
+-- Added to existing tables by the next Migrate: on PostgreSQL, CREATE
+-- INDEX blocks writes to the table while it builds; on CockroachDB it is
+-- an online schema change.
+CREATE INDEX IF NOT EXISTS {status_index} ON {table} (status, updated_at) WHERE status IN ({listed_statuses});
 
 -- Unlogged: records whose outbox may be missing from the log, oldest
 -- update first. Partial, so that it holds only the few rows between a

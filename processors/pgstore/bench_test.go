@@ -1,0 +1,96 @@
+package pgstore
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+)
+
+// BenchmarkCallLifecycle: the store's writes of one call on the
+// exactly-once path (admit, mark logged, claim, complete, mark logged), in
+// batches of 500 as the loops send them, with this build's indexes and
+// with the full status indexes older builds created beside them. One op
+// is one batch; calls/s is the figure to compare.
+func BenchmarkCallLifecycle(b *testing.B) {
+	for _, older := range []bool{true, false} {
+		b.Run(fmt.Sprint("older-indexes=", older), func(b *testing.B) {
+			dsn := testDSN(b)
+			s, err := Open(b.Context(), Config{DSN: dsn, Schema: newSchema(b, dsn)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			if older {
+				for _, stmt := range []string{
+					"CREATE INDEX execution_records_status_lease_until ON " + s.table + " (status, lease_until)",
+					"CREATE INDEX execution_records_status_updated_at ON " + s.table + " (status, updated_at)",
+				} {
+					if _, err := s.pool.Exec(b.Context(), stmt); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			const batch = 500
+			outbox := make([]byte, 700)
+			n := 0
+			for b.Loop() {
+				runBatch(b, s, n, batch, outbox)
+				n += batch
+			}
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "calls/s")
+		})
+	}
+}
+
+func runBatch(b *testing.B, s *Store, from, batch int, outbox []byte) {
+	ctx := b.Context()
+	as := make([]processors.Admission, batch)
+	cs := make([]processors.Claim, batch)
+	ls := make([]processors.Logged, batch)
+	for i := range batch {
+		k := ledger.CallKey{TenantID: "t_bench", IdempotencyKey: fmt.Sprintf("%08x:run-%d", (from+i)*2654435761%(1<<32), from+i)}
+		as[i] = processors.Admission{
+			Key: k, CallID: fmt.Sprint("c", from+i), ArgumentsHash: "h", Tool: "create_ticket", ToolVersion: 1,
+			Arguments: []byte(`{"title":"t"}`), DeadlineAt: time.Now().Add(time.Hour),
+			Status: processors.StatusAuthorized, Seq: 2, Outbox: outbox,
+		}
+		cs[i] = processors.Claim{Key: k, ArgumentsHash: "h", Owner: "bench", Lease: time.Minute}
+		ls[i] = processors.Logged{Key: k, Seq: 2}
+	}
+	if _, err := s.Admit(ctx, as); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.MarkLogged(ctx, ls); err != nil {
+		b.Fatal(err)
+	}
+	res, err := s.Claim(ctx, cs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make([]processors.Completion, batch)
+	for i, r := range res {
+		if r.Outcome != processors.Claimed {
+			b.Fatalf("claim %v: outcome %d", cs[i].Key, r.Outcome)
+		}
+		done[i] = processors.Completion{
+			Key: cs[i].Key, Epoch: r.Record.Epoch, Status: processors.StatusSucceeded, Attempt: 1,
+			Result: []byte(`{"ticket_id":"T-1"}`), Seq: 4, Outbox: outbox,
+		}
+		ls[i].Seq = 4
+	}
+	applied, err := s.Complete(ctx, done)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, ok := range applied {
+		if !ok {
+			b.Fatalf("complete %v: not applied", done[i].Key)
+		}
+	}
+	if err := s.MarkLogged(ctx, ls); err != nil {
+		b.Fatal(err)
+	}
+}
