@@ -23,6 +23,9 @@
 // such as the status CHECK, except 23505) wrap processors.ErrRejected as
 // well as the *pgconn.PgError, and are never retried.
 //
+// On PostgreSQL the store's sessions plan without sequential scans
+// (noSeqScans): under SERIALIZABLE one would lock the whole table.
+//
 // Dedupe rests on the table's primary key (tenant_id, idempotency_key)
 // and INSERT ... ON CONFLICT DO NOTHING, not on the isolation level alone.
 // Leases are measured against the database's now() (the transaction's
@@ -169,6 +172,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.MaxConns > 0 {
 		pcfg.MaxConns = cfg.MaxConns
 	}
+	pcfg.AfterConnect = noSeqScans
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: connect: %w", err)
@@ -216,6 +220,26 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the pool, waiting for connections in use to be released.
 func (s *Store) Close() error {
 	s.pool.Close()
+	return nil
+}
+
+// noSeqScans makes a PostgreSQL session plan without sequential scans
+// where it can. Under SERIALIZABLE a sequential scan takes a predicate
+// lock on the whole table (PostgreSQL's manual, "Serializable Isolation
+// Level"), so a batch planned that way, which is the planner's choice on
+// a small table (every table is small at first; chaos and test schemas
+// stay small), conflicts with every concurrent writer: it and they are
+// aborted with 40001 again and again, and a large batch can retry until
+// its deadline. Through the primary key a batch locks its own rows'
+// pages. CockroachDB tracks conflicts per key, has no such setting, and
+// announces itself with the crdb_version parameter.
+func noSeqScans(ctx context.Context, conn *pgx.Conn) error {
+	if conn.PgConn().ParameterStatus("crdb_version") != "" {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, "SET enable_seqscan = off"); err != nil {
+		return fmt.Errorf("pgstore: set enable_seqscan: %w", err)
+	}
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -73,6 +74,65 @@ FROM generate_series($2::BIGINT, $3::BIGINT) AS g`, status, from, from+n-1)
 		collectIndexes(t, plan, &indexes)
 		if slices.ContainsFunc(indexes, func(n string) bool { return n != "execution_records_pkey" }) || (q.pkOnly && len(indexes) == 0) {
 			t.Errorf("%s is planned through %v; want the primary key only:\n%s", q.name, indexes, plan)
+		}
+	}
+}
+
+// TestBatchPlansSmallTable: on a small table, where the planner would
+// rather read the whole table than use an index, a batch still reads the
+// table through its primary key: under SERIALIZABLE a sequential scan
+// locks the whole table for conflict checks, and a batch that does it is
+// aborted by every concurrent writer (the long stalls of a chaos run,
+// whose tables hold a few thousand calls, were large completions retried
+// until their deadline).
+func TestBatchPlansSmallTable(t *testing.T) {
+	dsn := testDSN(t)
+	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn)})
+	defer s.Close()
+	if s.CockroachDB() {
+		t.Skip("CockroachDB has no table-wide predicate locks; its plans are its own")
+	}
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+`
+    (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, epoch, seq, logged_seq, created_at, updated_at)
+SELECT 't_plan', 'k' || g, 'c' || g, 'h', 'create_ticket', 1, CASE WHEN g % 5 = 0 THEN 'executing' ELSE 'succeeded' END,
+       1, 2, 1, now(), now()
+FROM generate_series(1, 4000) AS g`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, "ANALYZE "+s.table); err != nil {
+		t.Fatal(err)
+	}
+	const batch = 681
+	var (
+		ts, ks, hs, owners, statuses []string
+		leases, ords, epochs, seqs   []int64
+		blobs                        [][]byte
+	)
+	for i := range batch {
+		ts, ks, hs, owners = append(ts, "t_plan"), append(ks, fmt.Sprint("k", 5*i)), append(hs, "h"), append(owners, "x")
+		leases, ords, epochs, seqs = append(leases, 1e6), append(ords, int64(i)), append(epochs, 1), append(seqs, 4)
+		statuses, blobs = append(statuses, "succeeded"), append(blobs, []byte("[]"))
+	}
+	for _, q := range []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"select keys", s.q.selectKeysForUpdate, []any{ts, ks}},
+		{"claim", s.q.claim, []any{ts, ks, hs, owners, leases, ords}},
+		{"complete", s.q.complete, []any{ts, ks, epochs, statuses, ords, blobs, seqs, blobs, ords}},
+		{"mark logged", s.q.markLogged, []any{ts, ks, seqs}},
+	} {
+		var plan []byte
+		if err := s.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q.sql, q.args...).Scan(&plan); err != nil {
+			t.Fatalf("explain %s: %v", q.name, err)
+		}
+		var indexes []string
+		collectIndexes(t, plan, &indexes)
+		if bytes.Contains(plan, []byte(`"Seq Scan"`)) || !slices.Equal(slices.Compact(indexes), []string{"execution_records_pkey"}) {
+			t.Errorf("%s is planned with a sequential scan or through %v; want the primary key only:\n%s", q.name, indexes, plan)
 		}
 	}
 }
