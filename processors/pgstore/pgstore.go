@@ -3,7 +3,8 @@
 // The SQL is the subset both accept; comments mark where CockroachDB
 // differs.
 //
-// Every method is one SERIALIZABLE transaction over the whole batch, its
+// Every method is one SERIALIZABLE transaction over the whole batch
+// (except MarkLogged on PostgreSQL, READ COMMITTED: see there), its
 // statements pipelined (pgx.Batch) so that a batch costs one round trip
 // plus BEGIN and COMMIT, not one per call. Serialization failures (SQLSTATE
 // 40001) restart the whole transaction, a bounded number of times:
@@ -446,7 +447,13 @@ func sqlState(err error) string {
 func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	// Set explicitly: PostgreSQL defaults to READ COMMITTED, CockroachDB
 	// to SERIALIZABLE (or READ COMMITTED where a cluster enabled it).
-	opts := pgx.TxOptions{IsoLevel: pgx.Serializable, AccessMode: mode}
+	return s.inTxAt(ctx, op, pgx.Serializable, mode, fn)
+}
+
+// inTxAt is inTx at another isolation level, for the statements whose
+// outcome no snapshot can change (MarkLogged).
+func (s *Store) inTxAt(ctx context.Context, op string, iso pgx.TxIsoLevel, mode pgx.TxAccessMode, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	opts := pgx.TxOptions{IsoLevel: iso, AccessMode: mode}
 	ctx = crdb.WithMaxRetries(ctx, s.maxRetries)
 	tries := 0
 	var last error
@@ -1028,7 +1035,19 @@ func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	for i, l := range ls {
 		ts[i], ks[i], seqs[i] = l.Key.TenantID, l.Key.IdempotencyKey, l.Seq
 	}
-	return s.inTx(ctx, "mark logged", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+	// READ COMMITTED on PostgreSQL: the statement only raises logged_seq
+	// (GREATEST, and only where it is lower), so it is right whatever it
+	// runs concurrently with, and it re-reads a row another transaction
+	// changed instead of failing. Under SERIALIZABLE it raced the
+	// executor's claim of the rows the intake had just logged, and one of
+	// the two failed with 40001.
+	// CockroachDB stays at SERIALIZABLE (READ COMMITTED there is a
+	// cluster setting).
+	iso := pgx.ReadCommitted
+	if s.crdb {
+		iso = pgx.Serializable
+	}
+	return s.inTxAt(ctx, "mark logged", iso, pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, s.q.markLogged, ts, ks, seqs)
 		return err
 	})

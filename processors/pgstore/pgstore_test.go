@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/storetest"
 )
@@ -671,5 +672,70 @@ func TestMigrateStatusCheckConcurrent(t *testing.T) {
 	if _, err := conn.Exec(ctx, "INSERT INTO "+table+` (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, created_at, updated_at)
 VALUES ('t_acme', 'k', 'c', 'h', 'x', 1, 'expired', now(), now())`); err != nil {
 		t.Errorf("INSERT of an expired record after the concurrent Opens = %v; want nil", err)
+	}
+}
+
+// TestMarkLoggedWaitsInsteadOfFailing: a MarkLogged whose row another
+// transaction changed while it waited for the row's lock (the executor's
+// claim of a call the intake has just logged) applies to the new row
+// version once the lock is released, without a serialization failure and
+// a retry. Under SERIALIZABLE it failed with 40001 and ran again.
+func TestMarkLoggedWaitsInsteadOfFailing(t *testing.T) {
+	dsn := testDSN(t)
+	var logs ledgertest.LogBuffer
+	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer s.Close()
+	if s.CockroachDB() {
+		t.Skip("MarkLogged stays SERIALIZABLE on CockroachDB")
+	}
+	ctx := t.Context()
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
+	if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another writer holds the row, as a claim does between its
+	// statements and its commit.
+	other, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(context.WithoutCancel(ctx))
+	if _, err := other.Exec(ctx, "UPDATE "+s.table+" SET epoch = epoch + 1, updated_at = now() WHERE tenant_id = $1 AND idempotency_key = $2", k.TenantID, k.IdempotencyKey); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.MarkLogged(ctx, []processors.Logged{{Key: k, Seq: 2}}) }()
+	// MarkLogged has taken its snapshot and waits for the row lock.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		err := s.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%logged_seq = GREATEST%'").Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("MarkLogged never waited for the row lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("MarkLogged() = %v", err)
+	}
+	r, err := s.Get(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.LoggedSeq != 2 || r.Epoch != 1 {
+		t.Errorf("record after MarkLogged: logged_seq %d, epoch %d; want 2 and the other writer's 1", r.LoggedSeq, r.Epoch)
+	}
+	if strings.Contains(logs.String(), "transaction retry") {
+		t.Errorf("MarkLogged was retried:\n%s", logs.String())
 	}
 }
