@@ -4,7 +4,8 @@
 // differs.
 //
 // Every method is one SERIALIZABLE transaction over the whole batch
-// (except MarkLogged on PostgreSQL, READ COMMITTED: see there), its
+// (except Admit and MarkLogged on PostgreSQL, READ COMMITTED: see
+// there), its
 // statements pipelined (pgx.Batch) so that a batch costs one round trip
 // plus BEGIN and COMMIT, not one per call. Serialization failures (SQLSTATE
 // 40001) restart the whole transaction, a bounded number of times:
@@ -450,8 +451,18 @@ func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn f
 	return s.inTxAt(ctx, op, pgx.Serializable, mode, fn)
 }
 
-// inTxAt is inTx at another isolation level, for the statements whose
-// outcome no snapshot can change (MarkLogged).
+// relaxed is the isolation level of Admit and MarkLogged: READ COMMITTED
+// on PostgreSQL. CockroachDB stays at SERIALIZABLE: READ COMMITTED there
+// is a cluster setting, and it tracks conflicts per key, not per page.
+func (s *Store) relaxed() pgx.TxIsoLevel {
+	if s.crdb {
+		return pgx.Serializable
+	}
+	return pgx.ReadCommitted
+}
+
+// inTxAt is inTx at another isolation level, for the methods whose
+// outcome no snapshot can change (Admit, MarkLogged).
 func (s *Store) inTxAt(ctx context.Context, op string, iso pgx.TxIsoLevel, mode pgx.TxAccessMode, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	opts := pgx.TxOptions{IsoLevel: iso, AccessMode: mode}
 	ctx = crdb.WithMaxRetries(ctx, s.maxRetries)
@@ -587,9 +598,10 @@ LIMIT %s`
 		// lock avoids most restarts.
 		selectKeysForUpdate: r.Replace(selectKeys + "\nFOR UPDATE"),
 		// The primary key dedupes; DO NOTHING leaves existing rows as they
-		// are. Under SERIALIZABLE, a row committed by a concurrent
-		// transaction after this one's snapshot is a serialization failure
-		// on both engines (retried), never a silent skip.
+		// are. A row a concurrent transaction committed after this one's
+		// first read is a serialization failure under SERIALIZABLE (on
+		// CockroachDB, retried) and, at READ COMMITTED (PostgreSQL), a
+		// skip that Admit sees and reads: never a silent one.
 		insert: r.Replace(`INSERT INTO {table}
     (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version,
      arguments, deadline_at, status, seq, outbox, created_at, updated_at)
@@ -759,7 +771,15 @@ func byKey(rs []processors.Record) map[ledger.CallKey]processors.Record {
 // ---------------------------------------------------------------- Store
 
 // Admit implements processors.Store. One round trip: the existing records
-// of the batch's keys, then the insert of the rest.
+// of the batch's keys, then the insert of the rest; a second only for keys
+// another transaction inserted in between.
+//
+// On PostgreSQL it runs at READ COMMITTED: it reads and inserts, never
+// updates, and the primary key alone decides which admission of a key
+// creates it. Under SERIALIZABLE its reads of the key index's pages were
+// rw-conflicts with the executor's claims of the calls admitted just
+// before (the claim rewrites those pages), and one of the two failed with
+// 40001. CockroachDB stays at SERIALIZABLE.
 func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, error) {
 	if err := processors.CheckAdmissions(as); err != nil {
 		return nil, fmt.Errorf("pgstore admit: %w: %w", processors.ErrRejected, err)
@@ -789,7 +809,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	}
 
 	var out []processors.AdmitResult
-	err := s.inTx(ctx, "admit", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+	err := s.inTxAt(ctx, "admit", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(s.q.selectKeys, ts, ks)
 		b.Queue(s.q.insert, ts, ks, callIDs, hashes, tools, toolVersions, arguments, deadlines, statuses, seqs, outboxes)
@@ -811,6 +831,31 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 		}
 
 		pre, ins := byKey(existing), byKey(inserted)
+		// A key neither there at the first read nor inserted: another
+		// admission inserted it in between, and the insert, having
+		// waited for that transaction to commit, did nothing. At READ
+		// COMMITTED a new statement sees it. (Under SERIALIZABLE the
+		// insert fails with 40001 instead, and the whole transaction
+		// runs again.)
+		var lateTs, lateKs []string
+		for i := range ts {
+			k := ledger.CallKey{TenantID: ts[i], IdempotencyKey: ks[i]}
+			if _, ok := pre[k]; !ok {
+				if _, ok := ins[k]; !ok {
+					lateTs, lateKs = append(lateTs, ts[i]), append(lateKs, ks[i])
+				}
+			}
+		}
+		if len(lateTs) > 0 {
+			rows, _ := tx.Query(ctx, s.q.selectKeys, lateTs, lateKs)
+			late, err := pgx.CollectRows(rows, scanRecord)
+			if err != nil {
+				return err
+			}
+			for _, r := range late {
+				pre[r.Key] = r
+			}
+		}
 		out = make([]processors.AdmitResult, len(as))
 		answered := make(map[ledger.CallKey]bool, len(ins))
 		for i, a := range as {
@@ -1041,13 +1086,7 @@ func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	// changed instead of failing. Under SERIALIZABLE it raced the
 	// executor's claim of the rows the intake had just logged, and one of
 	// the two failed with 40001.
-	// CockroachDB stays at SERIALIZABLE (READ COMMITTED there is a
-	// cluster setting).
-	iso := pgx.ReadCommitted
-	if s.crdb {
-		iso = pgx.Serializable
-	}
-	return s.inTxAt(ctx, "mark logged", iso, pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+	return s.inTxAt(ctx, "mark logged", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, s.q.markLogged, ts, ks, seqs)
 		return err
 	})

@@ -681,13 +681,7 @@ VALUES ('t_acme', 'k', 'c', 'h', 'x', 1, 'expired', now(), now())`); err != nil 
 // version once the lock is released, without a serialization failure and
 // a retry. Under SERIALIZABLE it failed with 40001 and ran again.
 func TestMarkLoggedWaitsInsteadOfFailing(t *testing.T) {
-	dsn := testDSN(t)
-	var logs ledgertest.LogBuffer
-	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	defer s.Close()
-	if s.CockroachDB() {
-		t.Skip("MarkLogged stays SERIALIZABLE on CockroachDB")
-	}
+	s, logs := openRelaxed(t)
 	ctx := t.Context()
 	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
 	if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}}); err != nil {
@@ -707,21 +701,7 @@ func TestMarkLoggedWaitsInsteadOfFailing(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.MarkLogged(ctx, []processors.Logged{{Key: k, Seq: 2}}) }()
 	// MarkLogged has taken its snapshot and waits for the row lock.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting int
-		err := s.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%logged_seq = GREATEST%'").Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("MarkLogged never waited for the row lock")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitForLock(t, s, "logged_seq = GREATEST")
 	if err := other.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -737,5 +717,100 @@ func TestMarkLoggedWaitsInsteadOfFailing(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "transaction retry") {
 		t.Errorf("MarkLogged was retried:\n%s", logs.String())
+	}
+}
+
+// openRelaxed opens a store in a fresh schema, logging to the buffer it
+// returns, for the tests of the methods that run at READ COMMITTED on
+// PostgreSQL; it skips them on CockroachDB, where they stay SERIALIZABLE.
+func openRelaxed(t *testing.T) (*Store, *ledgertest.LogBuffer) {
+	t.Helper()
+	dsn := testDSN(t)
+	logs := &ledgertest.LogBuffer{}
+	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn), Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	t.Cleanup(func() { s.Close() })
+	if s.CockroachDB() {
+		t.Skip("Admit and MarkLogged stay SERIALIZABLE on CockroachDB")
+	}
+	return s, logs
+}
+
+// waitForLock waits until a statement of s containing text waits for a
+// lock another transaction holds.
+func waitForLock(t *testing.T, s *Store, text string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		err := s.pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0", text).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no statement with %q ever waited for a lock", text)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestAdmitSeesAConcurrentAdmission: an admission of a key that another
+// transaction is inserting waits for it and, once it commits, answers
+// against the record it created (a duplicate with the same arguments, a
+// conflict with others), without a serialization failure and a retry;
+// the rest of the batch is admitted. Under SERIALIZABLE the whole batch
+// failed with 40001 and ran again.
+func TestAdmitSeesAConcurrentAdmission(t *testing.T) {
+	for _, tc := range []struct {
+		hash string
+		want processors.AdmitOutcome
+	}{
+		{"h", processors.Duplicate},
+		{"other", processors.Conflict},
+	} {
+		t.Run(tc.hash, func(t *testing.T) {
+			s, logs := openRelaxed(t)
+			ctx := t.Context()
+			k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
+			other, err := s.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Rollback(context.WithoutCancel(ctx))
+			_, err = other.Exec(ctx, "INSERT INTO "+s.table+` (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, seq, created_at, updated_at)
+VALUES ($1, $2, 'c_first', 'h', 'x', 1, 'authorized', 2, now(), now())`, k.TenantID, k.IdempotencyKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fresh := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "fresh"}
+			type answer struct {
+				res []processors.AdmitResult
+				err error
+			}
+			done := make(chan answer, 1)
+			go func() {
+				res, err := s.Admit(ctx, []processors.Admission{
+					{Key: fresh, CallID: "c_fresh", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2},
+					{Key: k, CallID: "c_second", ArgumentsHash: tc.hash, Tool: "x", Status: processors.StatusAuthorized, Seq: 2},
+				})
+				done <- answer{res, err}
+			}()
+			waitForLock(t, s, "INSERT INTO")
+			if err := other.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			got := <-done
+			if got.err != nil {
+				t.Fatalf("Admit() = %v", got.err)
+			}
+			if len(got.res) != 2 || got.res[0].Outcome != processors.Admitted || got.res[1].Outcome != tc.want || got.res[1].Record.CallID != "c_first" {
+				t.Errorf("Admit() = %+v; want the fresh key admitted and %v against call c_first", got.res, tc.want)
+			}
+			if strings.Contains(logs.String(), "transaction retry") {
+				t.Errorf("Admit was retried:\n%s", logs.String())
+			}
+		})
 	}
 }
