@@ -115,13 +115,7 @@ func TestObservability(t *testing.T) {
 		t.Fatal(err)
 	}
 	xMetrics.Breakers(x.BreakerStates)
-	xMetrics.Bulkheads(func() map[string]metrics.Bulkhead {
-		out := map[string]metrics.Bulkhead{}
-		for tool, b := range x.Bulkheads() {
-			out[tool] = metrics.Bulkhead{InUse: b.InUse, Size: b.Size}
-		}
-		return out
-	}, x.InFlight)
+	xMetrics.Bulkheads(func() map[string]metrics.Bulkhead { return metrics.BulkheadsOf(x.Bulkheads()) }, x.InFlight)
 	xLoop, err := x.Loop(ledger.LoopConfig{Client: h.kafka.Client, Group: h.kafka.Group("executor"), Tick: 100 * time.Millisecond, Metrics: xMetrics})
 	if err != nil {
 		t.Fatal(err)

@@ -127,13 +127,7 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 	}
 	if m := obs.metrics; m != nil {
 		m.Breakers(x.BreakerStates)
-		m.Bulkheads(func() map[string]metrics.Bulkhead {
-			out := make(map[string]metrics.Bulkhead)
-			for tool, b := range x.Bulkheads() {
-				out[tool] = metrics.Bulkhead{InUse: b.InUse, Size: b.Size}
-			}
-			return out
-		}, x.InFlight)
+		m.Bulkheads(func() map[string]metrics.Bulkhead { return metrics.BulkheadsOf(x.Bulkheads()) }, x.InFlight)
 	}
 	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Failpoint: fp, Metrics: obs.loop()})
 	return loop, x, err

@@ -160,6 +160,17 @@ type Bulkhead struct {
 	InUse, Size int
 }
 
+// BulkheadsOf converts an executor's bulkhead states (any struct of the
+// same two fields, such as executor.BulkheadState) for Bulkheads, so
+// that this package need not import the executor.
+func BulkheadsOf[B ~struct{ InUse, Size int }](states map[string]B) map[string]Bulkhead {
+	out := make(map[string]Bulkhead, len(states))
+	for tool, b := range states {
+		out[tool] = Bulkhead(b)
+	}
+	return out
+}
+
 // Bulkheads reports, at each scrape, each tool's bulkhead
 // (ledger_bulkhead_in_use and ledger_bulkhead_size by tool) and the
 // calls in flight against their bound (ledger_calls_in_flight,
