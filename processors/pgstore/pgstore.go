@@ -5,10 +5,10 @@
 //
 // Every method is one SERIALIZABLE transaction over the whole batch
 // (except Admit and MarkLogged on PostgreSQL, READ COMMITTED: see
-// there), its
-// statements pipelined (pgx.Batch) so that a batch costs one round trip
-// plus BEGIN and COMMIT, not one per call. Serialization failures (SQLSTATE
-// 40001) restart the whole transaction, a bounded number of times:
+// there), its statements pipelined (pgx.Batch) so that a batch costs one
+// round trip plus BEGIN and COMMIT, not one per call. Serialization
+// failures (SQLSTATE 40001) restart the whole transaction, a bounded
+// number of times:
 //
 //   - on PostgreSQL with crdb.ExecuteCtx around pgx.BeginTxFunc: a fresh
 //     transaction per attempt, with jittered backoff between attempts;
@@ -869,9 +869,10 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 				r, ok = ins[a.Key]
 			}
 			if !ok {
-				// Neither there before nor inserted: a concurrent insert
-				// this transaction cannot see, which SERIALIZABLE should
-				// have turned into a 40001. Refuse rather than guess.
+				// Neither there before, nor inserted, nor there on the
+				// second read: under SERIALIZABLE a concurrent insert
+				// should have been a 40001; at READ COMMITTED the record
+				// was deleted in between. Refuse rather than guess.
 				return fmt.Errorf("admission %d (%v): key neither found nor inserted", i, a.Key)
 			}
 			out[i] = processors.AdmitResult{Outcome: processors.Conflict, Record: r}
