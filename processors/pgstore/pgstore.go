@@ -533,23 +533,12 @@ func backoff(ctx context.Context, n int) error {
 
 // ---------------------------------------------------------------- queries
 
-// recordCols is the column list every query returns, in recordScan order.
+// recordCols is the column list of every query that returns whole
+// records, in recordScan order.
 var recordCols = []string{
 	"tenant_id", "idempotency_key", "call_id", "arguments_hash", "tool", "tool_version",
 	"arguments", "deadline_at", "status", "epoch", "attempt", "lease_owner", "lease_until",
 	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at",
-}
-
-func cols(prefix string) string {
-	var b strings.Builder
-	for i, c := range recordCols {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(prefix)
-		b.WriteString(c)
-	}
-	return b.String()
 }
 
 // queries holds the SQL with the table name filled in.
@@ -563,7 +552,7 @@ type queries struct {
 }
 
 func newQueries(table string) queries {
-	r := strings.NewReplacer("{table}", table, "{cols}", cols(""), "{rcols}", cols("r."))
+	r := strings.NewReplacer("{table}", table, "{cols}", strings.Join(recordCols, ", "))
 	// In key order: claims of overlapping batches lock their rows in one
 	// order and do not deadlock each other. The other batch statements
 	// lock in their plan's order (key order through the primary key, not
@@ -612,6 +601,9 @@ FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGI
      AS u (t, k, call_id, h, tool, tool_version, arguments, deadline_at, status, seq, outbox)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING {cols}`),
+		// RETURNING only what the claim set: the rest of each record is
+		// as the batch's first statement read it, under the row lock, and
+		// sending the arguments and the outbox back again cost both ends.
 		// One claim per (key, hash), the first in the batch (DISTINCT ON
 		// ... ORDER BY ord): only the claim whose hash matches the record
 		// can join, so each record is claimed at most once per batch and by
@@ -630,7 +622,7 @@ FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, ord
       ORDER BY t, k, h, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.arguments_hash = u.h
   AND (COALESCE(r.status, '') = 'authorized' OR (COALESCE(r.status, '') = 'executing' AND r.lease_until < now()))
-RETURNING u.ord, {rcols}`),
+RETURNING u.ord, r.epoch, r.lease_owner, r.lease_until, r.updated_at`),
 		// The fence: epoch and status in the WHERE clause. One completion
 		// per (key, epoch), the first in the batch: only one epoch is
 		// current, so at most one completion per record applies.
@@ -740,19 +732,30 @@ func scanRecord(row pgx.CollectableRow) (processors.Record, error) {
 	return x.record(), nil
 }
 
-// ordRecord is a RETURNING row led by the batch position it answers.
-type ordRecord struct {
-	ord int64
-	r   processors.Record
+// claimedRow is a claim's RETURNING row: the batch position it answers
+// and what the claim set.
+type claimedRow struct {
+	ord, epoch int64
+	owner      string
+	leaseUntil pgtype.Timestamptz
+	updatedAt  time.Time
 }
 
-func scanOrdRecord(row pgx.CollectableRow) (ordRecord, error) {
-	var x recordScan
-	var ord int64
-	if err := row.Scan(append([]any{&ord}, x.dest()...)...); err != nil {
-		return ordRecord{}, err
+func scanClaimed(row pgx.CollectableRow) (claimedRow, error) {
+	var c claimedRow
+	err := row.Scan(&c.ord, &c.epoch, &c.owner, &c.leaseUntil, &c.updatedAt)
+	return c, err
+}
+
+// apply is r as the claim left it.
+func (c claimedRow) apply(r processors.Record) processors.Record {
+	r.Status = processors.StatusExecuting
+	r.Epoch, r.LeaseOwner, r.LeaseUntil = c.epoch, c.owner, time.Time{}
+	if c.leaseUntil.Valid {
+		r.LeaseUntil = c.leaseUntil.Time.UTC()
 	}
-	return ordRecord{ord: ord, r: x.record()}, nil
+	r.UpdatedAt = c.updatedAt.UTC()
+	return r
 }
 
 func timestamptz(t time.Time) pgtype.Timestamptz {
@@ -922,7 +925,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 			return err
 		}
 		rows, _ = br.Query()
-		claimed, err := pgx.CollectRows(rows, scanOrdRecord)
+		claimed, err := pgx.CollectRows(rows, scanClaimed)
 		if err != nil {
 			br.Close()
 			return err
@@ -932,9 +935,9 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 		}
 		s.failpoint.Hit(failpoint.ClaimSent)
 
-		won := make(map[int]processors.Record, len(claimed))
+		won := make(map[int]claimedRow, len(claimed))
 		for _, c := range claimed {
-			won[int(c.ord)] = c.r
+			won[int(c.ord)] = c
 		}
 		// cur is each record as the batch has left it so far: a claim
 		// later in the batch sees an earlier one's lease.
@@ -953,8 +956,11 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 				if r.Status == processors.StatusExecuting {
 					outcome = processors.Reclaimed
 				}
-				out[i] = processors.ClaimResult{Outcome: outcome, Record: w}
-				cur[c.Key] = w
+				// At most one claim per key wins (the one with the
+				// record's hash), so r is the record as read.
+				claimedRec := w.apply(r)
+				out[i] = processors.ClaimResult{Outcome: outcome, Record: claimedRec}
+				cur[c.Key] = claimedRec
 			case r.Status.Done():
 				out[i] = processors.ClaimResult{Outcome: processors.Finished, Record: r}
 			case r.Status == processors.StatusPending:
