@@ -78,6 +78,8 @@ type storeFlags struct {
 	// failpoint is the SQL store's crash hook, set by a role that runs
 	// under the reliability suite; nil otherwise.
 	failpoint failpoint.Hook
+	// retried, if set, counts the SQL store's transaction retries.
+	retried func(op string)
 }
 
 func (s *storeFlags) register(fs *pflag.FlagSet, withDataDir bool) {
@@ -91,7 +93,7 @@ func (s *storeFlags) register(fs *pflag.FlagSet, withDataDir bool) {
 // when a DSN is set, else the embedded store in the data directory.
 func (s *storeFlags) openStore(ctx context.Context, logger *slog.Logger) (processors.Store, string, error) {
 	if s.crdbDSN != "" {
-		st, err := pgstore.Open(ctx, pgstore.Config{DSN: s.crdbDSN, Logger: logger, Failpoint: s.failpoint})
+		st, err := pgstore.Open(ctx, pgstore.Config{DSN: s.crdbDSN, Logger: logger, Failpoint: s.failpoint, Retried: s.retried})
 		if err != nil {
 			return nil, "", err
 		}

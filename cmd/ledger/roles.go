@@ -147,12 +147,13 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 	if failpoint.Enabled && rf.store.failpoint != nil {
 		logger.Warn("failpoints armed: this process will crash itself on purpose", "spec", os.Getenv(failpoint.EnvSpec))
 	}
+	rf.obs.metrics = metrics.New(role)
+	rf.store.retried = rf.obs.metrics.StoreRetried
 	st, desc, err := rf.store.openStore(ctx, logger)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	rf.obs.metrics = metrics.New(role)
 	if rf.otlpURL != "" {
 		tp, err := tracing.NewProvider(ctx, tracing.Config{URL: rf.otlpURL, Service: "toolcall-ledger-" + role, Instance: rf.instance})
 		if err != nil {

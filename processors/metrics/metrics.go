@@ -40,6 +40,7 @@ type Registry struct {
 	stages       *prometheus.HistogramVec
 	claims       *prometheus.CounterVec
 	toolCalls    *prometheus.HistogramVec
+	storeRetries *prometheus.CounterVec
 }
 
 // New returns the registry of a process running role ("intake",
@@ -72,10 +73,18 @@ func New(role string) *Registry {
 		Name: "ledger_tool_call_duration_seconds", ConstLabels: constRole, Buckets: stageBuckets,
 		Help: "Requests to tools, from the bulkhead slot taken to the response, by tool and result (ok, refused, error, not_sent, breaker_open).",
 	}, []string{"tool", "result"})
-	r.reg.MustRegister(r.events, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls,
+	r.storeRetries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_store_retries_total", ConstLabels: constRole,
+		Help: "Execution store transactions run again after a serialization failure or a deadlock, by operation (admit, claim, complete, mark logged, ...). Each throws a whole batch's work away.",
+	}, []string{"op"})
+	r.reg.MustRegister(r.events, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
+
+// StoreRetried counts one execution store transaction run again
+// (pgstore.Config.Retried).
+func (r *Registry) StoreRetried(op string) { r.storeRetries.WithLabelValues(op).Inc() }
 
 // Handler serves the registry in the Prometheus text format.
 func (r *Registry) Handler() http.Handler {

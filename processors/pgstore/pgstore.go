@@ -121,6 +121,11 @@ type Config struct {
 	// its COMMIT is not yet sent (failpoint.ClaimSent): the reliability
 	// suite crashes the executor there.
 	Failpoint failpoint.Hook
+	// Retried, if set, is called with the operation ("admit", "claim",
+	// ...) each time a transaction runs again after a serialization
+	// failure or a deadlock: for a metric, since a storm of them costs
+	// whole batches while every call still succeeds.
+	Retried func(op string)
 }
 
 func (c *Config) setDefaults() {
@@ -155,6 +160,7 @@ type Store struct {
 	table      string // sanitized, qualified by schema if set
 	q          queries
 	failpoint  failpoint.Hook
+	retried    func(op string)
 }
 
 var _ processors.Store = (*Store)(nil)
@@ -191,6 +197,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		maxRetries: cfg.MaxRetries,
 		table:      pgx.Identifier{tableName}.Sanitize(),
 		failpoint:  cfg.Failpoint,
+		retried:    cfg.Retried,
 	}
 	if cfg.Schema != "" {
 		s.schema = pgx.Identifier{cfg.Schema}.Sanitize()
@@ -472,6 +479,9 @@ func (s *Store) inTxAt(ctx context.Context, op string, iso pgx.TxIsoLevel, mode 
 		tries++
 		if tries > 1 {
 			s.log.Warn("execution store transaction retry", "op", op, "attempt", tries, "err", last)
+			if s.retried != nil {
+				s.retried(op)
+			}
 		}
 		last = fn(ctx, tx)
 		return last

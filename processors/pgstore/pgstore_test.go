@@ -539,7 +539,12 @@ func TestConcurrentPools(t *testing.T) {
 func TestSerializationFailureRetried(t *testing.T) {
 	dsn := testDSN(t)
 	schema := newSchema(t, dsn)
-	s := open(t, Config{DSN: dsn, Schema: schema})
+	var retried atomic.Int32
+	s := open(t, Config{DSN: dsn, Schema: schema, Retried: func(op string) {
+		if op == "skew" {
+			retried.Add(1)
+		}
+	}})
 	defer s.Close()
 	ctx := t.Context()
 	skew := pgx.Identifier{schema, "skew"}.Sanitize()
@@ -587,8 +592,13 @@ func TestSerializationFailureRetried(t *testing.T) {
 			t.Errorf("transaction %d = %v; want nil (40001 retried)", i+1, err)
 		}
 	}
-	if total := attempts[0].Load() + attempts[1].Load(); total < 3 {
+	total := attempts[0].Load() + attempts[1].Load()
+	if total < 3 {
 		t.Errorf("attempts = %d + %d; want at least one retry (a serialization failure was forced)", attempts[0].Load(), attempts[1].Load())
+	}
+	// Config.Retried saw each retry, named by its operation.
+	if got := retried.Load(); got != total-2 {
+		t.Errorf("Retried called %d times for %d retries", got, total-2)
 	}
 	rows, _ := s.pool.Query(ctx, "SELECT v FROM "+skew+" ORDER BY v")
 	vs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
