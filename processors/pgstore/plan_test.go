@@ -46,32 +46,17 @@ FROM generate_series($2::BIGINT, $3::BIGINT) AS g`, status, from, from+n-1)
 	insert("authorized", 30000, 5000)
 	insert("executing", 35000, 5000)
 
-	const batch = 500
-	var (
-		ts, ks, hs, owners, statuses []string
-		leases, ords, epochs, seqs   []int64
-		blobs                        [][]byte
-	)
-	for i := range batch {
-		ts, ks, hs, owners = append(ts, "t_plan"), append(ks, fmt.Sprint("k", 30000+i)), append(hs, "h"), append(owners, "x")
-		leases, ords, epochs, seqs = append(leases, 1e6), append(ords, int64(i)), append(epochs, 1), append(seqs, 4)
-		statuses, blobs = append(statuses, "succeeded"), append(blobs, []byte("[]"))
-	}
+	b := newPlanBatch(500, func(i int) string { return fmt.Sprint("k", 30000+i) })
 	for _, q := range []struct {
 		name   string
 		sql    string
 		args   []any
 		pkOnly bool
 	}{
-		{"claim", s.q.claim, []any{ts, ks, hs, owners, leases, ords}, true},
-		{"complete", s.q.complete, []any{ts, ks, epochs, statuses, ords, blobs, seqs, blobs, ords}, false},
+		{"claim", s.q.claim, b.claimArgs(), true},
+		{"complete", s.q.complete, b.completeArgs(), false},
 	} {
-		var plan []byte
-		if err := s.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q.sql, q.args...).Scan(&plan); err != nil {
-			t.Fatalf("explain %s: %v", q.name, err)
-		}
-		var indexes []string
-		collectIndexes(t, plan, &indexes)
+		plan, indexes := explain(t, s, q.name, q.sql, q.args...)
 		if slices.ContainsFunc(indexes, func(n string) bool { return n != "execution_records_pkey" }) || (q.pkOnly && len(indexes) == 0) {
 			t.Errorf("%s is planned through %v; want the primary key only:\n%s", q.name, indexes, plan)
 		}
@@ -104,33 +89,18 @@ FROM generate_series(1, 4000) AS g`)
 	if _, err := s.pool.Exec(ctx, "ANALYZE "+s.table); err != nil {
 		t.Fatal(err)
 	}
-	const batch = 681
-	var (
-		ts, ks, hs, owners, statuses []string
-		leases, ords, epochs, seqs   []int64
-		blobs                        [][]byte
-	)
-	for i := range batch {
-		ts, ks, hs, owners = append(ts, "t_plan"), append(ks, fmt.Sprint("k", 5*i)), append(hs, "h"), append(owners, "x")
-		leases, ords, epochs, seqs = append(leases, 1e6), append(ords, int64(i)), append(epochs, 1), append(seqs, 4)
-		statuses, blobs = append(statuses, "succeeded"), append(blobs, []byte("[]"))
-	}
+	b := newPlanBatch(681, func(i int) string { return fmt.Sprint("k", 5*i) })
 	for _, q := range []struct {
 		name string
 		sql  string
 		args []any
 	}{
-		{"select keys", s.q.selectKeysForUpdate, []any{ts, ks}},
-		{"claim", s.q.claim, []any{ts, ks, hs, owners, leases, ords}},
-		{"complete", s.q.complete, []any{ts, ks, epochs, statuses, ords, blobs, seqs, blobs, ords}},
-		{"mark logged", s.q.markLogged, []any{ts, ks, seqs}},
+		{"select keys", s.q.selectKeysForUpdate, []any{b.ts, b.ks}},
+		{"claim", s.q.claim, b.claimArgs()},
+		{"complete", s.q.complete, b.completeArgs()},
+		{"mark logged", s.q.markLogged, []any{b.ts, b.ks, b.seqs}},
 	} {
-		var plan []byte
-		if err := s.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q.sql, q.args...).Scan(&plan); err != nil {
-			t.Fatalf("explain %s: %v", q.name, err)
-		}
-		var indexes []string
-		collectIndexes(t, plan, &indexes)
+		plan, indexes := explain(t, s, q.name, q.sql, q.args...)
 		if bytes.Contains(plan, []byte(`"Seq Scan"`)) || !slices.Equal(slices.Compact(indexes), []string{"execution_records_pkey"}) {
 			t.Errorf("%s is planned with a sequential scan or through %v; want the primary key only:\n%s", q.name, indexes, plan)
 		}
@@ -165,12 +135,7 @@ FROM generate_series(1, 30000) AS g`)
 		{"by status pending", s.q.byListedStatus[processors.StatusPending], statusIndexName},
 		{"by status outcome_unknown", s.q.byListedStatus[processors.StatusOutcomeUnknown], statusIndexName},
 	} {
-		var plan []byte
-		if err := s.pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q.sql, 100).Scan(&plan); err != nil {
-			t.Fatalf("explain %s: %v", q.name, err)
-		}
-		var indexes []string
-		collectIndexes(t, plan, &indexes)
+		plan, indexes := explain(t, s, q.name, q.sql, 100)
 		if !slices.Equal(indexes, []string{q.index}) {
 			t.Errorf("%s is planned through %v; want %s only:\n%s", q.name, indexes, q.index, plan)
 		}
@@ -184,6 +149,45 @@ FROM generate_series(1, 30000) AS g`)
 	if got, err := s.Expired(ctx, 100); err != nil || len(got) != 30 {
 		t.Errorf("Expired() = %d records, %v; want 30", len(got), err)
 	}
+}
+
+// planBatch is a batch's statement arguments, for EXPLAIN: tenant
+// t_plan, the keys key(i), hash h, epoch 1, completions to succeeded.
+type planBatch struct {
+	ts, ks, hs, owners, statuses []string
+	leases, ords, epochs, seqs   []int64
+	blobs                        [][]byte
+}
+
+func newPlanBatch(n int, key func(i int) string) planBatch {
+	var b planBatch
+	for i := range n {
+		b.ts, b.ks, b.hs, b.owners = append(b.ts, "t_plan"), append(b.ks, key(i)), append(b.hs, "h"), append(b.owners, "x")
+		b.leases, b.ords, b.epochs, b.seqs = append(b.leases, 1e6), append(b.ords, int64(i)), append(b.epochs, 1), append(b.seqs, 4)
+		b.statuses, b.blobs = append(b.statuses, "succeeded"), append(b.blobs, []byte("[]"))
+	}
+	return b
+}
+
+func (b planBatch) claimArgs() []any {
+	return []any{b.ts, b.ks, b.hs, b.owners, b.leases, b.ords}
+}
+
+func (b planBatch) completeArgs() []any {
+	return []any{b.ts, b.ks, b.epochs, b.statuses, b.ords, b.blobs, b.seqs, b.blobs, b.ords}
+}
+
+// explain returns the plan of sql with args (EXPLAIN (FORMAT JSON)) and
+// the indexes it reads.
+func explain(t *testing.T, s *Store, name, sql string, args ...any) ([]byte, []string) {
+	t.Helper()
+	var plan []byte
+	if err := s.pool.QueryRow(t.Context(), "EXPLAIN (FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
+		t.Fatalf("explain %s: %v", name, err)
+	}
+	var indexes []string
+	collectIndexes(t, plan, &indexes)
+	return plan, indexes
 }
 
 // collectIndexes appends every "Index Name" of an EXPLAIN (FORMAT JSON)
