@@ -18,20 +18,10 @@ func BenchmarkCallLifecycle(b *testing.B) {
 	for _, older := range []bool{true, false} {
 		b.Run(fmt.Sprint("older-indexes=", older), func(b *testing.B) {
 			dsn := testDSN(b)
-			s, err := Open(b.Context(), Config{DSN: dsn, Schema: newSchema(b, dsn)})
-			if err != nil {
-				b.Fatal(err)
-			}
+			s := open(b, Config{DSN: dsn, Schema: newSchema(b, dsn)})
 			defer s.Close()
 			if older {
-				for _, stmt := range []string{
-					"CREATE INDEX execution_records_status_lease_until ON " + s.table + " (status, lease_until)",
-					"CREATE INDEX execution_records_status_updated_at ON " + s.table + " (status, updated_at)",
-				} {
-					if _, err := s.pool.Exec(b.Context(), stmt); err != nil {
-						b.Fatal(err)
-					}
-				}
+				addOlderIndexes(b, s)
 			}
 			const batch = 500
 			outbox := make([]byte, 700)

@@ -25,13 +25,26 @@ func testDSN(t testing.TB) string { return storetest.PGDSN(t) }
 
 func newSchema(t testing.TB, dsn string) string { return storetest.FreshSchema(t, dsn) }
 
-func open(t *testing.T, cfg Config) *Store {
+func open(t testing.TB, cfg Config) *Store {
 	t.Helper()
 	s, err := Open(t.Context(), cfg)
 	if err != nil {
 		t.Fatalf("Open() = %v", err)
 	}
 	return s
+}
+
+// addOlderIndexes creates on s's table the full status indexes that
+// builds before the partial ones created (obsoleteIndexes), as such a
+// build left them.
+func addOlderIndexes(t testing.TB, s *Store) {
+	t.Helper()
+	for i, cols := range []string{"(status, lease_until)", "(status, updated_at)"} {
+		stmt := "CREATE INDEX " + pgx.Identifier{obsoleteIndexes[i]}.Sanitize() + " ON " + s.table + " " + cols
+		if _, err := s.pool.Exec(t.Context(), stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
 }
 
 func TestContract(t *testing.T) {
@@ -150,14 +163,7 @@ func TestMigrateDropsObsoleteIndexes(t *testing.T) {
 			defer s.Close()
 			ctx := t.Context()
 			c := newChecker(t, cfg)
-			for _, stmt := range []string{
-				"CREATE INDEX execution_records_status_lease_until ON " + s.table + " (status, lease_until)",
-				"CREATE INDEX execution_records_status_updated_at ON " + s.table + " (status, updated_at)",
-			} {
-				if _, err := s.pool.Exec(ctx, stmt); err != nil {
-					t.Fatalf("%s: %v", stmt, err)
-				}
-			}
+			addOlderIndexes(t, s)
 			k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
 			if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusPending}}); err != nil {
 				t.Fatal(err)
