@@ -235,11 +235,44 @@ type Result struct {
 	// executor measured it (the terminal event's latency_ms).
 	E2E   Percentiles `json:"e2e"`
 	Added Percentiles `json:"added"`
+	// Stages splits the end-to-end latency of the calls that ran
+	// (Stages.Calls of them) where it is spent; see Stages.
+	Stages Stages `json:"stages"`
 	// RunID prefixes the run's idempotency keys.
 	RunID string `json:"run_id"`
 
 	e2e, added *Histogram
-	succeeded  []uint64 // bit i: call i succeeded
+	stages     [4]*Histogram // intake, claim, call, record
+	succeeded  []uint64      // bit i: call i succeeded
+}
+
+// Stages splits a call's end-to-end latency into four parts that add up
+// to it, from when the benchmark read the call's authorized and terminal
+// events and from the times the terminal event carries (its at, and its
+// latency_ms: the executor's attempt). Only calls that ran count.
+//
+// Claim and Record subtract a time the executor's clock took from one
+// the benchmark's clock took: with the two on different machines, their
+// clocks' offset moves time between Claim and Record (a negative part
+// counts as 0). Intake and Call use one clock each. The terminal event's
+// latency_ms is whole milliseconds, so Call is truncated and Claim gets
+// the remainder.
+type Stages struct {
+	// Calls is how many calls the percentiles cover.
+	Calls int64 `json:"calls"`
+	// Intake: publish to the authorized event read committed. The
+	// request's wait in its partition, the intake's checks, policy and
+	// admission, and the intake's Kafka transaction.
+	Intake Percentiles `json:"intake"`
+	// Claim: from there to the executor starting the call. The
+	// executor's fetch, the step it was in, and the claim.
+	Claim Percentiles `json:"claim"`
+	// Call: the executor's attempt, as the terminal event's latency_ms:
+	// the bulkhead, the credential, the tool's requests.
+	Call Percentiles `json:"call"`
+	// Record: from the terminal event's time to its read committed. The
+	// completion, the executor's Kafka transaction, the benchmark's fetch.
+	Record Percentiles `json:"record"`
 }
 
 // Percentiles summarises a latency histogram.
@@ -264,6 +297,8 @@ func (r Result) Point() LoadPoint {
 // inflight is a call submitted and not yet finished.
 type inflight struct {
 	start time.Time
+	// authorized is when the call's authorized event was read.
+	authorized time.Time
 }
 
 // run is the state of one load run.
@@ -301,6 +336,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			Mode: "closed", ByState: make(map[string]int64), RunID: cfg.RunID,
 			e2e: NewHistogram(), added: NewHistogram(),
 		},
+	}
+	for i := range r.res.stages {
+		r.res.stages[i] = NewHistogram()
 	}
 	if cfg.Rate > 0 {
 		r.res.Mode, r.res.Offered = "open", cfg.Rate
@@ -392,6 +430,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		res.PerSec = float64(res.Finished) / res.Elapsed.Seconds()
 	}
 	res.E2E, res.Added = PercentilesOf(res.e2e), PercentilesOf(res.added)
+	res.Stages = Stages{
+		Calls:  res.stages[0].Count(),
+		Intake: PercentilesOf(res.stages[0]), Claim: PercentilesOf(res.stages[1]),
+		Call: PercentilesOf(res.stages[2]), Record: PercentilesOf(res.stages[3]),
+	}
 	return res, err
 }
 
@@ -489,26 +532,44 @@ func (r *run) watch(ctx context.Context, cl *kgo.Client) error {
 		now := time.Now()
 		fs.EachRecord(func(rec *kgo.Record) {
 			t := statemachine.EventType(ledger.Header(rec, ledger.HeaderEventType))
-			if !finishing(t) {
+			if t != statemachine.EventAuthorized && !finishing(t) {
 				return
 			}
 			i, ok := callIndex(string(rec.Key), r.cfg.RunID)
 			if !ok {
 				return
 			}
+			if t == statemachine.EventAuthorized {
+				r.authorized(i, now)
+				return
+			}
 			var tail struct {
-				LatencyMS int64 `json:"latency_ms"`
+				At        time.Time `json:"at"`
+				LatencyMS int64     `json:"latency_ms"`
 			}
 			if t != statemachine.EventDenied && t != statemachine.EventApprovalPending {
 				_ = json.Unmarshal(rec.Value, &tail)
 			}
-			r.finish(i, t, now, time.Duration(tail.LatencyMS)*time.Millisecond)
+			r.finish(i, t, now, tail.At, time.Duration(tail.LatencyMS)*time.Millisecond)
 		})
 	}
 	return nil
 }
 
-func (r *run) finish(i int64, t statemachine.EventType, now time.Time, tool time.Duration) {
+// authorized notes when call i's authorized event was read.
+func (r *run) authorized(i int64, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.waiting[i]; ok && c.authorized.IsZero() {
+		c.authorized = now
+		r.waiting[i] = c
+	}
+}
+
+// finish ends call i, whose terminal event of type t was read at now;
+// at and tool are the event's time and the executor's attempt, zero if
+// it did not run.
+func (r *run) finish(i int64, t statemachine.EventType, now, at time.Time, tool time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c, ok := r.waiting[i]
@@ -519,6 +580,12 @@ func (r *run) finish(i int64, t statemachine.EventType, now time.Time, tool time
 	d := now.Sub(c.start)
 	r.res.e2e.Record(d)
 	r.res.added.Record(d - tool)
+	if !c.authorized.IsZero() && !at.IsZero() {
+		started := at.Add(-tool)
+		for k, part := range [...]time.Duration{c.authorized.Sub(c.start), started.Sub(c.authorized), tool, now.Sub(at)} {
+			r.res.stages[k].Record(part)
+		}
+	}
 	st, _ := statemachine.Target(t)
 	r.res.ByState[string(st)]++
 	if t == statemachine.EventSucceeded {

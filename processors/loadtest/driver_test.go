@@ -268,6 +268,49 @@ func TestRunClosedLoop(t *testing.T) {
 	}
 }
 
+// The stages of the calls that ran split their end-to-end latency: the
+// tool's own time shows in Call and nowhere else, and no stage of a call
+// is longer than the whole of it.
+func TestRunStages(t *testing.T) {
+	l := drvNewLedger(t, true)
+	const toolTime = 30 * time.Millisecond
+	l.backend.SetFault("create_ticket", demobackend.Fault{Latency: toolTime})
+	cfg := l.config("create_ticket", "rstages")
+	cfg.Calls, cfg.Concurrency = 120, 16
+	res, err := l.run(cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Finished != 120 || res.ByState["succeeded"] != 120 {
+		t.Fatalf("Finished = %d, ByState = %v; want 120 succeeded", res.Finished, res.ByState)
+	}
+	st := res.Stages
+	if st.Calls != 120 {
+		t.Errorf("Stages.Calls = %d; want 120, every call that ran", st.Calls)
+	}
+	for _, s := range []struct {
+		name string
+		p    Percentiles
+	}{{"Intake", st.Intake}, {"Claim", st.Claim}, {"Call", st.Call}, {"Record", st.Record}} {
+		if s.p.Max > res.E2E.Max {
+			t.Errorf("Stages.%s.Max = %v > E2E.Max = %v; a part is never longer than the whole", s.name, s.p.Max, res.E2E.Max)
+		}
+		if s.p.P50 > s.p.P99 || s.p.P99 > s.p.Max {
+			t.Errorf("Stages.%s = %+v; want P50 <= P99 <= Max", s.name, s.p)
+		}
+	}
+	// The tool's delay is in the call, not in the ledger's own stages.
+	if st.Call.P50 < toolTime {
+		t.Errorf("Stages.Call.P50 = %v; want at least the tool's %v", st.Call.P50, toolTime)
+	}
+	if st.Intake.P50 <= 0 || st.Record.P50 <= 0 {
+		t.Errorf("Stages.Intake.P50, Record.P50 = %v, %v; want both positive: each crosses a Kafka transaction", st.Intake.P50, st.Record.P50)
+	}
+	if own := st.Intake.Max + st.Claim.Max + st.Record.Max; own < res.Added.P50 {
+		t.Errorf("intake + claim + record at most %v, added latency p50 %v: the ledger's own stages must account for it", own, res.Added.P50)
+	}
+}
+
 func TestRunOpenLoop(t *testing.T) {
 	l := drvNewLedger(t, true)
 	cfg := l.config("create_ticket=1,get_weather=1", "ropen")

@@ -139,15 +139,8 @@ func (rep Report) WriteTable(w io.Writer) error {
 	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tpeak RSS MB\tdup\tlost\t")
 	for _, r := range rep.Runs {
 		res := r.Result
-		mode := res.Mode
-		if res.Mode == "open" {
-			mode = fmt.Sprintf("open %.0f/s", res.Offered)
-			if res.Saturated {
-				mode += " (saturated)"
-			}
-		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.0f\t%d\t%d\t\n",
-			r.Name, mode, r.Executors, res.Finished, res.PerSec,
+			r.Name, r.mode(), r.Executors, res.Finished, res.PerSec,
 			msOf(res.E2E.P50), msOf(res.E2E.P95), msOf(res.E2E.P99), msOf(res.E2E.P999),
 			msOf(res.Added.P50), msOf(res.Added.P99),
 			float64(r.CPUPerCall.Nanoseconds())/1e3, float64(r.HarnessCPUPerCall.Nanoseconds())/1e3,
@@ -162,7 +155,20 @@ func (rep Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if lagged := rep.lagged(); len(lagged) > 0 {
+	if staged := rep.runsWhere(func(r RunReport) bool { return r.Result.Stages.Calls > 0 }); len(staged) > 0 {
+		fmt.Fprintln(w, "\nwhere the time goes, ms p50 / p99 (publish -> authorized read -> call started -> call ended -> terminal read):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "run\tmode\tcalls\tintake\tclaim\tcall\trecord\t")
+		for _, r := range staged {
+			st := r.Result.Stages
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t\n", r.Name, r.mode(), st.Calls,
+				p50p99(st.Intake), p50p99(st.Claim), p50p99(st.Call), p50p99(st.Record))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if lagged := rep.runsWhere(func(r RunReport) bool { return r.ProjectionLag != nil }); len(lagged) > 0 {
 		fmt.Fprintf(w, "\nprojection lag into ClickHouse (%s), sampled while the load ran:\n", rep.ClickHouse)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "run\tp50 ms\tp99 ms\tmax ms\t")
@@ -223,11 +229,28 @@ const EventsPerCall = 4
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// lagged are the runs with a projection lag.
-func (rep Report) lagged() []RunReport {
+// mode names the run's loop: closed, or open at its offered rate.
+func (r RunReport) mode() string {
+	res := r.Result
+	if res.Mode != "open" {
+		return res.Mode
+	}
+	mode := fmt.Sprintf("open %.0f/s", res.Offered)
+	if res.Saturated {
+		mode += " (saturated)"
+	}
+	return mode
+}
+
+func p50p99(p Percentiles) string {
+	return fmt.Sprintf("%.1f / %.1f", msOf(p.P50), msOf(p.P99))
+}
+
+// runsWhere are the runs keep keeps.
+func (rep Report) runsWhere(keep func(RunReport) bool) []RunReport {
 	var out []RunReport
 	for _, r := range rep.Runs {
-		if r.ProjectionLag != nil {
+		if keep(r) {
 			out = append(out, r)
 		}
 	}

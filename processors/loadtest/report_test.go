@@ -23,7 +23,14 @@ func repResult(name string, perSec float64) Result {
 		Elapsed: 2 * time.Second, PerSec: perSec, RunID: "r" + name,
 		E2E:   Percentiles{P50: 3 * time.Millisecond, P95: 5 * time.Millisecond, P99: 8 * time.Millisecond, P999: 13 * time.Millisecond, Max: 21 * time.Millisecond},
 		Added: Percentiles{P50: 2 * time.Millisecond, P95: 4 * time.Millisecond, P99: 7 * time.Millisecond, P999: 12 * time.Millisecond, Max: 20 * time.Millisecond},
-		e2e:   h, added: h, succeeded: []uint64{1, 2, 3},
+		Stages: Stages{
+			Calls:  999,
+			Intake: Percentiles{P50: 1100 * time.Microsecond, P95: 2 * time.Millisecond, P99: 2500 * time.Microsecond, P999: 3 * time.Millisecond, Max: 4 * time.Millisecond},
+			Claim:  Percentiles{P50: 400 * time.Microsecond, P95: time.Millisecond, P99: 1200 * time.Microsecond, P999: 2 * time.Millisecond, Max: 3 * time.Millisecond},
+			Call:   Percentiles{P50: time.Millisecond, P95: time.Millisecond, P99: 2 * time.Millisecond, P999: 3 * time.Millisecond, Max: 5 * time.Millisecond},
+			Record: Percentiles{P50: 500 * time.Microsecond, P95: time.Millisecond, P99: 1500 * time.Microsecond, P999: 2 * time.Millisecond, Max: 6 * time.Millisecond},
+		},
+		e2e: h, added: h, succeeded: []uint64{1, 2, 3},
 	}
 }
 
@@ -182,7 +189,7 @@ func TestReportWriteJSON(t *testing.T) {
 	}{
 		{raw, "machine"}, {raw, "direct"}, {raw, "limits"}, {raw, "backend_latency_ns"},
 		{run, "ledger_cpu_per_call_ns"}, {run, "calls_per_sec_per_executor"},
-		{res, "calls_per_sec"}, {res, "lost"}, {res, "e2e"}, {res, "added"}, {res, "by_state"}, {res, "elapsed_ns"},
+		{res, "calls_per_sec"}, {res, "lost"}, {res, "e2e"}, {res, "added"}, {res, "by_state"}, {res, "elapsed_ns"}, {res, "stages"},
 		{wit, "duplicate_effects"}, {wit, "missing_effects"}, {wit, "orphan_effects"},
 	} {
 		if _, ok := c.obj[c.name]; !ok {
@@ -242,15 +249,39 @@ func TestReportWriteTable(t *testing.T) {
 	if row := rows["open"]; len(row) < 3 || row[len(row)-2] != "2" || row[len(row)-1] != "3" {
 		t.Errorf("open row %q; want dup 2 and lost 3 last", row)
 	}
+	// Where the time goes: a row per run, p50 / p99 of each stage.
+	if !strings.Contains(out, "where the time goes") {
+		t.Errorf("table lacks the stages:\n%s", out)
+	}
+	var staged [][]string
+	for line := range strings.SplitSeq(out[strings.Index(out, "where the time goes"):], "\n") {
+		c := strings.Fields(line)
+		if len(c) == 0 {
+			break // the table's end
+		}
+		if c[0] == "ledger" || c[0] == "open" {
+			staged = append(staged, c)
+		}
+	}
+	want := [][]string{
+		{"ledger", "closed", "999", "1.1", "/", "2.5", "0.4", "/", "1.2", "1.0", "/", "2.0", "0.5", "/", "1.5"},
+		{"open", "500/s", "open", "500/s", "(saturated)", "999", "1.1", "/", "2.5", "0.4", "/", "1.2", "1.0", "/", "2.0", "0.5", "/", "1.5"},
+	}
+	if diff := cmp.Diff(want, staged); diff != "" {
+		t.Errorf("stage rows (-want +got):\n%s\n%s", diff, out)
+	}
 
-	// Without the direct floor and the limits, neither their rows nor
-	// their ratios.
+	// Without the direct floor, the limits and the stages, neither their
+	// rows nor their ratios.
 	rep.Direct, rep.Limits = nil, nil
+	for i := range rep.Runs {
+		rep.Runs[i].Result.Stages = Stages{}
+	}
 	buf.Reset()
 	if err := rep.WriteTable(&buf); err != nil {
 		t.Fatalf("WriteTable: %v", err)
 	}
-	for _, absent := range []string{"direct to backend", "raw limit", "ledger / direct", "slowest raw limit"} {
+	for _, absent := range []string{"direct to backend", "raw limit", "ledger / direct", "slowest raw limit", "where the time goes"} {
 		if strings.Contains(buf.String(), absent) {
 			t.Errorf("table without direct and limits has %q:\n%s", absent, buf.String())
 		}

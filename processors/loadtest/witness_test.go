@@ -31,10 +31,10 @@ func witResult(t *testing.T, runID string, succeeded []int64, failed ...int64) R
 		r.waiting[i] = inflight{start: start}
 	}
 	for _, i := range succeeded {
-		r.finish(i, statemachine.EventSucceeded, start.Add(time.Millisecond), 0)
+		r.finish(i, statemachine.EventSucceeded, start.Add(time.Millisecond), time.Time{}, 0)
 	}
 	for _, i := range failed {
-		r.finish(i, statemachine.EventFailed, start.Add(time.Millisecond), 0)
+		r.finish(i, statemachine.EventFailed, start.Add(time.Millisecond), time.Time{}, 0)
 	}
 	return r.res
 }
