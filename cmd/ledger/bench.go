@@ -119,7 +119,7 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 	fs.StringVar(&f.jsonOut, "json", "", "write the report as JSON to this file")
 	fs.StringVar(&f.svgOut, "svg", "", "write the latency against offered load plot (from --sweep) to this SVG file")
 	fs.StringVar(&f.workDir, "work-dir", "", "directory for the run's files (embedded stores, keys, process logs); default a temporary one")
-	fs.BoolVar(&f.keep, "keep", false, "keep the work directory afterwards")
+	fs.BoolVar(&f.keep, "keep", false, "keep the work directory afterwards, and with --crdb-dsn the runs' schemas")
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "also project every run's events into this ClickHouse (native protocol) and report the projection's lag under the load")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_bench", "ClickHouse database of the benchmark's projection: never a production one")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
@@ -145,9 +145,11 @@ type benchEnv struct {
 	tools    []loadtest.Tool
 	runs     int
 	ch       *chstore.Store // nil: no projection
-	// id makes this invocation's idempotency keys unique in a store that
-	// outlives it.
+	// id makes this invocation's idempotency keys and store schemas
+	// unique in a store that outlives it.
 	id string
+	// cleanups drop the store schemas when the benchmark ends.
+	cleanups []func()
 }
 
 func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, progress, out io.Writer) error {
@@ -171,6 +173,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	}
 	env := &benchEnv{g: g, f: f, logger: logger, progress: progress, dir: dir, tools: tools,
 		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
+	defer func() {
+		for _, drop := range env.cleanups {
+			drop()
+		}
+	}()
 
 	report := loadtest.Report{Machine: loadtest.ThisMachine(), At: time.Now().UTC(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
 	if embedded {
@@ -188,16 +195,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	env.cc = ledger.ClientConfig{Brokers: env.brokers, Logger: logger}
 	report.Store = "embedded (bbolt)"
 	if f.crdbDSN != "" {
-		report.Store = redactDSN(f.crdbDSN)
-		st, err := pgstore.Open(ctx, pgstore.Config{DSN: f.crdbDSN, Logger: logger})
-		if err != nil {
-			return err
-		}
-		err = st.Migrate(ctx)
-		st.Close()
-		if err != nil {
-			return err
-		}
+		report.Store = redactDSN(f.crdbDSN) + " (a schema per run)"
 	}
 
 	// The agents' identity provider, trusted by the intake through a
@@ -390,6 +388,10 @@ type benchRun struct {
 // offers r's load, stops them, and measures.
 func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, error) {
 	e.runs++
+	dsn, err := e.storeSchema(ctx, fmt.Sprintf("run%d", e.runs))
+	if err != nil {
+		return loadtest.RunReport{}, err
+	}
 	prefix := fmt.Sprintf("bench%d.", e.runs)
 	topics := ledger.Topics{Requests: prefix + "requests", Events: prefix + "events", Control: prefix + "control", DLQ: prefix + "dlq"}
 	admin, err := ledger.NewClient(e.cc)
@@ -433,8 +435,8 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		if i == 0 {
 			args = append(args, "--intake", "--issuer", benchIssuer, "--jwks-file", e.jwksFile)
 		}
-		if e.f.crdbDSN != "" {
-			args = append(args, "--crdb-dsn", e.f.crdbDSN, "--executors", "1")
+		if dsn != "" {
+			args = append(args, "--crdb-dsn", dsn, "--executors", "1")
 		} else {
 			args = append(args, "--data-dir", filepath.Join(e.dir, fmt.Sprintf("run%d", e.runs)), "--executors", strconv.Itoa(r.executors))
 		}
@@ -543,6 +545,33 @@ func (e *benchEnv) directFloor(ctx context.Context) (loadtest.DirectReport, erro
 	})
 }
 
+// storeSchema returns, with --crdb-dsn, the DSN of a new schema of this
+// invocation's, named by name and migrated, that is dropped when the
+// benchmark ends unless --keep; "" on the embedded store. A run on the
+// tables earlier runs filled (and left bloated) is slower, so each run
+// gets empty ones: figures then do not depend on the store's history.
+func (e *benchEnv) storeSchema(ctx context.Context, name string) (string, error) {
+	if e.f.crdbDSN == "" {
+		return "", nil
+	}
+	schema := "bench_" + e.id + "_" + name
+	dsn, drop, err := createSchemaDSN(ctx, e.f.crdbDSN, schema)
+	if err != nil {
+		return "", err
+	}
+	if !e.f.keep {
+		e.cleanups = append(e.cleanups, drop)
+	}
+	// Once, before the processes start: several migrating one new
+	// schema at once could race on its CREATE TABLE.
+	st, err := pgstore.Open(ctx, pgstore.Config{DSN: dsn, Logger: e.logger})
+	if err != nil {
+		return "", err
+	}
+	st.Close()
+	return dsn, nil
+}
+
 // rawLimits measures the parts on the same engines: transactional
 // consume-produce on the same Kafka, batched claims on the same store.
 func (e *benchEnv) rawLimits(ctx context.Context) ([]loadtest.Limit, error) {
@@ -552,8 +581,12 @@ func (e *benchEnv) rawLimits(ctx context.Context) ([]loadtest.Limit, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka raw limit: %w", err)
 	}
+	dsn, err := e.storeSchema(ctx, "limits")
+	if err != nil {
+		return nil, err
+	}
 	var rs storeFlags
-	rs.crdbDSN, rs.dataDir = e.f.crdbDSN, filepath.Join(e.dir, "limits")
+	rs.crdbDSN, rs.dataDir = dsn, filepath.Join(e.dir, "limits")
 	if err := os.MkdirAll(rs.dataDir, 0o700); err != nil {
 		return nil, err
 	}

@@ -4,11 +4,16 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
 	"github.com/toolcall-ledger/ledger/processors/storetest"
@@ -47,7 +52,7 @@ func TestBenchOnPostgres(t *testing.T) {
 		"--sweep", "300", "--limit-calls", "2000",
 		"--json", jsonOut, "--svg", svgOut, "--work-dir", filepath.Join(dir, "work"),
 	)
-	for _, want := range []string{"projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
+	for _, want := range []string{"where the time goes", "projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
@@ -73,6 +78,23 @@ func TestBenchOnPostgres(t *testing.T) {
 		if r.Processes != 2 {
 			t.Errorf("%s: %d ledger processes; want 2 (one executor each)", r.Name, r.Processes)
 		}
+		if st := res.Stages; st.Calls != 400 || st.Intake.P50 <= 0 || st.Record.P50 <= 0 {
+			t.Errorf("%s: stages %+v; want all 400 calls, intake and record measured", r.Name, st)
+		}
+	}
+	// The runs had schemas of their own, dropped since: the DSN's own
+	// schema has no table.
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	var table *string
+	if err := conn.QueryRow(t.Context(), "SELECT to_regclass('execution_records')::text").Scan(&table); err != nil {
+		t.Fatal(err)
+	}
+	if table != nil {
+		t.Errorf("the bench wrote %s in the DSN's schema; want its runs in schemas of their own", *table)
 	}
 	if rep.At.IsZero() {
 		t.Error("the report does not say when it was measured")
@@ -154,6 +176,80 @@ func TestBenchFlags(t *testing.T) {
 		if err := root.ExecuteContext(t.Context()); err == nil {
 			t.Errorf("bench %v: no error", args)
 		}
+	}
+}
+
+// Each run of `ledger bench` on a shared store gets empty tables in a
+// schema of its own, dropped when the benchmark ends (kept with --keep),
+// whatever search_path the DSN named.
+func TestBenchStoreSchemas(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		base := freshSchemaDSN(t)
+		e := &benchEnv{f: &benchFlags{crdbDSN: base, keep: keep}, logger: slog.New(slog.DiscardHandler), id: fmt.Sprintf("t%d", time.Now().UnixNano())}
+		var schemas []string
+		for _, name := range []string{"run1", "limits"} {
+			dsn, err := e.storeSchema(t.Context(), name)
+			if err != nil {
+				t.Fatalf("storeSchema(%s): %v", name, err)
+			}
+			conn, err := pgx.Connect(t.Context(), dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var schema string
+			var n int64
+			if err := conn.QueryRow(t.Context(), "SELECT current_schema(), (SELECT count(*) FROM execution_records)").Scan(&schema, &n); err != nil {
+				t.Fatalf("%s: the migrated table in the run's schema: %v", name, err)
+			}
+			conn.Close(t.Context())
+			if want := "bench_" + e.id + "_" + name; schema != want || n != 0 {
+				t.Errorf("storeSchema(%s): schema %q with %d records; want %q, empty", name, schema, n, want)
+			}
+			schemas = append(schemas, schema)
+		}
+		for _, drop := range e.cleanups {
+			drop()
+		}
+		conn, err := pgx.Connect(t.Context(), base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var left int
+		if err := conn.QueryRow(t.Context(), "SELECT count(*) FROM pg_namespace WHERE nspname = ANY($1)", schemas).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if !keep && left != 0 {
+			t.Errorf("%d of the runs' schemas %v left after the benchmark; want them dropped", left, schemas)
+		}
+		if keep {
+			if left != len(schemas) {
+				t.Errorf("--keep: %d of the runs' schemas %v left; want all", left, schemas)
+			}
+			for _, sc := range schemas {
+				if _, err := conn.Exec(t.Context(), "DROP SCHEMA "+pgx.Identifier{sc}.Sanitize()+" CASCADE"); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		conn.Close(t.Context())
+	}
+}
+
+func TestWithSearchPath(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"postgres://u:p%40ss@h:5432/db", "postgres://u:p%40ss@h:5432/db?search_path=s1"},
+		{"postgres://u@h/db?sslmode=disable", "postgres://u@h/db?search_path=s1&sslmode=disable"},
+		// Replaced, not repeated: pgx would read the first.
+		{"postgres://u@h/db?search_path=old&sslmode=disable", "postgres://u@h/db?search_path=s1&sslmode=disable"},
+		{"host=h dbname=db search_path=old", "host=h dbname=db search_path=old search_path=s1"},
+	} {
+		got, err := withSearchPath(c.in, "s1")
+		if err != nil || got != c.want {
+			t.Errorf("withSearchPath(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	if _, err := withSearchPath("postgres://u@h:port/db", "s1"); err == nil {
+		t.Error("withSearchPath of an unparseable URL: no error")
 	}
 }
 

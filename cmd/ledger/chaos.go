@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -654,14 +655,29 @@ func createSchemaDSN(ctx context.Context, dsn, schema string) (string, func(), e
 			conn.Close(ctx)
 		}
 	}
-	sep := " " // a key=value DSN
-	if strings.Contains(dsn, "://") {
-		sep = "?"
-		if strings.Contains(dsn, "?") {
-			sep = "&"
-		}
+	out, err := withSearchPath(dsn, schema)
+	if err != nil {
+		drop()
+		return "", nil, err
 	}
-	return dsn + sep + "search_path=" + schema, drop, nil
+	return out, drop, nil
+}
+
+// withSearchPath returns dsn with its search_path set to schema, in place
+// of any it had: pgx reads the first of repeated URL parameters.
+func withSearchPath(dsn, schema string) (string, error) {
+	if !strings.Contains(dsn, "://") {
+		// A key=value DSN: a later key overrides an earlier one.
+		return dsn + " search_path=" + schema, nil
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", fmt.Errorf("store DSN: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // writeRegistry writes the demo registry into dir with every tool's
