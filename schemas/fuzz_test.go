@@ -34,6 +34,13 @@ func FuzzValidate(f *testing.F) {
 		f.Add(index(tc.tool), []byte(tc.args))
 	}
 	f.Add(uint8(0), []byte(validEnvelope))
+	for i := range envelopeBounds {
+		b, err := json.Marshal(withBound(f, i))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(uint8(0), b)
+	}
 
 	f.Fuzz(func(t *testing.T, which uint8, doc []byte) {
 		tool := tools[int(which)%len(tools)]
@@ -59,8 +66,14 @@ func FuzzValidate(f *testing.F) {
 		if !cmp.Equal(err1, err2) {
 			t.Fatalf("Validate before and after round trip differ:\n%v\n%v", err1, err2)
 		}
-		// The envelope schema obeys the same rules.
+		// The envelope schema obeys the same rules, and its fast path
+		// accepts nothing the schema refuses.
 		checkValidationError(t, v, ValidateEnvelope(v))
+		if envelopeMeets(v) {
+			if err := validateEnvelopeSchema(v); err != nil {
+				t.Fatalf("the envelope fast path accepts what the schema refuses: %v", err)
+			}
+		}
 	})
 }
 

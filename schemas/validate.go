@@ -53,6 +53,14 @@ func (e *ValidationError) Error() string {
 // envelope schema (compiled once per process). A failure is a
 // *ValidationError whose Pointer is relative to the envelope.
 func ValidateEnvelope(v any) error {
+	if envelopeMeets(v) {
+		return nil
+	}
+	return validateEnvelopeSchema(v)
+}
+
+// validateEnvelopeSchema is ValidateEnvelope without its fast path.
+func validateEnvelopeSchema(v any) error {
 	s, err := envelopeSchema()
 	if err != nil {
 		return err

@@ -332,17 +332,6 @@ func BenchmarkValidate(b *testing.B) {
 	}
 }
 
-func BenchmarkValidateEnvelope(b *testing.B) {
-	env := decode(b, validEnvelope)
-	b.SetBytes(int64(len(validEnvelope)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := ValidateEnvelope(env); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // TestValidatePathologicalNumber: the library panics on a number big.Rat
 // refuses (over 1e6 fraction digits); Validate reports a failure instead.
 func TestValidatePathologicalNumber(t *testing.T) {
