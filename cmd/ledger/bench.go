@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -440,10 +441,16 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		} else {
 			args = append(args, "--data-dir", filepath.Join(e.dir, fmt.Sprintf("run%d", e.runs)), "--executors", strconv.Itoa(r.executors))
 		}
+		addr, err := freeLoopbackAddr()
+		if err != nil {
+			return loadtest.RunReport{}, err
+		}
+		args = append(args, "--metrics-addr", addr)
 		n, err := startNode(args, nil, filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
 		if err != nil {
 			return loadtest.RunReport{}, err
 		}
+		n.metricsURL = "http://" + addr + "/metrics"
 		nodes = append(nodes, n)
 	}
 
@@ -459,11 +466,13 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		Client: e.cc, Topics: topics, Minter: e.issuer, Tenants: e.f.tenants, Tools: e.tools,
 		Concurrency: e.f.concurrency, Drain: 2 * time.Minute,
 	}
+	runCtx, unwatch := watchNodes(ctx, nodes)
+	defer unwatch()
 	fmt.Fprintf(e.progress, "bench: %s: warming up (%d calls)\n", r.name, e.f.warmup)
 	warm := cfg
 	warm.Calls, warm.RunID = max(e.f.warmup, 1), fmt.Sprintf("w%s%d", e.id, e.runs)
-	if _, err := loadtest.Run(ctx, warm); err != nil {
-		return loadtest.RunReport{}, fmt.Errorf("%s: warm-up: %w", r.name, err)
+	if _, err := loadtest.Run(runCtx, warm); err != nil {
+		return loadtest.RunReport{}, fmt.Errorf("%s: warm-up: %w", r.name, cmp.Or(context.Cause(runCtx), err))
 	}
 
 	cfg.Calls, cfg.Duration, cfg.Rate = r.calls, e.f.duration, r.rate
@@ -486,20 +495,42 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	for i, n := range nodes {
 		before[i] = n.cpu()
 	}
+	var (
+		retriesBefore map[string]int64
+		retriesErr    error
+	)
+	if dsn != "" {
+		retriesBefore, retriesErr = storeRetries(ctx, nodes)
+	}
 	selfBefore := selfCPU()
 	lag.start()
-	res, err := loadtest.Run(ctx, cfg)
+	res, err := loadtest.Run(runCtx, cfg)
 	if lineEnd == "" {
 		fmt.Fprintln(e.progress)
 	}
 	if err != nil {
-		return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, err)
+		return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, cmp.Or(context.Cause(runCtx), err))
 	}
 	rep := loadtest.RunReport{Name: r.name, Executors: r.executors, Processes: len(nodes), Result: res}
 	rep.HarnessCPU = selfCPU() - selfBefore
 	for i, n := range nodes {
 		rep.LedgerCPU += n.cpu() - before[i]
 	}
+	if dsn != "" {
+		retriesAfter, err := storeRetries(ctx, nodes)
+		if err = errors.Join(retriesErr, err); err != nil {
+			// A figure missing, not a run lost.
+			fmt.Fprintf(e.progress, "bench: %s: store retries not counted: %v\n", r.name, err)
+		} else {
+			rep.StoreRetries = make(map[string]int64)
+			for op, n := range retriesAfter {
+				if d := n - retriesBefore[op]; d > 0 {
+					rep.StoreRetries[op] = d
+				}
+			}
+		}
+	}
+	unwatch() // the processes are stopped on purpose from here
 	for _, n := range nodes {
 		peak, err := n.stop()
 		if err != nil {
@@ -607,6 +638,117 @@ type benchNode struct {
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan error
+	// exited is closed when the process has exited.
+	exited chan struct{}
+	// metricsURL is where the process serves its metrics; "" if not.
+	metricsURL string
+}
+
+// watchNodes returns ctx, cancelled with a cause naming the process and
+// its log if one of nodes exits before unwatch (idempotent) is called: a
+// run whose ledger died fails at once instead of waiting out its drain.
+func watchNodes(ctx context.Context, nodes []*benchNode) (_ context.Context, unwatch func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Go(func() {
+			select {
+			case <-n.exited:
+				cancel(fmt.Errorf("ledger process %d exited during the run (log %s)", n.cmd.Process.Pid, n.log.Name()))
+			case <-stop:
+			}
+		})
+	}
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			close(stop)
+			wg.Wait()
+			cancel(nil)
+		})
+	}
+}
+
+// freeLoopbackAddr returns a loopback address with a port free a moment
+// ago, for a process to listen on.
+func freeLoopbackAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := ln.Addr().String()
+	return addr, ln.Close()
+}
+
+// storeRetries sums the nodes' ledger_store_retries_total by operation,
+// read from their metrics.
+func storeRetries(ctx context.Context, nodes []*benchNode) (map[string]int64, error) {
+	sum := make(map[string]int64)
+	for _, n := range nodes {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := scrapeRetries(ctx, n.metricsURL, sum)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return sum, nil
+}
+
+// scrapeRetries adds the ledger_store_retries_total samples at url (the
+// Prometheus text format) into sum, by their op label. The process may
+// still be starting: it is asked again for up to ctx's deadline.
+func scrapeRetries(ctx context.Context, url string, sum map[string]int64) error {
+	var body []byte
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			body, err = io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+			resp.Body.Close()
+			if err == nil && resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s: %s", url, resp.Status)
+			}
+		}
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("read %s: %w", url, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return parseRetries(body, sum)
+}
+
+// parseRetries adds the ledger_store_retries_total samples of a metrics
+// page into sum, by op.
+func parseRetries(page []byte, sum map[string]int64) error {
+	const metric = "ledger_store_retries_total{"
+	for line := range strings.SplitSeq(string(page), "\n") {
+		sample, ok := strings.CutPrefix(line, metric)
+		if !ok {
+			continue
+		}
+		labels, rest, _ := strings.Cut(sample, "} ")
+		op := ""
+		for l := range strings.SplitSeq(labels, ",") {
+			if v, ok := strings.CutPrefix(l, `op="`); ok {
+				op = strings.TrimSuffix(v, `"`)
+			}
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err != nil || op == "" {
+			return fmt.Errorf("unreadable sample %q", line)
+		}
+		sum[op] += int64(v)
+	}
+	return nil
 }
 
 // startNode starts this binary with args, its output into logPath and env
@@ -630,8 +772,11 @@ func startNode(args, env []string, logPath string) (*benchNode, error) {
 		log.Close()
 		return nil, fmt.Errorf("start ledger process: %w", err)
 	}
-	n := &benchNode{cmd: cmd, log: log, done: make(chan error, 1)}
-	go func() { n.done <- cmd.Wait() }()
+	n := &benchNode{cmd: cmd, log: log, done: make(chan error, 1), exited: make(chan struct{})}
+	go func() {
+		n.done <- cmd.Wait()
+		close(n.exited)
+	}()
 	return n, nil
 }
 

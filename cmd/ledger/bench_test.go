@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,6 +82,9 @@ func TestBenchOnPostgres(t *testing.T) {
 		}
 		if st := res.Stages; st.Calls != 400 || st.Intake.P50 <= 0 || st.Record.P50 <= 0 {
 			t.Errorf("%s: stages %+v; want all 400 calls, intake and record measured", r.Name, st)
+		}
+		if r.StoreRetries == nil {
+			t.Errorf("%s: store retries not counted; want them read from the processes' metrics", r.Name)
 		}
 	}
 	// The runs had schemas of their own, dropped since: the DSN's own
@@ -232,6 +237,53 @@ func TestBenchStoreSchemas(t *testing.T) {
 			}
 		}
 		conn.Close(t.Context())
+	}
+}
+
+// A ledger process that dies during a run ends the run at once, naming
+// the process's log, instead of the run waiting out its drain.
+func TestWatchNodesProcessExits(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "node.log")
+	n, err := startNode([]string{"--no-such-flag"}, []string{runMainEnv + "=1"}, logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.kill()
+	ctx, unwatch := watchNodes(t.Context(), []*benchNode{n})
+	defer unwatch()
+	select {
+	case <-ctx.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the run's context lives on after its ledger process exited")
+	}
+	if cause := context.Cause(ctx); cause == nil || !strings.Contains(cause.Error(), "exited during the run") || !strings.Contains(cause.Error(), logPath) {
+		t.Errorf("cause = %v; want the process's exit and its log", cause)
+	}
+	unwatch() // idempotent
+}
+
+func TestParseRetries(t *testing.T) {
+	page := `# HELP ledger_store_retries_total Execution store transactions run again.
+# TYPE ledger_store_retries_total counter
+ledger_store_retries_total{op="claim",role="bench"} 84
+ledger_store_retries_total{op="mark logged",role="bench"} 2
+ledger_store_retries_totally{op="claim"} 1000
+ledger_stage_seconds_count{stage="claim"} 7
+`
+	sum := map[string]int64{"claim": 1}
+	if err := parseRetries([]byte(page), sum); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int64{"claim": 85, "mark logged": 2}; !maps.Equal(sum, want) {
+		t.Errorf("parseRetries = %v; want %v (added to what was there)", sum, want)
+	}
+	for _, bad := range []string{
+		`ledger_store_retries_total{op="claim"} many`,
+		`ledger_store_retries_total{role="bench"} 3`,
+	} {
+		if err := parseRetries([]byte(bad), map[string]int64{}); err == nil {
+			t.Errorf("parseRetries(%q): no error", bad)
+		}
 	}
 }
 

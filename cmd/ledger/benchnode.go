@@ -4,17 +4,21 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/pprof"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 )
 
 // benchNodeFlags configure one ledger process of a benchmark.
@@ -71,6 +75,11 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 	if err != nil {
 		return err
 	}
+	// Metrics are collected as the role commands collect them (their
+	// cost is part of the ledger's); --metrics-addr serves them, for the
+	// benchmark to read the store's retries.
+	obs := observers{metrics: metrics.New("bench")}
+	f.roles.store.retried = obs.metrics.StoreRetried
 	st, desc, err := f.roles.store.openStore(ctx, logger)
 	if err != nil {
 		return err
@@ -95,7 +104,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		if err != nil {
 			return err
 		}
-		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, observers{}, logger)
+		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, obs, logger)
 		if err != nil {
 			return err
 		}
@@ -107,7 +116,14 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 			return err
 		}
 		for i := range f.executors {
-			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), observers{}, logger)
+			xobs := obs
+			if i > 0 {
+				// A registry takes one executor's breakers and
+				// bulkheads; the others (on the embedded store, which
+				// one process owns) pay for metrics of their own.
+				xobs = observers{metrics: metrics.New("bench")}
+			}
+			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), xobs, logger)
 			if err != nil {
 				return err
 			}
@@ -117,6 +133,17 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 	}
 	if len(loops) == 0 {
 		return fmt.Errorf("bench node: nothing to run (no --intake, --executors 0)")
+	}
+	if f.roles.metricsAddr != "" {
+		ln, err := net.Listen("tcp", f.roles.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", obs.metrics.Handler())
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
 	}
 	logger.Info("bench node running", "intake", f.intake, "executors", f.executors, "store", desc, slog.String("instance", f.roles.instance))
 	grp, ctx := errgroup.WithContext(ctx)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -77,6 +78,12 @@ type RunReport struct {
 	// PeakRSS is the sum over the ledger processes of their peak
 	// resident memory.
 	PeakRSS int64 `json:"peak_rss_bytes"`
+	// StoreRetries counts, by operation (admit, claim, complete, mark
+	// logged...), the execution store transactions the ledger processes
+	// ran again during the measured run after a serialization failure or
+	// a deadlock: each throws a batch's work away. Nil on the embedded
+	// store, which has none.
+	StoreRetries map[string]int64 `json:"store_retries,omitempty"`
 	// ProjectionLag, when the run was projected into ClickHouse, is the
 	// age of the oldest event not yet projected, sampled while the load
 	// ran.
@@ -158,11 +165,11 @@ func (rep Report) WriteTable(w io.Writer) error {
 	if staged := rep.runsWhere(func(r RunReport) bool { return r.Result.Stages.Calls > 0 }); len(staged) > 0 {
 		fmt.Fprintln(w, "\nwhere the time goes, ms p50 / p99 (publish -> authorized read -> call started -> call ended -> terminal read):")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "run\tmode\tcalls\tintake\tclaim\tcall\trecord\t")
+		fmt.Fprintln(tw, "run\tmode\tcalls\tintake\tclaim\tcall\trecord\tstore retries\t")
 		for _, r := range staged {
 			st := r.Result.Stages
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t\n", r.Name, r.mode(), st.Calls,
-				p50p99(st.Intake), p50p99(st.Claim), p50p99(st.Call), p50p99(st.Record))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, r.mode(), st.Calls,
+				p50p99(st.Intake), p50p99(st.Claim), p50p99(st.Call), p50p99(st.Record), retries(r.StoreRetries))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -240,6 +247,25 @@ func (r RunReport) mode() string {
 		mode += " (saturated)"
 	}
 	return mode
+}
+
+// retries is a run's store retries for the table: the total and the
+// operations that had any, "-" when not counted.
+func retries(byOp map[string]int64) string {
+	if byOp == nil {
+		return "-"
+	}
+	var total int64
+	ops := make([]string, 0, len(byOp))
+	for op, n := range byOp {
+		total += n
+		ops = append(ops, fmt.Sprintf("%s %d", op, n))
+	}
+	if total == 0 {
+		return "0"
+	}
+	slices.Sort(ops)
+	return fmt.Sprintf("%d (%s)", total, strings.Join(ops, ", "))
 }
 
 func p50p99(p Percentiles) string {

@@ -50,7 +50,7 @@ func repReport() Report {
 				Witness:   Witness{Effects: 250, Reads: 750, Replays: 4, Orphans: 1},
 				LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, PeakRSS: 200 << 20,
 				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, PeakRSSPerCall: 209715.2,
-				PerSecPerExecutor: 250, PerSecPerLedgerCPU: 333.25,
+				PerSecPerExecutor: 250, PerSecPerLedgerCPU: 333.25, StoreRetries: map[string]int64{"claim": 5, "complete": 2},
 			},
 			{Name: "open 500/s", Executors: 2, Processes: 1, Result: open, Witness: Witness{Effects: 250, Reads: 747, Duplicates: 2, Missing: 1}},
 		},
@@ -188,7 +188,7 @@ func TestReportWriteJSON(t *testing.T) {
 		name string
 	}{
 		{raw, "machine"}, {raw, "direct"}, {raw, "limits"}, {raw, "backend_latency_ns"},
-		{run, "ledger_cpu_per_call_ns"}, {run, "calls_per_sec_per_executor"},
+		{run, "ledger_cpu_per_call_ns"}, {run, "calls_per_sec_per_executor"}, {run, "store_retries"},
 		{res, "calls_per_sec"}, {res, "lost"}, {res, "e2e"}, {res, "added"}, {res, "by_state"}, {res, "elapsed_ns"}, {res, "stages"},
 		{wit, "duplicate_effects"}, {wit, "missing_effects"}, {wit, "orphan_effects"},
 	} {
@@ -264,8 +264,8 @@ func TestReportWriteTable(t *testing.T) {
 		}
 	}
 	want := [][]string{
-		{"ledger", "closed", "999", "1.1", "/", "2.5", "0.4", "/", "1.2", "1.0", "/", "2.0", "0.5", "/", "1.5"},
-		{"open", "500/s", "open", "500/s", "(saturated)", "999", "1.1", "/", "2.5", "0.4", "/", "1.2", "1.0", "/", "2.0", "0.5", "/", "1.5"},
+		{"ledger", "closed", "999", "1.1", "/", "2.5", "0.4", "/", "1.2", "1.0", "/", "2.0", "0.5", "/", "1.5", "7", "(claim", "5,", "complete", "2)"},
+		{"open", "500/s", "open", "500/s", "(saturated)", "999", "1.1", "/", "2.5", "0.4", "/", "1.2", "1.0", "/", "2.0", "0.5", "/", "1.5", "-"},
 	}
 	if diff := cmp.Diff(want, staged); diff != "" {
 		t.Errorf("stage rows (-want +got):\n%s\n%s", diff, out)
