@@ -388,8 +388,11 @@ func TestDBAmbiguousCommitsResolved(t *testing.T) {
 
 // TestDBSerializationFailuresRetried runs three executors on one store
 // and topic while a SERIALIZABLE side writer keeps rewriting the rows
-// they claim and complete (to their own values), so that the store's
-// transactions fail with 40001 (and 40P01) and are retried.
+// they claim and complete (to their own values). On CockroachDB, where
+// the store's transactions are SERIALIZABLE, they fail with 40001 (and
+// 40P01) and are retried; on PostgreSQL claims and completions run at
+// READ COMMITTED and wait for the writer instead (deadlocks are still
+// retried). Either way every call runs once (dbCheck).
 func TestDBSerializationFailuresRetried(t *testing.T) {
 	h := newDBHarness(t, 12)
 	h.startIntake("intake-db")
@@ -411,8 +414,11 @@ func TestDBSerializationFailuresRetried(t *testing.T) {
 	}
 
 	serial, deadlocks := h.storeLog.get(dbRetryMsg+" 40001"), h.storeLog.get(dbRetryMsg+" 40P01")
-	if serial == 0 || side.commits.Load() == 0 {
-		t.Errorf("the store retried %d serialization failures; the side writer committed %d times (%d failed); want both > 0", serial, side.commits.Load(), side.conflicts.Load())
+	if side.commits.Load() == 0 {
+		t.Errorf("the side writer never committed (%d failed): it disturbed nothing", side.conflicts.Load())
+	}
+	if h.store.CockroachDB() && serial == 0 {
+		t.Errorf("the store retried no serialization failure; the side writer committed %d times (%d failed); want retries on CockroachDB", side.commits.Load(), side.conflicts.Load())
 	}
 	st := h.store.dbSnapshot()
 	t.Logf("%d calls %v; store retries: %d after 40001, %d after 40P01, %d in all; side writer: %d commits, %d serialization failures; store %+v; %d tool requests, %d native replays",

@@ -4,8 +4,8 @@
 // differs.
 //
 // Every method is one SERIALIZABLE transaction over the whole batch
-// (except Admit and MarkLogged on PostgreSQL, READ COMMITTED: see
-// there), its statements pipelined (pgx.Batch) so that a batch costs one
+// (except Admit, Claim, Complete and MarkLogged on PostgreSQL, READ
+// COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a batch costs one
 // round trip plus BEGIN and COMMIT, not one per call. Serialization
 // failures (SQLSTATE 40001) restart the whole transaction, a bounded
 // number of times:
@@ -432,13 +432,14 @@ func stripComments(sql string) string {
 // is safe to run again whole.
 const codeDeadlock = "40P01"
 
-// deadlock makes a deadlock retried as a serialization failure is: the
-// retry loop goes by SQLSTATE 40001. The error itself stays reachable.
-type deadlock struct{ err error }
+// retryable makes an error retried as a serialization failure is (the
+// retry loop goes by SQLSTATE 40001): a deadlock, or a claim that must
+// read again. The error itself stays reachable.
+type retryable struct{ err error }
 
-func (d deadlock) Error() string    { return d.err.Error() }
-func (d deadlock) Unwrap() error    { return d.err }
-func (d deadlock) SQLState() string { return "40001" }
+func (d retryable) Error() string    { return d.err.Error() }
+func (d retryable) Unwrap() error    { return d.err }
+func (d retryable) SQLState() string { return "40001" }
 
 func sqlState(err error) string {
 	var pe *pgconn.PgError
@@ -458,9 +459,19 @@ func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn f
 	return s.inTxAt(ctx, op, pgx.Serializable, mode, fn)
 }
 
-// relaxed is the isolation level of Admit and MarkLogged: READ COMMITTED
-// on PostgreSQL. CockroachDB stays at SERIALIZABLE: READ COMMITTED there
-// is a cluster setting, and it tracks conflicts per key, not per page.
+// relaxed is the isolation level of Admit, Claim, Complete and
+// MarkLogged: READ COMMITTED on PostgreSQL. Each decides every record on
+// the record alone, under its row lock: Admit by the primary key, Claim
+// by a locking read and an UPDATE whose WHERE repeats the claim's
+// conditions, Complete by an UPDATE fenced by epoch and status, and
+// MarkLogged only raises a counter. A concurrent writer of the row makes
+// them wait and then decide on its write (PostgreSQL re-checks an
+// UPDATE's WHERE against the new row), where SERIALIZABLE failed them
+// with 40001: on a row another transaction had just written (the
+// intake's mark-logged as the executor claims the calls it sees
+// committed), and, with several executors, on index pages they merely
+// shared. CockroachDB stays at SERIALIZABLE: READ COMMITTED there is a
+// cluster setting, and it tracks conflicts per key, not per page.
 func (s *Store) relaxed() pgx.TxIsoLevel {
 	if s.crdb {
 		return pgx.Serializable
@@ -468,8 +479,8 @@ func (s *Store) relaxed() pgx.TxIsoLevel {
 	return pgx.ReadCommitted
 }
 
-// inTxAt is inTx at another isolation level, for the methods whose
-// outcome no snapshot can change (Admit, MarkLogged).
+// inTxAt is inTx at another isolation level, for the methods that run at
+// relaxed.
 func (s *Store) inTxAt(ctx context.Context, op string, iso pgx.TxIsoLevel, mode pgx.TxAccessMode, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	opts := pgx.TxOptions{IsoLevel: iso, AccessMode: mode}
 	ctx = crdb.WithMaxRetries(ctx, s.maxRetries)
@@ -500,7 +511,7 @@ func (s *Store) inTxAt(ctx context.Context, op string, iso pgx.TxIsoLevel, mode 
 			// and ExecuteCtx retries it like any other.
 			last = pgx.BeginTxFunc(ctx, s.pool, opts, run)
 			if sqlState(last) == codeDeadlock {
-				return deadlock{last}
+				return retryable{last}
 			}
 			return last
 		})
@@ -903,6 +914,9 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 
 // Claim implements processors.Store. One round trip: the batch's records
 // as they were (locked), then the conditional claim of the claimable ones.
+// At READ COMMITTED (PostgreSQL) the two statements see what was
+// committed when each began: a record admitted in between is claimed but
+// not read, and the claim then runs again.
 func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
 	if err := processors.CheckClaims(cs); err != nil {
 		return nil, fmt.Errorf("pgstore claim: %w: %w", processors.ErrRejected, err)
@@ -923,7 +937,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 	}
 
 	var out []processors.ClaimResult
-	err := s.inTx(ctx, "claim", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+	err := s.inTxAt(ctx, "claim", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(s.q.selectKeysForUpdate, ts, ks)
 		b.Queue(s.q.claim, ts, ks, hashes, owners, leases, ords)
@@ -957,6 +971,12 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 			r, ok := cur[c.Key]
 			w, didWin := won[i]
 			switch {
+			case !ok && didWin:
+				// READ COMMITTED: the record was admitted between the
+				// locking read and the claim, which each see what was
+				// committed when they began. Claim again: the read
+				// then has it.
+				return retryable{fmt.Errorf("claim %d (%v): record admitted during the claim", i, c.Key)}
 			case !ok:
 				out[i] = processors.ClaimResult{Outcome: processors.Missing}
 			case r.ArgumentsHash != c.ArgumentsHash:
@@ -1010,7 +1030,7 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 		results, outboxes, ords = append(results, c.Result), append(outboxes, c.Outbox), append(ords, int64(i))
 	}
 	var applied []bool
-	err := s.inTx(ctx, "complete", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+	err := s.inTxAt(ctx, "complete", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, s.q.complete, ts, ks, epochs, statuses, attempts, results, seqs, outboxes, ords)
 		done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
