@@ -831,11 +831,15 @@ func procPeakRSS(pid int) int64 {
 }
 
 func (n *benchNode) kill() {
-	if n.cmd.ProcessState == nil {
+	select {
+	case <-n.exited:
+		// Exited on its own, or stopped: stop has closed the log, or
+		// nobody has.
+	default:
 		_ = n.cmd.Process.Kill()
-		<-n.done
-		n.log.Close()
+		<-n.exited
 	}
+	n.log.Close()
 }
 
 // procCPU reads utime + stime of pid from /proc/<pid>/stat (Linux; 0

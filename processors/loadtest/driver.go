@@ -249,14 +249,16 @@ type Result struct {
 // Stages splits a call's end-to-end latency into four parts that add up
 // to it, from when the benchmark read the call's authorized and terminal
 // events and from the times the terminal event carries (its at, and its
-// latency_ms: the executor's attempt). Only calls that ran count.
+// latency_ms: the executor's attempt). Only the calls the executor ended
+// count.
 //
 // Claim and Record subtract a time the executor's clock took from one
 // the benchmark's clock took: with the two on different machines, their
 // clocks' offset moves time between Claim and Record (a negative part
 // counts as 0). Intake and Call use one clock each. The terminal event's
 // latency_ms is whole milliseconds, so Call is truncated and Claim gets
-// the remainder.
+// the remainder. A call the executor ended without reaching the tool
+// (expired, say) counts with a Call of 0.
 type Stages struct {
 	// Calls is how many calls the percentiles cover.
 	Calls int64 `json:"calls"`

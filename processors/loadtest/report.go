@@ -81,9 +81,9 @@ type RunReport struct {
 	// StoreRetries counts, by operation (admit, claim, complete, mark
 	// logged...), the execution store transactions the ledger processes
 	// ran again during the measured run after a serialization failure or
-	// a deadlock: each throws a batch's work away. Nil on the embedded
-	// store, which has none.
-	StoreRetries map[string]int64 `json:"store_retries,omitempty"`
+	// a deadlock: each throws a batch's work away. Nil (null in the JSON)
+	// when not counted: on the embedded store, which has none.
+	StoreRetries map[string]int64 `json:"store_retries"`
 	// ProjectionLag, when the run was projected into ClickHouse, is the
 	// age of the oldest event not yet projected, sampled while the load
 	// ran.

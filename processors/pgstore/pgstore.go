@@ -603,9 +603,9 @@ LIMIT %s`
 		//
 		// FOR UPDATE: claimers of one key queue on the row lock instead of
 		// all reading, all writing and all but one failing at commit. On
-		// PostgreSQL the queued ones still get 40001 once the first
-		// commits (their snapshot is older) and retry; on CockroachDB the
-		// lock avoids most restarts.
+		// PostgreSQL (READ COMMITTED) the queued ones then read the row
+		// as the first left it; on CockroachDB the lock avoids most
+		// restarts.
 		selectKeysForUpdate: r.Replace(selectKeys + "\nFOR UPDATE"),
 		// The primary key dedupes; DO NOTHING leaves existing rows as they
 		// are. A row a concurrent transaction committed after this one's
