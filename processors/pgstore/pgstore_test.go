@@ -700,28 +700,15 @@ func TestMarkLoggedWaitsInsteadOfFailing(t *testing.T) {
 	s, logs := openRelaxed(t)
 	ctx := t.Context()
 	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
-	if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}}); err != nil {
-		t.Fatal(err)
-	}
+	admitAuthorized(t, s, k)
 
 	// Another writer holds the row, as a claim does between its
-	// statements and its commit.
-	other, err := s.pool.Begin(ctx)
+	// statements and its commit; MarkLogged takes its snapshot and waits
+	// for the row lock.
+	err := whileRowHeld(t, s, k, "epoch = epoch + 1, updated_at = now()", "logged_seq = GREATEST", nil, func() error {
+		return s.MarkLogged(ctx, []processors.Logged{{Key: k, Seq: 2}})
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Rollback(context.WithoutCancel(ctx))
-	if _, err := other.Exec(ctx, "UPDATE "+s.table+" SET epoch = epoch + 1, updated_at = now() WHERE tenant_id = $1 AND idempotency_key = $2", k.TenantID, k.IdempotencyKey); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.MarkLogged(ctx, []processors.Logged{{Key: k, Seq: 2}}) }()
-	// MarkLogged has taken its snapshot and waits for the row lock.
-	waitForLock(t, s, "logged_seq = GREATEST")
-	if err := other.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
 		t.Fatalf("MarkLogged() = %v", err)
 	}
 	r, err := s.Get(ctx, k)
@@ -736,22 +723,45 @@ func TestMarkLoggedWaitsInsteadOfFailing(t *testing.T) {
 	}
 }
 
-// holdRow begins a transaction that updates k's row, as another writer
-// between its statements and its commit (the intake marking events
-// logged, say), and returns it: the caller commits it.
-func holdRow(t *testing.T, s *Store, k ledger.CallKey) pgx.Tx {
+// admitAuthorized admits k as an authorized call at seq 2, arguments hash "h".
+func admitAuthorized(t *testing.T, s *Store, k ledger.CallKey) {
+	t.Helper()
+	if _, err := s.Admit(t.Context(), []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// whileRowHeld runs call while another transaction holds k's row, having
+// updated it with the SET clause set (another writer between its
+// statements and its commit): once a statement of call containing waitsOn
+// waits for the row's lock, meanwhile runs (if not nil) and the other
+// transaction commits. It returns call's error.
+func whileRowHeld(t *testing.T, s *Store, k ledger.CallKey, set, waitsOn string, meanwhile func(), call func() error) error {
 	t.Helper()
 	ctx := t.Context()
 	other, err := s.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { other.Rollback(context.WithoutCancel(ctx)) })
-	if _, err := other.Exec(ctx, "UPDATE "+s.table+" SET logged_seq = seq WHERE tenant_id = $1 AND idempotency_key = $2", k.TenantID, k.IdempotencyKey); err != nil {
+	defer other.Rollback(context.WithoutCancel(ctx))
+	if _, err := other.Exec(ctx, "UPDATE "+s.table+" SET "+set+" WHERE tenant_id = $1 AND idempotency_key = $2", k.TenantID, k.IdempotencyKey); err != nil {
 		t.Fatal(err)
 	}
-	return other
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	waitForLock(t, s, waitsOn)
+	if meanwhile != nil {
+		meanwhile()
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return <-done
 }
+
+// markLoggedMeanwhile is the other writer of the claim tests: the intake
+// marking the call's events logged.
+const markLoggedMeanwhile = "logged_seq = seq"
 
 // TestClaimAndCompleteWaitInsteadOfFailing: a claim and a completion of a
 // record that another transaction is writing (the intake's mark-logged
@@ -764,42 +774,29 @@ func TestClaimAndCompleteWaitInsteadOfFailing(t *testing.T) {
 	s, logs := openRelaxed(t)
 	ctx := t.Context()
 	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
-	if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}}); err != nil {
-		t.Fatal(err)
-	}
+	admitAuthorized(t, s, k)
 
-	other := holdRow(t, s, k)
-	claimed := make(chan []processors.ClaimResult, 1)
-	go func() {
-		res, err := s.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour}})
-		if err != nil {
-			t.Errorf("Claim() = %v", err)
-		}
-		claimed <- res
-	}()
-	waitForLock(t, s, "FOR UPDATE")
-	if err := other.Commit(ctx); err != nil {
-		t.Fatal(err)
+	var res []processors.ClaimResult
+	err := whileRowHeld(t, s, k, markLoggedMeanwhile, "FOR UPDATE", nil, func() (err error) {
+		res, err = s.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour}})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Claim() = %v", err)
 	}
-	res := <-claimed
 	if len(res) != 1 || res[0].Outcome != processors.Claimed || res[0].Record.Epoch != 1 || res[0].Record.LoggedSeq != 2 {
 		t.Fatalf("Claim() = %+v; want claimed at epoch 1, with the other writer's logged_seq 2", res)
 	}
 
-	other = holdRow(t, s, k)
-	completed := make(chan []bool, 1)
-	go func() {
-		applied, err := s.Complete(ctx, []processors.Completion{{Key: k, Epoch: 1, Status: processors.StatusSucceeded, Attempt: 1, Seq: 4, Outbox: []byte("[]")}})
-		if err != nil {
-			t.Errorf("Complete() = %v", err)
-		}
-		completed <- applied
-	}()
-	waitForLock(t, s, "SET status = u.status")
-	if err := other.Commit(ctx); err != nil {
-		t.Fatal(err)
+	var applied []bool
+	err = whileRowHeld(t, s, k, markLoggedMeanwhile, "SET status = u.status", nil, func() (err error) {
+		applied, err = s.Complete(ctx, []processors.Completion{{Key: k, Epoch: 1, Status: processors.StatusSucceeded, Attempt: 1, Seq: 4, Outbox: []byte("[]")}})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Complete() = %v", err)
 	}
-	if applied := <-completed; len(applied) != 1 || !applied[0] {
+	if len(applied) != 1 || !applied[0] {
 		t.Fatalf("Complete() applied %v; want [true]", applied)
 	}
 	r, err := s.Get(ctx, k)
@@ -825,32 +822,20 @@ func TestClaimReadsARecordAdmittedMeanwhile(t *testing.T) {
 	ctx := t.Context()
 	a := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "a"}
 	b := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "b"}
-	admit := func(k ledger.CallKey) {
-		t.Helper()
-		if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admit(a)
-	// The read stops at a, locked, with b not yet admitted.
-	other := holdRow(t, s, a)
-	claimed := make(chan []processors.ClaimResult, 1)
-	go func() {
-		res, err := s.Claim(ctx, []processors.Claim{
+	admitAuthorized(t, s, a)
+	// The read stops at a, locked, with b not yet admitted; b is
+	// admitted while it waits.
+	var res []processors.ClaimResult
+	err := whileRowHeld(t, s, a, markLoggedMeanwhile, "FOR UPDATE", func() { admitAuthorized(t, s, b) }, func() (err error) {
+		res, err = s.Claim(ctx, []processors.Claim{
 			{Key: a, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour},
 			{Key: b, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour},
 		})
-		if err != nil {
-			t.Errorf("Claim() = %v", err)
-		}
-		claimed <- res
-	}()
-	waitForLock(t, s, "FOR UPDATE")
-	admit(b)
-	if err := other.Commit(ctx); err != nil {
-		t.Fatal(err)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Claim() = %v", err)
 	}
-	res := <-claimed
 	for i, k := range []ledger.CallKey{a, b} {
 		if len(res) != 2 || res[i].Outcome != processors.Claimed || res[i].Record.Epoch != 1 {
 			t.Fatalf("Claim() = %+v; want %v claimed at epoch 1", res, k)
