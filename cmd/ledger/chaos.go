@@ -635,10 +635,10 @@ func (r *chaosReport) failures(points []string) []string {
 	return bad
 }
 
-// chaosSchema creates schema in dsn's database and returns dsn with it as
+// createSchemaDSN creates schema in dsn's database and returns dsn with it as
 // the search_path, and a function that drops it.
 func createSchemaDSN(ctx context.Context, dsn, schema string) (string, func(), error) {
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := pgstore.Connect(ctx, dsn)
 	if err != nil {
 		return "", nil, fmt.Errorf("connect to the store: %w", err)
 	}
@@ -650,7 +650,7 @@ func createSchemaDSN(ctx context.Context, dsn, schema string) (string, func(), e
 	drop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if conn, err := pgx.Connect(ctx, dsn); err == nil {
+		if conn, err := pgstore.Connect(ctx, dsn); err == nil {
 			_, _ = conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 			conn.Close(ctx)
 		}

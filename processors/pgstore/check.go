@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/toolcall-ledger/ledger/processors"
 )
@@ -31,15 +32,28 @@ func NewChecker(ctx context.Context, cfg Config) (*Checker, error) {
 	if cfg.DSN == "" {
 		return nil, errors.New("pgstore: DSN is required")
 	}
-	pcfg, err := pgx.ParseConfig(cfg.DSN)
+	conn, err := Connect(ctx, cfg.DSN)
+	if err != nil {
+		return nil, err
+	}
+	return &Checker{conn: conn, schema: cfg.Schema}, nil
+}
+
+// Connect opens one connection to the store's database: what Open's pool
+// would open, for tools that need one session (schema set-up, checks).
+// The DSN's pool settings (pool_max_conns...), which Open honours, are
+// left out: given to a single connection, PostgreSQL refuses them as
+// unknown parameters. The error never repeats the DSN.
+func Connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, errors.New("pgstore: cannot parse DSN")
 	}
-	conn, err := pgx.ConnectConfig(ctx, pcfg)
+	conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: connect: %w", err)
 	}
-	return &Checker{conn: conn, schema: cfg.Schema}, nil
+	return conn, nil
 }
 
 // Close closes the connection.

@@ -158,3 +158,36 @@ func TestCheckerServer(t *testing.T) {
 		t.Errorf("NewChecker(bad DSN) = %v; want an error without the password", err)
 	}
 }
+
+// TestConnectLeavesPoolSettingsOut: a DSN with pool settings, which Open
+// honours, also serves the single connections of the checker (ledger
+// doctor) and of schema set-up; PostgreSQL refuses pool_max_conns as a
+// connection parameter.
+func TestConnectLeavesPoolSettingsOut(t *testing.T) {
+	dsn := testDSN(t)
+	pooled := dsn + " pool_max_conns=3" // a key=value DSN
+	if strings.Contains(dsn, "://") {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		pooled = dsn + sep + "pool_max_conns=3"
+	}
+	conn, err := Connect(t.Context(), pooled)
+	if err != nil {
+		t.Fatalf("Connect(DSN with pool_max_conns) = %v", err)
+	}
+	var one int
+	if err := conn.QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Errorf("SELECT 1 = %d, %v", one, err)
+	}
+	conn.Close(t.Context())
+	c := newChecker(t, Config{DSN: pooled})
+	if _, err := c.Server(t.Context()); err != nil {
+		t.Errorf("checker on a DSN with pool_max_conns: Server() = %v", err)
+	}
+	_, err = Connect(t.Context(), "postgres://u:hunter2@127.0.0.1:notaport/x")
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("Connect(bad DSN) = %v; want an error without the password", err)
+	}
+}
