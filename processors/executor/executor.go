@@ -21,13 +21,7 @@
 //     durable claim makes safe (a crash leaves the lease to expire and the
 //     sweep to reclaim, as above), and the outcome is recorded and
 //     appended by a later step, or, at shutdown, recorded by the call
-//     itself and appended from the outbox by the sweep;
-//   - under load (events already fetched for the next step) a step does
-//     not wait for the calls it starts: the next step records those that
-//     ended while it claims its own batch, in a second store transaction
-//     on other calls. That is the carry-over above, taken early; a step
-//     with nothing fetched waits for every call left running, so an
-//     outcome never waits for a poll's tick.
+//     itself and appended from the outbox by the sweep.
 package executor
 
 import (
@@ -189,14 +183,12 @@ type Config struct {
 	// case where this instance's transaction aborted in a rebalance after
 	// the instance that took the partition over had skipped the call as
 	// busy, so no redelivery would ever bring it back; and the calls
-	// carried over past a step (see StepBudget) or left to the next one
-	// under load, whose authorized events were committed before they
-	// ended, when the transaction carrying their outcome aborted, the
-	// step failed after recording them, or the executor shut down first.
+	// carried over past a step (see StepBudget), whose authorized events
+	// were committed before they ended, when the transaction carrying
+	// their outcome aborted or the executor shut down first.
 	UnloggedGrace time.Duration
 	// StepBudget bounds how long a step waits for the calls it claimed
-	// (and for those earlier steps under load did not wait for) before
-	// it hands what finished to the log; default 200ms. A call
+	// before it hands what finished to the log; default 200ms. A call
 	// still running then is carried over: its outcome goes out with a
 	// later step (the loop runs one at least every tick), so one hanging
 	// call holds up neither its batch nor the batches after it. While a
@@ -380,13 +372,6 @@ type Executor struct {
 	running map[ledger.CallKey]struct{}
 	done    chan *flight
 	flights flights
-	// unwaited are calls in flight that the step which started them did
-	// not wait for (under mu).
-	unwaited map[*flight]struct{}
-
-	// backlog counts the records fetched for the next step (the loop's
-	// Buffered); nil when the executor runs without its Loop.
-	backlog func() int64
 }
 
 // New validates cfg and returns an executor.
@@ -413,11 +398,10 @@ type job struct {
 }
 
 // Step handles one batch of events: it is a ledger.Step. It acts on
-// authorized events and ignores the rest. It records the calls that
-// ended since the last step while it claims the batch's calls, and runs
-// them. With more events already fetched it returns then; otherwise it
-// waits for them, and for the calls earlier steps did not wait for, up to
-// Config.StepBudget. It returns the events of every call it recorded.
+// authorized events and ignores the rest. It claims the batch's calls,
+// runs them, and waits for them up to Config.StepBudget; it returns the
+// events of every call that ended by then, this batch's or carried over
+// from an earlier step's.
 func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Output, err error) {
 	var got []*flight // ended calls taken from the flights and not yet recorded
 	defer func() {
@@ -494,40 +478,18 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		return ledger.Output{}, nil
 	}
 
-	// At the bound of calls in flight, wait for some to end before
-	// claiming more: the loop's back-pressure.
-	for len(order) > 0 && x.flights.count() >= x.cfg.MaxInFlight && ctx.Err() == nil {
-		select {
-		case f := <-x.done:
-			x.landed(f)
-			got = append(got, f)
-		case <-ctx.Done():
-		}
-	}
-	// The calls that ended since the last step (carried over, or left
-	// by a step that did not wait for them) are recorded while this
-	// batch is claimed: they are other calls, and each is a store round
-	// trip the step would otherwise wait for in turn.
-	got = x.takeEnded(got)
-	var early []processors.Completion
-	for _, f := range got {
-		if f.c.Epoch != 0 {
-			early = append(early, f.c)
-		}
-	}
-	// From here a failure to record them is a crash's: the leases
-	// expire and the sweep finds the calls.
-	got = nil
-	var (
-		earlyApplied []bool
-		earlyErr     error
-		recording    sync.WaitGroup
-	)
-	if len(early) > 0 {
-		recording.Go(func() { earlyApplied, earlyErr = x.record(ctx, early) })
-	}
 	var results []processors.ClaimResult
 	if len(order) > 0 {
+		// At the bound of calls in flight, wait for some to end before
+		// claiming more: the loop's back-pressure.
+		for x.flights.count() >= x.cfg.MaxInFlight && ctx.Err() == nil {
+			select {
+			case f := <-x.done:
+				x.landed(f)
+				got = append(got, f)
+			case <-ctx.Done():
+			}
+		}
 		claims := make([]processors.Claim, len(order))
 		for i, k := range order {
 			claims[i] = jobs[k].claim
@@ -535,21 +497,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		var err error
 		t0 := time.Now()
 		if results, err = x.cfg.Store.Claim(ctx, claims); err != nil {
-			recording.Wait()
 			return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
 		}
 		x.cfg.Metrics.Stage("claim", time.Since(t0))
 		x.cfg.Failpoint.Hit(failpoint.Claimed)
 		x.countClaims(results)
-	}
-	recording.Wait()
-	if earlyErr != nil {
-		// Those calls are left to their leases, as after a crash; the
-		// step goes on, for failing it now would leave this batch's
-		// claims unlaunched until their leases expire too, and make
-		// calls that never ran look as if they might have.
-		x.cfg.Logger.Error("record finished calls; their leases will expire", "calls", len(early), "err", earlyErr)
-		early = nil
 	}
 
 	var (
@@ -559,24 +511,6 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		mismatched     []ledger.Event
 		mismatchedRecs []processors.Record
 	)
-	// Even when shutting down, the batch just claimed is launched: a
-	// claim left unlaunched would expire and make calls that never ran
-	// look as if they might have. The checks after the launch end the
-	// step.
-	x.appendRecorded(early, earlyApplied, &out, &logged)
-	// With more events already fetched, the step does not wait for the
-	// calls it starts: the next step, which follows at once, records
-	// those that ended by then while it claims its own batch. Otherwise
-	// it waits for them (up to StepBudget), and for the calls earlier
-	// steps left, so that an outcome never waits for a poll's tick.
-	pipelined := x.cfg.StepBudget >= 0 && x.backlog != nil && x.backlog() > 0
-	if !pipelined {
-		x.mu.Lock()
-		for f := range x.unwaited {
-			waiting[f] = struct{}{}
-		}
-		x.mu.Unlock()
-	}
 	outbox := func(rec processors.Record) error {
 		evs, err := ledger.DecodeEvents(rec.Outbox)
 		if err != nil {
@@ -605,11 +539,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		switch res.Outcome {
 		case processors.Claimed, processors.Reclaimed:
 			f, wait := x.launch(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed)
-			switch {
-			case x.cfg.StepBudget < 0, wait && !pipelined:
+			if wait || x.cfg.StepBudget < 0 {
 				waiting[f] = struct{}{}
-			case wait:
-				x.leave(f)
 			}
 		case processors.Finished:
 			if rec.Unlogged() {
@@ -634,9 +565,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			x.cfg.Logger.Error("authorized event without execution record", "call_key", order[i].String(), "trace_id", j.tmpl.TraceID)
 		}
 	}
-	if !pipelined || ctx.Err() != nil {
-		got = x.await(ctx, got, waiting)
-	}
+	got = x.await(ctx, got, waiting)
 	if ctx.Err() != nil {
 		// Shutting down: the calls still running record their own
 		// outcomes when they end; give them a while to do so.
@@ -660,17 +589,34 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// the sweep finds the calls.
 	got = nil
 	if len(done) > 0 {
-		applied, err := x.record(ctx, done)
+		// Record what ran even during shutdown; the events then follow
+		// from the outbox on redelivery or through the sweep.
+		x.cfg.Failpoint.Hit(failpoint.ResponseReceived)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		t0 := time.Now()
+		applied, err := x.cfg.Store.Complete(cctx, done)
+		cancel()
+		x.cfg.Metrics.Stage("complete", time.Since(t0))
 		if err != nil {
-			return ledger.Output{}, err
+			// The tools ran but the outcome is not recorded: the
+			// leases will expire and the sweep will find the calls.
+			return ledger.Output{}, fmt.Errorf("complete %d calls: %w", len(done), err)
 		}
+		x.cfg.Failpoint.Hit(failpoint.ResultWritten)
 		if ctx.Err() != nil {
 			// Shutting down: the outcomes are in the store, and their
 			// events go out from the outbox on redelivery or through
 			// the sweep.
 			return ledger.Output{}, ctx.Err()
 		}
-		x.appendRecorded(done, applied, &out, &logged)
+		for i, c := range done {
+			if !applied[i] {
+				x.cfg.Logger.Warn("fenced out of call", "call_key", c.Key.String(), "epoch", c.Epoch)
+				continue
+			}
+			out = append(out, c.Records...)
+			logged = append(logged, processors.Logged{Key: c.Key, Seq: c.Seq})
+		}
 	}
 	if ctx.Err() != nil {
 		return ledger.Output{}, ctx.Err()
@@ -682,38 +628,6 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		return x.cfg.Store.MarkLogged(ctx, logged)
 	}
 	return ledger.Output{Records: out, Committed: committed}, nil
-}
-
-// record writes the outcomes of ended calls to the store, even during
-// shutdown (the events then follow from the outbox on redelivery or
-// through the sweep). applied[i] is false for a call this executor was
-// fenced out of. An error means the tools ran but their outcomes are not
-// recorded: the leases will expire and the sweep will find the calls.
-func (x *Executor) record(ctx context.Context, cs []processors.Completion) ([]bool, error) {
-	x.cfg.Failpoint.Hit(failpoint.ResponseReceived)
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	t0 := time.Now()
-	applied, err := x.cfg.Store.Complete(cctx, cs)
-	x.cfg.Metrics.Stage("complete", time.Since(t0))
-	if err != nil {
-		return nil, fmt.Errorf("complete %d calls: %w", len(cs), err)
-	}
-	x.cfg.Failpoint.Hit(failpoint.ResultWritten)
-	return applied, nil
-}
-
-// appendRecorded adds the events of the recorded calls to out, and the
-// calls to logged, skipping those this executor was fenced out of.
-func (x *Executor) appendRecorded(cs []processors.Completion, applied []bool, out *[]*kgo.Record, logged *[]processors.Logged) {
-	for i, c := range cs {
-		if !applied[i] {
-			x.cfg.Logger.Warn("fenced out of call", "call_key", c.Key.String(), "epoch", c.Epoch)
-			continue
-		}
-		*out = append(*out, c.Records...)
-		*logged = append(*logged, processors.Logged{Key: c.Key, Seq: c.Seq})
-	}
 }
 
 // await takes ended calls from the flights until every call in waiting
@@ -744,7 +658,15 @@ wait:
 		x.carry(waiting)
 		x.cfg.Logger.Debug("calls carried over past the step budget", "calls", len(waiting))
 	}
-	return x.takeEnded(got)
+	for {
+		select {
+		case f := <-x.done:
+			x.landed(f)
+			got = append(got, f)
+		default:
+			return got
+		}
+	}
 }
 
 // leaseFor is how long a claim on a tool may take, with margin. A tool
@@ -1421,10 +1343,5 @@ func (x *Executor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
 		// nothing.
 		lc.Tick = 100 * time.Millisecond
 	}
-	l, err := ledger.NewLoop(lc, x.Step)
-	if err != nil {
-		return nil, err
-	}
-	x.backlog = l.Buffered
-	return l, nil
+	return ledger.NewLoop(lc, x.Step)
 }
