@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 )
@@ -189,7 +192,7 @@ func (l *Loop) Run(ctx context.Context) error {
 
 // runSession runs one transact session until it fails or ctx ends. It
 // sets *progressed once a transaction of the session committed.
-func (l *Loop) runSession(ctx context.Context, progressed *bool) error {
+func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	base, err := l.cfg.Client.baseOpts()
 	if err != nil {
 		return err
@@ -223,7 +226,12 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) error {
 	if err != nil {
 		return fmt.Errorf("new transact session: %w", err)
 	}
-	defer sess.Close()
+	defer func() {
+		if rerr != nil && ctx.Err() == nil {
+			l.leaveGroup(ctx, sess.Client())
+		}
+		sess.Close()
+	}()
 
 	var (
 		stepFailures int
@@ -370,6 +378,48 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) error {
 					l.cfg.Logger.Warn("after-commit step failed", "group", l.cfg.Group, "err", err)
 				}
 			}(out.Committed)
+		}
+	}
+}
+
+// leaveGroup takes a session that failed out of its group before the
+// next session joins. Close leaves too, but tries once: when the failure
+// was the broker going away, that LeaveGroup goes nowhere, the group
+// keeps the old member until its session timeout, and the next
+// session's join waits for it that long (franz-go's default 45 s), with
+// nothing consumed meanwhile. So the leave is sent again until the group
+// answers, for as long as it would keep the member anyway.
+func (l *Loop) leaveGroup(ctx context.Context, cl *kgo.Client) {
+	member, _ := cl.GroupMetadata()
+	if member == "" {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, cmp.Or(l.cfg.Client.SessionTimeout, 45*time.Second))
+	defer cancel()
+	// The client's own leave also stops its group management, which
+	// would otherwise rejoin once the group forgets the member.
+	err := cl.LeaveGroupContext(lctx)
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group = l.cfg.Group
+	req.MemberID = member
+	m := kmsg.NewLeaveGroupRequestMember()
+	m.MemberID = member
+	m.Reason = kmsg.StringPtr("transact session failed; a new session joins")
+	req.Members = append(req.Members, m)
+	for delay := 100 * time.Millisecond; err != nil && !errors.Is(err, kerr.UnknownMemberID); delay = min(2*delay, time.Second) {
+		select {
+		case <-lctx.Done():
+			if ctx.Err() == nil {
+				l.cfg.Logger.Warn("failed session could not leave its group; the next one waits for the group to drop it", "group", l.cfg.Group, "err", err)
+			}
+			return
+		case <-time.After(delay):
+		}
+		var resp *kmsg.LeaveGroupResponse
+		if resp, err = req.RequestWith(lctx, cl); err == nil {
+			if err = kerr.ErrorForCode(resp.ErrorCode); err == nil && len(resp.Members) > 0 {
+				err = kerr.ErrorForCode(resp.Members[0].ErrorCode)
+			}
 		}
 	}
 }

@@ -259,3 +259,34 @@ func TestLoopRestartBackoffResetsAfterProgress(t *testing.T) {
 		t.Errorf("%d commits failed; want %d", got, failures)
 	}
 }
+
+// A session that fails (here its EndTxn) while the group cannot take its
+// LeaveGroup must still leave before the next session joins: a member
+// left behind holds the group's rebalance until its session timeout
+// (franz-go's 45 s), and nothing is consumed meanwhile. The leave is
+// refused three times; the copy must still finish long before 45 s.
+func TestLoopFailedSessionLeavesItsGroup(t *testing.T) {
+	k := faultableKafka(t)
+	const n = 20
+	publishRequests(t, k, n)
+	endTxn := k.Cluster.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.InvalidTxnState,
+		When: func(r kmsg.Request) bool { return r.(*kmsg.EndTxnRequest).Commit },
+	})
+	defer endTxn.Remove()
+	// Not retriable, so that the client's own leave gives up at once,
+	// as it does when the broker cannot be dialled.
+	leave := k.Cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.LeaveGroup}, TopLevel: true, Err: kerr.UnknownServerError, Count: 3})
+	defer leave.Remove()
+
+	loop := copyLoop(t, k, "copy-leave")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitCommitted(t, k, n, 20*time.Second)
+	if endTxn.Hits() != 1 || leave.Hits() != 3 {
+		t.Errorf("EndTxn failed %d times, LeaveGroup %d; want 1 and 3", endTxn.Hits(), leave.Hits())
+	}
+}
