@@ -126,6 +126,19 @@ type Loop struct {
 	// lastPoll is when a live session last returned from a poll, in Unix
 	// nanoseconds; 0 while no session is live.
 	lastPoll atomic.Int64
+	// client is the live session's client, nil between sessions.
+	client atomic.Pointer[kgo.Client]
+}
+
+// Buffered is how many records the live session has fetched that no poll
+// has returned yet: work already waiting for the next step. A step may
+// use it to decide not to wait for what it started and to leave it to the
+// next one. It is 0 between sessions.
+func (l *Loop) Buffered() int64 {
+	if cl := l.client.Load(); cl != nil {
+		return cl.BufferedFetchRecords()
+	}
+	return 0
 }
 
 // Group is the loop's consumer group.
@@ -232,6 +245,8 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		}
 		sess.Close()
 	}()
+	l.client.Store(sess.Client())
+	defer l.client.Store(nil)
 
 	var (
 		stepFailures int

@@ -290,3 +290,52 @@ func TestLoopFailedSessionLeavesItsGroup(t *testing.T) {
 		t.Errorf("EndTxn failed %d times, LeaveGroup %d; want 1 and 3", endTxn.Hits(), leave.Hits())
 	}
 }
+
+// Buffered counts the records a session fetched that no poll returned
+// yet, which the executor reads to tell whether more work is waiting; it
+// is 0 with no live session.
+func TestLoopBuffered(t *testing.T) {
+	k := faultableKafka(t)
+	publishRequests(t, k, 20)
+	var (
+		l    *ledger.Loop
+		seen = make(chan int64, 1)
+	)
+	l, err := ledger.NewLoop(ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("buffered"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "buffered", Tick: 50 * time.Millisecond, MaxPollRecords: 1,
+	}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		if len(recs) > 0 {
+			select {
+			case seen <- l.Buffered():
+			default:
+			}
+		}
+		return ledger.Output{}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := l.Buffered(); n != 0 {
+		t.Errorf("Buffered before Run = %d; want 0", n)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	select {
+	case n := <-seen:
+		// 20 records fetched at once, one polled.
+		if n < 1 || n > 19 {
+			t.Errorf("Buffered in the first step = %d; want the 19 or fewer fetched records not yet polled, at least one", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no step saw a record")
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if n := l.Buffered(); n != 0 {
+		t.Errorf("Buffered after Run = %d; want 0", n)
+	}
+}

@@ -21,7 +21,13 @@
 //     durable claim makes safe (a crash leaves the lease to expire and the
 //     sweep to reclaim, as above), and the outcome is recorded and
 //     appended by a later step, or, at shutdown, recorded by the call
-//     itself and appended from the outbox by the sweep.
+//     itself and appended from the outbox by the sweep;
+//   - under load (events already fetched for the next step) a step does
+//     not wait for the calls it starts: the next step records those that
+//     ended while it claims its own batch, in a second store transaction
+//     on other calls. That is the carry-over above, taken early; a step
+//     with nothing fetched waits for every call left running, so an
+//     outcome never waits for a poll's tick.
 package executor
 
 import (
@@ -372,6 +378,13 @@ type Executor struct {
 	running map[ledger.CallKey]struct{}
 	done    chan *flight
 	flights flights
+	// unwaited are calls in flight that the step which started them did
+	// not wait for (under mu).
+	unwaited map[*flight]struct{}
+
+	// backlog counts the records fetched for the next step (the loop's
+	// Buffered); nil when the executor runs without its Loop.
+	backlog func() int64
 }
 
 // New validates cfg and returns an executor.
@@ -478,18 +491,40 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		return ledger.Output{}, nil
 	}
 
+	// At the bound of calls in flight, wait for some to end before
+	// claiming more: the loop's back-pressure.
+	for len(order) > 0 && x.flights.count() >= x.cfg.MaxInFlight && ctx.Err() == nil {
+		select {
+		case f := <-x.done:
+			x.landed(f)
+			got = append(got, f)
+		case <-ctx.Done():
+		}
+	}
+	// The calls that ended since the last step (carried over, or left
+	// by a step that did not wait for them) are recorded while this
+	// batch is claimed: they are other calls, and each is a store round
+	// trip the step would otherwise wait for in turn.
+	got = x.takeEnded(got)
+	var early []processors.Completion
+	for _, f := range got {
+		if f.c.Epoch != 0 {
+			early = append(early, f.c)
+		}
+	}
+	// From here a failure to record them is a crash's: the leases
+	// expire and the sweep finds the calls.
+	got = nil
+	var (
+		earlyApplied []bool
+		earlyErr     error
+		recording    sync.WaitGroup
+	)
+	if len(early) > 0 {
+		recording.Go(func() { earlyApplied, earlyErr = x.record(ctx, early) })
+	}
 	var results []processors.ClaimResult
 	if len(order) > 0 {
-		// At the bound of calls in flight, wait for some to end before
-		// claiming more: the loop's back-pressure.
-		for x.flights.count() >= x.cfg.MaxInFlight && ctx.Err() == nil {
-			select {
-			case f := <-x.done:
-				x.landed(f)
-				got = append(got, f)
-			case <-ctx.Done():
-			}
-		}
 		claims := make([]processors.Claim, len(order))
 		for i, k := range order {
 			claims[i] = jobs[k].claim
@@ -497,11 +532,21 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		var err error
 		t0 := time.Now()
 		if results, err = x.cfg.Store.Claim(ctx, claims); err != nil {
+			recording.Wait()
 			return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
 		}
 		x.cfg.Metrics.Stage("claim", time.Since(t0))
 		x.cfg.Failpoint.Hit(failpoint.Claimed)
 		x.countClaims(results)
+	}
+	recording.Wait()
+	if earlyErr != nil {
+		// Those calls are left to their leases, as after a crash; the
+		// step goes on, for failing it now would leave this batch's
+		// claims unlaunched until their leases expire too, and make
+		// calls that never ran look as if they might have.
+		x.cfg.Logger.Error("record finished calls; their leases will expire", "calls", len(early), "err", earlyErr)
+		early = nil
 	}
 
 	var (
@@ -511,6 +556,26 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		mismatched     []ledger.Event
 		mismatchedRecs []processors.Record
 	)
+	x.appendRecorded(early, earlyApplied, &out, &logged)
+	if len(early) > 0 && ctx.Err() != nil {
+		// Shutting down: the outcomes are in the store, and their
+		// events go out from the outbox on redelivery or through the
+		// sweep.
+		return ledger.Output{}, ctx.Err()
+	}
+	// With more events already fetched, the step does not wait for the
+	// calls it starts: the next step, which follows at once, records
+	// those that ended by then while it claims its own batch. Otherwise
+	// it waits for them (up to StepBudget), and for the calls earlier
+	// steps left, so that an outcome never waits for a poll's tick.
+	pipelined := x.cfg.StepBudget >= 0 && x.backlog != nil && x.backlog() > 0
+	if !pipelined {
+		x.mu.Lock()
+		for f := range x.unwaited {
+			waiting[f] = struct{}{}
+		}
+		x.mu.Unlock()
+	}
 	outbox := func(rec processors.Record) error {
 		evs, err := ledger.DecodeEvents(rec.Outbox)
 		if err != nil {
@@ -539,8 +604,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		switch res.Outcome {
 		case processors.Claimed, processors.Reclaimed:
 			f, wait := x.launch(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed)
-			if wait || x.cfg.StepBudget < 0 {
+			switch {
+			case x.cfg.StepBudget < 0, wait && !pipelined:
 				waiting[f] = struct{}{}
+			case wait:
+				x.leave(f)
 			}
 		case processors.Finished:
 			if rec.Unlogged() {
@@ -565,7 +633,9 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			x.cfg.Logger.Error("authorized event without execution record", "call_key", order[i].String(), "trace_id", j.tmpl.TraceID)
 		}
 	}
-	got = x.await(ctx, got, waiting)
+	if !pipelined || ctx.Err() != nil {
+		got = x.await(ctx, got, waiting)
+	}
 	if ctx.Err() != nil {
 		// Shutting down: the calls still running record their own
 		// outcomes when they end; give them a while to do so.
@@ -589,34 +659,17 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// the sweep finds the calls.
 	got = nil
 	if len(done) > 0 {
-		// Record what ran even during shutdown; the events then follow
-		// from the outbox on redelivery or through the sweep.
-		x.cfg.Failpoint.Hit(failpoint.ResponseReceived)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		t0 := time.Now()
-		applied, err := x.cfg.Store.Complete(cctx, done)
-		cancel()
-		x.cfg.Metrics.Stage("complete", time.Since(t0))
+		applied, err := x.record(ctx, done)
 		if err != nil {
-			// The tools ran but the outcome is not recorded: the
-			// leases will expire and the sweep will find the calls.
-			return ledger.Output{}, fmt.Errorf("complete %d calls: %w", len(done), err)
+			return ledger.Output{}, err
 		}
-		x.cfg.Failpoint.Hit(failpoint.ResultWritten)
 		if ctx.Err() != nil {
 			// Shutting down: the outcomes are in the store, and their
 			// events go out from the outbox on redelivery or through
 			// the sweep.
 			return ledger.Output{}, ctx.Err()
 		}
-		for i, c := range done {
-			if !applied[i] {
-				x.cfg.Logger.Warn("fenced out of call", "call_key", c.Key.String(), "epoch", c.Epoch)
-				continue
-			}
-			out = append(out, c.Records...)
-			logged = append(logged, processors.Logged{Key: c.Key, Seq: c.Seq})
-		}
+		x.appendRecorded(done, applied, &out, &logged)
 	}
 	if ctx.Err() != nil {
 		return ledger.Output{}, ctx.Err()
@@ -628,6 +681,38 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		return x.cfg.Store.MarkLogged(ctx, logged)
 	}
 	return ledger.Output{Records: out, Committed: committed}, nil
+}
+
+// record writes the outcomes of ended calls to the store, even during
+// shutdown (the events then follow from the outbox on redelivery or
+// through the sweep). applied[i] is false for a call this executor was
+// fenced out of. An error means the tools ran but their outcomes are not
+// recorded: the leases will expire and the sweep will find the calls.
+func (x *Executor) record(ctx context.Context, cs []processors.Completion) ([]bool, error) {
+	x.cfg.Failpoint.Hit(failpoint.ResponseReceived)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	applied, err := x.cfg.Store.Complete(cctx, cs)
+	x.cfg.Metrics.Stage("complete", time.Since(t0))
+	if err != nil {
+		return nil, fmt.Errorf("complete %d calls: %w", len(cs), err)
+	}
+	x.cfg.Failpoint.Hit(failpoint.ResultWritten)
+	return applied, nil
+}
+
+// appendRecorded adds the events of the recorded calls to out, and the
+// calls to logged, skipping those this executor was fenced out of.
+func (x *Executor) appendRecorded(cs []processors.Completion, applied []bool, out *[]*kgo.Record, logged *[]processors.Logged) {
+	for i, c := range cs {
+		if !applied[i] {
+			x.cfg.Logger.Warn("fenced out of call", "call_key", c.Key.String(), "epoch", c.Epoch)
+			continue
+		}
+		*out = append(*out, c.Records...)
+		*logged = append(*logged, processors.Logged{Key: c.Key, Seq: c.Seq})
+	}
 }
 
 // await takes ended calls from the flights until every call in waiting
@@ -658,15 +743,7 @@ wait:
 		x.carry(waiting)
 		x.cfg.Logger.Debug("calls carried over past the step budget", "calls", len(waiting))
 	}
-	for {
-		select {
-		case f := <-x.done:
-			x.landed(f)
-			got = append(got, f)
-		default:
-			return got
-		}
-	}
+	return x.takeEnded(got)
 }
 
 // leaseFor is how long a claim on a tool may take, with margin. A tool
@@ -1343,5 +1420,10 @@ func (x *Executor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
 		// nothing.
 		lc.Tick = 100 * time.Millisecond
 	}
-	return ledger.NewLoop(lc, x.Step)
+	l, err := ledger.NewLoop(lc, x.Step)
+	if err != nil {
+		return nil, err
+	}
+	x.backlog = l.Buffered
+	return l, nil
 }

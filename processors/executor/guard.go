@@ -153,7 +153,7 @@ func (x *Executor) giveBack(g *guard) {
 }
 
 func newExecutor(cfg Config) *Executor {
-	return &Executor{cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), done: make(chan *flight)}
+	return &Executor{cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), unwaited: make(map[*flight]struct{}), done: make(chan *flight)}
 }
 
 // guard returns tenant's guard for tool, creating it on first use, and
@@ -395,8 +395,31 @@ func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors
 func (x *Executor) landed(f *flight) {
 	x.mu.Lock()
 	delete(x.running, f.key)
+	delete(x.unwaited, f)
 	x.mu.Unlock()
 	x.flights.done()
+}
+
+// leave notes that the step that started f did not wait for it, so that
+// the next step that waits at all waits for it too.
+func (x *Executor) leave(f *flight) {
+	x.mu.Lock()
+	x.unwaited[f] = struct{}{}
+	x.mu.Unlock()
+}
+
+// takeEnded adds to got, without waiting, every call that has ended and
+// not yet been handed to a step.
+func (x *Executor) takeEnded(got []*flight) []*flight {
+	for {
+		select {
+		case f := <-x.done:
+			x.landed(f)
+			got = append(got, f)
+		default:
+			return got
+		}
+	}
 }
 
 // inFlight reports whether this executor runs the call, or holds its

@@ -1,0 +1,90 @@
+package executor_test
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+)
+
+// With events already fetched for the next step, a step does not wait for
+// the calls it starts (the next step records them while it claims its own
+// batch); a step with nothing fetched waits for them, so that their
+// outcome never waits for a poll's tick. Either way each call runs once
+// and its events come out once.
+func TestStepWithBacklogLeavesItsCallsToTheNext(t *testing.T) {
+	r := newRig(t)
+	// Slow enough that the step after the one that starts a call always
+	// finds it running.
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 300 * time.Millisecond})
+	// A budget far past the tool's latency: a step that waits gets the
+	// call's events.
+	x := r.executor(func(c *executor.Config) { c.StepBudget = time.Minute })
+	var backlog atomic.Int64
+	executor.SetBacklog(x, backlog.Load)
+
+	step := func(recs ...*kgo.Record) map[string][]string {
+		t.Helper()
+		out, err := x.Step(t.Context(), recs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out.Committed != nil {
+			if err := out.Committed(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return byCall(t, out.Records)
+	}
+	status := func(k string) processors.Status {
+		t.Helper()
+		key, _ := ledger.ParseCallKey(k)
+		rec, err := r.store.Get(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.Status
+	}
+	want := []string{"executing", "succeeded"}
+
+	// A backlog: the step claims the call and returns without it.
+	backlog.Store(1)
+	if got := step(r.admitAs("t_slow", "create_ticket", "a", ticket, 0)); len(got) != 0 {
+		t.Errorf("step with a backlog returned %v; want no events: it must not wait for the call it started", got)
+	}
+	if s := status("t_slow/a"); s != processors.StatusExecuting {
+		t.Errorf("after the step the call is %s; want executing (claimed before the step returned)", s)
+	}
+	// No backlog and no records: the step waits for the call left.
+	backlog.Store(0)
+	if diff := cmp.Diff(map[string][]string{"t_slow/a": want}, step()); diff != "" {
+		t.Errorf("step without a backlog (-want +got):\n%s", diff)
+	}
+
+	// Steps that all have a backlog still record the calls earlier ones
+	// started, once they end.
+	backlog.Store(1)
+	if got := step(r.admitAs("t_slow", "create_ticket", "b", ticket, 0)); len(got) != 0 {
+		t.Errorf("step with a backlog returned %v; want no events", got)
+	}
+	later := stepUntil(t, x, 10*time.Second, "t_slow/b")
+	if diff := cmp.Diff(map[string][]string{"t_slow/b": want}, later); diff != "" {
+		t.Errorf("later steps with a backlog (-want +got):\n%s", diff)
+	}
+
+	for _, k := range []string{"t_slow/a", "t_slow/b"} {
+		if s := status(k); s != processors.StatusSucceeded {
+			t.Errorf("%s is %s; want succeeded", k, s)
+		}
+		if n := r.backend.AppliedIn("create_ticket", "t_slow", k); n != 1 {
+			t.Errorf("%s applied %d times; want 1", k, n)
+		}
+	}
+}
