@@ -189,12 +189,14 @@ type Config struct {
 	// case where this instance's transaction aborted in a rebalance after
 	// the instance that took the partition over had skipped the call as
 	// busy, so no redelivery would ever bring it back; and the calls
-	// carried over past a step (see StepBudget), whose authorized events
-	// were committed before they ended, when the transaction carrying
-	// their outcome aborted or the executor shut down first.
+	// carried over past a step (see StepBudget) or left to the next one
+	// under load, whose authorized events were committed before they
+	// ended, when the transaction carrying their outcome aborted, the
+	// step failed after recording them, or the executor shut down first.
 	UnloggedGrace time.Duration
 	// StepBudget bounds how long a step waits for the calls it claimed
-	// before it hands what finished to the log; default 200ms. A call
+	// (and for those earlier steps under load did not wait for) before
+	// it hands what finished to the log; default 200ms. A call
 	// still running then is carried over: its outcome goes out with a
 	// later step (the loop runs one at least every tick), so one hanging
 	// call holds up neither its batch nor the batches after it. While a
@@ -411,10 +413,11 @@ type job struct {
 }
 
 // Step handles one batch of events: it is a ledger.Step. It acts on
-// authorized events and ignores the rest. It claims the batch's calls,
-// runs them, and waits for them up to Config.StepBudget; it returns the
-// events of every call that ended by then, this batch's or carried over
-// from an earlier step's.
+// authorized events and ignores the rest. It records the calls that
+// ended since the last step while it claims the batch's calls, and runs
+// them. With more events already fetched it returns then; otherwise it
+// waits for them, and for the calls earlier steps did not wait for, up to
+// Config.StepBudget. It returns the events of every call it recorded.
 func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Output, err error) {
 	var got []*flight // ended calls taken from the flights and not yet recorded
 	defer func() {
@@ -556,13 +559,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		mismatched     []ledger.Event
 		mismatchedRecs []processors.Record
 	)
+	// Even when shutting down, the batch just claimed is launched: a
+	// claim left unlaunched would expire and make calls that never ran
+	// look as if they might have. The checks after the launch end the
+	// step.
 	x.appendRecorded(early, earlyApplied, &out, &logged)
-	if len(early) > 0 && ctx.Err() != nil {
-		// Shutting down: the outcomes are in the store, and their
-		// events go out from the outbox on redelivery or through the
-		// sweep.
-		return ledger.Output{}, ctx.Err()
-	}
 	// With more events already fetched, the step does not wait for the
 	// calls it starts: the next step, which follows at once, records
 	// those that ended by then while it claims its own batch. Otherwise

@@ -439,6 +439,9 @@ func (x *Executor) carry(fs map[*flight]struct{}) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for f := range fs {
+		// A call once waited for a whole budget is not waited for
+		// again, whichever step started it.
+		delete(x.unwaited, f)
 		if !f.ended && !f.slow && f.g != nil {
 			f.slow = true
 			f.g.slow++

@@ -14,6 +14,22 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/executor"
 )
 
+// stepOnce runs one step on recs, commits it, and returns its events by
+// call.
+func stepOnce(t *testing.T, x *executor.Executor, recs ...*kgo.Record) map[string][]string {
+	t.Helper()
+	out, err := x.Step(t.Context(), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Committed != nil {
+		if err := out.Committed(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return byCall(t, out.Records)
+}
+
 // With events already fetched for the next step, a step does not wait for
 // the calls it starts (the next step records them while it claims its own
 // batch); a step with nothing fetched waits for them, so that their
@@ -21,28 +37,15 @@ import (
 // and its events come out once.
 func TestStepWithBacklogLeavesItsCallsToTheNext(t *testing.T) {
 	r := newRig(t)
-	// Slow enough that the step after the one that starts a call always
-	// finds it running.
-	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 300 * time.Millisecond})
+	// Slow enough that the step after the one that starts a call finds
+	// it running, however slowly the first step returns.
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: time.Second})
 	// A budget far past the tool's latency: a step that waits gets the
 	// call's events.
 	x := r.executor(func(c *executor.Config) { c.StepBudget = time.Minute })
 	var backlog atomic.Int64
 	executor.SetBacklog(x, backlog.Load)
 
-	step := func(recs ...*kgo.Record) map[string][]string {
-		t.Helper()
-		out, err := x.Step(t.Context(), recs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if out.Committed != nil {
-			if err := out.Committed(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return byCall(t, out.Records)
-	}
 	status := func(k string) processors.Status {
 		t.Helper()
 		key, _ := ledger.ParseCallKey(k)
@@ -56,7 +59,7 @@ func TestStepWithBacklogLeavesItsCallsToTheNext(t *testing.T) {
 
 	// A backlog: the step claims the call and returns without it.
 	backlog.Store(1)
-	if got := step(r.admitAs("t_slow", "create_ticket", "a", ticket, 0)); len(got) != 0 {
+	if got := stepOnce(t, x, r.admitAs("t_slow", "create_ticket", "a", ticket, 0)); len(got) != 0 {
 		t.Errorf("step with a backlog returned %v; want no events: it must not wait for the call it started", got)
 	}
 	if s := status("t_slow/a"); s != processors.StatusExecuting {
@@ -64,14 +67,14 @@ func TestStepWithBacklogLeavesItsCallsToTheNext(t *testing.T) {
 	}
 	// No backlog and no records: the step waits for the call left.
 	backlog.Store(0)
-	if diff := cmp.Diff(map[string][]string{"t_slow/a": want}, step()); diff != "" {
+	if diff := cmp.Diff(map[string][]string{"t_slow/a": want}, stepOnce(t, x)); diff != "" {
 		t.Errorf("step without a backlog (-want +got):\n%s", diff)
 	}
 
 	// Steps that all have a backlog still record the calls earlier ones
 	// started, once they end.
 	backlog.Store(1)
-	if got := step(r.admitAs("t_slow", "create_ticket", "b", ticket, 0)); len(got) != 0 {
+	if got := stepOnce(t, x, r.admitAs("t_slow", "create_ticket", "b", ticket, 0)); len(got) != 0 {
 		t.Errorf("step with a backlog returned %v; want no events", got)
 	}
 	later := stepUntil(t, x, 10*time.Second, "t_slow/b")
@@ -86,5 +89,41 @@ func TestStepWithBacklogLeavesItsCallsToTheNext(t *testing.T) {
 		if n := r.backend.AppliedIn("create_ticket", "t_slow", k); n != 1 {
 			t.Errorf("%s applied %d times; want 1", k, n)
 		}
+	}
+}
+
+// A call a step under load did not wait for is waited for by the next
+// step without a backlog, once, up to the budget: past it the call is
+// carried over like any slow call, and later steps no longer wait for it
+// (a hanging call costs the others one budget, not one per step).
+func TestCallLeftUnderLoadWaitedForOnce(t *testing.T) {
+	r := newRig(t)
+	// Within create_ticket's 2s timeout, and longer than the budget by
+	// much more than a step takes.
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 1800 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) { c.StepBudget = time.Second })
+	var backlog atomic.Int64
+	executor.SetBacklog(x, backlog.Load)
+
+	backlog.Store(1)
+	if got := stepOnce(t, x, r.admitAs("t_slow", "create_ticket", "a", ticket, 0)); len(got) != 0 {
+		t.Errorf("step with a backlog returned %v; want no events", got)
+	}
+	backlog.Store(0)
+	// Waits the budget (1s of the call's 1.8s) and carries the call.
+	if got := stepOnce(t, x); len(got) != 0 {
+		t.Errorf("first step without a backlog returned %v; want none: the call outlasts the budget", got)
+	}
+	// Waiting again would return the call's events (it ends within
+	// this step's budget); a carried call is not waited for.
+	if got := stepOnce(t, x); len(got) != 0 {
+		t.Errorf("second step without a backlog returned %v; want none: it must not wait again for a call carried over", got)
+	}
+	later := stepUntil(t, x, 10*time.Second, "t_slow/a")
+	if diff := cmp.Diff(map[string][]string{"t_slow/a": {"executing", "succeeded"}}, later); diff != "" {
+		t.Errorf("later steps (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_slow", "t_slow/a"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
 	}
 }
