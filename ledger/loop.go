@@ -398,22 +398,25 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 }
 
 // leaveGroup takes a session that failed out of its group before the
-// next session joins. Close leaves too, but tries once: when the failure
-// was the broker going away, that LeaveGroup goes nowhere, the group
+// next session joins. Close leaves too, but gives up after the client's
+// retries: when the failure was the broker going away, that LeaveGroup
+// can go nowhere, the group
 // keeps the old member until its session timeout, and the next
 // session's join waits for it that long (franz-go's default 45 s), with
 // nothing consumed meanwhile. So the leave is sent again until the group
 // answers, for as long as it would keep the member anyway.
 func (l *Loop) leaveGroup(ctx context.Context, cl *kgo.Client) {
+	lctx, cancel := context.WithTimeout(ctx, cmp.Or(l.cfg.Client.SessionTimeout, 45*time.Second))
+	defer cancel()
+	// The client's own leave also stops its group management, which
+	// would otherwise rejoin once the group forgets the member; the
+	// member id is read after it, so that it is the last one the client
+	// had, not one a rejoin replaced meanwhile.
+	err := cl.LeaveGroupContext(lctx)
 	member, _ := cl.GroupMetadata()
 	if member == "" {
 		return
 	}
-	lctx, cancel := context.WithTimeout(ctx, cmp.Or(l.cfg.Client.SessionTimeout, 45*time.Second))
-	defer cancel()
-	// The client's own leave also stops its group management, which
-	// would otherwise rejoin once the group forgets the member.
-	err := cl.LeaveGroupContext(lctx)
 	req := kmsg.NewPtrLeaveGroupRequest()
 	req.Group = l.cfg.Group
 	req.MemberID = member
@@ -421,7 +424,9 @@ func (l *Loop) leaveGroup(ctx context.Context, cl *kgo.Client) {
 	m.MemberID = member
 	m.Reason = kmsg.StringPtr("transact session failed; a new session joins")
 	req.Members = append(req.Members, m)
-	for delay := 100 * time.Millisecond; err != nil && !errors.Is(err, kerr.UnknownMemberID); delay = min(2*delay, time.Second) {
+	// Sent again on any error but two: the member is gone already, or
+	// the group will never let this client leave (its ACLs).
+	for delay := 100 * time.Millisecond; err != nil && !errors.Is(err, kerr.UnknownMemberID) && !errors.Is(err, kerr.GroupAuthorizationFailed); delay = min(2*delay, time.Second) {
 		select {
 		case <-lctx.Done():
 			if ctx.Err() == nil {

@@ -275,7 +275,7 @@ func TestLoopFailedSessionLeavesItsGroup(t *testing.T) {
 	})
 	defer endTxn.Remove()
 	// Not retriable, so that the client's own leave gives up at once,
-	// as it does when the broker cannot be dialled.
+	// as it does (after its retries) while the broker cannot be dialled.
 	leave := k.Cluster.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.LeaveGroup}, TopLevel: true, Err: kerr.UnknownServerError, Count: 3})
 	defer leave.Remove()
 
