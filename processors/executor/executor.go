@@ -509,12 +509,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// batch is claimed: they are other calls, and each is a store round
 	// trip the step would otherwise wait for in turn.
 	got = x.takeEnded(got)
-	var early []processors.Completion
-	for _, f := range got {
-		if f.c.Epoch != 0 {
-			early = append(early, f.c)
-		}
-	}
+	early := completions(got)
 	// From here a failure to record them is a crash's: the leases
 	// expire and the sweep finds the calls.
 	got = nil
@@ -650,12 +645,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		return ledger.Output{}, err
 	}
 
-	var done []processors.Completion
-	for _, f := range got {
-		if f.c.Epoch != 0 {
-			done = append(done, f.c)
-		}
-	}
+	done := completions(got)
 	// From here a failure to record is a crash's: the leases expire and
 	// the sweep finds the calls.
 	got = nil

@@ -408,6 +408,18 @@ func (x *Executor) leave(f *flight) {
 	x.mu.Unlock()
 }
 
+// completions are the outcomes of the ended calls fs that are to be
+// recorded: those that held a claim (a non-zero epoch).
+func completions(fs []*flight) []processors.Completion {
+	var cs []processors.Completion
+	for _, f := range fs {
+		if f.c.Epoch != 0 {
+			cs = append(cs, f.c)
+		}
+	}
+	return cs
+}
+
 // takeEnded adds to got, without waiting, every call that has ended and
 // not yet been handed to a step.
 func (x *Executor) takeEnded(got []*flight) []*flight {
@@ -455,12 +467,7 @@ func (x *Executor) carry(fs map[*flight]struct{}) {
 // through the sweep of unlogged outcomes. A failure here leaves the calls
 // to their leases, as a crash would.
 func (x *Executor) recordAlone(ctx context.Context, fs ...*flight) {
-	var cs []processors.Completion
-	for _, f := range fs {
-		if f.c.Epoch != 0 {
-			cs = append(cs, f.c)
-		}
-	}
+	cs := completions(fs)
 	if len(cs) == 0 {
 		return
 	}
