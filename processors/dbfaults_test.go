@@ -36,6 +36,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/processors/storetest"
@@ -69,6 +70,17 @@ type dbHarness struct {
 	// storeLog counts the store's log records, its retries by SQLSTATE;
 	// procLog counts the processors' (step failures and the like).
 	storeLog, procLog *dbCounts
+	// reconciling: a reconciler runs, and dbCheck accepts calls whose
+	// outcome was unknown and that it resolved by the tool's answer.
+	reconciling bool
+}
+
+// startReconciler runs a reconciler on the store, as a deployment does
+// next to its executors.
+func (h *dbHarness) startReconciler() {
+	h.t.Helper()
+	h.harness.startReconciler("reconciler-db")
+	h.reconciling = true
 }
 
 func newDBHarness(t *testing.T, partitions int32) *dbHarness {
@@ -158,6 +170,9 @@ type dbOutcome struct {
 	// reclaimed counts calls whose record's epoch is above 1: claimed
 	// again after a lease expired.
 	reclaimed int
+	// resolved counts calls whose outcome was unknown and that the
+	// reconciler resolved.
+	resolved int
 }
 
 // dbCheck waits until every call is terminal and checks exactly-once at
@@ -203,13 +218,33 @@ func (h *dbHarness) dbCheck(envs []envelope, timeout time.Duration, allowed ...s
 		if rec.Epoch > 1 {
 			out.reclaimed++
 		}
+		// A reconciler resolves an unknown outcome by asking the tool,
+		// whose answer is its effect count: the call succeeded with one
+		// effect, or failed with none.
+		const unknown = "1:requested 2:authorized 3:executing 4:outcome_unknown"
+		events := eventTypes(c.Events)
 		switch {
+		case h.reconciling && (events == unknown+" 5:succeeded" || events == unknown+" 5:failed"):
+			out.resolved++
+			want, status := 1, processors.StatusSucceeded
+			if c.State != statemachine.StateSucceeded {
+				want, status = 0, processors.StatusFailed
+			}
+			if applied != want {
+				t.Errorf("%s resolved %s with %d effects at the tool; want %d", k, c.State, applied, want)
+			}
+			if rec.Status != status {
+				t.Errorf("%s: the index says %s, the store %s", k, c.State, rec.Status)
+			}
+			if last := c.Events[len(c.Events)-1]; last.Reason != executor.ReasonReconciled {
+				t.Errorf("%s resolved %s for %q; want %q", k, c.State, last.Reason, executor.ReasonReconciled)
+			}
 		case c.State == statemachine.StateSucceeded:
 			if applied != 1 {
 				t.Errorf("%s succeeded with %d effects at the tool; want 1", k, applied)
 			}
-			if got, want := eventTypes(c.Events), "1:requested 2:authorized 3:executing 4:succeeded"; got != want {
-				t.Errorf("%s events = %s; want %s", k, got, want)
+			if want := "1:requested 2:authorized 3:executing 4:succeeded"; events != want {
+				t.Errorf("%s events = %s; want %s", k, events, want)
 			}
 			if rec.Status != processors.StatusSucceeded {
 				t.Errorf("%s: the index says succeeded, the store %s", k, rec.Status)
@@ -284,6 +319,11 @@ func TestDBConnectionCutsLoseNothingDuplicateNothing(t *testing.T) {
 // completion outlast the claim's lease (2.1s here: one 2s attempt and a
 // 100ms margin), with two executors sweeping each other's expired
 // claims; then heals.
+//
+// A reconciler runs as in a deployment: how much of a lease a slow claim
+// leaves depends on the machine's load, and a call started in the last
+// milliseconds of its lease, or claimed again after its first owner may
+// have called the tool, ends outcome_unknown until the tool is asked.
 func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 	h := newDBHarness(t, 8)
 	h.startIntake("intake-db")
@@ -292,6 +332,7 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 		cfg.MaxAttempts, cfg.RetryBackoff, cfg.LeaseMargin = 1, time.Millisecond, 100*time.Millisecond
 		h.startExecutor(cfg)
 	}
+	h.startReconciler()
 	envs := h.dbCalls("slow", 150)
 
 	// Three round trips (BEGIN, the statements, COMMIT) make a claim or
@@ -326,8 +367,8 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 	if ps.Delayed == 0 || st.LateCompletions == 0 {
 		t.Errorf("%d round trips delayed, %d completions past their lease; want both > 0", ps.Delayed, st.LateCompletions)
 	}
-	t.Logf("%d calls %v; %v delay for %v: %d round trips delayed; store %+v; %d tool requests, %d native replays, %d reclaimed",
-		len(envs), out.states, delay, slowFor.Round(100*time.Millisecond), ps.Delayed, st, out.requests, out.replays, out.reclaimed)
+	t.Logf("%d calls %v; %v delay for %v: %d round trips delayed; store %+v; %d tool requests, %d native replays, %d reclaimed, %d unknown outcomes resolved",
+		len(envs), out.states, delay, slowFor.Round(100*time.Millisecond), ps.Delayed, st, out.requests, out.replays, out.reclaimed, out.resolved)
 }
 
 // TestDBAmbiguousCommitsResolved lets COMMITs of admissions, claims and

@@ -314,8 +314,17 @@ func (h *harness) waitTerminal(timeout time.Duration, keys ...ledger.CallKey) ma
 	ledgertest.WaitFor(h.t, timeout, func() error {
 		for _, k := range keys {
 			c, err := h.index.Get(k)
-			if err != nil || !c.State.Terminal() {
-				return fmt.Errorf("%s is %q", k, c.State)
+			if err != nil {
+				return fmt.Errorf("%s: %w", k, err)
+			}
+			if !c.State.Terminal() {
+				// The last event's reason tells a stuck call from a
+				// slow one.
+				var last ledger.Event
+				if len(c.Events) > 0 {
+					last = c.Events[len(c.Events)-1]
+				}
+				return fmt.Errorf("%s is %q (%s; %s %s)", k, c.State, eventTypes(c.Events), last.Reason, last.ErrorCode)
 			}
 			calls[k] = c
 		}
