@@ -59,33 +59,51 @@ func TestHangingTenantLeavesOthersLatencyAlone(t *testing.T) {
 	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
 		t.Setenv("TMPDIR", "/dev/shm")
 	}
-	var base, noisy bhRun
-	t.Run("side by side", func(t *testing.T) {
+	// The comparison is of two p99s of 350 calls each: one scheduling
+	// stall in one run moves its p99 by more than the margin. A failed
+	// comparison is measured once more, and the test fails only if both
+	// pairs do. A hang that held the others up costs them a step budget
+	// or a deadline in every pair, and fails both.
+	for pair := 1; ; pair++ {
+		a, b, slack := compareTenants(t, pair)
+		if b <= a+slack {
+			return
+		}
+		if pair == 2 {
+			t.Errorf("good tenants' p99 with one tenant hanging = %v; want within %v of %v (the run without the fault), in both pairs", b, slack, a)
+			return
+		}
+		t.Logf("pair 1: good tenants' p99 with one tenant hanging = %v, more than %v above %v: measuring a second pair", b, slack, a)
+	}
+}
+
+// compareTenants runs the two ledgers side by side and returns the good
+// tenants' p99 without the fault and with it, and the margin allowed.
+func compareTenants(t *testing.T, pair int) (base, noisy, slack time.Duration) {
+	var without, with bhRun
+	t.Run(fmt.Sprintf("side by side %d", pair), func(t *testing.T) {
 		t.Run("no fault", func(t *testing.T) {
 			t.Parallel()
-			base = runTenants(t, false)
+			without = runTenants(t, false)
 		})
 		t.Run("tenant 0 hangs", func(t *testing.T) {
 			t.Parallel()
-			noisy = runTenants(t, true)
+			with = runTenants(t, true)
 		})
 	})
-	if len(base.good) == 0 || len(noisy.good) == 0 {
+	if len(without.good) == 0 || len(with.good) == 0 {
 		t.Fatal("a run measured nothing")
 	}
-	a, b := percentile(base.good, 0.99), percentile(noisy.good, 0.99)
-	t.Logf("good tenants, no fault:     p50 %v p90 %v p99 %v max %v (%d calls)", percentile(base.good, 0.5), percentile(base.good, 0.9), a, percentile(base.good, 1), len(base.good))
-	t.Logf("good tenants, tenant hangs: p50 %v p90 %v p99 %v max %v (%d calls)", percentile(noisy.good, 0.5), percentile(noisy.good, 0.9), b, percentile(noisy.good, 1), len(noisy.good))
-	t.Logf("hanging tenant's calls: %v", noisy.bad)
-	t.Logf("warm-up (not measured): good tenants' max %v without the fault, %v with it", percentile(base.warm, 1), percentile(noisy.warm, 1))
+	a, b := percentile(without.good, 0.99), percentile(with.good, 0.99)
+	t.Logf("pair %d, good tenants, no fault:     p50 %v p90 %v p99 %v max %v (%d calls)", pair, percentile(without.good, 0.5), percentile(without.good, 0.9), a, percentile(without.good, 1), len(without.good))
+	t.Logf("pair %d, good tenants, tenant hangs: p50 %v p90 %v p99 %v max %v (%d calls)", pair, percentile(with.good, 0.5), percentile(with.good, 0.9), b, percentile(with.good, 1), len(with.good))
+	t.Logf("pair %d, hanging tenant's calls: %v", pair, with.bad)
+	t.Logf("pair %d, warm-up (not measured): good tenants' max %v without the fault, %v with it", pair, percentile(without.warm, 1), percentile(with.warm, 1))
 	// The requirement is 10%. A run's p99 also moves by scheduling
 	// noise of a few milliseconds, so the test allows 10% or 15 ms,
 	// whichever is larger; a hang that held the others up would cost
 	// them a step budget or a deadline, far more than that.
-	slack := max(a/10, 15*time.Millisecond)
-	if b > a+slack {
-		t.Errorf("good tenants' p99 with one tenant hanging = %v; want within %v of %v (the run without the fault)", b, slack, a)
-	}
+	return a, b, max(a/10, 15*time.Millisecond)
 }
 
 // runTenants sends bhPerTenant create_ticket calls for each of bhTenants
