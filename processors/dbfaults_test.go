@@ -357,9 +357,9 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 	// A claim so slow that its lease left no time to call the tool ends
 	// the call failed (executor: deadline_exceeded, not_started), which
 	// is right only if nobody called the tool: dbCheck wants a failed
-	// call without a single request at its tool. (A reclaimed call whose
-	// first owner did call it is ended so too today: see
-	// executor.completion.exhausted.)
+	// call without a single request at its tool. A reclaimed call ends
+	// outcome_unknown instead (its first owner may have called the
+	// tool), and the reconciler asks the tool.
 	out := h.dbCheck(envs, 90*time.Second, statemachine.StateFailed)
 
 	st := h.store.dbSnapshot()
