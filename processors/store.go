@@ -10,6 +10,9 @@
 // marks them logged once the Kafka transaction carrying them committed. A
 // crash between the two leaves unlogged events that the next processor to
 // touch the call appends again; consumers drop the duplicate (key, seq).
+// An authorized call's admission is marked by the executor's claim, which
+// comes from reading its event in the log (Claim.Logged), and by the
+// intake only if it is still unclaimed a few seconds later.
 package processors
 
 import (
@@ -147,6 +150,12 @@ type Claim struct {
 	ArgumentsHash string
 	Owner         string
 	Lease         time.Duration
+	// Logged, when non-zero, is the seq of the event the claim comes
+	// from, read from the log: the record's events up to it are there,
+	// and a claim that wins records so (LoggedSeq, never past the
+	// record's Seq). The intake then need not mark its admission logged
+	// in a write of its own. A claim from a sweep leaves it zero.
+	Logged int64
 }
 
 // ClaimOutcome says what Claim found.
@@ -234,7 +243,9 @@ type Store interface {
 	// oldest first. They are what a step left behind when its events did
 	// not reach the log (a Kafka transaction aborted in a rebalance after
 	// another instance had skipped the call, a publish that failed after
-	// an approval was recorded). Appending them again is always safe.
+	// an approval was recorded), or an authorized call that no executor
+	// claimed and whose intake did not get to mark it (it crashed, or its
+	// mark failed). Appending them again is always safe.
 	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
 	// Move applies each move whose record is still at its From status and
 	// FromSeq; applied[i] reports which did.

@@ -593,6 +593,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 			next.LeaseOwner = c.Owner
 			next.LeaseUntil = x.now.Add(c.Lease)
 			next.UpdatedAt = x.now
+			next.LoggedSeq = max(cur.LoggedSeq, min(c.Logged, cur.Seq))
 			if err := x.put(&cur, next); err != nil {
 				return err
 			}

@@ -193,6 +193,10 @@ type Config struct {
 	// under load, whose authorized events were committed before they
 	// ended, when the transaction carrying their outcome aborted, the
 	// step failed after recording them, or the executor shut down first.
+	// It also covers an authorized call not yet claimed, whose admission
+	// the intake marks logged only after intake.Config.MarkDelay (3s by
+	// default): keep the grace above that, or such calls' events are
+	// appended twice (harmless, but wasted).
 	UnloggedGrace time.Duration
 	// StepBudget bounds how long a step waits for the calls it claimed
 	// (and for those earlier steps under load did not wait for) before
@@ -433,7 +437,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		order    []ledger.CallKey
 		reappend []processors.Record // finished calls whose events the log lacks
 	)
-	add := func(tmpl ledger.Event, hash string) {
+	// logged is the seq of the event read from the log that the claim
+	// comes from (0 from a sweep): a claim records that the call's
+	// events up to it are in the log, which spares the intake a write
+	// of its own.
+	add := func(tmpl ledger.Event, hash string, logged int64) {
 		k := tmpl.Key()
 		if _, ok := jobs[k]; ok {
 			return
@@ -444,7 +452,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			return
 		}
 		lease := x.leaseFor(tmpl.Tool, tmpl.ToolVersion)
-		jobs[k] = &job{tmpl: tmpl, claim: processors.Claim{Key: k, ArgumentsHash: hash, Owner: x.cfg.Owner, Lease: lease}}
+		jobs[k] = &job{tmpl: tmpl, claim: processors.Claim{Key: k, ArgumentsHash: hash, Owner: x.cfg.Owner, Lease: lease, Logged: logged}}
 		order = append(order, k)
 	}
 	for _, r := range recs {
@@ -462,7 +470,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		if ev.Type != statemachine.EventAuthorized && ev.Type != statemachine.EventApproved {
 			continue
 		}
-		add(template(ev), ev.ArgumentsHash)
+		add(template(ev), ev.ArgumentsHash, ev.Seq)
 	}
 	if now := x.cfg.Now(); now.Sub(x.lastSwp) >= x.cfg.SweepEvery {
 		x.lastSwp = now
@@ -476,7 +484,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 				x.cfg.Logger.Error("expired claim without context", "call_key", rec.Key.String(), "err", err)
 				continue
 			}
-			add(tmpl, rec.ArgumentsHash)
+			add(tmpl, rec.ArgumentsHash, 0)
 		}
 		unlogged, err := x.cfg.Store.Unlogged(ctx, x.cfg.UnloggedGrace, x.cfg.SweepLimit)
 		if err != nil {

@@ -501,7 +501,8 @@ func ClaimLimit(ctx context.Context, st processors.Store, calls, batch int, prog
 		cs := make([]processors.Claim, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			_, hash := limitArguments(i)
-			cs = append(cs, processors.Claim{Key: key(i), ArgumentsHash: hash, Owner: limitOwner, Lease: limitLease})
+			// Logged: the executor claims from the authorized event (seq 2).
+			cs = append(cs, processors.Claim{Key: key(i), ArgumentsHash: hash, Owner: limitOwner, Lease: limitLease, Logged: 2})
 		}
 		t0 := time.Now()
 		res, err := st.Claim(ctx, cs)

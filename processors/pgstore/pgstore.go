@@ -633,17 +633,20 @@ RETURNING {cols}`),
 		// engines). now() is the transaction's timestamp on both engines.
 		// lease_us * INTERVAL: PostgreSQL resolves BIGINT * INTERVAL
 		// through float8, CockroachDB has INT * INTERVAL; both exact at
-		// microsecond precision.
+		// microsecond precision. logged_seq: a claim made from an event
+		// read from the log records that the record's events up to it
+		// are there (never past the record's seq, never lowered).
 		claim: r.Replace(`UPDATE {table} AS r
 SET status = 'executing', epoch = r.epoch + 1, lease_owner = u.owner,
-    lease_until = now() + u.lease_us * INTERVAL '1 microsecond', updated_at = now()
-FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, ord
-      FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[])
-           AS u (t, k, h, owner, lease_us, ord)
+    lease_until = now() + u.lease_us * INTERVAL '1 microsecond', updated_at = now(),
+    logged_seq = GREATEST(r.logged_seq, LEAST(u.logged, r.seq))
+FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, logged, ord
+      FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[])
+           AS u (t, k, h, owner, lease_us, logged, ord)
       ORDER BY t, k, h, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.arguments_hash = u.h
   AND (COALESCE(r.status, '') = 'authorized' OR (COALESCE(r.status, '') = 'executing' AND r.lease_until < now()))
-RETURNING u.ord, r.epoch, r.lease_owner, r.lease_until, r.updated_at`),
+RETURNING u.ord, r.epoch, r.lease_owner, r.lease_until, r.updated_at, r.logged_seq`),
 		// The fence: epoch and status in the WHERE clause. One completion
 		// per (key, epoch), the first in the batch: only one epoch is
 		// current, so at most one completion per record applies.
@@ -756,15 +759,15 @@ func scanRecord(row pgx.CollectableRow) (processors.Record, error) {
 // claimedRow is a claim's RETURNING row: the batch position it answers
 // and what the claim set.
 type claimedRow struct {
-	ord, epoch int64
-	owner      string
-	leaseUntil pgtype.Timestamptz
-	updatedAt  time.Time
+	ord, epoch, loggedSeq int64
+	owner                 string
+	leaseUntil            pgtype.Timestamptz
+	updatedAt             time.Time
 }
 
 func scanClaimed(row pgx.CollectableRow) (claimedRow, error) {
 	var c claimedRow
-	err := row.Scan(&c.ord, &c.epoch, &c.owner, &c.leaseUntil, &c.updatedAt)
+	err := row.Scan(&c.ord, &c.epoch, &c.owner, &c.leaseUntil, &c.updatedAt, &c.loggedSeq)
 	return c, err
 }
 
@@ -776,6 +779,7 @@ func (c claimedRow) apply(r processors.Record) processors.Record {
 		r.LeaseUntil = c.leaseUntil.Time.UTC()
 	}
 	r.UpdatedAt = c.updatedAt.UTC()
+	r.LoggedSeq = c.loggedSeq
 	return r
 }
 
@@ -926,21 +930,21 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 	}
 	var (
 		ts, ks, hashes, owners []string
-		leases, ords           []int64
+		leases, logged, ords   []int64
 	)
 	for i, c := range cs {
 		ts, ks = append(ts, c.Key.TenantID), append(ks, c.Key.IdempotencyKey)
 		hashes, owners = append(hashes, c.ArgumentsHash), append(owners, c.Owner)
 		// Rounded up to whole microseconds, the databases' precision.
 		leases = append(leases, int64((c.Lease+time.Microsecond-1)/time.Microsecond))
-		ords = append(ords, int64(i))
+		logged, ords = append(logged, c.Logged), append(ords, int64(i))
 	}
 
 	var out []processors.ClaimResult
 	err := s.inTxAt(ctx, "claim", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(s.q.selectKeysForUpdate, ts, ks)
-		b.Queue(s.q.claim, ts, ks, hashes, owners, leases, ords)
+		b.Queue(s.q.claim, ts, ks, hashes, owners, leases, logged, ords)
 		br := tx.SendBatch(ctx, b)
 		rows, _ := br.Query()
 		before, err := pgx.CollectRows(rows, scanRecord)

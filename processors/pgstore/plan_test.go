@@ -154,9 +154,9 @@ FROM generate_series(1, 30000) AS g`)
 // planBatch is a batch's statement arguments, for EXPLAIN: tenant
 // t_plan, the keys key(i), hash h, epoch 1, completions to succeeded.
 type planBatch struct {
-	ts, ks, hs, owners, statuses []string
-	leases, ords, epochs, seqs   []int64
-	blobs                        [][]byte
+	ts, ks, hs, owners, statuses       []string
+	leases, logged, ords, epochs, seqs []int64
+	blobs                              [][]byte
 }
 
 func newPlanBatch(n int, key func(i int) string) planBatch {
@@ -164,13 +164,14 @@ func newPlanBatch(n int, key func(i int) string) planBatch {
 	for i := range n {
 		b.ts, b.ks, b.hs, b.owners = append(b.ts, "t_plan"), append(b.ks, key(i)), append(b.hs, "h"), append(b.owners, "x")
 		b.leases, b.ords, b.epochs, b.seqs = append(b.leases, 1e6), append(b.ords, int64(i)), append(b.epochs, 1), append(b.seqs, 4)
+		b.logged = append(b.logged, 2)
 		b.statuses, b.blobs = append(b.statuses, "succeeded"), append(b.blobs, []byte("[]"))
 	}
 	return b
 }
 
 func (b planBatch) claimArgs() []any {
-	return []any{b.ts, b.ks, b.hs, b.owners, b.leases, b.ords}
+	return []any{b.ts, b.ks, b.hs, b.owners, b.leases, b.logged, b.ords}
 }
 
 func (b planBatch) completeArgs() []any {

@@ -74,6 +74,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Admit/IntraBatch", testAdmitIntraBatch},
 		{"Admit/BatchOrder", testAdmitBatchOrder},
 		{"Claim/Claimed", testClaimClaimed},
+		{"Claim/MarksLogged", testClaimMarksLogged},
 		{"Claim/Busy", testClaimBusy},
 		{"Claim/Finished", testClaimFinished},
 		{"Claim/NotReady", testClaimNotReady},
@@ -608,6 +609,68 @@ func testClaimClaimed(t *testing.T, s processors.Store) {
 	if diff := cmp.Diff(r, mustGet(t, s, k), equateEmpty); diff != "" {
 		t.Errorf("Get after Claim differs from Claim's record (-claim +get):\n%s", diff)
 	}
+}
+
+// testClaimMarksLogged: a claim made from an event read from the log
+// records the record logged up to that event's seq, never past the
+// record's seq and never lower than it was; a claim that does not win
+// writes nothing.
+func testClaimMarksLogged(t *testing.T, s processors.Store) {
+	for _, tc := range []struct {
+		name          string
+		marked, claim int64 // LoggedSeq before the claim; the claim's Logged
+		want          int64
+	}{
+		{"from the log", 0, 2, 2},
+		{"from a sweep", 0, 0, 0},
+		{"never past the record", 0, 9, 2},
+		{"never lowered", 2, 1, 2},
+		{"part of the record", 0, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := key("marks-logged:" + tc.name)
+			mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+			if tc.marked > 0 {
+				mustMarkLogged(t, s, processors.Logged{Key: k, Seq: tc.marked})
+			}
+			c := claim(k, hashA, "executor-1", longLease)
+			c.Logged = tc.claim
+			got := mustClaim(t, s, c)
+			if got[0].Outcome != processors.Claimed {
+				t.Fatalf("Claim outcome = %v; want Claimed", got[0].Outcome)
+			}
+			if got[0].Record.LoggedSeq != tc.want {
+				t.Errorf("Claim with Logged %d of a record logged to %d: LoggedSeq = %d; want %d", tc.claim, tc.marked, got[0].Record.LoggedSeq, tc.want)
+			}
+			if r := mustGet(t, s, k); r.LoggedSeq != tc.want {
+				t.Errorf("Get after the claim: LoggedSeq = %d; want %d", r.LoggedSeq, tc.want)
+			}
+		})
+	}
+	t.Run("reclaimed", func(t *testing.T) {
+		k := key("marks-logged:reclaimed")
+		admitClaimed(t, s, k, "executor-1", shortLease)
+		waitExpired(t, s, k)
+		c := claim(k, hashA, "executor-2", longLease)
+		c.Logged = 2
+		got := mustClaim(t, s, c)
+		if got[0].Outcome != processors.Reclaimed {
+			t.Fatalf("Claim of an expired lease outcome = %v; want Reclaimed", got[0].Outcome)
+		}
+		if got[0].Record.LoggedSeq != 2 {
+			t.Errorf("Reclaim with Logged 2: LoggedSeq = %d; want 2", got[0].Record.LoggedSeq)
+		}
+	})
+	t.Run("busy", func(t *testing.T) {
+		k := key("marks-logged:busy")
+		held := admitClaimed(t, s, k, "executor-1", longLease)
+		c := claim(k, hashA, "executor-2", longLease)
+		c.Logged = 2
+		if got := mustClaim(t, s, c); got[0].Outcome != processors.Busy {
+			t.Fatalf("Claim of a live lease outcome = %v; want Busy", got[0].Outcome)
+		}
+		checkUnchanged(t, s, k, held)
+	})
 }
 
 func testClaimBusy(t *testing.T, s processors.Store) {
