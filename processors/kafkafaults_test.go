@@ -173,7 +173,8 @@ func newFaultHarness(t *testing.T, brokers string) *harness {
 // executor starts an executor named owner. A finished call whose events
 // missed the log (its transaction aborted after another member skipped it
 // as busy) is appended after two seconds rather than ten, to keep the
-// tests short.
+// tests short. (An authorized call waiting longer than that for a claim
+// is appended again too, before its intake's later mark: harmless.)
 func (l *faultLoad) executor(owner string) (stop func()) {
 	cfg := l.h.executorConfig(owner)
 	cfg.UnloggedGrace = 2 * time.Second

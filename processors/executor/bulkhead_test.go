@@ -394,7 +394,14 @@ func TestFailedStepRecordsTheOutcomesItTook(t *testing.T) {
 		c.UnloggedGrace = time.Millisecond
 	})
 	got := stepUntil(t, next, 5*time.Second, key.String())
-	if diff := cmp.Diff(map[string][]string{key.String(): {"executing", "succeeded"}}, got); diff != "" {
+	// The failed step's call ran nowhere. Its admission is not marked
+	// logged until a claim or the intake's later mark (MarkDelay), so a
+	// sweep with a grace this short may append its intake events again.
+	want := map[string][]string{key.String(): {"executing", "succeeded"}}
+	if _, ok := got["t_a/next"]; ok {
+		want["t_a/next"] = []string{"requested", "authorized(allowed)"}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("swept events (-want +got):\n%s", diff)
 	}
 }

@@ -115,16 +115,25 @@ type Config struct {
 	Limits ledger.Limits
 	// Actor names this instance in events; default "intake".
 	Actor string
+	// MarkDelay is how long an authorized call's admission waits, once
+	// its events are in the log, before the intake marks it logged; the
+	// executor's claim marks it first, without a write of its own.
+	// Default 3s: well inside the executors' sweep of unlogged records
+	// (executor.Config.UnloggedGrace, 10s by default), which would
+	// otherwise append the events of a call still waiting again.
+	MarkDelay time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
 
-// Processor is the intake. It holds no per-call state: everything it needs
-// to know about earlier envelopes is in the store.
+// Processor is the intake. Everything it needs to know about earlier
+// envelopes is in the store; the only per-call state it holds is the
+// marks it makes later (laterMarks), which are safe to lose.
 type Processor struct {
-	cfg Config
+	cfg   Config
+	later laterMarks
 }
 
 // New validates cfg and returns an intake.
@@ -142,6 +151,9 @@ func New(cfg Config) (*Processor, error) {
 	cfg.Limits = cfg.Limits.WithDefaults()
 	if cfg.Actor == "" {
 		cfg.Actor = "intake"
+	}
+	if cfg.MarkDelay <= 0 {
+		cfg.MarkDelay = 3 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -178,6 +190,18 @@ type pending struct {
 // policy) run in parallel; the store sees the batch in one round trip.
 func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
 	now := p.cfg.Now().UTC()
+	if len(recs) == 0 {
+		// An idle tick: marks held for later fall due without a commit
+		// to run them after. Bounded, so that a stalled store cannot
+		// stop the polls (a lost mark is safe).
+		mctx, cancel := context.WithTimeout(ctx, idleMarkTimeout)
+		err := p.markLogged(mctx, nil)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			p.cfg.Logger.Warn("mark admissions logged", "err", err)
+		}
+		return ledger.Output{}, nil
+	}
 	type result struct {
 		c       *checked
 		refusal *ledger.Event
@@ -206,16 +230,14 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 			calls = append(calls, r.c)
 		}
 	}
-	settled, logged, err := p.settle(ctx, calls, now)
+	settled, logged, later, err := p.settle(ctx, calls, now)
 	if err != nil {
 		return ledger.Output{}, err
 	}
 	out = append(out, settled...)
 	committed := func(ctx context.Context) error {
-		if len(logged) == 0 {
-			return nil
-		}
-		return p.cfg.Store.MarkLogged(ctx, logged)
+		p.later.add(p.cfg.Now().Add(p.cfg.MarkDelay), later)
+		return p.markLogged(ctx, logged)
 	}
 	return ledger.Output{Records: out, Committed: committed}, nil
 }
@@ -250,10 +272,10 @@ func parallel(n int, fn func(i int)) {
 // settle takes checked calls the rest of the way: rate limits, then the
 // store, which says whether each key is free. It returns the records to
 // append (the calls' first events, refusals, and events a crash left out
-// of the log) and what to mark logged once they are in.
-func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time) ([]*kgo.Record, []processors.Logged, error) {
+// of the log), what to mark logged once they are in, and the authorized
+// admissions to mark later (laterMarks).
+func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time) (out []*kgo.Record, logged, later []processors.Logged, _ error) {
 	var (
-		out     []*kgo.Record
 		admits  []pending
 		emitErr error
 	)
@@ -268,18 +290,18 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	}
 	calls, limited, err := p.limit(ctx, calls, now)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	emit(limited...)
 	for _, c := range calls {
 		a, err := p.admission(c, now)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
-		return out, nil, emitErr
+		return out, nil, nil, emitErr
 	}
 
 	as := make([]processors.Admission, len(admits))
@@ -288,9 +310,8 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	}
 	results, rejected, err := p.admit(ctx, as)
 	if err != nil {
-		return nil, nil, fmt.Errorf("admit %d calls: %w", len(as), err)
+		return nil, nil, nil, fmt.Errorf("admit %d calls: %w", len(as), err)
 	}
-	var logged []processors.Logged
 	// A key's events go out once per batch, however many copies of its
 	// envelope the batch holds.
 	emitted := make(map[ledger.CallKey]bool)
@@ -305,7 +326,12 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		case processors.Admitted:
 			emitted[a.admission.Key] = true
 			out = append(out, a.admission.Records...)
-			logged = append(logged, processors.Logged{Key: a.admission.Key, Seq: a.admission.Seq})
+			l := processors.Logged{Key: a.admission.Key, Seq: a.admission.Seq}
+			if a.admission.Status == processors.StatusAuthorized {
+				later = append(later, l)
+			} else {
+				logged = append(logged, l)
+			}
 		case processors.Duplicate:
 			// A retry of a call we already hold. Its events are in
 			// the log unless a crash came between the store and the
@@ -315,7 +341,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 				emitted[a.admission.Key] = true
 				evs, err := ledger.DecodeEvents(res.Record.Outbox)
 				if err != nil {
-					return nil, nil, err
+					return nil, nil, nil, err
 				}
 				for _, e := range evs {
 					if e.Seq > res.Record.LoggedSeq {
@@ -330,10 +356,10 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			emit(p.refuse(a.key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
 				"the idempotency key is already used by a call with other arguments"))
 		default:
-			return nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
+			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}
 	}
-	return out, logged, emitErr
+	return out, logged, later, emitErr
 }
 
 // admit records a batch of admissions. When the store rejects the data of
@@ -482,7 +508,7 @@ func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identit
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil
 	}
-	recs, _, err := p.settle(ctx, []*checked{c}, now)
+	recs, _, _, err := p.settle(ctx, []*checked{c}, now)
 	if err != nil {
 		return nil, err
 	}

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
@@ -27,9 +29,15 @@ import (
 type fixture struct {
 	in    *intake.Processor
 	ident *processorstest.Identity
+	store processors.Store
 }
 
 func newIntake(t *testing.T) *fixture {
+	return newIntakeWith(t, func(*intake.Config) {})
+}
+
+// newIntakeWith is newIntake with its config changed by set.
+func newIntakeWith(t *testing.T, set func(*intake.Config)) *fixture {
 	t.Helper()
 	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "x.db")})
 	if err != nil {
@@ -41,26 +49,34 @@ func newIntake(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	ident := processorstest.NewIdentity(t)
-	in, err := intake.New(intake.Config{Registry: reg, Store: st, Identity: ident.Verifier, Policy: processorstest.Policy(t, "../testdata/policies")})
+	cfg := intake.Config{Registry: reg, Store: st, Identity: ident.Verifier, Policy: processorstest.Policy(t, "../testdata/policies")}
+	set(&cfg)
+	in, err := intake.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{in: in, ident: ident}
+	return &fixture{in: in, ident: ident, store: st}
 }
 
 func (f *fixture) envelopeRecord(t *testing.T, key string, args map[string]any) *kgo.Record {
+	t.Helper()
+	return f.toolRecord(t, "create_ticket", 1, key, args)
+}
+
+// toolRecord is an envelope record calling tool at version.
+func (f *fixture) toolRecord(t *testing.T, tool string, version int, key string, args map[string]any) *kgo.Record {
 	t.Helper()
 	raw, _ := json.Marshal(args)
 	tree, err := ledger.Decode(raw, ledger.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hash, err := ledger.ArgumentsHash("t_a", "create_ticket", 1, tree)
+	hash, err := ledger.ArgumentsHash("t_a", tool, version, tree)
 	if err != nil {
 		t.Fatal(err)
 	}
 	v, _ := json.Marshal(map[string]any{
-		"tool": "create_ticket", "tool_version": 1, "call_id": "c_" + key, "arguments": args,
+		"tool": tool, "tool_version": version, "call_id": "c_" + key, "arguments": args,
 		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": hash,
 		"assertion": f.ident.Assertion(t, "t_a", "u_1"),
 	})
@@ -265,5 +281,64 @@ func TestIntakeRefusalsAreBounded(t *testing.T) {
 				t.Errorf("detail of %d bytes (valid UTF-8: %v); want at most 1 KiB of valid UTF-8", len(evs[0].Detail), utf8.ValidString(evs[0].Detail))
 			}
 		})
+	}
+}
+
+// An authorized call's admission is marked logged MarkDelay after its
+// events are in the log, not at once: by then an executor's claim has
+// usually marked it without a write of its own. A denied call, which no
+// executor claims, is marked at once.
+func TestIntakeMarksAuthorizedCallsLater(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	const delay = 3 * time.Second
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Now = func() time.Time { return now }
+		c.MarkDelay = delay
+	})
+	authorized := f.envelopeRecord(t, "later", map[string]any{"title": "t"})
+	// refund_order is high risk: the test policies deny it (no_policy).
+	denied := f.toolRecord(t, "refund_order", 1, "at-once", map[string]any{"order_id": "ord_1", "amount_cents": 100, "currency": "EUR"})
+	out, err := f.in.Step(t.Context(), []*kgo.Record{authorized, denied})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range events(t, out) {
+		got = append(got, e.IdempotencyKey+":"+string(e.Type))
+	}
+	if want := []string{"later:requested", "later:authorized", "at-once:requested", "at-once:denied"}; !slices.Equal(got, want) {
+		t.Fatalf("events %v; want %v", got, want)
+	}
+	if err := out.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	logged := func(key string) int64 {
+		t.Helper()
+		r, err := f.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.LoggedSeq
+	}
+	if got := logged("at-once"); got != 2 {
+		t.Errorf("denied call logged to %d after the commit; want 2, at once", got)
+	}
+	if got := logged("later"); got != 0 {
+		t.Errorf("authorized call logged to %d after the commit; want 0 until %v later", got, delay)
+	}
+	// Idle ticks make the marks that fell due.
+	now = now.Add(delay - time.Millisecond)
+	if _, err := f.in.Step(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := logged("later"); got != 0 {
+		t.Errorf("authorized call logged to %d before its delay; want 0", got)
+	}
+	now = now.Add(time.Millisecond)
+	if _, err := f.in.Step(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := logged("later"); got != 2 {
+		t.Errorf("authorized call logged to %d once its delay passed; want 2", got)
 	}
 }
