@@ -3,3 +3,17 @@ package executor
 // SetBacklog stands in for the loop's count of fetched records, which
 // the executor reads only when it runs on its Loop.
 func SetBacklog(x *Executor, backlog func() int64) { x.backlog = backlog }
+
+// EndedUnwaited counts the calls that steps under load did not wait for
+// and that have ended, waiting for a step to take them.
+func EndedUnwaited(x *Executor) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	n := 0
+	for f := range x.unwaited {
+		if f.ended {
+			n++
+		}
+	}
+	return n
+}

@@ -1,6 +1,10 @@
 package executor_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
@@ -125,5 +130,95 @@ func TestCallLeftUnderLoadWaitedForOnce(t *testing.T) {
 	}
 	if n := r.backend.AppliedIn("create_ticket", "t_slow", "t_slow/a"); n != 1 {
 		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// shutdownAtClaim is the store, except that once armed its Claim waits
+// until a completion was recorded (the step recording the calls that
+// ended before it, which runs beside the claim), claims, and then
+// cancels the step: shutdown arriving between a claim and the launch of
+// the batch it claimed.
+type shutdownAtClaim struct {
+	executor.Store
+	armed     atomic.Bool
+	completed chan struct{} // closed by the first Complete while armed
+	once      sync.Once
+	cancel    context.CancelFunc
+}
+
+func (s *shutdownAtClaim) Complete(ctx context.Context, cs []processors.Completion) ([]bool, error) {
+	applied, err := s.Store.Complete(ctx, cs)
+	if err == nil && s.armed.Load() {
+		s.once.Do(func() { close(s.completed) })
+	}
+	return applied, err
+}
+
+func (s *shutdownAtClaim) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
+	if !s.armed.Load() {
+		return s.Store.Claim(ctx, cs)
+	}
+	select {
+	case <-s.completed:
+	case <-time.After(10 * time.Second):
+		return nil, errors.New("test setup: no earlier call was recorded beside the claim")
+	}
+	res, err := s.Store.Claim(ctx, cs)
+	s.cancel()
+	return res, err
+}
+
+// A step that records earlier calls and finds itself shut down once its
+// claim returned still launches the batch it claimed: a claim left
+// unlaunched would sit executing until its lease expired and come back
+// as outcome_unknown, though the call never ran.
+func TestBatchClaimedAtShutdownIsLaunched(t *testing.T) {
+	r := newRig(t)
+	st := &shutdownAtClaim{Store: r.store, completed: make(chan struct{})}
+	x := r.executor(func(c *executor.Config) {
+		c.Store = st
+		c.StepBudget = time.Minute
+	})
+	var backlog atomic.Int64
+	executor.SetBacklog(x, backlog.Load)
+
+	// Under load: the step starts call a and returns without it.
+	backlog.Store(1)
+	if got := stepOnce(t, x, r.admitAs("t_a", "create_ticket", "a", ticket, 0)); len(got) != 0 {
+		t.Fatalf("step with a backlog returned %v; want no events", got)
+	}
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if n := executor.EndedUnwaited(x); n != 1 {
+			return fmt.Errorf("%d calls ended; want a", n)
+		}
+		return nil
+	})
+
+	// The next step records a while it claims b, and shutdown comes
+	// as the claim returns.
+	b := r.admitAs("t_a", "create_ticket", "b", ticket, 0)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	st.cancel = cancel
+	st.armed.Store(true)
+	if _, err := x.Step(ctx, []*kgo.Record{b}); err == nil {
+		t.Error("step shut down mid-way returned no error; want the context's")
+	}
+
+	for _, k := range []string{"t_a/a", "t_a/b"} {
+		key, _ := ledger.ParseCallKey(k)
+		ledgertest.WaitFor(t, 10*time.Second, func() error {
+			rec, err := r.store.Get(t.Context(), key)
+			if err != nil {
+				return err
+			}
+			if rec.Status != processors.StatusSucceeded {
+				return fmt.Errorf("%s is %s; want succeeded (claimed, then launched)", k, rec.Status)
+			}
+			return nil
+		})
+		if n := r.backend.AppliedIn("create_ticket", "t_a", k); n != 1 {
+			t.Errorf("%s applied %d times; want 1", k, n)
+		}
 	}
 }
