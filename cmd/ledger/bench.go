@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -76,7 +77,9 @@ tenants, and reports, from one run on one machine:
 
   - calls/s and end-to-end latency percentiles (publish to the terminal event,
     read committed), and added latency (minus the tool's own time);
-  - the ledger processes' CPU seconds per call and peak RSS;
+  - the ledger processes' CPU seconds per call and peak RSS, and the whole
+    machine's CPU per call (every process, the store's and Kafka's too
+    when they run here);
   - the same calls made directly to the tool backend (the floor);
   - the raw limits of the parts: transactional consume-produce records/s on
     the same Kafka, batched claims/s on the same store;
@@ -503,6 +506,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		retriesBefore, retriesErr = storeRetries(ctx, nodes)
 	}
 	selfBefore := selfCPU()
+	machineBefore, machineOK := machineCPU()
 	lag.start()
 	res, err := loadtest.Run(runCtx, cfg)
 	if lineEnd == "" {
@@ -513,6 +517,9 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	}
 	rep := loadtest.RunReport{Name: r.name, Executors: r.executors, Processes: len(nodes), Result: res}
 	rep.HarnessCPU = selfCPU() - selfBefore
+	if after, ok := machineCPU(); ok && machineOK {
+		rep.MachineCPU = after - machineBefore
+	}
 	for i, n := range nodes {
 		rep.LedgerCPU += n.cpu() - before[i]
 	}
@@ -871,6 +878,37 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// machineCPU is the busy time of all the machine's CPUs since boot, from
+// /proc/stat; ok is false where that cannot be read.
+func machineCPU() (_ time.Duration, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	return parseProcStat(b)
+}
+
+// parseProcStat reads the aggregate "cpu" line of /proc/stat: user, nice,
+// system, idle, iowait, irq, softirq, steal..., in USER_HZ ticks (100 a
+// second on every Linux that exports it). Busy is user + nice + system +
+// irq + softirq: idle and iowait are not work, steal is another guest's.
+func parseProcStat(b []byte) (time.Duration, bool) {
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, false
+	}
+	var busy int64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || n < 0 {
+			return 0, false
+		}
+		busy += n
+	}
+	return time.Duration(busy) * (time.Second / 100), true
 }
 
 // isTerminal reports whether w is a terminal (a character device).

@@ -71,8 +71,13 @@ func TestBenchOnPostgres(t *testing.T) {
 		if w.Effects != 200 || w.Reads != 200 || w.Duplicates != 0 || w.Missing != 0 || w.Orphans != 0 {
 			t.Errorf("%s: witness %+v; want 200 effects, 200 reads, nothing else", r.Name, w)
 		}
-		if res.PerSec <= 0 || res.E2E.P50 <= 0 || res.E2E.P99 < res.E2E.P50 || r.LedgerCPU <= 0 || r.PeakRSS <= 0 || r.CPUPerCall <= 0 {
+		if res.PerSec <= 0 || res.E2E.P50 <= 0 || res.E2E.P99 < res.E2E.P50 || r.LedgerCPU <= 0 || r.PeakRSS <= 0 || r.CPUPerCall <= 0 || r.MachineCPUPerCall <= 0 {
 			t.Errorf("%s: missing figures: %+v", r.Name, r)
+		}
+		// The machine's CPU includes the ledger's (read over a window a
+		// little wider, in 10 ms ticks: half is a safe floor).
+		if r.MachineCPU < r.LedgerCPU/2 {
+			t.Errorf("%s: machine CPU %v, ledger CPU %v; want the machine's to include the ledger's", r.Name, r.MachineCPU, r.LedgerCPU)
 		}
 		if r.ProjectionLag == nil || r.ProjectionLag.Max <= 0 {
 			t.Errorf("%s: projection lag %v; want it sampled", r.Name, r.ProjectionLag)
@@ -283,6 +288,20 @@ ledger_stage_seconds_count{stage="claim"} 7
 	} {
 		if err := parseRetries([]byte(bad), map[string]int64{}); err == nil {
 			t.Errorf("parseRetries(%q): no error", bad)
+		}
+	}
+}
+
+func TestParseProcStat(t *testing.T) {
+	// user nice system idle iowait irq softirq steal guest guest_nice
+	stat := "cpu  107077 3 49388 134987 642 5 2395 1542 0 0\ncpu0 53000 1 24000 67000 300 2 1200 700 0 0\nintr 1 2 3\n"
+	got, ok := parseProcStat([]byte(stat))
+	if want := time.Duration(107077+3+49388+5+2395) * 10 * time.Millisecond; !ok || got != want {
+		t.Errorf("parseProcStat = %v, %v; want %v, true (idle, iowait and steal left out)", got, ok, want)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7\n", "cpu  1 2 3\n", "cpu  1 x 3 4 5 6 7 8\n", "cpu  1 -2 3 4 5 6 7 8\n"} {
+		if got, ok := parseProcStat([]byte(bad)); ok {
+			t.Errorf("parseProcStat(%q) = %v, true; want false", bad, got)
 		}
 	}
 }

@@ -75,6 +75,12 @@ type RunReport struct {
 	// generator, Kafka when in process, the tool backend).
 	LedgerCPU  time.Duration `json:"ledger_cpu_ns"`
 	HarnessCPU time.Duration `json:"harness_cpu_ns"`
+	// MachineCPU is the busy time of all the machine's CPUs while the run
+	// was measured (Linux's /proc/stat: user, nice, system, irq, softirq;
+	// zero where it cannot be read): the ledger's and the harness's, and
+	// the store's and Kafka's when they run on this machine, and whatever
+	// else it did meanwhile.
+	MachineCPU time.Duration `json:"machine_cpu_ns"`
 	// PeakRSS is the sum over the ledger processes of their peak
 	// resident memory.
 	PeakRSS int64 `json:"peak_rss_bytes"`
@@ -91,6 +97,7 @@ type RunReport struct {
 	// Derived by Derive.
 	CPUPerCall         time.Duration `json:"ledger_cpu_per_call_ns"`
 	HarnessCPUPerCall  time.Duration `json:"harness_cpu_per_call_ns"`
+	MachineCPUPerCall  time.Duration `json:"machine_cpu_per_call_ns"`
 	PeakRSSPerCall     float64       `json:"peak_rss_bytes_per_call"`
 	PerSecPerExecutor  float64       `json:"calls_per_sec_per_executor"`
 	PerSecPerLedgerCPU float64       `json:"calls_per_ledger_cpu_sec"`
@@ -101,6 +108,7 @@ func (r *RunReport) Derive() {
 	if n := r.Result.Finished; n > 0 {
 		r.CPUPerCall = r.LedgerCPU / time.Duration(n)
 		r.HarnessCPUPerCall = r.HarnessCPU / time.Duration(n)
+		r.MachineCPUPerCall = r.MachineCPU / time.Duration(n)
 		r.PeakRSSPerCall = float64(r.PeakRSS) / float64(n)
 	}
 	if r.Executors > 0 {
@@ -143,20 +151,24 @@ func (rep Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "kafka: %s; store: %s; mix: %s; %d tenants; concurrency %d; backend latency %s\n\n",
 		rep.Kafka, rep.Store, rep.Mix, rep.Tenants, rep.Concurrency, rep.BackendLatency)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tpeak RSS MB\tdup\tlost\t")
+	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tmachine µs/call\tpeak RSS MB\tdup\tlost\t")
 	for _, r := range rep.Runs {
 		res := r.Result
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.0f\t%d\t%d\t\n",
+		machine := "-"
+		if r.MachineCPUPerCall > 0 {
+			machine = fmt.Sprintf("%.0f", float64(r.MachineCPUPerCall.Nanoseconds())/1e3)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%.0f\t%d\t%d\t\n",
 			r.Name, r.mode(), r.Executors, res.Finished, res.PerSec,
 			msOf(res.E2E.P50), msOf(res.E2E.P95), msOf(res.E2E.P99), msOf(res.E2E.P999),
 			msOf(res.Added.P50), msOf(res.Added.P99),
-			float64(r.CPUPerCall.Nanoseconds())/1e3, float64(r.HarnessCPUPerCall.Nanoseconds())/1e3,
+			float64(r.CPUPerCall.Nanoseconds())/1e3, float64(r.HarnessCPUPerCall.Nanoseconds())/1e3, machine,
 			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost)
 	}
 	if d := rep.Direct; d != nil {
 		// The direct calls have no ledger to lose them: the last
 		// column counts the ones that failed.
-		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t%d\t\n",
+		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t-\t%d\t\n",
 			d.Calls, d.PerSec, msOf(d.Latency.P50), msOf(d.Latency.P95), msOf(d.Latency.P99), msOf(d.Latency.P999), d.Errors)
 	}
 	if err := tw.Flush(); err != nil {

@@ -48,8 +48,8 @@ func repReport() Report {
 			{
 				Name: "ledger", Executors: 2, Processes: 1, Result: repResult("main", 500),
 				Witness:   Witness{Effects: 250, Reads: 750, Replays: 4, Orphans: 1},
-				LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, PeakRSS: 200 << 20,
-				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, PeakRSSPerCall: 209715.2,
+				LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 6 * time.Second, PeakRSS: 200 << 20,
+				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 6 * time.Millisecond, PeakRSSPerCall: 209715.2,
 				PerSecPerExecutor: 250, PerSecPerLedgerCPU: 333.25, StoreRetries: map[string]int64{"claim": 5, "complete": 2},
 			},
 			{Name: "open 500/s", Executors: 2, Processes: 1, Result: open, Witness: Witness{Effects: 250, Reads: 747, Duplicates: 2, Missing: 1}},
@@ -72,9 +72,9 @@ func TestRunReportDerive(t *testing.T) {
 	}{
 		{
 			name: "totals",
-			in: RunReport{Executors: 4, LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, PeakRSS: 300 << 20,
+			in: RunReport{Executors: 4, LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 5 * time.Second, PeakRSS: 300 << 20,
 				Result: Result{Finished: 1000, PerSec: 500}},
-			want: RunReport{CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond,
+			want: RunReport{CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 5 * time.Millisecond,
 				PeakRSSPerCall: float64(300<<20) / 1000, PerSecPerExecutor: 125, PerSecPerLedgerCPU: 1000.0 / 3},
 		},
 		{
@@ -93,15 +93,15 @@ func TestRunReportDerive(t *testing.T) {
 			want: RunReport{},
 		},
 	}
-	derived := cmp.Transformer("derived", func(r RunReport) [5]float64 {
-		return [5]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU}
+	derived := cmp.Transformer("derived", func(r RunReport) [6]float64 {
+		return [6]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), float64(r.MachineCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU}
 	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.in
 			got.Derive()
 			if diff := cmp.Diff(tc.want, got, derived, cmpopts.EquateApprox(1e-12, 0)); diff != "" {
-				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, rss/call, /s/executor, /ledger cpu s]:\n%s", diff)
+				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, machine cpu/call, rss/call, /s/executor, /ledger cpu s]:\n%s", diff)
 			}
 			for _, v := range []float64{got.PeakRSSPerCall, got.PerSecPerExecutor, got.PerSecPerLedgerCPU} {
 				if math.IsNaN(v) || math.IsInf(v, 0) {
@@ -188,7 +188,7 @@ func TestReportWriteJSON(t *testing.T) {
 		name string
 	}{
 		{raw, "machine"}, {raw, "direct"}, {raw, "limits"}, {raw, "backend_latency_ns"},
-		{run, "ledger_cpu_per_call_ns"}, {run, "calls_per_sec_per_executor"}, {run, "store_retries"},
+		{run, "ledger_cpu_per_call_ns"}, {run, "machine_cpu_per_call_ns"}, {run, "calls_per_sec_per_executor"}, {run, "store_retries"},
 		{res, "calls_per_sec"}, {res, "lost"}, {res, "e2e"}, {res, "added"}, {res, "by_state"}, {res, "elapsed_ns"}, {res, "stages"},
 		{wit, "duplicate_effects"}, {wit, "missing_effects"}, {wit, "orphan_effects"},
 	} {
@@ -240,14 +240,14 @@ func TestReportWriteTable(t *testing.T) {
 	}
 	// The run rows, cell by cell: the main run and the direct floor.
 	rows := repRows(out)
-	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "200", "0", "0"}, rows["ledger"]); diff != "" {
+	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "6000", "200", "0", "0"}, rows["ledger"]); diff != "" {
 		t.Errorf("ledger row (-want +got):\n%s\n%s", diff, out)
 	}
-	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "2"}, rows["direct"]); diff != "" {
+	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "-", "2"}, rows["direct"]); diff != "" {
 		t.Errorf("direct row (-want +got):\n%s\n%s", diff, out)
 	}
-	if row := rows["open"]; len(row) < 3 || row[len(row)-2] != "2" || row[len(row)-1] != "3" {
-		t.Errorf("open row %q; want dup 2 and lost 3 last", row)
+	if row := rows["open"]; len(row) < 4 || row[len(row)-2] != "2" || row[len(row)-1] != "3" || row[len(row)-4] != "-" {
+		t.Errorf("open row %q; want machine CPU - (not measured), then dup 2 and lost 3 last", row)
 	}
 	// Where the time goes: a row per run, p50 / p99 of each stage.
 	if !strings.Contains(out, "where the time goes") {
