@@ -404,7 +404,8 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 // keeps the old member until its session timeout, and the next
 // session's join waits for it that long (franz-go's default 45 s), with
 // nothing consumed meanwhile. So the leave is sent again until the group
-// answers, for as long as it would keep the member anyway.
+// answers, for as long as it would keep the member anyway, and once more,
+// briefly, if shutdown comes first.
 func (l *Loop) leaveGroup(ctx context.Context, cl *kgo.Client) {
 	lctx, cancel := context.WithTimeout(ctx, cmp.Or(l.cfg.Client.SessionTimeout, 45*time.Second))
 	defer cancel()
@@ -426,23 +427,39 @@ func (l *Loop) leaveGroup(ctx context.Context, cl *kgo.Client) {
 	req.Members = append(req.Members, m)
 	// Sent again on any error but two: the member is gone already, or
 	// the group will never let this client leave (its ACLs).
-	for delay := 100 * time.Millisecond; err != nil && !errors.Is(err, kerr.UnknownMemberID) && !errors.Is(err, kerr.GroupAuthorizationFailed); delay = min(2*delay, time.Second) {
-		select {
-		case <-lctx.Done():
-			if ctx.Err() == nil {
-				l.cfg.Logger.Warn("failed session could not leave its group; the next one waits for the group to drop it", "group", l.cfg.Group, "err", err)
-			}
-			return
-		case <-time.After(delay):
-		}
-		var resp *kmsg.LeaveGroupResponse
-		if resp, err = req.RequestWith(lctx, cl); err == nil {
+	send := func(ctx context.Context) error {
+		resp, err := req.RequestWith(ctx, cl)
+		if err == nil {
 			if err = kerr.ErrorForCode(resp.ErrorCode); err == nil && len(resp.Members) > 0 {
 				err = kerr.ErrorForCode(resp.Members[0].ErrorCode)
 			}
 		}
+		return err
+	}
+	for delay := 100 * time.Millisecond; err != nil && !errors.Is(err, kerr.UnknownMemberID) && !errors.Is(err, kerr.GroupAuthorizationFailed); delay = min(2*delay, time.Second) {
+		select {
+		case <-lctx.Done():
+			if ctx.Err() != nil {
+				// Shutting down: one last try, briefly, for the
+				// process that starts next would wait for this
+				// member as the next session would have.
+				sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lastLeave)
+				err = send(sctx)
+				cancel()
+				if err == nil || errors.Is(err, kerr.UnknownMemberID) {
+					return
+				}
+			}
+			l.cfg.Logger.Warn("failed session could not leave its group; the next member waits for the group to drop it", "group", l.cfg.Group, "err", err)
+			return
+		case <-time.After(delay):
+		}
+		err = send(lctx)
 	}
 }
+
+// lastLeave bounds the leave a failed session sends at shutdown.
+const lastLeave = 2 * time.Second
 
 // jitter spreads retries of many instances apart.
 func jitter(d time.Duration) time.Duration {

@@ -291,6 +291,70 @@ func TestLoopFailedSessionLeavesItsGroup(t *testing.T) {
 	}
 }
 
+// A failed session that shuts down while the group still refuses its
+// leave sends it once more on the way out: otherwise the group keeps the
+// member until its session timeout, and the process that starts next
+// waits that long to be given partitions.
+func TestLoopFailedSessionLeavesItsGroupAtShutdown(t *testing.T) {
+	k := faultableKafka(t)
+	publishRequests(t, k, 20)
+	endTxn := k.Cluster.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.InvalidTxnState,
+		When: func(r kmsg.Request) bool { return r.(*kmsg.EndTxnRequest).Commit },
+	})
+	defer endTxn.Remove()
+	var refuse atomic.Bool
+	refuse.Store(true)
+	leave := k.Cluster.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.LeaveGroup}, TopLevel: true, Err: kerr.UnknownServerError, Count: -1,
+		When: func(kmsg.Request) bool { return refuse.Load() },
+	})
+	defer leave.Remove()
+
+	loop := copyLoop(t, k, "copy-leave-shutdown")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+
+	// The client's own leave and two of the loop's were refused; the
+	// loop now waits 400 ms before its next. Shutdown comes then, and
+	// the group would take a leave again.
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if n := leave.Hits(); n < 3 {
+			return fmt.Errorf("%d leaves refused; want 3", n)
+		}
+		return nil
+	})
+	refuse.Store(false)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after shutdown")
+	}
+
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	groups, err := kadm.NewClient(cl).DescribeGroups(t.Context(), k.Group("copy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := groups[k.Group("copy")]
+	if g.Err != nil {
+		t.Fatal(g.Err)
+	}
+	if len(g.Members) != 0 {
+		t.Errorf("group %s has %d members after its only member shut down; want none (state %s)", g.Group, len(g.Members), g.State)
+	}
+}
+
 // Buffered counts the records a session fetched that no poll returned
 // yet, which the executor reads to tell whether more work is waiting; it
 // is 0 with no live session.
