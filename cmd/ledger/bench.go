@@ -127,7 +127,7 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "also project every run's events into this ClickHouse (native protocol) and report the projection's lag under the load")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_bench", "ClickHouse database of the benchmark's projection: never a production one")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
-	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles into this directory (go tool pprof)")
+	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
 	cmd.AddCommand(newBenchNodeCmd(g))
 	return cmd
 }
@@ -174,6 +174,13 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		if err := os.MkdirAll(f.profile, 0o755); err != nil {
 			return err
 		}
+		// The harness (load, in-process Kafka, tool backend) shares the
+		// machine with the ledger; its profile shows what it takes.
+		stop, err := startProfiles(filepath.Join(f.profile, "harness"))
+		if err != nil {
+			return fmt.Errorf("profile the harness: %w", err)
+		}
+		defer stop()
 	}
 	env := &benchEnv{g: g, f: f, logger: logger, progress: progress, dir: dir, tools: tools,
 		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
