@@ -3,7 +3,6 @@ package ledger
 import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -115,13 +114,9 @@ func (e *Event) Transition() statemachine.Event {
 // Encode returns the event's wire form. It sets V to EncodingVersion.
 func (e *Event) Encode() ([]byte, error) {
 	e.V = EncodingVersion
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(e); err != nil {
-		return nil, fmt.Errorf("encode event: %w", err)
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	// Most events are under 1 KiB; a requested event also carries its
+	// arguments.
+	return appendEvent(make([]byte, 0, 1024+len(e.Arguments)), e)
 }
 
 // DecodeEvent parses an event's wire form. It refuses encodings newer than
