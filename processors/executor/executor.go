@@ -760,6 +760,10 @@ func (x *Executor) leaseFor(name string, version int) time.Duration {
 // the call's trace when the executor traces. g is the tenant's guard for
 // the tool, held by the caller; nil takes one here.
 func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, g *guard) processors.Completion {
+	if x.cfg.Tracer == nil {
+		// No span to start, nor its attributes to build.
+		return x.executeCall(ctx, tmpl, rec, reclaimed, g)
+	}
 	ctx, span := tracing.StartCall(ctx, x.cfg.Tracer, "ledger.execute", tmpl.TraceID, rec.Key.String(),
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(
@@ -778,10 +782,33 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 	return c
 }
 
+// callLog logs about one call, with the call's attributes. Unlike
+// Logger.With, which formats them at once, it builds them only for a record
+// the handler keeps: nearly every call logs nothing, and formatting its key
+// for nothing was 3% of the executor's CPU.
+type callLog struct {
+	ctx     context.Context
+	l       *slog.Logger
+	rec     *processors.Record
+	traceID string
+}
+
+func (c callLog) log(level slog.Level, msg string, args ...any) {
+	if !c.l.Enabled(c.ctx, level) {
+		return
+	}
+	all := append([]any{"call_key", c.rec.Key.String(), "trace_id", c.traceID, "tool", c.rec.Tool, "epoch", c.rec.Epoch}, args...)
+	c.l.Log(c.ctx, level, msg, all...)
+}
+
+func (c callLog) Info(msg string, args ...any)  { c.log(slog.LevelInfo, msg, args...) }
+func (c callLog) Warn(msg string, args ...any)  { c.log(slog.LevelWarn, msg, args...) }
+func (c callLog) Error(msg string, args ...any) { c.log(slog.LevelError, msg, args...) }
+
 func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, g *guard) processors.Completion {
 	start := x.cfg.Now()
 	c := &completion{x: x, tmpl: tmpl, rec: rec, start: start, reclaimed: reclaimed}
-	log := x.cfg.Logger.With("call_key", rec.Key.String(), "trace_id", tmpl.TraceID, "tool", rec.Tool, "epoch", rec.Epoch)
+	log := callLog{ctx: ctx, l: x.cfg.Logger, rec: &rec, traceID: tmpl.TraceID}
 
 	tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
 	if err != nil {
