@@ -6,7 +6,7 @@ DATA_DIR ?= ./.ledger
 TEST_TIMEOUT ?= 13m
 BENCH_COUNT ?= 1
 
-.PHONY: dev build test bench bench-sizes bench-go bench-projections screenshots fuzz chaos lint vet config-reference
+.PHONY: dev build test bench bench-compare bench-sizes bench-go bench-projections screenshots fuzz chaos lint vet config-reference
 
 dev:
 	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR)
@@ -87,6 +87,24 @@ bench:
 		--sweep $(BENCH_SWEEP) --scaling $(BENCH_SCALING) \
 		--json $(BENCH_OUT)/$(BENCH_MIX).json --svg $(BENCH_OUT)/$(BENCH_MIX).svg $(BENCH_FLAGS) \
 		| tee $(BENCH_OUT)/$(BENCH_MIX).txt
+
+# This tree against the build of BASE (a git ref; default HEAD, the last
+# commit): the closed loop BENCH_PAIRS times for each build, alternating,
+# on one harness, and the medians side by side. The machine's own noise
+# shows as the spread of each build's runs in the table.
+BASE ?= HEAD
+BENCH_PAIRS ?= 3
+BENCH_COMPARE_CALLS ?= 30000
+bench-compare:
+	@$(WITH_SERVICES) \
+	mkdir -p $(BENCH_OUT); rm -rf $(BENCH_OUT)/base-src; mkdir -p $(BENCH_OUT)/base-src; \
+	git archive --format=tar $(BASE) | tar -x -C $(BENCH_OUT)/base-src; \
+	(cd $(BENCH_OUT)/base-src && $(GO) build -o ../ledger-base ./cmd/ledger); \
+	rm -rf $(BENCH_OUT)/base-src; \
+	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \
+	$(BENCH_OUT)/ledger bench --crdb-dsn "$$LEDGER_TEST_PG_DSN" --mix $(BENCH_MIX) --concurrency $(BENCH_CONCURRENCY) \
+		--calls $(BENCH_COMPARE_CALLS) --baseline $(BENCH_OUT)/ledger-base --pairs $(BENCH_PAIRS) \
+		--direct=false --limits=false --json $(BENCH_OUT)/compare.json $(BENCH_FLAGS) | tee $(BENCH_OUT)/compare.txt
 
 # How CPU and memory grow with the number of calls (BENCH_SIZES).
 BENCH_SIZES ?= 10000,100000,1000000

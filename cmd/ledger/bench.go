@@ -60,6 +60,8 @@ type benchFlags struct {
 	workDir        string
 	keep           bool
 	profile        string
+	baseline       string
+	pairs          int
 	nodeLogLevel   string
 	limitCalls     int
 	clickhouse     clickhouseFlags
@@ -127,6 +129,8 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "also project every run's events into this ClickHouse (native protocol) and report the projection's lag under the load")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_bench", "ClickHouse database of the benchmark's projection: never a production one")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
+	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
+	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
 	cmd.AddCommand(newBenchNodeCmd(g))
 	return cmd
@@ -154,6 +158,9 @@ type benchEnv struct {
 	id string
 	// cleanups drop the store schemas when the benchmark ends.
 	cleanups []func()
+	// pg is the store's PostgreSQL server when it runs on this machine:
+	// the runs then report its CPU. Nil otherwise.
+	pg *pgServer
 }
 
 func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, progress, out io.Writer) error {
@@ -163,6 +170,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	tools, err := loadtest.ParseMix(f.mix)
 	if err != nil {
 		return err
+	}
+	if f.baseline != "" {
+		if err := checkBaseline(ctx, f.baseline); err != nil {
+			return err
+		}
 	}
 	logger := g.logger()
 	dir, cleanup, err := makeWorkDir(f.workDir, "ledger-bench-", f.keep)
@@ -252,12 +264,22 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	}
 	fmt.Fprintf(progress, "bench: kafka %s, store %s, tools %s, mix %s, work dir %s\n", report.Kafka, report.Store, env.toolsURL, f.mix, dir)
 
-	main := benchRun{name: "ledger", executors: f.executors, calls: f.calls, rate: f.rate}
-	if r, err := env.run(ctx, main); err != nil {
-		return err
-	} else {
-		report.Runs = append(report.Runs, r)
+	if f.crdbDSN != "" {
+		if pg, ok := findLocalPostgres(ctx, f.crdbDSN); ok {
+			env.pg = pg
+		} else {
+			fmt.Fprintln(progress, "bench: the store's server is not a PostgreSQL on this machine: its CPU is not reported")
+		}
 	}
+	main := benchRun{name: "ledger", executors: f.executors, calls: f.calls, rate: f.rate}
+	for _, r := range mainRuns(main, f.baseline, f.pairs) {
+		rep, err := env.run(ctx, r)
+		if err != nil {
+			return err
+		}
+		report.Runs = append(report.Runs, rep)
+	}
+	report.Baseline = f.baseline
 	for _, rate := range parseFloats(f.sweep) {
 		r, err := env.run(ctx, benchRun{name: fmt.Sprintf("open %g/s", rate), executors: f.executors, calls: f.calls, rate: rate})
 		if err != nil {
@@ -323,6 +345,53 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	return nil
 }
 
+// mainRuns is the main run, or with a baseline binary pairs runs of
+// each build, alternating in the order ABBA so that a machine that drifts
+// during the benchmark favours neither.
+func mainRuns(main benchRun, baseline string, pairs int) []benchRun {
+	if baseline == "" {
+		return []benchRun{main}
+	}
+	var runs []benchRun
+	for i := range pairs {
+		this, base := main, main
+		this.name = fmt.Sprintf("ledger #%d", i+1)
+		base.name, base.binary = fmt.Sprintf("baseline #%d", i+1), baseline
+		if i%2 == 0 {
+			runs = append(runs, base, this)
+		} else {
+			runs = append(runs, this, base)
+		}
+	}
+	return runs
+}
+
+// checkBaseline fails unless binary can run the benchmark's ledger
+// processes, so that a wrong path or a build older than "bench node" is
+// told at once rather than after the first run.
+func checkBaseline(ctx context.Context, binary string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binary, "bench", "node", "--help").CombinedOutput()
+	if err != nil {
+		tail := strings.TrimSpace(string(out))
+		if len(tail) > 300 {
+			tail = "..." + tail[len(tail)-300:]
+		}
+		return fmt.Errorf("bench: --baseline %s cannot run the ledger processes (bench node --help: %v): %s", binary, err, tail)
+	}
+	return nil
+}
+
+// storeCPU is the CPU time so far of the store's server, when it runs on
+// this machine; an error when it cannot be read.
+func (e *benchEnv) storeCPU() (time.Duration, error) {
+	if e.pg == nil {
+		return 0, errors.New("no local store server")
+	}
+	return e.pg.cpu()
+}
+
 // makeWorkDir returns dir, created if missing, or when dir is empty a new
 // temporary directory named by prefix, which cleanup removes unless keep.
 func makeWorkDir(dir, prefix string, keep bool) (string, func(), error) {
@@ -351,6 +420,8 @@ func (f *benchFlags) validate() error {
 		return errors.New("bench: --limit-calls must be positive")
 	case f.warmup < 0:
 		return errors.New("bench: --warmup must not be negative")
+	case f.baseline != "" && f.pairs <= 0:
+		return errors.New("bench: --pairs must be positive")
 	}
 	for _, list := range []struct{ name, v string }{{"--sweep", f.sweep}, {"--sizes", f.sizes}, {"--scaling", f.scaling}} {
 		for s := range strings.SplitSeq(list.v, ",") {
@@ -389,7 +460,10 @@ func writeFileWith(path string, write func(io.Writer) error) error {
 
 // benchRun is one run: fresh topics, fresh ledger processes.
 type benchRun struct {
-	name      string
+	name string
+	// binary runs the ledger processes: "" is this build, else the
+	// --baseline binary.
+	binary    string
 	executors int
 	calls     int64
 	rate      float64
@@ -456,7 +530,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 			return loadtest.RunReport{}, err
 		}
 		args = append(args, "--metrics-addr", addr)
-		n, err := startNode(args, nil, filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
+		n, err := startNode(r.binary, args, nil, filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
 		if err != nil {
 			return loadtest.RunReport{}, err
 		}
@@ -514,6 +588,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	}
 	selfBefore := selfCPU()
 	machineBefore, machineOK := machineCPU()
+	storeBefore, storeErr := e.storeCPU()
 	lag.start()
 	res, err := loadtest.Run(runCtx, cfg)
 	if lineEnd == "" {
@@ -526,6 +601,12 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	rep.HarnessCPU = selfCPU() - selfBefore
 	if after, ok := machineCPU(); ok && machineOK {
 		rep.MachineCPU = after - machineBefore
+	}
+	if after, err := e.storeCPU(); err == nil && storeErr == nil {
+		rep.StoreCPU = after - storeBefore
+	}
+	if r.binary != "" {
+		rep.Build = "baseline"
 	}
 	for i, n := range nodes {
 		rep.LedgerCPU += n.cpu() - before[i]
@@ -765,12 +846,15 @@ func parseRetries(page []byte, sum map[string]int64) error {
 	return nil
 }
 
-// startNode starts this binary with args, its output into logPath and env
-// added to this process's environment.
-func startNode(args, env []string, logPath string) (*benchNode, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
+// startNode starts binary ("" for this one) with args, its output into
+// logPath and env added to this process's environment.
+func startNode(binary string, args, env []string, logPath string) (*benchNode, error) {
+	self := binary
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return nil, err
+		}
 	}
 	log, err := os.Create(logPath)
 	if err != nil {
@@ -859,23 +943,11 @@ func (n *benchNode) kill() {
 // procCPU reads utime + stime of pid from /proc/<pid>/stat (Linux; 0
 // elsewhere).
 func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := readProcStat("/proc", pid)
 	if err != nil {
 		return 0
 	}
-	// The command name may hold spaces; fields resume after its ')'.
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		s = s[i+1:]
-	}
-	f := strings.Fields(s)
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	const clockTicks = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / clockTicks
+	return st.cpu
 }
 
 // selfCPU is this process's CPU time so far.
@@ -915,7 +987,7 @@ func parseProcStat(b []byte) (time.Duration, bool) {
 		}
 		busy += n
 	}
-	return time.Duration(busy) * (time.Second / 100), true
+	return time.Duration(busy) * (time.Second / clockTicks), true
 }
 
 // isTerminal reports whether w is a terminal (a character device).

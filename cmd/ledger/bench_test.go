@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +64,7 @@ func TestBenchOnPostgres(t *testing.T) {
 	if len(rep.Runs) != 2 {
 		t.Fatalf("%d runs; want the closed loop and one open-loop rate", len(rep.Runs))
 	}
+	_, local := findLocalPostgres(t.Context(), dsn)
 	for _, r := range rep.Runs {
 		res, w := r.Result, r.Witness
 		if res.Submitted != 400 || res.Finished != 400 || res.Lost != 0 || res.ByState["succeeded"] != 400 {
@@ -90,6 +92,11 @@ func TestBenchOnPostgres(t *testing.T) {
 		}
 		if r.StoreRetries == nil {
 			t.Errorf("%s: store retries not counted; want them read from the processes' metrics", r.Name)
+		}
+		// The store's CPU is reported exactly when its server is a
+		// PostgreSQL on this machine, as make test's is.
+		if local && (r.StoreCPU <= 0 || r.StoreCPUPerCall <= 0) || !local && r.StoreCPU != 0 {
+			t.Errorf("%s: store CPU %v (%v a call) with the server local: %v", r.Name, r.StoreCPU, r.StoreCPUPerCall, local)
 		}
 	}
 	// The runs had schemas of their own, dropped since: the DSN's own
@@ -166,6 +173,39 @@ func TestBenchEmbedded(t *testing.T) {
 	}
 }
 
+// TestBenchBaseline compares this build with a baseline binary (this one
+// again): each build's runs alternate, and the report has both and their
+// medians side by side.
+func TestBenchBaseline(t *testing.T) {
+	t.Setenv(runMainEnv, "1")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	jsonOut := filepath.Join(dir, "bench.json")
+	out := runBenchCmd(t, "--calls", "200", "--warmup", "50", "--concurrency", "32", "--baseline", self, "--pairs", "2",
+		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
+	if !strings.Contains(out, "side by side, medians of 2 runs each") || !strings.Contains(out, "baseline: "+self) {
+		t.Errorf("report lacks the side-by-side table:\n%s", out)
+	}
+	rep := readReport(t, jsonOut)
+	var got []string
+	for _, r := range rep.Runs {
+		got = append(got, r.Name+"/"+r.Build)
+		if r.Result.Finished != 200 || r.Result.Lost != 0 || r.Witness.Duplicates != 0 {
+			t.Errorf("%s: %d finished, %d lost, %d duplicates; want 200, 0, 0", r.Name, r.Result.Finished, r.Result.Lost, r.Witness.Duplicates)
+		}
+	}
+	// ABBA: a machine drifting during the benchmark favours neither.
+	if want := []string{"baseline #1/baseline", "ledger #1/", "ledger #2/", "baseline #2/baseline"}; !slices.Equal(got, want) {
+		t.Errorf("runs %v; want %v", got, want)
+	}
+	if rep.Baseline != self {
+		t.Errorf("report baseline %q; want %q", rep.Baseline, self)
+	}
+}
+
 // TestBenchFlags: flags that cannot make a run are refused before
 // anything starts.
 func TestBenchFlags(t *testing.T) {
@@ -178,6 +218,9 @@ func TestBenchFlags(t *testing.T) {
 		{"--mix", "drop_table"},
 		{"--mix", "create_ticket=0"},
 		{"--limit-calls", "0"},
+		{"--baseline", "/bin/false"},
+		{"--baseline", filepath.Join(t.TempDir(), "no-such-ledger")},
+		{"--baseline", "/bin/true", "--pairs", "0"},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"bench"}, args...))
@@ -249,7 +292,7 @@ func TestBenchStoreSchemas(t *testing.T) {
 // the process's log, instead of the run waiting out its drain.
 func TestWatchNodesProcessExits(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "node.log")
-	n, err := startNode([]string{"--no-such-flag"}, []string{runMainEnv + "=1"}, logPath)
+	n, err := startNode("", []string{"--no-such-flag"}, []string{runMainEnv + "=1"}, logPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -719,7 +719,7 @@ func (e *chaosEnv) supervise(ctx context.Context, s *chaosSlot) {
 			env = append(env, failpoint.EnvSpec+"="+point+"="+strconv.FormatFloat(crashProbability(point), 'g', -1, 64))
 		}
 		args := slices.Concat(e.common, s.args)
-		node, err := startNode(args, env, filepath.Join(e.dir, fmt.Sprintf("%s.%d.log", s.name, n)))
+		node, err := startNode("", args, env, filepath.Join(e.dir, fmt.Sprintf("%s.%d.log", s.name, n)))
 		if err != nil {
 			e.logger.Error("chaos: start process", "slot", s.name, "err", err)
 			e.unexpect.Add(1)

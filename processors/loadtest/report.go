@@ -25,8 +25,11 @@ type Report struct {
 	Concurrency    int           `json:"concurrency"`
 	BackendLatency time.Duration `json:"backend_latency_ns"`
 	Runs           []RunReport   `json:"runs"`
-	Direct         *DirectReport `json:"direct,omitempty"`
-	Limits         []Limit       `json:"limits,omitempty"`
+	// Baseline is the binary the runs of Build "baseline" ran, when the
+	// benchmark compared two builds.
+	Baseline string        `json:"baseline,omitempty"`
+	Direct   *DirectReport `json:"direct,omitempty"`
+	Limits   []Limit       `json:"limits,omitempty"`
 }
 
 // Machine says where the figures come from.
@@ -63,7 +66,10 @@ func ThisMachine() Machine {
 
 // RunReport is one run of the ledger under load.
 type RunReport struct {
-	Name      string `json:"name"`
+	Name string `json:"name"`
+	// Build is "baseline" for a run of the Report's Baseline binary, ""
+	// for this build's.
+	Build     string `json:"build,omitempty"`
 	Executors int    `json:"executors"`
 	// Processes is the number of ledger processes (the intake's and the
 	// executors').
@@ -81,6 +87,10 @@ type RunReport struct {
 	// the store's and Kafka's when they run on this machine, and whatever
 	// else it did meanwhile.
 	MachineCPU time.Duration `json:"machine_cpu_ns"`
+	// StoreCPU is the CPU time of the execution store's server while the
+	// run was measured, when it is a PostgreSQL on this machine (its
+	// postmaster and every process of it); zero otherwise.
+	StoreCPU time.Duration `json:"store_cpu_ns,omitempty"`
 	// PeakRSS is the sum over the ledger processes of their peak
 	// resident memory.
 	PeakRSS int64 `json:"peak_rss_bytes"`
@@ -98,6 +108,7 @@ type RunReport struct {
 	CPUPerCall         time.Duration `json:"ledger_cpu_per_call_ns"`
 	HarnessCPUPerCall  time.Duration `json:"harness_cpu_per_call_ns"`
 	MachineCPUPerCall  time.Duration `json:"machine_cpu_per_call_ns"`
+	StoreCPUPerCall    time.Duration `json:"store_cpu_per_call_ns,omitempty"`
 	PeakRSSPerCall     float64       `json:"peak_rss_bytes_per_call"`
 	PerSecPerExecutor  float64       `json:"calls_per_sec_per_executor"`
 	PerSecPerLedgerCPU float64       `json:"calls_per_ledger_cpu_sec"`
@@ -109,6 +120,7 @@ func (r *RunReport) Derive() {
 		r.CPUPerCall = r.LedgerCPU / time.Duration(n)
 		r.HarnessCPUPerCall = r.HarnessCPU / time.Duration(n)
 		r.MachineCPUPerCall = r.MachineCPU / time.Duration(n)
+		r.StoreCPUPerCall = r.StoreCPU / time.Duration(n)
 		r.PeakRSSPerCall = float64(r.PeakRSS) / float64(n)
 	}
 	if r.Executors > 0 {
@@ -151,27 +163,27 @@ func (rep Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "kafka: %s; store: %s; mix: %s; %d tenants; concurrency %d; backend latency %s\n\n",
 		rep.Kafka, rep.Store, rep.Mix, rep.Tenants, rep.Concurrency, rep.BackendLatency)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tmachine µs/call\tpeak RSS MB\tdup\tlost\t")
+	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tstore µs/call\tmachine µs/call\tpeak RSS MB\tdup\tlost\t")
 	for _, r := range rep.Runs {
 		res := r.Result
-		machine := "-"
-		if r.MachineCPUPerCall > 0 {
-			machine = fmt.Sprintf("%.0f", float64(r.MachineCPUPerCall.Nanoseconds())/1e3)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%.0f\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%d\t%d\t\n",
 			r.Name, r.mode(), r.Executors, res.Finished, res.PerSec,
 			msOf(res.E2E.P50), msOf(res.E2E.P95), msOf(res.E2E.P99), msOf(res.E2E.P999),
 			msOf(res.Added.P50), msOf(res.Added.P99),
-			float64(r.CPUPerCall.Nanoseconds())/1e3, float64(r.HarnessCPUPerCall.Nanoseconds())/1e3, machine,
+			float64(r.CPUPerCall.Nanoseconds())/1e3, float64(r.HarnessCPUPerCall.Nanoseconds())/1e3,
+			usOrDash(r.StoreCPUPerCall), usOrDash(r.MachineCPUPerCall),
 			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost)
 	}
 	if d := rep.Direct; d != nil {
 		// The direct calls have no ledger to lose them: the last
 		// column counts the ones that failed.
-		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t-\t%d\t\n",
+		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t-\t-\t%d\t\n",
 			d.Calls, d.PerSec, msOf(d.Latency.P50), msOf(d.Latency.P95), msOf(d.Latency.P99), msOf(d.Latency.P999), d.Errors)
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := rep.writeSideBySide(w); err != nil {
 		return err
 	}
 	if staged := rep.runsWhere(func(r RunReport) bool { return r.Result.Stages.Calls > 0 }); len(staged) > 0 {
@@ -209,8 +221,8 @@ func (rep Report) WriteTable(w io.Writer) error {
 			return err
 		}
 	}
-	if len(rep.Runs) > 0 {
-		main := rep.Runs[0].Result.PerSec
+	if mains := rep.runsWhere(func(r RunReport) bool { return r.Build == "" }); len(mains) > 0 {
+		main := mains[0].Result.PerSec
 		fmt.Fprintln(w)
 		if d := rep.Direct; d != nil && d.PerSec > 0 {
 			fmt.Fprintf(w, "ledger / direct: %.0f%%\n", 100*main/d.PerSec)
@@ -247,6 +259,72 @@ func (rep Report) slowestLimit() (perCall float64, name string) {
 const EventsPerCall = 4
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// usOrDash is a per-call CPU figure in µs, "-" when not measured.
+func usOrDash(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", float64(d.Nanoseconds())/1e3)
+}
+
+// sideBySide are the figures the comparison of two builds shows, each
+// read from a run.
+var sideBySide = []struct {
+	name string
+	of   func(RunReport) float64
+}{
+	{"calls/s", func(r RunReport) float64 { return r.Result.PerSec }},
+	{"e2e p50 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P50) }},
+	{"e2e p99 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P99) }},
+	{"ledger CPU µs/call", func(r RunReport) float64 { return float64(r.CPUPerCall.Nanoseconds()) / 1e3 }},
+	{"store µs/call", func(r RunReport) float64 { return float64(r.StoreCPUPerCall.Nanoseconds()) / 1e3 }},
+	{"machine µs/call", func(r RunReport) float64 { return float64(r.MachineCPUPerCall.Nanoseconds()) / 1e3 }},
+}
+
+// writeSideBySide writes, when the report compares two builds, the median
+// of each figure over each build's runs and the change from the baseline.
+// Medians, because a run the machine slowed for reasons of its own should
+// not decide the comparison; the runs themselves are in the main table.
+func (rep Report) writeSideBySide(w io.Writer) error {
+	base := rep.runsWhere(func(r RunReport) bool { return r.Build == "baseline" })
+	this := rep.runsWhere(func(r RunReport) bool {
+		return r.Build == "" && r.Result.Mode == "closed" && strings.HasPrefix(r.Name, "ledger #")
+	})
+	if len(base) == 0 || len(this) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nside by side, medians of %d runs each, builds alternating (baseline: %s):\n", len(this), rep.Baseline)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "figure\tbaseline\tthis build\tchange\t")
+	for _, f := range sideBySide {
+		b, t := median(base, f.of), median(this, f.of)
+		if b == 0 && t == 0 {
+			// Not measured (the store's CPU, say).
+			continue
+		}
+		change := "-"
+		if b != 0 {
+			change = fmt.Sprintf("%+.1f%%", 100*(t-b)/b)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t\n", f.name, b, t, change)
+	}
+	return tw.Flush()
+}
+
+// median is the median of of over runs.
+func median(runs []RunReport, of func(RunReport) float64) float64 {
+	vs := make([]float64, len(runs))
+	for i, r := range runs {
+		vs[i] = of(r)
+	}
+	slices.Sort(vs)
+	n := len(vs)
+	if n%2 == 1 {
+		return vs[n/2]
+	}
+	return (vs[n/2-1] + vs[n/2]) / 2
+}
 
 // mode names the run's loop: closed, or open at its offered rate.
 func (r RunReport) mode() string {

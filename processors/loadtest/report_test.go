@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -48,8 +49,8 @@ func repReport() Report {
 			{
 				Name: "ledger", Executors: 2, Processes: 1, Result: repResult("main", 500),
 				Witness:   Witness{Effects: 250, Reads: 750, Replays: 4, Orphans: 1},
-				LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 6 * time.Second, PeakRSS: 200 << 20,
-				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 6 * time.Millisecond, PeakRSSPerCall: 209715.2,
+				LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 6 * time.Second, StoreCPU: 2 * time.Second, PeakRSS: 200 << 20,
+				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 6 * time.Millisecond, StoreCPUPerCall: 2 * time.Millisecond, PeakRSSPerCall: 209715.2,
 				PerSecPerExecutor: 250, PerSecPerLedgerCPU: 333.25, StoreRetries: map[string]int64{"claim": 5, "complete": 2},
 			},
 			{Name: "open 500/s", Executors: 2, Processes: 1, Result: open, Witness: Witness{Effects: 250, Reads: 747, Duplicates: 2, Missing: 1}},
@@ -72,9 +73,9 @@ func TestRunReportDerive(t *testing.T) {
 	}{
 		{
 			name: "totals",
-			in: RunReport{Executors: 4, LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 5 * time.Second, PeakRSS: 300 << 20,
+			in: RunReport{Executors: 4, LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 5 * time.Second, StoreCPU: 2 * time.Second, PeakRSS: 300 << 20,
 				Result: Result{Finished: 1000, PerSec: 500}},
-			want: RunReport{CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 5 * time.Millisecond,
+			want: RunReport{CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 5 * time.Millisecond, StoreCPUPerCall: 2 * time.Millisecond,
 				PeakRSSPerCall: float64(300<<20) / 1000, PerSecPerExecutor: 125, PerSecPerLedgerCPU: 1000.0 / 3},
 		},
 		{
@@ -93,15 +94,15 @@ func TestRunReportDerive(t *testing.T) {
 			want: RunReport{},
 		},
 	}
-	derived := cmp.Transformer("derived", func(r RunReport) [6]float64 {
-		return [6]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), float64(r.MachineCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU}
+	derived := cmp.Transformer("derived", func(r RunReport) [7]float64 {
+		return [7]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), float64(r.MachineCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU, float64(r.StoreCPUPerCall)}
 	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.in
 			got.Derive()
 			if diff := cmp.Diff(tc.want, got, derived, cmpopts.EquateApprox(1e-12, 0)); diff != "" {
-				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, machine cpu/call, rss/call, /s/executor, /ledger cpu s]:\n%s", diff)
+				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, machine cpu/call, rss/call, /s/executor, /ledger cpu s, store cpu/call]:\n%s", diff)
 			}
 			for _, v := range []float64{got.PeakRSSPerCall, got.PerSecPerExecutor, got.PerSecPerLedgerCPU} {
 				if math.IsNaN(v) || math.IsInf(v, 0) {
@@ -240,14 +241,14 @@ func TestReportWriteTable(t *testing.T) {
 	}
 	// The run rows, cell by cell: the main run and the direct floor.
 	rows := repRows(out)
-	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "6000", "200", "0", "0"}, rows["ledger"]); diff != "" {
+	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "2000", "6000", "200", "0", "0"}, rows["ledger"]); diff != "" {
 		t.Errorf("ledger row (-want +got):\n%s\n%s", diff, out)
 	}
-	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "-", "2"}, rows["direct"]); diff != "" {
+	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "-", "-", "2"}, rows["direct"]); diff != "" {
 		t.Errorf("direct row (-want +got):\n%s\n%s", diff, out)
 	}
-	if row := rows["open"]; len(row) < 4 || row[len(row)-2] != "2" || row[len(row)-1] != "3" || row[len(row)-4] != "-" {
-		t.Errorf("open row %q; want machine CPU - (not measured), then dup 2 and lost 3 last", row)
+	if row := rows["open"]; len(row) < 5 || row[len(row)-2] != "2" || row[len(row)-1] != "3" || row[len(row)-4] != "-" || row[len(row)-5] != "-" {
+		t.Errorf("open row %q; want store and machine CPU - (not measured), then dup 2 and lost 3 last", row)
 	}
 	// Where the time goes: a row per run, p50 / p99 of each stage.
 	if !strings.Contains(out, "where the time goes") {
@@ -317,6 +318,78 @@ func repRows(out string) map[string][]string {
 type repFailWriter struct{ err error }
 
 func (w repFailWriter) Write([]byte) (int, error) { return 0, w.err }
+
+func TestReportSideBySide(t *testing.T) {
+	run := func(name, build string, perSec float64, p99 time.Duration, ledgerUS, storeUS int64) RunReport {
+		r := RunReport{Name: name, Build: build, Executors: 1,
+			Result:     Result{Mode: "closed", Finished: 1000, PerSec: perSec, E2E: Percentiles{P50: p99 / 2, P99: p99}},
+			LedgerCPU:  time.Duration(ledgerUS*1000) * time.Microsecond,
+			StoreCPU:   time.Duration(storeUS*1000) * time.Microsecond,
+			MachineCPU: time.Duration((ledgerUS+storeUS)*1000) * time.Microsecond}
+		r.Derive()
+		return r
+	}
+	rep := Report{Baseline: "bin/ledger-base", Runs: []RunReport{
+		run("baseline #1", "baseline", 1000, 200*time.Millisecond, 300, 100),
+		run("ledger #1", "", 1300, 150*time.Millisecond, 240, 90),
+		run("ledger #2", "", 900, 300*time.Millisecond, 260, 70),
+		run("baseline #2", "baseline", 1100, 100*time.Millisecond, 320, 100),
+		// An open-loop run of this build is not a pair's.
+		run("open 500/s", "", 500, time.Millisecond, 10, 10),
+	}}
+	rep.Runs[4].Result.Mode = "open"
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	_, side, ok := strings.Cut(out, "side by side, medians of 2 runs each, builds alternating (baseline: bin/ledger-base):")
+	if !ok {
+		t.Fatalf("no side-by-side table:\n%s", out)
+	}
+	// Medians: calls/s 1050 against 1100; p99 150 against 225 ms; ledger
+	// 310 against 250 µs; store 100 against 80; machine 410 against 330.
+	for _, want := range [][]string{
+		{"calls/s", "1050.0", "1100.0", "+4.8%"},
+		{"e2e p99 ms", "150.0", "225.0", "+50.0%"},
+		{"ledger CPU µs/call", "310.0", "250.0", "-19.4%"},
+		{"store µs/call", "100.0", "80.0", "-20.0%"},
+		{"machine µs/call", "410.0", "330.0", "-19.5%"},
+	} {
+		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(want[0]) + `\s+` + regexp.QuoteMeta(want[1]) + `\s+` + regexp.QuoteMeta(want[2]) + `\s+` + regexp.QuoteMeta(want[3]) + `\s*$`).MatchString(side) {
+			t.Errorf("side-by-side table lacks %v:\n%s", want, side)
+		}
+	}
+	// The ratios to the floor come from this build's first run.
+	rep.Direct = &DirectReport{Calls: 10, PerSec: 2600}
+	buf.Reset()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "ledger / direct: 50%") {
+		t.Errorf("ratio to the floor not from this build's first run:\n%s", buf.String())
+	}
+	// Without a baseline's runs, no such table; without the store's CPU,
+	// no such row.
+	rep = Report{Runs: []RunReport{run("ledger", "", 1000, time.Millisecond, 100, 0)}}
+	buf.Reset()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "side by side") {
+		t.Errorf("side-by-side table without a baseline:\n%s", buf.String())
+	}
+	rep.Runs = append(rep.Runs, run("baseline #1", "baseline", 1000, time.Millisecond, 100, 0))
+	rep.Runs[0].Name = "ledger #1"
+	buf.Reset()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	_, side, ok = strings.Cut(buf.String(), "side by side")
+	if !ok || !strings.Contains(side, "machine µs/call") || strings.Contains(side, "store µs/call") {
+		t.Errorf("want the side-by-side table without a store row:\n%s", buf.String())
+	}
+}
 
 func TestReportWriteErrors(t *testing.T) {
 	boom := errors.New("disk full")
