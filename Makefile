@@ -27,9 +27,9 @@ WITH_SERVICES = set -euo pipefail; \
 	export LEDGER_TEST_REQUIRE=1;
 
 # The fuzz targets: envelope decoding, JSON decoding, JCS hashing, event
-# encoding (against encoding/json), event folding, schema validation
-# (package:target).
-FUZZ_TARGETS = ledger:FuzzDecodeEnvelope ledger:FuzzDecode ledger:FuzzCanonical ledger:FuzzEventEncoding \
+# encoding and fast decoding (against encoding/json), event folding,
+# schema validation (package:target).
+FUZZ_TARGETS = ledger:FuzzDecodeEnvelope ledger:FuzzDecode ledger:FuzzCanonical ledger:FuzzEventEncoding ledger:FuzzDecodeEventFast \
 	statemachine:FuzzApplySequence schemas:FuzzValidate
 # make test bounds each target by executions, not time: Go 1.26's fuzz
 # coordinator can fail a duration-bounded run at its deadline with a bare

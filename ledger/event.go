@@ -122,9 +122,11 @@ func (e *Event) Encode() ([]byte, error) {
 // DecodeEvent parses an event's wire form. It refuses encodings newer than
 // this build knows with ErrUnsupportedEncoding.
 func DecodeEvent(b []byte) (Event, error) {
-	var e Event
-	if err := json.Unmarshal(b, &e); err != nil {
-		return Event{}, fmt.Errorf("decode event: %w", err)
+	e, ok := decodeEventFast(b)
+	if !ok {
+		if err := json.Unmarshal(b, &e); err != nil {
+			return Event{}, fmt.Errorf("decode event: %w", err)
+		}
 	}
 	switch {
 	case e.V < 1:
