@@ -545,12 +545,12 @@ func (r *run) watch(ctx context.Context, cl *kgo.Client) error {
 				r.authorized(i, now)
 				return
 			}
-			var tail struct {
-				At        time.Time `json:"at"`
-				LatencyMS int64     `json:"latency_ms"`
-			}
+			var tail ledger.Event
 			if t != statemachine.EventDenied && t != statemachine.EventApprovalPending {
-				_ = json.Unmarshal(rec.Value, &tail)
+				// The ledger's own decoding: its fast path costs the
+				// harness, which shares the machine, a fifth of
+				// encoding/json's.
+				tail, _ = ledger.DecodeEvent(rec.Value)
 			}
 			r.finish(i, t, now, tail.At, time.Duration(tail.LatencyMS)*time.Millisecond)
 		})
