@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -92,21 +94,35 @@ func findLocalPostgres(ctx context.Context, dsn string) (_ *pgServer, ok bool) {
 		backend int
 		started float64
 	)
+	port := 0
+	if a, ok := conn.PgConn().Conn().LocalAddr().(*net.TCPAddr); ok {
+		port = a.Port
+	}
 	// CockroachDB has no pg_postmaster_start_time: the query fails there.
 	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), extract(epoch FROM pg_postmaster_start_time())::float8").Scan(&backend, &started); err != nil {
 		return nil, false
 	}
 	s := &pgServer{proc: "/proc"}
-	return s, s.adopt(backend, started)
+	return s, s.adopt(backend, started, port)
 }
 
 // adopt makes s the server of the backend process backend, if /proc
 // agrees that its parent is a postgres process started when the server
-// says it started (unix seconds).
-func (s *pgServer) adopt(backend int, started float64) bool {
+// says it started (unix seconds), and, for a TCP connection from
+// clientPort, that the backend's process title names that port, as
+// PostgreSQL's titles do ("postgres: user db 127.0.0.1(54321) idle"). A
+// server in another PID namespace reports pids that may be any local
+// process's, even another local PostgreSQL's backend.
+func (s *pgServer) adopt(backend int, started float64, clientPort int) bool {
 	b, err := readProcStat(s.proc, backend)
 	if err != nil {
 		return false
+	}
+	if clientPort > 0 {
+		title, err := os.ReadFile(filepath.Join(s.proc, strconv.Itoa(backend), "cmdline"))
+		if err != nil || !bytes.Contains(title, []byte("("+strconv.Itoa(clientPort)+")")) {
+			return false
+		}
 	}
 	pm, err := readProcStat(s.proc, b.ppid)
 	if err != nil {
@@ -129,32 +145,45 @@ func (s *pgServer) adopt(backend int, started float64) bool {
 	return true
 }
 
-// cpu is the server's CPU time so far. A backend that exits during a run
-// moves its whole time into the postmaster's reaped-children time, which
-// the difference of two readings then counts once.
+// cpu is the server's CPU time so far: the postmaster's own and reaped
+// children's, and each live child's own and reaped children's. A backend
+// that exits during a run moves its whole time into the postmaster's
+// reaped-children time, which the difference of two readings then counts
+// once. One reaped between the postmaster's reading and the scan of its
+// children would be counted in neither, so the reading is taken again
+// until the postmaster reaped nothing meanwhile.
 func (s *pgServer) cpu() (time.Duration, error) {
-	pm, err := readProcStat(s.proc, s.postmaster)
-	if err != nil {
-		return 0, err
-	}
-	total := pm.cpu + pm.children
-	entries, err := os.ReadDir(s.proc)
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
+	for range 5 {
+		pm, err := readProcStat(s.proc, s.postmaster)
 		if err != nil {
-			continue
+			return 0, err
 		}
-		c, err := readProcStat(s.proc, pid)
-		if err != nil || c.ppid != s.postmaster {
-			// Gone meanwhile, or not the server's.
-			continue
+		total := pm.cpu + pm.children
+		entries, err := os.ReadDir(s.proc)
+		if err != nil {
+			return 0, err
 		}
-		total += c.cpu
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			c, err := readProcStat(s.proc, pid)
+			if err != nil || c.ppid != s.postmaster {
+				// Gone meanwhile, or not the server's.
+				continue
+			}
+			total += c.cpu + c.children
+		}
+		again, err := readProcStat(s.proc, s.postmaster)
+		if err != nil {
+			return 0, err
+		}
+		if again.children == pm.children {
+			return total, nil
+		}
 	}
-	return total, nil
+	return 0, errors.New("the server's processes kept exiting while read")
 }
 
 // bootTime is the machine's boot, unix seconds, from /proc/stat's btime.

@@ -34,7 +34,9 @@ func TestParsePIDStat(t *testing.T) {
 }
 
 // fakeProc writes a /proc with a postmaster (pid 10, started 500 ticks
-// after boot), two of its backends (11, 12), and an unrelated process (13).
+// after boot), two of its backends (11, connected from port 54321, and
+// 12, which has reaped a child of its own), and an unrelated process
+// (13).
 func fakeProc(t *testing.T, comm string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -53,7 +55,8 @@ func fakeProc(t *testing.T, comm string) string {
 	write(10, "stat", stat(10, 1, 100, 50, 30, 20, 500))
 	write(10, "comm", comm+"\n")
 	write(11, "stat", stat(11, 10, 200, 100, 0, 0, 900))
-	write(12, "stat", stat(12, 10, 7, 3, 0, 0, 950))
+	write(11, "cmdline", "postgres: ledger ledger 127.0.0.1(54321) idle\x00")
+	write(12, "stat", stat(12, 10, 7, 3, 1, 1, 950))
 	write(13, "stat", stat(13, 1, 5000, 5000, 0, 0, 960))
 	if err := os.WriteFile(filepath.Join(dir, "stat"), []byte("cpu  1 2 3 4 5 6 7 0 0 0\nbtime 1700000000\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -64,7 +67,7 @@ func fakeProc(t *testing.T, comm string) string {
 func TestPGServerAdopt(t *testing.T) {
 	const started = 1700000000 + 5 // boot + 500 ticks
 	s := &pgServer{proc: fakeProc(t, "postgres")}
-	if !s.adopt(11, started) {
+	if !s.adopt(11, started, 54321) {
 		t.Fatal("adopt: the postgres parent of the backend was not found")
 	}
 	got, err := s.cpu()
@@ -72,22 +75,29 @@ func TestPGServerAdopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The postmaster's own and reaped (100+50+30+20) and its live
-	// children's (300 + 10) ticks; not process 13's.
-	if want := 510 * time.Second / clockTicks; got != want {
+	// children's own and reaped (300 + 10 + 2) ticks; not process 13's.
+	if want := 512 * time.Second / clockTicks; got != want {
 		t.Errorf("cpu = %v; want %v", got, want)
+	}
+	// A unix-socket connection has no port to match.
+	if s := (&pgServer{proc: fakeProc(t, "postgres")}); !s.adopt(12, started, 0) {
+		t.Error("adopt: a backend of a unix-socket connection was not found")
 	}
 	for name, c := range map[string]struct {
 		comm    string
 		backend int
 		started float64
+		port    int
 	}{
-		"another start":         {"postgres", 11, started + 60},
-		"not postgres":          {"mysqld", 11, started},
-		"no such backend":       {"postgres", 99, started},
-		"the postmaster itself": {"postgres", 10, started},
+		"another start":         {"postgres", 11, started + 60, 54321},
+		"not postgres":          {"mysqld", 11, started, 54321},
+		"no such backend":       {"postgres", 99, started, 54321},
+		"the postmaster itself": {"postgres", 10, started, 0},
+		"another connection":    {"postgres", 11, started, 54322},
+		"no process title":      {"postgres", 12, started, 54321},
 	} {
 		s := &pgServer{proc: fakeProc(t, c.comm)}
-		if s.adopt(c.backend, c.started) {
+		if s.adopt(c.backend, c.started, c.port) {
 			t.Errorf("%s: adopted postmaster %d", name, s.postmaster)
 		}
 	}

@@ -334,7 +334,7 @@ func TestReportSideBySide(t *testing.T) {
 		run("ledger #1", "", 1300, 150*time.Millisecond, 240, 90),
 		run("ledger #2", "", 900, 300*time.Millisecond, 260, 70),
 		run("baseline #2", "baseline", 1100, 100*time.Millisecond, 320, 100),
-		// An open-loop run of this build is not a pair's.
+		// A sweep's run of this build is not a pair's.
 		run("open 500/s", "", 500, time.Millisecond, 10, 10),
 	}}
 	rep.Runs[4].Result.Mode = "open"
@@ -368,6 +368,17 @@ func TestReportSideBySide(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), "ledger / direct: 50%") {
 		t.Errorf("ratio to the floor not from this build's first run:\n%s", buf.String())
+	}
+	// Pairs run open loop (--rate) compare alike.
+	for i := range 4 {
+		rep.Runs[i].Result.Mode = "open"
+	}
+	buf.Reset()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "side by side, medians of 2 runs each") {
+		t.Errorf("no side-by-side table for open-loop pairs:\n%s", buf.String())
 	}
 	// Without a baseline's runs, no such table; without the store's CPU,
 	// no such row.
