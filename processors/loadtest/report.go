@@ -270,22 +270,28 @@ func usOrDash(d time.Duration) string {
 
 // sideBySide are the figures the comparison of two builds shows, each
 // read from a run.
+// of each, and whether more is better.
 var sideBySide = []struct {
-	name string
-	of   func(RunReport) float64
+	name   string
+	of     func(RunReport) float64
+	higher bool
 }{
-	{"calls/s", func(r RunReport) float64 { return r.Result.PerSec }},
-	{"e2e p50 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P50) }},
-	{"e2e p99 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P99) }},
-	{"ledger CPU µs/call", func(r RunReport) float64 { return float64(r.CPUPerCall.Nanoseconds()) / 1e3 }},
-	{"store µs/call", func(r RunReport) float64 { return float64(r.StoreCPUPerCall.Nanoseconds()) / 1e3 }},
-	{"machine µs/call", func(r RunReport) float64 { return float64(r.MachineCPUPerCall.Nanoseconds()) / 1e3 }},
+	{"calls/s", func(r RunReport) float64 { return r.Result.PerSec }, true},
+	{"e2e p50 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P50) }, false},
+	{"e2e p99 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P99) }, false},
+	{"ledger CPU µs/call", func(r RunReport) float64 { return float64(r.CPUPerCall.Nanoseconds()) / 1e3 }, false},
+	{"store µs/call", func(r RunReport) float64 { return float64(r.StoreCPUPerCall.Nanoseconds()) / 1e3 }, false},
+	{"machine µs/call", func(r RunReport) float64 { return float64(r.MachineCPUPerCall.Nanoseconds()) / 1e3 }, false},
 }
 
 // writeSideBySide writes, when the report compares two builds, the median
-// of each figure over each build's runs and the change from the baseline.
-// Medians, because a run the machine slowed for reasons of its own should
-// not decide the comparison; the runs themselves are in the main table.
+// of each figure over each build's runs, the change from the baseline,
+// and in how many pairs (baseline #i and ledger #i, run one after the
+// other) this build did better. Medians, because a run the machine slowed
+// for reasons of its own should not decide the comparison; the count,
+// because on a noisy machine a change that wins every pair means more
+// than one whose medians moved. The runs themselves are in the main
+// table.
 func (rep Report) writeSideBySide(w io.Writer) error {
 	// The pairs' runs only: this build's sweep, scaling and sizes runs
 	// have no counterpart.
@@ -298,7 +304,8 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nside by side, medians of %d runs each, builds alternating (baseline: %s):\n", len(this), rep.Baseline)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "figure\tbaseline\tthis build\tchange\t")
+	fmt.Fprintln(tw, "figure\tbaseline\tthis build\tchange\tbetter in\t")
+	pairs := pairUp(base, this)
 	for _, f := range sideBySide {
 		b, t := median(base, f.of), median(this, f.of)
 		if b == 0 && t == 0 {
@@ -309,9 +316,30 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 		if b != 0 {
 			change = fmt.Sprintf("%+.1f%%", 100*(t-b)/b)
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t\n", f.name, b, t, change)
+		better := 0
+		for _, p := range pairs {
+			if pb, pt := f.of(p[0]), f.of(p[1]); f.higher && pt > pb || !f.higher && pt < pb {
+				better++
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t%d of %d pairs\t\n", f.name, b, t, change, better, len(pairs))
 	}
 	return tw.Flush()
+}
+
+// pairUp matches baseline #i with ledger #i: [baseline, this build].
+func pairUp(base, this []RunReport) [][2]RunReport {
+	byNumber := make(map[string]RunReport, len(base))
+	for _, r := range base {
+		byNumber[strings.TrimPrefix(r.Name, "baseline ")] = r
+	}
+	var pairs [][2]RunReport
+	for _, r := range this {
+		if b, ok := byNumber[strings.TrimPrefix(r.Name, "ledger ")]; ok {
+			pairs = append(pairs, [2]RunReport{b, r})
+		}
+	}
+	return pairs
 }
 
 // median is the median of of over runs.

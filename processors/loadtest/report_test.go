@@ -349,14 +349,15 @@ func TestReportSideBySide(t *testing.T) {
 	}
 	// Medians: calls/s 1050 against 1100; p99 150 against 225 ms; ledger
 	// 310 against 250 µs; store 100 against 80; machine 410 against 330.
+	// Pairs: #1 1000 against 1300 calls/s, #2 1100 against 900.
 	for _, want := range [][]string{
-		{"calls/s", "1050.0", "1100.0", "+4.8%"},
-		{"e2e p99 ms", "150.0", "225.0", "+50.0%"},
-		{"ledger CPU µs/call", "310.0", "250.0", "-19.4%"},
-		{"store µs/call", "100.0", "80.0", "-20.0%"},
-		{"machine µs/call", "410.0", "330.0", "-19.5%"},
+		{"calls/s", "1050.0", "1100.0", "+4.8%", "1 of 2 pairs"},
+		{"e2e p99 ms", "150.0", "225.0", "+50.0%", "1 of 2 pairs"},
+		{"ledger CPU µs/call", "310.0", "250.0", "-19.4%", "2 of 2 pairs"},
+		{"store µs/call", "100.0", "80.0", "-20.0%", "2 of 2 pairs"},
+		{"machine µs/call", "410.0", "330.0", "-19.5%", "2 of 2 pairs"},
 	} {
-		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(want[0]) + `\s+` + regexp.QuoteMeta(want[1]) + `\s+` + regexp.QuoteMeta(want[2]) + `\s+` + regexp.QuoteMeta(want[3]) + `\s*$`).MatchString(side) {
+		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(want[0]) + `\s+` + regexp.QuoteMeta(want[1]) + `\s+` + regexp.QuoteMeta(want[2]) + `\s+` + regexp.QuoteMeta(want[3]) + `\s+` + regexp.QuoteMeta(want[4]) + `\s*$`).MatchString(side) {
 			t.Errorf("side-by-side table lacks %v:\n%s", want, side)
 		}
 	}
