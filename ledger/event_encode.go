@@ -20,10 +20,8 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = strconv.AppendInt(b, int64(e.V), 10)
 	b = appendStringField(b, "event_id", e.EventID)
 	b = appendStringField(b, "type", string(e.Type))
-	b = append(b, `,"seq":`...)
-	b = strconv.AppendInt(b, e.Seq, 10)
-	b = append(b, `,"at":`...)
-	if b, err = appendTime(b, e.At); err != nil {
+	b = strconv.AppendInt(appendKey(b, "seq"), e.Seq, 10)
+	if b, err = appendTime(appendKey(b, "at"), e.At); err != nil {
 		return nil, err
 	}
 	b = appendStringField(b, "actor", e.Actor)
@@ -40,7 +38,7 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = appendOptString(b, "arguments_hash", e.ArgumentsHash)
 	b = appendOptString(b, "trace_id", e.TraceID)
 	if len(e.Arguments) > 0 {
-		b = append(b, `,"arguments":`...)
+		b = appendKey(b, "arguments")
 		// As encoding/json does with a RawMessage: compacted, and
 		// refused if it is not JSON.
 		buf := bytes.NewBuffer(b)
@@ -77,12 +75,16 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// appendStringField appends ,"name":"s". Names are plain ASCII.
-func appendStringField(b []byte, name, s string) []byte {
+// appendKey appends ,"name": (names are plain ASCII).
+func appendKey(b []byte, name string) []byte {
 	b = append(b, ',', '"')
 	b = append(b, name...)
-	b = append(b, '"', ':')
-	return appendJSONString(b, s)
+	return append(b, '"', ':')
+}
+
+// appendStringField appends ,"name":"s".
+func appendStringField(b []byte, name, s string) []byte {
+	return appendJSONString(appendKey(b, name), s)
 }
 
 func appendOptString(b []byte, name, s string) []byte {
@@ -96,19 +98,14 @@ func appendOptInt(b []byte, name string, n int64) []byte {
 	if n == 0 {
 		return b
 	}
-	b = append(b, ',', '"')
-	b = append(b, name...)
-	b = append(b, '"', ':')
-	return strconv.AppendInt(b, n, 10)
+	return strconv.AppendInt(appendKey(b, name), n, 10)
 }
 
 func appendOptStrings(b []byte, name string, ss []string) []byte {
 	if len(ss) == 0 {
 		return b
 	}
-	b = append(b, ',', '"')
-	b = append(b, name...)
-	b = append(b, `":[`...)
+	b = append(appendKey(b, name), '[')
 	for i, s := range ss {
 		if i > 0 {
 			b = append(b, ',')
@@ -122,10 +119,7 @@ func appendOptTime(b []byte, name string, t *time.Time) ([]byte, error) {
 	if t == nil {
 		return b, nil
 	}
-	b = append(b, ',', '"')
-	b = append(b, name...)
-	b = append(b, '"', ':')
-	return appendTime(b, *t)
+	return appendTime(appendKey(b, name), *t)
 }
 
 // appendTime appends t as time.Time.MarshalJSON does (RFC 3339 with
