@@ -170,7 +170,7 @@ func (rep Report) WriteTable(w io.Writer) error {
 			r.Name, r.mode(), r.Executors, res.Finished, res.PerSec,
 			msOf(res.E2E.P50), msOf(res.E2E.P95), msOf(res.E2E.P99), msOf(res.E2E.P999),
 			msOf(res.Added.P50), msOf(res.Added.P99),
-			float64(r.CPUPerCall.Nanoseconds())/1e3, float64(r.HarnessCPUPerCall.Nanoseconds())/1e3,
+			usOf(r.CPUPerCall), usOf(r.HarnessCPUPerCall),
 			usOrDash(r.StoreCPUPerCall), usOrDash(r.MachineCPUPerCall),
 			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost)
 	}
@@ -260,12 +260,14 @@ const EventsPerCall = 4
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+func usOf(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
 // usOrDash is a per-call CPU figure in µs, "-" when not measured.
 func usOrDash(d time.Duration) string {
 	if d <= 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.0f", float64(d.Nanoseconds())/1e3)
+	return fmt.Sprintf("%.0f", usOf(d))
 }
 
 // sideBySide are the figures the comparison of two builds shows, each
@@ -279,9 +281,9 @@ var sideBySide = []struct {
 	{"calls/s", func(r RunReport) float64 { return r.Result.PerSec }, true},
 	{"e2e p50 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P50) }, false},
 	{"e2e p99 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P99) }, false},
-	{"ledger CPU µs/call", func(r RunReport) float64 { return float64(r.CPUPerCall.Nanoseconds()) / 1e3 }, false},
-	{"store µs/call", func(r RunReport) float64 { return float64(r.StoreCPUPerCall.Nanoseconds()) / 1e3 }, false},
-	{"machine µs/call", func(r RunReport) float64 { return float64(r.MachineCPUPerCall.Nanoseconds()) / 1e3 }, false},
+	{"ledger CPU µs/call", func(r RunReport) float64 { return usOf(r.CPUPerCall) }, false},
+	{"store µs/call", func(r RunReport) float64 { return usOf(r.StoreCPUPerCall) }, false},
+	{"machine µs/call", func(r RunReport) float64 { return usOf(r.MachineCPUPerCall) }, false},
 }
 
 // writeSideBySide writes, when the report compares two builds, the median
