@@ -30,6 +30,14 @@ type Output struct {
 	// in the background, overlapping the next step, and the after-commit
 	// steps of one loop run one at a time, in order.
 	Committed func(ctx context.Context) error
+	// Abandoned, if set, runs when the step's Records will not be in
+	// the log through this step: its transaction aborted, failed, or
+	// ended in doubt (it may then have committed after all, so undo
+	// only what is safe to do again), or the session ended first. It
+	// runs at most once, never with Committed, and before the batch is
+	// redelivered, so that the redelivery's step sees what it undid (an
+	// outbox marked logged in advance, say). A failure is logged.
+	Abandoned func(ctx context.Context) error
 }
 
 // Step processes one polled batch of records. It may see an empty batch
@@ -329,11 +337,23 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			continue
 		}
 		stepFailures = 0
+		abandon := func() {
+			if out.Abandoned == nil {
+				return
+			}
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if err := out.Abandoned(actx); err != nil {
+				l.cfg.Logger.Warn("abandoned step's undo failed", "group", l.cfg.Group, "err", err)
+			}
+		}
 		if len(recs) == 0 && len(out.Records) == 0 {
+			abandon()
 			continue
 		}
 
 		if err := sess.Begin(); err != nil {
+			abandon()
 			return fmt.Errorf("begin transaction: %w", err)
 		}
 		open = true
@@ -352,6 +372,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		}
 		// Flush waits for every promise, so produceErr is settled below.
 		if err := sess.Client().Flush(ctx); err != nil {
+			abandon()
 			return fmt.Errorf("flush: %w", err)
 		}
 		mu.Lock()
@@ -364,13 +385,16 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// the group did not rebalance, and the offsets committed.
 		committed, err := sess.End(ctx, kgo.TransactionEndTry(failed == nil))
 		if err != nil {
+			abandon()
 			return fmt.Errorf("end transaction: %w", err)
 		}
 		open = false
 		if failed != nil {
+			abandon()
 			return fmt.Errorf("produce: %w", failed)
 		}
 		if !committed {
+			abandon()
 			l.cfg.Metrics.NotCommitted("rebalanced")
 			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", len(recs))
 			continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -94,10 +95,7 @@ func TestLoopRestartAfterEndTxnFailureFencesAtOnce(t *testing.T) {
 	k := faultableKafka(t)
 	const n = 20
 	publishRequests(t, k, n)
-	f := k.Cluster.Fault(kfake.Fault{
-		Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.InvalidTxnState,
-		When: func(r kmsg.Request) bool { return r.(*kmsg.EndTxnRequest).Commit },
-	})
+	f := failCommit(k)
 	defer f.Remove()
 
 	loop := copyLoop(t, k, "copy-1")
@@ -109,6 +107,95 @@ func TestLoopRestartAfterEndTxnFailureFencesAtOnce(t *testing.T) {
 	waitCommitted(t, k, n, 15*time.Second)
 	if f.Hits() != 1 {
 		t.Errorf("EndTxn failed %d times; want 1", f.Hits())
+	}
+}
+
+// A step whose transaction did not commit has its Abandoned run, once and
+// before the batch comes again, and never its Committed; the steps that
+// commit have their Committed run and never their Abandoned.
+func TestLoopAbandonedRunsForATransactionThatDidNotCommit(t *testing.T) {
+	k := faultableKafka(t)
+	const n = 20
+	publishRequests(t, k, n)
+	f := failCommit(k)
+	defer f.Remove()
+
+	var (
+		mu    sync.Mutex
+		trail []string // "step i", "committed i", "abandoned i", in order
+	)
+	note := func(format string, i int) {
+		mu.Lock()
+		defer mu.Unlock()
+		trail = append(trail, fmt.Sprintf(format, i))
+	}
+	steps := 0
+	loop, err := ledger.NewLoop(ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-1", Tick: 50 * time.Millisecond,
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+	}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		if len(recs) == 0 {
+			return ledger.Output{}, nil
+		}
+		steps++
+		i := steps
+		note("step %d", i)
+		out := ledger.Output{
+			Committed: func(context.Context) error { note("committed %d", i); return nil },
+			Abandoned: func(context.Context) error { note("abandoned %d", i); return nil },
+		}
+		for _, r := range recs {
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	waitCommitted(t, k, n, 15*time.Second)
+	cancel()
+	<-done
+
+	mu.Lock()
+	defer mu.Unlock()
+	if f.Hits() != 1 {
+		t.Fatalf("EndTxn failed %d times; want 1", f.Hits())
+	}
+	ended := make(map[int]string)
+	abandoned := 0
+	for j, e := range trail {
+		var what string
+		var i int
+		if _, err := fmt.Sscanf(e, "%s %d", &what, &i); err != nil {
+			t.Fatalf("trail entry %q: %v", e, err)
+		}
+		if what == "step" {
+			continue
+		}
+		if prev, ok := ended[i]; ok {
+			t.Errorf("step %d: %s after %s; want one of them, once", i, what, prev)
+		}
+		ended[i] = what
+		if what == "abandoned" {
+			abandoned++
+			// Before the redelivery: the next entry after the step's
+			// own is this one.
+			if j == 0 || trail[j-1] != fmt.Sprintf("step %d", i) {
+				t.Errorf("abandoned %d follows %q; want it right after its step, before the batch comes again (trail %q)", i, trail[max(j-1, 0)], trail)
+			}
+		}
+	}
+	if abandoned != 1 {
+		t.Errorf("%d steps abandoned; want 1, the one whose commit failed (trail %q)", abandoned, trail)
+	}
+	for i := 1; i <= steps; i++ {
+		if ended[i] == "" {
+			t.Errorf("step %d neither committed nor abandoned (trail %q)", i, trail)
+		}
 	}
 }
 
@@ -164,6 +251,14 @@ func TestLoopFencesAPredecessorThatDiedMidCommit(t *testing.T) {
 	go func() { done <- loop.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	waitCommitted(t, k, n, 15*time.Second)
+}
+
+// failCommit fails the cluster's next EndTxn request that commits.
+func failCommit(k *ledgertest.Kafka) *kfake.FaultHandle {
+	return k.Cluster.Fault(kfake.Fault{
+		Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.InvalidTxnState,
+		When: func(r kmsg.Request) bool { return r.(*kmsg.EndTxnRequest).Commit },
+	})
 }
 
 // waitCommitted waits until the copy group committed n requests.
