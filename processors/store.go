@@ -199,6 +199,21 @@ type Completion struct {
 	Outbox  []byte
 	// Records: as Admission.Records.
 	Records []*kgo.Record
+	// Journal, when set, records the completion as logged in the same
+	// write (LoggedSeq = Seq), provisionally: the store lists it under
+	// the journal entry of that name, which the caller ends with Settle
+	// once its events are in the log, or once they failed to get there.
+	// It spares every call a write of its own after the log's commit:
+	// one entry serves a whole batch. An entry never settled (its
+	// writer died) is settled as not logged by Unlogged once it is
+	// older than Unlogged's olderThan. Completions of several batches
+	// may share an entry: it then lists them all. Empty: the completion
+	// leaves LoggedSeq as it is and the caller marks it with MarkLogged.
+	Journal string
+	// From is the record's Seq when the call was claimed: the events in
+	// Outbox come after it. A journal entry settled as not logged puts
+	// LoggedSeq back there.
+	From int64
 }
 
 // Move is a compare-and-set of a record's status, for the steps outside
@@ -234,6 +249,20 @@ type Store interface {
 	// means the caller was fenced out and must not append events.
 	Complete(ctx context.Context, cs []Completion) (applied []bool, err error)
 	MarkLogged(ctx context.Context, ls []Logged) error
+	// Settle ends the journal entries named (see Completion.Journal).
+	// With logged, their completions' events are in the log: the
+	// entries go and the records stay as they are. Without, the events
+	// may not be: each listed call whose completion applied (same
+	// epoch) goes back to LoggedSeq = From, so that Unlogged, a claim
+	// and a duplicate admission find its events to append again, and
+	// the entries go. That is the one way LoggedSeq goes down, and it
+	// holds whatever was marked since: a record that moved on (an
+	// unknown outcome resolved) keeps the completion's events in its
+	// outbox, while its mover appended only those past the mark made
+	// in advance. Appending again is safe; leaving out is not. Names
+	// without an entry (settled already, or never written) are
+	// ignored.
+	Settle(ctx context.Context, journals []string, logged bool) error
 	// Expired returns up to limit records executing under a lease that
 	// ended before now (the store's clock), oldest first.
 	Expired(ctx context.Context, limit int) ([]Record, error)
@@ -245,7 +274,10 @@ type Store interface {
 	// another instance had skipped the call, a publish that failed after
 	// an approval was recorded), or an authorized call that no executor
 	// claimed and whose intake did not get to mark it (it crashed, or its
-	// mark failed). Appending them again is always safe.
+	// mark failed). Appending them again is always safe. First, it
+	// settles as not logged the journal entries (Completion.Journal)
+	// written more than olderThan ago: their writer did not settle them
+	// in that time, and their calls are then among those returned.
 	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
 	// Move applies each move whose record is still at its From status and
 	// FromSeq; applied[i] reports which did.
@@ -287,6 +319,9 @@ func CheckCompletions(cs []Completion) error {
 	for i, c := range cs {
 		if !c.Status.Done() {
 			return fmt.Errorf("completion %d (%v): status %q is not a done status", i, c.Key, c.Status)
+		}
+		if c.Journal != "" && (c.From < 0 || c.From >= c.Seq) {
+			return fmt.Errorf("completion %d (%v): journaled with from %d, not in [0, seq %d)", i, c.Key, c.From, c.Seq)
 		}
 	}
 	return nil

@@ -25,6 +25,9 @@
 //	         record key
 //	         value: empty; one entry per record, so ByStatus reads one
 //	         status, oldest update first, without scanning every record
+//	journal  key: a journal entry's name (processors.Completion.Journal)
+//	         value: the entry as JSON (diskJournal): when it was written
+//	         and its calls; created by Open if missing, like rates
 //	rates    key: a rate limiter bucket name (processors.RateLimiter)
 //	         value: its GCRA theoretical arrival time, RFC 3339 text in UTC
 //	         with microseconds; created by Open if missing, so files
@@ -65,6 +68,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -82,6 +86,7 @@ var (
 	bucketStatus   = []byte("status")
 	bucketMeta     = []byte("meta")
 	bucketRates    = []byte("rates")
+	bucketJournal  = []byte("journal")
 	metaFormat     = []byte("format")
 	metaTxID       = []byte("indexed_txid")
 	// bucketOldUnlogged is the unlogged index of earlier builds, done
@@ -158,7 +163,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("boltstore: open %s: %w", cfg.Path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketMeta, bucketRates} {
+		for _, b := range [][]byte{bucketRecords, bucketMeta, bucketRates, bucketJournal} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -373,8 +378,8 @@ func keysOf(r *processors.Record, rk []byte) indexKeys {
 
 // txn is one batch's view of the buckets.
 type txn struct {
-	records, leases, unlogged, status *bolt.Bucket
-	now                               time.Time
+	records, leases, unlogged, status, journal *bolt.Bucket
+	now                                        time.Time
 }
 
 func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
@@ -443,7 +448,7 @@ func (s *Store) update(ctx context.Context, op string, fn func(x *txn) error) er
 		return fn(&txn{
 			records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases),
 			unlogged: tx.Bucket(bucketUnlogged), status: tx.Bucket(bucketStatus),
-			now: s.now().UTC(),
+			journal: tx.Bucket(bucketJournal), now: s.now().UTC(),
 		})
 	})
 	if errors.Is(err, berrors.ErrKeyTooLarge) || errors.Is(err, berrors.ErrValueTooLarge) {
@@ -615,11 +620,31 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 	if len(cs) == 0 {
 		return []bool{}, nil
 	}
+	for _, c := range cs {
+		if err := checkJournalName(c.Journal); err != nil {
+			return nil, fmt.Errorf("boltstore complete: %w", err)
+		}
+	}
 	applied := make([]bool, len(cs))
 	err := s.update(ctx, "complete", func(x *txn) error {
+		entries := make(map[string]*diskJournal)
 		for i, c := range cs {
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+			if c.Journal != "" {
+				// Every journaled completion, applied or fenced out, as
+				// pgstore does: the revert matches only the epoch that
+				// applied.
+				e := entries[c.Journal]
+				if e == nil {
+					var err error
+					if e, err = x.journalEntry(c.Journal); err != nil {
+						return err
+					}
+					entries[c.Journal] = e
+				}
+				e.Calls = append(e.Calls, journalCall{TenantID: c.Key.TenantID, IdempotencyKey: c.Key.IdempotencyKey, Epoch: c.Epoch, Seq: c.Seq, From: c.From})
 			}
 			cur, ok, err := x.get(c.Key)
 			if err != nil {
@@ -637,10 +662,22 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 			next.LeaseOwner = ""
 			next.LeaseUntil = time.Time{}
 			next.UpdatedAt = x.now
+			if c.Journal != "" {
+				next.LoggedSeq = c.Seq
+			}
 			if err := x.put(&cur, next); err != nil {
 				return err
 			}
 			applied[i] = true
+		}
+		for name, e := range entries {
+			v, err := json.Marshal(e)
+			if err != nil {
+				return fmt.Errorf("encode journal entry %q: %v", name, err)
+			}
+			if err := x.journal.Put([]byte(name), v); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
@@ -715,6 +752,149 @@ func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	})
 }
 
+// diskJournal is a journal entry as the journal bucket holds it.
+type diskJournal struct {
+	Created time.Time     `json:"created"`
+	Calls   []journalCall `json:"calls"`
+}
+
+type journalCall struct {
+	TenantID       string `json:"tenant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	Epoch          int64  `json:"epoch"`
+	Seq            int64  `json:"seq"`
+	From           int64  `json:"from"`
+}
+
+// checkJournalName refuses a name the journal bucket cannot hold as
+// given (see checkString; bbolt's key limit is far above any name).
+func checkJournalName(name string) error {
+	if err := checkString("journal name", name); err != nil {
+		return err
+	}
+	if len(name) > bolt.MaxKeySize {
+		return fmt.Errorf("journal name of %d bytes is over bbolt's key limit: %w", len(name), processors.ErrRejected)
+	}
+	return nil
+}
+
+// journalEntry returns the entry named, or a new one dated now.
+func (x *txn) journalEntry(name string) (*diskJournal, error) {
+	v := x.journal.Get([]byte(name))
+	if v == nil {
+		return &diskJournal{Created: x.now}, nil
+	}
+	var e diskJournal
+	if err := json.Unmarshal(v, &e); err != nil {
+		return nil, fmt.Errorf("decode journal entry %q: %v", name, err)
+	}
+	return &e, nil
+}
+
+// revert settles the entry named as not logged: the calls its completions
+// applied to go back to LoggedSeq = From, and the entry goes.
+// UpdatedAt stays the completion's: Unlogged's grace counts from it.
+func (x *txn) revert(name []byte) error {
+	e, err := x.journalEntry(string(name))
+	if err != nil {
+		return err
+	}
+	for _, c := range e.Calls {
+		k := ledger.CallKey{TenantID: c.TenantID, IdempotencyKey: c.IdempotencyKey}
+		cur, ok, err := x.get(k)
+		if err != nil {
+			return err
+		}
+		// As pgstore's revert: the completion's epoch, whatever was
+		// marked since.
+		if !ok || cur.Epoch != c.Epoch || cur.LoggedSeq <= c.From {
+			continue
+		}
+		next := cur
+		next.LoggedSeq = c.From
+		if err := x.put(&cur, next); err != nil {
+			return err
+		}
+	}
+	return x.journal.Delete(name)
+}
+
+// Settle implements processors.Store.
+func (s *Store) Settle(ctx context.Context, journals []string, logged bool) error {
+	if len(journals) == 0 {
+		return nil
+	}
+	return s.update(ctx, "settle", func(x *txn) error {
+		for _, name := range journals {
+			if x.journal.Get([]byte(name)) == nil {
+				continue
+			}
+			if logged {
+				if err := x.journal.Delete([]byte(name)); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := x.revert([]byte(name)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// settleStale settles as not logged up to limit journal entries written
+// before cutoff, oldest first. Entries live for one step, so there are
+// few, and they are scanned rather than indexed; the write transaction
+// is taken only when there is one to settle.
+func (s *Store) settleStale(ctx context.Context, cutoff time.Time, limit int) error {
+	stale := func(b *bolt.Bucket) ([][]byte, error) {
+		type dated struct {
+			name    []byte
+			created time.Time
+		}
+		var all []dated
+		err := b.ForEach(func(k, v []byte) error {
+			var e diskJournal
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("decode journal entry %q: %v", k, err)
+			}
+			if e.Created.Before(cutoff) {
+				all = append(all, dated{append([]byte(nil), k...), e.Created})
+			}
+			return nil
+		})
+		slices.SortFunc(all, func(a, b dated) int { return a.created.Compare(b.created) })
+		names := make([][]byte, 0, min(len(all), limit))
+		for _, d := range all[:min(len(all), limit)] {
+			names = append(names, d.name)
+		}
+		return names, err
+	}
+	var found bool
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		names, err := stale(tx.Bucket(bucketJournal))
+		found = len(names) > 0
+		return err
+	}); err != nil || !found {
+		return err
+	}
+	return s.update(ctx, "settle stale", func(x *txn) error {
+		// Read again inside the write: another sweep may have settled
+		// them meanwhile.
+		names, err := stale(x.journal)
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			if err := x.revert(name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // Expired implements processors.Store: records executing under a lease
 // that ended before Config.Now, oldest lease first.
 func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, error) {
@@ -762,6 +942,9 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 		return []processors.Record{}, nil
 	}
 	cutoff := s.now().Add(-olderThan)
+	if err := s.settleStale(ctx, cutoff, limit); err != nil {
+		return nil, fmt.Errorf("boltstore unlogged: %w", err)
+	}
 	out := []processors.Record{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		records := tx.Bucket(bucketRecords)

@@ -424,8 +424,9 @@ func limitDeleteKafka(ctx context.Context, cc ledger.ClientConfig, adm *kadm.Cli
 //   - "store_claims": Claim, as the executor claims authorized calls
 //     (owner "limit", a one-minute lease);
 //   - "store_complete": Complete (succeeded, fenced by the claim's epoch,
-//     a two-event outbox) then MarkLogged, as the executor records an
-//     outcome and, once its events committed, marks them logged.
+//     a two-event outbox, under one journal entry a batch) then Settle,
+//     as the executor records outcomes and, once their events committed,
+//     settles the entry.
 //
 // Every claim must come back Claimed and every completion applied, or it
 // returns an error: a raw limit that silently did less work would be
@@ -529,7 +530,7 @@ func ClaimLimit(ctx context.Context, st processors.Store, calls, batch int, prog
 	for lo := 0; lo < calls; lo += batch {
 		hi := min(lo+batch, calls)
 		cs := make([]processors.Completion, 0, hi-lo)
-		ls := make([]processors.Logged, 0, hi-lo)
+		journal := fmt.Sprintf("limit/%s/%d", runID, lo)
 		for i := lo; i < hi; i++ {
 			outbox, err := limitOutbox(runID, i, done, 3, statemachine.EventExecuting, statemachine.EventSucceeded)
 			if err != nil {
@@ -543,8 +544,9 @@ func ClaimLimit(ctx context.Context, st processors.Store, calls, batch int, prog
 				Result:  fmt.Appendf(nil, `{"refund_id":"re_%d","status":"succeeded"}`, i),
 				Seq:     4,
 				Outbox:  outbox,
+				Journal: journal,
+				From:    2,
 			})
-			ls = append(ls, processors.Logged{Key: key(i), Seq: 4})
 		}
 		t0 := time.Now()
 		applied, err := st.Complete(ctx, cs)
@@ -561,10 +563,10 @@ func ClaimLimit(ctx context.Context, st processors.Store, calls, batch int, prog
 			}
 		}
 		t0 = time.Now()
-		err = st.MarkLogged(ctx, ls)
+		err = st.Settle(ctx, []string{journal}, true)
 		completeTime += time.Since(t0)
 		if err != nil {
-			return nil, fmt.Errorf("claim limit: mark calls %d to %d logged: %w", lo, hi-1, err)
+			return nil, fmt.Errorf("claim limit: settle the journal entry of calls %d to %d: %w", lo, hi-1, err)
 		}
 		prog.report(2*calls+hi, hi == calls)
 	}
@@ -576,7 +578,7 @@ func ClaimLimit(ctx context.Context, st processors.Store, calls, batch int, prog
 		},
 		{
 			Name: limitNameComplete, Ops: calls, Elapsed: completeTime, PerSec: limitPerSec(calls, completeTime), Batch: batch,
-			Note: fmt.Sprintf("Store.Complete (succeeded, two-event outbox) then MarkLogged of %d claimed calls per call, one caller, sequential", batch),
+			Note: fmt.Sprintf("Store.Complete (succeeded, two-event outbox, journaled) then Settle of %d claimed calls per call, one caller, sequential", batch),
 		},
 	}, nil
 }

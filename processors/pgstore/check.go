@@ -134,8 +134,9 @@ func (s SchemaStatus) Current() bool {
 // checkedColumns are the tables of schema.sql and the columns the store's
 // queries use.
 var checkedColumns = map[string][]string{
-	tableName:     recordCols,
-	rateTableName: {"bucket", "tat"},
+	tableName:        recordCols,
+	rateTableName:    {"bucket", "tat"},
+	journalTableName: journalCols,
 }
 
 // Schema reads the schema, in a READ ONLY transaction.
@@ -192,7 +193,7 @@ WHERE table_schema = $1 AND table_name = ANY($2::TEXT[])`, st.Schema, tables)
 		return st, nil
 	}
 
-	rows, err = tx.Query(ctx, "SELECT indexname FROM pg_catalog.pg_indexes WHERE schemaname = $1 AND tablename = $2", st.Schema, tableName)
+	rows, err = tx.Query(ctx, "SELECT indexname FROM pg_catalog.pg_indexes WHERE schemaname = $1 AND tablename = ANY($2::TEXT[])", st.Schema, []string{tableName, journalTableName})
 	if err != nil {
 		return st, fmt.Errorf("pgstore: check schema: read indexes: %w", err)
 	}
@@ -200,7 +201,11 @@ WHERE table_schema = $1 AND table_name = ANY($2::TEXT[])`, st.Schema, tables)
 	if err != nil {
 		return st, fmt.Errorf("pgstore: check schema: read indexes: %w", err)
 	}
-	for _, ix := range []string{leaseIndexName, statusIndexName, unloggedIndexName} {
+	want := []string{leaseIndexName, statusIndexName, unloggedIndexName}
+	if have[journalTableName] != nil {
+		want = append(want, journalIndexName)
+	}
+	for _, ix := range want {
 		if !slices.Contains(indexes, ix) {
 			st.MissingIndexes = append(st.MissingIndexes, ix)
 		}

@@ -34,7 +34,7 @@ func TestCheckerSchema(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Schema() on an unmigrated schema = %v", err)
 	}
-	want := SchemaStatus{Schema: schema, MissingTables: []string{tableName, rateTableName}}
+	want := SchemaStatus{Schema: schema, MissingTables: []string{journalTableName, tableName, rateTableName}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Schema() unmigrated (-want +got):\n%s", diff)
 	}
@@ -63,6 +63,7 @@ func TestCheckerSchema(t *testing.T) {
 	statuses := quoteStatuses(withoutStatus(processors.Statuses, processors.StatusParked)) + ", 'from_the_future'"
 	for _, stmt := range []string{
 		"DROP INDEX " + pgx.Identifier{schema, statusIndexName}.Sanitize(),
+		"DROP INDEX " + pgx.Identifier{schema, journalIndexName}.Sanitize(),
 		"ALTER TABLE " + s.table + " DROP COLUMN outbox",
 		"ALTER TABLE " + s.table + " DROP CONSTRAINT " + statusCheckName,
 		"ALTER TABLE " + s.table + " ADD CONSTRAINT " + statusCheckName + " CHECK (status IN (" + statuses + "))",
@@ -79,7 +80,7 @@ func TestCheckerSchema(t *testing.T) {
 		Schema:          schema,
 		MissingTables:   []string{rateTableName},
 		MissingColumns:  []string{tableName + ".outbox"},
-		MissingIndexes:  []string{statusIndexName},
+		MissingIndexes:  []string{statusIndexName, journalIndexName},
 		MissingStatuses: []processors.Status{processors.StatusParked},
 		NewerStatuses:   []string{"from_the_future"},
 	}

@@ -4,7 +4,7 @@
 // differs.
 //
 // Every method is one SERIALIZABLE transaction over the whole batch
-// (except Admit, Claim, Complete and MarkLogged on PostgreSQL, READ
+// (except Admit, Claim, Complete, MarkLogged and Settle on PostgreSQL, READ
 // COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a batch costs one
 // round trip plus BEGIN and COMMIT, not one per call. Serialization
 // failures (SQLSTATE 40001) restart the whole transaction, a bounded
@@ -69,7 +69,12 @@ const (
 	unloggedIndexName = "execution_records_unlogged_updated_at"
 	statusIndexName   = "execution_records_listed_updated_at"
 	statusCheckName   = "execution_records_status"
+	journalTableName  = "execution_journal"
+	journalIndexName  = "execution_journal_created_at"
 )
+
+// journalCols are the journal table's columns (schema.sql).
+var journalCols = []string{"id", "created_at", "tenant_ids", "idempotency_keys", "epochs", "seqs", "from_seqs"}
 
 // obsoleteIndexes are indexes older builds created on the execution
 // records table, replaced by leaseIndexName and statusIndexName: full
@@ -158,6 +163,7 @@ type Store struct {
 	maxRetries int
 	schema     string // sanitized identifier, or ""
 	table      string // sanitized, qualified by schema if set
+	journal    string // the journal table, as table
 	q          queries
 	failpoint  failpoint.Hook
 	retried    func(op string)
@@ -196,14 +202,16 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		crdb:       strings.Contains(version, "CockroachDB"),
 		maxRetries: cfg.MaxRetries,
 		table:      pgx.Identifier{tableName}.Sanitize(),
+		journal:    pgx.Identifier{journalTableName}.Sanitize(),
 		failpoint:  cfg.Failpoint,
 		retried:    cfg.Retried,
 	}
 	if cfg.Schema != "" {
 		s.schema = pgx.Identifier{cfg.Schema}.Sanitize()
 		s.table = pgx.Identifier{cfg.Schema, tableName}.Sanitize()
+		s.journal = pgx.Identifier{cfg.Schema, journalTableName}.Sanitize()
 	}
-	s.q = newQueries(s.table)
+	s.q = newQueries(s.table, s.journal)
 	if !cfg.SkipMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			pool.Close()
@@ -265,6 +273,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 		"{statuses}", quoteStatuses(processors.Statuses),
 		"{listed_statuses}", quoteStatuses(listedStatuses),
 		"{rate_limits}", s.rateTable(),
+		"{journal}", s.journal,
+		"{journal_index}", pgx.Identifier{journalIndexName}.Sanitize(),
 	).Replace(schemaSQL)
 	stmts := strings.Split(ddl, ";\n")
 	if s.schema != "" {
@@ -565,6 +575,10 @@ var recordCols = []string{
 // queries holds the SQL with the table name filled in.
 type queries struct {
 	selectKeys, selectKeysForUpdate, insert, claim, complete, move, markLogged, expired, unlogged, byStatus, get string
+	// The journal (processors.Completion.Journal): an entry written with
+	// a batch's completions, deleted when settled as logged, taken (by
+	// name, or once stale) and reverted when settled as not logged.
+	journalInsert, journalDelete, journalTake, journalTakeStale, journalRevert string
 	// byListedStatus holds ByStatus's query for each of listedStatuses,
 	// the status written as a literal: a parameter would hide from the
 	// planner (of a prepared, generic plan) that the partial index
@@ -572,8 +586,8 @@ type queries struct {
 	byListedStatus map[processors.Status]string
 }
 
-func newQueries(table string) queries {
-	r := strings.NewReplacer("{table}", table, "{cols}", strings.Join(recordCols, ", "))
+func newQueries(table, journal string) queries {
+	r := strings.NewReplacer("{table}", table, "{journal}", journal, "{cols}", strings.Join(recordCols, ", "))
 	// In key order: claims of overlapping batches lock their rows in one
 	// order and do not deadlock each other. The other batch statements
 	// lock in their plan's order (key order through the primary key, not
@@ -649,14 +663,19 @@ WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.arguments_hash = u.h
 RETURNING u.ord, r.epoch, r.lease_owner, r.lease_until, r.updated_at, r.logged_seq`),
 		// The fence: epoch and status in the WHERE clause. One completion
 		// per (key, epoch), the first in the batch: only one epoch is
-		// current, so at most one completion per record applies.
+		// current, so at most one completion per record applies. A
+		// journaled completion is logged at once (its journal entry,
+		// written in the same transaction, says it may not be yet), so
+		// the row never enters the unlogged index and no later write of
+		// it is needed.
 		complete: r.Replace(`UPDATE {table} AS r
 SET status = u.status, attempt = u.attempt, result = u.result, seq = u.seq, outbox = u.outbox,
-    lease_owner = '', lease_until = NULL, updated_at = now()
-FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, status, attempt, result, seq, outbox, ord
+    lease_owner = '', lease_until = NULL, updated_at = now(),
+    logged_seq = CASE WHEN u.journaled THEN u.seq ELSE r.logged_seq END
+FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, status, attempt, result, seq, outbox, ord, journaled
       FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
-                  $6::BYTEA[], $7::BIGINT[], $8::BYTEA[], $9::BIGINT[])
-           AS u (t, k, epoch, status, attempt, result, seq, outbox, ord)
+                  $6::BYTEA[], $7::BIGINT[], $8::BYTEA[], $9::BIGINT[], $10::BOOL[])
+           AS u (t, k, epoch, status, attempt, result, seq, outbox, ord, journaled)
       ORDER BY t, k, epoch, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
   AND COALESCE(r.status, '') = 'executing'
@@ -683,6 +702,41 @@ FROM (SELECT DISTINCT ON (t, k) t, k, seq
       FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u (t, k, seq)
       ORDER BY t, k, seq DESC) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.logged_seq < u.seq`),
+		// An entry lists every journaled completion of its batch, applied
+		// or fenced out: the revert matches a record only at the
+		// completion's epoch, which a fenced-out completion never has.
+		// A later batch under the same name adds its calls to the entry
+		// (which keeps its first created_at).
+		journalInsert: r.Replace(`INSERT INTO {journal} AS j (id, created_at, tenant_ids, idempotency_keys, epochs, seqs, from_seqs)
+VALUES ($1, now(), $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::BIGINT[], $6::BIGINT[])
+ON CONFLICT (id) DO UPDATE SET
+    tenant_ids = j.tenant_ids || excluded.tenant_ids, idempotency_keys = j.idempotency_keys || excluded.idempotency_keys,
+    epochs = j.epochs || excluded.epochs, seqs = j.seqs || excluded.seqs, from_seqs = j.from_seqs || excluded.from_seqs`),
+		journalDelete: r.Replace(`DELETE FROM {journal} WHERE id = ANY($1::TEXT[])`),
+		journalTake: r.Replace(`DELETE FROM {journal} WHERE id = ANY($1::TEXT[])
+RETURNING tenant_ids, idempotency_keys, epochs, seqs, from_seqs`),
+		// Through the created_at index. Of two sweeps taking one entry,
+		// one deletes (and reverts) it; the other finds it gone. older_us
+		// * INTERVAL as in claim.
+		journalTakeStale: r.Replace(`DELETE FROM {journal}
+WHERE id IN (SELECT id FROM {journal}
+             WHERE created_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
+             ORDER BY created_at LIMIT $2)
+RETURNING tenant_ids, idempotency_keys, epochs, seqs, from_seqs`),
+		// Every record the completion applied to (same epoch; a fenced-out
+		// completion's never matches), whatever was marked since: a
+		// record that moved on (an unknown outcome resolved) keeps the
+		// completion's events in its outbox, and its mover appended only
+		// those past the mark in advance. Appending again is safe;
+		// leaving them out is not. One element per (key, epoch) at most
+		// matches a record, since only one completion per epoch applies.
+		// updated_at stays: it dates the call's last step, and
+		// Unlogged's grace counts from it.
+		journalRevert: r.Replace(`UPDATE {table} AS r
+SET logged_seq = u.from_seq
+FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[]) AS u (t, k, epoch, seq, from_seq)
+WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
+  AND r.logged_seq > u.from_seq`),
 		// Served by the lease index, whose predicate is repeated word for
 		// word.
 		expired: r.Replace(`SELECT {cols} FROM {table}
@@ -1027,17 +1081,48 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 		ts, ks, statuses             []string
 		epochs, attempts, seqs, ords []int64
 		results, outboxes            [][]byte
+		journaled                    []bool
+		entries                      = make(map[string]*journalCalls)
+		names                        []string // of entries, in batch order
 	)
 	for i, c := range cs {
 		ts, ks, statuses = append(ts, c.Key.TenantID), append(ks, c.Key.IdempotencyKey), append(statuses, string(c.Status))
 		epochs, attempts, seqs = append(epochs, c.Epoch), append(attempts, int64(c.Attempt)), append(seqs, c.Seq)
 		results, outboxes, ords = append(results, c.Result), append(outboxes, c.Outbox), append(ords, int64(i))
+		journaled = append(journaled, c.Journal != "")
+		if c.Journal != "" {
+			e := entries[c.Journal]
+			if e == nil {
+				e = &journalCalls{}
+				entries[c.Journal] = e
+				names = append(names, c.Journal)
+			}
+			e.add(c.Key, c.Epoch, c.Seq, c.From)
+		}
 	}
 	var applied []bool
 	err := s.inTxAt(ctx, "complete", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, s.q.complete, ts, ks, epochs, statuses, attempts, results, seqs, outboxes, ords)
+		// The completions and their journal entries in one round trip.
+		b := &pgx.Batch{}
+		b.Queue(s.q.complete, ts, ks, epochs, statuses, attempts, results, seqs, outboxes, ords, journaled)
+		for _, name := range names {
+			e := entries[name]
+			b.Queue(s.q.journalInsert, name, e.ts, e.ks, e.epochs, e.seqs, e.froms)
+		}
+		br := tx.SendBatch(ctx, b)
+		rows, _ := br.Query()
 		done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 		if err != nil {
+			br.Close()
+			return err
+		}
+		for range names {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return fmt.Errorf("journal entry: %w", err)
+			}
+		}
+		if err := br.Close(); err != nil {
 			return err
 		}
 		applied = make([]bool, len(cs))
@@ -1133,6 +1218,60 @@ func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	})
 }
 
+// journalCalls are the calls of one journal entry, as its columns hold
+// them.
+type journalCalls struct {
+	ts, ks              []string
+	epochs, seqs, froms []int64
+}
+
+func (e *journalCalls) add(k ledger.CallKey, epoch, seq, from int64) {
+	e.ts, e.ks = append(e.ts, k.TenantID), append(e.ks, k.IdempotencyKey)
+	e.epochs, e.seqs, e.froms = append(e.epochs, epoch), append(e.seqs, seq), append(e.froms, from)
+}
+
+// Settle implements processors.Store. Settled as logged, it is one DELETE
+// of the entries; as not logged, the entries are deleted and their calls
+// reverted in one transaction.
+func (s *Store) Settle(ctx context.Context, journals []string, logged bool) error {
+	if len(journals) == 0 {
+		return nil
+	}
+	if logged {
+		return s.inTxAt(ctx, "settle", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, s.q.journalDelete, journals)
+			return err
+		})
+	}
+	return s.revertJournal(ctx, "settle", s.q.journalTake, journals)
+}
+
+// revertJournal deletes the journal entries take selects (with args) and
+// puts their calls' LoggedSeq back to where their claims found it, in one
+// transaction: an entry is deleted only with its calls reverted. At READ
+// COMMITTED on PostgreSQL, as the other writes of a call's hot path: the
+// revert decides each record on its own row, under its lock.
+func (s *Store) revertJournal(ctx context.Context, op, take string, args ...any) error {
+	return s.inTxAt(ctx, op, s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, take, args...)
+		var all journalCalls
+		var e journalCalls
+		_, err := pgx.ForEachRow(rows, []any{&e.ts, &e.ks, &e.epochs, &e.seqs, &e.froms}, func() error {
+			if len(e.ks) != len(e.ts) || len(e.epochs) != len(e.ts) || len(e.seqs) != len(e.ts) || len(e.froms) != len(e.ts) {
+				return fmt.Errorf("journal entry with arrays of unequal lengths (%d, %d, %d, %d, %d)", len(e.ts), len(e.ks), len(e.epochs), len(e.seqs), len(e.froms))
+			}
+			all.ts, all.ks = append(all.ts, e.ts...), append(all.ks, e.ks...)
+			all.epochs, all.seqs, all.froms = append(all.epochs, e.epochs...), append(all.seqs, e.seqs...), append(all.froms, e.froms...)
+			return nil
+		})
+		if err != nil || len(all.ts) == 0 {
+			return err
+		}
+		_, err = tx.Exec(ctx, s.q.journalRevert, all.ts, all.ks, all.epochs, all.seqs, all.froms)
+		return err
+	})
+}
+
 // Expired implements processors.Store.
 func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, error) {
 	if limit <= 0 {
@@ -1161,6 +1300,12 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 	olderUS := int64(olderThan / time.Microsecond)
 	if olderThan%time.Microsecond > 0 {
 		olderUS++
+	}
+	// Entries their writer did not settle within olderThan: their calls
+	// then show in the query below (their updated_at is the entry's
+	// time or earlier). Up to limit entries a sweep, oldest first.
+	if err := s.revertJournal(ctx, "settle stale", s.q.journalTakeStale, olderUS, limit); err != nil {
+		return nil, err
 	}
 	var out []processors.Record
 	err := s.inTx(ctx, "unlogged", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {

@@ -55,6 +55,7 @@ FROM generate_series($2::BIGINT, $3::BIGINT) AS g`, status, from, from+n-1)
 	}{
 		{"claim", s.q.claim, b.claimArgs(), true},
 		{"complete", s.q.complete, b.completeArgs(), false},
+		{"journal revert", s.q.journalRevert, b.revertArgs(), false},
 	} {
 		plan, indexes := explain(t, s, q.name, q.sql, q.args...)
 		if slices.ContainsFunc(indexes, func(n string) bool { return n != "execution_records_pkey" }) || (q.pkOnly && len(indexes) == 0) {
@@ -99,6 +100,7 @@ FROM generate_series(1, 4000) AS g`)
 		{"claim", s.q.claim, b.claimArgs()},
 		{"complete", s.q.complete, b.completeArgs()},
 		{"mark logged", s.q.markLogged, []any{b.ts, b.ks, b.seqs}},
+		{"journal revert", s.q.journalRevert, b.revertArgs()},
 	} {
 		plan, indexes := explain(t, s, q.name, q.sql, q.args...)
 		if bytes.Contains(plan, []byte(`"Seq Scan"`)) || !slices.Equal(slices.Compact(indexes), []string{"execution_records_pkey"}) {
@@ -140,6 +142,11 @@ FROM generate_series(1, 30000) AS g`)
 			t.Errorf("%s is planned through %v; want %s only:\n%s", q.name, indexes, q.index, plan)
 		}
 	}
+	// The sweep of stale journal entries finds them through the journal's
+	// index, not by reading every entry.
+	if plan, indexes := explain(t, s, "journal take stale", s.q.journalTakeStale, 0, 100); !slices.Contains(indexes, journalIndexName) || bytes.Contains(plan, []byte(`"Seq Scan"`)) {
+		t.Errorf("journal take stale is planned through %v; want %s, without a sequential scan:\n%s", indexes, journalIndexName, plan)
+	}
 	// And they answer: 30 of each.
 	for _, st := range []processors.Status{processors.StatusPending, processors.StatusOutcomeUnknown} {
 		if got, err := s.ByStatus(ctx, st, 100); err != nil || len(got) != 30 {
@@ -157,6 +164,7 @@ type planBatch struct {
 	ts, ks, hs, owners, statuses       []string
 	leases, logged, ords, epochs, seqs []int64
 	blobs                              [][]byte
+	journaled                          []bool
 }
 
 func newPlanBatch(n int, key func(i int) string) planBatch {
@@ -166,6 +174,7 @@ func newPlanBatch(n int, key func(i int) string) planBatch {
 		b.leases, b.ords, b.epochs, b.seqs = append(b.leases, 1e6), append(b.ords, int64(i)), append(b.epochs, 1), append(b.seqs, 4)
 		b.logged = append(b.logged, 2)
 		b.statuses, b.blobs = append(b.statuses, "succeeded"), append(b.blobs, []byte("[]"))
+		b.journaled = append(b.journaled, true)
 	}
 	return b
 }
@@ -175,7 +184,12 @@ func (b planBatch) claimArgs() []any {
 }
 
 func (b planBatch) completeArgs() []any {
-	return []any{b.ts, b.ks, b.epochs, b.statuses, b.ords, b.blobs, b.seqs, b.blobs, b.ords}
+	return []any{b.ts, b.ks, b.epochs, b.statuses, b.ords, b.blobs, b.seqs, b.blobs, b.ords, b.journaled}
+}
+
+// revertArgs are the journal revert's: the batch's completions, from 2.
+func (b planBatch) revertArgs() []any {
+	return []any{b.ts, b.ks, b.epochs, b.seqs, b.logged}
 }
 
 // explain returns the plan of sql with args (EXPLAIN (FORMAT JSON)) and

@@ -2,10 +2,11 @@
 -- transactional outbox. Applied by Store.Migrate; every statement is
 -- idempotent. The same DDL runs on PostgreSQL and CockroachDB.
 --
--- {table}, {lease_index}, {unlogged_index} and {status_index} are replaced by
--- Migrate with the (schema-qualified) names, {statuses} with the quoted
--- list of processors.Statuses, {listed_statuses} with that of the statuses
--- ByStatus serves through an index. Migrate then drops the indexes older
+-- {table}, {lease_index}, {unlogged_index}, {status_index}, {journal} and
+-- {journal_index} are replaced by Migrate with the (schema-qualified)
+-- names, {statuses} with the quoted list of processors.Statuses,
+-- {listed_statuses} with that of the statuses ByStatus serves through an
+-- index. Migrate then drops the indexes older
 -- builds created in their place (pgstore.obsoleteIndexes). Statements
 -- end with ";" at the end of a line: Migrate runs them one by one.
 --
@@ -70,6 +71,28 @@ CREATE INDEX IF NOT EXISTS {status_index} ON {table} (status, updated_at) WHERE 
 -- created (same name, same predicate) serves as it is. PostgreSQL and CockroachDB (20.2 and
 -- later) accept partial indexes.
 CREATE INDEX IF NOT EXISTS {unlogged_index} ON {table} (updated_at) WHERE logged_seq < seq;
+
+-- Journal entries (processors.Completion.Journal): the completions of one
+-- batch recorded as logged before their events reach the log, until the
+-- executor settles the entry (deletes it) after its Kafka transaction.
+-- One row per batch replaces a write per call. Rows live for a step's
+-- transaction, so the table stays small; an entry whose writer died is
+-- settled by Unlogged once older than its olderThan, through
+-- {journal_index}. The calls are parallel arrays, one element per
+-- completion: tenant, key, epoch, seq and the seq it was claimed at. On a
+-- large CockroachDB cluster, hash-shard {journal_index} (USING HASH) if its
+-- ever-increasing created_at concentrates writes on one range.
+CREATE TABLE IF NOT EXISTS {journal} (
+    id               TEXT        PRIMARY KEY,
+    created_at       TIMESTAMPTZ NOT NULL,
+    tenant_ids       TEXT[]      NOT NULL,
+    idempotency_keys TEXT[]      NOT NULL,
+    epochs           BIGINT[]    NOT NULL,
+    seqs             BIGINT[]    NOT NULL,
+    from_seqs        BIGINT[]    NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS {journal_index} ON {journal} (created_at);
 
 -- Rate limits (processors.RateLimiter): one row per bucket, e.g.
 -- "<tenant>/<tool>", holding GCRA's theoretical arrival time: when the

@@ -112,6 +112,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Concurrent/Complete", testConcurrentComplete},
 		{"Concurrent/Move", testConcurrentMove},
 	}
+	tests = append(tests, journalTests()...)
 	tests = append(tests, rateLimitTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
