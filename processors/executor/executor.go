@@ -41,8 +41,10 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -69,6 +71,7 @@ type Store interface {
 	Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error)
 	Complete(ctx context.Context, cs []processors.Completion) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
+	Settle(ctx context.Context, journals []string, logged bool) error
 	Expired(ctx context.Context, limit int) ([]processors.Record, error)
 	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
@@ -391,6 +394,13 @@ type Executor struct {
 	// backlog counts the records fetched for the next step (the loop's
 	// Buffered); nil when the executor runs without its Loop.
 	backlog func() int64
+
+	// journals names the store's journal entries of this executor's
+	// steps (processors.Completion.Journal): journalID, then a step
+	// number. The random part keeps a restarted process with the same
+	// Owner (a container's pid 1) off its predecessor's entries.
+	journalID string
+	journals  atomic.Uint64
 }
 
 // New validates cfg and returns an executor.
@@ -424,12 +434,24 @@ type job struct {
 // Config.StepBudget. It returns the events of every call it recorded.
 func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Output, err error) {
 	var got []*flight // ended calls taken from the flights and not yet recorded
+	// journal names the store's journal entry of the outcomes this step
+	// records: they are logged in the store with their completion, and
+	// the entry is settled after the step's transaction, or undone if
+	// it does not commit. One entry a step, not a write a call.
+	journal := x.journalID + strconv.FormatUint(x.journals.Add(1), 10)
+	recorded := false // whether the entry may exist
 	defer func() {
 		if err != nil && len(got) > 0 {
 			// The step failed after taking ended calls: no later step
 			// will see them again, so record them now; their events
 			// follow from the outbox through the sweep.
 			x.recordAlone(ctx, got...)
+		}
+		if err != nil && recorded {
+			// Their events will not be in this step's transaction:
+			// back to unlogged now, so that a redelivery or the sweep
+			// appends them.
+			x.settle(ctx, journal, false)
 		}
 	}()
 	jobs := make(map[ledger.CallKey]*job)
@@ -527,7 +549,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		recording    sync.WaitGroup
 	)
 	if len(early) > 0 {
-		recording.Go(func() { earlyApplied, earlyErr = x.record(ctx, early) })
+		recorded = true
+		recording.Go(func() { earlyApplied, earlyErr = x.record(ctx, journal, early) })
 	}
 	var results []processors.ClaimResult
 	if len(order) > 0 {
@@ -566,7 +589,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// claim left unlaunched would expire and make calls that never ran
 	// look as if they might have. The checks after the launch end the
 	// step.
-	x.appendRecorded(early, earlyApplied, &out, &logged)
+	x.appendRecorded(early, earlyApplied, &out)
 	// With more events already fetched, the step does not wait for the
 	// calls it starts: the next step, which follows at once, records
 	// those that ended by then while it claims its own batch. Otherwise
@@ -658,7 +681,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// the sweep finds the calls.
 	got = nil
 	if len(done) > 0 {
-		applied, err := x.record(ctx, done)
+		recorded = true
+		applied, err := x.record(ctx, journal, done)
 		if err != nil {
 			return ledger.Output{}, err
 		}
@@ -668,26 +692,51 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			// the sweep.
 			return ledger.Output{}, ctx.Err()
 		}
-		x.appendRecorded(done, applied, &out, &logged)
+		x.appendRecorded(done, applied, &out)
 	}
 	if ctx.Err() != nil {
 		return ledger.Output{}, ctx.Err()
 	}
-	committed := func(ctx context.Context) error {
-		if len(logged) == 0 {
-			return nil
-		}
-		return x.cfg.Store.MarkLogged(ctx, logged)
+	var journals []string
+	if recorded {
+		journals = []string{journal}
 	}
-	return ledger.Output{Records: out, Committed: committed}, nil
+	committed := func(ctx context.Context) error {
+		if len(logged) > 0 {
+			if err := x.cfg.Store.MarkLogged(ctx, logged); err != nil {
+				return err
+			}
+		}
+		return x.cfg.Store.Settle(ctx, journals, true)
+	}
+	output := ledger.Output{Records: out, Committed: committed}
+	if recorded {
+		output.Abandoned = func(ctx context.Context) error { return x.cfg.Store.Settle(ctx, journals, false) }
+	}
+	return output, nil
 }
 
-// record writes the outcomes of ended calls to the store, even during
-// shutdown (the events then follow from the outbox on redelivery or
-// through the sweep). applied[i] is false for a call this executor was
+// settle settles the step's journal entry outside its output, when the
+// step failed: a failure leaves it to the sweep of unlogged outcomes,
+// which settles it once it is UnloggedGrace old.
+func (x *Executor) settle(ctx context.Context, journal string, logged bool) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := x.cfg.Store.Settle(sctx, []string{journal}, logged); err != nil {
+		x.cfg.Logger.Warn("settle a step's journal entry; the sweep settles it", "journal", journal, "err", err)
+	}
+}
+
+// record writes the outcomes of ended calls to the store, logged under
+// journal, even during shutdown (the events then follow from the outbox
+// on redelivery or through the sweep, once the journal entry is settled
+// as not logged). applied[i] is false for a call this executor was
 // fenced out of. An error means the tools ran but their outcomes are not
 // recorded: the leases will expire and the sweep will find the calls.
-func (x *Executor) record(ctx context.Context, cs []processors.Completion) ([]bool, error) {
+func (x *Executor) record(ctx context.Context, journal string, cs []processors.Completion) ([]bool, error) {
+	for i := range cs {
+		cs[i].Journal = journal
+	}
 	x.cfg.Failpoint.Hit(failpoint.ResponseReceived)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -701,16 +750,15 @@ func (x *Executor) record(ctx context.Context, cs []processors.Completion) ([]bo
 	return applied, nil
 }
 
-// appendRecorded adds the events of the recorded calls to out, and the
-// calls to logged, skipping those this executor was fenced out of.
-func (x *Executor) appendRecorded(cs []processors.Completion, applied []bool, out *[]*kgo.Record, logged *[]processors.Logged) {
+// appendRecorded adds the events of the recorded calls to out, skipping
+// those this executor was fenced out of.
+func (x *Executor) appendRecorded(cs []processors.Completion, applied []bool, out *[]*kgo.Record) {
 	for i, c := range cs {
 		if !applied[i] {
 			x.cfg.Logger.Warn("fenced out of call", "call_key", c.Key.String(), "epoch", c.Epoch)
 			continue
 		}
 		*out = append(*out, c.Records...)
-		*logged = append(*logged, processors.Logged{Key: c.Key, Seq: c.Seq})
 	}
 }
 
@@ -1250,6 +1298,7 @@ func (c *completion) complete(status processors.Status, attempt int, result []by
 		Seq:     seq,
 		Outbox:  outbox,
 		Records: recs,
+		From:    c.rec.Seq,
 	}
 }
 

@@ -211,7 +211,14 @@ func TestOutcomeReappendedWhenCommitLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The transaction aborted: Committed never runs.
+	// The transaction aborted: the loop runs Abandoned, never Committed,
+	// before the batch comes again.
+	if first.Abandoned == nil {
+		t.Fatal("a step that recorded an outcome has no Abandoned; want the undo of its journal entry")
+	}
+	if err := first.Abandoned(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	again, err := x.Step(t.Context(), []*kgo.Record{auth})
 	if err != nil {
 		t.Fatal(err)
@@ -614,6 +621,79 @@ func TestExecutionCredential(t *testing.T) {
 	if n := len(guarded.Effects()); n != 1 {
 		t.Errorf("tool effects %d; want still 1", n)
 	}
+}
+
+// countingStore counts the store writes a step's after-commit makes.
+type countingStore struct {
+	processors.Store
+	marked  int // calls marked through MarkLogged
+	settled []string
+	logged  []bool
+}
+
+func (s *countingStore) MarkLogged(ctx context.Context, ls []processors.Logged) error {
+	s.marked += len(ls)
+	return s.Store.MarkLogged(ctx, ls)
+}
+
+func (s *countingStore) Settle(ctx context.Context, journals []string, logged bool) error {
+	s.settled = append(s.settled, journals...)
+	s.logged = append(s.logged, logged)
+	return s.Store.Settle(ctx, journals, logged)
+}
+
+// The outcomes a step records are logged in the store by their
+// completion, under one journal entry a step, and the step's after-commit
+// settles that entry instead of writing each call again.
+func TestStepLogsOutcomesWithoutAWritePerCall(t *testing.T) {
+	r := newRig(t)
+	st := &countingStore{Store: r.store}
+	x := r.executor(func(c *executor.Config) { c.Store = st })
+	var auths []*kgo.Record
+	for _, k := range []string{"j1", "j2", "j3"} {
+		auths = append(auths, r.admit("create_ticket", k, map[string]any{"title": k}, 0))
+	}
+	out, err := x.Step(t.Context(), auths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(decodeAll(t, out.Records)); n != 6 {
+		t.Fatalf("step appended %d events; want 6 (executing, succeeded for 3 calls)", n)
+	}
+	for _, k := range []string{"j1", "j2", "j3"} {
+		rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: k})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != processors.StatusSucceeded || rec.LoggedSeq != rec.Seq {
+			t.Errorf("%s after the step: status %q, logged %d of seq %d; want succeeded, logged to seq by the completion", k, rec.Status, rec.LoggedSeq, rec.Seq)
+		}
+	}
+	if err := out.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st.marked != 0 || len(st.settled) != 1 || !st.logged[0] {
+		t.Errorf("after-commit marked %d calls and settled %q (logged %v); want 0 calls marked and one entry settled as logged", st.marked, st.settled, st.logged)
+	}
+	// Settled: a sweep, however late, finds nothing to append.
+	if swept := r.sweep(); len(swept.Records) != 0 {
+		t.Errorf("sweep after the settle appended %d records; want 0", len(swept.Records))
+	}
+}
+
+// sweep runs one step of an executor that sweeps at once, with no grace
+// for unlogged outcomes and journal entries.
+func (r *rig) sweep() ledger.Output {
+	r.t.Helper()
+	sweeper := r.executor(func(c *executor.Config) {
+		c.SweepEvery = time.Nanosecond
+		c.UnloggedGrace = time.Nanosecond
+	})
+	out, err := sweeper.Step(r.t.Context(), nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out
 }
 
 // A finished call whose events never reached the log, and that no

@@ -3,6 +3,7 @@ package executor
 import (
 	"container/list"
 	"context"
+	"crypto/rand"
 	"errors"
 	"sync"
 	"time"
@@ -153,7 +154,10 @@ func (x *Executor) giveBack(g *guard) {
 }
 
 func newExecutor(cfg Config) *Executor {
-	return &Executor{cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), unwaited: make(map[*flight]struct{}), done: make(chan *flight)}
+	return &Executor{
+		cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), unwaited: make(map[*flight]struct{}), done: make(chan *flight),
+		journalID: cfg.Owner + "/" + rand.Text()[:13] + "/",
+	}
 }
 
 // guard returns tenant's guard for tool, creating it on first use, and

@@ -454,17 +454,22 @@ func lookupState(body []byte) string {
 
 // settle builds the move that records what the reconciler (or an
 // operator) found: to, with an event of type t. Events the record holds
-// that the log may lack (its step's transaction aborted, say) stay in the
-// outbox ahead of the new one and go out with it: replacing them would
-// lose them, and the new event would follow a gap.
+// that the log may lack (its step's transaction aborted, say) go out with
+// the new one, and all the held events stay in the outbox ahead of it:
+// the record's LoggedSeq may be an executor's mark in advance, under a
+// journal entry settled only later (processors.Completion.Journal), and
+// settling it as not logged reverts the record for the sweep to append
+// the outbox again. Replacing them would lose them, and the new event
+// would follow a gap.
 func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to processors.Status, t statemachine.EventType, reason, detail, digest string, n int) pendingMove {
 	ev := tmpl
 	ev.EventID = uuid.Must(uuid.NewV7()).String()
 	ev.Type, ev.Seq, ev.At, ev.Actor = t, rec.Seq+1, r.cfg.Now().UTC(), r.cfg.Owner
 	ev.Reason, ev.Detail, ev.ResultDigest, ev.ResultBytes = reason, detail, digest, n
 	ev.ExpiresAt = nil
-	var evs []ledger.Event
+	var evs, kept []ledger.Event
 	if held, err := ledger.DecodeEvents(rec.Outbox); err == nil {
+		kept = held
 		for _, e := range held {
 			if e.Seq > rec.LoggedSeq {
 				evs = append(evs, e)
@@ -472,7 +477,7 @@ func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to process
 		}
 	}
 	evs = append(evs, ev)
-	outbox, _ := ledger.EncodeEvents(evs)
+	outbox, _ := ledger.EncodeEvents(append(kept, ev))
 	return pendingMove{
 		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, To: to, Seq: rec.Seq + 1, Outbox: outbox},
 		evs:  evs,

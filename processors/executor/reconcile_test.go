@@ -175,3 +175,35 @@ func TestReconcileLookupFailingParks(t *testing.T) {
 		t.Errorf("reconciled events (-want +got):\n%s", diff)
 	}
 }
+
+// The executor recorded an unknown outcome, logged in advance under its
+// step's journal entry, and died before its transaction: the reconciler
+// parks the call, appending only its own event, for the record says the
+// rest is logged. The sweep then settles the entry as not logged and
+// appends the executor's events from the outbox, which the reconciler
+// kept, so that the log has no gap.
+func TestReconcileAfterExecutorDiedKeepsItsEvents(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("notify", "died", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(decodeAll(t, out.Records)); len(got) != 2 || got[0] != "executing" {
+		t.Fatalf("executor step events %v; want executing, outcome_unknown", got)
+	}
+	// Neither Committed nor Abandoned: the process is gone.
+	rc := r.reconciler()
+	if diff := cmp.Diff([]string{"parked(" + executor.ReasonNoStatusLookup + ")"}, r.reconcile(rc, out.Records[len(out.Records)-1])); diff != "" {
+		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+	seen := make(map[int64]string)
+	for _, e := range decodeAll(t, r.sweep().Records) {
+		seen[e.Seq] = string(e.Type)
+	}
+	if seen[3] != "executing" || seen[4] != "outcome_unknown" {
+		t.Errorf("the sweep appended %v by seq; want the executor's executing (3) and outcome_unknown (4) among them", seen)
+	}
+}
