@@ -434,12 +434,14 @@ type job struct {
 // Config.StepBudget. It returns the events of every call it recorded.
 func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Output, err error) {
 	var got []*flight // ended calls taken from the flights and not yet recorded
-	// journal names the store's journal entry of the outcomes this step
-	// records: they are logged in the store with their completion, and
-	// the entry is settled after the step's transaction, or undone if
-	// it does not commit. One entry a step, not a write a call.
-	journal := x.journalID + strconv.FormatUint(x.journals.Add(1), 10)
-	recorded := false // whether the entry may exist
+	// The outcomes this step records are logged in the store with their
+	// completion, under the store's journal entries named here (one for
+	// the outcomes recorded while the batch is claimed, one for those
+	// after: distinct, so that neither write rewrites the other's
+	// entry); they are settled after the step's transaction, or undone
+	// if it does not commit. Two entries a step, not a write a call.
+	step := x.journalID + strconv.FormatUint(x.journals.Add(1), 10)
+	var journals []string // the entries that may exist
 	defer func() {
 		if err != nil && len(got) > 0 {
 			// The step failed after taking ended calls: no later step
@@ -447,11 +449,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			// follow from the outbox through the sweep.
 			x.recordAlone(ctx, got...)
 		}
-		if err != nil && recorded {
+		if err != nil && len(journals) > 0 {
 			// Their events will not be in this step's transaction:
 			// back to unlogged now, so that a redelivery or the sweep
 			// appends them.
-			x.settle(ctx, journal, false)
+			x.settle(ctx, journals, false)
 		}
 	}()
 	jobs := make(map[ledger.CallKey]*job)
@@ -549,8 +551,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		recording    sync.WaitGroup
 	)
 	if len(early) > 0 {
-		recorded = true
-		recording.Go(func() { earlyApplied, earlyErr = x.record(ctx, journal, early) })
+		journals = append(journals, step+"/early")
+		recording.Go(func() { earlyApplied, earlyErr = x.record(ctx, step+"/early", early) })
 	}
 	var results []processors.ClaimResult
 	if len(order) > 0 {
@@ -681,8 +683,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// the sweep finds the calls.
 	got = nil
 	if len(done) > 0 {
-		recorded = true
-		applied, err := x.record(ctx, journal, done)
+		journals = append(journals, step+"/done")
+		applied, err := x.record(ctx, step+"/done", done)
 		if err != nil {
 			return ledger.Output{}, err
 		}
@@ -697,10 +699,6 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	if ctx.Err() != nil {
 		return ledger.Output{}, ctx.Err()
 	}
-	var journals []string
-	if recorded {
-		journals = []string{journal}
-	}
 	committed := func(ctx context.Context) error {
 		if len(logged) > 0 {
 			if err := x.cfg.Store.MarkLogged(ctx, logged); err != nil {
@@ -710,20 +708,20 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		return x.cfg.Store.Settle(ctx, journals, true)
 	}
 	output := ledger.Output{Records: out, Committed: committed}
-	if recorded {
+	if len(journals) > 0 {
 		output.Abandoned = func(ctx context.Context) error { return x.cfg.Store.Settle(ctx, journals, false) }
 	}
 	return output, nil
 }
 
-// settle settles the step's journal entry outside its output, when the
-// step failed: a failure leaves it to the sweep of unlogged outcomes,
-// which settles it once it is UnloggedGrace old.
-func (x *Executor) settle(ctx context.Context, journal string, logged bool) {
+// settle settles the step's journal entries outside its output, when
+// the step failed: a failure leaves them to the sweep of unlogged
+// outcomes, which settles them once they are UnloggedGrace old.
+func (x *Executor) settle(ctx context.Context, journals []string, logged bool) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := x.cfg.Store.Settle(sctx, []string{journal}, logged); err != nil {
-		x.cfg.Logger.Warn("settle a step's journal entry; the sweep settles it", "journal", journal, "err", err)
+	if err := x.cfg.Store.Settle(sctx, journals, logged); err != nil {
+		x.cfg.Logger.Warn("settle a step's journal entries; the sweep settles them", "journals", journals, "err", err)
 	}
 }
 
