@@ -545,8 +545,8 @@ type dbStoreCounts struct {
 	// LateCompletions counts completions that returned after the lease
 	// of the claim they complete had ended.
 	LateCompletions int
-	// Others counts MarkLogged, Expired, Unlogged and Move (Get, which
-	// the checks use, is not counted).
+	// Others counts MarkLogged, Settle, Expired, Unlogged and Move (Get,
+	// which the checks use, is not counted).
 	Others, OtherErrs int
 	// MaxClaim, MaxComplete: the longest call of each kind.
 	MaxClaim, MaxComplete time.Duration
@@ -572,6 +572,12 @@ func (s *dbStore) other(err error) {
 
 func (s *dbStore) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	err := s.Store.MarkLogged(ctx, ls)
+	s.other(err)
+	return err
+}
+
+func (s *dbStore) Settle(ctx context.Context, journals []string, logged bool) error {
+	err := s.Store.Settle(ctx, journals, logged)
 	s.other(err)
 	return err
 }

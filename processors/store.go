@@ -12,7 +12,12 @@
 // touch the call appends again; consumers drop the duplicate (key, seq).
 // An authorized call's admission is marked by the executor's claim, which
 // comes from reading its event in the log (Claim.Logged), and by the
-// intake only if it is still unclaimed a few seconds later.
+// intake only if it is still unclaimed a few seconds later. The executor
+// marks its outcomes in advance, with their completion, under a journal
+// entry per step (Completion.Journal): it settles the entry after its
+// Kafka transaction, or as not logged when that did not commit, and the
+// sweep (Unlogged) settles as not logged the entries of an executor that
+// died.
 package processors
 
 import (
@@ -92,8 +97,12 @@ type Record struct {
 	// Result is the sanitized result of a finished call.
 	Result []byte
 	// Seq is the seq of the last event written into the record's outbox;
-	// LoggedSeq the highest seq known to be in the log. Outbox holds the
-	// encoded events (ledger.EncodeEvents) of the latest step.
+	// LoggedSeq the highest seq known, or marked in advance under a
+	// journal entry not yet settled (Completion.Journal), to be in the
+	// log: Unlogged() may be false while a step's events are on their
+	// way, and the entry's settling reverts it if they do not arrive.
+	// Outbox holds the encoded events (ledger.EncodeEvents) of the
+	// latest step.
 	Seq       int64
 	LoggedSeq int64
 	Outbox    []byte
@@ -234,6 +243,14 @@ type Move struct {
 type Logged struct {
 	Key ledger.CallKey
 	Seq int64
+	// Base is the LoggedSeq the caller read when it chose which events
+	// to append (those past it): the mark applies only while the record
+	// is still logged at least that far. A journal entry settled as not
+	// logged meanwhile (Settle) lowered it, and events at or below Base
+	// may then be missing from the log: the mark is left out, and the
+	// sweep appends them. Zero for events appended without reading the
+	// record (a call's own new events).
+	Base int64
 }
 
 // Store is the execution store. Each method runs as one serializable

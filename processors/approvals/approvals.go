@@ -560,7 +560,7 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 			}
 			recs = append(recs, r)
 		}
-		logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq})
+		logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq, Base: rec.LoggedSeq})
 	}
 	if len(recs) == 0 {
 		return moved, nil

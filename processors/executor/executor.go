@@ -196,6 +196,12 @@ type Config struct {
 	// under load, whose authorized events were committed before they
 	// ended, when the transaction carrying their outcome aborted, the
 	// step failed after recording them, or the executor shut down first.
+	// It is also the age at which a step's journal entry (its outcomes,
+	// logged in the store in advance) counts as abandoned: the sweep
+	// settles it as not logged and appends the outcomes. After an
+	// executor crash between its completions and its Kafka commit,
+	// those calls' events wait that long, even when redelivered (a
+	// redelivery finds them finished and logged, and skips them).
 	// It also covers an authorized call not yet claimed, whose admission
 	// the intake marks logged only after intake.Config.MarkDelay (3s by
 	// default): keep the grace above that, or such calls' events are
@@ -575,9 +581,14 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		// Those calls are left to their leases, as after a crash; the
 		// step goes on, for failing it now would leave this batch's
 		// claims unlaunched until their leases expire too, and make
-		// calls that never ran look as if they might have.
-		x.cfg.Logger.Error("record finished calls; their leases will expire", "calls", len(early), "err", earlyErr)
+		// calls that never ran look as if they might have. The write
+		// may have committed all the same (an ambiguous commit): its
+		// journal entry is settled as not logged now, never with the
+		// step's, so that the sweep appends what it recorded.
+		x.cfg.Logger.Error("record finished calls; their leases will expire, or the sweep appends them", "calls", len(early), "err", earlyErr)
 		early = nil
+		x.settle(ctx, journals[:1], false)
+		journals = journals[1:]
 	}
 
 	var (
@@ -619,7 +630,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 				out = append(out, r)
 			}
 		}
-		logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq})
+		logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq, Base: rec.LoggedSeq})
 		return nil
 	}
 	for _, rec := range reappend {
@@ -700,12 +711,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		return ledger.Output{}, ctx.Err()
 	}
 	committed := func(ctx context.Context) error {
+		var err error
 		if len(logged) > 0 {
-			if err := x.cfg.Store.MarkLogged(ctx, logged); err != nil {
-				return err
-			}
+			err = x.cfg.Store.MarkLogged(ctx, logged)
 		}
-		return x.cfg.Store.Settle(ctx, journals, true)
+		return errors.Join(err, x.cfg.Store.Settle(ctx, journals, true))
 	}
 	output := ledger.Output{Records: out, Committed: committed}
 	if len(journals) > 0 {

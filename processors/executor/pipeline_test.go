@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -220,5 +221,61 @@ func TestBatchClaimedAtShutdownIsLaunched(t *testing.T) {
 		if n := r.backend.AppliedIn("create_ticket", "t_a", k); n != 1 {
 			t.Errorf("%s applied %d times; want 1", k, n)
 		}
+	}
+}
+
+// ambiguousEarly is a store whose first recording of a step's early
+// outcomes commits and then reports an error, as a commit whose answer
+// was lost does.
+type ambiguousEarly struct {
+	processors.Store
+	failed atomic.Bool
+}
+
+func (s *ambiguousEarly) Complete(ctx context.Context, cs []processors.Completion) ([]bool, error) {
+	applied, err := s.Store.Complete(ctx, cs)
+	if err == nil && len(cs) > 0 && strings.HasSuffix(cs[0].Journal, "/early") && s.failed.CompareAndSwap(false, true) {
+		return nil, errors.New("connection reset during COMMIT")
+	}
+	return applied, err
+}
+
+// Outcomes recorded while the next batch is claimed, by a write that
+// committed but answered with an error: the step goes on without their
+// events, and must not settle their journal entry as logged with its own
+// commit, or nothing would ever append them. The sweep does.
+func TestEarlyRecordFailedAfterCommitIsAppendedBySweep(t *testing.T) {
+	r := newRig(t)
+	st := &ambiguousEarly{Store: r.store}
+	x := r.executor(func(c *executor.Config) { c.Store = st; c.StepBudget = time.Minute })
+	var backlog atomic.Int64
+	executor.SetBacklog(x, backlog.Load)
+
+	backlog.Store(1)
+	if got := stepOnce(t, x, r.admit("create_ticket", "early", ticket, 0)); len(got) != 0 {
+		t.Fatalf("step with a backlog returned %v; want no events", got)
+	}
+	ledgertest.WaitFor(t, 5*time.Second, func() error {
+		if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/early"); n != 1 {
+			return fmt.Errorf("applied %d times", n)
+		}
+		return nil
+	})
+	// Time for the call's goroutine to hand its outcome over.
+	time.Sleep(200 * time.Millisecond)
+	backlog.Store(0)
+	got := stepOnce(t, x, r.admit("create_ticket", "next", ticket, 0))
+	if !st.failed.Load() {
+		t.Fatal("the early outcome was not recorded as an early one; the test did not exercise the failure")
+	}
+	if _, ok := got["t_a/early"]; ok {
+		t.Fatalf("the step appended the events of an outcome whose recording failed: %v", got)
+	}
+	evs := byCall(t, r.sweep().Records)
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, evs["t_a/early"]); diff != "" {
+		t.Errorf("the sweep's events of the call (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/early"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
 	}
 }

@@ -323,6 +323,26 @@ type pendingMove struct {
 	move      processors.Move
 	evs       []ledger.Event
 	mustApply bool
+	// outbox are the move's outbox's events: all the record held, then
+	// the move's own (evs holds the same, as appended). base is the
+	// record's LoggedSeq as read: the mark after the append applies
+	// only while the record is still logged that far
+	// (processors.Logged.Base).
+	outbox []ledger.Event
+	base   int64
+}
+
+// by makes the move's own event (the last) an actor's, in the events
+// appended and in the outbox.
+func (m *pendingMove) by(actor string) {
+	m.evs[len(m.evs)-1].Actor = actor
+	m.outbox[len(m.outbox)-1].Actor = actor
+	m.move.Outbox, _ = ledger.EncodeEvents(m.outbox)
+}
+
+// logged is the mark of the move's events, once they are in the log.
+func (m *pendingMove) logged() processors.Logged {
+	return processors.Logged{Key: m.move.Key, Seq: m.move.Seq, Base: m.base}
 }
 
 // reconcile asks the tool what became of rec and returns the move that
@@ -453,34 +473,33 @@ func lookupState(body []byte) string {
 }
 
 // settle builds the move that records what the reconciler (or an
-// operator) found: to, with an event of type t. Events the record holds
-// that the log may lack (its step's transaction aborted, say) go out with
-// the new one, and all the held events stay in the outbox ahead of it:
-// the record's LoggedSeq may be an executor's mark in advance, under a
-// journal entry settled only later (processors.Completion.Journal), and
-// settling it as not logged reverts the record for the sweep to append
-// the outbox again. Replacing them would lose them, and the new event
-// would follow a gap.
+// operator) found: to, with an event of type t. The events the record
+// holds go out again ahead of the new one, and stay in the outbox ahead of
+// it: the log may lack them (their step's transaction aborted, or its
+// executor died), and the record cannot tell for sure, for its LoggedSeq
+// may be an executor's mark in advance, under a journal entry settled only
+// later (processors.Completion.Journal). Leaving them out would put the
+// new event after a gap in the log until that entry's sweep, or for good
+// if the outbox lost them; readers drop the copies of those that were
+// there. A call is reconciled rarely, so the copies cost little.
 func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to processors.Status, t statemachine.EventType, reason, detail, digest string, n int) pendingMove {
 	ev := tmpl
 	ev.EventID = uuid.Must(uuid.NewV7()).String()
 	ev.Type, ev.Seq, ev.At, ev.Actor = t, rec.Seq+1, r.cfg.Now().UTC(), r.cfg.Owner
 	ev.Reason, ev.Detail, ev.ResultDigest, ev.ResultBytes = reason, detail, digest, n
 	ev.ExpiresAt = nil
-	var evs, kept []ledger.Event
-	if held, err := ledger.DecodeEvents(rec.Outbox); err == nil {
-		kept = held
-		for _, e := range held {
-			if e.Seq > rec.LoggedSeq {
-				evs = append(evs, e)
-			}
-		}
+	var held []ledger.Event
+	if evs, err := ledger.DecodeEvents(rec.Outbox); err == nil {
+		held = evs
 	}
-	evs = append(evs, ev)
-	outbox, _ := ledger.EncodeEvents(append(kept, ev))
+	kept := append(held, ev)
+	evs := slices.Clone(kept)
+	outbox, _ := ledger.EncodeEvents(kept)
 	return pendingMove{
-		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, To: to, Seq: rec.Seq + 1, Outbox: outbox},
-		evs:  evs,
+		outbox: kept,
+		base:   rec.LoggedSeq,
+		move:   processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, To: to, Seq: rec.Seq + 1, Outbox: outbox},
+		evs:    evs,
 	}
 }
 
@@ -515,7 +534,7 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 			}
 			out = append(out, rec)
 		}
-		logged = append(logged, processors.Logged{Key: ms[i].Key, Seq: ms[i].Seq})
+		logged = append(logged, moves[i].logged())
 	}
 	return ledger.Output{Records: out, Committed: func(ctx context.Context) error {
 		if len(logged) == 0 {
@@ -530,25 +549,34 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 // returns the events to publish, the resolution last; the move is in the
 // store, so if the publish fails the executor's sweep appends them.
 func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, as processors.Status, evidence string) ([]ledger.Event, error) {
+	m, err := r.resolve(ctx, operator, key, as, evidence)
+	if err != nil {
+		return nil, err
+	}
+	return m.evs, nil
+}
+
+// resolve is Resolve, returning the move it applied.
+func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, as processors.Status, evidence string) (pendingMove, error) {
 	if !slices.Contains(operator.Roles, r.cfg.OperatorRole) || (operator.Tenant != key.TenantID && operator.Tenant != "*") {
-		return nil, ErrForbidden
+		return pendingMove{}, ErrForbidden
 	}
 	if as != processors.StatusSucceeded && as != processors.StatusFailed {
-		return nil, fmt.Errorf("resolve as %q: want succeeded or failed", as)
+		return pendingMove{}, fmt.Errorf("resolve as %q: want succeeded or failed", as)
 	}
 	if strings.TrimSpace(evidence) == "" {
-		return nil, errors.New("resolve: evidence is required")
+		return pendingMove{}, errors.New("resolve: evidence is required")
 	}
 	rec, err := r.cfg.Store.Get(ctx, key)
 	if err != nil {
-		return nil, err
+		return pendingMove{}, err
 	}
 	if rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
-		return nil, ErrNotUnknown
+		return pendingMove{}, ErrNotUnknown
 	}
 	tmpl, err := recordTemplate(rec)
 	if err != nil {
-		return nil, err
+		return pendingMove{}, err
 	}
 	t := statemachine.EventSucceeded
 	if as == processors.StatusFailed {
@@ -556,14 +584,13 @@ func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, ke
 	}
 	m := r.settle(rec, tmpl, as, t, ReasonResolvedByOperator, evidence, "", 0)
 	m.move.From = rec.Status
-	m.evs[len(m.evs)-1].Actor = "operator:" + operator.User
-	m.move.Outbox, _ = ledger.EncodeEvents(m.evs)
+	m.by("operator:" + operator.User)
 	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})
 	if err != nil {
-		return nil, err
+		return pendingMove{}, err
 	}
 	if !applied[0] {
-		return nil, ErrNotUnknown
+		return pendingMove{}, ErrNotUnknown
 	}
-	return m.evs, nil
+	return m, nil
 }

@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -53,6 +54,25 @@ func (r *rig) unknown(auth *kgo.Record) *kgo.Record {
 
 func (r *rig) reconcile(rc *executor.Reconciler, recs ...*kgo.Record) []string {
 	r.t.Helper()
+	// The reconciler appends the events the record held again, ahead of
+	// its own: only those past the events it was given are its own.
+	var last int64
+	for _, e := range decodeAll(r.t, recs) {
+		last = max(last, e.Seq)
+	}
+	var own []ledger.Event
+	for _, e := range r.reconcileAll(rc, recs...) {
+		if e.Seq > last {
+			own = append(own, e)
+		}
+	}
+	return summary(own)
+}
+
+// reconcileAll runs one reconciler step on recs, commits it, and returns
+// every event it appended.
+func (r *rig) reconcileAll(rc *executor.Reconciler, recs ...*kgo.Record) []ledger.Event {
+	r.t.Helper()
 	out, err := rc.Step(r.t.Context(), recs)
 	if err != nil {
 		r.t.Fatal(err)
@@ -62,7 +82,7 @@ func (r *rig) reconcile(rc *executor.Reconciler, recs ...*kgo.Record) []string {
 			r.t.Fatal(err)
 		}
 	}
-	return summary(decodeAll(r.t, out.Records))
+	return decodeAll(r.t, out.Records)
 }
 
 // The response was lost after the tool applied the call, every time: the
@@ -179,31 +199,54 @@ func TestReconcileLookupFailingParks(t *testing.T) {
 // The executor recorded an unknown outcome, logged in advance under its
 // step's journal entry, and died before its transaction: the reconciler
 // parks the call, appending only its own event, for the record says the
-// rest is logged. The sweep then settles the entry as not logged and
-// appends the executor's events from the outbox, which the reconciler
-// kept, so that the log has no gap.
+// rest is logged, and an operator may resolve it after that. The sweep
+// then settles the entry as not logged and appends the executor's events
+// from the outbox, which every move kept, so that the log has no gap.
 func TestReconcileAfterExecutorDiedKeepsItsEvents(t *testing.T) {
-	r := newRig(t)
-	auth := r.admit("notify", "died", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
-	ev := authorizedEvent(t, auth)
-	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
-	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := summary(decodeAll(t, out.Records)); len(got) != 2 || got[0] != "executing" {
-		t.Fatalf("executor step events %v; want executing, outcome_unknown", got)
-	}
-	// Neither Committed nor Abandoned: the process is gone.
-	rc := r.reconciler()
-	if diff := cmp.Diff([]string{"parked(" + executor.ReasonNoStatusLookup + ")"}, r.reconcile(rc, out.Records[len(out.Records)-1])); diff != "" {
-		t.Errorf("reconciled events (-want +got):\n%s", diff)
-	}
-	seen := make(map[int64]string)
-	for _, e := range decodeAll(t, r.sweep().Records) {
-		seen[e.Seq] = string(e.Type)
-	}
-	if seen[3] != "executing" || seen[4] != "outcome_unknown" {
-		t.Errorf("the sweep appended %v by seq; want the executor's executing (3) and outcome_unknown (4) among them", seen)
+	for _, resolve := range []bool{false, true} {
+		t.Run(fmt.Sprintf("resolved=%v", resolve), func(t *testing.T) {
+			r := newRig(t)
+			auth := r.admit("notify", "died", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+			ev := authorizedEvent(t, auth)
+			r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+			out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := summary(decodeAll(t, out.Records)); len(got) != 2 || got[0] != "executing" {
+				t.Fatalf("executor step events %v; want executing, outcome_unknown", got)
+			}
+			// Neither Committed nor Abandoned: the process is gone. The
+			// reconciler appends what the record held ahead of its own
+			// event, so that the log has no gap before it.
+			rc := r.reconciler()
+			var got []string
+			for _, e := range r.reconcileAll(rc, out.Records[len(out.Records)-1]) {
+				got = append(got, fmt.Sprintf("%d %s", e.Seq, e.Type))
+			}
+			if diff := cmp.Diff([]string{"3 executing", "4 outcome_unknown", "5 parked"}, got); diff != "" {
+				t.Errorf("reconciled events (-want +got):\n%s", diff)
+			}
+			if resolve {
+				ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+				evs, err := rc.Resolve(t.Context(), ops, ev.Key(), processors.StatusSucceeded, "the mail server's log")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if last := evs[len(evs)-1]; last.Seq != 6 || last.Actor != "operator:u_ops" {
+					t.Fatalf("resolution %+v; want seq 6 by operator:u_ops", last)
+				}
+			}
+			seen := make(map[int64]string)
+			for _, e := range decodeAll(t, r.sweep().Records) {
+				seen[e.Seq] = string(e.Type)
+			}
+			if seen[3] != "executing" || seen[4] != "outcome_unknown" {
+				t.Errorf("the sweep appended %v by seq; want the executor's executing (3) and outcome_unknown (4) among them", seen)
+			}
+			if resolve && seen[6] != "succeeded" {
+				t.Errorf("the sweep appended %v by seq; want the resolution (6) among them, from the outbox", seen)
+			}
+		})
 	}
 }

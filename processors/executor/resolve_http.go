@@ -43,7 +43,8 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			return
 		}
 		key := ledger.CallKey{TenantID: body.TenantID, IdempotencyKey: body.IdempotencyKey}
-		evs, err := r.Resolve(req.Context(), op, key, processors.Status(body.As), body.Evidence)
+		m, err := r.resolve(req.Context(), op, key, processors.Status(body.As), body.Evidence)
+		evs := m.evs
 		switch {
 		case errors.Is(err, ErrForbidden):
 			resolveError(w, http.StatusForbidden, "forbidden", err.Error())
@@ -73,7 +74,7 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 		last := evs[len(evs)-1]
 		if err != nil {
 			r.cfg.Logger.Warn("publish resolution; the sweep will append it", "call_key", key.String(), "err", err)
-		} else if err := r.cfg.Store.MarkLogged(req.Context(), []processors.Logged{{Key: key, Seq: last.Seq}}); err != nil {
+		} else if err := r.cfg.Store.MarkLogged(req.Context(), []processors.Logged{m.logged()}); err != nil {
 			r.cfg.Logger.Warn("mark resolution logged", "call_key", key.String(), "err", err)
 		}
 		w.Header().Set("Content-Type", "application/json")

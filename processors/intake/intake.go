@@ -336,7 +336,9 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			// A retry of a call we already hold. Its events are in
 			// the log unless a crash came between the store and the
 			// log; then they go out again and readers drop the
-			// duplicate (key, seq).
+			// duplicate (key, seq). (An executor's outcome marked in
+			// advance under a journal entry looks logged here; the
+			// entry's settling or the sweep appends it if not.)
 			if res.Record.Unlogged() && !emitted[a.admission.Key] {
 				emitted[a.admission.Key] = true
 				evs, err := ledger.DecodeEvents(res.Record.Outbox)
@@ -348,7 +350,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 						emit(e)
 					}
 				}
-				logged = append(logged, processors.Logged{Key: res.Record.Key, Seq: res.Record.Seq})
+				logged = append(logged, processors.Logged{Key: res.Record.Key, Seq: res.Record.Seq, Base: res.Record.LoggedSeq})
 			} else {
 				p.cfg.Logger.Debug("duplicate envelope", "call_key", a.admission.Key.String(), "trace_id", a.env.TraceID)
 			}

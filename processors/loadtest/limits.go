@@ -523,8 +523,8 @@ func ClaimLimit(ctx context.Context, st processors.Store, calls, batch int, prog
 		prog.report(calls+hi, false)
 	}
 
-	// Complete and mark logged, timed: the rest of the executor's store
-	// path for each call.
+	// Complete (journaled) and settle, timed: the rest of the executor's
+	// store path for each call.
 	var completeTime time.Duration
 	done := time.Now()
 	for lo := 0; lo < calls; lo += batch {

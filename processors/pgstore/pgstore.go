@@ -469,12 +469,14 @@ func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn f
 	return s.inTxAt(ctx, op, pgx.Serializable, mode, fn)
 }
 
-// relaxed is the isolation level of Admit, Claim, Complete and
-// MarkLogged: READ COMMITTED on PostgreSQL. Each decides every record on
-// the record alone, under its row lock: Admit by the primary key, Claim
-// by a locking read and an UPDATE whose WHERE repeats the claim's
-// conditions, Complete by an UPDATE fenced by epoch and status, and
-// MarkLogged only raises a counter. A concurrent writer of the row makes
+// relaxed is the isolation level of Admit, Claim, Complete, MarkLogged
+// and the journal's settling (Settle, and Unlogged's of stale entries):
+// READ COMMITTED on PostgreSQL. Each decides every record on the record
+// alone, under its row lock: Admit by the primary key, Claim by a locking
+// read and an UPDATE whose WHERE repeats the claim's conditions, Complete
+// by an UPDATE fenced by epoch and status, MarkLogged only raises a
+// counter, and a journal entry's revert is fenced by epoch; the entries
+// themselves are deleted by primary key, one deleter winning. A concurrent writer of the row makes
 // them wait and then decide on its write (PostgreSQL re-checks an
 // UPDATE's WHERE against the new row), where SERIALIZABLE failed them
 // with 40001: on a row another transaction had just written (the
@@ -694,14 +696,17 @@ WHERE r.tenant_id = u.t AND r.idempotency_key = u.k
   AND r.status = u.from_status AND r.seq = u.from_seq
 RETURNING u.ord`),
 		// GREATEST plus the WHERE: monotonic, and rows already logged that
-		// far are not rewritten. updated_at is left alone: it dates the
-		// call's last step, not bookkeeping.
+		// far are not rewritten; nor rows logged less far than the mark's
+		// base (processors.Logged.Base: a journal entry's revert came in
+		// between). The highest mark of a key in the batch, with its
+		// base. updated_at is left alone: it dates the call's last step,
+		// not bookkeeping.
 		markLogged: r.Replace(`UPDATE {table} AS r
 SET logged_seq = GREATEST(r.logged_seq, u.seq)
-FROM (SELECT DISTINCT ON (t, k) t, k, seq
-      FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS u (t, k, seq)
-      ORDER BY t, k, seq DESC) AS u
-WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.logged_seq < u.seq`),
+FROM (SELECT DISTINCT ON (t, k) t, k, seq, base
+      FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[]) AS u (t, k, seq, base)
+      ORDER BY t, k, seq DESC, base DESC) AS u
+WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.logged_seq < u.seq AND r.logged_seq >= u.base`),
 		// An entry lists every journaled completion of its batch, applied
 		// or fenced out: the revert matches a record only at the
 		// completion's epoch, which a fenced-out completion never has.
@@ -1202,9 +1207,9 @@ func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	if len(ls) == 0 {
 		return nil
 	}
-	ts, ks, seqs := make([]string, len(ls)), make([]string, len(ls)), make([]int64, len(ls))
+	ts, ks, seqs, bases := make([]string, len(ls)), make([]string, len(ls)), make([]int64, len(ls)), make([]int64, len(ls))
 	for i, l := range ls {
-		ts[i], ks[i], seqs[i] = l.Key.TenantID, l.Key.IdempotencyKey, l.Seq
+		ts[i], ks[i], seqs[i], bases[i] = l.Key.TenantID, l.Key.IdempotencyKey, l.Seq, l.Base
 	}
 	// READ COMMITTED on PostgreSQL: the statement only raises logged_seq
 	// (GREATEST, and only where it is lower), so it is right whatever it
@@ -1213,7 +1218,7 @@ func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	// executor's claim of the rows the intake had just logged, and one of
 	// the two failed with 40001.
 	return s.inTxAt(ctx, "mark logged", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, s.q.markLogged, ts, ks, seqs)
+		_, err := tx.Exec(ctx, s.q.markLogged, ts, ks, seqs, bases)
 		return err
 	})
 }

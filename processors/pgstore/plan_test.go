@@ -99,7 +99,7 @@ FROM generate_series(1, 4000) AS g`)
 		{"select keys", s.q.selectKeysForUpdate, []any{b.ts, b.ks}},
 		{"claim", s.q.claim, b.claimArgs()},
 		{"complete", s.q.complete, b.completeArgs()},
-		{"mark logged", s.q.markLogged, []any{b.ts, b.ks, b.seqs}},
+		{"mark logged", s.q.markLogged, []any{b.ts, b.ks, b.seqs, b.logged}},
 		{"journal revert", s.q.journalRevert, b.revertArgs()},
 	} {
 		plan, indexes := explain(t, s, q.name, q.sql, q.args...)

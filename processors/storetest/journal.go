@@ -27,6 +27,7 @@ func journalTests() []struct {
 		{"Journal/Fenced", testJournalFenced},
 		{"Journal/MovedOn", testJournalMovedOn},
 		{"Journal/Shared", testJournalShared},
+		{"Journal/MarkAfterRevert", testJournalMarkAfterRevert},
 		{"Journal/Invalid", testJournalInvalid},
 	}
 }
@@ -200,6 +201,39 @@ func testJournalShared(t *testing.T, s processors.Store) {
 		if r := mustGet(t, s, k); r.LoggedSeq != 2 {
 			t.Errorf("Get(%v).LoggedSeq after settling the shared entry = %d; want 2", k, r.LoggedSeq)
 		}
+	}
+}
+
+// testJournalMarkAfterRevert: a mover read the record logged in advance,
+// appended only its own event, and marks it logged; a revert came in
+// between. The mark's Base (what the mover read) keeps it from covering
+// the completion's events, which the sweep must still append. A mark
+// from what the revert left applies.
+func testJournalMarkAfterRevert(t *testing.T, s processors.Store) {
+	k := key("journal:mark-after-revert")
+	c := admitClaimed(t, s, k, "executor-1", longLease)
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 2})
+	comp := journaledCompletion(k, c.Epoch, "step-died")
+	comp.Status = processors.StatusOutcomeUnknown
+	mustComplete(t, s, comp)
+	read := mustGet(t, s, k)
+	m := processors.Move{Key: k, From: processors.StatusOutcomeUnknown, FromSeq: 4, To: processors.StatusParked, Seq: 5, Outbox: []byte(`[{"seq":3},{"seq":4},{"seq":5}]`)}
+	if applied := mustMove(t, s, m); !applied[0] {
+		t.Fatalf("Move(outcome_unknown -> parked) applied = false; want true")
+	}
+	mustSettle(t, s, false, "step-died")
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 5, Base: read.LoggedSeq})
+	if r := mustGet(t, s, k); r.LoggedSeq != 2 || !r.Unlogged() {
+		t.Errorf("after a mark based on %d over a revert to 2: LoggedSeq %d Unlogged %v; want 2 true", read.LoggedSeq, r.LoggedSeq, r.Unlogged())
+	}
+	// In one batch, the highest mark of a key decides, with its base.
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 3, Base: 0}, processors.Logged{Key: k, Seq: 5, Base: 4})
+	if r := mustGet(t, s, k); r.LoggedSeq != 2 {
+		t.Errorf("after a batch whose highest mark is based past the record: LoggedSeq %d; want 2", r.LoggedSeq)
+	}
+	mustMarkLogged(t, s, processors.Logged{Key: k, Seq: 5, Base: 2})
+	if r := mustGet(t, s, k); r.LoggedSeq != 5 || r.Unlogged() {
+		t.Errorf("after a mark based on 2: LoggedSeq %d Unlogged %v; want 5 false", r.LoggedSeq, r.Unlogged())
 	}
 }
 
