@@ -616,19 +616,23 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		}
 		x.mu.Unlock()
 	}
+	// outbox appends a record's outbox again, all of it: its LoggedSeq
+	// may be an executor's mark in advance that a move went past (an
+	// unknown outcome resolved while the step that recorded it was
+	// lost), and appending only the events past it would put the
+	// move's event in the log ahead of the step's. The outbox holds one
+	// step's events, so this is what the log lacks in the usual case.
 	outbox := func(rec processors.Record) error {
 		evs, err := ledger.DecodeEvents(rec.Outbox)
 		if err != nil {
 			return err
 		}
 		for k := range evs {
-			if evs[k].Seq > rec.LoggedSeq {
-				r, err := evs[k].Record(x.cfg.Topics.Events)
-				if err != nil {
-					return err
-				}
-				out = append(out, r)
+			r, err := evs[k].Record(x.cfg.Topics.Events)
+			if err != nil {
+				return err
 			}
+			out = append(out, r)
 		}
 		logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq, Base: rec.LoggedSeq})
 		return nil
@@ -711,6 +715,10 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		return ledger.Output{}, ctx.Err()
 	}
 	committed := func(ctx context.Context) error {
+		// Even at shutdown: an entry left unsettled is appended again
+		// by the sweep.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
 		var err error
 		if len(logged) > 0 {
 			err = x.cfg.Store.MarkLogged(ctx, logged)
@@ -1306,7 +1314,9 @@ func (c *completion) complete(status processors.Status, attempt int, result []by
 		Seq:     seq,
 		Outbox:  outbox,
 		Records: recs,
-		From:    c.rec.Seq,
+		// Never past what the claim found logged: a revert must not
+		// claim more than that.
+		From: min(c.rec.Seq, c.rec.LoggedSeq),
 	}
 }
 

@@ -271,6 +271,11 @@ func TestEarlyRecordFailedAfterCommitIsAppendedBySweep(t *testing.T) {
 	if _, ok := got["t_a/early"]; ok {
 		t.Fatalf("the step appended the events of an outcome whose recording failed: %v", got)
 	}
+	// Its entry was settled as not logged at once, not left to the
+	// sweep's grace.
+	if rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "early"}); err != nil || !rec.Unlogged() {
+		t.Errorf("after the step the call's record is %s, seq %d, logged %d (%v); want it unlogged", rec.Status, rec.Seq, rec.LoggedSeq, err)
+	}
 	evs := byCall(t, r.sweep().Records)
 	if diff := cmp.Diff([]string{"executing", "succeeded"}, evs["t_a/early"]); diff != "" {
 		t.Errorf("the sweep's events of the call (-want +got):\n%s", diff)

@@ -250,3 +250,38 @@ func TestReconcileAfterExecutorDiedKeepsItsEvents(t *testing.T) {
 		})
 	}
 }
+
+// The executor's step and then the reconciler's were both lost: the
+// record holds the parked event past a mark made in advance. A redelivered
+// authorized event finds it finished and appends the whole outbox, in
+// order, not only the events past that mark.
+func TestRedeliveryAfterLostReconciliationAppendsInOrder(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("notify", "lost-twice", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reconciler's transaction is lost too: no Committed.
+	if _, err := r.reconciler().Step(t.Context(), out.Records[len(out.Records)-1:]); err != nil {
+		t.Fatal(err)
+	}
+	again, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range decodeAll(t, again.Records) {
+		got = append(got, fmt.Sprintf("%d %s", e.Seq, e.Type))
+	}
+	if diff := cmp.Diff([]string{"3 executing", "4 outcome_unknown", "5 parked"}, got); diff != "" {
+		t.Errorf("redelivery appended (-want +got):\n%s", diff)
+	}
+	// The reclaimed call was never sent again (a tool without native
+	// idempotency), nor by the redelivery.
+	if n := r.backend.Requests(); n != 0 {
+		t.Errorf("tool received %d requests; want 0", n)
+	}
+}

@@ -338,7 +338,9 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			// log; then they go out again and readers drop the
 			// duplicate (key, seq). (An executor's outcome marked in
 			// advance under a journal entry looks logged here; the
-			// entry's settling or the sweep appends it if not.)
+			// entry's settling or the sweep appends it if not.) The
+			// whole outbox, as the executor's sweep does: the record's
+			// mark may be one in advance that a move went past.
 			if res.Record.Unlogged() && !emitted[a.admission.Key] {
 				emitted[a.admission.Key] = true
 				evs, err := ledger.DecodeEvents(res.Record.Outbox)
@@ -346,9 +348,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 					return nil, nil, nil, err
 				}
 				for _, e := range evs {
-					if e.Seq > res.Record.LoggedSeq {
-						emit(e)
-					}
+					emit(e)
 				}
 				logged = append(logged, processors.Logged{Key: res.Record.Key, Seq: res.Record.Seq, Base: res.Record.LoggedSeq})
 			} else {
