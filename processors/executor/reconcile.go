@@ -323,21 +323,17 @@ type pendingMove struct {
 	move      processors.Move
 	evs       []ledger.Event
 	mustApply bool
-	// outbox are the move's outbox's events: all the record held, then
-	// the move's own (evs holds the same, as appended). base is the
-	// record's LoggedSeq as read: the mark after the append applies
-	// only while the record is still logged that far
+	// base is the record's LoggedSeq as read: the mark after the
+	// append applies only while the record is still logged that far
 	// (processors.Logged.Base).
-	outbox []ledger.Event
-	base   int64
+	base int64
 }
 
 // by makes the move's own event (the last) an actor's, in the events
-// appended and in the outbox.
+// appended and in the outbox, which holds the same events.
 func (m *pendingMove) by(actor string) {
 	m.evs[len(m.evs)-1].Actor = actor
-	m.outbox[len(m.outbox)-1].Actor = actor
-	m.move.Outbox, _ = ledger.EncodeEvents(m.outbox)
+	m.move.Outbox, _ = ledger.EncodeEvents(m.evs)
 }
 
 // logged is the mark of the move's events, once they are in the log.
@@ -488,18 +484,18 @@ func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to process
 	ev.Type, ev.Seq, ev.At, ev.Actor = t, rec.Seq+1, r.cfg.Now().UTC(), r.cfg.Owner
 	ev.Reason, ev.Detail, ev.ResultDigest, ev.ResultBytes = reason, detail, digest, n
 	ev.ExpiresAt = nil
-	var held []ledger.Event
-	if evs, err := ledger.DecodeEvents(rec.Outbox); err == nil {
-		held = evs
+	// The outbox and the events appended are the same: what the record
+	// held, then the new event.
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil {
+		evs = nil
 	}
-	kept := append(held, ev)
-	evs := slices.Clone(kept)
-	outbox, _ := ledger.EncodeEvents(kept)
+	evs = append(evs, ev)
+	outbox, _ := ledger.EncodeEvents(evs)
 	return pendingMove{
-		outbox: kept,
-		base:   rec.LoggedSeq,
-		move:   processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, To: to, Seq: rec.Seq + 1, Outbox: outbox},
-		evs:    evs,
+		base: rec.LoggedSeq,
+		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, To: to, Seq: rec.Seq + 1, Outbox: outbox},
+		evs:  evs,
 	}
 }
 
