@@ -292,10 +292,14 @@ type Store interface {
 	// an approval was recorded), or an authorized call that no executor
 	// claimed and whose intake did not get to mark it (it crashed, or its
 	// mark failed). Appending them again is always safe. First, it
-	// settles as not logged up to limit journal entries
-	// (Completion.Journal) written more than olderThan ago: their writer
-	// did not settle them in that time, and their calls become unlogged
-	// records like any other (listed once old enough, and within limit).
+	// settles as not logged the journal entries (Completion.Journal)
+	// written more than olderThan ago, oldest first, until they list
+	// limit calls (one entry at least, so that a sweep overshoots by less
+	// than one entry): their writer did not settle them in that time, and
+	// their calls become unlogged records like any other (listed once old
+	// enough, and within limit). limit bounds the calls, not the entries,
+	// so that a sweep after many executors died stays one small
+	// transaction.
 	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
 	// Move applies each move whose record is still at its From status and
 	// FromSeq; applied[i] reports which did.

@@ -60,6 +60,7 @@ package boltstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -857,15 +858,17 @@ func (s *Store) Settle(ctx context.Context, journals []string, logged bool) erro
 	})
 }
 
-// settleStale settles as not logged up to limit journal entries written
-// before cutoff, oldest first. Entries live for one step, so there are
-// few, and they are scanned rather than indexed; the write transaction
-// is taken only when there is one to settle.
+// settleStale settles as not logged the journal entries written before
+// cutoff, oldest first, until they list limit calls (processors.Store's
+// Unlogged). Entries live for one step, so there are few, and they are
+// scanned rather than indexed; the write transaction is taken only when
+// there is one to settle.
 func (s *Store) settleStale(ctx context.Context, cutoff time.Time, limit int) error {
 	stale := func(b *bolt.Bucket) ([][]byte, error) {
 		type dated struct {
 			name    []byte
 			created time.Time
+			calls   int
 		}
 		var all []dated
 		err := b.ForEach(func(k, v []byte) error {
@@ -878,14 +881,17 @@ func (s *Store) settleStale(ctx context.Context, cutoff time.Time, limit int) er
 				return nil
 			}
 			if e.Created.Before(cutoff) {
-				all = append(all, dated{append([]byte(nil), k...), e.Created})
+				all = append(all, dated{append([]byte(nil), k...), e.Created, len(e.Calls)})
 			}
 			return nil
 		})
-		slices.SortFunc(all, func(a, b dated) int { return a.created.Compare(b.created) })
-		names := make([][]byte, 0, min(len(all), limit))
-		for _, d := range all[:min(len(all), limit)] {
-			names = append(names, d.name)
+		slices.SortFunc(all, func(a, b dated) int {
+			return cmp.Or(a.created.Compare(b.created), bytes.Compare(a.name, b.name))
+		})
+		var names [][]byte
+		for calls, i := 0, 0; i < len(all) && calls < limit; i++ {
+			names = append(names, all[i].name)
+			calls += all[i].calls
 		}
 		return names, err
 	}

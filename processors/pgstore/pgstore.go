@@ -720,13 +720,18 @@ ON CONFLICT (id) DO UPDATE SET
 		journalDelete: r.Replace(`DELETE FROM {journal} WHERE id = ANY($1::TEXT[])`),
 		journalTake: r.Replace(`DELETE FROM {journal} WHERE id = ANY($1::TEXT[])
 RETURNING tenant_ids, idempotency_keys, epochs, seqs, from_seqs`),
-		// Through the created_at index. Of two sweeps taking one entry,
-		// one deletes (and reverts) it; the other finds it gone. older_us
-		// * INTERVAL as in claim.
+		// Through the created_at index. The oldest entries while the
+		// calls listed before each number under limit: at most limit
+		// entries are read, since each lists a call at least. Of two
+		// sweeps taking one entry, one deletes (and reverts) it; the
+		// other finds it gone. older_us * INTERVAL as in claim.
 		journalTakeStale: r.Replace(`DELETE FROM {journal}
-WHERE id IN (SELECT id FROM {journal}
-             WHERE created_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
-             ORDER BY created_at LIMIT $2)
+WHERE id IN (SELECT id
+             FROM (SELECT id, sum(cardinality(idempotency_keys)) OVER (ORDER BY created_at, id) - cardinality(idempotency_keys) AS before
+                   FROM (SELECT id, created_at, idempotency_keys FROM {journal}
+                         WHERE created_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
+                         ORDER BY created_at LIMIT $2::BIGINT) AS oldest) AS counted
+             WHERE before < $2::BIGINT)
 RETURNING tenant_ids, idempotency_keys, epochs, seqs, from_seqs`),
 		// Every record the completion applied to (same epoch; a fenced-out
 		// completion's never matches), whatever was marked since: a
@@ -1308,7 +1313,7 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 	}
 	// Entries their writer did not settle within olderThan: their calls
 	// then show in the query below (their updated_at is the entry's
-	// time or earlier). Up to limit entries a sweep, oldest first.
+	// time or earlier). Oldest first, up to about limit calls a sweep.
 	if err := s.revertJournal(ctx, "settle stale", s.q.journalTakeStale, olderUS, limit); err != nil {
 		return nil, err
 	}

@@ -24,6 +24,7 @@ func journalTests() []struct {
 		{"Journal/LoggedAtOnce", testJournalLoggedAtOnce},
 		{"Journal/SettleNotLogged", testJournalSettleNotLogged},
 		{"Journal/Stale", testJournalStale},
+		{"Journal/StaleLimitCountsCalls", testJournalStaleLimitCountsCalls},
 		{"Journal/Fenced", testJournalFenced},
 		{"Journal/MovedOn", testJournalMovedOn},
 		{"Journal/Shared", testJournalShared},
@@ -136,6 +137,44 @@ func testJournalStale(t *testing.T, s processors.Store) {
 	// record stays unlogged (appending again is safe; losing is not).
 	mustSettle(t, s, true, "step-crashed")
 	checkUnchanged(t, s, k, want)
+}
+
+// testJournalStaleLimitCountsCalls: a sweep settles stale entries oldest
+// first until they list limit calls, not limit entries, and always one at
+// least.
+func testJournalStaleLimitCountsCalls(t *testing.T, s processors.Store) {
+	entries := []string{"step-1", "step-2", "step-3"}
+	byEntry := map[string][]ledger.CallKey{}
+	for _, e := range entries {
+		for i := range 2 {
+			k := key(fmt.Sprintf("journal:limit:%s:%d", e, i))
+			completeJournaled(t, s, k, e)
+			byEntry[e] = append(byEntry[e], k)
+		}
+	}
+	// Each entry holds two calls; all three stale once this has passed.
+	time.Sleep(2 * unloggedAge)
+	check := func(after string, reverted map[string]bool) {
+		t.Helper()
+		for _, e := range entries {
+			want := int64(4)
+			if reverted[e] {
+				want = 2
+			}
+			for _, k := range byEntry[e] {
+				if r := mustGet(t, s, k); r.LoggedSeq != want {
+					t.Errorf("after %s: Get(%v).LoggedSeq = %d; want %d (entry %s reverted: %v)", after, k, r.LoggedSeq, want, e, reverted[e])
+				}
+			}
+		}
+	}
+	// Limit 3: step-1 lists 2 calls (under 3), so step-2 is taken too;
+	// then 4 calls are listed and step-3 waits.
+	mustUnlogged(t, s, unloggedAge, 3)
+	check("Unlogged(limit 3)", map[string]bool{"step-1": true, "step-2": true})
+	// Limit 1, under one entry's calls: one entry all the same.
+	mustUnlogged(t, s, unloggedAge, 1)
+	check("Unlogged(limit 1)", map[string]bool{"step-1": true, "step-2": true, "step-3": true})
 }
 
 // testJournalFenced: an entry lists a completion that was fenced out;
