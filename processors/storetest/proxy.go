@@ -89,6 +89,10 @@ type ProxyStats struct {
 	// Opaque counts connections that negotiated encryption, which the
 	// proxy forwards without reading.
 	Opaque int
+	// RoundTrips counts the client messages that each end a pipeline and
+	// wait for the server's ReadyForQuery (Query, Sync, FunctionCall):
+	// the round trips a driver such as pgx makes.
+	RoundTrips int
 }
 
 // CommitCut is one arming of CutAfterCommit. Its counters say what it
@@ -432,10 +436,17 @@ type proxyConn struct {
 	// the server's next byte is its untyped answer.
 	expectNegotiation bool
 	// cut, when set, is the arming that took this connection's COMMIT;
-	// the server's answer to it is the first CommandComplete or
-	// ErrorResponse after cutAfterZ ReadyForQuery messages.
+	// the server's answer to it is, after cutAfterZ ReadyForQuery
+	// messages, the CommandComplete after cutSkip others (the answers to
+	// the statements pipelined ahead of it, BEGIN included, before one
+	// Sync), or the first ErrorResponse: after an error the server skips
+	// the rest of the pipeline, its COMMIT too.
 	cut       *CommitCut
 	cutAfterZ int
+	cutSkip   int
+	// executes counts the Execute messages since the last Sync or Query:
+	// the statements of the pipeline being sent.
+	executes int
 }
 
 func (pc *proxyConn) close() {
@@ -550,14 +561,21 @@ func (pc *proxyConn) forwardClient(buf []byte) ([]byte, bool) {
 				// Armed before the COMMIT leaves, so that its answer
 				// cannot reach the other pump first.
 				pc.mu.Lock()
-				pc.cut, pc.cutAfterZ = c, pc.syncs
+				pc.cut, pc.cutAfterZ, pc.cutSkip = c, pc.syncs, pc.executes
 				pc.mu.Unlock()
 			}
 		}
-		if typ == 'Q' || typ == 'S' || typ == 'F' {
+		switch typ {
+		case 'E':
+			pc.executes++
+		case 'Q', 'S', 'F':
+			pc.executes = 0
 			pc.mu.Lock()
 			pc.syncs++
 			pc.mu.Unlock()
+			pc.p.mu.Lock()
+			pc.p.stats.RoundTrips++
+			pc.p.mu.Unlock()
 		}
 		out = append(out, rest[:1+l]...)
 		i += 1 + l
@@ -696,7 +714,7 @@ func (pc *proxyConn) serverToClient() {
 				pc.mu.Lock()
 				negotiating := pc.expectNegotiation
 				pc.expectNegotiation = false
-				cut, cutAfterZ := pc.cut, pc.cutAfterZ
+				cut, cutAfterZ, cutSkip := pc.cut, pc.cutAfterZ, pc.cutSkip
 				pc.mu.Unlock()
 				if negotiating {
 					b := buf[i]
@@ -721,11 +739,23 @@ func (pc *proxyConn) serverToClient() {
 				typ, body := rest[0], rest[5:1+l]
 				i += 1 + l
 				if cut != nil && zSeen >= cutAfterZ {
-					// Everything before the COMMIT is answered: what
-					// comes now answers the COMMIT, and never reaches the
-					// client. Its CommandComplete (or ErrorResponse) says
-					// whether it committed; then the connection closes.
+					// Everything before the COMMIT's pipeline is
+					// answered: past the answers to the statements ahead
+					// of it, what comes answers the COMMIT, and never
+					// reaches the client. Its CommandComplete (or an
+					// ErrorResponse) says whether it committed; then the
+					// connection closes.
+					if typ == 'C' && cutSkip > 0 {
+						pc.mu.Lock()
+						pc.cutSkip--
+						pc.mu.Unlock()
+						out = append(out, rest[:1+l]...)
+						continue
+					}
 					if typ != 'C' && typ != 'E' {
+						if cutSkip > 0 {
+							out = append(out, rest[:1+l]...)
+						}
 						continue
 					}
 					tag, _ := cstring(body)

@@ -292,9 +292,39 @@ func TestProxyCutAfterCommit(t *testing.T) {
 	if got := count(t, dsn, table, "k = 'd'"); got != 0 {
 		t.Errorf("failed transaction's row: %d; want 0", got)
 	}
+
+	// A pipeline: BEGIN, the statements and COMMIT before one Sync (as
+	// pgstore sends its hot-path transactions). The cut answer is the
+	// COMMIT's, past those of the statements ahead of it.
+	pipeline := func(v string) error {
+		b := &pgx.Batch{}
+		b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+		b.Queue("INSERT INTO " + table + " (k, v) VALUES ('" + v + "', 1)")
+		b.Queue("INSERT INTO " + table + " (k, v) VALUES ('" + v + "-2', 1)")
+		b.Queue("COMMIT")
+		return connect(t, proxied).SendBatch(ctx, b).Close()
+	}
+	cut = p.CutAfterCommit(1)
+	if err := pipeline("e"); err == nil {
+		t.Error("pipelined commit cut by the proxy returned no error")
+	}
+	if got, want := [3]int{cut.Fired(), cut.Committed(), cut.Failed()}, [3]int{1, 1, 0}; got != want {
+		t.Errorf("pipelined commit: fired, committed, failed = %v; want %v", got, want)
+	}
+	if got := count(t, dsn, table, "k IN ('e', 'e-2')"); got != 2 {
+		t.Errorf("pipelined commit's rows: %d; want 2", got)
+	}
+	// A pipeline whose statement fails: the server skips its COMMIT.
+	cut = p.CutAfterCommit(1)
+	if err := pipeline("e"); err == nil {
+		t.Error("pipeline with a duplicate key returned no error")
+	}
+	if got, want := [3]int{cut.Fired(), cut.Committed(), cut.Failed()}, [3]int{1, 0, 1}; got != want {
+		t.Errorf("failed pipeline: fired, committed, failed = %v; want %v", got, want)
+	}
 	st := p.Stats()
-	if st.CommitCuts != 3 || st.Commits < 5 {
-		t.Errorf("stats = %+v; want 3 commit cuts of at least 5 commits", st)
+	if st.CommitCuts != 5 || st.Commits < 7 {
+		t.Errorf("stats = %+v; want 5 commit cuts of at least 7 commits", st)
 	}
 }
 
