@@ -5,13 +5,18 @@
 //
 // Every method is one SERIALIZABLE transaction over the whole batch
 // (except Admit, Claim, Complete, MarkLogged and Settle on PostgreSQL, READ
-// COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a batch costs one
-// round trip plus BEGIN and COMMIT, not one per call. Serialization
+// COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a
+// batch costs one round trip plus BEGIN and COMMIT, not one per call. On
+// PostgreSQL the writes of a call's hot path send BEGIN in the same round
+// trip as their statements, and Complete, MarkLogged and settling as
+// logged their COMMIT too (batchTx): one round trip, where a batch of a
+// few calls, as at low load, cost three. Serialization
 // failures (SQLSTATE 40001) restart the whole transaction, a bounded
 // number of times:
 //
-//   - on PostgreSQL with crdb.ExecuteCtx around pgx.BeginTxFunc: a fresh
-//     transaction per attempt, with jittered backoff between attempts;
+//   - on PostgreSQL with crdb.ExecuteCtx around pgx.BeginTxFunc (or a
+//     pipelined transaction, batchTx): a fresh transaction per attempt,
+//     with jittered backoff between attempts;
 //   - on CockroachDB (detected from version() at Open) with
 //     crdbpgxv5.ExecuteTx, CockroachDB's savepoint protocol, which keeps
 //     the transaction's priority across restarts. It must not be used on
@@ -496,47 +501,79 @@ func (s *Store) relaxed() pgx.TxIsoLevel {
 func (s *Store) inTxAt(ctx context.Context, op string, iso pgx.TxIsoLevel, mode pgx.TxAccessMode, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	opts := pgx.TxOptions{IsoLevel: iso, AccessMode: mode}
 	ctx = crdb.WithMaxRetries(ctx, s.maxRetries)
-	tries := 0
-	var last error
+	a := s.attempts(op)
 	run := func(tx pgx.Tx) error {
-		tries++
-		if tries > 1 {
-			s.log.Warn("execution store transaction retry", "op", op, "attempt", tries, "err", last)
-			if s.retried != nil {
-				s.retried(op)
-			}
-		}
-		last = fn(ctx, tx)
-		return last
+		return a.run(func() error { return fn(ctx, tx) })
 	}
 	var err error
 	if s.crdb {
 		err = crdbpgx.ExecuteTx(ctx, s.pool, opts, run)
 	} else {
-		err = crdb.ExecuteCtx(ctx, func(ctx context.Context, _ ...any) error {
-			if tries > 0 {
-				if err := backoff(ctx, tries); err != nil {
-					return err
-				}
-			}
+		err = a.retry(ctx, func(ctx context.Context) error {
 			// A commit-time 40001 comes back from BeginTxFunc's COMMIT,
-			// and ExecuteCtx retries it like any other.
-			last = pgx.BeginTxFunc(ctx, s.pool, opts, run)
-			if sqlState(last) == codeDeadlock {
-				return retryable{last}
-			}
-			return last
+			// and the retry runs it again like any other.
+			return pgx.BeginTxFunc(ctx, s.pool, opts, run)
 		})
 	}
-	if err != nil {
-		if rejectedCode(sqlState(err)) {
-			// Both stay reachable: callers branch on ErrRejected, tests and
-			// logs want the SQLSTATE.
-			return fmt.Errorf("pgstore %s: %w: %w", op, processors.ErrRejected, err)
+	return s.txError(op, err)
+}
+
+// attempts counts the runs of one transaction's body, so that a run
+// after the first is logged and counted as a retry.
+type attempts struct {
+	s     *Store
+	op    string
+	tries int
+	last  error
+}
+
+func (s *Store) attempts(op string) *attempts { return &attempts{s: s, op: op} }
+
+// run runs one attempt of the body.
+func (a *attempts) run(body func() error) error {
+	a.tries++
+	if a.tries > 1 {
+		a.s.log.Warn("execution store transaction retry", "op", a.op, "attempt", a.tries, "err", a.last)
+		if a.s.retried != nil {
+			a.s.retried(a.op)
 		}
-		return fmt.Errorf("pgstore %s: %w", op, err)
 	}
-	return nil
+	a.last = body()
+	return a.last
+}
+
+// retry runs one PostgreSQL transaction (once) until it commits or
+// fails for good: crdb.ExecuteCtx restarts it whole on a serialization
+// failure, up to the context's retry limit, here also on a deadlock,
+// with jittered backoff between attempts.
+func (a *attempts) retry(ctx context.Context, once func(ctx context.Context) error) error {
+	return crdb.ExecuteCtx(ctx, func(ctx context.Context, _ ...any) error {
+		if a.tries > 0 {
+			if err := backoff(ctx, a.tries); err != nil {
+				return err
+			}
+		}
+		err := once(ctx)
+		// What the body returned, or else the COMMIT's error.
+		a.last = err
+		if sqlState(err) == codeDeadlock {
+			return retryable{err}
+		}
+		return err
+	})
+}
+
+// txError wraps a transaction's final error for the caller of op.
+func (s *Store) txError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if rejectedCode(sqlState(err)) {
+		// Both stay reachable: callers branch on ErrRejected, tests and
+		// logs want the SQLSTATE.
+		return fmt.Errorf("pgstore %s: %w: %w", op, processors.ErrRejected, err)
+	}
+	return fmt.Errorf("pgstore %s: %w", op, err)
 }
 
 // rejectedCode reports whether SQLSTATE code says the data itself is the
@@ -900,82 +937,92 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 		seqs, outboxes = append(seqs, a.Seq), append(outboxes, a.Outbox)
 	}
 
-	var out []processors.AdmitResult
-	err := s.inTxAt(ctx, "admit", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(s.q.selectKeys, ts, ks)
-		b.Queue(s.q.insert, ts, ks, callIDs, hashes, tools, toolVersions, arguments, deadlines, statuses, seqs, outboxes)
-		br := tx.SendBatch(ctx, b)
-		rows, _ := br.Query()
-		existing, err := pgx.CollectRows(rows, scanRecord)
-		if err != nil {
-			br.Close()
-			return err
-		}
-		rows, _ = br.Query()
-		inserted, err := pgx.CollectRows(rows, scanRecord)
-		if err != nil {
-			br.Close()
-			return err
-		}
-		if err := br.Close(); err != nil {
-			return err
-		}
-
-		pre, ins := byKey(existing), byKey(inserted)
-		// A key neither there at the first read nor inserted: another
-		// admission inserted it in between, and the insert, having
-		// waited for that transaction to commit, did nothing. At READ
-		// COMMITTED a new statement sees it. (Under SERIALIZABLE the
-		// insert fails with 40001 instead, and the whole transaction
-		// runs again.)
-		var lateTs, lateKs []string
-		for i := range ts {
-			k := ledger.CallKey{TenantID: ts[i], IdempotencyKey: ks[i]}
-			if _, ok := pre[k]; !ok {
-				if _, ok := ins[k]; !ok {
-					lateTs, lateKs = append(lateTs, ts[i]), append(lateKs, ks[i])
-				}
-			}
-		}
-		if len(lateTs) > 0 {
-			rows, _ := tx.Query(ctx, s.q.selectKeys, lateTs, lateKs)
-			late, err := pgx.CollectRows(rows, scanRecord)
-			if err != nil {
+	var (
+		out                []processors.AdmitResult
+		existing, inserted []processors.Record
+	)
+	// BEGIN travels with the batch (PostgreSQL); COMMIT waits for the
+	// results, which may call for another read or a rollback.
+	err := s.inBatchTx(ctx, "admit", s.relaxed(), batchTx{
+		queue: func(b *pgx.Batch) {
+			b.Queue(s.q.selectKeys, ts, ks)
+			b.Queue(s.q.insert, ts, ks, callIDs, hashes, tools, toolVersions, arguments, deadlines, statuses, seqs, outboxes)
+		},
+		read: func(br pgx.BatchResults) error {
+			rows, _ := br.Query()
+			var err error
+			if existing, err = pgx.CollectRows(rows, scanRecord); err != nil {
 				return err
 			}
-			for _, r := range late {
-				pre[r.Key] = r
-			}
-		}
-		out = make([]processors.AdmitResult, len(as))
-		answered := make(map[ledger.CallKey]bool, len(ins))
-		for i, a := range as {
-			if r, ok := ins[a.Key]; ok && !answered[a.Key] {
-				answered[a.Key] = true
-				out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r}
-				continue
-			}
-			r, ok := pre[a.Key]
-			if !ok {
-				r, ok = ins[a.Key]
-			}
-			if !ok {
-				// Neither there before, nor inserted, nor there on the
-				// second read: under SERIALIZABLE a concurrent insert
-				// should have been a 40001; at READ COMMITTED the record
-				// was deleted in between. Refuse rather than guess.
-				return fmt.Errorf("admission %d (%v): key neither found nor inserted", i, a.Key)
-			}
-			out[i] = processors.AdmitResult{Outcome: processors.Conflict, Record: r}
-			if r.ArgumentsHash == a.ArgumentsHash {
-				out[i].Outcome = processors.Duplicate
-			}
-		}
-		return nil
+			rows, _ = br.Query()
+			inserted, err = pgx.CollectRows(rows, scanRecord)
+			return err
+		},
+		then: func(ctx context.Context, tx querier) error {
+			var err error
+			out, err = s.admitted(ctx, tx, as, ts, ks, existing, inserted)
+			return err
+		},
 	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// admitted answers each admission of as from the records the batch found
+// (existing) and those it inserted, reading again, in tx, the keys that
+// are in neither; an error rolls the admission back.
+func (s *Store) admitted(ctx context.Context, tx querier, as []processors.Admission, ts, ks []string, existing, inserted []processors.Record) ([]processors.AdmitResult, error) {
+	pre, ins := byKey(existing), byKey(inserted)
+	// A key neither there at the first read nor inserted: another
+	// admission inserted it in between, and the insert, having
+	// waited for that transaction to commit, did nothing. At READ
+	// COMMITTED a new statement sees it. (Under SERIALIZABLE the
+	// insert fails with 40001 instead, and the whole transaction
+	// runs again.)
+	var lateTs, lateKs []string
+	for i := range ts {
+		k := ledger.CallKey{TenantID: ts[i], IdempotencyKey: ks[i]}
+		if _, ok := pre[k]; !ok {
+			if _, ok := ins[k]; !ok {
+				lateTs, lateKs = append(lateTs, ts[i]), append(lateKs, ks[i])
+			}
+		}
+	}
+	if len(lateTs) > 0 {
+		rows, _ := tx.Query(ctx, s.q.selectKeys, lateTs, lateKs)
+		late, err := pgx.CollectRows(rows, scanRecord)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range late {
+			pre[r.Key] = r
+		}
+	}
+	out := make([]processors.AdmitResult, len(as))
+	answered := make(map[ledger.CallKey]bool, len(ins))
+	for i, a := range as {
+		if r, ok := ins[a.Key]; ok && !answered[a.Key] {
+			answered[a.Key] = true
+			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r}
+			continue
+		}
+		r, ok := pre[a.Key]
+		if !ok {
+			r, ok = ins[a.Key]
+		}
+		if !ok {
+			// Neither there before, nor inserted, nor there on the
+			// second read: under SERIALIZABLE a concurrent insert
+			// should have been a 40001; at READ COMMITTED the record
+			// was deleted in between. Refuse rather than guess.
+			return nil, fmt.Errorf("admission %d (%v): key neither found nor inserted", i, a.Key)
+		}
+		out[i] = processors.AdmitResult{Outcome: processors.Conflict, Record: r}
+		if r.ArgumentsHash == a.ArgumentsHash {
+			out[i].Outcome = processors.Duplicate
+		}
 	}
 	return out, nil
 }
@@ -1004,77 +1051,88 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 		logged, ords = append(logged, c.Logged), append(ords, int64(i))
 	}
 
-	var out []processors.ClaimResult
-	err := s.inTxAt(ctx, "claim", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(s.q.selectKeysForUpdate, ts, ks)
-		b.Queue(s.q.claim, ts, ks, hashes, owners, leases, logged, ords)
-		br := tx.SendBatch(ctx, b)
-		rows, _ := br.Query()
-		before, err := pgx.CollectRows(rows, scanRecord)
-		if err != nil {
-			br.Close()
-			return err
-		}
-		rows, _ = br.Query()
-		claimed, err := pgx.CollectRows(rows, scanClaimed)
-		if err != nil {
-			br.Close()
-			return err
-		}
-		if err := br.Close(); err != nil {
-			return err
-		}
-		s.failpoint.Hit(failpoint.ClaimSent)
-
-		won := make(map[int]claimedRow, len(claimed))
-		for _, c := range claimed {
-			won[int(c.ord)] = c
-		}
-		// cur is each record as the batch has left it so far: a claim
-		// later in the batch sees an earlier one's lease.
-		cur := byKey(before)
-		out = make([]processors.ClaimResult, len(cs))
-		for i, c := range cs {
-			r, ok := cur[c.Key]
-			w, didWin := won[i]
-			switch {
-			case !ok && didWin:
-				// READ COMMITTED: the record was admitted between the
-				// locking read and the claim, which each see what was
-				// committed when they began. Claim again: the read
-				// then has it.
-				return retryable{fmt.Errorf("claim %d (%v): record admitted during the claim", i, c.Key)}
-			case !ok:
-				out[i] = processors.ClaimResult{Outcome: processors.Missing}
-			case r.ArgumentsHash != c.ArgumentsHash:
-				out[i] = processors.ClaimResult{Outcome: processors.Mismatch, Record: r}
-			case didWin:
-				outcome := processors.Claimed
-				if r.Status == processors.StatusExecuting {
-					outcome = processors.Reclaimed
-				}
-				// At most one claim per key wins (the one with the
-				// record's hash), so r is the record as read.
-				claimedRec := w.apply(r)
-				out[i] = processors.ClaimResult{Outcome: outcome, Record: claimedRec}
-				cur[c.Key] = claimedRec
-			case r.Status.Done():
-				out[i] = processors.ClaimResult{Outcome: processors.Finished, Record: r}
-			case r.Status == processors.StatusPending:
-				out[i] = processors.ClaimResult{Outcome: processors.NotReady, Record: r}
-			case r.Status == processors.StatusExecuting:
-				// Not claimed by the UPDATE, so the lease is live (an
-				// expired one goes to the first claim with this hash).
-				out[i] = processors.ClaimResult{Outcome: processors.Busy, Record: r}
-			default:
-				return fmt.Errorf("claim %d (%v): record %q and not claimed", i, c.Key, r.Status)
+	var (
+		out     []processors.ClaimResult
+		before  []processors.Record
+		claimed []claimedRow
+	)
+	// BEGIN travels with the batch (PostgreSQL); COMMIT waits for the
+	// results, which may call for a rollback.
+	err := s.inBatchTx(ctx, "claim", s.relaxed(), batchTx{
+		queue: func(b *pgx.Batch) {
+			b.Queue(s.q.selectKeysForUpdate, ts, ks)
+			b.Queue(s.q.claim, ts, ks, hashes, owners, leases, logged, ords)
+		},
+		read: func(br pgx.BatchResults) error {
+			rows, _ := br.Query()
+			var err error
+			if before, err = pgx.CollectRows(rows, scanRecord); err != nil {
+				return err
 			}
-		}
-		return nil
+			rows, _ = br.Query()
+			claimed, err = pgx.CollectRows(rows, scanClaimed)
+			return err
+		},
+		then: func(context.Context, querier) error {
+			var err error
+			out, err = s.claimed(cs, before, claimed)
+			return err
+		},
 	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// claimed decides each claim of cs from the records as the batch read
+// them and the claims it won; an error rolls the claim back.
+func (s *Store) claimed(cs []processors.Claim, before []processors.Record, claimed []claimedRow) ([]processors.ClaimResult, error) {
+	s.failpoint.Hit(failpoint.ClaimSent)
+
+	won := make(map[int]claimedRow, len(claimed))
+	for _, c := range claimed {
+		won[int(c.ord)] = c
+	}
+	// cur is each record as the batch has left it so far: a claim
+	// later in the batch sees an earlier one's lease.
+	cur := byKey(before)
+	out := make([]processors.ClaimResult, len(cs))
+	for i, c := range cs {
+		r, ok := cur[c.Key]
+		w, didWin := won[i]
+		switch {
+		case !ok && didWin:
+			// READ COMMITTED: the record was admitted between the
+			// locking read and the claim, which each see what was
+			// committed when they began. Claim again: the read
+			// then has it.
+			return nil, retryable{fmt.Errorf("claim %d (%v): record admitted during the claim", i, c.Key)}
+		case !ok:
+			out[i] = processors.ClaimResult{Outcome: processors.Missing}
+		case r.ArgumentsHash != c.ArgumentsHash:
+			out[i] = processors.ClaimResult{Outcome: processors.Mismatch, Record: r}
+		case didWin:
+			outcome := processors.Claimed
+			if r.Status == processors.StatusExecuting {
+				outcome = processors.Reclaimed
+			}
+			// At most one claim per key wins (the one with the
+			// record's hash), so r is the record as read.
+			claimedRec := w.apply(r)
+			out[i] = processors.ClaimResult{Outcome: outcome, Record: claimedRec}
+			cur[c.Key] = claimedRec
+		case r.Status.Done():
+			out[i] = processors.ClaimResult{Outcome: processors.Finished, Record: r}
+		case r.Status == processors.StatusPending:
+			out[i] = processors.ClaimResult{Outcome: processors.NotReady, Record: r}
+		case r.Status == processors.StatusExecuting:
+			// Not claimed by the UPDATE, so the lease is live (an
+			// expired one goes to the first claim with this hash).
+			out[i] = processors.ClaimResult{Outcome: processors.Busy, Record: r}
+		default:
+			return nil, fmt.Errorf("claim %d (%v): record %q and not claimed", i, c.Key, r.Status)
+		}
 	}
 	return out, nil
 }
@@ -1111,35 +1169,33 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 		}
 	}
 	var applied []bool
-	err := s.inTxAt(ctx, "complete", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
-		// The completions and their journal entries in one round trip.
-		b := &pgx.Batch{}
-		b.Queue(s.q.complete, ts, ks, epochs, statuses, attempts, results, seqs, outboxes, ords, journaled)
-		for _, name := range names {
-			e := entries[name]
-			b.Queue(s.q.journalInsert, name, e.ts, e.ks, e.epochs, e.seqs, e.froms)
-		}
-		br := tx.SendBatch(ctx, b)
-		rows, _ := br.Query()
-		done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			br.Close()
-			return err
-		}
-		for range names {
-			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return fmt.Errorf("journal entry: %w", err)
+	// The completions and their journal entries in one round trip, BEGIN
+	// and COMMIT included (PostgreSQL).
+	err := s.inBatchTx(ctx, "complete", s.relaxed(), batchTx{
+		queue: func(b *pgx.Batch) {
+			b.Queue(s.q.complete, ts, ks, epochs, statuses, attempts, results, seqs, outboxes, ords, journaled)
+			for _, name := range names {
+				e := entries[name]
+				b.Queue(s.q.journalInsert, name, e.ts, e.ks, e.epochs, e.seqs, e.froms)
 			}
-		}
-		if err := br.Close(); err != nil {
-			return err
-		}
-		applied = make([]bool, len(cs))
-		for _, i := range done {
-			applied[i] = true
-		}
-		return nil
+		},
+		read: func(br pgx.BatchResults) error {
+			rows, _ := br.Query()
+			done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			if err != nil {
+				return err
+			}
+			for range names {
+				if _, err := br.Exec(); err != nil {
+					return fmt.Errorf("journal entry: %w", err)
+				}
+			}
+			applied = make([]bool, len(cs))
+			for _, i := range done {
+				applied[i] = true
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		return nil, err
@@ -1222,9 +1278,18 @@ func (s *Store) MarkLogged(ctx context.Context, ls []processors.Logged) error {
 	// changed instead of failing. Under SERIALIZABLE it raced the
 	// executor's claim of the rows the intake had just logged, and one of
 	// the two failed with 40001.
-	return s.inTxAt(ctx, "mark logged", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, s.q.markLogged, ts, ks, seqs, bases)
-		return err
+	return s.exec(ctx, "mark logged", s.q.markLogged, ts, ks, seqs, bases)
+}
+
+// exec runs one statement as a transaction at relaxed, in one round trip
+// on PostgreSQL.
+func (s *Store) exec(ctx context.Context, op, sql string, args ...any) error {
+	return s.inBatchTx(ctx, op, s.relaxed(), batchTx{
+		queue: func(b *pgx.Batch) { b.Queue(sql, args...) },
+		read: func(br pgx.BatchResults) error {
+			_, err := br.Exec()
+			return err
+		},
 	})
 }
 
@@ -1248,10 +1313,7 @@ func (s *Store) Settle(ctx context.Context, journals []string, logged bool) erro
 		return nil
 	}
 	if logged {
-		return s.inTxAt(ctx, "settle", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, s.q.journalDelete, journals)
-			return err
-		})
+		return s.exec(ctx, "settle", s.q.journalDelete, journals)
 	}
 	return s.revertJournal(ctx, "settle", s.q.journalTake, journals)
 }

@@ -1,0 +1,126 @@
+package pgstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/cockroachdb/cockroach-go/v2/crdb"
+	crdbpgx "github.com/cockroachdb/cockroach-go/v2/crdb/crdbpgxv5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// batchTx is a read-write transaction whose statements, or whose first
+// statements, are one pipelined batch. On PostgreSQL its BEGIN travels in
+// the batch's round trip, and so does its COMMIT unless then is set: a
+// store transaction of the hot path is then one round trip instead of
+// three, which at low load, where a batch holds a few calls, is most of
+// what it costs both sides.
+type batchTx struct {
+	// queue queues the statements.
+	queue func(b *pgx.Batch)
+	// read reads their results, in order. Without then, the COMMIT is
+	// already on its way: read must fail only with the statements'
+	// errors (which keep it from applying), never decide to roll back.
+	read func(br pgx.BatchResults) error
+	// then, if set, runs after the batch in the same transaction,
+	// before COMMIT: more statements, or a decision to roll back (an
+	// error).
+	then func(ctx context.Context, q querier) error
+}
+
+// querier is what then may run statements on: the transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// inBatchTx runs t at iso, restarted whole on serialization failures
+// and deadlocks as inTxAt is. On CockroachDB it runs inside the savepoint
+// protocol (crdbpgx), its BEGIN and COMMIT round trips of their own.
+func (s *Store) inBatchTx(ctx context.Context, op string, iso pgx.TxIsoLevel, t batchTx) error {
+	ctx = crdb.WithMaxRetries(ctx, s.maxRetries)
+	a := s.attempts(op)
+	var err error
+	if s.crdb {
+		err = crdbpgx.ExecuteTx(ctx, s.pool, pgx.TxOptions{IsoLevel: iso, AccessMode: pgx.ReadWrite}, func(tx pgx.Tx) error {
+			return a.run(func() error {
+				br := tx.SendBatch(ctx, batchOf(t.queue))
+				err := t.read(br)
+				if cerr := br.Close(); err == nil {
+					err = cerr
+				}
+				if err == nil && t.then != nil {
+					err = t.then(ctx, tx)
+				}
+				return err
+			})
+		})
+	} else {
+		err = a.retry(ctx, func(ctx context.Context) error {
+			return a.run(func() error { return s.pipelined(ctx, iso, t) })
+		})
+	}
+	return s.txError(op, err)
+}
+
+func batchOf(queue func(b *pgx.Batch)) *pgx.Batch {
+	b := &pgx.Batch{}
+	queue(b)
+	return b
+}
+
+// pipelined runs t once on PostgreSQL: BEGIN, the statements and, unless
+// t.then is set, COMMIT, in one batch. The batch's statements up to its
+// Sync are one unit for the server: after an error it skips the rest,
+// COMMIT included, and leaves the transaction open and aborted, which
+// is rolled back here; a failed COMMIT ends it.
+func (s *Store) pipelined(ctx context.Context, iso pgx.TxIsoLevel, t batchTx) (err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A connection left in a transaction is destroyed, not reused.
+	defer conn.Release()
+	defer func() {
+		if err != nil {
+			rollback(ctx, conn.Conn().PgConn())
+		}
+	}()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL " + string(iso) + " READ WRITE")
+	t.queue(b)
+	if t.then == nil {
+		b.Queue("COMMIT")
+	}
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil {
+		err = t.read(br)
+	}
+	if err == nil && t.then == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || t.then == nil {
+		return err
+	}
+	if err := t.then(ctx, conn); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "COMMIT")
+	return err
+}
+
+// rollback ends a transaction a failed attempt left open, so that the
+// connection goes back to the pool; if it cannot, the pool destroys the
+// connection on release.
+func rollback(ctx context.Context, pc *pgconn.PgConn) {
+	if pc.IsClosed() || pc.TxStatus() == 'I' {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = pc.Exec(rctx, "ROLLBACK").Close()
+}
