@@ -8,9 +8,9 @@
 // COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a
 // batch costs one round trip plus BEGIN and COMMIT, not one per call. On
 // PostgreSQL the writes of a call's hot path send BEGIN in the same round
-// trip as their statements, and Complete, MarkLogged and settling as
-// logged their COMMIT too (batchTx): one round trip, where a batch of a
-// few calls, as at low load, cost three. Serialization
+// trip as their statements, and all but Claim their COMMIT too (batchTx):
+// one round trip, where a batch of a few calls, as at low load, cost
+// three. Serialization
 // failures (SQLSTATE 40001) restart the whole transaction, a bounded
 // number of times:
 //
@@ -937,12 +937,9 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 		seqs, outboxes = append(seqs, a.Seq), append(outboxes, a.Outbox)
 	}
 
-	var (
-		out                []processors.AdmitResult
-		existing, inserted []processors.Record
-	)
-	// BEGIN travels with the batch (PostgreSQL); COMMIT waits for the
-	// results, which may call for another read or a rollback.
+	var existing, inserted []processors.Record
+	// One round trip, BEGIN and COMMIT included (PostgreSQL): what the
+	// results may call for, another read of a few keys, comes after.
 	err := s.inBatchTx(ctx, "admit", s.relaxed(), batchTx{
 		queue: func(b *pgx.Batch) {
 			b.Queue(s.q.selectKeys, ts, ks)
@@ -958,29 +955,31 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 			inserted, err = pgx.CollectRows(rows, scanRecord)
 			return err
 		},
-		then: func(ctx context.Context, tx querier) error {
-			var err error
-			out, err = s.admitted(ctx, tx, as, ts, ks, existing, inserted)
-			return err
-		},
 	})
 	if err != nil {
 		return nil, err
+	}
+	out, err := s.admitted(ctx, as, ts, ks, existing, inserted)
+	if err != nil {
+		// The admissions committed: the caller's retry finds them, as
+		// after a COMMIT whose answer was lost.
+		return nil, fmt.Errorf("pgstore admit: %w", err)
 	}
 	return out, nil
 }
 
 // admitted answers each admission of as from the records the batch found
-// (existing) and those it inserted, reading again, in tx, the keys that
-// are in neither; an error rolls the admission back.
-func (s *Store) admitted(ctx context.Context, tx querier, as []processors.Admission, ts, ks []string, existing, inserted []processors.Record) ([]processors.AdmitResult, error) {
+// (existing) and those it inserted, reading again the keys that are in
+// neither, now that the batch committed.
+func (s *Store) admitted(ctx context.Context, as []processors.Admission, ts, ks []string, existing, inserted []processors.Record) ([]processors.AdmitResult, error) {
 	pre, ins := byKey(existing), byKey(inserted)
 	// A key neither there at the first read nor inserted: another
 	// admission inserted it in between, and the insert, having
 	// waited for that transaction to commit, did nothing. At READ
 	// COMMITTED a new statement sees it. (Under SERIALIZABLE the
 	// insert fails with 40001 instead, and the whole transaction
-	// runs again.)
+	// runs again.) One statement of its own: nothing here needs the
+	// admission's transaction.
 	var lateTs, lateKs []string
 	for i := range ts {
 		k := ledger.CallKey{TenantID: ts[i], IdempotencyKey: ks[i]}
@@ -991,7 +990,7 @@ func (s *Store) admitted(ctx context.Context, tx querier, as []processors.Admiss
 		}
 	}
 	if len(lateTs) > 0 {
-		rows, _ := tx.Query(ctx, s.q.selectKeys, lateTs, lateKs)
+		rows, _ := s.pool.Query(ctx, s.q.selectKeys, lateTs, lateKs)
 		late, err := pgx.CollectRows(rows, scanRecord)
 		if err != nil {
 			return nil, err
