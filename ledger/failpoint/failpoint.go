@@ -31,8 +31,9 @@ const (
 	// Committed: EndTxn committed the transaction, and the process never
 	// learns it (the "EndTxn response lost" case, from the process's side).
 	Committed Name = "committed"
-	// ClaimSent: the claim statements ran in the store's transaction; the
-	// database COMMIT was not sent.
+	// ClaimSent: the claim's statements were sent to the store (on
+	// PostgreSQL with their COMMIT, in one round trip), and no answer
+	// was read: the claim may or may not have committed.
 	ClaimSent Name = "claim-sent"
 	// Claimed: the claims are committed in the store; no tool was called.
 	Claimed Name = "claimed"

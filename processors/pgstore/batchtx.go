@@ -10,28 +10,22 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// batchTx is a read-write transaction whose statements, or whose first
-// statements, are one pipelined batch. On PostgreSQL its BEGIN travels in
-// the batch's round trip, and so does its COMMIT unless then is set: a
-// store transaction of the hot path is then one round trip instead of
+// batchTx is a read-write transaction whose statements are one pipelined
+// batch. On PostgreSQL its BEGIN and COMMIT travel in the batch's round
+// trip: a store transaction of the hot path is one round trip instead of
 // three, which at low load, where a batch holds a few calls, is most of
 // what it costs both sides.
 type batchTx struct {
 	// queue queues the statements.
 	queue func(b *pgx.Batch)
-	// read reads their results, in order. Without then, the COMMIT is
-	// already on its way: read must fail only with the statements'
-	// errors (which keep it from applying), never decide to roll back.
+	// sent, if set, runs once the batch is on its way, before any of its
+	// answers is read (a crash point).
+	sent func()
+	// read reads their results, in order. The COMMIT is already on its
+	// way: read must fail only with the statements' errors (which keep
+	// it from applying), never decide to roll back. What the results
+	// call for comes after the commit.
 	read func(br pgx.BatchResults) error
-	// then, if set, runs after the batch in the same transaction,
-	// before COMMIT: more statements, or a decision to roll back (an
-	// error).
-	then func(ctx context.Context, q querier) error
-}
-
-// querier is what then may run statements on: the transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // inBatchTx runs t at iso, restarted whole on serialization failures
@@ -45,12 +39,12 @@ func (s *Store) inBatchTx(ctx context.Context, op string, iso pgx.TxIsoLevel, t 
 		err = crdbpgx.ExecuteTx(ctx, s.pool, pgx.TxOptions{IsoLevel: iso, AccessMode: pgx.ReadWrite}, func(tx pgx.Tx) error {
 			return a.run(func() error {
 				br := tx.SendBatch(ctx, batchOf(t.queue))
+				if t.sent != nil {
+					t.sent()
+				}
 				err := t.read(br)
 				if cerr := br.Close(); err == nil {
 					err = cerr
-				}
-				if err == nil && t.then != nil {
-					err = t.then(ctx, tx)
 				}
 				return err
 			})
@@ -69,11 +63,11 @@ func batchOf(queue func(b *pgx.Batch)) *pgx.Batch {
 	return b
 }
 
-// pipelined runs t once on PostgreSQL: BEGIN, the statements and, unless
-// t.then is set, COMMIT, in one batch. The batch's statements up to its
-// Sync are one unit for the server: after an error it skips the rest,
-// COMMIT included, and leaves the transaction open and aborted, which
-// is rolled back here; a failed COMMIT ends it.
+// pipelined runs t once on PostgreSQL: BEGIN, the statements and COMMIT
+// in one batch. The batch's statements up to its Sync are one unit for
+// the server: after an error it skips the rest, COMMIT included, and
+// leaves the transaction open and aborted, which is rolled back here; a
+// failed COMMIT ends it.
 func (s *Store) pipelined(ctx context.Context, iso pgx.TxIsoLevel, t batchTx) (err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
@@ -89,27 +83,21 @@ func (s *Store) pipelined(ctx context.Context, iso pgx.TxIsoLevel, t batchTx) (e
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL " + string(iso) + " READ WRITE")
 	t.queue(b)
-	if t.then == nil {
-		b.Queue("COMMIT")
-	}
+	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
+	if t.sent != nil {
+		t.sent()
+	}
 	_, err = br.Exec()
 	if err == nil {
 		err = t.read(br)
 	}
-	if err == nil && t.then == nil {
+	if err == nil {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil || t.then == nil {
-		return err
-	}
-	if err := t.then(ctx, conn); err != nil {
-		return err
-	}
-	_, err = conn.Exec(ctx, "COMMIT")
 	return err
 }
 

@@ -7,10 +7,9 @@
 // (except Admit, Claim, Complete, MarkLogged and Settle on PostgreSQL, READ
 // COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a
 // batch costs one round trip plus BEGIN and COMMIT, not one per call. On
-// PostgreSQL the writes of a call's hot path send BEGIN in the same round
-// trip as their statements, and all but Claim their COMMIT too (batchTx):
-// one round trip, where a batch of a few calls, as at low load, cost
-// three. Serialization
+// PostgreSQL the writes of a call's hot path send BEGIN and COMMIT in the
+// same round trip as their statements (batchTx): one round trip, where a
+// batch of a few calls, as at low load, cost three. Serialization
 // failures (SQLSTATE 40001) restart the whole transaction, a bounded
 // number of times:
 //
@@ -127,9 +126,10 @@ type Config struct {
 	// Logger receives lifecycle logs and a Warn per transaction retry.
 	// Nil discards.
 	Logger *slog.Logger
-	// Failpoint, if set, is hit when a claim's statements have run and
-	// its COMMIT is not yet sent (failpoint.ClaimSent): the reliability
-	// suite crashes the executor there.
+	// Failpoint, if set, is hit when a claim's statements are sent (on
+	// PostgreSQL with their COMMIT) and no answer is read
+	// (failpoint.ClaimSent): the reliability suite crashes the executor
+	// there.
 	Failpoint failpoint.Hook
 	// Retried, if set, is called with the operation ("admit", "claim",
 	// ...) each time a transaction runs again after a serialization
@@ -1030,7 +1030,7 @@ func (s *Store) admitted(ctx context.Context, as []processors.Admission, ts, ks 
 // as they were (locked), then the conditional claim of the claimable ones.
 // At READ COMMITTED (PostgreSQL) the two statements see what was
 // committed when each began: a record admitted in between is claimed but
-// not read, and the claim then runs again.
+// not read, and is read once the claim committed.
 func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
 	if err := processors.CheckClaims(cs); err != nil {
 		return nil, fmt.Errorf("pgstore claim: %w: %w", processors.ErrRejected, err)
@@ -1051,17 +1051,16 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 	}
 
 	var (
-		out     []processors.ClaimResult
 		before  []processors.Record
 		claimed []claimedRow
 	)
-	// BEGIN travels with the batch (PostgreSQL); COMMIT waits for the
-	// results, which may call for a rollback.
+	// One round trip, BEGIN and COMMIT included (PostgreSQL).
 	err := s.inBatchTx(ctx, "claim", s.relaxed(), batchTx{
 		queue: func(b *pgx.Batch) {
 			b.Queue(s.q.selectKeysForUpdate, ts, ks)
 			b.Queue(s.q.claim, ts, ks, hashes, owners, leases, logged, ords)
 		},
+		sent: func() { s.failpoint.Hit(failpoint.ClaimSent) },
 		read: func(br pgx.BatchResults) error {
 			rows, _ := br.Query()
 			var err error
@@ -1072,23 +1071,23 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 			claimed, err = pgx.CollectRows(rows, scanClaimed)
 			return err
 		},
-		then: func(context.Context, querier) error {
-			var err error
-			out, err = s.claimed(cs, before, claimed)
-			return err
-		},
 	})
 	if err != nil {
 		return nil, err
 	}
+	out, err := s.claimed(ctx, cs, before, claimed)
+	if err != nil {
+		// The claims committed: the calls stay leased to this owner
+		// until the lease ends, as after a COMMIT whose answer was lost.
+		return nil, fmt.Errorf("pgstore claim: %w", err)
+	}
 	return out, nil
 }
 
-// claimed decides each claim of cs from the records as the batch read
-// them and the claims it won; an error rolls the claim back.
-func (s *Store) claimed(cs []processors.Claim, before []processors.Record, claimed []claimedRow) ([]processors.ClaimResult, error) {
-	s.failpoint.Hit(failpoint.ClaimSent)
-
+// claimed decides each claim of cs from the records as the committed
+// batch read them and the claims it won, reading the records it claimed
+// without having read them.
+func (s *Store) claimed(ctx context.Context, cs []processors.Claim, before []processors.Record, claimed []claimedRow) ([]processors.ClaimResult, error) {
 	won := make(map[int]claimedRow, len(claimed))
 	for _, c := range claimed {
 		won[int(c.ord)] = c
@@ -1096,17 +1095,40 @@ func (s *Store) claimed(cs []processors.Claim, before []processors.Record, claim
 	// cur is each record as the batch has left it so far: a claim
 	// later in the batch sees an earlier one's lease.
 	cur := byKey(before)
+	// READ COMMITTED: a record admitted between the locking read and
+	// the claim, which each see what was committed when they began, was
+	// claimed unread. Read now, in a statement of its own, it is the
+	// record as the claim left it: nobody else writes it while the
+	// lease is live.
+	var lateTs, lateKs []string
+	for i, c := range cs {
+		if _, ok := cur[c.Key]; !ok {
+			if _, didWin := won[i]; didWin {
+				lateTs, lateKs = append(lateTs, c.Key.TenantID), append(lateKs, c.Key.IdempotencyKey)
+			}
+		}
+	}
+	var late map[ledger.CallKey]processors.Record
+	if len(lateTs) > 0 {
+		rows, _ := s.pool.Query(ctx, s.q.selectKeys, lateTs, lateKs)
+		recs, err := pgx.CollectRows(rows, scanRecord)
+		if err != nil {
+			return nil, fmt.Errorf("read calls claimed unread: %w", err)
+		}
+		late = byKey(recs)
+	}
 	out := make([]processors.ClaimResult, len(cs))
 	for i, c := range cs {
 		r, ok := cur[c.Key]
 		w, didWin := won[i]
 		switch {
 		case !ok && didWin:
-			// READ COMMITTED: the record was admitted between the
-			// locking read and the claim, which each see what was
-			// committed when they began. Claim again: the read
-			// then has it.
-			return nil, retryable{fmt.Errorf("claim %d (%v): record admitted during the claim", i, c.Key)}
+			got, found := late[c.Key]
+			if !found || got.Epoch != w.epoch || got.LeaseOwner != c.Owner {
+				return nil, fmt.Errorf("claim %d (%v): record admitted during the claim and not found as claimed", i, c.Key)
+			}
+			out[i] = processors.ClaimResult{Outcome: processors.Claimed, Record: got}
+			cur[c.Key] = got
 		case !ok:
 			out[i] = processors.ClaimResult{Outcome: processors.Missing}
 		case r.ArgumentsHash != c.ArgumentsHash:
