@@ -335,11 +335,11 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 	h.startReconciler()
 	envs := h.dbCalls("slow", 150)
 
-	// Every round trip takes 700ms. On PostgreSQL a claim makes two
-	// (BEGIN pipelined with its statements, then COMMIT) and a
-	// completion one, plus one on a connection's first use of a
-	// statement; with the steps between them, completions end past
-	// their claims' 2.1s leases, and the slowness lasts until one has.
+	// Every round trip takes 700ms. On PostgreSQL a claim and a
+	// completion make one each (BEGIN and COMMIT pipelined with their
+	// statements), plus one on a connection's first use of a statement;
+	// with the steps between them, some completions end past their
+	// claims' 2.1s leases, and the slowness lasts until one has.
 	const delay = 700 * time.Millisecond
 	h.dbSubmitPaced(envs[:30], 10, 50*time.Millisecond, nil)
 	waitEffects(h.harness, 10)

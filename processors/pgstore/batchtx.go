@@ -63,16 +63,32 @@ func batchOf(queue func(b *pgx.Batch)) *pgx.Batch {
 	return b
 }
 
+// sentGrace bounds the wait for a sent pipeline's answers after its
+// caller's context ended.
+const sentGrace = 10 * time.Second
+
 // pipelined runs t once on PostgreSQL: BEGIN, the statements and COMMIT
 // in one batch. The batch's statements up to its Sync are one unit for
 // the server: after an error it skips the rest, COMMIT included, and
 // leaves the transaction open and aborted, which is rolled back here; a
 // failed COMMIT ends it.
+//
+// Once sent, the pipeline is answered even if ctx ends meanwhile (up to
+// sentGrace): its COMMIT is on its way and most likely applies, and only
+// its answer says so. Closing the connection instead, as a cancelled
+// query does, would turn a shutdown into claims and completions that
+// committed unseen.
 func (s *Store) pipelined(ctx context.Context, iso pgx.TxIsoLevel, t batchTx) (err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		conn.Release()
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sentGrace)
+	defer cancel()
 	// A connection left in a transaction is destroyed, not reused.
 	defer conn.Release()
 	defer func() {

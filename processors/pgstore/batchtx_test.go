@@ -158,25 +158,68 @@ func TestBatchTx(t *testing.T) {
 		done <- s.inBatchTx(ctx, "conflict", pgx.RepeatableRead, batchTx{
 			queue: stmts(insert("c"), "UPDATE "+table+" SET v = v + 1 WHERE k = 'b'"), read: readAll(2)})
 	}()
-	// Wait until the pipeline waits on the lock, then let it go.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var waiting int
-		if err := other.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE %batchtx%'").Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the pipeline never waited on the row's lock")
-		}
-		time.Sleep(10 * time.Millisecond)
+	// Wait until the pipeline waits on the lock, then let it go. From a
+	// third connection: within other's transaction pg_stat_activity
+	// would be a snapshot taken at its first read.
+	monitor, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer monitor.Close(context.Background())
+	waitOn := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var waiting int
+			if err := monitor.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE %batchtx%'").Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			if waiting > 0 {
+				return
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("the pipeline ended without waiting: %v", err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				rows, _ := monitor.Query(ctx, "SELECT state, coalesce(wait_event_type, ''), query FROM pg_stat_activity WHERE datname = current_database()")
+				act, _ := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ State, Wait, Query string }])
+				t.Fatalf("the pipeline never waited on the row's lock: %+v", act)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitOn()
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil || retries != 1 || value("b") != 11 || value("c") != 0 {
 		t.Errorf("pipeline after a serialization failure = %v, %d retries, b %d, c %d; want nil, 1 retry, 11, 0", err, retries, value("b"), value("c"))
+	}
+
+	// The caller gives up while the sent pipeline waits: it is answered
+	// all the same, and says that it committed, rather than being cut
+	// off with its COMMIT on its way.
+	tx, err = other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE "+table+" SET v = 20 WHERE k = 'b'"); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		done <- s.inBatchTx(cctx, "cancelled", pgx.ReadCommitted, batchTx{
+			queue: stmts("UPDATE " + table + " SET v = v + 1 WHERE k = 'b'"), read: readAll(1)})
+	}()
+	waitOn()
+	cancel()
+	time.Sleep(50 * time.Millisecond)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || value("b") != 21 {
+		t.Errorf("pipeline whose caller gave up = %v, b %d; want nil, 21 (committed, and said so)", err, value("b"))
 	}
 }

@@ -448,8 +448,8 @@ func stripComments(sql string) string {
 const codeDeadlock = "40P01"
 
 // retryable makes an error retried as a serialization failure is (the
-// retry loop goes by SQLSTATE 40001): a deadlock, or a claim that must
-// read again. The error itself stays reachable.
+// retry loop goes by SQLSTATE 40001): a deadlock. The error itself stays
+// reachable.
 type retryable struct{ err error }
 
 func (d retryable) Error() string    { return d.err.Error() }
@@ -767,7 +767,7 @@ WHERE id IN (SELECT id
              FROM (SELECT id, sum(cardinality(idempotency_keys)) OVER (ORDER BY created_at, id) - cardinality(idempotency_keys) AS before
                    FROM (SELECT id, created_at, idempotency_keys FROM {journal}
                          WHERE created_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
-                         ORDER BY created_at LIMIT $2::BIGINT) AS oldest) AS counted
+                         ORDER BY created_at, id LIMIT $2::BIGINT) AS oldest) AS counted
              WHERE before < $2::BIGINT)
 RETURNING tenant_ids, idempotency_keys, epochs, seqs, from_seqs`),
 		// Every record the completion applied to (same epoch; a fenced-out
@@ -1121,14 +1121,23 @@ func (s *Store) claimed(ctx context.Context, cs []processors.Claim, before []pro
 	for i, c := range cs {
 		r, ok := cur[c.Key]
 		w, didWin := won[i]
+		got, admitted := late[c.Key]
 		switch {
+		case !ok && didWin && !admitted:
+			// Claimed, committed, and gone: nothing deletes a record
+			// under a live lease.
+			return nil, fmt.Errorf("claim %d (%v): record admitted during the claim not found after it", i, c.Key)
+		case !ok && didWin && (got.Epoch != w.epoch || got.LeaseOwner != c.Owner):
+			// Claimed by another since: only after this lease ended.
+			out[i] = processors.ClaimResult{Outcome: processors.Busy, Record: got}
+			cur[c.Key] = got
 		case !ok && didWin:
-			got, found := late[c.Key]
-			if !found || got.Epoch != w.epoch || got.LeaseOwner != c.Owner {
-				return nil, fmt.Errorf("claim %d (%v): record admitted during the claim and not found as claimed", i, c.Key)
-			}
 			out[i] = processors.ClaimResult{Outcome: processors.Claimed, Record: got}
 			cur[c.Key] = got
+		case !ok && admitted && got.ArgumentsHash != c.ArgumentsHash:
+			// A claim of a key admitted meanwhile, with other
+			// arguments, ahead of the one that won it.
+			out[i] = processors.ClaimResult{Outcome: processors.Mismatch, Record: got}
 		case !ok:
 			out[i] = processors.ClaimResult{Outcome: processors.Missing}
 		case r.ArgumentsHash != c.ArgumentsHash:

@@ -829,6 +829,8 @@ func TestClaimReadsARecordAdmittedMeanwhile(t *testing.T) {
 	err := whileRowHeld(t, s, a, markLoggedMeanwhile, "FOR UPDATE", func() { admitAuthorized(t, s, b) }, func() (err error) {
 		res, err = s.Claim(ctx, []processors.Claim{
 			{Key: a, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour},
+			// Other arguments for b, ahead of the claim that wins it.
+			{Key: b, ArgumentsHash: "other", Owner: "executor-1", Lease: time.Hour},
 			{Key: b, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour},
 		})
 		return err
@@ -836,8 +838,12 @@ func TestClaimReadsARecordAdmittedMeanwhile(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Claim() = %v", err)
 	}
+	if len(res) != 3 || res[1].Outcome != processors.Mismatch || res[1].Record.Key != b {
+		t.Fatalf("Claim() = %+v; want b's claim with other arguments a mismatch, with b's record", res)
+	}
+	res = slices.Delete(res, 1, 2)
 	for i, k := range []ledger.CallKey{a, b} {
-		if len(res) != 2 || res[i].Outcome != processors.Claimed || res[i].Record.Epoch != 1 {
+		if res[i].Outcome != processors.Claimed || res[i].Record.Epoch != 1 {
 			t.Fatalf("Claim() = %+v; want %v claimed at epoch 1", res, k)
 		}
 		r, err := s.Get(ctx, k)
