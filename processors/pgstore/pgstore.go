@@ -1098,8 +1098,8 @@ func (s *Store) claimed(ctx context.Context, cs []processors.Claim, before []pro
 	// READ COMMITTED: a record admitted between the locking read and
 	// the claim, which each see what was committed when they began, was
 	// claimed unread. Read now, in a statement of its own, it is the
-	// record as the claim left it: nobody else writes it while the
-	// lease is live.
+	// record as the claim left it: nobody else claims or completes it
+	// while the lease is live.
 	var lateTs, lateKs []string
 	for i, c := range cs {
 		if _, ok := cur[c.Key]; !ok {
@@ -1128,8 +1128,12 @@ func (s *Store) claimed(ctx context.Context, cs []processors.Claim, before []pro
 			// under a live lease.
 			return nil, fmt.Errorf("claim %d (%v): record admitted during the claim not found after it", i, c.Key)
 		case !ok && didWin && (got.Epoch != w.epoch || got.LeaseOwner != c.Owner):
-			// Claimed by another since: only after this lease ended.
+			// Claimed by another since (only after this lease ended),
+			// and perhaps finished.
 			out[i] = processors.ClaimResult{Outcome: processors.Busy, Record: got}
+			if got.Status.Done() {
+				out[i].Outcome = processors.Finished
+			}
 			cur[c.Key] = got
 		case !ok && didWin:
 			out[i] = processors.ClaimResult{Outcome: processors.Claimed, Record: got}

@@ -832,15 +832,21 @@ func TestClaimReadsARecordAdmittedMeanwhile(t *testing.T) {
 			// Other arguments for b, ahead of the claim that wins it.
 			{Key: b, ArgumentsHash: "other", Owner: "executor-1", Lease: time.Hour},
 			{Key: b, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour},
+			// And b again after it: it sees the winner's lease.
+			{Key: b, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour},
 		})
 		return err
 	})
 	if err != nil {
 		t.Fatalf("Claim() = %v", err)
 	}
-	if len(res) != 3 || res[1].Outcome != processors.Mismatch || res[1].Record.Key != b {
+	if len(res) != 4 || res[1].Outcome != processors.Mismatch || res[1].Record.Key != b {
 		t.Fatalf("Claim() = %+v; want b's claim with other arguments a mismatch, with b's record", res)
 	}
+	if res[3].Outcome != processors.Busy || res[3].Record.LeaseOwner != "executor-1" {
+		t.Fatalf("Claim()[3] = %+v; want b's second claim busy under the first one's lease", res[3])
+	}
+	res = res[:3]
 	res = slices.Delete(res, 1, 2)
 	for i, k := range []ledger.CallKey{a, b} {
 		if res[i].Outcome != processors.Claimed || res[i].Record.Epoch != 1 {
@@ -878,13 +884,14 @@ func openRelaxed(t *testing.T) (*Store, *ledgertest.LogBuffer) {
 }
 
 // waitForLock waits until a statement of s containing text waits for a
-// lock another transaction holds.
+// lock another transaction holds. Only statements on s's table count:
+// other packages' tests run beside this one on the same server.
 func waitForLock(t *testing.T, s *Store, text string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var waiting int
-		err := s.pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0", text).Scan(&waiting)
+		err := s.pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0 AND strpos(query, $2) > 0", text, s.table).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
 		}
