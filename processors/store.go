@@ -131,6 +131,21 @@ type Admission struct {
 	Records []*kgo.Record
 }
 
+// Record is the record that admitting a creates at now: what a says,
+// in a fresh state (no claim, no outcome, nothing logged).
+func (a Admission) Record(now time.Time) Record {
+	deadline := a.DeadlineAt
+	if !deadline.IsZero() {
+		deadline = deadline.UTC()
+	}
+	return Record{
+		Key: a.Key, CallID: a.CallID, ArgumentsHash: a.ArgumentsHash,
+		Tool: a.Tool, ToolVersion: a.ToolVersion, Arguments: a.Arguments,
+		DeadlineAt: deadline, Status: a.Status, Seq: a.Seq, Outbox: a.Outbox,
+		CreatedAt: now, UpdatedAt: now,
+	}
+}
+
 // AdmitOutcome says what Admit found.
 type AdmitOutcome int
 

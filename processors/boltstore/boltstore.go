@@ -521,12 +521,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 				}
 				continue
 			}
-			r := processors.Record{
-				Key: a.Key, CallID: a.CallID, ArgumentsHash: a.ArgumentsHash,
-				Tool: a.Tool, ToolVersion: a.ToolVersion, Arguments: a.Arguments,
-				DeadlineAt: a.DeadlineAt.UTC(), Status: a.Status, Seq: a.Seq, Outbox: a.Outbox,
-				CreatedAt: x.now, UpdatedAt: x.now,
-			}
+			r := a.Record(x.now)
 			if err := x.put(nil, r); err != nil {
 				return err
 			}

@@ -660,6 +660,11 @@ LIMIT %s`
 		// as the first left it; on CockroachDB the lock avoids most
 		// restarts.
 		selectKeysForUpdate: r.Replace(selectKeys + "\nFOR UPDATE"),
+		// RETURNING only what the database set (the timestamps, the
+		// deadline at its precision): the rest of each inserted record
+		// is its admission, and sending the arguments and the outbox back
+		// cost both ends as much as sending them.
+		//
 		// The primary key dedupes; DO NOTHING leaves existing rows as they
 		// are. A row a concurrent transaction committed after this one's
 		// first read is a serialization failure under SERIALIZABLE (on
@@ -674,7 +679,7 @@ FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGI
             $7::BYTEA[], $8::TIMESTAMPTZ[], $9::TEXT[], $10::BIGINT[], $11::BYTEA[])
      AS u (t, k, call_id, h, tool, tool_version, arguments, deadline_at, status, seq, outbox)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-RETURNING {cols}`),
+RETURNING tenant_id, idempotency_key, deadline_at, created_at`),
 		// RETURNING only what the claim set: the rest of each record is
 		// as the batch's first statement read it, under the row lock, and
 		// sending the arguments and the outbox back again cost both ends.
@@ -857,6 +862,30 @@ func scanRecord(row pgx.CollectableRow) (processors.Record, error) {
 	return x.record(), nil
 }
 
+// insertedRow is an admission's RETURNING row: the key and what the
+// database set.
+type insertedRow struct {
+	key       ledger.CallKey
+	deadline  pgtype.Timestamptz
+	createdAt time.Time
+}
+
+func scanInserted(row pgx.CollectableRow) (insertedRow, error) {
+	var r insertedRow
+	err := row.Scan(&r.key.TenantID, &r.key.IdempotencyKey, &r.deadline, &r.createdAt)
+	return r, err
+}
+
+// record is the record a's insert stored.
+func (i insertedRow) record(a processors.Admission) processors.Record {
+	r := a.Record(i.createdAt.UTC())
+	r.DeadlineAt = time.Time{}
+	if i.deadline.Valid {
+		r.DeadlineAt = i.deadline.Time.UTC()
+	}
+	return r
+}
+
 // claimedRow is a claim's RETURNING row: the batch position it answers
 // and what the claim set.
 type claimedRow struct {
@@ -937,7 +966,10 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 		seqs, outboxes = append(seqs, a.Seq), append(outboxes, a.Outbox)
 	}
 
-	var existing, inserted []processors.Record
+	var (
+		existing []processors.Record
+		inserted []insertedRow
+	)
 	// One round trip, BEGIN and COMMIT included (PostgreSQL): what the
 	// results may call for, another read of a few keys, comes after.
 	err := s.inBatchTx(ctx, "admit", s.relaxed(), batchTx{
@@ -952,7 +984,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 				return err
 			}
 			rows, _ = br.Query()
-			inserted, err = pgx.CollectRows(rows, scanRecord)
+			inserted, err = pgx.CollectRows(rows, scanInserted)
 			return err
 		},
 	})
@@ -971,8 +1003,23 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 // admitted answers each admission of as from the records the batch found
 // (existing) and those it inserted, reading again the keys that are in
 // neither, now that the batch committed.
-func (s *Store) admitted(ctx context.Context, as []processors.Admission, ts, ks []string, existing, inserted []processors.Record) ([]processors.AdmitResult, error) {
-	pre, ins := byKey(existing), byKey(inserted)
+func (s *Store) admitted(ctx context.Context, as []processors.Admission, ts, ks []string, existing []processors.Record, inserted []insertedRow) ([]processors.AdmitResult, error) {
+	pre, ins := byKey(existing), make(map[ledger.CallKey]processors.Record, len(inserted))
+	if len(inserted) > 0 {
+		// An inserted record is its key's first admission in the batch
+		// (the one Admit sent), with what the database set.
+		first := make(map[ledger.CallKey]int, len(as))
+		for i := len(as) - 1; i >= 0; i-- {
+			first[as[i].Key] = i
+		}
+		for _, r := range inserted {
+			i, ok := first[r.key]
+			if !ok {
+				return nil, fmt.Errorf("pgstore admit: inserted %v, which the batch does not hold", r.key)
+			}
+			ins[r.key] = r.record(as[i])
+		}
+	}
 	// A key neither there at the first read nor inserted: another
 	// admission inserted it in between, and the insert, having
 	// waited for that transaction to commit, did nothing. At READ
