@@ -303,12 +303,13 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 	}
 
 	key := b.signingKey(now)
-	cred.Token, err = signJWS(key.priv, key.kid, payload)
-	if err != nil {
-		return Credential{}, fmt.Errorf("sign credential: %v", err)
+	cred.Token = signJWS(key.priv, key.header, payload)
+	// Enabled first: the arguments would be boxed for a disabled level
+	// too, on every call.
+	if b.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		b.cfg.Logger.Debug("credential minted", "jti", cred.JTI, "family", cred.Family, "kid", key.kid,
+			"scope", cred.Scope, "aud", g.Audience, "expires_at", cred.ExpiresAt)
 	}
-	b.cfg.Logger.Debug("credential minted", "jti", cred.JTI, "family", cred.Family, "kid", key.kid,
-		"scope", cred.Scope, "aud", g.Audience, "expires_at", cred.ExpiresAt)
 	return cred, nil
 }
 

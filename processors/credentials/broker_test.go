@@ -43,7 +43,7 @@ func (c *clock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-func newBroker(t *testing.T, c *clock, cfg Config) *Broker {
+func newBroker(t testing.TB, c *clock, cfg Config) *Broker {
 	t.Helper()
 	cfg.Now = c.Now
 	b, err := New(cfg)
@@ -655,5 +655,32 @@ func TestConcurrentMintAndVerify(t *testing.T) {
 	}
 	if got := v.remembered(); got != n {
 		t.Errorf("remembered %d jtis; want %d", got, n)
+	}
+}
+
+// BenchmarkMint: one credential, as the executor mints one per call.
+func BenchmarkMint(b *testing.B) {
+	br := newBroker(b, newClock(), Config{KeyDir: b.TempDir()})
+	g := grant()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := br.Mint(g); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestMintLogsAtDebug: a mint is logged, with its jti, when debug is on,
+// and costs no log line otherwise.
+func TestMintLogsAtDebug(t *testing.T) {
+	for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
+		var out bytes.Buffer
+		logger := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: level}))
+		b := newBroker(t, newClock(), Config{Logger: logger})
+		cred := mint(t, b, grant())
+		logged := strings.Contains(out.String(), `"msg":"credential minted"`) && strings.Contains(out.String(), cred.JTI)
+		if want := level == slog.LevelDebug; logged != want {
+			t.Errorf("at %v: mint logged = %v; want %v\n%s", level, logged, want, out.String())
+		}
 	}
 }

@@ -39,14 +39,26 @@ type jwsHeader struct {
 // key (RFC 8725 §3.10); crit names extensions nobody here understands.
 var refusedHeaders = [...]string{"crit", "jku", "jwk", "x5u", "x5c", "x5t", "x5t#S256"}
 
-// signJWS returns the compact JWS of payload, signed by priv under kid.
-func signJWS(priv ed25519.PrivateKey, kid string, payload []byte) (string, error) {
-	h, err := json.Marshal(jwsHeader{Alg: AlgEdDSA, Typ: TokenType, Kid: kid})
-	if err != nil {
-		return "", err
-	}
-	input := b64.EncodeToString(h) + "." + b64.EncodeToString(payload)
-	return input + "." + b64.EncodeToString(ed25519.Sign(priv, []byte(input))), nil
+// jwsHeaderSegment is the first segment of every token signed under kid:
+// the same for all of them, so a key encodes it once.
+func jwsHeaderSegment(kid string) string {
+	// Three strings: Marshal cannot fail.
+	h, _ := json.Marshal(jwsHeader{Alg: AlgEdDSA, Typ: TokenType, Kid: kid})
+	return b64.EncodeToString(h)
+}
+
+// signJWS returns the compact JWS of payload under header (from
+// jwsHeaderSegment), signed by priv. The token is built in one buffer:
+// a credential is minted per call.
+func signJWS(priv ed25519.PrivateKey, header string, payload []byte) string {
+	input := len(header) + 1 + b64.EncodedLen(len(payload))
+	buf := make([]byte, input, input+1+b64.EncodedLen(ed25519.SignatureSize))
+	copy(buf, header)
+	buf[len(header)] = '.'
+	b64.Encode(buf[len(header)+1:], payload)
+	sig := ed25519.Sign(priv, buf)
+	buf = append(buf, '.')
+	return string(b64.AppendEncode(buf, sig))
 }
 
 // parsedJWS is a token split and decoded, not yet verified.

@@ -20,6 +20,11 @@ type signingKey struct {
 	kid     string
 	created time.Time
 	priv    ed25519.PrivateKey
+	header  string // jwsHeaderSegment(kid)
+}
+
+func newKey(kid string, created time.Time, priv ed25519.PrivateKey) *signingKey {
+	return &signingKey{kid: kid, created: created.UTC(), priv: priv, header: jwsHeaderSegment(kid)}
 }
 
 func (k *signingKey) public() ed25519.PublicKey { return k.priv.Public().(ed25519.PublicKey) }
@@ -29,7 +34,7 @@ func newSigningKey(now time.Time) (*signingKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generate signing key: %v", err)
 	}
-	return &signingKey{kid: thumbprint(pub), created: now.UTC(), priv: priv}, nil
+	return newKey(thumbprint(pub), now, priv), nil
 }
 
 // keyFile is a key on disk: <dir>/<kid>.json, mode 0600.
@@ -102,7 +107,7 @@ func (s keyStore) read(name string) (*signingKey, error) {
 	if err != nil || len(seed) != ed25519.SeedSize {
 		return nil, fmt.Errorf("key file %s holds no Ed25519 seed", path)
 	}
-	k := &signingKey{kid: f.Kid, created: f.Created.UTC(), priv: ed25519.NewKeyFromSeed(seed)}
+	k := newKey(f.Kid, f.Created, ed25519.NewKeyFromSeed(seed))
 	if thumbprint(k.public()) != f.Kid || name != f.Kid+keyFileSuffix {
 		return nil, fmt.Errorf("key file %s: the key does not match its kid", path)
 	}
