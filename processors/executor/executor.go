@@ -393,8 +393,6 @@ type Executor struct {
 	running map[ledger.CallKey]struct{}
 	done    chan *flight
 	flights flights
-	// workers run the calls.
-	workers *workers
 	// unwaited are calls in flight that the step which started them did
 	// not wait for (under mu).
 	unwaited map[*flight]struct{}

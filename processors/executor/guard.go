@@ -157,7 +157,6 @@ func newExecutor(cfg Config) *Executor {
 	return &Executor{
 		cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), unwaited: make(map[*flight]struct{}), done: make(chan *flight),
 		journalID: cfg.Owner + "/" + rand.Text()[:13] + "/",
-		workers:   newWorkers(workerIdle),
 	}
 }
 
@@ -373,7 +372,7 @@ func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors
 	}
 	x.mu.Unlock()
 	x.flights.add()
-	x.workers.run(func() {
+	go func() {
 		c := x.execute(context.WithoutCancel(ctx), tmpl, rec, reclaimed, f.g)
 		now := x.cfg.Now()
 		x.mu.Lock()
@@ -392,7 +391,7 @@ func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors
 			x.recordAlone(ctx, f)
 			x.landed(f)
 		}
-	})
+	}()
 	return f, wait
 }
 
