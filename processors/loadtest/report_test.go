@@ -326,6 +326,13 @@ func TestReportSideBySide(t *testing.T) {
 			LedgerCPU:  time.Duration(ledgerUS*1000) * time.Microsecond,
 			StoreCPU:   time.Duration(storeUS*1000) * time.Microsecond,
 			MachineCPU: time.Duration((ledgerUS+storeUS)*1000) * time.Microsecond}
+		// The harness, the same code for both builds, slowed with the
+		// machine: 100 µs a call for the baseline's runs, 110 for this
+		// build's.
+		r.HarnessCPU = 100 * time.Millisecond
+		if build == "" {
+			r.HarnessCPU = 110 * time.Millisecond
+		}
 		r.Derive()
 		return r
 	}
@@ -356,10 +363,14 @@ func TestReportSideBySide(t *testing.T) {
 		{"ledger CPU µs/call", "310.0", "250.0", "-19.4%", "2 of 2 pairs"},
 		{"store µs/call", "100.0", "80.0", "-20.0%", "2 of 2 pairs"},
 		{"machine µs/call", "410.0", "330.0", "-19.5%", "2 of 2 pairs"},
+		{"harness µs/call", "100.0", "110.0", "+10.0%", "0 of 2 pairs"},
 	} {
 		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(want[0]) + `\s+` + regexp.QuoteMeta(want[1]) + `\s+` + regexp.QuoteMeta(want[2]) + `\s+` + regexp.QuoteMeta(want[3]) + `\s+` + regexp.QuoteMeta(want[4]) + `\s*$`).MatchString(side) {
 			t.Errorf("side-by-side table lacks %v:\n%s", want, side)
 		}
+	}
+	if !strings.Contains(side, "its change, +10.0%, is the machine's drift") {
+		t.Errorf("side-by-side table does not read the harness as the control:\n%s", side)
 	}
 	// The ratios to the floor come from this build's first run.
 	rep.Direct = &DirectReport{Calls: 10, PerSec: 2600}
