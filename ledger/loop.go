@@ -45,7 +45,10 @@ type Output struct {
 // sweeps, expiries) runs on an idle topic. Per-record problems are the
 // step's to turn into events or DLQ records; a returned error means "try
 // the batch again later": the loop aborts, rewinds to the committed offsets
-// and redelivers.
+// and redelivers. A batch whose step returns an empty Output (no records,
+// no hooks) is committed by the next transaction, not by one of its own:
+// a crash or a rebalance before then delivers it again, so an empty Output
+// must mean that the step did nothing it would mind doing again.
 type Step func(ctx context.Context, recs []*kgo.Record) (Output, error)
 
 // LoopConfig configures a consume-process-produce loop.
@@ -259,6 +262,9 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	var (
 		stepFailures int
 		afterCommit  chan struct{} // closed when the last after-commit step is done
+		// held counts the records of batches whose step did nothing:
+		// their offsets are committed by the next transaction.
+		held int
 	)
 	defer func() {
 		if afterCommit != nil {
@@ -329,6 +335,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
 				return fmt.Errorf("abort after step failure: %w", err)
 			}
+			held = 0
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -347,7 +354,20 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 				l.cfg.Logger.Warn("abandoned step's undo failed", "group", l.cfg.Group, "err", err)
 			}
 		}
-		if len(recs) == 0 && len(out.Records) == 0 {
+		// A step that did nothing with its batch (an executor reading
+		// its own events, say) leaves no effect for a transaction to
+		// carry: the batch's offsets are committed by the next one,
+		// which spares the log a transaction for every such batch. At
+		// low load that is every other transaction of the executor. A
+		// redelivery of such a batch is harmless: the step does nothing
+		// again. An idle poll commits what is held, so that the group's
+		// offsets do not lag behind for long when the traffic stops.
+		idle := len(out.Records) == 0 && out.Committed == nil && out.Abandoned == nil
+		if idle && len(recs) > 0 {
+			held += len(recs)
+			continue
+		}
+		if len(recs) == 0 && len(out.Records) == 0 && (held == 0 || !idle) {
 			abandon()
 			continue
 		}
@@ -395,14 +415,19 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		}
 		if !committed {
 			abandon()
+			// The abort rewound the session to the committed offsets:
+			// the held batches come again too.
+			held = 0
 			l.cfg.Metrics.NotCommitted("rebalanced")
 			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", len(recs))
 			continue
 		}
+		consumed := len(recs) + held
+		held = 0
 		*progressed = true
 		l.cfg.Failpoint.Hit(failpoint.Committed)
-		l.cfg.Metrics.Committed(len(recs), out.Records, stepDur, time.Since(t0)-stepDur)
-		l.cfg.Logger.Debug("batch committed", "group", l.cfg.Group, "records", len(recs), "appended", len(out.Records), "step", stepDur, "transaction", time.Since(t0)-stepDur)
+		l.cfg.Metrics.Committed(consumed, out.Records, stepDur, time.Since(t0)-stepDur)
+		l.cfg.Logger.Debug("batch committed", "group", l.cfg.Group, "records", consumed, "appended", len(out.Records), "step", stepDur, "transaction", time.Since(t0)-stepDur)
 		if out.Committed != nil {
 			// The after-commit step (marking outboxes logged) overlaps
 			// the next poll and step; one runs at a time, in order.

@@ -495,3 +495,109 @@ func TestLoopBuffered(t *testing.T) {
 		t.Errorf("Buffered after Run = %d; want 0", n)
 	}
 }
+
+// consumedCounter counts the records the loop's transactions committed.
+type consumedCounter struct{ n atomic.Int64 }
+
+func (c *consumedCounter) Committed(consumed int, _ []*kgo.Record, _, _ time.Duration) {
+	c.n.Add(int64(consumed))
+}
+func (c *consumedCounter) NotCommitted(string) {}
+
+// A batch whose step does nothing (records it ignores, as an executor
+// reads its own events) gets no transaction of its own: its offsets are
+// committed by the next transaction, or, when the traffic stops, by one
+// an idle poll starts.
+func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tick time.Duration
+	}{
+		// A tick far longer than the test: only the next batch with
+		// work can commit the ignored ones.
+		{"next transaction", time.Hour},
+		// Nothing follows the ignored batches: an idle poll commits them.
+		{"idle poll", 50 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := faultableKafka(t)
+			var commits atomic.Int64
+			k.Cluster.ControlKey(int16(kmsg.EndTxn), func(r kmsg.Request) (kmsg.Response, error, bool) {
+				if r.(*kmsg.EndTxnRequest).Commit {
+					commits.Add(1)
+				}
+				k.Cluster.KeepControl()
+				return nil, nil, false
+			})
+			var seen, worked atomic.Int64 // records the step saw; batches with work
+			metrics := &consumedCounter{}
+			l, err := ledger.NewLoop(ledger.LoopConfig{
+				Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+				TransactionalID: "copy-1", Tick: tc.tick, Metrics: metrics,
+				Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+			}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+				seen.Add(int64(len(recs)))
+				var out ledger.Output
+				for _, r := range recs {
+					if string(r.Value) != "ignore" {
+						out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+					}
+				}
+				if len(out.Records) > 0 {
+					worked.Add(1)
+				}
+				return out, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- l.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+
+			cl, err := ledger.NewClient(k.Client)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			publish := func(from, n int, value string) {
+				t.Helper()
+				for i := from; i < from+n; i++ {
+					r := &kgo.Record{Topic: k.Topics.Requests, Key: fmt.Appendf(nil, "k%d", i), Value: []byte(value)}
+					if err := cl.ProduceSync(t.Context(), r).FirstErr(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			// Ignored records, one produce each so that they come in
+			// several batches: the step sees them all, and none gets a
+			// transaction.
+			const ignored = 10
+			publish(0, ignored, "ignore")
+			ledgertest.WaitFor(t, 15*time.Second, func() error {
+				if n := seen.Load(); n < ignored {
+					return fmt.Errorf("the step saw %d of %d records", n, ignored)
+				}
+				return nil
+			})
+			if tc.tick == time.Hour {
+				if n := commits.Load(); n != 0 {
+					t.Fatalf("%d transactions committed for ignored batches; want none", n)
+				}
+				publish(ignored, 1, "copy")
+			}
+			want := int64(ignored)
+			if tc.tick == time.Hour {
+				want++
+			}
+			waitCommitted(t, k, want, 15*time.Second)
+			if n, w := commits.Load(), worked.Load(); n != max(w, 1) {
+				t.Errorf("%d transactions committed for %d batches with work; want %d", n, w, max(w, 1))
+			}
+			if n := metrics.n.Load(); n != want {
+				t.Errorf("the loop's metrics count %d records committed; want %d", n, want)
+			}
+		})
+	}
+}
