@@ -262,9 +262,11 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	var (
 		stepFailures int
 		afterCommit  chan struct{} // closed when the last after-commit step is done
-		// held counts the records of batches whose step did nothing:
-		// their offsets are committed by the next transaction.
-		held int
+		// held counts the records of batches whose step did nothing,
+		// held since heldSince: their offsets are committed by the next
+		// transaction.
+		held      int
+		heldSince time.Time
 	)
 	defer func() {
 		if afterCommit != nil {
@@ -299,23 +301,31 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			l.cfg.Logger.Warn("abort of the open transaction failed; the broker ends it at its timeout", "group", l.cfg.Group, "err", err)
 		}
 	}()
-	for {
-		pollCtx, cancel := context.WithTimeout(ctx, l.cfg.Tick)
-		fetches := sess.PollRecords(pollCtx, l.cfg.MaxPollRecords)
+	// poll returns up to max records, waiting until deadline for the
+	// first.
+	poll := func(deadline time.Time, max int) ([]*kgo.Record, error) {
+		pollCtx, cancel := context.WithDeadline(ctx, deadline)
+		fetches := sess.PollRecords(pollCtx, max)
 		cancel()
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 		l.lastPoll.Store(time.Now().UnixNano())
 		if fetches.IsClientClosed() {
-			return errors.New("client closed")
+			return nil, errors.New("client closed")
 		}
 		fetches.EachError(func(t string, p int32, err error) {
 			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 				l.cfg.Logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
 			}
 		})
-		recs := fetches.Records()
+		return fetches.Records(), nil
+	}
+	for {
+		recs, err := poll(time.Now().Add(l.cfg.Tick), l.cfg.MaxPollRecords)
+		if err != nil {
+			return err
+		}
 		if len(recs) > 0 {
 			l.cfg.Failpoint.Hit(failpoint.Consumed)
 		}
@@ -360,16 +370,24 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// which spares the log a transaction for every such batch. At
 		// low load that is every other transaction of the executor. A
 		// redelivery of such a batch is harmless: the step does nothing
-		// again. An idle poll commits what is held, so that the group's
-		// offsets do not lag behind for long when the traffic stops.
-		idle := len(out.Records) == 0 && out.Committed == nil && out.Abandoned == nil
-		if idle && len(recs) > 0 {
-			held += len(recs)
-			continue
+		// again. What is held is committed on its own by an idle poll
+		// (the traffic stopped), or once it waited a tick (a loop that
+		// ignores most of what it reads, as the reconciler does, may
+		// never see an idle poll): the group's offsets, its lag, and what
+		// a restart reads again stay within a tick.
+		consumed := len(recs) // this batch's records, counted when committed
+		if len(out.Records) == 0 && out.Committed == nil && out.Abandoned == nil && len(recs) > 0 {
+			if held == 0 {
+				heldSince = time.Now()
+			}
+			held, consumed = held+len(recs), 0
 		}
-		if len(recs) == 0 && len(out.Records) == 0 && (held == 0 || !idle) {
-			abandon()
-			continue
+		if consumed == 0 && len(out.Records) == 0 {
+			due := held > 0 && (len(recs) == 0 || time.Since(heldSince) >= l.cfg.Tick)
+			if !due {
+				abandon()
+				continue
+			}
 		}
 
 		if err := sess.Begin(); err != nil {
@@ -417,12 +435,12 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			abandon()
 			// The abort rewound the session to the committed offsets:
 			// the held batches come again too.
-			held = 0
 			l.cfg.Metrics.NotCommitted("rebalanced")
-			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", len(recs))
+			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", consumed+held)
+			held = 0
 			continue
 		}
-		consumed := len(recs) + held
+		consumed += held
 		held = 0
 		*progressed = true
 		l.cfg.Failpoint.Hit(failpoint.Committed)

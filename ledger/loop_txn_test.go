@@ -506,8 +506,9 @@ func (c *consumedCounter) NotCommitted(string) {}
 
 // A batch whose step does nothing (records it ignores, as an executor
 // reads its own events) gets no transaction of its own: its offsets are
-// committed by the next transaction, or, when the traffic stops, by one
-// an idle poll starts.
+// committed by the next transaction; when the traffic stops, by one an
+// idle poll starts; and when ignored records keep coming, by one once
+// they have waited a tick.
 func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -517,7 +518,11 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 		// work can commit the ignored ones.
 		{"next transaction", time.Hour},
 		// Nothing follows the ignored batches: an idle poll commits them.
-		{"idle poll", 50 * time.Millisecond},
+		{"idle poll", 300 * time.Millisecond},
+		// Ignored records keep coming, faster than the tick: no poll is
+		// idle, and the held offsets are committed once they waited a
+		// tick.
+		{"held a tick", 300 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			k := faultableKafka(t)
@@ -529,7 +534,8 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 				k.Cluster.KeepControl()
 				return nil, nil, false
 			})
-			var seen, worked atomic.Int64 // records the step saw; batches with work
+			// records the step saw; batches of ignored records; batches with work
+			var seen, ignoredBatches, worked atomic.Int64
 			metrics := &consumedCounter{}
 			l, err := ledger.NewLoop(ledger.LoopConfig{
 				Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
@@ -543,8 +549,11 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 						out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
 					}
 				}
-				if len(out.Records) > 0 {
+				switch {
+				case len(out.Records) > 0:
 					worked.Add(1)
+				case len(recs) > 0:
+					ignoredBatches.Add(1)
 				}
 				return out, nil
 			})
@@ -561,43 +570,92 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer cl.Close()
-			publish := func(from, n int, value string) {
+			n := 0 // records published
+			publish := func(value string) {
 				t.Helper()
-				for i := from; i < from+n; i++ {
-					r := &kgo.Record{Topic: k.Topics.Requests, Key: fmt.Appendf(nil, "k%d", i), Value: []byte(value)}
-					if err := cl.ProduceSync(t.Context(), r).FirstErr(); err != nil {
-						t.Fatal(err)
-					}
+				r := &kgo.Record{Topic: k.Topics.Requests, Key: fmt.Appendf(nil, "k%d", n), Value: []byte(value)}
+				if err := cl.ProduceSync(t.Context(), r).FirstErr(); err != nil {
+					t.Fatal(err)
 				}
+				n++
 			}
-			// Ignored records, one produce each so that they come in
-			// several batches: the step sees them all, and none gets a
-			// transaction.
+			// A first record with work, once the loop is in its group
+			// and polling; then count from zero.
+			publish("copy")
+			waitCommitted(t, k, 1, 15*time.Second)
+			commits.Store(0)
+			worked.Store(0)
+			metrics.n.Store(0)
+
+			if tc.name == "held a tick" {
+				// 40 ms apart for 3 ticks: the offsets must be committed
+				// while the records still come.
+				stop := time.Now().Add(3 * tc.tick)
+				for time.Now().Before(stop) {
+					publish("ignore")
+					time.Sleep(40 * time.Millisecond)
+				}
+				if got := committedNow(t, k); got < 2 {
+					t.Fatalf("the group committed %d records after %v of ignored records; want them committed a tick after they came", got, 3*tc.tick)
+				}
+				return
+			}
+			// Ignored records, one produce each, 5 ms apart: the step
+			// sees them in one or more batches.
 			const ignored = 10
-			publish(0, ignored, "ignore")
+			for range ignored {
+				publish("ignore")
+				time.Sleep(5 * time.Millisecond)
+			}
 			ledgertest.WaitFor(t, 15*time.Second, func() error {
-				if n := seen.Load(); n < ignored {
-					return fmt.Errorf("the step saw %d of %d records", n, ignored)
+				if got := seen.Load(); got < ignored+1 {
+					return fmt.Errorf("the step saw %d of %d records", got, ignored+1)
 				}
 				return nil
 			})
-			if tc.tick == time.Hour {
-				if n := commits.Load(); n != 0 {
-					t.Fatalf("%d transactions committed for ignored batches; want none", n)
-				}
-				publish(ignored, 1, "copy")
-			}
 			want := int64(ignored)
-			if tc.tick == time.Hour {
+			if tc.name == "next transaction" {
+				if c := commits.Load(); c != 0 {
+					t.Fatalf("%d transactions committed for %d batches of ignored records; want none", c, ignoredBatches.Load())
+				}
+				publish("copy")
 				want++
 			}
-			waitCommitted(t, k, want, 15*time.Second)
-			if n, w := commits.Load(), worked.Load(); n != max(w, 1) {
-				t.Errorf("%d transactions committed for %d batches with work; want %d", n, w, max(w, 1))
+			waitCommitted(t, k, want+1, 15*time.Second)
+			c, w, b := commits.Load(), worked.Load(), ignoredBatches.Load()
+			switch tc.name {
+			case "next transaction":
+				if c != w {
+					t.Errorf("%d transactions committed for %d batches with work; want as many", c, w)
+				}
+			case "idle poll":
+				// One for the idle poll; more only if the records came
+				// more than a tick apart.
+				if c < 1 || c > b {
+					t.Errorf("%d transactions committed for %d batches of ignored records; want at least 1 and at most one each", c, b)
+				}
 			}
-			if n := metrics.n.Load(); n != want {
-				t.Errorf("the loop's metrics count %d records committed; want %d", n, want)
+			if got := metrics.n.Load(); got != want {
+				t.Errorf("the loop's metrics count %d records committed; want %d", got, want)
 			}
 		})
 	}
+}
+
+// committedNow is what the copy group has committed, summed over its
+// partitions.
+func committedNow(t *testing.T, k *ledgertest.Kafka) int64 {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	offs, err := kadm.NewClient(cl).FetchOffsets(t.Context(), k.Group("copy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int64
+	offs.Each(func(o kadm.OffsetResponse) { got += max(o.At, 0) })
+	return got
 }
