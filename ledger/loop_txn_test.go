@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -496,6 +497,36 @@ func TestLoopBuffered(t *testing.T) {
 	}
 }
 
+// runCopyGroupLoop runs a loop of the copy group on the requests topic
+// with step and cfg's Tick, Linger and Metrics until the test ends, and
+// returns a function that publishes one record to the requests topic.
+func runCopyGroupLoop(t *testing.T, k *ledgertest.Kafka, cfg ledger.LoopConfig, step ledger.Step) (publish func(key, value string)) {
+	t.Helper()
+	cfg.Client, cfg.Group, cfg.Topics = k.Client, k.Group("copy"), []string{k.Topics.Requests}
+	cfg.TransactionalID = "copy-1"
+	cfg.Opts = []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)}
+	l, err := ledger.NewLoop(cfg, step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return func(key, value string) {
+		t.Helper()
+		r := &kgo.Record{Topic: k.Topics.Requests, Key: []byte(key), Value: []byte(value)}
+		if err := cl.ProduceSync(t.Context(), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // consumedCounter counts the records the loop's transactions committed.
 type consumedCounter struct{ n atomic.Int64 }
 
@@ -537,11 +568,7 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 			// records the step saw; batches of ignored records; batches with work
 			var seen, ignoredBatches, worked atomic.Int64
 			metrics := &consumedCounter{}
-			l, err := ledger.NewLoop(ledger.LoopConfig{
-				Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
-				TransactionalID: "copy-1", Tick: tc.tick, Metrics: metrics,
-				Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
-			}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+			publishKey := runCopyGroupLoop(t, k, ledger.LoopConfig{Tick: tc.tick, Metrics: metrics}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
 				seen.Add(int64(len(recs)))
 				var out ledger.Output
 				for _, r := range recs {
@@ -557,26 +584,10 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 				}
 				return out, nil
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- l.Run(ctx) }()
-			defer func() { cancel(); <-done }()
-
-			cl, err := ledger.NewClient(k.Client)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
 			n := 0 // records published
 			publish := func(value string) {
 				t.Helper()
-				r := &kgo.Record{Topic: k.Topics.Requests, Key: fmt.Appendf(nil, "k%d", n), Value: []byte(value)}
-				if err := cl.ProduceSync(t.Context(), r).FirstErr(); err != nil {
-					t.Fatal(err)
-				}
+				publishKey(fmt.Sprint("k", n), value)
 				n++
 			}
 			// A first record with work, once the loop is in its group
@@ -658,4 +669,56 @@ func committedNow(t *testing.T, k *ledgertest.Kafka) int64 {
 	var got int64
 	offs.Each(func(o kadm.OffsetResponse) { got += max(o.At, 0) })
 	return got
+}
+
+// With Linger the loop waits that long after a poll for more records,
+// so that records arriving within it make one step; without, each makes
+// its own.
+func TestLoopLinger(t *testing.T) {
+	for _, linger := range []time.Duration{0, 800 * time.Millisecond} {
+		t.Run(fmt.Sprint("linger=", linger), func(t *testing.T) {
+			k := faultableKafka(t)
+			var (
+				mu      sync.Mutex
+				batches []int
+			)
+			publishKey := runCopyGroupLoop(t, k, ledger.LoopConfig{Tick: 2 * time.Second, Linger: linger}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+				if len(recs) > 0 {
+					mu.Lock()
+					batches = append(batches, len(recs))
+					mu.Unlock()
+				}
+				var out ledger.Output
+				for _, r := range recs {
+					out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+				}
+				return out, nil
+			})
+			publish := func(i int) { publishKey("k", fmt.Sprint("v", i)) }
+			// A first record, once the loop is in its group and polling.
+			publish(0)
+			waitCommitted(t, k, 1, 15*time.Second)
+			mu.Lock()
+			batches = nil
+			mu.Unlock()
+			// Three records 100 ms apart, one partition (one key).
+			for i := 1; i <= 3; i++ {
+				publish(i)
+				time.Sleep(100 * time.Millisecond)
+			}
+			waitCommitted(t, k, 4, 15*time.Second)
+			mu.Lock()
+			got := slices.Clone(batches)
+			mu.Unlock()
+			if linger > 0 && !slices.Equal(got, []int{3}) {
+				t.Errorf("batches %v; want the three records in one step", got)
+			}
+			if linger == 0 && len(got) < 2 {
+				t.Errorf("batches %v without linger; want more than one step", got)
+			}
+		})
+	}
+	if _, err := ledger.NewLoop(ledger.LoopConfig{Group: "g", Topics: []string{"t"}, TransactionalID: "x", Tick: time.Second, Linger: time.Second}, nil); err == nil {
+		t.Error("a linger as long as the tick was accepted")
+	}
 }

@@ -63,6 +63,7 @@ type benchFlags struct {
 	baseline       string
 	pairs          int
 	nodeLogLevel   string
+	batchLinger    time.Duration
 	limitCalls     int
 	clickhouse     clickhouseFlags
 }
@@ -129,6 +130,7 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "also project every run's events into this ClickHouse (native protocol) and report the projection's lag under the load")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_bench", "ClickHouse database of the benchmark's projection: never a production one")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
+	fs.DurationVar(&f.batchLinger, "batch-linger", 0, "the ledger processes' --batch-linger (a --baseline binary must know the flag too); 0: not passed")
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
@@ -516,6 +518,9 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		}
 		if e.f.profile != "" {
 			args = append(args, "--profile", filepath.Join(e.f.profile, fmt.Sprintf("run%d-node%d", e.runs, i)))
+		}
+		if e.f.batchLinger > 0 {
+			args = append(args, "--batch-linger", e.f.batchLinger.String())
 		}
 		if i == 0 {
 			args = append(args, "--intake", "--issuer", benchIssuer, "--jwks-file", e.jwksFile)

@@ -48,6 +48,7 @@ func newBenchNodeCmd(g *globals) *cobra.Command {
 		},
 	}
 	f.roles.register(cmd, true)
+	f.roles.registerLoop(cmd)
 	fs := cmd.Flags()
 	f.ident.register(fs)
 	f.creds.register(fs)
@@ -104,7 +105,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		if err != nil {
 			return err
 		}
-		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, obs, logger)
+		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, f.roles.linger, obs, logger)
 		if err != nil {
 			return err
 		}
@@ -123,7 +124,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 				// one process owns) pay for metrics of their own.
 				xobs = observers{metrics: metrics.New("bench")}
 			}
-			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), xobs, logger)
+			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), f.roles.linger, xobs, logger)
 			if err != nil {
 				return err
 			}

@@ -63,6 +63,7 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 		},
 	}
 	f.roles.register(cmd, true)
+	f.roles.registerLoop(cmd)
 	fs := cmd.Flags()
 	f.policy.register(fs)
 	f.creds.register(fs)
@@ -178,11 +179,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 
 	instance := f.roles.instance
-	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, observers{}, logger)
+	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, f.roles.linger, observers{}, logger)
 	if err != nil {
 		return err
 	}
-	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, observers{}, logger)
+	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, f.roles.linger, observers{}, logger)
 	if err != nil {
 		return err
 	}
@@ -236,7 +237,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	mux.Handle("/v1/compensations", undo.Handler())
-	reconcileRole, err := reconciler.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-reconciler-" + instance})
+	reconcileRole, err := reconciler.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-reconciler-" + instance, Linger: f.roles.linger})
 	if err != nil {
 		return err
 	}

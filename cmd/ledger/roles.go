@@ -42,6 +42,8 @@ type roleFlags struct {
 	metricsAddr string
 	// otlpURL is where spans are exported; empty: nowhere.
 	otlpURL string
+	// linger is the processing loop's ledger.LoopConfig.Linger.
+	linger time.Duration
 	// obs are the process's metrics and tracer, made by run before build.
 	obs observers
 	// drain, if set by the role's build, runs after its loop stopped and
@@ -57,6 +59,12 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id)")
 	fs.StringVar(&r.metricsAddr, "metrics-addr", "", "where to serve /metrics (Prometheus), /healthz (the process serves) and /readyz (Kafka, the store and the processing loop answer), e.g. :9464; empty: not served")
 	fs.StringVar(&r.otlpURL, "otlp-traces-url", "", "OTLP/HTTP endpoint to export spans to (the executor's per call and per tool request, in the agents' traces), e.g. http://otel-collector:4318/v1/traces; empty: no spans (tools still get a traceparent)")
+}
+
+// registerLoop adds the flags of a role that runs a processing loop.
+func (r *roleFlags) registerLoop(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.DurationVar(&r.linger, "batch-linger", 0, "how long the processing loop waits for more records after a poll returned some, before it processes them: fewer, larger batches (fewer Kafka transactions and store round trips per call, less CPU at low load) for up to this much latency; 0 processes at once; shorter than the loop's tick (the executor's is 100ms, the others' 1s)")
 }
 
 // observers are what a role's processors report to; the zero value
@@ -76,7 +84,7 @@ func (o observers) loop() ledger.LoopMetrics {
 
 // intakeLoop wires an intake onto its consume-process-produce loop. cfg
 // carries the intake's trust: identity, policy and rate limiter.
-func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, obs observers, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
+func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, linger time.Duration, obs observers, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
 	cfg.Topics = topics
 	cfg.Actor = "intake/" + instance
 	cfg.Logger = logger.With("processor", "intake")
@@ -91,12 +99,12 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 	if err != nil {
 		return nil, nil, err
 	}
-	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance, Failpoint: fp, Metrics: obs.loop()})
+	loop, err := in.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance, Linger: linger, Failpoint: fp, Metrics: obs.loop()})
 	return loop, in, err
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, linger time.Duration, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	// The reliability suite's crash points, in a binary built with the
 	// failpoints tag; nil (and free) otherwise.
 	fp, err := failpoint.FromEnv("executor")
@@ -129,7 +137,7 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 		m.Breakers(x.BreakerStates)
 		m.Bulkheads(func() map[string]metrics.Bulkhead { return metrics.BulkheadsOf(x.Bulkheads()) }, x.InFlight)
 	}
-	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Failpoint: fp, Metrics: obs.loop()})
+	loop, err := x.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Linger: linger, Failpoint: fp, Metrics: obs.loop()})
 	return loop, x, err
 }
 
@@ -240,12 +248,13 @@ func newIntakeCmd(g *globals) *cobra.Command {
 						logger.Error("policy activations stopped", "err", err)
 					}
 				}()
-				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, rf.obs, logger)
+				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, rf.linger, rf.obs, logger)
 				return loop, err
 			})
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerLoop(cmd)
 	idf.register(cmd.Flags())
 	pf.register(cmd.Flags())
 	return cmd
@@ -316,7 +325,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, rf.obs, logger)
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, rf.linger, rf.obs, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -326,6 +335,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
 	pf.register(cmd.Flags())
 	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve the credential keys (GET /.well-known/jwks.json) for tools to verify with; empty: not served")
@@ -526,11 +536,12 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					}()
 				}
 				rf.obs.metrics.Unknown(rc.Unknown)
-				return rc.Loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance, Metrics: rf.obs.metrics})
+				return rc.Loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance, Linger: rf.linger, Metrics: rf.obs.metrics})
 			})
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
 	idf.register(cmd.Flags())
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative status lookup URLs resolve against")
