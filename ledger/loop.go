@@ -37,6 +37,11 @@ type Output struct {
 	// runs at most once, never with Committed, and before the batch is
 	// redelivered, so that the redelivery's step sees what it undid (an
 	// outbox marked logged in advance, say). A failure is logged.
+	//
+	// A step on an empty batch that returns hooks and no Records gets a
+	// transaction only when earlier batches' offsets are waiting for one
+	// (see Step): then Committed runs after it; otherwise Abandoned runs
+	// at once.
 	Abandoned func(ctx context.Context) error
 }
 
@@ -361,7 +366,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			}
 			stepFailures++
 			l.cfg.Metrics.NotCommitted("step_failed")
-			l.cfg.Logger.Warn("step failed, redelivering batch", "group", l.cfg.Group, "records", len(recs), "err", err)
+			l.cfg.Logger.Warn("step failed, redelivering batch", "group", l.cfg.Group, "records", len(recs)+held, "err", err)
 			// Aborting rewinds the session to the committed offsets,
 			// so the batch comes again.
 			if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
@@ -393,10 +398,11 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// low load that is every other transaction of the executor. A
 		// redelivery of such a batch is harmless: the step does nothing
 		// again. What is held is committed on its own by an idle poll
-		// (the traffic stopped), or once it waited a tick (a loop that
-		// ignores most of what it reads, as the reconciler does, may
-		// never see an idle poll): the group's offsets, its lag, and what
-		// a restart reads again stay within a tick.
+		// (the traffic stopped), or by the first step to return after it
+		// waited a tick (a loop that ignores most of what it reads, as
+		// the reconciler does, may never see an idle poll): the group's
+		// offsets, its lag, and what a restart reads again stay within
+		// about a tick (two, with the steps' own time, at worst).
 		consumed := len(recs) // this batch's records, counted when committed
 		if len(out.Records) == 0 && out.Committed == nil && out.Abandoned == nil && len(recs) > 0 {
 			if held == 0 {

@@ -424,6 +424,8 @@ func (f *benchFlags) validate() error {
 		return errors.New("bench: --warmup must not be negative")
 	case f.baseline != "" && f.pairs <= 0:
 		return errors.New("bench: --pairs must be positive")
+	case f.batchLinger < 0:
+		return errors.New("bench: --batch-linger must not be negative")
 	}
 	for _, list := range []struct{ name, v string }{{"--sweep", f.sweep}, {"--sizes", f.sizes}, {"--scaling", f.scaling}} {
 		for s := range strings.SplitSeq(list.v, ",") {

@@ -53,6 +53,8 @@ func TestBenchOnPostgres(t *testing.T) {
 		"--mix", "create_ticket=1,get_weather=1", "--tenants", "3",
 		"--calls", "400", "--warmup", "100", "--concurrency", "64", "--executors", "2",
 		"--sweep", "300", "--limit-calls", "2000",
+		// Passed on to the ledger processes, which must take it.
+		"--batch-linger", "1ms",
 		"--json", jsonOut, "--svg", svgOut, "--work-dir", filepath.Join(dir, "work"),
 	)
 	for _, want := range []string{"where the time goes", "projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
@@ -221,6 +223,7 @@ func TestBenchFlags(t *testing.T) {
 		{"--baseline", "/bin/false"},
 		{"--baseline", filepath.Join(t.TempDir(), "no-such-ledger")},
 		{"--baseline", "/bin/true", "--pairs", "0"},
+		{"--batch-linger", "-1ms"},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"bench"}, args...))
