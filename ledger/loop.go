@@ -316,11 +316,11 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			l.cfg.Logger.Warn("abort of the open transaction failed; the broker ends it at its timeout", "group", l.cfg.Group, "err", err)
 		}
 	}()
-	// poll returns up to max records, waiting until deadline for the
+	// poll returns up to n records, waiting until deadline for the
 	// first.
-	poll := func(deadline time.Time, max int) ([]*kgo.Record, error) {
+	poll := func(deadline time.Time, n int) ([]*kgo.Record, error) {
 		pollCtx, cancel := context.WithDeadline(ctx, deadline)
-		fetches := sess.PollRecords(pollCtx, max)
+		fetches := sess.PollRecords(pollCtx, n)
 		cancel()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

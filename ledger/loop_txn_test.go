@@ -271,17 +271,26 @@ func waitCommitted(t *testing.T, k *ledgertest.Kafka, n int64, timeout time.Dura
 	}
 	defer cl.Close()
 	ledgertest.WaitFor(t, timeout, func() error {
-		offs, err := kadm.NewClient(cl).FetchOffsets(t.Context(), k.Group("copy"))
+		got, err := groupCommitted(t.Context(), cl, k.Group("copy"))
 		if err != nil {
 			return err
 		}
-		var got int64
-		offs.Each(func(o kadm.OffsetResponse) { got += max(o.At, 0) })
 		if got < n {
 			return fmt.Errorf("the group committed %d of %d requests", got, n)
 		}
 		return nil
 	})
+}
+
+// groupCommitted is what group has committed, summed over its partitions.
+func groupCommitted(ctx context.Context, cl *kgo.Client, group string) (int64, error) {
+	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, group)
+	if err != nil {
+		return 0, err
+	}
+	var got int64
+	offs.Each(func(o kadm.OffsetResponse) { got += max(o.At, 0) })
+	return got, nil
 }
 
 // A loop stopped while a transaction is open aborts it: no successor
@@ -606,7 +615,16 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 					publish("ignore")
 					time.Sleep(40 * time.Millisecond)
 				}
-				if got := committedNow(t, k); got < 2 {
+				cl, err := ledger.NewClient(k.Client)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cl.Close()
+				got, err := groupCommitted(t.Context(), cl, k.Group("copy"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got < 2 {
 					t.Fatalf("the group committed %d records after %v of ignored records; want them committed a tick after they came", got, 3*tc.tick)
 				}
 				return
@@ -651,24 +669,6 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 			}
 		})
 	}
-}
-
-// committedNow is what the copy group has committed, summed over its
-// partitions.
-func committedNow(t *testing.T, k *ledgertest.Kafka) int64 {
-	t.Helper()
-	cl, err := ledger.NewClient(k.Client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	offs, err := kadm.NewClient(cl).FetchOffsets(t.Context(), k.Group("copy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got int64
-	offs.Each(func(o kadm.OffsetResponse) { got += max(o.At, 0) })
-	return got
 }
 
 // With Linger the loop waits that long after a poll for more records,
