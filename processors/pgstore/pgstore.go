@@ -945,20 +945,21 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	if len(as) == 0 {
 		return []processors.AdmitResult{}, nil
 	}
-	// Only the first admission of a key is inserted; later ones in the
-	// batch are answered against it, as if they came after it.
+	// Only the first admission of a key is inserted (first: its index in
+	// as); later ones in the batch are answered against it, as if they
+	// came after it.
 	var (
-		seen                                     = make(map[ledger.CallKey]bool, len(as))
+		first                                    = make(map[ledger.CallKey]int, len(as))
 		ts, ks, callIDs, hashes, tools, statuses []string
 		toolVersions, seqs                       []int64
 		arguments, outboxes                      [][]byte
 		deadlines                                []pgtype.Timestamptz
 	)
-	for _, a := range as {
-		if seen[a.Key] {
+	for i, a := range as {
+		if _, ok := first[a.Key]; ok {
 			continue
 		}
-		seen[a.Key] = true
+		first[a.Key] = i
 		ts, ks = append(ts, a.Key.TenantID), append(ks, a.Key.IdempotencyKey)
 		callIDs, hashes, tools = append(callIDs, a.CallID), append(hashes, a.ArgumentsHash), append(tools, a.Tool)
 		toolVersions, arguments = append(toolVersions, int64(a.ToolVersion)), append(arguments, a.Arguments)
@@ -991,7 +992,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	if err != nil {
 		return nil, err
 	}
-	out, err := s.admitted(ctx, as, ts, ks, existing, inserted)
+	out, err := s.admitted(ctx, as, first, ts, ks, existing, inserted)
 	if err != nil {
 		// The admissions committed: the caller's retry finds them, as
 		// after a COMMIT whose answer was lost.
@@ -1002,23 +1003,18 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 
 // admitted answers each admission of as from the records the batch found
 // (existing) and those it inserted, reading again the keys that are in
-// neither, now that the batch committed.
-func (s *Store) admitted(ctx context.Context, as []processors.Admission, ts, ks []string, existing []processors.Record, inserted []insertedRow) ([]processors.AdmitResult, error) {
+// neither, now that the batch committed. first indexes each key's first
+// admission in as.
+func (s *Store) admitted(ctx context.Context, as []processors.Admission, first map[ledger.CallKey]int, ts, ks []string, existing []processors.Record, inserted []insertedRow) ([]processors.AdmitResult, error) {
 	pre, ins := byKey(existing), make(map[ledger.CallKey]processors.Record, len(inserted))
-	if len(inserted) > 0 {
-		// An inserted record is its key's first admission in the batch
-		// (the one Admit sent), with what the database set.
-		first := make(map[ledger.CallKey]int, len(as))
-		for i := len(as) - 1; i >= 0; i-- {
-			first[as[i].Key] = i
+	for _, r := range inserted {
+		// An inserted record is its key's first admission in the
+		// batch (the one Admit sent), with what the database set.
+		i, ok := first[r.key]
+		if !ok {
+			return nil, fmt.Errorf("pgstore admit: inserted %v, which the batch does not hold", r.key)
 		}
-		for _, r := range inserted {
-			i, ok := first[r.key]
-			if !ok {
-				return nil, fmt.Errorf("pgstore admit: inserted %v, which the batch does not hold", r.key)
-			}
-			ins[r.key] = r.record(as[i])
-		}
+		ins[r.key] = r.record(as[i])
 	}
 	// A key neither there at the first read nor inserted: another
 	// admission inserted it in between, and the insert, having
