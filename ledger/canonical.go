@@ -35,18 +35,41 @@ func Canonical(v any) ([]byte, error) {
 // ArgumentsHash returns the envelope's arguments_hash (DESIGN §3): "sha256:"
 // and the lowercase hex SHA-256 of the canonical JSON of
 // {"arguments": arguments, "tenant_id": tenantID, "tool": tool,
-// "tool_version": toolVersion}.
+// "tool_version": toolVersion}. An error in the arguments points into
+// them ("/arguments/...").
 func ArgumentsHash(tenantID, tool string, toolVersion int, arguments any) (string, error) {
-	b, err := Canonical(map[string]any{
-		"arguments":    arguments,
-		"tenant_id":    tenantID,
-		"tool":         tool,
-		"tool_version": toolVersion,
-	})
-	if err != nil {
+	c := canonicalizer{buf: make([]byte, 0, 256), path: []string{"arguments"}}
+	if err := c.value(arguments, 1); err != nil {
 		return "", fmt.Errorf("arguments hash: %w", err)
 	}
-	sum := sha256.Sum256(b)
+	return HashCanonicalArguments(tenantID, tool, toolVersion, c.buf)
+}
+
+// HashCanonicalArguments is ArgumentsHash of arguments already in canonical
+// form (Canonical's output), which it takes as they are: a caller that
+// holds them canonical (the intake stores them so) hashes without a second
+// canonicalization. Bytes that are not canonical hash to what no
+// document's ArgumentsHash is, save by a SHA-256 collision, so an equal
+// hash also says that the bytes are exactly the hashed document.
+func HashCanonicalArguments(tenantID, tool string, toolVersion int, canonical []byte) (string, error) {
+	// The keys in JCS order: "tool" sorts before "tool_version".
+	c := canonicalizer{buf: make([]byte, 0, len(canonical)+len(tenantID)+len(tool)+64)}
+	c.buf = append(c.buf, `{"arguments":`...)
+	c.buf = append(c.buf, canonical...)
+	for _, f := range [...]struct{ key, value string }{{"tenant_id", tenantID}, {"tool", tool}} {
+		if !utf8.ValidString(f.value) {
+			c.path = append(c.path, f.key)
+			return "", fmt.Errorf("arguments hash: %w", c.fail(CodeInvalidValue, "string is not valid UTF-8"))
+		}
+		c.buf = appendJCSString(append(append(append(c.buf, ',', '"'), f.key...), '"', ':'), f.value)
+	}
+	c.buf = append(c.buf, `,"tool_version":`...)
+	c.path = append(c.path, "tool_version")
+	if err := c.integer(int64(toolVersion)); err != nil {
+		return "", fmt.Errorf("arguments hash: %w", err)
+	}
+	c.buf = append(c.buf, '}')
+	sum := sha256.Sum256(c.buf)
 	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 

@@ -97,6 +97,9 @@ func FuzzCanonical(f *testing.F) {
 		if err1 != nil || err3 != nil || h1 != h3 {
 			t.Fatalf("arguments hash %s (%v) and %s (%v) for two spellings of one document", h1, err1, h3, err3)
 		}
+		if hc, err := HashCanonicalArguments("t_fuzz", "tool", 1, c1); err != nil || hc != h1 {
+			t.Fatalf("the hash of the canonical form %s is %s (%v); ArgumentsHash's is %s", c1, hc, err, h1)
+		}
 	})
 }
 

@@ -334,9 +334,81 @@ func TestArgumentsHash(t *testing.T) {
 		}
 	}
 
-	if _, err := ArgumentsHash("t", "x", 1, map[string]any{"n": math.NaN()}); err == nil {
-		t.Errorf("ArgumentsHash(NaN) = nil error; want one")
+	_, err := ArgumentsHash("t", "x", 1, map[string]any{"n": math.NaN()})
+	var de *DecodeError
+	if !errors.As(err, &de) || de.Pointer != "/arguments/n" {
+		t.Errorf("ArgumentsHash(NaN) = %v; want a DecodeError at /arguments/n", err)
 	}
+}
+
+// TestHashCanonicalArguments: the hash of arguments held canonical is
+// ArgumentsHash's, and any other bytes (another spelling of the same
+// arguments included) hash to something else.
+func TestHashCanonicalArguments(t *testing.T) {
+	t.Parallel()
+	const want = "sha256:cddef8618bf08e54b7ac36d10c2bd47e7c7e060f2c99b506f490b46aed3b0199" // TestArgumentsHash's
+	canonical := []byte(`{"amount_cents":4500,"currency":"AUD","order_id":"ord_1029"}`)
+	if got, err := HashCanonicalArguments("t_acme", "refund_order", 3, canonical); err != nil || got != want {
+		t.Errorf("HashCanonicalArguments(canonical) = %q, %v; want %q", got, err, want)
+	}
+	for _, other := range []string{
+		`{"amount_cents":4500, "currency":"AUD","order_id":"ord_1029"}`,
+		`{"currency":"AUD","amount_cents":4500,"order_id":"ord_1029"}`,
+		`{"amount_cents":4.5e3,"currency":"AUD","order_id":"ord_1029"}`,
+		`{"amount_cents":4500,"currency":"AUD","order_id":"ord_1029"},"x":{}`,
+	} {
+		if got, err := HashCanonicalArguments("t_acme", "refund_order", 3, []byte(other)); err != nil || got == want {
+			t.Errorf("HashCanonicalArguments(%s) = %q, %v; want another valid hash", other, got, err)
+		}
+	}
+	// The tenant, the tool and the version are checked as ArgumentsHash
+	// checks them.
+	for _, c := range []struct {
+		tenant, tool string
+		version      int
+		pointer      string
+	}{
+		{tenant: "t\xff", tool: "x", version: 1, pointer: "/tenant_id"},
+		{tenant: "t", tool: "x\xfe", version: 1, pointer: "/tool"},
+		{tenant: "t", tool: "x", version: 1<<53 + 1, pointer: "/tool_version"},
+	} {
+		_, err := HashCanonicalArguments(c.tenant, c.tool, c.version, canonical)
+		var de *DecodeError
+		if !errors.As(err, &de) || de.Pointer != c.pointer {
+			t.Errorf("HashCanonicalArguments(%q, %q, %d) = %v; want a DecodeError at %s", c.tenant, c.tool, c.version, err, c.pointer)
+		}
+		_, err2 := ArgumentsHash(c.tenant, c.tool, c.version, map[string]any{})
+		if !errors.As(err2, &de) || de.Pointer != c.pointer {
+			t.Errorf("ArgumentsHash(%q, %q, %d) = %v; want a DecodeError at %s", c.tenant, c.tool, c.version, err2, c.pointer)
+		}
+	}
+}
+
+func BenchmarkArgumentsHash(b *testing.B) {
+	tree, err := Decode([]byte(`{"order_id": "ord_1029", "amount_cents": 4500, "currency": "AUD"}`), Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	canonical, err := Canonical(tree)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("tree", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ArgumentsHash("t_acme", "refund_order", 3, tree); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("canonical", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := HashCanonicalArguments("t_acme", "refund_order", 3, canonical); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func BenchmarkCanonical(b *testing.B) {

@@ -171,6 +171,8 @@ type checked struct {
 	id       identity.Identity
 	tool     *schemas.Tool
 	decision policy.Decision
+	// args are the arguments in canonical form, as hashed.
+	args []byte
 }
 
 // key is the call's key under the verified tenant.
@@ -458,15 +460,25 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	if ptr, ok := scopeMismatch(env.Scope, id); !ok {
 		return refuse(c.key(), ReasonScopeMismatch, ptr, "the scope disagrees with the verified assertion")
 	}
-	hash, err := ledger.ArgumentsHash(id.Tenant, env.Tool, env.ToolVersion, env.Arguments)
+	// Canonical once: the hash is of these bytes, and they are what the
+	// store keeps and the tool receives.
+	args, err := ledger.Canonical(env.Arguments)
+	var hash string
+	if err == nil {
+		hash, err = ledger.HashCanonicalArguments(id.Tenant, env.Tool, env.ToolVersion, args)
+	}
 	if err != nil {
 		var de *ledger.DecodeError
 		code, ptr := ReasonInvalidArguments, "/arguments"
 		if errors.As(err, &de) {
 			code, ptr = de.Code, de.Pointer
+			if args == nil {
+				ptr = "/arguments" + ptr // Canonical's pointer is into the arguments
+			}
 		}
 		return refuse(c.key(), code, ptr, err.Error())
 	}
+	c.args = args
 	if hash != env.ArgumentsHash {
 		return refuse(c.key(), ReasonHashMismatch, "/arguments_hash",
 			"arguments_hash is not the sha256 of the canonical (RFC 8785) {arguments, tenant_id, tool, tool_version}")
@@ -603,11 +615,7 @@ func (p *Processor) decorate(ev *ledger.Event, d policy.Decision) {
 // admission builds a decided call's record: the events the call starts
 // with go into the outbox.
 func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, error) {
-	env, tool, d := c.env, c.tool, c.decision
-	args, err := ledger.Canonical(env.Arguments)
-	if err != nil {
-		return processors.Admission{}, err
-	}
+	env, tool, d, args := c.env, c.tool, c.decision, c.args
 	// The audit copy hides what the registry and the deciding policies
 	// say to hide.
 	hide := append(append([]string(nil), tool.Redact...), d.Obligations.Mask...)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
@@ -340,5 +342,48 @@ func TestIntakeMarksAuthorizedCallsLater(t *testing.T) {
 	}
 	if got := logged("later"); got != 2 {
 		t.Errorf("authorized call logged to %d once its delay passed; want 2", got)
+	}
+}
+
+// The arguments are canonicalized once: the record keeps them canonical,
+// as they were hashed, so that the executor can check them without
+// decoding them (ledger.HashCanonicalArguments); arguments that cannot be
+// canonicalized are refused, pointing into them.
+func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
+	f := newIntake(t)
+	id := identity.Identity{Tenant: "t_a", User: "u_1", Agent: "ledger-compensation"}
+	args := map[string]any{"title": "Printer on fire", "priority": "high"}
+	hash, err := ledger.ArgumentsHash("t_a", "create_ticket", 1, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &ledger.Envelope{
+		Tool: "create_ticket", ToolVersion: 1, CallID: "c_1", Scope: ledger.Scope{TenantID: "t_a", UserID: "u_1"},
+		IdempotencyKey: "k_canonical", ArgumentsHash: hash, Arguments: args,
+	}
+	evs, err := f.in.Submit(t.Context(), env, id)
+	if err != nil || len(evs) == 0 || evs[len(evs)-1].Type != "authorized" {
+		t.Fatalf("Submit = %+v, %v; want the call authorized", evs, err)
+	}
+	rec, err := f.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k_canonical"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"priority":"high","title":"Printer on fire"}`; string(rec.Arguments) != want {
+		t.Errorf("stored arguments %s; want the canonical %s", rec.Arguments, want)
+	}
+	if h, err := ledger.HashCanonicalArguments("t_a", "create_ticket", 1, rec.Arguments); err != nil || h != rec.ArgumentsHash {
+		t.Errorf("stored arguments hash to %s (%v); the record says %s", h, err, rec.ArgumentsHash)
+	}
+
+	bad := *env
+	bad.IdempotencyKey = "k_nan"
+	bad.Arguments = map[string]any{"title": "x", "priority": math.NaN()}
+	evs, err = f.in.Submit(t.Context(), &bad, id)
+	if err != nil || len(evs) != 1 {
+		t.Fatalf("Submit(NaN) = %+v, %v; want one refusal", evs, err)
+	}
+	if ev := evs[0]; ev.Type != "denied" || ev.Reason != ledger.CodeNumberOutOfRange || ev.Pointer != "/arguments/priority" {
+		t.Errorf("Submit(NaN) refused %s (%s at %q); want denied (%s at /arguments/priority)", ev.Type, ev.Reason, ev.Pointer, ledger.CodeNumberOutOfRange)
 	}
 }
