@@ -38,19 +38,38 @@ func Canonical(v any) ([]byte, error) {
 // "tool_version": toolVersion}. An error in the arguments points into
 // them ("/arguments/...").
 func ArgumentsHash(tenantID, tool string, toolVersion int, arguments any) (string, error) {
-	c := canonicalizer{buf: make([]byte, 0, 256), path: []string{"arguments"}}
-	if err := c.value(arguments, 1); err != nil {
+	canonical, err := CanonicalArguments(arguments)
+	if err != nil {
 		return "", fmt.Errorf("arguments hash: %w", err)
 	}
-	return HashCanonicalArguments(tenantID, tool, toolVersion, c.buf)
+	return HashCanonicalArguments(tenantID, tool, toolVersion, canonical)
+}
+
+// CanonicalArguments is Canonical of a call's arguments as ArgumentsHash
+// sees them: one level down in the hashed document, so that an error
+// points into them ("/arguments/...") and the depth bound counts from
+// that document's top.
+func CanonicalArguments(arguments any) ([]byte, error) {
+	c := canonicalizer{buf: make([]byte, 0, 256), path: []string{"arguments"}}
+	if err := c.value(arguments, 1); err != nil {
+		return nil, err
+	}
+	return c.buf, nil
 }
 
 // HashCanonicalArguments is ArgumentsHash of arguments already in canonical
-// form (Canonical's output), which it takes as they are: a caller that
-// holds them canonical (the intake stores them so) hashes without a second
-// canonicalization. Bytes that are not canonical hash to what no
-// document's ArgumentsHash is, save by a SHA-256 collision, so an equal
-// hash also says that the bytes are exactly the hashed document.
+// form, exactly as CanonicalArguments returned them, which it takes as
+// they are: a caller that holds them canonical (the intake stores them
+// so) hashes without canonicalizing again.
+//
+// An equal hash also says that the bytes are the hashed arguments
+// themselves, save for a SHA-256 collision: the document hashed is the
+// bytes between a fixed prefix and a suffix that can be read only one
+// way (the tenant and the tool JCS-escaped, so that neither holds an
+// unescaped quote; the version a decimal integer), so other bytes, or
+// bytes that run on into a member of their own, make another document.
+// That is why the tenant and the tool must go through the same escaping
+// as every other string here.
 func HashCanonicalArguments(tenantID, tool string, toolVersion int, canonical []byte) (string, error) {
 	// The keys in JCS order: "tool" sorts before "tool_version".
 	c := canonicalizer{buf: make([]byte, 0, len(canonical)+len(tenantID)+len(tool)+64)}

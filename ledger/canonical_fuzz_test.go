@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,6 +101,20 @@ func FuzzCanonical(f *testing.F) {
 		}
 		if hc, err := HashCanonicalArguments("t_fuzz", "tool", 1, c1); err != nil || hc != h1 {
 			t.Fatalf("the hash of the canonical form %s is %s (%v); ArgumentsHash's is %s", c1, hc, err, h1)
+		}
+		// The hash as DESIGN §3 defines it, canonicalizing the whole
+		// document, with the input's text as the tenant and the tool:
+		// ArgumentsHash, which hashes around the canonical arguments,
+		// must agree, errors included.
+		tenant, tool := string(data[:len(data)/2]), string(data[len(data)/2:])
+		version := int(seed%5) - 2
+		if seed%7 == 0 {
+			version = 1<<53 + int(seed%3) - 1
+		}
+		want, wantErr := definedArgumentsHash(tenant, tool, version, tree)
+		got, gotErr := ArgumentsHash(tenant, tool, version, tree)
+		if got != want || (gotErr == nil) != (wantErr == nil) || (gotErr != nil && errors.Unwrap(gotErr).Error() != wantErr.Error()) {
+			t.Fatalf("ArgumentsHash(%q, %q, %d) = %s, %v; the definition gives %s, %v", tenant, tool, version, got, gotErr, want, wantErr)
 		}
 	})
 }
@@ -292,4 +308,20 @@ func respellNumber(n json.Number, rng *rand.Rand) string {
 		s = "-0.0e+7" // JCS writes -0 as 0
 	}
 	return s
+}
+
+// definedArgumentsHash is DESIGN §3's arguments_hash spelled out: the
+// SHA-256 of the canonical form of the whole document.
+func definedArgumentsHash(tenantID, tool string, toolVersion int, arguments any) (string, error) {
+	b, err := Canonical(map[string]any{
+		"arguments":    arguments,
+		"tenant_id":    tenantID,
+		"tool":         tool,
+		"tool_version": toolVersion,
+	})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }

@@ -361,6 +361,15 @@ func TestHashCanonicalArguments(t *testing.T) {
 			t.Errorf("HashCanonicalArguments(%s) = %q, %v; want another valid hash", other, got, err)
 		}
 	}
+	// A tenant and a tool with characters JCS escapes (a quote, a
+	// backslash, a control character, a tab) and some it does not (é,
+	// U+2028). The expected value was computed independently:
+	//
+	//	python3 -c 'import json,hashlib; o={"arguments":{"order_id":"ord_1029","amount_cents":4500,"currency":"AUD"},"tenant_id":"t_\"q\\\u0001\u00e9\u2028","tool":"refund\torder","tool_version":3}; print(hashlib.sha256(json.dumps(o,sort_keys=True,separators=(",",":"),ensure_ascii=False).encode()).hexdigest())'
+	const escaped = "sha256:5f8020fa7a70503cf1b9ebf4c2dcc256dab3732a4e3ca93362aefc3419b36ccc"
+	if got, err := HashCanonicalArguments("t_\"q\\\x01é\u2028", "refund\torder", 3, canonical); err != nil || got != escaped {
+		t.Errorf("HashCanonicalArguments(escaped tenant and tool) = %q, %v; want %q", got, err, escaped)
+	}
 	// The tenant, the tool and the version are checked as ArgumentsHash
 	// checks them.
 	for _, c := range []struct {
@@ -380,6 +389,34 @@ func TestHashCanonicalArguments(t *testing.T) {
 		_, err2 := ArgumentsHash(c.tenant, c.tool, c.version, map[string]any{})
 		if !errors.As(err2, &de) || de.Pointer != c.pointer {
 			t.Errorf("ArgumentsHash(%q, %q, %d) = %v; want a DecodeError at %s", c.tenant, c.tool, c.version, err2, c.pointer)
+		}
+	}
+}
+
+// TestArgumentsDepth: the arguments sit one level down in the hashed
+// document, so they may nest one level less than a document of their own.
+func TestArgumentsDepth(t *testing.T) {
+	t.Parallel()
+	nest := func(n int) any {
+		var v any = []any{}
+		for range n - 1 {
+			v = []any{v}
+		}
+		return v
+	}
+	if _, err := CanonicalArguments(nest(maxCanonicalDepth)); err != nil {
+		t.Errorf("CanonicalArguments(%d levels) = %v; want it canonical", maxCanonicalDepth, err)
+	}
+	if _, err := Canonical(nest(maxCanonicalDepth + 1)); err != nil {
+		t.Errorf("Canonical(%d levels) = %v; want it canonical", maxCanonicalDepth+1, err)
+	}
+	for name, f := range map[string]func(any) error{
+		"CanonicalArguments": func(v any) error { _, err := CanonicalArguments(v); return err },
+		"ArgumentsHash":      func(v any) error { _, err := ArgumentsHash("t", "x", 1, v); return err },
+	} {
+		var de *DecodeError
+		if err := f(nest(maxCanonicalDepth + 1)); !errors.As(err, &de) || de.Code != CodeTooDeep || !strings.HasPrefix(de.Pointer, "/arguments/0/") {
+			t.Errorf("%s(%d levels) = %v; want too_deep inside /arguments", name, maxCanonicalDepth+1, err)
 		}
 	}
 }

@@ -1430,9 +1430,12 @@ func verifyArguments(rec processors.Record) error {
 	// The intake stores the arguments canonical, as it hashed them:
 	// hashed as they are, they match without a decode, and the tool gets
 	// exactly the bytes hashed. Other bytes (another spelling of the same
-	// arguments, or a change) take the decode below.
-	if h, err := ledger.HashCanonicalArguments(rec.Key.TenantID, rec.Tool, rec.ToolVersion, rec.Arguments); err == nil && h == rec.ArgumentsHash {
-		return nil
+	// arguments, or a change) take the decode below, as do bytes beyond
+	// the decode's limit, which it refuses.
+	if len(rec.Arguments) <= ledger.DefaultMaxBytes {
+		if h, err := ledger.HashCanonicalArguments(rec.Key.TenantID, rec.Tool, rec.ToolVersion, rec.Arguments); err == nil && h == rec.ArgumentsHash {
+			return nil
+		}
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {

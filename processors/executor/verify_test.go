@@ -48,6 +48,26 @@ func TestVerifyArguments(t *testing.T) {
 	}
 }
 
+// TestVerifyArgumentsHashesCanonicalBytes: canonical arguments are
+// checked without a decode (a decode and a canonical encoding allocate
+// five times as much), and arguments longer than a decode takes are
+// refused even when they hash right, as the decode refused them.
+func TestVerifyArgumentsHashesCanonicalBytes(t *testing.T) {
+	r := verifiedRecord(t)
+	if n := testing.AllocsPerRun(100, func() { _ = verifyArguments(r) }); n > 8 {
+		t.Errorf("verifyArguments of canonical arguments: %.0f allocations; want the hash alone (5)", n)
+	}
+	long := `{"note":"` + strings.Repeat("x", ledger.DefaultMaxBytes) + `"}`
+	hash, err := ledger.HashCanonicalArguments(r.Key.TenantID, r.Tool, r.ToolVersion, []byte(long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Arguments, r.ArgumentsHash = []byte(long), hash
+	if err := verifyArguments(r); err == nil {
+		t.Errorf("verifyArguments(%d bytes) = nil; want the decode's refusal", len(long))
+	}
+}
+
 func BenchmarkVerifyArguments(b *testing.B) {
 	r := verifiedRecord(b)
 	b.ReportAllocs()

@@ -461,8 +461,16 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		return refuse(c.key(), ReasonScopeMismatch, ptr, "the scope disagrees with the verified assertion")
 	}
 	// Canonical once: the hash is of these bytes, and they are what the
-	// store keeps and the tool receives.
-	args, err := ledger.Canonical(env.Arguments)
+	// store keeps and the tool receives. The executor reads them back
+	// under the default limits (to re-check an approval, say), and
+	// canonical numbers can be longer than the ones sent (1e15 is 16
+	// digits): a call whose canonical arguments outgrow the limit is
+	// refused here, not found unreadable at execution.
+	args, err := ledger.CanonicalArguments(env.Arguments)
+	if err == nil && len(args) > ledger.DefaultMaxBytes {
+		err = &ledger.DecodeError{Code: ledger.CodeTooLarge, Pointer: "/arguments",
+			Detail: fmt.Sprintf("canonical form %d bytes, limit %d", len(args), ledger.DefaultMaxBytes)}
+	}
 	var hash string
 	if err == nil {
 		hash, err = ledger.HashCanonicalArguments(id.Tenant, env.Tool, env.ToolVersion, args)
@@ -472,9 +480,6 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		code, ptr := ReasonInvalidArguments, "/arguments"
 		if errors.As(err, &de) {
 			code, ptr = de.Code, de.Pointer
-			if args == nil {
-				ptr = "/arguments" + ptr // Canonical's pointer is into the arguments
-			}
 		}
 		return refuse(c.key(), code, ptr, err.Error())
 	}

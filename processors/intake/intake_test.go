@@ -376,6 +376,27 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 		t.Errorf("stored arguments hash to %s (%v); the record says %s", h, err, rec.ArgumentsHash)
 	}
 
+	// Canonical numbers can be longer than the ones sent: arguments
+	// whose canonical form outgrows what the executor reads back are
+	// refused, not stored.
+	nums := make([]any, ledger.DefaultMaxBytes/16)
+	for i := range nums {
+		nums[i] = json.Number("1e15") // 1000000000000000 in canonical form
+	}
+	long := *env
+	long.IdempotencyKey = "k_long"
+	long.Arguments = map[string]any{"title": "x", "n": nums}
+	if long.ArgumentsHash, err = ledger.ArgumentsHash("t_a", "create_ticket", 1, long.Arguments); err != nil {
+		t.Fatal(err)
+	}
+	evs, err = f.in.Submit(t.Context(), &long, id)
+	if err != nil || len(evs) != 1 || evs[0].Reason != ledger.CodeTooLarge || evs[0].Pointer != "/arguments" {
+		t.Fatalf("Submit(arguments whose canonical form is too large) = %+v, %v; want one refusal, too_large at /arguments", evs, err)
+	}
+	if _, err := f.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k_long"}); err == nil {
+		t.Errorf("the refused call has a record")
+	}
+
 	bad := *env
 	bad.IdempotencyKey = "k_nan"
 	bad.Arguments = map[string]any{"title": "x", "priority": math.NaN()}
