@@ -216,8 +216,10 @@ func TestTenantShareLeavesSlotsForOthers(t *testing.T) {
 			} else if len(got) != 0 {
 				t.Errorf("other tenant's step appended %v; want nothing, its call waiting for a slot", got)
 			}
-			if err := out.Committed(t.Context()); err != nil {
-				t.Fatal(err)
+			if out.Committed != nil { // nil when the step recorded nothing
+				if err := out.Committed(t.Context()); err != nil {
+					t.Fatal(err)
+				}
 			}
 			// Nothing is lost: every call ends, the hanging ones at
 			// their deadline.

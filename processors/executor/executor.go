@@ -725,10 +725,20 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		}
 		return errors.Join(err, x.cfg.Store.Settle(ctx, journals, true))
 	}
-	output := ledger.Output{Records: out, Committed: committed}
+	output := ledger.Output{Records: out}
+	if len(logged) > 0 || len(journals) > 0 {
+		output.Committed = committed
+	}
 	if len(journals) > 0 {
 		output.Abandoned = func(ctx context.Context) error { return x.cfg.Store.Settle(ctx, journals, false) }
 	}
+	// A step that recorded and appended nothing (it claimed and started
+	// calls it did not wait for, or read only events it ignores while
+	// calls ran) returns an empty output: the loop commits its batch's
+	// offsets with the next transaction instead of one of its own. Were
+	// the batch delivered again first, its claims would find the calls
+	// in flight here, running under a live lease, or finished: nothing
+	// runs twice.
 	return output, nil
 }
 
