@@ -53,7 +53,8 @@ type Output struct {
 // and redelivers. A batch whose step returns an empty Output (no records,
 // no hooks) is committed by the next transaction, not by one of its own:
 // a crash or a rebalance before then delivers it again, so an empty Output
-// must mean that the step did nothing it would mind doing again.
+// must mean that delivering the batch again is safe: the step did
+// nothing, or nothing that a redelivery would do twice.
 type Step func(ctx context.Context, recs []*kgo.Record) (Output, error)
 
 // LoopConfig configures a consume-process-produce loop.
@@ -391,13 +392,15 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 				l.cfg.Logger.Warn("abandoned step's undo failed", "group", l.cfg.Group, "err", err)
 			}
 		}
-		// A step that did nothing with its batch (an executor reading
-		// its own events, say) leaves no effect for a transaction to
-		// carry: the batch's offsets are committed by the next one,
-		// which spares the log a transaction for every such batch. At
-		// low load that is every other transaction of the executor. A
-		// redelivery of such a batch is harmless: the step does nothing
-		// again. What is held is committed on its own by an idle poll
+		// A step that returned nothing to append and nothing to do
+		// after the commit (an executor reading its own events, or
+		// claiming calls it did not wait for) leaves no effect for a
+		// transaction to carry: the batch's offsets are committed by
+		// the next one, which spares the log a transaction for every
+		// such batch. At low load that was every other transaction of
+		// the executor. A redelivery of such a batch is harmless: the
+		// step does nothing again, or finds what it did (the
+		// executor's claims) durable. What is held is committed on its own by an idle poll
 		// (the traffic stopped), or by the first step to return after it
 		// waited a tick (a loop that ignores most of what it reads, as
 		// the reconciler does, may never see an idle poll): the group's

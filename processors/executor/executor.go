@@ -17,7 +17,8 @@
 //   - the outcome's events sit in the record's outbox until the log has
 //     them, so a crash between the store and the log loses nothing;
 //   - a call that outlives its step's budget is carried over: the
-//     authorized event's offset commits before the call ends, which the
+//     authorized event's offset commits before the call ends (with the
+//     next transaction, when the step recorded nothing), which the
 //     durable claim makes safe (a crash leaves the lease to expire and the
 //     sweep to reclaim, as above), and the outcome is recorded and
 //     appended by a later step, or, at shutdown, recorded by the call
@@ -194,7 +195,8 @@ type Config struct {
 	// busy, so no redelivery would ever bring it back; and the calls
 	// carried over past a step (see StepBudget) or left to the next one
 	// under load, whose authorized events were committed before they
-	// ended, when the transaction carrying their outcome aborted, the
+	// ended (with the next transaction, when their step recorded
+	// nothing), when the transaction carrying their outcome aborted, the
 	// step failed after recording them, or the executor shut down first.
 	// It is also the age at which a step's journal entry (its outcomes,
 	// logged in the store in advance) counts as abandoned: the sweep
@@ -737,8 +739,9 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// calls ran) returns an empty output: the loop commits its batch's
 	// offsets with the next transaction instead of one of its own. Were
 	// the batch delivered again first, its claims would find the calls
-	// in flight here, running under a live lease, or finished: nothing
-	// runs twice.
+	// in flight here, running under a live lease, or finished, or, once
+	// a lease expired, reclaim them as the sweep would (a tool without
+	// idempotency goes to outcome_unknown): nothing runs twice.
 	return output, nil
 }
 

@@ -82,9 +82,31 @@ func TestStepWithBacklogLeavesItsCallsToTheNext(t *testing.T) {
 	if s := status("t_slow/a"); s != processors.StatusExecuting {
 		t.Errorf("after the step the call is %s; want executing (claimed before the step returned)", s)
 	}
+	epoch := func() int64 {
+		t.Helper()
+		rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_slow", IdempotencyKey: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.Epoch
+	}
+	claimed := epoch()
 	// The same batch again (a redelivery before the next transaction):
-	// the call in flight is not claimed again, and nothing comes out.
+	// the call in flight here is not claimed again, and nothing comes
+	// out; nor from another executor, which finds the call leased.
 	emptyStep("the batch delivered again", authorizedA)
+	other := r.executor(func(c *executor.Config) { c.Owner = "x-other"; c.StepBudget = time.Minute })
+	executor.SetBacklog(other, backlog.Load)
+	out, err := other.Step(t.Context(), []*kgo.Record{authorizedA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 || out.Committed != nil || out.Abandoned != nil {
+		t.Errorf("another executor's step on the batch returned %d records, Committed %t, Abandoned %t; want an empty output", len(out.Records), out.Committed != nil, out.Abandoned != nil)
+	}
+	if e := epoch(); e != claimed {
+		t.Errorf("after the batch came again the call's epoch is %d; want %d, claimed once", e, claimed)
+	}
 	// No backlog and no records: the step waits for the call left.
 	backlog.Store(0)
 	if diff := cmp.Diff(map[string][]string{"t_slow/a": want}, stepOnce(t, x)); diff != "" {
