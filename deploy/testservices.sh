@@ -467,10 +467,23 @@ ch_start() {
 			</dev/null >"$outf" 2>&1 9>&- &
 		echo $! >"$pidf"
 	)
-	local deadline=$((SECONDS + WAIT))
+	local deadline=$((SECONDS + WAIT)) pid
+	pid="$(head -n1 "$pidf")"
 	until ch_answers "$CH_ADDR" "$CH_HTTP"; do
-		if ! pid_alive "$pidf" clickhouse || [ "$SECONDS" -ge "$deadline" ]; then
-			log "clickhouse: did not answer within ${WAIT}s (or exited); log tails:"
+		# kill -0, not pid_alive: until the background job has exec'd
+		# the server, its command line is this script's, and pid_alive
+		# took a server still starting for one that had exited (and the
+		# stop below then left it running without a pid file, for later
+		# runs to reuse and never stop). The pid is the job this script
+		# has just started, not a stale file's.
+		local exited=""
+		kill -0 "$pid" 2>/dev/null || exited=1
+		if [ -n "$exited" ] || [ "$SECONDS" -ge "$deadline" ]; then
+			if [ -n "$exited" ]; then
+				log "clickhouse: pid $pid exited before it answered; log tails:"
+			else
+				log "clickhouse: did not answer within ${WAIT}s; log tails:"
+			fi
 			tail -n 30 "$outf" >&2 2>/dev/null || true
 			tail -n 30 "$errf" >&2 2>/dev/null || true
 			tail -n 30 "$logf" >&2 2>/dev/null || true
