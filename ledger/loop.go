@@ -400,12 +400,13 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// such batch. At low load that was every other transaction of
 		// the executor. A redelivery of such a batch is harmless: the
 		// step does nothing again, or finds what it did (the
-		// executor's claims) durable. What is held is committed on its own by an idle poll
-		// (the traffic stopped), or by the first step to return after it
-		// waited a tick (a loop that ignores most of what it reads, as
-		// the reconciler does, may never see an idle poll): the group's
-		// offsets, its lag, and what a restart reads again stay within
-		// about a tick (two, with the steps' own time, at worst).
+		// executor's claims) durable. What is held is committed on its
+		// own by an idle poll (the traffic stopped), or by the first
+		// step to return after it waited a tick (a loop that ignores
+		// most of what it reads, as the reconciler does, may never see
+		// an idle poll): the group's offsets, its lag, and what a
+		// restart reads again stay within about a tick (two, with the
+		// steps' own time, at worst).
 		consumed := len(recs) // this batch's records, counted when committed
 		if len(out.Records) == 0 && out.Committed == nil && out.Abandoned == nil && len(recs) > 0 {
 			if held == 0 {
