@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,6 +65,7 @@ type benchFlags struct {
 	pairs          int
 	nodeLogLevel   string
 	batchLinger    time.Duration
+	timeline       bool
 	limitCalls     int
 	clickhouse     clickhouseFlags
 }
@@ -133,6 +135,7 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 	fs.DurationVar(&f.batchLinger, "batch-linger", 0, "the ledger processes' --batch-linger (a --baseline binary must know the flag too); 0: not passed")
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
+	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, and the CPU of the ledger, the store, the harness (and its garbage collector) and the machine (the JSON report always has it)")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
 	cmd.AddCommand(newBenchNodeCmd(g))
 	return cmd
@@ -319,6 +322,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	}
 	if err := report.WriteTable(out); err != nil {
 		return err
+	}
+	if f.timeline {
+		if err := report.WriteTimeline(out); err != nil {
+			return err
+		}
 	}
 	if f.jsonOut != "" {
 		if err := writeFileWith(f.jsonOut, report.WriteJSON); err != nil {
@@ -585,6 +593,15 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	before := make([]time.Duration, len(nodes))
 	for i, n := range nodes {
 		before[i] = n.cpu()
+	}
+	cfg.Usage = func() loadtest.Usage {
+		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU()}
+		for _, n := range nodes {
+			u.Ledger += n.cpu()
+		}
+		u.Store, _ = e.storeCPU()
+		u.Machine, _ = machineCPU()
+		return u
 	}
 	var (
 		retriesBefore map[string]int64
@@ -964,6 +981,17 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// gcCPU is the CPU time this process's garbage collector has spent, as
+// the runtime estimates it.
+func gcCPU() time.Duration {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64 {
+		return 0
+	}
+	return time.Duration(s[0].Value.Float64() * float64(time.Second))
 }
 
 // machineCPU is the busy time of all the machine's CPUs since boot, from

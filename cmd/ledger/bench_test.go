@@ -55,9 +55,10 @@ func TestBenchOnPostgres(t *testing.T) {
 		"--sweep", "300", "--limit-calls", "2000",
 		// Passed on to the ledger processes, which must take it.
 		"--batch-linger", "1ms",
+		"--timeline",
 		"--json", jsonOut, "--svg", svgOut, "--work-dir", filepath.Join(dir, "work"),
 	)
-	for _, want := range []string{"where the time goes", "projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
+	for _, want := range []string{"where the time goes", "timeline of ledger", "timeline of open 300/s", "projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
@@ -94,6 +95,21 @@ func TestBenchOnPostgres(t *testing.T) {
 		}
 		if r.StoreRetries == nil {
 			t.Errorf("%s: store retries not counted; want them read from the processes' metrics", r.Name)
+		}
+		// The timeline's CPU readings telescope: their sum is the
+		// growth over a window inside the run's own measurement.
+		var tl loadtest.Usage
+		var finished int64
+		for _, iv := range res.Timeline {
+			if iv.Usage == nil {
+				t.Fatalf("%s: an interval without usage: %+v", r.Name, iv)
+			}
+			tl.Ledger += iv.Usage.Ledger
+			tl.Store += iv.Usage.Store
+			finished += iv.Finished
+		}
+		if finished != res.Finished || tl.Ledger <= 0 || tl.Ledger > r.LedgerCPU || local && tl.Store <= 0 {
+			t.Errorf("%s: timeline of %d intervals: %d finished, ledger CPU %v, store CPU %v; want %d finished and the ledger's CPU in (0, %v]", r.Name, len(res.Timeline), finished, tl.Ledger, tl.Store, res.Finished, r.LedgerCPU)
 		}
 		// The store's CPU is reported exactly when its server is a
 		// PostgreSQL on this machine, as make test's is.

@@ -153,6 +153,13 @@ type Config struct {
 	// Progress, if set, is called every ProgressEvery (default 1s).
 	Progress      func(Progress)
 	ProgressEvery time.Duration
+	// TimelineEvery is the length of the intervals of Result.Timeline;
+	// default 1s.
+	TimelineEvery time.Duration
+	// Usage, if set, returns running totals of the CPU the system under
+	// test has spent; the timeline records their growth in each
+	// interval. It runs on the timeline's goroutine once an interval.
+	Usage func() Usage
 }
 
 func (c *Config) setDefaults() error {
@@ -199,6 +206,9 @@ func (c *Config) setDefaults() error {
 	if c.ProgressEvery <= 0 {
 		c.ProgressEvery = time.Second
 	}
+	if c.TimelineEvery <= 0 {
+		c.TimelineEvery = time.Second
+	}
 	return nil
 }
 
@@ -238,6 +248,9 @@ type Result struct {
 	// Stages splits the end-to-end latency of the calls that ran
 	// (Stages.Calls of them) where it is spent; see Stages.
 	Stages Stages `json:"stages"`
+	// Timeline is the run in intervals of Config.TimelineEvery, from the
+	// first submission to the end of the drain.
+	Timeline []Interval `json:"timeline,omitempty"`
 	// RunID prefixes the run's idempotency keys.
 	RunID string `json:"run_id"`
 
@@ -312,6 +325,7 @@ type run struct {
 	mu       sync.Mutex
 	waiting  map[int64]inflight
 	res      Result
+	slice    slice         // the timeline's open interval
 	sem      chan struct{} // closed loop: one token per call in flight
 	drained  chan struct{} // closed when nothing waits after the last submission
 	lastDone time.Time
@@ -384,6 +398,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}()
 
 	start := time.Now()
+	timelineDone, timeline := make(chan struct{}), make(chan []Interval, 1)
+	go func() { timeline <- r.timeline(ctx, start, timelineDone) }()
 	err = r.submit(ctx, start)
 	r.mu.Lock()
 	r.finished = true
@@ -407,6 +423,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	// The result is read only once nothing else writes it: the events
 	// follower and the progress reporter have returned.
+	close(timelineDone)
+	intervals := <-timeline
 	cancel()
 	close(progressDone)
 	<-progressStopped
@@ -420,6 +438,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res := r.res
+	res.Timeline = intervals
 	res.Submitted = r.submitted.Load()
 	res.Finished = r.done.Load()
 	res.Lost = int64(len(r.waiting))
@@ -582,12 +601,15 @@ func (r *run) finish(i int64, t statemachine.EventType, now, at time.Time, tool 
 	d := now.Sub(c.start)
 	r.res.e2e.Record(d)
 	r.res.added.Record(d - tool)
+	var parts []time.Duration
 	if !c.authorized.IsZero() && !at.IsZero() {
 		started := at.Add(-tool)
-		for k, part := range [...]time.Duration{c.authorized.Sub(c.start), started.Sub(c.authorized), tool, now.Sub(at)} {
+		parts = []time.Duration{c.authorized.Sub(c.start), started.Sub(c.authorized), tool, now.Sub(at)}
+		for k, part := range parts {
 			r.res.stages[k].Record(part)
 		}
 	}
+	r.slice.record(d, parts)
 	st, _ := statemachine.Target(t)
 	r.res.ByState[string(st)]++
 	if t == statemachine.EventSucceeded {

@@ -1,0 +1,162 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+)
+
+// Interval is one slice of a run's timeline: the calls submitted and
+// finished in it, the latencies of those that finished, and the CPU the
+// parts of the system spent meanwhile. A whole run's p99 says how long
+// the tail is; the timeline says when it happened and what else did:
+// whether every stage slowed at once (the machine) or one did (a part),
+// and whether the harness's garbage collector or the store was busy
+// just then.
+type Interval struct {
+	// End is the interval's end, counted from the run's start.
+	End       time.Duration `json:"end_ns"`
+	Submitted int64         `json:"submitted"`
+	Finished  int64         `json:"finished"`
+	// InFlight is the calls submitted and not finished at End.
+	InFlight int `json:"in_flight"`
+	// E2E is the end-to-end latency of the calls finished in the
+	// interval (by when their terminal event was read, not when they
+	// arrived), and the p99 of each of their stages (see Stages).
+	E2E       Percentiles   `json:"e2e"`
+	IntakeP99 time.Duration `json:"intake_p99_ns"`
+	ClaimP99  time.Duration `json:"claim_p99_ns"`
+	CallP99   time.Duration `json:"call_p99_ns"`
+	RecordP99 time.Duration `json:"record_p99_ns"`
+	// Usage is the CPU spent in the interval, when Config.Usage is set.
+	Usage *Usage `json:"usage,omitempty"`
+}
+
+// Usage is CPU time spent by the parts of the system under test, as the
+// caller of Run measures it. Config.Usage returns running totals; each
+// Interval holds what they grew by in it.
+type Usage struct {
+	Ledger  time.Duration `json:"ledger_ns"`
+	Store   time.Duration `json:"store_ns,omitempty"`
+	Harness time.Duration `json:"harness_ns"`
+	// HarnessGC is the part of Harness that went to the Go garbage
+	// collector (the runtime's own estimate).
+	HarnessGC time.Duration `json:"harness_gc_ns"`
+	// Machine is the busy time of all the machine's CPUs.
+	Machine time.Duration `json:"machine_ns,omitempty"`
+}
+
+func (u Usage) minus(v Usage) Usage {
+	return Usage{
+		Ledger: u.Ledger - v.Ledger, Store: u.Store - v.Store, Harness: u.Harness - v.Harness,
+		HarnessGC: u.HarnessGC - v.HarnessGC, Machine: u.Machine - v.Machine,
+	}
+}
+
+// slice is the open interval of a timeline: what finish records into
+// besides the run's totals. Guarded by run.mu.
+type slice struct {
+	e2e      Histogram
+	stages   [4]Histogram
+	finished int64
+}
+
+func (s *slice) record(e2e time.Duration, stages []time.Duration) {
+	s.finished++
+	s.e2e.Record(e2e)
+	for k, d := range stages {
+		s.stages[k].Record(d)
+	}
+}
+
+// timeline closes an interval every cfg.TimelineEvery until done closes,
+// and one last (shorter) interval then, so that the intervals cover the
+// whole run including its drain.
+func (r *run) timeline(ctx context.Context, start time.Time, done <-chan struct{}) []Interval {
+	var (
+		out       []Interval
+		last      Usage
+		submitted int64
+	)
+	if r.cfg.Usage != nil {
+		last = r.cfg.Usage()
+	}
+	cut := func(now time.Time) {
+		r.mu.Lock()
+		s := &r.slice
+		iv := Interval{
+			End: now.Sub(start), Finished: s.finished, InFlight: len(r.waiting),
+			E2E:       PercentilesOf(&s.e2e),
+			IntakeP99: s.stages[0].Quantile(0.99), ClaimP99: s.stages[1].Quantile(0.99),
+			CallP99: s.stages[2].Quantile(0.99), RecordP99: s.stages[3].Quantile(0.99),
+		}
+		r.slice = slice{}
+		r.mu.Unlock()
+		n := r.submitted.Load()
+		iv.Submitted, submitted = n-submitted, n
+		if r.cfg.Usage != nil {
+			u := r.cfg.Usage()
+			d := u.minus(last)
+			iv.Usage, last = &d, u
+		}
+		out = append(out, iv)
+	}
+	t := time.NewTicker(r.cfg.TimelineEvery)
+	defer t.Stop()
+	for {
+		select {
+		case now := <-t.C:
+			cut(now)
+		case <-done:
+			cut(time.Now())
+			return out
+		case <-ctx.Done():
+			return out
+		}
+	}
+}
+
+// WriteTimeline writes each run's timeline as a table: a row an
+// interval, the CPU as cores busy (CPU time over the interval's length).
+func (rep Report) WriteTimeline(w io.Writer) error {
+	for _, r := range rep.Runs {
+		if len(r.Result.Timeline) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\ntimeline of %s%s (latencies of the calls finished in each interval, ms; CPU in cores):\n", r.Name, buildSuffix(r.Build))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\t")
+		var prev time.Duration
+		for _, iv := range r.Result.Timeline {
+			fmt.Fprintf(tw, "%.1f\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t",
+				iv.End.Seconds(), iv.Submitted, iv.Finished, iv.InFlight,
+				msOf(iv.E2E.P50), msOf(iv.E2E.P99), msOf(iv.E2E.Max),
+				msOf(iv.IntakeP99), msOf(iv.ClaimP99), msOf(iv.CallP99), msOf(iv.RecordP99))
+			if u, span := iv.Usage, iv.End-prev; u != nil && span > 0 {
+				cores := func(d time.Duration) string {
+					if d <= 0 {
+						return "-"
+					}
+					return fmt.Sprintf("%.2f", d.Seconds()/span.Seconds())
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Machine))
+			} else {
+				fmt.Fprint(tw, "-\t-\t-\t-\t-\t\n")
+			}
+			prev = iv.End
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func buildSuffix(build string) string {
+	if build == "" {
+		return ""
+	}
+	return " (" + build + ")"
+}
