@@ -75,6 +75,8 @@ func (k *kafkaFlags) topicConfig() ledger.TopicConfig {
 type storeFlags struct {
 	crdbDSN string
 	dataDir string
+	// plainOutboxes: pgstore.Config.PlainOutboxes.
+	plainOutboxes bool
 	// failpoint is the SQL store's crash hook, set by a role that runs
 	// under the reliability suite; nil otherwise.
 	failpoint failpoint.Hook
@@ -84,6 +86,7 @@ type storeFlags struct {
 
 func (s *storeFlags) register(fs *pflag.FlagSet, withDataDir bool) {
 	fs.StringVar(&s.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store, e.g. postgresql://root@localhost:26257/ledger?sslmode=disable")
+	fs.BoolVar(&s.plainOutboxes, "plain-outboxes", false, "with --crdb-dsn, store the events' outboxes uncompressed, as builds before compressed outboxes did: set it during a rolling upgrade from such a build (both forms are always read)")
 	if withDataDir {
 		fs.StringVar(&s.dataDir, "data-dir", "./.ledger", "directory for embedded state (Kafka log, execution store, call index)")
 	}
@@ -93,7 +96,7 @@ func (s *storeFlags) register(fs *pflag.FlagSet, withDataDir bool) {
 // when a DSN is set, else the embedded store in the data directory.
 func (s *storeFlags) openStore(ctx context.Context, logger *slog.Logger) (processors.Store, string, error) {
 	if s.crdbDSN != "" {
-		st, err := pgstore.Open(ctx, pgstore.Config{DSN: s.crdbDSN, Logger: logger, Failpoint: s.failpoint, Retried: s.retried})
+		st, err := pgstore.Open(ctx, pgstore.Config{DSN: s.crdbDSN, Logger: logger, Failpoint: s.failpoint, Retried: s.retried, PlainOutboxes: s.plainOutboxes})
 		if err != nil {
 			return nil, "", err
 		}

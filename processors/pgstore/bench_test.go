@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // BenchmarkCallLifecycle: the store's writes of one call on the
@@ -27,7 +28,7 @@ func BenchmarkCallLifecycle(b *testing.B) {
 			outbox := make([]byte, 700)
 			n := 0
 			for b.Loop() {
-				runBatch(b, s, n, batch, outbox)
+				runBatch(b, s, n, batch, outbox, outbox)
 				n += batch
 			}
 			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "calls/s")
@@ -35,7 +36,39 @@ func BenchmarkCallLifecycle(b *testing.B) {
 	}
 }
 
-func runBatch(b *testing.B, s *Store, from, batch int, outbox []byte) {
+// BenchmarkOutboxes: the same lifecycle with real events in the
+// outboxes (a call's requested and authorized events at admission, its
+// executing and succeeded ones at completion), written as they are and
+// compressed. Besides calls/s it reports what the table and its indexes
+// grew by per call, every row version included (nothing vacuums them
+// during the run).
+func BenchmarkOutboxes(b *testing.B) {
+	k := ledger.CallKey{TenantID: "t_bench", IdempotencyKey: "00000000:run-0"}
+	admitted := outboxOf(b, k, statemachine.EventRequested, statemachine.EventAuthorized)
+	completed := outboxOf(b, k, statemachine.EventExecuting, statemachine.EventSucceeded)
+	for _, plain := range []bool{true, false} {
+		name := map[bool]string{true: "plain", false: "s2"}[plain]
+		b.Run(name, func(b *testing.B) {
+			dsn := testDSN(b)
+			s := open(b, Config{DSN: dsn, Schema: newSchema(b, dsn), PlainOutboxes: plain})
+			defer s.Close()
+			const batch = 500
+			n := 0
+			for b.Loop() {
+				runBatch(b, s, n, batch, admitted, completed)
+				n += batch
+			}
+			b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "calls/s")
+			var size int64
+			if err := s.pool.QueryRow(b.Context(), "SELECT pg_total_relation_size($1::regclass)", s.table).Scan(&size); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(size)/float64(n), "table-B/call")
+		})
+	}
+}
+
+func runBatch(b *testing.B, s *Store, from, batch int, admitted, completed []byte) {
 	ctx := b.Context()
 	as := make([]processors.Admission, batch)
 	cs := make([]processors.Claim, batch)
@@ -45,7 +78,7 @@ func runBatch(b *testing.B, s *Store, from, batch int, outbox []byte) {
 		as[i] = processors.Admission{
 			Key: k, CallID: fmt.Sprint("c", from+i), ArgumentsHash: "h", Tool: "create_ticket", ToolVersion: 1,
 			Arguments: []byte(`{"title":"t"}`), DeadlineAt: time.Now().Add(time.Hour),
-			Status: processors.StatusAuthorized, Seq: 2, Outbox: outbox,
+			Status: processors.StatusAuthorized, Seq: 2, Outbox: admitted,
 		}
 		cs[i] = processors.Claim{Key: k, ArgumentsHash: "h", Owner: "bench", Lease: time.Minute}
 		ls[i] = processors.Logged{Key: k, Seq: 2}
@@ -67,7 +100,7 @@ func runBatch(b *testing.B, s *Store, from, batch int, outbox []byte) {
 		}
 		done[i] = processors.Completion{
 			Key: cs[i].Key, Epoch: r.Record.Epoch, Status: processors.StatusSucceeded, Attempt: 1,
-			Result: []byte(`{"ticket_id":"T-1"}`), Seq: 4, Outbox: outbox,
+			Result: []byte(`{"ticket_id":"T-1"}`), Seq: 4, Outbox: completed,
 		}
 		ls[i].Seq = 4
 	}

@@ -136,6 +136,12 @@ type Config struct {
 	// failure or a deadlock: for a metric, since a storm of them costs
 	// whole batches while every call still succeeds.
 	Retried func(op string)
+	// PlainOutboxes writes outboxes uncompressed, as builds before
+	// compressed outboxes did (see outboxS2). Either form is read
+	// whatever it is set to. Set it while a rolling upgrade from such a
+	// build runs, so that the processes still on the older build can
+	// read what the upgraded ones write; unset it once none is left.
+	PlainOutboxes bool
 }
 
 func (c *Config) setDefaults() {
@@ -172,6 +178,9 @@ type Store struct {
 	q          queries
 	failpoint  failpoint.Hook
 	retried    func(op string)
+	// packMin is the shortest outbox stored compressed; -1 with
+	// Config.PlainOutboxes.
+	packMin int
 }
 
 var _ processors.Store = (*Store)(nil)
@@ -210,11 +219,15 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		journal:    pgx.Identifier{journalTableName}.Sanitize(),
 		failpoint:  cfg.Failpoint,
 		retried:    cfg.Retried,
+		packMin:    outboxMinPack,
 	}
 	if cfg.Schema != "" {
 		s.schema = pgx.Identifier{cfg.Schema}.Sanitize()
 		s.table = pgx.Identifier{cfg.Schema, tableName}.Sanitize()
 		s.journal = pgx.Identifier{cfg.Schema, journalTableName}.Sanitize()
+	}
+	if cfg.PlainOutboxes {
+		s.packMin = -1
 	}
 	s.q = newQueries(s.table, s.journal)
 	if !cfg.SkipMigrate {
@@ -859,7 +872,12 @@ func scanRecord(row pgx.CollectableRow) (processors.Record, error) {
 	if err := row.Scan(x.dest()...); err != nil {
 		return processors.Record{}, err
 	}
-	return x.record(), nil
+	r := x.record()
+	var err error
+	if r.Outbox, err = unpackOutbox(r.Outbox); err != nil {
+		return processors.Record{}, fmt.Errorf("record %s: %w", r.Key, err)
+	}
+	return r, nil
 }
 
 // insertedRow is an admission's RETURNING row: the key and what the
@@ -964,7 +982,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 		callIDs, hashes, tools = append(callIDs, a.CallID), append(hashes, a.ArgumentsHash), append(tools, a.Tool)
 		toolVersions, arguments = append(toolVersions, int64(a.ToolVersion)), append(arguments, a.Arguments)
 		deadlines, statuses = append(deadlines, timestamptz(a.DeadlineAt)), append(statuses, string(a.Status))
-		seqs, outboxes = append(seqs, a.Seq), append(outboxes, a.Outbox)
+		seqs, outboxes = append(seqs, a.Seq), append(outboxes, packOutbox(a.Outbox, s.packMin))
 	}
 
 	var (
@@ -1233,7 +1251,7 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 	for i, c := range cs {
 		ts, ks, statuses = append(ts, c.Key.TenantID), append(ks, c.Key.IdempotencyKey), append(statuses, string(c.Status))
 		epochs, attempts, seqs = append(epochs, c.Epoch), append(attempts, int64(c.Attempt)), append(seqs, c.Seq)
-		results, outboxes, ords = append(results, c.Result), append(outboxes, c.Outbox), append(ords, int64(i))
+		results, outboxes, ords = append(results, c.Result), append(outboxes, packOutbox(c.Outbox, s.packMin)), append(ords, int64(i))
 		journaled = append(journaled, c.Journal != "")
 		if c.Journal != "" {
 			e := entries[c.Journal]
@@ -1311,7 +1329,7 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		r.ts, r.ks = append(r.ts, m.Key.TenantID), append(r.ks, m.Key.IdempotencyKey)
 		r.froms, r.tos = append(r.froms, string(m.From)), append(r.tos, string(m.To))
 		r.fromSeqs, r.seqs, r.ords = append(r.fromSeqs, m.FromSeq), append(r.seqs, m.Seq), append(r.ords, int64(i))
-		r.outboxes = append(r.outboxes, m.Outbox)
+		r.outboxes = append(r.outboxes, packOutbox(m.Outbox, s.packMin))
 	}
 	var applied []bool
 	err := s.inTx(ctx, "move", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
