@@ -594,15 +594,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	for i, n := range nodes {
 		before[i] = n.cpu()
 	}
-	cfg.Usage = func() loadtest.Usage {
-		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU()}
-		for _, n := range nodes {
-			u.Ledger += n.cpu()
-		}
-		u.Store, _ = e.storeCPU()
-		u.Machine, _ = machineCPU()
-		return u
-	}
+	cfg.Usage = e.usage(nodes)
 	var (
 		retriesBefore map[string]int64
 		retriesErr    error
@@ -981,6 +973,45 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// usage returns running totals of the CPU the run's parts spent, for
+// its timeline. Each total only grows: a reading that fails (a process
+// gone, /proc unreadable, the store's children between exit and reaping)
+// keeps the total it had, rather than give one interval a negative share
+// and the next everything since boot.
+func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
+	ledgerCPU := make([]func() time.Duration, len(nodes))
+	for i, n := range nodes {
+		ledgerCPU[i] = growing(func() (time.Duration, bool) {
+			d := n.cpu()
+			return d, d > 0
+		})
+	}
+	store := growing(func() (time.Duration, bool) {
+		d, err := e.storeCPU()
+		return d, err == nil
+	})
+	machine := growing(machineCPU)
+	return func() loadtest.Usage {
+		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Machine: machine()}
+		for _, read := range ledgerCPU {
+			u.Ledger += read()
+		}
+		return u
+	}
+}
+
+// growing wraps a running total's reader: it returns the largest total
+// read so far, which a failed or lower reading leaves as it is.
+func growing(read func() (time.Duration, bool)) func() time.Duration {
+	var top time.Duration
+	return func() time.Duration {
+		if d, ok := read(); ok {
+			top = max(top, d)
+		}
+		return top
+	}
 }
 
 // gcCPU is the CPU time this process's garbage collector has spent, as

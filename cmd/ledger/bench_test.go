@@ -426,3 +426,25 @@ func readReport(t *testing.T, path string) loadtest.Report {
 	}
 	return rep
 }
+
+func TestGrowing(t *testing.T) {
+	readings := []struct {
+		d  time.Duration
+		ok bool
+	}{{5, true}, {0, false}, {3, true}, {9, true}, {0, false}, {12, true}}
+	i := 0
+	total := growing(func() (time.Duration, bool) {
+		r := readings[i]
+		i++
+		return r.d, r.ok
+	})
+	var got []time.Duration
+	for range readings {
+		got = append(got, total())
+	}
+	// A failed reading and one below the last keep the total; the
+	// differences a timeline takes stay non-negative.
+	if want := []time.Duration{5, 5, 5, 9, 9, 12}; !slices.Equal(got, want) {
+		t.Errorf("totals %v; want %v", got, want)
+	}
+}

@@ -325,7 +325,7 @@ type run struct {
 	mu       sync.Mutex
 	waiting  map[int64]inflight
 	res      Result
-	slice    slice         // the timeline's open interval
+	open     openInterval  // the timeline's interval in progress
 	sem      chan struct{} // closed loop: one token per call in flight
 	drained  chan struct{} // closed when nothing waits after the last submission
 	lastDone time.Time
@@ -399,7 +399,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	start := time.Now()
 	timelineDone, timeline := make(chan struct{}), make(chan []Interval, 1)
-	go func() { timeline <- r.timeline(ctx, start, timelineDone) }()
+	go func() { timeline <- r.timeline(start, timelineDone) }()
 	err = r.submit(ctx, start)
 	r.mu.Lock()
 	r.finished = true
@@ -422,15 +422,17 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	// The result is read only once nothing else writes it: the events
-	// follower and the progress reporter have returned.
-	close(timelineDone)
-	intervals := <-timeline
+	// follower and the progress reporter have returned. The timeline's
+	// last interval closes after the follower's last finish, so that
+	// the intervals hold every call the result counts.
 	cancel()
 	close(progressDone)
 	<-progressStopped
 	if !watcherDone {
 		<-watched
 	}
+	close(timelineDone)
+	intervals := <-timeline
 	if p := r.pubErr.Load(); p != nil && err == nil {
 		err = *p
 	}
@@ -609,7 +611,7 @@ func (r *run) finish(i int64, t statemachine.EventType, now, at time.Time, tool 
 			r.res.stages[k].Record(part)
 		}
 	}
-	r.slice.record(d, parts)
+	r.open.record(d, parts)
 	st, _ := statemachine.Target(t)
 	r.res.ByState[string(st)]++
 	if t == statemachine.EventSucceeded {
@@ -684,17 +686,16 @@ func (r *run) submit(ctx context.Context, start time.Time) error {
 			return err
 		}
 		r.mu.Lock()
-		r.waiting[i] = inflight{start: at}
-		n := len(r.waiting)
-		r.mu.Unlock()
-		if r.sem == nil && n > r.cfg.MaxInFlight {
-			r.mu.Lock()
-			delete(r.waiting, i)
+		if r.sem == nil && len(r.waiting) >= r.cfg.MaxInFlight {
 			r.res.Saturated = true
 			r.mu.Unlock()
 			return nil
 		}
+		// Counted under the lock that guards waiting, so that a
+		// timeline interval's submissions and calls in flight agree.
+		r.waiting[i] = inflight{start: at}
 		r.submitted.Add(1)
+		r.mu.Unlock()
 		if r.cfg.OnSubmit != nil {
 			r.cfg.OnSubmit(rec, at)
 		}

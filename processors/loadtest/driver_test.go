@@ -420,6 +420,18 @@ func TestRunLost(t *testing.T) {
 	if took < cfg.Drain || res.Elapsed < cfg.Drain {
 		t.Errorf("Run took %v, Elapsed %v; want both >= the drain %v", took, res.Elapsed, cfg.Drain)
 	}
+	// The timeline covers the drain that ended the run: its intervals
+	// hold every submission, and the last still has every call in flight.
+	var submitted int64
+	for _, iv := range res.Timeline {
+		submitted += iv.Submitted
+		if iv.Finished != 0 || iv.InFlight != int(submitted) {
+			t.Errorf("interval %+v after %d submissions; want nothing finished and every submitted call in flight", iv, submitted)
+		}
+	}
+	if n := len(res.Timeline); n == 0 || submitted != 20 || res.Timeline[n-1].End < cfg.Drain {
+		t.Errorf("timeline of %d intervals, %d submitted; want 20 submitted and the last interval ending after the drain %v", n, submitted, cfg.Drain)
+	}
 
 	mu.Lock()
 	got := append([]Progress(nil), snapshots...)

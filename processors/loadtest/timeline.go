@@ -1,7 +1,6 @@
 package loadtest
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -17,15 +16,19 @@ import (
 // just then.
 type Interval struct {
 	// End is the interval's end, counted from the run's start.
-	End       time.Duration `json:"end_ns"`
-	Submitted int64         `json:"submitted"`
-	Finished  int64         `json:"finished"`
+	End time.Duration `json:"end_ns"`
+	// Submitted is the calls submitted in the interval.
+	Submitted int64 `json:"submitted"`
+	// Finished is the calls whose terminal event was read in it.
+	Finished int64 `json:"finished"`
 	// InFlight is the calls submitted and not finished at End.
 	InFlight int `json:"in_flight"`
 	// E2E is the end-to-end latency of the calls finished in the
 	// interval (by when their terminal event was read, not when they
-	// arrived), and the p99 of each of their stages (see Stages).
-	E2E       Percentiles   `json:"e2e"`
+	// arrived).
+	E2E Percentiles `json:"e2e"`
+	// IntakeP99, ClaimP99, CallP99 and RecordP99 are the p99 of each
+	// stage (see Stages) of the calls finished in the interval.
 	IntakeP99 time.Duration `json:"intake_p99_ns"`
 	ClaimP99  time.Duration `json:"claim_p99_ns"`
 	CallP99   time.Duration `json:"call_p99_ns"`
@@ -41,8 +44,12 @@ type Usage struct {
 	Ledger  time.Duration `json:"ledger_ns"`
 	Store   time.Duration `json:"store_ns,omitempty"`
 	Harness time.Duration `json:"harness_ns"`
-	// HarnessGC is the part of Harness that went to the Go garbage
-	// collector (the runtime's own estimate).
+	// HarnessGC is the Go runtime's estimate of the CPU its garbage
+	// collector spent in the harness (runtime/metrics'
+	// /cpu/classes/gc/total). The runtime counts a cycle when it ends,
+	// and its pauses on every processor, so this says when the
+	// collector was busy and roughly how much, not an exact share of
+	// Harness: it can exceed it in a second where a long cycle ended.
 	HarnessGC time.Duration `json:"harness_gc_ns"`
 	// Machine is the busy time of all the machine's CPUs.
 	Machine time.Duration `json:"machine_ns,omitempty"`
@@ -55,15 +62,15 @@ func (u Usage) minus(v Usage) Usage {
 	}
 }
 
-// slice is the open interval of a timeline: what finish records into
-// besides the run's totals. Guarded by run.mu.
-type slice struct {
+// openInterval is the timeline's interval in progress: what finish
+// records into besides the run's totals. Guarded by run.mu.
+type openInterval struct {
 	e2e      Histogram
 	stages   [4]Histogram
 	finished int64
 }
 
-func (s *slice) record(e2e time.Duration, stages []time.Duration) {
+func (s *openInterval) record(e2e time.Duration, stages []time.Duration) {
 	s.finished++
 	s.e2e.Record(e2e)
 	for k, d := range stages {
@@ -73,8 +80,9 @@ func (s *slice) record(e2e time.Duration, stages []time.Duration) {
 
 // timeline closes an interval every cfg.TimelineEvery until done closes,
 // and one last (shorter) interval then, so that the intervals cover the
-// whole run including its drain.
-func (r *run) timeline(ctx context.Context, start time.Time, done <-chan struct{}) []Interval {
+// whole run including its drain. Run closes done once nothing else
+// finishes calls.
+func (r *run) timeline(start time.Time, done <-chan struct{}) []Interval {
 	var (
 		out       []Interval
 		last      Usage
@@ -83,18 +91,20 @@ func (r *run) timeline(ctx context.Context, start time.Time, done <-chan struct{
 	if r.cfg.Usage != nil {
 		last = r.cfg.Usage()
 	}
-	cut := func(now time.Time) {
+	cut := func() {
 		r.mu.Lock()
-		s := &r.slice
+		s := &r.open
+		// Read under the lock, with the counts: a tick's own time may
+		// be well before a loaded machine runs this.
 		iv := Interval{
-			End: now.Sub(start), Finished: s.finished, InFlight: len(r.waiting),
+			End: time.Since(start), Finished: s.finished, InFlight: len(r.waiting),
 			E2E:       PercentilesOf(&s.e2e),
 			IntakeP99: s.stages[0].Quantile(0.99), ClaimP99: s.stages[1].Quantile(0.99),
 			CallP99: s.stages[2].Quantile(0.99), RecordP99: s.stages[3].Quantile(0.99),
 		}
-		r.slice = slice{}
-		r.mu.Unlock()
 		n := r.submitted.Load()
+		r.open = openInterval{}
+		r.mu.Unlock()
 		iv.Submitted, submitted = n-submitted, n
 		if r.cfg.Usage != nil {
 			u := r.cfg.Usage()
@@ -107,12 +117,10 @@ func (r *run) timeline(ctx context.Context, start time.Time, done <-chan struct{
 	defer t.Stop()
 	for {
 		select {
-		case now := <-t.C:
-			cut(now)
+		case <-t.C:
+			cut()
 		case <-done:
-			cut(time.Now())
-			return out
-		case <-ctx.Done():
+			cut()
 			return out
 		}
 	}
@@ -125,7 +133,7 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 		if len(r.Result.Timeline) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\ntimeline of %s%s (latencies of the calls finished in each interval, ms; CPU in cores):\n", r.Name, buildSuffix(r.Build))
+		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores, - where nothing was measured, or the interval was too short to measure):\n", r.Name)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\t")
 		var prev time.Duration
@@ -134,7 +142,9 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 				iv.End.Seconds(), iv.Submitted, iv.Finished, iv.InFlight,
 				msOf(iv.E2E.P50), msOf(iv.E2E.P99), msOf(iv.E2E.Max),
 				msOf(iv.IntakeP99), msOf(iv.ClaimP99), msOf(iv.CallP99), msOf(iv.RecordP99))
-			if u, span := iv.Usage, iv.End-prev; u != nil && span > 0 {
+			// /proc counts CPU in 10 ms ticks: over a run's last,
+			// short interval the quotient would be noise.
+			if u, span := iv.Usage, iv.End-prev; u != nil && span >= 100*time.Millisecond {
 				cores := func(d time.Duration) string {
 					if d <= 0 {
 						return "-"
@@ -152,11 +162,4 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 		}
 	}
 	return nil
-}
-
-func buildSuffix(build string) string {
-	if build == "" {
-		return ""
-	}
-	return " (" + build + ")"
 }
