@@ -369,7 +369,10 @@ func newTopicsCmd(g *globals) *cobra.Command {
 }
 
 func newMigrateCmd(g *globals) *cobra.Command {
-	var dsn string
+	var (
+		dsn   string
+		plain bool
+	)
 	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or update the execution store's tables in CockroachDB/PostgreSQL",
@@ -383,10 +386,25 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			}
 			defer st.Close()
 			fmt.Fprintln(cmd.OutOrStdout(), "execution store schema is up to date")
+			if !plain {
+				return nil
+			}
+			last := time.Now()
+			p, err := st.RewritePlainOutboxes(cmd.Context(), 1000, func(p pgstore.RewriteProgress) {
+				if time.Since(last) >= 5*time.Second {
+					last = time.Now()
+					fmt.Fprintf(cmd.ErrOrStderr(), "migrate: %d records scanned, %d outboxes rewritten as plain\n", p.Scanned, p.Rewritten)
+				}
+			})
+			if err != nil {
+				return fmt.Errorf("after %d records scanned and %d outboxes rewritten: %w", p.Scanned, p.Rewritten, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%d records scanned, %d compressed outboxes rewritten as plain\n", p.Scanned, p.Rewritten)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&dsn, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN")
+	cmd.Flags().BoolVar(&plain, "plain-outboxes", false, "also rewrite every compressed outbox as plain JSON, before going back to a build that reads only plain ones; run it once every process runs with --plain-outboxes")
 	return cmd
 }
 

@@ -867,15 +867,21 @@ func (x *recordScan) record() processors.Record {
 	return r
 }
 
-func scanRecord(row pgx.CollectableRow) (processors.Record, error) {
+// scanRecord reads a row into a record, its outbox decompressed. An
+// outbox that does not decompress is passed on as stored (and logged):
+// its reader's decoding refuses that record alone, as it would a damaged
+// plain outbox. Failing the scan instead would fail whole batches, and
+// on PostgreSQL after their writes had committed (see inBatchTx's read).
+func (s *Store) scanRecord(row pgx.CollectableRow) (processors.Record, error) {
 	var x recordScan
 	if err := row.Scan(x.dest()...); err != nil {
 		return processors.Record{}, err
 	}
 	r := x.record()
-	var err error
-	if r.Outbox, err = unpackOutbox(r.Outbox); err != nil {
-		return processors.Record{}, fmt.Errorf("record %s: %w", r.Key, err)
+	if out, err := unpackOutbox(r.Outbox); err != nil {
+		s.log.Error("execution record's outbox does not decompress: passed on as stored", "call_key", r.Key.String(), "err", err)
+	} else {
+		r.Outbox = out
 	}
 	return r, nil
 }
@@ -999,7 +1005,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 		read: func(br pgx.BatchResults) error {
 			rows, _ := br.Query()
 			var err error
-			if existing, err = pgx.CollectRows(rows, scanRecord); err != nil {
+			if existing, err = pgx.CollectRows(rows, s.scanRecord); err != nil {
 				return err
 			}
 			rows, _ = br.Query()
@@ -1052,7 +1058,7 @@ func (s *Store) admitted(ctx context.Context, as []processors.Admission, first m
 	}
 	if len(lateTs) > 0 {
 		rows, _ := s.pool.Query(ctx, s.q.selectKeys, lateTs, lateKs)
-		late, err := pgx.CollectRows(rows, scanRecord)
+		late, err := pgx.CollectRows(rows, s.scanRecord)
 		if err != nil {
 			return nil, err
 		}
@@ -1125,7 +1131,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 		read: func(br pgx.BatchResults) error {
 			rows, _ := br.Query()
 			var err error
-			if before, err = pgx.CollectRows(rows, scanRecord); err != nil {
+			if before, err = pgx.CollectRows(rows, s.scanRecord); err != nil {
 				return err
 			}
 			rows, _ = br.Query()
@@ -1172,7 +1178,7 @@ func (s *Store) claimed(ctx context.Context, cs []processors.Claim, before []pro
 	var late map[ledger.CallKey]processors.Record
 	if len(lateTs) > 0 {
 		rows, _ := s.pool.Query(ctx, s.q.selectKeys, lateTs, lateKs)
-		recs, err := pgx.CollectRows(rows, scanRecord)
+		recs, err := pgx.CollectRows(rows, s.scanRecord)
 		if err != nil {
 			return nil, fmt.Errorf("read calls claimed unread: %w", err)
 		}
@@ -1448,7 +1454,7 @@ func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, er
 	err := s.inTx(ctx, "expired", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, s.q.expired, limit)
 		var err error
-		out, err = pgx.CollectRows(rows, scanRecord)
+		out, err = pgx.CollectRows(rows, s.scanRecord)
 		return err
 	})
 	if err != nil {
@@ -1478,7 +1484,7 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 	err := s.inTx(ctx, "unlogged", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, s.q.unlogged, olderUS, limit)
 		var err error
-		out, err = pgx.CollectRows(rows, scanRecord)
+		out, err = pgx.CollectRows(rows, s.scanRecord)
 		return err
 	})
 	if err != nil {
@@ -1502,7 +1508,7 @@ func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit in
 			rows, _ = tx.Query(ctx, s.q.byStatus, string(status), limit)
 		}
 		var err error
-		out, err = pgx.CollectRows(rows, scanRecord)
+		out, err = pgx.CollectRows(rows, s.scanRecord)
 		return err
 	})
 	if err != nil {
@@ -1517,7 +1523,7 @@ func (s *Store) Get(ctx context.Context, k ledger.CallKey) (processors.Record, e
 	err := s.inTx(ctx, "get", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, s.q.get, k.TenantID, k.IdempotencyKey)
 		var err error
-		r, err = pgx.CollectExactlyOneRow(rows, scanRecord)
+		r, err = pgx.CollectExactlyOneRow(rows, s.scanRecord)
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -1527,4 +1533,35 @@ func (s *Store) Get(ctx context.Context, k ledger.CallKey) (processors.Record, e
 		return processors.Record{}, err
 	}
 	return r, nil
+}
+
+// Footprint is the room the store's records take.
+type Footprint struct {
+	// Records is the number of execution records.
+	Records int64
+	// Bytes is the disk space of the records' and the journal's tables,
+	// with their indexes and TOAST: every row version not yet vacuumed
+	// included, so it is what a workload has written and not yet given
+	// back, more than what its live rows hold.
+	Bytes int64
+}
+
+// ErrNoFootprint: the server cannot say how much room the tables take
+// (CockroachDB keeps sizes per range, approximately and asynchronously).
+var ErrNoFootprint = errors.New("pgstore: the store's footprint is known on PostgreSQL only")
+
+// Footprint counts the records and measures the tables on PostgreSQL;
+// on CockroachDB it returns ErrNoFootprint. The count reads every
+// record's key: for benchmarks and capacity checks, not for a hot path.
+func (s *Store) Footprint(ctx context.Context) (Footprint, error) {
+	if s.crdb {
+		return Footprint{}, ErrNoFootprint
+	}
+	var f Footprint
+	err := s.pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+s.table+"), pg_total_relation_size($1::regclass) + pg_total_relation_size($2::regclass)",
+		s.table, s.journal).Scan(&f.Records, &f.Bytes)
+	if err != nil {
+		return Footprint{}, fmt.Errorf("pgstore: footprint: %w", err)
+	}
+	return f, nil
 }
