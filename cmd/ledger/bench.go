@@ -650,6 +650,14 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		rep.PeakRSS += peak
 	}
 	nodes = nil
+	if dsn != "" {
+		if f, err := storeFootprint(ctx, dsn); err == nil {
+			rep.StoreRecords, rep.StoreBytes = f.Records, f.Bytes
+		} else if !errors.Is(err, pgstore.ErrNoFootprint) {
+			// A figure missing, not a run lost.
+			fmt.Fprintf(e.progress, "bench: %s: the store's footprint not measured: %v\n", r.name, err)
+		}
+	}
 	rep.Witness = loadtest.Check(res, e.backend.Effects())
 	if lag != nil {
 		p, err := lag.finish(ctx)
@@ -973,6 +981,16 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// storeFootprint measures a run's tables (the schema dsn names).
+func storeFootprint(ctx context.Context, dsn string) (pgstore.Footprint, error) {
+	st, err := pgstore.Open(ctx, pgstore.Config{DSN: dsn, SkipMigrate: true})
+	if err != nil {
+		return pgstore.Footprint{}, err
+	}
+	defer st.Close()
+	return st.Footprint(ctx)
 }
 
 // usage returns running totals of the CPU the run's parts spent, for

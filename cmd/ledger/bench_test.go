@@ -58,7 +58,7 @@ func TestBenchOnPostgres(t *testing.T) {
 		"--timeline",
 		"--json", jsonOut, "--svg", svgOut, "--work-dir", filepath.Join(dir, "work"),
 	)
-	for _, want := range []string{"where the time goes", "timeline of ledger", "timeline of open 300/s", "projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
+	for _, want := range []string{"where the time goes", "the store's tables at the end of each run", "timeline of ledger", "timeline of open 300/s", "projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
@@ -95,6 +95,10 @@ func TestBenchOnPostgres(t *testing.T) {
 		}
 		if r.StoreRetries == nil {
 			t.Errorf("%s: store retries not counted; want them read from the processes' metrics", r.Name)
+		}
+		// The run's tables hold its calls and the warm-up's.
+		if r.StoreRecords != 500 || r.StoreBytesPerCall < 500 {
+			t.Errorf("%s: the store's footprint %d records, %.0f bytes a call; want 500 records (400 and 100 warming up) of at least 500 bytes", r.Name, r.StoreRecords, r.StoreBytesPerCall)
 		}
 		// The timeline's CPU readings telescope: their sum is the
 		// growth over a window inside the run's own measurement.

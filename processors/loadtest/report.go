@@ -104,6 +104,12 @@ type RunReport struct {
 	// age of the oldest event not yet projected, sampled while the load
 	// ran.
 	ProjectionLag *Percentiles `json:"projection_lag,omitempty"`
+	// StoreRecords and StoreBytes, when the store can say (PostgreSQL),
+	// are the execution records in the run's tables at its end (the
+	// warm-up's included) and the disk space of those tables with their
+	// indexes, every row version not yet vacuumed included.
+	StoreRecords int64 `json:"store_records,omitempty"`
+	StoreBytes   int64 `json:"store_bytes,omitempty"`
 	// Derived by Derive.
 	CPUPerCall         time.Duration `json:"ledger_cpu_per_call_ns"`
 	HarnessCPUPerCall  time.Duration `json:"harness_cpu_per_call_ns"`
@@ -112,6 +118,7 @@ type RunReport struct {
 	PeakRSSPerCall     float64       `json:"peak_rss_bytes_per_call"`
 	PerSecPerExecutor  float64       `json:"calls_per_sec_per_executor"`
 	PerSecPerLedgerCPU float64       `json:"calls_per_ledger_cpu_sec"`
+	StoreBytesPerCall  float64       `json:"store_bytes_per_call,omitempty"`
 }
 
 // Derive fills the per-call figures from the totals.
@@ -128,6 +135,9 @@ func (r *RunReport) Derive() {
 	}
 	if r.LedgerCPU > 0 {
 		r.PerSecPerLedgerCPU = float64(r.Result.Finished) / r.LedgerCPU.Seconds()
+	}
+	if r.StoreRecords > 0 {
+		r.StoreBytesPerCall = float64(r.StoreBytes) / float64(r.StoreRecords)
 	}
 }
 
@@ -194,6 +204,17 @@ func (rep Report) WriteTable(w io.Writer) error {
 			st := r.Result.Stages
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, r.mode(), st.Calls,
 				p50p99(st.Intake), p50p99(st.Claim), p50p99(st.Call), p50p99(st.Record), retries(r.StoreRetries))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if measured := rep.runsWhere(func(r RunReport) bool { return r.StoreRecords > 0 }); len(measured) > 0 {
+		fmt.Fprintln(w, "\nthe store's tables at the end of each run (indexes and row versions not yet vacuumed included):")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "run\trecords\tMB\tbytes/call\t")
+		for _, r := range measured {
+			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.0f\t\n", r.Name, r.StoreRecords, float64(r.StoreBytes)/(1<<20), r.StoreBytesPerCall)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -52,6 +52,7 @@ func repReport() Report {
 				LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 6 * time.Second, StoreCPU: 2 * time.Second, PeakRSS: 200 << 20,
 				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 6 * time.Millisecond, StoreCPUPerCall: 2 * time.Millisecond, PeakRSSPerCall: 209715.2,
 				PerSecPerExecutor: 250, PerSecPerLedgerCPU: 333.25, StoreRetries: map[string]int64{"claim": 5, "complete": 2},
+				StoreRecords: 1500, StoreBytes: 4 << 20, StoreBytesPerCall: float64(4<<20) / 1500,
 			},
 			{Name: "open 500/s", Executors: 2, Processes: 1, Result: open, Witness: Witness{Effects: 250, Reads: 747, Duplicates: 2, Missing: 1}},
 		},
@@ -74,9 +75,11 @@ func TestRunReportDerive(t *testing.T) {
 		{
 			name: "totals",
 			in: RunReport{Executors: 4, LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 5 * time.Second, StoreCPU: 2 * time.Second, PeakRSS: 300 << 20,
-				Result: Result{Finished: 1000, PerSec: 500}},
+				StoreRecords: 1200, StoreBytes: 3_600_000, Result: Result{Finished: 1000, PerSec: 500}},
+			// The store's bytes are per record: the warm-up's calls are
+			// in its tables, not in Finished.
 			want: RunReport{CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 5 * time.Millisecond, StoreCPUPerCall: 2 * time.Millisecond,
-				PeakRSSPerCall: float64(300<<20) / 1000, PerSecPerExecutor: 125, PerSecPerLedgerCPU: 1000.0 / 3},
+				PeakRSSPerCall: float64(300<<20) / 1000, PerSecPerExecutor: 125, PerSecPerLedgerCPU: 1000.0 / 3, StoreBytesPerCall: 3000},
 		},
 		{
 			name: "no calls finished",
@@ -94,15 +97,15 @@ func TestRunReportDerive(t *testing.T) {
 			want: RunReport{},
 		},
 	}
-	derived := cmp.Transformer("derived", func(r RunReport) [7]float64 {
-		return [7]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), float64(r.MachineCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU, float64(r.StoreCPUPerCall)}
+	derived := cmp.Transformer("derived", func(r RunReport) [8]float64 {
+		return [8]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), float64(r.MachineCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU, float64(r.StoreCPUPerCall), r.StoreBytesPerCall}
 	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.in
 			got.Derive()
 			if diff := cmp.Diff(tc.want, got, derived, cmpopts.EquateApprox(1e-12, 0)); diff != "" {
-				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, machine cpu/call, rss/call, /s/executor, /ledger cpu s, store cpu/call]:\n%s", diff)
+				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, machine cpu/call, rss/call, /s/executor, /ledger cpu s, store cpu/call, store bytes/call]:\n%s", diff)
 			}
 			for _, v := range []float64{got.PeakRSSPerCall, got.PerSecPerExecutor, got.PerSecPerLedgerCPU} {
 				if math.IsNaN(v) || math.IsInf(v, 0) {
@@ -249,6 +252,12 @@ func TestReportWriteTable(t *testing.T) {
 	}
 	if row := rows["open"]; len(row) < 5 || row[len(row)-2] != "2" || row[len(row)-1] != "3" || row[len(row)-4] != "-" || row[len(row)-5] != "-" {
 		t.Errorf("open row %q; want store and machine CPU - (not measured), then dup 2 and lost 3 last", row)
+	}
+	// The store's footprint: only the run that measured it.
+	if i := strings.Index(out, "the store's tables at the end of each run"); i < 0 {
+		t.Errorf("table lacks the store's footprint:\n%s", out)
+	} else if sect, _, _ := strings.Cut(out[i:], "\n\n"); !strings.Contains(strings.Join(strings.Fields(sect), " "), "ledger 1500 4.0 2796") || strings.Contains(sect, "open 500/s") {
+		t.Errorf("footprint section %q; want the main run's 1500 records, 4.0 MB, 2796 bytes a call, and no other run", sect)
 	}
 	// Where the time goes: a row per run, p50 / p99 of each stage.
 	if !strings.Contains(out, "where the time goes") {
