@@ -155,6 +155,24 @@ type Loop struct {
 	lastPoll atomic.Int64
 	// client is the live session's client, nil between sessions.
 	client atomic.Pointer[kgo.Client]
+	// stepTime and txnTime add up, in nanoseconds, the time spent in
+	// steps and in the transactions after them (Time).
+	stepTime, txnTime atomic.Int64
+}
+
+// LoopTime is how a loop has spent its time since it started: in steps,
+// and in the transactions that commit them. The rest it spent polling:
+// waiting for records, mostly (or backing off after a failure).
+type LoopTime struct {
+	Step        time.Duration `json:"step_ns"`
+	Transaction time.Duration `json:"transaction_ns"`
+}
+
+// Time returns the loop's time so far. Safe from any goroutine: a
+// benchmark reads it every second to tell a loop that has no idle time
+// from one that waits for records.
+func (l *Loop) Time() LoopTime {
+	return LoopTime{Step: time.Duration(l.stepTime.Load()), Transaction: time.Duration(l.txnTime.Load())}
 }
 
 // Buffered is how many records the live session has fetched that no poll
@@ -361,6 +379,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		t0 := time.Now()
 		out, err := l.step(ctx, recs)
 		stepDur := time.Since(t0)
+		l.stepTime.Add(int64(stepDur))
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -454,6 +473,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// End flushes, then commits only if every produce succeeded,
 		// the group did not rebalance, and the offsets committed.
 		committed, err := sess.End(ctx, kgo.TransactionEndTry(failed == nil))
+		l.txnTime.Add(int64(time.Since(t0) - stepDur))
 		if err != nil {
 			abandon()
 			return fmt.Errorf("end transaction: %w", err)

@@ -722,3 +722,52 @@ func TestLoopLinger(t *testing.T) {
 		t.Error("a linger as long as the tick was accepted")
 	}
 }
+
+// TestLoopTime: a loop counts the time its steps took and the time its
+// transactions took, and not the time it waited for records.
+func TestLoopTime(t *testing.T) {
+	k := faultableKafka(t)
+	const stepTook = 30 * time.Millisecond
+	var steps atomic.Int64
+	loop, err := ledger.NewLoop(ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-1", Tick: 50 * time.Millisecond,
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+	}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		var out ledger.Output
+		if len(recs) == 0 {
+			return out, nil
+		}
+		steps.Add(1)
+		time.Sleep(stepTook)
+		for _, r := range recs {
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lt := loop.Time(); lt != (ledger.LoopTime{}) {
+		t.Fatalf("Time before Run = %+v; want zero", lt)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	publishRequests(t, k, 5)
+	waitCommitted(t, k, 5, 15*time.Second)
+	const idle = 600 * time.Millisecond
+	time.Sleep(idle) // polls that return nothing
+	lt, lived := loop.Time(), time.Since(start)
+	if n := steps.Load(); n == 0 || lt.Step < time.Duration(n)*stepTook {
+		t.Errorf("Time().Step = %v after %d steps of %v each; want at least their sum", lt.Step, n, stepTook)
+	}
+	if lt.Transaction <= 0 {
+		t.Errorf("Time().Transaction = %v after committed steps; want their transactions' time", lt.Transaction)
+	}
+	if busy := lt.Step + lt.Transaction; busy > lived-idle/2 {
+		t.Errorf("steps and transactions %v of the %v the loop lived, %v of it idle; want the idle polls counted in neither", busy, lived, idle)
+	}
+}

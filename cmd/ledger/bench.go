@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -135,7 +136,7 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 	fs.DurationVar(&f.batchLinger, "batch-linger", 0, "the ledger processes' --batch-linger (a --baseline binary must know the flag too); 0: not passed")
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
-	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, and the CPU of the ledger, the store, the harness (and its garbage collector) and the machine (the JSON report always has it)")
+	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, and the share of each second the intake's and executors' loops spent in steps and transactions (the JSON report always has it)")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
 	cmd.AddCommand(newBenchNodeCmd(g))
 	return cmd
@@ -549,7 +550,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		if err != nil {
 			return loadtest.RunReport{}, err
 		}
-		n.metricsURL = "http://" + addr + "/metrics"
+		n.metricsURL, n.loopsURL = "http://"+addr+"/metrics", "http://"+addr+"/loops"
 		nodes = append(nodes, n)
 	}
 
@@ -760,7 +761,8 @@ type benchNode struct {
 	// exited is closed when the process has exited.
 	exited chan struct{}
 	// metricsURL is where the process serves its metrics; "" if not.
-	metricsURL string
+	// Its loops' time is served beside them, at loopsURL.
+	metricsURL, loopsURL string
 }
 
 // watchNodes returns ctx, cancelled with a cause naming the process and
@@ -1011,13 +1013,64 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 		return d, err == nil
 	})
 	machine := growing(machineCPU)
+	// Each node's loops, read once a reading: the intake's and the
+	// executors' time in steps and transactions.
+	type loopsRead struct {
+		intake, executors time.Duration
+		ok                bool
+	}
+	intakeLoop, executorLoops := make([]func() time.Duration, len(nodes)), make([]func() time.Duration, len(nodes))
+	reads := make([]loopsRead, len(nodes))
+	for i := range nodes {
+		intakeLoop[i] = growing(func() (time.Duration, bool) { return reads[i].intake, reads[i].ok })
+		executorLoops[i] = growing(func() (time.Duration, bool) { return reads[i].executors, reads[i].ok })
+	}
 	return func() loadtest.Usage {
 		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Machine: machine()}
-		for _, read := range ledgerCPU {
+		for i, read := range ledgerCPU {
 			u.Ledger += read()
+			times, err := readLoops(nodes[i].loopsURL)
+			reads[i] = loopsRead{ok: err == nil}
+			for name, lt := range times {
+				if name == "intake" {
+					reads[i].intake += lt.Step + lt.Transaction
+				} else {
+					reads[i].executors += lt.Step + lt.Transaction
+				}
+			}
+			u.IntakeLoop += intakeLoop[i]()
+			u.ExecutorLoops += executorLoops[i]()
 		}
 		return u
 	}
+}
+
+// readLoops reads a bench node's loops' time (its /loops page). The
+// timeline reads it every second: a short timeout, and a failure only
+// leaves the interval without the figure.
+func readLoops(url string) (map[string]ledger.LoopTime, error) {
+	if url == "" {
+		return nil, errors.New("no loops page")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	var times map[string]ledger.LoopTime
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&times); err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	return times, nil
 }
 
 // growing wraps a running total's reader: it returns the largest total

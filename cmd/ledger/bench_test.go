@@ -110,10 +110,19 @@ func TestBenchOnPostgres(t *testing.T) {
 			}
 			tl.Ledger += iv.Usage.Ledger
 			tl.Store += iv.Usage.Store
+			tl.IntakeLoop += iv.Usage.IntakeLoop
+			tl.ExecutorLoops += iv.Usage.ExecutorLoops
 			finished += iv.Finished
 		}
 		if finished != res.Finished || tl.Ledger <= 0 || tl.Ledger > r.LedgerCPU || local && tl.Store <= 0 {
 			t.Errorf("%s: timeline of %d intervals: %d finished, ledger CPU %v, store CPU %v; want %d finished and the ledger's CPU in (0, %v]", r.Name, len(res.Timeline), finished, tl.Ledger, tl.Store, res.Finished, r.LedgerCPU)
+		}
+		// The loops' busy time, read from the processes: some, and
+		// never more than the run lasted (one intake, one loop an
+		// executor process; the last reading follows the last
+		// interval's end by a moment).
+		if span := res.Timeline[len(res.Timeline)-1].End + 100*time.Millisecond; tl.IntakeLoop <= 0 || tl.IntakeLoop > span || tl.ExecutorLoops <= 0 || tl.ExecutorLoops > time.Duration(r.Processes)*span {
+			t.Errorf("%s: loops busy %v (intake) and %v (executors) in a timeline of %v; want both positive and within it", r.Name, tl.IntakeLoop, tl.ExecutorLoops, span)
 		}
 		// The store's CPU is reported exactly when its server is a
 		// PostgreSQL on this machine, as make test's is.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -98,6 +99,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 	}
 	var (
 		loops  []*ledger.Loop
+		names  []string // of loops: "intake", "executor-0", ...
 		drains []func(context.Context) error
 	)
 	if f.intake {
@@ -109,7 +111,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		if err != nil {
 			return err
 		}
-		loops = append(loops, loop)
+		loops, names = append(loops, loop), append(names, "intake")
 	}
 	if f.executors > 0 {
 		broker, err := f.creds.broker("", logger)
@@ -128,7 +130,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 			if err != nil {
 				return err
 			}
-			loops = append(loops, loop)
+			loops, names = append(loops, loop), append(names, "executor-"+strconv.Itoa(i))
 			drains = append(drains, x.Drain)
 		}
 	}
@@ -142,6 +144,15 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", obs.metrics.Handler())
+		// For the benchmark's timeline: how each loop spent its time.
+		mux.HandleFunc("GET /loops", func(w http.ResponseWriter, _ *http.Request) {
+			times := make(map[string]ledger.LoopTime, len(loops))
+			for i, l := range loops {
+				times[names[i]] = l.Time()
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(times)
+		})
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()

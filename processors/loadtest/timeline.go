@@ -37,9 +37,10 @@ type Interval struct {
 	Usage *Usage `json:"usage,omitempty"`
 }
 
-// Usage is CPU time spent by the parts of the system under test, as the
-// caller of Run measures it. Config.Usage returns running totals; each
-// Interval holds what they grew by in it.
+// Usage is CPU time spent by the parts of the system under test, and the
+// time the ledger's loops were busy, as the caller of Run measures them.
+// Config.Usage returns running totals; each Interval holds what they grew
+// by in it.
 type Usage struct {
 	Ledger  time.Duration `json:"ledger_ns"`
 	Store   time.Duration `json:"store_ns,omitempty"`
@@ -53,12 +54,20 @@ type Usage struct {
 	HarnessGC time.Duration `json:"harness_gc_ns"`
 	// Machine is the busy time of all the machine's CPUs.
 	Machine time.Duration `json:"machine_ns,omitempty"`
+	// IntakeLoop and ExecutorLoops are wall time, not CPU: what the
+	// intake's loop and the executors' loops (summed) spent in their
+	// steps and transactions (ledger.Loop.Time). The rest of an
+	// interval they waited for records: a loop busy the whole interval
+	// had no idle time to absorb a burst.
+	IntakeLoop    time.Duration `json:"intake_loop_ns,omitempty"`
+	ExecutorLoops time.Duration `json:"executor_loops_ns,omitempty"`
 }
 
 func (u Usage) minus(v Usage) Usage {
 	return Usage{
 		Ledger: u.Ledger - v.Ledger, Store: u.Store - v.Store, Harness: u.Harness - v.Harness,
 		HarnessGC: u.HarnessGC - v.HarnessGC, Machine: u.Machine - v.Machine,
+		IntakeLoop: u.IntakeLoop - v.IntakeLoop, ExecutorLoops: u.ExecutorLoops - v.ExecutorLoops,
 	}
 }
 
@@ -133,9 +142,9 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 		if len(r.Result.Timeline) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores, - where nothing was measured, or the interval was too short to measure):\n", r.Name)
+		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores; the loops' time in steps and transactions as a share of the interval, the executors' summed; - where nothing was measured, or the interval was too short to measure):\n", r.Name)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\t")
+		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\tintake loop\texec loops\t")
 		var prev time.Duration
 		for _, iv := range r.Result.Timeline {
 			fmt.Fprintf(tw, "%.1f\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t",
@@ -151,9 +160,9 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 					}
 					return fmt.Sprintf("%.2f", d.Seconds()/span.Seconds())
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Machine))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Machine), cores(u.IntakeLoop), cores(u.ExecutorLoops))
 			} else {
-				fmt.Fprint(tw, "-\t-\t-\t-\t-\t\n")
+				fmt.Fprint(tw, "-\t-\t-\t-\t-\t-\t-\t\n")
 			}
 			prev = iv.End
 		}
