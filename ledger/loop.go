@@ -161,8 +161,12 @@ type Loop struct {
 }
 
 // LoopTime is how a loop has spent its time since it started: in steps,
-// and in the transactions that commit them. The rest it spent polling:
-// waiting for records, mostly (or backing off after a failure).
+// and in the transactions that commit them (from Begin to End, aborted
+// ones included). The rest it spent polling, waiting for records mostly,
+// and in what neither counts: waiting for the previous commit's
+// after-commit work, undoing an abandoned step, backing off after a
+// failure. Each counts when it ends, so the growth over an interval can
+// exceed the interval by a step or a transaction under way at its start.
 type LoopTime struct {
 	Step        time.Duration `json:"step_ns"`
 	Transaction time.Duration `json:"transaction_ns"`
@@ -473,7 +477,8 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// End flushes, then commits only if every produce succeeded,
 		// the group did not rebalance, and the offsets committed.
 		committed, err := sess.End(ctx, kgo.TransactionEndTry(failed == nil))
-		l.txnTime.Add(int64(time.Since(t0) - stepDur))
+		txnDur := time.Since(t0) - stepDur
+		l.txnTime.Add(int64(txnDur))
 		if err != nil {
 			abandon()
 			return fmt.Errorf("end transaction: %w", err)
@@ -496,8 +501,8 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		held = 0
 		*progressed = true
 		l.cfg.Failpoint.Hit(failpoint.Committed)
-		l.cfg.Metrics.Committed(consumed, out.Records, stepDur, time.Since(t0)-stepDur)
-		l.cfg.Logger.Debug("batch committed", "group", l.cfg.Group, "records", consumed, "appended", len(out.Records), "step", stepDur, "transaction", time.Since(t0)-stepDur)
+		l.cfg.Metrics.Committed(consumed, out.Records, stepDur, txnDur)
+		l.cfg.Logger.Debug("batch committed", "group", l.cfg.Group, "records", consumed, "appended", len(out.Records), "step", stepDur, "transaction", txnDur)
 		if out.Committed != nil {
 			// The after-commit step (marking outboxes logged) overlaps
 			// the next poll and step; one runs at a time, in order.

@@ -995,11 +995,12 @@ func storeFootprint(ctx context.Context, dsn string) (pgstore.Footprint, error) 
 	return st.Footprint(ctx)
 }
 
-// usage returns running totals of the CPU the run's parts spent, for
-// its timeline. Each total only grows: a reading that fails (a process
-// gone, /proc unreadable, the store's children between exit and reaping)
-// keeps the total it had, rather than give one interval a negative share
-// and the next everything since boot.
+// usage returns running totals of the CPU the run's parts spent and of
+// the time the ledger's loops were busy, for its timeline. Each total
+// only grows: a reading that fails (a process gone, /proc unreadable,
+// the store's children between exit and reaping) keeps the total it
+// had, rather than give one interval a negative share and the next
+// everything since boot.
 func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 	ledgerCPU := make([]func() time.Duration, len(nodes))
 	for i, n := range nodes {
@@ -1013,31 +1014,19 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 		return d, err == nil
 	})
 	machine := growing(machineCPU)
-	// Each node's loops, read once a reading: the intake's and the
-	// executors' time in steps and transactions.
-	type loopsRead struct {
-		intake, executors time.Duration
-		ok                bool
-	}
-	intakeLoop, executorLoops := make([]func() time.Duration, len(nodes)), make([]func() time.Duration, len(nodes))
+	// Each node's loops, all read at once each reading: the intake's
+	// and the executors' time in steps and transactions.
 	reads := make([]loopsRead, len(nodes))
+	intakeLoop, executorLoops := make([]func() time.Duration, len(nodes)), make([]func() time.Duration, len(nodes))
 	for i := range nodes {
 		intakeLoop[i] = growing(func() (time.Duration, bool) { return reads[i].intake, reads[i].ok })
 		executorLoops[i] = growing(func() (time.Duration, bool) { return reads[i].executors, reads[i].ok })
 	}
 	return func() loadtest.Usage {
+		readAllLoops(nodes, reads)
 		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Machine: machine()}
 		for i, read := range ledgerCPU {
 			u.Ledger += read()
-			times, err := readLoops(nodes[i].loopsURL)
-			reads[i] = loopsRead{ok: err == nil}
-			for name, lt := range times {
-				if name == "intake" {
-					reads[i].intake += lt.Step + lt.Transaction
-				} else {
-					reads[i].executors += lt.Step + lt.Transaction
-				}
-			}
 			u.IntakeLoop += intakeLoop[i]()
 			u.ExecutorLoops += executorLoops[i]()
 		}
@@ -1045,15 +1034,42 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 	}
 }
 
-// readLoops reads a bench node's loops' time (its /loops page). The
-// timeline reads it every second: a short timeout, and a failure only
-// leaves the interval without the figure.
-func readLoops(url string) (map[string]ledger.LoopTime, error) {
+// loopsRead is one node's loops' time at a reading: its intake's and its
+// executors' (summed) time in steps and transactions.
+type loopsRead struct {
+	intake, executors time.Duration
+	ok                bool
+}
+
+// readAllLoops reads every node's loops at once, within one deadline
+// short enough for a reading a second, into reads.
+func readAllLoops(nodes []*benchNode, reads []loopsRead) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Go(func() {
+			times, err := readLoops(ctx, n.loopsURL)
+			r := loopsRead{ok: err == nil}
+			for name, lt := range times {
+				switch {
+				case name == "intake":
+					r.intake += lt.Step + lt.Transaction
+				case strings.HasPrefix(name, "executor-"):
+					r.executors += lt.Step + lt.Transaction
+				}
+			}
+			reads[i] = r
+		})
+	}
+	wg.Wait()
+}
+
+// readLoops reads a bench node's loops' time (its /loops page).
+func readLoops(ctx context.Context, url string) (map[string]ledger.LoopTime, error) {
 	if url == "" {
 		return nil, errors.New("no loops page")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -1062,7 +1078,12 @@ func readLoops(url string) (map[string]ledger.LoopTime, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer func() {
+		// Read to the end, so that the connection is kept for the
+		// next second's reading.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+	}()
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: %s", url, resp.Status)
 	}
@@ -1074,14 +1095,26 @@ func readLoops(url string) (map[string]ledger.LoopTime, error) {
 }
 
 // growing wraps a running total's reader: it returns the largest total
-// read so far, which a failed or lower reading leaves as it is.
+// read so far, which a failed or lower reading leaves as it is. Only the
+// differences between its results mean anything: when the first
+// readings fail, the first that succeeds is where it starts, so that
+// the total since the process began does not land in one interval.
 func growing(read func() (time.Duration, bool)) func() time.Duration {
-	var top time.Duration
+	var (
+		top, base    time.Duration
+		seen, missed bool
+	)
 	return func() time.Duration {
-		if d, ok := read(); ok {
-			top = max(top, d)
+		d, ok := read()
+		switch {
+		case ok && !seen && missed:
+			base, top, seen = d, d, true
+		case ok:
+			top, seen = max(top, d), true
+		case !seen:
+			missed = true
 		}
-		return top
+		return top - base
 	}
 }
 

@@ -441,23 +441,34 @@ func readReport(t *testing.T, path string) loadtest.Report {
 }
 
 func TestGrowing(t *testing.T) {
-	readings := []struct {
+	type reading struct {
 		d  time.Duration
 		ok bool
-	}{{5, true}, {0, false}, {3, true}, {9, true}, {0, false}, {12, true}}
-	i := 0
-	total := growing(func() (time.Duration, bool) {
-		r := readings[i]
-		i++
-		return r.d, r.ok
-	})
-	var got []time.Duration
-	for range readings {
-		got = append(got, total())
 	}
-	// A failed reading and one below the last keep the total; the
-	// differences a timeline takes stay non-negative.
-	if want := []time.Duration{5, 5, 5, 9, 9, 12}; !slices.Equal(got, want) {
-		t.Errorf("totals %v; want %v", got, want)
+	for _, tc := range []struct {
+		name     string
+		readings []reading
+		want     []time.Duration
+	}{
+		// A failed reading and one below the last keep the total; the
+		// differences a timeline takes stay non-negative.
+		{"first read works", []reading{{5, true}, {0, false}, {3, true}, {9, true}, {0, false}, {12, true}}, []time.Duration{5, 5, 5, 9, 9, 12}},
+		// The first success after failures is the start: what came
+		// before it does not land in one interval.
+		{"first reads fail", []reading{{0, false}, {0, false}, {100, true}, {104, true}, {0, false}, {110, true}}, []time.Duration{0, 0, 0, 4, 4, 10}},
+	} {
+		i := 0
+		total := growing(func() (time.Duration, bool) {
+			r := tc.readings[i]
+			i++
+			return r.d, r.ok
+		})
+		var got []time.Duration
+		for range tc.readings {
+			got = append(got, total())
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: totals %v; want %v", tc.name, got, tc.want)
+		}
 	}
 }

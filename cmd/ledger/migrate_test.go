@@ -13,7 +13,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
 )
 
-// TestMigratePlainOutboxes: `ledger migrate --plain-outboxes` leaves no
+// TestMigratePlainOutboxes: `ledger migrate --rewrite-plain-outboxes` leaves no
 // compressed outbox behind, for a build that reads only plain ones, and
 // the records read as they did.
 func TestMigratePlainOutboxes(t *testing.T) {
@@ -45,8 +45,8 @@ func TestMigratePlainOutboxes(t *testing.T) {
 	if b := stored(); bytes.Equal(b, outbox) {
 		t.Fatal("the store wrote the outbox plain; want it compressed before the rewrite")
 	}
-	if out := cli(t, "migrate", "--crdb-dsn", dsn, "--plain-outboxes"); !strings.Contains(out, "1 records scanned, 1 compressed outboxes rewritten as plain") {
-		t.Errorf("ledger migrate --plain-outboxes said:\n%s", out)
+	if out := cli(t, "migrate", "--crdb-dsn", dsn, "--rewrite-plain-outboxes"); !strings.Contains(out, "1 records scanned, 1 compressed outboxes rewritten as plain") {
+		t.Errorf("ledger migrate --rewrite-plain-outboxes said:\n%s", out)
 	}
 	if b := stored(); !bytes.Equal(b, outbox) {
 		t.Errorf("the table holds %q after the rewrite; want the plain outbox %q", b, outbox)

@@ -370,8 +370,8 @@ func newTopicsCmd(g *globals) *cobra.Command {
 
 func newMigrateCmd(g *globals) *cobra.Command {
 	var (
-		dsn   string
-		plain bool
+		dsn     string
+		rewrite bool
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -386,25 +386,25 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			}
 			defer st.Close()
 			fmt.Fprintln(cmd.OutOrStdout(), "execution store schema is up to date")
-			if !plain {
+			if !rewrite {
 				return nil
 			}
 			last := time.Now()
 			p, err := st.RewritePlainOutboxes(cmd.Context(), 1000, func(p pgstore.RewriteProgress) {
 				if time.Since(last) >= 5*time.Second {
 					last = time.Now()
-					fmt.Fprintf(cmd.ErrOrStderr(), "migrate: %d records scanned, %d outboxes rewritten as plain\n", p.Scanned, p.Rewritten)
+					fmt.Fprintf(cmd.ErrOrStderr(), "migrate: %d records scanned, %d outboxes rewritten as plain, %d skipped (changed meanwhile)\n", p.Scanned, p.Rewritten, p.Skipped)
 				}
 			})
 			if err != nil {
-				return fmt.Errorf("after %d records scanned and %d outboxes rewritten: %w", p.Scanned, p.Rewritten, err)
+				return fmt.Errorf("after %d records scanned, %d outboxes rewritten and %d skipped: %w", p.Scanned, p.Rewritten, p.Skipped, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%d records scanned, %d compressed outboxes rewritten as plain\n", p.Scanned, p.Rewritten)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&dsn, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN")
-	cmd.Flags().BoolVar(&plain, "plain-outboxes", false, "also rewrite every compressed outbox as plain JSON, before going back to a build that reads only plain ones; run it once every process runs with --plain-outboxes")
+	cmd.Flags().BoolVar(&rewrite, "rewrite-plain-outboxes", false, "also rewrite every compressed outbox as plain JSON, before going back to a build that reads only plain ones; run it once every process runs with --plain-outboxes (it fails if compressed outboxes remain)")
 	return cmd
 }
 

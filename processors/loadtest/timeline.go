@@ -57,8 +57,10 @@ type Usage struct {
 	// IntakeLoop and ExecutorLoops are wall time, not CPU: what the
 	// intake's loop and the executors' loops (summed) spent in their
 	// steps and transactions (ledger.Loop.Time). The rest of an
-	// interval they waited for records: a loop busy the whole interval
-	// had no idle time to absorb a burst.
+	// interval they mostly waited for records. A loop that steps as
+	// soon as a poll returns is busy the whole interval whenever calls
+	// arrive faster than its cycle, so this says how long its cycles
+	// are, not that it is saturated.
 	IntakeLoop    time.Duration `json:"intake_loop_ns,omitempty"`
 	ExecutorLoops time.Duration `json:"executor_loops_ns,omitempty"`
 }

@@ -30,6 +30,10 @@ import (
 // Config.PlainOutboxes, read as they are.
 const outboxS2 = "\x00s2"
 
+// outboxS2Above sorts after every compressed outbox and before anything
+// else that sorts after outboxS2: a range scan's upper bound.
+const outboxS2Above = "\x00s3"
+
 // outboxHeader is the length of a compressed outbox before its block.
 const outboxHeader = len(outboxS2) + 4
 
@@ -46,6 +50,14 @@ const maxOutboxBytes = 64 << 20
 // errOutbox: a stored outbox is marked compressed and does not decode.
 var errOutbox = errors.New("pgstore: corrupt compressed outbox")
 
+// castagnoli is the CRC-32C table of the outboxes' checksums (read-only).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// isPacked reports whether a stored outbox is in the compressed form.
+func isPacked(stored []byte) bool {
+	return len(stored) >= len(outboxS2) && string(stored[:len(outboxS2)]) == outboxS2
+}
+
 // packOutbox returns the form of outbox to store: compressed when it is
 // at least minLen bytes long; never when minLen is negative. (Only JSON
 // is given to it, which never starts with outboxS2's zero byte, so what
@@ -56,14 +68,15 @@ func packOutbox(outbox []byte, minLen int) []byte {
 	}
 	buf := make([]byte, outboxHeader, outboxHeader+s2.MaxEncodedLen(len(outbox)))
 	copy(buf, outboxS2)
-	binary.BigEndian.PutUint32(buf[len(outboxS2):], crc32.Checksum(outbox, crc32.MakeTable(crc32.Castagnoli)))
-	block := s2.Encode(buf[outboxHeader:cap(buf)], outbox)
-	return buf[:outboxHeader+len(block)]
+	binary.BigEndian.PutUint32(buf[len(outboxS2):], crc32.Checksum(outbox, castagnoli))
+	// Encode writes into the room it is given when there is enough, as
+	// MaxEncodedLen makes sure; append keeps the result right if not.
+	return append(buf, s2.Encode(buf[outboxHeader:cap(buf)], outbox)...)
 }
 
 // unpackOutbox returns the events of a stored outbox, in either form.
 func unpackOutbox(stored []byte) ([]byte, error) {
-	if len(stored) < len(outboxS2) || string(stored[:len(outboxS2)]) != outboxS2 {
+	if !isPacked(stored) {
 		return stored, nil
 	}
 	if len(stored) < outboxHeader {
@@ -81,7 +94,7 @@ func unpackOutbox(stored []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errOutbox, err)
 	}
-	if crc32.Checksum(out, crc32.MakeTable(crc32.Castagnoli)) != sum {
+	if crc32.Checksum(out, castagnoli) != sum {
 		return nil, fmt.Errorf("%w: checksum mismatch", errOutbox)
 	}
 	return out, nil
@@ -90,19 +103,30 @@ func unpackOutbox(stored []byte) ([]byte, error) {
 // RewriteProgress is how far a RewritePlainOutboxes has gone.
 type RewriteProgress struct {
 	// Scanned is the records read so far, in key order; Rewritten those
-	// of them whose outbox was compressed and is now plain.
-	Scanned, Rewritten int64
+	// of them whose outbox was compressed and is now plain; Skipped
+	// those whose outbox was compressed and changed between the read
+	// and the rewrite (a process still writing).
+	Scanned, Rewritten, Skipped int64
+	// Remaining, once the pass is over, is the compressed outboxes left
+	// in the table: written behind the pass's cursor, or skipped.
+	Remaining int64
 }
+
+// ErrOutboxesRemain is returned by RewritePlainOutboxes when its pass
+// ended with compressed outboxes still in the table: some process kept
+// writing them, and an older build would refuse them.
+var ErrOutboxesRemain = errors.New("pgstore: compressed outboxes remain")
 
 // RewritePlainOutboxes rewrites every compressed outbox as plain JSON:
 // what going back to a build that reads only plain outboxes needs. It
 // reads the table once, in key order, batch records at a time, and
-// rewrites each compressed outbox of a batch in one statement that
-// leaves alone any record changed since it was read. Run it once no
-// process writes compressed outboxes (every one runs with
-// Config.PlainOutboxes), or records written compressed behind its
-// cursor stay so. A damaged compressed outbox stops it with an error
-// naming the call. progress, if set, is called after each batch.
+// rewrites each batch's compressed outboxes in one transaction (retried
+// as the store's others are) that leaves alone any record changed since
+// it was read. Then it counts what is still compressed, and returns
+// ErrOutboxesRemain if any is: run it once no process writes compressed
+// outboxes (every one runs with Config.PlainOutboxes). A damaged
+// compressed outbox stops it with an error naming the call. progress,
+// if set, is called after each batch.
 func (s *Store) RewritePlainOutboxes(ctx context.Context, batch int, progress func(RewriteProgress)) (RewriteProgress, error) {
 	if batch <= 0 {
 		batch = 1000
@@ -110,19 +134,18 @@ func (s *Store) RewritePlainOutboxes(ctx context.Context, batch int, progress fu
 	var (
 		p            RewriteProgress
 		lastT, lastK string
-		first        = true
 		scan         = "SELECT tenant_id, idempotency_key, outbox FROM " + s.table + " ORDER BY tenant_id, idempotency_key LIMIT $1"
 		scanAfter    = "SELECT tenant_id, idempotency_key, outbox FROM " + s.table + " WHERE (tenant_id, idempotency_key) > ($2, $3) ORDER BY tenant_id, idempotency_key LIMIT $1"
-		rewrite      = "UPDATE " + s.table + " AS r SET outbox = u.plain FROM unnest($1::TEXT[], $2::TEXT[], $3::BYTEA[], $4::BYTEA[]) AS u (t, k, old, plain) WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.outbox = u.old"
-		ts, ks       []string
-		olds, plains [][]byte
 		readT, readK string
-		outbox       []byte
-		rowsRead     int
+		stored       []byte
 	)
-	for {
-		var rows pgx.Rows
-		var err error
+	for first := true; ; first = false {
+		var (
+			rows pgx.Rows
+			err  error
+			w    outboxRewrite
+			read int
+		)
 		if first {
 			rows, err = s.pool.Query(ctx, scan, batch)
 		} else {
@@ -131,38 +154,70 @@ func (s *Store) RewritePlainOutboxes(ctx context.Context, batch int, progress fu
 		if err != nil {
 			return p, fmt.Errorf("pgstore: rewrite outboxes: %w", err)
 		}
-		ts, ks, olds, plains, rowsRead = ts[:0], ks[:0], olds[:0], plains[:0], 0
-		_, err = pgx.ForEachRow(rows, []any{&readT, &readK, &outbox}, func() error {
-			rowsRead++
+		_, err = pgx.ForEachRow(rows, []any{&readT, &readK, &stored}, func() error {
+			read++
 			lastT, lastK = readT, readK
-			if len(outbox) < len(outboxS2) || string(outbox[:len(outboxS2)]) != outboxS2 {
+			if !isPacked(stored) {
 				return nil
 			}
-			plain, err := unpackOutbox(outbox)
+			plain, err := unpackOutbox(stored)
 			if err != nil {
 				return fmt.Errorf("call %s/%s: %w", readT, readK, err)
 			}
-			ts, ks = append(ts, readT), append(ks, readK)
-			olds, plains = append(olds, bytes.Clone(outbox)), append(plains, plain)
+			w.ts, w.ks = append(w.ts, readT), append(w.ks, readK)
+			w.olds, w.plains = append(w.olds, bytes.Clone(stored)), append(w.plains, plain)
 			return nil
 		})
 		if err != nil {
 			return p, fmt.Errorf("pgstore: rewrite outboxes: %w", err)
 		}
-		first = false
-		p.Scanned += int64(rowsRead)
-		if len(ts) > 0 {
-			tag, err := s.pool.Exec(ctx, rewrite, ts, ks, olds, plains)
+		p.Scanned += int64(read)
+		if len(w.ts) > 0 {
+			n, err := s.rewriteOutboxes(ctx, w)
 			if err != nil {
-				return p, fmt.Errorf("pgstore: rewrite outboxes: %w", err)
+				return p, err
 			}
-			p.Rewritten += tag.RowsAffected()
+			p.Rewritten += n
+			p.Skipped += int64(len(w.ts)) - n
 		}
 		if progress != nil {
 			progress(p)
 		}
-		if rowsRead < batch {
-			return p, nil
+		if read < batch {
+			break
 		}
 	}
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.table+" WHERE outbox >= $1 AND outbox < $2",
+		[]byte(outboxS2), []byte(outboxS2Above)).Scan(&p.Remaining); err != nil {
+		return p, fmt.Errorf("pgstore: count compressed outboxes: %w", err)
+	}
+	if p.Remaining > 0 {
+		return p, fmt.Errorf("%w: %d, written or changed while the rewrite ran: with every process on plain outboxes, run it again", ErrOutboxesRemain, p.Remaining)
+	}
+	return p, nil
+}
+
+// outboxRewrite is one batch of RewritePlainOutboxes: each record's key,
+// the compressed outbox it was read with, and that outbox as plain JSON.
+type outboxRewrite struct {
+	ts, ks       []string
+	olds, plains [][]byte
+}
+
+// rewriteOutboxes writes w's plain outboxes over the compressed ones,
+// only where a record still holds the outbox it was read with, and
+// returns how many it wrote.
+func (s *Store) rewriteOutboxes(ctx context.Context, w outboxRewrite) (int64, error) {
+	var n int64
+	err := s.inTx(ctx, "rewrite outboxes", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, "UPDATE "+s.table+" AS r SET outbox = u.plain "+
+			"FROM unnest($1::TEXT[], $2::TEXT[], $3::BYTEA[], $4::BYTEA[]) AS u (t, k, old, plain) "+
+			"WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.outbox = u.old", w.ts, w.ks, w.olds, w.plains)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pgstore: rewrite outboxes: %w", err)
+	}
+	return n, nil
 }

@@ -136,14 +136,6 @@ func TestOutboxStoredCompressed(t *testing.T) {
 	schema := newSchema(t, dsn)
 	s := open(t, Config{DSN: dsn, Schema: schema})
 	plain := open(t, Config{DSN: dsn, Schema: schema, PlainOutboxes: true})
-	stored := func(k ledger.CallKey) []byte {
-		t.Helper()
-		var b []byte
-		if err := s.pool.QueryRow(t.Context(), "SELECT outbox FROM "+s.table+" WHERE tenant_id = $1 AND idempotency_key = $2", k.TenantID, k.IdempotencyKey).Scan(&b); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
 	for _, tc := range []struct {
 		name       string
 		st         *Store
@@ -185,7 +177,7 @@ func TestOutboxStoredCompressed(t *testing.T) {
 			if err := step.write(); err != nil {
 				t.Fatalf("%s: %s: %v", tc.name, step.what, err)
 			}
-			raw := stored(k)
+			raw := stored(t, s, k)
 			if got := bytes.HasPrefix(raw, []byte(outboxS2)); got != tc.compressed || tc.compressed && len(raw) >= len(step.outbox) {
 				t.Errorf("%s: %s: the table holds %d bytes (compressed: %v) for a %d-byte outbox; want compressed: %v", tc.name, step.what, len(raw), got, len(step.outbox), tc.compressed)
 			}
@@ -209,7 +201,7 @@ func TestOutboxStoredCompressed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bad := append(bytes.Clone(stored(damaged)[:outboxHeader]), 0x20, 0xff)
+	bad := append(bytes.Clone(stored(t, s, damaged)[:outboxHeader]), 0x20, 0xff)
 	if _, err := s.pool.Exec(t.Context(), "UPDATE "+s.table+" SET outbox = $3 WHERE tenant_id = $1 AND idempotency_key = $2", damaged.TenantID, damaged.IdempotencyKey, bad); err != nil {
 		t.Fatal(err)
 	}
@@ -229,6 +221,16 @@ func TestOutboxStoredCompressed(t *testing.T) {
 	if _, err := ledger.DecodeEvents(res[1].Record.Outbox); err != nil {
 		t.Errorf("the sound outbox of the same batch: %v", err)
 	}
+}
+
+// stored reads k's outbox as the table holds it.
+func stored(t *testing.T, s *Store, k ledger.CallKey) []byte {
+	t.Helper()
+	var b []byte
+	if err := s.pool.QueryRow(t.Context(), "SELECT outbox FROM "+s.table+" WHERE tenant_id = $1 AND idempotency_key = $2", k.TenantID, k.IdempotencyKey).Scan(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func mustGetRecord(t *testing.T, s *Store, k ledger.CallKey) processors.Record {
@@ -269,7 +271,7 @@ func TestFootprint(t *testing.T) {
 	k := ledger.CallKey{TenantID: "t_bench", IdempotencyKey: "00000000:run-0"}
 	admitted := outboxOf(t, k, statemachine.EventRequested, statemachine.EventAuthorized)
 	completed := outboxOf(t, k, statemachine.EventExecuting, statemachine.EventSucceeded)
-	var bytes [2]int64
+	var grew [2]int64
 	for i, plain := range []bool{true, false} {
 		s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn), PlainOutboxes: plain})
 		empty, err := s.Footprint(t.Context())
@@ -292,11 +294,11 @@ func TestFootprint(t *testing.T) {
 		if per := (f.Bytes - empty.Bytes) / calls; per < 1000 || per > 20000 {
 			t.Errorf("plain %v: %d bytes a call; want between 1,000 and 20,000", plain, per)
 		}
-		bytes[i] = f.Bytes - empty.Bytes
+		grew[i] = f.Bytes - empty.Bytes
 		s.Close()
 	}
-	if bytes[1] >= bytes[0]*3/4 {
-		t.Errorf("the tables grew by %d bytes with compressed outboxes, %d with plain ones; want at least a quarter less", bytes[1], bytes[0])
+	if grew[1] >= grew[0]*3/4 {
+		t.Errorf("the tables grew by %d bytes with compressed outboxes, %d with plain ones; want at least a quarter less", grew[1], grew[0])
 	}
 }
 
@@ -342,6 +344,35 @@ func TestRewritePlainOutboxes(t *testing.T) {
 	}
 	if again, err := s.RewritePlainOutboxes(t.Context(), 500, nil); err != nil || again != (RewriteProgress{Scanned: calls}) {
 		t.Errorf("a second pass = %+v, %v; want every record scanned and none rewritten", again, err)
+	}
+
+	// A record whose outbox changed since the batch read it is left
+	// alone: the rewrite writes only over the outbox it read.
+	k2 := ledger.CallKey{TenantID: "t_b", IdempotencyKey: "k-changed"}
+	if _, err := s.Admit(t.Context(), []processors.Admission{{Key: k2, CallID: "c", ArgumentsHash: "h", Tool: "create_ticket", ToolVersion: 1, Status: processors.StatusAuthorized, Seq: 2, Outbox: completed}}); err != nil {
+		t.Fatal(err)
+	}
+	current := stored(t, s, k2)
+	stale := packOutbox([]byte(`[{"seq":1}]`), 1)
+	if n, err := s.rewriteOutboxes(t.Context(), outboxRewrite{ts: []string{k2.TenantID}, ks: []string{k2.IdempotencyKey}, olds: [][]byte{stale}, plains: [][]byte{[]byte(`[{"seq":1}]`)}}); err != nil || n != 0 {
+		t.Errorf("rewrite over an outbox that changed = %d, %v; want 0 records written", n, err)
+	}
+	if got := stored(t, s, k2); !bytes.Equal(got, current) {
+		t.Errorf("the changed record's outbox became %q; want it left as %q", got, current)
+	}
+
+	// A compressed outbox written behind the pass's cursor is counted
+	// at the end, and the pass fails.
+	behind := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k-behind"}
+	p, err = s.RewritePlainOutboxes(t.Context(), 500, func(p RewriteProgress) {
+		if p.Scanned == 500 {
+			if _, err := s.Admit(t.Context(), []processors.Admission{{Key: behind, CallID: "c", ArgumentsHash: "h", Tool: "create_ticket", ToolVersion: 1, Status: processors.StatusAuthorized, Seq: 2, Outbox: completed}}); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if !errors.Is(err, ErrOutboxesRemain) || p.Remaining != 1 || p.Rewritten != 1 {
+		t.Errorf("a pass with a record written behind it = %+v, %v; want k-changed rewritten, 1 remaining and ErrOutboxesRemain", p, err)
 	}
 
 	// A damaged outbox stops the rewrite, naming its call.

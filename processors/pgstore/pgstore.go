@@ -1546,8 +1546,9 @@ type Footprint struct {
 	Bytes int64
 }
 
-// ErrNoFootprint: the server cannot say how much room the tables take
-// (CockroachDB keeps sizes per range, approximately and asynchronously).
+// ErrNoFootprint is returned by Footprint on CockroachDB, which keeps
+// sizes per range, approximately and asynchronously, and has no
+// pg_total_relation_size.
 var ErrNoFootprint = errors.New("pgstore: the store's footprint is known on PostgreSQL only")
 
 // Footprint counts the records and measures the tables on PostgreSQL;
