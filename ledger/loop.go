@@ -156,8 +156,9 @@ type Loop struct {
 	// client is the live session's client, nil between sessions.
 	client atomic.Pointer[kgo.Client]
 	// stepTime and txnTime add up, in nanoseconds, the time spent in
-	// steps and in the transactions after them (Time).
-	stepTime, txnTime atomic.Int64
+	// steps and in the transactions after them; steps counts the steps
+	// given records (Time).
+	stepTime, txnTime, steps atomic.Int64
 }
 
 // LoopTime is how a loop has spent its time since it started: in steps,
@@ -170,13 +171,17 @@ type Loop struct {
 type LoopTime struct {
 	Step        time.Duration `json:"step_ns"`
 	Transaction time.Duration `json:"transaction_ns"`
+	// Steps counts the steps given records (polls that returned
+	// nothing step too, briefly, and are not counted): over an
+	// interval, busy time divided by steps is the loop's cycle.
+	Steps int64 `json:"steps"`
 }
 
 // Time returns the loop's time so far. Safe from any goroutine: a
 // benchmark reads it every second to tell a loop that has no idle time
 // from one that waits for records.
 func (l *Loop) Time() LoopTime {
-	return LoopTime{Step: time.Duration(l.stepTime.Load()), Transaction: time.Duration(l.txnTime.Load())}
+	return LoopTime{Step: time.Duration(l.stepTime.Load()), Transaction: time.Duration(l.txnTime.Load()), Steps: l.steps.Load()}
 }
 
 // Buffered is how many records the live session has fetched that no poll
@@ -384,6 +389,9 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		out, err := l.step(ctx, recs)
 		stepDur := time.Since(t0)
 		l.stepTime.Add(int64(stepDur))
+		if len(recs) > 0 {
+			l.steps.Add(1)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()

@@ -762,8 +762,8 @@ func TestLoopTime(t *testing.T) {
 	time.Sleep(idle)  // polls that return nothing
 	n := steps.Load() // before Time: a step counts there once it ended
 	lt, lived := loop.Time(), time.Since(start)
-	if n == 0 || lt.Step < time.Duration(n)*stepTook {
-		t.Errorf("Time().Step = %v after %d steps of %v each; want at least their sum", lt.Step, n, stepTook)
+	if n == 0 || lt.Steps != n || lt.Step < time.Duration(n)*stepTook {
+		t.Errorf("Time() = %+v after %d steps of %v each; want them counted (the idle polls not), and at least their sum", lt, n, stepTook)
 	}
 	if lt.Transaction <= 0 {
 		t.Errorf("Time().Transaction = %v after committed steps; want their transactions' time", lt.Transaction)

@@ -136,7 +136,7 @@ cost grows. Each run gets fresh topics and fresh ledger processes.`,
 	fs.DurationVar(&f.batchLinger, "batch-linger", 0, "the ledger processes' --batch-linger (a --baseline binary must know the flag too); 0: not passed")
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
-	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, and the share of each second the intake's and executors' loops spent in steps and transactions (the JSON report always has it)")
+	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, and the share of each second the intake's and executors' loops spent in steps and transactions, with their mean cycle (the JSON report always has it)")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
 	cmd.AddCommand(newBenchNodeCmd(g))
 	return cmd
@@ -1018,9 +1018,12 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 	// and the executors' time in steps and transactions.
 	reads := make([]loopsRead, len(nodes))
 	intakeLoop, executorLoops := make([]func() time.Duration, len(nodes)), make([]func() time.Duration, len(nodes))
+	intakeSteps, executorSteps := make([]func() int64, len(nodes)), make([]func() int64, len(nodes))
 	for i := range nodes {
-		intakeLoop[i] = growing(func() (time.Duration, bool) { return reads[i].intake, reads[i].ok })
-		executorLoops[i] = growing(func() (time.Duration, bool) { return reads[i].executors, reads[i].ok })
+		intakeLoop[i] = growing(func() (time.Duration, bool) { return reads[i].intake.busy(), reads[i].ok })
+		executorLoops[i] = growing(func() (time.Duration, bool) { return reads[i].executors.busy(), reads[i].ok })
+		intakeSteps[i] = growing(func() (int64, bool) { return reads[i].intake.Steps, reads[i].ok })
+		executorSteps[i] = growing(func() (int64, bool) { return reads[i].executors.Steps, reads[i].ok })
 	}
 	return func() loadtest.Usage {
 		readAllLoops(nodes, reads)
@@ -1029,17 +1032,31 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 			u.Ledger += read()
 			u.IntakeLoop += intakeLoop[i]()
 			u.ExecutorLoops += executorLoops[i]()
+			u.IntakeSteps += intakeSteps[i]()
+			u.ExecutorSteps += executorSteps[i]()
 		}
 		return u
 	}
 }
 
 // loopsRead is one node's loops' time at a reading: its intake's and its
-// executors' (summed) time in steps and transactions.
+// executors' (summed).
 type loopsRead struct {
-	intake, executors time.Duration
+	intake, executors loopSum
 	ok                bool
 }
+
+// loopSum adds up loops' times.
+type loopSum ledger.LoopTime
+
+func (s *loopSum) add(lt ledger.LoopTime) {
+	s.Step += lt.Step
+	s.Transaction += lt.Transaction
+	s.Steps += lt.Steps
+}
+
+// busy is the time in steps and transactions.
+func (s loopSum) busy() time.Duration { return s.Step + s.Transaction }
 
 // readAllLoops reads every node's loops at once, within one deadline
 // short enough for a reading a second, into reads.
@@ -1054,9 +1071,9 @@ func readAllLoops(nodes []*benchNode, reads []loopsRead) {
 			for name, lt := range times {
 				switch {
 				case name == "intake":
-					r.intake += lt.Step + lt.Transaction
+					r.intake.add(lt)
 				case strings.HasPrefix(name, "executor-"):
-					r.executors += lt.Step + lt.Transaction
+					r.executors.add(lt)
 				}
 			}
 			reads[i] = r
@@ -1099,12 +1116,12 @@ func readLoops(ctx context.Context, url string) (map[string]ledger.LoopTime, err
 // differences between its results mean anything: when the first
 // readings fail, the first that succeeds is where it starts, so that
 // the total since the process began does not land in one interval.
-func growing(read func() (time.Duration, bool)) func() time.Duration {
+func growing[T time.Duration | int64](read func() (T, bool)) func() T {
 	var (
-		top, base    time.Duration
+		top, base    T
 		seen, missed bool
 	)
-	return func() time.Duration {
+	return func() T {
 		d, ok := read()
 		switch {
 		case ok && !seen && missed:

@@ -63,6 +63,11 @@ type Usage struct {
 	// are, not that it is saturated.
 	IntakeLoop    time.Duration `json:"intake_loop_ns,omitempty"`
 	ExecutorLoops time.Duration `json:"executor_loops_ns,omitempty"`
+	// IntakeSteps and ExecutorSteps count those loops' steps given
+	// records: busy time over steps is a loop's cycle, the wait its
+	// calls pay at least once.
+	IntakeSteps   int64 `json:"intake_steps,omitempty"`
+	ExecutorSteps int64 `json:"executor_steps,omitempty"`
 }
 
 func (u Usage) minus(v Usage) Usage {
@@ -70,6 +75,7 @@ func (u Usage) minus(v Usage) Usage {
 		Ledger: u.Ledger - v.Ledger, Store: u.Store - v.Store, Harness: u.Harness - v.Harness,
 		HarnessGC: u.HarnessGC - v.HarnessGC, Machine: u.Machine - v.Machine,
 		IntakeLoop: u.IntakeLoop - v.IntakeLoop, ExecutorLoops: u.ExecutorLoops - v.ExecutorLoops,
+		IntakeSteps: u.IntakeSteps - v.IntakeSteps, ExecutorSteps: u.ExecutorSteps - v.ExecutorSteps,
 	}
 }
 
@@ -137,6 +143,15 @@ func (r *run) timeline(start time.Time, done <-chan struct{}) []Interval {
 	}
 }
 
+// cycle is a loop's mean cycle in an interval, in ms: its busy time over
+// its steps; "-" without steps.
+func cycle(busy time.Duration, steps int64) string {
+	if steps <= 0 || busy <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", msOf(busy/time.Duration(steps)))
+}
+
 // WriteTimeline writes each run's timeline as a table: a row an
 // interval, the CPU as cores busy (CPU time over the interval's length).
 func (rep Report) WriteTimeline(w io.Writer) error {
@@ -144,9 +159,9 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 		if len(r.Result.Timeline) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores; the loops' time in steps and transactions as a share of the interval, the executors' summed; - where nothing was measured, or the interval was too short to measure):\n", r.Name)
+		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores; the loops' time in steps and transactions as a share of the interval, the executors' summed, and their mean cycle, ms; - where nothing was measured, or the interval was too short to measure):\n", r.Name)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\tintake loop\texec loops\t")
+		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\tintake loop\texec loops\tintake cycle\texec cycle\t")
 		var prev time.Duration
 		for _, iv := range r.Result.Timeline {
 			fmt.Fprintf(tw, "%.1f\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t",
@@ -162,9 +177,10 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 					}
 					return fmt.Sprintf("%.2f", d.Seconds()/span.Seconds())
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Machine), cores(u.IntakeLoop), cores(u.ExecutorLoops))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Machine),
+					cores(u.IntakeLoop), cores(u.ExecutorLoops), cycle(u.IntakeLoop, u.IntakeSteps), cycle(u.ExecutorLoops, u.ExecutorSteps))
 			} else {
-				fmt.Fprint(tw, "-\t-\t-\t-\t-\t-\t-\t\n")
+				fmt.Fprint(tw, "-\t-\t-\t-\t-\t-\t-\t-\t-\t\n")
 			}
 			prev = iv.End
 		}

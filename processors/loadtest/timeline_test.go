@@ -26,7 +26,8 @@ func TestRunTimeline(t *testing.T) {
 	var readings atomic.Int64
 	cfg.Usage = func() Usage {
 		n := time.Duration(readings.Add(1))
-		return Usage{Ledger: n * 10 * time.Millisecond, Harness: n * time.Millisecond, HarnessGC: n * time.Microsecond, IntakeLoop: n * 2 * time.Millisecond, ExecutorLoops: n * 3 * time.Millisecond}
+		return Usage{Ledger: n * 10 * time.Millisecond, Harness: n * time.Millisecond, HarnessGC: n * time.Microsecond, IntakeLoop: n * 2 * time.Millisecond, ExecutorLoops: n * 3 * time.Millisecond,
+			IntakeSteps: int64(n) * 4, ExecutorSteps: int64(n) * 5}
 	}
 	res, err := l.run(cfg)
 	if err != nil {
@@ -55,7 +56,7 @@ func TestRunTimeline(t *testing.T) {
 		submitted += iv.Submitted
 		finished += iv.Finished
 		longest = max(longest, iv.E2E.Max)
-		want := Usage{Ledger: 10 * time.Millisecond, Harness: time.Millisecond, HarnessGC: time.Microsecond, IntakeLoop: 2 * time.Millisecond, ExecutorLoops: 3 * time.Millisecond}
+		want := Usage{Ledger: 10 * time.Millisecond, Harness: time.Millisecond, HarnessGC: time.Microsecond, IntakeLoop: 2 * time.Millisecond, ExecutorLoops: 3 * time.Millisecond, IntakeSteps: 4, ExecutorSteps: 5}
 		if iv.Usage == nil || *iv.Usage != want {
 			t.Errorf("interval %d Usage = %+v; want %+v, what the totals grew by", i, iv.Usage, want)
 		}
@@ -94,7 +95,7 @@ func TestReportWriteTimeline(t *testing.T) {
 				E2E:       Percentiles{P50: 20 * time.Millisecond, P99: 40 * time.Millisecond, Max: 45 * time.Millisecond},
 				IntakeP99: 9 * time.Millisecond, ClaimP99: 11 * time.Millisecond, CallP99: 3 * time.Millisecond, RecordP99: 12 * time.Millisecond,
 				Usage: &Usage{Ledger: 750 * time.Millisecond, Store: 500 * time.Millisecond, Harness: 400 * time.Millisecond, HarnessGC: 100 * time.Millisecond, Machine: 1700 * time.Millisecond,
-					IntakeLoop: 980 * time.Millisecond, ExecutorLoops: 1600 * time.Millisecond},
+					IntakeLoop: 980 * time.Millisecond, ExecutorLoops: 1600 * time.Millisecond, IntakeSteps: 98, ExecutorSteps: 40},
 			},
 			// Half a second: the CPU is divided by the interval's own length.
 			{End: 1500 * time.Millisecond, Finished: 100, Usage: &Usage{Ledger: 250 * time.Millisecond}},
@@ -119,10 +120,10 @@ func TestReportWriteTimeline(t *testing.T) {
 		t.Errorf("title %q does not name the run", lines[0])
 	}
 	for i, want := range [][]string{
-		{"1.0", "2500", "2400", "100", "20.0", "40.0", "45.0", "9.0", "11.0", "3.0", "12.0", "0.75", "0.50", "0.40", "0.10", "1.70", "0.98", "1.60"},
-		{"1.5", "0", "100", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.50", "-", "-", "-", "-", "-", "-"},
-		{"2.0", "0", "0", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "-", "-", "-", "-", "-", "-", "-"},
-		{"2.0", "0", "0", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "-", "-", "-", "-", "-", "-", "-"},
+		{"1.0", "2500", "2400", "100", "20.0", "40.0", "45.0", "9.0", "11.0", "3.0", "12.0", "0.75", "0.50", "0.40", "0.10", "1.70", "0.98", "1.60", "10.0", "40.0"},
+		{"1.5", "0", "100", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.50", "-", "-", "-", "-", "-", "-", "-", "-"},
+		{"2.0", "0", "0", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "-", "-", "-", "-", "-", "-", "-", "-", "-"},
+		{"2.0", "0", "0", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "-", "-", "-", "-", "-", "-", "-", "-", "-"},
 	} {
 		if got := strings.Fields(lines[2+i]); strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Errorf("row %d = %q; want %q", i, got, want)
