@@ -162,8 +162,9 @@ type Loop struct {
 }
 
 // LoopTime is how a loop has spent its time since it started: in steps,
-// and in the transactions that commit them (from Begin to End, aborted
-// ones included). The rest it spent polling, waiting for records mostly,
+// and in the transactions after them (from Begin to End's return,
+// committed or aborted; one that failed to begin or to flush is left
+// out). The rest it spent polling, waiting for records mostly,
 // and in what neither counts: waiting for the previous commit's
 // after-commit work, undoing an abandoned step, backing off after a
 // failure. Each counts when it ends, so the growth over an interval can

@@ -399,7 +399,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("after %d records scanned, %d outboxes rewritten and %d skipped: %w", p.Scanned, p.Rewritten, p.Skipped, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%d records scanned, %d compressed outboxes rewritten as plain\n", p.Scanned, p.Rewritten)
+			fmt.Fprintf(cmd.OutOrStdout(), "%d records scanned, %d compressed outboxes rewritten as plain, %d skipped (changed meanwhile)\n", p.Scanned, p.Rewritten, p.Skipped)
 			return nil
 		},
 	}

@@ -64,8 +64,10 @@ type Usage struct {
 	IntakeLoop    time.Duration `json:"intake_loop_ns,omitempty"`
 	ExecutorLoops time.Duration `json:"executor_loops_ns,omitempty"`
 	// IntakeSteps and ExecutorSteps count those loops' steps given
-	// records: busy time over steps is a loop's cycle, the wait its
-	// calls pay at least once.
+	// records. Busy time over steps is a loop's mean cycle as the
+	// timeline prints it: its busy time per step, which leaves out the
+	// polls and counts the executor's cheap steps that commit nothing,
+	// so it is a floor under the wait a call pays, not the wait.
 	IntakeSteps   int64 `json:"intake_steps,omitempty"`
 	ExecutorSteps int64 `json:"executor_steps,omitempty"`
 }
@@ -159,7 +161,7 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 		if len(r.Result.Timeline) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores; the loops' time in steps and transactions as a share of the interval, the executors' summed, and their mean cycle, ms; - where nothing was measured, or the interval was too short to measure):\n", r.Name)
+		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores; the loops' time in steps and transactions as a share of the interval, the executors' summed, and their busy time per step, ms; - where nothing was measured, or the interval was too short to measure):\n", r.Name)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\tintake loop\texec loops\tintake cycle\texec cycle\t")
 		var prev time.Duration

@@ -217,7 +217,7 @@ func (s *Store) rewriteOutboxes(ctx context.Context, w outboxRewrite) (int64, er
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("pgstore: rewrite outboxes: %w", err)
+		return 0, err // inTx's error names the operation
 	}
 	return n, nil
 }
