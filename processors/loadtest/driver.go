@@ -156,9 +156,10 @@ type Config struct {
 	// TimelineEvery is the length of the intervals of Result.Timeline;
 	// default 1s.
 	TimelineEvery time.Duration
-	// Usage, if set, returns running totals of the CPU the system under
-	// test has spent; the timeline records their growth in each
-	// interval. It runs on the timeline's goroutine once an interval.
+	// Usage, if set, returns running totals of what the system under
+	// test has spent (see Usage); the timeline records their growth in
+	// each interval. It runs on the timeline's goroutine once an
+	// interval.
 	Usage func() Usage
 }
 

@@ -33,7 +33,8 @@ type Interval struct {
 	ClaimP99  time.Duration `json:"claim_p99_ns"`
 	CallP99   time.Duration `json:"call_p99_ns"`
 	RecordP99 time.Duration `json:"record_p99_ns"`
-	// Usage is the CPU spent in the interval, when Config.Usage is set.
+	// Usage is what the parts of the system spent in the interval (CPU,
+	// and the loops' busy time), when Config.Usage is set.
 	Usage *Usage `json:"usage,omitempty"`
 }
 
