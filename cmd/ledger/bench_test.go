@@ -47,12 +47,14 @@ func TestBenchOnPostgres(t *testing.T) {
 	dir := t.TempDir()
 	jsonOut, svgOut := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
 	chDSN, chDB := chtest.DSN(t), chtest.FreshDatabase(t)
-	out := runBenchCmd(t,
+	out, progress := runBenchCmdProgress(t,
 		"--crdb-dsn", dsn,
 		"--clickhouse-dsn", chDSN, "--clickhouse-database", chDB,
 		"--mix", "create_ticket=1,get_weather=1", "--tenants", "3",
 		"--calls", "400", "--warmup", "100", "--concurrency", "64", "--executors", "2",
 		"--sweep", "300", "--limit-calls", "2000",
+		// The intake in a process of its own, apart from the executors.
+		"--intake-process",
 		// Passed on to the ledger processes, which must take it.
 		"--batch-linger", "1ms",
 		"--timeline",
@@ -62,6 +64,13 @@ func TestBenchOnPostgres(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
+	}
+	// A run drops its topics and tables once measured, before the next
+	// run starts: the next is not measured beside the store vacuuming
+	// them and the in-process Kafka holding their log.
+	dropped, next := strings.Index(progress, "bench: ledger: its topics and tables dropped"), strings.Index(progress, "bench: open 300/s: warming up")
+	if dropped < 0 || next < 0 || dropped > next {
+		t.Errorf("the closed loop's topics and tables dropped at %d of the progress, the next run's warm-up at %d; want the drop first:\n%s", dropped, next, progress)
 	}
 	rep := readReport(t, jsonOut)
 	if len(rep.Runs) != 2 {
@@ -87,8 +96,8 @@ func TestBenchOnPostgres(t *testing.T) {
 		if r.ProjectionLag == nil || r.ProjectionLag.Max <= 0 {
 			t.Errorf("%s: projection lag %v; want it sampled", r.Name, r.ProjectionLag)
 		}
-		if r.Processes != 2 {
-			t.Errorf("%s: %d ledger processes; want 2 (one executor each)", r.Name, r.Processes)
+		if r.Processes != 3 {
+			t.Errorf("%s: %d ledger processes; want 3 (the intake's, and one an executor)", r.Name, r.Processes)
 		}
 		if st := res.Stages; st.Calls != 400 || st.Intake.P50 <= 0 || st.Record.P50 <= 0 {
 			t.Errorf("%s: stages %+v; want all 400 calls, intake and record measured", r.Name, st)
@@ -263,6 +272,7 @@ func TestBenchFlags(t *testing.T) {
 		{"--baseline", filepath.Join(t.TempDir(), "no-such-ledger")},
 		{"--baseline", "/bin/true", "--pairs", "0"},
 		{"--batch-linger", "-1ms"},
+		{"--intake-process"}, // the embedded store belongs to one process
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"bench"}, args...))
@@ -275,15 +285,18 @@ func TestBenchFlags(t *testing.T) {
 }
 
 // Each run of `ledger bench` on a shared store gets empty tables in a
-// schema of its own, dropped when the benchmark ends (kept with --keep),
+// schema of its own, which it drops once measured (kept with --keep),
 // whatever search_path the DSN named.
 func TestBenchStoreSchemas(t *testing.T) {
 	for _, keep := range []bool{false, true} {
 		base := freshSchemaDSN(t)
 		e := &benchEnv{f: &benchFlags{crdbDSN: base, keep: keep}, logger: slog.New(slog.DiscardHandler), id: fmt.Sprintf("t%d", time.Now().UnixNano())}
-		var schemas []string
+		var (
+			schemas []string
+			drops   []func()
+		)
 		for _, name := range []string{"run1", "limits"} {
-			dsn, err := e.storeSchema(t.Context(), name)
+			dsn, drop, err := e.storeSchema(t.Context(), name)
 			if err != nil {
 				t.Fatalf("storeSchema(%s): %v", name, err)
 			}
@@ -301,8 +314,9 @@ func TestBenchStoreSchemas(t *testing.T) {
 				t.Errorf("storeSchema(%s): schema %q with %d records; want %q, empty", name, schema, n, want)
 			}
 			schemas = append(schemas, schema)
+			drops = append(drops, drop)
 		}
-		for _, drop := range e.cleanups {
+		for _, drop := range drops {
 			drop()
 		}
 		conn, err := pgx.Connect(t.Context(), base)
@@ -425,6 +439,14 @@ func freshSchemaDSN(t *testing.T) string {
 
 func runBenchCmd(t *testing.T, args ...string) string {
 	t.Helper()
+	out, _ := runBenchCmdProgress(t, args...)
+	return out
+}
+
+// runBenchCmdProgress runs `ledger bench` with args and returns its report
+// and its progress lines.
+func runBenchCmdProgress(t *testing.T, args ...string) (string, string) {
+	t.Helper()
 	var out, progress strings.Builder
 	root := newRoot()
 	root.SetArgs(append([]string{"--log-level", "warn", "bench"}, args...))
@@ -434,7 +456,7 @@ func runBenchCmd(t *testing.T, args ...string) string {
 		t.Fatalf("ledger bench: %v\nprogress:\n%s\nreport:\n%s", err, progress.String(), out.String())
 	}
 	t.Logf("ledger bench %s:\n%s", strings.Join(args, " "), out.String())
-	return out.String()
+	return out.String(), progress.String()
 }
 
 func readReport(t *testing.T, path string) loadtest.Report {

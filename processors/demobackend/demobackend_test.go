@@ -204,6 +204,35 @@ func TestNativeAnswers(t *testing.T) {
 	}
 }
 
+// Forget drops the effects and stored answers so far: a key used before
+// is then a new effect, numbered after the forgotten ones.
+func TestForget(t *testing.T) {
+	t.Parallel()
+	s, ts := newBackend(t, Config{})
+	ticket := call{path: "/tools/create_ticket", key: "c1", tenant: "t_acme", body: `{"title":"x"}`}
+	mustDo(t, ts.URL, ticket)
+	if a := mustDo(t, ts.URL, ticket); a.header.Get(HeaderReplayed) == "" {
+		t.Fatalf("second request with key c1 not replayed: %s", a.body)
+	}
+	if n := len(s.Effects()); n != 2 {
+		t.Fatalf("%d effects before Forget; want 2", n)
+	}
+	s.Forget()
+	if n := len(s.Effects()); n != 0 {
+		t.Errorf("%d effects after Forget; want none", n)
+	}
+	a := mustDo(t, ts.URL, ticket)
+	if a.status != http.StatusOK || a.header.Get(HeaderReplayed) != "" {
+		t.Errorf("key c1 after Forget: status %d, replayed %q; want a new effect", a.status, a.header.Get(HeaderReplayed))
+	}
+	if got := decode[Ticket](t, a.body).TicketID; got != "tkt_2" {
+		t.Errorf("ticket after Forget = %q; want tkt_2 (the counter goes on)", got)
+	}
+	if effs := s.Effects(); len(effs) != 1 || effs[0].Seq != 3 || effs[0].Replay {
+		t.Errorf("effects after Forget = %+v; want one new effect, seq 3", effs)
+	}
+}
+
 func TestSendEmailAppliesEveryTime(t *testing.T) {
 	t.Parallel()
 	s, ts := newBackend(t, Config{})

@@ -80,6 +80,21 @@ func (s *Server) Effects() []Effect {
 	return out
 }
 
+// Forget drops what the server holds of the requests so far: the
+// effects, the refusals and the native tools' stored answers. It is for a
+// harness that checks runs one after another, each with idempotency keys
+// of its own (ledger bench): the server then holds one run's requests,
+// not every run's, and a long benchmark's later runs do not share the
+// machine with a heap that grew with the earlier ones. A request reusing
+// a key from before is a new effect, not a replay. Seq goes on counting,
+// and the journal, if any, keeps every line.
+func (s *Server) Forget() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.effects, s.refusals = nil, nil
+	clear(s.stored)
+}
+
 // Applied returns how many requests to tool with idempotencyKey were handled
 // as new effects (not replays), summed over tenants. For a side-effecting
 // tool, anything above 1 is a duplicate side effect. For get_weather it
