@@ -74,12 +74,18 @@ type LoopConfig struct {
 	// batch; default 1s.
 	Tick time.Duration
 	// Linger, when positive, is how long the loop waits for more
-	// records after a poll returned some, up to MaxPollRecords, before
-	// the step runs: at low load, fewer and larger steps, which pay
-	// their Kafka transaction and store round trips once for more
-	// calls, for up to Linger of latency. 0, the default, runs the step
-	// at once.
+	// records after a poll returned some (at least LingerFrom), up to
+	// MaxPollRecords, before the step runs: fewer and larger steps,
+	// which pay their Kafka transaction and store round trips once for
+	// more calls, for up to Linger of latency. 0, the default, runs the
+	// step at once.
 	Linger time.Duration
+	// LingerFrom is how many records a poll must return for the loop
+	// to linger; 0 or 1: any. A poll that finds several records
+	// waiting finds the loop under load, where its steps' fixed costs
+	// are what the machine runs short of and a larger step saves more
+	// than the linger costs; a lone record at low load would only wait.
+	LingerFrom int
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Opts are extra franz-go options for the session's client.
@@ -137,6 +143,8 @@ func (c *LoopConfig) validate() error {
 	case c.Linger < 0 || c.Linger >= c.Tick:
 		// A linger as long as a tick would hold every batch for it.
 		return fmt.Errorf("loop: linger %v must be at least 0 and shorter than the tick (%v)", c.Linger, c.Tick)
+	case c.LingerFrom < 0:
+		return fmt.Errorf("loop: linger from %d records: must be at least 0", c.LingerFrom)
 	}
 	return nil
 }
@@ -370,7 +378,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		if err != nil {
 			return err
 		}
-		if l.cfg.Linger > 0 && len(recs) > 0 {
+		if l.cfg.Linger > 0 && len(recs) > 0 && len(recs) >= l.cfg.LingerFrom {
 			// Wait for more, as a producer's linger does: one step,
 			// one transaction and one store round trip for all of them.
 			until := time.Now().Add(l.cfg.Linger)

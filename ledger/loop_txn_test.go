@@ -678,38 +678,14 @@ func TestLoopLinger(t *testing.T) {
 	for _, linger := range []time.Duration{0, 800 * time.Millisecond} {
 		t.Run(fmt.Sprint("linger=", linger), func(t *testing.T) {
 			k := faultableKafka(t)
-			var (
-				mu      sync.Mutex
-				batches []int
-			)
-			publishKey := runCopyGroupLoop(t, k, ledger.LoopConfig{Tick: 2 * time.Second, Linger: linger}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
-				if len(recs) > 0 {
-					mu.Lock()
-					batches = append(batches, len(recs))
-					mu.Unlock()
-				}
-				var out ledger.Output
-				for _, r := range recs {
-					out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
-				}
-				return out, nil
-			})
-			publish := func(i int) { publishKey("k", fmt.Sprint("v", i)) }
-			// A first record, once the loop is in its group and polling.
-			publish(0)
-			waitCommitted(t, k, 1, 15*time.Second)
-			mu.Lock()
-			batches = nil
-			mu.Unlock()
+			publish, batches := lingerLoop(t, k, ledger.LoopConfig{Tick: 2 * time.Second, Linger: linger}, nil)
 			// Three records 100 ms apart, one partition (one key).
 			for i := 1; i <= 3; i++ {
 				publish(i)
 				time.Sleep(100 * time.Millisecond)
 			}
 			waitCommitted(t, k, 4, 15*time.Second)
-			mu.Lock()
-			got := slices.Clone(batches)
-			mu.Unlock()
+			got := batches()
 			if linger > 0 && !slices.Equal(got, []int{3}) {
 				t.Errorf("batches %v; want the three records in one step", got)
 			}
@@ -720,6 +696,98 @@ func TestLoopLinger(t *testing.T) {
 	}
 	if _, err := ledger.NewLoop(ledger.LoopConfig{Group: "g", Topics: []string{"t"}, TransactionalID: "x", Tick: time.Second, Linger: time.Second}, nil); err == nil {
 		t.Error("a linger as long as the tick was accepted")
+	}
+}
+
+// lingerLoop runs a copy loop with cfg whose step notes the size of each
+// batch (after calling during, if set, with it), and returns how to
+// publish "v<i>" (all on one partition) and the sizes noted since "v0",
+// which it published and saw committed: the loop is in its group and
+// polling by then.
+func lingerLoop(t *testing.T, k *ledgertest.Kafka, cfg ledger.LoopConfig, during func([]*kgo.Record)) (publish func(i int), batches func() []int) {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	publishKey := runCopyGroupLoop(t, k, cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		if len(recs) == 0 {
+			return ledger.Output{}, nil
+		}
+		mu.Lock()
+		sizes = append(sizes, len(recs))
+		mu.Unlock()
+		if during != nil {
+			during(recs)
+		}
+		var out ledger.Output
+		for _, r := range recs {
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	})
+	publish = func(i int) { publishKey("k", fmt.Sprint("v", i)) }
+	publish(0)
+	waitCommitted(t, k, 1, 15*time.Second)
+	mu.Lock()
+	sizes = nil
+	mu.Unlock()
+	return publish, func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(sizes)
+	}
+}
+
+// TestLoopLingerFrom: with LingerFrom, a loop lingers after a poll that
+// found that many records waiting (they came while a step ran) and runs
+// a lone record's step at once.
+func TestLoopLingerFrom(t *testing.T) {
+	k := faultableKafka(t)
+	hold := make(chan struct{})
+	publish, batches := lingerLoop(t, k, ledger.LoopConfig{Tick: 2 * time.Second, Linger: 800 * time.Millisecond, LingerFrom: 2}, func(recs []*kgo.Record) {
+		if string(recs[0].Value) == "v1" {
+			<-hold // the next records arrive while this step runs
+		}
+	})
+	// v1 alone, its step held while v2 and v3 arrive: the next poll
+	// finds two records and lingers, so v4, 100 ms after the step ends,
+	// joins them.
+	publish(1)
+	for deadline := time.Now().Add(15 * time.Second); len(batches()) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("v1's step did not run in 15s")
+		}
+	}
+	// v2 and v3 in one produce request: a fetch brings them together
+	// (franz-go holds one fetch a partition until a poll takes it, so
+	// records produced apart could come one poll each).
+	pair, err := ledger.NewClient(k.Client, kgo.ProducerLinger(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pair.Close()
+	if err := pair.ProduceSync(t.Context(),
+		&kgo.Record{Topic: k.Topics.Requests, Key: []byte("k"), Value: []byte("v2")},
+		&kgo.Record{Topic: k.Topics.Requests, Key: []byte("k"), Value: []byte("v3")},
+	).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // fetched into the client meanwhile
+	close(hold)
+	time.Sleep(100 * time.Millisecond)
+	publish(4)
+	waitCommitted(t, k, 5, 15*time.Second)
+	// Then two lone records 500 ms apart: a step each, at once.
+	publish(5)
+	time.Sleep(500 * time.Millisecond)
+	publish(6)
+	waitCommitted(t, k, 7, 15*time.Second)
+	if got := batches(); !slices.Equal(got, []int{1, 3, 1, 1}) {
+		t.Errorf("batches %v; want [1 3 1 1]: v1 alone, v2-v4 in one lingering step, v5 and v6 alone", got)
+	}
+	if _, err := ledger.NewLoop(ledger.LoopConfig{Group: "g", Topics: []string{"t"}, TransactionalID: "x", LingerFrom: -1}, nil); err == nil {
+		t.Error("a negative LingerFrom was accepted")
 	}
 }
 

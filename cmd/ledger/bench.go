@@ -68,10 +68,15 @@ type benchFlags struct {
 	pairs          int
 	nodeLogLevel   string
 	batchLinger    time.Duration
-	intakeProcess  bool
-	timeline       bool
-	limitCalls     int
-	clickhouse     clickhouseFlags
+	lingerFrom     int
+	// nodeBatching are the batching flags the ledger processes get:
+	// those set on the command line, so that a --baseline binary that
+	// knows neither runs with its own defaults.
+	nodeBatching  []string
+	intakeProcess bool
+	timeline      bool
+	limitCalls    int
+	clickhouse    clickhouseFlags
 }
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -109,6 +114,11 @@ its topics and tables once measured (--keep keeps them).`,
 			if _, ok := os.LookupEnv("GOGC"); !ok {
 				debug.SetGCPercent(100)
 			}
+			for _, name := range []string{"batch-linger", "batch-linger-from"} {
+				if fl := cmd.Flags().Lookup(name); fl.Changed {
+					f.nodeBatching = append(f.nodeBatching, "--"+name, fl.Value.String())
+				}
+			}
 			return runBench(cmd.Context(), g, &f, embedded, cmd.ErrOrStderr(), cmd.OutOrStdout())
 		},
 	}
@@ -137,7 +147,8 @@ its topics and tables once measured (--keep keeps them).`,
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "also project every run's events into this ClickHouse (native protocol) and report the projection's lag under the load")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_bench", "ClickHouse database of the benchmark's projection: never a production one")
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
-	fs.DurationVar(&f.batchLinger, "batch-linger", 0, "the ledger processes' --batch-linger (a --baseline binary must know the flag too); 0: not passed")
+	fs.DurationVar(&f.batchLinger, "batch-linger", defaultLinger, "the ledger processes' --batch-linger, passed on when set here (a --baseline binary must then know the flag too)")
+	fs.IntVar(&f.lingerFrom, "batch-linger-from", defaultLingerFrom, "the ledger processes' --batch-linger-from, passed on when set here (a --baseline binary must then know the flag too)")
 	fs.BoolVar(&f.intakeProcess, "intake-process", false, "run the intake in a process of its own, apart from the executors, as a deployment of separate intake and executor processes does (needs --crdb-dsn: the embedded store belongs to one process)")
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
@@ -433,6 +444,8 @@ func (f *benchFlags) validate() error {
 		return errors.New("bench: --pairs must be positive")
 	case f.batchLinger < 0:
 		return errors.New("bench: --batch-linger must not be negative")
+	case f.lingerFrom < 0:
+		return errors.New("bench: --batch-linger-from must not be negative")
 	case f.intakeProcess && f.crdbDSN == "":
 		return errors.New("bench: --intake-process needs --crdb-dsn: the embedded store belongs to one process")
 	}
@@ -551,9 +564,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		if e.f.profile != "" {
 			args = append(args, "--profile", filepath.Join(e.f.profile, fmt.Sprintf("run%d-node%d", e.runs, i)))
 		}
-		if e.f.batchLinger > 0 {
-			args = append(args, "--batch-linger", e.f.batchLinger.String())
-		}
+		args = append(args, e.f.nodeBatching...)
 		if i == 0 {
 			args = append(args, "--intake", "--issuer", benchIssuer, "--jwks-file", e.jwksFile)
 		}

@@ -56,7 +56,7 @@ func TestBenchOnPostgres(t *testing.T) {
 		// The intake in a process of its own, apart from the executors.
 		"--intake-process",
 		// Passed on to the ledger processes, which must take it.
-		"--batch-linger", "1ms",
+		"--batch-linger", "1ms", "--batch-linger-from", "3",
 		"--timeline",
 		"--json", jsonOut, "--svg", svgOut, "--work-dir", filepath.Join(dir, "work"),
 	)
@@ -273,6 +273,7 @@ func TestBenchFlags(t *testing.T) {
 		{"--baseline", "/bin/true", "--pairs", "0"},
 		{"--batch-linger", "-1ms"},
 		{"--intake-process"}, // the embedded store belongs to one process
+		{"--batch-linger-from", "-1"},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"bench"}, args...))

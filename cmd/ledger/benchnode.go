@@ -107,7 +107,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		if err != nil {
 			return err
 		}
-		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, f.roles.linger, obs, logger)
+		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, f.roles.instance, f.roles.batching, obs, logger)
 		if err != nil {
 			return err
 		}
@@ -126,7 +126,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 				// one process owns) pay for metrics of their own.
 				xobs = observers{metrics: metrics.New("bench")}
 			}
-			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), f.roles.linger, xobs, logger)
+			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), f.roles.batching, xobs, logger)
 			if err != nil {
 				return err
 			}

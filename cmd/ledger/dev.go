@@ -179,11 +179,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 
 	instance := f.roles.instance
-	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, f.roles.linger, observers{}, logger)
+	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err
 	}
-	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, f.roles.linger, observers{}, logger)
+	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, "http://"+backendLn.Addr().String(), instance, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err
 	}
@@ -237,7 +237,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	mux.Handle("/v1/compensations", undo.Handler())
-	reconcileRole, err := reconciler.Loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-reconciler-" + instance, Linger: f.roles.linger})
+	reconcileRole, err := reconciler.Loop(f.roles.batching.loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-reconciler-" + instance}))
 	if err != nil {
 		return err
 	}
