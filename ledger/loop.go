@@ -81,11 +81,18 @@ type LoopConfig struct {
 	// step at once.
 	Linger time.Duration
 	// LingerFrom is how many records a poll must return for the loop
-	// to linger; 0 or 1: any. A poll that finds several records
-	// waiting finds the loop under load, where its steps' fixed costs
-	// are what the machine runs short of and a larger step saves more
-	// than the linger costs; a lone record at low load would only wait.
+	// to linger (of those Acts counts); 0 or 1: any. A poll that finds
+	// several records waiting finds the loop under load, where its
+	// steps' fixed costs are what the machine runs short of and a larger
+	// step saves more than the linger costs; a lone record at low load
+	// would only wait. At most MaxPollRecords.
 	LingerFrom int
+	// Acts, if set, says which records the step acts on, of those it
+	// reads: LingerFrom counts only those. A loop that reads several
+	// records a unit of work (the executor reads a call's requested and
+	// authorized events together, and its own events besides) would
+	// otherwise linger for a lone call. Nil: every record.
+	Acts func(*kgo.Record) bool
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Opts are extra franz-go options for the session's client.
@@ -143,8 +150,9 @@ func (c *LoopConfig) validate() error {
 	case c.Linger < 0 || c.Linger >= c.Tick:
 		// A linger as long as a tick would hold every batch for it.
 		return fmt.Errorf("loop: linger %v must be at least 0 and shorter than the tick (%v)", c.Linger, c.Tick)
-	case c.LingerFrom < 0:
-		return fmt.Errorf("loop: linger from %d records: must be at least 0", c.LingerFrom)
+	case c.LingerFrom < 0 || c.LingerFrom > c.MaxPollRecords:
+		// More than a poll returns would never linger.
+		return fmt.Errorf("loop: linger from %d records: must be at least 0 and at most a poll's %d", c.LingerFrom, c.MaxPollRecords)
 	}
 	return nil
 }
@@ -378,7 +386,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		if err != nil {
 			return err
 		}
-		if l.cfg.Linger > 0 && len(recs) > 0 && len(recs) >= l.cfg.LingerFrom {
+		if l.cfg.Linger > 0 && len(recs) > 0 && l.acted(recs) >= l.cfg.LingerFrom {
 			// Wait for more, as a producer's linger does: one step,
 			// one transaction and one store round trip for all of them.
 			until := time.Now().Add(l.cfg.Linger)
@@ -536,6 +544,23 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			}(out.Committed)
 		}
 	}
+}
+
+// acted counts the records of recs the step acts on, up to LingerFrom.
+func (l *Loop) acted(recs []*kgo.Record) int {
+	if l.cfg.Acts == nil {
+		return len(recs)
+	}
+	n := 0
+	for _, r := range recs {
+		if n >= l.cfg.LingerFrom {
+			break
+		}
+		if l.cfg.Acts(r) {
+			n++
+		}
+	}
+	return n
 }
 
 // leaveGroup takes a session that failed out of its group before the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -741,15 +742,38 @@ func lingerLoop(t *testing.T, k *ledgertest.Kafka, cfg ledger.LoopConfig, during
 
 // TestLoopLingerFrom: with LingerFrom, a loop lingers after a poll that
 // found that many records waiting (they came while a step ran) and runs
-// a lone record's step at once.
+// a lone record's step at once; records the step does not act on (Acts)
+// do not count.
 func TestLoopLingerFrom(t *testing.T) {
 	k := faultableKafka(t)
 	hold := make(chan struct{})
-	publish, batches := lingerLoop(t, k, ledger.LoopConfig{Tick: 2 * time.Second, Linger: 800 * time.Millisecond, LingerFrom: 2}, func(recs []*kgo.Record) {
+	acts := func(r *kgo.Record) bool { return strings.HasPrefix(string(r.Value), "v") }
+	publish, batches := lingerLoop(t, k, ledger.LoopConfig{Tick: 2 * time.Second, Linger: 800 * time.Millisecond, LingerFrom: 2, Acts: acts}, func(recs []*kgo.Record) {
 		if string(recs[0].Value) == "v1" {
 			<-hold // the next records arrive while this step runs
 		}
 	})
+	// Released at the latest before the loop stops (cleanups run last
+	// first), or a failure before the release would hang the test.
+	release := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(release)
+	// Records produced together: a fetch brings them together, where
+	// records produced apart could come a poll each (franz-go holds a
+	// broker's fetch until a poll takes it).
+	pair, err := ledger.NewClient(k.Client, kgo.ProducerLinger(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pair.Close()
+	publishPair := func(a, b string) {
+		t.Helper()
+		if err := pair.ProduceSync(t.Context(),
+			&kgo.Record{Topic: k.Topics.Requests, Key: []byte("k"), Value: []byte(a)},
+			&kgo.Record{Topic: k.Topics.Requests, Key: []byte("k"), Value: []byte(b)},
+		).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// v1 alone, its step held while v2 and v3 arrive: the next poll
 	// finds two records and lingers, so v4, 100 ms after the step ends,
 	// joins them.
@@ -759,22 +783,9 @@ func TestLoopLingerFrom(t *testing.T) {
 			t.Fatal("v1's step did not run in 15s")
 		}
 	}
-	// v2 and v3 in one produce request: a fetch brings them together
-	// (franz-go holds one fetch a partition until a poll takes it, so
-	// records produced apart could come one poll each).
-	pair, err := ledger.NewClient(k.Client, kgo.ProducerLinger(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pair.Close()
-	if err := pair.ProduceSync(t.Context(),
-		&kgo.Record{Topic: k.Topics.Requests, Key: []byte("k"), Value: []byte("v2")},
-		&kgo.Record{Topic: k.Topics.Requests, Key: []byte("k"), Value: []byte("v3")},
-	).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	publishPair("v2", "v3")
 	time.Sleep(300 * time.Millisecond) // fetched into the client meanwhile
-	close(hold)
+	release()
 	time.Sleep(100 * time.Millisecond)
 	publish(4)
 	waitCommitted(t, k, 5, 15*time.Second)
@@ -783,11 +794,19 @@ func TestLoopLingerFrom(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	publish(6)
 	waitCommitted(t, k, 7, 15*time.Second)
-	if got := batches(); !slices.Equal(got, []int{1, 3, 1, 1}) {
-		t.Errorf("batches %v; want [1 3 1 1]: v1 alone, v2-v4 in one lingering step, v5 and v6 alone", got)
+	// Two records the step does not act on, found together, and v9
+	// 100 ms later: no linger, two steps.
+	publishPair("x7", "x8")
+	time.Sleep(100 * time.Millisecond)
+	publish(9)
+	waitCommitted(t, k, 10, 15*time.Second)
+	if got := batches(); !slices.Equal(got, []int{1, 3, 1, 1, 2, 1}) {
+		t.Errorf("batches %v; want [1 3 1 1 2 1]: v1 alone, v2-v4 in one lingering step, v5 and v6 alone, x7 and x8 without lingering, v9 alone", got)
 	}
-	if _, err := ledger.NewLoop(ledger.LoopConfig{Group: "g", Topics: []string{"t"}, TransactionalID: "x", LingerFrom: -1}, nil); err == nil {
-		t.Error("a negative LingerFrom was accepted")
+	for _, from := range []int{-1, 501} {
+		if _, err := ledger.NewLoop(ledger.LoopConfig{Group: "g", Topics: []string{"t"}, TransactionalID: "x", MaxPollRecords: 500, LingerFrom: from}, nil); err == nil {
+			t.Errorf("LingerFrom %d with polls of 500 was accepted", from)
+		}
 	}
 }
 

@@ -65,7 +65,7 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 func (r *roleFlags) registerLoop(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.DurationVar(&r.batching.linger, "batch-linger", defaultLinger, "how long the processing loop waits for more records after a poll returned at least --batch-linger-from of them, before it processes them: fewer, larger batches (fewer Kafka transactions and store round trips per call, less CPU) for up to this much latency; 0 processes at once; shorter than the loop's tick (the executor's is 100ms, the others' 1s)")
-	fs.IntVar(&r.batching.from, "batch-linger-from", defaultLingerFrom, "how many records a poll must return for the loop to linger (--batch-linger): records found waiting mean a loop under load, where a larger batch saves more than the linger costs; 1 lingers after any poll that returned records")
+	fs.IntVar(&r.batching.from, "batch-linger-from", defaultLingerFrom, "how many records a poll must return for the loop to linger (--batch-linger), counting those the loop acts on (the executor's: authorized and approved events): records found waiting mean a loop under load, where a larger batch saves more than the linger costs; 1 lingers after any poll that returned records")
 }
 
 // batching is how a processing loop gathers its batches: its
@@ -76,11 +76,13 @@ type batching struct {
 }
 
 // The default batching lingers a millisecond once a poll finds two
-// records waiting. On the 2-core benchmark machine (BENCHMARKS.md), in
-// nine alternating pairs against none at 2,500 calls/s, the machine's
-// CPU a call fell in every pair (by 9%, the median) and the added p99 in
-// eight (by 12%); at 500/s, where polls mostly find one record, the CPU
-// fell 5-16% in three pairs and the latencies moved within the noise.
+// records waiting that the step acts on. On the 2-core benchmark machine
+// (BENCHMARKS.md), in alternating pairs against none at 2,500 calls/s,
+// the machine's CPU a call fell in every pair (12 of 12, by 7-11% in the
+// last three) and the added p99 in 11 (53.3 against 70.5 ms, 44.4
+// against 48.6, 28.5 against 35.0 in the last three); at 500/s, where a
+// poll mostly finds one call, the latencies and the CPU moved within the
+// runs' noise (added p50 +1.0 ms, the median of three pairs).
 const (
 	defaultLinger     = time.Millisecond
 	defaultLingerFrom = 2

@@ -488,7 +488,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		order = append(order, k)
 	}
 	for _, r := range recs {
-		if t := statemachine.EventType(ledger.Header(r, ledger.HeaderEventType)); t != "" && t != statemachine.EventAuthorized && t != statemachine.EventApproved {
+		if !mayAuthorize(r) {
 			continue
 		}
 		ev, err := ledger.DecodeEvent(r.Value)
@@ -1507,6 +1507,14 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string) saniti
 	return s
 }
 
+// mayAuthorize says whether r may be an event the executor acts on (an
+// authorized or approved one): those the header names as another type
+// are not, and one without the header is read to tell.
+func mayAuthorize(r *kgo.Record) bool {
+	t := statemachine.EventType(ledger.Header(r, ledger.HeaderEventType))
+	return t == "" || t == statemachine.EventAuthorized || t == statemachine.EventApproved
+}
+
 // Loop returns the executor on a consume-process-produce loop. lc's Group
 // defaults to "ledger-executor", its Topics to the events topic, its
 // TransactionalID to "<group>-" + the owner, and its Tick to 100ms.
@@ -1528,6 +1536,9 @@ func (x *Executor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
 		// (authorized, approved): a larger poll gives each claim and
 		// completion round trip more calls.
 		lc.MaxPollRecords = 2000
+	}
+	if lc.Acts == nil {
+		lc.Acts = mayAuthorize
 	}
 	if lc.Tick == 0 {
 		// A call carried over past its step's budget goes out with the

@@ -740,3 +740,21 @@ func TestSweepAppendsUnloggedOutcomes(t *testing.T) {
 		t.Errorf("tool received %d requests; want 1", n)
 	}
 }
+
+// The executor's loop counts toward its linger only the events it may
+// act on: a lone call's requested and authorized events, read together,
+// are one, so that at low load the loop does not linger for it.
+func TestMayAuthorize(t *testing.T) {
+	for typ, want := range map[statemachine.EventType]bool{
+		statemachine.EventAuthorized: true, statemachine.EventApproved: true, "": true,
+		statemachine.EventRequested: false, statemachine.EventExecuting: false, statemachine.EventSucceeded: false,
+	} {
+		r := &kgo.Record{Value: []byte("{}")}
+		if typ != "" {
+			r.Headers = []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte(typ)}}
+		}
+		if got := executor.MayAuthorize(r); got != want {
+			t.Errorf("MayAuthorize(event type %q) = %v; want %v", typ, got, want)
+		}
+	}
+}

@@ -17,3 +17,7 @@ func EndedUnwaited(x *Executor) int {
 	}
 	return n
 }
+
+// MayAuthorize is the executor loop's Acts: the events that count toward
+// its LingerFrom.
+var MayAuthorize = mayAuthorize
