@@ -192,7 +192,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		return err
 	}
 	if f.baseline != "" {
-		if err := checkBaseline(ctx, f.baseline); err != nil {
+		if err := checkBaseline(ctx, f.baseline, f.nodeBatching); err != nil {
 			return err
 		}
 	}
@@ -389,7 +389,7 @@ func mainRuns(main benchRun, baseline string, pairs int) []benchRun {
 // checkBaseline fails unless binary can run the benchmark's ledger
 // processes, so that a wrong path or a build older than "bench node" is
 // told at once rather than after the first run.
-func checkBaseline(ctx context.Context, binary string) error {
+func checkBaseline(ctx context.Context, binary string, nodeArgs []string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, binary, "bench", "node", "--help").CombinedOutput()
@@ -399,6 +399,13 @@ func checkBaseline(ctx context.Context, binary string) error {
 			tail = "..." + tail[len(tail)-300:]
 		}
 		return fmt.Errorf("bench: --baseline %s cannot run the ledger processes (bench node --help: %v): %s", binary, err, tail)
+	}
+	// The flags passed on to the ledger processes must mean the same to
+	// both builds: refused now rather than as a process that exits.
+	for _, a := range nodeArgs {
+		if strings.HasPrefix(a, "--") && !strings.Contains(string(out), a+" ") {
+			return fmt.Errorf("bench: --baseline %s does not know %s, which its ledger processes would be given", binary, a)
+		}
 	}
 	return nil
 }
@@ -499,15 +506,21 @@ type benchRun struct {
 // offers r's load, stops them, and measures.
 func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, error) {
 	e.runs++
-	dsn, dropSchema, err := e.storeSchema(ctx, fmt.Sprintf("run%d", e.runs))
+	dsn, dropStore, err := e.storeSchema(ctx, fmt.Sprintf("run%d", e.runs))
 	if err != nil {
 		return loadtest.RunReport{}, err
+	}
+	dataDir := filepath.Join(e.dir, fmt.Sprintf("run%d", e.runs)) // the embedded store's
+	if dsn == "" {
+		dropStore = func() error { return os.RemoveAll(dataDir) }
 	}
 	prefix := fmt.Sprintf("bench%d.", e.runs)
 	topics := ledger.Topics{Requests: prefix + "requests", Events: prefix + "events", Control: prefix + "control", DLQ: prefix + "dlq"}
 	admin, err := ledger.NewClient(e.cc)
 	if err != nil {
-		dropSchema()
+		if !e.f.keep {
+			_ = dropStore()
+		}
 		return loadtest.RunReport{}, err
 	}
 	defer admin.Close()
@@ -521,9 +534,12 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		if e.f.keep {
 			return
 		}
-		dropSchema()
-		if err := deleteTopics(ctx, admin, topics); err != nil {
-			fmt.Fprintf(e.progress, "bench: %s: its topics not deleted: %v\n", r.name, err)
+		// Even when the run was interrupted: topics on a real Kafka
+		// outlive the benchmark.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := errors.Join(dropStore(), deleteTopics(dctx, admin, topics)); err != nil {
+			fmt.Fprintf(e.progress, "bench: %s: its topics and tables not all dropped: %v\n", r.name, err)
 			return
 		}
 		fmt.Fprintf(e.progress, "bench: %s: its topics and tables dropped\n", r.name)
@@ -574,7 +590,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		case dsn != "":
 			args = append(args, "--crdb-dsn", dsn, "--executors", "1")
 		default:
-			args = append(args, "--data-dir", filepath.Join(e.dir, fmt.Sprintf("run%d", e.runs)), "--executors", strconv.Itoa(r.executors))
+			args = append(args, "--data-dir", dataDir, "--executors", strconv.Itoa(r.executors))
 		}
 		addr, err := freeLoopbackAddr()
 		if err != nil {
@@ -744,9 +760,9 @@ func (e *benchEnv) directFloor(ctx context.Context) (loadtest.DirectReport, erro
 // store. A run on the tables earlier runs filled (and left bloated) is
 // slower, so each run gets empty ones, and drops them when it is
 // measured: figures then do not depend on the store's history.
-func (e *benchEnv) storeSchema(ctx context.Context, name string) (string, func(), error) {
+func (e *benchEnv) storeSchema(ctx context.Context, name string) (string, func() error, error) {
 	if e.f.crdbDSN == "" {
-		return "", func() {}, nil
+		return "", func() error { return nil }, nil
 	}
 	schema := "bench_" + e.id + "_" + name
 	dsn, drop, err := createSchemaDSN(ctx, e.f.crdbDSN, schema)
@@ -754,13 +770,13 @@ func (e *benchEnv) storeSchema(ctx context.Context, name string) (string, func()
 		return "", nil, err
 	}
 	if e.f.keep {
-		drop = func() {}
+		drop = func() error { return nil }
 	}
 	// Once, before the processes start: several migrating one new
 	// schema at once could race on its CREATE TABLE.
 	st, err := pgstore.Open(ctx, pgstore.Config{DSN: dsn, Logger: e.logger})
 	if err != nil {
-		drop()
+		_ = drop()
 		return "", nil, err
 	}
 	st.Close()
@@ -789,7 +805,11 @@ func (e *benchEnv) rawLimits(ctx context.Context) ([]loadtest.Limit, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer drop()
+	defer func() {
+		if err := drop(); err != nil {
+			fmt.Fprintf(e.progress, "bench: raw limits: %v\n", err)
+		}
+	}()
 	var rs storeFlags
 	rs.crdbDSN, rs.dataDir = dsn, filepath.Join(e.dir, "limits")
 	if err := os.MkdirAll(rs.dataDir, 0o700); err != nil {

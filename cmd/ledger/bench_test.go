@@ -254,6 +254,14 @@ func TestBenchBaseline(t *testing.T) {
 	if rep.Baseline != self {
 		t.Errorf("report baseline %q; want %q", rep.Baseline, self)
 	}
+	// The flags the ledger processes are given must be the baseline's
+	// too: checked before anything starts.
+	if err := checkBaseline(t.Context(), self, []string{"--batch-linger", "2ms", "--batch-linger-from", "3"}); err != nil {
+		t.Errorf("checkBaseline with flags the baseline knows: %v", err)
+	}
+	if err := checkBaseline(t.Context(), self, []string{"--batch-linger-after", "3"}); err == nil || !strings.Contains(err.Error(), "--batch-linger-after") {
+		t.Errorf("checkBaseline with a flag the baseline lacks: %v; want an error naming it", err)
+	}
 }
 
 // TestBenchFlags: flags that cannot make a run are refused before
@@ -294,7 +302,7 @@ func TestBenchStoreSchemas(t *testing.T) {
 		e := &benchEnv{f: &benchFlags{crdbDSN: base, keep: keep}, logger: slog.New(slog.DiscardHandler), id: fmt.Sprintf("t%d", time.Now().UnixNano())}
 		var (
 			schemas []string
-			drops   []func()
+			drops   []func() error
 		)
 		for _, name := range []string{"run1", "limits"} {
 			dsn, drop, err := e.storeSchema(t.Context(), name)
@@ -318,7 +326,9 @@ func TestBenchStoreSchemas(t *testing.T) {
 			drops = append(drops, drop)
 		}
 		for _, drop := range drops {
-			drop()
+			if err := drop(); err != nil {
+				t.Error(err)
+			}
 		}
 		conn, err := pgx.Connect(t.Context(), base)
 		if err != nil {
@@ -434,7 +444,7 @@ func freshSchemaDSN(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(drop)
+	t.Cleanup(func() { _ = drop() })
 	return out
 }
 

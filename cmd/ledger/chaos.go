@@ -637,7 +637,7 @@ func (r *chaosReport) failures(points []string) []string {
 
 // createSchemaDSN creates schema in dsn's database and returns dsn with it as
 // the search_path, and a function that drops it.
-func createSchemaDSN(ctx context.Context, dsn, schema string) (string, func(), error) {
+func createSchemaDSN(ctx context.Context, dsn, schema string) (string, func() error, error) {
 	conn, err := pgstore.Connect(ctx, dsn)
 	if err != nil {
 		return "", nil, fmt.Errorf("connect to the store: %w", err)
@@ -647,17 +647,22 @@ func createSchemaDSN(ctx context.Context, dsn, schema string) (string, func(), e
 		return "", nil, fmt.Errorf("create schema %s: %w", schema, err)
 	}
 	conn.Close(ctx)
-	drop := func() {
+	drop := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if conn, err := pgstore.Connect(ctx, dsn); err == nil {
-			_, _ = conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-			conn.Close(ctx)
+		conn, err := pgstore.Connect(ctx, dsn)
+		if err != nil {
+			return fmt.Errorf("drop schema %s: %w", schema, err)
 		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			return fmt.Errorf("drop schema %s: %w", schema, err)
+		}
+		return nil
 	}
 	out, err := withSearchPath(dsn, schema)
 	if err != nil {
-		drop()
+		_ = drop()
 		return "", nil, err
 	}
 	return out, drop, nil

@@ -275,7 +275,7 @@ func TestDoctorUnmigratedStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(drop)
+	t.Cleanup(func() { _ = drop() })
 
 	out, err := runDoctor(t, append(kafkaArgs(k.Client.Brokers, k.Topics),
 		"--expect-replication-factor", "1", "--expect-min-insync", "1", "--crdb-dsn", dsn)...)

@@ -91,8 +91,9 @@ func (s *Server) Effects() []Effect {
 func (s *Server) Forget() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// New slices and map: cleared ones would keep their peak size.
 	s.effects, s.refusals = nil, nil
-	clear(s.stored)
+	s.stored = make(map[dedupeKey]storedCall)
 }
 
 // Applied returns how many requests to tool with idempotencyKey were handled
