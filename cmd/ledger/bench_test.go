@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -220,6 +221,10 @@ func TestBenchEmbedded(t *testing.T) {
 	}
 	if rep.Direct != nil || len(rep.Limits) != 0 {
 		t.Errorf("direct %v and limits %v measured though switched off", rep.Direct, rep.Limits)
+	}
+	// The run's embedded store went with it once measured.
+	if _, err := os.Stat(filepath.Join(dir, "work", "run1")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the run's embedded store left in the work directory (stat: %v); want it removed once measured", err)
 	}
 }
 

@@ -78,11 +78,12 @@ type batching struct {
 // The default batching lingers a millisecond once a poll finds two
 // records waiting that the step acts on. On the 2-core benchmark machine
 // (BENCHMARKS.md), in alternating pairs against none at 2,500 calls/s,
-// the machine's CPU a call fell in every pair (12 of 12, by 7-11% in the
-// last three) and the added p99 in 11 (53.3 against 70.5 ms, 44.4
-// against 48.6, 28.5 against 35.0 in the last three); at 500/s, where a
-// poll mostly finds one call, the latencies and the CPU moved within the
-// runs' noise (added p50 +1.0 ms, the median of three pairs).
+// the machine's CPU a call fell in every pair and the added p99 in all
+// but one: nine pairs with a first cut that counted every record, and
+// three with this one (CPU -7 to -11%, added p99 53.3 against 70.5 ms,
+// 44.4 against 48.6, 28.5 against 35.0); at 500/s, where a poll mostly
+// finds one call, the latencies and the CPU moved within the runs' noise
+// (added p50 +1.0 ms, the median of three pairs).
 const (
 	defaultLinger     = time.Millisecond
 	defaultLingerFrom = 2
