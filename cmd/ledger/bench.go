@@ -511,16 +511,14 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		return loadtest.RunReport{}, err
 	}
 	dataDir := filepath.Join(e.dir, fmt.Sprintf("run%d", e.runs)) // the embedded store's
-	if dsn == "" {
+	if dsn == "" && !e.f.keep {
 		dropStore = func() error { return os.RemoveAll(dataDir) }
 	}
 	prefix := fmt.Sprintf("bench%d.", e.runs)
 	topics := ledger.Topics{Requests: prefix + "requests", Events: prefix + "events", Control: prefix + "control", DLQ: prefix + "dlq"}
 	admin, err := ledger.NewClient(e.cc)
 	if err != nil {
-		if !e.f.keep {
-			_ = dropStore()
-		}
+		_ = dropStore()
 		return loadtest.RunReport{}, err
 	}
 	defer admin.Close()
