@@ -93,7 +93,9 @@ tenants, and reports, from one run on one machine:
     read committed), and added latency (minus the tool's own time);
   - the ledger processes' CPU seconds per call and peak RSS, and the whole
     machine's CPU per call (every process, the store's and Kafka's too
-    when they run here);
+    when they run here), and the share of the machine's CPU time its
+    hypervisor gave to other guests meanwhile (steal: on a shared host,
+    why one build's runs differ);
   - the same calls made directly to the tool backend (the floor);
   - the raw limits of the parts: transactional consume-produce records/s on
     the same Kafka, batched claims/s on the same store;
@@ -152,7 +154,7 @@ its topics and tables once measured (--keep keeps them).`,
 	fs.BoolVar(&f.intakeProcess, "intake-process", false, "run the intake in a process of its own, apart from the executors, as a deployment of separate intake and executor processes does (needs --crdb-dsn: the embedded store belongs to one process)")
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
-	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, and the share of each second the intake's and executors' loops spent in steps and transactions, with their busy time per step (the JSON report always has it)")
+	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, the CPU the hypervisor took (steal), and the share of each second the intake's and executors' loops spent in steps and transactions, with their busy time per step (the JSON report always has it)")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
 	cmd.AddCommand(newBenchNodeCmd(g))
 	return cmd
@@ -666,7 +668,8 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	rep := loadtest.RunReport{Name: r.name, Executors: r.executors, Processes: len(nodes), Result: res}
 	rep.HarnessCPU = selfCPU() - selfBefore
 	if after, ok := machineCPU(); ok && machineOK {
-		rep.MachineCPU = after - machineBefore
+		rep.MachineCPU = after.busy - machineBefore.busy
+		rep.Stolen = machineBefore.stolenShare(after)
 	}
 	if after, err := e.storeCPU(); err == nil && storeErr == nil {
 		rep.StoreCPU = after - storeBefore
@@ -1085,7 +1088,13 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 		d, err := e.storeCPU()
 		return d, err == nil
 	})
-	machine := growing(machineCPU)
+	// /proc/stat read once a reading, for the busy time and the stolen.
+	var (
+		stat   cpuTimes
+		statOK bool
+	)
+	machine := growing(func() (time.Duration, bool) { return stat.busy, statOK })
+	stolen := growing(func() (time.Duration, bool) { return stat.stolen, statOK })
 	// Each node's loops, all read at once each reading: the intake's
 	// and the executors' time in steps and transactions.
 	reads := make([]loopsRead, len(nodes))
@@ -1099,7 +1108,8 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 	}
 	return func() loadtest.Usage {
 		readAllLoops(nodes, reads)
-		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Machine: machine()}
+		stat, statOK = machineCPU()
+		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Machine: machine(), Stolen: stolen()}
 		for i, read := range ledgerCPU {
 			u.Ledger += read()
 			u.IntakeLoop += intakeLoop[i]()
@@ -1218,35 +1228,65 @@ func gcCPU() time.Duration {
 	return time.Duration(s[0].Value.Float64() * float64(time.Second))
 }
 
-// machineCPU is the busy time of all the machine's CPUs since boot, from
-// /proc/stat; ok is false where that cannot be read.
-func machineCPU() (_ time.Duration, ok bool) {
+// cpuTimes is the machine's CPU time since boot, all its CPUs summed.
+type cpuTimes struct {
+	// busy is user + nice + system + irq + softirq: idle and iowait are
+	// not work, steal is another guest's.
+	busy time.Duration
+	// stolen is steal: time a CPU of this guest had work and the
+	// hypervisor ran another guest instead. A run that lost much of it
+	// ran on a slower machine than its neighbours did.
+	stolen time.Duration
+	// total is every state's time (busy, idle, iowait and steal): the
+	// CPUs' wall time.
+	total time.Duration
+}
+
+// stolenShare is the share of the CPUs' wall time from t to u that the
+// hypervisor gave to other guests; 0 when nothing elapsed.
+func (t cpuTimes) stolenShare(u cpuTimes) float64 {
+	if u.total <= t.total {
+		return 0
+	}
+	return float64(u.stolen-t.stolen) / float64(u.total-t.total)
+}
+
+// machineCPU is the machine's CPU time since boot, from /proc/stat; ok is
+// false where that cannot be read.
+func machineCPU() (_ cpuTimes, ok bool) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0, false
+		return cpuTimes{}, false
 	}
 	return parseProcStat(b)
 }
 
 // parseProcStat reads the aggregate "cpu" line of /proc/stat: user, nice,
 // system, idle, iowait, irq, softirq, steal..., in USER_HZ ticks (100 a
-// second on every Linux that exports it). Busy is user + nice + system +
-// irq + softirq: idle and iowait are not work, steal is another guest's.
-func parseProcStat(b []byte) (time.Duration, bool) {
+// second on every Linux that exports it). Guest time is counted in user
+// already, so the fields after steal are left out.
+func parseProcStat(b []byte) (cpuTimes, bool) {
 	line, _, _ := bytes.Cut(b, []byte("\n"))
 	f := strings.Fields(string(line))
 	if len(f) < 8 || f[0] != "cpu" {
-		return 0, false
+		return cpuTimes{}, false
 	}
-	var busy int64
-	for _, i := range []int{1, 2, 3, 6, 7} {
-		n, err := strconv.ParseInt(f[i], 10, 64)
+	var ticks [8]int64 // steal stays 0 on a kernel without it
+	for i := range min(len(f)-1, len(ticks)) {
+		n, err := strconv.ParseInt(f[i+1], 10, 64)
 		if err != nil || n < 0 {
-			return 0, false
+			return cpuTimes{}, false
 		}
-		busy += n
+		ticks[i] = n
 	}
-	return time.Duration(busy) * (time.Second / clockTicks), true
+	user, nice, system, idle, iowait, irq, softirq, steal := ticks[0], ticks[1], ticks[2], ticks[3], ticks[4], ticks[5], ticks[6], ticks[7]
+	tick := time.Second / clockTicks
+	busy := user + nice + system + irq + softirq
+	return cpuTimes{
+		busy:   time.Duration(busy) * tick,
+		stolen: time.Duration(steal) * tick,
+		total:  time.Duration(busy+idle+iowait+steal) * tick,
+	}, true
 }
 
 // isTerminal reports whether w is a terminal (a character device).

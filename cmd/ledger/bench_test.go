@@ -12,6 +12,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -48,6 +49,7 @@ func TestBenchOnPostgres(t *testing.T) {
 	dir := t.TempDir()
 	jsonOut, svgOut := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
 	chDSN, chDB := chtest.DSN(t), chtest.FreshDatabase(t)
+	statBefore, statOK := machineCPU()
 	out, progress := runBenchCmdProgress(t,
 		"--crdb-dsn", dsn,
 		"--clickhouse-dsn", chDSN, "--clickhouse-database", chDB,
@@ -73,10 +75,21 @@ func TestBenchOnPostgres(t *testing.T) {
 	if dropped < 0 || next < 0 || dropped > next {
 		t.Errorf("the closed loop's topics and tables dropped at %d of the progress, the next run's warm-up at %d; want the drop first:\n%s", dropped, next, progress)
 	}
+	statAfter, ok := machineCPU()
+	if !statOK || !ok {
+		t.Fatal("/proc/stat not read; the bench's machine figures need it")
+	}
+	if !strings.Contains(out, "stolen %") {
+		t.Errorf("report lacks the stolen share:\n%s", out)
+	}
 	rep := readReport(t, jsonOut)
 	if len(rep.Runs) != 2 {
 		t.Fatalf("%d runs; want the closed loop and one open-loop rate", len(rep.Runs))
 	}
+	// What the hypervisor took while the whole command ran bounds what
+	// each run says it took, over a window inside it (a tick a CPU of
+	// slack for the readings' rounding).
+	stolenMax := statAfter.stolen - statBefore.stolen + time.Duration(runtime.NumCPU())*time.Second/clockTicks
 	_, local := findLocalPostgres(t.Context(), dsn)
 	for _, r := range rep.Runs {
 		res, w := r.Result, r.Witness
@@ -96,6 +109,9 @@ func TestBenchOnPostgres(t *testing.T) {
 		}
 		if r.ProjectionLag == nil || r.ProjectionLag.Max <= 0 {
 			t.Errorf("%s: projection lag %v; want it sampled", r.Name, r.ProjectionLag)
+		}
+		if stolen := time.Duration(r.Stolen * float64(res.Elapsed) * float64(runtime.NumCPU())); r.Stolen < 0 || stolen > stolenMax {
+			t.Errorf("%s: stolen share %.3f of %v on %d CPUs (%v); want it within the %v stolen while the command ran", r.Name, r.Stolen, res.Elapsed, runtime.NumCPU(), stolen, stolenMax)
 		}
 		if r.Processes != 3 {
 			t.Errorf("%s: %d ledger processes; want 3 (the intake's, and one an executor)", r.Name, r.Processes)
@@ -120,11 +136,15 @@ func TestBenchOnPostgres(t *testing.T) {
 			}
 			tl.Ledger += iv.Usage.Ledger
 			tl.Store += iv.Usage.Store
+			tl.Stolen += iv.Usage.Stolen
 			tl.IntakeLoop += iv.Usage.IntakeLoop
 			tl.ExecutorLoops += iv.Usage.ExecutorLoops
 			tl.IntakeSteps += iv.Usage.IntakeSteps
 			tl.ExecutorSteps += iv.Usage.ExecutorSteps
 			finished += iv.Finished
+		}
+		if tl.Stolen < 0 || tl.Stolen > stolenMax {
+			t.Errorf("%s: the timeline's stolen time %v; want it within the %v stolen while the command ran", r.Name, tl.Stolen, stolenMax)
 		}
 		if finished != res.Finished || tl.Ledger <= 0 || tl.Ledger > r.LedgerCPU || local && tl.Store <= 0 {
 			t.Errorf("%s: timeline of %d intervals: %d finished, ledger CPU %v, store CPU %v; want %d finished and the ledger's CPU in (0, %v]", r.Name, len(res.Timeline), finished, tl.Ledger, tl.Store, res.Finished, r.LedgerCPU)
@@ -411,13 +431,32 @@ func TestParseProcStat(t *testing.T) {
 	// user nice system idle iowait irq softirq steal guest guest_nice
 	stat := "cpu  107077 3 49388 134987 642 5 2395 1542 0 0\ncpu0 53000 1 24000 67000 300 2 1200 700 0 0\nintr 1 2 3\n"
 	got, ok := parseProcStat([]byte(stat))
-	if want := time.Duration(107077+3+49388+5+2395) * 10 * time.Millisecond; !ok || got != want {
-		t.Errorf("parseProcStat = %v, %v; want %v, true (idle, iowait and steal left out)", got, ok, want)
+	tick := 10 * time.Millisecond
+	want := cpuTimes{
+		busy:   (107077 + 3 + 49388 + 5 + 2395) * tick,
+		stolen: 1542 * tick,
+		total:  (107077 + 3 + 49388 + 134987 + 642 + 5 + 2395 + 1542) * tick,
 	}
-	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7\n", "cpu  1 2 3\n", "cpu  1 x 3 4 5 6 7 8\n", "cpu  1 -2 3 4 5 6 7 8\n"} {
+	if !ok || got != want {
+		t.Errorf("parseProcStat = %+v, %v; want %+v, true (idle, iowait and steal not busy; guest counted in user already)", got, ok, want)
+	}
+	// A kernel without steal (before 2.6.11): none stolen.
+	if got, ok := parseProcStat([]byte("cpu  10 0 5 80 5 0 0\n")); !ok || got != (cpuTimes{busy: 15 * tick, total: 100 * tick}) {
+		t.Errorf("parseProcStat without steal = %+v, %v; want busy 150ms, total 1s, nothing stolen", got, ok)
+	}
+	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7\n", "cpu  1 2 3\n", "cpu  1 x 3 4 5 6 7 8\n", "cpu  1 -2 3 4 5 6 7 8\n", "cpu  1 2 3 4 5 6 7 -8\n"} {
 		if got, ok := parseProcStat([]byte(bad)); ok {
-			t.Errorf("parseProcStat(%q) = %v, true; want false", bad, got)
+			t.Errorf("parseProcStat(%q) = %+v, true; want false", bad, got)
 		}
+	}
+	// Between two readings: 30 of 200 ticks stolen.
+	a := cpuTimes{busy: 100 * tick, stolen: 10 * tick, total: 400 * tick}
+	b := cpuTimes{busy: 250 * tick, stolen: 40 * tick, total: 600 * tick}
+	if got := a.stolenShare(b); got != 0.15 {
+		t.Errorf("stolenShare = %v; want 0.15", got)
+	}
+	if got := a.stolenShare(a); got != 0 {
+		t.Errorf("stolenShare over no time = %v; want 0", got)
 	}
 }
 

@@ -87,6 +87,12 @@ type RunReport struct {
 	// the store's and Kafka's when they run on this machine, and whatever
 	// else it did meanwhile.
 	MachineCPU time.Duration `json:"machine_cpu_ns"`
+	// Stolen is the share of the machine's CPU time, while the run was
+	// measured, that its hypervisor gave to other guests while this one
+	// had work (/proc/stat's steal; zero where it cannot be read). On a
+	// shared host it is why the same build's runs differ: a run that
+	// lost a tenth of its CPUs ran on a slower machine.
+	Stolen float64 `json:"stolen_share"`
 	// StoreCPU is the CPU time of the execution store's server while the
 	// run was measured, when it is a PostgreSQL on this machine (its
 	// postmaster and every process of it); zero otherwise.
@@ -173,21 +179,21 @@ func (rep Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "kafka: %s; store: %s; mix: %s; %d tenants; concurrency %d; backend latency %s\n\n",
 		rep.Kafka, rep.Store, rep.Mix, rep.Tenants, rep.Concurrency, rep.BackendLatency)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tstore µs/call\tmachine µs/call\tpeak RSS MB\tdup\tlost\t")
+	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tstore µs/call\tmachine µs/call\tpeak RSS MB\tdup\tlost\tstolen %\t")
 	for _, r := range rep.Runs {
 		res := r.Result
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%d\t%d\t%s\t\n",
 			r.Name, r.mode(), r.Executors, res.Finished, res.PerSec,
 			msOf(res.E2E.P50), msOf(res.E2E.P95), msOf(res.E2E.P99), msOf(res.E2E.P999),
 			msOf(res.Added.P50), msOf(res.Added.P99),
 			usOf(r.CPUPerCall), usOf(r.HarnessCPUPerCall),
 			usOrDash(r.StoreCPUPerCall), usOrDash(r.MachineCPUPerCall),
-			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost)
+			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost, r.stolen())
 	}
 	if d := rep.Direct; d != nil {
 		// The direct calls have no ledger to lose them: the last
 		// column counts the ones that failed.
-		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t-\t-\t%d\t\n",
+		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t-\t-\t%d\t-\t\n",
 			d.Calls, d.PerSec, msOf(d.Latency.P50), msOf(d.Latency.P95), msOf(d.Latency.P99), msOf(d.Latency.P999), d.Errors)
 	}
 	if err := tw.Flush(); err != nil {
@@ -305,7 +311,12 @@ var sideBySide = []struct {
 	{"store µs/call", func(r RunReport) float64 { return usOf(r.StoreCPUPerCall) }, false},
 	{"machine µs/call", func(r RunReport) float64 { return usOf(r.MachineCPUPerCall) }, false},
 	{harnessFigure, func(r RunReport) float64 { return usOf(r.HarnessCPUPerCall) }, false},
+	{stolenFigure, func(r RunReport) float64 { return 100 * r.Stolen }, false},
 }
+
+// stolenFigure is the other control: the hypervisor's doing, not either
+// build's.
+const stolenFigure = "stolen %"
 
 // harnessFigure is the control among the side-by-side figures: the
 // benchmark process runs the same code (load, Kafka, tools) against both
@@ -335,7 +346,7 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "figure\tbaseline\tthis build\tchange\tbetter in\t")
 	pairs := pairUp(base, this)
-	control := ""
+	control, stolen := "", ""
 	for _, f := range sideBySide {
 		b, t := median(base, f.of), median(this, f.of)
 		if b == 0 && t == 0 {
@@ -346,8 +357,11 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 		if b != 0 {
 			change = fmt.Sprintf("%+.1f%%", 100*(t-b)/b)
 		}
-		if f.name == harnessFigure {
+		switch f.name {
+		case harnessFigure:
 			control = change
+		case stolenFigure:
+			stolen = fmt.Sprintf("%.1f%% and %.1f%%", b, t)
 		}
 		better := 0
 		for _, p := range pairs {
@@ -361,10 +375,24 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 		return err
 	}
 	if control != "" {
-		_, err := fmt.Fprintf(w, "(the harness runs the same code against both builds: its change, %s, is the machine's drift between their runs; a change no larger is noise)\n", control)
+		if _, err := fmt.Fprintf(w, "(the harness runs the same code against both builds: its change, %s, is the machine's drift between their runs; a change no larger is noise)\n", control); err != nil {
+			return err
+		}
+	}
+	if stolen != "" {
+		_, err := fmt.Fprintf(w, "(the hypervisor took %s of the machine's CPU time from the baseline's and this build's runs: where those differ, so did the machine)\n", stolen)
 		return err
 	}
 	return nil
+}
+
+// stolen is the run's stolen share for the table, in percent, "-" when
+// the machine's CPU time was not read.
+func (r RunReport) stolen() string {
+	if r.MachineCPU <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", 100*r.Stolen)
 }
 
 // pairUp matches baseline #i with ledger #i: [baseline, this build].

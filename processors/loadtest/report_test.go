@@ -53,6 +53,7 @@ func repReport() Report {
 				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 6 * time.Millisecond, StoreCPUPerCall: 2 * time.Millisecond, PeakRSSPerCall: 209715.2,
 				PerSecPerExecutor: 250, PerSecPerLedgerCPU: 333.25, StoreRetries: map[string]int64{"claim": 5, "complete": 2},
 				StoreRecords: 1500, StoreBytes: 4 << 20, StoreBytesPerCall: float64(4<<20) / 1500,
+				Stolen: 0.125,
 			},
 			{Name: "open 500/s", Executors: 2, Processes: 1, Result: open, Witness: Witness{Effects: 250, Reads: 747, Duplicates: 2, Missing: 1}},
 		},
@@ -244,14 +245,14 @@ func TestReportWriteTable(t *testing.T) {
 	}
 	// The run rows, cell by cell: the main run and the direct floor.
 	rows := repRows(out)
-	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "2000", "6000", "200", "0", "0"}, rows["ledger"]); diff != "" {
+	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "2000", "6000", "200", "0", "0", "12.5"}, rows["ledger"]); diff != "" {
 		t.Errorf("ledger row (-want +got):\n%s\n%s", diff, out)
 	}
-	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "-", "-", "2"}, rows["direct"]); diff != "" {
+	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "-", "-", "2", "-"}, rows["direct"]); diff != "" {
 		t.Errorf("direct row (-want +got):\n%s\n%s", diff, out)
 	}
-	if row := rows["open"]; len(row) < 5 || row[len(row)-2] != "2" || row[len(row)-1] != "3" || row[len(row)-4] != "-" || row[len(row)-5] != "-" {
-		t.Errorf("open row %q; want store and machine CPU - (not measured), then dup 2 and lost 3 last", row)
+	if row := rows["open"]; len(row) < 6 || row[len(row)-3] != "2" || row[len(row)-2] != "3" || row[len(row)-1] != "-" || row[len(row)-5] != "-" || row[len(row)-6] != "-" {
+		t.Errorf("open row %q; want store and machine CPU - (not measured), then dup 2 and lost 3, and stolen - (the machine not read)", row)
 	}
 	// The store's footprint: only the run that measured it.
 	if i := strings.Index(out, "the store's tables at the end of each run"); i < 0 {
@@ -342,6 +343,12 @@ func TestReportSideBySide(t *testing.T) {
 		if build == "" {
 			r.HarnessCPU = 110 * time.Millisecond
 		}
+		// The hypervisor took 2% of the machine from the baseline's
+		// runs and 8% from this build's.
+		r.Stolen = 0.02
+		if build == "" {
+			r.Stolen = 0.08
+		}
 		r.Derive()
 		return r
 	}
@@ -373,6 +380,7 @@ func TestReportSideBySide(t *testing.T) {
 		{"store µs/call", "100.0", "80.0", "-20.0%", "2 of 2 pairs"},
 		{"machine µs/call", "410.0", "330.0", "-19.5%", "2 of 2 pairs"},
 		{"harness µs/call", "100.0", "110.0", "+10.0%", "0 of 2 pairs"},
+		{"stolen %", "2.0", "8.0", "+300.0%", "0 of 2 pairs"},
 	} {
 		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(want[0]) + `\s+` + regexp.QuoteMeta(want[1]) + `\s+` + regexp.QuoteMeta(want[2]) + `\s+` + regexp.QuoteMeta(want[3]) + `\s+` + regexp.QuoteMeta(want[4]) + `\s*$`).MatchString(side) {
 			t.Errorf("side-by-side table lacks %v:\n%s", want, side)
@@ -380,6 +388,9 @@ func TestReportSideBySide(t *testing.T) {
 	}
 	if !strings.Contains(side, "its change, +10.0%, is the machine's drift") {
 		t.Errorf("side-by-side table does not read the harness as the control:\n%s", side)
+	}
+	if !strings.Contains(side, "the hypervisor took 2.0% and 8.0% of the machine's CPU time") {
+		t.Errorf("side-by-side table does not say what the hypervisor took from each build's runs:\n%s", side)
 	}
 	// The ratios to the floor come from this build's first run.
 	rep.Direct = &DirectReport{Calls: 10, PerSec: 2600}

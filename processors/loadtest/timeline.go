@@ -55,6 +55,9 @@ type Usage struct {
 	HarnessGC time.Duration `json:"harness_gc_ns"`
 	// Machine is the busy time of all the machine's CPUs.
 	Machine time.Duration `json:"machine_ns,omitempty"`
+	// Stolen is the time the machine's CPUs had work and the hypervisor
+	// ran another guest instead (/proc/stat's steal).
+	Stolen time.Duration `json:"stolen_ns,omitempty"`
 	// IntakeLoop and ExecutorLoops are wall time, not CPU: what the
 	// intake's loop and the executors' loops (summed) spent in their
 	// steps and transactions (ledger.Loop.Time). The rest of an
@@ -76,7 +79,7 @@ type Usage struct {
 func (u Usage) minus(v Usage) Usage {
 	return Usage{
 		Ledger: u.Ledger - v.Ledger, Store: u.Store - v.Store, Harness: u.Harness - v.Harness,
-		HarnessGC: u.HarnessGC - v.HarnessGC, Machine: u.Machine - v.Machine,
+		HarnessGC: u.HarnessGC - v.HarnessGC, Machine: u.Machine - v.Machine, Stolen: u.Stolen - v.Stolen,
 		IntakeLoop: u.IntakeLoop - v.IntakeLoop, ExecutorLoops: u.ExecutorLoops - v.ExecutorLoops,
 		IntakeSteps: u.IntakeSteps - v.IntakeSteps, ExecutorSteps: u.ExecutorSteps - v.ExecutorSteps,
 	}
@@ -164,7 +167,7 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 		}
 		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores; the loops' time in steps and transactions as a share of the interval, the executors' summed, and their busy time per step, ms; - where nothing was measured, or the interval was too short to measure):\n", r.Name)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\tintake loop\texec loops\tintake cycle\texec cycle\t")
+		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\tstolen\tintake loop\texec loops\tintake cycle\texec cycle\t")
 		var prev time.Duration
 		for _, iv := range r.Result.Timeline {
 			fmt.Fprintf(tw, "%.1f\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t",
@@ -180,10 +183,10 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 					}
 					return fmt.Sprintf("%.2f", d.Seconds()/span.Seconds())
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Machine),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Machine), cores(u.Stolen),
 					cores(u.IntakeLoop), cores(u.ExecutorLoops), cycle(u.IntakeLoop, u.IntakeSteps), cycle(u.ExecutorLoops, u.ExecutorSteps))
 			} else {
-				fmt.Fprint(tw, "-\t-\t-\t-\t-\t-\t-\t-\t-\t\n")
+				fmt.Fprint(tw, "-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n")
 			}
 			prev = iv.End
 		}
