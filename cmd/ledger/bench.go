@@ -24,7 +24,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -74,6 +73,7 @@ type benchFlags struct {
 	// knows neither runs with its own defaults.
 	nodeBatching  []string
 	intakeProcess bool
+	kafkaProcess  bool
 	timeline      bool
 	limitCalls    int
 	clickhouse    clickhouseFlags
@@ -106,10 +106,15 @@ open-loop runs at the given arrival rates (the latency against load plot,
 --svg); --scaling runs with 1, 2, 4... executor processes over the topic's
 partitions; --sizes repeats the main run at several call counts to show how
 cost grows. Each run gets fresh topics, tables and ledger processes, and drops
-its topics and tables once measured (--keep keeps them).`,
+its topics and tables once measured (--keep keeps them). The in-process Kafka
+runs inside the bench, beside the load generator and the tool backend, unless
+--kafka-process gives it a process of its own, whose CPU is then reported.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			embedded := !cmd.Flags().Changed("kafka-brokers") && os.Getenv("LEDGER_KAFKA_BROKERS") == ""
+			if f.kafkaProcess && !embedded {
+				return errors.New("bench: --kafka-process runs the bench's own broker; --kafka-brokers (or LEDGER_KAFKA_BROKERS) names another")
+			}
 			// --gc-percent is for the ledger processes the bench starts. The
 			// bench process itself holds the in-process Kafka's whole log,
 			// which grows with the run, so it collects at Go's default.
@@ -151,12 +156,13 @@ its topics and tables once measured (--keep keeps them).`,
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
 	fs.DurationVar(&f.batchLinger, "batch-linger", defaultLinger, "the ledger processes' --batch-linger, passed on when set here (a --baseline binary must then know the flag too)")
 	fs.IntVar(&f.lingerFrom, "batch-linger-from", defaultLingerFrom, "the ledger processes' --batch-linger-from, passed on when set here (a --baseline binary must then know the flag too)")
+	fs.BoolVar(&f.kafkaProcess, "kafka-process", false, "run the in-process Kafka in a process of its own, apart from the load generator and the tool backend, as a deployed broker is; the runs then report its CPU apart from the harness's (not with --kafka-brokers)")
 	fs.BoolVar(&f.intakeProcess, "intake-process", false, "run the intake in a process of its own, apart from the executors, as a deployment of separate intake and executor processes does (needs --crdb-dsn: the embedded store belongs to one process)")
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
 	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, the CPU the hypervisor took (steal), and the share of each second the intake's and executors' loops spent in steps and transactions, with their busy time per step (the JSON report always has it)")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
-	cmd.AddCommand(newBenchNodeCmd(g))
+	cmd.AddCommand(newBenchNodeCmd(g), newBenchKafkaCmd())
 	return cmd
 }
 
@@ -183,6 +189,9 @@ type benchEnv struct {
 	// pg is the store's PostgreSQL server when it runs on this machine:
 	// the runs then report its CPU. Nil otherwise.
 	pg *pgServer
+	// kafka is the broker's process with --kafka-process: the runs then
+	// report its CPU apart from the harness's. Nil otherwise.
+	kafka *benchNode
 }
 
 func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, progress, out io.Writer) error {
@@ -220,15 +229,28 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
 
 	report := loadtest.Report{Machine: loadtest.ThisMachine(), At: time.Now().UTC(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
-	if embedded {
-		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+	switch {
+	case embedded && f.kafkaProcess:
+		kafka, addr, err := startKafkaProcess(ctx, dir, f.profile)
 		if err != nil {
-			return fmt.Errorf("start in-process kafka: %w", err)
+			return err
+		}
+		defer func() {
+			if _, err := kafka.stop(); err != nil {
+				logger.Warn("stop the kafka process", "err", err)
+			}
+		}()
+		env.kafka, env.brokers = kafka, []string{addr}
+		report.Kafka = "kfake (a process of its own, 1 broker)"
+	case embedded:
+		cluster, err := benchKafkaCluster()
+		if err != nil {
+			return err
 		}
 		defer cluster.Close()
 		env.brokers = cluster.ListenAddrs()
 		report.Kafka = "kfake (in process, 1 broker)"
-	} else {
+	default:
 		env.brokers = g.kafka.brokers
 		report.Kafka = strings.Join(env.brokers, ",")
 	}
@@ -657,6 +679,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	selfBefore := selfCPU()
 	machineBefore, machineOK := machineCPU()
 	storeBefore, storeErr := e.storeCPU()
+	kafkaBefore := e.kafkaCPU()
 	lag.start()
 	res, err := loadtest.Run(runCtx, cfg)
 	if lineEnd == "" {
@@ -673,6 +696,9 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	}
 	if after, err := e.storeCPU(); err == nil && storeErr == nil {
 		rep.StoreCPU = after - storeBefore
+	}
+	if e.kafka != nil {
+		rep.KafkaCPU = e.kafkaCPU() - kafkaBefore
 	}
 	if r.binary != "" {
 		rep.Build = "baseline"
@@ -1093,6 +1119,10 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 		stat   cpuTimes
 		statOK bool
 	)
+	kafka := growing(func() (time.Duration, bool) {
+		d := e.kafkaCPU()
+		return d, d > 0
+	})
 	machine := growing(func() (time.Duration, bool) { return stat.busy, statOK })
 	stolen := growing(func() (time.Duration, bool) { return stat.stolen, statOK })
 	// Each node's loops, all read at once each reading: the intake's
@@ -1109,7 +1139,7 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 	return func() loadtest.Usage {
 		readAllLoops(nodes, reads)
 		stat, statOK = machineCPU()
-		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Machine: machine(), Stolen: stolen()}
+		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Kafka: kafka(), Machine: machine(), Stolen: stolen()}
 		for i, read := range ledgerCPU {
 			u.Ledger += read()
 			u.IntakeLoop += intakeLoop[i]()
@@ -1119,6 +1149,15 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 		}
 		return u
 	}
+}
+
+// kafkaCPU is the broker's process's CPU time so far with
+// --kafka-process; 0 when the broker is not a process of the bench's.
+func (e *benchEnv) kafkaCPU() time.Duration {
+	if e.kafka == nil {
+		return 0
+	}
+	return e.kafka.cpu()
 }
 
 // loopsRead is one node's loops' time at a reading: its intake's and its

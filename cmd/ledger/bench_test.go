@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -229,13 +230,45 @@ func TestBenchEmbedded(t *testing.T) {
 	t.Setenv(runMainEnv, "1")
 	dir := t.TempDir()
 	jsonOut := filepath.Join(dir, "bench.json")
-	runBenchCmd(t, "--calls", "300", "--warmup", "50", "--concurrency", "32", "--executors", "2",
+	// The broker in a process of its own: TestBenchOnPostgres runs it
+	// in the bench's.
+	out := runBenchCmd(t, "--calls", "300", "--warmup", "50", "--concurrency", "32", "--executors", "2",
+		"--kafka-process", "--timeline",
 		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
 	rep := readReport(t, jsonOut)
 	if len(rep.Runs) != 1 {
 		t.Fatalf("%d runs; want 1", len(rep.Runs))
 	}
 	r := rep.Runs[0]
+	if rep.Kafka != "kfake (a process of its own, 1 broker)" || r.KafkaCPU <= 0 || r.KafkaCPUPerCall <= 0 {
+		t.Errorf("kafka %q, its CPU %v (%v a call); want the broker's own process measured", rep.Kafka, r.KafkaCPU, r.KafkaCPUPerCall)
+	}
+	var timelineKafka time.Duration
+	for _, iv := range r.Result.Timeline {
+		if iv.Usage != nil {
+			timelineKafka += iv.Usage.Kafka
+		}
+	}
+	if timelineKafka <= 0 || timelineKafka > r.KafkaCPU {
+		t.Errorf("the timeline's kafka CPU %v; want it in (0, %v], inside the run's measurement", timelineKafka, r.KafkaCPU)
+	}
+	if !strings.Contains(out, "kafka µs/call") {
+		t.Errorf("report lacks the broker's CPU:\n%s", out)
+	}
+	// The broker's process is gone with the bench: its port refuses.
+	log, err := os.ReadFile(filepath.Join(dir, "work", "kafka.log"))
+	if err != nil {
+		t.Fatalf("the kafka process's log: %v", err)
+	}
+	addr, ok := strings.CutPrefix(strings.TrimSpace(string(log)), "kafka: serving on [")
+	addr, _, _ = strings.Cut(addr, "]")
+	if !ok || addr == "" {
+		t.Fatalf("kafka.log %q does not say where the broker served", log)
+	}
+	if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		conn.Close()
+		t.Errorf("the kafka process still serves on %s after the bench returned", addr)
+	}
 	if r.Result.Finished != 300 || r.Result.Lost != 0 || r.Witness.Effects != 300 || r.Witness.Duplicates != 0 || r.Witness.Missing != 0 || r.Processes != 1 {
 		t.Errorf("run = %+v; want 300 calls, 300 effects, one process", r)
 	}
@@ -307,6 +340,7 @@ func TestBenchFlags(t *testing.T) {
 		{"--batch-linger", "-1ms"},
 		{"--intake-process"}, // the embedded store belongs to one process
 		{"--batch-linger-from", "-1"},
+		{"--kafka-process", "--kafka-brokers", "127.0.0.1:1"}, // its own broker, or another
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"bench"}, args...))

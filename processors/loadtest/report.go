@@ -81,6 +81,10 @@ type RunReport struct {
 	// generator, Kafka when in process, the tool backend).
 	LedgerCPU  time.Duration `json:"ledger_cpu_ns"`
 	HarnessCPU time.Duration `json:"harness_cpu_ns"`
+	// KafkaCPU is the CPU time of the Kafka broker's process while the
+	// run was measured, when the benchmark ran it apart from itself
+	// (--kafka-process); zero otherwise.
+	KafkaCPU time.Duration `json:"kafka_cpu_ns,omitempty"`
 	// MachineCPU is the busy time of all the machine's CPUs while the run
 	// was measured (Linux's /proc/stat: user, nice, system, irq, softirq;
 	// zero where it cannot be read): the ledger's and the harness's, and
@@ -121,6 +125,7 @@ type RunReport struct {
 	HarnessCPUPerCall  time.Duration `json:"harness_cpu_per_call_ns"`
 	MachineCPUPerCall  time.Duration `json:"machine_cpu_per_call_ns"`
 	StoreCPUPerCall    time.Duration `json:"store_cpu_per_call_ns,omitempty"`
+	KafkaCPUPerCall    time.Duration `json:"kafka_cpu_per_call_ns,omitempty"`
 	PeakRSSPerCall     float64       `json:"peak_rss_bytes_per_call"`
 	PerSecPerExecutor  float64       `json:"calls_per_sec_per_executor"`
 	PerSecPerLedgerCPU float64       `json:"calls_per_ledger_cpu_sec"`
@@ -134,6 +139,7 @@ func (r *RunReport) Derive() {
 		r.HarnessCPUPerCall = r.HarnessCPU / time.Duration(n)
 		r.MachineCPUPerCall = r.MachineCPU / time.Duration(n)
 		r.StoreCPUPerCall = r.StoreCPU / time.Duration(n)
+		r.KafkaCPUPerCall = r.KafkaCPU / time.Duration(n)
 		r.PeakRSSPerCall = float64(r.PeakRSS) / float64(n)
 	}
 	if r.Executors > 0 {
@@ -179,21 +185,21 @@ func (rep Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "kafka: %s; store: %s; mix: %s; %d tenants; concurrency %d; backend latency %s\n\n",
 		rep.Kafka, rep.Store, rep.Mix, rep.Tenants, rep.Concurrency, rep.BackendLatency)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tstore µs/call\tmachine µs/call\tpeak RSS MB\tdup\tlost\tstolen %\t")
+	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tstore µs/call\tmachine µs/call\tpeak RSS MB\tdup\tlost\tstolen %\tkafka µs/call\t")
 	for _, r := range rep.Runs {
 		res := r.Result
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%d\t%d\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%d\t%d\t%s\t%s\t\n",
 			r.Name, r.mode(), r.Executors, res.Finished, res.PerSec,
 			msOf(res.E2E.P50), msOf(res.E2E.P95), msOf(res.E2E.P99), msOf(res.E2E.P999),
 			msOf(res.Added.P50), msOf(res.Added.P99),
 			usOf(r.CPUPerCall), usOf(r.HarnessCPUPerCall),
 			usOrDash(r.StoreCPUPerCall), usOrDash(r.MachineCPUPerCall),
-			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost, r.stolen())
+			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost, r.stolen(), usOrDash(r.KafkaCPUPerCall))
 	}
 	if d := rep.Direct; d != nil {
 		// The direct calls have no ledger to lose them: the last
 		// column counts the ones that failed.
-		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t-\t-\t%d\t-\t\n",
+		fmt.Fprintf(tw, "direct to backend (lost: errors)\tclosed\t-\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t-\t-\t-\t-\t-\t-\t-\t-\t%d\t-\t-\t\n",
 			d.Calls, d.PerSec, msOf(d.Latency.P50), msOf(d.Latency.P95), msOf(d.Latency.P99), msOf(d.Latency.P999), d.Errors)
 	}
 	if err := tw.Flush(); err != nil {
@@ -309,6 +315,7 @@ var sideBySide = []struct {
 	{"e2e p99 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P99) }, false},
 	{"ledger CPU µs/call", func(r RunReport) float64 { return usOf(r.CPUPerCall) }, false},
 	{"store µs/call", func(r RunReport) float64 { return usOf(r.StoreCPUPerCall) }, false},
+	{"kafka µs/call", func(r RunReport) float64 { return usOf(r.KafkaCPUPerCall) }, false},
 	{"machine µs/call", func(r RunReport) float64 { return usOf(r.MachineCPUPerCall) }, false},
 	{harnessFigure, func(r RunReport) float64 { return usOf(r.HarnessCPUPerCall) }, false},
 	{stolenFigure, func(r RunReport) float64 { return 100 * r.Stolen }, false},

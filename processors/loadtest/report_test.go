@@ -53,7 +53,7 @@ func repReport() Report {
 				CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 6 * time.Millisecond, StoreCPUPerCall: 2 * time.Millisecond, PeakRSSPerCall: 209715.2,
 				PerSecPerExecutor: 250, PerSecPerLedgerCPU: 333.25, StoreRetries: map[string]int64{"claim": 5, "complete": 2},
 				StoreRecords: 1500, StoreBytes: 4 << 20, StoreBytesPerCall: float64(4<<20) / 1500,
-				Stolen: 0.125,
+				Stolen: 0.125, KafkaCPU: 500 * time.Millisecond, KafkaCPUPerCall: 500 * time.Microsecond,
 			},
 			{Name: "open 500/s", Executors: 2, Processes: 1, Result: open, Witness: Witness{Effects: 250, Reads: 747, Duplicates: 2, Missing: 1}},
 		},
@@ -75,11 +75,11 @@ func TestRunReportDerive(t *testing.T) {
 	}{
 		{
 			name: "totals",
-			in: RunReport{Executors: 4, LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 5 * time.Second, StoreCPU: 2 * time.Second, PeakRSS: 300 << 20,
+			in: RunReport{Executors: 4, LedgerCPU: 3 * time.Second, HarnessCPU: time.Second, MachineCPU: 5 * time.Second, StoreCPU: 2 * time.Second, KafkaCPU: 700 * time.Millisecond, PeakRSS: 300 << 20,
 				StoreRecords: 1200, StoreBytes: 3_600_000, Result: Result{Finished: 1000, PerSec: 500}},
 			// The store's bytes are per record: the warm-up's calls are
 			// in its tables, not in Finished.
-			want: RunReport{CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 5 * time.Millisecond, StoreCPUPerCall: 2 * time.Millisecond,
+			want: RunReport{CPUPerCall: 3 * time.Millisecond, HarnessCPUPerCall: time.Millisecond, MachineCPUPerCall: 5 * time.Millisecond, StoreCPUPerCall: 2 * time.Millisecond, KafkaCPUPerCall: 700 * time.Microsecond,
 				PeakRSSPerCall: float64(300<<20) / 1000, PerSecPerExecutor: 125, PerSecPerLedgerCPU: 1000.0 / 3, StoreBytesPerCall: 3000},
 		},
 		{
@@ -98,15 +98,15 @@ func TestRunReportDerive(t *testing.T) {
 			want: RunReport{},
 		},
 	}
-	derived := cmp.Transformer("derived", func(r RunReport) [8]float64 {
-		return [8]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), float64(r.MachineCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU, float64(r.StoreCPUPerCall), r.StoreBytesPerCall}
+	derived := cmp.Transformer("derived", func(r RunReport) [9]float64 {
+		return [9]float64{float64(r.CPUPerCall), float64(r.HarnessCPUPerCall), float64(r.MachineCPUPerCall), r.PeakRSSPerCall, r.PerSecPerExecutor, r.PerSecPerLedgerCPU, float64(r.StoreCPUPerCall), r.StoreBytesPerCall, float64(r.KafkaCPUPerCall)}
 	})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.in
 			got.Derive()
 			if diff := cmp.Diff(tc.want, got, derived, cmpopts.EquateApprox(1e-12, 0)); diff != "" {
-				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, machine cpu/call, rss/call, /s/executor, /ledger cpu s, store cpu/call, store bytes/call]:\n%s", diff)
+				t.Errorf("Derive (-want +got) as [cpu/call, harness cpu/call, machine cpu/call, rss/call, /s/executor, /ledger cpu s, store cpu/call, store bytes/call, kafka cpu/call]:\n%s", diff)
 			}
 			for _, v := range []float64{got.PeakRSSPerCall, got.PerSecPerExecutor, got.PerSecPerLedgerCPU} {
 				if math.IsNaN(v) || math.IsInf(v, 0) {
@@ -245,14 +245,14 @@ func TestReportWriteTable(t *testing.T) {
 	}
 	// The run rows, cell by cell: the main run and the direct floor.
 	rows := repRows(out)
-	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "2000", "6000", "200", "0", "0", "12.5"}, rows["ledger"]); diff != "" {
+	if diff := cmp.Diff([]string{"ledger", "closed", "2", "1000", "500", "3.0", "5.0", "8.0", "13.0", "2.0", "7.0", "3000", "1000", "2000", "6000", "200", "0", "0", "12.5", "500"}, rows["ledger"]); diff != "" {
 		t.Errorf("ledger row (-want +got):\n%s\n%s", diff, out)
 	}
-	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "-", "-", "2", "-"}, rows["direct"]); diff != "" {
+	if diff := cmp.Diff([]string{"direct", "to", "backend", "(lost:", "errors)", "closed", "-", "1000", "2000", "1.0", "2.0", "3.0", "4.0", "-", "-", "-", "-", "-", "-", "-", "-", "2", "-", "-"}, rows["direct"]); diff != "" {
 		t.Errorf("direct row (-want +got):\n%s\n%s", diff, out)
 	}
-	if row := rows["open"]; len(row) < 6 || row[len(row)-3] != "2" || row[len(row)-2] != "3" || row[len(row)-1] != "-" || row[len(row)-5] != "-" || row[len(row)-6] != "-" {
-		t.Errorf("open row %q; want store and machine CPU - (not measured), then dup 2 and lost 3, and stolen - (the machine not read)", row)
+	if row := rows["open"]; len(row) < 7 || row[len(row)-4] != "2" || row[len(row)-3] != "3" || row[len(row)-2] != "-" || row[len(row)-1] != "-" || row[len(row)-6] != "-" || row[len(row)-7] != "-" {
+		t.Errorf("open row %q; want store and machine CPU - (not measured), then dup 2 and lost 3, then stolen and kafka - (the machine not read, no kafka process)", row)
 	}
 	// The store's footprint: only the run that measured it.
 	if i := strings.Index(out, "the store's tables at the end of each run"); i < 0 {
@@ -343,6 +343,8 @@ func TestReportSideBySide(t *testing.T) {
 		if build == "" {
 			r.HarnessCPU = 110 * time.Millisecond
 		}
+		// The broker's process: 50 µs a call for either build.
+		r.KafkaCPU = 50 * time.Millisecond
 		// The hypervisor took 2% of the machine from the baseline's
 		// runs and 8% from this build's.
 		r.Stolen = 0.02
@@ -380,6 +382,7 @@ func TestReportSideBySide(t *testing.T) {
 		{"store µs/call", "100.0", "80.0", "-20.0%", "2 of 2 pairs"},
 		{"machine µs/call", "410.0", "330.0", "-19.5%", "2 of 2 pairs"},
 		{"harness µs/call", "100.0", "110.0", "+10.0%", "0 of 2 pairs"},
+		{"kafka µs/call", "50.0", "50.0", "+0.0%", "0 of 2 pairs"},
 		{"stolen %", "2.0", "8.0", "+300.0%", "0 of 2 pairs"},
 	} {
 		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(want[0]) + `\s+` + regexp.QuoteMeta(want[1]) + `\s+` + regexp.QuoteMeta(want[2]) + `\s+` + regexp.QuoteMeta(want[3]) + `\s+` + regexp.QuoteMeta(want[4]) + `\s*$`).MatchString(side) {

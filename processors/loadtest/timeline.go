@@ -46,6 +46,9 @@ type Usage struct {
 	Ledger  time.Duration `json:"ledger_ns"`
 	Store   time.Duration `json:"store_ns,omitempty"`
 	Harness time.Duration `json:"harness_ns"`
+	// Kafka is the broker's process's, when it runs apart from the
+	// harness; zero otherwise (its CPU is then in Harness).
+	Kafka time.Duration `json:"kafka_ns,omitempty"`
 	// HarnessGC is the Go runtime's estimate of the CPU its garbage
 	// collector spent in the harness (runtime/metrics'
 	// /cpu/classes/gc/total). The runtime counts a cycle when it ends,
@@ -78,7 +81,7 @@ type Usage struct {
 
 func (u Usage) minus(v Usage) Usage {
 	return Usage{
-		Ledger: u.Ledger - v.Ledger, Store: u.Store - v.Store, Harness: u.Harness - v.Harness,
+		Ledger: u.Ledger - v.Ledger, Store: u.Store - v.Store, Harness: u.Harness - v.Harness, Kafka: u.Kafka - v.Kafka,
 		HarnessGC: u.HarnessGC - v.HarnessGC, Machine: u.Machine - v.Machine, Stolen: u.Stolen - v.Stolen,
 		IntakeLoop: u.IntakeLoop - v.IntakeLoop, ExecutorLoops: u.ExecutorLoops - v.ExecutorLoops,
 		IntakeSteps: u.IntakeSteps - v.IntakeSteps, ExecutorSteps: u.ExecutorSteps - v.ExecutorSteps,
@@ -167,7 +170,7 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 		}
 		fmt.Fprintf(w, "\ntimeline of %s (latencies of the calls finished in each interval, ms; CPU in cores; the loops' time in steps and transactions as a share of the interval, the executors' summed, and their busy time per step, ms; - where nothing was measured, or the interval was too short to measure):\n", r.Name)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tmachine\tstolen\tintake loop\texec loops\tintake cycle\texec cycle\t")
+		fmt.Fprintln(tw, "to s\tsubmitted\tfinished\tin flight\te2e p50\te2e p99\te2e max\tintake p99\tclaim p99\tcall p99\trecord p99\tledger\tstore\tharness\t(gc)\tkafka\tmachine\tstolen\tintake loop\texec loops\tintake cycle\texec cycle\t")
 		var prev time.Duration
 		for _, iv := range r.Result.Timeline {
 			fmt.Fprintf(tw, "%.1f\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t",
@@ -183,10 +186,10 @@ func (rep Report) WriteTimeline(w io.Writer) error {
 					}
 					return fmt.Sprintf("%.2f", d.Seconds()/span.Seconds())
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Machine), cores(u.Stolen),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", cores(u.Ledger), cores(u.Store), cores(u.Harness), cores(u.HarnessGC), cores(u.Kafka), cores(u.Machine), cores(u.Stolen),
 					cores(u.IntakeLoop), cores(u.ExecutorLoops), cycle(u.IntakeLoop, u.IntakeSteps), cycle(u.ExecutorLoops, u.ExecutorSteps))
 			} else {
-				fmt.Fprint(tw, "-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n")
+				fmt.Fprint(tw, "-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n")
 			}
 			prev = iv.End
 		}

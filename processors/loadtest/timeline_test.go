@@ -94,7 +94,7 @@ func TestReportWriteTimeline(t *testing.T) {
 				End: time.Second, Submitted: 2500, Finished: 2400, InFlight: 100,
 				E2E:       Percentiles{P50: 20 * time.Millisecond, P99: 40 * time.Millisecond, Max: 45 * time.Millisecond},
 				IntakeP99: 9 * time.Millisecond, ClaimP99: 11 * time.Millisecond, CallP99: 3 * time.Millisecond, RecordP99: 12 * time.Millisecond,
-				Usage: &Usage{Ledger: 750 * time.Millisecond, Store: 500 * time.Millisecond, Harness: 400 * time.Millisecond, HarnessGC: 100 * time.Millisecond, Machine: 1700 * time.Millisecond, Stolen: 200 * time.Millisecond,
+				Usage: &Usage{Ledger: 750 * time.Millisecond, Store: 500 * time.Millisecond, Harness: 400 * time.Millisecond, HarnessGC: 100 * time.Millisecond, Kafka: 300 * time.Millisecond, Machine: 1700 * time.Millisecond, Stolen: 200 * time.Millisecond,
 					IntakeLoop: 980 * time.Millisecond, ExecutorLoops: 1600 * time.Millisecond, IntakeSteps: 98, ExecutorSteps: 40},
 			},
 			// Half a second: the CPU is divided by the interval's own length.
@@ -120,10 +120,10 @@ func TestReportWriteTimeline(t *testing.T) {
 		t.Errorf("title %q does not name the run", lines[0])
 	}
 	for i, want := range [][]string{
-		{"1.0", "2500", "2400", "100", "20.0", "40.0", "45.0", "9.0", "11.0", "3.0", "12.0", "0.75", "0.50", "0.40", "0.10", "1.70", "0.20", "0.98", "1.60", "10.0", "40.0"},
-		{"1.5", "0", "100", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.50", "-", "-", "-", "-", "-", "-", "-", "-", "-"},
-		{"2.0", "0", "0", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"},
-		{"2.0", "0", "0", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"},
+		{"1.0", "2500", "2400", "100", "20.0", "40.0", "45.0", "9.0", "11.0", "3.0", "12.0", "0.75", "0.50", "0.40", "0.10", "0.30", "1.70", "0.20", "0.98", "1.60", "10.0", "40.0"},
+		{"1.5", "0", "100", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.50", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"},
+		{"2.0", "0", "0", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"},
+		{"2.0", "0", "0", "0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "0.0", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"},
 	} {
 		if got := strings.Fields(lines[2+i]); strings.Join(got, " ") != strings.Join(want, " ") {
 			t.Errorf("row %d = %q; want %q", i, got, want)
