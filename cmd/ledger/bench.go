@@ -74,6 +74,7 @@ type benchFlags struct {
 	nodeBatching  []string
 	intakeProcess bool
 	kafkaProcess  bool
+	slo           time.Duration
 	timeline      bool
 	limitCalls    int
 	clickhouse    clickhouseFlags
@@ -148,6 +149,7 @@ runs inside the bench, beside the load generator and the tool backend, unless
 	fs.BoolVar(&f.limits, "limits", true, "also measure the raw limits: transactional Kafka consume-produce and batched store claims")
 	fs.IntVar(&f.limitCalls, "limit-calls", 20000, "calls' worth of work for the raw limits: this many claims, four times as many Kafka records")
 	fs.StringVar(&f.jsonOut, "json", "", "write the report as JSON to this file")
+	fs.DurationVar(&f.slo, "slo", 50*time.Millisecond, "the added p99 the open-loop runs (--rate, --sweep) are held to: the report names the highest offered rate at which it held, with every rate below it (0: not reported)")
 	fs.StringVar(&f.svgOut, "svg", "", "write the latency against offered load plot (from --sweep) to this SVG file")
 	fs.StringVar(&f.workDir, "work-dir", "", "directory for the run's files (embedded stores, keys, process logs); default a temporary one")
 	fs.BoolVar(&f.keep, "keep", false, "keep the work directory afterwards, and each run's topics and (with --crdb-dsn) its schema, which a run otherwise drops once measured")
@@ -354,6 +356,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		}
 		report.Limits = lims
 	}
+	report.CheckSLO(f.slo)
 	if err := report.WriteTable(out); err != nil {
 		return err
 	}
@@ -473,6 +476,8 @@ func (f *benchFlags) validate() error {
 		return errors.New("bench: --warmup must not be negative")
 	case f.baseline != "" && f.pairs <= 0:
 		return errors.New("bench: --pairs must be positive")
+	case f.slo < 0:
+		return errors.New("bench: --slo must not be negative")
 	case f.batchLinger < 0:
 		return errors.New("bench: --batch-linger must not be negative")
 	case f.lingerFrom < 0:

@@ -91,6 +91,15 @@ func TestBenchOnPostgres(t *testing.T) {
 	// each run says it took, over a window inside it (a tick a CPU of
 	// slack for the readings' rounding).
 	stolenMax := statAfter.stolen - statBefore.stolen + time.Duration(runtime.NumCPU())*time.Second/clockTicks
+	// The sweep's one rate against the default bound of 50 ms, whichever
+	// way this machine's run went.
+	if open := rep.Runs[1]; rep.SLO == nil || rep.SLO.AddedP99 != 50*time.Millisecond {
+		t.Errorf("SLO %+v; want the open loop held to 50ms", rep.SLO)
+	} else if held := open.Result.Added.P99 < 50*time.Millisecond && open.Result.Lost == 0 && !open.Result.Saturated; held && (rep.SLO.Held != 300 || rep.SLO.BrokenAt != 0) || !held && (rep.SLO.Held != 0 || rep.SLO.BrokenAt != 300) {
+		t.Errorf("SLO %+v for an added p99 of %v at 300/s", rep.SLO, open.Result.Added.P99)
+	} else if !strings.Contains(out, "added p99 under 50ms: ") {
+		t.Errorf("report lacks the SLO line:\n%s", out)
+	}
 	_, local := findLocalPostgres(t.Context(), dsn)
 	for _, r := range rep.Runs {
 		res, w := r.Result, r.Witness
@@ -341,6 +350,7 @@ func TestBenchFlags(t *testing.T) {
 		{"--intake-process"}, // the embedded store belongs to one process
 		{"--batch-linger-from", "-1"},
 		{"--kafka-process", "--kafka-brokers", "127.0.0.1:1"}, // its own broker, or another
+		{"--slo", "-1ms"},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"bench"}, args...))

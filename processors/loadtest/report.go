@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime"
 	"slices"
@@ -30,6 +31,78 @@ type Report struct {
 	Baseline string        `json:"baseline,omitempty"`
 	Direct   *DirectReport `json:"direct,omitempty"`
 	Limits   []Limit       `json:"limits,omitempty"`
+	// SLO says up to which offered rate the open-loop runs held an
+	// added p99 (CheckSLO); nil when not asked or no run was open loop.
+	SLO *SLO `json:"slo,omitempty"`
+}
+
+// SLO is how the open-loop runs of this build fared against a bound on
+// their added p99, rate by rate from the lowest offered: a rate holds
+// when every run at it kept its added p99 under the bound, lost no
+// call and kept up with its arrivals.
+type SLO struct {
+	AddedP99 time.Duration `json:"added_p99_ns"`
+	// Held is the highest offered rate at which it held, with every
+	// rate below it; 0 when it held at none.
+	Held float64 `json:"held_up_to_per_sec"`
+	// BrokenAt is the lowest offered rate at which it did not hold, and
+	// BrokenP99 the worst added p99 there; 0 when it held at every rate.
+	BrokenAt  float64       `json:"broken_at_per_sec,omitempty"`
+	BrokenP99 time.Duration `json:"broken_p99_ns,omitempty"`
+}
+
+// CheckSLO sets rep.SLO from this build's open-loop runs against
+// addedP99 (a baseline's runs are another build's, and a closed loop
+// has no offered rate); it leaves it nil when addedP99 is not positive
+// or no such run exists.
+func (rep *Report) CheckSLO(addedP99 time.Duration) {
+	rep.SLO = nil
+	if addedP99 <= 0 {
+		return
+	}
+	type atRate struct {
+		p99  time.Duration
+		held bool
+	}
+	byRate := make(map[float64]*atRate)
+	for _, r := range rep.Runs {
+		res := r.Result
+		if r.Build != "" || res.Mode != "open" || res.Offered <= 0 {
+			continue
+		}
+		a := byRate[res.Offered]
+		if a == nil {
+			a = &atRate{held: true}
+			byRate[res.Offered] = a
+		}
+		a.p99 = max(a.p99, res.Added.P99)
+		a.held = a.held && res.Added.P99 < addedP99 && res.Lost == 0 && !res.Saturated
+	}
+	if len(byRate) == 0 {
+		return
+	}
+	slo := &SLO{AddedP99: addedP99}
+	rates := slices.Sorted(maps.Keys(byRate))
+	for _, rate := range rates {
+		if a := byRate[rate]; !a.held {
+			slo.BrokenAt, slo.BrokenP99 = rate, a.p99
+			break
+		}
+		slo.Held = rate
+	}
+	rep.SLO = slo
+}
+
+// line is the report's summary of the SLO.
+func (slo SLO) line() string {
+	bound := fmt.Sprintf("added p99 under %s", slo.AddedP99)
+	switch {
+	case slo.BrokenAt == 0:
+		return fmt.Sprintf("%s: at every rate offered, up to %.0f/s", bound, slo.Held)
+	case slo.Held == 0:
+		return fmt.Sprintf("%s: at none of the rates offered (at %.0f/s: %.1f ms)", bound, slo.BrokenAt, msOf(slo.BrokenP99))
+	}
+	return fmt.Sprintf("%s: up to %.0f/s offered (at %.0f/s: %.1f ms)", bound, slo.Held, slo.BrokenAt, msOf(slo.BrokenP99))
 }
 
 // Machine says where the figures come from.
@@ -262,6 +335,11 @@ func (rep Report) WriteTable(w io.Writer) error {
 		}
 		if slow, name := rep.slowestLimit(); slow > 0 {
 			fmt.Fprintf(w, "ledger / slowest raw limit (%s): %.0f%%\n", name, 100*main/slow)
+		}
+	}
+	if rep.SLO != nil {
+		if _, err := fmt.Fprintln(w, rep.SLO.line()); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"regexp"
 	"runtime"
@@ -500,5 +501,79 @@ func TestThisMachine(t *testing.T) {
 	}
 	if runtime.GOOS == "linux" && m.MemoryGB <= 0 {
 		t.Errorf("ThisMachine MemoryGB = %d on Linux; want it read from /proc/meminfo", m.MemoryGB)
+	}
+}
+
+func TestReportCheckSLO(t *testing.T) {
+	open := func(rate float64, p99 time.Duration) RunReport {
+		return RunReport{Name: fmt.Sprintf("open %g/s", rate), Result: Result{Mode: "open", Offered: rate, Finished: 100, Added: Percentiles{P99: p99}}}
+	}
+	lost, saturated, baseline := open(1500, 10*time.Millisecond), open(1500, 10*time.Millisecond), open(500, time.Second)
+	lost.Result.Lost = 1
+	saturated.Result.Saturated = true
+	baseline.Build = "baseline"
+	closed := RunReport{Name: "ledger", Result: Result{Mode: "closed", Finished: 100, Added: Percentiles{P99: time.Second}}}
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name string
+		runs []RunReport
+		slo  time.Duration
+		want *SLO
+		line string
+	}{
+		{
+			// Rates in any order; 2,000/s under the bound again does not
+			// count once 1,500/s broke it.
+			name: "held up to a rate",
+			runs: []RunReport{closed, open(1500, 70*ms), open(500, 20*ms), open(2000, 45*ms), open(1000, 40*ms)},
+			slo:  50 * ms, want: &SLO{AddedP99: 50 * ms, Held: 1000, BrokenAt: 1500, BrokenP99: 70 * ms},
+			line: "added p99 under 50ms: up to 1000/s offered (at 1500/s: 70.0 ms)",
+		},
+		{
+			name: "held everywhere",
+			runs: []RunReport{open(500, 20*ms), open(1000, 49*ms), baseline},
+			slo:  50 * ms, want: &SLO{AddedP99: 50 * ms, Held: 1000},
+			line: "added p99 under 50ms: at every rate offered, up to 1000/s",
+		},
+		{
+			// The bound is strict: a p99 at it does not hold.
+			name: "held nowhere",
+			runs: []RunReport{open(500, 50*ms), open(1000, 20*ms)},
+			slo:  50 * ms, want: &SLO{AddedP99: 50 * ms, BrokenAt: 500, BrokenP99: 50 * ms},
+			line: "added p99 under 50ms: at none of the rates offered (at 500/s: 50.0 ms)",
+		},
+		{
+			// Two runs at one rate (pairs of an open-loop main run): the
+			// worst decides; a lost call or a saturated loop breaks it
+			// whatever the latency.
+			name: "the worst run at a rate",
+			runs: []RunReport{open(500, 20*ms), open(1000, 10*ms), open(1000, 30*ms), lost, open(2000, 10*ms)},
+			slo:  50 * ms, want: &SLO{AddedP99: 50 * ms, Held: 1000, BrokenAt: 1500, BrokenP99: 10 * ms},
+		},
+		{
+			name: "saturated",
+			runs: []RunReport{saturated},
+			slo:  50 * ms, want: &SLO{AddedP99: 50 * ms, BrokenAt: 1500, BrokenP99: 10 * ms},
+		},
+		{name: "no bound", runs: []RunReport{open(500, 20*ms)}, slo: 0},
+		{name: "no open loop of this build", runs: []RunReport{closed, baseline}, slo: 50 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := Report{Runs: tc.runs}
+			rep.CheckSLO(tc.slo)
+			if diff := cmp.Diff(tc.want, rep.SLO); diff != "" {
+				t.Errorf("SLO (-want +got):\n%s", diff)
+			}
+			var buf bytes.Buffer
+			if err := rep.WriteTable(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(buf.String(), "added p99 under"); got != (tc.want != nil) {
+				t.Errorf("table has the SLO line: %v; want %v:\n%s", got, tc.want != nil, buf.String())
+			}
+			if tc.line != "" && !strings.Contains(buf.String(), tc.line+"\n") {
+				t.Errorf("table lacks %q:\n%s", tc.line, buf.String())
+			}
+		})
 	}
 }
