@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -163,7 +164,7 @@ runs inside the bench, beside the load generator and the tool backend, unless
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
 	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, the CPU the hypervisor took (steal), and the share of each second the intake's and executors' loops spent in steps and transactions, with their busy time per step (the JSON report always has it)")
-	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles, and the harness's (harness.*.pprof), into this directory (go tool pprof)")
+	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles (run<N>-node<M>.*.pprof), and the harness's (harness.*.pprof) and with --kafka-process the Kafka process's (kafka.*.pprof), both over the whole bench, into this directory (go tool pprof)")
 	cmd.AddCommand(newBenchNodeCmd(g), newBenchKafkaCmd())
 	return cmd
 }
@@ -219,8 +220,9 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		if err := os.MkdirAll(f.profile, 0o755); err != nil {
 			return err
 		}
-		// The harness (load, in-process Kafka, tool backend) shares the
-		// machine with the ledger; its profile shows what it takes.
+		// The harness (load, tool backend, and Kafka unless
+		// --kafka-process) shares the machine with the ledger; its
+		// profile shows what it takes.
 		stop, err := startProfiles(filepath.Join(f.profile, "harness"))
 		if err != nil {
 			return fmt.Errorf("profile the harness: %w", err)
@@ -644,7 +646,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		Client: e.cc, Topics: topics, Minter: e.issuer, Tenants: e.f.tenants, Tools: e.tools,
 		Concurrency: e.f.concurrency, Drain: 2 * time.Minute,
 	}
-	runCtx, unwatch := watchNodes(ctx, nodes)
+	runCtx, unwatch := watchNodes(ctx, e.watched(nodes))
 	defer unwatch()
 	fmt.Fprintf(e.progress, "bench: %s: warming up (%d calls)\n", r.name, e.f.warmup)
 	warm := cfg
@@ -702,8 +704,10 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	if after, err := e.storeCPU(); err == nil && storeErr == nil {
 		rep.StoreCPU = after - storeBefore
 	}
-	if e.kafka != nil {
-		rep.KafkaCPU = e.kafkaCPU() - kafkaBefore
+	if after := e.kafkaCPU(); after > kafkaBefore {
+		// Not after the process has gone (/proc then reads 0): its
+		// exit ended the run with an error already.
+		rep.KafkaCPU = after - kafkaBefore
 	}
 	if r.binary != "" {
 		rep.Build = "baseline"
@@ -859,8 +863,9 @@ func (e *benchEnv) rawLimits(ctx context.Context) ([]loadtest.Limit, error) {
 	return append([]loadtest.Limit{k}, claims...), nil
 }
 
-// benchNode is one ledger process of a run.
+// benchNode is one ledger process of a run, or the bench's Kafka process.
 type benchNode struct {
+	what string // "ledger process", for messages
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan error
@@ -882,7 +887,7 @@ func watchNodes(ctx context.Context, nodes []*benchNode) (_ context.Context, unw
 		wg.Go(func() {
 			select {
 			case <-n.exited:
-				cancel(fmt.Errorf("ledger process %d exited during the run (log %s)", n.cmd.Process.Pid, n.log.Name()))
+				cancel(fmt.Errorf("%s %d exited during the run (log %s)", n.what, n.cmd.Process.Pid, n.log.Name()))
 			case <-stop:
 			}
 		})
@@ -978,9 +983,17 @@ func parseRetries(page []byte, sum map[string]int64) error {
 	return nil
 }
 
-// startNode starts binary ("" for this one) with args, its output into
-// logPath and env added to this process's environment.
+// startNode starts a ledger process: binary ("" for this one) with args,
+// its output into logPath and env added to this process's environment.
 func startNode(binary string, args, env []string, logPath string) (*benchNode, error) {
+	return startProcess("ledger process", binary, args, env, logPath, false)
+}
+
+// startProcess starts what startNode does, named what in messages. With
+// ownGroup the process is put in a process group of its own, so that a
+// terminal's Ctrl-C reaches only the bench, which stops the process
+// when it no longer needs it.
+func startProcess(what, binary string, args, env []string, logPath string, ownGroup bool) (*benchNode, error) {
 	self := binary
 	if self == "" {
 		var err error
@@ -997,12 +1010,12 @@ func startNode(binary string, args, env []string, logPath string) (*benchNode, e
 	if len(env) > 0 {
 		cmd.Env = append(os.Environ(), env...)
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: ownGroup}
 	if err := cmd.Start(); err != nil {
 		log.Close()
-		return nil, fmt.Errorf("start ledger process: %w", err)
+		return nil, fmt.Errorf("start %s: %w", what, err)
 	}
-	n := &benchNode{cmd: cmd, log: log, done: make(chan error, 1), exited: make(chan struct{})}
+	n := &benchNode{what: what, cmd: cmd, log: log, done: make(chan error, 1), exited: make(chan struct{})}
 	go func() {
 		n.done <- cmd.Wait()
 		close(n.exited)
@@ -1030,14 +1043,14 @@ func (n *benchNode) stop() (int64, error) {
 	case <-time.After(30 * time.Second):
 		_ = n.cmd.Process.Kill()
 		<-n.done
-		return 0, fmt.Errorf("ledger process %d did not stop within 30s of SIGTERM (log %s)", n.cmd.Process.Pid, n.log.Name())
+		return 0, fmt.Errorf("%s %d did not stop within 30s of SIGTERM (log %s)", n.what, n.cmd.Process.Pid, n.log.Name())
 	}
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
 		return 0, err
 	}
 	if !n.cmd.ProcessState.Success() {
-		return 0, fmt.Errorf("ledger process exited %s (log %s)", n.cmd.ProcessState, n.log.Name())
+		return 0, fmt.Errorf("%s exited %s (log %s)", n.what, n.cmd.ProcessState, n.log.Name())
 	}
 	return peak, nil
 }
@@ -1154,6 +1167,15 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 		}
 		return u
 	}
+}
+
+// watched are the processes a run needs alive: its ledger processes,
+// and the broker's with --kafka-process.
+func (e *benchEnv) watched(nodes []*benchNode) []*benchNode {
+	if e.kafka == nil {
+		return nodes
+	}
+	return append(slices.Clip(nodes), e.kafka)
 }
 
 // kafkaCPU is the broker's process's CPU time so far with
@@ -1289,7 +1311,8 @@ type cpuTimes struct {
 // stolenShare is the share of the CPUs' wall time from t to u that the
 // hypervisor gave to other guests; 0 when nothing elapsed.
 func (t cpuTimes) stolenShare(u cpuTimes) float64 {
-	if u.total <= t.total {
+	if u.total <= t.total || u.stolen <= t.stolen {
+		// Some hypervisors' steal counter has gone backwards.
 		return 0
 	}
 	return float64(u.stolen-t.stolen) / float64(u.total-t.total)

@@ -15,7 +15,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,8 +82,13 @@ func TestBenchOnPostgres(t *testing.T) {
 	if !statOK || !ok {
 		t.Fatal("/proc/stat not read; the bench's machine figures need it")
 	}
-	if !strings.Contains(out, "stolen %") {
-		t.Errorf("report lacks the stolen share:\n%s", out)
+	// The main run's row ends with its stolen share (read from
+	// /proc/stat) and its Kafka CPU (not measured: the broker is in the
+	// bench's process).
+	if row := benchRow(out, "ledger"); len(row) < 2 || row[len(row)-1] != "-" {
+		t.Errorf("main row %q; want the kafka CPU last, not measured", row)
+	} else if _, err := strconv.ParseFloat(row[len(row)-2], 64); err != nil {
+		t.Errorf("main row %q; want the stolen share before the kafka CPU", row)
 	}
 	rep := readReport(t, jsonOut)
 	if len(rep.Runs) != 2 {
@@ -261,8 +268,8 @@ func TestBenchEmbedded(t *testing.T) {
 	if timelineKafka <= 0 || timelineKafka > r.KafkaCPU {
 		t.Errorf("the timeline's kafka CPU %v; want it in (0, %v], inside the run's measurement", timelineKafka, r.KafkaCPU)
 	}
-	if !strings.Contains(out, "kafka µs/call") {
-		t.Errorf("report lacks the broker's CPU:\n%s", out)
+	if row := benchRow(out, "ledger"); len(row) == 0 || row[len(row)-1] != fmt.Sprintf("%.0f", float64(r.KafkaCPUPerCall.Nanoseconds())/1e3) {
+		t.Errorf("main row %q; want the broker's CPU a call (%v) last", row, r.KafkaCPUPerCall)
 	}
 	// The broker's process is gone with the bench: its port refuses.
 	log, err := os.ReadFile(filepath.Join(dir, "work", "kafka.log"))
@@ -446,6 +453,51 @@ func TestWatchNodesProcessExits(t *testing.T) {
 	unwatch() // idempotent
 }
 
+// The bench's Kafka process serves in a process group of its own (a
+// Ctrl-C on the terminal is the bench's to handle), and a run watches it
+// as it watches its ledger processes: a broker that dies ends the run,
+// naming it.
+func TestKafkaProcessWatched(t *testing.T) {
+	t.Setenv(runMainEnv, "1")
+	dir := t.TempDir()
+	k, addr, err := startKafkaProcess(t.Context(), dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.kill()
+	if pgid, err := syscall.Getpgid(k.cmd.Process.Pid); err != nil || pgid != k.cmd.Process.Pid {
+		t.Errorf("the kafka process's group %d (%v); want its own, %d", pgid, err, k.cmd.Process.Pid)
+	}
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("the kafka process does not serve on %s: %v", addr, err)
+	}
+	conn.Close()
+	ledgerNode := &benchNode{what: "ledger process", exited: make(chan struct{})}
+	nodes := []*benchNode{ledgerNode}
+	e := &benchEnv{kafka: k}
+	watched := e.watched(nodes)
+	if len(watched) != 2 || watched[0] != ledgerNode || watched[1] != k || len(nodes) != 1 {
+		t.Fatalf("watched %v (nodes now %v); want the ledger process, then the kafka process, the run's nodes left as they were", watched, nodes)
+	}
+	if got := (&benchEnv{}).watched(nodes); len(got) != 1 {
+		t.Errorf("watched without a kafka process: %v; want the nodes alone", got)
+	}
+	ctx, unwatch := watchNodes(t.Context(), []*benchNode{k})
+	defer unwatch()
+	if err := k.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the run's context lives on after the kafka process died")
+	}
+	if cause := context.Cause(ctx); cause == nil || !strings.Contains(cause.Error(), "kafka process") || !strings.Contains(cause.Error(), filepath.Join(dir, "kafka.log")) {
+		t.Errorf("cause = %v; want the kafka process named, with its log", cause)
+	}
+}
+
 func TestParseRetries(t *testing.T) {
 	page := `# HELP ledger_store_retries_total Execution store transactions run again.
 # TYPE ledger_store_retries_total counter
@@ -602,4 +654,15 @@ func TestGrowing(t *testing.T) {
 			t.Errorf("%s: totals %v; want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// benchRow is the cells of the report's run table row named name (its
+// first cell), nil if there is none.
+func benchRow(report, name string) []string {
+	for line := range strings.SplitSeq(report, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == name && (f[1] == "closed" || f[1] == "open") {
+			return f
+		}
+	}
+	return nil
 }

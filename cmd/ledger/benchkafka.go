@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -22,31 +21,29 @@ import (
 // do not share its scheduler and garbage collector, and its CPU is
 // measured apart from theirs, as a deployed broker's would be.
 func newBenchKafkaCmd() *cobra.Command {
-	var listen, profile string
+	var (
+		port    int
+		profile string
+	)
 	cmd := &cobra.Command{
 		Use:    "kafka",
 		Short:  "Run the in-process Kafka broker for `ledger bench --kafka-process` (started by it)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runBenchKafka(cmd.Context(), listen, profile)
+			return runBenchKafka(cmd.Context(), port, profile)
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "loopback address to serve Kafka on")
+	cmd.Flags().IntVar(&port, "port", 0, "loopback port to serve Kafka on (0: any free one)")
 	cmd.Flags().StringVar(&profile, "profile", "", "write a CPU profile to <profile>.cpu.pprof and an allocation profile to <profile>.allocs.pprof")
 	return cmd
 }
 
-func runBenchKafka(ctx context.Context, listen, profile string) error {
+func runBenchKafka(ctx context.Context, port int, profile string) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	_, portText, err := net.SplitHostPort(listen)
-	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-	port, err := strconv.Atoi(portText)
-	if err != nil {
-		return fmt.Errorf("--listen: port %q: %w", portText, err)
+	if port < 0 || port > 65535 {
+		return fmt.Errorf("--port %d: not a port", port)
 	}
 	if profile != "" {
 		stopProfile, err := startProfiles(profile)
@@ -75,7 +72,10 @@ func benchKafkaCluster(opts ...kfake.Opt) (*kfake.Cluster, error) {
 }
 
 // startKafkaProcess starts `ledger bench kafka` on a free loopback port,
-// its log in dir, and waits until it accepts connections. GOGC is Go's
+// its log in dir, and waits until it accepts connections. The process
+// lives in a process group of its own: a Ctrl-C stops the bench's run,
+// whose cleanup still needs the broker to delete its topics, and the
+// bench stops it last. GOGC is Go's
 // default there, as it is for the bench process that otherwise holds
 // the broker's log, unless the environment sets it.
 func startKafkaProcess(ctx context.Context, dir, profile string) (*benchNode, string, error) {
@@ -83,7 +83,11 @@ func startKafkaProcess(ctx context.Context, dir, profile string) (*benchNode, st
 	if err != nil {
 		return nil, "", err
 	}
-	args := []string{"bench", "kafka", "--listen", addr}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, "", err
+	}
+	args := []string{"bench", "kafka", "--port", port}
 	if profile != "" {
 		args = append(args, "--profile", filepath.Join(profile, "kafka"))
 	}
@@ -91,7 +95,7 @@ func startKafkaProcess(ctx context.Context, dir, profile string) (*benchNode, st
 	if _, ok := os.LookupEnv("GOGC"); !ok {
 		env = []string{"GOGC=100"}
 	}
-	n, err := startNode("", args, env, filepath.Join(dir, "kafka.log"))
+	n, err := startProcess("kafka process", "", args, env, filepath.Join(dir, "kafka.log"), true)
 	if err != nil {
 		return nil, "", err
 	}

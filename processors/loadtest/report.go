@@ -45,10 +45,13 @@ type SLO struct {
 	// Held is the highest offered rate at which it held, with every
 	// rate below it; 0 when it held at none.
 	Held float64 `json:"held_up_to_per_sec"`
-	// BrokenAt is the lowest offered rate at which it did not hold, and
-	// BrokenP99 the worst added p99 there; 0 when it held at every rate.
+	// BrokenAt is the lowest offered rate at which it did not hold,
+	// BrokenP99 the worst added p99 there and BrokenBy why it broke
+	// (the p99, lost calls, arrivals it could not keep up with); zero
+	// when it held at every rate.
 	BrokenAt  float64       `json:"broken_at_per_sec,omitempty"`
 	BrokenP99 time.Duration `json:"broken_p99_ns,omitempty"`
+	BrokenBy  string        `json:"broken_by,omitempty"`
 }
 
 // CheckSLO sets rep.SLO from this build's open-loop runs against
@@ -61,8 +64,9 @@ func (rep *Report) CheckSLO(addedP99 time.Duration) {
 		return
 	}
 	type atRate struct {
-		p99  time.Duration
-		held bool
+		p99       time.Duration
+		lost      int64
+		saturated bool
 	}
 	byRate := make(map[float64]*atRate)
 	for _, r := range rep.Runs {
@@ -72,11 +76,12 @@ func (rep *Report) CheckSLO(addedP99 time.Duration) {
 		}
 		a := byRate[res.Offered]
 		if a == nil {
-			a = &atRate{held: true}
+			a = &atRate{}
 			byRate[res.Offered] = a
 		}
 		a.p99 = max(a.p99, res.Added.P99)
-		a.held = a.held && res.Added.P99 < addedP99 && res.Lost == 0 && !res.Saturated
+		a.lost += res.Lost
+		a.saturated = a.saturated || res.Saturated
 	}
 	if len(byRate) == 0 {
 		return
@@ -84,8 +89,19 @@ func (rep *Report) CheckSLO(addedP99 time.Duration) {
 	slo := &SLO{AddedP99: addedP99}
 	rates := slices.Sorted(maps.Keys(byRate))
 	for _, rate := range rates {
-		if a := byRate[rate]; !a.held {
-			slo.BrokenAt, slo.BrokenP99 = rate, a.p99
+		a := byRate[rate]
+		var why []string
+		if a.p99 >= addedP99 {
+			why = append(why, fmt.Sprintf("added p99 %.1f ms", msOf(a.p99)))
+		}
+		if a.lost > 0 {
+			why = append(why, fmt.Sprintf("calls lost: %d", a.lost))
+		}
+		if a.saturated {
+			why = append(why, "could not keep up with the arrivals")
+		}
+		if len(why) > 0 {
+			slo.BrokenAt, slo.BrokenP99, slo.BrokenBy = rate, a.p99, strings.Join(why, ", ")
 			break
 		}
 		slo.Held = rate
@@ -100,9 +116,9 @@ func (slo SLO) line() string {
 	case slo.BrokenAt == 0:
 		return fmt.Sprintf("%s: at every rate offered, up to %.0f/s", bound, slo.Held)
 	case slo.Held == 0:
-		return fmt.Sprintf("%s: at none of the rates offered (at %.0f/s: %.1f ms)", bound, slo.BrokenAt, msOf(slo.BrokenP99))
+		return fmt.Sprintf("%s: at none of the rates offered (at %.0f/s: %s)", bound, slo.BrokenAt, slo.BrokenBy)
 	}
-	return fmt.Sprintf("%s: up to %.0f/s offered (at %.0f/s: %.1f ms)", bound, slo.Held, slo.BrokenAt, msOf(slo.BrokenP99))
+	return fmt.Sprintf("%s: up to %.0f/s offered (at %.0f/s: %s)", bound, slo.Held, slo.BrokenAt, slo.BrokenBy)
 }
 
 // Machine says where the figures come from.
@@ -387,16 +403,19 @@ var sideBySide = []struct {
 	name   string
 	of     func(RunReport) float64
 	higher bool
+	// control marks a figure neither build decides (the hypervisor's):
+	// its change is in points and no pair is better for it.
+	control bool
 }{
-	{"calls/s", func(r RunReport) float64 { return r.Result.PerSec }, true},
-	{"e2e p50 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P50) }, false},
-	{"e2e p99 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P99) }, false},
-	{"ledger CPU µs/call", func(r RunReport) float64 { return usOf(r.CPUPerCall) }, false},
-	{"store µs/call", func(r RunReport) float64 { return usOf(r.StoreCPUPerCall) }, false},
-	{"kafka µs/call", func(r RunReport) float64 { return usOf(r.KafkaCPUPerCall) }, false},
-	{"machine µs/call", func(r RunReport) float64 { return usOf(r.MachineCPUPerCall) }, false},
-	{harnessFigure, func(r RunReport) float64 { return usOf(r.HarnessCPUPerCall) }, false},
-	{stolenFigure, func(r RunReport) float64 { return 100 * r.Stolen }, false},
+	{"calls/s", func(r RunReport) float64 { return r.Result.PerSec }, true, false},
+	{"e2e p50 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P50) }, false, false},
+	{"e2e p99 ms", func(r RunReport) float64 { return msOf(r.Result.E2E.P99) }, false, false},
+	{"ledger CPU µs/call", func(r RunReport) float64 { return usOf(r.CPUPerCall) }, false, false},
+	{"store µs/call", func(r RunReport) float64 { return usOf(r.StoreCPUPerCall) }, false, false},
+	{"kafka µs/call", func(r RunReport) float64 { return usOf(r.KafkaCPUPerCall) }, false, false},
+	{"machine µs/call", func(r RunReport) float64 { return usOf(r.MachineCPUPerCall) }, false, false},
+	{harnessFigure, func(r RunReport) float64 { return usOf(r.HarnessCPUPerCall) }, false, false},
+	{stolenFigure, func(r RunReport) float64 { return 100 * r.Stolen }, false, true},
 }
 
 // stolenFigure is the other control: the hypervisor's doing, not either
@@ -404,9 +423,10 @@ var sideBySide = []struct {
 const stolenFigure = "stolen %"
 
 // harnessFigure is the control among the side-by-side figures: the
-// benchmark process runs the same code (load, Kafka, tools) against both
-// builds, so its change is the machine's drift between their runs, and a
-// build's change of that size or less is not the build's.
+// benchmark process runs the same code (load, tools, and Kafka unless it
+// runs apart) against both builds, so its change is the machine's drift
+// between their runs, and a build's change of that size or less is not
+// the build's.
 const harnessFigure = "harness µs/call"
 
 // writeSideBySide writes, when the report compares two builds, the median
@@ -439,7 +459,10 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 			continue
 		}
 		change := "-"
-		if b != 0 {
+		switch {
+		case f.control:
+			change = fmt.Sprintf("%+.1f pp", t-b)
+		case b != 0:
 			change = fmt.Sprintf("%+.1f%%", 100*(t-b)/b)
 		}
 		switch f.name {
@@ -448,13 +471,17 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 		case stolenFigure:
 			stolen = fmt.Sprintf("%.1f%% and %.1f%%", b, t)
 		}
-		better := 0
-		for _, p := range pairs {
-			if pb, pt := f.of(p[0]), f.of(p[1]); f.higher && pt > pb || !f.higher && pt < pb {
-				better++
+		betterIn := "-"
+		if !f.control {
+			better := 0
+			for _, p := range pairs {
+				if pb, pt := f.of(p[0]), f.of(p[1]); f.higher && pt > pb || !f.higher && pt < pb {
+					better++
+				}
 			}
+			betterIn = fmt.Sprintf("%d of %d pairs", better, len(pairs))
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t%d of %d pairs\t\n", f.name, b, t, change, better, len(pairs))
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%s\t%s\t\n", f.name, b, t, change, betterIn)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

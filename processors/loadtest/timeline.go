@@ -46,8 +46,9 @@ type Usage struct {
 	Ledger  time.Duration `json:"ledger_ns"`
 	Store   time.Duration `json:"store_ns,omitempty"`
 	Harness time.Duration `json:"harness_ns"`
-	// Kafka is the broker's process's, when it runs apart from the
-	// harness; zero otherwise (its CPU is then in Harness).
+	// Kafka is the broker's process's, when the benchmark runs it apart
+	// from the harness; zero otherwise (an in-process broker's CPU is in
+	// Harness, another machine's or another process's in neither).
 	Kafka time.Duration `json:"kafka_ns,omitempty"`
 	// HarnessGC is the Go runtime's estimate of the CPU its garbage
 	// collector spent in the harness (runtime/metrics'
