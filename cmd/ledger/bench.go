@@ -865,7 +865,7 @@ func (e *benchEnv) rawLimits(ctx context.Context) ([]loadtest.Limit, error) {
 
 // benchNode is one ledger process of a run, or the bench's Kafka process.
 type benchNode struct {
-	what string // "ledger process", for messages
+	what string // what it is, in messages: "ledger process", "kafka process"
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan error

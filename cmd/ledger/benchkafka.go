@@ -75,9 +75,9 @@ func benchKafkaCluster(opts ...kfake.Opt) (*kfake.Cluster, error) {
 // its log in dir, and waits until it accepts connections. The process
 // lives in a process group of its own: a Ctrl-C stops the bench's run,
 // whose cleanup still needs the broker to delete its topics, and the
-// bench stops it last. GOGC is Go's
-// default there, as it is for the bench process that otherwise holds
-// the broker's log, unless the environment sets it.
+// bench stops it last. It collects at Go's default GOGC, as the bench
+// process that otherwise holds the broker's log does, unless the
+// environment sets GOGC.
 func startKafkaProcess(ctx context.Context, dir, profile string) (*benchNode, string, error) {
 	addr, err := freeLoopbackAddr()
 	if err != nil {
