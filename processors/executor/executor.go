@@ -1519,6 +1519,16 @@ func mayAuthorize(r *kgo.Record) bool {
 // defaults to "ledger-executor", its Topics to the events topic, its
 // TransactionalID to "<group>-" + the owner, and its Tick to 100ms.
 func (x *Executor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
+	l, err := ledger.NewLoop(x.loopConfig(lc), x.Step)
+	if err != nil {
+		return nil, err
+	}
+	x.backlog = l.Buffered
+	return l, nil
+}
+
+// loopConfig is lc with the executor's defaults where it leaves them.
+func (x *Executor) loopConfig(lc ledger.LoopConfig) ledger.LoopConfig {
 	if lc.Group == "" {
 		lc.Group = "ledger-executor"
 	}
@@ -1547,10 +1557,5 @@ func (x *Executor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
 		// nothing.
 		lc.Tick = 100 * time.Millisecond
 	}
-	l, err := ledger.NewLoop(lc, x.Step)
-	if err != nil {
-		return nil, err
-	}
-	x.backlog = l.Buffered
-	return l, nil
+	return lc
 }

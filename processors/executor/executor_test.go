@@ -757,4 +757,15 @@ func TestMayAuthorize(t *testing.T) {
 			t.Errorf("MayAuthorize(event type %q) = %v; want %v", typ, got, want)
 		}
 	}
+	// The executor's loop counts with it unless told otherwise.
+	x := newRig(t).executor(nil)
+	requested := &kgo.Record{Headers: []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte(statemachine.EventRequested)}}}
+	authorized := &kgo.Record{Headers: []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte(statemachine.EventAuthorized)}}}
+	if acts := executor.LoopConfig(x, ledger.LoopConfig{}).Acts; acts == nil || acts(requested) || !acts(authorized) {
+		t.Errorf("the executor loop's Acts counts a requested event, or not an authorized one; want MayAuthorize")
+	}
+	every := func(*kgo.Record) bool { return true }
+	if acts := executor.LoopConfig(x, ledger.LoopConfig{Acts: every}).Acts; acts == nil || !acts(requested) {
+		t.Errorf("the executor loop replaced the Acts it was given")
+	}
 }

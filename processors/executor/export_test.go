@@ -1,5 +1,7 @@
 package executor
 
+import "github.com/toolcall-ledger/ledger/ledger"
+
 // SetBacklog stands in for the loop's count of fetched records, which
 // the executor reads only when it runs on its Loop.
 func SetBacklog(x *Executor, backlog func() int64) { x.backlog = backlog }
@@ -21,3 +23,6 @@ func EndedUnwaited(x *Executor) int {
 // MayAuthorize is the executor loop's Acts: the events that count toward
 // its LingerFrom.
 var MayAuthorize = mayAuthorize
+
+// LoopConfig is the configuration x.Loop gives its loop for lc.
+func LoopConfig(x *Executor, lc ledger.LoopConfig) ledger.LoopConfig { return x.loopConfig(lc) }
