@@ -79,6 +79,7 @@ type benchFlags struct {
 	timeline      bool
 	limitCalls    int
 	clickhouse    clickhouseFlags
+	attachFlags
 }
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -88,8 +89,9 @@ func newBenchCmd(g *globals) *cobra.Command {
 		Short: "Measure the ledger end to end against calling the tools directly and against the raw limits of its engines, in one run",
 		Long: `bench starts a ledger (intake and executors in processes of their own, on an
 in-process Kafka and the embedded execution store unless --kafka-brokers and
---crdb-dsn name real ones), offers it calls of the demo tools from several
-tenants, and reports, from one run on one machine:
+--crdb-dsn name real ones; or, with --attach, drives one already running),
+offers it calls of the demo tools from several tenants, and reports, from
+one run on one machine:
 
   - calls/s and end-to-end latency percentiles (publish to the terminal event,
     read committed), and added latency (minus the tool's own time);
@@ -113,7 +115,10 @@ runs inside the bench, beside the load generator and the tool backend, unless
 --kafka-process gives it a process of its own, whose CPU is then reported.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			embedded := !cmd.Flags().Changed("kafka-brokers") && os.Getenv("LEDGER_KAFKA_BROKERS") == ""
+			if err := f.checkAttachFlags(cmd.Flags().Changed); err != nil {
+				return err
+			}
+			embedded := !f.attach && !cmd.Flags().Changed("kafka-brokers") && os.Getenv("LEDGER_KAFKA_BROKERS") == ""
 			if f.kafkaProcess && !embedded {
 				return errors.New("bench: --kafka-process runs the bench's own broker; --kafka-brokers (or LEDGER_KAFKA_BROKERS) names another")
 			}
@@ -165,6 +170,7 @@ runs inside the bench, beside the load generator and the tool backend, unless
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
 	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, the CPU the hypervisor took (steal), and the share of each second the intake's and executors' loops spent in steps and transactions, with their busy time per step (the JSON report always has it)")
 	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles (run<N>-node<M>.*.pprof), and the harness's (harness.*.pprof) and with --kafka-process the Kafka process's (kafka.*.pprof), both over the whole bench, into this directory (go tool pprof)")
+	f.attachFlags.register(fs)
 	cmd.AddCommand(newBenchNodeCmd(g), newBenchKafkaCmd())
 	return cmd
 }
@@ -195,6 +201,63 @@ type benchEnv struct {
 	// kafka is the broker's process with --kafka-process: the runs then
 	// report its CPU apart from the harness's. Nil otherwise.
 	kafka *benchNode
+	// srv serves backend at toolsURL; nil with --attach, where the
+	// running ledger's backend is at toolsURL.
+	srv *http.Server
+	// attached are the running ledger's processes given with
+	// --ledger-pid (--attach), measured but not the bench's to stop.
+	attached []*benchNode
+}
+
+// startBackend creates the bench's agent identity provider, trusted by
+// the intake through a JWKS file, and the credential broker's keys,
+// shared by every executor process and the backend, and starts the
+// demo tool backend on a loopback port. closeBackend stops it.
+func (e *benchEnv) startBackend() error {
+	var err error
+	if e.issuer, err = identity.LoadOrCreateIssuer(filepath.Join(e.dir, "issuer.key"), benchIssuer); err != nil {
+		return err
+	}
+	e.jwksFile = filepath.Join(e.dir, "issuer.jwks.json")
+	if err := os.WriteFile(e.jwksFile, e.issuer.Keys().JWKS(), 0o600); err != nil {
+		return err
+	}
+	e.credDir = filepath.Join(e.dir, "credentials")
+	broker, err := credentials.New(credentials.Config{KeyDir: e.credDir, Logger: e.logger})
+	if err != nil {
+		return err
+	}
+	bc := demobackend.Config{Latency: e.f.backendLatency, Logger: e.logger.With("component", "demobackend")}
+	if e.f.backendVerify {
+		if bc.Credentials, err = credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, Keys: broker.Keys}); err != nil {
+			return err
+		}
+	}
+	e.backend = demobackend.New(bc)
+	e.srv, e.toolsURL, err = serveBackend(e.backend)
+	return err
+}
+
+// serveBackend serves b on a loopback port and returns the server and
+// its URL.
+func serveBackend(b *demobackend.Server) (*http.Server, string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	srv := &http.Server{Handler: b.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return srv, "http://" + ln.Addr().String(), nil
+}
+
+// closeBackend stops what startBackend started.
+func (e *benchEnv) closeBackend() {
+	if e.srv != nil {
+		e.srv.Close()
+	}
+	if e.backend != nil {
+		e.backend.Close()
+	}
 }
 
 func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, progress, out io.Writer) error {
@@ -264,37 +327,14 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		report.Store = redactDSN(f.crdbDSN) + " (a schema per run)"
 	}
 
-	// The agents' identity provider, trusted by the intake through a
-	// JWKS file; the credential broker's keys, shared by every executor
-	// process and the backend.
-	if env.issuer, err = identity.LoadOrCreateIssuer(filepath.Join(dir, "issuer.key"), benchIssuer); err != nil {
-		return err
-	}
-	env.jwksFile = filepath.Join(dir, "issuer.jwks.json")
-	if err := os.WriteFile(env.jwksFile, env.issuer.Keys().JWKS(), 0o600); err != nil {
-		return err
-	}
-	env.credDir = filepath.Join(dir, "credentials")
-	broker, err := credentials.New(credentials.Config{KeyDir: env.credDir, Logger: logger})
-	if err != nil {
-		return err
-	}
-	bc := demobackend.Config{Latency: f.backendLatency, Logger: logger.With("component", "demobackend")}
-	if f.backendVerify {
-		if bc.Credentials, err = credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, Keys: broker.Keys}); err != nil {
+	defer env.closeBackend()
+	if f.attach {
+		if err := env.attach(&report); err != nil {
 			return err
 		}
-	}
-	env.backend = demobackend.New(bc)
-	defer env.backend.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	} else if err := env.startBackend(); err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: env.backend.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
-	env.toolsURL = "http://" + ln.Addr().String()
 	if f.clickhouse.dsn != "" {
 		if env.ch, err = f.clickhouse.open(ctx, logger.With("component", "chstore")); err != nil {
 			return err
@@ -314,7 +354,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 			fmt.Fprintln(progress, "bench: the store's server is not a PostgreSQL on this machine: its CPU is not reported")
 		}
 	}
-	main := benchRun{name: "ledger", executors: f.executors, calls: f.calls, rate: f.rate}
+	executors := f.executors
+	if f.attach {
+		executors = 0 // the running ledger's own, unknown here
+	}
+	main := benchRun{name: "ledger", executors: executors, calls: f.calls, rate: f.rate}
 	for _, r := range mainRuns(main, f.baseline, f.pairs) {
 		rep, err := env.run(ctx, r)
 		if err != nil {
@@ -324,7 +368,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	}
 	report.Baseline = f.baseline
 	for _, rate := range parseFloats(f.sweep) {
-		r, err := env.run(ctx, benchRun{name: fmt.Sprintf("open %g/s", rate), executors: f.executors, calls: f.calls, rate: rate})
+		r, err := env.run(ctx, benchRun{name: fmt.Sprintf("open %g/s", rate), executors: executors, calls: f.calls, rate: rate})
 		if err != nil {
 			return err
 		}
@@ -338,7 +382,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		report.Runs = append(report.Runs, r)
 	}
 	for _, n := range parseFloats(f.sizes) {
-		r, err := env.run(ctx, benchRun{name: fmt.Sprintf("%d calls", int64(n)), executors: f.executors, calls: int64(n)})
+		r, err := env.run(ctx, benchRun{name: fmt.Sprintf("%d calls", int64(n)), executors: executors, calls: int64(n)})
 		if err != nil {
 			return err
 		}
@@ -537,6 +581,9 @@ type benchRun struct {
 // offers r's load, stops them, and measures.
 func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, error) {
 	e.runs++
+	if e.f.attach {
+		return e.measure(ctx, r, e.g.kafka.topics(), e.attached, "")
+	}
 	dsn, dropStore, err := e.storeSchema(ctx, fmt.Sprintf("run%d", e.runs))
 	if err != nil {
 		return loadtest.RunReport{}, err
@@ -634,8 +681,17 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		nodes = append(nodes, n)
 	}
 
+	return e.measure(ctx, r, topics, nodes, dsn)
+}
+
+// measure offers r's load to the ledger processes nodes (the bench's,
+// stopped once measured, or with --attach those it was told of) on
+// topics, and measures the run. dsn is the run's store schema, "" on the
+// embedded store or a ledger the bench did not start.
+func (e *benchEnv) measure(ctx context.Context, r benchRun, topics ledger.Topics, nodes []*benchNode, dsn string) (loadtest.RunReport, error) {
 	var lag *lagSampler
 	if e.ch != nil {
+		var err error
 		if lag, err = e.project(ctx, topics, fmt.Sprintf("bench%s-projector-%d", e.id, e.runs)); err != nil {
 			return loadtest.RunReport{}, err
 		}
@@ -651,8 +707,19 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	fmt.Fprintf(e.progress, "bench: %s: warming up (%d calls)\n", r.name, e.f.warmup)
 	warm := cfg
 	warm.Calls, warm.RunID = max(e.f.warmup, 1), fmt.Sprintf("w%s%d", e.id, e.runs)
-	if _, err := loadtest.Run(runCtx, warm); err != nil {
+	if e.f.attach {
+		// A ledger that is not there, or not on these topics, finishes
+		// nothing: said after this long rather than the run's drain.
+		warm.Drain = attachWarmupDrain
+	}
+	wres, err := loadtest.Run(runCtx, warm)
+	if err != nil {
 		return loadtest.RunReport{}, fmt.Errorf("%s: warm-up: %w", r.name, cmp.Or(context.Cause(runCtx), err))
+	}
+	if e.f.attach {
+		if err := e.checkAttachedWarmup(topics, wres); err != nil {
+			return loadtest.RunReport{}, fmt.Errorf("%s: warm-up: %w", r.name, err)
+		}
 	}
 
 	cfg.Calls, cfg.Duration, cfg.Rate = r.calls, e.f.duration, r.rate
@@ -731,13 +798,17 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	}
 	unwatch() // the processes are stopped on purpose from here
 	for _, n := range nodes {
+		if n.cmd == nil {
+			// Not the bench's to stop: its peak since it started.
+			rep.PeakRSS += procPeakRSS(n.pid)
+			continue
+		}
 		peak, err := n.stop()
 		if err != nil {
 			return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, err)
 		}
 		rep.PeakRSS += peak
 	}
-	nodes = nil
 	if dsn != "" {
 		if f, err := storeFootprint(ctx, dsn); err == nil {
 			rep.StoreRecords, rep.StoreBytes = f.Records, f.Bytes
@@ -746,14 +817,21 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 			fmt.Fprintf(e.progress, "bench: %s: the store's footprint not measured: %v\n", r.name, err)
 		}
 	}
-	rep.Witness = loadtest.Check(res, e.backend.Effects())
-	// Checked: the backend need not hold the run's requests any longer
-	// (the next run's keys are its own). It held about seven objects a
-	// call for the harness's collector to mark again in every later run:
-	// at 2,500/s, three runs after a closed loop measured an added p99
-	// of 52, 51 and 207 ms with the harness's heap at 0.7 to 1.5 million
-	// objects, and of 67, 48 and 74 ms with it at 10,000.
-	e.backend.Forget()
+	effects, err := e.effects(ctx)
+	if err != nil {
+		return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, err)
+	}
+	rep.Witness = loadtest.Check(res, effects)
+	if e.backend != nil {
+		// Checked: the backend need not hold the run's requests any
+		// longer (the next run's keys are its own). It held about seven
+		// objects a call for the harness's collector to mark again in
+		// every later run: at 2,500/s, three runs after a closed loop
+		// measured an added p99 of 52, 51 and 207 ms with the harness's
+		// heap at 0.7 to 1.5 million objects, and of 67, 48 and 74 ms
+		// with it at 10,000.
+		e.backend.Forget()
+	}
 	if lag != nil {
 		p, err := lag.finish(ctx)
 		if err != nil {
@@ -776,18 +854,32 @@ func (e *benchEnv) directFloor(ctx context.Context) (loadtest.DirectReport, erro
 	if calls <= 0 {
 		calls = 20000
 	}
-	fmt.Fprintf(e.progress, "bench: direct calls to the backend (%d)\n", calls)
 	cl := httptool.New(httptool.Config{})
-	return loadtest.Direct(ctx, loadtest.DirectConfig{
+	call := floorCall(func(ctx context.Context, url string, tool loadtest.Tool, tenant, key string, args []byte) error {
+		_, err := cl.Call(ctx, httptool.Request{
+			URL: url + "/tools/" + tool.Name, IdempotencyKey: key, TenantID: tenant,
+			CallID: "call_" + key, Attempt: 1, Arguments: args,
+		})
+		return err
+	})
+	url, note := e.toolsURL, ""
+	if e.f.attach {
+		var stop func()
+		var err error
+		if url, note, stop, err = e.floorBackend(ctx, call); err != nil {
+			return loadtest.DirectReport{}, err
+		}
+		defer stop()
+	}
+	fmt.Fprintf(e.progress, "bench: direct calls to the backend (%d)\n", calls)
+	d, err := loadtest.Direct(ctx, loadtest.DirectConfig{
 		Tools: e.tools, Calls: calls, Concurrency: e.f.concurrency, Tenants: e.f.tenants, RunID: "d" + e.id,
 		Call: func(ctx context.Context, tool loadtest.Tool, tenant, key string, args []byte) error {
-			_, err := cl.Call(ctx, httptool.Request{
-				URL: e.toolsURL + "/tools/" + tool.Name, IdempotencyKey: key, TenantID: tenant,
-				CallID: "call_" + key, Attempt: 1, Arguments: args,
-			})
-			return err
+			return call(ctx, url, tool, tenant, key, args)
 		},
 	})
+	d.Note = note
+	return d, err
 }
 
 // storeSchema returns, with --crdb-dsn, the DSN of a new schema of this
@@ -866,6 +958,9 @@ func (e *benchEnv) rawLimits(ctx context.Context) ([]loadtest.Limit, error) {
 // benchNode is one ledger process of a run, or the bench's Kafka process.
 type benchNode struct {
 	what string // what it is, in messages: "ledger process", "kafka process"
+	pid  int
+	// cmd is nil for a ledger process the bench did not start
+	// (--ledger-pid): then it is neither watched nor stopped.
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan error
@@ -884,10 +979,13 @@ func watchNodes(ctx context.Context, nodes []*benchNode) (_ context.Context, unw
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, n := range nodes {
+		if n.cmd == nil {
+			continue // not the bench's: no exit to wait for
+		}
 		wg.Go(func() {
 			select {
 			case <-n.exited:
-				cancel(fmt.Errorf("%s %d exited during the run (log %s)", n.what, n.cmd.Process.Pid, n.log.Name()))
+				cancel(fmt.Errorf("%s %d exited during the run (log %s)", n.what, n.pid, n.log.Name()))
 			case <-stop:
 			}
 		})
@@ -1015,7 +1113,7 @@ func startProcess(what, binary string, args, env []string, logPath string, ownGr
 		log.Close()
 		return nil, fmt.Errorf("start %s: %w", what, err)
 	}
-	n := &benchNode{what: what, cmd: cmd, log: log, done: make(chan error, 1), exited: make(chan struct{})}
+	n := &benchNode{what: what, pid: cmd.Process.Pid, cmd: cmd, log: log, done: make(chan error, 1), exited: make(chan struct{})}
 	go func() {
 		n.done <- cmd.Wait()
 		close(n.exited)
@@ -1025,7 +1123,7 @@ func startProcess(what, binary string, args, env []string, logPath string, ownGr
 
 // cpu is the process's CPU time so far (user + system), from /proc.
 func (n *benchNode) cpu() time.Duration {
-	return procCPU(n.cmd.Process.Pid)
+	return procCPU(n.pid)
 }
 
 // stop ends the process gracefully and returns its peak RSS in bytes.
@@ -1035,7 +1133,7 @@ func (n *benchNode) stop() (int64, error) {
 	// The wait4 rusage peak is not: Linux carries over the peak of the
 	// address space the child was forked from, this process's, which
 	// holds the in-process Kafka's log.
-	peak := procPeakRSS(n.cmd.Process.Pid)
+	peak := procPeakRSS(n.pid)
 	_ = n.cmd.Process.Signal(syscall.SIGTERM)
 	var err error
 	select {
@@ -1043,7 +1141,7 @@ func (n *benchNode) stop() (int64, error) {
 	case <-time.After(30 * time.Second):
 		_ = n.cmd.Process.Kill()
 		<-n.done
-		return 0, fmt.Errorf("%s %d did not stop within 30s of SIGTERM (log %s)", n.what, n.cmd.Process.Pid, n.log.Name())
+		return 0, fmt.Errorf("%s %d did not stop within 30s of SIGTERM (log %s)", n.what, n.pid, n.log.Name())
 	}
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {

@@ -28,6 +28,10 @@ type DirectReport struct {
 	Elapsed time.Duration `json:"elapsed_ns"`
 	PerSec  float64       `json:"calls_per_sec"`
 	Latency Percentiles   `json:"latency"`
+	// Note says what the reader must know of the backend the calls went
+	// to, when it was not the one the ledger's tools called; "" when it
+	// was.
+	Note string `json:"note,omitempty"`
 }
 
 // Direct makes cfg.Calls calls from cfg.Concurrency workers, closed loop,

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,11 +17,18 @@ import (
 
 // Report is everything one `ledger bench` measured, side by side.
 type Report struct {
-	Machine        Machine       `json:"machine"`
-	At             time.Time     `json:"at"`
-	Kafka          string        `json:"kafka"`
-	Store          string        `json:"store"`
-	ClickHouse     string        `json:"clickhouse,omitempty"`
+	Machine    Machine   `json:"machine"`
+	At         time.Time `json:"at"`
+	Kafka      string    `json:"kafka"`
+	Store      string    `json:"store"`
+	ClickHouse string    `json:"clickhouse,omitempty"`
+	// Attached names the ledger the runs drove when it was running
+	// already (ledger bench --attach): its topics, its tools' backend
+	// and the processes measured. Empty when the benchmark started the
+	// ledger processes itself. An attached run's executors are not
+	// known (0), nor its ledger's CPU and memory unless its processes
+	// were named (Processes 0).
+	Attached       string        `json:"attached,omitempty"`
 	Mix            string        `json:"mix"`
 	Tenants        int           `json:"tenants"`
 	Concurrency    int           `json:"concurrency"`
@@ -273,17 +281,20 @@ func (rep Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "machine: %s, %d cores, %d GB, %s %s\n", m.CPU, m.Cores, m.MemoryGB, m.Go, m.OS)
 	fmt.Fprintf(w, "kafka: %s; store: %s; mix: %s; %d tenants; concurrency %d; backend latency %s\n\n",
 		rep.Kafka, rep.Store, rep.Mix, rep.Tenants, rep.Concurrency, rep.BackendLatency)
+	if rep.Attached != "" {
+		fmt.Fprintf(w, "ledger: already running, not started by the benchmark (%s)\n\n", rep.Attached)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "run\tmode\texec\tcalls\tcalls/s\tp50 ms\tp95 ms\tp99 ms\tp99.9 ms\tadded p50\tadded p99\tCPU µs/call\tharness µs/call\tstore µs/call\tmachine µs/call\tpeak RSS MB\tdup\tlost\tstolen %\tkafka µs/call\t")
 	for _, r := range rep.Runs {
 		res := r.Result
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%s\t%.0f\t%d\t%d\t%s\t%s\t\n",
-			r.Name, r.mode(), r.Executors, res.Finished, res.PerSec,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%.0f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t\n",
+			r.Name, r.mode(), r.executors(), res.Finished, res.PerSec,
 			msOf(res.E2E.P50), msOf(res.E2E.P95), msOf(res.E2E.P99), msOf(res.E2E.P999),
 			msOf(res.Added.P50), msOf(res.Added.P99),
-			usOf(r.CPUPerCall), usOf(r.HarnessCPUPerCall),
+			r.ledgerOrDash(fmt.Sprintf("%.0f", usOf(r.CPUPerCall))), usOf(r.HarnessCPUPerCall),
 			usOrDash(r.StoreCPUPerCall), usOrDash(r.MachineCPUPerCall),
-			float64(r.PeakRSS)/(1<<20), r.Witness.Duplicates, res.Lost, r.stolen(), usOrDash(r.KafkaCPUPerCall))
+			r.ledgerOrDash(fmt.Sprintf("%.0f", float64(r.PeakRSS)/(1<<20))), r.Witness.Duplicates, res.Lost, r.stolen(), usOrDash(r.KafkaCPUPerCall))
 	}
 	if d := rep.Direct; d != nil {
 		// The direct calls have no ledger to lose them: the last
@@ -293,6 +304,9 @@ func (rep Report) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if d := rep.Direct; d != nil && d.Note != "" {
+		fmt.Fprintf(w, "direct: %s\n", d.Note)
 	}
 	if err := rep.writeSideBySide(w); err != nil {
 		return err
@@ -500,6 +514,25 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 
 // stolen is the run's stolen share for the table, in percent, "-" when
 // the machine's CPU time was not read.
+// executors is the run's executor count, "-" when not known (an
+// attached ledger's).
+func (r RunReport) executors() string {
+	if r.Executors <= 0 {
+		return "-"
+	}
+	return strconv.Itoa(r.Executors)
+}
+
+// ledgerOrDash is s, a figure of the ledger's processes, or "-" when no
+// process was measured (an attached ledger whose processes were not
+// named).
+func (r RunReport) ledgerOrDash(s string) string {
+	if r.Processes == 0 {
+		return "-"
+	}
+	return s
+}
+
 func (r RunReport) stolen() string {
 	if r.MachineCPU <= 0 {
 		return "-"

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/loadtest"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// attachFlags let `ledger bench` drive a ledger that is already running
+// (`ledger dev`, a staging deployment) instead of starting its own.
+type attachFlags struct {
+	attach     bool
+	toolsURL   string
+	dataDir    string
+	issuerKey  string
+	issuerName string
+	ledgerPIDs []int
+}
+
+// attachOnly are the flags that mean something only with --attach.
+var attachOnly = []string{"tools-url", "data-dir", "issuer-key", "issuer", "ledger-pid"}
+
+func (f *attachFlags) register(fs *pflag.FlagSet) {
+	fs.BoolVar(&f.attach, "attach", false, "drive a ledger that is already running (`ledger dev`, or a deployment) instead of starting one: the calls go to its request topic (--topic-requests) on --kafka-brokers, their events are read from --topic-events, and the bench creates, restarts and drops nothing of the ledger's; the runs are the main run, --sweep and --sizes")
+	fs.StringVar(&f.toolsURL, "tools-url", "http://127.0.0.1:8081", "with --attach: the demo tool backend the running ledger's tools call (`ledger dev` serves it on its --backend-addr): duplicate and missing effects are counted from its GET /effects, and the direct floor calls it")
+	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the `ledger dev` being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
+	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as `ledger dev` keeps its own) of an agent identity provider the running ledger trusts, to sign the agents' assertions with instead of the dev issuer")
+	fs.StringVar(&f.issuerName, "issuer", "", "with --issuer-key: the issuer name under which the running ledger trusts that key")
+	fs.IntSliceVar(&f.ledgerPIDs, "ledger-pid", nil, "with --attach: the running ledger's process ids on this machine, comma separated: their CPU per call and peak RSS are reported (without, those columns read -)")
+}
+
+// checkAttachFlags refuses what --attach cannot do, and the attach-only
+// flags without it, before anything starts. changed says whether a flag
+// was set on the command line.
+func (f *benchFlags) checkAttachFlags(changed func(string) bool) error {
+	if !f.attach {
+		for _, name := range attachOnly {
+			if changed(name) {
+				return fmt.Errorf("bench: --%s is for --attach", name)
+			}
+		}
+		return nil
+	}
+	// What starts, configures or restarts ledger processes, which a
+	// ledger the bench did not start does not let it do.
+	for _, name := range []string{"baseline", "scaling", "executors", "intake-process", "kafka-process", "profile", "backend-latency", "backend-verify", "batch-linger", "batch-linger-from", "node-log-level"} {
+		if changed(name) {
+			return fmt.Errorf("bench: --%s configures the ledger processes the bench starts; with --attach it drives one already running", name)
+		}
+	}
+	switch {
+	case f.toolsURL == "":
+		return errors.New("bench: --attach needs --tools-url, the backend whose effects show duplicates")
+	case f.issuerKey != "" && f.issuerName == "":
+		return errors.New("bench: --issuer-key needs --issuer, the name the running ledger trusts it under")
+	case f.issuerKey == "" && f.issuerName != "":
+		return errors.New("bench: --issuer names the provider of --issuer-key")
+	}
+	for _, pid := range f.ledgerPIDs {
+		if pid <= 0 {
+			return fmt.Errorf("bench: --ledger-pid %d is not a process id", pid)
+		}
+	}
+	return nil
+}
+
+// attachWarmupDrain is how long an attached run's warm-up waits for a
+// first call to finish: a ledger that is not running on the topics
+// finishes none.
+const attachWarmupDrain = 30 * time.Second
+
+// attach readies e to drive the running ledger: the issuer its intake
+// trusts, its backend, its processes; and says so in report.
+func (e *benchEnv) attach(report *loadtest.Report) error {
+	var err error
+	if e.f.issuerKey == "" {
+		e.issuer, err = devIssuer(e.f.dataDir)
+	} else if _, err = os.Stat(e.f.issuerKey); err == nil {
+		e.issuer, err = identity.LoadOrCreateIssuer(e.f.issuerKey, e.f.issuerName)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: --attach: the agents' issuer: %w", err)
+	}
+	e.toolsURL = strings.TrimSuffix(e.f.toolsURL, "/")
+	for _, pid := range e.f.ledgerPIDs {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			return fmt.Errorf("bench: --ledger-pid %d: no such process on this machine", pid)
+		}
+		e.attached = append(e.attached, &benchNode{what: "attached ledger process", pid: pid})
+	}
+	topics := e.g.kafka.topics()
+	report.Attached = fmt.Sprintf("requests %s, events %s, tools %s", topics.Requests, topics.Events, e.toolsURL)
+	if len(e.attached) > 0 {
+		report.Attached += fmt.Sprintf(", processes %v", e.f.ledgerPIDs)
+	}
+	report.Store = "the running ledger's"
+	if e.f.crdbDSN != "" {
+		report.Store += "; raw limit on " + redactDSN(e.f.crdbDSN)
+	}
+	return nil
+}
+
+// effects are what the tool backend applied: the bench's own, or with
+// --attach the running ledger's, read from its GET /effects (every
+// effect it holds: the witness picks out the run's by their keys).
+func (e *benchEnv) effects(ctx context.Context) ([]demobackend.Effect, error) {
+	if e.backend != nil {
+		return e.backend.Effects(), nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	url := e.toolsURL + "/effects"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("the backend's effects: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, fmt.Errorf("the backend's effects: GET %s: %s %s (is --tools-url the demo backend?)", url, resp.Status, strings.TrimSpace(string(b)))
+	}
+	var effects []demobackend.Effect
+	if err := json.NewDecoder(resp.Body).Decode(&effects); err != nil {
+		return nil, fmt.Errorf("the backend's effects: GET %s: %w", url, err)
+	}
+	return effects, nil
+}
+
+// checkAttachedWarmup says why an attached ledger's warm-up went wrong:
+// no ledger on the topics, or one whose policy or tools do not let the
+// calls succeed. Its figures would measure that, not the ledger.
+func (e *benchEnv) checkAttachedWarmup(topics ledger.Topics, res loadtest.Result) error {
+	if res.Finished == 0 {
+		return fmt.Errorf("none of %d calls reached a terminal event within %v: is a ledger running on %s with request topic %s and events topic %s?",
+			res.Lost, attachWarmupDrain, strings.Join(e.brokers, ","), topics.Requests, topics.Events)
+	}
+	var other []string
+	for _, st := range slices.Sorted(maps.Keys(res.ByState)) {
+		if n := res.ByState[st]; n > 0 && st != string(statemachine.StateSucceeded) {
+			other = append(other, fmt.Sprintf("%d %s", n, st))
+		}
+	}
+	if len(other) > 0 || res.Lost > 0 {
+		if res.Lost > 0 {
+			other = append(other, fmt.Sprintf("%d lost", res.Lost))
+		}
+		return fmt.Errorf("of %d calls, %s: the running ledger must let the mix (%s) succeed for the bench's %d tenants (its policy, its tools' backend at %s)",
+			res.Finished+res.Lost, strings.Join(other, ", "), e.f.mix, e.f.tenants, e.toolsURL)
+	}
+	return nil
+}
+
+// floorCall makes one direct call to the tool backend at url.
+type floorCall func(ctx context.Context, url string, tool loadtest.Tool, tenant, key string, args []byte) error
+
+// floorBackend is the backend the direct floor calls with --attach: the
+// running ledger's, unless it refuses calls that carry no credential of
+// the ledger's (`ledger dev`'s checks them), which the bench cannot
+// mint; then a demo backend of the bench's own, the same code without
+// that check, and a note saying so. stop stops what it started.
+func (e *benchEnv) floorBackend(ctx context.Context, call floorCall) (url, note string, stop func(), err error) {
+	args, err := json.Marshal(e.tools[0].Args(0))
+	if err != nil {
+		return "", "", nil, err
+	}
+	err = call(ctx, e.toolsURL, e.tools[0], "t_probe", "p"+e.id, args)
+	var te *httptool.Error
+	switch {
+	case err == nil:
+		return e.toolsURL, "", func() {}, nil
+	case !errors.As(err, &te) || (te.Status != http.StatusUnauthorized && te.Status != http.StatusForbidden):
+		return "", "", nil, fmt.Errorf("bench: direct calls to %s: %w", e.toolsURL, err)
+	}
+	own := demobackend.New(demobackend.Config{Logger: e.logger.With("component", "demobackend")})
+	srv, url, err := serveBackend(own)
+	if err != nil {
+		own.Close()
+		return "", "", nil, err
+	}
+	note = fmt.Sprintf("the running ledger's backend refuses calls without its credential (status %d): these went to a demo backend of the bench's own, which checks none", te.Status)
+	fmt.Fprintf(e.progress, "bench: %s\n", note)
+	return url, note, func() { srv.Close(); own.Close() }, nil
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/loadtest"
+)
+
+// TestBenchAttached drives a `ledger dev` that is already running, as a
+// user benchmarks a deployment: the calls go to its topics and its tools'
+// backend, where each run's effects are counted; the ledger keeps running
+// on its topics afterwards, and the direct floor, refused by dev's
+// backend (it checks the ledger's credentials), says where it went.
+func TestBenchAttached(t *testing.T) {
+	t.Setenv(runMainEnv, "1")
+	dir := t.TempDir()
+	dev := startDev(t, filepath.Join(dir, "dev"), freeAddr(t), freeAddr(t), freeAddr(t))
+	jsonOut := filepath.Join(dir, "bench.json")
+	// The dev ledger runs in this test's process: its CPU, measured
+	// through --ledger-pid, is this process's.
+	out := runBenchCmd(t, "--attach", "--kafka-brokers", dev.kafka, "--data-dir", dev.dir,
+		"--tools-url", "http://"+dev.backend, "--ledger-pid", strconv.Itoa(os.Getpid()),
+		"--calls", "300", "--warmup", "50", "--concurrency", "32", "--sweep", "300",
+		"--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
+	rep := readReport(t, jsonOut)
+	if !strings.Contains(rep.Attached, "requests toolcalls.requests") || !strings.Contains(rep.Attached, dev.backend) {
+		t.Errorf("attached %q; want the dev ledger's topics and backend named", rep.Attached)
+	}
+	if !strings.Contains(out, "ledger: already running, not started by the benchmark") {
+		t.Errorf("the table does not say the ledger was already running:\n%s", out)
+	}
+	if len(rep.Runs) != 2 {
+		t.Fatalf("%d runs; want the main run and one open-loop run", len(rep.Runs))
+	}
+	for _, r := range rep.Runs {
+		// Each run's effects at dev's backend are its own: the runs
+		// share the topics and the backend, not their keys.
+		if r.Result.Finished != 300 || r.Result.ByState["succeeded"] != 300 || r.Result.Lost != 0 ||
+			r.Witness.Effects != 300 || r.Witness.Duplicates != 0 || r.Witness.Missing != 0 {
+			t.Errorf("%s: %d finished (%v), %d lost, witness %+v; want 300 succeeded, each with one effect at dev's backend", r.Name, r.Result.Finished, r.Result.ByState, r.Result.Lost, r.Witness)
+		}
+		if r.Processes != 1 || r.LedgerCPU <= 0 || r.PeakRSS <= 0 || r.Executors != 0 {
+			t.Errorf("%s: %d processes, CPU %v, peak RSS %d, %d executors; want the named process measured, executors unknown", r.Name, r.Processes, r.LedgerCPU, r.PeakRSS, r.Executors)
+		}
+	}
+	if row := benchRow(out, "ledger"); len(row) < 3 || row[2] != "-" {
+		t.Errorf("main row %q; want its executors column -", row)
+	}
+	if d := rep.Direct; d == nil || d.Calls != 300 || d.Errors != 0 || !strings.Contains(d.Note, "status 401") {
+		t.Errorf("direct %+v; want 300 calls to a backend of the bench's own, noted as such", d)
+	}
+	// Nothing of the ledger's was dropped: its topics are there, and it
+	// still runs a call.
+	admin, err := ledger.NewClient(ledger.ClientConfig{Brokers: []string{dev.kafka}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	topics, err := kadm.NewClient(admin).ListTopics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"toolcalls.requests", "toolcalls.events"} {
+		if !topics.Has(name) {
+			t.Errorf("topic %s gone after the bench; have %v", name, topics.Names())
+		}
+	}
+	if got := cli(t, "--kafka-brokers", dev.kafka, "submit", "--data-dir", dev.dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`, "--wait", "--json"); !strings.Contains(got, `"succeeded"`) {
+		t.Errorf("a call after the bench: %s; want it succeeded", got)
+	}
+}
+
+// TestBenchAttachFlags: what --attach cannot do is refused before
+// anything starts, with the flag named, as are its own flags without it.
+func TestBenchAttachFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--attach", "--scaling", "1,2"}, "--scaling"},
+		{[]string{"--attach", "--baseline", "/bin/true"}, "--baseline"},
+		{[]string{"--attach", "--executors", "2"}, "--executors"},
+		{[]string{"--attach", "--kafka-process"}, "--kafka-process"},
+		{[]string{"--attach", "--batch-linger", "2ms"}, "--batch-linger"},
+		{[]string{"--attach", "--tools-url", ""}, "--tools-url"},
+		{[]string{"--attach", "--issuer-key", "k.jwk"}, "--issuer"},
+		{[]string{"--attach", "--issuer", "idp"}, "--issuer-key"},
+		{[]string{"--attach", "--ledger-pid", "0"}, "--ledger-pid"},
+		{[]string{"--tools-url", "http://127.0.0.1:1"}, "--tools-url is for --attach"},
+		{[]string{"--ledger-pid", "1"}, "--ledger-pid is for --attach"},
+		{[]string{"--attach", "--data-dir", filepath.Join(t.TempDir(), "none")}, "no dev issuer key"},
+	} {
+		root := newRoot()
+		root.SetArgs(append([]string{"bench"}, tc.args...))
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("bench %v: %v; want an error naming %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// An attached warm-up that did not succeed says why: no ledger on the
+// topics, or calls its policy or tools did not let succeed.
+func TestCheckAttachedWarmup(t *testing.T) {
+	e := &benchEnv{f: &benchFlags{mix: "create_ticket", tenants: 8, attachFlags: attachFlags{attach: true}}, brokers: []string{"127.0.0.1:9092"}, toolsURL: "http://127.0.0.1:8081"}
+	topics := ledger.Topics{Requests: "r", Events: "e"}
+	for _, tc := range []struct {
+		res  loadtest.Result
+		want []string // "" when the warm-up is fine
+	}{
+		{loadtest.Result{Finished: 50, ByState: map[string]int64{"succeeded": 50}}, nil},
+		{loadtest.Result{Lost: 50, ByState: map[string]int64{}}, []string{"none of 50 calls", "request topic r", "events topic e"}},
+		{loadtest.Result{Finished: 50, ByState: map[string]int64{"succeeded": 40, "denied": 6, "approval_pending": 4}}, []string{"4 approval_pending, 6 denied", "create_ticket"}},
+		{loadtest.Result{Finished: 49, Lost: 1, ByState: map[string]int64{"succeeded": 49}}, []string{"1 lost"}},
+	} {
+		err := e.checkAttachedWarmup(topics, tc.res)
+		if tc.want == nil {
+			if err != nil {
+				t.Errorf("%+v: %v; want none", tc.res, err)
+			}
+			continue
+		}
+		if err == nil || slices.ContainsFunc(tc.want, func(w string) bool { return !strings.Contains(err.Error(), w) }) {
+			t.Errorf("%+v: %v; want an error with %q", tc.res, err, tc.want)
+		}
+	}
+}
