@@ -6,7 +6,7 @@ DATA_DIR ?= ./.ledger
 TEST_TIMEOUT ?= 13m
 BENCH_COUNT ?= 1
 
-.PHONY: dev build test bench bench-compare bench-sizes bench-go bench-projections screenshots fuzz chaos lint vet config-reference
+.PHONY: dev build test bench bench-compare bench-sizes bench-dev bench-go bench-projections screenshots fuzz chaos lint vet config-reference
 
 dev:
 	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR)
@@ -115,6 +115,19 @@ bench-sizes:
 	$(BENCH_OUT)/ledger bench --crdb-dsn "$$LEDGER_TEST_PG_DSN" --mix $(BENCH_MIX) --concurrency $(BENCH_CONCURRENCY) \
 		--calls 10000 --sizes $(BENCH_SIZES) --direct=false --limits=false \
 		--json $(BENCH_OUT)/sizes.json $(BENCH_FLAGS) | tee $(BENCH_OUT)/sizes.txt
+
+# The ledger `make dev` runs (start it first, in another terminal), driven
+# as it is: its topics, its tools' backend, its process measured. The
+# sweep is BENCH_DEV_SWEEP; nothing of the ledger's is created or dropped.
+BENCH_DEV_SWEEP ?= 250,500,1000
+bench-dev:
+	@pid=$$(pgrep -n -f '[l]edger dev --data-dir $(DATA_DIR)'); \
+	if [ -z "$$pid" ]; then echo "bench-dev: no \`make dev\` running with DATA_DIR=$(DATA_DIR): start it first"; exit 1; fi; \
+	mkdir -p $(BENCH_OUT); \
+	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \
+	$(BENCH_OUT)/ledger bench --attach --data-dir $(DATA_DIR) --ledger-pid $$pid --mix $(BENCH_MIX) \
+		--calls 0 --duration $(BENCH_DURATION) --concurrency $(BENCH_CONCURRENCY) --sweep $(BENCH_DEV_SWEEP) \
+		--limits=false --json $(BENCH_OUT)/dev.json $(BENCH_FLAGS) | tee $(BENCH_OUT)/dev.txt
 
 # The Go benchmarks of the parts (every one but the projection load,
 # bench-projections, which takes minutes).

@@ -115,7 +115,13 @@ runs inside the bench, beside the load generator and the tool backend, unless
 --kafka-process gives it a process of its own, whose CPU is then reported.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := f.checkAttachFlags(cmd.Flags().Changed); err != nil {
+			// Set on the command line, or through LEDGER_<FLAG> (bindEnv
+			// sets a flag's value from it without marking it changed).
+			set := func(name string) bool {
+				_, env := os.LookupEnv(envName(name))
+				return cmd.Flags().Changed(name) || env
+			}
+			if err := f.checkAttachFlags(set); err != nil {
 				return err
 			}
 			embedded := !f.attach && !cmd.Flags().Changed("kafka-brokers") && os.Getenv("LEDGER_KAFKA_BROKERS") == ""
@@ -137,7 +143,7 @@ runs inside the bench, beside the load generator and the tool backend, unless
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&f.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store; empty: the embedded store (one ledger process)")
+	fs.StringVar(&f.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store; empty: the embedded store (one ledger process). With --attach, the store of the raw limit's claims, and whose server's CPU the runs report when it is a PostgreSQL on this machine")
 	fs.StringVar(&f.mix, "mix", "create_ticket", "tools and weights, e.g. get_weather=3,create_ticket=1 (get_weather, create_ticket, refund_order)")
 	fs.IntVar(&f.tenants, "tenants", 8, "tenants the calls come from, round robin")
 	fs.Int64Var(&f.calls, "calls", 20000, "calls per run (0: run for --duration)")
@@ -329,7 +335,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 
 	defer env.closeBackend()
 	if f.attach {
-		if err := env.attach(&report); err != nil {
+		if err := env.attach(ctx, &report); err != nil {
 			return err
 		}
 	} else if err := env.startBackend(); err != nil {
@@ -960,10 +966,13 @@ type benchNode struct {
 	what string // what it is, in messages: "ledger process", "kafka process"
 	pid  int
 	// cmd is nil for a ledger process the bench did not start
-	// (--ledger-pid): then it is neither watched nor stopped.
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan error
+	// (--ledger-pid): it is watched through /proc and never stopped,
+	// and start is when it started (ticks after boot, from /proc), to
+	// tell it from a later process given its pid.
+	cmd   *exec.Cmd
+	start int64
+	log   *os.File
+	done  chan error
 	// exited is closed when the process has exited.
 	exited chan struct{}
 	// metricsURL is where the process serves its metrics; "" if not.
@@ -980,7 +989,25 @@ func watchNodes(ctx context.Context, nodes []*benchNode) (_ context.Context, unw
 	var wg sync.WaitGroup
 	for _, n := range nodes {
 		if n.cmd == nil {
-			continue // not the bench's: no exit to wait for
+			// Not the bench's child: no exit to wait for, so /proc is
+			// asked. Gone, its CPU would read 0 and the run's figures
+			// would be another process's or negative.
+			wg.Go(func() {
+				tick := time.NewTicker(attachedPoll)
+				defer tick.Stop()
+				for {
+					select {
+					case <-tick.C:
+						if st, err := readProcStat("/proc", n.pid); err != nil || st.exited || st.start != n.start {
+							cancel(fmt.Errorf("%s %d exited during the run", n.what, n.pid))
+							return
+						}
+					case <-stop:
+						return
+					}
+				}
+			})
+			continue
 		}
 		wg.Go(func() {
 			select {

@@ -38,22 +38,22 @@ type attachFlags struct {
 var attachOnly = []string{"tools-url", "data-dir", "issuer-key", "issuer", "ledger-pid"}
 
 func (f *attachFlags) register(fs *pflag.FlagSet) {
-	fs.BoolVar(&f.attach, "attach", false, "drive a ledger that is already running (`ledger dev`, or a deployment) instead of starting one: the calls go to its request topic (--topic-requests) on --kafka-brokers, their events are read from --topic-events, and the bench creates, restarts and drops nothing of the ledger's; the runs are the main run, --sweep and --sizes")
-	fs.StringVar(&f.toolsURL, "tools-url", "http://127.0.0.1:8081", "with --attach: the demo tool backend the running ledger's tools call (`ledger dev` serves it on its --backend-addr): duplicate and missing effects are counted from its GET /effects, and the direct floor calls it")
-	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the `ledger dev` being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
-	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as `ledger dev` keeps its own) of an agent identity provider the running ledger trusts, to sign the agents' assertions with instead of the dev issuer")
+	fs.BoolVar(&f.attach, "attach", false, "drive a ledger that is already running (ledger dev, or a deployment) instead of starting one: the calls go to its request topic (--topic-requests) on --kafka-brokers, their events are read from --topic-events, and the bench creates, restarts and drops nothing of the ledger's; the runs are the main run, --sweep and --sizes")
+	fs.StringVar(&f.toolsURL, "tools-url", "http://127.0.0.1:8081", "with --attach: the demo tool backend the running ledger's tools call (ledger dev serves it on its --backend-addr): duplicate and missing effects are counted from its GET /effects, and the direct floor calls it")
+	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the ledger dev being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
+	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as ledger dev keeps its own) of an agent identity provider the running ledger trusts, to sign the agents' assertions with instead of the dev issuer")
 	fs.StringVar(&f.issuerName, "issuer", "", "with --issuer-key: the issuer name under which the running ledger trusts that key")
 	fs.IntSliceVar(&f.ledgerPIDs, "ledger-pid", nil, "with --attach: the running ledger's process ids on this machine, comma separated: their CPU per call and peak RSS are reported (without, those columns read -)")
 }
 
 // checkAttachFlags refuses what --attach cannot do, and the attach-only
-// flags without it, before anything starts. changed says whether a flag
-// was set on the command line.
-func (f *benchFlags) checkAttachFlags(changed func(string) bool) error {
+// flags without it, before anything starts. set says whether a flag was
+// set, on the command line or in the environment.
+func (f *benchFlags) checkAttachFlags(set func(string) bool) error {
 	if !f.attach {
 		for _, name := range attachOnly {
-			if changed(name) {
-				return fmt.Errorf("bench: --%s is for --attach", name)
+			if set(name) {
+				return fmt.Errorf("bench: --%s (or %s) is for --attach", name, envName(name))
 			}
 		}
 		return nil
@@ -61,9 +61,15 @@ func (f *benchFlags) checkAttachFlags(changed func(string) bool) error {
 	// What starts, configures or restarts ledger processes, which a
 	// ledger the bench did not start does not let it do.
 	for _, name := range []string{"baseline", "scaling", "executors", "intake-process", "kafka-process", "profile", "backend-latency", "backend-verify", "batch-linger", "batch-linger-from", "node-log-level"} {
-		if changed(name) {
-			return fmt.Errorf("bench: --%s configures the ledger processes the bench starts; with --attach it drives one already running", name)
+		if set(name) {
+			return fmt.Errorf("bench: --%s (or %s) configures the ledger processes the bench starts; with --attach it drives one already running", name, envName(name))
 		}
+	}
+	if set("clickhouse-dsn") {
+		// The bench's projector reads a run's events topic from its
+		// start: a running ledger's holds its whole history, whose
+		// replay the lag would measure.
+		return fmt.Errorf("bench: --clickhouse-dsn (or %s) projects the topics of the ledgers the bench starts; an attached ledger's projection is its own", envName("clickhouse-dsn"))
 	}
 	switch {
 	case f.toolsURL == "":
@@ -86,9 +92,13 @@ func (f *benchFlags) checkAttachFlags(changed func(string) bool) error {
 // finishes none.
 const attachWarmupDrain = 30 * time.Second
 
+// attachedPoll is how often a run asks /proc whether the attached
+// ledger's processes still run.
+const attachedPoll = 250 * time.Millisecond
+
 // attach readies e to drive the running ledger: the issuer its intake
 // trusts, its backend, its processes; and says so in report.
-func (e *benchEnv) attach(report *loadtest.Report) error {
+func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 	var err error
 	if e.f.issuerKey == "" {
 		e.issuer, err = devIssuer(e.f.dataDir)
@@ -100,10 +110,16 @@ func (e *benchEnv) attach(report *loadtest.Report) error {
 	}
 	e.toolsURL = strings.TrimSuffix(e.f.toolsURL, "/")
 	for _, pid := range e.f.ledgerPIDs {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-			return fmt.Errorf("bench: --ledger-pid %d: no such process on this machine", pid)
+		st, err := readProcStat("/proc", pid)
+		if err != nil {
+			return fmt.Errorf("bench: --ledger-pid %d: no such process on this machine (%v)", pid, err)
 		}
-		e.attached = append(e.attached, &benchNode{what: "attached ledger process", pid: pid})
+		e.attached = append(e.attached, &benchNode{what: "attached ledger process", pid: pid, start: st.start})
+	}
+	// Before any load: the backend must be one whose effects can be
+	// read, a demo backend, which the direct floor may also call.
+	if _, err := e.effects(ctx); err != nil {
+		return fmt.Errorf("bench: --attach: --tools-url %s: %w", e.toolsURL, err)
 	}
 	topics := e.g.kafka.topics()
 	report.Attached = fmt.Sprintf("requests %s, events %s, tools %s", topics.Requests, topics.Events, e.toolsURL)
@@ -111,8 +127,12 @@ func (e *benchEnv) attach(report *loadtest.Report) error {
 		report.Attached += fmt.Sprintf(", processes %v", e.f.ledgerPIDs)
 	}
 	report.Store = "the running ledger's"
-	if e.f.crdbDSN != "" {
+	switch {
+	case !e.f.limits:
+	case e.f.crdbDSN != "":
 		report.Store += "; raw limit on " + redactDSN(e.f.crdbDSN)
+	default:
+		report.Store += "; raw limit on an embedded store in the work directory"
 	}
 	return nil
 }

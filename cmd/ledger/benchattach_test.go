@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 
@@ -21,7 +26,6 @@ import (
 // on its topics afterwards, and the direct floor, refused by dev's
 // backend (it checks the ledger's credentials), says where it went.
 func TestBenchAttached(t *testing.T) {
-	t.Setenv(runMainEnv, "1")
 	dir := t.TempDir()
 	dev := startDev(t, filepath.Join(dir, "dev"), freeAddr(t), freeAddr(t), freeAddr(t))
 	jsonOut := filepath.Join(dir, "bench.json")
@@ -95,17 +99,95 @@ func TestBenchAttachFlags(t *testing.T) {
 		{[]string{"--attach", "--issuer-key", "k.jwk"}, "--issuer"},
 		{[]string{"--attach", "--issuer", "idp"}, "--issuer-key"},
 		{[]string{"--attach", "--ledger-pid", "0"}, "--ledger-pid"},
-		{[]string{"--tools-url", "http://127.0.0.1:1"}, "--tools-url is for --attach"},
-		{[]string{"--ledger-pid", "1"}, "--ledger-pid is for --attach"},
+		{[]string{"--tools-url", "http://127.0.0.1:1"}, "--tools-url (or LEDGER_TOOLS_URL) is for --attach"},
+		{[]string{"--ledger-pid", "1"}, "--ledger-pid (or LEDGER_LEDGER_PID) is for --attach"},
+		{[]string{"--attach", "--clickhouse-dsn", "clickhouse://127.0.0.1:1"}, "--clickhouse-dsn"},
 		{[]string{"--attach", "--data-dir", filepath.Join(t.TempDir(), "none")}, "no dev issuer key"},
+		// Flags set through the environment are refused as well.
+		{[]string{"--attach", "env:LEDGER_BASELINE=/bin/true"}, "LEDGER_BASELINE"},
+		{[]string{"env:LEDGER_TOOLS_URL=http://127.0.0.1:1"}, "LEDGER_TOOLS_URL"},
 	} {
-		root := newRoot()
-		root.SetArgs(append([]string{"bench"}, tc.args...))
-		root.SetOut(io.Discard)
-		root.SetErr(io.Discard)
-		if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("bench %v: %v; want an error naming %q", tc.args, err, tc.want)
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var args []string
+			for _, a := range tc.args {
+				if kv, ok := strings.CutPrefix(a, "env:"); ok {
+					k, v, _ := strings.Cut(kv, "=")
+					t.Setenv(k, v)
+					continue
+				}
+				args = append(args, a)
+			}
+			root := newRoot()
+			root.SetArgs(append([]string{"bench"}, args...))
+			root.SetOut(io.Discard)
+			root.SetErr(io.Discard)
+			if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("bench %v: %v; want an error naming %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+// With --attach, --tools-url must be a backend whose effects can be
+// read, asked before any load: the witness counts there, and the direct
+// floor may call it.
+func TestBenchAttachNotDemoBackend(t *testing.T) {
+	dir := t.TempDir()
+	dev := startDev(t, filepath.Join(dir, "dev"), freeAddr(t), freeAddr(t), freeAddr(t))
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	root := newRoot()
+	root.SetArgs([]string{"bench", "--attach", "--kafka-brokers", dev.kafka, "--data-dir", dev.dir, "--tools-url", srv.URL, "--calls", "10", "--work-dir", filepath.Join(dir, "work")})
+	var progress strings.Builder
+	root.SetOut(io.Discard)
+	root.SetErr(&progress)
+	err := root.ExecuteContext(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "--tools-url "+srv.URL) || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("bench attached to a backend without effects: %v; want it refused, naming the URL and its answer", err)
+	}
+	if strings.Contains(progress.String(), "warming up") {
+		t.Errorf("load offered before the backend was checked:\n%s", progress.String())
+	}
+}
+
+// An attached ledger process that exits during a run ends the run,
+// named, as one of the bench's own does; so does another process that
+// took its pid.
+func TestWatchAttachedProcess(t *testing.T) {
+	for _, reused := range []bool{false, true} {
+		cmd := exec.Command("sleep", "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
 		}
+		st, err := readProcStat("/proc", cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &benchNode{what: "attached ledger process", pid: cmd.Process.Pid, start: st.start}
+		if reused {
+			// As if the pid were now another process's.
+			n.start--
+		}
+		ctx, unwatch := watchNodes(t.Context(), []*benchNode{n})
+		if !reused {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("run ended while the process ran: %v", context.Cause(ctx))
+			case <-time.After(3 * attachedPoll):
+			}
+			_ = cmd.Process.Kill()
+		}
+		select {
+		case <-ctx.Done():
+			if cause := context.Cause(ctx); !strings.Contains(cause.Error(), "attached ledger process "+strconv.Itoa(n.pid)+" exited") {
+				t.Errorf("cause %v; want the process named", cause)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("reused %v: the run went on after its attached process went", reused)
+		}
+		unwatch()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
 	}
 }
 

@@ -28,6 +28,9 @@ type procStat struct {
 	cpu, children time.Duration
 	// start is the process's start, in ticks after boot.
 	start int64
+	// exited: the process has ended and waits to be reaped (a zombie,
+	// state Z or X), its pid not yet free.
+	exited bool
 }
 
 // readProcStat reads <proc>/<pid>/stat (Linux only; proc is /proc but
@@ -65,7 +68,8 @@ func parsePIDStat(b []byte) (procStat, error) {
 		return procStat{}, fmt.Errorf("stat line with unreadable numbers")
 	}
 	tick := time.Second / clockTicks
-	return procStat{ppid: int(ppid), cpu: time.Duration(ut+st) * tick, children: time.Duration(cut+cst) * tick, start: start}, nil
+	return procStat{ppid: int(ppid), cpu: time.Duration(ut+st) * tick, children: time.Duration(cut+cst) * tick, start: start,
+		exited: f[0] == "Z" || f[0] == "X"}, nil
 }
 
 // pgServer is a PostgreSQL server running on this machine, found from a

@@ -26,6 +26,12 @@ func TestParsePIDStat(t *testing.T) {
 	if st != want {
 		t.Errorf("parsePIDStat = %+v; want %+v", st, want)
 	}
+	// A process that ended and awaits its parent's wait: gone, its pid
+	// not yet free.
+	zombie := strings.Replace(line, ") S 77", ") Z 77", 1)
+	if st, err := parsePIDStat([]byte(zombie)); err != nil || !st.exited {
+		t.Errorf("parsePIDStat(zombie) = %+v, %v; want it exited", st, err)
+	}
 	for _, bad := range []string{"", "4242 no name", "4242 (x) S 77 1 2", "4242 (x) S x 4242 4242 0 -1 4194560 100 0 0 0 250 50 7 3 20 0 1 0 12345 1000"} {
 		if _, err := parsePIDStat([]byte(bad)); err == nil {
 			t.Errorf("parsePIDStat(%q): no error", bad)

@@ -512,8 +512,6 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 	return nil
 }
 
-// stolen is the run's stolen share for the table, in percent, "-" when
-// the machine's CPU time was not read.
 // executors is the run's executor count, "-" when not known (an
 // attached ledger's).
 func (r RunReport) executors() string {
@@ -533,6 +531,8 @@ func (r RunReport) ledgerOrDash(s string) string {
 	return s
 }
 
+// stolen is the run's stolen share for the table, in percent, "-" when
+// the machine's CPU time was not read.
 func (r RunReport) stolen() string {
 	if r.MachineCPU <= 0 {
 		return "-"
