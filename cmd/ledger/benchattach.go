@@ -88,9 +88,9 @@ func (f *benchFlags) checkAttachFlags(set func(string) bool) error {
 }
 
 // attachWarmupDrain is how long an attached run's warm-up waits for a
-// first call to finish: a ledger that is not running on the topics
-// finishes none.
-const attachWarmupDrain = 30 * time.Second
+// call to finish, twice (before it stops submitting, then for the calls
+// in flight): a ledger that is not running on the topics finishes none.
+const attachWarmupDrain = 15 * time.Second
 
 // attachedPoll is how often a run asks /proc whether the attached
 // ledger's processes still run.
@@ -172,8 +172,8 @@ func (e *benchEnv) effects(ctx context.Context) ([]demobackend.Effect, error) {
 // calls succeed. Its figures would measure that, not the ledger.
 func (e *benchEnv) checkAttachedWarmup(topics ledger.Topics, res loadtest.Result) error {
 	if res.Finished == 0 {
-		return fmt.Errorf("none of %d calls reached a terminal event within %v: is a ledger running on %s with request topic %s and events topic %s?",
-			res.Lost, attachWarmupDrain, strings.Join(e.brokers, ","), topics.Requests, topics.Events)
+		return fmt.Errorf("none of the %d calls submitted reached a terminal event in %v: is a ledger running on %s with request topic %s and events topic %s?",
+			res.Submitted, res.Elapsed.Round(time.Second), strings.Join(e.brokers, ","), topics.Requests, topics.Events)
 	}
 	var other []string
 	for _, st := range slices.Sorted(maps.Keys(res.ByState)) {

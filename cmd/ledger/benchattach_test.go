@@ -201,7 +201,7 @@ func TestCheckAttachedWarmup(t *testing.T) {
 		want []string // "" when the warm-up is fine
 	}{
 		{loadtest.Result{Finished: 50, ByState: map[string]int64{"succeeded": 50}}, nil},
-		{loadtest.Result{Lost: 50, ByState: map[string]int64{}}, []string{"none of 50 calls", "request topic r", "events topic e"}},
+		{loadtest.Result{Submitted: 32, Lost: 32, Elapsed: 30 * time.Second, ByState: map[string]int64{}}, []string{"none of the 32 calls submitted reached a terminal event in 30s", "request topic r", "events topic e"}},
 		{loadtest.Result{Finished: 50, ByState: map[string]int64{"succeeded": 40, "denied": 6, "approval_pending": 4}}, []string{"4 approval_pending, 6 denied", "create_ticket"}},
 		{loadtest.Result{Finished: 49, Lost: 1, ByState: map[string]int64{"succeeded": 49}}, []string{"1 lost"}},
 	} {
