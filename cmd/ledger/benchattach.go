@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net/http"
 	"os"
@@ -41,7 +42,7 @@ func (f *attachFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.attach, "attach", false, "drive a ledger that is already running (ledger dev, or a deployment) instead of starting one: the calls go to its request topic (--topic-requests) on --kafka-brokers, their events are read from --topic-events, and the bench creates, restarts and drops nothing of the ledger's; the runs are the main run, --sweep and --sizes")
 	fs.StringVar(&f.toolsURL, "tools-url", "http://127.0.0.1:8081", "with --attach: the demo tool backend the running ledger's tools call (ledger dev serves it on its --backend-addr): duplicate and missing effects are counted from its GET /effects, and the direct floor calls it")
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the ledger dev being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
-	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as ledger dev keeps its own) of an agent identity provider the running ledger trusts, to sign the agents' assertions with instead of the dev issuer")
+	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as ledger dev keeps its own) of the agents' identity provider, instead of the dev issuer: created if missing, its public keys written beside it (<file>.jwks.json) for the running ledger's intake to trust (--issuer, --jwks-file)")
 	fs.StringVar(&f.issuerName, "issuer", "", "with --issuer-key: the issuer name under which the running ledger trusts that key")
 	fs.IntSliceVar(&f.ledgerPIDs, "ledger-pid", nil, "with --attach: the running ledger's process ids on this machine, comma separated: their CPU per call and peak RSS are reported (without, those columns read -)")
 }
@@ -102,8 +103,8 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 	var err error
 	if e.f.issuerKey == "" {
 		e.issuer, err = devIssuer(e.f.dataDir)
-	} else if _, err = os.Stat(e.f.issuerKey); err == nil {
-		e.issuer, err = identity.LoadOrCreateIssuer(e.f.issuerKey, e.f.issuerName)
+	} else {
+		e.issuer, err = e.attachIssuer()
 	}
 	if err != nil {
 		return fmt.Errorf("bench: --attach: the agents' issuer: %w", err)
@@ -135,6 +136,27 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 		report.Store += "; raw limit on an embedded store in the work directory"
 	}
 	return nil
+}
+
+// attachIssuer loads the agents' issuer of --issuer-key, creating the
+// key if it is missing, and writes its public key set beside it
+// (<key>.jwks.json), which the ledger's intake trusts with --issuer and
+// --jwks-file (re-read as it changes: no restart).
+func (e *benchEnv) attachIssuer() (*identity.Issuer, error) {
+	_, statErr := os.Stat(e.f.issuerKey)
+	iss, err := identity.LoadOrCreateIssuer(e.f.issuerKey, e.f.issuerName)
+	if err != nil {
+		return nil, err
+	}
+	jwks := e.f.issuerKey + ".jwks.json"
+	// Public keys only: readable by the intake's user.
+	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o644); err != nil {
+		return nil, err
+	}
+	if errors.Is(statErr, fs.ErrNotExist) {
+		fmt.Fprintf(e.progress, "bench: created the agents' issuer key %s; the running ledger's intake trusts it with --issuer %s --jwks-file %s\n", e.f.issuerKey, e.f.issuerName, jwks)
+	}
+	return iss, nil
 }
 
 // effects are what the tool backend applied: the bench's own, or with
@@ -185,7 +207,7 @@ func (e *benchEnv) checkAttachedWarmup(topics ledger.Topics, res loadtest.Result
 		if res.Lost > 0 {
 			other = append(other, fmt.Sprintf("%d lost", res.Lost))
 		}
-		return fmt.Errorf("of %d calls, %s: the running ledger must let the mix (%s) succeed for the bench's %d tenants (its policy, its tools' backend at %s)",
+		return fmt.Errorf("of %d calls, %s: the running ledger must let the mix (%s) succeed for the bench's %d tenants (its trust in the agents' issuer, its policy, its tools' backend at %s)",
 			res.Finished+res.Lost, strings.Join(other, ", "), e.f.mix, e.f.tenants, e.toolsURL)
 	}
 	return nil

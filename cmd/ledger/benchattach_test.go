@@ -217,3 +217,31 @@ func TestCheckAttachedWarmup(t *testing.T) {
 		}
 	}
 }
+
+// --issuer-key names the agents' identity provider for an attached
+// ledger: created when missing, its public keys written beside it for
+// the intake's --jwks-file, and the same key the next time.
+func TestAttachIssuer(t *testing.T) {
+	var progress strings.Builder
+	key := filepath.Join(t.TempDir(), "agents.jwk")
+	e := &benchEnv{f: &benchFlags{attachFlags: attachFlags{attach: true, issuerKey: key, issuerName: "https://idp.example"}}, progress: &progress}
+	first, err := e.attachIssuer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks, err := os.ReadFile(key + ".jwks.json")
+	if err != nil || string(jwks) != string(first.Keys().JWKS()) {
+		t.Fatalf("the public key set beside the key: %q (%v); want the issuer's", jwks, err)
+	}
+	if !strings.Contains(progress.String(), "created the agents' issuer key "+key) || !strings.Contains(progress.String(), "--jwks-file "+key+".jwks.json") {
+		t.Errorf("progress %q; want the new key and how the intake trusts it named", progress.String())
+	}
+	progress.Reset()
+	again, err := e.attachIssuer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(again.Keys().JWKS()) != string(first.Keys().JWKS()) || progress.Len() != 0 {
+		t.Errorf("second load: keys %s, progress %q; want the same key, nothing created", again.Keys().JWKS(), progress.String())
+	}
+}

@@ -40,6 +40,43 @@ func freeAddr(t *testing.T) string {
 	return ""
 }
 
+// runCommand runs the ledger command line args in process until the
+// test ends, when its context is cancelled and it must return, without
+// an error, within 30 s. exited, for a readiness loop, fails the test at
+// once if the command has returned already.
+func runCommand(t *testing.T, args ...string) (exited func()) {
+	t.Helper()
+	name := strings.Join(args, " ")
+	ctx, cancel := context.WithCancel(context.Background())
+	var err error
+	stopped := make(chan struct{})
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(io.Discard)
+	go func() {
+		err = root.ExecuteContext(ctx)
+		close(stopped)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-stopped:
+			if err != nil {
+				t.Errorf("ledger %s: %v", name, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("ledger %s did not stop within 30s of its context's end", name)
+		}
+	})
+	return func() {
+		select {
+		case <-stopped:
+			t.Fatalf("ledger %s exited: %v", name, err)
+		default:
+		}
+	}
+}
+
 type devRun struct {
 	kafka, api, backend string
 	dir                 string

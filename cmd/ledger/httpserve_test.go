@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -295,32 +294,12 @@ func TestHTTPTLSProjectorEnv(t *testing.T) {
 	} {
 		t.Setenv(name, v)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	root := newRoot()
-	root.SetArgs([]string{"projector"})
-	root.SetOut(io.Discard)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("ledger projector: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("ledger projector did not stop within 30s of its context's end")
-		}
-	})
+	exited := runCommand(t, "projector")
 
 	url := "https://" + addr + "/healthz"
 	withCert := httpsClient(pki.Pool, pki.Client("monitor", "u_monitor").Cert)
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
-		select {
-		case err := <-done:
-			t.Fatalf("ledger projector exited: %v", err)
-		default:
-		}
+		exited()
 		body, _, err := fetch(withCert, url)
 		if err != nil {
 			return err

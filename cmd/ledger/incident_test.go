@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
@@ -216,21 +215,12 @@ func TestAPIRole(t *testing.T) {
 	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	root := newRoot()
-	root.SetArgs([]string{"api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
-		"--issuer", DevIssuer, "--jwks-file", jwks, "--approvals-url", "http://" + devAPI, "--operators-url", "http://" + devAPI,
-		"--projector-group", devProjectorGroup, "--secure-cookies=false", "--log-level", "warn"})
-	go func() { done <- root.ExecuteContext(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("ledger api: %v", err)
-		}
-	})
+	exited := runCommand(t, "api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
+		"--issuer", DevIssuer, "--jwks-file", jwks, "--approvals-url", "http://"+devAPI, "--operators-url", "http://"+devAPI,
+		"--projector-group", devProjectorGroup, "--secure-cookies=false", "--log-level", "warn")
 	base := "http://" + addr
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
 		resp, err := http.Get(base + "/healthz")
 		if err != nil {
 			return err

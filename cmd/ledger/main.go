@@ -93,6 +93,7 @@ func newRoot() *cobra.Command {
 		newOutcomesCmd(g),
 		newUnresolvedCmd(g),
 		newDoctorCmd(g),
+		newDemoBackendCmd(g),
 	)
 	return root
 }

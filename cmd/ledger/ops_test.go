@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -69,33 +68,13 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 	addr := freeAddr(t)
 	dsn := freshSchemaDSN(t)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	root := newRoot()
-	root.SetArgs([]string{"--log-level", "error",
+	exited := runCommand(t, "--log-level", "error",
 		"--kafka-brokers", strings.Join(cc.Brokers, ","),
 		"--topic-requests", topics.Requests, "--topic-events", topics.Events,
 		"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
 		"executor", "--crdb-dsn", dsn, "--data-dir", t.TempDir(), "--instance-id", "ops-test",
 		"--metrics-addr", addr, "--tools-base-url", "http://127.0.0.1:1",
-	})
-	root.SetOut(io.Discard)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Errorf("ledger executor did not stop within 30s of its context's end")
-		}
-	})
-	exited := func() {
-		select {
-		case err := <-done:
-			t.Fatalf("ledger executor exited: %v", err)
-		default:
-		}
-	}
+	)
 
 	readyz := "http://" + addr + "/readyz"
 	ledgertest.WaitFor(t, 30*time.Second, func() error {

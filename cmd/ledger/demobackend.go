@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+)
+
+// demoBackendFlags configure `ledger demo-backend`.
+type demoBackendFlags struct {
+	addr       string
+	latency    time.Duration
+	jwksURL    string
+	introspect string
+	journal    string
+}
+
+func newDemoBackendCmd(g *globals) *cobra.Command {
+	var f demoBackendFlags
+	cmd := &cobra.Command{
+		Use:   "demo-backend",
+		Short: "Serve the demo tools on their own, recording every effect: a downstream for a deployment to call and for ledger bench --attach to count",
+		Long: `demo-backend serves the demo tools that ledger dev serves in its own process
+(get_weather, create_ticket, refund_order and the rest, with their status
+lookups), for a deployment of separate intake and executor processes to
+call (the executors' --tools-base-url). It applies each effect once per
+idempotency key where the tool is native-idempotent, as a real downstream
+would, and records every effect it applied: GET /effects lists them, which
+is where ledger bench --attach counts duplicate and missing effects.
+
+With --credential-jwks-url (an executor's --jwks-addr) every request must
+carry the per-call credential the ledger minted for it, as a deployed tool
+checks; without, none is checked. It is a stand-in for real tools, for
+trials and benchmarks: it keeps every effect in memory until it stops.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDemoBackend(cmd.Context(), g, &f, cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "where to serve the tools (POST /tools/{tool}, GET /tools/{tool}/status, GET /effects, GET /healthz)")
+	fs.DurationVar(&f.latency, "latency", 0, "latency added to every tool request, to model a real downstream")
+	fs.StringVar(&f.jwksURL, "credential-jwks-url", "", "the ledger's credential keys (an executor's --jwks-addr, /.well-known/jwks.json): with it every request must carry a credential minted for it (401 otherwise); https, or http on loopback")
+	fs.StringVar(&f.introspect, "introspect-url", "", "with --credential-jwks-url: the ledger's token introspection endpoint (a reconciler's /v1/introspect), asked about every credential so that a revoked one is refused")
+	fs.StringVar(&f.journal, "journal", "", "also append every effect to this file, one JSON line each")
+	return cmd
+}
+
+func runDemoBackend(ctx context.Context, g *globals, f *demoBackendFlags, out io.Writer) error {
+	logger := g.logger().With("component", "demobackend")
+	cfg := demobackend.Config{Logger: logger, Latency: f.latency, JournalPath: f.journal}
+	checks := "no credential checked"
+	switch {
+	case f.jwksURL != "":
+		v, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, JWKSURL: f.jwksURL})
+		if err != nil {
+			return fmt.Errorf("demo-backend: --credential-jwks-url: %w", err)
+		}
+		cfg.Credentials, cfg.IntrospectURL = v, f.introspect
+		checks = "credentials checked against " + f.jwksURL
+	case f.introspect != "":
+		return fmt.Errorf("demo-backend: --introspect-url asks about the credentials that --credential-jwks-url verifies")
+	}
+	backend := demobackend.New(cfg)
+	defer backend.Close()
+	grp, gctx := errgroup.WithContext(ctx)
+	g.serve(gctx, grp, "demo-backend", f.addr, backend.Handler())
+	scheme := "http"
+	if g.httpTLS.enabled() {
+		scheme = "https"
+	}
+	fmt.Fprintf(out, "demo backend: serving the demo tools on %s://%s (%s); GET /effects lists every effect\n", scheme, f.addr, checks)
+	return grp.Wait()
+}
