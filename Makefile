@@ -121,7 +121,8 @@ bench-sizes:
 # sweep is BENCH_DEV_SWEEP; nothing of the ledger's is created or dropped.
 BENCH_DEV_SWEEP ?= 250,500,1000
 bench-dev:
-	@pid=$$(pgrep -n -f '[l]edger dev --data-dir $(DATA_DIR)'); \
+	@set -euo pipefail; \
+	pid=$$(pgrep -n -f '[l]edger dev --data-dir $(DATA_DIR)' || true); \
 	if [ -z "$$pid" ]; then echo "bench-dev: no \`make dev\` running with DATA_DIR=$(DATA_DIR): start it first"; exit 1; fi; \
 	mkdir -p $(BENCH_OUT); \
 	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \

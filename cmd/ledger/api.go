@@ -135,7 +135,9 @@ person's assertion.`,
 			mux.Handle("/", ui)
 
 			grp, ctx := errgroup.WithContext(ctx)
-			g.serve(ctx, grp, "api", httpAddr, mux)
+			if _, err := g.serve(ctx, grp, "api", httpAddr, mux); err != nil {
+				return err
+			}
 			logger.Info("api serving", "addr", httpAddr, "clickhouse", redactDSN(ch.dsn), "approvals", approvalsURL, "operators", operatorsURL)
 			return grp.Wait()
 		},

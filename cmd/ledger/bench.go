@@ -115,13 +115,7 @@ runs inside the bench, beside the load generator and the tool backend, unless
 --kafka-process gives it a process of its own, whose CPU is then reported.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			// Set on the command line, or through LEDGER_<FLAG> (bindEnv
-			// sets a flag's value from it without marking it changed).
-			set := func(name string) bool {
-				_, env := os.LookupEnv(envName(name))
-				return cmd.Flags().Changed(name) || env
-			}
-			if err := f.checkAttachFlags(set); err != nil {
+			if err := f.checkAttachFlags(cmd.Flags()); err != nil {
 				return err
 			}
 			embedded := !f.attach && !cmd.Flags().Changed("kafka-brokers") && os.Getenv("LEDGER_KAFKA_BROKERS") == ""
@@ -823,7 +817,7 @@ func (e *benchEnv) measure(ctx context.Context, r benchRun, topics ledger.Topics
 			fmt.Fprintf(e.progress, "bench: %s: the store's footprint not measured: %v\n", r.name, err)
 		}
 	}
-	effects, err := e.effects(ctx)
+	effects, err := e.effects(ctx, res.RunID)
 	if err != nil {
 		return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"maps"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"slices"
 	"strings"
@@ -40,44 +41,68 @@ var attachOnly = []string{"tools-url", "data-dir", "issuer-key", "issuer", "ledg
 
 func (f *attachFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.attach, "attach", false, "drive a ledger that is already running (ledger dev, or a deployment) instead of starting one: the calls go to its request topic (--topic-requests) on --kafka-brokers, their events are read from --topic-events, and the bench creates, restarts and drops nothing of the ledger's; the runs are the main run, --sweep and --sizes")
-	fs.StringVar(&f.toolsURL, "tools-url", "http://127.0.0.1:8081", "with --attach: the demo tool backend the running ledger's tools call (ledger dev serves it on its --backend-addr): duplicate and missing effects are counted from its GET /effects, and the direct floor calls it")
+	fs.StringVar(&f.toolsURL, "tools-url", "http://127.0.0.1:8081", "with --attach: the demo tool backend the running ledger's tools call (ledger dev serves it on its --backend-addr, ledger demo-backend on its --addr): duplicate and missing effects are counted from its GET /effects, and the direct floor calls it, or a backend of the bench's own if it refuses calls without the ledger's credential")
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the ledger dev being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
-	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as ledger dev keeps its own) of the agents' identity provider, instead of the dev issuer: created if missing, its public keys written beside it (<file>.jwks.json) for the running ledger's intake to trust (--issuer, --jwks-file)")
+	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as ledger dev keeps its own) of the agents' identity provider, instead of the dev issuer; if missing, the bench creates it, writes its public keys beside it (<file>.jwks.json) and stops, for the ledger's intake to be started trusting them (--issuer, --jwks-file)")
 	fs.StringVar(&f.issuerName, "issuer", "", "with --issuer-key: the issuer name under which the running ledger trusts that key")
-	fs.IntSliceVar(&f.ledgerPIDs, "ledger-pid", nil, "with --attach: the running ledger's process ids on this machine, comma separated: their CPU per call and peak RSS are reported (without, those columns read -)")
+	fs.IntSliceVar(&f.ledgerPIDs, "ledger-pid", nil, "with --attach: the running ledger's process ids on this machine, comma separated: their CPU per call and peak RSS (each process's since it started, not the run's) are reported, and one that exits ends the run (without, those columns read -)")
 }
 
 // checkAttachFlags refuses what --attach cannot do, and the attach-only
-// flags without it, before anything starts. set says whether a flag was
-// set, on the command line or in the environment.
-func (f *benchFlags) checkAttachFlags(set func(string) bool) error {
+// flags without it, before anything starts. fs is the command's flags,
+// their values from the command line or, by bindEnv, LEDGER_<FLAG>. A
+// deployment's shell may hold such variables for other commands (the
+// roles share LEDGER_DATA_DIR, LEDGER_ISSUER, LEDGER_BATCH_LINGER...):
+// what they set is refused only where it would change what the bench
+// does, and named with its variable.
+func (f *benchFlags) checkAttachFlags(fs *pflag.FlagSet) error {
+	// what names a flag in a message: its variable too, when the value
+	// came from there.
+	what := func(name string) string {
+		if fs.Changed(name) {
+			return "--" + name
+		}
+		return fmt.Sprintf("--%s (set by %s)", name, envName(name))
+	}
 	if !f.attach {
+		// Without --attach their values are never read: only a
+		// command line that names them is a mistake.
 		for _, name := range attachOnly {
-			if set(name) {
-				return fmt.Errorf("bench: --%s (or %s) is for --attach", name, envName(name))
+			if fs.Changed(name) {
+				return fmt.Errorf("bench: --%s is for --attach", name)
 			}
 		}
 		return nil
 	}
 	// What starts, configures or restarts ledger processes, which a
-	// ledger the bench did not start does not let it do.
-	for _, name := range []string{"baseline", "scaling", "executors", "intake-process", "kafka-process", "profile", "backend-latency", "backend-verify", "batch-linger", "batch-linger-from", "node-log-level"} {
-		if set(name) {
-			return fmt.Errorf("bench: --%s (or %s) configures the ledger processes the bench starts; with --attach it drives one already running", name, envName(name))
+	// ledger the bench did not start does not let it do: refused when
+	// its value is not the default, wherever it came from. The
+	// processes' batching and log level are passed on only when given
+	// on the command line (nodeBatching), so only that is refused.
+	for _, name := range []string{"baseline", "scaling", "executors", "intake-process", "kafka-process", "profile", "backend-latency", "backend-verify", "clickhouse-dsn"} {
+		if fl := fs.Lookup(name); fl.Value.String() != fl.DefValue {
+			if name == "clickhouse-dsn" {
+				// The bench's projector reads a run's events topic
+				// from its start: an attached ledger's holds its whole
+				// history, whose replay the lag would measure.
+				return fmt.Errorf("bench: %s projects the topics of the ledgers the bench starts; an attached ledger's projection is its own: unset it for --attach", what(name))
+			}
+			return fmt.Errorf("bench: %s configures the ledger processes the bench starts; with --attach it drives one already running", what(name))
 		}
 	}
-	if set("clickhouse-dsn") {
-		// The bench's projector reads a run's events topic from its
-		// start: a running ledger's holds its whole history, whose
-		// replay the lag would measure.
-		return fmt.Errorf("bench: --clickhouse-dsn (or %s) projects the topics of the ledgers the bench starts; an attached ledger's projection is its own", envName("clickhouse-dsn"))
+	for _, name := range []string{"batch-linger", "batch-linger-from", "node-log-level"} {
+		if fs.Changed(name) {
+			return fmt.Errorf("bench: --%s configures the ledger processes the bench starts; with --attach it drives one already running", name)
+		}
 	}
 	switch {
 	case f.toolsURL == "":
 		return errors.New("bench: --attach needs --tools-url, the backend whose effects show duplicates")
 	case f.issuerKey != "" && f.issuerName == "":
-		return errors.New("bench: --issuer-key needs --issuer, the name the running ledger trusts it under")
-	case f.issuerKey == "" && f.issuerName != "":
+		return fmt.Errorf("bench: %s needs --issuer, the name the running ledger trusts it under", what("issuer-key"))
+	case f.issuerKey == "" && fs.Changed("issuer"):
+		// From the environment it is likely the intake's own
+		// LEDGER_ISSUER: without --issuer-key it is not read.
 		return errors.New("bench: --issuer names the provider of --issuer-key")
 	}
 	for _, pid := range f.ledgerPIDs {
@@ -119,7 +144,7 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 	}
 	// Before any load: the backend must be one whose effects can be
 	// read, a demo backend, which the direct floor may also call.
-	if _, err := e.effects(ctx); err != nil {
+	if _, err := e.effects(ctx, "p"+e.id); err != nil {
 		return fmt.Errorf("bench: --attach: --tools-url %s: %w", e.toolsURL, err)
 	}
 	topics := e.g.kafka.topics()
@@ -138,10 +163,12 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 	return nil
 }
 
-// attachIssuer loads the agents' issuer of --issuer-key, creating the
-// key if it is missing, and writes its public key set beside it
-// (<key>.jwks.json), which the ledger's intake trusts with --issuer and
-// --jwks-file (re-read as it changes: no restart).
+// attachIssuer loads the agents' issuer of --issuer-key. A missing key
+// is created, with its public key set beside it (<key>.jwks.json), and
+// the bench stops there: a running intake reads its --jwks-file when it
+// starts (and again as the file changes), so it must be started with it
+// before any call can pass. The key set is written again only when it
+// is missing: an operator may have added other keys to it.
 func (e *benchEnv) attachIssuer() (*identity.Issuer, error) {
 	_, statErr := os.Stat(e.f.issuerKey)
 	iss, err := identity.LoadOrCreateIssuer(e.f.issuerKey, e.f.issuerName)
@@ -149,26 +176,36 @@ func (e *benchEnv) attachIssuer() (*identity.Issuer, error) {
 		return nil, err
 	}
 	jwks := e.f.issuerKey + ".jwks.json"
-	// Public keys only: readable by the intake's user.
-	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o644); err != nil {
-		return nil, err
+	created := errors.Is(statErr, fs.ErrNotExist)
+	if _, err := os.Stat(jwks); created || errors.Is(err, fs.ErrNotExist) {
+		// Public keys only: readable by the intake's user.
+		if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o644); err != nil {
+			return nil, err
+		}
 	}
-	if errors.Is(statErr, fs.ErrNotExist) {
-		fmt.Fprintf(e.progress, "bench: created the agents' issuer key %s; the running ledger's intake trusts it with --issuer %s --jwks-file %s\n", e.f.issuerKey, e.f.issuerName, jwks)
+	if created {
+		return nil, fmt.Errorf("%w: created %s, its public keys in %s: start the ledger's intake with --issuer %s --jwks-file %s (or add those keys to the key set it reads), then run the bench again",
+			errIssuerCreated, e.f.issuerKey, jwks, e.f.issuerName, jwks)
 	}
 	return iss, nil
 }
 
-// effects are what the tool backend applied: the bench's own, or with
-// --attach the running ledger's, read from its GET /effects (every
-// effect it holds: the witness picks out the run's by their keys).
-func (e *benchEnv) effects(ctx context.Context) ([]demobackend.Effect, error) {
+// errIssuerCreated: --issuer-key named a key that did not exist; the
+// bench created it and stopped.
+var errIssuerCreated = errors.New("a new key")
+
+// effects are what the tool backend applied of run runID's calls (the
+// witness picks them out by their keys): the bench's own backend's,
+// which holds only the run's, or with --attach the running ledger's,
+// asked for the keys of the run only, for it keeps every effect of its
+// life.
+func (e *benchEnv) effects(ctx context.Context, runID string) ([]demobackend.Effect, error) {
 	if e.backend != nil {
 		return e.backend.Effects(), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	url := e.toolsURL + "/effects"
+	url := e.toolsURL + "/effects?key_contains=" + neturl.QueryEscape(":"+runID+"-")
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -96,16 +97,22 @@ func TestBenchAttachFlags(t *testing.T) {
 		{[]string{"--attach", "--kafka-process"}, "--kafka-process"},
 		{[]string{"--attach", "--batch-linger", "2ms"}, "--batch-linger"},
 		{[]string{"--attach", "--tools-url", ""}, "--tools-url"},
-		{[]string{"--attach", "--issuer-key", "k.jwk"}, "--issuer"},
+		{[]string{"--attach", "--issuer-key", "k.jwk"}, "--issuer-key needs --issuer"},
 		{[]string{"--attach", "--issuer", "idp"}, "--issuer-key"},
 		{[]string{"--attach", "--ledger-pid", "0"}, "--ledger-pid"},
-		{[]string{"--tools-url", "http://127.0.0.1:1"}, "--tools-url (or LEDGER_TOOLS_URL) is for --attach"},
-		{[]string{"--ledger-pid", "1"}, "--ledger-pid (or LEDGER_LEDGER_PID) is for --attach"},
+		{[]string{"--tools-url", "http://127.0.0.1:1"}, "--tools-url is for --attach"},
+		{[]string{"--ledger-pid", "1"}, "--ledger-pid is for --attach"},
 		{[]string{"--attach", "--clickhouse-dsn", "clickhouse://127.0.0.1:1"}, "--clickhouse-dsn"},
 		{[]string{"--attach", "--data-dir", filepath.Join(t.TempDir(), "none")}, "no dev issuer key"},
-		// Flags set through the environment are refused as well.
-		{[]string{"--attach", "env:LEDGER_BASELINE=/bin/true"}, "LEDGER_BASELINE"},
-		{[]string{"env:LEDGER_TOOLS_URL=http://127.0.0.1:1"}, "LEDGER_TOOLS_URL"},
+		// Flags set through the environment are refused as well, named
+		// with their variable.
+		{[]string{"--attach", "env:LEDGER_BASELINE=/bin/true"}, "--baseline (set by LEDGER_BASELINE)"},
+		{[]string{"--attach", "env:LEDGER_CLICKHOUSE_DSN=clickhouse://127.0.0.1:1"}, "--clickhouse-dsn (set by LEDGER_CLICKHOUSE_DSN)"},
+		// A deployment's shell holds variables of the roles that bench
+		// shares a name with: where the bench would not read them, they
+		// are not refused, and the run goes on to its own checks.
+		{[]string{"--calls", "-1", "env:LEDGER_DATA_DIR=/var/lib/ledger", "env:LEDGER_TOOLS_URL=http://127.0.0.1:1"}, "set --calls"},
+		{[]string{"--attach", "--data-dir", filepath.Join(t.TempDir(), "none"), "env:LEDGER_ISSUER=https://idp.example", "env:LEDGER_BATCH_LINGER=2ms"}, "no dev issuer key"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var args []string
@@ -219,29 +226,37 @@ func TestCheckAttachedWarmup(t *testing.T) {
 }
 
 // --issuer-key names the agents' identity provider for an attached
-// ledger: created when missing, its public keys written beside it for
-// the intake's --jwks-file, and the same key the next time.
+// ledger: created when missing, with its public keys beside it for the
+// intake's --jwks-file, and then the bench stops, for the intake must be
+// started with them; the next time the same key, and a key set an
+// operator has added to left as it is.
 func TestAttachIssuer(t *testing.T) {
-	var progress strings.Builder
 	key := filepath.Join(t.TempDir(), "agents.jwk")
-	e := &benchEnv{f: &benchFlags{attachFlags: attachFlags{attach: true, issuerKey: key, issuerName: "https://idp.example"}}, progress: &progress}
-	first, err := e.attachIssuer()
-	if err != nil {
-		t.Fatal(err)
+	e := &benchEnv{f: &benchFlags{attachFlags: attachFlags{attach: true, issuerKey: key, issuerName: "https://idp.example"}}}
+	_, err := e.attachIssuer()
+	if !errors.Is(err, errIssuerCreated) || !strings.Contains(err.Error(), "--issuer https://idp.example --jwks-file "+key+".jwks.json") {
+		t.Fatalf("first load: %v; want the key created and how the intake trusts it", err)
 	}
 	jwks, err := os.ReadFile(key + ".jwks.json")
-	if err != nil || string(jwks) != string(first.Keys().JWKS()) {
-		t.Fatalf("the public key set beside the key: %q (%v); want the issuer's", jwks, err)
-	}
-	if !strings.Contains(progress.String(), "created the agents' issuer key "+key) || !strings.Contains(progress.String(), "--jwks-file "+key+".jwks.json") {
-		t.Errorf("progress %q; want the new key and how the intake trusts it named", progress.String())
-	}
-	progress.Reset()
-	again, err := e.attachIssuer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(again.Keys().JWKS()) != string(first.Keys().JWKS()) || progress.Len() != 0 {
-		t.Errorf("second load: keys %s, progress %q; want the same key, nothing created", again.Keys().JWKS(), progress.String())
+	iss, err := e.attachIssuer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(iss.Keys().JWKS()) != string(jwks) {
+		t.Errorf("second load: keys %s; want the created key, whose set is %s", iss.Keys().JWKS(), jwks)
+	}
+	// An operator's key set is not overwritten.
+	mine := []byte(`{"keys":[]}`)
+	if err := os.WriteFile(key+".jwks.json", mine, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.attachIssuer(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(key + ".jwks.json"); string(got) != string(mine) {
+		t.Errorf("key set rewritten to %s; want the operator's left", got)
 	}
 }

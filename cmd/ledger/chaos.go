@@ -11,8 +11,6 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
-	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -324,14 +322,11 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 	}
 	backend := demobackend.New(demobackend.Config{Logger: logger.With("component", "demobackend")})
 	defer backend.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, toolsURL, err := serveBackend(backend)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: backend.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
-	toolsURL := "http://" + ln.Addr().String()
 
 	e.common = []string{
 		"--kafka-brokers", strings.Join(cc.Brokers, ","),

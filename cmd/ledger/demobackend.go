@@ -71,11 +71,14 @@ func runDemoBackend(ctx context.Context, g *globals, f *demoBackendFlags, out io
 	backend := demobackend.New(cfg)
 	defer backend.Close()
 	grp, gctx := errgroup.WithContext(ctx)
-	g.serve(gctx, grp, "demo-backend", f.addr, backend.Handler())
+	addr, err := g.serve(gctx, grp, "demo-backend", f.addr, backend.Handler())
+	if err != nil {
+		return err
+	}
 	scheme := "http"
 	if g.httpTLS.enabled() {
 		scheme = "https"
 	}
-	fmt.Fprintf(out, "demo backend: serving the demo tools on %s://%s (%s); GET /effects lists every effect\n", scheme, f.addr, checks)
+	fmt.Fprintf(out, "demo backend: serving the demo tools on %s://%s (%s); GET /effects lists every effect\n", scheme, addr, checks)
 	return grp.Wait()
 }

@@ -107,17 +107,18 @@ func (f *httpTLSFlags) listen(srv *http.Server, logger *slog.Logger) (serve func
 	return func() error { return srv.ServeTLS(ln, "", "") }, nil
 }
 
-// serve runs an HTTP server on addr in grp until ctx ends, then shuts it
-// down gracefully.
-func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr string, h http.Handler) {
+// serve listens on addr (bad TLS flags and an address in use are its
+// errors, before anything is served), serves h in grp until ctx ends,
+// then shuts the server down gracefully. It returns the bound address.
+func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr string, h http.Handler) (string, error) {
 	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	run, err := g.httpTLS.listen(srv, g.logger().With("server", what))
+	if err != nil {
+		return "", fmt.Errorf("%s on %s: %w", what, addr, err)
+	}
 	grp.Go(func() error {
-		run, err := g.httpTLS.listen(srv, g.logger().With("server", what))
-		if err == nil {
-			err = run()
-		}
-		if !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("%s on %s: %w", what, addr, err)
+		if err := run(); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("%s on %s: %w", what, srv.Addr, err)
 		}
 		return nil
 	})
@@ -127,6 +128,7 @@ func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr str
 		defer cancel()
 		return srv.Shutdown(shut)
 	})
+	return srv.Addr, nil
 }
 
 // keyPair is a certificate and its key, read again from their files on the

@@ -86,7 +86,9 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 					}
 					fmt.Fprintln(w, "ok")
 				})
-				g.serve(ctx, grp, "metrics", metricsAddr, mux)
+				if _, err := g.serve(ctx, grp, "metrics", metricsAddr, mux); err != nil {
+					return err
+				}
 			}
 			grp.Go(func() error { return p.Run(ctx) })
 			logger.Info("projector running", "clickhouse", redactDSN(ch.dsn), "database", st.Database(), "metrics", metricsAddr)

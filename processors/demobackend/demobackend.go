@@ -35,6 +35,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -387,8 +388,16 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	}{State: "applied", Result: st.body})
 }
 
-func (s *Server) handleEffects(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, s.Effects())
+// handleEffects lists the effects, in order; ?key_contains= keeps those
+// whose idempotency key contains it (a benchmark run's, by its run id),
+// so that a long-lived backend does not send its whole history.
+func (s *Server) handleEffects(w http.ResponseWriter, r *http.Request) {
+	part := r.URL.Query().Get("key_contains")
+	if part == "" {
+		writeJSON(w, http.StatusOK, s.Effects())
+		return
+	}
+	writeJSON(w, http.StatusOK, s.effectsWhere(func(ef *Effect) bool { return strings.Contains(ef.IdempotencyKey, part) }))
 }
 
 // errKeyReused: a native tool saw a known key with a different body.

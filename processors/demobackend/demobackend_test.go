@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -230,6 +231,42 @@ func TestForget(t *testing.T) {
 	}
 	if effs := s.Effects(); len(effs) != 1 || effs[0].Seq != 3 || effs[0].Replay {
 		t.Errorf("effects after Forget = %+v; want one new effect, seq 3", effs)
+	}
+}
+
+// GET /effects lists every effect, or with ?key_contains= those whose
+// idempotency key contains it, in order.
+func TestEffectsByKey(t *testing.T) {
+	t.Parallel()
+	_, ts := newBackend(t, Config{})
+	for _, key := range []string{"run1-0", "run2-0", "run1-1"} {
+		mustDo(t, ts.URL, call{path: "/tools/create_ticket", key: key, tenant: "t_acme", body: `{"title":"x"}`})
+	}
+	list := func(query string) []string {
+		t.Helper()
+		resp, err := http.Get(ts.URL + "/effects" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var effs []Effect
+		if err := json.NewDecoder(resp.Body).Decode(&effs); err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, ef := range effs {
+			keys = append(keys, ef.IdempotencyKey)
+		}
+		return keys
+	}
+	if got, want := list(""), []string{"run1-0", "run2-0", "run1-1"}; !slices.Equal(got, want) {
+		t.Errorf("all effects: keys %v; want %v", got, want)
+	}
+	if got, want := list("?key_contains=run1-"), []string{"run1-0", "run1-1"}; !slices.Equal(got, want) {
+		t.Errorf("run1's effects: keys %v; want %v", got, want)
+	}
+	if got := list("?key_contains=run3-"); len(got) != 0 {
+		t.Errorf("run3's effects: keys %v; want none (an empty list)", got)
 	}
 }
 

@@ -80,6 +80,19 @@ func (s *Server) Effects() []Effect {
 	return out
 }
 
+// effectsWhere returns the effects keep is true of, in order.
+func (s *Server) effectsWhere(keep func(*Effect) bool) []Effect {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := []Effect{}
+	for i := range s.effects {
+		if keep(&s.effects[i]) {
+			out = append(out, s.effects[i])
+		}
+	}
+	return out
+}
+
 // Forget drops what the server holds of the requests so far: the
 // effects, the refusals and the native tools' stored answers. It is for a
 // harness that checks runs one after another, each with idempotency keys

@@ -310,6 +310,47 @@ func TestReportWriteTable(t *testing.T) {
 	}
 }
 
+// A ledger the benchmark did not start (ledger bench --attach): the
+// report says so, its executors and, with no process measured, its CPU
+// and memory read "-", and a note on the direct floor goes under the
+// table.
+func TestReportWriteTableAttached(t *testing.T) {
+	rep := repReport()
+	rep.Attached = "requests r, events e, tools http://tools"
+	rep.Direct.Note = "these went to a demo backend of the bench's own"
+	rep.Runs = rep.Runs[:1]
+	rep.Runs[0].Executors, rep.Runs[0].Processes, rep.Runs[0].LedgerCPU, rep.Runs[0].PeakRSS = 0, 0, 0, 0
+	rep.Runs[0].Derive()
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		"ledger: already running, not started by the benchmark (requests r, events e, tools http://tools)",
+		"direct: these went to a demo backend of the bench's own",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	// exec, then after the latencies CPU µs/call, and peak RSS.
+	row := repRows(out)["ledger"]
+	if len(row) != 20 || row[2] != "-" || row[11] != "-" || row[15] != "-" || row[12] != "1000" || row[14] != "6000" {
+		t.Errorf("ledger row %q; want exec, CPU and peak RSS -, the harness's and the machine's figures kept\n%s", row, out)
+	}
+	// With its processes named, their figures are shown.
+	rep.Runs[0].Processes, rep.Runs[0].LedgerCPU, rep.Runs[0].PeakRSS = 1, 3*time.Second, 200<<20
+	rep.Runs[0].Derive()
+	buf.Reset()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if row := repRows(buf.String())["ledger"]; len(row) != 20 || row[2] != "-" || row[11] != "3000" || row[15] != "200" {
+		t.Errorf("ledger row %q; want exec -, CPU 3000 and peak RSS 200", row)
+	}
+}
+
 // repRows splits the table's lines into cells, by the first cell (the
 // first word of a run's name).
 func repRows(out string) map[string][]string {
