@@ -117,16 +117,18 @@ bench-sizes:
 		--json $(BENCH_OUT)/sizes.json $(BENCH_FLAGS) | tee $(BENCH_OUT)/sizes.txt
 
 # The ledger `make dev` runs (start it first, in another terminal), driven
-# as it is: its topics, its tools' backend, its process measured. The
-# sweep is BENCH_DEV_SWEEP; nothing of the ledger's is created or dropped.
+# as it is: its topics, its tools' backend, its process measured and its
+# loops read from its API (DEV_API). The sweep is BENCH_DEV_SWEEP; nothing
+# of the ledger's is created or dropped.
 BENCH_DEV_SWEEP ?= 250,500,1000
+DEV_API ?= http://127.0.0.1:8080
 bench-dev:
 	@set -euo pipefail; \
 	pid=$$(pgrep -n -f '[l]edger dev --data-dir $(DATA_DIR)' || true); \
 	if [ -z "$$pid" ]; then echo "bench-dev: no \`make dev\` running with DATA_DIR=$(DATA_DIR): start it first"; exit 1; fi; \
 	mkdir -p $(BENCH_OUT); \
 	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \
-	$(BENCH_OUT)/ledger bench --attach --data-dir $(DATA_DIR) --ledger-pid $$pid --mix $(BENCH_MIX) \
+	$(BENCH_OUT)/ledger bench --attach --data-dir $(DATA_DIR) --ledger-pid $$pid --ledger-ops $(DEV_API) --mix $(BENCH_MIX) \
 		--calls 0 --duration $(BENCH_DURATION) --concurrency $(BENCH_CONCURRENCY) --sweep $(BENCH_DEV_SWEEP) \
 		--limits=false --json $(BENCH_OUT)/dev.json $(BENCH_FLAGS) | tee $(BENCH_OUT)/dev.txt
 

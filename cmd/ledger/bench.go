@@ -677,7 +677,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		if err != nil {
 			return loadtest.RunReport{}, err
 		}
-		n.metricsURL, n.loopsURL = "http://"+addr+"/metrics", "http://"+addr+"/loops"
+		n.metricsURL, n.loopsURL = "http://"+addr+"/metrics", "http://"+addr+loopsPath
 		nodes = append(nodes, n)
 	}
 
@@ -1262,23 +1262,38 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 	})
 	machine := growing(func() (time.Duration, bool) { return stat.busy, statOK })
 	stolen := growing(func() (time.Duration, bool) { return stat.stolen, statOK })
-	// Each node's loops, all read at once each reading: the intake's
-	// and the executors' time in steps and transactions.
-	reads := make([]loopsRead, len(nodes))
-	intakeLoop, executorLoops := make([]func() time.Duration, len(nodes)), make([]func() time.Duration, len(nodes))
-	intakeSteps, executorSteps := make([]func() int64, len(nodes)), make([]func() int64, len(nodes))
-	for i := range nodes {
+	// Each process's loops, all read at once each reading: the intake's
+	// and the executors' time in steps and transactions. The bench's
+	// own processes serve them beside their metrics; an attached
+	// ledger's, when --ledger-ops names where.
+	var urls []string
+	for _, n := range nodes {
+		if n.loopsURL != "" {
+			urls = append(urls, n.loopsURL)
+		}
+	}
+	if e.f.attach {
+		for _, base := range e.f.ledgerOps {
+			urls = append(urls, strings.TrimSuffix(base, "/")+loopsPath)
+		}
+	}
+	reads := make([]loopsRead, len(urls))
+	intakeLoop, executorLoops := make([]func() time.Duration, len(urls)), make([]func() time.Duration, len(urls))
+	intakeSteps, executorSteps := make([]func() int64, len(urls)), make([]func() int64, len(urls))
+	for i := range urls {
 		intakeLoop[i] = growing(func() (time.Duration, bool) { return reads[i].intake.busy(), reads[i].ok })
 		executorLoops[i] = growing(func() (time.Duration, bool) { return reads[i].executors.busy(), reads[i].ok })
 		intakeSteps[i] = growing(func() (int64, bool) { return reads[i].intake.Steps, reads[i].ok })
 		executorSteps[i] = growing(func() (int64, bool) { return reads[i].executors.Steps, reads[i].ok })
 	}
 	return func() loadtest.Usage {
-		readAllLoops(nodes, reads)
+		readAllLoops(urls, reads)
 		stat, statOK = machineCPU()
 		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Kafka: kafka(), Machine: machine(), Stolen: stolen()}
-		for i, read := range ledgerCPU {
+		for _, read := range ledgerCPU {
 			u.Ledger += read()
+		}
+		for i := range urls {
 			u.IntakeLoop += intakeLoop[i]()
 			u.ExecutorLoops += executorLoops[i]()
 			u.IntakeSteps += intakeSteps[i]()
@@ -1325,21 +1340,21 @@ func (s *loopSum) add(lt ledger.LoopTime) {
 // busy is the time in steps and transactions.
 func (s loopSum) busy() time.Duration { return s.Step + s.Transaction }
 
-// readAllLoops reads every node's loops at once, within one deadline
-// short enough for a reading a second, into reads.
-func readAllLoops(nodes []*benchNode, reads []loopsRead) {
+// readAllLoops reads the loops at every one of urls at once, within one
+// deadline short enough for a reading a second, into reads.
+func readAllLoops(urls []string, reads []loopsRead) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	var wg sync.WaitGroup
-	for i, n := range nodes {
+	for i, url := range urls {
 		wg.Go(func() {
-			times, err := readLoops(ctx, n.loopsURL)
+			times, err := readLoops(ctx, url)
 			r := loopsRead{ok: err == nil}
 			for name, lt := range times {
 				switch {
 				case name == "intake":
 					r.intake.add(lt)
-				case strings.HasPrefix(name, "executor-"):
+				case name == "executor", strings.HasPrefix(name, "executor-"):
 					r.executors.add(lt)
 				}
 			}

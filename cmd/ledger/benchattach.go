@@ -34,10 +34,11 @@ type attachFlags struct {
 	issuerKey  string
 	issuerName string
 	ledgerPIDs []int
+	ledgerOps  []string
 }
 
 // attachOnly are the flags that mean something only with --attach.
-var attachOnly = []string{"tools-url", "data-dir", "issuer-key", "issuer", "ledger-pid"}
+var attachOnly = []string{"tools-url", "data-dir", "issuer-key", "issuer", "ledger-pid", "ledger-ops"}
 
 func (f *attachFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.attach, "attach", false, "drive a ledger that is already running (ledger dev, or a deployment) instead of starting one: the calls go to its request topic (--topic-requests) on --kafka-brokers, their events are read from --topic-events, and the bench creates, restarts and drops nothing of the ledger's; the runs are the main run, --sweep and --sizes")
@@ -45,6 +46,7 @@ func (f *attachFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the ledger dev being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
 	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as ledger dev keeps its own) of the agents' identity provider, instead of the dev issuer; if missing, the bench creates it, writes its public keys beside it (<file>.jwks.json) and stops, for the ledger's intake to be started trusting them (--issuer, --jwks-file)")
 	fs.StringVar(&f.issuerName, "issuer", "", "with --issuer-key: the issuer name under which the running ledger trusts that key")
+	fs.StringSliceVar(&f.ledgerOps, "ledger-ops", nil, "with --attach: where the running ledger's processes serve GET /loops, comma separated (a role's --metrics-addr as http://host:port, or ledger dev's API): the timeline then shows how busy its intake's and executors' loops were each second")
 	fs.IntSliceVar(&f.ledgerPIDs, "ledger-pid", nil, "with --attach: the running ledger's process ids on this machine, comma separated: their CPU per call and peak RSS (each process's since it started, not the run's) are reported, and one that exits ends the run (without, those columns read -)")
 }
 
@@ -110,6 +112,11 @@ func (f *benchFlags) checkAttachFlags(fs *pflag.FlagSet) error {
 			return fmt.Errorf("bench: --ledger-pid %d is not a process id", pid)
 		}
 	}
+	for _, base := range f.ledgerOps {
+		if u, err := neturl.Parse(base); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("bench: --ledger-ops %q is not an http(s)://host:port URL", base)
+		}
+	}
 	return nil
 }
 
@@ -147,10 +154,26 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 	if _, err := e.effects(ctx, "p"+e.id); err != nil {
 		return fmt.Errorf("bench: --attach: --tools-url %s: %w", e.toolsURL, err)
 	}
+	// Asked once now, so that a wrong address is said before the load
+	// rather than read as loops that never work.
+	for _, base := range e.f.ledgerOps {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		times, err := readLoops(rctx, strings.TrimSuffix(base, "/")+loopsPath)
+		cancel()
+		if err == nil && len(times) == 0 {
+			err = errors.New("no loops served")
+		}
+		if err != nil {
+			return fmt.Errorf("bench: --ledger-ops %s: %w", base, err)
+		}
+	}
 	topics := e.g.kafka.topics()
 	report.Attached = fmt.Sprintf("requests %s, events %s, tools %s", topics.Requests, topics.Events, e.toolsURL)
 	if len(e.attached) > 0 {
 		report.Attached += fmt.Sprintf(", processes %v", e.f.ledgerPIDs)
+	}
+	if len(e.f.ledgerOps) > 0 {
+		report.Attached += ", loops from " + strings.Join(e.f.ledgerOps, " ")
 	}
 	report.Store = "the running ledger's"
 	switch {

@@ -33,7 +33,7 @@ func TestBenchAttached(t *testing.T) {
 	// The dev ledger runs in this test's process: its CPU, measured
 	// through --ledger-pid, is this process's.
 	out := runBenchCmd(t, "--attach", "--kafka-brokers", dev.kafka, "--data-dir", dev.dir,
-		"--tools-url", "http://"+dev.backend, "--ledger-pid", strconv.Itoa(os.Getpid()),
+		"--tools-url", "http://"+dev.backend, "--ledger-pid", strconv.Itoa(os.Getpid()), "--ledger-ops", "http://"+dev.api,
 		"--calls", "300", "--warmup", "50", "--concurrency", "32", "--sweep", "300",
 		"--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
 	rep := readReport(t, jsonOut)
@@ -55,6 +55,18 @@ func TestBenchAttached(t *testing.T) {
 		}
 		if r.Processes != 1 || r.LedgerCPU <= 0 || r.PeakRSS <= 0 || r.Executors != 0 {
 			t.Errorf("%s: %d processes, CPU %v, peak RSS %d, %d executors; want the named process measured, executors unknown", r.Name, r.Processes, r.LedgerCPU, r.PeakRSS, r.Executors)
+		}
+		// dev's loops, read from its API (--ledger-ops), fill the
+		// timeline's loop columns.
+		var intake, executors time.Duration
+		var steps int64
+		for _, iv := range r.Result.Timeline {
+			if iv.Usage != nil {
+				intake, executors, steps = intake+iv.Usage.IntakeLoop, executors+iv.Usage.ExecutorLoops, steps+iv.Usage.ExecutorSteps
+			}
+		}
+		if intake <= 0 || executors <= 0 || steps <= 0 {
+			t.Errorf("%s: the timeline's loops: intake %v, executors %v in %d steps; want dev's loops read", r.Name, intake, executors, steps)
 		}
 	}
 	if row := benchRow(out, "ledger"); len(row) < 3 || row[2] != "-" {
@@ -100,6 +112,8 @@ func TestBenchAttachFlags(t *testing.T) {
 		{[]string{"--attach", "--issuer-key", "k.jwk"}, "--issuer-key needs --issuer"},
 		{[]string{"--attach", "--issuer", "idp"}, "--issuer-key"},
 		{[]string{"--attach", "--ledger-pid", "0"}, "--ledger-pid"},
+		{[]string{"--attach", "--ledger-ops", "127.0.0.1:9464"}, "--ledger-ops"},
+		{[]string{"--ledger-ops", "http://127.0.0.1:9464"}, "--ledger-ops is for --attach"},
 		{[]string{"--tools-url", "http://127.0.0.1:1"}, "--tools-url is for --attach"},
 		{[]string{"--ledger-pid", "1"}, "--ledger-pid is for --attach"},
 		{[]string{"--attach", "--clickhouse-dsn", "clickhouse://127.0.0.1:1"}, "--clickhouse-dsn"},
@@ -137,7 +151,7 @@ func TestBenchAttachFlags(t *testing.T) {
 
 // With --attach, --tools-url must be a backend whose effects can be
 // read, asked before any load: the witness counts there, and the direct
-// floor may call it.
+// floor may call it; and --ledger-ops must serve the loops' time.
 func TestBenchAttachNotDemoBackend(t *testing.T) {
 	dir := t.TempDir()
 	dev := startDev(t, filepath.Join(dir, "dev"), freeAddr(t), freeAddr(t), freeAddr(t))
@@ -154,6 +168,17 @@ func TestBenchAttachNotDemoBackend(t *testing.T) {
 	}
 	if strings.Contains(progress.String(), "warming up") {
 		t.Errorf("load offered before the backend was checked:\n%s", progress.String())
+	}
+	// So must --ledger-ops serve the loops' time.
+	root = newRoot()
+	root.SetArgs([]string{"bench", "--attach", "--kafka-brokers", dev.kafka, "--data-dir", dev.dir, "--tools-url", "http://" + dev.backend,
+		"--ledger-ops", srv.URL, "--calls", "10", "--work-dir", filepath.Join(dir, "work2")})
+	progress.Reset()
+	root.SetOut(io.Discard)
+	root.SetErr(&progress)
+	err = root.ExecuteContext(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "--ledger-ops "+srv.URL) || strings.Contains(progress.String(), "warming up") {
+		t.Errorf("bench attached with --ledger-ops that serves no loops: %v (progress %q); want it refused before the load, naming the URL", err, progress.String())
 	}
 }
 

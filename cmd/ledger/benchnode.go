@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -144,15 +143,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", obs.metrics.Handler())
-		// For the benchmark's timeline: how each loop spent its time.
-		mux.HandleFunc("GET /loops", func(w http.ResponseWriter, _ *http.Request) {
-			times := make(map[string]ledger.LoopTime, len(loops))
-			for i, l := range loops {
-				times[names[i]] = l.Time()
-			}
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(times)
-		})
+		mux.Handle("GET "+loopsPath, loopsHandler(names, loops))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()

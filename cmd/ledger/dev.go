@@ -242,6 +242,9 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	mux.Handle("/v1/resolutions", reconciler.ResolveHandler(staff, events))
+	// For ledger bench --attach --ledger-ops: how the loops spend their
+	// time.
+	mux.Handle("GET "+loopsPath, loopsHandler([]string{"intake", "executor", "reconciler"}, []*ledger.Loop{intakeRole, exec, reconcileRole}))
 
 	kill, err := control.New(control.Config{
 		State: controls, Publisher: events, Identity: staff, Topics: topics, Credentials: inspector,

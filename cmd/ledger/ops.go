@@ -76,9 +76,27 @@ type pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// loopsPath serves how a process's loops have spent their time.
+const loopsPath = "/loops"
+
+// loopsHandler serves GET /loops: each loop's time in steps and
+// transactions so far (ledger.Loop.Time), by name ("intake",
+// "executor", "executor-1"...), for ledger bench's timeline, which
+// reads it every second.
+func loopsHandler(names []string, loops []*ledger.Loop) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		times := make(map[string]ledger.LoopTime, len(loops))
+		for i, l := range loops {
+			times[names[i]] = l.Time()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(times)
+	}
+}
+
 // opsServer is a role's operational endpoint: /metrics, /healthz (the
-// process serves) and /readyz (its dependencies answer and its loop
-// works).
+// process serves), /readyz (its dependencies answer and its loop works)
+// and /loops (its loop's time, see loopsHandler).
 type opsServer struct {
 	srv   *http.Server
 	admin *kgo.Client
@@ -109,6 +127,7 @@ func startOps(g *globals, addr, role string, reg *metrics.Registry, loop *ledger
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.Handle("GET /readyz", readiness{checks: checks, logger: logger.With("server", "ops")})
+	mux.Handle("GET "+loopsPath, loopsHandler([]string{role}, []*ledger.Loop{loop}))
 	o := &opsServer{
 		srv:   &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second},
 		admin: admin,

@@ -128,6 +128,15 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 		}
 		return nil
 	})
+	// The loop's time, for ledger bench --attach --ledger-ops: it has
+	// stepped over the six events and committed them.
+	times, err := readLoops(t.Context(), "http://"+addr+loopsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lt, ok := times["executor"]; !ok || len(times) != 1 || lt.Steps == 0 || lt.Step <= 0 || lt.Transaction <= 0 {
+		t.Errorf("GET /loops = %+v; want the executor's loop, with steps and a transaction", times)
+	}
 
 	cluster.Close()
 	closed = true
