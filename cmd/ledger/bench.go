@@ -205,8 +205,11 @@ type benchEnv struct {
 	// running ledger's backend is at toolsURL.
 	srv *http.Server
 	// attached are the running ledger's processes given with
-	// --ledger-pid (--attach), measured but not the bench's to stop.
-	attached []*benchNode
+	// --ledger-pid (--attach), measured but not the bench's to stop;
+	// attachedLoops where its processes serve their loops' time
+	// (--ledger-ops).
+	attached      []*benchNode
+	attachedLoops []string
 }
 
 // startBackend creates the bench's agent identity provider, trusted by
@@ -1272,11 +1275,7 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 			urls = append(urls, n.loopsURL)
 		}
 	}
-	if e.f.attach {
-		for _, base := range e.f.ledgerOps {
-			urls = append(urls, strings.TrimSuffix(base, "/")+loopsPath)
-		}
-	}
+	urls = append(urls, e.attachedLoops...)
 	reads := make([]loopsRead, len(urls))
 	intakeLoop, executorLoops := make([]func() time.Duration, len(urls)), make([]func() time.Duration, len(urls))
 	intakeSteps, executorSteps := make([]func() int64, len(urls)), make([]func() int64, len(urls))
@@ -1369,28 +1368,35 @@ func readLoops(ctx context.Context, url string) (map[string]ledger.LoopTime, err
 	if url == "" {
 		return nil, errors.New("no loops page")
 	}
+	var times map[string]ledger.LoopTime
+	return times, getJSON(ctx, url, 1<<20, &times)
+}
+
+// getJSON decodes the JSON answer to GET url into v, reading at most
+// limit bytes of it; an answer other than 200 is an error quoting the
+// start of its body. The body is read to its end, so that the
+// connection serves the next request.
+func getJSON(ctx context.Context, url string, limit int64, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() {
-		// Read to the end, so that the connection is kept for the
-		// next second's reading.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
 	}()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("GET %s: %s %s", url, resp.Status, strings.TrimSpace(string(b)))
 	}
-	var times map[string]ledger.LoopTime
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&times); err != nil {
-		return nil, fmt.Errorf("%s: %w", url, err)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, limit)).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
 	}
-	return times, nil
+	return nil
 }
 
 // growing wraps a running total's reader: it returns the largest total

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"maps"
+	"math"
 	"net/http"
 	neturl "net/url"
 	"os"
@@ -157,8 +157,9 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 	// Asked once now, so that a wrong address is said before the load
 	// rather than read as loops that never work.
 	for _, base := range e.f.ledgerOps {
+		url := strings.TrimSuffix(base, "/") + loopsPath
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		times, err := readLoops(rctx, strings.TrimSuffix(base, "/")+loopsPath)
+		times, err := readLoops(rctx, url)
 		cancel()
 		if err == nil && len(times) == 0 {
 			err = errors.New("no loops served")
@@ -166,6 +167,7 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 		if err != nil {
 			return fmt.Errorf("bench: --ledger-ops %s: %w", base, err)
 		}
+		e.attachedLoops = append(e.attachedLoops, url)
 	}
 	topics := e.g.kafka.topics()
 	report.Attached = fmt.Sprintf("requests %s, events %s, tools %s", topics.Requests, topics.Events, e.toolsURL)
@@ -229,22 +231,11 @@ func (e *benchEnv) effects(ctx context.Context, runID string) ([]demobackend.Eff
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	url := e.toolsURL + "/effects?key_contains=" + neturl.QueryEscape(":"+runID+"-")
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("the backend's effects: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return nil, fmt.Errorf("the backend's effects: GET %s: %s %s (is --tools-url the demo backend?)", url, resp.Status, strings.TrimSpace(string(b)))
-	}
 	var effects []demobackend.Effect
-	if err := json.NewDecoder(resp.Body).Decode(&effects); err != nil {
-		return nil, fmt.Errorf("the backend's effects: GET %s: %w", url, err)
+	// No bound on the answer: the run's effects, a few hundred bytes a
+	// call.
+	if err := getJSON(ctx, url, math.MaxInt64, &effects); err != nil {
+		return nil, fmt.Errorf("the backend's effects (is --tools-url the demo backend?): %w", err)
 	}
 	return effects, nil
 }
