@@ -55,6 +55,7 @@ func newBenchNodeCmd(g *globals) *cobra.Command {
 	fs.BoolVar(&f.intake, "intake", false, "run an intake")
 	fs.IntVar(&f.executors, "executors", 1, "executor instances in this process (each its own transactional id and group member)")
 	fs.StringVar(&f.toolsBase, "tools-base-url", "", "base URL of the tool backend")
+	fs.StringVar(&f.roles.metricsAddr, "metrics-addr", "", "where ledger bench reads this node's /metrics and /loops; empty: not served")
 	fs.StringVar(&f.profile, "profile", "", "write a CPU profile to <profile>.cpu.pprof and an allocation profile to <profile>.allocs.pprof")
 	return cmd
 }

@@ -46,6 +46,8 @@ type devFlags struct {
 	httpAddr    string
 	backendAddr string
 	clickhouse  clickhouseFlags
+	// pprof serves the runtime's profiles on the API.
+	pprof bool
 }
 
 func newDevCmd(g *globals) *cobra.Command {
@@ -72,6 +74,7 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens")
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "project into this ClickHouse too (native protocol), and answer the incident queries from it; empty: from the embedded index")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_dev", "ClickHouse database of dev's projection: never a production one")
+	fs.BoolVar(&f.pprof, "pprof", false, "also serve Go's runtime profiles under /debug/pprof/ on the HTTP API (go tool pprof http://<http-addr>/debug/pprof/profile), to see where dev's one process spends its CPU and memory")
 	return cmd
 }
 
@@ -245,6 +248,9 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	// For ledger bench --attach --ledger-ops: how the loops spend their
 	// time.
 	mux.Handle("GET "+loopsPath, loopsHandler([]string{"intake", "executor", "reconciler"}, []*ledger.Loop{intakeRole, exec, reconcileRole}))
+	if f.pprof {
+		servePprof(mux)
+	}
 
 	kill, err := control.New(control.Config{
 		State: controls, Publisher: events, Identity: staff, Topics: topics, Credentials: inspector,

@@ -374,9 +374,12 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Fatalf("second refund:\n%s", out)
 	}
 
-	// Restart on the same data directory.
+	// Restart on the same data directory, this time with --pprof: the
+	// runtime's profiles are on the API then, and only then.
+	wantPprof(t, "http://"+api, false)
 	dev.stop()
-	startDev(t, dir, kafka, api, backend)
+	startDev(t, dir, kafka, api, backend, "--pprof")
+	wantPprof(t, "http://"+api, true)
 	id2 := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "dev-refund-2"}.ApprovalID()
 	if list := cli(t, "approvals", "list", "--api", "http://"+api, "--data-dir", dir); !strings.Contains(list, id2) {
 		t.Errorf("after restart the pending approval is gone:\n%s", list)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -94,6 +95,28 @@ func loopsHandler(names []string, loops []*ledger.Loop) http.HandlerFunc {
 	}
 }
 
+// pprofPrefix is where --pprof serves the runtime's profiles.
+const pprofPrefix = "/debug/pprof/"
+
+// servePprof adds net/http/pprof's pages to mux, for go tool pprof. They
+// are added one by one: the package's init puts them on
+// http.DefaultServeMux, which nothing here serves. The command line page
+// is left out, because a command line may hold a secret (a SASL password
+// given as a flag).
+func servePprof(mux *http.ServeMux) {
+	mux.HandleFunc("GET "+pprofPrefix, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == pprofPrefix+"cmdline" {
+			http.NotFound(w, r)
+			return
+		}
+		pprof.Index(w, r)
+	})
+	mux.HandleFunc("GET "+pprofPrefix+"profile", pprof.Profile)
+	mux.HandleFunc("GET "+pprofPrefix+"trace", pprof.Trace)
+	mux.HandleFunc("GET "+pprofPrefix+"symbol", pprof.Symbol)
+	mux.HandleFunc("POST "+pprofPrefix+"symbol", pprof.Symbol)
+}
+
 // opsServer is a role's operational endpoint: /metrics, /healthz (the
 // process serves), /readyz (its dependencies answer and its loop works)
 // and /loops (its loop's time, see loopsHandler).
@@ -104,10 +127,11 @@ type opsServer struct {
 }
 
 // startOps serves reg and the readiness of loop, the Kafka cluster and
-// store (when it can be pinged) on addr, until stop. It listens before it
-// returns, so a taken port fails the role's start. It also reports the
-// loop's consumer-group lag.
-func startOps(g *globals, addr, role string, reg *metrics.Registry, loop *ledger.Loop, store any, logger *slog.Logger) (*opsServer, error) {
+// store (when it can be pinged) on addr, until stop, and with profiles the
+// runtime's profiles (servePprof). It listens before it returns, so a
+// taken port fails the role's start. It also reports the loop's
+// consumer-group lag.
+func startOps(g *globals, addr string, profiles bool, role string, reg *metrics.Registry, loop *ledger.Loop, store any, logger *slog.Logger) (*opsServer, error) {
 	admin, err := ledger.NewClient(g.kafka.client(logger))
 	if err != nil {
 		return nil, err
@@ -128,6 +152,9 @@ func startOps(g *globals, addr, role string, reg *metrics.Registry, loop *ledger
 	})
 	mux.Handle("GET /readyz", readiness{checks: checks, logger: logger.With("server", "ops")})
 	mux.Handle("GET "+loopsPath, loopsHandler([]string{role}, []*ledger.Loop{loop}))
+	if profiles {
+		servePprof(mux)
+	}
 	o := &opsServer{
 		srv:   &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second},
 		admin: admin,

@@ -73,7 +73,7 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 		"--topic-requests", topics.Requests, "--topic-events", topics.Events,
 		"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
 		"executor", "--crdb-dsn", dsn, "--data-dir", t.TempDir(), "--instance-id", "ops-test",
-		"--metrics-addr", addr, "--tools-base-url", "http://127.0.0.1:1",
+		"--metrics-addr", addr, "--pprof", "--tools-base-url", "http://127.0.0.1:1",
 	)
 
 	readyz := "http://" + addr + "/readyz"
@@ -138,6 +138,8 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 		t.Errorf("GET /loops = %+v; want the executor's loop, with steps and a transaction", times)
 	}
 
+	wantPprof(t, "http://"+addr, true)
+
 	cluster.Close()
 	closed = true
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
@@ -159,5 +161,66 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 		t.Errorf("healthz with Kafka gone: %v %v; want 200 (the process lives; readiness is /readyz)", resp, err)
 	} else {
 		resp.Body.Close()
+	}
+}
+
+// wantPprof checks that base serves the runtime's profiles (--pprof), or
+// that it does not: a heap profile and a short CPU profile (both as go
+// tool pprof asks for them), and never the command line, which may hold
+// a secret.
+func wantPprof(t *testing.T, base string, served bool) {
+	t.Helper()
+	get := func(path string) (int, string) {
+		t.Helper()
+		body, resp, err := fetch(http.DefaultClient, base+path)
+		if resp == nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, body
+	}
+	code, body := get(pprofPrefix + "heap?debug=1")
+	if !served {
+		if code != http.StatusNotFound {
+			t.Errorf("GET %s%sheap without --pprof: %d; want 404", base, pprofPrefix, code)
+		}
+		return
+	}
+	if code != http.StatusOK || !strings.Contains(body, "heap profile:") {
+		t.Errorf("GET %s%sheap with --pprof: %d %.100q; want 200 with a heap profile", base, pprofPrefix, code, body)
+	}
+	// A CPU profile is gzipped protobuf.
+	if code, body := get(pprofPrefix + "profile?seconds=1"); code != http.StatusOK || !strings.HasPrefix(body, "\x1f\x8b") {
+		t.Errorf("GET %s%sprofile?seconds=1: %d with %d bytes; want 200 with a gzipped profile", base, pprofPrefix, code, len(body))
+	}
+	if code, _ := get(pprofPrefix + "cmdline"); code != http.StatusNotFound {
+		t.Errorf("GET %s%scmdline: %d; want 404 (a command line may hold a secret)", base, pprofPrefix, code)
+	}
+}
+
+// TestOpsFlagsOnlyWhereRead: the operational flags are accepted only by
+// the roles that read them. ledger dev and the approval queue once took
+// --metrics-addr and --otlp-traces-url and ignored them.
+func TestOpsFlagsOnlyWhereRead(t *testing.T) {
+	for _, args := range [][]string{
+		{"dev", "--metrics-addr", "127.0.0.1:0"},
+		{"dev", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
+		{"approvals", "serve", "--metrics-addr", "127.0.0.1:0"},
+		{"approvals", "serve", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
+		{"approvals", "serve", "--pprof"},
+	} {
+		if err := cliErr(t, args...); err == nil || !strings.Contains(err.Error(), "unknown flag") {
+			t.Errorf("ledger %s: %v; want an unknown flag", strings.Join(args, " "), err)
+		}
+	}
+	for _, role := range []string{"intake", "executor", "reconciler"} {
+		cmd, _, err := newRoot().Find([]string{role})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"metrics-addr", "pprof", "otlp-traces-url"} {
+			if cmd.Flags().Lookup(name) == nil {
+				t.Errorf("ledger %s has no --%s", role, name)
+			}
+		}
 	}
 }

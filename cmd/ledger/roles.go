@@ -40,6 +40,8 @@ type roleFlags struct {
 	instance string
 	// metricsAddr is where /metrics, /healthz and /readyz are served.
 	metricsAddr string
+	// pprof also serves the runtime's profiles on metricsAddr.
+	pprof bool
 	// otlpURL is where spans are exported; empty: nowhere.
 	otlpURL string
 	// batching is how the processing loop gathers its batches.
@@ -57,7 +59,16 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 	r.store.register(fs, withDataDir)
 	r.registry.register(fs)
 	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id)")
-	fs.StringVar(&r.metricsAddr, "metrics-addr", "", "where to serve /metrics (Prometheus), /healthz (the process serves) and /readyz (Kafka, the store and the processing loop answer), e.g. :9464; empty: not served")
+}
+
+// registerOps adds the flags of a role that run starts: its operational
+// endpoint and its spans. Commands that do not go through run (ledger
+// dev, the approval queue) leave them out rather than accept flags they
+// would ignore.
+func (r *roleFlags) registerOps(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringVar(&r.metricsAddr, "metrics-addr", "", "where to serve /metrics (Prometheus), /healthz (the process serves), /readyz (Kafka, the store and the processing loop answer) and /loops (the loop's time in steps and transactions), e.g. :9464; empty: not served")
+	fs.BoolVar(&r.pprof, "pprof", false, "also serve Go's runtime profiles under /debug/pprof/ on --metrics-addr (CPU, heap, allocations, goroutines: go tool pprof http://<addr>/debug/pprof/profile): off by default, because a profile shows the code's internals to whoever reaches the address and costs CPU while it is taken")
 	fs.StringVar(&r.otlpURL, "otlp-traces-url", "", "OTLP/HTTP endpoint to export spans to (the executor's per call and per tool request, in the agents' traces), e.g. http://otel-collector:4318/v1/traces; empty: no spans (tools still get a traceparent)")
 }
 
@@ -209,7 +220,7 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 		return err
 	}
 	if rf.metricsAddr != "" {
-		ops, err := startOps(g, rf.metricsAddr, role, rf.obs.metrics, loop, st, logger)
+		ops, err := startOps(g, rf.metricsAddr, rf.pprof, role, rf.obs.metrics, loop, st, logger)
 		if err != nil {
 			return err
 		}
@@ -282,6 +293,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	idf.register(cmd.Flags())
 	pf.register(cmd.Flags())
@@ -363,6 +375,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
 	pf.register(cmd.Flags())
@@ -587,6 +600,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
 	idf.register(cmd.Flags())
