@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 )
@@ -114,16 +113,12 @@ func (s *Server) active(ctx context.Context, token string) (bool, error) {
 	if s.introspect == "" {
 		return true, nil
 	}
-	client := s.client
-	if client == nil {
-		client = &http.Client{Timeout: 2 * time.Second}
-	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.introspect, strings.NewReader(url.Values{"token": {token}}.Encode()))
 	if err != nil {
 		return false, err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := client.Do(req)
+	resp, err := s.client.Do(req)
 	if err != nil {
 		// The error names the URL, never the token (it is in the body).
 		return false, err

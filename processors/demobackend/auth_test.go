@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -427,5 +430,63 @@ func TestCredentialNeverLeaks(t *testing.T) {
 		if strings.Contains(out, sig) || strings.Contains(out, payload) {
 			t.Errorf("%s contains the token:\n%s", name, out)
 		}
+	}
+}
+
+// TestIntrospectionKeepsConnections: the backend asks the introspection
+// endpoint about every tool request, so its client must keep a
+// connection per request in flight. With http.DefaultTransport's two
+// idle connections per host, most of these requests dialled (and then
+// closed) one of their own.
+func TestIntrospectionKeepsConnections(t *testing.T) {
+	t.Parallel()
+	var dials atomic.Int64
+	introspect := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"active":true}`))
+	}))
+	introspect.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			dials.Add(1)
+		}
+	}
+	introspect.Start()
+	t.Cleanup(introspect.Close)
+	e := newAuthEnv(t, Config{IntrospectURL: introspect.URL})
+
+	const workers, perWorker = 16, 25
+	auths := make([][]string, workers)
+	for w := range auths {
+		for i := range perWorker {
+			auth, _ := e.mint(t, ToolRefundOrder, "t_acme", fmt.Sprintf("k%d-%d", w, i), nil)
+			auths[w] = append(auths[w], auth)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*perWorker)
+	for w := range workers {
+		wg.Go(func() {
+			for i, auth := range auths[w] {
+				a, err := do(t, t.Context(), e.base, refundCall(fmt.Sprintf("k%d-%d", w, i), auth))
+				if err == nil && a.status != http.StatusOK {
+					err = fmt.Errorf("status %d: %s", a.status, a.body)
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := len(e.s.Effects()); n != workers*perWorker {
+		t.Errorf("%d effects; want %d", n, workers*perWorker)
+	}
+	// At most one connection per request in flight.
+	if n := dials.Load(); n > workers {
+		t.Errorf("%d connections to the introspection endpoint for %d requests, %d at a time; want at most %d", n, workers*perWorker, workers, workers)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -97,8 +98,11 @@ type Config struct {
 	// also asked about there, and one that is not active (revoked) is
 	// refused with 401 revoked. Unreachable: 503, no effect.
 	IntrospectURL string
-	// HTTPClient reaches IntrospectURL; default a client with a 2s
-	// timeout.
+	// HTTPClient reaches IntrospectURL; default a client of the
+	// backend's own with a 2s timeout, which keeps as many connections
+	// to the endpoint open as there are requests in flight (one
+	// introspection per tool request: a pool of two, http.DefaultTransport's,
+	// would dial and close a connection for most of them).
 	HTTPClient *http.Client
 }
 
@@ -110,12 +114,15 @@ const DefaultAudience = "demo-backend"
 // with New and serve Handler; Close releases hanging requests and the
 // journal.
 type Server struct {
-	logger         *slog.Logger
-	now            func() time.Time
-	latency        time.Duration
-	verifier       *credentials.Verifier
-	introspect     string
-	client         *http.Client
+	logger     *slog.Logger
+	now        func() time.Time
+	latency    time.Duration
+	verifier   *credentials.Verifier
+	introspect string
+	client     *http.Client
+	// own is the transport of the client New made (nil when
+	// Config.HTTPClient was given); Close closes its idle connections.
+	own            *http.Transport
 	backendSecrets map[string]string
 	versions       map[string]int64 // by "<tenant>/<resource>"; guarded by mu
 	audience       string
@@ -150,6 +157,11 @@ type storedCall struct {
 	body     []byte
 }
 
+// introspectConns is how many idle connections to the introspection
+// endpoint the backend's own client keeps: more than the requests a
+// ledger has in flight to one backend (its executors' bulkheads).
+const introspectConns = 256
+
 // New returns a Server. If cfg.JournalPath cannot be opened the error is
 // logged and every tool request answers 500 without an effect (see
 // Config.JournalPath).
@@ -178,6 +190,15 @@ func New(cfg Config) *Server {
 	if s.audience == "" {
 		s.audience = DefaultAudience
 	}
+	if s.client == nil && s.introspect != "" {
+		s.own = &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        introspectConns,
+			MaxIdleConnsPerHost: introspectConns,
+			IdleConnTimeout:     30 * time.Second,
+		}
+		s.client = &http.Client{Timeout: 2 * time.Second, Transport: s.own}
+	}
 	if cfg.JournalPath != "" {
 		f, err := os.OpenFile(cfg.JournalPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 		if err != nil {
@@ -196,6 +217,9 @@ func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		close(s.done)
+		if s.own != nil {
+			s.own.CloseIdleConnections()
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.journal != nil {
