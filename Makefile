@@ -8,8 +8,11 @@ BENCH_COUNT ?= 1
 
 .PHONY: dev build test bench bench-compare bench-sizes bench-dev bench-go bench-projections screenshots fuzz chaos lint vet config-reference
 
+# DEV_FLAGS: more flags for ledger dev, e.g. DEV_FLAGS=--pprof for make
+# bench-dev BENCH_FLAGS='--profile bench-out/dev-profiles'.
+DEV_FLAGS ?=
 dev:
-	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR)
+	$(GO) run ./cmd/ledger dev --data-dir $(DATA_DIR) $(DEV_FLAGS)
 
 build:
 	$(GO) build -o bin/ledger ./cmd/ledger

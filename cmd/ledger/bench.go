@@ -169,7 +169,7 @@ runs inside the bench, beside the load generator and the tool backend, unless
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
 	fs.IntVar(&f.pairs, "pairs", 3, "with --baseline, how many runs of each build")
 	fs.BoolVar(&f.timeline, "timeline", false, "also print each run second by second: the calls submitted and finished, the latencies and stage p99s of those finished, the CPU of the ledger, the store, the harness (and its garbage collector) and the machine, the CPU the hypervisor took (steal), and the share of each second the intake's and executors' loops spent in steps and transactions, with their busy time per step (the JSON report always has it)")
-	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles (run<N>-node<M>.*.pprof), and the harness's (harness.*.pprof) and with --kafka-process the Kafka process's (kafka.*.pprof), both over the whole bench, into this directory (go tool pprof)")
+	fs.StringVar(&f.profile, "profile", "", "write each ledger process's CPU and allocation profiles (run<N>-node<M>.*.pprof), and the harness's (harness.*.pprof) and with --kafka-process the Kafka process's (kafka.*.pprof), both over the whole bench, into this directory (go tool pprof); with --attach, those of each process --ledger-ops names over each run's submitting (run<N>-ledger<M>.*.pprof, from its /debug/pprof/: start it with --pprof; needs --calls 0 and --duration)")
 	f.attachFlags.register(fs)
 	cmd.AddCommand(newBenchNodeCmd(g), newBenchKafkaCmd())
 	return cmd
@@ -753,12 +753,28 @@ func (e *benchEnv) measure(ctx context.Context, r benchRun, topics ledger.Topics
 	if dsn != "" {
 		retriesBefore, retriesErr = storeRetries(ctx, nodes)
 	}
+	var profiled func()
 	selfBefore := selfCPU()
 	machineBefore, machineOK := machineCPU()
 	storeBefore, storeErr := e.storeCPU()
 	kafkaBefore := e.kafkaCPU()
+	if e.f.attach && e.f.profile != "" {
+		if r.calls != 0 {
+			fmt.Fprintf(e.progress, "bench: %s: the running ledger not profiled: a run of %d calls has no length known when it starts\n", r.name, r.calls)
+		} else {
+			pctx, cancel := context.WithCancel(runCtx)
+			wait := e.profileAttached(pctx, filepath.Join(e.f.profile, fmt.Sprintf("run%d", e.runs)), cfg.Duration)
+			// On success the profiles, as long as the submitting, are
+			// waited for below; a run that fails stops them.
+			defer func() { cancel(); wait() }()
+			profiled = wait
+		}
+	}
 	lag.start()
 	res, err := loadtest.Run(runCtx, cfg)
+	if profiled != nil && err == nil {
+		profiled()
+	}
 	if lineEnd == "" {
 		fmt.Fprintln(e.progress)
 	}
@@ -1373,10 +1389,20 @@ func readLoops(ctx context.Context, url string) (map[string]ledger.LoopTime, err
 }
 
 // getJSON decodes the JSON answer to GET url into v, reading at most
-// limit bytes of it; an answer other than 200 is an error quoting the
-// start of its body. The body is read to its end, so that the
-// connection serves the next request.
+// limit bytes of it (see httpGet).
 func getJSON(ctx context.Context, url string, limit int64, v any) error {
+	return httpGet(ctx, url, func(body io.Reader) error {
+		if err := json.NewDecoder(io.LimitReader(body, limit)).Decode(v); err != nil {
+			return fmt.Errorf("GET %s: %w", url, err)
+		}
+		return nil
+	})
+}
+
+// httpGet calls read with the body of a 200 answer to GET url; any other
+// answer is an error quoting the start of its body. The body is read to
+// its end afterwards, so that the connection serves the next request.
+func httpGet(ctx context.Context, url string, read func(body io.Reader) error) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
@@ -1393,10 +1419,7 @@ func getJSON(ctx context.Context, url string, limit int64, v any) error {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Errorf("GET %s: %s %s", url, resp.Status, strings.TrimSpace(string(b)))
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, limit)).Decode(v); err != nil {
-		return fmt.Errorf("GET %s: %w", url, err)
-	}
-	return nil
+	return read(resp.Body)
 }
 
 // growing wraps a running total's reader: it returns the largest total

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"math"
@@ -12,7 +13,9 @@ import (
 	neturl "net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -81,7 +84,7 @@ func (f *benchFlags) checkAttachFlags(fs *pflag.FlagSet) error {
 	// its value is not the default, wherever it came from. The
 	// processes' batching and log level are passed on only when given
 	// on the command line (nodeBatching), so only that is refused.
-	for _, name := range []string{"baseline", "scaling", "executors", "intake-process", "kafka-process", "profile", "backend-latency", "backend-verify", "clickhouse-dsn"} {
+	for _, name := range []string{"baseline", "scaling", "executors", "intake-process", "kafka-process", "backend-latency", "backend-verify", "clickhouse-dsn"} {
 		if fl := fs.Lookup(name); fl.Value.String() != fl.DefValue {
 			if name == "clickhouse-dsn" {
 				// The bench's projector reads a run's events topic
@@ -115,6 +118,16 @@ func (f *benchFlags) checkAttachFlags(fs *pflag.FlagSet) error {
 	for _, base := range f.ledgerOps {
 		if u, err := neturl.Parse(base); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("bench: --ledger-ops %q is not an http(s)://host:port URL", base)
+		}
+	}
+	if f.profile != "" {
+		// The running processes profile themselves (--pprof), for a
+		// length fixed when the profile starts.
+		switch {
+		case len(f.ledgerOps) == 0:
+			return fmt.Errorf("bench: %s with --attach profiles the processes --ledger-ops names (started with --pprof): give their addresses", what("profile"))
+		case f.calls != 0 || f.duration <= 0:
+			return fmt.Errorf("bench: %s with --attach needs --calls 0 and --duration: a running process's profile is asked for a length when it starts", what("profile"))
 		}
 	}
 	return nil
@@ -168,6 +181,11 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 			return fmt.Errorf("bench: --ledger-ops %s: %w", base, err)
 		}
 		e.attachedLoops = append(e.attachedLoops, url)
+		if e.f.profile != "" {
+			if err := pprofServed(ctx, base); err != nil {
+				return fmt.Errorf("bench: --profile: --ledger-ops %s serves no profiles: %w (start the process with --pprof)", base, err)
+			}
+		}
 	}
 	topics := e.g.kafka.topics()
 	report.Attached = fmt.Sprintf("requests %s, events %s, tools %s", topics.Requests, topics.Events, e.toolsURL)
@@ -294,4 +312,59 @@ func (e *benchEnv) floorBackend(ctx context.Context, call floorCall) (url, note 
 	note = fmt.Sprintf("the running ledger's backend refuses calls without its credential (status %d): these went to a demo backend of the bench's own, which checks none", te.Status)
 	fmt.Fprintf(e.progress, "bench: %s\n", note)
 	return url, note, func() { srv.Close(); own.Close() }, nil
+}
+
+// pprofServed says whether base serves the runtime's profiles (--pprof).
+func pprofServed(ctx context.Context, base string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return httpGet(ctx, strings.TrimSuffix(base, "/")+pprofPrefix, func(io.Reader) error { return nil })
+}
+
+// profileAttached takes, over the next d, the CPU profile and the
+// allocations of each process --ledger-ops names, from its
+// /debug/pprof/ (served with --pprof), into
+// <prefix>-ledger<M>.cpu.pprof and .allocs.pprof (M from 1, in
+// --ledger-ops order). The returned wait ends once each is written or
+// has failed; a failure is said on the progress line, as a figure
+// missing rather than a run lost.
+func (e *benchEnv) profileAttached(ctx context.Context, prefix string, d time.Duration) (wait func()) {
+	secs := strconv.Itoa(max(1, int(math.Ceil(d.Seconds()))))
+	var wg sync.WaitGroup
+	for i, base := range e.f.ledgerOps {
+		for _, kind := range []string{"cpu", "allocs"} {
+			path := pprofPrefix + "profile?seconds=" + secs
+			if kind == "allocs" {
+				// A delta: the allocations of these seconds only.
+				path = pprofPrefix + "allocs?seconds=" + secs
+			}
+			file := fmt.Sprintf("%s-ledger%d.%s.pprof", prefix, i+1, kind)
+			wg.Go(func() {
+				if err := saveURL(ctx, strings.TrimSuffix(base, "/")+path, file, d+time.Minute); err != nil {
+					fmt.Fprintf(e.progress, "bench: the %s profile of %s not taken: %v\n", kind, base, err)
+					return
+				}
+				fmt.Fprintf(e.progress, "bench: the %s profile of %s: %s\n", kind, base, file)
+			})
+		}
+	}
+	return wg.Wait
+}
+
+// saveURL writes the body of a 200 answer to GET url into file, within
+// limit.
+func saveURL(ctx context.Context, url, file string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	return httpGet(ctx, url, func(body io.Reader) error {
+		f, err := os.Create(file)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(f, body); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	})
 }

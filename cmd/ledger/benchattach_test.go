@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
 )
 
@@ -117,6 +120,10 @@ func TestBenchAttachFlags(t *testing.T) {
 		{[]string{"--tools-url", "http://127.0.0.1:1"}, "--tools-url is for --attach"},
 		{[]string{"--ledger-pid", "1"}, "--ledger-pid is for --attach"},
 		{[]string{"--attach", "--clickhouse-dsn", "clickhouse://127.0.0.1:1"}, "--clickhouse-dsn"},
+		// The running processes' profiles come from their --pprof pages,
+		// for a length given when each starts.
+		{[]string{"--attach", "--profile", t.TempDir(), "--calls", "0", "--duration", "5s"}, "--profile with --attach profiles the processes --ledger-ops names"},
+		{[]string{"--attach", "--profile", t.TempDir(), "--ledger-ops", "http://127.0.0.1:9464"}, "needs --calls 0 and --duration"},
 		{[]string{"--attach", "--data-dir", filepath.Join(t.TempDir(), "none")}, "no dev issuer key"},
 		// Flags set through the environment are refused as well, named
 		// with their variable.
@@ -179,6 +186,102 @@ func TestBenchAttachNotDemoBackend(t *testing.T) {
 	err = root.ExecuteContext(t.Context())
 	if err == nil || !strings.Contains(err.Error(), "--ledger-ops "+srv.URL) || strings.Contains(progress.String(), "warming up") {
 		t.Errorf("bench attached with --ledger-ops that serves no loops: %v (progress %q); want it refused before the load, naming the URL", err, progress.String())
+	}
+	// And --profile needs the processes to serve their profiles: this dev
+	// runs without --pprof.
+	root = newRoot()
+	root.SetArgs([]string{"bench", "--attach", "--kafka-brokers", dev.kafka, "--data-dir", dev.dir, "--tools-url", "http://" + dev.backend,
+		"--ledger-ops", "http://" + dev.api, "--profile", filepath.Join(dir, "profiles"), "--calls", "0", "--duration", "1s", "--work-dir", filepath.Join(dir, "work3")})
+	progress.Reset()
+	root.SetOut(io.Discard)
+	root.SetErr(&progress)
+	err = root.ExecuteContext(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "start the process with --pprof") || strings.Contains(progress.String(), "warming up") {
+		t.Errorf("bench --profile attached to a dev without --pprof: %v (progress %q); want it refused before the load", err, progress.String())
+	}
+}
+
+// TestBenchAttachedProfile: with --profile, an attached run takes the
+// CPU and allocation profiles of the processes --ledger-ops names
+// (here ledger dev with --pprof), over the run's submitting.
+func TestBenchAttachedProfile(t *testing.T) {
+	dir := t.TempDir()
+	// dev in a process of its own, as a user runs it: in this one, the
+	// bench's own CPU profile (of the harness) would keep dev's from
+	// starting.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	devDir, kafka, api, backend := filepath.Join(dir, "dev"), freeAddr(t), freeAddr(t), freeAddr(t)
+	logFile, err := os.Create(filepath.Join(dir, "dev.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	dev := exec.Command(self, "--log-level", "warn", "dev", "--data-dir", devDir, "--kafka-addr", kafka,
+		"--http-addr", api, "--backend-addr", backend, "--partitions", "3", "--pprof")
+	dev.Env = append(os.Environ(), runMainEnv+"=1")
+	dev.Stdout, dev.Stderr = logFile, logFile
+	if err := dev.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- dev.Wait() }()
+	t.Cleanup(func() {
+		_ = dev.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = dev.Process.Kill()
+			<-exited
+			t.Errorf("ledger dev did not stop within 30s of SIGINT")
+		}
+	})
+	ledgertest.WaitFor(t, 60*time.Second, func() error {
+		select {
+		case err := <-exited:
+			b, _ := os.ReadFile(logFile.Name())
+			t.Fatalf("ledger dev exited: %v\n%s", err, b)
+		default:
+		}
+		resp, err := http.Get("http://" + api + "/healthz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	})
+	profiles := filepath.Join(dir, "profiles")
+	_, progress := runBenchCmdProgress(t, "--attach", "--kafka-brokers", kafka, "--data-dir", devDir,
+		"--tools-url", "http://"+backend, "--ledger-ops", "http://"+api, "--profile", profiles,
+		"--ledger-pid", strconv.Itoa(dev.Process.Pid),
+		"--calls", "0", "--duration", "2s", "--warmup", "50", "--concurrency", "16",
+		"--limits=false", "--direct=false", "--work-dir", filepath.Join(dir, "work"))
+	for file, want := range map[string]string{
+		"run1-ledger1.cpu.pprof":    "nanoseconds",
+		"run1-ledger1.allocs.pprof": "alloc_space",
+	} {
+		path := filepath.Join(profiles, file)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Errorf("%v; progress:\n%s", err, progress)
+			continue
+		}
+		// A profile is gzipped protobuf, whose string table names its
+		// sample types.
+		zr, err := gzip.NewReader(bytes.NewReader(b))
+		if err != nil {
+			t.Errorf("%s: %v", file, err)
+			continue
+		}
+		raw, err := io.ReadAll(zr)
+		if err != nil || !bytes.Contains(raw, []byte(want)) {
+			t.Errorf("%s: %d bytes (%v); want a profile naming %q", file, len(raw), err, want)
+		}
+		if !strings.Contains(progress, path) {
+			t.Errorf("the progress does not say where %s went:\n%s", file, progress)
+		}
 	}
 }
 
