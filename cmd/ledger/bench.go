@@ -767,7 +767,11 @@ func (e *benchEnv) measure(ctx context.Context, r benchRun, topics ledger.Topics
 			// On success the profiles, as long as the submitting, are
 			// waited for below; a run that fails stops them.
 			defer func() { cancel(); wait() }()
-			profiled = wait
+			profiled = func() {
+				for _, line := range wait() {
+					fmt.Fprintf(e.progress, "bench: %s: %s\n", r.name, line)
+				}
+			}
 		}
 	}
 	lag.start()
@@ -1072,18 +1076,11 @@ func storeRetries(ctx context.Context, nodes []*benchNode) (map[string]int64, er
 func scrapeRetries(ctx context.Context, url string, sum map[string]int64) error {
 	var body []byte
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
+		err := httpGet(ctx, url, func(r io.Reader) error {
+			var err error
+			body, err = io.ReadAll(io.LimitReader(r, 8<<20))
 			return err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			body, err = io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-			resp.Body.Close()
-			if err == nil && resp.StatusCode != http.StatusOK {
-				err = fmt.Errorf("%s: %s", url, resp.Status)
-			}
-		}
+		})
 		if err == nil {
 			break
 		}

@@ -326,11 +326,15 @@ func pprofServed(ctx context.Context, base string) error {
 // /debug/pprof/ (served with --pprof), into
 // <prefix>-ledger<M>.cpu.pprof and .allocs.pprof (M from 1, in
 // --ledger-ops order). The returned wait ends once each is written or
-// has failed; a failure is said on the progress line, as a figure
-// missing rather than a run lost.
-func (e *benchEnv) profileAttached(ctx context.Context, prefix string, d time.Duration) (wait func()) {
+// has failed, and says which: a profile missing is a figure missing,
+// not a run lost.
+func (e *benchEnv) profileAttached(ctx context.Context, prefix string, d time.Duration) (wait func() []string) {
 	secs := strconv.Itoa(max(1, int(math.Ceil(d.Seconds()))))
-	var wg sync.WaitGroup
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		lines []string
+	)
 	for i, base := range e.f.ledgerOps {
 		for _, kind := range []string{"cpu", "allocs"} {
 			path := pprofPrefix + "profile?seconds=" + secs
@@ -340,15 +344,23 @@ func (e *benchEnv) profileAttached(ctx context.Context, prefix string, d time.Du
 			}
 			file := fmt.Sprintf("%s-ledger%d.%s.pprof", prefix, i+1, kind)
 			wg.Go(func() {
+				line := fmt.Sprintf("the %s profile of %s: %s", kind, base, file)
 				if err := saveURL(ctx, strings.TrimSuffix(base, "/")+path, file, d+time.Minute); err != nil {
-					fmt.Fprintf(e.progress, "bench: the %s profile of %s not taken: %v\n", kind, base, err)
-					return
+					line = fmt.Sprintf("the %s profile of %s not taken: %v", kind, base, err)
 				}
-				fmt.Fprintf(e.progress, "bench: the %s profile of %s: %s\n", kind, base, file)
+				mu.Lock()
+				lines = append(lines, line)
+				mu.Unlock()
 			})
 		}
 	}
-	return wg.Wait
+	return func() []string {
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		slices.Sort(lines)
+		return slices.Clone(lines)
+	}
 }
 
 // saveURL writes the body of a 200 answer to GET url into file, within
@@ -361,10 +373,14 @@ func saveURL(ctx context.Context, url, file string, limit time.Duration) error {
 		if err != nil {
 			return err
 		}
-		if _, err := io.Copy(f, body); err != nil {
-			f.Close()
-			return err
+		_, err = io.Copy(f, body)
+		if cerr := f.Close(); err == nil {
+			err = cerr
 		}
-		return f.Close()
+		if err != nil {
+			// Not half a profile, which would read as a whole one.
+			_ = os.Remove(file)
+		}
+		return err
 	})
 }

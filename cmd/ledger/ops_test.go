@@ -212,6 +212,13 @@ func TestOpsFlagsOnlyWhereRead(t *testing.T) {
 			t.Errorf("ledger %s: %v; want an unknown flag", strings.Join(args, " "), err)
 		}
 	}
+	// --pprof serves on --metrics-addr: alone it is refused before the
+	// role starts.
+	for _, role := range []string{"intake", "executor", "reconciler"} {
+		if err := cliErr(t, role, "--pprof"); err == nil || !strings.Contains(err.Error(), "--pprof serves the profiles on --metrics-addr") {
+			t.Errorf("ledger %s --pprof: %v; want it refused without --metrics-addr", role, err)
+		}
+	}
 	for _, role := range []string{"intake", "executor", "reconciler"} {
 		cmd, _, err := newRoot().Find([]string{role})
 		if err != nil {

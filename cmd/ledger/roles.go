@@ -183,6 +183,9 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 // run opens what a role needs, builds its loop with build, and runs it
 // until ctx ends.
 func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build func(*schemas.Registry, processors.Store, *slog.Logger) (*ledger.Loop, error)) error {
+	if rf.pprof && rf.metricsAddr == "" {
+		return errors.New("--pprof serves the profiles on --metrics-addr: set it too")
+	}
 	logger := g.logger()
 	reg, err := rf.registry.load()
 	if err != nil {

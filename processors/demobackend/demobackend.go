@@ -32,7 +32,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -191,12 +190,10 @@ func New(cfg Config) *Server {
 		s.audience = DefaultAudience
 	}
 	if s.client == nil && s.introspect != "" {
-		s.own = &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        introspectConns,
-			MaxIdleConnsPerHost: introspectConns,
-			IdleConnTimeout:     30 * time.Second,
-		}
+		// http.DefaultTransport's settings (proxy from the environment,
+		// HTTP/2, handshake timeouts), with a pool to match.
+		s.own = http.DefaultTransport.(*http.Transport).Clone()
+		s.own.MaxIdleConns, s.own.MaxIdleConnsPerHost = introspectConns, introspectConns
 		s.client = &http.Client{Timeout: 2 * time.Second, Transport: s.own}
 	}
 	if cfg.JournalPath != "" {
