@@ -123,7 +123,12 @@ func (s *Server) active(ctx context.Context, token string) (bool, error) {
 		// The error names the URL, never the token (it is in the body).
 		return false, err
 	}
-	defer resp.Body.Close()
+	defer func() {
+		// Read to its end, so that the connection serves the next
+		// introspection (a body closed early closes it).
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+	}()
 	if resp.StatusCode != http.StatusOK {
 		return false, fmt.Errorf("introspection answered %d", resp.StatusCode)
 	}

@@ -444,6 +444,12 @@ func TestIntrospectionKeepsConnections(t *testing.T) {
 	introspect := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"active":true}`))
+		// The JSON ends before the body does (chunked, the rest a
+		// moment later): the client must read the body to its end for
+		// the connection to serve again.
+		w.(http.Flusher).Flush()
+		time.Sleep(time.Millisecond)
+		_, _ = w.Write([]byte("\n"))
 	}))
 	introspect.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateNew {
