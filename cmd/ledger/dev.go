@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -398,6 +399,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		queries: queryDesc,
 		dataDir: dataDir,
 		topics:  topics,
+		pprof:   f.pprof,
 	})
 	err = grp.Wait()
 	logger.Info("ledger dev stopped")
@@ -435,9 +437,14 @@ type banner struct {
 	queries string
 	dataDir string
 	topics  ledger.Topics
+	pprof   bool // --pprof: the profiles are on the API
 }
 
-func printBanner(w *os.File, b banner) {
+func printBanner(w io.Writer, b banner) {
+	profiles := ""
+	if b.pprof {
+		profiles = fmt.Sprintf("  Profiles             http://%s%s   (go tool pprof http://%s%sprofile)\n", b.api, pprofPrefix, b.api, pprofPrefix)
+	}
 	fmt.Fprintf(w, `
 Toolcall Ledger (dev) is running. Ctrl-C stops it.
 
@@ -451,11 +458,11 @@ Toolcall Ledger (dev) is running. Ctrl-C stops it.
   Identity issuer      %s (dev key in the data directory; ledger token mints assertions)
   Policies             %s
   Credential keys      http://%s/.well-known/jwks.json
-
+%s
 Try:
   go run ./cmd/ledger submit --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
   curl -s 'http://%s/v1/calls/<idempotency_key>?tenant_id=t_demo'
   go run ./cmd/ledger blast-radius --tool get_weather --tenant t_demo --since 1h
 
-`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, b.api)
+`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, profiles, b.api)
 }

@@ -418,3 +418,19 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("dev-2 reached the tool %d times across the restart; want 1", n)
 	}
 }
+
+// The banner says where the profiles are when --pprof serves them, and
+// not otherwise.
+func TestDevBannerProfiles(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		var b strings.Builder
+		printBanner(&b, banner{api: "127.0.0.1:8080", pprof: on})
+		want := "Profiles             http://127.0.0.1:8080/debug/pprof/"
+		if got := strings.Contains(b.String(), want); got != on {
+			t.Errorf("--pprof %v: banner names the profiles: %v; want %v:\n%s", on, got, on, b.String())
+		}
+		if !strings.Contains(b.String(), "Credential keys      http://127.0.0.1:8080/.well-known/jwks.json\n") || !strings.Contains(b.String(), "\nTry:\n") {
+			t.Errorf("--pprof %v: banner lines out of place:\n%s", on, b.String())
+		}
+	}
+}
