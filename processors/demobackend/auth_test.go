@@ -491,8 +491,12 @@ func TestIntrospectionKeepsConnections(t *testing.T) {
 	if n := len(e.s.Effects()); n != workers*perWorker {
 		t.Errorf("%d effects; want %d", n, workers*perWorker)
 	}
-	// At most one connection per request in flight.
-	if n := dials.Load(); n > workers {
-		t.Errorf("%d connections to the introspection endpoint for %d requests, %d at a time; want at most %d", n, workers*perWorker, workers, workers)
+	// About one connection per request in flight. A connection goes
+	// back to the pool just after its answer was read, so a worker's
+	// next request may now and then find it not yet there and dial
+	// another: twice as many leaves room for that, and is still far
+	// below a connection for most requests (198 and 326 before).
+	if n, most := dials.Load(), int64(2*workers); n > most {
+		t.Errorf("%d connections to the introspection endpoint for %d requests, %d at a time; want at most %d", n, workers*perWorker, workers, most)
 	}
 }
