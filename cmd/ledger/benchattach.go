@@ -49,7 +49,7 @@ func (f *attachFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the ledger dev being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
 	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as ledger dev keeps its own) of the agents' identity provider, instead of the dev issuer; if missing, the bench creates it, writes its public keys beside it (<file>.jwks.json) and stops, for the ledger's intake to be started trusting them (--issuer, --jwks-file)")
 	fs.StringVar(&f.issuerName, "issuer", "", "with --issuer-key: the issuer name under which the running ledger trusts that key")
-	fs.StringSliceVar(&f.ledgerOps, "ledger-ops", nil, "with --attach: where the running ledger's processes serve GET /loops, comma separated (a role's --metrics-addr as http://host:port, or ledger dev's API): the timeline then shows how busy its intake's and executors' loops were each second")
+	fs.StringSliceVar(&f.ledgerOps, "ledger-ops", nil, "with --attach: where the running ledger's processes serve GET /loops, comma separated (a role's --metrics-addr as http://host:port, or ledger dev's API): the timeline then shows how busy its intake's and executors' loops were each second, and with --profile their profiles are taken there")
 	fs.IntSliceVar(&f.ledgerPIDs, "ledger-pid", nil, "with --attach: the running ledger's process ids on this machine, comma separated: their CPU per call and peak RSS (each process's since it started, not the run's) are reported, and one that exits ends the run (without, those columns read -)")
 }
 
