@@ -171,6 +171,16 @@ type Response struct {
 // (capped) body, so the caller may read the tool's error document. A Request
 // that cannot be sent at all returns an error wrapping ErrInvalidRequest.
 func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
+	if r.URL == "" {
+		return Response{}, errNoURL
+	}
+	// The request is built first so that its URL is parsed once, here,
+	// and checked as parsed.
+	var s sent
+	req, err := http.NewRequestWithContext(s.trace(ctx), http.MethodPost, r.URL, bytes.NewReader(r.Arguments))
+	if err != nil || !absoluteHTTP(req.URL) {
+		return Response{}, errNotHTTP
+	}
 	if err := r.validate(); err != nil {
 		return Response{}, err
 	}
@@ -179,16 +189,11 @@ func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
 		// (http.NoBody), defeating the guard below.
 		return Response{}, fmt.Errorf("no arguments: %w", ErrInvalidRequest)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.URL, bytes.NewReader(r.Arguments))
-	if err != nil {
-		return Response{}, fmt.Errorf("url: %w", ErrInvalidRequest)
-	}
 	// Not rewindable: net/http must never re-send a call on its own (see
 	// the package comment).
 	req.GetBody = nil
-	c.setHeaders(req, r)
-	req.Header.Set("Content-Type", "application/json")
-	return c.do(ctx, req, r)
+	req.Header = c.headers(r, "application/json")
+	return c.do(ctx, req, r, &s)
 }
 
 // Lookup asks a tool's status endpoint about r's call: GET lookupURL with
@@ -197,69 +202,101 @@ func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
 // Call's; a 404 (Refused) usually means the tool has no record of the key.
 // A lookup is a read, so unlike Call it may be re-sent by net/http.
 func (c *Client) Lookup(ctx context.Context, lookupURL string, r Request) (Response, error) {
-	r.URL = lookupURL
-	if err := r.validate(); err != nil {
-		return Response{}, err
+	if lookupURL == "" {
+		return Response{}, errNoURL
 	}
 	u, err := url.Parse(lookupURL)
-	if err != nil {
-		return Response{}, fmt.Errorf("lookup url: %w", ErrInvalidRequest)
+	if err != nil || !absoluteHTTP(u) {
+		return Response{}, errNotHTTP
+	}
+	if err := r.validate(); err != nil {
+		return Response{}, err
 	}
 	q := u.Query()
 	q.Set("idempotency_key", r.IdempotencyKey)
 	u.RawQuery = q.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	var s sent
+	req, err := http.NewRequestWithContext(s.trace(ctx), http.MethodGet, u.String(), nil)
 	if err != nil {
 		return Response{}, fmt.Errorf("lookup url: %w", ErrInvalidRequest)
 	}
-	c.setHeaders(req, r)
-	return c.do(ctx, req, r)
+	req.Header = c.headers(r, "")
+	return c.do(ctx, req, r, &s)
 }
 
-func (c *Client) setHeaders(req *http.Request, r Request) {
-	h := req.Header
-	h.Set("Accept", "application/json")
-	h.Set("User-Agent", c.userAgent)
-	h.Set(HeaderIdempotencyKey, r.IdempotencyKey)
-	h.Set(HeaderCallID, r.CallID)
-	h.Set(HeaderTenant, r.TenantID)
-	h.Set(HeaderAttempt, strconv.Itoa(r.Attempt))
-	if r.TraceID != "" {
-		h.Set(HeaderTraceID, r.TraceID)
-	}
+// The header names a call sends, as net/http's Header.Set would write
+// them (canonical), so that headers can fill the map directly.
+const (
+	keyAccept        = "Accept"
+	keyUserAgent     = "User-Agent"
+	keyTraceparent   = "Traceparent"
+	keyAuthorization = "Authorization"
+	keyContentType   = "Content-Type"
+)
+
+// headers returns a call's request headers; contentType is left out when
+// empty. It is on every call's path: the map is sized for them and their
+// values share one array, instead of an allocation a header.
+func (c *Client) headers(r Request, contentType string) http.Header {
 	tp := r.Traceparent
 	if tp == "" {
 		tp = tracing.Fallback(r.TraceID, r.IdempotencyKey, r.Attempt)
 	}
-	h.Set(tracing.HeaderTraceparent, tp)
+	h := make(http.Header, 11)
+	vals := make([]string, 0, 11)
+	set := func(k, v string) {
+		vals = append(vals, v)
+		n := len(vals)
+		h[k] = vals[n-1 : n : n]
+	}
+	set(keyAccept, "application/json")
+	set(keyUserAgent, c.userAgent)
+	set(HeaderIdempotencyKey, r.IdempotencyKey)
+	set(HeaderCallID, r.CallID)
+	set(HeaderTenant, r.TenantID)
+	set(HeaderAttempt, strconv.Itoa(r.Attempt))
+	if r.TraceID != "" {
+		set(HeaderTraceID, r.TraceID)
+	}
+	set(keyTraceparent, tp)
 	if r.Credential != "" {
-		h.Set("Authorization", "Bearer "+r.Credential)
+		set(keyAuthorization, "Bearer "+r.Credential)
 	}
 	if r.BackendSecret != "" {
-		h.Set(HeaderBackendSecret, r.BackendSecret)
+		set(HeaderBackendSecret, r.BackendSecret)
 	}
+	if contentType != "" {
+		set(keyContentType, contentType)
+	}
+	return h
 }
 
-// do sends req and sorts the outcome.
-func (c *Client) do(ctx context.Context, req *http.Request, r Request) (Response, error) {
+// sent records, from the Transport's goroutines (hence the atomics), how
+// far a request got. gotConn is set before a single byte of the request
+// is written, and the Transport does not re-send a call (see Call), so a
+// false gotConn after a failure proves the tool never saw the request.
+type sent struct {
+	gotConn, wrote atomic.Bool
+}
+
+// trace returns ctx with s's hooks, for the request to be built with (so
+// that it need not be copied to add them).
+func (s *sent) trace(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { s.gotConn.Store(true) },
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				s.wrote.Store(true)
+			}
+		},
+	})
+}
+
+// do sends req, built with s.trace, and sorts the outcome.
+func (c *Client) do(ctx context.Context, req *http.Request, r Request, s *sent) (Response, error) {
 	if err := ctx.Err(); err != nil {
 		return Response{}, r.redact(&Error{Kind: NotSent, Detail: "context done before sending", Err: context.Cause(ctx)})
 	}
-
-	// The hooks run on the Transport's goroutines, hence the atomics.
-	// gotConn is set before a single byte of the request is written, and
-	// the Transport does not re-send this request (see Call), so a false
-	// gotConn after a failure proves the tool never saw the request.
-	var gotConn, wrote atomic.Bool
-	trace := &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { gotConn.Store(true) },
-		WroteRequest: func(info httptrace.WroteRequestInfo) {
-			if info.Err == nil {
-				wrote.Store(true)
-			}
-		},
-	}
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 
 	start := time.Now()
 	resp, err := c.hc.Do(req)
@@ -267,9 +304,9 @@ func (c *Client) do(ctx context.Context, req *http.Request, r Request) (Response
 		out := Response{Latency: time.Since(start)}
 		e := &Error{Kind: Unknown, Err: err}
 		switch {
-		case !gotConn.Load():
+		case !s.gotConn.Load():
 			e.Kind, e.Detail = NotSent, "no connection to the tool"
-		case wrote.Load():
+		case s.wrote.Load():
 			e.Detail = "request sent, no answer"
 		default:
 			e.Detail = "connection broke while sending the request"
@@ -345,18 +382,23 @@ func retryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// validate checks what would otherwise fail inside net/http after the
-// request was built, or worse, be rejected there as if it were a transport
-// error (NotSent, retryable forever).
+// Errors of a request whose URL cannot be called. The URL is not quoted:
+// it may carry userinfo.
+var (
+	errNoURL   = fmt.Errorf("no url: %w", ErrInvalidRequest)
+	errNotHTTP = fmt.Errorf("url is not an absolute http(s) url: %w", ErrInvalidRequest)
+)
+
+// absoluteHTTP reports whether u is an absolute http or https URL.
+func absoluteHTTP(u *url.URL) bool {
+	return (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
+// validate checks, but for the URL (checked as parsed by Call and Lookup),
+// what would otherwise fail inside net/http after the request was built,
+// or worse, be rejected there as if it were a transport error (NotSent,
+// retryable forever).
 func (r Request) validate() error {
-	if r.URL == "" {
-		return fmt.Errorf("no url: %w", ErrInvalidRequest)
-	}
-	u, err := url.Parse(r.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		// The URL is not quoted: it may carry userinfo.
-		return fmt.Errorf("url is not an absolute http(s) url: %w", ErrInvalidRequest)
-	}
 	if r.IdempotencyKey == "" {
 		return fmt.Errorf("no idempotency key: %w", ErrInvalidRequest)
 	}

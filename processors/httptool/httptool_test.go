@@ -658,3 +658,21 @@ func TestAgainstDemoBackend(t *testing.T) {
 		}
 	})
 }
+
+// TestHeaderKeysCanonical: headers fills the map without Header.Set's
+// canonicalization, so every name must already be canonical, or it would
+// go on the wire in another case than before and be missed by a Get.
+func TestHeaderKeysCanonical(t *testing.T) {
+	t.Parallel()
+	for _, k := range []string{
+		keyAccept, keyUserAgent, keyTraceparent, keyAuthorization, keyContentType,
+		HeaderIdempotencyKey, HeaderCallID, HeaderTenant, HeaderAttempt, HeaderTraceID, HeaderBackendSecret,
+	} {
+		if c := http.CanonicalHeaderKey(k); c != k {
+			t.Errorf("header %q is not canonical (%q)", k, c)
+		}
+	}
+	if !strings.EqualFold(keyTraceparent, tracing.HeaderTraceparent) {
+		t.Errorf("keyTraceparent %q is not tracing's %q", keyTraceparent, tracing.HeaderTraceparent)
+	}
+}
