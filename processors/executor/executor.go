@@ -36,7 +36,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -1486,23 +1485,20 @@ func obligationMasks(obligations []string) []string {
 func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string) sanitized {
 	sum := sha256.Sum256(resp.Body)
 	s := sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
-	wrapped := struct {
-		Untrusted bool   `json:"untrusted"`
-		Source    string `json:"source"`
-		Truncated bool   `json:"truncated,omitempty"`
-		Content   any    `json:"content,omitempty"`
-	}{Untrusted: true, Source: fmt.Sprintf("tool:%s@v%d", tool.Name, tool.Version), Truncated: resp.Truncated}
+	var content any
 	if !resp.Truncated {
 		if tree, err := ledger.Decode(resp.Body, ledger.Limits{MaxBytes: max(len(resp.Body), 1)}); err == nil {
-			wrapped.Content = ledger.Redact(tree, masks)
+			content = tree
+			if len(masks) > 0 {
+				// Redact copies; the tree is ours, so only when it hides.
+				content = ledger.Redact(tree, masks)
+			}
 		} else {
-			wrapped.Content = string(resp.Body)
+			content = string(resp.Body)
 		}
 	}
-	b, err := json.Marshal(wrapped)
-	if err != nil {
-		b = []byte(`{"untrusted":true}`)
-	}
+	source := "tool:" + tool.Name + "@v" + strconv.Itoa(tool.Version)
+	b := appendResult(make([]byte, 0, len(resp.Body)+len(source)+64), source, resp.Truncated, content)
 	s.stored = b
 	return s
 }

@@ -624,7 +624,12 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 	// The audit copy hides what the registry and the deciding policies
 	// say to hide.
 	hide := append(append([]string(nil), tool.Redact...), d.Obligations.Mask...)
-	audit := ledger.Redact(env.Arguments, hide)
+	audit := env.Arguments
+	if len(hide) > 0 {
+		// Redact copies; nothing below writes to the tree, so only when
+		// it hides.
+		audit = ledger.Redact(env.Arguments, hide)
+	}
 	redacted, err := ledger.Canonical(audit)
 	if err != nil {
 		return processors.Admission{}, err
