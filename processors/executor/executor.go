@@ -623,25 +623,31 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// lost), and appending only the events past it would put the
 	// move's event in the log ahead of the step's. The outbox holds one
 	// step's events, so this is what the log lacks in the usual case.
-	outbox := func(rec processors.Record) error {
+	//
+	// An outbox this build cannot read (written by a newer one, or
+	// damaged) is left out, loudly, and stays unlogged for a build that
+	// reads it: failing the step for it would leave the batch just
+	// claimed unlaunched, its calls looking as if they might have run
+	// once their leases expire, and fail every later sweep the same way.
+	outbox := func(rec processors.Record) {
 		evs, err := ledger.DecodeEvents(rec.Outbox)
-		if err != nil {
-			return err
-		}
-		for k := range evs {
-			r, err := evs[k].Record(x.cfg.Topics.Events)
-			if err != nil {
-				return err
+		rs := make([]*kgo.Record, 0, len(evs))
+		for k := 0; err == nil && k < len(evs); k++ {
+			var r *kgo.Record
+			if r, err = evs[k].Record(x.cfg.Topics.Events); err == nil {
+				rs = append(rs, r)
 			}
-			out = append(out, r)
 		}
+		if err != nil {
+			x.cfg.Logger.Error("a call's events cannot be read from its record: not appended; a build that reads them will append them",
+				"call_key", rec.Key.String(), "seq", rec.Seq, "logged_seq", rec.LoggedSeq, "err", err)
+			return
+		}
+		out = append(out, rs...)
 		logged = append(logged, processors.Logged{Key: rec.Key, Seq: rec.Seq, Base: rec.LoggedSeq})
-		return nil
 	}
 	for _, rec := range reappend {
-		if err := outbox(rec); err != nil {
-			return ledger.Output{}, err
-		}
+		outbox(rec)
 	}
 	for i, res := range results {
 		j := jobs[order[i]]
@@ -657,9 +663,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			}
 		case processors.Finished:
 			if rec.Unlogged() {
-				if err := outbox(rec); err != nil {
-					return ledger.Output{}, err
-				}
+				outbox(rec)
 			}
 		case processors.Busy:
 			x.cfg.Logger.Debug("call busy elsewhere", "call_key", rec.Key.String(), "trace_id", j.tmpl.TraceID, "lease_owner", rec.LeaseOwner)
@@ -902,10 +906,22 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	if pastDeadline {
 		return c.expire()
 	}
+	// Never call the tool past the call's deadline, nor so late in the
+	// lease that another owner might take the call over meanwhile. The
+	// checks before the call (the store, the resource's version, the
+	// policy) are bounded by the same: one that hangs must end the call
+	// while its lease holds, not keep it executing past its lease, in
+	// flight here, where no sweep of this executor reclaims it.
+	stop := rec.LeaseUntil.Add(-x.cfg.LeaseMargin)
+	if !rec.DeadlineAt.IsZero() && rec.DeadlineAt.Before(stop) {
+		stop = rec.DeadlineAt
+	}
+	callCtx, cancel := context.WithDeadline(ctx, stop)
+	defer cancel()
 	// A compensation undoes an effect: if its call turned out to have
 	// none (resolved failed meanwhile), there is nothing to undo.
 	if orig, ok := rec.Key.Compensates(); ok && !reclaimed {
-		o, err := x.cfg.Store.Get(ctx, orig)
+		o, err := x.cfg.Store.Get(callCtx, orig)
 		if err == nil && o.Status != processors.StatusSucceeded && o.Status != processors.StatusOutcomeUnknown && o.Status != processors.StatusParked {
 			return c.deny(ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{})
 		}
@@ -913,7 +929,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	// A reclaimed call already used its approval under the first claim
 	// (and may have run): it is not decided again.
 	if tmpl.ApprovalID != "" && !reclaimed {
-		if done, ok := x.recheckApproval(ctx, c, tool, rec, start); !ok {
+		if done, ok := x.recheckApproval(callCtx, c, tool, rec, start); !ok {
 			return done
 		}
 	}
@@ -927,15 +943,6 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	if err != nil {
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnavailable, "bad_backend_url", nil)
 	}
-
-	// Never call the tool past the call's deadline, nor so late in the
-	// lease that another owner might take the call over meanwhile.
-	stop := rec.LeaseUntil.Add(-x.cfg.LeaseMargin)
-	if !rec.DeadlineAt.IsZero() && rec.DeadlineAt.Before(stop) {
-		stop = rec.DeadlineAt
-	}
-	callCtx, cancel := context.WithDeadline(ctx, stop)
-	defer cancel()
 
 	var backendSecret string
 	if ref := tool.Backend.SecretRef; ref != "" {

@@ -1,0 +1,160 @@
+package executor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// admitUnreadable stores a finished call whose events are not known to be
+// in the log and whose outbox this build cannot read (an encoding version
+// from a newer build).
+func (r *rig) admitUnreadable(key string) ledger.CallKey {
+	r.t.Helper()
+	k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: key}
+	if _, err := r.store.Admit(r.t.Context(), []processors.Admission{{Key: k, CallID: "c_" + key, ArgumentsHash: "sha256:00", Tool: "notify", ToolVersion: 1,
+		Arguments: []byte(`{}`), Status: processors.StatusDenied, Seq: 2, Outbox: []byte(`[{"v":99,"type":"denied","seq":2}]`)}}); err != nil {
+		r.t.Fatal(err)
+	}
+	return k
+}
+
+// An outbox the executor cannot read, met by the sweep or by a claim,
+// is left out of the step (and stays unlogged, for a build that reads
+// it); the step still launches the batch it claimed, instead of failing
+// and leaving those claims to expire, a call of a tool without
+// idempotency then ending outcome_unknown although it never ran.
+func TestUnreadableOutboxDoesNotStrandTheBatch(t *testing.T) {
+	for _, via := range []string{"sweep", "claim"} {
+		t.Run(via, func(t *testing.T) {
+			r := newRig(t)
+			bad := r.admitUnreadable("from-newer-build")
+			time.Sleep(20 * time.Millisecond) // past the unlogged grace below
+			x := r.executor(func(c *executor.Config) { c.UnloggedGrace = 10 * time.Millisecond })
+			recs := []*kgo.Record{r.admit("notify", "n1", map[string]any{"to": "a@example.com", "subject": "s"}, 0)}
+			if via == "claim" {
+				// An authorized event for the finished call: its claim
+				// finds it Finished and unlogged.
+				x = r.executor(nil) // no sweep: the claim alone meets it
+				ev := ledger.Event{EventID: "e_bad", IdempotencyKey: bad.IdempotencyKey, CallID: "c_" + bad.IdempotencyKey, Seq: 1,
+					Type: statemachine.EventAuthorized, At: time.Now().UTC(), TenantID: bad.TenantID, UserID: "u_1",
+					Tool: "notify", ToolVersion: 1, ArgumentsHash: "sha256:00"}
+				rec, err := ev.Record("toolcalls.events")
+				if err != nil {
+					t.Fatal(err)
+				}
+				recs = append([]*kgo.Record{rec}, recs...)
+			}
+			out, err := x.Step(t.Context(), recs)
+			if err != nil {
+				t.Fatalf("step failed: %v", err)
+			}
+			if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			if n := r.backend.AppliedIn("send_email", "t_a", "t_a/n1"); n != 1 {
+				t.Errorf("n1 applied %d times; want 1", n)
+			}
+			if err := out.Committed(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			got, err := r.store.Get(t.Context(), bad)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !got.Unlogged() {
+				t.Errorf("the unreadable call was marked logged (logged_seq %d, seq %d): its events would never be appended", got.LoggedSeq, got.Seq)
+			}
+		})
+	}
+}
+
+// hangingVersions is a resource-version endpoint that takes the request
+// and never answers.
+type hangingVersions struct{ asked chan struct{} }
+
+func (h hangingVersions) ResourceVersion(ctx context.Context, _, _, _ string) (string, error) {
+	h.asked <- struct{}{}
+	<-ctx.Done()
+	return "", ctx.Err()
+}
+
+// A check before the call that hangs (here the approved resource's
+// version) ends with the call's own time, while its lease holds: the call
+// is refused, not left executing past its lease and in flight, where this
+// executor's sweeps would never reclaim it.
+func TestHangingPreCallCheckEndsWithinTheLease(t *testing.T) {
+	r := newRig(t)
+	args := []byte(`{"amount_cents":100,"currency":"AUD","order_id":"ord_1"}`)
+	tree, err := ledger.Decode(args, ledger.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, err := ledger.ArgumentsHash("t_a", "refund_order", 1, tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expires := time.Now().Add(time.Hour)
+	ev := ledger.Event{EventID: "e1", IdempotencyKey: "k1", CallID: "c1", Seq: 3, Type: statemachine.EventApproved,
+		At: time.Now().UTC(), TenantID: "t_a", UserID: "u_1", Tool: "refund_order", ToolVersion: 1, ArgumentsHash: hash,
+		ApprovalID: "ap1", Approver: "boss", ExpiresAt: &expires, ResourceVersion: "v1"}
+	outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := ev.Key()
+	if _, err := r.store.Admit(t.Context(), []processors.Admission{{Key: key, CallID: "c1", ArgumentsHash: hash, Tool: "refund_order", ToolVersion: 1,
+		Arguments: args, Status: processors.StatusAuthorized, Seq: 3, Outbox: outbox}}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := ev.Record("toolcalls.events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hv := hangingVersions{asked: make(chan struct{}, 1)}
+	// One attempt of refund_order's 2 s: a lease of about 2 s.
+	x := r.executor(func(c *executor.Config) { c.Versions, c.MaxAttempts = hv, 1 })
+	var out ledger.Output
+	stepped := make(chan struct{})
+	go func() {
+		defer close(stepped)
+		out, err = x.Step(t.Context(), []*kgo.Record{rec})
+	}()
+	select {
+	case <-stepped:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the step still waits for the call 15 s after it was claimed for about 2 s")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hv.asked:
+	default:
+		t.Fatal("the resource's version was never asked for")
+	}
+	if diff := cmp.Diff([]string{"denied(resource_changed)"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n, _ := x.InFlight(); n != 0 {
+		t.Errorf("%d calls still in flight", n)
+	}
+	got, err := r.store.Get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != processors.StatusDenied {
+		t.Errorf("status %s; want denied", got.Status)
+	}
+	if n := r.backend.AppliedIn("refund_order", "t_a", "t_a/k1"); n != 0 {
+		t.Errorf("refund applied %d times; want 0", n)
+	}
+}
