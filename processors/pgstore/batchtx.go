@@ -30,12 +30,23 @@ type batchTx struct {
 
 // inBatchTx runs t at iso, restarted whole on serialization failures
 // and deadlocks as inTxAt is. On CockroachDB it runs inside the savepoint
-// protocol (crdbpgx), its BEGIN and COMMIT round trips of their own.
+// protocol (crdbpgx), its BEGIN and COMMIT round trips of their own. On
+// both, a transaction that has begun is answered even if ctx ends.
 func (s *Store) inBatchTx(ctx context.Context, op string, iso pgx.TxIsoLevel, t batchTx) error {
 	ctx = crdb.WithMaxRetries(ctx, s.maxRetries)
 	a := s.attempts(op)
 	var err error
 	if s.crdb {
+		if err := ctx.Err(); err != nil {
+			return s.txError(op, err)
+		}
+		// Once begun, the transaction runs to its end (up to sentGrace)
+		// even if ctx ends meanwhile, as pipelined does on PostgreSQL:
+		// cancelled during its COMMIT it could apply unseen, claims
+		// committed that the step never launches.
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sentGrace)
+		defer cancel()
+		ctx = tctx
 		err = crdbpgx.ExecuteTx(ctx, s.pool, pgx.TxOptions{IsoLevel: iso, AccessMode: pgx.ReadWrite}, func(tx pgx.Tx) error {
 			return a.run(func() error {
 				br := tx.SendBatch(ctx, batchOf(t.queue))

@@ -166,30 +166,7 @@ func TestBatchTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer monitor.Close(context.Background())
-	waitOn := func() {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			var waiting int
-			if err := monitor.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE %batchtx%'").Scan(&waiting); err != nil {
-				t.Fatal(err)
-			}
-			if waiting > 0 {
-				return
-			}
-			select {
-			case err := <-done:
-				t.Fatalf("the pipeline ended without waiting: %v", err)
-			default:
-			}
-			if time.Now().After(deadline) {
-				rows, _ := monitor.Query(ctx, "SELECT state, coalesce(wait_event_type, ''), query FROM pg_stat_activity WHERE datname = current_database()")
-				act, _ := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ State, Wait, Query string }])
-				t.Fatalf("the pipeline never waited on the row's lock: %+v", act)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	waitOn := func() { t.Helper(); waitOnLock(t, monitor, done) }
 	waitOn()
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -221,5 +198,103 @@ func TestBatchTx(t *testing.T) {
 	}
 	if err := <-done; err != nil || value("b") != 21 {
 		t.Errorf("pipeline whose caller gave up = %v, b %d; want nil, 21 (committed, and said so)", err, value("b"))
+	}
+}
+
+// waitOnLock returns once a transaction's UPDATE of a batchtx table waits
+// on a row's lock (as monitor, a connection of its own, sees it); it
+// fails t if the transaction, whose result done carries, ends first.
+func waitOnLock(t *testing.T, monitor *pgx.Conn, done chan error) {
+	t.Helper()
+	ctx := t.Context()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := monitor.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE %batchtx%'").Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the pipeline ended without waiting: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			rows, _ := monitor.Query(ctx, "SELECT state, coalesce(wait_event_type, ''), query FROM pg_stat_activity WHERE datname = current_database()")
+			act, _ := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ State, Wait, Query string }])
+			t.Fatalf("the pipeline never waited on the row's lock: %+v", act)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestBatchTxCockroachAnswersAfterCancel: on CockroachDB too, a hot-path
+// transaction that has begun runs to its end when its caller gives up,
+// rather than being cut off with its COMMIT perhaps on its way (claims
+// committed and never launched, at shutdown). Run against PostgreSQL
+// through the CockroachDB path (its savepoint protocol works on both),
+// or against CockroachDB when the tests are given one.
+func TestBatchTxCockroachAnswersAfterCancel(t *testing.T) {
+	dsn := testDSN(t)
+	schema := newSchema(t, dsn)
+	s := open(t, Config{DSN: dsn, Schema: schema, MaxConns: 1})
+	defer s.Close()
+	s.crdb = true
+	ctx := t.Context()
+	table := pgx.Identifier{schema, "batchtx_crdb"}.Sanitize()
+	if _, err := s.pool.Exec(ctx, "CREATE TABLE "+table+" (k TEXT PRIMARY KEY, v INT NOT NULL DEFAULT 0)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, "INSERT INTO "+table+" (k) VALUES ('b')"); err != nil {
+		t.Fatal(err)
+	}
+	other, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(context.Background())
+	monitor, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer monitor.Close(context.Background())
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE "+table+" SET v = 20 WHERE k = 'b'"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		done <- s.inBatchTx(cctx, "cancelled", pgx.ReadCommitted, batchTx{
+			queue: func(b *pgx.Batch) { b.Queue("UPDATE " + table + " SET v = v + 1 WHERE k = 'b'") },
+			read: func(br pgx.BatchResults) error {
+				_, err := br.Exec()
+				return err
+			}})
+	}()
+	waitOnLock(t, monitor, done)
+	cancel()
+	time.Sleep(50 * time.Millisecond)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	err = <-done
+	if qerr := s.pool.QueryRow(ctx, "SELECT v FROM "+table+" WHERE k = 'b'").Scan(&v); qerr != nil {
+		t.Fatal(qerr)
+	}
+	if err != nil || v != 21 {
+		t.Errorf("transaction whose caller gave up = %v, v %d; want nil, 21 (committed, and said so)", err, v)
+	}
+	// A caller already gone starts nothing.
+	if err := s.inBatchTx(cctx, "gone", pgx.ReadCommitted, batchTx{
+		queue: func(b *pgx.Batch) { b.Queue("UPDATE " + table + " SET v = 0") },
+		read:  func(br pgx.BatchResults) error { _, err := br.Exec(); return err }}); !errors.Is(err, context.Canceled) {
+		t.Errorf("transaction of a caller already gone = %v; want context.Canceled", err)
 	}
 }
