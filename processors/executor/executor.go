@@ -90,7 +90,7 @@ type Freezes interface {
 	Frozen(tool, tenant string) (control.Action, bool)
 }
 
-// errFrozen: the tool was frozen before the call's first attempt.
+// errFrozen: the tool was frozen before an attempt was sent.
 var errFrozen = errors.New("tool frozen")
 
 // Secrets hands out the long-lived secrets tool backends demand.
@@ -926,11 +926,19 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			return c.deny(ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{})
 		}
 	}
-	// A reclaimed call already used its approval under the first claim
-	// (and may have run): it is not decided again.
-	if tmpl.ApprovalID != "" && !reclaimed {
-		if done, ok := x.recheckApproval(callCtx, c, tool, rec, start); !ok {
-			return done
+	// An approved call is decided again before it runs, a taken-over
+	// one too: its first owner may have died before it ever sent, and
+	// the approval must still hold (unexpired, for the same resource
+	// version, under the policies in force) for a request to leave now.
+	// A takeover that fails the checks cannot be denied, since the first
+	// owner may have sent: it is left to the reconciler.
+	if tmpl.ApprovalID != "" {
+		if r := x.recheckApproval(callCtx, c, tool, rec, start); r != nil {
+			if reclaimed {
+				log.Warn("taken-over call no longer approved; outcome unknown", "reason", r.reason)
+				return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+r.reason, nil)
+			}
+			return c.deny(r.reason, r.detail, r.decision)
 		}
 	}
 	if err := verifyArguments(rec); err != nil {
@@ -983,6 +991,9 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	// unknownErr is the last attempt that may have reached the tool
 	// without an answer.
 	var lastErr, unknownErr error
+	// reached: an attempt of this executor may have reached the tool
+	// (it answered 5xx, or nothing).
+	var reached bool
 	for n := 0; n < x.cfg.MaxAttempts; n++ {
 		if n > 0 {
 			select {
@@ -994,16 +1005,27 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			break
 		}
 		attempt++
-		// A reclaimed call may already be in flight (its first owner
-		// may have sent it): the freeze lets it finish like any other.
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backendSecret}, n == 0 && !reclaimed)
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backendSecret})
 		if err == nil {
 			return c.succeed(tool, attempt, resp)
 		}
 		if errors.Is(err, errFrozen) {
-			a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
-			log.Info("tool frozen before the call started")
-			return c.deny(ReasonToolFrozen, fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason), policy.Decision{})
+			// No request leaves for a frozen tool, a retry's or a
+			// takeover's neither. Only a call none of whose requests
+			// may have reached the tool is denied; otherwise what the
+			// tool did is for the reconciler to find out.
+			switch {
+			case reached:
+				log.Warn("tool frozen before a retry of a call that may have reached it; outcome unknown")
+				return c.finish(processors.StatusOutcomeUnknown, attempt-1, ReasonOutcomeAmbiguous, ReasonToolFrozen, nil)
+			case reclaimed:
+				log.Warn("tool frozen before a taken-over call was sent again; outcome unknown")
+				return c.finish(processors.StatusOutcomeUnknown, attempt-1, ReasonLeaseExpired, "reclaimed_"+ReasonToolFrozen, nil)
+			default:
+				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
+				log.Info("tool frozen before the call started")
+				return c.deny(ReasonToolFrozen, fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason), policy.Decision{})
+			}
 		}
 		lastErr = err
 		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
@@ -1022,6 +1044,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			case httptool.Refused:
 				return c.finish(processors.StatusFailed, attempt, ReasonToolRefused, fmt.Sprintf("http_%d", he.Status), nil)
 			case httptool.Unknown, httptool.ServerError:
+				reached = true
 				if tool.Idempotency != schemas.IdempotencyNative {
 					// A retry could apply the effect twice.
 					return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, errorCode(he), nil)
@@ -1092,14 +1115,14 @@ func (x *Executor) denyMismatched(ctx context.Context, tmpls []ledger.Event, rec
 // checks that what runs hashes to it. That the approval is used once the
 // claim ensures: an approved call is claimed once.) It returns the
 // completion that denies the call, and false, when a check fails.
-func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *schemas.Tool, rec processors.Record, now time.Time) (processors.Completion, bool) {
+func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *schemas.Tool, rec processors.Record, now time.Time) *refusal {
 	tmpl := c.tmpl
 	if tmpl.ExpiresAt == nil || !now.Before(*tmpl.ExpiresAt) {
-		return c.deny(ReasonApprovalExpired, "the approval expired before the call could run", policy.Decision{}), false
+		return &refusal{ReasonApprovalExpired, "the approval expired before the call could run", policy.Decision{}}
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
-		return c.deny(ReasonArgumentIntegrity, "the stored arguments do not decode", policy.Decision{}), false
+		return &refusal{ReasonArgumentIntegrity, "the stored arguments do not decode", policy.Decision{}}
 	}
 	if tmpl.ResourceVersion != "" && tool.ResourceVersion != nil && x.cfg.Versions != nil {
 		res, _ := ledger.Lookup(args, tool.Resource)
@@ -1107,27 +1130,34 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 		if err == nil {
 			var v string
 			if v, err = x.cfg.Versions.ResourceVersion(ctx, u, fmt.Sprint(res), rec.Key.TenantID); err == nil && v != tmpl.ResourceVersion {
-				return c.deny(ReasonResourceChanged, fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion), policy.Decision{}), false
+				return &refusal{ReasonResourceChanged, fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion), policy.Decision{}}
 			}
 		}
 		if err != nil {
 			// Not knowing is not running: the approval is for a
 			// version the executor cannot confirm.
-			return c.deny(ReasonResourceChanged, "the resource's version cannot be read to confirm the approval", policy.Decision{}), false
+			return &refusal{ReasonResourceChanged, "the resource's version cannot be read to confirm the approval", policy.Decision{}}
 		}
 	}
 	if x.cfg.Policy == nil {
-		return processors.Completion{}, true
+		return nil
 	}
 	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose}
 	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, args, tmpl.Channel, now))
 	if !d.Allow {
-		return c.deny(d.Reason, "the policies in force at execution deny the approved call", d), false
+		return &refusal{d.Reason, "the policies in force at execution deny the approved call", d}
 	}
 	// The call runs under this decision: its version and obligations
 	// (masks included) are the ones on the events that follow.
 	c.tmpl.PolicyID, c.tmpl.PolicyVersion, c.tmpl.Obligations = d.PolicyIDs, d.Version, d.Obligations.List()
-	return processors.Completion{}, true
+	return nil
+}
+
+// refusal is why a call must not run: a denial's reason, detail and the
+// decision that denied (zero when no policy did).
+type refusal struct {
+	reason, detail string
+	decision       policy.Decision
 }
 
 // attempt is one tool invocation through the tenant's share of the tool's
@@ -1137,16 +1167,15 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 // credential and the backend's secret.
 type secrets struct{ bearer, backend string }
 
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets, first bool) (httptool.Response, error) {
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets) (httptool.Response, error) {
 	release, err := x.acquire(ctx, g)
 	if err != nil {
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: err}
 	}
 	defer release()
 	// The kill switch is checked as late as possible: after the wait for
-	// the bulkhead, right before the first request leaves. A retry of a
-	// call already in flight goes on: its first attempt may have applied.
-	if first && x.cfg.Freezes != nil {
+	// the bulkhead, right before each request leaves.
+	if x.cfg.Freezes != nil {
 		if _, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
 			return httptool.Response{}, errFrozen
 		}

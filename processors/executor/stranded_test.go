@@ -93,36 +93,15 @@ func (h hangingVersions) ResourceVersion(ctx context.Context, _, _, _ string) (s
 // executor's sweeps would never reclaim it.
 func TestHangingPreCallCheckEndsWithinTheLease(t *testing.T) {
 	r := newRig(t)
-	args := []byte(`{"amount_cents":100,"currency":"AUD","order_id":"ord_1"}`)
-	tree, err := ledger.Decode(args, ledger.Limits{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hash, err := ledger.ArgumentsHash("t_a", "refund_order", 1, tree)
-	if err != nil {
-		t.Fatal(err)
-	}
-	expires := time.Now().Add(time.Hour)
-	ev := ledger.Event{EventID: "e1", IdempotencyKey: "k1", CallID: "c1", Seq: 3, Type: statemachine.EventApproved,
-		At: time.Now().UTC(), TenantID: "t_a", UserID: "u_1", Tool: "refund_order", ToolVersion: 1, ArgumentsHash: hash,
-		ApprovalID: "ap1", Approver: "boss", ExpiresAt: &expires, ResourceVersion: "v1"}
-	outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ev, rec := r.admitApproved("k1", time.Now().Add(time.Hour), "v1")
 	key := ev.Key()
-	if _, err := r.store.Admit(t.Context(), []processors.Admission{{Key: key, CallID: "c1", ArgumentsHash: hash, Tool: "refund_order", ToolVersion: 1,
-		Arguments: args, Status: processors.StatusAuthorized, Seq: 3, Outbox: outbox}}); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := ev.Record("toolcalls.events")
-	if err != nil {
-		t.Fatal(err)
-	}
 	hv := hangingVersions{asked: make(chan struct{}, 1)}
 	// One attempt of refund_order's 2 s: a lease of about 2 s.
 	x := r.executor(func(c *executor.Config) { c.Versions, c.MaxAttempts = hv, 1 })
-	var out ledger.Output
+	var (
+		out ledger.Output
+		err error
+	)
 	stepped := make(chan struct{})
 	go func() {
 		defer close(stepped)
@@ -157,4 +136,37 @@ func TestHangingPreCallCheckEndsWithinTheLease(t *testing.T) {
 	if n := r.backend.AppliedIn("refund_order", "t_a", "t_a/k1"); n != 0 {
 		t.Errorf("refund applied %d times; want 0", n)
 	}
+}
+
+// admitApproved stores a refund_order call as the approval service leaves
+// an approved one (authorized, its approved event in the outbox) and
+// returns that event and its record; the approval expires at expires and
+// binds the resource's version when version is set.
+func (r *rig) admitApproved(key string, expires time.Time, version string) (ledger.Event, *kgo.Record) {
+	r.t.Helper()
+	args := []byte(`{"amount_cents":100,"currency":"AUD","order_id":"ord_1"}`)
+	tree, err := ledger.Decode(args, ledger.Limits{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	hash, err := ledger.ArgumentsHash("t_a", "refund_order", 1, tree)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ev := ledger.Event{EventID: "e_" + key, IdempotencyKey: key, CallID: "c_" + key, Seq: 3, Type: statemachine.EventApproved,
+		At: time.Now().UTC(), TenantID: "t_a", UserID: "u_1", Tool: "refund_order", ToolVersion: 1, ArgumentsHash: hash,
+		ApprovalID: "ap_" + key, Approver: "boss", ExpiresAt: &expires, ResourceVersion: version}
+	outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := r.store.Admit(r.t.Context(), []processors.Admission{{Key: ev.Key(), CallID: ev.CallID, ArgumentsHash: hash, Tool: "refund_order", ToolVersion: 1,
+		Arguments: args, Status: processors.StatusAuthorized, Seq: 3, Outbox: outbox}}); err != nil {
+		r.t.Fatal(err)
+	}
+	rec, err := ev.Record("toolcalls.events")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return ev, rec
 }

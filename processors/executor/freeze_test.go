@@ -1,0 +1,141 @@
+package executor_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/control"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+)
+
+// switchedFreezes is a kill switch a test turns on.
+type switchedFreezes struct{ on atomic.Bool }
+
+func (f *switchedFreezes) Frozen(tool, _ string) (control.Action, bool) {
+	if f.on.Load() {
+		return control.Action{Kind: control.KindFreeze, Tool: tool, By: "ops", Reason: "incident"}, true
+	}
+	return control.Action{}, false
+}
+
+// freezeAfterFirstRequest serves the rig's backend and turns fz on once
+// the first request has been answered, as an operator's freeze landing
+// during a retry's backoff; it counts the requests that reach it.
+func freezeAfterFirstRequest(t *testing.T, r *rig, fz *switchedFreezes) (url string, requests *atomic.Int64) {
+	t.Helper()
+	requests = new(atomic.Int64)
+	h := r.backend.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+		h.ServeHTTP(w, q)
+		if requests.Add(1) == 1 {
+			fz.on.Store(true)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, requests
+}
+
+// A freeze stops every request that would leave after it, retries
+// included: a retry after an answer that proves the tool did nothing
+// (429) is denied; one after an answer that may hide an effect (5xx,
+// with a tool that dedupes) is left to the reconciler. Before, only a
+// call's first attempt looked at the kill switch.
+func TestFreezeStopsRetries(t *testing.T) {
+	for _, tc := range []struct {
+		name, tool, backendTool string
+		args                    map[string]any
+		status                  int
+		want                    []string
+		code                    string
+	}{
+		{"after 429", "notify", demobackend.ToolSendEmail, map[string]any{"to": "a@example.com", "subject": "s"}, http.StatusTooManyRequests,
+			[]string{"denied(tool_frozen)"}, ""},
+		{"after 503", "create_ticket", demobackend.ToolCreateTicket, map[string]any{"title": "t"}, http.StatusServiceUnavailable,
+			[]string{"executing", "outcome_unknown(outcome_ambiguous)"}, executor.ReasonToolFrozen},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			auth := r.admit(tc.tool, "kf", tc.args, 0)
+			r.backend.SetFault(tc.backendTool, demobackend.Fault{FailStatus: tc.status, FailTimes: 1})
+			fz := &switchedFreezes{}
+			url, requests := freezeAfterFirstRequest(t, r, fz)
+			x := r.executor(func(c *executor.Config) { c.Freezes, c.BaseURL, c.RetryBackoff = fz, url, 20*time.Millisecond })
+			out, err := x.Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			if tc.code != "" && evs[len(evs)-1].ErrorCode != tc.code {
+				t.Errorf("error code %q; want %q", evs[len(evs)-1].ErrorCode, tc.code)
+			}
+			if n := requests.Load(); n != 1 {
+				t.Errorf("%d requests reached the tool; want 1 (none after the freeze)", n)
+			}
+			if n := r.backend.AppliedIn(tc.backendTool, "t_a", "t_a/kf"); n != 0 {
+				t.Errorf("applied %d times; want 0", n)
+			}
+		})
+	}
+}
+
+// A call taken over from an owner that died sends nothing to a frozen
+// tool either. It is not denied, since the first owner may have sent it:
+// its outcome is left to the reconciler.
+func TestTakeoverOfAFrozenToolSendsNothing(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("create_ticket", "kt", map[string]any{"title": "t"}, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	fz := &switchedFreezes{}
+	fz.on.Store(true)
+	out, err := r.executor(func(c *executor.Config) { c.Freezes = fz }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftToReconciler(t, r, out, executor.ReasonToolFrozen, "create_ticket", "kt")
+}
+
+// A call taken over from an owner that died before it sent anything is
+// held to its approval like a first run: here the approval expired
+// meanwhile, so nothing is sent; and since the first owner may have sent,
+// the outcome is left to the reconciler rather than denied.
+func TestTakeoverRechecksTheApproval(t *testing.T) {
+	r := newRig(t)
+	expires := time.Now().Add(300 * time.Millisecond)
+	ev, rec := r.admitApproved("kr", expires, "")
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash) // claimed while approved, then the owner died
+	time.Sleep(time.Until(expires) + 50*time.Millisecond)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftToReconciler(t, r, out, executor.ReasonApprovalExpired, "refund_order", "kr")
+}
+
+// leftToReconciler checks that a taken-over call's step sent nothing to
+// tool and ended the call outcome_unknown, code reclaimed_<why>.
+func leftToReconciler(t *testing.T, r *rig, out ledger.Output, why, tool, key string) {
+	t.Helper()
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, summary(evs)); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+		return
+	}
+	if code := evs[len(evs)-1].ErrorCode; code != "reclaimed_"+why {
+		t.Errorf("error code %q; want reclaimed_%s", code, why)
+	}
+	if n := r.backend.AppliedIn(tool, "t_a", "t_a/"+key); n != 0 {
+		t.Errorf("%s applied %d times; want 0", tool, n)
+	}
+}
