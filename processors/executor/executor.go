@@ -919,10 +919,15 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	callCtx, cancel := context.WithDeadline(ctx, stop)
 	defer cancel()
 	// A compensation undoes an effect: if its call turned out to have
-	// none (resolved failed meanwhile), there is nothing to undo.
+	// none (resolved failed meanwhile), there is nothing to undo. One the
+	// reconciler asked for undoes an outcome nobody could establish: if
+	// the call was found to have succeeded meanwhile (its park was never
+	// recorded, and a later lookup answered), the success stands.
 	if orig, ok := rec.Key.Compensates(); ok && !reclaimed {
 		o, err := x.cfg.Store.Get(callCtx, orig)
-		if err == nil && o.Status != processors.StatusSucceeded && o.Status != processors.StatusOutcomeUnknown && o.Status != processors.StatusParked {
+		undoable := o.Status == processors.StatusOutcomeUnknown || o.Status == processors.StatusParked ||
+			(o.Status == processors.StatusSucceeded && tmpl.UserID != ReconcilerUser)
+		if err == nil && !undoable {
 			return c.deny(ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{})
 		}
 	}

@@ -409,13 +409,18 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		fmt.Sprintf("the status lookup failed %d times: %v", r.cfg.MaxAttempts, last)), true
 }
 
+// ReconcilerUser is the user the reconciler asks for compensations as: a
+// compensation call of this user undoes only an outcome still unknown
+// (outcome_unknown or parked), never a call found to have succeeded.
+const ReconcilerUser = "ledger-reconciler"
+
 // park hands a call whose outcome cannot be established to a human, or,
 // when its deciding policy says to undo such calls and its tool declares a
 // compensation, asks for the compensation and parks it until that
 // succeeds.
 func (r *Reconciler) park(ctx context.Context, rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) pendingMove {
 	if r.cfg.Compensator != nil && tool != nil && tool.Compensation != nil && slices.Contains(tmpl.Obligations, "undo_unknown") {
-		system := identity.Identity{User: "ledger-reconciler", Agent: r.cfg.Owner, Tenant: rec.Key.TenantID, Roles: []string{r.cfg.OperatorRole}}
+		system := identity.Identity{User: ReconcilerUser, Agent: r.cfg.Owner, Tenant: rec.Key.TenantID, Roles: []string{r.cfg.OperatorRole}}
 		ck, evs, err := r.cfg.Compensator.Compensate(ctx, system, rec.Key, "outcome unknown ("+reason+"); a policy says to undo it")
 		if err == nil && !refused(evs) {
 			m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonCompensating,

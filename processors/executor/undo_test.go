@@ -1,0 +1,88 @@
+package executor_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// A compensation the reconciler asked for (an outcome nobody could
+// establish, a policy saying to undo such calls) does not undo a call
+// found to have succeeded before it runs: that happens when the park that
+// should follow the request is never recorded and a later lookup
+// answers. An operator's compensation of a succeeded call still runs.
+func TestAutomaticCompensationLeavesASuccess(t *testing.T) {
+	for _, tc := range []struct {
+		user string
+		want []string
+		runs int
+	}{
+		{executor.ReconcilerUser, []string{"denied(" + executor.ReasonNothingToUndo + ")"}, 0},
+		{"u_operator", []string{"executing", "succeeded"}, 1},
+	} {
+		t.Run(tc.user, func(t *testing.T) {
+			r := newRig(t)
+			orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
+			x := r.executor(nil)
+			out, err := x.Step(t.Context(), []*kgo.Record{approved})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+				t.Fatalf("the refund (-want +got):\n%s", diff)
+			}
+			auth := r.admitCompensation(orig.Key(), tc.user)
+			out, err = x.Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, summary(decodeAll(t, out.Records))); diff != "" {
+				t.Errorf("the compensation (-want +got):\n%s", diff)
+			}
+			if n := r.backend.AppliedIn("cancel_refund", "t_a", "t_a/kr:compensate"); n != tc.runs {
+				t.Errorf("cancel_refund applied %d times; want %d", n, tc.runs)
+			}
+		})
+	}
+}
+
+// admitCompensation stores orig's compensation (cancel_refund with its
+// arguments) as authorized for user, and returns its authorized event.
+func (r *rig) admitCompensation(orig ledger.CallKey, user string) *kgo.Record {
+	r.t.Helper()
+	o, err := r.store.Get(r.t.Context(), orig)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	tree, err := ledger.Decode(o.Arguments, ledger.Limits{})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	hash, err := ledger.ArgumentsHash(orig.TenantID, "cancel_refund", 1, tree)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	ck := orig.CompensationKey()
+	ev := ledger.Event{EventID: "e_comp", IdempotencyKey: ck.IdempotencyKey, CallID: "comp_" + o.CallID, Seq: 2, Type: statemachine.EventAuthorized,
+		At: time.Now().UTC(), TenantID: ck.TenantID, UserID: user, AgentID: "ledger-compensation", Tool: "cancel_refund", ToolVersion: 1, ArgumentsHash: hash}
+	outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := r.store.Admit(r.t.Context(), []processors.Admission{{Key: ck, CallID: ev.CallID, ArgumentsHash: hash, Tool: "cancel_refund", ToolVersion: 1,
+		Arguments: o.Arguments, Status: processors.StatusAuthorized, Seq: 2, Outbox: outbox}}); err != nil {
+		r.t.Fatal(err)
+	}
+	rec, err := ev.Record("toolcalls.events")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return rec
+}
