@@ -204,7 +204,12 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 			continue
 		}
 		if ev.Type == statemachine.EventSucceeded {
-			if _, ok := ev.Key().Compensates(); ok {
+			// Once per compensation: the same event twice in a batch (a
+			// re-append of its outbox) would be two moves from one
+			// state, the second failing the step, and the redelivery
+			// would then find the move made and append nothing.
+			if _, ok := ev.Key().Compensates(); ok && !seen[ev.Key()] {
+				seen[ev.Key()] = true
 				compensated = append(compensated, ev)
 			}
 			continue

@@ -86,3 +86,41 @@ func (r *rig) admitCompensation(orig ledger.CallKey, user string) *kgo.Record {
 	}
 	return rec
 }
+
+// The success of a compensation read twice in one batch (its outbox
+// appended again after a lost transaction) records the original call
+// compensated once, in that step; it used to fail the step on the second
+// copy, and the redelivery then appended nothing.
+func TestCompensationSuccessTwiceInABatch(t *testing.T) {
+	r := newRig(t)
+	orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
+	x := r.executor(nil)
+	if _, err := x.Step(t.Context(), []*kgo.Record{approved}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admitCompensation(orig.Key(), "u_operator")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var succeeded *kgo.Record
+	for _, rec := range out.Records {
+		if string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventSucceeded) {
+			succeeded = rec
+		}
+	}
+	if succeeded == nil {
+		t.Fatalf("the compensation did not succeed: %v", summary(decodeAll(t, out.Records)))
+	}
+	var got []string
+	for _, e := range r.reconcileAll(r.reconciler(), succeeded, succeeded) {
+		if e.Key() == orig.Key() && e.Seq > orig.Seq+2 {
+			got = append(got, string(e.Type))
+		}
+	}
+	if diff := cmp.Diff([]string{"compensated"}, got); diff != "" {
+		t.Errorf("the original's new events (-want +got):\n%s", diff)
+	}
+	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
+		t.Errorf("original: %v, %v; want compensated", rec.Status, err)
+	}
+}
