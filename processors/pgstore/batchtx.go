@@ -37,17 +37,23 @@ func (s *Store) inBatchTx(ctx context.Context, op string, iso pgx.TxIsoLevel, t 
 	a := s.attempts(op)
 	var err error
 	if s.crdb {
-		if err := ctx.Err(); err != nil {
-			return s.txError(op, err)
-		}
 		// Once begun, the transaction runs to its end (up to sentGrace)
 		// even if ctx ends meanwhile, as pipelined does on PostgreSQL:
 		// cancelled during its COMMIT it could apply unseen, claims
-		// committed that the step never launches.
+		// committed that the step never launches. It begins only while
+		// ctx lasts: the connection is taken under it.
+		conn, aerr := s.pool.Acquire(ctx)
+		if aerr != nil {
+			return s.txError(op, aerr)
+		}
+		defer conn.Release()
+		if err := ctx.Err(); err != nil {
+			return s.txError(op, err)
+		}
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sentGrace)
 		defer cancel()
 		ctx = tctx
-		err = crdbpgx.ExecuteTx(ctx, s.pool, pgx.TxOptions{IsoLevel: iso, AccessMode: pgx.ReadWrite}, func(tx pgx.Tx) error {
+		err = crdbpgx.ExecuteTx(ctx, conn, pgx.TxOptions{IsoLevel: iso, AccessMode: pgx.ReadWrite}, func(tx pgx.Tx) error {
 			return a.run(func() error {
 				br := tx.SendBatch(ctx, batchOf(t.queue))
 				if t.sent != nil {
