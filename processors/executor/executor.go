@@ -918,32 +918,42 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	}
 	callCtx, cancel := context.WithDeadline(ctx, stop)
 	defer cancel()
+	// refuse ends a call a check before it says must not run. A check
+	// that ran out of the call's time says nothing about the call: it
+	// did not start, as when no attempt could. A taken-over call cannot
+	// be denied, since its first owner may have sent it: what the tool
+	// did is left to the reconciler.
+	refuse := func(r refusal) processors.Completion {
+		switch {
+		case callCtx.Err() != nil:
+			return c.exhausted(tool, rec.Attempt, callCtx.Err())
+		case reclaimed:
+			log.Warn("taken-over call refused before it was sent again; outcome unknown", "reason", r.reason, "detail", r.detail)
+			return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+r.reason, nil)
+		default:
+			return c.deny(r.reason, r.detail, r.decision)
+		}
+	}
 	// A compensation undoes an effect: if its call turned out to have
 	// none (resolved failed meanwhile), there is nothing to undo. One the
 	// reconciler asked for undoes an outcome nobody could establish: if
 	// the call was found to have succeeded meanwhile (its park was never
 	// recorded, and a later lookup answered), the success stands.
-	if orig, ok := rec.Key.Compensates(); ok && !reclaimed {
+	if orig, ok := rec.Key.Compensates(); ok {
 		o, err := x.cfg.Store.Get(callCtx, orig)
 		undoable := o.Status == processors.StatusOutcomeUnknown || o.Status == processors.StatusParked ||
 			(o.Status == processors.StatusSucceeded && tmpl.UserID != ReconcilerUser)
 		if err == nil && !undoable {
-			return c.deny(ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{})
+			return refuse(refusal{ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{}})
 		}
 	}
 	// An approved call is decided again before it runs, a taken-over
 	// one too: its first owner may have died before it ever sent, and
 	// the approval must still hold (unexpired, for the same resource
 	// version, under the policies in force) for a request to leave now.
-	// A takeover that fails the checks cannot be denied, since the first
-	// owner may have sent: it is left to the reconciler.
 	if tmpl.ApprovalID != "" {
 		if r := x.recheckApproval(callCtx, c, tool, rec, start); r != nil {
-			if reclaimed {
-				log.Warn("taken-over call no longer approved; outcome unknown", "reason", r.reason)
-				return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+r.reason, nil)
-			}
-			return c.deny(r.reason, r.detail, r.decision)
+			return refuse(*r)
 		}
 	}
 	if err := verifyArguments(rec); err != nil {
@@ -996,9 +1006,9 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	// unknownErr is the last attempt that may have reached the tool
 	// without an answer.
 	var lastErr, unknownErr error
-	// reached: an attempt of this executor may have reached the tool
-	// (it answered 5xx, or nothing).
-	var reached bool
+	// answered: an attempt of this executor reached the tool, which said
+	// it did nothing (429, or a 5xx from a tool that dedupes: retried).
+	var answered bool
 	for n := 0; n < x.cfg.MaxAttempts; n++ {
 		if n > 0 {
 			select {
@@ -1016,16 +1026,22 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		}
 		if errors.Is(err, errFrozen) {
 			// No request leaves for a frozen tool, a retry's or a
-			// takeover's neither. Only a call none of whose requests
-			// may have reached the tool is denied; otherwise what the
-			// tool did is for the reconciler to find out.
+			// takeover's neither. A call no request of which reached
+			// the tool is denied; one whose requests the tool answered
+			// without effect failed; otherwise (no answer, or a
+			// takeover) what the tool did is for the reconciler to find
+			// out.
 			switch {
-			case reached:
+			case unknownErr != nil:
 				log.Warn("tool frozen before a retry of a call that may have reached it; outcome unknown")
 				return c.finish(processors.StatusOutcomeUnknown, attempt-1, ReasonOutcomeAmbiguous, ReasonToolFrozen, nil)
 			case reclaimed:
 				log.Warn("tool frozen before a taken-over call was sent again; outcome unknown")
-				return c.finish(processors.StatusOutcomeUnknown, attempt-1, ReasonLeaseExpired, "reclaimed_"+ReasonToolFrozen, nil)
+				return c.finish(processors.StatusOutcomeUnknown, max(attempt-1, rec.Attempt+1), ReasonLeaseExpired, "reclaimed_"+ReasonToolFrozen, nil)
+			case answered:
+				// It started, and did nothing: failed, not denied.
+				log.Info("tool frozen before a retry")
+				return c.finish(processors.StatusFailed, attempt-1, ReasonUnavailable, ReasonToolFrozen, nil)
 			default:
 				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
 				log.Info("tool frozen before the call started")
@@ -1048,8 +1064,10 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			switch he.Kind {
 			case httptool.Refused:
 				return c.finish(processors.StatusFailed, attempt, ReasonToolRefused, fmt.Sprintf("http_%d", he.Status), nil)
+			case httptool.Throttled:
+				answered = true
 			case httptool.Unknown, httptool.ServerError:
-				reached = true
+				answered = answered || he.Kind == httptool.ServerError
 				if tool.Idempotency != schemas.IdempotencyNative {
 					// A retry could apply the effect twice.
 					return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, errorCode(he), nil)

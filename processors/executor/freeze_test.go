@@ -44,27 +44,33 @@ func freezeAfterFirstRequest(t *testing.T, r *rig, fz *switchedFreezes) (url str
 }
 
 // A freeze stops every request that would leave after it, retries
-// included: a retry after an answer that proves the tool did nothing
-// (429) is denied; one after an answer that may hide an effect (5xx,
-// with a tool that dedupes) is left to the reconciler. Before, only a
-// call's first attempt looked at the kill switch.
+// included (before, only a call's first attempt looked at the kill
+// switch). A retry after answers that say the tool did nothing (429, or
+// 503 from a tool that dedupes) ends the call failed, code tool_frozen;
+// one after a request that got no answer, whose effect may exist, ends
+// it outcome_unknown for the reconciler.
 func TestFreezeStopsRetries(t *testing.T) {
 	for _, tc := range []struct {
 		name, tool, backendTool string
 		args                    map[string]any
-		status                  int
+		fault                   demobackend.Fault
 		want                    []string
-		code                    string
+		applied                 int
 	}{
-		{"after 429", "notify", demobackend.ToolSendEmail, map[string]any{"to": "a@example.com", "subject": "s"}, http.StatusTooManyRequests,
-			[]string{"denied(tool_frozen)"}, ""},
-		{"after 503", "create_ticket", demobackend.ToolCreateTicket, map[string]any{"title": "t"}, http.StatusServiceUnavailable,
-			[]string{"executing", "outcome_unknown(outcome_ambiguous)"}, executor.ReasonToolFrozen},
+		{"after 429", "notify", demobackend.ToolSendEmail, map[string]any{"to": "a@example.com", "subject": "s"},
+			demobackend.Fault{FailStatus: http.StatusTooManyRequests, FailTimes: 1},
+			[]string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, 0},
+		{"after 503", "create_ticket", demobackend.ToolCreateTicket, map[string]any{"title": "t"},
+			demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1},
+			[]string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, 0},
+		{"after no answer", "create_ticket", demobackend.ToolCreateTicket, map[string]any{"title": "t"},
+			demobackend.Fault{ApplyThenDrop: true, FailTimes: 1},
+			[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			auth := r.admit(tc.tool, "kf", tc.args, 0)
-			r.backend.SetFault(tc.backendTool, demobackend.Fault{FailStatus: tc.status, FailTimes: 1})
+			r.backend.SetFault(tc.backendTool, tc.fault)
 			fz := &switchedFreezes{}
 			url, requests := freezeAfterFirstRequest(t, r, fz)
 			x := r.executor(func(c *executor.Config) { c.Freezes, c.BaseURL, c.RetryBackoff = fz, url, 20*time.Millisecond })
@@ -74,16 +80,16 @@ func TestFreezeStopsRetries(t *testing.T) {
 			}
 			evs := decodeAll(t, out.Records)
 			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
-				t.Errorf("events (-want +got):\n%s", diff)
+				t.Fatalf("events (-want +got):\n%s", diff)
 			}
-			if tc.code != "" && evs[len(evs)-1].ErrorCode != tc.code {
-				t.Errorf("error code %q; want %q", evs[len(evs)-1].ErrorCode, tc.code)
+			if last := evs[len(evs)-1]; last.ErrorCode != executor.ReasonToolFrozen || last.Attempt != 1 {
+				t.Errorf("error code %q, attempt %d; want %q, 1 (the one sent)", last.ErrorCode, last.Attempt, executor.ReasonToolFrozen)
 			}
 			if n := requests.Load(); n != 1 {
 				t.Errorf("%d requests reached the tool; want 1 (none after the freeze)", n)
 			}
-			if n := r.backend.AppliedIn(tc.backendTool, "t_a", "t_a/kf"); n != 0 {
-				t.Errorf("applied %d times; want 0", n)
+			if n := r.backend.AppliedIn(tc.backendTool, "t_a", "t_a/kf"); n != tc.applied {
+				t.Errorf("applied %d times; want %d", n, tc.applied)
 			}
 		})
 	}

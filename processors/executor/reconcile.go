@@ -193,6 +193,7 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		compensated []ledger.Event // succeeded compensation calls
 	)
 	seen := make(map[ledger.CallKey]bool)
+	undone := make(map[ledger.CallKey]bool) // compensations whose success is in the batch
 	for _, rec := range recs {
 		t := statemachine.EventType(ledger.Header(rec, ledger.HeaderEventType))
 		if t != statemachine.EventOutcomeUnknown && t != statemachine.EventSucceeded {
@@ -208,8 +209,8 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 			// re-append of its outbox) would be two moves from one
 			// state, the second failing the step, and the redelivery
 			// would then find the move made and append nothing.
-			if _, ok := ev.Key().Compensates(); ok && !seen[ev.Key()] {
-				seen[ev.Key()] = true
+			if _, ok := ev.Key().Compensates(); ok && !undone[ev.Key()] {
+				undone[ev.Key()] = true
 				compensated = append(compensated, ev)
 			}
 			continue

@@ -89,8 +89,9 @@ func (h hangingVersions) ResourceVersion(ctx context.Context, _, _, _ string) (s
 
 // A check before the call that hangs (here the approved resource's
 // version) ends with the call's own time, while its lease holds: the call
-// is refused, not left executing past its lease and in flight, where this
-// executor's sweeps would never reclaim it.
+// fails as not started, not left executing past its lease and in flight,
+// where this executor's sweeps would never reclaim it (nor denied, as if
+// the version had changed).
 func TestHangingPreCallCheckEndsWithinTheLease(t *testing.T) {
 	r := newRig(t)
 	ev, rec := r.admitApproved("k1", time.Now().Add(time.Hour), "v1")
@@ -120,7 +121,8 @@ func TestHangingPreCallCheckEndsWithinTheLease(t *testing.T) {
 	default:
 		t.Fatal("the resource's version was never asked for")
 	}
-	if diff := cmp.Diff([]string{"denied(resource_changed)"}, summary(decodeAll(t, out.Records))); diff != "" {
+	// Out of the call's time, not refused: it did not start.
+	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonDeadlineExceeded + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 	if n, _ := x.InFlight(); n != 0 {
@@ -130,8 +132,8 @@ func TestHangingPreCallCheckEndsWithinTheLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != processors.StatusDenied {
-		t.Errorf("status %s; want denied", got.Status)
+	if got.Status != processors.StatusFailed {
+		t.Errorf("status %s; want failed", got.Status)
 	}
 	if n := r.backend.AppliedIn("refund_order", "t_a", "t_a/k1"); n != 0 {
 		t.Errorf("refund applied %d times; want 0", n)
