@@ -243,10 +243,11 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Introspection{Active: false})
 		return
 	}
-	// A family's revocation covers the credentials issued up to it: the
-	// family (tool, tenant, claim epoch) goes on being minted afterwards,
-	// and those later credentials were never exposed.
-	if a, revoked := s.cfg.State.Revoked(c.JTI, c.Family); revoked && (a.JTI != "" || !c.IssuedAt.After(a.At)) {
+	// A family's revocation covers the credentials issued up to it (and
+	// RevocationSkew after, for the clocks of two machines): the family
+	// (tool, tenant, claim epoch) goes on being minted afterwards, and
+	// those later credentials were never exposed.
+	if a, revoked := s.cfg.State.Revoked(c.JTI, c.Family); revoked && (a.JTI != "" || !c.IssuedAt.After(a.At.Add(max(s.cfg.RevocationSkew, 0)))) {
 		s.cfg.Logger.Debug("introspection: revoked", "jti", c.JTI, "family", c.Family, attrSubject, a.Subject)
 		writeJSON(w, http.StatusOK, Introspection{Active: false})
 		return

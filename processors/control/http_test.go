@@ -274,7 +274,10 @@ func TestIntrospection(t *testing.T) {
 	t.Parallel()
 	// Revocations are compared with the credentials' issue times: the
 	// control plane's clock is the real one here.
-	e := newHTTPEnv(t, func(c *Config) { c.Now = time.Now })
+	// A revocation skew short enough that credentials minted past it are
+	// not yet refused by their nbf (the verifier's skew is 30 s).
+	const skew = 5 * time.Second
+	e := newHTTPEnv(t, func(c *Config) { c.Now, c.RevocationSkew = time.Now, skew })
 	root := "Bearer " + e.assertion(platformOp)
 	acme := "Bearer " + e.assertion(acmeOp)
 	revoke := func(auth, body string) {
@@ -333,12 +336,19 @@ func TestIntrospection(t *testing.T) {
 		t.Errorf("after revoking its family: %v; want %v", got, inactive)
 	}
 	// A credential of the family issued after the revocation was never
-	// exposed: it is active.
-	e.shift.Store(int64(2 * time.Second)) // iat has whole seconds
+	// exposed: it is active, once past the clocks' skew (an executor
+	// whose clock runs ahead stamps a credential minted before the
+	// revocation with a later iat).
+	e.shift.Store(int64(skew - 2*time.Second)) // iat has whole seconds
+	skewed := e.credential("refund_order", "t_acme", 7)
+	e.shift.Store(int64(skew + 2*time.Second))
 	later := e.credential("refund_order", "t_acme", 7)
 	e.shift.Store(0)
+	if _, got := e.introspect(skewed.Token); !cmp.Equal(got, inactive) {
+		t.Errorf("a credential of a revoked family stamped within the skew after the revocation: %v; want %v", got, inactive)
+	}
 	if _, got := e.introspect(later.Token); got["active"] != true {
-		t.Errorf("a credential of a revoked family issued after the revocation: %v; want active", got)
+		t.Errorf("a credential of a revoked family issued after the revocation and its skew: %v; want active", got)
 	}
 	if _, got := e.introspect(other.Token); got["active"] != true {
 		t.Errorf("another family after a family revocation: %v; want active", got)

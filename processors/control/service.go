@@ -84,6 +84,14 @@ type Config struct {
 	// ApplyWait bounds how long an action waits for the local State to
 	// apply it after it was published. Default: DefaultApplyWait (2 s).
 	ApplyWait time.Duration
+	// RevocationSkew widens a family's revocation to the credentials
+	// issued up to this long after it: their iat is read off the
+	// executor's clock, the revocation's time off this service's, and an
+	// executor whose clock runs ahead would otherwise mint credentials
+	// before the revocation that seem to come after it. Default:
+	// credentials.DefaultSkew (30 s), the skew verification tolerates.
+	// Negative: none.
+	RevocationSkew time.Duration
 	// Now is the clock of Action.At. Default: time.Now.
 	Now func() time.Time
 	// Logger receives every published action (Info) and failures; never
@@ -98,6 +106,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ApplyWait == 0 {
 		c.ApplyWait = DefaultApplyWait
+	}
+	if c.RevocationSkew == 0 {
+		c.RevocationSkew = credentials.DefaultSkew
 	}
 	if c.Now == nil {
 		c.Now = time.Now
