@@ -33,10 +33,20 @@ func Partitioner() kgo.Partitioner {
 
 // ReadCall returns every event of key on topic that was committed when the
 // call began, in log order: the call's steps, and any refused submissions
-// (seq 0) under its key. It reads only the key's partition.
+// (seq 0) under its key. An event appended more than once (the ledger
+// appends an outbox again when the log may lack it; the copies share its
+// event id) is returned once, where it first appears. It reads only the
+// key's partition.
 func ReadCall(ctx context.Context, cc ClientConfig, topic string, key CallKey) ([]Event, error) {
 	var evs []Event
+	seen := make(map[string]bool)
 	err := scanKey(ctx, cc, topic, key, false, func(e Event) bool {
+		if e.EventID != "" {
+			if seen[e.EventID] {
+				return false
+			}
+			seen[e.EventID] = true
+		}
 		evs = append(evs, e)
 		return false
 	})
