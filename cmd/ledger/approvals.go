@@ -260,7 +260,7 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			srv := &http.Server{Addr: httpAddr, Handler: queue.Handler(), ReadHeaderTimeout: 5 * time.Second}
+			srv := newServer(httpAddr, queue.Handler())
 			serveHTTP, err := g.httpTLS.listen(srv, logger)
 			if err != nil {
 				return err

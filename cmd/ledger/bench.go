@@ -248,7 +248,7 @@ func serveBackend(b *demobackend.Server) (*http.Server, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	srv := &http.Server{Handler: b.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := newServer("", b.Handler())
 	go func() { _ = srv.Serve(ln) }()
 	return srv, "http://" + ln.Addr().String(), nil
 }

@@ -11,7 +11,6 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -145,7 +144,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", obs.metrics.Handler())
 		mux.Handle("GET "+loopsPath, loopsHandler(names, loops))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv := newServer("", mux)
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}

@@ -346,10 +346,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	mux.Handle("/", ui)
 
 	grp, ctx := errgroup.WithContext(ctx)
-	servers := []*http.Server{
-		{Handler: backend.Handler(), ReadHeaderTimeout: 5 * time.Second},
-		{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
-	}
+	servers := []*http.Server{newServer("", backend.Handler()), newServer("", mux)}
 	for i, ln := range []net.Listener{backendLn, apiLn} {
 		srv := servers[i]
 		grp.Go(func() error {

@@ -107,11 +107,26 @@ func (f *httpTLSFlags) listen(srv *http.Server, logger *slog.Logger) (serve func
 	return func() error { return srv.ServeTLS(ln, "", "") }, nil
 }
 
+// newServer is every HTTP server the ledger runs: h on addr, with bounds
+// on how long a client may take to send its request (headers, then the
+// whole of it: a body sent a byte at a time would otherwise hold a
+// goroutine and a connection for good) and how long an idle keep-alive
+// connection is kept. There is no bound on writing the answer: a CPU
+// profile takes as long as it is asked to.
+func newServer(addr string, h http.Handler) *http.Server {
+	return &http.Server{
+		Addr: addr, Handler: h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+}
+
 // serve listens on addr (bad TLS flags and an address in use are its
 // errors, before anything is served), serves h in grp until ctx ends,
 // then shuts the server down gracefully. It returns the bound address.
 func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr string, h http.Handler) (string, error) {
-	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := newServer(addr, h)
 	run, err := g.httpTLS.listen(srv, g.logger().With("server", what))
 	if err != nil {
 		return "", fmt.Errorf("%s on %s: %w", what, addr, err)

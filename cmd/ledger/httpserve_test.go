@@ -329,3 +329,33 @@ func TestDevRefusesHTTPTLS(t *testing.T) {
 		t.Fatalf("ledger dev with --http-tls-cert: %v; want a refusal naming plain HTTP", err)
 	}
 }
+
+// TestServersBounded: every HTTP server the ledger runs bounds how long a
+// client may take over its request and how long an idle connection is
+// kept (a body withheld, or sent a byte at a time, held a goroutine and a
+// connection for good with only the headers bounded), that is, every one
+// is made by newServer.
+func TestServersBounded(t *testing.T) {
+	srv := newServer("127.0.0.1:0", hello)
+	if srv.ReadHeaderTimeout <= 0 || srv.ReadTimeout <= 0 || srv.IdleTimeout <= 0 {
+		t.Errorf("newServer: ReadHeaderTimeout %v, ReadTimeout %v, IdleTimeout %v; want all set", srv.ReadHeaderTimeout, srv.ReadTimeout, srv.IdleTimeout)
+	}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Server literals, not slices of servers.
+		n := strings.Count(string(src), "http.Server{") - strings.Count(string(src), "[]*http.Server{")
+		if f != "httpserve.go" && n > 0 || f == "httpserve.go" && n != 1 {
+			t.Errorf("%s builds %d http.Server literals; build servers with newServer", f, n)
+		}
+	}
+}

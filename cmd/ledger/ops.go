@@ -156,7 +156,7 @@ func startOps(g *globals, addr string, profiles bool, role string, reg *metrics.
 		servePprof(mux)
 	}
 	o := &opsServer{
-		srv:   &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second},
+		srv:   newServer(addr, mux),
 		admin: admin,
 		done:  make(chan struct{}),
 	}

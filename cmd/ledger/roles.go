@@ -321,7 +321,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 					return nil, err
 				}
 				if jwksAddr != "" {
-					srv := &http.Server{Addr: jwksAddr, Handler: broker.Handler(), ReadHeaderTimeout: 5 * time.Second}
+					srv := newServer(jwksAddr, broker.Handler())
 					serveHTTP, err := g.httpTLS.listen(srv, logger.With("server", "jwks"))
 					if err != nil {
 						return nil, err
@@ -581,7 +581,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					if inspector != nil {
 						mux.Handle(control.IntrospectPath, kill.Handler())
 					}
-					srv := &http.Server{Addr: httpAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+					srv := newServer(httpAddr, mux)
 					serveHTTP, err := g.httpTLS.listen(srv, logger.With("server", "operators"))
 					if err != nil {
 						return nil, err
