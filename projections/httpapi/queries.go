@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -52,9 +53,18 @@ type QueryConfig struct {
 	// OperatorRole is the role an operator must hold; default
 	// "operator".
 	OperatorRole string
-	Now          func() time.Time
-	Logger       *slog.Logger
+	// Timeout bounds each question's query, so that a client that stays
+	// connected cannot hold a scan of the whole history open for as long
+	// as it likes (on ClickHouse the deadline also goes to the server, as
+	// max_execution_time); past it the answer is 504 query_timeout.
+	// Default: DefaultQueryTimeout.
+	Timeout time.Duration
+	Now     func() time.Time
+	Logger  *slog.Logger
 }
+
+// DefaultQueryTimeout is QueryConfig.Timeout's default.
+const DefaultQueryTimeout = 30 * time.Second
 
 // QueryHandler serves the responders' questions:
 //
@@ -77,6 +87,9 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultQueryTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -131,6 +144,9 @@ func (q *queries) answerError(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_filter", Message: err.Error()})
 	case errors.Is(err, projections.ErrNotFound):
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
+	case errors.Is(err, context.DeadlineExceeded):
+		q.cfg.Logger.Warn("query timed out", "timeout", q.cfg.Timeout, "err", err)
+		writeError(w, http.StatusGatewayTimeout, apiError{Code: "query_timeout", Message: "the question took longer than " + q.cfg.Timeout.String() + "; narrow it (since, until, tool, tenant)"})
 	default:
 		q.cfg.Logger.Error("query failed", "err", err)
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "projection_unavailable", Message: "the projection could not answer; see the server's log"})
@@ -153,7 +169,7 @@ func csvWanted(w http.ResponseWriter, r *http.Request) (csv, ok bool) {
 // ask answers one question: it reads and scopes the filter (extra names
 // the question's own parameters), asks, and writes the answer as JSON or,
 // with format=csv, as the CSV file name.csv.
-func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name string, extra []string, question func(f projections.Filter) (any, func(io.Writer) error, error)) {
+func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name string, extra []string, question func(ctx context.Context, f projections.Filter) (any, func(io.Writer) error, error)) {
 	f, ok := q.filter(w, r, id, extra...)
 	if !ok {
 		return
@@ -162,7 +178,9 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 	if !ok {
 		return
 	}
-	v, toCSV, err := question(f)
+	ctx, cancel := context.WithTimeout(r.Context(), q.cfg.Timeout)
+	defer cancel()
+	v, toCSV, err := question(ctx, f)
 	if err != nil {
 		q.answerError(w, err)
 		return
@@ -182,19 +200,19 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 }
 
 func (q *queries) blastRadius(w http.ResponseWriter, r *http.Request, id Operator) {
-	q.ask(w, r, id, "blast-radius", nil, func(f projections.Filter) (any, func(io.Writer) error, error) {
-		br, err := q.cfg.Queries.BlastRadius(r.Context(), f)
+	q.ask(w, r, id, "blast-radius", nil, func(ctx context.Context, f projections.Filter) (any, func(io.Writer) error, error) {
+		br, err := q.cfg.Queries.BlastRadius(ctx, f)
 		return br, func(w io.Writer) error { return report.BlastRadiusCSV(w, br) }, err
 	})
 }
 
 func (q *queries) outcomes(w http.ResponseWriter, r *http.Request, id Operator) {
-	q.ask(w, r, id, "outcomes", []string{projections.ParamBucket}, func(f projections.Filter) (any, func(io.Writer) error, error) {
+	q.ask(w, r, id, "outcomes", []string{projections.ParamBucket}, func(ctx context.Context, f projections.Filter) (any, func(io.Writer) error, error) {
 		bucket, err := projections.ParseBucket(r.URL.Query().Get(projections.ParamBucket))
 		if err != nil {
 			return nil, nil, err
 		}
-		os, err := q.cfg.Queries.Outcomes(r.Context(), f, bucket)
+		os, err := q.cfg.Queries.Outcomes(ctx, f, bucket)
 		if os == nil {
 			os = []projections.OutcomeCount{}
 		}
@@ -203,8 +221,8 @@ func (q *queries) outcomes(w http.ResponseWriter, r *http.Request, id Operator) 
 }
 
 func (q *queries) unresolved(w http.ResponseWriter, r *http.Request, id Operator) {
-	q.ask(w, r, id, "unresolved", nil, func(f projections.Filter) (any, func(io.Writer) error, error) {
-		calls, err := q.cfg.Queries.Unresolved(r.Context(), f)
+	q.ask(w, r, id, "unresolved", nil, func(ctx context.Context, f projections.Filter) (any, func(io.Writer) error, error) {
+		calls, err := q.cfg.Queries.Unresolved(ctx, f)
 		if calls == nil {
 			calls = []projections.Call{}
 		}
@@ -221,7 +239,9 @@ func (q *queries) trace(w http.ResponseWriter, r *http.Request, id Operator) {
 		writeError(w, http.StatusForbidden, apiError{Code: "forbidden", Message: "an operator of tenant " + id.Tenant + " may ask about that tenant only"})
 		return
 	}
-	evs, err := q.cfg.Queries.Trace(r.Context(), key)
+	ctx, cancel := context.WithTimeout(r.Context(), q.cfg.Timeout)
+	defer cancel()
+	evs, err := q.cfg.Queries.Trace(ctx, key)
 	if err != nil {
 		q.answerError(w, err)
 		return

@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"context"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/projections"
@@ -179,4 +181,67 @@ func TestQueryAPIAuthorization(t *testing.T) {
 			t.Errorf("Trace of an unknown key: %v, want ErrNotFound", err)
 		}
 	})
+}
+
+// stalledQueries is a projection that answers nothing until its caller
+// gives up, as a scan of a whole history would.
+type stalledQueries struct {
+	projections.Queries
+	deadlines chan bool
+}
+
+func (s stalledQueries) BlastRadius(ctx context.Context, _ projections.Filter) (projections.BlastRadius, error) {
+	_, ok := ctx.Deadline()
+	s.deadlines <- ok
+	<-ctx.Done()
+	return projections.BlastRadius{}, ctx.Err()
+}
+
+func (s stalledQueries) Trace(ctx context.Context, _ ledger.CallKey) ([]ledger.Event, error) {
+	_, ok := ctx.Deadline()
+	s.deadlines <- ok
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A question's query runs under the API's timeout, however long the
+// client waits, and one that runs out answers 504 query_timeout.
+func TestQueryTimeout(t *testing.T) {
+	id := processorstest.NewIdentity(t)
+	guard := func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
+		return identity.Require(id.Verifier, "test", "an operator", nil, func(w http.ResponseWriter, r *http.Request, who identity.Identity) {
+			next(w, r, httpapi.Operator{User: who.User, Tenant: who.Tenant, Roles: who.Roles})
+		})
+	}
+	q := stalledQueries{deadlines: make(chan bool, 2)}
+	h, err := httpapi.QueryHandler(httpapi.QueryConfig{Queries: q, Guard: guard, Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	a, err := id.Issuer.Mint(identity.Identity{User: "u_responder", Agent: "cli", Tenant: "t_a", Roles: []string{"operator"}}, processorstest.Audience, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{httpapi.PathBlastRadius + "?tool=refund_order", httpapi.PathTrace + "t_a/k1"} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+a)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Error struct{ Code string } }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusGatewayTimeout || body.Error.Code != "query_timeout" {
+			t.Errorf("%s = %d %q; want 504 query_timeout", path, resp.StatusCode, body.Error.Code)
+		}
+		if !<-q.deadlines {
+			t.Errorf("%s: the query ran without a deadline", path)
+		}
+	}
 }
