@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/statemachine"
@@ -164,5 +168,44 @@ func TestSubmitPublishFailureIsRetryable(t *testing.T) {
 	}
 	if code, _ := decodeErr(t, resp); resp.StatusCode != 503 || code != "publish_failed" {
 		t.Errorf("POST with the broker down = %d %s; want 503 publish_failed", resp.StatusCode, code)
+	}
+}
+
+// /healthz, which anyone may ask, says which check failed and not why:
+// the error names the store's address and database, which go to the log.
+func TestHealthHidesErrors(t *testing.T) {
+	logs := &ledgertest.LogBuffer{}
+	api, err := httpapi.New(httpapi.Config{Publisher: &publisher{}, Logger: slog.New(slog.NewJSONHandler(logs, nil)), Checks: []httpapi.Check{
+		{Name: "kafka", Check: func(context.Context) error { return nil }},
+		{Name: "clickhouse", Check: func(context.Context) error {
+			return errors.New("clickhouse at 10.1.2.3:9000, database ledger_prod: dial tcp: connection refused")
+		}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	resp, err := http.Get(srv.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("status %d; want 503", resp.StatusCode)
+	}
+	var got struct{ Checks map[string]string }
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"kafka": "ok", "clickhouse": "unavailable"}; !maps.Equal(got.Checks, want) {
+		t.Errorf("checks %v; want %v", got.Checks, want)
+	}
+	if strings.Contains(string(body), "10.1.2.3") || strings.Contains(string(body), "ledger_prod") {
+		t.Errorf("the health answer shows the error: %s", body)
+	}
+	if !strings.Contains(logs.String(), "10.1.2.3:9000") {
+		t.Errorf("the error is not in the log: %s", logs.String())
 	}
 }
