@@ -1129,3 +1129,29 @@ func TestSignInEndsThePreviousSession(t *testing.T) {
 		t.Errorf("GET with the previous session id = %d; want 303 to /login", w.Code)
 	}
 }
+
+// A freeze or a revocation is offered though the calls it acts on could
+// not be counted (the busiest tool's count is the likeliest to fail: its
+// answer is the largest), saying so; compensate-all, which acts on the
+// calls counted, is not.
+func TestBrakesOfferedUncounted(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	fx.api.mu.Lock()
+	fx.api.refuse = map[string]refusalSpec{"GET /v1/blast-radius": {http.StatusServiceUnavailable, "projection_unavailable", "the projection could not answer"}}
+	fx.api.mu.Unlock()
+	for page, offered := range map[string]bool{
+		"/incidents/confirm?action=freeze&tool=refund_order&tenant=acme":                true,
+		"/incidents/confirm?action=revoke_jti&jti=jti-1":                                true,
+		"/incidents/confirm?action=revoke_family&credential_family=refund_order:acme:1": true,
+		"/incidents/confirm?action=compensate&tool=refund_order":                        false,
+	} {
+		body := b.get(page).Body.String()
+		if got := strings.Contains(body, `action="/incidents/act"`); got != offered {
+			t.Errorf("GET %s offers the form: %v; want %v", page, got, offered)
+		}
+		if !strings.Contains(body, "could not be counted") {
+			t.Errorf("GET %s does not say the count failed", page)
+		}
+	}
+}

@@ -390,10 +390,20 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 		countQ = pick(q, []string{projections.ParamCredentialFamily, projections.ParamTenant, projections.ParamAllTenants})
 	}
 	var br projections.BlastRadius
+	countErr := ""
 	if _, err := c.call(r, s, http.MethodGet, pathBlastRadius, countQ, nil, &br); err != nil {
-		p.Err = "The question could not be counted, so nothing can be confirmed: " + describe(err)
+		countErr = describe(err)
+		p.Err = "The question could not be counted, so nothing can be confirmed: " + countErr
 	} else {
 		p.Counted, p.Count = true, br.Total
+	}
+	// A freeze and a revocation are the incident's brakes: they are
+	// offered though the count failed (the busiest tool's count is the
+	// likeliest to), for they act whatever it would have said.
+	brake := func(what string) {
+		if !p.Counted {
+			p.Err = "The calls could not be counted (" + countErr + "); the " + what + " does not depend on the count and can still be confirmed."
+		}
 	}
 	scope := scopeOf(q, s)
 	status := http.StatusOK
@@ -412,7 +422,8 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 			"Calls already running are not stopped. An unfreeze (from the Health page) lifts it.",
 		}
 		p.CountNote = "calls to " + tool + " so far in " + scope + ", at any time and whatever else the question named: the freeze stops every call to it from now on."
-		p.Ready = tool != "" && p.Counted
+		p.Ready = tool != ""
+		brake("freeze")
 	case actRevokeJTI, actRevokeFamily:
 		what, v := "credential", q.Get(projections.ParamJTI)
 		if action == actRevokeFamily {
@@ -423,7 +434,8 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 			"The " + what + " " + v + " is revoked for good: the executor stops using it and tool backends refuse it at introspection. There is no un-revoke.",
 		}
 		p.CountNote = "calls carry it in " + scope + ", at any time and whatever else the question named."
-		p.Ready = v != "" && p.Counted
+		p.Ready = v != ""
+		brake("revocation")
 	case actCompensate:
 		p.Heading, p.Submit, p.Reason = "Compensate every succeeded call", "Compensate them", "Why undo them"
 		keys := succeeded(br.Calls)
