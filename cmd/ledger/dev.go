@@ -71,8 +71,8 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	f.policy.register(fs)
 	f.creds.register(fs)
 	fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "where the in-process Kafka listens (loopback only)")
-	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "where the HTTP API listens")
-	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens")
+	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "where the HTTP API listens (loopback only)")
+	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens (loopback only)")
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "project into this ClickHouse too (native protocol), and answer the incident queries from it; empty: from the embedded index")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_dev", "ClickHouse database of dev's projection: never a production one")
 	fs.BoolVar(&f.pprof, "pprof", false, "also serve Go's runtime profiles under /debug/pprof/ on the HTTP API (go tool pprof http://<http-addr>/debug/pprof/profile), to see where dev's one process spends its CPU and memory; unauthenticated, like the rest of dev's API, so only where --http-addr is loopback")
@@ -84,6 +84,14 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		// dev is the local trial on loopback; its banner and its demo
 		// tools speak plain HTTP. Saying so beats ignoring the flags.
 		return errors.New("ledger dev serves plain HTTP on loopback only: --http-tls-* (LEDGER_HTTP_TLS_*) apply to the production roles, not to dev")
+	}
+	// Dev's API answers every tenant's calls, results included, without
+	// credentials, and its Kafka and demo tools take anything: they must
+	// not be reachable from another machine.
+	for _, a := range []struct{ flag, addr string }{{"--http-addr", f.httpAddr}, {"--backend-addr", f.backendAddr}, {"--kafka-addr", f.kafkaAddr}} {
+		if err := loopbackOnly(a.addr); err != nil {
+			return fmt.Errorf("%s %s: %w", a.flag, a.addr, err)
+		}
 	}
 	logger := g.logger()
 	dataDir := f.roles.store.dataDir
@@ -462,4 +470,20 @@ Try:
   go run ./cmd/ledger blast-radius --tool get_weather --tenant t_demo --since 1h
 
 `, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, profiles, b.api)
+}
+
+// loopbackOnly refuses an address other machines could reach: ledger dev
+// listens on loopback only.
+func loopbackOnly(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return errors.New("ledger dev listens on loopback only (127.0.0.1, ::1 or localhost): its API and tools take requests without credentials")
 }

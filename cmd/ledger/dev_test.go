@@ -434,3 +434,28 @@ func TestDevBannerProfiles(t *testing.T) {
 		}
 	}
 }
+
+// ledger dev refuses to listen where another machine could reach it: its
+// API answers every tenant's calls without credentials.
+func TestDevLoopbackOnly(t *testing.T) {
+	for _, args := range [][]string{
+		{"--http-addr", "0.0.0.0:0"},
+		{"--http-addr", ":0"},
+		{"--backend-addr", "192.0.2.1:0"},
+		{"--kafka-addr", "[::]:0"},
+	} {
+		root := newRoot()
+		root.SetArgs(append([]string{"dev", "--data-dir", t.TempDir()}, args...))
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(t.Context())
+		if err == nil || !strings.Contains(err.Error(), args[0]) || !strings.Contains(err.Error(), "loopback only") {
+			t.Errorf("ledger dev %s: %v; want a refusal naming %s", strings.Join(args, " "), err, args[0])
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:1", "[::1]:1", "localhost:1"} {
+		if err := loopbackOnly(addr); err != nil {
+			t.Errorf("loopbackOnly(%s) = %v; want nil", addr, err)
+		}
+	}
+}
