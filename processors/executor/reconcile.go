@@ -333,6 +333,9 @@ type pendingMove struct {
 	// append applies only while the record is still logged that far
 	// (processors.Logged.Base).
 	base int64
+	// undo, when set, is the reason of the compensation the move's park
+	// asks for, requested once the move applied.
+	undo string
 }
 
 // by makes the move's own event (the last) an actor's, in the events
@@ -362,7 +365,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		if tool != nil && tool.Compensation != nil {
 			detail += "; it declares the compensation " + tool.Compensation.String()
 		}
-		return r.park(ctx, rec, tmpl, tool, ReasonNoStatusLookup, detail), true
+		return r.park(rec, tmpl, tool, ReasonNoStatusLookup, detail), true
 	}
 	target, err := r.x.resolve(tool.StatusLookup.URL)
 	if err != nil {
@@ -411,7 +414,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		}
 		log.Warn("status lookup failed", "attempt", n+1, "err", last)
 	}
-	return r.park(ctx, rec, tmpl, tool, ReasonLookupFailed,
+	return r.park(rec, tmpl, tool, ReasonLookupFailed,
 		fmt.Sprintf("the status lookup failed %d times: %v", r.cfg.MaxAttempts, last)), true
 }
 
@@ -422,25 +425,34 @@ const ReconcilerUser = "ledger-reconciler"
 
 // park hands a call whose outcome cannot be established to a human, or,
 // when its deciding policy says to undo such calls and its tool declares a
-// compensation, asks for the compensation and parks it until that
-// succeeds.
-func (r *Reconciler) park(ctx context.Context, rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) pendingMove {
+// compensation, parks it until the compensation succeeds. The
+// compensation is asked for only once the park is recorded (apply): asked
+// before, a park that did not land (a failed move, another reconciler)
+// left it to undo a call a later lookup may find succeeded, with no event
+// to say why.
+func (r *Reconciler) park(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) pendingMove {
 	if r.cfg.Compensator != nil && tool != nil && tool.Compensation != nil && slices.Contains(tmpl.Obligations, "undo_unknown") {
-		system := identity.Identity{User: ReconcilerUser, Agent: r.cfg.Owner, Tenant: rec.Key.TenantID, Roles: []string{r.cfg.OperatorRole}}
-		ck, evs, err := r.cfg.Compensator.Compensate(ctx, system, rec.Key, "outcome unknown ("+reason+"); a policy says to undo it")
-		if err == nil && !refused(evs) {
-			m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonCompensating,
-				"the outcome could not be established ("+reason+"); the compensation "+ck.String()+" was requested", "", 0)
-			return m
-		}
-		if err == nil {
-			last := evs[len(evs)-1]
-			err = fmt.Errorf("%s (%s)", last.Reason, last.Detail)
-		}
-		r.cfg.Logger.Warn("automatic compensation refused", "call_key", rec.Key.String(), "err", err)
-		detail += "; the automatic compensation was refused: " + err.Error()
+		m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonCompensating,
+			"the outcome could not be established ("+reason+"); the compensation "+rec.Key.CompensationKey().String()+" is requested", "", 0)
+		m.undo = "outcome unknown (" + reason + "); a policy says to undo it"
+		return m
 	}
 	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, reason, detail, "", 0)
+}
+
+// requestUndo asks for the compensation of a call m parked for it. A
+// refusal leaves the call parked, for a human (ledger calls resolve).
+func (r *Reconciler) requestUndo(ctx context.Context, m pendingMove) {
+	key := m.move.Key
+	system := identity.Identity{User: ReconcilerUser, Agent: r.cfg.Owner, Tenant: key.TenantID, Roles: []string{r.cfg.OperatorRole}}
+	_, evs, err := r.cfg.Compensator.Compensate(ctx, system, key, m.undo)
+	if err == nil && refused(evs) {
+		last := evs[len(evs)-1]
+		err = fmt.Errorf("%s (%s)", last.Reason, last.Detail)
+	}
+	if err != nil {
+		r.cfg.Logger.Error("automatic compensation refused; the call stays parked for a human", "call_key", key.String(), "err", err)
+	}
 }
 
 // refused reports whether a compensation's first events refuse it.
@@ -533,6 +545,9 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 		}
 		if !ok {
 			continue // settled meanwhile, by another reconciler or a human
+		}
+		if moves[i].undo != "" {
+			r.requestUndo(context.WithoutCancel(ctx), moves[i])
 		}
 		for _, ev := range moves[i].evs {
 			rec, err := ev.Record(r.cfg.Topics.Events)

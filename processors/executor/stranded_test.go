@@ -143,8 +143,9 @@ func TestHangingPreCallCheckEndsWithinTheLease(t *testing.T) {
 // admitApproved stores a refund_order call as the approval service leaves
 // an approved one (authorized, its approved event in the outbox) and
 // returns that event and its record; the approval expires at expires and
-// binds the resource's version when version is set.
-func (r *rig) admitApproved(key string, expires time.Time, version string) (ledger.Event, *kgo.Record) {
+// binds the resource's version when version is set, and the decision
+// carries obligations.
+func (r *rig) admitApproved(key string, expires time.Time, version string, obligations ...string) (ledger.Event, *kgo.Record) {
 	r.t.Helper()
 	args := []byte(`{"amount_cents":100,"currency":"AUD","order_id":"ord_1"}`)
 	tree, err := ledger.Decode(args, ledger.Limits{})
@@ -157,7 +158,7 @@ func (r *rig) admitApproved(key string, expires time.Time, version string) (ledg
 	}
 	ev := ledger.Event{EventID: "e_" + key, IdempotencyKey: key, CallID: "c_" + key, Seq: 3, Type: statemachine.EventApproved,
 		At: time.Now().UTC(), TenantID: "t_a", UserID: "u_1", Tool: "refund_order", ToolVersion: 1, ArgumentsHash: hash,
-		ApprovalID: "ap_" + key, Approver: "boss", ExpiresAt: &expires, ResourceVersion: version}
+		ApprovalID: "ap_" + key, Approver: "boss", ExpiresAt: &expires, ResourceVersion: version, Obligations: obligations}
 	outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
 	if err != nil {
 		r.t.Fatal(err)

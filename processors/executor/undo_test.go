@@ -1,6 +1,9 @@
 package executor_test
 
 import (
+	"context"
+	"errors"
+	"net/http"
 	"testing"
 	"time"
 
@@ -9,7 +12,10 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -144,4 +150,94 @@ func TestCompensationSuccessTwiceInABatch(t *testing.T) {
 	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
 		t.Errorf("original: %v, %v; want compensated", rec.Status, err)
 	}
+}
+
+// recordingCompensator records the compensations asked for, and asks for
+// nothing itself.
+type recordingCompensator struct{ asked []ledger.CallKey }
+
+func (c *recordingCompensator) Compensate(_ context.Context, _ identity.Identity, key ledger.CallKey, _ string) (ledger.CallKey, []ledger.Event, error) {
+	c.asked = append(c.asked, key)
+	return key.CompensationKey(), nil, nil
+}
+
+// failingMoves is the store with its first n moves failing.
+type failingMoves struct {
+	processors.Store
+	n int
+}
+
+func (f *failingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if f.n > 0 {
+		f.n--
+		return nil, errors.New("store unavailable")
+	}
+	return f.Store.Move(ctx, ms)
+}
+
+// A call whose outcome no lookup can establish, under a policy that says
+// to undo such calls, is parked first and its compensation asked for only
+// once the park is recorded: when the park does not land and a later
+// lookup finds the call applied, nothing asks to undo it. Before, the
+// compensation was asked for while the park was only decided.
+func TestUndoAskedOnlyOnceParked(t *testing.T) {
+	r := newRig(t)
+	_, unknown := r.unknownRefundToUndo()
+	comp := &recordingCompensator{}
+	store := &failingMoves{Store: r.store, n: 1}
+	rc := r.undoingReconciler(store, comp)
+	if _, err := rc.Step(t.Context(), []*kgo.Record{unknown}); err == nil {
+		t.Fatal("the step whose park failed succeeded")
+	}
+	if len(comp.asked) != 0 {
+		t.Errorf("compensations asked for although the park failed: %v", comp.asked)
+	}
+	// Redelivered, with the lookup answering: the refund stands.
+	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{})
+	got := r.reconcile(rc, unknown)
+	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, got); diff != "" {
+		t.Errorf("the redelivery (-want +got):\n%s", diff)
+	}
+	if len(comp.asked) != 0 {
+		t.Errorf("compensations asked for a call found applied: %v", comp.asked)
+	}
+
+	// Where the park lands, the compensation is asked for, once.
+	r2 := newRig(t)
+	orig, unknown2 := r2.unknownRefundToUndo()
+	comp2 := &recordingCompensator{}
+	rc2 := r2.undoingReconciler(r2.store, comp2)
+	if diff := cmp.Diff([]string{"parked(" + executor.ReasonCompensating + ")"}, r2.reconcile(rc2, unknown2)); diff != "" {
+		t.Errorf("the park (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]ledger.CallKey{orig.Key()}, comp2.asked); diff != "" {
+		t.Errorf("compensations asked for (-want +got):\n%s", diff)
+	}
+}
+
+// undoingReconciler is the rig's reconciler on store, asking comp for
+// compensations.
+func (r *rig) undoingReconciler(store executor.ReconcilerStore, comp executor.Compensator) *executor.Reconciler {
+	r.t.Helper()
+	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
+		Registry: r.reg, Store: store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
+		Backoff: time.Millisecond, SweepEvery: time.Hour, Compensator: comp,
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return rc
+}
+
+// unknownRefundToUndo runs a refund under a policy that says to undo
+// unknown outcomes into outcome_unknown (applied, its answer lost), with
+// its status lookup failing; it returns the approved event and the
+// outcome_unknown record.
+func (r *rig) unknownRefundToUndo() (ledger.Event, *kgo.Record) {
+	r.t.Helper()
+	ev, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "", "undo_unknown")
+	r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{ApplyThenDrop: true})
+	unknown := r.unknown(approved)
+	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
+	return ev, unknown
 }
