@@ -141,11 +141,7 @@ func TestBatchTx(t *testing.T) {
 	// A serialization failure: another transaction holds the row's lock
 	// and commits its update after the pipeline's snapshot; the
 	// pipeline's update fails with 40001 and runs again whole.
-	other, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close(context.Background())
+	other := connect(t, dsn)
 	tx, err := other.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -161,11 +157,7 @@ func TestBatchTx(t *testing.T) {
 	// Wait until the pipeline waits on the lock, then let it go. From a
 	// third connection: within other's transaction pg_stat_activity
 	// would be a snapshot taken at its first read.
-	monitor, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer monitor.Close(context.Background())
+	monitor := connect(t, dsn)
 	waitOn := func() { t.Helper(); waitOnLock(t, monitor, done) }
 	waitOn()
 	if err := tx.Commit(ctx); err != nil {
@@ -250,16 +242,8 @@ func TestBatchTxCockroachAnswersAfterCancel(t *testing.T) {
 	if _, err := s.pool.Exec(ctx, "INSERT INTO "+table+" (k) VALUES ('b')"); err != nil {
 		t.Fatal(err)
 	}
-	other, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close(context.Background())
-	monitor, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer monitor.Close(context.Background())
+	other := connect(t, dsn)
+	monitor := connect(t, dsn)
 	tx, err := other.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -297,4 +281,15 @@ func TestBatchTxCockroachAnswersAfterCancel(t *testing.T) {
 		read:  func(br pgx.BatchResults) error { _, err := br.Exec(); return err }}); !errors.Is(err, context.Canceled) {
 		t.Errorf("transaction of a caller already gone = %v; want context.Canceled", err)
 	}
+}
+
+// connect opens a connection of its own to dsn, closed when t ends.
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
 }
