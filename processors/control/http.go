@@ -1,12 +1,14 @@
 package control
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"time"
 
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
@@ -15,6 +17,10 @@ import (
 // maxBodyBytes bounds a request body: an operator request, or an
 // introspection form (a credential is at most credentials.MaxTokenBytes).
 const maxBodyBytes = 16 << 10
+
+// staleWait bounds how long an introspection waits for a stale State to
+// catch up before it answers 503.
+const staleWait = time.Second
 
 // IntrospectPath is where Handler serves token introspection.
 const IntrospectPath = "/v1/introspect"
@@ -227,6 +233,17 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 	if !s.cfg.State.isReady() {
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the control state is still loading; try again")
+		return
+	}
+	// A revocation this copy has not heard of would leave a revoked
+	// credential active: answer nothing on a copy not known current.
+	cctx, cancel := context.WithTimeout(r.Context(), staleWait)
+	err = s.cfg.State.Current(cctx, s.cfg.MaxStaleness)
+	cancel()
+	if err != nil {
+		s.cfg.Logger.Warn("introspection refused: control state stale", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the revocations known here are not known to be current; try again")
 		return
 	}
 	c, err := s.cfg.Credentials.Inspect(r.Context(), tok)

@@ -60,6 +60,7 @@ func newHTTPEnv(t *testing.T, edit func(*Config)) *httpEnv {
 	st := NewState(logger)
 	st.topic = ledger.Topics{}.WithDefaults().Control
 	close(st.ready)
+	markCurrent(st, time.Now().Add(time.Hour))
 	cfg := Config{State: st, Identity: e.ident.Verifier, Credentials: inspector, Logger: logger}
 	if edit != nil {
 		edit(&cfg)
@@ -382,6 +383,28 @@ func TestIntrospectionUnavailableKeys(t *testing.T) {
 	cred := e.credential("refund_order", "t_acme", 1)
 	if status, got := e.introspect(cred.Token); status != 503 {
 		t.Errorf("introspect without keys = %d %v; want 503 (not a verdict on the token)", status, got)
+	}
+	e.assertNoSecrets(cred.Token)
+}
+
+// A copy of the control state not known to be current (last confirmed a
+// minute ago, past the 2 s allowed) may lack a revocation: introspection
+// answers 503, after waiting up to a second for it to catch up, rather
+// than call a credential active.
+func TestIntrospectionStaleState(t *testing.T) {
+	t.Parallel()
+	stale := NewState(nil)
+	stale.topic = ledger.Topics{}.WithDefaults().Control
+	close(stale.ready)
+	markCurrent(stale, time.Now().Add(-time.Minute))
+	e := newHTTPEnv(t, func(c *Config) { c.State = stale })
+	cred := e.credential("refund_order", "t_acme", 1)
+	if status, got := e.introspect(cred.Token); status != 503 || got["error"] == nil {
+		t.Errorf("introspect on a stale state = %d %v; want 503 with an error", status, got)
+	}
+	markCurrent(stale, time.Now())
+	if status, got := e.introspect(cred.Token); status != 200 || got["active"] != true {
+		t.Errorf("introspect once current = %d %v; want 200, active", status, got)
 	}
 	e.assertNoSecrets(cred.Token)
 }

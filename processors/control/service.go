@@ -92,6 +92,11 @@ type Config struct {
 	// credentials.DefaultSkew (30 s), the skew verification tolerates.
 	// Negative: none.
 	RevocationSkew time.Duration
+	// MaxStaleness is how old State may be when the introspection
+	// endpoint answers: a revocation made before then is in it. Past it
+	// the endpoint waits up to a second for State to catch up, then
+	// answers 503. Zero: DefaultMaxStaleness; negative: not checked.
+	MaxStaleness time.Duration
 	// Now is the clock of Action.At. Default: time.Now.
 	Now func() time.Time
 	// Logger receives every published action (Info) and failures; never
@@ -103,6 +108,9 @@ func (c *Config) setDefaults() {
 	c.Topics = c.Topics.WithDefaults()
 	if c.OperatorRole == "" {
 		c.OperatorRole = DefaultOperatorRole
+	}
+	if c.MaxStaleness == 0 {
+		c.MaxStaleness = DefaultMaxStaleness
 	}
 	if c.ApplyWait == 0 {
 		c.ApplyWait = DefaultApplyWait

@@ -32,6 +32,65 @@ const (
 // bounds how stale a State is after a broker silently dropped a fetch.
 const fetchMaxWait = 500 * time.Millisecond
 
+// Freshness. Applying every record read is not enough to know a State is
+// current: a consumer whose fetches stall (a wedged connection, a broker
+// that drops them, a Run that stopped) reads nothing and looks just like
+// one with nothing to read. So Run also asks the broker for the topic's
+// end offsets every probeEvery; once the records up to the ends of an
+// answer are applied, the State holds every action committed before that
+// question was sent, and that moment is its AsOf.
+const (
+	probeEvery = 250 * time.Millisecond
+	// probeTimeout bounds one question for the end offsets.
+	probeTimeout = 5 * time.Second
+	// maxProbes bounds the answers kept while the records they wait for
+	// are read: a State that far behind skips asking until it catches up.
+	maxProbes = 64
+	// DefaultMaxStaleness is how old a State may be before the processes
+	// that act on it stop acting: the executors send no request and the
+	// introspection answers nothing. A freeze reaches a process within a
+	// second in practice (well under that with a probe every 250 ms); the
+	// bound is for the process that stops hearing the control topic.
+	DefaultMaxStaleness = 2 * time.Second
+)
+
+// ErrStale: the State does not know whether it holds every action on the
+// control topic: it has not confirmed that it read up to the topic's end
+// within the staleness allowed. Errors returned by Current match it.
+var ErrStale = errors.New("control state stale")
+
+// StaleError is Current's error: how old the State was when the wait for
+// it ended. It matches ErrStale and the context's error.
+type StaleError struct {
+	// AsOf is the State's AsOf when the wait ended; zero if the State
+	// never caught up.
+	AsOf time.Time
+	// MaxStaleness is the staleness the caller allowed.
+	MaxStaleness time.Duration
+	// Err is the context's error that ended the wait.
+	Err error
+}
+
+func (e *StaleError) Error() string {
+	if e.AsOf.IsZero() {
+		return fmt.Sprintf("%v: never caught up with the control topic: %v", ErrStale, e.Err)
+	}
+	return fmt.Sprintf("%v: known current only as of %s (%s ago; at most %s allowed): %v",
+		ErrStale, e.AsOf.UTC().Format(time.RFC3339Nano), time.Since(e.AsOf).Round(time.Millisecond), e.MaxStaleness, e.Err)
+}
+
+// Is makes errors.Is(err, ErrStale) hold.
+func (e *StaleError) Is(target error) bool { return target == ErrStale }
+
+func (e *StaleError) Unwrap() error { return e.Err }
+
+// probe is one answer to "where does the control topic end", kept until
+// the records up to those ends are applied.
+type probe struct {
+	at   time.Time
+	ends map[int32]int64
+}
+
 // freezeKey is a tool subject as a map key: looking it up builds no
 // string, so Frozen does not allocate.
 type freezeKey struct{ tool, tenant string }
@@ -44,6 +103,8 @@ type State struct {
 	logger  *slog.Logger
 	running atomic.Bool
 	ready   chan struct{}
+	// asOf is AsOf in Unix nanoseconds; 0 until Ready.
+	asOf atomic.Int64
 
 	mu sync.RWMutex
 	// topic is the topic Run reads; set once Run started.
@@ -57,7 +118,14 @@ type State struct {
 	policy *Action
 	// next is, per partition, the offset after the last record applied.
 	next map[int32]int64
-	// changed is closed, and replaced, after every applied batch.
+	// partitions are the partitions Run reads (true), and those it found
+	// later and does not (false).
+	partitions map[int32]bool
+	// probes are the answers whose ends are not yet all applied, oldest
+	// (and lowest) first.
+	probes []probe
+	// changed is closed, and replaced, after every applied batch and
+	// every advance of asOf.
 	changed chan struct{}
 }
 
@@ -67,13 +135,14 @@ func NewState(logger *slog.Logger) *State {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	return &State{
-		logger:   logger.With("component", "control"),
-		ready:    make(chan struct{}),
-		tools:    make(map[freezeKey]Action),
-		jtis:     make(map[string]Action),
-		families: make(map[string]Action),
-		next:     make(map[int32]int64),
-		changed:  make(chan struct{}),
+		logger:     logger.With("component", "control"),
+		ready:      make(chan struct{}),
+		tools:      make(map[freezeKey]Action),
+		jtis:       make(map[string]Action),
+		families:   make(map[string]Action),
+		next:       make(map[int32]int64),
+		partitions: make(map[int32]bool),
+		changed:    make(chan struct{}),
 	}
 }
 
@@ -81,6 +150,54 @@ func NewState(logger *slog.Logger) *State {
 // when it started, so that an instance that waits for it before serving
 // starts with the current freezes. It is never closed if Run fails first.
 func (s *State) Ready() <-chan struct{} { return s.ready }
+
+// AsOf is the latest moment before which every action committed to the
+// control topic is known to be applied here; zero before Ready.
+func (s *State) AsOf() time.Time {
+	if ns := s.asOf.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// Staleness is how long ago AsOf was, or -1 before Ready.
+func (s *State) Staleness() time.Duration {
+	ns := s.asOf.Load()
+	if ns == 0 {
+		return -1
+	}
+	return time.Duration(time.Now().UnixNano() - ns)
+}
+
+// Current returns nil once the State is known to hold every action
+// committed to the control topic up to maxStaleness ago: at once when it
+// is (the hot path, without allocation), else when the State catches up.
+// When ctx ends first it returns a *StaleError (ErrStale). maxStaleness <=
+// 0 checks nothing.
+func (s *State) Current(ctx context.Context, maxStaleness time.Duration) error {
+	if maxStaleness <= 0 || s.fresh(maxStaleness) {
+		return nil
+	}
+	for {
+		// AsOf only moves with a wake-up: take the channel, then look.
+		s.mu.RLock()
+		changed := s.changed
+		s.mu.RUnlock()
+		if s.fresh(maxStaleness) {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return &StaleError{AsOf: s.AsOf(), MaxStaleness: maxStaleness, Err: ctx.Err()}
+		}
+	}
+}
+
+func (s *State) fresh(maxStaleness time.Duration) bool {
+	asOf := s.asOf.Load()
+	return asOf != 0 && time.Now().UnixNano()-asOf <= int64(maxStaleness)
+}
 
 func (s *State) isReady() bool {
 	select {
@@ -177,7 +294,16 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("control: State.Run called twice")
 	}
-	ends, err := endOffsets(ctx, cc, topic)
+	admin, err := ledger.NewClient(cc)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	adm := kadm.NewClient(admin)
+	// Once caught up with these ends, the State holds every action
+	// committed before this moment.
+	started := time.Now()
+	ends, err := endOffsets(ctx, adm, topic)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -186,6 +312,9 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	}
 	s.mu.Lock()
 	s.topic = topic
+	for p := range ends {
+		s.partitions[p] = true
+	}
 	s.mu.Unlock()
 
 	// pending holds the partitions not yet read up to their end.
@@ -208,7 +337,17 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 		return err
 	}
 	defer cl.Close()
-	s.markReadyIf(pending)
+	s.markReadyIf(pending, started)
+	probeCtx, stopProbing := context.WithCancel(ctx)
+	probing := make(chan struct{})
+	go func() {
+		defer close(probing)
+		s.probeLoop(probeCtx, adm, topic)
+	}()
+	defer func() {
+		stopProbing()
+		<-probing
+	}()
 
 	for {
 		fetches := cl.PollFetches(ctx)
@@ -235,16 +374,21 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 					delete(pending, r.Partition)
 				}
 			}
-			s.markReadyIf(pending)
+			s.markReadyIf(pending, started)
 		}
 	}
 }
 
-// markReadyIf closes Ready once no partition is pending, and logs it.
-func (s *State) markReadyIf(pending map[int32]int64) {
+// markReadyIf closes Ready once no partition is pending, and logs it: the
+// State then holds everything committed before started.
+func (s *State) markReadyIf(pending map[int32]int64, started time.Time) {
 	if len(pending) > 0 || s.isReady() {
 		return
 	}
+	s.mu.Lock()
+	s.advanceLocked(started)
+	s.wakeLocked()
+	s.mu.Unlock()
 	close(s.ready)
 	s.mu.RLock()
 	freezes, revocations := 0, len(s.jtis)+len(s.families)
@@ -258,13 +402,7 @@ func (s *State) markReadyIf(pending map[int32]int64) {
 }
 
 // endOffsets returns the last stable offset of every partition of topic.
-func endOffsets(ctx context.Context, cc ledger.ClientConfig, topic string) (map[int32]int64, error) {
-	admin, err := ledger.NewClient(cc)
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close()
-	adm := kadm.NewClient(admin)
+func endOffsets(ctx context.Context, adm *kadm.Client, topic string) (map[int32]int64, error) {
 	details, err := adm.ListTopics(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("describe control topic %s: %w", topic, err)
@@ -309,9 +447,109 @@ func (s *State) apply(recs []*kgo.Record) {
 		}
 		s.applyLocked(r, live)
 	}
+	// The answers this batch caught up with, oldest first.
+	n := 0
+	for n < len(s.probes) && s.coversLocked(s.probes[n].ends) {
+		n++
+	}
+	if n > 0 {
+		s.advanceLocked(s.probes[n-1].at)
+		s.probes = slices.Delete(s.probes, 0, n)
+	}
+	s.wakeLocked()
+	s.mu.Unlock()
+}
+
+// wakeLocked wakes everyone waiting for the State to change.
+func (s *State) wakeLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
-	s.mu.Unlock()
+}
+
+// coversLocked reports whether the records up to ends are applied. (The
+// record before an end is always there to be read: compaction never
+// cleans a partition's active segment, which holds its last record.)
+func (s *State) coversLocked(ends map[int32]int64) bool {
+	for p, end := range ends {
+		if end > 0 && s.next[p] < end {
+			return false
+		}
+	}
+	return true
+}
+
+// advanceLocked moves AsOf forward to at (never back). The caller wakes
+// the waiters.
+func (s *State) advanceLocked(at time.Time) {
+	if ns := at.UnixNano(); ns > s.asOf.Load() {
+		s.asOf.Store(ns)
+	}
+}
+
+// probeLoop asks for the topic's end offsets every probeEvery until ctx
+// ends, and advances AsOf as far as the answers allow.
+func (s *State) probeLoop(ctx context.Context, adm *kadm.Client, topic string) {
+	tick := time.NewTicker(probeEvery)
+	defer tick.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		s.mu.RLock()
+		full := len(s.probes) >= maxProbes
+		s.mu.RUnlock()
+		if full {
+			// Far behind: the answers kept already say where to
+			// catch up to.
+			continue
+		}
+		at := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		ends, err := endOffsets(pctx, adm, topic)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if !failing {
+				// Once per failing spell: the staleness metric and
+				// the readiness check tell how long it lasts.
+				s.logger.Warn("control topic's end offsets unknown: this State's staleness grows until they are known again", "err", err)
+				failing = true
+			}
+			continue
+		}
+		if failing {
+			s.logger.Info("control topic's end offsets known again")
+			failing = false
+		}
+		s.observe(at, ends)
+	}
+}
+
+// observe takes an answer, asked at at, for the topic's end offsets.
+func (s *State) observe(at time.Time, ends map[int32]int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p, end := range ends {
+		if _, known := s.partitions[p]; !known && end > 0 {
+			// A partition added after Run began is not read: the
+			// State can never catch up with it, and stays stale.
+			s.partitions[p] = false
+			s.logger.Error("control topic has a partition this process does not read: restart it", "partition", p)
+		}
+	}
+	if s.coversLocked(ends) {
+		// Every older answer asked for no more than this one.
+		s.probes = s.probes[:0]
+		s.advanceLocked(at)
+		s.wakeLocked()
+		return
+	}
+	s.probes = append(s.probes, probe{at: at, ends: ends})
 }
 
 // applyLocked applies one record. A record it cannot read is logged and

@@ -282,6 +282,14 @@ func TestStateRecords(t *testing.T) {
 			t.Errorf("Frozen(%s) = %v; want %v", tc.tool, got, tc.frozen)
 		}
 	}
+	// A partition that ends in a transaction marker is read to its end:
+	// the State stays current after Ready.
+	time.Sleep(time.Second)
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := s.Current(short, 500*time.Millisecond); err != nil {
+		t.Errorf("Current a second after Ready = %v; want nil", err)
+	}
 }
 
 func TestRunMissingTopic(t *testing.T) {
@@ -307,19 +315,21 @@ func TestLookupsDoNotAllocate(t *testing.T) {
 	s := NewState(nil)
 	s.tools[freezeKey{tool: "refund_order", tenant: "t_acme"}] = Action{Kind: KindFreeze, Subject: "tool:refund_order@t_acme"}
 	s.families["refund_order:t_acme:1"] = Action{Kind: KindRevoke}
+	s.asOf.Store(time.Now().UnixNano())
 	tool, tenant, jti, fam := "refund_order", "t_acme", "jti-1", "refund_order:t_acme:1"
+	ctx := t.Context()
 	var sink bool
 	allocs := testing.AllocsPerRun(1000, func() {
 		_, a := s.Frozen(tool, tenant)
 		_, b := s.Revoked(jti, fam)
 		_, c := s.Frozen("send_email", tenant)
-		sink = a && b && !c
+		sink = a && b && !c && s.Current(ctx, time.Hour) == nil
 	})
 	if !sink {
-		t.Fatal("lookups did not find the freeze and the revocation")
+		t.Fatal("lookups did not find the freeze and the revocation, or the State was not current")
 	}
 	if allocs != 0 {
-		t.Errorf("Frozen + Revoked allocate %v times per call; want 0", allocs)
+		t.Errorf("Frozen + Revoked + Current allocate %v times per call; want 0", allocs)
 	}
 }
 

@@ -85,9 +85,12 @@ type Minter interface {
 }
 
 // Freezes says whether the kill switch froze a tool, for all tenants or
-// for one; asked right before a call's first attempt.
+// for one; asked right before each request leaves. Current returns nil
+// once the answers are known to include every freeze made up to
+// maxStaleness ago, and an error if ctx ends first.
 type Freezes interface {
 	Frozen(tool, tenant string) (control.Action, bool)
+	Current(ctx context.Context, maxStaleness time.Duration) error
 }
 
 // errFrozen: the tool was frozen before an attempt was sent.
@@ -133,6 +136,9 @@ const (
 	ReasonNothingToUndo = "nothing_to_undo"
 	// ReasonToolFrozen: an operator froze the tool before the call started.
 	ReasonToolFrozen = "tool_frozen"
+	// CodeControlStale: no request left because the kill switch's state
+	// was not known to be current until the call's deadline.
+	CodeControlStale = "control_state_stale"
 	// ReasonApprovalExpired: the approval's time ran out before the call
 	// could run.
 	ReasonApprovalExpired = "approval_expired"
@@ -160,6 +166,12 @@ type Config struct {
 	// started yet (denied, tool_frozen), however long ago they were
 	// authorized; calls already in flight finish or time out.
 	Freezes Freezes
+	// ControlMaxStaleness is how old Freezes may be when a request
+	// leaves: a request waits, up to its call's deadline, for a copy
+	// known to hold every freeze made up to this long ago (a call that
+	// times out so fails, code control_state_stale). Zero:
+	// control.DefaultMaxStaleness; negative: not checked.
+	ControlMaxStaleness time.Duration
 	// Policy decides an approved call again right before it runs, with
 	// the policies in force then: a newer version that denies wins. Nil
 	// skips the re-check.
@@ -327,6 +339,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.ControlMaxStaleness == 0 {
+		c.ControlMaxStaleness = control.DefaultMaxStaleness
 	}
 	if c.LeaseMargin <= 0 {
 		c.LeaseMargin = 10 * time.Second
@@ -1197,8 +1212,13 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	}
 	defer release()
 	// The kill switch is checked as late as possible: after the wait for
-	// the bulkhead, right before each request leaves.
+	// the bulkhead, right before each request leaves; and on a copy of
+	// it known to be current, so that an executor that stopped hearing
+	// the control topic stops sending rather than miss a freeze.
 	if x.cfg.Freezes != nil {
+		if err := x.cfg.Freezes.Current(ctx, x.cfg.ControlMaxStaleness); err != nil {
+			return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "the kill switch's state is not known to be current", Err: err}
+		}
 		if _, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
 			return httptool.Response{}, errFrozen
 		}
@@ -1406,6 +1426,9 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 	switch {
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
 		return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, "breaker_open", nil)
+	case errors.Is(err, control.ErrStale):
+		// Nothing left: the kill switch's state was stale throughout.
+		return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, CodeControlStale, nil)
 	case errors.As(err, &he) && (he.Kind == httptool.NotSent || he.Kind == httptool.Throttled):
 		// Nothing reached the tool, or it said it did nothing.
 		return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, errorCode(he), nil)

@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -16,8 +17,25 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/executor"
 )
 
-// switchedFreezes is a kill switch a test turns on.
-type switchedFreezes struct{ on atomic.Bool }
+// switchedFreezes is a kill switch a test turns on, and whose state a
+// test makes stale (not known to be current) until fresh is closed.
+type switchedFreezes struct {
+	on    atomic.Bool
+	stale atomic.Bool
+	fresh chan struct{}
+}
+
+func (f *switchedFreezes) Current(ctx context.Context, maxStaleness time.Duration) error {
+	if !f.stale.Load() {
+		return nil
+	}
+	select {
+	case <-f.fresh:
+		return nil
+	case <-ctx.Done():
+		return &control.StaleError{MaxStaleness: maxStaleness, Err: ctx.Err()}
+	}
+}
 
 func (f *switchedFreezes) Frozen(tool, _ string) (control.Action, bool) {
 	if f.on.Load() {
@@ -143,5 +161,52 @@ func leftToReconciler(t *testing.T, r *rig, out ledger.Output, why, tool, key st
 	}
 	if n := r.backend.AppliedIn(tool, "t_a", "t_a/"+key); n != 0 {
 		t.Errorf("%s applied %d times; want 0", tool, n)
+	}
+}
+
+// An executor whose copy of the kill switch is not known to be current
+// (its control consumer stalled, say) sends nothing: a request waits for
+// the copy to catch up, up to its call's deadline. One that catches up in
+// time goes out; one that does not fails, not started, code
+// control_state_stale. Before, the executor sent on whatever copy it had,
+// missing the freezes it had not heard of.
+func TestStaleKillSwitchSendsNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		freshAfter time.Duration // 0: never
+		want       []string
+		code       string
+		applied    int
+	}{
+		{"caught up in time", 200 * time.Millisecond, []string{"executing", "succeeded"}, "", 1},
+		{"never caught up", 0, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.CodeControlStale, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			auth := r.admit("create_ticket", "ks", map[string]any{"title": "t"}, 1500)
+			fz := &switchedFreezes{fresh: make(chan struct{})}
+			fz.stale.Store(true)
+			if tc.freshAfter > 0 {
+				time.AfterFunc(tc.freshAfter, func() { close(fz.fresh) })
+			}
+			start := time.Now()
+			out, err := r.executor(func(c *executor.Config) { c.Freezes = fz }).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
+				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			if code := evs[len(evs)-1].ErrorCode; code != tc.code {
+				t.Errorf("error code %q; want %q", code, tc.code)
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/ks"); n != tc.applied {
+				t.Errorf("applied %d times; want %d", n, tc.applied)
+			}
+			if took := time.Since(start); tc.freshAfter > 0 && took < tc.freshAfter {
+				t.Errorf("the call ended after %s, before the state was current (%s)", took, tc.freshAfter)
+			}
+		})
 	}
 }
