@@ -126,12 +126,12 @@ type opsServer struct {
 	done  chan struct{}
 }
 
-// startOps serves reg and the readiness of loop, the Kafka cluster and
-// store (when it can be pinged) on addr, until stop, and with profiles the
+// startOps serves reg and the readiness of loop, the Kafka cluster,
+// store (when it can be pinged) and the extra checks on addr, until stop, and with profiles the
 // runtime's profiles (servePprof). It listens before it returns, so a
 // taken port fails the role's start. It also reports the loop's
 // consumer-group lag.
-func startOps(g *globals, addr string, profiles bool, role string, reg *metrics.Registry, loop *ledger.Loop, store any, logger *slog.Logger) (*opsServer, error) {
+func startOps(g *globals, addr string, profiles bool, role string, reg *metrics.Registry, loop *ledger.Loop, store any, logger *slog.Logger, extra ...readyCheck) (*opsServer, error) {
 	admin, err := ledger.NewClient(g.kafka.client(logger))
 	if err != nil {
 		return nil, err
@@ -144,6 +144,7 @@ func startOps(g *globals, addr string, profiles bool, role string, reg *metrics.
 	if p, ok := store.(pinger); ok {
 		checks = append(checks, readyCheck{"store", p.Ping})
 	}
+	checks = append(checks, extra...)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", reg.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -41,9 +41,12 @@ func getReady(url string) (int, readyBody, error) {
 
 // TestExecutorOpsEndpoints runs `ledger executor --metrics-addr` on an
 // in-process Kafka and PostgreSQL and checks its operational endpoint:
-// /readyz turns ready once its loop, Kafka and the store answer, /metrics
-// serves the executor's series (its consumer group's lag among them), and
-// /readyz turns unready, naming Kafka, when the cluster goes away.
+// /readyz turns ready once its loop, Kafka, the store and its copy of the
+// control topic answer, /metrics serves the executor's series (its
+// consumer group's lag and its control copy's staleness among them),
+// /readyz turns unready, naming the control topic, while the executor
+// cannot read an action on it, and unready, naming Kafka, when the
+// cluster goes away.
 func TestExecutorOpsEndpoints(t *testing.T) {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
@@ -90,8 +93,8 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 		for _, c := range rb.Checks {
 			names[c.Name] = c.OK
 		}
-		if !names["loop"] || !names["kafka"] || !names["store"] {
-			return fmt.Errorf("readyz checks %+v; want loop, kafka and store ok", rb.Checks)
+		if !names["loop"] || !names["kafka"] || !names["store"] || !names["control"] {
+			return fmt.Errorf("readyz checks %+v; want loop, kafka, store and control ok", rb.Checks)
 		}
 		return nil
 	})
@@ -119,6 +122,7 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 			`ledger_transactions_total{result="committed",role="executor"}`,
 			`ledger_calls_in_flight_max{role="executor"} 4096`,
 			`ledger_consumer_lag_records{group="ledger-executor",partition="0",role="executor",topic="ops.events"} 0`,
+			`ledger_control_staleness_seconds{role="executor"} 0.`,
 			"process_resident_memory_bytes",
 			"go_goroutines",
 		} {
@@ -139,6 +143,30 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 	}
 
 	wantPprof(t, "http://"+addr, true)
+
+	// The executor's fetches are held while an action is on the control
+	// topic: it cannot know whether it is frozen. (Every fetch: within a
+	// fetch session, a request need not name the topics it reads.)
+	unstall := ledgertest.StallFetches(t, cluster)
+	if err := admin.ProduceSync(t.Context(), &kgo.Record{Topic: topics.Control, Key: []byte("tool:create_ticket"), Value: []byte(`{}`)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	controlReady := func(want bool) error {
+		exited()
+		code, rb, err := getReady(readyz)
+		if err != nil {
+			return err
+		}
+		for _, c := range rb.Checks {
+			if c.Name == "control" && c.OK == want && (want || c.Error != "") && rb.Ready == want && (code == http.StatusOK) == want {
+				return nil
+			}
+		}
+		return fmt.Errorf("readyz %d %+v; want control ok=%v", code, rb, want)
+	}
+	ledgertest.WaitFor(t, 30*time.Second, func() error { return controlReady(false) })
+	unstall()
+	ledgertest.WaitFor(t, 30*time.Second, func() error { return controlReady(true) })
 
 	cluster.Close()
 	closed = true

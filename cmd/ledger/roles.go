@@ -52,6 +52,59 @@ type roleFlags struct {
 	// before the store closes: an executor's calls still running then
 	// record their outcomes.
 	drain func(context.Context) error
+	// controlMaxStaleness is how old the copy of the control topic may
+	// be before the role stops acting on it (registerControls); 0: not
+	// checked.
+	controlMaxStaleness time.Duration
+	// controls, set by followControls, is the role's copy of the control
+	// topic: its staleness is reported and, with controlMaxStaleness,
+	// checked by /readyz.
+	controls *control.State
+}
+
+// registerControls adds the flag of a role that acts on the kill switch
+// (freezes, revocations) and must not act on a stale copy of it.
+func (r *roleFlags) registerControls(cmd *cobra.Command, acts string) {
+	cmd.Flags().DurationVar(&r.controlMaxStaleness, "control-max-staleness", control.DefaultMaxStaleness,
+		"how old this process's copy of the control topic (freezes, revocations) may be: it asks the broker for the topic's end every 250ms, and once it has not confirmed reading up to it for this long, "+acts+", and /readyz fails; 0: not checked (not recommended)")
+}
+
+// maxStaleness is the role's bound as the processors' configs take it:
+// negative when not checked.
+func (r *roleFlags) maxStaleness() time.Duration {
+	if r.controlMaxStaleness <= 0 {
+		return -1
+	}
+	return r.controlMaxStaleness
+}
+
+// followControls is startControls for a role run by run: the copy's
+// staleness is reported (ledger_control_staleness_seconds) and, with
+// --control-max-staleness, checked by /readyz.
+func (r *roleFlags) followControls(ctx context.Context, g *globals, logger *slog.Logger) (*control.State, error) {
+	st, err := startControls(ctx, g.kafka.client(logger), g.kafka.topics().Control, logger)
+	if err != nil {
+		return nil, err
+	}
+	r.controls = st
+	return st, nil
+}
+
+// controlCheck is the /readyz check of a role's copy of the control
+// topic, or nil when it has none or no bound.
+func (r *roleFlags) controlCheck() []readyCheck {
+	if r.controls == nil || r.controlMaxStaleness <= 0 {
+		return nil
+	}
+	return []readyCheck{{"control", func(context.Context) error {
+		switch st := r.controls.Staleness(); {
+		case st < 0:
+			return errors.New("not caught up with the control topic")
+		case st > r.controlMaxStaleness:
+			return fmt.Errorf("copy of the control topic last known current %s ago, more than --control-max-staleness %s", st.Round(time.Millisecond), r.controlMaxStaleness)
+		}
+		return nil
+	}}}
 }
 
 func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
@@ -143,7 +196,7 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, toolsBase, instance string, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, maxStaleness time.Duration, toolsBase, instance string, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	// The reliability suite's crash points, in a binary built with the
 	// failpoints tag; nil (and free) otherwise.
 	fp, err := failpoint.FromEnv("executor")
@@ -159,10 +212,12 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 		Secrets:     secrets,
 		Policy:      pol,
 		Freezes:     freezes,
-		BaseURL:     toolsBase,
-		Owner:       "executor/" + instance,
-		Logger:      logger.With("processor", "executor"),
-		Failpoint:   fp,
+		// Zero is the default bound; the flags give negative for none.
+		ControlMaxStaleness: maxStaleness,
+		BaseURL:             toolsBase,
+		Owner:               "executor/" + instance,
+		Logger:              logger.With("processor", "executor"),
+		Failpoint:           fp,
 	}
 	if m := obs.metrics; m != nil {
 		xcfg.Metrics = m
@@ -222,8 +277,11 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 	if err != nil {
 		return err
 	}
+	if rf.controls != nil {
+		rf.obs.metrics.ControlStaleness(rf.controls.Staleness)
+	}
 	if rf.metricsAddr != "" {
-		ops, err := startOps(g, rf.metricsAddr, rf.pprof, role, rf.obs.metrics, loop, st, logger)
+		ops, err := startOps(g, rf.metricsAddr, rf.pprof, role, rf.obs.metrics, loop, st, logger, rf.controlCheck()...)
 		if err != nil {
 			return err
 		}
@@ -280,7 +338,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 					}
 				}()
 				logger.Info("policy active", "policy_version", engine.Active().Version())
-				controls, err := startControls(ctx, g.kafka.client(logger), g.kafka.topics().Control, logger)
+				controls, err := rf.followControls(ctx, g, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -356,7 +414,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				} else {
 					logger.Warn("no --policy-dir: approved calls are not decided again before they run")
 				}
-				controls, err := startControls(cmd.Context(), g.kafka.client(logger), g.kafka.topics().Control, logger)
+				controls, err := rf.followControls(cmd.Context(), g, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -368,7 +426,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 						}
 					}()
 				}
-				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, toolsBase, rf.instance, rf.batching, rf.obs, logger)
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, rf.maxStaleness(), toolsBase, rf.instance, rf.batching, rf.obs, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -378,6 +436,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerControls(cmd, "no request leaves for a tool (each waits, up to its call's deadline, then fails with code control_state_stale): every executor applies a freeze, or stops sending, within this long")
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
@@ -512,7 +571,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						logger.Error("policy watcher stopped", "err", err)
 					}
 				}()
-				controls, err := startControls(ctx, g.kafka.client(logger), g.kafka.topics().Control, logger)
+				controls, err := rf.followControls(ctx, g, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -572,7 +631,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						}
 						inspector = v
 					}
-					kill, err := control.New(control.Config{State: controls, Publisher: events, Identity: staff, Topics: g.kafka.topics(), Credentials: inspector, Logger: logger})
+					kill, err := control.New(control.Config{State: controls, Publisher: events, Identity: staff, Topics: g.kafka.topics(), Credentials: inspector, MaxStaleness: rf.maxStaleness(), Logger: logger})
 					if err != nil {
 						return nil, err
 					}
@@ -603,6 +662,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerControls(cmd, "the introspection at /v1/introspect answers 503 rather than call a credential active")
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())

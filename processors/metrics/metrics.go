@@ -220,6 +220,24 @@ func (r *Registry) Unknown(seen func() (n int, oldest time.Time)) {
 	}, count, age))
 }
 
+// ControlStaleness reports, at each scrape, how long ago the process's
+// copy of the control topic (freezes, revocations, policy activations)
+// was last known to hold every action on it
+// (ledger_control_staleness_seconds; -1 before it first caught up). It
+// stays under a second while the copy is followed; an executor past its
+// --control-max-staleness sends nothing.
+func (r *Registry) ControlStaleness(staleness func() time.Duration) {
+	desc := prometheus.NewDesc("ledger_control_staleness_seconds", "How long ago this process's copy of the control topic was last known to be current; -1 before it first caught up.", nil, prometheus.Labels{"role": r.role})
+	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
+		st := staleness()
+		v := st.Seconds()
+		if st < 0 {
+			v = -1
+		}
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v)
+	}, desc))
+}
+
 // lagTimeout bounds the broker round trips of one scrape's lag.
 const lagTimeout = 3 * time.Second
 
