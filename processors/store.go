@@ -114,6 +114,22 @@ type Record struct {
 // the log.
 func (r *Record) Unlogged() bool { return r.LoggedSeq < r.Seq && len(r.Outbox) > 0 }
 
+// Cursor is a place in Unlogged's order (update time, then key): that of
+// the record it was taken from, which need not be unlogged any more.
+// Unlogged lists the records after it, so that a sweep can go on past a
+// page it could not append instead of reading the same page again. The
+// zero Cursor is before every record.
+type Cursor struct {
+	UpdatedAt time.Time
+	Key       ledger.CallKey
+}
+
+// IsZero reports whether c is the zero Cursor.
+func (c Cursor) IsZero() bool { return c.UpdatedAt.IsZero() && c.Key == ledger.CallKey{} }
+
+// Cursor is r's place in Unlogged's order.
+func (r *Record) Cursor() Cursor { return Cursor{UpdatedAt: r.UpdatedAt, Key: r.Key} }
+
 // Admission is what the intake records on first sight of a call.
 type Admission struct {
 	Key           ledger.CallKey
@@ -301,12 +317,14 @@ type Store interface {
 	// Unlogged returns up to limit records, in any status but executing,
 	// whose outbox events are not known to be in the log (LoggedSeq <
 	// Seq), last updated more than olderThan ago by the store's clock,
-	// oldest first. They are what a step left behind when its events did
-	// not reach the log (a Kafka transaction aborted in a rebalance after
-	// another instance had skipped the call, a publish that failed after
-	// an approval was recorded), or an authorized call that no executor
-	// claimed and whose intake did not get to mark it (it crashed, or its
-	// mark failed). Appending them again is always safe. First, it
+	// oldest first (ties by key, in the store's order of keys), after
+	// the Cursor after (the zero Cursor: from the oldest). They are what
+	// a step left behind when its events did not reach the log (a Kafka
+	// transaction aborted in a rebalance after another instance had
+	// skipped the call, a publish that failed after an approval was
+	// recorded), or an authorized call that no executor claimed and
+	// whose intake did not get to mark it (it crashed, or its mark
+	// failed). Appending them again is always safe. First, it
 	// settles as not logged the journal entries (Completion.Journal)
 	// written more than olderThan ago, oldest first, until they list
 	// limit calls (one entry at least, so that a sweep overshoots by less
@@ -315,7 +333,7 @@ type Store interface {
 	// enough, and within limit). limit bounds the calls, not the entries,
 	// so that a sweep after many executors died stays one small
 	// transaction.
-	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]Record, error)
+	Unlogged(ctx context.Context, olderThan time.Duration, after Cursor, limit int) ([]Record, error)
 	// Move applies each move whose record is still at its From status and
 	// FromSeq; applied[i] reports which did.
 	Move(ctx context.Context, ms []Move) (applied []bool, err error)

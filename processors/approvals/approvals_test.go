@@ -704,7 +704,7 @@ func TestApproveWhenPublishFails(t *testing.T) {
 	if last := evs[len(evs)-1]; last.Type != statemachine.EventApproved || last.Seq != 3 {
 		t.Errorf("outbox ends with %s@%d; want approved@3", last.Type, last.Seq)
 	}
-	unlogged, err := f.store.Unlogged(t.Context(), 0, 100)
+	unlogged, err := f.store.Unlogged(t.Context(), 0, processors.Cursor{}, 100)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -952,8 +952,9 @@ func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, er
 
 // Unlogged implements processors.Store: records in any status but
 // executing with LoggedSeq < Seq, updated before Config.Now minus
-// olderThan, oldest update first, read from the unlogged index.
-func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error) {
+// olderThan, oldest update first, read from the unlogged index, whose
+// order (update time, then record key) is the one after follows.
+func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after processors.Cursor, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore unlogged: %w", err)
 	}
@@ -968,7 +969,17 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 	err := s.db.View(func(tx *bolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
 		c := tx.Bucket(bucketUnlogged).Cursor()
-		for k, _ := c.First(); k != nil && len(out) < limit; k, _ = c.Next() {
+		var k []byte
+		if after.IsZero() {
+			k, _ = c.First()
+		} else {
+			// Past the cursor's own entry, if its record is still there.
+			from := timeKey(after.UpdatedAt, recordKey(after.Key))
+			if k, _ = c.Seek(from); bytes.Equal(k, from) {
+				k, _ = c.Next()
+			}
+		}
+		for ; k != nil && len(out) < limit; k, _ = c.Next() {
 			updated := keyTime(k)
 			if !updated.Before(cutoff) {
 				break

@@ -425,7 +425,7 @@ func TestUnloggedClock(t *testing.T) {
 	}
 	for _, tc := range tests {
 		clock.Advance(tc.advance)
-		got, err := s.Unlogged(ctx, time.Minute, 10)
+		got, err := s.Unlogged(ctx, time.Minute, processors.Cursor{}, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -556,7 +556,7 @@ func TestIndexRebuild(t *testing.T) {
 					t.Errorf("ByStatus(%q) after reopen = %v; want %v", st, got, want)
 				}
 			}
-			if _, err := s.Unlogged(ctx, time.Minute, 10); err != nil {
+			if _, err := s.Unlogged(ctx, time.Minute, processors.Cursor{}, 10); err != nil {
 				t.Errorf("Unlogged after reopen = %v; want nil", err)
 			}
 			if err := s.db.View(func(tx *bolt.Tx) error {

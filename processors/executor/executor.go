@@ -73,7 +73,7 @@ type Store interface {
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 	Settle(ctx context.Context, journals []string, logged bool) error
 	Expired(ctx context.Context, limit int) ([]processors.Record, error)
-	Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error)
+	Unlogged(ctx context.Context, olderThan time.Duration, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 }
@@ -532,7 +532,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			}
 			add(tmpl, rec.ArgumentsHash, 0)
 		}
-		unlogged, err := x.cfg.Store.Unlogged(ctx, x.cfg.UnloggedGrace, x.cfg.SweepLimit)
+		unlogged, err := x.cfg.Store.Unlogged(ctx, x.cfg.UnloggedGrace, processors.Cursor{}, x.cfg.SweepLimit)
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unlogged outcomes: %w", err)
 		}

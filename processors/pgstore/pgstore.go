@@ -627,6 +627,8 @@ var recordCols = []string{
 // queries holds the SQL with the table name filled in.
 type queries struct {
 	selectKeys, selectKeysForUpdate, insert, claim, complete, move, markLogged, expired, unlogged, byStatus, get string
+	// unloggedAfter is unlogged from a processors.Cursor on.
+	unloggedAfter string
 	// The journal (processors.Completion.Journal): an entry written with
 	// a batch's completions, deleted when settled as logged, taken (by
 	// name, or once stale) and reverted when settled as not logged.
@@ -654,6 +656,33 @@ ORDER BY tenant_id, idempotency_key`
 WHERE status = %s
 ORDER BY updated_at, tenant_id, idempotency_key
 LIMIT %s`
+	// Served by the partial index on updated_at WHERE logged_seq < seq:
+	// the predicate is repeated word for word so that both engines
+	// match it. The status filter leaves out executing calls, whose
+	// completion writes the outbox again (and whose executor may still
+	// be about to append it); it is a residual filter, not part of the
+	// index predicate, so that the index an older build created still
+	// serves. "<>" rather than a list of the others, so that a status a
+	// newer build added is swept too. older_us * INTERVAL as in claim.
+	// The cursor's condition, if any, is filled in below.
+	unlogged := `SELECT {cols} FROM {table}
+WHERE logged_seq < seq AND status <> 'executing'
+  AND updated_at < now() - $1::BIGINT * INTERVAL '1 microsecond'%s
+ORDER BY updated_at, tenant_id, idempotency_key
+LIMIT $2`
+	// After a cursor: the row comparison is exact, in the ORDER BY's
+	// order (same columns, same collation). The plain updated_at >= $3
+	// states where the index range starts, for a planner that would not
+	// derive it from the row comparison (PostgreSQL does). Where the
+	// engines differ: PostgreSQL's index holds updated_at alone, so it
+	// reads again, and filters out, the rows of the cursor's time up to
+	// the cursor (one transaction's rows share its now(): one batch at
+	// most); CockroachDB keys a secondary index by the primary key
+	// after its own columns, so its index is in the ORDER BY's order and
+	// the row comparison can start the range at the cursor itself.
+	unloggedAfter := `
+  AND updated_at >= $3::TIMESTAMPTZ
+  AND (updated_at, tenant_id, idempotency_key) > ($3::TIMESTAMPTZ, $4::TEXT, $5::TEXT)`
 	q := queries{
 		selectKeys: r.Replace(selectKeys),
 		// claim and complete test the status through COALESCE (status is
@@ -808,20 +837,8 @@ WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
 WHERE status = 'executing' AND lease_until < now()
 ORDER BY lease_until, tenant_id, idempotency_key
 LIMIT $1`),
-		// Served by the partial index on updated_at WHERE logged_seq < seq:
-		// the predicate is repeated word for word so that both engines
-		// match it. The status filter leaves out executing calls, whose
-		// completion writes the outbox again (and whose executor may
-		// still be about to append it); it is a residual filter, not
-		// part of the index predicate, so that the index an older build
-		// created still serves. "<>" rather than a list of the others,
-		// so that a status a newer build added is swept too. older_us *
-		// INTERVAL as in claim.
-		unlogged: r.Replace(`SELECT {cols} FROM {table}
-WHERE logged_seq < seq AND status <> 'executing'
-  AND updated_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
-ORDER BY updated_at, tenant_id, idempotency_key
-LIMIT $2`),
+		unlogged:      r.Replace(fmt.Sprintf(unlogged, "")),
+		unloggedAfter: r.Replace(fmt.Sprintf(unlogged, unloggedAfter)),
 		// A status outside listedStatuses: a scan.
 		byStatus:       r.Replace(fmt.Sprintf(byStatus, "$1", "$2")),
 		get:            r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
@@ -1464,7 +1481,7 @@ func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, er
 }
 
 // Unlogged implements processors.Store, against the database's clock.
-func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int) ([]processors.Record, error) {
+func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after processors.Cursor, limit int) ([]processors.Record, error) {
 	if limit <= 0 {
 		return []processors.Record{}, nil
 	}
@@ -1480,9 +1497,13 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, limit int
 	if err := s.revertJournal(ctx, "settle stale", s.q.journalTakeStale, olderUS, limit); err != nil {
 		return nil, err
 	}
+	sql, args := s.q.unlogged, []any{olderUS, limit}
+	if !after.IsZero() {
+		sql, args = s.q.unloggedAfter, append(args, after.UpdatedAt, after.Key.TenantID, after.Key.IdempotencyKey)
+	}
 	var out []processors.Record
 	err := s.inTx(ctx, "unlogged", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, s.q.unlogged, olderUS, limit)
+		rows, _ := tx.Query(ctx, sql, args...)
 		var err error
 		out, err = pgx.CollectRows(rows, s.scanRecord)
 		return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -109,10 +110,11 @@ FROM generate_series(1, 4000) AS g`)
 	}
 }
 
-// TestSweepPlans: Expired and ByStatus of a listed status are answered
-// through their partial indexes, on a table where nearly every call has
-// ended (the indexes hold none of those), so that neither reads the
-// calls that ended.
+// TestSweepPlans: Expired, ByStatus of a listed status and Unlogged (from
+// the oldest, or after a cursor) are answered through their partial
+// indexes, on a table where nearly every call has ended and is logged
+// (the indexes hold none of those), so that none reads the calls that
+// ended.
 func TestSweepPlans(t *testing.T) {
 	dsn := testDSN(t)
 	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn)})
@@ -122,7 +124,8 @@ func TestSweepPlans(t *testing.T) {
     (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, epoch, seq, logged_seq, lease_until, created_at, updated_at)
 SELECT 't_plan', 'k' || g, 'c' || g, 'h', 'create_ticket', 1,
        CASE WHEN g % 1000 = 0 THEN 'executing' WHEN g % 1000 = 1 THEN 'pending' WHEN g % 1000 = 2 THEN 'outcome_unknown' ELSE 'succeeded' END,
-       1, 2, 2, CASE WHEN g % 1000 = 0 THEN now() - INTERVAL '1 minute' END, now(), now()
+       1, 2, CASE WHEN g % 1000 = 3 THEN 1 ELSE 2 END, CASE WHEN g % 1000 = 0 THEN now() - INTERVAL '1 minute' END,
+       now(), now() - g * INTERVAL '1 millisecond'
 FROM generate_series(1, 30000) AS g`)
 	if err != nil {
 		t.Fatal(err)
@@ -130,14 +133,18 @@ FROM generate_series(1, 30000) AS g`)
 	if _, err := s.pool.Exec(ctx, "ANALYZE "+s.table); err != nil {
 		t.Fatal(err)
 	}
+	cursor := []any{time.Now().Add(-time.Minute), "t_plan", "k1003"}
 	for _, q := range []struct {
 		name, sql, index string
+		args             []any
 	}{
-		{"expired", s.q.expired, leaseIndexName},
-		{"by status pending", s.q.byListedStatus[processors.StatusPending], statusIndexName},
-		{"by status outcome_unknown", s.q.byListedStatus[processors.StatusOutcomeUnknown], statusIndexName},
+		{"expired", s.q.expired, leaseIndexName, []any{100}},
+		{"by status pending", s.q.byListedStatus[processors.StatusPending], statusIndexName, []any{100}},
+		{"by status outcome_unknown", s.q.byListedStatus[processors.StatusOutcomeUnknown], statusIndexName, []any{100}},
+		{"unlogged", s.q.unlogged, unloggedIndexName, []any{0, 100}},
+		{"unlogged after", s.q.unloggedAfter, unloggedIndexName, append([]any{0, 100}, cursor...)},
 	} {
-		plan, indexes := explain(t, s, q.name, q.sql, 100)
+		plan, indexes := explain(t, s, q.name, q.sql, q.args...)
 		if !slices.Equal(indexes, []string{q.index}) {
 			t.Errorf("%s is planned through %v; want %s only:\n%s", q.name, indexes, q.index, plan)
 		}
@@ -155,6 +162,9 @@ FROM generate_series(1, 30000) AS g`)
 	}
 	if got, err := s.Expired(ctx, 100); err != nil || len(got) != 30 {
 		t.Errorf("Expired() = %d records, %v; want 30", len(got), err)
+	}
+	if got, err := s.Unlogged(ctx, 0, processors.Cursor{}, 100); err != nil || len(got) != 30 {
+		t.Errorf("Unlogged() = %d records, %v; want 30", len(got), err)
 	}
 }
 

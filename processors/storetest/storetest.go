@@ -95,6 +95,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Unlogged/OlderThan", testUnloggedOlderThan},
 		{"Unlogged/MarkLogged", testUnloggedMarkLogged},
 		{"Unlogged/OrderAndLimit", testUnloggedOrderAndLimit},
+		{"Unlogged/After", testUnloggedAfter},
 		{"Unlogged/Scope", testUnloggedScope},
 		{"Unlogged/Moved", testUnloggedMoved},
 		{"Move/Applied", testMoveApplied},
@@ -268,14 +269,20 @@ func mustExpired(t *testing.T, s processors.Store, limit int) []processors.Recor
 	return rs
 }
 
+// mustUnlogged is mustUnloggedAfter from the oldest.
 func mustUnlogged(t *testing.T, s processors.Store, olderThan time.Duration, limit int) []processors.Record {
 	t.Helper()
-	rs, err := s.Unlogged(t.Context(), olderThan, limit)
+	return mustUnloggedAfter(t, s, olderThan, processors.Cursor{}, limit)
+}
+
+func mustUnloggedAfter(t *testing.T, s processors.Store, olderThan time.Duration, after processors.Cursor, limit int) []processors.Record {
+	t.Helper()
+	rs, err := s.Unlogged(t.Context(), olderThan, after, limit)
 	if err != nil {
-		t.Fatalf("Unlogged(%v, %d) = %v; want nil error", olderThan, limit, err)
+		t.Fatalf("Unlogged(%v, after %v, %d) = %v; want nil error", olderThan, after, limit, err)
 	}
 	if rs == nil {
-		t.Fatalf("Unlogged(%v, %d) = nil slice; want a slice, empty if nothing is unlogged", olderThan, limit)
+		t.Fatalf("Unlogged(%v, after %v, %d) = nil slice; want a slice, empty if nothing is unlogged", olderThan, after, limit)
 	}
 	return rs
 }
@@ -1291,6 +1298,57 @@ func testUnloggedOrderAndLimit(t *testing.T, s processors.Store) {
 	}
 }
 
+// testUnloggedAfter: from a Cursor (a listed record's place) Unlogged
+// lists what follows it, in its order: pages of a short limit, each after
+// the last, list every record once, records that share an update time
+// (one batch's) included; and a cursor whose record was logged since
+// still marks its place, as a sweep's does once its page is appended.
+func testUnloggedAfter(t *testing.T, s processors.Store) {
+	// Three batches; the first one's three records share its time, so
+	// that the first page ends among them.
+	n := 0
+	for b, size := range []int{3, 1, 2} {
+		var as []processors.Admission
+		for i := range size {
+			as = append(as, admission(key(fmt.Sprintf("after:%d-%d", b, i)), hashA, processors.StatusDenied))
+		}
+		mustAdmit(t, s, as...)
+		n += size
+	}
+	// The store's own order is the reference: the order of keys among
+	// ties is the store's (a database's collation).
+	var all []processors.Record
+	waitFor(t, pollTimeout, func() error {
+		if all = mustUnlogged(t, s, unloggedAge, 100); len(all) != n {
+			return fmt.Errorf("Unlogged(%v, 100) = %d records; want %d", unloggedAge, len(all), n)
+		}
+		return nil
+	})
+	const limit = 2
+	var (
+		got   []ledger.CallKey
+		after processors.Cursor
+	)
+	for range n {
+		page := mustUnloggedAfter(t, s, unloggedAge, after, limit)
+		got = append(got, keysOf(page)...)
+		if len(page) < limit {
+			break
+		}
+		after = page[len(page)-1].Cursor()
+	}
+	if want := keysOf(all); !slices.Equal(got, want) {
+		t.Errorf("Unlogged(%v, after the last, %d) page by page = %v; want %v", unloggedAge, limit, got, want)
+	}
+	if rest := mustUnloggedAfter(t, s, unloggedAge, all[n-1].Cursor(), 100); len(rest) != 0 {
+		t.Errorf("Unlogged after the last record = %v; want none", keysOf(rest))
+	}
+	mustMarkLogged(t, s, processors.Logged{Key: all[1].Key, Seq: all[1].Seq})
+	if rest, want := keysOf(mustUnloggedAfter(t, s, unloggedAge, all[1].Cursor(), 100)), keysOf(all[2:]); !slices.Equal(rest, want) {
+		t.Errorf("Unlogged after a record logged since = %v; want %v", rest, want)
+	}
+}
+
 // testUnloggedScope: records in every status but executing are listed
 // while their events are not known to be in the log: a step that wrote
 // them may have failed to publish (an intake whose Kafka transaction
@@ -1802,7 +1860,7 @@ func testEmptyBatches(t *testing.T, s processors.Store) {
 	if got, err := s.Expired(ctx, 10); err != nil || len(got) != 0 {
 		t.Errorf("Expired(10) on an empty store = %v, %v; want empty, nil", got, err)
 	}
-	if got, err := s.Unlogged(ctx, 0, 10); err != nil || got == nil || len(got) != 0 {
+	if got, err := s.Unlogged(ctx, 0, processors.Cursor{}, 10); err != nil || got == nil || len(got) != 0 {
 		t.Errorf("Unlogged(0, 10) on an empty store = %#v, %v; want empty, nil", got, err)
 	}
 	if got, err := s.Move(ctx, nil); err != nil || len(got) != 0 {
@@ -1833,7 +1891,7 @@ func testCancelledContext(t *testing.T, s processors.Store) {
 		t.Errorf("Claim(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
 	}
 	checkUnchanged(t, s, k, r)
-	if _, err := s.Unlogged(ctx, 0, 10); err == nil || errors.Is(err, processors.ErrRejected) {
+	if _, err := s.Unlogged(ctx, 0, processors.Cursor{}, 10); err == nil || errors.Is(err, processors.ErrRejected) {
 		t.Errorf("Unlogged(cancelled ctx) = %v; want an error that does not wrap ErrRejected", err)
 	}
 	if _, err := s.Move(ctx, []processors.Move{move(k, processors.StatusAuthorized, processors.StatusExpired)}); err == nil || errors.Is(err, processors.ErrRejected) {
