@@ -197,7 +197,11 @@ type Config struct {
 	// SweepEvery is how often the executor looks for claims whose lease
 	// expired (an owner that died mid-call); default 5s.
 	SweepEvery time.Duration
-	// SweepLimit bounds one sweep; default 100.
+	// SweepLimit bounds one sweep; default 100. The sweep of unlogged
+	// records reads a page of SweepLimit of them a sweep, each page
+	// after the last until one is not full, so that a pass over N of
+	// them takes about N/SweepLimit sweeps: records it cannot append
+	// (unreadable outboxes) delay the others by that, never for good.
 	SweepLimit int
 	// UnloggedGrace is how long a finished call's events may stay out of
 	// the log before the sweep appends them; default 10s. It covers the
@@ -287,6 +291,10 @@ type Metrics interface {
 	// ToolCall: one request to tool ended in result ("ok", "refused",
 	// "error", "not_sent", "breaker_open") after d.
 	ToolCall(tool, result string, d time.Duration)
+	// UnreadableOutboxes: n records' events could not be read from
+	// their outboxes, and were not appended; counted each time a sweep
+	// or a claim meets one.
+	UnreadableOutboxes(n int)
 }
 
 type nopMetrics struct{}
@@ -294,6 +302,7 @@ type nopMetrics struct{}
 func (nopMetrics) Claims(string, int)                     {}
 func (nopMetrics) Stage(string, time.Duration)            {}
 func (nopMetrics) ToolCall(string, string, time.Duration) {}
+func (nopMetrics) UnreadableOutboxes(int)                 {}
 
 // claimResult names a claim's outcome for metrics.
 func claimResult(o processors.ClaimOutcome) string {
@@ -403,6 +412,9 @@ type Executor struct {
 	guards    map[string]*toolGuard // by tool name
 	lastPrune time.Time
 	lastSwp   time.Time
+	// unloggedAfter is where the next sweep of unlogged records starts
+	// (see Step); only Step uses it.
+	unloggedAfter processors.Cursor
 
 	// running are the calls in flight, by key (under mu); done hands
 	// finished calls to the next step that waits for them.
@@ -532,9 +544,21 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			}
 			add(tmpl, rec.ArgumentsHash, 0)
 		}
-		unlogged, err := x.cfg.Store.Unlogged(ctx, x.cfg.UnloggedGrace, processors.Cursor{}, x.cfg.SweepLimit)
+		// A page after the last, not the oldest page every time: a
+		// record whose outbox this build cannot read stays unlogged
+		// (see outbox below), and a page full of them would keep every
+		// record behind them out of the log for good. A page that is
+		// not full ends the pass, and the next sweep starts again from
+		// the oldest; records that went back to unlogged behind the
+		// cursor meanwhile (a journal entry settled as not logged keeps
+		// their update time) wait for that. One page a sweep, as before.
+		unlogged, err := x.cfg.Store.Unlogged(ctx, x.cfg.UnloggedGrace, x.unloggedAfter, x.cfg.SweepLimit)
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unlogged outcomes: %w", err)
+		}
+		x.unloggedAfter = processors.Cursor{}
+		if len(unlogged) == x.cfg.SweepLimit {
+			x.unloggedAfter = unlogged[len(unlogged)-1].Cursor()
 		}
 		for _, rec := range unlogged {
 			if _, ok := jobs[rec.Key]; ok {
@@ -640,8 +664,9 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// step's events, so this is what the log lacks in the usual case.
 	//
 	// An outbox this build cannot read (written by a newer one, or
-	// damaged) is left out, loudly, and stays unlogged for a build that
-	// reads it: failing the step for it would leave the batch just
+	// damaged) is left out, loudly and counted, and stays unlogged for a
+	// build that reads it (and for a human: its events never reached
+	// the log): failing the step for it would leave the batch just
 	// claimed unlaunched, its calls looking as if they might have run
 	// once their leases expire, and fail every later sweep the same way.
 	outbox := func(rec processors.Record) {
@@ -656,6 +681,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		if err != nil {
 			x.cfg.Logger.Error("a call's events cannot be read from its record: not appended; a build that reads them will append them",
 				"call_key", rec.Key.String(), "seq", rec.Seq, "logged_seq", rec.LoggedSeq, "err", err)
+			x.cfg.Metrics.UnreadableOutboxes(1)
 			return
 		}
 		out = append(out, rs...)

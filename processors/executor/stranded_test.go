@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -19,9 +21,16 @@ import (
 // from a newer build).
 func (r *rig) admitUnreadable(key string) ledger.CallKey {
 	r.t.Helper()
+	return r.admitDenied(key, []byte(`[{"v":99,"type":"denied","seq":2}]`))
+}
+
+// admitDenied stores a call the intake denied, with outbox as the events
+// of its admission (seq 2), none of them known to be in the log.
+func (r *rig) admitDenied(key string, outbox []byte) ledger.CallKey {
+	r.t.Helper()
 	k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: key}
 	if _, err := r.store.Admit(r.t.Context(), []processors.Admission{{Key: k, CallID: "c_" + key, ArgumentsHash: "sha256:00", Tool: "notify", ToolVersion: 1,
-		Arguments: []byte(`{}`), Status: processors.StatusDenied, Seq: 2, Outbox: []byte(`[{"v":99,"type":"denied","seq":2}]`)}}); err != nil {
+		Arguments: []byte(`{}`), Status: processors.StatusDenied, Seq: 2, Outbox: outbox}}); err != nil {
 		r.t.Fatal(err)
 	}
 	return k
@@ -172,4 +181,72 @@ func (r *rig) admitApproved(key string, expires time.Time, version string, oblig
 		r.t.Fatal(err)
 	}
 	return ev, rec
+}
+
+// More unreadable outboxes than a sweep's page (SweepLimit), all older
+// than a readable one, do not keep the readable one out of the log: the
+// sweep goes on past the page it could not append, and the readable
+// call's events are appended within the pass (here the second sweep).
+// The unreadable ones stay unlogged, counted, for a build that reads them.
+func TestUnreadableOutboxesDoNotStarveTheSweep(t *testing.T) {
+	r := newRig(t)
+	const limit = 100 // executor.Config.SweepLimit's default
+	var bad []ledger.CallKey
+	for i := range limit + 1 {
+		bad = append(bad, r.admitUnreadable(fmt.Sprintf("from-newer-build-%03d", i)))
+	}
+	ev := ledger.Event{EventID: "e_good", IdempotencyKey: "readable", CallID: "c_readable", Seq: 2, Type: statemachine.EventDenied,
+		At: time.Now().UTC(), TenantID: "t_a", UserID: "u_1", Tool: "notify", ToolVersion: 1, ArgumentsHash: "sha256:00", Reason: "policy"}
+	outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := r.admitDenied(ev.IdempotencyKey, outbox)
+	reg := metrics.New("executor")
+	// Every step sweeps, and every record is old enough for it.
+	x := r.executor(func(c *executor.Config) {
+		c.SweepEvery, c.UnloggedGrace, c.Metrics = time.Nanosecond, time.Nanosecond, reg
+	})
+	var got []string
+	for sweep := 1; sweep <= 2 && len(got) == 0; sweep++ {
+		out, err := x.Step(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("sweep %d: %v", sweep, err)
+		}
+		got = summary(decodeAll(t, out.Records))
+		if out.Committed != nil {
+			if err := out.Committed(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if diff := cmp.Diff([]string{"denied(policy)"}, got); diff != "" {
+		t.Fatalf("the readable call's events were not appended within two sweeps behind %d unreadable records (-want +got):\n%s", len(bad), diff)
+	}
+	if rec, err := r.store.Get(t.Context(), good); err != nil || rec.Unlogged() {
+		t.Errorf("readable call after its sweep committed: unlogged %v, %v; want logged", rec.Unlogged(), err)
+	}
+	for _, k := range bad {
+		if rec, err := r.store.Get(t.Context(), k); err != nil || !rec.Unlogged() {
+			t.Fatalf("unreadable call %v: unlogged %v, %v; want unlogged, its events never appended", k, rec.Unlogged(), err)
+		}
+	}
+	if n := counter(t, reg, "ledger_outboxes_unreadable_total"); n < float64(len(bad)) {
+		t.Errorf("ledger_outboxes_unreadable_total = %v; want at least %d, one a record met", n, len(bad))
+	}
+}
+
+// counter is the value of a counter without labels of its own in reg.
+func counter(t *testing.T, reg *metrics.Registry, name string) float64 {
+	t.Helper()
+	fams, err := reg.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
 }

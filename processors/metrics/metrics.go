@@ -41,6 +41,7 @@ type Registry struct {
 	claims       *prometheus.CounterVec
 	toolCalls    *prometheus.HistogramVec
 	storeRetries *prometheus.CounterVec
+	unreadable   prometheus.Counter
 }
 
 // New returns the registry of a process running role ("intake",
@@ -77,7 +78,11 @@ func New(role string) *Registry {
 		Name: "ledger_store_retries_total", ConstLabels: constRole,
 		Help: "Execution store transactions run again after a serialization failure or a deadlock, by operation (admit, claim, complete, mark logged, ...). Each throws a whole batch's work away.",
 	}, []string{"op"})
-	r.reg.MustRegister(r.events, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries,
+	r.unreadable = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ledger_outboxes_unreadable_total", ConstLabels: constRole,
+		Help: "Execution records whose events this build could not read from their outbox (written by a newer build, or damaged), so did not append: counted each time a sweep or a claim meets one. Their events are not in the log; each is logged with its call key.",
+	})
+	r.reg.MustRegister(r.events, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
@@ -131,6 +136,9 @@ func (r *Registry) Claims(result string, n int) {
 func (r *Registry) ToolCall(tool, result string, d time.Duration) {
 	r.toolCalls.WithLabelValues(tool, result).Observe(d.Seconds())
 }
+
+// UnreadableOutboxes counts n records whose outboxes could not be read.
+func (r *Registry) UnreadableOutboxes(n int) { r.unreadable.Add(float64(n)) }
 
 // Breakers reports the circuit breakers' states at each scrape:
 // ledger_breaker_state{tool,tenant} is 0 closed, 1 half-open, 2 open.
