@@ -82,6 +82,13 @@ func TestAssertionAttacksRefused(t *testing.T) {
 			c.NotBefore = c.IssuedAt
 			c.ExpiresAt = token.NewNumericDate(time.Now().Add(-time.Hour))
 		}), token.ReasonExpired},
+		{"valid for ten years", sign(identity.TypeAssertion, func(c *identity.Claims) {
+			c.ExpiresAt = token.NewNumericDate(time.Now().AddDate(10, 0, 0))
+		}), identity.ReasonLifetimeTooLong},
+		{"valid for ten years, no iat", sign(identity.TypeAssertion, func(c *identity.Claims) {
+			c.IssuedAt = nil
+			c.ExpiresAt = token.NewNumericDate(time.Now().AddDate(10, 0, 0))
+		}), identity.ReasonLifetimeTooLong},
 		{"not yet valid", sign(identity.TypeAssertion, func(c *identity.Claims) {
 			c.NotBefore = token.NewNumericDate(time.Now().Add(time.Hour))
 		}), token.ReasonNotYetValid},

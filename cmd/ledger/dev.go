@@ -344,7 +344,9 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		API:          mux,
 		Authenticate: consoleAuthenticate(staff),
 		DevLogin: func(context.Context) (string, error) {
-			return issuer.Mint(identity.Identity{Tenant: "t_demo", User: "u_console", Agent: "console", Roles: []string{"approver", "operator"}}, identity.ApproverAudience, 8*time.Hour)
+			// As long as the staff verifier allows: the session ends
+			// with it, and the dev login starts another.
+			return issuer.Mint(identity.Identity{Tenant: "t_demo", User: "u_console", Agent: "console", Roles: []string{"approver", "operator"}}, identity.ApproverAudience, identity.DefaultMaxLifetime)
 		},
 		Logger: logger.With("component", "console"),
 	})

@@ -32,6 +32,8 @@ type identityFlags struct {
 	audience string
 	jwksFile string
 	jwksURL  string
+	// maxLifetime is identity.Config.MaxLifetime.
+	maxLifetime time.Duration
 }
 
 func (f *identityFlags) register(fs *pflag.FlagSet) {
@@ -39,14 +41,20 @@ func (f *identityFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.audience, "audience", identity.DefaultAudience, "the audience assertions must name")
 	fs.StringVar(&f.jwksFile, "jwks-file", "", "the issuer's public keys (JWKS) in a file, re-read as it changes")
 	fs.StringVar(&f.jwksURL, "jwks-url", "", "the issuer's public keys (JWKS) at an https URL, cached and refreshed")
+	fs.DurationVar(&f.maxLifetime, "max-assertion-lifetime", identity.DefaultMaxLifetime, fmt.Sprintf("the longest an assertion may be valid: one whose exp is further than this from now (plus %s of clock skew), or from its iat, is refused (assertion_lifetime_too_long); at most %gh", identity.DefaultSkew, identity.MaxMaxLifetime.Hours()))
 }
 
 func (f *identityFlags) verifier(ctx context.Context, logger *slog.Logger) (*identity.Verifier, error) {
 	if f.issuer == "" || (f.jwksFile == "") == (f.jwksURL == "") {
 		return nil, errors.New("the intake needs --issuer and exactly one of --jwks-file or --jwks-url")
 	}
+	// 0 would mean identity's default, not "unbounded" as one might read
+	// it: refuse it rather than surprise.
+	if f.maxLifetime <= 0 || f.maxLifetime > identity.MaxMaxLifetime {
+		return nil, fmt.Errorf("--max-assertion-lifetime must be more than 0 and at most %s", identity.MaxMaxLifetime)
+	}
 	return identity.New(ctx, identity.Config{
-		Issuer: f.issuer, Audience: f.audience, JWKSFile: f.jwksFile, JWKSURL: f.jwksURL, Logger: logger,
+		Issuer: f.issuer, Audience: f.audience, JWKSFile: f.jwksFile, JWKSURL: f.jwksURL, MaxLifetime: f.maxLifetime, Logger: logger,
 	})
 }
 
@@ -183,6 +191,11 @@ func newTokenCmd(g *globals) *cobra.Command {
 				id.Roles = append(id.Roles, "approver")
 				audience = identity.ApproverAudience
 			}
+			if ttl > identity.DefaultMaxLifetime {
+				// Not refused: an intake may be run with a longer
+				// --max-assertion-lifetime. ledger dev's is the default.
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: --ttl %s is longer than the %s verifiers accept by default (--max-assertion-lifetime); ledger dev refuses this assertion\n", ttl, identity.DefaultMaxLifetime)
+			}
 			tok, err := iss.Mint(id, audience, ttl)
 			if err != nil {
 				return err
@@ -199,7 +212,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 	fs.StringVar(&id.Purpose, "purpose", "", "purpose claim")
 	fs.StringVar(&roles, "roles", "", "roles, comma separated")
 	fs.BoolVar(&approver, "approver", false, "mint an approver's assertion (the approver role, for the approval queue's audience)")
-	fs.DurationVar(&ttl, "ttl", 10*time.Minute, "how long the assertion is valid")
+	fs.DurationVar(&ttl, "ttl", 10*time.Minute, "how long the assertion is valid (verifiers refuse more than their --max-assertion-lifetime, 1h by default)")
 	return cmd
 }
 

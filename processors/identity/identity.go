@@ -61,6 +61,17 @@ const (
 	DefaultSkew = 30 * time.Second
 	// MaxSkew bounds Config.Skew: more would make expiry meaningless.
 	MaxSkew = 5 * time.Minute
+	// DefaultMaxLifetime is the longest an assertion may be valid by
+	// default: an hour, ample for an agent, which mints a fresh one
+	// before the old one ends (the issuers in this repository, `ledger
+	// submit`, `ledger token`, the bench and the dev console, stay within
+	// it), and short enough that a leaked assertion is not a bearer
+	// credential for long.
+	DefaultMaxLifetime = time.Hour
+	// MaxMaxLifetime bounds Config.MaxLifetime: a day covers a human's
+	// console session; more is a standing credential, which an
+	// assertion must never be.
+	MaxMaxLifetime = 24 * time.Hour
 )
 
 // EarlyRefreshInterval is the least time between two refreshes triggered
@@ -74,6 +85,12 @@ const FetchTimeout = 10 * time.Second
 // The other reasons are token's, including token.ReasonMissingClaim when
 // sub, tenant or act is absent.
 const ReasonMissingAssertion = "missing_assertion"
+
+// ReasonLifetimeTooLong is the *token.Error reason for an assertion valid
+// for longer than Config.MaxLifetime: its exp lies further than that (plus
+// the skew) from now, or further than that from its iat. The intake
+// reports it as "assertion_lifetime_too_long".
+const ReasonLifetimeTooLong = "lifetime_too_long"
 
 // Identity is who asks, from a verified assertion.
 type Identity struct {
@@ -162,6 +179,14 @@ type Config struct {
 	// Skew is the clock skew allowed on exp, nbf and iat; default
 	// DefaultSkew, at most MaxSkew.
 	Skew time.Duration
+	// MaxLifetime is the longest an assertion may be valid: one whose exp
+	// lies more than MaxLifetime + Skew after now, or, when it carries
+	// iat, more than MaxLifetime after iat, is refused with
+	// ReasonLifetimeTooLong. exp alone cannot bound an assertion (an
+	// issuer may set it years out) and iat is optional, hence both
+	// checks. Default DefaultMaxLifetime; at most MaxMaxLifetime, and it
+	// cannot be turned off.
+	MaxLifetime time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// HTTPClient fetches JWKSURL. Default: a client that refuses
@@ -190,6 +215,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Skew == 0 {
 		c.Skew = DefaultSkew
+	}
+	if c.MaxLifetime == 0 {
+		c.MaxLifetime = DefaultMaxLifetime
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -240,6 +268,9 @@ func (c *Config) validate() error {
 	}
 	if c.Skew < 0 || c.Skew > MaxSkew {
 		return fmt.Errorf("identity: Skew must be between 0 and %s", MaxSkew)
+	}
+	if c.MaxLifetime < 0 || c.MaxLifetime > MaxMaxLifetime {
+		return fmt.Errorf("identity: MaxLifetime must be between 0 and %s", MaxMaxLifetime)
 	}
 	return nil
 }
@@ -333,7 +364,8 @@ func (v *Verifier) Keys() *token.KeySet { return v.keys.Load() }
 
 // Verify verifies assertion and returns the identity it asserts. Errors
 // are *token.Error: ReasonMissingAssertion for an empty assertion, a token
-// reason for anything wrong with the token or its claims, and
+// reason for anything wrong with the token or its claims,
+// ReasonLifetimeTooLong for one valid longer than Config.MaxLifetime, and
 // token.ReasonMissingClaim when sub, tenant or act is absent. ctx bounds a
 // key refresh this call may perform.
 func (v *Verifier) Verify(ctx context.Context, assertion string) (Identity, error) {
@@ -390,7 +422,11 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 			v.cache.put(sum, set, c, v.cfg.CacheSize)
 		}
 	}
-	if err := c.Validate(v.cfg.Now(), v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience); err != nil {
+	now := v.cfg.Now()
+	if err := c.Validate(now, v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience); err != nil {
+		return Claims{}, err
+	}
+	if err := v.checkLifetime(c.Claims, now); err != nil {
 		return Claims{}, err
 	}
 	for _, m := range []struct{ name, value string }{{"sub", c.Subject}, {"tenant", c.Tenant}, {"act", c.Act.Subject}} {
@@ -399,6 +435,21 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 		}
 	}
 	return c, nil
+}
+
+// checkLifetime refuses claims valid for longer than MaxLifetime. It runs
+// on every use, cached or not, since the bound on exp is relative to now.
+// Validate has already required exp.
+func (v *Verifier) checkLifetime(c token.Claims, now time.Time) error {
+	limit := v.cfg.MaxLifetime
+	if c.ExpiresAt.After(now.Add(limit + v.cfg.Skew)) {
+		return &token.Error{Reason: ReasonLifetimeTooLong, Detail: fmt.Sprintf("exp is more than %s from now", limit)}
+	}
+	// Both times are the issuer's clock: no skew between them.
+	if c.IssuedAt != nil && c.ExpiresAt.After(c.IssuedAt.Add(limit)) {
+		return &token.Error{Reason: ReasonLifetimeTooLong, Detail: fmt.Sprintf("exp is more than %s after iat", limit)}
+	}
+	return nil
 }
 
 func (v *Verifier) verify(assertion string, set *token.KeySet) (Claims, error) {

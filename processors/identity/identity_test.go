@@ -537,6 +537,8 @@ func TestNewErrors(t *testing.T) {
 		"ftp":                   {Issuer: testIssuer, JWKSURL: "ftp://127.0.0.1/jwks.json"},
 		"negative refresh":      {Issuer: testIssuer, Keys: set, Refresh: -time.Second},
 		"skew too large":        {Issuer: testIssuer, Keys: set, Skew: time.Hour},
+		"max lifetime too long": {Issuer: testIssuer, Keys: set, MaxLifetime: MaxMaxLifetime + time.Second},
+		"negative max lifetime": {Issuer: testIssuer, Keys: set, MaxLifetime: -time.Second},
 		"empty static set":      {Issuer: testIssuer, Keys: &token.KeySet{}},
 		"missing file":          {Issuer: testIssuer, JWKSFile: filepath.Join(dir, "nope.json")},
 		"file without keys":     {Issuer: testIssuer, JWKSFile: empty},
@@ -548,6 +550,66 @@ func TestNewErrors(t *testing.T) {
 			t.Parallel()
 			if v, err := New(t.Context(), cfg); err == nil {
 				t.Errorf("New() = %v; want an error", v)
+			}
+		})
+	}
+}
+
+// TestAssertionLifetime: an assertion valid for longer than MaxLifetime is
+// refused, whether its exp lies too far from now or too far from its iat,
+// so that no issuer can mint a bearer credential that lasts; one at the
+// bound (with the skew on exp) passes.
+func TestAssertionLifetime(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	key := mustKey(t, "k1")
+	set, err := token.NewKeySet(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Whole seconds, as NumericDate keeps them, so that the bounds are exact.
+	now := clk.Now().Truncate(time.Second)
+	at := func(d time.Duration) *token.NumericDate { return token.NewNumericDate(now.Add(d)) }
+	const (
+		day  = 24 * time.Hour
+		year = 365 * day
+	)
+	tests := []struct {
+		name     string
+		max      time.Duration // Config.MaxLifetime; 0 for the default
+		exp, iat *token.NumericDate
+		want     string // reason; "" to accept
+	}{
+		{name: "exp ten years out, iat now", exp: at(10 * year), iat: at(0), want: ReasonLifetimeTooLong},
+		{name: "exp ten years out, no iat", exp: at(10 * year), want: ReasonLifetimeTooLong},
+		{name: "exp in year 9999", exp: &token.NumericDate{Time: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)}, want: ReasonLifetimeTooLong},
+		{name: "exp a second past the bound and the skew", exp: at(DefaultMaxLifetime + DefaultSkew + time.Second), want: ReasonLifetimeTooLong},
+		{name: "exp at the bound plus the skew, no iat", exp: at(DefaultMaxLifetime + DefaultSkew)},
+		{name: "exp - iat a second over the bound", exp: at(30 * time.Minute), iat: at(30*time.Minute - DefaultMaxLifetime - time.Second), want: ReasonLifetimeTooLong},
+		{name: "exp - iat at the bound", exp: at(30 * time.Minute), iat: at(30*time.Minute - DefaultMaxLifetime)},
+		{name: "dev mint", exp: at(DefaultMintTTL), iat: at(0)},
+		{name: "an hour, the default", exp: at(time.Hour), iat: at(0)},
+		{name: "an hour, bound configured to 10 minutes", max: 10 * time.Minute, exp: at(time.Hour), iat: at(0), want: ReasonLifetimeTooLong},
+		{name: "8 hours, bound configured to 8 hours", max: 8 * time.Hour, exp: at(8 * time.Hour), iat: at(0)},
+		{name: "a day and a second, bound at its most", max: MaxMaxLifetime, exp: at(day + time.Second), iat: at(0), want: ReasonLifetimeTooLong},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			v, err := New(t.Context(), Config{Issuer: testIssuer, Keys: set, Now: clk.Now, MaxLifetime: tc.max})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := assertionClaims(now)
+			c.ExpiresAt, c.IssuedAt, c.NotBefore = tc.exp, tc.iat, nil
+			tok := sign(t, key, TypeAssertion, c)
+			// Twice: the second use comes from the signature cache and
+			// must be refused all the same.
+			for range 2 {
+				_, err := v.Verify(t.Context(), tok)
+				if got := token.ReasonOf(err); got != tc.want || (tc.want == "" && err != nil) {
+					t.Fatalf("Verify(exp %v, iat %v) = %v; want reason %q", tc.exp, tc.iat, err, tc.want)
+				}
 			}
 		})
 	}

@@ -321,7 +321,7 @@ type inflight struct {
 type run struct {
 	cfg    Config
 	pub    *kgo.Client
-	tokens []string // per tenant: the agent's assertion
+	tokens []assertion // per tenant: the agent's assertion
 
 	mu       sync.Mutex
 	waiting  map[int64]inflight
@@ -363,18 +363,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		r.sem = make(chan struct{}, cfg.Concurrency)
 	}
 	r.mix = newMix(cfg.Tools)
-	// An assertion per tenant, valid for the whole run: agents reuse
-	// theirs until it nears its expiry, and so does the benchmark.
-	ttl := max(cfg.Duration, cfg.MaxDuration) + cfg.Drain + 10*time.Minute
-	if cfg.Calls > 0 {
-		ttl = time.Hour + cfg.Drain
-	}
+	// An assertion per tenant: agents reuse theirs until it nears its
+	// expiry, and so does the benchmark (envelope renews them).
+	r.tokens = make([]assertion, cfg.Tenants)
 	for t := range cfg.Tenants {
-		tok, err := cfg.Minter.Mint(identity.Identity{Tenant: tenantName(t), User: "u_bench", Agent: "bench-agent"}, cfg.Audience, ttl)
-		if err != nil {
+		if err := r.mint(t, time.Now()); err != nil {
 			return Result{}, err
 		}
-		r.tokens = append(r.tokens, tok)
 	}
 
 	watch, err := r.follow(ctx)
@@ -709,10 +704,41 @@ func (r *run) submit(ctx context.Context, start time.Time) error {
 	}
 }
 
+// assertionTTL is the life of the bench's assertions: the verifier's
+// default bound, for the bench's agents must pass it as real ones do.
+// An assertion is renewed once half of it has passed, so that every
+// envelope carries one with at least half an hour left: an intake that
+// falls further behind than that refuses them as expired, as it would a
+// real agent's.
+const assertionTTL = identity.DefaultMaxLifetime
+
+// assertion is a tenant's agent assertion and when to mint its successor.
+// Run mints the first before submitting; then only the submitting
+// goroutine (envelope) renews and reads them.
+type assertion struct {
+	token string
+	renew time.Time
+}
+
+// mint mints tenant's assertion at now, valid for assertionTTL.
+func (r *run) mint(tenant int, now time.Time) error {
+	tok, err := r.cfg.Minter.Mint(identity.Identity{Tenant: tenantName(tenant), User: "u_bench", Agent: "bench-agent"}, r.cfg.Audience, assertionTTL)
+	if err != nil {
+		return err
+	}
+	r.tokens[tenant] = assertion{token: tok, renew: now.Add(assertionTTL / 2)}
+	return nil
+}
+
 // envelope builds call i: its tool by weight, its tenant round robin.
 func (r *run) envelope(i int64) (*kgo.Record, error) {
 	tool := r.mix.pick(i)
 	tenant := int(i % int64(r.cfg.Tenants))
+	if now := time.Now(); !now.Before(r.tokens[tenant].renew) {
+		if err := r.mint(tenant, now); err != nil {
+			return nil, err
+		}
+	}
 	raw, err := json.Marshal(tool.Args(i))
 	if err != nil {
 		return nil, err
@@ -731,7 +757,7 @@ func (r *run) envelope(i int64) (*kgo.Record, error) {
 		Scope:          ledger.Scope{TenantID: tenantName(tenant), UserID: "u_bench"},
 		TraceID:        "tr_" + key,
 		DeadlineMS:     cmp.Or(tool.DeadlineMS, r.cfg.DeadlineMS),
-		IdempotencyKey: key, ArgumentsHash: hash, Assertion: r.tokens[tenant],
+		IdempotencyKey: key, ArgumentsHash: hash, Assertion: r.tokens[tenant].token,
 		Arguments: json.RawMessage(raw),
 	}
 	v, err := json.Marshal(env)

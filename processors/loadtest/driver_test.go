@@ -867,6 +867,20 @@ func TestRunStalledClosedLoop(t *testing.T) {
 	}
 }
 
+// drvEnvelope builds call i of r and decodes it back.
+func drvEnvelope(t *testing.T, r *run, i int64) ledger.Envelope {
+	t.Helper()
+	rec, err := r.envelope(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env ledger.Envelope
+	if err := json.Unmarshal(rec.Value, &env); err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
 // TestEnvelopeKeysAndDeadlines: CallKey names exactly the key and tenant
 // that call i is published under, and a tool's own deadline wins over the
 // run's.
@@ -881,16 +895,10 @@ func TestEnvelopeKeysAndDeadlines(t *testing.T) {
 	}
 	refund.DeadlineMS = 5_000
 	cfg := Config{RunID: "k1", Tenants: 3, DeadlineMS: 60_000, Tools: []Tool{weather, refund}}
-	r := &run{cfg: cfg, mix: newMix(cfg.Tools), tokens: []string{"a0", "a1", "a2"}}
+	later := time.Now().Add(time.Hour)
+	r := &run{cfg: cfg, mix: newMix(cfg.Tools), tokens: []assertion{{"a0", later}, {"a1", later}, {"a2", later}}}
 	for i := range int64(12) {
-		rec, err := r.envelope(i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var env ledger.Envelope
-		if err := json.Unmarshal(rec.Value, &env); err != nil {
-			t.Fatal(err)
-		}
+		env := drvEnvelope(t, r, i)
 		want := CallKey(cfg.RunID, cfg.Tenants, i)
 		if got := env.Key(); got != want {
 			t.Errorf("call %d published as %v; CallKey says %v", i, got, want)
@@ -902,6 +910,53 @@ func TestEnvelopeKeysAndDeadlines(t *testing.T) {
 		if env.DeadlineMS != wantDeadline {
 			t.Errorf("call %d (%s): deadline %d ms; want %d", i, env.Tool, env.DeadlineMS, wantDeadline)
 		}
+	}
+}
+
+// TestBenchAssertionsWithinMaxLifetime: the bench's agents mint
+// assertions the verifier's default bound accepts, and renew a tenant's
+// once half of it has passed, so that a run longer than the bound goes on
+// with valid assertions instead of one minted for the whole run.
+func TestBenchAssertionsWithinMaxLifetime(t *testing.T) {
+	iss, err := identity.LoadOrCreateIssuer(filepath.Join(t.TempDir(), "issuer.key"), drvIssuer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := identity.New(t.Context(), identity.Config{Issuer: drvIssuer, Keys: iss.Keys()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	weather, err := DemoTool("get_weather", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &drvMinter{inner: iss}
+	cfg := Config{RunID: "life", Tenants: 2, Audience: identity.DefaultAudience, Minter: m, Tools: []Tool{weather}}
+	r := &run{cfg: cfg, mix: newMix(cfg.Tools), tokens: make([]assertion, cfg.Tenants)}
+	for tenant := range cfg.Tenants {
+		if err := r.mint(tenant, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertionOf := func(i int64) string {
+		t.Helper()
+		env := drvEnvelope(t, r, i)
+		if _, err := v.Verify(t.Context(), env.Assertion); err != nil {
+			t.Fatalf("call %d: Verify(bench assertion) = %v; want it within the default bound", i, err)
+		}
+		return env.Assertion
+	}
+	first := assertionOf(0)
+	if again := assertionOf(2); again != first || m.n.Load() != 2 {
+		t.Errorf("tenant 0's second call minted again (%d mints); want the assertion reused until its renewal", m.n.Load())
+	}
+	// Half its life gone: the next call of tenant 0 carries a new one.
+	r.tokens[0].renew = time.Now().Add(-time.Second)
+	if renewed := assertionOf(4); renewed == first || m.n.Load() != 3 {
+		t.Errorf("after the renewal time: same assertion %v, %d mints; want a new one, 3 mints", renewed == first, m.n.Load())
+	}
+	if until := time.Until(r.tokens[0].renew); until <= 0 || until > assertionTTL/2 {
+		t.Errorf("next renewal in %s; want within half of %s", until, assertionTTL)
 	}
 }
 
