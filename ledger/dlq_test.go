@@ -68,3 +68,19 @@ func TestDLQRecordBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestDLQRecordRedactsTokens: an assertion whose header is not encoded
+// as "eyJ" (a space after the brace) leaves no trace in the DLQ record's
+// key, value or detail.
+func TestDLQRecordRedactsTokens(t *testing.T) {
+	t.Parallel()
+	tok := jws(`{ "alg": "EdDSA", "typ": "agent-assertion+jwt", "kid": "k1" }`, `{"sub":"u_88","tenant":"t_acme"}`, strings.Repeat("s", 64))
+	_, sig, _ := strings.Cut(tok[strings.IndexByte(tok, '.')+1:], ".")
+	src := &kgo.Record{Topic: "requests", Key: []byte("t_acme/" + tok), Value: []byte(`{"assertion":"` + tok + `",`)}
+	r := DLQRecord("dlq", src, "invalid_json", "near "+tok)
+	for name, got := range map[string][]byte{"key": r.Key, "value": r.Value, "detail": Header(r, HeaderDLQDetail)} {
+		if bytes.Contains(got, []byte(sig)) || !bytes.Contains(got, []byte(Redacted)) {
+			t.Errorf("DLQ %s = %q; want the token redacted", name, got)
+		}
+	}
+}

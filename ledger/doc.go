@@ -11,7 +11,7 @@
 //	envelope.go        Envelope and Scope
 //	decode.go          Decode: the strict JSON decoder and DecodeError
 //	canonical.go       Canonical (RFC 8785) and ArgumentsHash
-//	redact.go          Redact, for arguments in events and results
+//	redact.go          Redact, for arguments in events and results; RedactTokens, for DLQ copies
 //	envelope_decode.go DecodeEnvelope, LenientKey
 //	event.go           Event, its encoding and the outbox form
 //	kafka.go           topics, client options, DLQ records

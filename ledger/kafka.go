@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -185,17 +184,6 @@ func Header(r *kgo.Record, key string) []byte {
 		}
 	}
 	return nil
-}
-
-// jwtLike matches what looks like a compact JWS or JWT: three base64url
-// parts, the first a JSON object ("eyJ" is `{"` encoded).
-var jwtLike = regexp.MustCompile(`eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*\.[A-Za-z0-9_-]*`)
-
-// RedactTokens replaces anything in b that looks like a JWT with
-// "[redacted]": a record that cannot be parsed may still carry a live
-// assertion, and the DLQ must not hand it to whoever reads it.
-func RedactTokens(b []byte) []byte {
-	return jwtLike.ReplaceAll(b, []byte(Redacted))
 }
 
 // DLQRecord wraps an unparseable request for the DLQ: the original key and

@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"bytes"
+	"encoding/base64"
 	"strconv"
 	"strings"
 )
@@ -132,4 +134,130 @@ func Lookup(tree any, ptr string) (any, bool) {
 		}
 	}
 	return cur, true
+}
+
+// RedactTokens returns a copy of b in which every compact JWS or JWE (a
+// JWT is one or the other) is replaced by "[redacted]": a record that
+// cannot be parsed may still carry a live assertion or credential, and the
+// DLQ must not hand it to whoever reads it.
+//
+// A token is three or more base64url segments joined by dots whose first
+// segment, the header, decodes to what opens and closes like a JSON object
+// with members: "{" and the quote of a key at its start, "}" at its end,
+// with up to 16 bytes of JSON whitespace around them. The decoded
+// header is looked at, never its encoding, for one header has many
+// encodings: `{"alg"` is "eyJ...", `{ "alg"` "eyAi...", a leading newline
+// "Cn...". Dotted words (host names, versions, file names) do not decode
+// to that shape. The header may be glued to base64url characters before
+// it (the n of a \n escape, the 3D of %3D), so every offset of a segment
+// is a candidate; from the header on, the whole dotted run is redacted.
+//
+// It runs on bad input only, but bad input can be a flood, so the scan is
+// linear in len(b) and parses no JSON: a candidate costs the decoding of
+// at most tokenProbe+3 characters at each end of its segment.
+func RedactTokens(b []byte) []byte {
+	var out []byte
+	done := 0 // b[:done] has been copied to out
+	for i := 0; i < len(b); {
+		if !isBase64URL(b[i]) && b[i] != '.' {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(b) && (isBase64URL(b[j]) || b[j] == '.') {
+			j++
+		}
+		if k := tokenStart(b[i:j]); k >= 0 {
+			out = append(out, b[done:i+k]...)
+			out = append(out, Redacted...)
+			done = j
+		}
+		i = j
+	}
+	return append(out, b[done:]...)
+}
+
+// tokenProbe is how many characters of a candidate header RedactTokens
+// decodes at each end, at least (a multiple of 4: whole base64 quanta).
+// 24 decode to 18 bytes: room for "{" and the key's quote after up to 16
+// bytes of whitespace, and for "}" before up to 16.
+const tokenProbe = 24
+
+// tokenStart returns where the first token in run (base64url characters
+// and dots only) begins, or -1 if it holds none.
+func tokenStart(run []byte) int {
+	for seg := 0; ; {
+		dot := bytes.IndexByte(run[seg:], '.')
+		if dot < 0 {
+			return -1
+		}
+		next := seg + dot + 1
+		if bytes.IndexByte(run[next:], '.') < 0 {
+			return -1 // fewer than three segments from here on
+		}
+		for k := seg; k < seg+dot; k++ {
+			// The first decoded byte is '{' or JSON whitespace only if
+			// the first character is one of these: a cheap filter.
+			switch run[k] {
+			case 'e', 'I', 'C', 'D':
+				if objectHeader(run[k : seg+dot]) {
+					return k
+				}
+			}
+		}
+		seg = next
+	}
+}
+
+// objectHeader reports whether the base64url segment h decodes to what
+// opens and closes like a JSON object with members. Only its ends are
+// decoded.
+func objectHeader(h []byte) bool {
+	if len(h)%4 == 1 {
+		return false // no base64 text has this length
+	}
+	var buf [tokenProbe/4*3 + 2]byte // the tail may be 3 characters longer
+	head, ok := decodeProbe(buf[:], h[:min(len(h), tokenProbe)])
+	if !ok {
+		return false
+	}
+	i := skipJSONSpace(head, 0)
+	if i >= len(head) || head[i] != '{' {
+		return false
+	}
+	if i = skipJSONSpace(head, i+1); i >= len(head) || head[i] != '"' {
+		return false
+	}
+	// The tail starts a whole number of quanta into h, so that it decodes
+	// as part of h does, and holds at least tokenProbe characters.
+	t := max(0, len(h)-tokenProbe)
+	t -= t % 4
+	tail, ok := decodeProbe(buf[:], h[t:])
+	if !ok {
+		return false
+	}
+	j := len(tail) - 1
+	for j >= 0 && isJSONSpace(tail[j]) {
+		j--
+	}
+	return j >= 0 && tail[j] == '}'
+}
+
+// decodeProbe decodes src, at most tokenProbe+3 characters, into dst.
+func decodeProbe(dst, src []byte) ([]byte, bool) {
+	n, err := base64.RawURLEncoding.Decode(dst, src)
+	return dst[:n], err == nil
+}
+
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && isJSONSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func isBase64URL(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_'
 }

@@ -1,8 +1,13 @@
 package ledger
 
 import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -97,4 +102,127 @@ func TestLookup(t *testing.T) {
 			t.Errorf("Lookup(%q) = %v, %v; want %q, %v", tc.ptr, v, ok, tc.want, tc.ok)
 		}
 	}
+}
+
+// jws builds a compact JWS-shaped token from a header's exact text, a
+// payload and a signature.
+func jws(header, payload, sig string) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	return enc([]byte(header)) + "." + enc([]byte(payload)) + "." + enc([]byte(sig))
+}
+
+// redactTokenCases are TestRedactTokens' table and FuzzRedactTokens' seeds.
+var redactTokenCases = []struct {
+	name, in, want string
+}{
+	{name: "compact header", in: jws(`{"alg":"EdDSA","typ":"JWT"}`, `{"sub":"u"}`, "sig"), want: Redacted},
+	{name: "other key order", in: jws(`{"typ":"agent-assertion+jwt","kid":"k1","alg":"EdDSA"}`, `{"sub":"u"}`, "sig"), want: Redacted},
+	{name: "space after the brace", in: jws(`{ "alg": "EdDSA" }`, `{"sub":"u"}`, "sig"), want: Redacted},
+	{name: "space first", in: jws(` {"alg":"EdDSA"}`, `{}`, "sig"), want: Redacted},
+	{name: "newline first", in: jws("\n{\"alg\":\"RS256\"}\n", `{}`, "sig"), want: Redacted},
+	{name: "crlf first", in: jws("\r\n{\"alg\":\"RS256\"}", `{}`, "sig"), want: Redacted},
+	{name: "tab first", in: jws("\t{\"alg\":\"RS256\"}", `{}`, "sig"), want: Redacted},
+	{name: "pretty printed", in: jws("{\n  \"alg\": \"ES256\",\n  \"typ\": \"JWT\"\n}\n", `{}`, "sig"), want: Redacted},
+	{name: "unsecured, empty signature", in: jws(`{"alg":"none"}`, `{"sub":"u"}`, ""), want: Redacted},
+	{name: "detached payload", in: jws(`{"alg":"EdDSA","b64":false}`, "", "sig"), want: Redacted},
+	{name: "JWE, five segments", in: jws(`{"alg":"RSA-OAEP","enc":"A256GCM"}`, "key", "iv") + ".Y2lwaGVy.dGFn", want: Redacted},
+	{name: "large header", in: jws(`{"alg":"RS256","x5c":["`+strings.Repeat("MIIC", 2000)+`"]}`, `{}`, "sig"), want: Redacted},
+	{name: "in an envelope", in: `{"tool":"x","assertion":"` + jws(`{ "alg":"EdDSA"}`, `{}`, "s") + `","call_id":"c"}`,
+		want: `{"tool":"x","assertion":"` + Redacted + `","call_id":"c"}`},
+	{name: "bearer", in: "Authorization: Bearer " + jws(`{"alg":"HS256"}`, `{}`, "s") + "\n", want: "Authorization: Bearer " + Redacted + "\n"},
+	{name: "glued to a JSON escape", in: `"note":"line\n` + jws(` {"alg":"EdDSA"}`, `{}`, "s") + `"`, want: `"note":"line\n` + Redacted + `"`},
+	{name: "glued to a percent escape", in: "access_token%3D" + jws(`{"alg":"EdDSA"}`, `{}`, "s") + "&x=1", want: "access_token%3D" + Redacted + "&x=1"},
+	{name: "after a dotted word", in: "see docs." + jws(`{"alg":"EdDSA"}`, `{}`, "s"), want: "see docs." + Redacted},
+	{name: "two tokens", in: jws(`{"alg":"EdDSA"}`, "a", "b") + " and " + jws(`{ "alg":"EdDSA"}`, "c", "d"), want: Redacted + " and " + Redacted},
+	{name: "sentence end", in: "token " + jws(`{"alg":"EdDSA"}`, "a", "b") + ". Next", want: "token " + Redacted + " Next"},
+
+	// Ordinary text stays as it is.
+	{name: "host name", in: "https://www.example.com.au/a.b.c?v=1.2.3", want: "https://www.example.com.au/a.b.c?v=1.2.3"},
+	{name: "versions and files", in: "go1.26.0 ledger.v1.json archive.tar.gz e.g. i.e. 10.0.0.1", want: "go1.26.0 ledger.v1.json archive.tar.gz e.g. i.e. 10.0.0.1"},
+	{name: "prose", in: "Refund the order. Customer says: eyes.every.day. Done.", want: "Refund the order. Customer says: eyes.every.day. Done."},
+	{name: "encoded empty object", in: "e30.e30.e30", want: "e30.e30.e30"},
+	{name: "encoded array", in: jws(`[{"alg":"EdDSA"}]`, "a", "b"), want: jws(`[{"alg":"EdDSA"}]`, "a", "b")},
+	{name: "encoded string", in: jws(`"{\"alg\":1}"`, "a", "b"), want: jws(`"{\"alg\":1}"`, "a", "b")},
+	{name: "unclosed header", in: jws(`{"alg":"EdDSA"`, "a", "b"), want: jws(`{"alg":"EdDSA"`, "a", "b")},
+	{name: "two segments only", in: "eyJ0b2tlbiI6MX0.payload", want: "eyJ0b2tlbiI6MX0.payload"},
+	{name: "dots only", in: "...", want: "..."},
+	{name: "empty", in: "", want: ""},
+}
+
+// TestRedactTokens: any compact JWS or JWE, however its header is written,
+// leaves the DLQ redacted, and ordinary text with dots does not.
+func TestRedactTokens(t *testing.T) {
+	t.Parallel()
+	for _, tc := range redactTokenCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			in := []byte(tc.in)
+			if got := string(RedactTokens(in)); got != tc.want {
+				t.Errorf("RedactTokens(%q) = %q; want %q", tc.in, got, tc.want)
+			}
+			if string(in) != tc.in {
+				t.Errorf("RedactTokens modified its input to %q", in)
+			}
+		})
+	}
+}
+
+// TestRedactTokensLinear: a flood of near-tokens (every offset a candidate,
+// none a token) is scanned in one pass; a quadratic scan of 1 MiB would
+// take minutes.
+func TestRedactTokensLinear(t *testing.T) {
+	t.Parallel()
+	enc := base64.RawURLEncoding.EncodeToString
+	for name, in := range map[string][]byte{
+		"one huge header":   []byte(enc(bytes.Repeat([]byte(`{"a":`), 200_000)) + ".a.b"),
+		"candidates galore": []byte(strings.Repeat("eyJe", 250_000) + ".x.y"),
+		"many segments":     bytes.Repeat([]byte("eyJ."), 250_000),
+	} {
+		start := time.Now()
+		out := RedactTokens(in)
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("%s: RedactTokens of %d bytes took %s", name, len(in), d)
+		}
+		if !bytes.Equal(out, in) {
+			t.Errorf("%s: redacted what is no token", name)
+		}
+	}
+}
+
+// FuzzRedactTokens checks, for any text around a token built from the
+// fuzzed header: a header that is a JSON object with members (up to 16
+// bytes of whitespace before its key, and after it) is redacted wherever it
+// stands; text apart from the token is redacted as it would be alone; and
+// redaction is idempotent and never touches text without three dotted
+// segments.
+func FuzzRedactTokens(f *testing.F) {
+	for _, tc := range redactTokenCases {
+		f.Add("before", tc.in, "after", "payload", "sig")
+	}
+	f.Add("x", `{"alg":"EdDSA"}`, "y", `{"sub":"u"}`, "sig")
+	f.Add("", "\n\t {\r\n\"k\":1}  ", "", "", "")
+	f.Fuzz(func(t *testing.T, before, header, after, payload, sig string) {
+		tok := jws(header, payload, sig)
+		in := before + " " + tok + " " + after
+		got := RedactTokens([]byte(in))
+		if again := RedactTokens(got); !bytes.Equal(again, got) {
+			t.Fatalf("RedactTokens not idempotent on %q: %q then %q", in, got, again)
+		}
+		if strings.Count(in, ".") < 2 && string(got) != in {
+			t.Fatalf("RedactTokens(%q) = %q; changed text without three segments", in, got)
+		}
+		var v any
+		trimmed := strings.Trim(header, " \t\r\n")
+		lead := len(header) - len(strings.TrimLeft(header, " \t\r\n"))
+		trail := len(header) - len(strings.TrimRight(header, " \t\r\n"))
+		inner := strings.TrimLeft(strings.TrimPrefix(trimmed, "{"), " \t\r\n")
+		if json.Unmarshal([]byte(header), &v) != nil || !strings.HasPrefix(trimmed, "{") || !strings.HasPrefix(inner, `"`) ||
+			lead+len(trimmed)-len(inner)-1 > 16 || trail > 16 {
+			return // not a header RedactTokens promises to catch
+		}
+		want := string(RedactTokens([]byte(before))) + " " + Redacted + " " + string(RedactTokens([]byte(after)))
+		if string(got) != want {
+			t.Fatalf("RedactTokens(%q) = %q; want %q", in, got, want)
+		}
+	})
 }
