@@ -34,7 +34,8 @@ WITH_SERVICES = set -euo pipefail; \
 # stored tool results (against encoding/json),
 # schema validation (package:target).
 FUZZ_TARGETS = ledger:FuzzDecodeEnvelope ledger:FuzzDecode ledger:FuzzCanonical ledger:FuzzEventEncoding ledger:FuzzDecodeEventFast \
-	statemachine:FuzzApplySequence schemas:FuzzValidate processors/executor:FuzzAppendResult
+	statemachine:FuzzApplySequence schemas:FuzzValidate processors/executor:FuzzAppendResult \
+	ledger:FuzzRedactTokens
 # make test bounds each target by executions, not time: Go 1.26's fuzz
 # coordinator can fail a duration-bounded run at its deadline with a bare
 # "context deadline exceeded" and no failing input (golang/go#75804).
