@@ -26,10 +26,16 @@ import (
 
 func (h *harness) startReconciler(owner string) *executor.Reconciler {
 	h.t.Helper()
+	return h.startReconcilerWith(owner, h.compensation())
+}
+
+// startReconcilerWith starts a reconciler asking comp for compensations.
+func (h *harness) startReconcilerWith(owner string, comp executor.Compensator) *executor.Reconciler {
+	h.t.Helper()
 	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: h.reg, Store: h.store, Looker: httptool.New(httptool.Config{}), BaseURL: h.tools,
 		Topics: h.kafka.Topics, Owner: owner, Backoff: 10 * time.Millisecond, SweepEvery: 500 * time.Millisecond, Logger: h.logger,
-		Compensator: h.compensation(),
+		Compensator: comp,
 	})
 	if err != nil {
 		h.t.Fatal(err)
@@ -149,35 +155,67 @@ func (h *harness) compensation() *compensation.Service {
 // A refund whose outcome cannot be established (the response lost, the
 // status lookup down) is undone automatically where its policy says so:
 // the compensation runs as a governed call, and the refund ends
-// compensated.
+// compensated. A first request for the compensation that fails (Kafka or
+// the store unavailable) is made again by a sweep: still one
+// compensation, run once.
 func TestUnknownOutcomeUndoneWherePolicySays(t *testing.T) {
-	h := newHarness(t, storeSQL, 4)
-	h.policy.Swap(loadSet(t, "undo", `
+	for _, tc := range []struct {
+		name string
+		fail int // requests for the compensation that fail first
+	}{
+		{"asked once", 0},
+		{"asked again after a failure", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, storeSQL, 4)
+			h.policy.Swap(loadSet(t, "undo", `
 @id("refunds") @obligation("undo_unknown") permit (principal, action == Action::"tool::refund_order", resource);
 @id("compensations") permit (principal, action == Action::"tool::cancel_refund", resource) when { principal.tenant == resource.tenant };`))
-	h.backend.SetFault("refund_order", demobackend.Fault{ApplyThenDrop: true})
-	h.backend.SetFault("refund_order/status", demobackend.Fault{FailStatus: 503})
-	h.startIntake("intake-1")
-	h.startExecutor(h.executorConfig("executor-1"))
-	h.startReconciler("reconciler-1")
-	refund := h.newEnvelope("t_a", "undo-1", "refund_order", map[string]any{"order_id": "ord_u", "amount_cents": 4500, "currency": "AUD"})
-	h.submit(refund)
-	c := h.waitTerminal(time.Minute, refund.key())[refund.key()]
-	if c.State != statemachine.StateCompensated {
-		t.Fatalf("refund ended %s (%s); want compensated", c.State, eventTypes(c.Events))
+			h.backend.SetFault("refund_order", demobackend.Fault{ApplyThenDrop: true})
+			h.backend.SetFault("refund_order/status", demobackend.Fault{FailStatus: 503})
+			h.startIntake("intake-1")
+			h.startExecutor(h.executorConfig("executor-1"))
+			comp := &failingCompensator{Compensator: h.compensation()}
+			comp.fail.Store(int32(tc.fail))
+			h.startReconcilerWith("reconciler-1", comp)
+			refund := h.newEnvelope("t_a", "undo-1", "refund_order", map[string]any{"order_id": "ord_u", "amount_cents": 4500, "currency": "AUD"})
+			h.submit(refund)
+			c := h.waitTerminal(time.Minute, refund.key())[refund.key()]
+			if c.State != statemachine.StateCompensated {
+				t.Fatalf("refund ended %s (%s); want compensated", c.State, eventTypes(c.Events))
+			}
+			var parked ledger.Event
+			for _, ev := range c.Events {
+				if ev.Type == statemachine.EventParked {
+					parked = ev
+				}
+			}
+			if parked.Reason != executor.ReasonCompensating {
+				t.Errorf("parked for %q; want %q", parked.Reason, executor.ReasonCompensating)
+			}
+			if n := comp.asked.Load(); n != int32(tc.fail+1) {
+				t.Errorf("compensation asked for %d times; want %d", n, tc.fail+1)
+			}
+			if n := h.backend.AppliedIn("cancel_refund", "t_a", refund.key().CompensationKey().String()); n != 1 {
+				t.Errorf("cancel_refund applied %d times; want 1", n)
+			}
+		})
 	}
-	var parked ledger.Event
-	for _, ev := range c.Events {
-		if ev.Type == statemachine.EventParked {
-			parked = ev
-		}
+}
+
+// failingCompensator fails its first fail requests, as Kafka or the store
+// unavailable would, before asking its Compensator; it counts them all.
+type failingCompensator struct {
+	executor.Compensator
+	fail, asked atomic.Int32
+}
+
+func (c *failingCompensator) Compensate(ctx context.Context, op identity.Identity, key ledger.CallKey, reason string) (ledger.CallKey, []ledger.Event, error) {
+	c.asked.Add(1)
+	if c.fail.Add(-1) >= 0 {
+		return ledger.CallKey{}, nil, errors.New("produce: kafka unavailable")
 	}
-	if parked.Reason != executor.ReasonCompensating {
-		t.Errorf("parked for %q; want %q", parked.Reason, executor.ReasonCompensating)
-	}
-	if n := h.backend.AppliedIn("cancel_refund", "t_a", refund.key().CompensationKey().String()); n != 1 {
-		t.Errorf("cancel_refund applied %d times; want 1", n)
-	}
+	return c.Compensator.Compensate(ctx, op, key, reason)
 }
 
 // An operator compensates a succeeded refund: the compensation runs as a

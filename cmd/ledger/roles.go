@@ -601,7 +601,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 					Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
 					BaseURL: toolsBase, Topics: g.kafka.topics(), Owner: "reconciler/" + rf.instance,
-					Logger: logger.With("processor", "reconciler"), Compensator: undo,
+					Logger: logger.With("processor", "reconciler"), Compensator: undo, Metrics: rf.obs.metrics,
 				})
 				if err != nil {
 					return nil, err

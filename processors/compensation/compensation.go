@@ -25,19 +25,29 @@ import (
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
-// Errors callers branch on.
+// Errors callers branch on. Each is terminal (Terminal reports true):
+// asking again gets the same answer, which the reconciler, asking for
+// compensations itself, does not retry.
 var (
 	// ErrForbidden: not an operator of the call's tenant.
-	ErrForbidden = errors.New("compensation: not an operator of the call's tenant")
+	ErrForbidden error = terminalError("compensation: not an operator of the call's tenant")
 	// ErrNotCompensable: the call did not (or may not have) taken effect,
 	// or was compensated already.
-	ErrNotCompensable = errors.New("compensation: only a succeeded call, or one whose outcome is unknown, can be compensated")
+	ErrNotCompensable error = terminalError("compensation: only a succeeded call, or one whose outcome is unknown, can be compensated")
 	// ErrNoCompensation: the tool declares no compensation.
-	ErrNoCompensation = errors.New("compensation: the tool declares no compensation")
+	ErrNoCompensation error = terminalError("compensation: the tool declares no compensation")
 	// ErrCompensationFailed: the call's compensation ran and did not
 	// undo it (failed, denied, expired).
-	ErrCompensationFailed = errors.New("compensation: the compensation did not succeed")
+	ErrCompensationFailed error = terminalError("compensation: the compensation did not succeed")
 )
+
+// terminalError is an error that asking again will not change.
+type terminalError string
+
+func (e terminalError) Error() string { return string(e) }
+
+// Terminal reports that asking again will not change the answer.
+func (e terminalError) Terminal() bool { return true }
 
 // Store is the part of the execution store the service uses.
 type Store interface {

@@ -26,6 +26,9 @@ import (
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
+// sweepLimit bounds the calls one sweep lists in a status.
+const sweepLimit = 100
+
 // Reasons the reconciler gives.
 const (
 	// ReasonReconciled: the tool's status lookup said what happened.
@@ -71,6 +74,35 @@ type Compensator interface {
 // until it succeeds, then compensated).
 const ReasonCompensating = "compensation_requested"
 
+// ReasonUndoAbandoned: a call parked compensation_requested whose
+// compensation could not be requested (refused for good, or failing past
+// ReconcilerConfig.UndoAttempts) is parked again with this reason, for a
+// human; the event's detail says why.
+const ReasonUndoAbandoned = "compensation_abandoned"
+
+// DefaultUndoAttempts is ReconcilerConfig.UndoAttempts' default.
+const DefaultUndoAttempts = 10
+
+// undoTimeout bounds one request for a compensation (the intake's store
+// write and the publish): the step waits for it, and a hang would stall
+// the reconciler; one cut short is asked again like any failure.
+const undoTimeout = 30 * time.Second
+
+// ReconcilerMetrics receives a reconciler's measurements (metrics.Registry
+// is one). Its methods are called from the reconciler's step, one at a
+// time.
+type ReconcilerMetrics interface {
+	// CompensationRequest: one request for an automatic compensation
+	// ended in result: "requested", "failed" (asked again later),
+	// "refused" (for good) or "abandoned" (failed its last attempt);
+	// the last two hand the call to a human.
+	CompensationRequest(result string)
+}
+
+type nopReconcilerMetrics struct{}
+
+func (nopReconcilerMetrics) CompensationRequest(string) {}
+
 // ReconcilerConfig configures a reconciler.
 type ReconcilerConfig struct {
 	Registry *schemas.Registry // required
@@ -97,9 +129,24 @@ type ReconcilerConfig struct {
 	// established and whose deciding policy carries the undo_unknown
 	// obligation, for tools that declare a compensation.
 	Compensator Compensator
-	Breaker     BreakerConfig
-	Now         func() time.Time
-	Logger      *slog.Logger
+	// UndoAttempts bounds the requests for one such compensation that
+	// fail for a reason that may pass (a store or Kafka error, a
+	// timeout, a rate limit, a frozen tool); default DefaultUndoAttempts.
+	// The first is made once the call is parked, the others at sweeps
+	// (SweepEvery): the next one, then after 1, 2, 4... sweep
+	// intervals, the last about 43 minutes after the first with the
+	// defaults. After the last, or at once on a refusal that asking
+	// again will not change (a policy's, an error that says it is
+	// terminal), the call is parked again, compensation_abandoned, for a
+	// human. The count is this process's: a restarted reconciler asks
+	// again, which is safe, since a call has one compensation key and
+	// the intake admits it once.
+	UndoAttempts int
+	// Metrics, if set, counts the requests for automatic compensations.
+	Metrics ReconcilerMetrics
+	Breaker BreakerConfig
+	Now     func() time.Time
+	Logger  *slog.Logger
 }
 
 // Reconciler resolves unknown outcomes: it asks the tool's status lookup
@@ -111,10 +158,23 @@ type Reconciler struct {
 	x       *Executor // for its guards and URL resolution
 	lastSwp time.Time
 
+	// undos holds the automatic compensations that could not be
+	// requested, by the parked call's key; only the step (one at a time)
+	// touches it.
+	undos map[ledger.CallKey]*undoState
+
 	// unknown is what the last sweep saw in outcome_unknown.
 	mu            sync.Mutex
 	unknown       int
 	oldestUnknown time.Time
+}
+
+// undoState is what the reconciler remembers of an automatic compensation
+// it could not request.
+type undoState struct {
+	failures int       // requests that failed for a reason that may pass
+	next     time.Time // asked again at the first sweep from then
+	abandon  string    // set: not asked again, the call goes to a human, for this reason
 }
 
 // Unknown reports the calls in outcome_unknown at the last sweep (at most
@@ -146,6 +206,12 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.OperatorRole == "" {
 		cfg.OperatorRole = "operator"
 	}
+	if cfg.UndoAttempts <= 0 {
+		cfg.UndoAttempts = DefaultUndoAttempts
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = nopReconcilerMetrics{}
+	}
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -163,7 +229,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		}
 		x.base = u
 	}
-	return &Reconciler{cfg: cfg, x: x}, nil
+	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState)}, nil
 }
 
 // Loop returns the reconciler on a consume-process-produce loop over the
@@ -232,9 +298,10 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		}
 		candidates = append(candidates, rec)
 	}
+	var handed []pendingMove // parks handed to a human by the sweep
 	if now := r.cfg.Now(); now.Sub(r.lastSwp) >= r.cfg.SweepEvery {
 		r.lastSwp = now
-		unknown, err := r.cfg.Store.ByStatus(ctx, processors.StatusOutcomeUnknown, 100)
+		unknown, err := r.cfg.Store.ByStatus(ctx, processors.StatusOutcomeUnknown, sweepLimit)
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 		}
@@ -252,6 +319,9 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 				seen[rec.Key] = true
 				candidates = append(candidates, rec)
 			}
+		}
+		if handed, err = r.retryUndos(ctx); err != nil {
+			return ledger.Output{}, err
 		}
 	}
 
@@ -276,6 +346,7 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		}()
 	}
 	wg.Wait()
+	moves = append(moves, handed...)
 	for _, ev := range compensated {
 		m, ok, err := r.compensate(ctx, ev)
 		if err != nil {
@@ -440,19 +511,176 @@ func (r *Reconciler) park(rec processors.Record, tmpl ledger.Event, tool *schema
 	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, reason, detail, "", 0)
 }
 
-// requestUndo asks for the compensation of a call m parked for it. A
-// refusal leaves the call parked, for a human (ledger calls resolve).
-func (r *Reconciler) requestUndo(ctx context.Context, m pendingMove) {
-	key := m.move.Key
+// requestUndo asks for the compensation of the call key, parked for it,
+// and remembers a failure: one that may pass is asked again by later
+// sweeps (retryUndos), up to UndoAttempts; one that will not, or the last
+// attempt's, hands the call to a human at the next sweep. Asking again is
+// safe: the compensation has one key, derived from the call's
+// (CallKey.CompensationKey), which the intake admits once. It reports a
+// failure that may pass: its callers ask for no more compensations in
+// that step (holdUndo), since the cause (Kafka, the store) likely holds
+// for the others too, and each request may wait undoTimeout.
+func (r *Reconciler) requestUndo(ctx context.Context, key ledger.CallKey, reason string) (failed bool) {
+	ctx, cancel := context.WithTimeout(ctx, undoTimeout)
+	defer cancel()
 	system := identity.Identity{User: ReconcilerUser, Agent: r.cfg.Owner, Tenant: key.TenantID, Roles: []string{r.cfg.OperatorRole}}
-	_, evs, err := r.cfg.Compensator.Compensate(ctx, system, key, m.undo)
+	_, evs, err := r.cfg.Compensator.Compensate(ctx, system, key, reason)
+	lasting := err != nil && lastingErr(err)
 	if err == nil && refused(evs) {
 		last := evs[len(evs)-1]
 		err = fmt.Errorf("%s (%s)", last.Reason, last.Detail)
+		lasting = !passingRefusal(last)
 	}
+	if err == nil {
+		delete(r.undos, key)
+		r.cfg.Metrics.CompensationRequest("requested")
+		return false
+	}
+	st := r.undos[key]
+	if st == nil {
+		st = &undoState{}
+		r.undos[key] = st
+	}
+	log := r.cfg.Logger.With("call_key", key.String(), "compensation_key", key.CompensationKey().String())
+	if lasting {
+		st.abandon = "it was refused: " + err.Error()
+		r.cfg.Metrics.CompensationRequest("refused")
+		log.Error("automatic compensation refused; the call is handed to a human", "err", err)
+		return false
+	}
+	st.failures++
+	if st.failures >= r.cfg.UndoAttempts {
+		st.abandon = fmt.Sprintf("its request failed %d times, last: %v", st.failures, err)
+		r.cfg.Metrics.CompensationRequest("abandoned")
+		log.Error("automatic compensation abandoned after its last attempt; the call is handed to a human", "attempts", st.failures, "err", err)
+		return true
+	}
+	// The first retry at the next sweep, then the gaps double, in
+	// sweeps: one, two, four...
+	st.next = r.cfg.Now()
+	if st.failures > 1 {
+		st.next = st.next.Add(r.cfg.SweepEvery << min(st.failures-2, 16))
+	}
+	r.cfg.Metrics.CompensationRequest("failed")
+	log.Warn("automatic compensation request failed; it is asked again", "attempt", st.failures, "retry_at", st.next, "err", err)
+	return true
+}
+
+// holdUndo leaves the compensation of the call key, parked for it, to the
+// next sweep, without counting an attempt: a request for another failed
+// in this step.
+func (r *Reconciler) holdUndo(key ledger.CallKey) {
+	if r.undos[key] == nil {
+		r.undos[key] = &undoState{next: r.cfg.Now()}
+	}
+}
+
+// retryUndos asks again, at a sweep, for the compensations of the calls
+// parked compensation_requested that have none: those this reconciler
+// failed to request, when due, and those any reconciler parked (listed,
+// within the sweep's limit), as a restart forgets the failures. A call
+// whose compensation exists is left to it, whatever its end: its own
+// events say how it went. It returns the moves that park again, for a
+// human, the calls whose compensation will not be requested.
+func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
+	if r.cfg.Compensator == nil {
+		return nil, nil
+	}
+	parked, err := r.cfg.Store.ByStatus(ctx, processors.StatusParked, sweepLimit)
 	if err != nil {
-		r.cfg.Logger.Error("automatic compensation refused; the call stays parked for a human", "call_key", key.String(), "err", err)
+		return nil, fmt.Errorf("sweep parked calls: %w", err)
 	}
+	var cands []processors.Record
+	listed := make(map[ledger.CallKey]bool)
+	for _, rec := range parked {
+		if undoPending(rec) {
+			listed[rec.Key] = true
+			cands = append(cands, rec)
+		}
+	}
+	now := r.cfg.Now()
+	for key, st := range r.undos {
+		if listed[key] || (st.abandon == "" && now.Before(st.next)) {
+			continue
+		}
+		rec, err := r.cfg.Store.Get(ctx, key)
+		if err != nil && !errors.Is(err, processors.ErrNotFound) {
+			return nil, fmt.Errorf("sweep parked calls: %w", err)
+		}
+		if err != nil || !undoPending(rec) {
+			delete(r.undos, key) // settled meanwhile, by a human or the compensation
+			continue
+		}
+		cands = append(cands, rec)
+	}
+	var (
+		moves []pendingMove
+		held  bool // a request failed: the others wait for the next sweep
+	)
+	for _, rec := range cands {
+		if _, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey()); !errors.Is(err, processors.ErrNotFound) {
+			if err != nil {
+				return nil, fmt.Errorf("sweep parked calls: %w", err)
+			}
+			delete(r.undos, rec.Key)
+			continue
+		}
+		st := r.undos[rec.Key]
+		if st == nil || (st.abandon == "" && !now.Before(st.next)) {
+			if held {
+				r.holdUndo(rec.Key)
+				continue
+			}
+			held = r.requestUndo(context.WithoutCancel(ctx), rec.Key, "outcome unknown; a policy says to undo it (asked again)")
+			st = r.undos[rec.Key]
+		}
+		if st == nil || st.abandon == "" {
+			continue // requested, or asked again later
+		}
+		delete(r.undos, rec.Key)
+		tmpl, err := recordTemplate(rec)
+		if err != nil {
+			r.cfg.Logger.Error("parked call without context", "call_key", rec.Key.String(), "err", err)
+			continue
+		}
+		m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonUndoAbandoned,
+			"the compensation "+rec.Key.CompensationKey().String()+" a policy asks for was not requested: "+st.abandon+
+				"; a human must find out what happened and settle the call (ledger calls resolve) or undo it (ledger calls compensate)", "", 0)
+		m.move.From = rec.Status
+		moves = append(moves, m)
+	}
+	return moves, nil
+}
+
+// undoPending reports whether rec is parked for its compensation
+// (compensation_requested): the last event of its outbox is that park.
+func undoPending(rec processors.Record) bool {
+	if rec.Status != processors.StatusParked {
+		return false
+	}
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil || len(evs) == 0 {
+		return false
+	}
+	last := evs[len(evs)-1]
+	return last.Type == statemachine.EventParked && last.Reason == ReasonCompensating
+}
+
+// lastingErr reports whether a compensation request's error will not
+// pass by asking again: one that says it is terminal (compensation's
+// sentinels: not compensable, no compensation, forbidden...), or the
+// call gone. Others (the store, Kafka, a timeout) may pass.
+func lastingErr(err error) bool {
+	var t interface{ Terminal() bool }
+	return (errors.As(err, &t) && t.Terminal()) || errors.Is(err, processors.ErrNotFound)
+}
+
+// passingRefusal reports whether a compensation's refusal may pass by
+// asking again: a rate limit's (it says when to) or a frozen tool's,
+// both refused before the intake used the key. Any other refusal (a
+// policy's denial, recorded under the key; a check of the call) stands.
+func passingRefusal(ev ledger.Event) bool {
+	return ev.Refusal() && (ev.RetryAfterMS > 0 || ev.Reason == ReasonToolFrozen)
 }
 
 // refused reports whether a compensation's first events refuse it.
@@ -538,6 +766,7 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 	var (
 		out    []*kgo.Record
 		logged []processors.Logged
+		held   bool // a compensation's request failed: the others wait for the sweep
 	)
 	for i, ok := range applied {
 		if !ok && moves[i].mustApply {
@@ -546,8 +775,12 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 		if !ok {
 			continue // settled meanwhile, by another reconciler or a human
 		}
-		if moves[i].undo != "" {
-			r.requestUndo(context.WithoutCancel(ctx), moves[i])
+		switch {
+		case moves[i].undo == "":
+		case held:
+			r.holdUndo(moves[i].move.Key)
+		default:
+			held = r.requestUndo(context.WithoutCancel(ctx), moves[i].move.Key, moves[i].undo)
 		}
 		for _, ev := range moves[i].evs {
 			rec, err := ev.Record(r.cfg.Topics.Events)

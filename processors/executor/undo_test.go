@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
@@ -240,4 +242,206 @@ func (r *rig) unknownRefundToUndo() (ledger.Event, *kgo.Record) {
 	unknown := r.unknown(approved)
 	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
 	return ev, unknown
+}
+
+// A compensation a policy asks for whose request fails for a reason that
+// may pass (a store or Kafka error, a timeout) is asked for again by the
+// reconciler's sweeps, with its gaps doubling, until it exists: exactly
+// one compensation call, which undoes the call. A request that failed
+// after the intake admitted it is not asked again (the sweep finds the
+// call under its key); one refused for good, or failing past
+// UndoAttempts, is not asked again and the call is parked again,
+// compensation_abandoned, for a human. Before, the first failure was
+// the last word: the call stayed parked compensation_requested with no
+// compensation, waiting for a human.
+func TestUndoRetriedAfterATransientFailure(t *testing.T) {
+	refusal := ledger.Event{Type: statemachine.EventDenied, Reason: "invalid_arguments", Detail: "the arguments fail the schema"}
+	for _, tc := range []struct {
+		name   string
+		comp   flakyCompensator
+		asks   []int // the sweeps that asked (0: the park's step)
+		exists bool  // the compensation call exists in the end
+		// restart: another reconciler, which knows nothing of the
+		// failure, sweeps after the park (a restart, a second instance).
+		restart bool
+	}{
+		{"failing before the intake", flakyCompensator{fail: 1}, []int{0, 1}, true, false},
+		{"failing before the intake, then a restart", flakyCompensator{fail: 1}, []int{0, 1}, true, true},
+		{"failing thrice", flakyCompensator{fail: 3}, []int{0, 1, 2, 4}, true, false},
+		{"failing after the intake admitted it", flakyCompensator{fail: 1, after: true}, []int{0}, true, false},
+		{"refused for good", flakyCompensator{refuse: &refusal}, []int{0}, false, false},
+		{"failing past its attempts", flakyCompensator{fail: 100}, []int{0, 1, 2, 4, 8}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			orig, unknown := r.unknownRefundToUndo()
+			pub := &recordingPublisher{}
+			svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
+			if err != nil {
+				t.Fatal(err)
+			}
+			comp := tc.comp
+			comp.Compensator = svc
+			sweep := 0
+			comp.sweep = &sweep
+			now := time.Now()
+			const every = time.Minute
+			newReconciler := func() *executor.Reconciler {
+				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
+					Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
+					Backoff: time.Millisecond, SweepEvery: every, Compensator: &comp, UndoAttempts: 5,
+					Now: func() time.Time { return now },
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return rc
+			}
+			rc := newReconciler()
+			var parks []string
+			for _, e := range r.reconcileAll(rc, unknown) {
+				if e.Key() == orig.Key() && e.Type == statemachine.EventParked {
+					parks = append(parks, e.Reason)
+				}
+			}
+			if tc.restart {
+				rc = newReconciler()
+			}
+			// Sweeps a minute apart: the retries come at the first,
+			// second, fourth, eighth; the call is parked again at most
+			// once.
+			for sweep < 10 {
+				sweep++
+				now = now.Add(every)
+				for _, e := range r.reconcileAll(rc) {
+					if e.Key() == orig.Key() && e.Type == statemachine.EventParked && e.Seq > orig.Seq+3 {
+						parks = append(parks, e.Reason)
+					}
+				}
+			}
+			if diff := cmp.Diff(tc.asks, comp.asked); diff != "" {
+				t.Errorf("the sweeps that asked for the compensation (-want +got):\n%s", diff)
+			}
+			ck := orig.Key().CompensationKey()
+			_, err = r.store.Get(t.Context(), ck)
+			if exists := err == nil; exists != tc.exists {
+				t.Fatalf("compensation call exists: %v (%v); want %v", exists, err, tc.exists)
+			}
+			want := []string{executor.ReasonCompensating}
+			if !tc.exists {
+				want = append(want, executor.ReasonUndoAbandoned)
+			}
+			if diff := cmp.Diff(want, parks); diff != "" {
+				t.Errorf("the call's parks (-want +got):\n%s", diff)
+			}
+			if !tc.exists {
+				return
+			}
+			// The one compensation call runs once and undoes the call.
+			var auth []*kgo.Record
+			for _, rec := range pub.recs {
+				if string(rec.Key) == ck.String() && string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventAuthorized) {
+					auth = append(auth, rec)
+				}
+			}
+			if len(auth) != 1 {
+				t.Fatalf("%d authorized compensation calls published; want 1", len(auth))
+			}
+			out, err := r.executor(nil).Step(t.Context(), auth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.reconcileAll(rc, out.Records...)
+			if n := r.backend.AppliedIn("cancel_refund", "t_a", ck.String()); n != 1 {
+				t.Errorf("cancel_refund applied %d times; want 1", n)
+			}
+			if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
+				t.Errorf("the call is %s (%v); want compensated", rec.Status, err)
+			}
+		})
+	}
+}
+
+// flakyCompensator asks comp for compensations, except that its first
+// fail requests fail with an error that may pass, before asking or, with
+// after, once asked; with refuse, every request is answered with that
+// refusal instead. It records the sweep (*sweep) of each request.
+type flakyCompensator struct {
+	executor.Compensator
+	fail   int
+	after  bool
+	refuse *ledger.Event
+	sweep  *int
+	asked  []int
+}
+
+func (c *flakyCompensator) Compensate(ctx context.Context, op identity.Identity, key ledger.CallKey, reason string) (ledger.CallKey, []ledger.Event, error) {
+	c.asked = append(c.asked, *c.sweep)
+	if c.refuse != nil {
+		return key.CompensationKey(), []ledger.Event{*c.refuse}, nil
+	}
+	if c.fail > 0 {
+		c.fail--
+		if c.after {
+			if _, _, err := c.Compensator.Compensate(ctx, op, key, reason); err != nil {
+				return ledger.CallKey{}, nil, err
+			}
+		}
+		return ledger.CallKey{}, nil, fmt.Errorf("publish compensation: %w", context.DeadlineExceeded)
+	}
+	return c.Compensator.Compensate(ctx, op, key, reason)
+}
+
+// recordingPublisher keeps what is published.
+type recordingPublisher struct{ recs []*kgo.Record }
+
+func (p *recordingPublisher) Publish(_ context.Context, recs ...*kgo.Record) error {
+	p.recs = append(p.recs, recs...)
+	return nil
+}
+
+// After a request for a compensation fails, the step asks for no more
+// (each may wait out a timeout, for the same cause): the others are asked
+// for at the next sweep.
+func TestUndoRequestsHeldAfterAFailure(t *testing.T) {
+	r := newRig(t)
+	var keys []ledger.CallKey
+	var unknowns []*kgo.Record
+	for _, k := range []string{"kr1", "kr2"} {
+		ev, approved := r.admitApproved(k, time.Now().Add(time.Hour), "", "undo_unknown")
+		r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{ApplyThenDrop: true})
+		unknowns = append(unknowns, r.unknown(approved))
+		keys = append(keys, ev.Key())
+	}
+	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: &recordingPublisher{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sweep := 0
+	comp := &flakyCompensator{Compensator: svc, fail: 1, sweep: &sweep}
+	now := time.Now()
+	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
+		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
+		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp, UndoAttempts: 2,
+		Now: func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.reconcileAll(rc, unknowns...)
+	if diff := cmp.Diff([]int{0}, comp.asked); diff != "" {
+		t.Errorf("the park's step asked (-want +got):\n%s", diff)
+	}
+	sweep++
+	now = now.Add(time.Minute)
+	r.reconcileAll(rc)
+	if diff := cmp.Diff([]int{0, 1, 1}, comp.asked); diff != "" {
+		t.Errorf("the sweeps that asked (-want +got):\n%s", diff)
+	}
+	for _, k := range keys {
+		if _, err := r.store.Get(t.Context(), k.CompensationKey()); err != nil {
+			t.Errorf("compensation of %s: %v", k, err)
+		}
+	}
 }

@@ -42,6 +42,7 @@ type Registry struct {
 	toolCalls    *prometheus.HistogramVec
 	storeRetries *prometheus.CounterVec
 	unreadable   prometheus.Counter
+	undos        *prometheus.CounterVec
 }
 
 // New returns the registry of a process running role ("intake",
@@ -82,7 +83,11 @@ func New(role string) *Registry {
 		Name: "ledger_outboxes_unreadable_total", ConstLabels: constRole,
 		Help: "Execution records whose events this build could not read from their outbox (written by a newer build, or damaged), so did not append: counted each time a sweep or a claim meets one. Their events are not in the log; each is logged with its call key.",
 	})
-	r.reg.MustRegister(r.events, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable,
+	r.undos = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_compensation_requests_total", ConstLabels: constRole,
+		Help: "The reconciler's requests for automatic compensations (undo_unknown), by result: requested, failed (asked again later), refused (for good) and abandoned (failed its last attempt); the last two leave the call to a human.",
+	}, []string{"result"})
+	r.reg.MustRegister(r.events, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undos,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
@@ -90,6 +95,10 @@ func New(role string) *Registry {
 // StoreRetried counts one execution store transaction run again
 // (pgstore.Config.Retried).
 func (r *Registry) StoreRetried(op string) { r.storeRetries.WithLabelValues(op).Inc() }
+
+// CompensationRequest counts one of the reconciler's requests for an
+// automatic compensation, by result (executor.ReconcilerMetrics).
+func (r *Registry) CompensationRequest(result string) { r.undos.WithLabelValues(result).Inc() }
 
 // Handler serves the registry in the Prometheus text format.
 func (r *Registry) Handler() http.Handler {
