@@ -274,6 +274,18 @@ func (l *Loop) Run(ctx context.Context) error {
 	return nil
 }
 
+// partitionDropped reports whether err, reported for topic's partition by
+// a poll, may mean the session goes on without that partition: franz-go
+// drops a partition whose committed offset fetch failed for a reason
+// that is not retriable, and tells it only through such an error. Data
+// loss is reported and consumption goes on; retriable errors franz-go
+// retries itself; errors of no partition (topic "") are the group's, which
+// franz-go rejoins by itself.
+func partitionDropped(topic string, err error) bool {
+	var loss *kgo.ErrDataLoss
+	return topic != "" && !errors.As(err, &loss) && !kerr.IsRetriable(err)
+}
+
 // runSession runs one transact session until it fails or ctx ends. It
 // sets *progressed once a transaction of the session committed.
 func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
@@ -374,11 +386,25 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		if fetches.IsClientClosed() {
 			return nil, errors.New("client closed")
 		}
+		var dropped error
 		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				l.cfg.Logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				return
+			}
+			l.cfg.Logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
+			if dropped == nil && partitionDropped(t, err) {
+				dropped = fmt.Errorf("partition %s/%d left out of the session: %w", t, p, err)
 			}
 		})
+		if dropped != nil {
+			// franz-go goes on without a partition whose committed
+			// offset it could not fetch (an authorization error, a
+			// coordinator that omitted it) until the next rebalance,
+			// which may never come: its calls would wait unseen. A new
+			// session joins again and asks again, and until it works
+			// the loop fails loudly rather than serve the rest.
+			return nil, dropped
+		}
 		return fetches.Records(), nil
 	}
 	for {

@@ -859,3 +859,79 @@ func TestLoopTime(t *testing.T) {
 		t.Errorf("steps and transactions %v of the %v the loop lived, %v of it idle; want the idle polls counted in neither", busy, lived, idle)
 	}
 }
+
+// failOffsetFetchOf answers the first OffsetFetch of a consumer (franz-go's
+// asks for stable offsets; kadm's, which the tests use, does not) with no
+// committed offsets and, for partition, a non-retriable error, as a broker
+// whose ACLs deny the group that topic would. It counts the requests it
+// answered.
+func failOffsetFetchOf(k *ledgertest.Kafka, partition int32) *atomic.Int64 {
+	c := k.Cluster
+	var hits atomic.Int64
+	c.ControlKey(int16(kmsg.OffsetFetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.OffsetFetchRequest)
+		if !req.RequireStable {
+			return nil, nil, false // not handled: kept for the next
+		}
+		hits.Add(1)
+		resp := req.ResponseKind().(*kmsg.OffsetFetchResponse)
+		resp.Version = req.Version
+		part := func(p int32) kmsg.OffsetFetchResponseGroupTopicPartition {
+			rp := kmsg.NewOffsetFetchResponseGroupTopicPartition()
+			rp.Partition, rp.Offset = p, -1
+			if p == partition {
+				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+			}
+			return rp
+		}
+		for _, g := range req.Groups {
+			rg := kmsg.NewOffsetFetchResponseGroup()
+			rg.Group = g.Group
+			for _, t := range g.Topics {
+				rt := kmsg.NewOffsetFetchResponseGroupTopic()
+				rt.Topic, rt.TopicID = t.Topic, t.TopicID
+				for _, p := range t.Partitions {
+					rt.Partitions = append(rt.Partitions, part(p))
+				}
+				rg.Topics = append(rg.Topics, rt)
+			}
+			resp.Groups = append(resp.Groups, rg)
+		}
+		for _, t := range req.Topics { // before v8
+			rt := kmsg.NewOffsetFetchResponseTopic()
+			rt.Topic = t.Topic
+			for _, p := range t.Partitions {
+				gp := part(p)
+				rp := kmsg.NewOffsetFetchResponseTopicPartition()
+				rp.Partition, rp.Offset, rp.ErrorCode = gp.Partition, gp.Offset, gp.ErrorCode
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	return &hits
+}
+
+// A partition whose committed offset could not be fetched, for a reason
+// that is not retriable, is not left out of the loop: franz-go goes on
+// without it until the next rebalance, which in a quiet group never
+// comes, and the requests on it were never processed. The loop restarts
+// its session, which asks again, and every request is processed.
+func TestLoopRejoinsForAPartitionItCouldNotResume(t *testing.T) {
+	k := faultableKafka(t)
+	const n = 20
+	publishRequests(t, k, n) // over both partitions
+	hits := failOffsetFetchOf(k, 1)
+
+	loop := copyLoop(t, k, "copy-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitCommitted(t, k, n, 20*time.Second)
+	if hits.Load() != 1 {
+		t.Errorf("offset fetches failed: %d; want 1", hits.Load())
+	}
+}
