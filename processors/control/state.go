@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 )
@@ -41,8 +44,13 @@ const fetchMaxWait = 500 * time.Millisecond
 // question was sent, and that moment is its AsOf.
 const (
 	probeEvery = 250 * time.Millisecond
-	// probeTimeout bounds one question for the end offsets.
-	probeTimeout = 5 * time.Second
+	// probeTimeout bounds one question for the end offsets: under half
+	// DefaultMaxStaleness, so that one lost answer does not stall the
+	// processes that wait for the State.
+	probeTimeout = 900 * time.Millisecond
+	// partitionsEvery is how many probes go by between those that also
+	// ask for the topic's partitions (every 10 s).
+	partitionsEvery = 40
 	// maxProbes bounds the answers kept while the records they wait for
 	// are read: a State that far behind skips asking until it catches up.
 	maxProbes = 64
@@ -103,7 +111,14 @@ type State struct {
 	logger  *slog.Logger
 	running atomic.Bool
 	ready   chan struct{}
-	// asOf is AsOf in Unix nanoseconds; 0 until Ready.
+	// stopped is closed when Run returns.
+	stopped chan struct{}
+	// base is when the State was made; asOf counts from it on the
+	// monotonic clock, so that a step of the wall clock does not make a
+	// stale State look current.
+	base time.Time
+	// asOf is AsOf as time since base; notCaughtUp until the State first
+	// caught up.
 	asOf atomic.Int64
 
 	mu sync.RWMutex
@@ -134,9 +149,11 @@ func NewState(logger *slog.Logger) *State {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &State{
+	s := &State{
 		logger:     logger.With("component", "control"),
 		ready:      make(chan struct{}),
+		stopped:    make(chan struct{}),
+		base:       time.Now(),
 		tools:      make(map[freezeKey]Action),
 		jtis:       make(map[string]Action),
 		families:   make(map[string]Action),
@@ -144,7 +161,12 @@ func NewState(logger *slog.Logger) *State {
 		partitions: make(map[int32]bool),
 		changed:    make(chan struct{}),
 	}
+	s.asOf.Store(notCaughtUp)
+	return s
 }
+
+// notCaughtUp is asOf before the State first caught up.
+const notCaughtUp = math.MinInt64
 
 // Ready is closed once Run has applied every record that was on the topic
 // when it started, so that an instance that waits for it before serving
@@ -152,28 +174,30 @@ func NewState(logger *slog.Logger) *State {
 func (s *State) Ready() <-chan struct{} { return s.ready }
 
 // AsOf is the latest moment before which every action committed to the
-// control topic is known to be applied here; zero before Ready.
+// control topic is known to be applied here; zero until the State first
+// caught up.
 func (s *State) AsOf() time.Time {
-	if ns := s.asOf.Load(); ns != 0 {
-		return time.Unix(0, ns)
+	if d := s.asOf.Load(); d != notCaughtUp {
+		return s.base.Add(time.Duration(d))
 	}
 	return time.Time{}
 }
 
-// Staleness is how long ago AsOf was, or -1 before Ready.
+// Staleness is how long ago AsOf was, or -1 until the State first caught
+// up.
 func (s *State) Staleness() time.Duration {
-	ns := s.asOf.Load()
-	if ns == 0 {
+	d := s.asOf.Load()
+	if d == notCaughtUp {
 		return -1
 	}
-	return time.Duration(time.Now().UnixNano() - ns)
+	return max(time.Since(s.base)-time.Duration(d), 0)
 }
 
 // Current returns nil once the State is known to hold every action
 // committed to the control topic up to maxStaleness ago: at once when it
 // is (the hot path, without allocation), else when the State catches up.
-// When ctx ends first it returns a *StaleError (ErrStale). maxStaleness <=
-// 0 checks nothing.
+// When ctx ends first, or Run has returned (the State will not catch up),
+// it returns a *StaleError (ErrStale). maxStaleness <= 0 checks nothing.
 func (s *State) Current(ctx context.Context, maxStaleness time.Duration) error {
 	if maxStaleness <= 0 || s.fresh(maxStaleness) {
 		return nil
@@ -188,15 +212,20 @@ func (s *State) Current(ctx context.Context, maxStaleness time.Duration) error {
 		}
 		select {
 		case <-changed:
+		case <-s.stopped:
+			return &StaleError{AsOf: s.AsOf(), MaxStaleness: maxStaleness, Err: ErrStopped}
 		case <-ctx.Done():
 			return &StaleError{AsOf: s.AsOf(), MaxStaleness: maxStaleness, Err: ctx.Err()}
 		}
 	}
 }
 
+// ErrStopped: Run has returned, so the State no longer follows the topic.
+var ErrStopped = errors.New("control state no longer follows the control topic")
+
 func (s *State) fresh(maxStaleness time.Duration) bool {
-	asOf := s.asOf.Load()
-	return asOf != 0 && time.Now().UnixNano()-asOf <= int64(maxStaleness)
+	d := s.asOf.Load()
+	return d != notCaughtUp && time.Since(s.base)-time.Duration(d) <= maxStaleness
 }
 
 func (s *State) isReady() bool {
@@ -294,6 +323,7 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("control: State.Run called twice")
 	}
+	defer close(s.stopped)
 	admin, err := ledger.NewClient(cc)
 	if err != nil {
 		return err
@@ -342,7 +372,7 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	probing := make(chan struct{})
 	go func() {
 		defer close(probing)
-		s.probeLoop(probeCtx, adm, topic)
+		s.probeLoop(probeCtx, admin, adm, topic)
 	}()
 	defer func() {
 		stopProbing()
@@ -466,9 +496,14 @@ func (s *State) wakeLocked() {
 	s.changed = make(chan struct{})
 }
 
-// coversLocked reports whether the records up to ends are applied. (The
-// record before an end is always there to be read: compaction never
-// cleans a partition's active segment, which holds its last record.)
+// coversLocked reports whether the records up to ends are applied. The
+// record before a last stable offset is there to be read (compaction
+// stops short of it) unless it belongs to an aborted transaction and
+// another transaction still open keeps its abort marker past that offset:
+// the State then counts as stale until that transaction ends. The
+// ledger's writers of the control topic use no transactions; another
+// writer that does could pause the executors for as long as it keeps a
+// transaction open, never make them act on a stale State.
 func (s *State) coversLocked(ends map[int32]int64) bool {
 	for p, end := range ends {
 		if end > 0 && s.next[p] < end {
@@ -478,21 +513,30 @@ func (s *State) coversLocked(ends map[int32]int64) bool {
 	return true
 }
 
-// advanceLocked moves AsOf forward to at (never back). The caller wakes
-// the waiters.
+// advanceLocked moves AsOf forward to at (never back), on the monotonic
+// clock. The caller wakes the waiters.
 func (s *State) advanceLocked(at time.Time) {
-	if ns := at.UnixNano(); ns > s.asOf.Load() {
-		s.asOf.Store(ns)
+	if d := int64(at.Sub(s.base)); d > s.asOf.Load() {
+		s.asOf.Store(d)
 	}
 }
 
 // probeLoop asks for the topic's end offsets every probeEvery until ctx
-// ends, and advances AsOf as far as the answers allow.
-func (s *State) probeLoop(ctx context.Context, adm *kadm.Client, topic string) {
+// ends, and advances AsOf as far as the answers allow. Each question is
+// one ListOffsets of the partitions Run reads; every partitionsEvery
+// probes it also asks which partitions the topic has, to notice one
+// added since.
+func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic string) {
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
+	s.mu.RLock()
+	parts := make([]int32, 0, len(s.partitions))
+	for p := range s.partitions {
+		parts = append(parts, p)
+	}
+	s.mu.RUnlock()
 	failing := false
-	for {
+	for n := 1; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -508,7 +552,15 @@ func (s *State) probeLoop(ctx context.Context, adm *kadm.Client, topic string) {
 		}
 		at := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		ends, err := endOffsets(pctx, adm, topic)
+		var (
+			ends map[int32]int64
+			err  error
+		)
+		if n%partitionsEvery == 0 {
+			ends, err = endOffsets(pctx, adm, topic)
+		} else {
+			ends, err = listEnds(pctx, cl, topic, parts)
+		}
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -528,6 +580,42 @@ func (s *State) probeLoop(ctx context.Context, adm *kadm.Client, topic string) {
 		}
 		s.observe(at, ends)
 	}
+}
+
+// listEnds asks for the last stable offsets of topic's partitions parts,
+// in one ListOffsets request (franz-go sends each partition's part to its
+// leader).
+func listEnds(ctx context.Context, cl *kgo.Client, topic string, parts []int32) (map[int32]int64, error) {
+	req := kmsg.NewPtrListOffsetsRequest()
+	req.ReplicaID = -1
+	req.IsolationLevel = 1 // read_committed: the last stable offset
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	for _, p := range parts {
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.Timestamp = p, -1 // -1: the end
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, fmt.Errorf("list offsets of control topic %s: %w", topic, err)
+	}
+	ends := make(map[int32]int64, len(parts))
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return nil, fmt.Errorf("list offsets of control topic %s/%d: %w", topic, p.Partition, err)
+			}
+			ends[p.Partition] = p.Offset
+		}
+	}
+	for _, p := range parts {
+		if _, ok := ends[p]; !ok {
+			return nil, fmt.Errorf("list offsets of control topic %s: no answer for partition %d", topic, p)
+		}
+	}
+	return ends, nil
 }
 
 // observe takes an answer, asked at at, for the topic's end offsets.
