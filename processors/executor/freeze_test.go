@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
@@ -208,5 +210,59 @@ func TestStaleKillSwitchSendsNothing(t *testing.T) {
 				t.Errorf("the call ended after %s, before the state was current (%s)", took, tc.freshAfter)
 			}
 		})
+	}
+}
+
+// The same on a real control State, whose consumer the broker stalls
+// while a freeze of the tool is on the control topic: the executor sends
+// nothing while it cannot know, and once the State reads the freeze, the
+// call is denied tool_frozen. Before, it was sent on the State it had,
+// without the freeze.
+func TestStalledControlStateHoldsTheCall(t *testing.T) {
+	t.Setenv("LEDGER_TEST_KAFKA_BROKERS", "") // the broker's faults are kfake's
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	st := control.NewState(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- st.Run(ctx, k.Client, k.Topics.Control) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-st.Ready():
+	case <-time.After(15 * time.Second):
+		t.Fatal("control state not ready after 15s")
+	}
+
+	r := newRig(t)
+	auth := r.admit("create_ticket", "kc", map[string]any{"title": "t"}, 10_000)
+	release := ledgertest.StallFetches(t, k.Cluster)
+	freeze := control.Action{V: 1, Kind: control.KindFreeze, Subject: control.ToolSubject("create_ticket", ""), Tool: "create_ticket",
+		By: "ops", ByTenant: control.PlatformTenant, Reason: "incident", At: time.Now().UTC()}
+	val, err := json.Marshal(freeze)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if err := pub.ProduceSync(t.Context(), &kgo.Record{Topic: k.Topics.Control, Key: []byte(freeze.Subject), Value: val}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	const maxStaleness = 300 * time.Millisecond
+	time.Sleep(maxStaleness + 200*time.Millisecond) // the State is stale now
+	time.AfterFunc(time.Second, release)
+
+	x := r.executor(func(c *executor.Config) { c.Freezes, c.ControlMaxStaleness = st, maxStaleness })
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"denied(" + executor.ReasonToolFrozen + ")"}, summary(evs)); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/kc"); n != 0 {
+		t.Errorf("applied %d times; want 0 (frozen before it could be sent)", n)
 	}
 }
