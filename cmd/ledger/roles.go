@@ -56,17 +56,41 @@ type roleFlags struct {
 	// be before the role stops acting on it (registerControls); 0: not
 	// checked.
 	controlMaxStaleness time.Duration
+	// controlReadiness: /readyz fails past controlMaxStaleness (the
+	// executor's, whose traffic is the calls; not the reconciler's,
+	// whose is the operators' APIs, the kill switch's among them).
+	controlReadiness bool
+	// controlsCtx, set by run, ends after the role's calls have drained:
+	// an executor's calls still running at shutdown go on checking the
+	// kill switch against a copy that is still followed.
+	controlsCtx context.Context
 	// controls, set by followControls, is the role's copy of the control
-	// topic: its staleness is reported and, with controlMaxStaleness,
+	// topic: its staleness is reported and, with controlReadiness,
 	// checked by /readyz.
 	controls *control.State
 }
 
 // registerControls adds the flag of a role that acts on the kill switch
-// (freezes, revocations) and must not act on a stale copy of it.
-func (r *roleFlags) registerControls(cmd *cobra.Command, acts string) {
+// (freezes, revocations) and must not act on a stale copy of it; with
+// readiness, /readyz fails while the copy is stale.
+func (r *roleFlags) registerControls(cmd *cobra.Command, acts string, readiness bool) {
+	r.controlReadiness = readiness
+	if readiness {
+		acts += ", and /readyz fails"
+	}
 	cmd.Flags().DurationVar(&r.controlMaxStaleness, "control-max-staleness", control.DefaultMaxStaleness,
-		"how old this process's copy of the control topic (freezes, revocations) may be: it asks the broker for the topic's end every 250ms, and once it has not confirmed reading up to it for this long, "+acts+", and /readyz fails; 0: not checked (not recommended)")
+		"how old this process's copy of the control topic (freezes, revocations) may be: it asks the broker for the topic's end every 250ms, and once it has not confirmed reading up to it for this long, "+acts+"; at least "+minControlMaxStaleness.String()+", or 0: not checked (not recommended)")
+}
+
+// minControlMaxStaleness is the least --control-max-staleness: a probe
+// every 250 ms and its round trip must fit in it, with room to spare.
+const minControlMaxStaleness = time.Second
+
+func (r *roleFlags) checkControls() error {
+	if d := r.controlMaxStaleness; d < 0 || (d > 0 && d < minControlMaxStaleness) {
+		return fmt.Errorf("--control-max-staleness %s: must be at least %s, or 0 to turn the check off", d, minControlMaxStaleness)
+	}
+	return nil
 }
 
 // maxStaleness is the role's bound as the processors' configs take it:
@@ -78,11 +102,12 @@ func (r *roleFlags) maxStaleness() time.Duration {
 	return r.controlMaxStaleness
 }
 
-// followControls is startControls for a role run by run: the copy's
-// staleness is reported (ledger_control_staleness_seconds) and, with
-// --control-max-staleness, checked by /readyz.
+// followControls is startControls for a role run by run, until its calls
+// have drained: the copy's staleness is reported
+// (ledger_control_staleness_seconds) and, with controlReadiness, checked
+// by /readyz.
 func (r *roleFlags) followControls(ctx context.Context, g *globals, logger *slog.Logger) (*control.State, error) {
-	st, err := startControls(ctx, g.kafka.client(logger), g.kafka.topics().Control, logger)
+	st, err := followControlsUntil(ctx, r.controlsCtx, g.kafka.client(logger), g.kafka.topics().Control, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +118,7 @@ func (r *roleFlags) followControls(ctx context.Context, g *globals, logger *slog
 // controlCheck is the /readyz check of a role's copy of the control
 // topic, or nil when it has none or no bound.
 func (r *roleFlags) controlCheck() []readyCheck {
-	if r.controls == nil || r.controlMaxStaleness <= 0 {
+	if r.controls == nil || !r.controlReadiness || r.controlMaxStaleness <= 0 {
 		return nil
 	}
 	return []readyCheck{{"control", func(context.Context) error {
@@ -241,6 +266,14 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 	if rf.pprof && rf.metricsAddr == "" {
 		return errors.New("--pprof serves the profiles on --metrics-addr: set it too")
 	}
+	if err := rf.checkControls(); err != nil {
+		return err
+	}
+	// The copy of the control topic outlives the loop: drainCalls (run
+	// before this returns) lets calls still running finish against it.
+	var stopControls context.CancelFunc
+	rf.controlsCtx, stopControls = context.WithCancel(context.WithoutCancel(ctx))
+	defer stopControls()
 	logger := g.logger()
 	reg, err := rf.registry.load()
 	if err != nil {
@@ -436,7 +469,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
-	rf.registerControls(cmd, "no request leaves for a tool (each waits, up to its call's deadline, then fails with code control_state_stale): every executor applies a freeze, or stops sending, within this long")
+	rf.registerControls(cmd, "no request leaves for a tool (each waits, up to its call's deadline, then fails with code control_state_stale): every executor applies a freeze, or stops sending, within this long", true)
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
@@ -515,11 +548,17 @@ func newMigrateCmd(g *globals) *cobra.Command {
 // ends, and returns once it caught up with it: a new instance starts with
 // the current freezes.
 func startControls(ctx context.Context, cc ledger.ClientConfig, topic string, logger *slog.Logger) (*control.State, error) {
+	return followControlsUntil(ctx, ctx, cc, topic, logger)
+}
+
+// followControlsUntil is startControls following the topic until run
+// ends, and waiting to catch up until ctx ends.
+func followControlsUntil(ctx, run context.Context, cc ledger.ClientConfig, topic string, logger *slog.Logger) (*control.State, error) {
 	st := control.NewState(logger.With("component", "control"))
 	done := make(chan error, 1)
 	go func() {
-		// Owned by the command: it ends with ctx.
-		err := st.Run(ctx, cc, topic)
+		// Owned by the command: it ends with run.
+		err := st.Run(run, cc, topic)
 		if err != nil {
 			logger.Error("control state stopped", "err", err)
 		}
@@ -530,10 +569,12 @@ func startControls(ctx context.Context, cc ledger.ClientConfig, topic string, lo
 		return st, nil
 	case err := <-done:
 		if err == nil {
-			// Run returns nil when ctx ended before it caught up.
-			err = cmp.Or(ctx.Err(), errors.New("stopped before catching up"))
+			// Run returns nil when run ended before it caught up.
+			err = cmp.Or(run.Err(), errors.New("stopped before catching up"))
 		}
 		return nil, fmt.Errorf("control state: %w", err)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("control state: %w", ctx.Err())
 	case <-time.After(30 * time.Second):
 		return nil, errors.New("control state: not caught up with the control topic after 30s")
 	}
@@ -662,7 +703,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
-	rf.registerControls(cmd, "the introspection at /v1/introspect answers 503 rather than call a credential active")
+	rf.registerControls(cmd, "the introspection at /v1/introspect answers 503 rather than call a credential active", false)
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
