@@ -345,3 +345,19 @@ func BenchmarkFrozen(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkCurrent is the check before every request to a tool, on a
+// current State: a monotonic clock reading and an atomic load.
+func BenchmarkCurrent(b *testing.B) {
+	s := NewState(nil)
+	markCurrent(s, time.Now().Add(time.Hour))
+	ctx := b.Context()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if s.Current(ctx, DefaultMaxStaleness) != nil {
+				b.Fatal("not current")
+			}
+		}
+	})
+}
