@@ -618,24 +618,34 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 		held  bool // a request failed: the others wait for the next sweep
 	)
 	for _, rec := range cands {
-		if _, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey()); !errors.Is(err, processors.ErrNotFound) {
-			if err != nil {
-				return nil, fmt.Errorf("sweep parked calls: %w", err)
+		var why string // set: the call goes back to a human, for this reason
+		comp, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey())
+		switch {
+		case errors.Is(err, processors.ErrNotFound):
+			st := r.undos[rec.Key]
+			if st == nil || (st.abandon == "" && !now.Before(st.next)) {
+				if held {
+					r.holdUndo(rec.Key)
+					continue
+				}
+				held = r.requestUndo(context.WithoutCancel(ctx), rec.Key, "outcome unknown; a policy says to undo it (asked again)")
+				st = r.undos[rec.Key]
 			}
+			if st == nil || st.abandon == "" {
+				continue // requested, or asked again later
+			}
+			why = "was not requested: " + st.abandon
+		case err != nil:
+			return nil, fmt.Errorf("sweep parked calls: %w", err)
+		case undoneNothing(comp.Status):
+			// Its own events say why; the call's park must say that
+			// nothing undid it, not that it is being undone.
+			why = fmt.Sprintf("ended %s without undoing anything", comp.Status)
+			r.cfg.Logger.Error("automatic compensation ended without undoing the call; it is handed to a human", "call_key", rec.Key.String(), "status", string(comp.Status))
+		default:
+			// Running, or done: its completion settles the call.
 			delete(r.undos, rec.Key)
 			continue
-		}
-		st := r.undos[rec.Key]
-		if st == nil || (st.abandon == "" && !now.Before(st.next)) {
-			if held {
-				r.holdUndo(rec.Key)
-				continue
-			}
-			held = r.requestUndo(context.WithoutCancel(ctx), rec.Key, "outcome unknown; a policy says to undo it (asked again)")
-			st = r.undos[rec.Key]
-		}
-		if st == nil || st.abandon == "" {
-			continue // requested, or asked again later
 		}
 		delete(r.undos, rec.Key)
 		tmpl, err := recordTemplate(rec)
@@ -644,12 +654,23 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 			continue
 		}
 		m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonUndoAbandoned,
-			"the compensation "+rec.Key.CompensationKey().String()+" a policy asks for was not requested: "+st.abandon+
+			"the compensation "+rec.Key.CompensationKey().String()+" a policy asks for "+why+
 				"; a human must find out what happened and settle the call (ledger calls resolve) or undo it (ledger calls compensate)", "", 0)
 		m.move.From = rec.Status
 		moves = append(moves, m)
 	}
 	return moves, nil
+}
+
+// undoneNothing reports whether a compensation in status s has ended
+// without running: refused by the intake, a policy or an approver, failed
+// or expired.
+func undoneNothing(s processors.Status) bool {
+	switch s {
+	case processors.StatusDenied, processors.StatusRejected, processors.StatusFailed, processors.StatusExpired:
+		return true
+	}
+	return false
 }
 
 // undoPending reports whether rec is parked for its compensation

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -442,6 +443,76 @@ func TestUndoRequestsHeldAfterAFailure(t *testing.T) {
 	for _, k := range keys {
 		if _, err := r.store.Get(t.Context(), k.CompensationKey()); err != nil {
 			t.Errorf("compensation of %s: %v", k, err)
+		}
+	}
+}
+
+// A compensation a policy asked for that ends without undoing anything
+// (here cancel_refund refuses it) hands the call back to a human at the
+// next sweep: parked again compensation_abandoned, saying how the
+// compensation ended. Before, the call stayed parked
+// compensation_requested, as if its undoing were still under way.
+func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
+	r := newRig(t)
+	orig, unknown := r.unknownRefundToUndo()
+	pub := &recordingPublisher{}
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
+		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
+		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: svc,
+		Now: func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parkSeq int64
+	for _, e := range r.reconcileAll(rc, unknown) {
+		if e.Key() == orig.Key() && e.Type == statemachine.EventParked {
+			parkSeq = e.Seq
+		}
+	}
+	if parkSeq == 0 {
+		t.Fatal("the call was not parked")
+	}
+	ck := orig.Key().CompensationKey()
+	var auth []*kgo.Record
+	for _, rec := range pub.recs {
+		if string(rec.Key) == ck.String() && string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventAuthorized) {
+			auth = append(auth, rec)
+		}
+	}
+	if len(auth) != 1 {
+		t.Fatalf("%d authorized compensation calls published; want 1", len(auth))
+	}
+	r.backend.SetFault("cancel_refund", demobackend.Fault{FailStatus: http.StatusUnprocessableEntity})
+	out, err := r.executor(nil).Step(t.Context(), auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.reconcileAll(rc, out.Records...)
+	if rec, err := r.store.Get(t.Context(), ck); err != nil || rec.Status != processors.StatusFailed {
+		t.Fatalf("the compensation is %s (%v); want failed", rec.Status, err)
+	}
+
+	now = now.Add(time.Minute)
+	var parks []ledger.Event
+	for _, e := range r.reconcileAll(rc) {
+		if e.Key() == orig.Key() && e.Type == statemachine.EventParked && e.Seq > parkSeq {
+			parks = append(parks, e)
+		}
+	}
+	if len(parks) != 1 || parks[0].Reason != executor.ReasonUndoAbandoned || !strings.Contains(parks[0].Detail, "ended failed") {
+		t.Fatalf("the call's parks at the sweep after its compensation failed: %+v; want one, %s, saying it ended failed", parks, executor.ReasonUndoAbandoned)
+	}
+	// Handed over once: the next sweep leaves it to the human.
+	now = now.Add(time.Minute)
+	for _, e := range r.reconcileAll(rc) {
+		if e.Key() == orig.Key() && e.Seq > parks[0].Seq {
+			t.Errorf("a later sweep appended %s(%s) for the call; want nothing", e.Type, e.Reason)
 		}
 	}
 }
