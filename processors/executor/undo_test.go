@@ -339,16 +339,7 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 				return
 			}
 			// The one compensation call runs once and undoes the call.
-			var auth []*kgo.Record
-			for _, rec := range pub.recs {
-				if string(rec.Key) == ck.String() && string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventAuthorized) {
-					auth = append(auth, rec)
-				}
-			}
-			if len(auth) != 1 {
-				t.Fatalf("%d authorized compensation calls published; want 1", len(auth))
-			}
-			out, err := r.executor(nil).Step(t.Context(), auth)
+			out, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -395,6 +386,22 @@ func (c *flakyCompensator) Compensate(ctx context.Context, op identity.Identity,
 
 // recordingPublisher keeps what is published.
 type recordingPublisher struct{ recs []*kgo.Record }
+
+// authorized returns the one authorized event published for the call
+// key, and fails t unless there is exactly one.
+func (p *recordingPublisher) authorized(t *testing.T, key ledger.CallKey) []*kgo.Record {
+	t.Helper()
+	var auth []*kgo.Record
+	for _, rec := range p.recs {
+		if string(rec.Key) == key.String() && string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventAuthorized) {
+			auth = append(auth, rec)
+		}
+	}
+	if len(auth) != 1 {
+		t.Fatalf("%d authorized calls published for %s; want 1", len(auth), key)
+	}
+	return auth
+}
 
 func (p *recordingPublisher) Publish(_ context.Context, recs ...*kgo.Record) error {
 	p.recs = append(p.recs, recs...)
@@ -479,15 +486,7 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 		t.Fatal("the call was not parked")
 	}
 	ck := orig.Key().CompensationKey()
-	var auth []*kgo.Record
-	for _, rec := range pub.recs {
-		if string(rec.Key) == ck.String() && string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventAuthorized) {
-			auth = append(auth, rec)
-		}
-	}
-	if len(auth) != 1 {
-		t.Fatalf("%d authorized compensation calls published; want 1", len(auth))
-	}
+	auth := pub.authorized(t, ck)
 	r.backend.SetFault("cancel_refund", demobackend.Fault{FailStatus: http.StatusUnprocessableEntity})
 	out, err := r.executor(nil).Step(t.Context(), auth)
 	if err != nil {
