@@ -340,6 +340,10 @@ type Store interface {
 	// ByStatus returns up to limit records in status, oldest update
 	// first.
 	ByStatus(ctx context.Context, status Status, limit int) ([]Record, error)
+	// TenantByStatus is ByStatus for the records of one tenant: a tenant
+	// with many records in status does not hide the others' (the
+	// approval queue is listed per tenant).
+	TenantByStatus(ctx context.Context, tenant string, status Status, limit int) ([]Record, error)
 	// Get returns the record for key, or ErrNotFound.
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)
 	Close() error

@@ -106,6 +106,7 @@ func ParseID(id string) (ledger.CallKey, error) { return ledger.ParseApprovalID(
 type Store interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 	ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error)
+	TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 }
@@ -144,10 +145,8 @@ type Config struct {
 	// "approvals". The approver of an approval or rejection is on the
 	// event's approver field.
 	Actor string
-	// ListLimit bounds the records one List reads from the store, across
-	// all tenants; default 1000. The store's ByStatus is not per tenant,
-	// so with more records than this in a state a tenant may see only
-	// part of its approvals (the oldest ones first).
+	// ListLimit bounds the records one List reads from the store: the
+	// approver's tenant's, oldest first; default 1000.
 	ListLimit int
 	// Versions reads resource versions for tools that declare how, and
 	// BaseURL resolves their relative URLs. Nil: approvals bind no
@@ -288,14 +287,16 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 	default:
 		return nil, fmt.Errorf("%w: unknown state %q", ErrInvalidRequest, state)
 	}
-	recs, err := s.cfg.Store.ByStatus(ctx, status, s.cfg.ListLimit)
+	// The tenant's own, so that another tenant's queue, however long,
+	// does not hide it.
+	recs, err := s.cfg.Store.TenantByStatus(ctx, approver.Tenant, status, s.cfg.ListLimit)
 	if err != nil {
 		return nil, fmt.Errorf("approvals: list %s: %w", status, err)
 	}
 	out := []Approval{}
 	for _, rec := range recs {
 		if rec.Key.TenantID != approver.Tenant {
-			continue
+			continue // the store's filter, checked again: never another tenant's
 		}
 		f, err := s.read(rec)
 		if err != nil {

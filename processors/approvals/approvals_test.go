@@ -759,3 +759,29 @@ func TestIDRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// A tenant whose queue is longer than what one List reads does not hide
+// another tenant's approvals: the store lists the approver's tenant's
+// own. Before, List read the oldest ListLimit pending records of every
+// tenant and kept the approver's, here none.
+func TestListNotHiddenByAnotherTenant(t *testing.T) {
+	f := newFixture(t)
+	for i := range 3 {
+		f.submitTo(true, f.envelope("t_b", "u_1", fmt.Sprintf("b-%d", i), "refund_order",
+			map[string]any{"order_id": fmt.Sprintf("ord_b%d", i), "amount_cents": 4500, "currency": "AUD", "reason": "customer is upset"}))
+	}
+	k, _ := f.refund("a-1")
+	svc, err := approvals.New(approvals.Config{
+		Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now, ListLimit: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := svc.List(t.Context(), boss, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].ID != approvals.ID(k) {
+		t.Errorf("List for t_a behind 3 of t_b's with ListLimit 3 = %+v; want t_a's one approval", list)
+	}
+}

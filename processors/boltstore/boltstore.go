@@ -1012,6 +1012,17 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after pro
 // its order (update time, then record key). A status no record has, known
 // or not, lists nothing.
 func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error) {
+	return s.byStatus(ctx, "", status, limit)
+}
+
+// TenantByStatus implements processors.Store: the status index, in its
+// order, the other tenants' records skipped.
+func (s *Store) TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+	return s.byStatus(ctx, tenant, status, limit)
+}
+
+// byStatus lists the records in status, of tenant ("": of every tenant).
+func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore by status: %w", err)
 	}
@@ -1040,6 +1051,9 @@ func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit in
 			// As in Unlogged: only a bug leaves a stale entry.
 			if r.Status != status || !r.UpdatedAt.Equal(keyTime(tk)) {
 				return fmt.Errorf("status index entry %x is stale (record %v: status %q, updated %v); delete the %s bucket and reopen to rebuild the indexes", k, r.Key, r.Status, r.UpdatedAt, bucketStatus)
+			}
+			if tenant != "" && r.Key.TenantID != tenant {
+				continue
 			}
 			out = append(out, r)
 		}

@@ -638,6 +638,10 @@ type queries struct {
 	// planner (of a prepared, generic plan) that the partial index
 	// covers it.
 	byListedStatus map[processors.Status]string
+	// tenantByStatus and tenantByListedStatus are TenantByStatus's, as
+	// byStatus and byListedStatus are ByStatus's.
+	tenantByStatus       string
+	tenantByListedStatus map[processors.Status]string
 }
 
 func newQueries(table, journal string) queries {
@@ -653,9 +657,12 @@ ORDER BY tenant_id, idempotency_key`
 	// Ties (one batch's records share now()) are sorted by key. The
 	// status and the limit are filled in below.
 	byStatus := `SELECT {cols} FROM {table}
-WHERE status = %s
+WHERE status = %s%s
 ORDER BY updated_at, tenant_id, idempotency_key
 LIMIT %s`
+	// One tenant's: the status index (or the scan) in its order, the
+	// other tenants' records filtered out on the way.
+	ofTenant := func(param string) string { return "\n  AND tenant_id = " + param }
 	// Served by the partial index on updated_at WHERE logged_seq < seq:
 	// the predicate is repeated word for word so that both engines
 	// match it. The status filter leaves out executing calls, whose
@@ -840,13 +847,16 @@ LIMIT $1`),
 		unlogged:      r.Replace(fmt.Sprintf(unlogged, "")),
 		unloggedAfter: r.Replace(fmt.Sprintf(unlogged, unloggedAfter)),
 		// A status outside listedStatuses: a scan.
-		byStatus:       r.Replace(fmt.Sprintf(byStatus, "$1", "$2")),
-		get:            r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
-		byListedStatus: make(map[processors.Status]string, len(listedStatuses)),
+		byStatus:             r.Replace(fmt.Sprintf(byStatus, "$1", "", "$2")),
+		tenantByStatus:       r.Replace(fmt.Sprintf(byStatus, "$1", ofTenant("$2"), "$3")),
+		get:                  r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
+		byListedStatus:       make(map[processors.Status]string, len(listedStatuses)),
+		tenantByListedStatus: make(map[processors.Status]string, len(listedStatuses)),
 	}
 	for _, st := range listedStatuses {
 		// Served by the status index, in its order.
-		q.byListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), "$1"))
+		q.byListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), "", "$1"))
+		q.tenantByListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), ofTenant("$1"), "$2"))
 	}
 	return q
 }
@@ -1517,17 +1527,40 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after pro
 // ByStatus implements processors.Store. A status no record has, known or
 // not, lists nothing.
 func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error) {
+	return s.byStatus(ctx, "", status, limit)
+}
+
+// TenantByStatus implements processors.Store.
+func (s *Store) TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+	return s.byStatus(ctx, tenant, status, limit)
+}
+
+// byStatus lists the records in status, of tenant ("": of every tenant).
+func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
 	if limit <= 0 {
 		return []processors.Record{}, nil
 	}
 	var out []processors.Record
-	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
-		var rows pgx.Rows
-		if q, ok := s.q.byListedStatus[status]; ok {
-			rows, _ = tx.Query(ctx, q, limit)
-		} else {
-			rows, _ = tx.Query(ctx, s.q.byStatus, string(status), limit)
+	// Parameters in order: the status (unless the query names it), the
+	// tenant (if any), the limit.
+	var args []any
+	q, listed := s.q.byListedStatus[status]
+	if tenant != "" {
+		q, listed = s.q.tenantByListedStatus[status]
+	}
+	if !listed {
+		q = s.q.byStatus
+		if tenant != "" {
+			q = s.q.tenantByStatus
 		}
+		args = append(args, string(status))
+	}
+	if tenant != "" {
+		args = append(args, tenant)
+	}
+	args = append(args, limit)
+	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, q, args...)
 		var err error
 		out, err = pgx.CollectRows(rows, s.scanRecord)
 		return err

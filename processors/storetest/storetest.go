@@ -105,6 +105,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Move/BatchOrder", testMoveBatchOrder},
 		{"ByStatus/OrderAndLimit", testByStatusOrderAndLimit},
 		{"ByStatus/Follows", testByStatusFollows},
+		{"TenantByStatus", testTenantByStatus},
 		{"Get/NotFound", testGetNotFound},
 		{"TenantIsolation", testTenantIsolation},
 		{"EmptyBatches", testEmptyBatches},
@@ -1740,6 +1741,42 @@ func testByStatusOrderAndLimit(t *testing.T, s processors.Store) {
 	for _, tc := range tests {
 		if got := keysOf(mustByStatus(t, s, tc.st, 100)); !slices.Equal(got, tc.want) {
 			t.Errorf("ByStatus(%q, 100) keys = %v; want %v", tc.st, got, tc.want)
+		}
+	}
+}
+
+// testTenantByStatus: one tenant's records in a status, in ByStatus's
+// order, however many other tenants' come first; for a status the store
+// lists through its index (pending) and for one it scans (authorized).
+func testTenantByStatus(t *testing.T, s processors.Store) {
+	other := func(idem string) ledger.CallKey { return ledger.CallKey{TenantID: "t_other", IdempotencyKey: idem} }
+	for _, st := range []processors.Status{processors.StatusPending, processors.StatusAuthorized} {
+		p := "tbs:" + string(st) + ":"
+		// The other tenant's first, more of them than the limit.
+		mustAdmit(t, s, admission(other(p+"1"), hashA, st), admission(other(p+"2"), hashA, st), admission(other(p+"3"), hashA, st))
+		mustAdmit(t, s, admission(key(p+"b"), hashA, st))
+		mustAdmit(t, s, admission(key(p+"a"), hashA, st), admission(key(p+"denied"), hashA, processors.StatusDenied))
+		want := []ledger.CallKey{key(p + "b"), key(p + "a")}
+		got, err := s.TenantByStatus(t.Context(), "t_acme", st, 2)
+		if err != nil {
+			t.Fatalf("TenantByStatus(t_acme, %s, 2) = %v", st, err)
+		}
+		if !slices.Equal(keysOf(got), want) {
+			t.Errorf("TenantByStatus(t_acme, %s, 2) keys = %v; want %v", st, keysOf(got), want)
+		}
+		for i, r := range got {
+			if diff := cmp.Diff(mustGet(t, s, want[i]), r, equateEmpty); diff != "" {
+				t.Errorf("TenantByStatus(t_acme, %s) record %v (-Get +listed):\n%s", st, want[i], diff)
+			}
+		}
+		if got, err := s.TenantByStatus(t.Context(), "t_acme", st, 1); err != nil || !slices.Equal(keysOf(got), want[:1]) {
+			t.Errorf("TenantByStatus(t_acme, %s, 1) = %v, %v; want %v", st, keysOf(got), err, want[:1])
+		}
+		if got, err := s.TenantByStatus(t.Context(), "t_none", st, 10); err != nil || len(got) != 0 {
+			t.Errorf("TenantByStatus(t_none, %s) = %v, %v; want none", st, keysOf(got), err)
+		}
+		if got, err := s.TenantByStatus(t.Context(), "t_acme", st, 0); err != nil || len(got) != 0 {
+			t.Errorf("TenantByStatus(t_acme, %s, 0) = %v, %v; want none", st, keysOf(got), err)
 		}
 	}
 }
