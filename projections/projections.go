@@ -92,6 +92,14 @@ const DefaultLimit = 1000
 // MaxLimit bounds Filter.Limit.
 const MaxLimit = 100_000
 
+// MaxCounts is how many values a blast radius's count of each dimension
+// lists (ByTenant, ByState, ByTool, ByResource): the largest. A busy
+// tool's blast radius can touch hundreds of thousands of resources, an
+// answer no responder reads and no page renders; BlastRadius.Distinct
+// says how many values each dimension has, so that a reader knows when a
+// list was cut.
+const MaxCounts = 1000
+
 // Filter selects calls; see the package doc for what matches.
 type Filter struct {
 	Tenant     string `json:"tenant,omitempty"`
@@ -251,11 +259,32 @@ type BlastRadius struct {
 	Total     int    `json:"total"`
 	Calls     []Call `json:"calls"`
 	Truncated bool   `json:"truncated,omitempty"`
-	// Counts over every matching call, largest first (then by value).
+	// Counts over every matching call, largest first (then by value),
+	// at most MaxCounts values each: Distinct says how many there are.
 	ByTenant   []Count `json:"by_tenant"`
 	ByState    []Count `json:"by_state"`
 	ByTool     []Count `json:"by_tool"`
 	ByResource []Count `json:"by_resource"`
+	// Distinct is how many values each count has in full; a list
+	// shorter than its number was cut at MaxCounts.
+	Distinct Distinct `json:"distinct"`
+}
+
+// Distinct is the number of distinct values of each of a blast radius's
+// counts, the empty resource of calls that name none included, as the
+// counts list it.
+type Distinct struct {
+	Tenants   int `json:"tenants"`
+	States    int `json:"states"`
+	Tools     int `json:"tools"`
+	Resources int `json:"resources"`
+}
+
+// CountsCut reports whether any of br's counts lists fewer values than it
+// has (MaxCounts).
+func (br BlastRadius) CountsCut() bool {
+	return len(br.ByTenant) < br.Distinct.Tenants || len(br.ByState) < br.Distinct.States ||
+		len(br.ByTool) < br.Distinct.Tools || len(br.ByResource) < br.Distinct.Resources
 }
 
 // OutcomeCount is the number of calls that reached State with an event of
@@ -318,14 +347,15 @@ func (c Call) Unresolved() bool {
 }
 
 // Summarize builds the answer for f from every matching call: the order,
-// the limit and the counts that every projection gives.
+// the limit and the counts (each cut at MaxCounts) that every projection
+// gives.
 func Summarize(f Filter, calls []Call) BlastRadius {
 	SortCalls(calls)
 	br := BlastRadius{Filter: f, Total: len(calls), Calls: calls}
 	if len(br.Calls) > f.Limit {
 		br.Calls, br.Truncated = br.Calls[:f.Limit:f.Limit], true
 	}
-	count := func(value func(Call) string) []Count {
+	count := func(value func(Call) string) ([]Count, int) {
 		m := make(map[string]int)
 		for _, c := range calls {
 			m[value(c)]++
@@ -335,12 +365,12 @@ func Summarize(f Filter, calls []Call) BlastRadius {
 			out = append(out, Count{Value: v, Calls: n})
 		}
 		SortCounts(out)
-		return out
+		return out[:min(len(out), MaxCounts):min(len(out), MaxCounts)], len(m)
 	}
-	br.ByTenant = count(func(c Call) string { return c.TenantID })
-	br.ByState = count(func(c Call) string { return string(c.State) })
-	br.ByTool = count(func(c Call) string { return c.Tool })
-	br.ByResource = count(func(c Call) string { return c.Resource })
+	br.ByTenant, br.Distinct.Tenants = count(func(c Call) string { return c.TenantID })
+	br.ByState, br.Distinct.States = count(func(c Call) string { return string(c.State) })
+	br.ByTool, br.Distinct.Tools = count(func(c Call) string { return c.Tool })
+	br.ByResource, br.Distinct.Resources = count(func(c Call) string { return c.Resource })
 	return br
 }
 

@@ -380,6 +380,7 @@ func TestProjectionAnswers(t *testing.T) {
 			ByState:    []projections.Count{{Value: "succeeded", Calls: 2}, {Value: "failed", Calls: 1}},
 			ByTool:     []projections.Count{{Value: "refund", Calls: 3}},
 			ByResource: []projections.Count{{Value: "ord_a1", Calls: 2}, {Value: "ord_a5", Calls: 1}},
+			Distinct:   projections.Distinct{Tenants: 2, States: 2, Tools: 1, Resources: 2},
 		}
 		if diff := cmp.Diff(want2, got.Radius[2]); diff != "" {
 			t.Errorf("BlastRadius(all tenants, j1) (-want +got):\n%s", diff)

@@ -288,34 +288,52 @@ func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projecti
 	return br, nil
 }
 
-// blastCounts fills br's Total and counts from the calls subquery, in one
-// pass: each call counts once under each dimension, largest first, then
-// by value (bytewise, as strings.Compare).
+// blastCounts fills br's Total, counts and Distinct from the calls
+// subquery, in one query: each call counts once under each dimension,
+// largest first, then by value (bytewise, as strings.Compare), and LIMIT
+// BY keeps the MaxCounts largest of each dimension. The grouped values are
+// gathered per dimension before the cut, so that each row also carries
+// its dimension's number of values and of calls, which the cut leaves
+// exact (the number of calls is the Total).
 func (s *Store) blastCounts(ctx context.Context, br *projections.BlastRadius, calls string, args []any) error {
-	rows, err := s.conn.Query(ctx, "SELECT d.1 AS dim, d.2 AS val, count() AS n FROM ("+calls+")"+
+	rows, err := s.conn.Query(ctx, "SELECT dim, d_values, d_calls, val, n FROM ("+
+		"SELECT dim, count() AS d_values, sum(g_n) AS d_calls, groupArray(g_val) AS vals, groupArray(g_n) AS ns FROM ("+
+		"SELECT d.1 AS dim, d.2 AS g_val, count() AS g_n FROM ("+calls+")"+
 		" ARRAY JOIN [('tenant', tenant_id), ('state', c_state), ('tool', c_tool), ('resource', c_resource)] AS d"+
-		" GROUP BY dim, val ORDER BY dim, n DESC, val", args...)
+		" GROUP BY dim, g_val) GROUP BY dim)"+
+		" ARRAY JOIN vals AS val, ns AS n"+
+		" ORDER BY dim, n DESC, val LIMIT "+strconv.Itoa(projections.MaxCounts)+" BY dim", args...)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	br.ByTenant, br.ByState, br.ByTool, br.ByResource = []projections.Count{}, []projections.Count{}, []projections.Count{}, []projections.Count{}
-	dims := map[string]*[]projections.Count{
-		"tenant": &br.ByTenant, "state": &br.ByState, "tool": &br.ByTool, "resource": &br.ByResource,
+	type dimension struct {
+		counts *[]projections.Count
+		values *int
+	}
+	dims := map[string]dimension{
+		"tenant":   {&br.ByTenant, &br.Distinct.Tenants},
+		"state":    {&br.ByState, &br.Distinct.States},
+		"tool":     {&br.ByTool, &br.Distinct.Tools},
+		"resource": {&br.ByResource, &br.Distinct.Resources},
 	}
 	for rows.Next() {
 		var (
-			dim, val string
-			n        uint64
+			dim, val         string
+			values, total, n uint64
 		)
-		if err := rows.Scan(&dim, &val, &n); err != nil {
+		if err := rows.Scan(&dim, &values, &total, &val, &n); err != nil {
 			return err
 		}
+		// Every call has one tenant: that dimension's calls are all of
+		// them.
 		if dim == "tenant" {
-			br.Total += int(n)
+			br.Total = int(total)
 		}
-		if cs := dims[dim]; cs != nil {
-			*cs = append(*cs, projections.Count{Value: val, Calls: int(n)})
+		if d, ok := dims[dim]; ok {
+			*d.counts = append(*d.counts, projections.Count{Value: val, Calls: int(n)})
+			*d.values = int(values)
 		}
 	}
 	return rows.Err()

@@ -648,6 +648,7 @@ func TestPagesRender(t *testing.T) {
 		}, []string{"/v1/trace/acme/refund-4", "/v1/calls/refund-4?tenant_id=acme"}},
 		{"/incidents?tool=refund_order&all_tenants=true&since=6h", []string{
 			"matching call(s)", "By tenant", "By state", "<svg", `class="st-succeeded"`, "Outcomes per 15 minutes",
+			`<span class="big">1500</span><span class="muted">tenant(s)</span>`, "The top 2 of 1500 tenants, by calls.",
 			`href="/incidents.csv?all_tenants=true&amp;since=6h&amp;tool=refund_order"`, "Freeze refund_order…",
 			"Compensate all succeeded calls…",
 		}, []string{"/v1/blast-radius?all_tenants=true&since=6h&tool=refund_order", "/v1/outcomes?all_tenants=true&bucket=15m0s&since=2026-11-30T08%3A00%3A00Z&tool=refund_order&until=2026-11-30T14%3A00%3A00Z"}},

@@ -219,6 +219,8 @@ func newFakeAPI() *fakeAPI {
 		ByTenant: []projections.Count{{Value: "acme", Calls: 3}, {Value: xssScript, Calls: 1}},
 		ByState:  []projections.Count{{Value: "succeeded", Calls: 3}, {Value: xssAttr, Calls: 1}},
 		ByTool:   []projections.Count{{Value: "refund_order", Calls: 4}},
+		// More tenants than the answer lists: the page says so.
+		Distinct: projections.Distinct{Tenants: 1500, States: 2, Tools: 1},
 	}
 	m := f.mux
 	m.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, r *http.Request) {

@@ -53,6 +53,10 @@ type incidentsPage struct {
 	Listed    int
 	ByTenant  []projections.Count
 	ByState   []projections.Count
+	// Tenants and States are how many values the counts have, of which
+	// ByTenant and ByState list at most projections.MaxCounts.
+	Tenants   int
+	States    int
 	Calls     []callRow
 	Histogram *histogram
 	HistErr   string
@@ -75,6 +79,9 @@ func (c *Console) serveIncidents(w http.ResponseWriter, r *http.Request, s *sess
 		p.Err = describe(err)
 	} else {
 		p.Total, p.Truncated, p.ByTenant, p.ByState = br.Total, br.Truncated, br.ByTenant, br.ByState
+		// A server that does not say how many values there are lists
+		// them all.
+		p.Tenants, p.States = max(br.Distinct.Tenants, len(br.ByTenant)), max(br.Distinct.States, len(br.ByState))
 		p.Listed = len(br.Calls)
 		listed := br.Calls
 		if len(listed) > maxListed {

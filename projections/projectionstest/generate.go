@@ -280,3 +280,42 @@ func Flood(key ledger.CallKey, n int, seed uint64, start time.Time) []ledger.Eve
 	}
 	return out
 }
+
+// Wide returns the log of n calls, each of its own tenant and resource,
+// and of a few more on hot ones (7 calls of t_hot on res_hot, 4 of
+// t_warm on res_warm): a blast radius whose counts of tenants and
+// resources have more values than it lists (projections.MaxCounts) once
+// n is near that, the largest standing out of many ties. Every third
+// call is denied; the calls are a second apart from start.
+func Wide(n int, start time.Time) []ledger.Event {
+	var log []ledger.Event
+	call := func(i int, tenant, resource, tool string) {
+		base := ledger.Event{
+			TenantID: tenant, IdempotencyKey: fmt.Sprintf("wide-%05d", i), CallID: fmt.Sprintf("wide-c-%05d", i),
+			Channel: "kafka", Tool: tool, ToolVersion: 1, TraceID: fmt.Sprintf("%032x", uint64(i)+1),
+			ArgumentsHash: fmt.Sprintf("sha256:%064x", uint64(i)+1), Resource: resource, Actor: "gen",
+		}
+		at := start.Add(time.Duration(i) * time.Second)
+		e := base
+		e.EventID, e.Type, e.Seq, e.At = fmt.Sprintf("wide-e-%05d-1", i), statemachine.EventRequested, 1, at
+		e.Arguments = json.RawMessage(fmt.Sprintf(`{"order_id":%q}`, resource))
+		log = append(log, roundTrip(e))
+		if i%3 == 0 {
+			e := base
+			e.EventID, e.Type, e.Seq, e.At = fmt.Sprintf("wide-e-%05d-2", i), statemachine.EventDenied, 2, at.Add(100*time.Millisecond)
+			e.Decision, e.Reason, e.PolicyVersion = "deny", "policy_denied", "v40"
+			log = append(log, roundTrip(e))
+		}
+	}
+	for i := range n {
+		call(i, fmt.Sprintf("t_%05d", i), fmt.Sprintf("res_%05d", i), Tools[i%2])
+	}
+	for i := range 11 {
+		tenant, resource := "t_hot", "res_hot"
+		if i >= 7 {
+			tenant, resource = "t_warm", "res_warm"
+		}
+		call(n+i, tenant, resource, "refund_order")
+	}
+	return log
+}

@@ -184,6 +184,8 @@ func (o *Oracle) BlastRadius(f projections.Filter) projections.BlastRadius {
 		counts["tool"][c.Tool]++
 		counts["resource"][c.Resource]++
 	}
+	// Each count lists its MaxCounts largest values; Distinct says how
+	// many it has.
 	sorted := func(m map[string]int) []projections.Count {
 		out := []projections.Count{}
 		for v, n := range m {
@@ -195,10 +197,17 @@ func (o *Oracle) BlastRadius(f projections.Filter) projections.BlastRadius {
 			}
 			return cmp.Compare(a.Value, b.Value)
 		})
+		if len(out) > projections.MaxCounts {
+			out = out[:projections.MaxCounts]
+		}
 		return out
 	}
 	br.ByTenant, br.ByState = sorted(counts["tenant"]), sorted(counts["state"])
 	br.ByTool, br.ByResource = sorted(counts["tool"]), sorted(counts["resource"])
+	br.Distinct = projections.Distinct{
+		Tenants: len(counts["tenant"]), States: len(counts["state"]),
+		Tools: len(counts["tool"]), Resources: len(counts["resource"]),
+	}
 	if len(calls) > f.Limit {
 		calls, br.Truncated = calls[:f.Limit], true
 	}

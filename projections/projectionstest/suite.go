@@ -50,6 +50,75 @@ func Run(t *testing.T, open func(t *testing.T) Projection) {
 		Write(t, p, log, 61)
 		Check(t, p, oracle, cfg)
 	})
+	t.Run("counts cut", func(t *testing.T) {
+		p := open(t)
+		ctx := t.Context()
+		start := cfg.withDefaults().Start
+		n := projections.MaxCounts + 40
+		wide := Wide(n, start)
+		Write(t, p, wide, 500)
+		o := NewOracle(wide)
+		for _, q := range []projections.Filter{
+			{AllTenants: true},
+			{AllTenants: true, Tool: "get_weather", Limit: 10},
+			{AllTenants: true, Since: start.Add(30 * time.Second), Until: start.Add(time.Duration(n-30) * time.Second)},
+			{AllTenants: true, State: statemachine.StateDenied},
+			{Tenant: "t_hot"},
+		} {
+			f, err := q.Check()
+			if err != nil {
+				t.Fatalf("question %+v: %v", q, err)
+			}
+			got, err := p.BlastRadius(ctx, q)
+			if err != nil {
+				t.Fatalf("BlastRadius(%s): %v", describe(q), err)
+			}
+			if diff := cmp.Diff(o.BlastRadius(f), got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("BlastRadius(%s) (-oracle +projection):\n%s", describe(q), diff)
+			}
+		}
+		// What the cut keeps, worked out from Wide rather than by the
+		// oracle: the hot values, then the ties by value.
+		br, err := p.BlastRadius(ctx, projections.Filter{AllTenants: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := n + 11
+		if br.Total != calls || len(br.Calls) != projections.DefaultLimit || !br.Truncated {
+			t.Errorf("BlastRadius(all) = %d calls, %d listed (truncated %t); want %d, %d listed, truncated", br.Total, len(br.Calls), br.Truncated, calls, projections.DefaultLimit)
+		}
+		if want := (projections.Distinct{Tenants: n + 2, States: 2, Tools: 3, Resources: n + 2}); br.Distinct != want || !br.CountsCut() {
+			t.Errorf("BlastRadius(all).Distinct = %+v (cut %t); want %+v, cut", br.Distinct, br.CountsCut(), want)
+		}
+		for _, d := range []struct {
+			name         string
+			counts       []projections.Count
+			prefix, hot  string
+			warm, lastOf string
+		}{
+			{"ByResource", br.ByResource, "res_", "res_hot", "res_warm", fmt.Sprintf("res_%05d", projections.MaxCounts-3)},
+			{"ByTenant", br.ByTenant, "t_", "t_hot", "t_warm", fmt.Sprintf("t_%05d", projections.MaxCounts-3)},
+		} {
+			if len(d.counts) != projections.MaxCounts {
+				t.Errorf("%s lists %d values; want the %d largest", d.name, len(d.counts), projections.MaxCounts)
+				continue
+			}
+			want := []projections.Count{{Value: d.hot, Calls: 7}, {Value: d.warm, Calls: 4}, {Value: d.prefix + "00000", Calls: 1}}
+			if diff := cmp.Diff(want, d.counts[:3]); diff != "" {
+				t.Errorf("%s begins (-want +got):\n%s", d.name, diff)
+			}
+			if last := d.counts[len(d.counts)-1]; last != (projections.Count{Value: d.lastOf, Calls: 1}) {
+				t.Errorf("%s ends with %+v; want %s, 1 call", d.name, last, d.lastOf)
+			}
+		}
+		sum := 0
+		for _, c := range br.ByState {
+			sum += c.Calls
+		}
+		if sum != calls {
+			t.Errorf("ByState %+v adds up to %d calls; want all %d", br.ByState, sum, calls)
+		}
+	})
 	t.Run("refused", func(t *testing.T) {
 		p := open(t)
 		ctx := t.Context()

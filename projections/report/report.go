@@ -9,6 +9,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -80,24 +81,37 @@ func CallsTable(w io.Writer, calls []projections.Call) error {
 }
 
 // BlastRadiusTable writes a blast radius for a responder: the totals and
-// counts first, then the calls.
+// counts first, then the calls. Each count shows its largest values; the
+// numbers of values are the answer's Distinct, which the counts' lists
+// (cut at projections.MaxCounts) may fall short of.
 func BlastRadiusTable(w io.Writer, br projections.BlastRadius) error {
 	fmt.Fprintf(w, "%d calls", br.Total)
 	if br.Truncated {
 		fmt.Fprintf(w, " (listing the %d most recent; --limit for more)", len(br.Calls))
 	}
-	fmt.Fprintf(w, ", %d tenants, %d resources\n\n", len(br.ByTenant), countNonEmpty(br.ByResource))
+	// A call without a resource is counted under the empty value, which
+	// is no resource. Were it cut from a list (it would have to be
+	// smaller than MaxCounts others), the number would count it.
+	resources := distinct(br.Distinct.Resources, br.ByResource)
+	if slices.ContainsFunc(br.ByResource, func(c projections.Count) bool { return c.Value == "" }) {
+		resources--
+	}
+	fmt.Fprintf(w, ", %d tenants, %d resources\n\n", distinct(br.Distinct.Tenants, br.ByTenant), resources)
 	for _, g := range []struct {
 		title  string
 		counts []projections.Count
-	}{{"TENANT", br.ByTenant}, {"STATE", br.ByState}, {"TOOL", br.ByTool}, {"RESOURCE", br.ByResource}} {
+		values int
+	}{
+		{"TENANT", br.ByTenant, br.Distinct.Tenants}, {"STATE", br.ByState, br.Distinct.States},
+		{"TOOL", br.ByTool, br.Distinct.Tools}, {"RESOURCE", br.ByResource, br.Distinct.Resources},
+	} {
 		if len(g.counts) == 0 {
 			continue
 		}
 		rows := [][]string{{g.title, "CALLS"}}
 		for i, c := range g.counts {
-			if i == 20 {
-				rows = append(rows, []string{fmt.Sprintf("(%d more)", len(g.counts)-i), ""})
+			if i == tableCounts {
+				rows = append(rows, []string{fmt.Sprintf("(%d more)", distinct(g.values, g.counts)-i), ""})
 				break
 			}
 			v := c.Value
@@ -113,6 +127,13 @@ func BlastRadiusTable(w io.Writer, br projections.BlastRadius) error {
 	}
 	return CallsTable(w, br.Calls)
 }
+
+// tableCounts is how many values of each count a table shows.
+const tableCounts = 20
+
+// distinct is the number of values a count has: as the answer says, or,
+// from a server that does not say, as many as it lists.
+func distinct(n int, counts []projections.Count) int { return max(n, len(counts)) }
 
 // BlastRadiusCSV writes a blast radius's calls as CSV: one row per listed
 // call. The counts are in the JSON form.
@@ -197,16 +218,6 @@ func short(digest string) string {
 		return digest
 	}
 	return digest[:19] + "…"
-}
-
-func countNonEmpty(cs []projections.Count) int {
-	n := 0
-	for _, c := range cs {
-		if c.Value != "" {
-			n++
-		}
-	}
-	return n
 }
 
 // writeTable aligns rows; the first is the header.

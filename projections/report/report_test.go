@@ -3,6 +3,7 @@ package report
 import (
 	"bytes"
 	"encoding/csv"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -59,5 +60,33 @@ func TestHostileValues(t *testing.T) {
 	note := EventNote(ledger.Event{Type: statemachine.EventFailed, Seq: 4, Reason: c.Reason, Detail: "line\nbreak"})
 	if strings.ContainsAny(note, "\x1b\n") {
 		t.Errorf("EventNote keeps control characters: %q", note)
+	}
+}
+
+// A blast radius's counts are cut at projections.MaxCounts values: the
+// table says how many values each has, from the answer's Distinct, not
+// how many it lists.
+func TestBlastRadiusTableCountsCut(t *testing.T) {
+	br := projections.BlastRadius{
+		Total:    60000,
+		ByTenant: []projections.Count{{Value: "t_a", Calls: 60000}},
+		ByState:  []projections.Count{{Value: "succeeded", Calls: 60000}},
+		ByTool:   []projections.Count{{Value: "refund_order", Calls: 60000}},
+		Distinct: projections.Distinct{Tenants: 1, States: 1, Tools: 1, Resources: 53211},
+	}
+	br.ByResource = append(br.ByResource, projections.Count{Value: "", Calls: 5000})
+	for i := range projections.MaxCounts - 1 {
+		br.ByResource = append(br.ByResource, projections.Count{Value: fmt.Sprintf("ord_%05d", i), Calls: 2})
+	}
+	var buf bytes.Buffer
+	if err := BlastRadiusTable(&buf, br); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	// The empty value is no resource.
+	for _, want := range []string{"60000 calls, 1 tenants, 53210 resources\n", "(53191 more)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table of a cut blast radius lacks %q:\n%s", want, out)
+		}
 	}
 }
