@@ -58,11 +58,58 @@ func TestFilterCallTraceState(t *testing.T) {
 			if _, err := tc.f.Check(); !errors.Is(err, tc.blast) {
 				t.Errorf("Check() = %v; want %v", err, tc.blast)
 			}
-			if _, err := CheckOutcomes(tc.f, time.Minute); !errors.Is(err, tc.outcomes) {
+			if _, err := CheckOutcomes(tc.f, time.Minute, time.Unix(3600, 0)); !errors.Is(err, tc.outcomes) {
 				t.Errorf("CheckOutcomes() = %v; want %v", err, tc.outcomes)
 			}
 			if _, err := CheckUnresolved(tc.f); !errors.Is(err, tc.unresolved) {
 				t.Errorf("CheckUnresolved() = %v; want %v", err, tc.unresolved)
+			}
+		})
+	}
+}
+
+// An Outcomes question spans at most MaxOutcomeBuckets epoch-aligned
+// buckets; a window without until ends now, one without since begins at
+// the epoch.
+func TestCheckOutcomesBuckets(t *testing.T) {
+	now := time.Date(2026, 11, 30, 14, 0, 0, 500_000_000, time.UTC)
+	since := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		f       Filter
+		bucket  time.Duration
+		buckets int64 // that the window spans
+		err     error
+	}{
+		{"a day by the minute", Filter{Tenant: "t", Since: now.Add(-24 * time.Hour), Until: now}, time.Minute, 1440, nil},
+		{"the bound by the second", Filter{Tenant: "t", Since: since, Until: since.Add(MaxOutcomeBuckets * time.Second)}, time.Second, MaxOutcomeBuckets, nil},
+		{"one over the bound", Filter{Tenant: "t", Since: since, Until: since.Add((MaxOutcomeBuckets + 1) * time.Second)}, time.Second, MaxOutcomeBuckets + 1, ErrInvalidFilter},
+		// Buckets are aligned on the epoch: 100 minutes from hh:mm:30
+		// touch 101 of them.
+		{"unaligned", Filter{Tenant: "t", Since: since.Add(30 * time.Second), Until: since.Add(100*time.Minute + 30*time.Second)}, time.Minute, 101, nil},
+		{"a month by the second", Filter{Tenant: "t", Since: since, Until: since.AddDate(0, 1, 0)}, time.Second, 30 * 86400, ErrInvalidFilter},
+		// Without until, to now (its second included).
+		{"since, to now", Filter{Tenant: "t", Since: now.Add(-time.Hour)}, time.Second, 3601, nil},
+		{"a month ago, to now", Filter{Tenant: "t", Since: now.AddDate(0, -1, 0)}, time.Second, 2678401, ErrInvalidFilter},
+		// Without since, from the epoch.
+		{"no window by the hour", Filter{AllTenants: true}, time.Hour, 1 + now.Unix()/3600, ErrInvalidFilter},
+		{"no window by the week", Filter{AllTenants: true}, 7 * 24 * time.Hour, 1 + now.Unix()/(7*86400), nil},
+		{"until only by the minute", Filter{Tenant: "t", Until: time.Unix(MaxOutcomeBuckets*60, 0)}, time.Minute, MaxOutcomeBuckets, nil},
+		{"since after now", Filter{Tenant: "t", Since: now.Add(time.Hour)}, time.Second, 0, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			from, to := tc.f.Since, tc.f.Until
+			if from.IsZero() {
+				from = time.Unix(0, 0)
+			}
+			if to.IsZero() {
+				to = now.Truncate(time.Second).Add(time.Second)
+			}
+			if got := Buckets(from, to, tc.bucket); got != tc.buckets {
+				t.Errorf("Buckets(%s, %s, %s) = %d; want %d", from, to, tc.bucket, got, tc.buckets)
+			}
+			if _, err := CheckOutcomes(tc.f, tc.bucket, now); !errors.Is(err, tc.err) {
+				t.Errorf("CheckOutcomes(%+v, %s) = %v; want %v", tc.f, tc.bucket, err, tc.err)
 			}
 		})
 	}

@@ -62,7 +62,8 @@ type Queries interface {
 	BlastRadius(ctx context.Context, f Filter) (BlastRadius, error)
 	// Outcomes counts the calls that reached each outcome, by tool and
 	// bucket of the outcome event's time. f may name only Tenant,
-	// AllTenants, Tool, Since and Until.
+	// AllTenants, Tool, Since and Until, over at most MaxOutcomeBuckets
+	// buckets (CheckOutcomes).
 	Outcomes(ctx context.Context, f Filter, bucket time.Duration) ([]OutcomeCount, error)
 	// Unresolved returns the calls that wait on someone: outcome_unknown
 	// (parked or not) and approval_pending, oldest first. f may name only
@@ -99,6 +100,12 @@ const MaxLimit = 100_000
 // says how many values each dimension has, so that a reader knows when a
 // list was cut.
 const MaxCounts = 1000
+
+// MaxOutcomeBuckets bounds the buckets an Outcomes question spans, each
+// tool's counts having one row per bucket: a 1s bucket over a month would
+// be 2.6 million of them. A wider bucket or a narrower window asks the
+// same within the bound.
+const MaxOutcomeBuckets = 10_000
 
 // Filter selects calls; see the package doc for what matches.
 type Filter struct {
@@ -304,9 +311,13 @@ var OutcomeEvents = []statemachine.EventType{
 	statemachine.EventExpired,
 }
 
-// CheckOutcomes checks an Outcomes question and returns its filter
-// normalised.
-func CheckOutcomes(f Filter, bucket time.Duration) (Filter, error) {
+// CheckOutcomes checks an Outcomes question asked at now and returns its
+// filter normalised. The window may span at most MaxOutcomeBuckets
+// buckets: a window without Until ends now, as far as that bound goes
+// (the question still counts what is stamped later), and one without
+// Since begins at the Unix epoch, where the projections' times begin, so
+// that only a bucket of days can go without one.
+func CheckOutcomes(f Filter, bucket time.Duration, now time.Time) (Filter, error) {
 	f, err := f.Check()
 	if err != nil {
 		return f, err
@@ -317,7 +328,42 @@ func CheckOutcomes(f Filter, bucket time.Duration) (Filter, error) {
 	case bucket < time.Second || bucket%time.Second != 0:
 		return f, fmt.Errorf("%w: the bucket must be a whole number of seconds, at least 1s", ErrInvalidFilter)
 	}
+	from, to := f.Since, f.Until
+	if from.IsZero() {
+		from = time.Unix(0, 0).UTC()
+	}
+	if to.IsZero() {
+		to = now.UTC().Truncate(time.Second).Add(time.Second)
+	}
+	if n := Buckets(from, to, bucket); n > MaxOutcomeBuckets {
+		start := "since " + from.Format(time.RFC3339)
+		if f.Since.IsZero() {
+			start = "no since (the window starts at the epoch, " + from.Format(time.RFC3339) + ")"
+		}
+		return f, fmt.Errorf("%w: %s to %s in buckets of %s is %d buckets, more than %d: name a later since or an until, or a wider bucket",
+			ErrInvalidFilter, start, to.Format(time.RFC3339), bucket, n, MaxOutcomeBuckets)
+	}
 	return f, nil
+}
+
+// Buckets is the number of epoch-aligned buckets (BucketOf) that hold a
+// second of [from, to), in whole seconds: how many rows per tool and
+// state an Outcomes answer over that window can have.
+func Buckets(from, to time.Time, bucket time.Duration) int64 {
+	n := int64(bucket / time.Second)
+	f, t := from.Unix(), to.Unix()
+	if n <= 0 || f >= t {
+		return 0
+	}
+	// Floor division: a window may start before the epoch.
+	floor := func(s int64) int64 {
+		q := s / n
+		if s%n != 0 && s < 0 {
+			q--
+		}
+		return q
+	}
+	return floor(t-1) - floor(f) + 1
 }
 
 // BucketOf returns the start of t's bucket: buckets are aligned on the

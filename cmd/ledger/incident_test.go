@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -110,7 +111,7 @@ func TestDevIncidentQueries(t *testing.T) {
 
 	// Outcomes and the unresolved list.
 	var outcomes []projections.OutcomeCount
-	if err := json.Unmarshal([]byte(cli(t, append([]string{"outcomes", "--json", "--tenant", "t_demo", "--bucket", "1h"}, viaAPI...)...)), &outcomes); err != nil {
+	if err := json.Unmarshal([]byte(cli(t, append([]string{"outcomes", "--json", "--tenant", "t_demo", "--bucket", "1h", "--since", "2h"}, viaAPI...)...)), &outcomes); err != nil {
 		t.Fatal(err)
 	}
 	weather := 0
@@ -121,6 +122,15 @@ func TestDevIncidentQueries(t *testing.T) {
 	}
 	if weather != 3 {
 		t.Errorf("succeeded weather calls by the hour: %d in %+v; want 3", weather, outcomes)
+	}
+	// More buckets than an answer may have: by the second over a month,
+	// or by the hour since the epoch (no --since).
+	for name, source := range map[string][]string{"clickhouse": direct, "api": viaAPI} {
+		for _, args := range [][]string{{"--bucket", "1s", "--since", "720h"}, {"--bucket", "1h"}} {
+			if err := cliErr(t, append(append([]string{"outcomes", "--tenant", "t_demo"}, args...), source...)...); !errors.Is(err, projections.ErrInvalidFilter) {
+				t.Errorf("%s: outcomes %v: %v; want ErrInvalidFilter", name, args, err)
+			}
+		}
 	}
 	if table := cli(t, append([]string{"unresolved", "--tenant", "t_demo"}, direct...)...); !strings.Contains(table, "inc-refund-pending") || strings.Contains(table, "inc-refund ") {
 		t.Errorf("unresolved:\n%s", table)
@@ -186,6 +196,23 @@ func cliErr(t *testing.T, args ...string) error {
 	root.SetOut(io.Discard)
 	root.SetErr(io.Discard)
 	return root.ExecuteContext(t.Context())
+}
+
+// `ledger outcomes` refuses a question over more than
+// projections.MaxOutcomeBuckets buckets before it asks the API (here,
+// nothing listens there).
+func TestOutcomesCLIBucketBound(t *testing.T) {
+	api := "http://" + freeAddr(t)
+	for _, args := range [][]string{
+		{"--bucket", "1s", "--since", "720h"},
+		{"--bucket", "1s", "--since", "2026-11-01T00:00:00Z", "--until", "2026-11-01T02:46:41Z"},
+		{"--bucket", "5m"},
+	} {
+		err := cliErr(t, append([]string{"outcomes", "--api", api, "--assertion", "unused", "--tenant", "t_demo"}, args...)...)
+		if !errors.Is(err, projections.ErrInvalidFilter) || !strings.Contains(err.Error(), "buckets") {
+			t.Errorf("outcomes %v: %v; want ErrInvalidFilter, saying how many buckets", args, err)
+		}
+	}
 }
 
 // `ledger api`, the production front door, against a running ledger:

@@ -212,13 +212,15 @@ func newOutcomesCmd(g *globals) *cobra.Command {
 	cmd := queryCmd(g, &cobra.Command{
 		Use:   "outcomes",
 		Short: "How many calls reached each outcome, by tool and time bucket",
+		Example: `  ledger outcomes --tenant t_demo --since 24h --bucket 5m
+  ledger outcomes --all-tenants --tool refund_order --since 2h --bucket 1s`,
 	}, false, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
 		os, err := qs.Outcomes(ctx, f, bucket)
 		return answer{os,
 			func(w io.Writer) error { return report.OutcomesTable(w, os) },
 			func(w io.Writer) error { return report.OutcomesCSV(w, os) }}, err
 	})
-	cmd.Flags().DurationVar(&bucket, "bucket", 5*time.Minute, "bucket width (whole seconds)")
+	cmd.Flags().DurationVar(&bucket, "bucket", 5*time.Minute, fmt.Sprintf("bucket width (whole seconds); the window, --since (default: the epoch) to --until (default: now), may span at most %d buckets", projections.MaxOutcomeBuckets))
 	return cmd
 }
 

@@ -227,11 +227,13 @@ var (
 		f      projections.Filter
 		bucket time.Duration
 	}{
-		{projections.Filter{Tenant: "t_a"}, time.Minute},
-		{projections.Filter{AllTenants: true, Since: t0}, time.Hour},
-		{projections.Filter{Tenant: "t_a", Tool: "send_email"}, 10 * time.Second},
-		{projections.Filter{Tenant: "t_b"}, time.Minute},
-		{projections.Filter{Tenant: "t_c"}, time.Minute},
+		// Windows of a few hours around the log: a question spans at
+		// most projections.MaxOutcomeBuckets buckets.
+		{projections.Filter{Tenant: "t_a", Since: sec(-3 * 3600), Until: sec(3 * 3600)}, time.Minute},
+		{projections.Filter{AllTenants: true, Since: t0, Until: sec(3 * 3600)}, time.Hour},
+		{projections.Filter{Tenant: "t_a", Tool: "send_email", Since: sec(-3 * 3600), Until: sec(3 * 3600)}, 10 * time.Second},
+		{projections.Filter{Tenant: "t_b", Since: sec(-3 * 3600), Until: sec(3 * 3600)}, time.Minute},
+		{projections.Filter{Tenant: "t_c", Since: sec(-3 * 3600), Until: sec(3 * 3600)}, time.Minute},
 	}
 	unresolvedQuestions = []projections.Filter{
 		{Tenant: "t_a"},

@@ -265,7 +265,9 @@ func matches(f projections.Filter, evs []ledger.Event) bool {
 // outcome event's time and its tool. It reads the tenant's calls (every
 // call across tenants).
 func (ix *Index) Outcomes(ctx context.Context, f projections.Filter, bucket time.Duration) ([]projections.OutcomeCount, error) {
-	f, err := projections.CheckOutcomes(f, bucket)
+	// The index has no clock of its own: an open window is bounded at
+	// the time of asking.
+	f, err := projections.CheckOutcomes(f, bucket, time.Now())
 	if err != nil {
 		return nil, err
 	}

@@ -112,7 +112,7 @@ func BenchmarkQueries(b *testing.B) {
 			return err
 		}},
 		{"outcomes", func() error {
-			_, err := s.Outcomes(ctx, projections.Filter{AllTenants: true}, time.Hour)
+			_, err := s.Outcomes(ctx, projections.Filter{AllTenants: true, Since: mid.Add(-12 * time.Hour), Until: mid.Add(12 * time.Hour)}, time.Hour)
 			return err
 		}},
 		{"unresolved", func() error {

@@ -42,6 +42,10 @@ var t0 = time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
 
 func at(d time.Duration) time.Time { return t0.Add(d) }
 
+// week is an Outcomes bucket wide enough to ask about everything since
+// the epoch (projections.MaxOutcomeBuckets).
+const week = 7 * 24 * time.Hour
+
 // fixture is a small log written by hand:
 //
 //	acme/a1    refund_order ord_1  requested, authorized (allow v7), executing, succeeded
@@ -478,21 +482,28 @@ func expectations(f fixture) []struct {
 		return projections.OutcomeCount{Bucket: at(d), Tool: tool, State: state, Calls: n}
 	}
 	out = append(out,
-		qa{outcomes(projections.Filter{AllTenants: true}, time.Minute), []projections.OutcomeCount{
+		qa{outcomes(projections.Filter{AllTenants: true, Since: at(-time.Hour), Until: at(2 * time.Hour)}, time.Minute), []projections.OutcomeCount{
 			oc(0, "get_weather", statemachine.StateDenied, 1),
 			oc(0, "refund_order", statemachine.StateSucceeded, 1),
 			oc(time.Minute, "refund_order", statemachine.StateOutcomeUnknown, 1),
 			oc(time.Hour, "get_weather", statemachine.StateFailed, 1),
 		}},
-		qa{outcomes(projections.Filter{Tenant: "acme"}, time.Hour), []projections.OutcomeCount{
+		qa{outcomes(projections.Filter{Tenant: "acme", Since: at(-24 * time.Hour), Until: at(24 * time.Hour)}, time.Hour), []projections.OutcomeCount{
 			oc(0, "get_weather", statemachine.StateDenied, 1),
 			oc(0, "refund_order", statemachine.StateOutcomeUnknown, 1),
 			oc(0, "refund_order", statemachine.StateSucceeded, 1),
 		}},
-		qa{outcomes(projections.Filter{AllTenants: true, Tool: "get_weather", Since: at(time.Minute)}, time.Second), []projections.OutcomeCount{
+		// No window: from the epoch to now, which a bucket of a week
+		// spans in fewer than MaxOutcomeBuckets.
+		qa{outcomes(projections.Filter{Tenant: "acme"}, week), []projections.OutcomeCount{
+			{Bucket: projections.BucketOf(t0, week), Tool: "get_weather", State: statemachine.StateDenied, Calls: 1},
+			{Bucket: projections.BucketOf(t0, week), Tool: "refund_order", State: statemachine.StateOutcomeUnknown, Calls: 1},
+			{Bucket: projections.BucketOf(t0, week), Tool: "refund_order", State: statemachine.StateSucceeded, Calls: 1},
+		}},
+		qa{outcomes(projections.Filter{AllTenants: true, Tool: "get_weather", Since: at(time.Minute), Until: at(2 * time.Hour)}, time.Second), []projections.OutcomeCount{
 			oc(time.Hour+3*time.Second, "get_weather", statemachine.StateFailed, 1),
 		}},
-		qa{outcomes(projections.Filter{Tenant: "nobody"}, time.Second), []projections.OutcomeCount{}},
+		qa{outcomes(projections.Filter{Tenant: "nobody", Since: at(0), Until: at(time.Hour)}, time.Second), []projections.OutcomeCount{}},
 		qa{unresolved(projections.Filter{AllTenants: true}), []projections.Call{D, B}},
 		qa{unresolved(projections.Filter{Tenant: "acme"}), []projections.Call{B}},
 		qa{unresolved(projections.Filter{AllTenants: true, Tool: "get_weather"}), []projections.Call{}},
@@ -665,7 +676,7 @@ func TestRefusalsOnlyInTrace(t *testing.T) {
 			t.Errorf("BlastRadius(%+v) of refusals only = %+v, want nothing", filter, br)
 		}
 	}
-	if oc, err := s.Outcomes(ctx, projections.Filter{AllTenants: true}, time.Hour); err != nil || len(oc) != 0 {
+	if oc, err := s.Outcomes(ctx, projections.Filter{AllTenants: true}, week); err != nil || len(oc) != 0 {
 		t.Errorf("Outcomes of refusals only = %+v, %v; want nothing", oc, err)
 	}
 	if u, err := s.Unresolved(ctx, projections.Filter{AllTenants: true}); err != nil || len(u) != 0 {

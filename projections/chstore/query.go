@@ -361,7 +361,9 @@ func (s *Store) queryCalls(ctx context.Context, q string, args ...any) ([]projec
 // epoch-aligned bucket of the outcome event's time. A call counts once
 // per bucket, tool and state, however many such events it has there.
 func (s *Store) Outcomes(ctx context.Context, f projections.Filter, bucket time.Duration) ([]projections.OutcomeCount, error) {
-	f, err := projections.CheckOutcomes(f, bucket)
+	// The store has no clock of its own: an open window is bounded at
+	// the time of asking.
+	f, err := projections.CheckOutcomes(f, bucket, time.Now())
 	if err != nil {
 		return nil, err
 	}

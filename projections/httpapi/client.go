@@ -39,9 +39,10 @@ func (c *QueryClient) BlastRadius(ctx context.Context, f projections.Filter) (pr
 	return br, err
 }
 
-// Outcomes asks GET /v1/outcomes.
+// Outcomes asks GET /v1/outcomes. A question over more than
+// projections.MaxOutcomeBuckets buckets is refused before it is sent.
 func (c *QueryClient) Outcomes(ctx context.Context, f projections.Filter, bucket time.Duration) ([]projections.OutcomeCount, error) {
-	if _, err := projections.CheckOutcomes(f, bucket); err != nil {
+	if _, err := projections.CheckOutcomes(f, bucket, time.Now()); err != nil {
 		return nil, err
 	}
 	v := f.Values()

@@ -69,7 +69,7 @@ const DefaultQueryTimeout = 30 * time.Second
 // QueryHandler serves the responders' questions:
 //
 //	GET /v1/blast-radius?jti=..&tenant=..   projections.BlastRadius
-//	GET /v1/outcomes?bucket=5m&tenant=..    []projections.OutcomeCount
+//	GET /v1/outcomes?bucket=5m&tenant=..    []projections.OutcomeCount (at most projections.MaxOutcomeBuckets buckets)
 //	GET /v1/unresolved?tenant=..            []projections.Call
 //	GET /v1/trace/<tenant>/<key>            []ledger.Event
 //
@@ -210,6 +210,11 @@ func (q *queries) outcomes(w http.ResponseWriter, r *http.Request, id Operator) 
 	q.ask(w, r, id, "outcomes", []string{projections.ParamBucket}, func(ctx context.Context, f projections.Filter) (any, func(io.Writer) error, error) {
 		bucket, err := projections.ParseBucket(r.URL.Query().Get(projections.ParamBucket))
 		if err != nil {
+			return nil, nil, err
+		}
+		// Checked here too, on the server's clock, so that the bound
+		// holds whatever answers behind the API.
+		if _, err := projections.CheckOutcomes(f, bucket, q.cfg.Now()); err != nil {
 			return nil, nil, err
 		}
 		os, err := q.cfg.Queries.Outcomes(ctx, f, bucket)

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -207,16 +208,36 @@ func (s stalledQueries) Trace(ctx context.Context, _ ledger.CallKey) ([]ledger.E
 // A question's query runs under the API's timeout, however long the
 // client waits, and one that runs out answers 504 query_timeout.
 func TestQueryTimeout(t *testing.T) {
+	q := stalledQueries{deadlines: make(chan bool, 2)}
+	srv, a := operatorServer(t, httpapi.QueryConfig{Queries: q, Timeout: 100 * time.Millisecond}, nil)
+	for _, path := range []string{httpapi.PathBlastRadius + "?tool=refund_order", httpapi.PathTrace + "t_a/k1"} {
+		status, code, _ := getAs(t, srv.URL+path, a)
+		if status != http.StatusGatewayTimeout || code != "query_timeout" {
+			t.Errorf("%s = %d %q; want 504 query_timeout", path, status, code)
+		}
+		if !<-q.deadlines {
+			t.Errorf("%s: the query ran without a deadline", path)
+		}
+	}
+}
+
+// operatorServer serves the query API of cfg (its Guard set here),
+// through wrap if not nil, and returns it with an assertion of an
+// operator of tenant t_a.
+func operatorServer(t *testing.T, cfg httpapi.QueryConfig, wrap func(http.Handler) http.Handler) (*httptest.Server, string) {
+	t.Helper()
 	id := processorstest.NewIdentity(t)
-	guard := func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
+	cfg.Guard = func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
 		return identity.Require(id.Verifier, "test", "an operator", nil, func(w http.ResponseWriter, r *http.Request, who identity.Identity) {
 			next(w, r, httpapi.Operator{User: who.User, Tenant: who.Tenant, Roles: who.Roles})
 		})
 	}
-	q := stalledQueries{deadlines: make(chan bool, 2)}
-	h, err := httpapi.QueryHandler(httpapi.QueryConfig{Queries: q, Guard: guard, Timeout: 100 * time.Millisecond})
+	h, err := httpapi.QueryHandler(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if wrap != nil {
+		h = wrap(h)
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -224,24 +245,95 @@ func TestQueryTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{httpapi.PathBlastRadius + "?tool=refund_order", httpapi.PathTrace + "t_a/k1"} {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+a)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var body struct{ Error struct{ Code string } }
-		_ = json.NewDecoder(resp.Body).Decode(&body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusGatewayTimeout || body.Error.Code != "query_timeout" {
-			t.Errorf("%s = %d %q; want 504 query_timeout", path, resp.StatusCode, body.Error.Code)
-		}
-		if !<-q.deadlines {
-			t.Errorf("%s: the query ran without a deadline", path)
-		}
+	return srv, a
+}
+
+// getAs asks u with the assertion a, and returns the answer's status and,
+// for an error, its code and message.
+func getAs(t *testing.T, u, a string) (status int, code, message string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, u, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
+	req.Header.Set("Authorization", "Bearer "+a)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Error struct{ Code, Message string }
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body.Error.Code, body.Error.Message
+}
+
+// outcomesAsked is a projection that counts the Outcomes questions that
+// reach it, and answers none.
+type outcomesAsked struct {
+	projections.Queries
+	asked *atomic.Int32
+}
+
+func (o outcomesAsked) Outcomes(context.Context, projections.Filter, time.Duration) ([]projections.OutcomeCount, error) {
+	o.asked.Add(1)
+	return nil, nil
+}
+
+// An Outcomes question over more than MaxOutcomeBuckets buckets is
+// refused as an invalid filter by the server, on its own clock, before
+// the projection is asked, and by the client before it is sent; without
+// since, the window starts at the epoch.
+func TestOutcomesBucketBound(t *testing.T) {
+	now := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
+	var asked, requests atomic.Int32
+	srv, a := operatorServer(t, httpapi.QueryConfig{Queries: outcomesAsked{asked: &asked}, Now: func() time.Time { return now }},
+		func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				requests.Add(1)
+				h.ServeHTTP(w, r)
+			})
+		})
+	for _, c := range []struct {
+		name, query string
+		refused     bool
+	}{
+		{"two hours by the second", "since=2h&bucket=1s", false},
+		{"the bound by the second", "since=2026-11-30T10:00:00Z&until=2026-11-30T12:46:40Z&bucket=1s", false},
+		{"one over the bound", "since=2026-11-30T10:00:00Z&until=2026-11-30T12:46:41Z&bucket=1s", true},
+		{"a month by the second", "since=720h&bucket=1s", true},
+		{"no since, the default bucket", "", true},
+		{"no since, by the week", "bucket=168h", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			asked.Store(0)
+			status, code, message := getAs(t, srv.URL+httpapi.PathOutcomes+"?"+c.query, a)
+			switch {
+			case c.refused && (status != http.StatusBadRequest || code != "invalid_filter" || asked.Load() != 0):
+				t.Errorf("GET ?%s = %d %q, projection asked %d times; want 400 invalid_filter, not asked", c.query, status, code, asked.Load())
+			case !c.refused && (status != http.StatusOK || asked.Load() != 1):
+				t.Errorf("GET ?%s = %d %q (%s), projection asked %d times; want 200, asked once", c.query, status, code, message, asked.Load())
+			}
+		})
+	}
+
+	t.Run("client", func(t *testing.T) {
+		c := &httpapi.QueryClient{Base: srv.URL, Bearer: func(string) (string, error) { return a, nil }}
+		requests.Store(0)
+		for _, q := range []struct {
+			f      projections.Filter
+			bucket time.Duration
+		}{
+			{projections.Filter{Tenant: "t_a", Since: time.Now().Add(-30 * 24 * time.Hour)}, time.Second},
+			{projections.Filter{Tenant: "t_a"}, 5 * time.Minute},
+		} {
+			if _, err := c.Outcomes(t.Context(), q.f, q.bucket); !errors.Is(err, projections.ErrInvalidFilter) {
+				t.Errorf("Outcomes(%+v, %s) = %v; want ErrInvalidFilter", q.f, q.bucket, err)
+			}
+		}
+		if n := requests.Load(); n != 0 {
+			t.Errorf("the client sent %d questions over the bound; want none", n)
+		}
+	})
 }

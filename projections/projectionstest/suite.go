@@ -138,6 +138,21 @@ func Run(t *testing.T, open func(t *testing.T) Projection) {
 				_, err := p.Outcomes(ctx, projections.Filter{Tenant: "t_00", CallID: "c-1"}, time.Minute)
 				return err
 			}},
+			// A bucket of a second: one more than MaxOutcomeBuckets of
+			// them, a month of them (to now), every one since the epoch.
+			{"outcomes over too many buckets", func() error {
+				since := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+				_, err := p.Outcomes(ctx, projections.Filter{Tenant: "t_00", Since: since, Until: since.Add((projections.MaxOutcomeBuckets + 1) * time.Second)}, time.Second)
+				return err
+			}},
+			{"outcomes over a month by the second", func() error {
+				_, err := p.Outcomes(ctx, projections.Filter{Tenant: "t_00", Since: time.Now().Add(-30 * 24 * time.Hour)}, time.Second)
+				return err
+			}},
+			{"outcomes without a window by the hour", func() error {
+				_, err := p.Outcomes(ctx, projections.Filter{AllTenants: true}, time.Hour)
+				return err
+			}},
 			{"unresolved by state", func() error {
 				_, err := p.Unresolved(ctx, projections.Filter{Tenant: "t_00", State: statemachine.StateOutcomeUnknown})
 				return err
@@ -376,12 +391,14 @@ func Check(t *testing.T, p projections.Queries, o *Oracle, cfg LogConfig) {
 		f      projections.Filter
 		bucket time.Duration
 	}{
-		{projections.Filter{AllTenants: true}, 10 * time.Minute},
-		{projections.Filter{Tenant: "t_01"}, time.Hour},
+		{projections.Filter{AllTenants: true, Since: cfg.Start.Add(-time.Hour), Until: cfg.Start.Add(cfg.Span + time.Hour)}, 10 * time.Minute},
+		// No window: from the epoch to now, by the week.
+		{projections.Filter{Tenant: "t_01"}, 7 * 24 * time.Hour},
 		{projections.Filter{Tenant: "t_02", Tool: "refund_order", Since: cfg.Start.Add(30 * time.Minute), Until: cfg.Start.Add(90 * time.Minute)}, 7 * time.Minute},
-		{projections.Filter{AllTenants: true, Tool: "get_weather"}, time.Second},
+		// By the second, as many buckets as a question may span.
+		{projections.Filter{AllTenants: true, Tool: "get_weather", Since: cfg.Start, Until: cfg.Start.Add(projections.MaxOutcomeBuckets * time.Second)}, time.Second},
 	} {
-		f, err := projections.CheckOutcomes(q.f, q.bucket)
+		f, err := projections.CheckOutcomes(q.f, q.bucket, time.Now())
 		if err != nil {
 			t.Fatalf("outcomes question %+v: %v", q.f, err)
 		}
