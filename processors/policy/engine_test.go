@@ -242,7 +242,10 @@ func TestSwapTakesEffectForNextDecide(t *testing.T) {
 func TestConcurrentDecideAndSwap(t *testing.T) {
 	a := load(t, "v1", map[string]string{"p.cedar": allowWeather})
 	b := load(t, "v2", map[string]string{"p.cedar": forbidWeather})
-	e := newEngine(t, Config{Set: a})
+	// A budget no stall reaches: with 8 deciders on a loaded machine the
+	// default 50ms timed out now and then (policy_timeout, no allow),
+	// which is not what this test is about.
+	e := newEngine(t, Config{Set: a, Timeout: time.Minute})
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for range 8 {
