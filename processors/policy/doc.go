@@ -49,6 +49,9 @@
 // set, an invalid request, a resource of another tenant (checked before
 // Cedar runs), any evaluation error in any policy, a panic, or a decision
 // later than Config.Timeout all deny, each with its own Decision.Reason.
+// Of those, a timeout, an evaluation error and no active set are
+// Decision.Transient: the engine could not decide, so its callers refuse
+// the call for now (nothing runs) without recording a final denial.
 //
 // # Policy ids and obligations
 //

@@ -63,6 +63,22 @@ type Decision struct {
 	Detail string
 }
 
+// Transient reports whether d denies only because the engine could not
+// decide (policy_timeout, policy_error, policy_unavailable): it says
+// nothing about the call, and asking again later (after a stall, a fixed
+// policy, an activated set) may answer. Callers fail closed for now but
+// not for good: nothing runs on such a decision, and nothing records it
+// as the call's final denial. Every other denial (a forbid, no matching
+// permit, another tenant's resource, an invalid request) is the policies'
+// answer and stands.
+func (d Decision) Transient() bool {
+	switch d.Reason {
+	case ReasonPolicyTimeout, ReasonPolicyError, ReasonUnavailable:
+		return !d.Allow
+	}
+	return false
+}
+
 // Config configures an Engine.
 type Config struct {
 	// Set is the policy set active from the start. Nil is allowed: every

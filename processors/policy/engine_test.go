@@ -747,3 +747,37 @@ func TestWatchDirLoadsOnlySettledContent(t *testing.T) {
 		}
 	}
 }
+
+// The denials of an engine that could not decide are transient: a caller
+// may ask again later. The policies' own answers are not.
+func TestTransientDenials(t *testing.T) {
+	ok := load(t, "v1", map[string]string{"p.cedar": allowWeather})
+	forbids := load(t, "v2", map[string]string{"p.cedar": forbidWeather})
+	broken := load(t, "v3", map[string]string{"p.cedar": `@id("broken") permit (principal, action, resource)
+		when { context.arguments.no_such_argument == 1 };`})
+	otherTenant := simple("get_weather")
+	otherTenant.ResourceTenant = "t_other"
+	for _, tc := range []struct {
+		name      string
+		cfg       Config
+		req       Request
+		reason    string
+		transient bool
+	}{
+		{"timeout", Config{Set: ok, Now: (&steppingClock{t: at, step: time.Second}).Now}, simple("get_weather"), ReasonPolicyTimeout, true},
+		{"evaluation error", Config{Set: broken}, simple("get_weather"), ReasonPolicyError, true},
+		{"no active set", Config{}, simple("get_weather"), ReasonUnavailable, true},
+		{"forbidden", Config{Set: forbids}, simple("get_weather"), ReasonDeniedByPolicy, false},
+		{"no permit", Config{Set: ok}, simple("send_email"), ReasonNoPolicy, false},
+		{"another tenant's resource", Config{Set: ok}, otherTenant, ReasonCrossTenant, false},
+		{"invalid request", Config{Set: ok}, Request{Tool: "get_weather"}, ReasonInvalidRequest, false},
+		{"allowed", Config{Set: ok}, simple("get_weather"), ReasonAllowed, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newEngine(t, tc.cfg).Decide(context.Background(), tc.req)
+			if d.Reason != tc.reason || d.Transient() != tc.transient {
+				t.Errorf("Decide() = %s, transient %t; want %s, transient %t", d.Reason, d.Transient(), tc.reason, tc.transient)
+			}
+		})
+	}
+}
