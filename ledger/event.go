@@ -70,7 +70,9 @@ type Event struct {
 	// epoch: what an incident responder revokes.
 	CredentialFamily string `json:"credential_family,omitempty"`
 	Attempt          int    `json:"attempt,omitempty"`
-	// RetryAfterMS, on a rate-limited refusal, is when to try again.
+	// RetryAfterMS, on a refusal that may pass (rate_limited, or a policy
+	// that could not decide: policy_timeout, policy_error,
+	// policy_unavailable), is when to try again under the same key.
 	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 
 	// Reason is machine-readable (snake_case); Pointer is the JSON pointer

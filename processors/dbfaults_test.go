@@ -104,7 +104,7 @@ func newDBHarness(t *testing.T, partitions int32) *dbHarness {
 	h.logger = slog.New(dbLog{d.procLog, h.logger.Handler()})
 	// A policy evaluation is CPU only, and 2 cores under -race running
 	// every test of the tree can take longer than the default 50ms,
-	// which denies (policy_timeout): a fault of no interest here.
+	// which refuses the call (policy_timeout): a fault of no interest here.
 	pol, err := policy.NewEngine(policy.Config{Set: loadSet(t, "db-faults", dbPolicies), Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -697,8 +697,9 @@ func lastingErr(err error) bool {
 }
 
 // passingRefusal reports whether a compensation's refusal may pass by
-// asking again: a rate limit's (it says when to) or a frozen tool's,
-// both refused before the intake used the key. Any other refusal (a
+// asking again: one that says when to (a rate limit's, or that of
+// policies that could not decide) or a frozen tool's, all refused before
+// the intake used the key. Any other refusal (a
 // policy's denial, recorded under the key; a check of the call) stands.
 func passingRefusal(ev ledger.Event) bool {
 	return ev.Refusal() && (ev.RetryAfterMS > 0 || ev.Reason == ReasonToolFrozen)

@@ -101,6 +101,12 @@ type Config struct {
 	// RateLimiter enforces the policies' rate_limit obligations across all
 	// intake instances. Without one, a call under a rate limit is denied.
 	RateLimiter processors.RateLimiter
+	// PolicyRetryAfter is the retry_after_ms of the refusal of a call the
+	// policies could not decide (policy.Decision.Transient: a timeout, an
+	// evaluation error, no active set); default 1s. Such a call is
+	// refused like a rate-limited one, not denied: nothing runs, and its
+	// key stays free for the retry, which is decided afresh.
+	PolicyRetryAfter time.Duration
 	// ApprovalTTL bounds how long a call waits for approval; default 15m,
 	// and never past the call's deadline.
 	ApprovalTTL time.Duration
@@ -143,6 +149,9 @@ func New(cfg Config) (*Processor, error) {
 	}
 	if cfg.ApprovalTTL <= 0 {
 		cfg.ApprovalTTL = 15 * time.Minute
+	}
+	if cfg.PolicyRetryAfter <= 0 {
+		cfg.PolicyRetryAfter = time.Second
 	}
 	if cfg.Channel == "" {
 		cfg.Channel = "kafka"
@@ -511,6 +520,13 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	}
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose}
 	c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, env.Arguments, p.cfg.Channel, now))
+	if c.decision.Transient() {
+		// The engine could not decide (a stall, a broken or missing
+		// set): that says nothing about the call, so it must not use
+		// the key up as a denial would. Fail closed for now only.
+		ev := p.retryLater(c, now, c.decision.Reason, c.decision.Detail, p.cfg.PolicyRetryAfter)
+		return nil, &ev
+	}
 	return c, nil
 }
 
@@ -589,11 +605,8 @@ func (p *Processor) limit(ctx context.Context, calls []*checked, now time.Time) 
 				continue
 			}
 			c := calls[idx[k]]
-			ev := p.refuse(c.key(), c.env, now, ReasonRateLimited, "",
-				fmt.Sprintf("at most %s for %s in tenant %s", c.decision.Obligations.RateLimit, c.tool.Name, c.id.Tenant))
-			ev.RetryAfterMS = max(r.RetryAfter.Milliseconds(), 1)
-			p.decorate(&ev, c.decision)
-			refused[idx[k]] = ev
+			refused[idx[k]] = p.retryLater(c, now, ReasonRateLimited,
+				fmt.Sprintf("at most %s for %s in tenant %s", c.decision.Obligations.RateLimit, c.tool.Name, c.id.Tenant), r.RetryAfter)
 		}
 	}
 	var (
@@ -608,6 +621,18 @@ func (p *Processor) limit(ctx context.Context, calls []*checked, now time.Time) 
 		kept = append(kept, c)
 	}
 	return kept, evs, nil
+}
+
+// retryLater refuses a checked call for now: a refusal (seq 0) that
+// leaves its key free, says when to try again (retry_after_ms, at least
+// 1) and names the decision's policies and version. A rate limit and a
+// policy that could not decide both refuse so; agents and the
+// compensation requests retry on retry_after_ms.
+func (p *Processor) retryLater(c *checked, now time.Time, reason, detail string, after time.Duration) ledger.Event {
+	ev := p.refuse(c.key(), c.env, now, reason, "", detail)
+	ev.RetryAfterMS = max(after.Milliseconds(), 1)
+	p.decorate(&ev, c.decision)
+	return ev
 }
 
 // decorate puts the decision's policy fields on an event.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -406,5 +407,51 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 	}
 	if ev := evs[0]; ev.Type != "denied" || ev.Reason != ledger.CodeNumberOutOfRange || ev.Pointer != "/arguments/priority" {
 		t.Errorf("Submit(NaN) refused %s (%s at %q); want denied (%s at /arguments/priority)", ev.Type, ev.Reason, ev.Pointer, ledger.CodeNumberOutOfRange)
+	}
+}
+
+// A policy that could not decide in time refuses the call for now, as a
+// rate limit does: a refusal at seq 0 with retry_after_ms, and the key
+// stays free, so that the agent's retry under the same key is decided
+// afresh. Before, the timeout was the call's final denial (seq 2) and the
+// retry a duplicate that changed nothing.
+func TestIntakeRetryAfterAPolicyTimeoutIsDecidedAfresh(t *testing.T) {
+	engine, stalled := processorstest.StallingPolicy(t, "../testdata/policies")
+	f := newIntakeWith(t, func(c *intake.Config) { c.Policy = engine })
+	rec := f.envelopeRecord(t, "slow-policy", map[string]any{"title": "t"})
+	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "slow-policy"}
+
+	stalled.Store(true)
+	out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range events(t, out) {
+		got = append(got, fmt.Sprintf("%s@%d(%s) retry_after_ms=%d versioned=%t", e.Type, e.Seq, e.Reason, e.RetryAfterMS, e.PolicyVersion != ""))
+	}
+	if want := []string{"denied@0(policy_timeout) retry_after_ms=1000 versioned=true"}; !slices.Equal(got, want) {
+		t.Fatalf("after a policy timeout: %v; want %v", got, want)
+	}
+	if out.Committed != nil {
+		if err := out.Committed(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, err := f.store.Get(t.Context(), key); !errors.Is(err, processors.ErrNotFound) {
+		t.Fatalf("after the refusal the store holds %s (%v); want the key free", r.Status, err)
+	}
+
+	stalled.Store(false)
+	out, err = f.in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	for _, e := range events(t, out) {
+		got = append(got, fmt.Sprintf("%s@%d", e.Type, e.Seq))
+	}
+	if want := []string{"requested@1", "authorized@2"}; !slices.Equal(got, want) {
+		t.Errorf("the retry once the policy answers appended %v; want %v", got, want)
 	}
 }

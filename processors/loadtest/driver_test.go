@@ -85,7 +85,7 @@ func drvNewLedger(t *testing.T, withExecutor bool) *drvLedger {
 	if err != nil {
 		t.Fatalf("demo policies: %v", err)
 	}
-	// The default 50ms evaluation deadline denies a call now and then
+	// The default 50ms evaluation deadline refuses a call now and then
 	// (policy_timeout) when the race detector slows a loaded process;
 	// these tests measure the load generator, not policy latency.
 	if l.policy, err = policy.NewEngine(policy.Config{Set: set, Timeout: 10 * time.Second}); err != nil {

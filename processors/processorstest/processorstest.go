@@ -6,6 +6,7 @@ package processorstest
 import (
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,11 +76,34 @@ const testPolicyTimeout = 5 * time.Second
 // Policy returns an engine on the policy directory dir.
 func Policy(t testing.TB, dir string) *policy.Engine {
 	t.Helper()
+	return newPolicy(t, dir, nil)
+}
+
+// StallingPolicy returns an engine on the policy directory dir whose
+// evaluations run out of time (policy_timeout) while stalled is set, as
+// under a scheduler stall longer than the engine's budget, and decide as
+// Policy's otherwise. The engine's clock jumps a minute at every reading
+// while stalled: no test waits for the timeout.
+func StallingPolicy(t testing.TB, dir string) (e *policy.Engine, stalled *atomic.Bool) {
+	t.Helper()
+	stalled = new(atomic.Bool)
+	var jumps atomic.Int64
+	now := func() time.Time {
+		if !stalled.Load() {
+			return time.Now()
+		}
+		return time.Now().Add(time.Duration(jumps.Add(1)) * time.Minute)
+	}
+	return newPolicy(t, dir, now), stalled
+}
+
+func newPolicy(t testing.TB, dir string, now func() time.Time) *policy.Engine {
+	t.Helper()
 	set, err := policy.LoadDir(dir, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := policy.NewEngine(policy.Config{Set: set, Timeout: testPolicyTimeout})
+	e, err := policy.NewEngine(policy.Config{Set: set, Timeout: testPolicyTimeout, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
