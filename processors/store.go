@@ -208,7 +208,9 @@ const (
 	Claimed ClaimOutcome = iota + 1
 	// Reclaimed: the call was executing under a lease that has expired (its
 	// owner died or stalled mid-call); the caller now holds it at a new
-	// epoch. Whether the tool ran is unknown.
+	// epoch. Whether the tool ran is unknown. A call its owner gave back
+	// (Release) is Claimed instead, once its release ends: nothing was
+	// sent under it.
 	Reclaimed
 	// Busy: another owner holds a live lease.
 	Busy
@@ -256,6 +258,19 @@ type Completion struct {
 	From int64
 }
 
+// Release gives a claimed call back without an outcome: its owner sent
+// nothing under the claim, and the call is to be tried again later (a
+// check before the call could not be made: the policies could not decide
+// an approved call's re-check). Fenced by the epoch, as a completion.
+type Release struct {
+	Key   ledger.CallKey
+	Epoch int64
+	// After is how long no claim may take the call: the record stays
+	// executing, without a lease owner, under a lease that ends After
+	// from now (the store's clock), and Expired lists it from then.
+	After time.Duration
+}
+
 // Move is a compare-and-set of a record's status, for the steps outside
 // the executor (an approval decided, a pending approval expired): it
 // applies only while the record is still at From and at seq FromSeq, and
@@ -297,6 +312,15 @@ type Store interface {
 	// means the caller was fenced out and must not append events.
 	Complete(ctx context.Context, cs []Completion) (applied []bool, err error)
 	MarkLogged(ctx context.Context, ls []Logged) error
+	// Release applies each release whose epoch is still current and whose
+	// record is executing; applied[i] reports which did. A released
+	// record stays executing with no lease owner, its attempt, seq and
+	// outbox as they were, until its lease (Release.After) ends; the
+	// claim that takes it then is Claimed, not Reclaimed. The caller
+	// must have sent nothing under its claim, and must hold a claim that
+	// was not Reclaimed (an earlier owner may have sent): a release says
+	// that no request of the call ever left.
+	Release(ctx context.Context, rs []Release) (applied []bool, err error)
 	// Settle ends the journal entries named (see Completion.Journal).
 	// With logged, their completions' events are in the log: the
 	// entries go and the records stay as they are. Without, the events
@@ -312,7 +336,9 @@ type Store interface {
 	// ignored.
 	Settle(ctx context.Context, journals []string, logged bool) error
 	// Expired returns up to limit records executing under a lease that
-	// ended before now (the store's clock), oldest first.
+	// ended before now (the store's clock), oldest first: claims whose
+	// owner died or stalled, and claims given back (Release) whose
+	// release ended.
 	Expired(ctx context.Context, limit int) ([]Record, error)
 	// Unlogged returns up to limit records, in any status but executing,
 	// whose outbox events are not known to be in the log (LoggedSeq <
@@ -398,6 +424,16 @@ func settles(from, to Status) bool {
 		return to == StatusCompensated
 	}
 	return false
+}
+
+// CheckReleases: see CheckAdmissions.
+func CheckReleases(rs []Release) error {
+	for i, r := range rs {
+		if r.Epoch <= 0 || r.After < 0 {
+			return fmt.Errorf("release %d (%v): want a claimed epoch and a delay not negative, got %d and %v", i, r.Key, r.Epoch, r.After)
+		}
+	}
+	return nil
 }
 
 // CheckMoves: see CheckAdmissions. A move neither enters nor leaves

@@ -398,7 +398,7 @@ func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
 // index moves the index entries of the record at rk from what prev (nil:
 // a new record) had to what r has. Every write of a record goes through
 // it (by way of put), so the indexes follow every path: Admit, Claim,
-// Complete, MarkLogged, Move.
+// Complete, Release, MarkLogged, Move.
 func (x *txn) index(prev, r *processors.Record, rk []byte) error {
 	from, to := keysOf(prev, rk), keysOf(r, rk)
 	for _, ix := range []struct {
@@ -580,6 +580,10 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 				continue
 			case cur.Status == processors.StatusAuthorized:
 				out[i].Outcome = processors.Claimed
+			case cur.Status == processors.StatusExecuting && cur.LeaseUntil.Before(x.now) && cur.LeaseOwner == "":
+				// Given back by its owner (Release), which sent
+				// nothing.
+				out[i].Outcome = processors.Claimed
 			case cur.Status == processors.StatusExecuting && cur.LeaseUntil.Before(x.now):
 				out[i].Outcome = processors.Reclaimed
 			case cur.Status == processors.StatusExecuting:
@@ -683,33 +687,50 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 	return applied, nil
 }
 
-// Move implements processors.Store. The moves run in batch order in one
-// transaction, so a later move of a key sees an earlier one's write.
-func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
-	if err := processors.CheckMoves(ms); err != nil {
-		return nil, fmt.Errorf("boltstore move: %w: %w", processors.ErrRejected, err)
+// Release implements processors.Store.
+func (s *Store) Release(ctx context.Context, rs []processors.Release) ([]bool, error) {
+	if err := processors.CheckReleases(rs); err != nil {
+		return nil, fmt.Errorf("boltstore release: %w: %w", processors.ErrRejected, err)
 	}
-	if len(ms) == 0 {
+	if len(rs) == 0 {
 		return []bool{}, nil
 	}
-	applied := make([]bool, len(ms))
-	err := s.update(ctx, "move", func(x *txn) error {
-		for i, m := range ms {
+	keys := make([]ledger.CallKey, len(rs))
+	for i, r := range rs {
+		keys[i] = r.Key
+	}
+	return s.updateEach(ctx, "release", keys, func(i int, next *processors.Record, now time.Time) bool {
+		r := rs[i]
+		if next.Status != processors.StatusExecuting || next.Epoch != r.Epoch {
+			return false // fenced out
+		}
+		next.LeaseOwner = ""
+		next.LeaseUntil = now.Add(r.After)
+		next.UpdatedAt = now
+		return true
+	})
+}
+
+// updateEach changes the records of keys one by one, in order, in one
+// transaction, so that a later change of a key sees an earlier one's
+// write: change edits next (the record as it is) and reports whether to
+// write it, false for a record moved or fenced out meanwhile. A key
+// without a record is left out. applied[i] reports the writes.
+func (s *Store) updateEach(ctx context.Context, op string, keys []ledger.CallKey, change func(i int, next *processors.Record, now time.Time) bool) ([]bool, error) {
+	applied := make([]bool, len(keys))
+	err := s.update(ctx, op, func(x *txn) error {
+		for i, k := range keys {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			cur, ok, err := x.get(m.Key)
+			cur, ok, err := x.get(k)
 			if err != nil {
 				return err
 			}
-			if !ok || cur.Status != m.From || cur.Seq != m.FromSeq {
-				continue // moved by someone else, or never there
-			}
 			next := cur
-			next.Status = m.To
-			next.Seq = m.Seq
-			next.Outbox = m.Outbox
-			next.UpdatedAt = x.now
+			if !ok || !change(i, &next, x.now) {
+				continue
+			}
 			if err := x.put(&cur, next); err != nil {
 				return err
 			}
@@ -721,6 +742,32 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		return nil, err
 	}
 	return applied, nil
+}
+
+// Move implements processors.Store. The moves run in batch order in one
+// transaction, so a later move of a key sees an earlier one's write.
+func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if err := processors.CheckMoves(ms); err != nil {
+		return nil, fmt.Errorf("boltstore move: %w: %w", processors.ErrRejected, err)
+	}
+	if len(ms) == 0 {
+		return []bool{}, nil
+	}
+	keys := make([]ledger.CallKey, len(ms))
+	for i, m := range ms {
+		keys[i] = m.Key
+	}
+	return s.updateEach(ctx, "move", keys, func(i int, next *processors.Record, now time.Time) bool {
+		m := ms[i]
+		if next.Status != m.From || next.Seq != m.FromSeq {
+			return false // moved by someone else
+		}
+		next.Status = m.To
+		next.Seq = m.Seq
+		next.Outbox = m.Outbox
+		next.UpdatedAt = now
+		return true
+	})
 }
 
 // MarkLogged implements processors.Store. LoggedSeq only grows, and only

@@ -487,13 +487,14 @@ func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn f
 	return s.inTxAt(ctx, op, pgx.Serializable, mode, fn)
 }
 
-// relaxed is the isolation level of Admit, Claim, Complete, MarkLogged
-// and the journal's settling (Settle, and Unlogged's of stale entries):
-// READ COMMITTED on PostgreSQL. Each decides every record on the record
-// alone, under its row lock: Admit by the primary key, Claim by a locking
-// read and an UPDATE whose WHERE repeats the claim's conditions, Complete
-// by an UPDATE fenced by epoch and status, MarkLogged only raises a
-// counter, and a journal entry's revert is fenced by epoch; the entries
+// relaxed is the isolation level of Admit, Claim, Complete, Release,
+// MarkLogged and the journal's settling (Settle, and Unlogged's of stale
+// entries): READ COMMITTED on PostgreSQL. Each decides every record on the
+// record alone, under its row lock: Admit by the primary key, Claim by a
+// locking read and an UPDATE whose WHERE repeats the claim's conditions,
+// Complete and Release by an UPDATE fenced by epoch and status,
+// MarkLogged only raises a counter, and a journal entry's revert is
+// fenced by epoch; the entries
 // themselves are deleted by primary key, one deleter winning. A concurrent writer of the row makes
 // them wait and then decide on its write (PostgreSQL re-checks an
 // UPDATE's WHERE against the new row), where SERIALIZABLE failed them
@@ -626,7 +627,7 @@ var recordCols = []string{
 
 // queries holds the SQL with the table name filled in.
 type queries struct {
-	selectKeys, selectKeysForUpdate, insert, claim, complete, move, markLogged, expired, unlogged, byStatus, get string
+	selectKeys, selectKeysForUpdate, insert, claim, complete, release, move, markLogged, expired, unlogged, byStatus, get string
 	// unloggedAfter is unlogged from a processors.Cursor on.
 	unloggedAfter string
 	// The journal (processors.Completion.Journal): an entry written with
@@ -769,6 +770,19 @@ FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, status, attempt, result, seq
       FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
                   $6::BYTEA[], $7::BIGINT[], $8::BYTEA[], $9::BIGINT[], $10::BOOL[])
            AS u (t, k, epoch, status, attempt, result, seq, outbox, ord, journaled)
+      ORDER BY t, k, epoch, ord) AS u
+WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
+  AND COALESCE(r.status, '') = 'executing'
+RETURNING u.ord`),
+		// Fenced as complete. The record stays executing, with no owner:
+		// the lease index lists it once the release ends, and a claim
+		// then finds no owner and answers Claimed (see Store.claimed).
+		// after_us * INTERVAL as in claim.
+		release: r.Replace(`UPDATE {table} AS r
+SET lease_owner = '', lease_until = now() + u.after_us * INTERVAL '1 microsecond', updated_at = now()
+FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, after_us, ord
+      FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[])
+           AS u (t, k, epoch, after_us, ord)
       ORDER BY t, k, epoch, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
   AND COALESCE(r.status, '') = 'executing'
@@ -1242,7 +1256,9 @@ func (s *Store) claimed(ctx context.Context, cs []processors.Claim, before []pro
 			out[i] = processors.ClaimResult{Outcome: processors.Mismatch, Record: r}
 		case didWin:
 			outcome := processors.Claimed
-			if r.Status == processors.StatusExecuting {
+			if r.Status == processors.StatusExecuting && r.LeaseOwner != "" {
+				// An owner's lease ran out: it may have sent. A
+				// released claim (no owner) sent nothing.
 				outcome = processors.Reclaimed
 			}
 			// At most one claim per key wins (the one with the
@@ -1318,10 +1334,7 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 					return fmt.Errorf("journal entry: %w", err)
 				}
 			}
-			applied = make([]bool, len(cs))
-			for _, i := range done {
-				applied[i] = true
-			}
+			applied = appliedOf(len(cs), done)
 			return nil
 		},
 	})
@@ -1329,6 +1342,47 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 		return nil, err
 	}
 	return applied, nil
+}
+
+// Release implements processors.Store.
+func (s *Store) Release(ctx context.Context, rs []processors.Release) ([]bool, error) {
+	if err := processors.CheckReleases(rs); err != nil {
+		return nil, fmt.Errorf("pgstore release: %w: %w", processors.ErrRejected, err)
+	}
+	if len(rs) == 0 {
+		return []bool{}, nil
+	}
+	ts, ks := make([]string, len(rs)), make([]string, len(rs))
+	epochs, afters, ords := make([]int64, len(rs)), make([]int64, len(rs)), make([]int64, len(rs))
+	for i, r := range rs {
+		ts[i], ks[i], epochs[i], ords[i] = r.Key.TenantID, r.Key.IdempotencyKey, r.Epoch, int64(i)
+		// Rounded up to whole microseconds, as a claim's lease.
+		afters[i] = int64((r.After + time.Microsecond - 1) / time.Microsecond)
+	}
+	var applied []bool
+	err := s.inBatchTx(ctx, "release", s.relaxed(), batchTx{
+		queue: func(b *pgx.Batch) { b.Queue(s.q.release, ts, ks, epochs, afters, ords) },
+		read: func(br pgx.BatchResults) error {
+			rows, _ := br.Query()
+			done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			applied = appliedOf(len(rs), done)
+			return err
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return applied, nil
+}
+
+// appliedOf is which of n inputs the batch positions done (a statement's
+// RETURNING ord) name.
+func appliedOf(n int, done []int64) []bool {
+	applied := make([]bool, n)
+	for _, i := range done {
+		applied[i] = true
+	}
+	return applied
 }
 
 // moveRound is one statement of a Move batch: at most one move per key.

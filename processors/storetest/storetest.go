@@ -90,6 +90,8 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Complete/InvalidStatus", testCompleteInvalidStatus},
 		{"Complete/IntraBatch", testCompleteIntraBatch},
 		{"Complete/BatchOrder", testCompleteBatchOrder},
+		{"Release/Applied", testReleaseApplied},
+		{"Release/NotApplied", testReleaseNotApplied},
 		{"MarkLogged/Monotonic", testMarkLoggedMonotonic},
 		{"MarkLogged/Batch", testMarkLoggedBatch},
 		{"Unlogged/OlderThan", testUnloggedOlderThan},
@@ -220,6 +222,18 @@ func mustComplete(t *testing.T, s processors.Store, cs ...processors.Completion)
 	}
 	if len(got) != len(cs) {
 		t.Fatalf("Complete(%d completions) returned %d results; want %d", len(cs), len(got), len(cs))
+	}
+	return got
+}
+
+func mustRelease(t *testing.T, s processors.Store, rs ...processors.Release) []bool {
+	t.Helper()
+	got, err := s.Release(t.Context(), rs)
+	if err != nil {
+		t.Fatalf("Release(%d releases) = %v; want nil error", len(rs), err)
+	}
+	if len(got) != len(rs) {
+		t.Fatalf("Release(%d releases) returned %d results; want %d", len(rs), len(got), len(rs))
 	}
 	return got
 }
@@ -979,6 +993,89 @@ func testExpiredOrderAndLimit(t *testing.T, s processors.Store) {
 	if got := mustExpired(t, s, 0); len(got) != 0 {
 		t.Errorf("Expired(0) = %d records; want none", len(got))
 	}
+}
+
+// ---------------------------------------------------------------- Release
+
+// testReleaseApplied: a released claim stays executing, without an owner,
+// as it was otherwise, and no claim takes it until its release ends;
+// the sweep then lists it, and the claim that takes it is Claimed, not
+// Reclaimed: its owner sent nothing.
+func testReleaseApplied(t *testing.T, s processors.Store) {
+	held, soon := key("release:held"), key("release:soon")
+	heldRec := admitClaimed(t, s, held, "executor-1", longLease)
+	soonRec := admitClaimed(t, s, soon, "executor-1", longLease)
+	before := time.Now()
+	applied := mustRelease(t, s,
+		processors.Release{Key: held, Epoch: heldRec.Epoch, After: longLease},
+		processors.Release{Key: soon, Epoch: soonRec.Epoch, After: shortLease})
+	after := time.Now()
+	if !applied[0] || !applied[1] {
+		t.Fatalf("Release of current claims applied = %v; want both", applied)
+	}
+	r := mustGet(t, s, held)
+	want := heldRec
+	want.LeaseOwner = ""
+	if diff := cmp.Diff(want, r, ignoreStoreSet, equateEmpty); diff != "" {
+		t.Errorf("released record mismatch (-want +got):\n%s", diff)
+	}
+	checkWithin(t, "LeaseUntil", r.LeaseUntil, before.Add(longLease), after.Add(longLease))
+	if got := mustClaim(t, s, claim(held, hashA, "executor-2", longLease)); got[0].Outcome != processors.Busy {
+		t.Errorf("Claim during the release outcome = %v; want Busy", got[0].Outcome)
+	}
+
+	waitExpired(t, s, soon)
+	got := mustClaim(t, s, claim(soon, hashA, "executor-2", longLease))
+	if got[0].Outcome != processors.Claimed {
+		t.Fatalf("Claim after the release ended outcome = %v; want Claimed (nothing was sent)", got[0].Outcome)
+	}
+	if c := got[0].Record; c.Epoch != soonRec.Epoch+1 || c.LeaseOwner != "executor-2" || c.Status != processors.StatusExecuting {
+		t.Errorf("claimed record epoch %d owner %q status %q; want %d, executor-2, executing", c.Epoch, c.LeaseOwner, c.Status, soonRec.Epoch+1)
+	}
+	// An owner's lease that ran out is still a reclaim.
+	lapsed := key("release:lapsed")
+	admitClaimed(t, s, lapsed, "executor-1", shortLease)
+	waitExpired(t, s, lapsed)
+	if got := mustClaim(t, s, claim(lapsed, hashA, "executor-2", longLease)); got[0].Outcome != processors.Reclaimed {
+		t.Errorf("Claim of a lapsed, unreleased lease outcome = %v; want Reclaimed", got[0].Outcome)
+	}
+}
+
+// testReleaseNotApplied: a release of a stale epoch, of a call not
+// executing, or of no call writes nothing; an invalid one is rejected.
+func testReleaseNotApplied(t *testing.T, s processors.Store) {
+	stale := key("release:stale")
+	first := admitClaimed(t, s, stale, "executor-1", shortLease)
+	waitExpired(t, s, stale)
+	cur := mustClaim(t, s, claim(stale, hashA, "executor-2", longLease))[0].Record
+	done := key("release:done")
+	c := admitClaimed(t, s, done, "executor-1", longLease)
+	mustComplete(t, s, processors.Completion{Key: done, Epoch: c.Epoch, Status: processors.StatusSucceeded, Attempt: 1, Seq: 4, Outbox: []byte("x")})
+	doneRec := mustGet(t, s, done)
+	pending := key("release:pending")
+	pendingRec := mustAdmit(t, s, admission(pending, hashA, processors.StatusPending))[0].Record
+
+	applied := mustRelease(t, s,
+		processors.Release{Key: stale, Epoch: first.Epoch, After: shortLease},
+		processors.Release{Key: done, Epoch: c.Epoch, After: shortLease},
+		processors.Release{Key: pending, Epoch: 1, After: shortLease},
+		processors.Release{Key: key("release:missing"), Epoch: 1, After: shortLease})
+	if slices.Contains(applied, true) {
+		t.Errorf("Release applied = %v; want none", applied)
+	}
+	checkUnchanged(t, s, stale, cur)
+	checkUnchanged(t, s, done, doneRec)
+	checkUnchanged(t, s, pending, pendingRec)
+
+	for _, r := range []processors.Release{
+		{Key: stale, Epoch: 0, After: shortLease},
+		{Key: stale, Epoch: cur.Epoch, After: -time.Second},
+	} {
+		if _, err := s.Release(t.Context(), []processors.Release{r}); !errors.Is(err, processors.ErrRejected) {
+			t.Errorf("Release(epoch %d, after %v) = %v; want ErrRejected", r.Epoch, r.After, err)
+		}
+	}
+	checkUnchanged(t, s, stale, cur)
 }
 
 // ---------------------------------------------------------------- Complete
@@ -1893,6 +1990,9 @@ func testEmptyBatches(t *testing.T, s processors.Store) {
 	}
 	if err := s.MarkLogged(ctx, nil); err != nil {
 		t.Errorf("MarkLogged(nil) = %v; want nil", err)
+	}
+	if got, err := s.Release(ctx, nil); err != nil || len(got) != 0 {
+		t.Errorf("Release(nil) = %v, %v; want empty, nil", got, err)
 	}
 	if got, err := s.Expired(ctx, 10); err != nil || len(got) != 0 {
 		t.Errorf("Expired(10) on an empty store = %v, %v; want empty, nil", got, err)
