@@ -70,6 +70,7 @@ import (
 type Store interface {
 	Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error)
 	Complete(ctx context.Context, cs []processors.Completion) ([]bool, error)
+	Release(ctx context.Context, rs []processors.Release) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 	Settle(ctx context.Context, journals []string, logged bool) error
 	Expired(ctx context.Context, limit int) ([]processors.Record, error)
@@ -174,7 +175,15 @@ type Config struct {
 	ControlMaxStaleness time.Duration
 	// Policy decides an approved call again right before it runs, with
 	// the policies in force then: a newer version that denies wins. Nil
-	// skips the re-check.
+	// skips the re-check. A re-check the policies cannot answer
+	// (policy.Decision.Transient: a timeout, an evaluation error, no
+	// active set) denies nothing: nothing is sent, and the claim is given
+	// back (processors.Store.Release) for RetryBackoff, after which the
+	// sweep of expired leases (SweepEvery) claims the call again, until
+	// the policies answer, the approval expires or the call's deadline
+	// passes. A taken-over call is not given back (its first owner may
+	// have sent it): its outcome is left to the reconciler, as for any
+	// other refusal.
 	Policy Decider
 	// BaseURL resolves tools' relative backend URLs. Required when any
 	// tool's URL is relative.
@@ -284,7 +293,8 @@ type Config struct {
 
 // Metrics receives an executor's measurements (metrics.Registry is one).
 type Metrics interface {
-	// Claims: n claims ended in result (see claimResult).
+	// Claims: n claims ended in result (see claimResult), or were given
+	// back unsent ("released").
 	Claims(result string, n int)
 	// Stage: a stage ("claim", "complete") took d.
 	Stage(stage string, d time.Duration)
@@ -971,6 +981,12 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		case reclaimed:
 			log.Warn("taken-over call refused before it was sent again; outcome unknown", "reason", r.reason, "detail", r.detail)
 			return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+r.reason, nil)
+		case r.decision.Transient():
+			// The policies could not decide, which says nothing about
+			// the call: denying would end an approved call for good
+			// on a stall. Nothing was sent under this claim, and it is
+			// no takeover: give it back, to be decided again later.
+			return x.releaseClaim(ctx, c, log, r)
 		default:
 			return c.deny(r.reason, r.detail, r.decision)
 		}
@@ -1215,6 +1231,34 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	// (masks included) are the ones on the events that follow.
 	c.tmpl.PolicyID, c.tmpl.PolicyVersion, c.tmpl.Obligations = d.PolicyIDs, d.Version, d.Obligations.List()
 	return nil
+}
+
+// releaseClaim releases the claim of a call that sent nothing, for the
+// policies could not decide it now: the call stays executing, without an
+// owner, for RetryBackoff, and the sweep of expired leases (or a
+// redelivery) then claims it afresh (Claimed, not Reclaimed). It returns
+// no completion: the step records nothing for the call, and the log
+// still holds its approved event as its last. Should the store fail, the
+// call ends failed, not started, rather than wait for its lease to run
+// out: a lapsed lease would pass for a takeover, and the call for one
+// that may have been sent.
+func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog, r refusal) processors.Completion {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	applied, err := x.cfg.Store.Release(rctx, []processors.Release{{Key: c.rec.Key, Epoch: c.rec.Epoch, After: x.cfg.RetryBackoff}})
+	switch {
+	case err != nil:
+		log.Error("give back a call the policies could not decide; it fails, not started", "reason", r.reason, "err", err)
+		return c.finish(processors.StatusFailed, c.rec.Attempt+1, r.reason, "not_started", nil)
+	case !applied[0]:
+		// Fenced out: another owner holds the call now.
+		log.Warn("claim lost before it could be given back", "reason", r.reason)
+		return processors.Completion{}
+	}
+	log.Warn("policies could not decide an approved call; claim given back, to be decided again", "reason", r.reason,
+		"detail", r.detail, "retry_after", x.cfg.RetryBackoff)
+	x.cfg.Metrics.Claims("released", 1)
+	return processors.Completion{}
 }
 
 // refusal is why a call must not run: a denial's reason, detail and the
