@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,7 +18,7 @@ import (
 type demoBackendFlags struct {
 	addr       string
 	latency    time.Duration
-	jwksURL    string
+	jwksURLs   []string
 	introspect string
 	journal    string
 }
@@ -35,9 +36,10 @@ idempotency key where the tool is native-idempotent, as a real downstream
 would, and records every effect it applied: GET /effects lists them, which
 is where ledger bench --attach counts duplicate and missing effects.
 
-With --credential-jwks-url (an executor's --jwks-addr) every request must
-carry the per-call credential the ledger minted for it, as a deployed tool
-checks; without, none is checked. It is a stand-in for real tools, for
+With --credential-jwks-url (every executor's --jwks-addr, and the
+reconciler's, comma separated) every request must carry the per-call
+credential the ledger minted for it, as a deployed tool checks; without,
+none is checked. It is a stand-in for real tools, for
 trials and benchmarks: it keeps every effect in memory until it stops.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -47,7 +49,7 @@ trials and benchmarks: it keeps every effect in memory until it stops.`,
 	fs := cmd.Flags()
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "where to serve the tools (POST /tools/{tool}, GET /tools/{tool}/status, GET /effects, GET /healthz)")
 	fs.DurationVar(&f.latency, "latency", 0, "latency added to every tool request, to model a real downstream")
-	fs.StringVar(&f.jwksURL, "credential-jwks-url", "", "the ledger's credential keys (an executor's --jwks-addr, /.well-known/jwks.json): with it every request must carry a credential minted for it (401 otherwise); https, or http on loopback")
+	fs.StringSliceVar(&f.jwksURLs, "credential-jwks-url", nil, "the ledger's credential keys, comma separated: the /.well-known/jwks.json of every executor's --jwks-addr and of the reconciler's (each signs with keys of its own); with it every request must carry a credential minted for it (401 otherwise); each https, or http on loopback")
 	fs.StringVar(&f.introspect, "introspect-url", "", "with --credential-jwks-url: the ledger's token introspection endpoint (a reconciler's /v1/introspect), asked about every credential so that a revoked one is refused")
 	fs.StringVar(&f.journal, "journal", "", "also append every effect to this file, one JSON line each")
 	return cmd
@@ -58,13 +60,13 @@ func runDemoBackend(ctx context.Context, g *globals, f *demoBackendFlags, out io
 	cfg := demobackend.Config{Logger: logger, Latency: f.latency, JournalPath: f.journal}
 	checks := "no credential checked"
 	switch {
-	case f.jwksURL != "":
-		v, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, JWKSURL: f.jwksURL})
+	case len(f.jwksURLs) > 0:
+		v, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, JWKSURLs: f.jwksURLs, Logger: logger})
 		if err != nil {
 			return fmt.Errorf("demo-backend: --credential-jwks-url: %w", err)
 		}
 		cfg.Credentials, cfg.IntrospectURL = v, f.introspect
-		checks = "credentials checked against " + f.jwksURL
+		checks = "credentials checked against " + strings.Join(f.jwksURLs, ", ")
 	case f.introspect != "":
 		return fmt.Errorf("demo-backend: --introspect-url asks about the credentials that --credential-jwks-url verifies")
 	}

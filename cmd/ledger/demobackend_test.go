@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,22 +36,19 @@ func startDemoBackend(t *testing.T, addr string, args ...string) {
 
 // `ledger demo-backend` serves the demo tools on their own: a call's
 // effect is applied once per idempotency key, listed at GET /effects and
-// in the journal; with the ledger's credential keys, a call without a
-// credential minted for it is refused without an effect.
+// in the journal; with the ledger's credential keys (those of two
+// executors, each with its own), a call without a credential minted for
+// it is refused without an effect, and either executor's credential is
+// accepted.
 func TestDemoBackendCommand(t *testing.T) {
-	broker, err := credentials.New(credentials.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	jwks := httptest.NewServer(broker.Handler())
-	defer jwks.Close()
+	brokers, urls := servedBrokers(t, 2)
 	for _, checked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("credentials checked %v", checked), func(t *testing.T) {
 			addr := freeAddr(t)
 			journal := filepath.Join(t.TempDir(), "effects.jsonl")
 			args := []string{"--journal", journal}
 			if checked {
-				args = append(args, "--credential-jwks-url", jwks.URL+credentials.JWKSPath)
+				args = append(args, "--credential-jwks-url", strings.Join(urls, ","))
 			}
 			startDemoBackend(t, addr, args...)
 			cl := httptool.New(httptool.Config{})
@@ -69,12 +65,21 @@ func TestDemoBackendCommand(t *testing.T) {
 				if err := call("k-none", ""); !errors.As(err, &te) || te.Status != http.StatusUnauthorized {
 					t.Errorf("a call without a credential: %v; want 401", err)
 				}
-				c, err := broker.Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e", Tool: "create_ticket", ToolVersion: 1,
+				c, err := brokers[0].Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e", Tool: "create_ticket", ToolVersion: 1,
 					Audience: demobackend.DefaultAudience, CallID: "call_k-1", IdempotencyKey: "k-1", KeyEpoch: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
 				cred = c.Token
+				// The other executor's credential, for a call of its own.
+				c2, err := brokers[1].Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e2", Tool: "create_ticket", ToolVersion: 1,
+					Audience: demobackend.DefaultAudience, CallID: "call_k-2", IdempotencyKey: "k-2", KeyEpoch: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := call("k-2", c2.Token); err != nil {
+					t.Errorf("a call with the second executor's credential: %v; want accepted", err)
+				}
 			}
 			// A retry with the same key does not apply the effect again.
 			for range 2 {

@@ -122,6 +122,29 @@ func newServer(addr string, h http.Handler) *http.Server {
 	}
 }
 
+// serveBackground listens on addr (its errors are returned) and serves h
+// until ctx ends, in goroutines the command owns; a server that stops
+// before is logged. what names the server in the logs.
+func (g *globals) serveBackground(ctx context.Context, what, addr string, h http.Handler, logger *slog.Logger) error {
+	srv := newServer(addr, h)
+	logger = logger.With("server", what)
+	serveHTTP, err := g.httpTLS.listen(srv, logger)
+	if err != nil {
+		return err
+	}
+	go func() {
+		// Owned by the command: closed when ctx ends.
+		<-ctx.Done()
+		srv.Close()
+	}()
+	go func() {
+		if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("http server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
 // serve listens on addr (bad TLS flags and an address in use are its
 // errors, before anything is served), serves h in grp until ctx ends,
 // then shuts the server down gracefully. It returns the bound address.

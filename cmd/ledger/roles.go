@@ -412,21 +412,9 @@ func newExecutorCmd(g *globals) *cobra.Command {
 					return nil, err
 				}
 				if jwksAddr != "" {
-					srv := newServer(jwksAddr, broker.Handler())
-					serveHTTP, err := g.httpTLS.listen(srv, logger.With("server", "jwks"))
-					if err != nil {
+					if err := g.serveBackground(cmd.Context(), "jwks", jwksAddr, broker.Handler(), logger); err != nil {
 						return nil, err
 					}
-					go func() {
-						// Owned by the command: closed when ctx ends.
-						<-cmd.Context().Done()
-						srv.Close()
-					}()
-					go func() {
-						if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
-							logger.Error("jwks server stopped", "err", err)
-						}
-					}()
 				}
 				// Approved calls are decided again before they run, with
 				// the intake's policies: the executor needs the same
@@ -474,7 +462,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
 	pf.register(cmd.Flags())
-	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve the credential keys (GET /.well-known/jwks.json) for tools to verify with; empty: not served")
+	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve this executor's credential keys (GET /.well-known/jwks.json) for tools to verify with; each executor has keys of its own, so a tool lists every executor's URL; empty: not served")
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative tool backend URLs resolve against")
 	return cmd
 }
@@ -588,7 +576,8 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		pf        policyFlags
 		toolsBase string
 		httpAddr  string
-		credsJWKS string
+		jwksAddr  string
+		credsJWKS []string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconciler",
@@ -599,6 +588,13 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				broker, err := cf.broker(rf.store.dataDir, logger)
 				if err != nil {
 					return nil, err
+				}
+				// The status lookups carry credentials of this broker:
+				// tools that check them list this URL too.
+				if jwksAddr != "" {
+					if err := g.serveBackground(ctx, "jwks", jwksAddr, broker.Handler(), logger); err != nil {
+						return nil, err
+					}
 				}
 				// Compensations are governed calls: the same checks and
 				// policies as the intake's, on the same store.
@@ -663,10 +659,11 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					mux.Handle("/v1/resolutions", rc.ResolveHandler(staff, events))
 					mux.Handle("/v1/compensations", undoAPI.Handler())
 					// The kill switch's API, and introspection for tools
-					// when the executors' credential keys are known.
+					// when the executors' credential keys are known: theirs,
+					// and this process's own (its status lookups').
 					var inspector control.Inspector
-					if credsJWKS != "" {
-						v, err := credentials.NewVerifier(credentials.VerifierConfig{JWKSURL: credsJWKS, Logger: logger})
+					if len(credsJWKS) > 0 {
+						v, err := credentials.NewVerifier(credentials.VerifierConfig{Keys: broker.Keys, JWKSURLs: credsJWKS, Logger: logger})
 						if err != nil {
 							return nil, err
 						}
@@ -681,21 +678,9 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					if inspector != nil {
 						mux.Handle(control.IntrospectPath, kill.Handler())
 					}
-					srv := newServer(httpAddr, mux)
-					serveHTTP, err := g.httpTLS.listen(srv, logger.With("server", "operators"))
-					if err != nil {
+					if err := g.serveBackground(ctx, "operators", httpAddr, mux, logger); err != nil {
 						return nil, err
 					}
-					go func() {
-						// Owned by the command: closed when ctx ends.
-						<-ctx.Done()
-						srv.Close()
-					}()
-					go func() {
-						if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
-							logger.Error("resolutions server stopped", "err", err)
-						}
-					}()
 				}
 				rf.obs.metrics.Unknown(rc.Unknown)
 				return rc.Loop(rf.batching.loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance, Metrics: rf.obs.metrics}))
@@ -711,6 +696,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative status lookup URLs resolve against")
 	pf.register(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve the operators' APIs: /v1/resolutions, /v1/compensations, /v1/control (needs --issuer and --jwks-*); empty: not served")
-	cmd.Flags().StringVar(&credsJWKS, "credential-jwks-url", "", "the executors' credential keys (an executor's --jwks-addr): with it, --http-addr also serves RFC 7662 introspection at /v1/introspect")
+	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve the reconciler's credential keys (GET /.well-known/jwks.json), which sign its status lookups, for tools to verify with; empty: not served")
+	cmd.Flags().StringSliceVar(&credsJWKS, "credential-jwks-url", nil, "the executors' credential keys, comma separated: every executor's --jwks-addr URL (each has keys of its own); with it, --http-addr also serves RFC 7662 introspection at /v1/introspect, which also knows the reconciler's own keys")
 	return cmd
 }

@@ -1,6 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,8 +15,12 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/ledger/token"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
@@ -68,6 +79,140 @@ func TestIdentityFlagsMaxAssertionLifetime(t *testing.T) {
 			if got := token.ReasonOf(err); got != tc.reason || (tc.reason == "" && err != nil) {
 				t.Errorf("Verify(assertion for %s) with %v = %v; want reason %q", tc.ttl, tc.args, err, tc.reason)
 			}
+		})
+	}
+}
+
+// servedBrokers returns n credential brokers, each with keys of its own
+// as every executor has, and the URLs of their published key sets.
+func servedBrokers(t *testing.T, n int) ([]*credentials.Broker, []string) {
+	t.Helper()
+	var brokers []*credentials.Broker
+	var urls []string
+	for range n {
+		b, err := credentials.New(credentials.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(b.Handler())
+		t.Cleanup(srv.Close)
+		brokers, urls = append(brokers, b), append(urls, srv.URL+credentials.JWKSPath)
+	}
+	return brokers, urls
+}
+
+// TestReconcilerTrustsEveryBroker: every executor and the reconciler mint
+// credentials with keys of their own. The reconciler serves its keys at
+// --jwks-addr (its status lookups carry its credentials), and its
+// introspection, given every executor's URL in --credential-jwks-url,
+// calls active the credentials of each executor and its own, and not a
+// stranger's.
+func TestReconcilerTrustsEveryBroker(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cc := ledger.ClientConfig{Brokers: cluster.ListenAddrs()}
+	topics := ledger.Topics{Requests: "trust.requests", Events: "trust.events", Control: "trust.control", DLQ: "trust.dlq"}
+	admin, err := ledger.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := ledger.EnsureTopics(t.Context(), admin, ledger.TopicConfig{Topics: topics, Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+
+	executors, urls := servedBrokers(t, 2)
+	dir := t.TempDir()
+	iss, err := identity.LoadOrCreateIssuer(filepath.Join(dir, "issuer.jwk"), "trust-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuerJWKS := filepath.Join(dir, "issuer.jwks.json")
+	if err := os.WriteFile(issuerJWKS, iss.Keys().JWKS(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(dir, "reconciler")
+	httpAddr, jwksAddr := freeAddr(t), freeAddr(t)
+	exited := runCommand(t, "--log-level", "error",
+		"--kafka-brokers", strings.Join(cc.Brokers, ","),
+		"--topic-requests", topics.Requests, "--topic-events", topics.Events,
+		"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
+		"reconciler", "--crdb-dsn", freshSchemaDSN(t), "--data-dir", dataDir, "--instance-id", "trust-test",
+		"--tools-base-url", "http://127.0.0.1:1", "--issuer", "trust-test", "--jwks-file", issuerJWKS,
+		"--http-addr", httpAddr, "--jwks-addr", jwksAddr, "--credential-jwks-url", strings.Join(urls, ","),
+	)
+	var served []byte
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
+		resp, err := http.Get("http://" + jwksAddr + credentials.JWKSPath)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET jwks: status %d", resp.StatusCode)
+		}
+		served, err = io.ReadAll(resp.Body)
+		return err
+	})
+	// The reconciler's own broker, read from its key directory: what it
+	// signs its status lookups with.
+	own, err := credentials.New(credentials.Config{KeyDir: filepath.Join(dataDir, "credentials")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(served, own.JWKS()) {
+		t.Errorf("--jwks-addr serves %s; want the reconciler's keys %s", served, own.JWKS())
+	}
+	stranger, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	introspect := func(b *credentials.Broker) (int, bool) {
+		t.Helper()
+		cred, err := b.Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e", Tool: "refund_order", ToolVersion: 1,
+			Audience: "demo-backend", CallID: "c", IdempotencyKey: "k", KeyEpoch: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.PostForm("http://"+httpAddr+"/v1/introspect", url.Values{"token": {cred.Token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var got struct {
+			Active bool `json:"active"`
+		}
+		if resp.StatusCode == http.StatusOK {
+			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode, got.Active
+	}
+	for name, tc := range map[string]struct {
+		broker *credentials.Broker
+		active bool
+	}{
+		"executor 0": {executors[0], true},
+		"executor 1": {executors[1], true},
+		"reconciler": {own, true},
+		"stranger":   {stranger, false},
+	} {
+		ledgertest.WaitFor(t, 10*time.Second, func() error {
+			exited()
+			status, active := introspect(tc.broker)
+			if status != http.StatusOK {
+				return fmt.Errorf("%s: introspection status %d", name, status)
+			}
+			if active != tc.active {
+				t.Errorf("credential of %s: active %v; want %v", name, active, tc.active)
+			}
+			return nil
 		})
 	}
 }

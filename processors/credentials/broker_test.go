@@ -56,7 +56,7 @@ func newBroker(t testing.TB, c *clock, cfg Config) *Broker {
 func newVerifier(t *testing.T, c *clock, b *Broker, cfg VerifierConfig) *Verifier {
 	t.Helper()
 	cfg.Now = c.Now
-	if cfg.Keys == nil && cfg.JWKSURL == "" {
+	if cfg.Keys == nil && len(cfg.JWKSURLs) == 0 {
 		cfg.Keys = b.Keys
 	}
 	if cfg.Audience == "" {

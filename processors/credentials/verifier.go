@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,7 +24,7 @@ const (
 	DefaultMinRefresh = time.Second
 )
 
-// VerifierConfig configures a Verifier. Exactly one of Keys and JWKSURL
+// VerifierConfig configures a Verifier. At least one of Keys and JWKSURLs
 // must be set.
 type VerifierConfig struct {
 	// Audience is the aud a credential must carry: the backend's own
@@ -32,17 +34,24 @@ type VerifierConfig struct {
 	Audience string
 	// Issuer is the iss a credential must carry. Default: DefaultIssuer.
 	Issuer string
-	// Keys returns the published key set (JWKS JSON); in-process, the
-	// broker's Keys method.
+	// Keys returns a published key set (JWKS JSON) in the same process:
+	// the broker's Keys method.
 	Keys func(ctx context.Context) ([]byte, error)
-	// JWKSURL is where to fetch the key set, such as the broker's
-	// http://127.0.0.1:port/.well-known/jwks.json. It must be https, or
-	// http on a loopback address unless AllowInsecureHTTP is set: keys
-	// fetched in clear over a network can be swapped.
-	JWKSURL string
-	// AllowInsecureHTTP permits an http JWKSURL on a non-loopback host.
+	// JWKSURLs are where to fetch the published key sets, one per broker
+	// whose credentials are to verify: every executor's --jwks-addr and
+	// the reconciler's, such as
+	// https://executor-0.executor:8443/.well-known/jwks.json. Every broker
+	// signs with keys of its own, so a verifier given one broker's set
+	// refuses the others' credentials. Each URL must be https, or http on
+	// a loopback address unless AllowInsecureHTTP is set: keys fetched in
+	// clear over a network can be swapped. Each set (and the one from
+	// Keys) is cached and refreshed on its own, and a kid found in any of
+	// them is used: one unreachable URL refuses (keys_unavailable) only the
+	// credentials that no other set verifies.
+	JWKSURLs []string
+	// AllowInsecureHTTP permits http JWKSURLs on non-loopback hosts.
 	AllowInsecureHTTP bool
-	// HTTPClient fetches JWKSURL. Default: a client with a 10 s timeout.
+	// HTTPClient fetches JWKSURLs. Default: a client with a 10 s timeout.
 	HTTPClient *http.Client
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
@@ -50,11 +59,13 @@ type VerifierConfig struct {
 	// DefaultSkew (30 s). Must not be negative.
 	Skew time.Duration
 	// CacheFor is how long a fetched key set is used before it is fetched
-	// again. Default: DefaultCacheFor (60 s, the broker's max-age).
+	// again; each set on its own schedule. Default: DefaultCacheFor (60 s,
+	// the broker's max-age).
 	CacheFor time.Duration
-	// MinRefresh is the least time between two fetches: a token with an
-	// unknown kid triggers a fetch (the key may have just rotated), at most
-	// this often, so that made-up kids cannot flood the key server.
+	// MinRefresh is the least time between two fetches of one set: a
+	// token with an unknown kid triggers a fetch of every set (the key may
+	// have just rotated in any), at most this often, so that made-up kids
+	// cannot flood the key servers.
 	// Default: DefaultMinRefresh (1 s).
 	MinRefresh time.Duration
 	// Logger receives key set fetch failures (Warn). Default: discard.
@@ -87,26 +98,27 @@ func (c *VerifierConfig) setDefaults() {
 
 func (c VerifierConfig) validate() error {
 	switch {
-	case (c.Keys == nil) == (c.JWKSURL == ""):
-		return fmt.Errorf("%w: set exactly one of Keys and JWKSURL", ErrInvalidConfig)
+	case c.Keys == nil && len(c.JWKSURLs) == 0:
+		return fmt.Errorf("%w: set Keys or JWKSURLs", ErrInvalidConfig)
 	case c.Skew < 0 || c.CacheFor < 0 || c.MinRefresh < 0:
 		return fmt.Errorf("%w: Skew, CacheFor and MinRefresh must not be negative", ErrInvalidConfig)
 	}
-	if c.JWKSURL == "" {
-		return nil
-	}
-	u, err := url.Parse(c.JWKSURL)
-	if err != nil || u.Host == "" {
-		return fmt.Errorf("%w: JWKSURL is not an absolute URL", ErrInvalidConfig)
-	}
-	switch u.Scheme {
-	case "https":
-	case "http":
-		if !c.AllowInsecureHTTP && !isLoopback(u.Hostname()) {
-			return fmt.Errorf("%w: JWKSURL must be https off loopback (or set AllowInsecureHTTP)", ErrInvalidConfig)
+	// The messages name the URL by its place in the list: a URL may carry
+	// a credential in its query.
+	for i, raw := range c.JWKSURLs {
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return fmt.Errorf("%w: JWKSURLs[%d] is not an absolute URL", ErrInvalidConfig, i)
 		}
-	default:
-		return fmt.Errorf("%w: JWKSURL scheme %q is not http(s)", ErrInvalidConfig, u.Scheme)
+		switch u.Scheme {
+		case "https":
+		case "http":
+			if !c.AllowInsecureHTTP && !isLoopback(u.Hostname()) {
+				return fmt.Errorf("%w: JWKSURLs[%d] must be https off loopback (or set AllowInsecureHTTP)", ErrInvalidConfig, i)
+			}
+		default:
+			return fmt.Errorf("%w: JWKSURLs[%d] scheme %q is not http(s)", ErrInvalidConfig, i, u.Scheme)
+		}
 	}
 	return nil
 }
@@ -137,20 +149,38 @@ type Expect struct {
 // issuer, audience, expiry, scope, tenant and call, and one call per jti.
 // It is safe for concurrent use.
 type Verifier struct {
-	cfg   VerifierConfig
-	fetch func(ctx context.Context) ([]byte, error)
-
-	// keysMu is held across a fetch, so that concurrent verifications
-	// wait for one fetch instead of each starting its own.
-	keysMu    sync.Mutex
-	keys      map[string]ed25519.PublicKey
-	fetchedAt time.Time
-	triedAt   time.Time
-	lastErr   error
+	cfg     VerifierConfig
+	sources []*keySource
 
 	seenMu sync.Mutex
 	seen   map[string]seenJTI
 	byExp  expiryHeap
+}
+
+// keySource is one published key set the verifier trusts: a broker's
+// JWKS URL, or VerifierConfig.Keys. Each is fetched, cached and rate
+// limited on its own, so that one failing set does not hide the others.
+type keySource struct {
+	// name says which set in logs: "keys" for VerifierConfig.Keys, or
+	// "jwks_urls[i]" (a URL may carry a credential in its query).
+	name  string
+	fetch func(ctx context.Context) ([]byte, error)
+
+	// set is the last fetched set, read without a lock by every
+	// verification.
+	set atomic.Pointer[keySet]
+
+	// mu is held across a fetch, so that concurrent verifications wait
+	// for one fetch of the set instead of each starting its own.
+	mu      sync.Mutex
+	triedAt time.Time
+	lastErr error
+}
+
+// keySet is a fetched key set and when it was fetched.
+type keySet struct {
+	keys      map[string]ed25519.PublicKey
+	fetchedAt time.Time
 }
 
 // seenJTI is an accepted jti: the call it was accepted for, and until when
@@ -168,9 +198,14 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	v := &Verifier{cfg: cfg, fetch: cfg.Keys, seen: make(map[string]seenJTI)}
-	if v.fetch == nil {
-		v.fetch = v.fetchURL
+	v := &Verifier{cfg: cfg, seen: make(map[string]seenJTI)}
+	if cfg.Keys != nil {
+		v.sources = append(v.sources, &keySource{name: "keys", fetch: cfg.Keys})
+	}
+	for i, u := range cfg.JWKSURLs {
+		v.sources = append(v.sources, &keySource{name: fmt.Sprintf("jwks_urls[%d]", i), fetch: func(ctx context.Context) ([]byte, error) {
+			return v.fetchURL(ctx, u)
+		}})
 	}
 	return v, nil
 }
@@ -307,42 +342,95 @@ func (v *Verifier) remembered() int {
 	return len(v.seen)
 }
 
-// key returns the public key kid names, fetching the set when the cached
-// one is too old or does not know kid.
+// key returns the public key kid names from the first current set that
+// holds it. When none does, it fetches every set (those too old, and any
+// other in case kid has just rotated in), each at most once per
+// MinRefresh, and looks again. Kids are RFC 7638 thumbprints, so two sets
+// naming one kid name one key.
 func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, error) {
-	v.keysMu.Lock()
-	defer v.keysMu.Unlock()
 	now := v.cfg.Now()
-	refreshed := false
-	if v.keys == nil || !now.Before(v.fetchedAt.Add(v.cfg.CacheFor)) {
-		// Fail closed: an expired set is not used, since it may still
-		// hold a key the issuer has withdrawn.
-		if err := v.refreshLocked(ctx, now); err != nil {
-			return nil, &Error{Reason: ReasonKeysUnavailable, Err: err}
-		}
-		refreshed = true
-	}
-	if pub, ok := v.keys[kid]; ok {
+	if pub, ok := v.cached(now, kid); ok {
 		return pub, nil
 	}
-	if !refreshed {
-		if err := v.refreshLocked(ctx, now); err != nil {
-			return nil, &Error{Reason: ReasonKeysUnavailable, Err: err}
-		}
-		if pub, ok := v.keys[kid]; ok {
-			return pub, nil
+	// First the sets too old to use, which may hold kid; only if none
+	// does, the current ones, in case kid has just rotated into one. So a
+	// set expiring does not make every other set be fetched too.
+	errs := v.refresh(ctx, now, func(i int) bool { return !v.sources[i].current(v, now) })
+	if pub, ok := v.cached(now, kid); ok {
+		return pub, nil
+	}
+	for i, err := range v.refresh(ctx, now, func(i int) bool { return errs[i] == nil }) {
+		if errs[i] == nil {
+			errs[i] = err
 		}
 	}
-	return nil, reject(ReasonUnknownKid, "kid %s is not in the published key set", quote(kid))
+	if pub, ok := v.cached(now, kid); ok {
+		return pub, nil
+	}
+	// kid is in no set at hand. If a set could not be had, kid may be in
+	// it: that is the key server's failure, not the token's.
+	if err := errors.Join(errs...); err != nil {
+		return nil, &Error{Reason: ReasonKeysUnavailable, Err: err}
+	}
+	return nil, reject(ReasonUnknownKid, "kid %s is not in the published key sets", quote(kid))
 }
 
-// refreshLocked fetches the key set, at most once per MinRefresh; within
-// that interval it returns the last attempt's outcome.
-func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) error {
-	if !v.triedAt.IsZero() && now.Before(v.triedAt.Add(v.cfg.MinRefresh)) {
-		return v.lastErr
+// refresh fetches the sets that want says to, in parallel (a set slow
+// to answer delays the others by nothing), and returns each one's error.
+func (v *Verifier) refresh(ctx context.Context, now time.Time, want func(i int) bool) []error {
+	errs := make([]error, len(v.sources))
+	var wg sync.WaitGroup
+	for i, s := range v.sources {
+		if !want(i) {
+			continue
+		}
+		if len(v.sources) == 1 {
+			errs[i] = s.refresh(ctx, v, now)
+			break
+		}
+		wg.Go(func() { errs[i] = s.refresh(ctx, v, now) })
 	}
-	b, err := v.fetch(ctx)
+	wg.Wait()
+	return errs
+}
+
+// cached returns kid's key from the first set fetched less than CacheFor
+// ago that holds it. Fail closed: an older set is not used, since it may
+// still hold a key its broker has withdrawn.
+func (v *Verifier) cached(now time.Time, kid string) (ed25519.PublicKey, bool) {
+	for _, s := range v.sources {
+		if !s.current(v, now) {
+			continue
+		}
+		if pub, ok := s.set.Load().keys[kid]; ok {
+			return pub, true
+		}
+	}
+	return nil, false
+}
+
+// current reports whether the source has a set fetched less than
+// CacheFor ago.
+func (s *keySource) current(v *Verifier, now time.Time) bool {
+	set := s.set.Load()
+	return set != nil && now.Before(set.fetchedAt.Add(v.cfg.CacheFor))
+}
+
+// refresh fetches the set, at most once per MinRefresh; within that
+// interval it returns the last attempt's outcome. It returns nil when the
+// set at hand is current (fetched now, or within MinRefresh and still
+// within CacheFor).
+func (s *keySource) refresh(ctx context.Context, v *Verifier, now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.triedAt.IsZero() && now.Before(s.triedAt.Add(v.cfg.MinRefresh)) {
+		if s.lastErr == nil && !s.current(v, now) {
+			// Only with a CacheFor below MinRefresh.
+			return fmt.Errorf("key set %s expired within MinRefresh of its fetch", s.name)
+		}
+		return s.lastErr
+	}
+	b, err := s.fetch(ctx)
 	var keys map[string]ed25519.PublicKey
 	if err == nil {
 		keys, err = parseJWKS(b)
@@ -351,30 +439,33 @@ func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) error {
 		if ctx.Err() != nil {
 			// This caller gave up; that says nothing about the key set,
 			// so the next caller tries again.
-			return fmt.Errorf("fetch key set: %w", err)
+			return fmt.Errorf("fetch key set %s: %w", s.name, err)
 		}
-		v.triedAt, v.lastErr = now, fmt.Errorf("fetch key set: %w", err)
-		v.cfg.Logger.Warn("credential key set unavailable", "err", err)
-		return v.lastErr
+		s.triedAt, s.lastErr = now, fmt.Errorf("fetch key set %s: %w", s.name, err)
+		v.cfg.Logger.Warn("credential key set unavailable", "key_set", s.name, "err", err)
+		return s.lastErr
 	}
-	v.triedAt, v.lastErr = now, nil
-	v.keys, v.fetchedAt = keys, now
+	s.triedAt, s.lastErr = now, nil
+	s.set.Store(&keySet{keys: keys, fetchedAt: now})
 	return nil
 }
 
-func (v *Verifier) fetchURL(ctx context.Context) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, v.cfg.JWKSURL, nil)
+func (v *Verifier) fetchURL(ctx context.Context, u string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Accept", "application/jwk-set+json, application/json")
 	resp, err := v.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return nil, err
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err // without the URL, which may carry a credential
+		}
+		return nil, fmt.Errorf("GET: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: status %d", v.cfg.JWKSURL, resp.StatusCode)
+		return nil, fmt.Errorf("GET: status %d", resp.StatusCode)
 	}
 	return io.ReadAll(io.LimitReader(resp.Body, maxJWKSBytes+1))
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -491,17 +492,114 @@ func TestVerifierJWKSURL(t *testing.T) {
 	b := newBroker(t, c, Config{})
 	srv := httptest.NewServer(b.Handler())
 	t.Cleanup(srv.Close)
-	v := newVerifier(t, c, b, VerifierConfig{JWKSURL: srv.URL + JWKSPath})
+	v := newVerifier(t, c, b, VerifierConfig{JWKSURLs: []string{srv.URL + JWKSPath}})
 	if err := verifyErr(t, v, mint(t, b, grant()).Token, expect()); err != nil {
 		t.Errorf("Verify with keys from the broker's handler: %v", err)
 	}
 
 	broken := httptest.NewServer(http.NotFoundHandler())
 	t.Cleanup(broken.Close)
-	v = newVerifier(t, c, b, VerifierConfig{JWKSURL: broken.URL + JWKSPath})
+	v = newVerifier(t, c, b, VerifierConfig{JWKSURLs: []string{broken.URL + JWKSPath}})
 	err := verifyErr(t, v, mint(t, b, grant()).Token, expect())
 	if ReasonOf(err) != ReasonKeysUnavailable || !strings.Contains(err.Error(), "status 404") {
 		t.Errorf("Verify with a key server answering 404: %v; want keys_unavailable naming the status", err)
+	}
+}
+
+// TestVerifierSeveralBrokers: every executor and the reconciler mint with
+// keys of their own, published at their own URL, so a backend lists them
+// all. A token of any of them verifies, across rotations, and one broker's
+// key server being down refuses only that broker's tokens.
+func TestVerifierSeveralBrokers(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	brokers := []*Broker{newBroker(t, c, Config{RotateEvery: time.Hour}), newBroker(t, c, Config{RotateEvery: time.Hour})}
+	var down atomic.Bool // the second broker's key server
+	var urls []string
+	for i, b := range brokers {
+		h := b.Handler()
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if i == 1 && down.Load() {
+				http.Error(w, "down", http.StatusServiceUnavailable)
+				return
+			}
+			h.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL+JWKSPath)
+	}
+	v := newVerifier(t, c, nil, VerifierConfig{JWKSURLs: urls})
+	calls := 0
+	// mint returns a token of broker i for a call of its own, and its kid.
+	mint := func(i int) (Credential, Expect) {
+		t.Helper()
+		calls++
+		g := grant()
+		g.IdempotencyKey = fmt.Sprintf("call-%d", calls)
+		want := expect()
+		want.IdempotencyKey = g.IdempotencyKey
+		cred, err := brokers[i].Mint(g)
+		if err != nil {
+			t.Fatalf("Mint: %v", err)
+		}
+		return cred, want
+	}
+	kidOf := func(cred Credential) string {
+		h, _ := segments(t, cred.Token)
+		return h["kid"].(string)
+	}
+
+	var before []Credential
+	for i := range brokers {
+		cred, want := mint(i)
+		if err := verifyErr(t, v, cred.Token, want); err != nil {
+			t.Errorf("token of broker %d: %v; want accepted", i, err)
+		}
+		before = append(before, cred)
+	}
+
+	// Both brokers rotate; their new keys verify.
+	c.Advance(2 * time.Hour)
+	var after []Credential
+	var wants []Expect
+	for i := range brokers {
+		cred, want := mint(i)
+		if kidOf(cred) == kidOf(before[i]) {
+			t.Fatalf("broker %d did not rotate", i)
+		}
+		after, wants = append(after, cred), append(wants, want)
+	}
+	for i, cred := range after {
+		if err := verifyErr(t, v, cred.Token, wants[i]); err != nil {
+			t.Errorf("token of broker %d after its rotation: %v; want accepted", i, err)
+		}
+	}
+
+	// The second key server goes down and both cached sets age out: the
+	// first broker's tokens still verify; the second's, and a kid no set
+	// at hand holds, are keys_unavailable (503), not unknown_kid (401).
+	down.Store(true)
+	c.Advance(DefaultCacheFor)
+	first, wantFirst := mint(0)
+	if err := verifyErr(t, v, first.Token, wantFirst); err != nil {
+		t.Errorf("token of the first broker, the second's key server down: %v; want accepted", err)
+	}
+	second, wantSecond := mint(1)
+	if got := ReasonOf(verifyErr(t, v, second.Token, wantSecond)); got != ReasonKeysUnavailable {
+		t.Errorf("token of the broker whose key server is down: reason %q; want keys_unavailable", got)
+	}
+	down.Store(false)
+	c.Advance(DefaultMinRefresh)
+	if err := verifyErr(t, v, second.Token, wantSecond); err != nil {
+		t.Errorf("token of the second broker, its key server back: %v; want accepted", err)
+	}
+
+	// Given only the first broker's URL (all there was before), the
+	// second broker's tokens are refused.
+	one := newVerifier(t, c, nil, VerifierConfig{JWKSURLs: urls[:1]})
+	cred, want := mint(1)
+	if got := ReasonOf(verifyErr(t, one, cred.Token, want)); got != ReasonUnknownKid {
+		t.Errorf("token of a broker not listed: reason %q; want unknown_kid", got)
 	}
 }
 
@@ -514,15 +612,18 @@ func TestVerifierConfigValidation(t *testing.T) {
 		wantErr bool
 	}{
 		{name: "keys func", cfg: VerifierConfig{Keys: keys}},
-		{name: "https", cfg: VerifierConfig{JWKSURL: "https://ledger.example/.well-known/jwks.json"}},
-		{name: "http on loopback", cfg: VerifierConfig{JWKSURL: "http://127.0.0.1:8080/.well-known/jwks.json"}},
-		{name: "http on localhost", cfg: VerifierConfig{JWKSURL: "http://localhost:8080/.well-known/jwks.json"}},
-		{name: "http elsewhere, allowed", cfg: VerifierConfig{JWKSURL: "http://ledger:8080/.well-known/jwks.json", AllowInsecureHTTP: true}},
-		{name: "http elsewhere", cfg: VerifierConfig{JWKSURL: "http://ledger:8080/.well-known/jwks.json"}, wantErr: true},
+		{name: "https", cfg: VerifierConfig{JWKSURLs: []string{"https://ledger.example/.well-known/jwks.json"}}},
+		{name: "http on loopback", cfg: VerifierConfig{JWKSURLs: []string{"http://127.0.0.1:8080/.well-known/jwks.json"}}},
+		{name: "http on localhost", cfg: VerifierConfig{JWKSURLs: []string{"http://localhost:8080/.well-known/jwks.json"}}},
+		{name: "http elsewhere, allowed", cfg: VerifierConfig{JWKSURLs: []string{"http://ledger:8080/.well-known/jwks.json"}, AllowInsecureHTTP: true}},
+		{name: "http elsewhere", cfg: VerifierConfig{JWKSURLs: []string{"http://ledger:8080/.well-known/jwks.json"}}, wantErr: true},
 		{name: "neither", cfg: VerifierConfig{}, wantErr: true},
-		{name: "both", cfg: VerifierConfig{Keys: keys, JWKSURL: "https://ledger.example/jwks.json"}, wantErr: true},
-		{name: "relative URL", cfg: VerifierConfig{JWKSURL: "/.well-known/jwks.json"}, wantErr: true},
-		{name: "file URL", cfg: VerifierConfig{JWKSURL: "file:///etc/jwks.json"}, wantErr: true},
+		{name: "keys and URLs", cfg: VerifierConfig{Keys: keys, JWKSURLs: []string{"https://ledger.example/jwks.json"}}},
+		{name: "several URLs", cfg: VerifierConfig{JWKSURLs: []string{"https://executor-0.executor:8443/.well-known/jwks.json", "https://executor-1.executor:8443/.well-known/jwks.json"}}},
+		{name: "one of several over http elsewhere", cfg: VerifierConfig{JWKSURLs: []string{"https://executor-0.executor:8443/.well-known/jwks.json", "http://executor-1.executor:8443/.well-known/jwks.json"}}, wantErr: true},
+		{name: "an empty URL in the list", cfg: VerifierConfig{JWKSURLs: []string{"https://executor-0.executor:8443/.well-known/jwks.json", ""}}, wantErr: true},
+		{name: "relative URL", cfg: VerifierConfig{JWKSURLs: []string{"/.well-known/jwks.json"}}, wantErr: true},
+		{name: "file URL", cfg: VerifierConfig{JWKSURLs: []string{"file:///etc/jwks.json"}}, wantErr: true},
 		{name: "negative skew", cfg: VerifierConfig{Keys: keys, Skew: -time.Second}, wantErr: true},
 	}
 	for _, tc := range tests {
