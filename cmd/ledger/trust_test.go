@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -80,6 +82,37 @@ func TestIdentityFlagsMaxAssertionLifetime(t *testing.T) {
 				t.Errorf("Verify(assertion for %s) with %v = %v; want reason %q", tc.ttl, tc.args, err, tc.reason)
 			}
 		})
+	}
+}
+
+// TestCredentialFlagsRotation: a rotation faster than a credential's
+// life plus the key's publication ahead and after is refused, naming the
+// flags, rather than retire keys whose credentials still live.
+func TestCredentialFlagsRotation(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		refused bool
+	}{
+		{args: nil},
+		{args: []string{"--credential-rotate", "1m"}, refused: true},
+		{args: []string{"--credential-rotate", "7m29s"}, refused: true},
+		{args: []string{"--credential-rotate", "7m30s"}},
+		{args: []string{"--credential-ttl", "1h", "--credential-rotate", "1h"}, refused: true},
+		{args: []string{"--credential-ttl", "1h", "--credential-rotate", "2h"}},
+	} {
+		var f credentialFlags
+		fs := pflag.NewFlagSet("executor", pflag.ContinueOnError)
+		f.register(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		_, err := f.broker(t.TempDir(), slog.New(slog.DiscardHandler))
+		switch {
+		case tc.refused && (!errors.Is(err, credentials.ErrInvalidConfig) || !strings.Contains(err.Error(), "--credential-rotate")):
+			t.Errorf("%v: %v; want ErrInvalidConfig naming --credential-rotate", tc.args, err)
+		case !tc.refused && err != nil:
+			t.Errorf("%v: %v; want accepted", tc.args, err)
+		}
 	}
 }
 

@@ -6,8 +6,9 @@
 // subject the user, the agent and the executor instance as nested RFC 8693
 // actors, the tenant, one action as scope, a random jti bound to the call's
 // idempotency key, and an expiry of min(deadline, TTL). The signing key
-// rotates; the current key and a few retired ones are published as a JWKS
-// at GET /.well-known/jwks.json.
+// rotates; the published JWKS (GET /.well-known/jwks.json) holds the
+// current key, the next one from CacheFor before it signs, and a retired
+// one until every token it signed has expired.
 //
 // The token is a secret. It is never in an event, a log line or an error:
 // Credential and Broker print redacted under every fmt verb, slog and JSON,
@@ -20,6 +21,7 @@
 package credentials
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -33,12 +35,12 @@ import (
 	"time"
 )
 
-// Defaults of Config.
+// Defaults of Config. Skew and CacheFor default to DefaultSkew and
+// DefaultCacheFor, the verifier's.
 const (
 	DefaultIssuer      = "toolcall-ledger"
 	DefaultTTL         = 5 * time.Minute
 	DefaultRotateEvery = 24 * time.Hour
-	DefaultKeepOld     = 2
 )
 
 // JWKSPath is where Handler serves the published keys.
@@ -65,21 +67,35 @@ type Config struct {
 	// TTL is the longest a credential lives; a sooner call deadline
 	// shortens it. Default: DefaultTTL (5 min). Must not be negative.
 	TTL time.Duration
-	// RotateEvery is the age at which the signing key is replaced, checked
-	// at each Mint (no goroutine). Default: DefaultRotateEvery (24 h). Keep
-	// it well above TTL, or tokens outlive their key's publication when
-	// KeepOld is small.
+	// RotateEvery is how long a key signs before the next one takes
+	// over, checked at each Mint and each read of the JWKS (no
+	// goroutine). Default: DefaultRotateEvery (24 h). It must be at least
+	// MinRotateEvery: a new key is published CacheFor before it signs,
+	// and a retired one stays published for TTL+Skew+CacheFor after, so
+	// rotating faster would retire keys whose tokens still live. It also
+	// bounds the set at two keys: the current one, and the next or the
+	// last retired one.
 	RotateEvery time.Duration
-	// KeepOld is how many retired keys stay published (and on disk) so
-	// that tokens they signed still verify. Default: DefaultKeepOld (2);
-	// negative: none.
-	KeepOld int
+	// Skew is the clock difference the verifiers tolerate on exp
+	// (VerifierConfig.Skew): a retired key stays published until its
+	// last token's exp plus Skew. Default: DefaultSkew (30 s).
+	Skew time.Duration
+	// CacheFor is how long verifiers and HTTP caches may keep the
+	// published set: Handler's max-age. A new key is published this long
+	// before it signs, so that a verifier whose cached set predates it
+	// (or that refetched within its MinRefresh) knows it by then; a
+	// retired key stays this long past its tokens as a margin. It must be
+	// no less than the verifiers' VerifierConfig.CacheFor. Default:
+	// DefaultCacheFor (60 s).
+	CacheFor time.Duration
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
 	// KeyDir, when set, persists the signing keys as 0600 files (the
-	// directory is created 0700), so that a restart keeps them and the
-	// tokens they signed. A key file that other users may read is refused.
-	// One broker per directory. Empty: keys live in memory only.
+	// directory is created 0700), so that a restart keeps them, the
+	// tokens they signed and the time each starts signing. A key file that
+	// other users may read is refused. One broker per directory: two would
+	// each publish only their own keys after a rotation. Empty: keys live
+	// in memory only.
 	KeyDir string
 	// Logger receives rotations (Info) and key file errors (Error); never a
 	// token or key bytes. Default: discard.
@@ -96,11 +112,11 @@ func (c *Config) setDefaults() {
 	if c.RotateEvery == 0 {
 		c.RotateEvery = DefaultRotateEvery
 	}
-	switch {
-	case c.KeepOld == 0:
-		c.KeepOld = DefaultKeepOld
-	case c.KeepOld < 0:
-		c.KeepOld = 0
+	if c.Skew == 0 {
+		c.Skew = DefaultSkew
+	}
+	if c.CacheFor == 0 {
+		c.CacheFor = DefaultCacheFor
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -114,11 +130,27 @@ func (c Config) validate() error {
 	switch {
 	case c.TTL < 0:
 		return fmt.Errorf("%w: TTL %v is negative", ErrInvalidConfig, c.TTL)
-	case c.RotateEvery < 0:
-		return fmt.Errorf("%w: RotateEvery %v is negative", ErrInvalidConfig, c.RotateEvery)
+	case c.Skew < 0 || c.CacheFor < 0:
+		return fmt.Errorf("%w: Skew and CacheFor must not be negative", ErrInvalidConfig)
+	case c.RotateEvery < c.MinRotateEvery():
+		return fmt.Errorf("%w: RotateEvery %v is below %v: a key is published CacheFor (%v) before it signs and kept TTL (%v) + Skew (%v) + CacheFor after",
+			ErrInvalidConfig, c.RotateEvery, c.MinRotateEvery(), c.CacheFor, c.TTL, c.Skew)
 	}
 	return nil
 }
+
+// MinRotateEvery is the least RotateEvery the other fields allow (each
+// zero one as its default): CacheFor of publication before a key signs,
+// plus TTL+Skew+CacheFor of publication after it stopped.
+func (c Config) MinRotateEvery() time.Duration {
+	ttl, skew, cache := cmp.Or(c.TTL, DefaultTTL), cmp.Or(c.Skew, DefaultSkew), cmp.Or(c.CacheFor, DefaultCacheFor)
+	return cache + ttl + skew + cache
+}
+
+// keepRetired is how long a key stays published after it stopped
+// signing: its last token lives TTL, a verifier accepts it Skew longer,
+// and CacheFor is a margin for verifiers' clocks and caches.
+func (c Config) keepRetired() time.Duration { return c.TTL + c.Skew + c.CacheFor }
 
 // Broker mints per-call credentials and publishes the keys that verify
 // them. It is safe for concurrent use.
@@ -128,15 +160,23 @@ type Broker struct {
 
 	mu      sync.Mutex
 	current *signingKey
-	retired []*signingKey // newest first, at most cfg.KeepOld
+	// next is published but does not sign before its activates; nil
+	// until the current key is CacheFor from its rotation.
+	next *signingKey
+	// retired are the keys that signed before current, newest first,
+	// each published until the one after it has signed for
+	// cfg.keepRetired().
+	retired []*signingKey
 	jwks    []byte
 	// noRotateBefore delays the next rotation attempt after a failed one.
 	noRotateBefore time.Time
 }
 
 // New returns a Broker. With cfg.KeyDir it loads the stored keys (the
-// newest signs, the others are published as retired) or creates and saves
-// the first one.
+// newest that has started signing signs, a newer one is published as the
+// next, older ones as retired while their tokens may live) or creates and
+// saves the first one, which signs at once since no other key could sign
+// in its place (a verifier meeting its kid fetches the set again).
 func New(cfg Config) (*Broker, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
@@ -147,8 +187,9 @@ func New(cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
+	now := cfg.Now()
 	if len(keys) == 0 {
-		k, err := newSigningKey(cfg.Now())
+		k, err := newSigningKey(now, now)
 		if err != nil {
 			return nil, err
 		}
@@ -157,9 +198,27 @@ func New(cfg Config) (*Broker, error) {
 		}
 		keys = []*signingKey{k}
 	}
-	b.current = keys[0]
-	b.setRetiredLocked(keys[1:])
-	cfg.Logger.Info("credential broker ready", "kid", b.current.kid, "retired_keys", len(b.retired), "key_dir", cfg.KeyDir)
+	// keys is newest first. The current key is the newest that has
+	// started signing, or the oldest if none has (a clock set back).
+	cur := len(keys) - 1
+	for i, k := range keys {
+		if !now.Before(k.activates) {
+			cur = i
+			break
+		}
+	}
+	b.current, b.retired = keys[cur], keys[cur+1:]
+	if cur > 0 {
+		b.next = keys[cur-1]
+		// More than one key yet to sign can only come of a clock set
+		// back; they never signed, so nothing depends on them.
+		for _, k := range keys[:cur-1] {
+			b.removeLocked(k)
+		}
+	}
+	b.advanceLocked(now)
+	b.publishLocked()
+	cfg.Logger.Info("credential broker ready", "kid", b.current.kid, "next_kid", b.nextKID(), "retired_keys", len(b.retired), "key_dir", cfg.KeyDir)
 	return b, nil
 }
 
@@ -317,44 +376,78 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 func (b *Broker) signingKey(now time.Time) *signingKey {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if now.Sub(b.current.created) >= b.cfg.RotateEvery && !now.Before(b.noRotateBefore) {
-		b.rotateLocked(now)
+	if b.advanceLocked(now) {
+		b.publishLocked()
 	}
 	return b.current
 }
 
-// rotateLocked replaces the current key. If the new key cannot be saved
-// the broker keeps signing with the old one (a token signed by an unsaved
+// advanceLocked moves the keys on to now and reports whether the
+// published set changed: the next key takes over once it activates; a
+// next key is made CacheFor before the current one is due to rotate; a
+// retired key is dropped once the key after it has signed for
+// keepRetired, so no token it signed is still accepted anywhere.
+func (b *Broker) advanceLocked(now time.Time) bool {
+	changed := false
+	if b.next != nil && !now.Before(b.next.activates) {
+		b.cfg.Logger.Info("signing key rotated", "kid", b.next.kid, "retired_kid", b.current.kid)
+		b.current, b.next, b.retired = b.next, nil, append([]*signingKey{b.current}, b.retired...)
+		changed = true
+	}
+	due := b.current.activates.Add(b.cfg.RotateEvery - b.cfg.CacheFor)
+	if b.next == nil && !now.Before(due) && !now.Before(b.noRotateBefore) {
+		changed = b.prepareNextLocked(now) || changed
+	}
+	// retired[i] stopped signing when the key before it in the list
+	// (current for retired[0]) started.
+	successor := b.current
+	for i, k := range b.retired {
+		if !now.Before(successor.activates.Add(b.cfg.keepRetired())) {
+			for _, old := range b.retired[i:] {
+				b.removeLocked(old)
+			}
+			b.retired = b.retired[:i]
+			changed = true
+			break
+		}
+		successor = k
+	}
+	return changed
+}
+
+// prepareNextLocked makes and saves the next key, to sign from CacheFor
+// after now, and reports whether it did. If the key cannot be saved the
+// broker keeps signing with the current one (a token signed by an unsaved
 // key would not verify after a restart) and tries again after rotateRetry.
-func (b *Broker) rotateLocked(now time.Time) {
-	k, err := newSigningKey(now)
+func (b *Broker) prepareNextLocked(now time.Time) bool {
+	k, err := newSigningKey(now, now.Add(b.cfg.CacheFor))
 	if err == nil {
 		err = b.store.save(k)
 	}
 	if err != nil {
 		b.noRotateBefore = now.Add(rotateRetry)
 		b.cfg.Logger.Error("signing key rotation failed; still signing with the old key", "kid", b.current.kid, "err", err)
-		return
+		return false
 	}
-	old := b.current
-	b.current = k
-	b.setRetiredLocked(append([]*signingKey{old}, b.retired...))
-	b.cfg.Logger.Info("signing key rotated", "kid", k.kid, "retired_kid", old.kid)
+	b.next = k
+	b.cfg.Logger.Info("next signing key published", "kid", k.kid, "signs_from", k.activates)
+	return true
 }
 
-// setRetiredLocked keeps the newest KeepOld of retired, forgets (and
-// deletes) the rest, and rebuilds the published set.
-func (b *Broker) setRetiredLocked(retired []*signingKey) {
-	if len(retired) > b.cfg.KeepOld {
-		for _, k := range retired[b.cfg.KeepOld:] {
-			if err := b.store.remove(k); err != nil {
-				b.cfg.Logger.Error("retired signing key not deleted", "kid", k.kid, "err", err)
-			}
-		}
-		retired = retired[:b.cfg.KeepOld]
+// removeLocked forgets k's file; the caller drops it from the set.
+func (b *Broker) removeLocked(k *signingKey) {
+	if err := b.store.remove(k); err != nil {
+		b.cfg.Logger.Error("retired signing key not deleted", "kid", k.kid, "err", err)
 	}
-	b.retired = retired
+}
+
+// publishLocked rebuilds the published set: the current key, the next,
+// then the retired ones, newest first.
+func (b *Broker) publishLocked() {
 	set := jwkSet{Keys: []jwk{publicJWK(b.current.kid, b.current.public())}}
+	if b.next != nil {
+		set.Keys = append(set.Keys, publicJWK(b.next.kid, b.next.public()))
+	}
 	for _, k := range b.retired {
 		set.Keys = append(set.Keys, publicJWK(k.kid, k.public()))
 	}
@@ -365,11 +458,24 @@ func (b *Broker) setRetiredLocked(retired []*signingKey) {
 	b.jwks = jwks
 }
 
-// JWKS returns the published key set: the current signing key first, then
-// up to KeepOld retired keys, newest first.
+func (b *Broker) nextKID() string {
+	if b.next == nil {
+		return ""
+	}
+	return b.next.kid
+}
+
+// JWKS returns the published key set at the broker's now: the current
+// signing key first, then the next one if it is published yet, then the
+// retired ones whose tokens may still be live, newest first. Reading it
+// moves the keys on as Mint does, so a broker that mints nothing still
+// publishes its next key ahead of time.
 func (b *Broker) JWKS() []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.advanceLocked(b.cfg.Now()) {
+		b.publishLocked()
+	}
 	return append([]byte(nil), b.jwks...)
 }
 
@@ -378,13 +484,15 @@ func (b *Broker) JWKS() []byte {
 func (b *Broker) Keys(context.Context) ([]byte, error) { return b.JWKS(), nil }
 
 // Handler serves JWKS at GET /.well-known/jwks.json (HEAD too), cacheable
-// for 60 seconds; verifiers refetch sooner when they meet an unknown kid.
+// for Config.CacheFor (a new key is published that long before it signs);
+// verifiers refetch sooner when they meet an unknown kid.
 func (b *Broker) Handler() http.Handler {
+	cacheControl := "public, max-age=" + strconv.Itoa(int(b.cfg.CacheFor/time.Second))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+JWKSPath, func(w http.ResponseWriter, _ *http.Request) {
 		body := b.JWKS()
 		w.Header().Set("Content-Type", "application/jwk-set+json")
-		w.Header().Set("Cache-Control", "public, max-age=60")
+		w.Header().Set("Cache-Control", cacheControl)
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		_, _ = w.Write(body) // a write error means the client left
 	})

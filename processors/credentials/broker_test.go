@@ -37,6 +37,13 @@ func (c *clock) Now() time.Time {
 	return c.now
 }
 
+// Set moves the clock to t0 + d.
+func (c *clock) Set(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t0.Add(d)
+}
+
 func (c *clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -306,73 +313,125 @@ func TestConfigValidation(t *testing.T) {
 	for name, cfg := range map[string]Config{
 		"negative TTL":         {TTL: -time.Second},
 		"negative RotateEvery": {RotateEvery: -time.Second},
+		"negative Skew":        {Skew: -time.Second},
+		"negative CacheFor":    {CacheFor: -time.Second},
+		// A key rotated out before its tokens expire: they gave
+		// unknown_kid with minutes left.
+		"rotation within a token's life": {RotateEvery: time.Minute, TTL: 5 * time.Minute},
+		"rotation as long as a token":    {RotateEvery: time.Hour, TTL: time.Hour},
+		"just below the least rotation":  {RotateEvery: 7*time.Minute + 29*time.Second},
 	} {
 		if _, err := New(cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("New(%s) error = %v; want ErrInvalidConfig", name, err)
 		}
 	}
+	// CacheFor before, TTL + Skew + CacheFor after: 1m + 5m + 30s + 1m.
+	least := Config{RotateEvery: 7*time.Minute + 30*time.Second}
+	if got := least.MinRotateEvery(); got != least.RotateEvery {
+		t.Errorf("MinRotateEvery() of the defaults = %v; want %v", got, least.RotateEvery)
+	}
+	if _, err := New(least); err != nil {
+		t.Errorf("New with RotateEvery at its least: %v", err)
+	}
 }
 
+// TestRotation follows a key from its publication to its removal: the
+// next key is published CacheFor before it signs, the retired one stays
+// until every token it signed has expired (plus the verifiers' skew and
+// CacheFor), and no longer.
 func TestRotation(t *testing.T) {
 	t.Parallel()
 	c := newClock()
-	// The TTL outlives two rotations here so that only the key's
-	// publication decides whether an old token verifies.
-	b := newBroker(t, c, Config{TTL: 3 * time.Hour, RotateEvery: time.Hour, KeepOld: 1})
-	v := newVerifier(t, c, b, VerifierConfig{})
-	verify := func(tok string) error {
+	b := newBroker(t, c, Config{RotateEvery: time.Hour}) // TTL 5m, Skew 30s, CacheFor 1m
+	at := c.Set
+	kidOf := func(cred Credential) string {
+		h, _ := segments(t, cred.Token)
+		return h["kid"].(string)
+	}
+	jwksAt := func(step string, want ...string) {
 		t.Helper()
-		// Each presentation is a retry of the same call: only the key
-		// decides.
-		_, err := v.Verify(t.Context(), tok, expect())
-		return err
-	}
-
-	tok0 := mint(t, b, grant())
-	kid0 := b.current.kid
-	if diff := cmp.Diff([]string{kid0}, kids(t, b.JWKS())); diff != "" {
-		t.Errorf("JWKS at start (-want +got):\n%s", diff)
-	}
-
-	c.Advance(59 * time.Minute)
-	mint(t, b, grant())
-	if b.current.kid != kid0 {
-		t.Fatalf("key rotated after 59m; want it kept until RotateEvery (1h)")
-	}
-
-	c.Advance(time.Minute)
-	tok1 := mint(t, b, grant())
-	kid1 := b.current.kid
-	if kid1 == kid0 {
-		t.Fatalf("key not rotated after RotateEvery")
-	}
-	if h, _ := segments(t, tok1.Token); h["kid"] != kid1 {
-		t.Errorf("token after rotation signed by kid %v; want the new key %s", h["kid"], kid1)
-	}
-	if diff := cmp.Diff([]string{kid1, kid0}, kids(t, b.JWKS())); diff != "" {
-		t.Errorf("JWKS after one rotation (-want +got):\n%s", diff)
-	}
-	if err := verify(tok0.Token); err != nil {
-		t.Errorf("token of the retired key, still published: %v; want accepted", err)
-	}
-	if err := verify(tok1.Token); err != nil {
-		t.Errorf("token of the new key: %v; want accepted", err)
-	}
-
-	c.Advance(time.Hour)
-	tok2 := mint(t, b, grant())
-	kid2 := b.current.kid
-	if diff := cmp.Diff([]string{kid2, kid1}, kids(t, b.JWKS())); diff != "" {
-		t.Errorf("JWKS after two rotations (-want +got):\n%s", diff)
-	}
-	if got := ReasonOf(verify(tok0.Token)); got != ReasonUnknownKid {
-		t.Errorf("token of the dropped key: reason %q; want unknown_kid", got)
-	}
-	for _, tok := range []Credential{tok1, tok2} {
-		if err := verify(tok.Token); err != nil {
-			t.Errorf("token %s: %v; want accepted", tok.JTI, err)
+		if diff := cmp.Diff(want, kids(t, b.JWKS())); diff != "" {
+			t.Errorf("JWKS %s (-want +got):\n%s", step, diff)
 		}
 	}
+
+	kid0 := kidOf(mint(t, b, grant()))
+	jwksAt("at start", kid0)
+	at(58*time.Minute + 59*time.Second)
+	jwksAt("a second before the next key is due", kid0)
+
+	// Published a minute ahead; read from the JWKS alone, without a Mint.
+	at(59 * time.Minute)
+	jwks := kids(t, b.JWKS())
+	if len(jwks) != 2 || jwks[0] != kid0 {
+		t.Fatalf("JWKS a minute before the rotation = %v; want %s and the next key", jwks, kid0)
+	}
+	kid1 := jwks[1]
+	at(59*time.Minute + 59*time.Second)
+	last := mint(t, b, grant())
+	if got := kidOf(last); got != kid0 {
+		t.Errorf("token a second before the rotation signed by %s; want the current key %s", got, kid0)
+	}
+
+	at(time.Hour)
+	if got := kidOf(mint(t, b, grant())); got != kid1 {
+		t.Errorf("token at the rotation signed by %s; want the published next key %s", got, kid1)
+	}
+	jwksAt("after the rotation", kid1, kid0)
+
+	// The retired key's last token verifies until it expires (59m59s +
+	// 5m, plus the verifier's 30s), for a verifier fetching the set then.
+	at(65*time.Minute + 28*time.Second)
+	v := newVerifier(t, c, b, VerifierConfig{})
+	if _, err := v.Inspect(t.Context(), last.Token); err != nil {
+		t.Errorf("last token of the retired key, a second before it expires: %v; want accepted", err)
+	}
+	// Kept until the rotation + TTL + Skew + CacheFor, then dropped.
+	at(66*time.Minute + 29*time.Second)
+	jwksAt("a second before the retired key may go", kid1, kid0)
+	at(66*time.Minute + 30*time.Second)
+	jwksAt("once no token of the retired key can verify", kid1)
+
+	// The next rotation: the next key is published once the retired one
+	// has gone, so the set never holds more than two keys.
+	at(2*time.Hour - time.Minute)
+	jwks = kids(t, b.JWKS())
+	if len(jwks) != 2 || jwks[0] != kid1 {
+		t.Errorf("JWKS a minute before the second rotation = %v; want %s and the next key", jwks, kid1)
+	}
+	at(2*time.Hour + 30*time.Second)
+	mint(t, b, grant())
+	if got := kids(t, b.JWKS()); len(got) != 2 || got[1] != kid1 {
+		t.Errorf("JWKS after the second rotation = %v; want the new key and %s", got, kid1)
+	}
+}
+
+// TestNewKeyPublishedBeforeItSigns: a verifier that fetched the set just
+// before a rotation (within its MinRefresh, so it will not fetch again
+// yet, as a cache honouring max-age would not) already knows the key that
+// signs after it.
+func TestNewKeyPublishedBeforeItSigns(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{RotateEvery: time.Hour})
+	v := newVerifier(t, c, b, VerifierConfig{})
+	present := func(step, key string) {
+		t.Helper()
+		g := grant()
+		g.IdempotencyKey = key
+		want := expect()
+		want.IdempotencyKey = key
+		if err := verifyErr(t, v, mint(t, b, g).Token, want); err != nil {
+			t.Errorf("%s: %v; want accepted", step, err)
+		}
+	}
+	present("at start", "k0")
+	// The cached set has expired: this verification fetches it again,
+	// half a second before the rotation.
+	c.Advance(time.Hour - 500*time.Millisecond)
+	present("half a second before the rotation", "k1")
+	c.Advance(500 * time.Millisecond)
+	present("the first token of the new key", "k2")
 }
 
 func TestRotationKeepsOldKeyWhenSaveFails(t *testing.T) {
@@ -402,9 +461,9 @@ func TestRotationKeepsOldKeyWhenSaveFails(t *testing.T) {
 func TestJWKSHandler(t *testing.T) {
 	t.Parallel()
 	c := newClock()
-	b := newBroker(t, c, Config{RotateEvery: time.Hour})
+	b := newBroker(t, c, Config{RotateEvery: time.Hour, CacheFor: 2 * time.Minute})
 	c.Advance(time.Hour)
-	mint(t, b, grant()) // one rotation: two published keys
+	mint(t, b, grant()) // the next key published: two keys
 	srv := httptest.NewServer(b.Handler())
 	t.Cleanup(srv.Close)
 
@@ -420,7 +479,7 @@ func TestJWKSHandler(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d; want 200", resp.StatusCode)
 	}
-	for h, want := range map[string]string{"Content-Type": "application/jwk-set+json", "Cache-Control": "public, max-age=60"} {
+	for h, want := range map[string]string{"Content-Type": "application/jwk-set+json", "Cache-Control": "public, max-age=120"} {
 		if got := resp.Header.Get(h); got != want {
 			t.Errorf("%s = %q; want %q", h, got, want)
 		}
@@ -432,7 +491,10 @@ func TestJWKSHandler(t *testing.T) {
 		t.Fatalf("body %s: %v", body, err)
 	}
 	var want []map[string]string
-	for _, k := range append([]*signingKey{b.current}, b.retired...) {
+	if b.next == nil {
+		t.Fatal("no next key published")
+	}
+	for _, k := range append([]*signingKey{b.current, b.next}, b.retired...) {
 		want = append(want, map[string]string{
 			"kty": "OKP", "crv": "Ed25519", "x": b64.EncodeToString(k.public()),
 			"kid": k.kid, "use": "sig", "alg": "EdDSA",
@@ -498,7 +560,7 @@ func TestKeyDirPersistence(t *testing.T) {
 	t.Parallel()
 	c := newClock()
 	dir := filepath.Join(t.TempDir(), "keys")
-	cfg := Config{KeyDir: dir, RotateEvery: time.Hour, KeepOld: 1, TTL: 3 * time.Hour}
+	cfg := Config{KeyDir: dir, RotateEvery: time.Hour}
 	b1 := newBroker(t, c, cfg)
 	tok := mint(t, b1, grant())
 
@@ -543,20 +605,35 @@ func TestKeyDirPersistence(t *testing.T) {
 		t.Errorf("token minted before the restart: %v; want accepted", err)
 	}
 
-	// Rotations are saved; a key that leaves the published set leaves
-	// the disk.
+	// Rotations are saved, the next key with the time it starts signing:
+	// a restart before then publishes it and goes on signing with the
+	// current key. A key that leaves the published set leaves the disk.
 	kid0 := b2.current.kid
-	c.Advance(time.Hour)
-	mint(t, b2, grant())
-	kid1 := b2.current.kid
-	assertKeyFiles(kid1, kid0)
-	c.Advance(time.Hour)
-	mint(t, b2, grant())
-	kid2 := b2.current.kid
-	assertKeyFiles(kid2, kid1)
-
+	c.Advance(59 * time.Minute)
+	b2.JWKS()
+	kid1 := b2.next.kid
+	assertKeyFiles(kid0, kid1)
 	b3 := newBroker(t, c, cfg)
-	if diff := cmp.Diff([]string{kid2, kid1}, kids(t, b3.JWKS())); diff != "" {
+	if diff := cmp.Diff([]string{kid0, kid1}, kids(t, b3.JWKS())); diff != "" {
+		t.Errorf("JWKS after a restart before the next key signs (-want +got):\n%s", diff)
+	}
+	if h, _ := segments(t, mint(t, b3, grant()).Token); h["kid"] != kid0 {
+		t.Errorf("after a restart before the next key signs, signed by %v; want %s", h["kid"], kid0)
+	}
+	c.Advance(time.Minute)
+	if h, _ := segments(t, mint(t, b3, grant()).Token); h["kid"] != kid1 {
+		t.Errorf("at the rotation, signed by %v; want %s", h["kid"], kid1)
+	}
+	assertKeyFiles(kid0, kid1)
+	c.Advance(time.Hour)
+	mint(t, b3, grant()) // the next key published, kid0 dropped
+	c.Advance(time.Minute)
+	mint(t, b3, grant())
+	kid2 := b3.current.kid
+	assertKeyFiles(kid1, kid2)
+
+	b4 := newBroker(t, c, cfg)
+	if diff := cmp.Diff([]string{kid2, kid1}, kids(t, b4.JWKS())); diff != "" {
 		t.Errorf("JWKS after a restart following rotations (-want +got):\n%s", diff)
 	}
 }

@@ -19,28 +19,35 @@ import (
 type signingKey struct {
 	kid     string
 	created time.Time
-	priv    ed25519.PrivateKey
-	header  string // jwsHeaderSegment(kid)
+	// activates is when the key starts signing; it is published from
+	// created.
+	activates time.Time
+	priv      ed25519.PrivateKey
+	header    string // jwsHeaderSegment(kid)
 }
 
-func newKey(kid string, created time.Time, priv ed25519.PrivateKey) *signingKey {
-	return &signingKey{kid: kid, created: created.UTC(), priv: priv, header: jwsHeaderSegment(kid)}
+func newKey(kid string, created, activates time.Time, priv ed25519.PrivateKey) *signingKey {
+	return &signingKey{kid: kid, created: created.UTC(), activates: activates.UTC(), priv: priv, header: jwsHeaderSegment(kid)}
 }
 
 func (k *signingKey) public() ed25519.PublicKey { return k.priv.Public().(ed25519.PublicKey) }
 
-func newSigningKey(now time.Time) (*signingKey, error) {
+// newSigningKey makes a key created at now that signs from activates.
+func newSigningKey(now, activates time.Time) (*signingKey, error) {
 	pub, priv, err := ed25519.GenerateKey(nil) // nil: crypto/rand
 	if err != nil {
 		return nil, fmt.Errorf("generate signing key: %v", err)
 	}
-	return newKey(thumbprint(pub), now, priv), nil
+	return newKey(thumbprint(pub), now, activates, priv), nil
 }
 
 // keyFile is a key on disk: <dir>/<kid>.json, mode 0600.
 type keyFile struct {
 	Kid     string    `json:"kid"`
 	Created time.Time `json:"created"`
+	// Activates is when the key starts signing; absent (files of older
+	// builds, whose keys signed as soon as they were made): Created.
+	Activates time.Time `json:"activates,omitzero"`
 	// Seed is the RFC 8032 private key seed, base64url.
 	Seed string `json:"seed"`
 }
@@ -54,7 +61,8 @@ type keyStore struct {
 
 const keyFileSuffix = ".json"
 
-// load returns the stored keys, newest first. A file that others may read,
+// load returns the stored keys, newest (the latest to start signing)
+// first. A file that others may read,
 // or whose key does not match its kid, is an error: the broker refuses to
 // sign with a key that may have leaked or been swapped.
 func (s keyStore) load() ([]*signingKey, error) {
@@ -107,7 +115,7 @@ func (s keyStore) read(name string) (*signingKey, error) {
 	if err != nil || len(seed) != ed25519.SeedSize {
 		return nil, fmt.Errorf("key file %s holds no Ed25519 seed", path)
 	}
-	k := newKey(f.Kid, f.Created, ed25519.NewKeyFromSeed(seed))
+	k := newKey(f.Kid, f.Created, cmp.Or(f.Activates, f.Created), ed25519.NewKeyFromSeed(seed))
 	if thumbprint(k.public()) != f.Kid || name != f.Kid+keyFileSuffix {
 		return nil, fmt.Errorf("key file %s: the key does not match its kid", path)
 	}
@@ -119,7 +127,7 @@ func (s keyStore) save(k *signingKey) error {
 	if s.dir == "" {
 		return nil
 	}
-	b, err := json.Marshal(keyFile{Kid: k.kid, Created: k.created, Seed: b64.EncodeToString(k.priv.Seed())})
+	b, err := json.Marshal(keyFile{Kid: k.kid, Created: k.created, Activates: k.activates, Seed: b64.EncodeToString(k.priv.Seed())})
 	if err != nil {
 		return fmt.Errorf("encode key file: %v", err)
 	}
@@ -171,7 +179,7 @@ func (s keyStore) syncDir() error {
 
 func sortNewestFirst(keys []*signingKey) {
 	slices.SortFunc(keys, func(a, b *signingKey) int {
-		if c := b.created.Compare(a.created); c != 0 {
+		if c := b.activates.Compare(a.activates); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.kid, b.kid)

@@ -374,10 +374,10 @@ func TestVerifierNoAudience(t *testing.T) {
 func TestVerifierKeyRefresh(t *testing.T) {
 	t.Parallel()
 	c := newClock()
-	b := newBroker(t, c, Config{RotateEvery: 2 * time.Second})
+	b := newBroker(t, c, Config{RotateEvery: time.Hour})
 	var fetches atomic.Int32
 	v := newVerifier(t, c, b, VerifierConfig{
-		CacheFor: time.Hour, // only an unknown kid makes it fetch
+		CacheFor: 24 * time.Hour, // only an unknown kid makes it fetch
 		Keys: func(ctx context.Context) ([]byte, error) {
 			fetches.Add(1)
 			return b.JWKS(), nil
@@ -411,7 +411,9 @@ func TestVerifierKeyRefresh(t *testing.T) {
 	}
 	check("cached", 1)
 
-	c.Advance(2 * time.Second)
+	c.Advance(time.Hour)
+	b.JWKS() // publishes the next key, which signs a minute later
+	c.Advance(time.Minute)
 	if err := present(mintKey("c")); err != nil { // signed by a rotated key
 		t.Errorf("token of a freshly rotated key: %v; want accepted after a refresh", err)
 	}
@@ -558,8 +560,13 @@ func TestVerifierSeveralBrokers(t *testing.T) {
 		before = append(before, cred)
 	}
 
-	// Both brokers rotate; their new keys verify.
+	// Both brokers rotate (each publishes its next key, then signs with
+	// it a minute later); their new keys verify.
 	c.Advance(2 * time.Hour)
+	for _, b := range brokers {
+		b.JWKS()
+	}
+	c.Advance(time.Minute)
 	var after []Credential
 	var wants []Expect
 	for i := range brokers {
