@@ -232,7 +232,7 @@ type Grant struct {
 	Executor    string
 	Tool        string
 	ToolVersion int
-	// Action is the scope; default "tool::<Tool>".
+	// Action is the scope; default ToolScope(Tool), the tool's action.
 	Action string
 	// Audience is the tool backend's audience, from the registry
 	// (backend.audience).
@@ -319,7 +319,7 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 		return Credential{}, err
 	}
 	if g.Action == "" {
-		g.Action = "tool::" + g.Tool
+		g.Action = ToolScope(g.Tool)
 	}
 	now := b.cfg.Now()
 	exp := now.Add(b.cfg.TTL)
@@ -512,3 +512,12 @@ func (b *Broker) GoString() string { return b.String() }
 // Format prints String under every verb; without it, fmt would print the
 // private keys held in unexported fields.
 func (b *Broker) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, b.String()) }
+
+// ToolScope is the scope of a credential for tool's action: the side
+// effect itself.
+func ToolScope(tool string) string { return "tool::" + tool }
+
+// StatusScope is the scope of a credential for a status lookup of tool:
+// it reads what a call did, and must not authorize doing it, so it is not
+// ToolScope.
+func StatusScope(tool string) string { return "tool::" + tool + ":status" }

@@ -24,20 +24,34 @@ type Refusal struct {
 	Lookup bool `json:"lookup,omitempty"`
 }
 
-// authorize verifies the request's credential for tool, tenant and the
-// call key, and returns its jti. On refusal it answers the request (401,
+// authorize verifies the request's credential for tool (its action, or
+// for a GET its status lookup: a lookup's credential does not authorize
+// the action), tenant and the call key, and returns its jti. On refusal it answers the request (401,
 // or 503 when the keys are unavailable), records the Refusal and returns
 // false. Without a verifier every request is authorized, with no jti.
 func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant, key string) (string, bool) {
 	if s.verifier == nil {
 		return "", true
 	}
-	claims, err := s.verifier.Verify(r.Context(), bearerToken(r.Header), credentials.Expect{
-		Scope:          "tool::" + tool,
-		Tenant:         tenant,
-		IdempotencyKey: key,
-		Audience:       s.audience,
-	})
+	lookup := r.Method == http.MethodGet
+	verify := func(scope string) (credentials.Claims, error) {
+		return s.verifier.Verify(r.Context(), bearerToken(r.Header), credentials.Expect{
+			Scope:          scope,
+			Tenant:         tenant,
+			IdempotencyKey: key,
+			Audience:       s.audience,
+		})
+	}
+	// The action needs the action's scope. A lookup takes the lookup's
+	// scope, or the action's: who may do a call may read what it did.
+	scope := credentials.ToolScope(tool)
+	if lookup {
+		scope = credentials.StatusScope(tool)
+	}
+	claims, err := verify(scope)
+	if lookup && credentials.ReasonOf(err) == credentials.ReasonWrongScope {
+		claims, err = verify(credentials.ToolScope(tool))
+	}
 	if err == nil {
 		active, ierr := s.active(r.Context(), bearerToken(r.Header))
 		switch {
@@ -56,7 +70,6 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant,
 		// all the same.
 		reason = credentials.ReasonMalformed
 	}
-	lookup := r.Method == http.MethodGet
 	s.mu.Lock()
 	s.refusals = append(s.refusals, Refusal{Tool: tool, Reason: reason, TenantID: tenant, IdempotencyKey: key, Lookup: lookup})
 	s.mu.Unlock()

@@ -316,6 +316,7 @@ func TestCredentialStatusLookup(t *testing.T) {
 	}
 	otherAuth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k9", nil)
 	freshAuth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", nil)
+	statusAuth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", func(g *credentials.Grant) { g.Action = credentials.StatusScope(ToolRefundOrder) })
 	tests := []struct {
 		name       string
 		auth       string
@@ -326,6 +327,7 @@ func TestCredentialStatusLookup(t *testing.T) {
 		{name: "another call's credential", auth: otherAuth, wantStatus: http.StatusUnauthorized, wantError: "wrong_call"},
 		{name: "the call's credential", auth: auth, wantStatus: http.StatusOK},
 		{name: "a fresh credential for the call", auth: freshAuth, wantStatus: http.StatusOK},
+		{name: "a status lookup's credential", auth: statusAuth, wantStatus: http.StatusOK},
 	}
 	for _, tc := range tests {
 		a := lookup("k1", tc.auth)
@@ -344,6 +346,22 @@ func TestCredentialStatusLookup(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, e.s.Refusals()); diff != "" {
 		t.Errorf("Refusals() (-want +got):\n%s", diff)
+	}
+}
+
+// A status lookup's credential (the reconciler's) reads what a call did
+// but does not let its holder do it: the tool's action refuses it, and
+// applies nothing. Before, lookups were minted with the action's scope.
+func TestStatusCredentialCannotAct(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{})
+	statusAuth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k2", func(g *credentials.Grant) { g.Action = credentials.StatusScope(ToolRefundOrder) })
+	a := mustDo(t, e.base, refundCall("k2", statusAuth))
+	if a.status != http.StatusUnauthorized || decode[apiError](t, a.body).Error != string(credentials.ReasonWrongScope) {
+		t.Errorf("the action with a status lookup's credential: status %d (%s); want 401 %s", a.status, a.body, credentials.ReasonWrongScope)
+	}
+	if n := e.s.Applied(ToolRefundOrder, "k2"); n != 0 {
+		t.Errorf("Applied = %d; want 0", n)
 	}
 }
 

@@ -448,6 +448,8 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: r.cfg.Owner,
 			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
 			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), KeyEpoch: rec.Epoch,
+			// It reads what the call did; it must not let anyone do it.
+			Action: credentials.StatusScope(tool.Name),
 		})
 		if err != nil {
 			return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupFailed, "no credential for the lookup", "", 0), true
