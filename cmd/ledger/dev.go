@@ -335,10 +335,14 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 	mux.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, _ httpapi.Operator) {
 		lag := lagOf.Lag()
-		writeHealth(w, console.Health{
+		h := console.Health{
 			Policy: engine.Active().Version(), Breakers: execProc.BreakerStates(),
 			ProjectionLagRecords: lag.Records, ProjectionLagSeconds: lag.Time.Seconds(),
-		})
+		}
+		if err := engine.Err(); err != nil {
+			h.PolicyError = err.Error()
+		}
+		writeHealth(w, h)
 	}))
 	ui, err := console.New(console.Config{
 		API:          mux,

@@ -68,6 +68,9 @@ type roleFlags struct {
 	// topic: its staleness is reported and, with controlReadiness,
 	// checked by /readyz.
 	controls *control.State
+	// policies, set by startPolicies, is the role's policy engine: /readyz
+	// fails while it denies every call (policy.Engine.Err).
+	policies *policy.Engine
 }
 
 // registerControls adds the flag of a role that acts on the kill switch
@@ -113,6 +116,46 @@ func (r *roleFlags) followControls(ctx context.Context, g *globals, logger *slog
 	}
 	r.controls = st
 	return st, nil
+}
+
+// startPolicies makes the role's policy engine from pf and keeps it
+// current until ctx ends: the --policy-dir watcher, and the versions
+// activated on the control topic (controls), which win over it. /readyz
+// fails while the engine denies every call, such as while an activated
+// version does not load.
+func (r *roleFlags) startPolicies(ctx context.Context, pf *policyFlags, controls *control.State, logger *slog.Logger) (*policy.Engine, error) {
+	engine, watch, err := pf.engine(logger)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		// Owned by the command: it ends with ctx.
+		if err := watch(ctx); err != nil {
+			logger.Error("policy watcher stopped", "err", err)
+		}
+	}()
+	go func() {
+		// Owned by the command: it ends with ctx.
+		if err := pf.followActivations(ctx, engine, controls); err != nil {
+			logger.Error("policy activations stopped", "err", err)
+		}
+	}()
+	logger.Info("policy active", "policy_version", engine.Active().Version())
+	if m := r.obs.metrics; m != nil {
+		m.Policy(func() string { return engine.Active().Version() })
+	}
+	r.policies = engine
+	return engine, nil
+}
+
+// readyChecks are the role's own /readyz checks: its copy of the control
+// topic (controlCheck) and its policies.
+func (r *roleFlags) readyChecks() []readyCheck {
+	checks := r.controlCheck()
+	if r.policies != nil {
+		checks = append(checks, readyCheck{"policy", func(context.Context) error { return r.policies.Err() }})
+	}
+	return checks
 }
 
 // controlCheck is the /readyz check of a role's copy of the control
@@ -314,7 +357,7 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 		rf.obs.metrics.ControlStaleness(rf.controls.Staleness)
 	}
 	if rf.metricsAddr != "" {
-		ops, err := startOps(g, rf.metricsAddr, rf.pprof, role, rf.obs.metrics, loop, st, logger, rf.controlCheck()...)
+		ops, err := startOps(g, rf.metricsAddr, rf.pprof, role, rf.obs.metrics, loop, st, logger, rf.readyChecks()...)
 		if err != nil {
 			return err
 		}
@@ -360,27 +403,14 @@ func newIntakeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				engine, watch, err := pf.engine(logger)
-				if err != nil {
-					return nil, err
-				}
-				go func() {
-					// Owned by the command: it ends with ctx.
-					if err := watch(ctx); err != nil {
-						logger.Error("policy watcher stopped", "err", err)
-					}
-				}()
-				logger.Info("policy active", "policy_version", engine.Active().Version())
 				controls, err := rf.followControls(ctx, g, logger)
 				if err != nil {
 					return nil, err
 				}
-				go func() {
-					// Owned by the command: it ends with ctx.
-					if err := pf.followActivations(ctx, engine, controls); err != nil {
-						logger.Error("policy activations stopped", "err", err)
-					}
-				}()
+				engine, err := rf.startPolicies(ctx, &pf, controls, logger)
+				if err != nil {
+					return nil, err
+				}
 				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, rf.batching, rf.obs, logger)
 				return loop, err
 			})
@@ -416,36 +446,22 @@ func newExecutorCmd(g *globals) *cobra.Command {
 						return nil, err
 					}
 				}
+				controls, err := rf.followControls(cmd.Context(), g, logger)
+				if err != nil {
+					return nil, err
+				}
 				// Approved calls are decided again before they run, with
 				// the intake's policies: the executor needs the same
 				// --policy-dir. Without one it does not re-decide.
 				var pol executor.Decider
 				if pf.dir != "" {
-					engine, watch, err := pf.engine(logger)
+					engine, err := rf.startPolicies(cmd.Context(), &pf, controls, logger)
 					if err != nil {
 						return nil, err
 					}
-					go func() {
-						// Owned by the command: it ends with ctx.
-						if err := watch(cmd.Context()); err != nil {
-							logger.Error("policy watcher stopped", "err", err)
-						}
-					}()
 					pol = engine
 				} else {
 					logger.Warn("no --policy-dir: approved calls are not decided again before they run")
-				}
-				controls, err := rf.followControls(cmd.Context(), g, logger)
-				if err != nil {
-					return nil, err
-				}
-				if engine, ok := pol.(*policy.Engine); ok {
-					go func() {
-						// Owned by the command: it ends with ctx.
-						if err := pf.followActivations(cmd.Context(), engine, controls); err != nil {
-							logger.Error("policy activations stopped", "err", err)
-						}
-					}()
 				}
 				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, rf.maxStaleness(), toolsBase, rf.instance, rf.batching, rf.obs, logger)
 				if err != nil {
@@ -596,28 +612,16 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						return nil, err
 					}
 				}
-				// Compensations are governed calls: the same checks and
-				// policies as the intake's, on the same store.
-				engine, watch, err := pf.engine(logger)
-				if err != nil {
-					return nil, err
-				}
-				go func() {
-					// Owned by the command: it ends with ctx.
-					if err := watch(ctx); err != nil {
-						logger.Error("policy watcher stopped", "err", err)
-					}
-				}()
 				controls, err := rf.followControls(ctx, g, logger)
 				if err != nil {
 					return nil, err
 				}
-				go func() {
-					// Owned by the command: it ends with ctx.
-					if err := pf.followActivations(ctx, engine, controls); err != nil {
-						logger.Error("policy activations stopped", "err", err)
-					}
-				}()
+				// Compensations are governed calls: the same checks and
+				// policies as the intake's, on the same store.
+				engine, err := rf.startPolicies(ctx, &pf, controls, logger)
+				if err != nil {
+					return nil, err
+				}
 				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, Freezes: controls, Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
 				if err != nil {
 					return nil, err

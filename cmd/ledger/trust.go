@@ -87,16 +87,15 @@ type policyFlags struct {
 func (f *policyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
 	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
-	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir")
+	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir for as long as it is in force; while it does not load (or this directory is not set) every call is denied and /readyz fails")
 }
 
 // followActivations keeps engine on the version activated on the control
-// topic, when a versions directory is set; it returns when ctx ends.
+// topic, loaded from --policy-versions-dir; it returns when ctx ends.
+// Without that directory an activation cannot be loaded, and fails closed
+// as any version that does not load: an operator's activation is never
+// silently ignored.
 func (f *policyFlags) followActivations(ctx context.Context, engine *policy.Engine, controls *control.State) error {
-	if f.versions == "" {
-		<-ctx.Done()
-		return nil
-	}
 	return engine.FollowActivations(ctx, f.versions, func() (string, bool) {
 		a, ok := controls.ActivePolicy()
 		return a.Policy, ok

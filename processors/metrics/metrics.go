@@ -255,6 +255,22 @@ func (r *Registry) ControlStaleness(staleness func() time.Duration) {
 	}, desc))
 }
 
+// Policy reports, at each scrape, the policy version the process decides
+// with (ledger_policy_active{version} 1), or version "" and 0 while it
+// denies every call, such as while a version activated on the control
+// topic does not load: the instances of a fleet that are not on the
+// activated version show.
+func (r *Registry) Policy(version func() string) {
+	desc := prometheus.NewDesc("ledger_policy_active", "1 with the policy version this process decides with; 0 with version \"\" while it has none in force and denies every call (an activated version that does not load).", []string{"version"}, prometheus.Labels{"role": r.role})
+	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
+		v, up := version(), 1.0
+		if v == "" {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, up, v)
+	}, desc))
+}
+
 // lagTimeout bounds the broker round trips of one scrape's lag.
 const lagTimeout = 3 * time.Second
 

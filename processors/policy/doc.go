@@ -80,7 +80,11 @@
 // ("v41") and hashed over file names and contents; its Version
 // ("v41@3f2a9c1b0d7e") is on every decision. Engine.Swap, Engine.Reload and
 // Engine.WatchDir change the active set at run time; a set that fails to
-// load never replaces the active one.
+// load never replaces the active one. Engine.FollowActivations follows the
+// version an operator activates on the control plane, which wins over the
+// directory for as long as it is in force; an activated version that does
+// not load denies every call until it does (Engine.Err says why), since
+// the set it was meant to replace is no longer the operator's policy.
 //
 // The embedded demo set (Demo, files demo/*.cedar) is what `ledger dev` and
 // the tests use.

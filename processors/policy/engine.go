@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,7 +34,8 @@ const (
 	// ReasonCrossTenant: the resource belongs to another tenant than the
 	// caller. Decided before any policy runs.
 	ReasonCrossTenant = "cross_tenant"
-	// ReasonUnavailable: no policy set is active.
+	// ReasonUnavailable: no policy set is active, such as while the
+	// version activated on the control plane does not load.
 	ReasonUnavailable = "policy_unavailable"
 	// ReasonInvalidRequest: the request lacks a tenant, user or tool, or
 	// names a tenant the model cannot express.
@@ -99,12 +102,44 @@ type Config struct {
 // requests against it. It is safe for concurrent use; Swap and Reload take
 // effect for the next Decide, and a Decide in flight finishes on the set it
 // started with.
+//
+// Two sources change the active set at run time: the policy directory
+// (Reload, WatchDir), which gives the base set, and the version an
+// operator activated on the control plane (FollowActivations), which wins
+// over the base for as long as it is in force.
 type Engine struct {
 	cfg    Config
 	active atomic.Pointer[Set]
+	// failed is why the activated version is not in force, nil when it
+	// is or none is activated; read by Decide and Err without mu.
+	failed atomic.Pointer[activationError]
 	// hook, when set (tests only), runs before each policy is evaluated.
 	hook func(id cedar.PolicyID)
+
+	// mu orders the changes that the directory and the activations make
+	// to the active set, so that whichever runs last, an activation in
+	// force is never replaced by the directory's set.
+	mu sync.Mutex
+	// base is the set in force while no version is activated:
+	// Config.Set, then the directory's latest content that loaded.
+	base *Set
+	// pinned is the label of the activated version in force (loaded or
+	// not), empty while none is.
+	pinned string
 }
+
+// activationError is why a version activated on the control plane is not
+// in force.
+type activationError struct {
+	label string
+	err   error
+}
+
+func (e *activationError) Error() string {
+	return fmt.Sprintf("activated policy version %q does not load: %v", e.label, e.err)
+}
+
+func (e *activationError) Unwrap() error { return e.err }
 
 // NewEngine validates cfg and returns an engine.
 func NewEngine(cfg Config) (*Engine, error) {
@@ -120,7 +155,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine{cfg: cfg}
+	e := &Engine{cfg: cfg, base: cfg.Set}
 	if cfg.Set != nil {
 		e.active.Store(cfg.Set)
 	}
@@ -130,24 +165,36 @@ func NewEngine(cfg Config) (*Engine, error) {
 // Active returns the active set, nil when there is none.
 func (e *Engine) Active() *Set { return e.active.Load() }
 
+// Err says why every decision is denied (policy_unavailable), nil while a
+// set is active: the version activated on the control plane does not load
+// (FollowActivations), or the engine never had a set. It is what a
+// readiness check reports.
+func (e *Engine) Err() error {
+	if e.active.Load() != nil {
+		return nil
+	}
+	if f := e.failed.Load(); f != nil {
+		return f
+	}
+	return errors.New("no policy set is active")
+}
+
 // Swap makes s the active set for the next Decide and returns the set it
-// replaces. A nil s makes every decision deny (policy_unavailable).
+// replaces. A nil s makes every decision deny (policy_unavailable). It is
+// the low-level switch: it neither changes the base set nor ends an
+// activation, and a later change by WatchDir or FollowActivations follows
+// their rules again.
 func (e *Engine) Swap(s *Set) *Set {
 	old := e.active.Swap(s)
-	e.cfg.Logger.Info("policy set activated", "policy_version", versionOf(s), "previous_version", versionOf(old))
+	e.cfg.Logger.Info("policy set activated", "policy_version", s.Version(), "previous_version", old.Version())
 	return old
 }
 
-func versionOf(s *Set) string {
-	if s == nil {
-		return ""
-	}
-	return s.Version()
-}
-
-// Reload loads dir as a set labelled label and activates it. If the files
-// do not load, the active set stays and the error is returned. Loading the
-// files of the active version again changes nothing.
+// Reload loads dir as a set labelled label and makes it the base set,
+// active unless a version activated on the control plane is in force
+// (FollowActivations), which wins. If the files do not load, the sets
+// stay and the error is returned. Loading the files of the base set again
+// changes nothing.
 func (e *Engine) Reload(dir, label string) error {
 	files, err := readFiles(os.DirFS(dir))
 	if err != nil {
@@ -160,16 +207,26 @@ func (e *Engine) Reload(dir, label string) error {
 	return nil
 }
 
-// reload activates files unless they are the active version already. It
-// reports whether it swapped.
+// reload makes files the base set unless they are already, and activates
+// it unless an activated version is in force. It is compared with the
+// base, not the active set: under an activation the two differ for good,
+// and the directory must not take over again at every poll.
 func (e *Engine) reload(files []file, label string) (bool, error) {
 	hash := hashFiles(files)
-	if cur := e.active.Load(); cur != nil && cur.hash == hash && cur.label == label {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if b := e.base; b != nil && b.hash == hash && b.label == label {
 		return false, nil
 	}
 	s, err := parse(files, label, hash)
 	if err != nil {
 		return false, err
+	}
+	e.base = s
+	if e.pinned != "" {
+		e.cfg.Logger.Info("policy directory changed; an activated version is in force and stays",
+			"policy_version", s.Version(), "activated_label", e.pinned)
+		return true, nil
 	}
 	e.Swap(s)
 	return true, nil
@@ -182,6 +239,8 @@ func (e *Engine) reload(files []file, label string) (bool, error) {
 // then filled) is not activated half-written; writing a file elsewhere and
 // renaming it in is still the safe way. A directory that fails to load is
 // logged once per distinct content and leaves the active set in place.
+// While a version activated on the control plane is in force, a change
+// only becomes the base set, in force again once the activation ends.
 func (e *Engine) WatchDir(ctx context.Context, dir, label string, every time.Duration) error {
 	if every <= 0 {
 		return fmt.Errorf("policy: watch interval must be positive, got %v", every)
@@ -214,7 +273,7 @@ func (e *Engine) WatchDir(ctx context.Context, dir, label string, every time.Dur
 		if _, err := e.reload(files, label); err != nil {
 			failed = hash
 			e.cfg.Logger.Error("policy reload failed", "dir", dir, "policy_hash", hash,
-				"active_version", versionOf(e.active.Load()), "error", err)
+				"active_version", e.active.Load().Version(), "error", err)
 			continue
 		}
 		failed = ""
@@ -238,7 +297,11 @@ func (w *settle) settled(hash string) bool {
 func (e *Engine) Decide(ctx context.Context, r Request) (d Decision) {
 	s := e.active.Load()
 	if s == nil {
-		return Decision{Reason: ReasonUnavailable, Detail: "no policy set is active"}
+		detail := "no policy set is active"
+		if f := e.failed.Load(); f != nil {
+			detail = fmt.Sprintf("activated policy version %q does not load", f.label)
+		}
+		return Decision{Reason: ReasonUnavailable, Detail: detail}
 	}
 	if err := r.validate(); err != nil {
 		return Decision{Reason: ReasonInvalidRequest, Version: s.Version(), Detail: err.Error()}
@@ -359,34 +422,81 @@ func (ev *evaluation) All() iter.Seq2[cedar.PolicyID, *cedar.Policy] {
 // FollowActivations keeps the engine on the policy version that active
 // names (a label, the latest control-plane activation; false while there
 // is none), loading it from root/<label>, checking every interval until
-// ctx ends. A version that does not load leaves the current one active
-// and is logged; the next change is tried again. It returns nil when ctx
-// ends.
+// ctx ends; it returns nil then. Versions are immutable: a label in force
+// is not read again.
+//
+// An activation wins over the base set (Config.Set, Reload, WatchDir) for
+// as long as it is in force; once it is withdrawn the base set is in force
+// again. An activated version that does not load (broken files, a missing
+// directory, a label that is not a directory name, or no root at all)
+// fails closed: the previous set is no longer the operator's policy, and
+// what the new one allows is unknown, so every decision denies
+// (policy_unavailable) and Err says why until it loads. It is tried again
+// at every check, and logged when it fails first and when it loads.
 func (e *Engine) FollowActivations(ctx context.Context, root string, active func() (string, bool), every time.Duration) error {
 	if every <= 0 {
 		every = time.Second
 	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
-	tried := ""
 	for {
-		if label, ok := active(); ok && label != tried {
-			tried = label
-			if !filepath.IsLocal(label) || strings.ContainsAny(label, `/\`) {
-				e.cfg.Logger.Error("activated policy label is not a directory name; keeping the current version", "policy_label", label)
-				continue
-			}
-			set, err := LoadDir(filepath.Join(root, label), label)
-			if err != nil {
-				e.cfg.Logger.Error("activated policy version does not load; keeping the current one", "policy_label", label, "err", err)
-			} else {
-				e.Swap(set)
-			}
-		}
+		label, ok := active()
+		e.follow(root, label, ok)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
 	}
+}
+
+// follow brings the engine to the activation (label, ok) once.
+func (e *Engine) follow(root, label string, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !ok {
+		if e.pinned == "" {
+			return
+		}
+		e.cfg.Logger.Warn("policy activation withdrawn; the base policy set is in force again",
+			"activated_label", e.pinned, "policy_version", e.base.Version())
+		e.pinned = ""
+		e.failed.Store(nil)
+		e.Swap(e.base)
+		return
+	}
+	prev := e.failed.Load()
+	if label == e.pinned && prev == nil {
+		return
+	}
+	e.pinned = label
+	set, err := loadVersion(root, label)
+	if err != nil {
+		f := &activationError{label: label, err: err}
+		e.failed.Store(f)
+		// Logged once per label and error; Err and the denials' detail
+		// say it for as long as it lasts.
+		if prev == nil || prev.label != label || prev.err.Error() != err.Error() {
+			e.cfg.Logger.Error("activated policy version does not load; every call is denied until it does",
+				"policy_label", label, "previous_version", e.active.Load().Version(), "err", err)
+		}
+		e.active.Store(nil)
+		return
+	}
+	e.Swap(set)
+	e.failed.Store(nil)
+	if prev != nil && prev.label == label {
+		e.cfg.Logger.Info("activated policy version loaded on a retry", "policy_version", set.Version())
+	}
+}
+
+// loadVersion loads the version labelled label from root/<label>.
+func loadVersion(root, label string) (*Set, error) {
+	if root == "" {
+		return nil, errors.New("no policy versions directory to load it from")
+	}
+	if !filepath.IsLocal(label) || strings.ContainsAny(label, `/\`) {
+		return nil, errors.New("the label is not a directory name")
+	}
+	return LoadDir(filepath.Join(root, label), label)
 }

@@ -74,8 +74,14 @@ func (s *Set) Label() string { return s.label }
 func (s *Set) Hash() string { return s.hash }
 
 // Version returns the label, "@" and the first 12 hex digits of the hash,
-// such as "v41@3f2a9c1b0d7e": what decision events carry.
-func (s *Set) Version() string { return s.version }
+// such as "v41@3f2a9c1b0d7e": what decision events carry. A nil set has
+// the empty version, as Engine.Active returns while none is active.
+func (s *Set) Version() string {
+	if s == nil {
+		return ""
+	}
+	return s.version
+}
 
 // PolicyIDs returns the ids of the set's policies, sorted.
 func (s *Set) PolicyIDs() []string {

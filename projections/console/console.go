@@ -89,6 +89,9 @@ type Identity struct {
 type Health struct {
 	// Policy is the active policy version.
 	Policy string `json:"policy"`
+	// PolicyError, when set, is why every call is denied: the policy
+	// version activated on the control topic does not load.
+	PolicyError string `json:"policy_error,omitempty"`
 	// Breakers is each downstream tool's circuit breaker state: closed,
 	// open or half-open.
 	Breakers map[string]string `json:"breakers"`

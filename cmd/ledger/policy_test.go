@@ -1,0 +1,302 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors/control"
+	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/projections/console"
+)
+
+// writePolicy writes dir/name/policy.cedar (dir itself when name is "").
+func writePolicy(t *testing.T, dir, name, src string) {
+	t.Helper()
+	d := filepath.Join(dir, name)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(d, ".policy.cedar.tmp")
+	if err := os.WriteFile(tmp, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(d, "policy.cedar")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const (
+	permitWeather = `@id("weather") permit (principal, action == Action::"tool::get_weather", resource);`
+	forbidAll     = `@id("lockdown") forbid (principal, action, resource);`
+	brokenPolicy  = `permit (principal, action`
+)
+
+// platformOperator mints a platform operator's assertion with the dev
+// issuer of dataDir.
+func platformOperator(t *testing.T, dataDir string) string {
+	t.Helper()
+	iss, err := devIssuer(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := iss.Mint(identity.Identity{Tenant: "*", User: "u_ops", Agent: "test", Roles: []string{"operator"}}, identity.ApproverAudience, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// activatePolicy activates the version labelled label through the
+// control API at api, as an operator would.
+func activatePolicy(t *testing.T, api, dataDir, label string) {
+	t.Helper()
+	cli(t, "control", "activate-policy", "--api", "http://"+api, "--data-dir", dataDir, "--tenant", "*", "--user", "u_ops",
+		"--policy", label, "--reason", "test")
+}
+
+// settledEvent submits a get_weather call through dev's Kafka and
+// returns its last event.
+func settledEvent(t *testing.T, kafka, dataDir, key string) (typ, reason, version string) {
+	t.Helper()
+	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dataDir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+		"--tenant", "t_demo", "--key", key, "--wait", "--timeout", "60s", "--json")
+	var ev struct {
+		Type          string `json:"type"`
+		Reason        string `json:"reason"`
+		PolicyVersion string `json:"policy_version"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.LastIndex(out, "\n{")+1:]), &ev); err != nil {
+		t.Fatalf("submit %s: %v\n%s", key, err, out)
+	}
+	return ev.Type, ev.Reason, ev.PolicyVersion
+}
+
+// TestDevPolicyActivation: in `ledger dev` with a watched --policy-dir, a
+// version activated on the control topic decides the calls and stays in
+// force across the directory watcher's polls; one that does not load
+// denies every call and shows on /v1/health until it is fixed, when the
+// next retry loads it.
+func TestDevPolicyActivation(t *testing.T) {
+	dir, local, versions := t.TempDir(), t.TempDir(), t.TempDir()
+	writePolicy(t, local, "", permitWeather)
+	writePolicy(t, versions, "lockdown", forbidAll)
+	writePolicy(t, versions, "v3", brokenPolicy)
+	kafka, api, backend := freeAddr(t), freeAddr(t), freeAddr(t)
+	startDev(t, dir, kafka, api, backend, "--policy-dir", local, "--policy-versions-dir", versions)
+	tok := platformOperator(t, dir)
+	health := func() (console.Health, error) {
+		var h console.Health
+		req, _ := http.NewRequest(http.MethodGet, "http://"+api+"/v1/health", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return h, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return h, fmt.Errorf("GET /v1/health: %s", resp.Status)
+		}
+		return h, json.NewDecoder(resp.Body).Decode(&h)
+	}
+	policyIs := func(label, problem string) func() error {
+		return func() error {
+			h, err := health()
+			if err != nil {
+				return err
+			}
+			if !strings.HasPrefix(h.Policy, label) || !strings.Contains(h.PolicyError, problem) || (problem == "") != (h.PolicyError == "") {
+				return fmt.Errorf("health policy %q, policy_error %q; want %s…, an error naming %q", h.Policy, h.PolicyError, label, problem)
+			}
+			return nil
+		}
+	}
+
+	if err := policyIs("local@", "")(); err != nil {
+		t.Fatal(err)
+	}
+	if typ, _, v := settledEvent(t, kafka, dir, "pol-1"); typ != "succeeded" {
+		t.Errorf("under the directory's set: %s (%s); want succeeded", typ, v)
+	}
+
+	activatePolicy(t, api, dir, "lockdown")
+	ledgertest.WaitFor(t, 10*time.Second, policyIs("lockdown@", ""))
+	// The watcher polls --policy-dir every 2 s: the activation must
+	// outlast a few of its polls.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if err := policyIs("lockdown@", "")(); err != nil {
+			t.Fatalf("with --policy-dir watched beside the activation: %v", err)
+		}
+	}
+	if typ, reason, v := settledEvent(t, kafka, dir, "pol-2"); typ != "denied" || !strings.HasPrefix(v, "lockdown@") {
+		t.Errorf("under the activated lockdown: %s (%s, %s); want denied by lockdown@…", typ, reason, v)
+	}
+
+	// A version that does not load: every call is denied, and health
+	// says why, for as long as it lasts.
+	activatePolicy(t, api, dir, "v3")
+	ledgertest.WaitFor(t, 10*time.Second, policyIs("", `"v3"`))
+	if typ, reason, _ := settledEvent(t, kafka, dir, "pol-3"); typ != "denied" || reason != "policy_unavailable" {
+		t.Errorf("while the activated version does not load: %s (%s); want denied, policy_unavailable", typ, reason)
+	}
+	writePolicy(t, versions, "v3", permitWeather)
+	ledgertest.WaitFor(t, 10*time.Second, policyIs("v3@", ""))
+	if typ, _, v := settledEvent(t, kafka, dir, "pol-4"); typ != "succeeded" || !strings.HasPrefix(v, "v3@") {
+		t.Errorf("once the activated version loads: %s (%s); want succeeded under v3@…", typ, v)
+	}
+}
+
+// roleCluster is an in-process Kafka with the ledger's topics, and a
+// client to it, for roles under test.
+func roleCluster(t *testing.T) (ledger.ClientConfig, ledger.Topics, *kgo.Client) {
+	t.Helper()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cc := ledger.ClientConfig{Brokers: cluster.ListenAddrs()}
+	topics := ledger.Topics{Requests: "pol.requests", Events: "pol.events", Control: "pol.control", DLQ: "pol.dlq"}
+	admin, err := ledger.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	if err := ledger.EnsureTopics(t.Context(), admin, ledger.TopicConfig{Topics: topics, Partitions: 3}); err != nil {
+		t.Fatal(err)
+	}
+	return cc, topics, admin
+}
+
+// roleArgs are the global flags of a role on cc and topics.
+func roleArgs(cc ledger.ClientConfig, topics ledger.Topics) []string {
+	return []string{"--log-level", "error", "--kafka-brokers", strings.Join(cc.Brokers, ","),
+		"--topic-requests", topics.Requests, "--topic-events", topics.Events,
+		"--topic-control", topics.Control, "--topic-dlq", topics.DLQ}
+}
+
+// produceActivation writes a platform operator's activation of label on
+// the control topic, as the control API does.
+func produceActivation(t *testing.T, admin *kgo.Client, topic, label string) {
+	t.Helper()
+	a := ledger.ControlAction{V: control.ActionVersion, Kind: control.KindActivatePolicy, Subject: control.PolicySubject,
+		Policy: label, By: "u_ops", ByTenant: "*", Reason: "test", At: time.Now()}
+	v, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ProduceSync(t.Context(), &kgo.Record{Topic: topic, Key: []byte(control.PolicySubject), Value: v}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// policyMetric is the ledger_policy_active series the role serves on
+// addr: its version label and value.
+func policyMetric(addr string) (string, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(b)) {
+		if strings.HasPrefix(line, "ledger_policy_active{") {
+			return strings.TrimSpace(line), nil
+		}
+	}
+	return "", errors.New("no ledger_policy_active series")
+}
+
+// rolePolicyIs checks the role on addr decides with a version labelled
+// label (none when label is ""), and that its /readyz policy check says
+// so.
+func rolePolicyIs(addr, label string) func() error {
+	return func() error {
+		m, err := policyMetric(addr)
+		if err != nil {
+			return err
+		}
+		want := `version="` + label + `@`
+		if label == "" {
+			want = `version=""} 0`
+		}
+		if !strings.Contains(m, want) {
+			return fmt.Errorf("%s; want %s", m, want)
+		}
+		_, rb, err := getReady("http://" + addr + "/readyz")
+		if err != nil {
+			return err
+		}
+		for _, c := range rb.Checks {
+			if c.Name == "policy" {
+				if c.OK != (label != "") {
+					return fmt.Errorf("readyz policy check ok=%v (%s) with %s", c.OK, c.Error, m)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("readyz checks %+v lack policy", rb.Checks)
+	}
+}
+
+// TestRolePolicyActivation runs `ledger executor` with a watched
+// --policy-dir and a --policy-versions-dir: a version activated on the
+// control topic is in force and stays so across the watcher's polls; one
+// that does not load is reported by /readyz (the policy check) and by
+// ledger_policy_active until a retry loads it.
+func TestRolePolicyActivation(t *testing.T) {
+	cc, topics, admin := roleCluster(t)
+	local, versions := t.TempDir(), t.TempDir()
+	writePolicy(t, local, "", permitWeather)
+	writePolicy(t, versions, "lockdown", forbidAll)
+	writePolicy(t, versions, "v3", brokenPolicy)
+	addr := freeAddr(t)
+	exited := runCommand(t, append(roleArgs(cc, topics),
+		"executor", "--crdb-dsn", freshSchemaDSN(t), "--data-dir", t.TempDir(), "--instance-id", "policy-test",
+		"--metrics-addr", addr, "--tools-base-url", "http://127.0.0.1:1",
+		"--policy-dir", local, "--policy-versions-dir", versions)...)
+	wait := func(label string) {
+		t.Helper()
+		ledgertest.WaitFor(t, 30*time.Second, func() error { exited(); return rolePolicyIs(addr, label)() })
+	}
+	wait("local")
+
+	produceActivation(t, admin, topics.Control, "lockdown")
+	wait("lockdown")
+	// The watcher polls --policy-dir every 2 s: the activation must
+	// outlast a few of its polls.
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if err := rolePolicyIs(addr, "lockdown")(); err != nil {
+			t.Fatalf("with --policy-dir watched beside the activation: %v", err)
+		}
+	}
+
+	produceActivation(t, admin, topics.Control, "v3")
+	wait("")
+	_, rb, err := getReady("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rb.Checks {
+		if c.Name == "policy" && !strings.Contains(c.Error, `"v3"`) {
+			t.Errorf("readyz policy check error %q; want the activated version named", c.Error)
+		}
+	}
+	writePolicy(t, versions, "v3", permitWeather)
+	wait("v3")
+}

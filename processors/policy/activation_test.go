@@ -1,0 +1,201 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+)
+
+// activations stands in for the control topic's latest policy activation.
+type activations struct {
+	mu    sync.Mutex
+	label string
+}
+
+func (a *activations) set(label string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.label = label
+}
+
+func (a *activations) active() (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.label, a.label != ""
+}
+
+// follow runs WatchDir over dir and FollowActivations over root side by
+// side, as the roles do, until the test ends.
+func follow(t *testing.T, e *Engine, dir, root string, a *activations) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := e.WatchDir(ctx, dir, "local", time.Millisecond); err != nil {
+			t.Errorf("WatchDir() = %v", err)
+		}
+	})
+	wg.Go(func() {
+		if err := e.FollowActivations(ctx, root, a.active, time.Millisecond); err != nil {
+			t.Errorf("FollowActivations() = %v", err)
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+// holds checks that cond stays true for d, long enough for hundreds of
+// the watchers' 1 ms polls.
+func holds(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if err := cond(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}
+
+func versionIs(e *Engine, label string) func() error {
+	return func() error {
+		if v := e.Active().Version(); !strings.HasPrefix(v, label+"@") {
+			return fmt.Errorf("active version %q, want %s@…", v, label)
+		}
+		return nil
+	}
+}
+
+// TestActivationWinsOverWatchedDir: a version activated on the control
+// plane stays in force while the --policy-dir watcher runs beside it, even
+// when the directory changes; once the activation is withdrawn, the
+// directory's latest content is back in force.
+func TestActivationWinsOverWatchedDir(t *testing.T) {
+	dir, root := t.TempDir(), t.TempDir()
+	writeFile(t, dir, "weather.cedar", allowWeather)
+	writeFile(t, mkdir(t, root, "v2"), "weather.cedar", forbidWeather)
+	base, err := LoadDir(dir, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &ledgertest.LogBuffer{}
+	e := newEngine(t, Config{Set: base, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	a := &activations{}
+	follow(t, e, dir, root, a)
+
+	a.set("v2")
+	eventually(t, "v2 to be activated", func() bool { return versionIs(e, "v2")() == nil })
+	holds(t, 300*time.Millisecond, "with the directory watched beside the activation", versionIs(e, "v2"))
+	if d := e.Decide(context.Background(), simple("get_weather")); d.Allow || !strings.HasPrefix(d.Version, "v2@") {
+		t.Errorf("Decide() under the activation = %+v; want denied by v2", d)
+	}
+
+	// The directory changes meanwhile: it is loaded, but waits.
+	writeFile(t, dir, "zz_more.cedar", `@id("tickets") permit (principal, action == Action::"tool::create_ticket", resource);`)
+	eventually(t, "the watcher to see the changed directory", func() bool {
+		return strings.Contains(logs.String(), "an activated version is in force")
+	})
+	holds(t, 100*time.Millisecond, "after the directory changed", versionIs(e, "v2"))
+
+	// Withdrawn (a tombstone on the control topic): the directory's
+	// latest content is in force again.
+	a.set("")
+	eventually(t, "the directory's set to be back", func() bool {
+		s := e.Active()
+		return s != nil && s.Label() == "local" && s != base
+	})
+	if d := e.Decide(context.Background(), simple("create_ticket")); !d.Allow {
+		t.Errorf("Decide(create_ticket) after the withdrawal = %+v; want allowed by the directory's latest set", d)
+	}
+}
+
+// TestActivatedVersionThatDoesNotLoadFailsClosed: an activated version
+// that does not load denies every call (the previous set is no longer the
+// operator's policy), is reported by Err and the logs, and is tried again
+// until it loads.
+func TestActivatedVersionThatDoesNotLoadFailsClosed(t *testing.T) {
+	cases := []struct {
+		name  string
+		root  func(t *testing.T) string
+		label string
+		fix   func(t *testing.T, root string)
+	}{
+		{"broken files", func(t *testing.T) string {
+			root := t.TempDir()
+			writeFile(t, mkdir(t, root, "v3"), "weather.cedar", "permit (principal, action")
+			return root
+		}, "v3", func(t *testing.T, root string) {
+			writeFile(t, filepath.Join(root, "v3"), "weather.cedar", forbidWeather)
+		}},
+		{"missing version", tempDir, "v4", func(t *testing.T, root string) {
+			writeFile(t, mkdir(t, root, "v4"), "weather.cedar", forbidWeather)
+		}},
+		{"not a directory name", tempDir, "../v5", nil},
+		{"no versions directory", func(*testing.T) string { return "" }, "v6", nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, root := t.TempDir(), tc.root(t)
+			writeFile(t, dir, "weather.cedar", allowWeather)
+			base, err := LoadDir(dir, "local")
+			if err != nil {
+				t.Fatal(err)
+			}
+			logs := &ledgertest.LogBuffer{}
+			e := newEngine(t, Config{Set: base, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+			if err := e.Err(); err != nil {
+				t.Fatalf("Err() before any activation = %v; want nil", err)
+			}
+			a := &activations{}
+			follow(t, e, dir, root, a)
+			a.set(tc.label)
+
+			eventually(t, "the failed activation to deny", func() bool {
+				return !e.Decide(context.Background(), simple("get_weather")).Allow
+			})
+			holds(t, 100*time.Millisecond, "while the activated version does not load", func() error {
+				if d := e.Decide(context.Background(), simple("get_weather")); d.Allow || d.Reason != ReasonUnavailable {
+					return fmt.Errorf("Decide() = %+v; want denied, %s", d, ReasonUnavailable)
+				}
+				return nil
+			})
+			if err := e.Err(); err == nil || !strings.Contains(err.Error(), tc.label) {
+				t.Errorf("Err() = %v; want the activated version %q named", err, tc.label)
+			}
+			if d := e.Decide(context.Background(), simple("get_weather")); !strings.Contains(d.Detail, tc.label) {
+				t.Errorf("Decide().Detail = %q; want the activated version %q named", d.Detail, tc.label)
+			}
+			if got := strings.Count(logs.String(), "activated policy version does not load"); got != 1 {
+				t.Errorf("%d error logs for the failed activation; want 1 (retries are quiet):\n%s", got, logs.String())
+			}
+			if tc.fix == nil {
+				return
+			}
+			tc.fix(t, root)
+			eventually(t, "the fixed version to be loaded on a retry", func() bool { return versionIs(e, tc.label)() == nil })
+			if err := e.Err(); err != nil {
+				t.Errorf("Err() once the version loaded = %v; want nil", err)
+			}
+			if d := e.Decide(context.Background(), simple("get_weather")); d.Allow || d.Reason != ReasonDeniedByPolicy {
+				t.Errorf("Decide() under the fixed version = %+v; want denied_by_policy", d)
+			}
+		})
+	}
+}
+
+func tempDir(t *testing.T) string { return t.TempDir() }
+
+// mkdir makes root/name and returns it.
+func mkdir(t *testing.T, root, name string) string {
+	t.Helper()
+	d := filepath.Join(root, name)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
