@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -299,4 +300,79 @@ func TestRolePolicyActivation(t *testing.T) {
 	}
 	writePolicy(t, versions, "v3", permitWeather)
 	wait("v3")
+}
+
+// TestExecutorRedecidesWithoutPolicyDir runs the roles as separate
+// processes, none given --policy-dir: the intake decides with the
+// built-in demo policies, and so must the executor, which decides an
+// approved call again right before it runs. A refund waits for approval;
+// meanwhile an operator activates a version that forbids everything; once
+// the executor decides with it, the approved refund is denied and never
+// reaches the tool. (An executor with no policies ran it.)
+func TestExecutorRedecidesWithoutPolicyDir(t *testing.T) {
+	cc, topics, admin := roleCluster(t)
+	dsn, dataDir, versions := freshSchemaDSN(t), t.TempDir(), t.TempDir()
+	writePolicy(t, versions, "lockdown", forbidAll)
+	iss, err := identity.LoadOrCreateIssuer(filepath.Join(dataDir, devIssuerFile), DevIssuer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks := filepath.Join(t.TempDir(), "jwks.json")
+	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	backend, approvalsAddr, execOps := freeAddr(t), freeAddr(t), freeAddr(t)
+	startDemoBackend(t, backend)
+	trust := []string{"--issuer", DevIssuer, "--jwks-file", jwks}
+	role := func(args ...string) func() {
+		return runCommand(t, append(roleArgs(cc, topics), append(args, "--crdb-dsn", dsn)...)...)
+	}
+	intakeExited := role(append([]string{"intake", "--data-dir", t.TempDir(), "--instance-id", "pol-intake", "--policy-versions-dir", versions}, trust...)...)
+	execExited := role("executor", "--data-dir", t.TempDir(), "--instance-id", "pol-executor", "--policy-versions-dir", versions,
+		"--tools-base-url", "http://"+backend, "--metrics-addr", execOps)
+	approvalsExited := role(append([]string{"approvals", "serve", "--instance-id", "pol-approvals", "--http-addr", approvalsAddr,
+		"--tools-base-url", "http://" + backend}, trust...)...)
+	exited := func() { intakeExited(); execExited(); approvalsExited() }
+	ledgertest.WaitFor(t, 30*time.Second, func() error { exited(); return rolePolicyIs(execOps, "demo")() })
+
+	out := cli(t, append(roleArgs(cc, topics), "submit", "--data-dir", dataDir, "--tool", "refund_order",
+		"--args", `{"order_id":"ord_7","amount_cents":45000,"currency":"AUD"}`, "--tenant", "t_demo", "--key", "pol-refund",
+		"--wait", "--timeout", "60s")...)
+	if !strings.Contains(out, "t_demo/pol-refund is approval_pending") {
+		t.Fatalf("refund above the demo threshold:\n%s", out)
+	}
+	produceActivation(t, admin, topics.Control, "lockdown")
+	ledgertest.WaitFor(t, 30*time.Second, func() error { exited(); return rolePolicyIs(execOps, "lockdown")() })
+
+	id := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "pol-refund"}.ApprovalID()
+	cli(t, "approvals", "approve", id, "--api", "http://"+approvalsAddr, "--data-dir", dataDir, "--user", "u_boss")
+	var last ledger.Event
+	ledgertest.WaitFor(t, 60*time.Second, func() error {
+		exited()
+		fetched, err := ledger.ReadCall(t.Context(), cc, topics.Events, ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "pol-refund"})
+		if err != nil {
+			return err
+		}
+		var seen []string
+		for _, e := range fetched {
+			seen = append(seen, string(e.Type))
+		}
+		if len(seen) == 0 || !slices.Contains([]string{"denied", "succeeded", "failed", "outcome_unknown"}, seen[len(seen)-1]) {
+			return fmt.Errorf("refund events %v; want it settled", seen)
+		}
+		last = fetched[len(fetched)-1]
+		return nil
+	})
+	if last.Type != "denied" || last.Reason != "denied_by_policy" || !strings.HasPrefix(last.PolicyVersion, "lockdown@") {
+		t.Errorf("the approved refund ended %s (%s, %s); want denied_by_policy by lockdown@…", last.Type, last.Reason, last.PolicyVersion)
+	}
+	resp, err := http.Get("http://" + backend + "/effects")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(b), "pol-refund") {
+		t.Errorf("the demo backend applied the refund the activated version forbids: %s", b)
+	}
 }

@@ -450,20 +450,16 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				// Approved calls are decided again before they run, with
-				// the intake's policies: the executor needs the same
-				// --policy-dir. Without one it does not re-decide.
-				var pol executor.Decider
-				if pf.dir != "" {
-					engine, err := rf.startPolicies(cmd.Context(), &pf, controls, logger)
-					if err != nil {
-						return nil, err
-					}
-					pol = engine
-				} else {
-					logger.Warn("no --policy-dir: approved calls are not decided again before they run")
+				// Approved calls are decided again right before they run,
+				// with the intake's policies: the same --policy-dir, or
+				// without one the same built-in set the intake falls back
+				// to, and the same activations. An executor with none
+				// would run them unchecked: never fail open.
+				engine, err := rf.startPolicies(cmd.Context(), &pf, controls, logger)
+				if err != nil {
+					return nil, err
 				}
-				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), pol, controls, rf.maxStaleness(), toolsBase, rf.instance, rf.batching, rf.obs, logger)
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), engine, controls, rf.maxStaleness(), toolsBase, rf.instance, rf.batching, rf.obs, logger)
 				if err != nil {
 					return nil, err
 				}
