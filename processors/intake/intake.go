@@ -646,9 +646,11 @@ func (p *Processor) decorate(ev *ledger.Event, d policy.Decision) {
 // with go into the outbox.
 func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, error) {
 	env, tool, d, args := c.env, c.tool, c.decision, c.args
-	// The audit copy hides what the registry and the deciding policies
-	// say to hide.
-	hide := append(append([]string(nil), tool.Redact...), d.Obligations.Mask...)
+	// The audit copy hides what the registry says to hide and what any
+	// policy masks for the tool, whatever the decision: a denial carries
+	// no obligations, and a denied call's arguments go to the same log,
+	// projections and console as an allowed one's.
+	hide := append(append(append([]string(nil), tool.Redact...), d.AuditMask...), d.Obligations.Mask...)
 	audit := env.Arguments
 	if len(hide) > 0 {
 		// Redact copies; nothing below writes to the tree, so only when

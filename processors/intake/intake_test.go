@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 	"unicode/utf8"
 
@@ -453,5 +454,81 @@ func TestIntakeRetryAfterAPolicyTimeoutIsDecidedAfresh(t *testing.T) {
 	}
 	if want := []string{"requested@1", "authorized@2"}; !slices.Equal(got, want) {
 		t.Errorf("the retry once the policy answers appended %v; want %v", got, want)
+	}
+}
+
+// policyEngine decides with a set of one policy file.
+func policyEngine(t *testing.T, cedar string) *policy.Engine {
+	t.Helper()
+	set, err := policy.LoadFS(fstest.MapFS{"p.cedar": {Data: []byte(cedar)}}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A generous timeout, as processorstest.Policy's: a busy test
+	// machine must not turn a decision into policy_timeout.
+	e, err := policy.NewEngine(policy.Config{Set: set, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// A field a policy masks is hidden in the audit copy of every call of the
+// tool, whatever the decision: a denial carries no obligations, and before
+// the fix a denied call's requested event held the field in clear (the
+// reviewer's case: a masked permit beside a forbid on priority "high").
+func TestIntakeMasksTheArgumentsOfDeniedCalls(t *testing.T) {
+	pol := policyEngine(t, `
+@id("tickets") @mask("body")
+permit (principal, action == Action::"tool::create_ticket", resource)
+when { principal.tenant == resource.tenant && context.arguments.title != "unpermitted" };
+
+@id("no-high")
+forbid (principal, action == Action::"tool::create_ticket", resource)
+when { context.arguments has priority && context.arguments.priority == "high" };
+
+// Fails to evaluate for one title: no such argument.
+@id("broken")
+forbid (principal, action == Action::"tool::create_ticket", resource)
+when { context.arguments.title == "broken" && context.arguments.no_such_argument == 1 };
+`)
+	f := newIntakeWith(t, func(c *intake.Config) { c.Policy = pol })
+	const card = "CARD 4111111111111111"
+	cases := []struct {
+		key, title, priority string
+		decision             string
+	}{
+		{"allowed", "printer", "low", "authorized/" + policy.ReasonAllowed},
+		{"forbidden", "printer", "high", "denied/" + policy.ReasonDeniedByPolicy},
+		{"no-permit", "unpermitted", "low", "denied/" + policy.ReasonNoPolicy},
+		{"policy-error", "broken", "low", "denied/" + policy.ReasonPolicyError},
+	}
+	var recs []*kgo.Record
+	for _, tc := range cases {
+		recs = append(recs, f.envelopeRecord(t, tc.key, map[string]any{"title": tc.title, "priority": tc.priority, "body": card}))
+	}
+	out, err := f.in.Step(t.Context(), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKey := make(map[string][]ledger.Event)
+	for _, e := range events(t, out) {
+		byKey[e.IdempotencyKey] = append(byKey[e.IdempotencyKey], e)
+	}
+	for _, tc := range cases {
+		evs := byKey[tc.key]
+		if len(evs) != 2 || evs[0].Type != "requested" || string(evs[1].Type)+"/"+evs[1].Reason != tc.decision {
+			t.Errorf("%s: events %+v; want requested, then %s", tc.key, evs, tc.decision)
+			continue
+		}
+		args := string(evs[0].Arguments)
+		if strings.Contains(args, "4111") || !strings.Contains(args, `"body":"`+ledger.Redacted+`"`) {
+			t.Errorf("%s (%s): requested event's arguments %s; want body masked", tc.key, tc.decision, args)
+		}
+	}
+	for _, r := range out.Records {
+		if bytes.Contains(r.Value, []byte("4111")) {
+			t.Errorf("record %s holds the masked card number: %s", r.Key, r.Value)
+		}
 	}
 }

@@ -73,6 +73,9 @@ func TestDemoPolicies(t *testing.T) {
 	e, s := demoEngine(t)
 	v := s.Version()
 	perMinute60 := &RateLimit{N: 60, Per: time.Minute}
+	// The refund permits mask the reason: every refund decision's audit
+	// copy hides it, denials included.
+	reason := []string{"/reason"}
 	cases := []struct {
 		name string
 		req  func() Request
@@ -91,36 +94,36 @@ func TestDemoPolicies(t *testing.T) {
 		{
 			name: "small refund allowed without approval, reason masked",
 			req:  func() Request { return refund(4500) },
-			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-small"}, Version: v,
+			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-small"}, Version: v, AuditMask: reason,
 				Obligations: Obligations{Mask: []string{"/reason"}}},
 		},
 		{
 			name: "refund of exactly 100.00 needs no approval",
 			req:  func() Request { return refund(10000) },
-			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-small"}, Version: v,
+			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-small"}, Version: v, AuditMask: reason,
 				Obligations: Obligations{Mask: []string{"/reason"}}},
 		},
 		{
 			name: "refund above 100.00 needs approval",
 			req:  func() Request { return refund(10001) },
-			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-large-needs-approval"}, Version: v,
+			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-large-needs-approval"}, Version: v, AuditMask: reason,
 				Obligations: Obligations{RequireApproval: true, Mask: []string{"/reason"}}},
 		},
 		{
 			name: "refund at the cap needs approval",
 			req:  func() Request { return refund(1000000) },
-			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-large-needs-approval"}, Version: v,
+			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-large-needs-approval"}, Version: v, AuditMask: reason,
 				Obligations: Obligations{RequireApproval: true, Mask: []string{"/reason"}}},
 		},
 		{
 			name: "refund above the cap forbidden",
 			req:  func() Request { return refund(1000001) },
-			want: Decision{Reason: ReasonDeniedByPolicy, PolicyIDs: []string{"refund-cap"}, Version: v},
+			want: Decision{Reason: ReasonDeniedByPolicy, PolicyIDs: []string{"refund-cap"}, Version: v, AuditMask: reason},
 		},
 		{
 			name: "refund without an amount matches no permit",
 			req:  func() Request { r := refund(1); r.Amount = nil; return r },
-			want: Decision{Reason: ReasonNoPolicy, Version: v},
+			want: Decision{Reason: ReasonNoPolicy, Version: v, AuditMask: reason},
 		},
 		{
 			name: "internal email allowed without approval, rate limited",
@@ -154,12 +157,12 @@ func TestDemoPolicies(t *testing.T) {
 		{
 			name: "resource of another tenant denied before Cedar",
 			req:  func() Request { r := refund(100); r.ResourceTenant = "t_other"; return r },
-			want: Decision{Reason: ReasonCrossTenant, Version: v},
+			want: Decision{Reason: ReasonCrossTenant, Version: v, AuditMask: reason},
 		},
 		{
 			name: "empty resource tenant is cross tenant",
 			req:  func() Request { r := refund(100); r.ResourceTenant = ""; return r },
-			want: Decision{Reason: ReasonCrossTenant, Version: v},
+			want: Decision{Reason: ReasonCrossTenant, Version: v, AuditMask: reason},
 		},
 		{
 			name: "tenant inside the arguments grants nothing",
@@ -170,12 +173,12 @@ func TestDemoPolicies(t *testing.T) {
 				r.Arguments["tenant"] = "t_other"
 				return r
 			},
-			want: Decision{Reason: ReasonCrossTenant, Version: v},
+			want: Decision{Reason: ReasonCrossTenant, Version: v, AuditMask: reason},
 		},
 		{
 			name: "missing user is an invalid request",
 			req:  func() Request { r := refund(100); r.User = ""; return r },
-			want: Decision{Reason: ReasonInvalidRequest, Version: v},
+			want: Decision{Reason: ReasonInvalidRequest, Version: v, AuditMask: reason},
 		},
 	}
 	for _, tc := range cases {

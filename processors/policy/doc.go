@@ -74,6 +74,15 @@
 // unknown obligation or a malformed value fails the load of the whole set,
 // since an ignored typo would weaken a rule.
 //
+// @mask is also read another way, since a denial carries no obligations
+// and a denied call's arguments are as sensitive as an allowed one's: the
+// audit copy of a call's arguments (the requested event, and all that is
+// built from it) hides every field that any policy of the set, permit or
+// forbid, matching or not, masks for the call's tool
+// (Decision.AuditMask), whatever the decision. A policy's tools are read
+// from its action scope when the set loads; a scope that names no action
+// counts for every tool, and conditions are not read.
+//
 // # Versions
 //
 // A Set is the *.cedar files of one directory, labelled by the operator

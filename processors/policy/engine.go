@@ -61,6 +61,14 @@ type Decision struct {
 	// Obligations come from the annotations of the matching permits
 	// only; a denial carries none.
 	Obligations Obligations
+	// AuditMask lists the fields that any policy of the deciding set
+	// masks (@mask) for the request's tool, sorted: the audit copy of
+	// the call's arguments hides them whatever the decision, denials
+	// included, where Obligations.Mask (what the result hides) holds
+	// only the deciding permits'. It includes Obligations.Mask. Empty
+	// only when no set was active or no policy masks anything for the
+	// tool.
+	AuditMask []string
 	// Detail is for humans: which rule failed and why. It never holds
 	// argument values.
 	Detail string
@@ -293,8 +301,9 @@ func (w *settle) settled(hash string) bool {
 
 // Decide evaluates r against the active set. It never fails open: no set,
 // an invalid or cross-tenant request, an evaluation error, a panic or a
-// late answer are all denials with their own reason.
-func (e *Engine) Decide(ctx context.Context, r Request) (d Decision) {
+// late answer are all denials with their own reason. Every decision taken
+// under a set carries the set's AuditMask for r's tool.
+func (e *Engine) Decide(ctx context.Context, r Request) Decision {
 	s := e.active.Load()
 	if s == nil {
 		detail := "no policy set is active"
@@ -303,6 +312,13 @@ func (e *Engine) Decide(ctx context.Context, r Request) (d Decision) {
 		}
 		return Decision{Reason: ReasonUnavailable, Detail: detail}
 	}
+	d := e.decide(ctx, s, r)
+	d.AuditMask = s.auditMask(r.Tool)
+	return d
+}
+
+// decide is Decide under the set s.
+func (e *Engine) decide(ctx context.Context, s *Set, r Request) (d Decision) {
 	if err := r.validate(); err != nil {
 		return Decision{Reason: ReasonInvalidRequest, Version: s.Version(), Detail: err.Error()}
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -494,15 +495,24 @@ permit (principal, action == Action::"tool::send_email", resource);
 permit (principal, action == Action::"tool::get_weather", resource)
 when { context.channel == "carrier_pigeon" };
 
-// A forbid that does not match, annotated for good measure.
+// A forbid that does not match, annotated for good measure; its mask
+// still hides the field in every create_ticket audit copy.
 @id("forbid-night")
 @obligation("sandbox")
 forbid (principal, action, resource) when { context.hour < 6 };
 
 // No @id: named after its file and place.
 permit (principal, action == Action::"tool::create_ticket", resource);
+`, "q.cedar": `
+@id("forbid-urgent")
+@mask("body")
+forbid (principal, action in [Action::"tool::create_ticket", Action::"tool::send_email"], resource)
+when { context.arguments has priority && context.arguments.priority == "urgent" };
 `})
 	e := newEngine(t, Config{Set: s})
+	// Every get_weather decision hides what either get_weather permit
+	// masks, matching or not; send_email's permit is another tool's.
+	weatherMasks := []string{"/a", "/b", "/c"}
 	cases := []struct {
 		name string
 		req  Request
@@ -512,23 +522,40 @@ permit (principal, action == Action::"tool::create_ticket", resource);
 			name: "two matching permits add up",
 			req:  simple("get_weather"),
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"match-mask", "match-sandbox"}, Version: s.Version(),
-				Obligations: Obligations{Mask: []string{"/a", "/b", "/c"}, RateLimit: &RateLimit{N: 5, Per: time.Minute}, Sandbox: true}},
+				Obligations: Obligations{Mask: []string{"/a", "/b", "/c"}, RateLimit: &RateLimit{N: 5, Per: time.Minute}, Sandbox: true},
+				AuditMask:   weatherMasks},
 		},
 		{
 			name: "one matching permit",
 			req:  func() Request { r := simple("get_weather"); r.Channel = "agent"; return r }(),
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"match-mask"}, Version: s.Version(),
-				Obligations: Obligations{Mask: []string{"/a", "/b"}, RateLimit: &RateLimit{N: 1000, Per: time.Hour}}},
+				Obligations: Obligations{Mask: []string{"/a", "/b"}, RateLimit: &RateLimit{N: 1000, Per: time.Hour}},
+				AuditMask:   weatherMasks},
 		},
 		{
 			name: "policy without @id keeps cedar's name",
 			req:  simple("create_ticket"),
-			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"p.cedar:policy5"}, Version: s.Version()},
+			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"p.cedar:policy5"}, Version: s.Version(),
+				AuditMask: []string{"body"}},
 		},
 		{
-			name: "denial carries no obligations",
+			name: "denial carries no obligations, but the audit mask of every policy for the tool",
 			req:  func() Request { r := simple("get_weather"); r.Time = at.Add(-10 * time.Hour); return r }(),
-			want: Decision{Reason: ReasonDeniedByPolicy, PolicyIDs: []string{"forbid-night"}, Version: s.Version()},
+			want: Decision{Reason: ReasonDeniedByPolicy, PolicyIDs: []string{"forbid-night"}, Version: s.Version(), AuditMask: weatherMasks},
+		},
+		{
+			name: "a forbid's mask hides its field when it denies",
+			req: func() Request {
+				r := simple("create_ticket")
+				r.Arguments = map[string]any{"priority": "urgent"}
+				return r
+			}(),
+			want: Decision{Reason: ReasonDeniedByPolicy, PolicyIDs: []string{"forbid-urgent"}, Version: s.Version(), AuditMask: []string{"body"}},
+		},
+		{
+			name: "no policy masks anything for the tool",
+			req:  simple("drop_database"),
+			want: Decision{Reason: ReasonNoPolicy, Version: s.Version()},
 		},
 	}
 	for _, tc := range cases {
@@ -536,6 +563,68 @@ permit (principal, action == Action::"tool::create_ticket", resource);
 			got := e.Decide(context.Background(), tc.req)
 			if diff := cmp.Diff(tc.want, got, decisionOpts); diff != "" {
 				t.Errorf("Decide() mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// The audit mask of a tool is read from the action scopes when the set
+// loads: a scope that names no action counts for every tool, one that
+// names no tool's action for none.
+func TestAuditMaskByActionScope(t *testing.T) {
+	s := load(t, "v1", map[string]string{"p.cedar": `
+@mask("eq") permit (principal, action == Action::"tool::a", resource);
+@mask("in-one") permit (principal, action in Action::"tool::b", resource);
+@mask("in-list") forbid (principal, action in [Action::"tool::a", Action::"tool::c"], resource);
+@mask("any") forbid (principal, action, resource) when { context.tool == "a" };
+@mask("group") permit (principal, action in Action::"admin_tools", resource);
+@mask("other-type") permit (principal, action == Other::"tool::a", resource);
+`})
+	cases := []struct {
+		tool string
+		want []string
+	}{
+		{"a", []string{"any", "eq", "in-list"}},
+		{"b", []string{"any", "in-one"}},
+		{"c", []string{"any", "in-list"}},
+		{"unknown", []string{"any"}},
+	}
+	for _, tc := range cases {
+		if diff := cmp.Diff(tc.want, s.auditMask(tc.tool)); diff != "" {
+			t.Errorf("auditMask(%q) mismatch (-want +got):\n%s", tc.tool, diff)
+		}
+	}
+	got := s.auditMask("a")
+	got[0] = "changed"
+	if s.auditMask("a")[0] != "any" {
+		t.Errorf("auditMask returned the set's own slice; a caller's change reached the set")
+	}
+}
+
+// Decisions that fail closed before or during evaluation carry the audit
+// mask too: a timeout, an evaluation error, an invalid request.
+func TestAuditMaskOnEveryDenial(t *testing.T) {
+	const masked = `@id("masked") @mask("secret") permit (principal, action == Action::"tool::get_weather", resource);
+`
+	cases := []struct {
+		name   string
+		policy string
+		cfg    Config
+		req    Request
+		reason string
+	}{
+		{name: "timeout", policy: masked, cfg: Config{Now: (&steppingClock{t: at, step: time.Second}).Now}, req: simple("get_weather"), reason: ReasonPolicyTimeout},
+		{name: "evaluation error", policy: masked + `@id("broken") permit (principal, action, resource) when { context.no_such_attribute == 1 };`,
+			req: simple("get_weather"), reason: ReasonPolicyError},
+		{name: "invalid request", policy: masked, req: func() Request { r := simple("get_weather"); r.User = ""; return r }(), reason: ReasonInvalidRequest},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.Set = load(t, "v1", map[string]string{"p.cedar": tc.policy})
+			got := newEngine(t, cfg).Decide(context.Background(), tc.req)
+			if got.Allow || got.Reason != tc.reason || !slices.Equal(got.AuditMask, []string{"secret"}) {
+				t.Errorf("Decide() = %+v; want denied (%s) with AuditMask [secret]", got, tc.reason)
 			}
 		})
 	}

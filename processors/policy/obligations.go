@@ -37,8 +37,9 @@ type Obligations struct {
 	// approves the exact arguments before it runs.
 	RequireApproval bool
 	// Mask lists fields (JSON pointers such as "/card_number", or bare
-	// names) masked in the result and in the audit copy of the arguments.
-	// Sorted, without duplicates.
+	// names) masked in the result. Sorted, without duplicates. The audit
+	// copy of the arguments hides these and those of every other policy
+	// for the tool (Decision.AuditMask).
 	Mask []string
 	// RateLimit, when set, caps calls per (tenant, tool). Of several
 	// deciding policies, the strictest limit wins.

@@ -20,6 +20,10 @@ const (
 	typeResource cedar.EntityType = "Resource"
 )
 
+// actionToolPrefix prefixes a tool's name in its action's id:
+// Action::"tool::refund_order".
+const actionToolPrefix = "tool::"
+
 // Resource kinds (resource.kind).
 const (
 	// KindTool: the call names no resource of its own (no registry
@@ -178,7 +182,7 @@ func cedarRequest(r Request, now time.Time) (cedar.Request, *entities) {
 	}
 	return cedar.Request{
 		Principal: principal,
-		Action:    cedar.NewEntityUID(typeAction, cedar.String("tool::"+r.Tool)),
+		Action:    cedar.NewEntityUID(typeAction, cedar.String(actionToolPrefix+r.Tool)),
 		Resource:  resource,
 		Context:   cedar.NewRecord(ctx),
 	}, ents

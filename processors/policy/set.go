@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -54,6 +55,11 @@ type Set struct {
 	version  string
 	policies []entry
 	byID     map[cedar.PolicyID]*entry
+	// masks are, per tool, the fields any policy of the set masks for
+	// it (see auditMask); allMasks those of the policies that may apply
+	// to any tool, which masks holds too.
+	masks    map[string][]string
+	allMasks []string
 }
 
 // entry is one policy of a set.
@@ -210,5 +216,106 @@ func parse(files []file, label, hash string) (*Set, error) {
 	for i := range s.policies {
 		s.byID[s.policies[i].id] = &s.policies[i]
 	}
+	if err := s.collectMasks(); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// auditMask returns the fields that any policy of the set, permit or
+// forbid, masks (@mask) for tool, sorted and without duplicates: what
+// every copy of the call's arguments kept for audit hides, whatever the
+// decision. A denial carries no obligations, and a call a forbid stopped
+// holds the same sensitive fields as one a permit let through. The
+// slice is the caller's.
+func (s *Set) auditMask(tool string) []string {
+	if m, ok := s.masks[tool]; ok {
+		return slices.Clone(m)
+	}
+	return slices.Clone(s.allMasks)
+}
+
+// collectMasks gathers each policy's @mask by the tools its action scope
+// names. A scope that names no action (`action`), or one this reading
+// does not know, counts for every tool: masking too much in an audit copy
+// loses a little audit detail, masking too little leaks. Conditions are
+// not read (a `when { context.tool == ... }` counts for every tool), for
+// the same reason.
+func (s *Set) collectMasks() error {
+	perTool := make(map[string][]string)
+	for i := range s.policies {
+		p := &s.policies[i]
+		if len(p.obligations.Mask) == 0 {
+			continue
+		}
+		tools, all, err := actionTools(p.policy)
+		if err != nil {
+			return fmt.Errorf("%w: policy %q: read its action scope: %w", ErrInvalidSet, string(p.id), err)
+		}
+		if all {
+			s.allMasks = append(s.allMasks, p.obligations.Mask...)
+			continue
+		}
+		for _, t := range tools {
+			perTool[t] = append(perTool[t], p.obligations.Mask...)
+		}
+	}
+	s.allMasks = sortedSet(s.allMasks)
+	s.masks = make(map[string][]string, len(perTool))
+	for t, m := range perTool {
+		s.masks[t] = sortedSet(append(m, s.allMasks...))
+	}
+	return nil
+}
+
+// sortedSet sorts l and drops its duplicates; nil when empty.
+func sortedSet(l []string) []string {
+	if len(l) == 0 {
+		return nil
+	}
+	slices.Sort(l)
+	return slices.Clip(slices.Compact(l))
+}
+
+// actionTools returns the tools a policy's action scope names, or all
+// when it may apply to any tool. It reads the policy's JSON form, Cedar's
+// documented policy format, whose action scope is {"op": "All"},
+// {"op": "==", "entity": e} or {"op": "in", "entity": e} or
+// {"op": "in", "entities": [e...]}. Actions have no parents here (the
+// engine passes Cedar no action entities), so `in` an action is that
+// action. An entity that is not a tool's action never matches a call and
+// names no tool.
+func actionTools(p *cedar.Policy) (tools []string, all bool, _ error) {
+	b, err := p.MarshalJSON()
+	if err != nil {
+		return nil, false, err
+	}
+	type entity struct {
+		Type string `json:"type"`
+		ID   string `json:"id"`
+	}
+	var doc struct {
+		Action struct {
+			Op       string   `json:"op"`
+			Entity   *entity  `json:"entity"`
+			Entities []entity `json:"entities"`
+		} `json:"action"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, false, err
+	}
+	a := doc.Action
+	if a.Op != "==" && a.Op != "in" {
+		return nil, true, nil
+	}
+	ents := a.Entities
+	if a.Entity != nil {
+		ents = append(ents, *a.Entity)
+	}
+	for _, e := range ents {
+		if name, ok := strings.CutPrefix(e.ID, actionToolPrefix); ok && e.Type == string(typeAction) {
+			tools = append(tools, name)
+		}
+	}
+	return tools, false, nil
 }
