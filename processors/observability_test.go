@@ -15,7 +15,6 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
-	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/intake"
@@ -85,10 +84,9 @@ func TestObservability(t *testing.T) {
 	h := newHarness(t, storeSQL, 4)
 	inMetrics, xMetrics := metrics.New("intake"), metrics.New("executor")
 
-	limiter, _ := h.store.(processors.RateLimiter)
 	in, err := intake.New(intake.Config{
 		Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Actor: "intake-1", Logger: h.logger,
-		Identity: h.ident.Verifier, Policy: h.policy, RateLimiter: limiter,
+		Identity: h.ident.Verifier, Policy: h.policy,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -154,10 +154,9 @@ func (h *harness) run(name string, fn func(ctx context.Context) error) (stop fun
 
 func (h *harness) startIntake(instance string) (stop func()) {
 	h.t.Helper()
-	limiter, _ := h.store.(processors.RateLimiter)
 	in, err := intake.New(intake.Config{
 		Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Actor: instance, Logger: h.logger,
-		Identity: h.ident.Verifier, Policy: h.policy, RateLimiter: limiter, ApprovalTTL: h.approvalTTL,
+		Identity: h.ident.Verifier, Policy: h.policy, ApprovalTTL: h.approvalTTL,
 	})
 	if err != nil {
 		h.t.Fatal(err)

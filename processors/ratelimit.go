@@ -12,7 +12,9 @@ import (
 // RateLimiter admits or refuses uses of a limited budget, shared by every
 // process that uses the same store: the state lives in the execution store
 // (pgstore, boltstore), not in the process, so a limit holds across all
-// intake instances.
+// intake instances. A store that is a RateLimiter also charges its buckets
+// in Admit (Admission.Rate), with the admission; the intake charges calls
+// that way, so that a call is charged once, when it is first recorded.
 //
 // Take answers a batch in one serializable transaction of the store, with
 // results in the order of the requests. Requests are applied in order, so
@@ -57,8 +59,9 @@ type RateLimiter interface {
 
 // RateRequest asks to use Cost units of a bucket's budget.
 type RateRequest struct {
-	// Bucket names the budget, e.g. "<tenant>/<tool>". Required: valid
-	// UTF-8 without NUL bytes (what every store can hold), at most
+	// Bucket names the budget, such as the intake's
+	// "<tenant>/<tool>/<limit>/<policy id>". Required: valid UTF-8
+	// without NUL bytes (what every store can hold), at most
 	// MaxRateBucketLen bytes.
 	Bucket string
 	// Limit is the number of uses per Window, and the largest burst; > 0

@@ -243,14 +243,12 @@ func (o observers) loop() ledger.LoopMetrics {
 }
 
 // intakeLoop wires an intake onto its consume-process-produce loop. cfg
-// carries the intake's trust: identity, policy and rate limiter.
+// carries the intake's trust: identity and policy (whose rate limits its
+// store keeps).
 func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
 	cfg.Topics = topics
 	cfg.Actor = "intake/" + instance
 	cfg.Logger = logger.With("processor", "intake")
-	if l, ok := cfg.Store.(processors.RateLimiter); ok && cfg.RateLimiter == nil {
-		cfg.RateLimiter = l
-	}
 	in, err := intake.New(cfg)
 	if err != nil {
 		return nil, nil, err

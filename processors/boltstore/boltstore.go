@@ -379,8 +379,8 @@ func keysOf(r *processors.Record, rk []byte) indexKeys {
 
 // txn is one batch's view of the buckets.
 type txn struct {
-	records, leases, unlogged, status, journal *bolt.Bucket
-	now                                        time.Time
+	records, leases, unlogged, status, journal, rates *bolt.Bucket
+	now                                               time.Time
 }
 
 func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
@@ -449,7 +449,7 @@ func (s *Store) update(ctx context.Context, op string, fn func(x *txn) error) er
 		return fn(&txn{
 			records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases),
 			unlogged: tx.Bucket(bucketUnlogged), status: tx.Bucket(bucketStatus),
-			journal: tx.Bucket(bucketJournal), now: s.now().UTC(),
+			journal: tx.Bucket(bucketJournal), rates: tx.Bucket(bucketRates), now: s.now().UTC(),
 		})
 	})
 	if errors.Is(err, berrors.ErrKeyTooLarge) || errors.Is(err, berrors.ErrValueTooLarge) {
@@ -506,9 +506,16 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	}
 	out := make([]processors.AdmitResult, len(as))
 	err := s.update(ctx, "admit", func(x *txn) error {
+		// A key whose first admission in the batch was refused: its
+		// later copies are refused alike, not charged again.
+		var limited map[ledger.CallKey]processors.RateResult
 		for i, a := range as {
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+			if res, ok := limited[a.Key]; ok {
+				out[i] = processors.AdmitResult{Outcome: processors.Limited, Rate: res}
+				continue
 			}
 			cur, ok, err := x.get(a.Key)
 			if err != nil {
@@ -521,11 +528,27 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 				}
 				continue
 			}
+			var rate processors.RateResult
+			if a.Rate != nil {
+				// Only a free key is charged, in the transaction that
+				// records it.
+				if rate, err = take(x.rates, x.now, *a.Rate); err != nil {
+					return err
+				}
+				if !rate.Allowed {
+					if limited == nil {
+						limited = make(map[ledger.CallKey]processors.RateResult)
+					}
+					limited[a.Key] = rate
+					out[i] = processors.AdmitResult{Outcome: processors.Limited, Rate: rate}
+					continue
+				}
+			}
 			r := a.Record(x.now)
 			if err := x.put(nil, r); err != nil {
 				return err
 			}
-			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r}
+			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r, Rate: rate}
 		}
 		return nil
 	})

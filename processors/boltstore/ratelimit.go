@@ -40,22 +40,10 @@ func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]proces
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			// Read inside the loop: an earlier request of the batch on
-			// the same bucket has already written it.
-			var tat time.Time
-			if v := b.Get([]byte(r.Bucket)); v != nil {
-				var err error
-				if tat, err = time.Parse(tatFormat, string(v)); err != nil {
-					return fmt.Errorf("decode rate bucket %q: %v", r.Bucket, err)
-				}
+			var err error
+			if out[i], err = take(b, now, r); err != nil {
+				return err
 			}
-			next, res := processors.GCRA(tat, now, r)
-			if res.Allowed {
-				if err := b.Put([]byte(r.Bucket), next.UTC().AppendFormat(nil, tatFormat)); err != nil {
-					return err
-				}
-			}
-			out[i] = res
 		}
 		return nil
 	})
@@ -63,4 +51,24 @@ func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]proces
 		return nil, fmt.Errorf("boltstore take: %w", err)
 	}
 	return out, nil
+}
+
+// take applies one checked request to its bucket in b at now, writing the
+// bucket if the request is admitted. The bucket is read afresh: an earlier
+// request of the same transaction may have written it.
+func take(b *bolt.Bucket, now time.Time, r processors.RateRequest) (processors.RateResult, error) {
+	var tat time.Time
+	if v := b.Get([]byte(r.Bucket)); v != nil {
+		var err error
+		if tat, err = time.Parse(tatFormat, string(v)); err != nil {
+			return processors.RateResult{}, fmt.Errorf("decode rate bucket %q: %v", r.Bucket, err)
+		}
+	}
+	next, res := processors.GCRA(tat, now, r)
+	if res.Allowed {
+		if err := b.Put([]byte(r.Bucket), next.UTC().AppendFormat(nil, tatFormat)); err != nil {
+			return processors.RateResult{}, err
+		}
+	}
+	return res, nil
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,11 +98,12 @@ type Config struct {
 	// refuses every envelope (only Submit, for calls the ledger makes
 	// itself, works).
 	Identity Verifier
-	// Policy decides every call. Required.
+	// Policy decides every call. Required. The policies' rate limits are
+	// kept by the Store, across all intake instances, if it is a
+	// processors.RateLimiter: it then charges a call in the transaction
+	// that admits it (processors.Admission.Rate). With a store that is
+	// not, a call under a rate limit is refused (rate_limited).
 	Policy Decider
-	// RateLimiter enforces the policies' rate_limit obligations across all
-	// intake instances. Without one, a call under a rate limit is denied.
-	RateLimiter processors.RateLimiter
 	// PolicyRetryAfter is the retry_after_ms of the refusal of a call the
 	// policies could not decide (policy.Decision.Transient: a timeout, an
 	// evaluation error, no active set); default 1s. Such a call is
@@ -140,6 +143,8 @@ type Config struct {
 type Processor struct {
 	cfg   Config
 	later laterMarks
+	// limits: the store keeps rate limits (see Config.Policy).
+	limits bool
 }
 
 // New validates cfg and returns an intake.
@@ -170,7 +175,8 @@ func New(cfg Config) (*Processor, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Processor{cfg: cfg}, nil
+	_, limits := cfg.Store.(processors.RateLimiter)
+	return &Processor{cfg: cfg, limits: limits}, nil
 }
 
 // checked is an envelope that passed every check: who asks, which tool,
@@ -280,11 +286,12 @@ func parallel(n int, fn func(i int)) {
 	wg.Wait()
 }
 
-// settle takes checked calls the rest of the way: rate limits, then the
-// store, which says whether each key is free. It returns the records to
-// append (the calls' first events, refusals, and events a crash left out
-// of the log), what to mark logged once they are in, and the authorized
-// admissions to mark later (laterMarks).
+// settle takes checked calls the rest of the way: the store says whether
+// each key is free and, for a call under a rate limit, whether the limit
+// admits it. It returns the records to append (the calls' first events,
+// refusals, and events a crash left out of the log), what to mark logged
+// once they are in, and the authorized admissions to mark later
+// (laterMarks).
 func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time) (out []*kgo.Record, logged, later []processors.Logged, _ error) {
 	var (
 		admits  []pending
@@ -299,16 +306,20 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			out = append(out, r)
 		}
 	}
-	calls, limited, err := p.limit(ctx, calls, now)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	emit(limited...)
 	for _, c := range calls {
+		rate := p.rate(c)
+		if rate != nil && !p.limits {
+			emit(p.refuse(c.key(), c.env, now, ReasonRateLimited, "", "a policy sets a rate limit and this intake's store keeps none"))
+			continue
+		}
 		a, err := p.admission(c, now)
 		if err != nil {
 			return nil, nil, nil, err
 		}
+		// Charged by the store with the admission, not before: a
+		// duplicate, a retry of this batch after its step failed, or
+		// a key reused, takes nothing.
+		a.Rate = rate
 		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
@@ -368,6 +379,10 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		case processors.Conflict:
 			emit(p.refuse(a.key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
 				"the idempotency key is already used by a call with other arguments"))
+		case processors.Limited:
+			rl := a.decision.Obligations.RateLimit
+			emit(p.retryLater(a.checked, now, ReasonRateLimited,
+				fmt.Sprintf("at most %s for %s in tenant %s under policy %s", rl, a.tool.Name, a.id.Tenant, rl.Policy), res.Rate.RetryAfter))
 		default:
 			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}
@@ -572,55 +587,33 @@ func scopeMismatch(s ledger.Scope, id identity.Identity) (pointer string, ok boo
 	return "", true
 }
 
-// limit takes the rate-limit budget of every allowed call under a
-// rate_limit obligation, in one round trip, and turns the refused ones into
-// refusals: a rate-limited envelope leaves its key free for the retry.
-func (p *Processor) limit(ctx context.Context, calls []*checked, now time.Time) ([]*checked, []ledger.Event, error) {
-	var (
-		reqs []processors.RateRequest
-		idx  []int
-	)
-	for i, c := range calls {
-		if rl := c.decision.Obligations.RateLimit; c.decision.Allow && rl != nil {
-			reqs = append(reqs, processors.RateRequest{Bucket: c.id.Tenant + "/" + c.tool.Name, Limit: rl.N, Window: rl.Per, Cost: 1})
-			idx = append(idx, i)
-		}
+// rate is what admitting c charges, or nil: an allowed call under a
+// rate_limit obligation draws on its bucket.
+func (p *Processor) rate(c *checked) *processors.RateRequest {
+	rl := c.decision.Obligations.RateLimit
+	if !c.decision.Allow || rl == nil {
+		return nil
 	}
-	if len(reqs) == 0 {
-		return calls, nil, nil
+	return &processors.RateRequest{Bucket: rateBucket(c.id.Tenant, c.tool.Name, *rl), Limit: rl.N, Window: rl.Per, Cost: 1}
+}
+
+// rateBucket names the budget a call under rl draws on: the verified
+// tenant's (never one the arguments name), for the tool, under the policy
+// that set the limit, at that limit. So permits with different limits, or
+// different permits with the same one, never share a budget, and a
+// limit changed in a new policy version starts a budget of its own. The
+// tenant and the tool hold no "/" (the envelope schema and the registry
+// see to it), the limit has one ("20/m"), and the policy id comes last,
+// as it is: the name is unambiguous. A policy id the name cannot hold
+// as it is (too long, not UTF-8, a NUL) is replaced by its SHA-256.
+func rateBucket(tenant, tool string, rl policy.RateLimit) string {
+	prefix := tenant + "/" + tool + "/" + rl.String() + "/"
+	b := prefix + rl.Policy
+	if len(b) > processors.MaxRateBucketLen || !utf8.ValidString(b) || strings.ContainsRune(b, 0) {
+		sum := sha256.Sum256([]byte(rl.Policy))
+		b = prefix + "sha256:" + hex.EncodeToString(sum[:])
 	}
-	refused := make(map[int]ledger.Event)
-	if p.cfg.RateLimiter == nil {
-		for _, i := range idx {
-			ev := p.refuse(calls[i].key(), calls[i].env, now, ReasonRateLimited, "", "a policy sets a rate limit and this intake has no rate limiter")
-			refused[i] = ev
-		}
-	} else {
-		res, err := p.cfg.RateLimiter.Take(ctx, reqs)
-		if err != nil {
-			return nil, nil, fmt.Errorf("rate limits: %w", err)
-		}
-		for k, r := range res {
-			if r.Allowed {
-				continue
-			}
-			c := calls[idx[k]]
-			refused[idx[k]] = p.retryLater(c, now, ReasonRateLimited,
-				fmt.Sprintf("at most %s for %s in tenant %s", c.decision.Obligations.RateLimit, c.tool.Name, c.id.Tenant), r.RetryAfter)
-		}
-	}
-	var (
-		kept []*checked
-		evs  []ledger.Event
-	)
-	for i, c := range calls {
-		if ev, ok := refused[i]; ok {
-			evs = append(evs, ev)
-			continue
-		}
-		kept = append(kept, c)
-	}
-	return kept, evs, nil
+	return b
 }
 
 // retryLater refuses a checked call for now: a refusal (seq 0) that

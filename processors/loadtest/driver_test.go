@@ -26,7 +26,6 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
-	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
@@ -98,9 +97,8 @@ func drvNewLedger(t *testing.T, withExecutor bool) *drvLedger {
 	if err != nil {
 		t.Fatalf("verifier: %v", err)
 	}
-	limiter, _ := any(st).(processors.RateLimiter)
 	in, err := intake.New(intake.Config{
-		Registry: l.reg, Store: st, Identity: ver, Policy: l.policy, RateLimiter: limiter,
+		Registry: l.reg, Store: st, Identity: ver, Policy: l.policy,
 		Topics: l.kafka.Topics, Actor: "intake/drv",
 	})
 	if err != nil {

@@ -1010,26 +1010,20 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	if len(as) == 0 {
 		return []processors.AdmitResult{}, nil
 	}
+	if charged(as) {
+		return s.admitCharged(ctx, as)
+	}
 	// Only the first admission of a key is inserted (first: its index in
 	// as); later ones in the batch are answered against it, as if they
 	// came after it.
-	var (
-		first                                    = make(map[ledger.CallKey]int, len(as))
-		ts, ks, callIDs, hashes, tools, statuses []string
-		toolVersions, seqs                       []int64
-		arguments, outboxes                      [][]byte
-		deadlines                                []pgtype.Timestamptz
-	)
+	first := make(map[ledger.CallKey]int, len(as))
+	var rows admitRows
 	for i, a := range as {
 		if _, ok := first[a.Key]; ok {
 			continue
 		}
 		first[a.Key] = i
-		ts, ks = append(ts, a.Key.TenantID), append(ks, a.Key.IdempotencyKey)
-		callIDs, hashes, tools = append(callIDs, a.CallID), append(hashes, a.ArgumentsHash), append(tools, a.Tool)
-		toolVersions, arguments = append(toolVersions, int64(a.ToolVersion)), append(arguments, a.Arguments)
-		deadlines, statuses = append(deadlines, timestamptz(a.DeadlineAt)), append(statuses, string(a.Status))
-		seqs, outboxes = append(seqs, a.Seq), append(outboxes, packOutbox(a.Outbox, s.packMin))
+		rows.add(a, s.packMin)
 	}
 
 	var (
@@ -1040,8 +1034,8 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	// results may call for, another read of a few keys, comes after.
 	err := s.inBatchTx(ctx, "admit", s.relaxed(), batchTx{
 		queue: func(b *pgx.Batch) {
-			b.Queue(s.q.selectKeys, ts, ks)
-			b.Queue(s.q.insert, ts, ks, callIDs, hashes, tools, toolVersions, arguments, deadlines, statuses, seqs, outboxes)
+			b.Queue(s.q.selectKeys, rows.ts, rows.ks)
+			rows.queue(b, s.q.insert)
 		},
 		read: func(br pgx.BatchResults) error {
 			rows, _ := br.Query()
@@ -1057,7 +1051,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	if err != nil {
 		return nil, err
 	}
-	out, err := s.admitted(ctx, as, first, ts, ks, existing, inserted)
+	out, err := s.admitted(ctx, as, first, rows.ts, rows.ks, existing, inserted, rateAnswers{})
 	if err != nil {
 		// The admissions committed: the caller's retry finds them, as
 		// after a COMMIT whose answer was lost.
@@ -1066,11 +1060,36 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	return out, nil
 }
 
+// admitRows are the admissions a batch inserts, as the insert
+// statement's arrays.
+type admitRows struct {
+	ts, ks, callIDs, hashes, tools, statuses []string
+	toolVersions, seqs                       []int64
+	arguments, outboxes                      [][]byte
+	deadlines                                []pgtype.Timestamptz
+}
+
+// add appends a, its outbox packed from packMin bytes on.
+func (r *admitRows) add(a processors.Admission, packMin int) {
+	r.ts, r.ks = append(r.ts, a.Key.TenantID), append(r.ks, a.Key.IdempotencyKey)
+	r.callIDs, r.hashes, r.tools = append(r.callIDs, a.CallID), append(r.hashes, a.ArgumentsHash), append(r.tools, a.Tool)
+	r.toolVersions, r.arguments = append(r.toolVersions, int64(a.ToolVersion)), append(r.arguments, a.Arguments)
+	r.deadlines, r.statuses = append(r.deadlines, timestamptz(a.DeadlineAt)), append(r.statuses, string(a.Status))
+	r.seqs, r.outboxes = append(r.seqs, a.Seq), append(r.outboxes, packOutbox(a.Outbox, packMin))
+}
+
+// queue queues insert (queries.insert) of the rows.
+func (r *admitRows) queue(b *pgx.Batch, insert string) {
+	b.Queue(insert, r.ts, r.ks, r.callIDs, r.hashes, r.tools, r.toolVersions, r.arguments, r.deadlines, r.statuses, r.seqs, r.outboxes)
+}
+
 // admitted answers each admission of as from the records the batch found
-// (existing) and those it inserted, reading again the keys that are in
-// neither, now that the batch committed. first indexes each key's first
-// admission in as.
-func (s *Store) admitted(ctx context.Context, as []processors.Admission, first map[ledger.CallKey]int, ts, ks []string, existing []processors.Record, inserted []insertedRow) ([]processors.AdmitResult, error) {
+// (existing) and those it inserted, reading again the keys of ts and ks
+// (those it tried to insert) that are in neither, now that the batch
+// committed. first indexes each key's first admission in as. rates are
+// the rate limits' answers of a charged batch (admitCharged), zero for
+// another.
+func (s *Store) admitted(ctx context.Context, as []processors.Admission, first map[ledger.CallKey]int, ts, ks []string, existing []processors.Record, inserted []insertedRow, rates rateAnswers) ([]processors.AdmitResult, error) {
 	pre, ins := byKey(existing), make(map[ledger.CallKey]processors.Record, len(inserted))
 	for _, r := range inserted {
 		// An inserted record is its key's first admission in the
@@ -1110,9 +1129,13 @@ func (s *Store) admitted(ctx context.Context, as []processors.Admission, first m
 	out := make([]processors.AdmitResult, len(as))
 	answered := make(map[ledger.CallKey]bool, len(ins))
 	for i, a := range as {
+		if res, ok := rates.limited[a.Key]; ok {
+			out[i] = processors.AdmitResult{Outcome: processors.Limited, Rate: res}
+			continue
+		}
 		if r, ok := ins[a.Key]; ok && !answered[a.Key] {
 			answered[a.Key] = true
-			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r}
+			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r, Rate: rates.charged[a.Key]}
 			continue
 		}
 		r, ok := pre[a.Key]

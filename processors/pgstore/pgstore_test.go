@@ -738,13 +738,24 @@ func admitAuthorized(t *testing.T, s *Store, k ledger.CallKey) {
 // transaction commits. It returns call's error.
 func whileRowHeld(t *testing.T, s *Store, k ledger.CallKey, set, waitsOn string, meanwhile func(), call func() error) error {
 	t.Helper()
+	write := "UPDATE " + s.table + " SET " + set + " WHERE tenant_id = $1 AND idempotency_key = $2"
+	return whileWritten(t, s, write, k, waitsOn, meanwhile, call)
+}
+
+// whileWritten runs call while another transaction has run write (with
+// k's tenant and key as $1 and $2) and not yet committed: once a
+// statement of call containing waitsOn waits for a lock, meanwhile runs
+// (if not nil) and the other transaction commits. It returns call's
+// error.
+func whileWritten(t *testing.T, s *Store, write string, k ledger.CallKey, waitsOn string, meanwhile func(), call func() error) error {
+	t.Helper()
 	ctx := t.Context()
 	other, err := s.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Rollback(context.WithoutCancel(ctx))
-	if _, err := other.Exec(ctx, "UPDATE "+s.table+" SET "+set+" WHERE tenant_id = $1 AND idempotency_key = $2", k.TenantID, k.IdempotencyKey); err != nil {
+	if _, err := other.Exec(ctx, write, k.TenantID, k.IdempotencyKey); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -905,6 +916,25 @@ func waitForLock(t *testing.T, s *Store, text string) {
 	}
 }
 
+// admitWhileInserted runs Admit(as) while another transaction holds an
+// insert of k (call c_first, arguments hash "h") not yet committed,
+// committing it once a statement of the admission waits for it, and
+// returns Admit's results.
+func admitWhileInserted(t *testing.T, s *Store, k ledger.CallKey, as []processors.Admission) []processors.AdmitResult {
+	t.Helper()
+	insert := "INSERT INTO " + s.table + ` (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, seq, created_at, updated_at)
+VALUES ($1, $2, 'c_first', 'h', 'x', 1, 'authorized', 2, now(), now())`
+	var res []processors.AdmitResult
+	err := whileWritten(t, s, insert, k, "INSERT INTO", nil, func() (err error) {
+		res, err = s.Admit(t.Context(), as)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Admit() = %v", err)
+	}
+	return res
+}
+
 // TestAdmitSeesAConcurrentAdmission: an admission of a key that another
 // transaction is inserting waits for it and, once it commits, answers
 // against the record it created (a duplicate with the same arguments, a
@@ -921,41 +951,14 @@ func TestAdmitSeesAConcurrentAdmission(t *testing.T) {
 	} {
 		t.Run(tc.hash, func(t *testing.T) {
 			s, logs := openRelaxed(t)
-			ctx := t.Context()
 			k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
-			other, err := s.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer other.Rollback(context.WithoutCancel(ctx))
-			_, err = other.Exec(ctx, "INSERT INTO "+s.table+` (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, seq, created_at, updated_at)
-VALUES ($1, $2, 'c_first', 'h', 'x', 1, 'authorized', 2, now(), now())`, k.TenantID, k.IdempotencyKey)
-			if err != nil {
-				t.Fatal(err)
-			}
 			fresh := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "fresh"}
-			type answer struct {
-				res []processors.AdmitResult
-				err error
-			}
-			done := make(chan answer, 1)
-			go func() {
-				res, err := s.Admit(ctx, []processors.Admission{
-					{Key: fresh, CallID: "c_fresh", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2},
-					{Key: k, CallID: "c_second", ArgumentsHash: tc.hash, Tool: "x", Status: processors.StatusAuthorized, Seq: 2},
-				})
-				done <- answer{res, err}
-			}()
-			waitForLock(t, s, "INSERT INTO")
-			if err := other.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			got := <-done
-			if got.err != nil {
-				t.Fatalf("Admit() = %v", got.err)
-			}
-			if len(got.res) != 2 || got.res[0].Outcome != processors.Admitted || got.res[1].Outcome != tc.want || got.res[1].Record.CallID != "c_first" {
-				t.Errorf("Admit() = %+v; want the fresh key admitted and %v against call c_first", got.res, tc.want)
+			res := admitWhileInserted(t, s, k, []processors.Admission{
+				{Key: fresh, CallID: "c_fresh", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2},
+				{Key: k, CallID: "c_second", ArgumentsHash: tc.hash, Tool: "x", Status: processors.StatusAuthorized, Seq: 2},
+			})
+			if len(res) != 2 || res[0].Outcome != processors.Admitted || res[1].Outcome != tc.want || res[1].Record.CallID != "c_first" {
+				t.Errorf("Admit() = %+v; want the fresh key admitted and %v against call c_first", res, tc.want)
 			}
 			if strings.Contains(logs.String(), "transaction retry") {
 				t.Errorf("Admit was retried:\n%s", logs.String())

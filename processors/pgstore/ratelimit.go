@@ -3,11 +3,13 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 )
 
@@ -80,57 +82,257 @@ func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]proces
 	for _, r := range rs {
 		buckets = append(buckets, r.Bucket)
 	}
-	// Sorted and distinct: the lock order, and ON CONFLICT DO UPDATE may
-	// not touch a row twice in one statement.
-	slices.Sort(buckets)
-	buckets = slices.Compact(buckets)
+	buckets = lockOrder(buckets)
 	q := s.rateQueries()
 
 	var out []processors.RateResult
 	err := s.inTx(ctx, "take", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, q.lock, buckets)
-		tats := make(map[string]time.Time, len(buckets))
-		var (
-			now    time.Time
-			bucket string
-			tat    time.Time
-		)
-		_, err := pgx.ForEachRow(rows, []any{&bucket, &tat, &now}, func() error {
-			tats[bucket] = tat
-			return nil
-		})
+		tats, now, err := scanLocked(rows, len(buckets))
 		if err != nil {
 			return err
 		}
-		if len(tats) != len(buckets) {
-			return fmt.Errorf("locked %d of %d buckets", len(tats), len(buckets))
-		}
-
-		out = make([]processors.RateResult, len(rs))
-		changed := make(map[string]bool, len(buckets))
-		for i, r := range rs {
-			next, res := processors.GCRA(tats[r.Bucket], now, r)
-			if res.Allowed {
-				tats[r.Bucket] = next
-				changed[r.Bucket] = true
-			}
-			out[i] = res
-		}
-		if len(changed) == 0 {
+		var next map[string]time.Time
+		out, next = gcraBatch(rs, tats, now)
+		if len(next) == 0 {
 			return nil
 		}
-		var ubs []string
-		var uts []time.Time
-		for _, b := range buckets {
-			if changed[b] {
-				ubs, uts = append(ubs, b), append(uts, tats[b])
-			}
-		}
+		ubs, uts := updateArgs(next)
 		_, err = tx.Exec(ctx, q.update, ubs, uts)
 		return err
 	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// lockOrder sorts buckets and drops duplicates: the order lock takes them
+// in, and ON CONFLICT DO UPDATE may not touch a row twice in one
+// statement.
+func lockOrder(buckets []string) []string {
+	slices.Sort(buckets)
+	return slices.Compact(buckets)
+}
+
+// scanLocked reads lock's rows: each bucket's tat, and the database's
+// clock. want is how many buckets were locked.
+func scanLocked(rows pgx.Rows, want int) (map[string]time.Time, time.Time, error) {
+	tats := make(map[string]time.Time, want)
+	var (
+		now    time.Time
+		bucket string
+		tat    time.Time
+	)
+	_, err := pgx.ForEachRow(rows, []any{&bucket, &tat, &now}, func() error {
+		tats[bucket] = tat
+		return nil
+	})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	if len(tats) != want {
+		return nil, time.Time{}, fmt.Errorf("locked %d of %d buckets", len(tats), want)
+	}
+	return tats, now, nil
+}
+
+// gcraBatch applies rs in order to the buckets' tats at now
+// (processors.GCRA), a later request seeing what an earlier one took. It
+// returns the results and the new tat of each bucket that admitted
+// something; tats is not changed.
+func gcraBatch(rs []processors.RateRequest, tats map[string]time.Time, now time.Time) ([]processors.RateResult, map[string]time.Time) {
+	out := make([]processors.RateResult, len(rs))
+	next := make(map[string]time.Time)
+	for i, r := range rs {
+		tat, ok := next[r.Bucket]
+		if !ok {
+			tat = tats[r.Bucket]
+		}
+		t, res := processors.GCRA(tat, now, r)
+		if res.Allowed {
+			next[r.Bucket] = t
+		}
+		out[i] = res
+	}
+	return out, next
+}
+
+// updateArgs are update's arrays for the buckets' new tats, in bucket
+// order.
+func updateArgs(next map[string]time.Time) ([]string, []time.Time) {
+	bs := slices.Sorted(maps.Keys(next))
+	ts := make([]time.Time, len(bs))
+	for i, b := range bs {
+		ts[i] = next[b]
+	}
+	return bs, ts
+}
+
+// charged reports whether any admission of as is charged to a rate limit.
+func charged(as []processors.Admission) bool {
+	return slices.ContainsFunc(as, func(a processors.Admission) bool { return a.Rate != nil })
+}
+
+// rateAnswers are the rate limits' answers of a charged batch: the keys
+// their buckets refused, and the charges of the keys admitted.
+type rateAnswers struct {
+	limited, charged map[ledger.CallKey]processors.RateResult
+}
+
+// charge decides, in batch order, which of the admissions as[idx...] (of
+// free keys, one per key) their buckets admit, from the buckets' locked
+// tats at now. It returns the answers and the new tats of the buckets
+// charged.
+func charge(as []processors.Admission, idx []int, tats map[string]time.Time, now time.Time) (rateAnswers, map[string]time.Time) {
+	var (
+		rs   []processors.RateRequest
+		keys []ledger.CallKey
+	)
+	for _, i := range idx {
+		if as[i].Rate != nil {
+			rs, keys = append(rs, *as[i].Rate), append(keys, as[i].Key)
+		}
+	}
+	res, next := gcraBatch(rs, tats, now)
+	ans := rateAnswers{limited: make(map[ledger.CallKey]processors.RateResult), charged: make(map[ledger.CallKey]processors.RateResult)}
+	for j, r := range res {
+		if r.Allowed {
+			ans.charged[keys[j]] = r
+		} else {
+			ans.limited[keys[j]] = r
+		}
+	}
+	return ans, next
+}
+
+// admitCharged is Admit for a batch with admissions charged to rate
+// limits (processors.Admission.Rate). The charges commit with the
+// admissions, in one transaction at Admit's isolation level, and only the
+// first admission of a free key is charged. Two round trips where Admit's
+// other batches take one, plus BEGIN and COMMIT: the buckets (created if
+// missing, and locked) with the batch's existing records; then, once
+// processors.GCRA has decided in Go which free keys each bucket admits,
+// their insert with the buckets' update.
+//
+// At READ COMMITTED (PostgreSQL) it stays exact. Each bucket's row lock
+// is held from the first statement to the commit, and the records are
+// read after it is taken (each statement sees what committed before it
+// began), so an admission that charged the same bucket is seen, and its
+// key found taken. A key another transaction inserted between the read
+// and the insert, charged to another bucket or to none, is skipped by the
+// insert (ON CONFLICT DO NOTHING): the buckets are then written again as
+// if it had not been charged, still under their locks (a refusal decided
+// meanwhile stands; it erred towards refusing). At SERIALIZABLE
+// (CockroachDB) that insert fails with 40001 instead, and the
+// transaction runs again whole. Both engines take the same statements.
+func (s *Store) admitCharged(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, error) {
+	first := make(map[ledger.CallKey]int, len(as))
+	var ts, ks, buckets []string
+	for i, a := range as {
+		if _, ok := first[a.Key]; ok {
+			continue
+		}
+		first[a.Key] = i
+		ts, ks = append(ts, a.Key.TenantID), append(ks, a.Key.IdempotencyKey)
+		if a.Rate != nil {
+			buckets = append(buckets, a.Rate.Bucket)
+		}
+	}
+	buckets = lockOrder(buckets)
+	q := s.rateQueries()
+
+	var (
+		existing []processors.Record
+		inserted []insertedRow
+		rows     admitRows
+		rates    rateAnswers
+	)
+	err := s.inTxAt(ctx, "admit", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		// This run's answers only: a run retried starts afresh.
+		existing, inserted, rows = nil, nil, admitRows{}
+		b := &pgx.Batch{}
+		b.Queue(q.lock, buckets)
+		b.Queue(s.q.selectKeys, ts, ks)
+		br := tx.SendBatch(ctx, b)
+		// A statement's error comes with reading its rows.
+		locked, _ := br.Query()
+		tats, now, err := scanLocked(locked, len(buckets))
+		if err == nil {
+			found, _ := br.Query()
+			existing, err = pgx.CollectRows(found, s.scanRecord)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+
+		pre := byKey(existing)
+		var free []int // the first admission of each free key, in batch order
+		for i, a := range as {
+			if _, taken := pre[a.Key]; !taken && first[a.Key] == i {
+				free = append(free, i)
+			}
+		}
+		var next map[string]time.Time
+		rates, next = charge(as, free, tats, now)
+		var tried []int
+		for _, i := range free {
+			if _, refused := rates.limited[as[i].Key]; !refused {
+				tried = append(tried, i)
+				rows.add(as[i], s.packMin)
+			}
+		}
+		if len(tried) == 0 {
+			return nil
+		}
+		b = &pgx.Batch{}
+		rows.queue(b, s.q.insert)
+		if len(next) > 0 {
+			ubs, uts := updateArgs(next)
+			b.Queue(q.update, ubs, uts)
+		}
+		br = tx.SendBatch(ctx, b)
+		ins, _ := br.Query()
+		inserted, err = pgx.CollectRows(ins, scanInserted)
+		if err == nil && len(next) > 0 {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil || len(inserted) == len(tried) {
+			return err
+		}
+		// Keys taken meanwhile by another transaction: charge only the
+		// admissions inserted, from the same locked tats, and write
+		// every bucket charged above again (one that is charged for
+		// nothing now goes back to its tat).
+		got := make(map[ledger.CallKey]bool, len(inserted))
+		for _, r := range inserted {
+			got[r.key] = true
+		}
+		kept := slices.DeleteFunc(slices.Clone(tried), func(i int) bool { return !got[as[i].Key] })
+		ans, again := charge(as, kept, tats, now)
+		rates.charged = ans.charged
+		for bucket := range next {
+			if _, ok := again[bucket]; !ok {
+				again[bucket] = tats[bucket]
+			}
+		}
+		ubs, uts := updateArgs(again)
+		_, err = tx.Exec(ctx, q.update, ubs, uts)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.admitted(ctx, as, first, rows.ts, rows.ks, existing, inserted, rates)
+	if err != nil {
+		// As Admit: the admissions (and their charges) committed.
+		return nil, fmt.Errorf("pgstore admit: %w", err)
 	}
 	return out, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 )
 
@@ -168,5 +169,38 @@ func TestRateLimitErrorsKeepSecrets(t *testing.T) {
 		if strings.Contains(err.Error(), canary) || strings.Contains(fmt.Sprintf("%+v", err), canary) {
 			t.Errorf("Take error %q leaks the DSN's password", err)
 		}
+	}
+}
+
+// TestAdmitChargedSkipsAKeyInsertedMeanwhile: at READ COMMITTED, a key
+// that another transaction inserts between the charged batch's read and
+// its insert (charged to another bucket, or to none) is answered against
+// that record, and its charge is undone before the commit: the bucket
+// holds the charges of the admissions inserted, no more.
+func TestAdmitChargedSkipsAKeyInsertedMeanwhile(t *testing.T) {
+	s, logs := openRelaxed(t)
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
+	fresh := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "fresh"}
+	r := processors.RateRequest{Bucket: "t_acme/x/2/h/p", Limit: 2, Window: time.Hour}
+	res := admitWhileInserted(t, s, k, []processors.Admission{
+		{Key: fresh, CallID: "c_fresh", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Rate: &r},
+		{Key: k, CallID: "c_second", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Rate: &r},
+	})
+	if len(res) != 2 || res[0].Outcome != processors.Admitted || res[1].Outcome != processors.Duplicate || res[1].Record.CallID != "c_first" {
+		t.Fatalf("Admit() = %+v; want the fresh key admitted and a Duplicate of call c_first", res)
+	}
+	if want := (processors.RateResult{Allowed: true, Remaining: 1}); res[0].Rate != want {
+		t.Errorf("fresh key's charge = %+v; want %+v (the only one)", res[0].Rate, want)
+	}
+	// One charge of two: one use left.
+	left, err := s.Take(t.Context(), []processors.RateRequest{r, r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !left[0].Allowed || left[1].Allowed {
+		t.Errorf("Take(2) after the batch = %+v; want one allowed, then refused: the skipped key uncharged", left)
+	}
+	if strings.Contains(logs.String(), "transaction retry") {
+		t.Errorf("Admit was retried:\n%s", logs.String())
 	}
 }

@@ -95,11 +95,11 @@ CREATE TABLE IF NOT EXISTS {journal} (
 CREATE INDEX IF NOT EXISTS {journal_index} ON {journal} (created_at);
 
 -- Rate limits (processors.RateLimiter): one row per bucket, e.g.
--- "<tenant>/<tool>", holding GCRA's theoretical arrival time: when the
--- bucket will be full again. A row whose tat is in the past means the same
--- as no row, so rows may be deleted when tat < now() at any time (not done
--- yet: buckets are per tenant and tool, few). {rate_limits} is replaced
--- like {table}.
+-- "<tenant>/<tool>/<limit>/<policy id>", holding GCRA's theoretical
+-- arrival time: when the bucket will be full again. A row whose tat is in
+-- the past means the same as no row, so rows may be deleted when
+-- tat < now() at any time (not done yet: buckets are per tenant, tool and
+-- rate-limited policy, few). {rate_limits} is replaced like {table}.
 CREATE TABLE IF NOT EXISTS {rate_limits} (
     bucket TEXT        PRIMARY KEY,
     tat    TIMESTAMPTZ NOT NULL

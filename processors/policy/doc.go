@@ -67,7 +67,10 @@
 //	@mask("/reason, card_number")     comma-separated JSON pointers or bare
 //	                                  field names, masked in results and in
 //	                                  the audit copy of the arguments
-//	@rate_limit("20/m")               n per s, m or h, per (tenant, tool)
+//	@rate_limit("20/m")               n per s, m or h, per tenant and tool
+//	                                  for the calls this policy decides:
+//	                                  each policy's limit is a budget of
+//	                                  its own
 //
 // When several permits decide, their obligations add up: any approval or
 // sandbox applies, masks are united, the strictest rate limit wins. An

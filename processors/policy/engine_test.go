@@ -522,14 +522,14 @@ when { context.arguments has priority && context.arguments.priority == "urgent" 
 			name: "two matching permits add up",
 			req:  simple("get_weather"),
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"match-mask", "match-sandbox"}, Version: s.Version(),
-				Obligations: Obligations{Mask: []string{"/a", "/b", "/c"}, RateLimit: &RateLimit{N: 5, Per: time.Minute}, Sandbox: true},
+				Obligations: Obligations{Mask: []string{"/a", "/b", "/c"}, RateLimit: &RateLimit{N: 5, Per: time.Minute, Policy: "match-sandbox"}, Sandbox: true},
 				AuditMask:   weatherMasks},
 		},
 		{
 			name: "one matching permit",
 			req:  func() Request { r := simple("get_weather"); r.Channel = "agent"; return r }(),
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"match-mask"}, Version: s.Version(),
-				Obligations: Obligations{Mask: []string{"/a", "/b"}, RateLimit: &RateLimit{N: 1000, Per: time.Hour}},
+				Obligations: Obligations{Mask: []string{"/a", "/b"}, RateLimit: &RateLimit{N: 1000, Per: time.Hour, Policy: "match-mask"}},
 				AuditMask:   weatherMasks},
 		},
 		{

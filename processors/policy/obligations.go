@@ -41,8 +41,9 @@ type Obligations struct {
 	// copy of the arguments hides these and those of every other policy
 	// for the tool (Decision.AuditMask).
 	Mask []string
-	// RateLimit, when set, caps calls per (tenant, tool). Of several
-	// deciding policies, the strictest limit wins.
+	// RateLimit, when set, caps the calls per tenant and tool that its
+	// policy decides. Of several deciding policies, the strictest limit
+	// wins (of equally strict ones, the first by policy id).
 	RateLimit *RateLimit
 	// Sandbox asks the executor to run the call against the tool's
 	// sandbox backend.
@@ -103,6 +104,10 @@ func (o Obligations) merge(p Obligations) Obligations {
 type RateLimit struct {
 	N   int
 	Per time.Duration
+	// Policy is the id of the policy whose @rate_limit this is. Each
+	// policy's limit is a budget of its own: two permits of one tool
+	// with different limits (or the same) do not draw on each other's.
+	Policy string
 }
 
 // String returns the annotation form, such as "20/m".

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 )
 
@@ -34,6 +35,10 @@ func rateLimitTests() []struct {
 		{"RateLimit/CancelledContext", limiter(testRateCancelledContext)},
 		{"RateLimit/Concurrent", limiter(testRateConcurrent)},
 		{"RateLimit/ConcurrentBatches", limiter(testRateConcurrentBatches)},
+		{"RateLimit/AdmitCharged", testAdmitCharged},
+		{"RateLimit/AdmitChargedOnce", testAdmitChargedOnce},
+		{"RateLimit/AdmitChargedInvalid", testAdmitChargedInvalid},
+		{"RateLimit/AdmitChargedConcurrent", testAdmitChargedConcurrent},
 	}
 }
 
@@ -345,4 +350,170 @@ func takeConcurrently(t *testing.T, rl processors.RateLimiter, n int, batch func
 	close(start)
 	wg.Wait()
 	return allowed, errs
+}
+
+// charged is admission a charged to r.
+func charged(a processors.Admission, r processors.RateRequest) processors.Admission {
+	a.Rate = &r
+	return a
+}
+
+// checkAbsent fails unless k has no record.
+func checkAbsent(t *testing.T, s processors.Store, k ledger.CallKey) {
+	t.Helper()
+	if _, err := s.Get(t.Context(), k); !errors.Is(err, processors.ErrNotFound) {
+		t.Errorf("Get(%v) = %v; want ErrNotFound: a refused admission creates nothing", k, err)
+	}
+}
+
+// testAdmitCharged: admissions charged to a bucket are admitted while it
+// admits them, in batch order, and refused (Limited, nothing created)
+// after; the bucket is Take's, and a plain admission beside them is not
+// charged.
+func testAdmitCharged(t *testing.T, s processors.Store) {
+	r := rate("t_acme/admit_charged", 2, hour)
+	as := []processors.Admission{
+		charged(admission(key("ch-1"), hashA, processors.StatusAuthorized), r),
+		admission(key("ch-plain"), hashA, processors.StatusAuthorized),
+		charged(admission(key("ch-2"), hashA, processors.StatusPending), r),
+		charged(admission(key("ch-3"), hashA, processors.StatusAuthorized), r),
+	}
+	got := mustAdmit(t, s, as...)
+	want := []processors.AdmitResult{
+		{Outcome: processors.Admitted, Record: fromAdmission(as[0]), Rate: processors.RateResult{Allowed: true, Remaining: 1}},
+		{Outcome: processors.Admitted, Record: fromAdmission(as[1])},
+		{Outcome: processors.Admitted, Record: fromAdmission(as[2]), Rate: processors.RateResult{Allowed: true, Remaining: 0}},
+	}
+	if diff := cmp.Diff(want, got[:3], ignoreStoreSet, equateEmpty); diff != "" {
+		t.Errorf("Admit(3 charged to a limit of 2, 1 plain) first three (-want +got):\n%s", diff)
+	}
+	if got[3].Outcome != processors.Limited {
+		t.Errorf("third charged admission: outcome %v; want Limited", got[3].Outcome)
+	}
+	checkRefused(t, "third charged admission", got[3].Rate, 0, 0, hour/2)
+	checkAbsent(t, s, key("ch-3"))
+	checkRefused(t, "Take of the bucket after the admissions", mustTake(t, s.(processors.RateLimiter), r)[0], 0, 0, hour/2)
+	// The refused key stays free.
+	plain := as[3]
+	plain.Rate = nil
+	if got := mustAdmit(t, s, plain)[0]; got.Outcome != processors.Admitted {
+		t.Errorf("Admit(the refused key, uncharged) = %v; want Admitted", got.Outcome)
+	}
+}
+
+// testAdmitChargedOnce: only the first admission of a free key is
+// charged: a Duplicate, a Conflict and later copies in a batch take
+// nothing, and copies of a refused key are refused alike.
+func testAdmitChargedOnce(t *testing.T, s processors.Store) {
+	r := rate("t_acme/admit_once", 2, hour)
+	k1 := charged(admission(key("once-1"), hashA, processors.StatusAuthorized), r)
+	if got := mustAdmit(t, s, k1)[0]; got.Outcome != processors.Admitted {
+		t.Fatalf("Admit(once-1) = %v; want Admitted", got.Outcome)
+	}
+	for i := range 3 {
+		if got := mustAdmit(t, s, k1)[0]; got.Outcome != processors.Duplicate || got.Rate != (processors.RateResult{}) {
+			t.Errorf("retry %d of once-1 = %v, rate %+v; want Duplicate, uncharged", i+1, got.Outcome, got.Rate)
+		}
+	}
+	reuse := charged(admission(key("once-1"), hashB, processors.StatusAuthorized), r)
+	if got := mustAdmit(t, s, reuse)[0]; got.Outcome != processors.Conflict {
+		t.Errorf("reuse of once-1 = %v; want Conflict", got.Outcome)
+	}
+	k2 := charged(admission(key("once-2"), hashA, processors.StatusAuthorized), r)
+	got := mustAdmit(t, s, k2, k2, k2)
+	if got[0].Outcome != processors.Admitted || got[1].Outcome != processors.Duplicate || got[2].Outcome != processors.Duplicate {
+		t.Errorf("Admit(once-2 thrice in a batch) = %v, %v, %v; want Admitted, Duplicate, Duplicate", got[0].Outcome, got[1].Outcome, got[2].Outcome)
+	}
+	// Two calls charged: the bucket of 2 is empty now, whatever was
+	// sent again.
+	k3 := charged(admission(key("once-3"), hashA, processors.StatusAuthorized), r)
+	got = mustAdmit(t, s, k3, k3)
+	for i, res := range got {
+		if res.Outcome != processors.Limited {
+			t.Errorf("copy %d of once-3 on an empty bucket = %v; want Limited", i+1, res.Outcome)
+		}
+		checkRefused(t, fmt.Sprintf("copy %d of once-3", i+1), res.Rate, 0, 0, hour/2)
+	}
+	checkAbsent(t, s, key("once-3"))
+	// A retry of an admitted call on the empty bucket is still its
+	// Duplicate, never Limited.
+	if got := mustAdmit(t, s, k1)[0]; got.Outcome != processors.Duplicate {
+		t.Errorf("retry of once-1 on an empty bucket = %v; want Duplicate", got.Outcome)
+	}
+}
+
+// testAdmitChargedInvalid: a batch with a rate request no store may apply
+// is refused whole, as Take refuses it, and creates nothing.
+func testAdmitChargedInvalid(t *testing.T, s processors.Store) {
+	ok := admission(key("inv-ok"), hashA, processors.StatusAuthorized)
+	bad := charged(admission(key("inv-bad"), hashA, processors.StatusAuthorized), rate("t_acme/\x00", 1, hour))
+	got, err := s.Admit(t.Context(), []processors.Admission{ok, bad})
+	if !errors.Is(err, processors.ErrInvalidRateRequest) || !errors.Is(err, processors.ErrRejected) {
+		t.Errorf("Admit(with a NUL in a bucket) = %v, %v; want an error wrapping ErrInvalidRateRequest and ErrRejected", got, err)
+	}
+	checkAbsent(t, s, ok.Key)
+	checkAbsent(t, s, bad.Key)
+}
+
+// testAdmitChargedConcurrent: concurrent admissions charged to one bucket
+// admit exactly its limit; concurrent copies of one key (several intake
+// instances after a rebalance) admit it once and charge it once.
+func testAdmitChargedConcurrent(t *testing.T, s processors.Store) {
+	const (
+		callers = 20
+		limit   = 10
+	)
+	run := func(admission func(i int) processors.Admission) map[processors.AdmitOutcome]int {
+		var (
+			wg       sync.WaitGroup
+			mu       sync.Mutex
+			outcomes = map[processors.AdmitOutcome]int{}
+		)
+		start := make(chan struct{})
+		for i := range callers {
+			a := admission(i)
+			wg.Go(func() {
+				<-start
+				got, err := s.Admit(t.Context(), []processors.Admission{a})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					t.Errorf("concurrent Admit %d: %v", i, err)
+					return
+				}
+				outcomes[got[0].Outcome]++
+			})
+		}
+		close(start)
+		wg.Wait()
+		return outcomes
+	}
+
+	distinct := rate("t_acme/admit_concurrent", limit, hour)
+	got := run(func(i int) processors.Admission {
+		return charged(admission(key(fmt.Sprintf("conc-%02d", i)), hashA, processors.StatusAuthorized), distinct)
+	})
+	if diff := cmp.Diff(map[processors.AdmitOutcome]int{processors.Admitted: limit, processors.Limited: callers - limit}, got); diff != "" {
+		t.Errorf("%d concurrent distinct keys on a limit of %d: outcomes (-want +got):\n%s", callers, limit, diff)
+	}
+
+	same := rate("t_acme/admit_concurrent_same", limit, hour)
+	got = run(func(int) processors.Admission {
+		return charged(admission(key("conc-same"), hashA, processors.StatusAuthorized), same)
+	})
+	if diff := cmp.Diff(map[processors.AdmitOutcome]int{processors.Admitted: 1, processors.Duplicate: callers - 1}, got); diff != "" {
+		t.Errorf("%d concurrent copies of one key: outcomes (-want +got):\n%s", callers, diff)
+	}
+	// Charged once: limit-1 uses are left.
+	rs := make([]processors.RateRequest, limit)
+	for i := range rs {
+		rs[i] = same
+	}
+	res := mustTake(t, s.(processors.RateLimiter), rs...)
+	for i, r := range res[:limit-1] {
+		if !r.Allowed {
+			t.Errorf("use %d of the bucket after the copies: %+v; want allowed (the key charged once)", i+2, r)
+		}
+	}
+	checkRefused(t, "use past the limit", res[limit-1], 0, 0, hour/limit)
 }
