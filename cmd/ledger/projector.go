@@ -90,7 +90,13 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 					return err
 				}
 			}
-			grp.Go(func() error { return p.Run(ctx) })
+			grp.Go(func() error {
+				err := p.Run(ctx)
+				if errors.Is(err, projector.ErrRecordsDeleted) {
+					return fmt.Errorf("%w; the projection will never hold them: to go on without them, stop the projector and run `ledger projector skip-deleted`", err)
+				}
+				return err
+			})
 			logger.Info("projector running", "clickhouse", redactDSN(ch.dsn), "database", st.Database(), "metrics", metricsAddr)
 			return grp.Wait()
 		},
@@ -247,6 +253,44 @@ swapped in without --force.`,
 	rebuild.Flags().BoolVar(&swap, "swap", false, "replace the live tables with the rebuilt ones (stop the projector first)")
 	rebuild.Flags().BoolVar(&force, "force", false, "with --swap: swap even a rebuild holding fewer rows than the live tables")
 
+	skipDeleted := &cobra.Command{
+		Use:   "skip-deleted",
+		Short: "Move a stopped projector's group past records the log deleted before they were projected",
+		Long: `skip-deleted is for a projector that stopped because records were deleted from
+the log (retention) before it read them: it moves the group's committed offset
+of every partition where it lies before the log start to the log start, so that
+the projector, started again, goes on from there. The deleted records stay
+missing from the projection: answers about the calls they belonged to are
+incomplete. Stop the projector first; a group with members is refused.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			cc := g.kafka.client(g.logger())
+			s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: g.kafka.topics(), Group: group})
+			if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			moves := make(map[string]map[int32]int64)
+			for _, p := range s.Partitions {
+				if p.Committed < 0 || p.Committed >= p.Start {
+					continue
+				}
+				if moves[p.Topic] == nil {
+					moves[p.Topic] = make(map[int32]int64)
+				}
+				moves[p.Topic][p.Partition] = p.Start
+				fmt.Fprintf(out, "%s/%d: offsets %d to %d were deleted before they were projected; the group goes on from %d\n",
+					p.Topic, p.Partition, p.Committed, p.Start-1, p.Start)
+			}
+			if len(moves) == 0 {
+				fmt.Fprintf(out, "group %s: no committed offset lies before the log start; nothing to skip\n", group)
+				return nil
+			}
+			return projector.CommitOffsets(ctx, cc, group, moves)
+		},
+	}
+
 	var sumsJSON bool
 	checksums := &cobra.Command{
 		Use:   "checksums",
@@ -265,7 +309,7 @@ swapped in without --force.`,
 		}),
 	}
 	checksums.Flags().BoolVar(&sumsJSON, "json", false, "print JSON")
-	cmd.AddCommand(migrate, status, rebuild, checksums)
+	cmd.AddCommand(migrate, status, rebuild, skipDeleted, checksums)
 	return cmd
 }
 

@@ -84,6 +84,10 @@ type Metrics struct {
 	Undecodable int64
 	// CommitErrors counts offset commits that failed.
 	CommitErrors int64
+	// Gaps counts the partitions found to have lost records to the
+	// log's retention (or DeleteRecords) before the projector read them;
+	// the projector stops at the first (ErrRecordsDeleted).
+	Gaps int64
 }
 
 // Metrics returns the counters now.
@@ -94,6 +98,7 @@ func (p *Projector) Metrics() Metrics {
 		WriteErrors:  p.writeErrors.Load(),
 		Undecodable:  p.undecodable.Load(),
 		CommitErrors: p.commitErrors.Load(),
+		Gaps:         p.gaps.Load(),
 	}
 }
 
@@ -136,6 +141,7 @@ func (p *Projector) writeMetrics(w *bufio.Writer) {
 		{"ledger_projector_write_errors_total", "Failed writes to the projection; each is retried.", m.WriteErrors},
 		{"ledger_projector_undecodable_records_total", "Records that did not decode and were skipped.", m.Undecodable},
 		{"ledger_projector_commit_errors_total", "Failed offset commits.", m.CommitErrors},
+		{"ledger_projector_gaps_total", "Partitions found to have lost records to retention before they were projected; the projector stops at each.", m.Gaps},
 	} {
 		header(c.name, "counter", c.help)
 		fmt.Fprintf(w, "%s %d\n", c.name, c.v)

@@ -10,6 +10,12 @@
 // abort marker that ends a transaction: a caught-up group's committed
 // offset is the high watermark, and lag in records reaches 0.
 //
+// Gaps. When retention deleted records of a partition before the
+// projector read them, kgo goes on at the log start without a word; the
+// projector sees it (the records start past where the partition's next
+// record must be, and so does the log) and stops with ErrRecordsDeleted,
+// never committing the partition past the gap.
+//
 // Rebalances. Polls and the rebalance callbacks exclude each other
 // (kgo.BlockRebalanceOnPoll, allowed again right after each poll), and a
 // commit excludes the callbacks (commitMu). A revoked or lost partition's
@@ -135,10 +141,12 @@ type Projector struct {
 	writeErrors  atomic.Int64
 	undecodable  atomic.Int64
 	commitErrors atomic.Int64
+	gaps         atomic.Int64
 	latency      Histogram
 
 	// stop, set and read by Run's goroutine only, is why Run must stop:
-	// a record it must not skip (ErrNewerRecord).
+	// a record it must not skip (ErrNewerRecord), or records the log
+	// deleted before they were read (ErrRecordsDeleted).
 	stop error
 }
 
@@ -161,6 +169,13 @@ type partState struct {
 	// offset committed, or where this assignment started reading; -1
 	// before the first fetch.
 	committed int64
+	// next is where this assignment's next record must be: the offset
+	// after the last record read, or before the first fetch the offset
+	// the group committed; -1 while unknown (the group never committed
+	// on the partition, so reading starts at the log start). A fetch
+	// whose records start past next while the log starts past it too
+	// skipped records the log deleted before they were read.
+	next int64
 	// pendingOldest and inflightOldest are the timestamps of the oldest
 	// record read but not yet written, in the batch being built and in
 	// the batch being written; zero when there is none.
@@ -261,12 +276,17 @@ func (p *Projector) Run(ctx context.Context) error {
 				return errors.New("projector: kafka client closed")
 			}
 			if p.stop != nil {
-				// What came before the newer record is written and
-				// committed; then stop, loudly.
+				// What came before the newer record, or before the
+				// deleted ones, is written and committed; then stop,
+				// loudly.
 				if err := p.flush(ctx, cl); err != nil {
 					return nil
 				}
-				p.logger.Error("projector stopped: upgrade it to read the log", "err", p.stop)
+				if errors.Is(p.stop, ErrRecordsDeleted) {
+					p.logger.Error("projector stopped: records were deleted from the log before they were projected", "err", p.stop)
+				} else {
+					p.logger.Error("projector stopped: upgrade it to read the log", "err", p.stop)
+				}
 				return p.stop
 			}
 		}
@@ -305,6 +325,8 @@ type readPart struct {
 }
 
 // read decodes what a poll returned and adds it to the batch being built.
+// A partition whose records start past records the log deleted before
+// they were read adds nothing, and stops the projector (ErrRecordsDeleted).
 func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 	fetches.EachError(func(topic string, partition int32, err error) {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
@@ -312,16 +334,61 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 		}
 		p.logger.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
 	})
-	var parts []readPart
+	var fetched []kgo.FetchTopicPartition
 	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
-		if len(ftp.Records) == 0 {
-			return
+		if len(ftp.Records) > 0 {
+			fetched = append(fetched, ftp)
 		}
+	})
+	if len(fetched) == 0 {
+		return
+	}
+	// Where the group resumed reading, for the lag of a partition this
+	// assignment has not committed yet, and for where its first records
+	// must start. Read before taking mu: kgo takes its own lock.
+	committed := cl.CommittedOffsets()
+	resumed := func(tp topicPartition) int64 {
+		if o, ok := committed[tp.topic][tp.partition]; ok && o.Offset >= 0 {
+			return o.Offset
+		}
+		return -1
+	}
+	next := make(map[topicPartition]int64, len(fetched))
+	p.mu.Lock()
+	for _, ftp := range fetched {
+		tp := topicPartition{ftp.Topic, ftp.Partition}
+		if st := p.parts[tp]; st != nil && st.next >= 0 {
+			next[tp] = st.next
+		} else {
+			next[tp] = resumed(tp)
+		}
+	}
+	p.mu.Unlock()
+
+	var parts []readPart
+	for _, ftp := range fetched {
 		rp := readPart{
 			tp:       topicPartition{ftp.Topic, ftp.Partition},
 			hwm:      ftp.HighWatermark,
 			logStart: ftp.LogStartOffset,
 			first:    ftp.Records[0].Offset,
+		}
+		if from := next[rp.tp]; from >= 0 && from < rp.first && from < rp.logStart {
+			// kgo met OFFSET_OUT_OF_RANGE and went on at the log
+			// start: the records from `from` up to it are gone.
+			// Nothing of this partition is written or committed, so
+			// that the group stays before the gap, and every restart
+			// finds it again until a human moves the group past it.
+			p.gaps.Add(1)
+			p.logger.Error("records deleted from the log before they were projected",
+				"topic", rp.tp.topic, "partition", rp.tp.partition, "next_offset", from, "log_start", rp.logStart,
+				"offsets_lost", rp.logStart-from)
+			if p.stop == nil {
+				p.stop = fmt.Errorf("%w: %s/%d offsets %d to %d (the log now starts at %d)",
+					ErrRecordsDeleted, rp.tp.topic, rp.tp.partition, from, rp.logStart-1, rp.logStart)
+			}
+			next[rp.tp] = -1
+			continue
 		}
 		for _, r := range ftp.Records {
 			if !r.Attrs.IsControl() {
@@ -341,16 +408,14 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 			}
 		}
 		if rp.records > 0 {
+			// A poll may hold two fetches of one partition.
+			next[rp.tp] = rp.next.Offset
 			parts = append(parts, rp)
 		}
-	})
+	}
 	if len(parts) == 0 {
 		return
 	}
-	// Where the group resumed reading, for the lag of a partition this
-	// assignment has not committed yet. Read before taking mu: kgo takes
-	// its own lock.
-	committed := cl.CommittedOffsets()
 
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -368,15 +433,16 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 			st.end = rp.hwm
 		}
 		if st.committed < 0 {
-			switch o, ok := committed[rp.tp.topic][rp.tp.partition]; {
-			case ok && o.Offset >= 0:
-				st.committed = o.Offset
+			switch o := resumed(rp.tp); {
+			case o >= 0:
+				st.committed = o
 			case rp.logStart >= 0:
 				st.committed = rp.logStart
 			default:
 				st.committed = rp.first
 			}
 		}
+		st.next = rp.next.Offset
 		if st.pendingOldest.IsZero() || rp.oldest.Before(st.pendingOldest) {
 			st.pendingOldest = rp.oldest
 		}
@@ -395,7 +461,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 func (p *Projector) state(tp topicPartition) *partState {
 	st := p.parts[tp]
 	if st == nil {
-		st = &partState{end: -1, committed: -1}
+		st = &partState{end: -1, committed: -1, next: -1}
 		p.parts[tp] = st
 	}
 	return st
@@ -421,6 +487,17 @@ func (p *Projector) decode(r *kgo.Record, evs *[]projections.Event, acts *[]proj
 // so the projector writes and commits what came before it and stops: the
 // projector must be upgraded.
 var ErrNewerRecord = errors.New("a record of a newer encoding than this projector reads")
+
+// ErrRecordsDeleted: records of a partition were deleted from the log
+// (retention, or DeleteRecords) before the projector read them, so the
+// projection will never hold them. Going on would hide that for good: the
+// group's committed offset would pass the gap, and nothing would tell the
+// projection's readers that calls are missing from their answers. So the
+// projector writes and commits what came before and stops, without
+// committing the partition past the gap; a human decides (`ledger
+// projector skip-deleted` moves the group past it, knowing the projection
+// lacks those records).
+var ErrRecordsDeleted = errors.New("records deleted from the log before they were projected")
 
 // newer reports whether err says a record is of a newer encoding.
 func newer(err error) bool {
@@ -620,7 +697,7 @@ func (p *Projector) assigned(_ context.Context, _ *kgo.Client, added map[string]
 	for topic, ps := range added {
 		for _, partition := range ps {
 			st := p.state(topicPartition{topic, partition})
-			st.owned, st.end, st.committed = true, -1, -1
+			st.owned, st.end, st.committed, st.next = true, -1, -1, -1
 		}
 	}
 	if len(added) > 0 {
@@ -647,7 +724,7 @@ func (p *Projector) revoked(_ context.Context, _ *kgo.Client, lost map[string][]
 			gone[tp] = true
 			st := p.state(tp)
 			st.gen++
-			st.owned, st.end, st.committed = false, -1, -1
+			st.owned, st.end, st.committed, st.next = false, -1, -1, -1
 			st.pendingOldest, st.inflightOldest = time.Time{}, time.Time{}
 			dropped += b.counts[tp]
 			b.records -= b.counts[tp]

@@ -323,14 +323,7 @@ func attrs(r slog.Record) map[string]string {
 // start runs a projector in group until the test ends or stop is called.
 func start(t *testing.T, k *ledgertest.Kafka, group string, sink projections.Sink, mod func(*Config)) (*Projector, func()) {
 	t.Helper()
-	cfg := Config{Client: k.Client, Topics: k.Topics, Group: group, MaxWait: 50 * time.Millisecond}
-	if mod != nil {
-		mod(&cfg)
-	}
-	p, err := New(cfg, sink)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := newProjector(t, k, group, sink, mod)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
@@ -350,6 +343,30 @@ func start(t *testing.T, k *ledgertest.Kafka, group string, sink projections.Sin
 	}
 	t.Cleanup(stop)
 	return p, stop
+}
+
+// newProjector returns a projector in group, its config changed by mod.
+func newProjector(t *testing.T, k *ledgertest.Kafka, group string, sink projections.Sink, mod func(*Config)) *Projector {
+	t.Helper()
+	cfg := Config{Client: k.Client, Topics: k.Topics, Group: group, MaxWait: 50 * time.Millisecond}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p, err := New(cfg, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// runToStop runs a projector in group until it stops by itself, or for
+// 30s, and returns it with what Run returned.
+func runToStop(t *testing.T, k *ledgertest.Kafka, group string, sink projections.Sink, mod func(*Config)) (*Projector, error) {
+	t.Helper()
+	p := newProjector(t, k, group, sink, mod)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	return p, p.Run(ctx)
 }
 
 func TestCommittedTransactionsOnly(t *testing.T) {
@@ -966,13 +983,7 @@ func TestNewerRecordStops(t *testing.T) {
 	) // all on partition 0, in this order
 
 	sink := &recSink{}
-	p, err := New(Config{Client: k.Client, Topics: k.Topics, Group: group, MaxWait: 50 * time.Millisecond}, sink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	if err := p.Run(ctx); !errors.Is(err, ErrNewerRecord) {
+	if _, err := runToStop(t, k, group, sink, nil); !errors.Is(err, ErrNewerRecord) {
 		t.Fatalf("Run = %v; want ErrNewerRecord", err)
 	}
 	if diff := cmp.Diff(set("before"), sink.events()); diff != "" {
@@ -983,5 +994,71 @@ func TestNewerRecordStops(t *testing.T) {
 	}
 	if _, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics}, &recSink{}, nil); !errors.Is(err, ErrNewerRecord) {
 		t.Errorf("Replay = %v; want ErrNewerRecord", err)
+	}
+}
+
+// Records the log deleted (retention, DeleteRecords) before the projector
+// read them are not skipped silently: the projector logs the gap at
+// Error, counts it, writes and commits nothing of the partition past it,
+// and stops with ErrRecordsDeleted, at every start, until the group is
+// moved past the gap.
+func TestDeletedRecordsStop(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("deleted")
+	ev := k.Topics.Events
+	produce(t, k, eventRecords(t, ev, ids("d", 10))...) // partition 0, offsets 0 to 9
+	// The group projected offsets 0 and 1; then, while it was down,
+	// retention deleted everything before offset 8.
+	if err := CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	resps, err := adm.DeleteRecords(t.Context(), kadm.Offsets{ev: {0: {Topic: ev, Partition: 0, At: 8, LeaderEpoch: -1}}})
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+
+	for run := 1; run <= 2; run++ {
+		logs := &logRecorder{}
+		sink := &recSink{}
+		p, err := runToStop(t, k, group, sink, func(c *Config) { c.Logger = slog.New(logs) })
+		if !errors.Is(err, ErrRecordsDeleted) {
+			t.Fatalf("run %d: Run = %v; want ErrRecordsDeleted", run, err)
+		}
+		if got := sink.events(); len(got) != 0 {
+			t.Errorf("run %d: events written %v; want none of a partition past its gap", run, got)
+		}
+		if got := committed(t, adm, group)[ev][0]; got != 2 {
+			t.Errorf("run %d: committed offset of %s/0 = %d; want 2, before the gap", run, ev, got)
+		}
+		if got := p.Metrics().Gaps; got != 1 {
+			t.Errorf("run %d: Metrics().Gaps = %d; want 1", run, got)
+		}
+		recs := logs.records("records deleted from the log before they were projected")
+		if len(recs) != 1 {
+			t.Fatalf("run %d: %d gap logs; want 1", run, len(recs))
+		}
+		a := attrs(recs[0])
+		if recs[0].Level != slog.LevelError || a["topic"] != ev || a["partition"] != "0" || a["next_offset"] != "2" || a["log_start"] != "8" {
+			t.Errorf("run %d: gap log %v %v; want an error naming %s/0 from offset 2 to the log start 8", run, recs[0].Level, a, ev)
+		}
+	}
+
+	// A human accepts the loss: the group goes on from the log start.
+	if err := CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	sink := &recSink{}
+	p, _ := start(t, k, group, sink, nil)
+	waitCaughtUp(t, adm, k, group)
+	if diff := cmp.Diff(set("d-008", "d-009"), sink.events()); diff != "" {
+		t.Errorf("events written past the accepted gap (-want +got):\n%s", diff)
+	}
+	if got := p.Metrics().Gaps; got != 0 {
+		t.Errorf("Metrics().Gaps = %d past the accepted gap; want 0", got)
 	}
 }
