@@ -19,8 +19,9 @@ type Lag struct {
 	Records int64
 	// Time is the largest of the partitions' lag in time.
 	Time time.Duration
-	// Partitions are the partitions assigned to this projector that it
-	// has read from, by topic and partition.
+	// Partitions are the partitions assigned to this projector, by topic
+	// and partition, once a fetch or a refresh from the brokers (every
+	// Config.LagRefresh) told their end.
 	Partitions []PartitionLag
 }
 
@@ -28,7 +29,8 @@ type Lag struct {
 type PartitionLag struct {
 	Topic     string
 	Partition int32
-	// End is the high watermark of the last fetch that returned records.
+	// End is the high watermark, as the last fetch that returned records
+	// or the last refresh from the brokers saw it, whichever came later.
 	End int64
 	// Committed is where the group resumes reading: the last offset
 	// committed, or where this assignment started.

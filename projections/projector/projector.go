@@ -48,6 +48,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -61,6 +62,8 @@ const (
 	DefaultGroup    = "ledger-projector"
 	DefaultMaxBatch = 5000
 	DefaultMaxWait  = 250 * time.Millisecond
+	// DefaultLagRefresh is how often the lag is read from the brokers.
+	DefaultLagRefresh = 5 * time.Second
 )
 
 // Config configures a Projector.
@@ -82,6 +85,12 @@ type Config struct {
 	// full is written anyway; default DefaultMaxWait. It is measured on
 	// the wall clock, not with Now.
 	MaxWait time.Duration
+	// LagRefresh is how often the projector reads its partitions' high
+	// watermarks (and, for partitions it has not read yet, the group's
+	// committed offsets) from the brokers, as Status does, for Lag;
+	// default DefaultLagRefresh. Fetches keep the ends current only while
+	// they return records, and none are made while a write is retried.
+	LagRefresh time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// Now is the clock for lag in seconds and the projection latency;
@@ -99,6 +108,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxWait <= 0 {
 		c.MaxWait = DefaultMaxWait
+	}
+	if c.LagRefresh <= 0 {
+		c.LagRefresh = DefaultLagRefresh
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -162,8 +174,8 @@ type partState struct {
 	// in-flight batch commits the partition only if gen did not change
 	// since the batch was taken.
 	gen uint64
-	// end is the high watermark of the last fetch with records; -1
-	// before one.
+	// end is the high watermark, from the last fetch with records or
+	// the last refresh from the brokers (refreshLag); -1 before either.
 	end int64
 	// committed is the offset the group will resume from: the last
 	// offset committed, or where this assignment started reading; -1
@@ -252,6 +264,13 @@ func (p *Projector) Run(ctx context.Context) error {
 	// Close leaves the group, which revokes everything: the callback
 	// drops what was not committed.
 	defer cl.Close()
+	// The lag refresh ends before the client closes (defers run last
+	// first).
+	refreshCtx, stopRefresh := context.WithCancel(ctx)
+	var refreshing sync.WaitGroup
+	refreshing.Go(func() { p.refreshLag(refreshCtx, kadm.NewClient(cl)) })
+	defer refreshing.Wait()
+	defer stopRefresh()
 	p.logger.Info("projector started", "events_topic", t.Events, "control_topic", t.Control,
 		"max_batch", p.cfg.MaxBatch, "max_wait", p.cfg.MaxWait)
 
@@ -301,6 +320,62 @@ func (p *Projector) Run(ctx context.Context) error {
 	}
 	p.logger.Info("projector stopping")
 	return nil
+}
+
+// refreshLag reads the assigned partitions' ends, and where this
+// assignment has not read yet the group's committed offsets, from the
+// brokers every LagRefresh until ctx is done: the lag goes on growing while
+// writes fail and nothing is polled, and it covers partitions no fetch
+// returned records of.
+func (p *Projector) refreshLag(ctx context.Context, adm *kadm.Client) {
+	topics := []string{p.cfg.Topics.Events, p.cfg.Topics.Control}
+	tick := time.NewTicker(p.cfg.LagRefresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		// A partition revoked (and maybe assigned again) while the
+		// brokers answered takes nothing from the answer.
+		gens := make(map[topicPartition]uint64)
+		p.mu.Lock()
+		for tp, st := range p.parts {
+			if st.owned {
+				gens[tp] = st.gen
+			}
+		}
+		p.mu.Unlock()
+		if len(gens) == 0 {
+			continue
+		}
+		pos, err := positions(ctx, adm, p.cfg.Group, topics)
+		if err != nil {
+			if ctx.Err() == nil {
+				p.logger.Warn("lag refresh failed; trying again later", "err", err)
+			}
+			continue
+		}
+		p.mu.Lock()
+		for tp, gen := range gens {
+			st := p.parts[tp]
+			ps, ok := pos[tp]
+			if !ok || !st.owned || st.gen != gen {
+				continue
+			}
+			st.end = ps.End
+			if st.committed < 0 {
+				// As Status counts it: from the log start when the
+				// group never committed.
+				st.committed = ps.Committed
+				if st.committed < 0 {
+					st.committed = ps.Start
+				}
+			}
+		}
+		p.mu.Unlock()
+	}
 }
 
 // due reports whether the batch being built is full or old enough.

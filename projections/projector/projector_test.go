@@ -1062,3 +1062,45 @@ func TestDeletedRecordsStop(t *testing.T) {
 		t.Errorf("Metrics().Gaps = %d past the accepted gap; want 0", got)
 	}
 }
+
+// While writes fail the projector polls nothing, yet its lag keeps up
+// with the log, as Status reads it from the brokers, and covers every
+// assigned partition, those no fetch returned records of included.
+func TestLagGrowsWhileWritesFail(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	group := k.Group("lag-down")
+	ev := k.Topics.Events
+	produce(t, k, eventRecords(t, ev, ids("first", 5))...) // partition 0
+	sink := &recSink{}
+	writing := make(chan struct{}, 1)
+	sink.setHook(func(context.Context, int, projections.Batch) error {
+		select {
+		case writing <- struct{}{}:
+		default:
+		}
+		return errors.New("clickhouse is down")
+	})
+	p, _ := start(t, k, group, sink, func(c *Config) { c.LagRefresh = 50 * time.Millisecond })
+	receive(t, writing)
+	produce(t, k, spread(eventRecords(t, ev, ids("later", 500)), 4)...)
+
+	scfg := StatusConfig{Client: k.Client, Topics: k.Topics, Group: group}
+	ledgertest.WaitFor(t, 15*time.Second, func() error {
+		st, err := Status(t.Context(), scfg)
+		if err != nil && !errors.Is(err, ErrNeverCommitted) {
+			return err
+		}
+		lag := p.Lag()
+		if lag.Records != 505 || st.Records != 505 || len(lag.Partitions) != len(st.Partitions) {
+			return fmt.Errorf("Lag %d records over %d partitions, Status %d over %d; want 505 over every partition in both",
+				lag.Records, len(lag.Partitions), st.Records, len(st.Partitions))
+		}
+		for i, pl := range lag.Partitions {
+			if ps := st.Partitions[i]; pl.Topic != ps.Topic || pl.Partition != ps.Partition || pl.End != ps.End || pl.Records != ps.Records {
+				return fmt.Errorf("Lag %+v; Status %+v", pl, ps)
+			}
+		}
+		return nil
+	})
+}

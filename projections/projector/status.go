@@ -99,53 +99,37 @@ func Status(ctx context.Context, cfg StatusConfig) (GroupStatus, error) {
 	if err != nil {
 		return GroupStatus{}, err
 	}
-	committed, err := adm.FetchOffsets(ctx, cfg.Group)
-	if errors.Is(err, kerr.GroupIDNotFound) {
-		committed, err = nil, nil // no group: nothing committed
-	}
-	if err != nil {
-		return GroupStatus{}, fmt.Errorf("status: fetch the offsets of group %s: %w", cfg.Group, err)
-	}
-	starts, ends, stables, err := listOffsets(ctx, adm, topics)
+	pos, err := positions(ctx, adm, cfg.Group, topics)
 	if err != nil {
 		return GroupStatus{}, fmt.Errorf("status: %w", err)
 	}
 	var md kadm.Metadata
 	now := time.Now()
 	anyCommitted := false
-	for topic, ps := range ends {
-		for partition, end := range ps {
-			s := PartitionStatus{
-				Topic: topic, Partition: partition, Committed: -1,
-				Start: starts[topic][partition], End: end, Stable: stables[topic][partition],
-			}
-			if o, ok := committed.Lookup(topic, partition); ok && o.Err == nil && o.At >= 0 {
-				s.Committed = o.At
-				anyCommitted = true
-			}
-			from := s.Committed
-			if from < 0 {
-				from = s.Start
-			}
-			s.Records = max(0, s.End-max(from, s.Start))
-			if s.Records > 0 {
-				if md.Topics == nil {
-					if md, err = adm.Metadata(ctx, topics...); err != nil {
-						return GroupStatus{}, fmt.Errorf("status: metadata: %w", err)
-					}
-				}
-				ts, ok, err := firstTimestamp(ctx, cl, md, topic, partition, max(from, s.Start), s.End)
-				if err != nil {
-					return GroupStatus{}, fmt.Errorf("status: read %s/%d at %d: %w", topic, partition, from, err)
-				}
-				if ok {
-					s.Time = max(0, now.Sub(ts))
-				}
-			}
-			st.Records += s.Records
-			st.Time = max(st.Time, s.Time)
-			st.Partitions = append(st.Partitions, s)
+	for _, s := range pos {
+		anyCommitted = anyCommitted || s.Committed >= 0
+		from := s.Committed
+		if from < 0 {
+			from = s.Start
 		}
+		s.Records = max(0, s.End-max(from, s.Start))
+		if s.Records > 0 {
+			if md.Topics == nil {
+				if md, err = adm.Metadata(ctx, topics...); err != nil {
+					return GroupStatus{}, fmt.Errorf("status: metadata: %w", err)
+				}
+			}
+			ts, ok, err := firstTimestamp(ctx, cl, md, s.Topic, s.Partition, max(from, s.Start), s.End)
+			if err != nil {
+				return GroupStatus{}, fmt.Errorf("status: read %s/%d at %d: %w", s.Topic, s.Partition, from, err)
+			}
+			if ok {
+				s.Time = max(0, now.Sub(ts))
+			}
+		}
+		st.Records += s.Records
+		st.Time = max(st.Time, s.Time)
+		st.Partitions = append(st.Partitions, s)
 	}
 	slices.SortFunc(st.Partitions, func(a, b PartitionStatus) int {
 		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
@@ -154,6 +138,38 @@ func Status(ctx context.Context, cfg StatusConfig) (GroupStatus, error) {
 		return st, fmt.Errorf("group %s: %w: its lag is every record since the log start", cfg.Group, ErrNeverCommitted)
 	}
 	return st, nil
+}
+
+// positions reads from the brokers, for every partition of topics, the
+// group's committed offset (-1 where it has none), the log start, the high
+// watermark and the last stable offset: what Status reports, and what a
+// running Projector refreshes its lag from.
+func positions(ctx context.Context, adm *kadm.Client, group string, topics []string) (map[topicPartition]PartitionStatus, error) {
+	committed, err := adm.FetchOffsets(ctx, group)
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		committed, err = nil, nil // no group: nothing committed
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fetch the offsets of group %s: %w", group, err)
+	}
+	starts, ends, stables, err := listOffsets(ctx, adm, topics)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[topicPartition]PartitionStatus)
+	for topic, ps := range ends {
+		for partition, end := range ps {
+			s := PartitionStatus{
+				Topic: topic, Partition: partition, Committed: -1,
+				Start: starts[topic][partition], End: end, Stable: stables[topic][partition],
+			}
+			if o, ok := committed.Lookup(topic, partition); ok && o.Err == nil && o.At >= 0 {
+				s.Committed = o.At
+			}
+			out[topicPartition{topic, partition}] = s
+		}
+	}
+	return out, nil
 }
 
 // describeGroup returns the group's state and its number of members; a
