@@ -47,5 +47,7 @@
 // (ErrInvalidFilter).
 //
 // A call's state in an answer is its state now, after its highest-seq
-// event, not its state within the window.
+// event, not its state within the window. An event of a type the state
+// machine does not know moves no call (KnownType): the call is answered
+// as its highest-seq event of a known type shows it.
 package projections

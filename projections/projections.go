@@ -205,7 +205,7 @@ func (f Filter) InWindow(t time.Time) bool {
 }
 
 // Call is a call as a projection knows it: the fields of its highest-seq
-// event.
+// event of a known type (KnownType).
 type Call struct {
 	TenantID       string `json:"tenant_id"`
 	IdempotencyKey string `json:"idempotency_key"`
@@ -238,7 +238,32 @@ func (c Call) Key() ledger.CallKey {
 	return ledger.CallKey{TenantID: c.TenantID, IdempotencyKey: c.IdempotencyKey}
 }
 
-// CallOf returns the call as its highest-seq event e shows it.
+// KnownType reports whether the state machine knows event type t, and so
+// the state a call is in after an event of it. An event of a type it does
+// not know (written by a newer ledger that kept the encoding version, or
+// by a bug) does not move its call, in every projection: the call stays
+// as its last event of a known type left it, state, seq and fields, while
+// the event itself is kept for the call's trace and references. The
+// projector logs and counts each such event.
+func KnownType(t statemachine.EventType) bool {
+	_, ok := statemachine.Target(t)
+	return ok
+}
+
+// Latest returns the call as its highest-seq event of a known type shows
+// it; evs are the call's events in seq order. False when none is of a
+// known type.
+func Latest(evs []ledger.Event) (Call, bool) {
+	for i := len(evs) - 1; i >= 0; i-- {
+		if KnownType(evs[i].Type) {
+			return CallOf(&evs[i]), true
+		}
+	}
+	return Call{}, false
+}
+
+// CallOf returns the call as its highest-seq event of a known type, e,
+// shows it. An event of an unknown type has no state: see KnownType.
 func CallOf(e *ledger.Event) Call {
 	state, _ := statemachine.Target(e.Type)
 	return Call{

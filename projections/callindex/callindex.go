@@ -154,14 +154,9 @@ func (c *Call) refold() {
 	c.State, c.Seq, c.Anomalies = sc.State, sc.Seq, anomalies
 }
 
-// latest returns the call as its highest-seq event shows it; false when
-// the key holds only refusals.
-func (c *Call) latest() (projections.Call, bool) {
-	if len(c.Events) == 0 {
-		return projections.Call{}, false
-	}
-	return projections.CallOf(&c.Events[len(c.Events)-1]), true
-}
+// latest returns the call as its highest-seq event of a known type shows
+// it; false when the key holds only refusals, or events of unknown types.
+func (c *Call) latest() (projections.Call, bool) { return projections.Latest(c.Events) }
 
 // Index is the call index. It is safe for concurrent use.
 type Index struct {

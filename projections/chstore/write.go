@@ -133,6 +133,11 @@ func eventRows(r tableRows, e ledger.Event) error {
 	if e.Seq == 1 && e.Type == statemachine.EventRequested {
 		ref(refRequested, e.TenantID, "")
 	}
+	if !projections.KnownType(e.Type) {
+		// It moves no call: the call's latest row stays the one of its
+		// last event of a known type.
+		return nil
+	}
 	c := projections.CallOf(&e)
 	r.add(callsTable, c.TenantID, c.IdempotencyKey, c.Seq, id, c.CallID, c.Tool, int64(c.ToolVersion), c.AgentID,
 		c.UserID, c.Resource, c.TraceID, string(c.State), string(c.LastEvent), at, ns,

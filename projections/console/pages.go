@@ -288,7 +288,10 @@ func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) 
 			continue
 		}
 		p.Events = append(p.Events, row)
-		last = e
+		if projections.KnownType(e.Type) {
+			// An unknown type moves no call, as in the projections.
+			last = e
+		}
 		if e.Type == statemachine.EventRequested && len(e.Arguments) > 0 {
 			p.Args, p.ArgsCut, _ = flattenArgs(e.Arguments)
 		}

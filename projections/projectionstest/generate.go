@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -261,6 +262,37 @@ func Log(cfg LogConfig) []ledger.Event {
 		}
 	}
 	return log
+}
+
+// UnknownType is an event type no state machine knows, as a newer ledger
+// could write while keeping the encoding version.
+const UnknownType statemachine.EventType = "escalated_to_legal"
+
+// WithUnknownTypes returns log with an event of UnknownType after the last
+// event of every nth call, and how many of those calls wait on someone
+// (approval_pending, outcome_unknown): the projections must keep those
+// waiting.
+func WithUnknownTypes(log []ledger.Event, n int) ([]ledger.Event, int) {
+	o := NewOracle(log)
+	out := slices.Clone(log)
+	waiting := 0
+	for i, k := range o.Keys() {
+		evs := o.Events(k)
+		if i%n != 0 || len(evs) == 0 {
+			continue
+		}
+		last := evs[len(evs)-1]
+		if s := stateNow(evs); s == statemachine.StateApprovalPending || s == statemachine.StateOutcomeUnknown {
+			waiting++
+		}
+		out = append(out, roundTrip(ledger.Event{
+			EventID: fmt.Sprintf("unknown-%04d", i), Type: UnknownType, Seq: last.Seq + 1, At: last.At.Add(time.Second),
+			Actor: "future", TenantID: last.TenantID, IdempotencyKey: last.IdempotencyKey, CallID: last.CallID,
+			UserID: last.UserID, AgentID: last.AgentID, Tool: last.Tool, ToolVersion: last.ToolVersion,
+			Resource: last.Resource, ArgumentsHash: last.ArgumentsHash, TraceID: last.TraceID,
+		}))
+	}
+	return out, waiting
 }
 
 // Flood returns n refused submissions under key, as a client retrying a

@@ -84,9 +84,22 @@ func (o *Oracle) Trace(key ledger.CallKey) []ledger.Event {
 	return out
 }
 
-// latest is the call as its highest-seq event shows it.
-func latest(evs []ledger.Event) projections.Call {
-	last := evs[len(evs)-1]
+// latest is the call as its highest-seq event of a type the state machine
+// knows shows it: an event of an unknown type does not move a call (the
+// package doc of projections). False when no event is of a known type:
+// such a call is in no answer but its trace.
+func latest(evs []ledger.Event) (projections.Call, bool) {
+	i := len(evs) - 1
+	for i >= 0 {
+		if _, ok := statemachine.Target(evs[i].Type); ok {
+			break
+		}
+		i--
+	}
+	if i < 0 {
+		return projections.Call{}, false
+	}
+	last := evs[i]
 	state, _ := statemachine.Target(last.Type)
 	return projections.Call{
 		TenantID: last.TenantID, IdempotencyKey: last.IdempotencyKey, CallID: last.CallID,
@@ -95,7 +108,13 @@ func latest(evs []ledger.Event) projections.Call {
 		State: state, LastEvent: last.Type, Seq: last.Seq, UpdatedAt: last.At.UTC(),
 		PolicyVersion: last.PolicyVersion, Approver: last.Approver, ApprovalID: last.ApprovalID,
 		JTI: last.JTI, CredentialFamily: last.CredentialFamily, Reason: last.Reason, ErrorCode: last.ErrorCode,
-	}
+	}, true
+}
+
+// stateNow is the state of the call with events evs now.
+func stateNow(evs []ledger.Event) statemachine.State {
+	c, _ := latest(evs)
+	return c.State
 }
 
 // inWindow compares in whole seconds, as the package doc says.
@@ -115,7 +134,8 @@ func narrows(f projections.Filter, e ledger.Event) bool {
 // matches reports whether the call with events evs is one f selects: by
 // its references (or its requested event), then by its state now.
 func matches(f projections.Filter, evs []ledger.Event) bool {
-	if f.State != "" && latest(evs).State != f.State {
+	c, ok := latest(evs)
+	if !ok || f.State != "" && c.State != f.State {
 		return false
 	}
 	return referenced(f, evs)
@@ -164,7 +184,8 @@ func (o *Oracle) BlastRadius(f projections.Filter) projections.BlastRadius {
 	var calls []projections.Call
 	for _, evs := range o.calls {
 		if matches(f, evs) {
-			calls = append(calls, latest(evs))
+			c, _ := latest(evs)
+			calls = append(calls, c)
 		}
 	}
 	slices.SortFunc(calls, func(a, b projections.Call) int {
@@ -258,8 +279,8 @@ func (o *Oracle) Outcomes(f projections.Filter, bucket time.Duration) []projecti
 func (o *Oracle) Unresolved(f projections.Filter) []projections.Call {
 	out := []projections.Call{}
 	for _, evs := range o.calls {
-		c := latest(evs)
-		if c.State != statemachine.StateOutcomeUnknown && c.State != statemachine.StateApprovalPending {
+		c, ok := latest(evs)
+		if !ok || c.State != statemachine.StateOutcomeUnknown && c.State != statemachine.StateApprovalPending {
 			continue
 		}
 		if (f.Tenant != "" && c.TenantID != f.Tenant) || (f.Tool != "" && c.Tool != f.Tool) {

@@ -90,6 +90,9 @@ type Metrics struct {
 	// log's retention (or DeleteRecords) before the projector read them;
 	// the projector stops at the first (ErrRecordsDeleted).
 	Gaps int64
+	// UnknownTypes counts events of a type the state machine does not
+	// know: projected, but moving no call (projections.KnownType).
+	UnknownTypes int64
 }
 
 // Metrics returns the counters now.
@@ -101,6 +104,7 @@ func (p *Projector) Metrics() Metrics {
 		Undecodable:  p.undecodable.Load(),
 		CommitErrors: p.commitErrors.Load(),
 		Gaps:         p.gaps.Load(),
+		UnknownTypes: p.unknownTypes.Load(),
 	}
 }
 
@@ -143,6 +147,7 @@ func (p *Projector) writeMetrics(w *bufio.Writer) {
 		{"ledger_projector_write_errors_total", "Failed writes to the projection; each is retried.", m.WriteErrors},
 		{"ledger_projector_undecodable_records_total", "Records that did not decode and were skipped.", m.Undecodable},
 		{"ledger_projector_commit_errors_total", "Failed offset commits.", m.CommitErrors},
+		{"ledger_projector_unknown_event_types_total", "Events of a type this build's state machine does not know: projected, but their calls keep their last known state.", m.UnknownTypes},
 		{"ledger_projector_gaps_total", "Partitions found to have lost records to retention before they were projected; the projector stops at each.", m.Gaps},
 	} {
 		header(c.name, "counter", c.help)

@@ -154,6 +154,7 @@ type Projector struct {
 	undecodable  atomic.Int64
 	commitErrors atomic.Int64
 	gaps         atomic.Int64
+	unknownTypes atomic.Int64
 	latency      Histogram
 
 	// stop, set and read by Run's goroutine only, is why Run must stop:
@@ -546,6 +547,7 @@ func (p *Projector) state(tp topicPartition) *partState {
 // A record of a newer encoding than this build reads is not skipped: it
 // returns ErrNewerRecord, and the projection stops before it.
 func (p *Projector) decode(r *kgo.Record, evs *[]projections.Event, acts *[]projections.Action) error {
+	n := len(*evs)
 	err := decodeRecord(r, p.cfg.Topics, evs, acts)
 	if newer(err) {
 		return fmt.Errorf("%w: %s/%d at offset %d: %w", ErrNewerRecord, r.Topic, r.Partition, r.Offset, err)
@@ -553,6 +555,9 @@ func (p *Projector) decode(r *kgo.Record, evs *[]projections.Event, acts *[]proj
 	if err != nil {
 		p.undecodable.Add(1)
 		logUndecodable(p.logger, r, err)
+	}
+	if len(*evs) > n && unknownType(p.logger, r, &(*evs)[n].Event) {
+		p.unknownTypes.Add(1)
 	}
 	return nil
 }
@@ -598,6 +603,21 @@ func decodeRecord(r *kgo.Record, t ledger.Topics, evs *[]projections.Event, acts
 		return errors.New("a record of a topic the projector does not read")
 	}
 	return nil
+}
+
+// unknownType reports, and logs, whether e, decoded from r, is a step of a
+// call of a type the state machine does not know. It is projected (its
+// call's trace and references show it) but moves no call
+// (projections.KnownType), so the call's state may be behind the log: a
+// human must look, most likely upgrade the projector (the event comes from
+// a newer ledger) and rebuild the projection.
+func unknownType(logger *slog.Logger, r *kgo.Record, e *ledger.Event) bool {
+	if e.Refusal() || projections.KnownType(e.Type) {
+		return false
+	}
+	logger.Error("event of an unknown type: its call keeps its last known state",
+		"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "type", e.Type, "call_key", e.Key().String(), "seq", e.Seq)
+	return true
 }
 
 // logUndecodable logs a record that did not decode. The record is the

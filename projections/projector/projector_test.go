@@ -320,6 +320,17 @@ func attrs(r slog.Record) map[string]string {
 	return out
 }
 
+// oneError returns the attributes of the one record logged with msg,
+// failing t unless there is exactly one and it is at Error.
+func oneError(t *testing.T, logs *logRecorder, msg string) map[string]string {
+	t.Helper()
+	recs := logs.records(msg)
+	if len(recs) != 1 || recs[0].Level != slog.LevelError {
+		t.Fatalf("logged %q %d times (%v); want once, at Error", msg, len(recs), recs)
+	}
+	return attrs(recs[0])
+}
+
 // start runs a projector in group until the test ends or stop is called.
 func start(t *testing.T, k *ledgertest.Kafka, group string, sink projections.Sink, mod func(*Config)) (*Projector, func()) {
 	t.Helper()
@@ -1038,13 +1049,8 @@ func TestDeletedRecordsStop(t *testing.T) {
 		if got := p.Metrics().Gaps; got != 1 {
 			t.Errorf("run %d: Metrics().Gaps = %d; want 1", run, got)
 		}
-		recs := logs.records("records deleted from the log before they were projected")
-		if len(recs) != 1 {
-			t.Fatalf("run %d: %d gap logs; want 1", run, len(recs))
-		}
-		a := attrs(recs[0])
-		if recs[0].Level != slog.LevelError || a["topic"] != ev || a["partition"] != "0" || a["next_offset"] != "2" || a["log_start"] != "8" {
-			t.Errorf("run %d: gap log %v %v; want an error naming %s/0 from offset 2 to the log start 8", run, recs[0].Level, a, ev)
+		if a := oneError(t, logs, "records deleted from the log before they were projected"); a["topic"] != ev || a["partition"] != "0" || a["next_offset"] != "2" || a["log_start"] != "8" {
+			t.Errorf("run %d: gap log %v; want %s/0 from offset 2 to the log start 8", run, a, ev)
 		}
 	}
 
@@ -1103,4 +1109,42 @@ func TestLagGrowsWhileWritesFail(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// An event of a type the state machine does not know is projected (its
+// call's trace shows it) and counted and logged at Error, by the
+// projector and by a replay: the projections keep its call's last known
+// state.
+func TestUnknownEventTypes(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	adm := admin(t, k)
+	group := k.Group("unknown-types")
+	ev := k.Topics.Events
+	future := ledger.Event{EventID: "future", Type: "escalated_to_legal", Seq: 2, At: time.Now().UTC(), Actor: "future",
+		TenantID: "t_a", IdempotencyKey: "key-known", Tool: "refund_order"}
+	rec, err := future.Record(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	produce(t, k, eventRecord(t, ev, "known"), rec) // partition 0, offsets 0 and 1
+
+	logs := &logRecorder{}
+	sink := &recSink{}
+	p, _ := start(t, k, group, sink, func(c *Config) { c.Logger = slog.New(logs) })
+	waitCaughtUp(t, adm, k, group)
+	if diff := cmp.Diff(set("known", "future"), sink.events()); diff != "" {
+		t.Errorf("events written (-want +got):\n%s", diff)
+	}
+	if got := p.Metrics().UnknownTypes; got != 1 {
+		t.Errorf("Metrics().UnknownTypes = %d; want 1", got)
+	}
+	if a := oneError(t, logs, "event of an unknown type: its call keeps its last known state"); a["type"] != "escalated_to_legal" || a["offset"] != "1" || a["call_key"] != "t_a/key-known" {
+		t.Errorf("unknown type log %v; want the type, the offset and the call", a)
+	}
+
+	prog, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics}, &recSink{}, nil)
+	if err != nil || prog.UnknownTypes != 1 {
+		t.Errorf("Replay = %d unknown types, %v; want 1, nil", prog.UnknownTypes, err)
+	}
 }

@@ -42,6 +42,9 @@ type Progress struct {
 	Read int64
 	// Undecodable counts records that did not decode and were skipped.
 	Undecodable int64
+	// UnknownTypes counts events of a type the state machine does not
+	// know: written, but moving no call (projections.KnownType).
+	UnknownTypes int64
 	// Rate is records written per second so far.
 	Rate float64
 	// ETA is the time left at the pace so far; 0 when unknown or done.
@@ -152,7 +155,7 @@ func Replay(ctx context.Context, cfg ReplayConfig, sink projections.Sink, progre
 		}
 	}
 	r.report(true)
-	cfg.Logger.Info("replay done", "records", r.prog.Done, "undecodable", r.prog.Undecodable, "elapsed", r.prog.Elapsed)
+	cfg.Logger.Info("replay done", "records", r.prog.Done, "undecodable", r.prog.Undecodable, "unknown_types", r.prog.UnknownTypes, "elapsed", r.prog.Elapsed)
 	return r.prog, nil
 }
 
@@ -233,6 +236,7 @@ func (r *replay) take(cl *kgo.Client, rec *kgo.Record) {
 	r.prog.Read += rec.Offset + 1 - rp.pos
 	rp.pos = rec.Offset + 1
 	if !rec.Attrs.IsControl() {
+		n := len(r.batch.Events)
 		if err := decodeRecord(rec, r.cfg.Topics, &r.batch.Events, &r.batch.Actions); newer(err) {
 			// A rebuild without it would be short of it: fail.
 			if r.stop == nil {
@@ -241,6 +245,8 @@ func (r *replay) take(cl *kgo.Client, rec *kgo.Record) {
 		} else if err != nil {
 			r.prog.Undecodable++
 			logUndecodable(r.cfg.Logger, rec, err)
+		} else if len(r.batch.Events) > n && unknownType(r.cfg.Logger, rec, &r.batch.Events[n].Event) {
+			r.prog.UnknownTypes++
 		}
 	}
 	if rp.pos >= rp.end {
