@@ -205,7 +205,10 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	introspect := func(b *credentials.Broker) (int, bool) {
+	// The operators' server starts after the keys' (once the control
+	// topic and the policies are followed): a refused connection is
+	// waited out like a 503.
+	introspect := func(b *credentials.Broker) (int, bool, error) {
 		t.Helper()
 		cred, err := b.Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e", Tool: "refund_order", ToolVersion: 1,
 			Audience: "demo-backend", CallID: "c", IdempotencyKey: "k", KeyEpoch: 1})
@@ -214,7 +217,7 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 		}
 		resp, err := http.PostForm("http://"+httpAddr+"/v1/introspect", url.Values{"token": {cred.Token}})
 		if err != nil {
-			t.Fatal(err)
+			return 0, false, err
 		}
 		defer resp.Body.Close()
 		var got struct {
@@ -225,7 +228,7 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		return resp.StatusCode, got.Active
+		return resp.StatusCode, got.Active, nil
 	}
 	for name, tc := range map[string]struct {
 		broker *credentials.Broker
@@ -236,9 +239,12 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 		"reconciler": {own, true},
 		"stranger":   {stranger, false},
 	} {
-		ledgertest.WaitFor(t, 10*time.Second, func() error {
+		ledgertest.WaitFor(t, 30*time.Second, func() error {
 			exited()
-			status, active := introspect(tc.broker)
+			status, active, err := introspect(tc.broker)
+			if err != nil {
+				return err
+			}
 			if status != http.StatusOK {
 				return fmt.Errorf("%s: introspection status %d", name, status)
 			}
