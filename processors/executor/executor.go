@@ -176,7 +176,7 @@ type Config struct {
 	// Policy decides an approved call again right before it runs, with
 	// the policies in force then: a newer version that denies wins. Nil
 	// skips the re-check. A re-check the policies cannot answer
-	// (policy.Decision.Transient: a timeout, an evaluation error, no
+	// (policy.Decision.Transient: a timeout, no
 	// active set) denies nothing: nothing is sent, and the claim is given
 	// back (processors.Store.Release) for RetryBackoff, after which the
 	// sweep of expired leases (SweepEvery) claims the call again, until

@@ -85,6 +85,9 @@ type Decider interface {
 type Store interface {
 	Admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
+	// Get tells a resent call from a new one when the policies cannot
+	// decide (checkCall).
+	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 }
 
 // Config configures the intake.
@@ -105,8 +108,8 @@ type Config struct {
 	// not, a call under a rate limit is refused (rate_limited).
 	Policy Decider
 	// PolicyRetryAfter is the retry_after_ms of the refusal of a call the
-	// policies could not decide (policy.Decision.Transient: a timeout, an
-	// evaluation error, no active set); default 1s. Such a call is
+	// policies could not decide (policy.Decision.Transient: a timeout, no
+	// active set); default 1s. Such a call is
 	// refused like a rate-limited one, not denied: nothing runs, and its
 	// key stays free for the retry, which is decided afresh.
 	PolicyRetryAfter time.Duration
@@ -536,9 +539,19 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose}
 	c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, env.Arguments, p.cfg.Channel, now))
 	if c.decision.Transient() {
-		// The engine could not decide (a stall, a broken or missing
-		// set): that says nothing about the call, so it must not use
-		// the key up as a denial would. Fail closed for now only.
+		// The engine could not decide (a stall, no set): that says
+		// nothing about the call, so it must not use the key up as a
+		// denial would. Fail closed for now only; but a key already
+		// used is a resent call, which the store answers (a duplicate,
+		// its events sent again, or a key reused), whatever the
+		// decision now: "retry later" would deny a call that stands.
+		_, err := p.cfg.Store.Get(ctx, c.key())
+		if err == nil {
+			return c, nil
+		}
+		if !errors.Is(err, processors.ErrNotFound) {
+			p.cfg.Logger.Warn("a call the policies could not decide: its key could not be looked up", "call_key", c.key().String(), "err", err)
+		}
 		ev := p.retryLater(c, now, c.decision.Reason, c.decision.Detail, p.cfg.PolicyRetryAfter)
 		return nil, &ev
 	}

@@ -75,16 +75,18 @@ type Decision struct {
 }
 
 // Transient reports whether d denies only because the engine could not
-// decide (policy_timeout, policy_error, policy_unavailable): it says
-// nothing about the call, and asking again later (after a stall, a fixed
-// policy, an activated set) may answer. Callers fail closed for now but
-// not for good: nothing runs on such a decision, and nothing records it
-// as the call's final denial. Every other denial (a forbid, no matching
-// permit, another tenant's resource, an invalid request) is the policies'
-// answer and stands.
+// decide in time or had no set to decide with (policy_timeout,
+// policy_unavailable): it says nothing about the call, and asking again
+// later (after a stall, an activated set) may answer. Callers fail closed
+// for now but not for good: nothing runs on such a decision, and nothing
+// records it as the call's final denial. Every other denial stands: the
+// policies' own answers (a forbid, no matching permit, another tenant's
+// resource, an invalid request) and an evaluation error (policy_error),
+// which a policy that cannot evaluate this call's request (a missing
+// attribute, a type error) gives every time it is asked.
 func (d Decision) Transient() bool {
 	switch d.Reason {
-	case ReasonPolicyTimeout, ReasonPolicyError, ReasonUnavailable:
+	case ReasonPolicyTimeout, ReasonUnavailable:
 		return !d.Allow
 	}
 	return false

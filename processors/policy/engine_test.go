@@ -854,7 +854,7 @@ func TestTransientDenials(t *testing.T) {
 		transient bool
 	}{
 		{"timeout", Config{Set: ok, Now: (&steppingClock{t: at, step: time.Second}).Now}, simple("get_weather"), ReasonPolicyTimeout, true},
-		{"evaluation error", Config{Set: broken}, simple("get_weather"), ReasonPolicyError, true},
+		{"evaluation error, every time it is asked", Config{Set: broken}, simple("get_weather"), ReasonPolicyError, false},
 		{"no active set", Config{}, simple("get_weather"), ReasonUnavailable, true},
 		{"forbidden", Config{Set: forbids}, simple("get_weather"), ReasonDeniedByPolicy, false},
 		{"no permit", Config{Set: ok}, simple("send_email"), ReasonNoPolicy, false},
