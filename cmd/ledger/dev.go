@@ -191,6 +191,9 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 
 	instance := f.roles.instance
+	// The version activated on the control topic decides from the first
+	// call on.
+	f.policy.activate(engine, controls)
 	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err

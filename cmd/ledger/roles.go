@@ -134,6 +134,7 @@ func (r *roleFlags) startPolicies(ctx context.Context, pf *policyFlags, controls
 			logger.Error("policy watcher stopped", "err", err)
 		}
 	}()
+	pf.activate(engine, controls)
 	go func() {
 		// Owned by the command: it ends with ctx.
 		if err := pf.followActivations(ctx, engine, controls); err != nil {

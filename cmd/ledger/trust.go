@@ -102,6 +102,15 @@ func (f *policyFlags) followActivations(ctx context.Context, engine *policy.Engi
 	}, 500*time.Millisecond)
 }
 
+// activate brings engine to the version activated on the control topic
+// now: a role calls it, once its copy of the topic has caught up, before
+// its loops decide a call, which would otherwise be decided with the set
+// the activation replaced until followActivations' first tick.
+func (f *policyFlags) activate(engine *policy.Engine, controls *control.State) {
+	a, ok := controls.ActivePolicy()
+	engine.Activate(f.versions, a.Policy, ok)
+}
+
 // engine returns the policy engine and, when a directory is watched, the
 // watcher to run until ctx ends.
 func (f *policyFlags) engine(logger *slog.Logger) (*policy.Engine, func(ctx context.Context) error, error) {

@@ -199,3 +199,28 @@ func mkdir(t *testing.T, root, name string) string {
 	}
 	return d
 }
+
+// TestActivateAtOnce: Activate puts the activated version in force before
+// it returns, so that a process that calls it before deciding its first
+// call never decides with the set the activation replaced.
+func TestActivateAtOnce(t *testing.T) {
+	dir, root := t.TempDir(), t.TempDir()
+	writeFile(t, dir, "weather.cedar", allowWeather)
+	writeFile(t, mkdir(t, root, "v2"), "weather.cedar", forbidWeather)
+	base, err := LoadDir(dir, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, Config{Set: base})
+	e.Activate(root, "v2", true)
+	if err := versionIs(e, "v2")(); err != nil {
+		t.Fatal(err)
+	}
+	if d := e.Decide(context.Background(), simple("get_weather")); d.Allow {
+		t.Errorf("Decide() right after Activate = %+v; want denied by v2", d)
+	}
+	e.Activate(root, "", false)
+	if err := versionIs(e, "local")(); err != nil {
+		t.Errorf("after the activation is withdrawn: %v", err)
+	}
+}

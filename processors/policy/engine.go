@@ -468,6 +468,12 @@ func (e *Engine) FollowActivations(ctx context.Context, root string, active func
 	}
 }
 
+// Activate brings the engine to the activation (label, ok) once, as
+// FollowActivations does at every tick: a process calls it before it
+// decides its first call, so that no call is decided with a set an
+// operator has replaced.
+func (e *Engine) Activate(root, label string, ok bool) { e.follow(root, label, ok) }
+
 // follow brings the engine to the activation (label, ok) once.
 func (e *Engine) follow(root, label string, ok bool) {
 	e.mu.Lock()
