@@ -442,12 +442,20 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 	p.mu.Unlock()
 
 	var parts []readPart
+	// halted are the partitions this poll stopped at (a gap, a record
+	// not read): a second fetch of one in the same poll must add
+	// nothing either, or its records would be written and committed
+	// past the point the projector stops at.
+	halted := make(map[topicPartition]bool)
 	for _, ftp := range fetched {
 		rp := readPart{
 			tp:       topicPartition{ftp.Topic, ftp.Partition},
 			hwm:      ftp.HighWatermark,
 			logStart: ftp.LogStartOffset,
 			first:    ftp.Records[0].Offset,
+		}
+		if halted[rp.tp] {
+			continue
 		}
 		if from := next[rp.tp]; from >= 0 && from < rp.first && from < rp.logStart {
 			// kgo met OFFSET_OUT_OF_RANGE and went on at the log
@@ -463,7 +471,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 				p.stop = fmt.Errorf("%w: %s/%d offsets %d to %d (the log now starts at %d)",
 					ErrRecordsDeleted, rp.tp.topic, rp.tp.partition, from, rp.logStart-1, rp.logStart)
 			}
-			next[rp.tp] = -1
+			halted[rp.tp] = true
 			continue
 		}
 		for _, r := range ftp.Records {
@@ -474,6 +482,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 					if p.stop == nil {
 						p.stop = err
 					}
+					halted[rp.tp] = true
 					break
 				}
 			}

@@ -1148,3 +1148,39 @@ func TestUnknownEventTypes(t *testing.T) {
 		t.Errorf("Replay = %d unknown types, %v; want 1, nil", prog.UnknownTypes, err)
 	}
 }
+
+// One poll may hold two fetches of a partition. When the first starts
+// past records the log deleted, the second adds nothing either: before,
+// the first disarmed the check for the second, whose records were then
+// written and committed past the gap, and the next start found no gap.
+func TestGapHaltsEveryFetchOfThePartition(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	p := newProjector(t, k, k.Group("gap-two-fetches"), &recSink{}, nil)
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ev := k.Topics.Events
+	recs := eventRecords(t, ev, ids("g", 4))
+	for i, r := range recs {
+		r.Partition, r.Offset = 0, int64(8+i)
+	}
+	// The group's next record is offset 2; the log starts at 8.
+	p.mu.Lock()
+	p.state(topicPartition{ev, 0}).next = 2
+	p.mu.Unlock()
+	part := func(rs []*kgo.Record) kgo.FetchPartition {
+		return kgo.FetchPartition{Partition: 0, LogStartOffset: 8, HighWatermark: 12, Records: rs}
+	}
+	p.read(cl, kgo.Fetches{{Topics: []kgo.FetchTopic{{Topic: ev, Partitions: []kgo.FetchPartition{part(recs[:2]), part(recs[2:])}}}}})
+	if !errors.Is(p.stop, ErrRecordsDeleted) {
+		t.Errorf("stop = %v; want ErrRecordsDeleted", p.stop)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.pending.batch.Events); n != 0 || p.pending.records != 0 {
+		t.Errorf("the batch holds %d events, %d records; want none of a partition past its gap", n, p.pending.records)
+	}
+}
