@@ -391,6 +391,11 @@ type Store interface {
 	// ByStatus returns up to limit records in status, oldest update
 	// first.
 	ByStatus(ctx context.Context, status Status, limit int) ([]Record, error)
+	// ByStatusAfter is ByStatus from after a Cursor on (the zero Cursor:
+	// from the oldest), so that a sweep can page past records that stay
+	// in status for long (calls parked for a human) instead of reading
+	// the same oldest page every time.
+	ByStatusAfter(ctx context.Context, status Status, after Cursor, limit int) ([]Record, error)
 	// TenantByStatus is ByStatus for the records of one tenant: a tenant
 	// with many records in status does not hide the others' (the
 	// approval queue is listed per tenant).

@@ -1082,17 +1082,24 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after pro
 // its order (update time, then record key). A status no record has, known
 // or not, lists nothing.
 func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, "", status, limit)
+	return s.byStatus(ctx, "", status, processors.Cursor{}, limit)
+}
+
+// ByStatusAfter implements processors.Store: the status index from past
+// the cursor's entry on.
+func (s *Store) ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
+	return s.byStatus(ctx, "", status, after, limit)
 }
 
 // TenantByStatus implements processors.Store: the status index, in its
 // order, the other tenants' records skipped.
 func (s *Store) TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, tenant, status, limit)
+	return s.byStatus(ctx, tenant, status, processors.Cursor{}, limit)
 }
 
-// byStatus lists the records in status, of tenant ("": of every tenant).
-func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+// byStatus lists the records in status, of tenant ("": of every tenant),
+// after the cursor after (the zero Cursor: from the oldest).
+func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore by status: %w", err)
 	}
@@ -1104,7 +1111,15 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	err := s.db.View(func(tx *bolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
 		c := tx.Bucket(bucketStatus).Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+		k, _ := c.Seek(prefix)
+		if !after.IsZero() {
+			// Past the cursor's own entry, if its record is still there.
+			from := statusKey(status, after.UpdatedAt, recordKey(after.Key))
+			if k, _ = c.Seek(from); bytes.Equal(k, from) {
+				k, _ = c.Next()
+			}
+		}
+		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
 			tk := k[len(prefix):]
 			if len(tk) < 8 {
 				return fmt.Errorf("status index entry %x is malformed", k)

@@ -54,6 +54,7 @@ var (
 type ReconcilerStore interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 	ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error)
+	ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 }
@@ -162,6 +163,11 @@ type Reconciler struct {
 	// requested, by the parked call's key; only the step (one at a time)
 	// touches it.
 	undos map[ledger.CallKey]*undoState
+	// parkedAfter is where the next sweep of parked calls starts: calls
+	// parked for a human stay parked, oldest first, and a sweep reading
+	// the oldest page every time would never reach the calls behind a
+	// page of them. Only the step touches it.
+	parkedAfter processors.Cursor
 
 	// unknown is what the last sweep saw in outcome_unknown.
 	mu            sync.Mutex
@@ -588,9 +594,15 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 	if r.cfg.Compensator == nil {
 		return nil, nil
 	}
-	parked, err := r.cfg.Store.ByStatus(ctx, processors.StatusParked, sweepLimit)
+	// A page after the last; one that is not full ends the pass, and
+	// the next sweep starts again from the oldest.
+	parked, err := r.cfg.Store.ByStatusAfter(ctx, processors.StatusParked, r.parkedAfter, sweepLimit)
 	if err != nil {
 		return nil, fmt.Errorf("sweep parked calls: %w", err)
+	}
+	r.parkedAfter = processors.Cursor{}
+	if len(parked) == sweepLimit {
+		r.parkedAfter = parked[len(parked)-1].Cursor()
 	}
 	var cands []processors.Record
 	listed := make(map[ledger.CallKey]bool)

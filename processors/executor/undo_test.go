@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -513,5 +514,60 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 		if e.Key() == orig.Key() && e.Seq > parks[0].Seq {
 			t.Errorf("a later sweep appended %s(%s) for the call; want nothing", e.Type, e.Reason)
 		}
+	}
+}
+
+// The sweep of parked calls pages on: more calls parked for a human than
+// a sweep reads (100), all older, do not hide a call parked for its
+// compensation that was never requested (a restarted reconciler knows of
+// none). Before, every sweep read the same oldest 100 and never reached
+// it.
+func TestParkedSweepReachesPastAPageOfHumanParks(t *testing.T) {
+	r := newRig(t)
+	park := func(key, reason string) ledger.CallKey {
+		t.Helper()
+		k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: key}
+		ev := ledger.Event{EventID: "e_" + key, IdempotencyKey: key, CallID: "c_" + key, TenantID: "t_a", UserID: "u_1",
+			Tool: "refund_order", ToolVersion: 1, ArgumentsHash: "sha256:00", At: time.Now().UTC()}
+		pending, parked := ev, ev
+		pending.Type, pending.Seq = statemachine.EventApprovalPending, 2
+		parked.EventID, parked.Type, parked.Seq, parked.Reason = "e_park_"+key, statemachine.EventParked, 3, reason
+		outbox := func(evs ...ledger.Event) []byte {
+			b, err := ledger.EncodeEvents(evs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		if _, err := r.store.Admit(t.Context(), []processors.Admission{{Key: k, CallID: "c_" + key, ArgumentsHash: "sha256:00", Tool: "refund_order", ToolVersion: 1,
+			Arguments: []byte(`{}`), Status: processors.StatusPending, Seq: 2, Outbox: outbox(pending)}}); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := r.store.Move(t.Context(), []processors.Move{{Key: k, From: processors.StatusPending, FromSeq: 2, To: processors.StatusParked, Seq: 3, Outbox: outbox(pending, parked)}}); err != nil || !ok[0] {
+			t.Fatalf("park %s: %v, %v", key, ok, err)
+		}
+		return k
+	}
+	for i := range 101 {
+		park(fmt.Sprintf("human-%03d", i), executor.ReasonLookupFailed)
+	}
+	undo := park("undo-me", executor.ReasonCompensating)
+
+	comp := &recordingCompensator{}
+	now := time.Now()
+	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
+		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
+		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp,
+		Now: func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for sweep := 1; sweep <= 2 && len(comp.asked) == 0; sweep++ {
+		now = now.Add(time.Minute)
+		r.reconcileAll(rc)
+	}
+	if !slices.Equal(comp.asked, []ledger.CallKey{undo}) {
+		t.Errorf("compensations asked for within two sweeps: %v; want %v, behind 101 calls parked for a human", comp.asked, undo)
 	}
 }

@@ -643,6 +643,9 @@ type queries struct {
 	// byStatus and byListedStatus are ByStatus's.
 	tenantByStatus       string
 	tenantByListedStatus map[processors.Status]string
+	// byStatusAfter and byListedStatusAfter are ByStatusAfter's.
+	byStatusAfter       string
+	byListedStatusAfter map[processors.Status]string
 }
 
 func newQueries(table, journal string) queries {
@@ -664,6 +667,12 @@ LIMIT %s`
 	// One tenant's: the status index (or the scan) in its order, the
 	// other tenants' records filtered out on the way.
 	ofTenant := func(param string) string { return "\n  AND tenant_id = " + param }
+	// After a cursor, as unloggedAfter below (the first of the three
+	// parameters is the cursor's time).
+	pastCursor := func(first int) string {
+		ts, t, k := fmt.Sprintf("$%d", first), fmt.Sprintf("$%d", first+1), fmt.Sprintf("$%d", first+2)
+		return "\n  AND updated_at >= " + ts + "::TIMESTAMPTZ\n  AND (updated_at, tenant_id, idempotency_key) > (" + ts + "::TIMESTAMPTZ, " + t + "::TEXT, " + k + "::TEXT)"
+	}
 	// Served by the partial index on updated_at WHERE logged_seq < seq:
 	// the predicate is repeated word for word so that both engines
 	// match it. The status filter leaves out executing calls, whose
@@ -863,14 +872,17 @@ LIMIT $1`),
 		// A status outside listedStatuses: a scan.
 		byStatus:             r.Replace(fmt.Sprintf(byStatus, "$1", "", "$2")),
 		tenantByStatus:       r.Replace(fmt.Sprintf(byStatus, "$1", ofTenant("$2"), "$3")),
+		byStatusAfter:        r.Replace(fmt.Sprintf(byStatus, "$1", pastCursor(3), "$2")),
 		get:                  r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
 		byListedStatus:       make(map[processors.Status]string, len(listedStatuses)),
 		tenantByListedStatus: make(map[processors.Status]string, len(listedStatuses)),
+		byListedStatusAfter:  make(map[processors.Status]string, len(listedStatuses)),
 	}
 	for _, st := range listedStatuses {
 		// Served by the status index, in its order.
 		q.byListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), "", "$1"))
 		q.tenantByListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), ofTenant("$1"), "$2"))
+		q.byListedStatusAfter[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), pastCursor(2), "$1"))
 	}
 	return q
 }
@@ -1604,31 +1616,44 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after pro
 // ByStatus implements processors.Store. A status no record has, known or
 // not, lists nothing.
 func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, "", status, limit)
+	return s.byStatus(ctx, "", status, processors.Cursor{}, limit)
+}
+
+// ByStatusAfter implements processors.Store.
+func (s *Store) ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
+	return s.byStatus(ctx, "", status, after, limit)
 }
 
 // TenantByStatus implements processors.Store.
 func (s *Store) TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, tenant, status, limit)
+	return s.byStatus(ctx, tenant, status, processors.Cursor{}, limit)
 }
 
-// byStatus lists the records in status, of tenant ("": of every tenant).
-func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+// byStatus lists the records in status, of tenant ("": of every tenant),
+// after the cursor after (given only without a tenant).
+func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
 	if limit <= 0 {
 		return []processors.Record{}, nil
 	}
 	var out []processors.Record
 	// Parameters in order: the status (unless the query names it), the
-	// tenant (if any), the limit.
+	// tenant (if any), the limit, the cursor (if any).
 	var args []any
 	q, listed := s.q.byListedStatus[status]
-	if tenant != "" {
+	switch {
+	case tenant != "":
 		q, listed = s.q.tenantByListedStatus[status]
+	case !after.IsZero():
+		q, listed = s.q.byListedStatusAfter[status]
 	}
 	if !listed {
-		q = s.q.byStatus
-		if tenant != "" {
+		switch {
+		case tenant != "":
 			q = s.q.tenantByStatus
+		case !after.IsZero():
+			q = s.q.byStatusAfter
+		default:
+			q = s.q.byStatus
 		}
 		args = append(args, string(status))
 	}
@@ -1636,6 +1661,9 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 		args = append(args, tenant)
 	}
 	args = append(args, limit)
+	if tenant == "" && !after.IsZero() {
+		args = append(args, after.UpdatedAt, after.Key.TenantID, after.Key.IdempotencyKey)
+	}
 	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, q, args...)
 		var err error

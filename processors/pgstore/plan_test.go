@@ -142,6 +142,7 @@ FROM generate_series(1, 30000) AS g`)
 		{"by status pending", s.q.byListedStatus[processors.StatusPending], statusIndexName, []any{100}},
 		{"by status outcome_unknown", s.q.byListedStatus[processors.StatusOutcomeUnknown], statusIndexName, []any{100}},
 		{"tenant by status pending", s.q.tenantByListedStatus[processors.StatusPending], statusIndexName, []any{"t_plan", 100}},
+		{"by status pending after", s.q.byListedStatusAfter[processors.StatusPending], statusIndexName, append([]any{100}, cursor...)},
 		{"unlogged", s.q.unlogged, unloggedIndexName, []any{0, 100}},
 		{"unlogged after", s.q.unloggedAfter, unloggedIndexName, append([]any{0, 100}, cursor...)},
 	} {

@@ -108,6 +108,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"ByStatus/OrderAndLimit", testByStatusOrderAndLimit},
 		{"ByStatus/Follows", testByStatusFollows},
 		{"TenantByStatus", testTenantByStatus},
+		{"ByStatusAfter", testByStatusAfter},
 		{"Get/NotFound", testGetNotFound},
 		{"TenantIsolation", testTenantIsolation},
 		{"EmptyBatches", testEmptyBatches},
@@ -1838,6 +1839,49 @@ func testByStatusOrderAndLimit(t *testing.T, s processors.Store) {
 	for _, tc := range tests {
 		if got := keysOf(mustByStatus(t, s, tc.st, 100)); !slices.Equal(got, tc.want) {
 			t.Errorf("ByStatus(%q, 100) keys = %v; want %v", tc.st, got, tc.want)
+		}
+	}
+}
+
+// testByStatusAfter: ByStatus's order, page by page from a cursor: pages
+// of 2 through records of which some share an update time (one batch),
+// across tenants, for a status listed through the index (pending) and one
+// scanned (authorized); a cursor whose record left the status meanwhile
+// still places the next page.
+func testByStatusAfter(t *testing.T, s processors.Store) {
+	other := func(idem string) ledger.CallKey { return ledger.CallKey{TenantID: "t_other", IdempotencyKey: idem} }
+	for _, st := range []processors.Status{processors.StatusPending, processors.StatusAuthorized} {
+		p := "bsa:" + string(st) + ":"
+		mustAdmit(t, s, admission(key(p+"c"), hashA, st))
+		mustAdmit(t, s, admission(key(p+"b"), hashA, st), admission(other(p+"a"), hashA, st), admission(key(p+"a"), hashA, st))
+		mustAdmit(t, s, admission(key(p+"d"), hashA, st))
+		want := mustByStatus(t, s, st, 100)
+		var got []processors.Record
+		var after processors.Cursor
+		for page := 0; page < 10; page++ {
+			rs, err := s.ByStatusAfter(t.Context(), st, after, 2)
+			if err != nil {
+				t.Fatalf("ByStatusAfter(%s, %+v, 2) = %v", st, after, err)
+			}
+			got = append(got, rs...)
+			if len(rs) < 2 {
+				break
+			}
+			after = rs[len(rs)-1].Cursor()
+		}
+		if !slices.Equal(keysOf(got), keysOf(want)) {
+			t.Errorf("ByStatusAfter(%s) pages of 2 = %v; want ByStatus's %v", st, keysOf(got), keysOf(want))
+		}
+		if rs, err := s.ByStatusAfter(t.Context(), st, processors.Cursor{}, 100); err != nil || !slices.Equal(keysOf(rs), keysOf(want)) {
+			t.Errorf("ByStatusAfter(%s, zero cursor) = %v, %v; want ByStatus's %v", st, keysOf(rs), err, keysOf(want))
+		}
+		// The second record leaves the status; its cursor still places
+		// the rest.
+		second := want[1]
+		mustMove(t, s, move(second.Key, st, processors.StatusDenied))
+		rs, err := s.ByStatusAfter(t.Context(), st, second.Cursor(), 100)
+		if err != nil || !slices.Equal(keysOf(rs), keysOf(want[2:])) {
+			t.Errorf("ByStatusAfter(%s) after a record that left = %v, %v; want %v", st, keysOf(rs), err, keysOf(want[2:]))
 		}
 	}
 }
