@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -257,7 +258,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if progressed {
+		if progressed && !errors.Is(err, errPartitionDropped) {
 			// The session worked for a while: this failure starts a
 			// new series rather than continuing the last one.
 			backoff = firstBackoff
@@ -275,16 +276,34 @@ func (l *Loop) Run(ctx context.Context) error {
 }
 
 // partitionDropped reports whether err, reported for topic's partition by
-// a poll, may mean the session goes on without that partition: franz-go
-// drops a partition whose committed offset fetch failed for a reason
-// that is not retriable, and tells it only through such an error. Data
-// loss is reported and consumption goes on; retriable errors franz-go
-// retries itself; errors of no partition (topic "") are the group's, which
-// franz-go rejoins by itself.
+// a poll, means the session goes on without that partition: franz-go
+// drops a partition whose committed offset fetch failed with a Kafka
+// error that is not retriable, or that the coordinator kept omitting, and
+// tells it only through such an error. Anything else (data loss, a batch
+// that does not decode, the group's errors of no partition) franz-go
+// reports and goes on, or retries, by itself: restarting would only stall
+// the healthy partitions too.
 func partitionDropped(topic string, err error) bool {
-	var loss *kgo.ErrDataLoss
-	return topic != "" && !errors.As(err, &loss) && !kerr.IsRetriable(err)
+	var ke *kerr.Error
+	switch {
+	case topic == "":
+		return false
+	case errors.As(err, &ke):
+		return !ke.Retriable
+	}
+	// franz-go's own error for an omitted partition is not exported.
+	return strings.Contains(err.Error(), offsetFetchOmitted)
 }
+
+// offsetFetchOmitted is the text of franz-go's error for a partition the
+// coordinator kept leaving out of its OffsetFetch answers.
+const offsetFetchOmitted = "omitted a requested partition from an OffsetFetch response"
+
+// errPartitionDropped marks a session ended by partitionDropped: a cause
+// that may well persist (an ACL), so its restarts back off however much
+// the sessions progressed before it struck, rather than rejoin the group
+// every 100 ms and stall the healthy partitions with every rebalance.
+var errPartitionDropped = errors.New("partition left out of the session")
 
 // runSession runs one transact session until it fails or ctx ends. It
 // sets *progressed once a transaction of the session committed.
@@ -393,7 +412,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			}
 			l.cfg.Logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
 			if dropped == nil && partitionDropped(t, err) {
-				dropped = fmt.Errorf("partition %s/%d left out of the session: %w", t, p, err)
+				dropped = fmt.Errorf("%w: %s/%d: %w", errPartitionDropped, t, p, err)
 			}
 		})
 		if dropped != nil {

@@ -20,7 +20,8 @@ func TestPartitionDropped(t *testing.T) {
 		want  bool
 	}{
 		{"offsets not authorized", "requests", kerr.TopicAuthorizationFailed, true},
-		{"offsets omitted by the coordinator", "requests", errors.New("fetch offsets response omitted the partition"), true},
+		{"offsets omitted by the coordinator", "requests", errors.New("broker repeatedly omitted a requested partition from an OffsetFetch response"), true},
+		{"a batch that does not decode", "requests", errors.New("invalid compression codec"), false},
 		{"wrapped", "requests", fmt.Errorf("fetch: %w", kerr.GroupAuthorizationFailed), true},
 		{"retriable", "requests", kerr.NotLeaderForPartition, false},
 		{"data loss, consumption goes on", "requests", &kgo.ErrDataLoss{Topic: "requests", Partition: 1, ConsumedTo: 9, ResetTo: 5}, false},
