@@ -24,8 +24,7 @@ import (
 // faultableKafka is the in-process cluster, whatever cluster
 // LEDGER_TEST_KAFKA_BROKERS names: the tests inject broker faults.
 func faultableKafka(t *testing.T) *ledgertest.Kafka {
-	t.Setenv("LEDGER_TEST_KAFKA_BROKERS", "")
-	return ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	return ledgertest.NewInProcess(t, ledgertest.Options{Partitions: 2})
 }
 
 // copyLoop is a loop that copies requests to the events topic.

@@ -9,6 +9,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
+// NewInProcess is New on the in-process cluster, whatever cluster
+// LEDGER_TEST_KAFKA_BROKERS names: for tests that inject broker faults
+// through Cluster. It sets the variable for t, so t must not be parallel.
+func NewInProcess(t *testing.T, o Options) *Kafka {
+	t.Helper()
+	t.Setenv("LEDGER_TEST_KAFKA_BROKERS", "")
+	return New(t, o)
+}
+
 // StallFetches holds every fetch the in-process cluster c receives until
 // release is called (or the test ends), as a consumer whose connection
 // wedged. Every fetch: within a fetch session, a request need not name

@@ -12,13 +12,6 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 )
 
-// faultableKafka is the in-process cluster, whatever cluster
-// LEDGER_TEST_KAFKA_BROKERS names: the tests inject broker faults.
-func faultableKafka(t *testing.T) *ledgertest.Kafka {
-	t.Setenv("LEDGER_TEST_KAFKA_BROKERS", "")
-	return ledgertest.New(t, ledgertest.Options{Partitions: 1})
-}
-
 // A State whose consumer stops reading (here: its fetches are held by the
 // broker) is not current once a freeze it has not read is on the topic:
 // Current says so rather than let a caller act on the State without the
@@ -26,7 +19,7 @@ func faultableKafka(t *testing.T) *ledgertest.Kafka {
 // freeze. Without the probe of the topic's ends, nothing told the stalled
 // State from one with nothing to read.
 func TestStateStaleWhileFetchesStall(t *testing.T) {
-	k := faultableKafka(t)
+	k := ledgertest.NewInProcess(t, ledgertest.Options{Partitions: 1})
 	s := runState(t, k)
 	waitReady(t, s)
 	within := func(d time.Duration) context.Context {

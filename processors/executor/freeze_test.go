@@ -219,8 +219,7 @@ func TestStaleKillSwitchSendsNothing(t *testing.T) {
 // call is denied tool_frozen. Before, it was sent on the State it had,
 // without the freeze.
 func TestStalledControlStateHoldsTheCall(t *testing.T) {
-	t.Setenv("LEDGER_TEST_KAFKA_BROKERS", "") // the broker's faults are kfake's
-	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	k := ledgertest.NewInProcess(t, ledgertest.Options{Partitions: 1}) // the broker's faults are kfake's
 	st := control.NewState(nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)

@@ -233,6 +233,26 @@ func (r *rig) undoingReconciler(store executor.ReconcilerStore, comp executor.Co
 	return rc
 }
 
+// sweepingReconciler is a reconciler that asks comp for compensations
+// and sweeps every minute of the clock *now, which the test moves; mod,
+// if set, edits its config.
+func (r *rig) sweepingReconciler(comp executor.Compensator, now *time.Time, mod func(*executor.ReconcilerConfig)) *executor.Reconciler {
+	r.t.Helper()
+	cfg := executor.ReconcilerConfig{
+		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
+		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp,
+		Now: func() time.Time { return *now },
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	rc, err := executor.NewReconciler(cfg)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return rc
+}
+
 // unknownRefundToUndo runs a refund under a policy that says to undo
 // unknown outcomes into outcome_unknown (applied, its answer lost), with
 // its status lookup failing; it returns the approved event and the
@@ -287,17 +307,9 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 			sweep := 0
 			comp.sweep = &sweep
 			now := time.Now()
-			const every = time.Minute
+			const every = time.Minute // sweepingReconciler's
 			newReconciler := func() *executor.Reconciler {
-				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
-					Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
-					Backoff: time.Millisecond, SweepEvery: every, Compensator: &comp, UndoAttempts: 5,
-					Now: func() time.Time { return now },
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return rc
+				return r.sweepingReconciler(&comp, &now, func(c *executor.ReconcilerConfig) { c.UndoAttempts = 5 })
 			}
 			rc := newReconciler()
 			var parks []string
@@ -469,14 +481,7 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
-		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
-		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: svc,
-		Now: func() time.Time { return now },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc := r.sweepingReconciler(svc, &now, nil)
 	var parkSeq int64
 	for _, e := range r.reconcileAll(rc, unknown) {
 		if e.Key() == orig.Key() && e.Type == statemachine.EventParked {
@@ -555,14 +560,7 @@ func TestParkedSweepReachesPastAPageOfHumanParks(t *testing.T) {
 
 	comp := &recordingCompensator{}
 	now := time.Now()
-	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
-		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
-		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp,
-		Now: func() time.Time { return now },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc := r.sweepingReconciler(comp, &now, nil)
 	for sweep := 1; sweep <= 2 && len(comp.asked) == 0; sweep++ {
 		now = now.Add(time.Minute)
 		r.reconcileAll(rc)

@@ -71,18 +71,26 @@ func versionIs(e *Engine, label string) func() error {
 	}
 }
 
-// TestActivationWinsOverWatchedDir: a version activated on the control
-// plane stays in force while the --policy-dir watcher runs beside it, even
-// when the directory changes; once the activation is withdrawn, the
-// directory's latest content is back in force.
-func TestActivationWinsOverWatchedDir(t *testing.T) {
-	dir, root := t.TempDir(), t.TempDir()
+// weatherVersions is a --policy-dir that allows get_weather and a
+// versions root whose v2 forbids it, with the directory's set loaded.
+func weatherVersions(t *testing.T) (dir, root string, base *Set) {
+	t.Helper()
+	dir, root = t.TempDir(), t.TempDir()
 	writeFile(t, dir, "weather.cedar", allowWeather)
 	writeFile(t, mkdir(t, root, "v2"), "weather.cedar", forbidWeather)
 	base, err := LoadDir(dir, "local")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dir, root, base
+}
+
+// TestActivationWinsOverWatchedDir: a version activated on the control
+// plane stays in force while the --policy-dir watcher runs beside it, even
+// when the directory changes; once the activation is withdrawn, the
+// directory's latest content is back in force.
+func TestActivationWinsOverWatchedDir(t *testing.T) {
+	dir, root, base := weatherVersions(t)
 	logs := &ledgertest.LogBuffer{}
 	e := newEngine(t, Config{Set: base, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	a := &activations{}
@@ -204,13 +212,7 @@ func mkdir(t *testing.T, root, name string) string {
 // it returns, so that a process that calls it before deciding its first
 // call never decides with the set the activation replaced.
 func TestActivateAtOnce(t *testing.T) {
-	dir, root := t.TempDir(), t.TempDir()
-	writeFile(t, dir, "weather.cedar", allowWeather)
-	writeFile(t, mkdir(t, root, "v2"), "weather.cedar", forbidWeather)
-	base, err := LoadDir(dir, "local")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, root, base := weatherVersions(t)
 	e := newEngine(t, Config{Set: base})
 	e.Activate(root, "v2", true)
 	if err := versionIs(e, "v2")(); err != nil {
