@@ -90,6 +90,10 @@ person's assertion.`,
 			if err := mountQueries(mux, st, staff, logger); err != nil {
 				return err
 			}
+			upstreams, err := g.httpClient.transport(logger, 0)
+			if err != nil {
+				return err
+			}
 			for _, route := range []struct {
 				upstream string
 				paths    []string
@@ -100,7 +104,7 @@ person's assertion.`,
 				if route.upstream == "" {
 					continue
 				}
-				proxy, err := newProxy(route.upstream, logger)
+				proxy, err := newProxy(route.upstream, upstreams, logger)
 				if err != nil {
 					return err
 				}
@@ -162,13 +166,14 @@ func consoleAuthenticate(staff *identity.Verifier) func(ctx context.Context, ass
 }
 
 // newProxy forwards requests, with their Authorization, to the role at
-// upstream.
-func newProxy(upstream string, logger *slog.Logger) (http.Handler, error) {
+// upstream, through transport.
+func newProxy(upstream string, transport http.RoundTripper, logger *slog.Logger) (http.Handler, error) {
 	u, err := url.Parse(upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("%q is not an http(s) base URL", upstream)
 	}
 	p := &httputil.ReverseProxy{
+		Transport: transport,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
 			pr.SetXForwarded()

@@ -22,6 +22,7 @@ import (
 
 // staffFlags say where the API is and who the approver or operator is.
 type staffFlags struct {
+	g         *globals
 	api       string
 	assertion string
 	dataDir   string
@@ -72,7 +73,11 @@ func (f *staffFlags) call(ctx context.Context, method, path string, body, into a
 	}
 	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	hc, err := f.g.httpClient.client(f.g.logger(), 0)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -110,7 +115,7 @@ type approvalView struct {
 }
 
 func newApprovalsCmd(g *globals) *cobra.Command {
-	var f staffFlags
+	f := staffFlags{g: g}
 	cmd := &cobra.Command{Use: "approvals", Short: "List, inspect, approve and reject calls waiting for a human"}
 	f.register(cmd)
 	printJSON := func(cmd *cobra.Command, v any) error {

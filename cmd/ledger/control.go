@@ -9,7 +9,7 @@ import (
 )
 
 func newControlCmd(g *globals) *cobra.Command {
-	var f staffFlags
+	f := staffFlags{g: g}
 	cmd := &cobra.Command{
 		Use:   "control",
 		Short: "The kill switch: freeze and unfreeze tools, revoke credentials (as an operator, through the HTTP API)",
@@ -72,7 +72,7 @@ func newControlCmd(g *globals) *cobra.Command {
 }
 
 func newCallsCmd(g *globals) *cobra.Command {
-	var f staffFlags
+	f := staffFlags{g: g}
 	cmd := &cobra.Command{Use: "calls", Short: "Operate on calls (as an operator, through the HTTP API)"}
 	f.register(cmd)
 	var as, evidence, tenant string

@@ -61,9 +61,16 @@ func runDemoBackend(ctx context.Context, g *globals, f *demoBackendFlags, out io
 	checks := "no credential checked"
 	switch {
 	case len(f.jwksURLs) > 0:
-		v, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, JWKSURLs: f.jwksURLs, Logger: logger})
+		hc, err := g.httpClient.client(logger, 10*time.Second)
+		if err != nil {
+			return fmt.Errorf("demo-backend: %w", err)
+		}
+		v, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, JWKSURLs: f.jwksURLs, HTTPClient: hc, Logger: logger})
 		if err != nil {
 			return fmt.Errorf("demo-backend: --credential-jwks-url: %w", err)
+		}
+		if cfg.IntrospectTransport, err = g.httpClient.transport(logger, 0); err != nil {
+			return fmt.Errorf("demo-backend: %w", err)
 		}
 		cfg.Credentials, cfg.IntrospectURL = v, f.introspect
 		checks = "credentials checked against " + strings.Join(f.jwksURLs, ", ")

@@ -49,22 +49,31 @@ func (f *httpTLSFlags) tlsConfig(logger *slog.Logger) (*tls.Config, error) {
 	case f.keyFile == "":
 		return nil, errors.New("--http-tls-cert needs --http-tls-key")
 	}
-	kp := &keyPair{certFile: f.certFile, keyFile: f.keyFile, logger: logger}
+	kp := &keyPair{certFile: f.certFile, keyFile: f.keyFile, certFlag: "--http-tls-cert", keyFlag: "--http-tls-key", logger: logger}
 	if err := kp.load(); err != nil {
 		return nil, err
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: kp.get}
-	if f.clientCAFile != "" {
-		pem, err := os.ReadFile(f.clientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("--http-tls-client-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--http-tls-client-ca %s holds no PEM certificate", f.clientCAFile)
-		}
-		cfg.ClientCAs = pool
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	if f.clientCAFile == "" {
+		return cfg, nil
+	}
+	cas := &caFile{file: f.clientCAFile, flag: "--http-tls-client-ca", logger: logger}
+	if err := cas.load(); err != nil {
+		return nil, err
+	}
+	// Each handshake gets the client CAs of the moment, so that a CA
+	// bundle rotated on disk is trusted without a restart. The returned
+	// config is the whole of it (GetConfigForClient is not consulted
+	// again), so it carries the ALPN protocols http.Server would add.
+	cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: kp.get,
+			ClientAuth:     tls.RequireAndVerifyClientCert,
+			ClientCAs:      cas.get(),
+			NextProtos:     []string{"h2", "http/1.1"},
+		}, nil
 	}
 	return cfg, nil
 }
@@ -97,7 +106,7 @@ func (f *httpTLSFlags) listen(srv *http.Server, logger *slog.Logger) (serve func
 		// plain HTTP) go to the role's log, not to the standard logger.
 		srv.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
 	}
-	logger.Info("http server listening", "addr", srv.Addr, "tls", cfg != nil, "client_certificates", cfg != nil && cfg.ClientCAs != nil)
+	logger.Info("http server listening", "addr", srv.Addr, "tls", cfg != nil, "client_certificates", cfg != nil && cfg.ClientAuth == tls.RequireAndVerifyClientCert)
 	if cfg == nil {
 		return func() error { return srv.Serve(ln) }, nil
 	}
@@ -177,6 +186,8 @@ func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr str
 // again.
 type keyPair struct {
 	certFile, keyFile string
+	// certFlag and keyFlag name the files in errors and logs.
+	certFlag, keyFlag string
 	logger            *slog.Logger
 
 	mu   sync.Mutex
@@ -204,10 +215,10 @@ func (k *keyPair) load() error {
 
 func (k *keyPair) stat() (cert, key os.FileInfo, err error) {
 	if cert, err = os.Stat(k.certFile); err != nil {
-		return nil, nil, fmt.Errorf("--http-tls-cert: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", k.certFlag, err)
 	}
 	if key, err = os.Stat(k.keyFile); err != nil {
-		return nil, nil, fmt.Errorf("--http-tls-key: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", k.keyFlag, err)
 	}
 	return cert, key, nil
 }
@@ -215,41 +226,109 @@ func (k *keyPair) stat() (cert, key os.FileInfo, err error) {
 func (k *keyPair) read() (*tls.Certificate, error) {
 	certPEM, err := os.ReadFile(k.certFile)
 	if err != nil {
-		return nil, fmt.Errorf("--http-tls-cert: %w", err)
+		return nil, fmt.Errorf("%s: %w", k.certFlag, err)
 	}
 	keyPEM, err := os.ReadFile(k.keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("--http-tls-key: %w", err)
+		return nil, fmt.Errorf("%s: %w", k.keyFlag, err)
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		// Its errors name what is wrong, never the key's bytes.
-		return nil, fmt.Errorf("--http-tls-cert %s and --http-tls-key %s: %w", k.certFile, k.keyFile, err)
+		return nil, fmt.Errorf("%s %s and %s %s: %w", k.certFlag, k.certFile, k.keyFlag, k.keyFile, err)
 	}
 	return &cert, nil
 }
 
 // get is the servers' tls.Config.GetCertificate.
-func (k *keyPair) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+func (k *keyPair) get(*tls.ClientHelloInfo) (*tls.Certificate, error) { return k.current(), nil }
+
+// getClient is the clients' tls.Config.GetClientCertificate.
+func (k *keyPair) getClient(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return k.current(), nil
+}
+
+// current is the pair of the moment: read again if either file changed.
+func (k *keyPair) current() *tls.Certificate {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	cs, ks, err := k.stat()
 	if err != nil || (sameFile(cs, k.certStat) && sameFile(ks, k.keyStat)) {
 		// A file gone for a moment (a secret's symlinks swapped) is
-		// not a reason to fail handshakes: serve the last good pair.
-		return k.cert, nil
+		// not a reason to fail handshakes: use the last good pair.
+		return k.cert
 	}
 	k.certStat, k.keyStat = cs, ks
 	cert, err := k.read()
 	if err != nil {
-		k.logger.Warn("tls certificate not reloaded, still serving the previous one", "cert_file", k.certFile, "key_file", k.keyFile, "err", err)
-		return k.cert, nil
+		k.logger.Warn("tls certificate not reloaded, still using the previous one", "cert_file", k.certFile, "key_file", k.keyFile, "err", err)
+		return k.cert
 	}
 	k.cert = cert
 	if cert.Leaf != nil {
 		k.logger.Info("tls certificate reloaded", "cert_file", k.certFile, "not_after", cert.Leaf.NotAfter)
 	}
-	return k.cert, nil
+	return k.cert
+}
+
+// caFile is a PEM bundle of CA certificates, read again on the first
+// handshake after the file changed (a CA rotated by cert-manager or an
+// operator). A bundle that does not load leaves the last good one in use.
+type caFile struct {
+	file, flag string
+	logger     *slog.Logger
+
+	mu   sync.Mutex
+	pool *x509.CertPool
+	stat os.FileInfo
+}
+
+// load reads the bundle, and fails if it is unreadable or holds no
+// certificate.
+func (c *caFile) load() error {
+	st, err := os.Stat(c.file)
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.flag, err)
+	}
+	pool, err := c.read()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pool, c.stat = pool, st
+	return nil
+}
+
+func (c *caFile) read() (*x509.CertPool, error) {
+	pem, err := os.ReadFile(c.file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.flag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s holds no PEM certificate", c.flag, c.file)
+	}
+	return pool, nil
+}
+
+// get returns the CAs of the moment.
+func (c *caFile) get() *x509.CertPool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, err := os.Stat(c.file)
+	if err != nil || sameFile(st, c.stat) {
+		return c.pool
+	}
+	c.stat = st
+	pool, err := c.read()
+	if err != nil {
+		c.logger.Warn("tls CA bundle not reloaded, still using the previous one", "file", c.file, "err", err)
+		return c.pool
+	}
+	c.pool = pool
+	c.logger.Info("tls CA bundle reloaded", "file", c.file)
+	return c.pool
 }
 
 // sameFile reports whether a and b are the same file, unmodified.

@@ -243,7 +243,7 @@ func TestHTTPTLSConfigErrors(t *testing.T) {
 		{"cert not PEM", httpTLSFlags{certFile: garbage, keyFile: pair.KeyFile}, "--http-tls-cert " + garbage},
 		{"key of another certificate", httpTLSFlags{certFile: pair.CertFile, keyFile: other.KeyFile}, "private key does not match"},
 		{"cert given as key", httpTLSFlags{certFile: pair.CertFile, keyFile: pair.CertFile}, "--http-tls-key " + pair.CertFile},
-		{"missing client CA", httpTLSFlags{certFile: pair.CertFile, keyFile: pair.KeyFile, clientCAFile: missing}, "--http-tls-client-ca: open " + missing},
+		{"missing client CA", httpTLSFlags{certFile: pair.CertFile, keyFile: pair.KeyFile, clientCAFile: missing}, "--http-tls-client-ca: stat " + missing},
 		{"client CA not PEM", httpTLSFlags{certFile: pair.CertFile, keyFile: pair.KeyFile, clientCAFile: garbage}, "--http-tls-client-ca " + garbage + " holds no PEM certificate"},
 	}
 	for _, tc := range tests {

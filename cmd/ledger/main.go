@@ -31,6 +31,8 @@ type globals struct {
 	gcPercent int
 	kafka     kafkaFlags
 	httpTLS   httpTLSFlags
+	// httpClient is what the ledger's HTTP clients present and trust.
+	httpClient httpClientFlags
 }
 
 // defaultGCPercent is the ledger's garbage collector target. Its processes
@@ -71,6 +73,7 @@ func newRoot() *cobra.Command {
 	pf.IntVar(&g.gcPercent, "gc-percent", defaultGCPercent, "garbage collector target, as GOGC (which wins if set): higher spends memory to save CPU, -1 turns the collector off")
 	g.kafka.register(pf)
 	g.httpTLS.register(pf)
+	g.httpClient.register(pf)
 	root.AddCommand(
 		newDevCmd(g),
 		newIntakeCmd(g),

@@ -662,7 +662,11 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					// and this process's own (its status lookups').
 					var inspector control.Inspector
 					if len(credsJWKS) > 0 {
-						v, err := credentials.NewVerifier(credentials.VerifierConfig{Keys: broker.Keys, JWKSURLs: credsJWKS, Logger: logger})
+						hc, err := g.httpClient.client(logger, 10*time.Second)
+						if err != nil {
+							return nil, err
+						}
+						v, err := credentials.NewVerifier(credentials.VerifierConfig{Keys: broker.Keys, JWKSURLs: credsJWKS, HTTPClient: hc, Logger: logger})
 						if err != nil {
 							return nil, err
 						}

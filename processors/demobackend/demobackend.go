@@ -103,6 +103,12 @@ type Config struct {
 	// introspection per tool request: a pool of two, http.DefaultTransport's,
 	// would dial and close a connection for most of them).
 	HTTPClient *http.Client
+	// IntrospectTransport, when set and HTTPClient is not, is the
+	// transport of the backend's own introspection client instead of a
+	// clone of http.DefaultTransport: TLS settings of the operator's
+	// (client certificates, private CAs). The backend sizes its pool and
+	// closes its idle connections.
+	IntrospectTransport *http.Transport
 }
 
 // DefaultAudience is the demo backend's audience, as in the registry's
@@ -192,7 +198,10 @@ func New(cfg Config) *Server {
 	if s.client == nil && s.introspect != "" {
 		// http.DefaultTransport's settings (proxy from the environment,
 		// HTTP/2, handshake timeouts), with a pool to match.
-		s.own = http.DefaultTransport.(*http.Transport).Clone()
+		s.own = cfg.IntrospectTransport
+		if s.own == nil {
+			s.own = http.DefaultTransport.(*http.Transport).Clone()
+		}
 		s.own.MaxIdleConns, s.own.MaxIdleConnsPerHost = introspectConns, introspectConns
 		s.client = &http.Client{Timeout: 2 * time.Second, Transport: s.own}
 	}
