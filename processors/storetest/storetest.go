@@ -108,6 +108,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"ByStatus/OrderAndLimit", testByStatusOrderAndLimit},
 		{"ByStatus/Follows", testByStatusFollows},
 		{"TenantByStatus", testTenantByStatus},
+		{"TenantByStatus/Interleaved", testTenantByStatusInterleaved},
 		{"ByStatusAfter", testByStatusAfter},
 		{"Get/NotFound", testGetNotFound},
 		{"TenantIsolation", testTenantIsolation},
@@ -1918,6 +1919,64 @@ func testTenantByStatus(t *testing.T, s processors.Store) {
 		}
 		if got, err := s.TenantByStatus(t.Context(), "t_acme", st, 0); err != nil || len(got) != 0 {
 			t.Errorf("TenantByStatus(t_acme, %s, 0) = %v, %v; want none", st, keysOf(got), err)
+		}
+	}
+}
+
+// testTenantByStatusInterleaved: with several tenants' records
+// interleaved in time (some in one batch, so of one update time), each
+// tenant's listing is ByStatus's order with the others' left out, at
+// every limit; a record that leaves the status leaves its tenant's
+// listing, and one that comes back is listed as updated last. t_a is a
+// prefix of t_ab and of t_acme, so a store that keys by tenant must keep
+// them apart. For a status listed through an index (pending) and one
+// scanned (authorized).
+func testTenantByStatusInterleaved(t *testing.T, s processors.Store) {
+	of := func(tenant, idem string) ledger.CallKey {
+		return ledger.CallKey{TenantID: tenant, IdempotencyKey: idem}
+	}
+	tenants := []string{"t_a", "t_ab", "t_acme"}
+	for _, tc := range []struct{ st, via processors.Status }{
+		{processors.StatusPending, processors.StatusAuthorized},
+		{processors.StatusAuthorized, processors.StatusPending},
+	} {
+		st := tc.st
+		p := "tbsi:" + string(st) + ":"
+		mustAdmit(t, s, admission(of("t_ab", p+"x"), hashA, st), admission(of("t_acme", p+"m"), hashA, st), admission(of("t_a", p+"y"), hashA, st))
+		mustAdmit(t, s, admission(of("t_acme", p+"c"), hashA, st), admission(of("t_ab", p+"q"), hashA, st), admission(of("t_acme", p+"b"), hashA, st))
+		mustAdmit(t, s, admission(of("t_a", p+"z"), hashA, st), admission(of("t_acme", p+"gone"), hashA, st))
+		mustAdmit(t, s, admission(of("t_acme", p+"a"), hashA, st), admission(of("t_ab", p+"w"), hashA, processors.StatusDenied))
+		// m leaves the status and comes back: listed as updated last;
+		// gone leaves it.
+		mustMove(t, s, move(of("t_acme", p+"m"), st, tc.via), move(of("t_acme", p+"gone"), st, processors.StatusDenied))
+		mustMove(t, s, processors.Move{Key: of("t_acme", p+"m"), From: tc.via, FromSeq: 3, To: st, Seq: 4})
+
+		all := mustByStatus(t, s, st, 100)
+		want := map[string][]ledger.CallKey{
+			"t_a":    {of("t_a", p+"y"), of("t_a", p+"z")},
+			"t_ab":   {of("t_ab", p+"x"), of("t_ab", p+"q")},
+			"t_acme": {of("t_acme", p+"b"), of("t_acme", p+"c"), of("t_acme", p+"a"), of("t_acme", p+"m")},
+		}
+		for _, tenant := range tenants {
+			var fromAll []ledger.CallKey
+			for _, r := range all {
+				if r.Key.TenantID == tenant {
+					fromAll = append(fromAll, r.Key)
+				}
+			}
+			if !slices.Equal(fromAll, want[tenant]) {
+				t.Errorf("ByStatus(%s) keys of %s = %v; want %v", st, tenant, fromAll, want[tenant])
+			}
+			for limit := 1; limit <= len(want[tenant])+1; limit++ {
+				got, err := s.TenantByStatus(t.Context(), tenant, st, limit)
+				if err != nil {
+					t.Fatalf("TenantByStatus(%s, %s, %d) = %v", tenant, st, limit, err)
+				}
+				w := want[tenant][:min(limit, len(want[tenant]))]
+				if !slices.Equal(keysOf(got), w) {
+					t.Errorf("TenantByStatus(%s, %s, %d) keys = %v; want %v", tenant, st, limit, keysOf(got), w)
+				}
+			}
 		}
 	}
 }
