@@ -201,7 +201,7 @@ WHERE table_schema = $1 AND table_name = ANY($2::TEXT[])`, st.Schema, tables)
 	if err != nil {
 		return st, fmt.Errorf("pgstore: check schema: read indexes: %w", err)
 	}
-	want := []string{leaseIndexName, statusIndexName, unloggedIndexName}
+	want := []string{leaseIndexName, statusIndexName, tenantStatusIndexName, unloggedIndexName}
 	if have[journalTableName] != nil {
 		want = append(want, journalIndexName)
 	}

@@ -63,6 +63,7 @@ func TestCheckerSchema(t *testing.T) {
 	statuses := quoteStatuses(withoutStatus(processors.Statuses, processors.StatusParked)) + ", 'from_the_future'"
 	for _, stmt := range []string{
 		"DROP INDEX " + pgx.Identifier{schema, statusIndexName}.Sanitize(),
+		"DROP INDEX " + pgx.Identifier{schema, tenantStatusIndexName}.Sanitize(),
 		"DROP INDEX " + pgx.Identifier{schema, journalIndexName}.Sanitize(),
 		"ALTER TABLE " + s.table + " DROP COLUMN outbox",
 		"ALTER TABLE " + s.table + " DROP CONSTRAINT " + statusCheckName,
@@ -80,7 +81,7 @@ func TestCheckerSchema(t *testing.T) {
 		Schema:          schema,
 		MissingTables:   []string{rateTableName},
 		MissingColumns:  []string{tableName + ".outbox"},
-		MissingIndexes:  []string{statusIndexName, journalIndexName},
+		MissingIndexes:  []string{statusIndexName, tenantStatusIndexName, journalIndexName},
 		MissingStatuses: []processors.Status{processors.StatusParked},
 		NewerStatuses:   []string{"from_the_future"},
 	}

@@ -72,9 +72,12 @@ const (
 	leaseIndexName    = "execution_records_executing_lease_until"
 	unloggedIndexName = "execution_records_unlogged_updated_at"
 	statusIndexName   = "execution_records_listed_updated_at"
-	statusCheckName   = "execution_records_status"
-	journalTableName  = "execution_journal"
-	journalIndexName  = "execution_journal_created_at"
+	// tenantStatusIndexName serves TenantByStatus: statusIndexName's
+	// entries, the tenant first.
+	tenantStatusIndexName = "execution_records_tenant_listed_updated_at"
+	statusCheckName       = "execution_records_status"
+	journalTableName      = "execution_journal"
+	journalIndexName      = "execution_journal_created_at"
 )
 
 // journalCols are the journal table's columns (schema.sql).
@@ -86,10 +89,11 @@ var journalCols = []string{"id", "created_at", "tenant_ids", "idempotency_keys",
 // an entry for every update of every call. Migrate drops them.
 var obsoleteIndexes = []string{"execution_records_status_lease_until", "execution_records_status_updated_at"}
 
-// listedStatuses are the statuses ByStatus serves through statusIndexName:
-// those the approval queue, its expiry and the reconciler list, which few
-// calls reach. Changing the list changes the index's predicate, which
-// needs a new index name (CREATE INDEX IF NOT EXISTS keeps the old one).
+// listedStatuses are the statuses ByStatus serves through statusIndexName
+// (and TenantByStatus through tenantStatusIndexName): those the approval
+// queue, its expiry and the reconciler list, which few calls reach.
+// Changing the list changes the indexes' predicate, which needs new index
+// names (CREATE INDEX IF NOT EXISTS keeps the old ones).
 var listedStatuses = []processors.Status{
 	processors.StatusPending, processors.StatusOutcomeUnknown, processors.StatusParked,
 	processors.StatusRejected, processors.StatusExpired, processors.StatusCompensated,
@@ -288,6 +292,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		"{lease_index}", pgx.Identifier{leaseIndexName}.Sanitize(),
 		"{unlogged_index}", pgx.Identifier{unloggedIndexName}.Sanitize(),
 		"{status_index}", pgx.Identifier{statusIndexName}.Sanitize(),
+		"{tenant_status_index}", pgx.Identifier{tenantStatusIndexName}.Sanitize(),
 		"{statuses}", quoteStatuses(processors.Statuses),
 		"{listed_statuses}", quoteStatuses(listedStatuses),
 		"{rate_limits}", s.rateTable(),
@@ -664,8 +669,8 @@ ORDER BY tenant_id, idempotency_key`
 WHERE status = %s%s
 ORDER BY updated_at, tenant_id, idempotency_key
 LIMIT %s`
-	// One tenant's: the status index (or the scan) in its order, the
-	// other tenants' records filtered out on the way.
+	// One tenant's: for a listed status, the tenant's range of the
+	// tenant status index, in its order; otherwise the scan.
 	ofTenant := func(param string) string { return "\n  AND tenant_id = " + param }
 	// After a cursor, as unloggedAfter below (the first of the three
 	// parameters is the cursor's time).
@@ -879,7 +884,8 @@ LIMIT $1`),
 		byListedStatusAfter:  make(map[processors.Status]string, len(listedStatuses)),
 	}
 	for _, st := range listedStatuses {
-		// Served by the status index, in its order.
+		// Served by the status index (the tenant's: the tenant status
+		// index), in its order.
 		q.byListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), "", "$1"))
 		q.tenantByListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), ofTenant("$1"), "$2"))
 		q.byListedStatusAfter[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), pastCursor(2), "$1"))

@@ -124,11 +124,13 @@ VALUES ($1, $2, 'c2', 'h2', 'x', 1, 'authorized', now(), now())`, k.TenantID, k.
 	if !strings.Contains(def, "(updated_at) WHERE (logged_seq < seq)") {
 		t.Errorf("index %s = %q; want a partial index on (updated_at) WHERE logged_seq < seq", unloggedIndexName, def)
 	}
-	// Expired's and ByStatus's indexes: partial, so that the statuses
-	// every call passes through write no entry in them.
+	// Expired's, ByStatus's and TenantByStatus's indexes: partial, so
+	// that the statuses every call passes through write no entry in them.
+	const listed = " WHERE (status = ANY (ARRAY['pending'::text, 'outcome_unknown'::text, 'parked'::text, 'rejected'::text, 'expired'::text, 'compensated'::text]))"
 	for ix, want := range map[string]string{
-		leaseIndexName:  "(lease_until) WHERE (status = 'executing'::text)",
-		statusIndexName: "(status, updated_at) WHERE (status = ANY (ARRAY['pending'::text, 'outcome_unknown'::text, 'parked'::text, 'rejected'::text, 'expired'::text, 'compensated'::text]))",
+		leaseIndexName:        "(lease_until) WHERE (status = 'executing'::text)",
+		statusIndexName:       "(status, updated_at)" + listed,
+		tenantStatusIndexName: "(tenant_id, status, updated_at, idempotency_key)" + listed,
 	} {
 		if err := s.pool.QueryRow(ctx, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", schema, ix).Scan(&def); err != nil {
 			t.Fatalf("read index %s: %v", ix, err)
@@ -187,6 +189,47 @@ func TestMigrateDropsObsoleteIndexes(t *testing.T) {
 				t.Errorf("ByStatus(pending) after Migrate = %v, %v; want the one record", got, err)
 			}
 		})
+	}
+}
+
+// TestMigrateAddsTenantStatusIndex: a table as the build before the
+// tenant status index left it (every index but that one), holding pending
+// calls, gets the index at the next Open, and TenantByStatus answers the
+// same before and after.
+func TestMigrateAddsTenantStatusIndex(t *testing.T) {
+	dsn := testDSN(t)
+	cfg := Config{DSN: dsn, Schema: newSchema(t, dsn)}
+	s := open(t, cfg)
+	ctx := t.Context()
+	drop := "DROP INDEX " + pgx.Identifier{cfg.Schema, tenantStatusIndexName}.Sanitize()
+	if _, err := s.pool.Exec(ctx, drop); err != nil {
+		t.Fatalf("%s: %v", drop, err)
+	}
+	var as []processors.Admission
+	for i, tenant := range []string{"t_acme", "t_other", "t_acme"} {
+		as = append(as, processors.Admission{Key: ledger.CallKey{TenantID: tenant, IdempotencyKey: fmt.Sprint("k", i)}, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusPending})
+	}
+	if _, err := s.Admit(ctx, as); err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.TenantByStatus(ctx, "t_acme", processors.StatusPending, 10)
+	if err != nil || len(before) != 2 {
+		t.Fatalf("TenantByStatus(t_acme) without the index = %d records, %v; want 2", len(before), err)
+	}
+	c := newChecker(t, cfg)
+	if st, err := c.Schema(ctx); err != nil || !slices.Equal(st.MissingIndexes, []string{tenantStatusIndexName}) || st.Current() {
+		t.Fatalf("Schema() without the index = %+v, %v; want it missing", st, err)
+	}
+	s.Close()
+
+	s = open(t, cfg) // runs Migrate
+	defer s.Close()
+	if st, err := c.Schema(ctx); err != nil || !st.Current() {
+		t.Errorf("Schema() after Open = %+v, %v; want current", st, err)
+	}
+	after, err := s.TenantByStatus(ctx, "t_acme", processors.StatusPending, 10)
+	if err != nil || !slices.EqualFunc(after, before, func(a, b processors.Record) bool { return a.Key == b.Key }) {
+		t.Errorf("TenantByStatus(t_acme) after Open = %v, %v; want the records listed before", after, err)
 	}
 }
 

@@ -110,11 +110,11 @@ FROM generate_series(1, 4000) AS g`)
 	}
 }
 
-// TestSweepPlans: Expired, ByStatus of a listed status and Unlogged (from
-// the oldest, or after a cursor) are answered through their partial
-// indexes, on a table where nearly every call has ended and is logged
-// (the indexes hold none of those), so that none reads the calls that
-// ended.
+// TestSweepPlans: Expired, ByStatus of a listed status, TenantByStatus
+// and Unlogged (from the oldest, or after a cursor) are answered through
+// their partial indexes, on a table where nearly every call has ended and
+// is logged (the indexes hold none of those), so that none reads the calls
+// that ended; and TenantByStatus reads no other tenant's entries.
 func TestSweepPlans(t *testing.T) {
 	dsn := testDSN(t)
 	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn)})
@@ -141,7 +141,6 @@ FROM generate_series(1, 30000) AS g`)
 		{"expired", s.q.expired, leaseIndexName, []any{100}},
 		{"by status pending", s.q.byListedStatus[processors.StatusPending], statusIndexName, []any{100}},
 		{"by status outcome_unknown", s.q.byListedStatus[processors.StatusOutcomeUnknown], statusIndexName, []any{100}},
-		{"tenant by status pending", s.q.tenantByListedStatus[processors.StatusPending], statusIndexName, []any{"t_plan", 100}},
 		{"by status pending after", s.q.byListedStatusAfter[processors.StatusPending], statusIndexName, append([]any{100}, cursor...)},
 		{"unlogged", s.q.unlogged, unloggedIndexName, []any{0, 100}},
 		{"unlogged after", s.q.unloggedAfter, unloggedIndexName, append([]any{0, 100}, cursor...)},
@@ -167,6 +166,35 @@ FROM generate_series(1, 30000) AS g`)
 	}
 	if got, err := s.Unlogged(ctx, 0, processors.Cursor{}, 100); err != nil || len(got) != 30 {
 		t.Errorf("Unlogged() = %d records, %v; want 30", len(got), err)
+	}
+
+	// A tenant's listing reads its own entries only, however many
+	// another tenant has: t_busy's 20,000 pending calls, all older than
+	// t_plan's, are not read (and filtered out) on the way to t_plan's
+	// 30. Nor does the busy tenant's own listing read the index in its
+	// ByStatus order: the tenant's range is in the listing's order.
+	_, err = s.pool.Exec(ctx, `INSERT INTO `+s.table+`
+    (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, epoch, seq, logged_seq, created_at, updated_at)
+SELECT 't_busy', 'k' || g, 'c' || g, 'h', 'create_ticket', 1, 'pending', 1, 2, 2,
+       now(), now() - INTERVAL '1 hour' - g * INTERVAL '1 millisecond'
+FROM generate_series(1, 20000) AS g`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, "ANALYZE "+s.table); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []processors.Status{processors.StatusPending, processors.StatusOutcomeUnknown} {
+		for _, tenant := range []string{"t_plan", "t_busy"} {
+			name := fmt.Sprintf("tenant %s by status %s", tenant, st)
+			plan, indexes := explain(t, s, name, s.q.tenantByListedStatus[st], tenant, 100)
+			if !slices.Equal(indexes, []string{tenantStatusIndexName}) || bytes.Contains(plan, []byte(`Sort"`)) {
+				t.Errorf("%s is planned through %v; want %s only, without a sort:\n%s", name, indexes, tenantStatusIndexName, plan)
+			}
+		}
+	}
+	if got, err := s.TenantByStatus(ctx, "t_plan", processors.StatusPending, 100); err != nil || len(got) != 30 {
+		t.Errorf("TenantByStatus(t_plan, pending) = %d records, %v; want 30", len(got), err)
 	}
 }
 
