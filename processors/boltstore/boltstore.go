@@ -25,6 +25,15 @@
 //	         record key
 //	         value: empty; one entry per record, so ByStatus reads one
 //	         status, oldest update first, without scanning every record
+//	tenant_status key: uvarint(len(tenant_id)) tenant_id, then the
+//	         record's status entry without the tenant part of its record
+//	         key (uvarint(len(status)) status updated_at idempotency_key)
+//	         value: empty; one entry per record, so TenantByStatus reads
+//	         one tenant's records in one status, in ByStatus's order,
+//	         without reading the other tenants' (the record key is the
+//	         entry's tenant part followed by its idempotency key; no
+//	         longer than the status entry, so the record key's size limit
+//	         holds for both)
 //	journal  key: a journal entry's name (processors.Completion.Journal)
 //	         value: the entry as JSON (diskJournal): when it was written
 //	         and its calls; created by Open if missing, like rates
@@ -36,14 +45,15 @@
 //	         "indexed_txid": the bbolt transaction id of the last write
 //	         by this build's code (8 bytes, big-endian)
 //
-// leases, unlogged2 and status are indexes derived from the records, kept
-// in step by every write. Open rebuilds all three from the records when
-// one is missing or when the file's last write was not this code's (the
-// transaction id after indexed_txid is not the one Open runs in): another
-// build, older or newer, may have written records without maintaining
-// them, as builds before the unlogged2 and status indexes do. A file
-// written before they existed therefore needs no format change, and going
-// back and forth between builds costs a rebuild, not a stale index. Open
+// leases, unlogged2, status and tenant_status are indexes derived from
+// the records, kept in step by every write. Open rebuilds all of them from
+// the records when one is missing or when the file's last write was not
+// this code's (the transaction id after indexed_txid is not the one Open
+// runs in): another build, older or newer, may have written records
+// without maintaining them, as builds before the unlogged2, status and
+// tenant_status indexes do. A file written before they existed therefore
+// needs no format change, and going back and forth between builds costs a
+// rebuild, not a stale index. Open
 // also deletes the "unlogged" bucket of earlier builds (it held done
 // records only); a build that uses it rebuilds it when it finds it
 // missing.
@@ -85,18 +95,20 @@ var (
 	bucketLeases   = []byte("leases")
 	bucketUnlogged = []byte("unlogged2")
 	bucketStatus   = []byte("status")
-	bucketMeta     = []byte("meta")
-	bucketRates    = []byte("rates")
-	bucketJournal  = []byte("journal")
-	metaFormat     = []byte("format")
-	metaTxID       = []byte("indexed_txid")
+	// bucketTenantStatus is the status index keyed tenant first.
+	bucketTenantStatus = []byte("tenant_status")
+	bucketMeta         = []byte("meta")
+	bucketRates        = []byte("rates")
+	bucketJournal      = []byte("journal")
+	metaFormat         = []byte("format")
+	metaTxID           = []byte("indexed_txid")
 	// bucketOldUnlogged is the unlogged index of earlier builds, done
 	// records only; Open deletes it.
 	bucketOldUnlogged = []byte("unlogged")
 )
 
 // indexBuckets are the indexes derived from the records.
-var indexBuckets = [][]byte{bucketLeases, bucketUnlogged, bucketStatus}
+var indexBuckets = [][]byte{bucketLeases, bucketUnlogged, bucketStatus, bucketTenantStatus}
 
 // format is the layout version written into the meta bucket.
 const format = "1"
@@ -146,6 +158,9 @@ type Store struct {
 	db  *bolt.DB
 	now func() time.Time
 	log *slog.Logger
+	// entryRead, when set (tests only), is called with every status
+	// index entry a listing reads.
+	entryRead func(k []byte)
 }
 
 var _ processors.Store = (*Store)(nil)
@@ -230,7 +245,7 @@ func rebuildIndexes(tx *bolt.Tx) (int, error) {
 			return 0, err
 		}
 	}
-	x.leases, x.unlogged, x.status = tx.Bucket(bucketLeases), tx.Bucket(bucketUnlogged), tx.Bucket(bucketStatus)
+	x.leases, x.unlogged, x.status, x.tenantStatus = tx.Bucket(bucketLeases), tx.Bucket(bucketUnlogged), tx.Bucket(bucketStatus), tx.Bucket(bucketTenantStatus)
 	n := 0
 	err := x.records.ForEach(func(rk, v []byte) error {
 		var d diskRecord
@@ -309,12 +324,19 @@ func (d diskRecord) record() processors.Record {
 	}
 }
 
-// recordKey is uvarint(len(tenant)) tenant idempotency_key: unambiguous
+// recordKey is tenantPrefix(tenant) idempotency_key: unambiguous
 // whatever bytes either part holds.
 func recordKey(k ledger.CallKey) []byte {
-	b := binary.AppendUvarint(make([]byte, 0, 2+len(k.TenantID)+len(k.IdempotencyKey)), uint64(len(k.TenantID)))
-	b = append(b, k.TenantID...)
-	return append(b, k.IdempotencyKey...)
+	return append(tenantPrefix(k.TenantID, len(k.IdempotencyKey)), k.IdempotencyKey...)
+}
+
+// tenantPrefix is uvarint(len(tenant)) tenant: where tenant's records
+// start in the records bucket and its entries in the tenant status index.
+// The length prefix keeps one tenant's apart from those of a tenant it is
+// a prefix of. spare is room to leave for what follows.
+func tenantPrefix(tenant string, spare int) []byte {
+	b := binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64+len(tenant)+spare), uint64(len(tenant)))
+	return append(b, tenant...)
 }
 
 // timeKey orders by t (a lease end, an update time), then record key.
@@ -359,7 +381,7 @@ func inUnlogged(r *processors.Record) bool {
 }
 
 // indexKeys are a record's entries in the derived indexes, nil for none.
-type indexKeys struct{ lease, unlogged, status []byte }
+type indexKeys struct{ lease, unlogged, status, tenantStatus []byte }
 
 // keysOf returns r's index entries; nil r has none.
 func keysOf(r *processors.Record, rk []byte) indexKeys {
@@ -374,13 +396,15 @@ func keysOf(r *processors.Record, rk []byte) indexKeys {
 		k.unlogged = timeKey(r.UpdatedAt, rk)
 	}
 	k.status = statusKey(r.Status, r.UpdatedAt, rk)
+	// rk less its tenant part, which the tenant prefix holds.
+	k.tenantStatus = append(tenantPrefix(r.Key.TenantID, 0), statusKey(r.Status, r.UpdatedAt, []byte(r.Key.IdempotencyKey))...)
 	return k
 }
 
 // txn is one batch's view of the buckets.
 type txn struct {
-	records, leases, unlogged, status, journal, rates *bolt.Bucket
-	now                                               time.Time
+	records, leases, unlogged, status, tenantStatus, journal, rates *bolt.Bucket
+	now                                                             time.Time
 }
 
 func (x *txn) get(k ledger.CallKey) (processors.Record, bool, error) {
@@ -408,6 +432,7 @@ func (x *txn) index(prev, r *processors.Record, rk []byte) error {
 		{x.leases, from.lease, to.lease},
 		{x.unlogged, from.unlogged, to.unlogged},
 		{x.status, from.status, to.status},
+		{x.tenantStatus, from.tenantStatus, to.tenantStatus},
 	} {
 		if bytes.Equal(ix.from, ix.to) {
 			continue
@@ -448,7 +473,7 @@ func (s *Store) update(ctx context.Context, op string, fn func(x *txn) error) er
 	err := s.write(func(tx *bolt.Tx) error {
 		return fn(&txn{
 			records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases),
-			unlogged: tx.Bucket(bucketUnlogged), status: tx.Bucket(bucketStatus),
+			unlogged: tx.Bucket(bucketUnlogged), status: tx.Bucket(bucketStatus), tenantStatus: tx.Bucket(bucketTenantStatus),
 			journal: tx.Bucket(bucketJournal), rates: tx.Bucket(bucketRates), now: s.now().UTC(),
 		})
 	})
@@ -1091,14 +1116,16 @@ func (s *Store) ByStatusAfter(ctx context.Context, status processors.Status, aft
 	return s.byStatus(ctx, "", status, after, limit)
 }
 
-// TenantByStatus implements processors.Store: the status index, in its
-// order, the other tenants' records skipped.
+// TenantByStatus implements processors.Store: the tenant's range of the
+// tenant status index, whose order within a tenant is the status index's,
+// so that no other tenant's entry is read.
 func (s *Store) TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
 	return s.byStatus(ctx, tenant, status, processors.Cursor{}, limit)
 }
 
 // byStatus lists the records in status, of tenant ("": of every tenant),
-// after the cursor after (the zero Cursor: from the oldest).
+// after the cursor after (the zero Cursor: from the oldest; given only
+// without a tenant).
 func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore by status: %w", err)
@@ -1106,11 +1133,18 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	if limit <= 0 {
 		return []processors.Record{}, nil
 	}
-	prefix := statusPrefix(status)
+	// The entries of status (of tenant's, in the tenant status index) are
+	// those under prefix; each ends with the record key, less its tenant
+	// part, tp, when the prefix holds it.
+	bucket, prefix, tp := bucketStatus, statusPrefix(status), []byte(nil)
+	if tenant != "" {
+		tp = tenantPrefix(tenant, 0)
+		bucket, prefix = bucketTenantStatus, append(slices.Clip(tp), prefix...)
+	}
 	out := []processors.Record{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
-		c := tx.Bucket(bucketStatus).Cursor()
+		c := tx.Bucket(bucket).Cursor()
 		k, _ := c.Seek(prefix)
 		if !after.IsZero() {
 			// Past the cursor's own entry, if its record is still there.
@@ -1120,25 +1154,26 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 			}
 		}
 		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+			if s.entryRead != nil {
+				s.entryRead(k)
+			}
 			tk := k[len(prefix):]
 			if len(tk) < 8 {
-				return fmt.Errorf("status index entry %x is malformed", k)
+				return fmt.Errorf("%s index entry %x is malformed", bucket, k)
 			}
-			v := records.Get(tk[8:])
+			rk := append(slices.Clip(tp), tk[8:]...)
+			v := records.Get(rk)
 			if v == nil {
-				return fmt.Errorf("status index entry %x has no record", k)
+				return fmt.Errorf("%s index entry %x has no record", bucket, k)
 			}
 			var d diskRecord
 			if err := json.Unmarshal(v, &d); err != nil {
-				return fmt.Errorf("decode record %x: %v", tk[8:], err)
+				return fmt.Errorf("decode record %x: %v", rk, err)
 			}
 			r := d.record()
 			// As in Unlogged: only a bug leaves a stale entry.
 			if r.Status != status || !r.UpdatedAt.Equal(keyTime(tk)) {
-				return fmt.Errorf("status index entry %x is stale (record %v: status %q, updated %v); delete the %s bucket and reopen to rebuild the indexes", k, r.Key, r.Status, r.UpdatedAt, bucketStatus)
-			}
-			if tenant != "" && r.Key.TenantID != tenant {
-				continue
+				return fmt.Errorf("%s index entry %x is stale (record %v: status %q, updated %v); delete the %s bucket and reopen to rebuild the indexes", bucket, k, r.Key, r.Status, r.UpdatedAt, bucket)
 			}
 			out = append(out, r)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -312,6 +313,8 @@ func checkIndexes(t *testing.T, s *Store) {
 			}
 			sk := append(binary.AppendUvarint(nil, uint64(len(r.Status))), r.Status...)
 			want[string(bucketStatus)] = append(want[string(bucketStatus)], string(sk)+string(timeKey(r.UpdatedAt, rk)))
+			tk := append(binary.AppendUvarint(nil, uint64(len(r.Key.TenantID))), r.Key.TenantID...)
+			want[string(bucketTenantStatus)] = append(want[string(bucketTenantStatus)], string(tk)+string(sk)+string(timeKey(r.UpdatedAt, []byte(r.Key.IdempotencyKey))))
 			return nil
 		})
 	}); err != nil {
@@ -325,7 +328,7 @@ func checkIndexes(t *testing.T, s *Store) {
 	}
 }
 
-// TestIndexesInStep: every write path keeps the three indexes exactly in
+// TestIndexesInStep: every write path keeps the four indexes exactly in
 // step with the records, and their sizes say which records they hold.
 func TestIndexesInStep(t *testing.T) {
 	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -479,6 +482,14 @@ func TestIndexRebuild(t *testing.T) {
 			return tx.Bucket(bucketMeta).Delete(metaTxID)
 		}, true},
 		{"index missing", func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketStatus) }, true},
+		// A file the build before the tenant status index wrote last, as
+		// it stamped it: every other index in step.
+		{"tenant status index missing", func(tx *bolt.Tx) error {
+			if err := tx.DeleteBucket(bucketTenantStatus); err != nil {
+				return err
+			}
+			return stampTxID(tx)
+		}, true},
 		{"written by other code", func(tx *bolt.Tx) error {
 			// A build that does not know the indexes moves k3 from
 			// pending to authorized, and writes k1 unlogged.
@@ -555,6 +566,9 @@ func TestIndexRebuild(t *testing.T) {
 				if !slices.Equal(got, want) {
 					t.Errorf("ByStatus(%q) after reopen = %v; want %v", st, got, want)
 				}
+				if rs, err = s.TenantByStatus(ctx, "t_acme", st, 10); err != nil || !slices.Equal(callKeys(rs), want) {
+					t.Errorf("TenantByStatus(t_acme, %q) after reopen = %v, %v; want %v", st, callKeys(rs), err, want)
+				}
 			}
 			if _, err := s.Unlogged(ctx, time.Minute, processors.Cursor{}, 10); err != nil {
 				t.Errorf("Unlogged after reopen = %v; want nil", err)
@@ -587,6 +601,74 @@ func TestIndexRebuild(t *testing.T) {
 			checkIndexes(t, s)
 		})
 	}
+}
+
+// TestTenantListingReadsOwnEntries: a tenant's listing reads its own
+// index entries and no other tenant's, however many of them come before
+// or between its own in time: one tenant with a thousand pending calls
+// costs another's approval queue nothing. It read all of them, and
+// filtered them out, before the tenant status index.
+func TestTenantListingReadsOwnEntries(t *testing.T) {
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := openAt(t, filepath.Join(t.TempDir(), "x.db"), clock.Now)
+	defer s.Close()
+	ctx := t.Context()
+	pending := func(tenant string, from, n int) {
+		t.Helper()
+		var as []processors.Admission
+		for i := range n {
+			a := admission(ledger.CallKey{TenantID: tenant, IdempotencyKey: fmt.Sprintf("k%04d", from+i)})
+			a.Status = processors.StatusPending
+			as = append(as, a)
+		}
+		if _, err := s.Admit(ctx, as); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Second)
+	}
+	// t_quiet's first call, t_busy's thousand, t_quiet's next two, and
+	// t_busy's next thousand. t_q is a prefix of t_quiet.
+	pending("t_quiet", 0, 1)
+	pending("t_busy", 0, 1000)
+	pending("t_q", 0, 5)
+	pending("t_quiet", 1, 2)
+	pending("t_busy", 1000, 1000)
+
+	var read int
+	s.entryRead = func([]byte) { read++ }
+	for _, tc := range []struct {
+		tenant    string
+		limit     int
+		want      int
+		wantFirst string
+	}{
+		{"t_quiet", 10, 3, "k0000"},
+		{"t_quiet", 2, 2, "k0000"},
+		{"t_q", 10, 5, "k0000"},
+		{"t_busy", 10, 10, "k0000"},
+		{"t_none", 10, 0, ""},
+	} {
+		read = 0
+		rs, err := s.TenantByStatus(ctx, tc.tenant, processors.StatusPending, tc.limit)
+		if err != nil {
+			t.Fatalf("TenantByStatus(%s, pending, %d) = %v", tc.tenant, tc.limit, err)
+		}
+		if len(rs) != tc.want || (len(rs) > 0 && rs[0].Key.IdempotencyKey != tc.wantFirst) {
+			t.Errorf("TenantByStatus(%s, pending, %d) = %v; want %d records from %s", tc.tenant, tc.limit, callKeys(rs), tc.want, tc.wantFirst)
+		}
+		if read != len(rs) {
+			t.Errorf("TenantByStatus(%s, pending, %d) read %d index entries for %d records; want only its own", tc.tenant, tc.limit, read, len(rs))
+		}
+	}
+}
+
+// callKeys are the keys of rs.
+func callKeys(rs []processors.Record) []ledger.CallKey {
+	ks := make([]ledger.CallKey, 0, len(rs))
+	for _, r := range rs {
+		ks = append(ks, r.Key)
+	}
+	return ks
 }
 
 // TestRejectedKeyTooLong: a key bbolt cannot hold is refused as the
