@@ -169,18 +169,9 @@ func TestForgedScopeGivesNoCrossTenantExecution(t *testing.T) {
 	}
 }
 
-func writePolicy(t *testing.T, src string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "policy.cedar"), []byte(src), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 func loadSet(t *testing.T, label, src string) *policy.Set {
 	t.Helper()
-	set, err := policy.LoadDir(writePolicy(t, src), label)
+	set, err := policy.LoadDir(processorstest.PolicyDir(t, src), label)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,12 +124,8 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "policy.cedar"), []byte(testPolicies), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	ident := processorstest.NewIdentity(t)
-	in, err := intake.New(intake.Config{Registry: reg, Store: st, Identity: ident.Verifier, Policy: processorstest.Policy(t, dir)})
+	in, err := intake.New(intake.Config{Registry: reg, Store: st, Identity: ident.Verifier, Policy: processorstest.Policy(t, processorstest.PolicyDir(t, testPolicies))})
 	if err != nil {
 		t.Fatal(err)
 	}

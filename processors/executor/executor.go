@@ -41,6 +41,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1227,10 +1228,39 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	if !d.Allow {
 		return &refusal{d.Reason, "the policies in force at execution deny the approved call", d}
 	}
-	// The call runs under this decision: its version and obligations
-	// (masks included) are the ones on the events that follow.
-	c.tmpl.PolicyID, c.tmpl.PolicyVersion, c.tmpl.Obligations = d.PolicyIDs, d.Version, d.Obligations.List()
+	// The call runs under the union of both decisions' obligations: the
+	// approver agreed to it under the approval-time decision's (on the
+	// approved event), and a policy set that differs here (a version
+	// activated since, an executor with another --policy-dir) must not
+	// strip a mask from its result. The events that follow record this
+	// decision's policy ids and version only: a version names one set,
+	// and its ids are that set's policies; the approval-time ones stay on
+	// the call's approved event, which says where a carried-over
+	// obligation came from.
+	c.tmpl.PolicyID, c.tmpl.PolicyVersion = d.PolicyIDs, d.Version
+	c.tmpl.Obligations = d.Obligations.Merge(carriedObligations(tmpl.Obligations)).List()
 	return nil
+}
+
+// carriedObligations reads back, from an approved event's obligations
+// (policy.Obligations.List), those an approved call keeps when the
+// policies in force at execution decide it again: its masks, sandbox,
+// require_approval (what tells later readers that the call waited for a
+// human), and undo_unknown. That last one is kept too, though it makes
+// the ledger act rather than hold back: it does not undo anything by
+// itself, for the reconciler only asks for the compensation, which the
+// intake decides as a call of its own under the policies in force then,
+// so a set that no longer wants the undo can still deny it; dropped, it
+// would leave an outcome nobody can establish to a human against the
+// wish of the policy the approver saw. The rate limit is not read: the
+// intake applied it before the approval, and the executor applies none.
+func carriedObligations(list []string) policy.Obligations {
+	return policy.Obligations{
+		RequireApproval: slices.Contains(list, "require_approval"),
+		Mask:            obligationMasks(list),
+		Sandbox:         slices.Contains(list, "sandbox"),
+		UndoUnknown:     slices.Contains(list, "undo_unknown"),
+	}
 }
 
 // releaseClaim releases the claim of a call that sent nothing, for the

@@ -388,7 +388,7 @@ func (e *Engine) evaluate(ctx context.Context, s *Set, r Request) Decision {
 		d.Reason = ReasonAllowed
 		for _, id := range d.PolicyIDs {
 			if p := s.byID[cedar.PolicyID(id)]; p != nil && p.permit {
-				d.Obligations = d.Obligations.merge(p.obligations)
+				d.Obligations = d.Obligations.Merge(p.obligations)
 			}
 		}
 	case len(d.PolicyIDs) > 0:

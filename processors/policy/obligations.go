@@ -82,9 +82,11 @@ func (o Obligations) List() []string {
 	return l
 }
 
-// merge adds p's obligations to o: flags are or-ed, masks united, and the
-// stricter rate limit kept. Several permits deciding together all apply.
-func (o Obligations) merge(p Obligations) Obligations {
+// Merge adds p's obligations to o: flags are or-ed, masks united (sorted,
+// without duplicates), and the stricter rate limit kept. Several permits
+// deciding together all apply, and so do two decisions of one call (an
+// approved call's, and the executor's re-check of it).
+func (o Obligations) Merge(p Obligations) Obligations {
 	o.RequireApproval = o.RequireApproval || p.RequireApproval
 	o.Sandbox = o.Sandbox || p.Sandbox
 	o.UndoUnknown = o.UndoUnknown || p.UndoUnknown

@@ -79,6 +79,16 @@ func Policy(t testing.TB, dir string) *policy.Engine {
 	return newPolicy(t, dir, nil)
 }
 
+// PolicyDir returns a new policy directory holding the policies src.
+func PolicyDir(t testing.TB, src string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "policy.cedar"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // StallingPolicy returns an engine on the policy directory dir whose
 // evaluations run out of time (policy_timeout) while stalled is set, as
 // under a scheduler stall longer than the engine's budget, and decide as
