@@ -430,6 +430,11 @@ type Executor struct {
 	// running are the calls in flight, by key (under mu); done hands
 	// finished calls to the next step that waits for them.
 	running map[ledger.CallKey]struct{}
+	// held are the claims of calls that sent nothing and that the store
+	// failed to take back (releaseClaim), by key (under mu): each step
+	// asks it again (releaseHeld), and until then they count as in
+	// flight.
+	held    map[ledger.CallKey]processors.Release
 	done    chan *flight
 	flights flights
 	// unwaited are calls in flight that the step which started them did
@@ -501,6 +506,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			x.settle(ctx, journals, false)
 		}
 	}()
+	x.releaseHeld(ctx)
 	jobs := make(map[ledger.CallKey]*job)
 	var (
 		order    []ledger.CallKey
@@ -1268,18 +1274,30 @@ func carriedObligations(list []string) policy.Obligations {
 // owner, for RetryBackoff, and the sweep of expired leases (or a
 // redelivery) then claims it afresh (Claimed, not Reclaimed). It returns
 // no completion: the step records nothing for the call, and the log
-// still holds its approved event as its last. Should the store fail, the
-// call ends failed, not started, rather than wait for its lease to run
-// out: a lapsed lease would pass for a takeover, and the call for one
-// that may have been sent.
+// still holds its approved event as its last.
+//
+// A store that fails is asked again a few times. Should it still fail,
+// the call is neither ended nor left to its lease: ending it failed
+// would end for good, on a passing store error, an approved call that
+// never ran; and a lapsed lease passes for a takeover, which takes the
+// call for one that may have been sent (outcome_unknown, at once for a
+// tool without native idempotency). The executor holds the claim
+// instead (held): the call counts as in flight here, so that neither a
+// redelivery nor its sweep takes it over, and every step asks the store
+// again to take it back, until it does or another owner has the call
+// (which could only take it over once the lease lapsed: as after a
+// crash, it then treats the call as possibly sent, and sends it at most
+// once).
 func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog, r refusal) processors.Completion {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	applied, err := x.cfg.Store.Release(rctx, []processors.Release{{Key: c.rec.Key, Epoch: c.rec.Epoch, After: x.cfg.RetryBackoff}})
+	rel := processors.Release{Key: c.rec.Key, Epoch: c.rec.Epoch, After: x.cfg.RetryBackoff}
+	applied, err := x.releaseClaims(ctx, []processors.Release{rel}, releaseTries)
 	switch {
 	case err != nil:
-		log.Error("give back a call the policies could not decide; it fails, not started", "reason", r.reason, "err", err)
-		return c.finish(processors.StatusFailed, c.rec.Attempt+1, r.reason, "not_started", nil)
+		log.Error("give back a call the policies could not decide; held, to be given back by a later step", "reason", r.reason, "err", err)
+		x.mu.Lock()
+		x.held[rel.Key] = rel
+		x.mu.Unlock()
+		return processors.Completion{}
 	case !applied[0]:
 		// Fenced out: another owner holds the call now.
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
@@ -1289,6 +1307,68 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		"detail", r.detail, "retry_after", x.cfg.RetryBackoff)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}
+}
+
+// releaseTries bounds the tries to give a claim back right after its
+// re-check (releaseClaim); later steps try again (releaseHeld).
+const releaseTries = 4
+
+// releaseClaims gives claims back (Store.Release), trying up to tries times
+// within 10 s, RetryBackoff apart at first and twice as long each time
+// after, even at shutdown: a claim not given back waits for its lease.
+func (x *Executor) releaseClaims(ctx context.Context, rs []processors.Release, tries int) ([]bool, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var err error
+	for n := 0; n < tries; n++ {
+		if n > 0 {
+			select {
+			case <-rctx.Done():
+				return nil, err
+			case <-time.After(x.cfg.RetryBackoff << (n - 1)):
+			}
+		}
+		var applied []bool
+		if applied, err = x.cfg.Store.Release(rctx, rs); err == nil {
+			return applied, nil
+		}
+	}
+	return nil, err
+}
+
+// releaseHeld asks the store again to take back the claims this
+// executor holds since it failed to give them back (releaseClaim): those
+// it takes back, or finds another owner of, are no longer held.
+func (x *Executor) releaseHeld(ctx context.Context) {
+	x.mu.Lock()
+	rs := make([]processors.Release, 0, len(x.held))
+	for _, r := range x.held {
+		rs = append(rs, r)
+	}
+	x.mu.Unlock()
+	if len(rs) == 0 {
+		return
+	}
+	applied, err := x.releaseClaims(ctx, rs, 1)
+	if err != nil {
+		x.cfg.Logger.Warn("give back calls held since their release failed; tried again at the next step", "calls", len(rs), "err", err)
+		return
+	}
+	n := 0
+	x.mu.Lock()
+	for i, r := range rs {
+		delete(x.held, r.Key)
+		if applied[i] {
+			n++
+		} else {
+			x.cfg.Logger.Warn("claim lost before it could be given back", "call_key", r.Key.String(), "epoch", r.Epoch)
+		}
+	}
+	x.mu.Unlock()
+	if n > 0 {
+		x.cfg.Logger.Info("calls held since their release failed given back, to be decided again", "calls", n)
+		x.cfg.Metrics.Claims("released", n)
+	}
 }
 
 // refusal is why a call must not run: a denial's reason, detail and the

@@ -155,7 +155,7 @@ func (x *Executor) giveBack(g *guard) {
 
 func newExecutor(cfg Config) *Executor {
 	return &Executor{
-		cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), unwaited: make(map[*flight]struct{}), done: make(chan *flight),
+		cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), held: make(map[ledger.CallKey]processors.Release), unwaited: make(map[*flight]struct{}), done: make(chan *flight),
 		journalID: cfg.Owner + "/" + rand.Text()[:13] + "/",
 	}
 }
@@ -438,14 +438,16 @@ func (x *Executor) takeEnded(got []*flight) []*flight {
 	}
 }
 
-// inFlight reports whether this executor runs the call, or holds its
-// outcome for a step: its claim is this executor's, however late, and
-// neither a redelivery nor the sweep of expired leases should take it.
+// inFlight reports whether this executor runs the call, holds its
+// outcome for a step, or holds its claim to give back: its claim is this
+// executor's, however late, and neither a redelivery nor the sweep of
+// expired leases should take it.
 func (x *Executor) inFlight(k ledger.CallKey) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	_, ok := x.running[k]
-	return ok
+	_, running := x.running[k]
+	_, held := x.held[k]
+	return running || held
 }
 
 // carry marks the calls a step stops waiting for as running past its

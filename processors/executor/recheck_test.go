@@ -1,8 +1,10 @@
 package executor_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,73 +24,145 @@ import (
 // owner). Once the policies answer, the sweep of expired leases claims it
 // afresh (not as a takeover, which would make it outcome_unknown) and it
 // runs, once. Before, the timeout was the approved call's final denial.
+//
+// A store that fails to take the claim back, even when asked again, does
+// not end the call either: the executor holds the claim, takes nothing
+// over past its lease, and gives it back at a step once the store takes
+// it. Before, the call ended failed, not started.
 func TestApprovedCallSurvivesAPolicyTimeout(t *testing.T) {
-	engine, stalled := processorstest.StallingPolicy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
-	r := newRig(t)
-	ev, approved := r.admitApproved("kp", time.Now().Add(time.Hour), "")
-	x := r.executor(func(c *executor.Config) { c.Policy, c.SweepEvery = engine, time.Nanosecond })
+	for _, tc := range []struct {
+		name           string
+		failedReleases bool
+	}{
+		{"claim given back", false},
+		{"store fails to take the claim back", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			engine, stalled := processorstest.StallingPolicy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
+			r := newRig(t)
+			ev, approved := r.admitApproved("kp", time.Now().Add(time.Hour), "")
+			st := &failingReleases{Store: r.store}
+			st.fail.Store(tc.failedReleases)
+			x := r.executor(func(c *executor.Config) {
+				c.Store, c.Policy, c.SweepEvery = st, engine, time.Nanosecond
+				// A lease of one attempt, for the case that waits for it
+				// to lapse.
+				c.MaxAttempts = 1
+			})
 
-	stalled.Store(true)
-	out, err := x.Step(t.Context(), []*kgo.Record{approved})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := summary(decodeAll(t, out.Records)); len(got) != 0 {
-		t.Fatalf("a re-check that timed out appended %v; want nothing (the call waits)", got)
-	}
-	rec, err := r.store.Get(t.Context(), ev.Key())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
-		t.Errorf("after the timeout the record is %s owned by %q, attempt %d; want executing, given back, attempt 0", rec.Status, rec.LeaseOwner, rec.Attempt)
-	}
-	// While the policies still cannot answer, the sweep claims it again
-	// (a new epoch) and gives it back again.
-	ledgertest.WaitFor(t, 10*time.Second, func() error {
-		out, err := x.Step(t.Context(), nil)
-		if err != nil {
-			return err
-		}
-		if len(out.Records) != 0 {
-			t.Fatalf("a second re-check that timed out appended %v; want nothing", summary(decodeAll(t, out.Records)))
-		}
-		again, err := r.store.Get(t.Context(), ev.Key())
-		if err != nil {
-			return err
-		}
-		if again.Epoch == rec.Epoch || again.LeaseOwner != "" {
-			return errors.New("not claimed and given back again yet")
-		}
-		return nil
-	})
-	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != 0 {
-		t.Fatalf("refund applied %d times while the policies could not decide; want 0", n)
-	}
+			stalled.Store(true)
+			out, err := x.Step(t.Context(), []*kgo.Record{approved})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := summary(decodeAll(t, out.Records)); len(got) != 0 {
+				t.Fatalf("a re-check that timed out appended %v; want nothing (the call waits)", got)
+			}
+			rec, err := r.store.Get(t.Context(), ev.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			owner := ""
+			if tc.failedReleases {
+				owner = "x-test"
+				if n := st.tries.Load(); n < 2 {
+					t.Errorf("the store was asked %d times to take the claim back; want it asked again", n)
+				}
+			}
+			if rec.Status != processors.StatusExecuting || rec.LeaseOwner != owner || rec.Attempt != 0 {
+				t.Errorf("after the timeout the record is %s owned by %q, attempt %d; want executing, owned by %q, attempt 0", rec.Status, rec.LeaseOwner, rec.Attempt, owner)
+			}
+			if tc.failedReleases {
+				// Past the claim's lease, steps (and their sweeps) take
+				// nothing over while the store still fails.
+				ledgertest.WaitFor(t, 10*time.Second, func() error {
+					if err := stepAppendsNothing(t, x, "while the store failed to take the claim back"); err != nil {
+						return err
+					}
+					if exp, err := r.store.Expired(t.Context(), 10); err != nil || len(exp) == 0 {
+						return errors.Join(err, errors.New("the lease has not lapsed yet"))
+					}
+					return nil
+				})
+				if err := stepAppendsNothing(t, x, "past the lease"); err != nil {
+					t.Fatal(err)
+				}
+				if held, err := r.store.Get(t.Context(), ev.Key()); err != nil || held.Epoch != rec.Epoch || held.LeaseOwner != owner {
+					t.Fatalf("past the lease the record is at epoch %d owned by %q (%v); want %d, %q: not taken over", held.Epoch, held.LeaseOwner, err, rec.Epoch, owner)
+				}
+				st.fail.Store(false)
+			}
+			// While the policies still cannot answer, the sweep claims it
+			// again (a new epoch) and gives it back again.
+			ledgertest.WaitFor(t, 10*time.Second, func() error {
+				if err := stepAppendsNothing(t, x, "with a second re-check that timed out"); err != nil {
+					return err
+				}
+				again, err := r.store.Get(t.Context(), ev.Key())
+				if err != nil {
+					return err
+				}
+				if again.Epoch == rec.Epoch || again.LeaseOwner != "" {
+					return errors.New("not claimed and given back again yet")
+				}
+				return nil
+			})
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != 0 {
+				t.Fatalf("refund applied %d times while the policies could not decide; want 0", n)
+			}
 
-	stalled.Store(false)
-	var got []string
-	ledgertest.WaitFor(t, 10*time.Second, func() error {
-		out, err := x.Step(t.Context(), nil)
-		if err != nil {
-			return err
-		}
-		got = append(got, summary(decodeAll(t, out.Records))...)
-		if len(got) == 0 {
-			return errors.New("the call has not run yet")
-		}
-		return nil
-	})
-	if diff := cmp.Diff([]string{"executing", "succeeded"}, got); diff != "" {
-		t.Errorf("once the policies answer (-want +got):\n%s", diff)
+			stalled.Store(false)
+			var got []string
+			ledgertest.WaitFor(t, 10*time.Second, func() error {
+				out, err := x.Step(t.Context(), nil)
+				if err != nil {
+					return err
+				}
+				got = append(got, summary(decodeAll(t, out.Records))...)
+				if len(got) == 0 {
+					return errors.New("the call has not run yet")
+				}
+				return nil
+			})
+			if diff := cmp.Diff([]string{"executing", "succeeded"}, got); diff != "" {
+				t.Errorf("once the policies answer (-want +got):\n%s", diff)
+			}
+			// A redelivery of the approved event finds it done.
+			if out, err := x.Step(t.Context(), []*kgo.Record{approved}); err != nil || len(out.Records) != 0 {
+				t.Errorf("redelivery after the run: %d records, %v; want none", len(out.Records), err)
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != 1 {
+				t.Errorf("refund applied %d times; want 1", n)
+			}
+		})
 	}
-	// A redelivery of the approved event finds it done.
-	if out, err := x.Step(t.Context(), []*kgo.Record{approved}); err != nil || len(out.Records) != 0 {
-		t.Errorf("redelivery after the run: %d records, %v; want none", len(out.Records), err)
+}
+
+// stepAppendsNothing runs a step of x, which must append nothing (the
+// call waits), and returns the step's error.
+func stepAppendsNothing(t *testing.T, x *executor.Executor, when string) error {
+	t.Helper()
+	out, err := x.Step(t.Context(), nil)
+	if err == nil && len(out.Records) != 0 {
+		t.Fatalf("a step %s appended %v; want nothing (the call waits)", when, summary(decodeAll(t, out.Records)))
 	}
-	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != 1 {
-		t.Errorf("refund applied %d times; want 1", n)
+	return err
+}
+
+// failingReleases is the store, except that Release fails while fail is
+// set; tries counts the Release calls.
+type failingReleases struct {
+	executor.Store
+	fail  atomic.Bool
+	tries atomic.Int64
+}
+
+func (s *failingReleases) Release(ctx context.Context, rs []processors.Release) ([]bool, error) {
+	s.tries.Add(1)
+	if s.fail.Load() {
+		return nil, errors.New("store unavailable")
 	}
+	return s.Store.Release(ctx, rs)
 }
 
 // An approved call runs under the obligations of both its approval-time
