@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -27,17 +28,22 @@ func faultableKafka(t *testing.T) *ledgertest.Kafka {
 	return ledgertest.NewInProcess(t, ledgertest.Options{Partitions: 2})
 }
 
-// copyLoop is a loop that copies requests to the events topic.
-func copyLoop(t *testing.T, k *ledgertest.Kafka, txn string) *ledger.Loop {
+// copyLoop is a loop that copies requests to the events topic; set, if
+// any, changes its configuration first.
+func copyLoop(t *testing.T, k *ledgertest.Kafka, txn string, set ...func(*ledger.LoopConfig)) *ledger.Loop {
 	t.Helper()
-	l, err := ledger.NewLoop(ledger.LoopConfig{
+	cfg := ledger.LoopConfig{
 		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
 		TransactionalID: txn, Tick: 50 * time.Millisecond,
 		// A fetch in flight is not redone when a partition becomes
 		// fetchable: a session resuming at committed offsets would see
 		// its records only after franz-go's default 5s fetch wait.
 		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
-	}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+	}
+	for _, s := range set {
+		s(&cfg)
+	}
+	l, err := ledger.NewLoop(cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
 		var out ledger.Output
 		for _, r := range recs {
 			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
@@ -933,4 +939,174 @@ func TestLoopRejoinsForAPartitionItCouldNotResume(t *testing.T) {
 	if hits.Load() != 1 {
 		t.Errorf("offset fetches failed: %d; want 1", hits.Load())
 	}
+}
+
+// A session that progressed and then lost a partition (a poll reports a
+// non-retriable error for it, such as an ACL denying the group that
+// topic) still backs off before the next: the cause usually persists, and
+// a loop that rejoined every 100 ms would rebalance the group, and stall
+// its healthy partitions, as often. Here every session commits some of a
+// steady flow of requests and then has partition 1 denied to its fetches;
+// the sessions' joins (counted by the broker) thin out, and the backoffs
+// the loop logs double from one restart to the next.
+func TestLoopBacksOffAfterProgressWhileAPartitionStaysDenied(t *testing.T) {
+	k := faultableKafka(t)
+	c := k.Cluster
+	var (
+		mu     sync.Mutex
+		joins  []time.Time // a session's first JoinGroup each
+		armed  atomic.Bool // the current session has committed
+		denied atomic.Int64
+	)
+	c.ControlKey(int16(kmsg.JoinGroup), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		// A new client joins without a member id; a rejoin within a
+		// session has one.
+		if kreq.(*kmsg.JoinGroupRequest).MemberID == "" {
+			mu.Lock()
+			joins = append(joins, time.Now())
+			mu.Unlock()
+			armed.Store(false)
+		}
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.EndTxn), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if kreq.(*kmsg.EndTxnRequest).Commit {
+			armed.Store(true)
+		}
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !armed.Load() {
+			return nil, nil, false
+		}
+		// Partition 1 denied, the others left out of the answer
+		// (nothing new for them in this fetch).
+		req := kreq.(*kmsg.FetchRequest)
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			t := kmsg.NewFetchResponseTopic()
+			t.Topic, t.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				if rp.Partition != 1 {
+					continue
+				}
+				p := kmsg.NewFetchResponseTopicPartition()
+				p.Partition, p.ErrorCode = 1, kerr.TopicAuthorizationFailed.Code
+				p.HighWatermark, p.LastStableOffset, p.LogStartOffset = -1, -1, -1
+				t.Partitions = append(t.Partitions, p)
+			}
+			resp.Topics = append(resp.Topics, t)
+		}
+		denied.Add(1)
+		return resp, nil, true
+	})
+
+	// A steady flow of requests, for every session to make progress with.
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	flow, stopFlow := context.WithCancel(context.Background())
+	var flowing sync.WaitGroup
+	flowing.Go(func() {
+		for i := 0; flow.Err() == nil; i++ {
+			_ = cl.ProduceSync(flow, &kgo.Record{Topic: k.Topics.Requests, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}).FirstErr()
+			select {
+			case <-flow.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	defer func() { stopFlow(); flowing.Wait() }()
+
+	backoffs := &backoffLog{}
+	loop := copyLoop(t, k, "copy-1", func(cfg *ledger.LoopConfig) { cfg.Logger = slog.New(backoffs) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// The window: from the first session's join. The restarts' backoffs
+	// (at least half of 100 ms, 200 ms, ... each, with jitter) let at most
+	// 7 sessions join in it, however fast the sessions themselves are; a
+	// slow machine only makes fewer. Restarts every 100 ms join dozens
+	// (62 on the machine this was written on).
+	const window = 6 * time.Second
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(joins) == 0 {
+			return errors.New("the loop has not joined the group")
+		}
+		return nil
+	})
+	mu.Lock()
+	first := joins[0]
+	mu.Unlock()
+	select {
+	case <-time.After(time.Until(first.Add(window))):
+	case err := <-done:
+		t.Fatalf("the loop returned %v", err)
+	}
+	mu.Lock()
+	var in int
+	for _, j := range joins {
+		if j.Sub(first) <= window {
+			in++
+		}
+	}
+	mu.Unlock()
+	if in > 10 {
+		t.Errorf("%d sessions joined the group within %v; want at most 7 (10 with slack), the restarts backing off", in, window)
+	}
+	if in < 3 || denied.Load() < int64(in-1) {
+		t.Fatalf("%d sessions joined, %d fetches denied after a commit; want at least 3 sessions, each ended by a denial once it had committed", in, denied.Load())
+	}
+	// Deterministic, whatever the machine's speed: each restart's backoff
+	// (before jitter) doubles the last.
+	got := backoffs.values()
+	for i := 1; i < len(got); i++ {
+		if want := min(2*got[i-1], 10*time.Second); got[i] != want {
+			t.Errorf("restart backoffs %v; want each double the last: the sessions' progress does not reset them", got)
+			break
+		}
+	}
+}
+
+// backoffLog keeps the backoff of every "transact session restart" the
+// loop logs.
+type backoffLog struct {
+	mu  sync.Mutex
+	got []time.Duration
+}
+
+func (h *backoffLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *backoffLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "transact session restart" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "backoff" {
+			h.mu.Lock()
+			h.got = append(h.got, a.Value.Duration())
+			h.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (h *backoffLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *backoffLog) WithGroup(string) slog.Handler      { return h }
+
+func (h *backoffLog) values() []time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.got)
 }
