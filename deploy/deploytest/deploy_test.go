@@ -257,7 +257,7 @@ func (f fakeFlags) All() (map[string]bool, error) {
 }
 
 var testFlags = fakeFlags{
-	"executor": {"instance-id", "crdb-dsn", "jwks-addr"},
+	"executor": {"instance-id", "crdb-dsn", "jwks-addr", "policy-dir", "policy-versions-dir"},
 	"migrate":  {"crdb-dsn"},
 }
 
@@ -276,8 +276,8 @@ services:
   executor-0:
     image: ghcr.io/toolcall-ledger/ledger:latest
     command: ["executor"]
-    environment: &xenv {LEDGER_INSTANCE_ID: "executor-0", LEDGER_KAFKA_BROKERS: "k:9092"}
-    volumes: ["state:/var/lib/ledger"]
+    environment: &xenv {LEDGER_INSTANCE_ID: "executor-0", LEDGER_KAFKA_BROKERS: "k:9092", LEDGER_POLICY_DIR: "/p", LEDGER_POLICY_VERSIONS_DIR: "/v"}
+    volumes: ["state:/var/lib/ledger", "./p:/p:ro", "./v:/v:ro"]
     depends_on: {setup: {condition: service_completed_successfully}}
     healthcheck: {test: ["CMD", "true"]}
   executor-1:
@@ -286,6 +286,7 @@ services:
     environment:
       <<: *xenv
       LEDGER_INSTANCE_ID: "executor-1"
+    volumes: [{type: bind, source: ./p, target: /p, read_only: true}, "./v:/v:ro"]
     healthcheck: {test: ["CMD", "true"]}
 volumes:
   state:
@@ -317,6 +318,10 @@ func TestComposeChecksFail(t *testing.T) {
 		{"unknown ledger command", `command: ["migrate"]`, `command: ["migrat"]`, `no command "migrat"`},
 		{"shared instance id", `LEDGER_INSTANCE_ID: "executor-1"`, `LEDGER_INSTANCE_ID: "executor-0"`, "would fence each other's transactions"},
 		{"undeclared named volume", "volumes:\n  state:\n", "", `named volume "state" is not declared`},
+		{"decides without policy versions", `, LEDGER_POLICY_VERSIONS_DIR: "/v"}`, "}", "ledger executor decides calls but sets no LEDGER_POLICY_VERSIONS_DIR"},
+		{"policy versions not mounted", `"./v:/v:ro"]`, `"./v:/w:ro"]`, `LEDGER_POLICY_VERSIONS_DIR "/v" is not a read-only mount`},
+		{"decides with the demo policies", `LEDGER_POLICY_DIR: "/p", `, "", "sets no LEDGER_POLICY_DIR"},
+		{"policies mounted writable", `target: /p, read_only: true}`, `target: /p}`, `service executor-1: LEDGER_POLICY_DIR "/p" is not a read-only mount`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			probs := composeProblems(t, mutate(t, validCompose, tc.old, tc.new))
@@ -365,7 +370,12 @@ metadata: {name: ns}
 apiVersion: v1
 kind: ConfigMap
 metadata: {name: cfg, namespace: ns}
-data: {LEDGER_KAFKA_BROKERS: "k:9092"}
+data: {LEDGER_KAFKA_BROKERS: "k:9092", LEDGER_POLICY_DIR: "/p"}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: policies, namespace: ns}
+data: {a.cedar: "permit (principal, action, resource);"}
 ---
 apiVersion: v1
 kind: Secret
@@ -390,6 +400,7 @@ spec:
     metadata: {labels: {app: executor}}
     spec:
       securityContext: {runAsNonRoot: true}
+      volumes: [{name: policies, configMap: {name: policies}}]
       containers:
         - name: executor
           image: ghcr.io/toolcall-ledger/ledger:latest
@@ -400,6 +411,8 @@ spec:
           env:
             - name: LEDGER_INSTANCE_ID
               valueFrom: {fieldRef: {fieldPath: metadata.name}}
+            - {name: LEDGER_POLICY_VERSIONS_DIR, value: "/v"}
+          volumeMounts: [{name: policies, mountPath: /p, readOnly: true}]
           ports: [{name: jwks, containerPort: 8443}]
           readinessProbe: {httpGet: {path: /x, port: jwks}}
           livenessProbe: {tcpSocket: {port: jwks}}
@@ -463,6 +476,11 @@ func TestKubeChecksFail(t *testing.T) {
 		{"no instance id", "- name: LEDGER_INSTANCE_ID", "- name: LEDGER_CRDB_DSN", "no LEDGER_INSTANCE_ID"},
 		{"instance id shared by replicas", "valueFrom: {fieldRef: {fieldPath: metadata.name}}", `value: "executor-0"`, "a literal LEDGER_INSTANCE_ID shared by 3 replicas"},
 		{"unknown ledger command", `args: ["migrate"]`, `args: ["migrat"]`, `no command "migrat"`},
+		{"decides without policy versions", `            - {name: LEDGER_POLICY_VERSIONS_DIR, value: "/v"}
+`, "", "ledger executor decides calls but sets no LEDGER_POLICY_VERSIONS_DIR"},
+		{"decides with the demo policies", `, LEDGER_POLICY_DIR: "/p"}`, "}", "ledger executor decides calls but sets no LEDGER_POLICY_DIR"},
+		{"policies mounted writable", "mountPath: /p, readOnly: true", "mountPath: /p", `LEDGER_POLICY_DIR "/p" is not a read-only mount`},
+		{"volume ConfigMap missing", "configMap: {name: policies}", "configMap: {name: policiez}", `volume refers to ConfigMap "policiez", which is not in the set`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			probs := kubeProblems(t, mutate(t, validKube, tc.old, tc.new))

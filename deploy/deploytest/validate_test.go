@@ -11,6 +11,7 @@ import (
 	"io"
 	"os/exec"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -243,6 +244,36 @@ func checkEnv(where string, names []string, path []string, fs flagSource) []stri
 	return probs
 }
 
+// checkPolicies reports a role that decides calls (its command has
+// --policy-versions-dir: intake, executor, reconciler) without the
+// policies to decide with: no LEDGER_POLICY_VERSIONS_DIR, where a policy
+// version activated on the control topic is loaded from (without it the
+// activation denies every call of the role and fails its /readyz), or no
+// LEDGER_POLICY_DIR on a read-only mount (the built-in demo policies
+// otherwise). env is the container's environment, mounts its read-only
+// mount paths; versionsMounted asks the versions directory to be one of
+// them too (Compose; on Kubernetes each version is a mount of its own
+// under it).
+func checkPolicies(where string, path []string, env map[string]string, mounts map[string]bool, versionsMounted bool, fs flagSource) []string {
+	flags, err := fs.Flags(path)
+	if err != nil || !flags["policy-versions-dir"] {
+		return nil
+	}
+	var probs []string
+	role := "ledger " + strings.Join(path, " ")
+	if dir := env["LEDGER_POLICY_VERSIONS_DIR"]; dir == "" {
+		probs = append(probs, fmt.Sprintf("%s: %s decides calls but sets no LEDGER_POLICY_VERSIONS_DIR: a policy version activated on the control topic would deny its every call", where, role))
+	} else if versionsMounted && !mounts[dir] {
+		probs = append(probs, fmt.Sprintf("%s: LEDGER_POLICY_VERSIONS_DIR %q is not a read-only mount", where, dir))
+	}
+	if dir := env["LEDGER_POLICY_DIR"]; dir == "" {
+		probs = append(probs, fmt.Sprintf("%s: %s decides calls but sets no LEDGER_POLICY_DIR: it would decide with the built-in demo policies", where, role))
+	} else if !mounts[dir] {
+		probs = append(probs, fmt.Sprintf("%s: LEDGER_POLICY_DIR %q is not a read-only mount", where, dir))
+	}
+	return probs
+}
+
 // --- Compose ----------------------------------------------------------------
 
 // composeTopLevel are the top-level keys of the Compose spec.
@@ -341,10 +372,17 @@ func validateCompose(doc map[string]any, fs flagSource) []string {
 				instanceIDs[key] = name
 			}
 		}
+		readOnly := map[string]bool{}
 		for _, v := range listOf(svc["volumes"]) {
 			src, _, ok := strings.Cut(fmt.Sprint(v), ":")
+			if parts := strings.Split(fmt.Sprint(v), ":"); len(parts) == 3 && slices.Contains(strings.Split(parts[2], ","), "ro") {
+				readOnly[parts[1]] = true
+			}
 			if m := mapOf(v); m != nil {
 				src, ok = strOf(m["source"]), strOf(m["type"]) == "volume"
+				if m["read_only"] == true {
+					readOnly[strOf(m["target"])] = true
+				}
 			}
 			if !ok || src == "" || strings.HasPrefix(src, ".") || strings.HasPrefix(src, "/") || strings.HasPrefix(src, "~") {
 				continue
@@ -352,6 +390,9 @@ func validateCompose(doc map[string]any, fs flagSource) []string {
 			if _, declared := volumes[src]; !declared {
 				add("%s: named volume %q is not declared under volumes", where, src)
 			}
+		}
+		if isLedger && len(path) > 0 {
+			probs = append(probs, checkPolicies(where, path, env, readOnly, true, fs)...)
 		}
 	}
 	return probs
@@ -622,10 +663,19 @@ func checkPod(d kubeDoc, pod map[string]any, longRunning bool, replicas int, byK
 			}
 		}
 		var names []string
+		values := map[string]string{}
+		for _, ef := range listOf(dig(c, "envFrom")) {
+			for k, v := range mapOf(dig(byKind["ConfigMap"][strOf(dig(ef, "configMapRef", "name"))].doc, "data")) {
+				values[k] = fmt.Sprint(v)
+			}
+		}
 		idFromPod, idLiteral := false, false
 		for _, e := range listOf(dig(c, "env")) {
 			n := strOf(dig(e, "name"))
 			names = append(names, n)
+			if v, ok := dig(e, "value").(string); ok {
+				values[n] = v
+			}
 			if n == "LEDGER_INSTANCE_ID" {
 				idFromPod = strOf(dig(e, "valueFrom", "fieldRef", "fieldPath")) == "metadata.name"
 				idLiteral = dig(e, "value") != nil
@@ -651,6 +701,13 @@ func checkPod(d kubeDoc, pod map[string]any, longRunning bool, replicas int, byK
 			return
 		}
 		probs = append(probs, checkEnv(where, names, path, fs)...)
+		readOnly := map[string]bool{}
+		for _, m := range listOf(dig(c, "volumeMounts")) {
+			if dig(m, "readOnly") == true {
+				readOnly[strOf(dig(m, "mountPath"))] = true
+			}
+		}
+		probs = append(probs, checkPolicies(where, path, values, readOnly, false, fs)...)
 		// The roles that hold a Kafka transactional id need an instance id
 		// that is unique per pod: the pod's name, or a literal when there
 		// is only one pod.
