@@ -186,12 +186,16 @@ type benchEnv struct {
 	brokers  []string
 	issuer   *identity.Issuer
 	jwksFile string
-	credDir  string
-	backend  *demobackend.Server
-	toolsURL string
-	tools    []loadtest.Tool
-	runs     int
-	ch       *chstore.Store // nil: no projection
+	// jwksAddrs are, with --backend-verify, where the ledger process of
+	// each index (the node given --jwks-addr jwksAddrs[i]) serves its
+	// credential keys, the same address in every run: the backend's
+	// verifier lists them all, as a deployed tool lists every executor's.
+	jwksAddrs []string
+	backend   *demobackend.Server
+	toolsURL  string
+	tools     []loadtest.Tool
+	runs      int
+	ch        *chstore.Store // nil: no projection
 	// id makes this invocation's idempotency keys and store schemas
 	// unique in a store that outlives it.
 	id string
@@ -213,9 +217,10 @@ type benchEnv struct {
 }
 
 // startBackend creates the bench's agent identity provider, trusted by
-// the intake through a JWKS file, and the credential broker's keys,
-// shared by every executor process and the backend, and starts the
-// demo tool backend on a loopback port. closeBackend stops it.
+// the intake through a JWKS file, picks where each ledger process will
+// serve its credential keys, and starts the demo tool backend on a
+// loopback port, trusting those keys with --backend-verify. closeBackend
+// stops it.
 func (e *benchEnv) startBackend() error {
 	var err error
 	if e.issuer, err = identity.LoadOrCreateIssuer(filepath.Join(e.dir, "issuer.key"), benchIssuer); err != nil {
@@ -225,14 +230,26 @@ func (e *benchEnv) startBackend() error {
 	if err := os.WriteFile(e.jwksFile, e.issuer.Keys().JWKS(), 0o600); err != nil {
 		return err
 	}
-	e.credDir = filepath.Join(e.dir, "credentials")
-	broker, err := credentials.New(credentials.Config{KeyDir: e.credDir, Logger: e.logger})
-	if err != nil {
-		return err
-	}
 	bc := demobackend.Config{Latency: e.f.backendLatency, Logger: e.logger.With("component", "demobackend")}
 	if e.f.backendVerify {
-		if bc.Credentials, err = credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, Keys: broker.Keys}); err != nil {
+		// Each process has a broker of its own, with its own keys, as
+		// each deployed executor has: two brokers rotating in one
+		// directory would race. The verifier fetches every process's
+		// keys, as a tool does.
+		executors := e.f.executors
+		for _, n := range parseFloats(e.f.scaling) {
+			executors = max(executors, int(n))
+		}
+		var urls []string
+		for range e.nodeCount(executors) {
+			addr, err := freeLoopbackAddr()
+			if err != nil {
+				return err
+			}
+			e.jwksAddrs = append(e.jwksAddrs, addr)
+			urls = append(urls, "http://"+addr+"/.well-known/jwks.json")
+		}
+		if bc.Credentials, err = credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, JWKSURLs: urls, Logger: e.logger}); err != nil {
 			return err
 		}
 	}
@@ -272,7 +289,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		return err
 	}
 	if f.baseline != "" {
-		if err := checkBaseline(ctx, f.baseline, f.nodeBatching); err != nil {
+		nodeArgs := f.nodeBatching
+		if f.backendVerify {
+			nodeArgs = append(slices.Clone(nodeArgs), "--jwks-addr")
+		}
+		if err := checkBaseline(ctx, f.baseline, nodeArgs); err != nil {
 			return err
 		}
 	}
@@ -628,15 +649,9 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		return loadtest.RunReport{}, err
 	}
 
-	// One process runs the intake (and, on the embedded store, every
-	// executor); with a shared store each further executor is a process
-	// of its own, and with --intake-process the first one too.
-	procs, firstExecutor := 1, 0
-	if e.f.crdbDSN != "" {
-		procs = r.executors
-	}
+	procs, firstExecutor := e.nodeCount(r.executors), 0
 	if e.f.intakeProcess {
-		procs, firstExecutor = procs+1, 1
+		firstExecutor = 1
 	}
 	var nodes []*benchNode
 	defer func() {
@@ -654,7 +669,15 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 			"bench", "node",
 			"--instance-id", fmt.Sprintf("bench%d-%d", e.runs, i),
 			"--tools-base-url", e.toolsURL,
-			"--credential-key-dir", e.credDir,
+		}
+		if i >= firstExecutor {
+			// A directory of its own for the process of this index, the
+			// same in every run (one process at a time uses it), and
+			// with --backend-verify an address to serve its keys on.
+			args = append(args, "--credential-key-dir", filepath.Join(e.dir, "credentials", fmt.Sprintf("node%d", i)))
+			if i < len(e.jwksAddrs) {
+				args = append(args, "--jwks-addr", e.jwksAddrs[i])
+			}
 		}
 		if e.f.profile != "" {
 			args = append(args, "--profile", filepath.Join(e.f.profile, fmt.Sprintf("run%d-node%d", e.runs, i)))
@@ -685,6 +708,21 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	}
 
 	return e.measure(ctx, r, topics, nodes, dsn)
+}
+
+// nodeCount is how many ledger processes a run with executors executor
+// instances starts: one runs the intake (and, on the embedded store,
+// every executor); with a shared store each further executor is a
+// process of its own, and with --intake-process the first one too.
+func (e *benchEnv) nodeCount(executors int) int {
+	n := 1
+	if e.f.crdbDSN != "" {
+		n = executors
+	}
+	if e.f.intakeProcess {
+		n++
+	}
+	return n
 }
 
 // measure offers r's load to the ledger processes nodes (the bench's,

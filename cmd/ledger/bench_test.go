@@ -78,6 +78,18 @@ func TestBenchOnPostgres(t *testing.T) {
 	if dropped < 0 || next < 0 || dropped > next {
 		t.Errorf("the closed loop's topics and tables dropped at %d of the progress, the next run's warm-up at %d; want the drop first:\n%s", dropped, next, progress)
 	}
+	// Each executor process keeps its credential keys in a directory of
+	// its own, no other process writing there (brokers sharing one would
+	// race at a rotation); the intake's process mints nothing.
+	for i, want := range []bool{false, true, true} {
+		keys, _ := filepath.Glob(filepath.Join(dir, "work", "credentials", fmt.Sprintf("node%d", i), "*"))
+		if got := len(keys) > 0; got != want {
+			t.Errorf("process %d's credential keys: %v; want some: %v", i, keys, want)
+		}
+	}
+	if shared, _ := filepath.Glob(filepath.Join(dir, "work", "credentials", "*.json")); len(shared) > 0 {
+		t.Errorf("credential keys %v in a directory the processes share", shared)
+	}
 	statAfter, ok := machineCPU()
 	if !statOK || !ok {
 		t.Fatal("/proc/stat not read; the bench's machine figures need it")
@@ -250,6 +262,9 @@ func TestBenchEmbedded(t *testing.T) {
 	// in the bench's.
 	out := runBenchCmd(t, "--calls", "300", "--warmup", "50", "--concurrency", "32", "--executors", "2",
 		"--kafka-process", "--timeline",
+		// The backend checks every credential against the keys the
+		// ledger process serves, as a deployed tool does.
+		"--backend-verify",
 		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
 	rep := readReport(t, jsonOut)
 	if len(rep.Runs) != 1 {

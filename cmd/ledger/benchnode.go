@@ -28,6 +28,7 @@ type benchNodeFlags struct {
 	intake    bool
 	executors int
 	toolsBase string
+	jwksAddr  string
 	profile   string
 }
 
@@ -54,6 +55,7 @@ func newBenchNodeCmd(g *globals) *cobra.Command {
 	fs.BoolVar(&f.intake, "intake", false, "run an intake")
 	fs.IntVar(&f.executors, "executors", 1, "executor instances in this process (each its own transactional id and group member)")
 	fs.StringVar(&f.toolsBase, "tools-base-url", "", "base URL of the tool backend")
+	fs.StringVar(&f.jwksAddr, "jwks-addr", "", "where to serve this process's credential keys (GET /.well-known/jwks.json), for the backend to verify with; empty: not served")
 	fs.StringVar(&f.roles.metricsAddr, "metrics-addr", "", "where ledger bench reads this node's /metrics and /loops; empty: not served")
 	fs.StringVar(&f.profile, "profile", "", "write a CPU profile to <profile>.cpu.pprof and an allocation profile to <profile>.allocs.pprof")
 	return cmd
@@ -116,6 +118,11 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		broker, err := f.creds.broker("", logger)
 		if err != nil {
 			return err
+		}
+		if f.jwksAddr != "" {
+			if err := g.serveBackground(ctx, "jwks", f.jwksAddr, broker.Handler(), logger); err != nil {
+				return err
+			}
 		}
 		for i := range f.executors {
 			xobs := obs

@@ -32,7 +32,6 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 	"github.com/toolcall-ledger/ledger/processors/consistency"
-	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
@@ -312,10 +311,6 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 	if err := os.WriteFile(jwksFile, issuer.Keys().JWKS(), 0o600); err != nil {
 		return err
 	}
-	credDir := filepath.Join(dir, "credentials")
-	if _, err := credentials.New(credentials.Config{KeyDir: credDir, Logger: logger}); err != nil {
-		return err
-	}
 	regDir := filepath.Join(dir, "registry")
 	if err := writeRegistry(regDir, f.toolTimeout); err != nil {
 		return err
@@ -335,22 +330,7 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		"--session-timeout", f.sessionTimeout.String(), "--rebalance-timeout", (2 * f.sessionTimeout).String(),
 		"--log-level", f.nodeLogLevel,
 	}
-	store := []string{"--crdb-dsn", dsn, "--registry-dir", regDir}
-	e.slots = append(e.slots, &chaosSlot{
-		name: "intake-0", role: "intake", points: []failpoint.Name{failpoint.Consumed, failpoint.Produced, failpoint.Committed},
-		args: slices.Concat([]string{"intake", "--instance-id", "chaos-intake-0", "--data-dir", filepath.Join(dir, "intake-0"), "--issuer", benchIssuer, "--jwks-file", jwksFile}, store),
-	})
-	for i := range f.executors {
-		name := "executor-" + strconv.Itoa(i)
-		e.slots = append(e.slots, &chaosSlot{
-			name: name, role: "executor", points: failpoint.All,
-			args: slices.Concat([]string{"executor", "--instance-id", "chaos-" + name, "--data-dir", filepath.Join(dir, name), "--tools-base-url", toolsURL, "--credential-key-dir", credDir}, store),
-		})
-	}
-	e.slots = append(e.slots, &chaosSlot{
-		name: "reconciler-0", role: "reconciler",
-		args: slices.Concat([]string{"reconciler", "--instance-id", "chaos-reconciler-0", "--data-dir", filepath.Join(dir, "reconciler-0"), "--tools-base-url", toolsURL, "--credential-key-dir", credDir}, store),
-	})
+	e.slots = chaosSlots(dir, f.executors, toolsURL, jwksFile, []string{"--crdb-dsn", dsn, "--registry-dir", regDir})
 
 	fmt.Fprintf(progress, "chaos: %d executors, intake, reconciler; %g calls/s for %s (up to %s until every point is hit %d times); store %s; work dir %s\n",
 		f.executors, f.rate, f.duration, f.maxDuration, f.minCrashes, redactDSN(f.crdbDSN), dir)
@@ -1157,4 +1137,28 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// chaosSlots are the run's processes: an intake, executors executors and
+// a reconciler, each with a data directory of its own under dir, which
+// also holds its credential keys (<data-dir>/credentials): a restarted
+// process signs with its predecessor's keys, and no two brokers rotate
+// keys in one directory, as no two deployed ones do. store are the flags
+// of the store and the registry every one of them takes.
+func chaosSlots(dir string, executors int, toolsURL, jwksFile string, store []string) []*chaosSlot {
+	slots := []*chaosSlot{{
+		name: "intake-0", role: "intake", points: []failpoint.Name{failpoint.Consumed, failpoint.Produced, failpoint.Committed},
+		args: slices.Concat([]string{"intake", "--instance-id", "chaos-intake-0", "--data-dir", filepath.Join(dir, "intake-0"), "--issuer", benchIssuer, "--jwks-file", jwksFile}, store),
+	}}
+	for i := range executors {
+		name := "executor-" + strconv.Itoa(i)
+		slots = append(slots, &chaosSlot{
+			name: name, role: "executor", points: failpoint.All,
+			args: slices.Concat([]string{"executor", "--instance-id", "chaos-" + name, "--data-dir", filepath.Join(dir, name), "--tools-base-url", toolsURL}, store),
+		})
+	}
+	return append(slots, &chaosSlot{
+		name: "reconciler-0", role: "reconciler",
+		args: slices.Concat([]string{"reconciler", "--instance-id", "chaos-reconciler-0", "--data-dir", filepath.Join(dir, "reconciler-0"), "--tools-base-url", toolsURL}, store),
+	})
 }
