@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -13,8 +14,9 @@ import (
 // process that uses the same store: the state lives in the execution store
 // (pgstore, boltstore), not in the process, so a limit holds across all
 // intake instances. A store that is a RateLimiter also charges its buckets
-// in Admit (Admission.Rate), with the admission; the intake charges calls
-// that way, so that a call is charged once, when it is first recorded.
+// in Admit (Admission.Rates), with the admission and all or nothing
+// (ChargeAll); the intake charges calls that way, so that a call is charged
+// once, when it is first recorded, to every deciding policy's budget.
 //
 // Take answers a batch in one serializable transaction of the store, with
 // results in the order of the requests. Requests are applied in order, so
@@ -170,4 +172,44 @@ func GCRA(tat, now time.Time, r RateRequest) (time.Time, RateResult) {
 		Remaining:  int(max(0, (window-(start-n))/interval)),
 		RetryAfter: time.Duration(next-window-n) * time.Microsecond,
 	}
+}
+
+// ChargeAll applies rs, the checked requests of one admission
+// (Admission.Rates), all or nothing to the buckets' tats at the store's
+// time now: every store charges an admission so. tats holds the tat of
+// each bucket of rs (absent, or the zero time: a bucket never used). The
+// requests are applied in order, as Take applies a batch, a later one on
+// a bucket seeing what an earlier one took. If every bucket admits its
+// request, ChargeAll writes their new tats into tats, for the store to
+// write, and reports true; the results are the charges. Otherwise tats is
+// left alone and it reports false: a request that was refused has its
+// refusal (RetryAfter > 0), and one that would have been admitted the
+// zero RateResult, since nothing is charged to it either.
+func ChargeAll(tats map[string]time.Time, now time.Time, rs []RateRequest) ([]RateResult, bool) {
+	out := make([]RateResult, len(rs))
+	next := make(map[string]time.Time, len(rs))
+	ok := true
+	for i, r := range rs {
+		tat, seen := next[r.Bucket]
+		if !seen {
+			tat = tats[r.Bucket]
+		}
+		t, res := GCRA(tat, now, r)
+		if res.Allowed {
+			next[r.Bucket] = t
+		} else {
+			ok = false
+		}
+		out[i] = res
+	}
+	if !ok {
+		for i := range out {
+			if out[i].Allowed {
+				out[i] = RateResult{}
+			}
+		}
+		return out, false
+	}
+	maps.Copy(tats, next)
+	return out, true
 }

@@ -145,16 +145,18 @@ type Admission struct {
 	// Records, when set, are Outbox's events as records for the log,
 	// encoded with it (ledger.EncodeOutbox). The stores ignore them.
 	Records []*kgo.Record
-	// Rate, when set, charges the call to a rate limit (see RateLimiter
+	// Rates, when set, charge the call to rate limits (see RateLimiter
 	// for the buckets' semantics; the buckets are the same as Take's)
-	// in the transaction that admits it: the key is admitted only if
-	// the bucket admits the request, and the bucket is charged only
-	// then. So a call is charged once, when it is first recorded: a
-	// Duplicate or a Conflict charges nothing, nor does the redelivery
-	// of a batch that was admitted before its step failed, and a charge
-	// never outlives an admission rolled back. A refused one is
-	// Limited and creates nothing. Nil: no limit.
-	Rate *RateRequest
+	// in the transaction that admits it, all or nothing (ChargeAll):
+	// the key is admitted only if every bucket admits its request, and
+	// the buckets are charged only then, every one of them. So a call
+	// is charged once, when it is first recorded: a Duplicate or a
+	// Conflict charges nothing, nor does the redelivery of a batch that
+	// was admitted before its step failed, and a charge never outlives
+	// an admission rolled back. A refused one is Limited, and creates
+	// and charges nothing, not even to the buckets that had room. Empty:
+	// no limit.
+	Rates []RateRequest
 }
 
 // Record is the record that admitting a creates at now: what a says,
@@ -185,21 +187,32 @@ const (
 	// Conflict: the key exists with another arguments hash: the key was
 	// reused for a different call (idempotency_key_reused).
 	Conflict
-	// Limited: the key was free, but the admission's Rate bucket refused
-	// it (AdmitResult.Rate says when to retry). Nothing was created or
-	// charged: the key stays free.
+	// Limited: the key was free, but one or more of the admission's
+	// Rates buckets refused it (AdmitResult.RetryAfter says when to
+	// retry). Nothing was created or charged: the key stays free.
 	Limited
 )
 
 // AdmitResult is Admit's answer for one admission. Record is the existing
 // record for Duplicate and Conflict, the new one for Admitted, and empty
-// for Limited. Rate is the rate limit's answer for an admission with Rate
-// that was Admitted (charged) or Limited (refused), as Take would give
-// it; zero otherwise.
+// for Limited. Rates answers an admission with Rates that was Admitted
+// or Limited, one result per request and in their order (ChargeAll's);
+// nil otherwise.
 type AdmitResult struct {
 	Outcome AdmitOutcome
 	Record  Record
-	Rate    RateResult
+	Rates   []RateResult
+}
+
+// RetryAfter is, for a Limited admission, how long until every bucket
+// that refused it would admit it if nothing else used them: the longest
+// RetryAfter of its Rates. Zero for any other outcome.
+func (r AdmitResult) RetryAfter() time.Duration {
+	var d time.Duration
+	for _, res := range r.Rates {
+		d = max(d, res.RetryAfter)
+	}
+	return d
 }
 
 // Claim asks to run a call under a lease.
@@ -327,9 +340,9 @@ type Store interface {
 	// others from the existing record. Of several admissions of one key
 	// in a batch, the first decides (it is admitted, or Limited) and the
 	// later ones are answered as if they came after it (a Duplicate, a
-	// Conflict, or Limited alike). Admissions with Rate are charged to
-	// their buckets in batch order, only those whose keys are free (see
-	// Admission.Rate).
+	// Conflict, or Limited alike). Admissions with Rates are charged to
+	// their buckets in batch order, only those whose keys are free, each
+	// all or nothing (see Admission.Rates).
 	Admit(ctx context.Context, as []Admission) ([]AdmitResult, error)
 	Claim(ctx context.Context, cs []Claim) ([]ClaimResult, error)
 	// Complete applies each completion whose epoch is still current and
@@ -415,9 +428,9 @@ func CheckAdmissions(as []Admission) error {
 		default:
 			return fmt.Errorf("admission %d (%v): status %q is not authorized, denied or pending", i, a.Key, a.Status)
 		}
-		if a.Rate != nil {
-			if err := a.Rate.check(); err != nil {
-				return fmt.Errorf("admission %d (%v): rate request (bucket %q): %w: %s", i, a.Key, a.Rate.Bucket, ErrInvalidRateRequest, err)
+		for j, r := range a.Rates {
+			if err := r.check(); err != nil {
+				return fmt.Errorf("admission %d (%v): rate request %d (bucket %q): %w: %s", i, a.Key, j, r.Bucket, ErrInvalidRateRequest, err)
 			}
 		}
 	}

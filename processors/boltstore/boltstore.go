@@ -533,13 +533,13 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	err := s.update(ctx, "admit", func(x *txn) error {
 		// A key whose first admission in the batch was refused: its
 		// later copies are refused alike, not charged again.
-		var limited map[ledger.CallKey]processors.RateResult
+		var limited map[ledger.CallKey][]processors.RateResult
 		for i, a := range as {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 			if res, ok := limited[a.Key]; ok {
-				out[i] = processors.AdmitResult{Outcome: processors.Limited, Rate: res}
+				out[i] = processors.AdmitResult{Outcome: processors.Limited, Rates: res}
 				continue
 			}
 			cur, ok, err := x.get(a.Key)
@@ -553,19 +553,20 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 				}
 				continue
 			}
-			var rate processors.RateResult
-			if a.Rate != nil {
+			var rates []processors.RateResult
+			if len(a.Rates) > 0 {
 				// Only a free key is charged, in the transaction that
-				// records it.
-				if rate, err = take(x.rates, x.now, *a.Rate); err != nil {
+				// records it, to every bucket or to none.
+				var charged bool
+				if rates, charged, err = charge(x.rates, x.now, a.Rates); err != nil {
 					return err
 				}
-				if !rate.Allowed {
+				if !charged {
 					if limited == nil {
-						limited = make(map[ledger.CallKey]processors.RateResult)
+						limited = make(map[ledger.CallKey][]processors.RateResult)
 					}
-					limited[a.Key] = rate
-					out[i] = processors.AdmitResult{Outcome: processors.Limited, Rate: rate}
+					limited[a.Key] = rates
+					out[i] = processors.AdmitResult{Outcome: processors.Limited, Rates: rates}
 					continue
 				}
 			}
@@ -573,7 +574,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 			if err := x.put(nil, r); err != nil {
 				return err
 			}
-			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r, Rate: rate}
+			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r, Rates: rates}
 		}
 		return nil
 	})

@@ -36,14 +36,16 @@ func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]proces
 	err := s.write(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRates)
 		now := s.now().UTC()
-		for i, r := range rs {
+		for i := range rs {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			var err error
-			if out[i], err = take(b, now, r); err != nil {
+			// Each request alone: Take's requests are independent.
+			res, _, err := charge(b, now, rs[i:i+1])
+			if err != nil {
 				return err
 			}
+			out[i] = res[0]
 		}
 		return nil
 	})
@@ -53,22 +55,29 @@ func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]proces
 	return out, nil
 }
 
-// take applies one checked request to its bucket in b at now, writing the
-// bucket if the request is admitted. The bucket is read afresh: an earlier
-// request of the same transaction may have written it.
-func take(b *bolt.Bucket, now time.Time, r processors.RateRequest) (processors.RateResult, error) {
-	var tat time.Time
-	if v := b.Get([]byte(r.Bucket)); v != nil {
-		var err error
-		if tat, err = time.Parse(tatFormat, string(v)); err != nil {
-			return processors.RateResult{}, fmt.Errorf("decode rate bucket %q: %v", r.Bucket, err)
+// charge applies checked requests all or nothing to their buckets in b at
+// now (processors.ChargeAll), writing the buckets only if every one admits
+// its request; ok reports whether they did. The buckets are read afresh:
+// an earlier request of the same transaction may have written them.
+func charge(b *bolt.Bucket, now time.Time, rs []processors.RateRequest) (_ []processors.RateResult, ok bool, _ error) {
+	tats := make(map[string]time.Time, len(rs))
+	for _, r := range rs {
+		if v := b.Get([]byte(r.Bucket)); v != nil {
+			tat, err := time.Parse(tatFormat, string(v))
+			if err != nil {
+				return nil, false, fmt.Errorf("decode rate bucket %q: %v", r.Bucket, err)
+			}
+			tats[r.Bucket] = tat
 		}
 	}
-	next, res := processors.GCRA(tat, now, r)
-	if res.Allowed {
-		if err := b.Put([]byte(r.Bucket), next.UTC().AppendFormat(nil, tatFormat)); err != nil {
-			return processors.RateResult{}, err
+	res, ok := processors.ChargeAll(tats, now, rs)
+	if !ok {
+		return res, false, nil
+	}
+	for _, r := range rs {
+		if err := b.Put([]byte(r.Bucket), tats[r.Bucket].UTC().AppendFormat(nil, tatFormat)); err != nil {
+			return nil, false, err
 		}
 	}
-	return res, nil
+	return res, true, nil
 }

@@ -104,7 +104,7 @@ type Config struct {
 	// Policy decides every call. Required. The policies' rate limits are
 	// kept by the Store, across all intake instances, if it is a
 	// processors.RateLimiter: it then charges a call in the transaction
-	// that admits it (processors.Admission.Rate). With a store that is
+	// that admits it (processors.Admission.Rates). With a store that is
 	// not, a call under a rate limit is refused (rate_limited).
 	Policy Decider
 	// PolicyRetryAfter is the retry_after_ms of the refusal of a call the
@@ -322,7 +322,9 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		// Charged by the store with the admission, not before: a
 		// duplicate, a retry of this batch after its step failed, or
 		// a key reused, takes nothing.
-		a.Rate = rate
+		if rate != nil {
+			a.Rates = []processors.RateRequest{*rate}
+		}
 		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
@@ -385,7 +387,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		case processors.Limited:
 			rl := a.decision.Obligations.RateLimit
 			emit(p.retryLater(a.checked, now, ReasonRateLimited,
-				fmt.Sprintf("at most %s for %s in tenant %s under policy %s", rl, a.tool.Name, a.id.Tenant, rl.Policy), res.Rate.RetryAfter))
+				fmt.Sprintf("at most %s for %s in tenant %s under policy %s", rl, a.tool.Name, a.id.Tenant, rl.Policy), res.RetryAfter()))
 		default:
 			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}

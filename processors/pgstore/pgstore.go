@@ -1148,12 +1148,12 @@ func (s *Store) admitted(ctx context.Context, as []processors.Admission, first m
 	answered := make(map[ledger.CallKey]bool, len(ins))
 	for i, a := range as {
 		if res, ok := rates.limited[a.Key]; ok {
-			out[i] = processors.AdmitResult{Outcome: processors.Limited, Rate: res}
+			out[i] = processors.AdmitResult{Outcome: processors.Limited, Rates: res}
 			continue
 		}
 		if r, ok := ins[a.Key]; ok && !answered[a.Key] {
 			answered[a.Key] = true
-			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r, Rate: rates.charged[a.Key]}
+			out[i] = processors.AdmitResult{Outcome: processors.Admitted, Record: r, Rates: rates.charged[a.Key]}
 			continue
 		}
 		r, ok := pre[a.Key]

@@ -70,7 +70,8 @@ WHERE r.bucket = u.bucket`,
 // batch, restarted whole on serialization failures like every other
 // method. Two round trips: lock (and create) the batch's buckets, reading
 // the database's clock; then, after processors.GCRA ran over the requests
-// in order, write the buckets that admitted something.
+// in order (each one alone, a ChargeAll of its own), write the buckets that
+// admitted something.
 func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]processors.RateResult, error) {
 	if err := processors.CheckRateRequests(rs); err != nil {
 		return nil, fmt.Errorf("pgstore take: %w", err)
@@ -92,8 +93,15 @@ func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]proces
 		if err != nil {
 			return err
 		}
-		var next map[string]time.Time
-		out, next = gcraBatch(rs, tats, now)
+		groups := make([][]processors.RateRequest, len(rs))
+		for i := range rs {
+			groups[i] = rs[i : i+1]
+		}
+		res, _, next := gcraBatch(groups, tats, now)
+		out = make([]processors.RateResult, len(rs))
+		for i := range res {
+			out[i] = res[i][0]
+		}
 		if len(next) == 0 {
 			return nil
 		}
@@ -137,25 +145,26 @@ func scanLocked(rows pgx.Rows, want int) (map[string]time.Time, time.Time, error
 	return tats, now, nil
 }
 
-// gcraBatch applies rs in order to the buckets' tats at now
-// (processors.GCRA), a later request seeing what an earlier one took. It
-// returns the results and the new tat of each bucket that admitted
-// something; tats is not changed.
-func gcraBatch(rs []processors.RateRequest, tats map[string]time.Time, now time.Time) ([]processors.RateResult, map[string]time.Time) {
-	out := make([]processors.RateResult, len(rs))
-	next := make(map[string]time.Time)
-	for i, r := range rs {
-		tat, ok := next[r.Bucket]
-		if !ok {
-			tat = tats[r.Bucket]
-		}
-		t, res := processors.GCRA(tat, now, r)
-		if res.Allowed {
-			next[r.Bucket] = t
-		}
-		out[i] = res
+// gcraBatch applies groups of requests in order to the buckets' tats at
+// now, each group all or nothing (processors.ChargeAll), a later group
+// seeing what an earlier one took. It returns each group's results and
+// whether it was charged, and the new tat of each bucket charged; tats is
+// not changed.
+func gcraBatch(groups [][]processors.RateRequest, tats map[string]time.Time, now time.Time) ([][]processors.RateResult, []bool, map[string]time.Time) {
+	cur := maps.Clone(tats)
+	out, ok := make([][]processors.RateResult, len(groups)), make([]bool, len(groups))
+	for i, g := range groups {
+		out[i], ok[i] = processors.ChargeAll(cur, now, g)
 	}
-	return out, next
+	// A charge always moves a bucket's tat forward: the buckets whose
+	// tat changed are those charged.
+	next := make(map[string]time.Time)
+	for b, t := range cur {
+		if !t.Equal(tats[b]) {
+			next[b] = t
+		}
+	}
+	return out, ok, next
 }
 
 // updateArgs are update's arrays for the buckets' new tats, in bucket
@@ -171,33 +180,33 @@ func updateArgs(next map[string]time.Time) ([]string, []time.Time) {
 
 // charged reports whether any admission of as is charged to a rate limit.
 func charged(as []processors.Admission) bool {
-	return slices.ContainsFunc(as, func(a processors.Admission) bool { return a.Rate != nil })
+	return slices.ContainsFunc(as, func(a processors.Admission) bool { return len(a.Rates) > 0 })
 }
 
 // rateAnswers are the rate limits' answers of a charged batch: the keys
 // their buckets refused, and the charges of the keys admitted.
 type rateAnswers struct {
-	limited, charged map[ledger.CallKey]processors.RateResult
+	limited, charged map[ledger.CallKey][]processors.RateResult
 }
 
 // charge decides, in batch order, which of the admissions as[idx...] (of
-// free keys, one per key) their buckets admit, from the buckets' locked
-// tats at now. It returns the answers and the new tats of the buckets
-// charged.
+// free keys, one per key) their buckets admit, each all or nothing, from
+// the buckets' locked tats at now. It returns the answers and the new
+// tats of the buckets charged.
 func charge(as []processors.Admission, idx []int, tats map[string]time.Time, now time.Time) (rateAnswers, map[string]time.Time) {
 	var (
-		rs   []processors.RateRequest
-		keys []ledger.CallKey
+		groups [][]processors.RateRequest
+		keys   []ledger.CallKey
 	)
 	for _, i := range idx {
-		if as[i].Rate != nil {
-			rs, keys = append(rs, *as[i].Rate), append(keys, as[i].Key)
+		if len(as[i].Rates) > 0 {
+			groups, keys = append(groups, as[i].Rates), append(keys, as[i].Key)
 		}
 	}
-	res, next := gcraBatch(rs, tats, now)
-	ans := rateAnswers{limited: make(map[ledger.CallKey]processors.RateResult), charged: make(map[ledger.CallKey]processors.RateResult)}
+	res, ok, next := gcraBatch(groups, tats, now)
+	ans := rateAnswers{limited: make(map[ledger.CallKey][]processors.RateResult), charged: make(map[ledger.CallKey][]processors.RateResult)}
 	for j, r := range res {
-		if r.Allowed {
+		if ok[j] {
 			ans.charged[keys[j]] = r
 		} else {
 			ans.limited[keys[j]] = r
@@ -207,13 +216,14 @@ func charge(as []processors.Admission, idx []int, tats map[string]time.Time, now
 }
 
 // admitCharged is Admit for a batch with admissions charged to rate
-// limits (processors.Admission.Rate). The charges commit with the
+// limits (processors.Admission.Rates). The charges commit with the
 // admissions, in one transaction at Admit's isolation level, and only the
 // first admission of a free key is charged. Two round trips where Admit's
 // other batches take one, plus BEGIN and COMMIT: the buckets (created if
 // missing, and locked) with the batch's existing records; then, once
-// processors.GCRA has decided in Go which free keys each bucket admits,
-// their insert with the buckets' update.
+// processors.ChargeAll has decided in Go which free keys their buckets
+// admit (all of an admission's buckets, or it is refused and charges
+// none), their insert with the buckets' update.
 //
 // At READ COMMITTED (PostgreSQL) it stays exact. Each bucket's row lock
 // is held from the first statement to the commit, and the records are
@@ -235,8 +245,8 @@ func (s *Store) admitCharged(ctx context.Context, as []processors.Admission) ([]
 		}
 		first[a.Key] = i
 		ts, ks = append(ts, a.Key.TenantID), append(ks, a.Key.IdempotencyKey)
-		if a.Rate != nil {
-			buckets = append(buckets, a.Rate.Bucket)
+		for _, r := range a.Rates {
+			buckets = append(buckets, r.Bucket)
 		}
 	}
 	buckets = lockOrder(buckets)

@@ -175,30 +175,33 @@ func TestRateLimitErrorsKeepSecrets(t *testing.T) {
 // TestAdmitChargedSkipsAKeyInsertedMeanwhile: at READ COMMITTED, a key
 // that another transaction inserts between the charged batch's read and
 // its insert (charged to another bucket, or to none) is answered against
-// that record, and its charge is undone before the commit: the bucket
-// holds the charges of the admissions inserted, no more.
+// that record, and its charge is undone before the commit: the buckets
+// hold the charges of the admissions inserted, no more, and the fresh
+// key's charges to both its buckets stand.
 func TestAdmitChargedSkipsAKeyInsertedMeanwhile(t *testing.T) {
 	s, logs := openRelaxed(t)
 	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
 	fresh := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "fresh"}
 	r := processors.RateRequest{Bucket: "t_acme/x/2/h/p", Limit: 2, Window: time.Hour}
+	q := processors.RateRequest{Bucket: "t_acme/x/1/h/q", Limit: 1, Window: time.Hour}
 	res := admitWhileInserted(t, s, k, []processors.Admission{
-		{Key: fresh, CallID: "c_fresh", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Rate: &r},
-		{Key: k, CallID: "c_second", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Rate: &r},
+		{Key: fresh, CallID: "c_fresh", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Rates: []processors.RateRequest{r, q}},
+		{Key: k, CallID: "c_second", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Rates: []processors.RateRequest{r}},
 	})
 	if len(res) != 2 || res[0].Outcome != processors.Admitted || res[1].Outcome != processors.Duplicate || res[1].Record.CallID != "c_first" {
 		t.Fatalf("Admit() = %+v; want the fresh key admitted and a Duplicate of call c_first", res)
 	}
-	if want := (processors.RateResult{Allowed: true, Remaining: 1}); res[0].Rate != want {
-		t.Errorf("fresh key's charge = %+v; want %+v (the only one)", res[0].Rate, want)
+	if want := []processors.RateResult{{Allowed: true, Remaining: 1}, {Allowed: true, Remaining: 0}}; !cmp.Equal(want, res[0].Rates) {
+		t.Errorf("fresh key's charges = %+v; want %+v (the only ones)", res[0].Rates, want)
 	}
-	// One charge of two: one use left.
-	left, err := s.Take(t.Context(), []processors.RateRequest{r, r})
+	// One charge of two on r, the fresh key's on q: one use of r left,
+	// none of q.
+	left, err := s.Take(t.Context(), []processors.RateRequest{r, r, q})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !left[0].Allowed || left[1].Allowed {
-		t.Errorf("Take(2) after the batch = %+v; want one allowed, then refused: the skipped key uncharged", left)
+	if !left[0].Allowed || left[1].Allowed || left[2].Allowed {
+		t.Errorf("Take(r, r, q) after the batch = %+v; want one allowed, then refused twice: the skipped key uncharged, the fresh one charged", left)
 	}
 	if strings.Contains(logs.String(), "transaction retry") {
 		t.Errorf("Admit was retried:\n%s", logs.String())

@@ -37,6 +37,7 @@ func rateLimitTests() []struct {
 		{"RateLimit/ConcurrentBatches", limiter(testRateConcurrentBatches)},
 		{"RateLimit/AdmitCharged", testAdmitCharged},
 		{"RateLimit/AdmitChargedOnce", testAdmitChargedOnce},
+		{"RateLimit/AdmitChargedAll", testAdmitChargedAll},
 		{"RateLimit/AdmitChargedInvalid", testAdmitChargedInvalid},
 		{"RateLimit/AdmitChargedConcurrent", testAdmitChargedConcurrent},
 	}
@@ -352,10 +353,20 @@ func takeConcurrently(t *testing.T, rl processors.RateLimiter, n int, batch func
 	return allowed, errs
 }
 
-// charged is admission a charged to r.
-func charged(a processors.Admission, r processors.RateRequest) processors.Admission {
-	a.Rate = &r
+// charged is admission a charged to rs.
+func charged(a processors.Admission, rs ...processors.RateRequest) processors.Admission {
+	a.Rates = rs
 	return a
+}
+
+// onlyRate is the answer to res's one rate request, failing unless there
+// is exactly one.
+func onlyRate(t *testing.T, what string, res processors.AdmitResult) processors.RateResult {
+	t.Helper()
+	if len(res.Rates) != 1 {
+		t.Fatalf("%s: Rates = %+v; want one answer, to its one request", what, res.Rates)
+	}
+	return res.Rates[0]
 }
 
 // checkAbsent fails unless k has no record.
@@ -380,9 +391,9 @@ func testAdmitCharged(t *testing.T, s processors.Store) {
 	}
 	got := mustAdmit(t, s, as...)
 	want := []processors.AdmitResult{
-		{Outcome: processors.Admitted, Record: fromAdmission(as[0]), Rate: processors.RateResult{Allowed: true, Remaining: 1}},
+		{Outcome: processors.Admitted, Record: fromAdmission(as[0]), Rates: []processors.RateResult{{Allowed: true, Remaining: 1}}},
 		{Outcome: processors.Admitted, Record: fromAdmission(as[1])},
-		{Outcome: processors.Admitted, Record: fromAdmission(as[2]), Rate: processors.RateResult{Allowed: true, Remaining: 0}},
+		{Outcome: processors.Admitted, Record: fromAdmission(as[2]), Rates: []processors.RateResult{{Allowed: true, Remaining: 0}}},
 	}
 	if diff := cmp.Diff(want, got[:3], ignoreStoreSet, equateEmpty); diff != "" {
 		t.Errorf("Admit(3 charged to a limit of 2, 1 plain) first three (-want +got):\n%s", diff)
@@ -390,12 +401,15 @@ func testAdmitCharged(t *testing.T, s processors.Store) {
 	if got[3].Outcome != processors.Limited {
 		t.Errorf("third charged admission: outcome %v; want Limited", got[3].Outcome)
 	}
-	checkRefused(t, "third charged admission", got[3].Rate, 0, 0, hour/2)
+	checkRefused(t, "third charged admission", onlyRate(t, "third charged admission", got[3]), 0, 0, hour/2)
+	if got[3].RetryAfter() != got[3].Rates[0].RetryAfter {
+		t.Errorf("third charged admission: RetryAfter() = %v; want its bucket's, %v", got[3].RetryAfter(), got[3].Rates[0].RetryAfter)
+	}
 	checkAbsent(t, s, key("ch-3"))
 	checkRefused(t, "Take of the bucket after the admissions", mustTake(t, s.(processors.RateLimiter), r)[0], 0, 0, hour/2)
 	// The refused key stays free.
 	plain := as[3]
-	plain.Rate = nil
+	plain.Rates = nil
 	if got := mustAdmit(t, s, plain)[0]; got.Outcome != processors.Admitted {
 		t.Errorf("Admit(the refused key, uncharged) = %v; want Admitted", got.Outcome)
 	}
@@ -411,8 +425,8 @@ func testAdmitChargedOnce(t *testing.T, s processors.Store) {
 		t.Fatalf("Admit(once-1) = %v; want Admitted", got.Outcome)
 	}
 	for i := range 3 {
-		if got := mustAdmit(t, s, k1)[0]; got.Outcome != processors.Duplicate || got.Rate != (processors.RateResult{}) {
-			t.Errorf("retry %d of once-1 = %v, rate %+v; want Duplicate, uncharged", i+1, got.Outcome, got.Rate)
+		if got := mustAdmit(t, s, k1)[0]; got.Outcome != processors.Duplicate || got.Rates != nil {
+			t.Errorf("retry %d of once-1 = %v, rates %+v; want Duplicate, uncharged", i+1, got.Outcome, got.Rates)
 		}
 	}
 	reuse := charged(admission(key("once-1"), hashB, processors.StatusAuthorized), r)
@@ -432,7 +446,8 @@ func testAdmitChargedOnce(t *testing.T, s processors.Store) {
 		if res.Outcome != processors.Limited {
 			t.Errorf("copy %d of once-3 on an empty bucket = %v; want Limited", i+1, res.Outcome)
 		}
-		checkRefused(t, fmt.Sprintf("copy %d of once-3", i+1), res.Rate, 0, 0, hour/2)
+		what := fmt.Sprintf("copy %d of once-3", i+1)
+		checkRefused(t, what, onlyRate(t, what, res), 0, 0, hour/2)
 	}
 	checkAbsent(t, s, key("once-3"))
 	// A retry of an admitted call on the empty bucket is still its
@@ -442,17 +457,88 @@ func testAdmitChargedOnce(t *testing.T, s processors.Store) {
 	}
 }
 
+// testAdmitChargedAll: an admission charged to several buckets (one per
+// deciding policy) charges every one of them or none. One full bucket
+// refuses it: Limited, the key stays free, and the buckets with room are
+// charged nothing, not even for the rest of the batch; its RetryAfter is
+// the longest wait of the buckets that refused. With room in all, each is
+// charged. A bucket named twice counts twice.
+func testAdmitChargedAll(t *testing.T, s processors.Store) {
+	rl := s.(processors.RateLimiter)
+	roomy := rate("t_acme/all_roomy", 3, hour)
+	other := rate("t_acme/all_other", 2, hour)
+	full := rate("t_acme/all_full", 1, hour)
+	fullMinute := rate("t_acme/all_full_minute", 1, time.Minute)
+	mustTake(t, rl, full, fullMinute)
+
+	refused := charged(admission(key("all-refused"), hashA, processors.StatusAuthorized), roomy, full)
+	both := charged(admission(key("all-both"), hashA, processors.StatusAuthorized), roomy, other)
+	got := mustAdmit(t, s, refused, both)
+	if got[0].Outcome != processors.Limited || len(got[0].Rates) != 2 {
+		t.Fatalf("Admit(charged to a bucket with room and a full one) = %v, rates %+v; want Limited, two answers", got[0].Outcome, got[0].Rates)
+	}
+	if got[0].Rates[0] != (processors.RateResult{}) {
+		t.Errorf("refused admission's answer for the bucket with room = %+v; want zero: nothing charged", got[0].Rates[0])
+	}
+	checkRefused(t, "refused admission's answer for the full bucket", got[0].Rates[1], 0, 0, hour)
+	checkAbsent(t, s, refused.Key)
+	want := processors.AdmitResult{Outcome: processors.Admitted, Record: fromAdmission(both),
+		Rates: []processors.RateResult{{Allowed: true, Remaining: 2}, {Allowed: true, Remaining: 1}}}
+	if diff := cmp.Diff(want, got[1], ignoreStoreSet, equateEmpty); diff != "" {
+		t.Errorf("Admit(charged to two buckets with room, after the refused one) (-want +got):\n%s", diff)
+	}
+	// Committed so: the refused admission took nothing from roomy, the
+	// admitted one a use of each.
+	res := mustTake(t, rl, roomy, other)
+	if want := []processors.RateResult{{Allowed: true, Remaining: 1}, {Allowed: true, Remaining: 0}}; !cmp.Equal(want, res) {
+		t.Errorf("Take(roomy, other) after the admissions = %+v; want %+v", res, want)
+	}
+	// The refused key stays free.
+	if got := mustAdmit(t, s, charged(refused, rate("t_acme/all_fresh", 1, hour)))[0]; got.Outcome != processors.Admitted {
+		t.Errorf("Admit(the refused key, on a fresh bucket) = %v; want Admitted", got.Outcome)
+	}
+
+	// Two buckets refuse: the longer wait is the admission's.
+	two := charged(admission(key("all-two"), hashA, processors.StatusAuthorized), fullMinute, full)
+	res2 := mustAdmit(t, s, two)[0]
+	if res2.Outcome != processors.Limited || len(res2.Rates) != 2 {
+		t.Fatalf("Admit(charged to two full buckets) = %v, rates %+v; want Limited, two answers", res2.Outcome, res2.Rates)
+	}
+	checkRefused(t, "the per-minute bucket's refusal", res2.Rates[0], 0, 0, time.Minute)
+	checkRefused(t, "the per-hour bucket's refusal", res2.Rates[1], 0, time.Minute, hour)
+	if res2.RetryAfter() != res2.Rates[1].RetryAfter {
+		t.Errorf("RetryAfter() = %v; want the longest wait, the per-hour bucket's %v", res2.RetryAfter(), res2.Rates[1].RetryAfter)
+	}
+
+	// A bucket of 1 named twice cannot admit both uses: refused, and
+	// charged nothing.
+	once := rate("t_acme/all_once", 1, hour)
+	twice := charged(admission(key("all-twice"), hashA, processors.StatusAuthorized), once, once)
+	if got := mustAdmit(t, s, twice)[0]; got.Outcome != processors.Limited {
+		t.Errorf("Admit(charged twice to a bucket of 1) = %v; want Limited", got.Outcome)
+	}
+	checkAbsent(t, s, twice.Key)
+	if res := mustTake(t, rl, once)[0]; !res.Allowed {
+		t.Errorf("Take(the bucket named twice) = %+v; want allowed: the refused admission charged nothing", res)
+	}
+}
+
 // testAdmitChargedInvalid: a batch with a rate request no store may apply
-// is refused whole, as Take refuses it, and creates nothing.
+// (here an admission's second) is refused whole, as Take refuses it, and
+// creates and charges nothing.
 func testAdmitChargedInvalid(t *testing.T, s processors.Store) {
 	ok := admission(key("inv-ok"), hashA, processors.StatusAuthorized)
-	bad := charged(admission(key("inv-bad"), hashA, processors.StatusAuthorized), rate("t_acme/\x00", 1, hour))
+	valid := rate("t_acme/inv_valid", 1, hour)
+	bad := charged(admission(key("inv-bad"), hashA, processors.StatusAuthorized), valid, rate("t_acme/\x00", 1, hour))
 	got, err := s.Admit(t.Context(), []processors.Admission{ok, bad})
 	if !errors.Is(err, processors.ErrInvalidRateRequest) || !errors.Is(err, processors.ErrRejected) {
 		t.Errorf("Admit(with a NUL in a bucket) = %v, %v; want an error wrapping ErrInvalidRateRequest and ErrRejected", got, err)
 	}
 	checkAbsent(t, s, ok.Key)
 	checkAbsent(t, s, bad.Key)
+	if res := mustTake(t, s.(processors.RateLimiter), valid)[0]; !res.Allowed {
+		t.Errorf("Take(the valid request's bucket) = %+v; want allowed: the refused batch charged nothing", res)
+	}
 }
 
 // testAdmitChargedConcurrent: concurrent admissions charged to one bucket
