@@ -1258,8 +1258,8 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 // intake decides as a call of its own under the policies in force then,
 // so a set that no longer wants the undo can still deny it; dropped, it
 // would leave an outcome nobody can establish to a human against the
-// wish of the policy the approver saw. The rate limit is not read: the
-// intake applied it before the approval, and the executor applies none.
+// wish of the policy the approver saw. The rate limits are not read: the
+// intake applied them before the approval, and the executor applies none.
 func carriedObligations(list []string) policy.Obligations {
 	return policy.Obligations{
 		RequireApproval: slices.Contains(list, "require_approval"),

@@ -104,8 +104,10 @@ type Config struct {
 	// Policy decides every call. Required. The policies' rate limits are
 	// kept by the Store, across all intake instances, if it is a
 	// processors.RateLimiter: it then charges a call in the transaction
-	// that admits it (processors.Admission.Rates). With a store that is
-	// not, a call under a rate limit is refused (rate_limited).
+	// that admits it (processors.Admission.Rates), to the budget of
+	// every deciding policy with a limit, or, if any is spent, refuses
+	// it (rate_limited) and charges none. With a store that is not, a
+	// call under a rate limit is refused (rate_limited).
 	Policy Decider
 	// PolicyRetryAfter is the retry_after_ms of the refusal of a call the
 	// policies could not decide (policy.Decision.Transient: a timeout, no
@@ -310,8 +312,8 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		}
 	}
 	for _, c := range calls {
-		rate := p.rate(c)
-		if rate != nil && !p.limits {
+		rates := p.rates(c)
+		if len(rates) > 0 && !p.limits {
 			emit(p.refuse(c.key(), c.env, now, ReasonRateLimited, "", "a policy sets a rate limit and this intake's store keeps none"))
 			continue
 		}
@@ -322,9 +324,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		// Charged by the store with the admission, not before: a
 		// duplicate, a retry of this batch after its step failed, or
 		// a key reused, takes nothing.
-		if rate != nil {
-			a.Rates = []processors.RateRequest{*rate}
-		}
+		a.Rates = rates
 		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
@@ -385,9 +385,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			emit(p.refuse(a.key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
 				"the idempotency key is already used by a call with other arguments"))
 		case processors.Limited:
-			rl := a.decision.Obligations.RateLimit
-			emit(p.retryLater(a.checked, now, ReasonRateLimited,
-				fmt.Sprintf("at most %s for %s in tenant %s under policy %s", rl, a.tool.Name, a.id.Tenant, rl.Policy), res.RetryAfter()))
+			emit(p.retryLater(a.checked, now, ReasonRateLimited, limitedDetail(a.checked, res.Rates), res.RetryAfter()))
 		default:
 			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}
@@ -602,14 +600,33 @@ func scopeMismatch(s ledger.Scope, id identity.Identity) (pointer string, ok boo
 	return "", true
 }
 
-// rate is what admitting c charges, or nil: an allowed call under a
-// rate_limit obligation draws on its bucket.
-func (p *Processor) rate(c *checked) *processors.RateRequest {
-	rl := c.decision.Obligations.RateLimit
-	if !c.decision.Allow || rl == nil {
+// rates is what admitting c charges, or nil: an allowed call draws on the
+// bucket of each of its rate_limit obligations, one per deciding policy
+// with a limit, in the decision's order; all of them or, refused, none.
+func (p *Processor) rates(c *checked) []processors.RateRequest {
+	rls := c.decision.Obligations.RateLimits
+	if !c.decision.Allow || len(rls) == 0 {
 		return nil
 	}
-	return &processors.RateRequest{Bucket: rateBucket(c.id.Tenant, c.tool.Name, *rl), Limit: rl.N, Window: rl.Per, Cost: 1}
+	rs := make([]processors.RateRequest, len(rls))
+	for i, rl := range rls {
+		rs[i] = processors.RateRequest{Bucket: rateBucket(c.id.Tenant, c.tool.Name, rl), Limit: rl.N, Window: rl.Per, Cost: 1}
+	}
+	return rs
+}
+
+// limitedDetail says which of c's rate limits refused it: those whose
+// buckets refused (a refusal has a RetryAfter), from res, the store's
+// answers to rates(c) in their order. The others had room, and were not
+// charged either.
+func limitedDetail(c *checked, res []processors.RateResult) string {
+	var by []string
+	for i, rl := range c.decision.Obligations.RateLimits {
+		if i < len(res) && res[i].RetryAfter > 0 {
+			by = append(by, fmt.Sprintf("at most %s for %s in tenant %s under policy %s", rl, c.tool.Name, c.id.Tenant, rl.Policy))
+		}
+	}
+	return strings.Join(by, "; ")
 }
 
 // rateBucket names the budget a call under rl draws on: the verified

@@ -570,6 +570,12 @@ func (f *fixture) step(t *testing.T, recs ...*kgo.Record) (ledger.Output, []stri
 // Before, the bucket was the tenant's and the tool's alone: one call
 // under the 10/s permit left the 1/m permit refused, and one under the
 // 1/m permit spent the 10/s permit's burst.
+//
+// A call that two limited permits decide (the 1/m "slow" and the 2/m
+// "triage", for high priority) is charged to both budgets, and refused
+// while either is spent. Before, only the strictest limit was kept: such
+// a call drew on slow's budget alone, so triage's was never drawn by it,
+// and a call under both passed while triage's budget was spent.
 func TestIntakeRateLimitIsPerPolicy(t *testing.T) {
 	long := strings.Repeat("p", 2*processors.MaxRateBucketLen)
 	pol := policyEngine(t, `
@@ -580,6 +586,12 @@ when { context.arguments has priority && context.arguments.priority == "low" };
 @id("slow") @rate_limit("1/m")
 permit (principal, action == Action::"tool::create_ticket", resource)
 when { context.arguments has priority && context.arguments.priority == "high" };
+
+// Looser than slow, and deciding more calls: those without a priority
+// too.
+@id("triage") @rate_limit("2/m")
+permit (principal, action == Action::"tool::create_ticket", resource)
+when { !(context.arguments has priority) || context.arguments.priority == "high" };
 
 // An id too long for a bucket name as it is.
 @id("`+long+`") @rate_limit("5/m")
@@ -595,6 +607,8 @@ when { context.arguments has priority && context.arguments.priority == "normal" 
 		name  string
 		calls []call
 		want  [][]string
+		// detail, if set, is the last call's refusal's.
+		detail string
 	}{
 		{
 			name:  "the fast permit's calls leave the slow one's budget",
@@ -606,14 +620,46 @@ when { context.arguments has priority && context.arguments.priority == "normal" 
 			calls: []call{{"slow-1", "high"}, {"fast-1", "low"}, {"fast-2", "low"}, {"long-1", "normal"}},
 			want:  [][]string{authorized("slow-1"), authorized("fast-1"), authorized("fast-2"), authorized("long-1")},
 		},
+		{
+			name:   "a looser budget spent by calls only it decides refuses a call a stricter one also decides",
+			calls:  []call{{"triage-1", ""}, {"triage-2", ""}, {"slow-1", "high"}},
+			want:   [][]string{authorized("triage-1"), authorized("triage-2"), limited("slow-1")},
+			detail: "at most 2/m for create_ticket in tenant t_a under policy triage",
+		},
+		{
+			name:  "a call two limits decide draws on both budgets",
+			calls: []call{{"slow-1", "high"}, {"triage-1", ""}, {"triage-2", ""}},
+			want:  [][]string{authorized("slow-1"), authorized("triage-1"), limited("triage-2")},
+		},
+		{
+			name:   "both spent: the refusal names both",
+			calls:  []call{{"slow-1", "high"}, {"triage-1", ""}, {"slow-2", "high"}},
+			want:   [][]string{authorized("slow-1"), authorized("triage-1"), limited("slow-2")},
+			detail: "at most 1/m for create_ticket in tenant t_a under policy slow; at most 2/m for create_ticket in tenant t_a under policy triage",
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newIntakeWith(t, func(c *intake.Config) { c.Policy = pol })
+			var last ledger.Output
 			for i, c := range tc.calls {
-				_, got := f.step(t, f.envelopeRecord(t, c.key, map[string]any{"title": "t", "priority": c.priority}))
+				args := map[string]any{"title": "t"}
+				if c.priority != "" {
+					args["priority"] = c.priority
+				}
+				out, got := f.step(t, f.envelopeRecord(t, c.key, args))
 				if diff := cmp.Diff(tc.want[i], got); diff != "" {
 					t.Errorf("%s (-want +got):\n%s", c.key, diff)
+				}
+				last = out
+			}
+			if tc.detail != "" {
+				var got []string
+				for _, e := range events(t, last) {
+					got = append(got, string(e.Type)+": "+e.Detail)
+				}
+				if want := []string{"denied: " + tc.detail}; !cmp.Equal(want, got) {
+					t.Errorf("last call's events %q; want %q", got, want)
 				}
 			}
 		})

@@ -72,8 +72,8 @@ func demoEngine(t testing.TB) (*Engine, *Set) {
 func TestDemoPolicies(t *testing.T) {
 	e, s := demoEngine(t)
 	v := s.Version()
-	internal60 := &RateLimit{N: 60, Per: time.Minute, Policy: "email-internal"}
-	external60 := &RateLimit{N: 60, Per: time.Minute, Policy: "email-external-needs-approval"}
+	internal60 := []RateLimit{{N: 60, Per: time.Minute, Policy: "email-internal"}}
+	external60 := []RateLimit{{N: 60, Per: time.Minute, Policy: "email-external-needs-approval"}}
 	// The refund permits mask the reason: every refund decision's audit
 	// copy hides it, denials included.
 	reason := []string{"/reason"}
@@ -130,25 +130,25 @@ func TestDemoPolicies(t *testing.T) {
 			name: "internal email allowed without approval, rate limited",
 			req:  func() Request { return email("ops@example.com") },
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"email-internal"}, Version: v,
-				Obligations: Obligations{RateLimit: internal60}},
+				Obligations: Obligations{RateLimits: internal60}},
 		},
 		{
 			name: "external email needs approval, rate limited",
 			req:  func() Request { return email("someone@gmail.com") },
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"email-external-needs-approval"}, Version: v,
-				Obligations: Obligations{RequireApproval: true, RateLimit: external60}},
+				Obligations: Obligations{RequireApproval: true, RateLimits: external60}},
 		},
 		{
 			name: "look-alike domain is external",
 			req:  func() Request { return email("x@example.com.evil.test") },
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"email-external-needs-approval"}, Version: v,
-				Obligations: Obligations{RequireApproval: true, RateLimit: external60}},
+				Obligations: Obligations{RequireApproval: true, RateLimits: external60}},
 		},
 		{
 			name: "email without a recipient argument needs approval",
 			req:  func() Request { r := email(""); delete(r.Arguments, "to"); return r },
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"email-external-needs-approval"}, Version: v,
-				Obligations: Obligations{RequireApproval: true, RateLimit: external60}},
+				Obligations: Obligations{RequireApproval: true, RateLimits: external60}},
 		},
 		{
 			name: "unknown tool matches no permit",

@@ -73,9 +73,11 @@
 //	                                  its own
 //
 // When several permits decide, their obligations add up: any approval or
-// sandbox applies, masks are united, the strictest rate limit wins. An
-// unknown obligation or a malformed value fails the load of the whole set,
-// since an ignored typo would weaken a rule.
+// sandbox applies, masks are united, and every rate limit applies: the
+// call is charged to each deciding policy's budget, or refused while any
+// of them is spent (and then charged to none). An unknown obligation or a
+// malformed value fails the load of the whole set, since an ignored typo
+// would weaken a rule.
 //
 // @mask is also read another way, since a denial carries no obligations
 // and a denied call's arguments are as sensitive as an allowed one's: the

@@ -474,7 +474,7 @@ func TestObligationsOnlyFromDecidingPolicies(t *testing.T) {
 @rate_limit("1000/h")
 permit (principal, action == Action::"tool::get_weather", resource);
 
-// Matches too: masks add up, the stricter rate limit wins, sandbox applies.
+// Matches too: masks add up, both rate limits apply, sandbox applies.
 @id("match-sandbox")
 @mask("/a,/c")
 @rate_limit("5/m")
@@ -522,14 +522,14 @@ when { context.arguments has priority && context.arguments.priority == "urgent" 
 			name: "two matching permits add up",
 			req:  simple("get_weather"),
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"match-mask", "match-sandbox"}, Version: s.Version(),
-				Obligations: Obligations{Mask: []string{"/a", "/b", "/c"}, RateLimit: &RateLimit{N: 5, Per: time.Minute, Policy: "match-sandbox"}, Sandbox: true},
+				Obligations: Obligations{Mask: []string{"/a", "/b", "/c"}, RateLimits: []RateLimit{{N: 1000, Per: time.Hour, Policy: "match-mask"}, {N: 5, Per: time.Minute, Policy: "match-sandbox"}}, Sandbox: true},
 				AuditMask:   weatherMasks},
 		},
 		{
 			name: "one matching permit",
 			req:  func() Request { r := simple("get_weather"); r.Channel = "agent"; return r }(),
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"match-mask"}, Version: s.Version(),
-				Obligations: Obligations{Mask: []string{"/a", "/b"}, RateLimit: &RateLimit{N: 1000, Per: time.Hour, Policy: "match-mask"}},
+				Obligations: Obligations{Mask: []string{"/a", "/b"}, RateLimits: []RateLimit{{N: 1000, Per: time.Hour, Policy: "match-mask"}}},
 				AuditMask:   weatherMasks},
 		},
 		{
@@ -643,8 +643,8 @@ func TestParseObligations(t *testing.T) {
 		{name: "sandbox true", ann: cedar.Annotations{"sandbox": "true"}, want: Obligations{Sandbox: true}},
 		{name: "sandbox false", ann: cedar.Annotations{"sandbox": "false"}},
 		{name: "masks sorted and deduplicated", ann: cedar.Annotations{"mask": "card_number, /reason,card_number"}, want: Obligations{Mask: []string{"/reason", "card_number"}}},
-		{name: "per second", ann: cedar.Annotations{"rate_limit": "3/s"}, want: Obligations{RateLimit: &RateLimit{N: 3, Per: time.Second}}},
-		{name: "per hour", ann: cedar.Annotations{"rate_limit": "3/h"}, want: Obligations{RateLimit: &RateLimit{N: 3, Per: time.Hour}}},
+		{name: "per second", ann: cedar.Annotations{"rate_limit": "3/s"}, want: Obligations{RateLimits: []RateLimit{{N: 3, Per: time.Second}}}},
+		{name: "per hour", ann: cedar.Annotations{"rate_limit": "3/h"}, want: Obligations{RateLimits: []RateLimit{{N: 3, Per: time.Hour}}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -668,8 +668,10 @@ func TestBareSandboxAnnotationParses(t *testing.T) {
 }
 
 func TestObligationsList(t *testing.T) {
-	o := Obligations{RequireApproval: true, Mask: []string{"/a", "b"}, RateLimit: &RateLimit{N: 20, Per: time.Minute}, Sandbox: true}
-	want := []string{"require_approval", "mask:/a", "mask:b", "rate_limit:20/m", "sandbox"}
+	o := Obligations{RequireApproval: true, Mask: []string{"/a", "b"}, Sandbox: true, RateLimits: []RateLimit{
+		{N: 20, Per: time.Minute, Policy: "a"}, {N: 5, Per: time.Hour, Policy: "b"}, {N: 20, Per: time.Minute, Policy: "c"}}}
+	// One entry per limit, equal ones too: each is a budget of its own.
+	want := []string{"require_approval", "mask:/a", "mask:b", "rate_limit:20/m", "rate_limit:5/h", "rate_limit:20/m", "sandbox"}
 	if diff := cmp.Diff(want, o.List()); diff != "" {
 		t.Errorf("List() mismatch (-want +got):\n%s", diff)
 	}

@@ -41,10 +41,13 @@ type Obligations struct {
 	// copy of the arguments hides these and those of every other policy
 	// for the tool (Decision.AuditMask).
 	Mask []string
-	// RateLimit, when set, caps the calls per tenant and tool that its
-	// policy decides. Of several deciding policies, the strictest limit
-	// wins (of equally strict ones, the first by policy id).
-	RateLimit *RateLimit
+	// RateLimits cap the calls per tenant and tool that their policies
+	// decide: one per deciding policy with a @rate_limit, sorted by
+	// policy id. Each is a budget of its own, and a call is charged to
+	// every one of them or, if any is spent, refused and charged to
+	// none: a looser limit is not waived because a stricter one also
+	// decides.
+	RateLimits []RateLimit
 	// Sandbox asks the executor to run the call against the tool's
 	// sandbox backend.
 	Sandbox bool
@@ -56,12 +59,14 @@ type Obligations struct {
 
 // IsZero reports whether o carries no obligation.
 func (o Obligations) IsZero() bool {
-	return !o.RequireApproval && len(o.Mask) == 0 && o.RateLimit == nil && !o.Sandbox && !o.UndoUnknown
+	return !o.RequireApproval && len(o.Mask) == 0 && len(o.RateLimits) == 0 && !o.Sandbox && !o.UndoUnknown
 }
 
 // List returns o as the strings events carry (ledger.Event.Obligations), in
 // a stable order: "require_approval", "mask:<field>" per field,
-// "rate_limit:<n>/<unit>", "sandbox".
+// "rate_limit:<n>/<unit>" per rate limit (in RateLimits' order, so two
+// policies with the same limit give two equal entries), "sandbox",
+// "undo_unknown".
 func (o Obligations) List() []string {
 	var l []string
 	if o.RequireApproval {
@@ -70,8 +75,8 @@ func (o Obligations) List() []string {
 	for _, m := range o.Mask {
 		l = append(l, "mask:"+m)
 	}
-	if o.RateLimit != nil {
-		l = append(l, "rate_limit:"+o.RateLimit.String())
+	for _, rl := range o.RateLimits {
+		l = append(l, "rate_limit:"+rl.String())
 	}
 	if o.Sandbox {
 		l = append(l, obligationSandbox)
@@ -83,9 +88,10 @@ func (o Obligations) List() []string {
 }
 
 // Merge adds p's obligations to o: flags are or-ed, masks united (sorted,
-// without duplicates), and the stricter rate limit kept. Several permits
-// deciding together all apply, and so do two decisions of one call (an
-// approved call's, and the executor's re-check of it).
+// without duplicates), and rate limits all kept, one per policy (sorted by
+// policy id). Several permits deciding together all apply, and so do two
+// decisions of one call (an approved call's, and the executor's re-check
+// of it).
 func (o Obligations) Merge(p Obligations) Obligations {
 	o.RequireApproval = o.RequireApproval || p.RequireApproval
 	o.Sandbox = o.Sandbox || p.Sandbox
@@ -95,9 +101,11 @@ func (o Obligations) Merge(p Obligations) Obligations {
 		slices.Sort(m)
 		o.Mask = slices.Compact(m)
 	}
-	if p.RateLimit != nil && (o.RateLimit == nil || p.RateLimit.stricter(*o.RateLimit)) {
-		rl := *p.RateLimit
-		o.RateLimit = &rl
+	if len(p.RateLimits) > 0 {
+		rls := append(slices.Clone(o.RateLimits), p.RateLimits...)
+		slices.SortStableFunc(rls, func(a, b RateLimit) int { return strings.Compare(a.Policy, b.Policy) })
+		// A policy merged twice still has one budget.
+		o.RateLimits = slices.CompactFunc(rls, func(a, b RateLimit) bool { return a.Policy == b.Policy })
 	}
 	return o
 }
@@ -122,11 +130,6 @@ func (r RateLimit) String() string {
 		unit = "h"
 	}
 	return strconv.Itoa(r.N) + "/" + unit
-}
-
-// stricter reports whether r allows fewer calls per unit of time than q.
-func (r RateLimit) stricter(q RateLimit) bool {
-	return float64(r.N)/r.Per.Seconds() < float64(q.N)/q.Per.Seconds()
 }
 
 // maxRateN bounds N so that a typo like "60000000000/s" is a load error
@@ -198,7 +201,7 @@ func parseObligations(a cedar.Annotations) (Obligations, error) {
 		if err != nil {
 			return o, fmt.Errorf("@%s: %w", annotationRateLimit, err)
 		}
-		o.RateLimit = &rl
+		o.RateLimits = []RateLimit{rl}
 	}
 	if v, ok := a[annotationSandbox]; ok {
 		// A bare @sandbox is @sandbox("") in Cedar.

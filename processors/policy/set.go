@@ -209,8 +209,8 @@ func parse(files []file, label, hash string) (*Set, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %s: policy %q: %w", ErrInvalidSet, f.name, string(id), err)
 			}
-			if ob.RateLimit != nil {
-				ob.RateLimit.Policy = string(id)
+			for j := range ob.RateLimits {
+				ob.RateLimits[j].Policy = string(id)
 			}
 			s.policies = append(s.policies, entry{id: id, policy: p, permit: p.Effect() == cedar.Permit, obligations: ob})
 			s.byID[id] = nil // reserved; pointers are taken once the slice stops growing
