@@ -182,9 +182,12 @@ type Config struct {
 	// back (processors.Store.Release) for RetryBackoff, after which the
 	// sweep of expired leases (SweepEvery) claims the call again, until
 	// the policies answer, the approval expires or the call's deadline
-	// passes. A taken-over call is not given back (its first owner may
-	// have sent it): its outcome is left to the reconciler, as for any
-	// other refusal.
+	// passes. A claim the store fails to take back is held and asked
+	// again (releaseHeld; Drain asks last); another executor may take the
+	// call over once its lease lapses, as one that may have been sent. A
+	// taken-over call is not given back (its first owner may have sent
+	// it): its outcome is left to the reconciler, as for any other
+	// refusal.
 	Policy Decider
 	// BaseURL resolves tools' relative backend URLs. Required when any
 	// tool's URL is relative.
@@ -434,9 +437,12 @@ type Executor struct {
 	// failed to take back (releaseClaim), by key (under mu): each step
 	// asks it again (releaseHeld), and until then they count as in
 	// flight.
-	held    map[ledger.CallKey]processors.Release
-	done    chan *flight
-	flights flights
+	held map[ledger.CallKey]processors.Release
+	// heldTried is when a step last asked the store to take the held
+	// claims back (under mu).
+	heldTried time.Time
+	done      chan *flight
+	flights   flights
 	// unwaited are calls in flight that the step which started them did
 	// not wait for (under mu).
 	unwaited map[*flight]struct{}
@@ -506,7 +512,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			x.settle(ctx, journals, false)
 		}
 	}()
-	x.releaseHeld(ctx)
+	x.releaseHeld(ctx, false)
 	jobs := make(map[ledger.CallKey]*job)
 	var (
 		order    []ledger.CallKey
@@ -1290,7 +1296,7 @@ func carriedObligations(list []string) policy.Obligations {
 // once).
 func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog, r refusal) processors.Completion {
 	rel := processors.Release{Key: c.rec.Key, Epoch: c.rec.Epoch, After: x.cfg.RetryBackoff}
-	applied, err := x.releaseClaims(ctx, []processors.Release{rel}, releaseTries)
+	applied, err := x.releaseClaims(context.WithoutCancel(ctx), []processors.Release{rel}, releaseTries, 10*time.Second)
 	switch {
 	case err != nil:
 		log.Error("give back a call the policies could not decide; held, to be given back by a later step", "reason", r.reason, "err", err)
@@ -1314,10 +1320,11 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 const releaseTries = 4
 
 // releaseClaims gives claims back (Store.Release), trying up to tries times
-// within 10 s, RetryBackoff apart at first and twice as long each time
-// after, even at shutdown: a claim not given back waits for its lease.
-func (x *Executor) releaseClaims(ctx context.Context, rs []processors.Release, tries int) ([]bool, error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+// within budget, RetryBackoff apart at first and twice as long each time
+// after. Right after a re-check it is given a context that shutdown does
+// not cancel: a claim not given back is held (releaseClaim).
+func (x *Executor) releaseClaims(ctx context.Context, rs []processors.Release, tries int, budget time.Duration) ([]bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	var err error
 	for n := 0; n < tries; n++ {
@@ -1338,26 +1345,38 @@ func (x *Executor) releaseClaims(ctx context.Context, rs []processors.Release, t
 
 // releaseHeld asks the store again to take back the claims this
 // executor holds since it failed to give them back (releaseClaim): those
-// it takes back, or finds another owner of, are no longer held.
-func (x *Executor) releaseHeld(ctx context.Context) {
+// it takes back, or finds another owner of, are no longer held. A step
+// asks at most once per RetryBackoff, briefly and within the step's
+// context, so that a store that still fails does not hold up every step;
+// Drain asks one last time (last), with longer.
+func (x *Executor) releaseHeld(ctx context.Context, last bool) {
+	now := time.Now()
 	x.mu.Lock()
+	if len(x.held) == 0 || (!last && now.Sub(x.heldTried) < x.cfg.RetryBackoff) {
+		x.mu.Unlock()
+		return
+	}
+	x.heldTried = now
 	rs := make([]processors.Release, 0, len(x.held))
 	for _, r := range x.held {
 		rs = append(rs, r)
 	}
 	x.mu.Unlock()
-	if len(rs) == 0 {
-		return
+	budget := 2 * time.Second
+	if last {
+		ctx, budget = context.WithoutCancel(ctx), 10*time.Second
 	}
-	applied, err := x.releaseClaims(ctx, rs, 1)
+	applied, err := x.releaseClaims(ctx, rs, 1, budget)
 	if err != nil {
-		x.cfg.Logger.Warn("give back calls held since their release failed; tried again at the next step", "calls", len(rs), "err", err)
+		x.cfg.Logger.Warn("give back calls held since their release failed; asked again later", "calls", len(rs), "err", err)
 		return
 	}
 	n := 0
 	x.mu.Lock()
 	for i, r := range rs {
-		delete(x.held, r.Key)
+		if h, ok := x.held[r.Key]; ok && h.Epoch == r.Epoch {
+			delete(x.held, r.Key)
+		}
 		if applied[i] {
 			n++
 		} else {
@@ -1369,6 +1388,18 @@ func (x *Executor) releaseHeld(ctx context.Context) {
 		x.cfg.Logger.Info("calls held since their release failed given back, to be decided again", "calls", n)
 		x.cfg.Metrics.Claims("released", n)
 	}
+}
+
+// heldKeys are the calls whose claims this executor still holds.
+func (x *Executor) heldKeys() []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	keys := make([]string, 0, len(x.held))
+	for k := range x.held {
+		keys = append(keys, k.String())
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // refusal is why a call must not run: a denial's reason, detail and the

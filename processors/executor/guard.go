@@ -488,8 +488,16 @@ func (x *Executor) recordAlone(ctx context.Context, fs ...*flight) {
 // handed to a step or recorded in the store, or until ctx is done. Call
 // it after the loop's Run returned and before closing the store: calls
 // still running at shutdown record their outcomes themselves, and Drain
-// lets them finish doing so. What Drain does not wait for is left to the
-// leases (see Config.DrainTimeout).
+// lets them finish doing so. It then asks the store one last time to take
+// back the claims the executor holds since their release failed
+// (releaseClaim). What Drain does not wait for, or give back, is left to
+// the leases (see Config.DrainTimeout): a call still held is then taken
+// over as one that may have been sent, and its keys are logged.
 func (x *Executor) Drain(ctx context.Context) error {
-	return x.flights.wait(ctx)
+	err := x.flights.wait(ctx)
+	x.releaseHeld(ctx, true)
+	if keys := x.heldKeys(); len(keys) > 0 {
+		x.cfg.Logger.Error("claims not given back at shutdown: taken over once their leases lapse, as calls that may have been sent", "call_keys", keys)
+	}
+	return err
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -133,6 +135,58 @@ func TestApprovedCallSurvivesAPolicyTimeout(t *testing.T) {
 			}
 			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != 1 {
 				t.Errorf("refund applied %d times; want 1", n)
+			}
+		})
+	}
+}
+
+// An executor that stops while it holds a claim the store failed to take
+// back (TestApprovedCallSurvivesAPolicyTimeout) asks the store once more
+// in Drain, so that a store back by then gets the claim (and the call is
+// claimed afresh later, not taken over as one that may have been sent);
+// a claim still held is logged with its key.
+func TestDrainGivesHeldClaimsBack(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		storeBack  bool
+		wantOwner  string
+		wantLogged bool
+	}{
+		{"store back by shutdown", true, "", false},
+		{"store still failing", false, "x-test", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			engine, stalled := processorstest.StallingPolicy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
+			r := newRig(t)
+			ev, approved := r.admitApproved("kd", time.Now().Add(time.Hour), "")
+			st := &failingReleases{Store: r.store}
+			st.fail.Store(true)
+			logs := &ledgertest.LogBuffer{}
+			x := r.executor(func(c *executor.Config) {
+				c.Store, c.Policy = st, engine
+				c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+			})
+			stalled.Store(true)
+			if out, err := x.Step(t.Context(), []*kgo.Record{approved}); err != nil || len(out.Records) != 0 {
+				t.Fatalf("a re-check that timed out: %d records, %v; want none (the call waits)", len(out.Records), err)
+			}
+			st.fail.Store(!tc.storeBack)
+			if err := x.Drain(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := r.store.Get(t.Context(), ev.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Status != processors.StatusExecuting || rec.LeaseOwner != tc.wantOwner {
+				t.Errorf("after Drain the record is %s owned by %q; want executing, owned by %q", rec.Status, rec.LeaseOwner, tc.wantOwner)
+			}
+			logged := strings.Contains(logs.String(), "claims not given back at shutdown") && strings.Contains(logs.String(), ev.Key().String())
+			if logged != tc.wantLogged {
+				t.Errorf("the held claim's key logged at shutdown: %v; want %v; log:\n%s", logged, tc.wantLogged, logs)
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kd"); n != 0 {
+				t.Errorf("refund applied %d times; want 0", n)
 			}
 		})
 	}
