@@ -22,7 +22,9 @@ import (
 
 // staffFlags say where the API is and who the approver or operator is.
 type staffFlags struct {
-	g         *globals
+	g *globals
+	// hc is the command's HTTP client, made at its first request.
+	hc        *http.Client
 	api       string
 	assertion string
 	dataDir   string
@@ -73,11 +75,12 @@ func (f *staffFlags) call(ctx context.Context, method, path string, body, into a
 	}
 	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("Content-Type", "application/json")
-	hc, err := f.g.httpClient.client(f.g.logger(), 0)
-	if err != nil {
-		return err
+	if f.hc == nil {
+		if f.hc, err = f.g.httpClient.client(f.g.logger(), 30*time.Second); err != nil {
+			return err
+		}
 	}
-	resp, err := hc.Do(req)
+	resp, err := f.hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}

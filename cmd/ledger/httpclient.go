@@ -90,9 +90,12 @@ func (f *httpClientFlags) transport(logger *slog.Logger, maxIdlePerHost int) (*h
 			return nil, err
 		}
 		conn := tls.Client(raw, tlsConfig(host))
-		hctx, cancel := context.WithTimeout(ctx, t.TLSHandshakeTimeout)
-		defer cancel()
-		if err := conn.HandshakeContext(hctx); err != nil {
+		if t.TLSHandshakeTimeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, t.TLSHandshakeTimeout)
+			defer cancel()
+		}
+		if err := conn.HandshakeContext(ctx); err != nil {
 			raw.Close()
 			return nil, err
 		}

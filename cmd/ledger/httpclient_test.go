@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,8 +79,14 @@ func TestHTTPClientMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body, err := getFresh(t, hc, url); err != nil || body != "hello ledger-api" {
-		t.Errorf("GET with the client flags = %q, %v; want hello ledger-api", body, err)
+	body, resp, err := fetch(hc, url)
+	if err != nil || body != "hello ledger-api" {
+		t.Fatalf("GET with the client flags = %q, %v; want hello ledger-api", body, err)
+	}
+	// Both sides offer HTTP/2 (the server's config is made per
+	// handshake, the client's per connection), as without the flags.
+	if resp.ProtoMajor != 2 {
+		t.Errorf("GET with the client flags spoke %s; want HTTP/2", resp.Proto)
 	}
 
 	// Without a client certificate the server refuses; without the CA
@@ -177,13 +184,16 @@ func TestHTTPClientRotation(t *testing.T) {
 	if body, err := getFresh(t, hc, newURL); err != nil || body != "hello fourth" {
 		t.Errorf("GET after both CA bundles were rotated = %q, %v; want hello fourth", body, err)
 	}
-	// A CA bundle replaced by something that is not one keeps the last.
-	files.install(t, keyFile, "client-ca.pem")
-	if body, err := getFresh(t, hc, newURL); err != nil || body != "hello fourth" {
-		t.Errorf("GET after the client CA bundle was overwritten with garbage = %q, %v; want hello fourth (the last good bundle)", body, err)
-	}
-	if !strings.Contains(logs.String(), "tls CA bundle not reloaded") {
-		t.Errorf("no warning logged for a CA bundle that does not load; log:\n%s", logs)
+	// CA bundles replaced by something that is not one keep the last,
+	// the client's and the server's.
+	for _, name := range []string{"client-ca.pem", "server-client-ca.pem"} {
+		files.install(t, keyFile, name)
+		if body, err := getFresh(t, hc, newURL); err != nil || body != "hello fourth" {
+			t.Errorf("GET after %s was overwritten with garbage = %q, %v; want hello fourth (the last good bundle)", name, body, err)
+		}
+		if want := filepath.Join(files.dir, name); !strings.Contains(logs.String(), "tls CA bundle not reloaded") || !strings.Contains(logs.String(), want) {
+			t.Errorf("no warning logged for %s, which does not load; log:\n%s", want, logs)
+		}
 	}
 }
 
@@ -297,6 +307,16 @@ func TestDemoBackendFetchesKeysOverMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The introspection endpoint (the reconciler's, in a deployment)
+	// also requires client certificates; this one says every credential
+	// is active, and who asked.
+	var asked atomic.Value
+	introspect := "https://" + startHTTP(t, httpTLSFlags{certFile: server.CertFile, keyFile: server.KeyFile, clientCAFile: pki.CAFile}, nil,
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			asked.Store(r.TLS.PeerCertificates[0].Subject.CommonName)
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"active":true}`)
+		})) + "/v1/introspect"
 	for _, tc := range []struct {
 		name       string
 		flags      []string
@@ -307,7 +327,7 @@ func TestDemoBackendFetchesKeysOverMutualTLS(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := freeAddr(t)
-			startDemoBackend(t, addr, append([]string{"--credential-jwks-url", jwks}, tc.flags...)...)
+			startDemoBackend(t, addr, append([]string{"--credential-jwks-url", jwks, "--introspect-url", introspect}, tc.flags...)...)
 			_, err := httptool.New(httptool.Config{}).Call(t.Context(), httptool.Request{
 				URL: "http://" + addr + "/tools/create_ticket", IdempotencyKey: "k-1", TenantID: "t_a",
 				CallID: "call_k-1", Attempt: 1, Arguments: []byte(`{"title":"printer on fire"}`), Credential: cred.Token,
@@ -316,6 +336,8 @@ func TestDemoBackendFetchesKeysOverMutualTLS(t *testing.T) {
 			switch {
 			case tc.wantStatus == 0 && err != nil:
 				t.Errorf("call with a credential whose keys are fetched over mutual TLS: %v; want accepted", err)
+			case tc.wantStatus == 0 && asked.Load() != "demo-backend":
+				t.Errorf("introspection asked by %v; want the backend's client certificate, demo-backend", asked.Load())
 			case tc.wantStatus != 0 && (!errors.As(err, &te) || te.Status != tc.wantStatus):
 				t.Errorf("call: %v; want status %d", err, tc.wantStatus)
 			}

@@ -30,7 +30,7 @@ type httpTLSFlags struct {
 func (f *httpTLSFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.certFile, "http-tls-cert", "", "PEM certificate (with its chain) of the HTTP servers: with it they serve HTTPS only, TLS 1.2 or later; read again when the file changes, so a rotated certificate needs no restart; needs --http-tls-key")
 	fs.StringVar(&f.keyFile, "http-tls-key", "", "PEM private key of --http-tls-cert")
-	fs.StringVar(&f.clientCAFile, "http-tls-client-ca", "", "PEM CA certificates: with it, the HTTP servers accept only clients presenting a certificate one of them signed (mutual TLS); needs --http-tls-cert")
+	fs.StringVar(&f.clientCAFile, "http-tls-client-ca", "", "PEM CA certificates: with it, the HTTP servers accept only clients presenting a certificate one of them signed (mutual TLS); read again when the file changes; needs --http-tls-cert")
 }
 
 // enabled reports whether the servers speak TLS.

@@ -158,6 +158,15 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 	}
 
 	executors, urls := servedBrokers(t, 2)
+	// A third executor serves its keys over mutual TLS only: the
+	// reconciler fetches them with --http-client-*.
+	pki := ledgertest.NewPKI(t)
+	jwksServer, reconcilerClient := pki.Server("executor-2"), pki.Client("reconciler", "reconciler")
+	mtlsExecutor, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls = append(urls, "https://"+startHTTP(t, httpTLSFlags{certFile: jwksServer.CertFile, keyFile: jwksServer.KeyFile, clientCAFile: pki.CAFile}, nil, mtlsExecutor.Handler())+credentials.JWKSPath)
 	dir := t.TempDir()
 	iss, err := identity.LoadOrCreateIssuer(filepath.Join(dir, "issuer.jwk"), "trust-test")
 	if err != nil {
@@ -176,6 +185,7 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 		"reconciler", "--crdb-dsn", freshSchemaDSN(t), "--data-dir", dataDir, "--instance-id", "trust-test",
 		"--tools-base-url", "http://127.0.0.1:1", "--issuer", "trust-test", "--jwks-file", issuerJWKS,
 		"--http-addr", httpAddr, "--jwks-addr", jwksAddr, "--credential-jwks-url", strings.Join(urls, ","),
+		"--http-client-cert", reconcilerClient.CertFile, "--http-client-key", reconcilerClient.KeyFile, "--http-client-ca", pki.CAFile,
 	)
 	var served []byte
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
@@ -234,10 +244,11 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 		broker *credentials.Broker
 		active bool
 	}{
-		"executor 0": {executors[0], true},
-		"executor 1": {executors[1], true},
-		"reconciler": {own, true},
-		"stranger":   {stranger, false},
+		"executor 0":                        {executors[0], true},
+		"executor 1":                        {executors[1], true},
+		"executor 2 (keys over mutual TLS)": {mtlsExecutor, true},
+		"reconciler":                        {own, true},
+		"stranger":                          {stranger, false},
 	} {
 		ledgertest.WaitFor(t, 30*time.Second, func() error {
 			exited()
