@@ -51,6 +51,16 @@ const (
 	StatusParked         Status = "parked"          // outcome unknown, and the reconciler handed it to a human
 )
 
+// ListedStatuses are the statuses whose calls are listed by status, per
+// tenant too (ByStatus, TenantByStatus): those the approval queue, its
+// expiry and the reconciler read, which few calls reach. The stores index
+// them for those listings; every call's path goes through none of them,
+// so that it pays nothing for those indexes.
+var ListedStatuses = []Status{StatusPending, StatusOutcomeUnknown, StatusParked, StatusRejected, StatusExpired, StatusCompensated}
+
+// Listed reports whether s is one of ListedStatuses.
+func (s Status) Listed() bool { return slices.Contains(ListedStatuses, s) }
+
 // Done reports whether the executor will never run the call again.
 func (s Status) Done() bool {
 	switch s {

@@ -28,9 +28,12 @@
 //	tenant_status key: uvarint(len(tenant_id)) tenant_id, then the
 //	         record's status entry without the tenant part of its record
 //	         key (uvarint(len(status)) status updated_at idempotency_key)
-//	         value: empty; one entry per record, so TenantByStatus reads
-//	         one tenant's records in one status, in ByStatus's order,
-//	         without reading the other tenants' (the record key is the
+//	         value: empty; one entry per record in a listed status
+//	         (processors.ListedStatuses: those few calls reach, so a
+//	         call's usual path writes none), so TenantByStatus reads
+//	         one tenant's records in such a status, in ByStatus's order,
+//	         without reading the other tenants' (another status is read
+//	         through status, skipping them) (the record key is the
 //	         entry's tenant part followed by its idempotency key; no
 //	         longer than the status entry, so the record key's size limit
 //	         holds for both)
@@ -396,8 +399,12 @@ func keysOf(r *processors.Record, rk []byte) indexKeys {
 		k.unlogged = timeKey(r.UpdatedAt, rk)
 	}
 	k.status = statusKey(r.Status, r.UpdatedAt, rk)
-	// rk less its tenant part, which the tenant prefix holds.
-	k.tenantStatus = append(tenantPrefix(r.Key.TenantID, 0), statusKey(r.Status, r.UpdatedAt, []byte(r.Key.IdempotencyKey))...)
+	if r.Status.Listed() {
+		// rk less its tenant part, which the tenant prefix holds. Only
+		// the listed statuses: a call's path through the others pays
+		// for no entry here.
+		k.tenantStatus = append(tenantPrefix(r.Key.TenantID, 0), statusKey(r.Status, r.UpdatedAt, []byte(r.Key.IdempotencyKey))...)
+	}
 	return k
 }
 
@@ -1138,7 +1145,7 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	// those under prefix; each ends with the record key, less its tenant
 	// part, tp, when the prefix holds it.
 	bucket, prefix, tp := bucketStatus, statusPrefix(status), []byte(nil)
-	if tenant != "" {
+	if tenant != "" && status.Listed() {
 		tp = tenantPrefix(tenant, 0)
 		bucket, prefix = bucketTenantStatus, append(slices.Clip(tp), prefix...)
 	}
@@ -1175,6 +1182,11 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 			// As in Unlogged: only a bug leaves a stale entry.
 			if r.Status != status || !r.UpdatedAt.Equal(keyTime(tk)) {
 				return fmt.Errorf("%s index entry %x is stale (record %v: status %q, updated %v); delete the %s bucket and reopen to rebuild the indexes", bucket, k, r.Key, r.Status, r.UpdatedAt, bucket)
+			}
+			if tenant != "" && r.Key.TenantID != tenant {
+				// A status the tenant status index does not hold: the
+				// status index, the other tenants' records skipped.
+				continue
 			}
 			out = append(out, r)
 		}

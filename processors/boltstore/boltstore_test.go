@@ -313,8 +313,10 @@ func checkIndexes(t *testing.T, s *Store) {
 			}
 			sk := append(binary.AppendUvarint(nil, uint64(len(r.Status))), r.Status...)
 			want[string(bucketStatus)] = append(want[string(bucketStatus)], string(sk)+string(timeKey(r.UpdatedAt, rk)))
-			tk := append(binary.AppendUvarint(nil, uint64(len(r.Key.TenantID))), r.Key.TenantID...)
-			want[string(bucketTenantStatus)] = append(want[string(bucketTenantStatus)], string(tk)+string(sk)+string(timeKey(r.UpdatedAt, []byte(r.Key.IdempotencyKey))))
+			if r.Status.Listed() {
+				tk := append(binary.AppendUvarint(nil, uint64(len(r.Key.TenantID))), r.Key.TenantID...)
+				want[string(bucketTenantStatus)] = append(want[string(bucketTenantStatus)], string(tk)+string(sk)+string(timeKey(r.UpdatedAt, []byte(r.Key.IdempotencyKey))))
+			}
 			return nil
 		})
 	}); err != nil {

@@ -90,14 +90,10 @@ var journalCols = []string{"id", "created_at", "tenant_ids", "idempotency_keys",
 var obsoleteIndexes = []string{"execution_records_status_lease_until", "execution_records_status_updated_at"}
 
 // listedStatuses are the statuses ByStatus serves through statusIndexName
-// (and TenantByStatus through tenantStatusIndexName): those the approval
-// queue, its expiry and the reconciler list, which few calls reach.
-// Changing the list changes the indexes' predicate, which needs new index
-// names (CREATE INDEX IF NOT EXISTS keeps the old ones).
-var listedStatuses = []processors.Status{
-	processors.StatusPending, processors.StatusOutcomeUnknown, processors.StatusParked,
-	processors.StatusRejected, processors.StatusExpired, processors.StatusCompensated,
-}
+// (and TenantByStatus through tenantStatusIndexName). Changing the list
+// changes the indexes' predicate, which needs new index names (CREATE
+// INDEX IF NOT EXISTS keeps the old ones).
+var listedStatuses = processors.ListedStatuses
 
 // DefaultMaxRetries is Config.MaxRetries' default.
 const DefaultMaxRetries = 30
