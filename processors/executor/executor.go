@@ -297,8 +297,9 @@ type Config struct {
 
 // Metrics receives an executor's measurements (metrics.Registry is one).
 type Metrics interface {
-	// Claims: n claims ended in result (see claimResult), or were given
-	// back unsent ("released").
+	// Claims: n claims ended in result (see claimResult), were given
+	// back unsent ("released"), or were held because the store failed to
+	// take them back ("held": releaseClaim).
 	Claims(result string, n int)
 	// Stage: a stage ("claim", "complete") took d.
 	Stage(stage string, d time.Duration)
@@ -1303,6 +1304,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		x.mu.Lock()
 		x.held[rel.Key] = rel
 		x.mu.Unlock()
+		x.cfg.Metrics.Claims("held", 1)
 		return processors.Completion{}
 	case !applied[0]:
 		// Fenced out: another owner holds the call now.

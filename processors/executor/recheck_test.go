@@ -18,6 +18,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 )
 
@@ -162,13 +163,17 @@ func TestDrainGivesHeldClaimsBack(t *testing.T) {
 			st := &failingReleases{Store: r.store}
 			st.fail.Store(true)
 			logs := &ledgertest.LogBuffer{}
+			reg := metrics.New("executor")
 			x := r.executor(func(c *executor.Config) {
-				c.Store, c.Policy = st, engine
+				c.Store, c.Policy, c.Metrics = st, engine, reg
 				c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 			})
 			stalled.Store(true)
 			if out, err := x.Step(t.Context(), []*kgo.Record{approved}); err != nil || len(out.Records) != 0 {
 				t.Fatalf("a re-check that timed out: %d records, %v; want none (the call waits)", len(out.Records), err)
+			}
+			if n := counter(t, reg, "ledger_claims_total", "result", "held"); n != 1 {
+				t.Errorf("ledger_claims_total{result=\"held\"} = %v; want 1", n)
 			}
 			st.fail.Store(!tc.storeBack)
 			if err := x.Drain(t.Context()); err != nil {

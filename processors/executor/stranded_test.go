@@ -236,16 +236,35 @@ func TestUnreadableOutboxesDoNotStarveTheSweep(t *testing.T) {
 	}
 }
 
-// counter is the value of a counter without labels of its own in reg.
-func counter(t *testing.T, reg *metrics.Registry, name string) float64 {
+// counter is the value of a counter in reg: without labels of its own, or
+// the series whose labels include the name-value pairs given.
+func counter(t *testing.T, reg *metrics.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	fams, err := reg.Gatherer().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range fams {
-		if f.GetName() == name && len(f.GetMetric()) == 1 {
+		if f.GetName() != name {
+			continue
+		}
+		if len(labels) == 0 && len(f.GetMetric()) == 1 {
 			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if have[labels[i]] != labels[i+1] {
+					continue series
+				}
+			}
+			if len(labels) > 0 {
+				return m.GetCounter().GetValue()
+			}
 		}
 	}
 	return 0
