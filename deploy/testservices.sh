@@ -67,6 +67,25 @@ die() {
 }
 is_root() { [ "$(id -u)" -eq 0 ]; }
 
+# wait_ports_free waits, up to WAIT seconds, until no socket holds the
+# loopback ports given: a server about to listen on one fails with
+# "Address already in use" while an outgoing connection that happened to
+# get it as its ephemeral port is open or in TIME_WAIT (60 s), and the
+# suite's Kafka clients churn through that range. Without ss, it does not
+# wait.
+wait_ports_free() {
+	command -v ss >/dev/null || return 0
+	local filter="" p
+	for p in "$@"; do filter="${filter:+$filter or }sport = :$p"; done
+	local i=0
+	while [ -n "$(ss -Htan "( $filter )" 2>/dev/null)" ]; do
+		if [ "$i" -eq 0 ]; then log "waiting for ports $* to be released (sockets in TIME_WAIT or still open)"; fi
+		i=$((i + 1))
+		[ "$i" -le "$WAIT" ] || die "ports $* still held after ${WAIT}s: $(ss -Htan "( $filter )" | head -3)"
+		sleep 1
+	done
+}
+
 # apt_install installs Debian packages, quietly on stdout. apt-get update
 # runs once per invocation, first: a fresh machine has no (or stale) lists.
 APT_UPDATED=0
@@ -193,6 +212,7 @@ pg_start() {
 		log "postgres: a server from $data is running but does not answer; stopping it"
 		as_user "$user" "$bindir/pg_ctl" -D "$data" -m fast -w stop >&2 || true
 	fi
+	wait_ports_free "$PG_PORT"
 	log "postgres: starting on ${PG_HOST}:${PG_PORT}"
 	# The execution store's batched SERIALIZABLE statements read hundreds
 	# of rows each: with the default thresholds PostgreSQL's SSI escalates
@@ -450,6 +470,7 @@ ch_start() {
 		ch_stop
 	fi
 	rm -f "$pidf"
+	wait_ports_free "$CH_TCP_PORT" "$CH_HTTP_PORT" "$CH_INTERSERVER_PORT"
 	log "clickhouse: starting on ${CH_ADDR} (http ${CH_HTTP})"
 	# setsid + nohup: the server outlives this script and the caller's
 	# terminal; 9>&- keeps it from holding this script's lock. setpriv (not
