@@ -239,6 +239,9 @@ func (f fakeFlags) Flags(path []string) (map[string]bool, error) {
 		return nil, fmt.Errorf("no command %q", strings.Join(path, " "))
 	}
 	out := map[string]bool{"kafka-brokers": true, "log-level": true}
+	for _, root := range []string{"http-tls-cert", "http-tls-key", "http-tls-client-ca", "http-client-cert", "http-client-key", "http-client-ca"} {
+		out[root] = true
+	}
 	for _, n := range names {
 		out[n] = true
 	}
@@ -257,8 +260,10 @@ func (f fakeFlags) All() (map[string]bool, error) {
 }
 
 var testFlags = fakeFlags{
-	"executor": {"instance-id", "crdb-dsn", "jwks-addr", "policy-dir", "policy-versions-dir"},
-	"migrate":  {"crdb-dsn"},
+	"executor":   {"instance-id", "crdb-dsn", "jwks-addr", "policy-dir", "policy-versions-dir"},
+	"reconciler": {"instance-id", "crdb-dsn", "jwks-addr", "policy-dir", "policy-versions-dir", "http-addr", "credential-jwks-url"},
+	"api":        {"http-addr", "operators-url", "approvals-url"},
+	"migrate":    {"crdb-dsn"},
 }
 
 const validCompose = `name: t
@@ -388,6 +393,7 @@ metadata: {name: executor, namespace: ns}
 spec:
   clusterIP: None
   selector: {app: executor}
+  ports: [{name: jwks, port: 8443, targetPort: jwks}]
 ---
 apiVersion: apps/v1
 kind: StatefulSet
@@ -400,7 +406,9 @@ spec:
     metadata: {labels: {app: executor}}
     spec:
       securityContext: {runAsNonRoot: true}
-      volumes: [{name: policies, configMap: {name: policies}}]
+      volumes:
+        - {name: policies, configMap: {name: policies}}
+        - {name: tls, secret: {secretName: executor-tls, defaultMode: 0440}}
       containers:
         - name: executor
           image: ghcr.io/toolcall-ledger/ledger:latest
@@ -412,9 +420,14 @@ spec:
             - name: LEDGER_INSTANCE_ID
               valueFrom: {fieldRef: {fieldPath: metadata.name}}
             - {name: LEDGER_POLICY_VERSIONS_DIR, value: "/v"}
-          volumeMounts: [{name: policies, mountPath: /p, readOnly: true}]
+            - {name: LEDGER_JWKS_ADDR, value: ":8443"}
+            - {name: LEDGER_HTTP_TLS_CERT, value: "/tls/tls.crt"}
+            - {name: LEDGER_HTTP_TLS_KEY, value: "/tls/tls.key"}
+          volumeMounts:
+            - {name: policies, mountPath: /p, readOnly: true}
+            - {name: tls, mountPath: /tls, readOnly: true}
           ports: [{name: jwks, containerPort: 8443}]
-          readinessProbe: {httpGet: {path: /x, port: jwks}}
+          readinessProbe: {httpGet: {path: /x, port: jwks, scheme: HTTPS}}
           livenessProbe: {tcpSocket: {port: jwks}}
           resources: {requests: {cpu: 1, memory: 1Mi}, limits: {cpu: 1, memory: 1Mi}}
           securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}
@@ -441,6 +454,106 @@ spec:
           envFrom: [{secretRef: {name: sec}}]
           resources: {requests: {cpu: 100m, memory: 1Mi}, limits: {cpu: 1, memory: 1Mi}}
           securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reconciler, namespace: ns}
+spec:
+  selector: {app: reconciler}
+  ports: [{name: http, port: 8091, targetPort: http}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: reconciler, namespace: ns}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: reconciler}}
+  template:
+    metadata: {labels: {app: reconciler}}
+    spec:
+      securityContext: {runAsNonRoot: true}
+      volumes:
+        - {name: policies, configMap: {name: policies}}
+        - {name: tls, secret: {secretName: reconciler-tls}}
+      containers:
+        - name: reconciler
+          image: ghcr.io/toolcall-ledger/ledger:latest
+          args: ["reconciler"]
+          envFrom: [{configMapRef: {name: cfg}}]
+          env:
+            - {name: LEDGER_INSTANCE_ID, value: "reconciler-0"}
+            - {name: LEDGER_POLICY_VERSIONS_DIR, value: "/v"}
+            - {name: LEDGER_HTTP_ADDR, value: ":8091"}
+            - {name: LEDGER_HTTP_TLS_CERT, value: "/etc/tls/tls.crt"}
+            - {name: LEDGER_HTTP_TLS_KEY, value: "/etc/tls/tls.key"}
+            - {name: LEDGER_HTTP_CLIENT_CA, value: "/etc/tls/ca.crt"}
+            - {name: LEDGER_CREDENTIAL_JWKS_URL, value: "https://executor-0.executor.ns.svc:8443/.well-known/jwks.json,https://executor-1.executor.ns.svc.cluster.local:8443/.well-known/jwks.json,https://executor-2.executor.ns.svc:8443/.well-known/jwks.json"}
+          volumeMounts:
+            - {name: policies, mountPath: /p, readOnly: true}
+            - {name: tls, mountPath: /etc/tls, readOnly: true}
+          ports: [{name: http, containerPort: 8091}]
+          readinessProbe: {httpGet: {path: /readyz, port: http, scheme: HTTPS}}
+          livenessProbe: {tcpSocket: {port: http}}
+          resources: {requests: {cpu: 1, memory: 1Mi}, limits: {cpu: 1, memory: 1Mi}}
+          securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api, namespace: ns}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec:
+      securityContext: {runAsNonRoot: true}
+      volumes:
+        - {name: ca, secret: {secretName: reconciler-tls, items: [{key: ca.crt, path: ca.crt}]}}
+      containers:
+        - name: api
+          image: ghcr.io/toolcall-ledger/ledger:latest
+          args: ["api"]
+          env:
+            - {name: LEDGER_HTTP_ADDR, value: ":8080"}
+            - {name: LEDGER_OPERATORS_URL, value: "https://reconciler.ns.svc:8091"}
+            - {name: LEDGER_HTTP_CLIENT_CA, value: "/ca/ca.crt"}
+          volumeMounts: [{name: ca, mountPath: /ca, readOnly: true}]
+          ports: [{name: http, containerPort: 8080}]
+          readinessProbe: {httpGet: {path: /healthz, port: http}}
+          livenessProbe: {tcpSocket: {port: http}}
+          resources: {requests: {cpu: 1, memory: 1Mi}, limits: {cpu: 1, memory: 1Mi}}
+          securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}
+---
+apiVersion: cert-manager.io/v1
+kind: Issuer
+metadata: {name: self, namespace: ns}
+spec: {selfSigned: {}}
+---
+apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata: {name: ca, namespace: ns}
+spec: {isCA: true, commonName: ca, secretName: ca, issuerRef: {name: self}}
+---
+apiVersion: cert-manager.io/v1
+kind: Issuer
+metadata: {name: ca, namespace: ns}
+spec: {ca: {secretName: ca}}
+---
+apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata: {name: executor-tls, namespace: ns}
+spec:
+  secretName: executor-tls
+  dnsNames: ["*.executor.ns.svc", "*.executor.ns.svc.cluster.local"]
+  issuerRef: {name: ca, kind: Issuer}
+---
+apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata: {name: reconciler-tls, namespace: ns}
+spec:
+  secretName: reconciler-tls
+  dnsNames: [reconciler.ns.svc]
+  issuerRef: {name: ca}
 `
 
 // TestKubeChecksFail feeds the Kubernetes validator one broken set per
@@ -459,7 +572,7 @@ func TestKubeChecksFail(t *testing.T) {
 		{"namespace not in the set", "{name: cfg, namespace: ns}", "{name: cfg, namespace: other}", `namespace "other" is not in the set`},
 		{"selector does not match template", "  selector: {matchLabels: {app: executor}}\n  template:", "  selector: {matchLabels: {app: executr}}\n  template:", "does not match the template's labels"},
 		{"serviceName not a Service", "serviceName: executor", "serviceName: exec", `serviceName "exec" is not a Service`},
-		{"no readiness probe", "          readinessProbe: {httpGet: {path: /x, port: jwks}}\n", "", "readinessProbe needs exactly one handler"},
+		{"no readiness probe", "          readinessProbe: {httpGet: {path: /x, port: jwks, scheme: HTTPS}}\n", "", "readinessProbe needs exactly one handler"},
 		{"no liveness probe", "          livenessProbe: {tcpSocket: {port: jwks}}\n", "", "livenessProbe needs exactly one handler"},
 		{"probe on an undeclared port", "livenessProbe: {tcpSocket: {port: jwks}}", "livenessProbe: {tcpSocket: {port: http}}", "probes port http, which the container does not declare"},
 		{"no memory limit", "limits: {cpu: 1, memory: 1Mi}", "limits: {cpu: 1}", "no resources.limits.memory"},
@@ -481,6 +594,40 @@ func TestKubeChecksFail(t *testing.T) {
 		{"decides with the demo policies", `, LEDGER_POLICY_DIR: "/p"}`, "}", "ledger executor decides calls but sets no LEDGER_POLICY_DIR"},
 		{"policies mounted writable", "mountPath: /p, readOnly: true", "mountPath: /p", `LEDGER_POLICY_DIR "/p" is not a read-only mount`},
 		{"volume ConfigMap missing", "configMap: {name: policies}", "configMap: {name: policiez}", `volume refers to ConfigMap "policiez", which is not in the set`},
+		{"volume Secret of no Certificate", "secretName: executor-tls, defaultMode", "secretName: executor-tlz, defaultMode", `volume refers to Secret "executor-tlz", which is not in the set`},
+		{"Certificate of no Issuer", "issuerRef: {name: ca}", "issuerRef: {name: cx}", `Certificate/reconciler-tls: issuerRef names Issuer "cx", which is not in the set`},
+		{"Issuer's CA not in the set", "spec: {ca: {secretName: ca}}", "spec: {ca: {secretName: cb}}", `Issuer/ca: spec.ca.secretName "cb" is not a Secret in the set`},
+		{"Certificate without names", "  dnsNames: [reconciler.ns.svc]\n", "", "Certificate/reconciler-tls: no spec.dnsNames"},
+		{"keys served over plain HTTP", `            - {name: LEDGER_HTTP_TLS_CERT, value: "/tls/tls.crt"}
+            - {name: LEDGER_HTTP_TLS_KEY, value: "/tls/tls.key"}
+`, "", "StatefulSet/executor container executor: serves its credential keys (LEDGER_JWKS_ADDR :8443) over plain HTTP"},
+		{"certificate without its key", `            - {name: LEDGER_HTTP_TLS_KEY, value: "/tls/tls.key"}
+`, "", "LEDGER_HTTP_TLS_CERT and LEDGER_HTTP_TLS_KEY go together"},
+		{"certificate on no mount", `value: "/tls/tls.crt"`, `value: "/tlz/tls.crt"`, `LEDGER_HTTP_TLS_CERT "/tlz/tls.crt" is on no volume mount`},
+		{"certificate on a subPath mount", "{name: tls, mountPath: /tls, readOnly: true}", "{name: tls, mountPath: /tls/tls.crt, subPath: tls.crt, readOnly: true}", `LEDGER_HTTP_TLS_CERT "/tls/tls.crt" is on a subPath mount`},
+		{"CA file not projected", "items: [{key: ca.crt, path: ca.crt}]", "items: [{key: ca.crt, path: ca.pem}]", `LEDGER_HTTP_CLIENT_CA "/ca/ca.crt": the mount of Secret "reconciler-tls" does not project it`},
+		{"CA file not the CA", `value: "/etc/tls/ca.crt"`, `value: "/etc/tls/tls.crt"`, `LEDGER_HTTP_CLIENT_CA "/etc/tls/tls.crt" is tls.crt of test.yaml: Certificate/reconciler-tls's Secret, want ca.crt`},
+		{"TLS role probed over HTTP", "port: jwks, scheme: HTTPS}", "port: jwks}", "StatefulSet/executor container executor: readinessProbe asks plain HTTP of a role that serves HTTPS"},
+		{"plain role probed over HTTPS", "{path: /healthz, port: http}", "{path: /healthz, port: http, scheme: HTTPS}", "Deployment/api container api: readinessProbe asks HTTPS of a role that serves plain HTTP"},
+		{"mutual TLS role probed", `            - {name: LEDGER_HTTP_TLS_KEY, value: "/tls/tls.key"}
+`, `            - {name: LEDGER_HTTP_TLS_KEY, value: "/tls/tls.key"}
+            - {name: LEDGER_HTTP_TLS_CLIENT_CA, value: "/tls/ca.crt"}
+`, "readinessProbe is an httpGet probe of servers that require client certificates"},
+		{"http URL to a TLS role", `"https://reconciler.ns.svc:8091"`, `"http://reconciler.ns.svc:8091"`, `Deployment/api container api: LEDGER_OPERATORS_URL "http://reconciler.ns.svc:8091" is http, but test.yaml: Deployment/reconciler container reconciler serves HTTPS`},
+		{"https URL to a plain role", `            - {name: LEDGER_HTTP_TLS_CERT, value: "/etc/tls/tls.crt"}
+            - {name: LEDGER_HTTP_TLS_KEY, value: "/etc/tls/tls.key"}
+`, "", `LEDGER_OPERATORS_URL "https://reconciler.ns.svc:8091" is https, but test.yaml: Deployment/reconciler container reconciler serves plain HTTP`},
+		{"https URL without a CA", `            - {name: LEDGER_HTTP_CLIENT_CA, value: "/ca/ca.crt"}
+`, "", `LEDGER_OPERATORS_URL "https://reconciler.ns.svc:8091" is https, but the role sets no LEDGER_HTTP_CLIENT_CA`},
+		{"host the certificate does not name", `"https://reconciler.ns.svc:8091"`, `"https://reconciler:8091"`, "host reconciler is none of the names of test.yaml: Certificate/reconciler-tls"},
+		{"URL of no Service", `"https://reconciler.ns.svc:8091"`, `"https://reconcilr.ns.svc:8091"`, `names Service ns/reconcilr, which is not in the set`},
+		{"URL of no Service port", `"https://reconciler.ns.svc:8091"`, `"https://reconciler.ns.svc:8092"`, "port 8092 is not a port of test.yaml: Service/reconciler"},
+		{"CA of another issuer", "issuerRef: {name: ca, kind: Issuer}", "issuerRef: {name: self, kind: Issuer}", "LEDGER_HTTP_CLIENT_CA is the CA of test.yaml: Certificate/reconciler-tls, but test.yaml: StatefulSet/executor container executor's certificate test.yaml: Certificate/executor-tls is issued by Issuer/self"},
+		{"verifier of no keys", `            - {name: LEDGER_CREDENTIAL_JWKS_URL, value:`, `            - {name: LEDGER_CREDENTIALS_JWKS_URL, value:`, "ledger reconciler verifies credentials but sets no LEDGER_CREDENTIAL_JWKS_URL"},
+		{"verifier missing a pod's keys", ",https://executor-2.executor.ns.svc:8443/.well-known/jwks.json", "", "LEDGER_CREDENTIAL_JWKS_URL lists no keys of pod executor-2 (https://executor-2.executor.ns.svc:8443/.well-known/jwks.json)"},
+		{"keys of a pod of no StatefulSet", "https://executor-2.executor.ns.svc:8443", "https://executor-2.reconciler.ns.svc:8443", "names pod executor-2, but no StatefulSet of the set is governed by test.yaml: Service/reconciler"},
+		{"keys at a port the pod does not serve", "executor-0.executor.ns.svc:8443", "executor-0.executor.ns.svc:8444", `port 8444 is not a port of test.yaml: StatefulSet/executor container executor`},
+		{"keys at another path", "executor-0.executor.ns.svc:8443/.well-known/jwks.json", "executor-0.executor.ns.svc:8443/jwks.json", `path "/jwks.json", want /.well-known/jwks.json`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			probs := kubeProblems(t, mutate(t, validKube, tc.old, tc.new))

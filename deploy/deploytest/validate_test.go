@@ -456,7 +456,7 @@ type kubeDoc struct {
 var knownKinds = map[string]string{
 	"Namespace": "v1", "ConfigMap": "v1", "Secret": "v1", "Service": "v1",
 	"Deployment": "apps/v1", "StatefulSet": "apps/v1", "Job": "batch/v1",
-	"PodDisruptionBudget": "policy/v1",
+	"PodDisruptionBudget": "policy/v1", "Issuer": "cert-manager.io/v1", "Certificate": "cert-manager.io/v1",
 }
 
 func (d kubeDoc) where() string {
@@ -491,6 +491,27 @@ func validateKube(docs []kubeDoc, fs flagSource) []string {
 			add("%s: defined twice", d.where())
 		}
 		byKind[kind][name] = d
+	}
+	// cert-manager writes each Certificate's Secret: it is in the set
+	// for the pods that mount it.
+	for _, name := range sortedKeys(byKind["Certificate"]) {
+		d := byKind["Certificate"][name]
+		secret := strOf(dig(d.doc, "spec", "secretName"))
+		if secret == "" {
+			add("%s: no spec.secretName", d.where())
+			continue
+		}
+		if other, dup := byKind["Secret"][secret]; dup {
+			add("%s: its Secret %q is also %s", d.where(), secret, other.where())
+			continue
+		}
+		if byKind["Secret"] == nil {
+			byKind["Secret"] = map[string]kubeDoc{}
+		}
+		byKind["Secret"][secret] = kubeDoc{file: d.file, doc: map[string]any{
+			"apiVersion": "v1", "kind": "Secret",
+			"metadata": map[string]any{"name": secret, "namespace": dig(d.doc, "metadata", "namespace")},
+		}}
 	}
 	for _, d := range docs {
 		kind := strOf(d.doc["kind"])
@@ -571,6 +592,7 @@ func validateKube(docs []kubeDoc, fs flagSource) []string {
 			probs = append(probs, checkEnv(d.where(), keys, nil, fs)...)
 		}
 	}
+	probs = append(probs, checkHTTPS(byKind, fs)...)
 	return probs
 }
 
@@ -663,19 +685,11 @@ func checkPod(d kubeDoc, pod map[string]any, longRunning bool, replicas int, byK
 			}
 		}
 		var names []string
-		values := map[string]string{}
-		for _, ef := range listOf(dig(c, "envFrom")) {
-			for k, v := range mapOf(dig(byKind["ConfigMap"][strOf(dig(ef, "configMapRef", "name"))].doc, "data")) {
-				values[k] = fmt.Sprint(v)
-			}
-		}
+		values := containerEnv(c, byKind)
 		idFromPod, idLiteral := false, false
 		for _, e := range listOf(dig(c, "env")) {
 			n := strOf(dig(e, "name"))
 			names = append(names, n)
-			if v, ok := dig(e, "value").(string); ok {
-				values[n] = v
-			}
 			if n == "LEDGER_INSTANCE_ID" {
 				idFromPod = strOf(dig(e, "valueFrom", "fieldRef", "fieldPath")) == "metadata.name"
 				idLiteral = dig(e, "value") != nil
@@ -730,6 +744,23 @@ func checkPod(d kubeDoc, pod map[string]any, longRunning bool, replicas int, byK
 		check(c, true)
 	}
 	return probs
+}
+
+// containerEnv is the environment a container sees with literal values:
+// its envFrom ConfigMaps' data, then its env (which wins).
+func containerEnv(c any, byKind map[string]map[string]kubeDoc) map[string]string {
+	values := map[string]string{}
+	for _, ef := range listOf(dig(c, "envFrom")) {
+		for k, v := range mapOf(dig(byKind["ConfigMap"][strOf(dig(ef, "configMapRef", "name"))].doc, "data")) {
+			values[k] = fmt.Sprint(v)
+		}
+	}
+	for _, e := range listOf(dig(c, "env")) {
+		if v, ok := dig(e, "value").(string); ok {
+			values[strOf(dig(e, "name"))] = v
+		}
+	}
+	return values
 }
 
 // validateKustomization checks that the kustomization lists every
