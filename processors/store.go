@@ -55,7 +55,10 @@ const (
 // tenant too (ByStatus, TenantByStatus): those the approval queue, its
 // expiry and the reconciler read, which few calls reach. The stores index
 // them for those listings; every call's path goes through none of them,
-// so that it pays nothing for those indexes.
+// so that it pays nothing for those indexes. Changing the list changes
+// pgstore's partial indexes' predicate, which needs new index names
+// (CREATE INDEX IF NOT EXISTS would keep the old ones), and boltstore's
+// indexLayout.
 var ListedStatuses = []Status{StatusPending, StatusOutcomeUnknown, StatusParked, StatusRejected, StatusExpired, StatusCompensated}
 
 // Listed reports whether s is one of ListedStatuses.

@@ -46,7 +46,8 @@
 //	         written before it existed need no format change
 //	meta     "format": the layout version ("1"); Open refuses other values.
 //	         "indexed_txid": the bbolt transaction id of the last write
-//	         by this build's code (8 bytes, big-endian)
+//	         by this build's code (8 bytes, big-endian), then the layout
+//	         of the indexes it keeps (indexLayout, one byte)
 //
 // leases, unlogged2, status and tenant_status are indexes derived from
 // the records, kept in step by every write. Open rebuilds all of them from
@@ -56,7 +57,9 @@
 // without maintaining them, as builds before the unlogged2, status and
 // tenant_status indexes do. A file written before they existed therefore
 // needs no format change, and going back and forth between builds costs a
-// rebuild, not a stale index. Open
+// rebuild, not a stale index: builds that stamp the same transaction id
+// but keep other indexes (those before tenant_status stamp 8 bytes, and
+// read this build's 9 as no stamp) are told apart by indexLayout. Open
 // also deletes the "unlogged" bucket of earlier builds (it held done
 // records only); a build that uses it rebuilds it when it finds it
 // missing.
@@ -226,8 +229,13 @@ func indexesStale(tx *bolt.Tx) string {
 		}
 	}
 	v := tx.Bucket(bucketMeta).Get(metaTxID)
-	if len(v) != 8 {
+	switch {
+	case len(v) == 8:
+		return "indexes kept by a build of another layout"
+	case len(v) != 9:
 		return "no record of the last indexed write"
+	case v[8] != indexLayout:
+		return fmt.Sprintf("indexes of layout %d, not %d", v[8], indexLayout)
 	}
 	// A write transaction's id is the last committed one's plus one.
 	if last := binary.BigEndian.Uint64(v); last+1 != uint64(tx.ID()) {
@@ -262,10 +270,18 @@ func rebuildIndexes(tx *bolt.Tx) (int, error) {
 	return n, err
 }
 
+// indexLayout names what the derived indexes hold, in the stamp after the
+// transaction id: a build that keeps them otherwise (another bucket, other
+// entries in one) has another layout, so that Open rebuilds rather than
+// trust indexes such a build kept in step by its own rules. Bump it with
+// every change of what an index holds. 2: tenant_status, listed statuses
+// only.
+const indexLayout = 2
+
 // stampTxID records tx as the last write of this code (see indexesStale).
 // Every read-write transaction of the store calls it before committing.
 func stampTxID(tx *bolt.Tx) error {
-	return tx.Bucket(bucketMeta).Put(metaTxID, binary.BigEndian.AppendUint64(nil, uint64(tx.ID())))
+	return tx.Bucket(bucketMeta).Put(metaTxID, append(binary.BigEndian.AppendUint64(nil, uint64(tx.ID())), indexLayout))
 }
 
 // write runs fn in one read-write transaction and stamps it (stampTxID).

@@ -456,6 +456,27 @@ func (h rebuildCounter) WithGroup(string) slog.Handler      { return h }
 // TestIndexRebuild: Open rebuilds the indexes from the records when they
 // cannot be trusted (a file of an earlier layout, a write by code that
 // does not maintain them), and only then; the format stays "1".
+// moveTo rewrites the records of keys as a build that keeps no index
+// would: in status, at seq 7, a second later.
+func moveTo(tx *bolt.Tx, status processors.Status, keys ...ledger.CallKey) error {
+	recs := tx.Bucket(bucketRecords)
+	for _, k := range keys {
+		var d diskRecord
+		if err := json.Unmarshal(recs.Get(recordKey(k)), &d); err != nil {
+			return err
+		}
+		d.Status, d.Seq, d.UpdatedAt = status, 7, d.UpdatedAt.Add(time.Second)
+		v, err := json.Marshal(d)
+		if err != nil {
+			return err
+		}
+		if err := recs.Put(recordKey(k), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func TestIndexRebuild(t *testing.T) {
 	k3 := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "run_1:step_3:refund_order"}
 	tests := []struct {
@@ -484,6 +505,19 @@ func TestIndexRebuild(t *testing.T) {
 			return tx.Bucket(bucketMeta).Delete(metaTxID)
 		}, true},
 		{"index missing", func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketStatus) }, true},
+		// A build that keeps its own indexes in step and stamps its
+		// writes, but not the tenant status index (as those before it
+		// did, with 8 bytes): k3 leaves pending, and its entry there
+		// would be left stale.
+		{"written by a stamping build of another layout", func(tx *bolt.Tx) error {
+			if err := moveTo(tx, processors.StatusAuthorized, k3); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketMeta).Put(metaTxID, binary.BigEndian.AppendUint64(nil, uint64(tx.ID())))
+		}, true},
+		{"stamped with another layout", func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketMeta).Put(metaTxID, append(binary.BigEndian.AppendUint64(nil, uint64(tx.ID())), indexLayout+1))
+		}, true},
 		// A file the build before the tenant status index wrote last, as
 		// it stamped it: every other index in step.
 		{"tenant status index missing", func(tx *bolt.Tx) error {
@@ -495,22 +529,7 @@ func TestIndexRebuild(t *testing.T) {
 		{"written by other code", func(tx *bolt.Tx) error {
 			// A build that does not know the indexes moves k3 from
 			// pending to authorized, and writes k1 unlogged.
-			recs := tx.Bucket(bucketRecords)
-			for _, k := range []ledger.CallKey{k1, k3} {
-				var d diskRecord
-				if err := json.Unmarshal(recs.Get(recordKey(k)), &d); err != nil {
-					return err
-				}
-				d.Status, d.Seq, d.UpdatedAt = processors.StatusAuthorized, 7, d.UpdatedAt.Add(time.Second)
-				v, err := json.Marshal(d)
-				if err != nil {
-					return err
-				}
-				if err := recs.Put(recordKey(k), v); err != nil {
-					return err
-				}
-			}
-			return nil
+			return moveTo(tx, processors.StatusAuthorized, k1, k3)
 		}, true},
 	}
 	for _, tc := range tests {
