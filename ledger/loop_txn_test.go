@@ -605,10 +605,25 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 				publishKey(fmt.Sprint("k", n), value)
 				n++
 			}
+			// The loop reports a commit to its metrics once EndTxn has
+			// returned to it, after the group's offsets show the
+			// commit: wait for the report too. A reset before the first
+			// record's report leaves that record in the count, and a
+			// check before the last report reads the count short.
+			waitReported := func(want int64) {
+				t.Helper()
+				ledgertest.WaitFor(t, 15*time.Second, func() error {
+					if got := metrics.n.Load(); got < want {
+						return fmt.Errorf("the loop's metrics count %d records committed; want %d", got, want)
+					}
+					return nil
+				})
+			}
 			// A first record with work, once the loop is in its group
 			// and polling; then count from zero.
 			publish("copy")
 			waitCommitted(t, k, 1, 15*time.Second)
+			waitReported(1)
 			commits.Store(0)
 			worked.Store(0)
 			metrics.n.Store(0)
@@ -657,6 +672,7 @@ func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
 				want++
 			}
 			waitCommitted(t, k, want+1, 15*time.Second)
+			waitReported(want)
 			c, w, b := commits.Load(), worked.Load(), ignoredBatches.Load()
 			switch tc.name {
 			case "next transaction":
