@@ -333,29 +333,47 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 		h.startExecutor(cfg)
 	}
 	h.startReconciler()
-	envs := h.dbCalls("slow", 150)
+	envs := h.dbCalls("slow", 240)
 
 	// Every round trip takes 700ms. On PostgreSQL a claim and a
 	// completion make one each (BEGIN and COMMIT pipelined with their
-	// statements), plus one on a connection's first use of a statement;
-	// with the steps between them, some completions end past their
-	// claims' 2.1s leases, and the slowness lasts until one has.
-	const delay = 700 * time.Millisecond
-	h.dbSubmitPaced(envs[:30], 10, 50*time.Millisecond, nil)
+	// statements), plus one on a connection's first use of a statement.
+	// A lease runs from the claim's transaction on the server, so a
+	// completion ends past it only when what comes between claim and
+	// completion adds up to more than a lease (the step's sweeps before
+	// it records a call it did not wait for, waits for the pool): some
+	// do, how many depends on the machine's load. The slowness lasts
+	// until one has, and the calls keep coming meanwhile: with a fixed
+	// load (60 calls) a loaded machine could finish them all within
+	// their leases and then stay slow, idle, for a minute.
+	const (
+		delay = 700 * time.Millisecond
+		wave  = 10
+		// Kept for after the slowness.
+		healed = 30
+	)
+	h.dbSubmitPaced(envs[:30], wave, 50*time.Millisecond, nil)
 	waitEffects(h.harness, 10)
 	h.proxy.SetDelay(delay)
 	slowFrom := time.Now()
-	h.dbSubmitPaced(envs[30:90], 10, 200*time.Millisecond, nil)
-	// Slow until a completion ended past its lease.
-	ledgertest.WaitFor(t, time.Minute, func() error {
-		if st := h.store.dbSnapshot(); st.LateCompletions == 0 || time.Since(slowFrom) < 4*time.Second {
-			return fmt.Errorf("slow for %v, %d completions past their lease", time.Since(slowFrom).Round(time.Second), st.LateCompletions)
+	next, last := 30, time.Time{} // the next call to submit; when the last wave went
+	// Slow until a completion ended past its lease: a wave every 200ms,
+	// at least 6 of them, then more until one has.
+	ledgertest.WaitFor(t, 2*time.Minute, func() error {
+		st := h.store.dbSnapshot()
+		if st.LateCompletions > 0 && time.Since(slowFrom) >= 4*time.Second && next >= 90 {
+			return nil
 		}
-		return nil
+		if next+wave <= len(envs)-healed && time.Since(last) >= 200*time.Millisecond {
+			h.dbSubmitPaced(envs[next:next+wave], wave, time.Millisecond, nil)
+			next, last = next+wave, time.Now()
+		}
+		return fmt.Errorf("slow for %v, %d calls submitted, %d completions past their lease (store %+v)",
+			time.Since(slowFrom).Round(time.Second), next, st.LateCompletions, st)
 	})
 	h.proxy.SetDelay(0)
 	slowFor := time.Since(slowFrom)
-	h.dbSubmitPaced(envs[90:], 10, 50*time.Millisecond, nil)
+	h.dbSubmitPaced(envs[next:], wave, 50*time.Millisecond, nil)
 	// A claim so slow that its lease left no time to call the tool ends
 	// the call failed (executor: deadline_exceeded, not_started), which
 	// is right only if nobody called the tool: dbCheck wants a failed
@@ -369,8 +387,8 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 	if ps.Delayed == 0 || st.LateCompletions == 0 {
 		t.Errorf("%d round trips delayed, %d completions past their lease; want both > 0", ps.Delayed, st.LateCompletions)
 	}
-	t.Logf("%d calls %v; %v delay for %v: %d round trips delayed; store %+v; %d tool requests, %d native replays, %d reclaimed, %d unknown outcomes resolved",
-		len(envs), out.states, delay, slowFor.Round(100*time.Millisecond), ps.Delayed, st, out.requests, out.replays, out.reclaimed, out.resolved)
+	t.Logf("%d calls (%d while slow) %v; %v delay for %v: %d round trips delayed; store %+v; %d tool requests, %d native replays, %d reclaimed, %d unknown outcomes resolved",
+		len(envs), next-30, out.states, delay, slowFor.Round(100*time.Millisecond), ps.Delayed, st, out.requests, out.replays, out.reclaimed, out.resolved)
 }
 
 // TestDBAmbiguousCommitsResolved lets COMMITs of admissions, claims and
