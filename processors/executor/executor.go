@@ -1348,13 +1348,14 @@ func (x *Executor) releaseClaims(ctx context.Context, rs []processors.Release, t
 // releaseHeld asks the store again to take back the claims this
 // executor holds since it failed to give them back (releaseClaim): those
 // it takes back, or finds another owner of, are no longer held. A step
-// asks at most once per RetryBackoff, briefly and within the step's
-// context, so that a store that still fails does not hold up every step;
-// Drain asks one last time (last), with longer.
+// asks at most once a second (or RetryBackoff, if longer), briefly and
+// within the step's context, so that a store that still fails does not
+// hold up every step nor fill the log; Drain asks one last time (last),
+// with longer.
 func (x *Executor) releaseHeld(ctx context.Context, last bool) {
 	now := time.Now()
 	x.mu.Lock()
-	if len(x.held) == 0 || (!last && now.Sub(x.heldTried) < x.cfg.RetryBackoff) {
+	if len(x.held) == 0 || (!last && now.Sub(x.heldTried) < max(x.cfg.RetryBackoff, time.Second)) {
 		x.mu.Unlock()
 		return
 	}
