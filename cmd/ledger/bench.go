@@ -186,16 +186,18 @@ type benchEnv struct {
 	brokers  []string
 	issuer   *identity.Issuer
 	jwksFile string
-	// jwksAddrs are, with --backend-verify, where the ledger process of
-	// each index (the node given --jwks-addr jwksAddrs[i]) serves its
-	// credential keys, the same address in every run: the backend's
-	// verifier lists them all, as a deployed tool lists every executor's.
-	jwksAddrs []string
-	backend   *demobackend.Server
-	toolsURL  string
-	tools     []loadtest.Tool
-	runs      int
-	ch        *chstore.Store // nil: no projection
+	// nodeKeys are, with --backend-verify, the URLs where the current
+	// run's ledger processes serve their credential keys (--jwks-addr,
+	// picked as each starts): the backend's verifier reads them all
+	// (runKeys), as a deployed tool lists every executor's. Under
+	// nodeKeysMu: the verifier reads them from the backend's handlers.
+	nodeKeysMu sync.Mutex
+	nodeKeys   []string
+	backend    *demobackend.Server
+	toolsURL   string
+	tools      []loadtest.Tool
+	runs       int
+	ch         *chstore.Store // nil: no projection
 	// id makes this invocation's idempotency keys and store schemas
 	// unique in a store that outlives it.
 	id string
@@ -235,21 +237,8 @@ func (e *benchEnv) startBackend() error {
 		// Each process has a broker of its own, with its own keys, as
 		// each deployed executor has: two brokers rotating in one
 		// directory would race. The verifier fetches every process's
-		// keys, as a tool does.
-		executors := e.f.executors
-		for _, n := range parseFloats(e.f.scaling) {
-			executors = max(executors, int(n))
-		}
-		var urls []string
-		for range e.nodeCount(executors) {
-			addr, err := freeLoopbackAddr()
-			if err != nil {
-				return err
-			}
-			e.jwksAddrs = append(e.jwksAddrs, addr)
-			urls = append(urls, "http://"+addr+"/.well-known/jwks.json")
-		}
-		if bc.Credentials, err = credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, JWKSURLs: urls, Logger: e.logger}); err != nil {
+		// keys, as a tool does, from the addresses of the run.
+		if bc.Credentials, err = credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, Keys: e.runKeys, Logger: e.logger}); err != nil {
 			return err
 		}
 	}
@@ -659,6 +648,8 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 			n.kill()
 		}
 	}()
+	var keys []string
+	defer e.setNodeKeys(nil)
 	for i := range procs {
 		args := []string{
 			"--kafka-brokers", strings.Join(e.brokers, ","),
@@ -675,8 +666,15 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 			// same in every run (one process at a time uses it), and
 			// with --backend-verify an address to serve its keys on.
 			args = append(args, "--credential-key-dir", filepath.Join(e.dir, "credentials", fmt.Sprintf("node%d", i)))
-			if i < len(e.jwksAddrs) {
-				args = append(args, "--jwks-addr", e.jwksAddrs[i])
+			if e.f.backendVerify {
+				// Picked now, as --metrics-addr is: a port picked for
+				// the whole bench could be taken meanwhile.
+				addr, err := freeLoopbackAddr()
+				if err != nil {
+					return loadtest.RunReport{}, err
+				}
+				args = append(args, "--jwks-addr", addr)
+				keys = append(keys, "http://"+addr+credentials.JWKSPath)
 			}
 		}
 		if e.f.profile != "" {
@@ -706,8 +704,47 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		n.metricsURL, n.loopsURL = "http://"+addr+"/metrics", "http://"+addr+loopsPath
 		nodes = append(nodes, n)
 	}
-
+	e.setNodeKeys(keys)
 	return e.measure(ctx, r, topics, nodes, dsn)
+}
+
+// setNodeKeys says where the run's ledger processes serve their keys.
+func (e *benchEnv) setNodeKeys(urls []string) {
+	e.nodeKeysMu.Lock()
+	defer e.nodeKeysMu.Unlock()
+	e.nodeKeys = urls
+}
+
+// runKeys is the backend's verifier's key set (VerifierConfig.Keys): the
+// keys every process of the run serves, in one set. A process that does
+// not answer (not started yet, or gone) adds none, and a key of it is
+// then unknown until a later fetch (the verifier fetches again on
+// meeting one, at most once a second); none answering is an error.
+func (e *benchEnv) runKeys(ctx context.Context) ([]byte, error) {
+	e.nodeKeysMu.Lock()
+	urls := slices.Clone(e.nodeKeys)
+	e.nodeKeysMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var all struct {
+		Keys []json.RawMessage `json:"keys"`
+	}
+	all.Keys = []json.RawMessage{}
+	var errs []error
+	for _, url := range urls {
+		var set struct {
+			Keys []json.RawMessage `json:"keys"`
+		}
+		if err := getJSON(ctx, url, 1<<20, &set); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		all.Keys = append(all.Keys, set.Keys...)
+	}
+	if len(urls) > 0 && len(errs) == len(urls) {
+		return nil, errors.Join(errs...)
+	}
+	return json.Marshal(all)
 }
 
 // nodeCount is how many ledger processes a run with executors executor
