@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,6 +62,9 @@ type Proxy struct {
 	// held under the old delay are held under the new one instead.
 	delayChanged chan struct{}
 	cuts         []*CommitCut
+	// commitDelays hold back the COMMITs of the transactions they
+	// match (DelayCommitsOf).
+	commitDelays []commitDelay
 	stats        ProxyStats
 	closed       bool
 }
@@ -93,6 +97,15 @@ type ProxyStats struct {
 	// wait for the server's ReadyForQuery (Query, Sync, FunctionCall):
 	// the round trips a driver such as pgx makes.
 	RoundTrips int
+	// CommitsDelayed counts COMMITs held back by DelayCommitsOf.
+	CommitsDelayed int
+}
+
+// commitDelay is one DelayCommitsOf: COMMITs of transactions that ran a
+// statement containing match are held d.
+type commitDelay struct {
+	match string
+	d     time.Duration
 }
 
 // CommitCut is one arming of CutAfterCommit. Its counters say what it
@@ -257,6 +270,38 @@ func (p *Proxy) CutAfterCommitOf(n int, match string) *CommitCut {
 	return c
 }
 
+// DelayCommitsOf holds back, by d, the COMMIT of every transaction that
+// ran a statement whose SQL contains match (case-sensitive), from now on:
+// the statements reach the server at once, and the transaction's commit
+// (and so its client's answer) comes d later, as on a server whose
+// commits are slow. A test can so make one kind of transaction outlast
+// a lease, whatever the machine's speed. A d of 0 stops it.
+func (p *Proxy) DelayCommitsOf(match string, d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.commitDelays = slices.DeleteFunc(p.commitDelays, func(c commitDelay) bool { return c.match == match })
+	if d > 0 {
+		p.commitDelays = append(p.commitDelays, commitDelay{match: match, d: d})
+	}
+}
+
+// commitDelay is how long to hold the COMMIT of a transaction that ran
+// stmts: the longest delay whose match one of them contains.
+func (p *Proxy) commitDelay(stmts []string) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var d time.Duration
+	for _, c := range p.commitDelays {
+		if c.d > d && ranMatching(stmts, c.match) {
+			d = c.d
+		}
+	}
+	if d > 0 {
+		p.stats.CommitsDelayed++
+	}
+	return d
+}
+
 // Stats returns what the proxy did so far.
 func (p *Proxy) Stats() ProxyStats {
 	p.mu.Lock()
@@ -383,12 +428,16 @@ func (p *Proxy) takeCut(stmts []string) *CommitCut {
 	return nil
 }
 
-func (c *CommitCut) matches(stmts []string) bool {
-	if c.match == "" {
+func (c *CommitCut) matches(stmts []string) bool { return ranMatching(stmts, c.match) }
+
+// ranMatching reports whether a transaction that ran stmts ran one whose
+// SQL contains match; any transaction does for an empty match.
+func ranMatching(stmts []string, match string) bool {
+	if match == "" {
 		return true
 	}
 	for _, s := range stmts {
-		if strings.Contains(s, c.match) {
+		if strings.Contains(s, match) {
 			return true
 		}
 	}
@@ -557,6 +606,20 @@ func (pc *proxyConn) forwardClient(buf []byte) ([]byte, bool) {
 		if commit {
 			stmts := pc.txSQL
 			pc.txSQL = nil
+			if d := pc.p.commitDelay(stmts); d > 0 {
+				// What came before the COMMIT goes now; the COMMIT
+				// after d.
+				if !flush() {
+					return nil, false
+				}
+				t := time.NewTimer(d)
+				select {
+				case <-pc.done:
+					t.Stop()
+					return nil, false
+				case <-t.C:
+				}
+			}
 			if c := pc.p.takeCut(stmts); c != nil {
 				// Armed before the COMMIT leaves, so that its answer
 				// cannot reach the other pump first.

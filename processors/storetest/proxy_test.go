@@ -417,3 +417,67 @@ func TestProxyCloseClosesEverything(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 }
+
+// DelayCommitsOf holds back the COMMITs of the transactions it aims at,
+// after their statements reached the server, and no others.
+func TestProxyDelayCommitsOf(t *testing.T) {
+	dsn := PGDSN(t)
+	table := proxyTable(t, dsn)
+	p, proxied := StartProxy(t, dsn)
+	ctx := t.Context()
+	const d = 300 * time.Millisecond
+	p.DelayCommitsOf("INSERT INTO "+table, d)
+
+	// Not aimed at: no delay, none counted.
+	c := connect(t, proxied)
+	if err := pgx.BeginTxFunc(ctx, c, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "SELECT count(*) FROM "+table)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Stats().CommitsDelayed; got != 0 {
+		t.Errorf("CommitsDelayed = %d after a transaction not aimed at; want 0", got)
+	}
+
+	// Aimed at, pipelined as pgstore sends it: the insert is on the
+	// server (its row locked, not yet visible) while the COMMIT waits.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue("INSERT INTO " + table + " (k, v) VALUES ('a', 1)")
+	b.Queue("COMMIT")
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- connect(t, proxied).SendBatch(ctx, b).Close() }()
+	waitFor(t, 5*time.Second, func() error {
+		if p.Stats().CommitsDelayed == 0 {
+			return errors.New("commit not held yet")
+		}
+		return nil
+	})
+	if got := count(t, dsn, table, "k = 'a'"); got != 0 {
+		t.Errorf("row visible while its COMMIT is held: %d; want 0", got)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("delayed transaction: %v", err)
+	}
+	if took := time.Since(start); took < d {
+		t.Errorf("a transaction whose commit was held %v took %v", d, took)
+	}
+	if got := count(t, dsn, table, "k = 'a'"); got != 1 {
+		t.Errorf("delayed transaction's row: %d; want 1 (committed)", got)
+	}
+
+	// Stopped: commits go at once again.
+	p.DelayCommitsOf("INSERT INTO "+table, 0)
+	before := p.Stats().CommitsDelayed
+	if err := pgx.BeginTxFunc(ctx, connect(t, proxied), pgx.TxOptions{}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO "+table+" (k, v) VALUES ('b', 1)")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Stats().CommitsDelayed; got != before {
+		t.Errorf("CommitsDelayed went from %d to %d after the delay was stopped", before, got)
+	}
+}
