@@ -340,27 +340,33 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 	// statements), plus one on a connection's first use of a statement.
 	// A lease runs from the claim's transaction on the server, so a
 	// completion ends past it only when what comes between claim and
-	// completion adds up to more than a lease (the step's sweeps before
-	// it records a call it did not wait for, waits for the pool): some
-	// do, how many depends on the machine's load. The slowness lasts
-	// until one has, and the calls keep coming meanwhile: with a fixed
-	// load (60 calls) a loaded machine could finish them all within
-	// their leases and then stay slow, idle, for a minute.
+	// completion adds up to more than a lease, which on its own depends
+	// on the machine's load. So the completions' COMMITs are also held
+	// longer than a lease (their statements reach the server at once, in
+	// the lease) until one has ended past it, whatever the machine: its
+	// row stays locked meanwhile, and the other executor's sweep meets
+	// it. The slowness lasts until then, and the calls keep coming.
 	const (
 		delay = 700 * time.Millisecond
-		wave  = 10
+		// A commit held past the lease (2.1s) by itself.
+		commitDelay = 2500 * time.Millisecond
+		wave        = 10
 		// Kept for after the slowness.
 		healed = 30
 	)
 	h.dbSubmitPaced(envs[:30], wave, 50*time.Millisecond, nil)
 	waitEffects(h.harness, 10)
 	h.proxy.SetDelay(delay)
+	h.proxy.DelayCommitsOf(dbCompleteSQL, commitDelay)
 	slowFrom := time.Now()
 	next, last := 30, time.Time{} // the next call to submit; when the last wave went
 	// Slow until a completion ended past its lease: a wave every 200ms,
 	// at least 6 of them, then more until one has.
 	ledgertest.WaitFor(t, 2*time.Minute, func() error {
 		st := h.store.dbSnapshot()
+		if st.LateCompletions > 0 {
+			h.proxy.DelayCommitsOf(dbCompleteSQL, 0)
+		}
 		if st.LateCompletions > 0 && time.Since(slowFrom) >= 4*time.Second && next >= 90 {
 			return nil
 		}
@@ -372,6 +378,7 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 			time.Since(slowFrom).Round(time.Second), next, st.LateCompletions, st)
 	})
 	h.proxy.SetDelay(0)
+	h.proxy.DelayCommitsOf(dbCompleteSQL, 0)
 	slowFor := time.Since(slowFrom)
 	h.dbSubmitPaced(envs[next:], wave, 50*time.Millisecond, nil)
 	// A claim so slow that its lease left no time to call the tool ends
@@ -384,8 +391,8 @@ func TestDBSlowQueriesLoseNothingDuplicateNothing(t *testing.T) {
 
 	st := h.store.dbSnapshot()
 	ps := h.proxy.Stats()
-	if ps.Delayed == 0 || st.LateCompletions == 0 {
-		t.Errorf("%d round trips delayed, %d completions past their lease; want both > 0", ps.Delayed, st.LateCompletions)
+	if ps.Delayed == 0 || ps.CommitsDelayed == 0 || st.LateCompletions == 0 {
+		t.Errorf("%d round trips delayed, %d completions' commits held, %d completions past their lease; want all > 0", ps.Delayed, ps.CommitsDelayed, st.LateCompletions)
 	}
 	t.Logf("%d calls (%d while slow) %v; %v delay for %v: %d round trips delayed; store %+v; %d tool requests, %d native replays, %d reclaimed, %d unknown outcomes resolved",
 		len(envs), next-30, out.states, delay, slowFor.Round(100*time.Millisecond), ps.Delayed, st, out.requests, out.replays, out.reclaimed, out.resolved)
