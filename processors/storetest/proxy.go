@@ -37,9 +37,10 @@ const (
 // Proxy is a loopback TCP proxy in front of a PostgreSQL or CockroachDB
 // server, for database-fault tests: it forwards bytes both ways and, on
 // request, cuts connections (CutAll), slows the client's traffic
-// (SetDelay), or lets a COMMIT reach the server and then cuts the
-// connection before the answer reaches the client (CutAfterCommit), the
-// ambiguous result a store must resolve.
+// (SetDelay) or the commits of one kind of transaction (DelayCommitsOf),
+// or lets a COMMIT reach the server and then cuts the connection before
+// the answer reaches the client (CutAfterCommit), the ambiguous result a
+// store must resolve.
 //
 // It reads the client's side of the PostgreSQL protocol to find COMMITs,
 // whether sent as a simple Query (pgx sends "commit" so) or as an
@@ -285,9 +286,9 @@ func (p *Proxy) DelayCommitsOf(match string, d time.Duration) {
 	}
 }
 
-// commitDelay is how long to hold the COMMIT of a transaction that ran
+// commitHeld is how long to hold the COMMIT of a transaction that ran
 // stmts: the longest delay whose match one of them contains.
-func (p *Proxy) commitDelay(stmts []string) time.Duration {
+func (p *Proxy) commitHeld(stmts []string) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var d time.Duration
@@ -606,7 +607,7 @@ func (pc *proxyConn) forwardClient(buf []byte) ([]byte, bool) {
 		if commit {
 			stmts := pc.txSQL
 			pc.txSQL = nil
-			if d := pc.p.commitDelay(stmts); d > 0 {
+			if d := pc.p.commitHeld(stmts); d > 0 {
 				// What came before the COMMIT goes now; the COMMIT
 				// after d.
 				if !flush() {
