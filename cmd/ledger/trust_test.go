@@ -17,9 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
@@ -141,22 +139,7 @@ func servedBrokers(t *testing.T, n int) ([]*credentials.Broker, []string) {
 // calls active the credentials of each executor and its own, and not a
 // stranger's.
 func TestReconcilerTrustsEveryBroker(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Close)
-	cc := ledger.ClientConfig{Brokers: cluster.ListenAddrs()}
-	topics := ledger.Topics{Requests: "trust.requests", Events: "trust.events", Control: "trust.control", DLQ: "trust.dlq"}
-	admin, err := ledger.NewClient(cc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := ledger.EnsureTopics(t.Context(), admin, ledger.TopicConfig{Topics: topics, Partitions: 1}); err != nil {
-		t.Fatal(err)
-	}
-
+	cc, topics, _ := roleCluster(t)
 	executors, urls := servedBrokers(t, 2)
 	// A third executor serves its keys over mutual TLS only: the
 	// reconciler fetches them with --http-client-*.
@@ -178,15 +161,12 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 	}
 	dataDir := filepath.Join(dir, "reconciler")
 	httpAddr, jwksAddr := freeAddr(t), freeAddr(t)
-	exited := runCommand(t, "--log-level", "error",
-		"--kafka-brokers", strings.Join(cc.Brokers, ","),
-		"--topic-requests", topics.Requests, "--topic-events", topics.Events,
-		"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
+	exited := runCommand(t, append(roleArgs(cc, topics),
 		"reconciler", "--crdb-dsn", freshSchemaDSN(t), "--data-dir", dataDir, "--instance-id", "trust-test",
 		"--tools-base-url", "http://127.0.0.1:1", "--issuer", "trust-test", "--jwks-file", issuerJWKS,
 		"--http-addr", httpAddr, "--jwks-addr", jwksAddr, "--credential-jwks-url", strings.Join(urls, ","),
 		"--http-client-cert", reconcilerClient.CertFile, "--http-client-key", reconcilerClient.KeyFile, "--http-client-ca", pki.CAFile,
-	)
+	)...)
 	var served []byte
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
 		exited()
