@@ -485,6 +485,7 @@ func (e *chaosEnv) waitResolved(ctx context.Context, cc ledger.ClientConfig, top
 // it was submitted (with anything that looks like a token redacted), then
 // each call's outcome in the committed log.
 type chaosHistory struct {
+	mu  sync.Mutex // the load's resends record submissions concurrently
 	fh  *os.File
 	w   *bufio.Writer
 	enc *json.Encoder
@@ -521,6 +522,8 @@ func (h *chaosHistory) outcome(k ledger.CallKey, o consistency.Outcome) {
 }
 
 func (h *chaosHistory) write(v any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.err == nil {
 		h.err = h.enc.Encode(v)
 	}
@@ -529,6 +532,8 @@ func (h *chaosHistory) write(v any) {
 // close flushes and closes the file; it reports the first error, and is
 // safe to call twice.
 func (h *chaosHistory) close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.fh == nil {
 		return h.err
 	}

@@ -126,9 +126,18 @@ type Config struct {
 	MaxDuration time.Duration
 	// OnSubmit, if set, sees every envelope record as it is published,
 	// with its scheduled (open loop) or actual (closed loop) arrival: a
-	// history recorder. It runs on the submitting goroutine, so it must
-	// be quick.
+	// history recorder. A call submitted again (RetryLater) is seen again,
+	// with the time it is sent again. It runs on the submitting goroutine,
+	// and on the goroutines that submit calls again, so it must be quick
+	// and safe for concurrent use.
 	OnSubmit func(rec *kgo.Record, at time.Time)
+	// RetryLater is how many times a call refused for now is submitted
+	// again, as an agent does: a denied event that names a wait
+	// (retry_after_ms: a policy set that could not decide in time, a rate
+	// limit) does not end the call; its envelope goes out again, same
+	// key, once the wait has passed. The refusal after the last resend
+	// ends it. Default 3; negative: never, the first refusal ends it.
+	RetryLater int
 	// Concurrency is the number of calls in flight in a closed loop (each
 	// finished call lets the next one in); default 64. Ignored in an open
 	// loop.
@@ -201,6 +210,9 @@ func (c *Config) setDefaults() error {
 	if c.DeadlineMS <= 0 {
 		c.DeadlineMS = 60_000
 	}
+	if c.RetryLater == 0 {
+		c.RetryLater = 3
+	}
 	if c.Drain <= 0 {
 		c.Drain = 2 * time.Minute
 	}
@@ -236,6 +248,12 @@ type Result struct {
 	ByState  map[string]int64 `json:"by_state"`
 	// Lost are calls submitted but not finished when the drain ended.
 	Lost int64 `json:"lost"`
+	// RetriedLater counts the envelopes submitted again after a refusal
+	// for now (Config.RetryLater), RetryReasons them by the refusal's
+	// reason (policy_timeout, rate_limited, ...). Their calls' latency
+	// counts from the first submission.
+	RetriedLater int64            `json:"retried_later,omitempty"`
+	RetryReasons map[string]int64 `json:"retry_reasons,omitempty"`
 	// Saturated: an open loop stopped early because MaxInFlight calls
 	// were waiting.
 	Saturated bool          `json:"saturated,omitempty"`
@@ -315,13 +333,24 @@ type inflight struct {
 	start time.Time
 	// authorized is when the call's authorized event was read.
 	authorized time.Time
+	// retried counts its envelope's resends after refusals for now.
+	retried int
 }
 
 // run is the state of one load run.
 type run struct {
-	cfg    Config
-	pub    *kgo.Client
-	tokens []assertion // per tenant: the agent's assertion
+	cfg Config
+	pub *kgo.Client
+
+	tokensMu sync.Mutex  // the submitting goroutine and the resends build envelopes
+	tokens   []assertion // per tenant: the agent's assertion
+
+	// resends are the calls waiting to be submitted again, by call
+	// (under mu), and resending those whose time came: each leaves the
+	// map when its timer fires, so that nothing of a call is kept once
+	// it is sent again.
+	resends   map[int64]*time.Timer
+	resending sync.WaitGroup
 
 	mu       sync.Mutex
 	waiting  map[int64]inflight
@@ -427,6 +456,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if !watcherDone {
 		<-watched
 	}
+	r.stopResends()
 	close(timelineDone)
 	intervals := <-timeline
 	if p := r.pubErr.Load(); p != nil && err == nil {
@@ -563,16 +593,89 @@ func (r *run) watch(ctx context.Context, cl *kgo.Client) error {
 				return
 			}
 			var tail ledger.Event
-			if t != statemachine.EventDenied && t != statemachine.EventApprovalPending {
+			if t != statemachine.EventApprovalPending {
 				// The ledger's own decoding: its fast path costs the
 				// harness, which shares the machine, a fifth of
-				// encoding/json's.
+				// encoding/json's. A denial is read for its wait.
 				tail, _ = ledger.DecodeEvent(rec.Value)
+			}
+			if t == statemachine.EventDenied && tail.RetryAfterMS > 0 && r.retryLater(ctx, i, tail) {
+				return
 			}
 			r.finish(i, t, now, tail.At, time.Duration(tail.LatencyMS)*time.Millisecond)
 		})
 	}
 	return nil
+}
+
+// retryLater schedules call i's envelope to go out again once the wait
+// its refusal for now names has passed, and reports whether it did: not
+// when the call is no longer waiting (a refusal read again) or has used
+// up Config.RetryLater. The call stays in flight meanwhile.
+func (r *run) retryLater(ctx context.Context, i int64, refusal ledger.Event) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.waiting[i]
+	if !ok || c.retried >= r.cfg.RetryLater {
+		return false
+	}
+	c.retried++
+	r.waiting[i] = c
+	r.res.RetriedLater++
+	if r.res.RetryReasons == nil {
+		r.res.RetryReasons = make(map[string]int64)
+	}
+	r.res.RetryReasons[refusal.Reason]++
+	if r.resends == nil {
+		r.resends = make(map[int64]*time.Timer)
+	}
+	r.resending.Add(1)
+	r.resends[i] = time.AfterFunc(time.Duration(refusal.RetryAfterMS)*time.Millisecond, func() {
+		defer r.resending.Done()
+		r.mu.Lock()
+		delete(r.resends, i)
+		r.mu.Unlock()
+		if ctx.Err() != nil {
+			return // the run is over: the call counts as lost
+		}
+		rec, err := r.envelope(i)
+		if err != nil {
+			err = fmt.Errorf("loadtest: submit again: %w", err)
+			r.pubErr.CompareAndSwap(nil, &err)
+			return
+		}
+		r.publish(ctx, rec, time.Now())
+	})
+	return true
+}
+
+// stopResends cancels the resends not yet due and waits for those under
+// way, so that nothing publishes once Run returns. The events follower,
+// which schedules them, must have returned.
+func (r *run) stopResends() {
+	r.mu.Lock()
+	for i, t := range r.resends {
+		if t.Stop() {
+			r.resending.Done()
+		}
+		delete(r.resends, i)
+	}
+	r.mu.Unlock()
+	r.resending.Wait()
+}
+
+// publish sends an envelope record, sent at at, and notes a failure for
+// Run to return.
+func (r *run) publish(ctx context.Context, rec *kgo.Record, at time.Time) {
+	if r.cfg.OnSubmit != nil {
+		r.cfg.OnSubmit(rec, at)
+	}
+	r.pub.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("loadtest: publish: %w", err)
+			r.pubErr.CompareAndSwap(nil, &err)
+		}
+	})
 }
 
 // authorized notes when call i's authorized event was read.
@@ -692,15 +795,7 @@ func (r *run) submit(ctx context.Context, start time.Time) error {
 		r.waiting[i] = inflight{start: at}
 		r.submitted.Add(1)
 		r.mu.Unlock()
-		if r.cfg.OnSubmit != nil {
-			r.cfg.OnSubmit(rec, at)
-		}
-		r.pub.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-			if err != nil && !errors.Is(err, context.Canceled) {
-				err = fmt.Errorf("loadtest: publish: %w", err)
-				r.pubErr.CompareAndSwap(nil, &err)
-			}
-		})
+		r.publish(ctx, rec, at)
 	}
 }
 
@@ -713,8 +808,8 @@ func (r *run) submit(ctx context.Context, start time.Time) error {
 const assertionTTL = identity.DefaultMaxLifetime
 
 // assertion is a tenant's agent assertion and when to mint its successor.
-// Run mints the first before submitting; then only the submitting
-// goroutine (envelope) renews and reads them.
+// Run mints the first before submitting; then envelope renews and reads
+// them, under run.tokensMu.
 type assertion struct {
 	token string
 	renew time.Time
@@ -731,14 +826,20 @@ func (r *run) mint(tenant int, now time.Time) error {
 }
 
 // envelope builds call i: its tool by weight, its tenant round robin.
+// Built again, it is the same call (key, arguments) with the tenant's
+// assertion of the moment.
 func (r *run) envelope(i int64) (*kgo.Record, error) {
 	tool := r.mix.pick(i)
 	tenant := int(i % int64(r.cfg.Tenants))
+	r.tokensMu.Lock()
 	if now := time.Now(); !now.Before(r.tokens[tenant].renew) {
 		if err := r.mint(tenant, now); err != nil {
+			r.tokensMu.Unlock()
 			return nil, err
 		}
 	}
+	token := r.tokens[tenant].token
+	r.tokensMu.Unlock()
 	raw, err := json.Marshal(tool.Args(i))
 	if err != nil {
 		return nil, err
@@ -757,7 +858,7 @@ func (r *run) envelope(i int64) (*kgo.Record, error) {
 		Scope:          ledger.Scope{TenantID: tenantName(tenant), UserID: "u_bench"},
 		TraceID:        "tr_" + key,
 		DeadlineMS:     cmp.Or(tool.DeadlineMS, r.cfg.DeadlineMS),
-		IdempotencyKey: key, ArgumentsHash: hash, Assertion: r.tokens[tenant].token,
+		IdempotencyKey: key, ArgumentsHash: hash, Assertion: token,
 		Arguments: json.RawMessage(raw),
 	}
 	v, err := json.Marshal(env)

@@ -61,6 +61,22 @@ type drvLedger struct {
 // ledger that authorizes calls and never runs them.
 func drvNewLedger(t *testing.T, withExecutor bool) *drvLedger {
 	t.Helper()
+	return drvStart(t, drvOptions{executor: withExecutor})
+}
+
+// drvOptions vary the ledger drvStart starts.
+type drvOptions struct {
+	executor bool
+	// noPolicies starts the policy engine with no active set, so that
+	// the intake refuses every call for now (policy_unavailable) until
+	// the test swaps one in; policyRetryAfter is the wait it names.
+	noPolicies       bool
+	policyRetryAfter time.Duration
+}
+
+// drvStart starts the ledger o describes.
+func drvStart(t *testing.T, o drvOptions) *drvLedger {
+	t.Helper()
 	l := &drvLedger{t: t}
 	l.kafka = ledgertest.New(t, ledgertest.Options{Partitions: 4})
 	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "executions.db")})
@@ -87,6 +103,9 @@ func drvNewLedger(t *testing.T, withExecutor bool) *drvLedger {
 	// The default 50ms evaluation deadline refuses a call now and then
 	// (policy_timeout) when the race detector slows a loaded process;
 	// these tests measure the load generator, not policy latency.
+	if o.noPolicies {
+		set = nil
+	}
 	if l.policy, err = policy.NewEngine(policy.Config{Set: set, Timeout: 10 * time.Second}); err != nil {
 		t.Fatalf("policy engine: %v", err)
 	}
@@ -99,7 +118,7 @@ func drvNewLedger(t *testing.T, withExecutor bool) *drvLedger {
 	}
 	in, err := intake.New(intake.Config{
 		Registry: l.reg, Store: st, Identity: ver, Policy: l.policy,
-		Topics: l.kafka.Topics, Actor: "intake/drv",
+		Topics: l.kafka.Topics, Actor: "intake/drv", PolicyRetryAfter: o.policyRetryAfter,
 	})
 	if err != nil {
 		t.Fatalf("intake: %v", err)
@@ -109,7 +128,7 @@ func drvNewLedger(t *testing.T, withExecutor bool) *drvLedger {
 		t.Fatalf("intake loop: %v", err)
 	}
 	drvGo(t, "intake", loop.Run)
-	if withExecutor {
+	if o.executor {
 		l.startExecutor()
 	}
 	return l
@@ -459,6 +478,93 @@ func TestRunLost(t *testing.T) {
 	})
 	if diff := cmp.Diff(Witness{Effects: 10, Reads: 10, Orphans: 20}, Check(res, l.backend.Effects())); diff != "" {
 		t.Errorf("Check after the executor ran (-want +got):\n%s", diff)
+	}
+}
+
+// TestRunRetriesLater: a call the ledger refuses for now (a denied event
+// naming a wait, here policy_unavailable until a policy set is active) is
+// not finished: its envelope goes out again, same key, after the wait,
+// and the call ends where the resend takes it, counted from its first
+// submission.
+func TestRunRetriesLater(t *testing.T) {
+	l := drvStart(t, drvOptions{executor: true, noPolicies: true, policyRetryAfter: 50 * time.Millisecond})
+	set, err := policy.Demo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := l.config("create_ticket=1,get_weather=1", "rlater")
+	cfg.Calls, cfg.Concurrency = 40, 8
+	var (
+		mu    sync.Mutex
+		sends = make(map[string]int)
+	)
+	cfg.OnSubmit = func(rec *kgo.Record, _ time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		sends[string(rec.Key)]++
+		if sends[string(rec.Key)] == 2 && l.policy.Active() == nil {
+			// The first resend: from now on the policies decide, so
+			// that it and every later envelope is allowed.
+			l.policy.Swap(set)
+		}
+	}
+	res, err := l.run(cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if res.Submitted != 40 || res.Finished != 40 || res.Lost != 0 || res.ByState["succeeded"] != 40 {
+		t.Errorf("Submitted, Finished, Lost, ByState = %d, %d, %d, %v; want 40 submitted, all succeeded", res.Submitted, res.Finished, res.Lost, res.ByState)
+	}
+	mu.Lock()
+	var resent int64
+	for key, n := range sends {
+		if n > 2 {
+			t.Errorf("%s sent %d times; want at most twice (refused once, allowed once)", key, n)
+		}
+		resent += int64(n - 1)
+	}
+	keys := len(sends)
+	mu.Unlock()
+	if keys != 40 || resent == 0 {
+		t.Fatalf("%d keys sent, %d resends; want 40 keys and at least one resend", keys, resent)
+	}
+	if res.RetriedLater != resent || !cmp.Equal(res.RetryReasons, map[string]int64{"policy_unavailable": resent}) {
+		t.Errorf("RetriedLater, RetryReasons = %d, %v; want %d resends, all policy_unavailable", res.RetriedLater, res.RetryReasons, resent)
+	}
+	if got := drvRequests(t, l.kafka); got != 40+resent {
+		t.Errorf("request topic holds %d envelopes; want %d (40 and the resends)", got, 40+resent)
+	}
+	if diff := cmp.Diff(Witness{Effects: 20, Reads: 20}, Check(res, l.backend.Effects())); diff != "" {
+		t.Errorf("Check (-want +got):\n%s", diff)
+	}
+}
+
+// TestRunRetriesLaterEnd: a call refused for now more often than
+// RetryLater allows ends with the last refusal (denied); with RetryLater
+// negative, the first refusal ends it.
+func TestRunRetriesLaterEnd(t *testing.T) {
+	l := drvStart(t, drvOptions{noPolicies: true, policyRetryAfter: 20 * time.Millisecond})
+	for _, tc := range []struct {
+		retryLater int
+		sends      int64 // per call
+	}{{2, 3}, {-1, 1}} {
+		runID := fmt.Sprintf("rend%d", tc.retryLater+1)
+		before := drvRequests(t, l.kafka)
+		cfg := l.config("create_ticket", runID)
+		cfg.Calls, cfg.RetryLater = 10, tc.retryLater
+		res, err := l.run(cfg)
+		if err != nil {
+			t.Fatalf("RetryLater %d: Run: %v", tc.retryLater, err)
+		}
+		if res.Finished != 10 || res.Lost != 0 || res.ByState["denied"] != 10 {
+			t.Errorf("RetryLater %d: Finished, Lost, ByState = %d, %d, %v; want 10 denied", tc.retryLater, res.Finished, res.Lost, res.ByState)
+		}
+		if want := 10 * (tc.sends - 1); res.RetriedLater != want {
+			t.Errorf("RetryLater %d: RetriedLater = %d; want %d", tc.retryLater, res.RetriedLater, want)
+		}
+		if got := drvRequests(t, l.kafka) - before; got != 10*tc.sends {
+			t.Errorf("RetryLater %d: %d envelopes sent; want %d", tc.retryLater, got, 10*tc.sends)
+		}
 	}
 }
 

@@ -308,6 +308,10 @@ func (rep Report) WriteTable(w io.Writer) error {
 	if d := rep.Direct; d != nil && d.Note != "" {
 		fmt.Fprintf(w, "direct: %s\n", d.Note)
 	}
+	for _, r := range rep.runsWhere(func(r RunReport) bool { return r.Result.RetriedLater > 0 }) {
+		fmt.Fprintf(w, "%s: %d envelopes refused for now and submitted again after the wait they named (%s)\n",
+			r.Name, r.Result.RetriedLater, countsOf(r.Result.RetryReasons))
+	}
 	if err := rep.writeSideBySide(w); err != nil {
 		return err
 	}
@@ -589,16 +593,23 @@ func retries(byOp map[string]int64) string {
 		return "-"
 	}
 	var total int64
-	ops := make([]string, 0, len(byOp))
-	for op, n := range byOp {
+	for _, n := range byOp {
 		total += n
-		ops = append(ops, fmt.Sprintf("%s %d", op, n))
 	}
 	if total == 0 {
 		return "0"
 	}
-	slices.Sort(ops)
-	return fmt.Sprintf("%d (%s)", total, strings.Join(ops, ", "))
+	return fmt.Sprintf("%d (%s)", total, countsOf(byOp))
+}
+
+// countsOf lists counts by name, sorted by name: "a 1, b 2".
+func countsOf(m map[string]int64) string {
+	parts := make([]string, 0, len(m))
+	for k, n := range m {
+		parts = append(parts, fmt.Sprintf("%s %d", k, n))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
 }
 
 func p50p99(p Percentiles) string {

@@ -283,6 +283,20 @@ func TestReportWriteTable(t *testing.T) {
 		t.Errorf("stage rows (-want +got):\n%s\n%s", diff, out)
 	}
 
+	// Resends after refusals for now: a line for the run that had them.
+	if strings.Contains(out, "refused for now") {
+		t.Errorf("table of runs without resends speaks of them:\n%s", out)
+	}
+	rep.Runs[0].Result.RetriedLater = 3
+	rep.Runs[0].Result.RetryReasons = map[string]int64{"rate_limited": 1, "policy_timeout": 2}
+	buf.Reset()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatalf("WriteTable: %v", err)
+	}
+	if want := "ledger: 3 envelopes refused for now and submitted again after the wait they named (policy_timeout 2, rate_limited 1)\n"; !strings.Contains(buf.String(), want) || strings.Count(buf.String(), "refused for now") != 1 {
+		t.Errorf("table lacks, once, %q:\n%s", want, buf.String())
+	}
+
 	// Without the direct floor, the limits and the stages, neither their
 	// rows nor their ratios.
 	rep.Direct, rep.Limits = nil, nil
