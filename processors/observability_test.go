@@ -3,6 +3,7 @@ package processors_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -82,7 +83,7 @@ func value(m *dto.Metric) float64 {
 // traceparent.
 func TestObservability(t *testing.T) {
 	h := newHarness(t, storeSQL, 4)
-	inMetrics, xMetrics := metrics.New("intake"), metrics.New("executor")
+	inMetrics, xMetrics := metrics.New("intake", h.reg.Has), metrics.New("executor", h.reg.Has)
 
 	in, err := intake.New(intake.Config{
 		Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Actor: "intake-1", Logger: h.logger,
@@ -132,7 +133,9 @@ func TestObservability(t *testing.T) {
 	const agentTrace, agentSpan = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 	weather.TraceID = "00-" + agentTrace + "-" + agentSpan + "-01"
 	denied := h.newEnvelope("t_a", "refund-obs", "refund_order", map[string]any{"order_id": "ord_1", "amount_cents": 4500, "currency": "AUD"})
-	h.submit(ticket, weather, denied)
+	// A tool nobody registered: refused, and counted without its name.
+	madeUp := h.newEnvelope("t_a", "made-up-obs", "tool_made_up_by_the_sender", map[string]any{})
+	h.submit(ticket, weather, denied, madeUp)
 	calls := h.waitSettled(30*time.Second, ticket.key(), weather.key(), denied.key())
 	for _, e := range []envelope{ticket, weather} {
 		if c := calls[e.key()]; c.State != statemachine.StateSucceeded {
@@ -236,6 +239,15 @@ func TestObservability(t *testing.T) {
 		}
 		if v, _ := metricValue(t, xMetrics, "ledger_events_total", map[string]string{"type": "succeeded", "tool": "create_ticket"}); v != 1 {
 			t.Errorf("executor counted %v create_ticket successes; want 1", v)
+		}
+		ledgertest.WaitFor(t, 30*time.Second, func() error {
+			if v, _ := metricValue(t, inMetrics, "ledger_events_total", map[string]string{"type": "denied", "tool": metrics.UnregisteredTool}); v != 1 {
+				return fmt.Errorf("intake counted %v refusals of unregistered tools; want 1", v)
+			}
+			return nil
+		})
+		if v, ok := metricValue(t, inMetrics, "ledger_events_total", map[string]string{"tool": madeUp.Tool}); ok {
+			t.Errorf("ledger_events_total has a series of the made-up tool %q (%v); want none", madeUp.Tool, v)
 		}
 	})
 

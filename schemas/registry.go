@@ -200,6 +200,12 @@ func (r *Registry) Lookup(name string, version int) (*Tool, error) {
 	return t, nil
 }
 
+// Has reports whether the registry holds a version of the tool name.
+func (r *Registry) Has(name string) bool {
+	_, ok := r.byName[name]
+	return ok
+}
+
 // Tools returns every tool version, sorted by name then version. The slice
 // is a copy; the tools are shared and must not be modified.
 func (r *Registry) Tools() []*Tool {

@@ -81,7 +81,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 	// Metrics are collected as the role commands collect them (their
 	// cost is part of the ledger's); --metrics-addr serves them, for the
 	// benchmark to read the store's retries.
-	obs := observers{metrics: metrics.New("bench")}
+	obs := observers{metrics: metrics.New("bench", reg.Has)}
 	f.roles.store.retried = obs.metrics.StoreRetried
 	st, desc, err := f.roles.store.openStore(ctx, logger)
 	if err != nil {
@@ -130,7 +130,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 				// A registry takes one executor's breakers and
 				// bulkheads; the others (on the embedded store, which
 				// one process owns) pay for metrics of their own.
-				xobs = observers{metrics: metrics.New("bench")}
+				xobs = observers{metrics: metrics.New("bench", reg.Has)}
 			}
 			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, 0, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), f.roles.batching, xobs, logger)
 			if err != nil {

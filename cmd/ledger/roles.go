@@ -327,7 +327,7 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 	if failpoint.Enabled && rf.store.failpoint != nil {
 		logger.Warn("failpoints armed: this process will crash itself on purpose", "spec", os.Getenv(failpoint.EnvSpec))
 	}
-	rf.obs.metrics = metrics.New(role)
+	rf.obs.metrics = metrics.New(role, reg.Has)
 	rf.store.retried = rf.obs.metrics.StoreRetried
 	st, desc, err := rf.store.openStore(ctx, logger)
 	if err != nil {

@@ -163,7 +163,7 @@ func TestDrainGivesHeldClaimsBack(t *testing.T) {
 			st := &failingReleases{Store: r.store}
 			st.fail.Store(true)
 			logs := &ledgertest.LogBuffer{}
-			reg := metrics.New("executor")
+			reg := metrics.New("executor", nil)
 			x := r.executor(func(c *executor.Config) {
 				c.Store, c.Policy, c.Metrics = st, engine, reg
 				c.Logger = slog.New(slog.NewTextHandler(logs, nil))

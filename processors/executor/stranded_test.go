@@ -202,7 +202,7 @@ func TestUnreadableOutboxesDoNotStarveTheSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := r.admitDenied(ev.IdempotencyKey, outbox)
-	reg := metrics.New("executor")
+	reg := metrics.New("executor", nil)
 	// Every step sweeps, and every record is old enough for it.
 	x := r.executor(func(c *executor.Config) {
 		c.SweepEvery, c.UnloggedGrace, c.Metrics = time.Nanosecond, time.Nanosecond, reg

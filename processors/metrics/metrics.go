@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,7 +35,7 @@ type Registry struct {
 	reg  *prometheus.Registry
 	role string
 
-	events       *prometheus.CounterVec
+	events       *eventCounters
 	consumed     prometheus.Counter
 	transactions *prometheus.CounterVec
 	stages       *prometheus.HistogramVec
@@ -47,14 +48,17 @@ type Registry struct {
 
 // New returns the registry of a process running role ("intake",
 // "executor", "reconciler", ...), with the Go runtime's and the process's
-// own collectors (CPU, RSS, GC, goroutines) registered.
-func New(role string) *Registry {
+// own collectors (CPU, RSS, GC, goroutines) registered. known reports
+// whether a tool is in the process's tool registry (schemas.Registry.Has):
+// events of other tools are counted under UnregisteredTool. Nil knows no
+// tool.
+func New(role string, known func(tool string) bool) *Registry {
 	r := &Registry{reg: prometheus.NewRegistry(), role: role}
 	constRole := prometheus.Labels{"role": role}
-	r.events = prometheus.NewCounterVec(prometheus.CounterOpts{
+	r.events = newEventCounters(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_events_total", ConstLabels: constRole,
-		Help: "Events this process appended to the log in committed transactions, by event type (the intake's decisions, the executor's outcomes) and tool.",
-	}, []string{"type", "tool"})
+		Help: "Events this process appended to the log in committed transactions, by event type (the intake's decisions, the executor's outcomes) and tool (" + UnregisteredTool + " for a tool the registry does not hold, as in the refusal of an envelope naming one).",
+	}, []string{"type", "tool"}), known)
 	r.consumed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ledger_records_consumed_total", ConstLabels: constRole,
 		Help: "Records consumed in committed transactions.",
@@ -87,7 +91,7 @@ func New(role string) *Registry {
 		Name: "ledger_compensation_requests_total", ConstLabels: constRole,
 		Help: "The reconciler's requests for automatic compensations (undo_unknown), by result: requested, failed (asked again later), refused (for good) and abandoned (failed its last attempt); the last two leave the call to a human.",
 	}, []string{"result"})
-	r.reg.MustRegister(r.events, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undos,
+	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undos,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
@@ -120,8 +124,67 @@ func (r *Registry) Committed(consumed int, produced []*kgo.Record, step, txn tim
 		if typ == nil {
 			continue // a DLQ record, counted by the DLQ's reason elsewhere
 		}
-		r.events.WithLabelValues(string(typ), string(ledger.Header(rec, ledger.HeaderTool))).Inc()
+		r.events.counter(typ, ledger.Header(rec, ledger.HeaderTool)).Inc()
 	}
+}
+
+// UnregisteredTool is the tool label of the events of a tool that the
+// process's registry does not hold.
+const UnregisteredTool = "(unregistered)"
+
+// eventCounters are ledger_events_total's counters, by event type and
+// tool, found from the records' header bytes without a string or a label
+// slice made per event.
+//
+// The tool label is bounded by the registry: a refusal names the tool its
+// envelope named, and an envelope is refused before, or because, its tool
+// is looked up (a bad assertion, an unknown tool). Labelled as sent, any
+// sender, even one with no valid assertion, could add a series per name
+// it makes up, to every intake's memory and to Prometheus.
+type eventCounters struct {
+	vec   *prometheus.CounterVec
+	known func(tool string) bool
+
+	mu sync.Mutex
+	// byType holds, per event type, the counters of the registered
+	// tools met so far and of UnregisteredTool; event types are the
+	// ledger's own, a handful.
+	byType map[string]map[string]prometheus.Counter
+}
+
+func newEventCounters(vec *prometheus.CounterVec, known func(string) bool) *eventCounters {
+	if known == nil {
+		known = func(string) bool { return false }
+	}
+	return &eventCounters{vec: vec, known: known, byType: make(map[string]map[string]prometheus.Counter)}
+}
+
+// counter returns the counter of events of type typ and tool tool.
+func (c *eventCounters) counter(typ, tool []byte) prometheus.Counter {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// m[string(b)] looks up without allocating; only a miss makes
+	// strings.
+	tools := c.byType[string(typ)]
+	if ctr, ok := tools[string(tool)]; ok {
+		return ctr
+	}
+	if tools == nil {
+		tools = make(map[string]prometheus.Counter)
+		c.byType[string(typ)] = tools
+	}
+	label := string(tool)
+	if label != "" && !c.known(label) {
+		// Not cached under its own name, which would grow the map by
+		// the names made up: found again through known each time.
+		if ctr, ok := tools[UnregisteredTool]; ok {
+			return ctr
+		}
+		label = UnregisteredTool
+	}
+	ctr := c.vec.WithLabelValues(string(typ), label)
+	tools[label] = ctr
+	return ctr
 }
 
 // NotCommitted counts a transaction that did not commit, by why

@@ -1,35 +1,155 @@
 package metrics
 
-import "testing"
+import (
+	"fmt"
+	"iter"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
 
 // TestStoreRetried: each retry the store reports is counted under its
 // operation and the process's role.
 func TestStoreRetried(t *testing.T) {
-	r := New("executor")
+	r := New("executor", nil)
 	r.StoreRetried("claim")
 	r.StoreRetried("claim")
 	r.StoreRetried("complete")
-	fams, err := r.Gatherer().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	got := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() != "ledger_store_retries_total" {
-			continue
+	for labels, v := range counters(t, r, "ledger_store_retries_total") {
+		if labels["role"] != "executor" {
+			t.Errorf("series %v; want role executor", labels)
 		}
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["role"] != "executor" {
-				t.Errorf("series %v; want role executor", labels)
-			}
-			got[labels["op"]] = m.GetCounter().GetValue()
-		}
+		got[labels["op"]] = v
 	}
 	if got["claim"] != 2 || got["complete"] != 1 || len(got) != 2 {
 		t.Errorf("ledger_store_retries_total by op = %v; want claim 2, complete 1", got)
 	}
+}
+
+// eventRecord is an appended event's record as the loops report it: its
+// type and tool in headers; typ "" is a DLQ record, which has neither.
+func eventRecord(typ, tool string) *kgo.Record {
+	rec := &kgo.Record{Value: []byte("{}")}
+	if typ != "" {
+		rec.Headers = []kgo.RecordHeader{
+			{Key: ledger.HeaderEventType, Value: []byte(typ)},
+			{Key: ledger.HeaderTool, Value: []byte(tool)},
+		}
+	}
+	return rec
+}
+
+// counters yields the series of the counter name in r: their labels and
+// values.
+func counters(t *testing.T, r *Registry, name string) iter.Seq2[map[string]string, float64] {
+	t.Helper()
+	fams, err := r.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(yield func(map[string]string, float64) bool) {
+		for _, f := range fams {
+			if f.GetName() != name {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if !yield(labels, m.GetCounter().GetValue()) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// eventSeries returns ledger_events_total by "type/tool".
+func eventSeries(t *testing.T, r *Registry) map[string]float64 {
+	t.Helper()
+	got := map[string]float64{}
+	for labels, v := range counters(t, r, "ledger_events_total") {
+		got[labels["type"]+"/"+labels["tool"]] = v
+	}
+	return got
+}
+
+// TestEventsByRegisteredTool: events are counted by type and tool, and a
+// tool the registry does not hold (the tool a refused envelope named,
+// whatever its sender made up) is counted as UnregisteredTool, so that
+// senders cannot add series.
+func TestEventsByRegisteredTool(t *testing.T) {
+	r := New("intake", func(tool string) bool { return tool == "create_ticket" || tool == "get_weather" })
+	r.Committed(7, []*kgo.Record{
+		eventRecord("authorized", "create_ticket"), eventRecord("authorized", "create_ticket"),
+		eventRecord("authorized", "get_weather"),
+		eventRecord("denied", "create_ticket"),
+		eventRecord("denied", "made_up_1"), eventRecord("denied", "made_up_2"),
+		eventRecord("denied", ""), // an envelope too broken to name its tool
+		eventRecord("", ""),       // the DLQ's
+	}, time.Millisecond, time.Millisecond)
+	want := map[string]float64{
+		"authorized/create_ticket": 2, "authorized/get_weather": 1,
+		"denied/create_ticket": 1, "denied/" + UnregisteredTool: 2, "denied/": 1,
+	}
+	if diff := cmp.Diff(want, eventSeries(t, r)); diff != "" {
+		t.Errorf("ledger_events_total (-want +got):\n%s", diff)
+	}
+
+	// A thousand more names made up: no series, and nothing kept, per name.
+	var recs []*kgo.Record
+	for i := range 1000 {
+		recs = append(recs, eventRecord("denied", fmt.Sprintf("made_up_%d", i+3)))
+	}
+	r.Committed(len(recs), recs, time.Millisecond, time.Millisecond)
+	want["denied/"+UnregisteredTool] += 1000
+	if diff := cmp.Diff(want, eventSeries(t, r)); diff != "" {
+		t.Errorf("ledger_events_total after 1000 made-up tools (-want +got):\n%s", diff)
+	}
+	if n := len(r.events.byType["denied"]); n != 3 {
+		t.Errorf("denied events' counters cached: %d; want 3 (create_ticket, %s, none)", n, UnregisteredTool)
+	}
+
+	// Without a registry every named tool is unregistered.
+	r = New("reconciler", nil)
+	r.Committed(1, []*kgo.Record{eventRecord("succeeded", "create_ticket")}, 0, 0)
+	if diff := cmp.Diff(map[string]float64{"succeeded/" + UnregisteredTool: 1}, eventSeries(t, r)); diff != "" {
+		t.Errorf("ledger_events_total with no registry (-want +got):\n%s", diff)
+	}
+}
+
+// BenchmarkEventCounters compares, in one run, counting a committed
+// batch's events through the cached counters (Committed's way) with
+// looking each one up by its labels (its former way).
+func BenchmarkEventCounters(b *testing.B) {
+	known := func(tool string) bool { return tool == "create_ticket" || tool == "get_weather" }
+	var recs []*kgo.Record
+	for i := range 64 {
+		typ := []string{"requested", "authorized", "executing", "succeeded"}[i%4]
+		recs = append(recs, eventRecord(typ, []string{"create_ticket", "get_weather"}[i/4%2]))
+	}
+	b.Run("labels", func(b *testing.B) {
+		r := New("bench", known)
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, rec := range recs {
+				r.events.vec.WithLabelValues(string(ledger.Header(rec, ledger.HeaderEventType)), string(ledger.Header(rec, ledger.HeaderTool))).Inc()
+			}
+		}
+	})
+	b.Run("cached", func(b *testing.B) {
+		r := New("bench", known)
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, rec := range recs {
+				r.events.counter(ledger.Header(rec, ledger.HeaderEventType), ledger.Header(rec, ledger.HeaderTool)).Inc()
+			}
+		}
+	})
 }
