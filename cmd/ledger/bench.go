@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -650,6 +651,18 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 	}()
 	var keys []string
 	defer e.setNodeKeys(nil)
+	// Every address the run's processes listen on, picked at once: one
+	// picked after another was given back could be the same port, and
+	// so could one picked after a process was started and before it
+	// bound its own.
+	need := procs
+	if e.f.backendVerify {
+		need += procs - firstExecutor
+	}
+	addrs, err := freeLoopbackAddrs(need)
+	if err != nil {
+		return loadtest.RunReport{}, err
+	}
 	for i := range procs {
 		args := []string{
 			"--kafka-brokers", strings.Join(e.brokers, ","),
@@ -667,12 +680,10 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 			// with --backend-verify an address to serve its keys on.
 			args = append(args, "--credential-key-dir", filepath.Join(e.dir, "credentials", fmt.Sprintf("node%d", i)))
 			if e.f.backendVerify {
-				// Picked now, as --metrics-addr is: a port picked for
-				// the whole bench could be taken meanwhile.
-				addr, err := freeLoopbackAddr()
-				if err != nil {
-					return loadtest.RunReport{}, err
-				}
+				// Picked for the run, as --metrics-addr is: a port
+				// picked for the whole bench could be taken meanwhile.
+				addr := addrs[0]
+				addrs = addrs[1:]
 				args = append(args, "--jwks-addr", addr)
 				keys = append(keys, "http://"+addr+credentials.JWKSPath)
 			}
@@ -692,10 +703,8 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		default:
 			args = append(args, "--data-dir", dataDir, "--executors", strconv.Itoa(r.executors))
 		}
-		addr, err := freeLoopbackAddr()
-		if err != nil {
-			return loadtest.RunReport{}, err
-		}
+		addr := addrs[0]
+		addrs = addrs[1:]
 		args = append(args, "--metrics-addr", addr)
 		n, err := startNode(r.binary, args, nil, filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
 		if err != nil {
@@ -1104,7 +1113,7 @@ func watchNodes(ctx context.Context, nodes []*benchNode) (_ context.Context, unw
 		wg.Go(func() {
 			select {
 			case <-n.exited:
-				cancel(fmt.Errorf("%s %d exited during the run (log %s)", n.what, n.pid, n.log.Name()))
+				cancel(fmt.Errorf("%s %d exited during the run (log %s)%s", n.what, n.pid, n.log.Name(), logTail(n.log.Name())))
 			case <-stop:
 			}
 		})
@@ -1119,15 +1128,108 @@ func watchNodes(ctx context.Context, nodes []*benchNode) (_ context.Context, unw
 	}
 }
 
+// logTail is the last lines of the log at path, for an error about the
+// process that wrote it: what it said as it exited, where a run's report
+// (CI's, say) may be all that is kept of its work directory. "" when the
+// log is empty or unreadable.
+func logTail(path string) string {
+	const most, lines = 2 << 10, 8
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	buf := make([]byte, most)
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return ""
+	}
+	off := max(size-most, 0)
+	n, _ := f.ReadAt(buf, off)
+	tail := strings.TrimRight(string(buf[:n]), "\n")
+	if off > 0 {
+		// The first line read may be cut: dropped.
+		_, tail, _ = strings.Cut(tail, "\n")
+	}
+	ls := strings.Split(tail, "\n")
+	ls = ls[max(len(ls)-lines, 0):]
+	if strings.TrimSpace(strings.Join(ls, "")) == "" {
+		return ""
+	}
+	return "; its last lines:\n\t" + strings.Join(ls, "\n\t")
+}
+
 // freeLoopbackAddr returns a loopback address with a port free a moment
 // ago, for a process to listen on.
 func freeLoopbackAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addrs, err := freeLoopbackAddrs(1)
 	if err != nil {
 		return "", err
 	}
-	addr := ln.Addr().String()
-	return addr, ln.Close()
+	return addrs[0], nil
+}
+
+// freeLoopbackAddrs returns n loopback addresses with ports free a moment
+// ago, all different: each is held until all are picked. They are picked
+// below the kernel's ephemeral range where it leaves room (Linux's
+// ip_local_port_range, 32768-60999 by default): a port from that range,
+// which ":0" listeners and the source ports of outgoing connections are
+// given, could be taken again, by any connection the machine opens,
+// before the process it is for listens on it.
+func freeLoopbackAddrs(n int) (addrs []string, err error) {
+	lns := make([]net.Listener, 0, n)
+	defer func() {
+		for _, ln := range lns {
+			err = errors.Join(err, ln.Close())
+		}
+		if err != nil {
+			addrs = nil
+		}
+	}()
+	lo, hi := belowEphemeral("/proc/sys/net/ipv4/ip_local_port_range")
+	for range n {
+		ln, err := listenBelow(lo, hi)
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		addrs = append(addrs, ln.Addr().String())
+	}
+	return addrs, nil
+}
+
+// belowEphemeral returns the ports [lo, hi) to pick listeners' ports
+// from: from 10000 up to the ephemeral range that the file at path (the
+// format of Linux's ip_local_port_range) starts, or 32768 if it cannot
+// be read; 0, 0 if that leaves fewer than 1000 ports.
+func belowEphemeral(path string) (lo, hi int) {
+	lo, hi = 10000, 32768
+	if b, err := os.ReadFile(path); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if start, err := strconv.Atoi(f[0]); err == nil {
+				hi = start
+			}
+		}
+	}
+	if hi-lo < 1000 {
+		return 0, 0
+	}
+	return lo, hi
+}
+
+// listenBelow listens on a loopback port in [lo, hi), tried at random,
+// or on one the kernel picks when none is free there (or lo, hi are 0).
+func listenBelow(lo, hi int) (net.Listener, error) {
+	for range 200 {
+		if hi <= lo {
+			break
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(lo+rand.IntN(hi-lo))))
+		if err == nil {
+			return ln, nil
+		}
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
 }
 
 // storeRetries sums the nodes' ledger_store_retries_total by operation,

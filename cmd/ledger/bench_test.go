@@ -462,8 +462,10 @@ func TestWatchNodesProcessExits(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the run's context lives on after its ledger process exited")
 	}
-	if cause := context.Cause(ctx); cause == nil || !strings.Contains(cause.Error(), "exited during the run") || !strings.Contains(cause.Error(), logPath) {
-		t.Errorf("cause = %v; want the process's exit and its log", cause)
+	// The cause quotes what the process said last (cobra's complaint).
+	if cause := context.Cause(ctx); cause == nil || !strings.Contains(cause.Error(), "exited during the run") || !strings.Contains(cause.Error(), logPath) ||
+		!strings.Contains(cause.Error(), "its last lines:") || !strings.Contains(cause.Error(), "unknown flag: --no-such-flag") {
+		t.Errorf("cause = %v; want the process's exit, its log and the log's last lines", cause)
 	}
 	unwatch() // idempotent
 }
@@ -680,4 +682,88 @@ func benchRow(report, name string) []string {
 		}
 	}
 	return nil
+}
+
+// logTail quotes a log's last lines whole, at most eight and 2 KiB, and
+// nothing for an empty or missing log.
+func TestLogTail(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	var long strings.Builder
+	for i := range 200 {
+		fmt.Fprintf(&long, "line %03d %s\n", i, strings.Repeat("x", 20))
+	}
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"short", "a\nb\n", "; its last lines:\n\ta\n\tb"},
+		{"long", long.String(), "; its last lines:\n\t" + strings.Join(strings.Split(strings.TrimSpace(long.String()), "\n")[192:], "\n\t")},
+		{"empty", "", ""},
+		{"blank", "\n\n", ""},
+	} {
+		if got := logTail(write(tc.name, tc.content)); got != tc.want {
+			t.Errorf("%s: logTail = %q; want %q", tc.name, got, tc.want)
+		}
+	}
+	if got := logTail(filepath.Join(dir, "missing")); got != "" {
+		t.Errorf("missing log: logTail = %q; want \"\"", got)
+	}
+	// One line longer than the bytes read: only whole lines are quoted.
+	if got := logTail(write("one", strings.Repeat("y", 5000)+"\nlast\n")); got != "; its last lines:\n\tlast" {
+		t.Errorf("a cut line: logTail = %q; want only the last whole line", got)
+	}
+}
+
+// The addresses a run picks for its processes are all different, and
+// below the ephemeral range that outgoing connections take ports from.
+func TestFreeLoopbackAddrsDistinct(t *testing.T) {
+	addrs, err := freeLoopbackAddrs(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := belowEphemeral("/proc/sys/net/ipv4/ip_local_port_range")
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		host, p, err := net.SplitHostPort(a)
+		port, _ := strconv.Atoi(p)
+		if err != nil || seen[a] || host != "127.0.0.1" || (hi > lo && (port < lo || port >= hi)) {
+			t.Errorf("address %q picked twice, not loopback, or outside [%d, %d), in %v", a, lo, hi, addrs)
+		}
+		seen[a] = true
+	}
+	if len(seen) != 64 {
+		t.Errorf("%d addresses; want 64", len(seen))
+	}
+}
+
+// The ports below the ephemeral range: from 10000 to where the kernel's
+// range starts, 32768 if it cannot be read, none if too few are left.
+func TestBelowEphemeral(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		content string
+		lo, hi  int
+	}{
+		{"32768\t60999\n", 10000, 32768},
+		{"20000 60999\n", 10000, 20000},
+		{"10500 60999\n", 0, 0},
+		{"garbage", 10000, 32768},
+	} {
+		p := filepath.Join(dir, "range")
+		if err := os.WriteFile(p, []byte(tc.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if lo, hi := belowEphemeral(p); lo != tc.lo || hi != tc.hi {
+			t.Errorf("range %q: belowEphemeral = %d, %d; want %d, %d", tc.content, lo, hi, tc.lo, tc.hi)
+		}
+	}
+	if lo, hi := belowEphemeral(filepath.Join(dir, "missing")); lo != 10000 || hi != 32768 {
+		t.Errorf("no range file: belowEphemeral = %d, %d; want 10000, 32768", lo, hi)
+	}
 }

@@ -6,11 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,23 +18,15 @@ import (
 )
 
 // freeAddr is a loopback address nobody listens on, for a command under
-// test to listen on. It is picked below Linux's ephemeral range
-// (32768-60999): a port the kernel hands out for ":0" listeners and for
-// the source of outgoing connections (the suite opens many) could be
-// taken again between this check and the command's own listen.
+// test to listen on, picked as the bench picks its processes' (below
+// the kernel's ephemeral range: see freeLoopbackAddrs).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	for range 100 {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+rand.IntN(12000)))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		ln.Close()
-		return addr
+	addr, err := freeLoopbackAddr()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free loopback port between 20000 and 32000")
-	return ""
+	return addr
 }
 
 // runCommand runs the ledger command line args in process until the
