@@ -501,8 +501,8 @@ func newChaosHistory(path string) (*chaosHistory, error) {
 	return &chaosHistory{fh: fh, w: w, enc: json.NewEncoder(w)}, nil
 }
 
-// submitted records one envelope; it runs on the load's submitting
-// goroutine.
+// submitted records one envelope, sent for the first time or again; it
+// runs on the load's submitting goroutine and on its resends'.
 func (h *chaosHistory) submitted(rec *kgo.Record, at time.Time) {
 	h.write(struct {
 		Event    string    `json:"event"`

@@ -290,7 +290,9 @@ type Result struct {
 // counts as 0). Intake and Call use one clock each. The terminal event's
 // latency_ms is whole milliseconds, so Call is truncated and Claim gets
 // the remainder. A call the executor ended without reaching the tool
-// (expired, say) counts with a Call of 0.
+// (expired, say) counts with a Call of 0. A call sent again after a
+// refusal for now (Config.RetryLater) counts from its last sending: its
+// parts add up to its end-to-end latency less the waits before it.
 type Stages struct {
 	// Calls is how many calls the percentiles cover.
 	Calls int64 `json:"calls"`
@@ -333,8 +335,10 @@ type inflight struct {
 	start time.Time
 	// authorized is when the call's authorized event was read.
 	authorized time.Time
-	// retried counts its envelope's resends after refusals for now.
+	// retried counts its envelope's resends after refusals for now;
+	// sent is when the last of them went out (zero: none did).
 	retried int
+	sent    time.Time
 }
 
 // run is the state of one load run.
@@ -609,42 +613,57 @@ func (r *run) watch(ctx context.Context, cl *kgo.Client) error {
 }
 
 // retryLater schedules call i's envelope to go out again once the wait
-// its refusal for now names has passed, and reports whether it did: not
-// when the call is no longer waiting (a refusal read again) or has used
-// up Config.RetryLater. The call stays in flight meanwhile.
+// its refusal for now names has passed, and reports whether it did (or
+// had already): not when the call is no longer waiting (its end was
+// read), has used up Config.RetryLater, or names a wait longer than the
+// whole Drain, which the run would not wait out. The call stays in
+// flight meanwhile.
 func (r *run) retryLater(ctx context.Context, i int64, refusal ledger.Event) bool {
+	wait := time.Duration(refusal.RetryAfterMS) * time.Millisecond
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c, ok := r.waiting[i]
-	if !ok || c.retried >= r.cfg.RetryLater {
+	if !ok || c.retried >= r.cfg.RetryLater || wait > r.cfg.Drain {
 		return false
+	}
+	if _, ok := r.resends[i]; ok {
+		return true // a refusal read again: its resend is due already
 	}
 	c.retried++
 	r.waiting[i] = c
-	r.res.RetriedLater++
-	if r.res.RetryReasons == nil {
-		r.res.RetryReasons = make(map[string]int64)
-	}
-	r.res.RetryReasons[refusal.Reason]++
 	if r.resends == nil {
 		r.resends = make(map[int64]*time.Timer)
 	}
 	r.resending.Add(1)
-	r.resends[i] = time.AfterFunc(time.Duration(refusal.RetryAfterMS)*time.Millisecond, func() {
+	r.resends[i] = time.AfterFunc(wait, func() {
 		defer r.resending.Done()
+		rec, err := r.envelope(i)
 		r.mu.Lock()
 		delete(r.resends, i)
-		r.mu.Unlock()
-		if ctx.Err() != nil {
-			return // the run is over: the call counts as lost
+		c, ok := r.waiting[i]
+		if ctx.Err() != nil || !ok {
+			// The run is over (the call counts as lost), or the call
+			// ended meanwhile.
+			r.mu.Unlock()
+			return
 		}
-		rec, err := r.envelope(i)
 		if err != nil {
+			r.mu.Unlock()
 			err = fmt.Errorf("loadtest: submit again: %w", err)
 			r.pubErr.CompareAndSwap(nil, &err)
 			return
 		}
-		r.publish(ctx, rec, time.Now())
+		// Counted as sent, under the lock the result is read with.
+		now := time.Now()
+		c.sent = now
+		r.waiting[i] = c
+		r.res.RetriedLater++
+		if r.res.RetryReasons == nil {
+			r.res.RetryReasons = make(map[string]int64)
+		}
+		r.res.RetryReasons[refusal.Reason]++
+		r.mu.Unlock()
+		r.publish(ctx, rec, now)
 	})
 	return true
 }
@@ -705,7 +724,13 @@ func (r *run) finish(i int64, t statemachine.EventType, now, at time.Time, tool 
 	var parts []time.Duration
 	if !c.authorized.IsZero() && !at.IsZero() {
 		started := at.Add(-tool)
-		parts = []time.Duration{c.authorized.Sub(c.start), started.Sub(c.authorized), tool, now.Sub(at)}
+		// A call sent again: the intake's part from its last sending,
+		// not the harness's wait before it.
+		sent := c.start
+		if !c.sent.IsZero() {
+			sent = c.sent
+		}
+		parts = []time.Duration{c.authorized.Sub(sent), started.Sub(c.authorized), tool, now.Sub(at)}
 		for k, part := range parts {
 			r.res.stages[k].Record(part)
 		}

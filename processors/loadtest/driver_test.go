@@ -487,7 +487,9 @@ func TestRunLost(t *testing.T) {
 // and the call ends where the resend takes it, counted from its first
 // submission.
 func TestRunRetriesLater(t *testing.T) {
-	l := drvStart(t, drvOptions{executor: true, noPolicies: true, policyRetryAfter: 50 * time.Millisecond})
+	// A wait long enough to tell the calls sent again by their latency.
+	const wait = 3 * time.Second
+	l := drvStart(t, drvOptions{executor: true, noPolicies: true, policyRetryAfter: wait})
 	set, err := policy.Demo()
 	if err != nil {
 		t.Fatal(err)
@@ -537,6 +539,11 @@ func TestRunRetriesLater(t *testing.T) {
 	if diff := cmp.Diff(Witness{Effects: 20, Reads: 20}, Check(res, l.backend.Effects())); diff != "" {
 		t.Errorf("Check (-want +got):\n%s", diff)
 	}
+	// End to end counts the wait; the intake's stage counts from the
+	// last sending, without it.
+	if res.E2E.Max < wait || res.Stages.Calls != 40 || res.Stages.Intake.Max >= wait {
+		t.Errorf("e2e max %v, intake stage max %v over %d calls; want the %v wait in the first only, all 40 calls staged", res.E2E.Max, res.Stages.Intake.Max, res.Stages.Calls, wait)
+	}
 }
 
 // TestRunRetriesLaterEnd: a call refused for now more often than
@@ -565,6 +572,19 @@ func TestRunRetriesLaterEnd(t *testing.T) {
 		if got := drvRequests(t, l.kafka) - before; got != 10*tc.sends {
 			t.Errorf("RetryLater %d: %d envelopes sent; want %d", tc.retryLater, got, 10*tc.sends)
 		}
+	}
+
+	// A wait longer than the whole drain is not waited out: the
+	// refusal ends the call.
+	long := drvStart(t, drvOptions{noPolicies: true, policyRetryAfter: time.Minute})
+	cfg := long.config("create_ticket", "rendlong")
+	cfg.Calls = 10
+	res, err := long.run(cfg)
+	if err != nil {
+		t.Fatalf("a wait past the drain: Run: %v", err)
+	}
+	if res.ByState["denied"] != 10 || res.Lost != 0 || res.RetriedLater != 0 {
+		t.Errorf("a wait past the %v drain: ByState, Lost, RetriedLater = %v, %d, %d; want 10 denied, none sent again", cfg.Drain, res.ByState, res.Lost, res.RetriedLater)
 	}
 }
 
@@ -1086,6 +1106,9 @@ func TestRunUntil(t *testing.T) {
 		cfg := l.config("get_weather", "rcap")
 		cfg.Rate, cfg.Duration, cfg.MaxDuration = 100, 200*time.Millisecond, 500*time.Millisecond
 		cfg.Until = func() bool { return false }
+		// Each call once: nothing sent again, so that OnSubmit runs on
+		// the submitting goroutine only.
+		cfg.RetryLater = -1
 		var recorded []string
 		cfg.OnSubmit = func(rec *kgo.Record, _ time.Time) { recorded = append(recorded, string(rec.Key)) }
 		res, err := l.run(cfg)
