@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"context"
@@ -189,7 +190,7 @@ type benchEnv struct {
 	jwksFile string
 	// nodeKeys are, with --backend-verify, the URLs where the current
 	// run's ledger processes serve their credential keys (--jwks-addr,
-	// picked as each starts): the backend's verifier reads them all
+	// picked as the run starts): the backend's verifier reads them all
 	// (runKeys), as a deployed tool lists every executor's. Under
 	// nodeKeysMu: the verifier reads them from the backend's handlers.
 	nodeKeysMu sync.Mutex
@@ -1113,7 +1114,8 @@ func watchNodes(ctx context.Context, nodes []*benchNode) (_ context.Context, unw
 		wg.Go(func() {
 			select {
 			case <-n.exited:
-				cancel(fmt.Errorf("%s %d exited during the run (log %s)%s", n.what, n.pid, n.log.Name(), logTail(n.log.Name())))
+				// Wait has returned: ProcessState is set.
+				cancel(fmt.Errorf("%s %d exited during the run (%v; log %s)%s", n.what, n.pid, n.cmd.ProcessState, n.log.Name(), logTail(n.log.Name())))
 			case <-stop:
 			}
 		})
@@ -1130,8 +1132,10 @@ func watchNodes(ctx context.Context, nodes []*benchNode) (_ context.Context, unw
 
 // logTail is the last lines of the log at path, for an error about the
 // process that wrote it: what it said as it exited, where a run's report
-// (CI's, say) may be all that is kept of its work directory. "" when the
-// log is empty or unreadable.
+// (CI's, say) may be all that is kept of its work directory. A Go panic's
+// or fatal error's first line is quoted too, when the tail (the end of
+// its goroutines' stacks) does not hold it. "" when the log is empty or
+// unreadable.
 func logTail(path string) string {
 	const most, lines = 2 << 10, 8
 	f, err := os.Open(path)
@@ -1139,24 +1143,39 @@ func logTail(path string) string {
 		return ""
 	}
 	defer f.Close()
-	buf := make([]byte, most)
-	size, err := f.Seek(0, io.SeekEnd)
-	if err != nil {
+	var (
+		ls    []string // the last lines read, at most lines of them
+		size  int      // their bytes
+		crash string   // the first panic or fatal error line
+	)
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if crash == "" && (strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ")) {
+			crash = line
+		}
+		ls = append(ls, line)
+		size += len(line) + 1
+		for len(ls) > lines || (size > most && len(ls) > 1) {
+			size -= len(ls[0]) + 1
+			ls = ls[1:]
+		}
+	}
+	for len(ls) > 0 && strings.TrimSpace(ls[len(ls)-1]) == "" {
+		ls = ls[:len(ls)-1]
+	}
+	if len(ls) == 0 {
 		return ""
 	}
-	off := max(size-most, 0)
-	n, _ := f.ReadAt(buf, off)
-	tail := strings.TrimRight(string(buf[:n]), "\n")
-	if off > 0 {
-		// The first line read may be cut: dropped.
-		_, tail, _ = strings.Cut(tail, "\n")
+	if len(ls) == 1 && len(ls[0]) > most {
+		ls[0] = "..." + ls[0][len(ls[0])-most:]
 	}
-	ls := strings.Split(tail, "\n")
-	ls = ls[max(len(ls)-lines, 0):]
-	if strings.TrimSpace(strings.Join(ls, "")) == "" {
-		return ""
+	out := "; its last lines:\n\t" + strings.Join(ls, "\n\t")
+	if crash != "" && !slices.Contains(ls, crash) {
+		out = "; it said " + strconv.Quote(crash) + out
 	}
-	return "; its last lines:\n\t" + strings.Join(ls, "\n\t")
+	return out
 }
 
 // freeLoopbackAddr returns a loopback address with a port free a moment

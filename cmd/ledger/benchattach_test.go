@@ -31,7 +31,8 @@ import (
 // backend (it checks the ledger's credentials), says where it went.
 func TestBenchAttached(t *testing.T) {
 	dir := t.TempDir()
-	dev := startDev(t, filepath.Join(dir, "dev"), freeAddr(t), freeAddr(t), freeAddr(t))
+	addrs := freeAddrs(t, 3)
+	dev := startDev(t, filepath.Join(dir, "dev"), addrs[0], addrs[1], freeAddr(t))
 	jsonOut := filepath.Join(dir, "bench.json")
 	// The dev ledger runs in this test's process: its CPU, measured
 	// through --ledger-pid, is this process's.
@@ -161,7 +162,8 @@ func TestBenchAttachFlags(t *testing.T) {
 // floor may call it; and --ledger-ops must serve the loops' time.
 func TestBenchAttachNotDemoBackend(t *testing.T) {
 	dir := t.TempDir()
-	dev := startDev(t, filepath.Join(dir, "dev"), freeAddr(t), freeAddr(t), freeAddr(t))
+	addrs := freeAddrs(t, 3)
+	dev := startDev(t, filepath.Join(dir, "dev"), addrs[0], addrs[1], freeAddr(t))
 	srv := httptest.NewServer(http.NotFoundHandler())
 	defer srv.Close()
 	root := newRoot()
@@ -213,7 +215,8 @@ func TestBenchAttachedProfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	devDir, kafka, api, backend := filepath.Join(dir, "dev"), freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 3)
+	devDir, kafka, api, backend := filepath.Join(dir, "dev"), addrs[0], addrs[1], addrs[2]
 	logFile, err := os.Create(filepath.Join(dir, "dev.log"))
 	if err != nil {
 		t.Fatal(err)

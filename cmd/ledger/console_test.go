@@ -31,7 +31,8 @@ var hostileCities = []string{
 // runs on any page.
 func TestConsoleInBrowser(t *testing.T) {
 	dir := t.TempDir()
-	kafka, api, backend := freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 3)
+	kafka, api, backend := addrs[0], addrs[1], addrs[2]
 	startDev(t, dir, kafka, api, backend)
 	base := "http://" + api
 	// The approvals must outlive the test: a call's approval expires with

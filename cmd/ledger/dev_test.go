@@ -29,6 +29,16 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
+// freeAddrs is n addresses as freeAddr's, all different.
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	addrs, err := freeLoopbackAddrs(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addrs
+}
+
 // runCommand runs the ledger command line args in process until the
 // test ends, when its context is cancelled and it must return, without
 // an error, within 30 s. exited, for a readiness loop, fails the test at
@@ -167,7 +177,8 @@ func types(v callView) string {
 // every call, and a retry after the restart does not run the tool again.
 func TestDevEndToEnd(t *testing.T) {
 	dir := t.TempDir()
-	kafka, api, backend := freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 3)
+	kafka, api, backend := addrs[0], addrs[1], addrs[2]
 	dev := startDev(t, dir, kafka, api, backend)
 
 	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Sydney"}`, "--tenant", "t_demo", "--key", "dev-1", "--wait", "--timeout", "60s")

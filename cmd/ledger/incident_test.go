@@ -34,7 +34,8 @@ import (
 func TestDevIncidentQueries(t *testing.T) {
 	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
 	dir := t.TempDir()
-	kafka, api, backend := freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 3)
+	kafka, api, backend := addrs[0], addrs[1], addrs[2]
 	dev := startDev(t, dir, kafka, api, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", db)
 	direct := []string{"--clickhouse-dsn", dsn, "--clickhouse-database", db}
 	viaAPI := []string{"--api", "http://" + api, "--data-dir", dir}
@@ -222,7 +223,8 @@ func TestOutcomesCLIBucketBound(t *testing.T) {
 func TestAPIRole(t *testing.T) {
 	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
 	dir := t.TempDir()
-	kafka, devAPI, backend, addr := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 4)
+	kafka, devAPI, backend, addr := addrs[0], addrs[1], addrs[2], addrs[3]
 	startDev(t, dir, kafka, devAPI, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", db)
 	submit := func(tool, args, key string) string {
 		return cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", tool, "--args", args, "--key", key, "--deadline", "10m", "--wait", "--timeout", "60s")

@@ -95,7 +95,8 @@ func TestDevPolicyActivation(t *testing.T) {
 	writePolicy(t, local, "", permitWeather)
 	writePolicy(t, versions, "lockdown", forbidAll)
 	writePolicy(t, versions, "v3", brokenPolicy)
-	kafka, api, backend := freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 3)
+	kafka, api, backend := addrs[0], addrs[1], addrs[2]
 	startDev(t, dir, kafka, api, backend, "--policy-dir", local, "--policy-versions-dir", versions)
 	tok := platformOperator(t, dir)
 	health := func() (console.Health, error) {
@@ -321,7 +322,8 @@ func TestExecutorRedecidesWithoutPolicyDir(t *testing.T) {
 	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	backend, approvalsAddr, execOps := freeAddr(t), freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 3)
+	backend, approvalsAddr, execOps := addrs[0], addrs[1], addrs[2]
 	startDemoBackend(t, backend)
 	trust := []string{"--issuer", DevIssuer, "--jwks-file", jwks}
 	role := func(args ...string) func() {

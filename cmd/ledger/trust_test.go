@@ -160,7 +160,8 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	dataDir := filepath.Join(dir, "reconciler")
-	httpAddr, jwksAddr := freeAddr(t), freeAddr(t)
+	addrs := freeAddrs(t, 2)
+	httpAddr, jwksAddr := addrs[0], addrs[1]
 	exited := runCommand(t, append(roleArgs(cc, topics),
 		"reconciler", "--crdb-dsn", freshSchemaDSN(t), "--data-dir", dataDir, "--instance-id", "trust-test",
 		"--tools-base-url", "http://127.0.0.1:1", "--issuer", "trust-test", "--jwks-file", issuerJWKS,
