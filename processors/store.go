@@ -210,7 +210,9 @@ const (
 // record for Duplicate and Conflict, the new one for Admitted, and empty
 // for Limited. Rates answers an admission with Rates that was Admitted
 // or Limited, one result per request and in their order (ChargeAll's);
-// nil otherwise.
+// nil otherwise. A later copy of a key in the same batch that is Limited
+// gets its first copy's Rates: the copies are refused alike, on the
+// first one's requests.
 type AdmitResult struct {
 	Outcome AdmitOutcome
 	Record  Record

@@ -90,6 +90,9 @@ type Store interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 }
 
+// DefaultPolicyRetryAfter is Config.PolicyRetryAfter's default.
+const DefaultPolicyRetryAfter = time.Second
+
 // Config configures the intake.
 type Config struct {
 	// Registry of tools. Required.
@@ -111,7 +114,7 @@ type Config struct {
 	Policy Decider
 	// PolicyRetryAfter is the retry_after_ms of the refusal of a call the
 	// policies could not decide (policy.Decision.Transient: a timeout, no
-	// active set); default 1s. Such a call is
+	// active set); default DefaultPolicyRetryAfter. Such a call is
 	// refused like a rate-limited one, not denied: nothing runs, and its
 	// key stays free for the retry, which is decided afresh.
 	PolicyRetryAfter time.Duration
@@ -161,7 +164,7 @@ func New(cfg Config) (*Processor, error) {
 		cfg.ApprovalTTL = 15 * time.Minute
 	}
 	if cfg.PolicyRetryAfter <= 0 {
-		cfg.PolicyRetryAfter = time.Second
+		cfg.PolicyRetryAfter = DefaultPolicyRetryAfter
 	}
 	if cfg.Channel == "" {
 		cfg.Channel = "kafka"
@@ -332,8 +335,14 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	}
 
 	as := make([]processors.Admission, len(admits))
+	// first: each key's first copy in the batch, whose charge the store
+	// answers the later copies with.
+	first := make(map[ledger.CallKey]int, len(admits))
 	for i := range admits {
 		as[i] = admits[i].admission
+		if _, ok := first[as[i].Key]; !ok {
+			first[as[i].Key] = i
+		}
 	}
 	results, rejected, err := p.admit(ctx, as)
 	if err != nil {
@@ -385,7 +394,11 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			emit(p.refuse(a.key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
 				"the idempotency key is already used by a call with other arguments"))
 		case processors.Limited:
-			emit(p.retryLater(a.checked, now, ReasonRateLimited, limitedDetail(a.checked, res.Rates), res.RetryAfter()))
+			// A later copy of a key (a key reused with other arguments)
+			// gets its first copy's answer: the budgets that refused are
+			// the ones the first copy's policies named.
+			charged := admits[first[a.admission.Key]].checked
+			emit(p.retryLater(a.checked, now, ReasonRateLimited, limitedDetail(charged, res.Rates), res.RetryAfter()))
 		default:
 			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}

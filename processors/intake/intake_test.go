@@ -666,6 +666,38 @@ when { context.arguments has priority && context.arguments.priority == "normal" 
 	}
 }
 
+// Two copies of one key in a batch, with other arguments (a key reused)
+// decided by other rate-limited policies: the store answers the later
+// copy with the first's refusal, and the later copy's refusal names the
+// budget that refused, not one of its own that had room.
+func TestIntakeRateLimitedCopiesNameTheRefusingBudget(t *testing.T) {
+	pol := policyEngine(t, `
+@id("slow") @rate_limit("1/m")
+permit (principal, action == Action::"tool::create_ticket", resource)
+when { context.arguments has priority && context.arguments.priority == "high" };
+
+@id("fast") @rate_limit("10/s")
+permit (principal, action == Action::"tool::create_ticket", resource)
+when { context.arguments has priority && context.arguments.priority == "low" };
+`)
+	f := newIntakeWith(t, func(c *intake.Config) { c.Policy = pol })
+	// slow's budget spent.
+	if _, got := f.step(t, f.envelopeRecord(t, "spent", map[string]any{"title": "t", "priority": "high"})); len(got) != 2 {
+		t.Fatalf("the first call: %q; want it authorized", got)
+	}
+	out, _ := f.step(t,
+		f.envelopeRecord(t, "dup", map[string]any{"title": "t", "priority": "high"}),
+		f.envelopeRecord(t, "dup", map[string]any{"title": "other", "priority": "low"}))
+	var got []string
+	for _, e := range events(t, out) {
+		got = append(got, string(e.Type)+"/"+e.Reason+": "+e.Detail)
+	}
+	refusal := "denied/" + intake.ReasonRateLimited + ": at most 1/m for create_ticket in tenant t_a under policy slow"
+	if want := []string{refusal, refusal}; !cmp.Equal(want, got) {
+		t.Errorf("the batch's events %q; want both copies refused naming slow's budget", got)
+	}
+}
+
 // A call is charged once, when the store first records it: the same
 // batch redelivered after its step failed (the Kafka transaction
 // aborted) appends the call's events again, and a duplicate sent later
