@@ -69,6 +69,7 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	f.roles.registerLoop(cmd)
 	fs := cmd.Flags()
 	f.policy.register(fs)
+	f.policy.registerRefusals(fs)
 	f.creds.register(fs)
 	fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "where the in-process Kafka listens (loopback only)")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "where the HTTP API listens (loopback only)")
@@ -194,7 +195,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	// The version activated on the control topic decides from the first
 	// call on.
 	f.policy.activate(engine, controls)
-	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Channel: "dev", Freezes: controls}, instance, f.roles.batching, observers{}, logger)
+	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls}, instance, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -376,5 +377,39 @@ func TestExecutorRedecidesWithoutPolicyDir(t *testing.T) {
 	resp.Body.Close()
 	if strings.Contains(string(b), "pol-refund") {
 		t.Errorf("the demo backend applied the refund the activated version forbids: %s", b)
+	}
+}
+
+// TestDevPolicyTimeoutFlags: --policy-timeout bounds a decision and
+// --policy-retry-after is the wait the refusal of an undecided call
+// names; a negative wait is refused at start.
+func TestDevPolicyTimeoutFlags(t *testing.T) {
+	dir := t.TempDir()
+	addrs := freeAddrs(t, 3)
+	kafka, api, backend := addrs[0], addrs[1], addrs[2]
+	// No decision finishes within a nanosecond.
+	startDev(t, dir, kafka, api, backend, "--policy-timeout", "1ns", "--policy-retry-after", "7s")
+	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+		"--tenant", "t_demo", "--key", "pol-timeout", "--wait", "--timeout", "60s", "--json")
+	var ev struct {
+		Type         string `json:"type"`
+		Reason       string `json:"reason"`
+		RetryAfterMS int64  `json:"retry_after_ms"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.LastIndex(out, "\n{")+1:]), &ev); err != nil {
+		t.Fatalf("submit: %v\n%s", err, out)
+	}
+	if ev.Type != "denied" || ev.Reason != "policy_timeout" || ev.RetryAfterMS != 7000 {
+		t.Errorf("the call's event: %+v; want denied, policy_timeout, retry after 7000 ms", ev)
+	}
+
+	root := newRoot()
+	root.SetArgs([]string{"dev", "--data-dir", t.TempDir(), "--kafka-addr", freeAddr(t), "--http-addr", freeAddr(t), "--backend-addr", freeAddr(t), "--policy-retry-after", "-1s"})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := root.ExecuteContext(ctx); err == nil || !strings.Contains(err.Error(), "--policy-retry-after -1s: must not be negative") {
+		t.Errorf("dev --policy-retry-after -1s: %v; want it refused", err)
 	}
 }

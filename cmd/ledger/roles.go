@@ -410,7 +410,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls}, rf.instance, rf.batching, rf.obs, logger)
+				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls}, rf.instance, rf.batching, rf.obs, logger)
 				return loop, err
 			})
 		},
@@ -420,6 +420,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 	rf.registerLoop(cmd)
 	idf.register(cmd.Flags())
 	pf.register(cmd.Flags())
+	pf.registerRefusals(cmd.Flags())
 	return cmd
 }
 
@@ -617,7 +618,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, Freezes: controls, Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
+				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls, Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
 				if err != nil {
 					return nil, err
 				}
@@ -698,6 +699,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	idf.register(cmd.Flags())
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative status lookup URLs resolve against")
 	pf.register(cmd.Flags())
+	pf.registerRefusals(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve the operators' APIs: /v1/resolutions, /v1/compensations, /v1/control (needs --issuer and --jwks-*); empty: not served")
 	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve the reconciler's credential keys (GET /.well-known/jwks.json), which sign its status lookups, for tools to verify with; empty: not served")
 	cmd.Flags().StringSliceVar(&credsJWKS, "credential-jwks-url", nil, "the executors' credential keys, comma separated: every executor's --jwks-addr URL (each has keys of its own); with it, --http-addr also serves RFC 7662 introspection at /v1/introspect, which also knows the reconciler's own keys")

@@ -16,6 +16,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 )
 
@@ -79,15 +80,25 @@ func devIdentity(ctx context.Context, dataDir string, logger *slog.Logger) (*ide
 
 // policyFlags choose the policy set.
 type policyFlags struct {
-	dir      string
-	label    string
-	versions string
+	dir        string
+	label      string
+	versions   string
+	timeout    time.Duration
+	retryAfter time.Duration
 }
 
 func (f *policyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
 	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
+	fs.DurationVar(&f.timeout, "policy-timeout", policy.DefaultTimeout, "bound on one policy decision: a call not decided in time is refused for now (policy_timeout: fail closed, its key left free) and its sender told to try again after --policy-retry-after; raise it for large policy sets or hosts that stall")
 	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir for as long as it is in force; while it does not load (or this directory is not set) every call is denied and /readyz fails")
+}
+
+// registerRefusals registers the flags of a command that refuses calls
+// (it admits them, as the intake): the executor's policies only re-check
+// calls already admitted.
+func (f *policyFlags) registerRefusals(fs *pflag.FlagSet) {
+	fs.DurationVar(&f.retryAfter, "policy-retry-after", intake.DefaultPolicyRetryAfter, "the wait (retry_after_ms) that the refusal of a call the policies could not decide names: a policy_timeout, or no policy set active")
 }
 
 // followActivations keeps engine on the version activated on the control
@@ -126,7 +137,10 @@ func (f *policyFlags) engine(logger *slog.Logger) (*policy.Engine, func(ctx cont
 	if err != nil {
 		return nil, nil, err
 	}
-	e, err := policy.NewEngine(policy.Config{Set: set, Logger: logger})
+	if f.retryAfter < 0 {
+		return nil, nil, fmt.Errorf("--policy-retry-after %v: must not be negative", f.retryAfter)
+	}
+	e, err := policy.NewEngine(policy.Config{Set: set, Logger: logger, Timeout: f.timeout})
 	if err != nil {
 		return nil, nil, err
 	}
