@@ -344,7 +344,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			first[as[i].Key] = i
 		}
 	}
-	results, rejected, err := p.admit(ctx, as)
+	results, rejected, alone, err := p.admit(ctx, as)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("admit %d calls: %w", len(as), err)
 	}
@@ -395,9 +395,14 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 				"the idempotency key is already used by a call with other arguments"))
 		case processors.Limited:
 			// A later copy of a key (a key reused with other arguments)
-			// gets its first copy's answer: the budgets that refused are
-			// the ones the first copy's policies named.
-			charged := admits[first[a.admission.Key]].checked
+			// gets its first copy's answer when the batch was admitted
+			// whole: the budgets that refused are the ones the first
+			// copy's policies named. Admitted alone, each copy was
+			// charged on its own.
+			charged := a.checked
+			if !alone {
+				charged = admits[first[a.admission.Key]].checked
+			}
 			emit(p.retryLater(a.checked, now, ReasonRateLimited, limitedDetail(charged, res.Rates), res.RetryAfter()))
 		default:
 			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
@@ -409,12 +414,13 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 // admit records a batch of admissions. When the store rejects the data of
 // the batch, it admits them one by one to find the ones it rejects, so
 // that one bad envelope cannot stall its partition; rejected[i] marks
-// those. Any other error is returned, and the batch is retried whole.
-func (p *Processor) admit(ctx context.Context, as []processors.Admission) ([]processors.AdmitResult, []bool, error) {
-	rejected := make([]bool, len(as))
-	results, err := p.cfg.Store.Admit(ctx, as)
+// those, and alone says so. Any other error is returned, and the batch is
+// retried whole.
+func (p *Processor) admit(ctx context.Context, as []processors.Admission) (results []processors.AdmitResult, rejected []bool, alone bool, err error) {
+	rejected = make([]bool, len(as))
+	results, err = p.cfg.Store.Admit(ctx, as)
 	if err == nil || !errors.Is(err, processors.ErrRejected) {
-		return results, rejected, err
+		return results, rejected, false, err
 	}
 	results = make([]processors.AdmitResult, len(as))
 	for i := range as {
@@ -424,12 +430,12 @@ func (p *Processor) admit(ctx context.Context, as []processors.Admission) ([]pro
 			p.cfg.Logger.Warn("store rejected an admission", "call_key", as[i].Key.String(), "err", err)
 			rejected[i] = true
 		case err != nil:
-			return nil, nil, err
+			return nil, nil, false, err
 		default:
 			results[i] = res[0]
 		}
 	}
-	return results, rejected, nil
+	return results, rejected, true, nil
 }
 
 // check runs every check of one record in DESIGN §5's order: strict

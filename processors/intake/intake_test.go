@@ -168,6 +168,12 @@ func (r rejecting) Admit(ctx context.Context, as []processors.Admission) ([]proc
 	return r.Store.Admit(ctx, as)
 }
 
+// rejectingLimiter is rejecting over a store that keeps rate limits.
+type rejectingLimiter struct {
+	rejecting
+	processors.RateLimiter
+}
+
 // One envelope the store rejects is refused on its own; the rest of its
 // batch goes through, and the partition does not stall.
 func TestIntakeSetsAsideWhatTheStoreRejects(t *testing.T) {
@@ -669,32 +675,65 @@ when { context.arguments has priority && context.arguments.priority == "normal" 
 // Two copies of one key in a batch, with other arguments (a key reused)
 // decided by other rate-limited policies: the store answers the later
 // copy with the first's refusal, and the later copy's refusal names the
-// budget that refused, not one of its own that had room.
+// budget that refused, not one of its own that had room. When the store
+// rejects another envelope of the batch, the intake admits each alone:
+// each copy is then charged, and refused, on its own budgets.
 func TestIntakeRateLimitedCopiesNameTheRefusingBudget(t *testing.T) {
 	pol := policyEngine(t, `
 @id("slow") @rate_limit("1/m")
 permit (principal, action == Action::"tool::create_ticket", resource)
 when { context.arguments has priority && context.arguments.priority == "high" };
 
-@id("fast") @rate_limit("10/s")
+@id("fast") @rate_limit("1/m")
 permit (principal, action == Action::"tool::create_ticket", resource)
 when { context.arguments has priority && context.arguments.priority == "low" };
 `)
-	f := newIntakeWith(t, func(c *intake.Config) { c.Policy = pol })
-	// slow's budget spent.
-	if _, got := f.step(t, f.envelopeRecord(t, "spent", map[string]any{"title": "t", "priority": "high"})); len(got) != 2 {
-		t.Fatalf("the first call: %q; want it authorized", got)
+	refusal := func(p string) string {
+		return "denied/" + intake.ReasonRateLimited + ": at most 1/m for create_ticket in tenant t_a under policy " + p
 	}
-	out, _ := f.step(t,
-		f.envelopeRecord(t, "dup", map[string]any{"title": "t", "priority": "high"}),
-		f.envelopeRecord(t, "dup", map[string]any{"title": "other", "priority": "low"}))
-	var got []string
-	for _, e := range events(t, out) {
-		got = append(got, string(e.Type)+"/"+e.Reason+": "+e.Detail)
-	}
-	refusal := "denied/" + intake.ReasonRateLimited + ": at most 1/m for create_ticket in tenant t_a under policy slow"
-	if want := []string{refusal, refusal}; !cmp.Equal(want, got) {
-		t.Errorf("the batch's events %q; want both copies refused naming slow's budget", got)
+	for _, tc := range []struct {
+		name  string
+		alone bool   // the store rejects an envelope of the batch
+		spent string // the priority whose budget is spent first
+		want  []string
+	}{
+		{"admitted whole", false, "high", []string{refusal("slow"), refusal("slow")}},
+		{"admitted alone", true, "", []string{refusal("slow"), refusal("fast")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newIntakeWith(t, func(c *intake.Config) {
+				c.Policy = pol
+				if tc.alone {
+					c.Store = rejectingLimiter{rejecting{Store: c.Store, key: "odd"}, c.Store.(processors.RateLimiter)}
+				}
+			})
+			spend := []string{"high", "low"}
+			if tc.spent != "" {
+				spend = []string{tc.spent}
+			}
+			for _, p := range spend {
+				if _, got := f.step(t, f.envelopeRecord(t, "spent-"+p, map[string]any{"title": "t", "priority": p})); len(got) != 2 {
+					t.Fatalf("the call that spends %s's budget: %q; want it authorized", p, got)
+				}
+			}
+			batch := []*kgo.Record{
+				f.envelopeRecord(t, "dup", map[string]any{"title": "t", "priority": "high"}),
+				f.envelopeRecord(t, "dup", map[string]any{"title": "other", "priority": "low"}),
+			}
+			if tc.alone {
+				batch = append([]*kgo.Record{f.envelopeRecord(t, "odd", map[string]any{"title": "o"})}, batch...)
+			}
+			out, _ := f.step(t, batch...)
+			var got []string
+			for _, e := range events(t, out) {
+				if e.IdempotencyKey == "dup" {
+					got = append(got, string(e.Type)+"/"+e.Reason+": "+e.Detail)
+				}
+			}
+			if !cmp.Equal(tc.want, got) {
+				t.Errorf("the copies' events %q; want %q", got, tc.want)
+			}
+		})
 	}
 }
 
