@@ -1162,6 +1162,10 @@ func logTail(path string) string {
 			ls = ls[1:]
 		}
 	}
+	if sc.Err() != nil {
+		// A line too long to scan: the lines after it are not read.
+		ls = append(ls, fmt.Sprintf("(not read past here: %v)", sc.Err()))
+	}
 	for len(ls) > 0 && strings.TrimSpace(ls[len(ls)-1]) == "" {
 		ls = ls[:len(ls)-1]
 	}

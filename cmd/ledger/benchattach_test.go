@@ -32,7 +32,7 @@ import (
 func TestBenchAttached(t *testing.T) {
 	dir := t.TempDir()
 	addrs := freeAddrs(t, 3)
-	dev := startDev(t, filepath.Join(dir, "dev"), addrs[0], addrs[1], freeAddr(t))
+	dev := startDev(t, filepath.Join(dir, "dev"), addrs[0], addrs[1], addrs[2])
 	jsonOut := filepath.Join(dir, "bench.json")
 	// The dev ledger runs in this test's process: its CPU, measured
 	// through --ledger-pid, is this process's.
@@ -163,7 +163,7 @@ func TestBenchAttachFlags(t *testing.T) {
 func TestBenchAttachNotDemoBackend(t *testing.T) {
 	dir := t.TempDir()
 	addrs := freeAddrs(t, 3)
-	dev := startDev(t, filepath.Join(dir, "dev"), addrs[0], addrs[1], freeAddr(t))
+	dev := startDev(t, filepath.Join(dir, "dev"), addrs[0], addrs[1], addrs[2])
 	srv := httptest.NewServer(http.NotFoundHandler())
 	defer srv.Close()
 	root := newRoot()

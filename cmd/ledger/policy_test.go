@@ -382,7 +382,7 @@ func TestExecutorRedecidesWithoutPolicyDir(t *testing.T) {
 
 // TestDevPolicyTimeoutFlags: --policy-timeout bounds a decision and
 // --policy-retry-after is the wait the refusal of an undecided call
-// names; a negative wait is refused at start.
+// names; a negative budget or wait is refused at start.
 func TestDevPolicyTimeoutFlags(t *testing.T) {
 	dir := t.TempDir()
 	addrs := freeAddrs(t, 3)
@@ -403,13 +403,17 @@ func TestDevPolicyTimeoutFlags(t *testing.T) {
 		t.Errorf("the call's event: %+v; want denied, policy_timeout, retry after 7000 ms", ev)
 	}
 
-	root := newRoot()
-	root.SetArgs([]string{"dev", "--data-dir", t.TempDir(), "--kafka-addr", freeAddr(t), "--http-addr", freeAddr(t), "--backend-addr", freeAddr(t), "--policy-retry-after", "-1s"})
-	root.SetOut(io.Discard)
-	root.SetErr(io.Discard)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	if err := root.ExecuteContext(ctx); err == nil || !strings.Contains(err.Error(), "--policy-retry-after -1s: must not be negative") {
-		t.Errorf("dev --policy-retry-after -1s: %v; want it refused", err)
+	for _, flag := range []string{"--policy-retry-after", "--policy-timeout"} {
+		root := newRoot()
+		addrs := freeAddrs(t, 3)
+		root.SetArgs([]string{"dev", "--data-dir", t.TempDir(), "--kafka-addr", addrs[0], "--http-addr", addrs[1], "--backend-addr", addrs[2], flag, "-1s"})
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		err := root.ExecuteContext(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), flag+" -1s: must not be negative") {
+			t.Errorf("dev %s -1s: %v; want it refused, naming the flag", flag, err)
+		}
 	}
 }

@@ -90,7 +90,7 @@ type policyFlags struct {
 func (f *policyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
 	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
-	fs.DurationVar(&f.timeout, "policy-timeout", policy.DefaultTimeout, "bound on one policy decision: a call not decided in time is refused for now (policy_timeout: fail closed, its key left free) and its sender told to try again after --policy-retry-after; raise it for large policy sets or hosts that stall")
+	fs.DurationVar(&f.timeout, "policy-timeout", policy.DefaultTimeout, "bound on one policy decision (wall-clock; 0: the default). Not decided in time fails closed: the intake refuses the call for now (policy_timeout, its key left free, retry after --policy-retry-after), the executor gives an approved call's claim back and decides it again later. Raise it for large policy sets or hosts that stall")
 	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir for as long as it is in force; while it does not load (or this directory is not set) every call is denied and /readyz fails")
 }
 
@@ -98,7 +98,7 @@ func (f *policyFlags) register(fs *pflag.FlagSet) {
 // (it admits them, as the intake): the executor's policies only re-check
 // calls already admitted.
 func (f *policyFlags) registerRefusals(fs *pflag.FlagSet) {
-	fs.DurationVar(&f.retryAfter, "policy-retry-after", intake.DefaultPolicyRetryAfter, "the wait (retry_after_ms) that the refusal of a call the policies could not decide names: a policy_timeout, or no policy set active")
+	fs.DurationVar(&f.retryAfter, "policy-retry-after", intake.DefaultPolicyRetryAfter, "the wait (retry_after_ms) that the refusal of a call the policies could not decide names: a policy_timeout, or no policy set active (0: the default)")
 }
 
 // followActivations keeps engine on the version activated on the control
@@ -139,6 +139,9 @@ func (f *policyFlags) engine(logger *slog.Logger) (*policy.Engine, func(ctx cont
 	}
 	if f.retryAfter < 0 {
 		return nil, nil, fmt.Errorf("--policy-retry-after %v: must not be negative", f.retryAfter)
+	}
+	if f.timeout < 0 {
+		return nil, nil, fmt.Errorf("--policy-timeout %v: must not be negative", f.timeout)
 	}
 	e, err := policy.NewEngine(policy.Config{Set: set, Logger: logger, Timeout: f.timeout})
 	if err != nil {
