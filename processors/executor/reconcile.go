@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/sony/gobreaker/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -121,6 +122,13 @@ type ReconcilerConfig struct {
 	// with Backoff (default 200ms) doubling between them.
 	MaxAttempts int
 	Backoff     time.Duration
+	// UnaskedFor bounds how long a call may wait, outcome_unknown, for a
+	// lookup that this reconciler's own breaker keeps from being sent
+	// (open after other lookups of the tool failed or timed out): until
+	// then such a pass leaves the call for a later one, since it learned
+	// nothing about the call; past it, the call is parked like one whose
+	// lookups failed. Default DefaultUnaskedFor.
+	UnaskedFor time.Duration
 	// SweepEvery is how often unknown outcomes are looked for in the
 	// store besides the events that announce them; default 10s.
 	SweepEvery time.Duration
@@ -149,6 +157,12 @@ type ReconcilerConfig struct {
 	Now     func() time.Time
 	Logger  *slog.Logger
 }
+
+// DefaultUnaskedFor is ReconcilerConfig.UnaskedFor's default: many times a
+// breaker's default OpenFor, so that a breaker that closes again lets the
+// calls be asked, and short enough that a human hears of a lookup that
+// stays out of reach.
+const DefaultUnaskedFor = 5 * time.Minute
 
 // Reconciler resolves unknown outcomes: it asks the tool's status lookup
 // what happened and records succeeded or failed with the evidence, or
@@ -205,6 +219,9 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	}
 	if cfg.Backoff <= 0 {
 		cfg.Backoff = 200 * time.Millisecond
+	}
+	if cfg.UnaskedFor <= 0 {
+		cfg.UnaskedFor = DefaultUnaskedFor
 	}
 	if cfg.SweepEvery <= 0 {
 		cfg.SweepEvery = 10 * time.Second
@@ -472,6 +489,18 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		resp, err := r.lookup(ctx, g, tool, target, rec, bearer)
 		var he *httptool.Error
 		switch {
+		case ctx.Err() != nil:
+			// Stopping: nothing was learned about the call.
+			return pendingMove{}, false
+		case (errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)) &&
+			r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnaskedFor)):
+			// Not asked: the breaker is open because other lookups of
+			// the tool failed (a host that stalled can time a burst of
+			// them out). That says nothing about this call, and parking
+			// it would hand a human every call looked up while the
+			// breaker stays open.
+			log.Debug("status lookup held off by the breaker; asking again later", "err", err)
+			return pendingMove{}, false
 		case err == nil && lookupState(resp.Body) == "applied":
 			sum := sha256.Sum256(resp.Body)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,

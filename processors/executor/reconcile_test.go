@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,10 +25,19 @@ func (r *rig) reconciler() *executor.Reconciler {
 
 func (r *rig) reconcilerAt(now func() time.Time) *executor.Reconciler {
 	r.t.Helper()
-	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
+	return r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Now = now })
+}
+
+// reconcilerWith is the rig's reconciler with set applied to its
+// configuration.
+func (r *rig) reconcilerWith(set func(*executor.ReconcilerConfig)) *executor.Reconciler {
+	r.t.Helper()
+	cfg := executor.ReconcilerConfig{
 		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
-		Backoff: time.Millisecond, SweepEvery: time.Hour, Now: now,
-	})
+		Backoff: time.Millisecond, SweepEvery: time.Hour, Now: time.Now,
+	}
+	set(&cfg)
+	rc, err := executor.NewReconciler(cfg)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -183,16 +193,56 @@ func TestReconcileParksAndOperatorResolves(t *testing.T) {
 	}
 }
 
+// unknownLookupDown runs a ticket under key into outcome_unknown (its
+// response lost) and then fails the tool's status lookup (503).
+func (r *rig) unknownLookupDown(key string) *kgo.Record {
+	r.t.Helper()
+	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	unknown := r.unknown(r.admit("create_ticket", key, map[string]any{"title": "t"}, 0))
+	r.backend.ClearFaults()
+	r.backend.SetFault("create_ticket/status", demobackend.Fault{FailStatus: 503})
+	return unknown
+}
+
 // A status lookup that keeps failing parks the call with the reason.
 func TestReconcileLookupFailingParks(t *testing.T) {
 	r := newRig(t)
-	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
-	auth := r.admit("create_ticket", "dark", map[string]any{"title": "t"}, 0)
-	unknown := r.unknown(auth)
-	r.backend.ClearFaults()
-	r.backend.SetFault("create_ticket/status", demobackend.Fault{FailStatus: 503})
+	unknown := r.unknownLookupDown("dark")
 	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(r.reconciler(), unknown)); diff != "" {
 		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+}
+
+// A lookup the reconciler's own breaker holds off (open after other
+// lookups failed) says nothing about the call: the call waits for a later
+// pass, outcome_unknown, rather than being parked for a human; once it has
+// waited UnaskedFor, it is parked like a call whose lookups failed.
+func TestReconcileBreakerOpenWaits(t *testing.T) {
+	r := newRig(t)
+	unknown := r.unknownLookupDown("held-off")
+	var later atomic.Bool // the clock past UnaskedFor
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		// Open at the first failure, for longer than the test.
+		c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, Window: time.Hour, OpenFor: time.Hour}
+		c.UnaskedFor = time.Minute
+		c.Now = func() time.Time {
+			if later.Load() {
+				return time.Now().Add(2 * time.Minute)
+			}
+			return time.Now()
+		}
+	})
+	// One lookup reaches the tool (503) and opens the breaker; the next
+	// are held off.
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("with the breaker open: %q; want nothing recorded, the call left for a later pass", got)
+	}
+	if rec, err := r.store.Get(t.Context(), decodeAll(t, []*kgo.Record{unknown})[0].Key()); err != nil || rec.Status != processors.StatusOutcomeUnknown {
+		t.Errorf("record %v (%v); want it still outcome_unknown", rec.Status, err)
+	}
+	later.Store(true)
+	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(rc, unknown)); diff != "" {
+		t.Errorf("past UnaskedFor (-want +got):\n%s", diff)
 	}
 }
 
