@@ -335,14 +335,8 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	}
 
 	as := make([]processors.Admission, len(admits))
-	// first: each key's first copy in the batch, whose charge the store
-	// answers the later copies with.
-	first := make(map[ledger.CallKey]int, len(admits))
 	for i := range admits {
 		as[i] = admits[i].admission
-		if _, ok := first[as[i].Key]; !ok {
-			first[as[i].Key] = i
-		}
 	}
 	results, rejected, alone, err := p.admit(ctx, as)
 	if err != nil {
@@ -399,9 +393,14 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			// whole: the budgets that refused are the ones the first
 			// copy's policies named. Admitted alone, each copy was
 			// charged on its own.
+			// (Found by a scan: refusals are rare, and a batch that
+			// has none builds no index.)
 			charged := a.checked
-			if !alone {
-				charged = admits[first[a.admission.Key]].checked
+			for j := 0; !alone && j < i; j++ {
+				if admits[j].admission.Key == a.admission.Key {
+					charged = admits[j].checked
+					break
+				}
 			}
 			emit(p.retryLater(a.checked, now, ReasonRateLimited, limitedDetail(charged, res.Rates), res.RetryAfter()))
 		default:
