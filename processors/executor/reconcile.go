@@ -489,9 +489,6 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		resp, err := r.lookup(ctx, g, tool, target, rec, bearer)
 		var he *httptool.Error
 		switch {
-		case ctx.Err() != nil:
-			// Stopping: nothing was learned about the call.
-			return pendingMove{}, false
 		case (errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)) &&
 			r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnaskedFor)):
 			// Not asked: the breaker is open because other lookups of
