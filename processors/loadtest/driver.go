@@ -363,7 +363,8 @@ type run struct {
 	sem      chan struct{} // closed loop: one token per call in flight
 	drained  chan struct{} // closed when nothing waits after the last submission
 	lastDone time.Time
-	finished bool // no more submissions
+	finished bool      // no more submissions
+	drainEnd time.Time // when Run stops waiting for calls, once finished
 
 	submitted atomic.Int64
 	done      atomic.Int64
@@ -432,6 +433,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	err = r.submit(ctx, start)
 	r.mu.Lock()
 	r.finished = true
+	r.drainEnd = time.Now().Add(cfg.Drain)
 	if len(r.waiting) == 0 {
 		close(r.drained)
 	}
@@ -440,7 +442,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err == nil {
 		select {
 		case <-r.drained:
-		case <-time.After(cfg.Drain):
+		case <-time.After(time.Until(r.drainEnd)):
 		case err = <-watched:
 			watcherDone = true
 			if err == nil {
@@ -615,15 +617,20 @@ func (r *run) watch(ctx context.Context, cl *kgo.Client) error {
 // retryLater schedules call i's envelope to go out again once the wait
 // its refusal for now names has passed, and reports whether it did (or
 // had already): not when the call is no longer waiting (its end was
-// read), has used up Config.RetryLater, or names a wait longer than the
-// whole Drain, which the run would not wait out. The call stays in
-// flight meanwhile.
+// read), has used up Config.RetryLater, or names a wait the run would
+// not wait out: longer than the whole Drain, or, once submitting is
+// over, than what is left of it. A resend the run's end would cancel
+// would leave the call lost; its refusal ends it instead. The call stays
+// in flight meanwhile.
 func (r *run) retryLater(ctx context.Context, i int64, refusal ledger.Event) bool {
 	wait := time.Duration(refusal.RetryAfterMS) * time.Millisecond
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c, ok := r.waiting[i]
 	if !ok || c.retried >= r.cfg.RetryLater || wait > r.cfg.Drain {
+		return false
+	}
+	if r.finished && time.Now().Add(wait).After(r.drainEnd) {
 		return false
 	}
 	if _, ok := r.resends[i]; ok {

@@ -586,6 +586,21 @@ func TestRunRetriesLaterEnd(t *testing.T) {
 	if res.ByState["denied"] != 10 || res.Lost != 0 || res.RetriedLater != 0 {
 		t.Errorf("a wait past the %v drain: ByState, Lost, RetriedLater = %v, %d, %d; want 10 denied, none sent again", cfg.Drain, res.ByState, res.Lost, res.RetriedLater)
 	}
+
+	// Nor is a wait longer than what is left of the drain: the first
+	// refusals come early and are waited out (1.5 s of 2), the second
+	// ones late, and they end their calls rather than leave them lost
+	// to a resend the run's end would cancel.
+	late := drvStart(t, drvOptions{noPolicies: true, policyRetryAfter: 1500 * time.Millisecond})
+	cfg = late.config("create_ticket", "rendlate")
+	cfg.Calls, cfg.Drain = 10, 2*time.Second
+	res, err = late.run(cfg)
+	if err != nil {
+		t.Fatalf("a wait past the drain's end: Run: %v", err)
+	}
+	if res.ByState["denied"] != 10 || res.Lost != 0 || res.RetriedLater > 10 {
+		t.Errorf("a wait past the drain's end: ByState, Lost, RetriedLater = %v, %d, %d; want 10 denied, each sent again at most once", res.ByState, res.Lost, res.RetriedLater)
+	}
 }
 
 // TestRunSaturated: an open loop stops submitting once MaxInFlight calls
