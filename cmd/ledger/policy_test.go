@@ -74,7 +74,7 @@ func activatePolicy(t *testing.T, api, dataDir, label string) {
 func settledEvent(t *testing.T, kafka, dataDir, key string) (typ, reason, version string) {
 	t.Helper()
 	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dataDir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
-		"--tenant", "t_demo", "--key", key, "--wait", "--timeout", "60s", "--json")
+		"--tenant", "t_demo", "--key", key, "--retry-later", "0", "--wait", "--timeout", "60s", "--json")
 	var ev struct {
 		Type          string `json:"type"`
 		Reason        string `json:"reason"`
@@ -154,7 +154,29 @@ func TestDevPolicyActivation(t *testing.T) {
 	if typ, reason, _ := settledEvent(t, kafka, dir, "pol-3"); typ != "denied" || reason != "policy_unavailable" {
 		t.Errorf("while the activated version does not load: %s (%s); want denied, policy_unavailable", typ, reason)
 	}
+	// submit --wait, as an agent, sends a call refused for now again
+	// once the refusal's wait (1 s) has passed: it goes through once the
+	// version loads.
+	var again ledgertest.LogBuffer
+	sent := make(chan error, 1)
+	go func() {
+		root := newRoot()
+		root.SetArgs([]string{"submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+			"--tenant", "t_demo", "--key", "pol-3-again", "--retry-later", "30", "--wait", "--timeout", "60s"})
+		root.SetOut(&again)
+		root.SetErr(&again)
+		sent <- root.ExecuteContext(t.Context())
+	}()
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if !strings.Contains(again.String(), "refused for now: policy_unavailable; sending again in 1s (1 of 30)") {
+			return fmt.Errorf("submit --wait has not been refused for now yet:\n%s", again.String())
+		}
+		return nil
+	})
 	writePolicy(t, versions, "v3", permitWeather)
+	if err := <-sent; err != nil || !strings.Contains(again.String(), "t_demo/pol-3-again is succeeded") {
+		t.Errorf("submit --wait --retry-later 30, refused for now until the version loads: %v; want it sent again until it succeeds:\n%s", err, again.String())
+	}
 	ledgertest.WaitFor(t, 10*time.Second, policyIs("v3@", ""))
 	if typ, _, v := settledEvent(t, kafka, dir, "pol-4"); typ != "succeeded" || !strings.HasPrefix(v, "v3@") {
 		t.Errorf("once the activated version loads: %s (%s); want succeeded under v3@…", typ, v)
@@ -390,7 +412,7 @@ func TestDevPolicyTimeoutFlags(t *testing.T) {
 	// No decision finishes within a nanosecond.
 	startDev(t, dir, kafka, api, backend, "--policy-timeout", "1ns", "--policy-retry-after", "7s")
 	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
-		"--tenant", "t_demo", "--key", "pol-timeout", "--wait", "--timeout", "60s", "--json")
+		"--tenant", "t_demo", "--key", "pol-timeout", "--retry-later", "0", "--wait", "--timeout", "60s", "--json")
 	var ev struct {
 		Type         string `json:"type"`
 		Reason       string `json:"reason"`
@@ -401,6 +423,16 @@ func TestDevPolicyTimeoutFlags(t *testing.T) {
 	}
 	if ev.Type != "denied" || ev.Reason != "policy_timeout" || ev.RetryAfterMS != 7000 {
 		t.Errorf("the call's event: %+v; want denied, policy_timeout, retry after 7000 ms", ev)
+	}
+	// A wait that outlasts --timeout is not waited out: the refusal
+	// ends submit --wait at once, and says so.
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+		"--tenant", "t_demo", "--key", "pol-timeout-2", "--retry-later", "3", "--wait", "--timeout", "5s")
+	if want := "the ledger asks for a retry after 7s; sent 1 time(s)"; !strings.Contains(out, want) || strings.Contains(out, "sending again") {
+		t.Errorf("submit --wait --timeout 5s, refused for now for 7 s: want %q and nothing sent again:\n%s", want, out)
+	}
+	if err := cliErr(t, "submit", "--kafka-brokers", kafka, "--tool", "get_weather", "--retry-later", "-1", "--wait"); err == nil || !strings.Contains(err.Error(), "--retry-later -1: must not be negative") {
+		t.Errorf("submit --retry-later -1: %v; want it refused, naming the flag", err)
 	}
 
 	for _, flag := range []string{"--policy-retry-after", "--policy-timeout"} {

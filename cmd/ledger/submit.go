@@ -34,6 +34,7 @@ type submitFlags struct {
 	deadline    time.Duration
 	wait        bool
 	timeout     time.Duration
+	retryLater  int
 	jsonOut     bool
 	assertion   string
 	dataDir     string
@@ -64,6 +65,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long the call may take before it is no longer wanted (0: none)")
 	fs.BoolVar(&f.wait, "wait", false, "wait for the call to settle and print its last event")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long --wait waits")
+	fs.IntVar(&f.retryLater, "retry-later", 3, "with --wait: how many times to send the envelope again, same key, after a refusal for now (rate_limited, policy_timeout, policy_unavailable) once the wait it names has passed, if that is within --timeout (0: never)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
 	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider); default: one minted by the dev issuer in --data-dir, if there is one")
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
@@ -79,6 +81,9 @@ func randomID(prefix string) string {
 func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	ctx := cmd.Context()
 	out := cmd.OutOrStdout()
+	if f.retryLater < 0 {
+		return fmt.Errorf("--retry-later %d: must not be negative", f.retryLater)
+	}
 	var body []byte
 	var key ledger.CallKey
 	var callID string
@@ -111,11 +116,16 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		return err
 	}
 	defer pub.Close()
-	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	err = pub.Publish(pctx, []byte(key.String()), body)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("publish to %s: %w", g.kafka.requests, err)
+	publish := func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		if err := pub.Publish(ctx, []byte(key.String()), body); err != nil {
+			return fmt.Errorf("publish to %s: %w", g.kafka.requests, err)
+		}
+		return nil
+	}
+	if err := publish(ctx); err != nil {
+		return err
 	}
 	if !f.jsonOut {
 		fmt.Fprintf(out, "published %s (call_id %s) to %s\n", key, callID, g.kafka.requests)
@@ -127,7 +137,8 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		return nil
 	}
 
-	wctx, cancel := context.WithTimeout(ctx, f.timeout)
+	waitEnd := time.Now().Add(f.timeout)
+	wctx, cancel := context.WithDeadline(ctx, waitEnd)
 	defer cancel()
 	// The call lives under the verified tenant's key, which is the
 	// claimed one unless the scope lies.
@@ -148,6 +159,10 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		call statemachine.Call
 		wg   sync.WaitGroup
 		errs = make([]error, len(keys))
+		// again carries the wait before the envelope goes out again;
+		// one resend is pending at most, as its refusal comes first.
+		again   = make(chan time.Duration, 1)
+		retried int
 	)
 	for i, k := range keys {
 		wg.Add(1)
@@ -162,12 +177,24 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 					return true
 				}
 				if e.Refusal() {
-					if e.CallID == callID {
-						last = &e
-						cancel()
-						return true
+					if e.CallID != callID {
+						return false
 					}
-					return false
+					wait := time.Duration(e.RetryAfterMS) * time.Millisecond
+					if wait > 0 && retried < f.retryLater && time.Now().Add(wait).Before(waitEnd) {
+						retried++
+						if !f.jsonOut {
+							fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", e.Reason, wait, retried, f.retryLater)
+						}
+						select {
+						case again <- wait:
+						default:
+						}
+						return false
+					}
+					last = &e
+					cancel()
+					return true
 				}
 				if k != callKey {
 					return false
@@ -189,8 +216,30 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 			})
 		}()
 	}
-	wg.Wait()
-	err = errors.Join(errs...)
+	followed := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(followed)
+	}()
+	var resendErr error
+	for resending := true; resending; {
+		select {
+		case <-followed:
+			resending = false
+		case wait := <-again:
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+				if resendErr = publish(wctx); resendErr != nil {
+					cancel()
+				}
+			case <-followed:
+				t.Stop()
+				resending = false
+			}
+		}
+	}
+	err = errors.Join(append(errs, resendErr)...)
 	if last != nil {
 		err = nil
 	}
@@ -208,6 +257,10 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	}
 	if last.Refusal() {
 		fmt.Fprintf(out, "refused: %s at %s: %s\n", last.Reason, last.Pointer, last.Detail)
+		if last.RetryAfterMS > 0 {
+			fmt.Fprintf(out, "  the ledger asks for a retry after %s; sent %d time(s) (--retry-later %d, --timeout %s)\n",
+				time.Duration(last.RetryAfterMS)*time.Millisecond, retried+1, f.retryLater, f.timeout)
+		}
 		return nil
 	}
 	fmt.Fprintf(out, "%s is %s\n", key, call.State)
