@@ -36,12 +36,17 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/projector"
 )
 
 // benchIssuer names the benchmark's own agent identity provider.
 const benchIssuer = "https://bench.ledger.invalid"
+
+// nodePassedOn are the bench's flags that the ledger processes it starts
+// get, under the same names, when set on the command line.
+var nodePassedOn = []string{"batch-linger", "batch-linger-from", "policy-timeout"}
 
 // benchFlags configure `ledger bench`.
 type benchFlags struct {
@@ -71,10 +76,11 @@ type benchFlags struct {
 	nodeLogLevel   string
 	batchLinger    time.Duration
 	lingerFrom     int
-	// nodeBatching are the batching flags the ledger processes get:
-	// those set on the command line, so that a --baseline binary that
-	// knows neither runs with its own defaults.
-	nodeBatching  []string
+	policyTimeout  time.Duration
+	// nodeFlags are the flags passed on to the ledger processes (their
+	// batching and policy budget): those set on the command line, so
+	// that a --baseline binary that knows none runs with its defaults.
+	nodeFlags     []string
 	intakeProcess bool
 	kafkaProcess  bool
 	slo           time.Duration
@@ -130,9 +136,9 @@ runs inside the bench, beside the load generator and the tool backend, unless
 			if _, ok := os.LookupEnv("GOGC"); !ok {
 				debug.SetGCPercent(100)
 			}
-			for _, name := range []string{"batch-linger", "batch-linger-from"} {
+			for _, name := range nodePassedOn {
 				if fl := cmd.Flags().Lookup(name); fl.Changed {
-					f.nodeBatching = append(f.nodeBatching, "--"+name, fl.Value.String())
+					f.nodeFlags = append(f.nodeFlags, "--"+name, fl.Value.String())
 				}
 			}
 			return runBench(cmd.Context(), g, &f, embedded, cmd.ErrOrStderr(), cmd.OutOrStdout())
@@ -166,6 +172,7 @@ runs inside the bench, beside the load generator and the tool backend, unless
 	fs.StringVar(&f.nodeLogLevel, "node-log-level", "warn", "log level of the ledger processes (their logs are in the work directory)")
 	fs.DurationVar(&f.batchLinger, "batch-linger", defaultLinger, "the ledger processes' --batch-linger, passed on when set here (a --baseline binary must then know the flag too)")
 	fs.IntVar(&f.lingerFrom, "batch-linger-from", defaultLingerFrom, "the ledger processes' --batch-linger-from, passed on when set here (a --baseline binary must then know the flag too)")
+	fs.DurationVar(&f.policyTimeout, "policy-timeout", policy.DefaultTimeout, "the ledger processes' --policy-timeout, passed on when set here (a --baseline binary must then know the flag too): on a starved host a decision descheduled past it refuses its call for now, which the load generator sends again (the report counts those), so raising it tells a slow host from slow policies")
 	fs.BoolVar(&f.kafkaProcess, "kafka-process", false, "run the in-process Kafka in a process of its own, apart from the load generator and the tool backend, as a deployed broker is; the runs then report its CPU apart from the harness's (not with --kafka-brokers)")
 	fs.BoolVar(&f.intakeProcess, "intake-process", false, "run the intake in a process of its own, apart from the executors, as a deployment of separate intake and executor processes does (needs --crdb-dsn: the embedded store belongs to one process)")
 	fs.StringVar(&f.baseline, "baseline", "", "another ledger binary (say, built from the main branch) to compare this build with: the main run is repeated --pairs times for each build, alternating, on the same harness, and the report adds a side-by-side table of medians")
@@ -280,7 +287,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		return err
 	}
 	if f.baseline != "" {
-		nodeArgs := f.nodeBatching
+		nodeArgs := f.nodeFlags
 		if f.backendVerify {
 			nodeArgs = append(slices.Clone(nodeArgs), "--jwks-addr")
 		}
@@ -543,6 +550,8 @@ func (f *benchFlags) validate() error {
 		return errors.New("bench: --batch-linger must not be negative")
 	case f.lingerFrom < 0:
 		return errors.New("bench: --batch-linger-from must not be negative")
+	case f.policyTimeout < 0:
+		return errors.New("bench: --policy-timeout must not be negative")
 	case f.intakeProcess && f.crdbDSN == "":
 		return errors.New("bench: --intake-process needs --crdb-dsn: the embedded store belongs to one process")
 	}
@@ -692,7 +701,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		if e.f.profile != "" {
 			args = append(args, "--profile", filepath.Join(e.f.profile, fmt.Sprintf("run%d-node%d", e.runs, i)))
 		}
-		args = append(args, e.f.nodeBatching...)
+		args = append(args, e.f.nodeFlags...)
 		if i == 0 {
 			args = append(args, "--intake", "--issuer", benchIssuer, "--jwks-file", e.jwksFile)
 		}

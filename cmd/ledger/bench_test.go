@@ -312,6 +312,27 @@ func TestBenchEmbedded(t *testing.T) {
 	}
 }
 
+// TestBenchPolicyTimeout: --policy-timeout reaches the ledger processes.
+// With a budget no decision meets, every call is refused for now, sent
+// again as often as the load generator does (three times), and then
+// ends denied; nothing runs.
+func TestBenchPolicyTimeout(t *testing.T) {
+	t.Setenv(runMainEnv, "1")
+	dir := t.TempDir()
+	jsonOut := filepath.Join(dir, "bench.json")
+	runBenchCmd(t, "--calls", "20", "--warmup", "0", "--concurrency", "8", "--policy-timeout", "1ns",
+		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
+	rep := readReport(t, jsonOut)
+	if len(rep.Runs) != 1 {
+		t.Fatalf("%d runs; want 1", len(rep.Runs))
+	}
+	r := rep.Runs[0]
+	if r.Result.ByState["denied"] != 20 || r.Result.RetryReasons["policy_timeout"] != 60 || r.Witness.Effects != 0 {
+		t.Errorf("by state %v, sent again %v, effects %d; want 20 denied, each sent again 3 times for policy_timeout, no effect",
+			r.Result.ByState, r.Result.RetryReasons, r.Witness.Effects)
+	}
+}
+
 // TestBenchBaseline compares this build with a baseline binary (this one
 // again): each build's runs alternate, and the report has both and their
 // medians side by side.
@@ -373,6 +394,7 @@ func TestBenchFlags(t *testing.T) {
 		{"--batch-linger-from", "-1"},
 		{"--kafka-process", "--kafka-brokers", "127.0.0.1:1"}, // its own broker, or another
 		{"--slo", "-1ms"},
+		{"--policy-timeout", "-1ms"},
 	} {
 		root := newRoot()
 		root.SetArgs(append([]string{"bench"}, args...))

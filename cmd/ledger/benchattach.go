@@ -82,8 +82,9 @@ func (f *benchFlags) checkAttachFlags(fs *pflag.FlagSet) error {
 	// What starts, configures or restarts ledger processes, which a
 	// ledger the bench did not start does not let it do: refused when
 	// its value is not the default, wherever it came from. The
-	// processes' batching and log level are passed on only when given
-	// on the command line (nodeBatching), so only that is refused.
+	// processes' batching, policy budget and log level are passed on
+	// only when given on the command line (nodeFlags), so only that is
+	// refused.
 	for _, name := range []string{"baseline", "scaling", "executors", "intake-process", "kafka-process", "backend-latency", "backend-verify", "clickhouse-dsn"} {
 		if fl := fs.Lookup(name); fl.Value.String() != fl.DefValue {
 			if name == "clickhouse-dsn" {
@@ -95,7 +96,7 @@ func (f *benchFlags) checkAttachFlags(fs *pflag.FlagSet) error {
 			return fmt.Errorf("bench: %s configures the ledger processes the bench starts; with --attach it drives one already running", what(name))
 		}
 	}
-	for _, name := range []string{"batch-linger", "batch-linger-from", "node-log-level"} {
+	for _, name := range append([]string{"node-log-level"}, nodePassedOn...) {
 		if fs.Changed(name) {
 			return fmt.Errorf("bench: --%s configures the ledger processes the bench starts; with --attach it drives one already running", name)
 		}

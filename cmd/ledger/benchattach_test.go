@@ -112,6 +112,7 @@ func TestBenchAttachFlags(t *testing.T) {
 		{[]string{"--attach", "--executors", "2"}, "--executors"},
 		{[]string{"--attach", "--kafka-process"}, "--kafka-process"},
 		{[]string{"--attach", "--batch-linger", "2ms"}, "--batch-linger"},
+		{[]string{"--attach", "--policy-timeout", "1s"}, "--policy-timeout"},
 		{[]string{"--attach", "--tools-url", ""}, "--tools-url"},
 		{[]string{"--attach", "--issuer-key", "k.jwk"}, "--issuer-key needs --issuer"},
 		{[]string{"--attach", "--issuer", "idp"}, "--issuer-key"},

@@ -25,6 +25,7 @@ type benchNodeFlags struct {
 	roles     roleFlags
 	ident     identityFlags
 	creds     credentialFlags
+	policy    policyFlags
 	intake    bool
 	executors int
 	toolsBase string
@@ -52,6 +53,7 @@ func newBenchNodeCmd(g *globals) *cobra.Command {
 	fs := cmd.Flags()
 	f.ident.register(fs)
 	f.creds.register(fs)
+	f.policy.registerTimeout(fs)
 	fs.BoolVar(&f.intake, "intake", false, "run an intake")
 	fs.IntVar(&f.executors, "executors", 1, "executor instances in this process (each its own transactional id and group member)")
 	fs.StringVar(&f.toolsBase, "tools-base-url", "", "base URL of the tool backend")
@@ -93,8 +95,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 	if err != nil {
 		return err
 	}
-	var pf policyFlags
-	engine, _, err := pf.engine(logger)
+	engine, _, err := f.policy.engine(logger)
 	if err != nil {
 		return err
 	}

@@ -90,8 +90,14 @@ type policyFlags struct {
 func (f *policyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
 	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
-	fs.DurationVar(&f.timeout, "policy-timeout", policy.DefaultTimeout, "bound on one policy decision (wall-clock; 0: the default). Not decided in time fails closed: the intake refuses the call for now (policy_timeout, its key left free, retry after --policy-retry-after), the executor gives an approved call's claim back and decides it again later. Raise it for large policy sets or hosts that stall")
+	f.registerTimeout(fs)
 	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir for as long as it is in force; while it does not load (or this directory is not set) every call is denied and /readyz fails")
+}
+
+// registerTimeout registers --policy-timeout alone, for the processes
+// `ledger bench` starts, whose policies are the demo's.
+func (f *policyFlags) registerTimeout(fs *pflag.FlagSet) {
+	fs.DurationVar(&f.timeout, "policy-timeout", policy.DefaultTimeout, "bound on one policy decision (wall-clock; 0: the default). Not decided in time fails closed: the intake refuses the call for now (policy_timeout, its key left free, retry after --policy-retry-after), the executor gives an approved call's claim back and decides it again later. Raise it for large policy sets or hosts that stall")
 }
 
 // registerRefusals registers the flags of a command that refuses calls
