@@ -402,7 +402,10 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 					break
 				}
 			}
-			emit(p.retryLater(a.checked, now, ReasonRateLimited, limitedDetail(charged, res.Rates), res.RetryAfter()))
+			ev := p.retryLater(a.checked, now, ReasonRateLimited, limitedDetail(charged, res.Rates), res.RetryAfter())
+			// The policies named are those whose budgets refused.
+			p.decorate(&ev, charged.decision)
+			emit(ev)
 		default:
 			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}

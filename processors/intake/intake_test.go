@@ -689,7 +689,7 @@ permit (principal, action == Action::"tool::create_ticket", resource)
 when { context.arguments has priority && context.arguments.priority == "low" };
 `)
 	refusal := func(p string) string {
-		return "denied/" + intake.ReasonRateLimited + ": at most 1/m for create_ticket in tenant t_a under policy " + p
+		return "denied/" + intake.ReasonRateLimited + ": at most 1/m for create_ticket in tenant t_a under policy " + p + " [" + p + "]"
 	}
 	for _, tc := range []struct {
 		name  string
@@ -727,7 +727,7 @@ when { context.arguments has priority && context.arguments.priority == "low" };
 			var got []string
 			for _, e := range events(t, out) {
 				if e.IdempotencyKey == "dup" {
-					got = append(got, string(e.Type)+"/"+e.Reason+": "+e.Detail)
+					got = append(got, string(e.Type)+"/"+e.Reason+": "+e.Detail+" ["+strings.Join(e.PolicyID, ",")+"]")
 				}
 			}
 			if !cmp.Equal(tc.want, got) {
