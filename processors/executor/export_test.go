@@ -26,3 +26,6 @@ var MayAuthorize = mayAuthorize
 
 // LoopConfig is the configuration x.Loop gives its loop for lc.
 func LoopConfig(x *Executor, lc ledger.LoopConfig) ledger.LoopConfig { return x.loopConfig(lc) }
+
+// SetSweepLimit sets how many calls one of rc's sweeps lists in a status.
+func SetSweepLimit(rc *Reconciler, n int) { rc.sweepLimit = n }

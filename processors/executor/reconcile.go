@@ -27,8 +27,8 @@ import (
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
-// sweepLimit bounds the calls one sweep lists in a status.
-const sweepLimit = 100
+// defaultSweepLimit bounds the calls one sweep lists in a status.
+const defaultSweepLimit = 100
 
 // Reasons the reconciler gives.
 const (
@@ -54,7 +54,6 @@ var (
 // ReconcilerStore is the part of the execution store the reconciler uses.
 type ReconcilerStore interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
-	ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error)
 	ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
@@ -182,8 +181,15 @@ type Reconciler struct {
 	// the oldest page every time would never reach the calls behind a
 	// page of them. Only the step touches it.
 	parkedAfter processors.Cursor
+	// unknownAfter is the same for the sweep of unknown outcomes: calls
+	// whose lookups are held off (the reconciler's breaker open) stay
+	// outcome_unknown, oldest first, for up to UnaskedFor.
+	unknownAfter processors.Cursor
+	// sweepLimit bounds the calls one sweep lists in a status.
+	sweepLimit int
 
-	// unknown is what the last sweep saw in outcome_unknown.
+	// unknown is what the last sweep from the oldest saw in
+	// outcome_unknown.
 	mu            sync.Mutex
 	unknown       int
 	oldestUnknown time.Time
@@ -197,9 +203,9 @@ type undoState struct {
 	abandon  string    // set: not asked again, the call goes to a human, for this reason
 }
 
-// Unknown reports the calls in outcome_unknown at the last sweep (at most
-// the sweep's limit) and since when the oldest of them has been so; the
-// zero time when there were none.
+// Unknown reports the calls in outcome_unknown at the last sweep that
+// started from the oldest (at most the sweep's limit) and since when the
+// oldest of them has been so; the zero time when there were none.
 func (r *Reconciler) Unknown() (n int, oldest time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -252,7 +258,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		}
 		x.base = u
 	}
-	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState)}, nil
+	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState), sweepLimit: defaultSweepLimit}, nil
 }
 
 // Loop returns the reconciler on a consume-process-produce loop over the
@@ -324,19 +330,22 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 	var handed []pendingMove // parks handed to a human by the sweep
 	if now := r.cfg.Now(); now.Sub(r.lastSwp) >= r.cfg.SweepEvery {
 		r.lastSwp = now
-		unknown, err := r.cfg.Store.ByStatus(ctx, processors.StatusOutcomeUnknown, sweepLimit)
+		fromOldest := r.unknownAfter.IsZero()
+		unknown, err := r.page(ctx, processors.StatusOutcomeUnknown, &r.unknownAfter)
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 		}
-		var oldest time.Time
-		for _, rec := range unknown {
-			if oldest.IsZero() || rec.UpdatedAt.Before(oldest) {
-				oldest = rec.UpdatedAt
+		if fromOldest {
+			var oldest time.Time
+			for _, rec := range unknown {
+				if oldest.IsZero() || rec.UpdatedAt.Before(oldest) {
+					oldest = rec.UpdatedAt
+				}
 			}
+			r.mu.Lock()
+			r.unknown, r.oldestUnknown = len(unknown), oldest
+			r.mu.Unlock()
 		}
-		r.mu.Lock()
-		r.unknown, r.oldestUnknown = len(unknown), oldest
-		r.mu.Unlock()
 		for _, rec := range unknown {
 			if !seen[rec.Key] {
 				seen[rec.Key] = true
@@ -609,6 +618,24 @@ func (r *Reconciler) holdUndo(key ledger.CallKey) {
 	}
 }
 
+// page lists a sweep's page of the calls in status: those after *after,
+// oldest update first, at most the sweep's limit. A full page moves
+// *after to its end, for the next sweep to go on from there; one that is
+// not full ends the pass, and the next sweep starts again from the
+// oldest. A sweep reading the oldest page every time would never reach
+// the calls behind a page of calls that stay in status.
+func (r *Reconciler) page(ctx context.Context, status processors.Status, after *processors.Cursor) ([]processors.Record, error) {
+	recs, err := r.cfg.Store.ByStatusAfter(ctx, status, *after, r.sweepLimit)
+	if err != nil {
+		return nil, err
+	}
+	*after = processors.Cursor{}
+	if len(recs) == r.sweepLimit {
+		*after = recs[len(recs)-1].Cursor()
+	}
+	return recs, nil
+}
+
 // retryUndos asks again, at a sweep, for the compensations of the calls
 // parked compensation_requested that have none: those this reconciler
 // failed to request, when due, and those any reconciler parked (listed,
@@ -620,15 +647,9 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 	if r.cfg.Compensator == nil {
 		return nil, nil
 	}
-	// A page after the last; one that is not full ends the pass, and
-	// the next sweep starts again from the oldest.
-	parked, err := r.cfg.Store.ByStatusAfter(ctx, processors.StatusParked, r.parkedAfter, sweepLimit)
+	parked, err := r.page(ctx, processors.StatusParked, &r.parkedAfter)
 	if err != nil {
 		return nil, fmt.Errorf("sweep parked calls: %w", err)
-	}
-	r.parkedAfter = processors.Cursor{}
-	if len(parked) == sweepLimit {
-		r.parkedAfter = parked[len(parked)-1].Cursor()
 	}
 	var cands []processors.Record
 	listed := make(map[ledger.CallKey]bool)

@@ -246,6 +246,40 @@ func TestReconcileBreakerOpenWaits(t *testing.T) {
 	}
 }
 
+// The sweep of unknown outcomes pages through them: calls whose lookups
+// the breaker holds off stay outcome_unknown, oldest first, and a sweep
+// that read the oldest page every time never reached the calls behind a
+// page of them.
+func TestReconcileSweepPagesPastHeldOff(t *testing.T) {
+	r := newRig(t)
+	r.unknownLookupDown("held-1")
+	r.unknownLookupDown("held-2")
+	// A newer call, of a tool without a status lookup: a sweep that
+	// reaches it parks it for a human.
+	r.backend.SetFault("send_email", demobackend.Fault{ApplyThenDrop: true})
+	r.unknown(r.admit("notify", "newer", map[string]any{"to": "a@example.com", "subject": "s"}, 0))
+	r.backend.ClearFaults()
+	r.backend.SetFault("create_ticket/status", demobackend.Fault{FailStatus: 503})
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, Window: time.Hour, OpenFor: time.Hour}
+		c.SweepEvery = time.Nanosecond
+	})
+	executor.SetSweepLimit(rc, 2)
+	var got []string
+	for range 3 {
+		for _, e := range r.reconcileAll(rc) {
+			// The record's own events go out again ahead of the
+			// reconciler's: its moves are the settled ones.
+			if e.Type != statemachine.EventExecuting && e.Type != statemachine.EventOutcomeUnknown {
+				got = append(got, e.IdempotencyKey+":"+string(e.Type)+"("+e.Reason+")")
+			}
+		}
+	}
+	if diff := cmp.Diff([]string{"newer:parked(" + executor.ReasonNoStatusLookup + ")"}, got); diff != "" {
+		t.Errorf("three sweeps of two calls each, the oldest two held off (-want +got):\n%s", diff)
+	}
+}
+
 // The executor recorded an unknown outcome, logged in advance under its
 // step's journal entry, and died before its transaction: the reconciler
 // parks the call, appending only its own event, for the record says the
