@@ -186,9 +186,14 @@ runs inside the bench, beside the load generator and the tool backend, unless
 
 // benchEnv is what every run of one `ledger bench` shares.
 type benchEnv struct {
-	g        *globals
-	f        *benchFlags
-	logger   *slog.Logger
+	g      *globals
+	f      *benchFlags
+	logger *slog.Logger
+	// pages asks the ledger processes for their pages (/loops, /metrics,
+	// keys, /debug/pprof/): with the client flags (--http-client-*), as
+	// every client of the ledger's own servers, for an attached
+	// deployment's may require a client certificate or a private CA.
+	pages    *http.Client
 	progress io.Writer
 	dir      string
 	cc       ledger.ClientConfig
@@ -314,7 +319,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		}
 		defer stop()
 	}
-	env := &benchEnv{g: g, f: f, logger: logger, progress: progress, dir: dir, tools: tools,
+	pages, err := g.httpClient.client(logger, 0)
+	if err != nil {
+		return err
+	}
+	env := &benchEnv{g: g, f: f, logger: logger, progress: progress, dir: dir, tools: tools, pages: pages,
 		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
 
 	report := loadtest.Report{Machine: loadtest.ThisMachine(), At: time.Now().UTC(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
@@ -754,7 +763,7 @@ func (e *benchEnv) runKeys(ctx context.Context) ([]byte, error) {
 		var set struct {
 			Keys []json.RawMessage `json:"keys"`
 		}
-		if err := getJSON(ctx, url, 1<<20, &set); err != nil {
+		if err := getJSON(ctx, e.pages, url, 1<<20, &set); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -845,7 +854,7 @@ func (e *benchEnv) measure(ctx context.Context, r benchRun, topics ledger.Topics
 		retriesErr    error
 	)
 	if dsn != "" {
-		retriesBefore, retriesErr = storeRetries(ctx, nodes)
+		retriesBefore, retriesErr = storeRetries(ctx, e.pages, nodes)
 	}
 	var profiled func()
 	selfBefore := selfCPU()
@@ -900,7 +909,7 @@ func (e *benchEnv) measure(ctx context.Context, r benchRun, topics ledger.Topics
 		rep.LedgerCPU += n.cpu() - before[i]
 	}
 	if dsn != "" {
-		retriesAfter, err := storeRetries(ctx, nodes)
+		retriesAfter, err := storeRetries(ctx, e.pages, nodes)
 		if err = errors.Join(retriesErr, err); err != nil {
 			// A figure missing, not a run lost.
 			fmt.Fprintf(e.progress, "bench: %s: store retries not counted: %v\n", r.name, err)
@@ -1266,11 +1275,11 @@ func listenBelow(lo, hi int) (net.Listener, error) {
 
 // storeRetries sums the nodes' ledger_store_retries_total by operation,
 // read from their metrics.
-func storeRetries(ctx context.Context, nodes []*benchNode) (map[string]int64, error) {
+func storeRetries(ctx context.Context, hc *http.Client, nodes []*benchNode) (map[string]int64, error) {
 	sum := make(map[string]int64)
 	for _, n := range nodes {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := scrapeRetries(ctx, n.metricsURL, sum)
+		err := scrapeRetries(ctx, hc, n.metricsURL, sum)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -1282,10 +1291,10 @@ func storeRetries(ctx context.Context, nodes []*benchNode) (map[string]int64, er
 // scrapeRetries adds the ledger_store_retries_total samples at url (the
 // Prometheus text format) into sum, by their op label. The process may
 // still be starting: it is asked again for up to ctx's deadline.
-func scrapeRetries(ctx context.Context, url string, sum map[string]int64) error {
+func scrapeRetries(ctx context.Context, hc *http.Client, url string, sum map[string]int64) error {
 	var body []byte
 	for {
-		err := httpGet(ctx, url, func(r io.Reader) error {
+		err := httpGet(ctx, hc, url, func(r io.Reader) error {
 			var err error
 			body, err = io.ReadAll(io.LimitReader(r, 8<<20))
 			return err
@@ -1508,7 +1517,7 @@ func (e *benchEnv) usage(nodes []*benchNode) func() loadtest.Usage {
 		executorSteps[i] = growing(func() (int64, bool) { return reads[i].executors.Steps, reads[i].ok })
 	}
 	return func() loadtest.Usage {
-		readAllLoops(urls, reads)
+		readAllLoops(e.pages, urls, reads)
 		stat, statOK = machineCPU()
 		u := loadtest.Usage{Harness: selfCPU(), HarnessGC: gcCPU(), Store: store(), Kafka: kafka(), Machine: machine(), Stolen: stolen()}
 		for _, read := range ledgerCPU {
@@ -1563,13 +1572,13 @@ func (s loopSum) busy() time.Duration { return s.Step + s.Transaction }
 
 // readAllLoops reads the loops at every one of urls at once, within one
 // deadline short enough for a reading a second, into reads.
-func readAllLoops(urls []string, reads []loopsRead) {
+func readAllLoops(hc *http.Client, urls []string, reads []loopsRead) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	var wg sync.WaitGroup
 	for i, url := range urls {
 		wg.Go(func() {
-			times, err := readLoops(ctx, url)
+			times, err := readLoops(ctx, hc, url)
 			r := loopsRead{ok: err == nil}
 			for name, lt := range times {
 				switch {
@@ -1586,18 +1595,18 @@ func readAllLoops(urls []string, reads []loopsRead) {
 }
 
 // readLoops reads a bench node's loops' time (its /loops page).
-func readLoops(ctx context.Context, url string) (map[string]ledger.LoopTime, error) {
+func readLoops(ctx context.Context, hc *http.Client, url string) (map[string]ledger.LoopTime, error) {
 	if url == "" {
 		return nil, errors.New("no loops page")
 	}
 	var times map[string]ledger.LoopTime
-	return times, getJSON(ctx, url, 1<<20, &times)
+	return times, getJSON(ctx, hc, url, 1<<20, &times)
 }
 
 // getJSON decodes the JSON answer to GET url into v, reading at most
 // limit bytes of it (see httpGet).
-func getJSON(ctx context.Context, url string, limit int64, v any) error {
-	return httpGet(ctx, url, func(body io.Reader) error {
+func getJSON(ctx context.Context, hc *http.Client, url string, limit int64, v any) error {
+	return httpGet(ctx, hc, url, func(body io.Reader) error {
 		if err := json.NewDecoder(io.LimitReader(body, limit)).Decode(v); err != nil {
 			return fmt.Errorf("GET %s: %w", url, err)
 		}
@@ -1608,12 +1617,12 @@ func getJSON(ctx context.Context, url string, limit int64, v any) error {
 // httpGet calls read with the body of a 200 answer to GET url; any other
 // answer is an error quoting the start of its body. The body is read to
 // its end afterwards, so that the connection serves the next request.
-func httpGet(ctx context.Context, url string, read func(body io.Reader) error) error {
+func httpGet(ctx context.Context, hc *http.Client, url string, read func(body io.Reader) error) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}

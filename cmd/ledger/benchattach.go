@@ -173,7 +173,7 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 	for _, base := range e.f.ledgerOps {
 		url := strings.TrimSuffix(base, "/") + loopsPath
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		times, err := readLoops(rctx, url)
+		times, err := readLoops(rctx, e.pages, url)
 		cancel()
 		if err == nil && len(times) == 0 {
 			err = errors.New("no loops served")
@@ -183,7 +183,7 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 		}
 		e.attachedLoops = append(e.attachedLoops, url)
 		if e.f.profile != "" {
-			if err := pprofServed(ctx, base); err != nil {
+			if err := pprofServed(ctx, e.pages, base); err != nil {
 				return fmt.Errorf("bench: --profile: --ledger-ops %s serves no profiles: %w (start the process with --pprof)", base, err)
 			}
 		}
@@ -252,8 +252,9 @@ func (e *benchEnv) effects(ctx context.Context, runID string) ([]demobackend.Eff
 	url := e.toolsURL + "/effects?key_contains=" + neturl.QueryEscape(":"+runID+"-")
 	var effects []demobackend.Effect
 	// No bound on the answer: the run's effects, a few hundred bytes a
-	// call.
-	if err := getJSON(ctx, url, math.MaxInt64, &effects); err != nil {
+	// call. A tool, not a ledger server: asked as the executors ask
+	// tools, trusting the system's roots, without the client flags.
+	if err := getJSON(ctx, http.DefaultClient, url, math.MaxInt64, &effects); err != nil {
 		return nil, fmt.Errorf("the backend's effects (is --tools-url the demo backend?): %w", err)
 	}
 	return effects, nil
@@ -316,10 +317,10 @@ func (e *benchEnv) floorBackend(ctx context.Context, call floorCall) (url, note 
 }
 
 // pprofServed says whether base serves the runtime's profiles (--pprof).
-func pprofServed(ctx context.Context, base string) error {
+func pprofServed(ctx context.Context, hc *http.Client, base string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return httpGet(ctx, strings.TrimSuffix(base, "/")+pprofPrefix, func(io.Reader) error { return nil })
+	return httpGet(ctx, hc, strings.TrimSuffix(base, "/")+pprofPrefix, func(io.Reader) error { return nil })
 }
 
 // profileAttached takes, over the next d, the CPU profile and the
@@ -346,7 +347,7 @@ func (e *benchEnv) profileAttached(ctx context.Context, prefix string, d time.Du
 			file := fmt.Sprintf("%s-ledger%d.%s.pprof", prefix, i+1, kind)
 			wg.Go(func() {
 				line := fmt.Sprintf("the %s profile of %s: %s", kind, base, file)
-				if err := saveURL(ctx, strings.TrimSuffix(base, "/")+path, file, d+time.Minute); err != nil {
+				if err := saveURL(ctx, e.pages, strings.TrimSuffix(base, "/")+path, file, d+time.Minute); err != nil {
 					line = fmt.Sprintf("the %s profile of %s not taken: %v", kind, base, err)
 				}
 				mu.Lock()
@@ -366,10 +367,10 @@ func (e *benchEnv) profileAttached(ctx context.Context, prefix string, d time.Du
 
 // saveURL writes the body of a 200 answer to GET url into file, within
 // limit.
-func saveURL(ctx context.Context, url, file string, limit time.Duration) error {
+func saveURL(ctx context.Context, hc *http.Client, url, file string, limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	return httpGet(ctx, url, func(body io.Reader) error {
+	return httpGet(ctx, hc, url, func(body io.Reader) error {
 		f, err := os.Create(file)
 		if err != nil {
 			return err

@@ -8,12 +8,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,6 +100,58 @@ func TestBenchAttached(t *testing.T) {
 	}
 	if got := cli(t, "--kafka-brokers", dev.kafka, "submit", "--data-dir", dev.dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`, "--wait", "--json"); !strings.Contains(got, `"succeeded"`) {
 		t.Errorf("a call after the bench: %s; want it succeeded", got)
+	}
+}
+
+// TestBenchAttachedPagesOverMutualTLS: the bench asks an attached
+// ledger's pages (--ledger-ops) with the client flags, as every client of
+// the ledger's own servers does: a deployment's may be served by a
+// private CA and require a client certificate.
+func TestBenchAttachedPagesOverMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	addrs := freeAddrs(t, 3)
+	dev := startDev(t, filepath.Join(dir, "dev"), addrs[0], addrs[1], addrs[2])
+	pki := ledgertest.NewPKI(t)
+	server, client := pki.Server("ops"), pki.Client("bench", "bench-client")
+	// dev's pages, behind a server that requires a certificate pki
+	// signed, and notes whose.
+	var (
+		mu   sync.Mutex
+		seen = make(map[string]bool)
+	)
+	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: dev.api})
+	ops := "https://" + startHTTP(t, httpTLSFlags{certFile: server.CertFile, keyFile: server.KeyFile, clientCAFile: pki.CAFile}, nil,
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			seen[r.TLS.PeerCertificates[0].Subject.CommonName+" "+r.URL.Path] = true
+			mu.Unlock()
+			proxy.ServeHTTP(w, r)
+		}))
+	t.Setenv("LEDGER_HTTP_CLIENT_CERT", client.CertFile)
+	t.Setenv("LEDGER_HTTP_CLIENT_KEY", client.KeyFile)
+	t.Setenv("LEDGER_HTTP_CLIENT_CA", pki.CAFile)
+	jsonOut := filepath.Join(dir, "bench.json")
+	runBenchCmd(t, "--attach", "--kafka-brokers", dev.kafka, "--data-dir", dev.dir,
+		"--tools-url", "http://"+dev.backend, "--ledger-ops", ops,
+		"--calls", "100", "--warmup", "20", "--concurrency", "16",
+		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
+	mu.Lock()
+	asked := seen["bench-client "+loopsPath]
+	mu.Unlock()
+	if !asked {
+		t.Errorf("pages asked %v; want %s asked with the client certificate bench-client", seen, loopsPath)
+	}
+	rep := readReport(t, jsonOut)
+	var intake time.Duration
+	for _, r := range rep.Runs {
+		for _, iv := range r.Result.Timeline {
+			if iv.Usage != nil {
+				intake += iv.Usage.IntakeLoop
+			}
+		}
+	}
+	if len(rep.Runs) != 1 || intake <= 0 {
+		t.Errorf("%d runs, the timeline's intake loop %v; want one run, dev's loops read over mutual TLS", len(rep.Runs), intake)
 	}
 }
 

@@ -15,8 +15,8 @@ import (
 // httpClientFlags say what the ledger's own HTTP clients present and trust
 // when they call the ledger's servers: the api's proxies to the approval
 // queue and the operators' APIs, the credential verifiers' key set fetches
-// (--credential-jwks-url), the demo backend's introspection and the CLI's
-// --api requests. With them those servers can require client certificates
+// (--credential-jwks-url), the demo backend's introspection, the CLI's
+// --api requests and `ledger bench --attach`'s reads of --ledger-ops. With them those servers can require client certificates
 // (--http-tls-client-ca) and be served by a private CA without
 // SSL_CERT_FILE. Root flags, as --http-tls-*: one role, one identity.
 type httpClientFlags struct {
@@ -26,7 +26,7 @@ type httpClientFlags struct {
 }
 
 func (f *httpClientFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&f.certFile, "http-client-cert", "", "PEM certificate (with its chain) the ledger's HTTP clients present to servers that ask for one (the api's proxies, --credential-jwks-url fetches, introspection, the CLI's --api): for servers run with --http-tls-client-ca; read again when the file changes; needs --http-client-key")
+	fs.StringVar(&f.certFile, "http-client-cert", "", "PEM certificate (with its chain) the ledger's HTTP clients present to servers that ask for one (the api's proxies, --credential-jwks-url fetches, introspection, the CLI's --api, ledger bench's --ledger-ops): for servers run with --http-tls-client-ca; read again when the file changes; needs --http-client-key")
 	fs.StringVar(&f.keyFile, "http-client-key", "", "PEM private key of --http-client-cert")
 	fs.StringVar(&f.caFile, "http-client-ca", "", "PEM CA certificates the ledger's HTTP clients trust for https servers, instead of the system's roots (and SSL_CERT_FILE); read again when the file changes")
 }

@@ -134,7 +134,7 @@ func TestExecutorOpsEndpoints(t *testing.T) {
 	})
 	// The loop's time, for ledger bench --attach --ledger-ops: it has
 	// stepped over the six events and committed them.
-	times, err := readLoops(t.Context(), "http://"+addr+loopsPath)
+	times, err := readLoops(t.Context(), http.DefaultClient, "http://"+addr+loopsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
