@@ -176,19 +176,19 @@ type Reconciler struct {
 	// requested, by the parked call's key; only the step (one at a time)
 	// touches it.
 	undos map[ledger.CallKey]*undoState
-	// parkedAfter is where the next sweep of parked calls starts: calls
-	// parked for a human stay parked, oldest first, and a sweep reading
-	// the oldest page every time would never reach the calls behind a
-	// page of them. Only the step touches it.
-	parkedAfter processors.Cursor
-	// unknownAfter is the same for the sweep of unknown outcomes: calls
+	// parkedPass is where the sweeps of parked calls are: calls parked
+	// for a human stay parked, oldest first, and a sweep reading the
+	// oldest page every time would never reach the calls behind a page
+	// of them. Only the step touches it.
+	parkedPass sweepPass
+	// unknownPass is the same for the sweeps of unknown outcomes: calls
 	// whose lookups are held off (the reconciler's breaker open) stay
 	// outcome_unknown, oldest first, for up to UnaskedFor.
-	unknownAfter processors.Cursor
+	unknownPass sweepPass
 	// sweepLimit bounds the calls one sweep lists in a status.
 	sweepLimit int
 
-	// unknown is what the last sweep from the oldest saw in
+	// unknown is what the last sweep saw of the oldest calls in
 	// outcome_unknown.
 	mu            sync.Mutex
 	unknown       int
@@ -203,9 +203,9 @@ type undoState struct {
 	abandon  string    // set: not asked again, the call goes to a human, for this reason
 }
 
-// Unknown reports the calls in outcome_unknown at the last sweep that
-// started from the oldest (at most the sweep's limit) and since when the
-// oldest of them has been so; the zero time when there were none.
+// Unknown reports the calls in outcome_unknown at the last sweep (at most
+// the sweep's limit) and since when the oldest of them has been so; the
+// zero time when there were none.
 func (r *Reconciler) Unknown() (n int, oldest time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -330,22 +330,25 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 	var handed []pendingMove // parks handed to a human by the sweep
 	if now := r.cfg.Now(); now.Sub(r.lastSwp) >= r.cfg.SweepEvery {
 		r.lastSwp = now
-		fromOldest := r.unknownAfter.IsZero()
-		unknown, err := r.page(ctx, processors.StatusOutcomeUnknown, &r.unknownAfter)
+		oldestPage := r.unknownPass.after.IsZero()
+		unknown, err := r.page(ctx, processors.StatusOutcomeUnknown, &r.unknownPass)
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 		}
-		if fromOldest {
-			var oldest time.Time
-			for _, rec := range unknown {
-				if oldest.IsZero() || rec.UpdatedAt.Before(oldest) {
-					oldest = rec.UpdatedAt
-				}
+		// The gauge is of the oldest calls, read at every sweep: a
+		// pass past them would leave it showing a call since resolved.
+		oldest := unknown
+		if !oldestPage {
+			if oldest, err = r.cfg.Store.ByStatusAfter(ctx, processors.StatusOutcomeUnknown, processors.Cursor{}, r.sweepLimit); err != nil {
+				return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 			}
-			r.mu.Lock()
-			r.unknown, r.oldestUnknown = len(unknown), oldest
-			r.mu.Unlock()
 		}
+		r.mu.Lock()
+		r.unknown, r.oldestUnknown = len(oldest), time.Time{}
+		if len(oldest) > 0 {
+			r.oldestUnknown = oldest[0].UpdatedAt
+		}
+		r.mu.Unlock()
 		for _, rec := range unknown {
 			if !seen[rec.Key] {
 				seen[rec.Key] = true
@@ -618,20 +621,35 @@ func (r *Reconciler) holdUndo(key ledger.CallKey) {
 	}
 }
 
-// page lists a sweep's page of the calls in status: those after *after,
-// oldest update first, at most the sweep's limit. A full page moves
-// *after to its end, for the next sweep to go on from there; one that is
-// not full ends the pass, and the next sweep starts again from the
-// oldest. A sweep reading the oldest page every time would never reach
-// the calls behind a page of calls that stay in status.
-func (r *Reconciler) page(ctx context.Context, status processors.Status, after *processors.Cursor) ([]processors.Record, error) {
-	recs, err := r.cfg.Store.ByStatusAfter(ctx, status, *after, r.sweepLimit)
+// sweepPass is where a pass of sweeps through the calls in one status
+// is: a sweep reading the oldest page every time would never reach the
+// calls behind a page of calls that stay in the status.
+type sweepPass struct {
+	after processors.Cursor // the last call listed; zero: the pass starts
+	start time.Time         // when the pass started
+}
+
+// page lists a sweep's page of the calls in status: those after the
+// pass's last, oldest update first, at most the sweep's limit. A full
+// page moves the pass to its end, for the next sweep to go on from there.
+// A page that is not full ends the pass, as does one that reaches calls
+// updated since the pass started: those arrive as fast as the sweeps
+// read, maybe, and a pass that went on to them would never come back to
+// the oldest. The next sweep then starts again from the oldest. (The
+// start is this process's clock, an update time the store's: a skew
+// between them only moves where a pass ends, which every pass still
+// does.)
+func (r *Reconciler) page(ctx context.Context, status processors.Status, p *sweepPass) ([]processors.Record, error) {
+	if p.after.IsZero() {
+		p.start = r.cfg.Now()
+	}
+	recs, err := r.cfg.Store.ByStatusAfter(ctx, status, p.after, r.sweepLimit)
 	if err != nil {
 		return nil, err
 	}
-	*after = processors.Cursor{}
-	if len(recs) == r.sweepLimit {
-		*after = recs[len(recs)-1].Cursor()
+	p.after = processors.Cursor{}
+	if last := len(recs) - 1; last+1 == r.sweepLimit && recs[last].UpdatedAt.Before(p.start) {
+		p.after = recs[last].Cursor()
 	}
 	return recs, nil
 }
@@ -647,7 +665,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 	if r.cfg.Compensator == nil {
 		return nil, nil
 	}
-	parked, err := r.page(ctx, processors.StatusParked, &r.parkedAfter)
+	parked, err := r.page(ctx, processors.StatusParked, &r.parkedPass)
 	if err != nil {
 		return nil, fmt.Errorf("sweep parked calls: %w", err)
 	}

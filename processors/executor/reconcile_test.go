@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -277,6 +278,74 @@ func TestReconcileSweepPagesPastHeldOff(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"newer:parked(" + executor.ReasonNoStatusLookup + ")"}, got); diff != "" {
 		t.Errorf("three sweeps of two calls each, the oldest two held off (-want +got):\n%s", diff)
+	}
+}
+
+// A pass of sweeps ends when it reaches calls that went outcome_unknown
+// after it started, and goes back to the oldest: calls held off arriving
+// a page a sweep would otherwise keep it from ever coming back. The gauge
+// is of the oldest calls at every sweep, not those of a pass's start.
+func TestReconcileSweepPassEnds(t *testing.T) {
+	r := newRig(t)
+	held1 := decodeAll(t, []*kgo.Record{r.unknownLookupDown("held-1")})[0].Key()
+	held2 := decodeAll(t, []*kgo.Record{r.unknownLookupDown("held-2")})[0].Key()
+	var later atomic.Bool // the clock past UnaskedFor
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, Window: time.Hour, OpenFor: time.Hour}
+		c.SweepEvery, c.UnaskedFor = time.Nanosecond, time.Minute
+		c.Now = func() time.Time {
+			if later.Load() {
+				return time.Now().Add(2 * time.Minute)
+			}
+			return time.Now()
+		}
+	})
+	executor.SetSweepLimit(rc, 2)
+	parked := func() []string {
+		var keys []string
+		for _, e := range r.reconcileAll(rc) {
+			if e.Type == statemachine.EventParked {
+				keys = append(keys, e.IdempotencyKey)
+			}
+		}
+		slices.Sort(keys) // looked up at once, recorded as they end
+		return keys
+	}
+	oldest := func(k ledger.CallKey) time.Time {
+		rec, err := r.store.Get(t.Context(), k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.UpdatedAt
+	}
+
+	// The pass starts: the two oldest, held off (the first lookup opens
+	// the breaker), fill the page.
+	if got := parked(); len(got) != 0 {
+		t.Fatalf("first sweep parked %v; want the calls held off, left", got)
+	}
+	if n, at := rc.Unknown(); n != 2 || !at.Equal(oldest(held1)) {
+		t.Errorf("after the first sweep: Unknown() = %d, %v; want 2 since held-1's update", n, at)
+	}
+	// Two more go outcome_unknown during the pass; the oldest is
+	// resolved by hand; the clock passes UnaskedFor.
+	r.unknownLookupDown("new-1")
+	r.unknownLookupDown("new-2")
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	if _, err := rc.Resolve(t.Context(), ops, held1, processors.StatusSucceeded, "the ticket is there"); err != nil {
+		t.Fatal(err)
+	}
+	later.Store(true)
+	if diff := cmp.Diff([]string{"new-1", "new-2"}, parked()); diff != "" {
+		t.Errorf("second sweep, the pass's next page (-want +got):\n%s", diff)
+	}
+	if n, at := rc.Unknown(); n != 2 || !at.Equal(oldest(held2)) {
+		t.Errorf("after the second sweep: Unknown() = %d, %v; want 2 since held-2's update, held-1 resolved", n, at)
+	}
+	// That page was of calls newer than the pass: the next sweep starts
+	// again from the oldest.
+	if diff := cmp.Diff([]string{"held-2"}, parked()); diff != "" {
+		t.Errorf("third sweep, back at the oldest (-want +got):\n%s", diff)
 	}
 }
 

@@ -287,7 +287,7 @@ func (r *Registry) Bulkheads(tools func() map[string]Bulkhead, inFlight func() (
 // (ledger_outcome_unknown_oldest_age_seconds, 0 when none).
 func (r *Registry) Unknown(seen func() (n int, oldest time.Time)) {
 	labels := prometheus.Labels{"role": r.role}
-	count := prometheus.NewDesc("ledger_outcome_unknown_calls", "Calls in outcome_unknown at the reconciler's last sweep from the oldest (at most its sweep limit).", nil, labels)
+	count := prometheus.NewDesc("ledger_outcome_unknown_calls", "Calls in outcome_unknown at the reconciler's last sweep (at most its sweep limit).", nil, labels)
 	age := prometheus.NewDesc("ledger_outcome_unknown_oldest_age_seconds", "How long the oldest call in outcome_unknown has been so; 0 when none.", nil, labels)
 	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
 		n, oldest := seen()
