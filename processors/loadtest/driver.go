@@ -614,27 +614,38 @@ func (r *run) watch(ctx context.Context, cl *kgo.Client) error {
 	return nil
 }
 
+// answerMargin is what a resend's answer is given, beyond twice the last
+// answer's time, before the drain ends (retryLater).
+const answerMargin = time.Second
+
 // retryLater schedules call i's envelope to go out again once the wait
 // its refusal for now names has passed, and reports whether it did (or
 // had already): not when the call is no longer waiting (its end was
 // read), has used up Config.RetryLater, or names a wait the run would
-// not wait out: longer than the whole Drain, or, once submitting is
-// over, than what is left of it. A resend the run's end would cancel
-// would leave the call lost; its refusal ends it instead. The call stays
-// in flight meanwhile.
+// not see the end of: the resend's answer must come before the drain
+// ends, allowing it twice the time this one took and answerMargin more.
+// (While submitting goes on, the drain ends a whole Drain from now at the
+// soonest.) A resend the run's end cancelled, or an answer it did not
+// wait for, would leave the call lost; its refusal ends it instead. The
+// call stays in flight meanwhile.
 func (r *run) retryLater(ctx context.Context, i int64, refusal ledger.Event) bool {
 	wait := time.Duration(refusal.RetryAfterMS) * time.Millisecond
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c, ok := r.waiting[i]
-	if !ok || c.retried >= r.cfg.RetryLater || wait > r.cfg.Drain {
-		return false
-	}
-	if r.finished && time.Now().Add(wait).After(r.drainEnd) {
+	if !ok || c.retried >= r.cfg.RetryLater {
 		return false
 	}
 	if _, ok := r.resends[i]; ok {
 		return true // a refusal read again: its resend is due already
+	}
+	now := time.Now()
+	end := now.Add(r.cfg.Drain)
+	if r.finished {
+		end = r.drainEnd
+	}
+	if now.Add(wait + 2*now.Sub(c.sent) + answerMargin).After(end) {
+		return false
 	}
 	c.retried++
 	r.waiting[i] = c

@@ -587,13 +587,14 @@ func TestRunRetriesLaterEnd(t *testing.T) {
 		t.Errorf("a wait past the %v drain: ByState, Lost, RetriedLater = %v, %d, %d; want 10 denied, none sent again", cfg.Drain, res.ByState, res.Lost, res.RetriedLater)
 	}
 
-	// Nor is a wait longer than what is left of the drain: the first
-	// refusals come early and are waited out (1.5 s of 2), the second
-	// ones late, and they end their calls rather than leave them lost
-	// to a resend the run's end would cancel.
-	late := drvStart(t, drvOptions{noPolicies: true, policyRetryAfter: 1500 * time.Millisecond})
+	// Nor is a wait whose resend would not be answered before the drain
+	// ends (1 s of a 3 s drain, and about a second for the answer): the
+	// first refusals come early and are waited out, the next ones end
+	// their calls rather than leave them lost to a resend the run's end
+	// would cancel (the fourth sending, at about 3 s, before).
+	late := drvStart(t, drvOptions{noPolicies: true, policyRetryAfter: time.Second})
 	cfg = late.config("create_ticket", "rendlate")
-	cfg.Calls, cfg.Drain = 10, 2*time.Second
+	cfg.Calls, cfg.Drain = 10, 3*time.Second
 	res, err = late.run(cfg)
 	if err != nil {
 		t.Fatalf("a wait past the drain's end: Run: %v", err)
