@@ -40,7 +40,7 @@ func Partitioner() kgo.Partitioner {
 func ReadCall(ctx context.Context, cc ClientConfig, topic string, key CallKey) ([]Event, error) {
 	var evs []Event
 	seen := make(map[string]bool)
-	err := scanKey(ctx, cc, topic, key, false, func(e Event) bool {
+	err := scanKey(ctx, cc, topic, key, false, func(e Event, _ int64) bool {
 		if e.EventID != "" {
 			if seen[e.EventID] {
 				return false
@@ -53,29 +53,71 @@ func ReadCall(ctx context.Context, cc ClientConfig, topic string, key CallKey) (
 	return evs, err
 }
 
-// FollowCall calls fn with each event of key on topic, from the start of
-// the log and then live, until fn returns true or ctx is done.
-func FollowCall(ctx context.Context, cc ClientConfig, topic string, key CallKey, fn func(Event) bool) error {
+// FollowCall calls fn with each event of key on topic, and its offset,
+// from the start of the log and then live, until fn returns true or ctx
+// is done. An event at an offset below what EndOffsets said of key was in
+// the log then.
+func FollowCall(ctx context.Context, cc ClientConfig, topic string, key CallKey, fn func(e Event, offset int64) bool) error {
 	return scanKey(ctx, cc, topic, key, true, fn)
 }
 
-func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, follow bool, fn func(Event) bool) error {
+// EndOffsets returns, for each of keys, the end of its partition of topic
+// (its high watermark): every event of the key appended from now on is at
+// that offset or past it. A submitter reads it before it publishes, to
+// tell the answers to its envelope from those to an earlier one.
+func EndOffsets(ctx context.Context, cc ClientConfig, topic string, keys ...CallKey) ([]int64, error) {
+	admin, err := NewClient(cc)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	adm := kadm.NewClient(admin)
+	n, err := partitions(ctx, adm, topic)
+	if err != nil {
+		return nil, err
+	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("list offsets %s: %w", topic, err)
+	}
+	offsets := make([]int64, len(keys))
+	for i, key := range keys {
+		p := PartitionFor([]byte(key.String()), n)
+		end, _ := ends.Lookup(topic, p)
+		if end.Err != nil {
+			return nil, fmt.Errorf("list offsets %s/%d: %w", topic, p, end.Err)
+		}
+		offsets[i] = end.Offset
+	}
+	return offsets, nil
+}
+
+// partitions returns how many partitions topic has.
+func partitions(ctx context.Context, adm *kadm.Client, topic string) (int, error) {
+	details, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("describe %s: %w", topic, err)
+	}
+	d, ok := details[topic]
+	if !ok || d.Err != nil {
+		return 0, fmt.Errorf("describe %s: %v", topic, d.Err)
+	}
+	return len(d.Partitions), nil
+}
+
+func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, follow bool, fn func(Event, int64) bool) error {
 	admin, err := NewClient(cc)
 	if err != nil {
 		return err
 	}
 	defer admin.Close()
 	adm := kadm.NewClient(admin)
-	details, err := adm.ListTopics(ctx, topic)
+	n, err := partitions(ctx, adm, topic)
 	if err != nil {
-		return fmt.Errorf("describe %s: %w", topic, err)
-	}
-	d, ok := details[topic]
-	if !ok || d.Err != nil {
-		return fmt.Errorf("describe %s: %v", topic, d.Err)
+		return err
 	}
 	k := []byte(key.String())
-	p := PartitionFor(k, len(d.Partitions))
+	p := PartitionFor(k, n)
 	// The last stable offset: everything before it is committed or
 	// aborted, and read_committed shows the committed part.
 	ends, err := adm.ListCommittedOffsets(ctx, topic)
@@ -124,7 +166,7 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fo
 			if err != nil {
 				return fmt.Errorf("event at %s/%d/%d: %w", topic, p, r.Offset, err)
 			}
-			if fn(e) {
+			if fn(e, r.Offset) {
 				return nil
 			}
 		}

@@ -411,23 +411,33 @@ func TestDevPolicyTimeoutFlags(t *testing.T) {
 	kafka, api, backend := addrs[0], addrs[1], addrs[2]
 	// No decision finishes within a nanosecond.
 	startDev(t, dir, kafka, api, backend, "--policy-timeout", "1ns", "--policy-retry-after", "7s")
-	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
-		"--tenant", "t_demo", "--key", "pol-timeout", "--retry-later", "0", "--wait", "--timeout", "60s", "--json")
-	var ev struct {
+	type refusal struct {
+		EventID      string `json:"event_id"`
 		Type         string `json:"type"`
 		Reason       string `json:"reason"`
 		RetryAfterMS int64  `json:"retry_after_ms"`
 	}
-	if err := json.Unmarshal([]byte(out[strings.LastIndex(out, "\n{")+1:]), &ev); err != nil {
-		t.Fatalf("submit: %v\n%s", err, out)
+	submit := func() refusal {
+		out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+			"--tenant", "t_demo", "--key", "pol-timeout", "--call-id", "pol-call", "--retry-later", "0", "--wait", "--timeout", "60s", "--json")
+		var ev refusal
+		if err := json.Unmarshal([]byte(out[strings.LastIndex(out, "\n{")+1:]), &ev); err != nil {
+			t.Fatalf("submit: %v\n%s", err, out)
+		}
+		if ev.Type != "denied" || ev.Reason != "policy_timeout" || ev.RetryAfterMS != 7000 {
+			t.Errorf("the call's event: %+v; want denied, policy_timeout, retry after 7000 ms", ev)
+		}
+		return ev
 	}
-	if ev.Type != "denied" || ev.Reason != "policy_timeout" || ev.RetryAfterMS != 7000 {
-		t.Errorf("the call's event: %+v; want denied, policy_timeout, retry after 7000 ms", ev)
+	// The same envelope again (same key, same call id): its answer is a
+	// refusal of its own, not the first one's, already in the log.
+	if first, again := submit(), submit(); first.EventID == again.EventID {
+		t.Errorf("the second submission ended on the first one's refusal %s", first.EventID)
 	}
 	// A wait that outlasts --timeout is not waited out: the refusal
 	// ends submit --wait at once, and says so.
-	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
-		"--tenant", "t_demo", "--key", "pol-timeout-2", "--retry-later", "3", "--wait", "--timeout", "5s")
+	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+		"--tenant", "t_demo", "--key", "pol-timeout-2", "--retry-later", "3", "--wait", "--timeout", "6s")
 	if want := "the ledger asks for a retry after 7s; sent 1 time(s)"; !strings.Contains(out, want) || strings.Contains(out, "sending again") {
 		t.Errorf("submit --wait --timeout 5s, refused for now for 7 s: want %q and nothing sent again:\n%s", want, out)
 	}

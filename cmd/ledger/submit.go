@@ -65,7 +65,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long the call may take before it is no longer wanted (0: none)")
 	fs.BoolVar(&f.wait, "wait", false, "wait for the call to settle and print its last event")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long --wait waits")
-	fs.IntVar(&f.retryLater, "retry-later", 3, "with --wait: how many times to send the envelope again, same key, after a refusal for now (rate_limited, policy_timeout, policy_unavailable) once the wait it names has passed, if that is within --timeout (0: never)")
+	fs.IntVar(&f.retryLater, "retry-later", 3, "with --wait: how many times to send the envelope again, same key, after a refusal for now (rate_limited, policy_timeout, policy_unavailable) once the wait it names has passed, if its answer can come within --timeout (0: never)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
 	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider); default: one minted by the dev issuer in --data-dir, if there is one")
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
@@ -111,7 +111,8 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	}
 
 	logger := g.logger()
-	pub, err := newPublisher(g.kafka.client(logger), g.kafka.requests)
+	cc := g.kafka.client(logger)
+	pub, err := newPublisher(cc, g.kafka.requests)
 	if err != nil {
 		return err
 	}
@@ -123,6 +124,14 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 			return fmt.Errorf("publish to %s: %w", g.kafka.requests, err)
 		}
 		return nil
+	}
+	var w *callWait
+	if f.wait {
+		// Before the envelope goes out: what is in the log by then
+		// answered an earlier one.
+		if w, err = newCallWait(ctx, cc, g.kafka.events, key, callID, body); err != nil {
+			return err
+		}
 	}
 	if err := publish(ctx); err != nil {
 		return err
@@ -136,85 +145,102 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		}
 		return nil
 	}
+	return w.run(ctx, f, out, publish)
+}
 
-	waitEnd := time.Now().Add(f.timeout)
-	wctx, cancel := context.WithDeadline(ctx, waitEnd)
-	defer cancel()
-	// The call lives under the verified tenant's key, which is the
-	// claimed one unless the scope lies.
-	callKey := key
+// callWait follows a submitted call until it settles or is refused, and
+// sends its envelope again after refusals for now (--retry-later).
+type callWait struct {
+	cc     ledger.ClientConfig
+	topic  string
+	callID string
+	// callKey is the key the call lives under: the verified tenant's,
+	// which is the claimed one unless the scope lies. keys are every key
+	// its events may come under, callKey first, and ends where each
+	// key's partition ended before the envelope first went out: an event
+	// below is no answer to this submission (a refusal of an earlier
+	// one with the same call id).
+	callKey ledger.CallKey
+	keys    []ledger.CallKey
+	ends    []int64
+
+	mu       sync.Mutex
+	last     *ledger.Event // the settling event, or the refusal that ends the wait
+	forNow   *ledger.Event // the last refusal for now answered by sending again
+	call     statemachine.Call
+	sent     int       // envelopes published
+	lastSent time.Time // when the last one was
+	retried  int       // refusals for now answered by sending again
+	refusals map[string]bool
+}
+
+func newCallWait(ctx context.Context, cc ledger.ClientConfig, topic string, key ledger.CallKey, callID string, body []byte) (*callWait, error) {
+	w := &callWait{cc: cc, topic: topic, callID: callID, callKey: key, sent: 1, lastSent: time.Now(), refusals: make(map[string]bool)}
 	if t := assertedTenant(body); t != "" {
-		callKey.TenantID = t
+		w.callKey.TenantID = t
 	}
-	keys := []ledger.CallKey{callKey}
-	if callKey != key {
-		keys = append(keys, key)
+	w.keys = []ledger.CallKey{w.callKey}
+	if w.callKey != key {
+		w.keys = append(w.keys, key)
 	}
 	// A refusal before the sender was verified is filed under the
 	// reserved tenant.
-	keys = append(keys, ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: key.IdempotencyKey})
+	w.keys = append(w.keys, ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: key.IdempotencyKey})
+	var err error
+	if w.ends, err = ledger.EndOffsets(ctx, cc, topic, w.keys...); err != nil {
+		return nil, fmt.Errorf("read where %s ends: %w", topic, err)
+	}
+	return w, nil
+}
+
+// run follows the call's keys until it settles, is refused for good, or
+// --timeout passes, and prints the outcome. A refusal for now is answered
+// by publishing the envelope again once its wait has passed, if the
+// answer to that can come within --timeout (twice the time the last one
+// took).
+func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publish func(context.Context) error) error {
+	waitEnd := w.lastSent.Add(f.timeout)
+	wctx, cancel := context.WithDeadline(ctx, waitEnd)
+	defer cancel()
+	// again carries the wait before the envelope goes out again; one
+	// resend is pending at most, as its refusal comes first.
+	again := make(chan time.Duration, 1)
 	var (
-		mu   sync.Mutex
-		last *ledger.Event
-		call statemachine.Call
 		wg   sync.WaitGroup
-		errs = make([]error, len(keys))
-		// again carries the wait before the envelope goes out again;
-		// one resend is pending at most, as its refusal comes first.
-		again   = make(chan time.Duration, 1)
-		retried int
+		errs = make([]error, len(w.keys))
 	)
-	for i, k := range keys {
-		wg.Add(1)
-		go func() {
-			// Owned by this command: ends when the call settles or
-			// wctx ends.
-			defer wg.Done()
-			errs[i] = ledger.FollowCall(wctx, g.kafka.client(logger), g.kafka.events, k, func(e ledger.Event) bool {
-				mu.Lock()
-				defer mu.Unlock()
-				if last != nil {
+	for i, k := range w.keys {
+		wg.Go(func() {
+			// Owned by this command: ends when the call settles or wctx
+			// ends.
+			errs[i] = ledger.FollowCall(wctx, w.cc, w.topic, k, func(e ledger.Event, offset int64) bool {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				if w.last != nil {
 					return true
 				}
 				if e.Refusal() {
-					if e.CallID != callID {
-						return false
-					}
-					wait := time.Duration(e.RetryAfterMS) * time.Millisecond
-					if wait > 0 && retried < f.retryLater && time.Now().Add(wait).Before(waitEnd) {
-						retried++
-						if !f.jsonOut {
-							fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", e.Reason, wait, retried, f.retryLater)
-						}
-						select {
-						case again <- wait:
-						default:
-						}
-						return false
-					}
-					last = &e
-					cancel()
-					return true
+					return w.refused(e, offset >= w.ends[i], f, out, waitEnd, again, cancel)
 				}
-				if k != callKey {
+				if k != w.callKey {
 					return false
 				}
-				next, _, err := statemachine.Apply(call, e.Transition())
+				next, _, err := statemachine.Apply(w.call, e.Transition())
 				if err != nil {
 					return false
 				}
-				call = next
+				w.call = next
 				if !f.jsonOut {
 					fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, report.EventNote(e))
 				}
-				if call.State.Settled() {
-					last = &e
+				if w.call.State.Settled() {
+					w.last = &e
 					cancel()
 					return true
 				}
 				return false
 			})
-		}()
+		})
 	}
 	followed := make(chan struct{})
 	go func() {
@@ -230,26 +256,36 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
+				now := time.Now()
 				if resendErr = publish(wctx); resendErr != nil {
 					cancel()
+					break
 				}
+				w.mu.Lock()
+				w.sent, w.lastSent = w.sent+1, now
+				w.mu.Unlock()
 			case <-followed:
 				t.Stop()
 				resending = false
 			}
 		}
 	}
-	err = errors.Join(append(errs, resendErr)...)
-	if last != nil {
-		err = nil
-	}
-	key = callKey
-	if last == nil {
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || err == nil {
-			return fmt.Errorf("call %s did not settle within %s (state %q)", key, f.timeout, call.State)
+	// The followers have returned: nothing writes w any more.
+	if w.last == nil {
+		if resendErr != nil && !errors.Is(resendErr, context.DeadlineExceeded) {
+			return resendErr
 		}
-		return err
+		err := errors.Join(errs...)
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			return err
+		}
+		if r := w.forNow; r != nil {
+			return fmt.Errorf("call %s did not settle within %s: sent %d time(s), its last answer a refusal for now (%s, retry after %s)",
+				w.callKey, f.timeout, w.sent, r.Reason, time.Duration(r.RetryAfterMS)*time.Millisecond)
+		}
+		return fmt.Errorf("call %s did not settle within %s (state %q)", w.callKey, f.timeout, w.call.State)
 	}
+	last := w.last
 	if f.jsonOut {
 		b, _ := json.MarshalIndent(last, "", "  ")
 		fmt.Fprintf(out, "%s\n", b)
@@ -259,12 +295,43 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		fmt.Fprintf(out, "refused: %s at %s: %s\n", last.Reason, last.Pointer, last.Detail)
 		if last.RetryAfterMS > 0 {
 			fmt.Fprintf(out, "  the ledger asks for a retry after %s; sent %d time(s) (--retry-later %d, --timeout %s)\n",
-				time.Duration(last.RetryAfterMS)*time.Millisecond, retried+1, f.retryLater, f.timeout)
+				time.Duration(last.RetryAfterMS)*time.Millisecond, w.sent, f.retryLater, f.timeout)
 		}
 		return nil
 	}
-	fmt.Fprintf(out, "%s is %s\n", key, call.State)
+	fmt.Fprintf(out, "%s is %s\n", w.callKey, w.call.State)
 	return nil
+}
+
+// refused takes a refusal of the call's id read under a key, fresh when
+// it was appended after the envelope first went out, and reports whether
+// the wait is over. Under w.mu. A refusal for now is answered by sending
+// the envelope again (on again) while --retry-later allows and the answer
+// can come within --timeout; any other refusal of this submission ends
+// the wait. Refusals of an earlier submission, and one read twice (an
+// event id seen), are passed over.
+func (w *callWait) refused(e ledger.Event, fresh bool, f *submitFlags, out io.Writer, waitEnd time.Time, again chan<- time.Duration, cancel func()) bool {
+	if e.CallID != w.callID || !fresh || (e.EventID != "" && w.refusals[e.EventID]) {
+		return false
+	}
+	w.refusals[e.EventID] = true
+	wait := time.Duration(e.RetryAfterMS) * time.Millisecond
+	now := time.Now()
+	if wait > 0 && w.retried < f.retryLater && now.Add(wait+2*now.Sub(w.lastSent)).Before(waitEnd) {
+		w.retried++
+		w.forNow = &e
+		if !f.jsonOut {
+			fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", e.Reason, wait, w.retried, f.retryLater)
+		}
+		select {
+		case again <- wait:
+		default:
+		}
+		return false
+	}
+	w.last = &e
+	cancel()
+	return true
 }
 
 // envelope builds the envelope the flags describe, filling in random ids
