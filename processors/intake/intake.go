@@ -402,10 +402,8 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 					break
 				}
 			}
-			ev := p.retryLater(a.checked, now, ReasonRateLimited, limitedDetail(charged, res.Rates), res.RetryAfter())
 			// The policies named are those whose budgets refused.
-			p.decorate(&ev, charged.decision)
-			emit(ev)
+			emit(p.retryLater(a.checked, charged.decision, now, ReasonRateLimited, limitedDetail(charged, res.Rates), res.RetryAfter()))
 		default:
 			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}
@@ -573,7 +571,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		if !errors.Is(err, processors.ErrNotFound) {
 			p.cfg.Logger.Warn("a call the policies could not decide: its key could not be looked up", "call_key", c.key().String(), "err", err)
 		}
-		ev := p.retryLater(c, now, c.decision.Reason, c.decision.Detail, p.cfg.PolicyRetryAfter)
+		ev := p.retryLater(c, c.decision, now, c.decision.Reason, c.decision.Detail, p.cfg.PolicyRetryAfter)
 		return nil, &ev
 	}
 	return c, nil
@@ -671,13 +669,13 @@ func rateBucket(tenant, tool string, rl policy.RateLimit) string {
 
 // retryLater refuses a checked call for now: a refusal (seq 0) that
 // leaves its key free, says when to try again (retry_after_ms, at least
-// 1) and names the decision's policies and version. A rate limit and a
-// policy that could not decide both refuse so; agents and the
-// compensation requests retry on retry_after_ms.
-func (p *Processor) retryLater(c *checked, now time.Time, reason, detail string, after time.Duration) ledger.Event {
+// 1) and names the policies and version of d, the decision that refused.
+// A rate limit and a policy that could not decide both refuse so; agents
+// and the compensation requests retry on retry_after_ms.
+func (p *Processor) retryLater(c *checked, d policy.Decision, now time.Time, reason, detail string, after time.Duration) ledger.Event {
 	ev := p.refuse(c.key(), c.env, now, reason, "", detail)
 	ev.RetryAfterMS = max(after.Milliseconds(), 1)
-	p.decorate(&ev, c.decision)
+	p.decorate(&ev, d)
 	return ev
 }
 
