@@ -341,6 +341,14 @@ type inflight struct {
 	sent    time.Time
 }
 
+// lastSent is when the call's envelope last went out.
+func (c inflight) lastSent() time.Time {
+	if c.sent.IsZero() {
+		return c.start
+	}
+	return c.sent
+}
+
 // run is the state of one load run.
 type run struct {
 	cfg Config
@@ -644,7 +652,7 @@ func (r *run) retryLater(ctx context.Context, i int64, refusal ledger.Event) boo
 	if r.finished {
 		end = r.drainEnd
 	}
-	if now.Add(wait + 2*now.Sub(c.sent) + answerMargin).After(end) {
+	if now.Add(wait + 2*now.Sub(c.lastSent()) + answerMargin).After(end) {
 		return false
 	}
 	c.retried++
@@ -744,11 +752,7 @@ func (r *run) finish(i int64, t statemachine.EventType, now, at time.Time, tool 
 		started := at.Add(-tool)
 		// A call sent again: the intake's part from its last sending,
 		// not the harness's wait before it.
-		sent := c.start
-		if !c.sent.IsZero() {
-			sent = c.sent
-		}
-		parts = []time.Duration{c.authorized.Sub(sent), started.Sub(c.authorized), tool, now.Sub(at)}
+		parts = []time.Duration{c.authorized.Sub(c.lastSent()), started.Sub(c.authorized), tool, now.Sub(at)}
 		for k, part := range parts {
 			r.res.stages[k].Record(part)
 		}
