@@ -439,7 +439,7 @@ func TestDevPolicyTimeoutFlags(t *testing.T) {
 	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
 		"--tenant", "t_demo", "--key", "pol-timeout-2", "--retry-later", "3", "--wait", "--timeout", "6s")
 	if want := "the ledger asks for a retry after 7s; sent 1 time(s)"; !strings.Contains(out, want) || strings.Contains(out, "sending again") {
-		t.Errorf("submit --wait --timeout 5s, refused for now for 7 s: want %q and nothing sent again:\n%s", want, out)
+		t.Errorf("submit --wait --timeout 6s, refused for now for 7 s: want %q and nothing sent again:\n%s", want, out)
 	}
 	if err := cliErr(t, "submit", "--kafka-brokers", kafka, "--tool", "get_weather", "--retry-later", "-1", "--wait"); err == nil || !strings.Contains(err.Error(), "--retry-later -1: must not be negative") {
 		t.Errorf("submit --retry-later -1: %v; want it refused, naming the flag", err)

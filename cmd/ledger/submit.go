@@ -133,6 +133,9 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 			return err
 		}
 	}
+	if w != nil {
+		w.lastSent = time.Now()
+	}
 	if err := publish(ctx); err != nil {
 		return err
 	}
@@ -169,13 +172,13 @@ type callWait struct {
 	forNow   *ledger.Event // the last refusal for now answered by sending again
 	call     statemachine.Call
 	sent     int       // envelopes published
-	lastSent time.Time // when the last one was
+	lastSent time.Time // when the last one was: set as the first goes out
 	retried  int       // refusals for now answered by sending again
 	refusals map[string]bool
 }
 
 func newCallWait(ctx context.Context, cc ledger.ClientConfig, topic string, key ledger.CallKey, callID string, body []byte) (*callWait, error) {
-	w := &callWait{cc: cc, topic: topic, callID: callID, callKey: key, sent: 1, lastSent: time.Now(), refusals: make(map[string]bool)}
+	w := &callWait{cc: cc, topic: topic, callID: callID, callKey: key, sent: 1, refusals: make(map[string]bool)}
 	if t := assertedTenant(body); t != "" {
 		w.callKey.TenantID = t
 	}
@@ -230,6 +233,9 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 					return false
 				}
 				w.call = next
+				if offset >= w.ends[i] {
+					w.forNow = nil // a sending was admitted
+				}
 				if !f.jsonOut {
 					fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, report.EventNote(e))
 				}
@@ -247,17 +253,25 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		wg.Wait()
 		close(followed)
 	}()
-	var resendErr error
+	var (
+		resendErr    error
+		resendFailed bool
+	)
 	for resending := true; resending; {
 		select {
 		case <-followed:
 			resending = false
 		case wait := <-again:
+			if resendErr != nil {
+				continue // the wait is ending: nothing goes out again
+			}
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
 				now := time.Now()
 				if resendErr = publish(wctx); resendErr != nil {
+					// Said as it is, unless --timeout ran out meanwhile.
+					resendFailed = wctx.Err() == nil
 					cancel()
 					break
 				}
@@ -272,7 +286,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 	}
 	// The followers have returned: nothing writes w any more.
 	if w.last == nil {
-		if resendErr != nil && !errors.Is(resendErr, context.DeadlineExceeded) {
+		if resendFailed {
 			return resendErr
 		}
 		err := errors.Join(errs...)
