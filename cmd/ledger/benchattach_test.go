@@ -117,13 +117,13 @@ func TestBenchAttachedPagesOverMutualTLS(t *testing.T) {
 	// signed, and notes whose.
 	var (
 		mu   sync.Mutex
-		seen = make(map[string]bool)
+		seen = make(map[string]int)
 	)
 	proxy := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: dev.api})
 	ops := "https://" + startHTTP(t, httpTLSFlags{certFile: server.CertFile, keyFile: server.KeyFile, clientCAFile: pki.CAFile}, nil,
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			mu.Lock()
-			seen[r.TLS.PeerCertificates[0].Subject.CommonName+" "+r.URL.Path] = true
+			seen[r.TLS.PeerCertificates[0].Subject.CommonName+" "+r.URL.Path]++
 			mu.Unlock()
 			proxy.ServeHTTP(w, r)
 		}))
@@ -135,23 +135,17 @@ func TestBenchAttachedPagesOverMutualTLS(t *testing.T) {
 		"--tools-url", "http://"+dev.backend, "--ledger-ops", ops,
 		"--calls", "100", "--warmup", "20", "--concurrency", "16",
 		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
+	// Asked before the load (the address checked) and by the run's
+	// timeline, at its start and its end at least: counted as they come,
+	// whether or not the reading met its deadline.
 	mu.Lock()
 	asked := seen["bench-client "+loopsPath]
 	mu.Unlock()
-	if !asked {
-		t.Errorf("pages asked %v; want %s asked with the client certificate bench-client", seen, loopsPath)
+	if asked < 3 {
+		t.Errorf("%s asked %d times with the client certificate bench-client; want the check and the timeline's readings", loopsPath, asked)
 	}
-	rep := readReport(t, jsonOut)
-	var intake time.Duration
-	for _, r := range rep.Runs {
-		for _, iv := range r.Result.Timeline {
-			if iv.Usage != nil {
-				intake += iv.Usage.IntakeLoop
-			}
-		}
-	}
-	if len(rep.Runs) != 1 || intake <= 0 {
-		t.Errorf("%d runs, the timeline's intake loop %v; want one run, dev's loops read over mutual TLS", len(rep.Runs), intake)
+	if rep := readReport(t, jsonOut); len(rep.Runs) != 1 || rep.Runs[0].Result.Finished != 100 {
+		t.Errorf("%d runs; want one of 100 calls", len(rep.Runs))
 	}
 }
 

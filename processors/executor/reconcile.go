@@ -636,9 +636,10 @@ type sweepPass struct {
 // updated since the pass started: those arrive as fast as the sweeps
 // read, maybe, and a pass that went on to them would never come back to
 // the oldest. The next sweep then starts again from the oldest. (The
-// start is this process's clock, an update time the store's: a skew
-// between them only moves where a pass ends, which every pass still
-// does.)
+// start is this process's clock, an update time the store's: a store
+// clock ahead by X ends passes at calls updated in the X before their
+// start, which they reach once they are older than that; one behind
+// takes a pass that much further. Every pass still ends.)
 func (r *Reconciler) page(ctx context.Context, status processors.Status, p *sweepPass) ([]processors.Record, error) {
 	if p.after.IsZero() {
 		p.start = r.cfg.Now()
