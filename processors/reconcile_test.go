@@ -35,7 +35,9 @@ func (h *harness) startReconcilerWith(owner string, comp executor.Compensator) *
 	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: h.reg, Store: h.store, Looker: httptool.New(httptool.Config{}), BaseURL: h.tools,
 		Topics: h.kafka.Topics, Owner: owner, Backoff: 10 * time.Millisecond, SweepEvery: 500 * time.Millisecond, Logger: h.logger,
-		Compensator: comp,
+		// Calls whose lookups keep failing are parked after a second
+		// of sweeps, not the default minutes.
+		UnansweredFor: time.Second, Compensator: comp,
 	})
 	if err != nil {
 		h.t.Fatal(err)

@@ -590,6 +590,9 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		httpAddr  string
 		jwksAddr  string
 		credsJWKS []string
+		// unanswered: how long before a call whose lookups do not
+		// answer is parked.
+		unanswered time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "reconciler",
@@ -635,10 +638,14 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
+				if unanswered < 0 {
+					return nil, fmt.Errorf("--unanswered-for %v: must not be negative", unanswered)
+				}
 				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 					Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
 					BaseURL: toolsBase, Topics: g.kafka.topics(), Owner: "reconciler/" + rf.instance,
 					Logger: logger.With("processor", "reconciler"), Compensator: undo, Metrics: rf.obs.metrics,
+					UnansweredFor: unanswered,
 				})
 				if err != nil {
 					return nil, err
@@ -698,6 +705,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	cf.register(cmd.Flags())
 	idf.register(cmd.Flags())
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative status lookup URLs resolve against")
+	cmd.Flags().DurationVar(&unanswered, "unanswered-for", executor.DefaultUnansweredFor, "how long a call may stay outcome_unknown with no status lookup answering (each pass's lookups failed, timed out or held off by the breaker; asked again at every sweep meanwhile) before it is parked for a human (status_lookup_failed), counted from its last change; 0: the default")
 	pf.register(cmd.Flags())
 	pf.registerRefusals(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve the operators' APIs: /v1/resolutions, /v1/compensations, /v1/control (needs --issuer and --jwks-*); empty: not served")

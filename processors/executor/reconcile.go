@@ -121,13 +121,15 @@ type ReconcilerConfig struct {
 	// with Backoff (default 200ms) doubling between them.
 	MaxAttempts int
 	Backoff     time.Duration
-	// UnaskedFor bounds how long a call may wait, outcome_unknown, for a
-	// lookup that this reconciler's own breaker keeps from being sent
-	// (open after other lookups of the tool failed or timed out): until
-	// then such a pass leaves the call for a later one, since it learned
-	// nothing about the call; past it, the call is parked like one whose
-	// lookups failed. Default DefaultUnaskedFor.
-	UnaskedFor time.Duration
+	// UnansweredFor bounds how long a call may wait, outcome_unknown, for a
+	// status lookup that answers: until then a pass whose lookups failed
+	// (MaxAttempts of them: the tool's status endpoint down or slow, a
+	// host that stalled and timed them out) or that this reconciler's own
+	// breaker kept from being sent leaves the call for a later sweep, since
+	// it learned nothing about the call; past it, counted from the call's
+	// last change, the call is parked for a human (status_lookup_failed).
+	// Default DefaultUnansweredFor.
+	UnansweredFor time.Duration
 	// SweepEvery is how often unknown outcomes are looked for in the
 	// store besides the events that announce them; default 10s.
 	SweepEvery time.Duration
@@ -157,11 +159,11 @@ type ReconcilerConfig struct {
 	Logger  *slog.Logger
 }
 
-// DefaultUnaskedFor is ReconcilerConfig.UnaskedFor's default: many times a
+// DefaultUnansweredFor is ReconcilerConfig.UnansweredFor's default: many times a
 // breaker's default OpenFor, so that a breaker that closes again lets the
 // calls be asked, and short enough that a human hears of a lookup that
 // stays out of reach.
-const DefaultUnaskedFor = 5 * time.Minute
+const DefaultUnansweredFor = 5 * time.Minute
 
 // Reconciler resolves unknown outcomes: it asks the tool's status lookup
 // what happened and records succeeded or failed with the evidence, or
@@ -183,7 +185,7 @@ type Reconciler struct {
 	parkedPass sweepPass
 	// unknownPass is the same for the sweeps of unknown outcomes: calls
 	// whose lookups are held off (the reconciler's breaker open) stay
-	// outcome_unknown, oldest first, for up to UnaskedFor.
+	// outcome_unknown, oldest first, for up to UnansweredFor.
 	unknownPass sweepPass
 	// sweepLimit bounds the calls one sweep lists in a status.
 	sweepLimit int
@@ -226,8 +228,8 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.Backoff <= 0 {
 		cfg.Backoff = 200 * time.Millisecond
 	}
-	if cfg.UnaskedFor <= 0 {
-		cfg.UnaskedFor = DefaultUnaskedFor
+	if cfg.UnansweredFor <= 0 {
+		cfg.UnansweredFor = DefaultUnansweredFor
 	}
 	if cfg.SweepEvery <= 0 {
 		cfg.SweepEvery = 10 * time.Second
@@ -502,7 +504,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		var he *httptool.Error
 		switch {
 		case (errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)) &&
-			r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnaskedFor)):
+			r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)):
 			// Not asked: the breaker is open because other lookups of
 			// the tool failed (a host that stalled can time a burst of
 			// them out). That says nothing about this call, and parking
@@ -531,8 +533,15 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		}
 		log.Warn("status lookup failed", "attempt", n+1, "err", last)
 	}
+	if r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
+		// A lookup that failed may answer at a later sweep: a human is
+		// handed the call only once the lookups have failed for
+		// UnansweredFor, not after one burst of failures.
+		log.Warn("status lookups failed; asking again at a later sweep", "attempts", r.cfg.MaxAttempts, "parked_after", rec.UpdatedAt.Add(r.cfg.UnansweredFor))
+		return pendingMove{}, false
+	}
 	return r.park(rec, tmpl, tool, ReasonLookupFailed,
-		fmt.Sprintf("the status lookup failed %d times: %v", r.cfg.MaxAttempts, last)), true
+		fmt.Sprintf("the status lookup failed %d times in its last pass, and none answered for %s: %v", r.cfg.MaxAttempts, r.cfg.UnansweredFor, last)), true
 }
 
 // ReconcilerUser is the user the reconciler asks for compensations as: a

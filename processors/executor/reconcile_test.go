@@ -205,27 +205,48 @@ func (r *rig) unknownLookupDown(key string) *kgo.Record {
 	return unknown
 }
 
-// A status lookup that keeps failing parks the call with the reason.
+// A status lookup that fails leaves the call for a later sweep: a
+// burst of failures (the tool's status endpoint down, a stalled host
+// timing lookups out) is no reason to hand it to a human. One that keeps
+// failing parks the call, with the reason, once it has for UnansweredFor.
 func TestReconcileLookupFailingParks(t *testing.T) {
 	r := newRig(t)
 	unknown := r.unknownLookupDown("dark")
-	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(r.reconciler(), unknown)); diff != "" {
-		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	var later atomic.Bool // the clock past UnansweredFor
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.UnansweredFor = time.Minute
+		c.Now = func() time.Time {
+			if later.Load() {
+				return time.Now().Add(2 * time.Minute)
+			}
+			return time.Now()
+		}
+	})
+	before := r.backend.Requests()
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("after its lookups failed: %q; want nothing recorded, the call left for a later sweep", got)
+	}
+	if n := r.backend.Requests() - before; n != 3 {
+		t.Errorf("%d status lookups; want MaxAttempts (3)", n)
+	}
+	later.Store(true)
+	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(rc, unknown)); diff != "" {
+		t.Errorf("past UnansweredFor (-want +got):\n%s", diff)
 	}
 }
 
 // A lookup the reconciler's own breaker holds off (open after other
 // lookups failed) says nothing about the call: the call waits for a later
 // pass, outcome_unknown, rather than being parked for a human; once it has
-// waited UnaskedFor, it is parked like a call whose lookups failed.
+// waited UnansweredFor, it is parked like a call whose lookups failed.
 func TestReconcileBreakerOpenWaits(t *testing.T) {
 	r := newRig(t)
 	unknown := r.unknownLookupDown("held-off")
-	var later atomic.Bool // the clock past UnaskedFor
+	var later atomic.Bool // the clock past UnansweredFor
 	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
 		// Open at the first failure, for longer than the test.
 		c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, Window: time.Hour, OpenFor: time.Hour}
-		c.UnaskedFor = time.Minute
+		c.UnansweredFor = time.Minute
 		c.Now = func() time.Time {
 			if later.Load() {
 				return time.Now().Add(2 * time.Minute)
@@ -243,7 +264,7 @@ func TestReconcileBreakerOpenWaits(t *testing.T) {
 	}
 	later.Store(true)
 	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(rc, unknown)); diff != "" {
-		t.Errorf("past UnaskedFor (-want +got):\n%s", diff)
+		t.Errorf("past UnansweredFor (-want +got):\n%s", diff)
 	}
 }
 
@@ -289,10 +310,10 @@ func TestReconcileSweepPassEnds(t *testing.T) {
 	r := newRig(t)
 	held1 := decodeAll(t, []*kgo.Record{r.unknownLookupDown("held-1")})[0].Key()
 	held2 := decodeAll(t, []*kgo.Record{r.unknownLookupDown("held-2")})[0].Key()
-	var later atomic.Bool // the clock past UnaskedFor
+	var later atomic.Bool // the clock past UnansweredFor
 	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
 		c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, Window: time.Hour, OpenFor: time.Hour}
-		c.SweepEvery, c.UnaskedFor = time.Nanosecond, time.Minute
+		c.SweepEvery, c.UnansweredFor = time.Nanosecond, time.Minute
 		c.Now = func() time.Time {
 			if later.Load() {
 				return time.Now().Add(2 * time.Minute)
@@ -328,7 +349,7 @@ func TestReconcileSweepPassEnds(t *testing.T) {
 		t.Errorf("after the first sweep: Unknown() = %d, %v; want 2 since held-1's update", n, at)
 	}
 	// Two more go outcome_unknown during the pass; the oldest is
-	// resolved by hand; the clock passes UnaskedFor.
+	// resolved by hand; the clock passes UnansweredFor.
 	r.unknownLookupDown("new-1")
 	r.unknownLookupDown("new-2")
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}

@@ -226,6 +226,7 @@ func (r *rig) undoingReconciler(store executor.ReconcilerStore, comp executor.Co
 	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: r.reg, Store: store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
 		Backoff: time.Millisecond, SweepEvery: time.Hour, Compensator: comp,
+		UnansweredFor: time.Nanosecond, // parked at the first pass whose lookups fail
 	})
 	if err != nil {
 		r.t.Fatal(err)
@@ -241,7 +242,10 @@ func (r *rig) sweepingReconciler(comp executor.Compensator, now *time.Time, mod 
 	cfg := executor.ReconcilerConfig{
 		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
 		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp,
-		Now: func() time.Time { return *now },
+		// Parked at the first pass whose lookups fail: these tests are
+		// of what comes after.
+		UnansweredFor: time.Nanosecond,
+		Now:           func() time.Time { return *now },
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -445,7 +449,7 @@ func TestUndoRequestsHeldAfterAFailure(t *testing.T) {
 	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
 		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp, UndoAttempts: 2,
-		Now: func() time.Time { return now },
+		UnansweredFor: time.Nanosecond, Now: func() time.Time { return now },
 	})
 	if err != nil {
 		t.Fatal(err)
