@@ -145,7 +145,7 @@ func TestBenchAttachedPagesOverMutualTLS(t *testing.T) {
 		t.Errorf("%s asked %d times with the client certificate bench-client; want the check and the timeline's readings", loopsPath, asked)
 	}
 	if rep := readReport(t, jsonOut); len(rep.Runs) != 1 || rep.Runs[0].Result.Finished != 100 {
-		t.Errorf("%d runs; want one of 100 calls", len(rep.Runs))
+		t.Errorf("runs %+v; want one of 100 calls finished", rep.Runs)
 	}
 }
 

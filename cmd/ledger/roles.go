@@ -598,6 +598,9 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		Use:   "reconciler",
 		Short: "Run the reconciler: resolve outcome_unknown calls through the tools' status lookups, compensate or park the rest; serve the operators' APIs (resolutions, compensations, the kill switch, introspection)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if unanswered < 0 {
+				return fmt.Errorf("--unanswered-for %v: must not be negative", unanswered)
+			}
 			ctx := cmd.Context()
 			return rf.run(ctx, g, "reconciler", func(reg *schemas.Registry, st processors.Store, logger *slog.Logger) (*ledger.Loop, error) {
 				broker, err := cf.broker(rf.store.dataDir, logger)
@@ -637,9 +640,6 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				undo, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Topics: g.kafka.topics(), Logger: logger})
 				if err != nil {
 					return nil, err
-				}
-				if unanswered < 0 {
-					return nil, fmt.Errorf("--unanswered-for %v: must not be negative", unanswered)
 				}
 				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 					Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,

@@ -64,7 +64,9 @@ func TestSubmitWaitAfterResend(t *testing.T) {
 
 	// The resend is admitted; the call is requested, and goes no further.
 	running := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "running"}
-	err = wait(running, 3*time.Second, func(ctx context.Context) error {
+	// Its --timeout leaves a loaded machine time to read the refusal and
+	// send again: the wait lasts all of it.
+	err = wait(running, 8*time.Second, func(ctx context.Context) error {
 		return appendEvents(ctx, ledger.Event{V: 1, EventID: "requested-running", Seq: 1, Type: statemachine.EventRequested,
 			TenantID: running.TenantID, IdempotencyKey: running.IdempotencyKey, CallID: "call-running", ArgumentsHash: "h", At: time.Now()})
 	})

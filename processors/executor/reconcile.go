@@ -366,6 +366,14 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		mu    sync.Mutex
 		moves []pendingMove
 		wg    sync.WaitGroup
+		// left counts the calls whose lookups failed this step, said
+		// in one line rather than one per call and sweep for as long as
+		// a tool's status endpoint is down.
+		left struct {
+			n   int
+			key ledger.CallKey
+			err error
+		}
 	)
 	for _, rec := range candidates {
 		if rec.Status != processors.StatusOutcomeUnknown {
@@ -375,14 +383,24 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		go func() {
 			// Owned by this step: bounded by the lookups' attempts.
 			defer wg.Done()
-			if m, ok := r.reconcile(context.WithoutCancel(ctx), rec); ok {
-				mu.Lock()
+			m, ok, failed := r.reconcile(context.WithoutCancel(ctx), rec)
+			mu.Lock()
+			defer mu.Unlock()
+			if ok {
 				moves = append(moves, m)
-				mu.Unlock()
+			}
+			if failed != nil {
+				if left.n++; left.err == nil {
+					left.key, left.err = rec.Key, failed
+				}
 			}
 		}()
 	}
 	wg.Wait()
+	if left.n > 0 {
+		r.cfg.Logger.Warn("status lookups failed; the calls wait for a later sweep, and are parked once unanswered for the bound",
+			"calls", left.n, "unanswered_for", r.cfg.UnansweredFor, "call_key", left.key.String(), "err", left.err)
+	}
 	moves = append(moves, handed...)
 	for _, ev := range compensated {
 		m, ok, err := r.compensate(ctx, ev)
@@ -459,13 +477,14 @@ func (m *pendingMove) logged() processors.Logged {
 }
 
 // reconcile asks the tool what became of rec and returns the move that
-// records it.
-func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pendingMove, bool) {
+// records it, if any. When it leaves the call for a later sweep because
+// the lookups failed, failed is their last error.
+func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pendingMove, ok bool, failed error) {
 	log := r.cfg.Logger.With("call_key", rec.Key.String(), "tool", rec.Tool)
 	tmpl, err := recordTemplate(rec)
 	if err != nil {
 		log.Error("unknown outcome without context", "err", err)
-		return pendingMove{}, false
+		return pendingMove{}, false, nil
 	}
 	tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
 	if err != nil || tool.StatusLookup == nil || tool.StatusLookup.URL == "" {
@@ -473,11 +492,13 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 		if tool != nil && tool.Compensation != nil {
 			detail += "; it declares the compensation " + tool.Compensation.String()
 		}
-		return r.park(rec, tmpl, tool, ReasonNoStatusLookup, detail), true
+		return r.park(rec, tmpl, tool, ReasonNoStatusLookup, detail), true, nil
 	}
 	target, err := r.x.resolve(tool.StatusLookup.URL)
 	if err != nil {
-		return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupFailed, "bad status lookup url", "", 0), true
+		// Parked as any call whose outcome cannot be found out: undone
+		// if its policy says so.
+		return r.park(rec, tmpl, tool, ReasonLookupFailed, "bad status lookup url"), true, nil
 	}
 	var bearer string
 	if r.cfg.Credentials != nil {
@@ -489,7 +510,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 			Action: credentials.StatusScope(tool.Name),
 		})
 		if err != nil {
-			return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupFailed, "no credential for the lookup", "", 0), true
+			return r.park(rec, tmpl, tool, ReasonLookupFailed, "no credential for the lookup: "+err.Error()), true, nil
 		}
 		bearer = cred.Token
 	}
@@ -511,37 +532,36 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (pend
 			// it would hand a human every call looked up while the
 			// breaker stays open.
 			log.Debug("status lookup held off by the breaker; asking again later", "err", err)
-			return pendingMove{}, false
+			return pendingMove{}, false, nil
 		case err == nil && lookupState(resp.Body) == "applied":
 			sum := sha256.Sum256(resp.Body)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
-				"status lookup: the tool applied the call", "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)), true
+				"status lookup: the tool applied the call", "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp.Body) == "not_found":
 			// Not found is final only once the last attempt could no
 			// longer land: it started before the outcome was recorded
 			// and lasts at most the tool's timeout.
 			if r.cfg.Now().Before(rec.UpdatedAt.Add(tool.Timeout())) {
 				log.Debug("not found yet; asking again after the last attempt's time is up")
-				return pendingMove{}, false
+				return pendingMove{}, false, nil
 			}
 			return r.settle(rec, tmpl, processors.StatusFailed, statemachine.EventFailed, ReasonReconciled,
-				"status lookup: the tool has no trace of the call; it did not apply it", "", 0), true
+				"status lookup: the tool has no trace of the call; it did not apply it", "", 0), true, nil
 		case err == nil:
 			last = fmt.Errorf("status lookup answered %q", lookupState(resp.Body))
 		default:
 			last = err
 		}
-		log.Warn("status lookup failed", "attempt", n+1, "err", last)
+		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
 	if r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
 		// A lookup that failed may answer at a later sweep: a human is
 		// handed the call only once the lookups have failed for
 		// UnansweredFor, not after one burst of failures.
-		log.Warn("status lookups failed; asking again at a later sweep", "attempts", r.cfg.MaxAttempts, "parked_after", rec.UpdatedAt.Add(r.cfg.UnansweredFor))
-		return pendingMove{}, false
+		return pendingMove{}, false, last
 	}
 	return r.park(rec, tmpl, tool, ReasonLookupFailed,
-		fmt.Sprintf("the status lookup failed %d times in its last pass, and none answered for %s: %v", r.cfg.MaxAttempts, r.cfg.UnansweredFor, last)), true
+		fmt.Sprintf("the status lookup failed %d times in its last pass, and none answered for %s: %v", r.cfg.MaxAttempts, r.cfg.UnansweredFor, last)), true, nil
 }
 
 // ReconcilerUser is the user the reconciler asks for compensations as: a
