@@ -517,6 +517,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 	g := r.x.guard(tool, rec.Key.TenantID)
 	defer r.x.release(g)
 	var last error
+attempts:
 	for n := range r.cfg.MaxAttempts {
 		if n > 0 {
 			time.Sleep(r.cfg.Backoff << (n - 1))
@@ -524,15 +525,13 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		resp, err := r.lookup(ctx, g, tool, target, rec, bearer)
 		var he *httptool.Error
 		switch {
-		case (errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)) &&
-			r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)):
+		case errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests):
 			// Not asked: the breaker is open because other lookups of
 			// the tool failed (a host that stalled can time a burst of
-			// them out). That says nothing about this call, and parking
-			// it would hand a human every call looked up while the
-			// breaker stays open.
-			log.Debug("status lookup held off by the breaker; asking again later", "err", err)
-			return pendingMove{}, false, nil
+			// them out). Asking again in this pass would be held off
+			// too.
+			last = err
+			break attempts
 		case err == nil && lookupState(resp.Body) == "applied":
 			sum := sha256.Sum256(resp.Body)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
@@ -555,13 +554,15 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
 	if r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
-		// A lookup that failed may answer at a later sweep: a human is
-		// handed the call only once the lookups have failed for
-		// UnansweredFor, not after one burst of failures.
+		// A pass whose lookups failed or were held off says nothing
+		// about the call, and may be answered at a later sweep: a human
+		// is handed the call only once no lookup has answered for
+		// UnansweredFor, not after one burst of failures (nor every
+		// call looked up while the breaker stays open).
 		return pendingMove{}, false, last
 	}
 	return r.park(rec, tmpl, tool, ReasonLookupFailed,
-		fmt.Sprintf("the status lookup failed %d times in its last pass, and none answered for %s: %v", r.cfg.MaxAttempts, r.cfg.UnansweredFor, last)), true, nil
+		fmt.Sprintf("the status lookups of its last pass failed or were held off, and none answered for %s: %v", r.cfg.UnansweredFor, last)), true, nil
 }
 
 // ReconcilerUser is the user the reconciler asks for compensations as: a
