@@ -141,15 +141,28 @@ var checkedColumns = map[string][]string{
 
 // Schema reads the schema, in a READ ONLY transaction.
 func (c *Checker) Schema(ctx context.Context) (SchemaStatus, error) {
+	return readSchema(ctx, c.conn, c.schema)
+}
+
+// txBeginner is what readSchema reads through: one connection, or a pool.
+type txBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// readSchema reads the schema of schema ("": the session's
+// current_schema()) in a READ ONLY transaction on db. It reads only the
+// catalogs, so it takes no lock on the tables themselves and waits for no
+// writer.
+func readSchema(ctx context.Context, db txBeginner, schema string) (SchemaStatus, error) {
 	var st SchemaStatus
-	tx, err := c.conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return st, fmt.Errorf("pgstore: check schema: %w", err)
 	}
 	// Read only: there is nothing to commit.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	st.Schema = c.schema
+	st.Schema = schema
 	if st.Schema == "" {
 		var cur pgtype.Text
 		if err := tx.QueryRow(ctx, "SELECT current_schema()").Scan(&cur); err != nil {

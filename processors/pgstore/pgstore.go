@@ -173,6 +173,7 @@ type Store struct {
 	crdb       bool
 	maxRetries int
 	schema     string // sanitized identifier, or ""
+	schemaName string // Config.Schema as given
 	table      string // sanitized, qualified by schema if set
 	journal    string // the journal table, as table
 	q          queries
@@ -222,7 +223,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		packMin:    outboxMinPack,
 	}
 	if cfg.Schema != "" {
-		s.schema = pgx.Identifier{cfg.Schema}.Sanitize()
+		s.schema, s.schemaName = pgx.Identifier{cfg.Schema}.Sanitize(), cfg.Schema
 		s.table = pgx.Identifier{cfg.Schema, tableName}.Sanitize()
 		s.journal = pgx.Identifier{cfg.Schema, journalTableName}.Sanitize()
 	}
@@ -282,7 +283,24 @@ func noSeqScans(ctx context.Context, conn *pgx.Conn) error {
 // EXISTS only, then brings the status CHECK of a table an older build
 // created up to processors.Statuses (see migrateStatusCheck). It is safe
 // to run on every start and from several processes.
+//
+// It reads the catalogs first (as `ledger doctor` does) and runs no DDL at
+// all when the schema is already this build's, which is every start but
+// the first after an upgrade. On PostgreSQL even CREATE INDEX IF NOT
+// EXISTS of an index that exists takes a SHARE lock on its table before
+// it finds the index: it waits for every open transaction that wrote to
+// the table, and every write after it queues behind it. A process
+// starting while another was stalled inside a transaction (a paused
+// executor, a long GC) stopped every writer of the store until the
+// stalled one went on.
 func (s *Store) Migrate(ctx context.Context) error {
+	st, err := readSchema(ctx, s.pool, s.schemaName)
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if st.Current() && len(st.ObsoleteIndexes) == 0 {
+		return nil
+	}
 	ddl := strings.NewReplacer(
 		"{table}", s.table,
 		"{lease_index}", pgx.Identifier{leaseIndexName}.Sanitize(),

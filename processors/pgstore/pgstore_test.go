@@ -141,6 +141,48 @@ VALUES ($1, $2, 'c2', 'h2', 'x', 1, 'authorized', now(), now())`, k.TenantID, k.
 	}
 }
 
+// TestMigrateCurrentWaitsForNoWriter: a process that starts (Open, and
+// so Migrate) while another holds a write transaction open on the store's
+// tables, as one stalled mid-transaction does, starts at once, because a
+// schema that is already this build's gets no DDL. On PostgreSQL, CREATE
+// INDEX IF NOT EXISTS of an existing index waited for that transaction,
+// and every writer after it waited behind.
+func TestMigrateCurrentWaitsForNoWriter(t *testing.T) {
+	dsn := testDSN(t)
+	cfg := Config{DSN: dsn, Schema: newSchema(t, dsn)}
+	s := open(t, cfg)
+	defer s.Close()
+	ctx := t.Context()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// Statements that write nothing still take the tables' write locks,
+	// which a transaction keeps until it ends.
+	for _, stmt := range []string{
+		"UPDATE " + s.table + " SET seq = seq WHERE false",
+		"DELETE FROM " + s.journal + " WHERE false",
+		"INSERT INTO " + s.rateTable() + " (bucket, tat) VALUES ('held', now())",
+	} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	// Far longer than a start takes; the old Migrate waited for good.
+	octx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	s2, err := Open(octx, cfg)
+	if err != nil {
+		t.Fatalf("Open while another session's write transaction is open = %v; want it to start without waiting for that transaction", err)
+	}
+	defer s2.Close()
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "k"}
+	if _, err := s2.Admit(octx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized}}); err != nil {
+		t.Errorf("Admit through the new store while the transaction is open = %v", err)
+	}
+}
+
 // TestMigrateDropsObsoleteIndexes: the full status indexes an older build
 // created are reported by the checker and dropped by the next Migrate,
 // which leaves the rows and the current indexes as they were.
