@@ -855,15 +855,22 @@ ON CONFLICT (id) DO UPDATE SET
 RETURNING tenant_ids, idempotency_keys, epochs, seqs, from_seqs`),
 		// Through the created_at index. The oldest entries while the
 		// calls listed before each number under limit: at most limit
-		// entries are read, since each lists a call at least. Of two
-		// sweeps taking one entry, one deletes (and reverts) it; the
-		// other finds it gone. older_us * INTERVAL as in claim.
+		// entries are read, since each lists a call at least. An entry
+		// another transaction holds (a sweep or its writer settling it)
+		// is passed over, not waited for: that transaction settles it,
+		// or leaves it to a later sweep if it does not commit. Waiting
+		// made a sweep, and the executor step it runs in, wait as long
+		// as a stalled process kept its transaction open, while every
+		// other executor's sweep queued on the same oldest entries.
+		// SKIP LOCKED: PostgreSQL 9.5, CockroachDB 22.2. older_us *
+		// INTERVAL as in claim.
 		journalTakeStale: r.Replace(`DELETE FROM {journal}
 WHERE id IN (SELECT id
              FROM (SELECT id, sum(cardinality(idempotency_keys)) OVER (ORDER BY created_at, id) - cardinality(idempotency_keys) AS before
                    FROM (SELECT id, created_at, idempotency_keys FROM {journal}
                          WHERE created_at < now() - $1::BIGINT * INTERVAL '1 microsecond'
-                         ORDER BY created_at, id LIMIT $2::BIGINT) AS oldest) AS counted
+                         ORDER BY created_at, id LIMIT $2::BIGINT
+                         FOR UPDATE SKIP LOCKED) AS oldest) AS counted
              WHERE before < $2::BIGINT)
 RETURNING tenant_ids, idempotency_keys, epochs, seqs, from_seqs`),
 		// Every record the completion applied to (same epoch; a fenced-out

@@ -1051,3 +1051,60 @@ func TestAdmitSeesAConcurrentAdmission(t *testing.T) {
 		})
 	}
 }
+
+// TestUnloggedPassesOverHeldJournalEntries: the sweep of stale journal
+// entries passes over an entry another transaction holds (a process
+// stalled while it settles the entry) instead of waiting for it: the
+// others are settled and their calls listed, and the held one is taken
+// by a later sweep once its holder ended without deleting it.
+func TestUnloggedPassesOverHeldJournalEntries(t *testing.T) {
+	dsn := testDSN(t)
+	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn)})
+	defer s.Close()
+	ctx := t.Context()
+	held, free := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "held"}, ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "free"}
+	for _, k := range []ledger.CallKey{held, free} {
+		admitAuthorized(t, s, k)
+		res, err := s.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour, Logged: 2}})
+		if err != nil || res[0].Outcome != processors.Claimed {
+			t.Fatalf("Claim(%v) = %+v, %v; want claimed", k, res, err)
+		}
+		c := processors.Completion{Key: k, Epoch: res[0].Record.Epoch, Status: processors.StatusSucceeded, Attempt: 1, Result: []byte(`{}`),
+			Seq: 4, Outbox: []byte(`[]`), Journal: "step-" + k.IdempotencyKey, From: 2}
+		if applied, err := s.Complete(ctx, []processors.Completion{c}); err != nil || !applied[0] {
+			t.Fatalf("Complete(%v) = %v, %v; want applied", k, applied, err)
+		}
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SELECT id FROM "+s.journal+" WHERE id = 'step-held' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // both entries older than the sweep's 1 ms
+	// Far longer than a sweep takes; the old sweep waited for the holder.
+	sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	got, err := s.Unlogged(sctx, time.Millisecond, processors.Cursor{}, 100)
+	if err != nil {
+		t.Fatalf("Unlogged while another transaction holds a stale entry = %v; want the sweep to pass over it", err)
+	}
+	if len(got) != 1 || got[0].Key != free || got[0].LoggedSeq != 2 {
+		t.Errorf("Unlogged while step-held is held = %+v; want %v alone, reverted to logged seq 2", got, free)
+	}
+	if r, err := s.Get(ctx, held); err != nil || r.LoggedSeq != 4 {
+		t.Errorf("Get(%v) while its entry is held = %+v, %v; want logged seq 4 (not reverted)", held, r, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.Unlogged(ctx, time.Millisecond, processors.Cursor{}, 100)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("Unlogged after the holder ended = %+v, %v; want both calls", got, err)
+	}
+	if r, err := s.Get(ctx, held); err != nil || r.LoggedSeq != 2 {
+		t.Errorf("Get(%v) after the holder ended = %+v, %v; want logged seq 2 (reverted)", held, r, err)
+	}
+}
