@@ -141,7 +141,11 @@ var checkedColumns = map[string][]string{
 
 // Schema reads the schema, in a READ ONLY transaction.
 func (c *Checker) Schema(ctx context.Context) (SchemaStatus, error) {
-	return readSchema(ctx, c.conn, c.schema)
+	srv, err := c.Server(ctx)
+	if err != nil {
+		return SchemaStatus{}, err
+	}
+	return readSchema(ctx, c.conn, c.schema, srv.CockroachDB)
 }
 
 // txBeginner is what readSchema reads through: one connection, or a pool.
@@ -152,8 +156,10 @@ type txBeginner interface {
 // readSchema reads the schema of schema ("": the session's
 // current_schema()) in a READ ONLY transaction on db. It reads only the
 // catalogs, so it takes no lock on the tables themselves and waits for no
-// writer.
-func readSchema(ctx context.Context, db txBeginner, schema string) (SchemaStatus, error) {
+// writer. On PostgreSQL (crdb false) an index left invalid by a
+// CREATE INDEX CONCURRENTLY that failed counts as missing: queries cannot
+// use it, and Migrate builds it again.
+func readSchema(ctx context.Context, db txBeginner, schema string, crdb bool) (SchemaStatus, error) {
 	var st SchemaStatus
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
@@ -214,15 +220,32 @@ WHERE table_schema = $1 AND table_name = ANY($2::TEXT[])`, st.Schema, tables)
 	if err != nil {
 		return st, fmt.Errorf("pgstore: check schema: read indexes: %w", err)
 	}
+	valid := slices.Clone(indexes)
+	if !crdb {
+		rows, err = tx.Query(ctx, `SELECT c.relname FROM pg_catalog.pg_index AS i
+JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND NOT i.indisvalid`, st.Schema)
+		if err != nil {
+			return st, fmt.Errorf("pgstore: check schema: read invalid indexes: %w", err)
+		}
+		invalid, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return st, fmt.Errorf("pgstore: check schema: read invalid indexes: %w", err)
+		}
+		valid = slices.DeleteFunc(valid, func(ix string) bool { return slices.Contains(invalid, ix) })
+	}
 	want := []string{leaseIndexName, statusIndexName, tenantStatusIndexName, unloggedIndexName}
 	if have[journalTableName] != nil {
 		want = append(want, journalIndexName)
 	}
 	for _, ix := range want {
-		if !slices.Contains(indexes, ix) {
+		if !slices.Contains(valid, ix) {
 			st.MissingIndexes = append(st.MissingIndexes, ix)
 		}
 	}
+	// An obsolete index that a failed DROP INDEX CONCURRENTLY left invalid
+	// is still written on every write: obsolete all the same.
 	for _, ix := range obsoleteIndexes {
 		if slices.Contains(indexes, ix) {
 			st.ObsoleteIndexes = append(st.ObsoleteIndexes, ix)

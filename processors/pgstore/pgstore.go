@@ -43,6 +43,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"regexp"
@@ -293,15 +294,120 @@ func noSeqScans(ctx context.Context, conn *pgx.Conn) error {
 // starting while another was stalled inside a transaction (a paused
 // executor, a long GC) stopped every writer of the store until the
 // stalled one went on.
+//
+// For the same reason, on PostgreSQL an index added to a table that
+// already exists (an upgrade) is built CONCURRENTLY, and an obsolete one
+// dropped so: writes go on while it builds, where a plain CREATE INDEX
+// blocked them for as long as it read the table. One process migrates at
+// a time (an advisory lock on a session of its own, since CONCURRENTLY
+// runs outside transactions), so that an index another process is still
+// building is never taken for one a failed build left invalid, which is
+// dropped and built again. CockroachDB builds and drops indexes online.
 func (s *Store) Migrate(ctx context.Context) error {
-	st, err := readSchema(ctx, s.pool, s.schemaName)
+	st, err := readSchema(ctx, s.pool, s.schemaName, s.crdb)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	if st.Current() && len(st.ObsoleteIndexes) == 0 {
 		return nil
 	}
-	ddl := strings.NewReplacer(
+	if s.crdb {
+		return s.applySchema(ctx, s.pool, st)
+	}
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	// Out of the pool: closing it releases the lock, whatever happened.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := s.lockMigration(ctx, conn, st.Schema); err != nil {
+		return err
+	}
+	// Another process may have migrated while this one waited.
+	if st, err = readSchema(ctx, conn, s.schemaName, false); err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if st.Current() && len(st.ObsoleteIndexes) == 0 {
+		return nil
+	}
+	return s.applySchema(ctx, conn, st)
+}
+
+// ddlConn is what a migration runs its statements on: the pool, or on
+// PostgreSQL the session that holds the migration lock.
+type ddlConn interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// lockMigration takes the migration lock on conn, polling for it: a
+// session blocked in pg_advisory_lock would hold a snapshot while it
+// waits, and a CREATE INDEX CONCURRENTLY of the holder waits for every
+// older snapshot, so the two would deadlock.
+func (s *Store) lockMigration(ctx context.Context, conn *pgx.Conn, schema string) error {
+	key := migrateLockKey(schema)
+	for waited := false; ; waited = true {
+		var ok bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&ok); err != nil {
+			return fmt.Errorf("pgstore: migrate: take the migration lock: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		if !waited {
+			s.log.Info("execution store: another process is migrating the schema; waiting for it")
+		}
+		select {
+		case <-time.After(100*time.Millisecond + rand.N(100*time.Millisecond)):
+		case <-ctx.Done():
+			return fmt.Errorf("pgstore: migrate: wait for another process's migration: %w", ctx.Err())
+		}
+	}
+}
+
+// migrateLockKey is the advisory lock of the migrations of the tables in
+// schema (as readSchema resolved it, so that a store named by its schema
+// and one that finds it through the search_path take the same lock): one
+// per schema, so that stores in other schemas migrate side by side.
+func migrateLockKey(schema string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("toolcall-ledger pgstore migrate " + schema))
+	return int64(h.Sum64())
+}
+
+// schemaIndex matches an index's statement in schema.sql: its name's and
+// its table's placeholders.
+var schemaIndex = regexp.MustCompile(`CREATE INDEX IF NOT EXISTS (\{\w+\}) ON (\{\w+\})`)
+
+// schemaPlaceholders name the tables and indexes of schema.sql's
+// placeholders.
+var schemaPlaceholders = map[string]string{
+	"{table}":               tableName,
+	"{journal}":             journalTableName,
+	"{lease_index}":         leaseIndexName,
+	"{unlogged_index}":      unloggedIndexName,
+	"{status_index}":        statusIndexName,
+	"{tenant_status_index}": tenantStatusIndexName,
+	"{journal_index}":       journalIndexName,
+}
+
+// schemaIndexOf returns the index a statement of schema.sql creates and
+// its table, and whether it creates one; comments do not count.
+func schemaIndexOf(tmpl string) (index, table string, ok bool) {
+	m := schemaIndex.FindStringSubmatch(stripComments(tmpl))
+	if m == nil {
+		return "", "", false
+	}
+	index, iok := schemaPlaceholders[m[1]]
+	table, tok := schemaPlaceholders[m[2]]
+	return index, table, iok && tok
+}
+
+// applySchema runs schema.sql's statements that st says are needed, then
+// drops the obsolete indexes and widens the status check.
+func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) error {
+	r := strings.NewReplacer(
 		"{table}", s.table,
 		"{lease_index}", pgx.Identifier{leaseIndexName}.Sanitize(),
 		"{unlogged_index}", pgx.Identifier{unloggedIndexName}.Sanitize(),
@@ -312,21 +418,44 @@ func (s *Store) Migrate(ctx context.Context) error {
 		"{rate_limits}", s.rateTable(),
 		"{journal}", s.journal,
 		"{journal_index}", pgx.Identifier{journalIndexName}.Sanitize(),
-	).Replace(schemaSQL)
-	stmts := strings.Split(ddl, ";\n")
+	)
+	var stmts []string
 	if s.schema != "" {
-		stmts = append([]string{"CREATE SCHEMA IF NOT EXISTS " + s.schema}, stmts...)
+		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+s.schema)
+	}
+	for _, tmpl := range strings.Split(schemaSQL, ";\n") {
+		stmt := r.Replace(tmpl)
+		index, table, ok := schemaIndexOf(tmpl)
+		if !ok || slices.Contains(st.MissingTables, table) {
+			// Not an index, or one of a table this run creates:
+			// empty, so a plain CREATE INDEX costs nothing.
+			stmts = append(stmts, stmt)
+			continue
+		}
+		if !slices.Contains(st.MissingIndexes, index) {
+			continue // there, and valid
+		}
+		// It reads the whole table: say so before, not after.
+		s.log.Info("execution store: adding an index to an existing table", "index", index, "table", table, "concurrently", !s.crdb)
+		if !s.crdb {
+			// One a failed build left invalid goes first; IF NOT
+			// EXISTS would keep it.
+			stmts = append(stmts, s.dropIndex(st.Schema, index))
+			stmt = strings.Replace(stmt, "CREATE INDEX IF NOT EXISTS", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1)
+		}
+		stmts = append(stmts, stmt)
 	}
 	// One statement at a time, each idempotent, rather than one
 	// multi-statement transaction: CockroachDB advises against schema
-	// changes inside explicit or multi-statement transactions.
+	// changes inside explicit or multi-statement transactions, and
+	// PostgreSQL runs CONCURRENTLY only outside them.
 	for _, stmt := range stmts {
 		if strings.TrimSpace(stripComments(stmt)) == "" {
 			continue
 		}
 		var err error
 		for range 3 {
-			_, err = s.pool.Exec(ctx, stmt)
+			_, err = db.Exec(ctx, stmt)
 			// PostgreSQL's IF NOT EXISTS is not atomic against a
 			// concurrent creator of the same object: the loser sees a
 			// duplicate (23505 on the catalog, 42P07 relation, 42P06
@@ -340,36 +469,35 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return fmt.Errorf("pgstore: migrate: %w", err)
 		}
 	}
-	if err := s.dropObsoleteIndexes(ctx); err != nil {
-		return err
-	}
-	return s.migrateStatusCheck(ctx)
-}
-
-// dropObsoleteIndexes drops the indexes of obsoleteIndexes, after their
-// replacements exist. Until then a table an older build created keeps
-// paying for them on every write. An older build still running during a
-// rolling upgrade works without them: its Expired matches the new lease
-// index, and its ByStatus scans.
-//
-// The two engines name an index differently in DROP INDEX: PostgreSQL as
-// schema.index, CockroachDB as table@index.
-func (s *Store) dropObsoleteIndexes(ctx context.Context) error {
-	for _, name := range obsoleteIndexes {
-		var stmt string
-		switch {
-		case s.crdb:
-			stmt = "DROP INDEX IF EXISTS " + s.table + "@" + pgx.Identifier{name}.Sanitize()
-		case s.schema != "":
-			stmt = "DROP INDEX IF EXISTS " + s.schema + "." + pgx.Identifier{name}.Sanitize()
-		default:
-			stmt = "DROP INDEX IF EXISTS " + pgx.Identifier{name}.Sanitize()
-		}
-		if _, err := s.pool.Exec(ctx, stmt); err != nil {
+	// The obsolete indexes go once their replacements exist. Until then
+	// a table an older build created keeps paying for them on every
+	// write. An older build still running during a rolling upgrade works
+	// without them: its Expired matches the new lease index, and its
+	// ByStatus scans.
+	for _, name := range st.ObsoleteIndexes {
+		if _, err := db.Exec(ctx, s.dropIndex(st.Schema, name)); err != nil {
 			return fmt.Errorf("pgstore: migrate: drop the obsolete index %s: %w", name, err)
 		}
 	}
-	return nil
+	return s.migrateStatusCheck(ctx, db)
+}
+
+// dropIndex is the statement that drops the index name of s's tables, in
+// schema as readSchema resolved it, if it exists: CONCURRENTLY on
+// PostgreSQL, so that writes go on meanwhile. PostgreSQL names the index
+// schema.index, qualified always: unqualified, DROP INDEX looks through
+// the whole search_path, and would drop another store's index of the same
+// name further down it. CockroachDB names it table@index.
+func (s *Store) dropIndex(schema, name string) string {
+	switch {
+	case s.crdb:
+		return "DROP INDEX IF EXISTS " + s.table + "@" + pgx.Identifier{name}.Sanitize()
+	case schema != "":
+		return "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, name}.Sanitize()
+	default:
+		// No schema of the search_path exists: neither does the index.
+		return "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{name}.Sanitize()
+	}
 }
 
 // migrateStatusCheck widens the status CHECK of an existing table, which
@@ -392,7 +520,7 @@ func (s *Store) dropObsoleteIndexes(ctx context.Context) error {
 // the table has no status check (the stores check statuses before writing
 // anyway). A concurrent Migrate that added it first makes the ADD fail
 // with 42710; the definition is then read again.
-func (s *Store) migrateStatusCheck(ctx context.Context) error {
+func (s *Store) migrateStatusCheck(ctx context.Context, db ddlConn) error {
 	// pg_constraint and pg_get_constraintdef exist on both engines; they
 	// print the expression differently (PostgreSQL status = ANY
 	// (ARRAY['a'::text, ...]), CockroachDB status IN ('a':::STRING, ...)),
@@ -404,7 +532,7 @@ WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 		// NULL: pg_get_constraintdef found the row gone (a concurrent
 		// Migrate dropped it after this query's catalog snapshot).
 		var def pgtype.Text
-		err := s.pool.QueryRow(ctx, read, s.table, statusCheckName).Scan(&def)
+		err := db.QueryRow(ctx, read, s.table, statusCheckName).Scan(&def)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Missing (dropped by hand, or a concurrent Migrate is between
@@ -428,7 +556,7 @@ WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 			"ALTER TABLE " + s.table + " ADD CONSTRAINT " + constraint + " CHECK (status IN (" + quoteStatuses(want) + "))",
 		}
 		for _, stmt := range stmts {
-			if _, err = s.pool.Exec(ctx, stmt); err != nil {
+			if _, err = db.Exec(ctx, stmt); err != nil {
 				break
 			}
 		}

@@ -8,7 +8,10 @@
 -- {listed_statuses} with that of the statuses ByStatus serves through an
 -- index. Migrate then drops the indexes older
 -- builds created in their place (pgstore.obsoleteIndexes). Statements
--- end with ";" at the end of a line: Migrate runs them one by one.
+-- end with ";" at the end of a line: Migrate runs them one by one, and
+-- only those whose object is missing. An index's statement must read
+-- "CREATE INDEX IF NOT EXISTS {name} ON {table}": Migrate recognises it
+-- so, and on PostgreSQL makes it CONCURRENTLY for a table that exists.
 --
 -- Integers are BIGINT everywhere: CockroachDB's INT is 64-bit, PostgreSQL's
 -- is 32-bit; BIGINT means the same on both.
@@ -57,9 +60,10 @@ CREATE INDEX IF NOT EXISTS {lease_index} ON {table} (lease_until) WHERE status =
 -- call passes through or ends in (authorized, executing, succeeded,
 -- failed, denied) are left out, so a call's hot path writes no entry
 -- here. ByStatus of a status outside the list is answered by a scan.
--- Added to existing tables by the next Migrate: on PostgreSQL, CREATE
--- INDEX blocks writes to the table while it builds; on CockroachDB it is
--- an online schema change.
+-- Added to existing tables by the next Migrate: on PostgreSQL built
+-- CONCURRENTLY (writes go on, the build reads the table twice and waits
+-- for the transactions open when it starts); on CockroachDB it is an
+-- online schema change.
 CREATE INDEX IF NOT EXISTS {status_index} ON {table} (status, updated_at) WHERE status IN ({listed_statuses});
 
 -- TenantByStatus: one tenant's records in one of the listed statuses, in

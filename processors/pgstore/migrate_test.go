@@ -1,0 +1,193 @@
+package pgstore
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors"
+)
+
+// openWithoutIndex opens a store in a fresh schema and drops its tenant
+// status index, as a table the build before that index left it; it skips
+// the test on CockroachDB, which builds indexes online whatever Migrate
+// asks.
+func openWithoutIndex(t *testing.T) (*Store, Config) {
+	t.Helper()
+	dsn := testDSN(t)
+	cfg := Config{DSN: dsn, Schema: newSchema(t, dsn)}
+	s := open(t, cfg)
+	t.Cleanup(func() { s.Close() })
+	if s.CockroachDB() {
+		t.Skip("PostgreSQL's index builds: CockroachDB's are online schema changes")
+	}
+	drop := "DROP INDEX " + pgx.Identifier{cfg.Schema, tenantStatusIndexName}.Sanitize()
+	if _, err := s.pool.Exec(t.Context(), drop); err != nil {
+		t.Fatalf("%s: %v", drop, err)
+	}
+	return s, cfg
+}
+
+// holdWrite opens a transaction on s's pool that keeps a write lock on
+// its records table until the returned function ends it, as a process
+// stalled inside a transaction does; the test's end ends it too, before
+// the store is closed (which would wait for it).
+func holdWrite(t *testing.T, s *Store) func() {
+	t.Helper()
+	ctx := t.Context()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	t.Cleanup(release)
+	if _, err := tx.Exec(ctx, "UPDATE "+s.table+" SET seq = seq WHERE false"); err != nil {
+		t.Fatal(err)
+	}
+	return release
+}
+
+// TestMigrateBuildsIndexConcurrently: an index added to a table that
+// exists is built without blocking writes. While another transaction is
+// open on the table, the migration waits for it, and meanwhile a write
+// through another session goes through; once the transaction ends the
+// migration completes with the index valid. A plain CREATE INDEX queued
+// for a SHARE lock behind the open transaction, and every write queued
+// behind it.
+func TestMigrateBuildsIndexConcurrently(t *testing.T) {
+	s, cfg := openWithoutIndex(t)
+	ctx := t.Context()
+	release := holdWrite(t, s)
+	defer release()
+
+	migrated := make(chan error, 1)
+	go func() {
+		s2, err := Open(ctx, cfg)
+		if err == nil {
+			s2.Close()
+		}
+		migrated <- err
+	}()
+	waitForLock(t, s, "CREATE INDEX")
+
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "during"}
+	if _, err := s.Admit(wctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusPending}}); err != nil {
+		t.Fatalf("Admit while the index builds = %v; want the write to go on", err)
+	}
+	release()
+	// The build also waits for every older transaction in the database,
+	// other tests' included: a budget of its own, generous.
+	select {
+	case err := <-migrated:
+		if err != nil {
+			t.Fatalf("Open (migrating) = %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the migration did not end within 2 minutes of the open transaction's end")
+	}
+	if st, err := newChecker(t, cfg).Schema(ctx); err != nil || !st.Current() {
+		t.Errorf("Schema() after the migration = %+v, %v; want current", st, err)
+	}
+	if got, err := s.TenantByStatus(ctx, "t_acme", processors.StatusPending, 10); err != nil || len(got) != 1 || got[0].Key != k {
+		t.Errorf("TenantByStatus(t_acme) after the migration = %v, %v; want the call admitted during it", got, err)
+	}
+}
+
+// TestMigrateRebuildsInvalidIndex: an index that a CONCURRENTLY build left
+// invalid (here: cancelled while it waited) counts as missing, and the
+// next migration drops it and builds it again; IF NOT EXISTS alone would
+// keep the invalid one, which no query can use, for good.
+func TestMigrateRebuildsInvalidIndex(t *testing.T) {
+	s, cfg := openWithoutIndex(t)
+	ctx := t.Context()
+	release := holdWrite(t, s)
+	conn, err := Connect(ctx, cfg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	build := "CREATE INDEX CONCURRENTLY " + pgx.Identifier{tenantStatusIndexName}.Sanitize() + " ON " + s.table + " (tenant_id)"
+	if _, err := conn.Exec(ctx, "SET statement_timeout = '300ms'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, build); err == nil {
+		t.Fatalf("%s with a transaction open and a 300 ms timeout succeeded; want it cancelled, leaving the index invalid", build)
+	}
+	release()
+	var valid bool
+	err = conn.QueryRow(ctx, `SELECT i.indisvalid FROM pg_catalog.pg_index AS i
+JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`, cfg.Schema, tenantStatusIndexName).Scan(&valid)
+	if err != nil || valid {
+		t.Fatalf("the cancelled build's index: valid %v, %v; want an invalid index left", valid, err)
+	}
+	c := newChecker(t, cfg)
+	if st, err := c.Schema(ctx); err != nil || !slices.Equal(st.MissingIndexes, []string{tenantStatusIndexName}) {
+		t.Fatalf("Schema() with the index invalid = %+v, %v; want it missing", st, err)
+	}
+	open(t, cfg).Close() // migrates
+	st, err := c.Schema(ctx)
+	if err != nil || !st.Current() {
+		t.Fatalf("Schema() after the migration = %+v, %v; want current", st, err)
+	}
+	var def string
+	if err := conn.QueryRow(ctx, "SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname = $2", cfg.Schema, tenantStatusIndexName).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	if want := "(tenant_id, status, updated_at, idempotency_key)"; !strings.Contains(def, want) {
+		t.Errorf("index after the migration = %q; want schema.sql's, on %s", def, want)
+	}
+}
+
+// TestSchemaIndexes: Migrate recognises every index statement of
+// schema.sql (to skip one that exists and build a missing one
+// CONCURRENTLY), and nothing else, comments included, as one.
+func TestSchemaIndexes(t *testing.T) {
+	var got []string
+	creates := 0
+	for _, tmpl := range strings.Split(schemaSQL, ";\n") {
+		if strings.Contains(stripComments(tmpl), "CREATE INDEX") {
+			creates++
+		}
+		if index, table, ok := schemaIndexOf(tmpl); ok {
+			got = append(got, table+"."+index)
+		}
+	}
+	want := []string{tableName + "." + leaseIndexName, tableName + "." + statusIndexName, tableName + "." + tenantStatusIndexName,
+		tableName + "." + unloggedIndexName, journalTableName + "." + journalIndexName}
+	if !slices.Equal(got, want) || creates != len(want) {
+		t.Errorf("index statements recognised in schema.sql = %v (of %d CREATE INDEX); want %v", got, creates, want)
+	}
+	if _, _, ok := schemaIndexOf("-- CREATE INDEX IF NOT EXISTS {lease_index} ON {table}\nCREATE TABLE IF NOT EXISTS {table} (a BIGINT)"); ok {
+		t.Error("a statement whose comment reads like an index statement was taken for one")
+	}
+}
+
+// TestMigrateDropsOnlyItsOwnIndex: a store that finds its schema through
+// the search_path (no Config.Schema), missing an index that a store in a
+// schema further down the search_path has, builds its own and leaves the
+// other's alone. Unqualified, the DROP INDEX that clears an invalid build
+// first found the other schema's index of the same name and dropped it.
+func TestMigrateDropsOnlyItsOwnIndex(t *testing.T) {
+	mine, cfg := openWithoutIndex(t)
+	mine.Close()
+	dsn := testDSN(t)
+	other := Config{DSN: dsn, Schema: newSchema(t, dsn)}
+	open(t, other).Close()
+
+	path := Config{DSN: dsn + sep(dsn) + "search_path=" + cfg.Schema + "," + other.Schema}
+	open(t, path).Close() // migrates cfg.Schema, unqualified
+	for _, c := range []Config{cfg, other} {
+		if st, err := newChecker(t, c).Schema(t.Context()); err != nil || !st.Current() {
+			t.Errorf("schema %s after the unqualified store's migration = %+v, %v; want current", c.Schema, st, err)
+		}
+	}
+}
