@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -10,22 +11,30 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 )
 
-// openWithoutIndex opens a store in a fresh schema and drops its tenant
-// status index, as a table the build before that index left it; it skips
-// the test on CockroachDB, which builds indexes online whatever Migrate
-// asks.
-func openWithoutIndex(t *testing.T) (*Store, Config) {
+// openPG opens a store in a fresh schema for a test of how PostgreSQL
+// takes locks during a migration; it skips the test on CockroachDB, which
+// changes schemas online whatever Migrate asks.
+func openPG(t *testing.T) (*Store, Config) {
 	t.Helper()
 	dsn := testDSN(t)
 	cfg := Config{DSN: dsn, Schema: newSchema(t, dsn)}
 	s := open(t, cfg)
 	t.Cleanup(func() { s.Close() })
 	if s.CockroachDB() {
-		t.Skip("PostgreSQL's index builds: CockroachDB's are online schema changes")
+		t.Skip("PostgreSQL's locks during a migration: CockroachDB's schema changes are online")
 	}
+	return s, cfg
+}
+
+// openWithoutIndex opens a store with openPG and drops its tenant status
+// index, as a table the build before that index left it.
+func openWithoutIndex(t *testing.T) (*Store, Config) {
+	t.Helper()
+	s, cfg := openPG(t)
 	drop := "DROP INDEX " + pgx.Identifier{cfg.Schema, tenantStatusIndexName}.Sanitize()
 	if _, err := s.pool.Exec(t.Context(), drop); err != nil {
 		t.Fatalf("%s: %v", drop, err)
@@ -62,39 +71,7 @@ func holdWrite(t *testing.T, s *Store) func() {
 func TestMigrateBuildsIndexConcurrently(t *testing.T) {
 	s, cfg := openWithoutIndex(t)
 	ctx := t.Context()
-	release := holdWrite(t, s)
-	defer release()
-
-	migrated := make(chan error, 1)
-	go func() {
-		s2, err := Open(ctx, cfg)
-		if err == nil {
-			s2.Close()
-		}
-		migrated <- err
-	}()
-	waitForLock(t, s, "CREATE INDEX")
-
-	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "during"}
-	if _, err := s.Admit(wctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusPending}}); err != nil {
-		t.Fatalf("Admit while the index builds = %v; want the write to go on", err)
-	}
-	release()
-	// The build also waits for every older transaction in the database,
-	// other tests' included: a budget of its own, generous.
-	select {
-	case err := <-migrated:
-		if err != nil {
-			t.Fatalf("Open (migrating) = %v", err)
-		}
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the migration did not end within 2 minutes of the open transaction's end")
-	}
-	if st, err := newChecker(t, cfg).Schema(ctx); err != nil || !st.Current() {
-		t.Errorf("Schema() after the migration = %+v, %v; want current", st, err)
-	}
+	k := migrateWhileHeld(t, s, cfg, holdWrite(t, s), "the index builds", func() { waitForLock(t, s, "CREATE INDEX") })
 	if got, err := s.TenantByStatus(ctx, "t_acme", processors.StatusPending, 10); err != nil || len(got) != 1 || got[0].Key != k {
 		t.Errorf("TenantByStatus(t_acme) after the migration = %v, %v; want the call admitted during it", got, err)
 	}
@@ -190,4 +167,75 @@ func TestMigrateDropsOnlyItsOwnIndex(t *testing.T) {
 			t.Errorf("schema %s after the unqualified store's migration = %+v, %v; want current", c.Schema, st, err)
 		}
 	}
+}
+
+// TestMigrateStatusCheckStepsOutOfTheLockQueue: widening the status check
+// while another transaction is open on the table does not stop the
+// table's writes. The ALTER that needs the table's ACCESS EXCLUSIVE lock
+// gives up after a moment and tries again later; queued for good, it held
+// every later read and write behind it until the open transaction ended.
+func TestMigrateStatusCheckStepsOutOfTheLockQueue(t *testing.T) {
+	s, cfg := openPG(t)
+	ctx := t.Context()
+	// The check as a build with fewer statuses left it.
+	narrow := []string{
+		"ALTER TABLE " + s.table + " DROP CONSTRAINT " + statusCheckName,
+		"ALTER TABLE " + s.table + " ADD CONSTRAINT " + statusCheckName + " CHECK (status IN ('authorized', 'pending', 'executing', 'succeeded'))",
+	}
+	for _, stmt := range narrow {
+		if _, err := s.pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	release := holdWrite(t, s)
+	logs := &ledgertest.LogBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	migrateWhileHeld(t, s, cfg, release, "the status check waits for the table", func() {
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "waits for transactions on the table"); {
+			if time.Now().After(deadline) {
+				t.Fatalf("the migration never found the table held; its log:\n%s", logs.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+// migrateWhileHeld opens cfg, and so migrates it, while release's
+// transaction holds s's table: once waiting returns (the migration waits
+// for the table), a write through s must go through at once; then the
+// transaction ends, and the migration must end with the schema current.
+// It returns the key of the call written.
+func migrateWhileHeld(t *testing.T, s *Store, cfg Config, release func(), during string, waiting func()) ledger.CallKey {
+	t.Helper()
+	ctx := t.Context()
+	migrated := make(chan error, 1)
+	go func() {
+		s2, err := Open(ctx, cfg)
+		if err == nil {
+			s2.Close()
+		}
+		migrated <- err
+	}()
+	waiting()
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "during"}
+	if _, err := s.Admit(wctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusPending}}); err != nil {
+		t.Fatalf("Admit while %s = %v; want the write to go on", during, err)
+	}
+	release()
+	// An index build also waits for every older transaction in the
+	// database, other tests' included: a budget of its own, generous.
+	select {
+	case err := <-migrated:
+		if err != nil {
+			t.Fatalf("Open (migrating) = %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the migration did not end within 2 minutes of the open transaction's end")
+	}
+	if st, err := newChecker(t, cfg).Schema(ctx); err != nil || !st.Current() {
+		t.Errorf("Schema() after the migration = %+v, %v; want current", st, err)
+	}
+	return k
 }

@@ -514,12 +514,17 @@ func (s *Store) dropIndex(schema, name string) string {
 // To widen, it drops and re-adds the constraint, as two statements rather
 // than one ALTER TABLE with two subcommands, which CockroachDB's legacy
 // schema changer refuses for one constraint name (cockroachdb/cockroach
-// issue 96831). The cost, once per change of the list: the ADD validates
-// every row, a full scan under an ACCESS EXCLUSIVE lock on PostgreSQL (an
-// online schema change on CockroachDB), and between the two statements
-// the table has no status check (the stores check statuses before writing
-// anyway). A concurrent Migrate that added it first makes the ADD fail
-// with 42710; the definition is then read again.
+// issue 96831). The cost, once per change of the list: every row is
+// validated, and between the two statements the table has no status
+// check (the stores check statuses before writing anyway). On PostgreSQL
+// the ADD is NOT VALID, then VALIDATE CONSTRAINT scans the rows under a
+// lock that lets writes go on: an ADD that validated scanned the whole
+// table under an ACCESS EXCLUSIVE lock, which stops every read and write.
+// (A process that dies between the two leaves the check enforced on every
+// write but not marked validated: the rows met the narrower list before.)
+// On CockroachDB it is an online schema change. A concurrent Migrate that
+// added it first makes the ADD fail with 42710; the definition is then
+// read again.
 func (s *Store) migrateStatusCheck(ctx context.Context, db ddlConn) error {
 	// pg_constraint and pg_get_constraintdef exist on both engines; they
 	// print the expression differently (PostgreSQL status = ANY
@@ -551,22 +556,59 @@ WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 			return nil // have holds every status of ours, and nothing else
 		}
 		s.log.Info("execution store widening the status check", "old", def.String)
-		stmts := []string{
-			"ALTER TABLE " + s.table + " DROP CONSTRAINT IF EXISTS " + constraint,
-			"ALTER TABLE " + s.table + " ADD CONSTRAINT " + constraint + " CHECK (status IN (" + quoteStatuses(want) + "))",
+		drop := "ALTER TABLE " + s.table + " DROP CONSTRAINT IF EXISTS " + constraint
+		add := "ALTER TABLE " + s.table + " ADD CONSTRAINT " + constraint + " CHECK (status IN (" + quoteStatuses(want) + "))"
+		stmts := []string{drop, add}
+		if !s.crdb {
+			// VALIDATE's lock lets reads and writes go on: it may wait.
+			stmts = []string{withLockTimeout(drop), withLockTimeout(add + " NOT VALID"),
+				"ALTER TABLE " + s.table + " VALIDATE CONSTRAINT " + constraint}
 		}
 		for _, stmt := range stmts {
 			if _, err = db.Exec(ctx, stmt); err != nil {
 				break
 			}
 		}
-		if err == nil {
+		switch code := sqlState(err); {
+		case err == nil:
 			return nil
-		}
-		if sqlState(err) != "42710" || attempt == 3 {
+		case code == codeLockNotAvailable:
+			// Transactions on the table (a long one, or a process stalled
+			// inside one) hold it: step out of the lock queue, where
+			// every later read and write would wait behind this ALTER,
+			// and try again.
+			s.log.Info("execution store: the status check waits for transactions on the table to end", "attempt", attempt)
+			select {
+			case <-time.After(ddlLockRetry):
+			case <-ctx.Done():
+				return fmt.Errorf("pgstore: migrate: replace the status check: %w", ctx.Err())
+			}
+		case code != "42710" || attempt >= 3:
 			return fmt.Errorf("pgstore: migrate: replace the status check: %w", err)
 		}
 	}
+}
+
+// codeLockNotAvailable is PostgreSQL's lock_not_available: a statement
+// gave up waiting for a lock after lock_timeout.
+const codeLockNotAvailable = "55P03"
+
+// ddlLockTimeout bounds how long, on PostgreSQL, an ALTER TABLE of the
+// migration queues for its table's ACCESS EXCLUSIVE lock: while it waits,
+// every later read and write of the table waits behind it. Past it the
+// ALTER steps out and tries again ddlLockRetry later, so writes are held
+// up at most this long at a time, not for as long as the longest
+// transaction on the table lasts.
+const (
+	ddlLockTimeout = 100 * time.Millisecond
+	ddlLockRetry   = time.Second
+)
+
+// withLockTimeout returns stmt, a PostgreSQL statement, bounded by
+// ddlLockTimeout: sent as one query, the two run in one implicit
+// transaction, so SET LOCAL ends with it.
+func withLockTimeout(stmt string) string {
+	return fmt.Sprintf("SET LOCAL lock_timeout = '%dms'; %s", ddlLockTimeout.Milliseconds(), stmt)
 }
 
 // quoteStatuses is the SQL list of ss: 'a', 'b'.

@@ -355,6 +355,12 @@ VALUES ('t_acme', 'old', 'c', 'h', 'x', 1, 'succeeded', now(), now())`,
 	if _, err := s.pool.Exec(ctx, "UPDATE "+s.table+" SET status = 'bogus'"); sqlState(err) != "23514" {
 		t.Errorf("UPDATE to an unknown status after Migrate = %v; want a check violation (23514)", err)
 	}
+	// Checked against the rows there, not only against later writes
+	// (on PostgreSQL it is added NOT VALID, then validated).
+	var validated bool
+	if err := s.pool.QueryRow(ctx, "SELECT convalidated FROM pg_catalog.pg_constraint WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2", s.table, statusCheckName).Scan(&validated); err != nil || !validated {
+		t.Errorf("the widened status check: validated %v, %v; want validated", validated, err)
+	}
 
 	// Up to date now: Migrate does not replace the constraint again (its
 	// oid would change).
