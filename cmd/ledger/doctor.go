@@ -921,6 +921,9 @@ func storeSchemaCheck(st pgstore.SchemaStatus, err error) checkResult {
 		if st.MissingStatusCheck {
 			missing = append(missing, "the status check")
 		}
+		if st.UnvalidatedStatusCheck {
+			missing = append(missing, "a validated status check (a migration stopped before validating it)")
+		}
 		for _, s := range st.MissingStatuses {
 			missing = append(missing, "status "+string(s))
 		}

@@ -525,6 +525,7 @@ func TestDoctorStoreSchemaJudgement(t *testing.T) {
 	}{
 		{"current", pgstore.SchemaStatus{Schema: "s"}, statusOK, []string{"schema s"}},
 		{"missing index", pgstore.SchemaStatus{Schema: "s", MissingIndexes: []string{"ix_a"}}, statusFail, []string{"ix_a", "ledger migrate"}},
+		{"unvalidated status check", pgstore.SchemaStatus{Schema: "s", UnvalidatedStatusCheck: true}, statusFail, []string{"validated status check", "ledger migrate"}},
 		{"obsolete indexes", pgstore.SchemaStatus{Schema: "s", ObsoleteIndexes: []string{"ix_old", "ix_older"}}, statusWarn, []string{"ix_old, ix_older", "ledger migrate"}},
 		{"newer statuses", pgstore.SchemaStatus{Schema: "s", NewerStatuses: []string{"later"}}, statusWarn, []string{"later"}},
 	} {

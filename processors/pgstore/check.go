@@ -109,6 +109,11 @@ type SchemaStatus struct {
 	// MissingStatusCheck is whether the execution records table has no
 	// status CHECK constraint (Migrate adds it).
 	MissingStatusCheck bool
+	// UnvalidatedStatusCheck is whether, on PostgreSQL, the status check
+	// was added NOT VALID and never validated (a migration that stopped
+	// halfway): new writes are checked, the rows before it were not.
+	// Migrate validates it.
+	UnvalidatedStatusCheck bool
 	// MissingStatuses are the statuses of processors.Statuses that the
 	// status check refuses: a table an older build created, which
 	// Migrate widens.
@@ -128,7 +133,7 @@ func (s SchemaStatus) Migrated() bool {
 // creates.
 func (s SchemaStatus) Current() bool {
 	return len(s.MissingTables) == 0 && len(s.MissingColumns) == 0 && len(s.MissingIndexes) == 0 &&
-		!s.MissingStatusCheck && len(s.MissingStatuses) == 0
+		!s.MissingStatusCheck && !s.UnvalidatedStatusCheck && len(s.MissingStatuses) == 0
 }
 
 // checkedColumns are the tables of schema.sql and the columns the store's
@@ -252,11 +257,12 @@ WHERE n.nspname = $1 AND NOT i.indisvalid`, st.Schema)
 		}
 	}
 
-	// The same reading of the constraint as migrateStatusCheck.
-	const read = `SELECT pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
-WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 	var def pgtype.Text
-	err = tx.QueryRow(ctx, read, pgx.Identifier{st.Schema, tableName}.Sanitize(), statusCheckName).Scan(&def)
+	validated := true
+	err = tx.QueryRow(ctx, readStatusCheck, pgx.Identifier{st.Schema, tableName}.Sanitize(), statusCheckName).Scan(&def, &validated)
+	// CockroachDB shows it not validated while the ADD's schema change
+	// validates it.
+	st.UnvalidatedStatusCheck = err == nil && !validated && !crdb
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		st.MissingStatusCheck = true

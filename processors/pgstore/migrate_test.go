@@ -239,3 +239,25 @@ func migrateWhileHeld(t *testing.T, s *Store, cfg Config, release func(), during
 	}
 	return k
 }
+
+// TestMigrateValidatesAnUnvalidatedCheck: a status check that a migration
+// added NOT VALID and never validated (it stopped halfway) is reported
+// (not current) and validated by the next migration; it was taken as
+// current for good, its rows never checked.
+func TestMigrateValidatesAnUnvalidatedCheck(t *testing.T) {
+	s, cfg := openPG(t)
+	ctx := t.Context()
+	halfway := "ALTER TABLE " + s.table + " DROP CONSTRAINT " + statusCheckName + ", ADD CONSTRAINT " + statusCheckName +
+		" CHECK (status IN (" + quoteStatuses(processors.Statuses) + ")) NOT VALID"
+	if _, err := s.pool.Exec(ctx, halfway); err != nil {
+		t.Fatalf("%s: %v", halfway, err)
+	}
+	c := newChecker(t, cfg)
+	if st, err := c.Schema(ctx); err != nil || !st.UnvalidatedStatusCheck || st.Current() {
+		t.Fatalf("Schema() with the check not validated = %+v, %v; want it reported, not current", st, err)
+	}
+	open(t, cfg).Close() // migrates
+	if st, err := c.Schema(ctx); err != nil || st.UnvalidatedStatusCheck || !st.Current() {
+		t.Errorf("Schema() after the migration = %+v, %v; want the check validated, current", st, err)
+	}
+}

@@ -511,33 +511,32 @@ func (s *Store) dropIndex(schema, name string) string {
 // build, and dropping them during a rolling upgrade would refuse that
 // build's writes.
 //
-// To widen, it drops and re-adds the constraint, as two statements rather
-// than one ALTER TABLE with two subcommands, which CockroachDB's legacy
-// schema changer refuses for one constraint name (cockroachdb/cockroach
-// issue 96831). The cost, once per change of the list: every row is
-// validated, and between the two statements the table has no status
-// check (the stores check statuses before writing anyway). On PostgreSQL
-// the ADD is NOT VALID, then VALIDATE CONSTRAINT scans the rows under a
-// lock that lets writes go on: an ADD that validated scanned the whole
-// table under an ACCESS EXCLUSIVE lock, which stops every read and write.
-// (A process that dies between the two leaves the check enforced on every
-// write but not marked validated: the rows met the narrower list before.)
-// On CockroachDB it is an online schema change. A concurrent Migrate that
-// added it first makes the ADD fail with 42710; the definition is then
-// read again.
+// To widen, it drops and re-adds the constraint; every row is validated,
+// once per change of the list. A concurrent Migrate that added it first
+// makes the ADD fail with 42710; the definition is then read again. On
+// CockroachDB the two are statements of their own rather than one ALTER
+// TABLE with two subcommands, which its legacy schema changer refuses for
+// one constraint name (cockroachdb/cockroach issue 96831): between them
+// the table has no status check (the stores check statuses before writing
+// anyway), and the ADD is an online schema change.
+//
+// On PostgreSQL it is one ALTER TABLE (there, the DROP subcommand runs
+// before the ADD, so the swap has no gap), adding the constraint NOT
+// VALID; then VALIDATE CONSTRAINT scans the rows under a lock that lets
+// reads and writes go on. An ADD that validated scanned the whole table
+// under an ACCESS EXCLUSIVE lock, which stops every read and write. A
+// constraint left not validated (a process that died before VALIDATE, a
+// VALIDATE that failed) is validated by the next Migrate; readSchema
+// reports it meanwhile.
 func (s *Store) migrateStatusCheck(ctx context.Context, db ddlConn) error {
-	// pg_constraint and pg_get_constraintdef exist on both engines; they
-	// print the expression differently (PostgreSQL status = ANY
-	// (ARRAY['a'::text, ...]), CockroachDB status IN ('a':::STRING, ...)),
-	// so only the quoted literals are compared.
-	const read = `SELECT pg_get_constraintdef(oid) FROM pg_catalog.pg_constraint
-WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 	constraint := pgx.Identifier{statusCheckName}.Sanitize()
-	for attempt := 1; ; attempt++ {
+	validate := "ALTER TABLE " + s.table + " VALIDATE CONSTRAINT " + constraint
+	for duplicates, waits := 0, 0; ; {
 		// NULL: pg_get_constraintdef found the row gone (a concurrent
 		// Migrate dropped it after this query's catalog snapshot).
 		var def pgtype.Text
-		err := db.QueryRow(ctx, read, s.table, statusCheckName).Scan(&def)
+		validated := true
+		err := db.QueryRow(ctx, readStatusCheck, s.table, statusCheckName).Scan(&def, &validated)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Missing (dropped by hand, or a concurrent Migrate is between
@@ -545,6 +544,9 @@ WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 		case err != nil:
 			return fmt.Errorf("pgstore: migrate: read the status check: %w", err)
 		}
+		// CockroachDB validates as part of the ADD's schema change, and
+		// shows the constraint not validated while that runs.
+		validated = validated || s.crdb
 		have := slices.Compact(slices.Sorted(slices.Values(quotedLiterals(def.String))))
 		want := slices.Clone(processors.Statuses)
 		for _, l := range have {
@@ -552,17 +554,24 @@ WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 				want = append(want, processors.Status(l))
 			}
 		}
-		if len(want) == len(have) {
+		var stmts []string
+		switch {
+		case len(want) == len(have) && validated:
 			return nil // have holds every status of ours, and nothing else
-		}
-		s.log.Info("execution store widening the status check", "old", def.String)
-		drop := "ALTER TABLE " + s.table + " DROP CONSTRAINT IF EXISTS " + constraint
-		add := "ALTER TABLE " + s.table + " ADD CONSTRAINT " + constraint + " CHECK (status IN (" + quoteStatuses(want) + "))"
-		stmts := []string{drop, add}
-		if !s.crdb {
+		case len(want) == len(have):
+			stmts = []string{validate}
+		case s.crdb:
+			stmts = []string{
+				"ALTER TABLE " + s.table + " DROP CONSTRAINT IF EXISTS " + constraint,
+				"ALTER TABLE " + s.table + " ADD CONSTRAINT " + constraint + " CHECK (status IN (" + quoteStatuses(want) + "))",
+			}
+		default:
 			// VALIDATE's lock lets reads and writes go on: it may wait.
-			stmts = []string{withLockTimeout(drop), withLockTimeout(add + " NOT VALID"),
-				"ALTER TABLE " + s.table + " VALIDATE CONSTRAINT " + constraint}
+			stmts = []string{withLockTimeout("ALTER TABLE " + s.table + " DROP CONSTRAINT IF EXISTS " + constraint +
+				", ADD CONSTRAINT " + constraint + " CHECK (status IN (" + quoteStatuses(want) + ")) NOT VALID"), validate}
+		}
+		if duplicates+waits == 0 {
+			s.log.Info("execution store widening the status check", "old", def.String, "validated", validated)
 		}
 		for _, stmt := range stmts {
 			if _, err = db.Exec(ctx, stmt); err != nil {
@@ -577,17 +586,29 @@ WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 			// inside one) hold it: step out of the lock queue, where
 			// every later read and write would wait behind this ALTER,
 			// and try again.
-			s.log.Info("execution store: the status check waits for transactions on the table to end", "attempt", attempt)
+			if waits++; waits%30 == 1 {
+				s.log.Info("execution store: the status check waits for transactions on the table to end", "waited", time.Duration(waits-1)*ddlLockRetry)
+			}
 			select {
 			case <-time.After(ddlLockRetry):
 			case <-ctx.Done():
 				return fmt.Errorf("pgstore: migrate: replace the status check: %w", ctx.Err())
 			}
-		case code != "42710" || attempt >= 3:
+		case code == "42710" && duplicates < 2:
+			duplicates++
+		default:
 			return fmt.Errorf("pgstore: migrate: replace the status check: %w", err)
 		}
 	}
 }
+
+// readStatusCheck reads the status check of table $1: its definition and
+// whether it was validated. pg_constraint and pg_get_constraintdef exist
+// on both engines; they print the expression differently (PostgreSQL
+// status = ANY (ARRAY['a'::text, ...]), CockroachDB status IN
+// ('a':::STRING, ...)), so only the quoted literals are compared.
+const readStatusCheck = `SELECT pg_get_constraintdef(oid), convalidated FROM pg_catalog.pg_constraint
+WHERE conrelid = $1::TEXT::REGCLASS AND conname = $2`
 
 // codeLockNotAvailable is PostgreSQL's lock_not_available: a statement
 // gave up waiting for a lock after lock_timeout.
