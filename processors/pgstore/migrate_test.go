@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -45,20 +46,21 @@ func openWithoutIndex(t *testing.T) (*Store, Config) {
 // holdWrite opens a transaction on s's pool that keeps a write lock on
 // its records table until the returned function ends it, as a process
 // stalled inside a transaction does; the test's end ends it too, before
-// the store is closed (which would wait for it).
-func holdWrite(t *testing.T, s *Store) func() {
+// the store is closed (which would wait for it). It also returns the
+// holding session's pid.
+func holdWrite(t *testing.T, s *Store) (release func(), pid uint32) {
 	t.Helper()
 	ctx := t.Context()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	release := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	release = func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
 	t.Cleanup(release)
 	if _, err := tx.Exec(ctx, "UPDATE "+s.table+" SET seq = seq WHERE false"); err != nil {
 		t.Fatal(err)
 	}
-	return release
+	return release, tx.Conn().PgConn().PID()
 }
 
 // TestMigrateBuildsIndexConcurrently: an index added to a table that
@@ -71,7 +73,8 @@ func holdWrite(t *testing.T, s *Store) func() {
 func TestMigrateBuildsIndexConcurrently(t *testing.T) {
 	s, cfg := openWithoutIndex(t)
 	ctx := t.Context()
-	k := migrateWhileHeld(t, s, cfg, holdWrite(t, s), "the index builds", func() { waitForLock(t, s, "CREATE INDEX") })
+	release, _ := holdWrite(t, s)
+	k := migrateWhileHeld(t, s, cfg, release, "the index builds", func() { waitForLock(t, s, "CREATE INDEX") })
 	if got, err := s.TenantByStatus(ctx, "t_acme", processors.StatusPending, 10); err != nil || len(got) != 1 || got[0].Key != k {
 		t.Errorf("TenantByStatus(t_acme) after the migration = %v, %v; want the call admitted during it", got, err)
 	}
@@ -84,7 +87,7 @@ func TestMigrateBuildsIndexConcurrently(t *testing.T) {
 func TestMigrateRebuildsInvalidIndex(t *testing.T) {
 	s, cfg := openWithoutIndex(t)
 	ctx := t.Context()
-	release := holdWrite(t, s)
+	release, _ := holdWrite(t, s)
 	conn, err := Connect(ctx, cfg.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -187,16 +190,11 @@ func TestMigrateStatusCheckStepsOutOfTheLockQueue(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	release := holdWrite(t, s)
+	release, _ := holdWrite(t, s)
 	logs := &ledgertest.LogBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	migrateWhileHeld(t, s, cfg, release, "the status check waits for the table", func() {
-		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "waits for transactions on the table"); {
-			if time.Now().After(deadline) {
-				t.Fatalf("the migration never found the table held; its log:\n%s", logs.String())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitForLog(t, logs, "waits for transactions on the table")
 	})
 }
 
@@ -259,5 +257,30 @@ func TestMigrateValidatesAnUnvalidatedCheck(t *testing.T) {
 	open(t, cfg).Close() // migrates
 	if st, err := c.Schema(ctx); err != nil || st.UnvalidatedStatusCheck || !st.Current() {
 		t.Errorf("Schema() after the migration = %+v, %v; want the check validated, current", st, err)
+	}
+}
+
+// TestMigrateNamesWhatItWaitsFor: a migration that waits for another
+// session's transaction (here an index build, for a transaction left open
+// on the table) logs that session, so that an upgrade that seems to hang
+// says what holds it.
+func TestMigrateNamesWhatItWaitsFor(t *testing.T) {
+	s, cfg := openWithoutIndex(t)
+	release, holder := holdWrite(t, s)
+	logs := &ledgertest.LogBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	cfg.MigrationWaitReport = 50 * time.Millisecond
+	want := fmt.Sprintf("pid %d (", holder)
+	migrateWhileHeld(t, s, cfg, release, "the index builds", func() { waitForLog(t, logs, want) })
+}
+
+// waitForLog waits until the log holds text.
+func waitForLog(t *testing.T, logs *ledgertest.LogBuffer, text string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), text); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the migration never logged %q; its log:\n%s", text, logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

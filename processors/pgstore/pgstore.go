@@ -143,11 +143,22 @@ type Config struct {
 	// build runs, so that the processes still on the older build can
 	// read what the upgraded ones write; unset it once none is left.
 	PlainOutboxes bool
+	// MigrationWaitReport is how often a migration on PostgreSQL that
+	// waits for other sessions' transactions (an index built
+	// CONCURRENTLY waits for every older one in the database) logs which
+	// sessions it waits for. Default DefaultMigrationWaitReport.
+	MigrationWaitReport time.Duration
 }
+
+// DefaultMigrationWaitReport is Config.MigrationWaitReport's default.
+const DefaultMigrationWaitReport = 10 * time.Second
 
 func (c *Config) setDefaults() {
 	if c.MaxRetries == 0 {
 		c.MaxRetries = DefaultMaxRetries
+	}
+	if c.MigrationWaitReport == 0 {
+		c.MigrationWaitReport = DefaultMigrationWaitReport
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -160,6 +171,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxRetries < 0 {
 		return fmt.Errorf("pgstore: MaxRetries %d is negative", c.MaxRetries)
+	}
+	if c.MigrationWaitReport < 0 {
+		return fmt.Errorf("pgstore: MigrationWaitReport %v is negative", c.MigrationWaitReport)
 	}
 	if c.MaxConns < 0 {
 		return fmt.Errorf("pgstore: MaxConns %d is negative", c.MaxConns)
@@ -183,6 +197,8 @@ type Store struct {
 	// packMin is the shortest outbox stored compressed; -1 with
 	// Config.PlainOutboxes.
 	packMin int
+	// waitReport is Config.MigrationWaitReport.
+	waitReport time.Duration
 }
 
 var _ processors.Store = (*Store)(nil)
@@ -222,6 +238,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		failpoint:  cfg.Failpoint,
 		retried:    cfg.Retried,
 		packMin:    outboxMinPack,
+		waitReport: cfg.MigrationWaitReport,
 	}
 	if cfg.Schema != "" {
 		s.schema, s.schemaName = pgx.Identifier{cfg.Schema}.Sanitize(), cfg.Schema
@@ -331,7 +348,51 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if st.Current() && len(st.ObsoleteIndexes) == 0 {
 		return nil
 	}
+	stop := s.reportWaits(ctx, conn.PgConn().PID())
+	defer stop()
 	return s.applySchema(ctx, conn, st)
+}
+
+// reportWaits logs, every waitReport until the returned function is
+// called, the sessions whose transactions the migration's session pid
+// waits for (PostgreSQL's pg_blocking_pids), so that an operator whose
+// upgrade seems to hang sees what holds it. Their queries are not logged:
+// they may hold anything.
+func (s *Store) reportWaits(ctx context.Context, pid uint32) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(s.waitReport)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+			rows, _ := s.pool.Query(ctx, `SELECT a.pid, a.application_name, coalesce(a.state, ''),
+       coalesce(extract(epoch FROM now() - a.xact_start), 0)::FLOAT8
+FROM pg_catalog.pg_stat_activity AS a
+WHERE a.pid = ANY (pg_catalog.pg_blocking_pids($1))
+ORDER BY a.xact_start`, int64(pid))
+			var sessions []string
+			var (
+				other       int32
+				app, state  string
+				secondsOpen float64
+			)
+			_, err := pgx.ForEachRow(rows, []any{&other, &app, &state, &secondsOpen}, func() error {
+				sessions = append(sessions, fmt.Sprintf("pid %d (%q, %s, its transaction open %s)", other, app, state,
+					time.Duration(secondsOpen*float64(time.Second)).Round(time.Second)))
+				return nil
+			})
+			if err == nil && len(sessions) > 0 {
+				s.log.Info("execution store: the migration waits for other sessions' transactions to end", "sessions", strings.Join(sessions, "; "))
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // ddlConn is what a migration runs its statements on: the pool, or on
