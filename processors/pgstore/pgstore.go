@@ -371,23 +371,40 @@ func (s *Store) reportWaits(ctx context.Context, pid uint32) (stop func()) {
 			case <-ctx.Done():
 				return
 			}
-			rows, _ := s.pool.Query(ctx, `SELECT a.pid, a.application_name, coalesce(a.state, ''),
-       coalesce(extract(epoch FROM now() - a.xact_start), 0)::FLOAT8
-FROM pg_catalog.pg_stat_activity AS a
-WHERE a.pid = ANY (pg_catalog.pg_blocking_pids($1))
-ORDER BY a.xact_start`, int64(pid))
-			var sessions []string
+			// pid 0 is a prepared transaction, which has no session; a
+			// role that may not see other roles' sessions in full gets
+			// NULL state and start: unknown, not zero.
+			rows, _ := s.pool.Query(ctx, `SELECT b.pid, coalesce(a.usename, ''), coalesce(a.application_name, ''), a.state,
+       extract(epoch FROM now() - a.xact_start)::FLOAT8
+FROM (SELECT DISTINCT unnest(pg_catalog.pg_blocking_pids($1)) AS pid) AS b
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b.pid
+ORDER BY b.pid`, int64(pid))
 			var (
+				sessions    []string
 				other       int32
-				app, state  string
-				secondsOpen float64
+				user, app   string
+				state       pgtype.Text
+				secondsOpen pgtype.Float8
 			)
-			_, err := pgx.ForEachRow(rows, []any{&other, &app, &state, &secondsOpen}, func() error {
-				sessions = append(sessions, fmt.Sprintf("pid %d (%q, %s, its transaction open %s)", other, app, state,
-					time.Duration(secondsOpen*float64(time.Second)).Round(time.Second)))
+			_, err := pgx.ForEachRow(rows, []any{&other, &user, &app, &state, &secondsOpen}, func() error {
+				if other == 0 {
+					sessions = append(sessions, "a prepared transaction (see pg_prepared_xacts)")
+					return nil
+				}
+				st, open := "unknown", "unknown"
+				if state.Valid {
+					st = state.String
+				}
+				if secondsOpen.Valid {
+					open = time.Duration(secondsOpen.Float64 * float64(time.Second)).Round(time.Second).String()
+				}
+				sessions = append(sessions, fmt.Sprintf("pid %d (user %q, application %q, %s, its transaction open %s)", other, user, app, st, open))
 				return nil
 			})
-			if err == nil && len(sessions) > 0 {
+			switch {
+			case err != nil && ctx.Err() == nil:
+				s.log.Debug("execution store: cannot read what the migration waits for", "err", err)
+			case err == nil && len(sessions) > 0:
 				s.log.Info("execution store: the migration waits for other sessions' transactions to end", "sessions", strings.Join(sessions, "; "))
 			}
 		}
