@@ -240,13 +240,9 @@ WHERE n.nspname = $1 AND NOT i.indisvalid`, st.Schema)
 		}
 		valid = slices.DeleteFunc(valid, func(ix string) bool { return slices.Contains(invalid, ix) })
 	}
-	want := []string{leaseIndexName, statusIndexName, tenantStatusIndexName, unloggedIndexName}
-	if have[journalTableName] != nil {
-		want = append(want, journalIndexName)
-	}
-	for _, ix := range want {
-		if !slices.Contains(valid, ix) {
-			st.MissingIndexes = append(st.MissingIndexes, ix)
+	for _, ix := range schemaIndexes {
+		if have[ix.table] != nil && !slices.Contains(valid, ix.name) {
+			st.MissingIndexes = append(st.MissingIndexes, ix.name)
 		}
 	}
 	// An obsolete index that a failed DROP INDEX CONCURRENTLY left invalid

@@ -458,45 +458,51 @@ func migrateLockKey(schema string) int64 {
 // its table's placeholders.
 var schemaIndex = regexp.MustCompile(`CREATE INDEX IF NOT EXISTS (\{\w+\}) ON (\{\w+\})`)
 
-// schemaPlaceholders name the tables and indexes of schema.sql's
-// placeholders.
-var schemaPlaceholders = map[string]string{
-	"{table}":               tableName,
-	"{journal}":             journalTableName,
-	"{lease_index}":         leaseIndexName,
-	"{unlogged_index}":      unloggedIndexName,
-	"{status_index}":        statusIndexName,
-	"{tenant_status_index}": tenantStatusIndexName,
-	"{journal_index}":       journalIndexName,
+// schemaIndexes are the indexes schema.sql creates, in its order: each
+// one's placeholder there, its name, and its table. Migrate, readSchema
+// and the replacement of the placeholders all read this one list.
+var schemaIndexes = []struct{ placeholder, name, table string }{
+	{"{lease_index}", leaseIndexName, tableName},
+	{"{status_index}", statusIndexName, tableName},
+	{"{tenant_status_index}", tenantStatusIndexName, tableName},
+	{"{unlogged_index}", unloggedIndexName, tableName},
+	{"{journal_index}", journalIndexName, journalTableName},
 }
 
+// schemaTables name the tables of schema.sql's placeholders that indexes
+// are on.
+var schemaTables = map[string]string{"{table}": tableName, "{journal}": journalTableName}
+
 // schemaIndexOf returns the index a statement of schema.sql creates and
-// its table, and whether it creates one; comments do not count.
+// its table, and whether it creates one of schemaIndexes; comments do not
+// count.
 func schemaIndexOf(tmpl string) (index, table string, ok bool) {
 	m := schemaIndex.FindStringSubmatch(stripComments(tmpl))
 	if m == nil {
 		return "", "", false
 	}
-	index, iok := schemaPlaceholders[m[1]]
-	table, tok := schemaPlaceholders[m[2]]
-	return index, table, iok && tok
+	for _, ix := range schemaIndexes {
+		if ix.placeholder == m[1] && ix.table == schemaTables[m[2]] {
+			return ix.name, ix.table, true
+		}
+	}
+	return "", "", false
 }
 
 // applySchema runs schema.sql's statements that st says are needed, then
 // drops the obsolete indexes and widens the status check.
 func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) error {
-	r := strings.NewReplacer(
+	pairs := []string{
 		"{table}", s.table,
-		"{lease_index}", pgx.Identifier{leaseIndexName}.Sanitize(),
-		"{unlogged_index}", pgx.Identifier{unloggedIndexName}.Sanitize(),
-		"{status_index}", pgx.Identifier{statusIndexName}.Sanitize(),
-		"{tenant_status_index}", pgx.Identifier{tenantStatusIndexName}.Sanitize(),
 		"{statuses}", quoteStatuses(processors.Statuses),
 		"{listed_statuses}", quoteStatuses(listedStatuses),
 		"{rate_limits}", s.rateTable(),
 		"{journal}", s.journal,
-		"{journal_index}", pgx.Identifier{journalIndexName}.Sanitize(),
-	)
+	}
+	for _, ix := range schemaIndexes {
+		pairs = append(pairs, ix.placeholder, pgx.Identifier{ix.name}.Sanitize())
+	}
+	r := strings.NewReplacer(pairs...)
 	var stmts []string
 	if s.schema != "" {
 		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+s.schema)
