@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cockroachdb/cockroach-go/v2/crdb"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -161,10 +162,36 @@ type txBeginner interface {
 // readSchema reads the schema of schema ("": the session's
 // current_schema()) in a READ ONLY transaction on db. It reads only the
 // catalogs, so it takes no lock on the tables themselves and waits for no
-// writer. On PostgreSQL (crdb false) an index left invalid by a
+// writer. On PostgreSQL (cockroach false) an index left invalid by a
 // CREATE INDEX CONCURRENTLY that failed counts as missing: queries cannot
 // use it, and Migrate builds it again.
-func readSchema(ctx context.Context, db txBeginner, schema string, crdb bool) (SchemaStatus, error) {
+//
+// A serialization failure (40001) reads it all again in a new
+// transaction, after a backoff: CockroachDB can fail even a read-only
+// transaction so (a read within another's uncertainty interval, a
+// concurrent schema change), and every process start reads the schema.
+func readSchema(ctx context.Context, db txBeginner, schema string, cockroach bool) (SchemaStatus, error) {
+	var st SchemaStatus
+	tries := 0
+	err := crdb.ExecuteCtx(crdb.WithMaxRetries(ctx, schemaReadRetries), func(ctx context.Context, _ ...any) error {
+		if tries++; tries > 1 {
+			if err := backoff(ctx, tries-1); err != nil {
+				return err
+			}
+		}
+		var err error
+		st, err = readSchemaOnce(ctx, db, schema, cockroach)
+		return err
+	})
+	return st, err
+}
+
+// schemaReadRetries bounds readSchema's retries: with backoff's 100 ms
+// cap, a few seconds in all.
+const schemaReadRetries = 30
+
+// readSchemaOnce is one attempt of readSchema.
+func readSchemaOnce(ctx context.Context, db txBeginner, schema string, cockroach bool) (SchemaStatus, error) {
 	var st SchemaStatus
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
@@ -226,7 +253,7 @@ WHERE table_schema = $1 AND table_name = ANY($2::TEXT[])`, st.Schema, tables)
 		return st, fmt.Errorf("pgstore: check schema: read indexes: %w", err)
 	}
 	valid := slices.Clone(indexes)
-	if !crdb {
+	if !cockroach {
 		rows, err = tx.Query(ctx, `SELECT c.relname FROM pg_catalog.pg_index AS i
 JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
@@ -258,7 +285,7 @@ WHERE n.nspname = $1 AND NOT i.indisvalid`, st.Schema)
 	err = tx.QueryRow(ctx, readStatusCheck, pgx.Identifier{st.Schema, tableName}.Sanitize(), statusCheckName).Scan(&def, &validated)
 	// CockroachDB shows it not validated while the ADD's schema change
 	// validates it.
-	st.UnvalidatedStatusCheck = err == nil && !validated && !crdb
+	st.UnvalidatedStatusCheck = err == nil && !validated && !cockroach
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		st.MissingStatusCheck = true

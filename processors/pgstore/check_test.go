@@ -1,12 +1,15 @@
 package pgstore
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/toolcall-ledger/ledger/processors"
 )
@@ -191,5 +194,73 @@ func TestConnectLeavesPoolSettingsOut(t *testing.T) {
 	_, err = Connect(t.Context(), "postgres://u:hunter2@127.0.0.1:notaport/x")
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("Connect(bad DSN) = %v; want an error without the password", err)
+	}
+}
+
+// failingBeginner begins its transactions on db and fails the first fail
+// queries run in them with SQLSTATE code, as CockroachDB fails a read
+// within another transaction's uncertainty interval with 40001.
+type failingBeginner struct {
+	db     txBeginner
+	code   string
+	fail   int
+	begins int
+}
+
+func (b *failingBeginner) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	b.begins++
+	tx, err := b.db.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &failingTx{Tx: tx, b: b}, nil
+}
+
+type failingTx struct {
+	pgx.Tx
+	b *failingBeginner
+}
+
+func (tx *failingTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if tx.b.fail > 0 {
+		tx.b.fail--
+		return nil, &pgconn.PgError{Code: tx.b.code, Message: "injected"}
+	}
+	return tx.Tx.Query(ctx, sql, args...)
+}
+
+// TestReadSchemaRetriesSerializationFailure: a read of the schema that
+// fails with 40001 is read again whole in a new transaction, and gives
+// what a read without the failure gives; another error ends it at once.
+func TestReadSchemaRetriesSerializationFailure(t *testing.T) {
+	ctx := t.Context()
+	dsn := testDSN(t)
+	schema := newSchema(t, dsn)
+	s := open(t, Config{DSN: dsn, Schema: schema})
+	defer s.Close()
+	want, err := readSchema(ctx, s.pool, schema, s.CockroachDB())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	b := &failingBeginner{db: s.pool, code: "40001", fail: 2}
+	got, err := readSchema(ctx, b, schema, s.CockroachDB())
+	if err != nil {
+		t.Fatalf("readSchema() with two serialization failures = %v; want it read again", err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("readSchema() after retries (-want +got):\n%s", diff)
+	}
+	if b.begins != 3 {
+		t.Errorf("readSchema() began %d transactions; want 3 (two failed, one read)", b.begins)
+	}
+
+	b = &failingBeginner{db: s.pool, code: "42501", fail: 1}
+	_, err = readSchema(ctx, b, schema, s.CockroachDB())
+	if pe, ok := errors.AsType[*pgconn.PgError](err); !ok || pe.Code != "42501" {
+		t.Errorf("readSchema() with insufficient privilege = %v; want the 42501", err)
+	}
+	if b.begins != 1 {
+		t.Errorf("readSchema() with insufficient privilege began %d transactions; want 1", b.begins)
 	}
 }
