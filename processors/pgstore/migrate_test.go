@@ -262,16 +262,18 @@ func TestMigrateValidatesAnUnvalidatedCheck(t *testing.T) {
 
 // TestMigrateNamesWhatItWaitsFor: a migration that waits for another
 // session's transaction (here an index build, for a transaction left open
-// on the table) logs that session, so that an upgrade that seems to hang
-// says what holds it.
+// on the table) logs that session, and the build's phase and progress, so
+// that an upgrade that seems to hang says what holds it.
 func TestMigrateNamesWhatItWaitsFor(t *testing.T) {
 	s, cfg := openWithoutIndex(t)
 	release, holder := holdWrite(t, s)
 	logs := &ledgertest.LogBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	cfg.MigrationWaitReport = 50 * time.Millisecond
-	want := fmt.Sprintf("pid %d (", holder)
-	migrateWhileHeld(t, s, cfg, release, "the index builds", func() { waitForLog(t, logs, want) })
+	migrateWhileHeld(t, s, cfg, release, "the index builds", func() {
+		waitForLog(t, logs, fmt.Sprintf("pid %d (", holder))
+		waitForLog(t, logs, fmt.Sprintf(`index=%s phase="waiting for writers before build" lockers=0/1`, tenantStatusIndexName))
+	})
 }
 
 // waitForLog waits until the log holds text.

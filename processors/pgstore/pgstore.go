@@ -143,10 +143,11 @@ type Config struct {
 	// build runs, so that the processes still on the older build can
 	// read what the upgraded ones write; unset it once none is left.
 	PlainOutboxes bool
-	// MigrationWaitReport is how often a migration on PostgreSQL that
-	// waits for other sessions' transactions (an index built
-	// CONCURRENTLY waits for every older one in the database) logs which
-	// sessions it waits for. Default DefaultMigrationWaitReport.
+	// MigrationWaitReport is how often a migration on PostgreSQL logs
+	// how far the index it builds has come and which sessions'
+	// transactions it waits for (an index built CONCURRENTLY waits for
+	// every older one in the database). Default
+	// DefaultMigrationWaitReport.
 	MigrationWaitReport time.Duration
 }
 
@@ -348,17 +349,19 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if st.Current() && len(st.ObsoleteIndexes) == 0 {
 		return nil
 	}
-	stop := s.reportWaits(ctx, conn.PgConn().PID())
+	stop := s.reportProgress(ctx, conn.PgConn().PID())
 	defer stop()
 	return s.applySchema(ctx, conn, st)
 }
 
-// reportWaits logs, every waitReport until the returned function is
-// called, the sessions whose transactions the migration's session pid
-// waits for (PostgreSQL's pg_blocking_pids), so that an operator whose
-// upgrade seems to hang sees what holds it. Their queries are not logged:
-// they may hold anything.
-func (s *Store) reportWaits(ctx context.Context, pid uint32) (stop func()) {
+// reportProgress logs, every waitReport until the returned function is
+// called, how far the index that the migration's session pid builds has
+// come (PostgreSQL's pg_stat_progress_create_index: its phase, and the
+// lockers, blocks and tuples of the phase done and in all) and the
+// sessions whose transactions it waits for (pg_blocking_pids), so that an
+// operator whose upgrade takes long sees that it moves, or what holds it.
+// The sessions' queries are not logged: they may hold anything.
+func (s *Store) reportProgress(ctx context.Context, pid uint32) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -371,6 +374,7 @@ func (s *Store) reportWaits(ctx context.Context, pid uint32) (stop func()) {
 			case <-ctx.Done():
 				return
 			}
+			s.reportIndexBuild(ctx, pid)
 			// pid 0 is a prepared transaction, which has no session; a
 			// role that may not see other roles' sessions in full gets
 			// NULL state and start: unknown, not zero.
@@ -410,6 +414,42 @@ ORDER BY b.pid`, int64(pid))
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// reportIndexBuild logs the progress of the index that session pid
+// builds, if it builds one. A count whose phase does not use it (zero in
+// all) is left out.
+func (s *Store) reportIndexBuild(ctx context.Context, pid uint32) {
+	var (
+		index, phase              string
+		lockersDone, lockersTotal int64
+		blocksDone, blocksTotal   int64
+		tuplesDone, tuplesTotal   int64
+	)
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(c.relname, ''), p.phase, p.lockers_done, p.lockers_total,
+       p.blocks_done, p.blocks_total, p.tuples_done, p.tuples_total
+FROM pg_catalog.pg_stat_progress_create_index AS p
+LEFT JOIN pg_catalog.pg_class AS c ON c.oid = p.index_relid
+WHERE p.pid = $1`, int64(pid)).Scan(&index, &phase, &lockersDone, &lockersTotal, &blocksDone, &blocksTotal, &tuplesDone, &tuplesTotal)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return
+	case err != nil:
+		if ctx.Err() == nil {
+			s.log.Debug("execution store: cannot read how far the migration's index build has come", "err", err)
+		}
+		return
+	}
+	attrs := []any{"index", index, "phase", phase}
+	for _, c := range []struct {
+		name        string
+		done, total int64
+	}{{"lockers", lockersDone, lockersTotal}, {"blocks", blocksDone, blocksTotal}, {"tuples", tuplesDone, tuplesTotal}} {
+		if c.total > 0 {
+			attrs = append(attrs, c.name, fmt.Sprintf("%d/%d", c.done, c.total))
+		}
+	}
+	s.log.Info("execution store: the migration builds an index", attrs...)
 }
 
 // ddlConn is what a migration runs its statements on: the pool, or on
