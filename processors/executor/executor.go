@@ -95,8 +95,20 @@ type Freezes interface {
 	Current(ctx context.Context, maxStaleness time.Duration) error
 }
 
-// errFrozen: the tool was frozen before an attempt was sent.
-var errFrozen = errors.New("tool frozen")
+// heldBack is an attempt that a check right before its request would
+// leave stopped: nothing was sent. why is the reason (and error code) it
+// gives the call.
+type heldBack struct{ why string }
+
+func (h *heldBack) Error() string { return "request held back: " + h.why }
+
+var (
+	// errFrozen: the tool was frozen before an attempt was sent.
+	errFrozen = &heldBack{ReasonToolFrozen}
+	// errApprovalLapsed: an approved call's approval expired before an
+	// attempt was sent (I4: no request of it leaves past its expiry).
+	errApprovalLapsed = &heldBack{ReasonApprovalExpired}
+)
 
 // Secrets hands out the long-lived secrets tool backends demand.
 type Secrets interface {
@@ -1095,28 +1107,31 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		if err == nil {
 			return c.succeed(tool, attempt, resp)
 		}
-		if errors.Is(err, errFrozen) {
-			// No request leaves for a frozen tool, a retry's or a
-			// takeover's neither. A call no request of which reached
-			// the tool is denied; one whose requests the tool answered
-			// without effect failed; otherwise (no answer, or a
-			// takeover) what the tool did is for the reconciler to find
-			// out.
+		if hb, ok := errors.AsType[*heldBack](err); ok {
+			// No request leaves for a frozen tool, nor past an
+			// approval's expiry, a retry's or a takeover's neither. A
+			// call no request of which reached the tool is denied; one
+			// whose requests the tool answered without effect failed;
+			// otherwise (no answer, or a takeover) what the tool did is
+			// for the reconciler to find out.
 			switch {
 			case unknownErr != nil:
-				log.Warn("tool frozen before a retry of a call that may have reached it; outcome unknown")
-				return c.finish(processors.StatusOutcomeUnknown, attempt-1, ReasonOutcomeAmbiguous, ReasonToolFrozen, nil)
+				log.Warn("request held back before a retry of a call that may have reached the tool; outcome unknown", "why", hb.why)
+				return c.finish(processors.StatusOutcomeUnknown, attempt-1, ReasonOutcomeAmbiguous, hb.why, nil)
 			case reclaimed:
-				log.Warn("tool frozen before a taken-over call was sent again; outcome unknown")
-				return c.finish(processors.StatusOutcomeUnknown, max(attempt-1, rec.Attempt+1), ReasonLeaseExpired, "reclaimed_"+ReasonToolFrozen, nil)
+				log.Warn("taken-over call held back before it was sent again; outcome unknown", "why", hb.why)
+				return c.finish(processors.StatusOutcomeUnknown, max(attempt-1, rec.Attempt+1), ReasonLeaseExpired, "reclaimed_"+hb.why, nil)
 			case answered:
 				// It started, and did nothing: failed, not denied.
-				log.Info("tool frozen before a retry")
-				return c.finish(processors.StatusFailed, attempt-1, ReasonUnavailable, ReasonToolFrozen, nil)
-			default:
+				log.Info("request held back before a retry", "why", hb.why)
+				return c.finish(processors.StatusFailed, attempt-1, ReasonUnavailable, hb.why, nil)
+			case hb == errFrozen:
 				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
 				log.Info("tool frozen before the call started")
 				return c.deny(ReasonToolFrozen, fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason), policy.Decision{})
+			default:
+				log.Info("approval expired before the call's request could leave")
+				return c.deny(ReasonApprovalExpired, "the approval expired before the call's request could leave", policy.Decision{})
 			}
 		}
 		lastErr = err
@@ -1436,6 +1451,13 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		if _, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
 			return httptool.Response{}, errFrozen
 		}
+	}
+	// An approval is checked as late (I4): recheckApproval checked it at
+	// the call's start, and its own reads (the resource's version, the
+	// policies), the wait for a slot and a retry's backoff can each
+	// outlast it.
+	if tmpl.ApprovalID != "" && (tmpl.ExpiresAt == nil || !x.cfg.Now().Before(*tmpl.ExpiresAt)) {
+		return httptool.Response{}, errApprovalLapsed
 	}
 	ctx, span := x.startSpan(ctx, "tool.call", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("ledger.tool", tool.Name), attribute.Int("ledger.attempt", attempt)))

@@ -152,6 +152,23 @@ func summary(evs []ledger.Event) []string {
 	return s
 }
 
+// stepEndsAs runs one step of x on rec and checks the events it appends
+// (their summary) and the last one's error code.
+func stepEndsAs(t *testing.T, x *executor.Executor, rec *kgo.Record, want []string, code string) {
+	t.Helper()
+	out, err := x.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff(want, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if got := evs[len(evs)-1].ErrorCode; got != code {
+		t.Errorf("error code %q; want %q", got, code)
+	}
+}
+
 // claimAsDeadOwner claims key as an owner that then dies, and waits until
 // its lease is over.
 func (r *rig) claimAsDeadOwner(key ledger.CallKey, hash string) {

@@ -192,17 +192,7 @@ func TestStaleKillSwitchSendsNothing(t *testing.T) {
 				time.AfterFunc(tc.freshAfter, func() { close(fz.fresh) })
 			}
 			start := time.Now()
-			out, err := r.executor(func(c *executor.Config) { c.Freezes = fz }).Step(t.Context(), []*kgo.Record{auth})
-			if err != nil {
-				t.Fatal(err)
-			}
-			evs := decodeAll(t, out.Records)
-			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
-				t.Fatalf("events (-want +got):\n%s", diff)
-			}
-			if code := evs[len(evs)-1].ErrorCode; code != tc.code {
-				t.Errorf("error code %q; want %q", code, tc.code)
-			}
+			stepEndsAs(t, r.executor(func(c *executor.Config) { c.Freezes = fz }), auth, tc.want, tc.code)
 			if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/ks"); n != tc.applied {
 				t.Errorf("applied %d times; want %d", n, tc.applied)
 			}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/metrics"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 )
 
@@ -271,5 +274,81 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 	}
 	if v := res.Content["order_id"]; v != "ord_1" {
 		t.Errorf("stored result's order_id is %v; want ord_1 (no policy masks it)", v)
+	}
+}
+
+// jumpingClock is the executor's clock in a test: the real time, until
+// jump moves it on by an hour and a half.
+type jumpingClock struct{ ahead atomic.Bool }
+
+func (c *jumpingClock) Now() time.Time {
+	if c.ahead.Load() {
+		return time.Now().Add(90 * time.Minute)
+	}
+	return time.Now()
+}
+
+func (c *jumpingClock) jump() { c.ahead.Store(true) }
+
+// clockJumpingDecider decides as d does, and jumps clock first: the
+// approval expires while the policies decide the call again.
+type clockJumpingDecider struct {
+	d     executor.Decider
+	clock *jumpingClock
+}
+
+func (j clockJumpingDecider) Decide(ctx context.Context, r policy.Request) policy.Decision {
+	j.clock.jump()
+	return j.d.Decide(ctx, r)
+}
+
+// An approval that expires after the check at the call's start and before
+// its request leaves (I4) stops the request: during the re-check's own
+// reads, the call is denied approval_expired; during a retry's backoff
+// after an answer that says the tool did nothing, it fails, code
+// approval_expired. Before, only the call's start was checked, and a
+// call held up past its approval's expiry (a slow policy, a full
+// bulkhead, a retry) was sent all the same.
+func TestApprovalLapsingBeforeTheRequestLeaves(t *testing.T) {
+	refunds := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
+	for _, tc := range []struct {
+		name     string
+		lapse    string // "policy": while the policies decide; "retry": after the first answer
+		want     []string
+		code     string
+		requests int64
+	}{
+		{"during the re-check", "policy", []string{"denied(" + executor.ReasonApprovalExpired + ")"}, "", 0},
+		{"before a retry", "retry", []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.ReasonApprovalExpired, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			clock := &jumpingClock{}
+			_, approved := r.admitApproved("kl", time.Now().Add(time.Hour), "")
+			requests := new(atomic.Int64)
+			h := r.backend.Handler()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+				h.ServeHTTP(w, q)
+				if requests.Add(1) == 1 && tc.lapse == "retry" {
+					clock.jump()
+				}
+			}))
+			t.Cleanup(srv.Close)
+			var decider executor.Decider = refunds
+			if tc.lapse == "policy" {
+				decider = clockJumpingDecider{refunds, clock}
+			} else {
+				// Answered, did nothing: a retry would follow.
+				r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1})
+			}
+			x := r.executor(func(c *executor.Config) { c.Policy, c.Now, c.BaseURL = decider, clock.Now, srv.URL })
+			stepEndsAs(t, x, approved, tc.want, tc.code)
+			if n := requests.Load(); n != tc.requests {
+				t.Errorf("%d requests reached the tool; want %d (none past the approval's expiry)", n, tc.requests)
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kl"); n != 0 {
+				t.Errorf("refund applied %d times; want 0", n)
+			}
+		})
 	}
 }
