@@ -438,7 +438,11 @@ func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pending
 	}
 	tmpl, err := recordTemplate(rec)
 	if err != nil {
-		return pendingMove{}, false, err
+		// As for every call without context: left out, not the step's
+		// failure, which would come back with every redelivery of the
+		// batch and stop reconciling the partition's other calls.
+		r.cfg.Logger.Error("compensated call without context; it stays as it is", "call_key", rec.Key.String(), "compensation_key", comp.Key().String(), "err", err)
+		return pendingMove{}, false, nil
 	}
 	m := r.settle(rec, tmpl, processors.StatusCompensated, statemachine.EventCompensated, "compensated",
 		"undone by the compensation call "+comp.Key().String()+" ("+comp.Tool+")", "", 0)

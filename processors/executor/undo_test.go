@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
@@ -571,5 +573,50 @@ func TestParkedSweepReachesPastAPageOfHumanParks(t *testing.T) {
 	}
 	if !slices.Equal(comp.asked, []ledger.CallKey{undo}) {
 		t.Errorf("compensations asked for within two sweeps: %v; want %v, behind 101 calls parked for a human", comp.asked, undo)
+	}
+}
+
+// A compensation's success for a call whose record this build cannot read
+// (an outbox from a newer build) leaves that call as it is, logged, and
+// does not fail the reconciler's step: before, every redelivery of the
+// batch failed the same way, and the other calls in it (here one whose
+// lookup finds it applied) were never reconciled.
+func TestUnreadableCompensatedCallDoesNotStopTheReconciler(t *testing.T) {
+	r := newRig(t)
+	orig, approved := r.admitApproved("kx", time.Now().Add(time.Hour), "")
+	r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{ApplyThenDrop: true})
+	r.unknown(approved)
+	r.backend.ClearFaults()
+	k := orig.Key()
+	unsure, err := r.store.Get(t.Context(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Parked by a newer build, in an encoding this one cannot read.
+	if applied, err := r.store.Move(t.Context(), []processors.Move{{Key: k, From: processors.StatusOutcomeUnknown, FromSeq: unsure.Seq, To: processors.StatusParked,
+		Seq: unsure.Seq + 1, Outbox: fmt.Appendf(nil, `[{"v":99,"type":"parked","seq":%d}]`, unsure.Seq+1)}}); err != nil || !applied[0] {
+		t.Fatalf("parking it: %v, %v", applied, err)
+	}
+	ck := k.CompensationKey()
+	comp := ledger.Event{EventID: "e_kx_comp", IdempotencyKey: ck.IdempotencyKey, CallID: "comp_c_kx", Seq: 4, Type: statemachine.EventSucceeded,
+		At: time.Now().UTC(), TenantID: ck.TenantID, UserID: "u_operator", Tool: "cancel_refund", ToolVersion: 1, ArgumentsHash: "sha256:01"}
+	compRec, err := comp.Record("toolcalls.events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	unknown := r.unknown(r.admit("create_ticket", "lost", map[string]any{"title": "t"}, 0))
+	r.backend.ClearFaults()
+
+	logs := &ledgertest.LogBuffer{}
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(rc, compRec, unknown)); diff != "" {
+		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+	if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusParked || rec.Seq != unsure.Seq+1 {
+		t.Errorf("the unreadable call: %s at seq %d, %v; want left parked at %d", rec.Status, rec.Seq, err, unsure.Seq+1)
+	}
+	if !strings.Contains(logs.String(), "compensated call without context") {
+		t.Errorf("nothing logged of the call left as it is; the log:\n%s", logs.String())
 	}
 }
