@@ -268,8 +268,13 @@ func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity
 
 // Revoke revokes one credential (jti) or a credential family (family,
 // "<tool>:<tenant>:<epoch>"); exactly one of them must be set. A
-// revocation is permanent; revoking what is already revoked returns the
-// revocation in force and publishes nothing. It waits like Freeze.
+// revocation is permanent; revoking a jti already revoked returns the
+// revocation in force and publishes nothing. A family's revocation covers
+// the credentials issued up to it (and RevocationSkew after), and the
+// family goes on being minted: revoking it again once that time has
+// passed publishes a revocation as of now, which covers the credentials
+// issued since (one leaked after the first revocation, say); before, it
+// returns the revocation in force. It waits like Freeze.
 func (s *Service) Revoke(ctx context.Context, operator identity.Identity, jti, family, reason string) (Action, error) {
 	if !s.cfg.State.isReady() {
 		return Action{}, ErrNotReady
@@ -302,7 +307,7 @@ func (s *Service) Revoke(ctx context.Context, operator identity.Identity, jti, f
 		if !platform && tenant != operator.Tenant {
 			return Action{}, fmt.Errorf("%w: an operator of tenant %s may not revoke a family of tenant %s", ErrForbidden, operator.Tenant, tenant)
 		}
-		if a, ok := s.cfg.State.Revoked("", family); ok {
+		if a, ok := s.cfg.State.Revoked("", family); ok && !s.cfg.Now().After(a.At.Add(max(s.cfg.RevocationSkew, 0))) {
 			return a, nil
 		}
 	}

@@ -298,7 +298,8 @@ func TestTenantScopedFreezeAndUnfreeze(t *testing.T) {
 
 func TestRevoke(t *testing.T) {
 	t.Parallel()
-	svc, pub := newLoopbackService(t, Config{})
+	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	svc, pub := newLoopbackService(t, Config{Now: func() time.Time { return now }})
 	st := svc.cfg.State
 	ctx := t.Context()
 	m := must[Action](t)
@@ -317,11 +318,27 @@ func TestRevoke(t *testing.T) {
 	if got, ok := st.Revoked("jti-2", "refund_order:t_acme:3"); !ok || got != byFamily {
 		t.Errorf("Revoked(family) = %+v, %v; want %+v", got, ok, byFamily)
 	}
-	// Revoking again keeps the revocation in force and publishes nothing.
+	// Revoking again, while the revocation still covers every credential
+	// issued since (within the skew), keeps it and publishes nothing.
 	n := pub.published()
+	now = now.Add(svc.cfg.RevocationSkew)
 	again := m(svc.Revoke(ctx, platformOp, "", "refund_order:t_acme:3", "another reason"))
 	if again != byFamily || pub.published() != n {
 		t.Errorf("second revocation = %+v with %d new records; want the first, %+v, and none", again, pub.published()-n, byFamily)
+	}
+	if again := m(svc.Revoke(ctx, platformOp, "jti-1", "", "again")); again != byJTI || pub.published() != n {
+		t.Errorf("revoking a revoked jti = %+v with %d new records; want the first, %+v, and none", again, pub.published()-n, byJTI)
+	}
+	// Later, the family has gone on being minted: a revocation now covers
+	// those credentials too (a tenant operator has no other way to revoke
+	// one that leaked).
+	now = now.Add(time.Hour)
+	later := m(svc.Revoke(ctx, acmeOp, "", "refund_order:t_acme:3", "leaked again"))
+	if !later.At.Equal(now) || later.Reason != "leaked again" || pub.published() != n+1 {
+		t.Errorf("revocation an hour later = %+v with %d new records; want one as of %v", later, pub.published()-n, now)
+	}
+	if got, ok := st.Revoked("jti-3", "refund_order:t_acme:3"); !ok || got != later {
+		t.Errorf("Revoked(family) after the second revocation = %+v, %v; want %+v", got, ok, later)
 	}
 }
 
