@@ -26,7 +26,6 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
-	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 var b64 = base64.RawURLEncoding
@@ -287,7 +286,7 @@ func TestNoSecretLeaks(t *testing.T) {
 		c.BackendSecrets = map[string]string{"get_weather": backendCanary}
 		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
-	h.reg = registryWith(t, "get_weather", func(entry map[string]any) {
+	h.reg = processorstest.RegistryWith(t, "testdata/registry", "get_weather", func(entry map[string]any) {
 		entry["backend"].(map[string]any)["secret_ref"] = "weather_api_key"
 	})
 	h.logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -383,41 +382,4 @@ func TestNoSecretLeaks(t *testing.T) {
 	if n := len(h.backend.Effects()); n != 2 {
 		t.Errorf("tools applied %d effects; want 2 (credentials and the backend secret verified)", n)
 	}
-}
-
-// registryWith is the test registry with one tool's entry changed.
-func registryWith(t *testing.T, tool string, change func(entry map[string]any)) *schemas.Registry {
-	t.Helper()
-	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	files, err := filepath.Glob("testdata/registry/tools/*.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if filepath.Base(f) == tool+".v1.json" {
-			var entry map[string]any
-			if err := json.Unmarshal(raw, &entry); err != nil {
-				t.Fatal(err)
-			}
-			change(entry)
-			if raw, err = json.Marshal(entry); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.WriteFile(filepath.Join(dir, "tools", filepath.Base(f)), raw, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	reg, err := schemas.Load(os.DirFS(dir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reg
 }

@@ -245,7 +245,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	reconciler, err := executor.NewReconciler(executor.ReconcilerConfig{
-		Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
+		Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker, Secrets: f.creds.keystore(dataDir),
 		BaseURL: "http://" + backendLn.Addr().String(), Topics: topics, Owner: "reconciler/" + instance,
 		Logger: logger.With("processor", "reconciler"), Compensator: undo,
 	})

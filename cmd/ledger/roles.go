@@ -642,7 +642,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					return nil, err
 				}
 				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
-					Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker,
+					Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker, Secrets: cf.keystore(rf.store.dataDir),
 					BaseURL: toolsBase, Topics: g.kafka.topics(), Owner: "reconciler/" + rf.instance,
 					Logger: logger.With("processor", "reconciler"), Compensator: undo, Metrics: rf.obs.metrics,
 					UnansweredFor: unanswered,

@@ -2,6 +2,7 @@ package demobackend
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +23,26 @@ type Refusal struct {
 	IdempotencyKey string             `json:"idempotency_key,omitempty"`
 	// Lookup: the refused request was a status lookup.
 	Lookup bool `json:"lookup,omitempty"`
+}
+
+// refuse records a refused request.
+func (s *Server) refuse(r Refusal) {
+	s.mu.Lock()
+	s.refusals = append(s.refusals, r)
+	s.mu.Unlock()
+}
+
+// backendSecretOK checks the long-lived secret tool demands of every
+// request, its calls' and its status lookups' (Config.BackendSecrets);
+// it refuses a request without it (401) and records the Refusal.
+func (s *Server) backendSecretOK(w http.ResponseWriter, r *http.Request, tool, tenant, key string) bool {
+	want, ok := s.backendSecrets[tool]
+	if !ok || subtle.ConstantTimeCompare([]byte(r.Header.Get(httpHeaderBackendSecret)), []byte(want)) == 1 {
+		return true
+	}
+	s.refuse(Refusal{Tool: tool, Reason: ReasonBackendSecret, TenantID: tenant, IdempotencyKey: key, Lookup: r.Method == http.MethodGet})
+	writeError(w, http.StatusUnauthorized, string(ReasonBackendSecret), "the backend secret is missing or wrong")
+	return false
 }
 
 // authorize verifies the request's credential for tool (its action, or
@@ -70,9 +91,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant,
 		// all the same.
 		reason = credentials.ReasonMalformed
 	}
-	s.mu.Lock()
-	s.refusals = append(s.refusals, Refusal{Tool: tool, Reason: reason, TenantID: tenant, IdempotencyKey: key, Lookup: lookup})
-	s.mu.Unlock()
+	s.refuse(Refusal{Tool: tool, Reason: reason, TenantID: tenant, IdempotencyKey: key, Lookup: lookup})
 	s.logger.Debug("credential refused", "tool", tool, "tenant_id", tenant, "idempotency_key", key, "lookup", lookup, "reason", string(reason))
 
 	status := http.StatusUnauthorized

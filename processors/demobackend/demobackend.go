@@ -26,7 +26,6 @@ package demobackend
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -88,9 +87,9 @@ type Config struct {
 	// carry; it overrides the verifier's own. Default: DefaultAudience.
 	Audience string
 	// BackendSecrets, by tool, are long-lived secrets a tool demands in
-	// the X-Backend-Secret header (as a third-party API demands its key):
-	// a request without the right one is refused 401 backend_secret,
-	// without an effect.
+	// the X-Backend-Secret header (as a third-party API demands its key)
+	// on its calls and its status lookups alike: a request without the
+	// right one is refused 401 backend_secret, without an effect.
 	BackendSecrets map[string]string
 	// IntrospectURL, when set with Credentials, is the ledger's RFC 7662
 	// token introspection endpoint: every credential that verifies is
@@ -304,11 +303,7 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if want, ok := s.backendSecrets[t.name]; ok && subtle.ConstantTimeCompare([]byte(r.Header.Get(httpHeaderBackendSecret)), []byte(want)) != 1 {
-		s.mu.Lock()
-		s.refusals = append(s.refusals, Refusal{Tool: t.name, Reason: ReasonBackendSecret, TenantID: meta.tenant, IdempotencyKey: meta.key})
-		s.mu.Unlock()
-		writeError(w, http.StatusUnauthorized, string(ReasonBackendSecret), "the backend secret is missing or wrong")
+	if !s.backendSecretOK(w, r, t.name, meta.tenant, meta.key) {
 		return
 	}
 	meta.jti, meta.received = jti, received
@@ -394,6 +389,9 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	// A lookup reveals a call's result, so it needs that call's
 	// credential, like the call itself.
 	if _, ok := s.authorize(w, r, t.name, r.Header.Get(HeaderTenant), key); !ok {
+		return
+	}
+	if !s.backendSecretOK(w, r, t.name, r.Header.Get(HeaderTenant), key) {
 		return
 	}
 	f := s.takeFault(t.name+statusSuffix, r.Header.Get(HeaderTenant))

@@ -115,6 +115,27 @@ type Secrets interface {
 	Secret(name string) (string, error)
 }
 
+// errNoKeystore: a tool demands a backend secret, and no Secrets is
+// configured.
+var errNoKeystore = errors.New("no keystore for the tool's backend secret")
+
+// backendSecret is the long-lived secret tool's backend demands, if it
+// demands one, from secrets. The error names the secret, never its value.
+func backendSecret(secrets Secrets, tool *schemas.Tool) (string, error) {
+	ref := tool.Backend.SecretRef
+	switch {
+	case ref == "":
+		return "", nil
+	case secrets == nil:
+		return "", fmt.Errorf("%w (secret_ref %s)", errNoKeystore, ref)
+	}
+	sec, err := secrets.Secret(ref)
+	if err != nil {
+		return "", fmt.Errorf("backend secret %s: %w", ref, err)
+	}
+	return sec, nil
+}
+
 // VersionReader reads a resource's version (httptool.Client does).
 type VersionReader interface {
 	ResourceVersion(ctx context.Context, versionURL, resource, tenant string) (string, error)
@@ -1050,18 +1071,13 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnavailable, "bad_backend_url", nil)
 	}
 
-	var backendSecret string
-	if ref := tool.Backend.SecretRef; ref != "" {
-		if x.cfg.Secrets == nil {
-			return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "no_keystore", nil)
-		}
-		sec, err := x.cfg.Secrets.Secret(ref)
-		if err != nil {
-			// The error names the secret, never its value.
-			log.Error("backend secret unavailable", "secret_ref", ref, "err", err)
-			return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "backend_secret_unavailable", nil)
-		}
-		backendSecret = sec
+	backendSecret, err := backendSecret(x.cfg.Secrets, tool)
+	switch {
+	case errors.Is(err, errNoKeystore):
+		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "no_keystore", nil)
+	case err != nil:
+		log.Error("backend secret unavailable", "err", err)
+		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "backend_secret_unavailable", nil)
 	}
 	var bearer string
 	if x.cfg.Credentials != nil {

@@ -43,16 +43,22 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
+	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newRigWith(t, reg, demobackend.Config{})
+}
+
+// newRigWith is newRig with registry reg and a backend configured by bc.
+func newRigWith(t *testing.T, reg *schemas.Registry, bc demobackend.Config) *rig {
+	t.Helper()
 	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "x.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := demobackend.New(demobackend.Config{})
+	b := demobackend.New(bc)
 	srv := httptest.NewServer(b.Handler())
 	t.Cleanup(func() { b.Close(); srv.Close() })
 	ident := processorstest.NewIdentity(t)

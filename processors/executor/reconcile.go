@@ -112,6 +112,11 @@ type ReconcilerConfig struct {
 	// Credentials mints the lookup's credential (the tool checks it as it
 	// checks the call's). Nil sends none.
 	Credentials Minter
+	// Secrets holds the backends' long-lived secrets (registry
+	// backend.secret_ref), sent with the lookups of a tool that demands
+	// one as with its calls. Nil: the lookups of such a tool fail, and
+	// its calls are parked once unanswered for UnansweredFor.
+	Secrets Secrets
 	// BaseURL resolves relative status lookup URLs.
 	BaseURL string
 	Topics  ledger.Topics
@@ -520,13 +525,20 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 	}
 	g := r.x.guard(tool, rec.Key.TenantID)
 	defer r.x.release(g)
-	var last error
+	tries := r.cfg.MaxAttempts
+	sec, last := backendSecret(r.cfg.Secrets, tool)
+	if last != nil {
+		// Failed lookups, none asked: the call waits for a sweep that
+		// has the secret, and is parked once unanswered for the bound.
+		log.Error("backend secret unavailable for the status lookup", "err", last)
+		tries = 0
+	}
 attempts:
-	for n := range r.cfg.MaxAttempts {
+	for n := range tries {
 		if n > 0 {
 			time.Sleep(r.cfg.Backoff << (n - 1))
 		}
-		resp, err := r.lookup(ctx, g, tool, target, rec, bearer)
+		resp, err := r.lookup(ctx, g, tool, target, rec, secrets{bearer, sec})
 		var he *httptool.Error
 		switch {
 		case errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests):
@@ -828,7 +840,7 @@ func refused(evs []ledger.Event) bool {
 	return last.Refusal() || last.Type == statemachine.EventDenied
 }
 
-func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, bearer string) (httptool.Response, error) {
+func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, sec secrets) (httptool.Response, error) {
 	release, err := r.x.acquire(ctx, g)
 	if err != nil {
 		return httptool.Response{}, err
@@ -839,7 +851,7 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 		defer cancel()
 		return r.cfg.Looker.Lookup(lctx, target, httptool.Request{
 			IdempotencyKey: rec.Key.String(), CallID: rec.CallID, TenantID: rec.Key.TenantID,
-			Attempt: rec.Attempt, Arguments: rec.Arguments, Credential: bearer, MaxResultBytes: tool.MaxResultBytes,
+			Attempt: rec.Attempt, Arguments: rec.Arguments, Credential: sec.bearer, BackendSecret: sec.backend, MaxResultBytes: tool.MaxResultBytes,
 		})
 	})
 }

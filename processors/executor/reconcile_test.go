@@ -2,6 +2,8 @@ package executor_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -12,10 +14,12 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -49,7 +53,18 @@ func (r *rig) reconcilerWith(set func(*executor.ReconcilerConfig)) *executor.Rec
 // outcome_unknown and returns the event that says so.
 func (r *rig) unknown(auth *kgo.Record) *kgo.Record {
 	r.t.Helper()
-	out, err := r.executor(func(c *executor.Config) { c.MaxAttempts = 2 }).Step(r.t.Context(), []*kgo.Record{auth})
+	return r.unknownWith(auth, nil)
+}
+
+// unknownWith is unknown with the executor's configuration changed by set.
+func (r *rig) unknownWith(auth *kgo.Record, set func(*executor.Config)) *kgo.Record {
+	r.t.Helper()
+	out, err := r.executor(func(c *executor.Config) {
+		c.MaxAttempts = 2
+		if set != nil {
+			set(c)
+		}
+	}).Step(r.t.Context(), []*kgo.Record{auth})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -118,6 +133,37 @@ func TestReconcileResponseLostAfterEffect(t *testing.T) {
 	// A redelivered outcome_unknown finds the call settled: nothing more.
 	if got := r.reconcile(r.reconciler(), unknown); len(got) != 0 {
 		t.Errorf("a second pass appended %v; want nothing", got)
+	}
+}
+
+// A tool that demands its backend secret of every request gets it with
+// the status lookups too: the call whose response was lost is found
+// applied. Before, the reconciler sent no secret, every lookup was
+// refused 401, and the call was parked (and, under a policy that undoes
+// such calls, compensated) although one lookup could settle it.
+func TestReconcileSendsTheBackendSecret(t *testing.T) {
+	const secret = "ticket-api-key-0b1c"
+	reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+		entry["backend"].(map[string]any)["secret_ref"] = "ticket_api_key"
+	})
+	r := newRigWith(t, reg, demobackend.Config{BackendSecrets: map[string]string{demobackend.ToolCreateTicket: secret}})
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ticket_api_key"), []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keystore := credentials.NewKeystore(dir)
+	r.backend.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{ApplyThenDrop: true})
+	unknown := r.unknownWith(r.admit("create_ticket", "kb", map[string]any{"title": "t"}, 0), func(c *executor.Config) { c.Secrets = keystore })
+	r.backend.ClearFaults()
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Secrets = keystore })
+	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(rc, unknown)); diff != "" {
+		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+	if refused := r.backend.Refusals(); len(refused) != 0 {
+		t.Errorf("the backend refused %+v; want no request without its secret", refused)
+	}
+	if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/kb"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
 	}
 }
 

@@ -1,9 +1,10 @@
 // Package processorstest gives processor tests what the intake needs to
 // trust anything: an identity issuer with a verifier that trusts it, and a
-// policy engine.
+// policy engine; and registries with a tool changed.
 package processorstest
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/policy"
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 // Issuer names the test issuer; Audience is the ledger's audience.
@@ -133,4 +135,42 @@ func Claims(tenant, user string) identity.Claims {
 		Act:    identity.Actor{Subject: "agent_test"},
 		Tenant: tenant,
 	}
+}
+
+// RegistryWith is the registry in dir (its tools/*.json) with the entry of
+// version 1 of tool changed by change.
+func RegistryWith(t testing.TB, dir, tool string, change func(entry map[string]any)) *schemas.Registry {
+	t.Helper()
+	out := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(out, "tools"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "tools", "*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(f) == tool+".v1.json" {
+			var entry map[string]any
+			if err := json.Unmarshal(raw, &entry); err != nil {
+				t.Fatal(err)
+			}
+			change(entry)
+			if raw, err = json.Marshal(entry); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(out, "tools", filepath.Base(f)), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := schemas.Load(os.DirFS(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }
