@@ -52,6 +52,9 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 		case errors.Is(err, processors.ErrNotFound):
 			resolveError(w, http.StatusNotFound, "not_found", "no call under this key for this tenant")
 			return
+		case errors.Is(err, ErrUndoUnderWay):
+			resolveError(w, http.StatusConflict, "compensation_under_way", err.Error())
+			return
 		case errors.Is(err, ErrNotUnknown):
 			resolveError(w, http.StatusConflict, "not_unknown", err.Error())
 			return

@@ -620,3 +620,49 @@ func TestUnreadableCompensatedCallDoesNotStopTheReconciler(t *testing.T) {
 		t.Errorf("nothing logged of the call left as it is; the log:\n%s", logs.String())
 	}
 }
+
+// An operator cannot resolve a call whose compensation is under way or
+// done: its outcome settles the call (compensated if it undid it). Before,
+// a call resolved failed while its undo ran was left failed, the undo's
+// success dropped without a word, an effect undone against a call
+// recorded as having had none. Once the compensation ended without
+// undoing anything, the operator resolves the call.
+func TestResolveWaitsForTheCompensation(t *testing.T) {
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	for _, tc := range []struct {
+		name   string
+		fault  demobackend.Fault // the compensation's
+		status processors.Status // the call's in the end
+	}{
+		{"undone", demobackend.Fault{}, processors.StatusCompensated},
+		{"undo refused", demobackend.Fault{FailStatus: http.StatusBadRequest}, processors.StatusFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			orig, unknown := r.unknownRefundToUndo()
+			k := orig.Key()
+			comp := r.admitCompensation(k, "u_operator")
+			rc := r.reconciler()
+			if _, err := rc.Resolve(t.Context(), ops, k, processors.StatusFailed, "no refund in the ledger of the bank"); !errors.Is(err, executor.ErrUndoUnderWay) {
+				t.Fatalf("resolving while the compensation is authorized = %v; want ErrUndoUnderWay", err)
+			}
+			r.backend.SetFault("cancel_refund", tc.fault)
+			out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{comp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = rc.Resolve(t.Context(), ops, k, processors.StatusFailed, "no refund in the ledger of the bank")
+			if tc.status == processors.StatusCompensated {
+				if !errors.Is(err, executor.ErrUndoUnderWay) {
+					t.Fatalf("resolving after the compensation succeeded = %v; want ErrUndoUnderWay", err)
+				}
+				r.reconcileAll(rc, append([]*kgo.Record{unknown}, out.Records...)...)
+			} else if err != nil {
+				t.Fatalf("resolving after the compensation was refused = %v; want it resolved", err)
+			}
+			if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != tc.status {
+				t.Errorf("the call is %s (%v); want %s", rec.Status, err, tc.status)
+			}
+		})
+	}
+}
