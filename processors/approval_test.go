@@ -323,6 +323,13 @@ func TestApprovalRecheckedAtExecution(t *testing.T) {
 	if n := h.refundsApplied(); n != 0 {
 		t.Errorf("%d refunds ran; want 0", n)
 	}
+	// The approvals stay readable, approved, after the executor denied
+	// their calls (a denial clears the obligations that said so).
+	for _, e := range envs {
+		if a, err := svc.Get(t.Context(), boss, e.key().ApprovalID()); err != nil || a.State != approvals.StateApproved {
+			t.Errorf("Get(%s) after the denial = %+v, %v; want approved", e.key(), a, err)
+		}
+	}
 }
 
 // expiry returns when the envelope's approval lapses.

@@ -682,8 +682,10 @@ func (s *Service) read(rec processors.Record) (*found, error) {
 
 // waitedForApproval reports whether a record past pending went through an
 // approval: its outbox still shows the approval, or (once the executor
-// replaced the outbox) its events carry the approval obligation past the
-// intake's decision at seq 2.
+// replaced the outbox) its events past the intake's decision at seq 2
+// carry the approval's id (the executor copies it from the approved
+// event, onto a denial too, which clears the obligations) or the
+// approval obligation.
 func waitedForApproval(f *found, decision *ledger.Event) bool {
 	if f.pending != nil || decision != nil {
 		return true
@@ -692,7 +694,7 @@ func waitedForApproval(f *found, decision *ledger.Event) bool {
 		return false
 	}
 	for _, e := range f.evs {
-		if slices.Contains(e.Obligations, obligationRequireApproval) {
+		if e.ApprovalID != "" || slices.Contains(e.Obligations, obligationRequireApproval) {
 			return true
 		}
 	}
