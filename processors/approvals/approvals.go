@@ -29,6 +29,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -105,7 +106,7 @@ func ParseID(id string) (ledger.CallKey, error) { return ledger.ParseApprovalID(
 // concurrent use.
 type Store interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
-	ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error)
+	ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error)
 	TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
@@ -153,8 +154,10 @@ type Config struct {
 	// resource version.
 	Versions VersionReader
 	BaseURL  string
-	// ExpireBatch bounds the pending records one ExpireDue looks at,
-	// oldest first; default 500.
+	// ExpireBatch bounds the pending records one ExpireDue looks at, a
+	// page of them in their update order; default 500. A timer round
+	// (RunTimer) reads one page: with N approvals pending, one lapses
+	// within N/ExpireBatch rounds of its time.
 	ExpireBatch int
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -188,6 +191,10 @@ func (c *Config) setDefaults() {
 // instances may serve the same store at once.
 type Service struct {
 	cfg Config
+
+	mu sync.Mutex
+	// expireAfter is where the next ExpireDue reads on from.
+	expireAfter processors.Cursor
 }
 
 // New validates cfg and returns the approval queue.

@@ -781,3 +781,52 @@ func TestListNotHiddenByAnotherTenant(t *testing.T) {
 		t.Errorf("List for t_a behind 3 of t_b's with ListLimit 3 = %+v; want t_a's one approval", list)
 	}
 }
+
+// An approval whose call's deadline makes it lapse before older pending
+// ones is expired all the same, though more approvals are pending than
+// one round of the timer reads (ExpireBatch): the rounds page through
+// them. Before, every round read the same oldest page, and the short one
+// stayed pending until the older ones lapsed (15 minutes here).
+func TestExpireDuePagesPastOlderApprovals(t *testing.T) {
+	f := newFixture(t)
+	svc, err := approvals.New(approvals.Config{
+		Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now, ExpireBatch: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"old-1", "old-2", "old-3"} {
+		f.refund(key)
+	}
+	short := f.envelope("t_a", "u_1", "short", "refund_order",
+		map[string]any{"order_id": "ord_short", "amount_cents": 4500, "currency": "AUD", "reason": "customer is upset"})
+	var env map[string]any
+	if err := json.Unmarshal(short.Value, &env); err != nil {
+		t.Fatal(err)
+	}
+	env["deadline_ms"] = 60_000
+	short.Value, _ = json.Marshal(env)
+	if evs := f.submitTo(true, short); len(evs) != 2 || evs[1].Type != statemachine.EventApprovalPending {
+		t.Fatalf("intake appended %v; want requested + approval_pending", types(evs))
+	}
+	f.clock.Advance(2 * time.Minute)
+
+	k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "short"}
+	expired := 0
+	for round := range 3 { // ceil(4/2) rounds, and one that starts over
+		n, err := svc.ExpireDue(t.Context())
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		expired += n
+	}
+	if expired != 1 {
+		t.Errorf("three rounds expired %d approvals; want 1, the short one", expired)
+	}
+	if rec := f.record(k); rec.Status != processors.StatusExpired {
+		t.Errorf("the approval whose deadline passed is %s; want expired", rec.Status)
+	}
+	if rec := f.record(ledger.CallKey{TenantID: "t_a", IdempotencyKey: "old-1"}); rec.Status != processors.StatusPending {
+		t.Errorf("an approval not yet due is %s; want pending", rec.Status)
+	}
+}

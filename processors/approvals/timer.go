@@ -16,15 +16,29 @@ const DefaultTimerEvery = time.Second
 
 // ExpireDue expires the pending approvals whose expires_at has come: each
 // moves pending -> expired with an expired event (reason approval_expired).
-// It looks at up to Config.ExpireBatch pending records, oldest first, and
-// returns how many it expired. Several instances may run it at once: the
-// move's compare-and-set expires each approval exactly once, and only the
-// instance whose move applied publishes the event.
+// It looks at up to Config.ExpireBatch pending records, oldest first from
+// where the last call stopped, and returns how many it expired: expiry
+// does not follow admission order (a call's deadline can shorten it), so
+// the calls page through every pending record, one page a call, back to
+// the oldest after the newest, rather than read the same oldest page every
+// time. Several instances may run it at once: the move's compare-and-set
+// expires each approval exactly once, and only the instance whose move
+// applied publishes the event.
 func (s *Service) ExpireDue(ctx context.Context) (int, error) {
-	recs, err := s.cfg.Store.ByStatus(ctx, processors.StatusPending, s.cfg.ExpireBatch)
+	s.mu.Lock()
+	after := s.expireAfter
+	s.mu.Unlock()
+	recs, err := s.cfg.Store.ByStatusAfter(ctx, processors.StatusPending, after, s.cfg.ExpireBatch)
 	if err != nil {
 		return 0, fmt.Errorf("approvals: read pending: %w", err)
 	}
+	next := processors.Cursor{}
+	if len(recs) == s.cfg.ExpireBatch {
+		next = recs[len(recs)-1].Cursor()
+	}
+	s.mu.Lock()
+	s.expireAfter = next
+	s.mu.Unlock()
 	now := s.cfg.Now().UTC()
 	var (
 		fs  []*found
