@@ -466,6 +466,10 @@ func (s *Service) resourceVersion(ctx context.Context, rec processors.Record) (s
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
+	// Bounded as a call to the tool is: an approver's request must not
+	// hang on a version endpoint that does not answer.
+	ctx, cancel := context.WithTimeout(ctx, tool.Timeout())
+	defer cancel()
 	v, err := s.cfg.Versions.ResourceVersion(ctx, u, fmt.Sprint(res), rec.Key.TenantID)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)

@@ -830,3 +830,42 @@ func TestExpireDuePagesPastOlderApprovals(t *testing.T) {
 		t.Errorf("an approval not yet due is %s; want pending", rec.Status)
 	}
 }
+
+// hangingVersions is a version endpoint that never answers.
+type hangingVersions struct{}
+
+func (hangingVersions) ResourceVersion(ctx context.Context, _, _, _ string) (string, error) {
+	<-ctx.Done()
+	return "", ctx.Err()
+}
+
+// An approval whose resource's version cannot be read in the tool's
+// timeout fails ErrUnavailable (503 over HTTP), and the call stays
+// pending; before, the approver's request waited as long as the version
+// endpoint did, without end.
+func TestApproveDoesNotHangOnTheResourceVersion(t *testing.T) {
+	f := newFixture(t)
+	svc, err := approvals.New(approvals.Config{
+		Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now, Versions: hangingVersions{}, BaseURL: "http://tools.test",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, evs := f.refund("hang")
+	done := make(chan error, 1)
+	go func() {
+		_, err := svc.Approve(context.Background(), boss, k.ApprovalID(), evs[1].ArgumentsHash)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, approvals.ErrUnavailable) {
+			t.Errorf("Approve with the version endpoint hanging = %v; want ErrUnavailable", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Approve still waits for the version endpoint after 10 s (the tool's timeout is 2 s)")
+	}
+	if rec := f.record(k); rec.Status != processors.StatusPending {
+		t.Errorf("the call is %s; want still pending", rec.Status)
+	}
+}
