@@ -92,6 +92,12 @@ const DefaultUndoAttempts = 10
 // the reconciler; one cut short is asked again like any failure.
 const undoTimeout = 30 * time.Second
 
+// notFoundSkew is how far the reconciler's clock may run ahead of the
+// store's before a status lookup's "not found" is taken as final too
+// early: ten times the 500 ms CockroachDB lets its own nodes' clocks
+// drift apart, for hosts that NTP keeps within milliseconds.
+const notFoundSkew = 5 * time.Second
+
 // ReconcilerMetrics receives a reconciler's measurements (metrics.Registry
 // is one). Its methods are called from the reconciler's step, one at a
 // time.
@@ -568,8 +574,12 @@ attempts:
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp.Body) == "not_found":
 			// Not found is final only once the last attempt could no
 			// longer land: it started before the outcome was recorded
-			// and lasts at most the tool's timeout.
-			if r.cfg.Now().Before(rec.UpdatedAt.Add(tool.Timeout())) {
+			// and lasts at most the tool's timeout. The record's time
+			// is the store's clock (PostgreSQL's, CockroachDB's now()),
+			// this one the reconciler's: a host running ahead of the
+			// database would end the wait early, so it lasts
+			// notFoundSkew longer.
+			if r.cfg.Now().Before(rec.UpdatedAt.Add(tool.Timeout() + notFoundSkew)) {
 				log.Debug("not found yet; asking again after the last attempt's time is up")
 				return pendingMove{}, false, nil
 			}

@@ -175,9 +175,15 @@ func TestReconcileNothingApplied(t *testing.T) {
 	auth := r.admit("create_ticket", "never", map[string]any{"title": "t"}, 1500)
 	unknown := r.unknown(auth)
 	r.backend.ClearFaults()
-	// While the last attempt could still land, not found proves nothing.
+	// While the last attempt could still land, not found proves nothing;
+	// nor does it just past the tool's timeout (2 s) by a clock that may
+	// run ahead of the store's.
 	if got := r.reconcile(r.reconciler(), unknown); len(got) != 0 {
 		t.Errorf("reconciled %v while the last attempt could still land; want nothing yet", got)
+	}
+	ahead := func() time.Time { return time.Now().Add(5 * time.Second) }
+	if got := r.reconcile(r.reconcilerAt(ahead), unknown); len(got) != 0 {
+		t.Errorf("reconciled %v by a clock 5 s ahead, past the tool's timeout; want nothing yet", got)
 	}
 	later := func() time.Time { return time.Now().Add(time.Minute) }
 	if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(r.reconcilerAt(later), unknown)); diff != "" {
