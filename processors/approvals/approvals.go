@@ -106,7 +106,7 @@ func ParseID(id string) (ledger.CallKey, error) { return ledger.ParseApprovalID(
 // concurrent use.
 type Store interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
-	ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error)
+	processors.StatusLister
 	TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
@@ -157,7 +157,7 @@ type Config struct {
 	// ExpireBatch bounds the pending records one ExpireDue looks at, a
 	// page of them in their update order; default 500. A timer round
 	// (RunTimer) reads one page: with N approvals pending, one lapses
-	// within N/ExpireBatch rounds of its time.
+	// within about N/ExpireBatch + 1 rounds of its time.
 	ExpireBatch int
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -193,8 +193,8 @@ type Service struct {
 	cfg Config
 
 	mu sync.Mutex
-	// expireAfter is where the next ExpireDue reads on from.
-	expireAfter processors.Cursor
+	// expirePass is where the next ExpireDue reads on from.
+	expirePass processors.SweepPass
 }
 
 // New validates cfg and returns the approval queue.

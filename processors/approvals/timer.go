@@ -19,26 +19,19 @@ const DefaultTimerEvery = time.Second
 // It looks at up to Config.ExpireBatch pending records, oldest first from
 // where the last call stopped, and returns how many it expired: expiry
 // does not follow admission order (a call's deadline can shorten it), so
-// the calls page through every pending record, one page a call, back to
-// the oldest after the newest, rather than read the same oldest page every
-// time. Several instances may run it at once: the move's compare-and-set
+// the calls page through the pending records, one page a call, in passes
+// that go back to the oldest once they reach the newest or those that
+// arrived since the pass began (processors.SweepPass), rather than read
+// the same oldest page every time. Several instances may run it at once: the move's compare-and-set
 // expires each approval exactly once, and only the instance whose move
 // applied publishes the event.
 func (s *Service) ExpireDue(ctx context.Context) (int, error) {
 	s.mu.Lock()
-	after := s.expireAfter
+	recs, err := s.expirePass.Page(ctx, s.cfg.Store, processors.StatusPending, s.cfg.ExpireBatch, s.cfg.Now())
 	s.mu.Unlock()
-	recs, err := s.cfg.Store.ByStatusAfter(ctx, processors.StatusPending, after, s.cfg.ExpireBatch)
 	if err != nil {
 		return 0, fmt.Errorf("approvals: read pending: %w", err)
 	}
-	next := processors.Cursor{}
-	if len(recs) == s.cfg.ExpireBatch {
-		next = recs[len(recs)-1].Cursor()
-	}
-	s.mu.Lock()
-	s.expireAfter = next
-	s.mu.Unlock()
 	now := s.cfg.Now().UTC()
 	var (
 		fs  []*found

@@ -264,7 +264,7 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 	// RevocationSkew after, for the clocks of two machines): the family
 	// (tool, tenant, claim epoch) goes on being minted afterwards, and
 	// those later credentials were never exposed.
-	if a, revoked := s.cfg.State.Revoked(c.JTI, c.Family); revoked && (a.JTI != "" || !c.IssuedAt.After(a.At.Add(max(s.cfg.RevocationSkew, 0)))) {
+	if a, revoked := s.cfg.State.Revoked(c.JTI, c.Family); revoked && s.covers(a, c.IssuedAt) {
 		s.cfg.Logger.Debug("introspection: revoked", "jti", c.JTI, "family", c.Family, attrSubject, a.Subject)
 		writeJSON(w, http.StatusOK, Introspection{Active: false})
 		return

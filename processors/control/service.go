@@ -307,11 +307,18 @@ func (s *Service) Revoke(ctx context.Context, operator identity.Identity, jti, f
 		if !platform && tenant != operator.Tenant {
 			return Action{}, fmt.Errorf("%w: an operator of tenant %s may not revoke a family of tenant %s", ErrForbidden, operator.Tenant, tenant)
 		}
-		if a, ok := s.cfg.State.Revoked("", family); ok && !s.cfg.Now().After(a.At.Add(max(s.cfg.RevocationSkew, 0))) {
+		if a, ok := s.cfg.State.Revoked("", family); ok && s.covers(a, s.cfg.Now()) {
 			return a, nil
 		}
 	}
 	return s.publish(ctx, s.action(operator, KindRevoke, reason, func(a *Action) { a.JTI, a.Family = jti, family }))
+}
+
+// covers reports whether revocation a covers a credential issued at
+// issued: every one of a jti's; a family's issued up to it, and
+// RevocationSkew after (see Config.RevocationSkew).
+func (s *Service) covers(a Action, issued time.Time) bool {
+	return a.JTI != "" || !issued.After(a.At.Add(max(s.cfg.RevocationSkew, 0)))
 }
 
 // Snapshot returns what operator may see of the control state: everything

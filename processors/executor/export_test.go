@@ -29,3 +29,7 @@ func LoopConfig(x *Executor, lc ledger.LoopConfig) ledger.LoopConfig { return x.
 
 // SetSweepLimit sets how many calls one of rc's sweeps lists in a status.
 func SetSweepLimit(rc *Reconciler, n int) { rc.sweepLimit = n }
+
+// NotFoundSkew is how long past a tool's timeout a status lookup's not
+// found stays not final.
+const NotFoundSkew = notFoundSkew

@@ -49,9 +49,15 @@ var (
 	ErrNotUnknown = errors.New("executor: the call's outcome is not unknown")
 	// ErrForbidden: the identity may not resolve the call.
 	ErrForbidden = errors.New("executor: not an operator of the call's tenant")
-	// ErrUndoUnderWay: the call's compensation is under way or done; its
-	// outcome settles the call, not a resolution.
-	ErrUndoUnderWay = errors.New("executor: the call's compensation is under way or done")
+	// ErrUndoUnderWay: the call's compensation is under way or has undone
+	// it; its outcome settles the call, not a resolution as failed.
+	ErrUndoUnderWay = errors.New("executor: the call's compensation is under way or has undone it")
+	// ErrInvalidResolution: the resolution itself is malformed (its as,
+	// its evidence).
+	ErrInvalidResolution = errors.New("executor: invalid resolution")
+	// ErrNoContext: the call's record holds no events this build can
+	// read (an outbox a newer build wrote): nothing to settle it from.
+	ErrNoContext = errors.New("executor: the call's record cannot be read")
 )
 
 // ReconcilerStore is the part of the execution store the reconciler uses.
@@ -196,11 +202,11 @@ type Reconciler struct {
 	// for a human stay parked, oldest first, and a sweep reading the
 	// oldest page every time would never reach the calls behind a page
 	// of them. Only the step touches it.
-	parkedPass sweepPass
+	parkedPass processors.SweepPass
 	// unknownPass is the same for the sweeps of unknown outcomes: calls
 	// whose lookups are held off (the reconciler's breaker open) stay
 	// outcome_unknown, oldest first, for up to UnansweredFor.
-	unknownPass sweepPass
+	unknownPass processors.SweepPass
 	// sweepLimit bounds the calls one sweep lists in a status.
 	sweepLimit int
 
@@ -346,8 +352,8 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 	var handed []pendingMove // parks handed to a human by the sweep
 	if now := r.cfg.Now(); now.Sub(r.lastSwp) >= r.cfg.SweepEvery {
 		r.lastSwp = now
-		oldestPage := r.unknownPass.after.IsZero()
-		unknown, err := r.page(ctx, processors.StatusOutcomeUnknown, &r.unknownPass)
+		oldestPage := r.unknownPass.Starting()
+		unknown, err := r.unknownPass.Page(ctx, r.cfg.Store, processors.StatusOutcomeUnknown, r.sweepLimit, r.cfg.Now())
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 		}
@@ -549,7 +555,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 	if last != nil {
 		// Failed lookups, none asked: the call waits for a sweep that
 		// has the secret, and is parked once unanswered for the bound.
-		log.Error("backend secret unavailable for the status lookup", "err", last)
+		log.Debug("backend secret unavailable for the status lookup", "err", last)
 		tries = 0
 	}
 attempts:
@@ -690,40 +696,6 @@ func (r *Reconciler) holdUndo(key ledger.CallKey) {
 	}
 }
 
-// sweepPass is where a pass of sweeps through the calls in one status
-// is: a sweep reading the oldest page every time would never reach the
-// calls behind a page of calls that stay in the status.
-type sweepPass struct {
-	after processors.Cursor // the last call listed; zero: the pass starts
-	start time.Time         // when the pass started
-}
-
-// page lists a sweep's page of the calls in status: those after the
-// pass's last, oldest update first, at most the sweep's limit. A full
-// page moves the pass to its end, for the next sweep to go on from there.
-// A page that is not full ends the pass, as does one that reaches calls
-// updated since the pass started: those arrive as fast as the sweeps
-// read, maybe, and a pass that went on to them would never come back to
-// the oldest. The next sweep then starts again from the oldest. (The
-// start is this process's clock, an update time the store's: a store
-// clock ahead by X ends passes at calls updated in the X before their
-// start, which they reach once they are older than that; one behind
-// takes a pass that much further. Every pass still ends.)
-func (r *Reconciler) page(ctx context.Context, status processors.Status, p *sweepPass) ([]processors.Record, error) {
-	if p.after.IsZero() {
-		p.start = r.cfg.Now()
-	}
-	recs, err := r.cfg.Store.ByStatusAfter(ctx, status, p.after, r.sweepLimit)
-	if err != nil {
-		return nil, err
-	}
-	p.after = processors.Cursor{}
-	if last := len(recs) - 1; last+1 == r.sweepLimit && recs[last].UpdatedAt.Before(p.start) {
-		p.after = recs[last].Cursor()
-	}
-	return recs, nil
-}
-
 // retryUndos asks again, at a sweep, for the compensations of the calls
 // parked compensation_requested that have none: those this reconciler
 // failed to request, when due, and those any reconciler parked (listed,
@@ -735,7 +707,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 	if r.cfg.Compensator == nil {
 		return nil, nil
 	}
-	parked, err := r.page(ctx, processors.StatusParked, &r.parkedPass)
+	parked, err := r.parkedPass.Page(ctx, r.cfg.Store, processors.StatusParked, r.sweepLimit, r.cfg.Now())
 	if err != nil {
 		return nil, fmt.Errorf("sweep parked calls: %w", err)
 	}
@@ -988,10 +960,10 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		return pendingMove{}, ErrForbidden
 	}
 	if as != processors.StatusSucceeded && as != processors.StatusFailed {
-		return pendingMove{}, fmt.Errorf("resolve as %q: want succeeded or failed", as)
+		return pendingMove{}, fmt.Errorf("%w: as %q: want succeeded or failed", ErrInvalidResolution, as)
 	}
 	if strings.TrimSpace(evidence) == "" {
-		return pendingMove{}, errors.New("resolve: evidence is required")
+		return pendingMove{}, fmt.Errorf("%w: evidence is required", ErrInvalidResolution)
 	}
 	rec, err := r.cfg.Store.Get(ctx, key)
 	if err != nil {
@@ -1001,20 +973,25 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		return pendingMove{}, ErrNotUnknown
 	}
 	// A compensation that may undo (or has undone) the call settles it
-	// compensated: a resolution now (failed, say) would leave its undo
-	// against a call recorded as having had no effect. Once it ended
-	// without undoing anything, the call is the operator's to settle.
-	ck := key.CompensationKey()
-	switch comp, err := r.cfg.Store.Get(ctx, ck); {
-	case errors.Is(err, processors.ErrNotFound):
-	case err != nil:
-		return pendingMove{}, err
-	case !undoneNothing(comp.Status):
-		return pendingMove{}, fmt.Errorf("%w: %s is %s", ErrUndoUnderWay, ck, comp.Status)
+	// compensated: resolved failed now, the call would be recorded as
+	// having had no effect while its undo ran. (Resolved succeeded, its
+	// compensation still settles it compensated, or, one the reconciler
+	// asked for, is refused as having nothing to undo.) Once the
+	// compensation ended without undoing anything, or was itself
+	// resolved failed, the call is the operator's to settle.
+	if as == processors.StatusFailed {
+		ck := key.CompensationKey()
+		switch comp, err := r.cfg.Store.Get(ctx, ck); {
+		case errors.Is(err, processors.ErrNotFound):
+		case err != nil:
+			return pendingMove{}, err
+		case !undoneNothing(comp.Status):
+			return pendingMove{}, fmt.Errorf("%w: %s is %s; resolve it first if its outcome is unknown", ErrUndoUnderWay, ck, comp.Status)
+		}
 	}
 	tmpl, err := recordTemplate(rec)
 	if err != nil {
-		return pendingMove{}, err
+		return pendingMove{}, fmt.Errorf("%w: %w", ErrNoContext, err)
 	}
 	t := statemachine.EventSucceeded
 	if as == processors.StatusFailed {

@@ -175,18 +175,22 @@ func TestReconcileNothingApplied(t *testing.T) {
 	auth := r.admit("create_ticket", "never", map[string]any{"title": "t"}, 1500)
 	unknown := r.unknown(auth)
 	r.backend.ClearFaults()
+	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "never"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The clocks are the outcome's time in the store plus d.
+	after := func(d time.Duration) func() time.Time { return func() time.Time { return rec.UpdatedAt.Add(d) } }
+	const timeout = 2 * time.Second // create_ticket's
 	// While the last attempt could still land, not found proves nothing;
-	// nor does it just past the tool's timeout (2 s) by a clock that may
-	// run ahead of the store's.
-	if got := r.reconcile(r.reconciler(), unknown); len(got) != 0 {
-		t.Errorf("reconciled %v while the last attempt could still land; want nothing yet", got)
+	// nor does it just past the tool's timeout, by a clock that may run
+	// ahead of the store's.
+	for _, d := range []time.Duration{0, timeout + executor.NotFoundSkew - time.Second} {
+		if got := r.reconcile(r.reconcilerAt(after(d)), unknown); len(got) != 0 {
+			t.Errorf("reconciled %v at %v past the outcome; want nothing yet", got, d)
+		}
 	}
-	ahead := func() time.Time { return time.Now().Add(5 * time.Second) }
-	if got := r.reconcile(r.reconcilerAt(ahead), unknown); len(got) != 0 {
-		t.Errorf("reconciled %v by a clock 5 s ahead, past the tool's timeout; want nothing yet", got)
-	}
-	later := func() time.Time { return time.Now().Add(time.Minute) }
-	if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(r.reconcilerAt(later), unknown)); diff != "" {
+	if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(r.reconcilerAt(after(timeout+executor.NotFoundSkew+time.Second)), unknown)); diff != "" {
 		t.Errorf("reconciled events (-want +got):\n%s", diff)
 	}
 	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/never"); n != 0 {

@@ -58,8 +58,18 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 		case errors.Is(err, ErrNotUnknown):
 			resolveError(w, http.StatusConflict, "not_unknown", err.Error())
 			return
-		case err != nil:
+		case errors.Is(err, ErrInvalidResolution):
 			resolveError(w, http.StatusBadRequest, "invalid_request", err.Error())
+			return
+		case errors.Is(err, ErrNoContext):
+			r.cfg.Logger.Error("resolution of a call whose record cannot be read", "call_key", key.String(), "err", err)
+			resolveError(w, http.StatusInternalServerError, "record_unreadable", "the call's record cannot be read by this build")
+			return
+		case err != nil:
+			// The store's: not the request's fault, and its text is
+			// the server's business.
+			r.cfg.Logger.Warn("resolution failed", "call_key", key.String(), "err", err)
+			resolveError(w, http.StatusServiceUnavailable, "unavailable", "the execution store is unavailable; try again")
 			return
 		}
 		recs := make([]*kgo.Record, 0, len(evs))
