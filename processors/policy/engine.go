@@ -363,19 +363,31 @@ func (e *Engine) evaluate(ctx context.Context, s *Set, r Request) Decision {
 		// Any error denies, even in a policy that might not have
 		// mattered: a broken policy is found at once, not when it
 		// happens to decide.
+		//
+		// Cedar's messages can quote the values they failed on (an
+		// ip() or decimal() that did not parse, the operands of an
+		// overflow), which are the call's arguments, masked or not:
+		// the decision, which goes into events, and the warning name
+		// the failing policies and where they are; the messages are
+		// logged at Debug only, for a policy's author.
+		where := make([]string, 0, len(diag.Errors))
 		msgs := make([]string, 0, len(diag.Errors))
 		for _, de := range diag.Errors {
 			d.PolicyIDs = append(d.PolicyIDs, string(de.PolicyID))
-			msgs = append(msgs, fmt.Sprintf("policy %s (%s:%d:%d): %s",
-				de.PolicyID, de.Position.Filename, de.Position.Line, de.Position.Column, de.Message))
+			at := fmt.Sprintf("policy %s (%s:%d:%d)", de.PolicyID, de.Position.Filename, de.Position.Line, de.Position.Column)
+			where = append(where, at+" could not be evaluated")
+			msgs = append(msgs, at+": "+de.Message)
 		}
 		slices.Sort(d.PolicyIDs)
 		d.PolicyIDs = slices.Compact(d.PolicyIDs)
+		slices.Sort(where)
 		slices.Sort(msgs)
 		d.Reason = ReasonPolicyError
-		d.Detail = strings.Join(msgs, "; ")
+		d.Detail = strings.Join(where, "; ")
 		e.cfg.Logger.Warn("policy evaluation failed", "policy_version", s.Version(), "tool", r.Tool,
 			"policy_ids", d.PolicyIDs, "error", d.Detail)
+		e.cfg.Logger.Debug("policy evaluation errors (they may quote the call's arguments)", "policy_version", s.Version(),
+			"tool", r.Tool, "errors", strings.Join(msgs, "; "))
 		return d
 	}
 	for _, reason := range diag.Reasons {

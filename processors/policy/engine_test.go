@@ -872,3 +872,31 @@ func TestTransientDenials(t *testing.T) {
 		})
 	}
 }
+
+// A policy that fails on an argument's value (an ip() that does not
+// parse) denies without the value in the decision's detail, which goes
+// into the call's events, or in the warning logged: Cedar's message
+// quotes it, and it may be a field the registry or a policy masks. The
+// message is logged at Debug only.
+func TestEvaluationErrorsKeepArgumentsOut(t *testing.T) {
+	const secret = "s3cr3t-4f9a"
+	s := load(t, "v1", map[string]string{"p.cedar": `@id("by-ip") permit (principal, action, resource)
+		when { ip(context.arguments.city).isLoopback() };`})
+	var logs bytes.Buffer
+	e := newEngine(t, Config{Set: s, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	req := simple("get_weather")
+	req.Arguments = map[string]any{"city": secret}
+	got := e.Decide(context.Background(), req)
+	if got.Reason != ReasonPolicyError || !strings.Contains(got.Detail, "p.cedar:") {
+		t.Fatalf("Decide() = %s, %q; want %s naming where the policy failed", got.Reason, got.Detail, ReasonPolicyError)
+	}
+	if strings.Contains(got.Detail, secret) || strings.Contains(logs.String(), secret) {
+		t.Errorf("the argument's value is in the detail %q or the log:\n%s", got.Detail, logs.String())
+	}
+	var debug bytes.Buffer
+	e = newEngine(t, Config{Set: s, Logger: slog.New(slog.NewTextHandler(&debug, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	e.Decide(context.Background(), req)
+	if !strings.Contains(debug.String(), "policy evaluation errors") || !strings.Contains(debug.String(), "p.cedar:") {
+		t.Errorf("no Cedar message at Debug for the policy's author:\n%s", debug.String())
+	}
+}
