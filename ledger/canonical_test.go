@@ -446,6 +446,16 @@ func BenchmarkArgumentsHash(b *testing.B) {
 			}
 		}
 	})
+	// What the intake adds to a call to decide on the hashed arguments:
+	// their canonical bytes decoded again.
+	b.Run("decode-canonical", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := Decode(canonical, Limits{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func BenchmarkCanonical(b *testing.B) {

@@ -194,8 +194,11 @@ type checked struct {
 	id       identity.Identity
 	tool     *schemas.Tool
 	decision policy.Decision
-	// args are the arguments in canonical form, as hashed.
+	// args are the arguments in canonical form, as hashed; tree is them
+	// decoded, what the schema validates, the policies decide and the
+	// audit copy shows.
 	args []byte
+	tree any
 }
 
 // key is the call's key under the verified tenant.
@@ -534,6 +537,14 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		return refuse(c.key(), ReasonHashMismatch, "/arguments_hash",
 			"arguments_hash is not the sha256 of the canonical (RFC 8785) {arguments, tenant_id, tool, tool_version}")
 	}
+	// What is validated, decided and audited is what was hashed and
+	// runs: the canonical arguments, not their spelling in the envelope.
+	// A number sent as 4500.0 or 4.5e3 hashes as 4500, and the schema
+	// takes it for that integer, while a policy reading the spelling
+	// would not see an amount at all.
+	if c.tree, err = ledger.Decode(args, ledger.Limits{}); err != nil {
+		return refuse(c.key(), ReasonInvalidArguments, "/arguments", err.Error())
+	}
 	tool, err := p.cfg.Registry.Lookup(env.Tool, env.ToolVersion)
 	switch {
 	case errors.Is(err, schemas.ErrUnknownVersion):
@@ -547,7 +558,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 			return refuse(c.key(), ReasonToolFrozen, "/tool", fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason))
 		}
 	}
-	if err := tool.Validate(env.Arguments); err != nil {
+	if err := tool.Validate(c.tree); err != nil {
 		var ve *schemas.ValidationError
 		ptr, detail := "/arguments", err.Error()
 		if errors.As(err, &ve) {
@@ -556,7 +567,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		return refuse(c.key(), ReasonInvalidArguments, ptr, detail)
 	}
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose}
-	c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, env.Arguments, p.cfg.Channel, now))
+	c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, c.tree, p.cfg.Channel, now))
 	if c.decision.Transient() {
 		// The engine could not decide (a stall, no set): that says
 		// nothing about the call, so it must not use the key up as a
@@ -695,11 +706,11 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 	// no obligations, and a denied call's arguments go to the same log,
 	// projections and console as an allowed one's.
 	hide := append(append(append([]string(nil), tool.Redact...), d.AuditMask...), d.Obligations.Mask...)
-	audit := env.Arguments
+	audit := c.tree
 	if len(hide) > 0 {
 		// Redact copies; nothing below writes to the tree, so only when
 		// it hides.
-		audit = ledger.Redact(env.Arguments, hide)
+		audit = ledger.Redact(c.tree, hide)
 	}
 	redacted, err := ledger.Canonical(audit)
 	if err != nil {

@@ -787,3 +787,35 @@ permit (principal, action == Action::"tool::create_ticket", resource);`)
 		t.Errorf("Get(k3) = %v; want ErrNotFound: a rate-limited key stays free", err)
 	}
 }
+
+// The schema, the policies and the audit copy see the arguments as they
+// were hashed and will run: a number spelt 4.5e3 or 4500.0 is the 4500
+// it hashes as. Before, the schema took 4.5e3 for the integer 4500 while
+// the policies saw no amount at all: a cap on amounts did not apply, and
+// the tool was sent 4500.
+func TestIntakeDecidesTheHashedArguments(t *testing.T) {
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Policy = processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);
+@id("cap") forbid (principal, action == Action::"tool::refund_order", resource) when { context.has_amount && context.amount > 1000 };`))
+	})
+	id := identity.Identity{Tenant: "t_a", User: "u_1", Agent: "a"}
+	for _, spelt := range []string{"4500", "4.5e3", "4500.0", "45e2"} {
+		args := map[string]any{"order_id": "ord_1", "amount_cents": json.Number(spelt), "currency": "AUD"}
+		hash, err := ledger.ArgumentsHash("t_a", "refund_order", 1, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := &ledger.Envelope{Tool: "refund_order", ToolVersion: 1, CallID: "c_" + spelt, Scope: ledger.Scope{TenantID: "t_a", UserID: "u_1"},
+			IdempotencyKey: "k_" + spelt, ArgumentsHash: hash, Arguments: args}
+		evs, err := f.in.Submit(t.Context(), env, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last := evs[len(evs)-1]; last.Type != "denied" || len(last.PolicyID) != 1 || last.PolicyID[0] != "cap" {
+			t.Errorf("amount_cents %s: %s by %v (%s); want denied by [cap]", spelt, last.Type, last.PolicyID, last.Reason)
+		}
+		if got := string(evs[0].Arguments); !strings.Contains(got, `"amount_cents":4500`) {
+			t.Errorf("amount_cents %s: the audit copy is %s; want the hashed 4500", spelt, got)
+		}
+	}
+}
