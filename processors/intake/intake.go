@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -199,6 +200,8 @@ type checked struct {
 	// audit copy shows.
 	args []byte
 	tree any
+	// sent is when the call's deadline counts from (requestSent).
+	sent time.Time
 }
 
 // key is the call's key under the verified tenant.
@@ -493,7 +496,34 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 			"idempotency keys ending in :compensate are reserved for the ledger's compensation calls")
 	}
 	c, refusal := p.checkCall(ctx, env, id, now)
+	if c != nil {
+		c.sent = requestSent(rec.Timestamp, now)
+	}
 	return c, refusal, nil
+}
+
+// DeadlineSkew is how far a request's record timestamp (the producer's
+// clock, unless the topic stamps its append time) may lag the intake's
+// clock with the call's deadline still counted from the intake's: the
+// skew the credentials' verification allows too.
+const DeadlineSkew = 30 * time.Second
+
+// requestSent is when a request's deadline_ms counts from: when its
+// record was published (ts) as far as the clocks let the intake tell,
+// which is ts plus DeadlineSkew, or now if that is later. A request that
+// waited in its partition longer than that (the intake down, a backlog)
+// has that much less of its deadline left, and one past it expires
+// instead of running after its agent stopped waiting, and maybe asked
+// again under another key. A producer whose clock is behind by less than
+// DeadlineSkew shortens nothing.
+func requestSent(ts, now time.Time) time.Time {
+	if ts.IsZero() {
+		return now
+	}
+	if start := ts.Add(DeadlineSkew); start.Before(now) {
+		return start
+	}
+	return now
 }
 
 // checkCall runs the checks that follow the identity's: the scope against
@@ -724,7 +754,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 			resource = fmt.Sprint(v)
 		}
 	}
-	deadline := env.Deadline(now)
+	deadline := env.Deadline(cmp.Or(c.sent, now))
 	requested := p.event(c, now, statemachine.EventRequested, 1)
 	requested.Arguments = json.RawMessage(redacted)
 	requested.Resource = resource

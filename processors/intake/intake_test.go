@@ -819,3 +819,46 @@ func TestIntakeDecidesTheHashedArguments(t *testing.T) {
 		}
 	}
 }
+
+// A call's deadline counts from when its request was published (its
+// record's timestamp), allowing the producer's clock DeadlineSkew behind
+// the intake's: a request that waited in its partition ten minutes (the
+// intake down) with an 8 s deadline is past it when the intake reads it,
+// and the executor expires it instead of running it long after its agent
+// stopped waiting. Before, every deadline counted from the intake's
+// reading.
+func TestIntakeDeadlineCountsFromThePublish(t *testing.T) {
+	f := newIntake(t)
+	now := time.Now()
+	for _, tc := range []struct {
+		name   string
+		sent   time.Time
+		wantAt time.Time // the deadline, within a second
+	}{
+		{"sent ten minutes ago", now.Add(-10 * time.Minute), now.Add(-10*time.Minute + intake.DeadlineSkew + 8*time.Second)},
+		{"a producer's clock 20 s behind", now.Add(-20 * time.Second), now.Add(8 * time.Second)},
+		{"a producer's clock ahead", now.Add(time.Minute), now.Add(8 * time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := f.envelopeRecord(t, "k_"+strings.ReplaceAll(tc.name, " ", "_"), map[string]any{"title": "t"})
+			var env map[string]any
+			if err := json.Unmarshal(rec.Value, &env); err != nil {
+				t.Fatal(err)
+			}
+			env["deadline_ms"] = 8000
+			rec.Value, _ = json.Marshal(env)
+			rec.Timestamp = tc.sent
+			out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := events(t, out)
+			if len(evs) == 0 || evs[0].DeadlineAt == nil {
+				t.Fatalf("events %+v; want requested with a deadline", evs)
+			}
+			if d := evs[0].DeadlineAt.Sub(tc.wantAt); d < -time.Second || d > time.Second {
+				t.Errorf("deadline %v; want %v", evs[0].DeadlineAt, tc.wantAt)
+			}
+		})
+	}
+}
