@@ -14,13 +14,16 @@ package schemas
 
 import (
 	"bytes"
+	"cmp"
 	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 )
@@ -181,8 +184,59 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 		// validation unchecked and reach the backend.
 		return nil, fmt.Errorf(`top level must say "additionalProperties": false`)
 	}
+	if ptr := openObject(m, ""); ptr != "" {
+		return nil, fmt.Errorf(`the object schema at %s must say "additionalProperties": false (or give the schema of the members it allows): an object inside the arguments is as strict as the top level`, ptr)
+	}
 	m["$id"] = id
 	return json.Marshal(m)
+}
+
+// Subschema keywords of JSON Schema 2020-12, by the shape they hold.
+var (
+	schemaKeywords      = []string{"additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames", "unevaluatedItems", "unevaluatedProperties"}
+	schemaListKeywords  = []string{"prefixItems", "allOf", "anyOf", "oneOf"}
+	schemaTableKeywords = []string{"properties", "patternProperties", "$defs", "dependentSchemas"}
+)
+
+// openObject returns the JSON pointer of the first object schema in
+// schema (at ptr) that leaves its other members open (no
+// additionalProperties, or true, or {}, and no unevaluatedProperties
+// false), or "" if there is none.
+func openObject(schema any, ptr string) string {
+	m, ok := schema.(map[string]any)
+	if !ok {
+		return ""
+	}
+	_, hasProps := m["properties"]
+	if m["type"] == "object" || hasProps {
+		sub, isSchema := m["additionalProperties"].(map[string]any)
+		closed := m["additionalProperties"] == false || (isSchema && len(sub) > 0) || m["unevaluatedProperties"] == false
+		if !closed {
+			return cmp.Or(ptr, "/")
+		}
+	}
+	for _, k := range schemaKeywords {
+		if p := openObject(m[k], ptr+"/"+k); p != "" {
+			return p
+		}
+	}
+	for _, k := range schemaListKeywords {
+		list, _ := m[k].([]any)
+		for i, sub := range list {
+			if p := openObject(sub, fmt.Sprintf("%s/%s/%d", ptr, k, i)); p != "" {
+				return p
+			}
+		}
+	}
+	for _, k := range schemaTableKeywords {
+		table, _ := m[k].(map[string]any)
+		for _, name := range slices.Sorted(maps.Keys(table)) {
+			if p := openObject(table[name], ptr+"/"+k+"/"+escapeToken(name)); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
 }
 
 // Lookup returns the tool at that version. The error wraps ErrUnknownTool

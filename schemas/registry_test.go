@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -216,6 +217,14 @@ func TestLoadErrors(t *testing.T) {
 			wantIn: []string{"tools/t.v1.json", "additionalProperties"}, invalid: true},
 		{name: "schema lacks additionalProperties", files: map[string]string{"tools/t.v1.json": sub(okSchema, ``)},
 			wantIn: []string{"tools/t.v1.json", "additionalProperties"}, invalid: true},
+		{name: "nested object open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "object", "properties": {"y": {"type": "string"}}}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x", "additionalProperties"}, invalid: true},
+		{name: "nested object allowing anything", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "object", "additionalProperties": {}}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
+		{name: "object in an array open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "array", "items": {"type": "object"}}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/items"}, invalid: true},
+		{name: "object in a $defs open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$ref": "#/$defs/a~1b"}}, "$defs": {"a/b": {"type": "object"}`)},
+			wantIn: []string{"tools/t.v1.json", "/$defs/a~1b"}, invalid: true},
 		{name: "schema not an object type", files: map[string]string{"tools/t.v1.json": sub(`"type": "object"`, `"type": "array"`)},
 			wantIn: []string{"tools/t.v1.json", "object"}, invalid: true},
 		{name: "schema other draft", files: map[string]string{"tools/t.v1.json": sub(`2020-12/schema`, `2019-09/schema`)},
@@ -259,5 +268,38 @@ func TestLoadCompensation(t *testing.T) {
 	tool, _ := r.Lookup("t", 1)
 	if diff := cmp.Diff(&ToolRef{Tool: "undo_t", Version: 1}, tool.Compensation); diff != "" {
 		t.Errorf("Compensation mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// Objects inside the arguments load when they are closed, or say the
+// schema of the members they allow, and validation holds them to it.
+func TestLoadNestedObjectsClosed(t *testing.T) {
+	t.Parallel()
+	src := strings.Replace(toolJSON, `"properties": {"x": {"type": "string"}}`,
+		`"properties": {"x": {"type": "object", "additionalProperties": false, "properties": {"y": {"type": "string"}}},
+		"m": {"type": "object", "additionalProperties": {"type": "string"}}}`, 1)
+	r, err := Load(mapFS(map[string]string{"tools/t.v1.json": src}))
+	if err != nil {
+		t.Fatalf("Load() = %v", err)
+	}
+	tool, err := r.Lookup("t", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args string
+		ok   bool
+	}{
+		{`{"x": {"y": "a"}, "m": {"k": "v"}}`, true},
+		{`{"x": {"y": "a", "z": "smuggled"}}`, false},
+		{`{"m": {"k": 1}}`, false},
+	} {
+		var v any
+		if err := json.Unmarshal([]byte(tc.args), &v); err != nil {
+			t.Fatal(err)
+		}
+		if err := tool.Validate(v); (err == nil) != tc.ok {
+			t.Errorf("Validate(%s) = %v; want ok %v", tc.args, err, tc.ok)
+		}
 	}
 }
