@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -224,8 +225,24 @@ func TestApprovalBindsResourceVersion(t *testing.T) {
 	h.policy.Swap(loadSet(t, "approvals", approvalPolicies))
 	h.startIntake("intake-1")
 	svc := h.approvals("approvals-1")
-	envs := h.pendingRefunds("version", 2)
-	for _, e := range envs {
+	envs := h.pendingRefunds("version", 3)
+	if c, err := h.index.Get(envs[0].key()); err != nil || !slices.ContainsFunc(c.Events, func(ev ledger.Event) bool {
+		return ev.Type == statemachine.EventApprovalPending && ev.ResourceVersion != ""
+	}) {
+		t.Errorf("the approval_pending event holds no resource version (%v)", err)
+	}
+	// The third order changes while its call waits for the approval: the
+	// approval, for the order as the call was requested, is refused, and
+	// the call stays pending. (Before, the approval took the order as it
+	// was when the approver clicked.)
+	h.backend.BumpResource("t_a", "ord_2")
+	if _, err := svc.Approve(t.Context(), boss, envs[2].key().ApprovalID(), envs[2].ArgumentsHash); !errors.Is(err, approvals.ErrResourceChanged) {
+		t.Errorf("approving a call whose order changed since its request: %v; want ErrResourceChanged", err)
+	}
+	if a, err := svc.Get(t.Context(), boss, envs[2].key().ApprovalID()); err != nil || a.State != approvals.StatePending {
+		t.Errorf("after the refused approval: %+v, %v; want pending", a, err)
+	}
+	for _, e := range envs[:2] {
 		if _, err := svc.Approve(t.Context(), boss, e.key().ApprovalID(), e.ArgumentsHash); err != nil {
 			t.Fatal(err)
 		}

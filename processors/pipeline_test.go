@@ -157,6 +157,7 @@ func (h *harness) startIntake(instance string) (stop func()) {
 	in, err := intake.New(intake.Config{
 		Registry: h.reg, Store: h.store, Topics: h.kafka.Topics, Actor: instance, Logger: h.logger,
 		Identity: h.ident.Verifier, Policy: h.policy, ApprovalTTL: h.approvalTTL,
+		Versions: httptool.New(httptool.Config{}), BaseURL: h.tools,
 	})
 	if err != nil {
 		h.t.Fatal(err)

@@ -195,7 +195,8 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	// The version activated on the control topic decides from the first
 	// call on.
 	f.policy.activate(engine, controls)
-	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls}, instance, f.roles.batching, observers{}, logger)
+	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls,
+		Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err
 	}

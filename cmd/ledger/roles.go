@@ -388,9 +388,10 @@ const drainTimeout = 15 * time.Second
 
 func newIntakeCmd(g *globals) *cobra.Command {
 	var (
-		rf  roleFlags
-		idf identityFlags
-		pf  policyFlags
+		rf        roleFlags
+		idf       identityFlags
+		pf        policyFlags
+		toolsBase string
 	)
 	cmd := &cobra.Command{
 		Use:   "intake",
@@ -410,7 +411,8 @@ func newIntakeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls}, rf.instance, rf.batching, rf.obs, logger)
+				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls,
+					Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase}, rf.instance, rf.batching, rf.obs, logger)
 				return loop, err
 			})
 		},
@@ -421,6 +423,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 	idf.register(cmd.Flags())
 	pf.register(cmd.Flags())
 	pf.registerRefusals(cmd.Flags())
+	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative resource version URLs resolve against: a call that must wait for an approval has its resource's version read when it is requested (at most a second), so that an approval is refused if the resource changed since")
 	return cmd
 }
 

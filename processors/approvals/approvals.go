@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -152,7 +151,7 @@ type Config struct {
 	// Versions reads resource versions for tools that declare how, and
 	// BaseURL resolves their relative URLs. Nil: approvals bind no
 	// resource version.
-	Versions VersionReader
+	Versions processors.VersionReader
 	BaseURL  string
 	// ExpireBatch bounds the pending records one ExpireDue looks at, a
 	// page of them in their update order; default 500. A timer round
@@ -362,6 +361,17 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		if err != nil {
 			return "", err
 		}
+		// The approval binds the resource as it was when the call was
+		// requested, if the intake read its version then: one changed
+		// since is not what the call was proposed for.
+		if p := f.pending; p != nil && p.ResourceVersion != "" {
+			switch {
+			case v == "":
+				return "", fmt.Errorf("%w: the call was requested at version %s, and no version was read to compare", ErrUnavailable, p.ResourceVersion)
+			case v != p.ResourceVersion:
+				return "", fmt.Errorf("%w: it is at version %s; the call was requested at %s", ErrResourceChanged, v, p.ResourceVersion)
+			}
+		}
 		ev.ResourceVersion = v
 		ev.Type = statemachine.EventApproved
 		ev.ApprovalID = f.approval.ID
@@ -439,58 +449,33 @@ func (s *Service) decide(ctx context.Context, approver identity.Identity, id str
 	return after.approval, nil
 }
 
-// VersionReader reads a resource's version (httptool.Client does).
-type VersionReader interface {
-	ResourceVersion(ctx context.Context, versionURL, resource, tenant string) (string, error)
-}
+// ErrResourceChanged: the call's resource changed since the call was
+// requested; it cannot be approved as it was proposed.
+var ErrResourceChanged = errors.New("approvals: the resource changed since the call was requested")
 
 // ErrUnavailable: something the decision needs could not be read.
 var ErrUnavailable = errors.New("approvals: cannot read the resource's version now")
 
 // resourceVersion reads the version of the call's resource, when its tool
-// declares how: the approval binds what the approver saw.
+// declares how.
 func (s *Service) resourceVersion(ctx context.Context, rec processors.Record) (string, error) {
 	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
-	if err != nil || tool.ResourceVersion == nil || tool.Resource == "" || s.cfg.Versions == nil {
+	if err != nil || s.cfg.Versions == nil {
 		return "", nil
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
 		return "", nil
 	}
-	res, ok := ledger.Lookup(args, tool.Resource)
-	if !ok {
-		return "", nil
-	}
-	u, err := resolveURL(s.cfg.BaseURL, tool.ResourceVersion.URL)
-	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
 	// Bounded as a call to the tool is: an approver's request must not
 	// hang on a version endpoint that does not answer.
 	ctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 	defer cancel()
-	v, err := s.cfg.Versions.ResourceVersion(ctx, u, fmt.Sprint(res), rec.Key.TenantID)
+	v, _, err := processors.ResourceVersion(ctx, s.cfg.Versions, s.cfg.BaseURL, tool, args, rec.Key.TenantID)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return v, nil
-}
-
-// resolveURL resolves a registry URL against base.
-func resolveURL(base, raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", err
-	}
-	if u.IsAbs() {
-		return raw, nil
-	}
-	b, err := url.Parse(base)
-	if err != nil || base == "" {
-		return "", fmt.Errorf("relative url %q without a base url", raw)
-	}
-	return b.ResolveReference(u).String(), nil
 }
 
 // event starts the next event of f's call: the identity fields of the

@@ -22,6 +22,7 @@ const (
 	CodeNotPending      = "not_pending"
 	CodeExpired         = "expired"
 	CodeHashMismatch    = "hash_mismatch"
+	CodeResourceChanged = "resource_changed"
 	CodeInvalidRequest  = "invalid_request"
 	CodeInternal        = "internal"
 )
@@ -104,6 +105,8 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusConflict, CodeExpired, "the approval has expired"
 	case errors.Is(err, ErrHashMismatch):
 		status, code, msg = http.StatusConflict, CodeHashMismatch, "arguments_hash is not the hash of the call's arguments; read the approval again"
+	case errors.Is(err, ErrResourceChanged):
+		status, code, msg = http.StatusConflict, CodeResourceChanged, err.Error()+": reject it, or let it expire"
 	case errors.Is(err, ErrUnavailable):
 		status, code, msg = http.StatusServiceUnavailable, "unavailable", "the resource's version cannot be read now; try again"
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnsupported):

@@ -136,11 +136,6 @@ func backendSecret(secrets Secrets, tool *schemas.Tool) (string, error) {
 	return sec, nil
 }
 
-// VersionReader reads a resource's version (httptool.Client does).
-type VersionReader interface {
-	ResourceVersion(ctx context.Context, versionURL, resource, tenant string) (string, error)
-}
-
 // Decider decides a call with the active policies, failing closed.
 type Decider interface {
 	Decide(ctx context.Context, r policy.Request) policy.Decision
@@ -193,7 +188,7 @@ type Config struct {
 	// Versions reads resource versions: an approved call whose resource
 	// changed since the approval is denied (resource_changed). Nil skips
 	// the check.
-	Versions VersionReader
+	Versions processors.VersionReader
 	// Secrets holds the backends' long-lived secrets (registry
 	// backend.secret_ref). A tool that names one fails without it.
 	Secrets Secrets
@@ -1249,14 +1244,10 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	if err != nil {
 		return &refusal{ReasonArgumentIntegrity, "the stored arguments do not decode", policy.Decision{}}
 	}
-	if tmpl.ResourceVersion != "" && tool.ResourceVersion != nil && x.cfg.Versions != nil {
-		res, _ := ledger.Lookup(args, tool.Resource)
-		u, err := x.resolve(tool.ResourceVersion.URL)
-		if err == nil {
-			var v string
-			if v, err = x.cfg.Versions.ResourceVersion(ctx, u, fmt.Sprint(res), rec.Key.TenantID); err == nil && v != tmpl.ResourceVersion {
-				return &refusal{ReasonResourceChanged, fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion), policy.Decision{}}
-			}
+	if tmpl.ResourceVersion != "" && x.cfg.Versions != nil {
+		v, declared, err := processors.ResourceVersion(ctx, x.cfg.Versions, x.cfg.BaseURL, tool, args, rec.Key.TenantID)
+		if err == nil && declared && v != tmpl.ResourceVersion {
+			return &refusal{ReasonResourceChanged, fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion), policy.Decision{}}
 		}
 		if err != nil {
 			// Not knowing is not running: the approval is for a

@@ -127,6 +127,16 @@ type Config struct {
 	// Freezes, when set, refuses calls to frozen tools (tool_frozen; the
 	// key stays free for after the unfreeze).
 	Freezes Freezes
+	// Versions, when set, reads the version of the resource of a call
+	// that must wait for an approval, from its tool's resource_version
+	// endpoint (BaseURL resolves relative ones), for the pending
+	// approval to hold: the approval is refused if the resource changed
+	// since (approvals.ErrResourceChanged). It waits at most
+	// VersionTimeout (default 1 s), for the intake's step waits with it;
+	// an unread version leaves the approval to bind the one it finds.
+	Versions       processors.VersionReader
+	BaseURL        string
+	VersionTimeout time.Duration
 	// Topics; defaults as ledger.Topics.
 	Topics ledger.Topics
 	// Limits on envelopes; defaults 256 KiB and depth 32.
@@ -167,6 +177,9 @@ func New(cfg Config) (*Processor, error) {
 	if cfg.PolicyRetryAfter <= 0 {
 		cfg.PolicyRetryAfter = DefaultPolicyRetryAfter
 	}
+	if cfg.VersionTimeout <= 0 {
+		cfg.VersionTimeout = time.Second
+	}
 	if cfg.Channel == "" {
 		cfg.Channel = "kafka"
 	}
@@ -202,6 +215,9 @@ type checked struct {
 	tree any
 	// sent is when the call's deadline counts from (requestSent).
 	sent time.Time
+	// version is the resource's version, read for a call that waits for
+	// an approval.
+	version string
 }
 
 // key is the call's key under the verified tenant.
@@ -615,7 +631,25 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		ev := p.retryLater(c, c.decision, now, c.decision.Reason, c.decision.Detail, p.cfg.PolicyRetryAfter)
 		return nil, &ev
 	}
+	if d := c.decision; d.Allow && d.Obligations.RequireApproval && p.cfg.Versions != nil {
+		c.version = p.resourceVersion(ctx, c)
+	}
 	return c, nil
+}
+
+// resourceVersion reads the version of the resource of c, which waits for
+// an approval, or "" if its tool declares none or it cannot be read in
+// time (logged: the approval then binds the version it finds).
+func (p *Processor) resourceVersion(ctx context.Context, c *checked) string {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.VersionTimeout)
+	defer cancel()
+	v, _, err := processors.ResourceVersion(ctx, p.cfg.Versions, p.cfg.BaseURL, c.tool, c.tree, c.id.Tenant)
+	if err != nil {
+		p.cfg.Logger.Warn("resource version unread at the request; its approval will bind the version it finds",
+			"call_key", c.key().String(), "tool", c.tool.Name, "err", err)
+		return ""
+	}
+	return v
 }
 
 // Submit runs a call that the ledger itself makes for an authenticated
@@ -782,6 +816,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 		}
 		decision.ExpiresAt = &expires
 		decision.ApprovalID = c.key().ApprovalID()
+		decision.ResourceVersion = c.version
 		decision.Reason = ReasonApprovalRequired
 		status = processors.StatusPending
 	default:

@@ -862,3 +862,45 @@ func TestIntakeDeadlineCountsFromThePublish(t *testing.T) {
 		})
 	}
 }
+
+// versionsOf answers every resource's version read with v, or err.
+type versionsOf struct {
+	v   string
+	err error
+}
+
+func (f versionsOf) ResourceVersion(context.Context, string, string, string) (string, error) {
+	return f.v, f.err
+}
+
+// A call that must wait for an approval has its resource's version read
+// when it is requested, onto its approval_pending event, for the
+// approval to hold it to; a version that cannot be read leaves the event
+// without one, and the call pending all the same.
+func TestIntakeRecordsThePendingResourceVersion(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		versions versionsOf
+		want     string
+	}{
+		{"read", versionsOf{v: "v7"}, "v7"},
+		{"unreadable", versionsOf{err: errors.New("connection refused")}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newIntakeWith(t, func(c *intake.Config) {
+				c.Policy = processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") @obligation("require_approval")
+permit (principal, action == Action::"tool::refund_order", resource);`))
+				c.Versions, c.BaseURL = tc.versions, "http://tools.test"
+			})
+			out, err := f.in.Step(t.Context(), []*kgo.Record{f.toolRecord(t, "refund_order", 1, "k_v",
+				map[string]any{"order_id": "ord_1", "amount_cents": 4500, "currency": "AUD"})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := events(t, out)
+			if len(evs) != 2 || evs[1].Type != "approval_pending" || evs[1].ResourceVersion != tc.want {
+				t.Errorf("events %+v; want requested, then approval_pending with resource version %q", evs, tc.want)
+			}
+		})
+	}
+}

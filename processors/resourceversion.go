@@ -1,0 +1,54 @@
+package processors
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/schemas"
+)
+
+// VersionReader reads a resource's version (httptool.Client does).
+type VersionReader interface {
+	ResourceVersion(ctx context.Context, versionURL, resource, tenant string) (string, error)
+}
+
+// ResourceVersion reads the version of the resource that a call of tool
+// with arguments args names, from tool's version endpoint (registry
+// resource_version, relative URLs resolved against base), within ctx:
+// each caller bounds the read by what waits for it. declared is false,
+// and nothing is read, when tool declares no version endpoint or
+// resource, or args do not name one.
+func ResourceVersion(ctx context.Context, r VersionReader, base string, tool *schemas.Tool, args any, tenant string) (v string, declared bool, err error) {
+	if tool.ResourceVersion == nil || tool.Resource == "" {
+		return "", false, nil
+	}
+	res, ok := ledger.Lookup(args, tool.Resource)
+	if !ok {
+		return "", false, nil
+	}
+	u, err := ResolveURL(base, tool.ResourceVersion.URL)
+	if err != nil {
+		return "", true, err
+	}
+	v, err = r.ResourceVersion(ctx, u, fmt.Sprint(res), tenant)
+	return v, true, err
+}
+
+// ResolveURL resolves a registry URL against base: an absolute one stays
+// as it is, a relative one needs base.
+func ResolveURL(base, raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", err
+	}
+	if u.IsAbs() {
+		return raw, nil
+	}
+	b, err := url.Parse(base)
+	if err != nil || base == "" {
+		return "", fmt.Errorf("relative url %q without a base url", raw)
+	}
+	return b.ResolveReference(u).String(), nil
+}
