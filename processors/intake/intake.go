@@ -5,10 +5,6 @@
 package intake
 
 import (
-	"runtime"
-	"sync"
-	"sync/atomic"
-
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -17,7 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
