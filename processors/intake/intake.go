@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -131,8 +132,9 @@ type Config struct {
 	// endpoint (BaseURL resolves relative ones), for the pending
 	// approval to hold: the approval is refused if the resource changed
 	// since (approvals.ErrResourceChanged). It waits at most
-	// VersionTimeout (default 1 s), for the intake's step waits with it;
-	// an unread version leaves the approval to bind the one it finds.
+	// VersionTimeout (default 1 s) for a step's calls together, for the
+	// step waits with them; an unread version leaves the approval to bind
+	// the one it finds.
 	Versions       processors.VersionReader
 	BaseURL        string
 	VersionTimeout time.Duration
@@ -163,6 +165,7 @@ type Processor struct {
 	later laterMarks
 	// limits: the store keeps rate limits (see Config.Policy).
 	limits bool
+	base   *url.URL // Config.BaseURL
 }
 
 // New validates cfg and returns an intake.
@@ -197,7 +200,11 @@ func New(cfg Config) (*Processor, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	_, limits := cfg.Store.(processors.RateLimiter)
-	return &Processor{cfg: cfg, limits: limits}, nil
+	base, err := processors.ParseBaseURL(cfg.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("intake: %w", err)
+	}
+	return &Processor{cfg: cfg, limits: limits, base: base}, nil
 }
 
 // checked is an envelope that passed every check: who asks, which tool,
@@ -276,6 +283,7 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 			calls = append(calls, r.c)
 		}
 	}
+	p.readVersions(ctx, calls)
 	settled, logged, later, err := p.settle(ctx, calls, now)
 	if err != nil {
 		return ledger.Output{}, err
@@ -532,7 +540,9 @@ const DeadlineSkew = 30 * time.Second
 // again under another key. A producer whose clock is behind by less than
 // DeadlineSkew shortens nothing.
 func requestSent(ts, now time.Time) time.Time {
-	if ts.IsZero() {
+	if ts.UnixMilli() <= 0 {
+		// None: Kafka's -1, an old message format's 0, a record
+		// made in process.
 		return now
 	}
 	if start := ts.Add(DeadlineSkew); start.Before(now) {
@@ -630,25 +640,46 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		ev := p.retryLater(c, c.decision, now, c.decision.Reason, c.decision.Detail, p.cfg.PolicyRetryAfter)
 		return nil, &ev
 	}
-	if d := c.decision; d.Allow && d.Obligations.RequireApproval && p.cfg.Versions != nil {
-		c.version = p.resourceVersion(ctx, c)
-	}
 	return c, nil
 }
 
-// resourceVersion reads the version of the resource of c, which waits for
-// an approval, or "" if its tool declares none or it cannot be read in
-// time (logged: the approval then binds the version it finds).
-func (p *Processor) resourceVersion(ctx context.Context, c *checked) string {
+// maxVersionReads bounds the resource versions a step reads at once.
+const maxVersionReads = 16
+
+// readVersions reads, all at once and within one VersionTimeout for the
+// batch, the versions of the resources of the calls in calls that must
+// wait for an approval, onto their checked.version: the step waits for
+// them, so a version endpoint that does not answer costs the batch a
+// VersionTimeout, not one a call. A version not read in time is left
+// out, logged (the approval then binds the version it finds).
+func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
+	if p.cfg.Versions == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.VersionTimeout)
 	defer cancel()
-	v, _, err := processors.ResourceVersion(ctx, p.cfg.Versions, p.cfg.BaseURL, c.tool, c.tree, c.id.Tenant)
-	if err != nil {
-		p.cfg.Logger.Warn("resource version unread at the request; its approval will bind the version it finds",
-			"call_key", c.key().String(), "tool", c.tool.Name, "err", err)
-		return ""
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxVersionReads)
+	for _, c := range calls {
+		if d := c.decision; !d.Allow || !d.Obligations.RequireApproval || c.tool.ResourceVersion == nil {
+			continue
+		}
+		wg.Go(func() {
+			select {
+			case slots <- struct{}{}:
+				defer func() { <-slots }()
+			case <-ctx.Done():
+			}
+			v, _, err := processors.ResourceVersion(ctx, p.cfg.Versions, p.base, c.tool, c.tree, c.id.Tenant)
+			if err != nil {
+				p.cfg.Logger.Warn("resource version unread at the request; its approval will bind the version it finds",
+					"call_key", c.key().String(), "tool", c.tool.Name, "err", err)
+				return
+			}
+			c.version = v
+		})
 	}
-	return v
+	wg.Wait()
 }
 
 // Submit runs a call that the ledger itself makes for an authenticated
@@ -664,6 +695,7 @@ func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identit
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil
 	}
+	p.readVersions(ctx, []*checked{c})
 	recs, _, _, err := p.settle(ctx, []*checked{c}, now)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -828,16 +829,17 @@ func TestIntakeDecidesTheHashedArguments(t *testing.T) {
 // stopped waiting. Before, every deadline counted from the intake's
 // reading.
 func TestIntakeDeadlineCountsFromThePublish(t *testing.T) {
-	f := newIntake(t)
-	now := time.Now()
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	f := newIntakeWith(t, func(c *intake.Config) { c.Now = func() time.Time { return now } })
 	for _, tc := range []struct {
 		name   string
 		sent   time.Time
-		wantAt time.Time // the deadline, within a second
+		wantAt time.Time
 	}{
 		{"sent ten minutes ago", now.Add(-10 * time.Minute), now.Add(-10*time.Minute + intake.DeadlineSkew + 8*time.Second)},
 		{"a producer's clock 20 s behind", now.Add(-20 * time.Second), now.Add(8 * time.Second)},
 		{"a producer's clock ahead", now.Add(time.Minute), now.Add(8 * time.Second)},
+		{"no timestamp (Kafka's -1)", time.UnixMilli(-1), now.Add(8 * time.Second)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := f.envelopeRecord(t, "k_"+strings.ReplaceAll(tc.name, " ", "_"), map[string]any{"title": "t"})
@@ -856,20 +858,33 @@ func TestIntakeDeadlineCountsFromThePublish(t *testing.T) {
 			if len(evs) == 0 || evs[0].DeadlineAt == nil {
 				t.Fatalf("events %+v; want requested with a deadline", evs)
 			}
-			if d := evs[0].DeadlineAt.Sub(tc.wantAt); d < -time.Second || d > time.Second {
+			if !evs[0].DeadlineAt.Equal(tc.wantAt) {
 				t.Errorf("deadline %v; want %v", evs[0].DeadlineAt, tc.wantAt)
 			}
 		})
 	}
 }
 
-// versionsOf answers every resource's version read with v, or err.
+// versionsOf answers every resource's version read with v, or err; or,
+// hanging, not until the read's context ends, counting the reads waiting
+// at once.
 type versionsOf struct {
-	v   string
-	err error
+	v       string
+	err     error
+	hanging bool
+	waiting *atomic.Int64
+	most    *atomic.Int64
 }
 
-func (f versionsOf) ResourceVersion(context.Context, string, string, string) (string, error) {
+func (f versionsOf) ResourceVersion(ctx context.Context, _, _, _ string) (string, error) {
+	if f.hanging {
+		n := f.waiting.Add(1)
+		for m := f.most.Load(); n > m && !f.most.CompareAndSwap(m, n); m = f.most.Load() {
+		}
+		<-ctx.Done()
+		f.waiting.Add(-1)
+		return "", ctx.Err()
+	}
 	return f.v, f.err
 }
 
@@ -878,6 +893,7 @@ func (f versionsOf) ResourceVersion(context.Context, string, string, string) (st
 // approval to hold it to; a version that cannot be read leaves the event
 // without one, and the call pending all the same.
 func TestIntakeRecordsThePendingResourceVersion(t *testing.T) {
+	const calls = 5
 	for _, tc := range []struct {
 		name     string
 		versions versionsOf
@@ -885,21 +901,39 @@ func TestIntakeRecordsThePendingResourceVersion(t *testing.T) {
 	}{
 		{"read", versionsOf{v: "v7"}, "v7"},
 		{"unreadable", versionsOf{err: errors.New("connection refused")}, ""},
+		{"hanging", versionsOf{hanging: true, waiting: new(atomic.Int64), most: new(atomic.Int64)}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newIntakeWith(t, func(c *intake.Config) {
 				c.Policy = processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") @obligation("require_approval")
 permit (principal, action == Action::"tool::refund_order", resource);`))
-				c.Versions, c.BaseURL = tc.versions, "http://tools.test"
+				c.Versions, c.BaseURL, c.VersionTimeout = tc.versions, "http://tools.test", time.Second
 			})
-			out, err := f.in.Step(t.Context(), []*kgo.Record{f.toolRecord(t, "refund_order", 1, "k_v",
-				map[string]any{"order_id": "ord_1", "amount_cents": 4500, "currency": "AUD"})})
+			var recs []*kgo.Record
+			for i := range calls {
+				recs = append(recs, f.toolRecord(t, "refund_order", 1, fmt.Sprintf("k_v%d", i),
+					map[string]any{"order_id": fmt.Sprintf("ord_%d", i), "amount_cents": 4500, "currency": "AUD"}))
+			}
+			out, err := f.in.Step(t.Context(), recs)
 			if err != nil {
 				t.Fatal(err)
 			}
 			evs := events(t, out)
-			if len(evs) != 2 || evs[1].Type != "approval_pending" || evs[1].ResourceVersion != tc.want {
-				t.Errorf("events %+v; want requested, then approval_pending with resource version %q", evs, tc.want)
+			pending := 0
+			for _, ev := range evs {
+				if ev.Type == "approval_pending" {
+					pending++
+					if ev.ResourceVersion != tc.want {
+						t.Errorf("%s: resource version %q; want %q", ev.IdempotencyKey, ev.ResourceVersion, tc.want)
+					}
+				}
+			}
+			if pending != calls {
+				t.Errorf("%d calls pending; want %d", pending, calls)
+			}
+			// A step's reads wait together, not one after another.
+			if tc.versions.hanging && tc.versions.most.Load() != calls {
+				t.Errorf("at most %d version reads waited at once; want all %d", tc.versions.most.Load(), calls)
 			}
 		})
 	}
