@@ -184,59 +184,110 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 		// validation unchecked and reach the backend.
 		return nil, fmt.Errorf(`top level must say "additionalProperties": false`)
 	}
-	if ptr := openObject(m, ""); ptr != "" {
+	if ptr := openObject(m, "", false); ptr != "" {
 		return nil, fmt.Errorf(`the object schema at %s must say "additionalProperties": false (or give the schema of the members it allows): an object inside the arguments is as strict as the top level`, ptr)
 	}
 	m["$id"] = id
 	return json.Marshal(m)
 }
 
-// Subschema keywords of JSON Schema 2020-12, by the shape they hold.
+// Subschema keywords of JSON Schema 2020-12 that openObject walks. Those
+// of memberKeywords describe members of the instance (a property, an
+// item), which must be closed in their own right; those of
+// sameInstanceKeywords describe the instance itself, whose closure (its
+// additionalProperties or unevaluatedProperties) holds for them. if and
+// not only test, and admit nothing: they are not walked.
 var (
-	schemaKeywords      = []string{"additionalProperties", "items", "contains", "not", "if", "then", "else", "propertyNames", "unevaluatedItems", "unevaluatedProperties"}
-	schemaListKeywords  = []string{"prefixItems", "allOf", "anyOf", "oneOf"}
-	schemaTableKeywords = []string{"properties", "patternProperties", "$defs", "dependentSchemas"}
+	memberKeywords           = []string{"additionalProperties", "items", "contains", "unevaluatedItems", "propertyNames"}
+	memberListKeywords       = []string{"prefixItems"}
+	memberTableKeywords      = []string{"properties", "patternProperties", "$defs", "definitions"}
+	sameInstanceKeywords     = []string{"then", "else"}
+	sameInstanceListKeywords = []string{"allOf", "anyOf", "oneOf"}
 )
 
+// annotationKeywords change nothing a schema accepts: a schema of only
+// these accepts anything, as true does.
+var annotationKeywords = []string{"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
+
 // openObject returns the JSON pointer of the first object schema in
-// schema (at ptr) that leaves its other members open (no
-// additionalProperties, or true, or {}, and no unevaluatedProperties
-// false), or "" if there is none.
-func openObject(schema any, ptr string) string {
+// schema (at ptr) that leaves its other members open, or "" if there is
+// none. An object schema is closed by "additionalProperties": false or a
+// schema that constrains ({} and annotations alone do not), by
+// "unevaluatedProperties": false, by a $ref (the schema it names is
+// walked where it is defined), or, for a branch of allOf, anyOf, oneOf,
+// then or else, by the closure of the schema it is a branch of (closed).
+func openObject(schema any, ptr string, closed bool) string {
 	m, ok := schema.(map[string]any)
 	if !ok {
 		return ""
 	}
 	_, hasProps := m["properties"]
-	if m["type"] == "object" || hasProps {
-		sub, isSchema := m["additionalProperties"].(map[string]any)
-		closed := m["additionalProperties"] == false || (isSchema && len(sub) > 0) || m["unevaluatedProperties"] == false
+	_, hasRef := m["$ref"]
+	if isObjectType(m["type"]) || hasProps {
+		closed = closed || hasRef || m["additionalProperties"] == false || m["unevaluatedProperties"] == false || constrains(m["additionalProperties"])
 		if !closed {
 			return cmp.Or(ptr, "/")
 		}
 	}
-	for _, k := range schemaKeywords {
-		if p := openObject(m[k], ptr+"/"+k); p != "" {
+	for _, k := range memberKeywords {
+		if p := openObject(m[k], ptr+"/"+k, false); p != "" {
 			return p
 		}
 	}
-	for _, k := range schemaListKeywords {
-		list, _ := m[k].([]any)
-		for i, sub := range list {
-			if p := openObject(sub, fmt.Sprintf("%s/%s/%d", ptr, k, i)); p != "" {
-				return p
+	for _, k := range sameInstanceKeywords {
+		if p := openObject(m[k], ptr+"/"+k, closed); p != "" {
+			return p
+		}
+	}
+	for _, list := range []struct {
+		keys   []string
+		closed bool
+	}{{memberListKeywords, false}, {sameInstanceListKeywords, closed}} {
+		for _, k := range list.keys {
+			subs, _ := m[k].([]any)
+			for i, sub := range subs {
+				if p := openObject(sub, fmt.Sprintf("%s/%s/%d", ptr, k, i), list.closed); p != "" {
+					return p
+				}
 			}
 		}
 	}
-	for _, k := range schemaTableKeywords {
+	for _, k := range memberTableKeywords {
 		table, _ := m[k].(map[string]any)
 		for _, name := range slices.Sorted(maps.Keys(table)) {
-			if p := openObject(table[name], ptr+"/"+k+"/"+escapeToken(name)); p != "" {
+			if p := openObject(table[name], ptr+"/"+k+"/"+escapeToken(name), false); p != "" {
 				return p
 			}
 		}
 	}
 	return ""
+}
+
+// isObjectType reports whether a schema's type admits objects.
+func isObjectType(t any) bool {
+	switch t := t.(type) {
+	case string:
+		return t == "object"
+	case []any:
+		return slices.Contains(t, any("object"))
+	}
+	return false
+}
+
+// constrains reports whether additionalProperties' value v is a schema
+// that constrains the members it admits: not true, not {}, not
+// annotations alone.
+func constrains(v any) bool {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return false
+	}
+	for k := range m {
+		if !slices.Contains(annotationKeywords, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // Lookup returns the tool at that version. The error wraps ErrUnknownTool

@@ -223,6 +223,10 @@ func TestLoadErrors(t *testing.T) {
 			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
 		{name: "object in an array open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "array", "items": {"type": "object"}}`)},
 			wantIn: []string{"tools/t.v1.json", "/properties/x/items"}, invalid: true},
+		{name: "nullable object open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": ["object", "null"]}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
+		{name: "nested object allowing annotated anything", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "object", "additionalProperties": {"description": "any"}}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
 		{name: "object in a $defs open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$ref": "#/$defs/a~1b"}}, "$defs": {"a/b": {"type": "object"}`)},
 			wantIn: []string{"tools/t.v1.json", "/$defs/a~1b"}, invalid: true},
 		{name: "schema not an object type", files: map[string]string{"tools/t.v1.json": sub(`"type": "object"`, `"type": "array"`)},
@@ -275,9 +279,19 @@ func TestLoadCompensation(t *testing.T) {
 // schema of the members they allow, and validation holds them to it.
 func TestLoadNestedObjectsClosed(t *testing.T) {
 	t.Parallel()
+	// A closed object, a map, a tagged union closed by its
+	// unevaluatedProperties, a conditional on a closed object, and an
+	// object that names a closed definition.
 	src := strings.Replace(toolJSON, `"properties": {"x": {"type": "string"}}`,
 		`"properties": {"x": {"type": "object", "additionalProperties": false, "properties": {"y": {"type": "string"}}},
-		"m": {"type": "object", "additionalProperties": {"type": "string"}}}`, 1)
+		"m": {"type": "object", "additionalProperties": {"type": "string"}},
+		"u": {"type": "object", "unevaluatedProperties": false, "oneOf": [
+			{"properties": {"kind": {"const": "a"}, "a": {"type": "string"}}, "required": ["kind"]},
+			{"properties": {"kind": {"const": "b"}, "b": {"type": "integer"}}, "required": ["kind"]}]},
+		"c": {"type": "object", "additionalProperties": false, "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
+			"if": {"properties": {"kind": {"const": "n"}}}, "then": {"required": ["n"]}},
+		"r": {"type": "object", "$ref": "#/$defs/closed"}},
+		"$defs": {"closed": {"type": "object", "additionalProperties": false, "properties": {"z": {"type": "string"}}}}`, 1)
 	r, err := Load(mapFS(map[string]string{"tools/t.v1.json": src}))
 	if err != nil {
 		t.Fatalf("Load() = %v", err)
@@ -293,6 +307,10 @@ func TestLoadNestedObjectsClosed(t *testing.T) {
 		{`{"x": {"y": "a"}, "m": {"k": "v"}}`, true},
 		{`{"x": {"y": "a", "z": "smuggled"}}`, false},
 		{`{"m": {"k": 1}}`, false},
+		{`{"u": {"kind": "a", "a": "x"}}`, true},
+		{`{"u": {"kind": "a", "a": "x", "smuggled": 1}}`, false},
+		{`{"c": {"kind": "n", "n": 1}}`, true},
+		{`{"r": {"z": "x", "smuggled": 1}}`, false},
 	} {
 		var v any
 		if err := json.Unmarshal([]byte(tc.args), &v); err != nil {
