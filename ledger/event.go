@@ -59,8 +59,9 @@ type Event struct {
 	Decision      string   `json:"decision,omitempty"`
 	Obligations   []string `json:"obligations,omitempty"`
 	ApprovalID    string   `json:"approval_id,omitempty"`
-	// ResourceVersion, on approved, is the version of the call's resource
-	// the approver saw.
+	// ResourceVersion is the version of the call's resource: on
+	// approval_pending, as the call was requested (when the intake read
+	// it); on approved, the one the approval binds.
 	ResourceVersion string     `json:"resource_version,omitempty"`
 	Approver        string     `json:"approver,omitempty"`
 	ExpiresAt       *time.Time `json:"expires_at,omitempty"`

@@ -16,11 +16,11 @@ type VersionReader interface {
 
 // ResourceVersion reads the version of the resource that a call of tool
 // with arguments args names, from tool's version endpoint (registry
-// resource_version, relative URLs resolved against base), within ctx:
+// resource_version, relative URLs resolved against base, nil for none), within ctx:
 // each caller bounds the read by what waits for it. declared is false,
 // and nothing is read, when tool declares no version endpoint or
 // resource, or args do not name one.
-func ResourceVersion(ctx context.Context, r VersionReader, base string, tool *schemas.Tool, args any, tenant string) (v string, declared bool, err error) {
+func ResourceVersion(ctx context.Context, r VersionReader, base *url.URL, tool *schemas.Tool, args any, tenant string) (v string, declared bool, err error) {
 	if tool.ResourceVersion == nil || tool.Resource == "" {
 		return "", false, nil
 	}
@@ -38,7 +38,7 @@ func ResourceVersion(ctx context.Context, r VersionReader, base string, tool *sc
 
 // ResolveURL resolves a registry URL against base: an absolute one stays
 // as it is, a relative one needs base.
-func ResolveURL(base, raw string) (string, error) {
+func ResolveURL(base *url.URL, raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "", err
@@ -46,9 +46,20 @@ func ResolveURL(base, raw string) (string, error) {
 	if u.IsAbs() {
 		return raw, nil
 	}
-	b, err := url.Parse(base)
-	if err != nil || base == "" {
+	if base == nil {
 		return "", fmt.Errorf("relative url %q without a base url", raw)
 	}
-	return b.ResolveReference(u).String(), nil
+	return base.ResolveReference(u).String(), nil
+}
+
+// ParseBaseURL parses a --tools-base-url: "" is none (nil).
+func ParseBaseURL(raw string) (*url.URL, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("base url: %w", err)
+	}
+	return u, nil
 }

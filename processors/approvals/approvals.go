@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -189,7 +190,8 @@ func (c *Config) setDefaults() {
 // Service is the approval queue. It keeps no state of its own: several
 // instances may serve the same store at once.
 type Service struct {
-	cfg Config
+	cfg  Config
+	base *url.URL // Config.BaseURL
 
 	mu sync.Mutex
 	// expirePass is where the next ExpireDue reads on from.
@@ -202,7 +204,11 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("approvals: store, registry, identity verifier and publisher are required")
 	}
 	cfg.setDefaults()
-	return &Service{cfg: cfg}, nil
+	base, err := processors.ParseBaseURL(cfg.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("approvals: %w", err)
+	}
+	return &Service{cfg: cfg, base: base}, nil
 }
 
 // Approval is what the queue shows of one approval.
@@ -357,7 +363,7 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		if argumentsHash != f.rec.ArgumentsHash {
 			return "", ErrHashMismatch
 		}
-		v, err := s.resourceVersion(ctx, f.rec)
+		v, read, err := s.resourceVersion(ctx, f.rec)
 		if err != nil {
 			return "", err
 		}
@@ -366,8 +372,10 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		// since is not what the call was proposed for.
 		if p := f.pending; p != nil && p.ResourceVersion != "" {
 			switch {
-			case v == "":
-				return "", fmt.Errorf("%w: the call was requested at version %s, and no version was read to compare", ErrUnavailable, p.ResourceVersion)
+			case !read:
+				// Not for now: this service reads no version of the
+				// tool (no reader, a registry without it).
+				return "", fmt.Errorf("%w: the call was requested at version %s, and this approvals service cannot read the resource's version to compare", ErrVersionUnconfirmed, p.ResourceVersion)
 			case v != p.ResourceVersion:
 				return "", fmt.Errorf("%w: it is at version %s; the call was requested at %s", ErrResourceChanged, v, p.ResourceVersion)
 			}
@@ -453,29 +461,34 @@ func (s *Service) decide(ctx context.Context, approver identity.Identity, id str
 // requested; it cannot be approved as it was proposed.
 var ErrResourceChanged = errors.New("approvals: the resource changed since the call was requested")
 
+// ErrVersionUnconfirmed: the call was requested at a resource version
+// this service cannot read to compare (it has no reader, or no registry
+// entry for the tool's version): asking again will not help.
+var ErrVersionUnconfirmed = errors.New("approvals: the resource's version cannot be confirmed here")
+
 // ErrUnavailable: something the decision needs could not be read.
 var ErrUnavailable = errors.New("approvals: cannot read the resource's version now")
 
 // resourceVersion reads the version of the call's resource, when its tool
-// declares how.
-func (s *Service) resourceVersion(ctx context.Context, rec processors.Record) (string, error) {
+// declares how and this service can read it (read false otherwise).
+func (s *Service) resourceVersion(ctx context.Context, rec processors.Record) (v string, read bool, err error) {
 	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
 	if err != nil || s.cfg.Versions == nil {
-		return "", nil
+		return "", false, nil
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
-		return "", nil
+		return "", false, nil
 	}
 	// Bounded as a call to the tool is: an approver's request must not
 	// hang on a version endpoint that does not answer.
 	ctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 	defer cancel()
-	v, _, err := processors.ResourceVersion(ctx, s.cfg.Versions, s.cfg.BaseURL, tool, args, rec.Key.TenantID)
+	v, read, err = processors.ResourceVersion(ctx, s.cfg.Versions, s.base, tool, args, rec.Key.TenantID)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return "", true, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	return v, nil
+	return v, read, nil
 }
 
 // event starts the next event of f's call: the identity fields of the

@@ -869,3 +869,39 @@ func TestApproveDoesNotHangOnTheResourceVersion(t *testing.T) {
 		t.Errorf("the call is %s; want still pending", rec.Status)
 	}
 }
+
+// fixedVersions answers every version read with v.
+type fixedVersions string
+
+func (v fixedVersions) ResourceVersion(context.Context, string, string, string) (string, error) {
+	return string(v), nil
+}
+
+// A call requested at a resource version is approved only by a service
+// that reads the version to compare: one that cannot (no reader here)
+// refuses for good (ErrVersionUnconfirmed, 409), not "try again" (503)
+// as it would for a version endpoint that is down.
+func TestApproveNeedsTheVersionConfirmed(t *testing.T) {
+	f := newFixture(t)
+	in, err := intake.New(intake.Config{Registry: f.reg, Store: f.store, Identity: f.ident.Verifier,
+		Policy: processorstest.Policy(t, processorstest.PolicyDir(t, testPolicies)), Versions: fixedVersions("v1"), BaseURL: "http://tools.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.in = in
+	k, evs := f.refund("confirm")
+	if evs[1].ResourceVersion != "v1" {
+		t.Fatalf("approval_pending holds resource version %q; want v1", evs[1].ResourceVersion)
+	}
+	if _, err := f.svc.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash); !errors.Is(err, approvals.ErrVersionUnconfirmed) {
+		t.Errorf("Approve by a service that reads no versions = %v; want ErrVersionUnconfirmed", err)
+	}
+	reader, err := approvals.New(approvals.Config{Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now,
+		Versions: fixedVersions("v1"), BaseURL: "http://tools.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err := reader.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash); err != nil || a.State != approvals.StateApproved {
+		t.Errorf("Approve by a service that reads the same version = %+v, %v; want approved", a, err)
+	}
+}

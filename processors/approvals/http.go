@@ -15,16 +15,17 @@ const maxBodyBytes = 16 << 10
 
 // Error codes of the HTTP API, in {"error": {"code", "message"}}.
 const (
-	CodeUnauthenticated = "unauthenticated"
-	CodeNotApprover     = "not_approver"
-	CodeNotFound        = "not_found"
-	CodeSelfApproval    = "self_approval"
-	CodeNotPending      = "not_pending"
-	CodeExpired         = "expired"
-	CodeHashMismatch    = "hash_mismatch"
-	CodeResourceChanged = "resource_changed"
-	CodeInvalidRequest  = "invalid_request"
-	CodeInternal        = "internal"
+	CodeUnauthenticated    = "unauthenticated"
+	CodeNotApprover        = "not_approver"
+	CodeNotFound           = "not_found"
+	CodeSelfApproval       = "self_approval"
+	CodeNotPending         = "not_pending"
+	CodeExpired            = "expired"
+	CodeHashMismatch       = "hash_mismatch"
+	CodeResourceChanged    = "resource_changed"
+	CodeVersionUnconfirmed = "version_unconfirmed"
+	CodeInvalidRequest     = "invalid_request"
+	CodeInternal           = "internal"
 )
 
 // ApproveRequest is the body of POST /v1/approvals/{id}/approve.
@@ -107,6 +108,9 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusConflict, CodeHashMismatch, "arguments_hash is not the hash of the call's arguments; read the approval again"
 	case errors.Is(err, ErrResourceChanged):
 		status, code, msg = http.StatusConflict, CodeResourceChanged, err.Error()+": reject it, or let it expire"
+	case errors.Is(err, ErrVersionUnconfirmed):
+		s.cfg.Logger.Error("approval refused: the resource's version cannot be confirmed", "path", r.URL.Path, "err", err)
+		status, code, msg = http.StatusConflict, CodeVersionUnconfirmed, err.Error()
 	case errors.Is(err, ErrUnavailable):
 		status, code, msg = http.StatusServiceUnavailable, "unavailable", "the resource's version cannot be read now; try again"
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnsupported):

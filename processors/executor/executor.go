@@ -495,13 +495,11 @@ func New(cfg Config) (*Executor, error) {
 	}
 	cfg.setDefaults()
 	x := newExecutor(cfg)
-	if cfg.BaseURL != "" {
-		u, err := url.Parse(cfg.BaseURL)
-		if err != nil {
-			return nil, fmt.Errorf("executor: base url: %w", err)
-		}
-		x.base = u
+	base, err := processors.ParseBaseURL(cfg.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("executor: %w", err)
 	}
+	x.base = base
 	return x, nil
 }
 
@@ -1245,7 +1243,7 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 		return &refusal{ReasonArgumentIntegrity, "the stored arguments do not decode", policy.Decision{}}
 	}
 	if tmpl.ResourceVersion != "" && x.cfg.Versions != nil {
-		v, declared, err := processors.ResourceVersion(ctx, x.cfg.Versions, x.cfg.BaseURL, tool, args, rec.Key.TenantID)
+		v, declared, err := processors.ResourceVersion(ctx, x.cfg.Versions, x.base, tool, args, rec.Key.TenantID)
 		if err == nil && declared && v != tmpl.ResourceVersion {
 			return &refusal{ReasonResourceChanged, fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion), policy.Decision{}}
 		}
@@ -1537,17 +1535,7 @@ func (x *Executor) countClaims(results []processors.ClaimResult) {
 }
 
 func (x *Executor) resolve(raw string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", err
-	}
-	if u.IsAbs() {
-		return raw, nil
-	}
-	if x.base == nil {
-		return "", fmt.Errorf("relative backend url %q without a base url", raw)
-	}
-	return x.base.ResolveReference(u).String(), nil
+	return processors.ResolveURL(x.base, raw)
 }
 
 // completion builds a call's completion and its events.
