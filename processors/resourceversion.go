@@ -16,10 +16,10 @@ type VersionReader interface {
 
 // ResourceVersion reads the version of the resource that a call of tool
 // with arguments args names, from tool's version endpoint (registry
-// resource_version, relative URLs resolved against base, nil for none), within ctx:
-// each caller bounds the read by what waits for it. declared is false,
-// and nothing is read, when tool declares no version endpoint or
-// resource, or args do not name one.
+// resource_version; a relative URL resolves against base, nil for none)
+// within ctx: each caller bounds the read by what waits for it. declared
+// is false, and nothing is read, when tool declares no version endpoint
+// or resource, or args do not name one.
 func ResourceVersion(ctx context.Context, r VersionReader, base *url.URL, tool *schemas.Tool, args any, tenant string) (v string, declared bool, err error) {
 	if tool.ResourceVersion == nil || tool.Resource == "" {
 		return "", false, nil
