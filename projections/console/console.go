@@ -68,6 +68,10 @@ const ContentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 
 // DefaultMaxSessions is Config.MaxSessions' default.
 const DefaultMaxSessions = 10_000
 
+// DefaultMaxSessionsPerUser is Config.MaxSessionsPerUser's default: a
+// browser or two per responder, and their tabs' sign-ins.
+const DefaultMaxSessionsPerUser = 16
+
 // Identity is who signed in, as Config.Authenticate verified their
 // assertion.
 type Identity struct {
@@ -125,6 +129,11 @@ type Config struct {
 	// DefaultMaxSessions. When full, expired sessions are swept first,
 	// then the oldest session is ended to make room.
 	MaxSessions int
+	// MaxSessionsPerUser bounds the sessions one user (tenant and
+	// subject) holds at once; default DefaultMaxSessionsPerUser. A new
+	// one ends their oldest, so that no one user can fill MaxSessions and
+	// sign everyone else out.
+	MaxSessionsPerUser int
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Logger; nil discards. No assertion is ever logged.
@@ -134,6 +143,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.MaxSessionsPerUser <= 0 {
+		c.MaxSessionsPerUser = DefaultMaxSessionsPerUser
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -181,7 +193,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{
 		cfg:      cfg,
-		sessions: newSessions(cfg.MaxSessions),
+		sessions: newSessions(cfg.MaxSessions, cfg.MaxSessionsPerUser),
 		assets:   make(map[string]asset),
 	}
 	for name, ct := range map[string]string{"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"} {

@@ -175,6 +175,38 @@ func TestSessionsBoundedAndSwept(t *testing.T) {
 	}
 }
 
+// One user signing in again and again without a cookie (the login form's
+// token replays) ends their own oldest sessions once they hold
+// MaxSessionsPerUser, not everyone else's: before, an approver of one
+// tenant could fill MaxSessions and sign the platform's responders out
+// of the console during an incident.
+func TestSessionsBoundedPerUser(t *testing.T) {
+	fx := newFixture(t, func(*fixture) fixtureOpt {
+		return func(c *Config) { c.MaxSessions, c.MaxSessionsPerUser = 3, 2 }
+	})
+	victim := fx.signedIn(assertPlatform)
+	var flood []*browser
+	for range 5 {
+		fx.advance(time.Second)
+		flood = append(flood, fx.signedIn(assertApprover))
+	}
+	if w := victim.get("/health"); w.Code != http.StatusOK {
+		t.Errorf("the platform operator's session after another user signed in 5 times = %d; want 200", w.Code)
+	}
+	if n := fx.c.sessions.len(); n != 3 {
+		t.Errorf("sessions = %d; want 3 (the victim's and the flooder's last 2)", n)
+	}
+	for i, b := range flood {
+		want := http.StatusSeeOther
+		if i >= len(flood)-2 {
+			want = http.StatusOK
+		}
+		if w := b.get("/health"); w.Code != want {
+			t.Errorf("the flooder's session %d = %d; want %d", i, w.Code, want)
+		}
+	}
+}
+
 func TestLogout(t *testing.T) {
 	fx := newFixture(t)
 	b := fx.signedIn(assertOperator)

@@ -47,13 +47,14 @@ type flash struct {
 // the id's SHA-256, so that a lookup's timing says nothing about the ids
 // held.
 type sessions struct {
-	mu   sync.Mutex
-	max  int
-	byID map[[sha256.Size]byte]*session
+	mu      sync.Mutex
+	max     int
+	perUser int
+	byID    map[[sha256.Size]byte]*session
 }
 
-func newSessions(limit int) *sessions {
-	return &sessions{max: limit, byID: make(map[[sha256.Size]byte]*session)}
+func newSessions(limit, perUser int) *sessions {
+	return &sessions{max: limit, perUser: perUser, byID: make(map[[sha256.Size]byte]*session)}
 }
 
 // randomToken returns idBytes random bytes, base64url without padding.
@@ -66,7 +67,10 @@ func randomToken() (string, error) {
 }
 
 // create starts a session for id and returns the cookie value naming it.
-// A full map is swept of expired sessions first; if it is still full the
+// A user (tenant and subject) who holds perUser sessions already loses
+// their oldest: the sessions of one user, signing in again and again
+// without a cookie, cannot fill the map and push everyone else out. A
+// full map is then swept of expired sessions; if it is still full the
 // oldest session ends.
 func (ss *sessions) create(now time.Time, id Identity, assertion string) (string, *session, error) {
 	raw, err := randomToken()
@@ -80,20 +84,42 @@ func (ss *sessions) create(now time.Time, id Identity, assertion string) (string
 	s := &session{key: sha256.Sum256([]byte(raw)), id: id, assertion: assertion, csrf: csrf, created: now}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	sameUser := func(o *session) bool { return o.id.Tenant == id.Tenant && o.id.User == id.User }
+	for ss.count(sameUser) >= ss.perUser {
+		ss.deleteOldestLocked(sameUser)
+	}
 	if len(ss.byID) >= ss.max {
 		ss.sweepLocked(now)
 	}
 	for len(ss.byID) >= ss.max {
-		var oldest *session
-		for _, o := range ss.byID {
-			if oldest == nil || o.created.Before(oldest.created) {
-				oldest = o
-			}
-		}
-		delete(ss.byID, oldest.key)
+		ss.deleteOldestLocked(func(*session) bool { return true })
 	}
 	ss.byID[s.key] = s
 	return raw, s, nil
+}
+
+// count is how many sessions match; ss.mu is held.
+func (ss *sessions) count(match func(*session) bool) int {
+	n := 0
+	for _, o := range ss.byID {
+		if match(o) {
+			n++
+		}
+	}
+	return n
+}
+
+// deleteOldestLocked ends the oldest session that matches; ss.mu is held.
+func (ss *sessions) deleteOldestLocked(match func(*session) bool) {
+	var oldest *session
+	for _, o := range ss.byID {
+		if match(o) && (oldest == nil || o.created.Before(oldest.created)) {
+			oldest = o
+		}
+	}
+	if oldest != nil {
+		delete(ss.byID, oldest.key)
+	}
 }
 
 // get returns the live session named by the cookie value; an expired one
