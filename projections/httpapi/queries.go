@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -59,12 +61,23 @@ type QueryConfig struct {
 	// max_execution_time); past it the answer is 504 query_timeout.
 	// Default: DefaultQueryTimeout.
 	Timeout time.Duration
-	Now     func() time.Time
-	Logger  *slog.Logger
+	// MaxQuestionsPerTenant bounds the questions (blast radius, outcomes,
+	// unresolved: the scans) that the operators of one tenant ("*" for
+	// the platform's) have running at once; one more is answered 429
+	// too_many_questions, Retry-After 1, so that one tenant cannot
+	// starve the store of the others' questions and the projector's
+	// writes. Default: DefaultMaxQuestionsPerTenant.
+	MaxQuestionsPerTenant int
+	Now                   func() time.Time
+	Logger                *slog.Logger
 }
 
 // DefaultQueryTimeout is QueryConfig.Timeout's default.
 const DefaultQueryTimeout = 30 * time.Second
+
+// DefaultMaxQuestionsPerTenant is QueryConfig.MaxQuestionsPerTenant's
+// default.
+const DefaultMaxQuestionsPerTenant = 4
 
 // QueryHandler serves the responders' questions:
 //
@@ -91,10 +104,13 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultQueryTimeout
 	}
+	if cfg.MaxQuestionsPerTenant <= 0 {
+		cfg.MaxQuestionsPerTenant = DefaultMaxQuestionsPerTenant
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	q := &queries{cfg: cfg}
+	q := &queries{cfg: cfg, running: make(map[string]int)}
 	mux := http.NewServeMux()
 	auth := cfg.Guard
 	mux.HandleFunc("GET "+PathBlastRadius, auth(q.blastRadius))
@@ -104,7 +120,35 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	return mux, nil
 }
 
-type queries struct{ cfg QueryConfig }
+type queries struct {
+	cfg QueryConfig
+
+	mu sync.Mutex
+	// running counts each tenant's questions running.
+	running map[string]int
+}
+
+// start counts a question of the operators of tenant as running, and
+// returns its end; or, with MaxQuestionsPerTenant of theirs running,
+// answers 429 and returns false.
+func (q *queries) start(w http.ResponseWriter, tenant string) (end func(), ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.running[tenant] >= q.cfg.MaxQuestionsPerTenant {
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, apiError{Code: "too_many_questions",
+			Message: fmt.Sprintf("%d questions of your tenant are running; ask again when one has been answered", q.cfg.MaxQuestionsPerTenant)})
+		return nil, false
+	}
+	q.running[tenant]++
+	return func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.running[tenant]--; q.running[tenant] == 0 {
+			delete(q.running, tenant)
+		}
+	}, true
+}
 
 // operator answers 403 unless id is an operator.
 func (q *queries) operator(w http.ResponseWriter, id Operator) bool {
@@ -178,6 +222,11 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 	if !ok {
 		return
 	}
+	end, ok := q.start(w, id.Tenant)
+	if !ok {
+		return
+	}
+	defer end()
 	ctx, cancel := context.WithTimeout(r.Context(), q.cfg.Timeout)
 	defer cancel()
 	v, toCSV, err := question(ctx, f)

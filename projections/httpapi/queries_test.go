@@ -337,3 +337,58 @@ func TestOutcomesBucketBound(t *testing.T) {
 		}
 	})
 }
+
+// The operators of one tenant have at most MaxQuestionsPerTenant
+// questions running at once: one more is answered 429
+// too_many_questions, Retry-After 1, while another tenant's question
+// still runs; once one is answered, the next goes through. Before, one
+// tenant's parallel scans of its whole history reached the store however
+// many there were.
+func TestQuestionsBoundedPerTenant(t *testing.T) {
+	q := stalledQueries{deadlines: make(chan bool, 4)}
+	id := processorstest.NewIdentity(t)
+	guard := func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
+		return identity.Require(id.Verifier, "test", "an operator", nil, func(w http.ResponseWriter, r *http.Request, who identity.Identity) {
+			next(w, r, httpapi.Operator{User: who.User, Tenant: who.Tenant, Roles: who.Roles})
+		})
+	}
+	h, err := httpapi.QueryHandler(httpapi.QueryConfig{Queries: q, Guard: guard, Timeout: 2 * time.Second, MaxQuestionsPerTenant: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	as := func(tenant string) string {
+		a, err := id.Issuer.Mint(identity.Identity{User: "u_responder", Agent: "cli", Tenant: tenant, Roles: []string{"operator"}}, processorstest.Audience, 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	u := srv.URL + httpapi.PathBlastRadius + "?tool=refund_order"
+	first := make(chan int, 1)
+	go func() {
+		status, _, _ := getAs(t, u, as("t_a"))
+		first <- status
+	}()
+	<-q.deadlines // t_a's first question is running
+	if status, code, _ := getAs(t, u, as("t_a")); status != http.StatusTooManyRequests || code != "too_many_questions" {
+		t.Errorf("a second question of t_a while its first runs = %d %q; want 429 too_many_questions", status, code)
+	}
+	other := make(chan int, 1)
+	go func() {
+		status, _, _ := getAs(t, u, as("t_b"))
+		other <- status
+	}()
+	<-q.deadlines // t_b's question runs beside t_a's
+	if status := <-first; status != http.StatusGatewayTimeout {
+		t.Errorf("t_a's first question = %d; want 504 (the stalled store)", status)
+	}
+	<-other
+	go func() {
+		status, _, _ := getAs(t, u, as("t_a"))
+		first <- status
+	}()
+	<-q.deadlines // once answered, t_a asks again
+	<-first
+}
