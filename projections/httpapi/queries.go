@@ -77,7 +77,7 @@ const DefaultQueryTimeout = 30 * time.Second
 
 // DefaultMaxQuestionsPerTenant is QueryConfig.MaxQuestionsPerTenant's
 // default.
-const DefaultMaxQuestionsPerTenant = 4
+const DefaultMaxQuestionsPerTenant = 8
 
 // QueryHandler serves the responders' questions:
 //
