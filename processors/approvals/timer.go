@@ -22,9 +22,9 @@ const DefaultTimerEvery = time.Second
 // the calls page through the pending records, one page a call, in passes
 // that go back to the oldest once they reach the newest or those that
 // arrived since the pass began (processors.SweepPass), rather than read
-// the same oldest page every time. Several instances may run it at once: the move's compare-and-set
-// expires each approval exactly once, and only the instance whose move
-// applied publishes the event.
+// the same oldest page every time. Several instances may run it at once:
+// the move's compare-and-set expires each approval exactly once, and only
+// the instance whose move applied publishes the event.
 func (s *Service) ExpireDue(ctx context.Context) (int, error) {
 	s.mu.Lock()
 	recs, err := s.expirePass.Page(ctx, s.cfg.Store, processors.StatusPending, s.cfg.ExpireBatch, s.cfg.Now())

@@ -1064,7 +1064,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnavailable, "bad_backend_url", nil)
 	}
 
-	backendSecret, err := backendSecret(x.cfg.Secrets, tool)
+	backend, err := backendSecret(x.cfg.Secrets, tool)
 	switch {
 	case errors.Is(err, errNoKeystore):
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "no_keystore", nil)
@@ -1112,7 +1112,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backendSecret})
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backend})
 		if err == nil {
 			return c.succeed(tool, attempt, resp)
 		}

@@ -353,7 +353,7 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 	if now := r.cfg.Now(); now.Sub(r.lastSwp) >= r.cfg.SweepEvery {
 		r.lastSwp = now
 		oldestPage := r.unknownPass.Starting()
-		unknown, err := r.unknownPass.Page(ctx, r.cfg.Store, processors.StatusOutcomeUnknown, r.sweepLimit, r.cfg.Now())
+		unknown, err := r.unknownPass.Page(ctx, r.cfg.Store, processors.StatusOutcomeUnknown, r.sweepLimit, now)
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 		}

@@ -656,14 +656,21 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 	if p.cfg.Versions == nil {
 		return
 	}
+	var waiting []*checked
+	for _, c := range calls {
+		if d := c.decision; d.Allow && d.Obligations.RequireApproval && c.tool.ResourceVersion != nil {
+			waiting = append(waiting, c)
+		}
+	}
+	if len(waiting) == 0 {
+		// Most steps: no timer, no goroutine.
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.VersionTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, maxVersionReads)
-	for _, c := range calls {
-		if d := c.decision; !d.Allow || !d.Obligations.RequireApproval || c.tool.ResourceVersion == nil {
-			continue
-		}
+	for _, c := range waiting {
 		wg.Go(func() {
 			select {
 			case slots <- struct{}{}:
