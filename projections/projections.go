@@ -80,6 +80,9 @@ var (
 	ErrTenantRequired = errors.New("a tenant is required (or ask across tenants explicitly)")
 	// ErrInvalidFilter: the filter cannot be asked; the message says why.
 	ErrInvalidFilter = errors.New("invalid filter")
+	// ErrQuestionTooLarge: answering needs more memory than the store
+	// allows one question; a narrower filter may be answered.
+	ErrQuestionTooLarge = errors.New("the question needs more memory than one question may use")
 )
 
 // MaxRefusals is how many refused submissions under one key a trace

@@ -76,6 +76,7 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens (loopback only)")
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "project into this ClickHouse too (native protocol), and answer the incident queries from it; empty: from the embedded index")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_dev", "ClickHouse database of dev's projection: never a production one")
+	f.clickhouse.registerLimits(fs)
 	fs.BoolVar(&f.pprof, "pprof", false, "also serve Go's runtime profiles under /debug/pprof/ on the HTTP API (go tool pprof http://<http-addr>/debug/pprof/profile), to see where dev's one process spends its CPU and memory; unauthenticated, like the rest of dev's API, so only where --http-addr is loopback")
 	return cmd
 }

@@ -28,18 +28,31 @@ import (
 type clickhouseFlags struct {
 	dsn      string
 	database string
+	// questionMiB is chstore.Config.QuestionMaxMemory in MiB.
+	questionMiB int64
 }
 
 func (c *clickhouseFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.dsn, "clickhouse-dsn", "", "ClickHouse of the projection (native protocol), e.g. clickhouse://default@127.0.0.1:9000/ledger; empty: the embedded projection of `ledger dev`")
 	fs.StringVar(&c.database, "clickhouse-database", "", "ClickHouse database of the projection's tables (default: the DSN's, else ledger)")
+	c.registerLimits(fs)
+}
+
+// registerLimits registers the flags bounding the responders' questions.
+func (c *clickhouseFlags) registerLimits(fs *pflag.FlagSet) {
+	fs.Int64Var(&c.questionMiB, "clickhouse-question-max-memory-mib", chstore.DefaultQuestionMaxMemory>>20,
+		"memory ClickHouse may use for one responder's question (max_memory_usage), in MiB; a question that needs more is answered 422 question_too_large; -1: the server's own limit")
 }
 
 func (c *clickhouseFlags) open(ctx context.Context, logger *slog.Logger) (*chstore.Store, error) {
 	if c.dsn == "" {
 		return nil, fmt.Errorf("--clickhouse-dsn (or LEDGER_CLICKHOUSE_DSN) is required")
 	}
-	return chstore.Open(ctx, chstore.Config{DSN: c.dsn, Database: c.database, Logger: logger})
+	mem := c.questionMiB << 20
+	if c.questionMiB < 0 {
+		mem = -1
+	}
+	return chstore.Open(ctx, chstore.Config{DSN: c.dsn, Database: c.database, QuestionMaxMemory: mem, Logger: logger})
 }
 
 // queryFlags say where the responders' questions are answered: ClickHouse

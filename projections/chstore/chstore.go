@@ -47,6 +47,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/toolcall-ledger/ledger/projections"
 )
 
 // DefaultDatabase is the database used when neither Config.Database nor
@@ -64,9 +66,24 @@ type Config struct {
 	// plain identifier (letters, digits, underscores), since it is part
 	// of every statement's text.
 	Database string
+	// QuestionMaxMemory bounds the memory ClickHouse may use for one of
+	// the responders' questions (max_memory_usage), in bytes, so that one
+	// broad scan cannot take what the projector's inserts and the other
+	// questions need; past it the question fails with
+	// projections.ErrQuestionTooLarge. Default: DefaultQuestionMaxMemory;
+	// negative: the server's own limit.
+	QuestionMaxMemory int64
 	// Logger receives migrations and swaps; default: discard.
 	Logger *slog.Logger
 }
+
+// DefaultQuestionMaxMemory is Config.QuestionMaxMemory's default: ample
+// for a question over millions of calls (each call's latest row is a few
+// hundred bytes), a tenth of ClickHouse's own default.
+const DefaultQuestionMaxMemory = 1 << 30
+
+// memoryLimitExceeded is ClickHouse's MEMORY_LIMIT_EXCEEDED error code.
+const memoryLimitExceeded = 241
 
 // dbNameRE is what a database name may be: it is spliced into SQL.
 var dbNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
@@ -77,6 +94,8 @@ type Store struct {
 	db     string
 	addr   string
 	logger *slog.Logger
+	// questionMem is Config.QuestionMaxMemory, 0 for none.
+	questionMem int64
 }
 
 // Open connects to the server of cfg.DSN and checks that it answers. It
@@ -116,7 +135,14 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{conn: conn, db: db, addr: addr, logger: logger}, nil
+	mem := cfg.QuestionMaxMemory
+	switch {
+	case mem == 0:
+		mem = DefaultQuestionMaxMemory
+	case mem < 0:
+		mem = 0
+	}
+	return &Store{conn: conn, db: db, addr: addr, logger: logger, questionMem: mem}, nil
 }
 
 // Close closes the connections.
@@ -139,6 +165,28 @@ func (s *Store) table(name string) string { return "`" + s.db + "`.`" + name + "
 // wrap says where an error happened: which server and database.
 func (s *Store) wrap(what string, err error) error {
 	return fmt.Errorf("chstore: %s (clickhouse at %s, database %s): %w", what, s.addr, s.db, err)
+}
+
+// question readies ctx for the queries of one of the responders'
+// questions: the server holds them to the store's memory bound.
+func (s *Store) question(ctx context.Context) context.Context {
+	if s.questionMem <= 0 {
+		return ctx
+	}
+	// An int: clickhouse-go sends settings to servers before 19.x as
+	// varints, and of a number only an int.
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_memory_usage": int(s.questionMem)}))
+}
+
+// wrapQuestion is wrap for a question's queries: one the server stopped
+// at the memory bound is also projections.ErrQuestionTooLarge.
+func (s *Store) wrapQuestion(what string, err error) error {
+	var ex *clickhouse.Exception
+	if errors.As(err, &ex) && ex.Code == memoryLimitExceeded {
+		return fmt.Errorf("chstore: %s (clickhouse at %s, database %s): %w (%d MiB): %w",
+			what, s.addr, s.db, projections.ErrQuestionTooLarge, s.questionMem>>20, err)
+	}
+	return s.wrap(what, err)
 }
 
 //go:embed schema/*.sql

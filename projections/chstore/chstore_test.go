@@ -24,8 +24,14 @@ import (
 // test ends.
 func openStore(t testing.TB) *Store {
 	t.Helper()
-	db := chtest.FreshDatabase(t)
-	s, err := Open(context.Background(), Config{DSN: chtest.DSN(t), Database: db})
+	return openStoreWith(t, Config{})
+}
+
+// openStoreWith is openStore with cfg, its DSN and database set here.
+func openStoreWith(t testing.TB, cfg Config) *Store {
+	t.Helper()
+	cfg.DSN, cfg.Database = chtest.DSN(t), chtest.FreshDatabase(t)
+	s, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}
@@ -541,6 +547,36 @@ func TestQueries(t *testing.T) {
 	f := newFixture()
 	write(t, s, f.batches(100))
 	check(t, s, f)
+}
+
+// A question that needs more memory than the store allows one question
+// is stopped by the server and answered ErrQuestionTooLarge, and the same
+// question within the default bound is answered.
+func TestQuestionMemoryBound(t *testing.T) {
+	const calls = 400_000
+	small := openStoreWith(t, Config{QuestionMaxMemory: 4 << 20})
+	// Many waiting calls of one tenant, each row wide enough that their
+	// latest states take far more than 4 MiB to fold.
+	if err := small.conn.Exec(t.Context(), "INSERT INTO "+small.table("calls")+
+		" (tenant_id, idempotency_key, seq, tool, state, resource, updated_at)"+
+		" SELECT 't_a', concat('k-', toString(number)), 1, 'refund_order', 'outcome_unknown',"+
+		" concat('order/', toString(number), '/', toString(cityHash64(number)), toString(cityHash64(number + 1))),"+
+		" toDateTime(1773144000 + number % 3600) FROM system.numbers LIMIT "+fmt.Sprint(calls)); err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+	ample, err := Open(t.Context(), Config{DSN: chtest.DSN(t), Database: small.db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ample.Close()
+	f := projections.Filter{Tenant: "t_a", Limit: 1}
+	if _, err := small.Unresolved(t.Context(), f); !errors.Is(err, projections.ErrQuestionTooLarge) {
+		t.Errorf("unresolved with a 4 MiB bound: err = %v; want ErrQuestionTooLarge", err)
+	}
+	got, err := ample.Unresolved(t.Context(), f)
+	if err != nil || len(got) != 1 || got[0].State != statemachine.StateOutcomeUnknown {
+		t.Errorf("unresolved with the default bound = %+v, %v; want one outcome_unknown call", got, err)
+	}
 }
 
 func TestWriteTwice(t *testing.T) {

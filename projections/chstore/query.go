@@ -32,10 +32,11 @@ func placeholders(n int) string {
 // written, so that the events table is read by ranges of its sort key
 // (tenant, tool, time).
 func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error) {
+	ctx = s.question(ctx)
 	rows, err := s.conn.Query(ctx, "SELECT tool, toUInt32(min(at)), toUInt32(max(at)) FROM "+s.table("event_keys")+
 		" WHERE tenant_id = ? AND idempotency_key = ? GROUP BY tool", key.TenantID, key.IdempotencyKey)
 	if err != nil {
-		return nil, s.wrap("trace: read event_keys", err)
+		return nil, s.wrapQuestion("trace: read event_keys", err)
 	}
 	var (
 		ranges []string
@@ -48,14 +49,14 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 		)
 		if err := rows.Scan(&tool, &from, &to); err != nil {
 			rows.Close()
-			return nil, s.wrap("trace: read event_keys", err)
+			return nil, s.wrapQuestion("trace: read event_keys", err)
 		}
 		ranges = append(ranges, "(tool = ? AND at >= toDateTime(?) AND at <= toDateTime(?))")
 		args = append(args, tool, from, to)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, s.wrap("trace: read event_keys", err)
+		return nil, s.wrapQuestion("trace: read event_keys", err)
 	}
 	if len(ranges) == 0 {
 		return nil, projections.ErrNotFound
@@ -69,7 +70,7 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 		" LIMIT " + strconv.Itoa(projections.MaxRefusals) + " BY e_group"
 	rows, err = s.conn.Query(ctx, q, args...)
 	if err != nil {
-		return nil, s.wrap("trace: read events", err)
+		return nil, s.wrapQuestion("trace: read events", err)
 	}
 	defer rows.Close()
 	var out []ledger.Event
@@ -80,16 +81,16 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 			at, ns          uint32
 		)
 		if err := rows.Scan(&id, &seq, &at, &ns, &body, &group); err != nil {
-			return nil, s.wrap("trace: read events", err)
+			return nil, s.wrapQuestion("trace: read events", err)
 		}
 		e, err := ledger.DecodeEvent([]byte(body))
 		if err != nil {
-			return nil, s.wrap("trace: event "+id, err)
+			return nil, s.wrapQuestion("trace: event "+id, err)
 		}
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.wrap("trace: read events", err)
+		return nil, s.wrapQuestion("trace: read events", err)
 	}
 	if len(out) == 0 {
 		// event_keys was written and events not (a Write that failed
@@ -239,6 +240,7 @@ func matching(s *Store, f projections.Filter) (string, []any) {
 // that the answer costs two queries and the listed calls, however many
 // calls match.
 func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projections.BlastRadius, error) {
+	ctx = s.question(ctx)
 	f, err := f.Check()
 	if err != nil {
 		return projections.BlastRadius{}, err
@@ -265,7 +267,7 @@ func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projecti
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := s.blastCounts(gctx, &br, calls, w.args); err != nil {
-			return s.wrap("blast radius: count", err)
+			return s.wrapQuestion("blast radius: count", err)
 		}
 		return nil
 	})
@@ -274,7 +276,7 @@ func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projecti
 		list, err = s.queryCalls(gctx, "SELECT "+callColumns+" FROM ("+calls+")"+
 			" ORDER BY c_updated_at DESC, c_updated_at_ns DESC, tenant_id, idempotency_key LIMIT ?", append(slices.Clone(w.args), f.Limit)...)
 		if err != nil {
-			return s.wrap("blast radius: list", err)
+			return s.wrapQuestion("blast radius: list", err)
 		}
 		return nil
 	})
@@ -361,6 +363,7 @@ func (s *Store) queryCalls(ctx context.Context, q string, args ...any) ([]projec
 // epoch-aligned bucket of the outcome event's time. A call counts once
 // per bucket, tool and state, however many such events it has there.
 func (s *Store) Outcomes(ctx context.Context, f projections.Filter, bucket time.Duration) ([]projections.OutcomeCount, error) {
+	ctx = s.question(ctx)
 	// The store has no clock of its own: an open window is bounded at
 	// the time of asking.
 	f, err := projections.CheckOutcomes(f, bucket, time.Now())
@@ -382,7 +385,7 @@ func (s *Store) Outcomes(ctx context.Context, f projections.Filter, bucket time.
 		" uniqExact(tenant_id, idempotency_key) FROM "+s.table("events")+" WHERE "+w.String()+
 		" GROUP BY b, tool, state ORDER BY b, tool, state", append([]any{n, n}, w.args...)...)
 	if err != nil {
-		return nil, s.wrap("outcomes", err)
+		return nil, s.wrapQuestion("outcomes", err)
 	}
 	defer rows.Close()
 	out := []projections.OutcomeCount{}
@@ -392,14 +395,14 @@ func (s *Store) Outcomes(ctx context.Context, f projections.Filter, bucket time.
 			tool, state string
 		)
 		if err := rows.Scan(&b, &tool, &state, &calls); err != nil {
-			return nil, s.wrap("outcomes", err)
+			return nil, s.wrapQuestion("outcomes", err)
 		}
 		out = append(out, projections.OutcomeCount{
 			Bucket: time.Unix(int64(b), 0).UTC(), Tool: tool, State: statemachine.State(state), Calls: int(calls),
 		})
 	}
 	if err := rows.Err(); err != nil {
-		return nil, s.wrap("outcomes", err)
+		return nil, s.wrapQuestion("outcomes", err)
 	}
 	return out, nil
 }
@@ -411,6 +414,7 @@ var unresolvedStates = []any{string(statemachine.StateOutcomeUnknown), string(st
 // update first. Only calls that ever had such a row are folded: a call
 // waits only if its latest row says so.
 func (s *Store) Unresolved(ctx context.Context, f projections.Filter) ([]projections.Call, error) {
+	ctx = s.question(ctx)
 	f, err := projections.CheckUnresolved(f)
 	if err != nil {
 		return nil, err
@@ -434,7 +438,7 @@ func (s *Store) Unresolved(ctx context.Context, f projections.Filter) ([]project
 	out, err := s.queryCalls(ctx, "SELECT "+callColumns+" FROM ("+s.latestCalls(w.String(), "")+") WHERE "+outer.String()+
 		" ORDER BY c_updated_at, c_updated_at_ns, tenant_id, idempotency_key LIMIT ?", args...)
 	if err != nil {
-		return nil, s.wrap("unresolved", err)
+		return nil, s.wrapQuestion("unresolved", err)
 	}
 	return out, nil
 }

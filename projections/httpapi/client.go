@@ -119,6 +119,8 @@ func (c *QueryClient) get(ctx context.Context, path string, v url.Values, tenant
 			return projections.ErrTenantRequired
 		case "invalid_filter":
 			return fmt.Errorf("%w (%s)", projections.ErrInvalidFilter, e.Error.Message)
+		case "question_too_large":
+			return projections.ErrQuestionTooLarge
 		}
 		return fmt.Errorf("GET %s: %d %s: %s", path, resp.StatusCode, e.Error.Code, e.Error.Message)
 	}

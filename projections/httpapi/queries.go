@@ -188,6 +188,9 @@ func (q *queries) answerError(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_filter", Message: err.Error()})
 	case errors.Is(err, projections.ErrNotFound):
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: err.Error()})
+	case errors.Is(err, projections.ErrQuestionTooLarge):
+		q.cfg.Logger.Warn("query stopped at its memory bound", "err", err)
+		writeError(w, http.StatusUnprocessableEntity, apiError{Code: "question_too_large", Message: projections.ErrQuestionTooLarge.Error() + "; narrow it (since, until, tool, tenant)"})
 	case errors.Is(err, context.DeadlineExceeded):
 		q.cfg.Logger.Warn("query timed out", "timeout", q.cfg.Timeout, "err", err)
 		writeError(w, http.StatusGatewayTimeout, apiError{Code: "query_timeout", Message: "the question took longer than " + q.cfg.Timeout.String() + "; narrow it (since, until, tool, tenant)"})

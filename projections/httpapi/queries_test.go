@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -218,6 +219,29 @@ func TestQueryTimeout(t *testing.T) {
 		if !<-q.deadlines {
 			t.Errorf("%s: the query ran without a deadline", path)
 		}
+	}
+}
+
+// tooLargeQueries is a projection whose store stops every question at its
+// memory bound.
+type tooLargeQueries struct{ projections.Queries }
+
+func (tooLargeQueries) Unresolved(context.Context, projections.Filter) ([]projections.Call, error) {
+	return nil, fmt.Errorf("chstore: unresolved: %w (4 MiB): code: 241", projections.ErrQuestionTooLarge)
+}
+
+// A question the store stops at its memory bound is answered 422
+// question_too_large, which the client gives back as ErrQuestionTooLarge,
+// not as the projection being unavailable.
+func TestQuestionTooLarge(t *testing.T) {
+	srv, a := operatorServer(t, httpapi.QueryConfig{Queries: tooLargeQueries{}}, nil)
+	status, code, _ := getAs(t, srv.URL+httpapi.PathUnresolved, a)
+	if status != http.StatusUnprocessableEntity || code != "question_too_large" {
+		t.Errorf("unresolved = %d %q; want 422 question_too_large", status, code)
+	}
+	c := &httpapi.QueryClient{Base: srv.URL, Bearer: func(string) (string, error) { return a, nil }}
+	if _, err := c.Unresolved(t.Context(), projections.Filter{Tenant: "t_a"}); !errors.Is(err, projections.ErrQuestionTooLarge) {
+		t.Errorf("client: %v; want ErrQuestionTooLarge", err)
 	}
 }
 
