@@ -363,7 +363,8 @@ func (s *Service) publish(ctx context.Context, a Action) (Action, error) {
 	if err != nil {
 		return Action{}, fmt.Errorf("encode control action: %v", err)
 	}
-	rec := &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(a.Subject), Value: value}
+	rec := &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(a.Subject), Value: value,
+		Timestamp: s.cfg.State.stamp(a.Subject, time.Now())}
 	if err := s.cfg.Publisher.Publish(ctx, rec); err != nil {
 		return Action{}, fmt.Errorf("publish %s of %s: %w", a.Kind, a.Subject, err)
 	}

@@ -99,6 +99,17 @@ type probe struct {
 	ends map[int32]int64
 }
 
+// origin is where a subject's latest applied record came from.
+//
+// A subject's records are in order within its partition. Adding
+// partitions to the topic moves the subject to another one, and a State
+// reading both sees its older and newer records in whatever order the
+// fetches bring them, so across partitions the record's time decides.
+type origin struct {
+	partition int32
+	at        time.Time
+}
+
 // freezeKey is a tool subject as a map key: looking it up builds no
 // string, so Frozen does not allocate.
 type freezeKey struct{ tool, tenant string }
@@ -133,8 +144,9 @@ type State struct {
 	policy *Action
 	// next is, per partition, the offset after the last record applied.
 	next map[int32]int64
-	// partitions are the partitions Run reads (true), and those it found
-	// later and does not (false).
+	// latest is, per subject, where its latest applied record came from.
+	latest map[string]origin
+	// partitions are the partitions Run reads.
 	partitions map[int32]bool
 	// probes are the answers whose ends are not yet all applied, oldest
 	// (and lowest) first.
@@ -158,6 +170,7 @@ func NewState(logger *slog.Logger) *State {
 		jtis:       make(map[string]Action),
 		families:   make(map[string]Action),
 		next:       make(map[int32]int64),
+		latest:     make(map[string]origin),
 		partitions: make(map[int32]bool),
 		changed:    make(chan struct{}),
 	}
@@ -372,7 +385,7 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	probing := make(chan struct{})
 	go func() {
 		defer close(probing)
-		s.probeLoop(probeCtx, admin, adm, topic)
+		s.probeLoop(probeCtx, admin, adm, cl, topic)
 	}()
 	defer func() {
 		stopProbing()
@@ -524,9 +537,9 @@ func (s *State) advanceLocked(at time.Time) {
 // probeLoop asks for the topic's end offsets every probeEvery until ctx
 // ends, and advances AsOf as far as the answers allow. Each question is
 // one ListOffsets of the partitions Run reads; every partitionsEvery
-// probes it also asks which partitions the topic has, to notice one
-// added since.
-func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic string) {
+// probes it also asks which partitions the topic has, and has consumer
+// read one added since from its start.
+func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client, consumer *kgo.Client, topic string) {
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
 	s.mu.RLock()
@@ -578,7 +591,14 @@ func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client,
 			s.logger.Info("control topic's end offsets known again")
 			failing = false
 		}
-		s.observe(at, ends)
+		if added := s.observe(at, ends); len(added) > 0 {
+			assign := make(map[int32]kgo.Offset, len(added))
+			for _, p := range added {
+				assign[p] = kgo.NewOffset().AtStart()
+			}
+			consumer.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: assign})
+			parts = append(parts, added...)
+		}
 	}
 }
 
@@ -618,16 +638,18 @@ func listEnds(ctx context.Context, cl *kgo.Client, topic string, parts []int32) 
 	return ends, nil
 }
 
-// observe takes an answer, asked at at, for the topic's end offsets.
-func (s *State) observe(at time.Time, ends map[int32]int64) {
+// observe takes an answer, asked at at, for the topic's end offsets, and
+// returns the partitions it names that Run does not read yet: added to
+// the topic since. They count as read from now on; until their records
+// are applied, the State is not current.
+func (s *State) observe(at time.Time, ends map[int32]int64) (added []int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for p, end := range ends {
-		if _, known := s.partitions[p]; !known && end > 0 {
-			// A partition added after Run began is not read: the
-			// State can never catch up with it, and stays stale.
-			s.partitions[p] = false
-			s.logger.Error("control topic has a partition this process does not read: restart it", "partition", p)
+	for p := range ends {
+		if !s.partitions[p] {
+			s.partitions[p] = true
+			added = append(added, p)
+			s.logger.Warn("control topic has a partition added since this process started: reading it from its start", "partition", p)
 		}
 	}
 	if s.coversLocked(ends) {
@@ -635,17 +657,24 @@ func (s *State) observe(at time.Time, ends map[int32]int64) {
 		s.probes = s.probes[:0]
 		s.advanceLocked(at)
 		s.wakeLocked()
-		return
+		return added
 	}
 	s.probes = append(s.probes, probe{at: at, ends: ends})
+	return added
 }
 
 // applyLocked applies one record. A record it cannot read is logged and
 // skipped: the control state must keep going, and a human must look.
 func (s *State) applyLocked(r *kgo.Record, live bool) {
 	key := string(r.Key)
+	if last, ok := s.latest[key]; ok && last.partition != r.Partition && r.Timestamp.Before(last.at) {
+		s.logger.Warn("control record older than its subject's latest, from another partition: superseded", attrSubject, key,
+			"partition", r.Partition, "offset", r.Offset, "latest_partition", last.partition)
+		return
+	}
 	if r.Value == nil {
 		// A tombstone: someone deleted the subject on the topic itself.
+		s.latest[key] = origin{partition: r.Partition, at: r.Timestamp}
 		s.deleteLocked(key)
 		s.logger.Warn("control subject deleted by tombstone", attrSubject, key, "partition", r.Partition, "offset", r.Offset)
 		return
@@ -659,6 +688,7 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		s.logger.Error("control record ignored", attrSubject, key, "partition", r.Partition, "offset", r.Offset, "err", err)
 		return
 	}
+	s.latest[key] = origin{partition: r.Partition, at: r.Timestamp}
 	switch {
 	case a.Kind == KindActivatePolicy:
 		s.policy = &a
@@ -689,6 +719,20 @@ func (s *State) deleteLocked(subject string) {
 		tool, tenant, _ := strings.Cut(strings.TrimPrefix(subject, subjectTool), "@")
 		delete(s.tools, freezeKey{tool: tool, tenant: tenant})
 	}
+}
+
+// stamp is the time for a new record of subject, written at now: after
+// the subject's latest record this State applied, so that a writer whose
+// clock is behind another's still orders its record last.
+func (s *State) stamp(subject string, now time.Time) time.Time {
+	s.mu.RLock()
+	last, ok := s.latest[subject]
+	s.mu.RUnlock()
+	if ok && !now.After(last.at) {
+		// Kafka keeps a record's time in milliseconds.
+		return last.at.Add(time.Millisecond)
+	}
+	return now
 }
 
 // waitApplied waits until the record at topic/partition/offset has been

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -290,6 +291,94 @@ func TestStateRecords(t *testing.T) {
 	if err := s.Current(short, 500*time.Millisecond); err != nil {
 		t.Errorf("Current a second after Ready = %v; want nil", err)
 	}
+}
+
+// toolRecord is a control record of tool's freeze (or unfreeze) at at, in
+// partition p.
+func toolRecord(t *testing.T, kind, tool string, p int32, at time.Time) *kgo.Record {
+	t.Helper()
+	b, err := json.Marshal(Action{V: ActionVersion, Kind: kind, Subject: ToolSubject(tool, ""), Tool: tool,
+		By: "op", ByTenant: PlatformTenant, Reason: "r", At: at})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Key: []byte(ToolSubject(tool, "")), Value: b, Partition: p, Timestamp: at}
+}
+
+// Once partitions are added to the control topic, a subject's older
+// records stay in its old partition and its newer ones go to another:
+// across partitions the later record wins, in whichever order the fetches
+// bring them; within one partition the log's order does, whatever the
+// times say.
+func TestLaterRecordWinsAcrossPartitions(t *testing.T) {
+	t1 := time.Unix(1700000000, 0)
+	t2 := t1.Add(time.Minute)
+	for _, tc := range []struct {
+		name   string
+		recs   []*kgo.Record
+		frozen bool
+	}{
+		{"newer partition first", []*kgo.Record{toolRecord(t, KindUnfreeze, "x", 3, t2), toolRecord(t, KindFreeze, "x", 1, t1)}, false},
+		{"older partition first", []*kgo.Record{toolRecord(t, KindUnfreeze, "x", 1, t1), toolRecord(t, KindFreeze, "x", 3, t2)}, true},
+		{"unfrozen, then refrozen by a newer partition's record read first",
+			[]*kgo.Record{toolRecord(t, KindFreeze, "x", 3, t2), toolRecord(t, KindFreeze, "x", 1, t1), toolRecord(t, KindUnfreeze, "x", 1, t1.Add(time.Second))}, true},
+		{"one partition, a clock stepped back", []*kgo.Record{toolRecord(t, KindFreeze, "x", 2, t2), toolRecord(t, KindUnfreeze, "x", 2, t1)}, false},
+		{"a tombstone from the newer partition", []*kgo.Record{{Key: []byte(ToolSubject("x", "")), Partition: 3, Timestamp: t2}, toolRecord(t, KindFreeze, "x", 1, t1)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewState(nil)
+			for i, r := range tc.recs {
+				r.Offset = int64(i)
+				s.apply([]*kgo.Record{r})
+			}
+			if _, got := s.Frozen("x", "t_acme"); got != tc.frozen {
+				t.Errorf("Frozen = %v; want %v", got, tc.frozen)
+			}
+		})
+	}
+
+	// A writer orders its record after the latest one its State applied,
+	// even with its clock behind the writer of that one.
+	s := NewState(nil)
+	s.apply([]*kgo.Record{toolRecord(t, KindFreeze, "x", 3, t2)})
+	if got := s.stamp(ToolSubject("x", ""), t1); !got.After(t2) {
+		t.Errorf("stamp with the clock behind = %v; want after %v", got, t2)
+	}
+	if got := s.stamp(ToolSubject("x", ""), t2.Add(time.Hour)); !got.Equal(t2.Add(time.Hour)) {
+		t.Errorf("stamp with the clock ahead = %v; want the clock's %v", got, t2.Add(time.Hour))
+	}
+}
+
+// A partition added to the control topic while a State runs is read from
+// its start: its records apply, and the State is current again, without
+// a restart.
+func TestStateReadsPartitionAddedWhileRunning(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	s := runState(t, k)
+	waitReady(t, s)
+	ctx := t.Context()
+	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).UpdatePartitions(ctx, 3, k.Topics.Control); err != nil {
+		t.Fatal(err)
+	}
+	r := toolRecord(t, KindFreeze, "refund_order", 2, time.Now())
+	r.Topic = k.Topics.Control
+	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	ledgertest.WaitFor(t, 3*partitionsEvery*probeEvery, func() error {
+		if _, frozen := s.Frozen("refund_order", "t_acme"); !frozen {
+			return errors.New("the freeze in the added partition is not applied")
+		}
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return s.Current(short, DefaultMaxStaleness)
+	})
 }
 
 func TestRunMissingTopic(t *testing.T) {
