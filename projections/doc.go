@@ -31,7 +31,9 @@
 //   - PolicyVersion: a policy's decision event (one whose Decision is
 //     allow, deny or require_approval; not an approver's approve or
 //     reject) made under that version; with Decision set, only decisions
-//     of that kind;
+//     of that kind. Events carry label@hash ("v41@3f2a9c1b0d7e"); a
+//     label alone ("v41") matches every version of that label
+//     (PolicyVersionMatches);
 //   - with none of those: the call's requested event.
 //
 // Tenant and Tool narrow the match to the events of that tenant and tool.

@@ -118,7 +118,10 @@ type Filter struct {
 	JTI              string `json:"jti,omitempty"`
 	CredentialFamily string `json:"credential_family,omitempty"`
 	Tool             string `json:"tool,omitempty"`
-	PolicyVersion    string `json:"policy_version,omitempty"`
+	// PolicyVersion is a version as events carry it (label@hash, the
+	// label the operator gave it and its files' hash), or its label
+	// alone, which matches every version of that label.
+	PolicyVersion string `json:"policy_version,omitempty"`
 	// Decision narrows PolicyVersion to decisions of one kind: allow,
 	// deny or require_approval.
 	Decision   string `json:"decision,omitempty"`
@@ -145,6 +148,17 @@ type Filter struct {
 // Decisions a policy makes, as events record them. An approver's approve
 // and reject are decisions too, but not the policy's.
 var decisions = map[string]bool{"allow": true, "deny": true, "require_approval": true}
+
+// PolicyVersionMatches reports whether version, as an event carries it
+// (label@hash), is the policy version asked names: exactly, or by its
+// label alone (so "v41" matches "v41@3f2a9c1b0d7e", never "v410@...").
+func PolicyVersionMatches(asked, version string) bool {
+	if version == asked {
+		return true
+	}
+	label, _, versioned := strings.Cut(version, "@")
+	return versioned && label == asked
+}
 
 // PolicyDecision reports whether d is a decision a policy made (allow,
 // deny, require_approval): the events a policy version is looked up by.

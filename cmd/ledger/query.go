@@ -132,7 +132,7 @@ func (ff *filterFlags) register(fs *pflag.FlagSet, refs bool) {
 	}
 	fs.StringVar(&ff.f.JTI, "jti", "", "calls that used this credential")
 	fs.StringVar(&ff.f.CredentialFamily, "credential-family", "", "calls that used a credential of this family (<tool>:<tenant>:<epoch>)")
-	fs.StringVar(&ff.f.PolicyVersion, "policy-version", "", "calls decided under this policy version")
+	fs.StringVar(&ff.f.PolicyVersion, "policy-version", "", "calls decided under this policy version: its label (v41: every version of that label) or label@hash as events carry it")
 	fs.StringVar(&ff.f.Decision, "decision", "", "with --policy-version: only its allow, deny or require_approval decisions")
 	fs.StringVar(&ff.f.Approver, "approver", "", "calls this approver decided")
 	fs.StringVar(&ff.f.ApprovalID, "approval-id", "", "the call of this approval")

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -196,7 +197,7 @@ func eachCandidate(ctx context.Context, tx *bolt.Tx, f projections.Filter, fn fu
 	// A value with a NUL in it can make one call appear twice under a
 	// prefix: read each once.
 	seen := make(map[string]bool)
-	return scan(tx.Bucket(bucketRefs), refPrefix(kind, value, f.Tenant, f.AllTenants), func(_, k []byte) error {
+	visit := func(_, k []byte) error {
 		if seen[string(k)] {
 			return nil
 		}
@@ -206,6 +207,23 @@ func eachCandidate(ctx context.Context, tx *bolt.Tx, f projections.Filter, fn fu
 			return fmt.Errorf("%s %q lists call %s, which is not in the index", kind, value, k)
 		}
 		return load(k, raw)
+	}
+	refs := tx.Bucket(bucketRefs)
+	if err := scan(refs, refPrefix(kind, value, f.Tenant, f.AllTenants), visit); err != nil {
+		return err
+	}
+	if kind != refPolicy || strings.Contains(value, "@") {
+		return nil
+	}
+	// A policy label: its versions label@hash too, every tenant's under
+	// one prefix (matches checks each call's tenant).
+	label := []byte(kind + "\x00" + value + "@")
+	of := tenantPrefix(f.Tenant, f.AllTenants)
+	return scan(refs, label, func(rk, k []byte) error {
+		if !bytes.HasPrefix(k, of) {
+			return nil
+		}
+		return visit(rk, k)
 	})
 }
 
@@ -253,7 +271,8 @@ func matches(f projections.Filter, evs []ledger.Event) bool {
 	return (f.JTI == "" || carried(func(e *ledger.Event) bool { return e.JTI == f.JTI })) &&
 		(f.CredentialFamily == "" || carried(func(e *ledger.Event) bool { return e.CredentialFamily == f.CredentialFamily })) &&
 		(f.PolicyVersion == "" || carried(func(e *ledger.Event) bool {
-			return projections.PolicyDecision(e.Decision) && e.PolicyVersion == f.PolicyVersion && (f.Decision == "" || e.Decision == f.Decision)
+			return projections.PolicyDecision(e.Decision) && projections.PolicyVersionMatches(f.PolicyVersion, e.PolicyVersion) &&
+				(f.Decision == "" || e.Decision == f.Decision)
 		})) &&
 		(f.Approver == "" || carried(func(e *ledger.Event) bool { return e.Approver == f.Approver })) &&
 		(f.ApprovalID == "" || carried(func(e *ledger.Event) bool { return e.ApprovalID == f.ApprovalID })) &&

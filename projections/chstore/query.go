@@ -204,12 +204,19 @@ func matching(s *Store, f projections.Filter) (string, []any) {
 	ref(refJTI, f.JTI)
 	ref(refFamily, f.CredentialFamily)
 	if f.PolicyVersion != "" {
-		if f.Decision != "" {
-			kinds = append(kinds, "(kind = ? AND value = ? AND decision = ?)")
-			w.args = append(w.args, refPolicyVersion, f.PolicyVersion, f.Decision)
-		} else {
-			ref(refPolicyVersion, f.PolicyVersion)
+		cond, args := "(kind = ? AND value = ?", []any{refPolicyVersion, f.PolicyVersion}
+		if !strings.Contains(f.PolicyVersion, "@") {
+			// A label (projections.PolicyVersionMatches): its versions
+			// label@hash are a range of the sort key, '@' + 1 being 'A'.
+			cond = "(kind = ? AND (value = ? OR (value >= ? AND value < ?))"
+			args = append(args, f.PolicyVersion+"@", f.PolicyVersion+"A")
 		}
+		if f.Decision != "" {
+			cond += " AND decision = ?"
+			args = append(args, f.Decision)
+		}
+		kinds = append(kinds, cond+")")
+		w.args = append(w.args, args...)
 	}
 	ref(refApprover, f.Approver)
 	ref(refApprovalID, f.ApprovalID)

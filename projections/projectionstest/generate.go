@@ -89,7 +89,7 @@ func (g *Generator) Call(i int) []ledger.Event {
 		base.Resource = fmt.Sprintf("ord_%d", r.IntN(cfg.Calls/4+1))
 		args = fmt.Sprintf(`{"amount":%d,"order_id":%q,"reason":"[REDACTED]"}`, r.IntN(900)+1, base.Resource)
 	}
-	base.PolicyVersion = fmt.Sprintf("v%d", 40+int(at.Sub(cfg.Start)/cfg.PolicyEvery))
+	base.PolicyVersion = PolicyVersion(40 + int(at.Sub(cfg.Start)/cfg.PolicyEvery))
 	epoch := at.Unix() / 3600
 	jti := fmt.Sprintf("jti-%d-%07d", cfg.Seed, i)
 	family := fmt.Sprintf("%s:%s:%d", tool, tenant, epoch)
@@ -197,7 +197,7 @@ func (g *Generator) Call(i int) []ledger.Event {
 		add(statemachine.EventDenied, func(e *ledger.Event) {
 			decide("deny")(e)
 			e.Reason = "policy_changed"
-			e.PolicyVersion = fmt.Sprintf("v%d", 41+int(at.Sub(cfg.Start)/cfg.PolicyEvery))
+			e.PolicyVersion = PolicyVersion(41 + int(at.Sub(cfg.Start)/cfg.PolicyEvery))
 		})
 	}
 	// Now and then the same key is submitted again with other
@@ -335,6 +335,7 @@ func Wide(n int, start time.Time) []ledger.Event {
 		if i%3 == 0 {
 			e := base
 			e.EventID, e.Type, e.Seq, e.At = fmt.Sprintf("wide-e-%05d-2", i), statemachine.EventDenied, 2, at.Add(100*time.Millisecond)
+			// A bare label, as a version without a hash.
 			e.Decision, e.Reason, e.PolicyVersion = "deny", "policy_denied", "v40"
 			log = append(log, roundTrip(e))
 		}
@@ -350,4 +351,10 @@ func Wide(n int, start time.Time) []ledger.Event {
 		call(n+i, tenant, resource, "refund_order")
 	}
 	return log
+}
+
+// PolicyVersion is the version of label vN as the intake writes it on
+// decision events: label@ and 12 hex digits of its files' hash.
+func PolicyVersion(n int) string {
+	return fmt.Sprintf("v%d@%012x", n, uint64(n)*0x9e3779b97f4a7c15>>16)
 }

@@ -11,6 +11,7 @@ package projectionstest
 import (
 	"cmp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -153,7 +154,10 @@ func referenced(f projections.Filter, evs []ledger.Event) bool {
 		{f.CredentialFamily, func(e ledger.Event) bool { return e.CredentialFamily == f.CredentialFamily }},
 		{f.PolicyVersion, func(e ledger.Event) bool {
 			policyDecision := e.Decision == "allow" || e.Decision == "deny" || e.Decision == "require_approval"
-			return policyDecision && e.PolicyVersion == f.PolicyVersion && (f.Decision == "" || e.Decision == f.Decision)
+			// A version asked by its label alone matches label@hash.
+			sameVersion := e.PolicyVersion == f.PolicyVersion ||
+				(!strings.Contains(f.PolicyVersion, "@") && strings.HasPrefix(e.PolicyVersion, f.PolicyVersion+"@"))
+			return policyDecision && sameVersion && (f.Decision == "" || e.Decision == f.Decision)
 		}},
 		{f.Approver, func(e ledger.Event) bool { return e.Approver == f.Approver }},
 		{f.ApprovalID, func(e ledger.Event) bool { return e.ApprovalID == f.ApprovalID }},

@@ -253,7 +253,9 @@ func Questions(o *Oracle, cfg LogConfig) []projections.Filter {
 		}
 	}
 	mid := cfg.Start.Add(cfg.Span / 2)
-	for _, v := range []string{"v40", "v41", "v43"} {
+	// By label, by label@hash, and by a prefix of a label, which is not
+	// a label and matches nothing.
+	for _, v := range []string{"v40", "v41", "v43", PolicyVersion(42), "v4"} {
 		qs = append(qs,
 			projections.Filter{AllTenants: true, PolicyVersion: v},
 			projections.Filter{AllTenants: true, PolicyVersion: v, Decision: "allow", Since: mid.Add(-time.Hour), Until: mid},
