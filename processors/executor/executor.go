@@ -1169,7 +1169,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				}
 			}
 			if he.Kind == httptool.Unknown {
-				unknownErr = err
+				unknownErr, c.unanswered = err, true
 			}
 		}
 		log.Warn("tool attempt failed", "attempt", attempt, "err", err)
@@ -1548,6 +1548,9 @@ type completion struct {
 	// reclaimed: an earlier owner's lease expired mid-call, so it may
 	// have reached the tool.
 	reclaimed bool
+	// unanswered: an attempt of this owner may have reached the tool
+	// without an answer (a native tool's, retried).
+	unanswered bool
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string
@@ -1573,12 +1576,19 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 	if attempt < 1 {
 		attempt = 1
 	}
-	if c.reclaimed && status == processors.StatusFailed && !definitiveRefusal(reason, code) {
-		// This owner's attempts did not settle it, but the owner whose
-		// lease expired may have reached the tool: "failed" would tell
-		// the agent that nothing happened, and a retry under a new key
-		// would apply the effect twice. Only the reconciler can tell.
-		status, reason, code = processors.StatusOutcomeUnknown, ReasonLeaseExpired, "reclaimed_"+cmp.Or(code, reason)
+	if status == processors.StatusFailed && !definitiveRefusal(reason, code) {
+		// The later attempts did not settle it, but an earlier one may
+		// have reached the tool: that of the owner whose lease expired,
+		// or this owner's that got no answer (a retry's 409 "in
+		// progress" or 5xx says nothing of it). "failed" would tell the
+		// agent that nothing happened, and a retry under a new key would
+		// apply the effect twice. Only the reconciler can tell.
+		switch {
+		case c.reclaimed:
+			status, reason, code = processors.StatusOutcomeUnknown, ReasonLeaseExpired, "reclaimed_"+cmp.Or(code, reason)
+		case c.unanswered:
+			status, reason, code = processors.StatusOutcomeUnknown, ReasonOutcomeAmbiguous, "retried_"+cmp.Or(code, reason)
+		}
 	}
 	first := c.firstAttempt
 	if first < 1 || first > attempt {

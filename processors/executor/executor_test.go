@@ -3,11 +3,13 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -378,6 +380,54 @@ func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {
 	}
 	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/k8"); n != 1 {
 		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// A native tool's attempt that got no answer may have applied: a retry
+// answered 409 (an idempotent API's "a request with this key is in
+// progress") or 5xx says nothing of it, so the call's outcome is unknown,
+// never failed, which would tell the agent that nothing happened.
+func TestNativeRetryAfterLostAnswerNeverFails(t *testing.T) {
+	for _, status := range []int{http.StatusConflict, http.StatusServiceUnavailable} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			r := newRig(t)
+			// The first request reaches the tool, which applies it, and
+			// its answer is lost; every later one is answered status.
+			var requests atomic.Int32
+			tool := r.backend.Handler()
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				if requests.Add(1) > 1 {
+					w.WriteHeader(status)
+					return
+				}
+				tool.ServeHTTP(httptest.NewRecorder(), req)
+				conn, _, err := w.(http.Hijacker).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				conn.Close()
+			}))
+			defer front.Close()
+			auth := r.admit("create_ticket", "k-lost", map[string]any{"title": "t"}, 0)
+			out, err := r.executor(func(c *executor.Config) { c.BaseURL = front.URL }).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff([]string{"executing", "outcome_unknown(outcome_ambiguous)"}, summary(evs)); diff != "" {
+				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			if want := fmt.Sprintf("retried_http_%d", status); evs[1].ErrorCode != want {
+				t.Errorf("error code %q; want %q", evs[1].ErrorCode, want)
+			}
+			if n := requests.Load(); n != 2 {
+				t.Errorf("%d requests; want 2 (the lost one, then a retry)", n)
+			}
+			if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/k-lost"); n != 1 {
+				t.Errorf("applied %d times; want 1", n)
+			}
+		})
 	}
 }
 
