@@ -650,19 +650,24 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		journals = append(journals, step+"/early")
 		recording.Go(func() { earlyApplied, earlyErr = x.record(ctx, step+"/early", early) })
 	}
-	var results []processors.ClaimResult
+	var (
+		results []processors.ClaimResult
+		// claimedAt is just before the claim was asked, on this
+		// executor's clock.
+		claimedAt time.Time
+	)
 	if len(order) > 0 {
 		claims := make([]processors.Claim, len(order))
 		for i, k := range order {
 			claims[i] = jobs[k].claim
 		}
 		var err error
-		t0 := time.Now()
+		claimedAt = time.Now()
 		if results, err = x.cfg.Store.Claim(ctx, claims); err != nil {
 			recording.Wait()
 			return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
 		}
-		x.cfg.Metrics.Stage("claim", time.Since(t0))
+		x.cfg.Metrics.Stage("claim", time.Since(claimedAt))
 		x.cfg.Failpoint.Hit(failpoint.Claimed)
 		x.countClaims(results)
 	}
@@ -745,6 +750,13 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		rec := res.Record
 		switch res.Outcome {
 		case processors.Claimed, processors.Reclaimed:
+			// The lease as this executor's clock keeps it: the store's
+			// lease_until is on the database's clock, which may be
+			// ahead of this one, while a lease counted from before the
+			// claim was asked ends no later than the store's.
+			if local := claimedAt.Add(j.claim.Lease); local.Before(rec.LeaseUntil) {
+				rec.LeaseUntil = local
+			}
 			f, wait := x.launch(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed)
 			switch {
 			case x.cfg.StepBudget < 0, wait && !pipelined:

@@ -101,13 +101,43 @@ func (h hangingVersions) ResourceVersion(ctx context.Context, _, _, _ string) (s
 // fails as not started, not left executing past its lease and in flight,
 // where this executor's sweeps would never reclaim it (nor denied, as if
 // the version had changed).
+//
+// The lease is kept on this executor's clock too: with the store's clock
+// an hour ahead, the lease_until it returns is an hour later than this
+// executor's view of the lease, and the call still ends within the lease.
 func TestHangingPreCallCheckEndsWithinTheLease(t *testing.T) {
+	for _, skew := range []time.Duration{0, time.Hour} {
+		t.Run("store clock ahead "+skew.String(), func(t *testing.T) { hangingPreCallCheck(t, skew) })
+	}
+}
+
+// storeClockAhead is the store, with its clock ahead by skew: the leases
+// it grants end skew later.
+type storeClockAhead struct {
+	executor.Store
+	skew time.Duration
+}
+
+func (s storeClockAhead) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
+	res, err := s.Store.Claim(ctx, cs)
+	for i := range res {
+		if !res[i].Record.LeaseUntil.IsZero() {
+			res[i].Record.LeaseUntil = res[i].Record.LeaseUntil.Add(s.skew)
+		}
+	}
+	return res, err
+}
+
+func hangingPreCallCheck(t *testing.T, skew time.Duration) {
 	r := newRig(t)
 	ev, rec := r.admitApproved("k1", time.Now().Add(time.Hour), "v1")
 	key := ev.Key()
 	hv := hangingVersions{asked: make(chan struct{}, 1)}
 	// One attempt of refund_order's 2 s: a lease of about 2 s.
-	x := r.executor(func(c *executor.Config) { c.Versions, c.MaxAttempts = hv, 1 })
+	x := r.executor(func(c *executor.Config) {
+		c.Versions, c.MaxAttempts = hv, 1
+		c.Store = storeClockAhead{Store: c.Store, skew: skew}
+	})
 	var (
 		out ledger.Output
 		err error
