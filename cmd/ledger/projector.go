@@ -53,7 +53,7 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			if _, gap, err := projectionGap(ctx, st, g.kafka.client(logger), g.kafka.topics(), group); err != nil {
 				return err
 			} else if gap {
-				return fmt.Errorf("clickhouse database %s holds no events, but group %s has committed offsets past the start of the log: projecting from there would leave out everything before; run `ledger projector rebuild --swap` (with the projector stopped), or delete the group", st.Database(), group)
+				return fmt.Errorf("clickhouse database %s holds no events (or no control actions), but group %s has committed offsets on that topic past the start of its log: projecting from there would leave out everything before; run `ledger projector rebuild --swap` (with the projector stopped), or delete the group", st.Database(), group)
 			}
 			p, err := projector.New(projector.Config{
 				Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group,
@@ -337,15 +337,25 @@ func (c *clickhouseFlags) with(g *globals, fn func(cmd *cobra.Command, st *chsto
 	}
 }
 
-// projectionGap reports whether st holds no events while group has
-// committed offsets past the start of the log: a projector in the group
-// would resume there and leave the projection without everything before.
-// It returns the log's start offsets, to reset the group to.
+// projectionGap reports whether st holds nothing of a topic (no events,
+// or no control actions) while group has committed offsets on it past the
+// start of the log: a projector in the group would resume there and leave
+// the projection without everything before. It returns the log's start
+// offsets, to reset the group to.
 func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfig, topics ledger.Topics, group string) (map[string]map[int32]int64, bool, error) {
-	n, err := st.EventRows(ctx)
-	if err != nil || n > 0 {
+	events, err := st.EventRows(ctx)
+	if err != nil {
 		return nil, false, err
 	}
+	controls, err := st.ControlRows(ctx)
+	if err != nil || events > 0 && controls > 0 {
+		return nil, false, err
+	}
+	topics = topics.WithDefaults()
+	// A topic st holds something of: its committed offsets are the
+	// projection's own (a control record projected before the first
+	// event is no gap in the events).
+	held := map[string]bool{topics.Events: events > 0, topics.Control: controls > 0}
 	s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: topics, Group: group})
 	if errors.Is(err, projector.ErrNeverCommitted) {
 		return nil, false, nil
@@ -360,7 +370,7 @@ func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfi
 			starts[p.Topic] = make(map[int32]int64)
 		}
 		starts[p.Topic][p.Partition] = p.Start
-		if p.Committed > p.Start {
+		if !held[p.Topic] && p.Committed > p.Start {
 			gap = true
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
+	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
 	"github.com/toolcall-ledger/ledger/projections/projector"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -76,4 +80,63 @@ func TestProjectorSkipDeleted(t *testing.T) {
 	if out := cli(t, append([]string{"projector", "skip-deleted"}, flags...)...); !strings.Contains(out, "nothing to skip") {
 		t.Errorf("skip-deleted again said:\n%s\nwant nothing to skip", out)
 	}
+}
+
+// A database behind the group is missing a topic's records when it holds
+// nothing of that topic while the group has committed offsets on it past
+// the log's start; a control action projected before the first event (a
+// freeze before any call) is no gap in the events.
+func TestProjectionGapPerTopic(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	group := k.Group("gap")
+	ctx := t.Context()
+	e := ledger.Event{EventID: "e-1", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(),
+		TenantID: "t_a", IdempotencyKey: "k-1", Tool: "refund_order"}
+	er, err := e.Record(k.Topics.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	freeze := ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:refund_order", Tool: "refund_order",
+		By: "op", ByTenant: "*", Reason: "incident", At: time.Now().UTC()}
+	value, err := json.Marshal(freeze)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, er, &kgo.Record{Topic: k.Topics.Control, Key: []byte(freeze.Subject), Value: value}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := chstore.Open(ctx, chstore.Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gap := func(want bool, when string) {
+		t.Helper()
+		if _, got, err := projectionGap(ctx, st, k.Client, k.Topics, group); err != nil || got != want {
+			t.Errorf("%s: gap = %v, %v; want %v", when, got, err, want)
+		}
+	}
+	commit := func(topic string) {
+		t.Helper()
+		if err := projector.CommitOffsets(ctx, k.Client, group, map[string]map[int32]int64{topic: {0: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gap(false, "a group that never committed")
+	commit(k.Topics.Control)
+	gap(true, "control committed, no control action projected")
+	if err := st.Write(ctx, projections.Batch{Actions: []projections.Action{{Action: freeze}}}); err != nil {
+		t.Fatal(err)
+	}
+	gap(false, "control committed and projected, no event yet")
+	commit(k.Topics.Events)
+	gap(true, "events committed, no event projected")
 }

@@ -358,10 +358,19 @@ func (s *Store) Reset(ctx context.Context) error {
 
 // EventRows counts the rows of the events table (duplicates not yet
 // merged included): zero means the projection holds nothing.
-func (s *Store) EventRows(ctx context.Context) (uint64, error) {
+func (s *Store) EventRows(ctx context.Context) (uint64, error) { return s.rows(ctx, "events") }
+
+// ControlRows counts the rows of the control_actions table (duplicates
+// not yet merged count too): 0 when no control record was projected.
+func (s *Store) ControlRows(ctx context.Context) (uint64, error) {
+	return s.rows(ctx, "control_actions")
+}
+
+// rows counts the rows of table.
+func (s *Store) rows(ctx context.Context, table string) (uint64, error) {
 	var n uint64
-	if err := s.conn.QueryRow(ctx, "SELECT count() FROM "+s.table("events")).Scan(&n); err != nil {
-		return 0, s.wrap("count events", err)
+	if err := s.conn.QueryRow(ctx, "SELECT count() FROM "+s.table(table)).Scan(&n); err != nil {
+		return 0, s.wrap("count "+table, err)
 	}
 	return n, nil
 }
