@@ -187,14 +187,23 @@ swapped in without --force.`,
 			if into == live.Database() {
 				return fmt.Errorf("--into names the live database %s: rebuild into another and --swap", into)
 			}
-			if swap {
-				// Found now, not after an hour of replay.
+			// stopped refuses a swap while a projector runs: it writes
+			// into the live tables, which the swap drops, and commits
+			// offsets past what it wrote.
+			stopped := func(when string) error {
 				s, err := projector.Status(ctx, projector.StatusConfig{Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group})
 				if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
 					return err
 				}
 				if s.Members > 0 {
-					return fmt.Errorf("group %s has %d members: stop the projector before rebuild --swap", group, s.Members)
+					return fmt.Errorf("group %s has %d members %s: stop the projector before rebuild --swap", group, s.Members, when)
+				}
+				return nil
+			}
+			if swap {
+				// Found now, not after an hour of replay.
+				if err := stopped("before the replay"); err != nil {
+					return err
 				}
 			}
 			fresh, err := chstore.Open(ctx, chstore.Config{DSN: ch.dsn, Database: into, Logger: logger})
@@ -235,6 +244,12 @@ swapped in without --force.`,
 					}
 				}
 			}
+			// Again: a projector started during the replay (a restart
+			// in the hour it can take) has written into the live tables
+			// since.
+			if err := stopped("after the replay (a projector started while it ran); the rebuild is kept in " + into + ", not swapped"); err != nil {
+				return err
+			}
 			// Swap, then move the offsets: offsets moved before a swap
 			// that failed would skip records for the live tables; a
 			// commit that fails after the swap only has the projector
@@ -242,7 +257,12 @@ swapped in without --force.`,
 			if err := live.Swap(ctx, fresh); err != nil {
 				return err
 			}
-			if err := projector.CommitOffsets(ctx, g.kafka.client(logger), group, done.Ends); err != nil {
+			if err := projector.CommitOffsets(ctx, g.kafka.client(logger), group, done.Ends); errors.Is(err, projector.ErrGroupActive) {
+				// Started in the moment between the check and the swap:
+				// its offsets may be past records it wrote into the
+				// tables the swap replaced.
+				return fmt.Errorf("swapped, but a projector of group %s started during the swap, and may have skipped records: stop it and run rebuild --swap again: %w", group, err)
+			} else if err != nil {
 				return fmt.Errorf("swapped, but group %s's offsets are not moved to the replay's end (the projector will write again what the rebuild holds, which changes nothing): %w", group, err)
 			}
 			fmt.Fprintf(out, "swapped: %s now holds the rebuilt tables; group %s goes on from the replay's end\n", live.Database(), group)

@@ -1,14 +1,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
@@ -82,14 +86,10 @@ func TestProjectorSkipDeleted(t *testing.T) {
 	}
 }
 
-// A database behind the group is missing a topic's records when it holds
-// nothing of that topic while the group has committed offsets on it past
-// the log's start; a control action projected before the first event (a
-// freeze before any call) is no gap in the events.
-func TestProjectionGapPerTopic(t *testing.T) {
-	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
-	group := k.Group("gap")
-	ctx := t.Context()
+// produceOneEvent produces a requested event to k's events topic, and
+// more records.
+func produceOneEvent(t *testing.T, k *ledgertest.Kafka, more ...*kgo.Record) {
+	t.Helper()
 	e := ledger.Event{EventID: "e-1", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(),
 		TenantID: "t_a", IdempotencyKey: "k-1", Tool: "refund_order"}
 	er, err := e.Record(k.Topics.Events)
@@ -101,15 +101,26 @@ func TestProjectionGapPerTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
+	if err := cl.ProduceSync(t.Context(), append([]*kgo.Record{er}, more...)...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A database behind the group is missing a topic's records when it holds
+// nothing of that topic while the group has committed offsets on it past
+// the log's start; a control action projected before the first event (a
+// freeze before any call) is no gap in the events.
+func TestProjectionGapPerTopic(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	group := k.Group("gap")
+	ctx := t.Context()
 	freeze := ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:refund_order", Tool: "refund_order",
 		By: "op", ByTenant: "*", Reason: "incident", At: time.Now().UTC()}
 	value, err := json.Marshal(freeze)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.ProduceSync(ctx, er, &kgo.Record{Topic: k.Topics.Control, Key: []byte(freeze.Subject), Value: value}).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	produceOneEvent(t, k, &kgo.Record{Topic: k.Topics.Control, Key: []byte(freeze.Subject), Value: value})
 	st, err := chstore.Open(ctx, chstore.Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -139,4 +150,75 @@ func TestProjectionGapPerTopic(t *testing.T) {
 	gap(false, "control committed and projected, no event yet")
 	commit(k.Topics.Events)
 	gap(true, "events committed, no event projected")
+}
+
+// A projector started while rebuild --swap replays the log (a restart in
+// the hour a replay can take) writes into the live tables and commits
+// offsets for them: the swap is refused, not made under it, which would
+// drop what it wrote and leave its group past it.
+func TestRebuildSwapRefusesAProjectorStartedDuringTheReplay(t *testing.T) {
+	k := ledgertest.NewInProcess(t, ledgertest.Options{Partitions: 1}) // the hook is kfake's
+	group := k.Group("swap")
+	ctx := t.Context()
+	produceOneEvent(t, k)
+	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
+	t.Cleanup(func() { chtest.DropDatabase(t, dsn, db+"_rebuild") })
+	cli(t, "projector", "migrate", "--clickhouse-dsn", dsn, "--clickhouse-database", db)
+
+	// The first fetch (the check before the replay, or the replay) waits
+	// until a member of the group has joined.
+	joined := make(chan struct{})
+	var (
+		once   sync.Once
+		hooked atomic.Bool
+		member = make(chan *kgo.Client, 1)
+	)
+	defer func() {
+		if hooked.Load() {
+			if m := <-member; m != nil {
+				m.Close()
+			}
+		}
+	}()
+	k.Cluster.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if hooked.Swap(true) {
+			return nil, nil, false
+		}
+		go func() {
+			// A group client joins once made.
+			m, err := ledger.NewClient(k.Client, kgo.ConsumerGroup(group), kgo.ConsumeTopics(k.Topics.Events),
+				kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { once.Do(func() { close(joined) }) }))
+			if err != nil {
+				t.Error(err)
+			}
+			member <- m
+		}()
+		k.Cluster.SleepControl(func() {
+			select {
+			case <-joined:
+			case <-time.After(15 * time.Second):
+			}
+		})
+		return nil, nil, false
+	})
+
+	err := cliErr(t, "projector", "rebuild", "--swap", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
+		"--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control, "--group", group,
+		"--clickhouse-dsn", dsn, "--clickhouse-database", db)
+	select {
+	case <-joined:
+	default:
+		t.Fatal("test setup: the member never joined")
+	}
+	if err == nil || !strings.Contains(err.Error(), "stop the projector") {
+		t.Errorf("rebuild --swap with a projector started during the replay: %v; want it refused", err)
+	}
+	live, err := chstore.Open(ctx, chstore.Config{DSN: dsn, Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	if n, err := live.EventRows(ctx); err != nil || n != 0 {
+		t.Errorf("live events after the refused swap = %d, %v; want the live tables kept (0)", n, err)
+	}
 }
