@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -357,15 +358,12 @@ func (s *failingClaims) Claim(ctx context.Context, cs []processors.Claim) ([]pro
 	return s.Store.Claim(ctx, cs)
 }
 
-// A step that fails after it took a carried call's outcome (here: it
-// waited for it at MaxInFlight, then could not claim its batch) records
-// the outcome before it returns, so that the sweep appends its events:
-// the failed step's batch is redelivered, the carried call's event is
-// not.
-func TestFailedStepRecordsTheOutcomesItTook(t *testing.T) {
-	r := newRig(t)
+// carrySlowCall returns an executor on st with one slot (MaxInFlight 1),
+// after a step that left a slow call t_slow/slow running: the next step
+// waits for its slot, and takes its outcome.
+func carrySlowCall(t *testing.T, r *rig, st executor.Store) *executor.Executor {
+	t.Helper()
 	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 300 * time.Millisecond})
-	st := &failingClaims{Store: r.store}
 	x := r.executor(func(c *executor.Config) {
 		c.Store = st
 		c.StepBudget = 50 * time.Millisecond
@@ -378,6 +376,70 @@ func TestFailedStepRecordsTheOutcomesItTook(t *testing.T) {
 	if len(out.Records) != 0 {
 		t.Fatalf("first step appended %v; want nothing yet", byCall(t, out.Records))
 	}
+	return x
+}
+
+// failingCompletes is the store, except that the next fail Completes
+// fail without recording anything (a connection reset before the write).
+type failingCompletes struct {
+	executor.Store
+	fail atomic.Int32
+}
+
+func (s *failingCompletes) Complete(ctx context.Context, cs []processors.Completion) ([]bool, error) {
+	if s.fail.Add(-1) >= 0 {
+		return nil, errors.New("connection reset")
+	}
+	return s.Store.Complete(ctx, cs)
+}
+
+// A call's known outcome whose recording fails is recorded once more on
+// its own, unlogged, so that the sweep appends its events: left to its
+// lease, it would come back as a call that may have run, for the
+// reconciler or a human. Both when the step records it after its batch
+// ran, and when it records it beside the next batch's claim.
+func TestFailedRecordingTriedAgainOnItsOwn(t *testing.T) {
+	check := func(t *testing.T, r *rig, key ledger.CallKey) {
+		t.Helper()
+		rec, err := r.store.Get(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != processors.StatusSucceeded || !rec.Unlogged() {
+			t.Errorf("the record is %s (unlogged %v); want succeeded, waiting for the log", rec.Status, rec.Unlogged())
+		}
+	}
+	t.Run("after the batch", func(t *testing.T) {
+		r := newRig(t)
+		st := &failingCompletes{Store: r.store}
+		x := r.executor(func(c *executor.Config) { c.Store = st })
+		st.fail.Store(1)
+		if _, err := x.Step(t.Context(), []*kgo.Record{r.admit("create_ticket", "k1", ticket, 0)}); err == nil {
+			t.Fatal("step whose recording failed returned no error")
+		}
+		check(t, r, ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k1"})
+	})
+	t.Run("beside the next claim", func(t *testing.T) {
+		r := newRig(t)
+		st := &failingCompletes{Store: r.store}
+		x := carrySlowCall(t, r, st)
+		st.fail.Store(1)
+		if _, err := x.Step(t.Context(), []*kgo.Record{r.admit("create_ticket", "next", ticket, 0)}); err != nil {
+			t.Fatal(err)
+		}
+		check(t, r, ledger.CallKey{TenantID: "t_slow", IdempotencyKey: "slow"})
+	})
+}
+
+// A step that fails after it took a carried call's outcome (here: it
+// waited for it at MaxInFlight, then could not claim its batch) records
+// the outcome before it returns, so that the sweep appends its events:
+// the failed step's batch is redelivered, the carried call's event is
+// not.
+func TestFailedStepRecordsTheOutcomesItTook(t *testing.T) {
+	r := newRig(t)
+	st := &failingClaims{Store: r.store}
+	x := carrySlowCall(t, r, st)
 	st.fail = true
 	if _, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_a", "create_ticket", "next", ticket, 0)}); err == nil {
 		t.Fatal("step with a failing store returned no error")

@@ -638,8 +638,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// trip the step would otherwise wait for in turn.
 	got = x.takeEnded(got)
 	early := completions(got)
-	// From here a failure to record them is a crash's: the leases
-	// expire and the sweep finds the calls.
+	// From here a failure to record them is tried once more outside the
+	// step, else left to the leases, as after a crash.
 	got = nil
 	var (
 		earlyApplied []bool
@@ -680,9 +680,13 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		// may have committed all the same (an ambiguous commit): its
 		// journal entry is settled as not logged now, never with the
 		// step's, so that the sweep appends what it recorded.
-		x.cfg.Logger.Error("record finished calls; their leases will expire, or the sweep appends them", "calls", len(early), "err", earlyErr)
-		early = nil
+		x.cfg.Logger.Error("record finished calls; trying once more outside the step, else their leases will expire", "calls", len(early), "err", earlyErr)
 		x.settle(ctx, journals[:1], false)
+		// Once more on their own: their outcomes are known, and left to
+		// the leases they would come back as calls that may have run
+		// (a retry fenced out changes nothing).
+		x.completeAlone(ctx, early)
+		early = nil
 		journals = journals[1:]
 	}
 
@@ -802,15 +806,14 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	}
 
 	done := completions(got)
-	// From here a failure to record is a crash's: the leases expire and
-	// the sweep finds the calls.
-	got = nil
 	if len(done) > 0 {
 		journals = append(journals, step+"/done")
 		applied, err := x.record(ctx, step+"/done", done)
 		if err != nil {
+			// got is recorded on its own as the step fails.
 			return ledger.Output{}, err
 		}
+		got = nil
 		if ctx.Err() != nil {
 			// Shutting down: the outcomes are in the store, and their
 			// events go out from the outbox on redelivery or through

@@ -473,9 +473,17 @@ func (x *Executor) carry(fs map[*flight]struct{}) {
 // through the sweep of unlogged outcomes. A failure here leaves the calls
 // to their leases, as a crash would.
 func (x *Executor) recordAlone(ctx context.Context, fs ...*flight) {
-	cs := completions(fs)
+	x.completeAlone(ctx, completions(fs))
+}
+
+// completeAlone records cs in the store outside any step: under no
+// journal entry, so they stay unlogged and the sweep appends their events.
+func (x *Executor) completeAlone(ctx context.Context, cs []processors.Completion) {
 	if len(cs) == 0 {
 		return
+	}
+	for i := range cs {
+		cs[i].Journal = ""
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
