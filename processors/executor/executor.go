@@ -1500,6 +1500,13 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			MaxResultBytes: tool.MaxResultBytes,
 		})
 	})
+	var he *httptool.Error
+	if err != nil && !errors.As(err, &he) && !errors.Is(err, gobreaker.ErrOpenState) && !errors.Is(err, gobreaker.ErrTooManyRequests) {
+		// A Caller's error of no kind this executor knows: the request
+		// may have reached the tool, and only a tool that dedupes may
+		// be sent it again.
+		err = &httptool.Error{Kind: httptool.Unknown, Detail: "unclassified caller error", Err: err}
+	}
 	result := toolCallResult(err)
 	x.cfg.Metrics.ToolCall(tool.Name, result, time.Since(t0))
 	span.SetAttributes(attribute.String("ledger.result", result))

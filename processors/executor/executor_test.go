@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -358,6 +359,36 @@ func TestNoneToolServerErrorIsNotRetried(t *testing.T) {
 	}
 	if n := r.backend.AppliedIn("send_email", "t_a", "t_a/k7"); n != 1 {
 		t.Errorf("applied %d times; want exactly 1 (no retry)", n)
+	}
+}
+
+// countingCaller answers every request with err, and counts them.
+type countingCaller struct {
+	n   atomic.Int32
+	err error
+}
+
+func (c *countingCaller) Call(context.Context, httptool.Request) (httptool.Response, error) {
+	c.n.Add(1)
+	return httptool.Response{}, c.err
+}
+
+// A Caller's error of no kind the executor knows may have reached the
+// tool: a tool without idempotency is not sent it again, and its outcome
+// is unknown.
+func TestUnclassifiedCallerErrorIsNotRetried(t *testing.T) {
+	r := newRig(t)
+	caller := &countingCaller{err: errors.New("a transport of its own failed")}
+	auth := r.admit("notify", "k-odd", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	out, err := r.executor(func(c *executor.Config) { c.Caller = caller }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := caller.n.Load(); n != 1 {
+		t.Errorf("%d requests; want exactly 1 (no retry)", n)
 	}
 }
 
