@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -61,7 +62,12 @@ import (
 const (
 	DefaultGroup    = "ledger-projector"
 	DefaultMaxBatch = 5000
-	DefaultMaxWait  = 250 * time.Millisecond
+	// DefaultMaxBatchBytes bounds a batch's bytes: a requested event
+	// may carry up to 256 KiB of arguments, and 5,000 of them held
+	// decoded, encoded and in the store client's columns would be
+	// gigabytes.
+	DefaultMaxBatchBytes = 64 << 20
+	DefaultMaxWait       = 250 * time.Millisecond
 	// DefaultLagRefresh is how often the lag is read from the brokers.
 	DefaultLagRefresh = 5 * time.Second
 )
@@ -81,6 +87,11 @@ type Config struct {
 	// including transaction markers and undecodable ones); default
 	// DefaultMaxBatch.
 	MaxBatch int
+	// MaxBatchBytes bounds the bytes (keys and values) read into a
+	// batch: one that holds that much is written. A fetch brings at most
+	// about that much, so a batch holds at most about twice it. Default
+	// DefaultMaxBatchBytes.
+	MaxBatchBytes int
 	// MaxWait is how long after its first record a batch that is not
 	// full is written anyway; default DefaultMaxWait. It is measured on
 	// the wall clock, not with Now.
@@ -105,6 +116,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.MaxBatchBytes <= 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
 	}
 	if c.MaxWait <= 0 {
 		c.MaxWait = DefaultMaxWait
@@ -203,6 +217,8 @@ type pendingBatch struct {
 	// offsets are committed with it.
 	records int
 	counts  map[topicPartition]int
+	// bytes counts the keys and values of the records read.
+	bytes int
 	// next is, per partition, the offset after the last record read.
 	next map[topicPartition]kgo.EpochOffset
 	// started is when the first record was read (wall clock).
@@ -254,6 +270,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		// for them; kgo's 5s default would hold new partitions back
 		// that long after every rebalance. 500ms is Kafka's default.
 		kgo.FetchMaxWait(500*time.Millisecond),
+		batchFetchBytes(p.cfg.MaxBatchBytes),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsAssigned(p.assigned),
 		kgo.OnPartitionsRevoked(p.revoked),
@@ -278,10 +295,11 @@ func (p *Projector) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		p.mu.Lock()
 		room := p.cfg.MaxBatch - p.pending.records
+		full := p.pending.bytes >= p.cfg.MaxBatchBytes
 		started := p.pending.started
 		p.mu.Unlock()
 
-		if room > 0 && (started.IsZero() || time.Since(started) < p.cfg.MaxWait) {
+		if room > 0 && !full && (started.IsZero() || time.Since(started) < p.cfg.MaxWait) {
 			pollCtx, cancel := ctx, context.CancelFunc(func() {})
 			if !started.IsZero() {
 				pollCtx, cancel = context.WithDeadline(ctx, started.Add(p.cfg.MaxWait))
@@ -384,7 +402,13 @@ func (p *Projector) due() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b := p.pending
-	return b.records > 0 && (b.records >= p.cfg.MaxBatch || time.Since(b.started) >= p.cfg.MaxWait)
+	return b.records > 0 && (b.records >= p.cfg.MaxBatch || b.bytes >= p.cfg.MaxBatchBytes || time.Since(b.started) >= p.cfg.MaxWait)
+}
+
+// batchFetchBytes bounds what one fetch brings to a batch's bound, so that
+// a batch is not a fetch of kgo's default 50 MiB past its bound.
+func batchFetchBytes(batchBytes int) kgo.Opt {
+	return kgo.FetchMaxBytes(int32(min(batchBytes, math.MaxInt32)))
 }
 
 // readPart is what one poll read of one partition.
@@ -396,6 +420,7 @@ type readPart struct {
 	next     kgo.EpochOffset
 	oldest   time.Time
 	records  int
+	bytes    int
 	events   []projections.Event
 	actions  []projections.Action
 }
@@ -487,6 +512,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 				}
 			}
 			rp.records++
+			rp.bytes += len(r.Key) + len(r.Value)
 			rp.next = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}
 			if rp.oldest.IsZero() || r.Timestamp.Before(rp.oldest) {
 				rp.oldest = r.Timestamp
@@ -534,6 +560,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 		b.batch.Events = append(b.batch.Events, rp.events...)
 		b.batch.Actions = append(b.batch.Actions, rp.actions...)
 		b.records += rp.records
+		b.bytes += rp.bytes
 		b.counts[rp.tp] += rp.records
 		b.next[rp.tp] = rp.next
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net/http/httptest"
 	"regexp"
 	"slices"
@@ -456,6 +457,86 @@ func TestCommitOnlyAfterWrite(t *testing.T) {
 	if m := p.Metrics(); m.WriteErrors != failures || m.Written != int64(len(want)) {
 		t.Errorf("Metrics = %+v; want %d write errors, %d written", m, failures, len(want))
 	}
+}
+
+// bigEventRecords are events of 100 KiB each (their arguments), one per
+// id.
+func bigEventRecords(t testing.TB, topic string, ids []string) []*kgo.Record {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	out := make([]*kgo.Record, len(ids))
+	for i, id := range ids {
+		// Random, so that compression does not shrink them.
+		note := make([]byte, 75<<10)
+		for j := range note {
+			note[j] = byte(rng.Uint32())
+		}
+		args, err := json.Marshal(map[string][]byte{"note": note})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := ledger.Event{
+			EventID: id, Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(), Actor: "intake",
+			TenantID: "t_a", IdempotencyKey: "key-" + id, Tool: "refund_order", Arguments: args,
+		}
+		if out[i], err = e.Record(topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// checkBatchBytes fails unless every batch sink took is within about
+// twice bound (it is written once it holds bound, and a fetch brings at
+// most about bound), and they were several.
+func checkBatchBytes(t *testing.T, sink *recSink, bound int) {
+	t.Helper()
+	batches := sink.all()
+	for i, b := range batches {
+		n := 0
+		for _, e := range b.Events {
+			n += len(e.Arguments)
+		}
+		if n > 2*bound+200<<10 {
+			t.Errorf("batch %d of %d holds %d KiB of arguments; want at most about %d KiB", i, len(batches), n>>10, 2*bound>>10)
+		}
+	}
+	if len(batches) < 3 {
+		t.Errorf("%d batches; want at least 3 of 3 MiB bounded by %d KiB", len(batches), bound>>10)
+	}
+}
+
+// A batch is bounded in bytes as well as in records: large events (a
+// requested event carries up to 256 KiB of arguments) are written in
+// several batches, not held by the thousand, both by the projector and
+// by a replay.
+func TestBatchBoundedInBytes(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	adm := admin(t, k)
+	want := ids("big", 30)
+	for _, r := range bigEventRecords(t, k.Topics.Events, want) {
+		produce(t, k, r) // a record batch each: a fetch returns whole ones
+	}
+	const bound = 512 << 10
+
+	sink := &recSink{}
+	group := k.Group("bytes")
+	start(t, k, group, sink, func(c *Config) { c.MaxBatchBytes, c.MaxWait = bound, time.Minute })
+	waitCaughtUp(t, adm, k, group)
+	if diff := cmp.Diff(set(want...), sink.events()); diff != "" {
+		t.Errorf("events written (-want +got):\n%s", diff)
+	}
+	checkBatchBytes(t, sink, bound)
+
+	replayed := &recSink{}
+	if _, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, MaxBatchBytes: bound}, replayed, nil); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(set(want...), replayed.events()); diff != "" {
+		t.Errorf("events replayed (-want +got):\n%s", diff)
+	}
+	checkBatchBytes(t, replayed, bound)
 }
 
 func TestNewMemberRereadsUncommitted(t *testing.T) {

@@ -24,6 +24,9 @@ type ReplayConfig struct {
 	Topics ledger.Topics
 	// MaxBatch bounds the records of a Write; default DefaultMaxBatch.
 	MaxBatch int
+	// MaxBatchBytes bounds the bytes (keys and values) of the records of
+	// a Write, as Config.MaxBatchBytes; default DefaultMaxBatchBytes.
+	MaxBatchBytes int
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -99,6 +102,9 @@ func Replay(ctx context.Context, cfg ReplayConfig, sink projections.Sink, progre
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
+	if cfg.MaxBatchBytes <= 0 {
+		cfg.MaxBatchBytes = DefaultMaxBatchBytes
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -144,6 +150,7 @@ func Replay(ctx context.Context, cfg ReplayConfig, sink projections.Sink, progre
 			kgo.ConsumePartitions(consume),
 			kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 			kgo.KeepControlRecords(),
+			batchFetchBytes(cfg.MaxBatchBytes),
 		)
 		if err != nil {
 			return r.prog, fmt.Errorf("replay: %w", err)
@@ -169,9 +176,11 @@ type replay struct {
 	parts     map[topicPartition]*replayPart
 	remaining int
 	batch     projections.Batch
-	prog      Progress
-	began     time.Time
-	reported  time.Time
+	// bytes counts the keys and values of the batch's records.
+	bytes    int
+	prog     Progress
+	began    time.Time
+	reported time.Time
 	// stop is a record the replay cannot skip (ErrNewerRecord).
 	stop error
 }
@@ -205,7 +214,7 @@ func (r *replay) run(ctx context.Context, cl *kgo.Client) error {
 				return err
 			}
 		}
-		if r.batch.Len() >= r.cfg.MaxBatch || r.batch.Len() > 0 && (n == 0 || r.remaining == 0) {
+		if r.batch.Len() >= r.cfg.MaxBatch || r.bytes >= r.cfg.MaxBatchBytes || r.batch.Len() > 0 && (n == 0 || r.remaining == 0) {
 			if err := r.write(ctx); err != nil {
 				return err
 			}
@@ -236,6 +245,7 @@ func (r *replay) take(cl *kgo.Client, rec *kgo.Record) {
 	r.prog.Read += rec.Offset + 1 - rp.pos
 	rp.pos = rec.Offset + 1
 	if !rec.Attrs.IsControl() {
+		r.bytes += len(rec.Key) + len(rec.Value)
 		n := len(r.batch.Events)
 		if err := decodeRecord(rec, r.cfg.Topics, &r.batch.Events, &r.batch.Actions); newer(err) {
 			// A rebuild without it would be short of it: fail.
@@ -328,7 +338,7 @@ func (r *replay) write(ctx context.Context) error {
 		}
 	}
 	r.prog.Done += int64(r.batch.Len())
-	r.batch = projections.Batch{}
+	r.batch, r.bytes = projections.Batch{}, 0
 	return nil
 }
 
