@@ -74,7 +74,16 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 					if err != nil {
 						return err
 					}
-					if err := mountQueries(mux, st, staff, logger); err != nil {
+					// The questions get a store of their own, and so a
+					// connection pool of their own: scans of the
+					// history must never wait for, or hold up, the
+					// connections the projector's inserts use.
+					qs, err := ch.open(ctx, logger.With("component", "chstore-queries"))
+					if err != nil {
+						return err
+					}
+					defer qs.Close()
+					if err := mountQueries(mux, qs, staff, logger); err != nil {
 						return err
 					}
 				}

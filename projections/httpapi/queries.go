@@ -68,8 +68,12 @@ type QueryConfig struct {
 	// starve the store of the others' questions and the projector's
 	// writes. Default: DefaultMaxQuestionsPerTenant.
 	MaxQuestionsPerTenant int
-	Now                   func() time.Time
-	Logger                *slog.Logger
+	// MaxQuestions bounds those questions across every tenant, so that
+	// many tenants' operators together cannot either; one more is
+	// answered the same. Default: DefaultMaxQuestions.
+	MaxQuestions int
+	Now          func() time.Time
+	Logger       *slog.Logger
 }
 
 // DefaultQueryTimeout is QueryConfig.Timeout's default.
@@ -78,6 +82,10 @@ const DefaultQueryTimeout = 30 * time.Second
 // DefaultMaxQuestionsPerTenant is QueryConfig.MaxQuestionsPerTenant's
 // default.
 const DefaultMaxQuestionsPerTenant = 8
+
+// DefaultMaxQuestions is QueryConfig.MaxQuestions's default: two
+// tenants' worth of questions at once.
+const DefaultMaxQuestions = 16
 
 // QueryHandler serves the responders' questions:
 //
@@ -107,6 +115,9 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	if cfg.MaxQuestionsPerTenant <= 0 {
 		cfg.MaxQuestionsPerTenant = DefaultMaxQuestionsPerTenant
 	}
+	if cfg.MaxQuestions <= 0 {
+		cfg.MaxQuestions = DefaultMaxQuestions
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -124,26 +135,36 @@ type queries struct {
 	cfg QueryConfig
 
 	mu sync.Mutex
-	// running counts each tenant's questions running.
+	// running counts each tenant's questions running, total all of them.
 	running map[string]int
+	total   int
 }
 
 // start counts a question of the operators of tenant as running, and
-// returns its end; or, with MaxQuestionsPerTenant of theirs running,
-// answers 429 and returns false.
+// returns its end; or, with MaxQuestionsPerTenant of theirs or
+// MaxQuestions in all running, answers 429 and returns false.
 func (q *queries) start(w http.ResponseWriter, tenant string) (end func(), ok bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.running[tenant] >= q.cfg.MaxQuestionsPerTenant {
+	var busy string
+	switch {
+	case q.running[tenant] >= q.cfg.MaxQuestionsPerTenant:
+		busy = fmt.Sprintf("%d questions of your tenant are running", q.cfg.MaxQuestionsPerTenant)
+	case q.total >= q.cfg.MaxQuestions:
+		busy = fmt.Sprintf("%d questions are running, of every tenant", q.cfg.MaxQuestions)
+	}
+	if busy != "" {
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusTooManyRequests, apiError{Code: "too_many_questions",
-			Message: fmt.Sprintf("%d questions of your tenant are running; ask again when one has been answered", q.cfg.MaxQuestionsPerTenant)})
+			Message: busy + "; ask again when one has been answered"})
 		return nil, false
 	}
 	q.running[tenant]++
+	q.total++
 	return func() {
 		q.mu.Lock()
 		defer q.mu.Unlock()
+		q.total--
 		if q.running[tenant]--; q.running[tenant] == 0 {
 			delete(q.running, tenant)
 		}

@@ -245,10 +245,48 @@ func TestQuestionTooLarge(t *testing.T) {
 	}
 }
 
+// stalledQuestions serves the query API of cfg over q, with a 2 s
+// timeout, and returns the URL of a blast radius question and a function
+// minting an operator's assertion of a tenant.
+func stalledQuestions(t *testing.T, q stalledQueries, cfg httpapi.QueryConfig) (string, func(tenant string) string) {
+	t.Helper()
+	cfg.Queries, cfg.Timeout = q, 2*time.Second
+	srv, as := operatorsServer(t, cfg, nil)
+	return srv.URL + httpapi.PathBlastRadius + "?tool=refund_order", as
+}
+
+// Questions are bounded across tenants too: with MaxQuestions running, a
+// question of a tenant that has none running is answered 429.
+func TestQuestionsBoundedOverall(t *testing.T) {
+	q := stalledQueries{deadlines: make(chan bool, 4)}
+	u, as := stalledQuestions(t, q, httpapi.QueryConfig{MaxQuestionsPerTenant: 8, MaxQuestions: 2})
+	running := make(chan int, 2)
+	for _, tenant := range []string{"t_a", "t_b"} {
+		go func() {
+			status, _, _ := getAs(t, u, as(tenant))
+			running <- status
+		}()
+		<-q.deadlines
+	}
+	if status, code, _ := getAs(t, u, as("t_c")); status != http.StatusTooManyRequests || code != "too_many_questions" {
+		t.Errorf("a third tenant's question while two run, of at most 2 = %d %q; want 429 too_many_questions", status, code)
+	}
+	<-running
+	<-running
+}
+
 // operatorServer serves the query API of cfg (its Guard set here),
 // through wrap if not nil, and returns it with an assertion of an
 // operator of tenant t_a.
 func operatorServer(t *testing.T, cfg httpapi.QueryConfig, wrap func(http.Handler) http.Handler) (*httptest.Server, string) {
+	t.Helper()
+	srv, as := operatorsServer(t, cfg, wrap)
+	return srv, as("t_a")
+}
+
+// operatorsServer is operatorServer, with a function minting the
+// assertion of an operator of any tenant.
+func operatorsServer(t *testing.T, cfg httpapi.QueryConfig, wrap func(http.Handler) http.Handler) (*httptest.Server, func(tenant string) string) {
 	t.Helper()
 	id := processorstest.NewIdentity(t)
 	cfg.Guard = func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
@@ -265,11 +303,13 @@ func operatorServer(t *testing.T, cfg httpapi.QueryConfig, wrap func(http.Handle
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	a, err := id.Issuer.Mint(identity.Identity{User: "u_responder", Agent: "cli", Tenant: "t_a", Roles: []string{"operator"}}, processorstest.Audience, 10*time.Minute)
-	if err != nil {
-		t.Fatal(err)
+	return srv, func(tenant string) string {
+		a, err := id.Issuer.Mint(identity.Identity{User: "u_responder", Agent: "cli", Tenant: tenant, Roles: []string{"operator"}}, processorstest.Audience, 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
 	}
-	return srv, a
 }
 
 // getAs asks u with the assertion a, and returns the answer's status and,
@@ -370,26 +410,7 @@ func TestOutcomesBucketBound(t *testing.T) {
 // many there were.
 func TestQuestionsBoundedPerTenant(t *testing.T) {
 	q := stalledQueries{deadlines: make(chan bool, 4)}
-	id := processorstest.NewIdentity(t)
-	guard := func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
-		return identity.Require(id.Verifier, "test", "an operator", nil, func(w http.ResponseWriter, r *http.Request, who identity.Identity) {
-			next(w, r, httpapi.Operator{User: who.User, Tenant: who.Tenant, Roles: who.Roles})
-		})
-	}
-	h, err := httpapi.QueryHandler(httpapi.QueryConfig{Queries: q, Guard: guard, Timeout: 2 * time.Second, MaxQuestionsPerTenant: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	as := func(tenant string) string {
-		a, err := id.Issuer.Mint(identity.Identity{User: "u_responder", Agent: "cli", Tenant: tenant, Roles: []string{"operator"}}, processorstest.Audience, 10*time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return a
-	}
-	u := srv.URL + httpapi.PathBlastRadius + "?tool=refund_order"
+	u, as := stalledQuestions(t, q, httpapi.QueryConfig{MaxQuestionsPerTenant: 1})
 	first := make(chan int, 1)
 	go func() {
 		status, _, _ := getAs(t, u, as("t_a"))
