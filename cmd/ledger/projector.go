@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -123,6 +124,21 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 		Short: "Create or upgrade the projection's ClickHouse tables (idempotent)",
 		Args:  cobra.NoArgs,
 		RunE: ch.with(g, func(cmd *cobra.Command, st *chstore.Store) error {
+			fills, err := st.PendingFills(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if len(fills) > 0 {
+				// A projector of the older build writes rows the fill
+				// would not see, and does not write what it fills in.
+				s, err := projector.Status(cmd.Context(), projector.StatusConfig{Client: g.kafka.client(g.logger()), Topics: g.kafka.topics(), Group: group})
+				if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
+					return fmt.Errorf("migration %s fills rows in from those projected, so no projector may run meanwhile, and group %s cannot be checked: %w", strings.Join(fills, ", "), group, err)
+				}
+				if s.Members > 0 {
+					return fmt.Errorf("migration %s fills rows in from those projected, and group %s has %d members: rows a projector of the older build wrote meanwhile would stay without them. Stop the projector (scale it to 0), migrate, then start the new build", strings.Join(fills, ", "), group, s.Members)
+				}
+			}
 			if err := st.Migrate(cmd.Context()); err != nil {
 				return err
 			}

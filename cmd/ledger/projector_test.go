@@ -222,3 +222,59 @@ func TestRebuildSwapRefusesAProjectorStartedDuringTheReplay(t *testing.T) {
 		t.Errorf("live events after the refused swap = %d, %v; want the live tables kept (0)", n, err)
 	}
 }
+
+// A migration that fills rows in from those projected (006: call_refs'
+// call and trace ids, from the events) is refused while a projector of
+// the group runs: one of the older build would go on writing events
+// without those rows, for good. Once it stopped, migrate applies it.
+func TestMigrateRefusesAFillWhileAProjectorRuns(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	group := k.Group("fill")
+	ctx := t.Context()
+	produceOneEvent(t, k)
+	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
+	migrate := []string{"projector", "migrate", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
+		"--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control, "--group", group,
+		"--clickhouse-dsn", dsn, "--clickhouse-database", db}
+	cli(t, migrate...)
+	st, err := chstore.Open(ctx, chstore.Config{DSN: dsn, Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// The database as it was before 006.
+	const fill = 6
+	chtest.Exec(t, dsn, fmt.Sprintf("ALTER TABLE `%s`.schema_migrations DELETE WHERE version >= %d", db, fill))
+	version := func() error {
+		if v, err := st.SchemaVersion(ctx); err != nil || v != fill-1 {
+			return fmt.Errorf("schema version %d, %v; want %d", v, err, fill-1)
+		}
+		return nil
+	}
+	ledgertest.WaitFor(t, 30*time.Second, version)
+
+	joined := make(chan struct{})
+	var once sync.Once
+	member, err := ledger.NewClient(k.Client, kgo.ConsumerGroup(group), kgo.ConsumeTopics(k.Topics.Events),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { once.Do(func() { close(joined) }) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go member.PollFetches(ctx)
+	select {
+	case <-joined:
+	case <-time.After(15 * time.Second):
+		t.Fatal("test setup: the member never joined")
+	}
+	if err := cliErr(t, migrate...); err == nil || !strings.Contains(err.Error(), "Stop the projector") {
+		t.Errorf("migrate with a fill pending and a projector running: %v; want it refused", err)
+	}
+	if err := version(); err != nil {
+		t.Errorf("after the refusal: %v", err)
+	}
+	member.Close()
+	cli(t, migrate...)
+	if v, err := st.SchemaVersion(ctx); err != nil || v != chstore.LatestVersion() {
+		t.Errorf("schema version after migrate = %d, %v; want %d", v, err, chstore.LatestVersion())
+	}
+}

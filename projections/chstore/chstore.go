@@ -242,6 +242,37 @@ func migrations() ([]migration, error) {
 	return ms, nil
 }
 
+// fills reports whether m fills rows in from those already projected (an
+// INSERT ... SELECT), as opposed to changing only the tables.
+func (m migration) fills() bool {
+	return slices.ContainsFunc(m.statements, func(st string) bool {
+		return strings.HasPrefix(strings.ToUpper(st), "INSERT")
+	})
+}
+
+// PendingFills returns the names of the migrations Migrate would apply
+// that fill rows in from the rows already projected. A projector of an
+// older build writing while one runs adds rows it does not fill, for
+// good: stop the projector first. A database never migrated has nothing
+// to fill from.
+func (s *Store) PendingFills(ctx context.Context) ([]string, error) {
+	v, err := s.SchemaVersion(ctx)
+	if err != nil || v == 0 {
+		return nil, err
+	}
+	ms, err := migrations()
+	if err != nil {
+		return nil, s.wrap("read schema", err)
+	}
+	var out []string
+	for _, m := range ms {
+		if int(m.version) > v && m.fills() {
+			out = append(out, m.name)
+		}
+	}
+	return out, nil
+}
+
 // LatestVersion is the schema version this build's Migrate brings a
 // database to.
 func LatestVersion() int {

@@ -17,6 +17,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -57,22 +58,33 @@ func FreshDatabase(t testing.TB) string {
 // DropDatabase drops db on the server of dsn.
 func DropDatabase(t testing.TB, dsn, db string) {
 	t.Helper()
+	if err := exec(dsn, "DROP DATABASE IF EXISTS `"+db+"`"); err != nil {
+		t.Errorf("drop database %s: %v", db, err)
+	}
+}
+
+// Exec runs statement on the server of dsn, which it names every table
+// of by its database, and fails t if it fails.
+func Exec(t testing.TB, dsn, statement string) {
+	t.Helper()
+	if err := exec(dsn, statement); err != nil {
+		t.Fatalf("%s: %v", statement, err)
+	}
+}
+
+func exec(dsn, statement string) error {
 	// t.Context is already done during cleanup.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	opts, err := clickhouse.ParseDSN(dsn)
 	if err != nil {
-		t.Errorf("drop database %s: parse DSN: %v", db, err)
-		return
+		return fmt.Errorf("parse DSN: %w", err)
 	}
 	opts.Auth.Database = ""
 	conn, err := clickhouse.Open(opts)
 	if err != nil {
-		t.Errorf("drop database %s: %v", db, err)
-		return
+		return err
 	}
 	defer conn.Close()
-	if err := conn.Exec(ctx, "DROP DATABASE IF EXISTS `"+db+"`"); err != nil {
-		t.Errorf("drop database %s: %v", db, err)
-	}
+	return conn.Exec(ctx, statement)
 }
