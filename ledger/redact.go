@@ -14,8 +14,10 @@ const Redacted = "[redacted]"
 // of pointers is replaced by the string "[redacted]". An entry starting with
 // "/" is an RFC 6901 pointer ("/card/number", "/items/0/note"); any other
 // entry is a bare field name meaning that key in every object at any depth;
-// "" redacts the whole tree. Entries that match nothing are ignored. The
-// input tree is not modified.
+// "" redacts the whole tree. Names and pointer tokens match keys whatever
+// their case: readers of the result (Go's encoding/json among them) match
+// "Card_Number" to a field card_number, so a mask must hide it too.
+// Entries that match nothing are ignored. The input tree is not modified.
 func Redact(tree any, pointers []string) any {
 	var names map[string]bool
 	var paths [][]string
@@ -56,7 +58,7 @@ func redactCopy(v any, names map[string]bool, paths [][]string) any {
 	case map[string]any:
 		out := make(map[string]any, len(v))
 		for k, e := range v {
-			if names[k] {
+			if named(names, k) {
 				out[k] = Redacted
 				continue
 			}
@@ -74,11 +76,25 @@ func redactCopy(v any, names map[string]bool, paths [][]string) any {
 	}
 }
 
-// descend returns the rests of the paths whose first token is tok.
+// named reports whether names holds k, whatever its case.
+func named(names map[string]bool, k string) bool {
+	if names[k] {
+		return true
+	}
+	for n := range names {
+		if strings.EqualFold(n, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// descend returns the rests of the paths whose first token is tok,
+// whatever its case.
 func descend(paths [][]string, tok string) [][]string {
 	var out [][]string
 	for _, p := range paths {
-		if p[0] == tok {
+		if strings.EqualFold(p[0], tok) {
 			out = append(out, p[1:])
 		}
 	}

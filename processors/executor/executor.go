@@ -169,6 +169,10 @@ const (
 	// CodeControlStale: no request left because the kill switch's state
 	// was not known to be current until the call's deadline.
 	CodeControlStale = "control_state_stale"
+	// CodeResultUnmaskable: a succeeded call whose result is kept without
+	// its content, since the masks its policy or tool asks for could not
+	// be applied to it (not a tree ledger.Decode reads).
+	CodeResultUnmaskable = "result_unmaskable"
 	// ReasonApprovalExpired: the approval's time ran out before the call
 	// could run.
 	ReasonApprovalExpired = "approval_expired"
@@ -1677,8 +1681,11 @@ func (c *completion) complete(status processors.Status, attempt int, result []by
 func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Response) processors.Completion {
 	s := sanitize(tool, resp, append(append([]string(nil), tool.Mask...), obligationMasks(c.tmpl.Obligations)...))
 	code := ""
-	if resp.Truncated {
+	switch {
+	case resp.Truncated:
 		code = "result_truncated"
+	case s.withheld:
+		code = CodeResultUnmaskable
 	}
 	return c.finish(processors.StatusSucceeded, attempt, "", code, &s)
 }
@@ -1814,6 +1821,9 @@ type sanitized struct {
 	stored []byte
 	digest string
 	bytes  int
+	// withheld: the content is left out, since the masks could not be
+	// applied to it.
+	withheld bool
 }
 
 // obligationMasks returns the fields a policy's mask obligations hide.
@@ -1832,13 +1842,18 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string) saniti
 	s := sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
 	var content any
 	if !resp.Truncated {
-		if tree, err := ledger.Decode(resp.Body, ledger.Limits{MaxBytes: max(len(resp.Body), 1)}); err == nil {
+		switch tree, err := ledger.Decode(resp.Body, ledger.Limits{MaxBytes: max(len(resp.Body), 1)}); {
+		case err == nil && len(masks) > 0:
+			// Redact copies; the tree is ours, so only when it hides.
+			content = ledger.Redact(tree, masks)
+		case err == nil:
 			content = tree
-			if len(masks) > 0 {
-				// Redact copies; the tree is ours, so only when it hides.
-				content = ledger.Redact(tree, masks)
-			}
-		} else {
+		case len(masks) > 0:
+			// Not a tree the masks can be applied to (an integer above
+			// 2^53, a duplicate key, deeper than the limit): kept, it
+			// would show what they hide.
+			s.withheld = true
+		default:
 			content = string(resp.Body)
 		}
 	}

@@ -277,6 +277,49 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 	}
 }
 
+// A mask obligation holds whatever the tool answers: a key spelt in
+// another case is masked too (readers such as Go's encoding/json match it
+// to the masked field), and a result the masks cannot be applied to (an
+// integer above 2^53, a duplicate key) is kept without its content,
+// code result_unmaskable, never stored whole.
+func TestMaskHoldsWhateverTheToolAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, code string
+		content          bool
+	}{
+		{"another case", `{"Refund_ID":"rf_secret","order_id":"ord_1"}`, "", true},
+		{"a large integer", `{"refund_id":"rf_secret","order_id":12345678901234567890}`, executor.CodeResultUnmaskable, false},
+		{"a duplicate key", `{"refund_id":"rf_secret","refund_id":"rf_secret"}`, executor.CodeResultUnmaskable, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.backend.SetFault("refund_order", demobackend.Fault{Body: []byte(tc.body)})
+			ev, approved := r.admitApproved("km", time.Now().Add(time.Hour), "", "require_approval", "mask:refund_id")
+			out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{approved})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			if evs[1].ErrorCode != tc.code {
+				t.Errorf("code %q; want %q", evs[1].ErrorCode, tc.code)
+			}
+			rec, err := r.store.Get(t.Context(), ev.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(rec.Result), "rf_secret") {
+				t.Errorf("stored result %s shows the masked refund id", rec.Result)
+			}
+			if got := strings.Contains(string(rec.Result), `"content"`); got != tc.content {
+				t.Errorf("stored result %s: content kept %v; want %v", rec.Result, got, tc.content)
+			}
+		})
+	}
+}
+
 // jumpingClock is the executor's clock in a test: the real time, until
 // jump moves it on by an hour and a half.
 type jumpingClock struct{ ahead atomic.Bool }
