@@ -1059,7 +1059,16 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		o, err := x.cfg.Store.Get(callCtx, orig)
 		undoable := o.Status == processors.StatusOutcomeUnknown || o.Status == processors.StatusParked ||
 			(o.Status == processors.StatusSucceeded && tmpl.UserID != ReconcilerUser)
-		if err == nil && !undoable {
+		switch {
+		case err != nil && !errors.Is(err, processors.ErrNotFound) && callCtx.Err() == nil && !reclaimed:
+			// Not known whether there is anything to undo: nothing is
+			// sent, and the call goes back, to be tried again.
+			log.Warn("the call a compensation would undo cannot be read; given back", "err", err)
+			return x.releaseClaim(ctx, c, log, refusal{reason: "store_unavailable", detail: err.Error()})
+		case err != nil && !errors.Is(err, processors.ErrNotFound):
+			// Out of the call's time, or taken over: as refuse says.
+			return refuse(refusal{"store_unavailable", "the call it would undo cannot be read", policy.Decision{}})
+		case err == nil && !undoable:
 			return refuse(refusal{ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{}})
 		}
 	}

@@ -30,6 +30,51 @@ import (
 // found to have succeeded before it runs: that happens when the park that
 // should follow the request is never recorded and a later lookup
 // answers. An operator's compensation of a succeeded call still runs.
+// unreadableKey is the store, except that Get of key fails.
+type unreadableKey struct {
+	executor.Store
+	key ledger.CallKey
+}
+
+func (s unreadableKey) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	if k == s.key {
+		return processors.Record{}, errors.New("connection reset")
+	}
+	return s.Store.Get(ctx, k)
+}
+
+// A compensation whose original call cannot be read sends nothing: it is
+// not known whether there is anything to undo (a success the reconciler's
+// undo must leave). The claim goes back, to be tried again. Before, the
+// check was skipped on a read error, and the undo ran.
+func TestCompensationOfAnUnreadableCallSendsNothing(t *testing.T) {
+	r := newRig(t)
+	orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
+	if _, err := r.executor(nil).Step(t.Context(), []*kgo.Record{approved}); err != nil {
+		t.Fatal(err)
+	}
+	auth := r.admitCompensation(orig.Key(), executor.ReconcilerUser)
+	x := r.executor(func(c *executor.Config) { c.Store = unreadableKey{Store: c.Store, key: orig.Key()} })
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); len(evs) != 0 {
+		t.Errorf("the compensation's events %v; want none (given back)", summary(evs))
+	}
+	if n := r.backend.AppliedIn("cancel_refund", "t_a", "t_a/kr:compensate"); n != 0 {
+		t.Errorf("cancel_refund applied %d times; want 0", n)
+	}
+	ev := authorizedEvent(t, auth)
+	rec, err := r.store.Get(t.Context(), ev.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
+		t.Errorf("the compensation's record is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Status, rec.LeaseOwner, rec.Attempt)
+	}
+}
+
 func TestAutomaticCompensationLeavesASuccess(t *testing.T) {
 	for _, tc := range []struct {
 		name, user string
