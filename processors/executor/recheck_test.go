@@ -229,14 +229,14 @@ func (s *failingReleases) Release(ctx context.Context, rs []processors.Release) 
 
 // An approved call runs under the obligations of both its approval-time
 // decision and the executor's re-check of it: the policies in force at
-// execution (another version, say) mask the currency and ask for a
-// sandbox, not the refund's id, and the id the approval-time decision
+// execution (another version, say) mask the currency, not the refund's
+// id, and the id the approval-time decision
 // masked stays masked in the stored result, while the events record the
 // re-check's policy and version with both decisions' obligations. Before,
 // the re-check's obligations replaced the approval's: the refund's id was
 // stored in the clear, and undo_unknown was lost.
 func TestRecheckKeepsTheApprovalsObligations(t *testing.T) {
-	engine := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds-v2") @mask("currency") @sandbox
+	engine := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds-v2") @mask("currency")
 permit (principal, action == Action::"tool::refund_order", resource);`))
 	r := newRig(t)
 	ev, approved := r.admitApproved("km", time.Now().Add(time.Hour), "", "require_approval", "mask:refund_id", "undo_unknown")
@@ -248,7 +248,7 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
 		t.Fatalf("events (-want +got):\n%s", diff)
 	}
-	want := []string{"require_approval", "mask:currency", "mask:refund_id", "sandbox", "undo_unknown"}
+	want := []string{"require_approval", "mask:currency", "mask:refund_id", "undo_unknown"}
 	for _, e := range evs {
 		if diff := cmp.Diff(want, e.Obligations); diff != "" {
 			t.Errorf("%s event's obligations (-want +got):\n%s", e.Type, diff)

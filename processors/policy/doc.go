@@ -62,7 +62,9 @@
 // effect):
 //
 //	@obligation("require_approval")   a human approves first
-//	@obligation("sandbox"), @sandbox  run against the sandbox backend
+//	@obligation("sandbox"), @sandbox  run against a sandbox backend, which
+//	                                  no call does yet: the call is denied
+//	                                  sandbox_unavailable (fail closed)
 //	                                  (@sandbox("true") also; "false" is off)
 //	@mask("/reason, card_number")     comma-separated JSON pointers or bare
 //	                                  field names, masked in results and in

@@ -40,6 +40,11 @@ const (
 	// ReasonInvalidRequest: the request lacks a tenant, user or tool, or
 	// names a tenant the model cannot express.
 	ReasonInvalidRequest = "invalid_request"
+	// ReasonSandboxUnavailable: the deciding permits ask for the call to
+	// run against a sandbox backend (@sandbox), and the ledger runs no
+	// call against one: run against the real backend, the call would
+	// escape the rule.
+	ReasonSandboxUnavailable = "sandbox_unavailable"
 )
 
 // DefaultTimeout is Config.Timeout's default.
@@ -402,6 +407,12 @@ func (e *Engine) evaluate(ctx context.Context, s *Set, r Request) Decision {
 			if p := s.byID[cedar.PolicyID(id)]; p != nil && p.permit {
 				d.Obligations = d.Obligations.Merge(p.obligations)
 			}
+		}
+		if d.Obligations.Sandbox {
+			// Fail closed: an obligation the executor would ignore
+			// weakens the rule that asked for it.
+			return Decision{Reason: ReasonSandboxUnavailable, Version: s.Version(), PolicyIDs: d.PolicyIDs,
+				Detail: "a sandbox backend is asked for by " + strings.Join(d.PolicyIDs, ", ") + ", and no call runs against one"}
 		}
 	case len(d.PolicyIDs) > 0:
 		d.Reason = ReasonDeniedByPolicy

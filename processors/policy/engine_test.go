@@ -474,11 +474,11 @@ func TestObligationsOnlyFromDecidingPolicies(t *testing.T) {
 @rate_limit("1000/h")
 permit (principal, action == Action::"tool::get_weather", resource);
 
-// Matches too: masks add up, both rate limits apply, sandbox applies.
+// Matches too: masks add up, both rate limits apply.
 @id("match-sandbox")
 @mask("/a,/c")
 @rate_limit("5/m")
-@sandbox
+@sandbox("false")
 permit (principal, action == Action::"tool::get_weather", resource)
 when { context.channel == "api" };
 
@@ -522,7 +522,7 @@ when { context.arguments has priority && context.arguments.priority == "urgent" 
 			name: "two matching permits add up",
 			req:  simple("get_weather"),
 			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"match-mask", "match-sandbox"}, Version: s.Version(),
-				Obligations: Obligations{Mask: []string{"/a", "/b", "/c"}, RateLimits: []RateLimit{{N: 1000, Per: time.Hour, Policy: "match-mask"}, {N: 5, Per: time.Minute, Policy: "match-sandbox"}}, Sandbox: true},
+				Obligations: Obligations{Mask: []string{"/a", "/b", "/c"}, RateLimits: []RateLimit{{N: 1000, Per: time.Hour, Policy: "match-mask"}, {N: 5, Per: time.Minute, Policy: "match-sandbox"}}},
 				AuditMask:   weatherMasks},
 		},
 		{
@@ -659,11 +659,14 @@ func TestParseObligations(t *testing.T) {
 	}
 }
 
-func TestBareSandboxAnnotationParses(t *testing.T) {
+// A bare @sandbox parses, and the call its permit decides is denied
+// sandbox_unavailable: no call runs against a sandbox backend, and one run
+// against the real backend would escape the rule.
+func TestSandboxObligationDenies(t *testing.T) {
 	s := load(t, "v1", map[string]string{"p.cedar": `@id("sb") @sandbox permit (principal, action, resource);`})
 	got := newEngine(t, Config{Set: s}).Decide(context.Background(), simple("get_weather"))
-	if !got.Obligations.Sandbox {
-		t.Errorf("Decide().Obligations = %+v, want Sandbox from a bare @sandbox", got.Obligations)
+	if got.Allow || got.Reason != ReasonSandboxUnavailable || !slices.Equal(got.PolicyIDs, []string{"sb"}) {
+		t.Errorf("Decide() = %+v; want denied sandbox_unavailable by sb", got)
 	}
 }
 
