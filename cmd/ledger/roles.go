@@ -411,13 +411,14 @@ func newIntakeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls,
+				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(),
 					Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase}, rf.instance, rf.batching, rf.obs, logger)
 				return loop, err
 			})
 		},
 	}
 	rf.register(cmd, true)
+	rf.registerControls(cmd, "calls are refused to retry later (control_state_stale), since a policy version activated or a freeze made since may not be read yet", true)
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	idf.register(cmd.Flags())
@@ -627,7 +628,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls, Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
+				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(), Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
 				if err != nil {
 					return nil, err
 				}

@@ -62,6 +62,11 @@ const (
 	// ReasonStoreRejected: the execution store cannot hold the
 	// envelope's data (processors.ErrRejected).
 	ReasonStoreRejected = "store_rejected"
+	// ReasonControlStale: this intake's copy of the control topic (the
+	// policy version activated, the freezes) is older than
+	// Config.ControlMaxStaleness; the call is refused like a rate-limited
+	// one, its key free for the retry.
+	ReasonControlStale = "control_state_stale"
 )
 
 // Verifier verifies an agent's identity assertion. Implementations are
@@ -71,10 +76,13 @@ type Verifier interface {
 }
 
 // Freezes says whether the kill switch froze a tool, for all tenants or
-// for one. Implementations are safe for concurrent use and cheap: they are
-// asked for every call.
+// for one, and how old the copy of the control topic that says so is
+// (Staleness: -1 until it first caught up); policy activations come
+// through the same copy. Implementations are safe for concurrent use and
+// cheap: they are asked for every call.
 type Freezes interface {
 	Frozen(tool, tenant string) (control.Action, bool)
+	Staleness() time.Duration
 }
 
 // Decider decides a call with the active policies, failing closed.
@@ -127,6 +135,12 @@ type Config struct {
 	// Freezes, when set, refuses calls to frozen tools (tool_frozen; the
 	// key stays free for after the unfreeze).
 	Freezes Freezes
+	// ControlMaxStaleness is how old Freezes' copy of the control topic
+	// may be when a call is decided: past it, the call is refused retry
+	// later (control_state_stale), for the policy version activated since
+	// may deny it. Zero: control.DefaultMaxStaleness; negative: not
+	// checked.
+	ControlMaxStaleness time.Duration
 	// Versions, when set, reads the version of the resource of a call
 	// that must wait for an approval, from its tool's resource_version
 	// endpoint (BaseURL resolves relative ones), for the pending
@@ -181,6 +195,9 @@ func New(cfg Config) (*Processor, error) {
 	}
 	if cfg.VersionTimeout <= 0 {
 		cfg.VersionTimeout = time.Second
+	}
+	if cfg.ControlMaxStaleness == 0 {
+		cfg.ControlMaxStaleness = control.DefaultMaxStaleness
 	}
 	if cfg.Channel == "" {
 		cfg.Channel = "kafka"
@@ -622,11 +639,18 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		return refuse(c.key(), ReasonInvalidArguments, ptr, detail)
 	}
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose}
-	c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, c.tree, p.cfg.Channel, now))
-	if c.decision.Transient() {
-		// The engine could not decide (a stall, no set): that says
-		// nothing about the call, so it must not use the key up as a
-		// denial would. Fail closed for now only; but a key already
+	if stale := p.controlStale(); stale != "" {
+		// An activation not yet read may deny the call: deciding it
+		// under the version this copy last saw would not honour it.
+		c.decision = policy.Decision{Reason: ReasonControlStale, Detail: stale}
+	} else {
+		c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, c.tree, p.cfg.Channel, now))
+	}
+	if c.decision.Transient() || c.decision.Reason == ReasonControlStale {
+		// The engine could not decide (a stall, no set), or not with
+		// the policy version in force (a stale copy of the control
+		// topic): that says nothing about the call, so it must not use
+		// the key up as a denial would. Fail closed for now only; but a key already
 		// used is a resent call, which the store answers (a duplicate,
 		// its events sent again, or a key reused), whatever the
 		// decision now: "retry later" would deny a call that stands.
@@ -778,6 +802,21 @@ func rateBucket(tenant, tool string, rl policy.RateLimit) string {
 		b = prefix + "sha256:" + hex.EncodeToString(sum[:])
 	}
 	return b
+}
+
+// controlStale says why the copy of the control topic is too old to
+// decide with, or "" when it is not.
+func (p *Processor) controlStale() string {
+	if p.cfg.Freezes == nil || p.cfg.ControlMaxStaleness < 0 {
+		return ""
+	}
+	switch st := p.cfg.Freezes.Staleness(); {
+	case st < 0:
+		return "this intake has not yet read the control topic (the policy version activated, the freezes)"
+	case st > p.cfg.ControlMaxStaleness:
+		return fmt.Sprintf("this intake's copy of the control topic (the policy version activated, the freezes) is %s old, more than %s", st.Round(time.Millisecond), p.cfg.ControlMaxStaleness)
+	}
+	return ""
 }
 
 // retryLater refuses a checked call for now: a refusal (seq 0) that

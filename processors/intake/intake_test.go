@@ -23,6 +23,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/policy"
@@ -415,6 +416,49 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 	}
 	if ev := evs[0]; ev.Type != "denied" || ev.Reason != ledger.CodeNumberOutOfRange || ev.Pointer != "/arguments/priority" {
 		t.Errorf("Submit(NaN) refused %s (%s at %q); want denied (%s at /arguments/priority)", ev.Type, ev.Reason, ev.Pointer, ledger.CodeNumberOutOfRange)
+	}
+}
+
+// staleControls is a copy of the control topic without freezes, as old
+// as staleness says.
+type staleControls struct{ staleness atomic.Int64 }
+
+func (*staleControls) Frozen(string, string) (control.Action, bool) { return control.Action{}, false }
+func (s *staleControls) Staleness() time.Duration                   { return time.Duration(s.staleness.Load()) }
+
+// An intake whose copy of the control topic is stale does not decide: a
+// policy version activated since (one that denies, say) would not be
+// honoured. The call is refused for now, control_state_stale with
+// retry_after_ms, its key free; once the copy is current, the retry is
+// decided.
+func TestIntakeWithAStaleControlCopyDecidesNothing(t *testing.T) {
+	controls := &staleControls{}
+	f := newIntakeWith(t, func(c *intake.Config) { c.Freezes, c.ControlMaxStaleness = controls, 2*time.Second })
+	rec := f.envelopeRecord(t, "stale", map[string]any{"title": "t"})
+	for _, tc := range []struct {
+		staleness time.Duration
+		want      []string
+	}{
+		{-1, []string{"denied@0(control_state_stale) retry_after_ms=1000"}}, // never caught up
+		{3 * time.Second, []string{"denied@0(control_state_stale) retry_after_ms=1000"}},
+		{time.Second, []string{"requested@1()", "authorized@2(allowed)"}},
+	} {
+		controls.staleness.Store(int64(tc.staleness))
+		out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range events(t, out) {
+			s := fmt.Sprintf("%s@%d(%s)", e.Type, e.Seq, e.Reason)
+			if e.RetryAfterMS != 0 {
+				s += fmt.Sprintf(" retry_after_ms=%d", e.RetryAfterMS)
+			}
+			got = append(got, s)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("with the copy %s old: %v; want %v", tc.staleness, got, tc.want)
+		}
 	}
 }
 
