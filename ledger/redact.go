@@ -168,29 +168,96 @@ func Lookup(tree any, ptr string) (any, bool) {
 // it (the n of a \n escape, the 3D of %3D), so every offset of a segment
 // is a candidate; from the header on, the whole dotted run is redacted.
 //
+// A JSON string may spell any character as a \uXXXX escape, and a
+// decoder hands the token back whole: `\u002e` for its dots, `\u0065` for
+// the e of "eyJ". So an escape of a base64url character or a dot counts as
+// that character, and the whole raw span of a token, its escapes included,
+// is redacted.
+//
 // It runs on bad input only, but bad input can be a flood, so the scan is
 // linear in len(b) and parses no JSON: a candidate costs the decoding of
 // at most tokenProbe+3 characters at each end of its segment.
 func RedactTokens(b []byte) []byte {
+	view, at := unescaped(b)
 	var out []byte
 	done := 0 // b[:done] has been copied to out
-	for i := 0; i < len(b); {
-		if !isBase64URL(b[i]) && b[i] != '.' {
+	for i := 0; i < len(view); {
+		if !isBase64URL(view[i]) && view[i] != '.' {
 			i++
 			continue
 		}
 		j := i + 1
-		for j < len(b) && (isBase64URL(b[j]) || b[j] == '.') {
+		for j < len(view) && (isBase64URL(view[j]) || view[j] == '.') {
 			j++
 		}
-		if k := tokenStart(b[i:j]); k >= 0 {
-			out = append(out, b[done:i+k]...)
+		if k := tokenStart(view[i:j]); k >= 0 {
+			start, end := i+k, j
+			if at != nil {
+				start, end = at[start], at[end]
+			}
+			out = append(out, b[done:start]...)
 			out = append(out, Redacted...)
-			done = j
+			done = end
 		}
 		i = j
 	}
 	return append(out, b[done:]...)
+}
+
+// unescaped returns b with each JSON \uXXXX escape of a base64url
+// character or a dot replaced by that character, and where each of its
+// bytes starts in b (one more entry: len(b)); or b itself and nil when b
+// holds no such escape. An escaped backslash is not an escape's start.
+func unescaped(b []byte) ([]byte, []int) {
+	if !bytes.Contains(b, []byte(`\u`)) {
+		return b, nil
+	}
+	view := make([]byte, 0, len(b))
+	at := make([]int, 0, len(b)+1)
+	for i := 0; i < len(b); {
+		if b[i] == '\\' && i+1 < len(b) {
+			if c, ok := escapedTokenByte(b[i:]); ok {
+				view, at = append(view, c), append(at, i)
+				i += 6
+				continue
+			}
+			// The escape's second byte is not an escape's start (\\u
+			// is a backslash, then u).
+			view, at = append(view, b[i], b[i+1]), append(at, i, i+1)
+			i += 2
+			continue
+		}
+		view, at = append(view, b[i]), append(at, i)
+		i++
+	}
+	return view, append(at, len(b))
+}
+
+// escapedTokenByte reads a \uXXXX escape at the start of e, and returns
+// the byte it stands for if that is a base64url character or a dot.
+func escapedTokenByte(e []byte) (byte, bool) {
+	if len(e) < 6 || e[1] != 'u' {
+		return 0, false
+	}
+	var cp int
+	for _, h := range e[2:6] {
+		var d int
+		switch {
+		case h >= '0' && h <= '9':
+			d = int(h - '0')
+		case h >= 'a' && h <= 'f':
+			d = int(h-'a') + 10
+		case h >= 'A' && h <= 'F':
+			d = int(h-'A') + 10
+		default:
+			return 0, false
+		}
+		cp = cp<<4 | d
+	}
+	if cp >= 0x80 || !(isBase64URL(byte(cp)) || cp == '.') {
+		return 0, false
+	}
+	return byte(cp), true
 }
 
 // tokenProbe is how many characters of a candidate header RedactTokens

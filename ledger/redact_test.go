@@ -113,6 +113,15 @@ func jws(header, payload, sig string) string {
 	return enc([]byte(header)) + "." + enc([]byte(payload)) + "." + enc([]byte(sig))
 }
 
+// escapeAll spells every byte of s as a JSON \uXXXX escape.
+func escapeAll(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		fmt.Fprintf(&b, `\u%04X`, s[i])
+	}
+	return b.String()
+}
+
 // redactTokenCases are TestRedactTokens' table and FuzzRedactTokens' seeds.
 var redactTokenCases = []struct {
 	name, in, want string
@@ -137,6 +146,13 @@ var redactTokenCases = []struct {
 	{name: "after a dotted word", in: "see docs." + jws(`{"alg":"EdDSA"}`, `{}`, "s"), want: "see docs." + Redacted},
 	{name: "two tokens", in: jws(`{"alg":"EdDSA"}`, "a", "b") + " and " + jws(`{ "alg":"EdDSA"}`, "c", "d"), want: Redacted + " and " + Redacted},
 	{name: "sentence end", in: "token " + jws(`{"alg":"EdDSA"}`, "a", "b") + ". Next", want: "token " + Redacted + " Next"},
+	// A JSON decoder hands these back as the token itself.
+	{name: "dots as JSON escapes", in: `{"assertion":"` + strings.ReplaceAll(jws(`{"alg":"EdDSA"}`, `{"sub":"u"}`, "sig"), ".", `\u002e`) + `"}`,
+		want: `{"assertion":"` + Redacted + `"}`},
+	{name: "first character as a JSON escape", in: `{"assertion":"\u0065` + jws(`{"alg":"EdDSA"}`, `{"sub":"u"}`, "sig")[1:] + `","x":1}`,
+		want: `{"assertion":"` + Redacted + `","x":1}`},
+	{name: "every character as an escape, upper-case hex", in: `"` + escapeAll(jws(`{"alg":"EdDSA"}`, `{}`, "s")) + `"`, want: `"` + Redacted + `"`},
+	{name: "an escaped backslash before u", in: `"a\\u002eb.c"`, want: `"a\\u002eb.c"`},
 
 	// Ordinary text stays as it is.
 	{name: "host name", in: "https://www.example.com.au/a.b.c?v=1.2.3", want: "https://www.example.com.au/a.b.c?v=1.2.3"},
