@@ -292,6 +292,16 @@ func (s *sent) trace(ctx context.Context) context.Context {
 	})
 }
 
+// withoutURL drops the URL net/http puts in a transport error: a tool's
+// URL may carry a key in its query or user part, and these errors are
+// logged. The error's cause (a timeout, a refused connection) stays.
+func withoutURL(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+	}
+	return err
+}
+
 // do sends req, built with s.trace, and sorts the outcome.
 func (c *Client) do(ctx context.Context, req *http.Request, r Request, s *sent) (Response, error) {
 	if err := ctx.Err(); err != nil {
@@ -302,7 +312,7 @@ func (c *Client) do(ctx context.Context, req *http.Request, r Request, s *sent) 
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		out := Response{Latency: time.Since(start)}
-		e := &Error{Kind: Unknown, Err: err}
+		e := &Error{Kind: Unknown, Err: withoutURL(err)}
 		switch {
 		case !s.gotConn.Load():
 			e.Kind, e.Detail = NotSent, "no connection to the tool"
@@ -485,7 +495,7 @@ func (c *Client) ResourceVersion(ctx context.Context, versionURL, resource, tena
 	req.Header.Set(HeaderTenant, tenant)
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return "", &Error{Kind: Unknown, Detail: "resource version", Err: err}
+		return "", &Error{Kind: Unknown, Detail: "resource version", Err: withoutURL(err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

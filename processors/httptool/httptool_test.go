@@ -140,22 +140,43 @@ func TestCallStatusKinds(t *testing.T) {
 	}
 }
 
-func TestNotSentClosedPort(t *testing.T) {
-	t.Parallel()
+// closedPort returns the address of a port nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
 	ln.Close()
+	return addr
+}
 
-	_, err = New(Config{}).Call(t.Context(), request("http://"+addr+"/tools/refund_order"))
+func TestNotSentClosedPort(t *testing.T) {
+	t.Parallel()
+	_, err := New(Config{}).Call(t.Context(), request("http://"+closedPort(t)+"/tools/refund_order"))
 	e := checkErr(t, err, NotSent)
 	if !e.Retryable() {
 		t.Errorf("Retryable() = false for %v; want true", err)
 	}
 	if e.Status != 0 {
 		t.Errorf("Status = %d; want 0", e.Status)
+	}
+}
+
+// A tool URL may carry a key in its query or user part; a transport
+// error (here a closed port), which the executor logs, does not repeat
+// it. Nor does the resource version read's.
+func TestTransportErrorsLeaveTheURLOut(t *testing.T) {
+	t.Parallel()
+	u := "http://user:" + "pw_SECRET@" + closedPort(t) + "/tools/refund_order?key=key_SECRET"
+	_, err := New(Config{}).Call(t.Context(), request(u))
+	checkErr(t, err, NotSent)
+	_, verr := New(Config{}).ResourceVersion(t.Context(), u, "ord_1", "t_a")
+	for _, err := range []error{err, verr} {
+		if err == nil || strings.Contains(err.Error(), "SECRET") || !strings.Contains(err.Error(), "refused") {
+			t.Errorf("error %v; want the cause (connection refused) without the URL's secrets", err)
+		}
 	}
 }
 
