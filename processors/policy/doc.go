@@ -70,6 +70,8 @@
 //	                                  field names, masked in results and in
 //	                                  the audit copy of the arguments
 //	@rate_limit("20/m")               n per s, m or h, per tenant and tool
+//	                                  (a token bucket: a burst of n, then
+//	                                  one every period/n; processors.GCRA)
 //	                                  for the calls this policy decides:
 //	                                  each policy's limit is a budget of
 //	                                  its own
