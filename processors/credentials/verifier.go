@@ -430,17 +430,17 @@ func (s *keySource) refresh(ctx context.Context, v *Verifier, now time.Time) err
 		}
 		return s.lastErr
 	}
-	b, err := s.fetch(ctx)
+	// The fetch runs to its end, and counts, whoever asked for it gave
+	// up: else a caller presenting made-up kids and hanging up at once
+	// would start a fetch of every source each time, past MinRefresh.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keyFetchTimeout)
+	defer cancel()
+	b, err := s.fetch(fctx)
 	var keys map[string]ed25519.PublicKey
 	if err == nil {
 		keys, err = parseJWKS(b)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			// This caller gave up; that says nothing about the key set,
-			// so the next caller tries again.
-			return fmt.Errorf("fetch key set %s: %w", s.name, err)
-		}
 		s.triedAt, s.lastErr = now, fmt.Errorf("fetch key set %s: %w", s.name, err)
 		v.cfg.Logger.Warn("credential key set unavailable", "key_set", s.name, "err", err)
 		return s.lastErr
@@ -449,6 +449,9 @@ func (s *keySource) refresh(ctx context.Context, v *Verifier, now time.Time) err
 	s.set.Store(&keySet{keys: keys, fetchedAt: now})
 	return nil
 }
+
+// keyFetchTimeout bounds one fetch of a key set.
+const keyFetchTimeout = 10 * time.Second
 
 func (v *Verifier) fetchURL(ctx context.Context, u string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
