@@ -134,7 +134,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 				// one process owns) pay for metrics of their own.
 				xobs = observers{metrics: metrics.New("bench", reg.Has)}
 			}
-			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, 0, f.toolsBase, f.roles.instance+"-"+strconv.Itoa(i), f.roles.batching, xobs, logger)
+			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, 0, toolsFlags{base: f.toolsBase}, f.roles.instance+"-"+strconv.Itoa(i), f.roles.batching, xobs, logger)
 			if err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -262,15 +263,34 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 	return loop, in, err
 }
 
+// toolsFlags say where the tools are, for the roles that send them
+// credentials (the executor's calls, the reconciler's lookups).
+type toolsFlags struct {
+	base string
+	// insecureHTTP: httptool.Config.AllowInsecureHTTP.
+	insecureHTTP bool
+}
+
+func (f *toolsFlags) register(fs *pflag.FlagSet, baseUsage string) {
+	fs.StringVar(&f.base, "tools-base-url", "http://127.0.0.1:8081", baseUsage)
+	fs.BoolVar(&f.insecureHTTP, "tools-allow-insecure-http", false,
+		"send the per-call credential and the backends' secrets over plain http to hosts other than loopback (a network you trust end to end); without it such a request is refused, failed invalid_request, nothing sent")
+}
+
+// client is the HTTP client of the tools.
+func (f *toolsFlags) client(fp failpoint.Hook) *httptool.Client {
+	return httptool.New(httptool.Config{Failpoint: fp, AllowInsecureHTTP: f.insecureHTTP})
+}
+
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, maxStaleness time.Duration, toolsBase, instance string, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, maxStaleness time.Duration, tf toolsFlags, instance string, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	// The reliability suite's crash points, in a binary built with the
 	// failpoints tag; nil (and free) otherwise.
 	fp, err := failpoint.FromEnv("executor")
 	if err != nil {
 		return nil, nil, err
 	}
-	tools := httptool.New(httptool.Config{Failpoint: fp})
+	tools := tf.client(fp)
 	xcfg := executor.Config{
 		Registry: reg, Store: st, Topics: topics,
 		Caller:      tools,
@@ -281,7 +301,7 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 		Freezes:     freezes,
 		// Zero is the default bound; the flags give negative for none.
 		ControlMaxStaleness: maxStaleness,
-		BaseURL:             toolsBase,
+		BaseURL:             tf.base,
 		Owner:               "executor/" + instance,
 		Logger:              logger.With("processor", "executor"),
 		Failpoint:           fp,
@@ -430,11 +450,11 @@ func newIntakeCmd(g *globals) *cobra.Command {
 
 func newExecutorCmd(g *globals) *cobra.Command {
 	var (
-		rf        roleFlags
-		cf        credentialFlags
-		pf        policyFlags
-		toolsBase string
-		jwksAddr  string
+		rf       roleFlags
+		cf       credentialFlags
+		pf       policyFlags
+		tf       toolsFlags
+		jwksAddr string
 	)
 	cmd := &cobra.Command{
 		Use:   "executor",
@@ -463,7 +483,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), engine, controls, rf.maxStaleness(), toolsBase, rf.instance, rf.batching, rf.obs, logger)
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), engine, controls, rf.maxStaleness(), tf, rf.instance, rf.batching, rf.obs, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -479,7 +499,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 	cf.register(cmd.Flags())
 	pf.register(cmd.Flags())
 	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve this executor's credential keys (GET /.well-known/jwks.json) for tools to verify with; each executor has keys of its own, so a tool lists every executor's URL; empty: not served")
-	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative tool backend URLs resolve against")
+	tf.register(cmd.Flags(), "base URL that relative tool backend URLs resolve against")
 	return cmd
 }
 
@@ -590,7 +610,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		cf        credentialFlags
 		idf       identityFlags
 		pf        policyFlags
-		toolsBase string
+		tf        toolsFlags
 		httpAddr  string
 		jwksAddr  string
 		credsJWKS []string
@@ -646,8 +666,8 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					return nil, err
 				}
 				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
-					Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker, Secrets: cf.keystore(rf.store.dataDir),
-					BaseURL: toolsBase, Topics: g.kafka.topics(), Owner: "reconciler/" + rf.instance,
+					Registry: reg, Store: st, Looker: tf.client(nil), Credentials: broker, Secrets: cf.keystore(rf.store.dataDir),
+					BaseURL: tf.base, Topics: g.kafka.topics(), Owner: "reconciler/" + rf.instance,
 					Logger: logger.With("processor", "reconciler"), Compensator: undo, Metrics: rf.obs.metrics,
 					UnansweredFor: unanswered,
 				})
@@ -708,7 +728,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
 	idf.register(cmd.Flags())
-	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative status lookup URLs resolve against")
+	tf.register(cmd.Flags(), "base URL that relative status lookup URLs resolve against")
 	cmd.Flags().DurationVar(&unanswered, "unanswered-for", executor.DefaultUnansweredFor, "how long a call may stay outcome_unknown with no status lookup answering (each pass's lookups failed, timed out or held off by the breaker; asked again at every sweep meanwhile) before it is parked for a human (status_lookup_failed), counted from its last change; 0: the default")
 	pf.register(cmd.Flags())
 	pf.registerRefusals(cmd.Flags())

@@ -81,13 +81,20 @@ type Config struct {
 	// crashes the executor there, the tool's effect applied and its
 	// answer lost.
 	Failpoint failpoint.Hook
+	// AllowInsecureHTTP lets a request carrying a credential or a
+	// backend secret go over plain http to a host other than loopback.
+	// Without it such a request is refused (ErrInvalidRequest): on the
+	// network, the per-call credential could be replayed and the backend
+	// secret, which does not expire, read.
+	AllowInsecureHTTP bool
 }
 
 // Client calls HTTP tools. It is safe for concurrent use.
 type Client struct {
-	hc        *http.Client
-	userAgent string
-	failpoint failpoint.Hook
+	hc           *http.Client
+	userAgent    string
+	failpoint    failpoint.Hook
+	insecureHTTP bool
 }
 
 // New returns a Client.
@@ -103,7 +110,7 @@ func New(cfg Config) *Client {
 	if ua == "" {
 		ua = "toolcall-ledger-httptool"
 	}
-	return &Client{hc: &hc, userAgent: ua, failpoint: cfg.Failpoint}
+	return &Client{hc: &hc, userAgent: ua, failpoint: cfg.Failpoint, insecureHTTP: cfg.AllowInsecureHTTP}
 }
 
 func newTransport() *http.Transport {
@@ -184,6 +191,9 @@ func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
 	if err := r.validate(); err != nil {
 		return Response{}, err
 	}
+	if err := c.secure(req.URL, r); err != nil {
+		return Response{}, err
+	}
 	if len(r.Arguments) == 0 {
 		// An empty body would also make the request replayable by net/http
 		// (http.NoBody), defeating the guard below.
@@ -194,6 +204,20 @@ func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
 	req.GetBody = nil
 	req.Header = c.headers(r, "application/json")
 	return c.do(ctx, req, r, &s)
+}
+
+// secure refuses to send r's credential or backend secret to u over
+// plain http off loopback, unless Config.AllowInsecureHTTP.
+func (c *Client) secure(u *url.URL, r Request) error {
+	if u.Scheme != "http" || c.insecureHTTP || (r.Credential == "" && r.BackendSecret == "") {
+		return nil
+	}
+	host := u.Hostname()
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	// The host only: the URL may carry a key.
+	return fmt.Errorf("%w: a credential goes to %s over plain http; use https, or allow http off loopback (AllowInsecureHTTP)", ErrInvalidRequest, u.Host)
 }
 
 // Lookup asks a tool's status endpoint about r's call: GET lookupURL with
@@ -210,6 +234,9 @@ func (c *Client) Lookup(ctx context.Context, lookupURL string, r Request) (Respo
 		return Response{}, errNotHTTP
 	}
 	if err := r.validate(); err != nil {
+		return Response{}, err
+	}
+	if err := c.secure(u, r); err != nil {
 		return Response{}, err
 	}
 	q := u.Query()

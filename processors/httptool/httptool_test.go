@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -186,8 +187,67 @@ func TestNotSentDNSFailure(t *testing.T) {
 	// time out instead of failing; either way no connection was made.
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	_, err := New(Config{}).Call(ctx, request("http://tool.invalid/tools/refund_order"))
+	_, err := New(Config{AllowInsecureHTTP: true}).Call(ctx, request("http://tool.invalid/tools/refund_order"))
 	checkErr(t, err, NotSent)
+}
+
+// A credential or a backend secret goes over plain http only to a
+// loopback host, unless AllowInsecureHTTP: on the network the credential
+// could be replayed, and the backend secret, which does not expire, read.
+// The refusal sends nothing and names the host, not the URL.
+func TestCredentialsOffLoopbackOnlyOverHTTPS(t *testing.T) {
+	t.Parallel()
+	var got atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got.Add(1) }))
+	t.Cleanup(srv.Close)
+	port := srv.URL[strings.LastIndex(srv.URL, ":")+1:]
+	// 127.0.0.2 is loopback too; a name that resolves to loopback is not
+	// known to be one before it resolves, so only "localhost" counts.
+	for _, tc := range []struct {
+		url     string
+		allowed bool
+	}{
+		{"http://127.0.0.1:" + port + "/t", true},
+		{"http://localhost:" + port + "/t", true},
+		{"http://[::1]:" + port + "/t", true},
+		{"http://tools.internal:" + port + "/t?key=k_SECRET", false},
+		{"http://10.0.0.1:" + port + "/t", false},
+	} {
+		secretOnly := request(tc.url)
+		secretOnly.Credential, secretOnly.BackendSecret = "", "backend-secret"
+		for _, r := range []Request{request(tc.url), secretOnly} {
+			_, err := New(Config{}).Call(t.Context(), r)
+			if refused := errors.Is(err, ErrInvalidRequest); refused == tc.allowed {
+				t.Errorf("Call(%s) = %v; want refused %v", tc.url, err, !tc.allowed)
+			}
+			if err != nil && strings.Contains(err.Error(), "SECRET") {
+				t.Errorf("refusal %v repeats the URL's query", err)
+			}
+			_, err = New(Config{}).Lookup(t.Context(), tc.url, r)
+			if refused := errors.Is(err, ErrInvalidRequest); refused == tc.allowed {
+				t.Errorf("Lookup(%s) = %v; want refused %v", tc.url, err, !tc.allowed)
+			}
+		}
+		if !tc.allowed {
+			// Sent (to nowhere: the attempt only has to start).
+			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			_, err := New(Config{AllowInsecureHTTP: true}).Call(ctx, request(tc.url))
+			cancel()
+			if errors.Is(err, ErrInvalidRequest) {
+				t.Errorf("Call(%s) with AllowInsecureHTTP = %v; want it sent", tc.url, err)
+			}
+		}
+	}
+	// Without a credential or a secret nothing is at stake.
+	r := request("http://10.0.0.1:" + port + "/t")
+	r.Credential = ""
+	u, err := url.Parse(r.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := New(Config{}).secure(u, r); err != nil {
+		t.Errorf("a request without credentials over http: %v; want it allowed", err)
+	}
 }
 
 func TestNotSentContextDone(t *testing.T) {
@@ -558,7 +618,7 @@ func (leakyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func TestCredentialRedactedFromTransportErrors(t *testing.T) {
 	t.Parallel()
-	c := New(Config{Client: &http.Client{Transport: leakyTransport{}}})
+	c := New(Config{Client: &http.Client{Transport: leakyTransport{}}, AllowInsecureHTTP: true})
 	_, err := c.Call(t.Context(), request("http://tool.example/x"))
 	// The custom transport never called GotConn: nothing provably left.
 	checkErr(t, err, NotSent)
