@@ -5,7 +5,10 @@
 // ledger-credential+jwt): issuer the ledger, audience the tool's backend,
 // subject the user, the agent and the executor instance as nested RFC 8693
 // actors, the tenant, one action as scope, a random jti bound to the call's
-// idempotency key, and an expiry of min(deadline, TTL). The signing key
+// idempotency key, the digest of the request's body (body_sha256: a tool
+// checks it with Claims.CheckBody once it read the body, so that a leaked
+// credential cannot carry other arguments), and an expiry of min(deadline,
+// TTL). The signing key
 // rotates; the published JWKS (GET /.well-known/jwks.json) holds the
 // current key, the next one from CacheFor before it signs, and a retired
 // one until every token it signed has expired.
@@ -244,6 +247,9 @@ type Grant struct {
 	KeyEpoch int64
 	// Deadline is the call's deadline; zero: none.
 	Deadline time.Time
+	// BodySHA256 is the BodyDigest of the request's body, binding the
+	// credential to it; empty: bound to none.
+	BodySHA256 string
 }
 
 func (g Grant) validate() error {
@@ -356,6 +362,7 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 		IdempotencyKey: g.IdempotencyKey,
 		Family:         cred.Family,
 		ToolVersion:    g.ToolVersion,
+		BodySHA256:     g.BodySHA256,
 	})
 	if err != nil {
 		return Credential{}, fmt.Errorf("encode claims: %v", err)

@@ -1,6 +1,9 @@
 package credentials
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"time"
@@ -34,6 +37,28 @@ type Claims struct {
 	// Family is "<tool>:<tenant>:<epoch>", the unit of revocation.
 	Family      string
 	ToolVersion int
+	// BodySHA256 binds the credential to the exact body of the call's
+	// request (BodyDigest); empty for a credential bound to none (a
+	// status lookup's). CheckBody checks it.
+	BodySHA256 string
+}
+
+// BodyDigest is a request body's digest as a credential carries it: the
+// base64url (unpadded) SHA-256 of its bytes.
+func BodyDigest(body []byte) string {
+	sum := sha256.Sum256(body)
+	return base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+// CheckBody refuses (ReasonWrongBody) a body other than the one the
+// credential was minted for: a credential leaked within its TTL cannot
+// carry other arguments, under the same call's key, to the tool. A
+// credential bound to no body allows any.
+func (c Claims) CheckBody(body []byte) error {
+	if c.BodySHA256 == "" || subtle.ConstantTimeCompare([]byte(c.BodySHA256), []byte(BodyDigest(body))) == 1 {
+		return nil
+	}
+	return reject(ReasonWrongBody, "the request's body is not the one credential %s was minted for", quote(c.JTI))
 }
 
 // Agent returns the agent the credential acts for.
@@ -66,6 +91,7 @@ type wireClaims struct {
 	IdempotencyKey string `json:"idempotency_key"`
 	Family         string `json:"family"`
 	ToolVersion    int    `json:"tool_version,omitempty"`
+	BodySHA256     string `json:"body_sha256,omitempty"`
 }
 
 func (w wireClaims) claims() Claims {
@@ -83,6 +109,7 @@ func (w wireClaims) claims() Claims {
 		IdempotencyKey: w.IdempotencyKey,
 		Family:         w.Family,
 		ToolVersion:    w.ToolVersion,
+		BodySHA256:     w.BodySHA256,
 	}
 	if w.Act != nil {
 		c.Actor = *w.Act
@@ -127,6 +154,9 @@ const (
 	ReasonWrongTenant Reason = "wrong_tenant"
 	// ReasonWrongCall: idempotency_key is not the request's call.
 	ReasonWrongCall Reason = "wrong_call"
+	// ReasonWrongBody: the request's body is not the one the credential
+	// was minted for (Claims.CheckBody).
+	ReasonWrongBody Reason = "wrong_body"
 	// ReasonKeysUnavailable: the key set could not be fetched, so nothing
 	// can be verified. Not the presenter's fault: a tool answers 503.
 	ReasonKeysUnavailable Reason = "keys_unavailable"

@@ -47,12 +47,14 @@ func (s *Server) backendSecretOK(w http.ResponseWriter, r *http.Request, tool, t
 
 // authorize verifies the request's credential for tool (its action, or
 // for a GET its status lookup: a lookup's credential does not authorize
-// the action), tenant and the call key, and returns its jti. On refusal it answers the request (401,
-// or 503 when the keys are unavailable), records the Refusal and returns
-// false. Without a verifier every request is authorized, with no jti.
-func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant, key string) (string, bool) {
+// the action), tenant and the call key, and returns its claims (bodyOK
+// checks the body against them once read). On refusal it answers the
+// request (401, or 503 when the keys are unavailable), records the
+// Refusal and returns false. Without a verifier every request is
+// authorized, with no claims.
+func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant, key string) (credentials.Claims, bool) {
 	if s.verifier == nil {
-		return "", true
+		return credentials.Claims{}, true
 	}
 	lookup := r.Method == http.MethodGet
 	verify := func(scope string) (credentials.Claims, error) {
@@ -79,12 +81,30 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant,
 		case ierr != nil:
 			s.logger.Warn("introspection unavailable", "err", ierr)
 			writeError(w, http.StatusServiceUnavailable, "introspection_unavailable", "the credential's status cannot be checked")
-			return "", false
+			return credentials.Claims{}, false
 		case active:
-			return claims.JTI, true
+			return claims, true
 		}
 		err = &credentials.Error{Reason: ReasonRevoked, Detail: "the credential was revoked"}
 	}
+	s.refuseCredential(w, tool, tenant, key, lookup, err)
+	return credentials.Claims{}, false
+}
+
+// bodyOK checks that the body read is the one claims' credential was
+// minted for (credentials.Claims.CheckBody); on refusal it answers and
+// records it as authorize does.
+func (s *Server) bodyOK(w http.ResponseWriter, claims credentials.Claims, body []byte, tool, tenant, key string) bool {
+	if err := claims.CheckBody(body); err != nil {
+		s.refuseCredential(w, tool, tenant, key, false, err)
+		return false
+	}
+	return true
+}
+
+// refuseCredential answers a request whose credential err refused (401,
+// or 503 when the keys are unavailable) and records the Refusal.
+func (s *Server) refuseCredential(w http.ResponseWriter, tool, tenant, key string, lookup bool, err error) {
 	reason := credentials.ReasonOf(err)
 	if reason == "" {
 		// Verify returns only *credentials.Error; refuse anything else
@@ -108,7 +128,6 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant,
 	}
 	// The error text never quotes the token (credentials' contract).
 	writeError(w, status, string(reason), err.Error())
-	return "", false
 }
 
 // bearerToken returns the token of an "Authorization: Bearer <token>"

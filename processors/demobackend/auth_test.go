@@ -288,6 +288,33 @@ func TestCredentialReplay(t *testing.T) {
 	}
 }
 
+// A credential bound to its call's body (as the executor mints them)
+// carries that body only: replayed within its TTL, with the same key,
+// tenant and scope but other arguments, it is refused wrong_body and
+// nothing is applied; a retry with the same body is accepted.
+func TestCredentialBoundToTheBody(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{})
+	auth, _ := e.mint(t, ToolRefundOrder, "t_acme", "k1", func(g *credentials.Grant) { g.BodySHA256 = credentials.BodyDigest([]byte(refundBody)) })
+	other := refundCall("k1", auth)
+	other.body = `{"order_id":"ord_2","amount_cents":999999,"currency":"AUD"}`
+	got := mustDo(t, e.base, other)
+	if got.status != http.StatusUnauthorized || decode[apiError](t, got.body).Error != string(credentials.ReasonWrongBody) {
+		t.Errorf("other arguments under the credential: status %d (%s); want 401 wrong_body", got.status, got.body)
+	}
+	if n := e.s.AppliedIn(ToolRefundOrder, "t_acme", "k1"); n != 0 {
+		t.Errorf("AppliedIn(k1) = %d after the refusal; want 0", n)
+	}
+	for range 2 {
+		if got := mustDo(t, e.base, refundCall("k1", auth)); got.status != http.StatusOK {
+			t.Errorf("the call's own body: status %d (%s); want 200", got.status, got.body)
+		}
+	}
+	if n := e.s.AppliedIn(ToolRefundOrder, "t_acme", "k1"); n != 1 {
+		t.Errorf("AppliedIn(k1) = %d; want 1", n)
+	}
+}
+
 func TestCredentialRetryAfterInjectedFailure(t *testing.T) {
 	t.Parallel()
 	e := newAuthEnv(t, Config{})

@@ -299,14 +299,14 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 	}
 	// Authenticate before the body is read or any fault applies: a
 	// refused request costs nothing and changes nothing.
-	jti, ok := s.authorize(w, r, t.name, meta.tenant, meta.key)
+	claims, ok := s.authorize(w, r, t.name, meta.tenant, meta.key)
 	if !ok {
 		return
 	}
 	if !s.backendSecretOK(w, r, t.name, meta.tenant, meta.key) {
 		return
 	}
-	meta.jti, meta.received = jti, received
+	meta.jti, meta.received = claims.JTI, received
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
@@ -314,6 +314,9 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeError(w, http.StatusBadRequest, "unreadable_body", "the body could not be read")
+		return
+	}
+	if !s.bodyOK(w, claims, body, t.name, meta.tenant, meta.key) {
 		return
 	}
 

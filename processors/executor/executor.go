@@ -1106,6 +1106,8 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: x.cfg.Owner,
 			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
 			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), KeyEpoch: rec.Epoch, Deadline: stop,
+			// Every attempt sends these bytes.
+			BodySHA256: credentials.BodyDigest(rec.Arguments),
 		})
 		if err != nil {
 			// Nothing was sent: without a credential the tool is

@@ -693,12 +693,21 @@ func TestExecutionCredential(t *testing.T) {
 	r.url = srv.URL
 
 	auth := r.admit("create_ticket", "cred", map[string]any{"title": "t"}, 0)
-	out, err := r.executor(func(c *executor.Config) { c.Credentials = broker }).Step(t.Context(), []*kgo.Record{auth})
+	minter := &grantsSeen{Minter: broker}
+	out, err := r.executor(func(c *executor.Config) { c.Credentials = minter }).Step(t.Context(), []*kgo.Record{auth})
 	if err != nil {
 		t.Fatal(err)
 	}
 	evs := decodeAll(t, out.Records)
 	last := evs[len(evs)-1]
+	// The credential is bound to the exact body sent: the arguments.
+	rec, err := r.store.Get(t.Context(), last.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(minter.grants) != 1 || minter.grants[0].BodySHA256 != credentials.BodyDigest(rec.Arguments) {
+		t.Errorf("grants %+v; want one bound to the arguments' digest %s", minter.grants, credentials.BodyDigest(rec.Arguments))
+	}
 	if last.Type != statemachine.EventSucceeded || last.JTI == "" || last.CredentialFamily == "" || last.CredentialScope != "tool::create_ticket" {
 		t.Fatalf("terminal event %s jti %q family %q scope %q; want succeeded with the credential's jti, family and scope", last.Type, last.JTI, last.CredentialFamily, last.CredentialScope)
 	}
@@ -725,6 +734,17 @@ func TestExecutionCredential(t *testing.T) {
 	if n := len(guarded.Effects()); n != 1 {
 		t.Errorf("tool effects %d; want still 1", n)
 	}
+}
+
+// grantsSeen mints as Minter does, and keeps the grants.
+type grantsSeen struct {
+	executor.Minter
+	grants []credentials.Grant
+}
+
+func (g *grantsSeen) Mint(gr credentials.Grant) (credentials.Credential, error) {
+	g.grants = append(g.grants, gr)
+	return g.Minter.Mint(gr)
 }
 
 // countingStore counts the store writes a step's after-commit makes.
