@@ -57,6 +57,9 @@ const (
 	ApproverAudience = "toolcall-ledger-approvals"
 	// DefaultRefresh is how often keys are re-read at most.
 	DefaultRefresh = 5 * time.Minute
+	// DefaultMaxStale is how long the keys last loaded are trusted while
+	// every refresh fails.
+	DefaultMaxStale = 24 * time.Hour
 	// DefaultSkew is the clock skew allowed on exp, nbf and iat.
 	DefaultSkew = 30 * time.Second
 	// MaxSkew bounds Config.Skew: more would make expiry meaningless.
@@ -91,6 +94,13 @@ const ReasonMissingAssertion = "missing_assertion"
 // the skew) from now, or further than that from its iat. The intake
 // reports it as "assertion_lifetime_too_long".
 const ReasonLifetimeTooLong = "lifetime_too_long"
+
+// ReasonKeysStale is the *token.Error reason for every assertion once the
+// issuer's keys could not be loaded for longer than Config.MaxStale: the
+// issuer may have withdrawn a key since, a compromised one say, and the
+// keys at hand would still accept what it signed. The intake reports it
+// as "assertion_keys_stale".
+const ReasonKeysStale = "keys_stale"
 
 // Identity is who asks, from a verified assertion.
 type Identity struct {
@@ -176,6 +186,12 @@ type Config struct {
 	// DefaultRefresh. An unknown kid may add one early refresh per
 	// EarlyRefreshInterval.
 	Refresh time.Duration
+	// MaxStale is how long the keys last loaded from JWKSFile or JWKSURL
+	// are used while every refresh fails (the source unreachable,
+	// blocked, or serving a set this verifier refuses); past it every
+	// assertion is refused (ReasonKeysStale) until a refresh succeeds.
+	// Default DefaultMaxStale; negative: for ever.
+	MaxStale time.Duration
 	// Skew is the clock skew allowed on exp, nbf and iat; default
 	// DefaultSkew, at most MaxSkew.
 	Skew time.Duration
@@ -212,6 +228,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Refresh == 0 {
 		c.Refresh = DefaultRefresh
+	}
+	if c.MaxStale == 0 {
+		c.MaxStale = DefaultMaxStale
 	}
 	if c.Skew == 0 {
 		c.Skew = DefaultSkew
@@ -300,6 +319,8 @@ type Verifier struct {
 	mu          sync.Mutex
 	lastAttempt time.Time
 	lastEarly   time.Time
+	// loaded is when keys were last loaded (Unix nanoseconds).
+	loaded atomic.Int64
 
 	cache verifiedCache
 }
@@ -356,6 +377,7 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 		return nil, fmt.Errorf("identity: load keys from %s: %v", v.source, err)
 	}
 	v.keys.Store(set)
+	v.loaded.Store(cfg.Now().UnixNano())
 	return v, nil
 }
 
@@ -395,6 +417,9 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 		return Claims{}, &token.Error{Reason: ReasonMissingAssertion, Detail: "the envelope carries no assertion"}
 	}
 	v.maybeRefresh(ctx)
+	if err := v.stale(); err != nil {
+		return Claims{}, err
+	}
 	set := v.keys.Load()
 	var (
 		sum    [sha256.Size]byte
@@ -488,6 +513,18 @@ func (v *Verifier) refreshEarly(ctx context.Context) {
 	v.refreshLocked(ctx, now)
 }
 
+// stale refuses every assertion once the keys were last loaded longer ago
+// than MaxStale (a static set is never stale).
+func (v *Verifier) stale() error {
+	if v.cfg.MaxStale < 0 || v.source == "static" {
+		return nil
+	}
+	if since := v.cfg.Now().Sub(time.Unix(0, v.loaded.Load())); since > v.cfg.MaxStale {
+		return &token.Error{Reason: ReasonKeysStale, Detail: fmt.Sprintf("the issuer's keys could not be loaded from %s for %s (more than %s): the keys at hand may include one the issuer withdrew", v.source, since.Round(time.Second), v.cfg.MaxStale)}
+	}
+	return nil
+}
+
 // refreshLocked loads the keys and swaps them in; on failure it keeps the
 // old ones and warns. v.mu must be held.
 func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) {
@@ -505,6 +542,7 @@ func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) {
 			"jwks_source", v.source, "kids", v.keys.Load().IDs(), "err", err)
 		return
 	}
+	v.loaded.Store(now.UnixNano())
 	old := v.keys.Swap(set)
 	if !bytes.Equal(old.JWKS(), set.JWKS()) {
 		v.cfg.Logger.Info("jwks keys changed", "jwks_source", v.source, "kids", set.IDs())

@@ -442,6 +442,12 @@ func TestRotationFile(t *testing.T) {
 	if got := strings.Count(logs.String(), "level=WARN msg=\"jwks refresh failed"); got != 3 {
 		t.Errorf("logged %d refresh warnings; want 3:\n%s", got, logs.String())
 	}
+	// Not for ever: the issuer may have withdrawn b2 meanwhile.
+	clk.Advance(DefaultMaxStale)
+	wantReason("keys not loaded for longer than MaxStale", verify(b2), ReasonKeysStale)
+	writeJWKS(t, path, b2)
+	clk.Advance(DefaultRefresh)
+	wantReason("keys loaded again", verify(b2), "")
 }
 
 // TestUnknownKIDRefreshRateLimit counts JWKS fetches while tokens with
