@@ -1,6 +1,7 @@
 package token
 
 import (
+	"cmp"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -11,8 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"reflect"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // DefaultMaxBytes is the default VerifyOptions.MaxBytes: an identity
@@ -280,15 +283,76 @@ func Verify(token string, o VerifyOptions, claims any) (Header, error) {
 	}
 	if claims != nil {
 		// The strict pass refuses duplicate and case-variant members, which
-		// encoding/json would silently merge (last one wins, any case).
-		if _, err := decodeObject(pb, maxBytes); err != nil {
+		// encoding/json would silently merge (last one wins, any case),
+		// and a member named like one of claims' fields but in another
+		// case, which encoding/json would take for it: claim names are
+		// case-sensitive (RFC 7519), and an issuer that lets users add
+		// claims of their own protects "tenant", not "Tenant".
+		m, err := decodeObject(pb, maxBytes)
+		if err != nil {
 			return Header{}, fail(ReasonMalformedClaims, "payload is not a strict json object")
+		}
+		if name, ok := caseVariant(m, claims); ok {
+			return Header{}, fail(ReasonMalformedClaims, "claim %q is a case variant of a claim name", name)
 		}
 		if err := json.Unmarshal(pb, claims); err != nil {
 			return Header{}, fail(ReasonMalformedClaims, "payload does not match the claims type")
 		}
 	}
 	return h, nil
+}
+
+// claimNames caches, per claims type, the names encoding/json reads into.
+var claimNames sync.Map // reflect.Type -> []string
+
+// caseVariant returns a member name of m that encoding/json would read
+// into a field of *claims although it is not that field's name exactly.
+func caseVariant(m map[string]any, claims any) (string, bool) {
+	t := reflect.TypeOf(claims)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Struct {
+		return "", false
+	}
+	names, ok := claimNames.Load(t)
+	if !ok {
+		names, _ = claimNames.LoadOrStore(t, jsonNames(t, nil))
+	}
+	for k := range m {
+		for _, n := range names.([]string) {
+			if k != n && strings.EqualFold(k, n) {
+				return k, true
+			}
+		}
+	}
+	return "", false
+}
+
+// jsonNames appends the names encoding/json gives the fields of struct
+// type t, its embedded structs' promoted.
+func jsonNames(t reflect.Type, out []string) []string {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-":
+			continue
+		case f.Anonymous && name == "":
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				out = jsonNames(ft, out)
+				continue
+			}
+		case !f.IsExported():
+			continue
+		}
+		out = append(out, cmp.Or(name, f.Name))
+	}
+	return out
 }
 
 // supportedAlgs is the most Verify will ever allow.

@@ -328,6 +328,7 @@ func TestVerifyAttacks(t *testing.T) {
 		{"header tampered after signing", b64([]byte(`{"alg":"EdDSA","typ":"JWT","kid":"ed","x":1}`)) + "." + edP + "." + edS, nil, ReasonBadSignature},
 		{"duplicate claims", forge(t, good("EdDSA", "ed"), `{"sub":"u_88","sub":"admin"}`, with(t, keys.ed)), nil, ReasonMalformedClaims},
 		{"case-variant claims", forge(t, good("EdDSA", "ed"), `{"aud":"toolcall-ledger","AUD":"x"}`, with(t, keys.ed)), nil, ReasonMalformedClaims},
+		{"a claim named in another case, alone", forge(t, good("EdDSA", "ed"), strings.Replace(payload, `"sub"`, `"Sub"`, 1), with(t, keys.ed)), nil, ReasonMalformedClaims},
 		{"claims not an object", forge(t, good("EdDSA", "ed"), `"sub"`, with(t, keys.ed)), nil, ReasonMalformedClaims},
 		{"exp a string", forge(t, good("EdDSA", "ed"), `{"exp":"tomorrow"}`, with(t, keys.ed)), nil, ReasonMalformedClaims},
 		{"aud a number", forge(t, good("EdDSA", "ed"), `{"aud":7}`, with(t, keys.ed)), nil, ReasonMalformedClaims},

@@ -3,6 +3,7 @@ package identity
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -300,6 +301,20 @@ func TestVerifyRejections(t *testing.T) {
 		t.Fatal(err)
 	}
 	foreign := mustKey(t, "k1") // an attacker's key under our kid
+	// renamed is a valid assertion's claims with one renamed.
+	renamed := func(from, to string) map[string]any {
+		b, err := json.Marshal(assertionClaims(now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		m[to] = m[from]
+		delete(m, from)
+		return m
+	}
 
 	tests := []struct {
 		name  string
@@ -327,6 +342,8 @@ func TestVerifyRejections(t *testing.T) {
 		{"no sub", sign(t, key, TypeAssertion, edit(func(c *Claims) { c.Subject = "" })), token.ReasonMissingClaim},
 		{"no tenant", sign(t, key, TypeAssertion, edit(func(c *Claims) { c.Tenant = "" })), token.ReasonMissingClaim},
 		{"no act", sign(t, key, TypeAssertion, edit(func(c *Claims) { c.Act = Actor{} })), token.ReasonMissingClaim},
+		// A custom claim an issuer lets users set is not the tenant.
+		{"tenant spelt Tenant", sign(t, key, TypeAssertion, renamed("tenant", "Tenant")), token.ReasonMalformedClaims},
 	}
 	accepted := 0
 	for _, tc := range tests {
