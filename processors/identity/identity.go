@@ -319,8 +319,9 @@ type Verifier struct {
 	mu          sync.Mutex
 	lastAttempt time.Time
 	lastEarly   time.Time
-	// loaded is when keys were last loaded (Unix nanoseconds).
-	loaded atomic.Int64
+	// failingSince is when refreshes started failing (Unix
+	// nanoseconds), 0 while the last one succeeded.
+	failingSince atomic.Int64
 
 	cache verifiedCache
 }
@@ -377,7 +378,6 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 		return nil, fmt.Errorf("identity: load keys from %s: %v", v.source, err)
 	}
 	v.keys.Store(set)
-	v.loaded.Store(cfg.Now().UnixNano())
 	return v, nil
 }
 
@@ -513,14 +513,16 @@ func (v *Verifier) refreshEarly(ctx context.Context) {
 	v.refreshLocked(ctx, now)
 }
 
-// stale refuses every assertion once the keys were last loaded longer ago
-// than MaxStale (a static set is never stale).
+// stale refuses every assertion once refreshes have failed for longer
+// than MaxStale (an idle verifier's keys are old, not stale: its next
+// refresh may well succeed).
 func (v *Verifier) stale() error {
-	if v.cfg.MaxStale < 0 || v.source == "static" {
+	since := v.failingSince.Load()
+	if v.cfg.MaxStale < 0 || since == 0 {
 		return nil
 	}
-	if since := v.cfg.Now().Sub(time.Unix(0, v.loaded.Load())); since > v.cfg.MaxStale {
-		return &token.Error{Reason: ReasonKeysStale, Detail: fmt.Sprintf("the issuer's keys could not be loaded from %s for %s (more than %s): the keys at hand may include one the issuer withdrew", v.source, since.Round(time.Second), v.cfg.MaxStale)}
+	if d := v.cfg.Now().Sub(time.Unix(0, since)); d > v.cfg.MaxStale {
+		return &token.Error{Reason: ReasonKeysStale, Detail: fmt.Sprintf("the issuer's keys could not be loaded from %s for %s (more than %s): the keys at hand may include one the issuer withdrew", v.source, d.Round(time.Second), v.cfg.MaxStale)}
 	}
 	return nil
 }
@@ -538,11 +540,12 @@ func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) {
 			v.lastAttempt = prev
 			return
 		}
+		v.failingSince.CompareAndSwap(0, now.UnixNano())
 		v.cfg.Logger.Warn("jwks refresh failed, keeping the current keys",
 			"jwks_source", v.source, "kids", v.keys.Load().IDs(), "err", err)
 		return
 	}
-	v.loaded.Store(now.UnixNano())
+	v.failingSince.Store(0)
 	old := v.keys.Swap(set)
 	if !bytes.Equal(old.JWKS(), set.JWKS()) {
 		v.cfg.Logger.Info("jwks keys changed", "jwks_source", v.source, "kids", set.IDs())
