@@ -649,6 +649,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		earlyApplied []bool
 		earlyErr     error
 		recording    sync.WaitGroup
+		// retryEarly are the early outcomes whose recording failed.
+		retryEarly []processors.Completion
 	)
 	if len(early) > 0 {
 		journals = append(journals, step+"/early")
@@ -686,10 +688,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		// step's, so that the sweep appends what it recorded.
 		x.cfg.Logger.Error("record finished calls; trying once more outside the step, else their leases will expire", "calls", len(early), "err", earlyErr)
 		x.settle(ctx, journals[:1], false)
-		// Once more on their own: their outcomes are known, and left to
-		// the leases they would come back as calls that may have run
-		// (a retry fenced out changes nothing).
-		x.completeAlone(ctx, early)
+		// Once more on their own, once the batch just claimed is
+		// launched (its leases run meanwhile): their outcomes are
+		// known, and left to the leases they would come back as calls
+		// that may have run (a retry fenced out changes nothing).
+		retryEarly = early
 		early = nil
 		journals = journals[1:]
 	}
@@ -793,6 +796,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			x.cfg.Logger.Error("authorized event without execution record", "call_key", order[i].String(), "trace_id", j.tmpl.TraceID)
 		}
 	}
+	x.completeAlone(ctx, retryEarly)
 	if !pipelined || ctx.Err() != nil {
 		got = x.await(ctx, got, waiting)
 	}
@@ -1072,6 +1076,12 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			return refuse(refusal{ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{}})
 		}
 	}
+	// A call its policies asked to run against a sandbox backend
+	// (decided by an older build, or approved under an older set) never
+	// runs against the real one: none runs against a sandbox yet.
+	if carriedObligations(tmpl.Obligations).Sandbox {
+		return refuse(refusal{policy.ReasonSandboxUnavailable, "a sandbox backend is asked for, and no call runs against one", policy.Decision{}})
+	}
 	// An approved call is decided again before it runs, a taken-over
 	// one too: its first owner may have died before it ever sent, and
 	// the approval must still hold (unexpired, for the same resource
@@ -1327,7 +1337,8 @@ func carriedObligations(list []string) policy.Obligations {
 }
 
 // releaseClaim releases the claim of a call that sent nothing, for the
-// policies could not decide it now: the call stays executing, without an
+// policies (or whether a compensation has anything to undo) could not be
+// decided now: the call stays executing, without an
 // owner, for RetryBackoff, and the sweep of expired leases (or a
 // redelivery) then claims it afresh (Claimed, not Reclaimed). It returns
 // no completion: the step records nothing for the call, and the log
@@ -1350,7 +1361,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 	applied, err := x.releaseClaims(context.WithoutCancel(ctx), []processors.Release{rel}, releaseTries, 10*time.Second)
 	switch {
 	case err != nil:
-		log.Error("give back a call the policies could not decide; held, to be given back by a later step", "reason", r.reason, "err", err)
+		log.Error("give back a call not decided yet; held, to be given back by a later step", "reason", r.reason, "err", err)
 		x.mu.Lock()
 		x.held[rel.Key] = rel
 		x.mu.Unlock()
@@ -1361,7 +1372,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("policies could not decide an approved call; claim given back, to be decided again", "reason", r.reason,
+	log.Warn("call not decided yet (the policies, or whether there is anything to undo); claim given back, to be decided again", "reason", r.reason,
 		"detail", r.detail, "retry_after", x.cfg.RetryBackoff)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}

@@ -320,6 +320,25 @@ func TestMaskHoldsWhateverTheToolAnswers(t *testing.T) {
 	}
 }
 
+// A call carrying the sandbox obligation (decided by an older intake,
+// which only recorded it) is denied sandbox_unavailable before anything
+// is sent: no call runs against a sandbox backend, and the real one would
+// escape the rule.
+func TestSandboxedCallNeverRunsAgainstTheRealBackend(t *testing.T) {
+	r := newRig(t)
+	ev, approved := r.admitApproved("ks", time.Now().Add(time.Hour), "", "require_approval", "sandbox")
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{approved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"denied(" + policy.ReasonSandboxUnavailable + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("refund_order", "t_a", ev.Key().String()); n != 0 {
+		t.Errorf("refund applied %d times; want 0", n)
+	}
+}
+
 // jumpingClock is the executor's clock in a test: the real time, until
 // jump moves it on by an hour and a half.
 type jumpingClock struct{ ahead atomic.Bool }

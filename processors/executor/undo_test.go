@@ -25,11 +25,6 @@ import (
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
-// A compensation the reconciler asked for (an outcome nobody could
-// establish, a policy saying to undo such calls) does not undo a call
-// found to have succeeded before it runs: that happens when the park that
-// should follow the request is never recorded and a later lookup
-// answers. An operator's compensation of a succeeded call still runs.
 // unreadableKey is the store, except that Get of key fails.
 type unreadableKey struct {
 	executor.Store
@@ -75,6 +70,11 @@ func TestCompensationOfAnUnreadableCallSendsNothing(t *testing.T) {
 	}
 }
 
+// A compensation the reconciler asked for (an outcome nobody could
+// establish, a policy saying to undo such calls) does not undo a call
+// found to have succeeded before it runs: that happens when the park that
+// should follow the request is never recorded and a later lookup
+// answers. An operator's compensation of a succeeded call still runs.
 func TestAutomaticCompensationLeavesASuccess(t *testing.T) {
 	for _, tc := range []struct {
 		name, user string
