@@ -191,15 +191,27 @@ func TestNotSentDNSFailure(t *testing.T) {
 	checkErr(t, err, NotSent)
 }
 
+// roundTripCounter counts the requests it passes to next.
+type roundTripCounter struct {
+	n    *atomic.Int32
+	next http.RoundTripper
+}
+
+func (c roundTripCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.next.RoundTrip(r)
+}
+
 // A credential or a backend secret goes over plain http only to a
 // loopback host, unless AllowInsecureHTTP: on the network the credential
 // could be replayed, and the backend secret, which does not expire, read.
 // The refusal sends nothing and names the host, not the URL.
 func TestCredentialsOffLoopbackOnlyOverHTTPS(t *testing.T) {
 	t.Parallel()
-	var got atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got.Add(1) }))
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	t.Cleanup(srv.Close)
+	var sent atomic.Int32
+	counted := &http.Client{Transport: roundTripCounter{n: &sent, next: http.DefaultTransport}}
 	port := srv.URL[strings.LastIndex(srv.URL, ":")+1:]
 	// 127.0.0.2 is loopback too; a name that resolves to loopback is not
 	// known to be one before it resolves, so only "localhost" counts.
@@ -216,16 +228,20 @@ func TestCredentialsOffLoopbackOnlyOverHTTPS(t *testing.T) {
 		secretOnly := request(tc.url)
 		secretOnly.Credential, secretOnly.BackendSecret = "", "backend-secret"
 		for _, r := range []Request{request(tc.url), secretOnly} {
-			_, err := New(Config{}).Call(t.Context(), r)
+			before := sent.Load()
+			_, err := New(Config{Client: counted}).Call(t.Context(), r)
 			if refused := errors.Is(err, ErrInvalidRequest); refused == tc.allowed {
 				t.Errorf("Call(%s) = %v; want refused %v", tc.url, err, !tc.allowed)
 			}
 			if err != nil && strings.Contains(err.Error(), "SECRET") {
 				t.Errorf("refusal %v repeats the URL's query", err)
 			}
-			_, err = New(Config{}).Lookup(t.Context(), tc.url, r)
+			_, err = New(Config{Client: counted}).Lookup(t.Context(), tc.url, r)
 			if refused := errors.Is(err, ErrInvalidRequest); refused == tc.allowed {
 				t.Errorf("Lookup(%s) = %v; want refused %v", tc.url, err, !tc.allowed)
+			}
+			if n := sent.Load() - before; !tc.allowed && n != 0 {
+				t.Errorf("%s: %d requests left; want none", tc.url, n)
 			}
 		}
 		if !tc.allowed {
