@@ -399,8 +399,11 @@ func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfi
 	topics = topics.WithDefaults()
 	// A topic st holds something of: its committed offsets are the
 	// projection's own (a control record projected before the first
-	// event is no gap in the events).
-	held := map[string]bool{topics.Events: events > 0, topics.Control: controls > 0}
+	// event is no gap in the events). A projection holding events holds
+	// the control topic too, whatever its rows: the projector commits
+	// past control records it writes nothing for (tombstones, records
+	// it cannot read), and compaction keeps the log's start where it was.
+	held := map[string]bool{topics.Events: events > 0, topics.Control: controls > 0 || events > 0}
 	s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: topics, Group: group})
 	if errors.Is(err, projector.ErrNeverCommitted) {
 		return nil, false, nil
