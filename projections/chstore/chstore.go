@@ -142,6 +142,17 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	case mem < 0:
 		mem = 0
 	}
+	if mem > 0 {
+		// The setting goes with every question, and would override a
+		// stricter limit the server's profile gives this user: the
+		// smaller of the two is kept.
+		var server string
+		if err := conn.QueryRow(ctx, "SELECT value FROM system.settings WHERE name = 'max_memory_usage'").Scan(&server); err == nil {
+			if n, err := strconv.ParseInt(server, 10, 64); err == nil && n > 0 && n < mem {
+				mem = n
+			}
+		}
+	}
 	return &Store{conn: conn, db: db, addr: addr, logger: logger, questionMem: mem}, nil
 }
 
@@ -182,7 +193,9 @@ func (s *Store) question(ctx context.Context) context.Context {
 // at the memory bound is also projections.ErrQuestionTooLarge.
 func (s *Store) wrapQuestion(what string, err error) error {
 	var ex *clickhouse.Exception
-	if errors.As(err, &ex) && ex.Code == memoryLimitExceeded {
+	// The query's own limit, not the server's or the user's (a server
+	// short of memory says "(total)"): only the question is too large.
+	if errors.As(err, &ex) && ex.Code == memoryLimitExceeded && strings.Contains(ex.Message, "(for query)") {
 		return fmt.Errorf("chstore: %s (clickhouse at %s, database %s): %w (%d MiB): %w",
 			what, s.addr, s.db, projections.ErrQuestionTooLarge, s.questionMem>>20, err)
 	}

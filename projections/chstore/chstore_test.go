@@ -577,6 +577,20 @@ func TestQuestionMemoryBound(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].State != statemachine.StateOutcomeUnknown {
 		t.Errorf("unresolved with the default bound = %+v, %v; want one outcome_unknown call", got, err)
 	}
+	// A stricter limit the server gives this user (here through the
+	// DSN's settings) is kept, not raised to the default bound.
+	sep := "?"
+	if strings.Contains(chtest.DSN(t), "?") {
+		sep = "&"
+	}
+	strict, err := Open(t.Context(), Config{DSN: chtest.DSN(t) + sep + "max_memory_usage=4194304", Database: small.db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer strict.Close()
+	if _, err := strict.Unresolved(t.Context(), f); !errors.Is(err, projections.ErrQuestionTooLarge) {
+		t.Errorf("unresolved with the server's 4 MiB limit: err = %v; want ErrQuestionTooLarge", err)
+	}
 }
 
 func TestWriteTwice(t *testing.T) {

@@ -83,9 +83,9 @@ const DefaultQueryTimeout = 30 * time.Second
 // default.
 const DefaultMaxQuestionsPerTenant = 8
 
-// DefaultMaxQuestions is QueryConfig.MaxQuestions's default: two
+// DefaultMaxQuestions is QueryConfig.MaxQuestions's default: four
 // tenants' worth of questions at once.
-const DefaultMaxQuestions = 16
+const DefaultMaxQuestions = 32
 
 // QueryHandler serves the responders' questions:
 //
@@ -250,10 +250,14 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 	if !ok {
 		return
 	}
-	defer end()
 	ctx, cancel := context.WithTimeout(r.Context(), q.cfg.Timeout)
 	defer cancel()
-	v, toCSV, err := question(ctx, f)
+	v, toCSV, err := func() (any, func(io.Writer) error, error) {
+		// The slot is the store's: it is given back before the answer
+		// is written, which a client that does not read could hold up.
+		defer end()
+		return question(ctx, f)
+	}()
 	if err != nil {
 		q.answerError(w, err)
 		return

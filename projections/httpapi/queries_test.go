@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/projections"
@@ -273,6 +275,39 @@ func TestQuestionsBoundedOverall(t *testing.T) {
 	}
 	<-running
 	<-running
+}
+
+// bigAnswers answers every blast radius with 200,000 calls: megabytes of
+// JSON, more than a socket buffers.
+type bigAnswers struct{ projections.Queries }
+
+func (bigAnswers) BlastRadius(_ context.Context, f projections.Filter) (projections.BlastRadius, error) {
+	calls := make([]projections.Call, 200_000)
+	for i := range calls {
+		calls[i] = projections.Call{TenantID: f.Tenant, IdempotencyKey: fmt.Sprintf("key-%06d", i), Tool: "refund_order"}
+	}
+	return projections.BlastRadius{Total: len(calls), Calls: calls}, nil
+}
+
+// A question's slot is given back once the store answered, not once the
+// answer is written: a client that asks and never reads does not hold it,
+// and another question goes through.
+func TestQuestionSlotNotHeldByASlowReader(t *testing.T) {
+	srv, as := operatorsServer(t, httpapi.QueryConfig{Queries: bigAnswers{}, MaxQuestions: 1}, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Asks, and never reads the answer.
+	fmt.Fprintf(conn, "GET %s?tool=refund_order HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", httpapi.PathBlastRadius, as("t_a"))
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		status, code, _ := getAs(t, srv.URL+httpapi.PathBlastRadius+"?tool=refund_order&limit=1", as("t_b"))
+		if status != http.StatusOK {
+			return fmt.Errorf("a second question while the first's answer is unread: %d %q; want 200", status, code)
+		}
+		return nil
+	})
 }
 
 // operatorServer serves the query API of cfg (its Guard set here),
