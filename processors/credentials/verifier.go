@@ -170,11 +170,13 @@ type keySource struct {
 	// verification.
 	set atomic.Pointer[keySet]
 
-	// mu is held across a fetch, so that concurrent verifications wait
-	// for one fetch of the set instead of each starting its own.
-	mu      sync.Mutex
-	triedAt time.Time
-	lastErr error
+	// mu guards the fields below. Concurrent verifications wait for one
+	// fetch of the set (inflight, closed when it ends) instead of each
+	// starting its own.
+	mu       sync.Mutex
+	triedAt  time.Time
+	lastErr  error
+	inflight chan struct{}
 }
 
 // keySet is a fetched key set and when it was fetched.
@@ -422,32 +424,56 @@ func (s *keySource) current(v *Verifier, now time.Time) bool {
 // within CacheFor).
 func (s *keySource) refresh(ctx context.Context, v *Verifier, now time.Time) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.triedAt.IsZero() && now.Before(s.triedAt.Add(v.cfg.MinRefresh)) {
-		if s.lastErr == nil && !s.current(v, now) {
-			// Only with a CacheFor below MinRefresh.
-			return fmt.Errorf("key set %s expired within MinRefresh of its fetch", s.name)
+	if s.inflight == nil {
+		if !s.triedAt.IsZero() && now.Before(s.triedAt.Add(v.cfg.MinRefresh)) {
+			defer s.mu.Unlock()
+			if s.lastErr == nil && !s.current(v, now) {
+				// Only with a CacheFor below MinRefresh.
+				return fmt.Errorf("key set %s expired within MinRefresh of its fetch", s.name)
+			}
+			return s.lastErr
 		}
-		return s.lastErr
+		// The fetch runs to its end, and counts, whoever asked for it
+		// gave up: else a caller presenting made-up kids and hanging up
+		// at once would start a fetch of every source each time, past
+		// MinRefresh. Callers wait for it as long as they like.
+		done := make(chan struct{})
+		s.inflight = done
+		go s.fetchSet(context.WithoutCancel(ctx), v, now, done)
 	}
-	// The fetch runs to its end, and counts, whoever asked for it gave
-	// up: else a caller presenting made-up kids and hanging up at once
-	// would start a fetch of every source each time, past MinRefresh.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keyFetchTimeout)
+	done := s.inflight
+	s.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("fetch key set %s: %w", s.name, ctx.Err())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr
+}
+
+// fetchSet fetches the set, records the outcome as the attempt at now,
+// and closes done.
+func (s *keySource) fetchSet(ctx context.Context, v *Verifier, now time.Time, done chan struct{}) {
+	ctx, cancel := context.WithTimeout(ctx, keyFetchTimeout)
 	defer cancel()
-	b, err := s.fetch(fctx)
+	b, err := s.fetch(ctx)
 	var keys map[string]ed25519.PublicKey
 	if err == nil {
 		keys, err = parseJWKS(b)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer close(done)
+	s.inflight = nil
 	if err != nil {
 		s.triedAt, s.lastErr = now, fmt.Errorf("fetch key set %s: %w", s.name, err)
 		v.cfg.Logger.Warn("credential key set unavailable", "key_set", s.name, "err", err)
-		return s.lastErr
+		return
 	}
 	s.triedAt, s.lastErr = now, nil
 	s.set.Store(&keySet{keys: keys, fetchedAt: now})
-	return nil
 }
 
 // keyFetchTimeout bounds one fetch of a key set.

@@ -434,6 +434,36 @@ func TestVerifierKeyRefresh(t *testing.T) {
 	check("made-up kid after MinRefresh", 3)
 }
 
+// A caller does not wait for a key-set fetch past its own deadline: the
+// fetch goes on without it, and callers after it share it.
+func TestVerifierFetchLeftByItsCaller(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{})
+	release := make(chan struct{})
+	var fetches atomic.Int32
+	v := newVerifier(t, c, b, VerifierConfig{Keys: func(context.Context) ([]byte, error) {
+		fetches.Add(1)
+		<-release
+		return b.JWKS(), nil
+	}})
+	tok := mint(t, b, grant()).Token
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := v.Verify(ctx, tok, expect())
+	if ReasonOf(err) != ReasonKeysUnavailable || !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Errorf("Verify during a hanging fetch = %v after %s; want keys_unavailable at its deadline", err, time.Since(start))
+	}
+	close(release)
+	if err := verifyErr(t, v, tok, expect()); err != nil {
+		t.Errorf("after the fetch: %v; want accepted", err)
+	}
+	if n := fetches.Load(); n != 1 {
+		t.Errorf("%d fetches; want 1, shared", n)
+	}
+}
+
 func TestVerifierKeysUnavailable(t *testing.T) {
 	t.Parallel()
 	c := newClock()
@@ -479,11 +509,18 @@ func TestVerifierKeysUnavailable(t *testing.T) {
 		cancel()
 		_, _ = v.Verify(ctx, tok, expect())
 	}
+	// The fetch goes on without them.
+	for deadline := time.Now().Add(5 * time.Second); fetches.Load()-before < 1 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	if n := fetches.Load() - before; n != 1 {
 		t.Errorf("%d fetches for 5 callers that gave up within MinRefresh; want 1", n)
 	}
 	if err := verifyErr(t, v, tok, expect()); err != nil {
 		t.Errorf("next caller after fetches whose callers gave up: %v; want accepted", err)
+	}
+	if n := fetches.Load() - before; n != 1 {
+		t.Errorf("%d fetches after the next caller; want still 1", n)
 	}
 
 	// A stale set is not used when its refresh fails.
