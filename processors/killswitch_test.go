@@ -22,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -251,9 +252,9 @@ func TestPolicyVersionActivatedThroughControl(t *testing.T) {
 	h := newHarness(t, storeSQL, 4)
 	controls := h.controlState("controls")
 	h.run("activations", func(ctx context.Context) error {
-		return h.policy.FollowActivations(ctx, root, func() (string, bool) {
+		return h.policy.FollowActivations(ctx, root, func() (policy.Activation, bool) {
 			a, ok := controls.ActivePolicy()
-			return a.Policy, ok
+			return policy.Activation{Label: a.Policy, ID: a.At.String()}, ok
 		}, 20*time.Millisecond)
 	})
 	h.startIntake("intake-1")

@@ -113,10 +113,15 @@ func (f *policyFlags) registerRefusals(fs *pflag.FlagSet) {
 // as any version that does not load: an operator's activation is never
 // silently ignored.
 func (f *policyFlags) followActivations(ctx context.Context, engine *policy.Engine, controls *control.State) error {
-	return engine.FollowActivations(ctx, f.versions, func() (string, bool) {
+	return engine.FollowActivations(ctx, f.versions, func() (policy.Activation, bool) {
 		a, ok := controls.ActivePolicy()
-		return a.Policy, ok
+		return activation(a), ok
 	}, 500*time.Millisecond)
+}
+
+// activation is the policy activation a control record names.
+func activation(a control.Action) policy.Activation {
+	return policy.Activation{Label: a.Policy, ID: a.At.Format(time.RFC3339Nano)}
 }
 
 // activate brings engine to the version activated on the control topic
@@ -125,7 +130,7 @@ func (f *policyFlags) followActivations(ctx context.Context, engine *policy.Engi
 // the activation replaced until followActivations' first tick.
 func (f *policyFlags) activate(engine *policy.Engine, controls *control.State) {
 	a, ok := controls.ActivePolicy()
-	engine.Activate(f.versions, a.Policy, ok)
+	engine.Activate(f.versions, activation(a), ok)
 }
 
 // engine returns the policy engine and, when a directory is watched, the

@@ -26,10 +26,10 @@ func (a *activations) set(label string) {
 	a.label = label
 }
 
-func (a *activations) active() (string, bool) {
+func (a *activations) active() (Activation, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.label, a.label != ""
+	return Activation{Label: a.label, ID: "1"}, a.label != ""
 }
 
 // follow runs WatchDir over dir and FollowActivations over root side by
@@ -214,15 +214,36 @@ func mkdir(t *testing.T, root, name string) string {
 func TestActivateAtOnce(t *testing.T) {
 	_, root, base := weatherVersions(t)
 	e := newEngine(t, Config{Set: base})
-	e.Activate(root, "v2", true)
+	e.Activate(root, Activation{Label: "v2", ID: "1"}, true)
 	if err := versionIs(e, "v2")(); err != nil {
 		t.Fatal(err)
 	}
 	if d := e.Decide(context.Background(), simple("get_weather")); d.Allow {
 		t.Errorf("Decide() right after Activate = %+v; want denied by v2", d)
 	}
-	e.Activate(root, "", false)
+	e.Activate(root, Activation{}, false)
 	if err := versionIs(e, "local")(); err != nil {
 		t.Errorf("after the activation is withdrawn: %v", err)
+	}
+}
+
+// An operator who mended a version's files and activates it again gets
+// the mended set: a new activation of a label reads its files again; the
+// same activation, seen again at every tick, does not.
+func TestActivatingALabelAgainRereadsIt(t *testing.T) {
+	_, root, base := weatherVersions(t)
+	e := newEngine(t, Config{Set: base})
+	e.Activate(root, Activation{Label: "v2", ID: "1"}, true)
+	first := e.Active().Version()
+	if err := os.WriteFile(filepath.Join(root, "v2", "mended.cedar"), []byte(`@id("mended") permit (principal, action == Action::"tool::get_weather", resource);`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.Activate(root, Activation{Label: "v2", ID: "1"}, true)
+	if got := e.Active().Version(); got != first {
+		t.Errorf("the same activation seen again: version %s; want %s, not read again", got, first)
+	}
+	e.Activate(root, Activation{Label: "v2", ID: "2"}, true)
+	if got := e.Active().Version(); got == first || !strings.HasPrefix(got, "v2@") {
+		t.Errorf("v2 activated again: version %s; want v2 with the mended files, not %s", got, first)
 	}
 }

@@ -139,8 +139,18 @@ type Engine struct {
 	// Config.Set, then the directory's latest content that loaded.
 	base *Set
 	// pinned is the label of the activated version in force (loaded or
-	// not), empty while none is.
-	pinned string
+	// not), empty while none is; pinnedID the activation's ID.
+	pinned, pinnedID string
+}
+
+// Activation is a policy version activated on the control plane: its
+// label, and an ID that tells two activations of one label apart (the
+// control record's time). Activating a label again reads its files again:
+// an operator who mended a version's files and activated it anew gets the
+// mended set on every instance, not only on those that start afterwards.
+type Activation struct {
+	Label string
+	ID    string
 }
 
 // activationError is why a version activated on the control plane is not
@@ -474,15 +484,15 @@ func (ev *evaluation) All() iter.Seq2[cedar.PolicyID, *cedar.Policy] {
 // what the new one allows is unknown, so every decision denies
 // (policy_unavailable) and Err says why until it loads. It is tried again
 // at every check, and logged when it fails first and when it loads.
-func (e *Engine) FollowActivations(ctx context.Context, root string, active func() (string, bool), every time.Duration) error {
+func (e *Engine) FollowActivations(ctx context.Context, root string, active func() (Activation, bool), every time.Duration) error {
 	if every <= 0 {
 		every = time.Second
 	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
-		label, ok := active()
-		e.follow(root, label, ok)
+		a, ok := active()
+		e.follow(root, a, ok)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -491,14 +501,15 @@ func (e *Engine) FollowActivations(ctx context.Context, root string, active func
 	}
 }
 
-// Activate brings the engine to the activation (label, ok) once, as
+// Activate brings the engine to the activation (a, ok) once, as
 // FollowActivations does at every tick: a process calls it before it
 // decides its first call, so that no call is decided with a set an
 // operator has replaced.
-func (e *Engine) Activate(root, label string, ok bool) { e.follow(root, label, ok) }
+func (e *Engine) Activate(root string, a Activation, ok bool) { e.follow(root, a, ok) }
 
-// follow brings the engine to the activation (label, ok) once.
-func (e *Engine) follow(root, label string, ok bool) {
+// follow brings the engine to the activation (a, ok) once.
+func (e *Engine) follow(root string, a Activation, ok bool) {
+	label := a.Label
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !ok {
@@ -507,16 +518,19 @@ func (e *Engine) follow(root, label string, ok bool) {
 		}
 		e.cfg.Logger.Warn("policy activation withdrawn; the base policy set is in force again",
 			"activated_label", e.pinned, "policy_version", e.base.Version())
-		e.pinned = ""
+		e.pinned, e.pinnedID = "", ""
 		e.failed.Store(nil)
 		e.Swap(e.base)
 		return
 	}
 	prev := e.failed.Load()
-	if label == e.pinned && prev == nil {
+	if label == e.pinned && a.ID == e.pinnedID && prev == nil {
 		return
 	}
-	e.pinned = label
+	if label == e.pinned && prev == nil {
+		e.cfg.Logger.Info("policy version activated again: its files are read again", "policy_label", label)
+	}
+	e.pinned, e.pinnedID = label, a.ID
 	set, err := loadVersion(root, label)
 	if err != nil {
 		f := &activationError{label: label, err: err}
