@@ -141,13 +141,20 @@ func (s *pgServer) adopt(backend int, started float64, clientPort int) bool {
 		return false
 	}
 	// A process of another PID namespace that happens to have the pid
-	// would not have started at the same second.
-	if at := float64(boot) + float64(pm.start)/clockTicks; math.Abs(at-started) > 2 {
+	// would not have started at the same moment. Within a minute: the
+	// server's start is on the wall clock, /proc's on the time since
+	// boot, and a virtual machine's wall clock is stepped against it
+	// (a pause, NTP): 15 s within ten minutes has been seen.
+	if at := float64(boot) + float64(pm.start)/clockTicks; math.Abs(at-started) > startSkew {
 		return false
 	}
 	s.postmaster = b.ppid
 	return true
 }
+
+// startSkew is how far apart the server's start as it reports it and as
+// /proc tells it may be (adopt).
+const startSkew = 60
 
 // cpu is the server's CPU time so far: the postmaster's own and reaped
 // children's, and each live child's own and reaped children's. A backend
