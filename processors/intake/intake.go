@@ -650,10 +650,10 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// The engine could not decide (a stall, no set), or not with
 		// the policy version in force (a stale copy of the control
 		// topic): that says nothing about the call, so it must not use
-		// the key up as a denial would. Fail closed for now only; but a key already
-		// used is a resent call, which the store answers (a duplicate,
-		// its events sent again, or a key reused), whatever the
-		// decision now: "retry later" would deny a call that stands.
+		// the key up as a denial would. Fail closed for now only; but a
+		// key already used is a resent call, which the store answers (a
+		// duplicate, its events sent again, or a key reused), whatever
+		// the decision now: "retry later" would deny a call that stands.
 		_, err := p.cfg.Store.Get(ctx, c.key())
 		if err == nil {
 			return c, nil
