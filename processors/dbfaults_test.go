@@ -284,12 +284,15 @@ func TestDBConnectionCutsLoseNothingDuplicateNothing(t *testing.T) {
 	envs := h.dbCalls("cut", 240)
 
 	// Cuts at jittered intervals, independent of the load's waves: at
-	// least 15, then on until three quarters of the load has run.
+	// least 15, then on until three quarters of the load has run and ten
+	// connections were cut (the processes' sweeps open connections after
+	// the load, should it end first: it does once no outcome waits for a
+	// lease to lapse).
 	var rounds, cut int
 	cutting := make(chan struct{})
 	go func() {
 		defer close(cutting)
-		for i := 0; i < 60 && (i < 15 || len(h.backend.Effects()) < len(envs)*3/4); i++ {
+		for i := 0; i < 60 && (i < 15 || cut < 10 || len(h.backend.Effects()) < len(envs)*3/4); i++ {
 			select {
 			case <-t.Context().Done():
 				return
