@@ -113,6 +113,9 @@ func (c ClientConfig) baseOpts() ([]kgo.Opt, error) {
 	if c.Logger != nil {
 		opts = append(opts, kgo.WithLogger(levelFilter{kslog.New(c.Logger.With("component", "kafka"))}))
 	}
+	if err := c.Security.checkBrokers(c.Brokers); err != nil {
+		return nil, err
+	}
 	sec, err := c.Security.Opts()
 	if err != nil {
 		return nil, err

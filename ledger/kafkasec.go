@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
@@ -67,7 +69,9 @@ func (t TLS) on() bool {
 }
 
 // SASL configures the client's authentication. PLAIN sends the password
-// as it is, so use it only over TLS.
+// as it is, and OAUTHBEARER the token: without TLS, the clients refuse to
+// send either to a broker that is not on loopback unless AllowPlaintext
+// is set. SCRAM sends neither, only a proof of the password.
 type SASL struct {
 	// Mechanism is "" (no SASL), PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or
 	// OAUTHBEARER, in any case.
@@ -83,6 +87,12 @@ type SASL struct {
 	// rotates the token without a restart. It is not read before the
 	// first connection: the sidecar may not have written it yet.
 	TokenFile string
+	// AllowPlaintext lets PLAIN and OAUTHBEARER send the password or the
+	// token without TLS to brokers other than loopback ones: for a network
+	// trusted end to end. Without it a seed broker elsewhere fails the
+	// client's configuration, and a connection to any other broker (one
+	// the cluster's metadata names) is refused before anything is sent.
+	AllowPlaintext bool
 }
 
 // SecurityError is a Security that cannot be applied. It names the field
@@ -132,8 +142,76 @@ func (s Security) Opts() ([]kgo.Opt, error) {
 	}
 	if mech != nil {
 		opts = append(opts, kgo.SASL(mech))
+		if s.secretInClear() {
+			opts = append(opts, kgo.Dialer(s.SASL.loopbackDial))
+		}
 	}
 	return opts, nil
+}
+
+// secretInClear reports whether s would send a password or a token
+// without TLS, and only loopback brokers may then be dialled.
+func (s Security) secretInClear() bool {
+	if s.TLS.on() || s.SASL.AllowPlaintext {
+		return false
+	}
+	switch strings.ToUpper(strings.TrimSpace(s.SASL.Mechanism)) {
+	case MechanismPlain, MechanismOAuthBearer:
+		return true
+	}
+	return false
+}
+
+// checkBrokers fails with a *SecurityError when s would send a password
+// or a token in clear to one of brokers: caught at start-up rather than
+// at the first dial, which the client retries.
+func (s Security) checkBrokers(brokers []string) error {
+	if !s.secretInClear() {
+		return nil
+	}
+	for _, b := range brokers {
+		if !loopbackAddr(b) {
+			return s.SASL.clearErr(b)
+		}
+	}
+	return nil
+}
+
+// clearDialTimeout bounds a dial as franz-go's own dialer does by default.
+const clearDialTimeout = 10 * time.Second
+
+// loopbackDial dials addr only if it is on loopback: the guard for
+// brokers learnt from the cluster's metadata, which may advertise other
+// addresses than the seeds.
+func (a SASL) loopbackDial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if !loopbackAddr(addr) {
+		return nil, a.clearErr(addr)
+	}
+	return (&net.Dialer{Timeout: clearDialTimeout}).DialContext(ctx, network, addr)
+}
+
+func (a SASL) clearErr(addr string) error {
+	mech := strings.ToUpper(strings.TrimSpace(a.Mechanism))
+	what := "the password"
+	if mech == MechanismOAuthBearer {
+		what = "the token"
+	}
+	return secErr("SASL.Mechanism", fmt.Sprintf("%s sends %s as it is, and TLS is off: refused for broker %s, which is not on loopback; enable TLS, or set SASL.AllowPlaintext (--kafka-sasl-allow-plaintext) for a network trusted end to end", mech, what, addr), nil)
+}
+
+// loopbackAddr reports whether addr (host:port, or a host) names this
+// machine: localhost or a loopback IP. Other names are not resolved: what
+// they resolve to can change.
+func loopbackAddr(addr string) bool {
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // config builds the client's tls.Config. franz-go clones it per dial and
@@ -294,6 +372,9 @@ func (a SASL) String() string {
 	if a.TokenFile != "" {
 		fmt.Fprintf(&b, " token_file=%s", a.TokenFile)
 	}
+	if a.AllowPlaintext {
+		b.WriteString(" allow_plaintext=true")
+	}
 	return b.String()
 }
 
@@ -322,6 +403,9 @@ func (a SASL) LogValue() slog.Value {
 	}
 	if a.TokenFile != "" {
 		attrs = append(attrs, slog.String("sasl_token_file", a.TokenFile))
+	}
+	if a.AllowPlaintext {
+		attrs = append(attrs, slog.Bool("sasl_allow_plaintext", true))
 	}
 	return slog.GroupValue(attrs...)
 }

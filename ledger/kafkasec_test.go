@@ -740,3 +740,113 @@ func TestSecurityStringHidesSecrets(t *testing.T) {
 		t.Errorf("logged security = %v; want mechanism, user, a redacted password and tls", rec.Security)
 	}
 }
+
+// elsewhereListener listens on loopback but names itself at a TEST-NET
+// address, which kfake then advertises in its metadata: a cluster whose
+// seed is on loopback and whose brokers are not.
+type elsewhereListener struct{ net.Listener }
+
+func (l elsewhereListener) Addr() net.Addr {
+	return &net.TCPAddr{IP: net.ParseIP("192.0.2.1"), Port: l.Listener.Addr().(*net.TCPAddr).Port}
+}
+
+// PLAIN and OAUTHBEARER send the password or the token as they are: over
+// plaintext, only to loopback brokers unless AllowPlaintext says the
+// network is trusted. SCRAM, or TLS, sends nothing an eavesdropper can
+// use.
+func TestSASLSecretsStayOffPlaintext(t *testing.T) {
+	pass := secret(t)
+	var seed string
+	c := secCluster(t,
+		kfake.EnableSASL(),
+		kfake.Superuser("PLAIN", "plain-user", pass),
+		kfake.ListenFn(func(network, addr string) (net.Listener, error) {
+			ln, err := net.Listen(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			seed = ln.Addr().String()
+			return elsewhereListener{ln}, nil
+		}),
+	)
+	advertised := c.ListenAddrs()[0]
+	if !strings.HasPrefix(advertised, "192.0.2.1:") {
+		t.Fatalf("kfake advertises %s; want the TEST-NET address", advertised)
+	}
+	plain := ledger.SASL{Mechanism: "plain", User: "plain-user", Password: pass}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(pass), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bearer := ledger.SASL{Mechanism: "OAUTHBEARER", TokenFile: tokenFile}
+
+	t.Run("seed broker elsewhere", func(t *testing.T) {
+		for _, sasl := range []ledger.SASL{plain, bearer} {
+			_, err := ledger.NewClient(ledger.ClientConfig{Brokers: []string{seed, advertised}, Security: ledger.Security{SASL: sasl}})
+			se, ok := errors.AsType[*ledger.SecurityError](err)
+			if !ok || se.Field != "SASL.Mechanism" || !strings.Contains(err.Error(), advertised) || !strings.Contains(err.Error(), "--kafka-sasl-allow-plaintext") {
+				t.Errorf("NewClient with %v and a seed at %s = %v; want a *SecurityError on SASL.Mechanism naming the broker and the flag", sasl, advertised, err)
+			}
+			if err != nil && strings.Contains(err.Error(), pass) {
+				t.Errorf("error %q contains the secret", err)
+			}
+		}
+	})
+	t.Run("allowed", func(t *testing.T) {
+		for _, sec := range []ledger.Security{
+			{SASL: ledger.SASL{Mechanism: "SCRAM-SHA-256", User: "u", Password: pass}},
+			{TLS: ledger.TLS{Enabled: true}, SASL: plain},
+			{SASL: ledger.SASL{Mechanism: "PLAIN", User: "u", Password: pass, AllowPlaintext: true}},
+			{SASL: ledger.SASL{Mechanism: "OAUTHBEARER", TokenFile: tokenFile, AllowPlaintext: true}},
+		} {
+			cl, err := ledger.NewClient(ledger.ClientConfig{Brokers: []string{advertised}, Security: sec})
+			if err != nil {
+				t.Errorf("NewClient with %v and a seed at %s = %v; want nil", sec, advertised, err)
+				continue
+			}
+			cl.Close()
+		}
+	})
+	// The seed answers on loopback; the broker its metadata names is
+	// elsewhere and is not dialled.
+	brokerZero := func(t *testing.T, sasl ledger.SASL) error {
+		t.Helper()
+		cl, err := ledger.NewClient(ledger.ClientConfig{Brokers: []string{seed}, Security: ledger.Security{SASL: sasl}})
+		if err != nil {
+			t.Fatalf("NewClient with a loopback seed: %v", err)
+		}
+		defer cl.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		if _, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl); err != nil {
+			t.Fatalf("metadata through the loopback seed: %v", err)
+		}
+		ctx, cancel = context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		_, err = cl.Broker(0).Request(ctx, kmsg.NewPtrApiVersionsRequest())
+		if err == nil {
+			t.Fatalf("a request to broker 0 at %s succeeded; want it to fail", advertised)
+		}
+		return err
+	}
+	t.Run("advertised broker elsewhere", func(t *testing.T) {
+		err := brokerZero(t, plain)
+		if se, ok := errors.AsType[*ledger.SecurityError](err); !ok || !strings.Contains(se.Error(), advertised) {
+			t.Errorf("a request to broker 0 at %s with PLAIN over plaintext: %v (%T); want a *SecurityError naming it", advertised, err, err)
+		}
+		if strings.Contains(err.Error(), pass) {
+			t.Errorf("error %q contains the password", err)
+		}
+	})
+	t.Run("advertised broker elsewhere, allowed", func(t *testing.T) {
+		allowed := plain
+		allowed.AllowPlaintext = true
+		// Dialled: TEST-NET does not answer, so the request fails, but
+		// not for the guard.
+		if err := brokerZero(t, allowed); err != nil {
+			if _, ok := errors.AsType[*ledger.SecurityError](err); ok {
+				t.Errorf("a request to broker 0 with AllowPlaintext: %v; want it dialled, not refused", err)
+			}
+		}
+	})
+}

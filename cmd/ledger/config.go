@@ -57,6 +57,7 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&sc.User, "kafka-sasl-user", "", "SASL user, for PLAIN and SCRAM")
 	fs.StringVar(&sc.Password, "kafka-sasl-password", "", "SASL password, for PLAIN and SCRAM; prefer LEDGER_KAFKA_SASL_PASSWORD over the command line, where other users see it")
 	fs.StringVar(&sc.TokenFile, "kafka-sasl-token-file", "", "file holding the OAUTHBEARER token, read again at every authentication so that it can be rotated in place")
+	fs.BoolVar(&sc.AllowPlaintext, "kafka-sasl-allow-plaintext", false, "let PLAIN and OAUTHBEARER send the password or the token without TLS to brokers other than loopback ones (a network trusted end to end); without it such a connection is refused before anything is sent")
 }
 
 func (k *kafkaFlags) topics() ledger.Topics {

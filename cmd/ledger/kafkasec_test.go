@@ -20,6 +20,7 @@ func TestKafkaSecurityFlags(t *testing.T) {
 		"kafka-tls", "kafka-tls-ca", "kafka-tls-cert", "kafka-tls-key",
 		"kafka-tls-server-name", "kafka-tls-insecure-skip-verify",
 		"kafka-sasl-mechanism", "kafka-sasl-user", "kafka-sasl-password", "kafka-sasl-token-file",
+		"kafka-sasl-allow-plaintext",
 	} {
 		f := pf.Lookup(name)
 		if f == nil {
@@ -74,6 +75,7 @@ func TestKafkaSecurityFlags(t *testing.T) {
 			"LEDGER_KAFKA_SASL_USER":                "ledger",
 			"LEDGER_KAFKA_SASL_PASSWORD":            "from-env",
 			"LEDGER_KAFKA_SASL_TOKEN_FILE":          "/var/run/token",
+			"LEDGER_KAFKA_SASL_ALLOW_PLAINTEXT":     "true",
 		} {
 			t.Setenv(k, v)
 		}
@@ -83,7 +85,7 @@ func TestKafkaSecurityFlags(t *testing.T) {
 				CertFile: "/etc/kafka/client.pem", KeyFile: "/etc/kafka/client-key.pem",
 				ServerName: "kafka.internal", InsecureSkipVerify: true,
 			},
-			SASL: ledger.SASL{Mechanism: "SCRAM-SHA-512", User: "ledger", Password: "from-env", TokenFile: "/var/run/token"},
+			SASL: ledger.SASL{Mechanism: "SCRAM-SHA-512", User: "ledger", Password: "from-env", TokenFile: "/var/run/token", AllowPlaintext: true},
 		}
 		if diff := cmp.Diff(want, run(t).Security); diff != "" {
 			t.Errorf("Security from LEDGER_* (-want +got):\n%s", diff)
