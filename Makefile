@@ -20,10 +20,12 @@ build:
 # WITH_SERVICES runs the rest of a recipe line with PostgreSQL and ClickHouse
 # started (reusing running ones) and their addresses exported, with
 # LEDGER_TEST_REQUIRE=1 so that a missing service fails instead of skipping,
-# and stops what it started.
-WITH_SERVICES = set -euo pipefail; \
+# and stops what it started: servers it found running stay up. (A start that
+# failed half way has exported nothing: everything it may have started is
+# stopped.)
+WITH_SERVICES = set -euo pipefail; unset LEDGER_TEST_STARTED; \
 	env_file=$$(mktemp); \
-	trap 'bash deploy/testservices.sh stop >&2 || true; rm -f "$$env_file"' EXIT; \
+	trap 'started="$${LEDGER_TEST_STARTED-postgres clickhouse}"; if [ -n "$$started" ]; then bash deploy/testservices.sh stop $$started >&2 || true; fi; rm -f "$$env_file"' EXIT; \
 	echo "== services ($$(date +%T))" >&2; \
 	bash deploy/testservices.sh start > "$$env_file"; \
 	source "$$env_file"; \

@@ -4,7 +4,8 @@
 # this machine and bound to loopback only.
 #
 #   eval "$(deploy/testservices.sh start)"   # prints export lines on stdout
-#   deploy/testservices.sh stop              # stops only what start started
+#   deploy/testservices.sh stop              # stops the servers it started
+#   deploy/testservices.sh stop postgres     # or clickhouse: that one only
 #
 # start prints, on stdout and nothing else:
 #   export LEDGER_TEST_PG_DSN=postgres://ledger@127.0.0.1:55432/ledger?sslmode=disable
@@ -14,6 +15,11 @@
 #   export LEDGER_TEST_CLICKHOUSE_ADDR=127.0.0.1:59000          (native protocol)
 #   export LEDGER_TEST_CLICKHOUSE_HTTP=http://127.0.0.1:58123   (HTTP interface)
 #   export LEDGER_TEST_CHROMIUM=/usr/bin/chromium               (headless browser)
+#   export LEDGER_TEST_STARTED='postgres clickhouse'
+#                             (the servers this start started, not those it
+#                             found running, maybe none: a caller that
+#                             stops only these leaves running what it did
+#                             not start; the Makefile's targets do)
 # Everything else (progress, apt output, server logs on failure) goes to
 # stderr.
 #
@@ -228,6 +234,7 @@ pg_start() {
 	fi
 	# pg_ctl knows its own pid file; this one marks "started by this script".
 	echo "$bindir" >"$PG_DIR/started-by-testservices"
+	STARTED="${STARTED:+$STARTED }postgres"
 
 	local psqlc=(psql -X -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -Atq)
 	if [ "$("${psqlc[@]}" -c "SELECT 1 FROM pg_roles WHERE rolname = 'ledger'")" != 1 ]; then
@@ -513,6 +520,7 @@ ch_start() {
 		fi
 		sleep 0.5
 	done
+	STARTED="${STARTED:+$STARTED }clickhouse"
 	log "clickhouse: ready"
 }
 
@@ -578,6 +586,7 @@ lock() {
 case "${1:-}" in
 start)
 	lock
+	STARTED=""
 	pg_start
 	pg_tls
 	ch_start
@@ -590,14 +599,22 @@ start)
 	printf "export LEDGER_TEST_CLICKHOUSE_ADDR='%s'\n" "$CH_ADDR"
 	printf "export LEDGER_TEST_CLICKHOUSE_HTTP='%s'\n" "$CH_HTTP"
 	printf "export LEDGER_TEST_CHROMIUM='%s'\n" "$CHROMIUM"
+	printf "export LEDGER_TEST_STARTED='%s'\n" "$STARTED"
 	;;
 stop)
 	lock
-	ch_stop
-	pg_stop
+	shift
+	[ "$#" -gt 0 ] || set -- clickhouse postgres
+	for svc in "$@"; do
+		case "$svc" in
+		clickhouse) ch_stop ;;
+		postgres) pg_stop ;;
+		*) die "stop: unknown service $svc (postgres, clickhouse)" ;;
+		esac
+	done
 	;;
 *)
-	echo "usage: $0 start|stop" >&2
+	echo "usage: $0 start | stop [postgres] [clickhouse]" >&2
 	exit 2
 	;;
 esac
