@@ -618,6 +618,12 @@ func (s *dbStore) Expired(ctx context.Context, limit int) ([]processors.Record, 
 	return rs, err
 }
 
+func (s *dbStore) ExpiredAfter(ctx context.Context, after processors.Cursor, limit int) ([]processors.Record, error) {
+	rs, err := s.Store.ExpiredAfter(ctx, after, limit)
+	s.other(err)
+	return rs, err
+}
+
 func (s *dbStore) Unlogged(ctx context.Context, olderThan time.Duration, after processors.Cursor, limit int) ([]processors.Record, error) {
 	rs, err := s.Store.Unlogged(ctx, olderThan, after, limit)
 	s.other(err)

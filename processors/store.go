@@ -127,21 +127,25 @@ type Record struct {
 // the log.
 func (r *Record) Unlogged() bool { return r.LoggedSeq < r.Seq && len(r.Outbox) > 0 }
 
-// Cursor is a place in Unlogged's order (update time, then key): that of
-// the record it was taken from, which need not be unlogged any more.
-// Unlogged lists the records after it, so that a sweep can go on past a
-// page it could not append instead of reading the same page again. The
-// zero Cursor is before every record.
+// Cursor is a place in a listing's order (a time, then the key): that of
+// the record it was taken from, which need not be listed any more. The
+// time is the record's update time in Unlogged's and ByStatusAfter's
+// order, its lease's end in ExpiredAfter's. They list the records after
+// it, so that a sweep can go on past a page it could not act on instead
+// of reading the same page again. The zero Cursor is before every record.
 type Cursor struct {
-	UpdatedAt time.Time
-	Key       ledger.CallKey
+	At  time.Time
+	Key ledger.CallKey
 }
 
 // IsZero reports whether c is the zero Cursor.
-func (c Cursor) IsZero() bool { return c.UpdatedAt.IsZero() && c.Key == ledger.CallKey{} }
+func (c Cursor) IsZero() bool { return c.At.IsZero() && c.Key == ledger.CallKey{} }
 
-// Cursor is r's place in Unlogged's order.
-func (r *Record) Cursor() Cursor { return Cursor{UpdatedAt: r.UpdatedAt, Key: r.Key} }
+// Cursor is r's place in Unlogged's and ByStatusAfter's order.
+func (r *Record) Cursor() Cursor { return Cursor{At: r.UpdatedAt, Key: r.Key} }
+
+// LeaseCursor is r's place in ExpiredAfter's order.
+func (r *Record) LeaseCursor() Cursor { return Cursor{At: r.LeaseUntil, Key: r.Key} }
 
 // Admission is what the intake records on first sight of a call.
 type Admission struct {
@@ -393,6 +397,10 @@ type Store interface {
 	// owner died or stalled, and claims given back (Release) whose
 	// release ended.
 	Expired(ctx context.Context, limit int) ([]Record, error)
+	// ExpiredAfter is Expired from after on (the zero Cursor: from the
+	// oldest), in its order: the lease's end, then the key
+	// (Record.LeaseCursor).
+	ExpiredAfter(ctx context.Context, after Cursor, limit int) ([]Record, error)
 	// Unlogged returns up to limit records, in any status but executing,
 	// whose outbox events are not known to be in the log (LoggedSeq <
 	// Seq), last updated more than olderThan ago by the store's clock,

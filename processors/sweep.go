@@ -11,11 +11,12 @@ type StatusLister interface {
 	ByStatusAfter(ctx context.Context, status Status, after Cursor, limit int) ([]Record, error)
 }
 
-// SweepPass is where a pass of sweeps through the records in one status
-// is: a sweep reading the oldest page every time would never reach the
-// records behind a page of records that stay in the status (calls parked
-// for a human, approvals that lapse later than newer ones). The zero
-// SweepPass starts at the oldest.
+// SweepPass is where a pass of sweeps through a listing is (the records
+// in one status, the expired leases): a sweep reading the oldest page
+// every time would never reach the records behind a page of records that
+// stay listed (calls parked for a human, approvals that lapse later than
+// newer ones, expired claims this build cannot take). The zero SweepPass
+// starts at the oldest.
 type SweepPass struct {
 	after Cursor    // the last record listed; zero: the pass starts
 	start time.Time // when the pass started
@@ -36,16 +37,28 @@ func (p *SweepPass) Starting() bool { return p.after.IsZero() }
 // their start, which they reach once they are older than that; one behind
 // takes a pass that much further. Every pass still ends.)
 func (p *SweepPass) Page(ctx context.Context, st StatusLister, status Status, limit int, now time.Time) ([]Record, error) {
+	list := func(ctx context.Context, after Cursor, limit int) ([]Record, error) {
+		return st.ByStatusAfter(ctx, status, after, limit)
+	}
+	return p.PageOf(ctx, list, (*Record).Cursor, limit, now)
+}
+
+// PageOf is Page through any listing after a Cursor: list, whose order
+// place gives (Record.Cursor for an update time's, Record.LeaseCursor
+// for ExpiredAfter's), ending the pass as Page does.
+func (p *SweepPass) PageOf(ctx context.Context, list func(ctx context.Context, after Cursor, limit int) ([]Record, error), place func(*Record) Cursor, limit int, now time.Time) ([]Record, error) {
 	if p.after.IsZero() {
 		p.start = now
 	}
-	recs, err := st.ByStatusAfter(ctx, status, p.after, limit)
+	recs, err := list(ctx, p.after, limit)
 	if err != nil {
 		return nil, err
 	}
 	p.after = Cursor{}
-	if last := len(recs) - 1; last+1 == limit && recs[last].UpdatedAt.Before(p.start) {
-		p.after = recs[last].Cursor()
+	if last := len(recs) - 1; last+1 == limit {
+		if c := place(&recs[last]); c.At.Before(p.start) {
+			p.after = c
+		}
 	}
 	return recs, nil
 }

@@ -365,6 +365,22 @@ func timeKey(t time.Time, rk []byte) []byte {
 	return append(b, rk...)
 }
 
+// seekPast moves c, over an index of timeKeys, to the first entry after
+// the cursor's (past its own entry, if its record is still there), or to
+// the first entry for the zero Cursor, and returns its key.
+func seekPast(c *bolt.Cursor, after processors.Cursor) []byte {
+	if after.IsZero() {
+		k, _ := c.First()
+		return k
+	}
+	from := timeKey(after.At, recordKey(after.Key))
+	k, _ := c.Seek(from)
+	if bytes.Equal(k, from) {
+		k, _ = c.Next()
+	}
+	return k
+}
+
 // keyTime is the time a timeKey starts with.
 func keyTime(k []byte) time.Time {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(k[:8])^(1<<63))).UTC()
@@ -1036,6 +1052,13 @@ func (s *Store) settleStale(ctx context.Context, cutoff time.Time, limit int) er
 // Expired implements processors.Store: records executing under a lease
 // that ended before Config.Now, oldest lease first.
 func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, error) {
+	return s.ExpiredAfter(ctx, processors.Cursor{}, limit)
+}
+
+// ExpiredAfter implements processors.Store, from the lease index's entry
+// after the cursor's on; the index's order (the lease's end, then the
+// record key) is the one after follows.
+func (s *Store) ExpiredAfter(ctx context.Context, after processors.Cursor, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore expired: %w", err)
 	}
@@ -1047,7 +1070,7 @@ func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, er
 	err := s.db.View(func(tx *bolt.Tx) error {
 		x := &txn{records: tx.Bucket(bucketRecords), leases: tx.Bucket(bucketLeases), now: now}
 		c := x.leases.Cursor()
-		for lk, _ := c.First(); lk != nil && len(out) < limit; lk, _ = c.Next() {
+		for lk := seekPast(c, after); lk != nil && len(out) < limit; lk, _ = c.Next() {
 			if !keyTime(lk).Before(now) {
 				break
 			}
@@ -1088,17 +1111,7 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after pro
 	err := s.db.View(func(tx *bolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
 		c := tx.Bucket(bucketUnlogged).Cursor()
-		var k []byte
-		if after.IsZero() {
-			k, _ = c.First()
-		} else {
-			// Past the cursor's own entry, if its record is still there.
-			from := timeKey(after.UpdatedAt, recordKey(after.Key))
-			if k, _ = c.Seek(from); bytes.Equal(k, from) {
-				k, _ = c.Next()
-			}
-		}
-		for ; k != nil && len(out) < limit; k, _ = c.Next() {
+		for k := seekPast(c, after); k != nil && len(out) < limit; k, _ = c.Next() {
 			updated := keyTime(k)
 			if !updated.Before(cutoff) {
 				break
@@ -1172,7 +1185,7 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 		k, _ := c.Seek(prefix)
 		if !after.IsZero() {
 			// Past the cursor's own entry, if its record is still there.
-			from := statusKey(status, after.UpdatedAt, recordKey(after.Key))
+			from := statusKey(status, after.At, recordKey(after.Key))
 			if k, _ = c.Seek(from); bytes.Equal(k, from) {
 				k, _ = c.Next()
 			}

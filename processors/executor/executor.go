@@ -74,7 +74,7 @@ type Store interface {
 	Release(ctx context.Context, rs []processors.Release) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 	Settle(ctx context.Context, journals []string, logged bool) error
-	Expired(ctx context.Context, limit int) ([]processors.Record, error)
+	ExpiredAfter(ctx context.Context, after processors.Cursor, limit int) ([]processors.Record, error)
 	Unlogged(ctx context.Context, olderThan time.Duration, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
@@ -459,9 +459,10 @@ type Executor struct {
 	guards    map[string]*toolGuard // by tool name
 	lastPrune time.Time
 	lastSwp   time.Time
-	// unloggedAfter is where the next sweep of unlogged records starts
-	// (see Step); only Step uses it.
-	unloggedAfter processors.Cursor
+	// expiredPass and unloggedPass are where the sweeps of expired
+	// claims and of unlogged records are (see Step); only Step uses
+	// them.
+	expiredPass, unloggedPass processors.SweepPass
 
 	// running are the calls in flight, by key (under mu); done hands
 	// finished calls to the next step that waits for them.
@@ -586,7 +587,12 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	}
 	if now := x.cfg.Now(); now.Sub(x.lastSwp) >= x.cfg.SweepEvery {
 		x.lastSwp = now
-		expired, err := x.cfg.Store.Expired(ctx, x.cfg.SweepLimit)
+		// A pass of pages, not the oldest page every time: an expired
+		// claim this step does not take stays first in the lease's
+		// order (its outbox unreadable by this build after a rollback,
+		// or in flight here), and a page full of them would keep every
+		// claim behind them from being taken over.
+		expired, err := x.expiredPass.PageOf(ctx, x.cfg.Store.ExpiredAfter, (*processors.Record).LeaseCursor, x.cfg.SweepLimit, now)
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep expired leases: %w", err)
 		}
@@ -606,13 +612,12 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		// the oldest; records that went back to unlogged behind the
 		// cursor meanwhile (a journal entry settled as not logged keeps
 		// their update time) wait for that. One page a sweep, as before.
-		unlogged, err := x.cfg.Store.Unlogged(ctx, x.cfg.UnloggedGrace, x.unloggedAfter, x.cfg.SweepLimit)
+		listUnlogged := func(ctx context.Context, after processors.Cursor, limit int) ([]processors.Record, error) {
+			return x.cfg.Store.Unlogged(ctx, x.cfg.UnloggedGrace, after, limit)
+		}
+		unlogged, err := x.unloggedPass.PageOf(ctx, listUnlogged, (*processors.Record).Cursor, x.cfg.SweepLimit, now)
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unlogged outcomes: %w", err)
-		}
-		x.unloggedAfter = processors.Cursor{}
-		if len(unlogged) == x.cfg.SweepLimit {
-			x.unloggedAfter = unlogged[len(unlogged)-1].Cursor()
 		}
 		for _, rec := range unlogged {
 			if _, ok := jobs[rec.Key]; ok {

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/metrics"
@@ -237,19 +238,7 @@ func TestUnreadableOutboxesDoNotStarveTheSweep(t *testing.T) {
 	x := r.executor(func(c *executor.Config) {
 		c.SweepEvery, c.UnloggedGrace, c.Metrics = time.Nanosecond, time.Nanosecond, reg
 	})
-	var got []string
-	for sweep := 1; sweep <= 2 && len(got) == 0; sweep++ {
-		out, err := x.Step(t.Context(), nil)
-		if err != nil {
-			t.Fatalf("sweep %d: %v", sweep, err)
-		}
-		got = summary(decodeAll(t, out.Records))
-		if out.Committed != nil {
-			if err := out.Committed(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	got := sweepUntilEvents(t, x, 2)
 	if diff := cmp.Diff([]string{"denied(policy)"}, got); diff != "" {
 		t.Fatalf("the readable call's events were not appended within two sweeps behind %d unreadable records (-want +got):\n%s", len(bad), diff)
 	}
@@ -298,4 +287,64 @@ func counter(t *testing.T, reg *metrics.Registry, name string, labels ...string)
 		}
 	}
 	return 0
+}
+
+// An expired claim this build cannot take over (its outbox from a newer
+// build: no template to run it from) stays first in the lease's order. A
+// sweep reading the oldest page every time never reached the claims
+// behind a page of them; a pass of pages does, in the next sweep.
+func TestUnreadableExpiredClaimsDoNotStarveTheSweep(t *testing.T) {
+	r := newRig(t)
+	const limit = 3
+	var claims []processors.Claim
+	for i := range limit + 1 {
+		k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: fmt.Sprintf("from-newer-build-%d", i)}
+		if _, err := r.store.Admit(t.Context(), []processors.Admission{{Key: k, CallID: "c_" + k.IdempotencyKey, ArgumentsHash: "sha256:00",
+			Tool: "notify", ToolVersion: 1, Arguments: []byte(`{}`), Status: processors.StatusAuthorized, Seq: 2,
+			Outbox: []byte(`[{"v":99,"type":"authorized","seq":2}]`)}}); err != nil {
+			t.Fatal(err)
+		}
+		claims = append(claims, processors.Claim{Key: k, ArgumentsHash: "sha256:00", Owner: "dead", Lease: 20 * time.Millisecond})
+	}
+	if res, err := r.store.Claim(t.Context(), claims); err != nil || len(res) != len(claims) {
+		t.Fatalf("claim the unreadable calls as a dead owner: %v %+v", err, res)
+	}
+	// Claimed after them: its lease ends after theirs.
+	auth := authorizedEvent(t, r.admit("notify", "readable", map[string]any{"to": "a@example.com", "subject": "s"}, 0))
+	r.claimAsDeadOwner(auth.Key(), auth.ArgumentsHash)
+	ledgertest.WaitFor(t, 5*time.Second, func() error {
+		exp, err := r.store.Expired(t.Context(), 100)
+		if err != nil {
+			return err
+		}
+		if n := len(exp); n != limit+2 || exp[n-1].Key != auth.Key() {
+			return fmt.Errorf("%d expired claims, the readable one last: not yet", n)
+		}
+		return nil
+	})
+	x := r.executor(func(c *executor.Config) { c.SweepEvery, c.SweepLimit = time.Nanosecond, limit })
+	got := sweepUntilEvents(t, x, 3)
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, got); diff != "" {
+		t.Fatalf("the readable expired claim was not taken over within three sweeps of %d behind %d unreadable ones (-want +got):\n%s", limit, limit+1, diff)
+	}
+}
+
+// sweepUntilEvents runs steps of nothing but sweeps, each committed, up to
+// sweeps of them, until one appends events, and returns their summary.
+func sweepUntilEvents(t *testing.T, x *executor.Executor, sweeps int) []string {
+	t.Helper()
+	var got []string
+	for sweep := 1; sweep <= sweeps && len(got) == 0; sweep++ {
+		out, err := x.Step(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("sweep %d: %v", sweep, err)
+		}
+		got = summary(decodeAll(t, out.Records))
+		if out.Committed != nil {
+			if err := out.Committed(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return got
 }

@@ -962,8 +962,9 @@ var recordCols = []string{
 // queries holds the SQL with the table name filled in.
 type queries struct {
 	selectKeys, selectKeysForUpdate, insert, claim, complete, release, move, markLogged, expired, unlogged, byStatus, get string
-	// unloggedAfter is unlogged from a processors.Cursor on.
-	unloggedAfter string
+	// unloggedAfter is unlogged from a processors.Cursor on; expiredAfter
+	// is expired so.
+	unloggedAfter, expiredAfter string
 	// The journal (processors.Completion.Journal): an entry written with
 	// a batch's completions, deleted when settled as logged, taken (by
 	// name, or once stale) and reverted when settled as not logged.
@@ -1031,6 +1032,12 @@ LIMIT $2`
 	// most); CockroachDB keys a secondary index by the primary key
 	// after its own columns, so its index is in the ORDER BY's order and
 	// the row comparison can start the range at the cursor itself.
+	// Served by the lease index, whose predicate is repeated word for
+	// word. The cursor's condition, if any, is filled in below.
+	expired := `SELECT {cols} FROM {table}
+WHERE status = 'executing' AND lease_until < now()%s
+ORDER BY lease_until, tenant_id, idempotency_key
+LIMIT $1`
 	unloggedAfter := `
   AND updated_at >= $3::TIMESTAMPTZ
   AND (updated_at, tenant_id, idempotency_key) > ($3::TIMESTAMPTZ, $4::TEXT, $5::TEXT)`
@@ -1202,12 +1209,11 @@ SET logged_seq = u.from_seq
 FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[]) AS u (t, k, epoch, seq, from_seq)
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
   AND r.logged_seq > u.from_seq`),
-		// Served by the lease index, whose predicate is repeated word for
-		// word.
-		expired: r.Replace(`SELECT {cols} FROM {table}
-WHERE status = 'executing' AND lease_until < now()
-ORDER BY lease_until, tenant_id, idempotency_key
-LIMIT $1`),
+		expired: r.Replace(fmt.Sprintf(expired, "")),
+		// After a cursor as unloggedAfter, in the lease's order.
+		expiredAfter: r.Replace(fmt.Sprintf(expired, `
+  AND lease_until >= $2::TIMESTAMPTZ
+  AND (lease_until, tenant_id, idempotency_key) > ($2::TIMESTAMPTZ, $3::TEXT, $4::TEXT)`)),
 		unlogged:      r.Replace(fmt.Sprintf(unlogged, "")),
 		unloggedAfter: r.Replace(fmt.Sprintf(unlogged, unloggedAfter)),
 		// A status outside listedStatuses: a scan.
@@ -1905,12 +1911,21 @@ func (s *Store) revertJournal(ctx context.Context, op, take string, args ...any)
 
 // Expired implements processors.Store.
 func (s *Store) Expired(ctx context.Context, limit int) ([]processors.Record, error) {
+	return s.ExpiredAfter(ctx, processors.Cursor{}, limit)
+}
+
+// ExpiredAfter implements processors.Store.
+func (s *Store) ExpiredAfter(ctx context.Context, after processors.Cursor, limit int) ([]processors.Record, error) {
 	if limit <= 0 {
 		return []processors.Record{}, nil
 	}
+	sql, args := s.q.expired, []any{limit}
+	if !after.IsZero() {
+		sql, args = s.q.expiredAfter, append(args, after.At, after.Key.TenantID, after.Key.IdempotencyKey)
+	}
 	var out []processors.Record
 	err := s.inTx(ctx, "expired", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, s.q.expired, limit)
+		rows, _ := tx.Query(ctx, sql, args...)
 		var err error
 		out, err = pgx.CollectRows(rows, s.scanRecord)
 		return err
@@ -1940,7 +1955,7 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after pro
 	}
 	sql, args := s.q.unlogged, []any{olderUS, limit}
 	if !after.IsZero() {
-		sql, args = s.q.unloggedAfter, append(args, after.UpdatedAt, after.Key.TenantID, after.Key.IdempotencyKey)
+		sql, args = s.q.unloggedAfter, append(args, after.At, after.Key.TenantID, after.Key.IdempotencyKey)
 	}
 	var out []processors.Record
 	err := s.inTx(ctx, "unlogged", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
@@ -2004,7 +2019,7 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	}
 	args = append(args, limit)
 	if tenant == "" && !after.IsZero() {
-		args = append(args, after.UpdatedAt, after.Key.TenantID, after.Key.IdempotencyKey)
+		args = append(args, after.At, after.Key.TenantID, after.Key.IdempotencyKey)
 	}
 	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, q, args...)

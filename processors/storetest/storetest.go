@@ -959,19 +959,22 @@ func testLeaseExpiredReclaimed(t *testing.T, s processors.Store) {
 }
 
 func testExpiredOrderAndLimit(t *testing.T, s processors.Store) {
-	ka, kb, kc := key("exp:a"), key("exp:b"), key("exp:c")
+	ka, kb, kc, kd := key("exp:a"), key("exp:b"), key("exp:c"), key("exp:d")
 	live, waiting := key("exp:live"), key("exp:authorized")
 	mustAdmit(t, s,
 		admission(ka, hashA, processors.StatusAuthorized),
 		admission(kb, hashA, processors.StatusAuthorized),
 		admission(kc, hashA, processors.StatusAuthorized),
+		admission(kd, hashA, processors.StatusAuthorized),
 		admission(live, hashA, processors.StatusAuthorized),
 		admission(waiting, hashA, processors.StatusAuthorized),
 	)
 	// One batch, one store clock reading: the leases end in the order of
-	// their lengths, c then a then b, whatever the keys' order.
+	// their lengths, c and d (a tie, in the keys' order) then a then b,
+	// whatever the keys' order.
 	got := mustClaim(t, s,
 		claim(ka, hashA, "executor-1", 2*shortLease),
+		claim(kd, hashA, "executor-1", shortLease),
 		claim(kb, hashA, "executor-1", 3*shortLease),
 		claim(kc, hashA, "executor-1", shortLease),
 		claim(live, hashA, "executor-1", longLease),
@@ -982,9 +985,11 @@ func testExpiredOrderAndLimit(t *testing.T, s processors.Store) {
 		}
 	}
 
-	want := []ledger.CallKey{kc, ka, kb}
+	want := []ledger.CallKey{kc, kd, ka, kb}
+	var all []processors.Record
 	waitFor(t, pollTimeout, func() error {
-		if got := keysOf(mustExpired(t, s, 100)); !slices.Equal(got, want) {
+		all = mustExpired(t, s, 100)
+		if got := keysOf(all); !slices.Equal(got, want) {
 			return fmt.Errorf("Expired(100) keys = %v; want %v", got, want)
 		}
 		return nil
@@ -994,6 +999,38 @@ func testExpiredOrderAndLimit(t *testing.T, s processors.Store) {
 	}
 	if got := mustExpired(t, s, 0); len(got) != 0 {
 		t.Errorf("Expired(0) = %d records; want none", len(got))
+	}
+
+	// ExpiredAfter goes on past a cursor in the same order, the tie
+	// included: pages of one walk the whole list once.
+	expiredAfter := func(after processors.Cursor, limit int) []processors.Record {
+		t.Helper()
+		rs, err := s.ExpiredAfter(t.Context(), after, limit)
+		if err != nil {
+			t.Fatalf("ExpiredAfter(%v, %d) = %v; want nil error", after, limit, err)
+		}
+		return rs
+	}
+	if got := keysOf(expiredAfter(processors.Cursor{}, 100)); !slices.Equal(got, want) {
+		t.Errorf("ExpiredAfter(zero cursor) keys = %v; want %v", got, want)
+	}
+	var walked []ledger.CallKey
+	for after := (processors.Cursor{}); len(walked) <= len(want); {
+		page := expiredAfter(after, 1)
+		if len(page) == 0 {
+			break
+		}
+		walked = append(walked, page[0].Key)
+		after = page[0].LeaseCursor()
+	}
+	if !slices.Equal(walked, want) {
+		t.Errorf("ExpiredAfter in pages of one: %v; want %v", walked, want)
+	}
+	if got := keysOf(expiredAfter(all[1].LeaseCursor(), 100)); !slices.Equal(got, want[2:]) {
+		t.Errorf("ExpiredAfter(cursor of %v) keys = %v; want %v", want[1], got, want[2:])
+	}
+	if got := expiredAfter(all[len(all)-1].LeaseCursor(), 100); len(got) != 0 {
+		t.Errorf("ExpiredAfter(cursor of the last) = %v; want none", keysOf(got))
 	}
 }
 
