@@ -14,6 +14,22 @@ import (
 // EncodingVersion is the version of the event encoding this build writes.
 // Readers accept every version up to it and refuse newer ones, so that an
 // old consumer never misreads a newer event.
+//
+// A rolling upgrade runs old and new builds on one log, so a field added
+// to Event is one of two kinds, and TestEventFieldsAreClassified makes
+// whoever adds one say which:
+//   - informational: read by people and projections, never by a decision
+//     (a detail, a digest, a label). V stays; older readers ignore it.
+//   - binding: a reader must act on it (a check, such as the resource
+//     version an approval binds; a limit). It needs a new V, written on
+//     the events that carry it, so that an older build refuses those
+//     events rather than decide without the check it does not know: its
+//     executor leaves such a call unrun and logs an undecodable event
+//     (closed, never open). Roll such a change out in two steps, as any
+//     change of a wire format: first every reader of the new V, then the
+//     writers of it.
+//
+// Version 1 is every field Event has today, the binding ones included.
 const EncodingVersion = 1
 
 // ErrUnsupportedEncoding: the event was written by a newer ledger.

@@ -180,3 +180,38 @@ func BenchmarkEventEncode(b *testing.B) {
 		}
 	})
 }
+
+// v1Fields are Event's wire names at encoding version 1. A field added
+// since is either informational (add it here; V stays) or binding (it
+// needs a new EncodingVersion, written on the events that carry it): see
+// EncodingVersion. This test fails until whoever adds one decides which.
+var v1Fields = []string{
+	"v", "event_id", "type", "seq", "at", "actor",
+	"tenant_id", "idempotency_key", "call_id", "user_id", "agent_id", "purpose", "channel",
+	"tool", "tool_version", "resource", "arguments_hash", "trace_id", "arguments", "deadline_at",
+	"policy_id", "policy_version", "decision", "obligations", "approval_id", "resource_version",
+	"approver", "expires_at", "jti", "credential_scope", "credential_family", "attempt", "retry_after_ms",
+	"reason", "pointer", "detail", "error_code",
+	"result_digest", "result_bytes", "latency_ms",
+}
+
+func TestEventFieldsAreClassified(t *testing.T) {
+	known := map[string]bool{}
+	for _, f := range v1Fields {
+		known[f] = true
+	}
+	typ := reflect.TypeFor[Event]()
+	seen := map[string]bool{}
+	for i := range typ.NumField() {
+		name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+		seen[name] = true
+		if !known[name] {
+			t.Errorf("Event.%s (%q) is not a version-1 field: decide whether older builds may ignore it (informational: add it to v1Fields) or must refuse the events that carry it (binding: a new EncodingVersion, written on those events; see EncodingVersion)", typ.Field(i).Name, name)
+		}
+	}
+	for _, f := range v1Fields {
+		if !seen[f] {
+			t.Errorf("v1Fields lists %q, which Event no longer has: an older build may still write it and a newer one read it", f)
+		}
+	}
+}
