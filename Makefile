@@ -21,11 +21,11 @@ build:
 # started (reusing running ones) and their addresses exported, with
 # LEDGER_TEST_REQUIRE=1 so that a missing service fails instead of skipping,
 # and stops what it started: servers it found running stay up. (A start that
-# failed half way has exported nothing: everything it may have started is
-# stopped.)
+# fails stops what it started itself.) Two runs at once share what the
+# first started, and the first to end stops it under the other.
 WITH_SERVICES = set -euo pipefail; unset LEDGER_TEST_STARTED; \
 	env_file=$$(mktemp); \
-	trap 'started="$${LEDGER_TEST_STARTED-postgres clickhouse}"; if [ -n "$$started" ]; then bash deploy/testservices.sh stop $$started >&2 || true; fi; rm -f "$$env_file"' EXIT; \
+	trap 'started="$${LEDGER_TEST_STARTED-}"; if [ -n "$$started" ]; then bash deploy/testservices.sh stop $$started >&2 || true; fi; rm -f "$$env_file"' EXIT; \
 	echo "== services ($$(date +%T))" >&2; \
 	bash deploy/testservices.sh start > "$$env_file"; \
 	source "$$env_file"; \

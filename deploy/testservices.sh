@@ -495,6 +495,8 @@ ch_start() {
 			</dev/null >"$outf" 2>&1 9>&- &
 		echo $! >"$pidf"
 	)
+	# Started: stopped again if start fails from here on.
+	STARTED="${STARTED:+$STARTED }clickhouse"
 	local deadline=$((SECONDS + WAIT)) pid
 	pid="$(head -n1 "$pidf")"
 	until ch_answers "$CH_ADDR" "$CH_HTTP"; do
@@ -520,7 +522,6 @@ ch_start() {
 		fi
 		sleep 0.5
 	done
-	STARTED="${STARTED:+$STARTED }clickhouse"
 	log "clickhouse: ready"
 }
 
@@ -583,10 +584,24 @@ lock() {
 	flock -w "$((WAIT * 3))" 9 || die "another testservices.sh holds $STATE/lock"
 }
 
+# stop_one stops one service that start started.
+stop_one() {
+	case "$1" in
+	clickhouse) ch_stop ;;
+	postgres) pg_stop ;;
+	*) die "stop: unknown service $1 (postgres, clickhouse)" ;;
+	esac
+}
+
 case "${1:-}" in
 start)
 	lock
 	STARTED=""
+	# A start that fails (or is interrupted) stops what it started itself:
+	# its caller, which gets no export lines, must not stop anything, for
+	# it cannot tell what start found running.
+	trap 'rc=$?; if [ "$rc" -ne 0 ]; then for svc in $STARTED; do (stop_one "$svc") || true; done; fi' EXIT
+	trap 'exit 130' INT TERM
 	pg_start
 	pg_tls
 	ch_start
@@ -600,18 +615,18 @@ start)
 	printf "export LEDGER_TEST_CLICKHOUSE_HTTP='%s'\n" "$CH_HTTP"
 	printf "export LEDGER_TEST_CHROMIUM='%s'\n" "$CHROMIUM"
 	printf "export LEDGER_TEST_STARTED='%s'\n" "$STARTED"
+	trap - EXIT INT TERM
 	;;
 stop)
 	lock
 	shift
 	[ "$#" -gt 0 ] || set -- clickhouse postgres
+	# Each on its own: one that fails to stop leaves the others stopped.
+	rc=0
 	for svc in "$@"; do
-		case "$svc" in
-		clickhouse) ch_stop ;;
-		postgres) pg_stop ;;
-		*) die "stop: unknown service $svc (postgres, clickhouse)" ;;
-		esac
+		(stop_one "$svc") || rc=1
 	done
+	exit "$rc"
 	;;
 *)
 	echo "usage: $0 start | stop [postgres] [clickhouse]" >&2
