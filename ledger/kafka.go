@@ -87,7 +87,10 @@ type ClientConfig struct {
 	Brokers []string
 	// Logger receives franz-go's logs at Warn and above. Nil discards.
 	Logger *slog.Logger
-	// Opts are extra franz-go options (TLS, SASL, tuning), applied last.
+	// Opts are extra franz-go options (tuning), applied last. TLS and
+	// SASL belong in Security: a kgo.Dialer, kgo.DialTLSConfig or
+	// kgo.SASL here escapes its checks (a password sent in clear) or
+	// conflicts with its dialer.
 	Opts []kgo.Opt
 	// SessionTimeout is how long a consumer-group member (a Loop) may go
 	// silent before the group takes its partitions away; a Loop then
@@ -99,8 +102,7 @@ type ClientConfig struct {
 	// it is in when one starts. Default franz-go's 60s.
 	RebalanceTimeout time.Duration
 	// Security is TLS and SASL for every connection; the zero value is
-	// plaintext without authentication. Opts, applied after it, may
-	// override it.
+	// plaintext without authentication.
 	Security Security
 }
 

@@ -182,12 +182,21 @@ const clearDialTimeout = 10 * time.Second
 
 // loopbackDial dials addr only if it is on loopback: the guard for
 // brokers learnt from the cluster's metadata, which may advertise other
-// addresses than the seeds.
+// addresses than the seeds. "localhost" is resolved by the system, which
+// may say otherwise, so the peer is checked too, before anything is sent.
 func (a SASL) loopbackDial(ctx context.Context, network, addr string) (net.Conn, error) {
 	if !loopbackAddr(addr) {
 		return nil, a.clearErr(addr)
 	}
-	return (&net.Dialer{Timeout: clearDialTimeout}).DialContext(ctx, network, addr)
+	conn, err := (&net.Dialer{Timeout: clearDialTimeout}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	if peer, ok := conn.RemoteAddr().(*net.TCPAddr); !ok || !peer.IP.IsLoopback() {
+		_ = conn.Close()
+		return nil, a.clearErr(fmt.Sprintf("%s (%s)", addr, conn.RemoteAddr()))
+	}
+	return conn, nil
 }
 
 func (a SASL) clearErr(addr string) error {
@@ -206,6 +215,8 @@ func loopbackAddr(addr string) bool {
 	host := addr
 	if h, _, err := net.SplitHostPort(addr); err == nil {
 		host = h
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		host = host[1 : len(host)-1] // "[::1]", without a port
 	}
 	if strings.EqualFold(host, "localhost") {
 		return true

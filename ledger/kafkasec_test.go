@@ -792,6 +792,23 @@ func TestSASLSecretsStayOffPlaintext(t *testing.T) {
 			}
 		}
 	})
+	t.Run("seed address forms", func(t *testing.T) {
+		for addr, loopback := range map[string]bool{
+			"127.0.0.1:9092": true, "127.8.9.10:9092": true, "localhost:9092": true, "LOCALHOST:9092": true,
+			"[::1]:9092": true, "[::1]": true, "::1": true, "localhost": true,
+			"10.0.0.5:9092": false, "kafka.internal:9092": false, "[2001:db8::1]:9092": false,
+			"localhost.example.com:9092": false, "127.0.0.1.example.com:9092": false, "": false,
+		} {
+			cl, err := ledger.NewClient(ledger.ClientConfig{Brokers: []string{addr}, Security: ledger.Security{SASL: plain}})
+			if cl != nil {
+				cl.Close()
+			}
+			_, refused := errors.AsType[*ledger.SecurityError](err)
+			if refused == loopback {
+				t.Errorf("a PLAIN seed at %q over plaintext: NewClient = %v; want it refused: %v", addr, err, !loopback)
+			}
+		}
+	})
 	t.Run("allowed", func(t *testing.T) {
 		for _, sec := range []ledger.Security{
 			{SASL: ledger.SASL{Mechanism: "SCRAM-SHA-256", User: "u", Password: pass}},
