@@ -242,11 +242,13 @@ type Config struct {
 	// SweepEvery is how often the executor looks for claims whose lease
 	// expired (an owner that died mid-call); default 5s.
 	SweepEvery time.Duration
-	// SweepLimit bounds one sweep; default 100. The sweep of unlogged
-	// records reads a page of SweepLimit of them a sweep, each page
-	// after the last until one is not full, so that a pass over N of
-	// them takes about N/SweepLimit sweeps: records it cannot append
-	// (unreadable outboxes) delay the others by that, never for good.
+	// SweepLimit bounds one sweep; default 100. The sweeps of expired
+	// claims and of unlogged records each read a page of SweepLimit
+	// records a sweep, each page after the last until one is not full
+	// or reaches records newer than the pass (processors.SweepPass), so
+	// that a pass over N of them takes about N/SweepLimit sweeps:
+	// records a sweep cannot act on (unreadable outboxes) delay the
+	// others by that, never for good.
 	SweepLimit int
 	// UnloggedGrace is how long a finished call's events may stay out of
 	// the log before the sweep appends them; default 10s. It covers the
@@ -608,7 +610,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		// record whose outbox this build cannot read stays unlogged
 		// (see outbox below), and a page full of them would keep every
 		// record behind them out of the log for good. A page that is
-		// not full ends the pass, and the next sweep starts again from
+		// not full ends the pass (as does one reaching records updated
+		// since the pass started), and the next sweep starts again from
 		// the oldest; records that went back to unlogged behind the
 		// cursor meanwhile (a journal entry settled as not logged keeps
 		// their update time) wait for that. One page a sweep, as before.

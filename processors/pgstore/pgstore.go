@@ -1008,6 +1008,12 @@ LIMIT %s`
 		ts, t, k := fmt.Sprintf("$%d", first), fmt.Sprintf("$%d", first+1), fmt.Sprintf("$%d", first+2)
 		return "\n  AND updated_at >= " + ts + "::TIMESTAMPTZ\n  AND (updated_at, tenant_id, idempotency_key) > (" + ts + "::TIMESTAMPTZ, " + t + "::TEXT, " + k + "::TEXT)"
 	}
+	// Served by the lease index, whose predicate is repeated word for
+	// word. The cursor's condition, if any, is filled in below.
+	expired := `SELECT {cols} FROM {table}
+WHERE status = 'executing' AND lease_until < now()%s
+ORDER BY lease_until, tenant_id, idempotency_key
+LIMIT $1`
 	// Served by the partial index on updated_at WHERE logged_seq < seq:
 	// the predicate is repeated word for word so that both engines
 	// match it. The status filter leaves out executing calls, whose
@@ -1032,12 +1038,6 @@ LIMIT $2`
 	// most); CockroachDB keys a secondary index by the primary key
 	// after its own columns, so its index is in the ORDER BY's order and
 	// the row comparison can start the range at the cursor itself.
-	// Served by the lease index, whose predicate is repeated word for
-	// word. The cursor's condition, if any, is filled in below.
-	expired := `SELECT {cols} FROM {table}
-WHERE status = 'executing' AND lease_until < now()%s
-ORDER BY lease_until, tenant_id, idempotency_key
-LIMIT $1`
 	unloggedAfter := `
   AND updated_at >= $3::TIMESTAMPTZ
   AND (updated_at, tenant_id, idempotency_key) > ($3::TIMESTAMPTZ, $4::TEXT, $5::TEXT)`

@@ -139,6 +139,7 @@ FROM generate_series(1, 30000) AS g`)
 		args             []any
 	}{
 		{"expired", s.q.expired, leaseIndexName, []any{100}},
+		{"expired after", s.q.expiredAfter, leaseIndexName, append([]any{100}, cursor...)},
 		{"by status pending", s.q.byListedStatus[processors.StatusPending], statusIndexName, []any{100}},
 		{"by status outcome_unknown", s.q.byListedStatus[processors.StatusOutcomeUnknown], statusIndexName, []any{100}},
 		{"by status pending after", s.q.byListedStatusAfter[processors.StatusPending], statusIndexName, append([]any{100}, cursor...)},

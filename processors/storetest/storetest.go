@@ -1032,6 +1032,14 @@ func testExpiredOrderAndLimit(t *testing.T, s processors.Store) {
 	if got := expiredAfter(all[len(all)-1].LeaseCursor(), 100); len(got) != 0 {
 		t.Errorf("ExpiredAfter(cursor of the last) = %v; want none", keysOf(got))
 	}
+	// A cursor stays a place in the order when its record leaves it
+	// (taken over under a live lease).
+	if res := mustClaim(t, s, claim(kd, hashA, "executor-2", longLease)); res[0].Outcome != processors.Reclaimed {
+		t.Fatalf("take over %v: %v; want Reclaimed", kd, res[0].Outcome)
+	}
+	if got := keysOf(expiredAfter(all[1].LeaseCursor(), 100)); !slices.Equal(got, want[2:]) {
+		t.Errorf("ExpiredAfter(cursor of %v, taken over since) keys = %v; want %v", want[1], got, want[2:])
+	}
 }
 
 // ---------------------------------------------------------------- Release
