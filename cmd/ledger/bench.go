@@ -283,6 +283,9 @@ func (e *benchEnv) closeBackend() {
 	}
 }
 
+// coreSpeedFor is how long each reading of the host's speed takes.
+const coreSpeedFor = 300 * time.Millisecond
+
 func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, progress, out io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
@@ -327,6 +330,9 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
 
 	report := loadtest.Report{Machine: loadtest.ThisMachine(), At: time.Now().UTC(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
+	// The host's speed, before anything of the bench's runs (and after,
+	// below): figures of two reports compare through it.
+	report.Machine.SignsPerSecStart = loadtest.CoreSpeed(ctx, coreSpeedFor)
 	switch {
 	case embedded && f.kafkaProcess:
 		kafka, addr, err := startKafkaProcess(ctx, dir, f.profile)
@@ -433,6 +439,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		}
 		report.Limits = lims
 	}
+	report.Machine.SignsPerSecEnd = loadtest.CoreSpeed(ctx, coreSpeedFor)
 	report.CheckSLO(f.slo)
 	if err := report.WriteTable(out); err != nil {
 		return err

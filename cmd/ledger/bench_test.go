@@ -66,7 +66,7 @@ func TestBenchOnPostgres(t *testing.T) {
 		"--timeline",
 		"--json", jsonOut, "--svg", svgOut, "--work-dir", filepath.Join(dir, "work"),
 	)
-	for _, want := range []string{"where the time goes", "the store's tables at the end of each run", "timeline of ledger", "timeline of open 300/s", "projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s"} {
+	for _, want := range []string{"where the time goes", "the store's tables at the end of each run", "timeline of ledger", "timeline of open 300/s", "projection lag into ClickHouse", "ledger / direct:", "ledger / slowest raw limit", "kafka_txn_consume_produce", "store_claims", "direct to backend", "open 300/s", "Ed25519/s at the start"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
@@ -118,6 +118,9 @@ func TestBenchOnPostgres(t *testing.T) {
 		t.Errorf("SLO %+v for an added p99 of %v at 300/s", rep.SLO, open.Result.Added.P99)
 	} else if !strings.Contains(out, "added p99 under 50ms: ") {
 		t.Errorf("report lacks the SLO line:\n%s", out)
+	}
+	if m := rep.Machine; m.SignsPerSecStart <= 0 || m.SignsPerSecEnd <= 0 {
+		t.Errorf("machine %+v; want the host's speed read before the runs and after", m)
 	}
 	_, local := findLocalPostgres(t.Context(), dsn)
 	for _, r := range rep.Runs {

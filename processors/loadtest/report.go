@@ -136,6 +136,22 @@ type Machine struct {
 	MemoryGB int    `json:"memory_gb"`
 	Go       string `json:"go"`
 	OS       string `json:"os"`
+	// SignsPerSecStart and SignsPerSecEnd are CoreSpeed before the
+	// first run and after the last; 0 where not measured.
+	SignsPerSecStart float64 `json:"core_signs_per_sec_start,omitempty"`
+	SignsPerSecEnd   float64 `json:"core_signs_per_sec_end,omitempty"`
+}
+
+// speed is the machine line's reading of CoreSpeed, or "" without one.
+func (m Machine) speed() string {
+	if m.SignsPerSecStart <= 0 {
+		return ""
+	}
+	s := fmt.Sprintf("; one core signs %.0f Ed25519/s", m.SignsPerSecStart)
+	if m.SignsPerSecEnd > 0 {
+		s += fmt.Sprintf(" at the start, %.0f at the end", m.SignsPerSecEnd)
+	}
+	return s
 }
 
 // ThisMachine describes the machine the process runs on (CPU model and
@@ -278,7 +294,7 @@ func (rep Report) WriteJSON(w io.Writer) error {
 // WriteTable writes the report as aligned text tables.
 func (rep Report) WriteTable(w io.Writer) error {
 	m := rep.Machine
-	fmt.Fprintf(w, "machine: %s, %d cores, %d GB, %s %s\n", m.CPU, m.Cores, m.MemoryGB, m.Go, m.OS)
+	fmt.Fprintf(w, "machine: %s, %d cores, %d GB, %s %s%s\n", m.CPU, m.Cores, m.MemoryGB, m.Go, m.OS, m.speed())
 	fmt.Fprintf(w, "kafka: %s; store: %s; mix: %s; %d tenants; concurrency %d; backend latency %s\n\n",
 		rep.Kafka, rep.Store, rep.Mix, rep.Tenants, rep.Concurrency, rep.BackendLatency)
 	if rep.Attached != "" {
