@@ -11,23 +11,26 @@ import (
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
-// EncodingVersion is the version of the event encoding this build writes.
-// Readers accept every version up to it and refuse newer ones, so that an
-// old consumer never misreads a newer event.
+// EncodingVersion is the version of the event encoding this build writes,
+// and the newest it reads. Readers accept every version up to theirs and
+// refuse newer ones, so that an old consumer never misreads a newer event.
 //
 // A rolling upgrade runs old and new builds on one log, so a field added
 // to Event is one of two kinds, and TestEventFieldsAreClassified makes
-// whoever adds one say which:
+// whoever adds one say which (eventFieldVersions there):
 //   - informational: read by people and projections, never by a decision
 //     (a detail, a digest, a label). V stays; older readers ignore it.
 //   - binding: a reader must act on it (a check, such as the resource
-//     version an approval binds; a limit). It needs a new V, written on
-//     the events that carry it, so that an older build refuses those
-//     events rather than decide without the check it does not know: its
-//     executor leaves such a call unrun and logs an undecodable event
-//     (closed, never open). Roll such a change out in two steps, as any
-//     change of a wire format: first every reader of the new V, then the
-//     writers of it.
+//     version an approval binds; a limit). It needs a new V, so that an
+//     older build refuses the events that carry it rather than decide
+//     without a check it does not know: its executor leaves such a call
+//     unrun for good (it logs an undecodable event, and commits past
+//     it), its intake fails the batch that meets one, its projector
+//     stops before it. Raising EncodingVersion alone would put the new
+//     V on every event, so Encode must then write it only on the events
+//     that carry the field, and only once a setting says that every
+//     build reads it: readers first, then writers, and the intake and
+//     executor are both.
 //
 // Version 1 is every field Event has today, the binding ones included.
 const EncodingVersion = 1
