@@ -25,7 +25,7 @@ build:
 # first started, and the first to end stops it under the other.
 WITH_SERVICES = set -euo pipefail; unset LEDGER_TEST_STARTED; \
 	env_file=$$(mktemp); \
-	trap 'started="$${LEDGER_TEST_STARTED-}"; if [ -n "$$started" ]; then bash deploy/testservices.sh stop $$started >&2 || true; fi; rm -f "$$env_file"' EXIT; \
+	trap '. "$$env_file" 2>/dev/null || true; started="$${LEDGER_TEST_STARTED-}"; if [ -n "$$started" ]; then bash deploy/testservices.sh stop $$started >&2 || true; fi; rm -f "$$env_file"' EXIT; \
 	echo "== services ($$(date +%T))" >&2; \
 	bash deploy/testservices.sh start > "$$env_file"; \
 	source "$$env_file"; \

@@ -226,15 +226,18 @@ pg_start() {
 	# concurrent batches on disjoint keys fail with 40001 one after another
 	# (CockroachDB tracks conflicts per key and has no such escalation).
 	local ssi="-c max_pred_locks_per_transaction=1024 -c max_pred_locks_per_relation=8192 -c max_pred_locks_per_page=64"
+	# pg_ctl knows its own pid file; this one marks "started by this
+	# script". Both before the launch: a start that fails or is
+	# interrupted from here on stops the server, which may come up after
+	# pg_ctl gave up waiting for it.
+	echo "$bindir" >"$PG_DIR/started-by-testservices"
+	STARTED="${STARTED:+$STARTED }postgres"
 	# 9>&-: the server must not inherit (and hold) this script's lock.
 	if ! as_user "$user" "$bindir/pg_ctl" -D "$data" -l "$logf" -w -t "$WAIT" -o "$ssi" start >&2 9>&-; then
 		log "postgres: did not start; log tail:"
 		tail -n 50 "$logf" >&2 || true
 		die "postgres: start failed"
 	fi
-	# pg_ctl knows its own pid file; this one marks "started by this script".
-	echo "$bindir" >"$PG_DIR/started-by-testservices"
-	STARTED="${STARTED:+$STARTED }postgres"
 
 	local psqlc=(psql -X -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -Atq)
 	if [ "$("${psqlc[@]}" -c "SELECT 1 FROM pg_roles WHERE rolname = 'ledger'")" != 1 ]; then
@@ -489,21 +492,22 @@ ch_start() {
 	if [ "$user" != "$(id -un)" ]; then
 		drop=(setpriv --reuid="$user" --regid="$(id -g "$user")" --init-groups)
 	fi
+	# Before the launch: a start that fails or is interrupted from here
+	# on stops the server (nothing, before its pid file is written).
+	STARTED="${STARTED:+$STARTED }clickhouse"
 	(
 		cd "$CH_DIR"
 		HOME="$CH_DIR" "${drop[@]}" setsid nohup "$bin" --config-file="$CH_DIR/config.xml" \
 			</dev/null >"$outf" 2>&1 9>&- &
 		echo $! >"$pidf"
 	)
-	# Started: stopped again if start fails from here on.
-	STARTED="${STARTED:+$STARTED }clickhouse"
 	local deadline=$((SECONDS + WAIT)) pid
 	pid="$(head -n1 "$pidf")"
 	until ch_answers "$CH_ADDR" "$CH_HTTP"; do
 		# kill -0, not pid_alive: until the background job has exec'd
 		# the server, its command line is this script's, and pid_alive
 		# took a server still starting for one that had exited (and the
-		# stop below then left it running without a pid file, for later
+		# stop on the way out then left it running without a pid file, for later
 		# runs to reuse and never stop). The pid is the job this script
 		# has just started, not a stale file's.
 		local exited=""
@@ -517,8 +521,7 @@ ch_start() {
 			tail -n 30 "$outf" >&2 2>/dev/null || true
 			tail -n 30 "$errf" >&2 2>/dev/null || true
 			tail -n 30 "$logf" >&2 2>/dev/null || true
-			ch_stop || true
-			die "clickhouse: start failed"
+			die "clickhouse: start failed" # start's exit stops it
 		fi
 		sleep 0.5
 	done
@@ -600,7 +603,7 @@ start)
 	# A start that fails (or is interrupted) stops what it started itself:
 	# its caller, which gets no export lines, must not stop anything, for
 	# it cannot tell what start found running.
-	trap 'rc=$?; if [ "$rc" -ne 0 ]; then for svc in $STARTED; do (stop_one "$svc") || true; done; fi' EXIT
+	trap 'rc=$?; trap "" INT TERM; if [ "$rc" -ne 0 ]; then for svc in $STARTED; do (stop_one "$svc") || true; done; fi' EXIT
 	trap 'exit 130' INT TERM
 	pg_start
 	pg_tls
