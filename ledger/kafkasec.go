@@ -192,9 +192,10 @@ func (a SASL) loopbackDial(ctx context.Context, network, addr string) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	if peer, ok := conn.RemoteAddr().(*net.TCPAddr); !ok || !peer.IP.IsLoopback() {
+	remote := conn.RemoteAddr()
+	if peer, ok := remote.(*net.TCPAddr); !ok || !peer.IP.IsLoopback() {
 		_ = conn.Close()
-		return nil, a.clearErr(fmt.Sprintf("%s (%s)", addr, conn.RemoteAddr()))
+		return nil, a.clearErr(fmt.Sprintf("%s (%s)", addr, remote))
 	}
 	return conn, nil
 }
