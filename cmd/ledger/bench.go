@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"slices"
@@ -309,6 +310,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		return err
 	}
 	defer cleanup()
+	// The host's speed, before anything of the bench's runs or its
+	// profile (and after, below): figures of two reports compare
+	// through it.
+	speedStart := loadtest.CoreSpeed(ctx, coreSpeedFor)
+	stopHarnessProfile := func() {}
 	if f.profile != "" {
 		if err := os.MkdirAll(f.profile, 0o755); err != nil {
 			return err
@@ -320,7 +326,8 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		if err != nil {
 			return fmt.Errorf("profile the harness: %w", err)
 		}
-		defer stop()
+		stopHarnessProfile = sync.OnceFunc(stop)
+		defer stopHarnessProfile()
 	}
 	pages, err := g.httpClient.client(logger, 0)
 	if err != nil {
@@ -330,9 +337,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
 
 	report := loadtest.Report{Machine: loadtest.ThisMachine(), At: time.Now().UTC(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
-	// The host's speed, before anything of the bench's runs (and after,
-	// below): figures of two reports compare through it.
-	report.Machine.SignsPerSecStart = loadtest.CoreSpeed(ctx, coreSpeedFor)
+	report.Machine.SignsPerSecStart = speedStart
 	switch {
 	case embedded && f.kafkaProcess:
 		kafka, addr, err := startKafkaProcess(ctx, dir, f.profile)
@@ -439,6 +444,10 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		}
 		report.Limits = lims
 	}
+	// Outside the harness's profile, and without the runs' garbage for
+	// the collector to work through meanwhile.
+	stopHarnessProfile()
+	runtime.GC()
 	report.Machine.SignsPerSecEnd = loadtest.CoreSpeed(ctx, coreSpeedFor)
 	report.CheckSLO(f.slo)
 	if err := report.WriteTable(out); err != nil {
