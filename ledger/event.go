@@ -25,8 +25,8 @@ import (
 //     older build refuses the events that carry it rather than decide
 //     without a check it does not know: its executor leaves such a call
 //     unrun for good (it logs an undecodable event, and commits past
-//     it), its intake fails the batch that meets one, its projector
-//     stops before it. Raising EncodingVersion alone would put the new
+//     it), its intake leaves it out of a duplicate's re-append, its
+//     projector stops before it. Raising EncodingVersion alone would put the new
 //     V on every event, so Encode must then write it only on the events
 //     that carry the field, and only once a setting says that every
 //     build reads it: readers first, then writers, and the intake and

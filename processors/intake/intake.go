@@ -421,7 +421,14 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 				emitted[a.admission.Key] = true
 				evs, err := ledger.DecodeEvents(res.Record.Outbox)
 				if err != nil {
-					return nil, nil, nil, err
+					// A newer build's encoding (mid-upgrade), or a
+					// damaged record: left out and unlogged, for a build
+					// that reads it (the executors' sweep counts it).
+					// Failing the batch would redeliver it for as long
+					// as this build runs, holding up the partition.
+					p.cfg.Logger.Error("a duplicate's stored events cannot be read: not appended; a build that reads them will append them",
+						"call_key", res.Record.Key.String(), "seq", res.Record.Seq, "logged_seq", res.Record.LoggedSeq, "err", err)
+					continue
 				}
 				for _, e := range evs {
 					emit(e)

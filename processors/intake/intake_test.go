@@ -982,3 +982,43 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 		})
 	}
 }
+
+// A duplicate of a call whose stored events this build cannot read (a
+// newer build's encoding, mid-upgrade) leaves them out, and unlogged for a
+// build that reads them; the batch goes on. Failing it redelivered the
+// batch for as long as this build ran, holding up its partition.
+func TestIntakeDuplicateWithUnreadableEventsDoesNotFailTheBatch(t *testing.T) {
+	f := newIntake(t)
+	newer := f.envelopeRecord(t, "k-newer", map[string]any{"title": "t"})
+	var env struct {
+		Hash string `json:"arguments_hash"`
+	}
+	if err := json.Unmarshal(newer.Value, &env); err != nil {
+		t.Fatal(err)
+	}
+	k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k-newer"}
+	if _, err := f.store.Admit(t.Context(), []processors.Admission{{Key: k, CallID: "c_k-newer", ArgumentsHash: env.Hash,
+		Tool: "create_ticket", ToolVersion: 1, Arguments: []byte(`{"title":"t"}`), Status: processors.StatusAuthorized, Seq: 2,
+		Outbox: []byte(`[{"v":99,"type":"authorized","seq":2}]`)}}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := f.in.Step(t.Context(), []*kgo.Record{newer, f.envelopeRecord(t, "k-other", map[string]any{"title": "t"})})
+	if err != nil {
+		t.Fatalf("step with a duplicate whose events are unreadable: %v; want the batch to go on", err)
+	}
+	var got []string
+	for _, e := range events(t, out) {
+		got = append(got, e.IdempotencyKey+" "+string(e.Type))
+	}
+	if diff := cmp.Diff([]string{"k-other requested", "k-other authorized"}, got); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if out.Committed != nil {
+		if err := out.Committed(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec, err := f.store.Get(t.Context(), k); err != nil || !rec.Unlogged() {
+		t.Errorf("the unreadable call: unlogged %v, %v; want left unlogged, for a build that reads it", rec.Unlogged(), err)
+	}
+}
