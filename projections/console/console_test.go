@@ -1188,3 +1188,33 @@ func TestBrakesOfferedUncounted(t *testing.T) {
 		}
 	}
 }
+
+// An approval binds every argument: the page offers none where it cannot
+// show them all (more fields than it lists, none at all; arguments that
+// do not parse, which the API's JSON cannot carry, alike), and says where
+// to read them in full; rejecting stays.
+func TestApprovalPageOffersNoApprovalOfArgumentsNotShown(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertApprover)
+	for k, why := range map[ledger.CallKey]string{
+		keyWideArgs: "it shows only the first 500 of its arguments",
+		keyNoArgs:   "it has no arguments to show",
+	} {
+		w := b.get(approvalURL(k.ApprovalID()))
+		if w.Code != http.StatusOK {
+			t.Fatalf("GET %s = %d; want 200:\n%s", approvalURL(k.ApprovalID()), w.Code, w.Body)
+		}
+		body := w.Body.String()
+		if strings.Contains(body, `/approve"`) || strings.Contains(body, `name="arguments_hash"`) {
+			t.Errorf("%s: the page offers an approval of arguments it cannot show whole", k.IdempotencyKey)
+		}
+		for _, want := range []string{why, "ledger approvals show " + k.ApprovalID(), `/reject"`} {
+			if !strings.Contains(body, want) {
+				t.Errorf("%s: the page lacks %q", k.IdempotencyKey, want)
+			}
+		}
+	}
+	if body := b.get(approvalURL(keyPending.ApprovalID())).Body.String(); !strings.Contains(body, `name="arguments_hash" value="`+hashPending+`"`) {
+		t.Errorf("the approval whose arguments show whole offers no approval")
+	}
+}

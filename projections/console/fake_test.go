@@ -124,6 +124,9 @@ var (
 	keyOK2      = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-2"}
 	keyFailed   = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-3"}
 	keyUnknown  = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-4"}
+	// Pending approvals whose arguments the page cannot show whole.
+	keyWideArgs = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-wide"}
+	keyNoArgs   = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-none"}
 	hashPending = "sha256:5f2b9c0e4b1d2a3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4"
 )
 
@@ -207,6 +210,24 @@ func newFakeAPI() *fakeAPI {
 		keyHostile.ApprovalID():  approvalJSON(keyHostile, "pending", "", nil, ""),
 		keyRejected.ApprovalID(): approvalJSON(keyRejected, "rejected", xssAttr, &decided, xssScript),
 		keyExpired.ApprovalID():  approvalJSON(keyExpired, "expired", "", &expired, "approval_expired"),
+	}
+	// More fields than the page lists, the last one past its bound.
+	wide := make([]string, maxArgRows+1)
+	for i := range wide {
+		wide[i] = `"x"`
+	}
+	for k, args := range map[ledger.CallKey]json.RawMessage{
+		keyWideArgs: json.RawMessage(`{"items":[` + strings.Join(wide, ",") + `],"z_amount_cents":999999}`),
+		keyNoArgs:   nil,
+	} {
+		a := approvalJSON(k, "pending", "", nil, "")
+		preview := a["preview"].(map[string]any)
+		if args == nil {
+			delete(preview, "arguments")
+		} else {
+			preview["arguments"] = args
+		}
+		approvals[k.ApprovalID()] = a
 	}
 	f.blast = projections.BlastRadius{
 		Total: 4,

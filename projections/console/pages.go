@@ -3,6 +3,7 @@ package console
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -89,6 +90,10 @@ type approvalPage struct {
 	ArgsErr   string
 	Pending   bool
 	ActionURL string
+	// NotShown, on a pending approval, says why the page offers no
+	// approval: it could not show every argument it would approve
+	// (cut, unparsable, missing), and an approval binds them all.
+	NotShown string
 }
 
 func (c *Console) serveApproval(w http.ResponseWriter, r *http.Request, s *session) {
@@ -110,6 +115,14 @@ func (c *Console) serveApproval(w http.ResponseWriter, r *http.Request, s *sessi
 		p.ArgsErr = "the arguments do not parse as JSON"
 	}
 	p.Args, p.ArgsCut = rows, cut
+	switch {
+	case err != nil:
+		p.NotShown = "its arguments do not parse"
+	case cut:
+		p.NotShown = fmt.Sprintf("it shows only the first %d of its arguments' fields", maxArgRows)
+	case len(rows) == 0:
+		p.NotShown = "it has no arguments to show"
+	}
 	c.render(w, r, s, "approval", "Approval "+a.Tool, p)
 }
 
