@@ -441,6 +441,13 @@ func (s *Service) decide(ctx context.Context, approver identity.Identity, id str
 	if err != nil {
 		return Approval{}, err
 	}
+	// The step may have waited (an approval reads the resource's version,
+	// for up to the tool's timeout): the decision is made, and stamped,
+	// now, and not past the expiry.
+	if now = s.cfg.Now().UTC(); !now.Before(a.ExpiresAt) {
+		return Approval{}, ErrExpired
+	}
+	ev.At = now
 	moved, err := s.move(ctx, []*found{f}, []ledger.Event{ev}, []processors.Status{to})
 	if err != nil {
 		return Approval{}, err

@@ -905,3 +905,69 @@ func TestApproveNeedsTheVersionConfirmed(t *testing.T) {
 		t.Errorf("Approve by a service that reads the same version = %+v, %v; want approved", a, err)
 	}
 }
+
+// slowVersions answers every version read with v after the clock moved on
+// by d: a version endpoint that took that long.
+type slowVersions struct {
+	v     string
+	clock *clock
+	d     time.Duration
+}
+
+func (s slowVersions) ResourceVersion(context.Context, string, string, string) (string, error) {
+	s.clock.Advance(s.d)
+	return s.v, nil
+}
+
+// An approval whose resource's version took until past the expiry to read
+// is refused as expired, not recorded as approved at the time it started
+// (the executor would deny the call anyway, against an answer of 200 and
+// an audit record saying it was approved in time). One that finished in
+// time is stamped when it finished.
+func TestApproveChecksTheExpiryAfterReadingTheVersion(t *testing.T) {
+	f := newFixture(t)
+	in, err := intake.New(intake.Config{Registry: f.reg, Store: f.store, Identity: f.ident.Verifier,
+		Policy: processorstest.Policy(t, processorstest.PolicyDir(t, testPolicies)), Versions: fixedVersions("v1"), BaseURL: "http://tools.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.in = in
+	for _, tc := range []struct {
+		key     string
+		late    bool
+		wantErr error
+	}{
+		// In this order: the intake's clock stays where it is, and
+		// the late case moves the service's past the first call's
+		// expiry.
+		{"in-time", false, nil},
+		{"late", true, approvals.ErrExpired},
+	} {
+		k, evs := f.refund(tc.key)
+		left := evs[1].ExpiresAt.Sub(f.clock.Now())
+		d := left / 2
+		if tc.late {
+			d = left + time.Second
+		}
+		svc, err := approvals.New(approvals.Config{Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now,
+			Versions: slowVersions{"v1", f.clock, d}, BaseURL: "http://tools.test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := f.clock.Now()
+		a, err := svc.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash)
+		if !errors.Is(err, tc.wantErr) {
+			t.Fatalf("%s: Approve with the version read taking %v of %v left = %+v, %v; want %v", tc.key, d, left, a, err, tc.wantErr)
+		}
+		rec := f.record(k)
+		if tc.late {
+			if rec.Status != processors.StatusPending {
+				t.Errorf("%s: the call is %s; want still pending, for the timer to expire", tc.key, rec.Status)
+			}
+			continue
+		}
+		if a.DecidedAt == nil || !a.DecidedAt.Equal(started.Add(d)) {
+			t.Errorf("%s: decided at %v; want when the decision was made, %v", tc.key, a.DecidedAt, started.Add(d))
+		}
+	}
+}
