@@ -870,6 +870,18 @@ func TestApproveDoesNotHangOnTheResourceVersion(t *testing.T) {
 	}
 }
 
+// readVersionsAtIntake makes f's intake read every resource's version as
+// v, onto the approval_pending event.
+func (f *fixture) readVersionsAtIntake(t *testing.T, v string) {
+	t.Helper()
+	in, err := intake.New(intake.Config{Registry: f.reg, Store: f.store, Identity: f.ident.Verifier,
+		Policy: processorstest.Policy(t, processorstest.PolicyDir(t, testPolicies)), Versions: fixedVersions(v), BaseURL: "http://tools.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.in = in
+}
+
 // fixedVersions answers every version read with v.
 type fixedVersions string
 
@@ -883,12 +895,7 @@ func (v fixedVersions) ResourceVersion(context.Context, string, string, string) 
 // as it would for a version endpoint that is down.
 func TestApproveNeedsTheVersionConfirmed(t *testing.T) {
 	f := newFixture(t)
-	in, err := intake.New(intake.Config{Registry: f.reg, Store: f.store, Identity: f.ident.Verifier,
-		Policy: processorstest.Policy(t, processorstest.PolicyDir(t, testPolicies)), Versions: fixedVersions("v1"), BaseURL: "http://tools.test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.in = in
+	f.readVersionsAtIntake(t, "v1")
 	k, evs := f.refund("confirm")
 	if evs[1].ResourceVersion != "v1" {
 		t.Fatalf("approval_pending holds resource version %q; want v1", evs[1].ResourceVersion)
@@ -926,12 +933,7 @@ func (s slowVersions) ResourceVersion(context.Context, string, string, string) (
 // time is stamped when it finished.
 func TestApproveChecksTheExpiryAfterReadingTheVersion(t *testing.T) {
 	f := newFixture(t)
-	in, err := intake.New(intake.Config{Registry: f.reg, Store: f.store, Identity: f.ident.Verifier,
-		Policy: processorstest.Policy(t, processorstest.PolicyDir(t, testPolicies)), Versions: fixedVersions("v1"), BaseURL: "http://tools.test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.in = in
+	f.readVersionsAtIntake(t, "v1")
 	for _, tc := range []struct {
 		key     string
 		late    bool
