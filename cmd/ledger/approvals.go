@@ -177,11 +177,21 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			h := hash
 			if h == "" {
-				var a approvalView
-				if err := f.call(cmd.Context(), http.MethodGet, "/v1/approvals/"+url.PathEscape(args[0]), nil, &a); err != nil {
+				// Approving the hash the approval shows now, unseen,
+				// would bind nothing the approver read: show it, and
+				// ask for the hash back.
+				var raw json.RawMessage
+				if err := f.call(cmd.Context(), http.MethodGet, "/v1/approvals/"+url.PathEscape(args[0]), nil, &raw); err != nil {
 					return err
 				}
-				h = a.ArgumentsHash
+				var a approvalView
+				if err := json.Unmarshal(raw, &a); err != nil {
+					return err
+				}
+				if err := printJSON(cmd, raw); err != nil {
+					return err
+				}
+				return fmt.Errorf("approvals approve: no --hash: an approval binds the arguments its approver read; read them above, then run again with --hash %s", a.ArgumentsHash)
 			}
 			var out json.RawMessage
 			if err := f.call(cmd.Context(), http.MethodPost, "/v1/approvals/"+url.PathEscape(args[0])+"/approve", map[string]string{"arguments_hash": h}, &out); err != nil {
@@ -194,7 +204,7 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	approve.Flags().StringVar(&hash, "hash", "", "the arguments hash being approved (default: the one the approval shows now)")
+	approve.Flags().StringVar(&hash, "hash", "", "the arguments hash being approved, as show prints it (required: without it, approve prints the approval and approves nothing)")
 	var reason string
 	reject := &cobra.Command{
 		Use:   "reject ID",

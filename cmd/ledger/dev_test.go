@@ -129,6 +129,19 @@ func startDev(t *testing.T, dir, kafka, api, backend string, extra ...string) *d
 }
 
 // cli runs a ledger subcommand and returns its output.
+// approveShown approves the approval id as u_boss, with the hash that
+// approvals show prints for it.
+func approveShown(t *testing.T, id, api, dir string) {
+	t.Helper()
+	var a struct {
+		Hash string `json:"arguments_hash"`
+	}
+	if err := json.Unmarshal([]byte(cli(t, "approvals", "show", id, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss")), &a); err != nil || a.Hash == "" {
+		t.Fatalf("approvals show %s: hash %q, %v", id, a.Hash, err)
+	}
+	cli(t, "approvals", "approve", id, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss", "--hash", a.Hash)
+}
+
 func cli(t *testing.T, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
@@ -266,7 +279,21 @@ func TestDevEndToEnd(t *testing.T) {
 	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "hash_mismatch") {
 		t.Errorf("approving another hash: %v; want hash_mismatch", err)
 	}
-	cli(t, "approvals", "approve", id, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss")
+	// Without --hash it shows the approval, arguments and hash, and
+	// approves nothing.
+	root = newRoot()
+	root.SetArgs([]string{"approvals", "approve", id, "--api", "http://" + api, "--data-dir", dir, "--user", "u_boss"})
+	var shown bytes.Buffer
+	root.SetOut(&shown)
+	root.SetErr(io.Discard)
+	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "--hash sha256:") ||
+		!strings.Contains(shown.String(), `"arguments_hash"`) || !strings.Contains(shown.String(), "ord_") {
+		t.Errorf("approving without --hash: %v, showing:\n%s\nwant the approval shown, its hash asked for, nothing approved", err, shown.String())
+	}
+	if code, v := getCall(t, api, "dev-refund"); code != 200 || v.State != "approval_pending" {
+		t.Errorf("after an approve without --hash the refund is %q; want still approval_pending", v.State)
+	}
+	approveShown(t, id, api, dir)
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
 		if code, v := getCall(t, api, "dev-refund"); code != 200 || v.State != "succeeded" {
 			return fmt.Errorf("refund is %q", v.State)
@@ -384,7 +411,7 @@ func TestDevEndToEnd(t *testing.T) {
 	if list := cli(t, "approvals", "list", "--api", "http://"+api, "--data-dir", dir); !strings.Contains(list, id2) {
 		t.Errorf("after restart the pending approval is gone:\n%s", list)
 	}
-	cli(t, "approvals", "approve", id2, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss")
+	approveShown(t, id2, api, dir)
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
 		if code, v := getCall(t, api, "dev-refund-2"); code != 200 || v.State != "succeeded" {
 			return fmt.Errorf("refund approved after restart is %q", v.State)

@@ -49,7 +49,7 @@ func TestDevIncidentQueries(t *testing.T) {
 	if out := submit("refund_order", `{"order_id":"ord_77","amount_cents":45000,"currency":"AUD"}`, "inc-refund"); !strings.Contains(out, "approval_pending") {
 		t.Fatalf("refund:\n%s", out)
 	}
-	cli(t, "approvals", "approve", ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "inc-refund"}.ApprovalID(), "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss")
+	approveShown(t, ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "inc-refund"}.ApprovalID(), api, dir)
 	if out := submit("refund_order", `{"order_id":"ord_78","amount_cents":52000,"currency":"AUD"}`, "inc-refund-pending"); !strings.Contains(out, "approval_pending") {
 		t.Fatalf("second refund:\n%s", out)
 	}
