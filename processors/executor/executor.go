@@ -1632,13 +1632,17 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 	if attempt < 1 {
 		attempt = 1
 	}
-	if status == processors.StatusFailed && !definitiveRefusal(reason, code) {
+	if status == processors.StatusFailed {
 		// The later attempts did not settle it, but an earlier one may
 		// have reached the tool: that of the owner whose lease expired,
-		// or this owner's that got no answer (a retry's 409 "in
-		// progress" or 5xx says nothing of it). "failed" would tell the
-		// agent that nothing happened, and a retry under a new key would
-		// apply the effect twice. Only the reconciler can tell.
+		// or this owner's that got no answer. A retry's refusal says
+		// nothing of it either: a 409 "in progress", a 5xx, and a 4xx
+		// too, which a backend gives before it looks the key up (a
+		// credential revoked since the first attempt: 401; a check of
+		// the state the first attempt changed: "already refunded").
+		// "failed" would tell the agent that nothing happened, and a
+		// retry under a new key would apply the effect twice. Only the
+		// reconciler, looking the key up, can tell.
 		switch {
 		case c.reclaimed:
 			status, reason, code = processors.StatusOutcomeUnknown, ReasonLeaseExpired, "reclaimed_"+cmp.Or(code, reason)
@@ -1742,14 +1746,6 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 		// The last attempt may have reached the tool.
 		return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, "timeout", nil)
 	}
-}
-
-// definitiveRefusal reports whether a failure is the tool's own refusal of
-// the request, which a native tool gives whatever an earlier attempt with
-// the same key did. A 409 is not: idempotent APIs answer it while an
-// earlier request with the key is still in progress.
-func definitiveRefusal(reason, code string) bool {
-	return reason == ReasonToolRefused && code != "http_409"
 }
 
 // notSent reports whether err says an attempt never reached the tool.

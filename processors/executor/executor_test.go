@@ -416,10 +416,13 @@ func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {
 
 // A native tool's attempt that got no answer may have applied: a retry
 // answered 409 (an idempotent API's "a request with this key is in
-// progress") or 5xx says nothing of it, so the call's outcome is unknown,
-// never failed, which would tell the agent that nothing happened.
+// progress") or 5xx says nothing of it, nor does a 4xx that a backend
+// gives before it looks the key up (401: the call's credential family
+// revoked since; 422: "already refunded", a check of the state the first
+// attempt changed), so the call's outcome is unknown, never failed, which
+// would tell the agent that nothing happened.
 func TestNativeRetryAfterLostAnswerNeverFails(t *testing.T) {
-	for _, status := range []int{http.StatusConflict, http.StatusServiceUnavailable} {
+	for _, status := range []int{http.StatusConflict, http.StatusServiceUnavailable, http.StatusUnauthorized, http.StatusUnprocessableEntity} {
 		t.Run(http.StatusText(status), func(t *testing.T) {
 			r := newRig(t)
 			// The first request reaches the tool, which applies it, and
@@ -600,9 +603,11 @@ func TestReclaimAfterDeadlineIsOutcomeUnknown(t *testing.T) {
 }
 
 // A reclaimed call that this owner cannot settle is an unknown outcome,
-// not "failed": the dead owner may have reached the tool. Only the tool's
-// own refusal settles it; a 409 does not, since idempotent APIs answer it
-// while an earlier request with the key is still in progress.
+// not "failed": the dead owner may have reached the tool. A 409 does not
+// settle it (idempotent APIs answer it while an earlier request with the
+// key is still in progress), nor does a refusal, which a backend may give
+// before it looks the key up (a check of the state the dead owner's
+// request changed): the reconciler's lookup by key does.
 func TestReclaimedCallNotSettledIsOutcomeUnknown(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -611,7 +616,7 @@ func TestReclaimedCallNotSettledIsOutcomeUnknown(t *testing.T) {
 	}{
 		{"in progress", http.StatusConflict, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
 		{"unavailable", http.StatusServiceUnavailable, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
-		{"refused", http.StatusBadRequest, "failed(" + executor.ReasonToolRefused + ")"},
+		{"refused", http.StatusBadRequest, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
