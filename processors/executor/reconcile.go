@@ -563,7 +563,7 @@ attempts:
 		if n > 0 {
 			time.Sleep(r.cfg.Backoff << (n - 1))
 		}
-		resp, err := r.lookup(ctx, g, tool, target, rec, secrets{bearer, sec})
+		resp, sent, err := r.lookup(ctx, g, tool, target, rec, secrets{bearer, sec})
 		var he *httptool.Error
 		switch {
 		case errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests):
@@ -578,14 +578,17 @@ attempts:
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
 				"status lookup: the tool applied the call", "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp.Body) == "not_found":
-			// Not found is final only once the last attempt could no
-			// longer land: it started before the outcome was recorded
-			// and lasts at most the tool's timeout. The record's time
+			// Not found is final only if the lookup was sent once the
+			// last attempt could no longer land: it started before the
+			// outcome was recorded and lasts at most the tool's
+			// timeout. When the lookup was sent, not when it answered:
+			// one sent earlier may have been read before that attempt
+			// landed, however late its answer comes. The record's time
 			// is the store's clock (PostgreSQL's, CockroachDB's now()),
 			// this one the reconciler's: a host running ahead of the
 			// database would end the wait early, so it lasts
 			// notFoundSkew longer.
-			if r.cfg.Now().Before(rec.UpdatedAt.Add(tool.Timeout() + notFoundSkew)) {
+			if sent.Before(rec.UpdatedAt.Add(tool.Timeout() + notFoundSkew)) {
 				log.Debug("not found yet; asking again after the last attempt's time is up")
 				return pendingMove{}, false, nil
 			}
@@ -835,20 +838,25 @@ func refused(evs []ledger.Event) bool {
 	return last.Refusal() || last.Type == statemachine.EventDenied
 }
 
-func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, sec secrets) (httptool.Response, error) {
+// lookup asks the tool's status lookup about rec's call, through the
+// tool's bulkhead and breaker, and says when the request was sent (zero
+// if it was not).
+func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, sec secrets) (resp httptool.Response, sent time.Time, err error) {
 	release, err := r.x.acquire(ctx, g)
 	if err != nil {
-		return httptool.Response{}, err
+		return httptool.Response{}, time.Time{}, err
 	}
 	defer release()
-	return g.breaker.Execute(func() (httptool.Response, error) {
+	resp, err = g.breaker.Execute(func() (httptool.Response, error) {
 		lctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 		defer cancel()
+		sent = r.cfg.Now()
 		return r.cfg.Looker.Lookup(lctx, target, httptool.Request{
 			IdempotencyKey: rec.Key.String(), CallID: rec.CallID, TenantID: rec.Key.TenantID,
 			Attempt: rec.Attempt, Arguments: rec.Arguments, Credential: sec.bearer, BackendSecret: sec.backend, MaxResultBytes: tool.MaxResultBytes,
 		})
 	})
+	return resp, sent, err
 }
 
 // lookupState reads {"state": ...} from a status lookup's answer.

@@ -1,10 +1,12 @@
 package executor_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -513,5 +515,52 @@ func TestRedeliveryAfterLostReconciliationAppendsInOrder(t *testing.T) {
 	// idempotency), nor by the redelivery.
 	if n := r.backend.Requests(); n != 0 {
 		t.Errorf("tool received %d requests; want 0", n)
+	}
+}
+
+// lateLooker is a status lookup whose answer comes after the clock moved
+// on: slow answers the request after advancing it.
+type lateLooker struct {
+	executor.Looker
+	slow func()
+}
+
+func (l lateLooker) Lookup(ctx context.Context, url string, req httptool.Request) (httptool.Response, error) {
+	resp, err := l.Looker.Lookup(ctx, url, req)
+	l.slow()
+	return resp, err
+}
+
+// A "not found" is taken for final by when its lookup was sent, not by
+// when it answered: a lookup sent while the last attempt could still land
+// may have been read before it did, however late its answer.
+func TestReconcileNotFoundCountsFromTheLookupsSending(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{Hang: true})
+	auth := r.admit("create_ticket", "late-answer", map[string]any{"title": "t"}, 1500)
+	unknown := r.unknown(auth)
+	r.backend.ClearFaults()
+	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "late-answer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 2 * time.Second // create_ticket's
+	var mu sync.Mutex
+	d := timeout + executor.NotFoundSkew - time.Second // sent too early to tell
+	now := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return rec.UpdatedAt.Add(d)
+	}
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Now = now
+		c.Looker = lateLooker{Looker: c.Looker, slow: func() {
+			mu.Lock()
+			defer mu.Unlock()
+			d = timeout + executor.NotFoundSkew + 5*time.Second // answered well past it
+		}}
+	})
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("reconciled %v on a lookup sent before the last attempt's time was up; want nothing yet", got)
 	}
 }
