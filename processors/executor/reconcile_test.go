@@ -169,18 +169,26 @@ func TestReconcileSendsTheBackendSecret(t *testing.T) {
 	}
 }
 
+// unknownNeverSent runs a create_ticket call under key into
+// outcome_unknown, the tool hanging until the deadline and applying
+// nothing, and returns the event that says so and the call's record.
+func (r *rig) unknownNeverSent(key string) (*kgo.Record, processors.Record) {
+	r.t.Helper()
+	r.backend.SetFault("create_ticket", demobackend.Fault{Hang: true})
+	unknown := r.unknown(r.admit("create_ticket", key, map[string]any{"title": "t"}, 1500))
+	r.backend.ClearFaults()
+	rec, err := r.store.Get(r.t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: key})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return unknown, rec
+}
+
 // The tool never got the call (it hung until the deadline): the lookup
 // finds nothing, and the call is recorded failed.
 func TestReconcileNothingApplied(t *testing.T) {
 	r := newRig(t)
-	r.backend.SetFault("create_ticket", demobackend.Fault{Hang: true})
-	auth := r.admit("create_ticket", "never", map[string]any{"title": "t"}, 1500)
-	unknown := r.unknown(auth)
-	r.backend.ClearFaults()
-	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "never"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	unknown, rec := r.unknownNeverSent("never")
 	// The clocks are the outcome's time in the store plus d.
 	after := func(d time.Duration) func() time.Time { return func() time.Time { return rec.UpdatedAt.Add(d) } }
 	const timeout = 2 * time.Second // create_ticket's
@@ -536,14 +544,7 @@ func (l lateLooker) Lookup(ctx context.Context, url string, req httptool.Request
 // may have been read before it did, however late its answer.
 func TestReconcileNotFoundCountsFromTheLookupsSending(t *testing.T) {
 	r := newRig(t)
-	r.backend.SetFault("create_ticket", demobackend.Fault{Hang: true})
-	auth := r.admit("create_ticket", "late-answer", map[string]any{"title": "t"}, 1500)
-	unknown := r.unknown(auth)
-	r.backend.ClearFaults()
-	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "late-answer"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	unknown, rec := r.unknownNeverSent("late-answer")
 	const timeout = 2 * time.Second // create_ticket's
 	var mu sync.Mutex
 	d := timeout + executor.NotFoundSkew - time.Second // sent too early to tell
