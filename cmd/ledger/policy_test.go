@@ -370,7 +370,7 @@ func TestExecutorRedecidesWithoutPolicyDir(t *testing.T) {
 	ledgertest.WaitFor(t, 30*time.Second, func() error { exited(); return rolePolicyIs(execOps, "lockdown")() })
 
 	id := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "pol-refund"}.ApprovalID()
-	cli(t, "approvals", "approve", id, "--api", "http://"+approvalsAddr, "--data-dir", dataDir, "--user", "u_boss")
+	approveShown(t, id, approvalsAddr, dataDir)
 	var last ledger.Event
 	ledgertest.WaitFor(t, 60*time.Second, func() error {
 		exited()
