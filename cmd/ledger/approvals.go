@@ -191,6 +191,9 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 				if err := printJSON(cmd, raw); err != nil {
 					return err
 				}
+				if a.State != "pending" {
+					return fmt.Errorf("approvals approve: %s is %s, not pending: there is nothing to approve", args[0], a.State)
+				}
 				return fmt.Errorf("approvals approve: no --hash: an approval binds the arguments its approver read; read them above, then run again with --hash %s", a.ArgumentsHash)
 			}
 			var out json.RawMessage

@@ -128,7 +128,6 @@ func startDev(t *testing.T, dir, kafka, api, backend string, extra ...string) *d
 	return &devRun{kafka: kafka, api: api, backend: backend, dir: dir, stop: stop}
 }
 
-// cli runs a ledger subcommand and returns its output.
 // approveShown approves the approval id as u_boss, with the hash that
 // approvals show prints for it.
 func approveShown(t *testing.T, id, api, dir string) {
@@ -142,6 +141,7 @@ func approveShown(t *testing.T, id, api, dir string) {
 	cli(t, "approvals", "approve", id, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss", "--hash", a.Hash)
 }
 
+// cli runs a ledger subcommand and returns its output.
 func cli(t *testing.T, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
@@ -290,8 +290,11 @@ func TestDevEndToEnd(t *testing.T) {
 		!strings.Contains(shown.String(), `"arguments_hash"`) || !strings.Contains(shown.String(), "ord_") {
 		t.Errorf("approving without --hash: %v, showing:\n%s\nwant the approval shown, its hash asked for, nothing approved", err, shown.String())
 	}
-	if code, v := getCall(t, api, "dev-refund"); code != 200 || v.State != "approval_pending" {
-		t.Errorf("after an approve without --hash the refund is %q; want still approval_pending", v.State)
+	var after struct {
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(cli(t, "approvals", "show", id, "--api", "http://"+api, "--data-dir", dir, "--user", "u_boss")), &after); err != nil || after.State != "pending" {
+		t.Errorf("after an approve without --hash the approval is %q (%v); want still pending", after.State, err)
 	}
 	approveShown(t, id, api, dir)
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
@@ -300,6 +303,14 @@ func TestDevEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
+	// Decided: approve without --hash says so, not "run again".
+	root = newRoot()
+	root.SetArgs([]string{"approvals", "approve", id, "--api", "http://" + api, "--data-dir", dir, "--user", "u_boss"})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "not pending") {
+		t.Errorf("approving a decided approval without --hash: %v; want it said not pending", err)
+	}
 	refundTrace := cli(t, "trace", "dev-refund", "--tenant", "t_demo", "--kafka-brokers", kafka, "--json")
 	for _, want := range []string{`"type": "approval_pending"`, `"type": "approved"`, `"approver": "u_boss"`, `"approval_id": "` + id + `"`, `"type": "succeeded"`} {
 		if !strings.Contains(refundTrace, want) {

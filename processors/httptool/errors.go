@@ -13,9 +13,13 @@ import (
 //	Kind         tool applied it?     retry with the same key is safe for
 //	NotSent      no (provably)        every tool
 //	Throttled    no                   every tool (after RetryAfter)
-//	Refused      no                   nobody: the same call will be refused again
+//	Refused      no (this request)    nobody: the same call will be refused again
 //	ServerError  the tool says no     native tools; ambiguous for "none" tools
 //	Unknown      maybe                native tools only
+//
+// A refusal speaks for its own request only: after an earlier attempt
+// under the same key that got no answer, the tool may have applied that
+// one (and refuse this one before looking the key up).
 type Kind int
 
 // Kinds of Error.
