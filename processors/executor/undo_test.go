@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -281,6 +282,14 @@ func (r *rig) undoingReconciler(store executor.ReconcilerStore, comp executor.Co
 	return rc
 }
 
+// tickingClock reads *now plus a nanosecond more at every reading, so
+// that a pass's lookups have failed for UnansweredFor (a nanosecond in
+// these tests) by its end, as they have on a clock that runs.
+func tickingClock(now *time.Time) func() time.Time {
+	var tick atomic.Int64
+	return func() time.Time { return now.Add(time.Duration(tick.Add(1))) }
+}
+
 // sweepingReconciler is a reconciler that asks comp for compensations
 // and sweeps every minute of the clock *now, which the test moves; mod,
 // if set, edits its config.
@@ -292,7 +301,7 @@ func (r *rig) sweepingReconciler(comp executor.Compensator, now *time.Time, mod 
 		// Parked at the first pass whose lookups fail: these tests are
 		// of what comes after.
 		UnansweredFor: time.Nanosecond,
-		Now:           func() time.Time { return *now },
+		Now:           tickingClock(now),
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -496,7 +505,7 @@ func TestUndoRequestsHeldAfterAFailure(t *testing.T) {
 	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
 		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp, UndoAttempts: 2,
-		UnansweredFor: time.Nanosecond, Now: func() time.Time { return now },
+		UnansweredFor: time.Nanosecond, Now: tickingClock(&now),
 	})
 	if err != nil {
 		t.Fatal(err)
