@@ -1,10 +1,6 @@
 package executor
 
-import (
-	"time"
-
-	"github.com/toolcall-ledger/ledger/ledger"
-)
+import "github.com/toolcall-ledger/ledger/ledger"
 
 // SetBacklog stands in for the loop's count of fetched records, which
 // the executor reads only when it runs on its Loop.
@@ -33,10 +29,6 @@ func LoopConfig(x *Executor, lc ledger.LoopConfig) ledger.LoopConfig { return x.
 
 // SetSweepLimit sets how many calls one of rc's sweeps lists in a status.
 func SetSweepLimit(rc *Reconciler, n int) { rc.sweepLimit = n }
-
-// NoteLookupsFailing has rc remember that k's lookups failed in a pass
-// that started at since.
-func NoteLookupsFailing(rc *Reconciler, k ledger.CallKey, since time.Time) { rc.failedSince(k, since) }
 
 // NotFoundSkew is how long past a tool's timeout a status lookup's not
 // found stays not final.

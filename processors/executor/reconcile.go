@@ -146,11 +146,9 @@ type ReconcilerConfig struct {
 	// (MaxAttempts of them: the tool's status endpoint down or slow, a
 	// host that stalled and timed them out) or that this reconciler's own
 	// breaker kept from being sent leaves the call for a later sweep, since
-	// it learned nothing about the call; once its lookups have failed for
-	// it in this reconciler (since the first pass that saw them fail or
-	// held off: after a restart it waits it again), and it has passed
-	// since the call's last change, the call is parked for a human
-	// (status_lookup_failed). Default DefaultUnansweredFor.
+	// it learned nothing about the call; past it, counted from the call's
+	// last change, the call is parked for a human (status_lookup_failed).
+	// Default DefaultUnansweredFor.
 	UnansweredFor time.Duration
 	// SweepEvery is how often unknown outcomes are looked for in the
 	// store besides the events that announce them; default 10s.
@@ -217,11 +215,6 @@ type Reconciler struct {
 	mu            sync.Mutex
 	unknown       int
 	oldestUnknown time.Time
-	// failing is when this reconciler first saw each call's lookups
-	// fail or held off, and last: a call is parked only once they have
-	// failed here for UnansweredFor, so that the first pass after a
-	// downtime, or one burst of failures, parks nothing. Under mu.
-	failing map[ledger.CallKey]failingSpan
 }
 
 // undoState is what the reconciler remembers of an automatic compensation
@@ -287,7 +280,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		}
 		x.base = u
 	}
-	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState), failing: make(map[ledger.CallKey]failingSpan), sweepLimit: defaultSweepLimit}, nil
+	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState), sweepLimit: defaultSweepLimit}, nil
 }
 
 // Loop returns the reconciler on a consume-process-produce loop over the
@@ -402,7 +395,6 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 			err error
 		}
 	)
-	r.pruneFailing(r.cfg.Now())
 	for _, rec := range candidates {
 		if rec.Status != processors.StatusOutcomeUnknown {
 			continue // resolved, or parked for a human
@@ -558,8 +550,6 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 	}
 	g := r.x.guard(tool, rec.Key.TenantID)
 	defer r.x.release(g)
-	// The lookups of this pass are failing from its start, if they fail.
-	passStart := r.cfg.Now()
 	tries := r.cfg.MaxAttempts
 	sec, last := backendSecret(r.cfg.Secrets, tool)
 	if last != nil {
@@ -584,12 +574,10 @@ attempts:
 			last = err
 			break attempts
 		case err == nil && lookupState(resp.Body) == "applied":
-			r.answered(rec.Key)
 			sum := sha256.Sum256(resp.Body)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
 				"status lookup: the tool applied the call", "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp.Body) == "not_found":
-			r.answered(rec.Key)
 			// Not found is final only if the lookup was sent once the
 			// last attempt could no longer land: it started before the
 			// outcome was recorded and lasts at most the tool's
@@ -613,18 +601,14 @@ attempts:
 		}
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
-	now := r.cfg.Now()
-	if since := r.failedSince(rec.Key, passStart); now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) || now.Sub(since) < r.cfg.UnansweredFor {
+	if r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
 		// A pass whose lookups failed or were held off says nothing
 		// about the call, and may be answered at a later sweep: a human
-		// is handed the call only once its lookups have failed (or been
-		// held off) here for UnansweredFor, and as long after its
-		// outcome: not after one burst of failures, as the first pass
-		// after a downtime or over a backlog older than the bound was
-		// (every call the breaker then held off parked at once).
+		// is handed the call only once no lookup has answered for
+		// UnansweredFor, not after one burst of failures (nor every
+		// call looked up while the breaker stays open).
 		return pendingMove{}, false, last
 	}
-	r.answered(rec.Key) // parked: nothing more to wait for
 	return r.park(rec, tmpl, tool, ReasonLookupFailed,
 		fmt.Sprintf("the status lookups of its last pass failed or were held off, and none answered for %s: %v", r.cfg.UnansweredFor, last)), true, nil
 }
@@ -852,45 +836,6 @@ func refused(evs []ledger.Event) bool {
 	}
 	last := evs[len(evs)-1]
 	return last.Refusal() || last.Type == statemachine.EventDenied
-}
-
-// failingSpan is when a call's lookups were first and last seen failing.
-type failingSpan struct{ since, seen time.Time }
-
-// failedSince notes that k's lookups failed (or were held off) in a pass
-// that started at now, and returns since when they have: now for a first
-// failure.
-func (r *Reconciler) failedSince(k ledger.CallKey, now time.Time) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	f, ok := r.failing[k]
-	if !ok {
-		f.since = now
-	}
-	f.seen = now
-	r.failing[k] = f
-	return f.since
-}
-
-// answered forgets k's failing lookups: one answered, or k was parked.
-func (r *Reconciler) answered(k ledger.CallKey) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.failing, k)
-}
-
-// pruneFailing forgets the failures of calls not seen failing for four
-// times UnansweredFor: resolved elsewhere (by another reconciler, by
-// hand), or no longer swept. One that fails again starts its wait again:
-// it is parked later, never sooner.
-func (r *Reconciler) pruneFailing(now time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for k, f := range r.failing {
-		if now.Sub(f.seen) > 4*r.cfg.UnansweredFor {
-			delete(r.failing, k)
-		}
-	}
 }
 
 // lookup asks the tool's status lookup about rec's call, through the

@@ -416,13 +416,8 @@ func TestReconcileSweepPassEnds(t *testing.T) {
 	}
 	// Two more go outcome_unknown during the pass; the oldest is
 	// resolved by hand; the clock passes UnansweredFor.
-	for _, k := range []string{"new-1", "new-2"} {
-		// Their lookups failed here before the clock passes
-		// UnansweredFor, as held-2's did in the first sweep: once it
-		// has, they are due for parking when the pass reaches them.
-		ev := decodeAll(t, []*kgo.Record{r.unknownLookupDown(k)})[0]
-		executor.NoteLookupsFailing(rc, ev.Key(), time.Now())
-	}
+	r.unknownLookupDown("new-1")
+	r.unknownLookupDown("new-2")
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
 	if _, err := rc.Resolve(t.Context(), ops, held1, processors.StatusSucceeded, "the ticket is there"); err != nil {
 		t.Fatal(err)
@@ -568,33 +563,5 @@ func TestReconcileNotFoundCountsFromTheLookupsSending(t *testing.T) {
 	})
 	if got := r.reconcile(rc, unknown); len(got) != 0 {
 		t.Errorf("reconciled %v on a lookup sent before the last attempt's time was up; want nothing yet", got)
-	}
-}
-
-// A reconciler that comes back (a restart, a downtime, a backlog it had
-// not reached) to calls unknown for longer than UnansweredFor parks none
-// of them at its first pass whose lookups fail, nor the calls its breaker
-// then holds off: under undo_unknown each park would undo a call that
-// may have succeeded. It parks them once their lookups have failed here
-// for UnansweredFor.
-func TestReconcileFirstFailingPassAfterDowntimeParksNothing(t *testing.T) {
-	r := newRig(t)
-	unknown := r.unknownLookupDown("after-downtime")
-	var offset atomic.Int64 // the clock, ahead of the call's outcome
-	offset.Store(int64(10 * time.Minute))
-	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
-		c.UnansweredFor = time.Minute
-		c.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
-	})
-	if got := r.reconcile(rc, unknown); len(got) != 0 {
-		t.Errorf("first failing pass, the outcome ten minutes old: %q; want nothing recorded", got)
-	}
-	offset.Add(int64(30 * time.Second))
-	if got := r.reconcile(rc, unknown); len(got) != 0 {
-		t.Errorf("failing here for 30 s of a minute: %q; want nothing recorded", got)
-	}
-	offset.Add(int64(time.Minute))
-	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(rc, unknown)); diff != "" {
-		t.Errorf("failing here for 90 s of a minute (-want +got):\n%s", diff)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,14 +281,6 @@ func (r *rig) undoingReconciler(store executor.ReconcilerStore, comp executor.Co
 	return rc
 }
 
-// tickingClock reads *now plus a nanosecond more at every reading, so
-// that a pass's lookups have failed for UnansweredFor (a nanosecond in
-// these tests) by its end, as they have on a clock that runs.
-func tickingClock(now *time.Time) func() time.Time {
-	var tick atomic.Int64
-	return func() time.Time { return now.Add(time.Duration(tick.Add(1))) }
-}
-
 // sweepingReconciler is a reconciler that asks comp for compensations
 // and sweeps every minute of the clock *now, which the test moves; mod,
 // if set, edits its config.
@@ -301,7 +292,7 @@ func (r *rig) sweepingReconciler(comp executor.Compensator, now *time.Time, mod 
 		// Parked at the first pass whose lookups fail: these tests are
 		// of what comes after.
 		UnansweredFor: time.Nanosecond,
-		Now:           tickingClock(now),
+		Now:           func() time.Time { return *now },
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -505,7 +496,7 @@ func TestUndoRequestsHeldAfterAFailure(t *testing.T) {
 	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
 		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp, UndoAttempts: 2,
-		UnansweredFor: time.Nanosecond, Now: tickingClock(&now),
+		UnansweredFor: time.Nanosecond, Now: func() time.Time { return now },
 	})
 	if err != nil {
 		t.Fatal(err)
