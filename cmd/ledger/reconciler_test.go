@@ -16,8 +16,9 @@ import (
 // TestReconcilerUnansweredFor: `ledger reconciler --unanswered-for` is how
 // long a call's status lookups may go unanswered before it is parked for
 // a human. Here nothing answers them (the tools' address refuses), and
-// with a millisecond the first sweep parks the call; the default would
-// ask again for minutes. A negative value is refused, naming the flag.
+// with a millisecond the second sweep (10 s after the first, which only
+// notes the failure) parks the call; the default would ask again for
+// minutes. A negative value is refused, naming the flag.
 func TestReconcilerUnansweredFor(t *testing.T) {
 	cc, topics, _ := roleCluster(t)
 	dsn := freshSchemaDSN(t)
@@ -59,7 +60,7 @@ func TestReconcilerUnansweredFor(t *testing.T) {
 		t.Errorf("--unanswered-for -1s: %v; want it refused, naming the flag", err)
 	}
 	exited := runCommand(t, append(args, "--unanswered-for", "1ms")...)
-	ledgertest.WaitFor(t, 30*time.Second, func() error {
+	ledgertest.WaitFor(t, time.Minute, func() error {
 		exited()
 		rec, err := st.Get(t.Context(), k)
 		if err != nil {

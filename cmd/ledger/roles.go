@@ -729,7 +729,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	cf.register(cmd.Flags())
 	idf.register(cmd.Flags())
 	tf.register(cmd.Flags(), "base URL that relative status lookup URLs resolve against")
-	cmd.Flags().DurationVar(&unanswered, "unanswered-for", executor.DefaultUnansweredFor, "how long a call may stay outcome_unknown with no status lookup answering (each pass's lookups failed, timed out or held off by the breaker; asked again at every sweep meanwhile) before it is parked for a human (status_lookup_failed), counted from its last change; 0: the default")
+	cmd.Flags().DurationVar(&unanswered, "unanswered-for", executor.DefaultUnansweredFor, "how long a call may stay outcome_unknown with no status lookup answering (each pass's lookups failed, timed out or held off by the breaker; asked again at every sweep meanwhile) before it is parked for a human (status_lookup_failed): counted from the end of this reconciler's first round of lookups of the call that failed (after a restart the wait starts again), and at least as long since the call's last change; 0: the default")
 	pf.register(cmd.Flags())
 	pf.registerRefusals(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve the operators' APIs: /v1/resolutions, /v1/compensations, /v1/control (needs --issuer and --jwks-*); empty: not served")

@@ -1,6 +1,10 @@
 package executor
 
-import "github.com/toolcall-ledger/ledger/ledger"
+import (
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
 
 // SetBacklog stands in for the loop's count of fetched records, which
 // the executor reads only when it runs on its Loop.
@@ -33,3 +37,15 @@ func SetSweepLimit(rc *Reconciler, n int) { rc.sweepLimit = n }
 // NotFoundSkew is how long past a tool's timeout a status lookup's not
 // found stays not final.
 const NotFoundSkew = notFoundSkew
+
+// NoteLookupsFailing has rc remember that k's lookups have failed since
+// since, as if a round of them had failed then, unless it remembers an
+// earlier failure.
+func NoteLookupsFailing(rc *Reconciler, k ledger.CallKey, since time.Time) { rc.failed(k, since) }
+
+// FailingCalls counts the calls rc remembers the failing lookups of.
+func FailingCalls(rc *Reconciler) int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return len(rc.failing)
+}

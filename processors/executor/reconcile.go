@@ -146,9 +146,13 @@ type ReconcilerConfig struct {
 	// (MaxAttempts of them: the tool's status endpoint down or slow, a
 	// host that stalled and timed them out) or that this reconciler's own
 	// breaker kept from being sent leaves the call for a later sweep, since
-	// it learned nothing about the call; past it, counted from the call's
-	// last change, the call is parked for a human (status_lookup_failed).
-	// Default DefaultUnansweredFor.
+	// it learned nothing about the call. The call is parked for a human
+	// (status_lookup_failed) at a round of lookups that fails once they
+	// have failed (or been held off) in this reconciler for
+	// UnansweredFor, counted from the end of the first such round, and it
+	// is that long since the call's last change: never at the first round
+	// that fails, and after a restart the wait starts again. Default
+	// DefaultUnansweredFor.
 	UnansweredFor time.Duration
 	// SweepEvery is how often unknown outcomes are looked for in the
 	// store besides the events that announce them; default 10s.
@@ -205,7 +209,8 @@ type Reconciler struct {
 	parkedPass processors.SweepPass
 	// unknownPass is the same for the sweeps of unknown outcomes: calls
 	// whose lookups are held off (the reconciler's breaker open) stay
-	// outcome_unknown, oldest first, for up to UnansweredFor.
+	// outcome_unknown, oldest first, until they have failed here for
+	// UnansweredFor.
 	unknownPass processors.SweepPass
 	// sweepLimit bounds the calls one sweep lists in a status.
 	sweepLimit int
@@ -215,6 +220,28 @@ type Reconciler struct {
 	mu            sync.Mutex
 	unknown       int
 	oldestUnknown time.Time
+	// failing is, for the calls whose lookups have not answered since,
+	// when this reconciler first saw them fail (or be held off): a call
+	// is parked only once they have failed here for UnansweredFor, so
+	// that the first round of lookups after a downtime, or over a backlog
+	// older than the bound, parks nothing. An entry goes when a lookup
+	// answers (a not found too early to be final included), or when a
+	// whole pass of the unknown outcomes' sweep has neither listed the
+	// call nor seen its lookups fail (resolved elsewhere, parked): not
+	// when the call is parked, for a park that does not land must not
+	// start the wait again. Under mu.
+	failing map[ledger.CallKey]failingSince
+	// unknownPasses counts the passes of the unknown outcomes' sweep
+	// that have ended, for failing's entries to say which pass last saw
+	// them. Under mu.
+	unknownPasses uint64
+}
+
+// failingSince is what the reconciler remembers of a call whose status
+// lookups fail.
+type failingSince struct {
+	since     time.Time // the end of the call's first round of lookups that failed
+	sweepPass uint64    // the last sweep pass that listed the call or saw its lookups fail
 }
 
 // undoState is what the reconciler remembers of an automatic compensation
@@ -280,7 +307,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		}
 		x.base = u
 	}
-	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState), sweepLimit: defaultSweepLimit}, nil
+	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState), failing: make(map[ledger.CallKey]failingSince), sweepLimit: defaultSweepLimit}, nil
 }
 
 // Loop returns the reconciler on a consume-process-produce loop over the
@@ -357,6 +384,7 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 		}
+		r.swept(unknown, r.unknownPass.Starting())
 		// The gauge is of the oldest calls, read at every sweep: a
 		// pass past them would leave it showing a call since resolved.
 		oldest := unknown
@@ -574,10 +602,12 @@ attempts:
 			last = err
 			break attempts
 		case err == nil && lookupState(resp.Body) == "applied":
+			r.answered(rec.Key)
 			sum := sha256.Sum256(resp.Body)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
 				"status lookup: the tool applied the call", "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp.Body) == "not_found":
+			r.answered(rec.Key)
 			// Not found is final only if the lookup was sent once the
 			// last attempt could no longer land: it started before the
 			// outcome was recorded and lasts at most the tool's
@@ -601,12 +631,15 @@ attempts:
 		}
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
-	if r.cfg.Now().Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
+	now := r.cfg.Now()
+	if since := r.failed(rec.Key, now); now.Sub(since) < r.cfg.UnansweredFor || now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
 		// A pass whose lookups failed or were held off says nothing
 		// about the call, and may be answered at a later sweep: a human
-		// is handed the call only once no lookup has answered for
+		// is handed the call only once its lookups have failed here for
 		// UnansweredFor, not after one burst of failures (nor every
-		// call looked up while the breaker stays open).
+		// call looked up while the breaker stays open), and not at its
+		// first round after a downtime, however old the call: under
+		// undo_unknown a park undoes a call that may have succeeded.
 		return pendingMove{}, false, last
 	}
 	return r.park(rec, tmpl, tool, ReasonLookupFailed,
@@ -836,6 +869,54 @@ func refused(evs []ledger.Event) bool {
 	}
 	last := evs[len(evs)-1]
 	return last.Refusal() || last.Type == statemachine.EventDenied
+}
+
+// failed notes that k's lookups failed (or were held off) in a round that
+// ended at now, and returns since when they have: now at the first.
+func (r *Reconciler) failed(k ledger.CallKey, now time.Time) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, ok := r.failing[k]
+	if !ok {
+		f.since = now
+	}
+	f.sweepPass = r.unknownPasses
+	r.failing[k] = f
+	return f.since
+}
+
+// answered forgets k's failing lookups: one has answered.
+func (r *Reconciler) answered(k ledger.CallKey) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.failing, k)
+}
+
+// swept notes the calls a page of the unknown outcomes' sweep listed,
+// and, when the page ended its pass, forgets the failing lookups of the
+// calls that pass neither listed nor saw fail: no longer outcome_unknown
+// (resolved by another reconciler or a human, parked). A call forgotten
+// that fails again waits the whole bound again: it is parked later,
+// never sooner. Tied to the passes, not to a time, so that a backlog
+// whose pass outlasts any bound is parked at its second.
+func (r *Reconciler) swept(listed []processors.Record, passEnded bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range listed {
+		if f, ok := r.failing[listed[i].Key]; ok {
+			f.sweepPass = r.unknownPasses
+			r.failing[listed[i].Key] = f
+		}
+	}
+	if !passEnded {
+		return
+	}
+	for k, f := range r.failing {
+		if f.sweepPass < r.unknownPasses {
+			delete(r.failing, k)
+		}
+	}
+	r.unknownPasses++
 }
 
 // lookup asks the tool's status lookup about rec's call, through the

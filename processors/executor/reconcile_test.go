@@ -416,8 +416,13 @@ func TestReconcileSweepPassEnds(t *testing.T) {
 	}
 	// Two more go outcome_unknown during the pass; the oldest is
 	// resolved by hand; the clock passes UnansweredFor.
-	r.unknownLookupDown("new-1")
-	r.unknownLookupDown("new-2")
+	for _, k := range []string{"new-1", "new-2"} {
+		// Taken as failing here since before the clock passes
+		// UnansweredFor, as held-2's lookups did at the first sweep: a
+		// call is parked only once they have failed here for the bound.
+		ev := decodeAll(t, []*kgo.Record{r.unknownLookupDown(k)})[0]
+		executor.NoteLookupsFailing(rc, ev.Key(), time.Now())
+	}
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
 	if _, err := rc.Resolve(t.Context(), ops, held1, processors.StatusSucceeded, "the ticket is there"); err != nil {
 		t.Fatal(err)
@@ -563,5 +568,157 @@ func TestReconcileNotFoundCountsFromTheLookupsSending(t *testing.T) {
 	})
 	if got := r.reconcile(rc, unknown); len(got) != 0 {
 		t.Errorf("reconciled %v on a lookup sent before the last attempt's time was up; want nothing yet", got)
+	}
+}
+
+// offsetClock is a reconciler's clock running ahead of the real one by
+// what the test adds to it.
+type offsetClock struct{ ahead atomic.Int64 }
+
+func (c *offsetClock) now() time.Time      { return time.Now().Add(time.Duration(c.ahead.Load())) }
+func (c *offsetClock) add(d time.Duration) { c.ahead.Add(int64(d)) }
+
+// A reconciler coming back (a restart, a downtime, a backlog it had not
+// reached) to a call unknown for longer than UnansweredFor does not park
+// it at its first pass whose lookups fail: under undo_unknown a park
+// undoes a call that may have succeeded. It parks it once the lookups
+// have failed here for UnansweredFor, counted from the end of that first
+// pass, however long the pass took.
+func TestReconcileParksOnlyOnceFailingHereForTheBound(t *testing.T) {
+	t.Run("after a downtime", func(t *testing.T) {
+		r := newRig(t)
+		unknown := r.unknownLookupDown("after-downtime")
+		var clock offsetClock
+		clock.add(10 * time.Minute)
+		rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.UnansweredFor, c.Now = time.Minute, clock.now })
+		if got := r.reconcile(rc, unknown); len(got) != 0 {
+			t.Errorf("first failing pass, the outcome ten minutes old: %q; want nothing recorded", got)
+		}
+		clock.add(50 * time.Second)
+		if got := r.reconcile(rc, unknown); len(got) != 0 {
+			t.Errorf("failing here for 50 s of a minute: %q; want nothing recorded", got)
+		}
+		clock.add(20 * time.Second)
+		if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(rc, unknown)); diff != "" {
+			t.Errorf("failing here for 70 s of a minute (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("a first pass longer than the bound", func(t *testing.T) {
+		r := newRig(t)
+		unknown := r.unknownLookupDown("slow-pass")
+		// A minute passes at every reading of the clock: the pass's
+		// lookups take longer than UnansweredFor.
+		var clock offsetClock
+		rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+			c.UnansweredFor = time.Minute
+			c.Now = func() time.Time { clock.add(time.Minute); return clock.now() }
+		})
+		if got := r.reconcile(rc, unknown); len(got) != 0 {
+			t.Errorf("first failing pass: %q; want nothing recorded", got)
+		}
+		if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(rc, unknown)); diff != "" {
+			t.Errorf("second failing pass (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// A park that does not land (the store failing the step) leaves the
+// call's failing lookups remembered: the redelivery, its lookups failing
+// still, parks it at once rather than waiting the whole bound again.
+func TestReconcileFailedParkKeepsTheWait(t *testing.T) {
+	r := newRig(t)
+	unknown := r.unknownLookupDown("park-fails")
+	var clock offsetClock
+	clock.add(10 * time.Minute) // the outcome older than the bound: only what the reconciler remembers holds the park back
+	store := &failingMoves{Store: r.store}
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Store, c.UnansweredFor, c.Now = store, time.Minute, clock.now
+	})
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Fatalf("first failing pass: %q; want nothing recorded", got)
+	}
+	clock.add(2 * time.Minute)
+	store.n = 1
+	if _, err := rc.Step(t.Context(), []*kgo.Record{unknown}); err == nil {
+		t.Fatal("the step whose park failed succeeded")
+	}
+	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(rc, unknown)); diff != "" {
+		t.Errorf("the redelivery (-want +got):\n%s", diff)
+	}
+}
+
+// A backlog of unknown outcomes whose sweep pass takes longer than any
+// bound is parked at each call's second failing round of lookups: what
+// the reconciler remembers of a call goes with the passes that no longer
+// list it, not with the time since it last saw it, which a long pass
+// would always outlast. Once parked, the calls are forgotten after a
+// pass.
+func TestReconcileBacklogLongerThanTheBoundIsParked(t *testing.T) {
+	r := newRig(t)
+	for _, k := range []string{"backlog-1", "backlog-2"} {
+		r.unknownLookupDown(k)
+	}
+	var clock offsetClock
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.SweepEvery, c.UnansweredFor, c.Now = time.Nanosecond, time.Minute, clock.now
+	})
+	executor.SetSweepLimit(rc, 1)
+	var parked []string
+	// A call a sweep, then an empty page ending the pass, ten minutes
+	// between sweeps: the first pass (sweeps 1 to 3) parks nothing, the
+	// second (4 to 6) both.
+	for sweep := 1; sweep <= 6; sweep++ {
+		for _, e := range r.reconcileAll(rc) {
+			if e.Type == statemachine.EventParked {
+				parked = append(parked, fmt.Sprintf("%s(%s)@%d", e.IdempotencyKey, e.Reason, sweep))
+			}
+		}
+		clock.add(10 * time.Minute)
+	}
+	want := []string{"backlog-1(" + executor.ReasonLookupFailed + ")@4", "backlog-2(" + executor.ReasonLookupFailed + ")@5"}
+	if diff := cmp.Diff(want, parked); diff != "" {
+		t.Errorf("six sweeps of one call each, ten minutes apart (-want +got):\n%s", diff)
+	}
+	if n := executor.FailingCalls(rc); n != 2 {
+		t.Errorf("remembered failing: %d calls; want the 2 parked, until a pass has not listed them", n)
+	}
+	r.reconcileAll(rc) // a pass that lists none
+	if n := executor.FailingCalls(rc); n != 0 {
+		t.Errorf("after a pass without them: %d calls remembered failing; want none", n)
+	}
+}
+
+// A call that went outcome_unknown after a sweep pass started, whose
+// lookups failed through its event, keeps its wait when the pass's page
+// that reaches it ends the pass: the next pass parks it once past the
+// bound, not one that starts the wait again.
+func TestReconcileCallNewerThanThePassKeepsItsWait(t *testing.T) {
+	r := newRig(t)
+	r.unknownLookupDown("older")
+	var clock offsetClock
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.SweepEvery, c.UnansweredFor, c.Now = 30*time.Second, 2*time.Minute, clock.now
+	})
+	executor.SetSweepLimit(rc, 1)
+	var parked []string
+	sweep := func(n int, recs ...*kgo.Record) {
+		for _, e := range r.reconcileAll(rc, recs...) {
+			if e.Type == statemachine.EventParked {
+				parked = append(parked, fmt.Sprintf("%s@%d", e.IdempotencyKey, n))
+			}
+		}
+	}
+	sweep(1) // starts a pass: a full page of the older call
+	newer := r.unknownLookupDown("newer")
+	clock.add(10 * time.Second)
+	sweep(1, newer) // the newer call's event, no sweep due: failing since +10 s
+	clock.add(30 * time.Second)
+	sweep(2) // lists the newer call, updated since the pass started, and ends the pass
+	clock.add(30 * time.Second)
+	sweep(3) // the older call, failing for 70 s
+	clock.add(time.Minute)
+	sweep(4) // the newer call, failing for 2 min: 90 s had its wait started again at sweep 2
+	if diff := cmp.Diff([]string{"newer@4"}, parked); diff != "" {
+		t.Errorf("the passes' sweeps (-want +got):\n%s", diff)
 	}
 }

@@ -233,10 +233,11 @@ func (f *failingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, 
 // compensation was asked for while the park was only decided.
 func TestUndoAskedOnlyOnceParked(t *testing.T) {
 	r := newRig(t)
-	_, unknown := r.unknownRefundToUndo()
+	orig, unknown := r.unknownRefundToUndo()
 	comp := &recordingCompensator{}
 	store := &failingMoves{Store: r.store, n: 1}
 	rc := r.undoingReconciler(store, comp)
+	failingLong(rc, orig.Key())
 	if _, err := rc.Step(t.Context(), []*kgo.Record{unknown}); err == nil {
 		t.Fatal("the step whose park failed succeeded")
 	}
@@ -258,6 +259,7 @@ func TestUndoAskedOnlyOnceParked(t *testing.T) {
 	orig, unknown2 := r2.unknownRefundToUndo()
 	comp2 := &recordingCompensator{}
 	rc2 := r2.undoingReconciler(r2.store, comp2)
+	failingLong(rc2, orig.Key())
 	if diff := cmp.Diff([]string{"parked(" + executor.ReasonCompensating + ")"}, r2.reconcile(rc2, unknown2)); diff != "" {
 		t.Errorf("the park (-want +got):\n%s", diff)
 	}
@@ -273,12 +275,21 @@ func (r *rig) undoingReconciler(store executor.ReconcilerStore, comp executor.Co
 	rc, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: r.reg, Store: store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
 		Backoff: time.Millisecond, SweepEvery: time.Hour, Compensator: comp,
-		UnansweredFor: time.Nanosecond, // parked at the first pass whose lookups fail
+		UnansweredFor: time.Nanosecond, // with failingLong
 	})
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	return rc
+}
+
+// failingLong has rc take the lookups of the calls under keys as failing
+// long since, for them to be parked at the first pass whose lookups fail:
+// these tests are of what comes after the park.
+func failingLong(rc *executor.Reconciler, keys ...ledger.CallKey) {
+	for _, k := range keys {
+		executor.NoteLookupsFailing(rc, k, time.Time{})
+	}
 }
 
 // sweepingReconciler is a reconciler that asks comp for compensations
@@ -289,9 +300,7 @@ func (r *rig) sweepingReconciler(comp executor.Compensator, now *time.Time, mod 
 	cfg := executor.ReconcilerConfig{
 		Registry: r.reg, Store: r.store, Looker: httptool.New(httptool.Config{}), BaseURL: r.url,
 		Backoff: time.Millisecond, SweepEvery: time.Minute, Compensator: comp,
-		// Parked at the first pass whose lookups fail: these tests are
-		// of what comes after.
-		UnansweredFor: time.Nanosecond,
+		UnansweredFor: time.Nanosecond, // with failingLong
 		Now:           func() time.Time { return *now },
 	}
 	if mod != nil {
@@ -363,6 +372,7 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 				return r.sweepingReconciler(&comp, &now, func(c *executor.ReconcilerConfig) { c.UndoAttempts = 5 })
 			}
 			rc := newReconciler()
+			failingLong(rc, orig.Key())
 			var parks []string
 			for _, e := range r.reconcileAll(rc, unknown) {
 				if e.Key() == orig.Key() && e.Type == statemachine.EventParked {
@@ -501,6 +511,7 @@ func TestUndoRequestsHeldAfterAFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	failingLong(rc, keys...)
 	r.reconcileAll(rc, unknowns...)
 	if diff := cmp.Diff([]int{0}, comp.asked); diff != "" {
 		t.Errorf("the park's step asked (-want +got):\n%s", diff)
@@ -533,6 +544,7 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 	}
 	now := time.Now()
 	rc := r.sweepingReconciler(svc, &now, nil)
+	failingLong(rc, orig.Key())
 	var parkSeq int64
 	for _, e := range r.reconcileAll(rc, unknown) {
 		if e.Key() == orig.Key() && e.Type == statemachine.EventParked {
