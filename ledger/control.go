@@ -28,6 +28,11 @@ type ControlAction struct {
 	Family string `json:"family,omitempty"`
 	// Policy is the activated policy version's label; activations only.
 	Policy string `json:"policy,omitempty"`
+	// PolicyHash, when set, pins the activated version's content
+	// ("sha256:" and 64 hex digits, as the policy set's hash): an
+	// instance whose files under the label hash otherwise denies every
+	// call until they match. Activations only; older builds ignore it.
+	PolicyHash string `json:"policy_hash,omitempty"`
 	// By is the operator (the assertion's user) who did it.
 	By string `json:"by"`
 	// ByTenant is the operator's tenant, "*" for a platform operator.

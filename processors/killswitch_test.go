@@ -5,6 +5,7 @@ package processors_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"os"
@@ -252,37 +253,68 @@ func TestPolicyVersionActivatedThroughControl(t *testing.T) {
 	h := newHarness(t, storeSQL, 4)
 	controls := h.controlState("controls")
 	h.run("activations", func(ctx context.Context) error {
-		return h.policy.FollowActivations(ctx, root, func() (policy.Activation, bool) {
-			a, ok := controls.ActivePolicy()
-			return policy.Activation{Label: a.Policy, ID: a.At.String()}, ok
-		}, 20*time.Millisecond)
+		return h.policy.FollowActivations(ctx, root, controls.PolicyActivation, 20*time.Millisecond)
 	})
 	h.startIntake("intake-1")
 	h.startExecutor(h.executorConfig("executor-1"))
 	svc := h.controlService(controls, nil)
 	tenantOps := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	if _, err := svc.ActivatePolicy(t.Context(), tenantOps, "v2", "try"); err == nil {
+	if _, err := svc.ActivatePolicy(t.Context(), tenantOps, "v2", "", "try"); err == nil {
 		t.Errorf("a tenant operator activated a policy version")
 	}
-	for i, label := range []string{"v1", "v2"} {
-		if _, err := svc.ActivatePolicy(t.Context(), ops, label, "rollout"); err != nil {
+	if _, err := svc.ActivatePolicy(t.Context(), ops, "v1", "sha256:abc", "try"); !errors.Is(err, control.ErrInvalidRequest) {
+		t.Errorf("activation pinning a malformed hash: %v; want %v", err, control.ErrInvalidRequest)
+	}
+	hash := map[string]string{}
+	for _, label := range []string{"v1", "v2"} {
+		set, err := policy.LoadDir(filepath.Join(root, label), label)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hash[label] = set.Hash()
+	}
+	// The label alone, then each pinned: v1 pinned to v2's content is
+	// not what v1's files are, and decides nothing (no set is active:
+	// calls are refused for now).
+	for i, tc := range []struct {
+		label, pin string
+		state      statemachine.State
+		reason     string
+	}{
+		{"v1", "", statemachine.StateSucceeded, ""},
+		{"v2", "", statemachine.StateDenied, policy.ReasonDeniedByPolicy},
+		{"v1", hash["v2"], statemachine.StateDenied, policy.ReasonUnavailable},
+		{"v1", hash["v1"], statemachine.StateSucceeded, ""},
+	} {
+		if _, err := svc.ActivatePolicy(t.Context(), ops, tc.label, tc.pin, "rollout"); err != nil {
 			t.Fatal(err)
 		}
 		ledgertest.WaitFor(t, 5*time.Second, func() error {
-			if v := h.policy.Active().Version(); !strings.HasPrefix(v, label+"@") {
-				return fmt.Errorf("engine at %s", v)
+			v := h.policy.Active().Version()
+			if (tc.reason == policy.ReasonUnavailable) != (v == "") || (v != "" && !strings.HasPrefix(v, tc.label+"@")) {
+				return fmt.Errorf("engine at %q", v)
 			}
 			return nil
 		})
 		e := h.newEnvelope("t_a", fmt.Sprintf("activated-%d", i), "get_weather", map[string]any{"city": "Oslo"})
 		h.submit(e)
-		c := h.waitSettled(30*time.Second, e.key())[e.key()]
-		want := statemachine.StateSucceeded
-		if label == "v2" {
-			want = statemachine.StateDenied
+		if tc.reason == policy.ReasonUnavailable {
+			// Not decided: refused for now, its key left free.
+			if ref := h.waitRefused(30*time.Second, e.key()); ref.Reason != tc.reason {
+				t.Errorf("under %s pinned to v2's content: refused %s (%s); want %s", tc.label, ref.Reason, ref.Detail, tc.reason)
+			}
+			if err := h.policy.Err(); err == nil || !strings.Contains(err.Error(), hash["v1"]) || !strings.Contains(err.Error(), hash["v2"]) {
+				t.Errorf("the engine's error: %v; want both the files' hash and the pinned one", err)
+			}
+			continue
 		}
-		if c.State != want || !strings.HasPrefix(c.Events[1].PolicyVersion, label+"@") {
-			t.Errorf("under %s: %s at %s; want %s at %s@…", label, c.State, c.Events[1].PolicyVersion, want, label)
+		c := h.waitSettled(30*time.Second, e.key())[e.key()]
+		last := c.Events[len(c.Events)-1]
+		if c.State != tc.state || last.Reason != tc.reason {
+			t.Errorf("under %s pinned %q: %s (%s); want %s (%s)", tc.label, tc.pin, c.State, last.Reason, tc.state, tc.reason)
+		}
+		if v := c.Events[1].PolicyVersion; !strings.HasPrefix(v, tc.label+"@") {
+			t.Errorf("under %s pinned %q: decided at %s; want %s@…", tc.label, tc.pin, v, tc.label)
 		}
 	}
 }

@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
+
+	"github.com/toolcall-ledger/ledger/processors/policy"
 )
 
 func newControlCmd(g *globals) *cobra.Command {
@@ -62,11 +65,37 @@ func newControlCmd(g *globals) *cobra.Command {
 			return printJSON(cmd, out)
 		},
 	}
-	var label string
+	var label, hash, pinFrom string
 	activate := action("activate-policy", "Make a policy version (a label under each instance's --policy-versions-dir) the one every intake and executor decides with", "/v1/control/activate-policy", func() map[string]string {
-		return map[string]string{"policy": label, "reason": reason}
+		body := map[string]string{"policy": label, "reason": reason}
+		if hash != "" {
+			// Only when set: a control server of an older build
+			// refuses the field, and should refuse a pin it ignores.
+			body["policy_hash"] = hash
+		}
+		return body
 	})
 	activate.Flags().StringVar(&label, "policy", "", "the version's label")
+	activate.Flags().StringVar(&hash, "policy-hash", "", "pin the version's content: the policy set's hash (sha256: and 64 hex digits, as --pin-from computes it and the activation prints); an instance whose files under the label hash otherwise denies every call until they match. Empty: the label alone, each instance deciding with whatever its files say")
+	activate.Flags().StringVar(&pinFrom, "pin-from", "", "a policy versions directory here (the copy you reviewed): pins the content of <dir>/<label>/*.cedar, sending its hash as --policy-hash")
+	activate.PreRunE = func(*cobra.Command, []string) error {
+		if pinFrom == "" {
+			return nil
+		}
+		if label == "" {
+			return fmt.Errorf("--pin-from needs --policy, the label whose files to pin")
+		}
+		dir := filepath.Join(pinFrom, label)
+		set, err := policy.LoadDir(dir, label)
+		if err != nil {
+			return fmt.Errorf("--pin-from: %s: %w", dir, err)
+		}
+		if hash != "" && hash != set.Hash() {
+			return fmt.Errorf("--policy-hash %s: %s hashes to %s", hash, dir, set.Hash())
+		}
+		hash = set.Hash()
+		return nil
+	}
 	cmd.AddCommand(freeze, unfreeze, revoke, activate, show)
 	return cmd
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/projections/console"
 )
 
@@ -180,6 +181,34 @@ func TestDevPolicyActivation(t *testing.T) {
 	ledgertest.WaitFor(t, 10*time.Second, policyIs("v3@", ""))
 	if typ, _, v := settledEvent(t, kafka, dir, "pol-4"); typ != "succeeded" || !strings.HasPrefix(v, "v3@") {
 		t.Errorf("once the activated version loads: %s (%s); want succeeded under v3@…", typ, v)
+	}
+
+	// Pinned: --pin-from sends the hash of the copy reviewed, and an
+	// instance whose files differ decides nothing with them.
+	out := cli(t, "control", "activate-policy", "--api", "http://"+api, "--data-dir", dir, "--tenant", "*", "--user", "u_ops",
+		"--policy", "lockdown", "--pin-from", versions, "--reason", "pinned")
+	lockdown, err := policy.LoadDir(filepath.Join(versions, "lockdown"), "lockdown")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, `"policy_hash": "`+lockdown.Hash()+`"`) {
+		t.Errorf("activate-policy --pin-from printed:\n%s\nwant the action pinning %s", out, lockdown.Hash())
+	}
+	ledgertest.WaitFor(t, 10*time.Second, policyIs("lockdown@", ""))
+	v3, err := policy.LoadDir(filepath.Join(versions, "v3"), "v3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v3Hash := v3.Hash()
+	cli(t, "control", "activate-policy", "--api", "http://"+api, "--data-dir", dir, "--tenant", "*", "--user", "u_ops",
+		"--policy", "lockdown", "--policy-hash", v3Hash, "--reason", "pinned to another version's content")
+	ledgertest.WaitFor(t, 10*time.Second, policyIs("", v3Hash))
+	if typ, reason, _ := settledEvent(t, kafka, dir, "pol-5"); typ != "denied" || reason != "policy_unavailable" {
+		t.Errorf("while the activated version's files are not the content pinned: %s (%s); want denied, policy_unavailable", typ, reason)
+	}
+	if err := cliErr(t, "control", "activate-policy", "--api", "http://"+api, "--data-dir", dir, "--tenant", "*", "--user", "u_ops",
+		"--policy", "lockdown", "--pin-from", versions, "--policy-hash", v3Hash, "--reason", "x"); err == nil || !strings.Contains(err.Error(), lockdown.Hash()) {
+		t.Errorf("--policy-hash other than --pin-from's: %v; want refused, naming the directory's hash", err)
 	}
 }
 

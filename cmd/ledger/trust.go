@@ -113,15 +113,7 @@ func (f *policyFlags) registerRefusals(fs *pflag.FlagSet) {
 // as any version that does not load: an operator's activation is never
 // silently ignored.
 func (f *policyFlags) followActivations(ctx context.Context, engine *policy.Engine, controls *control.State) error {
-	return engine.FollowActivations(ctx, f.versions, func() (policy.Activation, bool) {
-		a, ok := controls.ActivePolicy()
-		return activation(a), ok
-	}, 500*time.Millisecond)
-}
-
-// activation is the policy activation a control record names.
-func activation(a control.Action) policy.Activation {
-	return policy.Activation{Label: a.Policy, ID: a.At.Format(time.RFC3339Nano)}
+	return engine.FollowActivations(ctx, f.versions, controls.PolicyActivation, 500*time.Millisecond)
 }
 
 // activate brings engine to the version activated on the control topic
@@ -129,8 +121,8 @@ func activation(a control.Action) policy.Activation {
 // its loops decide a call, which would otherwise be decided with the set
 // the activation replaced until followActivations' first tick.
 func (f *policyFlags) activate(engine *policy.Engine, controls *control.State) {
-	a, ok := controls.ActivePolicy()
-	engine.Activate(f.versions, activation(a), ok)
+	a, ok := controls.PolicyActivation()
+	engine.Activate(f.versions, a, ok)
 }
 
 // engine returns the policy engine and, when a directory is watched, the

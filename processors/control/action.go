@@ -78,6 +78,9 @@ const (
 // toolNameRE is the registry's tool name syntax (schemas' toolNameRE).
 var toolNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
 
+// policyHashRE is a policy set's hash (policy.Set.Hash).
+var policyHashRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+
 // Action is one control record: a freeze, an unfreeze, a revocation or a
 // policy activation, with who did it and why. Its wire form is the
 // ledger's (ledger.ControlAction), so that projections read the control

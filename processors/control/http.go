@@ -188,7 +188,9 @@ func (s *Service) serveUnfreeze(w http.ResponseWriter, r *http.Request, id ident
 // ActivateRequest is the body of POST /v1/control/activate-policy.
 type ActivateRequest struct {
 	Policy string `json:"policy"`
-	Reason string `json:"reason"`
+	// PolicyHash, optional, pins the version's content.
+	PolicyHash string `json:"policy_hash,omitempty"`
+	Reason     string `json:"reason"`
 }
 
 func (s *Service) serveActivate(w http.ResponseWriter, r *http.Request, id identity.Identity) {
@@ -197,7 +199,7 @@ func (s *Service) serveActivate(w http.ResponseWriter, r *http.Request, id ident
 		s.fail(w, r, err)
 		return
 	}
-	a, err := s.ActivatePolicy(r.Context(), id, req.Policy, req.Reason)
+	a, err := s.ActivatePolicy(r.Context(), id, req.Policy, req.PolicyHash, req.Reason)
 	s.answer(w, r, a, err)
 }
 

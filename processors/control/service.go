@@ -242,8 +242,12 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 
 // ActivatePolicy makes the policy version labelled label the one every
 // intake and executor decides with (each loads it from its policy
-// versions directory). Platform operators only. It waits like Freeze.
-func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity, label, reason string) (Action, error) {
+// versions directory). hash, when set, pins the version's content (the
+// policy set's hash, "sha256:" and 64 lowercase hex digits): an instance
+// whose files under the label hash otherwise decides no call with them,
+// and denies every call until they match. Platform operators only. It
+// waits like Freeze.
+func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity, label, hash, reason string) (Action, error) {
 	if !s.cfg.State.isReady() {
 		return Action{}, ErrNotReady
 	}
@@ -260,10 +264,13 @@ func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity
 	if label == "." || label == ".." {
 		return Action{}, fmt.Errorf("%w: policy must name a version directory", ErrInvalidRequest)
 	}
+	if hash != "" && !policyHashRE.MatchString(hash) {
+		return Action{}, fmt.Errorf("%w: policy_hash must be \"sha256:\" and 64 lowercase hex digits, the policy set's hash", ErrInvalidRequest)
+	}
 	if reason, err = checkReason(reason); err != nil {
 		return Action{}, err
 	}
-	return s.publish(ctx, s.action(operator, KindActivatePolicy, reason, func(a *Action) { a.Policy = label }))
+	return s.publish(ctx, s.action(operator, KindActivatePolicy, reason, func(a *Action) { a.Policy, a.PolicyHash = label, hash }))
 }
 
 // Revoke revokes one credential (jti) or a credential family (family,

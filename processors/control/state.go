@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 )
 
 // Log attribute keys of this package.
@@ -766,4 +767,12 @@ func (s *State) ActivePolicy() (Action, bool) {
 		return Action{}, false
 	}
 	return *s.policy, true
+}
+
+// PolicyActivation is the latest policy activation as the policy engine
+// follows it (policy.Engine.FollowActivations): its label, the content it
+// pins, and its time, which tells two activations of one label apart.
+func (s *State) PolicyActivation() (policy.Activation, bool) {
+	a, ok := s.ActivePolicy()
+	return policy.Activation{Label: a.Policy, ID: a.At.Format(time.RFC3339Nano), Hash: a.PolicyHash}, ok
 }

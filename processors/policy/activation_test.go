@@ -18,6 +18,7 @@ import (
 type activations struct {
 	mu    sync.Mutex
 	label string
+	hash  string // the content the activation pins, if any
 }
 
 func (a *activations) set(label string) {
@@ -29,7 +30,7 @@ func (a *activations) set(label string) {
 func (a *activations) active() (Activation, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return Activation{Label: a.label, ID: "1"}, a.label != ""
+	return Activation{Label: a.label, ID: "1", Hash: a.hash}, a.label != ""
 }
 
 // follow runs WatchDir over dir and FollowActivations over root side by
@@ -123,15 +124,17 @@ func TestActivationWinsOverWatchedDir(t *testing.T) {
 }
 
 // TestActivatedVersionThatDoesNotLoadFailsClosed: an activated version
-// that does not load denies every call (the previous set is no longer the
-// operator's policy), is reported by Err and the logs, and is tried again
-// until it loads.
+// that does not load, or whose files are not the content the activation
+// pins, denies every call (the previous set is no longer the operator's
+// policy), is reported by Err and the logs, and is tried again until it
+// loads.
 func TestActivatedVersionThatDoesNotLoadFailsClosed(t *testing.T) {
 	cases := []struct {
 		name  string
 		root  func(t *testing.T) string
 		label string
 		fix   func(t *testing.T, root string)
+		hash  string // pinned by the activation
 	}{
 		{"broken files", func(t *testing.T) string {
 			root := t.TempDir()
@@ -139,12 +142,19 @@ func TestActivatedVersionThatDoesNotLoadFailsClosed(t *testing.T) {
 			return root
 		}, "v3", func(t *testing.T, root string) {
 			writeFile(t, filepath.Join(root, "v3"), "weather.cedar", forbidWeather)
-		}},
+		}, ""},
 		{"missing version", tempDir, "v4", func(t *testing.T, root string) {
 			writeFile(t, mkdir(t, root, "v4"), "weather.cedar", forbidWeather)
-		}},
-		{"not a directory name", tempDir, "../v5", nil},
-		{"no versions directory", func(*testing.T) string { return "" }, "v6", nil},
+		}, ""},
+		{"files other than the pinned content", func(t *testing.T) string {
+			root := t.TempDir()
+			writeFile(t, mkdir(t, root, "v7"), "weather.cedar", allowWeather)
+			return root
+		}, "v7", func(t *testing.T, root string) {
+			writeFile(t, filepath.Join(root, "v7"), "weather.cedar", forbidWeather)
+		}, hashOf(t, "weather.cedar", forbidWeather)},
+		{"not a directory name", tempDir, "../v5", nil, ""},
+		{"no versions directory", func(*testing.T) string { return "" }, "v6", nil, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,7 +169,7 @@ func TestActivatedVersionThatDoesNotLoadFailsClosed(t *testing.T) {
 			if err := e.Err(); err != nil {
 				t.Fatalf("Err() before any activation = %v; want nil", err)
 			}
-			a := &activations{}
+			a := &activations{hash: tc.hash}
 			follow(t, e, dir, root, a)
 			a.set(tc.label)
 
@@ -172,13 +182,13 @@ func TestActivatedVersionThatDoesNotLoadFailsClosed(t *testing.T) {
 				}
 				return nil
 			})
-			if err := e.Err(); err == nil || !strings.Contains(err.Error(), tc.label) {
-				t.Errorf("Err() = %v; want the activated version %q named", err, tc.label)
+			if err := e.Err(); err == nil || !strings.Contains(err.Error(), tc.label) || !strings.Contains(err.Error(), tc.hash) {
+				t.Errorf("Err() = %v; want the activated version %q named, and the hash it pins (%q)", err, tc.label, tc.hash)
 			}
 			if d := e.Decide(context.Background(), simple("get_weather")); !strings.Contains(d.Detail, tc.label) {
 				t.Errorf("Decide().Detail = %q; want the activated version %q named", d.Detail, tc.label)
 			}
-			if got := strings.Count(logs.String(), "activated policy version does not load"); got != 1 {
+			if got := strings.Count(logs.String(), "activated policy version not in force"); got != 1 {
 				t.Errorf("%d error logs for the failed activation; want 1 (retries are quiet):\n%s", got, logs.String())
 			}
 			if tc.fix == nil {
@@ -197,6 +207,18 @@ func TestActivatedVersionThatDoesNotLoadFailsClosed(t *testing.T) {
 }
 
 func tempDir(t *testing.T) string { return t.TempDir() }
+
+// hashOf is the Set.Hash of a version whose one file is name with content.
+func hashOf(t *testing.T, name, content string) string {
+	t.Helper()
+	dir := t.TempDir()
+	writeFile(t, dir, name, content)
+	s, err := LoadDir(dir, "any")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Hash()
+}
 
 // mkdir makes root/name and returns it.
 func mkdir(t *testing.T, root, name string) string {
@@ -245,5 +267,30 @@ func TestActivatingALabelAgainRereadsIt(t *testing.T) {
 	e.Activate(root, Activation{Label: "v2", ID: "2"}, true)
 	if got := e.Active().Version(); got == first || !strings.HasPrefix(got, "v2@") {
 		t.Errorf("v2 activated again: version %s; want v2 with the mended files, not %s", got, first)
+	}
+}
+
+// An activation's pin is part of what it is: the same label activated
+// again with another pin, or none, even under the same ID, is followed,
+// and activating it again without a pin drops the pin.
+func TestActivationPinIsFollowed(t *testing.T) {
+	_, root, base := weatherVersions(t)
+	e := newEngine(t, Config{Set: base})
+	v2 := hashOf(t, "weather.cedar", forbidWeather)
+	other := hashOf(t, "weather.cedar", allowWeather)
+	for _, step := range []struct {
+		pin      string
+		inForce  bool
+		activate string
+	}{
+		{v2, true, "pinned to its files"},
+		{other, false, "the same activation pinned to other content"},
+		{"", true, "the same activation without a pin"},
+		{other, false, "pinned to other content again"},
+	} {
+		e.Activate(root, Activation{Label: "v2", ID: "1", Hash: step.pin}, true)
+		if err := versionIs(e, "v2")(); (err == nil) != step.inForce {
+			t.Errorf("%s: %v; want v2 in force: %v", step.activate, err, step.inForce)
+		}
 	}
 }

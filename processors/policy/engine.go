@@ -139,8 +139,9 @@ type Engine struct {
 	// Config.Set, then the directory's latest content that loaded.
 	base *Set
 	// pinned is the label of the activated version in force (loaded or
-	// not), empty while none is; pinnedID the activation's ID.
-	pinned, pinnedID string
+	// not), empty while none is; pinnedID the activation's ID and
+	// pinnedHash the content it pins.
+	pinned, pinnedID, pinnedHash string
 }
 
 // Activation is a policy version activated on the control plane: its
@@ -151,6 +152,11 @@ type Engine struct {
 type Activation struct {
 	Label string
 	ID    string
+	// Hash, when set, pins the version's content (Set.Hash): an instance
+	// whose files under the label hash otherwise does not decide with
+	// them, and fails closed as for files that do not load, until they
+	// match.
+	Hash string
 }
 
 // activationError is why a version activated on the control plane is not
@@ -161,7 +167,19 @@ type activationError struct {
 }
 
 func (e *activationError) Error() string {
+	var pe *pinError
+	if errors.As(e.err, &pe) {
+		return fmt.Sprintf("activated policy version %q is not the content the activation pins: %v", e.label, e.err)
+	}
 	return fmt.Sprintf("activated policy version %q does not load: %v", e.label, e.err)
+}
+
+// pinError: the files under an activated label are not the content the
+// activation pins (not yet rolled out to this instance, or changed since).
+type pinError struct{ files, pinned string }
+
+func (e *pinError) Error() string {
+	return fmt.Sprintf("its files hash to %s, not to the pinned %s", e.files, e.pinned)
 }
 
 func (e *activationError) Unwrap() error { return e.err }
@@ -479,7 +497,8 @@ func (ev *evaluation) All() iter.Seq2[cedar.PolicyID, *cedar.Policy] {
 // An activation wins over the base set (Config.Set, Reload, WatchDir) for
 // as long as it is in force; once it is withdrawn the base set is in force
 // again. An activated version that does not load (broken files, a missing
-// directory, a label that is not a directory name, or no root at all)
+// directory, a label that is not a directory name, or no root at all), or
+// whose files are not the content the activation pins (Activation.Hash),
 // fails closed: the previous set is no longer the operator's policy, and
 // what the new one allows is unknown, so every decision denies
 // (policy_unavailable) and Err says why until it loads. It is tried again
@@ -524,40 +543,51 @@ func (e *Engine) follow(root string, a Activation, ok bool) {
 		return
 	}
 	prev := e.failed.Load()
-	if label == e.pinned && a.ID == e.pinnedID && prev == nil {
+	same := label == e.pinned && a.ID == e.pinnedID && a.Hash == e.pinnedHash
+	if same && prev == nil {
 		return
 	}
 	if label == e.pinned && prev == nil {
 		e.cfg.Logger.Info("policy version activated again: its files are read again", "policy_label", label)
 	}
-	e.pinned, e.pinnedID = label, a.ID
-	set, err := loadVersion(root, label)
+	e.pinned, e.pinnedID, e.pinnedHash = label, a.ID, a.Hash
+	set, err := loadVersion(root, label, a.Hash)
 	if err != nil {
 		f := &activationError{label: label, err: err}
 		e.failed.Store(f)
 		// Logged once per label and error; Err and the denials' detail
 		// say it for as long as it lasts.
 		if prev == nil || prev.label != label || prev.err.Error() != err.Error() {
-			e.cfg.Logger.Error("activated policy version does not load; every call is denied until it does",
-				"policy_label", label, "previous_version", e.active.Load().Version(), "err", err)
+			e.cfg.Logger.Error("activated policy version not in force; every call is denied until it is",
+				"policy_label", label, "previous_version", e.active.Load().Version(), "err", f)
 		}
 		e.active.Store(nil)
 		return
 	}
 	e.Swap(set)
 	e.failed.Store(nil)
-	if prev != nil && prev.label == label {
+	if prev != nil && same {
 		e.cfg.Logger.Info("activated policy version loaded on a retry", "policy_version", set.Version())
 	}
 }
 
-// loadVersion loads the version labelled label from root/<label>.
-func loadVersion(root, label string) (*Set, error) {
+// loadVersion loads the version labelled label from root/<label>; when pin
+// is set, only if its files hash to pin (a *pinError otherwise), checked
+// before they are parsed.
+func loadVersion(root, label, pin string) (*Set, error) {
 	if root == "" {
 		return nil, errors.New("no policy versions directory to load it from")
 	}
 	if !filepath.IsLocal(label) || strings.ContainsAny(label, `/\`) {
 		return nil, errors.New("the label is not a directory name")
 	}
-	return LoadDir(filepath.Join(root, label), label)
+	files, err := readFiles(os.DirFS(filepath.Join(root, label)))
+	if err != nil {
+		return nil, err
+	}
+	hash := hashFiles(files)
+	if pin != "" && hash != pin {
+		return nil, &pinError{files: hash, pinned: pin}
+	}
+	return parse(files, label, hash)
 }
