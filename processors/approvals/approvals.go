@@ -258,7 +258,8 @@ type Preview struct {
 	// Arguments are the audit copy: redacted per the registry and masked
 	// per the deciding policies.
 	Arguments json.RawMessage `json:"arguments,omitempty"`
-	// Amount is amount_cents and currency in human form ("45.00 AUD").
+	// Amount is amount_cents and currency in human form ("45.00 AUD",
+	// "4500 JPY"): amount_cents counts the currency's minor unit.
 	Amount       string `json:"amount,omitempty"`
 	Compensation string `json:"compensation,omitempty"`
 }
@@ -753,23 +754,48 @@ func (s *Service) preview(rec processors.Record, requested *ledger.Event) Previe
 	return p
 }
 
-// amount renders amount_cents and currency as "45.00 AUD". It assumes
-// hundredths, as the argument's name says, whatever the currency.
+// amount renders amount_cents and currency as "45.00 AUD": amount_cents
+// in the currency's minor unit, as payment APIs count it, so that 4500
+// JPY reads "4500 JPY" and 4500 BHD "4.500 BHD". An approver shown
+// hundredths of every currency would see a yen refund a hundredth of
+// its size.
 func amount(args map[string]any) string {
 	n, ok := args["amount_cents"].(json.Number)
 	cur, ok2 := args["currency"].(string)
 	if !ok || !ok2 || cur == "" {
 		return ""
 	}
-	cents, err := n.Int64()
+	minor, err := n.Int64()
 	if err != nil {
 		return ""
 	}
-	sign := ""
-	if cents < 0 {
-		sign, cents = "-", -cents
+	sign, abs := "", uint64(minor)
+	if minor < 0 {
+		sign, abs = "-", uint64(-minor) // two's complement: right for MinInt64 too
 	}
-	return fmt.Sprintf("%s%d.%02d %s", sign, cents/100, cents%100, cur)
+	exp := minorUnitExponent(cur)
+	if exp == 0 {
+		return fmt.Sprintf("%s%d %s", sign, abs, cur)
+	}
+	unit := uint64(1)
+	for range exp {
+		unit *= 10
+	}
+	return fmt.Sprintf("%s%d.%0*d %s", sign, abs/unit, exp, abs%unit, cur)
+}
+
+// minorUnitExponent is the ISO 4217 number of decimals of currency's minor
+// unit: 2 for every code but those listed.
+func minorUnitExponent(currency string) int {
+	switch currency {
+	case "BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "UYI", "VND", "VUV", "XAF", "XOF", "XPF":
+		return 0
+	case "BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND":
+		return 3
+	case "CLF", "UYW":
+		return 4
+	}
+	return 2
 }
 
 // scalar renders a JSON value for the preview: strings and numbers as
