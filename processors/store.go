@@ -436,6 +436,11 @@ type Store interface {
 	// with many records in status does not hide the others' (the
 	// approval queue is listed per tenant).
 	TenantByStatus(ctx context.Context, tenant string, status Status, limit int) ([]Record, error)
+	// TenantLatestByStatus is TenantByStatus newest update first: the
+	// latest limit records of the tenant in status, for the statuses
+	// records stay in for good (an approval rejected or expired), whose
+	// oldest page would hide every newer one.
+	TenantLatestByStatus(ctx context.Context, tenant string, status Status, limit int) ([]Record, error)
 	// Get returns the record for key, or ErrNotFound.
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)
 	Close() error

@@ -156,7 +156,7 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 			return tw.Flush()
 		},
 	}
-	list.Flags().StringVar(&state, "state", "pending", "pending, rejected or expired")
+	list.Flags().StringVar(&state, "state", "pending", "pending (oldest first), rejected or expired (newest first)")
 	show := &cobra.Command{
 		Use:   "show ID",
 		Short: "Show an approval with its readable preview",

@@ -108,6 +108,7 @@ type Store interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 	processors.StatusLister
 	TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error)
+	TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 }
@@ -147,7 +148,8 @@ type Config struct {
 	// event's approver field.
 	Actor string
 	// ListLimit bounds the records one List reads from the store: the
-	// approver's tenant's, oldest first; default 1000.
+	// approver's tenant's, the oldest pending (the queue's head) or the
+	// latest decided; default 1000.
 	ListLimit int
 	// Versions reads resource versions for tools that declare how, and
 	// BaseURL resolves their relative URLs. Nil: approvals bind no
@@ -279,7 +281,9 @@ func (s *Service) isApprover(id identity.Identity) bool {
 }
 
 // List returns the approver's tenant's approvals in state ("" means
-// pending), oldest first. "pending", "rejected" and "expired" are served;
+// pending): pending ones oldest first, the queue's head; rejected and
+// expired ones newest first, since they stay so for good and the oldest
+// would hide every later one. "pending", "rejected" and "expired" are served;
 // "approved" wraps ErrUnsupported (approved calls move on through the
 // executor and are better found in the call index); anything else wraps
 // ErrInvalidRequest.
@@ -302,7 +306,11 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 	}
 	// The tenant's own, so that another tenant's queue, however long,
 	// does not hide it.
-	recs, err := s.cfg.Store.TenantByStatus(ctx, approver.Tenant, status, s.cfg.ListLimit)
+	list := s.cfg.Store.TenantByStatus
+	if status != processors.StatusPending {
+		list = s.cfg.Store.TenantLatestByStatus
+	}
+	recs, err := list(ctx, approver.Tenant, status, s.cfg.ListLimit)
 	if err != nil {
 		return nil, fmt.Errorf("approvals: list %s: %w", status, err)
 	}

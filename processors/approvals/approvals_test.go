@@ -135,12 +135,14 @@ func newFixture(t *testing.T) *fixture {
 }
 
 // service returns another approval queue instance on the fixture's store,
-// publisher and clock.
-func (f *fixture) service() *approvals.Service {
+// publisher and clock, its configuration edited by each of edits.
+func (f *fixture) service(edits ...func(*approvals.Config)) *approvals.Service {
 	f.t.Helper()
-	svc, err := approvals.New(approvals.Config{
-		Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now,
-	})
+	cfg := approvals.Config{Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now}
+	for _, edit := range edits {
+		edit(&cfg)
+	}
+	svc, err := approvals.New(cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -767,18 +769,49 @@ func TestListNotHiddenByAnotherTenant(t *testing.T) {
 			map[string]any{"order_id": fmt.Sprintf("ord_b%d", i), "amount_cents": 4500, "currency": "AUD", "reason": "customer is upset"}))
 	}
 	k, _ := f.refund("a-1")
-	svc, err := approvals.New(approvals.Config{
-		Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now, ListLimit: 3,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := f.service(func(c *approvals.Config) { c.ListLimit = 3 })
 	list, err := svc.List(t.Context(), boss, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(list) != 1 || list[0].ID != approvals.ID(k) {
 		t.Errorf("List for t_a behind 3 of t_b's with ListLimit 3 = %+v; want t_a's one approval", list)
+	}
+}
+
+// Decided approvals are listed newest first: a tenant with more rejected
+// ones than one List reads sees its latest, not the oldest for good.
+// Pending ones stay oldest first, the queue's head.
+func TestListDecidedNewestFirst(t *testing.T) {
+	f := newFixture(t)
+	svc := f.service(func(c *approvals.Config) { c.ListLimit = 2 })
+	var ids []string
+	for i := range 4 {
+		k, _ := f.refund(fmt.Sprintf("decided-%d", i))
+		ids = append(ids, approvals.ID(k))
+	}
+	for _, id := range ids[:3] { // in turn: each rejection updated after the last
+		if _, err := svc.Reject(t.Context(), boss, id, "no"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idsOf := func(state string) []string {
+		t.Helper()
+		list, err := svc.List(t.Context(), boss, state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, a := range list {
+			out = append(out, a.ID)
+		}
+		return out
+	}
+	if diff := cmp.Diff([]string{ids[2], ids[1]}, idsOf(string(approvals.StateRejected))); diff != "" {
+		t.Errorf("rejected, 3 of them, ListLimit 2 (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{ids[3]}, idsOf("")); diff != "" {
+		t.Errorf("pending (-want +got):\n%s", diff)
 	}
 }
 
@@ -789,12 +822,7 @@ func TestListNotHiddenByAnotherTenant(t *testing.T) {
 // stayed pending until the older ones lapsed (15 minutes here).
 func TestExpireDuePagesPastOlderApprovals(t *testing.T) {
 	f := newFixture(t)
-	svc, err := approvals.New(approvals.Config{
-		Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now, ExpireBatch: 2,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := f.service(func(c *approvals.Config) { c.ExpireBatch = 2 })
 	for _, key := range []string{"old-1", "old-2", "old-3"} {
 		f.refund(key)
 	}
@@ -845,12 +873,7 @@ func (hangingVersions) ResourceVersion(ctx context.Context, _, _, _ string) (str
 // endpoint did, without end.
 func TestApproveDoesNotHangOnTheResourceVersion(t *testing.T) {
 	f := newFixture(t)
-	svc, err := approvals.New(approvals.Config{
-		Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now, Versions: hangingVersions{}, BaseURL: "http://tools.test",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := f.service(func(c *approvals.Config) { c.Versions, c.BaseURL = hangingVersions{}, "http://tools.test" })
 	k, evs := f.refund("hang")
 	done := make(chan error, 1)
 	go func() {
@@ -903,11 +926,7 @@ func TestApproveNeedsTheVersionConfirmed(t *testing.T) {
 	if _, err := f.svc.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash); !errors.Is(err, approvals.ErrVersionUnconfirmed) {
 		t.Errorf("Approve by a service that reads no versions = %v; want ErrVersionUnconfirmed", err)
 	}
-	reader, err := approvals.New(approvals.Config{Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now,
-		Versions: fixedVersions("v1"), BaseURL: "http://tools.test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reader := f.service(func(c *approvals.Config) { c.Versions, c.BaseURL = fixedVersions("v1"), "http://tools.test" })
 	if a, err := reader.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash); err != nil || a.State != approvals.StateApproved {
 		t.Errorf("Approve by a service that reads the same version = %+v, %v; want approved", a, err)
 	}
@@ -951,11 +970,7 @@ func TestApproveChecksTheExpiryAfterReadingTheVersion(t *testing.T) {
 		if tc.late {
 			d = left + time.Second
 		}
-		svc, err := approvals.New(approvals.Config{Store: f.store, Registry: f.reg, Identity: f.ident.Verifier, Publisher: f.pub, Now: f.clock.Now,
-			Versions: slowVersions{"v1", f.clock, d}, BaseURL: "http://tools.test"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		svc := f.service(func(c *approvals.Config) { c.Versions, c.BaseURL = slowVersions{"v1", f.clock, d}, "http://tools.test" })
 		started := f.clock.Now()
 		a, err := svc.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash)
 		if !errors.Is(err, tc.wantErr) {

@@ -1144,26 +1144,32 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after pro
 // its order (update time, then record key). A status no record has, known
 // or not, lists nothing.
 func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, "", status, processors.Cursor{}, limit)
+	return s.byStatus(ctx, "", status, processors.Cursor{}, false, limit)
 }
 
 // ByStatusAfter implements processors.Store: the status index from past
 // the cursor's entry on.
 func (s *Store) ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, "", status, after, limit)
+	return s.byStatus(ctx, "", status, after, false, limit)
 }
 
 // TenantByStatus implements processors.Store: the tenant's range of the
 // tenant status index, whose order within a tenant is the status index's,
 // so that no other tenant's entry is read.
 func (s *Store) TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, tenant, status, processors.Cursor{}, limit)
+	return s.byStatus(ctx, tenant, status, processors.Cursor{}, false, limit)
+}
+
+// TenantLatestByStatus implements processors.Store: TenantByStatus's
+// range read backwards.
+func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+	return s.byStatus(ctx, tenant, status, processors.Cursor{}, true, limit)
 }
 
 // byStatus lists the records in status, of tenant ("": of every tenant),
 // after the cursor after (the zero Cursor: from the oldest; given only
-// without a tenant).
-func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
+// without a tenant), newest first when latest (then with no cursor).
+func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, latest bool, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore by status: %w", err)
 	}
@@ -1183,6 +1189,19 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 		records := tx.Bucket(bucketRecords)
 		c := tx.Bucket(bucket).Cursor()
 		k, _ := c.Seek(prefix)
+		next := c.Next
+		if latest {
+			// From the last entry under prefix: the one before the
+			// first entry past it (or the bucket's last).
+			if end := prefixEnd(prefix); end == nil {
+				k, _ = c.Last()
+			} else if k, _ = c.Seek(end); k == nil {
+				k, _ = c.Last()
+			} else {
+				k, _ = c.Prev()
+			}
+			next = c.Prev
+		}
 		if !after.IsZero() {
 			// Past the cursor's own entry, if its record is still there.
 			from := statusKey(status, after.At, recordKey(after.Key))
@@ -1190,7 +1209,7 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 				k, _ = c.Next()
 			}
 		}
-		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = next() {
 			if s.entryRead != nil {
 				s.entryRead(k)
 			}
@@ -1248,4 +1267,17 @@ func (s *Store) Get(ctx context.Context, k ledger.CallKey) (processors.Record, e
 		return processors.Record{}, fmt.Errorf("%v: %w", k, processors.ErrNotFound)
 	}
 	return r, nil
+}
+
+// prefixEnd is the least key past every key that starts with prefix; nil
+// when there is none (prefix all 0xff).
+func prefixEnd(prefix []byte) []byte {
+	end := slices.Clone(prefix)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
 }

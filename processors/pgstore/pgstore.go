@@ -978,6 +978,10 @@ type queries struct {
 	// byStatus and byListedStatus are ByStatus's.
 	tenantByStatus       string
 	tenantByListedStatus map[processors.Status]string
+	// tenantLatestByStatus and tenantLatestByListedStatus are
+	// TenantLatestByStatus's.
+	tenantLatestByStatus       string
+	tenantLatestByListedStatus map[processors.Status]string
 	// byStatusAfter and byListedStatusAfter are ByStatusAfter's.
 	byStatusAfter       string
 	byListedStatusAfter map[processors.Status]string
@@ -999,6 +1003,9 @@ ORDER BY tenant_id, idempotency_key`
 WHERE status = %s%s
 ORDER BY updated_at, tenant_id, idempotency_key
 LIMIT %s`
+	// Newest first: the tenant status index read backwards.
+	latestByStatus := strings.Replace(byStatus, "ORDER BY updated_at, tenant_id, idempotency_key",
+		"ORDER BY updated_at DESC, tenant_id DESC, idempotency_key DESC", 1)
 	// One tenant's: for a listed status, the tenant's range of the
 	// tenant status index, in its order; otherwise the scan.
 	ofTenant := func(param string) string { return "\n  AND tenant_id = " + param }
@@ -1217,19 +1224,22 @@ WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
 		unlogged:      r.Replace(fmt.Sprintf(unlogged, "")),
 		unloggedAfter: r.Replace(fmt.Sprintf(unlogged, unloggedAfter)),
 		// A status outside listedStatuses: a scan.
-		byStatus:             r.Replace(fmt.Sprintf(byStatus, "$1", "", "$2")),
-		tenantByStatus:       r.Replace(fmt.Sprintf(byStatus, "$1", ofTenant("$2"), "$3")),
-		byStatusAfter:        r.Replace(fmt.Sprintf(byStatus, "$1", pastCursor(3), "$2")),
-		get:                  r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
-		byListedStatus:       make(map[processors.Status]string, len(listedStatuses)),
-		tenantByListedStatus: make(map[processors.Status]string, len(listedStatuses)),
-		byListedStatusAfter:  make(map[processors.Status]string, len(listedStatuses)),
+		byStatus:                   r.Replace(fmt.Sprintf(byStatus, "$1", "", "$2")),
+		tenantByStatus:             r.Replace(fmt.Sprintf(byStatus, "$1", ofTenant("$2"), "$3")),
+		tenantLatestByStatus:       r.Replace(fmt.Sprintf(latestByStatus, "$1", ofTenant("$2"), "$3")),
+		byStatusAfter:              r.Replace(fmt.Sprintf(byStatus, "$1", pastCursor(3), "$2")),
+		get:                        r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
+		byListedStatus:             make(map[processors.Status]string, len(listedStatuses)),
+		tenantByListedStatus:       make(map[processors.Status]string, len(listedStatuses)),
+		byListedStatusAfter:        make(map[processors.Status]string, len(listedStatuses)),
+		tenantLatestByListedStatus: make(map[processors.Status]string, len(listedStatuses)),
 	}
 	for _, st := range listedStatuses {
 		// Served by the status index (the tenant's: the tenant status
 		// index), in its order.
 		q.byListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), "", "$1"))
 		q.tenantByListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), ofTenant("$1"), "$2"))
+		q.tenantLatestByListedStatus[st] = r.Replace(fmt.Sprintf(latestByStatus, quoteStatuses([]processors.Status{st}), ofTenant("$1"), "$2"))
 		q.byListedStatusAfter[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), pastCursor(2), "$1"))
 	}
 	return q
@@ -1973,22 +1983,28 @@ func (s *Store) Unlogged(ctx context.Context, olderThan time.Duration, after pro
 // ByStatus implements processors.Store. A status no record has, known or
 // not, lists nothing.
 func (s *Store) ByStatus(ctx context.Context, status processors.Status, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, "", status, processors.Cursor{}, limit)
+	return s.byStatus(ctx, "", status, processors.Cursor{}, false, limit)
 }
 
 // ByStatusAfter implements processors.Store.
 func (s *Store) ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, "", status, after, limit)
+	return s.byStatus(ctx, "", status, after, false, limit)
 }
 
 // TenantByStatus implements processors.Store.
 func (s *Store) TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
-	return s.byStatus(ctx, tenant, status, processors.Cursor{}, limit)
+	return s.byStatus(ctx, tenant, status, processors.Cursor{}, false, limit)
+}
+
+// TenantLatestByStatus implements processors.Store.
+func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+	return s.byStatus(ctx, tenant, status, processors.Cursor{}, true, limit)
 }
 
 // byStatus lists the records in status, of tenant ("": of every tenant),
-// after the cursor after (given only without a tenant).
-func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
+// after the cursor after (given only without a tenant), newest first when
+// latest (given only with a tenant).
+func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, latest bool, limit int) ([]processors.Record, error) {
 	if limit <= 0 {
 		return []processors.Record{}, nil
 	}
@@ -1998,6 +2014,8 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	var args []any
 	q, listed := s.q.byListedStatus[status]
 	switch {
+	case latest:
+		q, listed = s.q.tenantLatestByListedStatus[status]
 	case tenant != "":
 		q, listed = s.q.tenantByListedStatus[status]
 	case !after.IsZero():
@@ -2005,6 +2023,8 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	}
 	if !listed {
 		switch {
+		case latest:
+			q = s.q.tenantLatestByStatus
 		case tenant != "":
 			q = s.q.tenantByStatus
 		case !after.IsZero():

@@ -111,7 +111,7 @@ FROM generate_series(1, 4000) AS g`)
 }
 
 // TestSweepPlans: Expired, ByStatus of a listed status, TenantByStatus
-// and Unlogged (from the oldest, or after a cursor) are answered through
+// (and TenantLatestByStatus, the index read backwards) and Unlogged (from the oldest, or after a cursor) are answered through
 // their partial indexes, on a table where nearly every call has ended and
 // is logged (the indexes hold none of those), so that none reads the calls
 // that ended; and TenantByStatus reads no other tenant's entries.
@@ -188,9 +188,14 @@ FROM generate_series(1, 20000) AS g`)
 	for _, st := range []processors.Status{processors.StatusPending, processors.StatusOutcomeUnknown} {
 		for _, tenant := range []string{"t_plan", "t_busy"} {
 			name := fmt.Sprintf("tenant %s by status %s", tenant, st)
-			plan, indexes := explain(t, s, name, s.q.tenantByListedStatus[st], tenant, 100)
-			if !slices.Equal(indexes, []string{tenantStatusIndexName}) || bytes.Contains(plan, []byte(`Sort"`)) {
-				t.Errorf("%s is planned through %v; want %s only, without a sort:\n%s", name, indexes, tenantStatusIndexName, plan)
+			for _, q := range []struct{ name, sql string }{
+				{name, s.q.tenantByListedStatus[st]},
+				{name + ", newest first", s.q.tenantLatestByListedStatus[st]},
+			} {
+				plan, indexes := explain(t, s, q.name, q.sql, tenant, 100)
+				if !slices.Equal(indexes, []string{tenantStatusIndexName}) || bytes.Contains(plan, []byte(`Sort"`)) {
+					t.Errorf("%s is planned through %v; want %s only, without a sort:\n%s", q.name, indexes, tenantStatusIndexName, plan)
+				}
 			}
 		}
 	}

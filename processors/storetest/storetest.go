@@ -1971,7 +1971,7 @@ func testTenantByStatus(t *testing.T, s processors.Store) {
 // testTenantByStatusInterleaved: with several tenants' records
 // interleaved in time (some in one batch, so of one update time), each
 // tenant's listing is ByStatus's order with the others' left out, at
-// every limit; a record that leaves the status leaves its tenant's
+// every limit, and TenantLatestByStatus's is that order backwards; a record that leaves the status leaves its tenant's
 // listing, and one that comes back is listed as updated last. t_a is a
 // prefix of t_ab and of t_acme, so a store that keys by tenant must keep
 // them apart. For a status listed through an index (pending) and one
@@ -2021,6 +2021,24 @@ func testTenantByStatusInterleaved(t *testing.T, s processors.Store) {
 				if !slices.Equal(keysOf(got), w) {
 					t.Errorf("TenantByStatus(%s, %s, %d) keys = %v; want %v", tenant, st, limit, keysOf(got), w)
 				}
+				// Newest first: the same order backwards, from its end.
+				if got, err = s.TenantLatestByStatus(t.Context(), tenant, st, limit); err != nil {
+					t.Fatalf("TenantLatestByStatus(%s, %s, %d) = %v", tenant, st, limit, err)
+				}
+				w = slices.Clone(want[tenant])
+				slices.Reverse(w)
+				w = w[:min(limit, len(w))]
+				if !slices.Equal(keysOf(got), w) {
+					t.Errorf("TenantLatestByStatus(%s, %s, %d) keys = %v; want %v", tenant, st, limit, keysOf(got), w)
+				}
+				for _, r := range got {
+					if diff := cmp.Diff(mustGet(t, s, r.Key), r, equateEmpty); diff != "" {
+						t.Errorf("TenantLatestByStatus(%s, %s) record %v (-Get +listed):\n%s", tenant, st, r.Key, diff)
+					}
+				}
+			}
+			if got, err := s.TenantLatestByStatus(t.Context(), tenant, st, 0); err != nil || len(got) != 0 {
+				t.Errorf("TenantLatestByStatus(%s, %s, 0) = %v, %v; want none", tenant, st, keysOf(got), err)
 			}
 		}
 	}
