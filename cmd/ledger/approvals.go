@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,6 +17,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/projections/report"
 )
 
 // staffFlags say where the API is and who the approver or operator is.
@@ -117,6 +117,19 @@ type approvalView struct {
 	} `json:"preview"`
 }
 
+// approvalsTable writes approvals as a table, as of now. The resource and
+// the requester come from an agent's call: a value with a newline, a tab
+// or a terminal escape must not forge a row or repaint the approver's
+// terminal, so the cells go through report.Table.
+func approvalsTable(w io.Writer, as []approvalView, now time.Time) error {
+	rows := [][]string{{"ID", "TOOL", "REQUESTER", "RESOURCE", "AMOUNT", "EXPIRES IN", "STATE"}}
+	for _, a := range as {
+		rows = append(rows, []string{a.ID, a.Tool, a.Requester.User + " (" + a.Requester.Agent + ")", a.Preview.Resource,
+			a.Preview.Amount, a.ExpiresAt.Sub(now).Round(time.Second).String(), a.State})
+	}
+	return report.Table(w, rows)
+}
+
 func newApprovalsCmd(g *globals) *cobra.Command {
 	f := staffFlags{g: g}
 	cmd := &cobra.Command{Use: "approvals", Short: "List, inspect, approve and reject calls waiting for a human"}
@@ -148,12 +161,7 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 				}
 				as = wrapped.Approvals
 			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tTOOL\tREQUESTER\tRESOURCE\tAMOUNT\tEXPIRES IN\tSTATE")
-			for _, a := range as {
-				fmt.Fprintf(tw, "%s\t%s\t%s (%s)\t%s\t%s\t%s\t%s\n", a.ID, a.Tool, a.Requester.User, a.Requester.Agent, a.Preview.Resource, a.Preview.Amount, time.Until(a.ExpiresAt).Round(time.Second), a.State)
-			}
-			return tw.Flush()
+			return approvalsTable(cmd.OutOrStdout(), as, time.Now())
 		},
 	}
 	list.Flags().StringVar(&state, "state", "pending", "pending (oldest first), rejected or expired (newest first)")

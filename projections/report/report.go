@@ -220,6 +220,12 @@ func short(digest string) string {
 	return digest[:19] + "…"
 }
 
+// Table aligns rows for a terminal, the first the header, every cell kept
+// on its line and in its column (control characters, terminal escapes
+// and bidirectional overrides shown as '?'): for any table whose cells
+// may come from an agent or a tool.
+func Table(w io.Writer, rows [][]string) error { return writeTable(w, rows) }
+
 // writeTable aligns rows; the first is the header.
 func writeTable(w io.Writer, rows [][]string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
