@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections/console"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
@@ -136,6 +137,7 @@ person's assertion.`,
 			if err != nil {
 				return err
 			}
+			mux.Handle("/v1/", httpjson.NotFound()) // an API path no route takes: JSON, not the console's page
 			mux.Handle("/", ui)
 
 			grp, ctx := errgroup.WithContext(ctx)

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/compensation"
@@ -363,6 +364,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
+	mux.Handle("/v1/", httpjson.NotFound()) // an API path no route takes: JSON, not the console's page
 	mux.Handle("/", ui)
 
 	grp, ctx := errgroup.WithContext(ctx)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/control"
@@ -713,7 +714,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					if inspector != nil {
 						mux.Handle(control.IntrospectPath, kill.Handler())
 					}
-					if err := g.serveBackground(ctx, "operators", httpAddr, mux, logger); err != nil {
+					if err := g.serveBackground(ctx, "operators", httpAddr, httpjson.Unmatched(mux), logger); err != nil {
 						return nil, err
 					}
 				}

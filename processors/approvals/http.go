@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
@@ -62,7 +63,7 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/approvals/{id}", s.authed(s.serveGet))
 	mux.HandleFunc("POST /v1/approvals/{id}/approve", s.authed(s.serveApprove))
 	mux.HandleFunc("POST /v1/approvals/{id}/reject", s.authed(s.serveReject))
-	return mux
+	return httpjson.Unmatched(mux)
 }
 
 type apiError struct {

@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/schemas"
@@ -196,7 +197,7 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	if s.cfg.Identity == nil {
 		// Nobody can be verified: the API is not served.
-		return mux
+		return httpjson.Unmatched(mux)
 	}
 	mux.HandleFunc("POST /v1/compensations", identity.Require(s.cfg.Identity, "ledger-compensations", "an operator", s.cfg.Logger, func(w http.ResponseWriter, r *http.Request, op identity.Identity) {
 		var body Request
@@ -222,7 +223,7 @@ func (s *Service) Handler() http.Handler {
 			_ = json.NewEncoder(w).Encode(map[string]any{"compensation_key": ck.String(), "events": evs})
 		}
 	}))
-	return mux
+	return httpjson.Unmatched(mux)
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

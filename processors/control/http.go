@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
@@ -98,7 +99,7 @@ func (s *Service) Handler() http.Handler {
 	if s.cfg.Credentials != nil {
 		mux.HandleFunc("POST "+IntrospectPath, s.serveIntrospect)
 	}
-	return mux
+	return httpjson.Unmatched(mux)
 }
 
 type apiError struct {

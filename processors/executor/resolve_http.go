@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
@@ -93,7 +94,7 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(last)
 	}))
-	return mux
+	return httpjson.Unmatched(mux)
 }
 
 func resolveError(w http.ResponseWriter, status int, code, msg string) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 )
 
@@ -61,8 +62,9 @@ type Config struct {
 
 // Server is the HTTP API.
 type Server struct {
-	cfg Config
-	mux *http.ServeMux
+	cfg     Config
+	mux     *http.ServeMux
+	handler http.Handler // mux, its unmatched requests answered in JSON
 }
 
 // New returns the API.
@@ -83,11 +85,12 @@ func New(cfg Config) (*Server, error) {
 		s.mux.HandleFunc("GET /v1/calls/{key}", s.get)
 	}
 	s.mux.HandleFunc("GET /healthz", s.health)
+	s.handler = httpjson.Unmatched(s.mux)
 	return s, nil
 }
 
 // ServeHTTP serves the API.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // apiError is the one error shape the API answers with.
 type apiError struct {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/report"
 )
@@ -128,7 +129,7 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	mux.HandleFunc("GET "+PathOutcomes, auth(q.outcomes))
 	mux.HandleFunc("GET "+PathUnresolved, auth(q.unresolved))
 	mux.HandleFunc("GET "+PathTrace+"{tenant}/{key...}", auth(q.trace))
-	return mux, nil
+	return httpjson.Unmatched(mux), nil
 }
 
 type queries struct {

@@ -1,0 +1,75 @@
+// Package httpjson makes the ledger's HTTP APIs answer requests that no
+// route takes as they answer every other error: {"error": {"code",
+// "message"}} in JSON, so that a client reading a machine-readable error
+// from every answer is not handed net/http's plain text for a mistyped
+// path or method.
+package httpjson
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// The codes of the errors Unmatched writes.
+const (
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+)
+
+// Unmatched serves mux, but answers a request that no route of mux matches
+// (404, or 405 with the Allow header mux sets) with a JSON error. Answers
+// of the routes themselves, errors included, and mux's redirects pass as
+// they are.
+func Unmatched(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(&unmatched{ResponseWriter: w, r: r}, r)
+	})
+}
+
+// NotFound answers every request 404 in JSON: for a prefix of API paths
+// (/v1/) in a mux whose other paths go to something else (a console).
+func NotFound() http.Handler { return Unmatched(http.NewServeMux()) }
+
+// unmatched turns mux's own 404 and 405 answers into JSON errors and lets
+// anything else through.
+type unmatched struct {
+	http.ResponseWriter
+	r        *http.Request
+	replaced bool // the answer was written here; mux's body is dropped
+}
+
+func (u *unmatched) WriteHeader(status int) {
+	code, msg := "", ""
+	switch status {
+	case http.StatusNotFound:
+		code, msg = CodeNotFound, "no endpoint at this path"
+	case http.StatusMethodNotAllowed:
+		code, msg = CodeMethodNotAllowed, u.r.Method+" is not served at this path; allowed: "+u.Header().Get("Allow")
+	default:
+		u.ResponseWriter.WriteHeader(status)
+		return
+	}
+	u.replaced = true
+	h := u.Header()
+	h.Del("Content-Length")
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	u.ResponseWriter.WriteHeader(status)
+	type apiError struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+	_ = json.NewEncoder(u.ResponseWriter).Encode(map[string]apiError{"error": {Code: code, Message: msg}}) // a write error means the client left
+}
+
+func (u *unmatched) Write(b []byte) (int, error) {
+	if u.replaced {
+		return len(b), nil
+	}
+	return u.ResponseWriter.Write(b)
+}

@@ -1,0 +1,71 @@
+package httpjson_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
+)
+
+// A request no route takes is answered in JSON, 404 or 405 with the Allow
+// header; a route's own answers, its errors and mux's redirects pass as
+// they are. Before, the APIs answered those with net/http's plain text.
+func TestUnmatchedAnswersJSON(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/things/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("id") == "missing" {
+			http.Error(w, "a route's own not found", http.StatusNotFound)
+			return
+		}
+		w.Write([]byte("thing"))
+	})
+	mux.HandleFunc("GET /v1/dir/", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("dir")) })
+	h := httpjson.Unmatched(mux)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		code, allow  string // code: a JSON error's; empty: the body is body
+		body         string
+	}{
+		{"GET", "/v1/nowhere", http.StatusNotFound, httpjson.CodeNotFound, "", ""},
+		{"DELETE", "/v1/things/1", http.StatusMethodNotAllowed, httpjson.CodeMethodNotAllowed, "GET, HEAD", ""},
+		{"GET", "/v1/things/1", http.StatusOK, "", "", "thing"},
+		{"GET", "/v1/things/missing", http.StatusNotFound, "", "", "a route's own not found\n"},
+		{"GET", "/v1/dir", 0, "", "", ""}, // mux's redirect, as mux answers it
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, nil))
+		if tc.status == 0 {
+			raw := httptest.NewRecorder()
+			mux.ServeHTTP(raw, httptest.NewRequest(tc.method, tc.path, nil))
+			if rec.Code != raw.Code || rec.Header().Get("Location") != raw.Header().Get("Location") || rec.Code/100 != 3 {
+				t.Errorf("%s %s: %d to %q; want mux's redirect, %d to %q", tc.method, tc.path, rec.Code, rec.Header().Get("Location"), raw.Code, raw.Header().Get("Location"))
+			}
+			continue
+		}
+		if rec.Code != tc.status {
+			t.Errorf("%s %s: %d; want %d", tc.method, tc.path, rec.Code, tc.status)
+			continue
+		}
+		if got := rec.Header().Get("Allow"); got != tc.allow {
+			t.Errorf("%s %s: Allow %q; want %q", tc.method, tc.path, got, tc.allow)
+		}
+		if tc.code == "" {
+			if tc.body != "" && rec.Body.String() != tc.body {
+				t.Errorf("%s %s: body %q; want %q, as the route wrote it", tc.method, tc.path, rec.Body.String(), tc.body)
+			}
+			continue
+		}
+		var e struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: Content-Type %q; want application/json", tc.method, tc.path, ct)
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Error.Code != tc.code || e.Error.Message == "" {
+			t.Errorf("%s %s: body %q (%v); want a JSON error %s with a message", tc.method, tc.path, rec.Body.String(), err, tc.code)
+		}
+	}
+}
