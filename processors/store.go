@@ -439,7 +439,7 @@ type Store interface {
 	// TenantLatestByStatus is TenantByStatus newest update first: the
 	// latest limit records of the tenant in status, for the statuses
 	// records stay in for good (an approval rejected or expired), whose
-	// oldest page would hide every newer one.
+	// oldest page would hide every newer one. The tenant is required.
 	TenantLatestByStatus(ctx context.Context, tenant string, status Status, limit int) ([]Record, error)
 	// Get returns the record for key, or ErrNotFound.
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)

@@ -76,7 +76,7 @@ func newControlCmd(g *globals) *cobra.Command {
 		return body
 	})
 	activate.Flags().StringVar(&label, "policy", "", "the version's label")
-	activate.Flags().StringVar(&hash, "policy-hash", "", "pin the version's content: the policy set's hash (sha256: and 64 hex digits, as --pin-from computes it and the activation prints); an instance whose files under the label hash otherwise denies every call until they match. Empty: the label alone, each instance deciding with whatever its files say")
+	activate.Flags().StringVar(&hash, "policy-hash", "", "pin the version's content: the policy set's hash (sha256: and 64 hex digits, as --pin-from computes it); an instance whose files under the label hash otherwise denies every call until they match. Empty: the label alone, each instance deciding with whatever its files say")
 	activate.Flags().StringVar(&pinFrom, "pin-from", "", "a policy versions directory here (the copy you reviewed): pins the content of <dir>/<label>/*.cedar, sending its hash as --policy-hash")
 	activate.PreRunE = func(*cobra.Command, []string) error {
 		if pinFrom == "" {

@@ -91,7 +91,7 @@ func (f *policyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
 	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
 	f.registerTimeout(fs)
-	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir for as long as it is in force; while it does not load (or this directory is not set) every call is denied and /readyz fails")
+	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir for as long as it is in force; while it does not load, or its files are not the content the activation pins (or this directory is not set), every call is denied and /readyz fails")
 }
 
 // registerTimeout registers --policy-timeout alone, for the processes

@@ -24,6 +24,7 @@ func TestAmountInTheCurrencysMinorUnit(t *testing.T) {
 		{4500, "BHD", "4.500 BHD"},
 		{45, "KWD", "0.045 KWD"},
 		{12345, "CLF", "1.2345 CLF"},
+		{4500, "jpy", "4500 JPY"},
 		{math.MinInt64, "USD", "-92233720368547758.08 USD"},
 	} {
 		args := map[string]any{"amount_cents": json.Number(strconv.FormatInt(tc.cents, 10)), "currency": tc.currency}
@@ -36,6 +37,9 @@ func TestAmountInTheCurrencysMinorUnit(t *testing.T) {
 		{"amount_cents": json.Number("100")},
 		{"currency": "USD"},
 		{"amount_cents": json.Number("100"), "currency": ""},
+		{"amount_cents": json.Number("100"), "currency": "JPYX"},
+		{"amount_cents": json.Number("100"), "currency": "JP"},
+		{"amount_cents": json.Number("100"), "currency": "J\x1bY"},
 	} {
 		if got := amount(args); got != "" {
 			t.Errorf("amount(%v) = %q; want none", args, got)

@@ -763,14 +763,16 @@ func (s *Service) preview(rec processors.Record, requested *ledger.Event) Previe
 }
 
 // amount renders amount_cents and currency as "45.00 AUD": amount_cents
-// in the currency's minor unit, as payment APIs count it, so that 4500
-// JPY reads "4500 JPY" and 4500 BHD "4.500 BHD". An approver shown
-// hundredths of every currency would see a yen refund a hundredth of
-// its size.
+// in the currency's minor unit per ISO 4217, so that 4500 JPY reads
+// "4500 JPY" and 4500 BHD "4.500 BHD". An approver shown hundredths of
+// every currency would see a yen refund a hundredth of its size. A code
+// in lower case ("jpy", as some payment APIs write it) is read as in
+// upper case; anything but three letters shows no amount.
 func amount(args map[string]any) string {
 	n, ok := args["amount_cents"].(json.Number)
 	cur, ok2 := args["currency"].(string)
-	if !ok || !ok2 || cur == "" {
+	cur = strings.ToUpper(cur)
+	if !ok || !ok2 || len(cur) != 3 || strings.IndexFunc(cur, func(r rune) bool { return r < 'A' || r > 'Z' }) >= 0 {
 		return ""
 	}
 	minor, err := n.Int64()

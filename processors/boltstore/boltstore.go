@@ -1163,6 +1163,9 @@ func (s *Store) TenantByStatus(ctx context.Context, tenant string, status proces
 // TenantLatestByStatus implements processors.Store: TenantByStatus's
 // range read backwards.
 func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+	if tenant == "" {
+		return nil, errors.New("boltstore: TenantLatestByStatus needs a tenant")
+	}
 	return s.byStatus(ctx, tenant, status, processors.Cursor{}, true, limit)
 }
 
@@ -1172,6 +1175,9 @@ func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status 
 func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, latest bool, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore by status: %w", err)
+	}
+	if latest && !after.IsZero() {
+		return nil, errors.New("boltstore by status: newest first from a cursor is not served")
 	}
 	if limit <= 0 {
 		return []processors.Record{}, nil

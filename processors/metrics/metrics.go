@@ -324,7 +324,7 @@ func (r *Registry) ControlStaleness(staleness func() time.Duration) {
 // topic does not load: the instances of a fleet that are not on the
 // activated version show.
 func (r *Registry) Policy(version func() string) {
-	desc := prometheus.NewDesc("ledger_policy_active", "1 with the policy version this process decides with; 0 with version \"\" while it has none in force and denies every call (an activated version that does not load).", []string{"version"}, prometheus.Labels{"role": r.role})
+	desc := prometheus.NewDesc("ledger_policy_active", "1 with the policy version this process decides with; 0 with version \"\" while it has none in force and denies every call (an activated version that does not load, or is not the content its activation pins).", []string{"version"}, prometheus.Labels{"role": r.role})
 	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
 		v, up := version(), 1.0
 		if v == "" {

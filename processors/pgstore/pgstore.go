@@ -1998,6 +1998,9 @@ func (s *Store) TenantByStatus(ctx context.Context, tenant string, status proces
 
 // TenantLatestByStatus implements processors.Store.
 func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+	if tenant == "" {
+		return nil, errors.New("pgstore: TenantLatestByStatus needs a tenant")
+	}
 	return s.byStatus(ctx, tenant, status, processors.Cursor{}, true, limit)
 }
 

@@ -111,10 +111,11 @@ FROM generate_series(1, 4000) AS g`)
 }
 
 // TestSweepPlans: Expired, ByStatus of a listed status, TenantByStatus
-// (and TenantLatestByStatus, the index read backwards) and Unlogged (from the oldest, or after a cursor) are answered through
-// their partial indexes, on a table where nearly every call has ended and
-// is logged (the indexes hold none of those), so that none reads the calls
-// that ended; and TenantByStatus reads no other tenant's entries.
+// (and TenantLatestByStatus, the index read backwards) and Unlogged (from
+// the oldest, or after a cursor) are answered through their partial
+// indexes, on a table where nearly every call has ended and is logged (the
+// indexes hold none of those), so that none reads the calls that ended;
+// and TenantByStatus reads no other tenant's entries.
 func TestSweepPlans(t *testing.T) {
 	dsn := testDSN(t)
 	s := open(t, Config{DSN: dsn, Schema: newSchema(t, dsn)})
@@ -185,7 +186,7 @@ FROM generate_series(1, 20000) AS g`)
 	if _, err := s.pool.Exec(ctx, "ANALYZE "+s.table); err != nil {
 		t.Fatal(err)
 	}
-	for _, st := range []processors.Status{processors.StatusPending, processors.StatusOutcomeUnknown} {
+	for _, st := range []processors.Status{processors.StatusPending, processors.StatusOutcomeUnknown, processors.StatusRejected, processors.StatusExpired} {
 		for _, tenant := range []string{"t_plan", "t_busy"} {
 			name := fmt.Sprintf("tenant %s by status %s", tenant, st)
 			for _, q := range []struct{ name, sql string }{

@@ -185,8 +185,8 @@ func TestActivatedVersionThatDoesNotLoadFailsClosed(t *testing.T) {
 			if err := e.Err(); err == nil || !strings.Contains(err.Error(), tc.label) || !strings.Contains(err.Error(), tc.hash) {
 				t.Errorf("Err() = %v; want the activated version %q named, and the hash it pins (%q)", err, tc.label, tc.hash)
 			}
-			if d := e.Decide(context.Background(), simple("get_weather")); !strings.Contains(d.Detail, tc.label) {
-				t.Errorf("Decide().Detail = %q; want the activated version %q named", d.Detail, tc.label)
+			if d := e.Decide(context.Background(), simple("get_weather")); !strings.Contains(d.Detail, tc.label) || (tc.hash != "") != strings.Contains(d.Detail, "not the content the activation pins") {
+				t.Errorf("Decide().Detail = %q; want the activated version %q named, and whether its files are not the content pinned", d.Detail, tc.label)
 			}
 			if got := strings.Count(logs.String(), "activated policy version not in force"); got != 1 {
 				t.Errorf("%d error logs for the failed activation; want 1 (retries are quiet):\n%s", got, logs.String())

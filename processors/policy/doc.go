@@ -27,7 +27,7 @@
 //	tenant        String   the caller's tenant
 //	agent         String   the acting agent (the assertion's act)
 //	purpose       String   the declared purpose, "" when none
-//	amount        Long     amount in cents; 0 when the tool has none
+//	amount        Long     amount_cents as given: the currency's minor unit; 0 when the tool has none
 //	has_amount    Bool     whether amount is meaningful
 //	risk          String   the tool's risk: "low", "medium", "high"
 //	effect        String   the tool's effect: "read", "write", "external_side_effect"

@@ -35,7 +35,8 @@ const (
 	// caller. Decided before any policy runs.
 	ReasonCrossTenant = "cross_tenant"
 	// ReasonUnavailable: no policy set is active, such as while the
-	// version activated on the control plane does not load.
+	// version activated on the control plane does not load, or its files
+	// are not the content the activation pins.
 	ReasonUnavailable = "policy_unavailable"
 	// ReasonInvalidRequest: the request lacks a tenant, user or tool, or
 	// names a tenant the model cannot express.
@@ -210,7 +211,8 @@ func (e *Engine) Active() *Set { return e.active.Load() }
 
 // Err says why every decision is denied (policy_unavailable), nil while a
 // set is active: the version activated on the control plane does not load
-// (FollowActivations), or the engine never had a set. It is what a
+// or is not the content the activation pins (FollowActivations; the error
+// then names both hashes), or the engine never had a set. It is what a
 // readiness check reports.
 func (e *Engine) Err() error {
 	if e.active.Load() != nil {
@@ -343,7 +345,12 @@ func (e *Engine) Decide(ctx context.Context, r Request) Decision {
 	if s == nil {
 		detail := "no policy set is active"
 		if f := e.failed.Load(); f != nil {
+			// Not the load error itself: the detail reaches the agent.
 			detail = fmt.Sprintf("activated policy version %q does not load", f.label)
+			var pe *pinError
+			if errors.As(f.err, &pe) {
+				detail = fmt.Sprintf("activated policy version %q is not the content the activation pins", f.label)
+			}
 		}
 		return Decision{Reason: ReasonUnavailable, Detail: detail}
 	}
@@ -537,7 +544,7 @@ func (e *Engine) follow(root string, a Activation, ok bool) {
 		}
 		e.cfg.Logger.Warn("policy activation withdrawn; the base policy set is in force again",
 			"activated_label", e.pinned, "policy_version", e.base.Version())
-		e.pinned, e.pinnedID = "", ""
+		e.pinned, e.pinnedID, e.pinnedHash = "", "", ""
 		e.failed.Store(nil)
 		e.Swap(e.base)
 		return
@@ -559,7 +566,7 @@ func (e *Engine) follow(root string, a Activation, ok bool) {
 		// say it for as long as it lasts.
 		if prev == nil || prev.label != label || prev.err.Error() != err.Error() {
 			e.cfg.Logger.Error("activated policy version not in force; every call is denied until it is",
-				"policy_label", label, "previous_version", e.active.Load().Version(), "err", f)
+				"policy_label", label, "pinned_hash", a.Hash, "previous_version", e.active.Load().Version(), "err", err)
 		}
 		e.active.Store(nil)
 		return

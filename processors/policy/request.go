@@ -57,7 +57,9 @@ type Request struct {
 	// Tenant; anything else, empty included, is denied as cross_tenant
 	// before any policy runs.
 	ResourceTenant string
-	// Amount is the amount in cents when the tool has one (amount_cents).
+	// Amount is the tool's amount_cents argument, when it has one: in the
+	// currency's minor unit (a yen, a thousandth of a dinar), which a
+	// policy comparing amounts across currencies must look at.
 	Amount *int64
 	// Channel is how the call arrived, such as "agent" or "api".
 	Channel string

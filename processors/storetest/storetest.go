@@ -1971,8 +1971,9 @@ func testTenantByStatus(t *testing.T, s processors.Store) {
 // testTenantByStatusInterleaved: with several tenants' records
 // interleaved in time (some in one batch, so of one update time), each
 // tenant's listing is ByStatus's order with the others' left out, at
-// every limit, and TenantLatestByStatus's is that order backwards; a record that leaves the status leaves its tenant's
-// listing, and one that comes back is listed as updated last. t_a is a
+// every limit, and TenantLatestByStatus's is that order backwards; a
+// record that leaves the status leaves its tenant's listing, and one
+// that comes back is listed as updated last. t_a is a
 // prefix of t_ab and of t_acme, so a store that keys by tenant must keep
 // them apart. For a status listed through an index (pending) and one
 // scanned (authorized).
@@ -2039,6 +2040,9 @@ func testTenantByStatusInterleaved(t *testing.T, s processors.Store) {
 			}
 			if got, err := s.TenantLatestByStatus(t.Context(), tenant, st, 0); err != nil || len(got) != 0 {
 				t.Errorf("TenantLatestByStatus(%s, %s, 0) = %v, %v; want none", tenant, st, keysOf(got), err)
+			}
+			if got, err := s.TenantLatestByStatus(t.Context(), "", st, 10); err == nil {
+				t.Errorf("TenantLatestByStatus(no tenant, %s) = %v; want an error, the tenant being required", st, keysOf(got))
 			}
 		}
 	}
