@@ -70,6 +70,14 @@ type VerifierConfig struct {
 	MinRefresh time.Duration
 	// Logger receives key set fetch failures (Warn). Default: discard.
 	Logger *slog.Logger
+	// Revocations, when set, is asked by Verify about every credential
+	// that passes the other checks, so that a credential the ledger's
+	// kill switch revoked (the credential, or its family) is refused
+	// (ReasonRevoked) rather than honoured until it expires; when it
+	// cannot answer, Verify refuses with ReasonRevocationUnavailable (a
+	// tool answers 503). An Introspector asks the ledger's
+	// /v1/introspect. Nil: revocations are not checked.
+	Revocations Revocations
 }
 
 func (c *VerifierConfig) setDefaults() {
@@ -240,6 +248,10 @@ func (v *Verifier) Verify(ctx context.Context, token string, want Expect) (Claim
 		return Claims{}, err
 	}
 	if err := v.accept(now, c, want); err != nil {
+		return Claims{}, err
+	}
+	// Last: a network round trip, after every check that costs none.
+	if err := v.revoked(ctx, token); err != nil {
 		return Claims{}, err
 	}
 	return c, nil

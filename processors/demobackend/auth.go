@@ -1,13 +1,8 @@
 package demobackend
 
 import (
-	"context"
 	"crypto/subtle"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -75,17 +70,21 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant,
 	if lookup && credentials.ReasonOf(err) == credentials.ReasonWrongScope {
 		claims, err = verify(credentials.ToolScope(tool))
 	}
-	if err == nil {
-		active, ierr := s.active(r.Context(), bearerToken(r.Header))
+	if err == nil && s.revocations != nil {
+		// The verifier is the caller's, shared: revocations are asked
+		// here, as a Verifier with Revocations would ask them.
+		active, ierr := s.revocations.Active(r.Context(), bearerToken(r.Header))
 		switch {
 		case ierr != nil:
 			s.logger.Warn("introspection unavailable", "err", ierr)
-			writeError(w, http.StatusServiceUnavailable, "introspection_unavailable", "the credential's status cannot be checked")
+			writeError(w, http.StatusServiceUnavailable, string(credentials.ReasonRevocationUnavailable), "the credential's status cannot be checked")
 			return credentials.Claims{}, false
-		case active:
-			return claims, true
+		case !active:
+			err = &credentials.Error{Reason: ReasonRevoked, Detail: "the credential was revoked"}
 		}
-		err = &credentials.Error{Reason: ReasonRevoked, Detail: "the credential was revoked"}
+	}
+	if err == nil {
+		return claims, true
 	}
 	s.refuseCredential(w, tool, tenant, key, lookup, err)
 	return credentials.Claims{}, false
@@ -155,42 +154,8 @@ func (s *Server) Refusals() []Refusal {
 }
 
 // ReasonRevoked: the ledger's introspection endpoint says the credential
-// is no longer active.
-const ReasonRevoked credentials.Reason = "revoked"
-
-// active asks the introspection endpoint whether token is active; true
-// when no endpoint is configured.
-func (s *Server) active(ctx context.Context, token string) (bool, error) {
-	if s.introspect == "" {
-		return true, nil
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.introspect, strings.NewReader(url.Values{"token": {token}}.Encode()))
-	if err != nil {
-		return false, err
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := s.client.Do(req)
-	if err != nil {
-		// The error names the URL, never the token (it is in the body).
-		return false, err
-	}
-	defer func() {
-		// Read to its end, so that the connection serves the next
-		// introspection (a body closed early closes it).
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		resp.Body.Close()
-	}()
-	if resp.StatusCode != http.StatusOK {
-		return false, fmt.Errorf("introspection answered %d", resp.StatusCode)
-	}
-	var out struct {
-		Active bool `json:"active"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
-		return false, fmt.Errorf("introspection answer: %v", err)
-	}
-	return out.Active, nil
-}
+// is no longer active (credentials.ReasonRevoked).
+const ReasonRevoked = credentials.ReasonRevoked
 
 // ReasonBackendSecret: the request lacks the tool's backend secret.
 const ReasonBackendSecret credentials.Reason = "backend_secret"

@@ -118,12 +118,14 @@ const DefaultAudience = "demo-backend"
 // with New and serve Handler; Close releases hanging requests and the
 // journal.
 type Server struct {
-	logger     *slog.Logger
-	now        func() time.Time
-	latency    time.Duration
-	verifier   *credentials.Verifier
-	introspect string
-	client     *http.Client
+	logger   *slog.Logger
+	now      func() time.Time
+	latency  time.Duration
+	verifier *credentials.Verifier
+	// revocations asks the introspection endpoint (Config.IntrospectURL)
+	// through client; nil without one.
+	revocations credentials.Revocations
+	client      *http.Client
 	// own is the transport of the client New made (nil when
 	// Config.HTTPClient was given); Close closes its idle connections.
 	own            *http.Transport
@@ -175,7 +177,6 @@ func New(cfg Config) *Server {
 		now:            cfg.Now,
 		latency:        cfg.Latency,
 		verifier:       cfg.Credentials,
-		introspect:     cfg.IntrospectURL,
 		backendSecrets: cfg.BackendSecrets,
 		client:         cfg.HTTPClient,
 		audience:       cfg.Audience,
@@ -194,7 +195,7 @@ func New(cfg Config) *Server {
 	if s.audience == "" {
 		s.audience = DefaultAudience
 	}
-	if s.client == nil && s.introspect != "" {
+	if s.client == nil && cfg.IntrospectURL != "" {
 		// http.DefaultTransport's settings (proxy from the environment,
 		// HTTP/2, handshake timeouts), with a pool to match.
 		s.own = cfg.IntrospectTransport
@@ -203,6 +204,9 @@ func New(cfg Config) *Server {
 		}
 		s.own.MaxIdleConns, s.own.MaxIdleConnsPerHost = introspectConns, introspectConns
 		s.client = &http.Client{Timeout: 2 * time.Second, Transport: s.own}
+	}
+	if cfg.IntrospectURL != "" {
+		s.revocations = &credentials.Introspector{URL: cfg.IntrospectURL, Client: s.client}
 	}
 	if cfg.JournalPath != "" {
 		f, err := os.OpenFile(cfg.JournalPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)

@@ -1,0 +1,99 @@
+package credentials
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Reasons of a Verifier with Revocations.
+const (
+	// ReasonRevoked: the credential verifies, but the ledger's control
+	// plane revoked it (or its family): a kill switch.
+	ReasonRevoked Reason = "revoked"
+	// ReasonRevocationUnavailable: whether the credential was revoked
+	// cannot be found out. Not the presenter's fault, and nothing may be
+	// done on it: a tool answers 503.
+	ReasonRevocationUnavailable Reason = "introspection_unavailable"
+)
+
+// Revocations says whether a credential that verified is still active:
+// the ledger's introspection endpoint (Introspector), or anything else
+// that follows the control plane's revocations. Implementations are safe
+// for concurrent use.
+type Revocations interface {
+	Active(ctx context.Context, token string) (bool, error)
+}
+
+// Introspector asks an RFC 7662 token introspection endpoint (the ledger's
+// /v1/introspect) whether a credential is active. The token goes in the
+// form body, never in the URL or an error.
+type Introspector struct {
+	// URL is the endpoint. Required.
+	URL string
+	// Client reaches it. Default: http.DefaultClient, which has no
+	// timeout and keeps two idle connections: give one with a timeout,
+	// and a pool as large as the requests in flight.
+	Client *http.Client
+}
+
+// maxIntrospection bounds an introspection answer read.
+const maxIntrospection = 64 << 10
+
+// Active implements Revocations.
+func (i *Introspector) Active(ctx context.Context, token string) (bool, error) {
+	client := i.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, i.URL, strings.NewReader(url.Values{"token": {token}}.Encode()))
+	if err != nil {
+		return false, fmt.Errorf("introspection: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := client.Do(req)
+	if err != nil {
+		// The error names the URL, never the token (it is in the body).
+		return false, fmt.Errorf("introspection: %w", err)
+	}
+	defer func() {
+		// Read to its end, so that the connection serves the next
+		// introspection (a body closed early closes it).
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxIntrospection))
+		resp.Body.Close()
+	}()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("introspection answered %d", resp.StatusCode)
+	}
+	var out struct {
+		Active *bool `json:"active"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxIntrospection)).Decode(&out); err != nil {
+		return false, fmt.Errorf("introspection answer: %v", err)
+	}
+	if out.Active == nil {
+		// RFC 7662 requires it: an answer without it says nothing.
+		return false, fmt.Errorf("introspection answer without \"active\"")
+	}
+	return *out.Active, nil
+}
+
+// revoked asks cfg's Revocations about a credential that passed every
+// other check: nil when it is active or none is configured.
+func (v *Verifier) revoked(ctx context.Context, token string) error {
+	if v.cfg.Revocations == nil {
+		return nil
+	}
+	active, err := v.cfg.Revocations.Active(ctx, token)
+	switch {
+	case err != nil:
+		return &Error{Reason: ReasonRevocationUnavailable, Detail: "whether the credential was revoked cannot be checked", Err: err}
+	case !active:
+		return reject(ReasonRevoked, "the credential was revoked")
+	}
+	return nil
+}

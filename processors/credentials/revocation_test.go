@@ -1,0 +1,100 @@
+package credentials
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// introspection is an RFC 7662 endpoint answering answer to every
+// question, recording the tokens it was asked about.
+type introspection struct {
+	status int
+	answer string
+	asked  atomic.Int64
+	tokens chan string
+}
+
+func (i *introspection) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	i.asked.Add(1)
+	b, _ := io.ReadAll(r.Body)
+	form, _ := url.ParseQuery(string(b))
+	select {
+	case i.tokens <- form.Get("token") + "|" + r.URL.RawQuery:
+	default:
+	}
+	w.WriteHeader(i.status)
+	io.WriteString(w, i.answer)
+}
+
+// A Verifier with Revocations refuses a credential the ledger revoked,
+// refuses as unknown one whose status cannot be found out, and asks only
+// about credentials that pass every other check. Before, a backend built
+// on the library honoured a revoked credential until it expired unless it
+// asked the ledger itself.
+func TestVerifyAsksRevocations(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		status int
+		answer string
+		want   Reason // "": accepted
+	}{
+		{"active", 200, `{"active": true, "jti": "x"}`, ""},
+		{"revoked", 200, `{"active": false}`, ReasonRevoked},
+		{"endpoint failing", 503, `{"error": "unavailable"}`, ReasonRevocationUnavailable},
+		{"answer without active", 200, `{}`, ReasonRevocationUnavailable},
+		{"answer not JSON", 200, `active`, ReasonRevocationUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ep := &introspection{status: tc.status, answer: tc.answer, tokens: make(chan string, 1)}
+			srv := httptest.NewServer(ep)
+			t.Cleanup(srv.Close)
+			c := newClock()
+			b := newBroker(t, c, Config{})
+			v := newVerifier(t, c, b, VerifierConfig{Revocations: &Introspector{URL: srv.URL, Client: srv.Client()}})
+			tok := mint(t, b, grant()).Token
+			_, err := v.Verify(t.Context(), tok, expect())
+			if got := ReasonOf(err); got != tc.want {
+				t.Fatalf("Verify: %v; want reason %q", err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), tok) {
+				t.Errorf("the refusal quotes the token: %v", err)
+			}
+			if got := <-ep.tokens; got != tok+"|" {
+				t.Errorf("asked about %q (token|query); want the token in the form body only", got)
+			}
+			// A credential refused by an earlier check is not asked about.
+			if _, err := v.Verify(t.Context(), tok, Expect{Scope: "tool::other", Tenant: "t_acme", IdempotencyKey: expect().IdempotencyKey}); err == nil {
+				t.Fatal("Verify with another scope accepted the credential")
+			}
+			if n := ep.asked.Load(); n != 1 {
+				t.Errorf("introspection asked %d times; want once, not for a credential refused before", n)
+			}
+		})
+	}
+}
+
+// A Revocations that fails is the refusal's cause.
+func TestVerifyRevocationsErrorIsTheCause(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{})
+	cause := errors.New("control plane unreachable")
+	v := newVerifier(t, c, b, VerifierConfig{Revocations: failingRevocations{cause}})
+	_, err := v.Verify(t.Context(), mint(t, b, grant()).Token, expect())
+	if ReasonOf(err) != ReasonRevocationUnavailable || !errors.Is(err, cause) {
+		t.Errorf("Verify: %v; want %s caused by %v", err, ReasonRevocationUnavailable, cause)
+	}
+}
+
+type failingRevocations struct{ err error }
+
+func (f failingRevocations) Active(context.Context, string) (bool, error) { return false, f.err }
