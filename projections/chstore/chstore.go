@@ -297,8 +297,9 @@ func LatestVersion() int {
 }
 
 // Migrate creates the database and brings its tables to LatestVersion.
-// Every statement is idempotent (IF NOT EXISTS) and applied versions are
-// recorded in schema_migrations, so running it again, or from two
+// Every statement is idempotent (IF NOT EXISTS; an ADD COLUMN whose column
+// exists is skipped) and applied versions are recorded in
+// schema_migrations, so running it again, or from two
 // processes at once, is harmless.
 func (s *Store) Migrate(ctx context.Context) error {
 	ms, err := migrations()
@@ -321,7 +322,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 			continue
 		}
 		for _, st := range m.statements {
-			if err := s.conn.Exec(ctx, strings.ReplaceAll(st, "{db}", "`"+s.db+"`")); err != nil {
+			if err := s.apply(ctx, strings.ReplaceAll(st, "{db}", "`"+s.db+"`")); err != nil {
 				return s.wrap("apply schema "+m.name, err)
 			}
 		}
@@ -332,6 +333,36 @@ func (s *Store) Migrate(ctx context.Context) error {
 		s.logger.Info("schema applied", "database", s.db, "version", m.version, "name", m.name)
 	}
 	return nil
+}
+
+// addColumnRE matches an ALTER TABLE ... ADD COLUMN statement, naming the
+// table and the column.
+var addColumnRE = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+` + "`[^`]+`" + `\.(\w+)\s+ADD\s+COLUMN\s+(\w+)\s`)
+
+// apply runs one statement of a migration. An ADD COLUMN whose column
+// exists, before it or once it failed (another Migrate added it
+// meanwhile), counts as applied: ClickHouse 18.16 has no ADD COLUMN IF
+// NOT EXISTS, and every other statement is idempotent.
+func (s *Store) apply(ctx context.Context, st string) error {
+	m := addColumnRE.FindStringSubmatch(st)
+	if m == nil {
+		return s.conn.Exec(ctx, st)
+	}
+	exists := func() (bool, error) {
+		var n uint64
+		err := s.conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = ?", s.db, m[1], m[2]).Scan(&n)
+		return n > 0, err
+	}
+	if ok, err := exists(); err != nil || ok {
+		return err
+	}
+	err := s.conn.Exec(ctx, st)
+	if err != nil {
+		if ok, _ := exists(); ok {
+			return nil
+		}
+	}
+	return err
 }
 
 // applied returns the versions schema_migrations records.

@@ -906,3 +906,53 @@ func TestReset(t *testing.T) {
 		t.Errorf("EventRows of a fresh projection = %d, %v; want 0", n, err)
 	}
 }
+
+// policyPinVersion is the schema version that adds control_actions'
+// policy_hash.
+const policyPinVersion = 7
+
+// A policy activation's pin is kept in control_actions, and the migration
+// that adds its column runs again harmlessly (ClickHouse 18.16 has no ADD
+// COLUMN IF NOT EXISTS): a Migrate that failed after the ALTER, its
+// version not recorded, applies it once more.
+func TestControlActionsKeepThePolicyPin(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	pin := "sha256:" + strings.Repeat("ab", 32)
+	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	write(t, s, []projections.Batch{{Actions: []projections.Action{
+		{Action: ledger.ControlAction{V: 1, Kind: "activate_policy", Subject: "policy:active", Policy: "v42", PolicyHash: pin, By: "u_ops", ByTenant: "*", Reason: "rollout", At: at}},
+		{Action: ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:refund_order", Tool: "refund_order", By: "u_ops", ByTenant: "*", Reason: "incident", At: at}, Offset: 1},
+	}}})
+	read := func() map[string]string {
+		t.Helper()
+		rows, err := s.conn.Query(ctx, "SELECT subject, policy_hash FROM "+s.table("control_actions")+" FINAL ORDER BY subject")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		got := map[string]string{}
+		for rows.Next() {
+			var subject, hash string
+			if err := rows.Scan(&subject, &hash); err != nil {
+				t.Fatal(err)
+			}
+			got[subject] = hash
+		}
+		return got
+	}
+	want := map[string]string{"policy:active": pin, "tool:refund_order": ""}
+	if diff := cmp.Diff(want, read()); diff != "" {
+		t.Errorf("control_actions' policy_hash (-want +got):\n%s", diff)
+	}
+	deleteRows(t, s, "schema_migrations", fmt.Sprintf("version = %d", policyPinVersion))
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate with the column there and its version unrecorded: %v", err)
+	}
+	if v, err := s.SchemaVersion(ctx); err != nil || v != LatestVersion() {
+		t.Errorf("schema version %d, %v; want %d", v, err, LatestVersion())
+	}
+	if diff := cmp.Diff(want, read()); diff != "" {
+		t.Errorf("control_actions' policy_hash after Migrate again (-want +got):\n%s", diff)
+	}
+}

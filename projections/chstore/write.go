@@ -44,7 +44,7 @@ var (
 	}}
 	actionsTable = tableDef{"control_actions", []string{
 		"subject", "at", "at_ns", "action_id", "kind", "tool", "tenant", "jti", "family", "policy",
-		"by_user", "by_tenant", "reason",
+		"by_user", "by_tenant", "reason", "policy_hash",
 	}}
 	tables = []tableDef{eventsTable, eventKeysTable, callRefsTable, callsTable, actionsTable}
 )
@@ -154,7 +154,7 @@ func actionRows(r tableRows, a ledger.ControlAction) error {
 	}
 	sum := sha256.Sum256(raw)
 	r.add(actionsTable, a.Subject, dateTime(a.At), uint32(a.At.Nanosecond()), hex.EncodeToString(sum[:]), a.Kind,
-		a.Tool, a.Tenant, a.JTI, a.Family, a.Policy, a.By, a.ByTenant, a.Reason)
+		a.Tool, a.Tenant, a.JTI, a.Family, a.Policy, a.By, a.ByTenant, a.Reason, a.PolicyHash)
 	return nil
 }
 
