@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -44,7 +45,24 @@ func newControlCmd(g *globals) *cobra.Command {
 	}
 	toolBody := func() map[string]string { return map[string]string{"tool": tool, "tenant": tenant, "reason": reason} }
 	freeze := action("freeze", "Freeze a tool: calls not yet started are denied tool_frozen within a second", "/v1/control/freeze", toolBody)
-	unfreeze := action("unfreeze", "Lift a freeze", "/v1/control/unfreeze", toolBody)
+	var freezeAt string
+	unfreeze := action("unfreeze", "Lift a freeze", "/v1/control/unfreeze", func() map[string]string {
+		body := toolBody()
+		if freezeAt != "" {
+			body["freeze_at"] = freezeAt
+		}
+		return body
+	})
+	unfreeze.Flags().StringVar(&freezeAt, "freeze-at", "", "the time (at, as control show prints it) of the freeze you mean to lift: refused (freeze_changed) if another freeze is in force, frozen again since you looked")
+	unfreeze.PreRunE = func(*cobra.Command, []string) error {
+		if freezeAt == "" {
+			return nil
+		}
+		if _, err := time.Parse(time.RFC3339Nano, freezeAt); err != nil {
+			return fmt.Errorf("--freeze-at %q: want a time as control show prints it (RFC 3339): %v", freezeAt, err)
+		}
+		return nil
+	}
 	for _, c := range []*cobra.Command{freeze, unfreeze} {
 		c.Flags().StringVar(&tool, "tool", "", "the tool")
 		c.Flags().StringVar(&tenant, "for-tenant", "", "only this tenant (default: all, for a platform operator; the operator's own tenant otherwise)")

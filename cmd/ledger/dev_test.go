@@ -385,7 +385,23 @@ func TestDevEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "refused: tool_frozen") || !strings.Contains(out, "incident 42") {
 		t.Errorf("a refund while refund_order is frozen:\n%s", out)
 	}
-	cli(t, "control", "unfreeze", "--tool", "refund_order", "--reason", "resolved", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
+	// The unfreeze names the freeze it lifts (its at, from show): one
+	// that names another is refused, and the tool stays frozen.
+	var snap struct {
+		Freezes []struct {
+			Tool string `json:"tool"`
+			At   string `json:"at"`
+		} `json:"freezes"`
+	}
+	if shown := cli(t, "control", "show", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops"); json.Unmarshal([]byte(shown), &snap) != nil || len(snap.Freezes) != 1 {
+		t.Fatalf("control show, one freeze:\n%s", shown)
+	}
+	if err := cliErr(t, "control", "unfreeze", "--tool", "refund_order", "--reason", "resolved", "--freeze-at", "2026-01-01T00:00:00Z",
+		"--api", "http://"+api, "--data-dir", dir, "--user", "u_ops"); err == nil || !strings.Contains(err.Error(), "freeze_changed") {
+		t.Errorf("unfreeze naming another freeze: %v; want refused, freeze_changed", err)
+	}
+	cli(t, "control", "unfreeze", "--tool", "refund_order", "--reason", "resolved", "--freeze-at", snap.Freezes[0].At,
+		"--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
 
 	// Now the small refund runs at once; an operator compensates it, and
 	// the trace ends compensated.

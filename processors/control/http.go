@@ -32,18 +32,26 @@ const (
 	CodeForbidden       = "forbidden"
 	CodeInvalidRequest  = "invalid_request"
 	CodeNotFrozen       = "not_frozen"
+	CodeFreezeChanged   = "freeze_changed"
 	CodeUnavailable     = "unavailable"
 	CodeInternal        = "internal"
 )
 
-// FreezeRequest is the body of POST /v1/control/freeze and
-// /v1/control/unfreeze.
+// FreezeRequest is the body of POST /v1/control/freeze.
 type FreezeRequest struct {
 	Tool string `json:"tool"`
 	// Tenant limits the freeze to one tenant; empty: every tenant (a
 	// tenant operator's freeze is always for its own tenant).
 	Tenant string `json:"tenant,omitempty"`
 	Reason string `json:"reason"`
+}
+
+// UnfreezeRequest is the body of POST /v1/control/unfreeze.
+type UnfreezeRequest struct {
+	FreezeRequest
+	// FreezeAt, when set, is the time (at) of the freeze to lift: the
+	// unfreeze is refused (409 freeze_changed) if another is in force.
+	FreezeAt *time.Time `json:"freeze_at,omitempty"`
 }
 
 // RevokeRequest is the body of POST /v1/control/revoke: exactly one of
@@ -79,7 +87,8 @@ type Introspection struct {
 // Bearer; who acts, and for which tenant, comes from it alone. They answer
 // the Action (200), or 202 with it when it was published but not yet
 // applied locally, or {"error": {"code", "message"}}: 401 unauthenticated,
-// 403 forbidden, 400 invalid_request, 409 not_frozen, 503 unavailable.
+// 403 forbidden, 400 invalid_request, 409 not_frozen or freeze_changed,
+// 503 unavailable.
 //
 // Introspection is served when Config.Credentials is set. It does not
 // authenticate its caller in this version: it only says whether a
@@ -136,6 +145,8 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusBadRequest, CodeInvalidRequest, err.Error()
 	case errors.Is(err, ErrNotFrozen):
 		status, code, msg = http.StatusConflict, CodeNotFrozen, err.Error()
+	case errors.Is(err, ErrFreezeChanged):
+		status, code, msg = http.StatusConflict, CodeFreezeChanged, err.Error()
 	case errors.Is(err, ErrNotReady):
 		status, code, msg = http.StatusServiceUnavailable, CodeUnavailable, "the control state is still loading; try again"
 		w.Header().Set("Retry-After", "1")
@@ -177,12 +188,16 @@ func (s *Service) serveFreeze(w http.ResponseWriter, r *http.Request, id identit
 }
 
 func (s *Service) serveUnfreeze(w http.ResponseWriter, r *http.Request, id identity.Identity) {
-	var req FreezeRequest
+	var req UnfreezeRequest
 	if err := decodeBody(w, r, &req); err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	a, err := s.Unfreeze(r.Context(), id, req.Tool, req.Tenant, req.Reason)
+	var of time.Time
+	if req.FreezeAt != nil {
+		of = *req.FreezeAt
+	}
+	a, err := s.Unfreeze(r.Context(), id, req.Tool, req.Tenant, req.Reason, of)
 	s.answer(w, r, a, err)
 }
 

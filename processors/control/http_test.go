@@ -211,6 +211,8 @@ func TestHandler(t *testing.T) {
 		{name: "freeze of another tenant", method: "POST", path: "/v1/control/freeze", auth: acmeTok, body: `{"tool":"send_email","tenant":"t_other","reason":"r"}`, wantStatus: 403, wantCode: CodeForbidden},
 		{name: "tenant freeze", method: "POST", path: "/v1/control/freeze", auth: acmeTok, body: `{"tool":"send_email","reason":"r"}`, wantStatus: 200},
 		{name: "unfreeze of what is not frozen", method: "POST", path: "/v1/control/unfreeze", auth: rootTok, body: `{"tool":"send_email","reason":"r"}`, wantStatus: 409, wantCode: CodeNotFrozen},
+		{name: "freeze naming a freeze", method: "POST", path: "/v1/control/freeze", auth: acmeTok, body: `{"tool":"send_email","reason":"r","freeze_at":"2026-01-01T00:00:00Z"}`, wantStatus: 400, wantCode: CodeInvalidRequest},
+		{name: "unfreeze of another freeze than the one in force", method: "POST", path: "/v1/control/unfreeze", auth: acmeTok, body: `{"tool":"send_email","reason":"fixed","freeze_at":"2026-01-01T00:00:00Z"}`, wantStatus: 409, wantCode: CodeFreezeChanged},
 		{name: "unfreeze", method: "POST", path: "/v1/control/unfreeze", auth: acmeTok, body: `{"tool":"send_email","reason":"fixed"}`, wantStatus: 200},
 		{name: "revoke jti as a tenant operator", method: "POST", path: "/v1/control/revoke", auth: acmeTok, body: `{"jti":"jti-1","reason":"r"}`, wantStatus: 403, wantCode: CodeForbidden},
 		{name: "revoke both", method: "POST", path: "/v1/control/revoke", auth: rootTok, body: `{"jti":"jti-1","family":"refund_order:t_acme:1","reason":"r"}`, wantStatus: 400, wantCode: CodeInvalidRequest},

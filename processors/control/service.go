@@ -33,6 +33,10 @@ var (
 	ErrForbidden = errors.New("forbidden")
 	// ErrNotFrozen: an unfreeze named a freeze that is not in force.
 	ErrNotFrozen = errors.New("not frozen")
+	// ErrFreezeChanged: an unfreeze named the freeze it means to lift
+	// (its time), and another is in force under the subject now: frozen
+	// again since the operator looked, maybe for another reason.
+	ErrFreezeChanged = errors.New("freeze changed")
 	// ErrNotReady: the State has not caught up with the control topic
 	// yet, so the service cannot tell what is in force.
 	ErrNotReady = errors.New("control state not ready")
@@ -225,8 +229,13 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 // tenant; a tenant operator's unfreeze is always for its own tenant). It
 // lifts exactly that freeze: a freeze of every tenant and one of a single
 // tenant are lifted separately. ErrNotFrozen when that freeze is not in
-// force. It waits like Freeze.
-func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string) (Action, error) {
+// force. of, when not zero, is the time (At) of the freeze the operator
+// means to lift: ErrFreezeChanged when the one in force is another (a
+// freeze replaced by a newer one, for another incident, is not lifted by
+// an unfreeze meant for the first). The check is against this instance's
+// copy of the control topic, current within its staleness bound. It
+// waits like Freeze.
+func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string, of time.Time) (Action, error) {
 	if !s.cfg.State.isReady() {
 		return Action{}, ErrNotReady
 	}
@@ -234,8 +243,13 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 	if err != nil {
 		return Action{}, err
 	}
-	if _, frozen := s.cfg.State.frozenExactly(tool, tenant); !frozen {
+	current, frozen := s.cfg.State.frozenExactly(tool, tenant)
+	if !frozen {
 		return Action{}, fmt.Errorf("%w: %s", ErrNotFrozen, ToolSubject(tool, tenant))
+	}
+	if !of.IsZero() && !current.At.Equal(of) {
+		return Action{}, fmt.Errorf("%w: the freeze of %s in force is by %s at %s (%q), not the one at %s: look at it before lifting it",
+			ErrFreezeChanged, ToolSubject(tool, tenant), current.By, current.At.UTC().Format(time.RFC3339Nano), current.Reason, of.UTC().Format(time.RFC3339Nano))
 	}
 	return s.publish(ctx, s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant }))
 }

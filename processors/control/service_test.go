@@ -156,12 +156,12 @@ func TestAuthorization(t *testing.T) {
 			wantErr: ErrInvalidRequest},
 		{name: "unfreeze of a freeze not in force",
 			do: func(ctx context.Context, s *Service) (Action, error) {
-				return s.Unfreeze(ctx, platformOp, "refund_order", "", "r")
+				return s.Unfreeze(ctx, platformOp, "refund_order", "", "r", time.Time{})
 			},
 			wantErr: ErrNotFrozen},
 		{name: "unfreeze without a reason",
 			do: func(ctx context.Context, s *Service) (Action, error) {
-				return s.Unfreeze(ctx, platformOp, "refund_order", "", "")
+				return s.Unfreeze(ctx, platformOp, "refund_order", "", "", time.Time{})
 			},
 			wantErr: ErrInvalidRequest},
 		{name: "platform revokes a jti",
@@ -278,14 +278,14 @@ func TestTenantScopedFreezeAndUnfreeze(t *testing.T) {
 		t.Error("refund_order not frozen for t_other after a freeze of every tenant")
 	}
 	// The acme operator's unfreeze is of acme's freeze only.
-	m(svc.Unfreeze(ctx, acmeOp, "refund_order", "", "loop fixed"))
+	m(svc.Unfreeze(ctx, acmeOp, "refund_order", "", "loop fixed", time.Time{}))
 	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.Subject != "tool:refund_order" {
 		t.Errorf("after acme's unfreeze Frozen(t_acme) = %+v, %v; want the platform freeze", a, ok)
 	}
-	if _, err := svc.Unfreeze(ctx, acmeOp, "refund_order", "", "again"); !errors.Is(err, ErrNotFrozen) {
+	if _, err := svc.Unfreeze(ctx, acmeOp, "refund_order", "", "again", time.Time{}); !errors.Is(err, ErrNotFrozen) {
 		t.Errorf("acme unfreezing the platform freeze = %v; want ErrNotFrozen", err)
 	}
-	m(svc.Unfreeze(ctx, platformOp, "refund_order", "", "incident over"))
+	m(svc.Unfreeze(ctx, platformOp, "refund_order", "", "incident over", time.Time{}))
 	for _, tenant := range []string{"t_acme", "t_other", ""} {
 		if a, ok := st.Frozen("refund_order", tenant); ok {
 			t.Errorf("after both unfreezes Frozen(%q) = %+v; want not frozen", tenant, a)
@@ -293,6 +293,34 @@ func TestTenantScopedFreezeAndUnfreeze(t *testing.T) {
 	}
 	if snap := st.Snapshot(); len(snap.Freezes) != 0 {
 		t.Errorf("snapshot after unfreezes holds freezes %+v; want none", snap.Freezes)
+	}
+}
+
+// An unfreeze naming the freeze it means to lift (its time) does not lift
+// another: frozen again since the operator looked, for another incident,
+// the tool stays frozen until an unfreeze names that freeze. Before, an
+// unfreeze lifted whatever freeze was in force under the subject.
+func TestUnfreezeOfAReplacedFreezeIsRefused(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	svc, _ := newLoopbackService(t, Config{Now: func() time.Time { return now }})
+	st := svc.cfg.State
+	ctx := t.Context()
+	m := must[Action](t)
+
+	first := m(svc.Freeze(ctx, platformOp, "refund_order", "", "incident 41"))
+	now = now.Add(time.Minute)
+	second := m(svc.Freeze(ctx, platformOp, "refund_order", "", "incident 42"))
+	_, err := svc.Unfreeze(ctx, platformOp, "refund_order", "", "41 is over", first.At)
+	if !errors.Is(err, ErrFreezeChanged) || !strings.Contains(err.Error(), "incident 42") {
+		t.Errorf("unfreeze of the first freeze, replaced: %v; want ErrFreezeChanged naming the freeze in force", err)
+	}
+	if a, ok := st.Frozen("refund_order", ""); !ok || a.Reason != "incident 42" {
+		t.Errorf("after the refused unfreeze: Frozen = %+v, %v; want the second freeze in force", a, ok)
+	}
+	m(svc.Unfreeze(ctx, platformOp, "refund_order", "", "42 is over", second.At))
+	if a, ok := st.Frozen("refund_order", ""); ok {
+		t.Errorf("after the unfreeze of the freeze in force: Frozen = %+v; want none", a)
 	}
 }
 
@@ -402,8 +430,11 @@ func TestNotReady(t *testing.T) {
 	svc, pub := newLoopbackService(t, Config{State: NewState(nil)})
 	ctx := t.Context()
 	for name, do := range map[string]func() error{
-		"freeze":   func() error { _, err := svc.Freeze(ctx, platformOp, "refund_order", "", "r"); return err },
-		"unfreeze": func() error { _, err := svc.Unfreeze(ctx, platformOp, "refund_order", "", "r"); return err },
+		"freeze": func() error { _, err := svc.Freeze(ctx, platformOp, "refund_order", "", "r"); return err },
+		"unfreeze": func() error {
+			_, err := svc.Unfreeze(ctx, platformOp, "refund_order", "", "r", time.Time{})
+			return err
+		},
 		"revoke":   func() error { _, err := svc.Revoke(ctx, platformOp, "jti-1", "", "r"); return err },
 		"snapshot": func() error { _, err := svc.Snapshot(ctx, platformOp); return err },
 	} {

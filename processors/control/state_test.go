@@ -165,7 +165,7 @@ func TestNewStateStartsWithCurrentState(t *testing.T) {
 	frozen := m(e.svc.Freeze(ctx, platformOp, "refund_order", "", "refunds double-paying"))
 	scoped := m(e.svc.Freeze(ctx, acmeOp, "send_email", "", "spam from acme's agent"))
 	m(e.svc.Freeze(ctx, platformOp, "create_ticket", "", "noisy"))
-	unfrozen := m(e.svc.Unfreeze(ctx, platformOp, "create_ticket", "", "fixed"))
+	unfrozen := m(e.svc.Unfreeze(ctx, platformOp, "create_ticket", "", "fixed", time.Time{}))
 	jti := m(e.svc.Revoke(ctx, platformOp, "jti-leaked", "", "token in a screenshot"))
 	fam := m(e.svc.Revoke(ctx, acmeOp, "", "refund_order:t_acme:7", "executor compromised"))
 

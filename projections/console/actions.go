@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
+	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 )
@@ -127,6 +129,10 @@ type confirmPage struct {
 	Ready     bool
 }
 
+// serveUnfreezeConfirm shows the freeze an unfreeze would lift, as the
+// control API has it now, and binds the form to it: an unfreeze posted
+// after the tool was frozen again, for another reason, is refused
+// (freeze_changed) rather than lifting the newer freeze unseen.
 func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s *session) {
 	q := r.URL.Query()
 	tool, tenant := q.Get("tool"), q.Get("tenant")
@@ -134,21 +140,46 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 	if tenant != "" {
 		scope = "tenant " + tenant
 	}
-	c.render(w, r, s, "confirm", "Unfreeze "+tool, confirmPage{
+	page := confirmPage{
 		Heading: "Unfreeze " + tool,
-		Lines:   []string{"Calls to " + tool + " for " + scope + " will be accepted and run again."},
 		Action:  "/health/unfreeze",
-		Hidden:  []hidden{{"tool", tool}, {"tenant", tenant}},
 		Reason:  "Why lift the freeze",
 		Submit:  "Unfreeze " + tool,
 		Cancel:  "/health",
-		Ready:   tool != "",
-	})
+	}
+	var snap controlSnapshot
+	if _, err := c.call(r, s, http.MethodGet, pathControl, nil, nil, &snap); err != nil {
+		page.Err = describe(err)
+		c.render(w, r, s, "confirm", "Unfreeze "+tool, page)
+		return
+	}
+	i := slices.IndexFunc(snap.Freezes, func(a ledger.ControlAction) bool { return a.Tool == tool && a.Tenant == tenant })
+	if i < 0 {
+		page.Lines = []string{tool + " is not frozen for " + scope + "."}
+		c.render(w, r, s, "confirm", "Unfreeze "+tool, page)
+		return
+	}
+	fr := snap.Freezes[i]
+	page.Lines = []string{
+		fmt.Sprintf("Frozen for %s by %s at %s: %s", scope, fr.By, fr.At.UTC().Format(time.RFC3339), fr.Reason),
+		"Calls to " + tool + " for " + scope + " will be accepted and run again.",
+	}
+	page.Hidden = []hidden{{"tool", tool}, {"tenant", tenant}, {"freeze_at", fr.At.UTC().Format(time.RFC3339Nano)}}
+	page.Ready = true
+	c.render(w, r, s, "confirm", "Unfreeze "+tool, page)
 }
 
 func (c *Console) postUnfreeze(w http.ResponseWriter, r *http.Request, s *session) {
 	f := r.PostForm
-	body := freezeBody{Tool: f.Get("tool"), Tenant: f.Get("tenant"), Reason: f.Get("reason")}
+	body := unfreezeBody{freezeBody: freezeBody{Tool: f.Get("tool"), Tenant: f.Get("tenant"), Reason: f.Get("reason")}}
+	if at := f.Get("freeze_at"); at != "" {
+		t, err := time.Parse(time.RFC3339Nano, at)
+		if err != nil {
+			c.redirect(w, r, s, "/health", flash{Text: "The unfreeze form named no freeze it could read; open it again from Health."})
+			return
+		}
+		body.FreezeAt = &t
+	}
 	var a ledger.ControlAction
 	status, err := c.call(r, s, http.MethodPost, pathControl+"/unfreeze", nil, body, &a)
 	c.logAction(s, "unfreeze", body.Tool, err)

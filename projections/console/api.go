@@ -305,6 +305,10 @@ type (
 		Tenant string `json:"tenant,omitempty"`
 		Reason string `json:"reason"`
 	}
+	unfreezeBody struct {
+		freezeBody
+		FreezeAt *time.Time `json:"freeze_at,omitempty"`
+	}
 	revokeBody struct {
 		JTI    string `json:"jti,omitempty"`
 		Family string `json:"family,omitempty"`

@@ -877,6 +877,12 @@ func TestActionsCallTheAPI(t *testing.T) {
 			wantPath: "/v1/control/unfreeze", wantBody: `{"tool":"refund_order","tenant":"acme","reason":"fixed"}`,
 			wantBack: "/health", wantFlash: "ok: olga unfroze refund_order for tenant acme.",
 		},
+		{
+			name: "unfreeze of the freeze shown", as: assertOperator,
+			path: "/health/unfreeze", form: url.Values{"tool": {"refund_order"}, "tenant": {"acme"}, "reason": {"fixed"}, "freeze_at": {"2026-11-30T13:30:00.5Z"}},
+			wantPath: "/v1/control/unfreeze", wantBody: `{"tool":"refund_order","tenant":"acme","reason":"fixed","freeze_at":"2026-11-30T13:30:00.5Z"}`,
+			wantBack: "/health", wantFlash: "ok: olga unfroze refund_order for tenant acme.",
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fx := newFixture(t)
@@ -931,6 +937,11 @@ func TestConfirmationPagesCount(t *testing.T) {
 			`<span class="big">3</span> succeeded call(s) will each get a compensation request`, "refund-1", "refund-2",
 			`name="digest" value="` + keysDigest([]ledger.CallKey{keyOK1, keyHostile, keyOK2}) + `"`,
 		}},
+		// The unfreeze shows the freeze it lifts and is bound to it.
+		{"/health/unfreeze?tool=refund_order&tenant=acme", []string{
+			"Frozen for tenant acme by olga at " + t0.Add(-30*time.Minute).UTC().Format(time.RFC3339) + ": incident 12",
+			`name="freeze_at" value="` + t0.Add(-30*time.Minute).UTC().Format(time.RFC3339Nano) + `"`, `action="/health/unfreeze"`,
+		}},
 	} {
 		w := b.get(tc.page)
 		body := w.Body.String()
@@ -965,6 +976,10 @@ func TestConfirmationPagesCount(t *testing.T) {
 	body := b.get("/incidents/confirm?action=compensate&tool=refund_order").Body.String()
 	if strings.Contains(body, "refund-3") {
 		t.Errorf("compensate-all confirmation lists the failed call refund-3")
+	}
+	// Not frozen: no form.
+	if body := b.get("/health/unfreeze?tool=send_email").Body.String(); !strings.Contains(body, "send_email is not frozen for every tenant.") || strings.Contains(body, `action="/health/unfreeze"`) {
+		t.Errorf("unfreeze confirmation of a tool not frozen: want it said, and no form:\n%s", body)
 	}
 	// Nothing to confirm: no form.
 	fx.api.blast.Calls = fx.api.blast.Calls[2:3]
