@@ -86,7 +86,7 @@ person's assertion.`,
 				return err
 			}
 			mux := http.NewServeMux()
-			mux.Handle("POST /v1/calls", api)
+			mux.Handle("/v1/calls", api) // any method: api answers 405 to all but POST
 			mux.Handle("GET /healthz", api)
 			if err := mountQueries(mux, st, staff, logger); err != nil {
 				return err
@@ -114,9 +114,11 @@ person's assertion.`,
 				}
 			}
 			status := projector.StatusConfig{Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group}
-			mux.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, op httpapi.Operator) {
+			health := http.NewServeMux() // its own, for another method's 405
+			mux.Handle("/v1/health", httpjson.Unmatched(health))
+			health.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, op httpapi.Operator) {
 				if !slices.Contains(op.Roles, console.RoleOperator) {
-					http.Error(w, `{"error":{"code":"forbidden","message":"the operator role is required"}}`, http.StatusForbidden)
+					httpjson.Error(w, http.StatusForbidden, "forbidden", "the operator role is required")
 					return
 				}
 				h := console.Health{Breakers: map[string]string{}}

@@ -50,7 +50,7 @@ trials and benchmarks: it keeps every effect in memory until it stops.`,
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "where to serve the tools (POST /tools/{tool}, GET /tools/{tool}/status, GET /effects, GET /healthz)")
 	fs.DurationVar(&f.latency, "latency", 0, "latency added to every tool request, to model a real downstream")
 	fs.StringSliceVar(&f.jwksURLs, "credential-jwks-url", nil, "the ledger's credential keys, comma separated: the /.well-known/jwks.json of every executor's --jwks-addr and of the reconciler's (each signs with keys of its own); with it every request must carry a credential minted for it (401 otherwise); each https, or http on loopback")
-	fs.StringVar(&f.introspect, "introspect-url", "", "with --credential-jwks-url: the ledger's token introspection endpoint (a reconciler's /v1/introspect), asked about every credential so that a revoked one is refused")
+	fs.StringVar(&f.introspect, "introspect-url", "", "with --credential-jwks-url: the ledger's token introspection endpoint (a reconciler's /v1/introspect), asked about every credential so that a revoked one is refused; https, or http on loopback")
 	fs.StringVar(&f.journal, "journal", "", "also append every effect to this file, one JSON line each")
 	return cmd
 }
@@ -71,6 +71,11 @@ func runDemoBackend(ctx context.Context, g *globals, f *demoBackendFlags, out io
 		}
 		if cfg.IntrospectTransport, err = g.httpClient.transport(logger, 0); err != nil {
 			return fmt.Errorf("demo-backend: %w", err)
+		}
+		if f.introspect != "" {
+			if err := (&credentials.Introspector{URL: f.introspect}).Check(); err != nil {
+				return fmt.Errorf("demo-backend: --introspect-url: %w", err)
+			}
 		}
 		cfg.Credentials, cfg.IntrospectURL = v, f.introspect
 		checks = "credentials checked against " + strings.Join(f.jwksURLs, ", ")

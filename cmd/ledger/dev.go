@@ -340,7 +340,9 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		mux.Handle("GET /metrics", chProjector)
 		lagOf = chProjector
 	}
-	mux.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, _ httpapi.Operator) {
+	health := http.NewServeMux() // its own, for another method's 405
+	mux.Handle("/v1/health", httpjson.Unmatched(health))
+	health.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, _ httpapi.Operator) {
 		lag := lagOf.Lag()
 		h := console.Health{
 			Policy: engine.Active().Version(), Breakers: execProc.BreakerStates(),

@@ -194,6 +194,28 @@ func TestDevEndToEnd(t *testing.T) {
 	kafka, api, backend := addrs[0], addrs[1], addrs[2]
 	dev := startDev(t, dir, kafka, api, backend)
 
+	// An API path no route takes, or a method one does not serve, is
+	// answered in JSON, not with the console's page or plain text.
+	for _, tc := range []struct{ method, path, code, allow string }{
+		{"GET", "/v1/nope", "no_route", ""},
+		{"DELETE", "/v1/health", "method_not_allowed", "GET, HEAD"},
+		{"PUT", "/v1/approvals", "method_not_allowed", "GET, HEAD"},
+	} {
+		req, _ := http.NewRequest(tc.method, "http://"+api+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if err != nil || e.Error.Code != tc.code || resp.Header.Get("Allow") != tc.allow || resp.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d %s, Allow %q (%v); want a JSON %s, Allow %q", tc.method, tc.path, resp.StatusCode, e.Error.Code, resp.Header.Get("Allow"), err, tc.code, tc.allow)
+		}
+	}
+
 	out := cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Sydney"}`, "--tenant", "t_demo", "--key", "dev-1", "--wait", "--timeout", "60s")
 	for _, want := range []string{"requested", "authorized", "executing", "succeeded", "t_demo/dev-1 is succeeded"} {
 		if !strings.Contains(out, want) {

@@ -136,7 +136,7 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 					return fmt.Errorf("migration %s fills rows in from those projected, so no projector may run meanwhile, and group %s cannot be checked: %w", strings.Join(fills, ", "), group, err)
 				}
 				if s.Members > 0 {
-					return fmt.Errorf("migration %s fills rows in from those projected, and group %s has %d members: rows a projector of the older build wrote meanwhile would stay without them. Stop the projector (scale it to 0), migrate, then start the new build", strings.Join(fills, ", "), group, s.Members)
+					return fmt.Errorf("migration %s fills rows in from those projected, or adds a column, and group %s has %d members: rows a projector of the older build wrote meanwhile would stay without them. Stop the projector (scale it to 0), migrate, then start the new build", strings.Join(fills, ", "), group, s.Members)
 				}
 			}
 			if err := st.Migrate(cmd.Context()); err != nil {

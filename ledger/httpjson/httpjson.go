@@ -10,11 +10,28 @@ import (
 	"net/http"
 )
 
-// The codes of the errors Unmatched writes.
+// The codes of the errors Unmatched writes. no_route, not not_found: an
+// API's not_found says the thing asked about does not exist, which a
+// client may act on; no_route says the client asked the wrong endpoint.
 const (
-	CodeNotFound         = "not_found"
+	CodeNoRoute          = "no_route"
 	CodeMethodNotAllowed = "method_not_allowed"
 )
+
+// Error writes {"error": {"code", "message"}} with status.
+func Error(w http.ResponseWriter, status int, code, message string) {
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	type apiError struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+	_ = json.NewEncoder(w).Encode(map[string]apiError{"error": {Code: code, Message: message}}) // a write error means the client left
+}
 
 // Unmatched serves mux, but answers a request that no route of mux matches
 // (404, or 405 with the Allow header mux sets) with a JSON error. Answers
@@ -46,7 +63,7 @@ func (u *unmatched) WriteHeader(status int) {
 	code, msg := "", ""
 	switch status {
 	case http.StatusNotFound:
-		code, msg = CodeNotFound, "no endpoint at this path"
+		code, msg = CodeNoRoute, "no endpoint at this path"
 	case http.StatusMethodNotAllowed:
 		code, msg = CodeMethodNotAllowed, u.r.Method+" is not served at this path; allowed: "+u.Header().Get("Allow")
 	default:
@@ -54,17 +71,7 @@ func (u *unmatched) WriteHeader(status int) {
 		return
 	}
 	u.replaced = true
-	h := u.Header()
-	h.Del("Content-Length")
-	h.Set("Content-Type", "application/json")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Cache-Control", "no-store")
-	u.ResponseWriter.WriteHeader(status)
-	type apiError struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	}
-	_ = json.NewEncoder(u.ResponseWriter).Encode(map[string]apiError{"error": {Code: code, Message: msg}}) // a write error means the client left
+	Error(u.ResponseWriter, status, code, msg)
 }
 
 func (u *unmatched) Write(b []byte) (int, error) {

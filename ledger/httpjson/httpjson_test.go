@@ -29,7 +29,7 @@ func TestUnmatchedAnswersJSON(t *testing.T) {
 		code, allow  string // code: a JSON error's; empty: the body is body
 		body         string
 	}{
-		{"GET", "/v1/nowhere", http.StatusNotFound, httpjson.CodeNotFound, "", ""},
+		{"GET", "/v1/nowhere", http.StatusNotFound, httpjson.CodeNoRoute, "", ""},
 		{"DELETE", "/v1/things/1", http.StatusMethodNotAllowed, httpjson.CodeMethodNotAllowed, "GET, HEAD", ""},
 		{"GET", "/v1/things/1", http.StatusOK, "", "", "thing"},
 		{"GET", "/v1/things/missing", http.StatusNotFound, "", "", "a route's own not found\n"},

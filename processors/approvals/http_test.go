@@ -63,7 +63,7 @@ func TestHandler(t *testing.T) {
 		{name: "basic auth", method: "GET", path: "/v1/approvals", auth: "Basic " + bossTok, wantStatus: 401, wantCode: "unauthenticated"},
 		{name: "agent assertion without role", method: "GET", path: "/v1/approvals", auth: "Bearer " + agentTok, wantStatus: 403, wantCode: "not_approver"},
 		{name: "operator is not an approver", method: "GET", path: path(k1, ""), auth: "Bearer " + plainTok, wantStatus: 403, wantCode: "not_approver"},
-		{name: "no such endpoint", method: "GET", path: path(k1, "/approvez"), auth: "Bearer " + bossTok, wantStatus: 404, wantCode: "not_found"},
+		{name: "no such endpoint", method: "GET", path: path(k1, "/approvez"), auth: "Bearer " + bossTok, wantStatus: 404, wantCode: "no_route"},
 		{name: "method not served", method: "DELETE", path: path(k1, ""), auth: "Bearer " + bossTok, wantStatus: 405, wantCode: "method_not_allowed"},
 		{name: "list pending", method: "GET", path: "/v1/approvals?state=pending", auth: "Bearer " + bossTok, wantStatus: 200,
 			check: func(t *testing.T, body []byte) {

@@ -3,6 +3,7 @@ package credentials
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,12 +34,25 @@ type Revocations interface {
 // /v1/introspect) whether a credential is active. The token goes in the
 // form body, never in the URL or an error.
 type Introspector struct {
-	// URL is the endpoint. Required.
+	// URL is the endpoint: https, or http on a loopback address unless
+	// AllowInsecureHTTP is set (an answer read in clear over a network
+	// can be forged, undoing the kill switch). Required.
 	URL string
+	// AllowInsecureHTTP permits an http URL off loopback.
+	AllowInsecureHTTP bool
 	// Client reaches it. Default: http.DefaultClient, which has no
 	// timeout and keeps two idle connections: give one with a timeout,
 	// and a pool as large as the requests in flight.
 	Client *http.Client
+}
+
+// Check says what is wrong with the Introspector's URL, without quoting
+// it; Active refuses to ask (an error) while it is wrong.
+func (i *Introspector) Check() error {
+	if err := checkURL(i.URL, i.AllowInsecureHTTP); err != nil {
+		return fmt.Errorf("introspection URL %v", err)
+	}
+	return nil
 }
 
 // maxIntrospection bounds an introspection answer read.
@@ -46,6 +60,9 @@ const maxIntrospection = 64 << 10
 
 // Active implements Revocations.
 func (i *Introspector) Active(ctx context.Context, token string) (bool, error) {
+	if err := i.Check(); err != nil {
+		return false, err
+	}
 	client := i.Client
 	if client == nil {
 		client = http.DefaultClient
@@ -57,7 +74,11 @@ func (i *Introspector) Active(ctx context.Context, token string) (bool, error) {
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	resp, err := client.Do(req)
 	if err != nil {
-		// The error names the URL, never the token (it is in the body).
+		// Not the *url.Error itself: it quotes the URL, whose query may
+		// carry a credential (the token is in the body, never in it).
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
 		return false, fmt.Errorf("introspection: %w", err)
 	}
 	defer func() {

@@ -98,3 +98,36 @@ func TestVerifyRevocationsErrorIsTheCause(t *testing.T) {
 type failingRevocations struct{ err error }
 
 func (f failingRevocations) Active(context.Context, string) (bool, error) { return false, f.err }
+
+// An Introspector asks only over https, or http on loopback: an answer
+// read in clear over a network could be forged to undo a revocation. Its
+// errors never quote the URL, whose query may carry a credential.
+func TestIntrospectorURL(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url      string
+		insecure bool
+		ok       bool
+	}{
+		{"https://reconciler.ledger:8443/v1/introspect", false, true},
+		{"http://127.0.0.1:8090/v1/introspect", false, true},
+		{"http://reconciler.ledger:8090/v1/introspect?key=s3cret", false, false},
+		{"http://reconciler.ledger:8090/v1/introspect", true, true},
+		{"ftp://reconciler.ledger/x", false, false},
+		{"", false, false},
+	} {
+		i := &Introspector{URL: tc.url, AllowInsecureHTTP: tc.insecure}
+		err := i.Check()
+		if (err == nil) != tc.ok {
+			t.Errorf("Check(%q, insecure %v) = %v; want ok %v", tc.url, tc.insecure, err, tc.ok)
+		}
+		if err != nil && tc.url != "" && strings.Contains(err.Error(), tc.url) {
+			t.Errorf("Check(%q) quotes the URL: %v", tc.url, err)
+		}
+	}
+	// A failed request names neither the URL nor its query.
+	i := &Introspector{URL: "http://127.0.0.1:1/v1/introspect?key=s3cret"}
+	if _, err := i.Active(t.Context(), "tok"); err == nil || strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "tok") {
+		t.Errorf("Active against nothing listening: %v; want an error without the URL's query or the token", err)
+	}
+}

@@ -114,19 +114,30 @@ func (c VerifierConfig) validate() error {
 	// The messages name the URL by its place in the list: a URL may carry
 	// a credential in its query.
 	for i, raw := range c.JWKSURLs {
-		u, err := url.Parse(raw)
-		if err != nil || u.Host == "" {
-			return fmt.Errorf("%w: JWKSURLs[%d] is not an absolute URL", ErrInvalidConfig, i)
+		if err := checkURL(raw, c.AllowInsecureHTTP); err != nil {
+			return fmt.Errorf("%w: JWKSURLs[%d] %v", ErrInvalidConfig, i, err)
 		}
-		switch u.Scheme {
-		case "https":
-		case "http":
-			if !c.AllowInsecureHTTP && !isLoopback(u.Hostname()) {
-				return fmt.Errorf("%w: JWKSURLs[%d] must be https off loopback (or set AllowInsecureHTTP)", ErrInvalidConfig, i)
-			}
-		default:
-			return fmt.Errorf("%w: JWKSURLs[%d] scheme %q is not http(s)", ErrInvalidConfig, i, u.Scheme)
+	}
+	return nil
+}
+
+// checkURL says what is wrong with raw as the URL of a key set or of an
+// introspection endpoint: one fetched in clear over a network can be
+// swapped. The error does not quote the URL, whose query may carry a
+// credential.
+func checkURL(raw string, allowInsecureHTTP bool) error {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return errors.New("is not an absolute URL")
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !allowInsecureHTTP && !isLoopback(u.Hostname()) {
+			return errors.New("must be https off loopback (or set AllowInsecureHTTP)")
 		}
+	default:
+		return fmt.Errorf("scheme %q is not http(s)", u.Scheme)
 	}
 	return nil
 }

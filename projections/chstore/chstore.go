@@ -241,6 +241,9 @@ func migrations() ([]migration, error) {
 		var stmts []string
 		for _, st := range strings.Split(strings.Join(lines, "\n"), ";") {
 			if st = strings.TrimSpace(st); st != "" {
+				if _, _, ok := addedColumn(st); strings.Contains(strings.ToUpper(st), "ADD COLUMN") && !ok {
+					return nil, fmt.Errorf("schema file %s: an ADD COLUMN is ALTER TABLE {db}.<table> ADD COLUMN <column> <type>, one a statement, so that Migrate can tell it done", path)
+				}
 				stmts = append(stmts, st)
 			}
 		}
@@ -256,10 +259,13 @@ func migrations() ([]migration, error) {
 }
 
 // fills reports whether m fills rows in from those already projected (an
-// INSERT ... SELECT), as opposed to changing only the tables.
+// INSERT ... SELECT), or adds a column a projector of an older build
+// would leave empty in the rows it writes meanwhile, as opposed to
+// changing only what that projector does not write.
 func (m migration) fills() bool {
 	return slices.ContainsFunc(m.statements, func(st string) bool {
-		return strings.HasPrefix(strings.ToUpper(st), "INSERT")
+		_, _, add := addedColumn(st)
+		return strings.HasPrefix(strings.ToUpper(st), "INSERT") || add
 	})
 }
 
@@ -335,22 +341,35 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// addColumnRE matches an ALTER TABLE ... ADD COLUMN statement, naming the
-// table and the column.
-var addColumnRE = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+` + "`[^`]+`" + `\.(\w+)\s+ADD\s+COLUMN\s+(\w+)\s`)
+// addColumnRE matches an ALTER TABLE ... ADD COLUMN of one column (before
+// or after {db} is filled in), naming the table and the column; migrations
+// refuses any other form of ADD COLUMN, whose rerun apply could not tell
+// done.
+var addColumnRE = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+(?:\{db\}|` + "`[^`]+`" + `)\.(\w+)\s+ADD\s+COLUMN\s+(\w+)\s[^,]*$`)
+
+// addedColumn reports whether st is an ADD COLUMN of the one form apply
+// can tell done (addColumnRE, and no IF NOT EXISTS, which 18.16 lacks),
+// and of which table and column.
+func addedColumn(st string) (table, column string, ok bool) {
+	m := addColumnRE.FindStringSubmatch(st)
+	if m == nil || strings.EqualFold(m[2], "IF") {
+		return "", "", false
+	}
+	return m[1], m[2], true
+}
 
 // apply runs one statement of a migration. An ADD COLUMN whose column
 // exists, before it or once it failed (another Migrate added it
 // meanwhile), counts as applied: ClickHouse 18.16 has no ADD COLUMN IF
 // NOT EXISTS, and every other statement is idempotent.
 func (s *Store) apply(ctx context.Context, st string) error {
-	m := addColumnRE.FindStringSubmatch(st)
-	if m == nil {
+	table, column, ok := addedColumn(st)
+	if !ok {
 		return s.conn.Exec(ctx, st)
 	}
 	exists := func() (bool, error) {
 		var n uint64
-		err := s.conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = ?", s.db, m[1], m[2]).Scan(&n)
+		err := s.conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = ?", s.db, table, column).Scan(&n)
 		return n > 0, err
 	}
 	if ok, err := exists(); err != nil || ok {
@@ -463,6 +482,13 @@ type Checksum struct {
 // checksums whether it was written live, rebuilt, written twice or merged
 // since. calls counts one row per call, its latest.
 func (s *Store) Checksums(ctx context.Context) (map[string]Checksum, error) {
+	// Every column this build writes: a database of another schema
+	// version has other columns, and its checksums no meaning here.
+	if v, err := s.SchemaVersion(ctx); err != nil {
+		return nil, err
+	} else if v != LatestVersion() {
+		return nil, s.wrap("checksums", fmt.Errorf("schema version %d, this build's %d: migrate it first", v, LatestVersion()))
+	}
 	out := make(map[string]Checksum, len(tables))
 	for _, t := range tables {
 		cols := strings.Join(t.cols, ", ")

@@ -956,3 +956,30 @@ func TestControlActionsKeepThePolicyPin(t *testing.T) {
 		t.Errorf("control_actions' policy_hash after Migrate again (-want +got):\n%s", diff)
 	}
 }
+
+// A schema file's ADD COLUMN must be of the one form Migrate can tell done
+// when it runs again; the regexp knows that form before and after {db} is
+// filled in.
+func TestAddColumnForm(t *testing.T) {
+	for _, tc := range []struct {
+		st string
+		ok bool
+	}{
+		{"ALTER TABLE {db}.control_actions ADD COLUMN policy_hash String DEFAULT ''", true},
+		{"ALTER TABLE `ledger`.control_actions ADD COLUMN policy_hash String DEFAULT ''", true},
+		{"ALTER TABLE {db}.t ADD COLUMN a String, ADD COLUMN b String", false},
+		{"ALTER TABLE {db}.t ADD COLUMN IF NOT EXISTS a String", false},
+		{"ALTER TABLE t ADD COLUMN a String", false},
+	} {
+		if _, _, got := addedColumn(tc.st); got != tc.ok {
+			t.Errorf("%q matches: %v; want %v", tc.st, got, tc.ok)
+		}
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ms[policyPinVersion-1].fills() {
+		t.Errorf("migration %s, adding a column an older projector leaves empty, does not count as a fill", ms[policyPinVersion-1].name)
+	}
+}
