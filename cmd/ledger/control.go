@@ -53,7 +53,7 @@ func newControlCmd(g *globals) *cobra.Command {
 		}
 		return body
 	})
-	unfreeze.Flags().StringVar(&freezeAt, "freeze-at", "", "the time (at, as control show prints it) of the freeze you mean to lift: refused (freeze_changed) if another freeze is in force, frozen again since you looked")
+	unfreeze.Flags().StringVar(&freezeAt, "freeze-at", "", "the time (at, copied exactly from control show, to the nanosecond) of the freeze you mean to lift: refused (freeze_changed) if another freeze is in force, frozen again since you looked")
 	unfreeze.PreRunE = func(*cobra.Command, []string) error {
 		if freezeAt == "" {
 			return nil

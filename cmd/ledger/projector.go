@@ -133,10 +133,10 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 				// would not see, and does not write what it fills in.
 				s, err := projector.Status(cmd.Context(), projector.StatusConfig{Client: g.kafka.client(g.logger()), Topics: g.kafka.topics(), Group: group})
 				if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
-					return fmt.Errorf("migration %s fills rows in from those projected, so no projector may run meanwhile, and group %s cannot be checked: %w", strings.Join(fills, ", "), group, err)
+					return fmt.Errorf("migration %s fills rows in, or adds a column that an older projector leaves empty, so no projector may run meanwhile, and group %s cannot be checked: %w", strings.Join(fills, ", "), group, err)
 				}
 				if s.Members > 0 {
-					return fmt.Errorf("migration %s fills rows in from those projected, or adds a column, and group %s has %d members: rows a projector of the older build wrote meanwhile would stay without them. Stop the projector (scale it to 0), migrate, then start the new build", strings.Join(fills, ", "), group, s.Members)
+					return fmt.Errorf("migration %s fills rows in, or adds a column that an older projector leaves empty, and group %s has %d members: rows a projector of the older build wrote meanwhile would stay without them. Stop the projector (scale it to 0), migrate, then start the new build", strings.Join(fills, ", "), group, s.Members)
 				}
 			}
 			if err := st.Migrate(cmd.Context()); err != nil {
@@ -258,7 +258,11 @@ swapped in without --force.`,
 			if !swap {
 				return nil
 			}
-			if !force {
+			// A live database never migrated (a first deployment from a
+			// rebuild, a swap that failed half way) has nothing to lose.
+			if v, err := live.SchemaVersion(ctx); err != nil {
+				return err
+			} else if !force && v > 0 {
 				liveSums, err := live.Checksums(ctx)
 				if err != nil {
 					return err

@@ -63,10 +63,14 @@ func (i *Introspector) Active(ctx context.Context, token string) (bool, error) {
 	if err := i.Check(); err != nil {
 		return false, err
 	}
-	client := i.Client
-	if client == nil {
-		client = http.DefaultClient
+	client := http.DefaultClient
+	if i.Client != nil {
+		client = i.Client
 	}
+	// A redirect is not followed: its target was never checked.
+	noRedirect := *client
+	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	client = &noRedirect
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, i.URL, strings.NewReader(url.Values{"token": {token}}.Encode()))
 	if err != nil {
 		return false, fmt.Errorf("introspection: %w", err)

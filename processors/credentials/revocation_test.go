@@ -131,3 +131,29 @@ func TestIntrospectorURL(t *testing.T) {
 		t.Errorf("Active against nothing listening: %v; want an error without the URL's query or the token", err)
 	}
 }
+
+// A Verifier whose Introspector's URL is wrong is refused at the start,
+// not at the first credential; an introspection answered with a redirect
+// is not followed to a target never checked.
+func TestIntrospectorCheckedAndNotRedirected(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{})
+	_, err := NewVerifier(VerifierConfig{Audience: "demo-backend", Keys: b.Keys, Now: c.Now,
+		Revocations: &Introspector{URL: "http://reconciler.ledger:8090/v1/introspect"}})
+	if !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("NewVerifier with an http introspection URL off loopback: %v; want ErrInvalidConfig", err)
+	}
+	elsewhere := &introspection{status: 200, answer: `{"active": true}`, tokens: make(chan string, 1)}
+	target := httptest.NewServer(elsewhere)
+	t.Cleanup(target.Close)
+	redirect := httptest.NewServer(http.RedirectHandler(target.URL, http.StatusTemporaryRedirect))
+	t.Cleanup(redirect.Close)
+	v := newVerifier(t, c, b, VerifierConfig{Revocations: &Introspector{URL: redirect.URL, Client: redirect.Client()}})
+	if _, err := v.Verify(t.Context(), mint(t, b, grant()).Token, expect()); ReasonOf(err) != ReasonRevocationUnavailable {
+		t.Errorf("Verify with the introspection answered by a redirect: %v; want %s", err, ReasonRevocationUnavailable)
+	}
+	if n := elsewhere.asked.Load(); n != 0 {
+		t.Errorf("the redirect's target was asked %d times; want never", n)
+	}
+}

@@ -118,6 +118,13 @@ func (c VerifierConfig) validate() error {
 			return fmt.Errorf("%w: JWKSURLs[%d] %v", ErrInvalidConfig, i, err)
 		}
 	}
+	// At the start, not at the first credential: an Introspector
+	// refuses to ask over a URL it finds wrong.
+	if ch, ok := c.Revocations.(interface{ Check() error }); ok {
+		if err := ch.Check(); err != nil {
+			return fmt.Errorf("%w: Revocations: %v", ErrInvalidConfig, err)
+		}
+	}
 	return nil
 }
 

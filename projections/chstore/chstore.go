@@ -241,7 +241,7 @@ func migrations() ([]migration, error) {
 		var stmts []string
 		for _, st := range strings.Split(strings.Join(lines, "\n"), ";") {
 			if st = strings.TrimSpace(st); st != "" {
-				if _, _, ok := addedColumn(st); strings.Contains(strings.ToUpper(st), "ADD COLUMN") && !ok {
+				if _, _, ok := addedColumn(st); anyAddColumnRE.MatchString(st) && !ok {
 					return nil, fmt.Errorf("schema file %s: an ADD COLUMN is ALTER TABLE {db}.<table> ADD COLUMN <column> <type>, one a statement, so that Migrate can tell it done", path)
 				}
 				stmts = append(stmts, st)
@@ -270,9 +270,10 @@ func (m migration) fills() bool {
 }
 
 // PendingFills returns the names of the migrations Migrate would apply
-// that fill rows in from the rows already projected. A projector of an
-// older build writing while one runs adds rows it does not fill, for
-// good: stop the projector first. A database never migrated has nothing
+// that fill rows in from the rows already projected, or add a column. A
+// projector of an older build writing while one runs adds rows it does
+// not fill, or leaves the column empty in, for good: stop the projector
+// first. A database never migrated has nothing
 // to fill from.
 func (s *Store) PendingFills(ctx context.Context) ([]string, error) {
 	v, err := s.SchemaVersion(ctx)
@@ -345,14 +346,21 @@ func (s *Store) Migrate(ctx context.Context) error {
 // or after {db} is filled in), naming the table and the column; migrations
 // refuses any other form of ADD COLUMN, whose rerun apply could not tell
 // done.
-var addColumnRE = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+(?:\{db\}|` + "`[^`]+`" + `)\.(\w+)\s+ADD\s+COLUMN\s+(\w+)\s[^,]*$`)
+var addColumnRE = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+(?:\{db\}|` + "`[^`]+`" + `)\.(\w+)\s+ADD\s+COLUMN\s+(\w+)\s(.*)$`)
+
+// anyAddColumnRE finds an ADD COLUMN anywhere in a statement, and
+// moreClausesRE a clause after the first of an ALTER.
+var (
+	anyAddColumnRE = regexp.MustCompile(`(?i)\bADD\s+COLUMN\b`)
+	moreClausesRE  = regexp.MustCompile(`(?i),\s*(ADD|DROP|MODIFY|CLEAR|COMMENT|RENAME)\s`)
+)
 
 // addedColumn reports whether st is an ADD COLUMN of the one form apply
 // can tell done (addColumnRE, and no IF NOT EXISTS, which 18.16 lacks),
 // and of which table and column.
 func addedColumn(st string) (table, column string, ok bool) {
 	m := addColumnRE.FindStringSubmatch(st)
-	if m == nil || strings.EqualFold(m[2], "IF") {
+	if m == nil || strings.EqualFold(m[2], "IF") || moreClausesRE.MatchString(m[3]) {
 		return "", "", false
 	}
 	return m[1], m[2], true

@@ -968,6 +968,9 @@ func TestAddColumnForm(t *testing.T) {
 		{"ALTER TABLE {db}.control_actions ADD COLUMN policy_hash String DEFAULT ''", true},
 		{"ALTER TABLE `ledger`.control_actions ADD COLUMN policy_hash String DEFAULT ''", true},
 		{"ALTER TABLE {db}.t ADD COLUMN a String, ADD COLUMN b String", false},
+		{"ALTER TABLE {db}.t ADD COLUMN a String,\nADD\nCOLUMN b String", false},
+		{"ALTER TABLE {db}.t ADD COLUMN price Decimal(18, 2) DEFAULT 0", true},
+		{"ALTER TABLE {db}.t ADD COLUMN a String, DROP COLUMN b", false},
 		{"ALTER TABLE {db}.t ADD COLUMN IF NOT EXISTS a String", false},
 		{"ALTER TABLE t ADD COLUMN a String", false},
 	} {

@@ -160,10 +160,15 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 		return
 	}
 	fr := snap.Freezes[i]
-	page.Lines = []string{
-		fmt.Sprintf("Frozen for %s by %s at %s: %s", scope, fr.By, fr.At.UTC().Format(time.RFC3339), fr.Reason),
-		"Calls to " + tool + " for " + scope + " will be accepted and run again.",
+	frozen := fmt.Sprintf("Frozen for %s by %s at %s: %s", scope, fr.By, fr.At.UTC().Format(time.RFC3339), fr.Reason)
+	if tenant == "" && s.id.Tenant != "*" {
+		// The control API takes a tenant operator's unfreeze as of its
+		// own tenant's freeze: this one only a platform operator lifts.
+		page.Lines = []string{frozen, "Only a platform operator lifts a freeze of every tenant."}
+		c.render(w, r, s, "confirm", "Unfreeze "+tool, page)
+		return
 	}
+	page.Lines = []string{frozen, "Calls to " + tool + " for " + scope + " will be accepted and run again."}
 	page.Hidden = []hidden{{"tool", tool}, {"tenant", tenant}, {"freeze_at", fr.At.UTC().Format(time.RFC3339Nano)}}
 	page.Ready = true
 	c.render(w, r, s, "confirm", "Unfreeze "+tool, page)

@@ -977,6 +977,11 @@ func TestConfirmationPagesCount(t *testing.T) {
 	if strings.Contains(body, "refund-3") {
 		t.Errorf("compensate-all confirmation lists the failed call refund-3")
 	}
+	// A tenant operator is shown a freeze of every tenant, and no form:
+	// the API would take the unfreeze as of its own tenant's.
+	if body := b.get("/health/unfreeze?tool=" + url.QueryEscape(xssScript)).Body.String(); !strings.Contains(body, "Only a platform operator lifts a freeze of every tenant.") || strings.Contains(body, `action="/health/unfreeze"`) {
+		t.Errorf("a tenant operator's unfreeze confirmation of a platform freeze: want it said, and no form:\n%s", body)
+	}
 	// Not frozen: no form.
 	if body := b.get("/health/unfreeze?tool=send_email").Body.String(); !strings.Contains(body, "send_email is not frozen for every tenant.") || strings.Contains(body, `action="/health/unfreeze"`) {
 		t.Errorf("unfreeze confirmation of a tool not frozen: want it said, and no form:\n%s", body)
