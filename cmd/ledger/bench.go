@@ -287,6 +287,21 @@ func (e *benchEnv) closeBackend() {
 // coreSpeedFor is how long each reading of the host's speed takes.
 const coreSpeedFor = 300 * time.Millisecond
 
+// benchClient is the bench's own Kafka client configuration: on its
+// in-process Kafka (embedded), a plain one; on a cluster of the
+// operator's, that cluster's TLS and SASL settings, for the load, the
+// attached run's reads and the raw limits. (The node processes a
+// non-attached run starts inherit those settings only as LEDGER_KAFKA_*
+// environment variables.)
+func benchClient(g *globals, embedded bool, brokers []string, logger *slog.Logger) ledger.ClientConfig {
+	if embedded {
+		return ledger.ClientConfig{Brokers: brokers, Logger: logger}
+	}
+	cc := g.kafka.client(logger)
+	cc.Brokers = brokers
+	return cc
+}
+
 func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, progress, out io.Writer) error {
 	if err := f.validate(); err != nil {
 		return err
@@ -363,7 +378,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		env.brokers = g.kafka.brokers
 		report.Kafka = strings.Join(env.brokers, ",")
 	}
-	env.cc = ledger.ClientConfig{Brokers: env.brokers, Logger: logger}
+	env.cc = benchClient(g, embedded, env.brokers, logger)
 	report.Store = "embedded (bbolt)"
 	if f.crdbDSN != "" {
 		report.Store = redactDSN(f.crdbDSN) + " (a schema per run)"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -119,4 +120,21 @@ func TestKafkaSecurityFlags(t *testing.T) {
 			t.Errorf("bindEnv with LEDGER_KAFKA_TLS=maybe = %v; want an error naming the variable", err)
 		}
 	})
+}
+
+// The bench's own clients (its load, an attached run's reads, the raw
+// limits) on a cluster of the operator's carry that cluster's TLS and
+// SASL settings; on its in-process Kafka, none. Before, they were
+// plaintext and unauthenticated whatever the flags said, so ledger bench
+// --attach could not reach a secured cluster.
+func TestBenchClientCarriesKafkaSecurity(t *testing.T) {
+	g := &globals{}
+	g.kafka.security = ledger.Security{TLS: ledger.TLS{Enabled: true}, SASL: ledger.SASL{Mechanism: "SCRAM-SHA-512", User: "bench", Password: "p"}}
+	brokers := []string{"kafka-0:9093"}
+	if cc := benchClient(g, false, brokers, nil); !cc.Security.TLS.Enabled || cc.Security.SASL.User != "bench" || !slices.Equal(cc.Brokers, brokers) {
+		t.Errorf("on a cluster of the operator's: %+v; want its brokers with the flags' TLS and SASL", cc)
+	}
+	if cc := benchClient(g, true, []string{"127.0.0.1:1"}, nil); cc.Security.TLS.Enabled || cc.Security.SASL.Mechanism != "" {
+		t.Errorf("on the bench's in-process Kafka: %+v; want no TLS or SASL", cc)
+	}
 }
