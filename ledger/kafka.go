@@ -53,7 +53,10 @@ type TopicConfig struct {
 }
 
 // EnsureTopics creates the ledger's topics where they do not exist. It
-// leaves existing topics alone.
+// leaves existing topics alone, and asks to create only those it did not
+// find: brokers check the Create permission before whether a topic
+// exists, so that a principal without it (a role's) may run it as a
+// check once an admin created the topics.
 func EnsureTopics(ctx context.Context, cl *kgo.Client, cfg TopicConfig) error {
 	t := cfg.Topics.WithDefaults()
 	if cfg.Partitions <= 0 {
@@ -63,6 +66,9 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, cfg TopicConfig) error {
 		cfg.ReplicationFactor = 1
 	}
 	adm := kadm.NewClient(cl)
+	// A principal that may not describe the topics (an admin granted
+	// Create alone) lists none: every one is then asked to be created.
+	existing, _ := adm.ListTopics(ctx, t.Requests, t.Events, t.Control, t.DLQ)
 	compact := "compact"
 	for _, spec := range []struct {
 		name    string
@@ -73,6 +79,9 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, cfg TopicConfig) error {
 		{t.Control, map[string]*string{"cleanup.policy": &compact}},
 		{t.DLQ, nil},
 	} {
+		if d, ok := existing[spec.name]; ok && d.Err == nil {
+			continue
+		}
 		_, err := adm.CreateTopic(ctx, cfg.Partitions, cfg.ReplicationFactor, spec.configs, spec.name)
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 			return fmt.Errorf("create topic %s: %w", spec.name, err)

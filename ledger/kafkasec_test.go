@@ -329,6 +329,47 @@ func TestKafkaACLTopics(t *testing.T) {
 	}
 }
 
+// EnsureTopics under a principal that may describe the topics but not
+// create them succeeds once they exist (an admin created them), and asks
+// to create only a missing one, which that principal is refused. Before,
+// it asked to create every topic, and brokers check Create before
+// whether a topic exists.
+func TestEnsureTopicsWithoutCreate(t *testing.T) {
+	pass := secret(t)
+	describe := []kfake.ACL{}
+	for _, tp := range []string{secTopics.Requests, secTopics.Events, secTopics.Control, secTopics.DLQ} {
+		describe = append(describe, allow(kmsg.ACLResourceTypeTopic, tp, kmsg.ACLOperationDescribe))
+	}
+	c := secCluster(t,
+		kfake.EnableSASL(),
+		kfake.EnableACLs(),
+		kfake.User("SCRAM-SHA-256", "admin", pass, allow(kmsg.ACLResourceTypeCluster, "kafka-cluster", kmsg.ACLOperationCreate)),
+		kfake.User("SCRAM-SHA-256", "role", pass, describe...),
+	)
+	client := func(user string) *kgo.Client {
+		cc := ledger.ClientConfig{Brokers: c.ListenAddrs()}
+		cc.Security.SASL = ledger.SASL{Mechanism: "SCRAM-SHA-256", User: user, Password: pass}
+		cl, err := ledger.NewClient(cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		return cl
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	cfg := ledger.TopicConfig{Topics: secTopics, Partitions: 2}
+	if err := ledger.EnsureTopics(ctx, client("role"), cfg); !errors.Is(err, kerr.TopicAuthorizationFailed) || !strings.Contains(err.Error(), secTopics.Control) {
+		t.Errorf("EnsureTopics without Create, the control topic missing: %v; want %s refused, TopicAuthorizationFailed", err, secTopics.Control)
+	}
+	if err := ledger.EnsureTopics(ctx, client("admin"), cfg); err != nil {
+		t.Fatalf("EnsureTopics as the admin: %v", err)
+	}
+	if err := ledger.EnsureTopics(ctx, client("role"), cfg); err != nil {
+		t.Errorf("EnsureTopics without Create, every topic there: %v; want nothing to do", err)
+	}
+}
+
 // logCapture keeps the error attributes a Loop logs.
 type logCapture struct {
 	mu   sync.Mutex
