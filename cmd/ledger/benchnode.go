@@ -110,7 +110,11 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		if err != nil {
 			return err
 		}
-		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls, Versions: httptool.New(httptool.Config{}), BaseURL: f.toolsBase}, f.roles.instance, f.roles.batching, obs, logger)
+		ids, err := g.kafka.loopIDs("intake", f.roles.instance)
+		if err != nil {
+			return err
+		}
+		loop, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, Freezes: controls, Versions: httptool.New(httptool.Config{}), BaseURL: f.toolsBase}, f.roles.instance, ids, f.roles.batching, obs, logger)
 		if err != nil {
 			return err
 		}
@@ -134,7 +138,12 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 				// one process owns) pay for metrics of their own.
 				xobs = observers{metrics: metrics.New("bench", reg.Has)}
 			}
-			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, 0, toolsFlags{base: f.toolsBase}, f.roles.instance+"-"+strconv.Itoa(i), f.roles.batching, xobs, logger)
+			instance := f.roles.instance + "-" + strconv.Itoa(i)
+			ids, err := g.kafka.loopIDs("executor", instance)
+			if err != nil {
+				return err
+			}
+			loop, x, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(""), engine, controls, 0, toolsFlags{base: f.toolsBase}, instance, ids, f.roles.batching, xobs, logger)
 			if err != nil {
 				return err
 			}

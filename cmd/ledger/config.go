@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -34,7 +35,34 @@ type kafkaFlags struct {
 	rebalanceTimeout time.Duration
 	// security is TLS and SASL for every client of the cluster.
 	security ledger.Security
+	// groupPrefix names the processors' consumer groups and
+	// transactional ids (loopIDs).
+	groupPrefix string
 }
+
+// loopIDs are a processor loop's consumer group and transactional id.
+type loopIDs struct{ group, txn string }
+
+// kafkaNameRE is what Kafka accepts in a group or transactional id
+// prefix here (its topic name syntax, which ACL prefixes follow too).
+var kafkaNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+
+// loopIDs returns role's loop's group, "<prefix>-<role>", and its
+// transactional id, "<prefix>-<role>-<instance>": one per instance, so
+// that a restarted instance fences its old self and no other.
+func (k *kafkaFlags) loopIDs(role, instance string) (loopIDs, error) {
+	p := k.groupPrefix
+	if p == "" {
+		p = defaultGroupPrefix
+	}
+	if !kafkaNameRE.MatchString(p) {
+		return loopIDs{}, fmt.Errorf("--kafka-group-prefix %q: want letters, digits, '.', '_' or '-'", p)
+	}
+	return loopIDs{group: p + "-" + role, txn: p + "-" + role + "-" + instance}, nil
+}
+
+// defaultGroupPrefix is --kafka-group-prefix's default.
+const defaultGroupPrefix = "ledger"
 
 func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&k.brokers, "kafka-brokers", []string{"127.0.0.1:9092"}, "Kafka bootstrap brokers, comma separated")
@@ -44,6 +72,7 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&k.dlq, "topic-dlq", "toolcalls.dlq", "topic for requests that cannot be parsed")
 	fs.Int32Var(&k.partitions, "partitions", 12, "partitions per topic when the ledger creates its topics")
 	fs.Int16Var(&k.replicas, "replication-factor", 1, "replication factor when the ledger creates its topics (3 in production)")
+	fs.StringVar(&k.groupPrefix, "kafka-group-prefix", defaultGroupPrefix, "prefix of the intake's, executors' and reconciler's consumer groups (<prefix>-intake, <prefix>-executor, <prefix>-reconciler) and transactional ids (<prefix>-<role>-<instance-id>): two ledgers on one Kafka cluster need prefixes of their own, and ACLs grant them by prefix")
 	fs.DurationVar(&k.sessionTimeout, "session-timeout", 45*time.Second, "how long an intake or executor may go silent before its consumer group gives its partitions to the others")
 	fs.DurationVar(&k.rebalanceTimeout, "rebalance-timeout", time.Minute, "how long a rebalance of an intake or executor group waits for its members to rejoin (and for each to end the transaction it is in)")
 	tc, sc := &k.security.TLS, &k.security.SASL

@@ -197,12 +197,20 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	// The version activated on the control topic decides from the first
 	// call on.
 	f.policy.activate(engine, controls)
-	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls,
-		Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, f.roles.batching, observers{}, logger)
+	intakeIDs, err := g.kafka.loopIDs("intake", instance)
 	if err != nil {
 		return err
 	}
-	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, 0, toolsFlags{base: "http://" + backendLn.Addr().String()}, instance, f.roles.batching, observers{}, logger)
+	execIDs, err := g.kafka.loopIDs("executor", instance)
+	if err != nil {
+		return err
+	}
+	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls,
+		Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, intakeIDs, f.roles.batching, observers{}, logger)
+	if err != nil {
+		return err
+	}
+	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, 0, toolsFlags{base: "http://" + backendLn.Addr().String()}, instance, execIDs, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err
 	}
@@ -256,7 +264,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	mux.Handle("/v1/compensations", undo.Handler())
-	reconcileRole, err := reconciler.Loop(f.roles.batching.loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-reconciler-" + instance}))
+	reconcileIDs, err := g.kafka.loopIDs("reconciler", instance)
+	if err != nil {
+		return err
+	}
+	reconcileRole, err := reconciler.Loop(f.roles.batching.loop(ledger.LoopConfig{Client: cc, Group: reconcileIDs.group, TransactionalID: reconcileIDs.txn}))
 	if err != nil {
 		return err
 	}

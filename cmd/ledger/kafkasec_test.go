@@ -1,14 +1,18 @@
 package main
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 )
 
 // TestKafkaSecurityFlags checks that the Kafka TLS and SASL flags are on
@@ -137,4 +141,36 @@ func TestBenchClientCarriesKafkaSecurity(t *testing.T) {
 	if cc := benchClient(g, true, []string{"127.0.0.1:1"}, nil); cc.Security.TLS.Enabled || cc.Security.SASL.Mechanism != "" {
 		t.Errorf("on the bench's in-process Kafka: %+v; want no TLS or SASL", cc)
 	}
+}
+
+// --kafka-group-prefix names a role's consumer group and transactional
+// id, so that two ledgers share a Kafka cluster without rebalancing each
+// other; a prefix Kafka would refuse is refused at the start, naming the
+// flag. Before, the groups were ledger-intake, ledger-executor and
+// ledger-reconciler, whatever the deployment.
+func TestKafkaGroupPrefix(t *testing.T) {
+	cc, topics, admin := roleCluster(t)
+	dsn := freshSchemaDSN(t)
+	args := append(roleArgs(cc, topics), "executor", "--crdb-dsn", dsn, "--data-dir", t.TempDir(), "--instance-id", "px",
+		"--tools-base-url", "http://127.0.0.1:1")
+	if err := cliErr(t, append(args, "--kafka-group-prefix", "staging ledger")...); err == nil || !strings.Contains(err.Error(), "--kafka-group-prefix") {
+		t.Errorf("--kafka-group-prefix with a space: %v; want refused, naming the flag", err)
+	}
+	exited := runCommand(t, append(args, "--kafka-group-prefix", "staging")...)
+	adm := kadm.NewClient(admin)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
+		groups, err := adm.DescribeGroups(t.Context(), "staging-executor", "ledger-executor")
+		if err != nil {
+			return err
+		}
+		if g := groups["ledger-executor"]; len(g.Members) != 0 {
+			return fmt.Errorf("a member in ledger-executor: %+v", g.Members)
+		}
+		g := groups["staging-executor"]
+		if len(g.Members) != 1 || g.Members[0].ClientID != "staging-executor-px" {
+			return fmt.Errorf("staging-executor members %+v; want the executor, client id staging-executor-px (its transactional id)", g.Members)
+		}
+		return nil
+	})
 }

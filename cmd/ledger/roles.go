@@ -248,7 +248,7 @@ func (o observers) loop() ledger.LoopMetrics {
 // intakeLoop wires an intake onto its consume-process-produce loop. cfg
 // carries the intake's trust: identity and policy (whose rate limits its
 // store keeps).
-func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
+func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config, instance string, ids loopIDs, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *intake.Processor, error) {
 	cfg.Topics = topics
 	cfg.Actor = "intake/" + instance
 	cfg.Logger = logger.With("processor", "intake")
@@ -260,7 +260,7 @@ func intakeLoop(cc ledger.ClientConfig, topics ledger.Topics, cfg intake.Config,
 	if err != nil {
 		return nil, nil, err
 	}
-	loop, err := in.Loop(b.loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-intake-" + instance, Failpoint: fp, Metrics: obs.loop()}))
+	loop, err := in.Loop(b.loop(ledger.LoopConfig{Client: cc, Group: ids.group, TransactionalID: ids.txn, Failpoint: fp, Metrics: obs.loop()}))
 	return loop, in, err
 }
 
@@ -284,7 +284,7 @@ func (f *toolsFlags) client(fp failpoint.Hook) *httptool.Client {
 }
 
 // executorLoop wires an executor onto its loop.
-func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, maxStaleness time.Duration, tf toolsFlags, instance string, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
+func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Registry, st processors.Store, minter executor.Minter, secrets executor.Secrets, pol executor.Decider, freezes executor.Freezes, maxStaleness time.Duration, tf toolsFlags, instance string, ids loopIDs, b batching, obs observers, logger *slog.Logger) (*ledger.Loop, *executor.Executor, error) {
 	// The reliability suite's crash points, in a binary built with the
 	// failpoints tag; nil (and free) otherwise.
 	fp, err := failpoint.FromEnv("executor")
@@ -319,7 +319,7 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 		m.Breakers(x.BreakerStates)
 		m.Bulkheads(func() map[string]metrics.Bulkhead { return metrics.BulkheadsOf(x.Bulkheads()) }, x.InFlight)
 	}
-	loop, err := x.Loop(b.loop(ledger.LoopConfig{Client: cc, TransactionalID: "ledger-executor-" + instance, Failpoint: fp, Metrics: obs.loop()}))
+	loop, err := x.Loop(b.loop(ledger.LoopConfig{Client: cc, Group: ids.group, TransactionalID: ids.txn, Failpoint: fp, Metrics: obs.loop()}))
 	return loop, x, err
 }
 
@@ -432,8 +432,12 @@ func newIntakeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
+				ids, err := g.kafka.loopIDs("intake", rf.instance)
+				if err != nil {
+					return nil, err
+				}
 				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(),
-					Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase}, rf.instance, rf.batching, rf.obs, logger)
+					Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase}, rf.instance, ids, rf.batching, rf.obs, logger)
 				return loop, err
 			})
 		},
@@ -484,7 +488,11 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), engine, controls, rf.maxStaleness(), tf, rf.instance, rf.batching, rf.obs, logger)
+				ids, err := g.kafka.loopIDs("executor", rf.instance)
+				if err != nil {
+					return nil, err
+				}
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), engine, controls, rf.maxStaleness(), tf, rf.instance, ids, rf.batching, rf.obs, logger)
 				if err != nil {
 					return nil, err
 				}
@@ -719,7 +727,11 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					}
 				}
 				rf.obs.metrics.Unknown(rc.Unknown)
-				return rc.Loop(rf.batching.loop(ledger.LoopConfig{Client: g.kafka.client(logger), TransactionalID: "ledger-reconciler-" + rf.instance, Metrics: rf.obs.metrics}))
+				ids, err := g.kafka.loopIDs("reconciler", rf.instance)
+				if err != nil {
+					return nil, err
+				}
+				return rc.Loop(rf.batching.loop(ledger.LoopConfig{Client: g.kafka.client(logger), Group: ids.group, TransactionalID: ids.txn, Metrics: rf.obs.metrics}))
 			})
 		},
 	}
