@@ -67,8 +67,9 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, cfg TopicConfig) error {
 	}
 	adm := kadm.NewClient(cl)
 	// A principal that may not describe the topics (an admin granted
-	// Create alone) lists none: every one is then asked to be created.
-	existing, _ := adm.ListTopics(ctx, t.Requests, t.Events, t.Control, t.DLQ)
+	// Create alone) lists none: every one is then asked to be created,
+	// and a refusal says the listing failed too.
+	existing, listErr := adm.ListTopics(ctx, t.Requests, t.Events, t.Control, t.DLQ)
 	compact := "compact"
 	for _, spec := range []struct {
 		name    string
@@ -84,6 +85,9 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, cfg TopicConfig) error {
 		}
 		_, err := adm.CreateTopic(ctx, cfg.Partitions, cfg.ReplicationFactor, spec.configs, spec.name)
 		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			if listErr != nil {
+				return fmt.Errorf("create topic %s: %w (listing the topics first failed too: %v)", spec.name, err, listErr)
+			}
 			return fmt.Errorf("create topic %s: %w", spec.name, err)
 		}
 	}

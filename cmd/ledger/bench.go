@@ -190,6 +190,9 @@ type benchEnv struct {
 	g      *globals
 	f      *benchFlags
 	logger *slog.Logger
+	// embedded: the Kafka is the bench's own (in process, or a process of
+	// its own), not a cluster of the operator's.
+	embedded bool
 	// pages asks the ledger processes for their pages (/loops, /metrics,
 	// keys, /debug/pprof/): with the client flags (--http-client-*), as
 	// every client of the ledger's own servers, for an attached
@@ -291,8 +294,7 @@ const coreSpeedFor = 300 * time.Millisecond
 // in-process Kafka (embedded), a plain one; on a cluster of the
 // operator's, that cluster's TLS and SASL settings, for the load, the
 // attached run's reads and the raw limits. (The node processes a
-// non-attached run starts inherit those settings only as LEDGER_KAFKA_*
-// environment variables.)
+// non-attached run starts get them from nodeKafkaEnv.)
 func benchClient(g *globals, embedded bool, brokers []string, logger *slog.Logger) ledger.ClientConfig {
 	if embedded {
 		return ledger.ClientConfig{Brokers: brokers, Logger: logger}
@@ -300,6 +302,45 @@ func benchClient(g *globals, embedded bool, brokers []string, logger *slog.Logge
 	cc := g.kafka.client(logger)
 	cc.Brokers = brokers
 	return cc
+}
+
+// nodeKafkaFlags are the root's Kafka flags a bench node takes from the
+// bench beyond the brokers and topics its arguments name: the group
+// prefix and the security settings. Passed in the environment, never as
+// arguments, where a password would show, and which a --baseline binary
+// of an older build would refuse when it does not know one.
+var nodeKafkaFlags = []string{
+	"kafka-group-prefix", "kafka-tls", "kafka-tls-ca", "kafka-tls-cert", "kafka-tls-key",
+	"kafka-tls-server-name", "kafka-tls-insecure-skip-verify", "kafka-sasl-mechanism",
+	"kafka-sasl-user", "kafka-sasl-password", "kafka-sasl-token-file", "kafka-sasl-allow-plaintext",
+}
+
+// nodeKafkaEnv is the environment a bench node gets for nodeKafkaFlags:
+// on a cluster of the operator's, the bench's own settings (those of its
+// flags or its environment); on its in-process Kafka, the defaults,
+// which override any inherited LEDGER_KAFKA_* meant for a real cluster.
+func nodeKafkaEnv(g *globals, embedded bool) []string {
+	k := g.kafka
+	if embedded {
+		k = kafkaFlags{}
+	}
+	tc, sc := k.security.TLS, k.security.SASL
+	prefix := k.groupPrefix
+	if prefix == "" {
+		prefix = defaultGroupPrefix
+	}
+	values := map[string]string{
+		"kafka-group-prefix": prefix, "kafka-tls": strconv.FormatBool(tc.Enabled), "kafka-tls-ca": tc.CAFile,
+		"kafka-tls-cert": tc.CertFile, "kafka-tls-key": tc.KeyFile, "kafka-tls-server-name": tc.ServerName,
+		"kafka-tls-insecure-skip-verify": strconv.FormatBool(tc.InsecureSkipVerify), "kafka-sasl-mechanism": sc.Mechanism,
+		"kafka-sasl-user": sc.User, "kafka-sasl-password": sc.Password, "kafka-sasl-token-file": sc.TokenFile,
+		"kafka-sasl-allow-plaintext": strconv.FormatBool(sc.AllowPlaintext),
+	}
+	env := make([]string, 0, len(nodeKafkaFlags))
+	for _, name := range nodeKafkaFlags {
+		env = append(env, envName(name)+"="+values[name])
+	}
+	return env
 }
 
 func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, progress, out io.Writer) error {
@@ -348,7 +389,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	if err != nil {
 		return err
 	}
-	env := &benchEnv{g: g, f: f, logger: logger, progress: progress, dir: dir, tools: tools, pages: pages,
+	env := &benchEnv{g: g, f: f, logger: logger, embedded: embedded, progress: progress, dir: dir, tools: tools, pages: pages,
 		id: strconv.FormatInt(time.Now().UnixNano(), 36)}
 
 	report := loadtest.Report{Machine: loadtest.ThisMachine(), At: time.Now().UTC(), Mix: f.mix, Tenants: f.tenants, Concurrency: f.concurrency, BackendLatency: f.backendLatency}
@@ -756,7 +797,7 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		addr := addrs[0]
 		addrs = addrs[1:]
 		args = append(args, "--metrics-addr", addr)
-		n, err := startNode(r.binary, args, nil, filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
+		n, err := startNode(r.binary, args, nodeKafkaEnv(e.g, e.embedded), filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
 		if err != nil {
 			return loadtest.RunReport{}, err
 		}

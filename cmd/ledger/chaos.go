@@ -329,6 +329,9 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		"--topic-control", topics.Control, "--topic-dlq", topics.DLQ,
 		"--session-timeout", f.sessionTimeout.String(), "--rebalance-timeout", (2 * f.sessionTimeout).String(),
 		"--log-level", f.nodeLogLevel,
+		// The names executorGroup and the assignment record read, whatever
+		// LEDGER_KAFKA_GROUP_PREFIX the environment holds.
+		"--kafka-group-prefix", defaultGroupPrefix,
 	}
 	e.slots = chaosSlots(dir, f.executors, toolsURL, jwksFile, []string{"--crdb-dsn", dsn, "--registry-dir", regDir})
 

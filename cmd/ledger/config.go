@@ -43,8 +43,9 @@ type kafkaFlags struct {
 // loopIDs are a processor loop's consumer group and transactional id.
 type loopIDs struct{ group, txn string }
 
-// kafkaNameRE is what Kafka accepts in a group or transactional id
-// prefix here (its topic name syntax, which ACL prefixes follow too).
+// kafkaNameRE is what a group prefix may hold: Kafka takes any string as
+// a group or transactional id, but these characters keep the names, and
+// the ACL prefixes that grant them, free of quoting surprises.
 var kafkaNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
 // loopIDs returns role's loop's group, "<prefix>-<role>", and its
@@ -56,7 +57,7 @@ func (k *kafkaFlags) loopIDs(role, instance string) (loopIDs, error) {
 		p = defaultGroupPrefix
 	}
 	if !kafkaNameRE.MatchString(p) {
-		return loopIDs{}, fmt.Errorf("--kafka-group-prefix %q: want letters, digits, '.', '_' or '-'", p)
+		return loopIDs{}, fmt.Errorf("--kafka-group-prefix %q: want up to 200 letters, digits, '.', '_' or '-'", p)
 	}
 	return loopIDs{group: p + "-" + role, txn: p + "-" + role + "-" + instance}, nil
 }
@@ -72,7 +73,7 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&k.dlq, "topic-dlq", "toolcalls.dlq", "topic for requests that cannot be parsed")
 	fs.Int32Var(&k.partitions, "partitions", 12, "partitions per topic when the ledger creates its topics")
 	fs.Int16Var(&k.replicas, "replication-factor", 1, "replication factor when the ledger creates its topics (3 in production)")
-	fs.StringVar(&k.groupPrefix, "kafka-group-prefix", defaultGroupPrefix, "prefix of the intake's, executors' and reconciler's consumer groups (<prefix>-intake, <prefix>-executor, <prefix>-reconciler) and transactional ids (<prefix>-<role>-<instance-id>): two ledgers on one Kafka cluster need prefixes of their own, and ACLs grant them by prefix")
+	fs.StringVar(&k.groupPrefix, "kafka-group-prefix", defaultGroupPrefix, "prefix of the intake's, executors' and reconciler's consumer groups (<prefix>-intake, <prefix>-executor, <prefix>-reconciler) and transactional ids (<prefix>-<role>-<instance-id>): two ledgers on one Kafka cluster need prefixes of their own (and the projector its own --group), none starting with another's <prefix>-, and ACLs grant them by prefix. Choose it once: new groups have no offsets, so a changed prefix reads the topics again from their start")
 	fs.DurationVar(&k.sessionTimeout, "session-timeout", 45*time.Second, "how long an intake or executor may go silent before its consumer group gives its partitions to the others")
 	fs.DurationVar(&k.rebalanceTimeout, "rebalance-timeout", time.Minute, "how long a rebalance of an intake or executor group waits for its members to rejoin (and for each to end the transaction it is in)")
 	tc, sc := &k.security.TLS, &k.security.SASL

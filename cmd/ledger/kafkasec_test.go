@@ -174,3 +174,32 @@ func TestKafkaGroupPrefix(t *testing.T) {
 		return nil
 	})
 }
+
+// A bench node on a cluster of the operator's gets the bench's group
+// prefix and Kafka security settings in its environment (never its
+// arguments, where the password would show); on the bench's own Kafka,
+// the defaults, overriding what it inherits. Every variable is one a
+// root flag reads.
+func TestBenchNodeKafkaEnv(t *testing.T) {
+	pf := newRoot().PersistentFlags()
+	for _, name := range nodeKafkaFlags {
+		if pf.Lookup(name) == nil {
+			t.Errorf("nodeKafkaFlags names --%s, which the root does not have", name)
+		}
+	}
+	g := &globals{}
+	g.kafka.groupPrefix = "staging"
+	g.kafka.security = ledger.Security{TLS: ledger.TLS{CAFile: "/etc/kafka/ca.pem"}, SASL: ledger.SASL{Mechanism: "SCRAM-SHA-512", User: "bench", Password: "s3cret"}}
+	env := nodeKafkaEnv(g, false)
+	for _, want := range []string{"LEDGER_KAFKA_GROUP_PREFIX=staging", "LEDGER_KAFKA_TLS_CA=/etc/kafka/ca.pem", "LEDGER_KAFKA_SASL_USER=bench", "LEDGER_KAFKA_SASL_PASSWORD=s3cret", "LEDGER_KAFKA_SASL_MECHANISM=SCRAM-SHA-512"} {
+		if !slices.Contains(env, want) {
+			t.Errorf("node environment on the operator's cluster lacks %s: %v", want, env)
+		}
+	}
+	env = nodeKafkaEnv(g, true)
+	for _, want := range []string{"LEDGER_KAFKA_GROUP_PREFIX=ledger", "LEDGER_KAFKA_TLS=false", "LEDGER_KAFKA_TLS_CA=", "LEDGER_KAFKA_SASL_MECHANISM=", "LEDGER_KAFKA_SASL_PASSWORD="} {
+		if !slices.Contains(env, want) {
+			t.Errorf("node environment on the bench's own Kafka lacks %s: %v", want, env)
+		}
+	}
+}
