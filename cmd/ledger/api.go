@@ -127,6 +127,11 @@ person's assertion.`,
 				}
 				if s, err := projector.Status(r.Context(), status); err == nil || errors.Is(err, projector.ErrNeverCommitted) {
 					h.ProjectionLagRecords, h.ProjectionLagSeconds = s.Records, s.Time.Seconds()
+				} else {
+					// Not 0 behind: unknown. The error names brokers and
+					// groups: for the log.
+					logger.Warn("projection lag unavailable for /v1/health", "err", err)
+					h.ProjectionLagUnknown = true
 				}
 				writeHealth(w, h)
 			}))

@@ -104,6 +104,9 @@ type Health struct {
 	ProjectionLagRecords int64 `json:"projection_lag_records"`
 	// ProjectionLagSeconds is how far behind the log the projection is.
 	ProjectionLagSeconds float64 `json:"projection_lag_seconds"`
+	// ProjectionLagUnknown: the lag could not be read (Kafka unreachable,
+	// a grant missing), and the two fields above say nothing.
+	ProjectionLagUnknown bool `json:"projection_lag_unknown,omitempty"`
 }
 
 // Config configures the console.

@@ -1238,3 +1238,17 @@ func TestApprovalPageOffersNoApprovalOfArgumentsNotShown(t *testing.T) {
 		t.Errorf("the approval whose arguments show whole offers no approval")
 	}
 }
+
+// A projection lag the API could not read (Kafka unreachable, a grant
+// missing) is said to be unknown on the health page. Before, /v1/health
+// left it at zero, and the page showed the projection caught up.
+func TestHealthSaysAnUnknownLag(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	fx.api.mu.Lock()
+	fx.api.lagUnknown = true
+	fx.api.mu.Unlock()
+	if body := b.get("/health").Body.String(); !strings.Contains(body, "could not be read") || strings.Contains(body, "behind") {
+		t.Errorf("health with the projection lag unknown: want it said, not 0 behind:\n%s", body)
+	}
+}

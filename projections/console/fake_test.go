@@ -62,6 +62,8 @@ type fakeAPI struct {
 	refuse map[string]refusalSpec
 	// blast is the blast radius's answer; tests may change it.
 	blast projections.BlastRadius
+	// lagUnknown: /v1/health could not read the projection's lag.
+	lagUnknown bool
 }
 
 type refusalSpec struct {
@@ -407,12 +409,18 @@ func newFakeAPI() *fakeAPI {
 		})
 	})
 	m.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Health{
+		h := Health{
 			Policy:               "pv-7 " + xssScript,
 			Breakers:             map[string]string{"refund_order": "closed", "send_email": "open", xssAttr: "half-open", "odd": xssScript},
 			ProjectionLagRecords: 42,
 			ProjectionLagSeconds: 3.5,
-		})
+		}
+		f.mu.Lock()
+		if f.lagUnknown {
+			h.ProjectionLagRecords, h.ProjectionLagSeconds, h.ProjectionLagUnknown = 0, 0, true
+		}
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, h)
 	})
 	return f
 }
