@@ -13,8 +13,11 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/console"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/projector"
@@ -22,13 +25,14 @@ import (
 
 func newAPICmd(g *globals) *cobra.Command {
 	var (
-		ch            clickhouseFlags
-		idf           identityFlags
-		httpAddr      string
-		approvalsURL  string
-		operatorsURL  string
-		group         string
-		secureCookies bool
+		ch             clickhouseFlags
+		idf            identityFlags
+		agentsAudience string
+		httpAddr       string
+		approvalsURL   string
+		operatorsURL   string
+		group          string
+		secureCookies  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -38,9 +42,12 @@ func newAPICmd(g *globals) *cobra.Command {
   /                      the console (approvers and incident responders sign
                          in with an assertion for the approvals audience)
   POST /v1/calls         envelopes from agents, published to the request topic
-                         (no GET /v1/calls/{key} and no ?wait= here: that
-                         view does not check its caller yet; operators read
-                         calls through /v1/trace)
+                         (no ?wait= here: the envelope's tenant is verified
+                         by the intake, not here)
+  GET  /v1/calls/{key}   an agent's own call, from ClickHouse: its state and
+                         events (no result, which is in the execution store),
+                         for the tenant of the agent's identity assertion
+                         (Authorization: Bearer, audience --agents-audience)
   GET  /v1/blast-radius, /v1/outcomes, /v1/unresolved, /v1/trace/...
                          the responders' questions, from ClickHouse
   /v1/approvals...       proxied to --approvals-url (ledger approvals serve)
@@ -75,8 +82,15 @@ person's assertion.`,
 			if err != nil {
 				return err
 			}
+			agentsTrust := idf
+			agentsTrust.audience = agentsAudience
+			agents, err := agentsTrust.verifier(ctx, logger)
+			if err != nil {
+				return fmt.Errorf("agents' calls need the agents' keys (--issuer and --jwks-*, audience --agents-audience): %w", err)
+			}
 			api, err := httpapi.New(httpapi.Config{
 				Publisher: pub, Logger: logger.With("component", "httpapi"),
+				Calls: traceCalls{st}, Caller: agentCaller(agents),
 				Checks: []httpapi.Check{
 					{Name: "kafka", Check: func(ctx context.Context) error { return pub.cl.Ping(ctx) }},
 					{Name: "clickhouse", Check: st.Ping},
@@ -87,6 +101,7 @@ person's assertion.`,
 			}
 			mux := http.NewServeMux()
 			mux.Handle("/v1/calls", api) // any method: api answers 405 to all but POST
+			mux.Handle("/v1/calls/", api)
 			mux.Handle("GET /healthz", api)
 			if err := mountQueries(mux, st, staff, logger); err != nil {
 				return err
@@ -162,8 +177,34 @@ person's assertion.`,
 	fs.StringVar(&approvalsURL, "approvals-url", "", "base URL of `ledger approvals serve` (its --http-addr); empty: /v1/approvals is not served")
 	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs (`ledger reconciler --http-addr`); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
+	fs.StringVar(&agentsAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' identity assertions that GET /v1/calls/{key} takes (from --issuer, keys from --jwks-*): the intake's --audience")
 	fs.BoolVar(&secureCookies, "secure-cookies", true, "mark the console's cookies Secure and send HSTS (the console is served over TLS, here or by a proxy in front); false only for plain-HTTP trials")
 	return cmd
+}
+
+// traceCalls serves agents' call views from the ClickHouse projection's
+// trace of a call: what the projector has applied, seconds behind the log.
+type traceCalls struct{ q projections.Queries }
+
+func (c traceCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error) {
+	evs, err := c.q.Trace(ctx, key)
+	if err != nil {
+		return callindex.Call{}, err
+	}
+	return callindex.CallOf(key, evs)
+}
+
+// agentCaller is httpapi's Caller: the tenant of the agent's identity
+// assertion that the request carries, verified by agents. Its refusal
+// names a reason, never the assertion.
+func agentCaller(agents identity.AssertionVerifier) func(r *http.Request) (string, error) {
+	return func(r *http.Request) (string, error) {
+		id, reason, err := identity.Authenticate(r, agents)
+		if err != nil {
+			return "", errors.New(reason)
+		}
+		return id.Tenant, nil
+	}
 }
 
 // consoleAuthenticate signs console users in with the staff verifier.

@@ -264,10 +264,13 @@ func TestAPIRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	get := func(path string) (int, string) {
+	// callAs GETs path with assertion as its bearer token ("": none).
+	callAs := func(assertion, path string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, base+path, nil)
-		req.Header.Set("Authorization", "Bearer "+operator)
+		if assertion != "" {
+			req.Header.Set("Authorization", "Bearer "+assertion)
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -276,6 +279,7 @@ func TestAPIRole(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
+	get := func(path string) (int, string) { t.Helper(); return callAs(operator, path) }
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
 		if code, body := get("/v1/trace/t_demo/api-weather"); code != 200 || !strings.Contains(body, `"succeeded"`) {
 			return fmt.Errorf("trace through ledger api: %d %s", code, body)
@@ -291,11 +295,30 @@ func TestAPIRole(t *testing.T) {
 		}
 		return nil
 	})
-	// The agents' call view does not check its caller: not served here.
-	if resp, err := http.Get(base + "/v1/calls/api-weather?tenant_id=t_demo"); err != nil || resp.StatusCode == 200 {
-		t.Errorf("GET /v1/calls/{key} on ledger api: %v %v; want it not served", resp.StatusCode, err)
-	} else {
-		resp.Body.Close()
+	// An agent reads its own tenant's call, from ClickHouse, with its
+	// identity assertion; no other tenant's, and not without one.
+	agentOf := func(tenant string) string {
+		tok, err := iss.Mint(identity.Identity{Tenant: tenant, User: "u_agent", Agent: "agent_test"}, identity.DefaultAudience, 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	if code, body := callAs(agentOf("t_demo"), "/v1/calls/api-weather"); code != 200 || !strings.Contains(body, `"state": "succeeded"`) || !strings.Contains(body, `"tenant_id": "t_demo"`) {
+		t.Errorf("GET /v1/calls/api-weather as an agent of t_demo: %d %s; want its call, succeeded", code, body)
+	}
+	for _, tc := range []struct {
+		who, assertion, path string
+		code                 int
+	}{
+		{"no assertion", "", "/v1/calls/api-weather", http.StatusUnauthorized},
+		{"an operator's assertion (another audience)", operator, "/v1/calls/api-weather", http.StatusUnauthorized},
+		{"an agent of another tenant", agentOf("t_other"), "/v1/calls/api-weather", http.StatusNotFound},
+		{"an agent of another tenant naming t_demo", agentOf("t_other"), "/v1/calls/api-weather?tenant_id=t_demo", http.StatusNotFound},
+	} {
+		if code, body := callAs(tc.assertion, tc.path); code != tc.code {
+			t.Errorf("GET %s with %s: %d %s; want %d", tc.path, tc.who, code, body, tc.code)
+		}
 	}
 	if code, body := get("/v1/approvals"); code != 200 || !strings.Contains(body, "ord_api1") {
 		t.Errorf("approvals through ledger api's proxy: %d %s", code, body)

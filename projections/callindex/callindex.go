@@ -307,6 +307,25 @@ func (ix *Index) write(tx *bolt.Tx, evs []ledger.Event, actions []projections.Ac
 	return nil
 }
 
+// CallOf folds a call key's events (refusals among them), in any order,
+// into the Call the index would hold after applying them: for a view of a
+// call read from elsewhere (the ClickHouse projection's trace).
+// ErrNotFound when there are none.
+func CallOf(key ledger.CallKey, evs []ledger.Event) (Call, error) {
+	if len(evs) == 0 {
+		return Call{}, ErrNotFound
+	}
+	c := Call{Key: key}
+	for _, e := range evs {
+		c.add(e)
+	}
+	c.refold()
+	return c, nil
+}
+
+// Call is Get, for the HTTP API's call views (httpapi.Calls).
+func (ix *Index) Call(_ context.Context, key ledger.CallKey) (Call, error) { return ix.Get(key) }
+
 // Get returns what the index knows under key.
 func (ix *Index) Get(key ledger.CallKey) (Call, error) {
 	var c Call

@@ -27,9 +27,10 @@ type Publisher interface {
 	Publish(ctx context.Context, key, value []byte) error
 }
 
-// Calls answers what is known of a call.
+// Calls answers what is known of a call: callindex.ErrNotFound when
+// nothing is.
 type Calls interface {
-	Get(key ledger.CallKey) (callindex.Call, error)
+	Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error)
 }
 
 // Results returns a finished call's sanitized result, or nil if there is
@@ -47,10 +48,18 @@ type Check struct {
 // Config configures the API.
 type Config struct {
 	Publisher Publisher // required
-	// Calls, optional, answers GET /v1/calls/{key} and ?wait= on POST.
-	// Without it (a deployment whose calls view would need the caller's
-	// identity, which this API does not check yet) neither is served.
-	Calls   Calls
+	// Calls, optional, answers GET /v1/calls/{key} and, without Caller,
+	// ?wait= on POST. Without it neither is served.
+	Calls Calls
+	// Caller, when set, authenticates GET /v1/calls/{key}: it returns
+	// the tenant of the request's verified caller (an agent's identity
+	// assertion as a bearer token), whose calls alone it may read; a
+	// tenant_id, if given, must be that one (another's call is not
+	// found). An error refuses the request (401). ?wait= on POST is then
+	// not served: the envelope's tenant is not verified here, so waiting
+	// on it would read any tenant's call. Nil: the tenant is tenant_id's,
+	// unchecked (ledger dev, on loopback).
+	Caller  func(r *http.Request) (tenant string, err error)
 	Results Results // optional
 	Checks  []Check
 	// Limits on envelopes; as the intake's.
@@ -150,7 +159,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
-	if wait > 0 && s.cfg.Calls != nil {
+	if wait > 0 && s.cfg.Calls != nil && s.cfg.Caller == nil {
 		if v, ok := s.await(r.Context(), key, env.CallID, min(wait, s.cfg.MaxWait)); ok {
 			writeJSON(w, http.StatusOK, v)
 			return
@@ -171,7 +180,7 @@ func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if c, err := s.cfg.Calls.Get(key); err == nil {
+		if c, err := s.cfg.Calls.Call(ctx, key); err == nil {
 			for _, ref := range c.Refusals {
 				if ref.CallID == callID {
 					return s.view(ctx, c), true
@@ -215,6 +224,20 @@ func (s *Server) view(ctx context.Context, c callindex.Call) CallView {
 // tenant comes from ?tenant_id=.
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	tenant := r.URL.Query().Get("tenant_id")
+	if s.cfg.Caller != nil {
+		caller, err := s.cfg.Caller(r)
+		if err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="toolcall-ledger"`)
+			writeError(w, http.StatusUnauthorized, apiError{Code: "unauthenticated", Message: "an agent's identity assertion is required as a bearer token: " + err.Error()})
+			return
+		}
+		if tenant != "" && tenant != caller {
+			// Not forbidden: the answer must not tell that it exists.
+			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no call under this key for this tenant"})
+			return
+		}
+		tenant = caller
+	}
 	if tenant == "" {
 		writeError(w, http.StatusBadRequest, apiError{Code: "missing_tenant", Message: "tenant_id query parameter is required"})
 		return
@@ -226,7 +249,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := ledger.CallKey{TenantID: tenant, IdempotencyKey: r.PathValue("key")}
-	c, err := s.cfg.Calls.Get(key)
+	c, err := s.cfg.Calls.Call(r.Context(), key)
 	if errors.Is(err, callindex.ErrNotFound) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no call under this key for this tenant"})
 		return

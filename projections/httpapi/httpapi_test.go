@@ -58,14 +58,18 @@ func validEnvelope(t *testing.T, key string) string {
 	return string(b)
 }
 
-func newAPI(t *testing.T, pub *publisher) (*httptest.Server, *callindex.Index) {
+func newAPI(t *testing.T, pub *publisher, edits ...func(*httpapi.Config)) (*httptest.Server, *callindex.Index) {
 	t.Helper()
 	ix, err := callindex.Open(filepath.Join(t.TempDir(), "ix.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ix.Close() })
-	api, err := httpapi.New(httpapi.Config{Publisher: pub, Calls: ix})
+	cfg := httpapi.Config{Publisher: pub, Calls: ix}
+	for _, edit := range edits {
+		edit(&cfg)
+	}
+	api, err := httpapi.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,14 +118,7 @@ func TestSubmitRefusesMalformedWithoutPublishing(t *testing.T) {
 func TestSubmitPublishesUnderTenantKeyAndWaits(t *testing.T) {
 	pub := &publisher{}
 	srv, ix := newAPI(t, pub)
-	pub.settle = func(key string) {
-		k, _ := ledger.ParseCallKey(key)
-		var evs []ledger.Event
-		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
-			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x", Attempt: 1})
-		}
-		_ = ix.Apply(evs)
-	}
+	pub.settle = settled(ix)
 	resp, err := http.Post(srv.URL+"/v1/calls?wait=10s", "application/json", strings.NewReader(validEnvelope(t, "k1")))
 	if err != nil {
 		t.Fatal(err)
@@ -207,5 +204,79 @@ func TestHealthHidesErrors(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "10.1.2.3:9000") {
 		t.Errorf("the error is not in the log: %s", logs.String())
+	}
+}
+
+// With a Caller, a call is read for the verified caller's tenant alone:
+// without a caller, 401; another tenant's key, or a tenant_id naming
+// another, not found. POST's ?wait= is not served then, since the
+// envelope's tenant is not verified by the API.
+func TestCallsForTheVerifiedCallerOnly(t *testing.T) {
+	pub := &publisher{}
+	srv, ix := newAPI(t, pub, func(c *httpapi.Config) {
+		c.Caller = func(r *http.Request) (string, error) {
+			if tenant, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer agent-of-"); ok {
+				return tenant, nil
+			}
+			return "", errors.New("missing_bearer")
+		}
+	})
+	for _, k := range []ledger.CallKey{{TenantID: "t_a", IdempotencyKey: "k1"}, {TenantID: "t_b", IdempotencyKey: "k2"}} {
+		if err := ix.Apply([]ledger.Event{{EventID: "e-" + k.IdempotencyKey, Type: statemachine.EventRequested, Seq: 1, At: time.Now(),
+			TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(path, auth string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path, auth string
+		status     int
+	}{
+		{"/v1/calls/k1", "Bearer agent-of-t_a", 200},
+		{"/v1/calls/k1?tenant_id=t_a", "Bearer agent-of-t_a", 200},
+		{"/v1/calls/k1?tenant_id=t_a", "", 401},
+		{"/v1/calls/k2", "Bearer agent-of-t_a", 404},
+		{"/v1/calls/k2?tenant_id=t_b", "Bearer agent-of-t_a", 404},
+		{"/v1/calls/k2", "Bearer agent-of-t_b", 200},
+	} {
+		if got := get(tc.path, tc.auth); got != tc.status {
+			t.Errorf("GET %s as %q = %d; want %d", tc.path, tc.auth, got, tc.status)
+		}
+	}
+	// The published call settles at once: served, the wait would answer
+	// 200 with it.
+	pub.settle = settled(ix)
+	resp, err := http.Post(srv.URL+"/v1/calls?wait=5s", "application/json", strings.NewReader(validEnvelope(t, "k3")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Errorf("POST ?wait with a Caller = %d; want 202, not waited on", resp.StatusCode)
+	}
+}
+
+// settled is a publisher's settle that has each published call succeed at
+// once in ix.
+func settled(ix *callindex.Index) func(key string) {
+	return func(key string) {
+		k, _ := ledger.ParseCallKey(key)
+		var evs []ledger.Event
+		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x", Attempt: 1})
+		}
+		_ = ix.Apply(evs)
 	}
 }
