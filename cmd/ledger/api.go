@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"regexp"
 	"slices"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -25,14 +27,15 @@ import (
 
 func newAPICmd(g *globals) *cobra.Command {
 	var (
-		ch             clickhouseFlags
-		idf            identityFlags
-		agentsAudience string
-		httpAddr       string
-		approvalsURL   string
-		operatorsURL   string
-		group          string
-		secureCookies  bool
+		ch                clickhouseFlags
+		idf               identityFlags
+		agentsAudience    string
+		agentsMaxLifetime time.Duration
+		httpAddr          string
+		approvalsURL      string
+		operatorsURL      string
+		group             string
+		secureCookies     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -82,8 +85,16 @@ person's assertion.`,
 			if err != nil {
 				return err
 			}
+			if agentsAudience == idf.audience {
+				// Then an agent's assertion for a user who is an operator
+				// would open the console and the operators' APIs.
+				return fmt.Errorf("--agents-audience %q is the staff's --audience: the agents' assertions must name another", agentsAudience)
+			}
 			agentsTrust := idf
 			agentsTrust.audience = agentsAudience
+			// Its own bound, not the console sessions' (which operators
+			// may raise): the intake's --max-assertion-lifetime.
+			agentsTrust.maxLifetime = agentsMaxLifetime
 			agents, err := agentsTrust.verifier(ctx, logger)
 			if err != nil {
 				return fmt.Errorf("agents' calls need the agents' keys (--issuer and --jwks-*, audience --agents-audience): %w", err)
@@ -177,6 +188,7 @@ person's assertion.`,
 	fs.StringVar(&approvalsURL, "approvals-url", "", "base URL of `ledger approvals serve` (its --http-addr); empty: /v1/approvals is not served")
 	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs (`ledger reconciler --http-addr`); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
+	fs.DurationVar(&agentsMaxLifetime, "agents-max-assertion-lifetime", identity.DefaultMaxLifetime, "the longest an agent's assertion for GET /v1/calls/{key} may be valid: the intake's --max-assertion-lifetime (--max-assertion-lifetime here bounds the staff's)")
 	fs.StringVar(&agentsAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' identity assertions that GET /v1/calls/{key} takes (from --issuer, keys from --jwks-*): the intake's --audience")
 	fs.BoolVar(&secureCookies, "secure-cookies", true, "mark the console's cookies Secure and send HSTS (the console is served over TLS, here or by a proxy in front); false only for plain-HTTP trials")
 	return cmd
@@ -187,12 +199,24 @@ person's assertion.`,
 type traceCalls struct{ q projections.Queries }
 
 func (c traceCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error) {
+	// Bounded as the responders' questions are: an agent's GET is one
+	// ClickHouse query, which a key's events spread over months widen.
+	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
+	defer cancel()
 	evs, err := c.q.Trace(ctx, key)
 	if err != nil {
 		return callindex.Call{}, err
 	}
 	return callindex.CallOf(key, evs)
 }
+
+// agentCallTimeout bounds the ClickHouse query behind one agent's GET.
+const agentCallTimeout = 10 * time.Second
+
+// agentTenantRE is the envelope schema's tenant_id syntax: a tenant an
+// agent's call can be filed under. The ledger's own (_unverified, where
+// refusals of unverifiable submissions go) does not match.
+var agentTenantRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
 
 // agentCaller is httpapi's Caller: the tenant of the agent's identity
 // assertion that the request carries, verified by agents. Its refusal
@@ -202,6 +226,9 @@ func agentCaller(agents identity.AssertionVerifier) func(r *http.Request) (strin
 		id, reason, err := identity.Authenticate(r, agents)
 		if err != nil {
 			return "", errors.New(reason)
+		}
+		if !agentTenantRE.MatchString(id.Tenant) {
+			return "", errors.New("tenant_not_an_agents")
 		}
 		return id.Tenant, nil
 	}

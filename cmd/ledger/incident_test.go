@@ -244,6 +244,10 @@ func TestAPIRole(t *testing.T) {
 	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := cliErr(t, "api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
+		"--issuer", DevIssuer, "--jwks-file", jwks, "--agents-audience", identity.ApproverAudience); err == nil || !strings.Contains(err.Error(), "--agents-audience") {
+		t.Errorf("ledger api with the agents' audience the staff's: %v; want refused, naming --agents-audience", err)
+	}
 	exited := runCommand(t, "api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
 		"--issuer", DevIssuer, "--jwks-file", jwks, "--approvals-url", "http://"+devAPI, "--operators-url", "http://"+devAPI,
 		"--projector-group", devProjectorGroup, "--secure-cookies=false", "--log-level", "warn")
@@ -315,6 +319,7 @@ func TestAPIRole(t *testing.T) {
 		{"an operator's assertion (another audience)", operator, "/v1/calls/api-weather", http.StatusUnauthorized},
 		{"an agent of another tenant", agentOf("t_other"), "/v1/calls/api-weather", http.StatusNotFound},
 		{"an agent of another tenant naming t_demo", agentOf("t_other"), "/v1/calls/api-weather?tenant_id=t_demo", http.StatusNotFound},
+		{"an assertion of the ledger's own tenant", agentOf(ledger.UnverifiedTenant), "/v1/calls/api-weather", http.StatusUnauthorized},
 	} {
 		if code, body := callAs(tc.assertion, tc.path); code != tc.code {
 			t.Errorf("GET %s with %s: %d %s; want %d", tc.path, tc.who, code, body, tc.code)

@@ -1252,3 +1252,16 @@ func TestHealthSaysAnUnknownLag(t *testing.T) {
 		t.Errorf("health with the projection lag unknown: want it said, not 0 behind:\n%s", body)
 	}
 }
+
+// On `ledger api`, the call view is the agents' (their assertions'
+// audience): it refuses the console's staff assertion, 401, and the call
+// page shows the trace without an error, as when the view finds nothing.
+func TestCallPageWithTheAgentsViewRefused(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	fx.api.refuse["GET /v1/calls/refund-4"] = refusalSpec{http.StatusUnauthorized, "unauthenticated", "an agent's identity assertion is required as a bearer token: audience_mismatch"}
+	w := b.get(callURL("acme", "refund-4"))
+	if w.Code != http.StatusOK || strings.Contains(w.Body.String(), "The result could not be read") {
+		t.Errorf("call page with the agents' view refused = %d; want the trace, no error:\n%s", w.Code, w.Body)
+	}
+}

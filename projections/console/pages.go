@@ -330,7 +330,10 @@ func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) 
 	// the trace (which an operator of the tenant may read) answered.
 	var v callView
 	if _, err := c.call(r, s, http.MethodGet, pathCalls+url.PathEscape(key), url.Values{"tenant_id": {tenant}}, nil, &v); err != nil {
-		if ae, ok := errors.AsType[*apiError](err); !ok || ae.Status != http.StatusNotFound {
+		// Not found, or not for staff: `ledger api` serves the view to
+		// agents alone (their assertions' audience), and without the
+		// result; the trace above is the page.
+		if ae, ok := errors.AsType[*apiError](err); !ok || (ae.Status != http.StatusNotFound && ae.Status != http.StatusUnauthorized) {
 			p.ResultErr = describe(err)
 		}
 	} else {

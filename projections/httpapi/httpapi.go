@@ -220,8 +220,8 @@ func (s *Server) view(ctx context.Context, c callindex.Call) CallView {
 	return v
 }
 
-// get answers for the caller's tenant only. Until identity lands, the
-// tenant comes from ?tenant_id=.
+// get answers for the caller's tenant only: Config.Caller's, or without
+// it ?tenant_id='s (ledger dev).
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	tenant := r.URL.Query().Get("tenant_id")
 	if s.cfg.Caller != nil {
