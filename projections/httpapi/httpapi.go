@@ -59,9 +59,15 @@ type Config struct {
 	// not served: the envelope's tenant is not verified here, so waiting
 	// on it would read any tenant's call. Nil: the tenant is tenant_id's,
 	// unchecked (ledger dev, on loopback).
-	Caller  func(r *http.Request) (tenant string, err error)
-	Results Results // optional
-	Checks  []Check
+	Caller func(r *http.Request) (tenant string, err error)
+	// MaxLookupsPerTenant and MaxLookups bound the GET /v1/calls/{key}
+	// lookups running at once with a Caller (each a query of the store
+	// behind Calls), of one tenant and in all; one more is answered 429
+	// too_many_lookups, Retry-After 1. Defaults:
+	// DefaultMaxLookupsPerTenant, DefaultMaxLookups.
+	MaxLookupsPerTenant, MaxLookups int
+	Results                         Results // optional
+	Checks                          []Check
 	// Limits on envelopes; as the intake's.
 	Limits ledger.Limits
 	// MaxWait bounds ?wait= on POST /v1/calls; default 30s.
@@ -69,11 +75,18 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
+// Defaults of Config's bounds on the agents' lookups.
+const (
+	DefaultMaxLookupsPerTenant = 8
+	DefaultMaxLookups          = 64
+)
+
 // Server is the HTTP API.
 type Server struct {
 	cfg     Config
 	mux     *http.ServeMux
 	handler http.Handler // mux, its unmatched requests answered in JSON
+	lookups *limiter     // with a Caller, the agents' lookups running
 }
 
 // New returns the API.
@@ -88,7 +101,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	if cfg.MaxLookupsPerTenant <= 0 {
+		cfg.MaxLookupsPerTenant = DefaultMaxLookupsPerTenant
+	}
+	if cfg.MaxLookups <= 0 {
+		cfg.MaxLookups = DefaultMaxLookups
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), lookups: newLimiter(cfg.MaxLookupsPerTenant, cfg.MaxLookups, "lookups", "too_many_lookups")}
 	s.mux.HandleFunc("POST /v1/calls", s.submit)
 	if cfg.Calls != nil {
 		s.mux.HandleFunc("GET /v1/calls/{key}", s.get)
@@ -249,6 +268,14 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := ledger.CallKey{TenantID: tenant, IdempotencyKey: r.PathValue("key")}
+	if s.cfg.Caller != nil {
+		// Agents of many tenants share the store behind Calls.
+		end, ok := s.lookups.start(w, tenant)
+		if !ok {
+			return
+		}
+		defer end()
+	}
 	c, err := s.cfg.Calls.Call(r.Context(), key)
 	if errors.Is(err, callindex.ErrNotFound) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no call under this key for this tenant"})

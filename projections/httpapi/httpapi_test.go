@@ -280,3 +280,65 @@ func settled(ix *callindex.Index) func(key string) {
 		_ = ix.Apply(evs)
 	}
 }
+
+// blockingCalls answers every lookup once released, counting those
+// waiting.
+type blockingCalls struct {
+	release chan struct{}
+	waiting chan struct{}
+}
+
+func (b blockingCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error) {
+	b.waiting <- struct{}{}
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+	}
+	return callindex.Call{}, callindex.ErrNotFound
+}
+
+// The agents' lookups are bounded per tenant: with MaxLookupsPerTenant
+// of a tenant's running, one more is answered 429 too_many_lookups, and
+// another tenant's still runs. Before, every agent's GET was a store
+// query with no bound but its timeout.
+func TestAgentLookupsBoundedPerTenant(t *testing.T) {
+	calls := blockingCalls{release: make(chan struct{}), waiting: make(chan struct{}, 8)}
+	srv, _ := newAPI(t, &publisher{}, func(c *httpapi.Config) {
+		c.Calls, c.MaxLookupsPerTenant = calls, 2
+		c.Caller = func(r *http.Request) (string, error) {
+			return strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer agent-of-"), nil
+		}
+	})
+	get := func(tenant string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/calls/k", nil)
+		req.Header.Set("Authorization", "Bearer agent-of-"+tenant)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		resp.Body.Close()
+		return resp
+	}
+	done := make(chan int, 3)
+	for _, tenant := range []string{"t_a", "t_a", "t_b"} {
+		go func() {
+			if resp := get(tenant); resp != nil {
+				done <- resp.StatusCode
+			}
+		}()
+	}
+	for range 3 {
+		<-calls.waiting // t_a's two and t_b's one are running
+	}
+	if resp := get("t_a"); resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" {
+		t.Errorf("a third lookup of t_a while two run: %v; want 429 with Retry-After 1", resp)
+	}
+	close(calls.release)
+	for range 3 {
+		if code := <-done; code != http.StatusNotFound {
+			t.Errorf("a lookup within the bound answered %d; want 404 (nothing there)", code)
+		}
+	}
+}

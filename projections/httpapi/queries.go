@@ -122,7 +122,7 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	q := &queries{cfg: cfg, running: make(map[string]int)}
+	q := &queries{cfg: cfg, limit: newLimiter(cfg.MaxQuestionsPerTenant, cfg.MaxQuestions, "questions", "too_many_questions")}
 	mux := http.NewServeMux()
 	auth := cfg.Guard
 	mux.HandleFunc("GET "+PathBlastRadius, auth(q.blastRadius))
@@ -135,39 +135,55 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 type queries struct {
 	cfg QueryConfig
 
+	// limit bounds the questions running, MaxQuestionsPerTenant of a
+	// tenant's operators and MaxQuestions in all.
+	limit *limiter
+}
+
+// limiter bounds the requests of one kind running at once: perTenant of
+// one tenant's and all of every tenant's, so that one tenant cannot
+// starve the store of the others' requests and the projector's writes.
+type limiter struct {
+	perTenant, all int
+	what, code     string // "questions", and the 429's code
+
 	mu sync.Mutex
-	// running counts each tenant's questions running, total all of them.
+	// running counts each tenant's requests running, total all of them.
 	running map[string]int
 	total   int
 }
 
-// start counts a question of the operators of tenant as running, and
-// returns its end; or, with MaxQuestionsPerTenant of theirs or
-// MaxQuestions in all running, answers 429 and returns false.
-func (q *queries) start(w http.ResponseWriter, tenant string) (end func(), ok bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
+func newLimiter(perTenant, all int, what, code string) *limiter {
+	return &limiter{perTenant: perTenant, all: all, what: what, code: code, running: make(map[string]int)}
+}
+
+// start counts a request of tenant as running, and returns its end; or,
+// with perTenant of the tenant's or all in all running, answers 429 with
+// Retry-After 1 and returns false.
+func (l *limiter) start(w http.ResponseWriter, tenant string) (end func(), ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	var busy string
 	switch {
-	case q.running[tenant] >= q.cfg.MaxQuestionsPerTenant:
-		busy = fmt.Sprintf("%d questions of your tenant are running", q.cfg.MaxQuestionsPerTenant)
-	case q.total >= q.cfg.MaxQuestions:
-		busy = fmt.Sprintf("%d questions are running, of every tenant", q.cfg.MaxQuestions)
+	case l.running[tenant] >= l.perTenant:
+		busy = fmt.Sprintf("%d %s of your tenant are running", l.perTenant, l.what)
+	case l.total >= l.all:
+		busy = fmt.Sprintf("%d %s are running, of every tenant", l.all, l.what)
 	}
 	if busy != "" {
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusTooManyRequests, apiError{Code: "too_many_questions",
+		writeError(w, http.StatusTooManyRequests, apiError{Code: l.code,
 			Message: busy + "; ask again when one has been answered"})
 		return nil, false
 	}
-	q.running[tenant]++
-	q.total++
+	l.running[tenant]++
+	l.total++
 	return func() {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		q.total--
-		if q.running[tenant]--; q.running[tenant] == 0 {
-			delete(q.running, tenant)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.total--
+		if l.running[tenant]--; l.running[tenant] == 0 {
+			delete(l.running, tenant)
 		}
 	}, true
 }
@@ -247,7 +263,7 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 	if !ok {
 		return
 	}
-	end, ok := q.start(w, id.Tenant)
+	end, ok := q.limit.start(w, id.Tenant)
 	if !ok {
 		return
 	}
