@@ -64,9 +64,6 @@ person's assertion.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			logger := g.logger()
-			if !cmd.Flags().Changed("audience") {
-				idf.audience = identity.ApproverAudience
-			}
 			staff, err := idf.verifier(ctx, logger)
 			if err != nil {
 				return fmt.Errorf("the console and the queries need operators' and approvers' keys: %w", err)
@@ -183,7 +180,7 @@ person's assertion.`,
 	}
 	fs := cmd.Flags()
 	ch.register(fs)
-	idf.register(fs)
+	idf.registerStaff(fs)
 	fs.StringVar(&httpAddr, "http-addr", "127.0.0.1:8080", "where the API and the console listen")
 	fs.StringVar(&approvalsURL, "approvals-url", "", "base URL of `ledger approvals serve` (its --http-addr); empty: /v1/approvals is not served")
 	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs (`ledger reconciler --http-addr`); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")

@@ -260,9 +260,6 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 			if rf.store.crdbDSN == "" {
 				return errors.New("approvals serve needs --crdb-dsn: it shares the execution store with the intake and executors")
 			}
-			if !cmd.Flags().Changed("audience") {
-				idf.audience = identity.ApproverAudience
-			}
 			staff, err := idf.verifier(ctx, logger)
 			if err != nil {
 				return err
@@ -312,7 +309,7 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, false)
-	idf.register(cmd.Flags())
+	idf.registerStaff(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8090", "where the approval queue's HTTP API listens")
 	cmd.Flags().DurationVar(&every, "timer-every", time.Second, "how often lapsed approvals are looked for")
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative resource version URLs resolve against")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
 // TestKafkaSecurityFlags checks that the Kafka TLS and SASL flags are on
@@ -200,6 +201,29 @@ func TestBenchNodeKafkaEnv(t *testing.T) {
 	for _, want := range []string{"LEDGER_KAFKA_GROUP_PREFIX=ledger", "LEDGER_KAFKA_TLS=false", "LEDGER_KAFKA_TLS_CA=", "LEDGER_KAFKA_SASL_MECHANISM=", "LEDGER_KAFKA_SASL_PASSWORD="} {
 		if !slices.Contains(env, want) {
 			t.Errorf("node environment on the bench's own Kafka lacks %s: %v", want, env)
+		}
+	}
+}
+
+// The commands staff call (the api, the approval queue, the reconciler's
+// operators' APIs, the projector's queries) default --audience to the
+// staff's, as a flag's default, so that LEDGER_AUDIENCE and the
+// configuration reference read as for any flag; the intake's stays the
+// agents'. Before, those commands replaced the agents' default at run
+// time unless the flag was given, which ignored LEDGER_AUDIENCE.
+func TestStaffCommandsAudienceDefault(t *testing.T) {
+	root := newRoot()
+	for _, path := range [][]string{{"api"}, {"approvals", "serve"}, {"reconciler"}, {"projector"}, {"intake"}} {
+		cmd, _, err := root.Find(path)
+		if err != nil {
+			t.Fatalf("%v: %v", path, err)
+		}
+		want := identity.ApproverAudience
+		if path[0] == "intake" {
+			want = identity.DefaultAudience
+		}
+		if f := cmd.Flags().Lookup("audience"); f == nil || f.DefValue != want {
+			t.Errorf("ledger %s --audience: %+v; want the default %s", strings.Join(path, " "), f, want)
 		}
 	}
 }

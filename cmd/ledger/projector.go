@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/toolcall-ledger/ledger/ledger"
-	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/projector"
 )
@@ -68,9 +67,6 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 				mux := http.NewServeMux()
 				mux.Handle("GET /metrics", p)
 				if idf.issuer != "" {
-					if !cmd.Flags().Changed("audience") {
-						idf.audience = identity.ApproverAudience
-					}
 					staff, err := idf.verifier(ctx, logger)
 					if err != nil {
 						return err
@@ -115,7 +111,7 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 	ch.register(fs)
 	fs.StringVar(&group, "group", projector.DefaultGroup, "the projector's consumer group")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:9464", "where /metrics, /healthz and (with --issuer) the query API are served; empty: nowhere")
-	idf.register(cmd.Flags())
+	idf.registerStaff(cmd.Flags())
 	cmd.Flags().IntVar(&batch, "batch", projector.DefaultMaxBatch, "records per ClickHouse insert, at most")
 	cmd.Flags().DurationVar(&wait, "batch-wait", projector.DefaultMaxWait, "how long a batch waits to fill before it is inserted")
 

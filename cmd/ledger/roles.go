@@ -24,7 +24,6 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
-	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
@@ -684,9 +683,6 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					return nil, err
 				}
 				if httpAddr != "" {
-					if !cmd.Flags().Changed("audience") {
-						idf.audience = identity.ApproverAudience
-					}
 					staff, err := idf.verifier(ctx, logger)
 					if err != nil {
 						return nil, err
@@ -740,7 +736,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
-	idf.register(cmd.Flags())
+	idf.registerStaff(cmd.Flags())
 	tf.register(cmd.Flags(), "base URL that relative status lookup URLs resolve against")
 	cmd.Flags().DurationVar(&unanswered, "unanswered-for", executor.DefaultUnansweredFor, "how long a call may stay outcome_unknown with no status lookup answering (each pass's lookups failed, timed out or held off by the breaker; asked again at every sweep meanwhile) before it is parked for a human (status_lookup_failed): counted from the end of this reconciler's first round of lookups of the call that failed (after a restart the wait starts again), and at least as long since the call's last change; 0: the default")
 	pf.register(cmd.Flags())

@@ -38,8 +38,20 @@ type identityFlags struct {
 }
 
 func (f *identityFlags) register(fs *pflag.FlagSet) {
+	f.registerFor(fs, identity.DefaultAudience, "the audience assertions must name")
+}
+
+// registerStaff registers the flags of a command whose callers are staff
+// (approvers, operators): the same, their assertions' audience
+// identity.ApproverAudience by default, so that an agent's assertion is
+// not one of theirs.
+func (f *identityFlags) registerStaff(fs *pflag.FlagSet) {
+	f.registerFor(fs, identity.ApproverAudience, "the audience the approvers' and operators' assertions must name")
+}
+
+func (f *identityFlags) registerFor(fs *pflag.FlagSet, audience, audienceUsage string) {
 	fs.StringVar(&f.issuer, "issuer", "", "the identity provider whose assertions the intake trusts (its iss)")
-	fs.StringVar(&f.audience, "audience", identity.DefaultAudience, "the audience assertions must name")
+	fs.StringVar(&f.audience, "audience", audience, audienceUsage)
 	fs.StringVar(&f.jwksFile, "jwks-file", "", "the issuer's public keys (JWKS) in a file, re-read as it changes")
 	fs.StringVar(&f.jwksURL, "jwks-url", "", "the issuer's public keys (JWKS) at an https URL, cached and refreshed")
 	fs.DurationVar(&f.maxLifetime, "max-assertion-lifetime", identity.DefaultMaxLifetime, fmt.Sprintf("the longest an assertion may be valid: one whose exp is further than this from now (plus %s of clock skew), or from its iat, is refused (assertion_lifetime_too_long); at most %gh", identity.DefaultSkew, identity.MaxMaxLifetime.Hours()))
