@@ -99,6 +99,11 @@ func isToolName(v any) bool {
 	return true
 }
 
+// ValidTenantID reports whether s is a tenant id as the envelope schema
+// has it (^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$): a tenant an agent's call
+// can be filed under. The ledger's own (ledger.UnverifiedTenant) is not.
+func ValidTenantID(s string) bool { return isTenantID(s) }
+
 // isTenantID: ^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$.
 func isTenantID(v any) bool {
 	s, ok := v.(string)

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"regexp"
 	"slices"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/projections/console"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/projector"
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 func newAPICmd(g *globals) *cobra.Command {
@@ -210,11 +210,6 @@ func (c traceCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Cal
 // agentCallTimeout bounds the ClickHouse query behind one agent's GET.
 const agentCallTimeout = 10 * time.Second
 
-// agentTenantRE is the envelope schema's tenant_id syntax: a tenant an
-// agent's call can be filed under. The ledger's own (_unverified, where
-// refusals of unverifiable submissions go) does not match.
-var agentTenantRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
-
 // agentCaller is httpapi's Caller: the tenant of the agent's identity
 // assertion that the request carries, verified by agents. Its refusal
 // names a reason, never the assertion.
@@ -224,7 +219,9 @@ func agentCaller(agents identity.AssertionVerifier) func(r *http.Request) (strin
 		if err != nil {
 			return "", errors.New(reason)
 		}
-		if !agentTenantRE.MatchString(id.Tenant) {
+		// The envelope's tenant syntax: not the ledger's own tenant,
+		// where refusals of unverifiable submissions are filed.
+		if !schemas.ValidTenantID(id.Tenant) {
 			return "", errors.New("tenant_not_an_agents")
 		}
 		return id.Tenant, nil

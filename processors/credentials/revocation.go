@@ -107,13 +107,16 @@ func (i *Introspector) Active(ctx context.Context, token string) (bool, error) {
 	return *out.Active, nil
 }
 
-// revoked asks cfg's Revocations about a credential that passed every
-// other check: nil when it is active or none is configured.
-func (v *Verifier) revoked(ctx context.Context, token string) error {
-	if v.cfg.Revocations == nil {
+// CheckRevoked asks r about a credential that passed every other check:
+// nil when it is active (or r is nil), else an *Error, ReasonRevoked or,
+// when r cannot answer, ReasonRevocationUnavailable. For a backend whose
+// Verifier is shared without Revocations; a Verifier with them asks at
+// the end of Verify.
+func CheckRevoked(ctx context.Context, r Revocations, token string) error {
+	if r == nil {
 		return nil
 	}
-	active, err := v.cfg.Revocations.Active(ctx, token)
+	active, err := r.Active(ctx, token)
 	switch {
 	case err != nil:
 		return &Error{Reason: ReasonRevocationUnavailable, Detail: "whether the credential was revoked cannot be checked", Err: err}

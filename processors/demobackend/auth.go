@@ -70,17 +70,14 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant,
 	if lookup && credentials.ReasonOf(err) == credentials.ReasonWrongScope {
 		claims, err = verify(credentials.ToolScope(tool))
 	}
-	if err == nil && s.revocations != nil {
+	if err == nil {
 		// The verifier is the caller's, shared: revocations are asked
 		// here, as a Verifier with Revocations would ask them.
-		active, ierr := s.revocations.Active(r.Context(), bearerToken(r.Header))
-		switch {
-		case ierr != nil:
-			s.logger.Warn("introspection unavailable", "err", ierr)
+		err = credentials.CheckRevoked(r.Context(), s.revocations, bearerToken(r.Header))
+		if credentials.ReasonOf(err) == credentials.ReasonRevocationUnavailable {
+			s.logger.Warn("introspection unavailable", "err", err)
 			writeError(w, http.StatusServiceUnavailable, string(credentials.ReasonRevocationUnavailable), "the credential's status cannot be checked")
 			return credentials.Claims{}, false
-		case !active:
-			err = &credentials.Error{Reason: ReasonRevoked, Detail: "the credential was revoked"}
 		}
 	}
 	if err == nil {
