@@ -17,6 +17,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/pgstore"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/console"
@@ -36,6 +37,7 @@ func newAPICmd(g *globals) *cobra.Command {
 		operatorsURL      string
 		group             string
 		secureCookies     bool
+		resultsDSN        string
 	)
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -44,13 +46,16 @@ func newAPICmd(g *globals) *cobra.Command {
 
   /                      the console (approvers and incident responders sign
                          in with an assertion for the approvals audience)
-  POST /v1/calls         envelopes from agents, published to the request topic
-                         (no ?wait= here: the envelope's tenant is verified
-                         by the intake, not here)
-  GET  /v1/calls/{key}   an agent's own call, from ClickHouse: its state and
-                         events (no result, which is in the execution store),
-                         for the tenant of the agent's identity assertion
-                         (Authorization: Bearer, audience --agents-audience)
+  POST /v1/calls         envelopes from agents, published to the request topic;
+                         with ?wait=DURATION (at most 30s) and the agent's
+                         identity assertion (Authorization: Bearer, audience
+                         --agents-audience) of the envelope's tenant, answered
+                         with the settled call, as GET answers
+  GET  /v1/calls/{key}   an agent's call, from ClickHouse: its state and
+                         events, for the tenant of the agent's identity
+                         assertion (Authorization: Bearer); and, with
+                         --crdb-dsn, its sanitized result, for the user who
+                         made the call alone
   GET  /v1/blast-radius, /v1/outcomes, /v1/unresolved, /v1/trace/...
                          the responders' questions, from ClickHouse
   /v1/approvals...       proxied to --approvals-url (ledger approvals serve)
@@ -96,14 +101,28 @@ person's assertion.`,
 			if err != nil {
 				return fmt.Errorf("agents' calls need the agents' keys (--issuer and --jwks-*, audience --agents-audience): %w", err)
 			}
-			api, err := httpapi.New(httpapi.Config{
+			cfg := httpapi.Config{
 				Publisher: pub, Logger: logger.With("component", "httpapi"),
 				Calls: traceCalls{st}, Caller: agentCaller(agents),
 				Checks: []httpapi.Check{
 					{Name: "kafka", Check: func(ctx context.Context) error { return pub.cl.Ping(ctx) }},
 					{Name: "clickhouse", Check: st.Ping},
 				},
-			})
+			}
+			if resultsDSN != "" {
+				// Read only: the executors own the tables, and this
+				// role's database user need not be allowed DDL.
+				results, err := pgstore.Open(ctx, pgstore.Config{DSN: resultsDSN, SkipMigrate: true, Logger: logger.With("component", "results")})
+				if err != nil {
+					return fmt.Errorf("--crdb-dsn: %w", err)
+				}
+				defer results.Close()
+				// Not a readiness check: a store outage withholds
+				// results (result_withheld unavailable), and must not
+				// take the front door out of service.
+				cfg.Results = storeResults{results}
+			}
+			api, err := httpapi.New(cfg)
 			if err != nil {
 				return err
 			}
@@ -187,6 +206,7 @@ person's assertion.`,
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
 	fs.DurationVar(&agentsMaxLifetime, "agents-max-assertion-lifetime", identity.DefaultMaxLifetime, "the longest an agent's assertion for GET /v1/calls/{key} may be valid: the intake's --max-assertion-lifetime (--max-assertion-lifetime here bounds the staff's)")
 	fs.StringVar(&agentsAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' identity assertions that GET /v1/calls/{key} takes (from --issuer, keys from --jwks-*): the intake's --audience")
+	fs.StringVar(&resultsDSN, "crdb-dsn", "", "the execution store's CockroachDB (or PostgreSQL) DSN, read only (no DDL and no writes: a user granted SELECT on execution_records is enough): agents' calls are then served with their results; empty: without (result_withheld not_served)")
 	fs.BoolVar(&secureCookies, "secure-cookies", true, "mark the console's cookies Secure and send HSTS (the console is served over TLS, here or by a proxy in front); false only for plain-HTTP trials")
 	return cmd
 }
@@ -210,21 +230,21 @@ func (c traceCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Cal
 // agentCallTimeout bounds the ClickHouse query behind one agent's GET.
 const agentCallTimeout = 10 * time.Second
 
-// agentCaller is httpapi's Caller: the tenant of the agent's identity
-// assertion that the request carries, verified by agents. Its refusal
-// names a reason, never the assertion.
-func agentCaller(agents identity.AssertionVerifier) func(r *http.Request) (string, error) {
-	return func(r *http.Request) (string, error) {
+// agentCaller is httpapi's Caller: the tenant and user of the agent's
+// identity assertion that the request carries, verified by agents. Its
+// refusal names a reason, never the assertion.
+func agentCaller(agents identity.AssertionVerifier) func(r *http.Request) (httpapi.Agent, error) {
+	return func(r *http.Request) (httpapi.Agent, error) {
 		id, reason, err := identity.Authenticate(r, agents)
 		if err != nil {
-			return "", errors.New(reason)
+			return httpapi.Agent{}, errors.New(reason)
 		}
 		// The envelope's tenant syntax: not the ledger's own tenant,
 		// where refusals of unverifiable submissions are filed.
 		if !schemas.ValidTenantID(id.Tenant) {
-			return "", errors.New("tenant_not_an_agents")
+			return httpapi.Agent{}, errors.New("tenant_not_an_agents")
 		}
-		return id.Tenant, nil
+		return httpapi.Agent{Tenant: id.Tenant, User: id.User}, nil
 	}
 }
 

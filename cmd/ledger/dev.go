@@ -447,7 +447,11 @@ func writeHealth(w http.ResponseWriter, h console.Health) {
 }
 
 // storeResults serves finished calls' results from the execution store.
-type storeResults struct{ st processors.Store }
+type storeResults struct {
+	st interface {
+		Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
+	}
+}
 
 func (s storeResults) Result(ctx context.Context, key ledger.CallKey) (json.RawMessage, error) {
 	rec, err := s.st.Get(ctx, key)

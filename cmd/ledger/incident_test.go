@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -225,7 +226,11 @@ func TestAPIRole(t *testing.T) {
 	dir := t.TempDir()
 	addrs := freeAddrs(t, 4)
 	kafka, devAPI, backend, addr := addrs[0], addrs[1], addrs[2], addrs[3]
-	startDev(t, dir, kafka, devAPI, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", db)
+	// The execution store in PostgreSQL, as deployed, so that ledger api
+	// can read the results from it: in read-only sessions, since it runs
+	// no DDL and writes nothing.
+	storeDSN := freshSchemaDSN(t)
+	startDev(t, dir, kafka, devAPI, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", db, "--crdb-dsn", storeDSN)
 	submit := func(tool, args, key string) string {
 		return cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", tool, "--args", args, "--key", key, "--deadline", "10m", "--wait", "--timeout", "60s")
 	}
@@ -249,7 +254,7 @@ func TestAPIRole(t *testing.T) {
 		t.Errorf("ledger api with the agents' audience the staff's: %v; want refused, naming --agents-audience", err)
 	}
 	exited := runCommand(t, "api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
-		"--issuer", DevIssuer, "--jwks-file", jwks, "--approvals-url", "http://"+devAPI, "--operators-url", "http://"+devAPI,
+		"--crdb-dsn", storeDSN+"&options=-c%20default_transaction_read_only%3Don", "--issuer", DevIssuer, "--jwks-file", jwks, "--approvals-url", "http://"+devAPI, "--operators-url", "http://"+devAPI,
 		"--projector-group", devProjectorGroup, "--secure-cookies=false", "--log-level", "warn")
 	base := "http://" + addr
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
@@ -268,10 +273,11 @@ func TestAPIRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// callAs GETs path with assertion as its bearer token ("": none).
-	callAs := func(assertion, path string) (int, string) {
+	// send sends body to path with assertion as its bearer token ("":
+	// none).
+	send := func(method, assertion, path string, body []byte) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, base+path, nil)
+		req, _ := http.NewRequest(method, base+path, bytes.NewReader(body))
 		if assertion != "" {
 			req.Header.Set("Authorization", "Bearer "+assertion)
 		}
@@ -282,6 +288,10 @@ func TestAPIRole(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
+	}
+	callAs := func(assertion, path string) (int, string) {
+		t.Helper()
+		return send(http.MethodGet, assertion, path, nil)
 	}
 	get := func(path string) (int, string) { t.Helper(); return callAs(operator, path) }
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
@@ -300,16 +310,43 @@ func TestAPIRole(t *testing.T) {
 		return nil
 	})
 	// An agent reads its own tenant's call, from ClickHouse, with its
-	// identity assertion; no other tenant's, and not without one.
-	agentOf := func(tenant string) string {
-		tok, err := iss.Mint(identity.Identity{Tenant: tenant, User: "u_agent", Agent: "agent_test"}, identity.DefaultAudience, 10*time.Minute)
+	// identity assertion; no other tenant's, and not without one. The
+	// result, from the execution store, goes to the call's user alone
+	// (ledger submit's u_demo).
+	agentAs := func(tenant, user string) string {
+		tok, err := iss.Mint(identity.Identity{Tenant: tenant, User: user, Agent: "agent_test"}, identity.DefaultAudience, 10*time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return tok
 	}
-	if code, body := callAs(agentOf("t_demo"), "/v1/calls/api-weather"); code != 200 || !strings.Contains(body, `"state": "succeeded"`) || !strings.Contains(body, `"tenant_id": "t_demo"`) {
-		t.Errorf("GET /v1/calls/api-weather as an agent of t_demo: %d %s; want its call, succeeded", code, body)
+	agentOf := func(tenant string) string { return agentAs(tenant, "u_agent") }
+	if code, body := callAs(agentOf("t_demo"), "/v1/calls/api-weather"); code != 200 || !strings.Contains(body, `"state": "succeeded"`) ||
+		!strings.Contains(body, `"tenant_id": "t_demo"`) || strings.Contains(body, `"result"`) || !strings.Contains(body, `"result_withheld": "other_user"`) {
+		t.Errorf("GET /v1/calls/api-weather as another agent user of t_demo: %d %s; want its call, succeeded, its result withheld", code, body)
+	}
+	if code, body := callAs(agentAs("t_demo", "u_demo"), "/v1/calls/api-weather"); code != 200 || !strings.Contains(body, `"result"`) || !strings.Contains(body, `"Perth"`) {
+		t.Errorf("GET /v1/calls/api-weather as its user: %d %s; want its call with the weather in Perth", code, body)
+	}
+	// POST ?wait= answers the call's user with the settled call and its
+	// result; without the bearer, or with another tenant's, it is refused.
+	sf := submitFlags{tool: "get_weather", toolVersion: 1, args: `{"city":"Darwin"}`, tenant: "t_demo", user: "u_demo", key: "api-wait", deadline: time.Minute, dataDir: dir}
+	env, err := sf.envelope()
+	if err != nil {
+		t.Fatal(err)
+	}
+	postWait := func(assertion string) (int, string) {
+		t.Helper()
+		return send(http.MethodPost, assertion, "/v1/calls?wait=30s", env)
+	}
+	if code, body := postWait(""); code != http.StatusUnauthorized {
+		t.Errorf("POST ?wait without a bearer: %d %s; want 401", code, body)
+	}
+	if code, body := postWait(agentAs("t_other", "u_demo")); code != http.StatusForbidden || !strings.Contains(body, "tenant_mismatch") {
+		t.Errorf("POST ?wait as an agent of another tenant: %d %s; want 403 tenant_mismatch", code, body)
+	}
+	if code, body := postWait(agentAs("t_demo", "u_demo")); code != 200 || !strings.Contains(body, `"state": "succeeded"`) || !strings.Contains(body, `"Darwin"`) {
+		t.Errorf("POST ?wait as the call's user: %d %s; want 200, succeeded, with the weather in Darwin", code, body)
 	}
 	for _, tc := range []struct {
 		who, assertion, path string

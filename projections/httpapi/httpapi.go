@@ -18,6 +18,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // Publisher puts a raw envelope on the request topic under key.
@@ -39,6 +40,10 @@ type Results interface {
 	Result(ctx context.Context, key ledger.CallKey) (json.RawMessage, error)
 }
 
+// Agent is the verified caller of an agents' request: the tenant and
+// the user of its identity assertion.
+type Agent struct{ Tenant, User string }
+
 // Check is a named readiness check for /healthz.
 type Check struct {
 	Name  string
@@ -48,26 +53,38 @@ type Check struct {
 // Config configures the API.
 type Config struct {
 	Publisher Publisher // required
-	// Calls, optional, answers GET /v1/calls/{key} and, without Caller,
-	// ?wait= on POST. Without it neither is served.
+	// Calls, optional, answers GET /v1/calls/{key} and ?wait= on POST.
+	// Without it neither is served.
 	Calls Calls
-	// Caller, when set, authenticates GET /v1/calls/{key}: it returns
-	// the tenant of the request's verified caller (an agent's identity
-	// assertion as a bearer token), whose calls alone it may read; a
-	// tenant_id, if given, must be that one (another's call is not
-	// found). An error refuses the request (401). ?wait= on POST is then
-	// not served: the envelope's tenant is not verified here, so waiting
-	// on it would read any tenant's call. Nil: the tenant is tenant_id's,
-	// unchecked (ledger dev, on loopback).
-	Caller func(r *http.Request) (tenant string, err error)
+	// Caller, when set, authenticates the agents: it returns the
+	// request's verified caller (an agent's identity assertion as a
+	// bearer token), and an error refuses the request (401).
+	//   - GET /v1/calls/{key} reads the caller's tenant's calls alone; a
+	//     tenant_id, if given, must be that one (another's call is not
+	//     found).
+	//   - POST ?wait= needs a caller of the envelope's tenant (the
+	//     envelope's own assertion is verified by the intake, later):
+	//     without one, or of another tenant, it is refused (401, 403)
+	//     before anything is published, and the wait reads that tenant's
+	//     call alone.
+	//   - A call's result is served to the user who made it alone (the
+	//     user_id of its events, which the intake took from its verified
+	//     assertion): another user of the tenant sees its state and
+	//     events, result_withheld other_user.
+	// Nil: the tenant is tenant_id's (or the envelope's), unchecked, and
+	// results are served to whoever asks (ledger dev, on loopback).
+	Caller func(r *http.Request) (Agent, error)
 	// MaxLookupsPerTenant and MaxLookups bound the GET /v1/calls/{key}
 	// lookups running at once with a Caller (each a query of the store
 	// behind Calls), of one tenant and in all; one more is answered 429
 	// too_many_lookups, Retry-After 1. Defaults:
 	// DefaultMaxLookupsPerTenant, DefaultMaxLookups.
 	MaxLookupsPerTenant, MaxLookups int
-	Results                         Results // optional
-	Checks                          []Check
+	// Results, optional, serves the results of calls that ran a tool
+	// (succeeded, failed, compensated); without it their views say
+	// result_withheld not_served.
+	Results Results
+	Checks  []Check
 	// Limits on envelopes; as the intake's.
 	Limits ledger.Limits
 	// MaxWait bounds ?wait= on POST /v1/calls; default 30s.
@@ -149,7 +166,23 @@ type CallView struct {
 	Events         []ledger.Event  `json:"events"`
 	Refusals       []ledger.Event  `json:"refusals,omitempty"`
 	Result         json.RawMessage `json:"result,omitempty"`
+	// ResultWithheld, on a call that ran a tool, says why the view has
+	// no result: ResultNotServed, ResultOtherUser or ResultUnavailable.
+	ResultWithheld string `json:"result_withheld,omitempty"`
 }
+
+// Why a view has no result (CallView.ResultWithheld).
+const (
+	// ResultNotServed: this API does not read the results (ledger api
+	// without the execution store).
+	ResultNotServed = "not_served"
+	// ResultOtherUser: the call is another user's, whose result is for
+	// that user alone.
+	ResultOtherUser = "other_user"
+	// ResultUnavailable: the results could not be read just now; ask
+	// again.
+	ResultUnavailable = "unavailable"
+)
 
 // submit accepts an envelope. It checks the envelope as the intake will,
 // so that a caller learns of a malformed one at once (400, nothing
@@ -172,14 +205,30 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := env.Key()
+	wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
+	wait = min(wait, s.cfg.MaxWait)
+	var agent *Agent
+	if wait > 0 && s.cfg.Calls != nil && s.cfg.Caller != nil {
+		// Refused before publishing, so that the caller may send it
+		// again as it likes, with the bearer or without the wait.
+		a, ok := s.authenticate(w, r)
+		if !ok {
+			return
+		}
+		if a.Tenant != key.TenantID {
+			writeError(w, http.StatusForbidden, apiError{Code: "tenant_mismatch", Pointer: "/scope/tenant_id",
+				Message: "?wait= reads the calls of the bearer's tenant alone, and the envelope names another; nothing was published"})
+			return
+		}
+		agent = &a
+	}
 	if err := s.cfg.Publisher.Publish(r.Context(), []byte(key.String()), body); err != nil {
 		s.cfg.Logger.Warn("publish envelope", "call_key", key.String(), "err", err)
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "publish_failed", Message: "the request topic did not accept the envelope; retry with the same idempotency key"})
 		return
 	}
-	wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
-	if wait > 0 && s.cfg.Calls != nil && s.cfg.Caller == nil {
-		if v, ok := s.await(r.Context(), key, env.CallID, min(wait, s.cfg.MaxWait)); ok {
+	if wait > 0 && s.cfg.Calls != nil {
+		if v, ok := s.await(r.Context(), key, env.CallID, wait, agent); ok {
 			writeJSON(w, http.StatusOK, v)
 			return
 		}
@@ -192,32 +241,62 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 // await polls the index until the call settles or this submission was
-// refused.
-func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d time.Duration) (CallView, bool) {
+// refused. For an agent, each look is one of its tenant's lookups
+// (Config.MaxLookupsPerTenant): with them all running, it looks later.
+func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d time.Duration, agent *Agent) (CallView, bool) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
+	// From 20 ms, doubling to 200 ms: a quick call is answered quickly,
+	// and a slow one costs the store behind Calls few queries.
+	every := 20 * time.Millisecond
+	look := func() (CallView, bool) {
+		if agent != nil {
+			end, busy := s.lookups.try(agent.Tenant)
+			if busy != "" {
+				return CallView{}, false
+			}
+			defer end()
+		}
+		c, err := s.cfg.Calls.Call(ctx, key)
+		if err != nil {
+			return CallView{}, false
+		}
+		for _, ref := range c.Refusals {
+			if ref.CallID == callID {
+				return s.view(ctx, c, agent), true
+			}
+		}
+		if c.Settled() {
+			return s.view(ctx, c, agent), true
+		}
+		return CallView{}, false
+	}
 	for {
-		if c, err := s.cfg.Calls.Call(ctx, key); err == nil {
-			for _, ref := range c.Refusals {
-				if ref.CallID == callID {
-					return s.view(ctx, c), true
-				}
-			}
-			if c.Settled() {
-				return s.view(ctx, c), true
-			}
+		if v, ok := look(); ok {
+			return v, true
 		}
 		select {
 		case <-ctx.Done():
 			return CallView{}, false
-		case <-tick.C:
+		case <-time.After(every):
 		}
+		every = min(2*every, 200*time.Millisecond)
 	}
 }
 
-func (s *Server) view(ctx context.Context, c callindex.Call) CallView {
+// authenticate returns the request's verified agent, or answers 401.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (Agent, bool) {
+	a, err := s.cfg.Caller(r)
+	if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="toolcall-ledger"`)
+		writeError(w, http.StatusUnauthorized, apiError{Code: "unauthenticated", Message: "an agent's identity assertion is required as a bearer token: " + err.Error()})
+		return Agent{}, false
+	}
+	return a, true
+}
+
+// view is c as agent (nil: anyone, without a Caller) may see it.
+func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallView {
 	v := CallView{
 		TenantID:       c.Key.TenantID,
 		IdempotencyKey: c.Key.IdempotencyKey,
@@ -229,33 +308,54 @@ func (s *Server) view(ctx context.Context, c callindex.Call) CallView {
 	if v.Events == nil {
 		v.Events = []ledger.Event{}
 	}
-	if s.cfg.Results != nil && c.State.Terminal() {
+	switch c.State {
+	case statemachine.StateSucceeded, statemachine.StateFailed, statemachine.StateCompensated:
+	default:
+		return v // no tool ran: no result to speak of
+	}
+	switch {
+	case s.cfg.Results == nil:
+		v.ResultWithheld = ResultNotServed
+	case agent != nil && (agent.User == "" || agent.User != callUser(c)):
+		v.ResultWithheld = ResultOtherUser
+	default:
 		res, err := s.cfg.Results.Result(ctx, c.Key)
 		if err != nil {
 			s.cfg.Logger.Warn("read result", "call_key", c.Key.String(), "err", err)
+			v.ResultWithheld = ResultUnavailable
 		}
 		v.Result = res
 	}
 	return v
 }
 
+// callUser is the user who made c: the user_id of its requested event,
+// which the intake took from the call's verified assertion.
+func callUser(c callindex.Call) string {
+	for _, e := range c.Events {
+		if e.Type == statemachine.EventRequested {
+			return e.UserID
+		}
+	}
+	return ""
+}
+
 // get answers for the caller's tenant only: Config.Caller's, or without
 // it ?tenant_id='s (ledger dev).
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	tenant := r.URL.Query().Get("tenant_id")
+	var agent *Agent
 	if s.cfg.Caller != nil {
-		caller, err := s.cfg.Caller(r)
-		if err != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="toolcall-ledger"`)
-			writeError(w, http.StatusUnauthorized, apiError{Code: "unauthenticated", Message: "an agent's identity assertion is required as a bearer token: " + err.Error()})
+		a, ok := s.authenticate(w, r)
+		if !ok {
 			return
 		}
-		if tenant != "" && tenant != caller {
+		if tenant != "" && tenant != a.Tenant {
 			// Not forbidden: the answer must not tell that it exists.
 			writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no call under this key for this tenant"})
 			return
 		}
-		tenant = caller
+		tenant, agent = a.Tenant, &a
 	}
 	if tenant == "" {
 		writeError(w, http.StatusBadRequest, apiError{Code: "missing_tenant", Message: "tenant_id query parameter is required"})
@@ -286,7 +386,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, apiError{Code: "internal", Message: "the call index could not be read"})
 		return
 	}
-	writeJSON(w, http.StatusOK, s.view(r.Context(), c))
+	writeJSON(w, http.StatusOK, s.view(r.Context(), c, agent))
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -42,6 +44,13 @@ func (p *publisher) Publish(_ context.Context, key, _ []byte) error {
 		go p.settle(string(key))
 	}
 	return nil
+}
+
+// published returns the keys published so far.
+func (p *publisher) published() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.keys)
 }
 
 func validEnvelope(t *testing.T, key string) string {
@@ -207,76 +216,205 @@ func TestHealthHidesErrors(t *testing.T) {
 	}
 }
 
+// agentOf is a Caller for the tests: "Bearer agent-of-<tenant>/<user>"
+// stands for an agent's verified assertion.
+func agentOf(r *http.Request) (httpapi.Agent, error) {
+	who, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer agent-of-")
+	if !ok {
+		return httpapi.Agent{}, errors.New("missing_bearer")
+	}
+	tenant, user, _ := strings.Cut(who, "/")
+	return httpapi.Agent{Tenant: tenant, User: user}, nil
+}
+
+// do sends a request with auth as its Authorization ("": none).
+func do(t *testing.T, method, url, auth, body string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
 // With a Caller, a call is read for the verified caller's tenant alone:
 // without a caller, 401; another tenant's key, or a tenant_id naming
-// another, not found. POST's ?wait= is not served then, since the
-// envelope's tenant is not verified by the API.
+// another, not found.
 func TestCallsForTheVerifiedCallerOnly(t *testing.T) {
-	pub := &publisher{}
-	srv, ix := newAPI(t, pub, func(c *httpapi.Config) {
-		c.Caller = func(r *http.Request) (string, error) {
-			if tenant, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer agent-of-"); ok {
-				return tenant, nil
-			}
-			return "", errors.New("missing_bearer")
-		}
-	})
+	srv, ix := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller = agentOf })
 	for _, k := range []ledger.CallKey{{TenantID: "t_a", IdempotencyKey: "k1"}, {TenantID: "t_b", IdempotencyKey: "k2"}} {
 		if err := ix.Apply([]ledger.Event{{EventID: "e-" + k.IdempotencyKey, Type: statemachine.EventRequested, Seq: 1, At: time.Now(),
 			TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	get := func(path, auth string) int {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
 	for _, tc := range []struct {
 		path, auth string
 		status     int
 	}{
-		{"/v1/calls/k1", "Bearer agent-of-t_a", 200},
-		{"/v1/calls/k1?tenant_id=t_a", "Bearer agent-of-t_a", 200},
+		{"/v1/calls/k1", "Bearer agent-of-t_a/u1", 200},
+		{"/v1/calls/k1?tenant_id=t_a", "Bearer agent-of-t_a/u1", 200},
 		{"/v1/calls/k1?tenant_id=t_a", "", 401},
-		{"/v1/calls/k2", "Bearer agent-of-t_a", 404},
-		{"/v1/calls/k2?tenant_id=t_b", "Bearer agent-of-t_a", 404},
-		{"/v1/calls/k2", "Bearer agent-of-t_b", 200},
+		{"/v1/calls/k2", "Bearer agent-of-t_a/u1", 404},
+		{"/v1/calls/k2?tenant_id=t_b", "Bearer agent-of-t_a/u1", 404},
+		{"/v1/calls/k2", "Bearer agent-of-t_b/u1", 200},
 	} {
-		if got := get(tc.path, tc.auth); got != tc.status {
-			t.Errorf("GET %s as %q = %d; want %d", tc.path, tc.auth, got, tc.status)
+		resp := do(t, http.MethodGet, srv.URL+tc.path, tc.auth, "")
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("GET %s as %q = %d; want %d", tc.path, tc.auth, resp.StatusCode, tc.status)
 		}
 	}
-	// The published call settles at once: served, the wait would answer
-	// 200 with it.
-	pub.settle = settled(ix)
-	resp, err := http.Post(srv.URL+"/v1/calls?wait=5s", "application/json", strings.NewReader(validEnvelope(t, "k3")))
-	if err != nil {
-		t.Fatal(err)
+}
+
+// With a Caller, POST ?wait= waits for a caller of the envelope's tenant
+// alone, and refuses the others before publishing anything (so that
+// they may send it again): without a bearer, 401; with another
+// tenant's, 403 tenant_mismatch. Without ?wait=, anyone publishes, as
+// on the topic: the intake verifies the envelope's own assertion. Before,
+// ?wait= was not served with a Caller at all.
+func TestWaitForTheVerifiedCallerOnly(t *testing.T) {
+	pub := &publisher{}
+	results := resultsOf{"t_a/k1": `{"temp_c":9}`}
+	srv, ix := newAPI(t, pub, func(c *httpapi.Config) { c.Caller, c.Results = agentOf, results })
+	pub.settle = settledAs(ix, "u1")
+	post := func(auth, query string) *http.Response {
+		t.Helper()
+		return do(t, http.MethodPost, srv.URL+"/v1/calls"+query, auth, validEnvelope(t, "k1"))
 	}
+	for _, tc := range []struct {
+		auth, code string
+		status     int
+	}{
+		{"", "unauthenticated", http.StatusUnauthorized},
+		{"Bearer agent-of-t_b/u1", "tenant_mismatch", http.StatusForbidden},
+	} {
+		resp := post(tc.auth, "?wait=5s")
+		if code, _ := decodeErr(t, resp); resp.StatusCode != tc.status || code != tc.code {
+			t.Errorf("POST ?wait as %q = %d %s; want %d %s", tc.auth, resp.StatusCode, code, tc.status, tc.code)
+		}
+	}
+	if keys := pub.published(); len(keys) != 0 {
+		t.Fatalf("refused waits published %v; want nothing", keys)
+	}
+
+	resp := post("Bearer agent-of-t_a/u1", "?wait=5s")
+	var v httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || v.State != "succeeded" || compact(v.Result) != `{"temp_c":9}` {
+		t.Errorf("POST ?wait as the call's user = %d %q result %s; want 200 succeeded with its result", resp.StatusCode, v.State, v.Result)
+	}
+	resp = post("", "")
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
-		t.Errorf("POST ?wait with a Caller = %d; want 202, not waited on", resp.StatusCode)
+		t.Errorf("POST without ?wait and without a bearer = %d; want 202", resp.StatusCode)
+	}
+	if keys := pub.published(); len(keys) != 2 {
+		t.Errorf("published %v; want t_a/k1 twice", keys)
+	}
+}
+
+// compact is raw without the API's indentation ("" for none).
+func compact(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+// resultsOf serves the results of the keys it holds.
+type resultsOf map[string]string
+
+func (r resultsOf) Result(_ context.Context, key ledger.CallKey) (json.RawMessage, error) {
+	if res, ok := r[key.String()]; ok {
+		return json.RawMessage(res), nil
+	}
+	return nil, nil
+}
+
+// failingResults cannot read any result.
+type failingResults struct{}
+
+func (failingResults) Result(context.Context, ledger.CallKey) (json.RawMessage, error) {
+	return nil, errors.New("store down")
+}
+
+// A call's result is served to the user who made it alone: another user
+// of its tenant reads its state and events, result_withheld other_user.
+// Without Results, a call that ran says result_withheld not_served, and
+// unavailable when they cannot be read; one that ran no tool says nothing
+// of a result. Without a Caller (ledger
+// dev), the result is served to whoever asks.
+func TestResultForTheCallersUserOnly(t *testing.T) {
+	results := resultsOf{"t_a/k1": `{"temp_c":9}`}
+	srv, ix := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller, c.Results = agentOf, results })
+	settledAs(ix, "u1")("t_a/k1")
+	denied := []ledger.Event{
+		{EventID: "d1", Type: statemachine.EventRequested, Seq: 1, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k2", ArgumentsHash: "sha256:x", UserID: "u1"},
+		{EventID: "d2", Type: statemachine.EventDenied, Seq: 2, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k2", ArgumentsHash: "sha256:x", Reason: "policy_denied"},
+	}
+	if err := ix.Apply(denied); err != nil {
+		t.Fatal(err)
+	}
+	view := func(srv *httptest.Server, path, auth string) httpapi.CallView {
+		t.Helper()
+		resp := do(t, http.MethodGet, srv.URL+path, auth, "")
+		defer resp.Body.Close()
+		var v httpapi.CallView
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("GET %s as %q: %d %v", path, auth, resp.StatusCode, err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		path, auth, result, withheld string
+	}{
+		{"/v1/calls/k1", "Bearer agent-of-t_a/u1", `{"temp_c":9}`, ""},
+		{"/v1/calls/k1", "Bearer agent-of-t_a/u2", "", httpapi.ResultOtherUser},
+		{"/v1/calls/k1", "Bearer agent-of-t_a/", "", httpapi.ResultOtherUser},
+		{"/v1/calls/k2", "Bearer agent-of-t_a/u1", "", ""},
+	} {
+		if v := view(srv, tc.path, tc.auth); compact(v.Result) != tc.result || v.ResultWithheld != tc.withheld {
+			t.Errorf("GET %s as %q: result %s, withheld %q; want %s, %q", tc.path, tc.auth, v.Result, v.ResultWithheld, tc.result, tc.withheld)
+		}
+	}
+
+	noResults, ix2 := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller = agentOf })
+	settledAs(ix2, "u1")("t_a/k1")
+	if v := view(noResults, "/v1/calls/k1", "Bearer agent-of-t_a/u1"); v.Result != nil || v.ResultWithheld != httpapi.ResultNotServed {
+		t.Errorf("without Results: result %s, withheld %q; want none, %q", v.Result, v.ResultWithheld, httpapi.ResultNotServed)
+	}
+	down, ix4 := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller, c.Results = agentOf, failingResults{} })
+	settledAs(ix4, "u1")("t_a/k1")
+	if v := view(down, "/v1/calls/k1", "Bearer agent-of-t_a/u1"); v.Result != nil || v.ResultWithheld != httpapi.ResultUnavailable {
+		t.Errorf("with the results unreadable: result %s, withheld %q; want none, %q", v.Result, v.ResultWithheld, httpapi.ResultUnavailable)
+	}
+	dev, ix3 := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Results = results })
+	settledAs(ix3, "u1")("t_a/k1")
+	if v := view(dev, "/v1/calls/k1?tenant_id=t_a", ""); compact(v.Result) != `{"temp_c":9}` {
+		t.Errorf("without a Caller: result %s; want the call's", v.Result)
 	}
 }
 
 // settled is a publisher's settle that has each published call succeed at
 // once in ix.
-func settled(ix *callindex.Index) func(key string) {
+func settled(ix *callindex.Index) func(key string) { return settledAs(ix, "") }
+
+// settledAs is settled for calls made by user.
+func settledAs(ix *callindex.Index, user string) func(key string) {
 	return func(key string) {
 		k, _ := ledger.ParseCallKey(key)
 		var evs []ledger.Event
 		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
 			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x", Attempt: 1})
 		}
+		evs[0].UserID = user
 		_ = ix.Apply(evs)
 	}
 }
@@ -305,9 +443,7 @@ func TestAgentLookupsBoundedPerTenant(t *testing.T) {
 	calls := blockingCalls{release: make(chan struct{}), waiting: make(chan struct{}, 8)}
 	srv, _ := newAPI(t, &publisher{}, func(c *httpapi.Config) {
 		c.Calls, c.MaxLookupsPerTenant = calls, 2
-		c.Caller = func(r *http.Request) (string, error) {
-			return strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer agent-of-"), nil
-		}
+		c.Caller = agentOf
 	})
 	get := func(tenant string) *http.Response {
 		t.Helper()

@@ -161,20 +161,27 @@ func newLimiter(perTenant, all int, what, code string) *limiter {
 // with perTenant of the tenant's or all in all running, answers 429 with
 // Retry-After 1 and returns false.
 func (l *limiter) start(w http.ResponseWriter, tenant string) (end func(), ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var busy string
-	switch {
-	case l.running[tenant] >= l.perTenant:
-		busy = fmt.Sprintf("%d %s of your tenant are running", l.perTenant, l.what)
-	case l.total >= l.all:
-		busy = fmt.Sprintf("%d %s are running, of every tenant", l.all, l.what)
-	}
+	end, busy := l.try(tenant)
 	if busy != "" {
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusTooManyRequests, apiError{Code: l.code,
 			Message: busy + "; ask again when one has been answered"})
 		return nil, false
+	}
+	return end, true
+}
+
+// try counts a request of tenant as running, and returns its end; or,
+// with perTenant of the tenant's or all in all running, says which bound
+// is full and counts nothing.
+func (l *limiter) try(tenant string) (end func(), busy string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.running[tenant] >= l.perTenant:
+		return nil, fmt.Sprintf("%d %s of your tenant are running", l.perTenant, l.what)
+	case l.total >= l.all:
+		return nil, fmt.Sprintf("%d %s are running, of every tenant", l.all, l.what)
 	}
 	l.running[tenant]++
 	l.total++
@@ -185,7 +192,7 @@ func (l *limiter) start(w http.ResponseWriter, tenant string) (end func(), ok bo
 		if l.running[tenant]--; l.running[tenant] == 0 {
 			delete(l.running, tenant)
 		}
-	}, true
+	}, ""
 }
 
 // operator answers 403 unless id is an operator.
