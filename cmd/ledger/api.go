@@ -9,6 +9,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -109,18 +110,17 @@ person's assertion.`,
 					{Name: "clickhouse", Check: st.Ping},
 				},
 			}
+			var results *laterResults
 			if resultsDSN != "" {
 				// Read only: the executors own the tables, and this
-				// role's database user need not be allowed DDL.
-				results, err := pgstore.Open(ctx, pgstore.Config{DSN: resultsDSN, SkipMigrate: true, Logger: logger.With("component", "results")})
-				if err != nil {
-					return fmt.Errorf("--crdb-dsn: %w", err)
-				}
-				defer results.Close()
-				// Not a readiness check: a store outage withholds
-				// results (result_withheld unavailable), and must not
-				// take the front door out of service.
-				cfg.Results = storeResults{results}
+				// role's database user need not be allowed DDL. Opened
+				// in the background (below) and not a readiness check:
+				// a store that does not answer withholds results
+				// (result_withheld unavailable), and must not keep the
+				// front door from starting or take it out of service.
+				results = &laterResults{}
+				defer results.close()
+				cfg.Results = results
 			}
 			api, err := httpapi.New(cfg)
 			if err != nil {
@@ -190,10 +190,16 @@ person's assertion.`,
 			mux.Handle("/", ui)
 
 			grp, ctx := errgroup.WithContext(ctx)
+			if results != nil {
+				grp.Go(func() error {
+					results.open(ctx, pgstore.Config{DSN: resultsDSN, SkipMigrate: true, Logger: logger.With("component", "results")}, logger)
+					return nil
+				})
+			}
 			if _, err := g.serve(ctx, grp, "api", httpAddr, mux); err != nil {
 				return err
 			}
-			logger.Info("api serving", "addr", httpAddr, "clickhouse", redactDSN(ch.dsn), "approvals", approvalsURL, "operators", operatorsURL)
+			logger.Info("api serving", "addr", httpAddr, "clickhouse", redactDSN(ch.dsn), "approvals", approvalsURL, "operators", operatorsURL, "results", resultsDSN != "")
 			return grp.Wait()
 		},
 	}
@@ -204,8 +210,8 @@ person's assertion.`,
 	fs.StringVar(&approvalsURL, "approvals-url", "", "base URL of `ledger approvals serve` (its --http-addr); empty: /v1/approvals is not served")
 	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs (`ledger reconciler --http-addr`); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
-	fs.DurationVar(&agentsMaxLifetime, "agents-max-assertion-lifetime", identity.DefaultMaxLifetime, "the longest an agent's assertion for GET /v1/calls/{key} may be valid: the intake's --max-assertion-lifetime (--max-assertion-lifetime here bounds the staff's)")
-	fs.StringVar(&agentsAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' identity assertions that GET /v1/calls/{key} takes (from --issuer, keys from --jwks-*): the intake's --audience")
+	fs.DurationVar(&agentsMaxLifetime, "agents-max-assertion-lifetime", identity.DefaultMaxLifetime, "the longest an agent's assertion for GET /v1/calls/{key} and POST /v1/calls?wait= may be valid: the intake's --max-assertion-lifetime (--max-assertion-lifetime here bounds the staff's)")
+	fs.StringVar(&agentsAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' identity assertions that GET /v1/calls/{key} and POST /v1/calls?wait= take (from --issuer, keys from --jwks-*): the intake's --audience")
 	fs.StringVar(&resultsDSN, "crdb-dsn", "", "the execution store's CockroachDB (or PostgreSQL) DSN, read only (no DDL and no writes: a user granted SELECT on execution_records is enough): agents' calls are then served with their results; empty: without (result_withheld not_served)")
 	fs.BoolVar(&secureCookies, "secure-cookies", true, "mark the console's cookies Secure and send HSTS (the console is served over TLS, here or by a proxy in front); false only for plain-HTTP trials")
 	return cmd
@@ -229,6 +235,48 @@ func (c traceCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Cal
 
 // agentCallTimeout bounds the ClickHouse query behind one agent's GET.
 const agentCallTimeout = 10 * time.Second
+
+// laterResults serves results from the execution store once it opened:
+// until then, each read fails (result_withheld unavailable).
+type laterResults struct{ st atomic.Pointer[pgstore.Store] }
+
+// open opens the store, trying again every resultsRetry until it
+// answers or ctx ends.
+func (l *laterResults) open(ctx context.Context, cfg pgstore.Config, logger *slog.Logger) {
+	for {
+		octx, cancel := context.WithTimeout(ctx, resultsRetry)
+		st, err := pgstore.Open(octx, cfg)
+		cancel()
+		if err == nil {
+			l.st.Store(st)
+			return
+		}
+		logger.Warn("execution store for the agents' results not open; results withheld until it is", "retry_in", resultsRetry, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(resultsRetry):
+		}
+	}
+}
+
+func (l *laterResults) Result(ctx context.Context, key ledger.CallKey) (httpapi.Result, error) {
+	st := l.st.Load()
+	if st == nil {
+		return httpapi.Result{}, errors.New("the execution store is not open yet")
+	}
+	return storeResults{st}.Result(ctx, key)
+}
+
+func (l *laterResults) close() {
+	if st := l.st.Load(); st != nil {
+		st.Close()
+	}
+}
+
+// resultsRetry is how long ledger api waits for the execution store to
+// open, and then before it tries again.
+const resultsRetry = 10 * time.Second
 
 // agentCaller is httpapi's Caller: the tenant and user of the agent's
 // identity assertion that the request carries, verified by agents. Its

@@ -298,12 +298,7 @@ func TestBenchAttachedProfile(t *testing.T) {
 			t.Fatalf("ledger dev exited: %v\n%s", err, b)
 		default:
 		}
-		resp, err := http.Get("http://" + api + "/healthz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return nil
+		return healthz(api)
 	})
 	profiles := filepath.Join(dir, "profiles")
 	_, progress := runBenchCmdProgress(t, "--attach", "--kafka-brokers", kafka, "--data-dir", devDir,

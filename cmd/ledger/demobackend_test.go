@@ -25,12 +25,7 @@ func startDemoBackend(t *testing.T, addr string, args ...string) {
 	exited := runCommand(t, append([]string{"--log-level", "warn", "demo-backend", "--addr", addr}, args...)...)
 	ledgertest.WaitFor(t, 10*time.Second, func() error {
 		exited()
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return nil
+		return healthz(addr)
 	})
 }
 

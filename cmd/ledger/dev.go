@@ -453,15 +453,19 @@ type storeResults struct {
 	}
 }
 
-func (s storeResults) Result(ctx context.Context, key ledger.CallKey) (json.RawMessage, error) {
+func (s storeResults) Result(ctx context.Context, key ledger.CallKey) (httpapi.Result, error) {
 	rec, err := s.st.Get(ctx, key)
 	if errors.Is(err, processors.ErrNotFound) {
-		return nil, nil
+		return httpapi.Result{}, nil
 	}
-	if err != nil || len(rec.Result) == 0 {
-		return nil, err
+	if err != nil {
+		return httpapi.Result{}, err
 	}
-	return json.RawMessage(rec.Result), nil
+	res := httpapi.Result{CallID: rec.CallID, ArgumentsHash: rec.ArgumentsHash}
+	if len(rec.Result) > 0 {
+		res.Body = json.RawMessage(rec.Result)
+	}
+	return res, nil
 }
 
 type banner struct {

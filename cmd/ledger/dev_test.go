@@ -115,17 +115,22 @@ func startDev(t *testing.T, dir, kafka, api, backend string, extra ...string) *d
 			t.Fatalf("ledger dev exited: %v", err)
 		default:
 		}
-		resp, err := http.Get("http://" + api + "/healthz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("healthz %d", resp.StatusCode)
-		}
-		return nil
+		return healthz(api)
 	})
 	return &devRun{kafka: kafka, api: api, backend: backend, dir: dir, stop: stop}
+}
+
+// healthz is nil once the server at addr answers GET /healthz with 200.
+func healthz(addr string) error {
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("healthz %d", resp.StatusCode)
+	}
+	return nil
 }
 
 // approveShown approves the approval id as u_boss, with the hash that

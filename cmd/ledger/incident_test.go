@@ -217,6 +217,20 @@ func TestOutcomesCLIBucketBound(t *testing.T) {
 	}
 }
 
+// readOnlyDSN is dsn (a URL) whose sessions refuse every write and DDL.
+func readOnlyDSN(t *testing.T, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("options", strings.TrimSpace(q.Get("options")+" -c default_transaction_read_only=on"))
+	// Spaces as %20: libpq's URLs, and pgx's, take a + as itself.
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+	return u.String()
+}
+
 // `ledger api`, the production front door, against a running ledger:
 // agents' calls and the responders' questions from ClickHouse, the
 // approvals and control APIs of the other roles through its proxy, and
@@ -224,11 +238,10 @@ func TestOutcomesCLIBucketBound(t *testing.T) {
 func TestAPIRole(t *testing.T) {
 	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
 	dir := t.TempDir()
-	addrs := freeAddrs(t, 4)
+	addrs := freeAddrs(t, 6)
 	kafka, devAPI, backend, addr := addrs[0], addrs[1], addrs[2], addrs[3]
 	// The execution store in PostgreSQL, as deployed, so that ledger api
-	// can read the results from it: in read-only sessions, since it runs
-	// no DDL and writes nothing.
+	// can read the results from it.
 	storeDSN := freshSchemaDSN(t)
 	startDev(t, dir, kafka, devAPI, backend, "--clickhouse-dsn", dsn, "--clickhouse-database", db, "--crdb-dsn", storeDSN)
 	submit := func(tool, args, key string) string {
@@ -253,22 +266,19 @@ func TestAPIRole(t *testing.T) {
 		"--issuer", DevIssuer, "--jwks-file", jwks, "--agents-audience", identity.ApproverAudience); err == nil || !strings.Contains(err.Error(), "--agents-audience") {
 		t.Errorf("ledger api with the agents' audience the staff's: %v; want refused, naming --agents-audience", err)
 	}
-	exited := runCommand(t, "api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
-		"--crdb-dsn", storeDSN+"&options=-c%20default_transaction_read_only%3Don", "--issuer", DevIssuer, "--jwks-file", jwks, "--approvals-url", "http://"+devAPI, "--operators-url", "http://"+devAPI,
-		"--projector-group", devProjectorGroup, "--secure-cookies=false", "--log-level", "warn")
+	startAPI := func(addr, storeDSN string) {
+		t.Helper()
+		exited := runCommand(t, "api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
+			"--crdb-dsn", storeDSN, "--issuer", DevIssuer, "--jwks-file", jwks, "--approvals-url", "http://"+devAPI, "--operators-url", "http://"+devAPI,
+			"--projector-group", devProjectorGroup, "--secure-cookies=false", "--log-level", "warn")
+		ledgertest.WaitFor(t, 30*time.Second, func() error {
+			exited()
+			return healthz(addr)
+		})
+	}
+	// In read-only sessions: it runs no DDL and writes nothing.
+	startAPI(addr, readOnlyDSN(t, storeDSN))
 	base := "http://" + addr
-	ledgertest.WaitFor(t, 30*time.Second, func() error {
-		exited()
-		resp, err := http.Get(base + "/healthz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("healthz %d", resp.StatusCode)
-		}
-		return nil
-	})
 	operator, err := iss.Mint(identity.Identity{Tenant: "t_demo", User: "u_ops", Agent: "test", Roles: []string{"operator", "approver"}}, identity.ApproverAudience, 10*time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -325,9 +335,14 @@ func TestAPIRole(t *testing.T) {
 		!strings.Contains(body, `"tenant_id": "t_demo"`) || strings.Contains(body, `"result"`) || !strings.Contains(body, `"result_withheld": "other_user"`) {
 		t.Errorf("GET /v1/calls/api-weather as another agent user of t_demo: %d %s; want its call, succeeded, its result withheld", code, body)
 	}
-	if code, body := callAs(agentAs("t_demo", "u_demo"), "/v1/calls/api-weather"); code != 200 || !strings.Contains(body, `"result"`) || !strings.Contains(body, `"Perth"`) {
-		t.Errorf("GET /v1/calls/api-weather as its user: %d %s; want its call with the weather in Perth", code, body)
-	}
+	// "conditions" is in the weather, the result, alone. The api opens
+	// the store in the background: unavailable until then.
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if code, body := callAs(agentAs("t_demo", "u_demo"), "/v1/calls/api-weather"); code != 200 || !strings.Contains(body, `"result"`) || !strings.Contains(body, `"conditions"`) {
+			return fmt.Errorf("GET /v1/calls/api-weather as its user: %d %s; want its call with the weather", code, body)
+		}
+		return nil
+	})
 	// POST ?wait= answers the call's user with the settled call and its
 	// result; without the bearer, or with another tenant's, it is refused.
 	sf := submitFlags{tool: "get_weather", toolVersion: 1, args: `{"city":"Darwin"}`, tenant: "t_demo", user: "u_demo", key: "api-wait", deadline: time.Minute, dataDir: dir}
@@ -345,8 +360,23 @@ func TestAPIRole(t *testing.T) {
 	if code, body := postWait(agentAs("t_other", "u_demo")); code != http.StatusForbidden || !strings.Contains(body, "tenant_mismatch") {
 		t.Errorf("POST ?wait as an agent of another tenant: %d %s; want 403 tenant_mismatch", code, body)
 	}
-	if code, body := postWait(agentAs("t_demo", "u_demo")); code != 200 || !strings.Contains(body, `"state": "succeeded"`) || !strings.Contains(body, `"Darwin"`) {
-		t.Errorf("POST ?wait as the call's user: %d %s; want 200, succeeded, with the weather in Darwin", code, body)
+	if code, body := postWait(agentAs("t_demo", "u_demo")); code != 200 || !strings.Contains(body, `"state": "succeeded"`) || !strings.Contains(body, `"conditions"`) {
+		t.Errorf("POST ?wait as the call's user: %d %s; want 200, succeeded, with the weather", code, body)
+	}
+	// A store that does not answer keeps neither the API from starting
+	// nor serving: its results are withheld, unavailable.
+	down := addrs[4]
+	startAPI(down, "postgres://ledger@"+addrs[5]+"/ledger?sslmode=disable&connect_timeout=1")
+	downReq, _ := http.NewRequest(http.MethodGet, "http://"+down+"/v1/calls/api-weather", nil)
+	downReq.Header.Set("Authorization", "Bearer "+agentAs("t_demo", "u_demo"))
+	if resp, err := http.DefaultClient.Do(downReq); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"result_withheld": "unavailable"`) {
+			t.Errorf("GET from an api whose store does not answer: %d %s; want the call, its result unavailable", resp.StatusCode, b)
+		}
 	}
 	for _, tc := range []struct {
 		who, assertion, path string

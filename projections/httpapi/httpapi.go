@@ -34,11 +34,23 @@ type Calls interface {
 	Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error)
 }
 
-// Results returns a finished call's sanitized result, or nil if there is
-// none (yet).
-type Results interface {
-	Result(ctx context.Context, key ledger.CallKey) (json.RawMessage, error)
+// Result is the sanitized result that the execution store holds under a
+// key, with what names the call it belongs to.
+type Result struct {
+	CallID, ArgumentsHash string
+	Body                  json.RawMessage // nil: none (yet)
 }
+
+// Results returns the Result held under key: the zero Result if there is
+// no record.
+type Results interface {
+	Result(ctx context.Context, key ledger.CallKey) (Result, error)
+}
+
+// ResultTimeout bounds each read of Results, so that a store that does
+// not answer withholds results (ResultUnavailable) rather than holding
+// the agents' lookups.
+const ResultTimeout = 5 * time.Second
 
 // Agent is the verified caller of an agents' request: the tenant and
 // the user of its identity assertion.
@@ -74,10 +86,11 @@ type Config struct {
 	// Nil: the tenant is tenant_id's (or the envelope's), unchecked, and
 	// results are served to whoever asks (ledger dev, on loopback).
 	Caller func(r *http.Request) (Agent, error)
-	// MaxLookupsPerTenant and MaxLookups bound the GET /v1/calls/{key}
-	// lookups running at once with a Caller (each a query of the store
-	// behind Calls), of one tenant and in all; one more is answered 429
-	// too_many_lookups, Retry-After 1. Defaults:
+	// MaxLookupsPerTenant and MaxLookups bound the agents' lookups
+	// running at once with a Caller (each a query of the store behind
+	// Calls, and a read of Results), of one tenant and in all: one more
+	// GET /v1/calls/{key} is answered 429 too_many_lookups, Retry-After
+	// 1, and a ?wait= looks again later. Defaults:
 	// DefaultMaxLookupsPerTenant, DefaultMaxLookups.
 	MaxLookupsPerTenant, MaxLookups int
 	// Results, optional, serves the results of calls that ran a tool
@@ -167,7 +180,8 @@ type CallView struct {
 	Refusals       []ledger.Event  `json:"refusals,omitempty"`
 	Result         json.RawMessage `json:"result,omitempty"`
 	// ResultWithheld, on a call that ran a tool, says why the view has
-	// no result: ResultNotServed, ResultOtherUser or ResultUnavailable.
+	// no result: ResultNotServed, ResultOtherUser, ResultUnavailable or
+	// ResultGone.
 	ResultWithheld string `json:"result_withheld,omitempty"`
 }
 
@@ -182,6 +196,9 @@ const (
 	// ResultUnavailable: the results could not be read just now; ask
 	// again.
 	ResultUnavailable = "unavailable"
+	// ResultGone: the execution store no longer holds this call's
+	// record (removed after its retention, or the key reused since).
+	ResultGone = "gone"
 )
 
 // submit accepts an envelope. It checks the envelope as the intake will,
@@ -244,7 +261,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 // refused. For an agent, each look is one of its tenant's lookups
 // (Config.MaxLookupsPerTenant): with them all running, it looks later.
 func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d time.Duration, agent *Agent) (CallView, bool) {
-	ctx, cancel := context.WithTimeout(ctx, d)
+	// The result is read with ctx: a call settling as the wait ends
+	// still gets it.
+	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	// From 20 ms, doubling to 200 ms: a quick call is answered quickly,
 	// and a slow one costs the store behind Calls few queries.
@@ -257,7 +276,7 @@ func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d
 			}
 			defer end()
 		}
-		c, err := s.cfg.Calls.Call(ctx, key)
+		c, err := s.cfg.Calls.Call(wctx, key)
 		if err != nil {
 			return CallView{}, false
 		}
@@ -276,7 +295,7 @@ func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d
 			return v, true
 		}
 		select {
-		case <-ctx.Done():
+		case <-wctx.Done():
 			return CallView{}, false
 		case <-time.After(every):
 		}
@@ -313,31 +332,40 @@ func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallV
 	default:
 		return v // no tool ran: no result to speak of
 	}
+	req, _ := requested(c)
 	switch {
 	case s.cfg.Results == nil:
 		v.ResultWithheld = ResultNotServed
-	case agent != nil && (agent.User == "" || agent.User != callUser(c)):
+	case agent != nil && (agent.User == "" || agent.User != req.UserID):
 		v.ResultWithheld = ResultOtherUser
 	default:
-		res, err := s.cfg.Results.Result(ctx, c.Key)
-		if err != nil {
+		rctx, cancel := context.WithTimeout(ctx, ResultTimeout)
+		defer cancel()
+		res, err := s.cfg.Results.Result(rctx, c.Key)
+		switch {
+		case err != nil:
 			s.cfg.Logger.Warn("read result", "call_key", c.Key.String(), "err", err)
 			v.ResultWithheld = ResultUnavailable
+		case res.CallID != req.CallID || res.ArgumentsHash != req.ArgumentsHash:
+			// The record is not this call's, or none: never serve
+			// another call's result under the same key.
+			v.ResultWithheld = ResultGone
+		default:
+			v.Result = res.Body
 		}
-		v.Result = res
 	}
 	return v
 }
 
-// callUser is the user who made c: the user_id of its requested event,
-// which the intake took from the call's verified assertion.
-func callUser(c callindex.Call) string {
+// requested is c's requested event, whose user_id the intake took from
+// the call's verified assertion.
+func requested(c callindex.Call) (ledger.Event, bool) {
 	for _, e := range c.Events {
 		if e.Type == statemachine.EventRequested {
-			return e.UserID
+			return e, true
 		}
 	}
-	return ""
+	return ledger.Event{}, false
 }
 
 // get answers for the caller's tenant only: Config.Caller's, or without

@@ -302,20 +302,28 @@ func TestWaitForTheVerifiedCallerOnly(t *testing.T) {
 		t.Fatalf("refused waits published %v; want nothing", keys)
 	}
 
-	resp := post("Bearer agent-of-t_a/u1", "?wait=5s")
-	var v httpapi.CallView
-	_ = json.NewDecoder(resp.Body).Decode(&v)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || v.State != "succeeded" || compact(v.Result) != `{"temp_c":9}` {
-		t.Errorf("POST ?wait as the call's user = %d %q result %s; want 200 succeeded with its result", resp.StatusCode, v.State, v.Result)
+	for _, tc := range []struct {
+		user, result, withheld string
+	}{
+		{"u1", `{"temp_c":9}`, ""},
+		{"u2", "", httpapi.ResultOtherUser},
+	} {
+		resp := post("Bearer agent-of-t_a/"+tc.user, "?wait=5s")
+		var v httpapi.CallView
+		_ = json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || v.State != "succeeded" || compact(v.Result) != tc.result || v.ResultWithheld != tc.withheld {
+			t.Errorf("POST ?wait as %s = %d %q result %s withheld %q; want 200 succeeded, result %s, withheld %q",
+				tc.user, resp.StatusCode, v.State, v.Result, v.ResultWithheld, tc.result, tc.withheld)
+		}
 	}
-	resp = post("", "")
+	resp := post("", "")
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
 		t.Errorf("POST without ?wait and without a bearer = %d; want 202", resp.StatusCode)
 	}
-	if keys := pub.published(); len(keys) != 2 {
-		t.Errorf("published %v; want t_a/k1 twice", keys)
+	if keys := pub.published(); len(keys) != 3 {
+		t.Errorf("published %v; want t_a/k1 three times", keys)
 	}
 }
 
@@ -328,35 +336,44 @@ func compact(raw json.RawMessage) string {
 	return b.String()
 }
 
-// resultsOf serves the results of the keys it holds.
+// resultsOf serves the results of the keys it holds, as those of the
+// calls settledAs makes (call id c1, hash sha256:x).
 type resultsOf map[string]string
 
-func (r resultsOf) Result(_ context.Context, key ledger.CallKey) (json.RawMessage, error) {
+func (r resultsOf) Result(_ context.Context, key ledger.CallKey) (httpapi.Result, error) {
 	if res, ok := r[key.String()]; ok {
-		return json.RawMessage(res), nil
+		return httpapi.Result{CallID: "c1", ArgumentsHash: "sha256:x", Body: json.RawMessage(res)}, nil
 	}
-	return nil, nil
+	return httpapi.Result{}, nil
 }
 
 // failingResults cannot read any result.
 type failingResults struct{}
 
-func (failingResults) Result(context.Context, ledger.CallKey) (json.RawMessage, error) {
-	return nil, errors.New("store down")
+func (failingResults) Result(context.Context, ledger.CallKey) (httpapi.Result, error) {
+	return httpapi.Result{}, errors.New("store down")
+}
+
+// otherCallResults holds, under every key, another call's record.
+type otherCallResults struct{}
+
+func (otherCallResults) Result(context.Context, ledger.CallKey) (httpapi.Result, error) {
+	return httpapi.Result{CallID: "c2", ArgumentsHash: "sha256:y", Body: json.RawMessage(`{"secret":1}`)}, nil
 }
 
 // A call's result is served to the user who made it alone: another user
 // of its tenant reads its state and events, result_withheld other_user.
-// Without Results, a call that ran says result_withheld not_served, and
-// unavailable when they cannot be read; one that ran no tool says nothing
-// of a result. Without a Caller (ledger
+// Without Results, a call that ran says result_withheld not_served,
+// unavailable when they cannot be read, and gone when the store's record
+// under its key is another call's; one that ran no tool says nothing of
+// a result. Without a Caller (ledger
 // dev), the result is served to whoever asks.
 func TestResultForTheCallersUserOnly(t *testing.T) {
-	results := resultsOf{"t_a/k1": `{"temp_c":9}`}
+	results := resultsOf{"t_a/k1": `{"temp_c":9}`, "t_a/k2": `{"denied":"yet a record"}`}
 	srv, ix := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller, c.Results = agentOf, results })
 	settledAs(ix, "u1")("t_a/k1")
 	denied := []ledger.Event{
-		{EventID: "d1", Type: statemachine.EventRequested, Seq: 1, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k2", ArgumentsHash: "sha256:x", UserID: "u1"},
+		{EventID: "d1", Type: statemachine.EventRequested, Seq: 1, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k2", ArgumentsHash: "sha256:x", UserID: "u1", CallID: "c1"},
 		{EventID: "d2", Type: statemachine.EventDenied, Seq: 2, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k2", ArgumentsHash: "sha256:x", Reason: "policy_denied"},
 	}
 	if err := ix.Apply(denied); err != nil {
@@ -395,6 +412,11 @@ func TestResultForTheCallersUserOnly(t *testing.T) {
 	if v := view(down, "/v1/calls/k1", "Bearer agent-of-t_a/u1"); v.Result != nil || v.ResultWithheld != httpapi.ResultUnavailable {
 		t.Errorf("with the results unreadable: result %s, withheld %q; want none, %q", v.Result, v.ResultWithheld, httpapi.ResultUnavailable)
 	}
+	other, ix5 := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller, c.Results = agentOf, otherCallResults{} })
+	settledAs(ix5, "u1")("t_a/k1")
+	if v := view(other, "/v1/calls/k1", "Bearer agent-of-t_a/u1"); v.Result != nil || v.ResultWithheld != httpapi.ResultGone {
+		t.Errorf("with another call's record under the key: result %s, withheld %q; want none, %q", v.Result, v.ResultWithheld, httpapi.ResultGone)
+	}
 	dev, ix3 := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Results = results })
 	settledAs(ix3, "u1")("t_a/k1")
 	if v := view(dev, "/v1/calls/k1?tenant_id=t_a", ""); compact(v.Result) != `{"temp_c":9}` {
@@ -414,7 +436,7 @@ func settledAs(ix *callindex.Index, user string) func(key string) {
 		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
 			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x", Attempt: 1})
 		}
-		evs[0].UserID = user
+		evs[0].UserID, evs[0].CallID = user, "c1"
 		_ = ix.Apply(evs)
 	}
 }
@@ -433,6 +455,34 @@ func (b blockingCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.
 	case <-ctx.Done():
 	}
 	return callindex.Call{}, callindex.ErrNotFound
+}
+
+// A wait's looks are its tenant's lookups: with MaxLookupsPerTenant of
+// them running, it does not query the store behind Calls, and answers
+// 202 when the wait runs out.
+func TestWaitLooksAreBoundedLookups(t *testing.T) {
+	calls := blockingCalls{release: make(chan struct{}), waiting: make(chan struct{}, 8)}
+	pub := &publisher{}
+	srv, _ := newAPI(t, pub, func(c *httpapi.Config) { c.Calls, c.Caller, c.MaxLookupsPerTenant = calls, agentOf, 1 })
+	held := make(chan int, 1)
+	go func() {
+		resp := do(t, http.MethodGet, srv.URL+"/v1/calls/k", "Bearer agent-of-t_a/u1", "")
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	<-calls.waiting // t_a's one lookup is running
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=300ms", "Bearer agent-of-t_a/u1", validEnvelope(t, "k1"))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Errorf("POST ?wait while t_a's lookups run = %d; want 202 once the wait ran out", resp.StatusCode)
+	}
+	if n := len(calls.waiting); n != 0 {
+		t.Errorf("the wait queried the store %d times past the bound; want 0", n)
+	}
+	close(calls.release)
+	if code := <-held; code != http.StatusNotFound {
+		t.Errorf("the held lookup answered %d; want 404", code)
+	}
 }
 
 // The agents' lookups are bounded per tenant: with MaxLookupsPerTenant
