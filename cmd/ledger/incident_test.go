@@ -24,6 +24,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
 )
 
 // An incident responder's session on `ledger dev --clickhouse-dsn`: real
@@ -362,6 +363,23 @@ func TestAPIRole(t *testing.T) {
 	}
 	if code, body := postWait(agentAs("t_demo", "u_demo")); code != 200 || !strings.Contains(body, `"state": "succeeded"`) || !strings.Contains(body, `"conditions"`) {
 		t.Errorf("POST ?wait as the call's user: %d %s; want 200, succeeded, with the weather", code, body)
+	}
+	// ledger submit --api: an agent's CLI with no access to Kafka gets
+	// its call, with its result, from the API; a reused key with other
+	// arguments is refused.
+	viaAPI := func(key, city string, extra ...string) string {
+		return cli(t, append([]string{"submit", "--api", base, "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"` + city + `"}`,
+			"--key", key, "--wait", "--timeout", "60s"}, extra...)...)
+	}
+	if out := viaAPI("api-cli", "Hobart"); !strings.Contains(out, "t_demo/api-cli is succeeded") || !strings.Contains(out, "result (untrusted content from the tool):") || !strings.Contains(out, `"conditions"`) {
+		t.Errorf("submit --api --wait:\n%s", out)
+	}
+	var v httpapi.CallView
+	if out := viaAPI("api-cli-json", "Hobart", "--json"); json.Unmarshal([]byte(out), &v) != nil || v.State != "succeeded" || !strings.Contains(string(v.Result), "conditions") {
+		t.Errorf("submit --api --wait --json: want the call with its result:\n%s", out)
+	}
+	if out := viaAPI("api-cli", "Cairns"); !strings.Contains(out, "refused: ") {
+		t.Errorf("submit --api --wait, the key reused with other arguments:\n%s", out)
 	}
 	// A store that does not answer keeps neither the API from starting
 	// nor serving: its results are withheld, unavailable.

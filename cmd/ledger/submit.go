@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -17,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -38,6 +40,7 @@ type submitFlags struct {
 	jsonOut     bool
 	assertion   string
 	dataDir     string
+	api         string
 }
 
 func newSubmitCmd(g *globals) *cobra.Command {
@@ -47,7 +50,8 @@ func newSubmitCmd(g *globals) *cobra.Command {
 		Short: "Publish a tool-call envelope to the request topic (from flags, a file, or stdin)",
 		Example: `  ledger submit --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
   ledger submit --file envelope.json
-  cat envelope.json | ledger submit --file - --wait`,
+  cat envelope.json | ledger submit --file - --wait
+  ledger submit --api https://ledger.example.com --assertion "$(cat token)" --tool get_weather --args '{"city":"Oslo"}' --tenant t_acme --wait`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runSubmit(cmd, g, &f)
 		},
@@ -69,6 +73,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
 	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider); default: one minted by the dev issuer in --data-dir, if there is one")
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
+	fs.StringVar(&f.api, "api", "", "submit through this ledger API (`ledger api`, e.g. https://ledger.example.com) instead of Kafka, with the envelope's assertion as the bearer: --wait then reads the call back from the API, with its result (for the call's own user), and needs no access to Kafka; --json prints the call as the API answers it")
 	return cmd
 }
 
@@ -111,6 +116,9 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	}
 
 	logger := g.logger()
+	if f.api != "" {
+		return submitThroughAPI(ctx, g, f, body, key, callID, out)
+	}
 	cc := g.kafka.client(logger)
 	pub, err := newPublisher(cc, g.kafka.requests)
 	if err != nil {
@@ -306,11 +314,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		return nil
 	}
 	if last.Refusal() {
-		fmt.Fprintf(out, "refused: %s at %s: %s\n", last.Reason, last.Pointer, last.Detail)
-		if last.RetryAfterMS > 0 {
-			fmt.Fprintf(out, "  the ledger asks for a retry after %s; sent %d time(s) (--retry-later %d, --timeout %s)\n",
-				time.Duration(last.RetryAfterMS)*time.Millisecond, w.sent, f.retryLater, f.timeout)
-		}
+		printRefusal(out, f, *last, w.sent)
 		return nil
 	}
 	fmt.Fprintf(out, "%s is %s\n", w.callKey, w.call.State)
@@ -420,4 +424,154 @@ func assertedTenant(body []byte) string {
 		return ""
 	}
 	return claims.Tenant
+}
+
+// submitThroughAPI submits body through the ledger API at --api, with the
+// envelope's assertion as the bearer, and with --wait reads the call back
+// from it until it settles, this submission is refused, or --timeout
+// passes. A refusal for now is answered by submitting again, as through
+// Kafka (--retry-later).
+func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []byte, key ledger.CallKey, callID string, out io.Writer) error {
+	var env struct {
+		Assertion     string `json:"assertion"`
+		ArgumentsHash string `json:"arguments_hash"`
+	}
+	if json.Unmarshal(body, &env) != nil || env.Assertion == "" {
+		return errors.New("--api needs the envelope's identity assertion (--assertion, a dev issuer in --data-dir, or in the --file envelope): the API takes it as the bearer")
+	}
+	hc, err := g.httpClient.client(g.logger(), 0)
+	if err != nil {
+		return err
+	}
+	cl := &httpapi.AgentClient{Base: f.api, HTTP: hc}
+	end := time.Now().Add(f.timeout)
+	wctx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	// The API holds a wait 30 s at most; the rest is polled.
+	submit := func() (httpapi.CallView, bool, error) {
+		wait := time.Duration(0)
+		if f.wait {
+			wait = min(time.Until(end), 30*time.Second)
+		}
+		// Its own bound, past --timeout: the submission must be
+		// answered even when the wait ran out.
+		sctx, cancel := context.WithTimeout(ctx, wait+15*time.Second)
+		defer cancel()
+		return cl.Submit(sctx, body, env.Assertion, wait)
+	}
+	view, settled, err := submit()
+	if err != nil {
+		return fmt.Errorf("submit through %s: %w", f.api, err)
+	}
+	if !f.jsonOut {
+		fmt.Fprintf(out, "published %s (call_id %s) through %s\n", key, callID, f.api)
+	}
+	if !f.wait {
+		if f.jsonOut {
+			fmt.Fprintf(out, "%s\n", body)
+		}
+		return nil
+	}
+	seen := map[string]bool{} // refusals answered by sending again
+	sent, retried, lastSent := 1, 0, time.Now()
+	every := 100 * time.Millisecond
+	for {
+		if refusal := freshRefusal(view, callID, seen); refusal != nil {
+			wait := time.Duration(refusal.RetryAfterMS) * time.Millisecond
+			now := time.Now()
+			if wait > 0 && retried < f.retryLater && now.Add(wait+2*now.Sub(lastSent)).Before(end) {
+				seen[refusal.EventID] = true
+				retried++
+				if !f.jsonOut {
+					fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", refusal.Reason, wait, retried, f.retryLater)
+				}
+				select {
+				case <-wctx.Done():
+				case <-time.After(wait):
+				}
+				lastSent = time.Now()
+				if view, settled, err = submit(); err != nil {
+					return fmt.Errorf("submit through %s again: %w", f.api, err)
+				}
+				sent++
+				continue
+			}
+			return printAPICall(out, f, view, refusal, sent)
+		}
+		// A call settled with other arguments is an earlier one under
+		// the key: this submission's answer is its refusal, to come.
+		if req, _ := view.Requested(); (settled || view.Settled) && req.ArgumentsHash == env.ArgumentsHash {
+			return printAPICall(out, f, view, nil, sent)
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("call %s did not settle within %s (state %q): sent %d time(s)", key, f.timeout, view.State, sent)
+		case <-time.After(every):
+		}
+		every = min(2*every, time.Second)
+		v, err := cl.Call(wctx, key.IdempotencyKey, env.Assertion)
+		switch {
+		case err == nil:
+			view = v
+		case httpapi.IsNotFound(err), wctx.Err() != nil:
+			// Not projected yet; or the wait is over, said above.
+		default:
+			return fmt.Errorf("read call %s from %s: %w", key, f.api, err)
+		}
+	}
+}
+
+// freshRefusal is the first refusal of this submission's call id in v
+// that was not answered already.
+func freshRefusal(v httpapi.CallView, callID string, answered map[string]bool) *ledger.Event {
+	for i, r := range v.Refusals {
+		if r.CallID == callID && !answered[r.EventID] {
+			return &v.Refusals[i]
+		}
+	}
+	return nil
+}
+
+// printAPICall prints the call (or the refusal that ended the wait) as
+// the API answered it.
+func printAPICall(out io.Writer, f *submitFlags, v httpapi.CallView, refusal *ledger.Event, sent int) error {
+	if f.jsonOut {
+		b, _ := json.MarshalIndent(v, "", "  ")
+		fmt.Fprintf(out, "%s\n", b)
+		return nil
+	}
+	if refusal != nil {
+		printRefusal(out, f, *refusal, sent)
+		return nil
+	}
+	for _, e := range v.Events {
+		fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, report.EventNote(e))
+	}
+	fmt.Fprintf(out, "%s is %s\n", report.Printable(v.TenantID+"/"+v.IdempotencyKey), v.State)
+	switch {
+	case len(v.Result) > 0:
+		fmt.Fprintf(out, "result (untrusted content from the tool): %s\n", report.Printable(string(compactJSON(v.Result))))
+	case v.ResultWithheld != "":
+		fmt.Fprintf(out, "result withheld: %s\n", v.ResultWithheld)
+	}
+	return nil
+}
+
+// printRefusal prints the refusal that ended a wait, after sent
+// submissions.
+func printRefusal(out io.Writer, f *submitFlags, e ledger.Event, sent int) {
+	fmt.Fprintf(out, "refused: %s at %s: %s\n", e.Reason, report.Printable(e.Pointer), report.Printable(e.Detail))
+	if e.RetryAfterMS > 0 {
+		fmt.Fprintf(out, "  the ledger asks for a retry after %s; sent %d time(s) (--retry-later %d, --timeout %s)\n",
+			time.Duration(e.RetryAfterMS)*time.Millisecond, sent, f.retryLater, f.timeout)
+	}
+}
+
+// compactJSON is raw on one line.
+func compactJSON(raw json.RawMessage) []byte {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return raw
+	}
+	return b.Bytes()
 }

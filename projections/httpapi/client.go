@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -89,25 +90,11 @@ func (c *QueryClient) get(ctx context.Context, path string, v url.Values, tenant
 	if len(v) > 0 {
 		u += "?" + v.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+tok)
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	status, raw, err := roundTrip(ctx, c.HTTP, http.MethodGet, u, tok, nil, 256<<20)
 	if err != nil {
 		return fmt.Errorf("GET %s: %w", path, err)
 	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return fmt.Errorf("GET %s: %w", path, err)
-	}
-	if resp.StatusCode != http.StatusOK {
+	if status != http.StatusOK {
 		var e struct {
 			Error apiError `json:"error"`
 		}
@@ -122,10 +109,43 @@ func (c *QueryClient) get(ctx context.Context, path string, v url.Values, tenant
 		case "question_too_large":
 			return projections.ErrQuestionTooLarge
 		}
-		return fmt.Errorf("GET %s: %d %s: %s", path, resp.StatusCode, e.Error.Code, e.Error.Message)
+		return fmt.Errorf("GET %s: %d %s: %s", path, status, e.Error.Code, e.Error.Message)
 	}
 	if err := json.Unmarshal(raw, into); err != nil {
 		return fmt.Errorf("GET %s: the answer does not decode: %w", path, err)
 	}
 	return nil
+}
+
+// roundTrip sends body (nil: none) to u with bearer ("": none) as its
+// Authorization, through hc (nil: http.DefaultClient), and reads at most
+// limit bytes of the answer.
+func roundTrip(ctx context.Context, hc *http.Client, method, u, bearer string, body []byte, limit int64) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return 0, nil, err
+	}
+	return resp.StatusCode, raw, nil
 }

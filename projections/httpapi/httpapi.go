@@ -245,7 +245,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if wait > 0 && s.cfg.Calls != nil {
-		if v, ok := s.await(r.Context(), key, env.CallID, wait, agent); ok {
+		if v, ok := s.await(r.Context(), key, env.CallID, env.ArgumentsHash, wait, agent); ok {
 			writeJSON(w, http.StatusOK, v)
 			return
 		}
@@ -258,9 +258,11 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 }
 
 // await polls the index until the call settles or this submission was
-// refused. For an agent, each look is one of its tenant's lookups
+// refused. A call settled under the key with other arguments is an
+// earlier one, not this submission's answer (which is a refusal). For an
+// agent, each look is one of its tenant's lookups
 // (Config.MaxLookupsPerTenant): with them all running, it looks later.
-func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d time.Duration, agent *Agent) (CallView, bool) {
+func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argumentsHash string, d time.Duration, agent *Agent) (CallView, bool) {
 	// The result is read with ctx: a call settling as the wait ends
 	// still gets it.
 	wctx, cancel := context.WithTimeout(ctx, d)
@@ -285,7 +287,7 @@ func (s *Server) await(ctx context.Context, key ledger.CallKey, callID string, d
 				return s.view(ctx, c, agent), true
 			}
 		}
-		if c.Settled() {
+		if req, _ := requested(c.Events); c.Settled() && req.ArgumentsHash == argumentsHash {
 			return s.view(ctx, c, agent), true
 		}
 		return CallView{}, false
@@ -332,7 +334,7 @@ func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallV
 	default:
 		return v // no tool ran: no result to speak of
 	}
-	req, _ := requested(c)
+	req, _ := requested(c.Events)
 	switch {
 	case s.cfg.Results == nil:
 		v.ResultWithheld = ResultNotServed
@@ -357,10 +359,16 @@ func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallV
 	return v
 }
 
-// requested is c's requested event, whose user_id the intake took from
-// the call's verified assertion.
-func requested(c callindex.Call) (ledger.Event, bool) {
-	for _, e := range c.Events {
+// Requested is the call's requested event: its arguments hash and call
+// id tell whether the call is the answer to a submission (a retry of the
+// same arguments under the key) or an earlier one (other arguments,
+// whose submission is refused).
+func (v CallView) Requested() (ledger.Event, bool) { return requested(v.Events) }
+
+// requested is the requested event among a call's events, whose user_id
+// the intake took from the call's verified assertion.
+func requested(events []ledger.Event) (ledger.Event, bool) {
+	for _, e := range events {
 		if e.Type == statemachine.EventRequested {
 			return e, true
 		}

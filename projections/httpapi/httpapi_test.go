@@ -53,16 +53,22 @@ func (p *publisher) published() []string {
 	return slices.Clone(p.keys)
 }
 
-func validEnvelope(t *testing.T, key string) string {
-	t.Helper()
+// osloHash is the arguments hash of validEnvelope's call, which the
+// calls settledAs makes carry.
+var osloHash = func() string {
 	tree, _ := ledger.Decode([]byte(`{"city":"Oslo"}`), ledger.Limits{})
 	hash, err := ledger.ArgumentsHash("t_a", "get_weather", 1, tree)
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
+	return hash
+}()
+
+func validEnvelope(t *testing.T, key string) string {
+	t.Helper()
 	b, _ := json.Marshal(map[string]any{
 		"tool": "get_weather", "tool_version": 1, "call_id": "c1", "arguments": map[string]any{"city": "Oslo"},
-		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": hash,
+		"scope": map[string]any{"tenant_id": "t_a"}, "idempotency_key": key, "arguments_hash": osloHash,
 	})
 	return string(b)
 }
@@ -216,6 +222,37 @@ func TestHealthHidesErrors(t *testing.T) {
 	}
 }
 
+// A wait answers this submission: a call settled under the key with
+// other arguments is an earlier one, and the wait goes on until the
+// submission's refusal (or its end). Before, it answered at once with
+// the earlier call, whose result the agent took for its own.
+func TestWaitAnswersThisSubmission(t *testing.T) {
+	pub := &publisher{}
+	srv, ix := newAPI(t, pub)
+	var earlier []ledger.Event
+	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+		earlier = append(earlier, ledger.Event{EventID: "e" + string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: "t_a", IdempotencyKey: "k9", CallID: "c0", ArgumentsHash: "sha256:other", Attempt: 1})
+	}
+	if err := ix.Apply(earlier); err != nil {
+		t.Fatal(err)
+	}
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=300ms", "", validEnvelope(t, "k9"))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Errorf("POST ?wait under a key settled with other arguments = %d; want 202, no answer yet", resp.StatusCode)
+	}
+	pub.settle = func(string) {
+		_ = ix.Apply([]ledger.Event{{EventID: "r1", Type: statemachine.EventRejected, Seq: 0, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k9", CallID: "c1", Reason: "idempotency_conflict"}})
+	}
+	resp = do(t, http.MethodPost, srv.URL+"/v1/calls?wait=5s", "", validEnvelope(t, "k9"))
+	var v httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(v.Refusals) != 1 || v.Refusals[0].Reason != "idempotency_conflict" {
+		t.Errorf("POST ?wait, then refused: %d with refusals %+v; want 200 with the refusal", resp.StatusCode, v.Refusals)
+	}
+}
+
 // agentOf is a Caller for the tests: "Bearer agent-of-<tenant>/<user>"
 // stands for an agent's verified assertion.
 func agentOf(r *http.Request) (httpapi.Agent, error) {
@@ -337,12 +374,12 @@ func compact(raw json.RawMessage) string {
 }
 
 // resultsOf serves the results of the keys it holds, as those of the
-// calls settledAs makes (call id c1, hash sha256:x).
+// calls settledAs makes (call id c1, osloHash).
 type resultsOf map[string]string
 
 func (r resultsOf) Result(_ context.Context, key ledger.CallKey) (httpapi.Result, error) {
 	if res, ok := r[key.String()]; ok {
-		return httpapi.Result{CallID: "c1", ArgumentsHash: "sha256:x", Body: json.RawMessage(res)}, nil
+		return httpapi.Result{CallID: "c1", ArgumentsHash: osloHash, Body: json.RawMessage(res)}, nil
 	}
 	return httpapi.Result{}, nil
 }
@@ -434,7 +471,7 @@ func settledAs(ix *callindex.Index, user string) func(key string) {
 		k, _ := ledger.ParseCallKey(key)
 		var evs []ledger.Event
 		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
-			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x", Attempt: 1})
+			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: osloHash, Attempt: 1})
 		}
 		evs[0].UserID, evs[0].CallID = user, "c1"
 		_ = ix.Apply(evs)

@@ -241,6 +241,11 @@ func writeTable(w io.Writer, rows [][]string) error {
 	return tw.Flush()
 }
 
+// Printable is s safe to print on a terminal: a value from an agent or
+// a tool may carry newlines, tabs, terminal escapes or bidi overrides,
+// each shown as '?'.
+func Printable(s string) string { return printable(s) }
+
 // printable keeps a cell on its line and in its column: a value from an
 // agent or a tool may carry newlines, tabs or terminal escapes.
 func printable(s string) string {

@@ -1,0 +1,93 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// AgentClient submits envelopes to a ledger's API and reads their calls
+// back, as an agent does: with the agent's identity assertion as the
+// bearer. It needs no access to Kafka, so that agents of a shared
+// deployment need no Read on the events topic (every tenant's history).
+type AgentClient struct {
+	// Base is the API's address, such as https://ledger.example.com.
+	Base string
+	// HTTP is the client; default http.DefaultClient. Its timeout must
+	// exceed the waits asked for.
+	HTTP *http.Client
+}
+
+// APIError is an error answer of the API: its status and its
+// machine-readable code, which callers branch on.
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+	Pointer string
+}
+
+func (e *APIError) Error() string {
+	if e.Pointer != "" {
+		return fmt.Sprintf("%d %s at %s: %s", e.Status, e.Code, e.Pointer, e.Message)
+	}
+	return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// IsNotFound reports whether err is the API's answer that no call is
+// under a key (yet: the API lags the log by the projection's delay).
+func IsNotFound(err error) bool {
+	var e *APIError
+	return errors.As(err, &e) && e.Status == http.StatusNotFound && e.Code == "not_found"
+}
+
+// Submit posts envelope, with bearer (an agent's identity assertion; ""
+// for none) as its Authorization. With wait > 0 the API answers once the
+// call settled or this submission was refused, waiting at most wait and
+// its own bound: settled then says whether it did, and view is the call.
+// Without, the envelope is published and nothing is waited for.
+func (c *AgentClient) Submit(ctx context.Context, envelope []byte, bearer string, wait time.Duration) (view CallView, settled bool, err error) {
+	path := "/v1/calls"
+	if wait > 0 {
+		path += "?wait=" + url.QueryEscape(wait.String())
+	}
+	status, err := c.do(ctx, http.MethodPost, path, bearer, envelope, &view)
+	return view, err == nil && status == http.StatusOK, err
+}
+
+// Call reads the call under idempotencyKey in the bearer's tenant.
+func (c *AgentClient) Call(ctx context.Context, idempotencyKey, bearer string) (CallView, error) {
+	var view CallView
+	_, err := c.do(ctx, http.MethodGet, "/v1/calls/"+url.PathEscape(idempotencyKey), bearer, nil, &view)
+	return view, err
+}
+
+// do sends the request and decodes a 200's answer into into; an error
+// answer comes back as an *APIError.
+func (c *AgentClient) do(ctx context.Context, method, path, bearer string, body []byte, into any) (int, error) {
+	status, raw, err := roundTrip(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+path, bearer, body, 64<<20)
+	if err != nil {
+		return 0, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	switch status {
+	case http.StatusOK:
+		if err := json.Unmarshal(raw, into); err != nil {
+			return 0, fmt.Errorf("%s %s: the answer does not decode: %w", method, path, err)
+		}
+		return status, nil
+	case http.StatusAccepted:
+		return status, nil
+	}
+	var e struct {
+		Error apiError `json:"error"`
+	}
+	if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
+		return 0, &APIError{Status: status, Code: "unexpected_answer", Message: http.StatusText(status)}
+	}
+	return 0, &APIError{Status: status, Code: e.Error.Code, Message: e.Error.Message, Pointer: e.Error.Pointer}
+}
