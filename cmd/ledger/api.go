@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
@@ -118,6 +119,10 @@ person's assertion.`,
 				// a store that does not answer withholds results
 				// (result_withheld unavailable), and must not keep the
 				// front door from starting or take it out of service.
+				if _, err := pgxpool.ParseConfig(resultsDSN); err != nil {
+					// Not echoed: it may hold a password.
+					return errors.New("--crdb-dsn: cannot parse the DSN")
+				}
 				results = &laterResults{}
 				defer results.close()
 				cfg.Results = results
@@ -190,14 +195,14 @@ person's assertion.`,
 			mux.Handle("/", ui)
 
 			grp, ctx := errgroup.WithContext(ctx)
+			if _, err := g.serve(ctx, grp, "api", httpAddr, mux); err != nil {
+				return err
+			}
 			if results != nil {
 				grp.Go(func() error {
 					results.open(ctx, pgstore.Config{DSN: resultsDSN, SkipMigrate: true, Logger: logger.With("component", "results")}, logger)
 					return nil
 				})
-			}
-			if _, err := g.serve(ctx, grp, "api", httpAddr, mux); err != nil {
-				return err
 			}
 			logger.Info("api serving", "addr", httpAddr, "clickhouse", redactDSN(ch.dsn), "approvals", approvalsURL, "operators", operatorsURL, "results", resultsDSN != "")
 			return grp.Wait()

@@ -378,7 +378,7 @@ func TestAPIRole(t *testing.T) {
 	if out := viaAPI("api-cli-json", "Hobart", "--json"); json.Unmarshal([]byte(out), &v) != nil || v.State != "succeeded" || !strings.Contains(string(v.Result), "conditions") {
 		t.Errorf("submit --api --wait --json: want the call with its result:\n%s", out)
 	}
-	if out := viaAPI("api-cli", "Cairns"); !strings.Contains(out, "refused: ") {
+	if out := viaAPI("api-cli", "Cairns"); !strings.Contains(out, "refused: idempotency_key_reused at /arguments_hash") {
 		t.Errorf("submit --api --wait, the key reused with other arguments:\n%s", out)
 	}
 	// A store that does not answer keeps neither the API from starting

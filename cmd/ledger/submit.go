@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
 	"github.com/toolcall-ledger/ledger/statemachine"
@@ -73,7 +74,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
 	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider); default: one minted by the dev issuer in --data-dir, if there is one")
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
-	fs.StringVar(&f.api, "api", "", "submit through this ledger API (`ledger api`, e.g. https://ledger.example.com) instead of Kafka, with the envelope's assertion as the bearer: --wait then reads the call back from the API, with its result (for the call's own user), and needs no access to Kafka; --json prints the call as the API answers it")
+	fs.StringVar(&f.api, "api", "", "submit through this ledger API (`ledger api`, e.g. https://ledger.example.com) instead of Kafka, with the envelope's assertion as the bearer: --wait then reads the call back from the API, with its result (for the call's own user), and needs no access to Kafka; --json prints the call as the API answers it, or the refusal that answered this submission")
 	return cmd
 }
 
@@ -430,8 +431,13 @@ func assertedTenant(body []byte) string {
 // envelope's assertion as the bearer, and with --wait reads the call back
 // from it until it settles, this submission is refused, or --timeout
 // passes. A refusal for now is answered by submitting again, as through
-// Kafka (--retry-later).
+// Kafka (--retry-later); refusals already under the key before the first
+// submission are an earlier one's, and passed over.
 func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []byte, key ledger.CallKey, callID string, out io.Writer) error {
+	if err := credentials.CheckURL(f.api, false); err != nil {
+		// The bearer is an identity assertion: never in clear.
+		return fmt.Errorf("--api: %w", err)
+	}
 	var env struct {
 		Assertion     string `json:"assertion"`
 		ArgumentsHash string `json:"arguments_hash"`
@@ -447,8 +453,20 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 	end := time.Now().Add(f.timeout)
 	wctx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
+	// seen: refusals that are no answer, an earlier submission's or one
+	// answered by sending again.
+	seen := map[string]bool{}
+	if f.wait {
+		if v, err := cl.Call(wctx, key, env.Assertion); err == nil {
+			for _, r := range v.Refusals {
+				seen[r.EventID] = true
+			}
+		}
+	}
+	lastSent := time.Now()
 	// The API holds a wait 30 s at most; the rest is polled.
-	submit := func() (httpapi.CallView, bool, error) {
+	submit := func() (httpapi.CallView, error) {
+		lastSent = time.Now()
 		wait := time.Duration(0)
 		if f.wait {
 			wait = min(time.Until(end), 30*time.Second)
@@ -457,9 +475,10 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 		// answered even when the wait ran out.
 		sctx, cancel := context.WithTimeout(ctx, wait+15*time.Second)
 		defer cancel()
-		return cl.Submit(sctx, body, env.Assertion, wait)
+		v, _, err := cl.Submit(sctx, body, env.Assertion, wait)
+		return v, err
 	}
-	view, settled, err := submit()
+	view, err := submit()
 	if err != nil {
 		return fmt.Errorf("submit through %s: %w", f.api, err)
 	}
@@ -472,25 +491,23 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 		}
 		return nil
 	}
-	seen := map[string]bool{} // refusals answered by sending again
-	sent, retried, lastSent := 1, 0, time.Now()
+	sent, retried := 1, 0
 	every := 100 * time.Millisecond
 	for {
-		if refusal := freshRefusal(view, callID, seen); refusal != nil {
+		if refusal := answeringRefusal(view, callID, seen); refusal != nil {
+			seen[refusal.EventID] = true
 			wait := time.Duration(refusal.RetryAfterMS) * time.Millisecond
 			now := time.Now()
 			if wait > 0 && retried < f.retryLater && now.Add(wait+2*now.Sub(lastSent)).Before(end) {
-				seen[refusal.EventID] = true
 				retried++
 				if !f.jsonOut {
-					fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", refusal.Reason, wait, retried, f.retryLater)
+					fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", report.Printable(refusal.Reason), wait, retried, f.retryLater)
 				}
 				select {
 				case <-wctx.Done():
 				case <-time.After(wait):
 				}
-				lastSent = time.Now()
-				if view, settled, err = submit(); err != nil {
+				if view, err = submit(); err != nil {
 					return fmt.Errorf("submit through %s again: %w", f.api, err)
 				}
 				sent++
@@ -500,43 +517,53 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 		}
 		// A call settled with other arguments is an earlier one under
 		// the key: this submission's answer is its refusal, to come.
-		if req, _ := view.Requested(); (settled || view.Settled) && req.ArgumentsHash == env.ArgumentsHash {
+		if req, _ := view.Requested(); view.Settled && req.ArgumentsHash == env.ArgumentsHash {
 			return printAPICall(out, f, view, nil, sent)
 		}
 		select {
 		case <-wctx.Done():
-			return fmt.Errorf("call %s did not settle within %s (state %q): sent %d time(s)", key, f.timeout, view.State, sent)
+			return fmt.Errorf("call %s did not settle within %s (state %q): sent %d time(s)", key, f.timeout, report.Printable(view.State), sent)
 		case <-time.After(every):
 		}
 		every = min(2*every, time.Second)
-		v, err := cl.Call(wctx, key.IdempotencyKey, env.Assertion)
+		v, err := cl.Call(wctx, key, env.Assertion)
 		switch {
 		case err == nil:
 			view = v
-		case httpapi.IsNotFound(err), wctx.Err() != nil:
-			// Not projected yet; or the wait is over, said above.
+		case httpapi.IsNotFound(err), httpapi.Transient(err), wctx.Err() != nil:
+			// Not projected yet, or the API busy or unreachable for
+			// now: asked again. Or the wait is over, said above.
 		default:
 			return fmt.Errorf("read call %s from %s: %w", key, f.api, err)
 		}
 	}
 }
 
-// freshRefusal is the first refusal of this submission's call id in v
-// that was not answered already.
-func freshRefusal(v httpapi.CallView, callID string, answered map[string]bool) *ledger.Event {
+// answeringRefusal is the refusal of this submission's call id that
+// answers it: the one the API's wait ended on, else the first in v not
+// seen.
+func answeringRefusal(v httpapi.CallView, callID string, seen map[string]bool) *ledger.Event {
+	if r := v.Refused; r != nil && !seen[r.EventID] {
+		return r
+	}
 	for i, r := range v.Refusals {
-		if r.CallID == callID && !answered[r.EventID] {
+		if r.CallID == callID && !seen[r.EventID] {
 			return &v.Refusals[i]
 		}
 	}
 	return nil
 }
 
-// printAPICall prints the call (or the refusal that ended the wait) as
-// the API answered it.
+// printAPICall prints the call, or the refusal that ended the wait, as
+// the API answered it; --json prints the call, or the refusal, as JSON.
 func printAPICall(out io.Writer, f *submitFlags, v httpapi.CallView, refusal *ledger.Event, sent int) error {
 	if f.jsonOut {
-		b, _ := json.MarshalIndent(v, "", "  ")
+		var b []byte
+		if refusal != nil {
+			b, _ = json.MarshalIndent(refusal, "", "  ")
+		} else {
+			b, _ = json.MarshalIndent(v, "", "  ")
+		}
 		fmt.Fprintf(out, "%s\n", b)
 		return nil
 	}
@@ -545,14 +572,14 @@ func printAPICall(out io.Writer, f *submitFlags, v httpapi.CallView, refusal *le
 		return nil
 	}
 	for _, e := range v.Events {
-		fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, report.EventNote(e))
+		fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, report.Printable(string(e.Type)), report.EventNote(e))
 	}
-	fmt.Fprintf(out, "%s is %s\n", report.Printable(v.TenantID+"/"+v.IdempotencyKey), v.State)
+	fmt.Fprintf(out, "%s is %s\n", report.Printable(v.TenantID+"/"+v.IdempotencyKey), report.Printable(v.State))
 	switch {
 	case len(v.Result) > 0:
 		fmt.Fprintf(out, "result (untrusted content from the tool): %s\n", report.Printable(string(compactJSON(v.Result))))
 	case v.ResultWithheld != "":
-		fmt.Fprintf(out, "result withheld: %s\n", v.ResultWithheld)
+		fmt.Fprintf(out, "result withheld: %s\n", report.Printable(v.ResultWithheld))
 	}
 	return nil
 }
@@ -560,7 +587,7 @@ func printAPICall(out io.Writer, f *submitFlags, v httpapi.CallView, refusal *le
 // printRefusal prints the refusal that ended a wait, after sent
 // submissions.
 func printRefusal(out io.Writer, f *submitFlags, e ledger.Event, sent int) {
-	fmt.Fprintf(out, "refused: %s at %s: %s\n", e.Reason, report.Printable(e.Pointer), report.Printable(e.Detail))
+	fmt.Fprintf(out, "refused: %s at %s: %s\n", report.Printable(e.Reason), report.Printable(e.Pointer), report.Printable(e.Detail))
 	if e.RetryAfterMS > 0 {
 		fmt.Fprintf(out, "  the ledger asks for a retry after %s; sent %d time(s) (--retry-later %d, --timeout %s)\n",
 			time.Duration(e.RetryAfterMS)*time.Millisecond, sent, f.retryLater, f.timeout)

@@ -2,16 +2,22 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http/httptest"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -72,5 +78,102 @@ func TestSubmitWaitAfterResend(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), `(state "requested")`) || strings.Contains(err.Error(), "refusal") {
 		t.Errorf("a resend admitted, its call still running at --timeout: %v; want the call's state said", err)
+	}
+}
+
+// apiLedger plays the ledger behind a real API for submit --api: the
+// first envelope is refused for now (rate_limited), the second settles
+// after the API's wait ran out, and meanwhile the call index fails, as
+// a store behind the API might for a moment.
+type apiLedger struct {
+	ix *callindex.Index
+
+	mu      sync.Mutex
+	sent    int
+	failing bool
+}
+
+func (l *apiLedger) Publish(_ context.Context, key, value []byte) error {
+	var env struct {
+		CallID        string `json:"call_id"`
+		ArgumentsHash string `json:"arguments_hash"`
+	}
+	if err := json.Unmarshal(value, &env); err != nil {
+		return err
+	}
+	k, _ := ledger.ParseCallKey(string(key))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sent++
+	switch l.sent {
+	case 1:
+		time.AfterFunc(50*time.Millisecond, func() {
+			_ = l.ix.Apply([]ledger.Event{{EventID: "now", Type: statemachine.EventDenied, At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
+				CallID: env.CallID, Reason: "rate_limited", RetryAfterMS: 200}})
+		})
+	case 2:
+		l.failing = true
+		time.AfterFunc(900*time.Millisecond, func() {
+			var evs []ledger.Event
+			for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+				evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
+					CallID: env.CallID, ArgumentsHash: env.ArgumentsHash, Attempt: 1})
+			}
+			_ = l.ix.Apply(evs)
+			l.mu.Lock()
+			l.failing = false
+			l.mu.Unlock()
+		})
+	}
+	return nil
+}
+
+func (l *apiLedger) Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error) {
+	l.mu.Lock()
+	failing := l.failing
+	l.mu.Unlock()
+	if failing {
+		return callindex.Call{}, errors.New("index unavailable")
+	}
+	return l.ix.Call(ctx, key)
+}
+
+// submit --api --wait through a real API (ledger dev's kind: no agents'
+// authentication, the tenant in the query) whose wait is shorter than the
+// call: a refusal for now is answered by sending again, a refusal under
+// the key from an earlier submission with the same call id is passed
+// over, the call is then polled for past the API's wait and through the
+// API's failures (500), and printed once settled.
+func TestSubmitThroughAPI(t *testing.T) {
+	ix, err := callindex.Open(filepath.Join(t.TempDir(), "ix.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ix.Close() })
+	l := &apiLedger{ix: ix}
+	api, err := httpapi.New(httpapi.Config{Publisher: l, Calls: l, MaxWait: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	if err := ix.Apply([]ledger.Event{{EventID: "old", Type: statemachine.EventDenied, At: time.Now(), TenantID: "t_demo", IdempotencyKey: "k-api",
+		CallID: "call_api", Reason: "policy_timeout", RetryAfterMS: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	out := cli(t, "submit", "--api", srv.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+		"--key", "k-api", "--call-id", "call_api", "--wait", "--timeout", "20s")
+	for _, want := range []string{"refused for now: rate_limited; sending again in 200ms (1 of 3)", "seq 4  succeeded", "t_demo/k-api is succeeded", "result withheld: not_served"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("submit --api --wait lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "policy_timeout") {
+		t.Errorf("submit --api --wait answered the earlier submission's refusal:\n%s", out)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sent != 2 {
+		t.Errorf("sent %d envelopes; want 2 (one again after the refusal for now)", l.sent)
 	}
 }

@@ -49,7 +49,7 @@ type Introspector struct {
 // Check says what is wrong with the Introspector's URL, without quoting
 // it; Active refuses to ask (an error) while it is wrong.
 func (i *Introspector) Check() error {
-	if err := checkURL(i.URL, i.AllowInsecureHTTP); err != nil {
+	if err := CheckURL(i.URL, i.AllowInsecureHTTP); err != nil {
 		return fmt.Errorf("introspection URL %v", err)
 	}
 	return nil

@@ -114,7 +114,7 @@ func (c VerifierConfig) validate() error {
 	// The messages name the URL by its place in the list: a URL may carry
 	// a credential in its query.
 	for i, raw := range c.JWKSURLs {
-		if err := checkURL(raw, c.AllowInsecureHTTP); err != nil {
+		if err := CheckURL(raw, c.AllowInsecureHTTP); err != nil {
 			return fmt.Errorf("%w: JWKSURLs[%d] %v", ErrInvalidConfig, i, err)
 		}
 	}
@@ -128,11 +128,13 @@ func (c VerifierConfig) validate() error {
 	return nil
 }
 
-// checkURL says what is wrong with raw as the URL of a key set or of an
-// introspection endpoint: one fetched in clear over a network can be
-// swapped. The error does not quote the URL, whose query may carry a
-// credential.
-func checkURL(raw string, allowInsecureHTTP bool) error {
+// CheckURL says what is wrong with raw as the URL of a service that
+// credentials are fetched from or sent to (a key set, an introspection
+// endpoint, a ledger API taking a bearer): one reached in clear over a
+// network can be read or swapped, so it must be https, or http on
+// loopback unless allowInsecureHTTP. The error does not quote the URL,
+// whose query may carry a credential.
+func CheckURL(raw string, allowInsecureHTTP bool) error {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
 		return errors.New("is not an absolute URL")
@@ -141,7 +143,7 @@ func checkURL(raw string, allowInsecureHTTP bool) error {
 	case "https":
 	case "http":
 		if !allowInsecureHTTP && !isLoopback(u.Hostname()) {
-			return errors.New("must be https off loopback (or set AllowInsecureHTTP)")
+			return errors.New("must be https off loopback")
 		}
 	default:
 		return fmt.Errorf("scheme %q is not http(s)", u.Scheme)

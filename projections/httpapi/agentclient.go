@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
 )
 
 // AgentClient submits envelopes to a ledger's API and reads their calls
@@ -48,10 +50,11 @@ func IsNotFound(err error) bool {
 
 // Submit posts envelope, with bearer (an agent's identity assertion; ""
 // for none) as its Authorization. With wait > 0 the API answers once the
-// call settled or this submission was refused, waiting at most wait and
-// its own bound: settled then says whether it did, and view is the call.
-// Without, the envelope is published and nothing is waited for.
-func (c *AgentClient) Submit(ctx context.Context, envelope []byte, bearer string, wait time.Duration) (view CallView, settled bool, err error) {
+// call settled or this submission was refused (view.Refused), waiting at
+// most wait and its own bound: answered says whether it did, and view is
+// then the call. Without, the envelope is published and nothing is
+// waited for.
+func (c *AgentClient) Submit(ctx context.Context, envelope []byte, bearer string, wait time.Duration) (view CallView, answered bool, err error) {
 	path := "/v1/calls"
 	if wait > 0 {
 		path += "?wait=" + url.QueryEscape(wait.String())
@@ -60,11 +63,25 @@ func (c *AgentClient) Submit(ctx context.Context, envelope []byte, bearer string
 	return view, err == nil && status == http.StatusOK, err
 }
 
-// Call reads the call under idempotencyKey in the bearer's tenant.
-func (c *AgentClient) Call(ctx context.Context, idempotencyKey, bearer string) (CallView, error) {
+// Call reads the call under key, which must be of the bearer's tenant
+// (an API without agents' authentication, ledger dev's, takes the tenant
+// from key).
+func (c *AgentClient) Call(ctx context.Context, key ledger.CallKey, bearer string) (CallView, error) {
 	var view CallView
-	_, err := c.do(ctx, http.MethodGet, "/v1/calls/"+url.PathEscape(idempotencyKey), bearer, nil, &view)
+	path := "/v1/calls/" + url.PathEscape(key.IdempotencyKey) + "?tenant_id=" + url.QueryEscape(key.TenantID)
+	_, err := c.do(ctx, http.MethodGet, path, bearer, nil, &view)
 	return view, err
+}
+
+// Transient reports whether err, from Submit or Call, may pass if asked
+// again: the network, a busy API (429) or a server error; not a refusal
+// of the request itself (400, 401, 403, 404).
+func Transient(err error) bool {
+	var e *APIError
+	if !errors.As(err, &e) {
+		return err != nil
+	}
+	return e.Status == http.StatusTooManyRequests || e.Status >= 500
 }
 
 // do sends the request and decodes a 200's answer into into; an error

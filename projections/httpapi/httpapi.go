@@ -183,6 +183,12 @@ type CallView struct {
 	// no result: ResultNotServed, ResultOtherUser, ResultUnavailable or
 	// ResultGone.
 	ResultWithheld string `json:"result_withheld,omitempty"`
+	// Refused, on the answer of POST ?wait=, is this submission's
+	// refusal, which ended the wait. The rest of the view is then the
+	// call under the key, if any: an earlier submission's (another
+	// call's, when the key was reused with other arguments), and it
+	// carries no result.
+	Refused *ledger.Event `json:"refused,omitempty"`
 }
 
 // Why a view has no result (CallView.ResultWithheld).
@@ -239,13 +245,17 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		agent = &a
 	}
+	var earlier map[string]bool
+	if wait > 0 && s.cfg.Calls != nil {
+		earlier = s.refusalsBefore(r.Context(), key, agent)
+	}
 	if err := s.cfg.Publisher.Publish(r.Context(), []byte(key.String()), body); err != nil {
 		s.cfg.Logger.Warn("publish envelope", "call_key", key.String(), "err", err)
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "publish_failed", Message: "the request topic did not accept the envelope; retry with the same idempotency key"})
 		return
 	}
 	if wait > 0 && s.cfg.Calls != nil {
-		if v, ok := s.await(r.Context(), key, env.CallID, env.ArgumentsHash, wait, agent); ok {
+		if v, ok := s.await(r.Context(), key, env.CallID, env.ArgumentsHash, earlier, wait, agent); ok {
 			writeJSON(w, http.StatusOK, v)
 			return
 		}
@@ -257,12 +267,36 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// refusalsBefore is the set of the refusals under key before a
+// submission (by event id): a refusal of an earlier submission with the
+// same call id is no answer to this one. Best effort: a refusal the
+// index has not shown yet is not in it.
+func (s *Server) refusalsBefore(ctx context.Context, key ledger.CallKey, agent *Agent) map[string]bool {
+	if agent != nil {
+		end, busy := s.lookups.try(agent.Tenant)
+		if busy != "" {
+			return nil
+		}
+		defer end()
+	}
+	c, err := s.cfg.Calls.Call(ctx, key)
+	if err != nil {
+		return nil
+	}
+	seen := make(map[string]bool, len(c.Refusals))
+	for _, r := range c.Refusals {
+		seen[r.EventID] = true
+	}
+	return seen
+}
+
 // await polls the index until the call settles or this submission was
 // refused. A call settled under the key with other arguments is an
-// earlier one, not this submission's answer (which is a refusal). For an
-// agent, each look is one of its tenant's lookups
-// (Config.MaxLookupsPerTenant): with them all running, it looks later.
-func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argumentsHash string, d time.Duration, agent *Agent) (CallView, bool) {
+// earlier one, not this submission's answer (which is a refusal), and so
+// is a refusal in earlier. For an agent, each look is one of its
+// tenant's lookups (Config.MaxLookupsPerTenant): with them all running,
+// it looks later.
+func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argumentsHash string, earlier map[string]bool, d time.Duration, agent *Agent) (CallView, bool) {
 	// The result is read with ctx: a call settling as the wait ends
 	// still gets it.
 	wctx, cancel := context.WithTimeout(ctx, d)
@@ -283,8 +317,10 @@ func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argument
 			return CallView{}, false
 		}
 		for _, ref := range c.Refusals {
-			if ref.CallID == callID {
-				return s.view(ctx, c, agent), true
+			if ref.CallID == callID && !earlier[ref.EventID] {
+				v := baseView(c)
+				v.Refused = &ref
+				return v, true
 			}
 		}
 		if req, _ := requested(c.Events); c.Settled() && req.ArgumentsHash == argumentsHash {
@@ -318,17 +354,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (Agent, bo
 
 // view is c as agent (nil: anyone, without a Caller) may see it.
 func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallView {
-	v := CallView{
-		TenantID:       c.Key.TenantID,
-		IdempotencyKey: c.Key.IdempotencyKey,
-		State:          string(c.State),
-		Settled:        c.Settled(),
-		Events:         c.Events,
-		Refusals:       c.Refusals,
-	}
-	if v.Events == nil {
-		v.Events = []ledger.Event{}
-	}
+	v := baseView(c)
 	switch c.State {
 	case statemachine.StateSucceeded, statemachine.StateFailed, statemachine.StateCompensated:
 	default:
@@ -355,6 +381,22 @@ func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallV
 		default:
 			v.Result = res.Body
 		}
+	}
+	return v
+}
+
+// baseView is c's state and events, without a result.
+func baseView(c callindex.Call) CallView {
+	v := CallView{
+		TenantID:       c.Key.TenantID,
+		IdempotencyKey: c.Key.IdempotencyKey,
+		State:          string(c.State),
+		Settled:        c.Settled(),
+		Events:         c.Events,
+		Refusals:       c.Refusals,
+	}
+	if v.Events == nil {
+		v.Events = []ledger.Event{}
 	}
 	return v
 }

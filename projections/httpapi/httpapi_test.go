@@ -223,33 +223,38 @@ func TestHealthHidesErrors(t *testing.T) {
 }
 
 // A wait answers this submission: a call settled under the key with
-// other arguments is an earlier one, and the wait goes on until the
-// submission's refusal (or its end). Before, it answered at once with
-// the earlier call, whose result the agent took for its own.
+// other arguments is an earlier one, and a refusal under the key before
+// the submission an earlier one's; the wait goes on until the
+// submission's own refusal (or its end), answered in refused, with the
+// call under the key but not its result. Before, it answered at once
+// with the earlier call and its result, which the agent took for its own.
 func TestWaitAnswersThisSubmission(t *testing.T) {
 	pub := &publisher{}
-	srv, ix := newAPI(t, pub)
+	// The earlier call's record, with its result.
+	srv, ix := newAPI(t, pub, func(c *httpapi.Config) { c.Results = otherCallResults{"c0", "sha256:other"} })
 	var earlier []ledger.Event
 	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
 		earlier = append(earlier, ledger.Event{EventID: "e" + string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: "t_a", IdempotencyKey: "k9", CallID: "c0", ArgumentsHash: "sha256:other", Attempt: 1})
 	}
-	if err := ix.Apply(earlier); err != nil {
+	reuse := func(id string) ledger.Event {
+		return ledger.Event{EventID: id, Type: statemachine.EventDenied, Seq: 0, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k9", CallID: "c1", Reason: "idempotency_key_reused", Pointer: "/arguments_hash"}
+	}
+	// An earlier submission of the same envelope, refused already.
+	if err := ix.Apply(append(earlier, reuse("r0"))); err != nil {
 		t.Fatal(err)
 	}
 	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=300ms", "", validEnvelope(t, "k9"))
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
-		t.Errorf("POST ?wait under a key settled with other arguments = %d; want 202, no answer yet", resp.StatusCode)
+		t.Errorf("POST ?wait under a key settled with other arguments, refused before = %d; want 202, no answer yet", resp.StatusCode)
 	}
-	pub.settle = func(string) {
-		_ = ix.Apply([]ledger.Event{{EventID: "r1", Type: statemachine.EventRejected, Seq: 0, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k9", CallID: "c1", Reason: "idempotency_conflict"}})
-	}
+	pub.settle = func(string) { _ = ix.Apply([]ledger.Event{reuse("r1")}) }
 	resp = do(t, http.MethodPost, srv.URL+"/v1/calls?wait=5s", "", validEnvelope(t, "k9"))
 	var v httpapi.CallView
 	_ = json.NewDecoder(resp.Body).Decode(&v)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || len(v.Refusals) != 1 || v.Refusals[0].Reason != "idempotency_conflict" {
-		t.Errorf("POST ?wait, then refused: %d with refusals %+v; want 200 with the refusal", resp.StatusCode, v.Refusals)
+	if resp.StatusCode != 200 || v.Refused == nil || v.Refused.EventID != "r1" || v.Result != nil {
+		t.Errorf("POST ?wait, then refused: %d, refused %+v, result %s; want 200 with the refusal r1 and no result", resp.StatusCode, v.Refused, v.Result)
 	}
 }
 
@@ -391,11 +396,12 @@ func (failingResults) Result(context.Context, ledger.CallKey) (httpapi.Result, e
 	return httpapi.Result{}, errors.New("store down")
 }
 
-// otherCallResults holds, under every key, another call's record.
-type otherCallResults struct{}
+// otherCallResults holds, under every key, a record whose call id or
+// hash is another call's.
+type otherCallResults struct{ callID, hash string }
 
-func (otherCallResults) Result(context.Context, ledger.CallKey) (httpapi.Result, error) {
-	return httpapi.Result{CallID: "c2", ArgumentsHash: "sha256:y", Body: json.RawMessage(`{"secret":1}`)}, nil
+func (o otherCallResults) Result(context.Context, ledger.CallKey) (httpapi.Result, error) {
+	return httpapi.Result{CallID: o.callID, ArgumentsHash: o.hash, Body: json.RawMessage(`{"secret":1}`)}, nil
 }
 
 // A call's result is served to the user who made it alone: another user
@@ -449,10 +455,12 @@ func TestResultForTheCallersUserOnly(t *testing.T) {
 	if v := view(down, "/v1/calls/k1", "Bearer agent-of-t_a/u1"); v.Result != nil || v.ResultWithheld != httpapi.ResultUnavailable {
 		t.Errorf("with the results unreadable: result %s, withheld %q; want none, %q", v.Result, v.ResultWithheld, httpapi.ResultUnavailable)
 	}
-	other, ix5 := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller, c.Results = agentOf, otherCallResults{} })
-	settledAs(ix5, "u1")("t_a/k1")
-	if v := view(other, "/v1/calls/k1", "Bearer agent-of-t_a/u1"); v.Result != nil || v.ResultWithheld != httpapi.ResultGone {
-		t.Errorf("with another call's record under the key: result %s, withheld %q; want none, %q", v.Result, v.ResultWithheld, httpapi.ResultGone)
+	for _, o := range []otherCallResults{{"c2", osloHash}, {"c1", "sha256:y"}} {
+		other, ix5 := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller, c.Results = agentOf, o })
+		settledAs(ix5, "u1")("t_a/k1")
+		if v := view(other, "/v1/calls/k1", "Bearer agent-of-t_a/u1"); v.Result != nil || v.ResultWithheld != httpapi.ResultGone {
+			t.Errorf("with a record of call %s, hash %s under the key: result %s, withheld %q; want none, %q", o.callID, o.hash, v.Result, v.ResultWithheld, httpapi.ResultGone)
+		}
 	}
 	dev, ix3 := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Results = results })
 	settledAs(ix3, "u1")("t_a/k1")
