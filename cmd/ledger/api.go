@@ -163,25 +163,12 @@ person's assertion.`,
 			status := projector.StatusConfig{Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group}
 			health := http.NewServeMux() // its own, for another method's 405
 			mux.Handle("/v1/health", httpjson.Unmatched(health))
-			health.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, op httpapi.Operator) {
-				if !slices.Contains(op.Roles, console.RoleOperator) {
-					httpjson.Error(w, http.StatusForbidden, "forbidden", "the operator role is required")
-					return
-				}
-				h := console.Health{Breakers: map[string]string{}}
-				if a, ok := controls.ActivePolicy(); ok {
-					h.Policy = a.Policy
-				}
-				if s, err := projector.Status(r.Context(), status); err == nil || errors.Is(err, projector.ErrNeverCommitted) {
-					h.ProjectionLagRecords, h.ProjectionLagSeconds = s.Records, s.Time.Seconds()
-				} else {
-					// Not 0 behind: unknown. The error names brokers and
-					// groups: for the log.
-					logger.Warn("projection lag unavailable for /v1/health", "err", err)
-					h.ProjectionLagUnknown = true
-				}
-				writeHealth(w, h)
-			}))
+			activePolicy := func() string {
+				a, _ := controls.ActivePolicy()
+				return a.Policy
+			}
+			lag := func(ctx context.Context) (projector.GroupStatus, error) { return projector.Status(ctx, status) }
+			health.Handle("GET /v1/health", operatorGuard(staff, logger)(apiHealth(activePolicy, lag, healthLagTimeout, logger)))
 			ui, err := console.New(console.Config{
 				API:           mux,
 				Authenticate:  consoleAuthenticate(staff),
@@ -236,6 +223,35 @@ func (c traceCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Cal
 		return callindex.Call{}, err
 	}
 	return callindex.CallOf(key, evs)
+}
+
+// healthLagTimeout bounds the reading of the projection's lag for
+// /v1/health, so that a Kafka that does not answer says unknown rather
+// than holding the operator's request.
+const healthLagTimeout = 5 * time.Second
+
+// apiHealth answers ledger api's GET /v1/health to operators: the active
+// policy, and the projection's lag as Kafka says it within timeout, or
+// that it is unknown.
+func apiHealth(activePolicy func() string, lag func(context.Context) (projector.GroupStatus, error), timeout time.Duration, logger *slog.Logger) func(http.ResponseWriter, *http.Request, httpapi.Operator) {
+	return func(w http.ResponseWriter, r *http.Request, op httpapi.Operator) {
+		if !slices.Contains(op.Roles, console.RoleOperator) {
+			httpjson.Error(w, http.StatusForbidden, "forbidden", "the operator role is required")
+			return
+		}
+		h := console.Health{Policy: activePolicy(), Breakers: map[string]string{}}
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
+		defer cancel()
+		if s, err := lag(ctx); err == nil || errors.Is(err, projector.ErrNeverCommitted) {
+			h.ProjectionLagRecords, h.ProjectionLagSeconds = s.Records, s.Time.Seconds()
+		} else {
+			// Not 0 behind: unknown. The error names brokers and
+			// groups: for the log.
+			logger.Warn("projection lag unavailable for /v1/health", "err", err)
+			h.ProjectionLagUnknown = true
+		}
+		writeHealth(w, h)
+	}
 }
 
 // agentCallTimeout bounds the ClickHouse query behind one agent's GET.
