@@ -121,7 +121,7 @@ person's assertion.`,
 				// front door from starting or take it out of service.
 				if _, err := pgxpool.ParseConfig(resultsDSN); err != nil {
 					// Not echoed: it may hold a password.
-					return errors.New("--crdb-dsn: cannot parse the DSN")
+					return errors.New("--crdb-dsn: cannot parse the DSN or read its TLS files")
 				}
 				results = &laterResults{}
 				defer results.close()

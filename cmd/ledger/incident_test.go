@@ -378,8 +378,12 @@ func TestAPIRole(t *testing.T) {
 	if out := viaAPI("api-cli-json", "Hobart", "--json"); json.Unmarshal([]byte(out), &v) != nil || v.State != "succeeded" || !strings.Contains(string(v.Result), "conditions") {
 		t.Errorf("submit --api --wait --json: want the call with its result:\n%s", out)
 	}
-	if out := viaAPI("api-cli", "Cairns"); !strings.Contains(out, "refused: idempotency_key_reused at /arguments_hash") {
-		t.Errorf("submit --api --wait, the key reused with other arguments:\n%s", out)
+	if out := viaAPI("api-cli", "Cairns"); !strings.Contains(out, "refused: idempotency_key_reused at /arguments_hash") || strings.Contains(out, "conditions") {
+		t.Errorf("submit --api --wait, the key reused with other arguments: want refused, without the earlier call's result:\n%s", out)
+	}
+	var refusal ledger.Event
+	if out := viaAPI("api-cli", "Cairns", "--json"); json.Unmarshal([]byte(out), &refusal) != nil || refusal.Reason != "idempotency_key_reused" {
+		t.Errorf("submit --api --wait --json, the key reused with other arguments: want the refusal as JSON:\n%s", out)
 	}
 	// A store that does not answer keeps neither the API from starting
 	// nor serving: its results are withheld, unavailable.

@@ -457,11 +457,13 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 	// answered by sending again.
 	seen := map[string]bool{}
 	if f.wait {
-		if v, err := cl.Call(wctx, key, env.Assertion); err == nil {
+		pctx, cancel := context.WithTimeout(wctx, 5*time.Second)
+		if v, err := cl.Call(pctx, key, env.Assertion); err == nil {
 			for _, r := range v.Refusals {
 				seen[r.EventID] = true
 			}
 		}
+		cancel()
 	}
 	lastSent := time.Now()
 	// The API holds a wait 30 s at most; the rest is polled.
@@ -493,6 +495,7 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 	}
 	sent, retried := 1, 0
 	every := 100 * time.Millisecond
+	var lastErr error // the last read that failed for now, for the timeout's message
 	for {
 		if refusal := answeringRefusal(view, callID, seen); refusal != nil {
 			seen[refusal.EventID] = true
@@ -507,9 +510,21 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 				case <-wctx.Done():
 				case <-time.After(wait):
 				}
-				if view, err = submit(); err != nil {
+				if wctx.Err() != nil {
+					return fmt.Errorf("call %s did not settle within %s: sent %d time(s), its last answer a refusal for now (%s)", key, f.timeout, sent, report.Printable(refusal.Reason))
+				}
+				v, err := submit()
+				for err != nil && httpapi.Transient(err) && wctx.Err() == nil {
+					select {
+					case <-wctx.Done():
+					case <-time.After(time.Second):
+						v, err = submit()
+					}
+				}
+				if err != nil {
 					return fmt.Errorf("submit through %s again: %w", f.api, err)
 				}
+				view = v
 				sent++
 				continue
 			}
@@ -522,17 +537,28 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 		}
 		select {
 		case <-wctx.Done():
-			return fmt.Errorf("call %s did not settle within %s (state %q): sent %d time(s)", key, f.timeout, report.Printable(view.State), sent)
+			why := ""
+			switch {
+			case lastErr != nil:
+				why = "; the API's last answer: " + lastErr.Error()
+			case view.State == "":
+				// Refusals of the assertion itself are filed under the
+				// ledger's own tenant, which the API does not show.
+				why = "; the API shows no call under the key: one refused before its assertion was verified (expired, revoked) is not shown there (ledger trace, or submit through Kafka)"
+			}
+			return fmt.Errorf("call %s did not settle within %s (state %q): sent %d time(s)%s", key, f.timeout, report.Printable(view.State), sent, why)
 		case <-time.After(every):
 		}
 		every = min(2*every, time.Second)
 		v, err := cl.Call(wctx, key, env.Assertion)
 		switch {
 		case err == nil:
-			view = v
-		case httpapi.IsNotFound(err), httpapi.Transient(err), wctx.Err() != nil:
-			// Not projected yet, or the API busy or unreachable for
-			// now: asked again. Or the wait is over, said above.
+			view, lastErr = v, nil
+		case httpapi.IsNotFound(err), wctx.Err() != nil:
+			// Not projected yet: asked again. Or the wait is over,
+			// said above.
+		case httpapi.Transient(err):
+			lastErr = err // the API busy or unreachable for now
 		default:
 			return fmt.Errorf("read call %s from %s: %w", key, f.api, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
@@ -82,9 +83,10 @@ func TestSubmitWaitAfterResend(t *testing.T) {
 }
 
 // apiLedger plays the ledger behind a real API for submit --api: the
-// first envelope is refused for now (rate_limited), the second settles
-// after the API's wait ran out, and meanwhile the call index fails, as
-// a store behind the API might for a moment.
+// first envelope is refused for now (rate_limited); after the second,
+// the call index fails for a while, as a store behind the API might,
+// then shows the call running, and only later settled, all after the
+// API's wait ran out.
 type apiLedger struct {
 	ix *callindex.Index
 
@@ -113,16 +115,17 @@ func (l *apiLedger) Publish(_ context.Context, key, value []byte) error {
 		})
 	case 2:
 		l.failing = true
-		time.AfterFunc(900*time.Millisecond, func() {
-			var evs []ledger.Event
-			for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
-				evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
-					CallID: env.CallID, ArgumentsHash: env.ArgumentsHash, Attempt: 1})
-			}
-			_ = l.ix.Apply(evs)
+		var evs []ledger.Event
+		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
+				CallID: env.CallID, ArgumentsHash: env.ArgumentsHash, Attempt: 1})
+		}
+		time.AfterFunc(600*time.Millisecond, func() {
+			_ = l.ix.Apply(evs[:3]) // running: answered 200, not settled
 			l.mu.Lock()
 			l.failing = false
 			l.mu.Unlock()
+			time.AfterFunc(600*time.Millisecond, func() { _ = l.ix.Apply(evs[3:]) })
 		})
 	}
 	return nil
@@ -143,7 +146,7 @@ func (l *apiLedger) Call(ctx context.Context, key ledger.CallKey) (callindex.Cal
 // call: a refusal for now is answered by sending again, a refusal under
 // the key from an earlier submission with the same call id is passed
 // over, the call is then polled for past the API's wait and through the
-// API's failures (500), and printed once settled.
+// API's failures (500), and printed once settled, not while it runs.
 func TestSubmitThroughAPI(t *testing.T) {
 	ix, err := callindex.Open(filepath.Join(t.TempDir(), "ix.db"), nil)
 	if err != nil {
@@ -175,5 +178,35 @@ func TestSubmitThroughAPI(t *testing.T) {
 	defer l.mu.Unlock()
 	if l.sent != 2 {
 		t.Errorf("sent %d envelopes; want 2 (one again after the refusal for now)", l.sent)
+	}
+}
+
+// submit --api follows no redirect: the request carries the agent's
+// assertion (as the bearer, and in the envelope), which a redirect would
+// send on, to another host or in clear.
+func TestSubmitThroughAPINoRedirects(t *testing.T) {
+	var mu sync.Mutex
+	var reached []string
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		reached = append(reached, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+	}))
+	t.Cleanup(elsewhere.Close)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(api.Close)
+	root := newRoot()
+	root.SetArgs([]string{"submit", "--api", api.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "307") {
+		t.Errorf("submit --api redirected: %v; want refused, naming the 307", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reached) != 0 {
+		t.Errorf("the redirect's target was sent %v; want nothing", reached)
 	}
 }

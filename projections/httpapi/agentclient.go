@@ -2,6 +2,8 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,7 +23,9 @@ type AgentClient struct {
 	// Base is the API's address, such as https://ledger.example.com.
 	Base string
 	// HTTP is the client; default http.DefaultClient. Its timeout must
-	// exceed the waits asked for.
+	// exceed the waits asked for. Its redirects are not followed: the
+	// request carries the agent's assertion, which a redirect would
+	// send on, to another scheme or (with the envelope) another host.
 	HTTP *http.Client
 }
 
@@ -75,26 +79,39 @@ func (c *AgentClient) Call(ctx context.Context, key ledger.CallKey, bearer strin
 
 // Transient reports whether err, from Submit or Call, may pass if asked
 // again: the network, a busy API (429) or a server error; not a refusal
-// of the request itself (400, 401, 403, 404).
+// of the request itself (400, 401, 403, 404), an answer that does not
+// decode, or a server certificate that does not verify.
 func Transient(err error) bool {
 	var e *APIError
-	if !errors.As(err, &e) {
-		return err != nil
+	if errors.As(err, &e) {
+		return e.Status == http.StatusTooManyRequests || e.Status >= 500
 	}
-	return e.Status == http.StatusTooManyRequests || e.Status >= 500
+	var unverified *tls.CertificateVerificationError
+	var hostname x509.HostnameError
+	var authority x509.UnknownAuthorityError
+	if errors.As(err, &unverified) || errors.As(err, &hostname) || errors.As(err, &authority) {
+		return false
+	}
+	return err != nil
 }
 
 // do sends the request and decodes a 200's answer into into; an error
 // answer comes back as an *APIError.
 func (c *AgentClient) do(ctx context.Context, method, path, bearer string, body []byte, into any) (int, error) {
-	status, raw, err := roundTrip(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+path, bearer, body, 64<<20)
+	hc := http.DefaultClient
+	if c.HTTP != nil {
+		hc = c.HTTP
+	}
+	noRedirects := *hc
+	noRedirects.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	status, raw, err := roundTrip(ctx, &noRedirects, method, strings.TrimSuffix(c.Base, "/")+path, bearer, body, 64<<20)
 	if err != nil {
 		return 0, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	switch status {
 	case http.StatusOK:
 		if err := json.Unmarshal(raw, into); err != nil {
-			return 0, fmt.Errorf("%s %s: the answer does not decode: %w", method, path, err)
+			return 0, &APIError{Status: status, Code: "undecodable_answer", Message: "the answer does not decode: " + err.Error()}
 		}
 		return status, nil
 	case http.StatusAccepted:

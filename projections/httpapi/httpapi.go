@@ -246,8 +246,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		agent = &a
 	}
 	var earlier map[string]bool
+	arrived := time.Now()
 	if wait > 0 && s.cfg.Calls != nil {
-		earlier = s.refusalsBefore(r.Context(), key, agent)
+		earlier = s.refusalsBefore(r.Context(), key, min(wait, refusalsBeforeTimeout), agent)
 	}
 	if err := s.cfg.Publisher.Publish(r.Context(), []byte(key.String()), body); err != nil {
 		s.cfg.Logger.Warn("publish envelope", "call_key", key.String(), "err", err)
@@ -255,7 +256,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if wait > 0 && s.cfg.Calls != nil {
-		if v, ok := s.await(r.Context(), key, env.CallID, env.ArgumentsHash, earlier, wait, agent); ok {
+		if v, ok := s.await(r.Context(), key, env.CallID, env.ArgumentsHash, earlier, arrived, wait, agent); ok {
 			writeJSON(w, http.StatusOK, v)
 			return
 		}
@@ -267,11 +268,18 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// refusalsBeforeTimeout bounds the look before publishing, which delays
+// the publishing.
+const refusalsBeforeTimeout = 2 * time.Second
+
 // refusalsBefore is the set of the refusals under key before a
 // submission (by event id): a refusal of an earlier submission with the
 // same call id is no answer to this one. Best effort: a refusal the
-// index has not shown yet is not in it.
-func (s *Server) refusalsBefore(ctx context.Context, key ledger.CallKey, agent *Agent) map[string]bool {
+// index has not shown yet is not in it; nil when the index could not be
+// read within d.
+func (s *Server) refusalsBefore(ctx context.Context, key ledger.CallKey, d time.Duration, agent *Agent) map[string]bool {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
 	if agent != nil {
 		end, busy := s.lookups.try(agent.Tenant)
 		if busy != "" {
@@ -290,13 +298,18 @@ func (s *Server) refusalsBefore(ctx context.Context, key ledger.CallKey, agent *
 	return seen
 }
 
+// refusalSkew is how much earlier than a submission's arrival its
+// refusal may be dated, by the intake's clock against the API's.
+const refusalSkew = 2 * time.Second
+
 // await polls the index until the call settles or this submission was
 // refused. A call settled under the key with other arguments is an
 // earlier one, not this submission's answer (which is a refusal), and so
-// is a refusal in earlier. For an agent, each look is one of its
-// tenant's lookups (Config.MaxLookupsPerTenant): with them all running,
-// it looks later.
-func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argumentsHash string, earlier map[string]bool, d time.Duration, agent *Agent) (CallView, bool) {
+// is a refusal in earlier, or, when the index could not say which were
+// there (earlier nil), one dated before the submission arrived. For an
+// agent, each look is one of its tenant's lookups
+// (Config.MaxLookupsPerTenant): with them all running, it looks later.
+func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argumentsHash string, earlier map[string]bool, arrived time.Time, d time.Duration, agent *Agent) (CallView, bool) {
 	// The result is read with ctx: a call settling as the wait ends
 	// still gets it.
 	wctx, cancel := context.WithTimeout(ctx, d)
@@ -317,7 +330,7 @@ func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argument
 			return CallView{}, false
 		}
 		for _, ref := range c.Refusals {
-			if ref.CallID == callID && !earlier[ref.EventID] {
+			if ref.CallID == callID && !earlier[ref.EventID] && (earlier != nil || !ref.At.Before(arrived.Add(-refusalSkew))) {
 				v := baseView(c)
 				v.Refused = &ref
 				return v, true

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -255,6 +256,36 @@ func TestWaitAnswersThisSubmission(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || v.Refused == nil || v.Refused.EventID != "r1" || v.Result != nil {
 		t.Errorf("POST ?wait, then refused: %d, refused %+v, result %s; want 200 with the refusal r1 and no result", resp.StatusCode, v.Refused, v.Result)
+	}
+}
+
+// flakyCalls fails its first lookup, then answers from the index.
+type flakyCalls struct {
+	ix     *callindex.Index
+	failed *atomic.Bool
+}
+
+func (f flakyCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error) {
+	if f.failed.CompareAndSwap(false, true) {
+		return callindex.Call{}, errors.New("index unavailable")
+	}
+	return f.ix.Call(ctx, key)
+}
+
+// When the index cannot say which refusals were under the key before a
+// submission (its look before publishing failed), a refusal of the same
+// call id dated before the submission arrived is still no answer to it.
+func TestWaitPassesOverRefusalsDatedBefore(t *testing.T) {
+	srv, ix := newAPI(t, &publisher{}, func(c *httpapi.Config) {
+		c.Calls = flakyCalls{ix: c.Calls.(*callindex.Index), failed: new(atomic.Bool)}
+	})
+	if err := ix.Apply([]ledger.Event{{EventID: "old", Type: statemachine.EventDenied, At: time.Now().Add(-time.Minute), TenantID: "t_a", IdempotencyKey: "k8", CallID: "c1", Reason: "policy_timeout", RetryAfterMS: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=300ms", "", validEnvelope(t, "k8"))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Errorf("POST ?wait with a refusal of the call id from a minute before = %d; want 202, no answer yet", resp.StatusCode)
 	}
 }
 
