@@ -437,10 +437,12 @@ type Store interface {
 	// approval queue is listed per tenant).
 	TenantByStatus(ctx context.Context, tenant string, status Status, limit int) ([]Record, error)
 	// TenantLatestByStatus is TenantByStatus newest update first: the
-	// latest limit records of the tenant in status, for the statuses
-	// records stay in for good (an approval rejected or expired), whose
-	// oldest page would hide every newer one. The tenant is required.
-	TenantLatestByStatus(ctx context.Context, tenant string, status Status, limit int) ([]Record, error)
+	// latest limit records of the tenant in status before the Cursor
+	// before (the zero Cursor: from the newest; a record's Cursor lists
+	// those listed after it), for the statuses records stay in for good
+	// (an approval rejected or expired), whose oldest page would hide
+	// every newer one. The tenant is required.
+	TenantLatestByStatus(ctx context.Context, tenant string, status Status, before Cursor, limit int) ([]Record, error)
 	// Get returns the record for key, or ErrNotFound.
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)
 	Close() error

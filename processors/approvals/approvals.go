@@ -108,7 +108,7 @@ type Store interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 	processors.StatusLister
 	TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error)
-	TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error)
+	TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, before processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 }
@@ -147,9 +147,13 @@ type Config struct {
 	// "approvals". The approver of an approval or rejection is on the
 	// event's approver field.
 	Actor string
-	// ListLimit bounds the records one List reads from the store: the
-	// approver's tenant's, the oldest pending (the queue's head) or the
-	// latest decided; default 1000.
+	// ListLimit bounds the approvals one List answers with, and the
+	// records each of its reads takes from the store: the approver's
+	// tenant's, the oldest pending (the queue's head, one read) or the
+	// latest decided. Those read on, newest first, past the records in
+	// the status that are not approvals (a call whose deadline passed
+	// before it ran is expired too), at most ListPages reads. Default
+	// 1000.
 	ListLimit int
 	// Versions reads resource versions for tools that declare how, and
 	// BaseURL resolves their relative URLs. Nil: approvals bind no
@@ -306,32 +310,47 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 	}
 	// The tenant's own, so that another tenant's queue, however long,
 	// does not hide it.
-	list := s.cfg.Store.TenantByStatus
-	if status != processors.StatusPending {
-		list = s.cfg.Store.TenantLatestByStatus
-	}
-	recs, err := list(ctx, approver.Tenant, status, s.cfg.ListLimit)
-	if err != nil {
-		return nil, fmt.Errorf("approvals: list %s: %w", status, err)
-	}
 	out := []Approval{}
-	for _, rec := range recs {
-		if rec.Key.TenantID != approver.Tenant {
-			continue // the store's filter, checked again: never another tenant's
+	var before processors.Cursor
+	for page := 1; ; page++ {
+		var recs []processors.Record
+		var err error
+		if status == processors.StatusPending {
+			recs, err = s.cfg.Store.TenantByStatus(ctx, approver.Tenant, status, s.cfg.ListLimit)
+		} else {
+			recs, err = s.cfg.Store.TenantLatestByStatus(ctx, approver.Tenant, status, before, s.cfg.ListLimit)
 		}
-		f, err := s.read(rec)
 		if err != nil {
-			if !errors.Is(err, ErrNotFound) {
-				s.cfg.Logger.Error("unreadable approval", "call_key", rec.Key.String(), "err", err)
+			return nil, fmt.Errorf("approvals: list %s: %w", status, err)
+		}
+		for _, rec := range recs {
+			if rec.Key.TenantID != approver.Tenant {
+				continue // the store's filter, checked again: never another tenant's
 			}
-			continue
+			f, err := s.read(rec)
+			if err != nil {
+				if !errors.Is(err, ErrNotFound) {
+					s.cfg.Logger.Error("unreadable approval", "call_key", rec.Key.String(), "err", err)
+				}
+				continue // not an approval: a call expired by its deadline, say
+			}
+			if string(f.approval.State) == state {
+				if out = append(out, f.approval); len(out) == s.cfg.ListLimit {
+					return out, nil
+				}
+			}
 		}
-		if string(f.approval.State) == state {
-			out = append(out, f.approval)
+		if status == processors.StatusPending || len(recs) < s.cfg.ListLimit || page == ListPages {
+			return out, nil
 		}
+		before = recs[len(recs)-1].Cursor()
 	}
-	return out, nil
 }
+
+// ListPages bounds the reads of one List of decided approvals, each of
+// Config.ListLimit records: past that many records that are not
+// approvals, the older approvals are not listed.
+const ListPages = 10
 
 // Get returns one approval of the approver's tenant.
 func (s *Service) Get(ctx context.Context, approver identity.Identity, id string) (Approval, error) {

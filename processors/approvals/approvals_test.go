@@ -815,6 +815,48 @@ func TestListDecidedNewestFirst(t *testing.T) {
 	}
 }
 
+// Expired approvals are listed past the newer calls expired by their
+// deadline, which are no approvals: List reads on, a page at a time.
+// Before, it read the latest ListLimit expired records and kept the
+// approvals among them, here none.
+func TestListExpiredPastDeadlineExpirations(t *testing.T) {
+	f := newFixture(t)
+	svc := f.service(func(c *approvals.Config) { c.ListLimit = 2 })
+	var ids []string
+	for i := range 3 {
+		k, _ := f.refund(fmt.Sprintf("lapsed-%d", i))
+		ids = append(ids, approvals.ID(k))
+	}
+	f.clock.Advance(16 * time.Minute)
+	if got, err := svc.ExpireDue(t.Context()); err != nil || got != 3 {
+		t.Fatalf("ExpireDue: %d, %v; want 3", got, err)
+	}
+	// Five calls that expired by their deadline, after the approvals.
+	for i := range 5 {
+		key := fmt.Sprintf("deadline-%d", i)
+		evs := f.submitTo(true, f.envelope("t_a", "u_1", key, "create_ticket", map[string]any{"title": "printer on fire"}))
+		if len(evs) != 2 || evs[1].Type != statemachine.EventAuthorized {
+			t.Fatalf("intake appended %v; want requested + authorized", types(evs))
+		}
+		k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: key}
+		if _, err := f.store.Move(t.Context(), []processors.Move{{Key: k, From: processors.StatusAuthorized, FromSeq: 2, To: processors.StatusExpired, Seq: 3}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := svc.List(t.Context(), boss, string(approvals.StateExpired))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range list {
+		got = append(got, a.ID)
+	}
+	// ListLimit 2: the latest two, newest first (each expired in turn).
+	if len(got) != 2 || !slices.Contains(ids, got[0]) || !slices.Contains(ids, got[1]) || got[0] == got[1] {
+		t.Errorf("expired approvals behind 5 deadline expirations, ListLimit 2 = %v; want two of %v", got, ids)
+	}
+}
+
 // An approval whose call's deadline makes it lapse before older pending
 // ones is expired all the same, though more approvals are pending than
 // one round of the timer reads (ExpireBatch): the rounds page through

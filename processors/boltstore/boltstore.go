@@ -1161,23 +1161,21 @@ func (s *Store) TenantByStatus(ctx context.Context, tenant string, status proces
 }
 
 // TenantLatestByStatus implements processors.Store: TenantByStatus's
-// range read backwards.
-func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+// range read backwards, from before the cursor's entry.
+func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, before processors.Cursor, limit int) ([]processors.Record, error) {
 	if tenant == "" {
 		return nil, errors.New("boltstore: TenantLatestByStatus needs a tenant")
 	}
-	return s.byStatus(ctx, tenant, status, processors.Cursor{}, true, limit)
+	return s.byStatus(ctx, tenant, status, before, true, limit)
 }
 
 // byStatus lists the records in status, of tenant ("": of every tenant),
 // after the cursor after (the zero Cursor: from the oldest; given only
-// without a tenant), newest first when latest (then with no cursor).
+// without a tenant), or newest first when latest, before the cursor
+// after (the zero Cursor: from the newest).
 func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, latest bool, limit int) ([]processors.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("boltstore by status: %w", err)
-	}
-	if latest && !after.IsZero() {
-		return nil, errors.New("boltstore by status: newest first from a cursor is not served")
 	}
 	if limit <= 0 {
 		return []processors.Record{}, nil
@@ -1209,10 +1207,22 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 			next = c.Prev
 		}
 		if !after.IsZero() {
-			// Past the cursor's own entry, if its record is still there.
-			from := statusKey(status, after.At, recordKey(after.Key))
-			if k, _ = c.Seek(from); bytes.Equal(k, from) {
-				k, _ = c.Next()
+			// The cursor's entry, whether or not its record is still
+			// there: in the bucket read, prefix, then the time, then
+			// the record key less the tenant part the prefix holds.
+			rk := recordKey(after.Key)
+			if !bytes.HasPrefix(rk, tp) {
+				return nil // another tenant's cursor: nothing of this one's around it
+			}
+			from := append(slices.Clip(prefix), timeKey(after.At, rk[len(tp):])...)
+			k, _ = c.Seek(from)
+			switch {
+			case latest && k == nil:
+				k, _ = c.Last() // every entry is before it
+			case latest:
+				k, _ = c.Prev() // k is at or past it: the one before
+			case bytes.Equal(k, from):
+				k, _ = c.Next() // past the cursor's own entry
 			}
 		}
 		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = next() {

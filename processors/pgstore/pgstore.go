@@ -979,9 +979,11 @@ type queries struct {
 	tenantByStatus       string
 	tenantByListedStatus map[processors.Status]string
 	// tenantLatestByStatus and tenantLatestByListedStatus are
-	// TenantLatestByStatus's.
-	tenantLatestByStatus       string
-	tenantLatestByListedStatus map[processors.Status]string
+	// TenantLatestByStatus's, and their Before forms from a cursor on.
+	tenantLatestByStatus             string
+	tenantLatestByListedStatus       map[processors.Status]string
+	tenantLatestByStatusBefore       string
+	tenantLatestByListedStatusBefore map[processors.Status]string
 	// byStatusAfter and byListedStatusAfter are ByStatusAfter's.
 	byStatusAfter       string
 	byListedStatusAfter map[processors.Status]string
@@ -1014,6 +1016,10 @@ LIMIT %s`
 	pastCursor := func(first int) string {
 		ts, t, k := fmt.Sprintf("$%d", first), fmt.Sprintf("$%d", first+1), fmt.Sprintf("$%d", first+2)
 		return "\n  AND updated_at >= " + ts + "::TIMESTAMPTZ\n  AND (updated_at, tenant_id, idempotency_key) > (" + ts + "::TIMESTAMPTZ, " + t + "::TEXT, " + k + "::TEXT)"
+	}
+	// Before a cursor, for the newest first.
+	beforeCursor := func(first int) string {
+		return strings.NewReplacer(">=", "<=", ") > (", ") < (").Replace(pastCursor(first))
 	}
 	// Served by the lease index, whose predicate is repeated word for
 	// word. The cursor's condition, if any, is filled in below.
@@ -1224,15 +1230,17 @@ WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
 		unlogged:      r.Replace(fmt.Sprintf(unlogged, "")),
 		unloggedAfter: r.Replace(fmt.Sprintf(unlogged, unloggedAfter)),
 		// A status outside listedStatuses: a scan.
-		byStatus:                   r.Replace(fmt.Sprintf(byStatus, "$1", "", "$2")),
-		tenantByStatus:             r.Replace(fmt.Sprintf(byStatus, "$1", ofTenant("$2"), "$3")),
-		tenantLatestByStatus:       r.Replace(fmt.Sprintf(latestByStatus, "$1", ofTenant("$2"), "$3")),
-		byStatusAfter:              r.Replace(fmt.Sprintf(byStatus, "$1", pastCursor(3), "$2")),
-		get:                        r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
-		byListedStatus:             make(map[processors.Status]string, len(listedStatuses)),
-		tenantByListedStatus:       make(map[processors.Status]string, len(listedStatuses)),
-		byListedStatusAfter:        make(map[processors.Status]string, len(listedStatuses)),
-		tenantLatestByListedStatus: make(map[processors.Status]string, len(listedStatuses)),
+		byStatus:                         r.Replace(fmt.Sprintf(byStatus, "$1", "", "$2")),
+		tenantByStatus:                   r.Replace(fmt.Sprintf(byStatus, "$1", ofTenant("$2"), "$3")),
+		tenantLatestByStatus:             r.Replace(fmt.Sprintf(latestByStatus, "$1", ofTenant("$2"), "$3")),
+		tenantLatestByStatusBefore:       r.Replace(fmt.Sprintf(latestByStatus, "$1", ofTenant("$2")+beforeCursor(4), "$3")),
+		byStatusAfter:                    r.Replace(fmt.Sprintf(byStatus, "$1", pastCursor(3), "$2")),
+		get:                              r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
+		byListedStatus:                   make(map[processors.Status]string, len(listedStatuses)),
+		tenantByListedStatus:             make(map[processors.Status]string, len(listedStatuses)),
+		byListedStatusAfter:              make(map[processors.Status]string, len(listedStatuses)),
+		tenantLatestByListedStatus:       make(map[processors.Status]string, len(listedStatuses)),
+		tenantLatestByListedStatusBefore: make(map[processors.Status]string, len(listedStatuses)),
 	}
 	for _, st := range listedStatuses {
 		// Served by the status index (the tenant's: the tenant status
@@ -1240,6 +1248,7 @@ WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
 		q.byListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), "", "$1"))
 		q.tenantByListedStatus[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), ofTenant("$1"), "$2"))
 		q.tenantLatestByListedStatus[st] = r.Replace(fmt.Sprintf(latestByStatus, quoteStatuses([]processors.Status{st}), ofTenant("$1"), "$2"))
+		q.tenantLatestByListedStatusBefore[st] = r.Replace(fmt.Sprintf(latestByStatus, quoteStatuses([]processors.Status{st}), ofTenant("$1")+beforeCursor(3), "$2"))
 		q.byListedStatusAfter[st] = r.Replace(fmt.Sprintf(byStatus, quoteStatuses([]processors.Status{st}), pastCursor(2), "$1"))
 	}
 	return q
@@ -1997,16 +2006,16 @@ func (s *Store) TenantByStatus(ctx context.Context, tenant string, status proces
 }
 
 // TenantLatestByStatus implements processors.Store.
-func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error) {
+func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, before processors.Cursor, limit int) ([]processors.Record, error) {
 	if tenant == "" {
 		return nil, errors.New("pgstore: TenantLatestByStatus needs a tenant")
 	}
-	return s.byStatus(ctx, tenant, status, processors.Cursor{}, true, limit)
+	return s.byStatus(ctx, tenant, status, before, true, limit)
 }
 
 // byStatus lists the records in status, of tenant ("": of every tenant),
-// after the cursor after (given only without a tenant), newest first when
-// latest (given only with a tenant).
+// after the cursor after (given only without a tenant), or newest first
+// when latest (given only with a tenant), before the cursor after.
 func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, latest bool, limit int) ([]processors.Record, error) {
 	if limit <= 0 {
 		return []processors.Record{}, nil
@@ -2017,6 +2026,8 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	var args []any
 	q, listed := s.q.byListedStatus[status]
 	switch {
+	case latest && !after.IsZero():
+		q, listed = s.q.tenantLatestByListedStatusBefore[status]
 	case latest:
 		q, listed = s.q.tenantLatestByListedStatus[status]
 	case tenant != "":
@@ -2026,6 +2037,8 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	}
 	if !listed {
 		switch {
+		case latest && !after.IsZero():
+			q = s.q.tenantLatestByStatusBefore
 		case latest:
 			q = s.q.tenantLatestByStatus
 		case tenant != "":
@@ -2041,7 +2054,7 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 		args = append(args, tenant)
 	}
 	args = append(args, limit)
-	if tenant == "" && !after.IsZero() {
+	if !after.IsZero() {
 		args = append(args, after.At, after.Key.TenantID, after.Key.IdempotencyKey)
 	}
 	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {

@@ -111,7 +111,8 @@ FROM generate_series(1, 4000) AS g`)
 }
 
 // TestSweepPlans: Expired, ByStatus of a listed status, TenantByStatus
-// (and TenantLatestByStatus, the index read backwards) and Unlogged (from
+// (and TenantLatestByStatus, the index read backwards, from its end or
+// from a cursor) and Unlogged (from
 // the oldest, or after a cursor) are answered through their partial
 // indexes, on a table where nearly every call has ended and is logged (the
 // indexes hold none of those), so that none reads the calls that ended;
@@ -189,11 +190,15 @@ FROM generate_series(1, 20000) AS g`)
 	for _, st := range []processors.Status{processors.StatusPending, processors.StatusOutcomeUnknown, processors.StatusRejected, processors.StatusExpired} {
 		for _, tenant := range []string{"t_plan", "t_busy"} {
 			name := fmt.Sprintf("tenant %s by status %s", tenant, st)
-			for _, q := range []struct{ name, sql string }{
-				{name, s.q.tenantByListedStatus[st]},
-				{name + ", newest first", s.q.tenantLatestByListedStatus[st]},
+			for _, q := range []struct {
+				name, sql string
+				args      []any
+			}{
+				{name, s.q.tenantByListedStatus[st], []any{tenant, 100}},
+				{name + ", newest first", s.q.tenantLatestByListedStatus[st], []any{tenant, 100}},
+				{name + ", newest first before a cursor", s.q.tenantLatestByListedStatusBefore[st], []any{tenant, 100, time.Now().Add(-time.Minute), tenant, "k1003"}},
 			} {
-				plan, indexes := explain(t, s, q.name, q.sql, tenant, 100)
+				plan, indexes := explain(t, s, q.name, q.sql, q.args...)
 				if !slices.Equal(indexes, []string{tenantStatusIndexName}) || bytes.Contains(plan, []byte(`Sort"`)) {
 					t.Errorf("%s is planned through %v; want %s only, without a sort:\n%s", q.name, indexes, tenantStatusIndexName, plan)
 				}

@@ -2023,7 +2023,7 @@ func testTenantByStatusInterleaved(t *testing.T, s processors.Store) {
 					t.Errorf("TenantByStatus(%s, %s, %d) keys = %v; want %v", tenant, st, limit, keysOf(got), w)
 				}
 				// Newest first: the same order backwards, from its end.
-				if got, err = s.TenantLatestByStatus(t.Context(), tenant, st, limit); err != nil {
+				if got, err = s.TenantLatestByStatus(t.Context(), tenant, st, processors.Cursor{}, limit); err != nil {
 					t.Fatalf("TenantLatestByStatus(%s, %s, %d) = %v", tenant, st, limit, err)
 				}
 				w = slices.Clone(want[tenant])
@@ -2037,11 +2037,31 @@ func testTenantByStatusInterleaved(t *testing.T, s processors.Store) {
 						t.Errorf("TenantLatestByStatus(%s, %s) record %v (-Get +listed):\n%s", tenant, st, r.Key, diff)
 					}
 				}
+				// Paged, each page from before the last one's last
+				// record: the same listing, each record once.
+				var paged []ledger.CallKey
+				before := processors.Cursor{}
+				for range len(want[tenant]) + 1 {
+					page, err := s.TenantLatestByStatus(t.Context(), tenant, st, before, limit)
+					if err != nil {
+						t.Fatalf("TenantLatestByStatus(%s, %s, before %v, %d) = %v", tenant, st, before, limit, err)
+					}
+					if len(page) == 0 {
+						break
+					}
+					paged = append(paged, keysOf(page)...)
+					before = page[len(page)-1].Cursor()
+				}
+				w = slices.Clone(want[tenant])
+				slices.Reverse(w)
+				if !slices.Equal(paged, w) {
+					t.Errorf("TenantLatestByStatus(%s, %s) paged by %d = %v; want %v backwards", tenant, st, limit, paged, want[tenant])
+				}
 			}
-			if got, err := s.TenantLatestByStatus(t.Context(), tenant, st, 0); err != nil || len(got) != 0 {
+			if got, err := s.TenantLatestByStatus(t.Context(), tenant, st, processors.Cursor{}, 0); err != nil || len(got) != 0 {
 				t.Errorf("TenantLatestByStatus(%s, %s, 0) = %v, %v; want none", tenant, st, keysOf(got), err)
 			}
-			if got, err := s.TenantLatestByStatus(t.Context(), "", st, 10); err == nil {
+			if got, err := s.TenantLatestByStatus(t.Context(), "", st, processors.Cursor{}, 10); err == nil {
 				t.Errorf("TenantLatestByStatus(no tenant, %s) = %v; want an error, the tenant being required", st, keysOf(got))
 			}
 		}
