@@ -1166,6 +1166,9 @@ func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status 
 	if tenant == "" {
 		return nil, errors.New("boltstore: TenantLatestByStatus needs a tenant")
 	}
+	if !before.IsZero() && before.Key.TenantID != tenant {
+		return nil, errors.New("boltstore: TenantLatestByStatus from another tenant's cursor")
+	}
 	return s.byStatus(ctx, tenant, status, before, true, limit)
 }
 
@@ -1210,10 +1213,9 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 			// The cursor's entry, whether or not its record is still
 			// there: in the bucket read, prefix, then the time, then
 			// the record key less the tenant part the prefix holds.
+			// The tenant's own (TenantLatestByStatus checks), so that
+			// rk starts with tp.
 			rk := recordKey(after.Key)
-			if !bytes.HasPrefix(rk, tp) {
-				return nil // another tenant's cursor: nothing of this one's around it
-			}
 			from := append(slices.Clip(prefix), timeKey(after.At, rk[len(tp):])...)
 			k, _ = c.Seek(from)
 			switch {

@@ -1017,9 +1017,12 @@ LIMIT %s`
 		ts, t, k := fmt.Sprintf("$%d", first), fmt.Sprintf("$%d", first+1), fmt.Sprintf("$%d", first+2)
 		return "\n  AND updated_at >= " + ts + "::TIMESTAMPTZ\n  AND (updated_at, tenant_id, idempotency_key) > (" + ts + "::TIMESTAMPTZ, " + t + "::TEXT, " + k + "::TEXT)"
 	}
-	// Before a cursor, for the newest first.
+	// Before a cursor, for one tenant's newest first: the tenant fixed,
+	// the row value is the tenant status index's last two columns (the
+	// first of the two parameters is the cursor's time).
 	beforeCursor := func(first int) string {
-		return strings.NewReplacer(">=", "<=", ") > (", ") < (").Replace(pastCursor(first))
+		ts, k := fmt.Sprintf("$%d", first), fmt.Sprintf("$%d", first+1)
+		return "\n  AND updated_at <= " + ts + "::TIMESTAMPTZ\n  AND (updated_at, idempotency_key) < (" + ts + "::TIMESTAMPTZ, " + k + "::TEXT)"
 	}
 	// Served by the lease index, whose predicate is repeated word for
 	// word. The cursor's condition, if any, is filled in below.
@@ -2010,6 +2013,9 @@ func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status 
 	if tenant == "" {
 		return nil, errors.New("pgstore: TenantLatestByStatus needs a tenant")
 	}
+	if !before.IsZero() && before.Key.TenantID != tenant {
+		return nil, errors.New("pgstore: TenantLatestByStatus from another tenant's cursor")
+	}
 	return s.byStatus(ctx, tenant, status, before, true, limit)
 }
 
@@ -2054,8 +2060,14 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 		args = append(args, tenant)
 	}
 	args = append(args, limit)
-	if !after.IsZero() {
+	switch {
+	case after.IsZero():
+	case latest: // one tenant's, fixed above
+		args = append(args, after.At, after.Key.IdempotencyKey)
+	case tenant == "":
 		args = append(args, after.At, after.Key.TenantID, after.Key.IdempotencyKey)
+	default:
+		return nil, errors.New("pgstore: one tenant's listing from a cursor is not served oldest first")
 	}
 	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, q, args...)

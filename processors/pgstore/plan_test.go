@@ -196,7 +196,7 @@ FROM generate_series(1, 20000) AS g`)
 			}{
 				{name, s.q.tenantByListedStatus[st], []any{tenant, 100}},
 				{name + ", newest first", s.q.tenantLatestByListedStatus[st], []any{tenant, 100}},
-				{name + ", newest first before a cursor", s.q.tenantLatestByListedStatusBefore[st], []any{tenant, 100, time.Now().Add(-time.Minute), tenant, "k1003"}},
+				{name + ", newest first before a cursor", s.q.tenantLatestByListedStatusBefore[st], []any{tenant, 100, time.Now().Add(-time.Minute), "k1003"}},
 			} {
 				plan, indexes := explain(t, s, q.name, q.sql, q.args...)
 				if !slices.Equal(indexes, []string{tenantStatusIndexName}) || bytes.Contains(plan, []byte(`Sort"`)) {

@@ -2064,6 +2064,10 @@ func testTenantByStatusInterleaved(t *testing.T, s processors.Store) {
 			if got, err := s.TenantLatestByStatus(t.Context(), "", st, processors.Cursor{}, 10); err == nil {
 				t.Errorf("TenantLatestByStatus(no tenant, %s) = %v; want an error, the tenant being required", st, keysOf(got))
 			}
+			other := processors.Cursor{At: time.Now(), Key: of("t_other", p+"x")}
+			if got, err := s.TenantLatestByStatus(t.Context(), tenant, st, other, 10); err == nil {
+				t.Errorf("TenantLatestByStatus(%s, %s) from another tenant's cursor = %v; want an error", tenant, st, keysOf(got))
+			}
 		}
 	}
 }
