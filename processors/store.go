@@ -441,7 +441,8 @@ type Store interface {
 	// before (the zero Cursor: from the newest; a record's Cursor lists
 	// those listed after it), for the statuses records stay in for good
 	// (an approval rejected or expired), whose oldest page would hide
-	// every newer one. The tenant is required.
+	// every newer one. The tenant is required, and a cursor of another
+	// tenant's is an error.
 	TenantLatestByStatus(ctx context.Context, tenant string, status Status, before Cursor, limit int) ([]Record, error)
 	// Get returns the record for key, or ErrNotFound.
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)

@@ -52,7 +52,8 @@ func newAPICmd(g *globals) *cobra.Command {
                          with ?wait=DURATION (at most 30s) and the agent's
                          identity assertion (Authorization: Bearer, audience
                          --agents-audience) of the envelope's tenant, answered
-                         with the settled call, as GET answers
+                         with the settled call, as GET answers, or with this
+                         submission's refusal (in "refused")
   GET  /v1/calls/{key}   an agent's call, from ClickHouse: its state and
                          events, for the tenant of the agent's identity
                          assertion (Authorization: Bearer); and, with

@@ -79,6 +79,9 @@ func (f *staffFlags) call(ctx context.Context, method, path string, body, into a
 		if f.hc, err = f.g.httpClient.client(f.g.logger(), 30*time.Second); err != nil {
 			return err
 		}
+		// The request carries the staff's assertion, which a redirect
+		// would send on, in clear or to another host.
+		f.hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	}
 	resp, err := f.hc.Do(req)
 	if err != nil {

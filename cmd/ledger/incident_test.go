@@ -284,9 +284,9 @@ func TestAPIRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// send sends body to path with assertion as its bearer token ("":
-	// none).
-	send := func(method, assertion, path string, body []byte) (int, string) {
+	// sendTo sends body to path at base with assertion as its bearer
+	// token ("": none).
+	sendTo := func(base, method, assertion, path string, body []byte) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest(method, base+path, bytes.NewReader(body))
 		if assertion != "" {
@@ -299,6 +299,10 @@ func TestAPIRole(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
+	}
+	send := func(method, assertion, path string, body []byte) (int, string) {
+		t.Helper()
+		return sendTo(base, method, assertion, path, body)
 	}
 	callAs := func(assertion, path string) (int, string) {
 		t.Helper()
@@ -389,16 +393,8 @@ func TestAPIRole(t *testing.T) {
 	// nor serving: its results are withheld, unavailable.
 	down := addrs[4]
 	startAPI(down, "postgres://ledger@"+addrs[5]+"/ledger?sslmode=disable&connect_timeout=1")
-	downReq, _ := http.NewRequest(http.MethodGet, "http://"+down+"/v1/calls/api-weather", nil)
-	downReq.Header.Set("Authorization", "Bearer "+agentAs("t_demo", "u_demo"))
-	if resp, err := http.DefaultClient.Do(downReq); err != nil {
-		t.Error(err)
-	} else {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || !strings.Contains(string(b), `"result_withheld": "unavailable"`) {
-			t.Errorf("GET from an api whose store does not answer: %d %s; want the call, its result unavailable", resp.StatusCode, b)
-		}
+	if code, body := sendTo("http://"+down, http.MethodGet, agentAs("t_demo", "u_demo"), "/v1/calls/api-weather", nil); code != 200 || !strings.Contains(body, `"result_withheld": "unavailable"`) {
+		t.Errorf("GET from an api whose store does not answer: %d %s; want the call, its result unavailable", code, body)
 	}
 	for _, tc := range []struct {
 		who, assertion, path string

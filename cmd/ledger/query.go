@@ -78,8 +78,9 @@ func (q *queryFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&q.csvOut, "csv", false, "print CSV")
 }
 
-// open returns the queries and a function to release them.
-func (q *queryFlags) open(ctx context.Context, logger *slog.Logger) (projections.Queries, func(), error) {
+// open returns the queries, through the ledger's HTTP client settings
+// (hc) when they are asked of --api, and a function to release them.
+func (q *queryFlags) open(ctx context.Context, logger *slog.Logger, hc *httpClientFlags) (projections.Queries, func(), error) {
 	if q.jsonOut && q.csvOut {
 		return nil, nil, fmt.Errorf("--json and --csv: choose one")
 	}
@@ -90,7 +91,11 @@ func (q *queryFlags) open(ctx context.Context, logger *slog.Logger) (projections
 		}
 		return st, func() { st.Close() }, nil
 	}
-	return &httpapi.QueryClient{Base: q.api, Bearer: q.bearer}, func() {}, nil
+	cl, err := hc.client(logger, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &httpapi.QueryClient{Base: q.api, Bearer: q.bearer, HTTP: cl}, func() {}, nil
 }
 
 // bearer returns the operator's assertion for a question about tenant.
@@ -184,7 +189,7 @@ func queryCmd(g *globals, cmd *cobra.Command, refs, window bool, ask func(ctx co
 		if err != nil {
 			return err
 		}
-		qs, done, err := q.open(cmd.Context(), g.logger())
+		qs, done, err := q.open(cmd.Context(), g.logger(), &g.httpClient)
 		if err != nil {
 			return err
 		}

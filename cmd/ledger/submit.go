@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -48,7 +49,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	var f submitFlags
 	cmd := &cobra.Command{
 		Use:   "submit",
-		Short: "Publish a tool-call envelope to the request topic (from flags, a file, or stdin)",
+		Short: "Publish a tool-call envelope to the request topic, or through the ledger's API with --api (from flags, a file, or stdin)",
 		Example: `  ledger submit --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
   ledger submit --file envelope.json
   cat envelope.json | ledger submit --file - --wait
@@ -118,7 +119,7 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 
 	logger := g.logger()
 	if f.api != "" {
-		return submitThroughAPI(ctx, g, f, body, key, callID, out)
+		return submitThroughAPI(ctx, g, logger, f, body, key, callID, out)
 	}
 	cc := g.kafka.client(logger)
 	pub, err := newPublisher(cc, g.kafka.requests)
@@ -246,7 +247,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 					w.forNow = nil // a sending was admitted
 				}
 				if !f.jsonOut {
-					fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, e.Type, report.EventNote(e))
+					printEvent(out, e)
 				}
 				if w.call.State.Settled() {
 					w.last = &e
@@ -304,7 +305,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		}
 		if r := w.forNow; r != nil {
 			return fmt.Errorf("call %s did not settle within %s: sent %d time(s), its last answer a refusal for now (%s, retry after %s)",
-				w.callKey, f.timeout, w.sent, r.Reason, time.Duration(r.RetryAfterMS)*time.Millisecond)
+				w.callKey, f.timeout, w.sent, report.Printable(r.Reason), time.Duration(r.RetryAfterMS)*time.Millisecond)
 		}
 		return fmt.Errorf("call %s did not settle within %s (state %q)", w.callKey, f.timeout, w.call.State)
 	}
@@ -334,14 +335,10 @@ func (w *callWait) refused(e ledger.Event, fresh bool, f *submitFlags, out io.Wr
 		return false
 	}
 	w.refusals[e.EventID] = true
-	wait := time.Duration(e.RetryAfterMS) * time.Millisecond
-	now := time.Now()
-	if wait > 0 && w.retried < f.retryLater && now.Add(wait+2*now.Sub(w.lastSent)).Before(waitEnd) {
+	if wait, ok := sendAgain(e, f, w.retried, w.lastSent, waitEnd); ok {
 		w.retried++
 		w.forNow = &e
-		if !f.jsonOut {
-			fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", e.Reason, wait, w.retried, f.retryLater)
-		}
+		printSendAgain(out, f, e, wait, w.retried)
 		select {
 		case again <- wait:
 		default:
@@ -433,7 +430,7 @@ func assertedTenant(body []byte) string {
 // passes. A refusal for now is answered by submitting again, as through
 // Kafka (--retry-later); refusals already under the key before the first
 // submission are an earlier one's, and passed over.
-func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []byte, key ledger.CallKey, callID string, out io.Writer) error {
+func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *submitFlags, body []byte, key ledger.CallKey, callID string, out io.Writer) error {
 	if err := credentials.CheckURL(f.api, false); err != nil {
 		// The bearer is an identity assertion: never in clear.
 		return fmt.Errorf("--api: %w", err)
@@ -445,7 +442,7 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 	if json.Unmarshal(body, &env) != nil || env.Assertion == "" {
 		return errors.New("--api needs the envelope's identity assertion (--assertion, a dev issuer in --data-dir, or in the --file envelope): the API takes it as the bearer")
 	}
-	hc, err := g.httpClient.client(g.logger(), 0)
+	hc, err := g.httpClient.client(logger, 0)
 	if err != nil {
 		return err
 	}
@@ -465,7 +462,7 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 		}
 		cancel()
 	}
-	lastSent := time.Now()
+	var lastSent time.Time
 	// The API holds a wait 30 s at most; the rest is polled.
 	submit := func() (httpapi.CallView, error) {
 		lastSent = time.Now()
@@ -499,13 +496,9 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 	for {
 		if refusal := answeringRefusal(view, callID, seen); refusal != nil {
 			seen[refusal.EventID] = true
-			wait := time.Duration(refusal.RetryAfterMS) * time.Millisecond
-			now := time.Now()
-			if wait > 0 && retried < f.retryLater && now.Add(wait+2*now.Sub(lastSent)).Before(end) {
+			if wait, ok := sendAgain(*refusal, f, retried, lastSent, end); ok {
 				retried++
-				if !f.jsonOut {
-					fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", report.Printable(refusal.Reason), wait, retried, f.retryLater)
-				}
+				printSendAgain(out, f, *refusal, wait, retried)
 				select {
 				case <-wctx.Done():
 				case <-time.After(wait):
@@ -514,7 +507,7 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 					return fmt.Errorf("call %s did not settle within %s: sent %d time(s), its last answer a refusal for now (%s)", key, f.timeout, sent, report.Printable(refusal.Reason))
 				}
 				v, err := submit()
-				for err != nil && httpapi.Transient(err) && wctx.Err() == nil {
+				for err != nil && httpapi.IsTransient(err) && wctx.Err() == nil {
 					select {
 					case <-wctx.Done():
 					case <-time.After(time.Second):
@@ -557,7 +550,7 @@ func submitThroughAPI(ctx context.Context, g *globals, f *submitFlags, body []by
 		case httpapi.IsNotFound(err), wctx.Err() != nil:
 			// Not projected yet: asked again. Or the wait is over,
 			// said above.
-		case httpapi.Transient(err):
+		case httpapi.IsTransient(err):
 			lastErr = err // the API busy or unreachable for now
 		default:
 			return fmt.Errorf("read call %s from %s: %w", key, f.api, err)
@@ -598,7 +591,7 @@ func printAPICall(out io.Writer, f *submitFlags, v httpapi.CallView, refusal *le
 		return nil
 	}
 	for _, e := range v.Events {
-		fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, report.Printable(string(e.Type)), report.EventNote(e))
+		printEvent(out, e)
 	}
 	fmt.Fprintf(out, "%s is %s\n", report.Printable(v.TenantID+"/"+v.IdempotencyKey), report.Printable(v.State))
 	switch {
@@ -608,6 +601,29 @@ func printAPICall(out io.Writer, f *submitFlags, v httpapi.CallView, refusal *le
 		fmt.Fprintf(out, "result withheld: %s\n", report.Printable(v.ResultWithheld))
 	}
 	return nil
+}
+
+// sendAgain says whether a refusal e is answered by sending the envelope
+// again, after wait: a refusal for now, while --retry-later allows
+// (retried so far) and the answer can come before end (twice the time
+// the last sending, at lastSent, took).
+func sendAgain(e ledger.Event, f *submitFlags, retried int, lastSent, end time.Time) (wait time.Duration, ok bool) {
+	wait = time.Duration(e.RetryAfterMS) * time.Millisecond
+	now := time.Now()
+	return wait, wait > 0 && retried < f.retryLater && now.Add(wait+2*now.Sub(lastSent)).Before(end)
+}
+
+// printSendAgain says that the envelope goes out again after wait, the
+// retried-th time.
+func printSendAgain(out io.Writer, f *submitFlags, e ledger.Event, wait time.Duration, retried int) {
+	if !f.jsonOut {
+		fmt.Fprintf(out, "  refused for now: %s; sending again in %s (%d of %d)\n", report.Printable(e.Reason), wait, retried, f.retryLater)
+	}
+}
+
+// printEvent prints one of the call's events on a line.
+func printEvent(out io.Writer, e ledger.Event) {
+	fmt.Fprintf(out, "  seq %d  %-16s %s\n", e.Seq, report.Printable(string(e.Type)), report.EventNote(e))
 }
 
 // printRefusal prints the refusal that ended a wait, after sent

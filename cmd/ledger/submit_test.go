@@ -197,11 +197,7 @@ func TestSubmitThroughAPINoRedirects(t *testing.T) {
 		http.Redirect(w, r, elsewhere.URL+r.URL.Path, http.StatusTemporaryRedirect)
 	}))
 	t.Cleanup(api.Close)
-	root := newRoot()
-	root.SetArgs([]string{"submit", "--api", api.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`})
-	root.SetOut(io.Discard)
-	root.SetErr(io.Discard)
-	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "307") {
+	if err := cliErr(t, "submit", "--api", api.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`); err == nil || !strings.Contains(err.Error(), "307") {
 		t.Errorf("submit --api redirected: %v; want refused, naming the 307", err)
 	}
 	mu.Lock()

@@ -1195,9 +1195,15 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	err := s.db.View(func(tx *bolt.Tx) error {
 		records := tx.Bucket(bucketRecords)
 		c := tx.Bucket(bucket).Cursor()
-		k, _ := c.Seek(prefix)
+		var k []byte
 		next := c.Next
 		if latest {
+			next = c.Prev
+		}
+		switch {
+		case after.IsZero() && !latest:
+			k, _ = c.Seek(prefix)
+		case after.IsZero():
 			// From the last entry under prefix: the one before the
 			// first entry past it (or the bucket's last).
 			if end := prefixEnd(prefix); end == nil {
@@ -1207,9 +1213,7 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 			} else {
 				k, _ = c.Prev()
 			}
-			next = c.Prev
-		}
-		if !after.IsZero() {
+		default:
 			// The cursor's entry, whether or not its record is still
 			// there: in the bucket read, prefix, then the time, then
 			// the record key less the tenant part the prefix holds.

@@ -2023,6 +2023,9 @@ func (s *Store) TenantLatestByStatus(ctx context.Context, tenant string, status 
 // after the cursor after (given only without a tenant), or newest first
 // when latest (given only with a tenant), before the cursor after.
 func (s *Store) byStatus(ctx context.Context, tenant string, status processors.Status, after processors.Cursor, latest bool, limit int) ([]processors.Record, error) {
+	if tenant != "" && !latest && !after.IsZero() {
+		return nil, errors.New("pgstore: one tenant's listing from a cursor is not served oldest first")
+	}
 	if limit <= 0 {
 		return []processors.Record{}, nil
 	}
@@ -2064,10 +2067,8 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 	case after.IsZero():
 	case latest: // one tenant's, fixed above
 		args = append(args, after.At, after.Key.IdempotencyKey)
-	case tenant == "":
+	default: // every tenant's (checked above)
 		args = append(args, after.At, after.Key.TenantID, after.Key.IdempotencyKey)
-	default:
-		return nil, errors.New("pgstore: one tenant's listing from a cursor is not served oldest first")
 	}
 	err := s.inTx(ctx, "by status", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
 		rows, _ := tx.Query(ctx, q, args...)

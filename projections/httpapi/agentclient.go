@@ -23,19 +23,32 @@ type AgentClient struct {
 	// Base is the API's address, such as https://ledger.example.com.
 	Base string
 	// HTTP is the client; default http.DefaultClient. Its timeout must
-	// exceed the waits asked for. Its redirects are not followed: the
-	// request carries the agent's assertion, which a redirect would
-	// send on, to another scheme or (with the envelope) another host.
+	// exceed the waits asked for. Redirects are not followed, whatever
+	// it says: the request carries the agent's assertion, which a
+	// redirect would send on, to another scheme or (with the envelope)
+	// another host.
 	HTTP *http.Client
 }
 
 // APIError is an error answer of the API: its status and its
 // machine-readable code, which callers branch on.
 type APIError struct {
-	Status  int
-	Code    string
-	Message string
-	Pointer string
+	Status  int    // the HTTP status
+	Code    string // the error's code ("not_found", "tenant_mismatch"...)
+	Message string // for humans
+	Pointer string // the JSON pointer of the offending member, if any
+}
+
+// decodeAPIError is the API's error answer raw, under status: its code
+// unexpected_answer when raw is not one.
+func decodeAPIError(status int, raw []byte) *APIError {
+	var e struct {
+		Error apiError `json:"error"`
+	}
+	if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
+		return &APIError{Status: status, Code: "unexpected_answer", Message: http.StatusText(status)}
+	}
+	return &APIError{Status: status, Code: e.Error.Code, Message: e.Error.Message, Pointer: e.Error.Pointer}
 }
 
 func (e *APIError) Error() string {
@@ -77,11 +90,11 @@ func (c *AgentClient) Call(ctx context.Context, key ledger.CallKey, bearer strin
 	return view, err
 }
 
-// Transient reports whether err, from Submit or Call, may pass if asked
+// IsTransient reports whether err, from Submit or Call, may pass if asked
 // again: the network, a busy API (429) or a server error; not a refusal
 // of the request itself (400, 401, 403, 404), an answer that does not
 // decode, or a server certificate that does not verify.
-func Transient(err error) bool {
+func IsTransient(err error) bool {
 	var e *APIError
 	if errors.As(err, &e) {
 		return e.Status == http.StatusTooManyRequests || e.Status >= 500
@@ -98,13 +111,7 @@ func Transient(err error) bool {
 // do sends the request and decodes a 200's answer into into; an error
 // answer comes back as an *APIError.
 func (c *AgentClient) do(ctx context.Context, method, path, bearer string, body []byte, into any) (int, error) {
-	hc := http.DefaultClient
-	if c.HTTP != nil {
-		hc = c.HTTP
-	}
-	noRedirects := *hc
-	noRedirects.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	status, raw, err := roundTrip(ctx, &noRedirects, method, strings.TrimSuffix(c.Base, "/")+path, bearer, body, 64<<20)
+	status, raw, err := roundTrip(ctx, c.HTTP, method, strings.TrimSuffix(c.Base, "/")+path, bearer, body, 64<<20)
 	if err != nil {
 		return 0, fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -117,11 +124,5 @@ func (c *AgentClient) do(ctx context.Context, method, path, bearer string, body 
 	case http.StatusAccepted:
 		return status, nil
 	}
-	var e struct {
-		Error apiError `json:"error"`
-	}
-	if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
-		return 0, &APIError{Status: status, Code: "unexpected_answer", Message: http.StatusText(status)}
-	}
-	return 0, &APIError{Status: status, Code: e.Error.Code, Message: e.Error.Message, Pointer: e.Error.Pointer}
+	return 0, decodeAPIError(status, raw)
 }

@@ -95,21 +95,18 @@ func (c *QueryClient) get(ctx context.Context, path string, v url.Values, tenant
 		return fmt.Errorf("GET %s: %w", path, err)
 	}
 	if status != http.StatusOK {
-		var e struct {
-			Error apiError `json:"error"`
-		}
-		_ = json.Unmarshal(raw, &e)
-		switch e.Error.Code {
+		e := decodeAPIError(status, raw)
+		switch e.Code {
 		case "not_found":
-			return fmt.Errorf("%w: %s", projections.ErrNotFound, e.Error.Message)
+			return fmt.Errorf("%w: %s", projections.ErrNotFound, e.Message)
 		case "tenant_required":
 			return projections.ErrTenantRequired
 		case "invalid_filter":
-			return fmt.Errorf("%w (%s)", projections.ErrInvalidFilter, e.Error.Message)
+			return fmt.Errorf("%w (%s)", projections.ErrInvalidFilter, e.Message)
 		case "question_too_large":
 			return projections.ErrQuestionTooLarge
 		}
-		return fmt.Errorf("GET %s: %d %s: %s", path, status, e.Error.Code, e.Error.Message)
+		return fmt.Errorf("GET %s: %w", path, e)
 	}
 	if err := json.Unmarshal(raw, into); err != nil {
 		return fmt.Errorf("GET %s: the answer does not decode: %w", path, err)
@@ -119,7 +116,10 @@ func (c *QueryClient) get(ctx context.Context, path string, v url.Values, tenant
 
 // roundTrip sends body (nil: none) to u with bearer ("": none) as its
 // Authorization, through hc (nil: http.DefaultClient), and reads at most
-// limit bytes of the answer.
+// limit bytes of the answer. Redirects are not followed, whatever hc
+// does: the request carries an assertion (as the bearer, and in an
+// envelope), which a redirect would send on, in clear or to another
+// host; a 3xx comes back as it is.
 func roundTrip(ctx context.Context, hc *http.Client, method, u, bearer string, body []byte, limit int64) (int, []byte, error) {
 	var rd io.Reader
 	if body != nil {
@@ -138,7 +138,9 @@ func roundTrip(ctx context.Context, hc *http.Client, method, u, bearer string, b
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	resp, err := hc.Do(req)
+	noRedirects := *hc
+	noRedirects.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := noRedirects.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -170,15 +170,18 @@ func writeError(w http.ResponseWriter, status int, e apiError) {
 	writeJSON(w, status, map[string]apiError{"error": e})
 }
 
-// CallView is the answer of GET /v1/calls/{key}.
+// CallView is the answer of GET /v1/calls/{key}, and of POST
+// /v1/calls?wait= once it has one.
 type CallView struct {
-	TenantID       string          `json:"tenant_id"`
-	IdempotencyKey string          `json:"idempotency_key"`
-	State          string          `json:"state"`
-	Settled        bool            `json:"settled"`
-	Events         []ledger.Event  `json:"events"`
-	Refusals       []ledger.Event  `json:"refusals,omitempty"`
-	Result         json.RawMessage `json:"result,omitempty"`
+	TenantID       string         `json:"tenant_id"`
+	IdempotencyKey string         `json:"idempotency_key"`
+	State          string         `json:"state"`
+	Settled        bool           `json:"settled"`
+	Events         []ledger.Event `json:"events"`
+	Refusals       []ledger.Event `json:"refusals,omitempty"`
+	// Result is the call's sanitized result, for the user who made the
+	// call alone (with a Caller); see ResultWithheld.
+	Result json.RawMessage `json:"result,omitempty"`
 	// ResultWithheld, on a call that ran a tool, says why the view has
 	// no result: ResultNotServed, ResultOtherUser, ResultUnavailable or
 	// ResultGone.
@@ -210,7 +213,10 @@ const (
 // submit accepts an envelope. It checks the envelope as the intake will,
 // so that a caller learns of a malformed one at once (400, nothing
 // published), then publishes the bytes unchanged. With ?wait=DURATION it
-// answers once the call settled, or with 202 when the wait ran out.
+// answers once the call settled or this submission was refused (the
+// refusal in refused), or with 202 when the wait ran out; with a Caller,
+// a wait without a bearer of the envelope's tenant is refused, 401 or
+// 403, before anything is published.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.Limits.MaxBytes)+1))
 	if err != nil || len(body) > s.cfg.Limits.MaxBytes {
@@ -230,8 +236,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	key := env.Key()
 	wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
 	wait = min(wait, s.cfg.MaxWait)
+	waiting := wait > 0 && s.cfg.Calls != nil
 	var agent *Agent
-	if wait > 0 && s.cfg.Calls != nil && s.cfg.Caller != nil {
+	if waiting && s.cfg.Caller != nil {
 		// Refused before publishing, so that the caller may send it
 		// again as it likes, with the bearer or without the wait.
 		a, ok := s.authenticate(w, r)
@@ -245,18 +252,17 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		agent = &a
 	}
-	var earlier map[string]bool
-	arrived := time.Now()
-	if wait > 0 && s.cfg.Calls != nil {
-		earlier = s.refusalsBefore(r.Context(), key, min(wait, refusalsBeforeTimeout), agent)
+	sub := submission{key: key, callID: env.CallID, argumentsHash: env.ArgumentsHash, arrived: time.Now()}
+	if waiting {
+		sub.earlier = s.refusalsBefore(r.Context(), key, min(wait, refusalsBeforeTimeout), agent)
 	}
 	if err := s.cfg.Publisher.Publish(r.Context(), []byte(key.String()), body); err != nil {
 		s.cfg.Logger.Warn("publish envelope", "call_key", key.String(), "err", err)
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "publish_failed", Message: "the request topic did not accept the envelope; retry with the same idempotency key"})
 		return
 	}
-	if wait > 0 && s.cfg.Calls != nil {
-		if v, ok := s.await(r.Context(), key, env.CallID, env.ArgumentsHash, earlier, arrived, wait, agent); ok {
+	if waiting {
+		if v, ok := s.await(r.Context(), sub, wait, agent); ok {
 			writeJSON(w, http.StatusOK, v)
 			return
 		}
@@ -268,29 +274,49 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// submission is what a wait answers: one envelope's call.
+type submission struct {
+	key                   ledger.CallKey
+	callID, argumentsHash string
+	// earlier are the refusals under the key before the submission, by
+	// event id: a refusal of an earlier submission with the same call id
+	// is no answer to this one. Nil when they could not be read: then
+	// those dated before arrived (less refusalSkew) are taken as earlier.
+	earlier map[string]bool
+	arrived time.Time
+}
+
+// refusalSkew is how much earlier than a submission's arrival its
+// refusal may be dated, by the intake's clock against the API's.
+const refusalSkew = 2 * time.Second
+
+// answeredBy reports whether the refusal ref answers sub.
+func (sub submission) answeredBy(ref ledger.Event) bool {
+	if ref.CallID != sub.callID {
+		return false
+	}
+	if sub.earlier == nil {
+		return !ref.At.Before(sub.arrived.Add(-refusalSkew))
+	}
+	return !sub.earlier[ref.EventID]
+}
+
 // refusalsBeforeTimeout bounds the look before publishing, which delays
 // the publishing.
 const refusalsBeforeTimeout = 2 * time.Second
 
 // refusalsBefore is the set of the refusals under key before a
-// submission (by event id): a refusal of an earlier submission with the
-// same call id is no answer to this one. Best effort: a refusal the
-// index has not shown yet is not in it; nil when the index could not be
-// read within d.
+// submission (by event id), as submission.earlier. Best effort: a refusal
+// the index has not shown yet is not in it; nil when the index could not
+// be read within d.
 func (s *Server) refusalsBefore(ctx context.Context, key ledger.CallKey, d time.Duration, agent *Agent) map[string]bool {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	if agent != nil {
-		end, busy := s.lookups.try(agent.Tenant)
-		if busy != "" {
-			return nil
-		}
-		defer end()
-	}
-	c, err := s.cfg.Calls.Call(ctx, key)
-	if err != nil {
+	c, end, ok := s.lookCall(ctx, key, agent)
+	if !ok {
 		return nil
 	}
+	defer end()
 	seen := make(map[string]bool, len(c.Refusals))
 	for _, r := range c.Refusals {
 		seen[r.EventID] = true
@@ -298,18 +324,32 @@ func (s *Server) refusalsBefore(ctx context.Context, key ledger.CallKey, d time.
 	return seen
 }
 
-// refusalSkew is how much earlier than a submission's arrival its
-// refusal may be dated, by the intake's clock against the API's.
-const refusalSkew = 2 * time.Second
+// lookCall reads the call under key, for an agent as one of its
+// tenant's lookups (Config.MaxLookupsPerTenant), whose slot end gives
+// back; ok is false, and nothing is held, when the bound is full or the
+// index does not answer.
+func (s *Server) lookCall(ctx context.Context, key ledger.CallKey, agent *Agent) (c callindex.Call, end func(), ok bool) {
+	end = func() {}
+	if agent != nil {
+		var busy string
+		if end, busy = s.lookups.try(agent.Tenant); busy != "" {
+			return callindex.Call{}, nil, false
+		}
+	}
+	c, err := s.cfg.Calls.Call(ctx, key)
+	if err != nil {
+		end()
+		return callindex.Call{}, nil, false
+	}
+	return c, end, true
+}
 
-// await polls the index until the call settles or this submission was
-// refused. A call settled under the key with other arguments is an
-// earlier one, not this submission's answer (which is a refusal), and so
-// is a refusal in earlier, or, when the index could not say which were
-// there (earlier nil), one dated before the submission arrived. For an
-// agent, each look is one of its tenant's lookups
-// (Config.MaxLookupsPerTenant): with them all running, it looks later.
-func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argumentsHash string, earlier map[string]bool, arrived time.Time, d time.Duration, agent *Agent) (CallView, bool) {
+// await polls the index until the call settles or sub was refused. A
+// call settled under the key with other arguments is an earlier one, not
+// sub's answer (which is a refusal), and so is an earlier refusal. For
+// an agent, each look is one of its tenant's lookups: with them all
+// running, it looks later.
+func (s *Server) await(ctx context.Context, sub submission, d time.Duration, agent *Agent) (CallView, bool) {
 	// The result is read with ctx: a call settling as the wait ends
 	// still gets it.
 	wctx, cancel := context.WithTimeout(ctx, d)
@@ -318,25 +358,19 @@ func (s *Server) await(ctx context.Context, key ledger.CallKey, callID, argument
 	// and a slow one costs the store behind Calls few queries.
 	every := 20 * time.Millisecond
 	look := func() (CallView, bool) {
-		if agent != nil {
-			end, busy := s.lookups.try(agent.Tenant)
-			if busy != "" {
-				return CallView{}, false
-			}
-			defer end()
-		}
-		c, err := s.cfg.Calls.Call(wctx, key)
-		if err != nil {
+		c, end, ok := s.lookCall(wctx, sub.key, agent)
+		if !ok {
 			return CallView{}, false
 		}
+		defer end()
 		for _, ref := range c.Refusals {
-			if ref.CallID == callID && !earlier[ref.EventID] && (earlier != nil || !ref.At.Before(arrived.Add(-refusalSkew))) {
+			if sub.answeredBy(ref) {
 				v := baseView(c)
 				v.Refused = &ref
 				return v, true
 			}
 		}
-		if req, _ := requested(c.Events); c.Settled() && req.ArgumentsHash == argumentsHash {
+		if req, _ := requested(c.Events); c.Settled() && req.ArgumentsHash == sub.argumentsHash {
 			return s.view(ctx, c, agent), true
 		}
 		return CallView{}, false

@@ -244,7 +244,9 @@ func TestWaitAnswersThisSubmission(t *testing.T) {
 	if err := ix.Apply(append(earlier, reuse("r0"))); err != nil {
 		t.Fatal(err)
 	}
-	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=300ms", "", validEnvelope(t, "k9"))
+	// A wait long enough for the look before publishing, which
+	// ?wait= bounds.
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=2s", "", validEnvelope(t, "k9"))
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
 		t.Errorf("POST ?wait under a key settled with other arguments, refused before = %d; want 202, no answer yet", resp.StatusCode)
@@ -542,7 +544,15 @@ func TestWaitLooksAreBoundedLookups(t *testing.T) {
 	srv, _ := newAPI(t, pub, func(c *httpapi.Config) { c.Calls, c.Caller, c.MaxLookupsPerTenant = calls, agentOf, 1 })
 	held := make(chan int, 1)
 	go func() {
-		resp := do(t, http.MethodGet, srv.URL+"/v1/calls/k", "Bearer agent-of-t_a/u1", "")
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/calls/k", nil)
+		req.Header.Set("Authorization", "Bearer agent-of-t_a/u1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err) // not Fatal: not the test's goroutine
+			calls.waiting <- struct{}{}
+			held <- 0
+			return
+		}
 		resp.Body.Close()
 		held <- resp.StatusCode
 	}()

@@ -169,7 +169,7 @@ func EventsTable(w io.Writer, evs []ledger.Event) error {
 
 // EventNote is the one-line gist of an event for humans, safe to print:
 // the reason, resource and detail come from agents and tools.
-func EventNote(e ledger.Event) string { return printable(eventNote(e)) }
+func EventNote(e ledger.Event) string { return Printable(eventNote(e)) }
 
 func eventNote(e ledger.Event) string {
 	var parts []string
@@ -232,7 +232,7 @@ func writeTable(w io.Writer, rows [][]string) error {
 	for _, r := range rows {
 		cells := make([]string, len(r))
 		for i, c := range r {
-			cells[i] = printable(c)
+			cells[i] = Printable(c)
 		}
 		if _, err := fmt.Fprintln(tw, strings.Join(cells, "\t")); err != nil {
 			return err
@@ -241,14 +241,10 @@ func writeTable(w io.Writer, rows [][]string) error {
 	return tw.Flush()
 }
 
-// Printable is s safe to print on a terminal: a value from an agent or
-// a tool may carry newlines, tabs, terminal escapes or bidi overrides,
-// each shown as '?'.
-func Printable(s string) string { return printable(s) }
-
-// printable keeps a cell on its line and in its column: a value from an
-// agent or a tool may carry newlines, tabs or terminal escapes.
-func printable(s string) string {
+// Printable is s safe to print on a terminal, on its line and in its
+// column: a value from an agent or a tool may carry newlines, tabs,
+// terminal escapes or bidi overrides, each shown as '?'.
+func Printable(s string) string {
 	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
 		return s
 	}
