@@ -181,10 +181,12 @@ func TestSubmitThroughAPI(t *testing.T) {
 	}
 }
 
-// submit --api follows no redirect: the request carries the agent's
-// assertion (as the bearer, and in the envelope), which a redirect would
-// send on, to another host or in clear.
-func TestSubmitThroughAPINoRedirects(t *testing.T) {
+// The commands that call the ledger's API with an assertion follow no
+// redirect: an agent's (submit --api: as the bearer, and in the
+// envelope), an approver's or operator's (approvals, control), a
+// responder's (the queries); a redirect would send it on, to another host
+// or in clear.
+func TestAssertionsFollowNoRedirect(t *testing.T) {
 	var mu sync.Mutex
 	var reached []string
 	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -197,8 +199,15 @@ func TestSubmitThroughAPINoRedirects(t *testing.T) {
 		http.Redirect(w, r, elsewhere.URL+r.URL.Path, http.StatusTemporaryRedirect)
 	}))
 	t.Cleanup(api.Close)
-	if err := cliErr(t, "submit", "--api", api.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`); err == nil || !strings.Contains(err.Error(), "307") {
-		t.Errorf("submit --api redirected: %v; want refused, naming the 307", err)
+	for _, args := range [][]string{
+		{"submit", "--api", api.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`},
+		{"approvals", "list", "--api", api.URL, "--assertion", "a.b.c"},
+		{"control", "show", "--api", api.URL, "--assertion", "a.b.c"},
+		{"blast-radius", "--api", api.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--tenant", "t_a"},
+	} {
+		if err := cliErr(t, args...); err == nil || !strings.Contains(err.Error(), "307") {
+			t.Errorf("%s redirected: %v; want refused, naming the 307", strings.Join(args[:2], " "), err)
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
