@@ -208,6 +208,32 @@ func (f *fixture) refund(key string) (ledger.CallKey, []ledger.Event) {
 	return k, evs
 }
 
+// refunds submits n refunds as refund does, under keys prefix-0,
+// prefix-1..., and returns their approval ids in that order.
+func (f *fixture) refunds(prefix string, n int) []string {
+	f.t.Helper()
+	var ids []string
+	for i := range n {
+		k, _ := f.refund(fmt.Sprintf("%s-%d", prefix, i))
+		ids = append(ids, approvals.ID(k))
+	}
+	return ids
+}
+
+// listedIDs is the ids of the approvals svc lists to boss in state.
+func listedIDs(t *testing.T, svc *approvals.Service, state string) []string {
+	t.Helper()
+	list, err := svc.List(t.Context(), boss, state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range list {
+		out = append(out, a.ID)
+	}
+	return out
+}
+
 func (f *fixture) record(k ledger.CallKey) processors.Record {
 	f.t.Helper()
 	rec, err := f.store.Get(f.t.Context(), k)
@@ -785,32 +811,16 @@ func TestListNotHiddenByAnotherTenant(t *testing.T) {
 func TestListDecidedNewestFirst(t *testing.T) {
 	f := newFixture(t)
 	svc := f.service(func(c *approvals.Config) { c.ListLimit = 2 })
-	var ids []string
-	for i := range 4 {
-		k, _ := f.refund(fmt.Sprintf("decided-%d", i))
-		ids = append(ids, approvals.ID(k))
-	}
+	ids := f.refunds("decided", 4)
 	for _, i := range []int{2, 0, 1} { // in turn: each rejection updated after the last
 		if _, err := svc.Reject(t.Context(), boss, ids[i], "no"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	idsOf := func(state string) []string {
-		t.Helper()
-		list, err := svc.List(t.Context(), boss, state)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, a := range list {
-			out = append(out, a.ID)
-		}
-		return out
-	}
-	if diff := cmp.Diff([]string{ids[1], ids[0]}, idsOf(string(approvals.StateRejected))); diff != "" {
+	if diff := cmp.Diff([]string{ids[1], ids[0]}, listedIDs(t, svc, string(approvals.StateRejected))); diff != "" {
 		t.Errorf("rejected, 3 of them, ListLimit 2 (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{ids[3]}, idsOf("")); diff != "" {
+	if diff := cmp.Diff([]string{ids[3]}, listedIDs(t, svc, "")); diff != "" {
 		t.Errorf("pending (-want +got):\n%s", diff)
 	}
 }
@@ -822,11 +832,7 @@ func TestListDecidedNewestFirst(t *testing.T) {
 func TestListExpiredPastDeadlineExpirations(t *testing.T) {
 	f := newFixture(t)
 	svc := f.service(func(c *approvals.Config) { c.ListLimit = 2 })
-	var ids []string
-	for i := range 3 {
-		k, _ := f.refund(fmt.Sprintf("lapsed-%d", i))
-		ids = append(ids, approvals.ID(k))
-	}
+	ids := f.refunds("lapsed", 3)
 	f.clock.Advance(16 * time.Minute)
 	if got, err := svc.ExpireDue(t.Context()); err != nil || got != 3 {
 		t.Fatalf("ExpireDue: %d, %v; want 3", got, err)
@@ -843,17 +849,9 @@ func TestListExpiredPastDeadlineExpirations(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	list, err := svc.List(t.Context(), boss, string(approvals.StateExpired))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, a := range list {
-		got = append(got, a.ID)
-	}
 	// ListLimit 2: the latest two, newest first (expired in their
 	// order, or at once and then by key, the greater first).
-	if want := []string{ids[2], ids[1]}; !slices.Equal(got, want) {
+	if got, want := listedIDs(t, svc, string(approvals.StateExpired)), []string{ids[2], ids[1]}; !slices.Equal(got, want) {
 		t.Errorf("expired approvals behind 5 deadline expirations, ListLimit 2 = %v; want %v", got, want)
 	}
 }
