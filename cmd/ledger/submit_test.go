@@ -215,3 +215,52 @@ func TestAssertionsFollowNoRedirect(t *testing.T) {
 		t.Errorf("the redirect's target was sent %v; want nothing", reached)
 	}
 }
+
+// lateRefusal plays a ledger that refuses every envelope under a key
+// already settled with other arguments, after the API's wait ran out.
+type lateRefusal struct{ ix *callindex.Index }
+
+func (l lateRefusal) Publish(_ context.Context, key, value []byte) error {
+	var env struct {
+		CallID string `json:"call_id"`
+	}
+	if err := json.Unmarshal(value, &env); err != nil {
+		return err
+	}
+	k, _ := ledger.ParseCallKey(string(key))
+	time.AfterFunc(900*time.Millisecond, func() {
+		_ = l.ix.Apply([]ledger.Event{{EventID: "reused", Type: statemachine.EventDenied, At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
+			CallID: env.CallID, Reason: "idempotency_key_reused", Pointer: "/arguments_hash"}})
+	})
+	return nil
+}
+
+// submit --api --wait, polling past the API's wait, does not take a call
+// settled under the key with other arguments (an earlier one) for its
+// answer: it waits for its own refusal.
+func TestSubmitThroughAPIPassesOverAnEarlierCall(t *testing.T) {
+	ix, err := callindex.Open(filepath.Join(t.TempDir(), "ix.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ix.Close() })
+	var earlier []ledger.Event
+	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+		earlier = append(earlier, ledger.Event{EventID: "e" + string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: "t_demo", IdempotencyKey: "k-reused",
+			CallID: "call_earlier", ArgumentsHash: "sha256:other", Attempt: 1})
+	}
+	if err := ix.Apply(earlier); err != nil {
+		t.Fatal(err)
+	}
+	api, err := httpapi.New(httpapi.Config{Publisher: lateRefusal{ix}, Calls: ix, MaxWait: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	out := cli(t, "submit", "--api", srv.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+		"--key", "k-reused", "--call-id", "call_api", "--wait", "--timeout", "20s")
+	if !strings.Contains(out, "refused: idempotency_key_reused at /arguments_hash") || strings.Contains(out, "is succeeded") {
+		t.Errorf("submit --api --wait under a key settled with other arguments: want its own refusal, not the earlier call:\n%s", out)
+	}
+}
