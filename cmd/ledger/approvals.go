@@ -35,7 +35,7 @@ type staffFlags struct {
 
 func (f *staffFlags) register(cmd *cobra.Command) {
 	fs := cmd.PersistentFlags()
-	fs.StringVar(&f.api, "api", "http://127.0.0.1:8080", "the ledger's HTTP API")
+	fs.StringVar(&f.api, "api", "http://127.0.0.1:8080", "the ledger's HTTP API: https, or http on loopback only (the requests carry the assertion)")
 	fs.StringVar(&f.assertion, "assertion", "", "the approver's assertion (a JWT with the approver role); default: minted by the dev issuer in --data-dir")
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer mints the approver's assertion")
 	fs.StringVar(&f.tenant, "tenant", "t_demo", "the approver's tenant (for a dev assertion)")
@@ -57,6 +57,9 @@ func (f *staffFlags) bearer() (string, error) {
 
 // call makes one API request as the approver and decodes the answer.
 func (f *staffFlags) call(ctx context.Context, method, path string, body, into any) error {
+	if err := checkAssertionURL(f.api); err != nil {
+		return err
+	}
 	tok, err := f.bearer()
 	if err != nil {
 		return err

@@ -70,7 +70,7 @@ type queryFlags struct {
 
 func (q *queryFlags) register(fs *pflag.FlagSet) {
 	q.ch.register(fs)
-	fs.StringVar(&q.api, "api", "http://127.0.0.1:8080", "the ledger's HTTP API, asked when there is no --clickhouse-dsn")
+	fs.StringVar(&q.api, "api", "http://127.0.0.1:8080", "the ledger's HTTP API, asked when there is no --clickhouse-dsn: https, or http on loopback only (the requests carry the assertion)")
 	fs.StringVar(&q.assertion, "assertion", "", "an operator's assertion for --api; default: minted by the dev issuer in --data-dir")
 	fs.StringVar(&q.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer mints the operator's assertion")
 	fs.StringVar(&q.user, "as-user", "u_responder", "the operator, for a dev assertion")
@@ -90,6 +90,9 @@ func (q *queryFlags) open(ctx context.Context, logger *slog.Logger, hc *httpClie
 			return nil, nil, err
 		}
 		return st, func() { st.Close() }, nil
+	}
+	if err := checkAssertionURL(q.api); err != nil {
+		return nil, nil, err
 	}
 	cl, err := hc.client(logger, 0)
 	if err != nil {

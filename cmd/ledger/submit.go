@@ -431,9 +431,8 @@ func assertedTenant(body []byte) string {
 // Kafka (--retry-later); refusals already under the key before the first
 // submission are an earlier one's, and passed over.
 func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *submitFlags, body []byte, key ledger.CallKey, callID string, out io.Writer) error {
-	if err := credentials.CheckURL(f.api, false); err != nil {
-		// The bearer is an identity assertion: never in clear.
-		return fmt.Errorf("--api: %w", err)
+	if err := checkAssertionURL(f.api); err != nil {
+		return err
 	}
 	var env struct {
 		Assertion     string `json:"assertion"`
@@ -643,4 +642,15 @@ func compactJSON(raw json.RawMessage) []byte {
 		return raw
 	}
 	return b.Bytes()
+}
+
+// checkAssertionURL refuses an --api the CLI would send an identity
+// assertion to in clear: http is for loopback only. An assertion is a
+// bearer credential, and whoever reads it on the way acts as its holder
+// until it expires (an operator's freezes, an approver's approvals).
+func checkAssertionURL(api string) error {
+	if err := credentials.CheckURL(api, false); err != nil {
+		return fmt.Errorf("--api %s: %w (the request carries an identity assertion)", api, err)
+	}
+	return nil
 }

@@ -216,6 +216,30 @@ func TestAssertionsFollowNoRedirect(t *testing.T) {
 	}
 }
 
+// The commands that send an assertion to the API send it over http to
+// loopback only: elsewhere they refuse before dialling (192.0.2.1, a
+// documentation address, would not answer).
+func TestAssertionsNeverInClear(t *testing.T) {
+	const api = "http://192.0.2.1:8080"
+	for _, args := range [][]string{
+		{"submit", "--api", api, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`},
+		{"approvals", "list", "--api", api, "--assertion", "a.b.c"},
+		{"control", "show", "--api", api, "--assertion", "a.b.c"},
+		{"blast-radius", "--api", api, "--assertion", "a.b.c", "--tool", "get_weather", "--tenant", "t_a"},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		root := newRoot()
+		root.SetArgs(args)
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(ctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "must be https off loopback") {
+			t.Errorf("%s over http to 192.0.2.1: %v; want refused before sending, https off loopback", strings.Join(args[:2], " "), err)
+		}
+	}
+}
+
 // lateRefusal plays a ledger that refuses every envelope under a key
 // already settled with other arguments, after the API's wait ran out.
 type lateRefusal struct{ ix *callindex.Index }
