@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -144,13 +145,39 @@ func (s *storeFlags) openStore(ctx context.Context, logger *slog.Logger) (proces
 	return st, "embedded (" + path + ")", nil
 }
 
-// redactDSN hides a DSN's password for logs and banners.
+// redactDSN hides a DSN's secrets for logs and banners: the password of
+// its user information and the values of its query parameters that may
+// be secret (the drivers take password and sslpassword, the passphrase
+// of an encrypted client key, there too). A DSN that is no URL with a
+// host (PostgreSQL's keyword=value form) is not shown at all.
 func redactDSN(dsn string) string {
 	u, err := parseURL(dsn)
-	if err != nil {
+	if err != nil || u.Scheme == "" || u.Host == "" {
 		return "(dsn)"
 	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		for name, vs := range q {
+			if secretParam(name) {
+				for i := range vs {
+					vs[i] = "xxxxx"
+				}
+			}
+		}
+		u.RawQuery = q.Encode()
+	}
 	return u.Redacted()
+}
+
+// secretParam reports whether a DSN's query parameter may hold a secret.
+func secretParam(name string) bool {
+	name = strings.ToLower(name)
+	for _, s := range []string{"pass", "secret", "token", "credential"} {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // registryFlags choose the tool registry.
