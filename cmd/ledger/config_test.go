@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -24,5 +25,51 @@ func TestRedactDSN(t *testing.T) {
 		if !strings.Contains(got, tc.want) {
 			t.Errorf("redactDSN(%q) = %q; want it to show %q", tc.dsn, got, tc.want)
 		}
+	}
+}
+
+// ledger dev takes no store, projection, tools, secrets or keys from the
+// environment, which a shell set up for a deployment holds: its flags keep
+// their defaults, and the variables are named as ignored. Another command
+// takes them.
+func TestDevTakesNoDeploymentFromTheEnvironment(t *testing.T) {
+	for _, flag := range devExplicitOnly {
+		t.Setenv(envName(flag), "/from/the/environment")
+	}
+	t.Setenv("LEDGER_LOG_LEVEL", "debug")
+	root := newRoot()
+	dev, _, err := root.Find([]string{"dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignored, err := bindEnv(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, flag := range devExplicitOnly {
+		f := dev.Flags().Lookup(flag)
+		if f == nil {
+			t.Errorf("dev has no --%s", flag)
+			continue
+		}
+		if f.Value.String() != f.DefValue {
+			t.Errorf("dev --%s = %q from the environment; want its default %q", flag, f.Value, f.DefValue)
+		}
+		if !slices.Contains(ignored, envName(flag)) {
+			t.Errorf("ignored %v; want it to name %s", ignored, envName(flag))
+		}
+	}
+	if lvl := dev.Flags().Lookup("log-level"); lvl == nil || lvl.Value.String() != "debug" {
+		t.Errorf("dev --log-level not taken from LEDGER_LOG_LEVEL: the other variables still apply")
+	}
+	exec, _, err := root.Find([]string{"executor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bindEnv(exec); err != nil {
+		t.Fatal(err)
+	}
+	if got := exec.Flags().Lookup("crdb-dsn").Value.String(); got != "/from/the/environment" {
+		t.Errorf("executor --crdb-dsn = %q; want LEDGER_CRDB_DSN's value", got)
 	}
 }

@@ -40,6 +40,7 @@ func writeConfigRef(w io.Writer, root *cobra.Command) error {
 	b.WriteString("Generated from the flags by `ledger config-reference` (`make config-reference`); do not edit by hand.\n\n")
 	b.WriteString("Every flag can also be set by the environment variable named after it: `--kafka-brokers` is `LEDGER_KAFKA_BROKERS`. ")
 	b.WriteString("A flag on the command line wins over the variable, which wins over the default. ")
+	b.WriteString("Flags marked (flag only) take no variable: `ledger dev` takes what names a deployment's stores, tools, secrets and keys from its command line alone, so that started in a shell set up for a deployment it does not open that deployment's. ")
 	b.WriteString("Secrets (passwords, tokens) belong in variables or files, not on command lines, which other users of the machine can read.\n\n")
 	b.WriteString("## Global flags\n\nAccepted by every command.\n\n")
 	writeFlagTable(&b, root.PersistentFlags())
@@ -93,7 +94,11 @@ func writeFlagTable(b *strings.Builder, fs *pflag.FlagSet) {
 		if d, ok := machineDefault(f.Name); ok {
 			def = d
 		}
-		fmt.Fprintf(b, "| `--%s` | `%s` | %s | %s |\n", f.Name, envName(f.Name), def, strings.ReplaceAll(f.Usage, "|", `\|`))
+		env := "`" + envName(f.Name) + "`"
+		if f.Annotations[explicitOnly] != nil {
+			env = "(flag only)"
+		}
+		fmt.Fprintf(b, "| `--%s` | %s | %s | %s |\n", f.Name, env, def, strings.ReplaceAll(f.Usage, "|", `\|`))
 	}
 	b.WriteString("\n")
 }

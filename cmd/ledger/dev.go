@@ -78,9 +78,18 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "project into this ClickHouse too (native protocol), and answer the incident queries from it; empty: from the embedded index")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_dev", "ClickHouse database of dev's projection: never a production one")
 	f.clickhouse.registerLimits(fs)
+	// A shell set up for a deployment holds its LEDGER_* variables: dev
+	// started there must not open that deployment's store, projection,
+	// tools' secrets or signing keys (its executor would take over the
+	// deployment's calls and append their events to dev's own Kafka).
+	markExplicitOnly(fs, devExplicitOnly...)
 	fs.BoolVar(&f.pprof, "pprof", false, "also serve Go's runtime profiles under /debug/pprof/ on the HTTP API (go tool pprof http://<http-addr>/debug/pprof/profile), to see where dev's one process spends its CPU and memory; unauthenticated, like the rest of dev's API, so only where --http-addr is loopback")
 	return cmd
 }
+
+// devExplicitOnly are the flags of dev that name a deployment's state,
+// tools or secrets: dev takes them from its command line only.
+var devExplicitOnly = []string{"crdb-dsn", "data-dir", "clickhouse-dsn", "clickhouse-database", "registry-dir", "secrets-dir", "credential-key-dir", "policy-dir", "policy-versions-dir"}
 
 func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if g.httpTLS.enabled() || g.httpTLS.clientCAFile != "" {

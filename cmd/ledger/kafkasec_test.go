@@ -50,7 +50,7 @@ func TestKafkaSecurityFlags(t *testing.T) {
 		g.kafka.register(root.PersistentFlags())
 		var got ledger.ClientConfig
 		root.AddCommand(&cobra.Command{Use: "role", RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := bindEnv(cmd); err != nil {
+			if _, err := bindEnv(cmd); err != nil {
 				return err
 			}
 			got = g.kafka.client(nil)
@@ -121,7 +121,7 @@ func TestKafkaSecurityFlags(t *testing.T) {
 		g.kafka.register(root.PersistentFlags())
 		sub := &cobra.Command{Use: "role"}
 		root.AddCommand(sub)
-		if err := bindEnv(sub); err == nil || !strings.Contains(err.Error(), "LEDGER_KAFKA_TLS") {
+		if _, err := bindEnv(sub); err == nil || !strings.Contains(err.Error(), "LEDGER_KAFKA_TLS") {
 			t.Errorf("bindEnv with LEDGER_KAFKA_TLS=maybe = %v; want an error naming the variable", err)
 		}
 	})

@@ -60,8 +60,12 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := bindEnv(cmd); err != nil {
+			ignored, err := bindEnv(cmd)
+			if err != nil {
 				return err
+			}
+			if len(ignored) > 0 {
+				g.logger().Warn(cmd.Name()+" takes these settings from its flags only: the environment's are ignored", "variables", ignored)
 			}
 			g.applyGC()
 			return nil
@@ -103,15 +107,20 @@ func newRoot() *cobra.Command {
 
 // bindEnv gives every flag that was not set on the command line the value
 // of LEDGER_<FLAG_NAME> (upper case, dashes as underscores), if set: flag
-// beats environment beats default.
-func bindEnv(cmd *cobra.Command) error {
-	var err error
+// beats environment beats default. It returns the variables set for
+// flags marked explicit only (see markExplicitOnly), which it ignored.
+func bindEnv(cmd *cobra.Command) (ignored []string, err error) {
 	visit := func(f *pflag.Flag) {
 		if f.Changed || err != nil {
 			return
 		}
 		name := envName(f.Name)
-		if v, ok := os.LookupEnv(name); ok {
+		v, ok := os.LookupEnv(name)
+		switch {
+		case !ok:
+		case f.Annotations[explicitOnly] != nil:
+			ignored = append(ignored, name)
+		default:
 			if serr := f.Value.Set(v); serr != nil {
 				err = fmt.Errorf("%s=%q: %w", name, v, serr)
 			}
@@ -119,7 +128,19 @@ func bindEnv(cmd *cobra.Command) error {
 	}
 	cmd.Flags().VisitAll(visit)
 	cmd.InheritedFlags().VisitAll(visit)
-	return err
+	return ignored, err
+}
+
+// explicitOnly is the annotation of a flag that bindEnv leaves to the
+// command line.
+const explicitOnly = "ledger_explicit_only"
+
+// markExplicitOnly makes the named flags of fs take no value from the
+// environment. Names that fs lacks are skipped.
+func markExplicitOnly(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		_ = fs.SetAnnotation(n, explicitOnly, []string{"true"})
+	}
 }
 
 func (g *globals) logger() *slog.Logger {
