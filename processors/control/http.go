@@ -1,7 +1,6 @@
 package control
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +18,8 @@ import (
 // introspection form (a credential is at most credentials.MaxTokenBytes).
 const maxBodyBytes = 16 << 10
 
-// staleWait bounds how long an introspection waits for a stale State to
+// staleWait bounds how long an introspection (or an action checked
+// against what is in force) waits for a stale State to
 // catch up before it answers 503.
 const staleWait = time.Second
 
@@ -150,6 +150,10 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrNotReady):
 		status, code, msg = http.StatusServiceUnavailable, CodeUnavailable, "the control state is still loading; try again"
 		w.Header().Set("Retry-After", "1")
+	case errors.Is(err, ErrStale):
+		s.cfg.Logger.Warn("control action refused: control state stale", "method", r.Method, "path", r.URL.Path, "err", err)
+		status, code, msg = http.StatusServiceUnavailable, CodeUnavailable, "the freezes known here are not known to be current; try again"
+		w.Header().Set("Retry-After", "1")
 	default:
 		s.cfg.Logger.Error("control request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
@@ -255,10 +259,7 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 	}
 	// A revocation this copy has not heard of would leave a revoked
 	// credential active: answer nothing on a copy not known current.
-	cctx, cancel := context.WithTimeout(r.Context(), staleWait)
-	err = s.cfg.State.Current(cctx, s.cfg.MaxStaleness)
-	cancel()
-	if err != nil {
+	if err := s.current(r.Context()); err != nil {
 		s.cfg.Logger.Warn("introspection refused: control state stale", "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the revocations known here are not known to be current; try again")

@@ -97,9 +97,11 @@ type Config struct {
 	// Negative: none.
 	RevocationSkew time.Duration
 	// MaxStaleness is how old State may be when the introspection
-	// endpoint answers: a revocation made before then is in it. Past it
-	// the endpoint waits up to a second for State to catch up, then
-	// answers 503. Zero: DefaultMaxStaleness; negative: not checked.
+	// endpoint answers (a revocation made before then is in it), and
+	// when an unfreeze, or a tenant operator's freeze, is checked against
+	// the freeze in force. Past it they wait up to a second for State to
+	// catch up, then fail with ErrStale (503). Zero: DefaultMaxStaleness;
+	// negative: not checked.
 	MaxStaleness time.Duration
 	// Now is the clock of Action.At. Default: time.Now.
 	Now func() time.Time
@@ -153,7 +155,8 @@ func (c *Config) validate() error {
 // other operator acts on its own tenant only: a freeze or unfreeze without
 // a tenant becomes one for the operator's tenant (it can neither freeze
 // nor lift a freeze of every tenant), a freeze naming another tenant is
-// forbidden, a family revocation must name a family of the operator's
+// forbidden, a platform operator's freeze of the operator's tenant is
+// neither lifted nor replaced by it, a family revocation must name a family of the operator's
 // tenant, and a jti revocation is forbidden, since a jti alone does not
 // say whose credential it is. Every action needs a reason.
 type Service struct {
@@ -211,8 +214,11 @@ func (s *Service) toolScope(op identity.Identity, tool, tenant, reason string) (
 
 // Freeze freezes tool, for every tenant when tenant is empty, else for
 // that tenant (see Service for who may do which). Freezing again replaces
-// the record (its operator and reason). It returns once the local State
-// applied the freeze, or with ErrNotYetApplied (and the Action) after
+// the record (its operator and reason), except that a tenant operator
+// does not replace a platform operator's freeze of its tenant
+// (ErrForbidden: it is frozen already, and the replacement would be the
+// tenant operator's to lift). It returns once the local State applied
+// the freeze, or with ErrNotYetApplied (and the Action) after
 // Config.ApplyWait.
 func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string) (Action, error) {
 	if !s.cfg.State.isReady() {
@@ -221,6 +227,16 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 	tenant, reason, err := s.toolScope(operator, tool, tenant, reason)
 	if err != nil {
 		return Action{}, err
+	}
+	if operator.Tenant != PlatformTenant {
+		// A platform operator's freeze goes out whatever this copy
+		// holds: it is the emergency brake, and replaces anything.
+		if err := s.current(ctx); err != nil {
+			return Action{}, err
+		}
+		if current, frozen := s.cfg.State.frozenExactly(tool, tenant); frozen && current.ByTenant == PlatformTenant {
+			return Action{}, platformFreeze(current)
+		}
 	}
 	return s.publish(ctx, s.action(operator, KindFreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant }))
 }
@@ -233,8 +249,10 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 // means to lift: ErrFreezeChanged when the one in force is another (a
 // freeze replaced by a newer one, for another incident, is not lifted by
 // an unfreeze meant for the first). The check is against this instance's
-// copy of the control topic, current within its staleness bound. It
-// waits like Freeze.
+// copy of the control topic, which must be current within
+// Config.MaxStaleness (else ErrStale, after waiting up to a second for
+// it). A tenant operator does not lift a platform operator's freeze of
+// its tenant (ErrForbidden). It waits like Freeze.
 func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string, of time.Time) (Action, error) {
 	if !s.cfg.State.isReady() {
 		return Action{}, ErrNotReady
@@ -243,15 +261,43 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 	if err != nil {
 		return Action{}, err
 	}
+	if err := s.current(ctx); err != nil {
+		return Action{}, err
+	}
 	current, frozen := s.cfg.State.frozenExactly(tool, tenant)
 	if !frozen {
 		return Action{}, fmt.Errorf("%w: %s", ErrNotFrozen, ToolSubject(tool, tenant))
+	}
+	if operator.Tenant != PlatformTenant && current.ByTenant == PlatformTenant {
+		return Action{}, platformFreeze(current)
 	}
 	if !of.IsZero() && !current.At.Equal(of) {
 		return Action{}, fmt.Errorf("%w: the freeze of %s in force is by %s at %s (%q), not the one at %s: look at it before lifting it",
 			ErrFreezeChanged, ToolSubject(tool, tenant), current.By, current.At.UTC().Format(time.RFC3339Nano), current.Reason, of.UTC().Format(time.RFC3339Nano))
 	}
 	return s.publish(ctx, s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant }))
+}
+
+// current returns nil once the State is current within MaxStaleness,
+// waiting up to staleWait for it: a check of what is in force (the
+// freeze an unfreeze lifts, one a freeze must not replace) must not be
+// made on a copy that may lack the latest actions (its fetches stalled,
+// say). The error matches ErrStale, or is ctx's.
+func (s *Service) current(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, staleWait)
+	defer cancel()
+	err := s.cfg.State.Current(cctx, s.cfg.MaxStaleness)
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// platformFreeze is the refusal of a tenant operator's action on a
+// platform operator's freeze.
+func platformFreeze(a Action) error {
+	return fmt.Errorf("%w: %s is frozen by platform operator %s (%q): only a platform operator replaces or lifts that freeze",
+		ErrForbidden, a.Subject, a.By, a.Reason)
 }
 
 // ActivatePolicy makes the policy version labelled label the one every

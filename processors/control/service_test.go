@@ -3,6 +3,8 @@ package control
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
 // loopback is a Publisher that applies what it publishes to a State
@@ -480,3 +483,90 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+// A platform operator's freeze of one tenant's tool is the platform's to
+// lift: that tenant's operator neither lifts it nor replaces it with a
+// freeze of its own (which it could then lift). Once the platform lifts
+// it, the tenant's operator freezes and unfreezes as before.
+func TestTenantOperatorDoesNotLiftAPlatformFreeze(t *testing.T) {
+	t.Parallel()
+	svc, pub := newLoopbackService(t, Config{})
+	st := svc.cfg.State
+	ctx := t.Context()
+	m := must[Action](t)
+
+	m(svc.Freeze(ctx, platformOp, "refund_order", "t_acme", "t_acme's agent abuses refunds"))
+	before := pub.published()
+	if _, err := svc.Unfreeze(ctx, acmeOp, "refund_order", "", "we fixed it", time.Time{}); !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), "op_root") {
+		t.Errorf("acme's unfreeze of the platform's freeze of t_acme = %v; want ErrForbidden naming the platform operator", err)
+	}
+	if _, err := svc.Freeze(ctx, acmeOp, "refund_order", "", "ours now"); !errors.Is(err, ErrForbidden) {
+		t.Errorf("acme's freeze over the platform's freeze of t_acme = %v; want ErrForbidden", err)
+	}
+	if n := pub.published(); n != before {
+		t.Errorf("%d records published for the refused actions; want none", n-before)
+	}
+	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.ByTenant != PlatformTenant || a.Reason != "t_acme's agent abuses refunds" {
+		t.Errorf("Frozen(t_acme) = %+v, %v; want the platform's freeze, as it was", a, ok)
+	}
+
+	m(svc.Unfreeze(ctx, platformOp, "refund_order", "t_acme", "contained", time.Time{}))
+	m(svc.Freeze(ctx, acmeOp, "refund_order", "", "our own reasons"))
+	m(svc.Unfreeze(ctx, acmeOp, "refund_order", "", "done", time.Time{}))
+	if a, ok := st.Frozen("refund_order", "t_acme"); ok {
+		t.Errorf("Frozen(t_acme) = %+v after acme's own freeze and unfreeze; want not frozen", a)
+	}
+}
+
+// An unfreeze is checked against a copy of the control topic known
+// current: on a stale one (its fetches stalled, say) the freeze in force
+// may be a newer one than the copy shows, which the unfreeze must not
+// lift. It is refused (ErrStale, 503 over HTTP) and publishes nothing; a
+// platform operator's freeze goes out all the same.
+func TestUnfreezeOnAStaleCopyIsRefused(t *testing.T) {
+	t.Parallel()
+	stale := readyState()
+	svc, pub := newLoopbackService(t, Config{State: stale, Identity: asOperator{platformOp}})
+	ctx := t.Context()
+	m := must[Action](t)
+	first := m(svc.Freeze(ctx, platformOp, "refund_order", "", "incident 41"))
+	m(svc.Freeze(ctx, acmeOp, "send_email", "", "ours"))
+
+	stale.asOf.Store(int64(-time.Minute)) // known current only a minute before it was made
+	before := pub.published()
+	if _, err := svc.Unfreeze(ctx, platformOp, "refund_order", "", "41 is over", first.At); !errors.Is(err, ErrStale) {
+		t.Errorf("unfreeze on a stale copy = %v; want ErrStale", err)
+	}
+	if _, err := svc.Freeze(ctx, acmeOp, "send_email", "", "again"); !errors.Is(err, ErrStale) {
+		t.Errorf("a tenant operator's freeze on a stale copy = %v; want ErrStale", err)
+	}
+	if n := pub.published(); n != before {
+		t.Errorf("%d records published on a stale copy; want none", n-before)
+	}
+	m(svc.Freeze(ctx, platformOp, "get_weather", "", "incident 43"))
+	if _, ok := stale.Frozen("get_weather", "t_a"); !ok {
+		t.Error("the platform's freeze on a stale copy was not applied; want it published")
+	}
+
+	srv := httptest.NewServer(svc.Handler())
+	t.Cleanup(srv.Close)
+	req, err := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/control/unfreeze", strings.NewReader(`{"tool":"refund_order","reason":"over"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer x")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("unfreeze over HTTP on a stale copy = %d (Retry-After %q); want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// asOperator takes every assertion for its operator's.
+type asOperator struct{ id identity.Identity }
+
+func (a asOperator) Verify(context.Context, string) (identity.Identity, error) { return a.id, nil }
