@@ -158,9 +158,14 @@ const (
 	ReasonArgumentIntegrity = "arguments_integrity"
 	ReasonUnknownTool       = "unknown_tool"
 	ReasonNoCredential      = "credential_unavailable"
-	// ReasonResourceChanged: the approved call's resource changed (or
-	// could not be read) since the approval.
+	// ReasonResourceChanged: the approved call's resource changed since
+	// the approval.
 	ReasonResourceChanged = "resource_changed"
+	// ReasonVersionUnreadable: the approved call's resource version could
+	// not be read to confirm it: given back, and checked again later (a
+	// taken-over call goes to outcome_unknown with it, as
+	// reclaimed_resource_version_unreadable).
+	ReasonVersionUnreadable = "resource_version_unreadable"
 	// ReasonNothingToUndo: a compensation whose call turned out to have
 	// had no effect.
 	ReasonNothingToUndo = "nothing_to_undo"
@@ -1052,11 +1057,12 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		case reclaimed:
 			log.Warn("taken-over call refused before it was sent again; outcome unknown", "reason", r.reason, "detail", r.detail)
 			return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+r.reason, nil)
-		case r.decision.Transient():
-			// The policies could not decide, which says nothing about
-			// the call: denying would end an approved call for good
-			// on a stall. Nothing was sent under this claim, and it is
-			// no takeover: give it back, to be decided again later.
+		case r.later, r.decision.Transient():
+			// The policies could not decide (or the resource's version
+			// could not be read), which says nothing about the call:
+			// denying would end an approved call for good on a stall.
+			// Nothing was sent under this claim, and it is no
+			// takeover: give it back, to be decided again later.
 			return x.releaseClaim(ctx, c, log, r)
 		default:
 			return c.deny(r.reason, r.detail, r.decision)
@@ -1079,16 +1085,16 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			return x.releaseClaim(ctx, c, log, refusal{reason: "store_unavailable", detail: err.Error()})
 		case err != nil && !errors.Is(err, processors.ErrNotFound):
 			// Out of the call's time, or taken over: as refuse says.
-			return refuse(refusal{"store_unavailable", "the call it would undo cannot be read", policy.Decision{}})
+			return refuse(refusal{reason: "store_unavailable", detail: "the call it would undo cannot be read"})
 		case err == nil && !undoable:
-			return refuse(refusal{ReasonNothingToUndo, fmt.Sprintf("the call it would undo is %s", o.Status), policy.Decision{}})
+			return refuse(refusal{reason: ReasonNothingToUndo, detail: fmt.Sprintf("the call it would undo is %s", o.Status)})
 		}
 	}
 	// A call its policies asked to run against a sandbox backend
 	// (decided by an older build, or approved under an older set) never
 	// runs against the real one: none runs against a sandbox yet.
 	if carriedObligations(tmpl.Obligations).Sandbox {
-		return refuse(refusal{policy.ReasonSandboxUnavailable, "a sandbox backend is asked for, and no call runs against one", policy.Decision{}})
+		return refuse(refusal{reason: policy.ReasonSandboxUnavailable, detail: "a sandbox backend is asked for, and no call runs against one"})
 	}
 	// An approved call is decided again before it runs, a taken-over
 	// one too: its first owner may have died before it ever sent, and
@@ -1284,21 +1290,34 @@ func (x *Executor) denyMismatched(ctx context.Context, tmpls []ledger.Event, rec
 func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *schemas.Tool, rec processors.Record, now time.Time) *refusal {
 	tmpl := c.tmpl
 	if tmpl.ExpiresAt == nil || !now.Before(*tmpl.ExpiresAt) {
-		return &refusal{ReasonApprovalExpired, "the approval expired before the call could run", policy.Decision{}}
+		return &refusal{reason: ReasonApprovalExpired, detail: "the approval expired before the call could run"}
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
-		return &refusal{ReasonArgumentIntegrity, "the stored arguments do not decode", policy.Decision{}}
+		return &refusal{reason: ReasonArgumentIntegrity, detail: "the stored arguments do not decode"}
 	}
 	if tmpl.ResourceVersion != "" && x.cfg.Versions != nil {
-		v, declared, err := processors.ResourceVersion(ctx, x.cfg.Versions, x.base, tool, args, rec.Key.TenantID)
+		// Bounded as one of the tool's requests, and to half the
+		// call's time: a version endpoint that hangs must not take the
+		// call's time (which would end it, as not started), nor hold
+		// the claim until its lease runs out.
+		budget := tool.Timeout()
+		if dl, ok := ctx.Deadline(); ok {
+			budget = min(budget, time.Until(dl)/2)
+		}
+		vctx, cancel := context.WithTimeout(ctx, budget)
+		v, declared, err := processors.ResourceVersion(vctx, x.cfg.Versions, x.base, tool, args, rec.Key.TenantID)
+		cancel()
 		if err == nil && declared && v != tmpl.ResourceVersion {
-			return &refusal{ReasonResourceChanged, fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion), policy.Decision{}}
+			return &refusal{reason: ReasonResourceChanged, detail: fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion)}
 		}
 		if err != nil {
 			// Not knowing is not running: the approval is for a
-			// version the executor cannot confirm.
-			return &refusal{ReasonResourceChanged, "the resource's version cannot be read to confirm the approval", policy.Decision{}}
+			// version the executor cannot confirm, and nothing is
+			// sent. Nor does the call end: a version endpoint's
+			// error says nothing about the resource. It is checked
+			// again later, until its approval expires.
+			return &refusal{reason: ReasonVersionUnreadable, detail: "the resource's version cannot be read to confirm the approval: " + err.Error(), later: true}
 		}
 	}
 	if x.cfg.Policy == nil {
@@ -1307,7 +1326,7 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose}
 	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, args, tmpl.Channel, now))
 	if !d.Allow {
-		return &refusal{d.Reason, "the policies in force at execution deny the approved call", d}
+		return &refusal{reason: d.Reason, detail: "the policies in force at execution deny the approved call", decision: d}
 	}
 	// The call runs under the union of both decisions' obligations: the
 	// approver agreed to it under the approval-time decision's (on the
@@ -1479,6 +1498,9 @@ func (x *Executor) heldKeys() []string {
 type refusal struct {
 	reason, detail string
 	decision       policy.Decision
+	// later: the check could not be made now (what it reads did not
+	// answer), which says nothing about the call.
+	later bool
 }
 
 // attempt is one tool invocation through the tenant's share of the tool's

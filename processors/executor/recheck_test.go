@@ -118,19 +118,7 @@ func TestApprovedCallSurvivesAPolicyTimeout(t *testing.T) {
 			}
 
 			stalled.Store(false)
-			var got []string
-			ledgertest.WaitFor(t, 10*time.Second, func() error {
-				out, err := x.Step(t.Context(), nil)
-				if err != nil {
-					return err
-				}
-				got = append(got, summary(decodeAll(t, out.Records))...)
-				if len(got) == 0 {
-					return errors.New("the call has not run yet")
-				}
-				return nil
-			})
-			if diff := cmp.Diff([]string{"executing", "succeeded"}, got); diff != "" {
+			if diff := cmp.Diff([]string{"executing", "succeeded"}, stepUntilItRuns(t, x)); diff != "" {
 				t.Errorf("once the policies answer (-want +got):\n%s", diff)
 			}
 			// A redelivery of the approved event finds it done.
@@ -141,6 +129,77 @@ func TestApprovedCallSurvivesAPolicyTimeout(t *testing.T) {
 				t.Errorf("refund applied %d times; want 1", n)
 			}
 		})
+	}
+}
+
+// stepUntilItRuns steps x, with no new events (its sweeps claim what was
+// given back), until a step appends some, and returns their summary.
+func stepUntilItRuns(t *testing.T, x *executor.Executor) []string {
+	t.Helper()
+	var got []string
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		out, err := x.Step(t.Context(), nil)
+		if err != nil {
+			return err
+		}
+		got = append(got, summary(decodeAll(t, out.Records))...)
+		if len(got) == 0 {
+			return errors.New("the call has not run yet")
+		}
+		return nil
+	})
+	return got
+}
+
+// flakyVersions is a resource-version endpoint whose first fails reads
+// fail; later ones answer version.
+type flakyVersions struct {
+	fails   int32
+	asked   atomic.Int32
+	version string
+}
+
+func (f *flakyVersions) ResourceVersion(context.Context, string, string, string) (string, error) {
+	if f.asked.Add(1) <= f.fails {
+		return "", errors.New("503 Service Unavailable")
+	}
+	return f.version, nil
+}
+
+// An approved call whose resource version cannot be read to confirm the
+// approval (the endpoint answers 503 once) sends nothing and is not
+// denied: the claim is given back, and once the version reads (the one
+// approved) the call runs, once. Before, one failed read ended the
+// approved call denied, resource_changed, which it was not.
+func TestApprovedCallSurvivesAnUnreadableVersion(t *testing.T) {
+	r := newRig(t)
+	ev, approved := r.admitApproved("kv", time.Now().Add(time.Hour), "v1")
+	versions := &flakyVersions{fails: 1, version: "v1"}
+	x := r.executor(func(c *executor.Config) {
+		c.Versions, c.SweepEvery = versions, time.Nanosecond
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{approved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(decodeAll(t, out.Records)); len(got) != 0 {
+		t.Fatalf("a version that could not be read appended %v; want nothing (the call waits)", got)
+	}
+	rec, err := r.store.Get(t.Context(), ev.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" {
+		t.Fatalf("record %s owned by %q; want executing, given back", rec.Status, rec.LeaseOwner)
+	}
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, stepUntilItRuns(t, x)); diff != "" {
+		t.Errorf("once the version reads (-want +got):\n%s", diff)
+	}
+	if n := versions.asked.Load(); n != 2 {
+		t.Errorf("version read %d times; want 2 (the failed read, then the one that confirmed it)", n)
+	}
+	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kv"); n != 1 {
+		t.Errorf("refund applied %d times; want 1", n)
 	}
 }
 
