@@ -217,8 +217,12 @@ type pendingBatch struct {
 	// offsets are committed with it.
 	records int
 	counts  map[topicPartition]int
-	// bytes counts the keys and values of the records read.
+	// bytes counts the keys and values of the records read, per
+	// partition too, so that a revocation takes its partitions' share
+	// off: a batch emptied by one must not stay full, or the loop
+	// would neither poll nor flush again.
 	bytes int
+	sizes map[topicPartition]int
 	// next is, per partition, the offset after the last record read.
 	next map[topicPartition]kgo.EpochOffset
 	// started is when the first record was read (wall clock).
@@ -226,7 +230,29 @@ type pendingBatch struct {
 }
 
 func newPendingBatch() *pendingBatch {
-	return &pendingBatch{counts: make(map[topicPartition]int), next: make(map[topicPartition]kgo.EpochOffset)}
+	return &pendingBatch{counts: make(map[topicPartition]int), sizes: make(map[topicPartition]int), next: make(map[topicPartition]kgo.EpochOffset)}
+}
+
+// add counts the records of a part read, and where its partition now
+// ends.
+func (b *pendingBatch) add(rp *readPart) {
+	b.records += rp.records
+	b.bytes += rp.bytes
+	b.counts[rp.tp] += rp.records
+	b.sizes[rp.tp] += rp.bytes
+	b.next[rp.tp] = rp.next
+}
+
+// drop takes a partition's records off the counts and returns how many
+// there were; their events and actions are the caller's to remove.
+func (b *pendingBatch) drop(tp topicPartition) int {
+	n := b.counts[tp]
+	b.records -= n
+	b.bytes -= b.sizes[tp]
+	delete(b.counts, tp)
+	delete(b.sizes, tp)
+	delete(b.next, tp)
+	return n
 }
 
 // New returns a projector that writes to sink.
@@ -559,10 +585,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 		}
 		b.batch.Events = append(b.batch.Events, rp.events...)
 		b.batch.Actions = append(b.batch.Actions, rp.actions...)
-		b.records += rp.records
-		b.bytes += rp.bytes
-		b.counts[rp.tp] += rp.records
-		b.next[rp.tp] = rp.next
+		b.add(rp)
 	}
 	if b.started.IsZero() {
 		b.started = time.Now()
@@ -857,10 +880,7 @@ func (p *Projector) revoked(_ context.Context, _ *kgo.Client, lost map[string][]
 			st.gen++
 			st.owned, st.end, st.committed, st.next = false, -1, -1, -1
 			st.pendingOldest, st.inflightOldest = time.Time{}, time.Time{}
-			dropped += b.counts[tp]
-			b.records -= b.counts[tp]
-			delete(b.counts, tp)
-			delete(b.next, tp)
+			dropped += b.drop(tp)
 		}
 	}
 	if len(gone) == 0 {

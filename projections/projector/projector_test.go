@@ -1265,3 +1265,31 @@ func TestGapHaltsEveryFetchOfThePartition(t *testing.T) {
 		t.Errorf("the batch holds %d events, %d records; want none of a partition past its gap", n, p.pending.records)
 	}
 }
+
+// A revocation takes its partitions' bytes off the batch as well as their
+// records: a batch full by bytes that a revocation empties is no longer
+// full. Before, its bytes stayed counted, and the loop, seeing it full and
+// nothing in it due, neither polled nor flushed again, spinning.
+func TestRevokedPartitionsBytesLeaveTheBatch(t *testing.T) {
+	t.Parallel()
+	p, err := New(Config{Client: ledger.ClientConfig{Brokers: []string{"127.0.0.1:1"}}, MaxBatchBytes: 1000}, &recSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := p.cfg.Topics.Events
+	kept, lost := topicPartition{events, 0}, topicPartition{events, 1}
+	p.pending.add(&readPart{tp: kept, records: 2, bytes: 300})
+	p.pending.add(&readPart{tp: lost, records: 3, bytes: 900})
+	p.pending.started = time.Now()
+	if p.pending.bytes < p.cfg.MaxBatchBytes {
+		t.Fatalf("batch of %d bytes; the test needs one full by bytes", p.pending.bytes)
+	}
+	p.revoked(t.Context(), nil, map[string][]int32{events: {1}})
+	if b := p.pending; b.records != 2 || b.bytes != 300 {
+		t.Errorf("after partition 1's revocation the batch holds %d records, %d bytes; want 2, 300", b.records, b.bytes)
+	}
+	p.revoked(t.Context(), nil, map[string][]int32{events: {0}})
+	if b := p.pending; b.records != 0 || b.bytes != 0 || !b.started.IsZero() {
+		t.Errorf("after every partition's revocation the batch holds %d records, %d bytes (started %v); want an empty batch", b.records, b.bytes, b.started)
+	}
+}
