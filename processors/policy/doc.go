@@ -49,9 +49,12 @@
 // set, an invalid request, a resource of another tenant (checked before
 // Cedar runs), any evaluation error in any policy, a panic, or a decision
 // later than Config.Timeout all deny, each with its own Decision.Reason.
-// Of those, a timeout, an evaluation error and no active set are
-// Decision.Transient: the engine could not decide, so its callers refuse
-// the call for now (nothing runs) without recording a final denial.
+// Of those, a timeout and no active set are Decision.Transient: the
+// engine could not decide, so its callers refuse the call for now
+// (nothing runs) without recording a final denial. An evaluation error
+// (policy_error) is a final denial: a policy that cannot evaluate a
+// call's request (a missing attribute, a type error) gives it every time
+// it is asked, so a retry would only be refused again.
 //
 // # Policy ids and obligations
 //
