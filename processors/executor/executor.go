@@ -151,7 +151,6 @@ type Caller interface {
 const (
 	ReasonLeaseExpired      = "lease_expired_mid_call"
 	ReasonDeadlineExceeded  = "deadline_exceeded"
-	ReasonToolFailed        = "tool_failed"
 	ReasonToolRefused       = "tool_refused"
 	ReasonOutcomeAmbiguous  = "outcome_ambiguous"
 	ReasonUnavailable       = "tool_unavailable"
@@ -1150,10 +1149,11 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	attempt := rec.Attempt
 	c.firstAttempt = attempt + 1
 	// unknownErr is the last attempt that may have reached the tool
-	// without an answer.
+	// and applied the effect: no answer, or a 5xx (a tool that failed
+	// after its effect, a gateway that lost the tool's answer).
 	var lastErr, unknownErr error
 	// answered: an attempt of this executor reached the tool, which said
-	// it did nothing (429, or a 5xx from a tool that dedupes: retried).
+	// it did nothing (429).
 	var answered bool
 	for n := 0; n < x.cfg.MaxAttempts; n++ {
 		if n > 0 {
@@ -1216,13 +1216,13 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			case httptool.Throttled:
 				answered = true
 			case httptool.Unknown, httptool.ServerError:
-				answered = answered || he.Kind == httptool.ServerError
 				if tool.Idempotency != schemas.IdempotencyNative {
 					// A retry could apply the effect twice.
 					return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, errorCode(he), nil)
 				}
-			}
-			if he.Kind == httptool.Unknown {
+				// A retry under the same key is safe, and its answer
+				// (the tool's stored outcome for the key) settles the
+				// call; until one does, the effect may have happened.
 				unknownErr, c.unanswered = err, true
 			}
 		}
@@ -1626,8 +1626,9 @@ type completion struct {
 	// reclaimed: an earlier owner's lease expired mid-call, so it may
 	// have reached the tool.
 	reclaimed bool
-	// unanswered: an attempt of this owner may have reached the tool
-	// without an answer (a native tool's, retried).
+	// unanswered: an attempt of this owner may have reached the tool and
+	// applied the effect, without an answer that says so (no answer, or
+	// a 5xx: a native tool's, retried).
 	unanswered bool
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
@@ -1759,7 +1760,15 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 		// Nothing reached the tool, or it said it did nothing.
 		return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, errorCode(he), nil)
 	case errors.As(err, &he) && he.Kind == httptool.ServerError:
-		return c.finish(processors.StatusFailed, attempt, ReasonToolFailed, errorCode(he), nil)
+		// A 5xx does not say the tool did nothing: it may have failed
+		// after its effect, or a gateway in front of it may have lost
+		// its answer. Only the reconciler, looking the key up, can
+		// tell; "failed" would let the agent apply it again under a
+		// new key.
+		if c.reclaimed {
+			return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonLeaseExpired, "reclaimed_"+errorCode(he), nil)
+		}
+		return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, errorCode(he), nil)
 	case attempt == c.rec.Attempt:
 		// Not a single attempt started: the deadline or lease left no
 		// room. Nothing was sent.

@@ -392,6 +392,55 @@ func TestUnclassifiedCallerErrorIsNotRetried(t *testing.T) {
 	}
 }
 
+// A native tool that applied the effect and answered 5xx (it failed after
+// its effect, or a gateway in front of it lost its answer) has not said
+// that nothing happened: a retry under the same key that replays the
+// stored answer settles the call, and when none does (the tool keeps
+// answering 5xx, or no retry is left) its outcome is unknown, for the
+// reconciler to look up. Before, it ended failed (tool_failed), and the
+// agent, told nothing happened, could apply it again under a new key.
+func TestNativeToolServerErrorAfterItsEffectIsNeverFailed(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fault    demobackend.Fault
+		attempts int
+		want     []string
+		code     string
+	}{
+		{"every attempt answered 502", demobackend.Fault{ApplyThenFail: http.StatusBadGateway}, 0,
+			[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, "http_502"},
+		{"one attempt, answered 504", demobackend.Fault{ApplyThenFail: http.StatusGatewayTimeout}, 1,
+			[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, "http_504"},
+		{"502, then the retry replays", demobackend.Fault{ApplyThenFail: http.StatusBadGateway, FailTimes: 1}, 0,
+			[]string{"executing", "succeeded"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.backend.SetFault("create_ticket", tc.fault)
+			auth := r.admit("create_ticket", "k5xx", map[string]any{"title": "t"}, 0)
+			x := r.executor(func(c *executor.Config) {
+				if tc.attempts > 0 {
+					c.MaxAttempts = tc.attempts
+				}
+			})
+			out, err := x.Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
+				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			if last := evs[len(evs)-1]; last.ErrorCode != tc.code {
+				t.Errorf("error code %q; want %q", last.ErrorCode, tc.code)
+			}
+			if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/k5xx"); n != 1 {
+				t.Errorf("applied %d times; want 1", n)
+			}
+		})
+	}
+}
+
 // A native tool whose response was lost after it applied: the retry with
 // the same key replays, the effect stays single.
 func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {
@@ -416,7 +465,7 @@ func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {
 
 // A native tool's attempt that got no answer may have applied: a retry
 // answered 409 (an idempotent API's "a request with this key is in
-// progress") or 5xx says nothing of it, nor does a 4xx that a backend
+// progress") or 5xx (itself ambiguous) says nothing of it, nor does a 4xx that a backend
 // gives before it looks the key up (401: the call's credential family
 // revoked since; 422: "already refunded", a check of the state the first
 // attempt changed), so the call's outcome is unknown, never failed, which
@@ -452,7 +501,11 @@ func TestNativeRetryAfterLostAnswerNeverFails(t *testing.T) {
 			if diff := cmp.Diff([]string{"executing", "outcome_unknown(outcome_ambiguous)"}, summary(evs)); diff != "" {
 				t.Fatalf("events (-want +got):\n%s", diff)
 			}
-			if want := fmt.Sprintf("retried_http_%d", status); evs[1].ErrorCode != want {
+			want := fmt.Sprintf("retried_http_%d", status)
+			if status >= 500 {
+				want = fmt.Sprintf("http_%d", status)
+			}
+			if evs[1].ErrorCode != want {
 				t.Errorf("error code %q; want %q", evs[1].ErrorCode, want)
 			}
 			if n := requests.Load(); n != 2 {

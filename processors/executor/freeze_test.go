@@ -65,10 +65,10 @@ func freezeAfterFirstRequest(t *testing.T, r *rig, fz *switchedFreezes) (url str
 
 // A freeze stops every request that would leave after it, retries
 // included (before, only a call's first attempt looked at the kill
-// switch). A retry after answers that say the tool did nothing (429, or
-// 503 from a tool that dedupes) ends the call failed, code tool_frozen;
-// one after a request that got no answer, whose effect may exist, ends
-// it outcome_unknown for the reconciler.
+// switch). A retry after an answer that says the tool did nothing (429)
+// ends the call failed, code tool_frozen; one after a request that got no
+// answer, or a 5xx (neither says the effect does not exist), ends it
+// outcome_unknown for the reconciler.
 func TestFreezeStopsRetries(t *testing.T) {
 	for _, tc := range []struct {
 		name, tool, backendTool string
@@ -82,7 +82,7 @@ func TestFreezeStopsRetries(t *testing.T) {
 			[]string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, 0},
 		{"after 503", "create_ticket", demobackend.ToolCreateTicket, map[string]any{"title": "t"},
 			demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1},
-			[]string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, 0},
+			[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, 0},
 		{"after no answer", "create_ticket", demobackend.ToolCreateTicket, map[string]any{"title": "t"},
 			demobackend.Fault{ApplyThenDrop: true, FailTimes: 1},
 			[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, 1},

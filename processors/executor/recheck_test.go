@@ -426,8 +426,9 @@ func (j clockJumpingDecider) Decide(ctx context.Context, r policy.Request) polic
 // An approval that expires after the check at the call's start and before
 // its request leaves (I4) stops the request: during the re-check's own
 // reads, the call is denied approval_expired; during a retry's backoff
-// after an answer that says the tool did nothing, it fails, code
-// approval_expired. Before, only the call's start was checked, and a
+// after an answer that says the tool did nothing (429), it fails, code
+// approval_expired; after a 5xx, which does not say so, its outcome is
+// unknown, code approval_expired. Before, only the call's start was checked, and a
 // call held up past its approval's expiry (a slow policy, a full
 // bulkhead, a retry) was sent all the same.
 func TestApprovalLapsingBeforeTheRequestLeaves(t *testing.T) {
@@ -435,12 +436,14 @@ func TestApprovalLapsingBeforeTheRequestLeaves(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		lapse    string // "policy": while the policies decide; "retry": after the first answer
+		status   int    // the first answer, when lapse is "retry"
 		want     []string
 		code     string
 		requests int64
 	}{
-		{"during the re-check", "policy", []string{"denied(" + executor.ReasonApprovalExpired + ")"}, "", 0},
-		{"before a retry", "retry", []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.ReasonApprovalExpired, 1},
+		{"during the re-check", "policy", 0, []string{"denied(" + executor.ReasonApprovalExpired + ")"}, "", 0},
+		{"before a retry after 429", "retry", http.StatusTooManyRequests, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.ReasonApprovalExpired, 1},
+		{"before a retry after 503", "retry", http.StatusServiceUnavailable, []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, executor.ReasonApprovalExpired, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -459,8 +462,8 @@ func TestApprovalLapsingBeforeTheRequestLeaves(t *testing.T) {
 			if tc.lapse == "policy" {
 				decider = clockJumpingDecider{refunds, clock}
 			} else {
-				// Answered, did nothing: a retry would follow.
-				r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1})
+				// Answered without the effect: a retry would follow.
+				r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{FailStatus: tc.status, FailTimes: 1})
 			}
 			x := r.executor(func(c *executor.Config) { c.Policy, c.Now, c.BaseURL = decider, clock.Now, srv.URL })
 			stepEndsAs(t, x, approved, tc.want, tc.code)

@@ -41,10 +41,11 @@ const (
 	// Throttled: the tool answered 429 or 408: it applied nothing and asks
 	// for a later retry (Error.RetryAfter, when it said).
 	Throttled
-	// ServerError: the tool answered 5xx: it says it failed. A native tool
-	// can be retried with the same key; for a "none" tool a 5xx proves
-	// nothing (it may have failed after its effect), so the executor must
-	// treat it as Unknown.
+	// ServerError: the tool answered 5xx: it says it failed, which does
+	// not say the effect did not happen (it may have failed after it, or
+	// a gateway in front of it lost its answer). A native tool can be
+	// retried with the same key, whose replayed answer settles the call;
+	// otherwise the executor treats it as Unknown.
 	ServerError
 )
 
