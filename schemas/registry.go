@@ -185,7 +185,7 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 		return nil, fmt.Errorf(`top level must say "additionalProperties": false`)
 	}
 	if ptr := openObject(m, "", false); ptr != "" {
-		return nil, fmt.Errorf(`the object schema at %s must say "additionalProperties": false (or give the schema of the members it allows): an object inside the arguments is as strict as the top level`, ptr)
+		return nil, fmt.Errorf(`the schema at %s lets objects through open: an object schema must say "additionalProperties": false (or give the schema of the members it allows), and a property's or an item's schema what it is (a type, enum, const or $ref; {}, true or annotations alone admit any object, as does an array without items): an object inside the arguments is as strict as the top level`, ptr)
 	}
 	m["$id"] = id
 	return json.Marshal(m)
@@ -193,7 +193,8 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 
 // Subschema keywords of JSON Schema 2020-12 that openObject walks. Those
 // of memberKeywords describe members of the instance (a property, an
-// item), which must be closed in their own right; those of
+// item), which must be closed in their own right and say what they are
+// (openMember); those of
 // sameInstanceKeywords describe the instance itself, whose closure (its
 // additionalProperties or unevaluatedProperties) holds for them. if and
 // not only test, and admit nothing: they are not walked.
@@ -229,8 +230,12 @@ func openObject(schema any, ptr string, closed bool) string {
 			return cmp.Or(ptr, "/")
 		}
 	}
+	if isArrayType(m["type"]) && m["items"] == nil && m["unevaluatedItems"] != false {
+		// Items no schema describes are anything, objects included.
+		return ptr + "/items"
+	}
 	for _, k := range memberKeywords {
-		if p := openObject(m[k], ptr+"/"+k, false); p != "" {
+		if p := openMember(m[k], ptr+"/"+k, k); p != "" {
 			return p
 		}
 	}
@@ -240,13 +245,18 @@ func openObject(schema any, ptr string, closed bool) string {
 		}
 	}
 	for _, list := range []struct {
-		keys   []string
-		closed bool
-	}{{memberListKeywords, false}, {sameInstanceListKeywords, closed}} {
+		keys           []string
+		member, closed bool
+	}{{memberListKeywords, true, false}, {sameInstanceListKeywords, false, closed}} {
 		for _, k := range list.keys {
 			subs, _ := m[k].([]any)
 			for i, sub := range subs {
-				if p := openObject(sub, fmt.Sprintf("%s/%s/%d", ptr, k, i), list.closed); p != "" {
+				sp := fmt.Sprintf("%s/%s/%d", ptr, k, i)
+				p := openObject(sub, sp, list.closed)
+				if list.member {
+					p = openMember(sub, sp, k)
+				}
+				if p != "" {
 					return p
 				}
 			}
@@ -255,7 +265,7 @@ func openObject(schema any, ptr string, closed bool) string {
 	for _, k := range memberTableKeywords {
 		table, _ := m[k].(map[string]any)
 		for _, name := range slices.Sorted(maps.Keys(table)) {
-			if p := openObject(table[name], ptr+"/"+k+"/"+escapeToken(name), false); p != "" {
+			if p := openMember(table[name], ptr+"/"+k+"/"+escapeToken(name), k); p != "" {
 				return p
 			}
 		}
@@ -263,13 +273,62 @@ func openObject(schema any, ptr string, closed bool) string {
 	return ""
 }
 
+// openMember is openObject for the schema of members of an instance (a
+// property, an item) under keyword k: a member schema that admits any
+// object ({}, true, annotations alone, a not) leaves that object open, as
+// an object schema without additionalProperties would. The names of
+// properties (propertyNames) are strings, and contains bounds no item:
+// neither is held to it.
+func openMember(schema any, ptr, k string) string {
+	if k != "propertyNames" && k != "contains" && schema != nil && admitsAnyObject(schema) {
+		return ptr
+	}
+	return openObject(schema, ptr, false)
+}
+
+// admitsAnyObject reports whether schema lets any object through
+// unchecked: true, or an object schema that says nothing of its
+// instance's type, value or members (one that does is checked by
+// openObject, where it is defined for a $ref).
+func admitsAnyObject(schema any) bool {
+	switch s := schema.(type) {
+	case bool:
+		return s
+	case map[string]any:
+		for _, k := range []string{"type", "$ref", "const", "enum", "properties"} {
+			if _, ok := s[k]; ok {
+				return false
+			}
+		}
+		if s["additionalProperties"] == false || s["unevaluatedProperties"] == false || constrains(s["additionalProperties"]) {
+			return false
+		}
+		if all, _ := s["allOf"].([]any); slices.ContainsFunc(all, func(b any) bool { return !admitsAnyObject(b) }) {
+			return false
+		}
+		for _, k := range []string{"anyOf", "oneOf"} {
+			if some, _ := s[k].([]any); len(some) > 0 && !slices.ContainsFunc(some, admitsAnyObject) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
 // isObjectType reports whether a schema's type admits objects.
-func isObjectType(t any) bool {
+func isObjectType(t any) bool { return typeAdmits(t, "object") }
+
+// isArrayType reports whether a schema's type admits arrays.
+func isArrayType(t any) bool { return typeAdmits(t, "array") }
+
+// typeAdmits reports whether a schema's type value names kind.
+func typeAdmits(t any, kind string) bool {
 	switch t := t.(type) {
 	case string:
-		return t == "object"
+		return t == kind
 	case []any:
-		return slices.Contains(t, any("object"))
+		return slices.Contains(t, any(kind))
 	}
 	return false
 }

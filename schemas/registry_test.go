@@ -229,6 +229,22 @@ func TestLoadErrors(t *testing.T) {
 			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
 		{name: "object in a $defs open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$ref": "#/$defs/a~1b"}}, "$defs": {"a/b": {"type": "object"}`)},
 			wantIn: []string{"tools/t.v1.json", "/$defs/a~1b"}, invalid: true},
+		{name: "member that admits anything", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
+		{name: "member of annotations alone", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"description": "free-form"}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
+		{name: "member true", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `true`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
+		{name: "member only a not", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"not": {"type": "string"}}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
+		{name: "member anyOf with an open branch", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"anyOf": [{"type": "string"}, {}]}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
+		{name: "pattern property that admits anything", files: map[string]string{"tools/t.v1.json": sub(okSchema, okSchema+` "patternProperties": {"^p_": {}},`)},
+			wantIn: []string{"tools/t.v1.json", "/patternProperties/^p_"}, invalid: true},
+		{name: "array without items", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "array"}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/items"}, invalid: true},
+		{name: "array item that admits anything", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "array", "prefixItems": [{"type": "string"}, {"title": "t"}], "items": false}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/prefixItems/1"}, invalid: true},
 		{name: "schema not an object type", files: map[string]string{"tools/t.v1.json": sub(`"type": "object"`, `"type": "array"`)},
 			wantIn: []string{"tools/t.v1.json", "object"}, invalid: true},
 		{name: "schema other draft", files: map[string]string{"tools/t.v1.json": sub(`2020-12/schema`, `2019-09/schema`)},
@@ -290,7 +306,12 @@ func TestLoadNestedObjectsClosed(t *testing.T) {
 			{"properties": {"kind": {"const": "b"}, "b": {"type": "integer"}}, "required": ["kind"]}]},
 		"c": {"type": "object", "additionalProperties": false, "properties": {"kind": {"type": "string"}, "n": {"type": "integer"}},
 			"if": {"properties": {"kind": {"const": "n"}}}, "then": {"required": ["n"]}},
-		"r": {"type": "object", "$ref": "#/$defs/closed"}},
+		"r": {"type": "object", "$ref": "#/$defs/closed"},
+		"s": {"description": "annotated", "type": "string"},
+		"o": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+		"a": {"allOf": [{"type": "integer"}, {"description": "a branch of annotations"}]},
+		"l": {"type": "array", "items": {"type": "string"}},
+		"e": {"enum": ["x", "y"]}},
 		"$defs": {"closed": {"type": "object", "additionalProperties": false, "properties": {"z": {"type": "string"}}}}`, 1)
 	r, err := Load(mapFS(map[string]string{"tools/t.v1.json": src}))
 	if err != nil {
@@ -311,6 +332,8 @@ func TestLoadNestedObjectsClosed(t *testing.T) {
 		{`{"u": {"kind": "a", "a": "x", "smuggled": 1}}`, false},
 		{`{"c": {"kind": "n", "n": 1}}`, true},
 		{`{"r": {"z": "x", "smuggled": 1}}`, false},
+		{`{"s": "x", "o": null, "a": 1, "l": ["x"], "e": "y"}`, true},
+		{`{"l": [{"smuggled": 1}]}`, false},
 	} {
 		var v any
 		if err := json.Unmarshal([]byte(tc.args), &v); err != nil {
