@@ -363,7 +363,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	for _, c := range calls {
 		rates := p.rates(c)
 		if len(rates) > 0 && !p.limits {
-			emit(p.refuse(c.key(), c.env, now, ReasonRateLimited, "", "a policy sets a rate limit and this intake's store keeps none"))
+			emit(p.refuse(c.key(), c.env, c.id, now, ReasonRateLimited, "", "a policy sets a rate limit and this intake's store keeps none"))
 			continue
 		}
 		a, err := p.admission(c, now)
@@ -394,7 +394,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	for i, res := range results {
 		a := admits[i]
 		if rejected[i] {
-			emit(p.refuse(a.key(), a.env, now, ReasonStoreRejected, "",
+			emit(p.refuse(a.key(), a.env, a.id, now, ReasonStoreRejected, "",
 				"the execution store cannot hold this envelope's data"))
 			continue
 		}
@@ -438,7 +438,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 				p.cfg.Logger.Debug("duplicate envelope", "call_key", a.admission.Key.String(), "trace_id", a.env.TraceID)
 			}
 		case processors.Conflict:
-			emit(p.refuse(a.key(), a.env, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
+			emit(p.refuse(a.key(), a.env, a.id, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
 				"the idempotency key is already used by a call with other arguments"))
 		case processors.Limited:
 			// A later copy of a key (a key reused with other arguments)
@@ -510,17 +510,17 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		// Nobody vouches for this sender: the refusal goes under the
 		// reserved tenant, never under the one the record claims.
 		key.TenantID = ledger.UnverifiedTenant
-		ev := p.refuse(key, &ledger.Envelope{CallID: callID}, now, de.Code, de.Pointer, de.Detail)
+		ev := p.refuse(key, &ledger.Envelope{CallID: callID}, identity.Identity{}, now, de.Code, de.Pointer, de.Detail)
 		return nil, &ev, nil
 	}
-	refuse := func(key ledger.CallKey, reason, pointer, detail string) (*checked, *ledger.Event, *kgo.Record) {
-		ev := p.refuse(key, env, now, reason, pointer, detail)
+	refuse := func(key ledger.CallKey, id identity.Identity, reason, pointer, detail string) (*checked, *ledger.Event, *kgo.Record) {
+		ev := p.refuse(key, env, id, now, reason, pointer, detail)
 		return nil, &ev, nil
 	}
 
 	if p.cfg.Identity == nil {
 		unverified := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: env.IdempotencyKey}
-		return refuse(unverified, ReasonAssertionPrefix+"unverifiable", "/assertion", "this intake verifies no assertions")
+		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+"unverifiable", "/assertion", "this intake verifies no assertions")
 	}
 	id, err := p.cfg.Identity.Verify(ctx, env.Assertion)
 	if err != nil {
@@ -534,12 +534,12 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 			detail = te.Detail
 		}
 		unverified := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: env.IdempotencyKey}
-		return refuse(unverified, ReasonAssertionPrefix+reason, "/assertion", detail)
+		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
 	}
 	if _, reserved := env.Key().Compensates(); reserved {
 		// Keys of compensation calls are the ledger's: an agent's call
 		// under one would pass for the undoing of another call.
-		return refuse(ledger.CallKey{TenantID: id.Tenant, IdempotencyKey: env.IdempotencyKey}, ReasonReservedKey, "/idempotency_key",
+		return refuse(ledger.CallKey{TenantID: id.Tenant, IdempotencyKey: env.IdempotencyKey}, id, ReasonReservedKey, "/idempotency_key",
 			"idempotency keys ending in :compensate are reserved for the ledger's compensation calls")
 	}
 	c, refusal := p.checkCall(ctx, env, id, now)
@@ -579,7 +579,7 @@ func requestSent(ts, now time.Time) time.Time {
 // it, the hash, the registry, the kill switch, the arguments, the policy.
 func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id identity.Identity, now time.Time) (*checked, *ledger.Event) {
 	refuse := func(key ledger.CallKey, reason, pointer, detail string) (*checked, *ledger.Event) {
-		ev := p.refuse(key, env, now, reason, pointer, detail)
+		ev := p.refuse(key, env, id, now, reason, pointer, detail)
 		return nil, &ev
 	}
 	// From here on the call is the verified tenant's: a refusal goes
@@ -832,7 +832,7 @@ func (p *Processor) controlStale() string {
 // A rate limit and a policy that could not decide both refuse so; agents
 // and the compensation requests retry on retry_after_ms.
 func (p *Processor) retryLater(c *checked, d policy.Decision, now time.Time, reason, detail string, after time.Duration) ledger.Event {
-	ev := p.refuse(c.key(), c.env, now, reason, "", detail)
+	ev := p.refuse(c.key(), c.env, c.id, now, reason, "", detail)
 	ev.RetryAfterMS = max(after.Milliseconds(), 1)
 	p.decorate(&ev, d)
 	return ev
@@ -955,11 +955,15 @@ func envelopeEvent(env *ledger.Envelope, actor string, now time.Time, t statemac
 	}
 }
 
-// refuse records a refused submission: one denied event at seq 0, under the
-// key the envelope named, that leaves any call under that key untouched.
-func (p *Processor) refuse(key ledger.CallKey, env *ledger.Envelope, now time.Time, reason, pointer, detail string) ledger.Event {
+// refuse records a refused submission: one denied event at seq 0, under
+// key, that leaves any call under that key untouched. id is the verified
+// identity of the submission (zero before one is verified): who was
+// refused is what a responder asks first (who tried to cross tenants,
+// whose agent exhausts a rate budget).
+func (p *Processor) refuse(key ledger.CallKey, env *ledger.Envelope, id identity.Identity, now time.Time, reason, pointer, detail string) ledger.Event {
 	ev := envelopeEvent(env, p.cfg.Actor, now, statemachine.EventDenied, 0)
 	ev.TenantID, ev.IdempotencyKey = key.TenantID, key.IdempotencyKey
+	ev.UserID, ev.AgentID, ev.Purpose = id.User, id.Agent, id.Purpose
 	ev.Decision = "deny"
 	ev.Reason = reason
 	ev.Pointer = boundPointer(pointer, maxRefusalPointer)

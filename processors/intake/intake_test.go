@@ -29,6 +29,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/schemas"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // fixture is an intake and the identity its envelopes are signed by.
@@ -250,6 +251,64 @@ func TestIntakeRefusesReservedKeys(t *testing.T) {
 	evs := events(t, out)
 	if len(evs) != 1 || evs[0].Reason != intake.ReasonReservedKey || evs[0].Pointer != "/idempotency_key" {
 		t.Errorf("events %+v; want one refusal, %s at /idempotency_key", evs, intake.ReasonReservedKey)
+	}
+}
+
+// A refusal of a submission whose assertion was verified says who was
+// refused: the verified user and agent (a scope that claims another
+// tenant, a reserved key, arguments that do not match their hash), never
+// the user the envelope's scope names. One refused before its assertion
+// was verified names nobody.
+func TestRefusalsNameTheVerifiedCaller(t *testing.T) {
+	f := newIntake(t)
+	retarget := func(r *kgo.Record, edit func(map[string]any)) *kgo.Record {
+		var env map[string]any
+		if err := json.Unmarshal(r.Value, &env); err != nil {
+			t.Fatal(err)
+		}
+		edit(env)
+		v, err := json.Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &kgo.Record{Topic: r.Topic, Value: v}
+	}
+	tests := []struct {
+		name       string
+		rec        *kgo.Record
+		wantReason string
+		wantUser   string
+		wantAgent  string
+	}{
+		{"scope claims another tenant and user", retarget(f.envelopeRecord(t, "cross", map[string]any{"title": "t"}), func(env map[string]any) {
+			env["scope"] = map[string]any{"tenant_id": "t_b", "user_id": "u_other"}
+		}), intake.ReasonScopeMismatch, "u_1", "agent_test"},
+		{"reserved key", f.envelopeRecord(t, "order-1:compensate", map[string]any{"title": "t"}), intake.ReasonReservedKey, "u_1", "agent_test"},
+		{"arguments do not match their hash", retarget(f.envelopeRecord(t, "hash", map[string]any{"title": "t"}), func(env map[string]any) {
+			env["arguments"] = map[string]any{"title": "other"}
+		}), intake.ReasonHashMismatch, "u_1", "agent_test"},
+		{"assertion not verified", retarget(f.envelopeRecord(t, "forged", map[string]any{"title": "t"}), func(env map[string]any) {
+			env["assertion"] = "a.b.c"
+		}), "", "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := f.in.Step(t.Context(), []*kgo.Record{tc.rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := events(t, out)
+			if len(evs) != 1 || evs[0].Type != statemachine.EventDenied {
+				t.Fatalf("events %+v; want one refusal", evs)
+			}
+			ev := evs[0]
+			if tc.wantReason != "" && ev.Reason != tc.wantReason {
+				t.Errorf("reason %q; want %q", ev.Reason, tc.wantReason)
+			}
+			if ev.UserID != tc.wantUser || ev.AgentID != tc.wantAgent {
+				t.Errorf("refusal names user %q, agent %q; want %q, %q", ev.UserID, ev.AgentID, tc.wantUser, tc.wantAgent)
+			}
+		})
 	}
 }
 
