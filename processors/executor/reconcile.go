@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -601,12 +602,12 @@ attempts:
 			// too.
 			last = err
 			break attempts
-		case err == nil && lookupState(resp.Body) == "applied":
+		case err == nil && lookupState(resp) == "applied":
 			r.answered(rec.Key)
 			sum := sha256.Sum256(resp.Body)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
 				"status lookup: the tool applied the call", "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)), true, nil
-		case errors.As(err, &he) && he.Status == 404 && lookupState(resp.Body) == "not_found":
+		case errors.As(err, &he) && he.Status == 404 && lookupState(resp) == "not_found":
 			r.answered(rec.Key)
 			// Not found is final only if the lookup was sent once the
 			// last attempt could no longer land: it started before the
@@ -625,7 +626,7 @@ attempts:
 			return r.settle(rec, tmpl, processors.StatusFailed, statemachine.EventFailed, ReasonReconciled,
 				"status lookup: the tool has no trace of the call; it did not apply it", "", 0), true, nil
 		case err == nil:
-			last = fmt.Errorf("status lookup answered %q", lookupState(resp.Body))
+			last = fmt.Errorf("status lookup answered %q", lookupState(resp))
 		default:
 			last = err
 		}
@@ -940,15 +941,43 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 	return resp, sent, err
 }
 
-// lookupState reads {"state": ...} from a status lookup's answer.
-func lookupState(body []byte) string {
-	var s struct {
-		State string `json:"state"`
+// lookupState reads {"state": ...} from a status lookup's answer. An
+// answer cut at the tool's result size (it carries the call's result,
+// which may be as large) is read up to its state: a state ahead of the
+// cut is the tool's answer all the same, and a tool whose results fill
+// the cap would otherwise never be settled by its lookups.
+func lookupState(resp httptool.Response) string {
+	if !resp.Truncated {
+		var s struct {
+			State string `json:"state"`
+		}
+		if json.Unmarshal(resp.Body, &s) != nil {
+			return ""
+		}
+		return s.State
 	}
-	if json.Unmarshal(body, &s) != nil {
+	dec := json.NewDecoder(bytes.NewReader(resp.Body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return ""
 	}
-	return s.State
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		if t == "state" {
+			var s string
+			if dec.Decode(&s) != nil {
+				return ""
+			}
+			return s
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return ""
+		}
+	}
+	return ""
 }
 
 // settle builds the move that records what the reconciler (or an

@@ -138,6 +138,37 @@ func TestReconcileResponseLostAfterEffect(t *testing.T) {
 	}
 }
 
+// cuttingLooker asks the status lookup and cuts its answer after the
+// state, as the client does at a tool's result size when the answer
+// carries a result as large.
+type cuttingLooker struct{ executor.Looker }
+
+func (c cuttingLooker) Lookup(ctx context.Context, target string, req httptool.Request) (httptool.Response, error) {
+	resp, err := c.Looker.Lookup(ctx, target, req)
+	if err == nil {
+		resp.Body = []byte(`{"state":"applied","result":{"ticket_id":"tk_1","notes":"aaaa`)
+		resp.Truncated = true
+	}
+	return resp, err
+}
+
+// A status lookup's answer cut at the tool's result size (it carries the
+// call's result) still says what happened when its state comes before the
+// cut: the call is settled succeeded. Before, the cut answer did not
+// parse, every lookup counted as failed, and the call was parked (or,
+// under undo_unknown, its confirmed effect undone).
+func TestReconcileReadsACutLookupAnswer(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	auth := r.admit("create_ticket", "cut-answer", map[string]any{"title": "t"}, 0)
+	unknown := r.unknown(auth)
+	r.backend.ClearFaults()
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Looker = cuttingLooker{c.Looker} })
+	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(rc, unknown)); diff != "" {
+		t.Errorf("reconciled events (-want +got):\n%s", diff)
+	}
+}
+
 // A tool that demands its backend secret of every request gets it with
 // the status lookups too: the call whose response was lost is found
 // applied. Before, the reconciler sent no secret, every lookup was
