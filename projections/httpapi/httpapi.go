@@ -493,15 +493,22 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := ledger.CallKey{TenantID: tenant, IdempotencyKey: r.PathValue("key")}
+	end := func() {}
 	if s.cfg.Caller != nil {
 		// Agents of many tenants share the store behind Calls.
-		end, ok := s.lookups.start(w, tenant)
-		if !ok {
+		var ok bool
+		if end, ok = s.lookups.start(w, tenant); !ok {
 			return
 		}
-		defer end()
 	}
 	c, err := s.cfg.Calls.Call(r.Context(), key)
+	var v CallView
+	if err == nil {
+		v = s.view(r.Context(), c, agent)
+	}
+	// The slot is the store's: given back before the answer is written,
+	// which an agent that does not read would hold up.
+	end()
 	if errors.Is(err, callindex.ErrNotFound) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no call under this key for this tenant"})
 		return
@@ -511,7 +518,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, apiError{Code: "internal", Message: "the call index could not be read"})
 		return
 	}
-	writeJSON(w, http.StatusOK, s.view(r.Context(), c, agent))
+	writeJSON(w, http.StatusOK, v)
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -569,6 +571,47 @@ func TestWaitLooksAreBoundedLookups(t *testing.T) {
 	if code := <-held; code != http.StatusNotFound {
 		t.Errorf("the held lookup answered %d; want 404", code)
 	}
+}
+
+// bigCalls answers every key with a call whose view is megabytes long
+// (events with long details): more than a connection's buffers hold.
+type bigCalls struct{}
+
+func (bigCalls) Call(_ context.Context, key ledger.CallKey) (callindex.Call, error) {
+	c := callindex.Call{Key: key, State: statemachine.StateAuthorized, Seq: 2}
+	detail := strings.Repeat("x", 1<<12)
+	for i := range 4096 {
+		c.Events = append(c.Events, ledger.Event{EventID: fmt.Sprint("e", i), Type: statemachine.EventRequested, Seq: 1,
+			TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey, Detail: detail})
+	}
+	return c, nil
+}
+
+// A lookup's slot is given back once the store answered, not once the
+// answer is written: an agent that asks and never reads does not hold
+// its tenant's lookups, and the tenant's next GET goes through. Before,
+// the slot was held while the answer was written, and eight such agents
+// had every other agent of the tenant answered 429.
+func TestLookupSlotNotHeldByASlowReader(t *testing.T) {
+	srv, _ := newAPI(t, &publisher{}, func(c *httpapi.Config) {
+		c.Calls, c.Caller, c.MaxLookupsPerTenant = bigCalls{}, agentOf, 1
+	})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Asks, and never reads the answer.
+	fmt.Fprintf(conn, "GET /v1/calls/k HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer agent-of-t_a/u1\r\n\r\n")
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		resp := do(t, http.MethodGet, srv.URL+"/v1/calls/k2", "Bearer agent-of-t_a/u2", "")
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("a second lookup of t_a while the first's answer is unread: %d; want 200", resp.StatusCode)
+		}
+		return nil
+	})
 }
 
 // The agents' lookups are bounded per tenant: with MaxLookupsPerTenant

@@ -62,6 +62,11 @@ type QueryConfig struct {
 	// max_execution_time); past it the answer is 504 query_timeout.
 	// Default: DefaultQueryTimeout.
 	Timeout time.Duration
+	// WriteTimeout bounds the writing of an answer (up to 100,000 calls,
+	// in memory until written): an operator's client that asks and does
+	// not read holds its connection and that memory no longer than
+	// this. Default: DefaultAnswerWriteTimeout.
+	WriteTimeout time.Duration
 	// MaxQuestionsPerTenant bounds the questions (blast radius, outcomes,
 	// unresolved: the scans) that the operators of one tenant ("*" for
 	// the platform's) have running at once; one more is answered 429
@@ -79,6 +84,9 @@ type QueryConfig struct {
 
 // DefaultQueryTimeout is QueryConfig.Timeout's default.
 const DefaultQueryTimeout = 30 * time.Second
+
+// DefaultAnswerWriteTimeout is QueryConfig.WriteTimeout's default.
+const DefaultAnswerWriteTimeout = time.Minute
 
 // DefaultMaxQuestionsPerTenant is QueryConfig.MaxQuestionsPerTenant's
 // default.
@@ -112,6 +120,9 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultQueryTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultAnswerWriteTimeout
 	}
 	if cfg.MaxQuestionsPerTenant <= 0 {
 		cfg.MaxQuestionsPerTenant = DefaultMaxQuestionsPerTenant
@@ -287,6 +298,8 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 		return
 	}
 	q.cfg.Logger.Info("question answered", "question", name, "operator", id.User, "operator_tenant", id.Tenant, "filter", f.Values().Encode())
+	// None where the writer supports none (a console streaming it on).
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(q.cfg.WriteTimeout))
 	if !csv {
 		writeJSON(w, http.StatusOK, v)
 		return

@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -308,6 +309,32 @@ func TestQuestionSlotNotHeldByASlowReader(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// An answer a client does not read is given up after WriteTimeout: the
+// server closes the connection, and lets the answer's memory go. Before,
+// nothing bounded it, and an operator could hold answers of 100,000
+// calls in the API's memory for as long as their connections lasted.
+func TestAnswerNotHeldPastItsWriteTimeout(t *testing.T) {
+	srv, as := operatorsServer(t, httpapi.QueryConfig{Queries: bigAnswers{}, WriteTimeout: 300 * time.Millisecond}, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET %s?tool=refund_order HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer %s\r\n\r\n", httpapi.PathBlastRadius, as("t_a"))
+	time.Sleep(2 * time.Second) // not reading, past the write timeout
+	if err := conn.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(conn)
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		t.Fatalf("read %d bytes, then the server still held the connection open 20 s later; want it closed", len(got))
+	}
+	// A whole chunked answer ends with its last, empty chunk.
+	if bytes.HasSuffix(got, []byte("\r\n0\r\n\r\n")) {
+		t.Errorf("the whole answer (%d bytes) was written to a client that did not read for 2 s; want it given up after 300 ms", len(got))
+	}
 }
 
 // operatorServer serves the query API of cfg (its Guard set here),
