@@ -743,6 +743,42 @@ func TestRefusalsOnlyInTrace(t *testing.T) {
 	}
 }
 
+// A key flooded with refusals that each name another tool (an agent can
+// send thousands) still has a trace: its call's events, and its first
+// refusals. Before, the trace read a range of the events table per tool,
+// and the query outgrew ClickHouse's size limit: the call could not be
+// read by its agents, the console or a responder.
+func TestTraceOfAKeyRefusedUnderManyTools(t *testing.T) {
+	s := openStore(t)
+	f := newFixture()
+	const tools = 5000
+	evs := make([]projections.Event, 0, tools+len(f.a))
+	for i := range tools {
+		r := f.refusalA
+		r.EventID = fmt.Sprintf("flood-%05d", i)
+		r.Tool = fmt.Sprintf("t%d", i)
+		r.At = f.refusalA.At.Add(time.Duration(i) * time.Millisecond)
+		evs = append(evs, projections.Event{Event: r})
+	}
+	for _, e := range f.a {
+		evs = append(evs, projections.Event{Event: e})
+	}
+	write(t, s, []projections.Batch{{Events: evs}})
+	got, err := s.Trace(t.Context(), f.refusalA.Key())
+	if err != nil {
+		t.Fatalf("Trace of a key refused under %d tools: %v", tools, err)
+	}
+	if want := projections.MaxRefusals + len(f.a); len(got) != want {
+		t.Fatalf("Trace returned %d events; want %d (the first %d refusals, then the call's)", len(got), want, projections.MaxRefusals)
+	}
+	if got[0].EventID != "flood-00000" || got[projections.MaxRefusals-1].EventID != fmt.Sprintf("flood-%05d", projections.MaxRefusals-1) {
+		t.Errorf("refusals from %s to %s; want the first %d", got[0].EventID, got[projections.MaxRefusals-1].EventID, projections.MaxRefusals)
+	}
+	if diff := cmp.Diff(f.a, got[projections.MaxRefusals:]); diff != "" {
+		t.Errorf("the call's events (-want +got):\n%s", diff)
+	}
+}
+
 func TestFilters(t *testing.T) {
 	s := openStore(t)
 	ctx := t.Context()

@@ -25,6 +25,11 @@ func placeholders(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }
 
+// maxTraceRanges bounds the ranges of the events table a trace reads one
+// by one: a call's events are under one tool, and a few more come from
+// refusals naming others.
+const maxTraceRanges = 16
+
 // Trace returns the events under key: refusals first by time, then the
 // call's events by seq, each event once.
 //
@@ -39,8 +44,9 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 		return nil, s.wrapQuestion("trace: read event_keys", err)
 	}
 	var (
-		ranges []string
-		args   = []any{key.TenantID, key.IdempotencyKey}
+		ranges      []string
+		args        = []any{key.TenantID, key.IdempotencyKey}
+		first, last uint32
 	)
 	for rows.Next() {
 		var (
@@ -51,6 +57,10 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 			rows.Close()
 			return nil, s.wrapQuestion("trace: read event_keys", err)
 		}
+		if len(ranges) == 0 || from < first {
+			first = from
+		}
+		last = max(last, to)
 		ranges = append(ranges, "(tool = ? AND at >= toDateTime(?) AND at <= toDateTime(?))")
 		args = append(args, tool, from, to)
 	}
@@ -60,6 +70,15 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 	}
 	if len(ranges) == 0 {
 		return nil, projections.ErrNotFound
+	}
+	if len(ranges) > maxTraceRanges {
+		// Refusals under the key name the tools their envelopes named,
+		// any number of them (an agent can send thousands): a range
+		// each would outgrow the query's size limit and make the call
+		// unreadable. One range over the key's tools and times instead.
+		ranges = []string{"(tool IN (SELECT tool FROM " + s.table("event_keys") + " WHERE tenant_id = ? AND idempotency_key = ?)" +
+			" AND at >= toDateTime(?) AND at <= toDateTime(?))"}
+		args = []any{key.TenantID, key.IdempotencyKey, key.TenantID, key.IdempotencyKey, first, last}
 	}
 	// LIMIT BY keeps the earliest MaxRefusals refusals (one group) and
 	// every event of the call (a group each).
