@@ -593,6 +593,20 @@ func validateKube(docs []kubeDoc, fs flagSource) []string {
 		}
 	}
 	probs = append(probs, checkHTTPS(byKind, fs)...)
+	probs = append(probs, checkQuestionsOnlyAtTheAPI(byKind)...)
+	return probs
+}
+
+// checkQuestionsOnlyAtTheAPI checks that no projector serves the
+// responders' questions: with an issuer it would, on its metrics port,
+// beside the api's (which the set's clients and bounds are for).
+func checkQuestionsOnlyAtTheAPI(byKind map[string]map[string]kubeDoc) []string {
+	var probs []string
+	for _, r := range ledgerRoles(byKind) {
+		if strings.Join(r.path, " ") == "projector" && r.env["LEDGER_ISSUER"] != "" {
+			probs = append(probs, fmt.Sprintf("%s: LEDGER_ISSUER is %q: the projector would serve the responders' questions on its metrics port; set it empty", r.where, r.env["LEDGER_ISSUER"]))
+		}
+	}
 	return probs
 }
 
