@@ -12,10 +12,13 @@ import (
 //
 //	Kind         tool applied it?     retry with the same key is safe for
 //	NotSent      no (provably)        every tool
-//	Throttled    no                   every tool (after RetryAfter)
+//	Throttled    no                   every tool
 //	Refused      no (this request)    nobody: the same call will be refused again
-//	ServerError  the tool says no     native tools; ambiguous for "none" tools
+//	ServerError  maybe (it failed)    native tools only
 //	Unknown      maybe                native tools only
+//
+// (The executor retries within the call's deadline, after its own
+// backoff: RetryAfter is reported, not waited for.)
 //
 // A refusal speaks for its own request only: after an earlier attempt
 // under the same key that got no answer, the tool may have applied that
