@@ -1219,6 +1219,7 @@ func TestApprovalPageOffersNoApprovalOfArgumentsNotShown(t *testing.T) {
 	for k, why := range map[ledger.CallKey]string{
 		keyWideArgs: "it shows only the first 500 of its arguments",
 		keyNoArgs:   "it has no arguments to show",
+		keyBidiArgs: "characters that do not show on a page as they are",
 	} {
 		w := b.get(approvalURL(k.ApprovalID()))
 		if w.Code != http.StatusOK {
@@ -1236,6 +1237,18 @@ func TestApprovalPageOffersNoApprovalOfArgumentsNotShown(t *testing.T) {
 	}
 	if body := b.get(approvalURL(keyPending.ApprovalID())).Body.String(); !strings.Contains(body, `name="arguments_hash" value="`+hashPending+`"`) {
 		t.Errorf("the approval whose arguments show whole offers no approval")
+	}
+	// The characters that would not show are written as escapes, on the
+	// approval page and in the queue, never as themselves: a direction
+	// override would show 4321-8765 as 5678-1234.
+	for _, page := range []string{approvalURL(keyBidiArgs.ApprovalID()), "/approvals"} {
+		body := b.get(page).Body.String()
+		if strings.ContainsAny(body, "\u202e\u200b") {
+			t.Errorf("%s holds a direction override or a zero-width space as itself", page)
+		}
+		if !strings.Contains(body, `\u202e4321`) {
+			t.Errorf("%s does not show the direction override as an escape", page)
+		}
 	}
 }
 

@@ -129,6 +129,9 @@ var (
 	// Pending approvals whose arguments the page cannot show whole.
 	keyWideArgs = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-wide"}
 	keyNoArgs   = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-none"}
+	// keyBidiArgs's arguments hold characters that do not show as they
+	// are: a direction override and a zero-width space.
+	keyBidiArgs = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-bidi"}
 	hashPending = "sha256:5f2b9c0e4b1d2a3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4"
 )
 
@@ -221,9 +224,13 @@ func newFakeAPI() *fakeAPI {
 	for k, args := range map[ledger.CallKey]json.RawMessage{
 		keyWideArgs: json.RawMessage(`{"items":[` + strings.Join(wide, ",") + `],"z_amount_cents":999999}`),
 		keyNoArgs:   nil,
+		keyBidiArgs: json.RawMessage(`{"destination_account":"\u202e4321-8765","note\u200b":"ok"}`),
 	} {
 		a := approvalJSON(k, "pending", "", nil, "")
 		preview := a["preview"].(map[string]any)
+		if k == keyBidiArgs {
+			preview["resource"] = "acct_\u202e4321"
+		}
 		if args == nil {
 			delete(preview, "arguments")
 		} else {
@@ -249,7 +256,7 @@ func newFakeAPI() *fakeAPI {
 	m.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, r *http.Request) {
 		state := r.URL.Query().Get("state")
 		out := []map[string]any{}
-		for _, k := range []ledger.CallKey{keyPending, keyHostile, keyRejected, keyExpired} {
+		for _, k := range []ledger.CallKey{keyPending, keyHostile, keyBidiArgs, keyRejected, keyExpired} {
 			if a := approvals[k.ApprovalID()]; a["state"] == state {
 				out = append(out, a)
 			}

@@ -35,6 +35,10 @@ type approvalsPage struct {
 }
 
 func (c *Console) row(a approval, now time.Time) approvalRow {
+	// What the agent's arguments put on the page shows as it is.
+	for _, f := range []*string{&a.Preview.Resource, &a.Preview.Amount, &a.Requester.User, &a.Requester.Agent} {
+		*f, _ = visible(*f)
+	}
 	row := approvalRow{approval: a, URL: approvalURL(a.ID), Age: fmtDuration(now.Sub(a.RequestedAt))}
 	switch {
 	case a.ExpiresAt.IsZero():
@@ -91,8 +95,9 @@ type approvalPage struct {
 	Pending   bool
 	ActionURL string
 	// NotShown, on a pending approval, says why the page offers no
-	// approval: it could not show every argument it would approve
-	// (cut, unparsable, missing), and an approval binds them all.
+	// approval: it could not show every argument it would approve as
+	// it is (cut, unparsable, missing, or holding characters that do not
+	// show), and an approval binds them all.
 	NotShown string
 }
 
@@ -122,6 +127,8 @@ func (c *Console) serveApproval(w http.ResponseWriter, r *http.Request, s *sessi
 		p.NotShown = fmt.Sprintf("it shows only the first %d of its arguments' fields", maxArgRows)
 	case len(rows) == 0:
 		p.NotShown = "it has no arguments to show"
+	case slices.ContainsFunc(rows, func(r argRow) bool { return r.Hidden }):
+		p.NotShown = `some of its arguments hold characters that do not show on a page as they are (direction overrides, zero-width or control characters: shown above as \u escapes), so what the page shows is not what would be approved`
 	}
 	c.render(w, r, s, "approval", "Approval "+a.Tool, p)
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 )
@@ -238,7 +239,36 @@ type argRow struct {
 	Pointer string
 	Value   string
 	Masked  bool
+	// Hidden: the pointer or the value held characters that do not show
+	// (see visible), which it shows escaped.
+	Hidden bool
 }
+
+// visible returns s with every character that does not show as itself
+// on a page (a direction override or isolate, a zero-width or other
+// format character, a control character, a space other than ASCII's)
+// written as a \u escape, and whether there was one. html/template
+// escapes markup, not these: "\u202e4321-8765" shows as 5678-1234, and
+// an approver would approve what it does not see.
+func visible(s string) (string, bool) {
+	if strings.IndexFunc(s, notShown) < 0 {
+		return s, false
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case !notShown(r):
+			b.WriteRune(r)
+		case r > 0xFFFF:
+			fmt.Fprintf(&b, "\\U%08x", r)
+		default:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String(), true
+}
+
+func notShown(r rune) bool { return !unicode.IsPrint(r) }
 
 // maxArgRows bounds the rows a preview shows.
 const maxArgRows = 500
@@ -298,6 +328,10 @@ func flattenArgs(raw json.RawMessage) ([]argRow, bool, error) {
 		if rows[i].Pointer == "" {
 			rows[i].Pointer = "/"
 		}
+		var hp, hv bool
+		rows[i].Pointer, hp = visible(rows[i].Pointer)
+		rows[i].Value, hv = visible(rows[i].Value)
+		rows[i].Hidden = hp || hv
 	}
 	return rows, truncated, nil
 }
