@@ -129,7 +129,9 @@ func (c *Console) call(r *http.Request, s *session, method, path string, q url.V
 		return 0, err
 	}
 	rec := newRecorder(maxAnswerBytes)
-	c.cfg.API.ServeHTTP(rec, req)
+	if !serveAPI(c.cfg.API, rec, req) {
+		return http.StatusBadGateway, errBrokenOff
+	}
 	status := rec.status
 	if status == 0 {
 		status = http.StatusOK
@@ -146,6 +148,28 @@ func (c *Console) call(r *http.Request, s *session, method, path string, q url.V
 		}
 	}
 	return status, nil
+}
+
+// errBrokenOff is the refusal of an API answer that broke off.
+var errBrokenOff = &apiError{Status: http.StatusBadGateway, Code: "answer_broken_off",
+	Message: "the API's answer broke off (the service behind it stopped mid-answer, or the answer was too large to pass on); try again"}
+
+// serveAPI has h answer r into w, and reports whether it answered whole:
+// false when it aborted (http.ErrAbortHandler, which a reverse proxy
+// raises when the service behind it breaks off, or when w refuses more),
+// which would otherwise reset the browser's connection with no page and
+// nothing logged.
+func serveAPI(h http.Handler, w http.ResponseWriter, r *http.Request) (whole bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			whole = false
+		}
+	}()
+	h.ServeHTTP(w, r)
+	return true
 }
 
 // refusal reads an API's error answer.
@@ -217,7 +241,14 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, pat
 		return err
 	}
 	st := &streamer{w: w, start: start, header: make(http.Header)}
-	c.cfg.API.ServeHTTP(st, req)
+	if !serveAPI(c.cfg.API, st, req) {
+		if st.status == http.StatusOK {
+			// Part of it went to the browser already: break its
+			// answer off too, as a proxy would.
+			panic(http.ErrAbortHandler)
+		}
+		return errBrokenOff
+	}
 	switch st.status {
 	case 0:
 		st.WriteHeader(http.StatusOK) // an empty answer

@@ -738,7 +738,7 @@ func TestCallsKeyOpensTimeline(t *testing.T) {
 func TestRefusalsShowTheAPIsCodeAndMessage(t *testing.T) {
 	fx := newFixture(t)
 	b := fx.signedIn(assertOperator)
-	fx.api.refuse["GET /v1/approvals"] = refusalSpec{http.StatusForbidden, "not_approver", "the assertion does not carry the approver role"}
+	fx.api.refuse["GET /v1/approvals"] = refusalSpec{status: http.StatusForbidden, code: "not_approver", message: "the assertion does not carry the approver role"}
 	body := b.get("/approvals").Body.String()
 	if !strings.Contains(body, "not_approver: the assertion does not carry the approver role") {
 		t.Errorf("approvals page does not show the API's refusal")
@@ -747,7 +747,7 @@ func TestRefusalsShowTheAPIsCodeAndMessage(t *testing.T) {
 	if w.Code != http.StatusNotFound || !strings.Contains(w.Body.String(), "not_found: no approval under this id in your tenant") {
 		t.Errorf("missing approval = %d; want 404 with the API's code and message", w.Code)
 	}
-	fx.api.refuse["GET /v1/trace/acme/refund-4"] = refusalSpec{http.StatusForbidden, "forbidden", "an operator of tenant acme may ask about that tenant only"}
+	fx.api.refuse["GET /v1/trace/acme/refund-4"] = refusalSpec{status: http.StatusForbidden, code: "forbidden", message: "an operator of tenant acme may ask about that tenant only"}
 	fx.api.reset()
 	w = b.get(callURL("acme", "refund-4"))
 	if w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "forbidden: an operator of tenant acme") {
@@ -1084,7 +1084,7 @@ func TestCSVExport(t *testing.T) {
 		t.Errorf("CSV query (-want +got):\n%s", d)
 	}
 
-	fx.api.refuse["GET /v1/blast-radius"] = refusalSpec{http.StatusBadRequest, "invalid_filter", "invalid filter: since: \"x\" is neither"}
+	fx.api.refuse["GET /v1/blast-radius"] = refusalSpec{status: http.StatusBadRequest, code: "invalid_filter", message: "invalid filter: since: \"x\" is neither"}
 	w = b.get("/incidents.csv?since=x")
 	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "invalid_filter") || w.Header().Get("Content-Disposition") != "" {
 		t.Errorf("refused CSV = %d %q; want 400, the API's code and no download", w.Code, w.Header().Get("Content-Disposition"))
@@ -1191,7 +1191,7 @@ func TestBrakesOfferedUncounted(t *testing.T) {
 	fx := newFixture(t)
 	b := fx.signedIn(assertOperator)
 	fx.api.mu.Lock()
-	fx.api.refuse = map[string]refusalSpec{"GET /v1/blast-radius": {http.StatusServiceUnavailable, "projection_unavailable", "the projection could not answer"}}
+	fx.api.refuse = map[string]refusalSpec{"GET /v1/blast-radius": {status: http.StatusServiceUnavailable, code: "projection_unavailable", message: "the projection could not answer"}}
 	fx.api.mu.Unlock()
 	for page, offered := range map[string]bool{
 		"/incidents/confirm?action=freeze&tool=refund_order&tenant=acme":                true,
@@ -1252,6 +1252,22 @@ func TestApprovalPageOffersNoApprovalOfArgumentsNotShown(t *testing.T) {
 	}
 }
 
+// An API answer that breaks off (a proxied service that stops mid-answer,
+// an answer too large to pass on: the reverse proxy aborts) is a page that
+// says so, not a connection reset with nothing logged: the approvals
+// queue, the page every sign-in lands on, still shows.
+func TestAPIAnswerBrokenOffIsAPage(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertApprover)
+	fx.api.mu.Lock()
+	fx.api.refuse["GET /v1/approvals"] = refusalSpec{abort: true}
+	fx.api.mu.Unlock()
+	w := b.get("/approvals")
+	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "answer_broken_off") {
+		t.Errorf("GET /approvals with the API's answer broken off = %d; want the page, saying so:\n%s", w.Code, w.Body)
+	}
+}
+
 // A projection lag the API could not read (Kafka unreachable, a grant
 // missing) is said to be unknown on the health page. Before, /v1/health
 // left it at zero, and the page showed the projection caught up.
@@ -1272,7 +1288,7 @@ func TestHealthSaysAnUnknownLag(t *testing.T) {
 func TestCallPageWithTheAgentsViewRefused(t *testing.T) {
 	fx := newFixture(t)
 	b := fx.signedIn(assertOperator)
-	fx.api.refuse["GET /v1/calls/refund-4"] = refusalSpec{http.StatusUnauthorized, "unauthenticated", "an agent's identity assertion is required as a bearer token: audience_mismatch"}
+	fx.api.refuse["GET /v1/calls/refund-4"] = refusalSpec{status: http.StatusUnauthorized, code: "unauthenticated", message: "an agent's identity assertion is required as a bearer token: audience_mismatch"}
 	w := b.get(callURL("acme", "refund-4"))
 	if w.Code != http.StatusOK || strings.Contains(w.Body.String(), "The result could not be read") {
 		t.Errorf("call page with the agents' view refused = %d; want the trace, no error:\n%s", w.Code, w.Body)

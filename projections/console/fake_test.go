@@ -69,6 +69,9 @@ type fakeAPI struct {
 type refusalSpec struct {
 	status        int
 	code, message string
+	// abort: the answer breaks off after its first bytes, as a reverse
+	// proxy's does when the service behind it stops mid-answer.
+	abort bool
 }
 
 func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -83,6 +86,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		apiErr(w, http.StatusUnauthorized, "unauthenticated", "an operator assertion is required as Authorization: Bearer")
 		return
+	}
+	if refused && ref.abort {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{"approvals": [`))
+		panic(http.ErrAbortHandler)
 	}
 	if refused {
 		apiErr(w, ref.status, ref.code, ref.message)
