@@ -240,7 +240,9 @@ func apiHealth(activePolicy func() string, lag func(context.Context) (projector.
 			httpjson.Error(w, http.StatusForbidden, "forbidden", "the operator role is required")
 			return
 		}
-		h := console.Health{Policy: activePolicy(), Breakers: map[string]string{}}
+		// The breakers are the executors' (their /metrics, as
+		// ledger_breaker_state): none of this process's to show.
+		h := console.Health{Policy: activePolicy(), Breakers: map[string]string{}, BreakersUnknown: true}
 		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
 		if s, err := lag(ctx); err == nil || errors.Is(err, projector.ErrNeverCommitted) {

@@ -62,8 +62,8 @@ func TestAPIHealth(t *testing.T) {
 			if err := json.Unmarshal(rec.Body.Bytes(), &h); err != nil {
 				t.Fatal(err)
 			}
-			if h.Policy != "v41@abc" || h.ProjectionLagRecords != tc.records || h.ProjectionLagUnknown != tc.unknown {
-				t.Errorf("health %+v; want policy v41@abc, lag %d records, unknown %v", h, tc.records, tc.unknown)
+			if h.Policy != "v41@abc" || h.ProjectionLagRecords != tc.records || h.ProjectionLagUnknown != tc.unknown || !h.BreakersUnknown {
+				t.Errorf("health %+v; want policy v41@abc, lag %d records, unknown %v, breakers unknown (the executors')", h, tc.records, tc.unknown)
 			}
 		})
 	}

@@ -107,6 +107,9 @@ type Health struct {
 	// ProjectionLagUnknown: the lag could not be read (Kafka unreachable,
 	// a grant missing), and the two fields above say nothing.
 	ProjectionLagUnknown bool `json:"projection_lag_unknown,omitempty"`
+	// BreakersUnknown: the breakers are not this process's (they are the
+	// executors', and ledger api is none), and Breakers says nothing.
+	BreakersUnknown bool `json:"breakers_unknown,omitempty"`
 }
 
 // Config configures the console.

@@ -1293,4 +1293,21 @@ func TestCallPageWithTheAgentsViewRefused(t *testing.T) {
 	if w.Code != http.StatusOK || strings.Contains(w.Body.String(), "The result could not be read") {
 		t.Errorf("call page with the agents' view refused = %d; want the trace, no error:\n%s", w.Code, w.Body)
 	}
+	// Nor does it say that no result is held: it is not served to staff.
+	if body := w.Body.String(); strings.Contains(body, "No result is held") || !strings.Contains(body, "not to staff") {
+		t.Errorf("call page with the agents' view refused: want it to say results are not served to staff, not that none is held")
+	}
+}
+
+// ledger api holds no breakers (they are the executors'): the health page
+// says where they are, not that none has been used.
+func TestHealthSaysTheBreakersAreElsewhere(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	fx.api.mu.Lock()
+	fx.api.breakersUnknown = true
+	fx.api.mu.Unlock()
+	if body := b.get("/health").Body.String(); strings.Contains(body, "No breaker has been used") || !strings.Contains(body, "ledger_breaker_state") {
+		t.Errorf("health from ledger api: want it to say the breakers are the executors', not that none was used:\n%s", body)
+	}
 }

@@ -64,6 +64,9 @@ type fakeAPI struct {
 	blast projections.BlastRadius
 	// lagUnknown: /v1/health could not read the projection's lag.
 	lagUnknown bool
+	// breakersUnknown: /v1/health is ledger api's, which holds no
+	// breakers.
+	breakersUnknown bool
 }
 
 type refusalSpec struct {
@@ -433,6 +436,9 @@ func newFakeAPI() *fakeAPI {
 		f.mu.Lock()
 		if f.lagUnknown {
 			h.ProjectionLagRecords, h.ProjectionLagSeconds, h.ProjectionLagUnknown = 0, 0, true
+		}
+		if f.breakersUnknown {
+			h.Breakers, h.BreakersUnknown = map[string]string{}, true
 		}
 		f.mu.Unlock()
 		writeJSON(w, http.StatusOK, h)

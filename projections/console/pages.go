@@ -269,21 +269,24 @@ type eventRow struct {
 }
 
 type callPage struct {
-	Tenant, Key   string
-	Summary       projections.Call
-	State         string
-	Events        []eventRow
-	Refusals      []eventRow
-	Args          []argRow
-	ArgsCut       bool
-	Result        string
-	HasResult     bool
-	ResultErr     string
-	CanResolve    bool
-	CanCompensate bool
-	ApprovalURL   string
-	Back          string
-	TraceURL      string
+	Tenant, Key string
+	Summary     projections.Call
+	State       string
+	Events      []eventRow
+	Refusals    []eventRow
+	Args        []argRow
+	ArgsCut     bool
+	Result      string
+	HasResult   bool
+	ResultErr   string
+	// ResultNotServed: the call view, the result's only source, is the
+	// agents' (ledger api): a result may be held and not be shown here.
+	ResultNotServed bool
+	CanResolve      bool
+	CanCompensate   bool
+	ApprovalURL     string
+	Back            string
+	TraceURL        string
 }
 
 func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) {
@@ -340,7 +343,11 @@ func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) 
 		// Not found, or not for staff: `ledger api` serves the view to
 		// agents alone (their assertions' audience), and without the
 		// result; the trace above is the page.
-		if ae, ok := errors.AsType[*apiError](err); !ok || (ae.Status != http.StatusNotFound && ae.Status != http.StatusUnauthorized) {
+		ae, ok := errors.AsType[*apiError](err)
+		switch {
+		case ok && ae.Status == http.StatusUnauthorized:
+			p.ResultNotServed = true
+		case !ok || ae.Status != http.StatusNotFound:
 			p.ResultErr = describe(err)
 		}
 	} else {
