@@ -149,8 +149,10 @@ type Caller interface {
 
 // Reasons and error codes the executor gives.
 const (
-	ReasonLeaseExpired      = "lease_expired_mid_call"
-	ReasonDeadlineExceeded  = "deadline_exceeded"
+	ReasonLeaseExpired     = "lease_expired_mid_call"
+	ReasonDeadlineExceeded = "deadline_exceeded"
+	// ReasonToolFailed: a read tool answered 5xx to every attempt.
+	ReasonToolFailed        = "tool_failed"
 	ReasonToolRefused       = "tool_refused"
 	ReasonOutcomeAmbiguous  = "outcome_ambiguous"
 	ReasonUnavailable       = "tool_unavailable"
@@ -1215,7 +1217,15 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				return c.finish(processors.StatusFailed, attempt, ReasonToolRefused, fmt.Sprintf("http_%d", he.Status), nil)
 			case httptool.Throttled:
 				answered = true
-			case httptool.Unknown, httptool.ServerError:
+			case httptool.ServerError:
+				if tool.Effect == schemas.EffectRead {
+					// A read has no effect to be unsure of: its 5xx
+					// says it failed, and nothing else.
+					answered = true
+					break
+				}
+				fallthrough
+			case httptool.Unknown:
 				if tool.Idempotency != schemas.IdempotencyNative {
 					// A retry could apply the effect twice.
 					return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, errorCode(he), nil)
@@ -1759,6 +1769,8 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 	case errors.As(err, &he) && (he.Kind == httptool.NotSent || he.Kind == httptool.Throttled):
 		// Nothing reached the tool, or it said it did nothing.
 		return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, errorCode(he), nil)
+	case errors.As(err, &he) && he.Kind == httptool.ServerError && tool.Effect == schemas.EffectRead:
+		return c.finish(processors.StatusFailed, attempt, ReasonToolFailed, errorCode(he), nil)
 	case errors.As(err, &he) && he.Kind == httptool.ServerError:
 		// A 5xx does not say the tool did nothing: it may have failed
 		// after its effect, or a gateway in front of it may have lost

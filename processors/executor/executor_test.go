@@ -441,6 +441,29 @@ func TestNativeToolServerErrorAfterItsEffectIsNeverFailed(t *testing.T) {
 	}
 }
 
+// A read tool has no effect to be unsure of: a 5xx on every attempt ends
+// the call failed (tool_failed), not outcome_unknown, which would park it
+// for a human when the tool declares no status lookup, as reads do not.
+func TestReadToolServerErrorFails(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("get_weather", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
+	auth := r.admit("get_weather", "k503", map[string]any{"city": "Oslo"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolFailed + ")"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if code := evs[1].ErrorCode; code != "http_503" {
+		t.Errorf("error code %q; want http_503", code)
+	}
+	if n := r.backend.Requests(); n < 2 {
+		t.Errorf("%d requests; want the read retried", n)
+	}
+}
+
 // A native tool whose response was lost after it applied: the retry with
 // the same key replays, the effect stays single.
 func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {
