@@ -2,12 +2,17 @@ package processors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
+
+// ErrVersionURL: a tool's resource_version URL cannot be asked (a
+// relative URL without a base URL, say): a read will not succeed later.
+var ErrVersionURL = errors.New("resource version url")
 
 // VersionReader reads a resource's version (httptool.Client does).
 type VersionReader interface {
@@ -30,7 +35,7 @@ func ResourceVersion(ctx context.Context, r VersionReader, base *url.URL, tool *
 	}
 	u, err := ResolveURL(base, tool.ResourceVersion.URL)
 	if err != nil {
-		return "", true, err
+		return "", true, fmt.Errorf("%w: %w", ErrVersionURL, err)
 	}
 	v, err = r.ResourceVersion(ctx, u, fmt.Sprint(res), tenant)
 	return v, true, err

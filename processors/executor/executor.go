@@ -1321,13 +1321,20 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 		if err == nil && declared && v != tmpl.ResourceVersion {
 			return &refusal{reason: ReasonResourceChanged, detail: fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion)}
 		}
-		if err != nil {
+		switch {
+		case err != nil && versionReadLater(err):
 			// Not knowing is not running: the approval is for a
 			// version the executor cannot confirm, and nothing is
-			// sent. Nor does the call end: a version endpoint's
-			// error says nothing about the resource. It is checked
-			// again later, until its approval expires.
+			// sent. Nor does the call end on an error that may
+			// pass (no answer, a 5xx): it says nothing about the
+			// resource. It is checked again later, until its
+			// approval expires.
 			return &refusal{reason: ReasonVersionUnreadable, detail: "the resource's version cannot be read to confirm the approval: " + err.Error(), later: true}
+		case err != nil:
+			// One that will not pass (the resource gone, a
+			// refusal, a URL that cannot be asked): denied, as
+			// before a version that differs.
+			return &refusal{reason: ReasonResourceChanged, detail: "the resource's version cannot be read to confirm the approval: " + err.Error()}
 		}
 	}
 	if x.cfg.Policy == nil {
@@ -1350,6 +1357,20 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	c.tmpl.PolicyID, c.tmpl.PolicyVersion = d.PolicyIDs, d.Version
 	c.tmpl.Obligations = d.Obligations.Merge(carriedObligations(tmpl.Obligations)).List()
 	return nil
+}
+
+// versionReadLater reports whether a failed read of a resource's version
+// may succeed later: no answer (or none readable), a 5xx, 408 or 429.
+// Another 4xx (404: the resource is gone; 401, 403) or a URL that
+// cannot be asked will not change by waiting.
+func versionReadLater(err error) bool {
+	if errors.Is(err, processors.ErrVersionURL) || errors.Is(err, httptool.ErrInvalidRequest) {
+		return false
+	}
+	if he, ok := errors.AsType[*httptool.Error](err); ok && he.Status >= 400 && he.Status < 500 {
+		return he.Status == 408 || he.Status == 429 // request timeout, too many requests
+	}
+	return true
 }
 
 // carriedObligations reads back, from an approved event's obligations
@@ -1409,7 +1430,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("call not decided yet (the policies, or whether there is anything to undo); claim given back, to be decided again", "reason", r.reason,
+	log.Warn("call not decided yet (the policies, whether there is anything to undo, or the approved resource's version); claim given back, to be decided again", "reason", r.reason,
 		"detail", r.detail, "retry_after", x.cfg.RetryBackoff)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}

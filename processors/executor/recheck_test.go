@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +21,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
@@ -200,6 +202,38 @@ func TestApprovedCallSurvivesAnUnreadableVersion(t *testing.T) {
 	}
 	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kv"); n != 1 {
 		t.Errorf("refund applied %d times; want 1", n)
+	}
+}
+
+// goneVersions is a resource-version endpoint that answers err.
+type goneVersions struct{ err error }
+
+func (g goneVersions) ResourceVersion(context.Context, string, string, string) (string, error) {
+	return "", g.err
+}
+
+// A version read that will not succeed by waiting (404: the resource is
+// gone; 403; a URL that cannot be asked) denies the approved call,
+// resource_changed, at once, as a version that differs does: only errors
+// that may pass give the claim back. Before the distinction, a deleted
+// order's approved refund was claimed, given back and logged every sweep
+// until its approval expired, and then denied for the expiry.
+func TestApprovedCallWithAVersionThatCannotBeReadIsDenied(t *testing.T) {
+	for _, err := range []error{
+		&httptool.Error{Kind: httptool.ServerError, Status: http.StatusNotFound, Detail: "resource version"},
+		&httptool.Error{Kind: httptool.ServerError, Status: http.StatusForbidden, Detail: "resource version"},
+		fmt.Errorf("resource version url: %w", httptool.ErrInvalidRequest),
+		fmt.Errorf("%w: relative url without a base url", processors.ErrVersionURL),
+	} {
+		t.Run(err.Error(), func(t *testing.T) {
+			r := newRig(t)
+			_, approved := r.admitApproved("kg", time.Now().Add(time.Hour), "v1")
+			x := r.executor(func(c *executor.Config) { c.Versions = goneVersions{err} })
+			stepEndsAs(t, x, approved, []string{"denied(" + executor.ReasonResourceChanged + ")"}, "")
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kg"); n != 0 {
+				t.Errorf("refund applied %d times; want 0", n)
+			}
+		})
 	}
 }
 
