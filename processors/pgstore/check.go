@@ -48,7 +48,7 @@ func NewChecker(ctx context.Context, cfg Config) (*Checker, error) {
 func Connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, errors.New("pgstore: cannot parse DSN")
+		return nil, dsnError(err)
 	}
 	conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig)
 	if err != nil {

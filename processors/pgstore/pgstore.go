@@ -44,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"regexp"
@@ -204,6 +205,18 @@ type Store struct {
 
 var _ processors.Store = (*Store)(nil)
 
+// dsnError is the error of a DSN that pgx would not take. The DSN may
+// hold a password, and pgx's own error quotes it: only a file the DSN
+// names that cannot be read (its sslrootcert, sslcert or sslkey, which
+// pgx reads as it parses) is said, since that is what an operator must
+// fix and says nothing secret.
+func dsnError(err error) error {
+	if pe, ok := errors.AsType[*fs.PathError](err); ok {
+		return fmt.Errorf("pgstore: the DSN names a file that cannot be read: %w", pe)
+	}
+	return errors.New("pgstore: cannot parse DSN")
+}
+
 // Open connects, detects CockroachDB and, unless cfg.SkipMigrate, applies
 // the schema.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
@@ -213,8 +226,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
-		// The DSN may hold a password: do not echo it.
-		return nil, errors.New("pgstore: cannot parse DSN")
+		return nil, dsnError(err)
 	}
 	if cfg.MaxConns > 0 {
 		pcfg.MaxConns = cfg.MaxConns

@@ -139,3 +139,26 @@ func TestTLSVerifyFull(t *testing.T) {
 		checkEncrypted(t, s)
 	})
 }
+
+// A DSN naming a TLS file that cannot be read says which file, not that
+// the DSN does not parse (pgx reads the files as it parses), and still
+// never repeats the DSN's password; one that does not parse says only
+// that. No server is needed: both fail before connecting.
+func TestDSNErrorsNameUnreadableFilesOnly(t *testing.T) {
+	const canary = "canary-pw-91be"
+	for _, tc := range []struct {
+		dsn, want string
+	}{
+		{"postgresql://ledger:" + canary + "@db:26257/ledger?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem", "/nonexistent/ca.pem"},
+		{"postgresql://ledger:" + canary + "@db:26257/ledger?sslmode=verify-full&sslcert=/nonexistent/c.pem&sslkey=/nonexistent/k.pem", "/nonexistent/"},
+		{"postgresql://ledger:" + canary + "@db:notaport/ledger", "cannot parse DSN"},
+	} {
+		_, err := Open(t.Context(), Config{DSN: tc.dsn})
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), canary) {
+			t.Errorf("Open(%s) = %v; want an error naming %q, without the password", strings.ReplaceAll(tc.dsn, canary, "…"), err, tc.want)
+		}
+		if _, err := Connect(t.Context(), tc.dsn); err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), canary) {
+			t.Errorf("Connect(%s) = %v; want an error naming %q, without the password", strings.ReplaceAll(tc.dsn, canary, "…"), err, tc.want)
+		}
+	}
+}
