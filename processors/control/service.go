@@ -252,7 +252,11 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 // copy of the control topic, which must be current within
 // Config.MaxStaleness (else ErrStale, after waiting up to a second for
 // it). A tenant operator does not lift a platform operator's freeze of
-// its tenant (ErrForbidden). It waits like Freeze.
+// its tenant (ErrForbidden). Both checks are of that copy, not of the
+// topic itself: a freeze published through another instance within the
+// staleness allowed (or at the same moment) is not seen, and an unfreeze
+// racing it lifts it, which control show then says. It waits like
+// Freeze.
 func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string, of time.Time) (Action, error) {
 	if !s.cfg.State.isReady() {
 		return Action{}, ErrNotReady
