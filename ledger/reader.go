@@ -128,7 +128,19 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fo
 	if end.Err != nil {
 		return fmt.Errorf("list offsets %s/%d: %w", topic, p, end.Err)
 	}
-	if !follow && end.Offset <= 0 {
+	// The log's start: records before it were deleted (retention, a
+	// DeleteRecords), and a fetch from the start begins there. A
+	// partition emptied up to its end has nothing to read, and nothing
+	// would arrive to move the reader past it.
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("list offsets %s: %w", topic, err)
+	}
+	start, _ := starts.Lookup(topic, p)
+	if start.Err != nil {
+		return fmt.Errorf("list offsets %s/%d: %w", topic, p, start.Err)
+	}
+	if !follow && end.Offset <= start.Offset {
 		return nil
 	}
 
@@ -142,7 +154,7 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fo
 		return err
 	}
 	defer cl.Close()
-	next := int64(0)
+	next := start.Offset
 	for follow || next < end.Offset {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil {

@@ -1,10 +1,12 @@
 package ledger_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -54,5 +56,43 @@ func TestReadCallDropsCopies(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"r1", "e1", "e2", "r2", "e3"}, got); diff != "" {
 		t.Errorf("events read (-want +got):\n%s", diff)
+	}
+}
+
+// A key whose partition was emptied up to its end (retention deleted
+// every record, or a DeleteRecords) has no events: ReadCall says so at
+// once. Before, it fetched from the log's start, which held nothing and
+// would never hold what it waited for, until its context ended (ledger
+// trace, whose context has no deadline, hung).
+func TestReadCallOfAnEmptiedPartition(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "gone"}
+	e := ledger.Event{EventID: "e1", Seq: 1, Type: statemachine.EventRequested, At: time.Now().UTC(), TenantID: key.TenantID,
+		IdempotencyKey: key.IdempotencyKey, CallID: "c1", Tool: "refund_order", ToolVersion: 1, ArgumentsHash: "sha256:00"}
+	r, err := e.Record(k.Topics.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(t.Context(), r, r).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(t.Context(), k.Topics.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adm.DeleteRecords(t.Context(), ends.Offsets()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	evs, err := ledger.ReadCall(ctx, k.Client, k.Topics.Events, key)
+	if err != nil || len(evs) != 0 {
+		t.Errorf("ReadCall of an emptied partition = %d events, %v; want none, at once", len(evs), err)
 	}
 }
