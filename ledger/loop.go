@@ -431,7 +431,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		if err != nil {
 			return err
 		}
-		if l.cfg.Linger > 0 && len(recs) > 0 && l.acted(recs) >= l.cfg.LingerFrom {
+		if l.cfg.Linger > 0 && l.lingers(recs) {
 			// Wait for more, as a producer's linger does: one step,
 			// one transaction and one store round trip for all of them.
 			until := time.Now().Add(l.cfg.Linger)
@@ -591,21 +591,23 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	}
 }
 
-// acted counts the records of recs the step acts on, up to LingerFrom.
-func (l *Loop) acted(recs []*kgo.Record) int {
+// lingers reports whether a poll that returned recs makes the loop
+// linger: at least LingerFrom (0 is 1, as documented) records the step
+// acts on.
+func (l *Loop) lingers(recs []*kgo.Record) bool {
+	from := max(l.cfg.LingerFrom, 1)
 	if l.cfg.Acts == nil {
-		return len(recs)
+		return len(recs) >= from
 	}
 	n := 0
 	for _, r := range recs {
-		if n >= l.cfg.LingerFrom {
-			break
-		}
 		if l.cfg.Acts(r) {
-			n++
+			if n++; n >= from {
+				return true
+			}
 		}
 	}
-	return n
+	return false
 }
 
 // leaveGroup takes a session that failed out of its group before the

@@ -33,3 +33,32 @@ func TestPartitionDropped(t *testing.T) {
 		}
 	}
 }
+
+// A poll makes the loop linger when it holds LingerFrom records the step
+// acts on; LingerFrom 0 is 1, as documented: a poll of records the step
+// ignores (an executor's own events) never lingers. Before, 0 lingered on
+// every poll that returned anything.
+func TestLingersOnRecordsTheStepActsOn(t *testing.T) {
+	acts := func(r *kgo.Record) bool { return string(r.Value) == "acted" }
+	ignored, acted := &kgo.Record{Value: []byte("ignored")}, &kgo.Record{Value: []byte("acted")}
+	for _, tc := range []struct {
+		from int
+		acts func(*kgo.Record) bool
+		recs []*kgo.Record
+		want bool
+	}{
+		{0, acts, []*kgo.Record{ignored, ignored}, false},
+		{1, acts, []*kgo.Record{ignored, ignored}, false},
+		{0, acts, []*kgo.Record{ignored, acted}, true},
+		{2, acts, []*kgo.Record{acted, ignored}, false},
+		{2, acts, []*kgo.Record{acted, ignored, acted}, true},
+		{0, nil, nil, false},
+		{0, nil, []*kgo.Record{ignored}, true},
+		{2, nil, []*kgo.Record{ignored}, false},
+	} {
+		l := &Loop{cfg: LoopConfig{LingerFrom: tc.from, Acts: tc.acts}}
+		if got := l.lingers(tc.recs); got != tc.want {
+			t.Errorf("LingerFrom %d, Acts set %v, %d records: lingers = %v; want %v", tc.from, tc.acts != nil, len(tc.recs), got, tc.want)
+		}
+	}
+}
