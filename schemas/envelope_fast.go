@@ -36,7 +36,11 @@ func envelopeMeets(v any) bool {
 		case "scope":
 			ok = scopeMeets(val)
 		case "idempotency_key":
-			ok = isPrintableASCII(val, 1, 255)
+			// "." and ".." would be path segments in every URL that
+			// names the call (GET /v1/calls/{key}, the trace, the
+			// console), which clients and servers resolve away.
+			ok = isPrintableASCII(val, 1, 255) && val != "." && val != ".."
+
 		case "arguments_hash":
 			ok = isArgumentsHash(val)
 		case "trace_id":
