@@ -47,6 +47,9 @@ func (f *attachFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.attach, "attach", false, "drive a ledger that is already running (ledger dev, or a deployment) instead of starting one: the calls go to its request topic (--topic-requests) on --kafka-brokers, their events are read from --topic-events, and the bench creates, restarts and drops nothing of the ledger's; the runs are the main run, --sweep and --sizes")
 	fs.StringVar(&f.toolsURL, "tools-url", "http://127.0.0.1:8081", "with --attach: the demo tool backend the running ledger's tools call (ledger dev serves it on its --backend-addr, ledger demo-backend on its --addr): duplicate and missing effects are counted from its GET /effects, and the direct floor calls it, or a backend of the bench's own if it refuses calls without the ledger's credential")
 	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the ledger dev being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
+	// dev takes its directory from its command line alone: so does
+	// whatever finds dev's issuer in it.
+	ignoreEnv(fs, "data-dir")
 	fs.StringVar(&f.issuerKey, "issuer-key", "", "with --attach: the private key file (a JWK, as ledger dev keeps its own) of the agents' identity provider, instead of the dev issuer; if missing, the bench creates it, writes its public keys beside it (<file>.jwks.json) and stops, for the ledger's intake to be started trusting them (--issuer, --jwks-file)")
 	fs.StringVar(&f.issuerName, "issuer", "", "with --issuer-key: the issuer name under which the running ledger trusts that key")
 	fs.StringSliceVar(&f.ledgerOps, "ledger-ops", nil, "with --attach: where the running ledger's processes serve GET /loops, comma separated (a role's --metrics-addr as http://host:port, or ledger dev's API): the timeline then shows how busy its intake's and executors' loops were each second, and with --profile their profiles are taken there")

@@ -89,11 +89,11 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 
 // devExplicitOnly are the flags of dev that name a deployment's state,
 // tools or secrets: dev takes them from its command line only.
-//
-// Not --data-dir: a local directory, which the commands that find dev's
-// issuer in it (token, submit, approvals...) read from LEDGER_DATA_DIR
-// too, as the image sets it: dev must keep to the same one.
-var devExplicitOnly = []string{"crdb-dsn", "clickhouse-dsn", "clickhouse-database", "registry-dir", "secrets-dir", "credential-key-dir", "policy-dir", "policy-versions-dir"}
+// --data-dir among them: a deployment's (the image sets LEDGER_DATA_DIR)
+// holds its signing keys and tools' secrets, which dev would load and
+// rotate; the commands that find dev's issuer there take it from their
+// command line too.
+var devExplicitOnly = []string{"crdb-dsn", "data-dir", "clickhouse-dsn", "clickhouse-database", "registry-dir", "secrets-dir", "credential-key-dir", "policy-dir", "policy-versions-dir"}
 
 func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if g.httpTLS.enabled() || g.httpTLS.clientCAFile != "" {

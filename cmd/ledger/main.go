@@ -119,7 +119,9 @@ func bindEnv(cmd *cobra.Command) (ignored []string, err error) {
 		switch {
 		case !ok:
 		case f.Annotations[explicitOnly] != nil:
-			ignored = append(ignored, name)
+			if f.Annotations[explicitOnly][0] == "warn" {
+				ignored = append(ignored, name)
+			}
 		default:
 			if serr := f.Value.Set(v); serr != nil {
 				err = fmt.Errorf("%s=%q: %w", name, v, serr)
@@ -136,10 +138,20 @@ func bindEnv(cmd *cobra.Command) (ignored []string, err error) {
 const explicitOnly = "ledger_explicit_only"
 
 // markExplicitOnly makes the named flags of fs take no value from the
-// environment. Names that fs lacks are skipped.
+// environment, and bindEnv name the variables it ignored for them. Names
+// that fs lacks are skipped.
 func markExplicitOnly(fs *pflag.FlagSet, names ...string) {
 	for _, n := range names {
-		_ = fs.SetAnnotation(n, explicitOnly, []string{"true"})
+		_ = fs.SetAnnotation(n, explicitOnly, []string{"warn"})
+	}
+}
+
+// ignoreEnv is markExplicitOnly without naming the variables: for the
+// flags whose variable a deployment's shell holds for other commands
+// (LEDGER_DATA_DIR), where saying so on every run would be noise.
+func ignoreEnv(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		_ = fs.SetAnnotation(n, explicitOnly, []string{"quiet"})
 	}
 }
 

@@ -250,6 +250,9 @@ func newTokenCmd(g *globals) *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&dataDir, "data-dir", "./.ledger", "the data directory of `ledger dev`, where the dev issuer's key is")
+	// dev takes its directory from its command line alone: so does
+	// whatever finds dev's issuer in it.
+	ignoreEnv(fs, "data-dir")
 	fs.StringVar(&id.Tenant, "tenant", "t_demo", "tenant claim")
 	fs.StringVar(&id.User, "user", "u_demo", "subject (the user)")
 	fs.StringVar(&id.Agent, "agent", "agent_cli", "actor (the agent)")
