@@ -1249,6 +1249,14 @@ func TestApprovalPageOffersNoApprovalOfArgumentsNotShown(t *testing.T) {
 		if !strings.Contains(body, `\u202e4321`) {
 			t.Errorf("%s does not show the direction override as an escape", page)
 		}
+		// Right-to-left letters show, and reorder nothing: what an agent
+		// put there is shown in the order it is held.
+		if want := "<bdo dir=\"ltr\">\u0639 45.00</bdo>"; !strings.Contains(body, want) {
+			t.Errorf("%s does not hold the amount's right-to-left letter in an ltr override (%q)", page, want)
+		}
+	}
+	if body := b.get(approvalURL(keyBidiArgs.ApprovalID())).Body.String(); !strings.Contains(body, "<bdo dir=\"ltr\">\u0639 4321-8765</bdo>") {
+		t.Errorf("the approval page does not hold an argument's right-to-left letter in an ltr override")
 	}
 }
 

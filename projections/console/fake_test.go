@@ -235,12 +235,13 @@ func newFakeAPI() *fakeAPI {
 	for k, args := range map[ledger.CallKey]json.RawMessage{
 		keyWideArgs: json.RawMessage(`{"items":[` + strings.Join(wide, ",") + `],"z_amount_cents":999999}`),
 		keyNoArgs:   nil,
-		keyBidiArgs: json.RawMessage(`{"destination_account":"\u202e4321-8765","note\u200b":"ok"}`),
+		keyBidiArgs: json.RawMessage(`{"destination_account":"\u202e4321-8765","note\u200b":"ok","rtl_account":"\u0639 4321-8765"}`),
 	} {
 		a := approvalJSON(k, "pending", "", nil, "")
 		preview := a["preview"].(map[string]any)
 		if k == keyBidiArgs {
 			preview["resource"] = "acct_\u202e4321"
+			preview["amount"] = "\u0639 45.00"
 		}
 		if args == nil {
 			delete(preview, "arguments")

@@ -35,8 +35,11 @@ type approvalsPage struct {
 }
 
 func (c *Console) row(a approval, now time.Time) approvalRow {
-	// What the agent's arguments put on the page shows as it is.
-	for _, f := range []*string{&a.Preview.Resource, &a.Preview.Amount, &a.Requester.User, &a.Requester.Agent} {
+	// What the agent's arguments put on the page shows as it is: its
+	// characters that do not show escaped here, and the rest in the order
+	// they are held (the templates' <bdo dir="ltr">), so that
+	// right-to-left letters cannot reorder the digits beside them.
+	for _, f := range []*string{&a.Preview.Resource, &a.Preview.Amount, &a.Requester.User, &a.Requester.Agent, &a.CallID} {
 		*f, _ = visible(*f)
 	}
 	row := approvalRow{approval: a, URL: approvalURL(a.ID), Age: fmtDuration(now.Sub(a.RequestedAt))}
