@@ -1,6 +1,7 @@
 package console
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -17,10 +18,17 @@ import (
 
 // refusedFlash is the flash of a refused action.
 func refusedFlash(s *session, what string, err error) flash {
+	if errors.Is(err, errActionBrokenOff) {
+		return flash{Text: fmt.Sprintf("%s: %s may or may not have been taken — %s", s.id.User, what, describe(err))}
+	}
 	return flash{Text: fmt.Sprintf("%s: %s was refused — %s", s.id.User, what, describe(err))}
 }
 
 func (c *Console) logAction(s *session, action, target string, err error) {
+	if errors.Is(err, errActionBrokenOff) {
+		c.cfg.Logger.Warn("console action sent, its answer broken off: it may have been taken", "user", s.id.User, "tenant", s.id.Tenant, "action", action, "target", target)
+		return
+	}
 	if err != nil {
 		c.cfg.Logger.Info("console action refused", "user", s.id.User, "tenant", s.id.Tenant, "action", action, "target", target, "err", describe(err))
 		return

@@ -130,6 +130,9 @@ func (c *Console) call(r *http.Request, s *session, method, path string, q url.V
 	}
 	rec := newRecorder(maxAnswerBytes)
 	if !serveAPI(c.cfg.API, rec, req) {
+		if method != http.MethodGet {
+			return http.StatusBadGateway, errActionBrokenOff
+		}
 		return http.StatusBadGateway, errBrokenOff
 	}
 	status := rec.status
@@ -150,9 +153,14 @@ func (c *Console) call(r *http.Request, s *session, method, path string, q url.V
 	return status, nil
 }
 
-// errBrokenOff is the refusal of an API answer that broke off.
-var errBrokenOff = &apiError{Status: http.StatusBadGateway, Code: "answer_broken_off",
-	Message: "the API's answer broke off (the service behind it stopped mid-answer, or the answer was too large to pass on); try again"}
+// errBrokenOff is the refusal of an API answer that broke off;
+// errActionBrokenOff that of an action's, which may have been taken.
+var (
+	errBrokenOff = &apiError{Status: http.StatusBadGateway, Code: "answer_broken_off",
+		Message: "the API's answer broke off (the service behind it stopped mid-answer, or the answer was too large to pass on); try again"}
+	errActionBrokenOff = &apiError{Status: http.StatusBadGateway, Code: "action_outcome_unknown",
+		Message: "the API's answer broke off after the action was sent: it may have been taken; look before trying again"}
+)
 
 // serveAPI has h answer r into w, and reports whether it answered whole:
 // false when it aborted (http.ErrAbortHandler, which a reverse proxy

@@ -1276,6 +1276,20 @@ func TestAPIAnswerBrokenOffIsAPage(t *testing.T) {
 	}
 }
 
+// An action whose answer breaks off may have been taken: the console says
+// so, and logs it as sent, not as refused.
+func TestActionAnswerBrokenOffMayHaveBeenTaken(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertApprover)
+	fx.api.mu.Lock()
+	fx.api.refuse["POST "+apiApprovalPath(keyPending.ApprovalID())+"/approve"] = refusalSpec{abort: true}
+	fx.api.mu.Unlock()
+	w := b.post(approvalURL(keyPending.ApprovalID())+"/approve", url.Values{"arguments_hash": {hashPending}})
+	if got := followFlash(t, b, w.Result()); !strings.Contains(got, "may or may not have been taken") || strings.Contains(got, "was refused") {
+		t.Errorf("flash %q after an approval whose answer broke off; want it to say it may have been taken", got)
+	}
+}
+
 // A projection lag the API could not read (Kafka unreachable, a grant
 // missing) is said to be unknown on the health page. Before, /v1/health
 // left it at zero, and the page showed the projection caught up.

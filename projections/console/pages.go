@@ -349,7 +349,11 @@ func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) 
 		ae, ok := errors.AsType[*apiError](err)
 		switch {
 		case ok && ae.Status == http.StatusUnauthorized:
-			p.ResultNotServed = true
+			// Said of the calls that ran a tool; the others hold none.
+			switch statemachine.State(p.State) {
+			case statemachine.StateSucceeded, statemachine.StateFailed, statemachine.StateCompensated:
+				p.ResultNotServed = true
+			}
 		case !ok || ae.Status != http.StatusNotFound:
 			p.ResultErr = describe(err)
 		}
