@@ -151,7 +151,8 @@ type Caller interface {
 const (
 	ReasonLeaseExpired     = "lease_expired_mid_call"
 	ReasonDeadlineExceeded = "deadline_exceeded"
-	// ReasonToolFailed: a read tool answered 5xx to every attempt.
+	// ReasonToolFailed: a read tool answered 5xx, or nothing, to every
+	// attempt.
 	ReasonToolFailed        = "tool_failed"
 	ReasonToolRefused       = "tool_refused"
 	ReasonOutcomeAmbiguous  = "outcome_ambiguous"
@@ -1155,7 +1156,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	// after its effect, a gateway that lost the tool's answer).
 	var lastErr, unknownErr error
 	// answered: an attempt of this executor reached the tool, which said
-	// it did nothing (429).
+	// it did nothing (429), or the tool only reads.
 	var answered bool
 	for n := 0; n < x.cfg.MaxAttempts; n++ {
 		if n > 0 {
@@ -1217,15 +1218,14 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				return c.finish(processors.StatusFailed, attempt, ReasonToolRefused, fmt.Sprintf("http_%d", he.Status), nil)
 			case httptool.Throttled:
 				answered = true
-			case httptool.ServerError:
+			case httptool.ServerError, httptool.Unknown:
 				if tool.Effect == schemas.EffectRead {
-					// A read has no effect to be unsure of: its 5xx
-					// says it failed, and nothing else.
+					// A read has no effect to be unsure of: its 5xx,
+					// or no answer, says it failed and nothing else,
+					// and running it again is harmless.
 					answered = true
 					break
 				}
-				fallthrough
-			case httptool.Unknown:
 				if tool.Idempotency != schemas.IdempotencyNative {
 					// A retry could apply the effect twice.
 					return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, errorCode(he), nil)
@@ -1806,6 +1806,10 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 		// Not a single attempt started: the deadline or lease left no
 		// room. Nothing was sent.
 		return c.finish(processors.StatusFailed, attempt+1, ReasonDeadlineExceeded, "not_started", nil)
+	case tool.Effect == schemas.EffectRead:
+		// The last attempt got no answer; a read has no effect to be
+		// unsure of.
+		return c.finish(processors.StatusFailed, attempt, ReasonToolFailed, "timeout", nil)
 	default:
 		// The last attempt may have reached the tool.
 		return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, "timeout", nil)

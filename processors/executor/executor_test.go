@@ -464,6 +464,29 @@ func TestReadToolServerErrorFails(t *testing.T) {
 	}
 }
 
+// Nor is a read that got no answer unsure of anything: it is retried,
+// and ends failed (tool_failed, timeout), not outcome_unknown, which would
+// park it for a human.
+func TestReadToolTimeoutFails(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("get_weather", demobackend.Fault{Hang: true})
+	auth := r.admit("get_weather", "khang", map[string]any{"city": "Oslo"}, 0)
+	out, err := r.executor(func(c *executor.Config) { c.MaxAttempts = 2 }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolFailed + ")"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if code := evs[1].ErrorCode; code != "timeout" {
+		t.Errorf("error code %q; want timeout", code)
+	}
+	if n := r.backend.Requests(); n != 2 {
+		t.Errorf("%d requests; want 2 (the read retried)", n)
+	}
+}
+
 // A native tool whose response was lost after it applied: the retry with
 // the same key replays, the effect stays single.
 func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {

@@ -18,7 +18,9 @@ import (
 //	Unknown      maybe                native tools only
 //
 // (The executor retries within the call's deadline, after its own
-// backoff: RetryAfter is reported, not waited for.)
+// backoff: RetryAfter is reported, not waited for. A tool that only
+// reads is retried after any of them but Refused, and its call fails:
+// there is no effect to be unsure of.)
 //
 // A refusal speaks for its own request only: after an earlier attempt
 // under the same key that got no answer, the tool may have applied that
