@@ -1361,13 +1361,14 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 
 // versionReadLater reports whether a failed read of a resource's version
 // may succeed later: no answer (or none readable), a 5xx, 408 or 429.
-// Another 4xx (404: the resource is gone; 401, 403) or a URL that
-// cannot be asked will not change by waiting.
+// Another 4xx (404: the resource is gone; 401, 403), a redirect (not
+// followed: the URL moved) or a URL that cannot be asked will not change
+// by waiting.
 func versionReadLater(err error) bool {
 	if errors.Is(err, processors.ErrVersionURL) || errors.Is(err, httptool.ErrInvalidRequest) {
 		return false
 	}
-	if he, ok := errors.AsType[*httptool.Error](err); ok && he.Status >= 400 && he.Status < 500 {
+	if he, ok := errors.AsType[*httptool.Error](err); ok && he.Status >= 300 && he.Status < 500 {
 		return he.Status == 408 || he.Status == 429 // request timeout, too many requests
 	}
 	return true

@@ -222,6 +222,7 @@ func TestApprovedCallWithAVersionThatCannotBeReadIsDenied(t *testing.T) {
 	for _, err := range []error{
 		&httptool.Error{Kind: httptool.ServerError, Status: http.StatusNotFound, Detail: "resource version"},
 		&httptool.Error{Kind: httptool.ServerError, Status: http.StatusForbidden, Detail: "resource version"},
+		&httptool.Error{Kind: httptool.ServerError, Status: http.StatusMovedPermanently, Detail: "resource version"},
 		fmt.Errorf("resource version url: %w", httptool.ErrInvalidRequest),
 		fmt.Errorf("%w: relative url without a base url", processors.ErrVersionURL),
 	} {
