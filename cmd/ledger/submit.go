@@ -179,8 +179,13 @@ type callWait struct {
 	callKey ledger.CallKey
 	keys    []ledger.CallKey
 	ends    []int64
+	// argumentsHash is the envelope's: a call under the key with another
+	// (its requested event says) is an earlier one, whose outcome is no
+	// answer to this submission, which is refused.
+	argumentsHash string
 
 	mu       sync.Mutex
+	earlier  bool          // the call under the key is another's (argumentsHash)
 	last     *ledger.Event // the settling event, or the refusal that ends the wait
 	forNow   *ledger.Event // the last refusal for now answered by sending again
 	call     statemachine.Call
@@ -192,6 +197,12 @@ type callWait struct {
 
 func newCallWait(ctx context.Context, cc ledger.ClientConfig, topic string, key ledger.CallKey, callID string, body []byte) (*callWait, error) {
 	w := &callWait{cc: cc, topic: topic, callID: callID, callKey: key, sent: 1, refusals: make(map[string]bool)}
+	var env struct {
+		ArgumentsHash string `json:"arguments_hash"`
+	}
+	if json.Unmarshal(body, &env) == nil {
+		w.argumentsHash = env.ArgumentsHash
+	}
 	if t := assertedTenant(body); t != "" {
 		w.callKey.TenantID = t
 	}
@@ -239,6 +250,12 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 					return w.refused(e, offset >= w.ends[i], f, out, waitEnd, again, cancel)
 				}
 				if k != w.callKey {
+					return false
+				}
+				if e.Type == statemachine.EventRequested && w.argumentsHash != "" && e.ArgumentsHash != w.argumentsHash {
+					w.earlier = true
+				}
+				if w.earlier {
 					return false
 				}
 				next, _, err := statemachine.Apply(w.call, e.Transition())

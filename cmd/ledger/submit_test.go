@@ -22,22 +22,18 @@ import (
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
-// TestSubmitWaitAfterResend: what submit --wait says when its wait ends
-// after it sent the envelope again. A resend that failed is said as it
-// failed, even with a deadline of its own (not as the call not settling);
-// a resend admitted, whose call still runs at --timeout, leaves the call's
-// state said, not the refusal it answered.
-func TestSubmitWaitAfterResend(t *testing.T) {
-	cc, topics, _ := roleCluster(t)
+// eventAppender stands in for the intake: what it returns appends events
+// to topic, each to its key's partition.
+func eventAppender(t *testing.T, cc ledger.ClientConfig, topic string) func(context.Context, ...ledger.Event) error {
+	t.Helper()
 	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(producer.Close)
-	// append stands in for the intake: it appends evs to the events topic.
-	appendEvents := func(ctx context.Context, evs ...ledger.Event) error {
+	return func(ctx context.Context, evs ...ledger.Event) error {
 		for _, e := range evs {
-			rec, err := e.Record(topics.Events)
+			rec, err := e.Record(topic)
 			if err != nil {
 				return err
 			}
@@ -47,6 +43,16 @@ func TestSubmitWaitAfterResend(t *testing.T) {
 		}
 		return nil
 	}
+}
+
+// TestSubmitWaitAfterResend: what submit --wait says when its wait ends
+// after it sent the envelope again. A resend that failed is said as it
+// failed, even with a deadline of its own (not as the call not settling);
+// a resend admitted, whose call still runs at --timeout, leaves the call's
+// state said, not the refusal it answered.
+func TestSubmitWaitAfterResend(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	appendEvents := eventAppender(t, cc, topics.Events)
 	refusedForNow := func(key ledger.CallKey) ledger.Event {
 		return ledger.Event{V: 1, EventID: "refusal-" + key.IdempotencyKey, Type: statemachine.EventDenied, TenantID: key.TenantID,
 			IdempotencyKey: key.IdempotencyKey, CallID: "call-" + key.IdempotencyKey, Reason: "rate_limited", RetryAfterMS: 10, At: time.Now()}
@@ -73,12 +79,58 @@ func TestSubmitWaitAfterResend(t *testing.T) {
 	running := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "running"}
 	// Its --timeout leaves a loaded machine time to read the refusal and
 	// send again: the wait lasts all of it.
-	err = wait(running, 8*time.Second, func(ctx context.Context) error {
+	err := wait(running, 8*time.Second, func(ctx context.Context) error {
 		return appendEvents(ctx, ledger.Event{V: 1, EventID: "requested-running", Seq: 1, Type: statemachine.EventRequested,
 			TenantID: running.TenantID, IdempotencyKey: running.IdempotencyKey, CallID: "call-running", ArgumentsHash: "h", At: time.Now()})
 	})
 	if err == nil || !strings.Contains(err.Error(), `(state "requested")`) || strings.Contains(err.Error(), "refusal") {
 		t.Errorf("a resend admitted, its call still running at --timeout: %v; want the call's state said", err)
+	}
+}
+
+// submit --wait through Kafka does not take a call settled under the key
+// with other arguments (an earlier one) for its answer: it waits for its
+// own submission's refusal (idempotency_key_reused), as through the API.
+// Before, it folded the earlier call's events and printed its outcome.
+func TestSubmitWaitPassesOverAnEarlierCall(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	appendEvents := eventAppender(t, cc, topics.Events)
+	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "reused"}
+	var earlier []ledger.Event
+	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+		earlier = append(earlier, ledger.Event{V: 1, EventID: "earlier-" + string(ty), Seq: int64(i + 1), Type: ty, TenantID: key.TenantID,
+			IdempotencyKey: key.IdempotencyKey, CallID: "call-earlier", ArgumentsHash: "sha256:earlier", Attempt: 1, At: time.Now()})
+	}
+	if err := appendEvents(t.Context(), earlier...); err != nil {
+		t.Fatal(err)
+	}
+	w, err := newCallWait(t.Context(), cc, topics.Events, key, "call-now", []byte(`{"arguments_hash":"sha256:now"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The earlier call folds to succeeded: what the wait would take for
+	// its answer, were it not another call.
+	call := statemachine.Call{}
+	for _, e := range earlier {
+		if call, _, err = statemachine.Apply(call, e.Transition()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if call.State != statemachine.StateSucceeded {
+		t.Fatalf("the earlier call folds to %s; the test needs it settled", call.State)
+	}
+	w.lastSent = time.Now()
+	// The intake's refusal of this submission, after it went out.
+	if err := appendEvents(t.Context(), ledger.Event{V: 1, EventID: "refusal-now", Type: statemachine.EventDenied, TenantID: key.TenantID,
+		IdempotencyKey: key.IdempotencyKey, CallID: "call-now", ArgumentsHash: "sha256:now", Reason: "idempotency_key_reused", Pointer: "/arguments_hash", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := w.run(t.Context(), &submitFlags{timeout: 20 * time.Second}, &out, func(context.Context) error { return nil }); err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	if w.last == nil || w.last.EventID != "refusal-now" || strings.Contains(out.String(), "succeeded") {
+		t.Errorf("the wait ended on %+v, printing:\n%s\nwant this submission's refusal, and nothing of the earlier call", w.last, out.String())
 	}
 }
 
