@@ -361,7 +361,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		}
 	}
 	for _, c := range calls {
-		rates := p.rates(c)
+		rates := p.rates(c, now)
 		if len(rates) > 0 && !p.limits {
 			emit(p.refuse(c.key(), c.env, c.id, now, ReasonRateLimited, "", "a policy sets a rate limit and this intake's store keeps none"))
 			continue
@@ -765,10 +765,17 @@ func scopeMismatch(s ledger.Scope, id identity.Identity) (pointer string, ok boo
 
 // rates is what admitting c charges, or nil: an allowed call draws on the
 // bucket of each of its rate_limit obligations, one per deciding policy
-// with a limit, in the decision's order; all of them or, refused, none.
-func (p *Processor) rates(c *checked) []processors.RateRequest {
+// with a limit, in the decision's order; all of them or, refused, none. A
+// call whose deadline passed before now charges nothing.
+func (p *Processor) rates(c *checked, now time.Time) []processors.RateRequest {
 	rls := c.decision.Obligations.RateLimits
 	if !c.decision.Allow || len(rls) == 0 {
+		return nil
+	}
+	if d := c.env.Deadline(cmp.Or(c.sent, now)); !d.IsZero() && !d.After(now) {
+		// Dead on arrival (it waited in its partition past its
+		// deadline): it will expire, not run, and must not take the
+		// budget of the tenant's live calls behind it.
 		return nil
 	}
 	rs := make([]processors.RateRequest, len(rls))

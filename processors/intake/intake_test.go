@@ -892,6 +892,35 @@ permit (principal, action == Action::"tool::create_ticket", resource);`)
 	}
 }
 
+// A call dead on arrival (it waited in its partition past its deadline,
+// the intake down, say) is admitted to expire, and charges no rate budget:
+// the tenant's live call behind it is not refused for it. Before, a
+// backlog of dead calls drained the budget, and the live calls behind it
+// were refused rate_limited.
+func TestIntakeDeadCallsChargeNoRateBudget(t *testing.T) {
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Policy = policyEngine(t, `@id("one") @rate_limit("1/m")
+permit (principal, action == Action::"tool::create_ticket", resource);`)
+	})
+	withDeadline := func(r *kgo.Record, sent time.Time) *kgo.Record {
+		var env map[string]any
+		if err := json.Unmarshal(r.Value, &env); err != nil {
+			t.Fatal(err)
+		}
+		env["deadline_ms"] = 8000
+		r.Value, _ = json.Marshal(env)
+		r.Timestamp = sent
+		return r
+	}
+	dead := withDeadline(f.envelopeRecord(t, "dead", map[string]any{"title": "t"}), time.Now().Add(-10*time.Minute))
+	live := withDeadline(f.envelopeRecord(t, "live", map[string]any{"title": "t"}), time.Now())
+	_, got := f.step(t, dead, live)
+	want := []string{"dead:requested/", "dead:authorized/" + policy.ReasonAllowed, "live:requested/", "live:authorized/" + policy.ReasonAllowed}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("a dead call, then a live one, under a budget of one a minute (-want +got):\n%s", diff)
+	}
+}
+
 // The schema, the policies and the audit copy see the arguments as they
 // were hashed and will run: a number spelt 4.5e3 or 4500.0 is the 4500
 // it hashes as. Before, the schema took 4.5e3 for the integer 4500 while
