@@ -1138,6 +1138,13 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		if err != nil {
 			// Nothing was sent: without a credential the tool is
 			// not called.
+			if errors.Is(err, credentials.ErrDeadlinePassed) && !reclaimed && !rec.DeadlineAt.IsZero() && !stop.Before(rec.DeadlineAt) {
+				// Too little of the call's own time is left for a
+				// credential (they expire on whole seconds): it
+				// expires, as past its deadline, not for want of a
+				// credential.
+				return c.expire()
+			}
 			log.Error("mint credential", "err", err)
 			return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "", nil)
 		}

@@ -487,6 +487,32 @@ func TestReadToolTimeoutFails(t *testing.T) {
 	}
 }
 
+// lateMinter is a credential broker for which the call's deadline leaves
+// no time: what credentials.Broker answers within the deadline's second.
+type lateMinter struct{}
+
+func (lateMinter) Mint(g credentials.Grant) (credentials.Credential, error) {
+	return credentials.Credential{}, fmt.Errorf("mint %s: %w", g.Tool, credentials.ErrDeadlinePassed)
+}
+
+// A call whose deadline leaves too little time for its credential expires
+// (deadline_exceeded), as one past its deadline does; it does not fail for
+// want of a credential, which would point operators at the broker.
+func TestCallTooLateForACredentialExpires(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("create_ticket", "klate", map[string]any{"title": "t"}, 800)
+	out, err := r.executor(func(c *executor.Config) { c.Credentials = lateMinter{} }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"expired(" + executor.ReasonDeadlineExceeded + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.Requests(); n != 0 {
+		t.Errorf("tool received %d requests; want 0", n)
+	}
+}
+
 // A native tool whose response was lost after it applied: the retry with
 // the same key replays, the effect stays single.
 func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {
