@@ -218,7 +218,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
-	intakeRole, intakeProc, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls,
+	intakeRole, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls,
 		Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, intakeIDs, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err
@@ -261,8 +261,16 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 
 	mux := http.NewServeMux()
 	mux.Handle(credentials.JWKSPath, broker.Handler())
+	// Compensations are decided on a channel of their own, as the
+	// reconciler role's are: the policies let the undo tools run there
+	// alone, not on an agent's request.
+	submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Freezes: controls,
+		Topics: topics, Channel: "compensation", Actor: "compensation/" + instance, Logger: logger.With("component", "compensation")})
+	if err != nil {
+		return err
+	}
 	undo, err := compensation.New(compensation.Config{
-		Store: st, Registry: reg, Intake: intakeProc, Publisher: events, Identity: staff, Topics: topics,
+		Store: st, Registry: reg, Intake: submitter, Publisher: events, Identity: staff, Topics: topics,
 		Logger: logger.With("component", "compensation"),
 	})
 	if err != nil {

@@ -151,6 +151,22 @@ func TestDemoPolicies(t *testing.T) {
 				Obligations: Obligations{RequireApproval: true, RateLimits: external60}},
 		},
 		{
+			name: "cancel_refund allowed on the compensation channel",
+			req: func() Request {
+				r := simple("cancel_refund")
+				r.Effect, r.Channel = "external_side_effect", "compensation"
+				return r
+			},
+			want: Decision{Allow: true, Reason: ReasonAllowed, PolicyIDs: []string{"refund-compensation"}, Version: v},
+		},
+		{
+			// An agent's own undo would run outside the ledger's
+			// compensation, which would then run it again.
+			name: "cancel_refund asked by an agent matches no permit",
+			req:  func() Request { r := simple("cancel_refund"); r.Effect = "external_side_effect"; return r },
+			want: Decision{Reason: ReasonNoPolicy, Version: v},
+		},
+		{
 			name: "unknown tool matches no permit",
 			req:  func() Request { return simple("drop_database") },
 			want: Decision{Reason: ReasonNoPolicy, Version: v},
