@@ -759,7 +759,10 @@ func (e *chaosEnv) supervise(ctx context.Context, s *chaosSlot) {
 			continue // a rolling restart: start it again at once
 		}
 		if ctx.Err() == nil {
-			e.logger.Warn("chaos: process exited without a failpoint", "slot", s.name, "point", point, "err", waitErr, "log", node.log.Name())
+			// The log's end said here too: a test's work directory
+			// is gone by the time anyone reads its report.
+			e.logger.Warn("chaos: process exited without a failpoint", "slot", s.name, "point", point, "err", waitErr, "log", node.log.Name(),
+				"log_tail", logTail(node.log.Name()))
 			e.unexpect.Add(1)
 			if !sleepCtx(ctx, 500*time.Millisecond) {
 				return
