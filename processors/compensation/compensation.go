@@ -135,8 +135,14 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	comp := tool.Compensation
 	ck := key.CompensationKey()
 	if prev, err := s.cfg.Store.Get(ctx, ck); err == nil && prev.Status.Done() && prev.Status != processors.StatusSucceeded {
-		// The one compensation of this call ended without undoing it:
-		// asking again would find its key used and run nothing.
+		// The one compensation of this call ended without undoing it
+		// (or with what it did unknown): asking again would find its
+		// key used and run nothing.
+		if prev.Status == processors.StatusOutcomeUnknown || prev.Status == processors.StatusParked {
+			// It may have undone the call: a human undoing it by hand
+			// could undo it twice. Its own outcome is what to settle.
+			return ck, nil, fmt.Errorf("%w: whether its compensation %s undid it is not known (%s): settle the compensation first (ledger calls resolve %s)", ErrCompensationFailed, ck, prev.Status, ck.IdempotencyKey)
+		}
 		return ck, nil, fmt.Errorf("%w: its compensation %s ended %s; a human must undo it", ErrCompensationFailed, ck, prev.Status)
 	}
 	hash, err := ledger.ArgumentsHash(key.TenantID, comp.Tool, comp.Version, args)

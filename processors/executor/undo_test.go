@@ -585,6 +585,37 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 	}
 }
 
+// Asked again for a call whose compensation's own outcome is unknown, the
+// compensation service says to settle the compensation first: it may have
+// undone the call, and a human told to undo it by hand could undo it
+// twice. Before, it said the compensation did not undo it.
+func TestCompensationOfUnknownOutcomeIsSettledFirst(t *testing.T) {
+	r := newRig(t)
+	orig, unknown := r.unknownRefundToUndo()
+	pub := &recordingPublisher{}
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	rc := r.sweepingReconciler(svc, &now, nil)
+	failingLong(rc, orig.Key())
+	r.reconcileAll(rc, unknown)
+	ck := orig.Key().CompensationKey()
+	r.backend.SetFault("cancel_refund", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
+	if _, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck)); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := r.store.Get(t.Context(), ck); err != nil || rec.Status != processors.StatusOutcomeUnknown {
+		t.Fatalf("the compensation is %s (%v); want outcome_unknown", rec.Status, err)
+	}
+	op := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	_, _, err = svc.Compensate(t.Context(), op, orig.Key(), "again")
+	if !errors.Is(err, compensation.ErrCompensationFailed) || !strings.Contains(err.Error(), "settle the compensation first") || strings.Contains(err.Error(), "a human must undo it") {
+		t.Errorf("compensating again = %v; want it to say to settle the compensation first", err)
+	}
+}
+
 // The sweep of parked calls pages on: more calls parked for a human than
 // a sweep reads (100), all older, do not hide a call parked for its
 // compensation that was never requested (a restarted reconciler knows of
