@@ -1227,6 +1227,11 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				answered = true
 			case httptool.ServerError, httptool.Unknown:
 				if tool.Effect == schemas.EffectRead {
+					if he.Kind == httptool.Unknown && he.Status != 0 {
+						// An answer the client cannot place (a
+						// redirect, say): asking again gets the same.
+						return c.finish(processors.StatusFailed, attempt, ReasonToolFailed, errorCode(he), nil)
+					}
 					// A read has no effect to be unsure of: its 5xx,
 					// or no answer, says it failed and nothing else,
 					// and running it again is harmless.

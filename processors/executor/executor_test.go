@@ -464,6 +464,25 @@ func TestReadToolServerErrorFails(t *testing.T) {
 	}
 }
 
+// A read answered with what the client cannot place (a redirect: its URL
+// moved) fails at once, saying the status, not retried into a timeout.
+func TestReadToolRedirectFailsAtOnce(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("get_weather", demobackend.Fault{FailStatus: http.StatusMovedPermanently})
+	auth := r.admit("get_weather", "k301", map[string]any{"city": "Oslo"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolFailed + ")"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if code, n := evs[1].ErrorCode, r.backend.Requests(); code != "http_301" || n != 1 {
+		t.Errorf("error code %q after %d requests; want http_301 after 1", code, n)
+	}
+}
+
 // Nor is a read that got no answer unsure of anything: it is retried,
 // and ends failed (tool_failed, timeout), not outcome_unknown, which would
 // park it for a human.

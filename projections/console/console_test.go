@@ -1290,6 +1290,26 @@ func TestActionAnswerBrokenOffMayHaveBeenTaken(t *testing.T) {
 	}
 }
 
+// Compensate-all counts the compensations whose answers broke off apart:
+// sent, and maybe asked, not refused.
+func TestCompensateAllAnswersBrokenOff(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	confirm := b.get("/incidents/confirm?action=compensate&tool=refund_order").Body.String()
+	digest := regexp.MustCompile(`name="digest" value="([0-9a-f]+)"`).FindStringSubmatch(confirm)
+	if digest == nil {
+		t.Fatalf("no digest on the confirmation page")
+	}
+	fx.api.mu.Lock()
+	fx.api.refuse["POST /v1/compensations"] = refusalSpec{abort: true}
+	fx.api.mu.Unlock()
+	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"fraud"}, "digest": {digest[1]}})
+	flash := followFlash(t, b, w.Result())
+	if !strings.Contains(flash, "3 sent, their answers broken off, so maybe asked") || strings.Contains(flash, "refused") {
+		t.Errorf("flash %q; want the three counted as maybe asked, none as refused", flash)
+	}
+}
+
 // A projection lag the API could not read (Kafka unreachable, a grant
 // missing) is said to be unknown on the health page. Before, /v1/health
 // left it at zero, and the page showed the projection caught up.

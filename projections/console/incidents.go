@@ -535,9 +535,14 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 		return
 	}
 	var ok int
-	var refusals []string
+	var refusals, unknown []string
 	for _, k := range keys {
 		if _, err := c.compensate(r, s, k, reason); err != nil {
+			if errors.Is(err, errActionBrokenOff) {
+				// Sent, and maybe taken: not a refusal.
+				unknown = append(unknown, k.String())
+				continue
+			}
 			refusals = append(refusals, k.String()+": "+describe(err))
 			if ae, isAPI := errors.AsType[*apiError](err); isAPI && ae.Status == http.StatusUnauthorized {
 				break // the assertion ended: every other request would fail alike
@@ -547,6 +552,14 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 		ok++
 	}
 	text := fmt.Sprintf("%s asked to compensate %d of %d succeeded call(s).", s.id.User, ok, len(keys))
+	if len(unknown) > 0 {
+		shown := unknown[:min(len(unknown), maxRefusalsShown)]
+		text += fmt.Sprintf(" %d sent, their answers broken off, so maybe asked: %s", len(unknown), strings.Join(shown, "; "))
+		if len(unknown) > len(shown) {
+			text += "; …"
+		}
+		text += "."
+	}
 	if len(refusals) > 0 {
 		shown := refusals[:min(len(refusals), maxRefusalsShown)]
 		text += fmt.Sprintf(" %d refused: %s", len(refusals), strings.Join(shown, "; "))
@@ -554,5 +567,5 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 			text += "; …"
 		}
 	}
-	c.redirect(w, r, s, back, flash{OK: len(refusals) == 0, Text: text})
+	c.redirect(w, r, s, back, flash{OK: len(refusals) == 0 && len(unknown) == 0, Text: text})
 }
