@@ -441,68 +441,39 @@ func TestNativeToolServerErrorAfterItsEffectIsNeverFailed(t *testing.T) {
 	}
 }
 
-// A read tool has no effect to be unsure of: a 5xx on every attempt ends
-// the call failed (tool_failed), not outcome_unknown, which would park it
-// for a human when the tool declares no status lookup, as reads do not.
-func TestReadToolServerErrorFails(t *testing.T) {
-	r := newRig(t)
-	r.backend.SetFault("get_weather", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
-	auth := r.admit("get_weather", "k503", map[string]any{"city": "Oslo"}, 0)
-	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs := decodeAll(t, out.Records)
-	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolFailed + ")"}, summary(evs)); diff != "" {
-		t.Fatalf("events (-want +got):\n%s", diff)
-	}
-	if code := evs[1].ErrorCode; code != "http_503" {
-		t.Errorf("error code %q; want http_503", code)
-	}
-	if n := r.backend.Requests(); n < 2 {
-		t.Errorf("%d requests; want the read retried", n)
-	}
-}
-
-// A read answered with what the client cannot place (a redirect: its URL
-// moved) fails at once, saying the status, not retried into a timeout.
-func TestReadToolRedirectFailsAtOnce(t *testing.T) {
-	r := newRig(t)
-	r.backend.SetFault("get_weather", demobackend.Fault{FailStatus: http.StatusMovedPermanently})
-	auth := r.admit("get_weather", "k301", map[string]any{"city": "Oslo"}, 0)
-	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs := decodeAll(t, out.Records)
-	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolFailed + ")"}, summary(evs)); diff != "" {
-		t.Fatalf("events (-want +got):\n%s", diff)
-	}
-	if code, n := evs[1].ErrorCode, r.backend.Requests(); code != "http_301" || n != 1 {
-		t.Errorf("error code %q after %d requests; want http_301 after 1", code, n)
-	}
-}
-
-// Nor is a read that got no answer unsure of anything: it is retried,
-// and ends failed (tool_failed, timeout), not outcome_unknown, which would
-// park it for a human.
-func TestReadToolTimeoutFails(t *testing.T) {
-	r := newRig(t)
-	r.backend.SetFault("get_weather", demobackend.Fault{Hang: true})
-	auth := r.admit("get_weather", "khang", map[string]any{"city": "Oslo"}, 0)
-	out, err := r.executor(func(c *executor.Config) { c.MaxAttempts = 2 }).Step(t.Context(), []*kgo.Record{auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs := decodeAll(t, out.Records)
-	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolFailed + ")"}, summary(evs)); diff != "" {
-		t.Fatalf("events (-want +got):\n%s", diff)
-	}
-	if code := evs[1].ErrorCode; code != "timeout" {
-		t.Errorf("error code %q; want timeout", code)
-	}
-	if n := r.backend.Requests(); n != 2 {
-		t.Errorf("%d requests; want 2 (the read retried)", n)
+// A read tool has no effect to be unsure of: a 5xx, or no answer, on
+// every attempt ends the call failed (tool_failed), retried first, not
+// outcome_unknown, which would park it for a human when the tool declares
+// no status lookup, as reads do not; an answer the client cannot place (a
+// redirect: its URL moved) fails at once, saying the status, not retried
+// into a timeout.
+func TestReadToolFailuresEndFailed(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fault    demobackend.Fault
+		code     string
+		requests int64
+	}{
+		{"5xx", demobackend.Fault{FailStatus: http.StatusServiceUnavailable}, "http_503", 2},
+		{"no answer", demobackend.Fault{Hang: true}, "timeout", 2},
+		{"a redirect", demobackend.Fault{FailStatus: http.StatusMovedPermanently}, "http_301", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.backend.SetFault("get_weather", tc.fault)
+			auth := r.admit("get_weather", "kread", map[string]any{"city": "Oslo"}, 0)
+			out, err := r.executor(func(c *executor.Config) { c.MaxAttempts = 2 }).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolFailed + ")"}, summary(evs)); diff != "" {
+				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			if code, n := evs[1].ErrorCode, r.backend.Requests(); code != tc.code || n != tc.requests {
+				t.Errorf("error code %q after %d requests; want %q after %d", code, n, tc.code, tc.requests)
+			}
+		})
 	}
 }
 

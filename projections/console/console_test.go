@@ -997,16 +997,24 @@ func TestConfirmationPagesCount(t *testing.T) {
 	}
 }
 
-func TestCompensateAll(t *testing.T) {
-	fx := newFixture(t)
-	b := fx.signedIn(assertOperator)
+// compensateAllDigest opens the compensate-all confirmation of
+// refund_order's succeeded calls and returns the digest it binds them by.
+func compensateAllDigest(t *testing.T, b *browser) string {
+	t.Helper()
 	confirm := b.get("/incidents/confirm?action=compensate&tool=refund_order").Body.String()
 	digest := regexp.MustCompile(`name="digest" value="([0-9a-f]+)"`).FindStringSubmatch(confirm)
 	if digest == nil {
 		t.Fatalf("no digest on the confirmation page")
 	}
+	return digest[1]
+}
+
+func TestCompensateAll(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	digest := compensateAllDigest(t, b)
 	fx.api.reset()
-	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"mass refund fraud"}, "digest": {digest[1]}})
+	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"mass refund fraud"}, "digest": {digest}})
 	var bodies []string
 	for _, r := range fx.api.requests() {
 		if r.Auth != "Bearer "+assertOperator {
@@ -1035,7 +1043,7 @@ func TestCompensateAll(t *testing.T) {
 	// The question now matches other calls: nothing is done.
 	fx.api.blast.Calls = fx.api.blast.Calls[:1]
 	fx.api.reset()
-	w = b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"again"}, "digest": {digest[1]}})
+	w = b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"again"}, "digest": {digest}})
 	for _, r := range fx.api.requests() {
 		if r.Method == "POST" {
 			t.Errorf("a stale confirmation still posted %s", r.Path)
@@ -1295,15 +1303,11 @@ func TestActionAnswerBrokenOffMayHaveBeenTaken(t *testing.T) {
 func TestCompensateAllAnswersBrokenOff(t *testing.T) {
 	fx := newFixture(t)
 	b := fx.signedIn(assertOperator)
-	confirm := b.get("/incidents/confirm?action=compensate&tool=refund_order").Body.String()
-	digest := regexp.MustCompile(`name="digest" value="([0-9a-f]+)"`).FindStringSubmatch(confirm)
-	if digest == nil {
-		t.Fatalf("no digest on the confirmation page")
-	}
+	digest := compensateAllDigest(t, b)
 	fx.api.mu.Lock()
 	fx.api.refuse["POST /v1/compensations"] = refusalSpec{abort: true}
 	fx.api.mu.Unlock()
-	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"fraud"}, "digest": {digest[1]}})
+	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"fraud"}, "digest": {digest}})
 	flash := followFlash(t, b, w.Result())
 	if !strings.Contains(flash, "3 sent, their answers broken off, so maybe asked") || strings.Contains(flash, "refused") {
 		t.Errorf("flash %q; want the three counted as maybe asked, none as refused", flash)
