@@ -1023,6 +1023,13 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	if err != nil {
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnknownTool, "", nil)
 	}
+	if reclaimed && tool.Effect == schemas.EffectRead {
+		// A read taken over runs as a call of its own: whatever its
+		// first owner's request did changed nothing, so there is no
+		// outcome to be unsure of, and none to park for a human (a read
+		// declares no status lookup).
+		reclaimed, c.reclaimed = false, false
+	}
 	pastDeadline := !rec.DeadlineAt.IsZero() && !start.Before(rec.DeadlineAt)
 	if reclaimed && (tool.Idempotency != schemas.IdempotencyNative || pastDeadline) {
 		// The previous owner may or may not have called the tool.

@@ -754,6 +754,40 @@ func TestReclaimedCallNotSettledIsOutcomeUnknown(t *testing.T) {
 	}
 }
 
+// A read taken over from an executor that died mid-call is a call of its
+// own: there is no effect to be unsure of. Past its deadline it expires,
+// and answered 5xx it fails. Before, both ended outcome_unknown
+// (lease_expired_mid_call), and, a read declaring no status lookup, were
+// parked for a human.
+func TestReclaimedReadIsACallOfItsOwn(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline int64
+		fault    demobackend.Fault
+		want     []string
+	}{
+		{"past its deadline", 1, demobackend.Fault{}, []string{"expired(" + executor.ReasonDeadlineExceeded + ")"}},
+		{"answered 5xx", 60_000, demobackend.Fault{FailStatus: http.StatusServiceUnavailable}, []string{"executing", "failed(" + executor.ReasonToolFailed + ")"}},
+		{"answered", 60_000, demobackend.Fault{}, []string{"executing", "succeeded"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.backend.SetFault("get_weather", tc.fault)
+			auth := r.admit("get_weather", "reclaimed-read", map[string]any{"city": "Oslo"}, tc.deadline)
+			ev := authorizedEvent(t, auth)
+			r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+			time.Sleep(5 * time.Millisecond) // past a deadline of 1 ms
+			out, err := r.executor(func(c *executor.Config) { c.MaxAttempts = 1 }).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, summary(decodeAll(t, out.Records))); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 // Shutting down mid-call does not throw the call's outcome away: the call
 // finishes, its outcome is recorded, and its events follow on redelivery.
 func TestShutdownRecordsRunningCalls(t *testing.T) {
