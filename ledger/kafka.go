@@ -70,14 +70,17 @@ func EnsureTopics(ctx context.Context, cl *kgo.Client, cfg TopicConfig) error {
 	// Create alone) lists none: every one is then asked to be created,
 	// and a refusal says the listing failed too.
 	existing, listErr := adm.ListTopics(ctx, t.Requests, t.Events, t.Control, t.DLQ)
-	compact := "compact"
+	// The events are the ledger, and the control topic's latest action
+	// per subject must survive forever (a freeze, a revocation): neither
+	// may take the brokers' default retention, 7 days, and lose them.
+	compact, forever := "compact", "-1"
 	for _, spec := range []struct {
 		name    string
 		configs map[string]*string
 	}{
 		{t.Requests, nil},
-		{t.Events, nil},
-		{t.Control, map[string]*string{"cleanup.policy": &compact}},
+		{t.Events, map[string]*string{"retention.ms": &forever, "retention.bytes": &forever}},
+		{t.Control, map[string]*string{"cleanup.policy": &compact, "retention.ms": &forever}},
 		{t.DLQ, nil},
 	} {
 		if d, ok := existing[spec.name]; ok && d.Err == nil {
