@@ -326,6 +326,25 @@ func (r *rig) unknownRefundToUndo() (ledger.Event, *kgo.Record) {
 	return ev, unknown
 }
 
+// undoRequested takes a refund under undo_unknown to outcome_unknown, its
+// status lookups failing, and has a reconciler on the clock now park it
+// and ask for its compensation. It returns the call, the compensation
+// service and what it published, the reconciler, and the events of that
+// step. now is set to the time the call went outcome_unknown.
+func (r *rig) undoRequested(now *time.Time) (ledger.Event, *compensation.Service, *recordingPublisher, *executor.Reconciler, []ledger.Event) {
+	r.t.Helper()
+	orig, unknown := r.unknownRefundToUndo()
+	pub := &recordingPublisher{}
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	*now = time.Now() // after the call went outcome_unknown
+	rc := r.sweepingReconciler(svc, now, nil)
+	failingLong(rc, orig.Key())
+	return orig, svc, pub, rc, r.reconcileAll(rc, unknown)
+}
+
 // A compensation a policy asks for whose request fails for a reason that
 // may pass (a store or Kafka error, a timeout) is asked for again by the
 // reconciler's sweeps, with its gaps doubling, until it exists: exactly
@@ -536,17 +555,10 @@ func TestUndoRequestsHeldAfterAFailure(t *testing.T) {
 // compensation_requested, as if its undoing were still under way.
 func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 	r := newRig(t)
-	orig, unknown := r.unknownRefundToUndo()
-	pub := &recordingPublisher{}
-	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	rc := r.sweepingReconciler(svc, &now, nil)
-	failingLong(rc, orig.Key())
+	var now time.Time
+	orig, _, pub, rc, parked := r.undoRequested(&now)
 	var parkSeq int64
-	for _, e := range r.reconcileAll(rc, unknown) {
+	for _, e := range parked {
 		if e.Key() == orig.Key() && e.Type == statemachine.EventParked {
 			parkSeq = e.Seq
 		}
@@ -591,16 +603,8 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 // twice. Before, it said the compensation did not undo it.
 func TestCompensationOfUnknownOutcomeIsSettledFirst(t *testing.T) {
 	r := newRig(t)
-	orig, unknown := r.unknownRefundToUndo()
-	pub := &recordingPublisher{}
-	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	rc := r.sweepingReconciler(svc, &now, nil)
-	failingLong(rc, orig.Key())
-	r.reconcileAll(rc, unknown)
+	var now time.Time
+	orig, svc, pub, _, _ := r.undoRequested(&now)
 	ck := orig.Key().CompensationKey()
 	r.backend.SetFault("cancel_refund", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
 	if _, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck)); err != nil {
@@ -610,7 +614,7 @@ func TestCompensationOfUnknownOutcomeIsSettledFirst(t *testing.T) {
 		t.Fatalf("the compensation is %s (%v); want outcome_unknown", rec.Status, err)
 	}
 	op := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	_, _, err = svc.Compensate(t.Context(), op, orig.Key(), "again")
+	_, _, err := svc.Compensate(t.Context(), op, orig.Key(), "again")
 	if !errors.Is(err, compensation.ErrCompensationFailed) || !strings.Contains(err.Error(), "settle the compensation first") || strings.Contains(err.Error(), "a human must undo it") {
 		t.Errorf("compensating again = %v; want it to say to settle the compensation first", err)
 	}
