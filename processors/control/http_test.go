@@ -390,7 +390,7 @@ func TestIntrospectionUnavailableKeys(t *testing.T) {
 }
 
 // A copy of the control state not known to be current (last confirmed a
-// minute ago, past the 2 s allowed) may lack a revocation: introspection
+// minute ago, past the second allowed) may lack a revocation: introspection
 // answers 503, after waiting up to a second for it to catch up, rather
 // than call a credential active.
 func TestIntrospectionStaleState(t *testing.T) {

@@ -46,9 +46,10 @@ const fetchMaxWait = 500 * time.Millisecond
 const (
 	probeEvery = 250 * time.Millisecond
 	// probeTimeout bounds one question for the end offsets: under half
-	// DefaultMaxStaleness, so that one lost answer does not stall the
-	// processes that wait for the State.
-	probeTimeout = 900 * time.Millisecond
+	// DefaultMaxStaleness, so that one question lost with its connection
+	// (asked again on a new one) does not stall the processes that wait
+	// for the State.
+	probeTimeout = 400 * time.Millisecond
 	// partitionsEvery is how many probes go by between those that also
 	// ask for the topic's partitions (every 10 s).
 	partitionsEvery = 40
@@ -57,10 +58,12 @@ const (
 	maxProbes = 64
 	// DefaultMaxStaleness is how old a State may be before the processes
 	// that act on it stop acting: the executors send no request and the
-	// introspection answers nothing. A freeze reaches a process within a
-	// second in practice (well under that with a probe every 250 ms); the
-	// bound is for the process that stops hearing the control topic.
-	DefaultMaxStaleness = 2 * time.Second
+	// introspection answers nothing. It is the kill switch's promise: a
+	// request leaves only on a State that holds every freeze committed
+	// over a second before, so every executor honours a freeze within a
+	// second, the one that stops hearing the control topic included. A
+	// State that hears it is a probe (250 ms) and a round trip old.
+	DefaultMaxStaleness = time.Second
 )
 
 // ErrStale: the State does not know whether it holds every action on the

@@ -207,7 +207,10 @@ func TestStaleKillSwitchSendsNothing(t *testing.T) {
 // while a freeze of the tool is on the control topic: the executor sends
 // nothing while it cannot know, and once the State reads the freeze, the
 // call is denied tool_frozen. Before, it was sent on the State it had,
-// without the freeze.
+// without the freeze. The executor runs with the default staleness, and
+// the call comes a little over a second after the freeze: the kill
+// switch's promise is a second (with the default once two, this call was
+// sent).
 func TestStalledControlStateHoldsTheCall(t *testing.T) {
 	k := ledgertest.NewInProcess(t, ledgertest.Options{Partitions: 1}) // the broker's faults are kfake's
 	st := control.NewState(nil)
@@ -238,11 +241,10 @@ func TestStalledControlStateHoldsTheCall(t *testing.T) {
 	if err := pub.ProduceSync(t.Context(), &kgo.Record{Topic: k.Topics.Control, Key: []byte(freeze.Subject), Value: val}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	const maxStaleness = 300 * time.Millisecond
-	time.Sleep(maxStaleness + 200*time.Millisecond) // the State is stale now
+	time.Sleep(time.Second + 200*time.Millisecond) // the State is stale now
 	time.AfterFunc(time.Second, release)
 
-	x := r.executor(func(c *executor.Config) { c.Freezes, c.ControlMaxStaleness = st, maxStaleness })
+	x := r.executor(func(c *executor.Config) { c.Freezes = st })
 	out, err := x.Step(t.Context(), []*kgo.Record{auth})
 	if err != nil {
 		t.Fatal(err)
