@@ -79,10 +79,10 @@ type Config struct {
 	//     without one, or of another tenant, it is refused (401, 403)
 	//     before anything is published, and the wait reads that tenant's
 	//     call alone.
-	//   - A call's result is served to the user who made it alone (the
-	//     user_id of its events, which the intake took from its verified
-	//     assertion): another user of the tenant sees its state and
-	//     events, result_withheld other_user.
+	//   - A call is the user's who made it (the user_id of its requested
+	//     event, which the intake took from the verified assertion): to
+	//     another user of the tenant it is not found, and the view shows
+	//     that user's own refusals under the key alone (see forAgent).
 	// Nil: the tenant is tenant_id's (or the envelope's), unchecked, and
 	// results are served to whoever asks (ledger dev, on loopback).
 	Caller func(r *http.Request) (Agent, error)
@@ -183,8 +183,7 @@ type CallView struct {
 	// call alone (with a Caller); see ResultWithheld.
 	Result json.RawMessage `json:"result,omitempty"`
 	// ResultWithheld, on a call that ran a tool, says why the view has
-	// no result: ResultNotServed, ResultOtherUser, ResultUnavailable or
-	// ResultGone.
+	// no result: ResultNotServed, ResultUnavailable or ResultGone.
 	ResultWithheld string `json:"result_withheld,omitempty"`
 	// Refused, on the answer of POST ?wait=, is this submission's
 	// refusal, which ended the wait. The rest of the view is then the
@@ -199,9 +198,6 @@ const (
 	// ResultNotServed: this API does not read the results (ledger api
 	// without the execution store).
 	ResultNotServed = "not_served"
-	// ResultOtherUser: the call is another user's, whose result is for
-	// that user alone.
-	ResultOtherUser = "other_user"
 	// ResultUnavailable: the results could not be read just now; ask
 	// again.
 	ResultUnavailable = "unavailable"
@@ -363,6 +359,9 @@ func (s *Server) await(ctx context.Context, sub submission, d time.Duration, age
 			return CallView{}, false
 		}
 		defer end()
+		if c, ok = forAgent(c, agent); !ok {
+			return CallView{}, false
+		}
 		for _, ref := range c.Refusals {
 			if sub.answeredBy(ref) {
 				v := baseView(c)
@@ -371,7 +370,7 @@ func (s *Server) await(ctx context.Context, sub submission, d time.Duration, age
 			}
 		}
 		if req, _ := requested(c.Events); c.Settled() && req.ArgumentsHash == sub.argumentsHash {
-			return s.view(ctx, c, agent), true
+			return s.view(ctx, c), true
 		}
 		return CallView{}, false
 	}
@@ -399,8 +398,9 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (Agent, bo
 	return a, true
 }
 
-// view is c as agent (nil: anyone, without a Caller) may see it.
-func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallView {
+// view is c with its result, if it has one to serve: c is what the
+// caller may see (forAgent).
+func (s *Server) view(ctx context.Context, c callindex.Call) CallView {
 	v := baseView(c)
 	switch c.State {
 	case statemachine.StateSucceeded, statemachine.StateFailed, statemachine.StateCompensated:
@@ -411,8 +411,6 @@ func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallV
 	switch {
 	case s.cfg.Results == nil:
 		v.ResultWithheld = ResultNotServed
-	case agent != nil && (agent.User == "" || agent.User != req.UserID):
-		v.ResultWithheld = ResultOtherUser
 	default:
 		rctx, cancel := context.WithTimeout(ctx, ResultTimeout)
 		defer cancel()
@@ -430,6 +428,32 @@ func (s *Server) view(ctx context.Context, c callindex.Call, agent *Agent) CallV
 		}
 	}
 	return v
+}
+
+// forAgent is c as agent may see it: its user's alone. The call is its
+// user's (its requested event's user_id, which the intake took from the
+// verified assertion), and so is a refusal (the user of the assertion it
+// verified; none when it verified none). Another user's call is as if
+// absent, its state, events and result withheld, so that the users of a
+// tenant do not read each other's arguments (a key is the tenant's, and
+// keys can be guessed); what under the key is the agent's own, its
+// refusals (its key reused, say), stays. ok is false when nothing under
+// the key is the agent's. A nil agent (no Caller) sees c whole.
+func forAgent(c callindex.Call, agent *Agent) (callindex.Call, bool) {
+	if agent == nil {
+		return c, true
+	}
+	mine := callindex.Call{Key: c.Key}
+	if req, ok := requested(c.Events); ok && agent.User != "" && req.UserID == agent.User {
+		mine = c
+		mine.Refusals = nil
+	}
+	for _, r := range c.Refusals {
+		if agent.User != "" && r.UserID == agent.User {
+			mine.Refusals = append(mine.Refusals, r)
+		}
+	}
+	return mine, len(mine.Events) > 0 || len(mine.Refusals) > 0
 }
 
 // baseView is c's state and events, without a result.
@@ -504,7 +528,12 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	c, err := s.cfg.Calls.Call(r.Context(), key)
 	var v CallView
 	if err == nil {
-		v = s.view(r.Context(), c, agent)
+		var mine bool
+		if c, mine = forAgent(c, agent); mine {
+			v = s.view(r.Context(), c)
+		} else {
+			err = callindex.ErrNotFound
+		}
 	}
 	// The slot is the store's: given back before the answer is written,
 	// which an agent that does not read would hold up.

@@ -263,6 +263,45 @@ func TestWaitAnswersThisSubmission(t *testing.T) {
 	}
 }
 
+// An agent whose submission reused another user's key sees, under the
+// key, its own refusal alone: not the other user's call (its state, its
+// events, its arguments), nor that user's refusals. Its wait is answered
+// with its refusal, and the view carries nothing of the other call.
+func TestAnotherUsersKeyShowsOnlyOwnRefusals(t *testing.T) {
+	pub := &publisher{}
+	srv, ix := newAPI(t, pub, func(c *httpapi.Config) { c.Caller, c.Results = agentOf, resultsOf{"t_a/k1": `{"temp_c":9}`} })
+	settledAs(ix, "u1")("t_a/k1")
+	refusal := func(id, user string) ledger.Event {
+		return ledger.Event{EventID: id, Type: statemachine.EventDenied, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k1", CallID: "c1",
+			UserID: user, Reason: "idempotency_key_reused", Pointer: "/arguments_hash"}
+	}
+	if err := ix.Apply([]ledger.Event{refusal("r-u1", "u1"), refusal("r-u3", "u3")}); err != nil {
+		t.Fatal(err)
+	}
+	pub.settle = func(string) { _ = ix.Apply([]ledger.Event{refusal("r-u2", "u2")}) }
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=5s", "Bearer agent-of-t_a/u2", validEnvelope(t, "k1"))
+	var waited httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&waited)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || waited.Refused == nil || waited.Refused.EventID != "r-u2" {
+		t.Fatalf("POST ?wait as u2, refused: %d, refused %+v; want 200 with its refusal r-u2", resp.StatusCode, waited.Refused)
+	}
+	resp = do(t, http.MethodGet, srv.URL+"/v1/calls/k1", "Bearer agent-of-t_a/u2", "")
+	var got httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	for what, v := range map[string]httpapi.CallView{"the wait's answer": waited, "GET": got} {
+		var refusals []string
+		for _, r := range v.Refusals {
+			refusals = append(refusals, r.EventID)
+		}
+		if v.State != "" || len(v.Events) != 0 || v.Result != nil || v.ResultWithheld != "" || !slices.Equal(refusals, []string{"r-u2"}) {
+			t.Errorf("%s as u2 = state %q, %d events, result %s %q, refusals %v; want no call, its refusal r-u2 alone",
+				what, v.State, len(v.Events), v.Result, v.ResultWithheld, refusals)
+		}
+	}
+}
+
 // flakyCalls fails its first lookup, then answers from the index.
 type flakyCalls struct {
 	ix     *callindex.Index
@@ -325,7 +364,7 @@ func TestCallsForTheVerifiedCallerOnly(t *testing.T) {
 	srv, ix := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.Caller = agentOf })
 	for _, k := range []ledger.CallKey{{TenantID: "t_a", IdempotencyKey: "k1"}, {TenantID: "t_b", IdempotencyKey: "k2"}} {
 		if err := ix.Apply([]ledger.Event{{EventID: "e-" + k.IdempotencyKey, Type: statemachine.EventRequested, Seq: 1, At: time.Now(),
-			TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x"}}); err != nil {
+			TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, ArgumentsHash: "sha256:x", UserID: "u1"}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -379,22 +418,22 @@ func TestWaitForTheVerifiedCallerOnly(t *testing.T) {
 		t.Fatalf("refused waits published %v; want nothing", keys)
 	}
 
-	for _, tc := range []struct {
-		user, result, withheld string
-	}{
-		{"u1", `{"temp_c":9}`, ""},
-		{"u2", "", httpapi.ResultOtherUser},
-	} {
-		resp := post("Bearer agent-of-t_a/"+tc.user, "?wait=5s")
-		var v httpapi.CallView
-		_ = json.NewDecoder(resp.Body).Decode(&v)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || v.State != "succeeded" || compact(v.Result) != tc.result || v.ResultWithheld != tc.withheld {
-			t.Errorf("POST ?wait as %s = %d %q result %s withheld %q; want 200 succeeded, result %s, withheld %q",
-				tc.user, resp.StatusCode, v.State, v.Result, v.ResultWithheld, tc.result, tc.withheld)
-		}
+	resp := post("Bearer agent-of-t_a/u1", "?wait=5s")
+	var v httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || v.State != "succeeded" || compact(v.Result) != `{"temp_c":9}` {
+		t.Errorf("POST ?wait as u1 = %d %q result %s withheld %q; want 200 succeeded, its result", resp.StatusCode, v.State, v.Result, v.ResultWithheld)
 	}
-	resp := post("", "")
+	// Another user's wait on the same envelope is not answered with u1's
+	// call: the wait runs out (202).
+	resp = post("Bearer agent-of-t_a/u2", "?wait=1s")
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted || strings.Contains(string(body), "succeeded") {
+		t.Errorf("POST ?wait as u2 on u1's call = %d %s; want 202, without u1's call", resp.StatusCode, body)
+	}
+	resp = post("", "")
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
 		t.Errorf("POST without ?wait and without a bearer = %d; want 202", resp.StatusCode)
@@ -439,9 +478,9 @@ func (o otherCallResults) Result(context.Context, ledger.CallKey) (httpapi.Resul
 	return httpapi.Result{CallID: o.callID, ArgumentsHash: o.hash, Body: json.RawMessage(`{"secret":1}`)}, nil
 }
 
-// A call's result is served to the user who made it alone: another user
-// of its tenant reads its state and events, result_withheld other_user.
-// Without Results, a call that ran says result_withheld not_served,
+// A call, and so its result, is the user's who made it alone: to another
+// user of its tenant it is not found (its arguments are in its events),
+// and to a caller without a user neither. Without Results, a call that ran says result_withheld not_served,
 // unavailable when they cannot be read, and gone when the store's record
 // under its key is another call's; one that ran no tool says nothing of
 // a result. Without a Caller (ledger
@@ -471,12 +510,20 @@ func TestResultForTheCallersUserOnly(t *testing.T) {
 		path, auth, result, withheld string
 	}{
 		{"/v1/calls/k1", "Bearer agent-of-t_a/u1", `{"temp_c":9}`, ""},
-		{"/v1/calls/k1", "Bearer agent-of-t_a/u2", "", httpapi.ResultOtherUser},
-		{"/v1/calls/k1", "Bearer agent-of-t_a/", "", httpapi.ResultOtherUser},
 		{"/v1/calls/k2", "Bearer agent-of-t_a/u1", "", ""},
 	} {
 		if v := view(srv, tc.path, tc.auth); compact(v.Result) != tc.result || v.ResultWithheld != tc.withheld {
 			t.Errorf("GET %s as %q: result %s, withheld %q; want %s, %q", tc.path, tc.auth, v.Result, v.ResultWithheld, tc.result, tc.withheld)
+		}
+	}
+	for _, auth := range []string{"Bearer agent-of-t_a/u2", "Bearer agent-of-t_a/"} {
+		for _, path := range []string{"/v1/calls/k1", "/v1/calls/k2"} {
+			resp := do(t, http.MethodGet, srv.URL+path, auth, "")
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound || strings.Contains(string(body), osloHash) || strings.Contains(string(body), "sha256:x") {
+				t.Errorf("GET %s as %q (u1's call) = %d %s; want 404, nothing of the call", path, auth, resp.StatusCode, body)
+			}
 		}
 	}
 
@@ -582,7 +629,7 @@ func (bigCalls) Call(_ context.Context, key ledger.CallKey) (callindex.Call, err
 	detail := strings.Repeat("x", 1<<12)
 	for i := range 4096 {
 		c.Events = append(c.Events, ledger.Event{EventID: fmt.Sprint("e", i), Type: statemachine.EventRequested, Seq: 1,
-			TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey, Detail: detail})
+			TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey, UserID: "u1", Detail: detail})
 	}
 	return c, nil
 }
@@ -604,7 +651,7 @@ func TestLookupSlotNotHeldByASlowReader(t *testing.T) {
 	// Asks, and never reads the answer.
 	fmt.Fprintf(conn, "GET /v1/calls/k HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer agent-of-t_a/u1\r\n\r\n")
 	ledgertest.WaitFor(t, 10*time.Second, func() error {
-		resp := do(t, http.MethodGet, srv.URL+"/v1/calls/k2", "Bearer agent-of-t_a/u2", "")
+		resp := do(t, http.MethodGet, srv.URL+"/v1/calls/k2", "Bearer agent-of-t_a/u1", "")
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
