@@ -186,12 +186,19 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		backendLn.Close()
 		return fmt.Errorf("http api: %w", err)
 	}
-	backend := demobackend.New(demobackend.Config{
+	// The demo tools remember what they did across restarts, as real
+	// ones would: the journal is their state.
+	backend, err := demobackend.Open(demobackend.Config{
 		Logger:        logger.With("component", "demobackend"),
 		JournalPath:   filepath.Join(dataDir, "effects.jsonl"),
 		Credentials:   toolCreds,
 		IntrospectURL: "http://" + apiLn.Addr().String() + control.IntrospectPath,
 	})
+	if err != nil {
+		backendLn.Close()
+		apiLn.Close()
+		return err
+	}
 
 	// The kill switch: the current freezes and revocations, rebuilt from
 	// the control topic before anything runs.

@@ -218,7 +218,7 @@ func TestCredentialAccepted(t *testing.T) {
 		{Seq: 1, Tool: ToolRefundOrder, IdempotencyKey: "k1", CallID: "call_k1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), Received: fixedNow(), JTI: jti},
 		{Seq: 2, Tool: ToolSendEmail, IdempotencyKey: "e1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), Received: fixedNow(), JTI: jti2},
 	}
-	ignoreHash := cmpopts.IgnoreFields(Effect{}, "ArgsHash")
+	ignoreHash := cmpopts.IgnoreFields(Effect{}, "ArgsHash", "Result", "Resource")
 	if diff := cmp.Diff(want, e.s.Effects(), ignoreHash); diff != "" {
 		t.Errorf("Effects() (-want +got):\n%s", diff)
 	}

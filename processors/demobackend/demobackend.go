@@ -29,7 +29,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"os"
@@ -73,7 +75,9 @@ type Config struct {
 	// processes (see ReadJournal). The file is created if missing and
 	// appended to otherwise; it is not fsynced. If it cannot be opened or
 	// written, tool requests answer 500 without applying any effect, so the
-	// journal never misses an effect that happened. Default: no journal.
+	// journal never misses an effect that happened. Open, rather than
+	// New, also takes up the state that the journal's effects left.
+	// Default: no journal.
 	JournalPath string
 	// Credentials, when set, verifies the per-call credential on every
 	// tool request and status lookup (see auth.go): Authorization: Bearer
@@ -219,6 +223,48 @@ func New(cfg Config) *Server {
 	return s
 }
 
+// Open is New, on a backend that remembers what it did before: with
+// cfg.JournalPath, the effects already in the journal are its state, as a
+// real tool keeps its own: a native tool's key applied before a restart
+// is answered with its first answer (replayed, or by its status lookup)
+// instead of applied again, tickets and refunds go on numbering after
+// the last, and resources keep their versions. The witness (Effects,
+// GET /effects) starts empty: the journal holds every line. For one
+// backend per journal: backends sharing one (ReadJournal's case) would
+// each take up the others' effects when they start, and not those made
+// after. A journal that cannot be read is an error; a missing one is an
+// empty one. Lines from before effects carried their answers restore
+// the numbering and the versions, not the answers.
+func Open(cfg Config) (*Server, error) {
+	var effects []Effect
+	if cfg.JournalPath != "" {
+		var err error
+		effects, err = ReadJournal(cfg.JournalPath)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("demo backend: take up its journal: %w", err)
+		}
+	}
+	s := New(cfg)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ef := range effects {
+		s.seq = max(s.seq, ef.Seq)
+		t, ok := toolNamed(ef.Tool)
+		if !ok || ef.Replay || t.kind == kindRead {
+			continue
+		}
+		// As apply and bump count them.
+		s.counters[t.name]++
+		if t.kind == kindNative && ef.Result != nil {
+			s.stored[dedupeKey{tool: t.name, tenant: ef.TenantID, key: ef.IdempotencyKey}] = storedCall{argsHash: ef.ArgsHash, body: ef.Result}
+		}
+		if ef.Resource != "" {
+			s.versions[ef.TenantID+"/"+ef.Resource]++
+		}
+	}
+	return s, nil
+}
+
 // Close releases requests held by a Hang fault or a latency, and closes the
 // journal. It does not stop an http.Server serving Handler; the caller owns
 // that. Close is idempotent.
@@ -352,10 +398,6 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	if !out.replay && t.kind != kindRead {
-		s.bumpFromBody(meta.tenant, body)
-	}
-
 	switch {
 	case f.ApplyThenDrop:
 		drop(w)
@@ -484,11 +526,20 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 		// The tools build plain structs and maps; a failure is a bug here.
 		panic("demobackend: marshal result: " + err.Error())
 	}
+	if t.kind == kindNative {
+		ef.Result = out
+	}
+	if t.kind != kindRead {
+		ef.Resource = resourceOf(body)
+	}
 	if err := s.recordLocked(ef); err != nil {
 		return applied{}, err
 	}
 	if t.kind != kindRead {
 		s.counters[t.name] = n
+		if ef.Resource != "" {
+			s.versions[meta.tenant+"/"+ef.Resource]++
+		}
 	}
 	if t.kind == kindNative {
 		s.stored[dk] = storedCall{argsHash: argsHash, body: out}
@@ -585,12 +636,14 @@ func (s *Server) BumpResource(tenant, resource string) {
 	s.versions[tenant+"/"+resource]++
 }
 
-// bumpFromBody changes the version of the resource an applied call names.
-func (s *Server) bumpFromBody(tenant string, body []byte) {
+// resourceOf is the resource a call's arguments name (order_id), whose
+// version its effect moves on; "" for none.
+func resourceOf(body []byte) string {
 	var args struct {
 		OrderID string `json:"order_id"`
 	}
-	if json.Unmarshal(body, &args) == nil && args.OrderID != "" {
-		s.BumpResource(tenant, args.OrderID)
+	if json.Unmarshal(body, &args) != nil {
+		return ""
 	}
+	return args.OrderID
 }

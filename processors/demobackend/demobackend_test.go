@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -664,6 +665,62 @@ func TestJournal(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("ReadJournal with a partial last line: %d effects; want %d", len(got), len(want))
+	}
+}
+
+// A backend opened on its journal (ledger dev restarted) remembers what
+// it did, as a real tool would: a refund applied before is replayed with
+// its first answer and found by its status lookup, not applied again;
+// numbering goes on after the last refund; the order keeps its version.
+// Before, a restarted backend refunded the key a second time.
+func TestOpenTakesUpItsJournal(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "effects.jsonl")
+	s1, ts1 := newBackend(t, Config{JournalPath: path})
+	refund := func(base, key, order string) answer {
+		return mustDo(t, base, call{path: "/tools/refund_order", key: key, tenant: "t", body: `{"order_id":"` + order + `","amount":5}`})
+	}
+	first := refund(ts1.URL, "r1", "ord_1")
+	refund(ts1.URL, "r2", "ord_2")
+	mustDo(t, ts1.URL, call{path: "/tools/get_weather", key: "w1", tenant: "t", body: `{"city":"Oslo"}`})
+	version := func(base string) string {
+		return string(mustDo(t, base, call{method: http.MethodGet, path: "/resource_version?resource=ord_1", tenant: "t"}).body)
+	}
+	before := version(ts1.URL)
+	s1.Close()
+
+	s2, err := Open(Config{JournalPath: path, Now: fixedNow})
+	if err != nil {
+		t.Fatalf("Open on the journal: %v", err)
+	}
+	ts2 := httptest.NewServer(s2.Handler())
+	t.Cleanup(func() { s2.Close(); ts2.Close() })
+	// Asked in this order, so that no answer comes from an effect
+	// applied again after the restart.
+	if a := mustDo(t, ts2.URL, call{method: http.MethodGet, path: "/tools/refund_order/status?idempotency_key=r1", tenant: "t"}); a.status != 200 || !bytes.Contains(a.body, []byte(`"applied"`)) {
+		t.Errorf("status of r1 after the restart = %d %s; want applied", a.status, a.body)
+	}
+	if after := version(ts2.URL); after != before || !strings.Contains(after, "v1") {
+		t.Errorf("ord_1's version after the restart = %s; want %s (v1)", after, before)
+	}
+	if third := refund(ts2.URL, "r3", "ord_3"); !bytes.Contains(third.body, []byte("rf_3")) {
+		t.Errorf("a new refund after the restart = %s; want rf_3, after the two before", third.body)
+	}
+	if again := refund(ts2.URL, "r1", "ord_1"); again.status != 200 || !bytes.Equal(again.body, first.body) {
+		t.Errorf("r1 again after the restart = %d %s; want 200 and its first answer %s", again.status, again.body, first.body)
+	}
+	if got := s2.Effects(); len(got) != 2 || got[0].Seq != 4 || got[1].IdempotencyKey != "r1" || !got[1].Replay {
+		t.Errorf("effects after the restart = %+v; want r3 (seq 4), then r1 replayed", got)
+	}
+	if _, err := Open(Config{JournalPath: filepath.Join(t.TempDir(), "new.jsonl")}); err != nil {
+		t.Errorf("Open on a journal not yet written: %v; want a fresh backend", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if err := os.WriteFile(bad, []byte("not json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Config{JournalPath: bad}); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("Open on a journal that does not parse = %v; want an error naming its line", err)
 	}
 }
 

@@ -41,6 +41,14 @@ type Effect struct {
 	// Traceparent is the W3C trace context the request carried: the
 	// agent's trace, propagated by the ledger.
 	Traceparent string `json:"traceparent,omitempty"`
+	// Result is a native tool's answer to a new effect, which it replays
+	// to the key's later requests and serves to its status lookup:
+	// journaled, so that a backend restarted on its journal still has it
+	// (Open).
+	Result json.RawMessage `json:"result,omitempty"`
+	// Resource is the resource (order_id) whose version the effect
+	// moved on, for the same reason.
+	Resource string `json:"resource,omitempty"`
 }
 
 // recordLocked appends ef to the witness and the journal. The journal line
