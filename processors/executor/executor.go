@@ -32,6 +32,7 @@
 package executor
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -180,6 +181,11 @@ const (
 	// its content, since the masks its policy or tool asks for could not
 	// be applied to it (not a tree ledger.Decode reads).
 	CodeResultUnmaskable = "result_unmaskable"
+	// CodeResultHoldsSecret: a succeeded call whose result is kept
+	// without its content, since it holds a secret the request carried
+	// (the call's credential, the backend's secret): a tool that echoes
+	// its request's headers, say. Neither is ever to reach the agent.
+	CodeResultHoldsSecret = "result_holds_secret"
 	// ReasonApprovalExpired: the approval's time ran out before the call
 	// could run.
 	ReasonApprovalExpired = "approval_expired"
@@ -1185,7 +1191,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		attempt++
 		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backend})
 		if err == nil {
-			return c.succeed(tool, attempt, resp)
+			return c.succeed(tool, attempt, resp, secrets{bearer, backend})
 		}
 		if hb, ok := errors.AsType[*heldBack](err); ok {
 			// No request leaves for a frozen tool, nor past an
@@ -1561,6 +1567,19 @@ type refusal struct {
 // credential and the backend's secret.
 type secrets struct{ bearer, backend string }
 
+// in reports whether p or q holds either secret.
+func (s secrets) in(p, q []byte) bool {
+	for _, x := range [2]string{s.bearer, s.backend} {
+		if x == "" {
+			continue
+		}
+		if b := []byte(x); bytes.Contains(p, b) || bytes.Contains(q, b) {
+			return true
+		}
+	}
+	return false
+}
+
 func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets) (httptool.Response, error) {
 	release, err := x.acquire(ctx, g)
 	if err != nil {
@@ -1786,10 +1805,12 @@ func (c *completion) complete(status processors.Status, attempt int, result []by
 	}
 }
 
-func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Response) processors.Completion {
-	s := sanitize(tool, resp, append(append([]string(nil), tool.Mask...), obligationMasks(c.tmpl.Obligations)...))
+func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Response, sent secrets) processors.Completion {
+	s := sanitize(tool, resp, append(append([]string(nil), tool.Mask...), obligationMasks(c.tmpl.Obligations)...), sent)
 	code := ""
 	switch {
+	case s.holdsSecret:
+		code = CodeResultHoldsSecret
 	case resp.Truncated:
 		code = "result_truncated"
 	case s.withheld:
@@ -1938,6 +1959,9 @@ type sanitized struct {
 	// withheld: the content is left out, since the masks could not be
 	// applied to it.
 	withheld bool
+	// holdsSecret: the content is left out, since it holds a secret the
+	// request carried.
+	holdsSecret bool
 }
 
 // obligationMasks returns the fields a policy's mask obligations hide.
@@ -1951,7 +1975,7 @@ func obligationMasks(obligations []string) []string {
 	return masks
 }
 
-func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string) sanitized {
+func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string, sent secrets) sanitized {
 	sum := sha256.Sum256(resp.Body)
 	s := sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
 	var content any
@@ -1973,6 +1997,12 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string) saniti
 	}
 	source := "tool:" + tool.Name + "@v" + strconv.Itoa(tool.Version)
 	b := appendResult(make([]byte, 0, len(resp.Body)+len(source)+64), source, resp.Truncated, content)
+	if content != nil && sent.in(resp.Body, b) {
+		// As sent, or as stored (escapes undone): a masked field may
+		// not hide every copy.
+		s.holdsSecret = true
+		b = appendResult(b[:0], source, resp.Truncated, nil)
+	}
 	s.stored = b
 	return s
 }

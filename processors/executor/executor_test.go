@@ -828,6 +828,70 @@ func TestShutdownRecordsRunningCalls(t *testing.T) {
 	}
 }
 
+// A tool that answers with its request's headers (a debug endpoint, a
+// hostile or careless backend) has the call's credential and the
+// backend's secret in its result: the call succeeds, its result is kept
+// without content (code result_holds_secret), and neither secret is
+// stored, where the agent would read it. Before, the result was kept as
+// the tool gave it.
+func TestResultHoldingASecretIsWithheld(t *testing.T) {
+	const secret = "ticket-api-key-5e1f0a"
+	reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+		entry["backend"].(map[string]any)["secret_ref"] = "ticket_api_key"
+	})
+	r := newRigWith(t, reg, demobackend.Config{})
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ticket_api_key"), []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	broker, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, header string }{
+		{"the credential", "Authorization"},
+		{"the backend secret", "X-Backend-Secret"},
+		{"the backend secret, escaped", "X-Backend-Secret"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				v := req.Header.Get(tc.header)
+				if strings.HasSuffix(tc.name, "escaped") {
+					// The same string to a JSON reader.
+					v = strings.ReplaceAll(v, "-", `\u002d`)
+				} else {
+					v = strings.ReplaceAll(v, `"`, `\"`)
+				}
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"ticket_id":"tkt_1","debug":{"header":"%s"}}`, v)
+			}))
+			t.Cleanup(echo.Close)
+			r.url = echo.URL
+			key := "echo-" + strings.ReplaceAll(tc.name, " ", "-")
+			key = strings.ReplaceAll(key, ",", "")
+			auth := r.admit("create_ticket", key, map[string]any{"title": "t"}, 0)
+			out, err := r.executor(func(c *executor.Config) { c.Credentials, c.Secrets = broker, credentials.NewKeystore(dir) }).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			if code := evs[1].ErrorCode; code != executor.CodeResultHoldsSecret {
+				t.Errorf("code %q; want %s", code, executor.CodeResultHoldsSecret)
+			}
+			rec, err := r.store.Get(t.Context(), evs[1].Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(rec.Result), "content") || strings.Contains(string(rec.Result), "5e1f0a") || strings.Contains(string(rec.Result), "eyJ") {
+				t.Errorf("stored result %s; want it without its content", rec.Result)
+			}
+		})
+	}
+}
+
 // Every execution gets its own short-lived credential: the tool verifies
 // it, the events carry its jti and family but never the token, and a tool
 // that demands a credential refuses a call without one.

@@ -3,6 +3,7 @@ package executor
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -97,6 +98,9 @@ func FuzzAppendResult(f *testing.F) {
 func BenchmarkSanitize(b *testing.B) {
 	tool := &schemas.Tool{Name: "create_ticket", Version: 1}
 	resp := httptool.Response{Status: 200, Body: []byte(`{"ticket_id":"T-10293","status":"open","title":"Printer on floor 3 is out of toner","assignee":{"team":"facilities","queue":"q-7"},"tags":["printer","toner"],"priority":3}`)}
+	// A credential's size, and a backend secret's: the result is
+	// searched for both.
+	sent := secrets{bearer: strings.Repeat("eyJhbGciOiJFZERTQSJ9.", 30), backend: "b4ck3nd-s3cr3t-0123456789abcdef"}
 	for _, bc := range []struct {
 		name  string
 		masks []string
@@ -104,7 +108,7 @@ func BenchmarkSanitize(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if s := sanitize(tool, resp, bc.masks); len(s.stored) == 0 {
+				if s := sanitize(tool, resp, bc.masks, sent); len(s.stored) == 0 || s.holdsSecret {
 					b.Fatal("nothing stored")
 				}
 			}
