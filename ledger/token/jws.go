@@ -194,6 +194,29 @@ type VerifyOptions struct {
 	MaxBytes int
 }
 
+// Unverified decodes token's payload into claims without checking
+// anything else: neither its signature nor a claim. It is for knowing
+// where a token's holder would be answered (a tenant to route to, a user
+// to refuse early), never for granting: only what Verify accepted may.
+func Unverified(token string, claims any) error {
+	if len(token) > DefaultMaxBytes {
+		return fail(ReasonTokenTooLarge, "%d bytes, limit %d", len(token), DefaultMaxBytes)
+	}
+	_, rest, _ := strings.Cut(token, ".")
+	p64, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return fail(ReasonMalformedToken, "not three parts")
+	}
+	payload, err := unb64(p64)
+	if err != nil {
+		return fail(ReasonMalformedToken, "payload: %v", err)
+	}
+	if err := json.Unmarshal(payload, claims); err != nil {
+		return fail(ReasonMalformedToken, "payload: %v", err)
+	}
+	return nil
+}
+
 // Verify checks token and decodes its payload into claims (with
 // encoding/json; nil claims skips decoding). In order: size; structure
 // (exactly three unpadded base64url parts, header a strict JSON object

@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
+	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -246,6 +247,13 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 				Message: "?wait= reads the calls of the bearer's tenant alone, and the envelope names another; nothing was published"})
 			return
 		}
+		if u := envelopeUser(env); u != "" && u != a.User {
+			// Its call would be another user's, which the wait
+			// cannot see (forAgent): it would only run out.
+			writeError(w, http.StatusForbidden, apiError{Code: "user_mismatch", Pointer: "/assertion",
+				Message: "?wait= reads the calls of the bearer's user alone, and the envelope is another user's; nothing was published"})
+			return
+		}
 		agent = &a
 	}
 	sub := submission{key: key, callID: env.CallID, argumentsHash: env.ArgumentsHash, arrived: time.Now()}
@@ -268,6 +276,23 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		"idempotency_key": key.IdempotencyKey,
 		"status_url":      "/v1/calls/" + url.PathEscape(key.IdempotencyKey) + "?tenant_id=" + url.QueryEscape(key.TenantID),
 	})
+}
+
+// envelopeUser is the user env is sent for, as far as can be told
+// before the intake verifies it: its scope's user_id, else its
+// assertion's sub, read unverified (only to refuse a wait that would see
+// nothing; the intake decides whose call it is); "" when neither says.
+func envelopeUser(env *ledger.Envelope) string {
+	if env.Scope.UserID != "" {
+		return env.Scope.UserID
+	}
+	var claims struct {
+		Sub string `json:"sub"`
+	}
+	if token.Unverified(env.Assertion, &claims) != nil {
+		return ""
+	}
+	return claims.Sub
 }
 
 // submission is what a wait answers: one envelope's call.

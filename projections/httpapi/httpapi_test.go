@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -412,6 +413,26 @@ func TestWaitForTheVerifiedCallerOnly(t *testing.T) {
 		resp := post(tc.auth, "?wait=5s")
 		if code, _ := decodeErr(t, resp); resp.StatusCode != tc.status || code != tc.code {
 			t.Errorf("POST ?wait as %q = %d %s; want %d %s", tc.auth, resp.StatusCode, code, tc.status, tc.code)
+		}
+	}
+	// An envelope another user's (its scope says so, or its assertion,
+	// read unverified): its call would be that user's, which the wait
+	// cannot see.
+	otherUsers := func(edit func(map[string]any)) string {
+		var env map[string]any
+		_ = json.Unmarshal([]byte(validEnvelope(t, "k1")), &env)
+		edit(env)
+		b, _ := json.Marshal(env)
+		return string(b)
+	}
+	payload := base64.RawURLEncoding.EncodeToString([]byte(`{"sub":"u1","tenant":"t_a"}`))
+	for what, env := range map[string]string{
+		"scope.user_id": otherUsers(func(env map[string]any) { env["scope"].(map[string]any)["user_id"] = "u1" }),
+		"assertion":     otherUsers(func(env map[string]any) { env["assertion"] = "eyJhbGciOiJFZERTQSJ9." + payload + ".c2ln" }),
+	} {
+		resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=5s", "Bearer agent-of-t_a/u2", env)
+		if code, _ := decodeErr(t, resp); resp.StatusCode != http.StatusForbidden || code != "user_mismatch" {
+			t.Errorf("POST ?wait as u2 of an envelope whose %s is u1's = %d %s; want 403 user_mismatch", what, resp.StatusCode, code)
 		}
 	}
 	if keys := pub.published(); len(keys) != 0 {
