@@ -1224,7 +1224,18 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
 			// Nothing was sent, and the tenant's breaker for the tool
 			// stays open longer than any backoff: waiting to try again
-			// would only hold up the step.
+			// would only hold up the step. An open breaker is a
+			// passing refusal: a call that sent nothing under this
+			// claim is given back until the breaker may let it
+			// through, and tried again, as long as its deadline (and
+			// its approval) leave room. Ended failed, it would hold
+			// its key for good (the agent retries under it) though
+			// nothing was ever sent. Without a deadline, or too near
+			// it, it ends failed (breaker_open) as before.
+			if open := x.cfg.Breaker.OpenFor; n == 0 && !reclaimed && roomFor(rec, tmpl, x.cfg.Now().Add(open)) {
+				return x.releaseClaim(ctx, c, log, refusal{reason: "breaker_open", after: open,
+					detail: fmt.Sprintf("the breaker for %s is open for this tenant; nothing was sent", tool.Name)})
+			}
 			break
 		}
 		if errors.Is(err, httptool.ErrInvalidRequest) {
@@ -1384,6 +1395,16 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	return nil
 }
 
+// roomFor reports whether the call may still run at t: before its
+// deadline, and its approval's expiry if it waited for one. A call
+// without a deadline has none to wait within.
+func roomFor(rec processors.Record, tmpl ledger.Event, t time.Time) bool {
+	if rec.DeadlineAt.IsZero() || !t.Before(rec.DeadlineAt) {
+		return false
+	}
+	return tmpl.ApprovalID == "" || tmpl.ExpiresAt != nil && t.Before(*tmpl.ExpiresAt)
+}
+
 // versionReadLater reports whether a failed read of a resource's version
 // may succeed later: no answer (or none readable), a 5xx, 408 or 429.
 // Another 4xx (404: the resource is gone; 401, 403), a redirect (not
@@ -1422,8 +1443,8 @@ func carriedObligations(list []string) policy.Obligations {
 
 // releaseClaim releases the claim of a call that sent nothing, for the
 // policies (or whether a compensation has anything to undo) could not be
-// decided now: the call stays executing, without an
-// owner, for RetryBackoff, and the sweep of expired leases (or a
+// decided now, or the tool's breaker is open: the call stays executing,
+// without an owner, for RetryBackoff (r.after), and the sweep of expired leases (or a
 // redelivery) then claims it afresh (Claimed, not Reclaimed). It returns
 // no completion: the step records nothing for the call, and the log
 // still holds its approved event as its last.
@@ -1441,7 +1462,7 @@ func carriedObligations(list []string) policy.Obligations {
 // crash, it then treats the call as possibly sent, and sends it at most
 // once).
 func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog, r refusal) processors.Completion {
-	rel := processors.Release{Key: c.rec.Key, Epoch: c.rec.Epoch, After: x.cfg.RetryBackoff}
+	rel := processors.Release{Key: c.rec.Key, Epoch: c.rec.Epoch, After: cmp.Or(r.after, x.cfg.RetryBackoff)}
 	applied, err := x.releaseClaims(context.WithoutCancel(ctx), []processors.Release{rel}, releaseTries, 10*time.Second)
 	switch {
 	case err != nil:
@@ -1456,8 +1477,8 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("call not decided yet (the policies, whether there is anything to undo, or the approved resource's version); claim given back, to be decided again", "reason", r.reason,
-		"detail", r.detail, "retry_after", x.cfg.RetryBackoff)
+	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, or the tool's breaker is open); claim given back, to be tried again", "reason", r.reason,
+		"detail", r.detail, "retry_after", rel.After)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}
 }
@@ -1558,6 +1579,9 @@ type refusal struct {
 	// later: the check could not be made now (what it reads did not
 	// answer), which says nothing about the call.
 	later bool
+	// after is how long a call given back (releaseClaim) waits before
+	// it is claimed again; zero: Config.RetryBackoff.
+	after time.Duration
 }
 
 // attempt is one tool invocation through the tenant's share of the tool's

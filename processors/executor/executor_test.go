@@ -611,6 +611,54 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 	}
 }
 
+// An open breaker is a passing refusal (DESIGN: it fails fast with a
+// retryable error): a call that sent nothing is given back until the
+// breaker may let it through, and then runs, once, under its key. Before,
+// it ended failed, and the agent's retry under its key met that failure
+// of a call never sent. One whose deadline leaves no room for the wait
+// ends failed breaker_open, as before.
+func TestOpenBreakerGivesTheCallBack(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{FailStatus: 503, FailTimes: 1})
+	x := r.executor(func(c *executor.Config) {
+		c.MaxAttempts, c.SweepEvery = 1, 10*time.Millisecond
+		c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, OpenFor: 300 * time.Millisecond}
+	})
+	step := func(auth *kgo.Record) []string {
+		t.Helper()
+		out, err := x.Step(t.Context(), []*kgo.Record{auth})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return summary(decodeAll(t, out.Records))
+	}
+	ticket := map[string]any{"title": "t"}
+	if got := step(r.admit("create_ticket", "trip", ticket, 0)); len(got) != 2 || x.BreakerStates()["create_ticket/t_a"] != "open" {
+		t.Fatalf("the call that trips the breaker: %v, breaker %q; want it run, and the breaker open", got, x.BreakerStates()["create_ticket/t_a"])
+	}
+	short := r.admit("create_ticket", "short", ticket, 200)
+	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, step(short)); diff != "" {
+		t.Errorf("a call due before the breaker may close (-want +got):\n%s", diff)
+	}
+	long := r.admit("create_ticket", "long", ticket, 60_000)
+	if got := step(long); len(got) != 0 {
+		t.Fatalf("a call with time to wait for the breaker: %v; want nothing recorded yet (given back)", got)
+	}
+	longEv := authorizedEvent(t, long)
+	if rec, err := r.store.Get(t.Context(), longEv.Key()); err != nil || rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" {
+		t.Fatalf("its record: %s owned by %q (%v); want executing, given back", rec.Status, rec.LeaseOwner, err)
+	}
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, stepUntilItRuns(t, x)); diff != "" {
+		t.Errorf("once the breaker lets it through (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/long"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/short"); n != 0 {
+		t.Errorf("the short call applied %d times; want 0", n)
+	}
+}
+
 // Results are capped and marked untrusted before they leave the ledger.
 func TestResultSanitized(t *testing.T) {
 	r := newRig(t)
@@ -732,6 +780,7 @@ func TestReclaimedCallNotSettledIsOutcomeUnknown(t *testing.T) {
 		{"in progress", http.StatusConflict, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
 		{"unavailable", http.StatusServiceUnavailable, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
 		{"refused", http.StatusBadRequest, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
+		{"throttled", http.StatusTooManyRequests, "outcome_unknown(" + executor.ReasonLeaseExpired + ")"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
