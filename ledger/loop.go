@@ -117,6 +117,9 @@ type LoopMetrics interface {
 	// NotCommitted: a step's work was not committed, and why:
 	// "rebalanced", "step_failed" or "failed".
 	NotCommitted(result string)
+	// RecordsDeleted: n records of topic were deleted from the log
+	// (retention, DeleteRecords) before the loop read them.
+	RecordsDeleted(topic string, n int64)
 }
 
 // nopLoopMetrics measures nothing.
@@ -124,6 +127,7 @@ type nopLoopMetrics struct{}
 
 func (nopLoopMetrics) Committed(int, []*kgo.Record, time.Duration, time.Duration) {}
 func (nopLoopMetrics) NotCommitted(string)                                        {}
+func (nopLoopMetrics) RecordsDeleted(string, int64)                               {}
 
 func (c *LoopConfig) setDefaults() {
 	if c.MaxPollRecords <= 0 {
@@ -392,6 +396,9 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			l.cfg.Logger.Warn("abort of the open transaction failed; the broker ends it at its timeout", "group", l.cfg.Group, "err", err)
 		}
 	}()
+	// reported are the partitions whose deleted records this session
+	// reported already, by the offset it resumed from.
+	reported := make(map[gap]bool)
 	// poll returns up to n records, waiting until deadline for the
 	// first.
 	poll := func(deadline time.Time, n int) ([]*kgo.Record, error) {
@@ -415,6 +422,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 				dropped = fmt.Errorf("%w: %s/%d: %w", errPartitionDropped, t, p, err)
 			}
 		})
+		l.checkDeleted(sess.Client(), fetches, reported)
 		if dropped != nil {
 			// franz-go goes on without a partition whose committed
 			// offset it could not fetch (an authorization error, a
@@ -589,6 +597,47 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			}(out.Committed)
 		}
 	}
+}
+
+// gap is a partition's run of deleted records, by where it starts.
+type gap struct {
+	topic     string
+	partition int32
+	from      int64
+}
+
+// checkDeleted reports the records fetches skipped because the log
+// deleted them before they were read: franz-go, asked for an offset
+// before the log's start (its records gone to retention while the loop
+// was down or behind), goes on at the start without a word above Info,
+// and requests would go undecided, events unacted on, unseen. The group's
+// committed offset is where the loop resumed: records between it and the
+// log's start are gone. Each gap is logged at Error and counted once per
+// session; the loop goes on (what is gone cannot be read again), as the
+// projector does not, which stops (its answers would be wrong).
+func (l *Loop) checkDeleted(cl *kgo.Client, fetches kgo.Fetches, reported map[gap]bool) {
+	var committed map[string]map[int32]kgo.EpochOffset
+	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
+		if len(ftp.Records) == 0 || ftp.LogStartOffset <= 0 || ftp.Records[0].Offset < ftp.LogStartOffset {
+			return
+		}
+		if committed == nil {
+			committed = cl.CommittedOffsets()
+		}
+		from := int64(-1)
+		if o, ok := committed[ftp.Topic][ftp.Partition]; ok {
+			from = o.Offset
+		}
+		g := gap{ftp.Topic, ftp.Partition, from}
+		if from < 0 || from >= ftp.LogStartOffset || reported[g] {
+			return
+		}
+		reported[g] = true
+		n := ftp.LogStartOffset - from
+		l.cfg.Metrics.RecordsDeleted(ftp.Topic, n)
+		l.cfg.Logger.Error("records deleted from the log before this loop read them: they were never processed",
+			"group", l.cfg.Group, "topic", ftp.Topic, "partition", ftp.Partition, "next_offset", from, "log_start", ftp.LogStartOffset, "records_lost", n)
+	})
 }
 
 // lingers reports whether a poll that returned recs makes the loop

@@ -542,13 +542,90 @@ func runCopyGroupLoop(t *testing.T, k *ledgertest.Kafka, cfg ledger.LoopConfig, 
 	}
 }
 
-// consumedCounter counts the records the loop's transactions committed.
-type consumedCounter struct{ n atomic.Int64 }
+// consumedCounter counts the records the loop's transactions committed,
+// and those reported deleted unread (how many, in how many reports).
+type consumedCounter struct{ n, deleted, reports atomic.Int64 }
 
 func (c *consumedCounter) Committed(consumed int, _ []*kgo.Record, _, _ time.Duration) {
 	c.n.Add(int64(consumed))
 }
 func (c *consumedCounter) NotCommitted(string) {}
+func (c *consumedCounter) RecordsDeleted(_ string, n int64) {
+	c.deleted.Add(n)
+	c.reports.Add(1)
+}
+
+// Records the log deleted (retention) before the loop read them are not
+// skipped in silence: the loop resumes at the log's start, as it must,
+// and says at Error how many it never processed, and counts them, once.
+// Before, franz-go's reset to the log start was logged at Info, below
+// what the ledger logs: requests went undecided, unseen.
+func TestLoopReportsRecordsDeletedUnread(t *testing.T) {
+	k := faultableKafka(t)
+	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rq := k.Topics.Requests
+	for i := range 10 {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The group had processed offsets 0 and 1; then, while it was down,
+	// retention deleted everything before offset 8.
+	adm := kadm.NewClient(cl)
+	group := k.Group("copy")
+	var committed kadm.Offsets
+	committed.AddOffset(rq, 0, 2, -1)
+	if resps, err := adm.CommitOffsets(t.Context(), group, committed); err != nil || resps.Error() != nil {
+		t.Fatalf("commit offsets: %v %v", err, resps.Error())
+	}
+	deleted, err := adm.DeleteRecords(t.Context(), kadm.Offsets{rq: {0: {Topic: rq, Partition: 0, At: 8, LeaderEpoch: -1}}})
+	if err == nil {
+		err = deleted.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+
+	var logs ledgertest.LogBuffer
+	metrics := &consumedCounter{}
+	var seen atomic.Int64
+	// A tick far longer than the test, and a step that produces nothing:
+	// the batches are held, the group's offset stays before the gap, and
+	// every poll meets it again.
+	runCopyGroupLoop(t, k, ledger.LoopConfig{Tick: time.Hour, Metrics: metrics, Logger: slog.New(slog.NewJSONHandler(&logs, nil))},
+		func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+			seen.Add(int64(len(recs)))
+			return ledger.Output{}, nil
+		})
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if seen.Load() < 2 || metrics.reports.Load() == 0 {
+			return fmt.Errorf("records seen %d, gaps reported %d; want the 2 left, and the gap", seen.Load(), metrics.reports.Load())
+		}
+		return nil
+	})
+	for i := range 3 {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: fmt.Appendf(nil, "later%d", i), Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if seen.Load() < 5 {
+			return fmt.Errorf("records seen %d; want the 3 published since too", seen.Load())
+		}
+		return nil
+	})
+	if n, r := metrics.deleted.Load(), metrics.reports.Load(); n != 6 || r != 1 {
+		t.Errorf("reported %d records deleted in %d reports; want 6 (offsets 2 to 7), once", n, r)
+	}
+	line := logs.String()
+	if !strings.Contains(line, `"level":"ERROR"`) || !strings.Contains(line, "records deleted from the log before this loop read them") || !strings.Contains(line, `"records_lost":6`) {
+		t.Errorf("log %s; want the gap at Error, 6 records lost", line)
+	}
+}
 
 // A batch whose step does nothing (records it ignores, as an executor
 // reads its own events) gets no transaction of its own: its offsets are

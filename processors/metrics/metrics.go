@@ -44,6 +44,7 @@ type Registry struct {
 	storeRetries *prometheus.CounterVec
 	unreadable   prometheus.Counter
 	undos        *prometheus.CounterVec
+	deleted      *prometheus.CounterVec
 }
 
 // New returns the registry of a process running role ("intake",
@@ -73,7 +74,7 @@ func New(role string, known func(tool string) bool) *Registry {
 	}, []string{"stage"})
 	r.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_claims_total", ConstLabels: constRole,
-		Help: "Claims on calls by result: claimed, reclaimed (an expired lease taken over), busy (a claim conflict: another executor holds the lease), finished, mismatch, missing, not_ready; released (a claim given back unsent, the policies unable to decide an approved call's re-check); held (one the store failed to take back, held by the executor and asked again).",
+		Help: "Claims on calls by result: claimed, reclaimed (an expired lease taken over), busy (a claim conflict: another executor holds the lease), finished, mismatch, missing, not_ready; released (a claim given back unsent: the policies unable to decide an approved call's re-check, the resource's version unreadable, the tool's breaker open); held (one the store failed to take back, held by the executor and asked again).",
 	}, []string{"result"})
 	r.toolCalls = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "ledger_tool_call_duration_seconds", ConstLabels: constRole, Buckets: stageBuckets,
@@ -91,7 +92,11 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_compensation_requests_total", ConstLabels: constRole,
 		Help: "The reconciler's requests for automatic compensations (undo_unknown), by result: requested, failed (asked again later), refused (for good) and abandoned (failed its last attempt); the last two leave the call to a human.",
 	}, []string{"result"})
-	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undos,
+	r.deleted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_records_deleted_unread_total", ConstLabels: constRole,
+		Help: "Records the log deleted (retention, DeleteRecords) before this process's loop read them, by topic: requests no one decided, events no one acted on. Each gap is logged at Error; a human must look.",
+	}, []string{"topic"})
+	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undos, r.deleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
@@ -192,6 +197,12 @@ func (c *eventCounters) counter(typ, tool []byte) prometheus.Counter {
 // ledger.LoopMetrics.
 func (r *Registry) NotCommitted(result string) {
 	r.transactions.WithLabelValues(result).Inc()
+}
+
+// RecordsDeleted counts n records of topic deleted before the loop read
+// them. It implements ledger.LoopMetrics.
+func (r *Registry) RecordsDeleted(topic string, n int64) {
+	r.deleted.WithLabelValues(topic).Add(float64(n))
 }
 
 // Stage observes how long a stage took.
