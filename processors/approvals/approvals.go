@@ -227,7 +227,9 @@ type Approval struct {
 	ToolVersion    int       `json:"tool_version"`
 	Requester      Requester `json:"requester"`
 	// ArgumentsHash is what an approver must send back to approve: the
-	// hash of the arguments the preview shows.
+	// hash of the call's arguments, whole. The preview shows their audit
+	// copy, in which the fields the registry redacts and the policies
+	// mask read "[redacted]": an approver approves them unseen.
 	ArgumentsHash string   `json:"arguments_hash"`
 	PolicyVersion string   `json:"policy_version,omitempty"`
 	PolicyIDs     []string `json:"policy_ids,omitempty"`
