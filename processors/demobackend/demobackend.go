@@ -316,6 +316,9 @@ type callMeta struct {
 	traceparent         string    // the W3C trace context the request carried
 	jti                 string    // of the verified credential; "" without verification
 	received            time.Time // when the request reached the handler
+	// ifMatch is the If-Match header: the version (an entity tag) the
+	// caller expects the call's resource at.
+	ifMatch string
 }
 
 func metaOf(r *http.Request) callMeta {
@@ -323,6 +326,7 @@ func metaOf(r *http.Request) callMeta {
 	// what arrived, it does not police the ledger's headers.
 	attempt, _ := strconv.Atoi(r.Header.Get(HeaderAttempt))
 	return callMeta{
+		ifMatch: r.Header.Get("If-Match"),
 		key:     r.Header.Get(HeaderIdempotencyKey),
 		callID:  r.Header.Get(HeaderCallID),
 		tenant:  r.Header.Get(HeaderTenant),
@@ -393,6 +397,8 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case errors.Is(err, errKeyReused):
 			writeError(w, http.StatusConflict, "idempotency_key_reused", "the key was used with a different body")
+		case errors.Is(err, errResourceChanged):
+			writeError(w, http.StatusPreconditionFailed, "resource_changed", "the resource is not at the version If-Match names; nothing applied")
 		default:
 			writeError(w, http.StatusInternalServerError, "journal_unavailable", "the effect journal cannot be written; nothing applied")
 		}
@@ -480,6 +486,10 @@ func (s *Server) handleEffects(w http.ResponseWriter, r *http.Request) {
 // errKeyReused: a native tool saw a known key with a different body.
 var errKeyReused = errors.New("idempotency key reused with a different body")
 
+// errResourceChanged: the call's resource is not at the version its
+// If-Match names.
+var errResourceChanged = errors.New("resource not at the version If-Match names")
+
 // applied is the outcome of apply.
 type applied struct {
 	body   []byte
@@ -518,6 +528,13 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 				return applied{}, err
 			}
 			return applied{body: st.body, replay: true}, nil
+		}
+	}
+	if t.kind != kindRead && meta.ifMatch != "" {
+		// Checked under the lock that applies: no effect on the
+		// resource can come between.
+		if res := resourceOf(body); res != "" && meta.ifMatch != `"v`+strconv.FormatInt(s.versions[meta.tenant+"/"+res], 10)+`"` {
+			return applied{}, errResourceChanged
 		}
 	}
 	n := s.counters[t.name] + 1

@@ -40,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -162,7 +163,9 @@ const (
 	ReasonUnknownTool       = "unknown_tool"
 	ReasonNoCredential      = "credential_unavailable"
 	// ReasonResourceChanged: the approved call's resource changed since
-	// the approval.
+	// the approval: denied when the executor's read finds it, failed
+	// (code http_412) when the tool does, refusing the If-Match the
+	// approved version went with.
 	ReasonResourceChanged = "resource_changed"
 	// ReasonVersionUnreadable: the approved call's resource version could
 	// not be read to confirm it: given back, and checked again later (a
@@ -1246,6 +1249,12 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		if errors.As(err, &he) {
 			switch he.Kind {
 			case httptool.Refused:
+				if he.Status == http.StatusPreconditionFailed && tmpl.ResourceVersion != "" {
+					// The tool found the resource at another version
+					// than the approval's (If-Match): changed since
+					// the last read, by a call that ran meanwhile.
+					return c.finish(processors.StatusFailed, attempt, ReasonResourceChanged, "http_412", nil)
+				}
 				return c.finish(processors.StatusFailed, attempt, ReasonToolRefused, fmt.Sprintf("http_%d", he.Status), nil)
 			case httptool.Throttled:
 				answered = true
@@ -1648,6 +1657,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			Credential:     sec.bearer,
 			BackendSecret:  sec.backend,
 			MaxResultBytes: tool.MaxResultBytes,
+			IfMatch:        tmpl.ResourceVersion,
 		})
 	})
 	var he *httptool.Error

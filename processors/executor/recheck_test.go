@@ -205,6 +205,35 @@ func TestApprovedCallSurvivesAnUnreadableVersion(t *testing.T) {
 	}
 }
 
+// staleVersions is a resource-version endpoint read just before a
+// change: it answers version whatever the resource's now.
+type staleVersions struct{ version string }
+
+func (s staleVersions) ResourceVersion(context.Context, string, string, string) (string, error) {
+	return s.version, nil
+}
+
+// Two refunds of one order approved at the same version (an agent that
+// retried under a new key; both approved): the executor's read of the
+// version can come before the first refund lands, and both would run.
+// The approved version goes to the tool as If-Match, and a tool that
+// honours it (the demo backend does) refuses the second, 412: it ends
+// failed resource_changed, nothing applied. Before, both refunded.
+func TestApprovedVersionGoesToTheToolAsIfMatch(t *testing.T) {
+	r := newRig(t)
+	_, first := r.admitApproved("ka", time.Now().Add(time.Hour), "v0")
+	_, second := r.admitApproved("kb", time.Now().Add(time.Hour), "v0")
+	x := r.executor(func(c *executor.Config) { c.Versions = staleVersions{"v0"} })
+	stepEndsAs(t, x, first, []string{"executing", "succeeded"}, "")
+	stepEndsAs(t, x, second, []string{"executing", "failed(" + executor.ReasonResourceChanged + ")"}, "http_412")
+	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kb"); n != 0 {
+		t.Errorf("the second refund applied %d times; want 0", n)
+	}
+	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/ka"); n != 1 {
+		t.Errorf("the first refund applied %d times; want 1", n)
+	}
+}
+
 // goneVersions is a resource-version endpoint that answers err.
 type goneVersions struct{ err error }
 

@@ -157,6 +157,12 @@ type Request struct {
 	// MaxResultBytes caps the answer's body; a longer body is cut there and
 	// Response.Truncated is set. 0 means DefaultMaxResultBytes.
 	MaxResultBytes int
+	// IfMatch, when set, is the version of the call's resource that an
+	// approval bound, sent as If-Match (an entity tag): a tool that
+	// honours it refuses, 412, to act on the resource at another
+	// version, closing the window between the ledger's last read of the
+	// version and the effect. Sent only when it can be an entity tag.
+	IfMatch string
 }
 
 // Response is a tool's answer.
@@ -259,6 +265,7 @@ const (
 	keyTraceparent   = "Traceparent"
 	keyAuthorization = "Authorization"
 	keyContentType   = "Content-Type"
+	keyIfMatch       = "If-Match"
 )
 
 // headers returns a call's request headers; contentType is left out when
@@ -269,8 +276,8 @@ func (c *Client) headers(r Request, contentType string) http.Header {
 	if tp == "" {
 		tp = tracing.Fallback(r.TraceID, r.IdempotencyKey, r.Attempt)
 	}
-	h := make(http.Header, 11)
-	vals := make([]string, 0, 11)
+	h := make(http.Header, 12)
+	vals := make([]string, 0, 12)
 	set := func(k, v string) {
 		vals = append(vals, v)
 		n := len(vals)
@@ -295,7 +302,21 @@ func (c *Client) headers(r Request, contentType string) http.Header {
 	if contentType != "" {
 		set(keyContentType, contentType)
 	}
+	if r.IfMatch != "" && entityTagChars(r.IfMatch) {
+		set(keyIfMatch, `"`+r.IfMatch+`"`)
+	}
 	return h
+}
+
+// entityTagChars reports whether v can be an entity tag's opaque part
+// (RFC 9110: visible characters but the double quote).
+func entityTagChars(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= 0x20 || c == '"' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // sent records, from the Transport's goroutines (hence the atomics), how

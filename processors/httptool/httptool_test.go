@@ -456,26 +456,26 @@ func TestHeaders(t *testing.T) {
 		Method, Path, Body                        string
 		ContentType, Accept, UserAgent            string
 		Key, CallID, Tenant, Attempt, Trace, Auth string
-		Traceparent                               string
+		Traceparent, IfMatch                      string
 		HasTrace, HasAuth                         bool
 	}
+	all := seen{
+		Method: "POST", Path: "/tools/refund_order", Body: `{"note":"` + bodyMarker + `","order_id":"ord_1029"}`,
+		ContentType: "application/json", Accept: "application/json", UserAgent: "toolcall-ledger-httptool",
+		Key: "run_42:step_7:refund_order", CallID: "call_7f3a", Tenant: "t_acme", Attempt: "2",
+		Trace: "tr_5c1e", Auth: "Bearer " + secret, HasTrace: true, HasAuth: true,
+		// The envelope's trace, hashed (tr_5c1e is not a W3C id).
+		Traceparent: tracing.Fallback("tr_5c1e", "run_42:step_7:refund_order", 2),
+	}
+	withIfMatch := all
+	withIfMatch.IfMatch = `"v7"`
 	tests := []struct {
 		name string
 		cfg  Config
 		edit func(*Request)
 		want seen
 	}{
-		{
-			name: "all set",
-			want: seen{
-				Method: "POST", Path: "/tools/refund_order", Body: `{"note":"` + bodyMarker + `","order_id":"ord_1029"}`,
-				ContentType: "application/json", Accept: "application/json", UserAgent: "toolcall-ledger-httptool",
-				Key: "run_42:step_7:refund_order", CallID: "call_7f3a", Tenant: "t_acme", Attempt: "2",
-				Trace: "tr_5c1e", Auth: "Bearer " + secret, HasTrace: true, HasAuth: true,
-				// The envelope's trace, hashed (tr_5c1e is not a W3C id).
-				Traceparent: tracing.Fallback("tr_5c1e", "run_42:step_7:refund_order", 2),
-			},
-		},
+		{name: "all set", want: all},
 		{
 			name: "no trace, no credential, custom user agent",
 			cfg:  Config{UserAgent: "ledger-test/1"},
@@ -488,6 +488,10 @@ func TestHeaders(t *testing.T) {
 				Traceparent: tracing.Fallback("", "run_42:step_7:refund_order", 2),
 			},
 		},
+		{name: "an approved resource version", edit: func(r *Request) { r.IfMatch = "v7" }, want: withIfMatch},
+		// Not an entity tag: sent without, rather than as a broken
+		// header the tool might misread.
+		{name: "a resource version with a quote", edit: func(r *Request) { r.IfMatch = `v"7` }, want: all},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -503,6 +507,7 @@ func TestHeaders(t *testing.T) {
 					Key: r.Header.Get(HeaderIdempotencyKey), CallID: r.Header.Get(HeaderCallID), Tenant: r.Header.Get(HeaderTenant),
 					Attempt: r.Header.Get(HeaderAttempt), Trace: r.Header.Get(HeaderTraceID), Auth: r.Header.Get("Authorization"),
 					Traceparent: r.Header.Get(tracing.HeaderTraceparent), HasTrace: hasTrace, HasAuth: hasAuth,
+					IfMatch: r.Header.Get("If-Match"),
 				}
 			}))
 			defer ts.Close()
