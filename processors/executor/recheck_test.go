@@ -175,8 +175,10 @@ func (f *flakyVersions) ResourceVersion(context.Context, string, string, string)
 // approved call denied, resource_changed, which it was not.
 func TestApprovedCallSurvivesAnUnreadableVersion(t *testing.T) {
 	r := newRig(t)
-	ev, approved := r.admitApproved("kv", time.Now().Add(time.Hour), "v1")
-	versions := &flakyVersions{fails: 1, version: "v1"}
+	// v0: the demo backend's order as it is, which the tool checks too
+	// (If-Match).
+	ev, approved := r.admitApproved("kv", time.Now().Add(time.Hour), "v0")
+	versions := &flakyVersions{fails: 1, version: "v0"}
 	x := r.executor(func(c *executor.Config) {
 		c.Versions, c.SweepEvery = versions, time.Nanosecond
 	})
