@@ -153,6 +153,26 @@ func TestFreezeUnderLoad(t *testing.T) {
 	if outcomes["refused "+intake.ReasonToolFrozen] == 0 {
 		t.Errorf("no call was refused as frozen: %v", outcomes)
 	}
+	// What the agents (and their models) read of the freeze: the tool and
+	// since when, not who froze it nor why (a platform operator's reason
+	// may speak of other tenants).
+	for _, k := range all {
+		c, _ := h.index.Get(k)
+		var ev ledger.Event
+		switch {
+		case len(c.Refusals) > 0:
+			ev = c.Refusals[0]
+		case len(c.Events) > 0:
+			ev = c.Events[len(c.Events)-1]
+		}
+		if ev.Reason != intake.ReasonToolFrozen {
+			continue
+		}
+		if !strings.HasPrefix(ev.Detail, "create_ticket is frozen for every tenant since ") || strings.Contains(ev.Detail, "incident") || strings.Contains(ev.Detail, ops.User) {
+			t.Errorf("%s's %s detail %q; want the tool and since when alone", k, ev.Type, ev.Detail)
+			break
+		}
+	}
 	for o := range outcomes {
 		switch o {
 		case "succeeded ", "refused " + intake.ReasonToolFrozen, "denied tool_frozen":

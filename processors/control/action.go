@@ -32,6 +32,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -86,6 +87,19 @@ var policyHashRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 // ledger's (ledger.ControlAction), so that projections read the control
 // topic without this package.
 type Action = ledger.ControlAction
+
+// FrozenDetail is what a call refused for the freeze a says of it: the
+// tool, whether the freeze is the tenant's or every tenant's, and since
+// when. Not who froze it nor why: the refusal reaches the agent, and so
+// the model, and a platform operator's reason may speak of other
+// tenants. Operators read both from the control topic (control show).
+func FrozenDetail(tool string, a Action) string {
+	scope := "for every tenant"
+	if a.Tenant != "" {
+		scope = "for this tenant"
+	}
+	return fmt.Sprintf("%s is frozen %s since %s", tool, scope, a.At.UTC().Format(time.RFC3339))
+}
 
 // ToolSubject is the subject of a freeze of tool: for every tenant when
 // tenant is empty, else for that tenant only.

@@ -1217,7 +1217,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			case hb == errFrozen:
 				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
 				log.Info("tool frozen before the call started")
-				return c.deny(ReasonToolFrozen, fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason), policy.Decision{})
+				return c.deny(ReasonToolFrozen, control.FrozenDetail(tool.Name, a), policy.Decision{})
 			default:
 				log.Info("approval expired before the call's request could leave")
 				return c.deny(ReasonApprovalExpired, "the approval expired before the call's request could leave", policy.Decision{})

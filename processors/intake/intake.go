@@ -634,7 +634,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	c.tool = tool
 	if p.cfg.Freezes != nil {
 		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen {
-			return refuse(c.key(), ReasonToolFrozen, "/tool", fmt.Sprintf("%s is frozen by %s: %s", tool.Name, a.By, a.Reason))
+			return refuse(c.key(), ReasonToolFrozen, "/tool", control.FrozenDetail(tool.Name, a))
 		}
 	}
 	if err := tool.Validate(c.tree); err != nil {
