@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -19,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
@@ -427,18 +427,10 @@ func assertedTenant(body []byte) string {
 	if json.Unmarshal(body, &env) != nil {
 		return ""
 	}
-	parts := strings.Split(env.Assertion, ".")
-	if len(parts) != 3 {
-		return ""
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return ""
-	}
 	var claims struct {
 		Tenant string `json:"tenant"`
 	}
-	if json.Unmarshal(payload, &claims) != nil || strings.Contains(claims.Tenant, "/") {
+	if token.Unverified(env.Assertion, &claims) != nil || strings.Contains(claims.Tenant, "/") {
 		return ""
 	}
 	return claims.Tenant
