@@ -1600,6 +1600,28 @@ type refusal struct {
 // credential and the backend's secret.
 type secrets struct{ bearer, backend string }
 
+// inTree reports whether a string (or key) of v, a tree as ledger.Decode
+// returns it, holds either secret.
+func (s secrets) inTree(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return (s.bearer != "" && strings.Contains(v, s.bearer)) || (s.backend != "" && strings.Contains(v, s.backend))
+	case []any:
+		for _, e := range v {
+			if s.inTree(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if s.inTree(k) || s.inTree(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // in reports whether p or q holds either secret.
 func (s secrets) in(p, q []byte) bool {
 	for _, x := range [2]string{s.bearer, s.backend} {
@@ -2031,9 +2053,11 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string, sent s
 	}
 	source := "tool:" + tool.Name + "@v" + strconv.Itoa(tool.Version)
 	b := appendResult(make([]byte, 0, len(resp.Body)+len(source)+64), source, resp.Truncated, content)
-	if content != nil && sent.in(resp.Body, b) {
-		// As sent, or as stored (escapes undone): a masked field may
-		// not hide every copy.
+	if content != nil && (sent.in(resp.Body, b) || sent.inTree(content)) {
+		// As sent, as stored, or in any string of the answer as a
+		// JSON reader gets it (escapes undone: a secret with a quote
+		// or an ampersand is escaped again when stored): a masked
+		// field may not hide every copy.
 		s.holdsSecret = true
 		b = appendResult(b[:0], source, resp.Truncated, nil)
 	}

@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -884,7 +885,9 @@ func TestShutdownRecordsRunningCalls(t *testing.T) {
 // stored, where the agent would read it. Before, the result was kept as
 // the tool gave it.
 func TestResultHoldingASecretIsWithheld(t *testing.T) {
-	const secret = "ticket-api-key-5e1f0a"
+	// With the characters a JSON encoder escapes (a quote, an
+	// ampersand): the answer and the stored result hold it escaped.
+	const secret = `ticket-api-key-5e1f0a"&<x>`
 	reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
 		entry["backend"].(map[string]any)["secret_ref"] = "ticket_api_key"
 	})
@@ -908,11 +911,13 @@ func TestResultHoldingASecretIsWithheld(t *testing.T) {
 				if strings.HasSuffix(tc.name, "escaped") {
 					// The same string to a JSON reader.
 					v = strings.ReplaceAll(v, "-", `\u002d`)
-				} else {
-					v = strings.ReplaceAll(v, `"`, `\"`)
 				}
 				w.Header().Set("Content-Type", "application/json")
-				fmt.Fprintf(w, `{"ticket_id":"tkt_1","debug":{"header":"%s"}}`, v)
+				b, _ := json.Marshal(map[string]any{"ticket_id": "tkt_1", "debug": map[string]string{"header": v}})
+				if strings.HasSuffix(tc.name, "escaped") {
+					b = bytes.ReplaceAll(b, []byte(`\\u002d`), []byte(`\u002d`))
+				}
+				_, _ = w.Write(b)
 			}))
 			t.Cleanup(echo.Close)
 			r.url = echo.URL
