@@ -24,6 +24,7 @@
 package demobackend
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -233,11 +234,16 @@ func New(cfg Config) *Server {
 // backend per journal: backends sharing one (ReadJournal's case) would
 // each take up the others' effects when they start, and not those made
 // after. A journal that cannot be read is an error; a missing one is an
-// empty one. Lines from before effects carried their answers restore
-// the numbering and the versions, not the answers.
+// empty one; a last line cut short (a full disk, a crash before the
+// write reached it) is cut off, so that the next line starts whole.
+// Lines from before effects carried their answers and resources restore
+// the numbering alone.
 func Open(cfg Config) (*Server, error) {
 	var effects []Effect
 	if cfg.JournalPath != "" {
+		if err := cutTornLine(cfg.JournalPath); err != nil {
+			return nil, fmt.Errorf("demo backend: take up its journal: %w", err)
+		}
 		var err error
 		effects, err = ReadJournal(cfg.JournalPath)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -263,6 +269,21 @@ func Open(cfg Config) (*Server, error) {
 		}
 	}
 	return s, nil
+}
+
+// cutTornLine truncates the file at path after its last newline: a line
+// written only in part is no effect (ReadJournal skips it), and lines
+// appended after it would run on from it and break the file for every
+// later reader. A missing file is left missing.
+func cutTornLine(path string) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) || err == nil && (len(b) == 0 || b[len(b)-1] == '\n') {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return os.Truncate(path, int64(bytes.LastIndexByte(b, '\n')+1))
 }
 
 // Close releases requests held by a Hang fault or a latency, and closes the

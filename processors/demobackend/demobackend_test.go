@@ -715,6 +715,27 @@ func TestOpenTakesUpItsJournal(t *testing.T) {
 	if _, err := Open(Config{JournalPath: filepath.Join(t.TempDir(), "new.jsonl")}); err != nil {
 		t.Errorf("Open on a journal not yet written: %v; want a fresh backend", err)
 	}
+	// A last line cut short (a full disk) is cut off when it opens: the
+	// effects after it start on a line of their own, and it opens again.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"seq":9,"tool":"refu`); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	s3, err := Open(Config{JournalPath: path, Now: fixedNow})
+	if err != nil {
+		t.Fatalf("Open on a journal with a torn last line: %v", err)
+	}
+	ts3 := httptest.NewServer(s3.Handler())
+	refund(ts3.URL, "r4", "ord_4")
+	ts3.Close()
+	s3.Close()
+	if _, err := Open(Config{JournalPath: path}); err != nil {
+		t.Errorf("Open after an effect appended past a torn line: %v; want it whole", err)
+	}
 	bad := filepath.Join(t.TempDir(), "bad.jsonl")
 	if err := os.WriteFile(bad, []byte("not json\n"), 0o644); err != nil {
 		t.Fatal(err)
