@@ -158,10 +158,11 @@ type Request struct {
 	// Response.Truncated is set. 0 means DefaultMaxResultBytes.
 	MaxResultBytes int
 	// IfMatch, when set, is the version of the call's resource that an
-	// approval bound, sent as If-Match (an entity tag): a tool that
-	// honours it refuses, 412, to act on the resource at another
-	// version, closing the window between the ledger's last read of the
-	// version and the effect. Sent only when it can be an entity tag.
+	// approval bound, sent as If-Match (an entity tag: quoted, or as it
+	// is if it is one): a tool that honours it refuses, 412, to act on
+	// the resource at another version, closing the window between the
+	// ledger's last read of the version and the effect. Sent only when
+	// it can be a strong entity tag.
 	IfMatch string
 }
 
@@ -302,10 +303,27 @@ func (c *Client) headers(r Request, contentType string) http.Header {
 	if contentType != "" {
 		set(keyContentType, contentType)
 	}
-	if r.IfMatch != "" && entityTagChars(r.IfMatch) {
-		set(keyIfMatch, `"`+r.IfMatch+`"`)
+	if tag := entityTag(r.IfMatch); tag != "" {
+		set(keyIfMatch, tag)
 	}
 	return h
+}
+
+// entityTag is version as a strong entity tag: as it is when it is one
+// already (a tool whose version endpoint answers its ETag, "\"a1b2\""),
+// else quoted; "" when it cannot be one (a weak tag, W/"...", never
+// matches If-Match; a quote inside).
+func entityTag(version string) string {
+	if inner, ok := strings.CutPrefix(version, `"`); ok {
+		if inner, ok = strings.CutSuffix(inner, `"`); ok && entityTagChars(inner) {
+			return version
+		}
+		return ""
+	}
+	if version == "" || !entityTagChars(version) {
+		return ""
+	}
+	return `"` + version + `"`
 }
 
 // entityTagChars reports whether v can be an entity tag's opaque part

@@ -469,6 +469,8 @@ func TestHeaders(t *testing.T) {
 	}
 	withIfMatch := all
 	withIfMatch.IfMatch = `"v7"`
+	withETag := all
+	withETag.IfMatch = `"a1b2"`
 	tests := []struct {
 		name string
 		cfg  Config
@@ -489,9 +491,12 @@ func TestHeaders(t *testing.T) {
 			},
 		},
 		{name: "an approved resource version", edit: func(r *Request) { r.IfMatch = "v7" }, want: withIfMatch},
-		// Not an entity tag: sent without, rather than as a broken
-		// header the tool might misread.
+		// A version endpoint that answers its ETag: sent as it is.
+		{name: "a resource version that is an entity tag", edit: func(r *Request) { r.IfMatch = `"a1b2"` }, want: withETag},
+		// Not a strong entity tag: sent without, rather than as a broken
+		// header the tool might misread, or one that never matches.
 		{name: "a resource version with a quote", edit: func(r *Request) { r.IfMatch = `v"7` }, want: all},
+		{name: "a weak entity tag", edit: func(r *Request) { r.IfMatch = `W/"a1b2"` }, want: all},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
