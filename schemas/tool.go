@@ -122,6 +122,13 @@ type StatusLookup struct {
 // the URL may be relative to the executor's base URL.
 type ResourceVersion struct {
 	URL string `json:"url"`
+	// IfMatch: the tool honours If-Match on its calls with the versions
+	// URL answers, refusing (412) to act on the resource at another. An
+	// approved call then sends the approved version, which closes the
+	// window between the executor's last read and the effect. Without
+	// it nothing is sent: a tool checking If-Match against tags of its
+	// own would refuse every approved call.
+	IfMatch bool `json:"if_match,omitempty"`
 }
 
 // ToolRef names one version of a tool, such as a compensation tool.

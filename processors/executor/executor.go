@@ -1249,7 +1249,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		if errors.As(err, &he) {
 			switch he.Kind {
 			case httptool.Refused:
-				if he.Status == http.StatusPreconditionFailed && tmpl.ResourceVersion != "" {
+				if he.Status == http.StatusPreconditionFailed && ifMatch(tool, tmpl) != "" {
 					// The tool found the resource at another version
 					// than the approval's (If-Match): changed since
 					// the last read, by a call that ran meanwhile.
@@ -1402,6 +1402,15 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	c.tmpl.PolicyID, c.tmpl.PolicyVersion = d.PolicyIDs, d.Version
 	c.tmpl.Obligations = d.Obligations.Merge(carriedObligations(tmpl.Obligations)).List()
 	return nil
+}
+
+// ifMatch is the version an approved call sends as If-Match: the
+// approval's, to a tool that declares it honours it; else none.
+func ifMatch(tool *schemas.Tool, tmpl ledger.Event) string {
+	if tool.ResourceVersion == nil || !tool.ResourceVersion.IfMatch {
+		return ""
+	}
+	return tmpl.ResourceVersion
 }
 
 // roomFor reports whether the call may still run at t: before its
@@ -1679,7 +1688,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			Credential:     sec.bearer,
 			BackendSecret:  sec.backend,
 			MaxResultBytes: tool.MaxResultBytes,
-			IfMatch:        tmpl.ResourceVersion,
+			IfMatch:        ifMatch(tool, tmpl),
 		})
 	})
 	var he *httptool.Error

@@ -218,21 +218,36 @@ func (s staleVersions) ResourceVersion(context.Context, string, string, string) 
 // Two refunds of one order approved at the same version (an agent that
 // retried under a new key; both approved): the executor's read of the
 // version can come before the first refund lands, and both would run.
-// The approved version goes to the tool as If-Match, and a tool that
-// honours it (the demo backend does) refuses the second, 412: it ends
-// failed resource_changed, nothing applied. Before, both refunded.
+// To a tool that declares it honours If-Match (resource_version.if_match,
+// as the demo backend does), the approved version goes as If-Match, and
+// the tool refuses the second, 412: it ends failed resource_changed,
+// nothing applied. Before, both refunded. A tool that does not declare it
+// gets no If-Match (it could check it against tags of its own).
 func TestApprovedVersionGoesToTheToolAsIfMatch(t *testing.T) {
-	r := newRig(t)
-	_, first := r.admitApproved("ka", time.Now().Add(time.Hour), "v0")
-	_, second := r.admitApproved("kb", time.Now().Add(time.Hour), "v0")
-	x := r.executor(func(c *executor.Config) { c.Versions = staleVersions{"v0"} })
-	stepEndsAs(t, x, first, []string{"executing", "succeeded"}, "")
-	stepEndsAs(t, x, second, []string{"executing", "failed(" + executor.ReasonResourceChanged + ")"}, "http_412")
-	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kb"); n != 0 {
-		t.Errorf("the second refund applied %d times; want 0", n)
-	}
-	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/ka"); n != 1 {
-		t.Errorf("the first refund applied %d times; want 1", n)
+	for _, tc := range []struct {
+		name     string
+		declared bool
+		second   []string
+		code     string
+		applied  int
+	}{
+		{"declared", true, []string{"executing", "failed(" + executor.ReasonResourceChanged + ")"}, "http_412", 0},
+		{"not declared", false, []string{"executing", "succeeded"}, "", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := processorstest.RegistryWith(t, "../testdata/registry", "refund_order", func(entry map[string]any) {
+				entry["resource_version"].(map[string]any)["if_match"] = tc.declared
+			})
+			r := newRigWith(t, reg, demobackend.Config{})
+			_, first := r.admitApproved("ka", time.Now().Add(time.Hour), "v0")
+			_, second := r.admitApproved("kb", time.Now().Add(time.Hour), "v0")
+			x := r.executor(func(c *executor.Config) { c.Versions = staleVersions{"v0"} })
+			stepEndsAs(t, x, first, []string{"executing", "succeeded"}, "")
+			stepEndsAs(t, x, second, tc.second, tc.code)
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kb"); n != tc.applied {
+				t.Errorf("the second refund applied %d times; want %d", n, tc.applied)
+			}
+		})
 	}
 }
 
