@@ -627,6 +627,80 @@ func TestLoopReportsRecordsDeletedUnread(t *testing.T) {
 	}
 }
 
+// A partition written in transactions, read to its end and then idle
+// past its retention, loses the last transaction's commit marker, which
+// is where its group resumes: that is no record lost, and is not counted.
+func TestLoopDoesNotCountADeletedMarker(t *testing.T) {
+	k := faultableKafka(t)
+	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("agent-host"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rq := k.Topics.Requests
+	produce := func(key string) {
+		t.Helper()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: []byte(key), Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(t.Context(), kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	metrics := &consumedCounter{}
+	var seen atomic.Int64
+	step := func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		seen.Add(int64(len(recs)))
+		var out ledger.Output
+		for _, r := range recs {
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	}
+	produce("before")
+	stop := runLoopUntil(t, k, metrics, step, func() bool { return seen.Load() == 1 && metrics.n.Load() == 1 })
+	stop()
+	// Retention takes everything, the marker (offset 1) with the record.
+	adm := kadm.NewClient(cl)
+	deleted, err := adm.DeleteRecords(t.Context(), kadm.Offsets{rq: {0: {Topic: rq, Partition: 0, At: 2, LeaderEpoch: -1}}})
+	if err == nil {
+		err = deleted.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	produce("after")
+	stop = runLoopUntil(t, k, metrics, step, func() bool { return seen.Load() == 2 })
+	stop()
+	if n := metrics.reports.Load(); n != 0 {
+		t.Errorf("%d gaps counted (%d records); want none: only a marker was deleted", n, metrics.deleted.Load())
+	}
+}
+
+// runLoopUntil runs a loop of the copy group with step until done holds,
+// and returns what stops it.
+func runLoopUntil(t *testing.T, k *ledgertest.Kafka, metrics *consumedCounter, step ledger.Step, done func() bool) (stop func()) {
+	t.Helper()
+	l, err := ledger.NewLoop(ledger.LoopConfig{Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-1", Tick: 50 * time.Millisecond, Metrics: metrics, Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)}}, step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan error, 1)
+	go func() { ended <- l.Run(ctx) }()
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if !done() {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	return func() { cancel(); <-ended }
+}
+
 // A batch whose step does nothing (records it ignores, as an executor
 // reads its own events) gets no transaction of its own: its offsets are
 // committed by the next transaction; when the traffic stops, by one an
