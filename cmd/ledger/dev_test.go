@@ -402,14 +402,14 @@ func TestDevEndToEnd(t *testing.T) {
 	}
 
 	// The kill switch: freeze refund_order, and a refund is refused
-	// tool_frozen with the operator's reason; unfreeze, and the same key
-	// runs.
+	// tool_frozen, saying since when but not the operator's reason (that
+	// is control show's); unfreeze, and the same key runs.
 	cli(t, "control", "freeze", "--tool", "refund_order", "--reason", "incident 42", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops")
 	if shown := cli(t, "control", "show", "--api", "http://"+api, "--data-dir", dir, "--user", "u_ops"); !strings.Contains(shown, "incident 42") {
 		t.Errorf("control show after a freeze:\n%s", shown)
 	}
 	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "refund_order", "--args", `{"order_id":"ord_7","amount_cents":2500,"currency":"AUD"}`, "--key", "dev-small-refund", "--wait", "--timeout", "60s")
-	if !strings.Contains(out, "refused: tool_frozen") || !strings.Contains(out, "incident 42") {
+	if !strings.Contains(out, "refused: tool_frozen") || !strings.Contains(out, "refund_order is frozen for this tenant since") || strings.Contains(out, "incident 42") {
 		t.Errorf("a refund while refund_order is frozen:\n%s", out)
 	}
 	// The unfreeze names the freeze it lifts (its at, from show): one
