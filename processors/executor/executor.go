@@ -37,6 +37,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -2043,7 +2044,7 @@ func obligationMasks(obligations []string) []string {
 func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string, sent secrets) sanitized {
 	sum := sha256.Sum256(resp.Body)
 	s := sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
-	var content any
+	var content, loose any
 	if !resp.Truncated {
 		switch tree, err := ledger.Decode(resp.Body, ledger.Limits{MaxBytes: max(len(resp.Body), 1)}); {
 		case err == nil && len(masks) > 0:
@@ -2058,11 +2059,20 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string, sent s
 			s.withheld = true
 		default:
 			content = string(resp.Body)
+			// Kept as text, which a reader may still parse as JSON
+			// (Decode refuses what encoding/json reads: an integer
+			// above 2^53, a duplicate key): searched as that reader
+			// gets it too.
+			dec := json.NewDecoder(bytes.NewReader(resp.Body))
+			dec.UseNumber()
+			if dec.Decode(&loose) != nil {
+				loose = nil
+			}
 		}
 	}
 	source := "tool:" + tool.Name + "@v" + strconv.Itoa(tool.Version)
 	b := appendResult(make([]byte, 0, len(resp.Body)+len(source)+64), source, resp.Truncated, content)
-	if content != nil && (sent.in(resp.Body, b) || sent.inTree(content)) {
+	if content != nil && (sent.in(resp.Body, b) || sent.inTree(content) || sent.inTree(loose)) {
 		// As sent, as stored, or in any string of the answer as a
 		// JSON reader gets it (escapes undone: a secret with a quote
 		// or an ampersand is escaped again when stored): a masked
