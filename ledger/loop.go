@@ -615,9 +615,10 @@ type gap struct {
 // log's start are gone. Each gap is logged at Error and counted once per
 // session; the loop goes on (what is gone cannot be read again), as the
 // projector does not, which stops (its answers would be wrong). A gap of
-// one offset is logged at Warn alone: it is most often the commit marker
-// of the last transaction the group read (its committed offset points at
-// it), gone with an idle partition's old segments.
+// one offset before a record written in a transaction is logged at Warn
+// alone: it is most often the commit marker of the last transaction the
+// group read (its committed offset points at it), gone with an idle
+// partition's old segments.
 func (l *Loop) checkDeleted(cl *kgo.Client, fetches kgo.Fetches, reported map[gap]bool) {
 	var committed map[string]map[int32]kgo.EpochOffset
 	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
@@ -637,11 +638,13 @@ func (l *Loop) checkDeleted(cl *kgo.Client, fetches kgo.Fetches, reported map[ga
 		}
 		reported[g] = true
 		n := ftp.LogStartOffset - from
-		if n == 1 {
+		if n == 1 && ftp.Records[0].Attrs.IsTransactional() {
 			// A group resumes at the offset after the last record it
-			// was given, which on a topic written in transactions is
-			// that transaction's commit marker: a partition idle past
-			// its retention loses only the marker, not a record.
+			// was given, which on a partition written in transactions
+			// is that transaction's commit marker: one idle past its
+			// retention loses only the marker, not a record. (The
+			// ledger's own writers of requests do not use
+			// transactions: there one offset is one request.)
 			l.cfg.Logger.Warn("the offset this loop resumed from was deleted from the log: a transaction's marker, or a record never processed",
 				"group", l.cfg.Group, "topic", ftp.Topic, "partition", ftp.Partition, "next_offset", from, "log_start", ftp.LogStartOffset)
 			return

@@ -678,6 +678,39 @@ func TestLoopDoesNotCountADeletedMarker(t *testing.T) {
 	if n := metrics.reports.Load(); n != 0 {
 		t.Errorf("%d gaps counted (%d records); want none: only a marker was deleted", n, metrics.deleted.Load())
 	}
+
+	// Written without a transaction (as the ledger writes requests), one
+	// offset is one record: deleted unread, it is counted. (Partition 1,
+	// which no transaction wrote.)
+	plain, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	producePlain := func(keys ...string) {
+		t.Helper()
+		for _, key := range keys {
+			if err := plain.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 1, Key: []byte(key), Value: []byte("v")}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	producePlain("read")
+	stop = runLoopUntil(t, k, metrics, step, func() bool { return seen.Load() == 3 && metrics.n.Load() == 3 })
+	stop()
+	producePlain("lost", "kept") // offsets 1 and 2
+	deleted, err = adm.DeleteRecords(t.Context(), kadm.Offsets{rq: {1: {Topic: rq, Partition: 1, At: 2, LeaderEpoch: -1}}})
+	if err == nil {
+		err = deleted.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	stop = runLoopUntil(t, k, metrics, step, func() bool { return seen.Load() == 4 })
+	stop()
+	if n, r := metrics.deleted.Load(), metrics.reports.Load(); n != 1 || r != 1 {
+		t.Errorf("after one plain record deleted unread: %d records in %d reports; want 1 in 1", n, r)
+	}
 }
 
 // runLoopUntil runs a loop of the copy group with step until done holds,
