@@ -745,6 +745,38 @@ func TestOpenTakesUpItsJournal(t *testing.T) {
 	}
 }
 
+// A journal write that fails (a full disk, which may leave part of the
+// line) stops the journal: that request applies nothing, and neither do
+// later ones, which would write on from the torn line, until a restart
+// (whose Open cuts it off).
+func TestJournalWriteFailureStopsTheJournal(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "effects.jsonl")
+	s, ts := newBackend(t, Config{JournalPath: path})
+	mustDo(t, ts.URL, call{path: "/tools/send_email", key: "e1", tenant: "t", body: `{}`})
+	ro, err := os.Open(path) // its writes fail
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	writable := s.journal
+	s.journal = ro
+	s.mu.Unlock()
+	if a := mustDo(t, ts.URL, call{path: "/tools/send_email", key: "e2", tenant: "t", body: `{}`}); a.status != http.StatusInternalServerError {
+		t.Errorf("the request whose line failed: %d; want 500", a.status)
+	}
+	s.mu.Lock()
+	s.journal = writable // the disk has room again
+	s.mu.Unlock()
+	ro.Close()
+	if a := mustDo(t, ts.URL, call{path: "/tools/send_email", key: "e3", tenant: "t", body: `{}`}); a.status != http.StatusInternalServerError {
+		t.Errorf("a later request: %d; want 500 until a restart", a.status)
+	}
+	if got, err := ReadJournal(path); err != nil || len(got) != 1 || len(s.Effects()) != 1 {
+		t.Errorf("journal %d lines (%v), %d effects; want the one before the failure", len(got), err, len(s.Effects()))
+	}
+}
+
 func TestJournalUnavailable(t *testing.T) {
 	t.Parallel()
 	s, ts := newBackend(t, Config{JournalPath: filepath.Join(t.TempDir(), "missing-dir", "effects.jsonl")})

@@ -68,7 +68,11 @@ func (s *Server) recordLocked(ef Effect) error {
 		// One write per line: O_APPEND makes it land whole at the end even
 		// when several processes share the file.
 		if _, err := s.journal.Write(append(line, '\n')); err != nil {
-			s.logger.Error("write effect journal", "err", err)
+			// The line may be in the file in part (a full disk): the
+			// next one would run on from it. Nothing more is written
+			// until a restart, whose Open cuts it off.
+			s.logger.Error("write effect journal; no effect is applied until the backend restarts", "err", err)
+			s.journalErr = err
 			return fmt.Errorf("write journal: %v", err)
 		}
 	}
