@@ -1175,6 +1175,11 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	}
 	attempt := rec.Attempt
 	c.firstAttempt = attempt + 1
+	if tmpl.ResourceVersion != "" && tool.ResourceVersion != nil && tool.ResourceVersion.IfMatch && ifMatch(tool, tmpl) == "" {
+		// The tool asked for If-Match, and this version cannot be one:
+		// the executor's read just now is all that checks it.
+		log.Warn("the approved resource version cannot be sent as If-Match (not a strong entity tag); sent without", "resource_version", tmpl.ResourceVersion)
+	}
 	// unknownErr is the last attempt that may have reached the tool
 	// and applied the effect: no answer, or a 5xx (a tool that failed
 	// after its effect, a gateway that lost the tool's answer).
@@ -1406,9 +1411,10 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 }
 
 // ifMatch is the version an approved call sends as If-Match: the
-// approval's, to a tool that declares it honours it; else none.
+// approval's, to a tool that declares it honours it, when it can be a
+// strong entity tag (httptool.EntityTag); else none.
 func ifMatch(tool *schemas.Tool, tmpl ledger.Event) string {
-	if tool.ResourceVersion == nil || !tool.ResourceVersion.IfMatch {
+	if tool.ResourceVersion == nil || !tool.ResourceVersion.IfMatch || httptool.EntityTag(tmpl.ResourceVersion) == "" {
 		return ""
 	}
 	return tmpl.ResourceVersion

@@ -233,15 +233,22 @@ func TestApprovedVersionGoesToTheToolAsIfMatch(t *testing.T) {
 	}{
 		{"declared", true, []string{"executing", "failed(" + executor.ReasonResourceChanged + ")"}, "http_412", 0},
 		{"not declared", false, []string{"executing", "succeeded"}, "", 1},
+		// A version that cannot be a strong entity tag is not sent, and
+		// the tool's 412 to anything else would not be taken for it.
+		{"declared, a weak tag", true, []string{"executing", "succeeded"}, "", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := processorstest.RegistryWith(t, "../testdata/registry", "refund_order", func(entry map[string]any) {
 				entry["resource_version"].(map[string]any)["if_match"] = tc.declared
 			})
 			r := newRigWith(t, reg, demobackend.Config{})
-			_, first := r.admitApproved("ka", time.Now().Add(time.Hour), "v0")
-			_, second := r.admitApproved("kb", time.Now().Add(time.Hour), "v0")
-			x := r.executor(func(c *executor.Config) { c.Versions = staleVersions{"v0"} })
+			version := "v0"
+			if strings.HasSuffix(tc.name, "weak tag") {
+				version = `W/"v0"`
+			}
+			_, first := r.admitApproved("ka", time.Now().Add(time.Hour), version)
+			_, second := r.admitApproved("kb", time.Now().Add(time.Hour), version)
+			x := r.executor(func(c *executor.Config) { c.Versions = staleVersions{version} })
 			stepEndsAs(t, x, first, []string{"executing", "succeeded"}, "")
 			stepEndsAs(t, x, second, tc.second, tc.code)
 			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kb"); n != tc.applied {

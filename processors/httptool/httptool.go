@@ -303,17 +303,17 @@ func (c *Client) headers(r Request, contentType string) http.Header {
 	if contentType != "" {
 		set(keyContentType, contentType)
 	}
-	if tag := entityTag(r.IfMatch); tag != "" {
+	if tag := EntityTag(r.IfMatch); tag != "" {
 		set(keyIfMatch, tag)
 	}
 	return h
 }
 
-// entityTag is version as a strong entity tag: as it is when it is one
+// EntityTag is version as a strong entity tag: as it is when it is one
 // already (a tool whose version endpoint answers its ETag, "\"a1b2\""),
 // else quoted; "" when it cannot be one (a weak tag, W/"...", never
 // matches If-Match; a quote inside).
-func entityTag(version string) string {
+func EntityTag(version string) string {
 	if inner, ok := strings.CutPrefix(version, `"`); ok {
 		if inner, ok = strings.CutSuffix(inner, `"`); ok && entityTagChars(inner) {
 			return version
