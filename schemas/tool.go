@@ -282,6 +282,16 @@ func (t *Tool) check() error {
 	if t.Resource != "" && !validPointer(t.Resource) {
 		bad("resource %q must be a JSON pointer such as \"/order_id\"", t.Resource)
 	}
+	if rv := t.ResourceVersion; rv != nil {
+		// Either would leave an approval bound to no version, in
+		// silence: nothing to ask, or no resource to ask about.
+		if rv.URL == "" {
+			bad("resource_version.url is required when resource_version is set")
+		}
+		if t.Resource == "" {
+			bad("resource_version needs resource, the pointer to the resource whose version it reads")
+		}
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s", ErrInvalidTool, strings.Join(problems, "; "))
 	}
