@@ -473,6 +473,9 @@ func (c *Config) setDefaults() {
 type Executor struct {
 	cfg  Config
 	base *url.URL
+	// noWait is a context already done: the kill switch's gate asks
+	// whether its copy is current without waiting for it.
+	noWait context.Context
 
 	mu        sync.Mutex
 	guards    map[string]*toolGuard // by tool name
@@ -1410,6 +1413,22 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	return nil
 }
 
+// gate is the kill switch asked once more when a request's connection is
+// ready (httptool.Request.Gate), without waiting: the check before the
+// request (attempt) comes before a new connection's dial and TLS
+// handshake, which can take seconds, and a freeze made meanwhile must
+// still stop it. A copy not known current holds it back too; the next
+// attempt waits for it.
+func (x *Executor) gate(tool, tenant string) error {
+	if err := x.cfg.Freezes.Current(x.noWait, x.cfg.ControlMaxStaleness); err != nil {
+		return err
+	}
+	if _, frozen := x.cfg.Freezes.Frozen(tool, tenant); frozen {
+		return errFrozen
+	}
+	return nil
+}
+
 // ifMatch is the version an approved call sends as If-Match: the
 // approval's, to a tool that declares it honours it, when it can be a
 // strong entity tag (httptool.EntityTag); else none.
@@ -1679,6 +1698,10 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	ctx, span := x.startSpan(ctx, "tool.call", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("ledger.tool", tool.Name), attribute.Int("ledger.attempt", attempt)))
 	defer span.End()
+	var gate func() error
+	if x.cfg.Freezes != nil {
+		gate = func() error { return x.gate(tool.Name, rec.Key.TenantID) }
+	}
 	t0 := time.Now()
 	resp, err := g.breaker.Execute(func() (httptool.Response, error) {
 		actx, cancel := context.WithTimeout(ctx, tool.Timeout())
@@ -1696,6 +1719,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			BackendSecret:  sec.backend,
 			MaxResultBytes: tool.MaxResultBytes,
 			IfMatch:        ifMatch(tool, tmpl),
+			Gate:           gate,
 		})
 	})
 	var he *httptool.Error

@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 )
 
 // switchedFreezes is a kill switch a test turns on, and whose state a
@@ -30,6 +32,13 @@ type switchedFreezes struct {
 func (f *switchedFreezes) Current(ctx context.Context, maxStaleness time.Duration) error {
 	if !f.stale.Load() {
 		return nil
+	}
+	// Current at once when it is, whatever ctx, as control.State: the
+	// executor's gate asks with a context already done.
+	select {
+	case <-f.fresh:
+		return nil
+	default:
 	}
 	select {
 	case <-f.fresh:
@@ -163,6 +172,37 @@ func leftToReconciler(t *testing.T, r *rig, out ledger.Output, why, tool, key st
 	}
 	if n := r.backend.AppliedIn(tool, "t_a", "t_a/"+key); n != 0 {
 		t.Errorf("%s applied %d times; want 0", tool, n)
+	}
+}
+
+// A freeze made while a request's new connection is still being opened
+// (a slow dial: a host that drops connections, a TLS handshake) stops it:
+// the kill switch is asked again once the connection is ready, before
+// the request is written, and the call is denied tool_frozen, nothing
+// sent. Before, the check came before the dial only, and the request
+// reached the tool seconds after the freeze.
+func TestFreezeDuringASlowDialStopsTheRequest(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("create_ticket", "slow-dial", map[string]any{"title": "t"}, 10_000)
+	var dialer net.Dialer
+	slow := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}}}
+	fz := &switchedFreezes{}
+	x := r.executor(func(c *executor.Config) {
+		c.Caller, c.Freezes = httptool.New(httptool.Config{Client: slow}), fz
+	})
+	time.AfterFunc(200*time.Millisecond, func() { fz.on.Store(true) }) // mid-dial
+	stepEndsAs(t, x, auth, []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
+	// Its headers may have gone (a tool's server starts a handler on
+	// them); never the whole request.
+	if effects := r.backend.Effects(); len(effects) != 0 {
+		t.Errorf("the tool applied %+v; want nothing after the freeze", effects)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
@@ -154,9 +155,12 @@ func (x *Executor) giveBack(g *guard) {
 }
 
 func newExecutor(cfg Config) *Executor {
+	noWait, cancel := context.WithCancel(context.Background())
+	cancel()
 	return &Executor{
 		cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), held: make(map[ledger.CallKey]processors.Release), unwaited: make(map[*flight]struct{}), done: make(chan *flight),
 		journalID: cfg.Owner + "/" + rand.Text()[:13] + "/",
+		noWait:    noWait,
 	}
 }
 
@@ -232,9 +236,13 @@ func (x *Executor) newBreaker(tool, tenant string) *gobreaker.CircuitBreaker[htt
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			return c.Requests >= bc.MinRequests && float64(c.TotalFailures)/float64(c.Requests) >= bc.FailureRatio
 		},
-		// A tool refusing a bad request is healthy.
+		// A tool refusing a bad request is healthy, and so is one whose
+		// request the kill switch held back at its gate.
 		IsSuccessful: func(err error) bool {
 			var he *httptool.Error
+			if _, held := errors.AsType[*heldBack](err); held || errors.Is(err, control.ErrStale) {
+				return true
+			}
 			return err == nil || errors.As(err, &he) && he.Kind == httptool.Refused
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {

@@ -26,16 +26,28 @@ func BenchmarkCall(b *testing.B) {
 	// A credential of the usual length, so that its checks cost what
 	// they do in a deployment.
 	r.Credential = strings.Repeat("a", 600)
-	b.ReportAllocs()
-	// Several calls in flight, as in an executor under load, so that the
-	// time per call is the CPU's, not a round trip's wait.
-	b.SetParallelism(8)
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if _, err := c.Call(b.Context(), r); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
+	// Without a gate, and with one (the executor's kill switch, asked
+	// once the connection is ready), side by side.
+	for _, bc := range []struct {
+		name string
+		gate func() error
+	}{{"plain", nil}, {"gated", func() error { return nil }}} {
+		b.Run(bc.name, func(b *testing.B) {
+			r := r
+			r.Gate = bc.gate
+			b.ReportAllocs()
+			// Several calls in flight, as in an executor under load, so
+			// that the time per call is the CPU's, not a round trip's
+			// wait.
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := c.Call(b.Context(), r); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }

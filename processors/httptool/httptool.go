@@ -164,6 +164,14 @@ type Request struct {
 	// ledger's last read of the version and the effect. Sent only when
 	// it can be a strong entity tag.
 	IfMatch string
+	// Gate, when set, is asked once the connection to the tool is ready,
+	// right before the request's body is written: an error holds the
+	// request back, and Call answers NotSent with it. A new connection's
+	// dial and TLS handshake can take seconds; a check made before them
+	// (the kill switch) may be out of date once they end. The tool sees
+	// at most the request's headers, never a whole request. It must not
+	// block.
+	Gate func() error
 }
 
 // Response is a tool's answer.
@@ -190,11 +198,21 @@ func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
 	}
 	// The request is built first so that its URL is parsed once, here,
 	// and checked as parsed.
-	var s sent
-	req, err := http.NewRequestWithContext(s.trace(ctx), http.MethodPost, r.URL, bytes.NewReader(r.Arguments))
+	var (
+		s     sent
+		body  io.Reader = bytes.NewReader(r.Arguments)
+		gated *gatedBody
+	)
+	if r.Gate != nil {
+		gated = &gatedBody{r: body.(*bytes.Reader), gate: r.Gate}
+		body = gated
+	}
+	req, err := http.NewRequestWithContext(s.trace(ctx), http.MethodPost, r.URL, body)
 	if err != nil || !absoluteHTTP(req.URL) {
 		return Response{}, errNotHTTP
 	}
+	// Known for a bytes.Reader; a gated body needs telling.
+	req.ContentLength = int64(len(r.Arguments))
 	if err := r.validate(); err != nil {
 		return Response{}, err
 	}
@@ -210,7 +228,47 @@ func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
 	// the package comment).
 	req.GetBody = nil
 	req.Header = c.headers(r, "application/json")
-	return c.do(ctx, req, r, &s)
+	out, err := c.do(ctx, req, r, &s)
+	if err != nil && gated != nil {
+		if held := gated.held(); held != nil {
+			return Response{Latency: out.Latency}, r.redact(&Error{Kind: NotSent, Detail: "held back once the connection was ready", Err: held})
+		}
+	}
+	return out, err
+}
+
+// gatedBody is a request's body that asks its gate before the first byte
+// is read: after the connection is ready and the headers are buffered,
+// before the request can be whole at the tool.
+type gatedBody struct {
+	r     *bytes.Reader
+	gate  func() error
+	asked bool
+	// refusal is the gate's error; read by Call once the Transport is
+	// done with the body.
+	refusal atomic.Pointer[error]
+}
+
+func (g *gatedBody) Read(p []byte) (int, error) {
+	if !g.asked {
+		g.asked = true
+		if err := g.gate(); err != nil {
+			g.refusal.Store(&err)
+			return 0, err
+		}
+	}
+	return g.r.Read(p)
+}
+
+// Close makes gatedBody the request's Body itself, without a wrapper.
+func (g *gatedBody) Close() error { return nil }
+
+// held is the gate's refusal, or nil.
+func (g *gatedBody) held() error {
+	if p := g.refusal.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // secure refuses to send r's credential or backend secret to u over

@@ -783,3 +783,34 @@ func TestHeaderKeysCanonical(t *testing.T) {
 		t.Errorf("keyTraceparent %q is not tracing's %q", keyTraceparent, tracing.HeaderTraceparent)
 	}
 }
+
+// A gate that refuses once the connection is ready holds the request
+// back: the tool never gets it whole (its handler never runs), and Call
+// answers NotSent with the gate's error. One that lets it through sends
+// it as usual, asked once.
+func TestGateHoldsTheRequestBack(t *testing.T) {
+	t.Parallel()
+	var handled atomic.Int32
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if b, err := io.ReadAll(r.Body); err == nil && len(b) > 0 {
+			handled.Add(1)
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer ts.Close()
+	frozen := errors.New("frozen since the check")
+	r := request(ts.URL + "/tools/refund_order")
+	r.Gate = func() error { return frozen }
+	_, err := New(Config{}).Call(t.Context(), r)
+	if e := checkErr(t, err, NotSent); !errors.Is(e, frozen) {
+		t.Errorf("error %v; want NotSent wrapping the gate's", err)
+	}
+	var asked atomic.Int32
+	r.Gate = func() error { asked.Add(1); return nil }
+	if _, err := New(Config{}).Call(t.Context(), r); err != nil {
+		t.Fatalf("Call through an open gate: %v", err)
+	}
+	if n, a := handled.Load(), asked.Load(); n != 1 || a != 1 {
+		t.Errorf("the tool handled %d whole requests, the gate was asked %d times; want 1 and 1 (the one let through)", n, a)
+	}
+}
