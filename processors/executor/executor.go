@@ -1413,20 +1413,32 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	return nil
 }
 
-// gate is the kill switch asked once more when a request's connection is
-// ready (httptool.Request.Gate), without waiting: the check before the
-// request (attempt) comes before a new connection's dial and TLS
-// handshake, which can take seconds, and a freeze made meanwhile must
-// still stop it. A copy not known current holds it back too; the next
+// gate is the checks made right before a request leaves (attempt: the
+// kill switch, the approval's expiry) made once more when its connection
+// is ready (httptool.Request.Gate), without waiting: a new connection's
+// dial and TLS handshake, which can take seconds, come between, and a
+// freeze made or an approval lapsed meanwhile must still stop it. A copy
+// of the kill switch not known current holds it back too; the next
 // attempt waits for it.
-func (x *Executor) gate(tool, tenant string) error {
-	if err := x.cfg.Freezes.Current(x.noWait, x.cfg.ControlMaxStaleness); err != nil {
-		return err
+func (x *Executor) gate(tool, tenant string, tmpl *ledger.Event) error {
+	if x.cfg.Freezes != nil {
+		if err := x.cfg.Freezes.Current(x.noWait, x.cfg.ControlMaxStaleness); err != nil {
+			return err
+		}
+		if _, frozen := x.cfg.Freezes.Frozen(tool, tenant); frozen {
+			return errFrozen
+		}
 	}
-	if _, frozen := x.cfg.Freezes.Frozen(tool, tenant); frozen {
-		return errFrozen
+	if x.approvalLapsed(tmpl) {
+		return errApprovalLapsed
 	}
 	return nil
+}
+
+// approvalLapsed reports whether tmpl is an approved call whose approval
+// has expired: no request of it may leave (I4).
+func (x *Executor) approvalLapsed(tmpl *ledger.Event) bool {
+	return tmpl.ApprovalID != "" && (tmpl.ExpiresAt == nil || !x.cfg.Now().Before(*tmpl.ExpiresAt))
 }
 
 // ifMatch is the version an approved call sends as If-Match: the
@@ -1692,15 +1704,15 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	// the call's start, and its own reads (the resource's version, the
 	// policies), the wait for a slot and a retry's backoff can each
 	// outlast it.
-	if tmpl.ApprovalID != "" && (tmpl.ExpiresAt == nil || !x.cfg.Now().Before(*tmpl.ExpiresAt)) {
+	if x.approvalLapsed(&tmpl) {
 		return httptool.Response{}, errApprovalLapsed
 	}
 	ctx, span := x.startSpan(ctx, "tool.call", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("ledger.tool", tool.Name), attribute.Int("ledger.attempt", attempt)))
 	defer span.End()
 	var gate func() error
-	if x.cfg.Freezes != nil {
-		gate = func() error { return x.gate(tool.Name, rec.Key.TenantID) }
+	if x.cfg.Freezes != nil || tmpl.ApprovalID != "" {
+		gate = func() error { return x.gate(tool.Name, rec.Key.TenantID, &tmpl) }
 	}
 	t0 := time.Now()
 	resp, err := g.breaker.Execute(func() (httptool.Response, error) {

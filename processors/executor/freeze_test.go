@@ -204,6 +204,14 @@ func TestFreezeDuringASlowDialStopsTheRequest(t *testing.T) {
 	if effects := r.backend.Effects(); len(effects) != 0 {
 		t.Errorf("the tool applied %+v; want nothing after the freeze", effects)
 	}
+
+	// An approval that lapses mid-dial stops the request as well (I4).
+	_, approved := r.admitApproved("slow-dial-approved", time.Now().Add(300*time.Millisecond), "")
+	x = r.executor(func(c *executor.Config) { c.Caller = httptool.New(httptool.Config{Client: slow}) })
+	stepEndsAs(t, x, approved, []string{"denied(" + executor.ReasonApprovalExpired + ")"}, "")
+	if effects := r.backend.Effects(); len(effects) != 0 {
+		t.Errorf("the tool applied %+v; want nothing past the approval's expiry", effects)
+	}
 }
 
 // An executor whose copy of the kill switch is not known to be current
