@@ -184,15 +184,7 @@ func leftToReconciler(t *testing.T, r *rig, out ledger.Output, why, tool, key st
 func TestFreezeDuringASlowDialStopsTheRequest(t *testing.T) {
 	r := newRig(t)
 	auth := r.admit("create_ticket", "slow-dial", map[string]any{"title": "t"}, 10_000)
-	var dialer net.Dialer
-	slow := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		select {
-		case <-time.After(time.Second):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		return dialer.DialContext(ctx, network, addr)
-	}}}
+	slow := slowDialClient()
 	fz := &switchedFreezes{}
 	x := r.executor(func(c *executor.Config) {
 		c.Caller, c.Freezes = httptool.New(httptool.Config{Client: slow}), fz
@@ -211,6 +203,43 @@ func TestFreezeDuringASlowDialStopsTheRequest(t *testing.T) {
 	stepEndsAs(t, x, approved, []string{"denied(" + executor.ReasonApprovalExpired + ")"}, "")
 	if effects := r.backend.Effects(); len(effects) != 0 {
 		t.Errorf("the tool applied %+v; want nothing past the approval's expiry", effects)
+	}
+}
+
+// slowDialClient is a client whose every request opens a connection of its
+// own, each taking a second to dial: a host that drops connections.
+func slowDialClient() *http.Client {
+	var dialer net.Dialer
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}}}
+}
+
+// A request the kill switch holds back at its gate says nothing of the
+// tool: a half-open breaker's one probe held back leaves it half-open.
+// Before, it counted a success and closed the breaker of a tool that had
+// been failing and was never heard from.
+func TestHeldBackProbeLeavesTheBreakerHalfOpen(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1})
+	fz := &switchedFreezes{}
+	x := r.executor(func(c *executor.Config) {
+		c.Caller, c.Freezes, c.MaxAttempts = httptool.New(httptool.Config{Client: slowDialClient()}), fz, 1
+		c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, OpenFor: 100 * time.Millisecond}
+	})
+	ticket := map[string]any{"title": "t"}
+	stepEndsAs(t, x, r.admit("create_ticket", "trips", ticket, 10_000), []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, "http_503")
+	time.Sleep(150 * time.Millisecond) // past OpenFor: the next request is the probe
+	probe := r.admit("create_ticket", "probe", ticket, 10_000)
+	time.AfterFunc(300*time.Millisecond, func() { fz.on.Store(true) }) // mid-dial
+	stepEndsAs(t, x, probe, []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
+	if got := x.BreakerStates()["create_ticket/t_a"]; got != "half-open" {
+		t.Errorf("breaker %q after its probe was held back; want half-open", got)
 	}
 }
 

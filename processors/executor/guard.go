@@ -234,16 +234,21 @@ func (x *Executor) newBreaker(tool, tenant string) *gobreaker.CircuitBreaker[htt
 		Interval:    bc.Window,
 		Timeout:     bc.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
-			return c.Requests >= bc.MinRequests && float64(c.TotalFailures)/float64(c.Requests) >= bc.FailureRatio
+			n := c.Requests - min(c.TotalExclusions, c.Requests)
+			return n >= bc.MinRequests && float64(c.TotalFailures)/float64(n) >= bc.FailureRatio
 		},
-		// A tool refusing a bad request is healthy, and so is one whose
-		// request the kill switch held back at its gate.
+		// A tool refusing a bad request is healthy.
 		IsSuccessful: func(err error) bool {
 			var he *httptool.Error
-			if _, held := errors.AsType[*heldBack](err); held || errors.Is(err, control.ErrStale) {
-				return true
-			}
 			return err == nil || errors.As(err, &he) && he.Kind == httptool.Refused
+		},
+		// A request the kill switch (or an approval's expiry) held back
+		// at its gate says nothing of the tool either way: counted a
+		// success, it closed a half-open breaker on a tool never heard
+		// from.
+		IsExcluded: func(err error) bool {
+			_, held := errors.AsType[*heldBack](err)
+			return held || errors.Is(err, control.ErrStale)
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			log.Warn("breaker state change", "tool", tool, "tenant", tenant, "from", from.String(), "to", to.String())

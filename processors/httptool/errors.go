@@ -29,10 +29,12 @@ type Kind int
 
 // Kinds of Error.
 const (
-	// NotSent: the request provably never reached the tool. No connection
-	// was ever handed to it (refused, DNS failure, dial timeout, ctx done
-	// before sending), so not one of its bytes left the process. Safe to
-	// retry for any tool.
+	// NotSent: the request provably never reached the tool whole. No
+	// connection was ever handed to it (refused, DNS failure, dial
+	// timeout, ctx done before sending), so not one of its bytes left the
+	// process; or its Request.Gate held it back once the connection was
+	// ready, when its headers (its credential and key among them) may have
+	// gone, but not one byte of its body. Safe to retry for any tool.
 	NotSent Kind = iota + 1
 	// Unknown: the request may have been applied. A connection was handed
 	// to it and then the exchange failed: a timeout or reset after (or

@@ -17,8 +17,10 @@
 //   - It never follows redirects (a 307 would re-send the call elsewhere).
 //   - NotSent is reported only when no connection was ever handed to the
 //     request (httptrace GotConn), so the request's bytes never left the
-//     process. Everything that fails later is Unknown, even when the bytes
-//     probably did not arrive: guessing wrong in that direction is a
+//     process, or when the request's Gate held it back before its body's
+//     first byte (its headers may have gone; the request is never whole at
+//     the tool). Everything that fails later is Unknown, even when the
+//     bytes probably did not arrive: guessing wrong in that direction is a
 //     duplicate effect, in the other it is only a reconciliation.
 //   - No error carries the credential or the body (invariant I6).
 package httptool
@@ -238,8 +240,9 @@ func (c *Client) Call(ctx context.Context, r Request) (Response, error) {
 }
 
 // gatedBody is a request's body that asks its gate before the first byte
-// is read: after the connection is ready and the headers are buffered,
-// before the request can be whole at the tool.
+// is read: after the connection is ready and the headers are written
+// (net/http flushes them before a body of a kind it does not know), before
+// the request can be whole at the tool.
 type gatedBody struct {
 	r     *bytes.Reader
 	gate  func() error
