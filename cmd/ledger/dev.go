@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -155,11 +156,21 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	defer st.Close()
-	index, err := callindex.Open(filepath.Join(dataDir, "index.db"), logger.With("component", "callindex"))
+	indexPath := filepath.Join(dataDir, "index.db")
+	_, statErr := os.Stat(indexPath)
+	index, err := callindex.Open(indexPath, logger.With("component", "callindex"))
 	if err != nil {
 		return err
 	}
 	defer index.Close()
+	if errors.Is(statErr, fs.ErrNotExist) {
+		// A new index (a first start, or index.db deleted): it is
+		// rebuilt from the whole events topic, not from where the
+		// group that filled the old one stopped.
+		if err := readFromStart(ctx, cc, topics, devIndexGroup); err != nil {
+			return fmt.Errorf("call index: %w", err)
+		}
+	}
 
 	issuer, ident, staff, err := devIdentity(ctx, dataDir, logger.With("component", "identity"))
 	if err != nil {
@@ -361,7 +372,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	indexer, err := projector.New(projector.Config{
-		Client: cc, Topics: topics, Group: "ledger-callindex",
+		Client: cc, Topics: topics, Group: devIndexGroup,
 		// Agents wait on the index for their calls: do not hold events
 		// back to fill a batch.
 		MaxWait: 5 * time.Millisecond,
@@ -550,4 +561,22 @@ func loopbackOnly(addr string) error {
 		return nil
 	}
 	return errors.New("ledger dev listens on loopback only (127.0.0.1, ::1 or localhost): its API and tools take requests without credentials")
+}
+
+// devIndexGroup is the consumer group that projects ledger dev's events
+// into its call index.
+const devIndexGroup = "ledger-callindex"
+
+// readFromStart moves group, stopped, to the start of its topics' logs:
+// its next reader reads them whole again. A group that never committed
+// starts there anyway.
+func readFromStart(ctx context.Context, cc ledger.ClientConfig, topics ledger.Topics, group string) error {
+	s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: topics, Group: group})
+	if errors.Is(err, projector.ErrNeverCommitted) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return projector.CommitOffsets(ctx, cc, group, logStarts(s.Partitions))
 }

@@ -411,16 +411,23 @@ func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfi
 	if err != nil {
 		return nil, false, err
 	}
-	starts := make(map[string]map[int32]int64)
 	gap := false
 	for _, p := range s.Partitions {
-		if starts[p.Topic] == nil {
-			starts[p.Topic] = make(map[int32]int64)
-		}
-		starts[p.Topic][p.Partition] = p.Start
 		if !held[p.Topic] && p.Committed > p.Start {
 			gap = true
 		}
 	}
-	return starts, gap, nil
+	return logStarts(s.Partitions), gap, nil
+}
+
+// logStarts is where each partition's log starts, by topic.
+func logStarts(parts []projector.PartitionStatus) map[string]map[int32]int64 {
+	starts := make(map[string]map[int32]int64)
+	for _, p := range parts {
+		if starts[p.Topic] == nil {
+			starts[p.Topic] = make(map[int32]int64)
+		}
+		starts[p.Topic][p.Partition] = p.Start
+	}
+	return starts
 }
