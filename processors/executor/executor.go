@@ -1192,9 +1192,20 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	var answered bool
 	for n := 0; n < x.cfg.MaxAttempts; n++ {
 		if n > 0 {
+			wait := x.cfg.RetryBackoff << (n - 1)
+			if ra := retryAfter(lastErr); ra > wait {
+				// The tool said when to ask again (Retry-After on a
+				// 429 or 5xx). Past the call's time it is not asked
+				// again: the last answer stands.
+				if dl, ok := callCtx.Deadline(); ok && !time.Now().Add(ra).Before(dl) {
+					log.Info("the tool asks to wait past the call's time; not asked again", "retry_after", ra)
+					break
+				}
+				wait = ra
+			}
 			select {
 			case <-callCtx.Done():
-			case <-time.After(x.cfg.RetryBackoff << (n - 1)):
+			case <-time.After(wait):
 			}
 		}
 		if callCtx.Err() != nil {
@@ -1963,6 +1974,15 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 		// The last attempt may have reached the tool.
 		return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, "timeout", nil)
 	}
+}
+
+// retryAfter is the wait a tool asked for in err's answer (Retry-After),
+// or 0.
+func retryAfter(err error) time.Duration {
+	if he, ok := errors.AsType[*httptool.Error](err); ok {
+		return he.RetryAfter
+	}
+	return 0
 }
 
 // notSent reports whether err says an attempt never reached the tool.

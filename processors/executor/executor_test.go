@@ -660,6 +660,56 @@ func TestOpenBreakerGivesTheCallBack(t *testing.T) {
 	}
 }
 
+// A tool that answers 429 with Retry-After is asked again after that
+// long, not after the executor's shorter backoff; one that asks for more
+// than the call has left is not asked again, and the call fails
+// (nothing applied, as the 429 said). Before, Retry-After was not heeded.
+func TestRetryAfterIsHeeded(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		retryAfter string
+		deadlineMS int64
+		want       []string
+		requests   int32
+	}{
+		{"within the call's time", "1", 10_000, []string{"executing", "succeeded"}, 2},
+		{"past the call's time", "120", 3_000, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			var (
+				requests atomic.Int32
+				first    atomic.Int64
+				second   atomic.Int64
+			)
+			tool := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				switch requests.Add(1) {
+				case 1:
+					first.Store(time.Now().UnixNano())
+					w.Header().Set("Retry-After", tc.retryAfter)
+					w.WriteHeader(http.StatusTooManyRequests)
+				default:
+					second.Store(time.Now().UnixNano())
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = w.Write([]byte(`{"ticket_id":"tkt_1"}`))
+				}
+			}))
+			t.Cleanup(tool.Close)
+			r.url = tool.URL
+			auth := r.admit("create_ticket", "retry-after", map[string]any{"title": "t"}, tc.deadlineMS)
+			stepEndsAs(t, r.executor(nil), auth, tc.want, map[int32]string{1: "http_429", 2: ""}[tc.requests])
+			if n := requests.Load(); n != tc.requests {
+				t.Errorf("the tool was asked %d times; want %d", n, tc.requests)
+			}
+			if tc.requests == 2 {
+				if waited := time.Duration(second.Load() - first.Load()); waited < time.Second {
+					t.Errorf("asked again %s after the 429; want at least its Retry-After, 1s", waited)
+				}
+			}
+		})
+	}
+}
+
 // Results are capped and marked untrusted before they leave the ledger.
 func TestResultSanitized(t *testing.T) {
 	r := newRig(t)

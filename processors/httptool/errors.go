@@ -18,7 +18,8 @@ import (
 //	Unknown      maybe                native tools only
 //
 // (The executor retries within the call's deadline, after its own
-// backoff: RetryAfter is reported, not waited for. A tool that only
+// backoff or the RetryAfter the tool asked for, whichever is longer; not
+// at all when RetryAfter runs past the call's time. A tool that only
 // reads is retried after any of them but Refused, and its call fails:
 // there is no effect to be unsure of.)
 //
