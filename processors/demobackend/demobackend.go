@@ -259,7 +259,7 @@ func Open(cfg Config) (*Server, error) {
 		if !ok || ef.Replay || t.kind == kindRead {
 			continue
 		}
-		// As apply and bump count them.
+		// As apply counts them.
 		s.counters[t.name]++
 		if t.kind == kindNative && ef.Result != nil {
 			s.stored[dedupeKey{tool: t.name, tenant: ef.TenantID, key: ef.IdempotencyKey}] = storedCall{argsHash: ef.ArgsHash, body: ef.Result}
@@ -551,12 +551,14 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 			return applied{body: st.body, replay: true}, nil
 		}
 	}
-	if t.kind != kindRead && meta.ifMatch != "" {
+	var res string
+	if t.kind != kindRead {
+		res = resourceOf(body)
+	}
+	if res != "" && meta.ifMatch != "" && meta.ifMatch != `"`+s.versionLocked(meta.tenant, res)+`"` {
 		// Checked under the lock that applies: no effect on the
 		// resource can come between.
-		if res := resourceOf(body); res != "" && meta.ifMatch != `"v`+strconv.FormatInt(s.versions[meta.tenant+"/"+res], 10)+`"` {
-			return applied{}, errResourceChanged
-		}
+		return applied{}, errResourceChanged
 	}
 	n := s.counters[t.name] + 1
 	out, err := json.Marshal(build(n))
@@ -567,9 +569,7 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 	if t.kind == kindNative {
 		ef.Result = out
 	}
-	if t.kind != kindRead {
-		ef.Resource = resourceOf(body)
-	}
+	ef.Resource = res
 	if err := s.recordLocked(ef); err != nil {
 		return applied{}, err
 	}
@@ -660,10 +660,16 @@ func (s *Server) handleResourceVersion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.mu.Lock()
-	v := s.versions[r.Header.Get(HeaderTenant)+"/"+res]
+	v := s.versionLocked(r.Header.Get(HeaderTenant), res)
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]string{"version": "v" + strconv.FormatInt(v, 10)})
+	_ = json.NewEncoder(w).Encode(map[string]string{"version": v})
+}
+
+// versionLocked is tenant's resource's version as the version endpoint
+// answers it ("v3"), and as If-Match names it, quoted. s.mu must be held.
+func (s *Server) versionLocked(tenant, resource string) string {
+	return "v" + strconv.FormatInt(s.versions[tenant+"/"+resource], 10)
 }
 
 // BumpResource changes a resource's version, as a change made outside the

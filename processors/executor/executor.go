@@ -1440,16 +1440,16 @@ func (x *Executor) gate(tool, tenant string, tmpl *ledger.Event) error {
 			return errFrozen
 		}
 	}
-	if x.approvalLapsed(tmpl) {
+	if !approvalHolds(tmpl, x.cfg.Now()) {
 		return errApprovalLapsed
 	}
 	return nil
 }
 
-// approvalLapsed reports whether tmpl is an approved call whose approval
-// has expired: no request of it may leave (I4).
-func (x *Executor) approvalLapsed(tmpl *ledger.Event) bool {
-	return tmpl.ApprovalID != "" && (tmpl.ExpiresAt == nil || !x.cfg.Now().Before(*tmpl.ExpiresAt))
+// approvalHolds reports whether tmpl's approval, if it waited for one,
+// is still good at t: no request of a call past it may leave (I4).
+func approvalHolds(tmpl *ledger.Event, t time.Time) bool {
+	return tmpl.ApprovalID == "" || tmpl.ExpiresAt != nil && t.Before(*tmpl.ExpiresAt)
 }
 
 // ifMatch is the version an approved call sends as If-Match: the
@@ -1469,7 +1469,7 @@ func roomFor(rec processors.Record, tmpl ledger.Event, t time.Time) bool {
 	if rec.DeadlineAt.IsZero() || !t.Before(rec.DeadlineAt) {
 		return false
 	}
-	return tmpl.ApprovalID == "" || tmpl.ExpiresAt != nil && t.Before(*tmpl.ExpiresAt)
+	return approvalHolds(&tmpl, t)
 }
 
 // versionReadLater reports whether a failed read of a resource's version
@@ -1715,7 +1715,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	// the call's start, and its own reads (the resource's version, the
 	// policies), the wait for a slot and a retry's backoff can each
 	// outlast it.
-	if x.approvalLapsed(&tmpl) {
+	if !approvalHolds(&tmpl, x.cfg.Now()) {
 		return httptool.Response{}, errApprovalLapsed
 	}
 	ctx, span := x.startSpan(ctx, "tool.call", trace.WithSpanKind(trace.SpanKindClient),
