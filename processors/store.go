@@ -94,8 +94,11 @@ type Record struct {
 	Key           ledger.CallKey
 	CallID        string
 	ArgumentsHash string
-	Tool          string
-	ToolVersion   int
+	// UserID is the verified user the call was admitted for (empty: an
+	// identity without a user, or a record an older build admitted).
+	UserID      string
+	Tool        string
+	ToolVersion int
 	// Arguments is the canonical JSON (RFC 8785) of the call's arguments,
 	// unredacted: what the intake validated and hashed, and what runs.
 	Arguments  []byte
@@ -152,13 +155,16 @@ type Admission struct {
 	Key           ledger.CallKey
 	CallID        string
 	ArgumentsHash string
-	Tool          string
-	ToolVersion   int
-	Arguments     []byte
-	DeadlineAt    time.Time
-	Status        Status // StatusAuthorized, StatusDenied or StatusPending
-	Seq           int64  // seq of the last event in Outbox
-	Outbox        []byte
+	// UserID is the verified identity's user: a key another user holds
+	// is not theirs to retry (see Answer).
+	UserID      string
+	Tool        string
+	ToolVersion int
+	Arguments   []byte
+	DeadlineAt  time.Time
+	Status      Status // StatusAuthorized, StatusDenied or StatusPending
+	Seq         int64  // seq of the last event in Outbox
+	Outbox      []byte
 	// Records, when set, are Outbox's events as records for the log,
 	// encoded with it (ledger.EncodeOutbox). The stores ignore them.
 	Records []*kgo.Record
@@ -184,11 +190,26 @@ func (a Admission) Record(now time.Time) Record {
 		deadline = deadline.UTC()
 	}
 	return Record{
-		Key: a.Key, CallID: a.CallID, ArgumentsHash: a.ArgumentsHash,
+		Key: a.Key, CallID: a.CallID, ArgumentsHash: a.ArgumentsHash, UserID: a.UserID,
 		Tool: a.Tool, ToolVersion: a.ToolVersion, Arguments: a.Arguments,
 		DeadlineAt: deadline, Status: a.Status, Seq: a.Seq, Outbox: a.Outbox,
 		CreatedAt: now, UpdatedAt: now,
 	}
+}
+
+// Answer is a's outcome against the record its key already holds, cur:
+// Duplicate when a is the same call (same arguments hash) from the same
+// user, Conflict otherwise. Another user's admission is a Conflict even
+// with the same arguments: as a Duplicate it would be answered as a retry
+// of a call its user cannot see, so that a user who guessed another's key
+// could confirm a guess of its arguments (a Conflict is refused alike,
+// whatever the arguments). A record without a user (admitted by a build
+// that recorded none) is compared by its hash alone.
+func (a Admission) Answer(cur Record) AdmitOutcome {
+	if cur.ArgumentsHash != a.ArgumentsHash || (cur.UserID != "" && cur.UserID != a.UserID) {
+		return Conflict
+	}
+	return Duplicate
 }
 
 // AdmitOutcome says what Admit found.
@@ -198,11 +219,13 @@ type AdmitOutcome int
 const (
 	// Admitted: the key was free; the record now exists.
 	Admitted AdmitOutcome = iota + 1
-	// Duplicate: the key exists with the same arguments hash: a retry of
-	// the same call. The existing record is returned.
+	// Duplicate: the key exists with the same arguments hash and user: a
+	// retry of the same call (Admission.Answer). The existing record is
+	// returned.
 	Duplicate
-	// Conflict: the key exists with another arguments hash: the key was
-	// reused for a different call (idempotency_key_reused).
+	// Conflict: the key exists with another arguments hash, or another
+	// user's: the key was reused for a different call
+	// (idempotency_key_reused).
 	Conflict
 	// Limited: the key was free, but one or more of the admission's
 	// Rates buckets refused it (AdmitResult.RetryAfter says when to

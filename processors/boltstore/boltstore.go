@@ -304,6 +304,7 @@ type diskRecord struct {
 	IdempotencyKey string            `json:"idempotency_key"`
 	CallID         string            `json:"call_id"`
 	ArgumentsHash  string            `json:"arguments_hash"`
+	UserID         string            `json:"user_id,omitempty"`
 	Tool           string            `json:"tool"`
 	ToolVersion    int               `json:"tool_version"`
 	Arguments      []byte            `json:"arguments,omitempty"`
@@ -324,7 +325,7 @@ type diskRecord struct {
 func toDisk(r processors.Record) diskRecord {
 	return diskRecord{
 		TenantID: r.Key.TenantID, IdempotencyKey: r.Key.IdempotencyKey,
-		CallID: r.CallID, ArgumentsHash: r.ArgumentsHash, Tool: r.Tool, ToolVersion: r.ToolVersion,
+		CallID: r.CallID, ArgumentsHash: r.ArgumentsHash, UserID: r.UserID, Tool: r.Tool, ToolVersion: r.ToolVersion,
 		Arguments: r.Arguments, DeadlineAt: r.DeadlineAt, Status: r.Status,
 		Epoch: r.Epoch, Attempt: r.Attempt, LeaseOwner: r.LeaseOwner, LeaseUntil: r.LeaseUntil,
 		Result: r.Result, Seq: r.Seq, LoggedSeq: r.LoggedSeq, Outbox: r.Outbox,
@@ -335,7 +336,7 @@ func toDisk(r processors.Record) diskRecord {
 func (d diskRecord) record() processors.Record {
 	return processors.Record{
 		Key:    ledger.CallKey{TenantID: d.TenantID, IdempotencyKey: d.IdempotencyKey},
-		CallID: d.CallID, ArgumentsHash: d.ArgumentsHash, Tool: d.Tool, ToolVersion: d.ToolVersion,
+		CallID: d.CallID, ArgumentsHash: d.ArgumentsHash, UserID: d.UserID, Tool: d.Tool, ToolVersion: d.ToolVersion,
 		Arguments: d.Arguments, DeadlineAt: d.DeadlineAt, Status: d.Status,
 		Epoch: d.Epoch, Attempt: d.Attempt, LeaseOwner: d.LeaseOwner, LeaseUntil: d.LeaseUntil,
 		Result: d.Result, Seq: d.Seq, LoggedSeq: d.LoggedSeq, Outbox: d.Outbox,
@@ -544,7 +545,7 @@ func checkHoldable(as []processors.Admission) error {
 	for i, a := range as {
 		for _, f := range []struct{ what, v string }{
 			{"tenant_id", a.Key.TenantID}, {"idempotency_key", a.Key.IdempotencyKey},
-			{"call_id", a.CallID}, {"arguments_hash", a.ArgumentsHash}, {"tool", a.Tool},
+			{"call_id", a.CallID}, {"arguments_hash", a.ArgumentsHash}, {"user_id", a.UserID}, {"tool", a.Tool},
 		} {
 			if err := checkString(f.what, f.v); err != nil {
 				return fmt.Errorf("admission %d: %w", i, err)
@@ -586,10 +587,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 				return err
 			}
 			if ok {
-				out[i] = processors.AdmitResult{Outcome: processors.Conflict, Record: cur}
-				if cur.ArgumentsHash == a.ArgumentsHash {
-					out[i].Outcome = processors.Duplicate
-				}
+				out[i] = processors.AdmitResult{Outcome: a.Answer(cur), Record: cur}
 				continue
 			}
 			var rates []processors.RateResult

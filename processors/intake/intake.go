@@ -438,8 +438,8 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 				p.cfg.Logger.Debug("duplicate envelope", "call_key", a.admission.Key.String(), "trace_id", a.env.TraceID)
 			}
 		case processors.Conflict:
-			emit(p.refuse(a.key(), a.env, a.id, now, ReasonIdempotencyKeyReuse, "/arguments_hash",
-				"the idempotency key is already used by a call with other arguments"))
+			pointer, detail := reusedKey(res.Record, a.id)
+			emit(p.refuse(a.key(), a.env, a.id, now, ReasonIdempotencyKeyReuse, pointer, detail))
 		case processors.Limited:
 			// A later copy of a key (a key reused with other arguments)
 			// gets its first copy's answer when the batch was admitted
@@ -462,6 +462,18 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		}
 	}
 	return out, logged, later, emitErr
+}
+
+// reusedKey is the pointer and the detail of a refusal of a key that
+// holds another call, cur, to a submission by id. Another user's call is
+// not described: the same words whatever its arguments, so that the
+// refusal does not tell a user who guessed the key whether they also
+// guessed the arguments (see processors.Admission.Answer).
+func reusedKey(cur processors.Record, id identity.Identity) (pointer, detail string) {
+	if cur.UserID != "" && cur.UserID != id.User {
+		return "/idempotency_key", "the idempotency key is already used by another user's call"
+	}
+	return "/arguments_hash", "the idempotency key is already used by a call with other arguments"
 }
 
 // admit records a batch of admissions. When the store rejects the data of
@@ -921,6 +933,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 		Key:           c.key(),
 		CallID:        env.CallID,
 		ArgumentsHash: env.ArgumentsHash,
+		UserID:        c.id.User,
 		Tool:          env.Tool,
 		ToolVersion:   env.ToolVersion,
 		Arguments:     args,

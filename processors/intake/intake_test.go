@@ -155,6 +155,61 @@ func TestIntakeBatchWithRetryAndReuse(t *testing.T) {
 	}
 }
 
+// Another user's submission under a key is refused, whatever its
+// arguments, and in the same words either way: as a retry, the same
+// arguments went unanswered while other ones were refused, which told a
+// user who guessed another's key whether they also guessed the arguments.
+func TestIntakeAnotherUsersKeyIsNotARetry(t *testing.T) {
+	f := newIntake(t)
+	as := func(r *kgo.Record, user string) *kgo.Record {
+		var env map[string]any
+		if err := json.Unmarshal(r.Value, &env); err != nil {
+			t.Fatal(err)
+		}
+		env["assertion"] = f.ident.Assertion(t, "t_a", user)
+		v, _ := json.Marshal(env)
+		return &kgo.Record{Topic: r.Topic, Value: v}
+	}
+	same := f.envelopeRecord(t, "k4", map[string]any{"title": "a"})
+	other := f.envelopeRecord(t, "k4", map[string]any{"title": "b"})
+	out, err := f.in.Step(t.Context(), []*kgo.Record{same})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var refusals []ledger.Event
+	for _, r := range []*kgo.Record{as(same, "u_2"), as(other, "u_2")} {
+		out, err := f.in.Step(t.Context(), []*kgo.Record{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := events(t, out)
+		if len(evs) != 1 || evs[0].Type != statemachine.EventDenied || evs[0].Reason != intake.ReasonIdempotencyKeyReuse || evs[0].Seq != 0 || evs[0].UserID != "u_2" {
+			t.Fatalf("u_2's submission under u_1's key: events %+v; want one refusal (seq 0) of u_2, %s", evs, intake.ReasonIdempotencyKeyReuse)
+		}
+		refusals = append(refusals, evs[0])
+	}
+	if a, b := refusals[0], refusals[1]; a.Pointer != b.Pointer || a.Detail != b.Detail {
+		t.Errorf("refusals of u_2's same and other arguments differ: %q %q against %q %q; want the same words", a.Pointer, a.Detail, b.Pointer, b.Detail)
+	}
+	// u_1's own retry is still a retry: no refusal (the call's own
+	// events may go out again, its admission not yet marked logged).
+	out, err = f.in.Step(t.Context(), []*kgo.Record{same})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events(t, out) {
+		if e.Seq == 0 || e.Type == statemachine.EventDenied {
+			t.Errorf("u_1's retry appended %s (seq %d, %s); want no refusal", e.Type, e.Seq, e.Reason)
+		}
+	}
+	if r, err := f.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k4"}); err != nil || r.UserID != "u_1" || r.Seq != 2 {
+		t.Errorf("record = user %q seq %d, %v; want u_1's, untouched at seq 2", r.UserID, r.Seq, err)
+	}
+}
+
 // rejecting wraps the real store and makes it reject one key's data, as
 // PostgreSQL rejects a value it cannot hold.
 type rejecting struct {

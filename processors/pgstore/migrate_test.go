@@ -198,6 +198,22 @@ func TestMigrateStatusCheckStepsOutOfTheLockQueue(t *testing.T) {
 	})
 }
 
+// TestMigrateAddColumnStepsOutOfTheLockQueue: adding a column to a table
+// an older build created, while another transaction is open on the
+// table, does not stop the table's writes, as the status check's ALTER.
+func TestMigrateAddColumnStepsOutOfTheLockQueue(t *testing.T) {
+	s, cfg := openPG(t)
+	if _, err := s.pool.Exec(t.Context(), "ALTER TABLE "+s.table+" DROP COLUMN user_id"); err != nil {
+		t.Fatal(err)
+	}
+	release, _ := holdWrite(t, s)
+	logs := &ledgertest.LogBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	migrateWhileHeld(t, s, cfg, release, "the column's addition waits for the table", func() {
+		waitForLog(t, logs, "waits for transactions on the table")
+	})
+}
+
 // migrateWhileHeld opens cfg, and so migrates it, while release's
 // transaction holds s's table: once waiting returns (the migration waits
 // for the table), a write through s must go through at once; then the
@@ -217,9 +233,12 @@ func migrateWhileHeld(t *testing.T, s *Store, cfg Config, release func(), during
 	waiting()
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
+	// Named columns a table of every build has: the migration may be
+	// adding one.
 	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "during"}
-	if _, err := s.Admit(wctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusPending}}); err != nil {
-		t.Fatalf("Admit while %s = %v; want the write to go on", during, err)
+	if _, err := s.pool.Exec(wctx, "INSERT INTO "+s.table+` (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version, status, created_at, updated_at)
+VALUES ($1, $2, 'c', 'h', 'x', 1, 'pending', now(), now())`, k.TenantID, k.IdempotencyKey); err != nil {
+		t.Fatalf("a write while %s = %v; want it to go on", during, err)
 	}
 	release()
 	// An index build also waits for every older transaction in the

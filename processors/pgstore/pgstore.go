@@ -525,6 +525,21 @@ var schemaIndexes = []struct{ placeholder, name, table string }{
 // are on.
 var schemaTables = map[string]string{"{table}": tableName, "{journal}": journalTableName}
 
+// schemaColumn matches a column's addition in schema.sql: its table's
+// placeholder and the column.
+var schemaColumn = regexp.MustCompile(`ALTER TABLE (\{\w+\}) ADD COLUMN IF NOT EXISTS (\w+)`)
+
+// schemaColumnOf returns the column a statement of schema.sql adds to an
+// existing table, and that table, and whether it adds one; comments do
+// not count.
+func schemaColumnOf(tmpl string) (column, table string, ok bool) {
+	m := schemaColumn.FindStringSubmatch(stripComments(tmpl))
+	if m == nil || schemaTables[m[1]] == "" {
+		return "", "", false
+	}
+	return m[2], schemaTables[m[1]], true
+}
+
 // schemaIndexOf returns the index a statement of schema.sql creates and
 // its table, and whether it creates one of schemaIndexes; comments do not
 // count.
@@ -561,6 +576,20 @@ func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) er
 	}
 	for _, tmpl := range strings.Split(schemaSQL, ";\n") {
 		stmt := r.Replace(tmpl)
+		if col, table, ok := schemaColumnOf(tmpl); ok {
+			// Added to a table an older build created; a table this
+			// run creates has it already.
+			if slices.Contains(st.MissingColumns, table+"."+col) {
+				s.log.Info("execution store: adding a column to an existing table", "column", col, "table", table)
+				if !s.crdb {
+					// Its lock stops the table's reads and writes
+					// while it queues: see ddlLockTimeout.
+					stmt = withLockTimeout(stmt)
+				}
+				stmts = append(stmts, stmt)
+			}
+			continue
+		}
 		index, table, ok := schemaIndexOf(tmpl)
 		if !ok || slices.Contains(st.MissingTables, table) {
 			// Not an index, or one of a table this run creates:
@@ -590,16 +619,27 @@ func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) er
 			continue
 		}
 		var err error
-		for range 3 {
+		for duplicates, waits := 0, 0; duplicates < 3; {
 			_, err = db.Exec(ctx, stmt)
+			code := sqlState(err)
+			if code == codeLockNotAvailable {
+				// A column's addition stepped out of the lock queue
+				// (withLockTimeout): it tries again.
+				waits++
+				if err := s.awaitLock(ctx, waits, "add a column"); err != nil {
+					return err
+				}
+				continue
+			}
 			// PostgreSQL's IF NOT EXISTS is not atomic against a
 			// concurrent creator of the same object: the loser sees a
 			// duplicate (23505 on the catalog, 42P07 relation, 42P06
 			// schema, 42710 the row type of a table created at the same
 			// moment). The next try finds the object and succeeds.
-			if code := sqlState(err); code != "23505" && code != "42P07" && code != "42P06" && code != "42710" {
+			if code != "23505" && code != "42P07" && code != "42P06" && code != "42710" {
 				break
 			}
+			duplicates++
 		}
 		if err != nil {
 			return fmt.Errorf("pgstore: migrate: %w", err)
@@ -718,17 +758,9 @@ func (s *Store) migrateStatusCheck(ctx context.Context, db ddlConn) error {
 		case err == nil:
 			return nil
 		case code == codeLockNotAvailable:
-			// Transactions on the table (a long one, or a process stalled
-			// inside one) hold it: step out of the lock queue, where
-			// every later read and write would wait behind this ALTER,
-			// and try again.
-			if waits++; waits%30 == 1 {
-				s.log.Info("execution store: the status check waits for transactions on the table to end", "waited", time.Duration(waits-1)*ddlLockRetry)
-			}
-			select {
-			case <-time.After(ddlLockRetry):
-			case <-ctx.Done():
-				return fmt.Errorf("pgstore: migrate: replace the status check: %w", ctx.Err())
+			waits++
+			if err := s.awaitLock(ctx, waits, "replace the status check"); err != nil {
+				return err
 			}
 		case code == "42710" && duplicates < 2:
 			duplicates++
@@ -760,6 +792,24 @@ const (
 	ddlLockTimeout = 100 * time.Millisecond
 	ddlLockRetry   = time.Second
 )
+
+// awaitLock waits before a migration's ALTER TABLE tries again, the
+// waits-th time it gave up waiting for its table's lock
+// (codeLockNotAvailable): transactions on the table (a long one, or a
+// process stalled inside one) hold it, and the ALTER steps out of the
+// lock queue, where every later read and write would wait behind it. It
+// logs every 30th wait. what names the ALTER, for the log and the error.
+func (s *Store) awaitLock(ctx context.Context, waits int, what string) error {
+	if waits%30 == 1 {
+		s.log.Info("execution store: the migration waits for transactions on the table to end", "step", what, "waited", time.Duration(waits-1)*ddlLockRetry)
+	}
+	select {
+	case <-time.After(ddlLockRetry):
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("pgstore: migrate: %s: %w", what, ctx.Err())
+	}
+}
 
 // withLockTimeout returns stmt, a PostgreSQL statement, bounded by
 // ddlLockTimeout: sent as one query, the two run in one implicit
@@ -968,7 +1018,7 @@ func backoff(ctx context.Context, n int) error {
 var recordCols = []string{
 	"tenant_id", "idempotency_key", "call_id", "arguments_hash", "tool", "tool_version",
 	"arguments", "deadline_at", "status", "epoch", "attempt", "lease_owner", "lease_until",
-	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at",
+	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at", "user_id",
 }
 
 // queries holds the SQL with the table name filled in.
@@ -1100,12 +1150,12 @@ LIMIT $2`
 		// skip that Admit sees and reads: never a silent one.
 		insert: r.Replace(`INSERT INTO {table}
     (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version,
-     arguments, deadline_at, status, seq, outbox, created_at, updated_at)
+     arguments, deadline_at, status, seq, outbox, created_at, updated_at, user_id)
 SELECT u.t, u.k, u.call_id, u.h, u.tool, u.tool_version,
-       u.arguments, u.deadline_at, u.status, u.seq, u.outbox, now(), now()
+       u.arguments, u.deadline_at, u.status, u.seq, u.outbox, now(), now(), u.user_id
 FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
-            $7::BYTEA[], $8::TIMESTAMPTZ[], $9::TEXT[], $10::BIGINT[], $11::BYTEA[])
-     AS u (t, k, call_id, h, tool, tool_version, arguments, deadline_at, status, seq, outbox)
+            $7::BYTEA[], $8::TIMESTAMPTZ[], $9::TEXT[], $10::BIGINT[], $11::BYTEA[], $12::TEXT[])
+     AS u (t, k, call_id, h, tool, tool_version, arguments, deadline_at, status, seq, outbox, user_id)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING tenant_id, idempotency_key, deadline_at, created_at`),
 		// RETURNING only what the claim set: the rest of each record is
@@ -1282,7 +1332,7 @@ func (x *recordScan) dest() []any {
 	return []any{
 		&r.Key.TenantID, &r.Key.IdempotencyKey, &r.CallID, &r.ArgumentsHash, &r.Tool, &x.toolVersion,
 		&r.Arguments, &x.deadline, &x.status, &r.Epoch, &x.attempt, &r.LeaseOwner, &x.leaseUntil,
-		&r.Result, &r.Seq, &r.LoggedSeq, &r.Outbox, &r.CreatedAt, &r.UpdatedAt,
+		&r.Result, &r.Seq, &r.LoggedSeq, &r.Outbox, &r.CreatedAt, &r.UpdatedAt, &r.UserID,
 	}
 }
 
@@ -1457,10 +1507,10 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 // admitRows are the admissions a batch inserts, as the insert
 // statement's arrays.
 type admitRows struct {
-	ts, ks, callIDs, hashes, tools, statuses []string
-	toolVersions, seqs                       []int64
-	arguments, outboxes                      [][]byte
-	deadlines                                []pgtype.Timestamptz
+	ts, ks, callIDs, hashes, tools, statuses, users []string
+	toolVersions, seqs                              []int64
+	arguments, outboxes                             [][]byte
+	deadlines                                       []pgtype.Timestamptz
 }
 
 // add appends a, its outbox packed from packMin bytes on.
@@ -1470,11 +1520,12 @@ func (r *admitRows) add(a processors.Admission, packMin int) {
 	r.toolVersions, r.arguments = append(r.toolVersions, int64(a.ToolVersion)), append(r.arguments, a.Arguments)
 	r.deadlines, r.statuses = append(r.deadlines, timestamptz(a.DeadlineAt)), append(r.statuses, string(a.Status))
 	r.seqs, r.outboxes = append(r.seqs, a.Seq), append(r.outboxes, packOutbox(a.Outbox, packMin))
+	r.users = append(r.users, a.UserID)
 }
 
 // queue queues insert (queries.insert) of the rows.
 func (r *admitRows) queue(b *pgx.Batch, insert string) {
-	b.Queue(insert, r.ts, r.ks, r.callIDs, r.hashes, r.tools, r.toolVersions, r.arguments, r.deadlines, r.statuses, r.seqs, r.outboxes)
+	b.Queue(insert, r.ts, r.ks, r.callIDs, r.hashes, r.tools, r.toolVersions, r.arguments, r.deadlines, r.statuses, r.seqs, r.outboxes, r.users)
 }
 
 // admitted answers each admission of as from the records the batch found
@@ -1543,10 +1594,7 @@ func (s *Store) admitted(ctx context.Context, as []processors.Admission, first m
 			// was deleted in between. Refuse rather than guess.
 			return nil, fmt.Errorf("admission %d (%v): key neither found nor inserted", i, a.Key)
 		}
-		out[i] = processors.AdmitResult{Outcome: processors.Conflict, Record: r}
-		if r.ArgumentsHash == a.ArgumentsHash {
-			out[i].Outcome = processors.Duplicate
-		}
+		out[i] = processors.AdmitResult{Outcome: a.Answer(r), Record: r}
 	}
 	return out, nil
 }

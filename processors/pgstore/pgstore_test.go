@@ -303,19 +303,19 @@ const oldTableDDL = `CREATE TABLE %s (
         ('authorized', 'denied', 'pending', 'executing', 'succeeded', 'failed', 'outcome_unknown'))
 )`
 
-// TestMigrateStatusCheck: on a table an older build created, Migrate
-// widens the status check so that a call can complete as expired (it
-// failed with 23514 before), keeps the rows, keeps refusing unknown
-// statuses, and leaves an up-to-date check alone.
-func TestMigrateStatusCheck(t *testing.T) {
-	dsn := testDSN(t)
-	schema := newSchema(t, dsn)
+// oldTable creates, in a schema of its own, the table of oldTableDDL with
+// one row (key "old", succeeded, arguments hash "h"), and returns the
+// store's DSN, the schema and a connection to it.
+func oldTable(t *testing.T) (dsn, schema string, conn *pgx.Conn) {
+	t.Helper()
+	dsn = testDSN(t)
+	schema = newSchema(t, dsn)
 	ctx := t.Context()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
+	t.Cleanup(func() { conn.Close(context.WithoutCancel(ctx)) })
 	table := pgx.Identifier{schema, tableName}.Sanitize()
 	for _, stmt := range []string{
 		"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(),
@@ -327,8 +327,18 @@ VALUES ('t_acme', 'old', 'c', 'h', 'x', 1, 'succeeded', now(), now())`,
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
+	return dsn, schema, conn
+}
+
+// TestMigrateStatusCheck: on a table an older build created, Migrate
+// widens the status check so that a call can complete as expired (it
+// failed with 23514 before), keeps the rows, keeps refusing unknown
+// statuses, and leaves an up-to-date check alone.
+func TestMigrateStatusCheck(t *testing.T) {
+	dsn, schema, conn := oldTable(t)
+	ctx := t.Context()
 	// The bug, as it was: the old check refuses 'expired'.
-	if _, err := conn.Exec(ctx, "UPDATE "+table+" SET status = 'expired'"); sqlState(err) != "23514" {
+	if _, err := conn.Exec(ctx, "UPDATE "+pgx.Identifier{schema, tableName}.Sanitize()+" SET status = 'expired'"); sqlState(err) != "23514" {
 		t.Fatalf("UPDATE to expired under the old check = %v; want 23514 (the test's premise)", err)
 	}
 
@@ -413,6 +423,44 @@ VALUES ('t_acme', 'old', 'c', 'h', 'x', 1, 'succeeded', now(), now())`,
 	want := slices.Sorted(slices.Values(append(quotedLiterals(quoteStatuses(processors.Statuses)), "future")))
 	if !slices.Equal(got, want) {
 		t.Errorf("status check after Migrate on a partial check allows %q; want %q (ours and the newer build's)", got, want)
+	}
+}
+
+// TestMigrateAddsUserColumn: a table created before execution records
+// held their user gets the column, its rows keep their data with no user
+// (a retry of such a call by any user is still a Duplicate, compared by
+// its hash alone), and a new admission's user is kept and compared.
+func TestMigrateAddsUserColumn(t *testing.T) {
+	dsn, schema, _ := oldTable(t)
+	ctx := t.Context()
+	c := newChecker(t, Config{DSN: dsn, Schema: schema})
+	if st, err := c.Schema(ctx); err != nil || !slices.Contains(st.MissingColumns, tableName+".user_id") {
+		t.Fatalf("Schema() of the old table = %+v, %v; want user_id missing (the test's premise)", st, err)
+	}
+
+	s := open(t, Config{DSN: dsn, Schema: schema}) // runs Migrate
+	defer s.Close()
+	if st, err := c.Schema(ctx); err != nil || !st.Current() {
+		t.Errorf("Schema() after Open = %+v, %v; want current", st, err)
+	}
+	old := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "old"}
+	if r, err := s.Get(ctx, old); err != nil || r.Status != processors.StatusSucceeded || r.UserID != "" {
+		t.Errorf("Get(the old row) = %q user %q, %v; want it kept, succeeded, no user", r.Status, r.UserID, err)
+	}
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "new"}
+	got, err := s.Admit(ctx, []processors.Admission{
+		{Key: old, CallID: "c", ArgumentsHash: "h", UserID: "u_bob", Tool: "x", Status: processors.StatusAuthorized},
+		{Key: k, CallID: "c", ArgumentsHash: "h", UserID: "u_alice", Tool: "x", Status: processors.StatusAuthorized},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Outcome != processors.Duplicate || got[1].Outcome != processors.Admitted {
+		t.Errorf("Admit(old key by u_bob, new key by u_alice) = %v, %v; want Duplicate, Admitted", got[0].Outcome, got[1].Outcome)
+	}
+	got, err = s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", UserID: "u_bob", Tool: "x", Status: processors.StatusAuthorized}})
+	if err != nil || got[0].Outcome != processors.Conflict || got[0].Record.UserID != "u_alice" {
+		t.Errorf("Admit(new key by u_bob) = %+v, %v; want Conflict with u_alice's record", got, err)
 	}
 }
 

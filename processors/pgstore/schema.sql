@@ -36,6 +36,10 @@ CREATE TABLE IF NOT EXISTS {table} (
     outbox          BYTEA,
     created_at      TIMESTAMPTZ NOT NULL,
     updated_at      TIMESTAMPTZ NOT NULL,
+    -- The verified user the call was admitted for: another user's
+    -- admission under the key is a conflict, never a retry. '' for an
+    -- identity without a user, and in the rows of older builds.
+    user_id         TEXT        NOT NULL DEFAULT '',
     -- The dedupe rests on this key, not on the isolation level: two
     -- admissions of one call cannot both insert.
     PRIMARY KEY (tenant_id, idempotency_key),
@@ -43,6 +47,16 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- replaces the constraint when its list differs from processors.Statuses.
     CONSTRAINT execution_records_status CHECK (status IN ({statuses}))
 );
+
+-- Columns added after the table's first release, for tables an older
+-- build created. Each statement must read "ALTER TABLE {table} ADD COLUMN
+-- IF NOT EXISTS <column>": Migrate runs it only when readSchema finds the
+-- column missing, since PostgreSQL takes the table's ACCESS EXCLUSIVE lock
+-- before it looks (waiting for every open transaction on the table, with
+-- every later one queued behind it), even when the column exists. A
+-- constant DEFAULT makes the ADD a catalog change on PostgreSQL (11 and
+-- later: no rewrite) and an online schema change on CockroachDB.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS user_id TEXT NOT NULL DEFAULT '';
 
 -- Expired: executing records whose lease ended, oldest first. Partial, so
 -- that it holds only the calls in flight: every update of a row writes

@@ -68,6 +68,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Admit/Admitted", testAdmitAdmitted},
 		{"Admit/Duplicate", testAdmitDuplicate},
 		{"Admit/Conflict", testAdmitConflict},
+		{"Admit/OtherUser", testAdmitOtherUser},
 		{"Admit/Statuses", testAdmitStatuses},
 		{"Admit/InvalidStatus", testAdmitInvalidStatus},
 		{"Admit/Unholdable", testAdmitUnholdable},
@@ -152,6 +153,7 @@ func admission(k ledger.CallKey, hash string, st processors.Status) processors.A
 		Key:           k,
 		CallID:        "call_" + k.IdempotencyKey,
 		ArgumentsHash: hash,
+		UserID:        "u_alice",
 		Tool:          "refund_order",
 		ToolVersion:   3,
 		Arguments:     []byte(`{"amount_cents":4500,"order_id":"ord_1029"}`),
@@ -169,6 +171,7 @@ func fromAdmission(a processors.Admission) processors.Record {
 		Key:           a.Key,
 		CallID:        a.CallID,
 		ArgumentsHash: a.ArgumentsHash,
+		UserID:        a.UserID,
 		Tool:          a.Tool,
 		ToolVersion:   a.ToolVersion,
 		Arguments:     a.Arguments,
@@ -468,6 +471,45 @@ func testAdmitConflict(t *testing.T, s processors.Store) {
 		t.Errorf("Admit(other hash) record is not the original (-original +got):\n%s", diff)
 	}
 	checkUnchanged(t, s, k, first)
+}
+
+// Another user's admission under a key is a Conflict, even with the same
+// arguments, alone or in the batch that admits the key; the record keeps
+// its user.
+func testAdmitOtherUser(t *testing.T, s processors.Store) {
+	k := key("other-user")
+	first := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+	if first.UserID != "u_alice" {
+		t.Errorf("admitted record's user = %q; want u_alice", first.UserID)
+	}
+	bob := admission(k, hashA, processors.StatusAuthorized)
+	bob.UserID = "u_bob"
+	noUser := bob
+	noUser.UserID = ""
+	for _, a := range []processors.Admission{bob, noUser} {
+		got := mustAdmit(t, s, a)
+		if got[0].Outcome != processors.Conflict {
+			t.Errorf("Admit(same hash, user %q) outcome = %v; want Conflict", a.UserID, got[0].Outcome)
+		}
+		if diff := cmp.Diff(first, got[0].Record, equateEmpty); diff != "" {
+			t.Errorf("Admit(same hash, user %q) record is not the original (-original +got):\n%s", a.UserID, diff)
+		}
+	}
+	checkUnchanged(t, s, k, first)
+
+	k2 := key("other-user-batch")
+	a2, b2 := admission(k2, hashA, processors.StatusAuthorized), admission(k2, hashA, processors.StatusAuthorized)
+	b2.UserID = "u_bob"
+	got := mustAdmit(t, s, a2, b2, a2)
+	want := []processors.AdmitOutcome{processors.Admitted, processors.Conflict, processors.Duplicate}
+	for i := range want {
+		if got[i].Outcome != want[i] {
+			t.Errorf("Admit(alice, bob, alice under one key)[%d] = %v; want %v", i, got[i].Outcome, want[i])
+		}
+		if got[i].Record.UserID != "u_alice" {
+			t.Errorf("Admit(alice, bob, alice under one key)[%d] record's user = %q; want u_alice", i, got[i].Record.UserID)
+		}
+	}
 }
 
 func testAdmitStatuses(t *testing.T, s processors.Store) {
