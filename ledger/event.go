@@ -32,8 +32,22 @@ import (
 //     build reads it: readers first, then writers, and the intake and
 //     executor are both.
 //
-// Version 1 is every field Event has today, the binding ones included.
-const EncodingVersion = 1
+// Version 1 is every field Event had at first, the binding ones included.
+// Version 2 adds Roles, binding: Encode writes 2 on the events that carry
+// roles, and 1 on the others, which every build reads. The setting that
+// puts roles on events is the policies' (policy.Config.Roles, `ledger
+// intake --policy-roles`).
+const EncodingVersion = 2
+
+// versionOf is the encoding version e needs: the lowest that holds every
+// field e carries, so that a build that reads only older versions refuses
+// no event it could read.
+func versionOf(e *Event) int {
+	if len(e.Roles) > 0 {
+		return 2
+	}
+	return 1
+}
 
 // ErrUnsupportedEncoding: the event was written by a newer ledger.
 var ErrUnsupportedEncoding = errors.New("unsupported event encoding")
@@ -59,6 +73,12 @@ type Event struct {
 	AgentID        string `json:"agent_id,omitempty"`
 	// Purpose is the verified assertion's purpose, if any.
 	Purpose string `json:"purpose,omitempty"`
+	// Roles are the verified assertion's roles that the call's policies
+	// were given (policy.Config.Roles), on the events of a call decided
+	// with them; none when the policies are given no roles, or the
+	// caller has none. Binding (version 2): the executor decides an
+	// approved call again with them.
+	Roles []string `json:"roles,omitempty"`
 	// Channel is how the call arrived, as its policies saw it.
 	Channel     string `json:"channel,omitempty"`
 	Tool        string `json:"tool,omitempty"`
@@ -133,9 +153,10 @@ func (e *Event) Transition() statemachine.Event {
 	return t
 }
 
-// Encode returns the event's wire form. It sets V to EncodingVersion.
+// Encode returns the event's wire form. It sets V to the version the
+// event needs (versionOf), at most EncodingVersion.
 func (e *Event) Encode() ([]byte, error) {
-	e.V = EncodingVersion
+	e.V = versionOf(e)
 	// Most events are under 1 KiB; a requested event also carries its
 	// arguments.
 	return appendEvent(make([]byte, 0, 1024+len(e.Arguments)), e)

@@ -199,6 +199,8 @@ func (d *fastDecoder) field(e *Event, key []byte) bool {
 		return str(&e.AgentID)
 	case "purpose":
 		return str(&e.Purpose)
+	case "roles":
+		return list(&e.Roles)
 	case "channel":
 		return str(&e.Channel)
 	case "tool":

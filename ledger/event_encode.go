@@ -31,6 +31,7 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = appendOptString(b, "user_id", e.UserID)
 	b = appendOptString(b, "agent_id", e.AgentID)
 	b = appendOptString(b, "purpose", e.Purpose)
+	b = appendOptStrings(b, "roles", e.Roles)
 	b = appendOptString(b, "channel", e.Channel)
 	b = appendOptString(b, "tool", e.Tool)
 	b = appendOptInt(b, "tool_version", int64(e.ToolVersion))

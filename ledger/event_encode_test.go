@@ -194,7 +194,7 @@ var eventFieldVersions = map[string]int{
 	"tool": 1, "tool_version": 1, "resource": 1, "arguments_hash": 1, "trace_id": 1, "arguments": 1, "deadline_at": 1,
 	"policy_id": 1, "policy_version": 1, "decision": 1, "obligations": 1, "approval_id": 1, "resource_version": 1,
 	"approver": 1, "expires_at": 1, "jti": 1, "credential_scope": 1, "credential_family": 1, "attempt": 1, "retry_after_ms": 1,
-	"reason": 1, "pointer": 1, "detail": 1, "error_code": 1,
+	"reason": 1, "pointer": 1, "detail": 1, "error_code": 1, "roles": 2,
 	"result_digest": 1, "result_bytes": 1, "latency_ms": 1,
 }
 
@@ -222,5 +222,25 @@ func TestEventFieldsAreClassified(t *testing.T) {
 	}
 	if newest != EncodingVersion {
 		t.Errorf("the newest field came in at version %d, EncodingVersion is %d: a binding field needs the version it came in written on its events, and readers of it", newest, EncodingVersion)
+	}
+}
+
+// An event carries the lowest version that holds its fields: 2 only with
+// roles (binding, version 2), so that builds that read version 1 refuse
+// only the events whose roles they would ignore.
+func TestEncodeWritesTheVersionTheEventNeeds(t *testing.T) {
+	for _, tc := range []struct {
+		roles []string
+		want  int
+	}{{nil, 1}, {[]string{}, 1}, {[]string{"finance"}, 2}} {
+		e := Event{V: EncodingVersion, EventID: "e1", Type: statemachine.EventRequested, Seq: 1, Roles: tc.roles}
+		b, err := e.Encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := DecodeEvent(b)
+		if err != nil || got.V != tc.want || e.V != tc.want {
+			t.Errorf("roles %q: encoded v %d, decoded %+v, %v; want v%d", tc.roles, e.V, got, err, tc.want)
+		}
 	}
 }

@@ -70,7 +70,7 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	f.roles.register(cmd, true)
 	f.roles.registerLoop(cmd)
 	fs := cmd.Flags()
-	f.policy.register(fs)
+	f.policy.register(fs, true)
 	f.policy.registerRefusals(fs)
 	f.creds.register(fs)
 	fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "where the in-process Kafka listens (loopback only)")

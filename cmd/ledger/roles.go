@@ -446,7 +446,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	idf.register(cmd.Flags())
-	pf.register(cmd.Flags())
+	pf.register(cmd.Flags(), false)
 	pf.registerRefusals(cmd.Flags())
 	cmd.Flags().StringVar(&toolsBase, "tools-base-url", "http://127.0.0.1:8081", "base URL that relative resource version URLs resolve against: a call that must wait for an approval has its resource's version read when it is requested (at most a second), so that an approval is refused if the resource changed since")
 	return cmd
@@ -505,7 +505,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
-	pf.register(cmd.Flags())
+	pf.register(cmd.Flags(), false)
 	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve this executor's credential keys (GET /.well-known/jwks.json) for tools to verify with; each executor has keys of its own, so a tool lists every executor's URL; empty: not served")
 	tf.register(cmd.Flags(), "base URL that relative tool backend URLs resolve against")
 	return cmd
@@ -739,7 +739,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	idf.registerStaff(cmd.Flags())
 	tf.register(cmd.Flags(), "base URL that relative status lookup URLs resolve against")
 	cmd.Flags().DurationVar(&unanswered, "unanswered-for", executor.DefaultUnansweredFor, "how long a call may stay outcome_unknown with no status lookup answering (each pass's lookups failed, timed out or held off by the breaker; asked again at every sweep meanwhile) before it is parked for a human (status_lookup_failed): counted from the end of this reconciler's first round of lookups of the call that failed (after a restart the wait starts again), and at least as long since the call's last change; 0: the default")
-	pf.register(cmd.Flags())
+	pf.register(cmd.Flags(), false)
 	pf.registerRefusals(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve the operators' APIs: /v1/resolutions, /v1/compensations, /v1/control (needs --issuer and --jwks-*); empty: not served")
 	cmd.Flags().StringVar(&jwksAddr, "jwks-addr", "", "where to serve the reconciler's credential keys (GET /.well-known/jwks.json), which sign its status lookups, for tools to verify with; empty: not served")

@@ -97,12 +97,16 @@ type policyFlags struct {
 	versions   string
 	timeout    time.Duration
 	retryAfter time.Duration
+	roles      bool
 }
 
-func (f *policyFlags) register(fs *pflag.FlagSet) {
+// register registers the policy flags; rolesByDefault is --policy-roles'
+// default, on only where every process is of this build (ledger dev).
+func (f *policyFlags) register(fs *pflag.FlagSet, rolesByDefault bool) {
 	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
 	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
 	f.registerTimeout(fs)
+	fs.BoolVar(&f.roles, "policy-roles", rolesByDefault, "give the policies the caller's roles (the assertion's roles claim) as principal.roles, and record them on the call's events, with which executors decide an approved call again. Those events are of encoding version 2, which builds before it refuse: set it on every intake, executor and reconciler, once every process of the deployment (approval services and projectors included) is of a build that reads it. Without it a policy that reads principal.roles denies (policy_error)")
 	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir for as long as it is in force; while it does not load, or its files are not the content the activation pins (or this directory is not set), every call is denied and /readyz fails")
 }
 
@@ -158,7 +162,7 @@ func (f *policyFlags) engine(logger *slog.Logger) (*policy.Engine, func(ctx cont
 	if f.timeout < 0 {
 		return nil, nil, fmt.Errorf("--policy-timeout %v: must not be negative", f.timeout)
 	}
-	e, err := policy.NewEngine(policy.Config{Set: set, Logger: logger, Timeout: f.timeout})
+	e, err := policy.NewEngine(policy.Config{Set: set, Logger: logger, Timeout: f.timeout, Roles: f.roles})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -551,6 +551,8 @@ func (s *Service) event(f *found, now time.Time) ledger.Event {
 	if src != nil {
 		ev.UserID, ev.AgentID, ev.TraceID = src.UserID, src.AgentID, src.TraceID
 		ev.Purpose, ev.Channel, ev.Resource = src.Purpose, src.Channel, src.Resource
+		// The executor decides the approved call again with them.
+		ev.Roles = slices.Clone(src.Roles)
 	}
 	if p := f.pending; p != nil {
 		ev.PolicyID = slices.Clone(p.PolicyID)

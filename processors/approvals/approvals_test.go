@@ -111,6 +111,8 @@ type fixture struct {
 	pub   *recorder
 	clock *clock
 	svc   *approvals.Service
+	// roles are the requesters' roles in the envelopes' assertions.
+	roles []string
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -165,7 +167,7 @@ func (f *fixture) envelope(tenant, user, key, tool string, args map[string]any) 
 	v, _ := json.Marshal(map[string]any{
 		"tool": tool, "tool_version": 1, "call_id": "c_" + key, "arguments": args,
 		"scope": map[string]any{"tenant_id": tenant}, "idempotency_key": key, "arguments_hash": hash,
-		"assertion": f.ident.Assertion(t, tenant, user), "trace_id": "trace-" + key,
+		"assertion": f.ident.AssertionWithRoles(t, tenant, user, f.roles...), "trace_id": "trace-" + key,
 	})
 	return &kgo.Record{Topic: "toolcalls.requests", Value: v}
 }
@@ -275,9 +277,12 @@ var (
 // The happy path: the pending approval shows a readable preview; approving
 // it with the hash the approver saw moves the record to authorized, emits
 // an approved event bound to the hash and expiry, publishes it and marks
-// it logged; the state machine accepts the whole sequence.
+// it logged; the state machine accepts the whole sequence. The approved
+// event carries the roles the requester's call was decided with, which the
+// executor decides it again with.
 func TestApprove(t *testing.T) {
 	f := newFixture(t)
+	f.withRoles("support", "finance")
 	k, intakeEvs := f.refund("r-1")
 	pendingEv := intakeEvs[1]
 
@@ -340,9 +345,10 @@ func TestApprove(t *testing.T) {
 	ev := pub[0]
 	exp := *pendingEv.ExpiresAt
 	wantEv := ledger.Event{
-		V: ledger.EncodingVersion, EventID: ev.EventID, Type: statemachine.EventApproved, Seq: 3,
+		V: 2, EventID: ev.EventID, Type: statemachine.EventApproved, Seq: 3,
 		At: f.clock.Now(), Actor: "approvals",
 		TenantID: "t_a", IdempotencyKey: "r-1", CallID: "c_r-1", UserID: "u_1", AgentID: "agent_test", Channel: "kafka",
+		Roles: []string{"finance", "support"},
 		Tool: "refund_order", ToolVersion: 1, Resource: "ord_r1", ArgumentsHash: a.ArgumentsHash, TraceID: "trace-r-1",
 		PolicyID: pendingEv.PolicyID, PolicyVersion: pendingEv.PolicyVersion, Obligations: pendingEv.Obligations,
 		Decision: "approve", ApprovalID: a.ID, Approver: "u_boss", ExpiresAt: &exp,
@@ -932,6 +938,18 @@ func TestApproveDoesNotHangOnTheResourceVersion(t *testing.T) {
 	if rec := f.record(k); rec.Status != processors.StatusPending {
 		t.Errorf("the call is %s; want still pending", rec.Status)
 	}
+}
+
+// withRoles gives f's requesters roles, and f's intake's policies the
+// callers' roles (policy.Config.Roles).
+func (f *fixture) withRoles(roles ...string) {
+	f.t.Helper()
+	in, err := intake.New(intake.Config{Registry: f.reg, Store: f.store, Identity: f.ident.Verifier,
+		Policy: processorstest.PolicyWithRoles(f.t, processorstest.PolicyDir(f.t, testPolicies))})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.in, f.roles = in, roles
 }
 
 // readVersionsAtIntake makes f's intake read every resource's version as

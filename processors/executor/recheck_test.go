@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -421,6 +422,37 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 	}
 	if v := res.Content["order_id"]; v != "ord_1" {
 		t.Errorf("stored result's order_id is %v; want ord_1 (no policy masks it)", v)
+	}
+}
+
+// An approved call is decided again with the roles its events carry (the
+// caller's roles the intake's policies were given), and its events go on
+// carrying them.
+func TestRecheckDecidesWithTheCallersRoles(t *testing.T) {
+	engine := processorstest.PolicyWithRoles(t, processorstest.PolicyDir(t, `@id("finance-refunds")
+permit (principal, action == Action::"tool::refund_order", resource) when { principal.roles.contains("finance") };`))
+	for _, tc := range []struct {
+		roles []string
+		want  []string
+	}{
+		{[]string{"finance"}, []string{"succeeded"}},
+		{nil, []string{"denied(no_policy)"}},
+	} {
+		r := newRig(t)
+		_, approved := r.admitApprovedWith("kr", func(ev *ledger.Event) { ev.Roles = tc.roles })
+		out, err := r.executor(func(c *executor.Config) { c.Policy = engine }).Step(t.Context(), []*kgo.Record{approved})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := decodeAll(t, out.Records)
+		if got := summary(evs); len(got) == 0 || got[len(got)-1] != tc.want[0] {
+			t.Errorf("roles %q: events %v; want the call to end %s", tc.roles, got, tc.want[0])
+		}
+		for _, e := range evs {
+			if !slices.Equal(e.Roles, tc.roles) {
+				t.Errorf("roles %q: %s event carries roles %q", tc.roles, e.Type, e.Roles)
+			}
+		}
 	}
 }
 

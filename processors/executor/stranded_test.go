@@ -187,6 +187,16 @@ func hangingPreCallCheck(t *testing.T, skew time.Duration) {
 // carries obligations.
 func (r *rig) admitApproved(key string, expires time.Time, version string, obligations ...string) (ledger.Event, *kgo.Record) {
 	r.t.Helper()
+	return r.admitApprovedWith(key, func(ev *ledger.Event) {
+		ev.ExpiresAt, ev.ResourceVersion, ev.Obligations = &expires, version, obligations
+	})
+}
+
+// admitApprovedWith is admitApproved's call, its approved event changed by
+// edit (expiring in an hour unless edit says otherwise).
+func (r *rig) admitApprovedWith(key string, edit func(*ledger.Event)) (ledger.Event, *kgo.Record) {
+	r.t.Helper()
+	expires := time.Now().Add(time.Hour)
 	args := []byte(`{"amount_cents":100,"currency":"AUD","order_id":"ord_1"}`)
 	tree, err := ledger.Decode(args, ledger.Limits{})
 	if err != nil {
@@ -198,7 +208,8 @@ func (r *rig) admitApproved(key string, expires time.Time, version string, oblig
 	}
 	ev := ledger.Event{EventID: "e_" + key, IdempotencyKey: key, CallID: "c_" + key, Seq: 3, Type: statemachine.EventApproved,
 		At: time.Now().UTC(), TenantID: "t_a", UserID: "u_1", Tool: "refund_order", ToolVersion: 1, ArgumentsHash: hash,
-		ApprovalID: "ap_" + key, Approver: "boss", ExpiresAt: &expires, ResourceVersion: version, Obligations: obligations}
+		ApprovalID: "ap_" + key, Approver: "boss", ExpiresAt: &expires}
+	edit(&ev)
 	outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
 	if err != nil {
 		r.t.Fatal(err)

@@ -657,7 +657,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		}
 		return refuse(c.key(), ReasonInvalidArguments, ptr, detail)
 	}
-	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose}
+	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose, Roles: id.Roles}
 	if stale := p.controlStale(); stale != "" {
 		// An activation not yet read may deny the call: deciding it
 		// under the version this copy last saw would not honour it.
@@ -953,6 +953,9 @@ func (p *Processor) event(c *checked, now time.Time, t statemachine.EventType, s
 	ev.UserID = c.id.User
 	ev.AgentID = c.id.Agent
 	ev.Purpose = c.id.Purpose
+	// The roles the policies were given, so that the executor's
+	// decision of an approved call gives them the same.
+	ev.Roles = c.decision.Roles
 	ev.Channel = p.cfg.Channel
 	return ev
 }

@@ -90,6 +90,21 @@ func (f *fixture) toolRecord(t *testing.T, tool string, version int, key string,
 	return &kgo.Record{Topic: "toolcalls.requests", Value: v}
 }
 
+// withAssertion is the envelope record r with another assertion.
+func withAssertion(t *testing.T, r *kgo.Record, assertion string) *kgo.Record {
+	t.Helper()
+	var env map[string]any
+	if err := json.Unmarshal(r.Value, &env); err != nil {
+		t.Fatal(err)
+	}
+	env["assertion"] = assertion
+	v, err := json.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Topic: r.Topic, Value: v}
+}
+
 func events(t *testing.T, out ledger.Output) []ledger.Event {
 	t.Helper()
 	var evs []ledger.Event
@@ -162,13 +177,7 @@ func TestIntakeBatchWithRetryAndReuse(t *testing.T) {
 func TestIntakeAnotherUsersKeyIsNotARetry(t *testing.T) {
 	f := newIntake(t)
 	as := func(r *kgo.Record, user string) *kgo.Record {
-		var env map[string]any
-		if err := json.Unmarshal(r.Value, &env); err != nil {
-			t.Fatal(err)
-		}
-		env["assertion"] = f.ident.Assertion(t, "t_a", user)
-		v, _ := json.Marshal(env)
-		return &kgo.Record{Topic: r.Topic, Value: v}
+		return withAssertion(t, r, f.ident.Assertion(t, "t_a", user))
 	}
 	same := f.envelopeRecord(t, "k4", map[string]any{"title": "a"})
 	other := f.envelopeRecord(t, "k4", map[string]any{"title": "b"})
@@ -207,6 +216,48 @@ func TestIntakeAnotherUsersKeyIsNotARetry(t *testing.T) {
 	}
 	if r, err := f.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k4"}); err != nil || r.UserID != "u_1" || r.Seq != 2 {
 		t.Errorf("record = user %q seq %d, %v; want u_1's, untouched at seq 2", r.UserID, r.Seq, err)
+	}
+}
+
+// With the policies given roles, a call is decided with its caller's
+// roles, and its first events carry them (encoding version 2), so that
+// the executor decides an approved call again with the same; without,
+// the policies see none and the events carry none.
+func TestIntakeDecidesWithTheCallersRoles(t *testing.T) {
+	dir := processorstest.PolicyDir(t, `@id("support") permit (principal, action == Action::"tool::create_ticket", resource)
+  when { principal has roles && principal.roles.contains("support") };`)
+	for _, tc := range []struct {
+		name      string
+		engine    *policy.Engine
+		roles     []string
+		allowed   bool
+		wantRoles []string
+	}{
+		{"given roles, a supporter", processorstest.PolicyWithRoles(t, dir), []string{"support", "billing"}, true, []string{"billing", "support"}},
+		{"given roles, no roles", processorstest.PolicyWithRoles(t, dir), nil, false, nil},
+		{"not given roles", processorstest.Policy(t, dir), []string{"support"}, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newIntakeWith(t, func(c *intake.Config) { c.Policy = tc.engine })
+			rec := withAssertion(t, f.envelopeRecord(t, "k-roles", map[string]any{"title": "t"}), f.ident.AssertionWithRoles(t, "t_a", "u_1", tc.roles...))
+			out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := events(t, out)
+			if len(evs) != 2 || evs[0].Type != statemachine.EventRequested || (evs[1].Type == statemachine.EventAuthorized) != tc.allowed {
+				t.Fatalf("events %v; want requested, then authorized %v", evs, tc.allowed)
+			}
+			wantV := 1
+			if len(tc.wantRoles) > 0 {
+				wantV = 2
+			}
+			for _, e := range evs {
+				if !slices.Equal(e.Roles, tc.wantRoles) || e.V != wantV {
+					t.Errorf("%s event: roles %q, v%d; want %q, v%d", e.Type, e.Roles, e.V, tc.wantRoles, wantV)
+				}
+			}
+		})
 	}
 }
 

@@ -12,6 +12,9 @@ import (
 // Caller is who asks, from the verified identity assertion.
 type Caller struct {
 	Tenant, User, Agent, Purpose string
+	// Roles are the assertion's roles (identity.Identity.Roles), or, for
+	// a call decided again, those its events carry (Decision.Roles).
+	Roles []string
 }
 
 // NewRequest describes a call to the policies: who asks comes from caller
@@ -26,6 +29,7 @@ func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string
 		User:        caller.User,
 		Agent:       caller.Agent,
 		Purpose:     caller.Purpose,
+		Roles:       caller.Roles,
 		Tool:        tool.Name,
 		ToolVersion: tool.Version,
 		Effect:      string(tool.Effect),

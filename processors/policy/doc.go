@@ -8,9 +8,14 @@
 //
 // This is the contract policy authors write against.
 //
-// Principal: User::"<tenant>/<user>", with attribute
+// Principal: User::"<tenant>/<user>", with attributes
 //
-//	tenant  String  the caller's tenant (from the identity assertion)
+//	tenant  String       the caller's tenant (from the identity assertion)
+//	roles   Set<String>  the caller's roles (the assertion's roles claim),
+//	                     only when the engine gives roles (Config.Roles,
+//	                     `--policy-roles`); without it a policy that reads
+//	                     roles fails closed (policy_error), and one that
+//	                     asks `principal has roles` is told no
 //
 // Action: Action::"tool::<tool name>", such as Action::"tool::refund_order".
 // Actions have no parents; `action in [...]` is a list of names.

@@ -78,6 +78,10 @@ type Decision struct {
 	// Detail is for humans: which rule failed and why. It never holds
 	// argument values.
 	Detail string
+	// Roles are the caller's roles the policies were given, sorted:
+	// empty when the engine gives none (Config.Roles) or the caller has
+	// none. The call's events carry them.
+	Roles []string
 }
 
 // Transient reports whether d denies only because the engine could not
@@ -112,6 +116,15 @@ type Config struct {
 	Now func() time.Time
 	// Logger receives evaluation failures and reloads; nil discards.
 	Logger *slog.Logger
+	// Roles gives the policies the caller's roles (Request.Roles), as
+	// the principal's attribute roles, and records them on the decision
+	// (Decision.Roles), whence on the call's events, which the executor
+	// decides an approved call again with. Events that carry roles are of
+	// encoding version 2, which builds before it refuse: turn it on once
+	// every process of the deployment reads version 2. Off, the principal
+	// has no roles attribute, so that a policy that reads it fails closed
+	// (policy_error) rather than see no roles.
+	Roles bool
 }
 
 // Engine is the policy decision point: it holds the active Set and decides
@@ -354,8 +367,16 @@ func (e *Engine) Decide(ctx context.Context, r Request) Decision {
 		}
 		return Decision{Reason: ReasonUnavailable, Detail: detail}
 	}
+	if e.cfg.Roles {
+		// Sorted and without duplicates: the decision records the set
+		// the policies saw, in one spelling.
+		r.Roles = slices.Compact(slices.Sorted(slices.Values(r.Roles)))
+	} else {
+		r.Roles = nil
+	}
 	d := e.decide(ctx, s, r)
 	d.AuditMask = s.auditMask(r.Tool)
+	d.Roles = r.Roles
 	return d
 }
 
@@ -388,7 +409,7 @@ func (e *Engine) evaluate(ctx context.Context, s *Set, r Request) Decision {
 		deadline = dl
 	}
 	ev := &evaluation{ctx: ctx, set: s, deadline: deadline, now: e.cfg.Now, hook: e.hook}
-	req, ents := cedarRequest(r, start)
+	req, ents := cedarRequest(r, start, e.cfg.Roles)
 	ok, diag := cedar.Authorize(ev, ents, req)
 	// A policy is not interruptible, so lateness is checked again once
 	// Cedar returns: an answer that came too late is not used.

@@ -720,6 +720,51 @@ func TestContextModel(t *testing.T) {
 	}
 }
 
+// With Config.Roles the principal has the caller's roles, and the
+// decision records them (sorted, once each); without it a policy that
+// reads them fails closed, and `has` says they are not there.
+func TestPrincipalRoles(t *testing.T) {
+	s := load(t, "v1", map[string]string{"roles.cedar": `
+@id("finance") permit (principal, action == Action::"tool::get_weather", resource) when { principal.roles.contains("finance") };
+`})
+	guarded := load(t, "v2", map[string]string{"roles.cedar": `
+@id("weather") permit (principal, action == Action::"tool::get_weather", resource);
+@id("no-contractors") forbid (principal, action, resource) when { principal has roles && principal.roles.contains("contractor") };
+`})
+	with := func(roles ...string) Request {
+		r := simple("get_weather")
+		r.Roles = roles
+		return r
+	}
+	on := newEngine(t, Config{Set: s, Roles: true})
+	for _, tc := range []struct {
+		roles     []string
+		allow     bool
+		wantRoles []string
+	}{
+		{[]string{"support", "finance", "support"}, true, []string{"finance", "support"}},
+		{[]string{"support"}, false, []string{"support"}},
+		{nil, false, nil},
+	} {
+		d := on.Decide(t.Context(), with(tc.roles...))
+		if d.Allow != tc.allow || !slices.Equal(d.Roles, tc.wantRoles) {
+			t.Errorf("with roles, Decide(roles %q) = allow %v (%s) roles %q; want allow %v roles %q", tc.roles, d.Allow, d.Reason, d.Roles, tc.allow, tc.wantRoles)
+		}
+	}
+	off := newEngine(t, Config{Set: s})
+	if d := off.Decide(t.Context(), with("finance")); d.Allow || d.Reason != ReasonPolicyError || d.Roles != nil {
+		t.Errorf("without roles, Decide(finance) = allow %v (%s) roles %q; want a policy_error denial, no roles", d.Allow, d.Reason, d.Roles)
+	}
+	off.Swap(guarded)
+	if d := off.Decide(t.Context(), with("contractor")); !d.Allow {
+		t.Errorf("without roles, Decide(contractor) under a guarded forbid = %s; want allowed (principal has no roles)", d.Reason)
+	}
+	on.Swap(guarded)
+	if d := on.Decide(t.Context(), with("contractor")); d.Allow || d.Reason != ReasonDeniedByPolicy {
+		t.Errorf("with roles, Decide(contractor) under a guarded forbid = allow %v (%s); want denied", d.Allow, d.Reason)
+	}
+}
+
 // eventually polls cond until it holds or a deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()

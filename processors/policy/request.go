@@ -41,10 +41,14 @@ const (
 // Arguments may hold sensitive values, so Request's String, GoString and
 // LogValue show only the argument names.
 type Request struct {
-	Tenant      string
-	User        string
-	Agent       string
-	Purpose     string
+	Tenant  string
+	User    string
+	Agent   string
+	Purpose string
+	// Roles are the caller's roles, from the verified assertion; the
+	// policies see them only when the engine gives roles
+	// (Config.Roles).
+	Roles       []string
 	Tool        string
 	ToolVersion int
 	// Effect and Risk are the tool's registry values ("write", "high").
@@ -137,18 +141,26 @@ func (e *entities) Get(uid cedar.EntityUID) (cedar.Entity, bool) {
 }
 
 // cedarRequest maps r onto the Cedar model described in the package
-// documentation.
-func cedarRequest(r Request, now time.Time) (cedar.Request, *entities) {
+// documentation; the principal has the roles attribute when roles is set.
+func cedarRequest(r Request, now time.Time, roles bool) (cedar.Request, *entities) {
 	resID, kind := r.Resource, KindObject
 	if resID == "" {
 		resID, kind = r.Tool, KindTool
 	}
 	principal := cedar.NewEntityUID(typeUser, cedar.String(r.Tenant+"/"+r.User))
 	resource := cedar.NewEntityUID(typeResource, cedar.String(r.ResourceTenant+"/"+resID))
+	attrs := cedar.RecordMap{"tenant": cedar.String(r.Tenant)}
+	if roles {
+		set := make([]cedar.Value, len(r.Roles))
+		for i, role := range r.Roles {
+			set[i] = cedar.String(role)
+		}
+		attrs["roles"] = cedar.NewSet(set...)
+	}
 	ents := &entities{
 		principal: cedar.Entity{
 			UID:        principal,
-			Attributes: cedar.NewRecord(cedar.RecordMap{"tenant": cedar.String(r.Tenant)}),
+			Attributes: cedar.NewRecord(attrs),
 		},
 		resource: cedar.Entity{
 			UID: resource,

@@ -61,7 +61,13 @@ func NewIdentity(t testing.TB) *Identity {
 // "agent_test", valid for ten minutes.
 func (i *Identity) Assertion(t testing.TB, tenant, user string) string {
 	t.Helper()
-	a, err := i.Issuer.Mint(identity.Identity{User: user, Agent: "agent_test", Tenant: tenant}, Audience, 10*time.Minute)
+	return i.AssertionWithRoles(t, tenant, user)
+}
+
+// AssertionWithRoles is Assertion with the roles claim.
+func (i *Identity) AssertionWithRoles(t testing.TB, tenant, user string, roles ...string) string {
+	t.Helper()
+	a, err := i.Issuer.Mint(identity.Identity{User: user, Agent: "agent_test", Tenant: tenant, Roles: roles}, Audience, 10*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +84,14 @@ const testPolicyTimeout = 5 * time.Second
 // Policy returns an engine on the policy directory dir.
 func Policy(t testing.TB, dir string) *policy.Engine {
 	t.Helper()
-	return newPolicy(t, dir, nil)
+	return newPolicy(t, dir, nil, false)
+}
+
+// PolicyWithRoles is Policy giving the policies the callers' roles
+// (policy.Config.Roles).
+func PolicyWithRoles(t testing.TB, dir string) *policy.Engine {
+	t.Helper()
+	return newPolicy(t, dir, nil, true)
 }
 
 // PolicyDir returns a new policy directory holding the policies src.
@@ -106,16 +119,16 @@ func StallingPolicy(t testing.TB, dir string) (e *policy.Engine, stalled *atomic
 		}
 		return time.Now().Add(time.Duration(jumps.Add(1)) * time.Minute)
 	}
-	return newPolicy(t, dir, now), stalled
+	return newPolicy(t, dir, now, false), stalled
 }
 
-func newPolicy(t testing.TB, dir string, now func() time.Time) *policy.Engine {
+func newPolicy(t testing.TB, dir string, now func() time.Time, roles bool) *policy.Engine {
 	t.Helper()
 	set, err := policy.LoadDir(dir, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := policy.NewEngine(policy.Config{Set: set, Timeout: testPolicyTimeout, Now: now})
+	e, err := policy.NewEngine(policy.Config{Set: set, Timeout: testPolicyTimeout, Now: now, Roles: roles})
 	if err != nil {
 		t.Fatal(err)
 	}
