@@ -214,6 +214,33 @@ func TestMigrateAddColumnStepsOutOfTheLockQueue(t *testing.T) {
 	})
 }
 
+// TestMigrateIndexBuildEndedByLockTimeoutFails: an index build that the
+// deployment's own lock_timeout ends (here the session's, as a role's or
+// a database's setting would be) fails the migration. Tried again, IF
+// NOT EXISTS kept the invalid index the first try left, and the
+// migration reported success with an index no query can use.
+func TestMigrateIndexBuildEndedByLockTimeoutFails(t *testing.T) {
+	s, cfg := openWithoutIndex(t)
+	release, _ := holdWrite(t, s)
+	cfg.DSN += "&lock_timeout=200ms"
+	s2, err := Open(t.Context(), cfg)
+	if err == nil {
+		s2.Close()
+	}
+	release()
+	var valid bool
+	qerr := s.pool.QueryRow(t.Context(), `SELECT i.indisvalid FROM pg_catalog.pg_index AS i
+JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`, cfg.Schema, tenantStatusIndexName).Scan(&valid)
+	switch {
+	case err == nil && (qerr != nil || !valid):
+		t.Errorf("Open = nil with index %s valid %v (%v); want an error, or the index built", tenantStatusIndexName, valid, qerr)
+	case err != nil && sqlState(err) != codeLockNotAvailable:
+		t.Errorf("Open = %v; want the lock timeout's error (55P03)", err)
+	}
+}
+
 // migrateWhileHeld opens cfg, and so migrates it, while release's
 // transaction holds s's table: once waiting returns (the migration waits
 // for the table), a write through s must go through at once; then the

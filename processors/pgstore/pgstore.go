@@ -571,6 +571,11 @@ func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) er
 	}
 	r := strings.NewReplacer(pairs...)
 	var stmts []string
+	// stepped are the statements bounded by withLockTimeout, which try
+	// again when they step out of the lock queue. No other: an index
+	// build that a lock_timeout of the deployment's ended may have left
+	// an invalid index, which a retry's IF NOT EXISTS would keep.
+	stepped := make(map[int]bool)
 	if s.schema != "" {
 		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+s.schema)
 	}
@@ -585,6 +590,7 @@ func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) er
 					// Its lock stops the table's reads and writes
 					// while it queues: see ddlLockTimeout.
 					stmt = withLockTimeout(stmt)
+					stepped[len(stmts)] = true
 				}
 				stmts = append(stmts, stmt)
 			}
@@ -614,7 +620,7 @@ func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) er
 	// multi-statement transaction: CockroachDB advises against schema
 	// changes inside explicit or multi-statement transactions, and
 	// PostgreSQL runs CONCURRENTLY only outside them.
-	for _, stmt := range stmts {
+	for i, stmt := range stmts {
 		if strings.TrimSpace(stripComments(stmt)) == "" {
 			continue
 		}
@@ -622,7 +628,7 @@ func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) er
 		for duplicates, waits := 0, 0; duplicates < 3; {
 			_, err = db.Exec(ctx, stmt)
 			code := sqlState(err)
-			if code == codeLockNotAvailable {
+			if code == codeLockNotAvailable && stepped[i] {
 				// A column's addition stepped out of the lock queue
 				// (withLockTimeout): it tries again.
 				waits++
