@@ -59,6 +59,16 @@ type RateLimiter interface {
 	Take(ctx context.Context, rs []RateRequest) ([]RateResult, error)
 }
 
+// RatePruner deletes the rate limiter's buckets that are full again (their
+// tat past on the store's clock), which mean the same as no bucket: so
+// that the buckets of users and agents seen once (limits "by user", "by
+// agent") do not pile up. PruneRates deletes at most limit of them, and
+// returns how many it deleted; a bucket charged meanwhile is kept. Every
+// store that is a RateLimiter is one.
+type RatePruner interface {
+	PruneRates(ctx context.Context, limit int) (int, error)
+}
+
 // RateRequest asks to use Cost units of a bucket's budget.
 type RateRequest struct {
 	// Bucket names the budget, such as the intake's

@@ -1,6 +1,7 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -53,6 +54,43 @@ func (s *Store) Take(ctx context.Context, rs []processors.RateRequest) ([]proces
 		return nil, fmt.Errorf("boltstore take: %w", err)
 	}
 	return out, nil
+}
+
+// PruneRates implements processors.RatePruner in one bbolt read-write
+// transaction, at one reading of Config.Now.
+func (s *Store) PruneRates(ctx context.Context, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("boltstore prune rates: %w", err)
+	}
+	var n int
+	err := s.write(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRates)
+		now := s.now().UTC()
+		var full [][]byte
+		c := b.Cursor()
+		for k, v := c.First(); k != nil && len(full) < limit; k, v = c.Next() {
+			tat, err := time.Parse(tatFormat, string(v))
+			if err != nil {
+				// Left for Take to report: pruning is housekeeping.
+				continue
+			}
+			if tat.Before(now) {
+				full = append(full, bytes.Clone(k))
+			}
+		}
+		// After the walk: a cursor's deletes would move it.
+		for _, k := range full {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		n = len(full)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("boltstore prune rates: %w", err)
+	}
+	return n, nil
 }
 
 // charge applies checked requests all or nothing to their buckets in b at

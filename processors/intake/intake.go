@@ -165,6 +165,12 @@ type Config struct {
 	// (executor.Config.UnloggedGrace, 10s by default), which would
 	// otherwise append the events of a call still waiting again.
 	MarkDelay time.Duration
+	// RatePruneEvery is how often the intake deletes up to
+	// RatePruneBatch rate buckets that are full again, which mean the
+	// same as none (processors.RatePruner), so that the buckets of users
+	// and agents seen once do not pile up in the store. Default
+	// DefaultRatePruneEvery; negative: never.
+	RatePruneEvery time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Logger; nil discards.
@@ -180,7 +186,22 @@ type Processor struct {
 	// limits: the store keeps rate limits (see Config.Policy).
 	limits bool
 	base   *url.URL // Config.BaseURL
+	// pruner prunes the store's rate buckets, nil when it cannot;
+	// pruned is when a step last asked it to.
+	pruner processors.RatePruner
+	pruned time.Time
 }
+
+// DefaultRatePruneEvery is Config.RatePruneEvery's default.
+const DefaultRatePruneEvery = time.Minute
+
+// RatePruneBatch bounds the rate buckets one prune deletes, and so how
+// long it holds up the step it runs in.
+const RatePruneBatch = 1000
+
+// rateUpkeepTimeout bounds a prune: a stalled store costs the step that
+// much, and the prune waits for the next time.
+const rateUpkeepTimeout = 2 * time.Second
 
 // New validates cfg and returns an intake.
 func New(cfg Config) (*Processor, error) {
@@ -210,6 +231,9 @@ func New(cfg Config) (*Processor, error) {
 	if cfg.MarkDelay <= 0 {
 		cfg.MarkDelay = 3 * time.Second
 	}
+	if cfg.RatePruneEvery == 0 {
+		cfg.RatePruneEvery = DefaultRatePruneEvery
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -221,7 +245,33 @@ func New(cfg Config) (*Processor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("intake: %w", err)
 	}
-	return &Processor{cfg: cfg, limits: limits, base: base}, nil
+	p := &Processor{cfg: cfg, limits: limits, base: base}
+	if pr, ok := cfg.Store.(processors.RatePruner); ok && limits && cfg.RatePruneEvery > 0 {
+		p.pruner = pr
+		// The first prune a period after the start: processes that
+		// start together do not all prune at once.
+		p.pruned = cfg.Now()
+	}
+	return p, nil
+}
+
+// pruneRates deletes rate buckets that are full again once every
+// RatePruneEvery. A failure is logged, and waits for the next time: the
+// buckets mean the same pruned or not.
+func (p *Processor) pruneRates(ctx context.Context, now time.Time) {
+	if p.pruner == nil || now.Sub(p.pruned) < p.cfg.RatePruneEvery {
+		return
+	}
+	p.pruned = now
+	pctx, cancel := context.WithTimeout(ctx, rateUpkeepTimeout)
+	defer cancel()
+	n, err := p.pruner.PruneRates(pctx, RatePruneBatch)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		p.cfg.Logger.Warn("prune rate buckets that are full again", "err", err)
+	case n > 0:
+		p.cfg.Logger.Debug("pruned rate buckets that were full again", "buckets", n)
+	}
 }
 
 // checked is an envelope that passed every check: who asks, which tool,
@@ -260,6 +310,7 @@ type pending struct {
 // policy) run in parallel; the store sees the batch in one round trip.
 func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
 	now := p.cfg.Now().UTC()
+	p.pruneRates(ctx, now)
 	if len(recs) == 0 {
 		// An idle tick: marks held for later fall due without a commit
 		// to run them after. Bounded, so that a stalled store cannot
@@ -792,7 +843,7 @@ func (p *Processor) rates(c *checked, now time.Time) []processors.RateRequest {
 	}
 	rs := make([]processors.RateRequest, len(rls))
 	for i, rl := range rls {
-		rs[i] = processors.RateRequest{Bucket: rateBucket(c.id.Tenant, c.tool.Name, rl), Limit: rl.N, Window: rl.Per, Cost: 1}
+		rs[i] = processors.RateRequest{Bucket: rateBucket(c.id, c.tool.Name, rl), Limit: rl.N, Window: rl.Per, Cost: 1}
 	}
 	return rs
 }
@@ -811,17 +862,34 @@ func limitedDetail(c *checked, res []processors.RateResult) string {
 	return strings.Join(by, "; ")
 }
 
-// rateBucket names the budget a call under rl draws on: the verified
-// tenant's (never one the arguments name), for the tool, under the policy
-// that set the limit, at that limit. So permits with different limits, or
+// rateBucket names the budget a call by id under rl draws on: the
+// verified tenant's (never one the arguments name), or within it the
+// verified user's or agent's (rl.By), for the tool, under the policy that
+// set the limit, at that limit. So permits with different limits, or
 // different permits with the same one, never share a budget, and a
 // limit changed in a new policy version starts a budget of its own. The
 // tenant and the tool hold no "/" (the envelope schema and the registry
-// see to it), the limit has one ("20/m"), and the policy id comes last,
-// as it is: the name is unambiguous. A policy id the name cannot hold
-// as it is (too long, not UTF-8, a NUL) is replaced by its SHA-256.
-func rateBucket(tenant, tool string, rl policy.RateLimit) string {
-	prefix := tenant + "/" + tool + "/" + rl.String() + "/"
+// see to it), the limit has one ("20/m", "20/m by user"), a user's or
+// agent's part is hexadecimal (the first half of the SHA-256 of their
+// id, which may hold anything, and is kept out of the store's bucket
+// names), and the policy id comes last, as it is: the name is
+// unambiguous. A policy id the name cannot hold as it is (too long, not
+// UTF-8, a NUL) is replaced by its SHA-256.
+func rateBucket(id identity.Identity, tool string, rl policy.RateLimit) string {
+	prefix := id.Tenant + "/" + tool + "/" + rl.String() + "/"
+	whose, by := "", true
+	switch rl.By {
+	case policy.RateByUser:
+		whose = id.User
+	case policy.RateByAgent:
+		whose = id.Agent
+	default:
+		by = false
+	}
+	if by {
+		sum := sha256.Sum256([]byte(whose))
+		prefix += hex.EncodeToString(sum[:16]) + "/"
+	}
 	b := prefix + rl.Policy
 	if len(b) > processors.MaxRateBucketLen || !utf8.ValidString(b) || strings.ContainsRune(b, 0) {
 		sum := sha256.Sum256([]byte(rl.Policy))

@@ -882,6 +882,97 @@ when { context.arguments has priority && context.arguments.priority == "normal" 
 	}
 }
 
+// A limit "by user" is each verified user's budget, "by agent" each
+// agent's: another user's (or agent's) calls do not spend it. The
+// tenant's budget under the same limit is not theirs either.
+func TestIntakeRateLimitByUserOrAgent(t *testing.T) {
+	pol := policyEngine(t, `
+@id("per-user") @rate_limit("1/m by user")
+permit (principal, action == Action::"tool::create_ticket", resource)
+when { context.arguments.title == "user" };
+
+@id("per-agent") @rate_limit("1/m by agent")
+permit (principal, action == Action::"tool::create_ticket", resource)
+when { context.arguments.title == "agent" };
+`)
+	f := newIntakeWith(t, func(c *intake.Config) { c.Policy = pol })
+	as := func(key, title, user, agent string) *kgo.Record {
+		a, err := f.ident.Issuer.Mint(identity.Identity{Tenant: "t_a", User: user, Agent: agent}, processorstest.Audience, 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return withAssertion(t, f.envelopeRecord(t, key, map[string]any{"title": title}), a)
+	}
+	authorized := func(key string) []string {
+		return []string{key + ":requested/", key + ":authorized/" + policy.ReasonAllowed}
+	}
+	limited := func(key string) []string { return []string{key + ":denied/" + intake.ReasonRateLimited} }
+	for _, tc := range []struct {
+		rec  *kgo.Record
+		want []string
+	}{
+		{as("u1-1", "user", "u_1", "agent_a"), authorized("u1-1")},
+		{as("u1-2", "user", "u_1", "agent_b"), limited("u1-2")},
+		{as("u2-1", "user", "u_2", "agent_a"), authorized("u2-1")},
+		{as("a-1", "agent", "u_1", "agent_a"), authorized("a-1")},
+		{as("a-2", "agent", "u_2", "agent_a"), limited("a-2")},
+		{as("b-1", "agent", "u_1", "agent_b"), authorized("b-1")},
+	} {
+		out, got := f.step(t, tc.rec)
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("(-want +got):\n%s", diff)
+		}
+		if evs := events(t, out); len(evs) == 1 && !strings.Contains(evs[0].Detail, "at most 1/m by ") {
+			t.Errorf("refusal's detail %q; want it to name the limit and whose budget it is", evs[0].Detail)
+		}
+	}
+}
+
+// countingPruner is a store that counts the intake's prunes of its rate
+// buckets.
+type countingPruner struct {
+	*boltstore.Store
+	prunes atomic.Int32
+}
+
+func (c *countingPruner) PruneRates(ctx context.Context, limit int) (int, error) {
+	c.prunes.Add(1)
+	return c.Store.PruneRates(ctx, limit)
+}
+
+// The intake prunes the store's full rate buckets once every
+// RatePruneEvery, busy or idle, and never when told not to.
+func TestIntakePrunesRateBuckets(t *testing.T) {
+	for _, tc := range []struct {
+		every time.Duration
+		want  []int32 // prunes so far after each step
+	}{
+		{time.Minute, []int32{0, 1, 1, 2}},
+		{-1, []int32{0, 0, 0, 0}},
+	} {
+		var st *countingPruner
+		t0 := time.Now()
+		now := t0
+		f := newIntakeWith(t, func(c *intake.Config) {
+			st = &countingPruner{Store: c.Store.(*boltstore.Store)}
+			c.Store, c.RatePruneEvery, c.Now = st, tc.every, func() time.Time { return now }
+		})
+		for i, at := range []time.Duration{30 * time.Second, 61 * time.Second, 62 * time.Second, 2*time.Minute + time.Second} {
+			now = t0.Add(at)
+			var recs []*kgo.Record
+			if i%2 == 0 {
+				recs = append(recs, f.envelopeRecord(t, fmt.Sprintf("prune-%d", i), map[string]any{"title": "t"}))
+			}
+			if _, err := f.in.Step(t.Context(), recs); err != nil {
+				t.Fatal(err)
+			}
+			if got := st.prunes.Load(); got != tc.want[i] {
+				t.Errorf("every %v: %d prunes after the step at +%v; want %d", tc.every, got, at, tc.want[i])
+			}
+		}
+	}
+}
+
 // Two copies of one key in a batch, with other arguments (a key reused)
 // decided by other rate-limited policies: the store answers the later
 // copy with the first's refusal, and the later copy's refusal names the

@@ -82,7 +82,9 @@
 //	                                  one every period/n; processors.GCRA)
 //	                                  for the calls this policy decides:
 //	                                  each policy's limit is a budget of
-//	                                  its own
+//	                                  its own; "20/m by user" ("by
+//	                                  agent") makes it each verified
+//	                                  user's (agent's) budget
 //
 // When several permits decide, their obligations add up: any approval or
 // sandbox applies, masks are united, and every rate limit applies: the

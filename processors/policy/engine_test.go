@@ -359,6 +359,9 @@ func TestLoadErrors(t *testing.T) {
 		{name: "rate limit bad unit", files: map[string]string{"p.cedar": `@rate_limit("20/d") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
 		{name: "rate limit zero", files: map[string]string{"p.cedar": `@rate_limit("0/m") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
 		{name: "rate limit huge", files: map[string]string{"p.cedar": `@rate_limit("99999999999/s") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		{name: "rate limit by whom unknown", files: map[string]string{"p.cedar": `@rate_limit("20/m by tool") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		{name: "rate limit by nobody", files: map[string]string{"p.cedar": `@rate_limit("20/m by") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		{name: "rate limit by user twice", files: map[string]string{"p.cedar": `@rate_limit("20/m by user by user") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
 		{name: "sandbox bad value", files: map[string]string{"p.cedar": `@sandbox("yes") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
 	}
 	for _, tc := range cases {
@@ -645,6 +648,8 @@ func TestParseObligations(t *testing.T) {
 		{name: "masks sorted and deduplicated", ann: cedar.Annotations{"mask": "card_number, /reason,card_number"}, want: Obligations{Mask: []string{"/reason", "card_number"}}},
 		{name: "per second", ann: cedar.Annotations{"rate_limit": "3/s"}, want: Obligations{RateLimits: []RateLimit{{N: 3, Per: time.Second}}}},
 		{name: "per hour", ann: cedar.Annotations{"rate_limit": "3/h"}, want: Obligations{RateLimits: []RateLimit{{N: 3, Per: time.Hour}}}},
+		{name: "by user", ann: cedar.Annotations{"rate_limit": " 3/m  by user "}, want: Obligations{RateLimits: []RateLimit{{N: 3, Per: time.Minute, By: RateByUser}}}},
+		{name: "by agent", ann: cedar.Annotations{"rate_limit": "3/m by agent"}, want: Obligations{RateLimits: []RateLimit{{N: 3, Per: time.Minute, By: RateByAgent}}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -674,7 +679,8 @@ func TestObligationsList(t *testing.T) {
 	o := Obligations{RequireApproval: true, Mask: []string{"/a", "b"}, Sandbox: true, RateLimits: []RateLimit{
 		{N: 20, Per: time.Minute, Policy: "a"}, {N: 5, Per: time.Hour, Policy: "b"}, {N: 20, Per: time.Minute, Policy: "c"}}}
 	// One entry per limit, equal ones too: each is a budget of its own.
-	want := []string{"require_approval", "mask:/a", "mask:b", "rate_limit:20/m", "rate_limit:5/h", "rate_limit:20/m", "sandbox"}
+	o.RateLimits = append(o.RateLimits, RateLimit{N: 2, Per: time.Second, By: RateByUser, Policy: "d"})
+	want := []string{"require_approval", "mask:/a", "mask:b", "rate_limit:20/m", "rate_limit:5/h", "rate_limit:20/m", "rate_limit:2/s by user", "sandbox"}
 	if diff := cmp.Diff(want, o.List()); diff != "" {
 		t.Errorf("List() mismatch (-want +got):\n%s", diff)
 	}

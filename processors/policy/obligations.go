@@ -110,17 +110,29 @@ func (o Obligations) Merge(p Obligations) Obligations {
 	return o
 }
 
-// RateLimit is at most N calls per Per.
+// RateLimit is at most N calls per Per, per tenant and tool, or, By a
+// user or an agent, per tenant, tool and user (or agent).
 type RateLimit struct {
 	N   int
 	Per time.Duration
+	// By is whose budget it is within the tenant: RateByTenant (the
+	// zero value: the whole tenant's), RateByUser (each verified user's
+	// own) or RateByAgent (each agent's own).
+	By string
 	// Policy is the id of the policy whose @rate_limit this is. Each
 	// policy's limit is a budget of its own: two permits of one tool
 	// with different limits (or the same) do not draw on each other's.
 	Policy string
 }
 
-// String returns the annotation form, such as "20/m".
+// Whose budget a rate limit is (RateLimit.By).
+const (
+	RateByTenant = ""
+	RateByUser   = "user"
+	RateByAgent  = "agent"
+)
+
+// String returns the annotation form, such as "20/m" or "20/m by user".
 func (r RateLimit) String() string {
 	unit := "s"
 	switch r.Per {
@@ -129,16 +141,28 @@ func (r RateLimit) String() string {
 	case time.Hour:
 		unit = "h"
 	}
-	return strconv.Itoa(r.N) + "/" + unit
+	s := strconv.Itoa(r.N) + "/" + unit
+	if r.By != RateByTenant {
+		s += " by " + r.By
+	}
+	return s
 }
 
 // maxRateN bounds N so that a typo like "60000000000/s" is a load error
 // rather than an effectively unlimited limit someone believes is strict.
 const maxRateN = 1_000_000
 
-// parseRateLimit reads "<n>/<unit>" with unit s, m or h.
+// parseRateLimit reads "<n>/<unit>" with unit s, m or h, optionally
+// followed by "by user" or "by agent" (whitespace between the words).
 func parseRateLimit(s string) (RateLimit, error) {
-	n, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
+	limit, by := strings.TrimSpace(s), RateByTenant
+	if fields := strings.Fields(limit); len(fields) > 1 {
+		if len(fields) != 3 || fields[1] != "by" || (fields[2] != RateByUser && fields[2] != RateByAgent) {
+			return RateLimit{}, fmt.Errorf("rate limit %q: want <n>/<unit> such as 20/m, optionally followed by \"by user\" or \"by agent\"", s)
+		}
+		limit, by = fields[0], fields[2]
+	}
+	n, unit, ok := strings.Cut(limit, "/")
 	if !ok {
 		return RateLimit{}, fmt.Errorf("rate limit %q: want <n>/<unit> such as 20/m", s)
 	}
@@ -157,7 +181,7 @@ func parseRateLimit(s string) (RateLimit, error) {
 	default:
 		return RateLimit{}, fmt.Errorf("rate limit %q: unit must be s, m or h", s)
 	}
-	return RateLimit{N: v, Per: per}, nil
+	return RateLimit{N: v, Per: per, By: by}, nil
 }
 
 // parseObligations reads a policy's obligation annotations. A malformed or

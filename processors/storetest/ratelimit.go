@@ -35,6 +35,7 @@ func rateLimitTests() []struct {
 		{"RateLimit/CancelledContext", limiter(testRateCancelledContext)},
 		{"RateLimit/Concurrent", limiter(testRateConcurrent)},
 		{"RateLimit/ConcurrentBatches", limiter(testRateConcurrentBatches)},
+		{"RateLimit/Prune", testRatePrune},
 		{"RateLimit/AdmitCharged", testAdmitCharged},
 		{"RateLimit/AdmitChargedOnce", testAdmitChargedOnce},
 		{"RateLimit/AdmitChargedAll", testAdmitChargedAll},
@@ -84,6 +85,50 @@ func checkRefused(t *testing.T, what string, res processors.RateResult, remainin
 	}
 	if res.RetryAfter <= lo || res.RetryAfter > hi {
 		t.Errorf("%s: RetryAfter = %v; want in (%v, %v]", what, res.RetryAfter, lo, hi)
+	}
+}
+
+// testRatePrune: the buckets full again are deleted, at most the number
+// asked for a call; one still spending is kept, its budget as it was; a
+// pruned bucket admits as a new one.
+func testRatePrune(t *testing.T, s processors.Store) {
+	rl, ok := s.(processors.RateLimiter)
+	p, ok2 := s.(processors.RatePruner)
+	if !ok || !ok2 {
+		t.Fatalf("store %T is not a processors.RateLimiter and a processors.RatePruner; every execution store must be both", s)
+	}
+	var short []processors.RateRequest
+	for i := range 3 {
+		short = append(short, rate(fmt.Sprintf("t_acme/get_weather/1/s by user/%d/p", i), 1, time.Millisecond))
+	}
+	long := rate("t_acme/refund_order/1/h/p", 1, hour)
+	for _, r := range append(short, long) {
+		if got := mustTake(t, rl, r)[0]; !got.Allowed {
+			t.Fatalf("Take(%s) = %+v; want allowed", r.Bucket, got)
+		}
+	}
+	// The short buckets are full again a millisecond later on the
+	// store's clock; polled, as the clocks may differ.
+	pruned := 0
+	waitFor(t, pollTimeout, func() error {
+		n, err := p.PruneRates(t.Context(), 2)
+		if err != nil {
+			t.Fatalf("PruneRates(2) = %v", err)
+		}
+		if n > 2 {
+			t.Fatalf("PruneRates(2) deleted %d buckets; want at most 2", n)
+		}
+		if pruned += n; pruned < len(short) {
+			return fmt.Errorf("%d of %d full buckets pruned", pruned, len(short))
+		}
+		return nil
+	})
+	if n, err := p.PruneRates(t.Context(), 100); err != nil || n != 0 {
+		t.Errorf("PruneRates(100) after the full buckets went = %d, %v; want 0 (the spending one kept)", n, err)
+	}
+	checkRefused(t, "the kept bucket", mustTake(t, rl, long)[0], 0, hour-time.Minute, hour)
+	if got := mustTake(t, rl, short[0])[0]; !got.Allowed {
+		t.Errorf("a pruned bucket's Take = %+v; want allowed, as a new bucket", got)
 	}
 }
 
