@@ -291,6 +291,20 @@ type checked struct {
 	// version is the resource's version, read for a call that waits for
 	// an approval.
 	version string
+	// own: a call the ledger makes itself (Submit), under a key the
+	// ledger derives, which whoever may ask for it asks for again.
+	own bool
+}
+
+// user is the user c's record is admitted for, whose call its key is
+// (processors.Admission.UserID): none for the ledger's own calls, so that
+// a second operator's request of a compensation another asked for (or
+// the reconciler did) is answered as the retry it is, not refused.
+func (c *checked) user() string {
+	if c.own {
+		return ""
+	}
+	return c.id.User
 }
 
 // key is the call's key under the verified tenant.
@@ -796,6 +810,7 @@ func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identit
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil
 	}
+	c.own = true
 	p.readVersions(ctx, []*checked{c})
 	recs, _, _, err := p.settle(ctx, []*checked{c}, now)
 	if err != nil {
@@ -1001,7 +1016,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 		Key:           c.key(),
 		CallID:        env.CallID,
 		ArgumentsHash: env.ArgumentsHash,
-		UserID:        c.id.User,
+		UserID:        c.user(),
 		Tool:          env.Tool,
 		ToolVersion:   env.ToolVersion,
 		Arguments:     args,

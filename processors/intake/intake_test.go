@@ -1118,6 +1118,38 @@ permit (principal, action == Action::"tool::create_ticket", resource);`)
 	}
 }
 
+// A call the ledger makes itself (a compensation) is the same call
+// whoever asks for it: a second operator's request, or the reconciler's
+// after an operator's, is its retry, not another user's call under its
+// key. Its record holds no user.
+func TestIntakeSubmitIsTheSameCallForEveryAsker(t *testing.T) {
+	f := newIntake(t)
+	args := map[string]any{"title": "undo"}
+	hash, err := ledger.ArgumentsHash("t_a", "create_ticket", 1, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &ledger.Envelope{Tool: "create_ticket", ToolVersion: 1, CallID: "comp_c1", Scope: ledger.Scope{TenantID: "t_a"},
+		IdempotencyKey: "k1:compensate", ArgumentsHash: hash, Arguments: args}
+	for i, user := range []string{"u_op1", "u_op2", "ledger-reconciler"} {
+		evs, err := f.in.Submit(t.Context(), env, identity.Identity{Tenant: "t_a", User: user, Agent: "ledger-compensation"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			if e.Type == statemachine.EventDenied {
+				t.Errorf("ask %d (%s): %s (%s); want the call, or its retry", i+1, user, e.Type, e.Reason)
+			}
+		}
+		if i == 0 && (len(evs) != 2 || evs[1].Type != statemachine.EventAuthorized) {
+			t.Fatalf("first ask: %v; want requested, authorized", evs)
+		}
+	}
+	if r, err := f.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k1:compensate"}); err != nil || r.UserID != "" {
+		t.Errorf("record user %q, %v; want none", r.UserID, err)
+	}
+}
+
 // The schema, the policies and the audit copy see the arguments as they
 // were hashed and will run: a number spelt 4.5e3 or 4500.0 is the 4500
 // it hashes as. Before, the schema took 4.5e3 for the integer 4500 while
