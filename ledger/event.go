@@ -33,8 +33,8 @@ import (
 //     executor are both.
 //
 // Version 1 is every field Event had at first, the binding ones included.
-// Version 2 adds Roles, binding: Encode writes 2 on the events that carry
-// roles, and 1 on the others, which every build reads. The setting that
+// Version 2 adds Roles and RolesGiven, binding: Encode writes 2 on the
+// events that carry them, and 1 on the others, which every build reads. The setting that
 // puts roles on events is the policies' (policy.Config.Roles, `ledger
 // intake --policy-roles`).
 const EncodingVersion = 2
@@ -43,7 +43,7 @@ const EncodingVersion = 2
 // field e carries, so that a build that reads only older versions refuses
 // no event it could read.
 func versionOf(e *Event) int {
-	if len(e.Roles) > 0 {
+	if e.RolesGiven || len(e.Roles) > 0 {
 		return 2
 	}
 	return 1
@@ -75,10 +75,12 @@ type Event struct {
 	Purpose string `json:"purpose,omitempty"`
 	// Roles are the verified assertion's roles that the call's policies
 	// were given (policy.Config.Roles), on the events of a call decided
-	// with them; none when the policies are given no roles, or the
-	// caller has none. Binding (version 2): the executor decides an
-	// approved call again with them.
-	Roles []string `json:"roles,omitempty"`
+	// with them, and RolesGiven says that they were, whether the caller
+	// had roles or not: an approved call is decided again with the same
+	// (the roles, or no roles attribute at all), never with an empty
+	// set its policies did not see. Binding (version 2).
+	Roles      []string `json:"roles,omitempty"`
+	RolesGiven bool     `json:"roles_given,omitempty"`
 	// Channel is how the call arrived, as its policies saw it.
 	Channel     string `json:"channel,omitempty"`
 	Tool        string `json:"tool,omitempty"`

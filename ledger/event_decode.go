@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"strconv"
 	"time"
 
@@ -201,6 +202,15 @@ func (d *fastDecoder) field(e *Event, key []byte) bool {
 		return str(&e.Purpose)
 	case "roles":
 		return list(&e.Roles)
+	case "roles_given":
+		// true alone: the encoder omits false, and a false spelt out is
+		// left to encoding/json.
+		if bytes.HasPrefix(d.b[d.i:], []byte("true")) {
+			d.i += len("true")
+			e.RolesGiven = true
+			return true
+		}
+		return false
 	case "channel":
 		return str(&e.Channel)
 	case "tool":

@@ -63,6 +63,9 @@ func TestDecodeEventFast(t *testing.T) {
 		`{"v":1,"at":null}`,                   // null
 		`{"v":1,"policy_id":["a",1]}`,         // not all strings
 		`{"v":1,"policy_id":["a",]}`,          // not JSON
+		`{"v":2,"roles_given":false}`,         // false spelt out
+		`{"v":2,"roles_given":null}`,          // null
+		`{"v":2,"roles_given":truer}`,         // not JSON
 		`{"v":1,}`,                            // not JSON
 		`{"v":1}{}`,                           // trailing data
 		`[]`,                                  // not an object
@@ -88,6 +91,7 @@ func FuzzDecodeEventFast(f *testing.F) {
 	f.Add([]byte(`{"v":1,"seq":-0,"at":"2026-12-01T23:30:05.123+01:30","deadline_at":"0001-01-01T00:00:00Z","policy_id":[]}`))
 	f.Add([]byte(`{"v":1,"seq":1,"seq":2,"policy_id":["a"],"policy_id":["b","c"]}`))
 	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"v":2,"roles":["a","b"],"roles_given":true}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkFastDecode(t, b)
 	})

@@ -32,6 +32,9 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = appendOptString(b, "agent_id", e.AgentID)
 	b = appendOptString(b, "purpose", e.Purpose)
 	b = appendOptStrings(b, "roles", e.Roles)
+	if e.RolesGiven {
+		b = append(appendKey(b, "roles_given"), "true"...)
+	}
 	b = appendOptString(b, "channel", e.Channel)
 	b = appendOptString(b, "tool", e.Tool)
 	b = appendOptInt(b, "tool_version", int64(e.ToolVersion))

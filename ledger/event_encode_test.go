@@ -59,6 +59,8 @@ func everyField(t *testing.T) Event {
 			f.Set(reflect.ValueOf([]string{name + "-1", name + "-2"}))
 		default:
 			switch f.Kind() {
+			case reflect.Bool:
+				f.SetBool(true)
 			case reflect.String:
 				f.SetString(strings.ToLower(name) + "-value")
 			case reflect.Int, reflect.Int64:
@@ -194,7 +196,7 @@ var eventFieldVersions = map[string]int{
 	"tool": 1, "tool_version": 1, "resource": 1, "arguments_hash": 1, "trace_id": 1, "arguments": 1, "deadline_at": 1,
 	"policy_id": 1, "policy_version": 1, "decision": 1, "obligations": 1, "approval_id": 1, "resource_version": 1,
 	"approver": 1, "expires_at": 1, "jti": 1, "credential_scope": 1, "credential_family": 1, "attempt": 1, "retry_after_ms": 1,
-	"reason": 1, "pointer": 1, "detail": 1, "error_code": 1, "roles": 2,
+	"reason": 1, "pointer": 1, "detail": 1, "error_code": 1, "roles": 2, "roles_given": 2,
 	"result_digest": 1, "result_bytes": 1, "latency_ms": 1,
 }
 

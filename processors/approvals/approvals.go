@@ -552,7 +552,7 @@ func (s *Service) event(f *found, now time.Time) ledger.Event {
 		ev.UserID, ev.AgentID, ev.TraceID = src.UserID, src.AgentID, src.TraceID
 		ev.Purpose, ev.Channel, ev.Resource = src.Purpose, src.Channel, src.Resource
 		// The executor decides the approved call again with them.
-		ev.Roles = slices.Clone(src.Roles)
+		ev.Roles, ev.RolesGiven = slices.Clone(src.Roles), src.RolesGiven
 	}
 	if p := f.pending; p != nil {
 		ev.PolicyID = slices.Clone(p.PolicyID)

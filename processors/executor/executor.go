@@ -1405,7 +1405,8 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	if x.cfg.Policy == nil {
 		return nil
 	}
-	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose, Roles: tmpl.Roles}
+	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose,
+		Roles: tmpl.Roles, RolesWithheld: !tmpl.RolesGiven}
 	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, args, tmpl.Channel, now))
 	if !d.Allow {
 		return &refusal{reason: d.Reason, detail: "the policies in force at execution deny the approved call", decision: d}
@@ -2022,6 +2023,7 @@ func template(e ledger.Event) ledger.Event {
 		AgentID:         e.AgentID,
 		Purpose:         e.Purpose,
 		Roles:           e.Roles,
+		RolesGiven:      e.RolesGiven,
 		Channel:         e.Channel,
 		Tool:            e.Tool,
 		ToolVersion:     e.ToolVersion,

@@ -427,19 +427,27 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 
 // An approved call is decided again with the roles its events carry (the
 // caller's roles the intake's policies were given), and its events go on
-// carrying them.
+// carrying them. A call decided without roles (before --policy-roles was
+// turned on) is decided again without them, not with an empty set: the
+// executor's policies then fail closed on a policy that reads them
+// (policy_error), where an empty set let a forbid on a role pass it.
 func TestRecheckDecidesWithTheCallersRoles(t *testing.T) {
 	engine := processorstest.PolicyWithRoles(t, processorstest.PolicyDir(t, `@id("finance-refunds")
-permit (principal, action == Action::"tool::refund_order", resource) when { principal.roles.contains("finance") };`))
+permit (principal, action == Action::"tool::refund_order", resource) when { principal.roles.contains("finance") || context.amount < 1000 };
+@id("no-contractors")
+forbid (principal, action, resource) when { principal.roles.contains("contractor") };`))
 	for _, tc := range []struct {
 		roles []string
+		given bool
 		want  []string
 	}{
-		{[]string{"finance"}, []string{"succeeded"}},
-		{nil, []string{"denied(no_policy)"}},
+		{[]string{"finance"}, true, []string{"succeeded"}},
+		{nil, true, []string{"succeeded"}},
+		{[]string{"contractor"}, true, []string{"denied(denied_by_policy)"}},
+		{nil, false, []string{"denied(policy_error)"}},
 	} {
 		r := newRig(t)
-		_, approved := r.admitApprovedWith("kr", func(ev *ledger.Event) { ev.Roles = tc.roles })
+		_, approved := r.admitApprovedWith("kr", func(ev *ledger.Event) { ev.Roles, ev.RolesGiven = tc.roles, tc.given })
 		out, err := r.executor(func(c *executor.Config) { c.Policy = engine }).Step(t.Context(), []*kgo.Record{approved})
 		if err != nil {
 			t.Fatal(err)
@@ -449,8 +457,8 @@ permit (principal, action == Action::"tool::refund_order", resource) when { prin
 			t.Errorf("roles %q: events %v; want the call to end %s", tc.roles, got, tc.want[0])
 		}
 		for _, e := range evs {
-			if !slices.Equal(e.Roles, tc.roles) {
-				t.Errorf("roles %q: %s event carries roles %q", tc.roles, e.Type, e.Roles)
+			if !slices.Equal(e.Roles, tc.roles) || e.RolesGiven != tc.given {
+				t.Errorf("roles %q (given %v): %s event carries roles %q (given %v)", tc.roles, tc.given, e.Type, e.Roles, e.RolesGiven)
 			}
 		}
 	}

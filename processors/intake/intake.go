@@ -1038,7 +1038,7 @@ func (p *Processor) event(c *checked, now time.Time, t statemachine.EventType, s
 	ev.Purpose = c.id.Purpose
 	// The roles the policies were given, so that the executor's
 	// decision of an approved call gives them the same.
-	ev.Roles = c.decision.Roles
+	ev.Roles, ev.RolesGiven = c.decision.Roles, c.decision.RolesGiven
 	ev.Channel = p.cfg.Channel
 	return ev
 }

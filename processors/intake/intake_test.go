@@ -220,9 +220,10 @@ func TestIntakeAnotherUsersKeyIsNotARetry(t *testing.T) {
 }
 
 // With the policies given roles, a call is decided with its caller's
-// roles, and its first events carry them (encoding version 2), so that
-// the executor decides an approved call again with the same; without,
-// the policies see none and the events carry none.
+// roles, and its first events carry them, and that they were given, even
+// none (encoding version 2), so that the executor decides an approved
+// call again with the same; without, the policies see no roles attribute
+// and the events say so (version 1).
 func TestIntakeDecidesWithTheCallersRoles(t *testing.T) {
 	dir := processorstest.PolicyDir(t, `@id("support") permit (principal, action == Action::"tool::create_ticket", resource)
   when { principal has roles && principal.roles.contains("support") };`)
@@ -232,10 +233,11 @@ func TestIntakeDecidesWithTheCallersRoles(t *testing.T) {
 		roles     []string
 		allowed   bool
 		wantRoles []string
+		given     bool
 	}{
-		{"given roles, a supporter", processorstest.PolicyWithRoles(t, dir), []string{"support", "billing"}, true, []string{"billing", "support"}},
-		{"given roles, no roles", processorstest.PolicyWithRoles(t, dir), nil, false, nil},
-		{"not given roles", processorstest.Policy(t, dir), []string{"support"}, false, nil},
+		{"given roles, a supporter", processorstest.PolicyWithRoles(t, dir), []string{"support", "billing"}, true, []string{"billing", "support"}, true},
+		{"given roles, no roles", processorstest.PolicyWithRoles(t, dir), nil, false, nil, true},
+		{"not given roles", processorstest.Policy(t, dir), []string{"support"}, false, nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newIntakeWith(t, func(c *intake.Config) { c.Policy = tc.engine })
@@ -249,12 +251,12 @@ func TestIntakeDecidesWithTheCallersRoles(t *testing.T) {
 				t.Fatalf("events %v; want requested, then authorized %v", evs, tc.allowed)
 			}
 			wantV := 1
-			if len(tc.wantRoles) > 0 {
+			if tc.given {
 				wantV = 2
 			}
 			for _, e := range evs {
-				if !slices.Equal(e.Roles, tc.wantRoles) || e.V != wantV {
-					t.Errorf("%s event: roles %q, v%d; want %q, v%d", e.Type, e.Roles, e.V, tc.wantRoles, wantV)
+				if !slices.Equal(e.Roles, tc.wantRoles) || e.RolesGiven != tc.given || e.V != wantV {
+					t.Errorf("%s event: roles %q (given %v), v%d; want %q (given %v), v%d", e.Type, e.Roles, e.RolesGiven, e.V, tc.wantRoles, tc.given, wantV)
 				}
 			}
 		})

@@ -13,8 +13,11 @@ import (
 type Caller struct {
 	Tenant, User, Agent, Purpose string
 	// Roles are the assertion's roles (identity.Identity.Roles), or, for
-	// a call decided again, those its events carry (Decision.Roles).
-	Roles []string
+	// a call decided again, those its events carry (Decision.Roles);
+	// RolesWithheld, for a call decided again whose first decision was
+	// given no roles (not Decision.RolesGiven).
+	Roles         []string
+	RolesWithheld bool
 }
 
 // NewRequest describes a call to the policies: who asks comes from caller
@@ -25,15 +28,16 @@ type Caller struct {
 func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string, now time.Time) Request {
 	args, _ := arguments.(map[string]any)
 	r := Request{
-		Tenant:      caller.Tenant,
-		User:        caller.User,
-		Agent:       caller.Agent,
-		Purpose:     caller.Purpose,
-		Roles:       caller.Roles,
-		Tool:        tool.Name,
-		ToolVersion: tool.Version,
-		Effect:      string(tool.Effect),
-		Risk:        string(tool.Risk),
+		Tenant:        caller.Tenant,
+		User:          caller.User,
+		Agent:         caller.Agent,
+		Purpose:       caller.Purpose,
+		Roles:         caller.Roles,
+		RolesWithheld: caller.RolesWithheld,
+		Tool:          tool.Name,
+		ToolVersion:   tool.Version,
+		Effect:        string(tool.Effect),
+		Risk:          string(tool.Risk),
 		// Resources are named within the caller's tenant: an id in the
 		// arguments can only ever point into it.
 		ResourceTenant: caller.Tenant,

@@ -79,9 +79,12 @@ type Decision struct {
 	// argument values.
 	Detail string
 	// Roles are the caller's roles the policies were given, sorted:
-	// empty when the engine gives none (Config.Roles) or the caller has
-	// none. The call's events carry them.
-	Roles []string
+	// empty when they were given none (RolesGiven false) or the caller
+	// has none. RolesGiven says whether the principal had the roles
+	// attribute: Config.Roles, unless the request withheld them
+	// (Request.RolesWithheld). The call's events carry both.
+	Roles      []string
+	RolesGiven bool
 }
 
 // Transient reports whether d denies only because the engine could not
@@ -367,21 +370,23 @@ func (e *Engine) Decide(ctx context.Context, r Request) Decision {
 		}
 		return Decision{Reason: ReasonUnavailable, Detail: detail}
 	}
-	if e.cfg.Roles {
+	given := e.cfg.Roles && !r.RolesWithheld
+	if given {
 		// Sorted and without duplicates: the decision records the set
 		// the policies saw, in one spelling.
 		r.Roles = slices.Compact(slices.Sorted(slices.Values(r.Roles)))
 	} else {
 		r.Roles = nil
 	}
-	d := e.decide(ctx, s, r)
+	d := e.decide(ctx, s, r, given)
 	d.AuditMask = s.auditMask(r.Tool)
-	d.Roles = r.Roles
+	d.Roles, d.RolesGiven = r.Roles, given
 	return d
 }
 
-// decide is Decide under the set s.
-func (e *Engine) decide(ctx context.Context, s *Set, r Request) (d Decision) {
+// decide is Decide under the set s; roles says whether the principal has
+// the roles attribute.
+func (e *Engine) decide(ctx context.Context, s *Set, r Request, roles bool) (d Decision) {
 	if err := r.validate(); err != nil {
 		return Decision{Reason: ReasonInvalidRequest, Version: s.Version(), Detail: err.Error()}
 	}
@@ -398,18 +403,18 @@ func (e *Engine) decide(ctx context.Context, s *Set, r Request) (d Decision) {
 			d = Decision{Reason: ReasonPolicyError, Version: s.Version(), Detail: "policy evaluation panicked"}
 		}
 	}()
-	return e.evaluate(ctx, s, r)
+	return e.evaluate(ctx, s, r, roles)
 }
 
 // evaluate runs Cedar over s and maps its answer to a Decision.
-func (e *Engine) evaluate(ctx context.Context, s *Set, r Request) Decision {
+func (e *Engine) evaluate(ctx context.Context, s *Set, r Request, roles bool) Decision {
 	start := e.cfg.Now()
 	deadline := start.Add(e.cfg.Timeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
 	ev := &evaluation{ctx: ctx, set: s, deadline: deadline, now: e.cfg.Now, hook: e.hook}
-	req, ents := cedarRequest(r, start, e.cfg.Roles)
+	req, ents := cedarRequest(r, start, roles)
 	ok, diag := cedar.Authorize(ev, ents, req)
 	// A policy is not interruptible, so lateness is checked again once
 	// Cedar returns: an answer that came too late is not used.

@@ -769,6 +769,17 @@ func TestPrincipalRoles(t *testing.T) {
 	if d := on.Decide(t.Context(), with("contractor")); d.Allow || d.Reason != ReasonDeniedByPolicy {
 		t.Errorf("with roles, Decide(contractor) under a guarded forbid = allow %v (%s); want denied", d.Allow, d.Reason)
 	}
+	// A request that withholds roles (a call decided again that was
+	// decided without them) gets no roles attribute, given or not.
+	on.Swap(s)
+	withheld := with("finance")
+	withheld.RolesWithheld = true
+	if d := on.Decide(t.Context(), withheld); d.Allow || d.Reason != ReasonPolicyError || d.Roles != nil || d.RolesGiven {
+		t.Errorf("with roles, Decide(finance, withheld) = allow %v (%s) roles %q given %v; want a policy_error denial, no roles", d.Allow, d.Reason, d.Roles, d.RolesGiven)
+	}
+	if d := on.Decide(t.Context(), with()); !d.RolesGiven {
+		t.Error("with roles, Decide(no roles) says none were given; want given (an empty set)")
+	}
 }
 
 // eventually polls cond until it holds or a deadline passes.

@@ -46,11 +46,14 @@ type Request struct {
 	Agent   string
 	Purpose string
 	// Roles are the caller's roles, from the verified assertion; the
-	// policies see them only when the engine gives roles
-	// (Config.Roles).
-	Roles       []string
-	Tool        string
-	ToolVersion int
+	// policies see them only when the engine gives roles (Config.Roles)
+	// and RolesWithheld is false: a call decided again that was decided
+	// without roles (its events say none were given) is decided without
+	// them again, never with an empty set.
+	Roles         []string
+	RolesWithheld bool
+	Tool          string
+	ToolVersion   int
 	// Effect and Risk are the tool's registry values ("write", "high").
 	Effect string
 	Risk   string
