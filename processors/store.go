@@ -204,9 +204,11 @@ func (a Admission) Record(now time.Time) Record {
 // of a call its user cannot see, so that a user who guessed another's key
 // could confirm a guess of its arguments (a Conflict is refused alike,
 // whatever the arguments). A record without a user (admitted by a build
-// that recorded none) is compared by its hash alone.
+// that recorded none), or an admission without one (a call the ledger
+// makes itself, under a key it derives, which agents cannot submit), is
+// compared by its hash alone.
 func (a Admission) Answer(cur Record) AdmitOutcome {
-	if cur.ArgumentsHash != a.ArgumentsHash || (cur.UserID != "" && cur.UserID != a.UserID) {
+	if cur.ArgumentsHash != a.ArgumentsHash || (cur.UserID != "" && a.UserID != "" && cur.UserID != a.UserID) {
 		return Conflict
 	}
 	return Duplicate

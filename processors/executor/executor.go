@@ -1406,7 +1406,9 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 		return nil
 	}
 	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose,
-		Roles: tmpl.Roles, RolesWithheld: !tmpl.RolesGiven}
+		// Events with roles were decided with them, roles_given or not
+		// (builds before it wrote roles alone).
+		Roles: tmpl.Roles, RolesWithheld: !tmpl.RolesGiven && len(tmpl.Roles) == 0}
 	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, args, tmpl.Channel, now))
 	if !d.Allow {
 		return &refusal{reason: d.Reason, detail: "the policies in force at execution deny the approved call", decision: d}

@@ -195,12 +195,13 @@ type Processor struct {
 // DefaultRatePruneEvery is Config.RatePruneEvery's default.
 const DefaultRatePruneEvery = time.Minute
 
-// RatePruneBatch bounds the rate buckets one prune deletes, and so how
-// long it holds up the step it runs in.
+// RatePruneBatch bounds the rate buckets one store call of a prune
+// deletes: a prune deletes batch after batch while they come back full.
 const RatePruneBatch = 1000
 
-// rateUpkeepTimeout bounds a prune: a stalled store costs the step that
-// much, and the prune waits for the next time.
+// rateUpkeepTimeout bounds a prune, and so how long it holds up the step
+// it runs in: a stalled store costs the step that much, and what is left
+// waits for the next time.
 const rateUpkeepTimeout = 2 * time.Second
 
 // New validates cfg and returns an intake.
@@ -265,12 +266,24 @@ func (p *Processor) pruneRates(ctx context.Context, now time.Time) {
 	p.pruned = now
 	pctx, cancel := context.WithTimeout(ctx, rateUpkeepTimeout)
 	defer cancel()
-	n, err := p.pruner.PruneRates(pctx, RatePruneBatch)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		p.cfg.Logger.Warn("prune rate buckets that are full again", "err", err)
-	case n > 0:
-		p.cfg.Logger.Debug("pruned rate buckets that were full again", "buckets", n)
+	// Batch after batch while they come back full, within the budget:
+	// a fixed batch a period would fall behind users who come faster.
+	total := 0
+	for pctx.Err() == nil {
+		n, err := p.pruner.PruneRates(pctx, RatePruneBatch)
+		total += n
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				p.cfg.Logger.Warn("prune rate buckets that are full again", "err", err)
+			}
+			break
+		}
+		if n < RatePruneBatch {
+			break
+		}
+	}
+	if total > 0 {
+		p.cfg.Logger.Debug("pruned rate buckets that were full again", "buckets", total)
 	}
 }
 

@@ -942,6 +942,37 @@ func (c *countingPruner) PruneRates(ctx context.Context, limit int) (int, error)
 	return c.Store.PruneRates(ctx, limit)
 }
 
+// A prune deletes batch after batch while they come back full: a fixed
+// batch a period fell behind users who come faster than it.
+func TestIntakePrunesEveryFullBucket(t *testing.T) {
+	var st *countingPruner
+	t0 := time.Now()
+	now := t0
+	f := newIntakeWith(t, func(c *intake.Config) {
+		st = &countingPruner{Store: c.Store.(*boltstore.Store)}
+		c.Store, c.Now = st, func() time.Time { return now }
+	})
+	const n = 2*intake.RatePruneBatch + 500
+	rs := make([]processors.RateRequest, n)
+	for i := range rs {
+		rs[i] = processors.RateRequest{Bucket: fmt.Sprintf("t_a/create_ticket/1/s by user/%d/p", i), Limit: 1, Window: time.Millisecond}
+	}
+	if _, err := st.Take(t.Context(), rs); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // the store's clock: full again
+	now = t0.Add(intake.DefaultRatePruneEvery)
+	if _, err := f.in.Step(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.prunes.Load(); got != 3 {
+		t.Errorf("one prune made %d store calls for %d full buckets; want 3", got, n)
+	}
+	if left, err := st.Store.PruneRates(t.Context(), n); err != nil || left != 0 {
+		t.Errorf("full buckets left after the prune: %d, %v; want none", left, err)
+	}
+}
+
 // The intake prunes the store's full rate buckets once every
 // RatePruneEvery, busy or idle, and never when told not to.
 func TestIntakePrunesRateBuckets(t *testing.T) {

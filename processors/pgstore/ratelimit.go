@@ -63,14 +63,18 @@ RETURNING r.bucket, r.tat, now()`,
 		update: `UPDATE ` + t + ` AS r SET tat = u.tat
 FROM unnest($1::TEXT[], $2::TIMESTAMPTZ[]) AS u (bucket, tat)
 WHERE r.bucket = u.bucket`,
-		// The outer tat test again: at READ COMMITTED a row charged
-		// after the statement's snapshot is tested again, as the charge
-		// left it, once its lock is released, and kept. No index on
-		// tat, which every charge would write: the read stops at limit
-		// full buckets, which most are once limits by user are in use,
-		// and reads the table through once when few are.
+		// The rows are locked in bucket order, as lock takes them, so
+		// that a prune and a charge sharing buckets queue on the first
+		// common one instead of deadlocking (PostgreSQL then aborts one
+		// after deadlock_timeout, a second). The outer tat test again:
+		// at READ COMMITTED a row charged after the statement's snapshot
+		// is tested again, as the charge left it, once its lock is
+		// released, and kept. No index on tat, which every charge would
+		// write: the read stops at limit full buckets, which most are
+		// once limits by user are in use, and reads the table through
+		// once when few are.
 		prune: `DELETE FROM ` + t + `
-WHERE bucket IN (SELECT bucket FROM ` + t + ` WHERE tat < now() LIMIT $1) AND tat < now()`,
+WHERE bucket IN (SELECT bucket FROM ` + t + ` WHERE tat < now() ORDER BY bucket LIMIT $1 FOR UPDATE) AND tat < now()`,
 	}
 }
 

@@ -128,9 +128,9 @@ CREATE INDEX IF NOT EXISTS {journal_index} ON {journal} (created_at);
 -- "<tenant>/<tool>/<limit>/<policy id>", holding GCRA's theoretical
 -- arrival time: when the bucket will be full again. A row whose tat is in
 -- the past means the same as no row, so rows may be deleted when
--- tat < now() at any time: the intakes do, a thousand at a time once a
--- minute (Store.PruneRates), for limits by user or by agent make a bucket
--- per user or agent. {rate_limits} is replaced like {table}.
+-- tat < now() at any time: the intakes do, once a minute, a thousand at
+-- a time while there are more (Store.PruneRates), for limits by user or
+-- by agent make a bucket per user or agent. {rate_limits} is replaced like {table}.
 CREATE TABLE IF NOT EXISTS {rate_limits} (
     bucket TEXT        PRIMARY KEY,
     tat    TIMESTAMPTZ NOT NULL
