@@ -1424,6 +1424,7 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	// obligation came from.
 	c.tmpl.PolicyID, c.tmpl.PolicyVersion = d.PolicyIDs, d.Version
 	c.tmpl.Obligations = d.Obligations.Merge(carriedObligations(tmpl.Obligations)).List()
+	c.rechecked = true
 	return nil
 }
 
@@ -1825,6 +1826,11 @@ type completion struct {
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string
+	// rechecked: the policies in force at execution allowed the
+	// approved call again (recheckApproval); its executing event records
+	// that decision, so that a policy version's blast radius finds the
+	// calls it let run.
+	rechecked bool
 }
 
 func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) ledger.Event {
@@ -1871,6 +1877,9 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 	}
 	exec := c.event(statemachine.EventExecuting, c.rec.Seq+1, c.start)
 	exec.Attempt = first
+	if c.rechecked {
+		exec.Decision = "allow"
+	}
 	term := c.event(terminalEvent(status), c.rec.Seq+2, now)
 	term.Attempt = attempt
 	term.Reason = reason

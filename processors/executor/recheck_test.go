@@ -397,6 +397,11 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 		t.Fatalf("events (-want +got):\n%s", diff)
 	}
 	want := []string{"require_approval", "mask:currency", "mask:refund_id", "undo_unknown"}
+	// The re-check's allow is a decision of the version in force, on the
+	// executing event alone: "what did v41 allow" finds the call.
+	if evs[0].Decision != "allow" || evs[1].Decision != "" {
+		t.Errorf("decisions on the executing and succeeded events %q, %q; want allow, none", evs[0].Decision, evs[1].Decision)
+	}
 	for _, e := range evs {
 		if diff := cmp.Diff(want, e.Obligations); diff != "" {
 			t.Errorf("%s event's obligations (-want +got):\n%s", e.Type, diff)

@@ -111,10 +111,19 @@ func (g *Generator) Call(i int) []ledger.Event {
 	decide := func(decision string) func(e *ledger.Event) {
 		return func(e *ledger.Event) { e.Decision = decision; e.PolicyID = []string{"p_" + tool} }
 	}
+	// rechecked: the call was approved, and the executor decides it
+	// again under the version in force when it runs; its executing
+	// event records that allow, and what follows carries that version.
+	rechecked := false
 	run := func(ends ...statemachine.EventType) {
 		attempt := 1 + r.IntN(2)
 		add(statemachine.EventExecuting, func(e *ledger.Event) {
 			e.Attempt, e.JTI, e.CredentialFamily, e.CredentialScope = attempt, jti, family, tool
+			if rechecked {
+				decide("allow")(e)
+				e.PolicyVersion = PolicyVersion(40 + int(at.Sub(cfg.Start)/cfg.PolicyEvery))
+				base.PolicyVersion = e.PolicyVersion
+			}
 		})
 		for _, end := range ends {
 			add(end, func(e *ledger.Event) {
@@ -162,6 +171,7 @@ func (g *Generator) Call(i int) []ledger.Event {
 	case p < 76:
 		approve(func() {
 			add(statemachine.EventApproved, func(e *ledger.Event) { e.Approver, e.ExpiresAt, e.Decision = approver, &exp, "approve" })
+			rechecked = true
 			run(statemachine.EventSucceeded)
 		})
 	case p < 80:
