@@ -1011,6 +1011,32 @@ func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to process
 	}
 }
 
+// contradicted reports, at Error, a lookup's answer (m, a move to
+// succeeded or failed) that did not apply because the call was settled
+// meanwhile the other way: a human resolved it failed while its tool said
+// applied, or succeeded while its tool said it has no such call. The
+// agent was told the settlement; a responder must learn that the tool
+// says otherwise (an effect that happened, which a retry under a new key
+// would apply twice; or one that did not).
+func (r *Reconciler) contradicted(ctx context.Context, m pendingMove) {
+	var against processors.Status
+	switch m.move.To {
+	case processors.StatusSucceeded:
+		against = processors.StatusFailed
+	case processors.StatusFailed:
+		against = processors.StatusSucceeded
+	default:
+		return
+	}
+	cur, err := r.cfg.Store.Get(ctx, m.move.Key)
+	if err != nil || cur.Status != against {
+		return
+	}
+	ev := m.evs[len(m.evs)-1]
+	r.cfg.Logger.Error("a status lookup's answer contradicts how the call was settled meanwhile: the call stays as settled; check the tool",
+		"call_key", m.move.Key.String(), "settled_as", cur.Status, "lookup_says", m.move.To, "reason", ev.Reason, "detail", ev.Detail)
+}
+
 // apply records the moves, and returns the events of those that applied.
 func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Output, error) {
 	if len(moves) == 0 {
@@ -1034,7 +1060,9 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 			return ledger.Output{}, fmt.Errorf("%s moved meanwhile; its compensation is recorded on redelivery", ms[i].Key)
 		}
 		if !ok {
-			continue // settled meanwhile, by another reconciler or a human
+			// Settled meanwhile, by another reconciler or a human.
+			r.contradicted(ctx, moves[i])
+			continue
 		}
 		switch {
 		case moves[i].undo == "":

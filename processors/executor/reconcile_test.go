@@ -3,9 +3,11 @@ package executor_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
@@ -150,6 +153,49 @@ func (c cuttingLooker) Lookup(ctx context.Context, target string, req httptool.R
 		resp.Truncated = true
 	}
 	return resp, err
+}
+
+// settlingLooker settles the call as failed, as an operator would, before
+// it answers the status lookup.
+type settlingLooker struct {
+	executor.Looker
+	settle func()
+}
+
+func (l settlingLooker) Lookup(ctx context.Context, target string, req httptool.Request) (httptool.Response, error) {
+	l.settle()
+	return l.Looker.Lookup(ctx, target, req)
+}
+
+// A lookup that answers "applied" for a call an operator resolved failed
+// while it was asked leaves the call as settled, and says so at Error:
+// the tool's word that the effect happened was dropped without a trace.
+func TestReconcileLookupContradictingASettlementIsReported(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	auth := r.admit("create_ticket", "contra", map[string]any{"title": "t"}, 0)
+	unknown := r.unknown(auth)
+	r.backend.ClearFaults()
+	logs := &ledgertest.LogBuffer{}
+	var rc *executor.Reconciler
+	op := identity.Identity{Tenant: "t_a", User: "u_ops", Roles: []string{"operator"}}
+	rc = r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		c.Looker = settlingLooker{Looker: c.Looker, settle: func() {
+			if _, err := rc.Resolve(t.Context(), op, ledger.CallKey{TenantID: "t_a", IdempotencyKey: "contra"}, processors.StatusFailed, "the provider said no"); err != nil {
+				t.Errorf("Resolve(failed) = %v", err)
+			}
+		}}
+	})
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("reconciled %v; want nothing (settled meanwhile)", got)
+	}
+	if rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "contra"}); err != nil || rec.Status != processors.StatusFailed {
+		t.Errorf("record %s, %v; want failed, as settled", rec.Status, err)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "contradicts how the call was settled") {
+		t.Errorf("logs %q; want the contradiction at Error", logs.String())
+	}
 }
 
 // A status lookup's answer cut at the tool's result size (it carries the
