@@ -121,10 +121,7 @@ func (r *rig) reconcileAll(rc *executor.Reconciler, recs ...*kgo.Record) []ledge
 // one effect at the tool.
 func TestReconcileResponseLostAfterEffect(t *testing.T) {
 	r := newRig(t)
-	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
-	auth := r.admit("create_ticket", "lost-resp", map[string]any{"title": "t"}, 0)
-	unknown := r.unknown(auth)
-	r.backend.ClearFaults()
+	unknown := r.unknownLostResponse("lost-resp")
 	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(r.reconciler(), unknown)); diff != "" {
 		t.Errorf("reconciled events (-want +got):\n%s", diff)
 	}
@@ -172,10 +169,7 @@ func (l settlingLooker) Lookup(ctx context.Context, target string, req httptool.
 // the tool's word that the effect happened was dropped without a trace.
 func TestReconcileLookupContradictingASettlementIsReported(t *testing.T) {
 	r := newRig(t)
-	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
-	auth := r.admit("create_ticket", "contra", map[string]any{"title": "t"}, 0)
-	unknown := r.unknown(auth)
-	r.backend.ClearFaults()
+	unknown := r.unknownLostResponse("contra")
 	logs := &ledgertest.LogBuffer{}
 	var rc *executor.Reconciler
 	op := identity.Identity{Tenant: "t_a", User: "u_ops", Roles: []string{"operator"}}
@@ -205,10 +199,7 @@ func TestReconcileLookupContradictingASettlementIsReported(t *testing.T) {
 // under undo_unknown, its confirmed effect undone).
 func TestReconcileReadsACutLookupAnswer(t *testing.T) {
 	r := newRig(t)
-	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
-	auth := r.admit("create_ticket", "cut-answer", map[string]any{"title": "t"}, 0)
-	unknown := r.unknown(auth)
-	r.backend.ClearFaults()
+	unknown := r.unknownLostResponse("cut-answer")
 	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Looker = cuttingLooker{c.Looker} })
 	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(rc, unknown)); diff != "" {
 		t.Errorf("reconciled events (-want +got):\n%s", diff)
@@ -341,10 +332,18 @@ func TestReconcileParksAndOperatorResolves(t *testing.T) {
 // response lost) and then fails the tool's status lookup (503).
 func (r *rig) unknownLookupDown(key string) *kgo.Record {
 	r.t.Helper()
+	unknown := r.unknownLostResponse(key)
+	r.backend.SetFault("create_ticket/status", demobackend.Fault{FailStatus: 503})
+	return unknown
+}
+
+// unknownLostResponse runs a ticket under key into outcome_unknown: the
+// tool applied it and its response was lost, every time.
+func (r *rig) unknownLostResponse(key string) *kgo.Record {
+	r.t.Helper()
 	r.backend.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
 	unknown := r.unknown(r.admit("create_ticket", key, map[string]any{"title": "t"}, 0))
 	r.backend.ClearFaults()
-	r.backend.SetFault("create_ticket/status", demobackend.Fault{FailStatus: 503})
 	return unknown
 }
 
