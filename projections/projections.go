@@ -93,6 +93,10 @@ const MaxRefusals = 100
 // counts always cover every matching call.
 const DefaultLimit = 1000
 
+// Full reports whether n calls listed under f fill its limit (Limit, or
+// DefaultLimit): more calls may match than were listed.
+func (f Filter) Full(n int) bool { return n >= cmp.Or(f.Limit, DefaultLimit) }
+
 // MaxLimit bounds Filter.Limit.
 const MaxLimit = 100_000
 

@@ -138,6 +138,26 @@ func TestDevIncidentQueries(t *testing.T) {
 	if table := cli(t, append([]string{"unresolved", "--tenant", "t_demo"}, direct...)...); !strings.Contains(table, "inc-refund-pending") || strings.Contains(table, "inc-refund ") {
 		t.Errorf("unresolved:\n%s", table)
 	}
+	// A list cut at --limit says so on stderr, which a CSV export (here
+	// three weather calls, two listed) has no room for; a whole one does
+	// not.
+	for name, source := range map[string][]string{"clickhouse": direct, "api": viaAPI} {
+		for _, c := range []struct {
+			args []string
+			rows int
+			note string
+		}{
+			{[]string{"blast-radius", "--csv", "--tool", "get_weather", "--tenant", "t_demo", "--limit", "2"}, 3, "listed 2 of the 3 matching calls"},
+			{[]string{"blast-radius", "--csv", "--tool", "get_weather", "--tenant", "t_demo"}, 4, ""},
+			{[]string{"unresolved", "--csv", "--tenant", "t_demo", "--limit", "1"}, 2, "more may be waiting"},
+		} {
+			stdout, stderr := cliSplit(t, append(c.args, source...)...)
+			rows, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
+			if err != nil || len(rows) != c.rows || (c.note == "") != (stderr == "") || !strings.Contains(stderr, c.note) {
+				t.Errorf("%s: %v: %d rows (%v), stderr %q; want %d rows, a note %q", name, c.args, len(rows), err, stderr, c.rows, c.note)
+			}
+		}
+	}
 
 	// The trace from ClickHouse is the log's.
 	fromLog := cli(t, "trace", "t_demo/inc-refund", "--kafka-brokers", kafka, "--json")
@@ -192,6 +212,20 @@ func TestDevIncidentQueries(t *testing.T) {
 
 // cliErr runs a ledger subcommand that is expected to fail, and returns
 // its error.
+// cliSplit runs the CLI and returns its stdout and stderr apart.
+func cliSplit(t *testing.T, args ...string) (stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	if err := root.ExecuteContext(t.Context()); err != nil {
+		t.Fatalf("ledger %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errOut.String())
+	}
+	return out.String(), errOut.String()
+}
+
 func cliErr(t *testing.T, args ...string) error {
 	t.Helper()
 	root := newRoot()

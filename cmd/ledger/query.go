@@ -180,6 +180,9 @@ func (ff *filterFlags) filter(now time.Time) (projections.Filter, error) {
 type answer struct {
 	v          any
 	table, csv func(io.Writer) error
+	// note, if set, goes to stderr after the answer: what its list left
+	// out, which the CSV form has no room for.
+	note string
 }
 
 // queryCmd is a command asking one question of the projection: ask gets
@@ -204,7 +207,13 @@ func queryCmd(g *globals, cmd *cobra.Command, refs, window bool, ask func(ctx co
 		if err != nil {
 			return err
 		}
-		return q.print(cmd.OutOrStdout(), a.v, a.table, a.csv)
+		if err := q.print(cmd.OutOrStdout(), a.v, a.table, a.csv); err != nil {
+			return err
+		}
+		if a.note != "" {
+			fmt.Fprintln(cmd.ErrOrStderr(), a.note)
+		}
+		return nil
 	}
 	q.register(cmd.Flags())
 	ff.register(cmd.Flags(), refs)
@@ -225,9 +234,13 @@ func newBlastRadiusCmd(g *globals) *cobra.Command {
   ledger blast-radius --state outcome_unknown --tool refund_order --tenant t_demo --since 24h`,
 	}, true, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
 		br, err := qs.BlastRadius(ctx, f)
-		return answer{br,
-			func(w io.Writer) error { return report.BlastRadiusTable(w, br) },
-			func(w io.Writer) error { return report.BlastRadiusCSV(w, br) }}, err
+		a := answer{v: br,
+			table: func(w io.Writer) error { return report.BlastRadiusTable(w, br) },
+			csv:   func(w io.Writer) error { return report.BlastRadiusCSV(w, br) }}
+		if br.Truncated {
+			a.note = fmt.Sprintf("warning: listed %d of the %d matching calls (--limit); the counts cover them all", len(br.Calls), br.Total)
+		}
+		return a, err
 	})
 }
 
@@ -240,9 +253,9 @@ func newOutcomesCmd(g *globals) *cobra.Command {
   ledger outcomes --all-tenants --tool refund_order --since 2h --bucket 1s`,
 	}, false, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
 		os, err := qs.Outcomes(ctx, f, bucket)
-		return answer{os,
-			func(w io.Writer) error { return report.OutcomesTable(w, os) },
-			func(w io.Writer) error { return report.OutcomesCSV(w, os) }}, err
+		return answer{v: os,
+			table: func(w io.Writer) error { return report.OutcomesTable(w, os) },
+			csv:   func(w io.Writer) error { return report.OutcomesCSV(w, os) }}, err
 	})
 	cmd.Flags().DurationVar(&bucket, "bucket", 5*time.Minute, fmt.Sprintf("bucket width (whole seconds); the window, --since (default: the epoch) to --until (default: now), may span at most %d buckets", projections.MaxOutcomeBuckets))
 	return cmd
@@ -254,9 +267,13 @@ func newUnresolvedCmd(g *globals) *cobra.Command {
 		Short: "Calls waiting on someone: outcome unknown (parked or being reconciled) and pending approvals, oldest first",
 	}, false, false, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
 		calls, err := qs.Unresolved(ctx, f)
-		return answer{calls,
-			func(w io.Writer) error { return report.CallsTable(w, calls) },
-			func(w io.Writer) error { return report.CallsCSV(w, calls) }}, err
+		a := answer{v: calls,
+			table: func(w io.Writer) error { return report.CallsTable(w, calls) },
+			csv:   func(w io.Writer) error { return report.CallsCSV(w, calls) }}
+		if f.Full(len(calls)) {
+			a.note = fmt.Sprintf("warning: listed %d calls, the limit (--limit): more may be waiting", len(calls))
+		}
+		return a, err
 	})
 }
 

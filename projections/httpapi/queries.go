@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -256,6 +257,16 @@ func (q *queries) answerError(w http.ResponseWriter, err error) {
 	}
 }
 
+// Headers of a question's answer that says what its list left out: a
+// blast radius's list cut at the limit (with the number of matching
+// calls), and a list of calls that fills the limit, past which more may
+// match (the unresolved calls, whose answer has no total).
+const (
+	HeaderTruncated    = "X-Truncated"
+	HeaderTotalCount   = "X-Total-Count"
+	HeaderLimitReached = "X-Limit-Reached"
+)
+
 // csvWanted reports whether the request asks for CSV, answering 400 for a
 // format it does not know.
 func csvWanted(w http.ResponseWriter, r *http.Request) (csv, ok bool) {
@@ -298,6 +309,19 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 		return
 	}
 	q.cfg.Logger.Info("question answered", "question", name, "operator", id.User, "operator_tenant", id.Tenant, "filter", f.Values().Encode())
+	// What a list left out, in headers too: the CSV form has no room for
+	// it, and an export cut at the limit must not pass for the whole.
+	switch a := v.(type) {
+	case projections.BlastRadius:
+		if a.Truncated {
+			w.Header().Set(HeaderTruncated, "true")
+			w.Header().Set(HeaderTotalCount, strconv.Itoa(a.Total))
+		}
+	case []projections.Call:
+		if f.Full(len(a)) {
+			w.Header().Set(HeaderLimitReached, "true")
+		}
+	}
 	// None where the writer supports none (a console streaming it on).
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(q.cfg.WriteTimeout))
 	if !csv {

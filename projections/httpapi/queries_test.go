@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -177,6 +178,29 @@ func TestQueryAPIAuthorization(t *testing.T) {
 			if r[1] != "t_00" || r[3] != "refund_order" {
 				t.Errorf("CSV row of another tenant or tool: %v", r)
 			}
+		}
+	})
+
+	// A list cut at the limit says so in headers, which the CSV form
+	// has no room for; one that is whole says nothing.
+	t.Run("truncation headers", func(t *testing.T) {
+		for _, c := range []struct {
+			path, header, want string
+		}{
+			{"/v1/blast-radius?format=csv&limit=1", httpapi.HeaderTruncated, "true"},
+			{"/v1/blast-radius?format=csv&limit=100000", httpapi.HeaderTruncated, ""},
+			{"/v1/unresolved?format=csv&limit=1", httpapi.HeaderLimitReached, "true"},
+			{"/v1/unresolved?format=csv&limit=100000", httpapi.HeaderLimitReached, ""},
+		} {
+			resp, body := get(c.path, tenantOp)
+			if resp.StatusCode != 200 || resp.Header.Get(c.header) != c.want {
+				t.Errorf("GET %s = %d, %s %q; want 200, %q (%s)", c.path, resp.StatusCode, c.header, resp.Header.Get(c.header), c.want, body)
+			}
+		}
+		resp, body := get("/v1/blast-radius?limit=1", tenantOp)
+		var br projections.BlastRadius
+		if err := json.Unmarshal([]byte(body), &br); err != nil || resp.Header.Get(httpapi.HeaderTotalCount) != strconv.Itoa(br.Total) || br.Total < 2 {
+			t.Errorf("GET blast-radius?limit=1: %s %q, total %d, %v; want the total in the header", httpapi.HeaderTotalCount, resp.Header.Get(httpapi.HeaderTotalCount), br.Total, err)
 		}
 	})
 
