@@ -55,6 +55,11 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			} else if gap {
 				return fmt.Errorf("clickhouse database %s holds no events (or no control actions), but group %s has committed offsets on that topic past the start of its log: projecting from there would leave out everything before; run `ledger projector rebuild --swap` (with the projector stopped), or delete the group", st.Database(), group)
 			}
+			if lost, err := lostOffsets(ctx, st, g.kafka.client(logger), g.kafka.topics(), group); err != nil {
+				return err
+			} else if len(lost) > 0 {
+				return fmt.Errorf("clickhouse database %s holds the projection, but group %s has no committed offset on %s: its offsets expired or were deleted, and records the log deleted since may be missing from the projection. Compare it with the log (ledger projector status, checksums), then run `ledger projector skip-deleted` to go on from the log's start", st.Database(), group, strings.Join(lost, ", "))
+			}
 			p, err := projector.New(projector.Config{
 				Client: g.kafka.client(logger), Topics: g.kafka.topics(), Group: group,
 				MaxBatch: batch, MaxWait: wait, Logger: logger.With("component", "projector"),
@@ -304,9 +309,12 @@ swapped in without --force.`,
 		Long: `skip-deleted is for a projector that stopped because records were deleted from
 the log (retention) before it read them: it moves the group's committed offset
 of every partition where it lies before the log start to the log start, so that
-the projector, started again, goes on from there. The deleted records stay
-missing from the projection: answers about the calls they belonged to are
-incomplete. Stop the projector first; a group with members is refused.`,
+the projector, started again, goes on from there; and so for every partition
+where the group has no committed offset (expired, or deleted) and the log no
+longer starts at 0, which the projector refuses to start on over a projection
+that holds calls. The deleted records stay missing from the projection:
+answers about the calls they belonged to are incomplete. Stop the projector
+first; a group with members is refused.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -318,13 +326,18 @@ incomplete. Stop the projector first; a group with members is refused.`,
 			out := cmd.OutOrStdout()
 			moves := make(map[string]map[int32]int64)
 			for _, p := range s.Partitions {
-				if p.Committed < 0 || p.Committed >= p.Start {
+				if p.Committed >= p.Start || p.Committed < 0 && p.Start == 0 {
 					continue
 				}
 				if moves[p.Topic] == nil {
 					moves[p.Topic] = make(map[int32]int64)
 				}
 				moves[p.Topic][p.Partition] = p.Start
+				if p.Committed < 0 {
+					fmt.Fprintf(out, "%s/%d: no committed offset (expired or deleted), and offsets before %d were deleted; the group goes on from %d\n",
+						p.Topic, p.Partition, p.Start, p.Start)
+					continue
+				}
 				fmt.Fprintf(out, "%s/%d: offsets %d to %d were deleted before they were projected; the group goes on from %d\n",
 					p.Topic, p.Partition, p.Committed, p.Start-1, p.Start)
 			}
@@ -388,22 +401,11 @@ func (c *clickhouseFlags) with(g *globals, fn func(cmd *cobra.Command, st *chsto
 // the projection without everything before. It returns the log's start
 // offsets, to reset the group to.
 func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfig, topics ledger.Topics, group string) (map[string]map[int32]int64, bool, error) {
-	events, err := st.EventRows(ctx)
-	if err != nil {
-		return nil, false, err
-	}
-	controls, err := st.ControlRows(ctx)
-	if err != nil || events > 0 && controls > 0 {
-		return nil, false, err
-	}
 	topics = topics.WithDefaults()
-	// A topic st holds something of: its committed offsets are the
-	// projection's own (a control record projected before the first
-	// event is no gap in the events). A projection holding events holds
-	// the control topic too, whatever its rows: the projector commits
-	// past control records it writes nothing for (tombstones, records
-	// it cannot read), and compaction keeps the log's start where it was.
-	held := map[string]bool{topics.Events: events > 0, topics.Control: controls > 0 || events > 0}
+	held, err := projectionHolds(ctx, st, topics)
+	if err != nil || held[topics.Events] && held[topics.Control] {
+		return nil, false, err
+	}
 	s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: topics, Group: group})
 	if errors.Is(err, projector.ErrNeverCommitted) {
 		return nil, false, nil
@@ -418,6 +420,51 @@ func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfi
 		}
 	}
 	return logStarts(s.Partitions), gap, nil
+}
+
+// projectionHolds says which of topics (WithDefaults) st holds something
+// of: their committed offsets are the projection's own (a control record
+// projected before the first event is no gap in the events). A
+// projection holding events holds the control topic too, whatever its
+// rows: the projector commits past control records it writes nothing for
+// (tombstones, records it cannot read), and compaction keeps the log's
+// start where it was.
+func projectionHolds(ctx context.Context, st *chstore.Store, topics ledger.Topics) (map[string]bool, error) {
+	events, err := st.EventRows(ctx)
+	if err != nil {
+		return nil, err
+	}
+	controls, err := st.ControlRows(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]bool{topics.Events: events > 0, topics.Control: controls > 0 || events > 0}, nil
+}
+
+// lostOffsets lists the partitions of the topics st holds something of
+// where group has no committed offset while the log no longer starts at
+// 0: the group's offsets expired (Kafka drops an empty group's after
+// offsets.retention.minutes, 7 days by default) or were deleted, and the
+// records retention removed meanwhile may never have been projected. A
+// projector would go on from the log's start without a word, where one
+// whose offsets lie before the start stops (ErrRecordsDeleted).
+func lostOffsets(ctx context.Context, st *chstore.Store, cc ledger.ClientConfig, topics ledger.Topics, group string) ([]string, error) {
+	topics = topics.WithDefaults()
+	held, err := projectionHolds(ctx, st, topics)
+	if err != nil || !held[topics.Events] && !held[topics.Control] {
+		return nil, err
+	}
+	s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: topics, Group: group})
+	if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
+		return nil, err
+	}
+	var lost []string
+	for _, p := range s.Partitions {
+		if held[p.Topic] && p.Committed < 0 && p.Start > 0 {
+			lost = append(lost, fmt.Sprintf("%s/%d (the log starts at %d)", p.Topic, p.Partition, p.Start))
+		}
+	}
+	return lost, nil
 }
 
 // logStarts is where each partition's log starts, by topic.

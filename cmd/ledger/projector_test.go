@@ -31,41 +31,13 @@ func TestProjectorSkipDeleted(t *testing.T) {
 	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
 	group := k.Group("skip-deleted")
 	ev := k.Topics.Events
-	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var recs []*kgo.Record
-	for i := range 10 {
-		e := ledger.Event{EventID: fmt.Sprintf("e-%d", i), Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(),
-			TenantID: "t_a", IdempotencyKey: fmt.Sprintf("k-%d", i), Tool: "refund_order"}
-		r, err := e.Record(ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.Partition = int32(i % 2) // offsets 0 to 4 on each partition
-		recs = append(recs, r)
-	}
-	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	adm := kadm.NewClient(cl)
+	adm := produceAcross(t, k)
 	// Partition 0 committed at 1, then lost everything before 3; partition
 	// 1 committed at 4, past what was lost (before 2).
 	if err := projector.CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 1, 1: 4}}); err != nil {
 		t.Fatal(err)
 	}
-	resps, err := adm.DeleteRecords(t.Context(), kadm.Offsets{ev: {
-		0: {Topic: ev, Partition: 0, At: 3, LeaderEpoch: -1},
-		1: {Topic: ev, Partition: 1, At: 2, LeaderEpoch: -1},
-	}})
-	if err == nil {
-		err = resps.Error()
-	}
-	if err != nil {
-		t.Fatalf("delete records: %v", err)
-	}
+	deleteBefore(t, adm, ev, map[int32]int64{0: 3, 1: 2})
 
 	flags := []string{"--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group}
 	out := cli(t, append([]string{"projector", "skip-deleted"}, flags...)...)
@@ -83,6 +55,87 @@ func TestProjectorSkipDeleted(t *testing.T) {
 	}
 	if out := cli(t, append([]string{"projector", "skip-deleted"}, flags...)...); !strings.Contains(out, "nothing to skip") {
 		t.Errorf("skip-deleted again said:\n%s\nwant nothing to skip", out)
+	}
+}
+
+// produceAcross produces ten requested events to k's events topic of two
+// partitions, offsets 0 to 4 on each, and returns an admin client of k.
+func produceAcross(t *testing.T, k *ledgertest.Kafka) *kadm.Client {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	var recs []*kgo.Record
+	for i := range 10 {
+		e := ledger.Event{EventID: fmt.Sprintf("e-%d", i), Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(),
+			TenantID: "t_a", IdempotencyKey: fmt.Sprintf("k-%d", i), Tool: "refund_order"}
+		r, err := e.Record(k.Topics.Events)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Partition = int32(i % 2)
+		recs = append(recs, r)
+	}
+	if err := cl.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return kadm.NewClient(cl)
+}
+
+// deleteBefore deletes topic's records before the offsets given, by
+// partition, as retention does.
+func deleteBefore(t *testing.T, adm *kadm.Client, topic string, before map[int32]int64) {
+	t.Helper()
+	offsets := kadm.Offsets{topic: {}}
+	for p, at := range before {
+		offsets[topic][p] = kadm.Offset{Topic: topic, Partition: p, At: at, LeaderEpoch: -1}
+	}
+	resps, err := adm.DeleteRecords(t.Context(), offsets)
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+}
+
+// A projector whose group lost its offsets (expired while it was down
+// longer than Kafka keeps an empty group's, or deleted) while the log
+// deleted records meanwhile is refused at its start, where it went on
+// from the log's start without a word; skip-deleted moves it on there,
+// said aloud. A partition whose log still starts at 0 loses nothing.
+func TestProjectorWithLostOffsetsIsRefused(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	group := k.Group("lost-offsets")
+	ev := k.Topics.Events
+	adm := produceAcross(t, k)
+	deleteBefore(t, adm, ev, map[int32]int64{0: 3})
+	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
+	st, err := chstore.Open(t.Context(), chstore.Config{DSN: dsn, Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	e := ledger.Event{V: 1, EventID: "e-0", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(), TenantID: "t_a", IdempotencyKey: "k-0", Tool: "refund_order"}
+	if err := st.Write(t.Context(), projections.Batch{Events: []projections.Event{{Event: e}}}); err != nil {
+		t.Fatal(err)
+	}
+	kafkaFlags := []string{"--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group}
+	run := append([]string{"projector", "--clickhouse-dsn", dsn, "--clickhouse-database", db, "--metrics-addr", ""}, kafkaFlags...)
+	if err := cliErr(t, run...); err == nil || !strings.Contains(err.Error(), "no committed offset on "+ev+"/0 (the log starts at 3)") || strings.Contains(err.Error(), ev+"/1") {
+		t.Fatalf("projector with lost offsets: %v; want refused, naming %s/0 alone", err, ev)
+	}
+	out := cli(t, append([]string{"projector", "skip-deleted"}, kafkaFlags...)...)
+	if want := ev + "/0: no committed offset (expired or deleted), and offsets before 3 were deleted; the group goes on from 3"; !strings.Contains(out, want) || strings.Contains(out, ev+"/1") {
+		t.Errorf("skip-deleted said:\n%s\nwant %q, and nothing of partition 1", out, want)
+	}
+	if lost, err := lostOffsets(t.Context(), st, k.Client, k.Topics, group); err != nil || len(lost) != 0 {
+		t.Errorf("lost offsets after skip-deleted: %v, %v; want none", lost, err)
 	}
 }
 
