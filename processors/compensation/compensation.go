@@ -37,10 +37,21 @@ var (
 	ErrNotCompensable error = terminalError("compensation: only a succeeded call, or one whose outcome is unknown, can be compensated")
 	// ErrNoCompensation: the tool declares no compensation.
 	ErrNoCompensation error = terminalError("compensation: the tool declares no compensation")
+	// ErrAutomaticCompensationPending: the compensation the reconciler
+	// asked for (AutomaticUser) is still to run, and the call has since
+	// been settled succeeded, which an automatic compensation does not
+	// undo: a request now would be taken for it, and undo nothing.
+	ErrAutomaticCompensationPending error = terminalError("compensation: the reconciler's automatic compensation of the call is pending, and does not undo a call settled succeeded")
 	// ErrCompensationFailed: the call's compensation ran and did not
 	// undo it (failed, denied, expired).
 	ErrCompensationFailed error = terminalError("compensation: the compensation did not succeed")
 )
+
+// AutomaticUser is who the reconciler asks for a compensation as, when a
+// policy says to undo an outcome nobody could establish (undo_unknown).
+// The executor does not run such a compensation of a call found, or
+// settled, succeeded meanwhile: the success stands.
+const AutomaticUser = "ledger-reconciler"
 
 // terminalError is an error that asking again will not change.
 type terminalError string
@@ -134,7 +145,14 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	}
 	comp := tool.Compensation
 	ck := key.CompensationKey()
-	if prev, err := s.cfg.Store.Get(ctx, ck); err == nil && prev.Status.Done() && prev.Status != processors.StatusSucceeded {
+	prev, err := s.cfg.Store.Get(ctx, ck)
+	if err == nil && !prev.Status.Done() && rec.Status == processors.StatusSucceeded && operator.User != AutomaticUser && requester(prev) == AutomaticUser {
+		// This request would be its retry (one key per call), and it
+		// ends nothing_to_undo, its key spent: say so now, rather than
+		// answer as if the undo were under way.
+		return ck, nil, fmt.Errorf("%w: %s will end without running (nothing_to_undo), and the call must then be undone by hand", ErrAutomaticCompensationPending, ck)
+	}
+	if err == nil && prev.Status.Done() && prev.Status != processors.StatusSucceeded {
 		// The one compensation of this call ended without undoing it
 		// (or with what it did unknown): asking again would find its
 		// key used and run nothing.
@@ -165,6 +183,16 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 		s.cfg.Logger.Warn("publish compensation; the sweep will append it", "compensation_key", ck.String(), "err", err)
 	}
 	return ck, evs, nil
+}
+
+// requester is the user whose request a compensation's record was
+// admitted for, as its events say ("" when they cannot be read).
+func requester(rec processors.Record) string {
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil || len(evs) == 0 {
+		return ""
+	}
+	return evs[0].UserID
 }
 
 func (s *Service) publish(ctx context.Context, ck ledger.CallKey, evs []ledger.Event) error {
@@ -219,6 +247,8 @@ func (s *Service) Handler() http.Handler {
 			writeError(w, http.StatusNotFound, "not_found", "no call under this key for this tenant")
 		case errors.Is(err, ErrNotCompensable), errors.Is(err, ErrNoCompensation), errors.Is(err, ErrCompensationFailed):
 			writeError(w, http.StatusConflict, "not_compensable", err.Error())
+		case errors.Is(err, ErrAutomaticCompensationPending):
+			writeError(w, http.StatusConflict, "automatic_compensation_pending", err.Error())
 		case err != nil && strings.Contains(err.Error(), "reason is required"):
 			writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		case err != nil:

@@ -21,6 +21,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
@@ -650,7 +651,7 @@ attempts:
 // ReconcilerUser is the user the reconciler asks for compensations as: a
 // compensation call of this user undoes only an outcome still unknown
 // (outcome_unknown or parked), never a call found to have succeeded.
-const ReconcilerUser = "ledger-reconciler"
+const ReconcilerUser = compensation.AutomaticUser
 
 // park hands a call whose outcome cannot be established to a human, or,
 // when its deciding policy says to undo such calls and its tool declares a

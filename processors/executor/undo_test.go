@@ -123,6 +123,48 @@ func TestAutomaticCompensationLeavesASuccess(t *testing.T) {
 	}
 }
 
+// countingSubmitter counts the compensations a compensation.Service
+// submits, and submits none.
+type countingSubmitter struct{ n int }
+
+func (c *countingSubmitter) Submit(context.Context, *ledger.Envelope, identity.Identity) ([]ledger.Event, error) {
+	c.n++
+	return nil, nil
+}
+
+// An operator's request to undo a call settled succeeded while the
+// reconciler's automatic compensation of it is pending is refused, saying
+// why: it would be that compensation's retry, which does not undo a
+// success (it ends nothing_to_undo, its key spent). Before, it was
+// answered as if the undo were under way. Another operator's pending
+// compensation is one the request can join.
+func TestOperatorUndoBehindAPendingAutomaticOne(t *testing.T) {
+	for _, tc := range []struct {
+		asker   string
+		refused bool
+	}{
+		{executor.ReconcilerUser, true},
+		{"u_op1", false},
+	} {
+		r := newRig(t)
+		orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
+		if _, err := r.executor(nil).Step(t.Context(), []*kgo.Record{approved}); err != nil {
+			t.Fatal(err)
+		}
+		r.admitCompensation(orig.Key(), tc.asker)
+		sub := &countingSubmitter{}
+		svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		op := identity.Identity{Tenant: "t_a", User: "u_op2", Roles: []string{"operator"}}
+		_, _, err = svc.Compensate(t.Context(), op, orig.Key(), "the provider confirmed the refund; undo it")
+		if got := errors.Is(err, compensation.ErrAutomaticCompensationPending); got != tc.refused || (sub.n == 0) != tc.refused {
+			t.Errorf("asked by %s: Compensate = %v, %d submitted; want refused %v", tc.asker, err, sub.n, tc.refused)
+		}
+	}
+}
+
 // admitCompensation stores orig's compensation (cancel_refund with its
 // arguments) as authorized for user, and returns its authorized event.
 func (r *rig) admitCompensation(orig ledger.CallKey, user string) *kgo.Record {
