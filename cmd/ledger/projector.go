@@ -55,7 +55,7 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			} else if gap {
 				return fmt.Errorf("clickhouse database %s holds no events (or no control actions), but group %s has committed offsets on that topic past the start of its log: projecting from there would leave out everything before; run `ledger projector rebuild --swap` (with the projector stopped), or delete the group", st.Database(), group)
 			}
-			if lost, err := lostOffsets(ctx, st, g.kafka.client(logger), g.kafka.topics(), group); err != nil {
+			if lost, err := startOffsets(ctx, st, g.kafka.client(logger), g.kafka.topics(), group); err != nil {
 				return err
 			} else if len(lost) > 0 {
 				return fmt.Errorf("clickhouse database %s holds the projection, but group %s has no committed offset on %s: its offsets expired or were deleted, and records the log deleted since may be missing from the projection. Compare it with the log (ledger projector status, checksums), then run `ledger projector skip-deleted` to go on from the log's start", st.Database(), group, strings.Join(lost, ", "))
@@ -441,30 +441,56 @@ func projectionHolds(ctx context.Context, st *chstore.Store, topics ledger.Topic
 	return map[string]bool{topics.Events: events > 0, topics.Control: controls > 0 || events > 0}, nil
 }
 
-// lostOffsets lists the partitions of the topics st holds something of
-// where group has no committed offset while the log no longer starts at
-// 0: the group's offsets expired (Kafka drops an empty group's after
-// offsets.retention.minutes, 7 days by default) or were deleted, and the
-// records retention removed meanwhile may never have been projected. A
-// projector would go on from the log's start without a word, where one
-// whose offsets lie before the start stops (ErrRecordsDeleted).
-func lostOffsets(ctx context.Context, st *chstore.Store, cc ledger.ClientConfig, topics ledger.Topics, group string) ([]string, error) {
+// startOffsets checks, before a projector starts, the partitions where
+// group has no committed offset, and commits one where none is lost.
+//
+// The projector commits a partition only once it has read records of it,
+// so a partition can lack an offset for a harmless reason (nothing to read
+// yet, or a first catch-up stopped early): startOffsets commits the log's
+// start there, where kgo would begin anyway, so that from this build on
+// every partition has an offset from the projector's first start. An
+// offset missing afterwards, on a topic the projection holds, where the
+// log no longer starts at 0, means the group's offsets expired (Kafka
+// drops an empty group's after offsets.retention.minutes, 7 days by
+// default) or were deleted, and the records retention removed meanwhile
+// may never have been projected: those partitions are returned as lost,
+// and nothing is committed. A projector would go on from the log's start
+// without a word, where one whose offsets lie before the start stops
+// (ErrRecordsDeleted). A group with members is left alone: Kafka keeps a
+// live group's offsets, and its members may be catching up.
+func startOffsets(ctx context.Context, st *chstore.Store, cc ledger.ClientConfig, topics ledger.Topics, group string) (lost []string, _ error) {
 	topics = topics.WithDefaults()
 	held, err := projectionHolds(ctx, st, topics)
-	if err != nil || !held[topics.Events] && !held[topics.Control] {
+	if err != nil {
 		return nil, err
 	}
 	s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: topics, Group: group})
 	if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
 		return nil, err
 	}
-	var lost []string
+	if s.Members > 0 {
+		return nil, nil
+	}
+	unstarted := make(map[string]map[int32]int64)
 	for _, p := range s.Partitions {
-		if held[p.Topic] && p.Committed < 0 && p.Start > 0 {
+		switch {
+		case p.Committed >= 0:
+		case held[p.Topic] && p.Start > 0:
 			lost = append(lost, fmt.Sprintf("%s/%d (the log starts at %d)", p.Topic, p.Partition, p.Start))
+		default:
+			if unstarted[p.Topic] == nil {
+				unstarted[p.Topic] = make(map[int32]int64)
+			}
+			unstarted[p.Topic][p.Partition] = p.Start
 		}
 	}
-	return lost, nil
+	if len(lost) > 0 || len(unstarted) == 0 {
+		return lost, nil
+	}
+	if err := projector.CommitOffsets(ctx, cc, group, unstarted); err != nil && !errors.Is(err, projector.ErrGroupActive) {
+		return nil, err
+	}
+	return nil, nil
 }
 
 // logStarts is where each partition's log starts, by topic.

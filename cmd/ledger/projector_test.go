@@ -101,6 +101,32 @@ func deleteBefore(t *testing.T, adm *kadm.Client, topic string, before map[int32
 	}
 }
 
+// freshProjection is a migrated ClickHouse database of its own, its store,
+// DSN and name.
+func freshProjection(t *testing.T) (*chstore.Store, string, string) {
+	t.Helper()
+	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
+	st, err := chstore.Open(t.Context(), chstore.Config{DSN: dsn, Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st, dsn, db
+}
+
+// projectOneEvent writes a requested event into st, as a projector that
+// began would have.
+func projectOneEvent(t *testing.T, st *chstore.Store) {
+	t.Helper()
+	e := ledger.Event{V: 1, EventID: "e-0", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(), TenantID: "t_a", IdempotencyKey: "k-0", Tool: "refund_order"}
+	if err := st.Write(t.Context(), projections.Batch{Events: []projections.Event{{Event: e}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A projector whose group lost its offsets (expired while it was down
 // longer than Kafka keeps an empty group's, or deleted) while the log
 // deleted records meanwhile is refused at its start, where it went on
@@ -112,19 +138,8 @@ func TestProjectorWithLostOffsetsIsRefused(t *testing.T) {
 	ev := k.Topics.Events
 	adm := produceAcross(t, k)
 	deleteBefore(t, adm, ev, map[int32]int64{0: 3})
-	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
-	st, err := chstore.Open(t.Context(), chstore.Config{DSN: dsn, Database: db})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	if err := st.Migrate(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	e := ledger.Event{V: 1, EventID: "e-0", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(), TenantID: "t_a", IdempotencyKey: "k-0", Tool: "refund_order"}
-	if err := st.Write(t.Context(), projections.Batch{Events: []projections.Event{{Event: e}}}); err != nil {
-		t.Fatal(err)
-	}
+	st, dsn, db := freshProjection(t)
+	projectOneEvent(t, st)
 	kafkaFlags := []string{"--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group}
 	run := append([]string{"projector", "--clickhouse-dsn", dsn, "--clickhouse-database", db, "--metrics-addr", ""}, kafkaFlags...)
 	if err := cliErr(t, run...); err == nil || !strings.Contains(err.Error(), "no committed offset on "+ev+"/0 (the log starts at 3)") || strings.Contains(err.Error(), ev+"/1") {
@@ -134,8 +149,61 @@ func TestProjectorWithLostOffsetsIsRefused(t *testing.T) {
 	if want := ev + "/0: no committed offset (expired or deleted), and offsets before 3 were deleted; the group goes on from 3"; !strings.Contains(out, want) || strings.Contains(out, ev+"/1") {
 		t.Errorf("skip-deleted said:\n%s\nwant %q, and nothing of partition 1", out, want)
 	}
-	if lost, err := lostOffsets(t.Context(), st, k.Client, k.Topics, group); err != nil || len(lost) != 0 {
+	if lost, err := startOffsets(t.Context(), st, k.Client, k.Topics, group); err != nil || len(lost) != 0 {
 		t.Errorf("lost offsets after skip-deleted: %v, %v; want none", lost, err)
+	}
+}
+
+// A partition the projector never committed for a harmless reason (empty
+// since before the projection began, or a first catch-up stopped early) is
+// no loss: the first start commits the log's start on every partition
+// without an offset, and a restart over the projection it began is not
+// refused. A group with members is not checked: Kafka keeps a live
+// group's offsets.
+func TestProjectorStartCommitsUnstartedPartitions(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	group := k.Group("unstarted")
+	ev := k.Topics.Events
+	adm := produceAcross(t, k)
+	deleteBefore(t, adm, ev, map[int32]int64{1: 5}) // partition 1: empty, its log at 5
+	st, _, _ := freshProjection(t)
+	if lost, err := startOffsets(t.Context(), st, k.Client, k.Topics, group); err != nil || len(lost) != 0 {
+		t.Fatalf("first start: lost %v, %v; want none", lost, err)
+	}
+	got, err := adm.FetchOffsets(t.Context(), group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for partition, want := range map[int32]int64{0: 0, 1: 5} {
+		if o, ok := got.Lookup(ev, partition); !ok || o.At != want {
+			t.Errorf("first start committed %s/%d at %d (%v); want %d", ev, partition, o.At, ok, want)
+		}
+	}
+	// The projection began (partition 0's first event), and stopped
+	// before partition 1 ever had records to commit: no loss.
+	projectOneEvent(t, st)
+	if lost, err := startOffsets(t.Context(), st, k.Client, k.Topics, group); err != nil || len(lost) != 0 {
+		t.Errorf("restart: lost %v, %v; want none", lost, err)
+	}
+
+	// Another group, its offsets gone: refused while it has no member,
+	// left alone while one runs.
+	other := k.Group("live")
+	member, err := ledger.NewClient(k.Client, kgo.ConsumerGroup(other), kgo.ConsumeTopics(ev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		member.PollFetches(t.Context())
+		s, err := projector.Status(t.Context(), projector.StatusConfig{Client: k.Client, Topics: k.Topics, Group: other})
+		if s.Members == 0 {
+			return fmt.Errorf("group %s has no member yet (%v)", other, err)
+		}
+		return nil
+	})
+	if lost, err := startOffsets(t.Context(), st, k.Client, k.Topics, other); err != nil || len(lost) != 0 {
+		t.Errorf("a live group: lost %v, %v; want it left alone", lost, err)
 	}
 }
 

@@ -36,6 +36,10 @@ type rateQueries struct {
 
 func (s *Store) rateQueries() rateQueries {
 	t := s.rateTable()
+	pruneLock := " FOR UPDATE"
+	if s.crdb {
+		pruneLock = ""
+	}
 	return rateQueries{
 		// Creates the missing buckets (tat = now(): an idle bucket is
 		// full) and locks every bucket of the batch, existing or new, in
@@ -63,10 +67,15 @@ RETURNING r.bucket, r.tat, now()`,
 		update: `UPDATE ` + t + ` AS r SET tat = u.tat
 FROM unnest($1::TEXT[], $2::TIMESTAMPTZ[]) AS u (bucket, tat)
 WHERE r.bucket = u.bucket`,
-		// The rows are locked in bucket order, as lock takes them, so
-		// that a prune and a charge sharing buckets queue on the first
-		// common one instead of deadlocking (PostgreSQL then aborts one
-		// after deadlock_timeout, a second). The outer tat test again:
+		// On PostgreSQL the rows are locked in bucket order, as lock
+		// takes them, so that a prune and a charge sharing buckets
+		// queue on the first common one instead of deadlocking
+		// (PostgreSQL then aborts one after deadlock_timeout, a
+		// second). Not on CockroachDB, where a SERIALIZABLE FOR UPDATE
+		// locks every row its scan reads (tat has no index: every
+		// bucket passed before limit full ones), holding up the charges
+		// of live buckets; it resolves deadlocks itself, at once, with
+		// a retryable error (40001). The outer tat test again:
 		// at READ COMMITTED a row charged after the statement's snapshot
 		// is tested again, as the charge left it, once its lock is
 		// released, and kept. No index on tat, which every charge would
@@ -74,7 +83,7 @@ WHERE r.bucket = u.bucket`,
 		// once limits by user are in use, and reads the table through
 		// once when few are.
 		prune: `DELETE FROM ` + t + `
-WHERE bucket IN (SELECT bucket FROM ` + t + ` WHERE tat < now() ORDER BY bucket LIMIT $1 FOR UPDATE) AND tat < now()`,
+WHERE bucket IN (SELECT bucket FROM ` + t + ` WHERE tat < now() ORDER BY bucket LIMIT $1` + pruneLock + `) AND tat < now()`,
 	}
 }
 
