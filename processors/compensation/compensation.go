@@ -147,9 +147,17 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	ck := key.CompensationKey()
 	prev, err := s.cfg.Store.Get(ctx, ck)
 	if err == nil && !prev.Status.Done() && rec.Status == processors.StatusSucceeded && operator.User != AutomaticUser && requester(prev) == AutomaticUser {
-		// This request would be its retry (one key per call), and it
-		// ends nothing_to_undo, its key spent: say so now, rather than
-		// answer as if the undo were under way.
+		// This request would be its retry (one key per call): say
+		// what becomes of it now, rather than answer as if the undo
+		// were under way.
+		if prev.Status == processors.StatusExecuting && prev.LeaseOwner != "" {
+			// An executor holds it, and may have found the call
+			// undoable before it was settled, and be sending: it may
+			// yet undo the call.
+			return ck, nil, fmt.Errorf("%w: %s is running, and may undo the call: ask again once it has ended (ledger trace %s)", ErrAutomaticCompensationPending, ck, ck.IdempotencyKey)
+		}
+		// Not started (or given back): it ends nothing_to_undo, its key
+		// spent.
 		return ck, nil, fmt.Errorf("%w: %s will end without running (nothing_to_undo), and the call must then be undone by hand", ErrAutomaticCompensationPending, ck)
 	}
 	if err == nil && prev.Status.Done() && prev.Status != processors.StatusSucceeded {

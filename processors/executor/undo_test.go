@@ -137,21 +137,30 @@ func (c *countingSubmitter) Submit(context.Context, *ledger.Envelope, identity.I
 // why: it would be that compensation's retry, which does not undo a
 // success (it ends nothing_to_undo, its key spent). Before, it was
 // answered as if the undo were under way. Another operator's pending
-// compensation is one the request can join.
+// compensation is one the request can join. One an executor holds may be
+// sending, and may yet undo the call: the refusal says to ask again once
+// it has ended, not that it will end without running.
 func TestOperatorUndoBehindAPendingAutomaticOne(t *testing.T) {
 	for _, tc := range []struct {
 		asker   string
+		claimed bool
 		refused bool
+		says    string
 	}{
-		{executor.ReconcilerUser, true},
-		{"u_op1", false},
+		{executor.ReconcilerUser, false, true, "will end without running"},
+		{executor.ReconcilerUser, true, true, "is running, and may undo the call"},
+		{"u_op1", false, false, ""},
 	} {
 		r := newRig(t)
 		orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
 		if _, err := r.executor(nil).Step(t.Context(), []*kgo.Record{approved}); err != nil {
 			t.Fatal(err)
 		}
-		r.admitCompensation(orig.Key(), tc.asker)
+		auth := r.admitCompensation(orig.Key(), tc.asker)
+		if tc.claimed {
+			ev := authorizedEvent(t, auth)
+			r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+		}
 		sub := &countingSubmitter{}
 		svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
 		if err != nil {
@@ -159,8 +168,8 @@ func TestOperatorUndoBehindAPendingAutomaticOne(t *testing.T) {
 		}
 		op := identity.Identity{Tenant: "t_a", User: "u_op2", Roles: []string{"operator"}}
 		_, _, err = svc.Compensate(t.Context(), op, orig.Key(), "the provider confirmed the refund; undo it")
-		if got := errors.Is(err, compensation.ErrAutomaticCompensationPending); got != tc.refused || (sub.n == 0) != tc.refused {
-			t.Errorf("asked by %s: Compensate = %v, %d submitted; want refused %v", tc.asker, err, sub.n, tc.refused)
+		if got := errors.Is(err, compensation.ErrAutomaticCompensationPending); got != tc.refused || (sub.n == 0) != tc.refused || tc.refused && !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("asked by %s (claimed %v): Compensate = %v, %d submitted; want refused %v, saying %q", tc.asker, tc.claimed, err, sub.n, tc.refused, tc.says)
 		}
 	}
 }
