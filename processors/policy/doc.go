@@ -17,6 +17,11 @@
 //	                     roles fails closed (policy_error), and one that
 //	                     asks `principal has roles` is told no
 //
+// A compensation is decided as the operator who asked for it (their staff
+// assertion's roles), or, asked for by the reconciler itself
+// (undo_unknown), as User::"<tenant>/ledger-reconciler" with the roles
+// ["operator"].
+//
 // Action: Action::"tool::<tool name>", such as Action::"tool::refund_order".
 // Actions have no parents; `action in [...]` is a list of names.
 //
