@@ -190,10 +190,18 @@ func TestMigrateStatusCheckStepsOutOfTheLockQueue(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
+	migrateSteppingOut(t, s, cfg, "the status check waits for the table")
+}
+
+// migrateSteppingOut migrates cfg while a transaction holds s's table, as
+// migrateWhileHeld, once the migration's ALTER logs that it stepped out
+// of the lock queue to wait.
+func migrateSteppingOut(t *testing.T, s *Store, cfg Config, during string) {
+	t.Helper()
 	release, _ := holdWrite(t, s)
 	logs := &ledgertest.LogBuffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	migrateWhileHeld(t, s, cfg, release, "the status check waits for the table", func() {
+	migrateWhileHeld(t, s, cfg, release, during, func() {
 		waitForLog(t, logs, "waits for transactions on the table")
 	})
 }
@@ -206,12 +214,7 @@ func TestMigrateAddColumnStepsOutOfTheLockQueue(t *testing.T) {
 	if _, err := s.pool.Exec(t.Context(), "ALTER TABLE "+s.table+" DROP COLUMN user_id"); err != nil {
 		t.Fatal(err)
 	}
-	release, _ := holdWrite(t, s)
-	logs := &ledgertest.LogBuffer{}
-	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	migrateWhileHeld(t, s, cfg, release, "the column's addition waits for the table", func() {
-		waitForLog(t, logs, "waits for transactions on the table")
-	})
+	migrateSteppingOut(t, s, cfg, "the column's addition waits for the table")
 }
 
 // TestMigrateIndexBuildEndedByLockTimeoutFails: an index build that the
