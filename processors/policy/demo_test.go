@@ -224,11 +224,11 @@ func TestDemoTenantIsolationWithoutGuard(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.req
-			if got := e.evaluate(context.Background(), s, r, false); !got.Allow {
+			if got := e.evaluate(context.Background(), s, r); !got.Allow {
 				t.Fatalf("same-tenant control: evaluate() = %+v, want allowed", got)
 			}
 			r.ResourceTenant = "t_other"
-			got := e.evaluate(context.Background(), s, r, false)
+			got := e.evaluate(context.Background(), s, r)
 			want := Decision{Reason: ReasonDeniedByPolicy, PolicyIDs: []string{"tenant-isolation"}, Version: s.Version()}
 			if diff := cmp.Diff(want, got, decisionOpts); diff != "" {
 				t.Errorf("evaluate() cross-tenant mismatch (-want +got):\n%s", diff)

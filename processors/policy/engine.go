@@ -370,23 +370,24 @@ func (e *Engine) Decide(ctx context.Context, r Request) Decision {
 		}
 		return Decision{Reason: ReasonUnavailable, Detail: detail}
 	}
-	given := e.cfg.Roles && !r.RolesWithheld
-	if given {
+	// From here RolesWithheld says whether the principal lacks the
+	// roles attribute.
+	r.RolesWithheld = !e.cfg.Roles || r.RolesWithheld
+	if r.RolesWithheld {
+		r.Roles = nil
+	} else {
 		// Sorted and without duplicates: the decision records the set
 		// the policies saw, in one spelling.
 		r.Roles = slices.Compact(slices.Sorted(slices.Values(r.Roles)))
-	} else {
-		r.Roles = nil
 	}
-	d := e.decide(ctx, s, r, given)
+	d := e.decide(ctx, s, r)
 	d.AuditMask = s.auditMask(r.Tool)
-	d.Roles, d.RolesGiven = r.Roles, given
+	d.Roles, d.RolesGiven = r.Roles, !r.RolesWithheld
 	return d
 }
 
-// decide is Decide under the set s; roles says whether the principal has
-// the roles attribute.
-func (e *Engine) decide(ctx context.Context, s *Set, r Request, roles bool) (d Decision) {
+// decide is Decide under the set s.
+func (e *Engine) decide(ctx context.Context, s *Set, r Request) (d Decision) {
 	if err := r.validate(); err != nil {
 		return Decision{Reason: ReasonInvalidRequest, Version: s.Version(), Detail: err.Error()}
 	}
@@ -403,18 +404,18 @@ func (e *Engine) decide(ctx context.Context, s *Set, r Request, roles bool) (d D
 			d = Decision{Reason: ReasonPolicyError, Version: s.Version(), Detail: "policy evaluation panicked"}
 		}
 	}()
-	return e.evaluate(ctx, s, r, roles)
+	return e.evaluate(ctx, s, r)
 }
 
 // evaluate runs Cedar over s and maps its answer to a Decision.
-func (e *Engine) evaluate(ctx context.Context, s *Set, r Request, roles bool) Decision {
+func (e *Engine) evaluate(ctx context.Context, s *Set, r Request) Decision {
 	start := e.cfg.Now()
 	deadline := start.Add(e.cfg.Timeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
 	ev := &evaluation{ctx: ctx, set: s, deadline: deadline, now: e.cfg.Now, hook: e.hook}
-	req, ents := cedarRequest(r, start, roles)
+	req, ents := cedarRequest(r, start)
 	ok, diag := cedar.Authorize(ev, ents, req)
 	// A policy is not interruptible, so lateness is checked again once
 	// Cedar returns: an answer that came too late is not used.

@@ -144,8 +144,9 @@ func (e *entities) Get(uid cedar.EntityUID) (cedar.Entity, bool) {
 }
 
 // cedarRequest maps r onto the Cedar model described in the package
-// documentation; the principal has the roles attribute when roles is set.
-func cedarRequest(r Request, now time.Time, roles bool) (cedar.Request, *entities) {
+// documentation; the principal has the roles attribute unless r withholds
+// them.
+func cedarRequest(r Request, now time.Time) (cedar.Request, *entities) {
 	resID, kind := r.Resource, KindObject
 	if resID == "" {
 		resID, kind = r.Tool, KindTool
@@ -153,7 +154,7 @@ func cedarRequest(r Request, now time.Time, roles bool) (cedar.Request, *entitie
 	principal := cedar.NewEntityUID(typeUser, cedar.String(r.Tenant+"/"+r.User))
 	resource := cedar.NewEntityUID(typeResource, cedar.String(r.ResourceTenant+"/"+resID))
 	attrs := cedar.RecordMap{"tenant": cedar.String(r.Tenant)}
-	if roles {
+	if !r.RolesWithheld {
 		set := make([]cedar.Value, len(r.Roles))
 		for i, role := range r.Roles {
 			set[i] = cedar.String(role)
