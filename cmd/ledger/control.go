@@ -123,6 +123,7 @@ func newCallsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "calls", Short: "Operate on calls (as an operator, through the HTTP API)"}
 	f.register(cmd)
 	var as, evidence, tenant string
+	var cancelCompensation bool
 	resolve := &cobra.Command{
 		Use:   "resolve KEY",
 		Short: "Settle a call whose outcome is unknown, with the evidence of what happened",
@@ -132,7 +133,7 @@ func newCallsCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("--evidence is required: say how you know")
 			}
 			var out json.RawMessage
-			body := map[string]string{"tenant_id": tenant, "idempotency_key": args[0], "as": as, "evidence": evidence}
+			body := map[string]any{"tenant_id": tenant, "idempotency_key": args[0], "as": as, "evidence": evidence, "cancel_compensation": cancelCompensation}
 			if err := f.call(cmd.Context(), http.MethodPost, "/v1/resolutions", body, &out); err != nil {
 				return err
 			}
@@ -144,6 +145,7 @@ func newCallsCmd(g *globals) *cobra.Command {
 	resolve.Flags().StringVar(&as, "as", "", "succeeded or failed")
 	resolve.Flags().StringVar(&evidence, "evidence", "", "how you found out (recorded on the event)")
 	resolve.Flags().StringVar(&tenant, "call-tenant", "t_demo", "the call's tenant")
+	resolve.Flags().BoolVar(&cancelCompensation, "cancel-compensation", false, "with --as succeeded, while the compensation the reconciler asked for (a policy's undo_unknown) is pending: confirm that it is to end without undoing the call (nothing_to_undo), an operator's request to undo the call that joined it with it; without, such a resolution is refused (automatic_compensation_pending)")
 	var reason, compTenant string
 	compensate := &cobra.Command{
 		Use:   "compensate KEY",

@@ -60,7 +60,25 @@ var (
 	// ErrNoContext: the call's record holds no events this build can
 	// read (an outbox a newer build wrote): nothing to settle it from.
 	ErrNoContext = errors.New("executor: the call's record cannot be read")
+	// ErrAutomaticUndoPending: the compensation the reconciler asked for
+	// (undo_unknown), which operators' requests to undo the call join, is
+	// still to run, and a call resolved succeeded is one it leaves as it
+	// is: resolving so needs Resolution.CancelCompensation.
+	ErrAutomaticUndoPending = errors.New("executor: the reconciler's compensation of the call is pending, and does not undo a call resolved succeeded")
 )
+
+// Resolution is what an operator found out about a call whose outcome was
+// unknown.
+type Resolution struct {
+	// As is succeeded or failed.
+	As processors.Status
+	// Evidence says how the operator found out (required).
+	Evidence string
+	// CancelCompensation confirms a resolution as succeeded while the
+	// compensation the reconciler asked for is pending: it then ends
+	// nothing_to_undo, an operator's request that joined it with it.
+	CancelCompensation bool
+}
 
 // ReconcilerStore is the part of the execution store the reconciler uses.
 type ReconcilerStore interface {
@@ -648,6 +666,16 @@ attempts:
 		fmt.Sprintf("the status lookups of its last pass failed or were held off, and none answered for %s: %v", r.cfg.UnansweredFor, last)), true, nil
 }
 
+// automaticPending reports whether comp is a compensation the reconciler
+// asked for that has not ended.
+func automaticPending(comp processors.Record) bool {
+	if comp.Status.Done() {
+		return false
+	}
+	tmpl, err := recordTemplate(comp)
+	return err == nil && tmpl.UserID == ReconcilerUser
+}
+
 // ReconcilerUser is the user the reconciler asks for compensations as: a
 // compensation call of this user undoes only an outcome still unknown
 // (outcome_unknown or parked), never a call found to have succeeded.
@@ -1093,8 +1121,8 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 // happened (evidence says how) and records it as succeeded or failed. It
 // returns the events to publish, the resolution last; the move is in the
 // store, so if the publish fails the executor's sweep appends them.
-func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, as processors.Status, evidence string) ([]ledger.Event, error) {
-	m, err := r.resolve(ctx, operator, key, as, evidence)
+func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, res Resolution) ([]ledger.Event, error) {
+	m, err := r.resolve(ctx, operator, key, res)
 	if err != nil {
 		return nil, err
 	}
@@ -1102,7 +1130,8 @@ func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, ke
 }
 
 // resolve is Resolve, returning the move it applied.
-func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, as processors.Status, evidence string) (pendingMove, error) {
+func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, res Resolution) (pendingMove, error) {
+	as, evidence := res.As, res.Evidence
 	if !slices.Contains(operator.Roles, r.cfg.OperatorRole) || (operator.Tenant != key.TenantID && operator.Tenant != "*") {
 		return pendingMove{}, ErrForbidden
 	}
@@ -1121,19 +1150,29 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	}
 	// A compensation that may undo (or has undone) the call settles it
 	// compensated: resolved failed now, the call would be recorded as
-	// having had no effect while its undo ran. (Resolved succeeded, its
-	// compensation still settles it compensated, or, one the reconciler
-	// asked for, is refused as having nothing to undo.) Once the
-	// compensation ended without undoing anything, or was itself
-	// resolved failed, the call is the operator's to settle.
-	if as == processors.StatusFailed {
+	// having had no effect while its undo ran. (Resolved succeeded, an
+	// operator's compensation still settles it compensated; one the
+	// reconciler asked for is refused as having nothing to undo, which
+	// the resolver must confirm, below.) Once the compensation ended
+	// without undoing anything, or was itself resolved failed, the call
+	// is the operator's to settle.
+	if as == processors.StatusFailed || !res.CancelCompensation {
 		ck := key.CompensationKey()
 		switch comp, err := r.cfg.Store.Get(ctx, ck); {
 		case errors.Is(err, processors.ErrNotFound):
 		case err != nil:
 			return pendingMove{}, err
-		case !undoneNothing(comp.Status):
+		case as == processors.StatusFailed && !undoneNothing(comp.Status):
 			return pendingMove{}, fmt.Errorf("%w: %s is %s; resolve it first if its outcome is unknown", ErrUndoUnderWay, ck, comp.Status)
+		case as == processors.StatusSucceeded && automaticPending(comp):
+			// Resolved succeeded, the call is one the reconciler's
+			// compensation leaves as it is (it ends nothing_to_undo),
+			// and an operator who asked to undo it since, whose
+			// request joined that one (the key is the call's), would
+			// find it not undone, and its key spent: the resolver says
+			// so knowingly.
+			return pendingMove{}, fmt.Errorf("%w: %s (asked for by the reconciler under undo_unknown; operators' requests to undo the call since joined it) is %s, and would end nothing_to_undo. To have the call undone, leave it unresolved: the compensation settles it compensated once it succeeds. To keep the success, resolve with cancel_compensation (ledger calls resolve --cancel-compensation)",
+				ErrAutomaticUndoPending, ck, comp.Status)
 		}
 	}
 	tmpl, err := recordTemplate(rec)

@@ -176,7 +176,7 @@ func TestReconcileLookupContradictingASettlementIsReported(t *testing.T) {
 	rc = r.reconcilerWith(func(c *executor.ReconcilerConfig) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 		c.Looker = settlingLooker{Looker: c.Looker, settle: func() {
-			if _, err := rc.Resolve(t.Context(), op, ledger.CallKey{TenantID: "t_a", IdempotencyKey: "contra"}, processors.StatusFailed, "the provider said no"); err != nil {
+			if _, err := rc.Resolve(t.Context(), op, ledger.CallKey{TenantID: "t_a", IdempotencyKey: "contra"}, executor.Resolution{As: processors.StatusFailed, Evidence: "the provider said no"}); err != nil {
 				t.Errorf("Resolve(failed) = %v", err)
 			}
 		}}
@@ -308,11 +308,11 @@ func TestReconcileParksAndOperatorResolves(t *testing.T) {
 	}
 	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "crashed"}
 	nobody := identity.Identity{User: "u_1", Tenant: "t_a"}
-	if _, err := rc.Resolve(t.Context(), nobody, key, processors.StatusSucceeded, "looked"); err == nil {
+	if _, err := rc.Resolve(t.Context(), nobody, key, executor.Resolution{As: processors.StatusSucceeded, Evidence: "looked"}); err == nil {
 		t.Errorf("a non-operator resolved a call")
 	}
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	evs, err = rc.Resolve(t.Context(), ops, key, processors.StatusSucceeded, "the mail server's log has message 17")
+	evs, err = rc.Resolve(t.Context(), ops, key, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the mail server's log has message 17"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +320,7 @@ func TestReconcileParksAndOperatorResolves(t *testing.T) {
 	if resolved.Type != statemachine.EventSucceeded || resolved.Actor != "operator:u_ops" || resolved.Detail == "" || resolved.Seq != 6 {
 		t.Errorf("resolution %+v; want succeeded by operator:u_ops with the evidence at seq 6", resolved)
 	}
-	if _, err := rc.Resolve(t.Context(), ops, key, processors.StatusFailed, "again"); err == nil {
+	if _, err := rc.Resolve(t.Context(), ops, key, executor.Resolution{As: processors.StatusFailed, Evidence: "again"}); err == nil {
 		t.Errorf("a resolved call was resolved again")
 	}
 	if n := r.backend.AppliedIn("send_email", "t_a", "t_a/crashed"); n != 1 {
@@ -500,7 +500,7 @@ func TestReconcileSweepPassEnds(t *testing.T) {
 		executor.NoteLookupsFailing(rc, ev.Key(), time.Now())
 	}
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	if _, err := rc.Resolve(t.Context(), ops, held1, processors.StatusSucceeded, "the ticket is there"); err != nil {
+	if _, err := rc.Resolve(t.Context(), ops, held1, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the ticket is there"}); err != nil {
 		t.Fatal(err)
 	}
 	later.Store(true)
@@ -550,7 +550,7 @@ func TestReconcileAfterExecutorDiedKeepsItsEvents(t *testing.T) {
 			}
 			if resolve {
 				ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-				evs, err := rc.Resolve(t.Context(), ops, ev.Key(), processors.StatusSucceeded, "the mail server's log")
+				evs, err := rc.Resolve(t.Context(), ops, ev.Key(), executor.Resolution{As: processors.StatusSucceeded, Evidence: "the mail server's log"})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -28,6 +28,9 @@ type ResolveRequest struct {
 	As string `json:"as"`
 	// Evidence says how the operator found out.
 	Evidence string `json:"evidence"`
+	// CancelCompensation confirms a resolution as succeeded while the
+	// reconciler's compensation of the call is pending (see Resolution).
+	CancelCompensation bool `json:"cancel_compensation,omitempty"`
 }
 
 // ResolveHandler serves POST /v1/resolutions: an operator (an assertion
@@ -44,7 +47,7 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			return
 		}
 		key := ledger.CallKey{TenantID: body.TenantID, IdempotencyKey: body.IdempotencyKey}
-		m, err := r.resolve(req.Context(), op, key, processors.Status(body.As), body.Evidence)
+		m, err := r.resolve(req.Context(), op, key, Resolution{As: processors.Status(body.As), Evidence: body.Evidence, CancelCompensation: body.CancelCompensation})
 		evs := m.evs
 		switch {
 		case errors.Is(err, ErrForbidden):
@@ -55,6 +58,9 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			return
 		case errors.Is(err, ErrUndoUnderWay):
 			resolveError(w, http.StatusConflict, "compensation_under_way", err.Error())
+			return
+		case errors.Is(err, ErrAutomaticUndoPending):
+			resolveError(w, http.StatusConflict, "automatic_compensation_pending", err.Error())
 			return
 		case errors.Is(err, ErrNotUnknown):
 			resolveError(w, http.StatusConflict, "not_unknown", err.Error())

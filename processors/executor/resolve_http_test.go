@@ -63,20 +63,11 @@ func TestResolveHandlerStatuses(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Store = tc.store })
-			srv := httptest.NewServer(rc.ResolveHandler(operatorVerifier{}, discardPublisher{}))
-			defer srv.Close()
-			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/resolutions", strings.NewReader(tc.body))
-			req.Header.Set("Authorization", "Bearer x")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
+			status, got := postResolution(t, rc, tc.body)
+			if status != tc.status || !strings.Contains(got, `"`+tc.code+`"`) {
+				t.Errorf("%s: %d %s; want %d %s", tc.name, status, got, tc.status, tc.code)
 			}
-			defer resp.Body.Close()
-			got, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != tc.status || !strings.Contains(string(got), `"`+tc.code+`"`) {
-				t.Errorf("%s: %d %s; want %d %s", tc.name, resp.StatusCode, got, tc.status, tc.code)
-			}
-			if strings.Contains(string(got), "10.0.0.7") {
+			if strings.Contains(got, "10.0.0.7") {
 				t.Errorf("the answer names the store's address: %s", got)
 			}
 		})
@@ -84,4 +75,38 @@ func TestResolveHandlerStatuses(t *testing.T) {
 	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusSucceeded {
 		t.Errorf("after the resolution as succeeded the call is %s (%v); want succeeded", rec.Status, err)
 	}
+}
+
+// Behind the reconciler's pending compensation, POST /v1/resolutions as
+// succeeded is refused 409 automatic_compensation_pending, until the body
+// confirms it with cancel_compensation.
+func TestResolveHandlerBehindTheReconcilersUndo(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	r.admitCompensation(orig.Key(), executor.ReconcilerUser)
+	rc := r.reconciler()
+	body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"succeeded","evidence":"the bank's statement"`
+	if status, got := postResolution(t, rc, body+`}`); status != http.StatusConflict || !strings.Contains(got, `"automatic_compensation_pending"`) || !strings.Contains(got, "cancel_compensation") {
+		t.Errorf("unconfirmed: %d %s; want 409 automatic_compensation_pending naming cancel_compensation", status, got)
+	}
+	if status, got := postResolution(t, rc, body+`,"cancel_compensation":true}`); status != http.StatusOK || !strings.Contains(got, `"succeeded"`) {
+		t.Errorf("confirmed: %d %s; want 200 succeeded", status, got)
+	}
+}
+
+// postResolution posts body to rc's POST /v1/resolutions, as the operator
+// operatorVerifier verifies, and returns the answer's status and body.
+func postResolution(t *testing.T, rc *executor.Reconciler, body string) (int, string) {
+	t.Helper()
+	srv := httptest.NewServer(rc.ResolveHandler(operatorVerifier{}, discardPublisher{}))
+	defer srv.Close()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/resolutions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer x")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(got)
 }

@@ -786,7 +786,7 @@ func TestResolveWaitsForTheCompensation(t *testing.T) {
 			k := orig.Key()
 			comp := r.admitCompensation(k, "u_operator")
 			rc := r.reconciler()
-			if _, err := rc.Resolve(t.Context(), ops, k, processors.StatusFailed, "no refund in the ledger of the bank"); !errors.Is(err, executor.ErrUndoUnderWay) {
+			if _, err := rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusFailed, Evidence: "no refund in the ledger of the bank"}); !errors.Is(err, executor.ErrUndoUnderWay) {
 				t.Fatalf("resolving while the compensation is authorized = %v; want ErrUndoUnderWay", err)
 			}
 			r.backend.SetFault("cancel_refund", tc.fault)
@@ -794,7 +794,7 @@ func TestResolveWaitsForTheCompensation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = rc.Resolve(t.Context(), ops, k, processors.StatusFailed, "no refund in the ledger of the bank")
+			_, err = rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusFailed, Evidence: "no refund in the ledger of the bank"})
 			if tc.status == processors.StatusCompensated {
 				if !errors.Is(err, executor.ErrUndoUnderWay) {
 					t.Fatalf("resolving after the compensation succeeded = %v; want ErrUndoUnderWay", err)
@@ -807,5 +807,91 @@ func TestResolveWaitsForTheCompensation(t *testing.T) {
 				t.Errorf("the call is %s (%v); want %s", rec.Status, err, tc.status)
 			}
 		})
+	}
+}
+
+// An operator who asks to undo a call parked for the reconciler's
+// compensation joins that compensation (one key a call). Resolving the
+// call succeeded afterwards would have the compensation end
+// nothing_to_undo, the operator's request lost without a word and its key
+// spent: the resolution is refused, automatic_compensation_pending,
+// saying what to do, unless the resolver confirms it
+// (CancelCompensation). Left unresolved, the compensation undoes the
+// call.
+func TestResolveSucceededBehindTheReconcilersUndo(t *testing.T) {
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	for _, tc := range []struct {
+		name    string
+		cancel  bool
+		want    processors.Status // the call's in the end
+		applied int               // cancel_refund's effects
+	}{
+		{"left to the compensation", false, processors.StatusCompensated, 1},
+		{"resolved, confirmed", true, processors.StatusSucceeded, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			var now time.Time
+			orig, svc, pub, rc, _ := r.undoRequested(&now)
+			k, ck := orig.Key(), orig.Key().CompensationKey()
+			if got, _, err := svc.Compensate(t.Context(), ops, k, "the customer asked for it back"); err != nil || got != ck {
+				t.Fatalf("the operator's undo = %s, %v; want it joined to %s", got, err, ck)
+			}
+			res := executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund"}
+			_, err := rc.Resolve(t.Context(), ops, k, res)
+			if !errors.Is(err, executor.ErrAutomaticUndoPending) || !strings.Contains(err.Error(), "leave it unresolved") {
+				t.Fatalf("resolving succeeded while the compensation is pending = %v; want ErrAutomaticUndoPending saying to leave it unresolved", err)
+			}
+			if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusParked {
+				t.Fatalf("after the refusal the call is %s (%v); want parked still", rec.Status, err)
+			}
+			if tc.cancel {
+				res.CancelCompensation = true
+				if _, err := rc.Resolve(t.Context(), ops, k, res); err != nil {
+					t.Fatalf("resolving succeeded, confirmed = %v", err)
+				}
+			}
+			out, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.reconcileAll(rc, out.Records...)
+			if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != tc.want {
+				t.Errorf("the call is %s (%v); want %s", rec.Status, err, tc.want)
+			}
+			if n := r.backend.AppliedIn("cancel_refund", "t_a", ck.String()); n != tc.applied {
+				t.Errorf("cancel_refund applied %d times; want %d", n, tc.applied)
+			}
+		})
+	}
+}
+
+// Only the reconciler's pending compensation holds a resolution as
+// succeeded back: an operator's runs on a call settled succeeded, and
+// one that has ended is past undoing anything.
+func TestResolveSucceededBehindWhichCompensation(t *testing.T) {
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	for _, tc := range []struct {
+		asker   string
+		ended   bool
+		refused bool
+	}{
+		{executor.ReconcilerUser, false, true},
+		{executor.ReconcilerUser, true, false},
+		{"u_operator", false, false},
+	} {
+		r := newRig(t)
+		orig, _ := r.unknownRefundToUndo()
+		auth := r.admitCompensation(orig.Key(), tc.asker)
+		if tc.ended {
+			r.backend.SetFault("cancel_refund", demobackend.Fault{FailStatus: http.StatusUnprocessableEntity})
+			if _, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := r.reconciler().Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund"})
+		if got := errors.Is(err, executor.ErrAutomaticUndoPending); got != tc.refused || !tc.refused && err != nil {
+			t.Errorf("asked by %s (ended %v): resolving succeeded = %v; want refused %v", tc.asker, tc.ended, err, tc.refused)
+		}
 	}
 }

@@ -70,6 +70,7 @@ func (c *Console) postResolve(w http.ResponseWriter, r *http.Request, s *session
 	var ev ledger.Event
 	_, err := c.call(r, s, http.MethodPost, pathResolutions, nil, resolveBody{
 		TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey, As: as, Evidence: f.Get("evidence"),
+		CancelCompensation: f.Get("cancel_compensation") == "on",
 	}, &ev)
 	c.logAction(s, "resolve", key.String(), err)
 	if err != nil {

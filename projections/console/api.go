@@ -363,5 +363,8 @@ type (
 		IdempotencyKey string `json:"idempotency_key"`
 		As             string `json:"as"`
 		Evidence       string `json:"evidence"`
+		// CancelCompensation confirms a resolution as succeeded while
+		// the reconciler's compensation of the call is pending.
+		CancelCompensation bool `json:"cancel_compensation,omitempty"`
 	}
 )

@@ -818,6 +818,12 @@ func TestActionsCallTheAPI(t *testing.T) {
 			wantBack: "/calls?tool=x", wantFlash: "ok: olga resolved acme/refund-4 as succeeded (event succeeded, seq 6).",
 		},
 		{
+			name: "resolve, cancelling the reconciler's compensation", as: assertOperator,
+			path: "/calls/resolve", form: url.Values{"tenant": {"acme"}, "key": {"refund-4"}, "as": {"succeeded"}, "evidence": {"backend says ok"}, "cancel_compensation": {"on"}},
+			wantPath: "/v1/resolutions", wantBody: `{"tenant_id":"acme","idempotency_key":"refund-4","as":"succeeded","evidence":"backend says ok","cancel_compensation":true}`,
+			wantBack: "/calls", wantFlash: "ok: olga resolved acme/refund-4 as succeeded",
+		},
+		{
 			name: "resolve elsewhere is not followed", as: assertOperator,
 			path: "/calls/resolve", form: url.Values{"tenant": {"acme"}, "key": {"refund-4"}, "as": {"failed"}, "evidence": {"e"}, "back": {"//evil.example/x"}},
 			wantPath: "/v1/resolutions", wantBody: `{"tenant_id":"acme","idempotency_key":"refund-4","as":"failed","evidence":"e"}`,
