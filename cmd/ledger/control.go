@@ -145,7 +145,8 @@ func newCallsCmd(g *globals) *cobra.Command {
 	resolve.Flags().StringVar(&as, "as", "", "succeeded or failed")
 	resolve.Flags().StringVar(&evidence, "evidence", "", "how you found out (recorded on the event)")
 	resolve.Flags().StringVar(&tenant, "call-tenant", "t_demo", "the call's tenant")
-	resolve.Flags().BoolVar(&cancelCompensation, "cancel-compensation", false, "with --as succeeded, while the compensation the reconciler asked for (a policy's undo_unknown) is pending: confirm that it is to end without undoing the call (nothing_to_undo), an operator's request to undo the call that joined it with it; without, such a resolution is refused (automatic_compensation_pending)")
+	resolve.Flags().BoolVar(&cancelCompensation, "cancel-compensation", false, "with --as succeeded, while the compensation the reconciler asked for (a policy's undo_unknown) is still to run: confirm that it is to end without undoing the call (nothing_to_undo), an operator's request to undo the call that joined it with it; without, such a resolution is refused (automatic_compensation_pending), as it is, confirmed or not, while an executor runs that compensation. Never read from the environment")
+	markExplicitOnly(resolve.Flags(), "cancel-compensation")
 	var reason, compTenant string
 	compensate := &cobra.Command{
 		Use:   "compensate KEY",

@@ -42,6 +42,11 @@ var (
 	// been settled succeeded, which an automatic compensation does not
 	// undo: a request now would be taken for it, and undo nothing.
 	ErrAutomaticCompensationPending error = terminalError("compensation: the reconciler's automatic compensation of the call is pending, and does not undo a call settled succeeded")
+	// ErrSettled: the reconciler asked (AutomaticUser) to undo a call no
+	// longer parked: settled by an operator since it was listed. The
+	// compensation it would start undoes nothing, and would spend the
+	// call's one compensation key, which an operator may need.
+	ErrSettled error = terminalError("compensation: the call is no longer parked; the reconciler's automatic compensation undoes only a parked call")
 	// ErrCompensationFailed: the call's compensation ran and did not
 	// undo it (failed, denied, expired).
 	ErrCompensationFailed error = terminalError("compensation: the compensation did not succeed")
@@ -131,6 +136,9 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	}
 	if rec.Status != processors.StatusSucceeded && rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
 		return ledger.CallKey{}, nil, fmt.Errorf("%w (it is %s)", ErrNotCompensable, rec.Status)
+	}
+	if operator.User == AutomaticUser && rec.Status != processors.StatusParked {
+		return ledger.CallKey{}, nil, fmt.Errorf("%w (it is %s)", ErrSettled, rec.Status)
 	}
 	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
 	if err != nil {
@@ -253,7 +261,7 @@ func (s *Service) Handler() http.Handler {
 			writeError(w, http.StatusForbidden, "forbidden", err.Error())
 		case errors.Is(err, processors.ErrNotFound):
 			writeError(w, http.StatusNotFound, "not_found", "no call under this key for this tenant")
-		case errors.Is(err, ErrNotCompensable), errors.Is(err, ErrNoCompensation), errors.Is(err, ErrCompensationFailed):
+		case errors.Is(err, ErrNotCompensable), errors.Is(err, ErrNoCompensation), errors.Is(err, ErrCompensationFailed), errors.Is(err, ErrSettled):
 			writeError(w, http.StatusConflict, "not_compensable", err.Error())
 		case errors.Is(err, ErrAutomaticCompensationPending):
 			writeError(w, http.StatusConflict, "automatic_compensation_pending", err.Error())

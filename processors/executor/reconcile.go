@@ -63,7 +63,8 @@ var (
 	// ErrAutomaticUndoPending: the compensation the reconciler asked for
 	// (undo_unknown), which operators' requests to undo the call join, is
 	// still to run, and a call resolved succeeded is one it leaves as it
-	// is: resolving so needs Resolution.CancelCompensation.
+	// is: resolving so needs Resolution.CancelCompensation, and waits for
+	// one an executor is running.
 	ErrAutomaticUndoPending = errors.New("executor: the reconciler's compensation of the call is pending, and does not undo a call resolved succeeded")
 )
 
@@ -75,8 +76,9 @@ type Resolution struct {
 	// Evidence says how the operator found out (required).
 	Evidence string
 	// CancelCompensation confirms a resolution as succeeded while the
-	// compensation the reconciler asked for is pending: it then ends
-	// nothing_to_undo, an operator's request that joined it with it.
+	// compensation the reconciler asked for is still to run: it then
+	// ends nothing_to_undo, an operator's request that joined it with
+	// it. One an executor is running is waited for all the same.
 	CancelCompensation bool
 }
 
@@ -666,14 +668,37 @@ attempts:
 		fmt.Sprintf("the status lookups of its last pass failed or were held off, and none answered for %s: %v", r.cfg.UnansweredFor, last)), true, nil
 }
 
-// automaticPending reports whether comp is a compensation the reconciler
-// asked for that has not ended.
-func automaticPending(comp processors.Record) bool {
+// automaticUndoPending says why a resolution as succeeded waits for, or
+// must confirm (confirmed), comp, the call's compensation ck; nil when it
+// need not. Resolved succeeded, the call is one the reconciler's
+// compensation leaves as it is, and an operator who asked to undo it
+// since, whose request joined that one (the key is the call's), would
+// find it not undone, and its key spent: the resolver says so knowingly.
+// An operator's compensation undoes a call settled succeeded too, and
+// settles it compensated.
+func automaticUndoPending(ck ledger.CallKey, comp processors.Record, confirmed bool) error {
 	if comp.Status.Done() {
-		return false
+		return nil
 	}
-	tmpl, err := recordTemplate(comp)
-	return err == nil && tmpl.UserID == ReconcilerUser
+	asker := "asked for by the reconciler under undo_unknown; operators' requests to undo the call since joined it"
+	if tmpl, err := recordTemplate(comp); err != nil {
+		// A newer build's events: it may be the reconciler's.
+		asker = "whose events this build cannot read: it may be the reconciler's"
+	} else if tmpl.UserID != ReconcilerUser {
+		return nil
+	}
+	if comp.Status == processors.StatusExecuting && comp.LeaseOwner != "" {
+		// An executor holds it, may have found the call undoable
+		// before it was settled, and be sending: a confirmation would
+		// not stop it.
+		return fmt.Errorf("%w: %s (%s) is running, and may undo the call: ask again once it has ended (ledger trace %s)",
+			ErrAutomaticUndoPending, ck, asker, ck.IdempotencyKey)
+	}
+	if confirmed {
+		return nil
+	}
+	return fmt.Errorf("%w: %s (%s) is %s, and would end without undoing the call (nothing_to_undo). To have the call undone, leave it unresolved: the compensation settles it compensated once it succeeds. To keep the success, resolve with cancel_compensation (ledger calls resolve --cancel-compensation)",
+		ErrAutomaticUndoPending, ck, asker, comp.Status)
 }
 
 // ReconcilerUser is the user the reconciler asks for compensations as: a
@@ -721,6 +746,14 @@ func (r *Reconciler) requestUndo(ctx context.Context, key ledger.CallKey, reason
 	if err == nil {
 		delete(r.undos, key)
 		r.cfg.Metrics.CompensationRequest("requested")
+		return false
+	}
+	if errors.Is(err, compensation.ErrSettled) {
+		// Resolved since the sweep listed it parked: nothing to undo
+		// nor to hand over.
+		delete(r.undos, key)
+		r.cfg.Metrics.CompensationRequest("settled")
+		r.cfg.Logger.Info("automatic compensation not asked for: the call was settled meanwhile", "call_key", key.String(), "err", err)
 		return false
 	}
 	st := r.undos[key]
@@ -1156,23 +1189,18 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	// the resolver must confirm, below.) Once the compensation ended
 	// without undoing anything, or was itself resolved failed, the call
 	// is the operator's to settle.
-	if as == processors.StatusFailed || !res.CancelCompensation {
-		ck := key.CompensationKey()
-		switch comp, err := r.cfg.Store.Get(ctx, ck); {
-		case errors.Is(err, processors.ErrNotFound):
-		case err != nil:
-			return pendingMove{}, err
-		case as == processors.StatusFailed && !undoneNothing(comp.Status):
+	ck := key.CompensationKey()
+	switch comp, err := r.cfg.Store.Get(ctx, ck); {
+	case errors.Is(err, processors.ErrNotFound):
+	case err != nil:
+		return pendingMove{}, err
+	case as == processors.StatusFailed:
+		if !undoneNothing(comp.Status) {
 			return pendingMove{}, fmt.Errorf("%w: %s is %s; resolve it first if its outcome is unknown", ErrUndoUnderWay, ck, comp.Status)
-		case as == processors.StatusSucceeded && automaticPending(comp):
-			// Resolved succeeded, the call is one the reconciler's
-			// compensation leaves as it is (it ends nothing_to_undo),
-			// and an operator who asked to undo it since, whose
-			// request joined that one (the key is the call's), would
-			// find it not undone, and its key spent: the resolver says
-			// so knowingly.
-			return pendingMove{}, fmt.Errorf("%w: %s (asked for by the reconciler under undo_unknown; operators' requests to undo the call since joined it) is %s, and would end nothing_to_undo. To have the call undone, leave it unresolved: the compensation settles it compensated once it succeeds. To keep the success, resolve with cancel_compensation (ledger calls resolve --cancel-compensation)",
-				ErrAutomaticUndoPending, ck, comp.Status)
+		}
+	default:
+		if err := automaticUndoPending(ck, comp, res.CancelCompensation); err != nil {
+			return pendingMove{}, err
 		}
 	}
 	tmpl, err := recordTemplate(rec)

@@ -866,32 +866,112 @@ func TestResolveSucceededBehindTheReconcilersUndo(t *testing.T) {
 	}
 }
 
-// Only the reconciler's pending compensation holds a resolution as
-// succeeded back: an operator's runs on a call settled succeeded, and
-// one that has ended is past undoing anything.
+// Only the reconciler's compensation still to run holds a resolution as
+// succeeded back, until confirmed: an operator's runs on a call settled
+// succeeded, and one that has ended is past undoing anything. One whose
+// events this build cannot read may be the reconciler's. One an executor
+// holds may be sending: confirmed or not, the resolution waits for it.
 func TestResolveSucceededBehindWhichCompensation(t *testing.T) {
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	const unreadable = "(a newer build's events)"
 	for _, tc := range []struct {
-		asker   string
-		ended   bool
-		refused bool
+		asker                    string
+		ended, claimed, confirms bool
+		refused                  string // what the refusal says; "" for none
 	}{
-		{executor.ReconcilerUser, false, true},
-		{executor.ReconcilerUser, true, false},
-		{"u_operator", false, false},
+		{asker: executor.ReconcilerUser, refused: "leave it unresolved"},
+		{asker: executor.ReconcilerUser, confirms: true},
+		{asker: executor.ReconcilerUser, ended: true},
+		{asker: executor.ReconcilerUser, claimed: true, refused: "is running"},
+		{asker: executor.ReconcilerUser, claimed: true, confirms: true, refused: "is running"},
+		{asker: "u_operator"},
+		{asker: unreadable, refused: "cannot read"},
+		{asker: unreadable, confirms: true},
 	} {
 		r := newRig(t)
 		orig, _ := r.unknownRefundToUndo()
-		auth := r.admitCompensation(orig.Key(), tc.asker)
+		var auth *kgo.Record
+		if tc.asker == unreadable {
+			ck := orig.Key().CompensationKey()
+			if _, err := r.store.Admit(t.Context(), []processors.Admission{{Key: ck, CallID: "comp", ArgumentsHash: "sha256:x", Tool: "cancel_refund", ToolVersion: 1,
+				Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte(`[{"v":99,"type":"authorized","seq":2}]`)}}); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			auth = r.admitCompensation(orig.Key(), tc.asker)
+		}
 		if tc.ended {
 			r.backend.SetFault("cancel_refund", demobackend.Fault{FailStatus: http.StatusUnprocessableEntity})
 			if _, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		_, err := r.reconciler().Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund"})
-		if got := errors.Is(err, executor.ErrAutomaticUndoPending); got != tc.refused || !tc.refused && err != nil {
-			t.Errorf("asked by %s (ended %v): resolving succeeded = %v; want refused %v", tc.asker, tc.ended, err, tc.refused)
+		if tc.claimed {
+			ev := authorizedEvent(t, auth)
+			r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+		}
+		_, err := r.reconciler().Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund", CancelCompensation: tc.confirms})
+		if tc.refused == "" && err != nil || tc.refused != "" && (!errors.Is(err, executor.ErrAutomaticUndoPending) || !strings.Contains(err.Error(), tc.refused)) {
+			t.Errorf("asked by %s (ended %v, claimed %v, confirmed %v): resolving succeeded = %v; want refused saying %q", tc.asker, tc.ended, tc.claimed, tc.confirms, err, tc.refused)
 		}
 	}
+}
+
+// A sweep that listed a call parked for its compensation asks for none
+// once an operator resolved the call meanwhile: that compensation would
+// undo nothing and spend the call's one compensation key, and an
+// operator's undo of the call is then accepted. Nor is the call handed
+// to a human.
+func TestNoAutomaticUndoOfACallSettledMeanwhile(t *testing.T) {
+	r := newRig(t)
+	orig, unknown := r.unknownRefundToUndo()
+	sub := &countingSubmitter{}
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	// The resolution lands between the park and the reconciler's
+	// request for the compensation.
+	resolving := resolvingFirst{svc: svc, resolve: func() error {
+		_, err := r.reconciler().Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund"})
+		return err
+	}}
+	now := time.Now()
+	rc := r.sweepingReconciler(&resolving, &now, nil)
+	failingLong(rc, orig.Key())
+	r.reconcileAll(rc, unknown)
+	if resolving.err != nil || !errors.Is(resolving.answer, compensation.ErrSettled) {
+		t.Fatalf("resolved (%v), then the reconciler's request = %v; want ErrSettled", resolving.err, resolving.answer)
+	}
+	if sub.n != 0 {
+		t.Errorf("%d compensations submitted; want none", sub.n)
+	}
+	now = now.Add(time.Hour)
+	r.reconcileAll(rc)
+	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusSucceeded {
+		t.Errorf("the call is %s (%v); want succeeded, not parked again", rec.Status, err)
+	}
+	if _, _, err := svc.Compensate(t.Context(), ops, orig.Key(), "the customer asked for it back"); err != nil || sub.n != 1 {
+		t.Errorf("an operator's undo afterwards = %v, %d submitted; want it submitted", err, sub.n)
+	}
+}
+
+// resolvingFirst runs resolve before it passes the first request for a
+// compensation on to svc, and keeps svc's answer.
+type resolvingFirst struct {
+	svc     *compensation.Service
+	resolve func() error
+	done    bool
+	err     error
+	answer  error
+}
+
+func (c *resolvingFirst) Compensate(ctx context.Context, op identity.Identity, key ledger.CallKey, reason string) (ledger.CallKey, []ledger.Event, error) {
+	if !c.done {
+		c.done, c.err = true, c.resolve()
+	}
+	ck, evs, err := c.svc.Compensate(ctx, op, key, reason)
+	c.answer = err
+	return ck, evs, err
 }
