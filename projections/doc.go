@@ -6,10 +6,10 @@
 //     committed records to. Writing the same batch twice changes no answer:
 //     every projection deduplicates on the event's id.
 //   - Queries is what responders ask: a call's trace, the blast radius of a
-//     credential, tool, policy version, approver, call or trace (narrowed
-//     by the calls' state if asked), outcome counts by tool and time
-//     bucket, and the unresolved calls. Every question is scoped to one
-//     tenant unless it says AllTenants.
+//     credential, tool, policy version, caller's role, approver, call or
+//     trace (narrowed by the calls' state if asked), outcome counts by
+//     tool and time bucket, and the unresolved calls. Every question is
+//     scoped to one tenant unless it says AllTenants.
 //
 // Two projections implement both: chstore on ClickHouse, for production,
 // and callindex in a bbolt file, for `ledger dev`. The contract suite in
@@ -34,6 +34,10 @@
 //     of that kind. Events carry label@hash ("v41@3f2a9c1b0d7e"); a
 //     label alone ("v41") matches every version of that label
 //     (PolicyVersionMatches);
+//   - Role: a policy's decision event made with that role among the
+//     caller's roles the policies were given (`--policy-roles`; events
+//     decided without it carry none); with Decision set, only decisions
+//     of that kind;
 //   - with none of those: the call's requested event.
 //
 // Tenant and Tool narrow the match to the events of that tenant and tool.

@@ -19,6 +19,7 @@ func TestValuesRoundTrip(t *testing.T) {
 		{AllTenants: true, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Tool: "refund_order", Since: now.Add(-time.Hour)},
 		{Tenant: "t_1", State: statemachine.StateOutcomeUnknown, Until: now, Limit: 5},
 		{Tenant: "t_1", JTI: "j", State: statemachine.StateSucceeded, CallID: "c-2", TraceID: "tr"},
+		{AllTenants: true, Role: "contractor", Decision: "deny"},
 	} {
 		v := f.Values()
 		got, err := FilterFromValues(v, now)
@@ -45,6 +46,9 @@ func TestFilterCallTraceState(t *testing.T) {
 	}{
 		{"call id", Filter{Tenant: "t", CallID: "c"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"trace id", Filter{Tenant: "t", TraceID: "tr"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
+		{"role", Filter{Tenant: "t", Role: "contractor"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
+		{"a role's denials", Filter{Tenant: "t", Role: "contractor", Decision: "deny"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
+		{"a decision alone", Filter{Tenant: "t", Decision: "deny"}, false, ErrInvalidFilter, ErrInvalidFilter, ErrInvalidFilter},
 		{"state", Filter{Tenant: "t", State: statemachine.StateDenied}, false, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"state with a jti", Filter{Tenant: "t", JTI: "j", State: statemachine.StateSucceeded}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"unknown state", Filter{Tenant: "t", State: "done"}, false, ErrInvalidFilter, ErrInvalidFilter, ErrInvalidFilter},

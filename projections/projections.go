@@ -126,8 +126,12 @@ type Filter struct {
 	// label the operator gave it and its files' hash), or its label
 	// alone, which matches every version of that label.
 	PolicyVersion string `json:"policy_version,omitempty"`
-	// Decision narrows PolicyVersion to decisions of one kind: allow,
-	// deny or require_approval.
+	// Role is a role the caller's assertion gave the policies
+	// (--policy-roles), on the call's decision: "every call a contractor
+	// made".
+	Role string `json:"role,omitempty"`
+	// Decision narrows PolicyVersion and Role to decisions of one kind:
+	// allow, deny or require_approval.
 	Decision   string `json:"decision,omitempty"`
 	Approver   string `json:"approver,omitempty"`
 	ApprovalID string `json:"approval_id,omitempty"`
@@ -176,8 +180,8 @@ func (f Filter) Check() (Filter, error) {
 		return f, ErrTenantRequired
 	case f.Tenant != "" && f.AllTenants:
 		return f, fmt.Errorf("%w: a tenant and all tenants at once", ErrInvalidFilter)
-	case f.Decision != "" && f.PolicyVersion == "":
-		return f, fmt.Errorf("%w: a decision narrows a policy version; name one", ErrInvalidFilter)
+	case f.Decision != "" && f.PolicyVersion == "" && f.Role == "":
+		return f, fmt.Errorf("%w: a decision narrows a policy version or a role; name one", ErrInvalidFilter)
 	case f.Decision != "" && !decisions[f.Decision]:
 		return f, fmt.Errorf("%w: decision %q is not one of allow, deny, require_approval", ErrInvalidFilter, f.Decision)
 	case f.State != "" && !slices.Contains(statemachine.States, f.State):
@@ -212,11 +216,17 @@ func knownStates() string {
 }
 
 // References reports whether f names any reference (JTI, family, policy
-// version, approver, approval id, call id or trace id), rather than only
-// tenant, tool, time and state.
+// version, role, approver, approval id, call id or trace id), rather than
+// only tenant, tool, time and state.
 func (f Filter) References() bool {
-	return f.JTI != "" || f.CredentialFamily != "" || f.PolicyVersion != "" || f.Approver != "" || f.ApprovalID != "" ||
+	return f.JTI != "" || f.CredentialFamily != "" || f.PolicyVersion != "" || f.Role != "" || f.Approver != "" || f.ApprovalID != "" ||
 		f.CallID != "" || f.TraceID != ""
+}
+
+// RoleDecided reports whether e is a policy's decision made with role
+// among the caller's roles it was given: the events Filter.Role matches.
+func RoleDecided(e *ledger.Event, role string) bool {
+	return PolicyDecision(e.Decision) && slices.Contains(e.Roles, role)
 }
 
 // InWindow reports whether t, in whole seconds, is in [Since, Until).

@@ -19,6 +19,7 @@ const (
 	ParamTool             = "tool"
 	ParamPolicyVersion    = "policy_version"
 	ParamDecision         = "decision"
+	ParamRole             = "role"
 	ParamApprover         = "approver"
 	ParamApprovalID       = "approval_id"
 	ParamCallID           = "call_id"
@@ -47,6 +48,7 @@ func (f Filter) Values() url.Values {
 	set(ParamTool, f.Tool)
 	set(ParamPolicyVersion, f.PolicyVersion)
 	set(ParamDecision, f.Decision)
+	set(ParamRole, f.Role)
 	set(ParamApprover, f.Approver)
 	set(ParamApprovalID, f.ApprovalID)
 	set(ParamCallID, f.CallID)
@@ -68,7 +70,7 @@ func (f Filter) Values() url.Values {
 // that a misspelt filter cannot silently widen a question.
 var known = map[string]bool{
 	ParamTenant: true, ParamAllTenants: true, ParamJTI: true, ParamCredentialFamily: true,
-	ParamTool: true, ParamPolicyVersion: true, ParamDecision: true, ParamApprover: true,
+	ParamTool: true, ParamPolicyVersion: true, ParamDecision: true, ParamRole: true, ParamApprover: true,
 	ParamApprovalID: true, ParamCallID: true, ParamTraceID: true, ParamState: true,
 	ParamSince: true, ParamUntil: true, ParamLimit: true,
 }
@@ -100,6 +102,7 @@ func FilterFromValues(v url.Values, now time.Time, extra ...string) (Filter, err
 	f.Tool = v.Get(ParamTool)
 	f.PolicyVersion = v.Get(ParamPolicyVersion)
 	f.Decision = v.Get(ParamDecision)
+	f.Role = v.Get(ParamRole)
 	f.Approver = v.Get(ParamApprover)
 	f.ApprovalID = v.Get(ParamApprovalID)
 	f.CallID = v.Get(ParamCallID)

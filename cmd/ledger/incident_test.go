@@ -42,11 +42,18 @@ func TestDevIncidentQueries(t *testing.T) {
 	direct := []string{"--clickhouse-dsn", dsn, "--clickhouse-database", db}
 	viaAPI := []string{"--api", "http://" + api, "--data-dir", dir}
 
-	submit := func(tool, args, key string) string {
-		return cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", tool, "--args", args, "--key", key, "--wait", "--timeout", "60s")
+	submit := func(tool, args, key string, more ...string) string {
+		return cli(t, append([]string{"submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", tool, "--args", args, "--key", key, "--wait", "--timeout", "60s"}, more...)...)
 	}
+	// The first weather call's caller has roles, which dev gives the
+	// policies (--policy-roles).
+	contractor := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--tenant", "t_demo", "--user", "u_temp", "--roles", "contractor,support"))
 	for i, city := range []string{"Sydney", "Hobart", "Perth"} {
-		submit("get_weather", fmt.Sprintf(`{"city":%q}`, city), fmt.Sprintf("inc-weather-%d", i))
+		var more []string
+		if i == 0 {
+			more = []string{"--assertion", contractor, "--user", "u_temp"}
+		}
+		submit("get_weather", fmt.Sprintf(`{"city":%q}`, city), fmt.Sprintf("inc-weather-%d", i), more...)
 	}
 	if out := submit("refund_order", `{"order_id":"ord_77","amount_cents":45000,"currency":"AUD"}`, "inc-refund"); !strings.Contains(out, "approval_pending") {
 		t.Fatalf("refund:\n%s", out)
@@ -97,6 +104,23 @@ func TestDevIncidentQueries(t *testing.T) {
 		br := blast(source, "--jti", jti, "--all-tenants")
 		if br.Total != 1 || len(br.Calls) != 1 || br.Calls[0].IdempotencyKey != "inc-weather-1" || br.Calls[0].State != "succeeded" {
 			t.Errorf("%s: blast radius of %s: %+v; want inc-weather-1, succeeded", name, jti, br)
+		}
+	}
+	// A caller's role finds the calls its policies decided with it.
+	for name, source := range map[string][]string{"clickhouse": direct, "api": viaAPI} {
+		for _, c := range []struct {
+			args []string
+			want int
+		}{
+			{[]string{"--role", "contractor"}, 1},
+			{[]string{"--role", "support", "--decision", "allow", "--tool", "get_weather"}, 1},
+			{[]string{"--role", "contractor", "--decision", "deny"}, 0},
+			{[]string{"--role", "operator"}, 0},
+		} {
+			br := blast(source, append(c.args, "--tenant", "t_demo")...)
+			if br.Total != c.want || c.want == 1 && (len(br.Calls) != 1 || br.Calls[0].IdempotencyKey != "inc-weather-0") {
+				t.Errorf("%s: blast radius of %v: %+v; want %d call(s), inc-weather-0", name, c.args, br, c.want)
+			}
 		}
 	}
 	if a, b := blast(direct, "--tool", "get_weather", "--tenant", "t_demo"), blast(viaAPI, "--tool", "get_weather", "--tenant", "t_demo"); a.Total != 3 || !cmp.Equal(a, b) {

@@ -15,7 +15,7 @@
 //	meta        "layout" → the layout version the file is indexed for
 //
 // refs indexes the references BlastRadius names (jti, credential_family,
-// policy_version from decision events, approver, approval_id, call_id,
+// policy_version and role from decision events, approver, approval_id, call_id,
 // trace_id) so that a question naming one reads only the calls that
 // carry it; tenant-, tool- and state-only questions scan calls, whose
 // keys put a tenant's calls together. Every index is a superset: queries check each call they read
@@ -54,11 +54,12 @@ var (
 )
 
 // layout names the buckets' current layout: a file written before refs
-// and unresolved existed (layout 1), or before refs held call_id and
-// trace_id (2), is indexed again when opened.
+// and unresolved existed (layout 1), before refs held call_id and
+// trace_id (2), or before they held the roles of decisions (3), is
+// indexed again when opened.
 var (
 	metaLayout = []byte("layout")
-	layout     = []byte("3")
+	layout     = []byte("4")
 )
 
 // MaxRefusals is how many refused submissions the index keeps per key.

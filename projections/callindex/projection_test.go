@@ -543,28 +543,88 @@ func TestProjectionWriteTwice(t *testing.T) {
 	}
 }
 
-// A file of layout 2 has no refs by call id or trace id: opening it
+// A file of an older layout lacks the refs a later one added: layout 2
+// those by call id and trace id, layout 3 those by role. Opening it
 // indexes its calls again, and questions by them find the calls.
-func TestLayoutTwoIndexedAgain(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "index.db")
-	ix := openIndex(t, path)
-	log := projectionstest.Log(projectionstest.LogConfig{Seed: 5, Calls: 60, Tenants: 2})
-	projectionstest.Write(t, ix, log, 40)
-	if err := ix.Close(); err != nil {
-		t.Fatal(err)
+func TestOlderLayoutsIndexedAgain(t *testing.T) {
+	for _, tc := range []struct {
+		layout string
+		kinds  []string // the refs the layout lacks
+		ask    func(k ledger.CallKey, evs []ledger.Event) []projections.Filter
+	}{
+		{"2", []string{"call_id", "trace_id"}, func(k ledger.CallKey, evs []ledger.Event) []projections.Filter {
+			return []projections.Filter{{Tenant: k.TenantID, CallID: evs[0].CallID}, {AllTenants: true, TraceID: evs[0].TraceID}}
+		}},
+		{"3", []string{"role"}, func(k ledger.CallKey, evs []ledger.Event) []projections.Filter {
+			var fs []projections.Filter
+			for _, e := range evs {
+				if projections.PolicyDecision(e.Decision) && len(e.Roles) > 0 {
+					fs = append(fs, projections.Filter{Tenant: k.TenantID, Role: e.Roles[0], Decision: e.Decision, Since: e.At, Until: e.At.Add(time.Second)})
+				}
+			}
+			return fs
+		}},
+	} {
+		t.Run("layout "+tc.layout, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "index.db")
+			ix := openIndex(t, path)
+			log := projectionstest.Log(projectionstest.LogConfig{Seed: 5, Calls: 60, Tenants: 2})
+			projectionstest.Write(t, ix, log, 40)
+			if err := ix.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if removed := downgrade(t, path, tc.layout, tc.kinds...); removed == 0 {
+				t.Fatalf("the file held no refs of kinds %v to remove", tc.kinds)
+			}
+			ix = openIndex(t, path)
+			defer ix.Close()
+			o := projectionstest.NewOracle(log)
+			asked := 0
+			for _, k := range o.Keys() {
+				evs := o.Events(k)
+				if len(evs) == 0 {
+					continue
+				}
+				for _, f := range tc.ask(k, evs) {
+					nf, err := f.Check()
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := ix.BlastRadius(t.Context(), f)
+					if err != nil {
+						t.Fatalf("BlastRadius(%+v): %v", f, err)
+					}
+					if diff := cmp.Diff(o.BlastRadius(nf), got, cmpopts.EquateEmpty()); diff != "" {
+						t.Errorf("BlastRadius(%+v) after reopening (-oracle +index):\n%s", f, diff)
+					}
+					if got.Total == 0 {
+						t.Errorf("BlastRadius(%+v) after reopening found no call", f)
+					}
+					asked++
+				}
+			}
+			if asked == 0 {
+				t.Fatal("asked nothing")
+			}
+		})
 	}
+}
 
-	// As layout 2 left the file: the other refs, and none of these.
+// downgrade leaves the index file at path as layout left it: without the
+// refs of kinds. It returns how many it removed.
+func downgrade(t *testing.T, path, layout string, kinds ...string) int {
+	t.Helper()
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer db.Close()
 	removed := 0
 	err = db.Update(func(tx *bolt.Tx) error {
 		refs := tx.Bucket([]byte("refs"))
 		var old [][]byte
 		err := refs.ForEach(func(k, _ []byte) error {
-			if bytes.HasPrefix(k, []byte("call_id\x00")) || bytes.HasPrefix(k, []byte("trace_id\x00")) {
+			if slices.ContainsFunc(kinds, func(kind string) bool { return bytes.HasPrefix(k, []byte(kind+"\x00")) }) {
 				old = append(old, slices.Clone(k))
 			}
 			return nil
@@ -578,51 +638,12 @@ func TestLayoutTwoIndexedAgain(t *testing.T) {
 			}
 		}
 		removed = len(old)
-		return tx.Bucket([]byte("meta")).Put([]byte("layout"), []byte("2"))
+		return tx.Bucket([]byte("meta")).Put([]byte("layout"), []byte(layout))
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if removed == 0 {
-		t.Fatal("the file held no refs by call id or trace id to remove")
-	}
-
-	ix = openIndex(t, path)
-	defer ix.Close()
-	o := projectionstest.NewOracle(log)
-	asked := 0
-	for _, k := range o.Keys() {
-		evs := o.Events(k)
-		if len(evs) == 0 {
-			continue
-		}
-		for _, f := range []projections.Filter{
-			{Tenant: k.TenantID, CallID: evs[0].CallID},
-			{AllTenants: true, TraceID: evs[0].TraceID},
-		} {
-			nf, err := f.Check()
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := ix.BlastRadius(t.Context(), f)
-			if err != nil {
-				t.Fatalf("BlastRadius(%+v): %v", f, err)
-			}
-			if diff := cmp.Diff(o.BlastRadius(nf), got, cmpopts.EquateEmpty()); diff != "" {
-				t.Errorf("BlastRadius(%+v) after reopening (-oracle +index):\n%s", f, diff)
-			}
-			if got.Total == 0 {
-				t.Errorf("BlastRadius(%+v) after reopening found no call", f)
-			}
-			asked++
-		}
-	}
-	if asked == 0 {
-		t.Fatal("asked nothing")
-	}
+	return removed
 }
 
 // Questions that cannot be asked are refused, before any read.

@@ -24,6 +24,7 @@ const (
 	refJTI      = "jti"
 	refFamily   = "credential_family"
 	refPolicy   = "policy_version"
+	refRole     = "role"
 	refApprover = "approver"
 	refApproval = "approval_id"
 	refCallID   = "call_id"
@@ -46,6 +47,9 @@ func refs(e *ledger.Event) [][2]string {
 	add(refFamily, e.CredentialFamily)
 	if projections.PolicyDecision(e.Decision) {
 		add(refPolicy, e.PolicyVersion)
+		for _, role := range e.Roles {
+			add(refRole, role)
+		}
 	}
 	add(refApprover, e.Approver)
 	add(refApproval, e.ApprovalID)
@@ -184,7 +188,7 @@ func eachCandidate(ctx context.Context, tx *bolt.Tx, f projections.Filter, fn fu
 	var kind, value string
 	for _, r := range [][2]string{
 		{refCallID, f.CallID}, {refApproval, f.ApprovalID}, {refJTI, f.JTI}, {refTraceID, f.TraceID},
-		{refFamily, f.CredentialFamily}, {refApprover, f.Approver}, {refPolicy, f.PolicyVersion},
+		{refFamily, f.CredentialFamily}, {refApprover, f.Approver}, {refRole, f.Role}, {refPolicy, f.PolicyVersion},
 	} {
 		if r[1] != "" {
 			kind, value = r[0], r[1]
@@ -273,6 +277,9 @@ func matches(f projections.Filter, evs []ledger.Event) bool {
 		(f.PolicyVersion == "" || carried(func(e *ledger.Event) bool {
 			return projections.PolicyDecision(e.Decision) && projections.PolicyVersionMatches(f.PolicyVersion, e.PolicyVersion) &&
 				(f.Decision == "" || e.Decision == f.Decision)
+		})) &&
+		(f.Role == "" || carried(func(e *ledger.Event) bool {
+			return projections.RoleDecided(e, f.Role) && (f.Decision == "" || e.Decision == f.Decision)
 		})) &&
 		(f.Approver == "" || carried(func(e *ledger.Event) bool { return e.Approver == f.Approver })) &&
 		(f.ApprovalID == "" || carried(func(e *ledger.Event) bool { return e.ApprovalID == f.ApprovalID })) &&

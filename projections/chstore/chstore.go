@@ -10,8 +10,9 @@
 //   - calls: one row per event with the call as that event shows it
 //     (projections.CallOf); a call is its highest-seq row;
 //   - call_refs: the lookup orders of blast radius (jti, credential
-//     family, policy version of decisions, approver, approval id, call
-//     id and trace id, and each call's requested event);
+//     family, policy version and caller's roles of decisions, approver,
+//     approval id, call id and trace id, and each call's requested
+//     event);
 //   - event_keys: which tools and times a key's events were written
 //     under, so that Trace reads events by a range of their sort key;
 //   - control_actions: every control record;

@@ -237,6 +237,15 @@ func matching(s *Store, f projections.Filter) (string, []any) {
 		kinds = append(kinds, cond+")")
 		w.args = append(w.args, args...)
 	}
+	if f.Role != "" {
+		cond, args := "(kind = ? AND value = ?", []any{refRole, f.Role}
+		if f.Decision != "" {
+			cond += " AND decision = ?"
+			args = append(args, f.Decision)
+		}
+		kinds = append(kinds, cond+")")
+		w.args = append(w.args, args...)
+	}
 	ref(refApprover, f.Approver)
 	ref(refApprovalID, f.ApprovalID)
 	ref(refCallID, f.CallID)

@@ -56,6 +56,9 @@ const (
 	refPolicyVersion = "policy_version"
 	refApprover      = "approver"
 	refApprovalID    = "approval_id"
+	// refRole is a role the caller's assertion gave the policies, on
+	// their decision events, with the decision.
+	refRole = "role"
 	// refCallID and refTraceID are on every event of a call, so that a
 	// call is found by them over any window its events fall in.
 	refCallID  = "call_id"
@@ -117,6 +120,13 @@ func eventRows(r tableRows, e ledger.Event) error {
 	}
 	if e.PolicyVersion != "" && projections.PolicyDecision(e.Decision) {
 		ref(refPolicyVersion, e.PolicyVersion, e.Decision)
+	}
+	if projections.PolicyDecision(e.Decision) {
+		for _, role := range e.Roles {
+			if role != "" {
+				ref(refRole, role, e.Decision)
+			}
+		}
 	}
 	if e.Approver != "" {
 		ref(refApprover, e.Approver, "")

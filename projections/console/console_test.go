@@ -684,7 +684,10 @@ func TestPagesRender(t *testing.T) {
 			`href="/incidents.csv?all_tenants=true&amp;since=6h&amp;tool=refund_order"`, "Freeze refund_order…",
 			"Compensate all succeeded calls…",
 		}, []string{"/v1/blast-radius?all_tenants=true&since=6h&tool=refund_order", "/v1/outcomes?all_tenants=true&bucket=15m0s&since=2026-11-30T08%3A00%3A00Z&tool=refund_order&until=2026-11-30T14%3A00%3A00Z"}},
-		{"/incidents", []string{"What did it touch?", `<label for="i-jti">`}, []string{}},
+		{"/incidents", []string{"What did it touch?", `<label for="i-jti">`, `<label for="i-role">`}, []string{}},
+		// A caller's role and its denials are a question the form asks.
+		{"/incidents?role=contractor&decision=deny&tenant=acme", []string{"matching call(s)", `name="role" value="contractor"`},
+			[]string{"/v1/blast-radius?decision=deny&role=contractor&tenant=acme", "/v1/outcomes?bucket=30m0s&since=2026-11-29T14%3A00%3A00Z&tenant=acme&until=2026-11-30T14%3A00%3A00Z"}},
 		{"/health", []string{
 			"Active policy", "42", "3s behind", `badge ok">closed`, `badge bad">open`, `badge warn">half-open`,
 			"incident 12", `href="/health/unfreeze?tenant=acme&amp;tool=refund_order"`, "Unfreeze…",

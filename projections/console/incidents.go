@@ -23,7 +23,7 @@ import (
 var incidentParams = []string{
 	projections.ParamTenant, projections.ParamAllTenants, projections.ParamJTI,
 	projections.ParamCredentialFamily, projections.ParamTool, projections.ParamPolicyVersion,
-	projections.ParamDecision, projections.ParamApprover, projections.ParamSince, projections.ParamUntil,
+	projections.ParamDecision, projections.ParamRole, projections.ParamApprover, projections.ParamSince, projections.ParamUntil,
 }
 
 // maxListed is how many of a blast radius's calls the incident page lists;

@@ -50,6 +50,13 @@ func (c LogConfig) withDefaults() LogConfig {
 // Approvers are the generated logs' approvers.
 var Approvers = []string{"u_alice", "u_bob", "u_carol"}
 
+// Roles are the roles the generated logs' callers have. The calls of the
+// log's first quarter were decided without roles (before --policy-roles
+// was on); each later one with one of roleSets, some with none given.
+var Roles = []string{"admin", "contractor", "support"}
+
+var roleSets = [][]string{{"support"}, {"contractor", "support"}, {"admin"}, nil}
+
 // Tools are the generated logs' tools; refund_order's calls name a
 // resource.
 var Tools = []string{"get_weather", "create_ticket", "refund_order", "send_email"}
@@ -83,6 +90,11 @@ func (g *Generator) Call(i int) []ledger.Event {
 		// several calls, here not always of one tenant or tool.
 		Channel: "kafka", Tool: tool, ToolVersion: 1, TraceID: fmt.Sprintf("%032x", uint64(i/3)+1),
 		ArgumentsHash: fmt.Sprintf("sha256:%064x", uint64(i)+1),
+	}
+	if i >= cfg.Calls/4 {
+		// Not drawn from r, so that the rest of the log is as it was
+		// before calls had roles.
+		base.Roles, base.RolesGiven = roleSets[i%len(roleSets)], true
 	}
 	args := `{"city":"Lisbon"}`
 	if tool == "refund_order" {
@@ -216,6 +228,7 @@ func (g *Generator) Call(i int) []ledger.Event {
 		add(statemachine.EventDenied, func(e *ledger.Event) {
 			e.Seq, e.Decision, e.Reason, e.Pointer = 0, "deny", "idempotency_key_reused", "/arguments"
 			e.PolicyVersion, e.Approver, e.ApprovalID = "", "", ""
+			e.Roles, e.RolesGiven = nil, false
 		})
 	}
 	for j := range evs {

@@ -2,6 +2,7 @@ package projectionstest
 
 import (
 	"testing"
+	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/projections"
@@ -79,4 +80,41 @@ func TestQuestionsHaveAnswers(t *testing.T) {
 	if n := len(o.Unresolved(projections.Filter{AllTenants: true, Limit: 1000})); n == 0 {
 		t.Error("no unresolved call in the log")
 	}
+}
+
+// Questions by role have answers, and not every call: the roles are on
+// some calls' decisions, not on those of the log's first quarter, nor on
+// its approvers' decisions. A role no caller has matches nothing.
+func TestRoleQuestionsHaveAnswers(t *testing.T) {
+	cfg := LogConfig{Seed: 7, Calls: 600, Tenants: 4}
+	o := NewOracle(Log(cfg))
+	all := o.BlastRadius(mustCheck(t, projections.Filter{AllTenants: true, Limit: projections.MaxLimit})).Total
+	for _, tc := range []struct {
+		f    projections.Filter
+		some bool
+	}{
+		{projections.Filter{AllTenants: true, Role: "support"}, true},
+		{projections.Filter{AllTenants: true, Role: "contractor", Decision: "deny"}, true},
+		{projections.Filter{AllTenants: true, Role: "admin", Decision: "require_approval"}, true},
+		{projections.Filter{AllTenants: true, Role: "auditor"}, false},
+	} {
+		got := o.BlastRadius(mustCheck(t, tc.f)).Total
+		if tc.some != (got > 0) || got >= all {
+			t.Errorf("%+v: %d of %d calls; want some %v, fewer than all", tc.f, got, all, tc.some)
+		}
+	}
+	// The first quarter was decided without roles.
+	first := cfg.withDefaults().Start.Add(cfg.withDefaults().Span / 4)
+	if got := o.BlastRadius(mustCheck(t, projections.Filter{AllTenants: true, Role: "support", Until: first.Add(-time.Minute)})).Total; got != 0 {
+		t.Errorf("calls of the first quarter by role: %d; want 0", got)
+	}
+}
+
+func mustCheck(t *testing.T, f projections.Filter) projections.Filter {
+	t.Helper()
+	f, err := f.Check()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

@@ -159,6 +159,10 @@ func referenced(f projections.Filter, evs []ledger.Event) bool {
 				(!strings.Contains(f.PolicyVersion, "@") && strings.HasPrefix(e.PolicyVersion, f.PolicyVersion+"@"))
 			return policyDecision && sameVersion && (f.Decision == "" || e.Decision == f.Decision)
 		}},
+		{f.Role, func(e ledger.Event) bool {
+			policyDecision := e.Decision == "allow" || e.Decision == "deny" || e.Decision == "require_approval"
+			return policyDecision && slices.Contains(e.Roles, f.Role) && (f.Decision == "" || e.Decision == f.Decision)
+		}},
 		{f.Approver, func(e ledger.Event) bool { return e.Approver == f.Approver }},
 		{f.ApprovalID, func(e ledger.Event) bool { return e.ApprovalID == f.ApprovalID }},
 		{f.CallID, func(e ledger.Event) bool { return e.CallID == f.CallID }},

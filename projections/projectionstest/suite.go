@@ -270,6 +270,17 @@ func Questions(o *Oracle, cfg LogConfig) []projections.Filter {
 			projections.Filter{AllTenants: true, Approver: a, PolicyVersion: "v41"},
 		)
 	}
+	// By a role the callers' assertions gave the policies, one no
+	// caller has, and a role's decisions of one kind, under a version.
+	for _, role := range append(slices.Clone(Roles), "auditor") {
+		qs = append(qs,
+			projections.Filter{AllTenants: true, Role: role},
+			projections.Filter{Tenant: "t_01", Role: role, Since: mid.Add(-time.Hour), Until: mid},
+			projections.Filter{AllTenants: true, Role: role, Decision: "deny"},
+			projections.Filter{Tenant: "t_02", Role: role, PolicyVersion: "v42", Decision: "require_approval"},
+			projections.Filter{AllTenants: true, Role: role, Approver: Approvers[0], State: statemachine.StateSucceeded},
+		)
+	}
 	for _, k := range keys {
 		evs := o.Events(k)
 		if i := slices.IndexFunc(evs, func(e ledger.Event) bool { return e.ApprovalID != "" }); i >= 0 {

@@ -4,7 +4,10 @@
 -- 'requested' row per call, valued with its tenant, for questions by
 -- tenant, tool and time alone. A lookup by kind and value, over a window,
 -- is a range of the sort key. Refusals have no rows here.
--- (006 adds the kinds call_id and trace_id, on every event.)
+-- (006 adds the kinds call_id and trace_id, on every event. The kind
+-- role, a role the caller's assertion gave the policies, on decision
+-- events with the decision, needs no schema of its own: calls decided
+-- before the projector wrote it have no such rows until a rebuild.)
 CREATE TABLE IF NOT EXISTS {db}.call_refs
 (
     kind            String,
