@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -117,8 +118,10 @@ type approvalView struct {
 	ArgumentsHash string    `json:"arguments_hash"`
 	ExpiresAt     time.Time `json:"expires_at"`
 	Requester     struct {
-		User  string `json:"user"`
-		Agent string `json:"agent"`
+		User       string   `json:"user"`
+		Agent      string   `json:"agent"`
+		Roles      []string `json:"roles"`
+		RolesGiven bool     `json:"roles_given"`
 	} `json:"requester"`
 	Preview struct {
 		Amount   string `json:"amount"`
@@ -133,7 +136,12 @@ type approvalView struct {
 func approvalsTable(w io.Writer, as []approvalView, now time.Time) error {
 	rows := [][]string{{"ID", "TOOL", "REQUESTER", "RESOURCE", "AMOUNT", "EXPIRES IN", "STATE"}}
 	for _, a := range as {
-		rows = append(rows, []string{a.ID, a.Tool, a.Requester.User + " (" + a.Requester.Agent + ")", a.Preview.Resource,
+		who := a.Requester.User + " (" + a.Requester.Agent + ")"
+		if a.Requester.RolesGiven {
+			// The roles the policies decided the call with.
+			who += " roles: " + cmp.Or(strings.Join(a.Requester.Roles, ","), "none")
+		}
+		rows = append(rows, []string{a.ID, a.Tool, who, a.Preview.Resource,
 			a.Preview.Amount, a.ExpiresAt.Sub(now).Round(time.Second).String(), a.State})
 	}
 	return report.Table(w, rows)

@@ -251,6 +251,11 @@ type Approval struct {
 type Requester struct {
 	User  string `json:"user"`
 	Agent string `json:"agent"`
+	// Roles are the roles of the requester's assertion that the
+	// policies were given (--policy-roles), when RolesGiven; a call
+	// decided without them shows neither.
+	Roles      []string `json:"roles,omitempty"`
+	RolesGiven bool     `json:"roles_given,omitempty"`
 }
 
 // Preview is what an approver reads before deciding. Once the call has run,
@@ -694,7 +699,7 @@ func (s *Service) read(rec processors.Record) (*found, error) {
 		State:          state,
 	}
 	if src != nil {
-		a.Requester = Requester{User: src.UserID, Agent: src.AgentID}
+		a.Requester = Requester{User: src.UserID, Agent: src.AgentID, Roles: src.Roles, RolesGiven: src.RolesGiven || len(src.Roles) > 0}
 		a.PolicyVersion, a.PolicyIDs = src.PolicyVersion, src.PolicyID
 	}
 	if p := f.pending; p != nil {

@@ -297,7 +297,7 @@ func TestApprove(t *testing.T) {
 	want := approvals.Approval{
 		ID: approvals.ID(k), TenantID: "t_a", IdempotencyKey: "r-1", CallID: "c_r-1",
 		Tool: "refund_order", ToolVersion: 1,
-		Requester:     approvals.Requester{User: "u_1", Agent: "agent_test"},
+		Requester:     approvals.Requester{User: "u_1", Agent: "agent_test", Roles: []string{"finance", "support"}, RolesGiven: true},
 		ArgumentsHash: intakeEvs[0].ArgumentsHash,
 		PolicyVersion: pendingEv.PolicyVersion, PolicyIDs: []string{"refunds"},
 		RequestedAt: intakeEvs[0].At, ExpiresAt: *pendingEv.ExpiresAt,

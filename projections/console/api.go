@@ -280,8 +280,10 @@ type approval struct {
 	Tool           string `json:"tool"`
 	ToolVersion    int    `json:"tool_version"`
 	Requester      struct {
-		User  string `json:"user"`
-		Agent string `json:"agent"`
+		User       string   `json:"user"`
+		Agent      string   `json:"agent"`
+		Roles      []string `json:"roles"`
+		RolesGiven bool     `json:"roles_given"`
 	} `json:"requester"`
 	ArgumentsHash string     `json:"arguments_hash"`
 	PolicyVersion string     `json:"policy_version"`

@@ -666,6 +666,7 @@ func TestPagesRender(t *testing.T) {
 			hashPending, `name="arguments_hash" value="` + hashPending + `"`, `<span class="masked"`, "/card_number",
 			"/nested/x", "cancel_refund v1", "45.00 AUD", `badge risk-high`, `action="` + approvalURL(keyPending.ApprovalID()) + `/reject"`,
 			`name="reason"`, "required", `<label for="reason">`,
+			`<dt>Roles</dt><dd><bdo dir="ltr">finance</bdo>, <bdo dir="ltr">&lt;script&gt;`, "(as the policies saw them)",
 		}, []string{"/v1/approvals/" + keyPending.ApprovalID()}},
 		{approvalURL(keyRejected.ApprovalID()), []string{"read-only", "&#34;&gt;&lt;img", "2026-11-30 13:00:00 UTC"}, nil},
 		{approvalURL(keyExpired.ApprovalID()), []string{"the timer expired it", "read-only"}, nil},
@@ -704,6 +705,9 @@ func TestPagesRender(t *testing.T) {
 				if !strings.Contains(body, want) {
 					t.Errorf("GET %s lacks %q", tc.page, want)
 				}
+			}
+			if strings.Contains(tc.page, keyRejected.ApprovalID()) && strings.Contains(body, "<dt>Roles</dt>") {
+				t.Errorf("GET %s shows roles for a call decided without them", tc.page)
 			}
 			if tc.api != nil {
 				var got []string

@@ -156,7 +156,7 @@ func approvalJSON(k ledger.CallKey, state, decidedBy string, decidedAt *time.Tim
 		"call_id":         "call_" + xssAttr,
 		"tool":            "refund_order",
 		"tool_version":    1,
-		"requester":       map[string]string{"user": "bob", "agent": xssScript},
+		"requester":       map[string]any{"user": "bob", "agent": xssScript},
 		"arguments_hash":  hashPending,
 		"policy_version":  "pv-7",
 		"policy_ids":      []string{"refunds-over-40", xssAttr},
@@ -173,6 +173,11 @@ func approvalJSON(k ledger.CallKey, state, decidedBy string, decidedAt *time.Tim
 			"amount":       "45.00 AUD",
 			"compensation": "cancel_refund v1 " + xssScript,
 		},
+	}
+	if state == "pending" {
+		// Decided with the requester's roles (--policy-roles); the
+		// others without.
+		a["requester"] = map[string]any{"user": "bob", "agent": xssScript, "roles": []string{"finance", xssScript}, "roles_given": true}
 	}
 	if decidedBy != "" {
 		a["decided_by"] = decidedBy

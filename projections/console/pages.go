@@ -42,6 +42,10 @@ func (c *Console) row(a approval, now time.Time) approvalRow {
 	for _, f := range []*string{&a.Preview.Resource, &a.Preview.Amount, &a.Requester.User, &a.Requester.Agent, &a.CallID} {
 		*f, _ = visible(*f)
 	}
+	a.Requester.Roles = slices.Clone(a.Requester.Roles)
+	for i := range a.Requester.Roles {
+		a.Requester.Roles[i], _ = visible(a.Requester.Roles[i])
+	}
 	row := approvalRow{approval: a, URL: approvalURL(a.ID), Age: fmtDuration(now.Sub(a.RequestedAt))}
 	switch {
 	case a.ExpiresAt.IsZero():
