@@ -34,7 +34,9 @@
 //     of that kind. Events carry label@hash ("v41@3f2a9c1b0d7e"); a
 //     label alone ("v41") matches every version of that label
 //     (PolicyVersionMatches);
-//   - Role: a policy's decision event made with that role among the
+//   - Role: a policy's decision event (as for PolicyVersion: one that
+//     names the version it was made under, so not a denial no policy
+//     made, such as a frozen tool's) made with that role among the
 //     caller's roles the policies were given (`--policy-roles`; events
 //     decided without it carry none); with Decision set, only decisions
 //     of that kind;

@@ -225,8 +225,11 @@ func (f Filter) References() bool {
 
 // RoleDecided reports whether e is a policy's decision made with role
 // among the caller's roles it was given: the events Filter.Role matches.
+// A denial no policy made (a frozen tool, an expired approval: the
+// executor's, with no policy version) is not one, whatever roles the
+// call carries.
 func RoleDecided(e *ledger.Event, role string) bool {
-	return PolicyDecision(e.Decision) && slices.Contains(e.Roles, role)
+	return PolicyDecision(e.Decision) && e.PolicyVersion != "" && slices.Contains(e.Roles, role)
 }
 
 // InWindow reports whether t, in whole seconds, is in [Since, Until).

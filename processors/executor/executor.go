@@ -1424,7 +1424,7 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	// obligation came from.
 	c.tmpl.PolicyID, c.tmpl.PolicyVersion = d.PolicyIDs, d.Version
 	c.tmpl.Obligations = d.Obligations.Merge(carriedObligations(tmpl.Obligations)).List()
-	c.rechecked = true
+	c.rechecked = &d
 	return nil
 }
 
@@ -1826,11 +1826,12 @@ type completion struct {
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string
-	// rechecked: the policies in force at execution allowed the
-	// approved call again (recheckApproval); its executing event records
-	// that decision, so that a policy version's blast radius finds the
-	// calls it let run.
-	rechecked bool
+	// rechecked: the decision of the policies in force at execution
+	// that allowed the approved call again (recheckApproval); its
+	// executing event records it, with the roles it was made with, so
+	// that a policy version's (or a role's) blast radius finds the calls
+	// it let run.
+	rechecked *policy.Decision
 }
 
 func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) ledger.Event {
@@ -1877,8 +1878,12 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 	}
 	exec := c.event(statemachine.EventExecuting, c.rec.Seq+1, c.start)
 	exec.Attempt = first
-	if c.rechecked {
+	if d := c.rechecked; d != nil {
 		exec.Decision = "allow"
+		// The roles the policies were given now: none, on an executor
+		// without --policy-roles, whatever the call was first decided
+		// with.
+		exec.Roles, exec.RolesGiven = d.Roles, d.RolesGiven
 	}
 	term := c.event(terminalEvent(status), c.rec.Seq+2, now)
 	term.Attempt = attempt
@@ -1903,6 +1908,10 @@ func (c *completion) deny(reason, detail string, d policy.Decision) processors.C
 	// The denial names the decision that denied, or none: not the
 	// decision that had allowed the call.
 	ev.PolicyID, ev.PolicyVersion, ev.Obligations = d.PolicyIDs, d.Version, nil
+	if d.Version != "" {
+		// A policy's, made with the roles it was given.
+		ev.Roles, ev.RolesGiven = d.Roles, d.RolesGiven
+	}
 	return c.complete(processors.StatusDenied, c.rec.Attempt, nil, c.rec.Seq+1, ev)
 }
 

@@ -465,9 +465,55 @@ forbid (principal, action, resource) when { principal.roles.contains("contractor
 			t.Errorf("roles %q: events %v; want the call to end %s", tc.roles, got, tc.want[0])
 		}
 		for _, e := range evs {
-			if !slices.Equal(e.Roles, tc.roles) || e.RolesGiven != tc.given {
-				t.Errorf("roles %q (given %v): %s event carries roles %q (given %v)", tc.roles, tc.given, e.Type, e.Roles, e.RolesGiven)
+			// The re-check's decision was made with the roles, given
+			// unless withheld; the other events carry the call's.
+			given := tc.given || e.Decision != "" && len(tc.roles) > 0
+			if !slices.Equal(e.Roles, tc.roles) || e.RolesGiven != given {
+				t.Errorf("roles %q (given %v): %s event carries roles %q (given %v); want given %v", tc.roles, tc.given, e.Type, e.Roles, e.RolesGiven, given)
 			}
+		}
+	}
+}
+
+// An executor whose policies are not given roles (--policy-roles off
+// there, on at the intake) records its re-check's decision without them,
+// allow or deny: a role's blast radius must not count a decision made
+// without the role as one made with it. The call's other events keep the
+// roles it was first decided with.
+func TestRecheckWithoutRolesRecordsNone(t *testing.T) {
+	for _, tc := range []struct {
+		policies string
+		want     string
+	}{
+		{`permit (principal, action, resource);`, "succeeded"},
+		{`permit (principal, action, resource); forbid (principal, action == Action::"tool::refund_order", resource);`, "denied(denied_by_policy)"},
+	} {
+		engine := processorstest.Policy(t, processorstest.PolicyDir(t, tc.policies))
+		r := newRig(t)
+		_, approved := r.admitApprovedWith("kr", func(ev *ledger.Event) { ev.Roles, ev.RolesGiven = []string{"contractor"}, true })
+		out, err := r.executor(func(c *executor.Config) { c.Policy = engine }).Step(t.Context(), []*kgo.Record{approved})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := decodeAll(t, out.Records)
+		if got := summary(evs); len(got) == 0 || got[len(got)-1] != tc.want {
+			t.Fatalf("events %v; want the call to end %s", got, tc.want)
+		}
+		decided := 0
+		for _, e := range evs {
+			if e.Decision == "" {
+				if !slices.Equal(e.Roles, []string{"contractor"}) || !e.RolesGiven {
+					t.Errorf("%s event carries roles %q (given %v); want the call's", e.Type, e.Roles, e.RolesGiven)
+				}
+				continue
+			}
+			decided++
+			if len(e.Roles) != 0 || e.RolesGiven {
+				t.Errorf("the re-check's %s (%s) carries roles %q (given %v); want none", e.Type, e.Decision, e.Roles, e.RolesGiven)
+			}
+		}
+		if decided != 1 {
+			t.Errorf("%d events record the re-check's decision; want 1", decided)
 		}
 	}
 }

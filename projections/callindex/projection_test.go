@@ -558,7 +558,7 @@ func TestOlderLayoutsIndexedAgain(t *testing.T) {
 		{"3", []string{"role"}, func(k ledger.CallKey, evs []ledger.Event) []projections.Filter {
 			var fs []projections.Filter
 			for _, e := range evs {
-				if projections.PolicyDecision(e.Decision) && len(e.Roles) > 0 {
+				if len(e.Roles) > 0 && projections.RoleDecided(&e, e.Roles[0]) {
 					fs = append(fs, projections.Filter{Tenant: k.TenantID, Role: e.Roles[0], Decision: e.Decision, Since: e.At, Until: e.At.Add(time.Second)})
 				}
 			}

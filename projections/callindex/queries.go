@@ -45,7 +45,7 @@ func refs(e *ledger.Event) [][2]string {
 	}
 	add(refJTI, e.JTI)
 	add(refFamily, e.CredentialFamily)
-	if projections.PolicyDecision(e.Decision) {
+	if projections.PolicyDecision(e.Decision) && e.PolicyVersion != "" {
 		add(refPolicy, e.PolicyVersion)
 		for _, role := range e.Roles {
 			add(refRole, role)

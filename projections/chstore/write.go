@@ -120,8 +120,6 @@ func eventRows(r tableRows, e ledger.Event) error {
 	}
 	if e.PolicyVersion != "" && projections.PolicyDecision(e.Decision) {
 		ref(refPolicyVersion, e.PolicyVersion, e.Decision)
-	}
-	if projections.PolicyDecision(e.Decision) {
 		for _, role := range e.Roles {
 			if role != "" {
 				ref(refRole, role, e.Decision)

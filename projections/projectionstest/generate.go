@@ -209,9 +209,17 @@ func (g *Generator) Call(i int) []ledger.Event {
 	case p < 96:
 		add(statemachine.EventAuthorized, decide("allow"))
 		run(statemachine.EventOutcomeUnknown, statemachine.EventSucceeded)
-	case p < 98:
+	case p < 98 && i%2 == 0:
 		add(statemachine.EventAuthorized, decide("allow"))
 		add(statemachine.EventExpired, func(e *ledger.Event) { e.Reason = "deadline_exceeded" })
+	case p < 98:
+		// Denied by the executor, no policy deciding (the tool was
+		// frozen): a deny without a policy version, the call's roles
+		// still on it.
+		add(statemachine.EventAuthorized, decide("allow"))
+		add(statemachine.EventDenied, func(e *ledger.Event) {
+			e.Decision, e.Reason, e.PolicyVersion, e.PolicyID = "deny", "tool_frozen", "", nil
+		})
 	default:
 		// Allowed at intake, denied by the executor's re-check under
 		// the next policy version.

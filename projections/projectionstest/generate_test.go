@@ -103,6 +103,24 @@ func TestRoleQuestionsHaveAnswers(t *testing.T) {
 			t.Errorf("%+v: %d of %d calls; want some %v, fewer than all", tc.f, got, all, tc.some)
 		}
 	}
+	// A denial no policy made (a frozen tool's, no policy version) is
+	// not a decision made with the call's roles.
+	frozen := 0
+	for _, k := range o.Keys() {
+		for _, e := range o.Events(k) {
+			if e.Type != statemachine.EventDenied || e.Reason != "tool_frozen" || len(e.Roles) == 0 {
+				continue
+			}
+			frozen++
+			f := projections.Filter{Tenant: e.TenantID, CallID: e.CallID, Role: e.Roles[0], Decision: "deny"}
+			if got := o.BlastRadius(mustCheck(t, f)).Total; got != 0 {
+				t.Errorf("%+v: %d calls; want none, the denial is no policy's", f, got)
+			}
+		}
+	}
+	if frozen == 0 {
+		t.Error("the log has no frozen tool's denial of a call with roles")
+	}
 	// The first quarter was decided without roles.
 	first := cfg.withDefaults().Start.Add(cfg.withDefaults().Span / 4)
 	if got := o.BlastRadius(mustCheck(t, projections.Filter{AllTenants: true, Role: "support", Until: first.Add(-time.Minute)})).Total; got != 0 {

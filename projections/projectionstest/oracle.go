@@ -161,7 +161,7 @@ func referenced(f projections.Filter, evs []ledger.Event) bool {
 		}},
 		{f.Role, func(e ledger.Event) bool {
 			policyDecision := e.Decision == "allow" || e.Decision == "deny" || e.Decision == "require_approval"
-			return policyDecision && slices.Contains(e.Roles, f.Role) && (f.Decision == "" || e.Decision == f.Decision)
+			return policyDecision && e.PolicyVersion != "" && slices.Contains(e.Roles, f.Role) && (f.Decision == "" || e.Decision == f.Decision)
 		}},
 		{f.Approver, func(e ledger.Event) bool { return e.Approver == f.Approver }},
 		{f.ApprovalID, func(e ledger.Event) bool { return e.ApprovalID == f.ApprovalID }},
