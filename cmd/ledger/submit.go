@@ -464,12 +464,20 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	// seen: refusals that are no answer, an earlier submission's or one
 	// answered by sending again.
 	seen := map[string]bool{}
+	// notBefore: when the refusals under the key before this submission
+	// could not be read, those dated before it (by more than the
+	// clocks' skew) are taken for earlier ones, as the API does.
+	var notBefore time.Time
 	if f.wait {
 		pctx, cancel := context.WithTimeout(wctx, 5*time.Second)
-		if v, err := cl.Call(pctx, key, env.Assertion); err == nil {
+		v, err := cl.Call(pctx, key, env.Assertion)
+		switch {
+		case err == nil:
 			for _, r := range v.Refusals {
 				seen[r.EventID] = true
 			}
+		case !httpapi.IsNotFound(err):
+			notBefore = time.Now().Add(-httpapi.RefusalSkew)
 		}
 		cancel()
 	}
@@ -505,7 +513,7 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	every := 100 * time.Millisecond
 	var lastErr error // the last read that failed for now, for the timeout's message
 	for {
-		if refusal := answeringRefusal(view, callID, seen); refusal != nil {
+		if refusal := answeringRefusal(view, callID, seen, notBefore); refusal != nil {
 			seen[refusal.EventID] = true
 			if wait, ok := sendAgain(*refusal, f, retried, lastSent, end); ok {
 				retried++
@@ -571,13 +579,13 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 
 // answeringRefusal is the refusal of this submission's call id that
 // answers it: the one the API's wait ended on, else the first in v not
-// seen.
-func answeringRefusal(v httpapi.CallView, callID string, seen map[string]bool) *ledger.Event {
+// seen and not dated before notBefore.
+func answeringRefusal(v httpapi.CallView, callID string, seen map[string]bool, notBefore time.Time) *ledger.Event {
 	if r := v.Refused; r != nil && !seen[r.EventID] {
 		return r
 	}
 	for i, r := range v.Refusals {
-		if r.CallID == callID && !seen[r.EventID] {
+		if r.CallID == callID && !seen[r.EventID] && !r.At.Before(notBefore) {
 			return &v.Refusals[i]
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,11 +201,7 @@ func (l *apiLedger) Call(ctx context.Context, key ledger.CallKey) (callindex.Cal
 // over, the call is then polled for past the API's wait and through the
 // API's failures (500), and printed once settled, not while it runs.
 func TestSubmitThroughAPI(t *testing.T) {
-	ix, err := callindex.Open(filepath.Join(t.TempDir(), "ix.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ix.Close() })
+	ix := tempIndex(t)
 	l := &apiLedger{ix: ix}
 	api, err := httpapi.New(httpapi.Config{Publisher: l, Calls: l, MaxWait: 300 * time.Millisecond})
 	if err != nil {
@@ -315,11 +312,7 @@ func (l lateRefusal) Publish(_ context.Context, key, value []byte) error {
 // settled under the key with other arguments (an earlier one) for its
 // answer: it waits for its own refusal.
 func TestSubmitThroughAPIPassesOverAnEarlierCall(t *testing.T) {
-	ix, err := callindex.Open(filepath.Join(t.TempDir(), "ix.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ix.Close() })
+	ix := tempIndex(t)
 	var earlier []ledger.Event
 	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
 		earlier = append(earlier, ledger.Event{EventID: "e" + string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: "t_demo", IdempotencyKey: "k-reused",
@@ -339,4 +332,74 @@ func TestSubmitThroughAPIPassesOverAnEarlierCall(t *testing.T) {
 	if !strings.Contains(out, "refused: idempotency_key_reused at /arguments_hash") || strings.Contains(out, "is succeeded") {
 		t.Errorf("submit --api --wait under a key settled with other arguments: want its own refusal, not the earlier call:\n%s", out)
 	}
+}
+
+// settling plays a ledger that runs every envelope to success at once.
+type settling struct{ ix *callindex.Index }
+
+func (s settling) Publish(_ context.Context, key, value []byte) error {
+	var env struct {
+		CallID        string `json:"call_id"`
+		ArgumentsHash string `json:"arguments_hash"`
+	}
+	if err := json.Unmarshal(value, &env); err != nil {
+		return err
+	}
+	k, _ := ledger.ParseCallKey(string(key))
+	var evs []ledger.Event
+	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+		evs = append(evs, ledger.Event{EventID: "now-" + string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
+			CallID: env.CallID, ArgumentsHash: env.ArgumentsHash, Attempt: 1})
+	}
+	return s.ix.Apply(evs)
+}
+
+// failingFirst is calls, whose first lookup fails.
+type failingFirst struct {
+	calls httpapi.Calls
+	n     atomic.Int32
+}
+
+func (f *failingFirst) Call(ctx context.Context, k ledger.CallKey) (callindex.Call, error) {
+	if f.n.Add(1) == 1 {
+		return callindex.Call{}, errors.New("clickhouse: connection reset")
+	}
+	return f.calls.Call(ctx, k)
+}
+
+// An earlier run's refusal of the same envelope (its call id) is not
+// this submission's answer when the look at the refusals before it
+// failed: submit --api --wait takes those dated before it for earlier
+// ones, as the API does, and prints the call that settled. Before, it
+// printed the old refusal.
+func TestSubmitThroughAPIPassesOverAnOldRefusal(t *testing.T) {
+	ix := tempIndex(t)
+	old := ledger.Event{EventID: "old-refusal", Type: statemachine.EventDenied, At: time.Now().Add(-time.Hour), TenantID: "t_demo", IdempotencyKey: "k-again",
+		CallID: "call_again", Decision: "deny", Reason: "rate_limited"}
+	if err := ix.Apply([]ledger.Event{old}); err != nil {
+		t.Fatal(err)
+	}
+	api, err := httpapi.New(httpapi.Config{Publisher: settling{ix}, Calls: &failingFirst{calls: ix}, MaxWait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	out := cli(t, "submit", "--api", srv.URL, "--assertion", "a.b.c", "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+		"--key", "k-again", "--call-id", "call_again", "--wait", "--timeout", "20s", "--retry-later", "0")
+	if strings.Contains(out, "refused") || !strings.Contains(out, "succeeded") {
+		t.Errorf("submit --api --wait after an old refusal of the same call id: want the call that settled:\n%s", out)
+	}
+}
+
+// tempIndex is an embedded call index in a temporary file, closed at the
+// end of the test.
+func tempIndex(t *testing.T) *callindex.Index {
+	t.Helper()
+	ix, err := callindex.Open(filepath.Join(t.TempDir(), "ix.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ix.Close() })
+	return ix
 }

@@ -103,7 +103,10 @@ type Config struct {
 	Limits ledger.Limits
 	// MaxWait bounds ?wait= on POST /v1/calls; default 30s.
 	MaxWait time.Duration
-	Logger  *slog.Logger
+	// PublishTimeout bounds a submission's publish, answered 503
+	// publish_failed when it runs out; default DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	Logger         *slog.Logger
 }
 
 // Defaults of Config's bounds on the agents' lookups.
@@ -126,6 +129,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("httpapi: a publisher is required")
 	}
 	cfg.Limits = cfg.Limits.WithDefaults()
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = DefaultPublishTimeout
+	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = 30 * time.Second
 	}
@@ -211,13 +217,23 @@ const (
 // so that a caller learns of a malformed one at once (400, nothing
 // published), then publishes the bytes unchanged. With ?wait=DURATION it
 // answers once the call settled or this submission was refused (the
-// refusal in refused), or with 202 when the wait ran out; with a Caller,
-// a wait without a bearer of the envelope's tenant is refused, 401 or
-// 403, before anything is published.
+// refusal in refused), or with 202 when the wait ran out. With a Caller,
+// a submission without a bearer of the envelope's tenant (and, to wait,
+// of its user) is refused, 401 or 403, before anything is published:
+// the request topic, which Kafka's ACLs guard, is not open to whoever
+// reaches the API.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.Limits.MaxBytes)+1))
-	if err != nil || len(body) > s.cfg.Limits.MaxBytes {
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge) || err == nil && len(body) > s.cfg.Limits.MaxBytes:
 		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: ledger.CodeTooLarge, Message: fmt.Sprintf("envelope larger than %d bytes", s.cfg.Limits.MaxBytes)})
+		return
+	case err != nil:
+		// A body cut short (the server's read timeout, a broken
+		// chunked encoding): nothing was published; sending it again
+		// may pass.
+		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_request", Message: "the envelope could not be read whole: " + err.Error()})
 		return
 	}
 	env, err := ledger.DecodeEnvelope(body, s.cfg.Limits)
@@ -235,19 +251,19 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	wait = min(wait, s.cfg.MaxWait)
 	waiting := wait > 0 && s.cfg.Calls != nil
 	var agent *Agent
-	if waiting && s.cfg.Caller != nil {
+	if s.cfg.Caller != nil {
 		// Refused before publishing, so that the caller may send it
-		// again as it likes, with the bearer or without the wait.
+		// again as it likes, with the right bearer or without the wait.
 		a, ok := s.authenticate(w, r)
 		if !ok {
 			return
 		}
 		if a.Tenant != key.TenantID {
 			writeError(w, http.StatusForbidden, apiError{Code: "tenant_mismatch", Pointer: "/scope/tenant_id",
-				Message: "?wait= reads the calls of the bearer's tenant alone, and the envelope names another; nothing was published"})
+				Message: "the bearer submits the calls of its own tenant alone, and the envelope names another; nothing was published"})
 			return
 		}
-		if u := envelopeUser(env); u != "" && u != a.User {
+		if u := envelopeUser(env); waiting && u != "" && u != a.User {
 			// Its call would be another user's, which the wait
 			// cannot see (forAgent): it would only run out.
 			writeError(w, http.StatusForbidden, apiError{Code: "user_mismatch", Pointer: "/assertion",
@@ -260,7 +276,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	if waiting {
 		sub.earlier = s.refusalsBefore(r.Context(), key, min(wait, refusalsBeforeTimeout), agent)
 	}
-	if err := s.cfg.Publisher.Publish(r.Context(), []byte(key.String()), body); err != nil {
+	pctx, cancel := context.WithTimeout(r.Context(), s.cfg.PublishTimeout)
+	err = s.cfg.Publisher.Publish(pctx, []byte(key.String()), body)
+	cancel()
+	if err != nil {
 		s.cfg.Logger.Warn("publish envelope", "call_key", key.String(), "err", err)
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "publish_failed", Message: "the request topic did not accept the envelope; retry with the same idempotency key"})
 		return
@@ -277,6 +296,12 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		"status_url":      "/v1/calls/" + url.PathEscape(key.IdempotencyKey) + "?tenant_id=" + url.QueryEscape(key.TenantID),
 	})
 }
+
+// DefaultPublishTimeout is Config.PublishTimeout's default: a producer
+// retries a partition without a leader (or short of its in-sync
+// replicas) for as long as it is asked to, and the agent is better told
+// to send again.
+const DefaultPublishTimeout = 15 * time.Second
 
 // envelopeUser is the user env is sent for, as far as can be told
 // before the intake verifies it: its scope's user_id, else its
@@ -302,14 +327,14 @@ type submission struct {
 	// earlier are the refusals under the key before the submission, by
 	// event id: a refusal of an earlier submission with the same call id
 	// is no answer to this one. Nil when they could not be read: then
-	// those dated before arrived (less refusalSkew) are taken as earlier.
+	// those dated before arrived (less RefusalSkew) are taken as earlier.
 	earlier map[string]bool
 	arrived time.Time
 }
 
-// refusalSkew is how much earlier than a submission's arrival its
+// RefusalSkew is how much earlier than a submission's arrival its
 // refusal may be dated, by the intake's clock against the API's.
-const refusalSkew = 2 * time.Second
+const RefusalSkew = 2 * time.Second
 
 // answeredBy reports whether the refusal ref answers sub.
 func (sub submission) answeredBy(ref ledger.Event) bool {
@@ -317,7 +342,7 @@ func (sub submission) answeredBy(ref ledger.Event) bool {
 		return false
 	}
 	if sub.earlier == nil {
-		return !ref.At.Before(sub.arrived.Add(-refusalSkew))
+		return !ref.At.Before(sub.arrived.Add(-RefusalSkew))
 	}
 	return !sub.earlier[ref.EventID]
 }

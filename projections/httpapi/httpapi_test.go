@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -35,9 +36,16 @@ type publisher struct {
 	keys   []string
 	fail   bool
 	settle func(key string)
+	// hang: Publish blocks until its context ends, as a producer does
+	// retrying a partition without a leader.
+	hang bool
 }
 
-func (p *publisher) Publish(_ context.Context, key, _ []byte) error {
+func (p *publisher) Publish(ctx context.Context, key, _ []byte) error {
+	if p.hang {
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.fail {
@@ -175,15 +183,51 @@ func TestSubmitPublishesUnderTenantKeyAndWaits(t *testing.T) {
 	}
 }
 
+// A publish that fails, or that does not end (a producer retrying a
+// partition without a leader), is answered 503 publish_failed, which an
+// agent sends again. Before, the second held the request as long as the
+// agent waited.
 func TestSubmitPublishFailureIsRetryable(t *testing.T) {
-	pub := &publisher{fail: true}
+	for name, pub := range map[string]*publisher{"failing": {fail: true}, "hanging": {hang: true}} {
+		srv, _ := newAPI(t, pub, func(c *httpapi.Config) { c.PublishTimeout = 200 * time.Millisecond })
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/calls", strings.NewReader(validEnvelope(t, "k2")))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cancel()
+			t.Fatalf("%s: %v", name, err)
+		}
+		if code, _ := decodeErr(t, resp); resp.StatusCode != 503 || code != "publish_failed" {
+			t.Errorf("POST with the broker %s = %d %s; want 503 publish_failed", name, resp.StatusCode, code)
+		}
+		cancel()
+	}
+}
+
+// A body that cannot be read whole for another reason than its size is
+// answered 400 invalid_request, not 413 too_large, which says that
+// sending it again cannot pass.
+func TestSubmitUnreadableBody(t *testing.T) {
+	pub := &publisher{}
 	srv, _ := newAPI(t, pub)
-	resp, err := http.Post(srv.URL+"/v1/calls", "application/json", strings.NewReader(validEnvelope(t, "k2")))
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := decodeErr(t, resp); resp.StatusCode != 503 || code != "publish_failed" {
-		t.Errorf("POST with the broker down = %d %s; want 503 publish_failed", resp.StatusCode, code)
+	defer conn.Close()
+	// A chunked body whose chunk size is not hexadecimal.
+	if _, err := io.WriteString(conn, "POST /v1/calls HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := decodeErr(t, resp); resp.StatusCode != http.StatusBadRequest || code != "invalid_request" {
+		t.Errorf("POST with a broken chunked body = %d %s; want 400 invalid_request", resp.StatusCode, code)
+	}
+	if keys := pub.published(); len(keys) != 0 {
+		t.Errorf("published %v; want nothing", keys)
 	}
 }
 
@@ -391,9 +435,9 @@ func TestCallsForTheVerifiedCallerOnly(t *testing.T) {
 // With a Caller, POST ?wait= waits for a caller of the envelope's tenant
 // alone, and refuses the others before publishing anything (so that
 // they may send it again): without a bearer, 401; with another
-// tenant's, 403 tenant_mismatch. Without ?wait=, anyone publishes, as
-// on the topic: the intake verifies the envelope's own assertion. Before,
-// ?wait= was not served with a Caller at all.
+// tenant's, 403 tenant_mismatch. Without ?wait= too: the request topic
+// is not open to whoever reaches the API (before, anyone published
+// there, the intake verifying only the envelope's own assertion).
 func TestWaitForTheVerifiedCallerOnly(t *testing.T) {
 	pub := &publisher{}
 	results := resultsOf{"t_a/k1": `{"temp_c":9}`}
@@ -454,10 +498,20 @@ func TestWaitForTheVerifiedCallerOnly(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted || strings.Contains(string(body), "succeeded") {
 		t.Errorf("POST ?wait as u2 on u1's call = %d %s; want 202, without u1's call", resp.StatusCode, body)
 	}
-	resp = post("", "")
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Errorf("POST without ?wait and without a bearer = %d; want 202", resp.StatusCode)
+	for _, tc := range []struct {
+		auth, code string
+		status     int
+	}{
+		{"", "unauthenticated", http.StatusUnauthorized},
+		{"Bearer agent-of-t_b/u1", "tenant_mismatch", http.StatusForbidden},
+		// Its user is not what a submission checks: the intake decides
+		// whose call it is, from the envelope's assertion.
+		{"Bearer agent-of-t_a/u2", "", http.StatusAccepted},
+	} {
+		resp := post(tc.auth, "")
+		if code, _ := decodeErr(t, resp); resp.StatusCode != tc.status || code != tc.code {
+			t.Errorf("POST without ?wait as %q = %d %s; want %d %s", tc.auth, resp.StatusCode, code, tc.status, tc.code)
+		}
 	}
 	if keys := pub.published(); len(keys) != 3 {
 		t.Errorf("published %v; want t_a/k1 three times", keys)
