@@ -207,6 +207,25 @@ func Header(r *kgo.Record, key string) []byte {
 	return nil
 }
 
+// ReasonBatchTooLarge is the DLQ reason of a batch of requests skipped
+// unread, for what it decompresses to (LoopConfig.MaxBatchBytes).
+const ReasonBatchTooLarge = "batch_too_large"
+
+// DLQBatchRecord says on the DLQ that the batch at offsets [from, next)
+// of topic's partition was skipped unread, for decompressing to more than
+// max bytes: a record with no copy of the requests, which stay in the
+// log there.
+func DLQBatchRecord(dlq, topic string, partition int32, from, next int64, max int) *kgo.Record {
+	return &kgo.Record{
+		Topic: dlq,
+		Headers: []kgo.RecordHeader{
+			{Key: HeaderDLQReason, Value: []byte(ReasonBatchTooLarge)},
+			{Key: HeaderDLQDetail, Value: fmt.Appendf(nil, "the batch at offsets %d to %d of %s/%d decompresses to more than %d bytes (--max-batch-bytes) and was not read: its requests are still in the log there, for as long as it keeps them", from, next-1, topic, partition, max)},
+			{Key: HeaderDLQSource, Value: fmt.Appendf(nil, "%s/%d/%d", topic, partition, from)},
+		},
+	}
+}
+
 // DLQRecord wraps an unparseable request for the DLQ: the original key and
 // bytes with anything that looks like a token redacted, and why. Copies
 // too large for a DLQ record are cut (see DLQMaxValueBytes and

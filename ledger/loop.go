@@ -106,7 +106,24 @@ type LoopConfig struct {
 	Failpoint failpoint.Hook
 	// Metrics, if set, counts the loop's transactions.
 	Metrics LoopMetrics
+	// MaxBatchBytes bounds what a fetched batch may decompress to;
+	// default DefaultMaxBatchBytes. A batch past it (a few kilobytes of
+	// zstd can decompress to gigabytes) is skipped, not read: without
+	// the bound, one such batch, which anyone allowed to write the
+	// topic can produce, would crash every instance it is handed to in
+	// turn, or, past franz-go's own 1 GiB, stop its partition for good.
+	MaxBatchBytes int
+	// Skipped, if set, returns the records to append for a batch
+	// skipped for its size (the intake's DLQ record), committed with
+	// the offset past it: the batch at offsets [from, next) of topic's
+	// partition.
+	Skipped func(topic string, partition int32, from, next int64) []*kgo.Record
 }
+
+// DefaultMaxBatchBytes is LoopConfig.MaxBatchBytes' default: 16 MiB,
+// some sixty envelopes of the intake's largest, a hundred times a
+// producer's usual batch, and small beside a process's memory.
+const DefaultMaxBatchBytes = 16 << 20
 
 // LoopMetrics receives a loop's measurements (metrics.Registry is one).
 type LoopMetrics interface {
@@ -120,6 +137,9 @@ type LoopMetrics interface {
 	// RecordsDeleted: n records of topic were deleted from the log
 	// (retention, DeleteRecords) before the loop read them.
 	RecordsDeleted(topic string, n int64)
+	// BatchSkipped: a batch of topic was skipped, unread, for what it
+	// decompresses to (LoopConfig.MaxBatchBytes).
+	BatchSkipped(topic string)
 }
 
 // nopLoopMetrics measures nothing.
@@ -128,6 +148,7 @@ type nopLoopMetrics struct{}
 func (nopLoopMetrics) Committed(int, []*kgo.Record, time.Duration, time.Duration) {}
 func (nopLoopMetrics) NotCommitted(string)                                        {}
 func (nopLoopMetrics) RecordsDeleted(string, int64)                               {}
+func (nopLoopMetrics) BatchSkipped(string)                                        {}
 
 func (c *LoopConfig) setDefaults() {
 	if c.MaxPollRecords <= 0 {
@@ -141,6 +162,9 @@ func (c *LoopConfig) setDefaults() {
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopLoopMetrics{}
+	}
+	if c.MaxBatchBytes <= 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
 	}
 }
 
@@ -334,6 +358,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// empty sees the others' records only when that wait ends.
 		kgo.FetchMaxWait(l.cfg.Tick),
 		kgo.RecordPartitioner(Partitioner()),
+		kgo.MaxDecompressBatchBytes(l.cfg.MaxBatchBytes),
 	)
 	if d := l.cfg.Client.SessionTimeout; d > 0 {
 		opts = append(opts, kgo.SessionTimeout(d), kgo.HeartbeatInterval(min(d/3, 3*time.Second)))
@@ -362,6 +387,13 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// transaction.
 		held      int
 		heldSince time.Time
+		// skipped: batches skipped for their size since the last
+		// transaction, whose offsets past them (and the records
+		// LoopConfig.Skipped returned, in skips) the next one commits.
+		// A transaction that does not commit rewinds the session to
+		// before them: fetched again, they are skipped again.
+		skipped int
+		skips   []*kgo.Record
 	)
 	defer func() {
 		if afterCommit != nil {
@@ -415,6 +447,11 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		var dropped error
 		fetches.EachError(func(t string, p int32, err error) {
 			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				return
+			}
+			if tl, ok := errors.AsType[*kgo.ErrDecompressTooLarge](err); ok {
+				skips = append(skips, l.skipBatch(sess.Client(), tl)...)
+				skipped++
 				return
 			}
 			l.cfg.Logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
@@ -474,7 +511,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
 				return fmt.Errorf("abort after step failure: %w", err)
 			}
-			held = 0
+			held, skipped, skips = 0, 0, nil
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -509,13 +546,19 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// restart reads again stay within about a tick (two, with the
 		// steps' own time, at worst).
 		consumed := len(recs) // this batch's records, counted when committed
+		// forced: batches were skipped, and a transaction commits the
+		// offsets past them now, with what LoopConfig.Skipped returned,
+		// whatever the step did.
+		forced := skipped > 0
+		out.Records = append(out.Records, skips...)
+		skipped, skips = 0, nil
 		if len(out.Records) == 0 && out.Committed == nil && out.Abandoned == nil && len(recs) > 0 {
 			if held == 0 {
 				heldSince = time.Now()
 			}
 			held, consumed = held+len(recs), 0
 		}
-		if consumed == 0 && len(out.Records) == 0 {
+		if consumed == 0 && len(out.Records) == 0 && !forced {
 			due := held > 0 && (len(recs) == 0 || time.Since(heldSince) >= l.cfg.Tick)
 			if !due {
 				abandon()
@@ -597,6 +640,22 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			}(out.Committed)
 		}
 	}
+}
+
+// skipBatch moves the session past a batch that decompresses to more than
+// MaxBatchBytes, which franz-go does not read: it stops fetching the
+// partition until told where to go on. It returns the records
+// LoopConfig.Skipped wants appended for it. The batch stays in the log,
+// where a human can read it with a client of a larger bound.
+func (l *Loop) skipBatch(cl *kgo.Client, e *kgo.ErrDecompressTooLarge) []*kgo.Record {
+	l.cfg.Logger.Error("batch skipped unread: it decompresses to more than the loop's bound", "topic", e.Topic, "partition", e.Partition,
+		"from_offset", e.Offset, "to_offset", e.NextOffset, "max_batch_bytes", l.cfg.MaxBatchBytes)
+	l.cfg.Metrics.BatchSkipped(e.Topic)
+	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: e.Epoch, Offset: e.NextOffset}}})
+	if l.cfg.Skipped == nil {
+		return nil
+	}
+	return l.cfg.Skipped(e.Topic, e.Partition, e.Offset, e.NextOffset)
 }
 
 // gap is a partition's run of deleted records, by where it starts.

@@ -121,6 +121,59 @@ func TestMalformedEnvelopesAreRefusedWithPointer(t *testing.T) {
 	}
 }
 
+// A batch of requests that decompresses past the intake's bound (its
+// default, 16 MiB; a few kilobytes of gzip here) is skipped unread, on the
+// DLQ as batch_too_large with its offsets, and the calls after it on its
+// partition are decided and run. Before, the intake read any batch of up
+// to 1 GiB: gigabytes from one hostile producer crashed every instance
+// in turn.
+func TestOversizedBatchGoesToDLQ(t *testing.T) {
+	h := newHarness(t, storeEmbedded, 1)
+	h.startIntake("intake-1")
+	h.startExecutor(h.executorConfig("executor-1"))
+	cl, err := ledger.NewClient(h.kafka.Client, kgo.ProducerBatchCompression(kgo.GzipCompression()), kgo.ProducerBatchMaxBytes(32<<20),
+		kgo.ProducerLinger(time.Second), kgo.MaxBufferedBytes(64<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	zeros := make([]byte, 1<<20)
+	var bomb []*kgo.Record
+	for range ledger.DefaultMaxBatchBytes>>20 + 1 {
+		bomb = append(bomb, &kgo.Record{Topic: h.kafka.Topics.Requests, Key: []byte("t_a/bomb"), Value: zeros})
+	}
+	if err := cl.ProduceSync(t.Context(), bomb...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	after := h.newEnvelope("t_a", "after-the-bomb", "get_weather", map[string]any{"city": "Oslo"})
+	h.submit(after)
+	if c := h.waitTerminal(30*time.Second, after.key())[after.key()]; c.State != statemachine.StateSucceeded {
+		t.Errorf("the call after the batch is %s; want succeeded", c.State)
+	}
+	dlq, err := ledger.NewClient(h.kafka.Client, kgo.ConsumeTopics(h.kafka.Topics.DLQ), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dlq.Close()
+	var got []*kgo.Record
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		defer cancel()
+		got = append(got, dlq.PollFetches(ctx).Records()...)
+		if len(got) == 0 {
+			return fmt.Errorf("nothing in the DLQ")
+		}
+		return nil
+	})
+	r := got[0]
+	detail := string(ledger.Header(r, ledger.HeaderDLQDetail))
+	if len(got) != 1 || string(ledger.Header(r, ledger.HeaderDLQReason)) != ledger.ReasonBatchTooLarge ||
+		string(ledger.Header(r, ledger.HeaderDLQSource)) != h.kafka.Topics.Requests+"/0/0" || !strings.Contains(detail, fmt.Sprintf("offsets 0 to %d", len(bomb)-1)) {
+		t.Errorf("DLQ: %d records, the first reason %q source %q detail %q; want one, %s, of the batch at offsets 0 to %d",
+			len(got), ledger.Header(r, ledger.HeaderDLQReason), ledger.Header(r, ledger.HeaderDLQSource), detail, ledger.ReasonBatchTooLarge, len(bomb)-1)
+	}
+}
+
 // Records that cannot be read as an envelope at all go to the DLQ with the
 // reason, unchanged.
 func TestUnparseableRequestsGoToDLQ(t *testing.T) {

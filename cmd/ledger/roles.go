@@ -199,6 +199,7 @@ func (r *roleFlags) registerOps(cmd *cobra.Command) {
 func (r *roleFlags) registerLoop(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.DurationVar(&r.batching.linger, "batch-linger", defaultLinger, "how long the processing loop waits for more records after a poll returned at least --batch-linger-from of them, before it processes them: fewer, larger batches (fewer Kafka transactions and store round trips per call, less CPU) for up to this much latency; 0 processes at once; shorter than the loop's tick (the executor's is 100ms, the others' 1s)")
+	fs.IntVar(&r.batching.maxBytes, "max-batch-bytes", ledger.DefaultMaxBatchBytes, "the most a batch of records fetched from Kafka may decompress to: a batch past it is skipped unread, logged at Error and counted (ledger_batches_skipped_total), and the intake writes a DLQ record batch_too_large naming its offsets; without a bound, a few kilobytes of compressed records that anyone who may write the topic can produce would decompress past the process's memory, on every instance in turn. Raise it only for producers that batch more than this")
 	fs.IntVar(&r.batching.from, "batch-linger-from", defaultLingerFrom, "how many records a poll must return for the loop to linger (--batch-linger), counting those the loop acts on (the executor's: authorized and approved events): records found waiting mean a loop under load, where a larger batch saves more than the linger costs; 1 lingers after any poll that returned records")
 }
 
@@ -207,6 +208,8 @@ func (r *roleFlags) registerLoop(cmd *cobra.Command) {
 type batching struct {
 	linger time.Duration
 	from   int
+	// maxBytes: ledger.LoopConfig.MaxBatchBytes.
+	maxBytes int
 }
 
 // The default batching lingers a millisecond once a poll finds two
@@ -225,7 +228,7 @@ const (
 
 // loop sets cfg's batching.
 func (b batching) loop(cfg ledger.LoopConfig) ledger.LoopConfig {
-	cfg.Linger, cfg.LingerFrom = b.linger, b.from
+	cfg.Linger, cfg.LingerFrom, cfg.MaxBatchBytes = b.linger, b.from, b.maxBytes
 	return cfg
 }
 

@@ -45,6 +45,8 @@ type Registry struct {
 	unreadable   prometheus.Counter
 	undos        *prometheus.CounterVec
 	deleted      *prometheus.CounterVec
+	skipped      *prometheus.CounterVec
+	dlq          *prometheus.CounterVec
 }
 
 // New returns the registry of a process running role ("intake",
@@ -96,7 +98,15 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_records_deleted_unread_total", ConstLabels: constRole,
 		Help: "Records the log deleted (retention, DeleteRecords) before this process's loop read them, by topic: requests no one decided, events no one acted on. Each gap is logged at Error; a human must look.",
 	}, []string{"topic"})
-	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undos, r.deleted,
+	r.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_batches_skipped_total", ConstLabels: constRole,
+		Help: "Fetched batches skipped unread because they decompress to more than --max-batch-bytes, by topic: each is logged at Error with its offsets (the intake also writes a DLQ record, batch_too_large); its records are still in the log.",
+	}, []string{"topic"})
+	r.dlq = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_dlq_records_total", ConstLabels: constRole,
+		Help: "Records this process appended to the DLQ (committed), by reason: requests that could not be read as an envelope, and batches skipped for their size.",
+	}, []string{"reason"})
+	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undos, r.deleted, r.skipped, r.dlq,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
@@ -127,7 +137,11 @@ func (r *Registry) Committed(consumed int, produced []*kgo.Record, step, txn tim
 	for _, rec := range produced {
 		typ := ledger.Header(rec, ledger.HeaderEventType)
 		if typ == nil {
-			continue // a DLQ record, counted by the DLQ's reason elsewhere
+			if reason := ledger.Header(rec, ledger.HeaderDLQReason); reason != nil {
+				// The reasons are the ledger's own codes, a handful.
+				r.dlq.WithLabelValues(string(reason)).Inc()
+			}
+			continue
 		}
 		r.events.counter(typ, ledger.Header(rec, ledger.HeaderTool)).Inc()
 	}
@@ -203,6 +217,12 @@ func (r *Registry) NotCommitted(result string) {
 // them. It implements ledger.LoopMetrics.
 func (r *Registry) RecordsDeleted(topic string, n int64) {
 	r.deleted.WithLabelValues(topic).Add(float64(n))
+}
+
+// BatchSkipped counts a batch of topic skipped unread for its size. It
+// implements ledger.LoopMetrics.
+func (r *Registry) BatchSkipped(topic string) {
+	r.skipped.WithLabelValues(topic).Inc()
 }
 
 // Stage observes how long a stage took.

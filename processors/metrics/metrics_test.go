@@ -124,6 +124,29 @@ func TestEventsByRegisteredTool(t *testing.T) {
 	}
 }
 
+// The DLQ records a transaction committed are counted by reason, and
+// batches skipped for their size by topic. Before, nothing counted the
+// DLQ: a comment said something else did.
+func TestDLQAndSkippedBatchesCounted(t *testing.T) {
+	r := New("intake", nil)
+	dlq := func(reason string) *kgo.Record {
+		return &kgo.Record{Headers: []kgo.RecordHeader{{Key: ledger.HeaderDLQReason, Value: []byte(reason)}}}
+	}
+	r.Committed(3, []*kgo.Record{dlq("invalid_json"), dlq("invalid_json"), dlq(ledger.ReasonBatchTooLarge), eventRecord("denied", "")}, 0, 0)
+	r.BatchSkipped("toolcalls.requests")
+	got := map[string]float64{}
+	for labels, v := range counters(t, r, "ledger_dlq_records_total") {
+		got["dlq/"+labels["reason"]] = v
+	}
+	for labels, v := range counters(t, r, "ledger_batches_skipped_total") {
+		got["skipped/"+labels["topic"]] = v
+	}
+	want := map[string]float64{"dlq/invalid_json": 2, "dlq/" + ledger.ReasonBatchTooLarge: 1, "skipped/toolcalls.requests": 1}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("DLQ and skipped batch counters (-want +got):\n%s", diff)
+	}
+}
+
 // BenchmarkEventCounters compares, in one run, counting a committed
 // batch's events through the cached counters (Committed's way) with
 // looking each one up by its labels (its former way).
