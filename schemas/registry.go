@@ -194,16 +194,20 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 // Subschema keywords of JSON Schema 2020-12 that openObject walks. Those
 // of memberKeywords describe members of the instance (a property, an
 // item), which must be closed in their own right and say what they are
-// (openMember); those of
-// sameInstanceKeywords describe the instance itself, whose closure (its
-// additionalProperties or unevaluatedProperties) holds for them. if and
-// not only test, and admit nothing: they are not walked.
+// (openMember); those of sameInstance*Keywords describe the instance
+// itself, whose closure (its additionalProperties or
+// unevaluatedProperties) holds for them. if is walked too: under
+// unevaluatedProperties false, the members a passing if evaluates are
+// admitted with what it says of them, as those a dependentSchemas entry
+// evaluates are. not admits nothing (what it evaluates is not counted):
+// it is not walked.
 var (
-	memberKeywords           = []string{"additionalProperties", "items", "contains", "unevaluatedItems", "propertyNames"}
-	memberListKeywords       = []string{"prefixItems"}
-	memberTableKeywords      = []string{"properties", "patternProperties", "$defs", "definitions"}
-	sameInstanceKeywords     = []string{"then", "else"}
-	sameInstanceListKeywords = []string{"allOf", "anyOf", "oneOf"}
+	memberKeywords            = []string{"additionalProperties", "items", "contains", "unevaluatedItems", "propertyNames"}
+	memberListKeywords        = []string{"prefixItems"}
+	memberTableKeywords       = []string{"properties", "patternProperties", "$defs", "definitions"}
+	sameInstanceKeywords      = []string{"if", "then", "else"}
+	sameInstanceListKeywords  = []string{"allOf", "anyOf", "oneOf"}
+	sameInstanceTableKeywords = []string{"dependentSchemas"}
 )
 
 // annotationKeywords change nothing a schema accepts: a schema of only
@@ -235,13 +239,28 @@ func openObject(schema any, ptr string, closed bool) string {
 		return ptr + "/items"
 	}
 	for _, k := range memberKeywords {
-		if p := openMember(m[k], ptr+"/"+k, k); p != "" {
+		as := k
+		if k == "contains" && m["items"] == nil {
+			// No items schema checks every item: under
+			// unevaluatedItems false, those contains matches are
+			// admitted with what it says of them, as items' are.
+			as = "items"
+		}
+		if p := openMember(m[k], ptr+"/"+k, as); p != "" {
 			return p
 		}
 	}
 	for _, k := range sameInstanceKeywords {
 		if p := openObject(m[k], ptr+"/"+k, closed); p != "" {
 			return p
+		}
+	}
+	for _, k := range sameInstanceTableKeywords {
+		table, _ := m[k].(map[string]any)
+		for _, name := range slices.Sorted(maps.Keys(table)) {
+			if p := openObject(table[name], ptr+"/"+k+"/"+escapeToken(name), closed); p != "" {
+				return p
+			}
 		}
 	}
 	for _, list := range []struct {
@@ -277,8 +296,8 @@ func openObject(schema any, ptr string, closed bool) string {
 // property, an item) under keyword k: a member schema that admits any
 // object ({}, true, annotations alone, a not) leaves that object open, as
 // an object schema without additionalProperties would. The names of
-// properties (propertyNames) are strings, and contains bounds no item:
-// neither is held to it.
+// properties (propertyNames) are strings, and contains beside an items
+// schema bounds no item: neither is held to it.
 func openMember(schema any, ptr, k string) string {
 	if k != "propertyNames" && k != "contains" && schema != nil && admitsAnyObject(schema) {
 		return ptr

@@ -245,6 +245,15 @@ func TestLoadErrors(t *testing.T) {
 			wantIn: []string{"tools/t.v1.json", "/properties/x"}, invalid: true},
 		{name: "pattern property that admits anything", files: map[string]string{"tools/t.v1.json": sub(okSchema, okSchema+` "patternProperties": {"^p_": {}},`)},
 			wantIn: []string{"tools/t.v1.json", "/patternProperties/^p_"}, invalid: true},
+		{name: "dependent schema's member open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`,
+			`{"type": "object", "unevaluatedProperties": false, "properties": {"method": {"enum": ["card"]}}, "dependentSchemas": {"method": {"properties": {"details": {"type": "object"}}}}}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/dependentSchemas/method/properties/details"}, invalid: true},
+		{name: "if's member open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`,
+			`{"type": "object", "unevaluatedProperties": false, "properties": {"k": {"type": "string"}}, "if": {"properties": {"extra": {"type": "object"}}}}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/if/properties/extra"}, invalid: true},
+		{name: "contains admitting items", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`,
+			`{"type": "array", "unevaluatedItems": false, "contains": {"minLength": 1}}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/contains"}, invalid: true},
 		{name: "array without items", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "array"}`)},
 			wantIn: []string{"tools/t.v1.json", "/properties/x/items"}, invalid: true},
 		{name: "array item that admits anything", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "array", "prefixItems": [{"type": "string"}, {"title": "t"}], "items": false}`)},
@@ -315,7 +324,10 @@ func TestLoadNestedObjectsClosed(t *testing.T) {
 		"o": {"anyOf": [{"type": "string"}, {"type": "null"}]},
 		"a": {"allOf": [{"type": "integer"}, {"description": "a branch of annotations"}]},
 		"l": {"type": "array", "items": {"type": "string"}},
-		"e": {"enum": ["x", "y"]}},
+		"e": {"enum": ["x", "y"]},
+		"d": {"type": "object", "unevaluatedProperties": false, "properties": {"method": {"enum": ["card"]}},
+			"dependentSchemas": {"method": {"properties": {"last4": {"type": "string"}}}}},
+		"k": {"type": "array", "items": {"type": "string"}, "contains": {"minLength": 1}}},
 		"$defs": {"closed": {"type": "object", "additionalProperties": false, "properties": {"z": {"type": "string"}}}}`, 1)
 	r, err := Load(mapFS(map[string]string{"tools/t.v1.json": src}))
 	if err != nil {
@@ -338,6 +350,9 @@ func TestLoadNestedObjectsClosed(t *testing.T) {
 		{`{"r": {"z": "x", "smuggled": 1}}`, false},
 		{`{"s": "x", "o": null, "a": 1, "l": ["x"], "e": "y"}`, true},
 		{`{"l": [{"smuggled": 1}]}`, false},
+		{`{"d": {"method": "card", "last4": "4242"}, "k": ["x"]}`, true},
+		{`{"d": {"method": "card", "details": {"pan": "4242424242424242"}}}`, false},
+		{`{"k": [{"smuggled": 1}]}`, false},
 	} {
 		var v any
 		if err := json.Unmarshal([]byte(tc.args), &v); err != nil {
