@@ -61,8 +61,10 @@ is wrong and what to do.
     number of partitions; replication factor and min.insync.replicas meet
     --expect-replication-factor and --expect-min-insync; the control topic is
     compacted and the others are not; the events topic keeps its records (no
-    retention.bytes, retention.ms unlimited or at least 7 days); every broker
-    offers the transaction APIs the exactly-once loops need (Kafka 2.5+).
+    retention.bytes, retention.ms unlimited or at least 7 days); the events
+    and DLQ topics accept records of the size the ledger writes there
+    (max.message.bytes at least 1000012); every broker offers the
+    transaction APIs the exactly-once loops need (Kafka 2.5+).
   Execution store (--crdb-dsn): it answers, its version, whether the schema
     holds everything this build's migrate creates, the clock skew.
   ClickHouse (--clickhouse-dsn, --clickhouse-database): it answers, its
@@ -242,10 +244,18 @@ const (
 	checkMinInsync    = "kafka.min_insync"
 	checkCleanup      = "kafka.cleanup_policy"
 	checkRetention    = "kafka.events_retention"
+	checkMessageBytes = "kafka.message_bytes"
 	checkTransactions = "kafka.transactions"
 )
 
-var kafkaCheckNames = []string{checkBrokers, checkTopics, checkPartitions, checkReplication, checkMinInsync, checkCleanup, checkRetention, checkTransactions}
+var kafkaCheckNames = []string{checkBrokers, checkTopics, checkPartitions, checkReplication, checkMinInsync, checkCleanup, checkRetention, checkMessageBytes, checkTransactions}
+
+// minRecordBytes is the least max.message.bytes of the topics the ledger
+// writes whole records of its own making to (events, DLQ): its producers'
+// largest batch, franz-go's default (a call's events carry its
+// arguments; a request's DLQ copy is cut at ledger.DLQMaxValueBytes).
+// Kafka's own default, 1048588, is above it.
+const minRecordBytes = 1_000_012
 
 // txnAPIs are the requests the exactly-once loops make, with the least
 // version they need: a GroupTransactSession fences zombies by consumer
@@ -316,9 +326,10 @@ func (d *doctor) kafkaChecks(ctx context.Context) []checkResult {
 		out = append(out,
 			result(checkMinInsync, statusFail, "%s", why),
 			result(checkCleanup, statusFail, "%s", why),
-			result(checkRetention, statusFail, "%s", why))
+			result(checkRetention, statusFail, "%s", why),
+			result(checkMessageBytes, statusFail, "%s", why))
 	} else {
-		out = append(out, d.minInsyncCheck(md, present, configs), d.cleanupCheck(configs), d.retentionCheck(configs))
+		out = append(out, d.minInsyncCheck(md, present, configs), d.cleanupCheck(configs), d.retentionCheck(configs), d.messageBytesCheck(configs))
 	}
 	out = append(out, d.transactionsCheck(ctx, adm, md, versions, verr))
 	return out
@@ -603,6 +614,43 @@ func (d *doctor) retentionCheck(configs map[string]map[string]string) checkResul
 		return warn("%s deletes events after %s (retention.ms=%d), under %s: the audit record and projection rebuilds lose them; set retention.ms=-1", n, ret, ms, minEventsRetention)
 	}
 	return result(checkRetention, statusOK, "%s keeps events %s (retention.ms=%d): older ones leave the log, so archive it or set retention.ms=-1 to rebuild projections from the start", n, ret, ms)
+}
+
+// messageBytesCheck fails when the events or the DLQ topic accepts records
+// smaller than the ledger writes there: a record refused fails the
+// transaction that carries it, on every redelivery, and the loop behind
+// it restarts, its partitions stalled.
+func (d *doctor) messageBytesCheck(configs map[string]map[string]string) checkResult {
+	var small []string
+	checked := 0
+	for _, n := range []string{d.topics.Events, d.topics.DLQ} {
+		c, ok := configs[n]
+		if !ok {
+			continue
+		}
+		checked++
+		raw := c["max.message.bytes"]
+		if raw == "" {
+			continue // the broker's default
+		}
+		if v, err := strconv.ParseInt(raw, 10, 64); err != nil || v < minRecordBytes {
+			small = append(small, fmt.Sprintf("%s has max.message.bytes=%s", n, raw))
+		}
+	}
+	switch {
+	case checked == 0:
+		return result(checkMessageBytes, statusSkipped, "%s and %s missing (see kafka.topics)", d.topics.Events, d.topics.DLQ)
+	case len(small) > 0:
+		r := result(checkMessageBytes, statusFail, "%s: the ledger writes records of up to %d bytes there (a call's events carry its arguments, a request's DLQ copy up to %d bytes), and one refused fails its transaction on every redelivery, the loop's partitions stalled behind it; set max.message.bytes to at least %d",
+			strings.Join(small, ", "), minRecordBytes, ledger.DLQMaxValueBytes, minRecordBytes)
+		for _, n := range []string{d.topics.Events, d.topics.DLQ} {
+			if strings.Contains(r.Detail, n+" has") {
+				r.Topics = append(r.Topics, n)
+			}
+		}
+		return r
+	}
+	return result(checkMessageBytes, statusOK, "%s and %s accept the records the ledger writes (max.message.bytes at least %d)", d.topics.Events, d.topics.DLQ, minRecordBytes)
 }
 
 func (d *doctor) transactionsCheck(ctx context.Context, adm *kadm.Client, md kadm.Metadata, versions kadm.BrokersApiVersions, verr error) checkResult {

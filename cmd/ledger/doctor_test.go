@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -510,6 +511,32 @@ func TestDoctorRetention(t *testing.T) {
 	}
 	if r := d.retentionCheck(map[string]map[string]string{}); r.Status != statusSkipped {
 		t.Errorf("retentionCheck without the events topic = %s (%s); want skipped", r.Status, r.Detail)
+	}
+}
+
+// TestDoctorMessageBytes: the events and DLQ topics must accept the
+// records the ledger writes there; unset, the broker's default does.
+func TestDoctorMessageBytes(t *testing.T) {
+	d := &doctor{topics: ledger.Topics{}.WithDefaults()}
+	ev, dlq := d.topics.Events, d.topics.DLQ
+	for _, tc := range []struct {
+		name    string
+		configs map[string]map[string]string
+		want    checkStatus
+		topics  []string
+	}{
+		{"Kafka's default", map[string]map[string]string{ev: {"max.message.bytes": "1048588"}, dlq: {"max.message.bytes": "1048588"}}, statusOK, nil},
+		{"unset", map[string]map[string]string{ev: {}, dlq: {}}, statusOK, nil},
+		{"a small DLQ", map[string]map[string]string{ev: {}, dlq: {"max.message.bytes": "262144"}}, statusFail, []string{dlq}},
+		{"a small events topic", map[string]map[string]string{ev: {"max.message.bytes": "500000"}, dlq: {}}, statusFail, []string{ev}},
+		{"neither there", map[string]map[string]string{}, statusSkipped, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := d.messageBytesCheck(tc.configs)
+			if r.Status != tc.want || !slices.Equal(r.Topics, tc.topics) {
+				t.Errorf("messageBytesCheck(%v) = %s %v (%s); want %s %v", tc.configs, r.Status, r.Topics, r.Detail, tc.want, tc.topics)
+			}
+		})
 	}
 }
 
