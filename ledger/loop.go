@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -387,13 +389,17 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// transaction.
 		held      int
 		heldSince time.Time
-		// skipped: batches skipped for their size since the last
-		// transaction, whose offsets past them (and the records
-		// LoopConfig.Skipped returned, in skips) the next one commits.
-		// A transaction that does not commit rewinds the session to
-		// before them: fetched again, they are skipped again.
-		skipped int
-		skips   []*kgo.Record
+		// pending: the batches skipped for their size (skipBatch)
+		// that no committed transaction has carried yet, by where
+		// they start. Every transaction carries them (the offsets past
+		// them, the records LoopConfig.Skipped returned), and only one
+		// that commits clears them. One that does not rewinds the
+		// session to the committed offsets, where a batch is fetched
+		// and skipped again (it replaces its entry), except on a
+		// partition the group never committed: there franz-go takes
+		// the offset past the batch for where consuming started, and
+		// only the entry here still says that the batch was skipped.
+		pending = make(map[batchStart]skippedBatch)
 	)
 	defer func() {
 		if afterCommit != nil {
@@ -450,8 +456,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 				return
 			}
 			if tl, ok := errors.AsType[*kgo.ErrDecompressTooLarge](err); ok {
-				skips = append(skips, l.skipBatch(sess.Client(), tl)...)
-				skipped++
+				pending[batchStart{tl.Topic, tl.Partition, tl.Offset}] = l.skipBatch(sess.Client(), tl)
 				return
 			}
 			l.cfg.Logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
@@ -511,7 +516,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
 				return fmt.Errorf("abort after step failure: %w", err)
 			}
-			held, skipped, skips = 0, 0, nil
+			held = 0
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -549,9 +554,10 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// forced: batches were skipped, and a transaction commits the
 		// offsets past them now, with what LoopConfig.Skipped returned,
 		// whatever the step did.
-		forced := skipped > 0
-		out.Records = append(out.Records, skips...)
-		skipped, skips = 0, nil
+		forced := len(pending) > 0
+		for _, k := range slices.SortedFunc(maps.Keys(pending), batchStart.compare) {
+			out.Records = append(out.Records, pending[k].records...)
+		}
 		if len(out.Records) == 0 && out.Committed == nil && out.Abandoned == nil && len(recs) > 0 {
 			if held == 0 {
 				heldSince = time.Now()
@@ -620,6 +626,12 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		}
 		consumed += held
 		held = 0
+		for _, k := range slices.SortedFunc(maps.Keys(pending), batchStart.compare) {
+			l.cfg.Logger.Error("batch skipped unread: it decompresses to more than the loop's bound", "topic", k.topic, "partition", k.partition,
+				"from_offset", k.from, "to_offset", pending[k].next, "max_batch_bytes", l.cfg.MaxBatchBytes)
+			l.cfg.Metrics.BatchSkipped(k.topic)
+		}
+		clear(pending)
 		*progressed = true
 		l.cfg.Failpoint.Hit(failpoint.Committed)
 		l.cfg.Metrics.Committed(consumed, out.Records, stepDur, txnDur)
@@ -642,20 +654,38 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	}
 }
 
+// batchStart names a batch by where it starts.
+type batchStart struct {
+	topic     string
+	partition int32
+	from      int64
+}
+
+func (a batchStart) compare(b batchStart) int {
+	return cmp.Or(strings.Compare(a.topic, b.topic), cmp.Compare(a.partition, b.partition), cmp.Compare(a.from, b.from))
+}
+
+// skippedBatch is a batch skipped for its size: the offset past it, and
+// the records LoopConfig.Skipped returned for it.
+type skippedBatch struct {
+	next    int64
+	records []*kgo.Record
+}
+
 // skipBatch moves the session past a batch that decompresses to more than
 // MaxBatchBytes, which franz-go does not read: it stops fetching the
-// partition until told where to go on. It returns the records
-// LoopConfig.Skipped wants appended for it. The batch stays in the log,
-// where a human can read it with a client of a larger bound.
-func (l *Loop) skipBatch(cl *kgo.Client, e *kgo.ErrDecompressTooLarge) []*kgo.Record {
-	l.cfg.Logger.Error("batch skipped unread: it decompresses to more than the loop's bound", "topic", e.Topic, "partition", e.Partition,
+// partition until told where to go on. The batch stays in the log, where
+// a human can read it with a client of a larger bound. It is logged at
+// Error and counted once a transaction committed the offset past it.
+func (l *Loop) skipBatch(cl *kgo.Client, e *kgo.ErrDecompressTooLarge) skippedBatch {
+	l.cfg.Logger.Warn("skipping a batch unread: it decompresses to more than the loop's bound", "topic", e.Topic, "partition", e.Partition,
 		"from_offset", e.Offset, "to_offset", e.NextOffset, "max_batch_bytes", l.cfg.MaxBatchBytes)
-	l.cfg.Metrics.BatchSkipped(e.Topic)
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: e.Epoch, Offset: e.NextOffset}}})
-	if l.cfg.Skipped == nil {
-		return nil
+	sb := skippedBatch{next: e.NextOffset}
+	if l.cfg.Skipped != nil {
+		sb.records = l.cfg.Skipped(e.Topic, e.Partition, e.Offset, e.NextOffset)
 	}
-	return l.cfg.Skipped(e.Topic, e.Partition, e.Offset, e.NextOffset)
+	return sb
 }
 
 // gap is a partition's run of deleted records, by where it starts.

@@ -556,6 +556,762 @@ func (c *consumedCounter) RecordsDeleted(_ string, n int64) {
 }
 func (c *consumedCounter) BatchSkipped(string) { c.skipped.Add(1) }
 
+// Records the log deleted (retention) before the loop read them are not
+// skipped in silence: the loop resumes at the log's start, as it must,
+// and says at Error how many it never processed, and counts them, once.
+// Before, franz-go's reset to the log start was logged at Info, below
+// what the ledger logs: requests went undecided, unseen.
+func TestLoopReportsRecordsDeletedUnread(t *testing.T) {
+	k := faultableKafka(t)
+	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rq := k.Topics.Requests
+	for i := range 10 {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The group had processed offsets 0 and 1; then, while it was down,
+	// retention deleted everything before offset 8.
+	adm := kadm.NewClient(cl)
+	group := k.Group("copy")
+	var committed kadm.Offsets
+	committed.AddOffset(rq, 0, 2, -1)
+	if resps, err := adm.CommitOffsets(t.Context(), group, committed); err != nil || resps.Error() != nil {
+		t.Fatalf("commit offsets: %v %v", err, resps.Error())
+	}
+	deleted, err := adm.DeleteRecords(t.Context(), kadm.Offsets{rq: {0: {Topic: rq, Partition: 0, At: 8, LeaderEpoch: -1}}})
+	if err == nil {
+		err = deleted.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+
+	var logs ledgertest.LogBuffer
+	metrics := &consumedCounter{}
+	var seen atomic.Int64
+	// A tick far longer than the test, and a step that produces nothing:
+	// the batches are held, the group's offset stays before the gap, and
+	// every poll meets it again.
+	runCopyGroupLoop(t, k, ledger.LoopConfig{Tick: time.Hour, Metrics: metrics, Logger: slog.New(slog.NewJSONHandler(&logs, nil))},
+		func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+			seen.Add(int64(len(recs)))
+			return ledger.Output{}, nil
+		})
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if seen.Load() < 2 || metrics.reports.Load() == 0 {
+			return fmt.Errorf("records seen %d, gaps reported %d; want the 2 left, and the gap", seen.Load(), metrics.reports.Load())
+		}
+		return nil
+	})
+	for i := range 3 {
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: fmt.Appendf(nil, "later%d", i), Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if seen.Load() < 5 {
+			return fmt.Errorf("records seen %d; want the 3 published since too", seen.Load())
+		}
+		return nil
+	})
+	if n, r := metrics.deleted.Load(), metrics.reports.Load(); n != 6 || r != 1 {
+		t.Errorf("reported %d records deleted in %d reports; want 6 (offsets 2 to 7), once", n, r)
+	}
+	line := logs.String()
+	if !strings.Contains(line, `"level":"ERROR"`) || !strings.Contains(line, "records deleted from the log before this loop read them") || !strings.Contains(line, `"records_lost":6`) {
+		t.Errorf("log %s; want the gap at Error, 6 records lost", line)
+	}
+}
+
+// A partition written in transactions, read to its end and then idle
+// past its retention, loses the last transaction's commit marker, which
+// is where its group resumes: that is no record lost, and is not counted.
+func TestLoopDoesNotCountADeletedMarker(t *testing.T) {
+	k := faultableKafka(t)
+	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.TransactionalID("agent-host"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rq := k.Topics.Requests
+	produce := func(key string) {
+		t.Helper()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: []byte(key), Value: []byte("v")}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(t.Context(), kgo.TryCommit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	metrics := &consumedCounter{}
+	var seen atomic.Int64
+	step := func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		seen.Add(int64(len(recs)))
+		var out ledger.Output
+		for _, r := range recs {
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	}
+	produce("before")
+	stop := runLoopUntil(t, k, metrics, step, func() bool { return seen.Load() == 1 && metrics.n.Load() == 1 })
+	stop()
+	// Retention takes everything, the marker (offset 1) with the record.
+	adm := kadm.NewClient(cl)
+	deleted, err := adm.DeleteRecords(t.Context(), kadm.Offsets{rq: {0: {Topic: rq, Partition: 0, At: 2, LeaderEpoch: -1}}})
+	if err == nil {
+		err = deleted.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	produce("after")
+	stop = runLoopUntil(t, k, metrics, step, func() bool { return seen.Load() == 2 })
+	stop()
+	if n := metrics.reports.Load(); n != 0 {
+		t.Errorf("%d gaps counted (%d records); want none: only a marker was deleted", n, metrics.deleted.Load())
+	}
+
+	// Written without a transaction (as the ledger writes requests), one
+	// offset is one record: deleted unread, it is counted. (Partition 1,
+	// which no transaction wrote.)
+	plain, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	producePlain := func(keys ...string) {
+		t.Helper()
+		for _, key := range keys {
+			if err := plain.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 1, Key: []byte(key), Value: []byte("v")}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	producePlain("read")
+	stop = runLoopUntil(t, k, metrics, step, func() bool { return seen.Load() == 3 && metrics.n.Load() == 3 })
+	stop()
+	producePlain("lost", "kept") // offsets 1 and 2
+	deleted, err = adm.DeleteRecords(t.Context(), kadm.Offsets{rq: {1: {Topic: rq, Partition: 1, At: 2, LeaderEpoch: -1}}})
+	if err == nil {
+		err = deleted.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	stop = runLoopUntil(t, k, metrics, step, func() bool { return seen.Load() == 4 })
+	stop()
+	if n, r := metrics.deleted.Load(), metrics.reports.Load(); n != 1 || r != 1 {
+		t.Errorf("after one plain record deleted unread: %d records in %d reports; want 1 in 1", n, r)
+	}
+}
+
+// runLoopUntil runs a loop of the copy group with step until done holds,
+// and returns what stops it.
+func runLoopUntil(t *testing.T, k *ledgertest.Kafka, metrics *consumedCounter, step ledger.Step, done func() bool) (stop func()) {
+	t.Helper()
+	l, err := ledger.NewLoop(ledger.LoopConfig{Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-1", Tick: 50 * time.Millisecond, Metrics: metrics, Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)}}, step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ended := make(chan error, 1)
+	go func() { ended <- l.Run(ctx) }()
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if !done() {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	return func() { cancel(); <-ended }
+}
+
+// A batch whose step does nothing (records it ignores, as an executor
+// reads its own events) gets no transaction of its own: its offsets are
+// committed by the next transaction; when the traffic stops, by one an
+// idle poll starts; and when ignored records keep coming, by one once
+// they have waited a tick.
+func TestLoopHoldsIgnoredBatchesForTheNextTransaction(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		tick time.Duration
+	}{
+		// A tick far longer than the test: only the next batch with
+		// work can commit the ignored ones.
+		{"next transaction", time.Hour},
+		// Nothing follows the ignored batches: an idle poll commits them.
+		{"idle poll", 300 * time.Millisecond},
+		// Ignored records keep coming, faster than the tick: no poll is
+		// idle, and the held offsets are committed once they waited a
+		// tick.
+		{"held a tick", 300 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := faultableKafka(t)
+			var commits atomic.Int64
+			k.Cluster.ControlKey(int16(kmsg.EndTxn), func(r kmsg.Request) (kmsg.Response, error, bool) {
+				if r.(*kmsg.EndTxnRequest).Commit {
+					commits.Add(1)
+				}
+				k.Cluster.KeepControl()
+				return nil, nil, false
+			})
+			// records the step saw; batches of ignored records; batches with work
+			var seen, ignoredBatches, worked atomic.Int64
+			metrics := &consumedCounter{}
+			publishKey := runCopyGroupLoop(t, k, ledger.LoopConfig{Tick: tc.tick, Metrics: metrics}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+				seen.Add(int64(len(recs)))
+				var out ledger.Output
+				for _, r := range recs {
+					if string(r.Value) != "ignore" {
+						out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+					}
+				}
+				switch {
+				case len(out.Records) > 0:
+					worked.Add(1)
+				case len(recs) > 0:
+					ignoredBatches.Add(1)
+				}
+				return out, nil
+			})
+			n := 0 // records published
+			publish := func(value string) {
+				t.Helper()
+				publishKey(fmt.Sprint("k", n), value)
+				n++
+			}
+			// The loop reports a commit to its metrics once EndTxn has
+			// returned to it, after the group's offsets show the
+			// commit: wait for the report too. A reset before the first
+			// record's report leaves that record in the count, and a
+			// check before the last report reads the count short.
+			waitReported := func(want int64) {
+				t.Helper()
+				ledgertest.WaitFor(t, 15*time.Second, func() error {
+					if got := metrics.n.Load(); got < want {
+						return fmt.Errorf("the loop's metrics count %d records committed; want %d", got, want)
+					}
+					return nil
+				})
+			}
+			// A first record with work, once the loop is in its group
+			// and polling; then count from zero.
+			publish("copy")
+			waitCommitted(t, k, 1, 15*time.Second)
+			waitReported(1)
+			commits.Store(0)
+			worked.Store(0)
+			metrics.n.Store(0)
+
+			if tc.name == "held a tick" {
+				// 40 ms apart for 3 ticks: the offsets must be committed
+				// while the records still come.
+				stop := time.Now().Add(3 * tc.tick)
+				for time.Now().Before(stop) {
+					publish("ignore")
+					time.Sleep(40 * time.Millisecond)
+				}
+				cl, err := ledger.NewClient(k.Client)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cl.Close()
+				got, err := groupCommitted(t.Context(), cl, k.Group("copy"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got < 2 {
+					t.Fatalf("the group committed %d records after %v of ignored records; want them committed a tick after they came", got, 3*tc.tick)
+				}
+				return
+			}
+			// Ignored records, one produce each, 5 ms apart: the step
+			// sees them in one or more batches.
+			const ignored = 10
+			for range ignored {
+				publish("ignore")
+				time.Sleep(5 * time.Millisecond)
+			}
+			ledgertest.WaitFor(t, 15*time.Second, func() error {
+				if got := seen.Load(); got < ignored+1 {
+					return fmt.Errorf("the step saw %d of %d records", got, ignored+1)
+				}
+				return nil
+			})
+			want := int64(ignored)
+			if tc.name == "next transaction" {
+				if c := commits.Load(); c != 0 {
+					t.Fatalf("%d transactions committed for %d batches of ignored records; want none", c, ignoredBatches.Load())
+				}
+				publish("copy")
+				want++
+			}
+			waitCommitted(t, k, want+1, 15*time.Second)
+			waitReported(want)
+			c, w, b := commits.Load(), worked.Load(), ignoredBatches.Load()
+			switch tc.name {
+			case "next transaction":
+				if c != w {
+					t.Errorf("%d transactions committed for %d batches with work; want as many", c, w)
+				}
+			case "idle poll":
+				// One for the idle poll; more only if the records came
+				// more than a tick apart.
+				if c < 1 || c > b {
+					t.Errorf("%d transactions committed for %d batches of ignored records; want at least 1 and at most one each", c, b)
+				}
+			}
+			if got := metrics.n.Load(); got != want {
+				t.Errorf("the loop's metrics count %d records committed; want %d", got, want)
+			}
+		})
+	}
+}
+
+// With Linger the loop waits that long after a poll for more records,
+// so that records arriving within it make one step; without, each makes
+// its own.
+func TestLoopLinger(t *testing.T) {
+	for _, linger := range []time.Duration{0, 800 * time.Millisecond} {
+		t.Run(fmt.Sprint("linger=", linger), func(t *testing.T) {
+			k := faultableKafka(t)
+			publish, batches := lingerLoop(t, k, ledger.LoopConfig{Tick: 2 * time.Second, Linger: linger}, nil)
+			// Three records 100 ms apart, one partition (one key).
+			for i := 1; i <= 3; i++ {
+				publish(i)
+				time.Sleep(100 * time.Millisecond)
+			}
+			waitCommitted(t, k, 4, 15*time.Second)
+			got := batches()
+			if linger > 0 && !slices.Equal(got, []int{3}) {
+				t.Errorf("batches %v; want the three records in one step", got)
+			}
+			if linger == 0 && len(got) < 2 {
+				t.Errorf("batches %v without linger; want more than one step", got)
+			}
+		})
+	}
+	if _, err := ledger.NewLoop(ledger.LoopConfig{Group: "g", Topics: []string{"t"}, TransactionalID: "x", Tick: time.Second, Linger: time.Second}, nil); err == nil {
+		t.Error("a linger as long as the tick was accepted")
+	}
+}
+
+// lingerLoop runs a copy loop with cfg whose step notes the size of each
+// batch (after calling during, if set, with it), and returns how to
+// publish "v<i>" (all on one partition) and the sizes noted since "v0",
+// which it published and saw committed: the loop is in its group and
+// polling by then.
+func lingerLoop(t *testing.T, k *ledgertest.Kafka, cfg ledger.LoopConfig, during func([]*kgo.Record)) (publish func(i int), batches func() []int) {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	publishKey := runCopyGroupLoop(t, k, cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		if len(recs) == 0 {
+			return ledger.Output{}, nil
+		}
+		mu.Lock()
+		sizes = append(sizes, len(recs))
+		mu.Unlock()
+		if during != nil {
+			during(recs)
+		}
+		var out ledger.Output
+		for _, r := range recs {
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	})
+	publish = func(i int) { publishKey("k", fmt.Sprint("v", i)) }
+	publish(0)
+	waitCommitted(t, k, 1, 15*time.Second)
+	mu.Lock()
+	sizes = nil
+	mu.Unlock()
+	return publish, func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(sizes)
+	}
+}
+
+// TestLoopLingerFrom: with LingerFrom, a loop lingers after a poll that
+// found that many records waiting (they came while a step ran) and runs
+// a lone record's step at once; records the step does not act on (Acts)
+// do not count.
+func TestLoopLingerFrom(t *testing.T) {
+	k := faultableKafka(t)
+	hold := make(chan struct{})
+	acts := func(r *kgo.Record) bool { return strings.HasPrefix(string(r.Value), "v") }
+	publish, batches := lingerLoop(t, k, ledger.LoopConfig{Tick: 2 * time.Second, Linger: 800 * time.Millisecond, LingerFrom: 2, Acts: acts}, func(recs []*kgo.Record) {
+		if string(recs[0].Value) == "v1" {
+			<-hold // the next records arrive while this step runs
+		}
+	})
+	// Released at the latest before the loop stops (cleanups run last
+	// first), or a failure before the release would hang the test.
+	release := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(release)
+	// Records produced together: a fetch brings them together, where
+	// records produced apart could come a poll each (franz-go holds a
+	// broker's fetch until a poll takes it).
+	pair, err := ledger.NewClient(k.Client, kgo.ProducerLinger(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pair.Close()
+	publishPair := func(a, b string) {
+		t.Helper()
+		if err := pair.ProduceSync(t.Context(),
+			&kgo.Record{Topic: k.Topics.Requests, Key: []byte("k"), Value: []byte(a)},
+			&kgo.Record{Topic: k.Topics.Requests, Key: []byte("k"), Value: []byte(b)},
+		).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// v1 alone, its step held while v2 and v3 arrive: the next poll
+	// finds two records and lingers, so v4, 100 ms after the step ends,
+	// joins them.
+	publish(1)
+	for deadline := time.Now().Add(15 * time.Second); len(batches()) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("v1's step did not run in 15s")
+		}
+	}
+	publishPair("v2", "v3")
+	time.Sleep(300 * time.Millisecond) // fetched into the client meanwhile
+	release()
+	time.Sleep(100 * time.Millisecond)
+	publish(4)
+	waitCommitted(t, k, 5, 15*time.Second)
+	// Then two lone records 500 ms apart: a step each, at once.
+	publish(5)
+	time.Sleep(500 * time.Millisecond)
+	publish(6)
+	waitCommitted(t, k, 7, 15*time.Second)
+	// Two records the step does not act on, found together, and v9
+	// 100 ms later: no linger, two steps.
+	publishPair("x7", "x8")
+	time.Sleep(100 * time.Millisecond)
+	publish(9)
+	waitCommitted(t, k, 10, 15*time.Second)
+	if got := batches(); !slices.Equal(got, []int{1, 3, 1, 1, 2, 1}) {
+		t.Errorf("batches %v; want [1 3 1 1 2 1]: v1 alone, v2-v4 in one lingering step, v5 and v6 alone, x7 and x8 without lingering, v9 alone", got)
+	}
+	for _, from := range []int{-1, 501} {
+		if _, err := ledger.NewLoop(ledger.LoopConfig{Group: "g", Topics: []string{"t"}, TransactionalID: "x", MaxPollRecords: 500, LingerFrom: from}, nil); err == nil {
+			t.Errorf("LingerFrom %d with polls of 500 was accepted", from)
+		}
+	}
+}
+
+// TestLoopTime: a loop counts the time its steps took and the time its
+// transactions took, and not the time it waited for records.
+func TestLoopTime(t *testing.T) {
+	k := faultableKafka(t)
+	const stepTook = 30 * time.Millisecond
+	var steps atomic.Int64
+	loop, err := ledger.NewLoop(ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-1", Tick: 50 * time.Millisecond,
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+	}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		var out ledger.Output
+		if len(recs) == 0 {
+			return out, nil
+		}
+		steps.Add(1)
+		time.Sleep(stepTook)
+		for _, r := range recs {
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lt := loop.Time(); lt != (ledger.LoopTime{}) {
+		t.Fatalf("Time before Run = %+v; want zero", lt)
+	}
+	start := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	publishRequests(t, k, 5)
+	waitCommitted(t, k, 5, 15*time.Second)
+	const idle = 600 * time.Millisecond
+	time.Sleep(idle)  // polls that return nothing
+	n := steps.Load() // before Time: a step counts there once it ended
+	lt, lived := loop.Time(), time.Since(start)
+	if n == 0 || lt.Steps != n || lt.Step < time.Duration(n)*stepTook {
+		t.Errorf("Time() = %+v after %d steps of %v each; want them counted (the idle polls not), and at least their sum", lt, n, stepTook)
+	}
+	if lt.Transaction <= 0 {
+		t.Errorf("Time().Transaction = %v after committed steps; want their transactions' time", lt.Transaction)
+	}
+	if busy := lt.Step + lt.Transaction; busy > lived-idle/2 {
+		t.Errorf("steps and transactions %v of the %v the loop lived, %v of it idle; want the idle polls counted in neither", busy, lived, idle)
+	}
+}
+
+// failOffsetFetchOf answers the first OffsetFetch of a consumer (franz-go's
+// asks for stable offsets; kadm's, which the tests use, does not) with no
+// committed offsets and, for partition, a non-retriable error, as a broker
+// whose ACLs deny the group that topic would. It counts the requests it
+// answered.
+func failOffsetFetchOf(k *ledgertest.Kafka, partition int32) *atomic.Int64 {
+	c := k.Cluster
+	var hits atomic.Int64
+	c.ControlKey(int16(kmsg.OffsetFetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.OffsetFetchRequest)
+		if !req.RequireStable {
+			return nil, nil, false // not handled: kept for the next
+		}
+		hits.Add(1)
+		resp := req.ResponseKind().(*kmsg.OffsetFetchResponse)
+		resp.Version = req.Version
+		part := func(p int32) kmsg.OffsetFetchResponseGroupTopicPartition {
+			rp := kmsg.NewOffsetFetchResponseGroupTopicPartition()
+			rp.Partition, rp.Offset = p, -1
+			if p == partition {
+				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+			}
+			return rp
+		}
+		for _, g := range req.Groups {
+			rg := kmsg.NewOffsetFetchResponseGroup()
+			rg.Group = g.Group
+			for _, t := range g.Topics {
+				rt := kmsg.NewOffsetFetchResponseGroupTopic()
+				rt.Topic, rt.TopicID = t.Topic, t.TopicID
+				for _, p := range t.Partitions {
+					rt.Partitions = append(rt.Partitions, part(p))
+				}
+				rg.Topics = append(rg.Topics, rt)
+			}
+			resp.Groups = append(resp.Groups, rg)
+		}
+		for _, t := range req.Topics { // before v8
+			rt := kmsg.NewOffsetFetchResponseTopic()
+			rt.Topic = t.Topic
+			for _, p := range t.Partitions {
+				gp := part(p)
+				rp := kmsg.NewOffsetFetchResponseTopicPartition()
+				rp.Partition, rp.Offset, rp.ErrorCode = gp.Partition, gp.Offset, gp.ErrorCode
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp, nil, true
+	})
+	return &hits
+}
+
+// A partition whose committed offset could not be fetched, for a reason
+// that is not retriable, is not left out of the loop: franz-go goes on
+// without it until the next rebalance, which in a quiet group never
+// comes, and the requests on it were never processed. The loop restarts
+// its session, which asks again, and every request is processed.
+func TestLoopRejoinsForAPartitionItCouldNotResume(t *testing.T) {
+	k := faultableKafka(t)
+	const n = 20
+	publishRequests(t, k, n) // over both partitions
+	hits := failOffsetFetchOf(k, 1)
+
+	loop := copyLoop(t, k, "copy-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitCommitted(t, k, n, 20*time.Second)
+	if hits.Load() != 1 {
+		t.Errorf("offset fetches failed: %d; want 1", hits.Load())
+	}
+}
+
+// A session that progressed and then lost a partition (a poll reports a
+// non-retriable error for it, such as an ACL denying the group that
+// topic) still backs off before the next: the cause usually persists, and
+// a loop that rejoined every 100 ms would rebalance the group, and stall
+// its healthy partitions, as often. Here every session commits some of a
+// steady flow of requests and then has partition 1 denied to its fetches;
+// the sessions' joins (counted by the broker) thin out, and the backoffs
+// the loop logs double from one restart to the next.
+func TestLoopBacksOffAfterProgressWhileAPartitionStaysDenied(t *testing.T) {
+	k := faultableKafka(t)
+	c := k.Cluster
+	var (
+		mu     sync.Mutex
+		joins  []time.Time // a session's first JoinGroup each
+		armed  atomic.Bool // the current session has committed
+		denied atomic.Int64
+	)
+	c.ControlKey(int16(kmsg.JoinGroup), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		// A new client joins without a member id; a rejoin within a
+		// session has one.
+		if kreq.(*kmsg.JoinGroupRequest).MemberID == "" {
+			mu.Lock()
+			joins = append(joins, time.Now())
+			mu.Unlock()
+			armed.Store(false)
+		}
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.EndTxn), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if kreq.(*kmsg.EndTxnRequest).Commit {
+			armed.Store(true)
+		}
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !armed.Load() {
+			return nil, nil, false
+		}
+		// Partition 1 denied, the others left out of the answer
+		// (nothing new for them in this fetch).
+		req := kreq.(*kmsg.FetchRequest)
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			t := kmsg.NewFetchResponseTopic()
+			t.Topic, t.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				if rp.Partition != 1 {
+					continue
+				}
+				p := kmsg.NewFetchResponseTopicPartition()
+				p.Partition, p.ErrorCode = 1, kerr.TopicAuthorizationFailed.Code
+				p.HighWatermark, p.LastStableOffset, p.LogStartOffset = -1, -1, -1
+				t.Partitions = append(t.Partitions, p)
+			}
+			resp.Topics = append(resp.Topics, t)
+		}
+		denied.Add(1)
+		return resp, nil, true
+	})
+
+	// A steady flow of requests, for every session to make progress with.
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	flow, stopFlow := context.WithCancel(context.Background())
+	var flowing sync.WaitGroup
+	flowing.Go(func() {
+		for i := 0; flow.Err() == nil; i++ {
+			_ = cl.ProduceSync(flow, &kgo.Record{Topic: k.Topics.Requests, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}).FirstErr()
+			select {
+			case <-flow.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
+	defer func() { stopFlow(); flowing.Wait() }()
+
+	backoffs := &backoffLog{}
+	loop := copyLoop(t, k, "copy-1", func(cfg *ledger.LoopConfig) { cfg.Logger = slog.New(backoffs) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// The window: from the first session's join. The restarts' backoffs
+	// (at least half of 100 ms, 200 ms, ... each, with jitter) let at most
+	// 7 sessions join in it, however fast the sessions themselves are; a
+	// slow machine only makes fewer. Restarts every 100 ms join dozens
+	// (62 on the machine this was written on).
+	const window = 6 * time.Second
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(joins) == 0 {
+			return errors.New("the loop has not joined the group")
+		}
+		return nil
+	})
+	mu.Lock()
+	first := joins[0]
+	mu.Unlock()
+	select {
+	case <-time.After(time.Until(first.Add(window))):
+	case err := <-done:
+		t.Fatalf("the loop returned %v", err)
+	}
+	mu.Lock()
+	var in int
+	for _, j := range joins {
+		if j.Sub(first) <= window {
+			in++
+		}
+	}
+	mu.Unlock()
+	if in > 10 {
+		t.Errorf("%d sessions joined the group within %v; want at most 7 (10 with slack), the restarts backing off", in, window)
+	}
+	if in < 3 || denied.Load() < int64(in-1) {
+		t.Fatalf("%d sessions joined, %d fetches denied after a commit; want at least 3 sessions, each ended by a denial once it had committed", in, denied.Load())
+	}
+	// Deterministic, whatever the machine's speed: each restart's backoff
+	// (before jitter) doubles the last.
+	got := backoffs.values()
+	for i := 1; i < len(got); i++ {
+		if want := min(2*got[i-1], 10*time.Second); got[i] != want {
+			t.Errorf("restart backoffs %v; want each double the last: the sessions' progress does not reset them", got)
+			break
+		}
+	}
+}
+
+// backoffLog keeps the backoff of every "transact session restart" the
+// loop logs.
+type backoffLog struct {
+	mu  sync.Mutex
+	got []time.Duration
+}
+
+func (h *backoffLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *backoffLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "transact session restart" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "backoff" {
+			h.mu.Lock()
+			h.got = append(h.got, a.Value.Duration())
+			h.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (h *backoffLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *backoffLog) WithGroup(string) slog.Handler      { return h }
+
+func (h *backoffLog) values() []time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.got)
+}
+
 // A batch that decompresses past the loop's bound (a few kilobytes of
 // gzip that would be 3 MiB, here, against a 1 MiB bound; gigabytes from
 // a hostile producer) is skipped unread: the step never sees it, the
@@ -567,13 +1323,18 @@ func (c *consumedCounter) BatchSkipped(string) { c.skipped.Add(1) }
 func TestLoopSkipsABatchPastItsBound(t *testing.T) {
 	// Without LoopConfig.Skipped (the executor's loops), the offsets
 	// past the batch are committed all the same, by a transaction of
-	// their own when nothing follows the batch.
-	for _, tc := range []struct{ hook, after bool }{{true, true}, {false, true}, {false, false}} {
-		t.Run(fmt.Sprintf("hook %v, a record after %v", tc.hook, tc.after), func(t *testing.T) { skipsABatch(t, tc.hook, tc.after) })
+	// their own when nothing follows the batch. The first transaction
+	// after the skip failing (failOnce: its step fails) loses nothing:
+	// on a partition the group never committed, franz-go's rewind does
+	// not go back before the batch, and the skip is carried on to the
+	// next transaction (before, its DLQ record was lost, and the offset
+	// past the batch committed without it).
+	for _, tc := range []struct{ hook, after, failOnce bool }{{true, true, false}, {false, true, false}, {false, false, false}, {true, false, true}} {
+		t.Run(fmt.Sprintf("hook %v, a record after %v, a failed step %v", tc.hook, tc.after, tc.failOnce), func(t *testing.T) { skipsABatch(t, tc.hook, tc.after, tc.failOnce) })
 	}
 }
 
-func skipsABatch(t *testing.T, hook, after bool) {
+func skipsABatch(t *testing.T, hook, after, failOnce bool) {
 	k := faultableKafka(t)
 	rq := k.Topics.Requests
 	cl, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()),
@@ -606,6 +1367,7 @@ func skipsABatch(t *testing.T, hook, after bool) {
 		mu      sync.Mutex
 		seen    []string
 		skipped [][2]int64
+		failed  bool
 	)
 	cfg := ledger.LoopConfig{Tick: 50 * time.Millisecond, Metrics: metrics, MaxBatchBytes: 1 << 20, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
 	if hook {
@@ -619,6 +1381,10 @@ func skipsABatch(t *testing.T, hook, after bool) {
 	runCopyGroupLoop(t, k, cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
 		mu.Lock()
 		defer mu.Unlock()
+		if failOnce && len(skipped) > 0 && !failed {
+			failed = true
+			return ledger.Output{}, errors.New("store unavailable")
+		}
 		for _, r := range recs {
 			seen = append(seen, string(r.Key))
 		}
@@ -642,7 +1408,13 @@ func skipsABatch(t *testing.T, hook, after bool) {
 	if len(skipped) != 1 || skipped[0] != [2]int64{0, 3} {
 		t.Errorf("Skipped called for %v; want offsets 0 to 3, once", skipped)
 	}
+	if failOnce && !failed {
+		t.Error("no step failed after the skip")
+	}
 	dlq := readCommitted(t, k, k.Topics.DLQ, 1)
+	if len(dlq) != 1 {
+		t.Errorf("%d DLQ records committed; want 1", len(dlq))
+	}
 	if reason := string(ledger.Header(dlq[0], ledger.HeaderDLQReason)); reason != ledger.ReasonBatchTooLarge || string(ledger.Header(dlq[0], ledger.HeaderDLQSource)) != rq+"/0/0" {
 		t.Errorf("DLQ record reason %q source %q; want %s at %s/0/0", reason, ledger.Header(dlq[0], ledger.HeaderDLQSource), ledger.ReasonBatchTooLarge, rq)
 	}

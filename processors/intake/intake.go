@@ -1153,7 +1153,6 @@ func (p *Processor) Loop(lc ledger.LoopConfig) (*ledger.Loop, error) {
 		// DLQ, as a request that cannot be read is.
 		max := cmp.Or(lc.MaxBatchBytes, ledger.DefaultMaxBatchBytes)
 		lc.Skipped = func(topic string, partition int32, from, next int64) []*kgo.Record {
-			p.cfg.Logger.Warn("batch of requests to dlq", "topic", topic, "partition", partition, "from_offset", from, "to_offset", next, "reason", ledger.ReasonBatchTooLarge)
 			return []*kgo.Record{ledger.DLQBatchRecord(p.cfg.Topics.DLQ, topic, partition, from, next, max)}
 		}
 	}
