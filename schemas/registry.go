@@ -184,7 +184,7 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 		// validation unchecked and reach the backend.
 		return nil, fmt.Errorf(`top level must say "additionalProperties": false`)
 	}
-	if ptr := openObject(m, "", false); ptr != "" {
+	if ptr := openObject(m, "", instance{}); ptr != "" {
 		return nil, fmt.Errorf(`the schema at %s lets objects through open: an object schema must say "additionalProperties": false (or give the schema of the members it allows), and a property's or an item's schema what it is (a type, enum, const or $ref; {}, true or annotations alone admit any object, as does an array without items): an object inside the arguments is as strict as the top level`, ptr)
 	}
 	m["$id"] = id
@@ -196,23 +196,39 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 // item), which must be closed in their own right and say what they are
 // (openMember); those of sameInstance*Keywords describe the instance
 // itself, whose closure (its additionalProperties or
-// unevaluatedProperties) holds for them. if is walked too: under
-// unevaluatedProperties false, the members a passing if evaluates are
-// admitted with what it says of them, as those a dependentSchemas entry
-// evaluates are. not admits nothing (what it evaluates is not counted):
+// unevaluatedProperties) holds for them. evaluatingKeywords describe the
+// instance too, but only test it: they admit members only where the
+// instance is closed by unevaluatedProperties alone (JSON Schema admits
+// what a passing if, or a dependentSchemas entry, evaluated), and are
+// walked there. not admits nothing (what it evaluates is not counted):
 // it is not walked.
 var (
-	memberKeywords            = []string{"additionalProperties", "items", "contains", "unevaluatedItems", "propertyNames"}
-	memberListKeywords        = []string{"prefixItems"}
-	memberTableKeywords       = []string{"properties", "patternProperties", "$defs", "definitions"}
-	sameInstanceKeywords      = []string{"if", "then", "else"}
-	sameInstanceListKeywords  = []string{"allOf", "anyOf", "oneOf"}
-	sameInstanceTableKeywords = []string{"dependentSchemas"}
+	memberKeywords           = []string{"additionalProperties", "unevaluatedProperties", "items", "contains", "unevaluatedItems", "propertyNames"}
+	memberListKeywords       = []string{"prefixItems"}
+	memberTableKeywords      = []string{"properties", "patternProperties", "$defs", "definitions"}
+	sameInstanceKeywords     = []string{"then", "else"}
+	sameInstanceListKeywords = []string{"allOf", "anyOf", "oneOf"}
+	evaluatingKeywords       = []string{"if"}
+	evaluatingTableKeywords  = []string{"dependentSchemas"}
 )
 
 // annotationKeywords change nothing a schema accepts: a schema of only
 // these accepts anything, as true does.
 var annotationKeywords = []string{"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
+
+// instance is what openObject knows of the instance a schema describes
+// from the schemas of it it was reached through (a branch's parent).
+type instance struct {
+	// closed: its members are closed (openObject's doc).
+	closed bool
+	// static: closed by additionalProperties, which admits only the
+	// members its own schema's properties and patternProperties name,
+	// whatever a subschema evaluates.
+	static bool
+	// items: an items schema checks every item, whatever contains
+	// says.
+	items bool
+}
 
 // openObject returns the JSON pointer of the first object schema in
 // schema (at ptr) that leaves its other members open, or "" if there is
@@ -220,27 +236,30 @@ var annotationKeywords = []string{"title", "description", "default", "examples",
 // schema that constrains ({} and annotations alone do not), by
 // "unevaluatedProperties": false, by a $ref (the schema it names is
 // walked where it is defined), or, for a branch of allOf, anyOf, oneOf,
-// then or else, by the closure of the schema it is a branch of (closed).
-func openObject(schema any, ptr string, closed bool) string {
+// if, then, else or dependentSchemas, by the closure of the schema it is
+// a branch of (in).
+func openObject(schema any, ptr string, in instance) string {
 	m, ok := schema.(map[string]any)
 	if !ok {
 		return ""
 	}
 	_, hasProps := m["properties"]
 	_, hasRef := m["$ref"]
+	in.static = in.static || m["additionalProperties"] == false || constrains(m["additionalProperties"])
+	in.items = in.items || m["items"] != nil
 	if isObjectType(m["type"]) || hasProps {
-		closed = closed || hasRef || m["additionalProperties"] == false || m["unevaluatedProperties"] == false || constrains(m["additionalProperties"])
-		if !closed {
+		in.closed = in.closed || hasRef || in.static || m["unevaluatedProperties"] == false
+		if !in.closed {
 			return cmp.Or(ptr, "/")
 		}
 	}
-	if isArrayType(m["type"]) && m["items"] == nil && m["unevaluatedItems"] != false {
+	if isArrayType(m["type"]) && !in.items && m["unevaluatedItems"] != false {
 		// Items no schema describes are anything, objects included.
 		return ptr + "/items"
 	}
 	for _, k := range memberKeywords {
 		as := k
-		if k == "contains" && m["items"] == nil {
+		if k == "contains" && !in.items {
 			// No items schema checks every item: under
 			// unevaluatedItems false, those contains matches are
 			// admitted with what it says of them, as items' are.
@@ -250,30 +269,38 @@ func openObject(schema any, ptr string, closed bool) string {
 			return p
 		}
 	}
-	for _, k := range sameInstanceKeywords {
-		if p := openObject(m[k], ptr+"/"+k, closed); p != "" {
+	same := sameInstanceKeywords
+	sameTables := []string(nil)
+	if !in.static {
+		same = append(slices.Clone(same), evaluatingKeywords...)
+		sameTables = evaluatingTableKeywords
+	}
+	for _, k := range same {
+		if p := openObject(m[k], ptr+"/"+k, in); p != "" {
 			return p
 		}
 	}
-	for _, k := range sameInstanceTableKeywords {
+	for _, k := range sameTables {
 		table, _ := m[k].(map[string]any)
 		for _, name := range slices.Sorted(maps.Keys(table)) {
-			if p := openObject(table[name], ptr+"/"+k+"/"+escapeToken(name), closed); p != "" {
+			if p := openObject(table[name], ptr+"/"+k+"/"+escapeToken(name), in); p != "" {
 				return p
 			}
 		}
 	}
 	for _, list := range []struct {
-		keys           []string
-		member, closed bool
-	}{{memberListKeywords, true, false}, {sameInstanceListKeywords, false, closed}} {
+		keys   []string
+		member bool
+	}{{memberListKeywords, true}, {sameInstanceListKeywords, false}} {
 		for _, k := range list.keys {
 			subs, _ := m[k].([]any)
 			for i, sub := range subs {
 				sp := fmt.Sprintf("%s/%s/%d", ptr, k, i)
-				p := openObject(sub, sp, list.closed)
+				var p string
 				if list.member {
 					p = openMember(sub, sp, k)
+				} else {
+					p = openObject(sub, sp, in)
 				}
 				if p != "" {
 					return p
@@ -302,7 +329,7 @@ func openMember(schema any, ptr, k string) string {
 	if k != "propertyNames" && k != "contains" && schema != nil && admitsAnyObject(schema) {
 		return ptr
 	}
-	return openObject(schema, ptr, false)
+	return openObject(schema, ptr, instance{})
 }
 
 // admitsAnyObject reports whether schema lets any object through

@@ -251,6 +251,9 @@ func TestLoadErrors(t *testing.T) {
 		{name: "if's member open", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`,
 			`{"type": "object", "unevaluatedProperties": false, "properties": {"k": {"type": "string"}}, "if": {"properties": {"extra": {"type": "object"}}}}`)},
 			wantIn: []string{"tools/t.v1.json", "/properties/x/if/properties/extra"}, invalid: true},
+		{name: "a branch's unevaluatedProperties admitting anything", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`,
+			`{"type": "object", "unevaluatedProperties": false, "properties": {"env": {"enum": ["prod", "dev"]}}, "allOf": [{"unevaluatedProperties": {"maxLength": 64}}]}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/allOf/0/unevaluatedProperties"}, invalid: true},
 		{name: "contains admitting items", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`,
 			`{"type": "array", "unevaluatedItems": false, "contains": {"minLength": 1}}`)},
 			wantIn: []string{"tools/t.v1.json", "/properties/x/contains"}, invalid: true},
@@ -327,7 +330,11 @@ func TestLoadNestedObjectsClosed(t *testing.T) {
 		"e": {"enum": ["x", "y"]},
 		"d": {"type": "object", "unevaluatedProperties": false, "properties": {"method": {"enum": ["card"]}},
 			"dependentSchemas": {"method": {"properties": {"last4": {"type": "string"}}}}},
-		"k": {"type": "array", "items": {"type": "string"}, "contains": {"minLength": 1}}},
+		"k": {"type": "array", "items": {"type": "string"}, "contains": {"minLength": 1}},
+		"g": {"type": "array", "items": {"type": "string"}, "allOf": [{"contains": {"pattern": "^env:"}}, {"contains": {"pattern": "^team:"}}]},
+		"p": {"type": "object", "additionalProperties": false,
+			"properties": {"payment": {"type": "object", "additionalProperties": false, "properties": {"method": {"enum": ["card", "cash"]}}}, "card_token": {"type": "string"}},
+			"if": {"properties": {"payment": {"properties": {"method": {"const": "card"}}}}}, "then": {"required": ["card_token"]}}},
 		"$defs": {"closed": {"type": "object", "additionalProperties": false, "properties": {"z": {"type": "string"}}}}`, 1)
 	r, err := Load(mapFS(map[string]string{"tools/t.v1.json": src}))
 	if err != nil {
@@ -353,6 +360,10 @@ func TestLoadNestedObjectsClosed(t *testing.T) {
 		{`{"d": {"method": "card", "last4": "4242"}, "k": ["x"]}`, true},
 		{`{"d": {"method": "card", "details": {"pan": "4242424242424242"}}}`, false},
 		{`{"k": [{"smuggled": 1}]}`, false},
+		{`{"g": ["env:prod", "team:a"], "p": {"payment": {"method": "card"}, "card_token": "t"}}`, true},
+		{`{"g": ["env:prod"]}`, false},
+		{`{"p": {"payment": {"method": "card"}}}`, false},
+		{`{"p": {"payment": {"method": "cash", "smuggled": {}}}}`, false},
 	} {
 		var v any
 		if err := json.Unmarshal([]byte(tc.args), &v); err != nil {
