@@ -48,11 +48,12 @@ func newAPICmd(g *globals) *cobra.Command {
 
   /                      the console (approvers and incident responders sign
                          in with an assertion for the approvals audience)
-  POST /v1/calls         envelopes from agents, published to the request topic;
-                         with ?wait=DURATION (at most 30s) and the agent's
-                         identity assertion (Authorization: Bearer, audience
-                         --agents-audience) of the envelope's tenant, answered
-                         with the settled call, as GET answers, or with this
+  POST /v1/calls         envelopes from agents, with the agent's identity
+                         assertion (Authorization: Bearer, audience
+                         --agents-audience) of the envelope's tenant,
+                         published to the request topic; with
+                         ?wait=DURATION (at most 30s), answered with the
+                         settled call, as GET answers, or with this
                          submission's refusal (in "refused")
   GET  /v1/calls/{key}   an agent's call, from ClickHouse: its state and
                          events, for the tenant of the agent's identity
@@ -203,8 +204,8 @@ person's assertion.`,
 	fs.StringVar(&approvalsURL, "approvals-url", "", "base URL of `ledger approvals serve` (its --http-addr); empty: /v1/approvals is not served")
 	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs (`ledger reconciler --http-addr`); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
-	fs.DurationVar(&agentsMaxLifetime, "agents-max-assertion-lifetime", identity.DefaultMaxLifetime, "the longest an agent's assertion for GET /v1/calls/{key} and POST /v1/calls?wait= may be valid: the intake's --max-assertion-lifetime (--max-assertion-lifetime here bounds the staff's)")
-	fs.StringVar(&agentsAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' identity assertions that GET /v1/calls/{key} and POST /v1/calls?wait= take (from --issuer, keys from --jwks-*): the intake's --audience")
+	fs.DurationVar(&agentsMaxLifetime, "agents-max-assertion-lifetime", identity.DefaultMaxLifetime, "the longest an agent's assertion for GET /v1/calls/{key} and POST /v1/calls may be valid: the intake's --max-assertion-lifetime (--max-assertion-lifetime here bounds the staff's)")
+	fs.StringVar(&agentsAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' identity assertions that GET /v1/calls/{key} and POST /v1/calls take (from --issuer, keys from --jwks-*): the intake's --audience")
 	fs.StringVar(&resultsDSN, "crdb-dsn", "", "the execution store's CockroachDB (or PostgreSQL) DSN, read only (no DDL and no writes: a user granted SELECT on execution_records is enough): agents' calls are then served with their results; empty: without (result_withheld not_served)")
 	fs.BoolVar(&secureCookies, "secure-cookies", true, "mark the console's cookies Secure and send HSTS (the console is served over TLS, here or by a proxy in front); false only for plain-HTTP trials")
 	return cmd

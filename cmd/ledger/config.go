@@ -216,8 +216,22 @@ func newPublisher(cc ledger.ClientConfig, topic string) (*kgoPublisher, error) {
 	return &kgoPublisher{cl: cl, topic: topic}, nil
 }
 
+// Publish produces the envelope and waits for its acknowledgement until
+// ctx ends. franz-go stops honouring a record's context once its batch
+// was sent, and retries one the broker may have written (a request timed
+// out, too few in-sync replicas after the append) for as long as that
+// lasts: the wait is the caller's to bound, and an envelope given up on
+// may yet be published. Sending it again under its key is safe: an
+// identical envelope is the same call.
 func (p *kgoPublisher) Publish(ctx context.Context, key, value []byte) error {
-	return p.cl.ProduceSync(ctx, &kgo.Record{Topic: p.topic, Key: key, Value: value}).FirstErr()
+	done := make(chan error, 1)
+	p.cl.Produce(ctx, &kgo.Record{Topic: p.topic, Key: key, Value: value}, func(_ *kgo.Record, err error) { done <- err })
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("not acknowledged, and may yet be published: %w", ctx.Err())
+	}
 }
 
 func (p *kgoPublisher) Close() { p.cl.Close() }

@@ -281,7 +281,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	cancel()
 	if err != nil {
 		s.cfg.Logger.Warn("publish envelope", "call_key", key.String(), "err", err)
-		writeError(w, http.StatusServiceUnavailable, apiError{Code: "publish_failed", Message: "the request topic did not accept the envelope; retry with the same idempotency key"})
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "publish_failed", Message: "the request topic did not acknowledge the envelope (it may yet be published): send it again with the same idempotency key, an identical envelope is the same call"})
 		return
 	}
 	if waiting {
