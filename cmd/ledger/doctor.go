@@ -60,7 +60,8 @@ is wrong and what to do.
     exist, their partitions have leaders; requests and events have the same
     number of partitions; replication factor and min.insync.replicas meet
     --expect-replication-factor and --expect-min-insync; the control topic is
-    compacted and the others are not; the events topic keeps its records (no
+    compacted alone (no delete: retention would take old freezes and
+    revocations) and the others are not; the events topic keeps its records (no
     retention.bytes, retention.ms unlimited or at least 7 days); the events
     and DLQ topics accept records of the size the ledger writes there
     (max.message.bytes at least 1000012); every broker offers the
@@ -549,9 +550,15 @@ func (d *doctor) minInsyncCheck(md kadm.Metadata, present []string, configs map[
 }
 
 // compacted is whether a cleanup.policy value includes compaction.
-func compacted(policy string) bool {
+func compacted(policy string) bool { return hasPolicy(policy, "compact") }
+
+// deletes reports whether a cleanup.policy deletes by retention.
+func deletes(policy string) bool { return hasPolicy(policy, "delete") }
+
+// hasPolicy reports whether the cleanup.policy list policy names want.
+func hasPolicy(policy, want string) bool {
 	for p := range strings.SplitSeq(policy, ",") {
-		if strings.TrimSpace(p) == "compact" {
+		if strings.TrimSpace(p) == want {
 			return true
 		}
 	}
@@ -568,8 +575,8 @@ func (d *doctor) cleanupCheck(configs map[string]map[string]string) checkResult 
 		}
 		policy := cmp.Or(c["cleanup.policy"], "delete")
 		switch {
-		case n == t.Control && !compacted(policy):
-			faults = append(faults, fmt.Sprintf("%s has cleanup.policy=%s, want compact (the latest freeze or revocation per key must stay forever): kafka-configs --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact", n, policy, n))
+		case n == t.Control && (!compacted(policy) || deletes(policy)):
+			faults = append(faults, fmt.Sprintf("%s has cleanup.policy=%s, want compact alone (the latest freeze or revocation per key must stay forever; with delete, retention takes those older than retention.ms, and a partition it empties is one no process started since can read to its end): kafka-configs --alter --entity-type topics --entity-name %s --add-config cleanup.policy=compact", n, policy, n))
 			topics = append(topics, n)
 		case n != t.Control && compacted(policy):
 			faults = append(faults, fmt.Sprintf("%s has cleanup.policy=%s, want delete (compaction keeps only the last record per call and loses the rest): set cleanup.policy=delete on it", n, policy))

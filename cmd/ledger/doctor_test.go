@@ -514,6 +514,35 @@ func TestDoctorRetention(t *testing.T) {
 	}
 }
 
+// TestDoctorCleanupPolicies: the control topic is compacted alone (with
+// delete, retention takes old freezes and revocations, and can empty a
+// partition), the others are not compacted.
+func TestDoctorCleanupPolicies(t *testing.T) {
+	d := &doctor{topics: ledger.Topics{}.WithDefaults()}
+	tp := d.topics
+	cfg := func(control, events string) map[string]map[string]string {
+		return map[string]map[string]string{tp.Requests: {}, tp.Events: {"cleanup.policy": events}, tp.Control: {"cleanup.policy": control}, tp.DLQ: {}}
+	}
+	for _, tc := range []struct {
+		name    string
+		configs map[string]map[string]string
+		want    checkStatus
+		topics  []string
+	}{
+		{"as created", cfg("compact", "delete"), statusOK, nil},
+		{"control compacted and deleted", cfg("compact,delete", "delete"), statusFail, []string{tp.Control}},
+		{"control deleted", cfg("delete", "delete"), statusFail, []string{tp.Control}},
+		{"events compacted", cfg("compact", "compact"), statusFail, []string{tp.Events}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := d.cleanupCheck(tc.configs)
+			if r.Status != tc.want || !slices.Equal(r.Topics, tc.topics) {
+				t.Errorf("cleanupCheck = %s %v (%s); want %s %v", r.Status, r.Topics, r.Detail, tc.want, tc.topics)
+			}
+		})
+	}
+}
+
 // TestDoctorMessageBytes: the events and DLQ topics must accept the
 // records the ledger writes there; unset, the broker's default does.
 func TestDoctorMessageBytes(t *testing.T) {

@@ -351,6 +351,9 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	// committed before this moment.
 	started := time.Now()
 	ends, err := endOffsets(ctx, adm, topic)
+	if err == nil {
+		err = dropEmptied(ctx, admin, topic, ends, func(int32) int64 { return 0 })
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -576,7 +579,10 @@ func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client,
 		if n%partitionsEvery == 0 {
 			ends, err = endOffsets(pctx, adm, topic)
 		} else {
-			ends, err = listEnds(pctx, cl, topic, parts)
+			ends, err = listOffsets(pctx, cl, topic, parts, offsetEnd)
+		}
+		if err == nil {
+			err = dropEmptied(pctx, cl, topic, ends, s.nextOf)
 		}
 		cancel()
 		if ctx.Err() != nil {
@@ -606,10 +612,10 @@ func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client,
 	}
 }
 
-// listEnds asks for the last stable offsets of topic's partitions parts,
-// in one ListOffsets request (franz-go sends each partition's part to its
-// leader).
-func listEnds(ctx context.Context, cl *kgo.Client, topic string, parts []int32) (map[int32]int64, error) {
+// listOffsets asks for the offsets at (offsetEnd, offsetStart) of topic's
+// partitions parts, in one ListOffsets request (franz-go sends each
+// partition's part to its leader).
+func listOffsets(ctx context.Context, cl *kgo.Client, topic string, parts []int32, at int64) (map[int32]int64, error) {
 	req := kmsg.NewPtrListOffsetsRequest()
 	req.ReplicaID = -1
 	req.IsolationLevel = 1 // read_committed: the last stable offset
@@ -617,7 +623,7 @@ func listEnds(ctx context.Context, cl *kgo.Client, topic string, parts []int32) 
 	rt.Topic = topic
 	for _, p := range parts {
 		rp := kmsg.NewListOffsetsRequestTopicPartition()
-		rp.Partition, rp.Timestamp = p, -1 // -1: the end
+		rp.Partition, rp.Timestamp = p, at
 		rt.Partitions = append(rt.Partitions, rp)
 	}
 	req.Topics = append(req.Topics, rt)
@@ -640,6 +646,48 @@ func listEnds(ctx context.Context, cl *kgo.Client, topic string, parts []int32) 
 		}
 	}
 	return ends, nil
+}
+
+// The offsets listOffsets asks for, as ListOffsets names them.
+const (
+	offsetEnd   = -1 // the last stable offset, under read_committed
+	offsetStart = -2 // the log's start
+)
+
+// dropEmptied zeroes the end, in ends, of each partition that holds
+// nothing to read up to it any more: its log starts at its end
+// (retention, or DeleteRecords, took every record). A State that never
+// read those records (one started since) would otherwise wait for an
+// offset no record can bring it to: never ready, every call refused as
+// stale. Only the partitions read short of their end (next) are asked
+// about, with one more ListOffsets.
+func dropEmptied(ctx context.Context, cl *kgo.Client, topic string, ends map[int32]int64, next func(int32) int64) error {
+	var short []int32
+	for p, end := range ends {
+		if end > 0 && next(p) < end {
+			short = append(short, p)
+		}
+	}
+	if len(short) == 0 {
+		return nil
+	}
+	starts, err := listOffsets(ctx, cl, topic, short, offsetStart)
+	if err != nil {
+		return err
+	}
+	for _, p := range short {
+		if starts[p] >= ends[p] {
+			ends[p] = 0
+		}
+	}
+	return nil
+}
+
+// nextOf is the offset after the last record of partition p applied.
+func (s *State) nextOf(p int32) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.next[p]
 }
 
 // observe takes an answer, asked at at, for the topic's end offsets, and

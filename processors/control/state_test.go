@@ -450,3 +450,50 @@ func BenchmarkCurrent(b *testing.B) {
 		}
 	})
 }
+
+// A State started after retention (or DeleteRecords) took every record of
+// a control partition is ready, and current, at once: the partition's
+// end is no offset it could ever read up to. Before, it waited for it
+// forever, and every process restarted since failed to start. Live
+// States keep the actions they read before the deletion.
+func TestStateReadyOverAnEmptiedPartition(t *testing.T) {
+	t.Parallel()
+	e := newKafkaEnv(t)
+	ctx := t.Context()
+	must[Action](t)(e.svc.Freeze(ctx, platformOp, "refund_order", "", "refunds double-paying"))
+	cl := e.pub.cl
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, e.k.Topics.Control)
+	if err != nil {
+		t.Fatal(err)
+	}
+	del := kadm.Offsets{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			del.AddOffset(o.Topic, o.Partition, o.Offset, -1)
+		}
+	})
+	if len(del) == 0 {
+		t.Fatal("the control topic holds no record to delete")
+	}
+	resps, err := adm.DeleteRecords(ctx, del)
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	fresh := runState(t, e.k)
+	waitReady(t, fresh)
+	// Current once the probes that follow have to say so: past the
+	// moment it was ready.
+	time.Sleep(500 * time.Millisecond)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := fresh.Current(cctx, 100*time.Millisecond); err != nil {
+		t.Errorf("Current over an emptied partition = %v; want nil", err)
+	}
+	if _, ok := e.state.Frozen("refund_order", "t_acme"); !ok {
+		t.Error("the live State lost the freeze it read before the deletion")
+	}
+}
