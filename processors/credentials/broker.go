@@ -264,6 +264,12 @@ func (g Grant) validate() error {
 	return nil
 }
 
+// FamilyOf is the credential family of a tool's credentials for tenant
+// minted at a key epoch: tool:tenant:epoch, what a revocation names.
+func FamilyOf(tool, tenant string, epoch int64) string {
+	return tool + ":" + tenant + ":" + strconv.FormatInt(epoch, 10)
+}
+
 // Credential is a minted token and what the ledger records about it. The
 // token itself is never printed: fmt (every verb), slog and encoding/json
 // see the other fields and "[redacted]".
@@ -343,7 +349,7 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails (it aborts the program instead)
 	cred := Credential{
 		JTI:       b64.EncodeToString(id[:]),
-		Family:    g.Tool + ":" + g.Tenant + ":" + strconv.FormatInt(g.KeyEpoch, 10),
+		Family:    FamilyOf(g.Tool, g.Tenant, g.KeyEpoch),
 		ExpiresAt: expiresAt,
 		Scope:     g.Action,
 	}

@@ -96,6 +96,8 @@ type Minter interface {
 type Freezes interface {
 	Frozen(tool, tenant string) (control.Action, bool)
 	Current(ctx context.Context, maxStaleness time.Duration) error
+	// Revoked returns the revocation of jti or of family, if any.
+	Revoked(jti, family string) (control.Action, bool)
 }
 
 // heldBack is an attempt that a check right before its request would
@@ -217,6 +219,12 @@ type Config struct {
 	// started yet (denied, tool_frozen), however long ago they were
 	// authorized; calls already in flight finish or time out.
 	Freezes Freezes
+	// RevocationSkew is how long after a credential family's revocation
+	// the tools still refuse the family's credentials (control's
+	// Config.RevocationSkew, the clocks' allowance): a call that would
+	// mint one then is given back until the window passed, rather than
+	// sent to be refused. Zero: credentials.DefaultSkew.
+	RevocationSkew time.Duration
 	// ControlMaxStaleness is how old Freezes may be when a request
 	// leaves: a request waits, up to its call's deadline, for a copy
 	// known to hold every freeze made up to this long ago (a call that
@@ -414,6 +422,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.RevocationSkew == 0 {
+		c.RevocationSkew = credentials.DefaultSkew
 	}
 	if c.ControlMaxStaleness == 0 {
 		c.ControlMaxStaleness = control.DefaultMaxStaleness
@@ -1147,6 +1158,9 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "backend_secret_unavailable", nil)
 	}
 	var bearer string
+	if r := x.revokedFamily(tool.Name, rec); r != nil {
+		return refuse(*r)
+	}
 	if x.cfg.Credentials != nil {
 		cred, err := x.cfg.Credentials.Mint(credentials.Grant{
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: x.cfg.Owner,
@@ -1464,6 +1478,35 @@ func ifMatch(tool *schemas.Tool, tmpl ledger.Event) string {
 		return ""
 	}
 	return tmpl.ResourceVersion
+}
+
+// ReasonCredentialRevoked: the credential family a call's credential would
+// be minted in was revoked so recently that the tools would refuse it
+// (the call is given back until then, or, taken over, ends
+// outcome_unknown as any refusal of one does).
+const ReasonCredentialRevoked = "credential_family_revoked"
+
+// revokedFamily is the refusal for now of a call whose credential would
+// be minted in a family revoked so recently (up to RevocationSkew ago)
+// that its tool would refuse the credential: nothing is sent, and the
+// call is tried again once the window passed. Before, it was sent, the
+// tool answered 401, and the call ended failed (tool_refused), its key
+// spent, with nothing to say why.
+func (x *Executor) revokedFamily(tool string, rec processors.Record) *refusal {
+	if x.cfg.Freezes == nil {
+		return nil
+	}
+	family := credentials.FamilyOf(tool, rec.Key.TenantID, rec.Epoch)
+	a, ok := x.cfg.Freezes.Revoked("", family)
+	if !ok {
+		return nil
+	}
+	until, now := a.At.Add(x.cfg.RevocationSkew), x.cfg.Now()
+	if now.After(until) {
+		return nil
+	}
+	return &refusal{reason: ReasonCredentialRevoked, later: true, after: until.Sub(now) + time.Second,
+		detail: fmt.Sprintf("credential family %s was revoked at %s (%s); the tools refuse its credentials issued until %s, and nothing was sent", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339))}
 }
 
 // roomFor reports whether the call may still run at t: before its

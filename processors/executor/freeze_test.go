@@ -11,11 +11,14 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/control"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
@@ -27,6 +30,15 @@ type switchedFreezes struct {
 	on    atomic.Bool
 	stale atomic.Bool
 	fresh chan struct{}
+	// revoked, if set, is a family's revocation.
+	revoked atomic.Pointer[control.Action]
+}
+
+func (f *switchedFreezes) Revoked(_, family string) (control.Action, bool) {
+	if a := f.revoked.Load(); a != nil && a.Family == family {
+		return *a, true
+	}
+	return control.Action{}, false
 }
 
 func (f *switchedFreezes) Current(ctx context.Context, maxStaleness time.Duration) error {
@@ -332,5 +344,58 @@ func TestStalledControlStateHoldsTheCall(t *testing.T) {
 	}
 	if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/kc"); n != 0 {
 		t.Errorf("applied %d times; want 0 (frozen before it could be sent)", n)
+	}
+}
+
+// A call whose credential would be minted in a family revoked so recently
+// that the tools still refuse the family's credentials (RevocationSkew)
+// sends nothing: it is given back, to run once the window passed. Before,
+// it was sent, refused 401, and ended failed (tool_refused), its key
+// spent. Another tenant's family, or one revoked long enough ago, holds
+// nothing back.
+func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name     string
+		family   string
+		at       time.Time
+		held     bool
+		wantEvts []string
+	}{
+		{"just revoked", credentials.FamilyOf("create_ticket", "t_a", 1), now, true, nil},
+		{"revoked long ago", credentials.FamilyOf("create_ticket", "t_a", 1), now.Add(-2 * time.Hour), false, []string{"executing", "succeeded"}},
+		{"another tenant's", credentials.FamilyOf("create_ticket", "t_b", 1), now, false, []string{"executing", "succeeded"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			auth := r.admit("create_ticket", "kr", map[string]any{"title": "t"}, 0)
+			fz := &switchedFreezes{}
+			fz.revoked.Store(&control.Action{Kind: control.KindRevoke, Family: tc.family, At: tc.at, Reason: "executor compromised"})
+			out, err := r.executor(func(c *executor.Config) { c.Freezes, c.RevocationSkew = fz, time.Hour }).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.wantEvts, summary(decodeAll(t, out.Records)), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			applied := 0
+			if !tc.held {
+				applied = 1
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/kr"); n != applied {
+				t.Errorf("applied %d times; want %d", n, applied)
+			}
+			if !tc.held {
+				return
+			}
+			ev := authorizedEvent(t, auth)
+			rec, err := r.store.Get(t.Context(), ev.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
+				t.Errorf("the call's record is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Status, rec.LeaseOwner, rec.Attempt)
+			}
+		})
 	}
 }
