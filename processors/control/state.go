@@ -146,8 +146,16 @@ type State struct {
 	families map[string]Action
 	// policy is the latest policy activation, or nil.
 	policy *Action
-	// next is, per partition, the offset after the last record applied.
+	// next is, per partition, the offset after the last record applied,
+	// or the log's start when every record before it is gone
+	// (skipEmptied).
 	next map[int32]int64
+	// initial are the end offsets the topic had when Run began, and
+	// started when that was: Ready closes once they are covered.
+	initial map[int32]int64
+	started time.Time
+	// readyOnce closes ready, from Run or its probes.
+	readyOnce sync.Once
 	// latest is, per subject, where its latest applied record came from.
 	latest map[string]origin
 	// partitions are the partitions Run reads.
@@ -352,7 +360,7 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	started := time.Now()
 	ends, err := endOffsets(ctx, adm, topic)
 	if err == nil {
-		err = dropEmptied(ctx, admin, topic, ends, func(int32) int64 { return 0 })
+		err = s.skipEmptied(ctx, admin, topic, ends)
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -362,19 +370,15 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	}
 	s.mu.Lock()
 	s.topic = topic
+	s.initial, s.started = ends, started
 	for p := range ends {
 		s.partitions[p] = true
 	}
 	s.mu.Unlock()
 
-	// pending holds the partitions not yet read up to their end.
-	pending := make(map[int32]int64, len(ends))
 	assign := make(map[int32]kgo.Offset, len(ends))
-	for p, end := range ends {
+	for p := range ends {
 		assign[p] = kgo.NewOffset().AtStart()
-		if end > 0 {
-			pending[p] = end
-		}
 	}
 	// Control records (transaction markers) are kept: a partition whose
 	// last offset is a marker is read up to its end only by seeing it.
@@ -387,7 +391,7 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 		return err
 	}
 	defer cl.Close()
-	s.markReadyIf(pending, started)
+	s.markReadyIf()
 	probeCtx, stopProbing := context.WithCancel(ctx)
 	probing := make(chan struct{})
 	go func() {
@@ -418,28 +422,30 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 			continue
 		}
 		s.apply(recs)
-		if len(pending) > 0 {
-			for _, r := range recs {
-				if end, ok := pending[r.Partition]; ok && r.Offset+1 >= end {
-					delete(pending, r.Partition)
-				}
-			}
-			s.markReadyIf(pending, started)
-		}
+		s.markReadyIf()
 	}
 }
 
-// markReadyIf closes Ready once no partition is pending, and logs it: the
-// State then holds everything committed before started.
-func (s *State) markReadyIf(pending map[int32]int64, started time.Time) {
-	if len(pending) > 0 || s.isReady() {
+// markReadyIf closes Ready once the records up to the end offsets the
+// topic had when Run began are applied (or gone, skipEmptied), and logs
+// it: the State then holds everything committed before Run began.
+func (s *State) markReadyIf() {
+	if s.isReady() {
 		return
 	}
 	s.mu.Lock()
-	s.advanceLocked(started)
+	if s.initial == nil || !s.coversLocked(s.initial) {
+		s.mu.Unlock()
+		return
+	}
+	s.advanceLocked(s.started)
 	s.wakeLocked()
 	s.mu.Unlock()
-	close(s.ready)
+	closed := false
+	s.readyOnce.Do(func() { close(s.ready); closed = true })
+	if !closed {
+		return
+	}
 	s.mu.RLock()
 	freezes, revocations := 0, len(s.jtis)+len(s.families)
 	for _, a := range s.tools {
@@ -582,7 +588,7 @@ func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client,
 			ends, err = listOffsets(pctx, cl, topic, parts, offsetEnd)
 		}
 		if err == nil {
-			err = dropEmptied(pctx, cl, topic, ends, s.nextOf)
+			err = s.skipEmptied(pctx, cl, topic, ends)
 		}
 		cancel()
 		if ctx.Err() != nil {
@@ -601,6 +607,9 @@ func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client,
 			s.logger.Info("control topic's end offsets known again")
 			failing = false
 		}
+		// A partition emptied since Run began is read to its end only
+		// by skipEmptied: no record will come to say so.
+		s.markReadyIf()
 		if added := s.observe(at, ends); len(added) > 0 {
 			assign := make(map[int32]kgo.Offset, len(added))
 			for _, p := range added {
@@ -654,20 +663,22 @@ const (
 	offsetStart = -2 // the log's start
 )
 
-// dropEmptied zeroes the end, in ends, of each partition that holds
-// nothing to read up to it any more: its log starts at its end
-// (retention, or DeleteRecords, took every record). A State that never
-// read those records (one started since) would otherwise wait for an
-// offset no record can bring it to: never ready, every call refused as
-// stale. Only the partitions read short of their end (next) are asked
-// about, with one more ListOffsets.
-func dropEmptied(ctx context.Context, cl *kgo.Client, topic string, ends map[int32]int64, next func(int32) int64) error {
+// skipEmptied moves next past the records of each partition of ends that
+// are gone from its log up to its end (retention, or DeleteRecords, took
+// them): its log starts at or past that end. A State that never read
+// those records (one started since) would otherwise wait for an offset no
+// record can bring it to: never ready, every call refused as stale. Only
+// the partitions read short of their end are asked about, with one more
+// ListOffsets; once moved, they are not asked about again.
+func (s *State) skipEmptied(ctx context.Context, cl *kgo.Client, topic string, ends map[int32]int64) error {
 	var short []int32
+	s.mu.RLock()
 	for p, end := range ends {
-		if end > 0 && next(p) < end {
+		if end > 0 && s.next[p] < end {
 			short = append(short, p)
 		}
 	}
+	s.mu.RUnlock()
 	if len(short) == 0 {
 		return nil
 	}
@@ -675,19 +686,14 @@ func dropEmptied(ctx context.Context, cl *kgo.Client, topic string, ends map[int
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
 	for _, p := range short {
-		if starts[p] >= ends[p] {
-			ends[p] = 0
+		if start := starts[p]; start >= ends[p] {
+			s.next[p] = max(s.next[p], start)
 		}
 	}
+	s.mu.Unlock()
 	return nil
-}
-
-// nextOf is the offset after the last record of partition p applied.
-func (s *State) nextOf(p int32) int64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.next[p]
 }
 
 // observe takes an answer, asked at at, for the topic's end offsets, and

@@ -497,3 +497,45 @@ func TestStateReadyOverAnEmptiedPartition(t *testing.T) {
 		t.Error("the live State lost the freeze it read before the deletion")
 	}
 }
+
+// A partition emptied after a State began but before it read its records
+// (its fetch held meanwhile) is read to its end by the State's probes:
+// Ready closes. Before, Ready waited for a record that could never come,
+// and the process gave up at its start.
+func TestStateReadyOverAPartitionEmptiedWhileStarting(t *testing.T) {
+	k := ledgertest.NewInProcess(t, ledgertest.Options{})
+	st := runState(t, k)
+	waitReady(t, st)
+	pub := newKafkaPublisher(t, k)
+	svc, err := New(Config{State: st, Publisher: pub, Identity: nopVerifier{}, Topics: k.Topics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	must[Action](t)(svc.Freeze(ctx, platformOp, "refund_order", "", "refunds double-paying"))
+	adm := kadm.NewClient(pub.cl)
+	ends, err := adm.ListEndOffsets(ctx, k.Topics.Control)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := ledgertest.StallFetches(t, k.Cluster)
+	fresh := runState(t, k)
+	// Its Run has listed the ends (the freeze's partition not empty)
+	// and waits on a held fetch: empty the partition now.
+	time.Sleep(300 * time.Millisecond)
+	del := kadm.Offsets{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			del.AddOffset(o.Topic, o.Partition, o.Offset, -1)
+		}
+	})
+	resps, err := adm.DeleteRecords(ctx, del)
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	release()
+	waitReady(t, fresh)
+}

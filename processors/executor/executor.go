@@ -1482,16 +1482,17 @@ func ifMatch(tool *schemas.Tool, tmpl ledger.Event) string {
 
 // ReasonCredentialRevoked: the credential family a call's credential would
 // be minted in was revoked so recently that the tools would refuse it
-// (the call is given back until then, or, taken over, ends
-// outcome_unknown as any refusal of one does).
+// (the call is given back, or, taken over, ends outcome_unknown as any
+// refusal of one does).
 const ReasonCredentialRevoked = "credential_family_revoked"
 
 // revokedFamily is the refusal for now of a call whose credential would
 // be minted in a family revoked so recently (up to RevocationSkew ago)
 // that its tool would refuse the credential: nothing is sent, and the
-// call is tried again once the window passed. Before, it was sent, the
-// tool answered 401, and the call ended failed (tool_refused), its key
-// spent, with nothing to say why.
+// call is given back. Its next claim is of the next epoch, whose family
+// the revocation does not name: it is minted and sent then. Before, it
+// was sent, the tool answered 401, and the call ended failed
+// (tool_refused), its key spent, with nothing to say why.
 func (x *Executor) revokedFamily(tool string, rec processors.Record) *refusal {
 	if x.cfg.Freezes == nil {
 		return nil
@@ -1501,12 +1502,14 @@ func (x *Executor) revokedFamily(tool string, rec processors.Record) *refusal {
 	if !ok {
 		return nil
 	}
-	until, now := a.At.Add(x.cfg.RevocationSkew), x.cfg.Now()
-	if now.After(until) {
+	// A credential's issue time is in whole seconds, and the tools
+	// refuse one issued up to until: so is the time compared.
+	until, issued := a.At.Add(x.cfg.RevocationSkew), time.Unix(x.cfg.Now().Unix(), 0)
+	if issued.After(until) {
 		return nil
 	}
-	return &refusal{reason: ReasonCredentialRevoked, later: true, after: until.Sub(now) + time.Second,
-		detail: fmt.Sprintf("credential family %s was revoked at %s (%s); the tools refuse its credentials issued until %s, and nothing was sent", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339))}
+	return &refusal{reason: ReasonCredentialRevoked, later: true,
+		detail: fmt.Sprintf("credential family %s was revoked at %s (%s), and the tools refuse its credentials issued until %s: nothing was sent, and the next claim mints in the next epoch's family", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339))}
 }
 
 // roomFor reports whether the call may still run at t: before its

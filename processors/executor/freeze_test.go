@@ -349,10 +349,12 @@ func TestStalledControlStateHoldsTheCall(t *testing.T) {
 
 // A call whose credential would be minted in a family revoked so recently
 // that the tools still refuse the family's credentials (RevocationSkew)
-// sends nothing: it is given back, to run once the window passed. Before,
-// it was sent, refused 401, and ended failed (tool_refused), its key
-// spent. Another tenant's family, or one revoked long enough ago, holds
-// nothing back.
+// sends nothing: it is given back, and its next claim, of the next epoch,
+// mints in a family the revocation does not name, and runs. Before, it
+// was sent, refused 401, and ended failed (tool_refused), its key spent.
+// Another tenant's family, or one revoked long enough ago, holds nothing
+// back; one revoked a fraction of a second more than the window ago
+// still does, for the credential would be issued within its second.
 func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 	now := time.Now()
 	for _, tc := range []struct {
@@ -365,13 +367,21 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 		{"just revoked", credentials.FamilyOf("create_ticket", "t_a", 1), now, true, nil},
 		{"revoked long ago", credentials.FamilyOf("create_ticket", "t_a", 1), now.Add(-2 * time.Hour), false, []string{"executing", "succeeded"}},
 		{"another tenant's", credentials.FamilyOf("create_ticket", "t_b", 1), now, false, []string{"executing", "succeeded"}},
+		// The window ends a quarter second into the clock's second
+		// (the clock reads half a second in): issued in whole seconds, a
+		// credential minted now would still fall in it.
+		{"at the window's end", credentials.FamilyOf("create_ticket", "t_a", 1), time.Unix(now.Unix(), 0).Add(-time.Hour + time.Second/4), true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			auth := r.admit("create_ticket", "kr", map[string]any{"title": "t"}, 0)
 			fz := &switchedFreezes{}
 			fz.revoked.Store(&control.Action{Kind: control.KindRevoke, Family: tc.family, At: tc.at, Reason: "executor compromised"})
-			out, err := r.executor(func(c *executor.Config) { c.Freezes, c.RevocationSkew = fz, time.Hour }).Step(t.Context(), []*kgo.Record{auth})
+			clock := func() time.Time { return time.Unix(now.Unix(), 0).Add(time.Second / 2) }
+			x := r.executor(func(c *executor.Config) {
+				c.Freezes, c.RevocationSkew, c.RetryBackoff, c.Now = fz, time.Hour, time.Millisecond, clock
+			})
+			out, err := x.Step(t.Context(), []*kgo.Record{auth})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -395,6 +405,18 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 			}
 			if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
 				t.Errorf("the call's record is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Status, rec.LeaseOwner, rec.Attempt)
+			}
+			// Claimed again: the next epoch's family, not revoked.
+			time.Sleep(20 * time.Millisecond)
+			out, err = x.Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+				t.Errorf("the call claimed again (-want +got):\n%s", diff)
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/kr"); n != 1 {
+				t.Errorf("applied %d times after the second claim; want 1", n)
 			}
 		})
 	}
