@@ -79,7 +79,12 @@ type kafkaEnv struct {
 
 func newKafkaEnv(t *testing.T) kafkaEnv {
 	t.Helper()
-	k := ledgertest.New(t, ledgertest.Options{})
+	return newKafkaEnvOn(t, ledgertest.New(t, ledgertest.Options{}))
+}
+
+// newKafkaEnvOn is newKafkaEnv on k.
+func newKafkaEnvOn(t *testing.T, k *ledgertest.Kafka) kafkaEnv {
+	t.Helper()
 	st := runState(t, k)
 	waitReady(t, st)
 	pub := newKafkaPublisher(t, k)
@@ -503,17 +508,11 @@ func TestStateReadyOverAnEmptiedPartition(t *testing.T) {
 // Ready closes. Before, Ready waited for a record that could never come,
 // and the process gave up at its start.
 func TestStateReadyOverAPartitionEmptiedWhileStarting(t *testing.T) {
-	k := ledgertest.NewInProcess(t, ledgertest.Options{})
-	st := runState(t, k)
-	waitReady(t, st)
-	pub := newKafkaPublisher(t, k)
-	svc, err := New(Config{State: st, Publisher: pub, Identity: nopVerifier{}, Topics: k.Topics})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newKafkaEnvOn(t, ledgertest.NewInProcess(t, ledgertest.Options{}))
+	k := e.k
 	ctx := t.Context()
-	must[Action](t)(svc.Freeze(ctx, platformOp, "refund_order", "", "refunds double-paying"))
-	adm := kadm.NewClient(pub.cl)
+	must[Action](t)(e.svc.Freeze(ctx, platformOp, "refund_order", "", "refunds double-paying"))
+	adm := kadm.NewClient(e.pub.cl)
 	ends, err := adm.ListEndOffsets(ctx, k.Topics.Control)
 	if err != nil {
 		t.Fatal(err)
