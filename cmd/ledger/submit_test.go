@@ -149,14 +149,10 @@ type apiLedger struct {
 }
 
 func (l *apiLedger) Publish(_ context.Context, key, value []byte) error {
-	var env struct {
-		CallID        string `json:"call_id"`
-		ArgumentsHash string `json:"arguments_hash"`
-	}
-	if err := json.Unmarshal(value, &env); err != nil {
+	k, env, err := published(key, value)
+	if err != nil {
 		return err
 	}
-	k, _ := ledger.ParseCallKey(string(key))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.sent++
@@ -294,13 +290,10 @@ func TestAssertionsNeverInClear(t *testing.T) {
 type lateRefusal struct{ ix *callindex.Index }
 
 func (l lateRefusal) Publish(_ context.Context, key, value []byte) error {
-	var env struct {
-		CallID string `json:"call_id"`
-	}
-	if err := json.Unmarshal(value, &env); err != nil {
+	k, env, err := published(key, value)
+	if err != nil {
 		return err
 	}
-	k, _ := ledger.ParseCallKey(string(key))
 	time.AfterFunc(900*time.Millisecond, func() {
 		_ = l.ix.Apply([]ledger.Event{{EventID: "reused", Type: statemachine.EventDenied, At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
 			CallID: env.CallID, Reason: "idempotency_key_reused", Pointer: "/arguments_hash"}})
@@ -338,14 +331,10 @@ func TestSubmitThroughAPIPassesOverAnEarlierCall(t *testing.T) {
 type settling struct{ ix *callindex.Index }
 
 func (s settling) Publish(_ context.Context, key, value []byte) error {
-	var env struct {
-		CallID        string `json:"call_id"`
-		ArgumentsHash string `json:"arguments_hash"`
-	}
-	if err := json.Unmarshal(value, &env); err != nil {
+	k, env, err := published(key, value)
+	if err != nil {
 		return err
 	}
-	k, _ := ledger.ParseCallKey(string(key))
 	var evs []ledger.Event
 	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
 		evs = append(evs, ledger.Event{EventID: "now-" + string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
@@ -402,4 +391,21 @@ func tempIndex(t *testing.T) *callindex.Index {
 	}
 	t.Cleanup(func() { ix.Close() })
 	return ix
+}
+
+// publishedEnvelope is what the fake ledgers read of an envelope.
+type publishedEnvelope struct {
+	CallID        string `json:"call_id"`
+	ArgumentsHash string `json:"arguments_hash"`
+}
+
+// published reads the call key a record was published under and its
+// envelope.
+func published(key, value []byte) (ledger.CallKey, publishedEnvelope, error) {
+	var env publishedEnvelope
+	if err := json.Unmarshal(value, &env); err != nil {
+		return ledger.CallKey{}, env, err
+	}
+	k, _ := ledger.ParseCallKey(string(key))
+	return k, env, nil
 }
