@@ -347,9 +347,7 @@ func newProxy(upstream string, transport http.RoundTripper, logger *slog.Logger)
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			logger.Warn("upstream unavailable", "upstream", u.Host, "path", r.URL.Path, "err", err)
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusBadGateway)
-			fmt.Fprintln(w, `{"error":{"code":"upstream_unavailable","message":"a service behind this API does not answer; see its log"}}`)
+			httpjson.Error(w, http.StatusBadGateway, httpjson.CodeUpstreamUnavailable, "a service behind this API does not answer; see its log")
 		},
 	}
 	return p, nil

@@ -151,10 +151,15 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 	f := staffFlags{g: g}
 	cmd := &cobra.Command{Use: "approvals", Short: "List, inspect, approve and reject calls waiting for a human"}
 	f.register(cmd)
+	// The JSON printed holds an agent's arguments: escaped where a
+	// terminal would not show them as they are (report.TerminalJSON).
 	printJSON := func(cmd *cobra.Command, v any) error {
-		enc := json.NewEncoder(cmd.OutOrStdout())
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = cmd.OutOrStdout().Write(append(report.TerminalJSON(b), '\n'))
+		return err
 	}
 	var state string
 	list := &cobra.Command{

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -49,5 +51,28 @@ func TestApprovalsTableShowsTheRequestersRoles(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
 	if len(lines) != 3 || !strings.Contains(lines[1], "u_1 (agent_1) roles: contractor,support") || !strings.Contains(lines[2], "u_1 (agent_1) roles: none") {
 		t.Errorf("table:\n%s\nwant the roles in the requester's cells", out.String())
+	}
+}
+
+// ledger approvals show prints an agent's arguments with what a terminal
+// would not show as it is escaped (an 8-bit CSI, a bidi override, a
+// zero-width space): the console sends approvers there to read such
+// calls in full. Before, the bytes reached the terminal raw.
+func TestApprovalsShowEscapesHiddenRunes(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.URL.Path != "/v1/approvals/ap_1" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte("{\"id\":\"ap_1\",\"preview\":{\"arguments\":{\"subject\":\"hello \u009b8m\u202eevil\u200b\"}}}"))
+	}))
+	defer srv.Close()
+	out := cli(t, "approvals", "show", "ap_1", "--api", srv.URL, "--assertion", "tok")
+	if strings.ContainsAny(out, "\u009b\u202e\u200b") {
+		t.Errorf("approvals show printed a hidden rune raw:\n%q", out)
+	}
+	if !strings.Contains(out, `hello \u009b8m\u202eevil\u200b`) {
+		t.Errorf("approvals show:\n%s\nwant the subject with its hidden runes escaped", out)
 	}
 }

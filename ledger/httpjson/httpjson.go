@@ -18,6 +18,10 @@ const (
 	CodeMethodNotAllowed = "method_not_allowed"
 )
 
+// CodeUpstreamUnavailable is the error code of a proxy whose upstream did
+// not answer: a request it forwarded may or may not have been handled.
+const CodeUpstreamUnavailable = "upstream_unavailable"
+
 // Error writes {"error": {"code", "message"}} with status.
 func Error(w http.ResponseWriter, status int, code, message string) {
 	h := w.Header()

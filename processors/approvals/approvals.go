@@ -217,6 +217,10 @@ func New(cfg Config) (*Service, error) {
 	return &Service{cfg: cfg, base: base}, nil
 }
 
+// publishTimeout bounds the publish of decisions taken, which no longer
+// follows the request that took them.
+const publishTimeout = 10 * time.Second
+
 // Approval is what the queue shows of one approval.
 type Approval struct {
 	ID             string    `json:"id"`
@@ -619,6 +623,12 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 	if len(recs) == 0 {
 		return moved, nil
 	}
+	// The decisions are taken: published whether or not the approver
+	// still waits for the answer (a client gone, a server shutting
+	// down), since one left to the unlogged sweep reaches the executors
+	// 10 s or more later, which can outlast an approval's window.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
+	defer cancel()
 	if err := s.cfg.Publisher.Publish(ctx, recs...); err != nil {
 		s.cfg.Logger.Warn("publish decisions failed; the unlogged sweep will append them", "records", len(logged), "err", err)
 		return moved, nil

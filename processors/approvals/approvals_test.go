@@ -61,9 +61,13 @@ type recorder struct {
 	fail atomic.Bool
 }
 
-func (r *recorder) Publish(_ context.Context, recs ...*kgo.Record) error {
+func (r *recorder) Publish(ctx context.Context, recs ...*kgo.Record) error {
 	if r.fail.Load() {
 		return errors.New("broker unavailable")
+	}
+	if err := ctx.Err(); err != nil {
+		// As a producer does.
+		return err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -740,6 +744,45 @@ func TestApproveWhenPublishFails(t *testing.T) {
 	}
 	if !slices.ContainsFunc(unlogged, func(r processors.Record) bool { return r.Key == k }) {
 		t.Errorf("the store's unlogged sweep does not find the approved call; its event would never reach the log")
+	}
+}
+
+// cancelAfterMove is the store, whose Move cancels the decision's request
+// once it applied: the approver's client gone, or the server shutting
+// down, right after the decision was taken.
+type cancelAfterMove struct {
+	approvals.Store
+	cancel context.CancelFunc
+}
+
+func (s cancelAfterMove) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	applied, err := s.Store.Move(ctx, ms)
+	s.cancel()
+	return applied, err
+}
+
+// A decision taken is published even when its request ends right after
+// the move: it goes to the log now, not 10 s or more later through the
+// unlogged sweep, which can outlast the approval's window. Before, the
+// publish used the request's context, and failed with it.
+func TestDecisionPublishedAfterItsRequestEnded(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	svc := f.service(func(c *approvals.Config) { c.Store = cancelAfterMove{Store: f.store, cancel: cancel} })
+	if _, err := svc.Approve(ctx, boss, approvals.ID(k), f.record(k).ArgumentsHash); err != nil {
+		t.Fatalf("approve: %v", err)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the request's context was not ended by the move")
+	}
+	evs := f.pub.events(t)
+	if len(evs) == 0 || evs[len(evs)-1].Type != statemachine.EventApproved {
+		t.Fatalf("published %v; want the approved event", types(evs))
+	}
+	if rec := f.record(k); rec.Unlogged() {
+		t.Errorf("the approved call's record is still unlogged (logged %d of %d)", rec.LoggedSeq, rec.Seq)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 )
 
 // maxAnswerBytes bounds one API answer the console reads into memory.
@@ -140,7 +141,13 @@ func (c *Console) call(r *http.Request, s *session, method, path string, q url.V
 		status = http.StatusOK
 	}
 	if status < 200 || status > 299 {
-		return status, refusal(status, rec.body.Bytes())
+		ref := refusal(status, rec.body.Bytes())
+		if method != http.MethodGet && ref.Code == httpjson.CodeUpstreamUnavailable {
+			// The proxy lost the service behind it, perhaps after the
+			// service took the action: not a refusal.
+			return status, errActionBrokenOff
+		}
+		return status, ref
 	}
 	if rec.overflow {
 		return status, fmt.Errorf("%s %s: the answer is larger than %d bytes", method, path, maxAnswerBytes)

@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -254,6 +255,38 @@ func Printable(s string) string {
 		}
 		return r
 	}, s)
+}
+
+// TerminalJSON is the JSON document b with every rune a terminal would not
+// show as it is (a C1 control such as the 8-bit CSI, a bidi override, a
+// zero-width character) written as its \uXXXX escape: the same JSON, which
+// an agent's strings in it cannot use to hide, repaint or reorder what an
+// approver reads. Encoders escape the C0 controls already, and such runes
+// stand only inside strings.
+func TerminalJSON(b []byte) []byte {
+	if strings.IndexFunc(string(b), hidden) < 0 {
+		return b
+	}
+	out := make([]byte, 0, len(b)+32)
+	for _, r := range string(b) {
+		if !hidden(r) {
+			out = utf8.AppendRune(out, r)
+			continue
+		}
+		if r > 0xFFFF {
+			r1, r2 := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+			continue
+		}
+		out = fmt.Appendf(out, `\u%04x`, r)
+	}
+	return out
+}
+
+// hidden reports whether a terminal would not show r as it is; JSON's own
+// whitespace is shown.
+func hidden(r rune) bool {
+	return !unicode.IsPrint(r) && r != '\n' && r != '\t' && r != '\r'
 }
 
 // writeCSV writes rows, every cell safe to open in a spreadsheet.

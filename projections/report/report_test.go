@@ -3,7 +3,9 @@ package report
 import (
 	"bytes"
 	"encoding/csv"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +90,38 @@ func TestBlastRadiusTableCountsCut(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("table of a cut blast radius lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TerminalJSON escapes what a terminal would not show as it is (C1
+// controls, bidi overrides, zero-width and other format characters, an
+// astral one as a surrogate pair), leaves the rest (letters of any
+// script, emoji, JSON's own layout) alone, and the result decodes to the
+// same strings.
+func TestTerminalJSON(t *testing.T) {
+	in := map[string]string{
+		"subject": "refund \u009b8mhidden\u202e\u200b ok",
+		"tag":     "x\U000E0001y",
+		"shown":   "Zürich 東京 👍 \"quoted\"",
+	}
+	b, err := json.MarshalIndent(in, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := TerminalJSON(b)
+	if strings.ContainsAny(string(out), "\u009b\u202e\u200b\U000E0001") {
+		t.Errorf("TerminalJSON left a hidden rune: %q", out)
+	}
+	for _, want := range []string{`\u009b`, `\u202e`, `\u200b`, `\udb40\udc01`, "Zürich 東京 👍", "\n  \""} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("TerminalJSON(%s) = %s; want it to hold %q", b, out, want)
+		}
+	}
+	var back map[string]string
+	if err := json.Unmarshal(out, &back); err != nil || !maps.Equal(back, in) {
+		t.Errorf("TerminalJSON's output decodes to %q (%v); want %q", back, err, in)
+	}
+	if plain := []byte(`{"a": "b"}`); &TerminalJSON(plain)[0] != &plain[0] {
+		t.Error("TerminalJSON copied a document with nothing to escape")
 	}
 }
