@@ -555,8 +555,10 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// offsets past them now, with what LoopConfig.Skipped returned,
 		// whatever the step did.
 		forced := len(pending) > 0
-		for _, k := range slices.SortedFunc(maps.Keys(pending), batchStart.compare) {
-			out.Records = append(out.Records, pending[k].records...)
+		if forced {
+			for _, k := range slices.SortedFunc(maps.Keys(pending), batchStart.compare) {
+				out.Records = append(out.Records, pending[k].records...)
+			}
 		}
 		if len(out.Records) == 0 && out.Committed == nil && out.Abandoned == nil && len(recs) > 0 {
 			if held == 0 {

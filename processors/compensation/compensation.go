@@ -154,19 +154,18 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	comp := tool.Compensation
 	ck := key.CompensationKey()
 	prev, err := s.cfg.Store.Get(ctx, ck)
-	if err == nil && !prev.Status.Done() && rec.Status == processors.StatusSucceeded && operator.User != AutomaticUser && requester(prev) == AutomaticUser {
-		// This request would be its retry (one key per call): say
-		// what becomes of it now, rather than answer as if the undo
-		// were under way.
-		if prev.Status == processors.StatusExecuting && prev.LeaseOwner != "" {
-			// An executor holds it, and may have found the call
-			// undoable before it was settled, and be sending: it may
-			// yet undo the call.
-			return ck, nil, fmt.Errorf("%w: %s is running, and may undo the call: ask again once it has ended (ledger trace %s)", ErrAutomaticCompensationPending, ck, ck.IdempotencyKey)
+	if err == nil && !prev.Status.Done() && rec.Status == processors.StatusSucceeded && operator.User != AutomaticUser {
+		// This request would be the retry of the reconciler's (one key
+		// per call): say what becomes of it now, rather than answer as
+		// if the undo were under way.
+		if automatic, _ := Automatic(prev); automatic {
+			if Running(prev) {
+				return ck, nil, fmt.Errorf("%w: %s is running, and may undo the call: ask again once it has ended (ledger trace %s)", ErrAutomaticCompensationPending, ck, ck.IdempotencyKey)
+			}
+			// Not started (or given back): it ends nothing_to_undo,
+			// its key spent.
+			return ck, nil, fmt.Errorf("%w: %s will end without running (nothing_to_undo), and the call must then be undone by hand", ErrAutomaticCompensationPending, ck)
 		}
-		// Not started (or given back): it ends nothing_to_undo, its key
-		// spent.
-		return ck, nil, fmt.Errorf("%w: %s will end without running (nothing_to_undo), and the call must then be undone by hand", ErrAutomaticCompensationPending, ck)
 	}
 	if err == nil && prev.Status.Done() && prev.Status != processors.StatusSucceeded {
 		// The one compensation of this call ended without undoing it
@@ -201,14 +200,22 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	return ck, evs, nil
 }
 
-// requester is the user whose request a compensation's record was
-// admitted for, as its events say ("" when they cannot be read).
-func requester(rec processors.Record) string {
-	evs, err := ledger.DecodeEvents(rec.Outbox)
+// Automatic reports whether comp, a compensation's record, is one the
+// reconciler asked for (its events' user is AutomaticUser); known says
+// whether its events could be read to tell (a newer build's cannot).
+func Automatic(comp processors.Record) (automatic, known bool) {
+	evs, err := ledger.DecodeEvents(comp.Outbox)
 	if err != nil || len(evs) == 0 {
-		return ""
+		return false, false
 	}
-	return evs[0].UserID
+	return evs[0].UserID == AutomaticUser, true
+}
+
+// Running reports whether an executor holds comp, a compensation's
+// record, and may be sending it: having found the call undoable before
+// it was settled, it may yet undo it.
+func Running(comp processors.Record) bool {
+	return comp.Status == processors.StatusExecuting && comp.LeaseOwner != ""
 }
 
 func (s *Service) publish(ctx context.Context, ck ledger.CallKey, evs []ledger.Event) error {

@@ -681,16 +681,15 @@ func automaticUndoPending(ck ledger.CallKey, comp processors.Record, confirmed b
 		return nil
 	}
 	asker := "asked for by the reconciler under undo_unknown; operators' requests to undo the call since joined it"
-	if tmpl, err := recordTemplate(comp); err != nil {
+	switch automatic, known := compensation.Automatic(comp); {
+	case !known:
 		// A newer build's events: it may be the reconciler's.
 		asker = "whose events this build cannot read: it may be the reconciler's"
-	} else if tmpl.UserID != ReconcilerUser {
+	case !automatic:
 		return nil
 	}
-	if comp.Status == processors.StatusExecuting && comp.LeaseOwner != "" {
-		// An executor holds it, may have found the call undoable
-		// before it was settled, and be sending: a confirmation would
-		// not stop it.
+	if compensation.Running(comp) {
+		// A confirmation would not stop it.
 		return fmt.Errorf("%w: %s (%s) is running, and may undo the call: ask again once it has ended (ledger trace %s)",
 			ErrAutomaticUndoPending, ck, asker, ck.IdempotencyKey)
 	}
