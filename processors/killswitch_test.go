@@ -212,7 +212,7 @@ func TestRevokedCredentialRefusedByTool(t *testing.T) {
 			key := "t_a/revoke-" + by
 			cred, err := broker.Mint(credentials.Grant{
 				Tenant: "t_a", User: "u_1", Agent: "agent", Executor: "executor-1", Tool: "create_ticket", ToolVersion: 1,
-				Audience: demobackend.DefaultAudience, CallID: "c", IdempotencyKey: key, KeyEpoch: 1,
+				Audience: demobackend.DefaultAudience, CallID: "c", IdempotencyKey: key,
 			})
 			if err != nil {
 				t.Fatal(err)

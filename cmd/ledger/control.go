@@ -71,7 +71,7 @@ func newControlCmd(g *globals) *cobra.Command {
 		return map[string]string{"jti": jti, "family": family, "reason": reason}
 	})
 	revoke.Flags().StringVar(&jti, "jti", "", "one credential's id")
-	revoke.Flags().StringVar(&family, "family", "", "a credential family (<tool>:<tenant>:<epoch>, as on the events)")
+	revoke.Flags().StringVar(&family, "family", "", "a credential family (<tool>:<tenant>:<key epoch>, as on the events)")
 	show := &cobra.Command{
 		Use:   "show",
 		Short: "Show the current freezes and revocations",

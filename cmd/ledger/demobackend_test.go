@@ -61,14 +61,14 @@ func TestDemoBackendCommand(t *testing.T) {
 					t.Errorf("a call without a credential: %v; want 401", err)
 				}
 				c, err := brokers[0].Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e", Tool: "create_ticket", ToolVersion: 1,
-					Audience: demobackend.DefaultAudience, CallID: "call_k-1", IdempotencyKey: "k-1", KeyEpoch: 1})
+					Audience: demobackend.DefaultAudience, CallID: "call_k-1", IdempotencyKey: "k-1"})
 				if err != nil {
 					t.Fatal(err)
 				}
 				cred = c.Token
 				// The other executor's credential, for a call of its own.
 				c2, err := brokers[1].Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e2", Tool: "create_ticket", ToolVersion: 1,
-					Audience: demobackend.DefaultAudience, CallID: "call_k-2", IdempotencyKey: "k-2", KeyEpoch: 1})
+					Audience: demobackend.DefaultAudience, CallID: "call_k-2", IdempotencyKey: "k-2"})
 				if err != nil {
 					t.Fatal(err)
 				}

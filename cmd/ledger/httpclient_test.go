@@ -303,7 +303,7 @@ func TestDemoBackendFetchesKeysOverMutualTLS(t *testing.T) {
 	}
 	jwks := "https://" + startHTTP(t, httpTLSFlags{certFile: server.CertFile, keyFile: server.KeyFile, clientCAFile: pki.CAFile}, nil, broker.Handler()) + credentials.JWKSPath
 	cred, err := broker.Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e", Tool: "create_ticket", ToolVersion: 1,
-		Audience: demobackend.DefaultAudience, CallID: "call_k-1", IdempotencyKey: "k-1", KeyEpoch: 1})
+		Audience: demobackend.DefaultAudience, CallID: "call_k-1", IdempotencyKey: "k-1"})
 	if err != nil {
 		t.Fatal(err)
 	}

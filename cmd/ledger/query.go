@@ -142,7 +142,7 @@ func (ff *filterFlags) register(fs *pflag.FlagSet, refs bool) {
 		return
 	}
 	fs.StringVar(&ff.f.JTI, "jti", "", "calls that used this credential")
-	fs.StringVar(&ff.f.CredentialFamily, "credential-family", "", "calls that used a credential of this family (<tool>:<tenant>:<epoch>)")
+	fs.StringVar(&ff.f.CredentialFamily, "credential-family", "", "calls that used a credential of this family (<tool>:<tenant>:<key epoch>)")
 	fs.StringVar(&ff.f.PolicyVersion, "policy-version", "", "calls decided under this policy version: its label (v41: every version of that label) or label@hash as events carry it")
 	fs.StringVar(&ff.f.Role, "role", "", "calls decided with this role among the caller's roles the policies were given (--policy-roles; calls decided without it match no role)")
 	fs.StringVar(&ff.f.Decision, "decision", "", "with --policy-version or --role: only those allow, deny or require_approval decisions")

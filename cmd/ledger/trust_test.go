@@ -202,7 +202,7 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 	introspect := func(b *credentials.Broker) (int, bool, error) {
 		t.Helper()
 		cred, err := b.Mint(credentials.Grant{Tenant: "t_a", User: "u", Agent: "a", Executor: "e", Tool: "refund_order", ToolVersion: 1,
-			Audience: "demo-backend", CallID: "c", IdempotencyKey: "k", KeyEpoch: 1})
+			Audience: "demo-backend", CallID: "c", IdempotencyKey: "k"})
 		if err != nil {
 			t.Fatal(err)
 		}

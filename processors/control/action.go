@@ -7,7 +7,7 @@
 //	tool:<name>             a freeze of a tool for every tenant
 //	tool:<name>@<tenant>    a freeze of a tool for one tenant
 //	jti:<jti>               a revoked credential
-//	family:<family>         a revoked credential family, "<tool>:<tenant>:<epoch>"
+//	family:<family>         a revoked credential family, "<tool>:<tenant>:<key epoch>"
 //
 // Each record's value is an Action in JSON: what was done, to what, by
 // which operator and why. Compaction keeps the latest Action per subject.
@@ -206,22 +206,22 @@ func checkReason(reason string) (string, error) {
 	return reason, nil
 }
 
-// parseFamily splits a credential family, "<tool>:<tenant>:<epoch>" as
-// processors/credentials mints it. Tool names have no ":", the epoch is
-// an integer, and the tenant is what lies between, so the split is
-// unambiguous whatever the tenant holds.
-func parseFamily(family string) (tool, tenant string, err error) {
+// parseFamily splits a credential family, "<tool>:<tenant>:<key epoch>"
+// as processors/credentials mints it (credentials.FamilyOf). Tool names
+// have no ":", the epoch is an integer, and the tenant is what lies
+// between, so the split is unambiguous whatever the tenant holds.
+func parseFamily(family string) (tool, tenant string, epoch int64, err error) {
 	if err := checkID("family", family, ""); err != nil {
-		return "", "", err
+		return "", "", 0, err
 	}
 	tool, rest, ok := strings.Cut(family, ":")
 	i := strings.LastIndexByte(rest, ':')
 	if !ok || i <= 0 || !toolNameRE.MatchString(tool) {
-		return "", "", fmt.Errorf("%w: family must be <tool>:<tenant>:<epoch>", ErrInvalidRequest)
+		return "", "", 0, fmt.Errorf("%w: family must be <tool>:<tenant>:<key epoch>", ErrInvalidRequest)
 	}
 	tenant = rest[:i]
-	if _, err := strconv.ParseInt(rest[i+1:], 10, 64); err != nil {
-		return "", "", fmt.Errorf("%w: family must be <tool>:<tenant>:<epoch> with an integer epoch", ErrInvalidRequest)
+	if epoch, err = strconv.ParseInt(rest[i+1:], 10, 64); err != nil {
+		return "", "", 0, fmt.Errorf("%w: family must be <tool>:<tenant>:<key epoch> with an integer epoch", ErrInvalidRequest)
 	}
-	return tool, tenant, nil
+	return tool, tenant, epoch, nil
 }

@@ -80,12 +80,13 @@ func (e *httpEnv) assertion(id identity.Identity) string {
 	return a
 }
 
-// credential mints a credential for tool in tenant at key epoch.
-func (e *httpEnv) credential(tool, tenant string, epoch int64) credentials.Credential {
+// credential mints a credential for tool in tenant, in the family of the
+// broker's key.
+func (e *httpEnv) credential(tool, tenant string) credentials.Credential {
 	e.t.Helper()
 	c, err := e.broker.Mint(credentials.Grant{
 		Tenant: tenant, User: "u_1", Agent: "agent_1", Executor: "executor-1", Tool: tool,
-		Audience: "demo-backend", IdempotencyKey: "run_1:step_1:" + tool, KeyEpoch: epoch,
+		Audience: "demo-backend", IdempotencyKey: "run_1:step_1:" + tool,
 	})
 	if err != nil {
 		e.t.Fatal(err)
@@ -263,7 +264,7 @@ func TestHandlerNotYetAppliedAndNotReady(t *testing.T) {
 	if status, body := nr.do("POST", "/v1/control/freeze", "application/json", root, `{"tool":"refund_order","reason":"r"}`); status != 503 || errorCode(t, body) != CodeUnavailable {
 		t.Errorf("freeze before Ready = %d %s; want 503 unavailable", status, body)
 	}
-	cred := nr.credential("refund_order", "t_acme", 1)
+	cred := nr.credential("refund_order", "t_acme")
 	if status, m := nr.introspect(cred.Token); status != 503 {
 		t.Errorf("introspection before Ready = %d %v; want 503", status, m)
 	}
@@ -291,11 +292,11 @@ func TestIntrospection(t *testing.T) {
 	}
 	inactive := map[string]any{"active": false}
 
-	first := e.credential("refund_order", "t_acme", 7)
-	second := e.credential("refund_order", "t_acme", 7) // same family
-	other := e.credential("send_email", "t_acme", 7)
+	first := e.credential("refund_order", "t_acme")
+	second := e.credential("refund_order", "t_acme") // same family
+	other := e.credential("send_email", "t_acme")
 	e.shift.Store(int64(-time.Hour))
-	expired := e.credential("refund_order", "t_acme", 7)
+	expired := e.credential("refund_order", "t_acme")
 	e.shift.Store(0)
 	stranger, err := credentials.New(credentials.Config{})
 	if err != nil {
@@ -312,7 +313,7 @@ func TestIntrospection(t *testing.T) {
 	status, got := e.introspect(first.Token)
 	want := map[string]any{
 		"active": true, "jti": first.JTI, "exp": float64(first.ExpiresAt.Unix()),
-		"scope": "tool::refund_order", "aud": "demo-backend", "family": "refund_order:t_acme:7",
+		"scope": "tool::refund_order", "aud": "demo-backend", "family": first.Family,
 	}
 	if status != 200 {
 		t.Fatalf("introspect active = %d %v; want 200", status, got)
@@ -334,7 +335,7 @@ func TestIntrospection(t *testing.T) {
 	if _, got := e.introspect(second.Token); got["active"] != true {
 		t.Errorf("a sibling after revoking one jti: %v; want active", got)
 	}
-	revoke(acme, `{"family":"refund_order:t_acme:7","reason":"executor compromised"}`)
+	revoke(acme, `{"family":"`+first.Family+`","reason":"executor compromised"}`)
 	if _, got := e.introspect(second.Token); !cmp.Equal(got, inactive) {
 		t.Errorf("after revoking its family: %v; want %v", got, inactive)
 	}
@@ -343,9 +344,9 @@ func TestIntrospection(t *testing.T) {
 	// whose clock runs ahead stamps a credential minted before the
 	// revocation with a later iat).
 	e.shift.Store(int64(skew - 2*time.Second)) // iat has whole seconds
-	skewed := e.credential("refund_order", "t_acme", 7)
+	skewed := e.credential("refund_order", "t_acme")
 	e.shift.Store(int64(skew + 2*time.Second))
-	later := e.credential("refund_order", "t_acme", 7)
+	later := e.credential("refund_order", "t_acme")
 	e.shift.Store(0)
 	if _, got := e.introspect(skewed.Token); !cmp.Equal(got, inactive) {
 		t.Errorf("a credential of a revoked family stamped within the skew after the revocation: %v; want %v", got, inactive)
@@ -382,7 +383,7 @@ func TestIntrospectionUnavailableKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newHTTPEnv(t, func(c *Config) { c.Credentials = failing })
-	cred := e.credential("refund_order", "t_acme", 1)
+	cred := e.credential("refund_order", "t_acme")
 	if status, got := e.introspect(cred.Token); status != 503 {
 		t.Errorf("introspect without keys = %d %v; want 503 (not a verdict on the token)", status, got)
 	}
@@ -400,7 +401,7 @@ func TestIntrospectionStaleState(t *testing.T) {
 	close(stale.ready)
 	markCurrent(stale, time.Now().Add(-time.Minute))
 	e := newHTTPEnv(t, func(c *Config) { c.State = stale })
-	cred := e.credential("refund_order", "t_acme", 1)
+	cred := e.credential("refund_order", "t_acme")
 	if status, got := e.introspect(cred.Token); status != 503 || got["error"] == nil {
 		t.Errorf("introspect on a stale state = %d %v; want 503 with an error", status, got)
 	}

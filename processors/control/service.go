@@ -371,12 +371,19 @@ func (s *Service) Revoke(ctx context.Context, operator identity.Identity, jti, f
 			return a, nil
 		}
 	default:
-		_, tenant, err := parseFamily(family)
+		_, tenant, epoch, err := parseFamily(family)
 		if err != nil {
 			return Action{}, err
 		}
 		if !platform && tenant != operator.Tenant {
 			return Action{}, fmt.Errorf("%w: an operator of tenant %s may not revoke a family of tenant %s", ErrForbidden, operator.Tenant, tenant)
+		}
+		// Every credential of the family is issued from its key's epoch
+		// on, and the revocation covers those issued up to its window's
+		// end: a key that starts signing after that leaves it nothing
+		// to cover, and it would be kept on the topic for good.
+		if end := s.cfg.Now().Add(max(s.cfg.RevocationSkew, 0)); time.Unix(epoch, 0).After(end) {
+			return Action{}, fmt.Errorf("%w: family %s names a key that starts signing at %s, after the revocation could cover any credential (up to %s): it would revoke none", ErrInvalidRequest, family, time.Unix(epoch, 0).UTC().Format(time.RFC3339), end.UTC().Format(time.RFC3339))
 		}
 		if a, ok := s.cfg.State.Revoked("", family); ok && s.covers(a, s.cfg.Now()) {
 			return a, nil
@@ -414,7 +421,7 @@ func (s *Service) Snapshot(_ context.Context, operator identity.Identity) (Snaps
 		if a.Family == "" {
 			return true
 		}
-		_, tenant, err := parseFamily(a.Family)
+		_, tenant, _, err := parseFamily(a.Family)
 		return err != nil || tenant != operator.Tenant
 	})
 	return snap, nil

@@ -227,6 +227,19 @@ func TestAuthorization(t *testing.T) {
 				return s.Revoke(ctx, platformOp, "jti 1", "", "r")
 			},
 			wantErr: ErrInvalidRequest},
+		// The clock reads 2026-03-04T05:06:07Z; the window is 30 s. A key
+		// that starts signing after it has no credential the revocation
+		// could cover: one that starts within it has.
+		{name: "family of a key signing after the window",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1772600798", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "family of a key signing at the window's end",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1772600797", "r")
+			},
+			want: Action{V: 1, Kind: KindRevoke, Subject: "family:refund_order:t_acme:1772600797", Family: "refund_order:t_acme:1772600797", By: "op_acme", ByTenant: "t_acme", Reason: "r", At: at}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -221,7 +221,7 @@ func New(cfg Config) (*Broker, error) {
 	}
 	b.advanceLocked(now)
 	b.publishLocked()
-	cfg.Logger.Info("credential broker ready", "kid", b.current.kid, "next_kid", b.nextKID(), "retired_keys", len(b.retired), "key_dir", cfg.KeyDir)
+	cfg.Logger.Info("credential broker ready", "kid", b.current.kid, "key_epoch", b.current.epoch(), "next_kid", b.nextKID(), "retired_keys", len(b.retired), "key_dir", cfg.KeyDir)
 	return b, nil
 }
 
@@ -242,9 +242,6 @@ type Grant struct {
 	Audience       string
 	CallID         string
 	IdempotencyKey string
-	// KeyEpoch is the execution record's claim epoch; with the tool and
-	// tenant it names the credential family.
-	KeyEpoch int64
 	// Deadline is the call's deadline; zero: none.
 	Deadline time.Time
 	// BodySHA256 is the BodyDigest of the request's body, binding the
@@ -265,7 +262,11 @@ func (g Grant) validate() error {
 }
 
 // FamilyOf is the credential family of a tool's credentials for tenant
-// minted at a key epoch: tool:tenant:epoch, what a revocation names.
+// signed by the key of an epoch (KeyEpoch): tool:tenant:epoch, what a
+// revocation names. Each executor signs with keys of its own, so a family
+// is one executor's credentials for one tool and tenant over one key's
+// life, and the events name it: what a responder revokes when those may
+// have leaked, and looks up to see everything they touched.
 func FamilyOf(tool, tenant string, epoch int64) string {
 	return tool + ":" + tenant + ":" + strconv.FormatInt(epoch, 10)
 }
@@ -278,8 +279,8 @@ type Credential struct {
 	// the one call it was minted for, and nothing else.
 	Token string
 	JTI   string
-	// Family is "<tool>:<tenant>:<epoch>", the credential family an
-	// incident responder revokes.
+	// Family is "<tool>:<tenant>:<key epoch>" (FamilyOf), the credential
+	// family an incident responder revokes.
 	Family    string
 	ExpiresAt time.Time
 	// Scope is the one action the token allows.
@@ -345,11 +346,12 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 		return Credential{}, fmt.Errorf("mint %s for %s: %w", g.Tool, g.IdempotencyKey, ErrDeadlinePassed)
 	}
 
+	key := b.signingKey(now)
 	var id [16]byte
 	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails (it aborts the program instead)
 	cred := Credential{
 		JTI:       b64.EncodeToString(id[:]),
-		Family:    FamilyOf(g.Tool, g.Tenant, g.KeyEpoch),
+		Family:    FamilyOf(g.Tool, g.Tenant, key.epoch()),
 		ExpiresAt: expiresAt,
 		Scope:     g.Action,
 	}
@@ -374,7 +376,6 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 		return Credential{}, fmt.Errorf("encode claims: %v", err)
 	}
 
-	key := b.signingKey(now)
 	cred.Token = signJWS(key.priv, key.header, payload)
 	// Enabled first: the arguments would be boxed for a disabled level
 	// too, on every call.
@@ -384,6 +385,10 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 	}
 	return cred, nil
 }
+
+// KeyEpoch is the epoch of the key that signs now (FamilyOf): the Unix
+// second it started signing.
+func (b *Broker) KeyEpoch() int64 { return b.signingKey(b.cfg.Now()).epoch() }
 
 // signingKey returns the key to sign with at now, rotating first if due.
 func (b *Broker) signingKey(now time.Time) *signingKey {
@@ -403,7 +408,7 @@ func (b *Broker) signingKey(now time.Time) *signingKey {
 func (b *Broker) advanceLocked(now time.Time) bool {
 	changed := false
 	if b.next != nil && !now.Before(b.next.activates) {
-		b.cfg.Logger.Info("signing key rotated", "kid", b.next.kid, "retired_kid", b.current.kid)
+		b.cfg.Logger.Info("signing key rotated", "kid", b.next.kid, "key_epoch", b.next.epoch(), "retired_kid", b.current.kid)
 		b.current, b.next, b.retired = b.next, nil, append([]*signingKey{b.current}, b.retired...)
 		changed = true
 	}

@@ -88,7 +88,6 @@ func grant() Grant {
 		Audience:       "demo-backend",
 		CallID:         "call_7f3a",
 		IdempotencyKey: "run_42:step_7:refund_order",
-		KeyEpoch:       4,
 	}
 }
 
@@ -153,9 +152,10 @@ func TestMintVerifyRoundTrip(t *testing.T) {
 		t.Errorf("JTI %q decodes to %d bytes (%v); want 16", cred.JTI, len(raw), err)
 	}
 	wantCred := Credential{
-		Token:     cred.Token,
-		JTI:       cred.JTI,
-		Family:    "refund_order:t_acme:4",
+		Token: cred.Token,
+		JTI:   cred.JTI,
+		// The key's epoch: the second it started signing, t0.
+		Family:    "refund_order:t_acme:1767323045",
 		ExpiresAt: t0.Add(DefaultTTL),
 		Scope:     "tool::refund_order",
 	}
@@ -186,7 +186,7 @@ func TestMintVerifyRoundTrip(t *testing.T) {
 		ExpiresAt:      t0.Add(DefaultTTL),
 		CallID:         "call_7f3a",
 		IdempotencyKey: "run_42:step_7:refund_order",
-		Family:         "refund_order:t_acme:4",
+		Family:         "refund_order:t_acme:1767323045",
 		ToolVersion:    3,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -205,7 +205,7 @@ func TestMintVerifyRoundTrip(t *testing.T) {
 		"tenant": "t_acme", "scope": "tool::refund_order", "jti": cred.JTI,
 		"iat": float64(t0.Unix()), "nbf": float64(t0.Unix()), "exp": float64(t0.Add(DefaultTTL).Unix()),
 		"call_id": "call_7f3a", "idempotency_key": "run_42:step_7:refund_order",
-		"family": "refund_order:t_acme:4", "tool_version": float64(3),
+		"family": "refund_order:t_acme:1767323045", "tool_version": float64(3),
 	}
 	if diff := cmp.Diff(wantWire, claims); diff != "" {
 		t.Errorf("JWT claims (-want +got):\n%s", diff)
@@ -373,9 +373,19 @@ func TestRotation(t *testing.T) {
 		t.Errorf("token a second before the rotation signed by %s; want the current key %s", got, kid0)
 	}
 
+	if last.Family != FamilyOf("refund_order", "t_acme", t0.Unix()) || b.KeyEpoch() != t0.Unix() {
+		t.Errorf("family a second before the rotation %s, key epoch %d; want the first key's, %d", last.Family, b.KeyEpoch(), t0.Unix())
+	}
+
 	at(time.Hour)
-	if got := kidOf(mint(t, b, grant())); got != kid1 {
+	first := mint(t, b, grant())
+	if got := kidOf(first); got != kid1 {
 		t.Errorf("token at the rotation signed by %s; want the published next key %s", got, kid1)
+	}
+	// The new key names a family of its own: a revocation of the old
+	// key's leaves its credentials alone.
+	if epoch := t0.Add(time.Hour).Unix(); first.Family != FamilyOf("refund_order", "t_acme", epoch) || b.KeyEpoch() != epoch {
+		t.Errorf("family at the rotation %s, key epoch %d; want the new key's, %d", first.Family, b.KeyEpoch(), epoch)
 	}
 	jwksAt("after the rotation", kid1, kid0)
 

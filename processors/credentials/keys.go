@@ -30,6 +30,13 @@ func newKey(kid string, created, activates time.Time, priv ed25519.PrivateKey) *
 	return &signingKey{kid: kid, created: created.UTC(), activates: activates.UTC(), priv: priv, header: jwsHeaderSegment(kid)}
 }
 
+// epoch is the key's epoch, the Unix second it starts signing: what
+// names the credential families it signs (FamilyOf). A broker's keys
+// start signing at least CacheFor apart, so each has an epoch of its own;
+// two executors' keys that started in the same second share their
+// families, which widens a revocation of one to both.
+func (k *signingKey) epoch() int64 { return k.activates.Unix() }
+
 func (k *signingKey) public() ed25519.PublicKey { return k.priv.Public().(ed25519.PublicKey) }
 
 // newSigningKey makes a key created at now that signs from activates.

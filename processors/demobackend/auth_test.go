@@ -74,7 +74,7 @@ func (e authEnv) mint(t *testing.T, tool, tenant, key string, edit func(*credent
 	g := credentials.Grant{
 		Tenant: tenant, User: "u_88", Agent: "agent_support", Executor: "executor-1",
 		Tool: tool, ToolVersion: 1, Audience: DefaultAudience, CallID: "call_" + key,
-		IdempotencyKey: key, KeyEpoch: 1,
+		IdempotencyKey: key,
 	}
 	if edit != nil {
 		edit(&g)

@@ -1158,14 +1158,11 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "backend_secret_unavailable", nil)
 	}
 	var bearer string
-	if r := x.revokedFamily(tool.Name, rec); r != nil {
-		return refuse(*r)
-	}
 	if x.cfg.Credentials != nil {
 		cred, err := x.cfg.Credentials.Mint(credentials.Grant{
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: x.cfg.Owner,
 			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
-			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), KeyEpoch: rec.Epoch, Deadline: stop,
+			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), Deadline: stop,
 			// Every attempt sends these bytes.
 			BodySHA256: credentials.BodyDigest(rec.Arguments),
 		})
@@ -1181,6 +1178,11 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			}
 			log.Error("mint credential", "err", err)
 			return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "", nil)
+		}
+		// Its family is known once it is minted: the key that signed it
+		// names it. A credential not sent is harmless.
+		if r := x.revokedFamily(cred.Family); r != nil {
+			return refuse(*r)
 		}
 		bearer = cred.Token
 		c.jti, c.scope, c.family = cred.JTI, cred.Scope, cred.Family
@@ -1480,36 +1482,40 @@ func ifMatch(tool *schemas.Tool, tmpl ledger.Event) string {
 	return tmpl.ResourceVersion
 }
 
-// ReasonCredentialRevoked: the credential family a call's credential would
-// be minted in was revoked so recently that the tools would refuse it
-// (the call is given back, or, taken over, ends outcome_unknown as any
-// refusal of one does).
+// ReasonCredentialRevoked: the credential family a call's credential is
+// minted in was revoked so recently that the tools would refuse it (the
+// call is given back until they no longer do, or, taken over, ends
+// outcome_unknown as any refusal of one does).
 const ReasonCredentialRevoked = "credential_family_revoked"
 
-// revokedFamily is the refusal for now of a call whose credential would
-// be minted in a family revoked so recently (up to RevocationSkew ago)
-// that its tool would refuse the credential: nothing is sent, and the
-// call is given back. Its next claim is of the next epoch, whose family
-// the revocation does not name: it is minted and sent then. Before, it
-// was sent, the tool answered 401, and the call ended failed
-// (tool_refused), its key spent, with nothing to say why.
-func (x *Executor) revokedFamily(tool string, rec processors.Record) *refusal {
+// revokedFamily is the refusal for now of a call whose credential was
+// minted in a family revoked so recently (up to RevocationSkew ago) that
+// its tool would refuse the credential: nothing is sent, and the call is
+// given back until the tools accept the family's credentials again, those
+// issued after the revocation's window. Before, it was sent, the tool
+// answered 401, and the call ended failed (tool_refused), its key spent,
+// with nothing to say why. The family is the signing key's (FamilyOf),
+// which the next claim does not change: claimed again sooner, the call
+// would only be given back again.
+func (x *Executor) revokedFamily(family string) *refusal {
 	if x.cfg.Freezes == nil {
 		return nil
 	}
-	family := credentials.FamilyOf(tool, rec.Key.TenantID, rec.Epoch)
 	a, ok := x.cfg.Freezes.Revoked("", family)
 	if !ok {
 		return nil
 	}
 	// A credential's issue time is in whole seconds, and the tools
 	// refuse one issued up to until: so is the time compared.
-	until, issued := a.At.Add(x.cfg.RevocationSkew), time.Unix(x.cfg.Now().Unix(), 0)
+	now := x.cfg.Now()
+	until, issued := a.At.Add(x.cfg.RevocationSkew), time.Unix(now.Unix(), 0)
 	if issued.After(until) {
 		return nil
 	}
-	return &refusal{reason: ReasonCredentialRevoked, later: true,
-		detail: fmt.Sprintf("credential family %s was revoked at %s (%s), and the tools refuse its credentials issued until %s: nothing was sent, and the next claim mints in the next epoch's family", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339))}
+	// The first second whose credentials the tools accept again.
+	accepted := time.Unix(until.Unix()+1, 0)
+	return &refusal{reason: ReasonCredentialRevoked, later: true, after: accepted.Sub(now),
+		detail: fmt.Sprintf("credential family %s was revoked at %s (%s), and the tools refuse its credentials issued until %s: nothing was sent, and the call is claimed again from %s", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339), accepted.Format(time.RFC3339))}
 }
 
 // roomFor reports whether the call may still run at t: before its

@@ -347,45 +347,63 @@ func TestStalledControlStateHoldsTheCall(t *testing.T) {
 	}
 }
 
-// A call whose credential would be minted in a family revoked so recently
-// that the tools still refuse the family's credentials (RevocationSkew)
-// sends nothing: it is given back, and its next claim, of the next epoch,
-// mints in a family the revocation does not name, and runs. Before, it
-// was sent, refused 401, and ended failed (tool_refused), its key spent.
-// Another tenant's family, or one revoked long enough ago, holds nothing
-// back; one revoked a fraction of a second more than the window ago
-// still does, for the credential would be issued within its second.
+// A call whose credential is minted in a family revoked so recently that
+// the tools still refuse the family's credentials (RevocationSkew) sends
+// nothing: it is given back until the first second whose credentials
+// they accept again, not sooner (its family is its executor's key's,
+// which claiming it again does not change), and runs then. Before, it was
+// sent, refused 401, and ended failed (tool_refused), its key spent.
+// Another tenant's family, another key's, or one revoked long enough ago
+// holds nothing back; one revoked a fraction of a second more than the
+// window ago still does, for the credential is issued within its second.
 func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
-	now := time.Now()
 	for _, tc := range []struct {
-		name     string
-		family   string
-		at       time.Time
+		name string
+		// family is of create_ticket for tenant and key epoch epoch
+		// seconds off the executor's key's; at is the revocation's time
+		// off the start of the clock's second.
+		tenant   string
+		epoch    int64
+		at       time.Duration
 		held     bool
 		wantEvts []string
 	}{
-		{"just revoked", credentials.FamilyOf("create_ticket", "t_a", 1), now, true, nil},
-		{"revoked long ago", credentials.FamilyOf("create_ticket", "t_a", 1), now.Add(-2 * time.Hour), false, []string{"executing", "succeeded"}},
-		{"another tenant's", credentials.FamilyOf("create_ticket", "t_b", 1), now, false, []string{"executing", "succeeded"}},
+		{"just revoked", "t_a", 0, time.Hour, true, nil},
+		{"revoked long ago", "t_a", 0, -time.Hour, false, []string{"executing", "succeeded"}},
+		{"another tenant's", "t_b", 0, time.Hour, false, []string{"executing", "succeeded"}},
+		// Another executor's key, or this one's before it rotated.
+		{"another key's", "t_a", -1, time.Hour, false, []string{"executing", "succeeded"}},
 		// The window ends a quarter second into the clock's second
 		// (the clock reads half a second in): issued in whole seconds, a
-		// credential minted now would still fall in it.
-		{"at the window's end", credentials.FamilyOf("create_ticket", "t_a", 1), time.Unix(now.Unix(), 0).Add(-time.Hour + time.Second/4), true, nil},
+		// credential minted now still falls in it.
+		{"at the window's end", "t_a", 0, time.Second / 4, true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			auth := r.admit("create_ticket", "kr", map[string]any{"title": "t"}, 0)
+			// The executor's clock runs half a second into a second
+			// when the call is first claimed.
+			start := time.Now()
+			second := time.Unix(start.Unix(), 0)
+			offset := second.Add(time.Second / 2).Sub(start)
+			clock := func() time.Time { return time.Now().Add(offset) }
+			broker, err := credentials.New(credentials.Config{Now: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			family := credentials.FamilyOf("create_ticket", tc.tenant, broker.KeyEpoch()+tc.epoch)
+			revokedAt := second.Add(tc.at - time.Hour)
 			fz := &switchedFreezes{}
-			fz.revoked.Store(&control.Action{Kind: control.KindRevoke, Family: tc.family, At: tc.at, Reason: "executor compromised"})
-			clock := func() time.Time { return time.Unix(now.Unix(), 0).Add(time.Second / 2) }
+			fz.revoked.Store(&control.Action{Kind: control.KindRevoke, Family: family, At: revokedAt, Reason: "executor compromised"})
 			x := r.executor(func(c *executor.Config) {
-				c.Freezes, c.RevocationSkew, c.RetryBackoff, c.Now = fz, time.Hour, time.Millisecond, clock
+				c.Freezes, c.RevocationSkew, c.RetryBackoff, c.Now, c.Credentials = fz, time.Hour, time.Millisecond, clock, broker
 			})
 			out, err := x.Step(t.Context(), []*kgo.Record{auth})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff(tc.wantEvts, summary(decodeAll(t, out.Records)), cmpopts.EquateEmpty()); diff != "" {
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff(tc.wantEvts, summary(evs), cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("events (-want +got):\n%s", diff)
 			}
 			applied := 0
@@ -396,6 +414,9 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 				t.Errorf("applied %d times; want %d", n, applied)
 			}
 			if !tc.held {
+				if got := evs[0].CredentialFamily; got != credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch()) {
+					t.Errorf("credential family %q; want the executor's key's", got)
+				}
 				return
 			}
 			ev := authorizedEvent(t, auth)
@@ -406,14 +427,36 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 			if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
 				t.Errorf("the call's record is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Status, rec.LeaseOwner, rec.Attempt)
 			}
-			// Claimed again: the next epoch's family, not revoked.
-			time.Sleep(20 * time.Millisecond)
+			// Given back until the first second after the window, by
+			// the executor's clock (the store's is real time, and may
+			// keep only milliseconds): not claimed again before.
+			accepted := time.Unix(revokedAt.Add(time.Hour).Unix()+1, 0)
+			if want := accepted.Add(-offset - time.Millisecond); rec.LeaseUntil.Before(want) {
+				t.Errorf("given back until %s; want until %s at the earliest, when the tools accept the family again", rec.LeaseUntil, want)
+			}
+			if tc.at == time.Hour {
+				return
+			}
 			out, err = x.Step(t.Context(), []*kgo.Record{auth})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
-				t.Errorf("the call claimed again (-want +got):\n%s", diff)
+			if got := summary(decodeAll(t, out.Records)); len(got) != 0 || r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/kr") != 0 {
+				t.Errorf("stepped again within the window: events %v; want none, nothing sent", got)
+			}
+			time.Sleep(time.Until(rec.LeaseUntil) + 50*time.Millisecond)
+			out, err = x.Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs = decodeAll(t, out.Records)
+			if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+				t.Fatalf("the call claimed again after the window (-want +got):\n%s", diff)
+			}
+			// The same family: the tools accept its credentials issued
+			// after the window.
+			if evs[0].CredentialFamily != family {
+				t.Errorf("credential family %q; want %q", evs[0].CredentialFamily, family)
 			}
 			if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/kr"); n != 1 {
 				t.Errorf("applied %d times after the second claim; want 1", n)

@@ -589,7 +589,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		cred, err := r.cfg.Credentials.Mint(credentials.Grant{
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: r.cfg.Owner,
 			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
-			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), KeyEpoch: rec.Epoch,
+			CallID: rec.CallID, IdempotencyKey: rec.Key.String(),
 			// It reads what the call did; it must not let anyone do it.
 			Action: credentials.StatusScope(tool.Name),
 		})
