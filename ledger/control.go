@@ -23,7 +23,8 @@ type ControlAction struct {
 	// JTI is the revoked credential; revocations only, exclusive with
 	// Family.
 	JTI string `json:"jti,omitempty"`
-	// Family is the revoked credential family, "<tool>:<tenant>:<epoch>";
+	// Family is the revoked credential family, "<tool>:<tenant>:<key
+	// epoch>";
 	// revocations only, exclusive with JTI.
 	Family string `json:"family,omitempty"`
 	// Policy is the activated policy version's label; activations only.
@@ -41,4 +42,13 @@ type ControlAction struct {
 	Reason string `json:"reason"`
 	// At is when the operator did it.
 	At time.Time `json:"at"`
+	// Replaced, on a platform operator's freeze of one tenant's tool,
+	// is that tenant's own freeze it replaced (kept through later
+	// platform freezes of the subject): the platform's unfreeze puts it
+	// back. Older builds ignore it.
+	Replaced *ControlAction `json:"replaced,omitempty"`
+	// Restored, on a platform operator's unfreeze, is the tenant's own
+	// freeze the unfreeze leaves in force: the record right after it on
+	// the topic. Older builds ignore it (and apply that record).
+	Restored *ControlAction `json:"restored,omitempty"`
 }

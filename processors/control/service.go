@@ -217,8 +217,10 @@ func (s *Service) toolScope(op identity.Identity, tool, tenant, reason string) (
 // the record (its operator and reason), except that a tenant operator
 // does not replace a platform operator's freeze of its tenant
 // (ErrForbidden: it is frozen already, and the replacement would be the
-// tenant operator's to lift). It returns once the local State applied
-// the freeze, or with ErrNotYetApplied (and the Action) after
+// tenant operator's to lift). A platform operator's freeze that replaces
+// the tenant's own freeze carries it (Action.Replaced), for the platform's
+// unfreeze to put back. It returns once the local State applied the
+// freeze, or with ErrNotYetApplied (and the Action) after
 // Config.ApplyWait.
 func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string) (Action, error) {
 	if !s.cfg.State.isReady() {
@@ -228,17 +230,38 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 	if err != nil {
 		return Action{}, err
 	}
+	var replaced *Action
 	if operator.Tenant != PlatformTenant {
-		// A platform operator's freeze goes out whatever this copy
-		// holds: it is the emergency brake, and replaces anything.
 		if err := s.current(ctx); err != nil {
 			return Action{}, err
 		}
 		if current, frozen := s.cfg.State.frozenExactly(tool, tenant); frozen && current.ByTenant == PlatformTenant {
 			return Action{}, platformFreeze(current)
 		}
+	} else if current, frozen := s.cfg.State.frozenExactly(tool, tenant); frozen && tenant != "" {
+		// A platform operator's freeze goes out whatever this copy
+		// holds: it is the emergency brake, and replaces anything. The
+		// tenant's own freeze it replaces, as this copy has it, goes
+		// with it, for its unfreeze to put back.
+		replaced = tenantFreeze(current, tool, tenant)
 	}
-	return s.publish(ctx, s.action(operator, KindFreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant }))
+	return s.publish(ctx, s.action(operator, KindFreeze, reason, func(a *Action) { a.Tool, a.Tenant, a.Replaced = tool, tenant, replaced }))
+}
+
+// tenantFreeze is the tenant operator's own freeze of tool for tenant
+// that current, the freeze of that subject in force, is or replaced; nil
+// if none. A record not of that shape (written by hand) counts as none.
+func tenantFreeze(current Action, tool, tenant string) *Action {
+	own := &current
+	if current.ByTenant == PlatformTenant {
+		own = current.Replaced
+	}
+	if own == nil || own.Kind != KindFreeze || own.Tool != tool || own.Tenant != tenant || own.ByTenant != tenant {
+		return nil
+	}
+	a := *own
+	a.Replaced, a.Restored = nil, nil
+	return &a
 }
 
 // Unfreeze lifts the freeze of tool for tenant ("" for the freeze of every
@@ -252,7 +275,9 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 // copy of the control topic, which must be current within
 // Config.MaxStaleness (else ErrStale, after waiting up to a second for
 // it). A tenant operator does not lift a platform operator's freeze of
-// its tenant (ErrForbidden). Both checks are of that copy, not of the
+// its tenant (ErrForbidden); a platform operator's unfreeze of a freeze
+// that replaced the tenant's own puts that one back in force, as it was
+// (Action.Restored), rather than lift both. Both checks are of that copy, not of the
 // topic itself: a freeze published through another instance within the
 // staleness allowed (or at the same moment) is not seen, and an unfreeze
 // racing it lifts it, which control show then says. It waits like
@@ -279,7 +304,19 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 		return Action{}, fmt.Errorf("%w: the freeze of %s in force is by %s at %s (%q), not the one at %s: look at it before lifting it",
 			ErrFreezeChanged, ToolSubject(tool, tenant), current.By, current.At.UTC().Format(time.RFC3339Nano), current.Reason, of.UTC().Format(time.RFC3339Nano))
 	}
-	return s.publish(ctx, s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant }))
+	unfreeze := s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant })
+	if current.ByTenant != PlatformTenant {
+		return s.publish(ctx, unfreeze)
+	}
+	// A platform freeze that replaced the tenant's own freeze lifts only
+	// itself: the tenant's goes back in force, as it was (its freeze_at
+	// still lifts it), in the same write as the unfreeze, so that no
+	// reader applies the one without the other.
+	unfreeze.Restored = tenantFreeze(current, tool, tenant)
+	if unfreeze.Restored == nil {
+		return s.publish(ctx, unfreeze)
+	}
+	return s.publish(ctx, unfreeze, *unfreeze.Restored)
 }
 
 // current returns nil once the State is current within MaxStaleness,
@@ -436,18 +473,28 @@ func (s *Service) action(op identity.Identity, kind, reason string, fill func(*A
 
 // publish appends a to the control topic and waits for the local State to
 // apply it.
-func (s *Service) publish(ctx context.Context, a Action) (Action, error) {
-	value, err := json.Marshal(a)
-	if err != nil {
-		return Action{}, fmt.Errorf("encode control action: %v", err)
+func (s *Service) publish(ctx context.Context, a Action, then ...Action) (Action, error) {
+	recs := make([]*kgo.Record, 0, 1+len(then))
+	at := time.Now()
+	for _, b := range append([]Action{a}, then...) {
+		value, err := json.Marshal(b)
+		if err != nil {
+			return Action{}, fmt.Errorf("encode control action: %v", err)
+		}
+		// Each after the one before it, in the milliseconds Kafka keeps.
+		at = s.cfg.State.stamp(b.Subject, at)
+		recs = append(recs, &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(b.Subject), Value: value, Timestamp: at})
+		at = at.Add(time.Millisecond)
 	}
-	rec := &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(a.Subject), Value: value,
-		Timestamp: s.cfg.State.stamp(a.Subject, time.Now())}
-	if err := s.cfg.Publisher.Publish(ctx, rec); err != nil {
+	if err := s.cfg.Publisher.Publish(ctx, recs...); err != nil {
 		return Action{}, fmt.Errorf("publish %s of %s: %w", a.Kind, a.Subject, err)
 	}
+	rec := recs[len(recs)-1]
 	s.cfg.Logger.Info("control action published", attrKind, a.Kind, attrSubject, a.Subject,
 		attrBy, a.By, attrByTenant, a.ByTenant, "reason", a.Reason, "partition", rec.Partition, "offset", rec.Offset)
+	for _, b := range then {
+		s.cfg.Logger.Info("control action published with it", attrKind, b.Kind, attrSubject, b.Subject, attrBy, b.By, attrByTenant, b.ByTenant, "reason", b.Reason)
+	}
 	if !s.cfg.State.waitApplied(ctx, rec.Topic, rec.Partition, rec.Offset, s.cfg.ApplyWait) {
 		s.cfg.Logger.Warn("control action not yet applied locally", attrKind, a.Kind, attrSubject, a.Subject, "waited", s.cfg.ApplyWait)
 		return a, ErrNotYetApplied

@@ -312,6 +312,71 @@ func TestTenantScopedFreezeAndUnfreeze(t *testing.T) {
 	}
 }
 
+// A platform operator's freeze of a tenant's tool replaces the tenant's
+// own freeze of it, which the tenant then cannot lift, and carries it
+// through further platform freezes; the platform's unfreeze puts the
+// tenant's freeze back as it was (its freeze_at still lifts it) in the
+// same write, rather than lift both. Before, the tenant's freeze was
+// gone once the platform froze the tool, and the tool ran again for the
+// tenant when the platform lifted its freeze.
+func TestPlatformUnfreezeRestoresTheTenantsFreeze(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	svc, pub := newLoopbackService(t, Config{Now: func() time.Time { return now }})
+	st := svc.cfg.State
+	ctx := t.Context()
+	m := must[Action](t)
+
+	own := m(svc.Freeze(ctx, acmeOp, "refund_order", "", "our agent loops"))
+	now = now.Add(time.Minute)
+	first := m(svc.Freeze(ctx, platformOp, "refund_order", "t_acme", "incident 42"))
+	if diff := cmp.Diff(&own, first.Replaced); diff != "" {
+		t.Errorf("the platform's freeze replaced (-want +got):\n%s", diff)
+	}
+	now = now.Add(time.Minute)
+	second := m(svc.Freeze(ctx, platformOp, "refund_order", "t_acme", "incident 42, widened"))
+	if diff := cmp.Diff(&own, second.Replaced); diff != "" {
+		t.Errorf("a second platform freeze replaced (-want +got):\n%s", diff)
+	}
+	if _, err := svc.Unfreeze(ctx, acmeOp, "refund_order", "", "loop fixed", own.At); !errors.Is(err, ErrForbidden) {
+		t.Errorf("the tenant lifting the platform's freeze = %v; want ErrForbidden", err)
+	}
+
+	now = now.Add(time.Minute)
+	n := pub.published()
+	lift := m(svc.Unfreeze(ctx, platformOp, "refund_order", "t_acme", "incident over", second.At))
+	if lift.Kind != KindUnfreeze || !cmp.Equal(&own, lift.Restored) {
+		t.Errorf("the platform's unfreeze = %+v; want an unfreeze restoring %+v", lift, own)
+	}
+	if got := pub.published() - n; got != 2 {
+		t.Fatalf("the platform's unfreeze published %d records; want 2, the unfreeze and the tenant's freeze", got)
+	}
+	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !cmp.Equal(own, a) {
+		t.Errorf("after the platform's unfreeze Frozen(t_acme) = %+v, %v; want the tenant's own freeze %+v", a, ok, own)
+	}
+	if last, prev := pub.recs[len(pub.recs)-1], pub.recs[len(pub.recs)-2]; !last.Timestamp.After(prev.Timestamp) {
+		t.Errorf("the restored freeze's record at %s, the unfreeze's at %s; want it after", last.Timestamp, prev.Timestamp)
+	}
+	m(svc.Unfreeze(ctx, acmeOp, "refund_order", "", "loop fixed", own.At))
+	if a, ok := st.Frozen("refund_order", "t_acme"); ok {
+		t.Errorf("after the tenant's unfreeze Frozen(t_acme) = %+v; want not frozen", a)
+	}
+
+	// A platform freeze of a subject no tenant froze lifts alone.
+	now = now.Add(time.Minute)
+	alone := m(svc.Freeze(ctx, platformOp, "refund_order", "t_acme", "incident 43"))
+	if alone.Replaced != nil {
+		t.Errorf("a platform freeze over none replaced %+v", alone.Replaced)
+	}
+	n = pub.published()
+	if lift := m(svc.Unfreeze(ctx, platformOp, "refund_order", "t_acme", "43 over", alone.At)); lift.Restored != nil || pub.published()-n != 1 {
+		t.Errorf("its unfreeze restored %+v in %d records; want none, one record", lift.Restored, pub.published()-n)
+	}
+	if a, ok := st.Frozen("refund_order", "t_acme"); ok {
+		t.Errorf("after the platform's unfreeze Frozen(t_acme) = %+v; want not frozen", a)
+	}
+}
+
 // An unfreeze naming the freeze it means to lift (its time) does not lift
 // another: frozen again since the operator looked, for another incident,
 // the tool stays frozen until an unfreeze names that freeze. Before, an
