@@ -178,6 +178,12 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 		return
 	}
 	page.Lines = []string{frozen, "Calls to " + tool + " for " + scope + " will be accepted and run again."}
+	if own := fr.Replaced; fr.ByTenant == "*" && own != nil && own.Kind == "freeze" && own.Tenant == tenant && tenant != "" {
+		// The unfreeze puts the tenant's own freeze back (the
+		// control API's Restored): the tool stays frozen for it.
+		page.Lines[1] = fmt.Sprintf("This freeze replaced the tenant's own, by %s at %s: %s. That one stays in force: calls to %s for %s stay refused until the tenant lifts it.",
+			own.By, own.At.UTC().Format(time.RFC3339), own.Reason, tool, scope)
+	}
 	page.Hidden = []hidden{{"tool", tool}, {"tenant", tenant}, {"freeze_at", fr.At.UTC().Format(time.RFC3339Nano)}}
 	page.Ready = true
 	c.render(w, r, s, "confirm", "Unfreeze "+tool, page)
@@ -201,7 +207,11 @@ func (c *Console) postUnfreeze(w http.ResponseWriter, r *http.Request, s *sessio
 		c.redirect(w, r, s, "/health", refusedFlash(s, "the unfreeze of "+body.Tool, err))
 		return
 	}
-	c.redirect(w, r, s, "/health", flash{OK: true, Text: fmt.Sprintf("%s unfroze %s%s%s.", s.id.User, body.Tool, freezeScopeText(a.Tenant), applied(status))})
+	text := fmt.Sprintf("%s unfroze %s%s%s.", s.id.User, body.Tool, freezeScopeText(a.Tenant), applied(status))
+	if a.Restored != nil {
+		text += fmt.Sprintf(" The tenant's own freeze, by %s, is in force again.", a.Restored.By)
+	}
+	c.redirect(w, r, s, "/health", flash{OK: true, Text: text})
 }
 
 // freezeScopeText names the tenants a freeze covers, as the API's answer

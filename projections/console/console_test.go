@@ -897,6 +897,12 @@ func TestActionsCallTheAPI(t *testing.T) {
 			wantPath: "/v1/control/unfreeze", wantBody: `{"tool":"refund_order","tenant":"acme","reason":"fixed","freeze_at":"2026-11-30T13:30:00.5Z"}`,
 			wantBack: "/health", wantFlash: "ok: olga unfroze refund_order for tenant acme.",
 		},
+		{
+			name: "unfreeze of a platform freeze over the tenant's own", as: assertPlatform,
+			path: "/health/unfreeze", form: url.Values{"tool": {"lookup_order"}, "tenant": {"acme"}, "reason": {"13 over"}},
+			wantPath: "/v1/control/unfreeze", wantBody: `{"tool":"lookup_order","tenant":"acme","reason":"13 over"}`,
+			wantBack: "/health", wantFlash: "unfroze lookup_order for tenant acme. The tenant's own freeze, by olga, is in force again.",
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fx := newFixture(t)
@@ -956,9 +962,18 @@ func TestConfirmationPagesCount(t *testing.T) {
 			"Frozen for tenant acme by olga at " + t0.Add(-30*time.Minute).UTC().Format(time.RFC3339) + ": incident 12",
 			`name="freeze_at" value="` + t0.Add(-30*time.Minute).UTC().Format(time.RFC3339Nano) + `"`, `action="/health/unfreeze"`,
 		}},
+		// A platform freeze over the tenant's own says that one stays.
+		{"/health/unfreeze?tool=lookup_order&tenant=acme", []string{
+			htmlEscape("This freeze replaced the tenant's own, by olga at " + t0.Add(-2*time.Hour).UTC().Format(time.RFC3339) + ": our loop. That one stays in force: calls to lookup_order for tenant acme stay refused until the tenant lifts it."),
+			`action="/health/unfreeze"`,
+		}},
 	} {
 		w := b.get(tc.page)
 		body := w.Body.String()
+		if strings.Contains(tc.page, "lookup_order") {
+			// Only a platform operator lifts that freeze.
+			body = fx.signedIn(assertPlatform).get(tc.page).Body.String()
+		}
 		if w.Code != http.StatusOK {
 			t.Errorf("GET %s = %d", tc.page, w.Code)
 		}

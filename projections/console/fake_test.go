@@ -327,6 +327,8 @@ func newFakeAPI() *fakeAPI {
 			"freezes": []ledger.ControlAction{
 				{V: 1, Kind: "freeze", Subject: "tool:" + xssScript, Tool: xssScript, By: xssAttr, ByTenant: "*", Reason: xssURL, At: t0.Add(-time.Hour)},
 				{V: 1, Kind: "freeze", Subject: "tool:refund_order@acme", Tool: "refund_order", Tenant: "acme", By: "olga", ByTenant: "acme", Reason: "incident 12", At: t0.Add(-30 * time.Minute)},
+				{V: 1, Kind: "freeze", Subject: "tool:lookup_order@acme", Tool: "lookup_order", Tenant: "acme", By: "root", ByTenant: "*", Reason: "incident 13", At: t0.Add(-20 * time.Minute),
+					Replaced: &ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:lookup_order@acme", Tool: "lookup_order", Tenant: "acme", By: "olga", ByTenant: "acme", Reason: "our loop", At: t0.Add(-2 * time.Hour)}},
 			},
 			"revocations": []ledger.ControlAction{{V: 1, Kind: "revoke", Subject: "jti:j1", JTI: "j1", By: "olga", Reason: "leak", At: t0}},
 		})
@@ -343,6 +345,9 @@ func newFakeAPI() *fakeAPI {
 			a.Tenant = "acme"
 		}
 		a.V, a.By, a.At = 1, "olga", t0
+		if strings.HasSuffix(r.URL.Path, "/unfreeze") && a.Tool == "lookup_order" {
+			a.Restored = &ledger.ControlAction{V: 1, Kind: "freeze", Tool: "lookup_order", Tenant: "acme", By: "olga", ByTenant: "acme", Reason: "our loop", At: t0.Add(-2 * time.Hour)}
+		}
 		writeJSON(w, http.StatusOK, a)
 	}
 	m.HandleFunc("POST /v1/control/freeze", control)
