@@ -281,7 +281,7 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 	}
 	// A family's revocation covers the credentials issued up to it (and
 	// RevocationSkew after, for the clocks of two machines): the family
-	// (tool, tenant, claim epoch) goes on being minted afterwards, and
+	// (tool, tenant, key epoch) goes on being minted afterwards, and
 	// those later credentials were never exposed.
 	if a, revoked := s.cfg.State.Revoked(c.JTI, c.Family); revoked && s.covers(a, c.IssuedAt) {
 		s.cfg.Logger.Debug("introspection: revoked", "jti", c.JTI, "family", c.Family, attrSubject, a.Subject)

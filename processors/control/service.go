@@ -242,15 +242,24 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 		// A platform operator's freeze goes out whatever this copy
 		// holds: it is the emergency brake, and replaces anything. The
 		// tenant's own freeze it replaces, as this copy has it, goes
-		// with it, for its unfreeze to put back.
+		// with it, for its unfreeze to put back. A copy behind may hold
+		// one the tenant has lifted since: put back, it fails safe, and
+		// the tenant lifts it again.
 		replaced = tenantFreeze(current, tool, tenant)
 	}
 	return s.publish(ctx, s.action(operator, KindFreeze, reason, func(a *Action) { a.Tool, a.Tenant, a.Replaced = tool, tenant, replaced }))
 }
 
+// maxKeyEpochAhead is how far after now a revoked family's key epoch may
+// lie: a key is published CacheFor (a minute by default) before it
+// signs, and its executor's clock may have been set back since.
+const maxKeyEpochAhead = 24 * time.Hour
+
 // tenantFreeze is the tenant operator's own freeze of tool for tenant
 // that current, the freeze of that subject in force, is or replaced; nil
-// if none. A record not of that shape (written by hand) counts as none.
+// if none. A record not of that shape (written by hand) counts as none;
+// one that is is taken as this build writes it (its subject and version
+// made again), so that what is put back is applied.
 func tenantFreeze(current Action, tool, tenant string) *Action {
 	own := &current
 	if current.ByTenant == PlatformTenant {
@@ -260,7 +269,7 @@ func tenantFreeze(current Action, tool, tenant string) *Action {
 		return nil
 	}
 	a := *own
-	a.Replaced, a.Restored = nil, nil
+	a.V, a.Subject, a.Replaced, a.Restored = ActionVersion, ToolSubject(tool, tenant), nil, nil
 	return &a
 }
 
@@ -276,8 +285,8 @@ func tenantFreeze(current Action, tool, tenant string) *Action {
 // Config.MaxStaleness (else ErrStale, after waiting up to a second for
 // it). A tenant operator does not lift a platform operator's freeze of
 // its tenant (ErrForbidden); a platform operator's unfreeze of a freeze
-// that replaced the tenant's own puts that one back in force, as it was
-// (Action.Restored), rather than lift both. Both checks are of that copy, not of the
+// that replaced the tenant's own puts that one back in force, from the
+// unfreeze on (Action.Restored), rather than lift both. Both checks are of that copy, not of the
 // topic itself: a freeze published through another instance within the
 // staleness allowed (or at the same moment) is not seen, and an unfreeze
 // racing it lifts it, which control show then says. It waits like
@@ -309,13 +318,17 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 		return s.publish(ctx, unfreeze)
 	}
 	// A platform freeze that replaced the tenant's own freeze lifts only
-	// itself: the tenant's goes back in force, as it was (its freeze_at
-	// still lifts it), in the same write as the unfreeze, so that no
-	// reader applies the one without the other.
+	// itself: the tenant's goes back in force (its operator and reason),
+	// in the same write as the unfreeze, so that no reader applies the
+	// one without the other. Its time is the millisecond after the
+	// unfreeze's, when it is in force again: a copy of the first would
+	// be one row with it in the history ClickHouse keeps, and sort
+	// before the unfreeze there.
 	unfreeze.Restored = tenantFreeze(current, tool, tenant)
 	if unfreeze.Restored == nil {
 		return s.publish(ctx, unfreeze)
 	}
+	unfreeze.Restored.At = unfreeze.At.Add(time.Millisecond)
 	return s.publish(ctx, unfreeze, *unfreeze.Restored)
 }
 
@@ -415,12 +428,13 @@ func (s *Service) Revoke(ctx context.Context, operator identity.Identity, jti, f
 		if !platform && tenant != operator.Tenant {
 			return Action{}, fmt.Errorf("%w: an operator of tenant %s may not revoke a family of tenant %s", ErrForbidden, operator.Tenant, tenant)
 		}
-		// Every credential of the family is issued from its key's epoch
-		// on, and the revocation covers those issued up to its window's
-		// end: a key that starts signing after that leaves it nothing
-		// to cover, and it would be kept on the topic for good.
-		if end := s.cfg.Now().Add(max(s.cfg.RevocationSkew, 0)); time.Unix(epoch, 0).After(end) {
-			return Action{}, fmt.Errorf("%w: family %s names a key that starts signing at %s, after the revocation could cover any credential (up to %s): it would revoke none", ErrInvalidRequest, family, time.Unix(epoch, 0).UTC().Format(time.RFC3339), end.UTC().Format(time.RFC3339))
+		// A key epoch is the Unix second its key started signing by its
+		// executor's clock, which may have been set back since (the key
+		// signs on): only an epoch no key could have is refused, a typo
+		// (milliseconds, say) that would revoke nothing and stay on the
+		// topic for good.
+		if latest := s.cfg.Now().Add(maxKeyEpochAhead); time.Unix(epoch, 0).After(latest) {
+			return Action{}, fmt.Errorf("%w: family %s names a key that starts signing at %s, more than a day from now: key epochs are the Unix second a key started signing, as the events' credential_family has it", ErrInvalidRequest, family, time.Unix(epoch, 0).UTC().Format(time.RFC3339))
 		}
 		if a, ok := s.cfg.State.Revoked("", family); ok && s.covers(a, s.cfg.Now()) {
 			return a, nil

@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -227,19 +228,24 @@ func TestAuthorization(t *testing.T) {
 				return s.Revoke(ctx, platformOp, "jti 1", "", "r")
 			},
 			wantErr: ErrInvalidRequest},
-		// The clock reads 2026-03-04T05:06:07Z; the window is 30 s. A key
-		// that starts signing after it has no credential the revocation
-		// could cover: one that starts within it has.
-		{name: "family of a key signing after the window",
+		// The clock reads 2026-03-04T05:06:07Z, 1772600767. A key epoch
+		// more than a day ahead is no key's (here in milliseconds); one
+		// a day ahead may be a key whose executor's clock was set back.
+		{name: "family of a key epoch in milliseconds",
 			do: func(ctx context.Context, s *Service) (Action, error) {
-				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1772600798", "r")
+				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1772600767000", "r")
 			},
 			wantErr: ErrInvalidRequest},
-		{name: "family of a key signing at the window's end",
+		{name: "family of a key signing more than a day from now",
 			do: func(ctx context.Context, s *Service) (Action, error) {
-				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1772600797", "r")
+				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1772687168", "r")
 			},
-			want: Action{V: 1, Kind: KindRevoke, Subject: "family:refund_order:t_acme:1772600797", Family: "refund_order:t_acme:1772600797", By: "op_acme", ByTenant: "t_acme", Reason: "r", At: at}},
+			wantErr: ErrInvalidRequest},
+		{name: "family of a key signing a day from now",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1772687167", "r")
+			},
+			want: Action{V: 1, Kind: KindRevoke, Subject: "family:refund_order:t_acme:1772687167", Family: "refund_order:t_acme:1772687167", By: "op_acme", ByTenant: "t_acme", Reason: "r", At: at}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -315,8 +321,9 @@ func TestTenantScopedFreezeAndUnfreeze(t *testing.T) {
 // A platform operator's freeze of a tenant's tool replaces the tenant's
 // own freeze of it, which the tenant then cannot lift, and carries it
 // through further platform freezes; the platform's unfreeze puts the
-// tenant's freeze back as it was (its freeze_at still lifts it) in the
-// same write, rather than lift both. Before, the tenant's freeze was
+// tenant's freeze back in force (its operator and reason, from the
+// millisecond after the unfreeze) in the same write, rather than lift
+// both. Before, the tenant's freeze was
 // gone once the platform froze the tool, and the tool ran again for the
 // tenant when the platform lifted its freeze.
 func TestPlatformUnfreezeRestoresTheTenantsFreeze(t *testing.T) {
@@ -345,19 +352,26 @@ func TestPlatformUnfreezeRestoresTheTenantsFreeze(t *testing.T) {
 	now = now.Add(time.Minute)
 	n := pub.published()
 	lift := m(svc.Unfreeze(ctx, platformOp, "refund_order", "t_acme", "incident over", second.At))
-	if lift.Kind != KindUnfreeze || !cmp.Equal(&own, lift.Restored) {
-		t.Errorf("the platform's unfreeze = %+v; want an unfreeze restoring %+v", lift, own)
+	restored := own
+	restored.At = now.Add(time.Millisecond)
+	if lift.Kind != KindUnfreeze || !cmp.Equal(&restored, lift.Restored) {
+		t.Errorf("the platform's unfreeze = %+v; want an unfreeze restoring %+v", lift, restored)
 	}
 	if got := pub.published() - n; got != 2 {
 		t.Fatalf("the platform's unfreeze published %d records; want 2, the unfreeze and the tenant's freeze", got)
 	}
-	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !cmp.Equal(own, a) {
-		t.Errorf("after the platform's unfreeze Frozen(t_acme) = %+v, %v; want the tenant's own freeze %+v", a, ok, own)
+	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !cmp.Equal(restored, a) {
+		t.Errorf("after the platform's unfreeze Frozen(t_acme) = %+v, %v; want the tenant's own freeze %+v", a, ok, restored)
 	}
 	if last, prev := pub.recs[len(pub.recs)-1], pub.recs[len(pub.recs)-2]; !last.Timestamp.After(prev.Timestamp) {
 		t.Errorf("the restored freeze's record at %s, the unfreeze's at %s; want it after", last.Timestamp, prev.Timestamp)
 	}
-	m(svc.Unfreeze(ctx, acmeOp, "refund_order", "", "loop fixed", own.At))
+	// In force again from the unfreeze on: an unfreeze of the first is
+	// of another freeze.
+	if _, err := svc.Unfreeze(ctx, acmeOp, "refund_order", "", "loop fixed", own.At); !errors.Is(err, ErrFreezeChanged) {
+		t.Errorf("the tenant lifting its first freeze by its time = %v; want ErrFreezeChanged", err)
+	}
+	m(svc.Unfreeze(ctx, acmeOp, "refund_order", "", "loop fixed", restored.At))
 	if a, ok := st.Frozen("refund_order", "t_acme"); ok {
 		t.Errorf("after the tenant's unfreeze Frozen(t_acme) = %+v; want not frozen", a)
 	}
@@ -374,6 +388,23 @@ func TestPlatformUnfreezeRestoresTheTenantsFreeze(t *testing.T) {
 	}
 	if a, ok := st.Frozen("refund_order", "t_acme"); ok {
 		t.Errorf("after the platform's unfreeze Frozen(t_acme) = %+v; want not frozen", a)
+	}
+
+	// A replaced freeze written by hand, under another subject and an
+	// old version, is put back as this build writes it: applied.
+	now = now.Add(time.Minute)
+	odd := Action{V: 0, Kind: KindFreeze, Subject: "tool:send_email", Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "by hand", At: now}
+	over := Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme", By: "op_root", ByTenant: "*", Reason: "incident 44", At: now, Replaced: &odd}
+	value, err := json.Marshal(over)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, &kgo.Record{Key: []byte(over.Subject), Value: value, Timestamp: now}); err != nil {
+		t.Fatal(err)
+	}
+	m(svc.Unfreeze(ctx, platformOp, "refund_order", "t_acme", "44 over", over.At))
+	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.Reason != "by hand" || a.Subject != "tool:refund_order@t_acme" {
+		t.Errorf("after the platform's unfreeze of a hand-written freeze Frozen(t_acme) = %+v, %v; want the tenant's own put back", a, ok)
 	}
 }
 

@@ -281,7 +281,11 @@ type Credential struct {
 	JTI   string
 	// Family is "<tool>:<tenant>:<key epoch>" (FamilyOf), the credential
 	// family an incident responder revokes.
-	Family    string
+	Family string
+	// IssuedAt is its iat, in the whole seconds a token carries: what a
+	// family's revocation is compared with (a revocation covers the
+	// family's credentials issued up to its window's end).
+	IssuedAt  time.Time
 	ExpiresAt time.Time
 	// Scope is the one action the token allows.
 	Scope string
@@ -352,6 +356,7 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 	cred := Credential{
 		JTI:       b64.EncodeToString(id[:]),
 		Family:    FamilyOf(g.Tool, g.Tenant, key.epoch()),
+		IssuedAt:  time.Unix(now.Unix(), 0).UTC(),
 		ExpiresAt: expiresAt,
 		Scope:     g.Action,
 	}

@@ -156,6 +156,7 @@ func TestMintVerifyRoundTrip(t *testing.T) {
 		JTI:   cred.JTI,
 		// The key's epoch: the second it started signing, t0.
 		Family:    "refund_order:t_acme:1767323045",
+		IssuedAt:  t0,
 		ExpiresAt: t0.Add(DefaultTTL),
 		Scope:     "tool::refund_order",
 	}

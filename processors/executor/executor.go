@@ -1181,7 +1181,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		}
 		// Its family is known once it is minted: the key that signed it
 		// names it. A credential not sent is harmless.
-		if r := x.revokedFamily(cred.Family); r != nil {
+		if r := x.revokedFamily(cred.Family, cred.IssuedAt); r != nil {
 			return refuse(*r)
 		}
 		bearer = cred.Token
@@ -1497,7 +1497,7 @@ const ReasonCredentialRevoked = "credential_family_revoked"
 // with nothing to say why. The family is the signing key's (FamilyOf),
 // which the next claim does not change: claimed again sooner, the call
 // would only be given back again.
-func (x *Executor) revokedFamily(family string) *refusal {
+func (x *Executor) revokedFamily(family string, issued time.Time) *refusal {
 	if x.cfg.Freezes == nil {
 		return nil
 	}
@@ -1505,16 +1505,18 @@ func (x *Executor) revokedFamily(family string) *refusal {
 	if !ok {
 		return nil
 	}
-	// A credential's issue time is in whole seconds, and the tools
-	// refuse one issued up to until: so is the time compared.
-	now := x.cfg.Now()
-	until, issued := a.At.Add(x.cfg.RevocationSkew), time.Unix(now.Unix(), 0)
+	// The tools refuse a credential of the family issued (its iat,
+	// whole seconds) up to until.
+	until := a.At.Add(x.cfg.RevocationSkew)
 	if issued.After(until) {
 		return nil
 	}
+	now := x.cfg.Now()
 	// The first second whose credentials the tools accept again.
 	accepted := time.Unix(until.Unix()+1, 0)
-	return &refusal{reason: ReasonCredentialRevoked, later: true, after: accepted.Sub(now),
+	// Past it already (the credential was minted a second earlier):
+	// given back for RetryBackoff.
+	return &refusal{reason: ReasonCredentialRevoked, later: true, after: max(accepted.Sub(now), 0),
 		detail: fmt.Sprintf("credential family %s was revoked at %s (%s), and the tools refuse its credentials issued until %s: nothing was sent, and the call is claimed again from %s", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339), accepted.Format(time.RFC3339))}
 }
 

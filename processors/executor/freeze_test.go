@@ -367,16 +367,22 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 		at       time.Duration
 		held     bool
 		wantEvts []string
+		// lag is how far the broker's clock is behind the executor's:
+		// the credential is minted before the executor looks.
+		lag time.Duration
 	}{
-		{"just revoked", "t_a", 0, time.Hour, true, nil},
-		{"revoked long ago", "t_a", 0, -time.Hour, false, []string{"executing", "succeeded"}},
-		{"another tenant's", "t_b", 0, time.Hour, false, []string{"executing", "succeeded"}},
+		{"just revoked", "t_a", 0, time.Hour, true, nil, 0},
+		{"revoked long ago", "t_a", 0, -time.Hour, false, []string{"executing", "succeeded"}, 0},
+		{"another tenant's", "t_b", 0, time.Hour, false, []string{"executing", "succeeded"}, 0},
 		// Another executor's key, or this one's before it rotated.
-		{"another key's", "t_a", -1, time.Hour, false, []string{"executing", "succeeded"}},
+		{"another key's", "t_a", -1, time.Hour, false, []string{"executing", "succeeded"}, 0},
 		// The window ends a quarter second into the clock's second
 		// (the clock reads half a second in): issued in whole seconds, a
 		// credential minted now still falls in it.
-		{"at the window's end", "t_a", 0, time.Second / 4, true, nil},
+		{"at the window's end", "t_a", 0, time.Second / 4, true, nil, 0},
+		// Minted in the window's last second, looked at in the next:
+		// what counts is the credential's iat, which the tools compare.
+		{"minted within the window, looked at after it", "t_a", 0, -time.Second / 4, true, nil, 600 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -387,7 +393,7 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 			second := time.Unix(start.Unix(), 0)
 			offset := second.Add(time.Second / 2).Sub(start)
 			clock := func() time.Time { return time.Now().Add(offset) }
-			broker, err := credentials.New(credentials.Config{Now: clock})
+			broker, err := credentials.New(credentials.Config{Now: func() time.Time { return clock().Add(-tc.lag) }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -434,7 +440,7 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 			if want := accepted.Add(-offset - time.Millisecond); rec.LeaseUntil.Before(want) {
 				t.Errorf("given back until %s; want until %s at the earliest, when the tools accept the family again", rec.LeaseUntil, want)
 			}
-			if tc.at == time.Hour {
+			if tc.at == time.Hour || tc.lag != 0 {
 				return
 			}
 			out, err = x.Step(t.Context(), []*kgo.Record{auth})
