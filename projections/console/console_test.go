@@ -1086,6 +1086,61 @@ func TestCompensateAll(t *testing.T) {
 	}
 }
 
+// A compensate-all question with a window given as durations is
+// confirmed and acted on as the same times: the confirmation pins them
+// (and ends an open window at its own now), so that the question asked
+// again a minute later, when the reason has been typed, matches the calls
+// confirmed. Before, "24h" was asked again as 24 hours before the POST,
+// and the digest of a busy tool's calls never matched.
+func TestCompensateAllPinsItsWindow(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	fx.api.reset()
+	confirm := b.get("/incidents/confirm?action=compensate&tool=refund_order&since=24h").Body.String()
+	hiddenValue := func(name string) string {
+		m := regexp.MustCompile(`name="` + name + `" value="([^"]*)"`).FindStringSubmatch(confirm)
+		if m == nil {
+			t.Fatalf("the confirmation has no %s field", name)
+		}
+		return m[1]
+	}
+	since, until, digest := hiddenValue("since"), hiddenValue("until"), hiddenValue("digest")
+	if want := t0.Add(-24 * time.Hour).UTC().Format(time.RFC3339Nano); since != want {
+		t.Errorf("confirmed since %q; want %q", since, want)
+	}
+	if want := t0.UTC().Format(time.RFC3339Nano); until != want {
+		t.Errorf("confirmed until %q; want %q", until, want)
+	}
+	counted := fx.api.requests()
+	if len(counted) != 1 || counted[0].Query.Get("since") != since || counted[0].Query.Get("until") != until {
+		t.Fatalf("the confirmation asked %v; want one question over since %s until %s", counted, since, until)
+	}
+	fx.mu.Lock()
+	fx.now = fx.now.Add(time.Minute)
+	fx.mu.Unlock()
+	fx.api.reset()
+	b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "since": {since}, "until": {until}, "reason": {"fraud"}, "digest": {digest}})
+	asked, posted := 0, 0
+	for _, r := range fx.api.requests() {
+		switch {
+		case strings.HasSuffix(r.Path, "/v1/blast-radius"):
+			asked++
+			if r.Query.Get("since") != since || r.Query.Get("until") != until {
+				t.Errorf("the action asked since %q until %q; want the confirmed %q, %q", r.Query.Get("since"), r.Query.Get("until"), since, until)
+			}
+		case r.Method == "POST":
+			posted++
+		}
+	}
+	if asked == 0 || posted != 3 {
+		t.Errorf("the action asked %d question(s) and posted %d compensation(s); want the question asked again and 3 posted", asked, posted)
+	}
+	// The question's own page keeps the durations the responder typed.
+	if !strings.Contains(confirm, `href="/incidents?since=24h&amp;tool=refund_order"`) {
+		t.Errorf("the confirmation's cancel link does not lead back to the question as typed")
+	}
+}
+
 func mustJSON(t *testing.T, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
@@ -1394,5 +1449,19 @@ func TestHealthSaysTheBreakersAreElsewhere(t *testing.T) {
 	fx.api.mu.Unlock()
 	if body := b.get("/health").Body.String(); strings.Contains(body, "No breaker has been used") || !strings.Contains(body, "ledger_breaker_state") {
 		t.Errorf("health from ledger api: want it to say the breakers are the executors', not that none was used:\n%s", body)
+	}
+}
+
+// An argument that holds a rune drawn as nothing shows it escaped, and
+// counts as holding one that does not show (the Approve button is
+// withheld for it): "acme-payroll\u034f" is not the acme-payroll an
+// approver would read.
+func TestVisibleEscapesWhatIsDrawnAsNothing(t *testing.T) {
+	got, hidden := visible("acme-payroll\u034f")
+	if !hidden || got != `acme-payroll\u034f` {
+		t.Errorf("visible = %q, %v; want the joiner escaped, and reported", got, hidden)
+	}
+	if got, hidden := visible("Zürich 東京"); hidden || got != "Zürich 東京" {
+		t.Errorf("visible = %q, %v; want it as it is", got, hidden)
 	}
 }

@@ -33,11 +33,31 @@ func TestBucketFor(t *testing.T) {
 		{7 * 24 * time.Hour, 3 * time.Hour},
 		{30 * 24 * time.Hour, 12 * time.Hour},
 		{40 * 24 * time.Hour, 24 * time.Hour},
-		{5 * 365 * 24 * time.Hour, 7 * 24 * time.Hour},
+		{60 * 7 * 24 * time.Hour, 7 * 24 * time.Hour},
+		// Past 60 weeks, as many weeks as 60 bars need.
+		{61 * 7 * 24 * time.Hour, 2 * 7 * 24 * time.Hour},
+		{5 * 365 * 24 * time.Hour, 5 * 7 * 24 * time.Hour},
 	} {
 		if got := bucketFor(tc.window); got != tc.want {
 			t.Errorf("bucketFor(%v) = %v; want %v", tc.window, got, tc.want)
 		}
+	}
+}
+
+// A window of two years is drawn whole: its last week's outcomes are in
+// a bar and in the total. Before, its bars were weeks, cut at 61, and the
+// latest ten months were left out without a word.
+func TestLongWindowDrawnWhole(t *testing.T) {
+	until := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	since := until.Add(-2 * 365 * 24 * time.Hour)
+	bucket := bucketFor(until.Sub(since))
+	last := projections.BucketOf(until.Add(-time.Hour), bucket)
+	h := drawHistogram([]projections.OutcomeCount{{Bucket: last, Tool: "a", State: statemachine.StateSucceeded, Calls: 3}}, since, until, bucket)
+	if h.Total != 3 {
+		t.Errorf("total = %d; want 3, the last week's", h.Total)
+	}
+	if n := len(h.Bars); n == 0 || n > maxBuckets+1 || len(h.Bars[n-1].Segs) != 1 {
+		t.Errorf("%d bars, the last %+v; want at most %d, the last holding the last week's outcomes", n, h.Bars[max(n-1, 0)], maxBuckets+1)
 	}
 }
 

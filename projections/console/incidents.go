@@ -152,14 +152,18 @@ var bucketSizes = []time.Duration{
 }
 
 // bucketFor is the smallest bucket that covers window in at most
-// maxBuckets bars.
+// maxBuckets bars: one of bucketSizes, or, for a window longer than the
+// largest covers, as many weeks as it takes. The bars are cut at
+// maxBuckets+1, so a bucket too small would leave the window's latest
+// part out of the bars and the total.
 func bucketFor(window time.Duration) time.Duration {
 	for _, b := range bucketSizes {
 		if window/b <= maxBuckets {
 			return b
 		}
 	}
-	return bucketSizes[len(bucketSizes)-1]
+	week := bucketSizes[len(bucketSizes)-1]
+	return week * ((window + maxBuckets*week - 1) / (maxBuckets * week))
 }
 
 // stackOrder is the order of states in a bar, bottom up.
@@ -378,6 +382,7 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 	action := query.Get("action")
 	q := pick(query, incidentParams)
 	back := queryString("/incidents", q)
+	q = fixWindow(q, action, c.cfg.Now())
 	p := confirmPage{Action: "/incidents/act", Cancel: back, Hidden: []hidden{{"action", action}}}
 	for _, k := range incidentParams {
 		if v := q.Get(k); v != "" {
@@ -462,6 +467,32 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 		status = http.StatusBadRequest
 	}
 	c.renderStatus(w, r, s, status, "confirm", p.Heading, p)
+}
+
+// fixWindow is q with its window as times: a since or until given as a
+// duration before now is the time it names now, so that what the action
+// asks again is the window confirmed (the compensate-all digest binds the
+// calls it matched: asked again a minute later, "24h" has moved on, shed
+// the calls of its first minute, and the action would be refused on
+// every try). A compensation's window without an end ends now: the calls
+// that succeed after the confirmation are not the ones confirmed. A value
+// that is neither is left for the API to refuse.
+func fixWindow(q url.Values, action string, now time.Time) url.Values {
+	out := url.Values{}
+	for k, v := range q {
+		out[k] = v
+	}
+	for _, k := range []string{projections.ParamSince, projections.ParamUntil} {
+		if v := out.Get(k); v != "" {
+			if t, err := projections.ParseTime(v, now); err == nil {
+				out.Set(k, t.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	if action == actCompensate && out.Get(projections.ParamUntil) == "" {
+		out.Set(projections.ParamUntil, now.UTC().Format(time.RFC3339Nano))
+	}
+	return out
 }
 
 func pickSucceeded(calls []projections.Call) []projections.Call {

@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections/report"
 )
 
 // pageNames are the templates/<name>.html files, each defining "content"
@@ -246,9 +246,9 @@ type argRow struct {
 
 // visible returns s with every character that does not show as itself
 // on a page (a direction override or isolate, a zero-width or other
-// format character, a control character, a space other than ASCII's)
-// written as a \u escape, and whether there was one. html/template
-// escapes markup, not these: "\u202e4321-8765" shows as 5678-1234, and
+// format character, a control character, a space other than ASCII's, or
+// one drawn as nothing: report.Invisible) written as a \u escape, and
+// whether there was one. html/template escapes markup, not these: "\u202e4321-8765" shows as 5678-1234, and
 // an approver would approve what it does not see.
 func visible(s string) (string, bool) {
 	if strings.IndexFunc(s, notShown) < 0 {
@@ -268,7 +268,7 @@ func visible(s string) (string, bool) {
 	return b.String(), true
 }
 
-func notShown(r rune) bool { return !unicode.IsPrint(r) }
+func notShown(r rune) bool { return report.Invisible(r) }
 
 // maxArgRows bounds the rows a preview shows.
 const maxArgRows = 500

@@ -246,15 +246,26 @@ func writeTable(w io.Writer, rows [][]string) error {
 // column: a value from an agent or a tool may carry newlines, tabs,
 // terminal escapes or bidi overrides, each shown as '?'.
 func Printable(s string) string {
-	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+	if strings.IndexFunc(s, Invisible) < 0 {
 		return s
 	}
 	return strings.Map(func(r rune) rune {
-		if !unicode.IsPrint(r) {
+		if Invisible(r) {
 			return '?'
 		}
 		return r
 	}, s)
+}
+
+// Invisible reports whether r does not show as itself: a rune that is not
+// printable (a control, a format character such as a bidi override or a
+// zero-width one, a space other than ASCII's), or a printable one drawn as
+// nothing (a variation selector, the combining grapheme joiner, a Hangul
+// filler, the braille blank), which an agent could put in a value to make
+// it differ from what a reader sees.
+func Invisible(r rune) bool {
+	return !unicode.IsPrint(r) || r == '\u2800' ||
+		unicode.Is(unicode.Variation_Selector, r) || unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r)
 }
 
 // TerminalJSON is the JSON document b with every rune a terminal would not
@@ -286,7 +297,7 @@ func TerminalJSON(b []byte) []byte {
 // hidden reports whether a terminal would not show r as it is; JSON's own
 // whitespace is shown.
 func hidden(r rune) bool {
-	return !unicode.IsPrint(r) && r != '\n' && r != '\t' && r != '\r'
+	return Invisible(r) && r != '\n' && r != '\t' && r != '\r'
 }
 
 // writeCSV writes rows, every cell safe to open in a spreadsheet.

@@ -93,6 +93,28 @@ func TestBlastRadiusTableCountsCut(t *testing.T) {
 	}
 }
 
+// Invisible holds the runes drawn as nothing though printable (Unicode
+// calls them default ignorable: variation selectors, the combining
+// grapheme joiner, Hangul fillers; and the braille blank) with the ones
+// that are not printable, and leaves letters, marks that show, symbols
+// and ASCII's space alone. Before, "acme-payroll\u034f" showed as
+// acme-payroll on an approval page that offered its Approve button.
+func TestInvisible(t *testing.T) {
+	for _, r := range []rune{'\u034f', '\ufe0f', '\U000e0100', '\u180b', '\u115f', '\u3164', '\uffa0', '\u2800', '\u202e', '\u200b', '\u009b', '\u00a0', '\n'} {
+		if !Invisible(r) {
+			t.Errorf("Invisible(%U) = false; want true", r)
+		}
+	}
+	for _, r := range []rune{'a', ' ', '\u00e9', '\u0301', '\u6771', '\U0001f44d', '\u0639', '-'} {
+		if Invisible(r) {
+			t.Errorf("Invisible(%U) = true; want false", r)
+		}
+	}
+	if got := Printable("acme-payroll\u034f"); got != "acme-payroll?" {
+		t.Errorf("Printable = %q; want the joiner shown as ?", got)
+	}
+}
+
 // TerminalJSON escapes what a terminal would not show as it is (C1
 // controls, bidi overrides, zero-width and other format characters, an
 // astral one as a surrogate pair), leaves the rest (letters of any
