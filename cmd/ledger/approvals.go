@@ -151,16 +151,9 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 	f := staffFlags{g: g}
 	cmd := &cobra.Command{Use: "approvals", Short: "List, inspect, approve and reject calls waiting for a human"}
 	f.register(cmd)
-	// The JSON printed holds an agent's arguments: escaped where a
-	// terminal would not show them as they are (report.TerminalJSON).
-	printJSON := func(cmd *cobra.Command, v any) error {
-		b, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = cmd.OutOrStdout().Write(append(report.TerminalJSON(b), '\n'))
-		return err
-	}
+	// The JSON printed holds an agent's arguments (printJSONTo escapes
+	// what a terminal would not show as it is).
+	printJSON := func(cmd *cobra.Command, v any) error { return printJSONTo(cmd.OutOrStdout(), v) }
 	var state string
 	list := &cobra.Command{
 		Use:   "list",

@@ -76,3 +76,27 @@ func TestApprovalsShowEscapesHiddenRunes(t *testing.T) {
 		t.Errorf("approvals show:\n%s\nwant the subject with its hidden runes escaped", out)
 	}
 }
+
+// Every JSON the CLI prints for a terminal escapes what one would not
+// show as it is: ledger blast-radius --json printed an agent's call id
+// (which the envelope's schema lets hold C1 controls and bidi overrides)
+// raw, so that one tenant's agent could repaint what a platform
+// responder reads. The table form replaced them already.
+func TestBlastRadiusJSONEscapesHiddenRunes(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.URL.Path != "/v1/blast-radius" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte("{\"total\":1,\"calls\":[{\"tenant_id\":\"t_demo\",\"idempotency_key\":\"k\",\"call_id\":\"c \u009b2J\u202eevil\",\"state\":\"succeeded\"}]}"))
+	}))
+	defer srv.Close()
+	out := cli(t, "blast-radius", "--json", "--tool", "get_weather", "--tenant", "t_demo", "--api", srv.URL, "--assertion", "tok")
+	if strings.ContainsAny(out, "\u009b\u202e") {
+		t.Errorf("blast-radius --json printed a hidden rune raw:\n%q", out)
+	}
+	if !strings.Contains(out, `c \u009b2J\u202eevil`) {
+		t.Errorf("blast-radius --json:\n%s\nwant the call id with its hidden runes escaped", out)
+	}
+}

@@ -19,11 +19,7 @@ func newControlCmd(g *globals) *cobra.Command {
 		Short: "The kill switch: freeze and unfreeze tools, revoke credentials (as an operator, through the HTTP API)",
 	}
 	f.register(cmd)
-	printJSON := func(cmd *cobra.Command, raw json.RawMessage) error {
-		enc := json.NewEncoder(cmd.OutOrStdout())
-		enc.SetIndent("", "  ")
-		return enc.Encode(raw)
-	}
+	printJSON := func(cmd *cobra.Command, raw json.RawMessage) error { return printJSONTo(cmd.OutOrStdout(), raw) }
 	var tool, tenant, reason, jti, family string
 	action := func(use, short, path string, body func() map[string]string) *cobra.Command {
 		c := &cobra.Command{
@@ -137,9 +133,7 @@ func newCallsCmd(g *globals) *cobra.Command {
 			if err := f.call(cmd.Context(), http.MethodPost, "/v1/resolutions", body, &out); err != nil {
 				return err
 			}
-			enc := json.NewEncoder(cmd.OutOrStdout())
-			enc.SetIndent("", "  ")
-			return enc.Encode(out)
+			return printJSONTo(cmd.OutOrStdout(), out)
 		},
 	}
 	resolve.Flags().StringVar(&as, "as", "", "succeeded or failed")

@@ -41,7 +41,7 @@ func (c *clickhouseFlags) register(fs *pflag.FlagSet) {
 // registerLimits registers the flags bounding the responders' questions.
 func (c *clickhouseFlags) registerLimits(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.questionMiB, "clickhouse-question-max-memory-mib", chstore.DefaultQuestionMaxMemory>>20,
-		"memory ClickHouse may use for one responder's question (max_memory_usage), in MiB; a question that needs more is answered 422 question_too_large; -1: the server's own limit")
+		"memory ClickHouse may use for each query of a responder's question (max_memory_usage; a blast radius asks two at once), in MiB; a question that needs more is answered 422 question_too_large; -1: the server's own limit")
 }
 
 func (c *clickhouseFlags) open(ctx context.Context, logger *slog.Logger) (*chstore.Store, error) {
@@ -288,11 +288,17 @@ func operatorGuard(v identity.AssertionVerifier, logger *slog.Logger) httpapi.Gu
 	}
 }
 
-// printJSONTo writes v as indented JSON.
+// printJSONTo writes v as indented JSON, for a terminal: what one would
+// not show as it is (an agent's C1 controls, bidi overrides, zero-width
+// runes in a call id, a resource, arguments) escaped (report.TerminalJSON),
+// the same JSON to a reader.
 func printJSONTo(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(report.TerminalJSON(b), '\n'))
+	return err
 }
 
 // printChecksums writes a projection's checksums, one table a line.

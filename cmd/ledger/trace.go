@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -51,9 +50,7 @@ func newTraceCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("no events for %s in %s", key, from)
 			}
 			if jsonOut {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(evs)
+				return printJSONTo(cmd.OutOrStdout(), evs)
 			}
 			return report.EventsTable(cmd.OutOrStdout(), evs)
 		},
