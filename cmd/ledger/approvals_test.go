@@ -59,15 +59,7 @@ func TestApprovalsTableShowsTheRequestersRoles(t *testing.T) {
 // zero-width space): the console sends approvers there to read such
 // calls in full. Before, the bytes reached the terminal raw.
 func TestApprovalsShowEscapesHiddenRunes(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet || r.URL.Path != "/v1/approvals/ap_1" {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte("{\"id\":\"ap_1\",\"preview\":{\"arguments\":{\"subject\":\"hello \u009b8m\u202eevil\u200b\"}}}"))
-	}))
-	defer srv.Close()
+	srv := answering(t, "/v1/approvals/ap_1", "{\"id\":\"ap_1\",\"preview\":{\"arguments\":{\"subject\":\"hello \u009b8m\u202eevil\u200b\"}}}")
 	out := cli(t, "approvals", "show", "ap_1", "--api", srv.URL, "--assertion", "tok")
 	if strings.ContainsAny(out, "\u009b\u202e\u200b") {
 		t.Errorf("approvals show printed a hidden rune raw:\n%q", out)
@@ -83,15 +75,7 @@ func TestApprovalsShowEscapesHiddenRunes(t *testing.T) {
 // raw, so that one tenant's agent could repaint what a platform
 // responder reads. The table form replaced them already.
 func TestBlastRadiusJSONEscapesHiddenRunes(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet || r.URL.Path != "/v1/blast-radius" {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte("{\"total\":1,\"calls\":[{\"tenant_id\":\"t_demo\",\"idempotency_key\":\"k\",\"call_id\":\"c \u009b2J\u202eevil\",\"state\":\"succeeded\"}]}"))
-	}))
-	defer srv.Close()
+	srv := answering(t, "/v1/blast-radius", "{\"total\":1,\"calls\":[{\"tenant_id\":\"t_demo\",\"idempotency_key\":\"k\",\"call_id\":\"c \u009b2J\u202eevil\",\"state\":\"succeeded\"}]}")
 	out := cli(t, "blast-radius", "--json", "--tool", "get_weather", "--tenant", "t_demo", "--api", srv.URL, "--assertion", "tok")
 	if strings.ContainsAny(out, "\u009b\u202e") {
 		t.Errorf("blast-radius --json printed a hidden rune raw:\n%q", out)
@@ -99,4 +83,20 @@ func TestBlastRadiusJSONEscapesHiddenRunes(t *testing.T) {
 	if !strings.Contains(out, `c \u009b2J\u202eevil`) {
 		t.Errorf("blast-radius --json:\n%s\nwant the call id with its hidden runes escaped", out)
 	}
+}
+
+// answering is an API that answers a GET of path with the JSON body, and
+// 404 to anything else.
+func answering(t *testing.T, path, body string) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.URL.Path != path {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(body))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }
