@@ -396,9 +396,10 @@ func (c *clickhouseFlags) with(g *globals, fn func(cmd *cobra.Command, st *chsto
 }
 
 // projectionGap reports whether st holds nothing of a topic (no events,
-// or no control actions) while group has committed offsets on it past the
-// start of the log: a projector in the group would resume there and leave
-// the projection without everything before. It returns the log's start
+// or no control actions) while group has committed offsets on it past
+// committed records of the log (aborted writes are none): a projector in
+// the group would resume there and leave the projection without
+// everything before. It returns the log's start
 // offsets, to reset the group to.
 func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfig, topics ledger.Topics, group string) (map[string]map[int32]int64, bool, error) {
 	topics = topics.WithDefaults()
@@ -415,9 +416,17 @@ func projectionGap(ctx context.Context, st *chstore.Store, cc ledger.ClientConfi
 	}
 	gap := false
 	for _, p := range s.Partitions {
-		if !held[p.Topic] && p.Committed > p.Start {
-			gap = true
+		if held[p.Topic] || p.Committed <= p.Start {
+			continue
 		}
+		// Offsets of aborted writes alone are none: a projector commits
+		// past them, writing nothing, and rebuilding would find nothing
+		// either.
+		data, err := projector.HoldsRecords(ctx, cc, p.Topic, p.Partition, p.Start, p.Committed)
+		if err != nil {
+			return nil, false, err
+		}
+		gap = gap || data
 	}
 	return logStarts(s.Partitions), gap, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -209,6 +210,20 @@ func TestProjectorStartCommitsUnstartedPartitions(t *testing.T) {
 
 // produceOneEvent produces a requested event to k's events topic, and
 // more records.
+// freshStore is a migrated store in a database of its own.
+func freshStore(t *testing.T) *chstore.Store {
+	t.Helper()
+	st, err := chstore.Open(t.Context(), chstore.Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func produceOneEvent(t *testing.T, k *ledgertest.Kafka, more ...*kgo.Record) {
 	t.Helper()
 	e := ledger.Event{EventID: "e-1", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(),
@@ -242,19 +257,7 @@ func TestProjectionGapPerTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	produceOneEvent(t, k, &kgo.Record{Topic: k.Topics.Control, Key: []byte(freeze.Subject), Value: value})
-	open := func() *chstore.Store {
-		t.Helper()
-		st, err := chstore.Open(ctx, chstore.Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		if err := st.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
-	st := open()
+	st := freshStore(t)
 	gap := func(want bool, when string) {
 		t.Helper()
 		if _, got, err := projectionGap(ctx, st, k.Client, k.Topics, group); err != nil || got != want {
@@ -280,13 +283,80 @@ func TestProjectionGapPerTopic(t *testing.T) {
 	// Events projected, and no control action: the projector commits past
 	// control records it writes nothing for (a tombstone, one it cannot
 	// read), so the control topic is the projection's all the same.
-	st = open()
+	st = freshStore(t)
 	e := ledger.Event{EventID: "e-1", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(),
 		TenantID: "t_a", IdempotencyKey: "k-1", Tool: "refund_order"}
 	if err := st.Write(ctx, projections.Batch{Events: []projections.Event{{Event: e}}}); err != nil {
 		t.Fatal(err)
 	}
 	gap(false, "events projected, control committed past records not written")
+}
+
+// A group committed past aborted writes alone (a fresh deployment whose
+// first transactions aborted, the projector restarted before any
+// committed event) is no gap: the log holds nothing to project below its
+// offset. Before, the projector refused to start, and rebuild --swap,
+// which found nothing either and committed the same offsets, did not mend
+// it. A committed event below the offset is a gap again.
+func TestProjectionGapNotOfAbortedWrites(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	group := k.Group("gap-aborted")
+	ctx := t.Context()
+	st := freshStore(t)
+	txn, err := ledger.NewClient(k.Client, kgo.TransactionalID("gap-aborted"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	e := ledger.Event{EventID: "e-1", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(),
+		TenantID: "t_a", IdempotencyKey: "k-1", Tool: "refund_order"}
+	er, err := e.Record(k.Topics.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.ProduceSync(ctx, er).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+	// Past the aborted record and its marker, as a projector commits.
+	end := func() int64 {
+		t.Helper()
+		s, err := projector.Status(ctx, projector.StatusConfig{Client: k.Client, Topics: k.Topics, Group: group})
+		if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
+			t.Fatal(err)
+		}
+		for _, p := range s.Partitions {
+			if p.Topic == k.Topics.Events {
+				return p.Stable
+			}
+		}
+		t.Fatal("no events partition in the status")
+		return 0
+	}
+	commitAt := func(offset int64) {
+		t.Helper()
+		if err := projector.CommitOffsets(ctx, k.Client, group, map[string]map[int32]int64{k.Topics.Events: {0: offset}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	aborted := end()
+	if aborted < 2 {
+		t.Fatalf("the events log ends at %d; want past an aborted record and its marker", aborted)
+	}
+	commitAt(aborted)
+	if _, gap, err := projectionGap(ctx, st, k.Client, k.Topics, group); err != nil || gap {
+		t.Errorf("committed past aborted writes alone: gap = %v, %v; want none", gap, err)
+	}
+	produceOneEvent(t, k)
+	commitAt(end())
+	if _, gap, err := projectionGap(ctx, st, k.Client, k.Topics, group); err != nil || !gap {
+		t.Errorf("committed past a committed event not projected: gap = %v, %v; want one", gap, err)
+	}
 }
 
 // A projector started while rebuild --swap replays the log (a restart in

@@ -249,6 +249,50 @@ func firstTimestamp(ctx context.Context, cl *kgo.Client, md kadm.Metadata, topic
 	return time.Time{}, false, nil
 }
 
+// HoldsRecords reports whether topic/partition holds a committed record
+// (not a transaction's marker) in [from, to), read committed. A range of
+// aborted writes and their markers alone holds none, though its offsets
+// advance: a projector commits past them and writes nothing. It reads at
+// most maxHoldsFetches fetches, and says yes past them.
+func HoldsRecords(ctx context.Context, cc ledger.ClientConfig, topic string, partition int32, from, to int64) (bool, error) {
+	if from >= to {
+		return false, nil
+	}
+	cl, err := ledger.NewClient(cc)
+	if err != nil {
+		return false, err
+	}
+	defer cl.Close()
+	md, err := kadm.NewClient(cl).Metadata(ctx, topic)
+	if err != nil {
+		return false, fmt.Errorf("metadata: %w", err)
+	}
+	for range maxHoldsFetches {
+		fp, next, err := fetchOnce(ctx, cl, md, topic, partition, from, true)
+		if err != nil {
+			return false, fmt.Errorf("read %s/%d at %d: %w", topic, partition, from, err)
+		}
+		for _, r := range fp.Records {
+			if !r.Attrs.IsControl() && r.Offset >= from && r.Offset < to {
+				return true, nil
+			}
+		}
+		if next >= to {
+			return false, nil
+		}
+		if next <= from {
+			// Nothing readable yet (an open transaction): what it
+			// will hold is not known.
+			return true, nil
+		}
+		from = next
+	}
+	return true, nil
+}
+
+// maxHoldsFetches bounds HoldsRecords' reading: 64 MiB.
+const maxHoldsFetches = 64
+
 // fetchMaxBytes bounds a direct fetch.
 const fetchMaxBytes = 1 << 20
 
