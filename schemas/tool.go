@@ -255,12 +255,12 @@ func (t *Tool) check() error {
 		bad("max_result_bytes %d must not be negative", t.MaxResultBytes)
 	}
 	for _, p := range t.Redact {
-		if !validRedaction(p) {
+		if !ValidRedaction(p) {
 			bad("redact entry %q must be a JSON pointer or a field name", p)
 		}
 	}
 	for _, p := range t.Mask {
-		if !validRedaction(p) {
+		if !ValidRedaction(p) {
 			bad("mask entry %q must be a JSON pointer or a field name", p)
 		}
 	}
@@ -308,8 +308,10 @@ func (t *Tool) check() error {
 	return nil
 }
 
-// validRedaction accepts a JSON pointer or a bare, non-empty field name.
-func validRedaction(p string) bool {
+// ValidRedaction reports whether p is what ledger.Redact applies: an RFC
+// 6901 pointer, or a bare, non-empty field name. A pointer with a bad "~"
+// escape would be dropped there, masking nothing.
+func ValidRedaction(p string) bool {
 	if strings.HasPrefix(p, "/") {
 		return validPointer(p)
 	}

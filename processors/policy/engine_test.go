@@ -363,6 +363,14 @@ func TestLoadErrors(t *testing.T) {
 		{name: "rate limit by nobody", files: map[string]string{"p.cedar": `@rate_limit("20/m by") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
 		{name: "rate limit by user twice", files: map[string]string{"p.cedar": `@rate_limit("20/m by user by user") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
 		{name: "sandbox bad value", files: map[string]string{"p.cedar": `@sandbox("yes") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		// An obligation under a name the engine does not read would be
+		// ignored, the rule a plain allow.
+		{name: "obligation as an annotation of its own", files: map[string]string{"p.cedar": `@require_approval permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		{name: "rate limit misspelt", files: map[string]string{"p.cedar": `@ratelimit("20/m") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		{name: "unknown annotation on a forbid", files: map[string]string{"p.cedar": `@obligations("require_approval") forbid (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		// Redact would drop it, masking nothing.
+		{name: "mask with a bad escape", files: map[string]string{"p.cedar": `@mask("/card~number") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		{name: "notes", files: map[string]string{"p.cedar": `@id("p") @description("weather for all") @owner("platform") @note("n") @ticket("T-1") @title("t") @see("doc") @mask("/card~1number") permit (principal, action, resource);`}, label: "v1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

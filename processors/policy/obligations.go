@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/cedar-policy/cedar-go"
+
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
-// The annotation keys the engine reads from a policy. Other annotations
-// (@description, @owner...) are allowed and ignored.
+// The annotation keys the engine reads from a policy.
 const (
 	annotationID         = "id"
 	annotationObligation = "obligation"
@@ -19,6 +20,11 @@ const (
 	annotationRateLimit  = "rate_limit"
 	annotationSandbox    = "sandbox"
 )
+
+// notes are the annotations a policy may carry for its readers, which the
+// engine ignores. Any other is an error: @require_approval or
+// @ratelimit("20/m") read as a note would turn a rule into a plain allow.
+var notes = []string{"description", "owner", "note", "ticket", "title", "see"}
 
 // The values @obligation accepts, alone or comma-separated.
 const (
@@ -189,6 +195,14 @@ func parseRateLimit(s string) (RateLimit, error) {
 // would turn a "needs approval" rule into a plain allow.
 func parseObligations(a cedar.Annotations) (Obligations, error) {
 	var o Obligations
+	for k := range a {
+		switch k := string(k); {
+		case k == annotationID, k == annotationObligation, k == annotationMask, k == annotationRateLimit, k == annotationSandbox, slices.Contains(notes, k):
+		default:
+			return o, fmt.Errorf("@%s: unknown annotation (the engine reads @%s, @%s, @%s, @%s and @%s; notes go in @%s)", k,
+				annotationID, annotationObligation, annotationMask, annotationRateLimit, annotationSandbox, strings.Join(notes, ", @"))
+		}
+	}
 	if v, ok := a[annotationObligation]; ok {
 		items := splitList(string(v))
 		if len(items) == 0 {
@@ -215,6 +229,9 @@ func parseObligations(a cedar.Annotations) (Obligations, error) {
 		for _, it := range items {
 			if strings.HasPrefix(it, "/") && len(it) == 1 {
 				return o, fmt.Errorf("@mask %q: the whole document cannot be masked", it)
+			}
+			if !schemas.ValidRedaction(it) {
+				return o, fmt.Errorf("@mask %q: not a JSON pointer (every ~ is ~0 or ~1) or a field name", it)
 			}
 		}
 		slices.Sort(items)
