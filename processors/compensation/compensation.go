@@ -75,7 +75,7 @@ type Store interface {
 // Submitter runs a call the ledger makes itself through the intake's
 // checks (processors/intake.Processor.Submit).
 type Submitter interface {
-	Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity) ([]ledger.Event, error)
+	Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool) ([]ledger.Event, error)
 }
 
 // Publisher appends events.
@@ -189,7 +189,9 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	}
 	// The operator asks; the ledger's compensation acts for them.
 	who := identity.Identity{User: operator.User, Agent: "ledger-compensation", Tenant: key.TenantID, Roles: operator.Roles}
-	evs, err := s.cfg.Intake.Submit(ctx, env, who)
+	// The arguments are the undone call's: hidden in the audit copy as
+	// its were, whatever the compensation tool's own masks.
+	evs, err := s.cfg.Intake.Submit(ctx, env, who, tool)
 	if err != nil {
 		return ledger.CallKey{}, nil, err
 	}

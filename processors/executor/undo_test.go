@@ -22,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -127,7 +128,7 @@ func TestAutomaticCompensationLeavesASuccess(t *testing.T) {
 // submits, and submits none.
 type countingSubmitter struct{ n int }
 
-func (c *countingSubmitter) Submit(context.Context, *ledger.Envelope, identity.Identity) ([]ledger.Event, error) {
+func (c *countingSubmitter) Submit(context.Context, *ledger.Envelope, identity.Identity, *schemas.Tool) ([]ledger.Event, error) {
 	c.n++
 	return nil, nil
 }

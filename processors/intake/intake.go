@@ -307,6 +307,9 @@ type checked struct {
 	// own: a call the ledger makes itself (Submit), under a key the
 	// ledger derives, which whoever may ask for it asks for again.
 	own bool
+	// carries, for a call carrying another call's arguments (Submit's),
+	// is that call's tool: its audit copy hides what that tool's would.
+	carries *schemas.Tool
 }
 
 // user is the user c's record is admitted for, whose call its key is
@@ -632,7 +635,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		return refuse(ledger.CallKey{TenantID: id.Tenant, IdempotencyKey: env.IdempotencyKey}, id, ReasonReservedKey, "/idempotency_key",
 			"idempotency keys ending in :compensate are reserved for the ledger's compensation calls")
 	}
-	c, refusal := p.checkCall(ctx, env, id, now)
+	c, refusal := p.checkCall(ctx, env, id, nil, now)
 	if c != nil {
 		c.sent = requestSent(rec.Timestamp, now)
 	}
@@ -667,14 +670,14 @@ func requestSent(ts, now time.Time) time.Time {
 
 // checkCall runs the checks that follow the identity's: the scope against
 // it, the hash, the registry, the kill switch, the arguments, the policy.
-func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id identity.Identity, now time.Time) (*checked, *ledger.Event) {
+func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool, now time.Time) (*checked, *ledger.Event) {
 	refuse := func(key ledger.CallKey, reason, pointer, detail string) (*checked, *ledger.Event) {
 		ev := p.refuse(key, env, id, now, reason, pointer, detail)
 		return nil, &ev
 	}
 	// From here on the call is the verified tenant's: a refusal goes
 	// under its key, never under the one the scope claimed.
-	c := &checked{env: env, id: id}
+	c := &checked{env: env, id: id, carries: carries}
 	if ptr, ok := scopeMismatch(env.Scope, id); !ok {
 		return refuse(c.key(), ReasonScopeMismatch, ptr, "the scope disagrees with the verified assertion")
 	}
@@ -741,7 +744,11 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// under the version this copy last saw would not honour it.
 		c.decision = policy.Decision{Reason: ReasonControlStale, Detail: stale}
 	} else {
-		c.decision = p.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, c.tree, p.cfg.Channel, now))
+		req := policy.NewRequest(tool, caller, c.tree, p.cfg.Channel, now)
+		if carries != nil {
+			req.AuditAlso = []string{carries.Name}
+		}
+		c.decision = p.cfg.Policy.Decide(ctx, req)
 	}
 	if c.decision.Transient() || c.decision.Reason == ReasonControlStale {
 		// The engine could not decide (a stall, no set), or not with
@@ -816,10 +823,14 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 // to append: the call's first events, or a refusal, or nothing for a
 // retry the log already has. The caller appends them and then marks them
 // logged; until then they wait in the store's outbox, which the
-// executor's sweep appends if the caller does not.
-func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity) ([]ledger.Event, error) {
+// executor's sweep appends if the caller does not. carries, for a call
+// that carries another call's arguments (a compensation carries the
+// undone call's), is that call's tool: the audit copy also hides what
+// its registry entry redacts and its policies mask, which the carried
+// call's own audit copy hid; nil for none.
+func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool) ([]ledger.Event, error) {
 	now := p.cfg.Now().UTC()
-	c, refusal := p.checkCall(ctx, env, id, now)
+	c, refusal := p.checkCall(ctx, env, id, carries, now)
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil
 	}
@@ -969,6 +980,9 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 	// no obligations, and a denied call's arguments go to the same log,
 	// projections and console as an allowed one's.
 	hide := append(append(append([]string(nil), tool.Redact...), d.AuditMask...), d.Obligations.Mask...)
+	if c.carries != nil {
+		hide = append(hide, c.carries.Redact...)
+	}
 	audit := c.tree
 	if len(hide) > 0 {
 		// Redact copies; nothing below writes to the tree, so only when

@@ -538,7 +538,7 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 		Tool: "create_ticket", ToolVersion: 1, CallID: "c_1", Scope: ledger.Scope{TenantID: "t_a", UserID: "u_1"},
 		IdempotencyKey: "k_canonical", ArgumentsHash: hash, Arguments: args,
 	}
-	evs, err := f.in.Submit(t.Context(), env, id)
+	evs, err := f.in.Submit(t.Context(), env, id, nil)
 	if err != nil || len(evs) == 0 || evs[len(evs)-1].Type != "authorized" {
 		t.Fatalf("Submit = %+v, %v; want the call authorized", evs, err)
 	}
@@ -566,7 +566,7 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 	if long.ArgumentsHash, err = ledger.ArgumentsHash("t_a", "create_ticket", 1, long.Arguments); err != nil {
 		t.Fatal(err)
 	}
-	evs, err = f.in.Submit(t.Context(), &long, id)
+	evs, err = f.in.Submit(t.Context(), &long, id, nil)
 	if err != nil || len(evs) != 1 || evs[0].Reason != ledger.CodeTooLarge || evs[0].Pointer != "/arguments" {
 		t.Fatalf("Submit(arguments whose canonical form is too large) = %+v, %v; want one refusal, too_large at /arguments", evs, err)
 	}
@@ -577,7 +577,7 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 	bad := *env
 	bad.IdempotencyKey = "k_nan"
 	bad.Arguments = map[string]any{"title": "x", "priority": math.NaN()}
-	evs, err = f.in.Submit(t.Context(), &bad, id)
+	evs, err = f.in.Submit(t.Context(), &bad, id, nil)
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("Submit(NaN) = %+v, %v; want one refusal", evs, err)
 	}
@@ -1165,7 +1165,7 @@ func TestIntakeSubmitIsTheSameCallForEveryAsker(t *testing.T) {
 	env := &ledger.Envelope{Tool: "create_ticket", ToolVersion: 1, CallID: "comp_c1", Scope: ledger.Scope{TenantID: "t_a"},
 		IdempotencyKey: "k1:compensate", ArgumentsHash: hash, Arguments: args}
 	for i, user := range []string{"u_op1", "u_op2", "ledger-reconciler"} {
-		evs, err := f.in.Submit(t.Context(), env, identity.Identity{Tenant: "t_a", User: user, Agent: "ledger-compensation"})
+		evs, err := f.in.Submit(t.Context(), env, identity.Identity{Tenant: "t_a", User: user, Agent: "ledger-compensation"}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1180,6 +1180,48 @@ func TestIntakeSubmitIsTheSameCallForEveryAsker(t *testing.T) {
 	}
 	if r, err := f.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k1:compensate"}); err != nil || r.UserID != "" {
 		t.Errorf("record user %q, %v; want none", r.UserID, err)
+	}
+}
+
+// A call carrying another call's arguments (a compensation carries the
+// undone call's) hides in its audit copy what the carried call's hid: the
+// carried tool's registry redactions and the policies' masks for it, as
+// well as its own. Before, a compensation tool without the masks put the
+// undone call's masked values in clear on its requested event.
+func TestIntakeSubmitHidesWhatTheCarriedCallHid(t *testing.T) {
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Policy = processorstest.Policy(t, processorstest.PolicyDir(t, `@id("tickets") permit (principal, action == Action::"tool::create_ticket", resource);
+@id("cards") @mask("/body") permit (principal, action == Action::"tool::charge_card", resource);`))
+	})
+	args := map[string]any{"title": "undo", "body": "pin 4321", "priority": "high"}
+	submit := func(key string, carries *schemas.Tool) string {
+		t.Helper()
+		hash, err := ledger.ArgumentsHash("t_a", "create_ticket", 1, args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := &ledger.Envelope{Tool: "create_ticket", ToolVersion: 1, CallID: "comp_" + key, Scope: ledger.Scope{TenantID: "t_a"},
+			IdempotencyKey: key, ArgumentsHash: hash, Arguments: args}
+		evs, err := f.in.Submit(t.Context(), env, identity.Identity{Tenant: "t_a", User: "u_op", Agent: "ledger-compensation"}, carries)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) == 0 || evs[0].Type != statemachine.EventRequested {
+			t.Fatalf("events %v; want requested first", evs)
+		}
+		return string(evs[0].Arguments)
+	}
+	if got := submit("k-plain:compensate", nil); !strings.Contains(got, "4321") {
+		t.Fatalf("the audit copy of a call carrying none: %s; want its body in clear (nothing masks it)", got)
+	}
+	// The policies mask /body for the carried tool; its registry entry
+	// redacts /title.
+	carried := &schemas.Tool{Name: "charge_card", Redact: []string{"/title"}}
+	got := submit("k-card:compensate", carried)
+	for _, want := range []string{`"body":"[redacted]"`, `"title":"[redacted]"`, `"priority":"high"`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the audit copy %s; want %s (what the carried tool's masks hide, and nothing else)", got, want)
+		}
 	}
 }
 
@@ -1202,7 +1244,7 @@ func TestIntakeDecidesTheHashedArguments(t *testing.T) {
 		}
 		env := &ledger.Envelope{Tool: "refund_order", ToolVersion: 1, CallID: "c_" + spelt, Scope: ledger.Scope{TenantID: "t_a", UserID: "u_1"},
 			IdempotencyKey: "k_" + spelt, ArgumentsHash: hash, Arguments: args}
-		evs, err := f.in.Submit(t.Context(), env, id)
+		evs, err := f.in.Submit(t.Context(), env, id, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -382,6 +382,13 @@ func (e *Engine) Decide(ctx context.Context, r Request) Decision {
 	}
 	d := e.decide(ctx, s, r)
 	d.AuditMask = s.auditMask(r.Tool)
+	if len(r.AuditAlso) > 0 {
+		for _, t := range r.AuditAlso {
+			d.AuditMask = append(d.AuditMask, s.auditMask(t)...)
+		}
+		slices.Sort(d.AuditMask)
+		d.AuditMask = slices.Compact(d.AuditMask)
+	}
 	d.Roles, d.RolesGiven = r.Roles, !r.RolesWithheld
 	return d
 }

@@ -75,6 +75,11 @@ type Request struct {
 	Arguments map[string]any
 	// Time is when the call is decided; zero means the engine's clock.
 	Time time.Time
+	// AuditAlso names the tools whose masks the decision's AuditMask
+	// holds too: a call that carries another call's arguments (a
+	// compensation carries the undone call's) hides in its audit copy
+	// what that call's hid.
+	AuditAlso []string
 }
 
 // String describes r without argument values.
