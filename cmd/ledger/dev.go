@@ -237,7 +237,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	intakeRole, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls,
-		Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, intakeIDs, f.roles.batching, observers{}, logger)
+		SyncPolicies: f.policy.syncing(engine, controls), Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, intakeIDs, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err
 	}
@@ -283,7 +283,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	// reconciler role's are: the policies let the undo tools run there
 	// alone, not on an agent's request.
 	submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Freezes: controls,
-		Topics: topics, Channel: "compensation", Actor: "compensation/" + instance, Logger: logger.With("component", "compensation")})
+		SyncPolicies: f.policy.syncing(engine, controls), Topics: topics, Channel: "compensation", Actor: "compensation/" + instance, Logger: logger.With("component", "compensation")})
 	if err != nil {
 		return err
 	}

@@ -439,7 +439,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 					return nil, err
 				}
 				loop, _, err := intakeLoop(g.kafka.client(logger), g.kafka.topics(), intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(),
-					Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase}, rf.instance, ids, rf.batching, rf.obs, logger)
+					SyncPolicies: pf.syncing(engine, controls), Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase}, rf.instance, ids, rf.batching, rf.obs, logger)
 				return loop, err
 			})
 		},
@@ -659,7 +659,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(), Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
+				submitter, err := intake.New(intake.Config{Registry: reg, Store: st, Policy: engine, PolicyRetryAfter: pf.retryAfter, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(), SyncPolicies: pf.syncing(engine, controls), Topics: g.kafka.topics(), Channel: "compensation", Actor: "compensation/" + rf.instance, Logger: logger})
 				if err != nil {
 					return nil, err
 				}

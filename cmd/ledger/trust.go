@@ -141,6 +141,13 @@ func (f *policyFlags) activate(engine *policy.Engine, controls *control.State) {
 	engine.Activate(f.versions, a, ok)
 }
 
+// syncing is intake.Config.SyncPolicies for engine: activate, as the
+// control copy has it when a step decides its calls, not at the next of
+// followActivations' ticks (half a second away).
+func (f *policyFlags) syncing(engine *policy.Engine, controls *control.State) func() {
+	return func() { f.activate(engine, controls) }
+}
+
 // engine returns the policy engine and, when a directory is watched, the
 // watcher to run until ctx ends.
 func (f *policyFlags) engine(logger *slog.Logger) (*policy.Engine, func(ctx context.Context) error, error) {

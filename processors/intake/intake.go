@@ -141,6 +141,13 @@ type Config struct {
 	// may deny it. Zero: control.DefaultMaxStaleness; negative: not
 	// checked.
 	ControlMaxStaleness time.Duration
+	// SyncPolicies, when set, brings Policy to the policy version that
+	// Freezes' copy of the control topic activates (policy.Engine's
+	// Activate); called before a step (or Submit) decides its calls, so
+	// that the calls are decided with the version the copy holds. Nil:
+	// the engine follows the activations on its own ticks, and a call
+	// decided before the next one is decided with the version replaced.
+	SyncPolicies func()
 	// Versions, when set, reads the version of the resource of a call
 	// that must wait for an approval, from its tool's resource_version
 	// endpoint (BaseURL resolves relative ones), for the pending
@@ -359,6 +366,9 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		dlq     *kgo.Record
 	}
 	results := make([]result, len(recs))
+	if p.cfg.SyncPolicies != nil {
+		p.cfg.SyncPolicies()
+	}
 	parallel(len(recs), func(i int) {
 		c, refusal, dlq := p.check(ctx, recs[i], now)
 		results[i] = result{c, refusal, dlq}
@@ -830,6 +840,9 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 // call's own audit copy hid; nil for none.
 func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool) ([]ledger.Event, error) {
 	now := p.cfg.Now().UTC()
+	if p.cfg.SyncPolicies != nil {
+		p.cfg.SyncPolicies()
+	}
 	c, refusal := p.checkCall(ctx, env, id, carries, now)
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil

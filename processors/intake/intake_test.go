@@ -629,6 +629,42 @@ func TestIntakeWithAStaleControlCopyDecidesNothing(t *testing.T) {
 	}
 }
 
+// A step decides its calls with the policy version its copy of the
+// control topic activates (SyncPolicies), not with the one the engine
+// held at its last tick of following the activations. Before, calls
+// decided in the half second after an activation reached the copy were
+// decided, and recorded, under the version it replaced.
+func TestIntakeDecidesWithTheVersionItsCopyActivates(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "v2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "v2", "p.cedar"), []byte(`@id("no-tickets") forbid (principal, action == Action::"tool::create_ticket", resource);
+@id("rest") permit (principal, action, resource);`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	engine := processorstest.Policy(t, "../testdata/policies")
+	var active atomic.Pointer[policy.Activation]
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Policy = engine
+		// What a copy of the control topic holds; the engine follows
+		// no ticks here.
+		c.SyncPolicies = func() {
+			if a := active.Load(); a != nil {
+				engine.Activate(root, *a, true)
+			}
+		}
+	})
+	if _, got := f.step(t, f.envelopeRecord(t, "before", map[string]any{"title": "t"})); !slices.Contains(got, "before:authorized/allowed") {
+		t.Fatalf("before the activation: %v; want authorized", got)
+	}
+	active.Store(&policy.Activation{Label: "v2", ID: "act-1"})
+	_, got := f.step(t, f.envelopeRecord(t, "after", map[string]any{"title": "t"}))
+	if !slices.Contains(got, "after:denied/"+policy.ReasonDeniedByPolicy) {
+		t.Errorf("the next step after the activation: %v; want denied by v2's forbid", got)
+	}
+}
+
 // A policy that could not decide in time refuses the call for now, as a
 // rate limit does: a refusal at seq 0 with retry_after_ms, and the key
 // stays free, so that the agent's retry under the same key is decided
