@@ -331,9 +331,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 	}
 	last := w.last
 	if f.jsonOut {
-		b, _ := json.MarshalIndent(last, "", "  ")
-		fmt.Fprintf(out, "%s\n", b)
-		return nil
+		return printJSONTo(out, last)
 	}
 	if last.Refusal() {
 		printRefusal(out, f, *last, w.sent)
@@ -596,14 +594,10 @@ func answeringRefusal(v httpapi.CallView, callID string, seen map[string]bool, n
 // the API answered it; --json prints the call, or the refusal, as JSON.
 func printAPICall(out io.Writer, f *submitFlags, v httpapi.CallView, refusal *ledger.Event, sent int) error {
 	if f.jsonOut {
-		var b []byte
 		if refusal != nil {
-			b, _ = json.MarshalIndent(refusal, "", "  ")
-		} else {
-			b, _ = json.MarshalIndent(v, "", "  ")
+			return printJSONTo(out, refusal)
 		}
-		fmt.Fprintf(out, "%s\n", b)
-		return nil
+		return printJSONTo(out, v)
 	}
 	if refusal != nil {
 		printRefusal(out, f, *refusal, sent)

@@ -189,8 +189,10 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	}
 	// The operator asks; the ledger's compensation acts for them.
 	who := identity.Identity{User: operator.User, Agent: "ledger-compensation", Tenant: key.TenantID, Roles: operator.Roles}
-	// The arguments are the undone call's: hidden in the audit copy as
-	// its were, whatever the compensation tool's own masks.
+	// The arguments are the undone call's: the audit copy also hides what
+	// its tool's registry entry redacts and the policies in force mask
+	// for it (those in force when it was decided may have masked more:
+	// its requested event shows what they hid).
 	evs, err := s.cfg.Intake.Submit(ctx, env, who, tool)
 	if err != nil {
 		return ledger.CallKey{}, nil, err

@@ -836,8 +836,8 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 // executor's sweep appends if the caller does not. carries, for a call
 // that carries another call's arguments (a compensation carries the
 // undone call's), is that call's tool: the audit copy also hides what
-// its registry entry redacts and its policies mask, which the carried
-// call's own audit copy hid; nil for none.
+// its registry entry redacts and what the policies in force mask for it;
+// nil for none.
 func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool) ([]ledger.Event, error) {
 	now := p.cfg.Now().UTC()
 	if p.cfg.SyncPolicies != nil {

@@ -249,6 +249,33 @@ func TestActivateAtOnce(t *testing.T) {
 	}
 }
 
+// An activation that does not load is read again at most every
+// activationRetry, however often the engine is brought to it (an intake
+// does at every step): its files are not read and parsed at every call
+// for as long as it fails. Once that time has passed, the mended files
+// load.
+func TestFailedActivationIsNotReadAtEveryCall(t *testing.T) {
+	_, root, base := weatherVersions(t)
+	e := newEngine(t, Config{Set: base})
+	v3 := mkdir(t, root, "v3")
+	writeFile(t, v3, "broken.cedar", "permit (principal, actoin, resource);")
+	a := Activation{Label: "v3", ID: "1"}
+	e.Activate(root, a, true)
+	if e.Err() == nil {
+		t.Fatal("a version that does not parse is in force")
+	}
+	writeFile(t, v3, "broken.cedar", allowWeather)
+	e.Activate(root, a, true)
+	if e.Err() == nil {
+		t.Errorf("the failed version was read again at once; want it read again after %s", activationRetry)
+	}
+	time.Sleep(activationRetry + 10*time.Millisecond)
+	e.Activate(root, a, true)
+	if err := versionIs(e, "v3")(); err != nil {
+		t.Errorf("after %s: %v; want the mended version in force", activationRetry, err)
+	}
+}
+
 // An operator who mended a version's files and activates it again gets
 // the mended set: a new activation of a label reads its files again; the
 // same activation, seen again at every tick, does not.

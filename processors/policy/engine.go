@@ -181,7 +181,16 @@ type Activation struct {
 type activationError struct {
 	label string
 	err   error
+	// at is when it was loaded and failed: the same activation is not
+	// read again before activationRetry has passed.
+	at time.Time
 }
+
+// activationRetry is how often an activation that failed to load is read
+// again: a caller bringing the engine to the activation at every step
+// (intake.Config.SyncPolicies) would otherwise read and parse the
+// version's files at every one for as long as it fails.
+const activationRetry = 500 * time.Millisecond
 
 func (e *activationError) Error() string {
 	var pe *pinError
@@ -585,7 +594,7 @@ func (e *Engine) follow(root string, a Activation, ok bool) {
 	}
 	prev := e.failed.Load()
 	same := label == e.pinned && a.ID == e.pinnedID && a.Hash == e.pinnedHash
-	if same && prev == nil {
+	if same && (prev == nil || time.Since(prev.at) < activationRetry) {
 		return
 	}
 	if label == e.pinned && prev == nil {
@@ -594,7 +603,7 @@ func (e *Engine) follow(root string, a Activation, ok bool) {
 	e.pinned, e.pinnedID, e.pinnedHash = label, a.ID, a.Hash
 	set, err := loadVersion(root, label, a.Hash)
 	if err != nil {
-		f := &activationError{label: label, err: err}
+		f := &activationError{label: label, err: err, at: time.Now()}
 		e.failed.Store(f)
 		// Logged once per label and error; Err and the denials' detail
 		// say it for as long as it lasts.

@@ -370,7 +370,10 @@ func TestLoadErrors(t *testing.T) {
 		{name: "unknown annotation on a forbid", files: map[string]string{"p.cedar": `@obligations("require_approval") forbid (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
 		// Redact would drop it, masking nothing.
 		{name: "mask with a bad escape", files: map[string]string{"p.cedar": `@mask("/card~number") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
-		{name: "notes", files: map[string]string{"p.cedar": `@id("p") @description("weather for all") @owner("platform") @note("n") @ticket("T-1") @title("t") @see("doc") @mask("/card~1number") permit (principal, action, resource);`}, label: "v1"},
+		{name: "limit spelt in capitals", files: map[string]string{"p.cedar": `@Rate_Limit("20/m") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		{name: "masks", files: map[string]string{"p.cedar": `@masks("/pin") permit (principal, action, resource);`}, label: "v1", want: ErrInvalidSet},
+		// Any other annotation is a note for the policy's readers.
+		{name: "notes", files: map[string]string{"p.cedar": `@id("p") @description("weather for all") @owner("platform") @reason("PCI") @author("a") @advice("x") @version("3") @generated("g") @undocumented("u") @mask("/card~1number") permit (principal, action, resource);`}, label: "v1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

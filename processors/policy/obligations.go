@@ -21,10 +21,20 @@ const (
 	annotationSandbox    = "sandbox"
 )
 
-// notes are the annotations a policy may carry for its readers, which the
-// engine ignores. Any other is an error: @require_approval or
-// @ratelimit("20/m") read as a note would turn a rule into a plain allow.
-var notes = []string{"description", "owner", "note", "ticket", "title", "see"}
+// obligationWords are what an annotation the engine does not read must
+// not hold (its name lowercased, without "_"): one that does is
+// an obligation misspelt (@require_approval, @ratelimit("20/m"),
+// @obligations), which, read as a note, would turn a rule into a plain
+// allow. Any other (@description, @owner, @reason...) is a note for the
+// policy's readers, and ignored.
+var obligationWords = []string{"oblig", "approv", "mask", "limit", "sandbox", "undounknown", "redact", "quota"}
+
+// misspeltObligation reports whether k, an annotation the engine does not
+// read, looks like one it would (obligationWords).
+func misspeltObligation(k string) bool {
+	k = strings.ReplaceAll(strings.ToLower(k), "_", "")
+	return slices.ContainsFunc(obligationWords, func(w string) bool { return strings.Contains(k, w) })
+}
 
 // The values @obligation accepts, alone or comma-separated.
 const (
@@ -197,10 +207,10 @@ func parseObligations(a cedar.Annotations) (Obligations, error) {
 	var o Obligations
 	for k := range a {
 		switch k := string(k); {
-		case k == annotationID, k == annotationObligation, k == annotationMask, k == annotationRateLimit, k == annotationSandbox, slices.Contains(notes, k):
-		default:
-			return o, fmt.Errorf("@%s: unknown annotation (the engine reads @%s, @%s, @%s, @%s and @%s; notes go in @%s)", k,
-				annotationID, annotationObligation, annotationMask, annotationRateLimit, annotationSandbox, strings.Join(notes, ", @"))
+		case k == annotationID, k == annotationObligation, k == annotationMask, k == annotationRateLimit, k == annotationSandbox:
+		case misspeltObligation(k):
+			return o, fmt.Errorf("@%s: not an annotation the engine reads, and it looks like an obligation, which would be ignored (the engine reads @%s, @%s, @%s and @%s)", k,
+				annotationObligation, annotationMask, annotationRateLimit, annotationSandbox)
 		}
 	}
 	if v, ok := a[annotationObligation]; ok {
