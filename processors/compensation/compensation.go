@@ -134,11 +134,13 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	if err != nil {
 		return ledger.CallKey{}, nil, err
 	}
-	if rec.Status != processors.StatusSucceeded && rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
-		return ledger.CallKey{}, nil, fmt.Errorf("%w (it is %s)", ErrNotCompensable, rec.Status)
-	}
+	// The reconciler's first: a call settled since its sweep listed it
+	// (resolved failed or succeeded, compensated) is no refusal.
 	if operator.User == AutomaticUser && rec.Status != processors.StatusParked {
 		return ledger.CallKey{}, nil, fmt.Errorf("%w (it is %s)", ErrSettled, rec.Status)
+	}
+	if rec.Status != processors.StatusSucceeded && rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
+		return ledger.CallKey{}, nil, fmt.Errorf("%w (it is %s)", ErrNotCompensable, rec.Status)
 	}
 	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
 	if err != nil {

@@ -49,6 +49,10 @@ const (
 var (
 	// ErrNotUnknown: the call is not (or no longer) outcome_unknown.
 	ErrNotUnknown = errors.New("executor: the call's outcome is not unknown")
+	// ErrCallChanged: the call moved on while it was being resolved
+	// (the reconciler parked it, or asked for its compensation), and
+	// its outcome is still not known: look at it again.
+	ErrCallChanged = errors.New("executor: the call changed while it was being resolved")
 	// ErrForbidden: the identity may not resolve the call.
 	ErrForbidden = errors.New("executor: not an operator of the call's tenant")
 	// ErrUndoUnderWay: the call's compensation is under way or has undone
@@ -511,8 +515,15 @@ func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pending
 	}
 	// Only the compensation the original's tool declares undoes it (the
 	// intake reserves the keys, this checks the tool as well).
-	if tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion); err != nil || tool.Compensation == nil ||
-		tool.Compensation.Tool != comp.Tool || tool.Compensation.Version != comp.ToolVersion {
+	tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	if err != nil {
+		// A reconciler that knows the tool settles it: its sweep of
+		// the calls parked for their compensation (retryUndos).
+		r.cfg.Logger.Warn("the compensated call's tool is not in this reconciler's registry; a reconciler that knows it settles the call", "call_key", rec.Key.String(),
+			"tool", rec.Tool, "tool_version", rec.ToolVersion, "compensation_key", comp.Key().String(), "err", err)
+		return pendingMove{}, false, nil
+	}
+	if tool.Compensation == nil || tool.Compensation.Tool != comp.Tool || tool.Compensation.Version != comp.ToolVersion {
 		r.cfg.Logger.Error("a call under a compensation key is not the declared compensation", "call_key", comp.Key().String(), "tool", comp.Tool)
 		return pendingMove{}, false, nil
 	}
@@ -571,7 +582,15 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		return pendingMove{}, false, nil
 	}
 	tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
-	if err != nil || tool.StatusLookup == nil || tool.StatusLookup.URL == "" {
+	if err != nil {
+		// Not in this reconciler's registry (one not yet upgraded, in a
+		// rolling deploy, meeting a call of a newer version): what the
+		// tool declares is not known here, which is no reason to park
+		// the call as if it declared no lookup. It waits, as for a
+		// lookup that failed, for a reconciler that knows the tool.
+		return pendingMove{}, false, fmt.Errorf("tool %s version %d is not in this reconciler's registry: %w", rec.Tool, rec.ToolVersion, err)
+	}
+	if tool.StatusLookup == nil || tool.StatusLookup.URL == "" {
 		detail := "the tool declares no status lookup: a human must find out what happened (ledger calls resolve)"
 		if tool != nil && tool.Compensation != nil {
 			detail += "; it declares the compensation " + tool.Compensation.String()
@@ -838,6 +857,11 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 	)
 	for _, rec := range cands {
 		var why string // set: the call goes back to a human, for this reason
+		// What the human can do: undo it through the ledger while the
+		// call's one compensation key is free; once a compensation
+		// ended under it, the ledger refuses another (compensation_failed),
+		// and the call is undone by hand, then resolved.
+		todo := "settle the call (ledger calls resolve) or undo it (ledger calls compensate)"
 		comp, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey())
 		switch {
 		case errors.Is(err, processors.ErrNotFound):
@@ -860,7 +884,25 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 			// Its own events say why; the call's park must say that
 			// nothing undid it, not that it is being undone.
 			why = fmt.Sprintf("ended %s without undoing anything", comp.Status)
+			todo = "undo it by hand if it must be (the ledger runs no other compensation of it) and settle the call (ledger calls resolve)"
 			r.cfg.Logger.Error("automatic compensation ended without undoing the call; it is handed to a human", "call_key", rec.Key.String(), "status", string(comp.Status))
+		case comp.Status == processors.StatusSucceeded:
+			// Its completion settles the call, unless the step that
+			// read it could not (the tool not in that reconciler's
+			// registry, in a rolling deploy): this sweep does then.
+			delete(r.undos, rec.Key)
+			ev := ledger.Event{TenantID: comp.Key.TenantID, IdempotencyKey: comp.Key.IdempotencyKey, Tool: comp.Tool, ToolVersion: comp.ToolVersion}
+			m, ok, err := r.compensate(ctx, ev)
+			if err != nil {
+				return nil, fmt.Errorf("sweep parked calls: %w", err)
+			}
+			if ok {
+				// Its completion may settle it first: then this one
+				// does not apply, and that is no failure.
+				m.mustApply = false
+				moves = append(moves, m)
+			}
+			continue
 		default:
 			// Running, or done: its completion settles the call.
 			delete(r.undos, rec.Key)
@@ -874,7 +916,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 		}
 		m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonUndoAbandoned,
 			"the compensation "+rec.Key.CompensationKey().String()+" a policy asks for "+why+
-				"; a human must find out what happened and settle the call (ledger calls resolve) or undo it (ledger calls compensate)", "", 0)
+				"; a human must find out what happened and "+todo, "", 0)
 		m.move.From = rec.Status
 		moves = append(moves, m)
 	}
@@ -1218,6 +1260,12 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		return pendingMove{}, err
 	}
 	if !applied[0] {
+		// Settled by someone else, or moved on and still to settle
+		// (parked by the reconciler meanwhile): which, the operator
+		// must be told, for "not unknown" would say it was settled.
+		if now, err := r.cfg.Store.Get(ctx, key); err == nil && (now.Status == processors.StatusOutcomeUnknown || now.Status == processors.StatusParked) {
+			return pendingMove{}, fmt.Errorf("%w: it is %s now (seq %d, was %d): look at it again (ledger trace %s) before resolving it", ErrCallChanged, now.Status, now.Seq, rec.Seq, key.IdempotencyKey)
+		}
 		return pendingMove{}, ErrNotUnknown
 	}
 	return m, nil

@@ -65,6 +65,9 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 		case errors.Is(err, ErrNotUnknown):
 			resolveError(w, http.StatusConflict, "not_unknown", err.Error())
 			return
+		case errors.Is(err, ErrCallChanged):
+			resolveError(w, http.StatusConflict, "call_changed", err.Error())
+			return
 		case errors.Is(err, ErrInvalidResolution):
 			resolveError(w, http.StatusBadRequest, "invalid_request", err.Error())
 			return

@@ -94,6 +94,52 @@ func TestResolveHandlerBehindTheReconcilersUndo(t *testing.T) {
 	}
 }
 
+// A resolution whose move loses to another writer says which: the call
+// settled by someone else is not_unknown; the call moved on and still to
+// settle (parked by the reconciler between the resolution's read and its
+// move) is call_changed, to be looked at again. Before, both were
+// not_unknown, "the call's outcome is not unknown", for a call still
+// waiting for a human.
+func TestResolveHandlerSaysWhatBeatIt(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		settle   bool
+		wantCode string
+	}{
+		{"moved on, still unknown", false, `"call_changed"`},
+		{"settled by another", true, `"not_unknown"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			orig, _ := r.unknownRefundToUndo()
+			rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+				c.Store = &losingMoves{Store: r.store, settle: tc.settle}
+			})
+			body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"failed","evidence":"the bank's statement"}`
+			if status, got := postResolution(t, rc, body); status != http.StatusConflict || !strings.Contains(got, tc.wantCode) {
+				t.Errorf("%d %s; want 409 %s", status, got, tc.wantCode)
+			}
+		})
+	}
+}
+
+// losingMoves is a store whose moves lose to another writer: when settle,
+// it applies the move itself first (someone else's, the same), else the
+// record stays as it was (moved on, in the test's telling).
+type losingMoves struct {
+	processors.Store
+	settle bool
+}
+
+func (l *losingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if l.settle {
+		if _, err := l.Store.Move(ctx, ms); err != nil {
+			return nil, err
+		}
+	}
+	return make([]bool, len(ms)), nil
+}
+
 // postResolution posts body to rc's POST /v1/resolutions, as the operator
 // operatorVerifier verifies, and returns the answer's status and body.
 func postResolution(t *testing.T, rc *executor.Reconciler, body string) (int, string) {

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -640,6 +643,19 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 	if len(parks) != 1 || parks[0].Reason != executor.ReasonUndoAbandoned || !strings.Contains(parks[0].Detail, "ended failed") {
 		t.Fatalf("the call's parks at the sweep after its compensation failed: %+v; want one, %s, saying it ended failed", parks, executor.ReasonUndoAbandoned)
 	}
+	// What it tells the human can be done: its one compensation key is
+	// spent, and the ledger would refuse another (compensation_failed).
+	if d := parks[0].Detail; strings.Contains(d, "ledger calls compensate") || !strings.Contains(d, "undo it by hand") {
+		t.Errorf("the park says %q; want it to send the human to undo it by hand, not to ledger calls compensate", d)
+	}
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: &countingSubmitter{}, Publisher: &recordingPublisher{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	if _, _, err := svc.Compensate(t.Context(), ops, orig.Key(), "by hand"); !errors.Is(err, compensation.ErrCompensationFailed) {
+		t.Errorf("an operator's compensation after it = %v; want refused, %v", err, compensation.ErrCompensationFailed)
+	}
 	// Handed over once: the next sweep leaves it to the human.
 	now = now.Add(time.Minute)
 	for _, e := range r.reconcileAll(rc) {
@@ -647,6 +663,73 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 			t.Errorf("a later sweep appended %s(%s) for the call; want nothing", e.Type, e.Reason)
 		}
 	}
+}
+
+// A reconciler that does not know a call's tool version (one not yet
+// upgraded, in a rolling deploy) neither parks the call as declaring no
+// status lookup nor leaves its compensation's success unrecorded: the
+// call waits, and a reconciler that knows the tool settles it. Before, it
+// was parked no_status_lookup ("the tool declares none", which was
+// false), and a compensation's success read by such a reconciler was
+// dropped, the call parked compensation_requested for good.
+func TestReconcilerWithoutTheToolLeavesItToOneThatKnowsIt(t *testing.T) {
+	r := newRig(t)
+	partial := registryWithout(t, "refund_order")
+	t.Run("unknown outcome", func(t *testing.T) {
+		_, unknown := r.unknownRefundToUndo()
+		now := time.Now()
+		old := r.sweepingReconciler(nil, &now, func(c *executor.ReconcilerConfig) { c.Registry = partial })
+		for _, e := range r.reconcileAll(old, unknown) {
+			if e.Type == statemachine.EventParked {
+				t.Errorf("a reconciler without the tool parked the call: %s (%s)", e.Reason, e.Detail)
+			}
+		}
+	})
+	t.Run("compensation succeeded", func(t *testing.T) {
+		r := newRig(t)
+		var now time.Time
+		orig, _, pub, rc, _ := r.undoRequested(&now)
+		ck := orig.Key().CompensationKey()
+		out, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck))
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := r.sweepingReconciler(nil, &now, func(c *executor.ReconcilerConfig) { c.Registry = partial })
+		r.reconcileAll(old, out.Records...)
+		if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusParked {
+			t.Fatalf("after a reconciler without the tool read the compensation's success, the call is %s (%v); want parked still", rec.Status, err)
+		}
+		now = now.Add(time.Minute)
+		r.reconcileAll(rc)
+		if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
+			t.Errorf("after a sweep of a reconciler that knows the tool, the call is %s (%v); want compensated", rec.Status, err)
+		}
+	})
+}
+
+// registryWithout is the test registry without the tool named name.
+func registryWithout(t *testing.T, name string) *schemas.Registry {
+	t.Helper()
+	fsys := fstest.MapFS{}
+	entries, err := os.ReadDir("../testdata/registry/tools")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), name+".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("../testdata/registry/tools", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fsys["tools/"+e.Name()] = &fstest.MapFile{Data: b}
+	}
+	reg, err := schemas.Load(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }
 
 // Asked again for a call whose compensation's own outcome is unknown, the
@@ -924,37 +1007,46 @@ func TestResolveSucceededBehindWhichCompensation(t *testing.T) {
 // operator's undo of the call is then accepted. Nor is the call handed
 // to a human.
 func TestNoAutomaticUndoOfACallSettledMeanwhile(t *testing.T) {
-	r := newRig(t)
-	orig, unknown := r.unknownRefundToUndo()
-	sub := &countingSubmitter{}
-	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	// The resolution lands between the park and the reconciler's
-	// request for the compensation.
-	resolving := resolvingFirst{svc: svc, resolve: func() error {
-		_, err := r.reconciler().Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund"})
-		return err
-	}}
-	now := time.Now()
-	rc := r.sweepingReconciler(&resolving, &now, nil)
-	failingLong(rc, orig.Key())
-	r.reconcileAll(rc, unknown)
-	if resolving.err != nil || !errors.Is(resolving.answer, compensation.ErrSettled) {
-		t.Fatalf("resolved (%v), then the reconciler's request = %v; want ErrSettled", resolving.err, resolving.answer)
-	}
-	if sub.n != 0 {
-		t.Errorf("%d compensations submitted; want none", sub.n)
-	}
-	now = now.Add(time.Hour)
-	r.reconcileAll(rc)
-	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusSucceeded {
-		t.Errorf("the call is %s (%v); want succeeded, not parked again", rec.Status, err)
-	}
-	if _, _, err := svc.Compensate(t.Context(), ops, orig.Key(), "the customer asked for it back"); err != nil || sub.n != 1 {
-		t.Errorf("an operator's undo afterwards = %v, %d submitted; want it submitted", err, sub.n)
+	// Resolved failed too: the call is then not compensable at all,
+	// which is no refusal of the reconciler's request either.
+	for _, as := range []processors.Status{processors.StatusSucceeded, processors.StatusFailed} {
+		t.Run(string(as), func(t *testing.T) {
+			r := newRig(t)
+			orig, unknown := r.unknownRefundToUndo()
+			sub := &countingSubmitter{}
+			svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+			// The resolution lands between the park and the reconciler's
+			// request for the compensation.
+			resolving := resolvingFirst{svc: svc, resolve: func() error {
+				_, err := r.reconciler().Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: as, Evidence: "the bank says"})
+				return err
+			}}
+			now := time.Now()
+			rc := r.sweepingReconciler(&resolving, &now, nil)
+			failingLong(rc, orig.Key())
+			r.reconcileAll(rc, unknown)
+			if resolving.err != nil || !errors.Is(resolving.answer, compensation.ErrSettled) {
+				t.Fatalf("resolved (%v), then the reconciler's request = %v; want ErrSettled", resolving.err, resolving.answer)
+			}
+			if sub.n != 0 {
+				t.Errorf("%d compensations submitted; want none", sub.n)
+			}
+			now = now.Add(time.Hour)
+			r.reconcileAll(rc)
+			if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != as {
+				t.Errorf("the call is %s (%v); want %s, not parked again", rec.Status, err, as)
+			}
+			if as != processors.StatusSucceeded {
+				return
+			}
+			if _, _, err := svc.Compensate(t.Context(), ops, orig.Key(), "the customer asked for it back"); err != nil || sub.n != 1 {
+				t.Errorf("an operator's undo afterwards = %v, %d submitted; want it submitted", err, sub.n)
+			}
+		})
 	}
 }
 
