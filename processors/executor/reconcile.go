@@ -516,14 +516,15 @@ func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pending
 	// Only the compensation the original's tool declares undoes it (the
 	// intake reserves the keys, this checks the tool as well).
 	tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
-	if err != nil {
-		// A reconciler that knows the tool settles it: its sweep of
-		// the calls parked for their compensation (retryUndos).
-		r.cfg.Logger.Warn("the compensated call's tool is not in this reconciler's registry; a reconciler that knows it settles the call", "call_key", rec.Key.String(),
+	switch {
+	case err != nil:
+		// Not in this reconciler's registry (a rolling deploy): the
+		// declared compensation cannot be checked here, and the key is
+		// one only the compensation service runs a call under. Dropped,
+		// the success would be recorded nowhere.
+		r.cfg.Logger.Warn("the compensated call's tool is not in this reconciler's registry; its compensation is taken as the declared one", "call_key", rec.Key.String(),
 			"tool", rec.Tool, "tool_version", rec.ToolVersion, "compensation_key", comp.Key().String(), "err", err)
-		return pendingMove{}, false, nil
-	}
-	if tool.Compensation == nil || tool.Compensation.Tool != comp.Tool || tool.Compensation.Version != comp.ToolVersion {
+	case tool.Compensation == nil || tool.Compensation.Tool != comp.Tool || tool.Compensation.Version != comp.ToolVersion:
 		r.cfg.Logger.Error("a call under a compensation key is not the declared compensation", "call_key", comp.Key().String(), "tool", comp.Tool)
 		return pendingMove{}, false, nil
 	}
@@ -587,8 +588,11 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		// rolling deploy, meeting a call of a newer version): what the
 		// tool declares is not known here, which is no reason to park
 		// the call as if it declared no lookup. It waits, as for a
-		// lookup that failed, for a reconciler that knows the tool.
-		return pendingMove{}, false, fmt.Errorf("tool %s version %d is not in this reconciler's registry: %w", rec.Tool, rec.ToolVersion, err)
+		// lookup that failed, for a reconciler that knows the tool, and
+		// is parked once none has for the bound (a version withdrawn
+		// from every registry).
+		last := fmt.Errorf("tool %s version %d is not in this reconciler's registry: %w", rec.Tool, rec.ToolVersion, err)
+		return r.unanswered(rec, tmpl, nil, last, "its tool version is not in the reconciler's registry, and has not been")
 	}
 	if tool.StatusLookup == nil || tool.StatusLookup.URL == "" {
 		detail := "the tool declares no status lookup: a human must find out what happened (ledger calls resolve)"
@@ -672,6 +676,13 @@ attempts:
 		}
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
+	return r.unanswered(rec, tmpl, tool, last, "the status lookups of its last pass failed or were held off, and none answered")
+}
+
+// unanswered leaves rec, whose pass could not find out what the call did
+// (last says why), for a later sweep, or parks it (lookup_failed, why)
+// once that has been so for UnansweredFor.
+func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, last error, why string) (pendingMove, bool, error) {
 	now := r.cfg.Now()
 	if since := r.failed(rec.Key, now); now.Sub(since) < r.cfg.UnansweredFor || now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
 		// A pass whose lookups failed or were held off says nothing
@@ -683,8 +694,7 @@ attempts:
 		// undo_unknown a park undoes a call that may have succeeded.
 		return pendingMove{}, false, last
 	}
-	return r.park(rec, tmpl, tool, ReasonLookupFailed,
-		fmt.Sprintf("the status lookups of its last pass failed or were held off, and none answered for %s: %v", r.cfg.UnansweredFor, last)), true, nil
+	return r.park(rec, tmpl, tool, ReasonLookupFailed, fmt.Sprintf("%s for %s: %v", why, r.cfg.UnansweredFor, last)), true, nil
 }
 
 // automaticUndoPending says why a resolution as succeeded waits for, or
@@ -886,23 +896,6 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 			why = fmt.Sprintf("ended %s without undoing anything", comp.Status)
 			todo = "undo it by hand if it must be (the ledger runs no other compensation of it) and settle the call (ledger calls resolve)"
 			r.cfg.Logger.Error("automatic compensation ended without undoing the call; it is handed to a human", "call_key", rec.Key.String(), "status", string(comp.Status))
-		case comp.Status == processors.StatusSucceeded:
-			// Its completion settles the call, unless the step that
-			// read it could not (the tool not in that reconciler's
-			// registry, in a rolling deploy): this sweep does then.
-			delete(r.undos, rec.Key)
-			ev := ledger.Event{TenantID: comp.Key.TenantID, IdempotencyKey: comp.Key.IdempotencyKey, Tool: comp.Tool, ToolVersion: comp.ToolVersion}
-			m, ok, err := r.compensate(ctx, ev)
-			if err != nil {
-				return nil, fmt.Errorf("sweep parked calls: %w", err)
-			}
-			if ok {
-				// Its completion may settle it first: then this one
-				// does not apply, and that is no failure.
-				m.mustApply = false
-				moves = append(moves, m)
-			}
-			continue
 		default:
 			// Running, or done: its completion settles the call.
 			delete(r.undos, rec.Key)

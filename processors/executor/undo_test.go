@@ -666,29 +666,41 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 }
 
 // A reconciler that does not know a call's tool version (one not yet
-// upgraded, in a rolling deploy) neither parks the call as declaring no
-// status lookup nor leaves its compensation's success unrecorded: the
-// call waits, and a reconciler that knows the tool settles it. Before, it
-// was parked no_status_lookup ("the tool declares none", which was
-// false), and a compensation's success read by such a reconciler was
-// dropped, the call parked compensation_requested for good.
+// upgraded, in a rolling deploy) does not park the call as declaring no
+// status lookup: the call waits, as for a lookup that failed, and is
+// parked lookup_failed, saying why, once that has lasted the bound (a
+// version withdrawn from every registry). A compensation's success such
+// a reconciler reads settles the call compensated all the same. Before,
+// the call was parked no_status_lookup ("the tool declares none", which
+// was false), and the compensation's success was dropped, the call left
+// as it was for good.
 func TestReconcilerWithoutTheToolLeavesItToOneThatKnowsIt(t *testing.T) {
-	r := newRig(t)
 	partial := registryWithout(t, "refund_order")
 	t.Run("unknown outcome", func(t *testing.T) {
-		_, unknown := r.unknownRefundToUndo()
+		r := newRig(t)
+		orig, unknown := r.unknownRefundToUndo()
 		now := time.Now()
-		old := r.sweepingReconciler(nil, &now, func(c *executor.ReconcilerConfig) { c.Registry = partial })
+		old := r.sweepingReconciler(nil, &now, func(c *executor.ReconcilerConfig) { c.Registry, c.UnansweredFor = partial, time.Hour })
 		for _, e := range r.reconcileAll(old, unknown) {
 			if e.Type == statemachine.EventParked {
-				t.Errorf("a reconciler without the tool parked the call: %s (%s)", e.Reason, e.Detail)
+				t.Errorf("a reconciler without the tool parked the call at once: %s (%s)", e.Reason, e.Detail)
 			}
+		}
+		now = now.Add(2 * time.Hour)
+		var parks []ledger.Event
+		for _, e := range r.reconcileAll(old) {
+			if e.Key() == orig.Key() && e.Type == statemachine.EventParked {
+				parks = append(parks, e)
+			}
+		}
+		if len(parks) != 1 || parks[0].Reason != executor.ReasonLookupFailed || !strings.Contains(parks[0].Detail, "not in the reconciler's registry") {
+			t.Errorf("after the bound: parks %+v; want one, %s, saying the tool version is not in the registry", parks, executor.ReasonLookupFailed)
 		}
 	})
 	t.Run("compensation succeeded", func(t *testing.T) {
 		r := newRig(t)
 		var now time.Time
-		orig, _, pub, rc, _ := r.undoRequested(&now)
+		orig, _, pub, _, _ := r.undoRequested(&now)
 		ck := orig.Key().CompensationKey()
 		out, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck))
 		if err != nil {
@@ -696,13 +708,8 @@ func TestReconcilerWithoutTheToolLeavesItToOneThatKnowsIt(t *testing.T) {
 		}
 		old := r.sweepingReconciler(nil, &now, func(c *executor.ReconcilerConfig) { c.Registry = partial })
 		r.reconcileAll(old, out.Records...)
-		if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusParked {
-			t.Fatalf("after a reconciler without the tool read the compensation's success, the call is %s (%v); want parked still", rec.Status, err)
-		}
-		now = now.Add(time.Minute)
-		r.reconcileAll(rc)
 		if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
-			t.Errorf("after a sweep of a reconciler that knows the tool, the call is %s (%v); want compensated", rec.Status, err)
+			t.Errorf("after a reconciler without the tool read the compensation's success, the call is %s (%v); want compensated", rec.Status, err)
 		}
 	})
 }
