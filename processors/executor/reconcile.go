@@ -697,6 +697,40 @@ func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *
 	return r.park(rec, tmpl, tool, ReasonLookupFailed, fmt.Sprintf("%s for %s: %v", why, r.cfg.UnansweredFor, last)), true, nil
 }
 
+// cancelUndo denies comp, the reconciler's compensation ck of a call an
+// operator resolves succeeded keeping the success, while it has not
+// started (authorized): by a compare-and-set on its record, so that an
+// executor claiming it at the same time either finds it denied and sends
+// nothing, or has claimed it first, and the resolution is refused as
+// with one running (the executor read the call still parked, and may
+// undo it). Without this, a claim between the resolution's check and its
+// move could undo the success the operator chose to keep. Nil, and no
+// move, for another compensation (an operator's, which undoes a call
+// resolved succeeded, as asked; one given back, which finds the call
+// settled when it is claimed again).
+func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity, ck ledger.CallKey, comp processors.Record) (*pendingMove, error) {
+	if automatic, known := compensation.Automatic(comp); !known || !automatic || comp.Status != processors.StatusAuthorized {
+		return nil, nil
+	}
+	tmpl, err := recordTemplate(comp)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoContext, err)
+	}
+	m := r.settle(comp, tmpl, processors.StatusDenied, statemachine.EventDenied, ReasonCompensationCancelled,
+		"the call it would undo was resolved succeeded by an operator, who chose to keep the success (cancel_compensation)", "", 0)
+	m.move.From = comp.Status
+	m.by("operator:" + operator.User)
+	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})
+	if err != nil {
+		return nil, err
+	}
+	if !applied[0] {
+		return nil, fmt.Errorf("%w: %s started (or changed) while the call was being resolved, and may undo the call: ask again once it has ended (ledger trace %s)",
+			ErrAutomaticUndoPending, ck, ck.IdempotencyKey)
+	}
+	return &m, nil
+}
+
 // automaticUndoPending says why a resolution as succeeded waits for, or
 // must confirm (confirmed), comp, the call's compensation ck; nil when it
 // need not. Resolved succeeded, the call is one the reconciler's
@@ -1189,31 +1223,41 @@ func (r *Reconciler) apply(ctx context.Context, moves []pendingMove) (ledger.Out
 // returns the events to publish, the resolution last; the move is in the
 // store, so if the publish fails the executor's sweep appends them.
 func (r *Reconciler) Resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, res Resolution) ([]ledger.Event, error) {
-	m, err := r.resolve(ctx, operator, key, res)
+	ms, err := r.resolve(ctx, operator, key, res)
 	if err != nil {
 		return nil, err
 	}
-	return m.evs, nil
+	var evs []ledger.Event
+	for _, m := range ms {
+		evs = append(evs, m.evs...)
+	}
+	return evs, nil
 }
 
-// resolve is Resolve, returning the move it applied.
-func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, res Resolution) (pendingMove, error) {
+// ReasonCompensationCancelled: the reconciler's compensation of a call,
+// not started, was denied when an operator resolved the call succeeded
+// and chose to keep the success (Resolution.CancelCompensation).
+const ReasonCompensationCancelled = "compensation_cancelled"
+
+// resolve is Resolve, returning the moves it applied: the cancel of the
+// reconciler's compensation, if it made one, then the call's.
+func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, key ledger.CallKey, res Resolution) ([]pendingMove, error) {
 	as, evidence := res.As, res.Evidence
 	if !slices.Contains(operator.Roles, r.cfg.OperatorRole) || (operator.Tenant != key.TenantID && operator.Tenant != "*") {
-		return pendingMove{}, ErrForbidden
+		return nil, ErrForbidden
 	}
 	if as != processors.StatusSucceeded && as != processors.StatusFailed {
-		return pendingMove{}, fmt.Errorf("%w: as %q: want succeeded or failed", ErrInvalidResolution, as)
+		return nil, fmt.Errorf("%w: as %q: want succeeded or failed", ErrInvalidResolution, as)
 	}
 	if strings.TrimSpace(evidence) == "" {
-		return pendingMove{}, fmt.Errorf("%w: evidence is required", ErrInvalidResolution)
+		return nil, fmt.Errorf("%w: evidence is required", ErrInvalidResolution)
 	}
 	rec, err := r.cfg.Store.Get(ctx, key)
 	if err != nil {
-		return pendingMove{}, err
+		return nil, err
 	}
 	if rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
-		return pendingMove{}, ErrNotUnknown
+		return nil, ErrNotUnknown
 	}
 	// A compensation that may undo (or has undone) the call settles it
 	// compensated: resolved failed now, the call would be recorded as
@@ -1224,22 +1268,28 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	// without undoing anything, or was itself resolved failed, the call
 	// is the operator's to settle.
 	ck := key.CompensationKey()
+	var cancel *pendingMove
 	switch comp, err := r.cfg.Store.Get(ctx, ck); {
 	case errors.Is(err, processors.ErrNotFound):
 	case err != nil:
-		return pendingMove{}, err
+		return nil, err
 	case as == processors.StatusFailed:
 		if !undoneNothing(comp.Status) {
-			return pendingMove{}, fmt.Errorf("%w: %s is %s; resolve it first if its outcome is unknown", ErrUndoUnderWay, ck, comp.Status)
+			return nil, fmt.Errorf("%w: %s is %s; resolve it first if its outcome is unknown", ErrUndoUnderWay, ck, comp.Status)
 		}
 	default:
 		if err := automaticUndoPending(ck, comp, res.CancelCompensation); err != nil {
-			return pendingMove{}, err
+			return nil, err
+		}
+		if c, err := r.cancelUndo(ctx, operator, ck, comp); err != nil {
+			return nil, err
+		} else if c != nil {
+			cancel = c
 		}
 	}
 	tmpl, err := recordTemplate(rec)
 	if err != nil {
-		return pendingMove{}, fmt.Errorf("%w: %w", ErrNoContext, err)
+		return nil, fmt.Errorf("%w: %w", ErrNoContext, err)
 	}
 	t := statemachine.EventSucceeded
 	if as == processors.StatusFailed {
@@ -1250,16 +1300,19 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	m.by("operator:" + operator.User)
 	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})
 	if err != nil {
-		return pendingMove{}, err
+		return nil, err
 	}
 	if !applied[0] {
 		// Settled by someone else, or moved on and still to settle
 		// (parked by the reconciler meanwhile): which, the operator
 		// must be told, for "not unknown" would say it was settled.
 		if now, err := r.cfg.Store.Get(ctx, key); err == nil && (now.Status == processors.StatusOutcomeUnknown || now.Status == processors.StatusParked) {
-			return pendingMove{}, fmt.Errorf("%w: it is %s now (seq %d, was %d): look at it again (ledger trace %s) before resolving it", ErrCallChanged, now.Status, now.Seq, rec.Seq, key.IdempotencyKey)
+			return nil, fmt.Errorf("%w: it is %s now (seq %d, was %d): look at it again (ledger trace %s) before resolving it", ErrCallChanged, now.Status, now.Seq, rec.Seq, key.IdempotencyKey)
 		}
-		return pendingMove{}, ErrNotUnknown
+		return nil, ErrNotUnknown
 	}
-	return m, nil
+	if cancel != nil {
+		return []pendingMove{*cancel, m}, nil
+	}
+	return []pendingMove{m}, nil
 }

@@ -47,8 +47,15 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			return
 		}
 		key := ledger.CallKey{TenantID: body.TenantID, IdempotencyKey: body.IdempotencyKey}
-		m, err := r.resolve(req.Context(), op, key, Resolution{As: processors.Status(body.As), Evidence: body.Evidence, CancelCompensation: body.CancelCompensation})
-		evs := m.evs
+		ms, err := r.resolve(req.Context(), op, key, Resolution{As: processors.Status(body.As), Evidence: body.Evidence, CancelCompensation: body.CancelCompensation})
+		var (
+			evs    []ledger.Event
+			logged []processors.Logged
+		)
+		for _, m := range ms {
+			evs = append(evs, m.evs...)
+			logged = append(logged, m.logged())
+		}
 		switch {
 		case errors.Is(err, ErrForbidden):
 			resolveError(w, http.StatusForbidden, "forbidden", err.Error())
@@ -97,7 +104,7 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 		last := evs[len(evs)-1]
 		if err != nil {
 			r.cfg.Logger.Warn("publish resolution; the sweep will append it", "call_key", key.String(), "err", err)
-		} else if err := r.cfg.Store.MarkLogged(req.Context(), []processors.Logged{m.logged()}); err != nil {
+		} else if err := r.cfg.Store.MarkLogged(req.Context(), logged); err != nil {
 			r.cfg.Logger.Warn("mark resolution logged", "call_key", key.String(), "err", err)
 		}
 		w.Header().Set("Content-Type", "application/json")

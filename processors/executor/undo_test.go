@@ -938,8 +938,21 @@ func TestResolveSucceededBehindTheReconcilersUndo(t *testing.T) {
 			}
 			if tc.cancel {
 				res.CancelCompensation = true
-				if _, err := rc.Resolve(t.Context(), ops, k, res); err != nil {
+				evs, err := rc.Resolve(t.Context(), ops, k, res)
+				if err != nil {
 					t.Fatalf("resolving succeeded, confirmed = %v", err)
+				}
+				// The compensation, not started, is denied at once: an
+				// executor claiming it now finds nothing to run.
+				if comp, err := r.store.Get(t.Context(), ck); err != nil || comp.Status != processors.StatusDenied {
+					t.Errorf("the compensation is %s (%v); want denied", comp.Status, err)
+				}
+				var reasons []string
+				for _, e := range evs {
+					reasons = append(reasons, e.Key().String()+":"+string(e.Type)+"/"+e.Reason)
+				}
+				if !slices.Contains(reasons, ck.String()+":denied/"+executor.ReasonCompensationCancelled) || !slices.Contains(reasons, k.String()+":succeeded/"+executor.ReasonResolvedByOperator) {
+					t.Errorf("the resolution's events %v; want the compensation denied %s and the call succeeded", reasons, executor.ReasonCompensationCancelled)
 				}
 			}
 			out, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck))
@@ -955,6 +968,56 @@ func TestResolveSucceededBehindTheReconcilersUndo(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A confirmed resolution as succeeded and an executor's claim of the
+// reconciler's compensation exclude each other: claimed between the
+// resolution's check and its write, the compensation runs (the executor
+// read the call still parked, and may undo it), and the resolution is
+// refused as with one running, the call left parked. Before, the
+// resolution was recorded, and the compensation undid the success the
+// operator had chosen to keep.
+func TestResolveSucceededRacingTheCompensationsClaim(t *testing.T) {
+	r := newRig(t)
+	var now time.Time
+	orig, _, _, _, _ := r.undoRequested(&now)
+	k, ck := orig.Key(), orig.Key().CompensationKey()
+	comp, err := r.store.Get(t.Context(), ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Store = &claimingFirst{Store: r.store, key: ck, hash: comp.ArgumentsHash}
+	})
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	_, err = rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund", CancelCompensation: true})
+	if !errors.Is(err, executor.ErrAutomaticUndoPending) {
+		t.Errorf("resolving while the compensation was claimed = %v; want ErrAutomaticUndoPending", err)
+	}
+	if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusParked {
+		t.Errorf("the call is %s (%v); want parked still, its compensation running", rec.Status, err)
+	}
+}
+
+// claimingFirst is a store on which an executor claims key just before
+// the first move of it, as one racing the mover would.
+type claimingFirst struct {
+	processors.Store
+	key     ledger.CallKey
+	hash    string
+	claimed bool
+}
+
+func (c *claimingFirst) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	for _, m := range ms {
+		if m.Key == c.key && !c.claimed {
+			c.claimed = true
+			if _, err := c.Store.Claim(ctx, []processors.Claim{{Key: c.key, ArgumentsHash: c.hash, Owner: "x-racer", Lease: time.Minute}}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return c.Store.Move(ctx, ms)
 }
 
 // Only the reconciler's compensation still to run holds a resolution as
