@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -121,6 +122,16 @@ func (q *queryFlags) print(w io.Writer, v any, table, csv func(io.Writer) error)
 	switch {
 	case q.jsonOut:
 		return printJSONTo(w, v)
+	case q.csvOut && isTerminal(w):
+		// Cells hold what agents sent (a resource, a call id): the
+		// raw escapes a file should keep would clear or repaint the
+		// responder's screen.
+		var b bytes.Buffer
+		if err := csv(&b); err != nil {
+			return err
+		}
+		_, err := w.Write(report.TerminalText(b.Bytes()))
+		return err
 	case q.csvOut:
 		return csv(w)
 	}

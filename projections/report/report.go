@@ -294,6 +294,23 @@ func TerminalJSON(b []byte) []byte {
 	return out
 }
 
+// TerminalText is the text b with every rune a terminal would not show as
+// it is, but for newlines and tabs, replaced by '?': an agent's terminal
+// escapes (ESC, carriage returns, C1 controls, bidi overrides) cannot
+// clear, repaint or reorder what a reader sees.
+func TerminalText(b []byte) []byte {
+	shown := func(r rune) bool { return r == '\n' || r == '\t' || !Invisible(r) }
+	if strings.IndexFunc(string(b), func(r rune) bool { return !shown(r) }) < 0 {
+		return b
+	}
+	return []byte(strings.Map(func(r rune) rune {
+		if shown(r) {
+			return r
+		}
+		return '?'
+	}, string(b)))
+}
+
 // hidden reports whether a terminal would not show r as it is; JSON's own
 // whitespace is shown.
 func hidden(r rune) bool {

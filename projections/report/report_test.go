@@ -115,6 +115,20 @@ func TestInvisible(t *testing.T) {
 	}
 }
 
+// TerminalText keeps a CSV's lines and tabs and replaces what would clear,
+// repaint or reorder a terminal (ESC, a carriage return, a C1 control, a
+// bidi override) with '?'; text with none of them is returned as it is.
+func TestTerminalText(t *testing.T) {
+	in := "tenant,resource\nt_a,\"acct \x1b[2J\rall \u009bclear\u202e\"\nt_b,\tok Zürich\n"
+	want := "tenant,resource\nt_a,\"acct ?[2J?all ?clear?\"\nt_b,\tok Zürich\n"
+	if got := string(TerminalText([]byte(in))); got != want {
+		t.Errorf("TerminalText = %q; want %q", got, want)
+	}
+	if plain := []byte("a,b\n"); &TerminalText(plain)[0] != &plain[0] {
+		t.Error("TerminalText copied text with nothing to replace")
+	}
+}
+
 // TerminalJSON escapes what a terminal would not show as it is (C1
 // controls, bidi overrides, zero-width and other format characters, an
 // astral one as a surrogate pair), leaves the rest (letters of any
