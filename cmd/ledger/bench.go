@@ -414,7 +414,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 		}
 		defer cluster.Close()
 		env.brokers = cluster.ListenAddrs()
-		report.Kafka = "kfake (in process, 1 broker)"
+		report.Kafka, report.KafkaInHarness = "kfake (in process, 1 broker)", true
 	default:
 		env.brokers = g.kafka.brokers
 		report.Kafka = strings.Join(env.brokers, ",")
@@ -1020,6 +1020,14 @@ func (e *benchEnv) measure(ctx context.Context, r benchRun, topics ledger.Topics
 		return loadtest.RunReport{}, fmt.Errorf("%s: %w", r.name, err)
 	}
 	rep.Witness = loadtest.Check(res, effects)
+	// The warm-up is checked as the run is (not timed): it is where the
+	// fresh processes join their groups, and so where a rebalance would
+	// lose or repeat a call.
+	weffects, err := e.effects(ctx, wres.RunID)
+	if err != nil {
+		return loadtest.RunReport{}, fmt.Errorf("%s: warm-up: %w", r.name, err)
+	}
+	rep.Warmup = &loadtest.Warmup{Result: wres, Witness: loadtest.Check(wres, weffects)}
 	if e.backend != nil {
 		// Checked: the backend need not hold the run's requests any
 		// longer (the next run's keys are its own). It held about seven

@@ -318,13 +318,20 @@ func TestBenchEmbedded(t *testing.T) {
 // TestBenchPolicyTimeout: --policy-timeout reaches the ledger processes.
 // With a budget no decision meets, every call is refused for now, sent
 // again as often as the load generator does (three times), and then
-// ends denied; nothing runs.
+// ends denied; nothing runs, and the run fails, saying so: calls that
+// never ran would count in its calls/s and latencies.
 func TestBenchPolicyTimeout(t *testing.T) {
 	t.Setenv(runMainEnv, "1")
 	dir := t.TempDir()
 	jsonOut := filepath.Join(dir, "bench.json")
-	runBenchCmd(t, "--calls", "20", "--warmup", "0", "--concurrency", "8", "--policy-timeout", "1ns",
-		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work"))
+	root := newRoot()
+	root.SetArgs([]string{"--log-level", "warn", "bench", "--calls", "20", "--warmup", "0", "--concurrency", "8", "--policy-timeout", "1ns",
+		"--direct=false", "--limits=false", "--json", jsonOut, "--work-dir", filepath.Join(dir, "work")})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "calls did not succeed (denied 20)") {
+		t.Errorf("ledger bench with every call denied = %v; want it failed, saying 20 calls were denied", err)
+	}
 	rep := readReport(t, jsonOut)
 	if len(rep.Runs) != 1 {
 		t.Fatalf("%d runs; want 1", len(rep.Runs))

@@ -13,15 +13,21 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // Report is everything one `ledger bench` measured, side by side.
 type Report struct {
-	Machine    Machine   `json:"machine"`
-	At         time.Time `json:"at"`
-	Kafka      string    `json:"kafka"`
-	Store      string    `json:"store"`
-	ClickHouse string    `json:"clickhouse,omitempty"`
+	Machine Machine   `json:"machine"`
+	At      time.Time `json:"at"`
+	Kafka   string    `json:"kafka"`
+	// KafkaInHarness: the Kafka broker ran in the benchmark's process,
+	// so that the harness's CPU holds the broker's work, which depends on
+	// the build (its transactions, fetches and records).
+	KafkaInHarness bool   `json:"kafka_in_harness,omitempty"`
+	Store          string `json:"store"`
+	ClickHouse     string `json:"clickhouse,omitempty"`
 	// Attached names the ledger the runs drove when it was running
 	// already (ledger bench --attach): its topics, its tools' backend
 	// and the processes measured. Empty when the benchmark started the
@@ -189,6 +195,9 @@ type RunReport struct {
 	Processes int     `json:"processes"`
 	Result    Result  `json:"result"`
 	Witness   Witness `json:"witness"`
+	// Warmup is the run's warm-up, checked for duplicates, lost calls
+	// and calls that did not succeed; nil when it was not checked.
+	Warmup *Warmup `json:"warmup,omitempty"`
 	// LedgerCPU is the CPU time of the ledger processes while the run
 	// was measured; HarnessCPU that of the benchmark process (load
 	// generator, Kafka when in process, the tool backend).
@@ -267,21 +276,52 @@ func (r *RunReport) Derive() {
 }
 
 // Failures lists what makes the run a failure whatever its speed: a
-// duplicate or missing effect, a lost call.
+// duplicate or missing effect, an attempt sent twice, a lost call, a call
+// that ended other than succeeded (its calls/s and latencies would count
+// calls that never ran), in the measured run or its warm-up.
 func (rep Report) Failures() []string {
 	var bad []string
 	for _, r := range rep.Runs {
-		if r.Witness.Duplicates > 0 {
-			bad = append(bad, fmt.Sprintf("%s: %d duplicate effects", r.Name, r.Witness.Duplicates))
-		}
-		if r.Witness.Missing > 0 {
-			bad = append(bad, fmt.Sprintf("%s: %d calls succeeded without an effect at the tool", r.Name, r.Witness.Missing))
-		}
-		if r.Result.Lost > 0 {
-			bad = append(bad, fmt.Sprintf("%s: %d calls lost", r.Name, r.Result.Lost))
+		bad = append(bad, r.Result.failures(r.Name, r.Witness)...)
+		if w := r.Warmup; w != nil {
+			bad = append(bad, w.Result.failures(r.Name+" (warm-up)", w.Witness)...)
 		}
 	}
 	return bad
+}
+
+// failures are Failures' of one run, named name, and its witness w.
+func (res Result) failures(name string, w Witness) []string {
+	var bad []string
+	if w.Duplicates > 0 {
+		bad = append(bad, fmt.Sprintf("%s: %d duplicate effects", name, w.Duplicates))
+	}
+	if w.DuplicateSends > 0 {
+		bad = append(bad, fmt.Sprintf("%s: %d calls with an attempt sent to the tool twice", name, w.DuplicateSends))
+	}
+	if w.Missing > 0 {
+		bad = append(bad, fmt.Sprintf("%s: %d calls succeeded without an effect at the tool", name, w.Missing))
+	}
+	if res.Lost > 0 {
+		bad = append(bad, fmt.Sprintf("%s: %d calls lost", name, res.Lost))
+	}
+	if n := res.Finished - res.ByState[string(statemachine.StateSucceeded)]; n > 0 {
+		var states []string
+		for _, st := range slices.Sorted(maps.Keys(res.ByState)) {
+			if st != string(statemachine.StateSucceeded) {
+				states = append(states, fmt.Sprintf("%s %d", st, res.ByState[st]))
+			}
+		}
+		bad = append(bad, fmt.Sprintf("%s: %d calls did not succeed (%s), and count in its calls/s and latencies", name, n, strings.Join(states, ", ")))
+	}
+	return bad
+}
+
+// Warmup is what a run's warm-up did, checked as the run is: its calls
+// are where fresh processes join their groups.
+type Warmup struct {
+	Result  Result  `json:"result"`
+	Witness Witness `json:"witness"`
 }
 
 // WriteJSON writes the report as indented JSON.
@@ -520,7 +560,12 @@ func (rep Report) writeSideBySide(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if control != "" {
+	switch {
+	case control != "" && rep.KafkaInHarness:
+		if _, err := fmt.Fprintf(w, "(the harness runs the same code against both builds, but here also the Kafka broker, whose work each build makes: its change, %s, is the machine's drift only roughly; --kafka-process runs the broker apart and makes the harness a control)\n", control); err != nil {
+			return err
+		}
+	case control != "":
 		if _, err := fmt.Fprintf(w, "(the harness runs the same code against both builds: its change, %s, is the machine's drift between their runs; a change no larger is noise)\n", control); err != nil {
 			return err
 		}

@@ -143,6 +143,23 @@ func TestReportFailures(t *testing.T) {
 			want: []string{"lost run: 4 calls lost"},
 		},
 		{
+			name: "an attempt sent twice",
+			runs: []RunReport{{Name: "sent run", Witness: Witness{Replays: 2, DuplicateSends: 1}}},
+			want: []string{"sent run: 1 calls with an attempt sent to the tool twice"},
+		},
+		{
+			// Counted in calls/s though they never ran.
+			name: "calls that did not succeed",
+			runs: []RunReport{{Name: "refused run", Result: Result{Finished: 10, ByState: map[string]int64{"succeeded": 7, "denied": 2, "expired": 1}}}},
+			want: []string{"refused run: 3 calls did not succeed (denied 2, expired 1)"},
+		},
+		{
+			name: "a clean run's warm-up",
+			runs: []RunReport{{Name: "warm run", Result: Result{Finished: 5, ByState: map[string]int64{"succeeded": 5}},
+				Warmup: &Warmup{Result: Result{Lost: 1}, Witness: Witness{Duplicates: 1}}}},
+			want: []string{"warm run (warm-up): 1 duplicate effects", "warm run (warm-up): 1 calls lost"},
+		},
+		{
 			name: "everything in one run, then another",
 			runs: []RunReport{
 				{Name: "bad", Witness: Witness{Duplicates: 1, Missing: 1}, Result: Result{Lost: 1}},
@@ -450,6 +467,17 @@ func TestReportSideBySide(t *testing.T) {
 	}
 	if !strings.Contains(side, "the hypervisor took 2.0% and 8.0% of the machine's CPU time") {
 		t.Errorf("side-by-side table does not say what the hypervisor took from each build's runs:\n%s", side)
+	}
+	// With the broker in the harness, whose work each build makes, the
+	// harness is no clean control, and the note says so.
+	inHarness := rep
+	inHarness.KafkaInHarness = true
+	buf.Reset()
+	if err := inHarness.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); strings.Contains(out, "a change no larger is noise") || !strings.Contains(out, "is the machine's drift only roughly; --kafka-process") {
+		t.Errorf("with Kafka in the harness, the side-by-side table still reads the harness as a clean control:\n%s", out)
 	}
 	// The ratios to the floor come from this build's first run.
 	rep.Direct = &DirectReport{Calls: 10, PerSec: 2600}

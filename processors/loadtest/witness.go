@@ -17,6 +17,13 @@ type Witness struct {
 	Replays int64 `json:"replays"`
 	// Duplicates are calls with more than one new side effect: must be 0.
 	Duplicates int64 `json:"duplicate_effects"`
+	// DuplicateSends are calls of a tool with effects (not a read) one of
+	// whose attempts reached the tool more than once: must be 0. The
+	// ledger's adapter never sends a request again (a retry or a takeover
+	// is an attempt of a higher number), so one sent twice is the ledger
+	// executing a call twice, which a tool that deduplicates by key
+	// (create_ticket, refund_order) absorbs, and Duplicates cannot see.
+	DuplicateSends int64 `json:"duplicate_sends"`
 	// Missing are calls the ledger reported succeeded that the tool never
 	// saw: must be 0.
 	Missing int64 `json:"missing_effects"`
@@ -29,10 +36,20 @@ type Witness struct {
 func Check(res Result, effects []demobackend.Effect) Witness {
 	var w Witness
 	seen := make(map[int64]int64) // call -> new effects (reads count as one)
+	type send struct {
+		call    int64
+		attempt int
+	}
+	sent := make(map[send]int)
 	for _, ef := range effects {
 		i, ok := callIndex(ef.IdempotencyKey, res.RunID)
 		if !ok {
 			continue
+		}
+		if !ef.Read && ef.Attempt > 0 {
+			if sent[send{i, ef.Attempt}]++; sent[send{i, ef.Attempt}] == 2 {
+				w.DuplicateSends++
+			}
 		}
 		switch {
 		case ef.Read:

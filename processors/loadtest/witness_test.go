@@ -53,6 +53,12 @@ func witRead(runID string, i int64) demobackend.Effect {
 	return demobackend.Effect{Tool: "get_weather", IdempotencyKey: witKey(runID, i), TenantID: tenantName(int(i % 3)), Read: true}
 }
 
+// attempt is ef as the request of attempt n.
+func attempt(ef demobackend.Effect, n int) demobackend.Effect {
+	ef.Attempt = n
+	return ef
+}
+
 // witReplay is a native replay of call i of runID: no new effect.
 func witReplay(runID string, i int64) demobackend.Effect {
 	ef := witEffect(runID, i)
@@ -116,6 +122,28 @@ func TestCheck(t *testing.T) {
 			succeeded: []int64{0},
 			effects:   []demobackend.Effect{witEffect(witRunID, 0), witReplay(witRunID, 0), witReplay(witRunID, 0)},
 			want:      Witness{Effects: 1, Replays: 2},
+		},
+		// A retry is an attempt of a higher number; the same attempt
+		// twice is the ledger sending it twice, which the tool's own
+		// dedupe absorbed.
+		{
+			name:      "replays of later attempts are retries",
+			succeeded: []int64{0},
+			effects:   []demobackend.Effect{attempt(witEffect(witRunID, 0), 1), attempt(witReplay(witRunID, 0), 2), attempt(witReplay(witRunID, 0), 3)},
+			want:      Witness{Effects: 1, Replays: 2},
+		},
+		{
+			name:      "an attempt sent twice",
+			succeeded: []int64{0, 1},
+			effects: []demobackend.Effect{attempt(witEffect(witRunID, 0), 1), attempt(witReplay(witRunID, 0), 1), attempt(witReplay(witRunID, 0), 1),
+				attempt(witEffect(witRunID, 1), 1)},
+			want: Witness{Effects: 2, Replays: 2, DuplicateSends: 1},
+		},
+		{
+			name:      "a read's attempt sent twice is no effect",
+			succeeded: []int64{0},
+			effects:   []demobackend.Effect{attempt(witRead(witRunID, 0), 1), attempt(witRead(witRunID, 0), 1)},
+			want:      Witness{Reads: 2},
 		},
 		{
 			name:      "a replay alone is the call seen",
@@ -197,9 +225,10 @@ func TestCheck(t *testing.T) {
 
 // TestCheckFromBackend runs the check over what the demo backend itself
 // records: a repeated create_ticket under one key is a native replay, a
-// repeated get_weather a read, neither a duplicate; a create_ticket under
-// the same idempotency key for another tenant is a new effect of that
-// call, so a duplicate.
+// repeated get_weather a read, neither a duplicate effect; a create_ticket
+// under the same idempotency key for another tenant is a new effect of
+// that call, so a duplicate. Each request here is attempt 1: the replay,
+// and the other tenant's request, are attempts sent twice.
 func TestCheckFromBackend(t *testing.T) {
 	backend := demobackend.New(demobackend.Config{})
 	t.Cleanup(func() { backend.Close() })
@@ -221,7 +250,7 @@ func TestCheckFromBackend(t *testing.T) {
 		witPost(t, srv, c.tool, c.tenant, witKeyFor(c.tenant, witRunID, c.i), c.args)
 	}
 	res := witResult(t, witRunID, []int64{0, 1, 2})
-	want := Witness{Effects: 3, Reads: 2, Replays: 1, Duplicates: 1}
+	want := Witness{Effects: 3, Reads: 2, Replays: 1, Duplicates: 1, DuplicateSends: 2}
 	if diff := cmp.Diff(want, Check(res, backend.Effects())); diff != "" {
 		t.Errorf("Check (-want +got):\n%s", diff)
 	}
