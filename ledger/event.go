@@ -126,7 +126,15 @@ type Event struct {
 
 	ResultDigest string `json:"result_digest,omitempty"`
 	ResultBytes  int    `json:"result_bytes,omitempty"`
-	LatencyMS    int64  `json:"latency_ms,omitempty"`
+	// LatencyMS is how long the execution took, from its claim's start
+	// to its outcome: the executor's own waits (the tool's bulkhead,
+	// retries' backoffs, the checks before the call) included.
+	LatencyMS int64 `json:"latency_ms,omitempty"`
+	// ToolUS is the part of it the tool's requests took, summed over
+	// the attempts, in microseconds: what the tool itself cost the call,
+	// which latency added by the ledger is measured without. Zero when
+	// no request left (or from an older build).
+	ToolUS int64 `json:"tool_us,omitempty"`
 }
 
 // Key returns the call the event belongs to.

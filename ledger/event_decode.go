@@ -265,6 +265,8 @@ func (d *fastDecoder) field(e *Event, key []byte) bool {
 		return intNum(&e.ResultBytes)
 	case "latency_ms":
 		return num(&e.LatencyMS)
+	case "tool_us":
+		return num(&e.ToolUS)
 	}
 	return false
 }

@@ -76,6 +76,7 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = appendOptString(b, "result_digest", e.ResultDigest)
 	b = appendOptInt(b, "result_bytes", int64(e.ResultBytes))
 	b = appendOptInt(b, "latency_ms", e.LatencyMS)
+	b = appendOptInt(b, "tool_us", e.ToolUS)
 	return append(b, '}'), nil
 }
 

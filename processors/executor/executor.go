@@ -1228,7 +1228,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backend})
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backend}, &c.toolTime)
 		if err == nil {
 			return c.succeed(tool, attempt, resp, secrets{bearer, backend})
 		}
@@ -1751,7 +1751,7 @@ func (s secrets) in(p, q []byte) bool {
 	return false
 }
 
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets) (httptool.Response, error) {
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets, took *time.Duration) (httptool.Response, error) {
 	release, err := x.acquire(ctx, g)
 	if err != nil {
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: err}
@@ -1811,7 +1811,9 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		err = &httptool.Error{Kind: httptool.Unknown, Detail: "unclassified caller error", Err: err}
 	}
 	result := toolCallResult(err)
-	x.cfg.Metrics.ToolCall(tool.Name, result, time.Since(t0))
+	d := time.Since(t0)
+	*took += d
+	x.cfg.Metrics.ToolCall(tool.Name, result, d)
 	span.SetAttributes(attribute.String("ledger.result", result))
 	if err != nil {
 		span.SetStatus(codes.Error, result)
@@ -1880,6 +1882,9 @@ type completion struct {
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string
+	// toolTime is what the tool's requests took, summed over the
+	// attempts (ledger.Event.ToolUS).
+	toolTime time.Duration
 	// rechecked: the decision of the policies in force at execution
 	// that allowed the approved call again (recheckApproval); its
 	// executing event records it, with the roles it was made with, so
@@ -1944,6 +1949,7 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 	term.Reason = reason
 	term.ErrorCode = code
 	term.LatencyMS = now.Sub(c.start).Milliseconds()
+	term.ToolUS = c.toolTime.Microseconds()
 	var stored []byte
 	if result != nil {
 		term.ResultDigest = result.digest

@@ -1222,3 +1222,35 @@ func TestMayAuthorize(t *testing.T) {
 		t.Errorf("the executor loop replaced the Acts it was given")
 	}
 }
+
+// The terminal event says what the tool's requests took (tool_us), apart
+// from the execution's own waits: a retry's backoff counts in latency_ms
+// and not in tool_us. Before, only latency_ms was recorded, and a
+// benchmark subtracting it as the tool's time hid the ledger's waits
+// (the bulkhead's queue, backoffs) from the latency it adds.
+func TestTerminalEventSaysWhatTheToolTook(t *testing.T) {
+	r := newRig(t)
+	// Two requests that each take 30 ms, the first failing 503, with
+	// 200 ms of backoff between them.
+	r.backend.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{Latency: 30 * time.Millisecond, FailStatus: http.StatusServiceUnavailable, FailTimes: 1})
+	auth := r.admit("create_ticket", "k-took", map[string]any{"title": "t"}, 0)
+	out, err := r.executor(func(c *executor.Config) { c.RetryBackoff = 200 * time.Millisecond }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	term := evs[1]
+	if term.Attempt != 2 {
+		t.Fatalf("attempt %d; want 2 (one retry)", term.Attempt)
+	}
+	took := time.Duration(term.ToolUS) * time.Microsecond
+	if took < 30*time.Millisecond || took >= 200*time.Millisecond {
+		t.Errorf("tool_us %s; want the two requests' time, at least 30 ms and without the 200 ms backoff", took)
+	}
+	if lat := time.Duration(term.LatencyMS) * time.Millisecond; lat < took+200*time.Millisecond-time.Millisecond {
+		t.Errorf("latency_ms %s, tool_us %s; want the execution's time, the backoff in", lat, took)
+	}
+}

@@ -261,7 +261,8 @@ type Result struct {
 	PerSec    float64       `json:"calls_per_sec"`
 	// E2E is publish (or scheduled arrival) to the terminal event read
 	// committed; Added is E2E minus the tool call's own time as the
-	// executor measured it (the terminal event's latency_ms).
+	// executor measured it (the terminal event's tool_us: its requests'
+	// time, not the executor's waits; latency_ms from an older build).
 	E2E   Percentiles `json:"e2e"`
 	Added Percentiles `json:"added"`
 	// Stages splits the end-to-end latency of the calls that ran
@@ -281,15 +282,13 @@ type Result struct {
 // Stages splits a call's end-to-end latency into four parts that add up
 // to it, from when the benchmark read the call's authorized and terminal
 // events and from the times the terminal event carries (its at, and its
-// latency_ms: the executor's attempt). Only the calls the executor ended
+// tool_us: the tool's requests). Only the calls the executor ended
 // count.
 //
 // Claim and Record subtract a time the executor's clock took from one
 // the benchmark's clock took: with the two on different machines, their
 // clocks' offset moves time between Claim and Record (a negative part
-// counts as 0). Intake and Call use one clock each. The terminal event's
-// latency_ms is whole milliseconds, so Call is truncated and Claim gets
-// the remainder. A call the executor ended without reaching the tool
+// counts as 0). Intake and Call use one clock each. A call the executor ended without reaching the tool
 // (expired, say) counts with a Call of 0. A call sent again after a
 // refusal for now (Config.RetryLater) counts from its last sending: its
 // parts add up to its end-to-end latency less the waits before it.
@@ -300,11 +299,12 @@ type Stages struct {
 	// request's wait in its partition, the intake's checks, policy and
 	// admission, and the intake's Kafka transaction.
 	Intake Percentiles `json:"intake"`
-	// Claim: from there to the executor starting the call. The
-	// executor's fetch, the step it was in, and the claim.
+	// Claim: from there to the tool's requests. The executor's fetch,
+	// the step it was in, the claim, and its waits before and between
+	// the requests: the bulkhead, the credential, retries' backoffs.
 	Claim Percentiles `json:"claim"`
-	// Call: the executor's attempt, as the terminal event's latency_ms:
-	// the bulkhead, the credential, the tool's requests.
+	// Call: the tool's requests, as the terminal event's tool_us (an
+	// older build's latency_ms: the executor's waits in).
 	Call Percentiles `json:"call"`
 	// Record: from the terminal event's time to its read committed. The
 	// completion, the executor's Kafka transaction, the benchmark's fetch.
@@ -616,7 +616,13 @@ func (r *run) watch(ctx context.Context, cl *kgo.Client) error {
 			if t == statemachine.EventDenied && tail.RetryAfterMS > 0 && r.retryLater(ctx, i, tail) {
 				return
 			}
-			r.finish(i, t, now, tail.At, time.Duration(tail.LatencyMS)*time.Millisecond)
+			// The tool's own time: its requests' (tool_us); an older
+			// build's events have only the execution's, its waits in.
+			tool := time.Duration(tail.ToolUS) * time.Microsecond
+			if tail.ToolUS == 0 {
+				tool = time.Duration(tail.LatencyMS) * time.Millisecond
+			}
+			r.finish(i, t, now, tail.At, tool)
 		})
 	}
 	return nil
