@@ -3,6 +3,7 @@ package schemas
 import (
 	"encoding/json"
 	"strconv"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -30,7 +31,7 @@ func envelopeMeets(v any) bool {
 		case "tool_version":
 			ok = isIntIn(val, 1, 2147483647)
 		case "call_id":
-			ok = isPlainString(val, 1, 255)
+			ok = isHeaderString(val, 1, 255)
 		case "arguments":
 			_, ok = val.(map[string]any)
 		case "scope":
@@ -39,12 +40,12 @@ func envelopeMeets(v any) bool {
 			// "." and ".." would be path segments in every URL that
 			// names the call (GET /v1/calls/{key}, the trace, the
 			// console), which clients and servers resolve away.
-			ok = isPrintableASCII(val, 1, 255) && val != "." && val != ".."
+			ok = isPrintableASCII(val, 1, 255) && val != "." && val != ".." && !edgeSpace(val.(string))
 
 		case "arguments_hash":
 			ok = isArgumentsHash(val)
 		case "trace_id":
-			ok = isPlainString(val, 0, 255)
+			ok = isHeaderString(val, 0, 255)
 		case "deadline_ms":
 			ok = isIntIn(val, 1, 3600000)
 		case "assertion":
@@ -141,6 +142,22 @@ func isPlainString(v any, min, max int) bool {
 		n++
 	}
 	return n >= min && n <= max
+}
+
+// isHeaderString is isPlainString for a value sent to the tool as a
+// header: neither its first nor its last rune is white space
+// (unicode.IsSpace), which a header's reader trims away, so that the
+// executor's adapter would refuse to send it.
+func isHeaderString(v any, min, max int) bool {
+	s, ok := v.(string)
+	return ok && isPlainString(s, min, max) && !edgeSpace(s)
+}
+
+// edgeSpace reports whether s starts or ends with white space.
+func edgeSpace(s string) bool {
+	first, _ := utf8.DecodeRuneInString(s)
+	last, _ := utf8.DecodeLastRuneInString(s)
+	return s != "" && (unicode.IsSpace(first) || unicode.IsSpace(last))
 }
 
 // isPrintableASCII: ^[\x20-\x7E]+$ and min to max characters.

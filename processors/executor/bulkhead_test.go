@@ -14,6 +14,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 )
@@ -274,6 +275,43 @@ func TestBreakerPerTenant(t *testing.T) {
 	want := map[string]string{"create_ticket/t_bad": "open", "create_ticket/t_a": "closed"}
 	if diff := cmp.Diff(want, x.BreakerStates()); diff != "" {
 		t.Errorf("breaker states (-want +got):\n%s", diff)
+	}
+}
+
+// A request the adapter refuses to send (ErrInvalidRequest: here a
+// credential over plain http off loopback) says nothing of the tool, and
+// does not count toward its breaker: the tenant's other calls are not
+// refused breaker_open for it. Before, such refusals counted as the
+// tool's failures and opened the tenant's breaker.
+func TestBreakerIgnoresRequestsNeverSent(t *testing.T) {
+	r := newRig(t)
+	broker, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := r.executor(func(c *executor.Config) {
+		c.MaxAttempts = 1
+		c.Breaker = executor.BreakerConfig{MinRequests: 3, FailureRatio: 0.5, OpenFor: time.Hour}
+		// A documentation address: never dialled, the adapter refuses
+		// to send a credential there in clear.
+		c.BaseURL, c.Credentials = "http://192.0.2.1:9", broker
+	})
+	var codes []string
+	for i := range 4 {
+		out, err := x.Step(t.Context(), []*kgo.Record{r.admit("create_ticket", fmt.Sprintf("unsendable-%d", i), ticket, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := decodeAll(t, out.Records)
+		codes = append(codes, evs[len(evs)-1].ErrorCode)
+	}
+	for i, code := range codes {
+		if code == "breaker_open" {
+			t.Errorf("call %d: %s; want the adapter's refusal, the breaker closed (codes %v)", i, code, codes)
+		}
+	}
+	if st := x.BreakerStates()["create_ticket/t_a"]; st == "open" {
+		t.Errorf("the tenant's breaker is %s; want closed", st)
 	}
 }
 

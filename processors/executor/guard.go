@@ -245,10 +245,12 @@ func (x *Executor) newBreaker(tool, tenant string) *gobreaker.CircuitBreaker[htt
 		// A request the kill switch (or an approval's expiry) held back
 		// at its gate says nothing of the tool either way: counted a
 		// success, it closed a half-open breaker on a tool never heard
-		// from.
+		// from. Nor does a request the adapter refused to send
+		// (ErrInvalidRequest: a header it cannot carry, a credential
+		// over plain http), which never reached the tool.
 		IsExcluded: func(err error) bool {
 			_, held := errors.AsType[*heldBack](err)
-			return held || errors.Is(err, control.ErrStale)
+			return held || errors.Is(err, control.ErrStale) || errors.Is(err, httptool.ErrInvalidRequest)
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			log.Warn("breaker state change", "tool", tool, "tenant", tenant, "from", from.String(), "to", to.String())
