@@ -187,6 +187,10 @@ const (
 	// its content, since the masks its policy or tool asks for could not
 	// be applied to it (not a tree ledger.Decode reads).
 	CodeResultUnmaskable = "result_unmaskable"
+	// CodeResultLost: a succeeded call whose answer's body was lost on
+	// the way after its 2xx status line (cut, or past the tool's
+	// timeout): kept without content.
+	CodeResultLost = "result_lost"
 	// CodeResultHoldsSecret: a succeeded call whose result is kept
 	// without its content, since it holds a secret the request carried
 	// (the call's credential, the backend's secret): a tool that echoes
@@ -1230,7 +1234,17 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		attempt++
 		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backend}, &c.toolTime)
 		if err == nil {
-			return c.succeed(tool, attempt, resp, secrets{bearer, backend})
+			return c.succeed(tool, attempt, resp, secrets{bearer, backend}, false)
+		}
+		if he, ok := errors.AsType[*httptool.Error](err); ok && he.Kind == httptool.Unknown && he.Status >= 200 && he.Status < 300 {
+			// The tool said it did it (a 2xx status line arrived whole,
+			// as a refusal's would stand), and only its answer's body
+			// was lost on the way (cut, or past the tool's timeout):
+			// the call succeeded, its result not known. Taken for an
+			// outcome unknown, it was handed to the reconciler, and
+			// under undo_unknown undone; a read was failed.
+			log.Warn("the tool's answer was lost after its 2xx status; the call succeeded without its result", "attempt", attempt, "err", err)
+			return c.succeed(tool, attempt, resp, secrets{bearer, backend}, true)
 		}
 		if hb, ok := errors.AsType[*heldBack](err); ok {
 			// No request leaves for a frozen tool, nor past an
@@ -2005,10 +2019,17 @@ func (c *completion) complete(status processors.Status, attempt int, result []by
 	}
 }
 
-func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Response, sent secrets) processors.Completion {
+// succeed records the call succeeded with the tool's answer resp; lost:
+// only part of the answer's body arrived, and none of it is kept.
+func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Response, sent secrets, lost bool) processors.Completion {
+	if lost {
+		resp.Truncated = true
+	}
 	s := sanitize(tool, resp, append(append([]string(nil), tool.Mask...), obligationMasks(c.tmpl.Obligations)...), sent)
 	code := ""
 	switch {
+	case lost:
+		code = CodeResultLost
 	case s.holdsSecret:
 		code = CodeResultHoldsSecret
 	case resp.Truncated:

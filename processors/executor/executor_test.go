@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -1252,5 +1253,50 @@ func TestTerminalEventSaysWhatTheToolTook(t *testing.T) {
 	}
 	if lat := time.Duration(term.LatencyMS) * time.Millisecond; lat < took+200*time.Millisecond-time.Millisecond {
 		t.Errorf("latency_ms %s, tool_us %s; want the execution's time, the backoff in", lat, took)
+	}
+}
+
+// A tool whose 2xx status line arrived and whose body was then lost (cut
+// mid-answer) did what it was asked: the call succeeds at once, its
+// result kept without content (result_lost), and is not sent again.
+// Before, the answer was taken for no answer: retried, then outcome
+// unknown, for the reconciler (and under undo_unknown, undone).
+func TestTwoHundredWithItsBodyLostSucceeds(t *testing.T) {
+	r := newRig(t)
+	var requests atomic.Int32
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		requests.Add(1)
+		_, _ = io.Copy(io.Discard, req.Body)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ticket_id\":")
+		_ = buf.Flush()
+	}))
+	t.Cleanup(cut.Close)
+	r.url = cut.URL
+	auth := r.admit("create_ticket", "k-cut", map[string]any{"title": "t"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if code := evs[1].ErrorCode; code != executor.CodeResultLost {
+		t.Errorf("code %q; want %s", code, executor.CodeResultLost)
+	}
+	if n := requests.Load(); n != 1 {
+		t.Errorf("the tool was asked %d times; want once", n)
+	}
+	rec, err := r.store.Get(t.Context(), evs[1].Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(rec.Result), "ticket_id") {
+		t.Errorf("stored result %s; want it without the part that arrived", rec.Result)
 	}
 }
