@@ -91,6 +91,9 @@ type ReconcilerStore interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 	ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
+	// Complete denies a compensation an executor gave back, fenced by
+	// its claim's epoch (a confirmed resolution's cancelUndo).
+	Complete(ctx context.Context, cs []processors.Completion) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 }
 
@@ -699,17 +702,19 @@ func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *
 
 // cancelUndo denies comp, the reconciler's compensation ck of a call an
 // operator resolves succeeded keeping the success, while it has not
-// started (authorized): by a compare-and-set on its record, so that an
-// executor claiming it at the same time either finds it denied and sends
-// nothing, or has claimed it first, and the resolution is refused as
-// with one running (the executor read the call still parked, and may
-// undo it). Without this, a claim between the resolution's check and its
-// move could undo the success the operator chose to keep. Nil, and no
-// move, for another compensation (an operator's, which undoes a call
-// resolved succeeded, as asked; one given back, which finds the call
-// settled when it is claimed again).
+// started: authorized, by a compare-and-set on its record (Move); given
+// back by an executor (executing, no lease owner: its breaker was open,
+// its policies could not decide), by a completion fenced by its claim's
+// epoch (Complete). So an executor claiming it at the same time either
+// finds it denied and sends nothing, or has claimed it first, and the
+// resolution is refused as with one running (the executor read the call
+// still parked, and may undo it). Without this, a claim between the
+// resolution's check and its write could undo the success the operator
+// chose to keep. Nil, and nothing written, for another compensation (an
+// operator's, which undoes a call resolved succeeded, as asked).
 func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity, ck ledger.CallKey, comp processors.Record) (*pendingMove, error) {
-	if automatic, known := compensation.Automatic(comp); !known || !automatic || comp.Status != processors.StatusAuthorized {
+	givenBack := comp.Status == processors.StatusExecuting && comp.LeaseOwner == ""
+	if automatic, known := compensation.Automatic(comp); !known || !automatic || comp.Status != processors.StatusAuthorized && !givenBack {
 		return nil, nil
 	}
 	tmpl, err := recordTemplate(comp)
@@ -720,7 +725,13 @@ func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity,
 		"the call it would undo was resolved succeeded by an operator, who chose to keep the success (cancel_compensation)", "", 0)
 	m.move.From = comp.Status
 	m.by("operator:" + operator.User)
-	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})
+	var applied []bool
+	if givenBack {
+		applied, err = r.cfg.Store.Complete(ctx, []processors.Completion{{Key: ck, Epoch: comp.Epoch, Status: processors.StatusDenied,
+			Attempt: comp.Attempt, Seq: m.move.Seq, Outbox: m.move.Outbox}})
+	} else {
+		applied, err = r.cfg.Store.Move(ctx, []processors.Move{m.move})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -1267,6 +1278,12 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	// the resolver must confirm, below.) Once the compensation ended
 	// without undoing anything, or was itself resolved failed, the call
 	// is the operator's to settle.
+	// Read before anything is written: a resolution that cannot record
+	// the call must not have cancelled its compensation.
+	tmpl, err := recordTemplate(rec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoContext, err)
+	}
 	ck := key.CompensationKey()
 	var cancel *pendingMove
 	switch comp, err := r.cfg.Store.Get(ctx, ck); {
@@ -1287,10 +1304,6 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 			cancel = c
 		}
 	}
-	tmpl, err := recordTemplate(rec)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoContext, err)
-	}
 	t := statemachine.EventSucceeded
 	if as == processors.StatusFailed {
 		t = statemachine.EventFailed
@@ -1299,20 +1312,32 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	m.move.From = rec.Status
 	m.by("operator:" + operator.User)
 	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})
+	if err == nil && !applied[0] {
+		err = r.lostResolution(ctx, key, rec)
+	}
+	if err != nil && cancel != nil {
+		// The compensation is cancelled all the same (its events wait
+		// in its outbox for the sweep): the call is the operator's to
+		// undo by hand, if it must be.
+		return nil, fmt.Errorf("%w (its compensation %s was cancelled, %s: the ledger runs no other; undo the call by hand if it must be)", err, ck, ReasonCompensationCancelled)
+	}
 	if err != nil {
 		return nil, err
-	}
-	if !applied[0] {
-		// Settled by someone else, or moved on and still to settle
-		// (parked by the reconciler meanwhile): which, the operator
-		// must be told, for "not unknown" would say it was settled.
-		if now, err := r.cfg.Store.Get(ctx, key); err == nil && (now.Status == processors.StatusOutcomeUnknown || now.Status == processors.StatusParked) {
-			return nil, fmt.Errorf("%w: it is %s now (seq %d, was %d): look at it again (ledger trace %s) before resolving it", ErrCallChanged, now.Status, now.Seq, rec.Seq, key.IdempotencyKey)
-		}
-		return nil, ErrNotUnknown
 	}
 	if cancel != nil {
 		return []pendingMove{*cancel, m}, nil
 	}
 	return []pendingMove{m}, nil
+}
+
+// lostResolution is the error of a resolution of rec whose move did not
+// apply: the call settled by someone else (ErrNotUnknown), or moved on
+// and still to settle, parked by the reconciler meanwhile
+// (ErrCallChanged), which the operator must be told, for "not unknown"
+// would say it was settled.
+func (r *Reconciler) lostResolution(ctx context.Context, key ledger.CallKey, rec processors.Record) error {
+	if now, err := r.cfg.Store.Get(ctx, key); err == nil && (now.Status == processors.StatusOutcomeUnknown || now.Status == processors.StatusParked) {
+		return fmt.Errorf("%w: it is %s now (seq %d, was %d): look at it again (ledger trace %s) before resolving it", ErrCallChanged, now.Status, now.Seq, rec.Seq, key.IdempotencyKey)
+	}
+	return ErrNotUnknown
 }

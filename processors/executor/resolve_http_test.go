@@ -129,15 +129,37 @@ func TestResolveHandlerSaysWhatBeatIt(t *testing.T) {
 type losingMoves struct {
 	processors.Store
 	settle bool
+	// only, when set, is the one key whose moves lose; the others apply.
+	only *ledger.CallKey
 }
 
 func (l *losingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if l.only != nil && (len(ms) != 1 || ms[0].Key != *l.only) {
+		return l.Store.Move(ctx, ms)
+	}
 	if l.settle {
 		if _, err := l.Store.Move(ctx, ms); err != nil {
 			return nil, err
 		}
 	}
 	return make([]bool, len(ms)), nil
+}
+
+// A confirmed resolution that cancelled the reconciler's compensation and
+// then lost the call's move to another writer says so: the compensation
+// is cancelled, its key spent, and the call is the operator's to undo by
+// hand. Before, the error said only that the call changed.
+func TestResolutionLostAfterItsCancelSaysSo(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	r.admitCompensation(orig.Key(), executor.ReconcilerUser)
+	k := orig.Key()
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Store = &losingMoves{Store: r.store, only: &k} })
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	_, err := rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank", CancelCompensation: true})
+	if !errors.Is(err, executor.ErrCallChanged) || !strings.Contains(err.Error(), "was cancelled") {
+		t.Errorf("resolution lost after the cancel = %v; want ErrCallChanged saying the compensation was cancelled", err)
+	}
 }
 
 // postResolution posts body to rc's POST /v1/resolutions, as the operator

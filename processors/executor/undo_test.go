@@ -979,24 +979,32 @@ func TestResolveSucceededBehindTheReconcilersUndo(t *testing.T) {
 // operator had chosen to keep.
 func TestResolveSucceededRacingTheCompensationsClaim(t *testing.T) {
 	r := newRig(t)
-	var now time.Time
-	orig, _, _, _, _ := r.undoRequested(&now)
-	k, ck := orig.Key(), orig.Key().CompensationKey()
-	comp, err := r.store.Get(t.Context(), ck)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, ck, comp := r.automaticUndo()
 	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
 		c.Store = &claimingFirst{Store: r.store, key: ck, hash: comp.ArgumentsHash}
 	})
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	_, err = rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund", CancelCompensation: true})
+	_, err := rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund", CancelCompensation: true})
 	if !errors.Is(err, executor.ErrAutomaticUndoPending) {
 		t.Errorf("resolving while the compensation was claimed = %v; want ErrAutomaticUndoPending", err)
 	}
 	if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusParked {
 		t.Errorf("the call is %s (%v); want parked still, its compensation running", rec.Status, err)
 	}
+}
+
+// automaticUndo is a call parked for the reconciler's compensation, not
+// started: the call's key, the compensation's, and its record.
+func (r *rig) automaticUndo() (k, ck ledger.CallKey, comp processors.Record) {
+	r.t.Helper()
+	var now time.Time
+	orig, _, _, _, _ := r.undoRequested(&now)
+	k, ck = orig.Key(), orig.Key().CompensationKey()
+	comp, err := r.store.Get(r.t.Context(), ck)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return k, ck, comp
 }
 
 // claimingFirst is a store on which an executor claims key just before
@@ -1010,14 +1018,70 @@ type claimingFirst struct {
 
 func (c *claimingFirst) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
 	for _, m := range ms {
-		if m.Key == c.key && !c.claimed {
-			c.claimed = true
-			if _, err := c.Store.Claim(ctx, []processors.Claim{{Key: c.key, ArgumentsHash: c.hash, Owner: "x-racer", Lease: time.Minute}}); err != nil {
-				return nil, err
-			}
+		if err := c.claimFirst(ctx, m.Key); err != nil {
+			return nil, err
 		}
 	}
 	return c.Store.Move(ctx, ms)
+}
+
+func (c *claimingFirst) Complete(ctx context.Context, cs []processors.Completion) ([]bool, error) {
+	for _, m := range cs {
+		if err := c.claimFirst(ctx, m.Key); err != nil {
+			return nil, err
+		}
+	}
+	return c.Store.Complete(ctx, cs)
+}
+
+// claimFirst claims key, once, as the racing executor.
+func (c *claimingFirst) claimFirst(ctx context.Context, key ledger.CallKey) error {
+	if key != c.key || c.claimed {
+		return nil
+	}
+	c.claimed = true
+	_, err := c.Store.Claim(ctx, []processors.Claim{{Key: c.key, ArgumentsHash: c.hash, Owner: "x-racer", Lease: time.Minute}})
+	return err
+}
+
+// A compensation an executor gave back (its breaker open, its policies
+// undecided: executing, no lease owner) is cancelled as one not yet
+// claimed is, fenced by its claim's epoch: a confirmed resolution denies
+// it, and one an executor claims again meanwhile refuses the resolution
+// as with one running. Before, a given-back compensation was left to find
+// the call settled once claimed again, and a claim between the
+// resolution's check and its write undid the success kept.
+func TestResolveSucceededBehindAGivenBackCompensation(t *testing.T) {
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	for _, racing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("claimed meanwhile %v", racing), func(t *testing.T) {
+			r := newRig(t)
+			k, ck, comp := r.automaticUndo()
+			// An executor claims it and gives it back, claimable again
+			// at once.
+			cl, err := r.store.Claim(t.Context(), []processors.Claim{{Key: ck, ArgumentsHash: comp.ArgumentsHash, Owner: "x-first", Lease: time.Minute}})
+			if err != nil || cl[0].Outcome != processors.Claimed {
+				t.Fatalf("claim = %+v, %v", cl, err)
+			}
+			if applied, err := r.store.Release(t.Context(), []processors.Release{{Key: ck, Epoch: cl[0].Record.Epoch}}); err != nil || !applied[0] {
+				t.Fatalf("release = %v, %v", applied, err)
+			}
+			rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+				if racing {
+					c.Store = &claimingFirst{Store: r.store, key: ck, hash: comp.ArgumentsHash}
+				}
+			})
+			_, err = rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund", CancelCompensation: true})
+			call, _ := r.store.Get(t.Context(), k)
+			comp, _ = r.store.Get(t.Context(), ck)
+			switch {
+			case racing && (!errors.Is(err, executor.ErrAutomaticUndoPending) || call.Status != processors.StatusParked):
+				t.Errorf("claimed meanwhile: resolution %v, the call %s; want refused, the call parked still", err, call.Status)
+			case !racing && (err != nil || call.Status != processors.StatusSucceeded || comp.Status != processors.StatusDenied):
+				t.Errorf("given back: resolution %v, the call %s, its compensation %s; want succeeded, denied", err, call.Status, comp.Status)
+			}
+		})
+	}
 }
 
 // Only the reconciler's compensation still to run holds a resolution as

@@ -18,11 +18,14 @@ type Witness struct {
 	// Duplicates are calls with more than one new side effect: must be 0.
 	Duplicates int64 `json:"duplicate_effects"`
 	// DuplicateSends are calls of a tool with effects (not a read) one of
-	// whose attempts reached the tool more than once: must be 0. The
-	// ledger's adapter never sends a request again (a retry or a takeover
-	// is an attempt of a higher number), so one sent twice is the ledger
-	// executing a call twice, which a tool that deduplicates by key
-	// (create_ticket, refund_order) absorbs, and Duplicates cannot see.
+	// whose attempts reached the tool more than once under one claim
+	// (its credential's jti, when the backend verifies credentials): must
+	// be 0. The ledger's adapter never sends a request again, and a retry
+	// is an attempt of a higher number, so one sent twice is the executor
+	// sending it twice, which a tool that deduplicates by key
+	// (create_ticket, refund_order) absorbs, and Duplicates cannot see. A
+	// takeover of a native call after its lease expired sends the same
+	// attempt again under a new claim, as it may: not counted.
 	DuplicateSends int64 `json:"duplicate_sends"`
 	// Missing are calls the ledger reported succeeded that the tool never
 	// saw: must be 0.
@@ -39,15 +42,19 @@ func Check(res Result, effects []demobackend.Effect) Witness {
 	type send struct {
 		call    int64
 		attempt int
+		jti     string
 	}
 	sent := make(map[send]int)
+	twice := make(map[int64]bool) // calls counted in DuplicateSends
 	for _, ef := range effects {
 		i, ok := callIndex(ef.IdempotencyKey, res.RunID)
 		if !ok {
 			continue
 		}
 		if !ef.Read && ef.Attempt > 0 {
-			if sent[send{i, ef.Attempt}]++; sent[send{i, ef.Attempt}] == 2 {
+			k := send{i, ef.Attempt, ef.JTI}
+			if sent[k]++; sent[k] == 2 && !twice[i] {
+				twice[i] = true
 				w.DuplicateSends++
 			}
 		}

@@ -59,6 +59,12 @@ func attempt(ef demobackend.Effect, n int) demobackend.Effect {
 	return ef
 }
 
+// withJTI is ef as sent with the credential jti.
+func withJTI(ef demobackend.Effect, jti string) demobackend.Effect {
+	ef.JTI = jti
+	return ef
+}
+
 // witReplay is a native replay of call i of runID: no new effect.
 func witReplay(runID string, i int64) demobackend.Effect {
 	ef := witEffect(runID, i)
@@ -138,6 +144,20 @@ func TestCheck(t *testing.T) {
 			effects: []demobackend.Effect{attempt(witEffect(witRunID, 0), 1), attempt(witReplay(witRunID, 0), 1), attempt(witReplay(witRunID, 0), 1),
 				attempt(witEffect(witRunID, 1), 1)},
 			want: Witness{Effects: 2, Replays: 2, DuplicateSends: 1},
+		},
+		{
+			// A takeover after the lease expired sends the attempt again
+			// under a claim of its own.
+			name:      "an attempt sent again under another claim",
+			succeeded: []int64{0},
+			effects:   []demobackend.Effect{withJTI(attempt(witEffect(witRunID, 0), 1), "j1"), withJTI(attempt(witReplay(witRunID, 0), 1), "j2")},
+			want:      Witness{Effects: 1, Replays: 1},
+		},
+		{
+			name:      "an attempt sent twice under one claim",
+			succeeded: []int64{0},
+			effects:   []demobackend.Effect{withJTI(attempt(witEffect(witRunID, 0), 1), "j1"), withJTI(attempt(witReplay(witRunID, 0), 1), "j1"), withJTI(attempt(witReplay(witRunID, 0), 1), "j1")},
+			want:      Witness{Effects: 1, Replays: 2, DuplicateSends: 1},
 		},
 		{
 			name:      "a read's attempt sent twice is no effect",
