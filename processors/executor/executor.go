@@ -1210,6 +1210,10 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	// answered: an attempt of this executor reached the tool, which said
 	// it did nothing (429), or the tool only reads.
 	var answered bool
+	// lost: an attempt's 2xx answer whose body was lost (lostAttempt's):
+	// the call succeeded, whatever later attempts say.
+	var lost *httptool.Response
+	var lostAttempt int
 	for n := 0; n < x.cfg.MaxAttempts; n++ {
 		if n > 0 {
 			wait := x.cfg.RetryBackoff << (n - 1)
@@ -1240,11 +1244,24 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			// The tool said it did it (a 2xx status line arrived whole,
 			// as a refusal's would stand), and only its answer's body
 			// was lost on the way (cut, or past the tool's timeout):
-			// the call succeeded, its result not known. Taken for an
-			// outcome unknown, it was handed to the reconciler, and
-			// under undo_unknown undone; a read was failed.
-			log.Warn("the tool's answer was lost after its 2xx status; the call succeeded without its result", "attempt", attempt, "err", err)
-			return c.succeed(tool, attempt, resp, secrets{bearer, backend}, true)
+			// the call succeeded. A read, or a tool that replays a
+			// key's answer, is asked again for the result; otherwise,
+			// or if no answer comes whole, it succeeded without it.
+			// Taken for an outcome unknown, it was handed to the
+			// reconciler, and under undo_unknown undone; a read was
+			// failed.
+			lost, lostAttempt = &resp, attempt
+			if tool.Effect != schemas.EffectRead && tool.Idempotency != schemas.IdempotencyNative {
+				break
+			}
+			log.Info("the tool's answer was lost after its 2xx status; asked again for its result", "attempt", attempt, "err", err)
+			answered, lastErr = true, err
+			continue
+		}
+		if lost != nil {
+			// Asked again for a lost result, which did not come: the
+			// call succeeded all the same.
+			break
 		}
 		if hb, ok := errors.AsType[*heldBack](err); ok {
 			// No request leaves for a frozen tool, nor past an
@@ -1332,6 +1349,10 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			}
 		}
 		log.Warn("tool attempt failed", "attempt", attempt, "err", err)
+	}
+	if lost != nil {
+		log.Warn("the tool's answer was lost after its 2xx status; the call succeeded without its result", "attempt", lostAttempt)
+		return c.succeed(tool, lostAttempt, *lost, secrets{bearer, backend}, true)
 	}
 	if callCtx.Err() != nil && lastErr == nil {
 		lastErr = callCtx.Err()

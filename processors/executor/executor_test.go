@@ -1244,33 +1244,57 @@ func TestTerminalEventSaysWhatTheToolTook(t *testing.T) {
 }
 
 // A tool whose 2xx status line arrived and whose body was then lost (cut
-// mid-answer) did what it was asked: the call succeeds at once, its
-// result kept without content (result_lost), and is not sent again.
-// Before, the answer was taken for no answer: retried, then outcome
-// unknown, for the reconciler (and under undo_unknown, undone).
+// mid-answer) did what it was asked: the call succeeded. A tool that
+// replays a key's answer (create_ticket) is asked again for the result,
+// which a whole answer then brings; one that does not (notify: asked
+// again, it would act again) is not, and the call succeeds at once, its
+// result kept without content (result_lost), as does one whose answers
+// are all cut. Before, the answer was taken for no answer: retried, then
+// outcome unknown, for the reconciler (and under undo_unknown, undone).
 func TestTwoHundredWithItsBodyLostSucceeds(t *testing.T) {
-	r := newRig(t)
-	var requests atomic.Int32
-	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		requests.Add(1)
-		_, _ = io.Copy(io.Discard, req.Body)
-		conn, buf, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ticket_id\":")
-		_ = buf.Flush()
-	}))
-	t.Cleanup(cut.Close)
-	r.url = cut.URL
-	auth := r.admit("create_ticket", "k-cut", map[string]any{"title": "t"}, 0)
-	rec := succeededWith(t, r, r.executor(nil), auth, executor.CodeResultLost)
-	if n := requests.Load(); n != 1 {
-		t.Errorf("the tool was asked %d times; want once", n)
-	}
-	if strings.Contains(string(rec.Result), "ticket_id") {
-		t.Errorf("stored result %s; want it without the part that arrived", rec.Result)
+	for _, tc := range []struct {
+		name, tool string
+		args       map[string]any
+		cutAll     bool
+		requests   int32
+		code       string
+	}{
+		{"native, the retry answers whole", "create_ticket", map[string]any{"title": "t"}, false, 2, ""},
+		{"native, every answer cut", "create_ticket", map[string]any{"title": "t"}, true, 2, executor.CodeResultLost},
+		{"no native idempotency", "notify", map[string]any{"to": "a@example.com", "subject": "s"}, false, 1, executor.CodeResultLost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			var requests atomic.Int32
+			cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				_, _ = io.Copy(io.Discard, req.Body)
+				if requests.Add(1) > 1 && !tc.cutAll {
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = w.Write([]byte(`{"ticket_id":"tkt_9"}`))
+					return
+				}
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ticket_id\":")
+				_ = buf.Flush()
+			}))
+			t.Cleanup(cut.Close)
+			r.url = cut.URL
+			auth := r.admit(tc.tool, "k-cut", tc.args, 0)
+			rec := succeededWith(t, r, r.executor(nil), auth, tc.code)
+			if n := requests.Load(); n != tc.requests {
+				t.Errorf("the tool was asked %d times; want %d", n, tc.requests)
+			}
+			if kept := strings.Contains(string(rec.Result), "tkt_9"); kept != (tc.code == "") {
+				t.Errorf("stored result %s; want the whole answer's result kept only when one came", rec.Result)
+			}
+			if strings.Contains(string(rec.Result), `"ticket_id":}`) {
+				t.Errorf("stored result %s; want nothing of a cut answer", rec.Result)
+			}
+		})
 	}
 }
 

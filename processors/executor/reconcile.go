@@ -702,7 +702,8 @@ func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *
 
 // cancelUndo denies comp, the reconciler's compensation ck of a call an
 // operator resolves succeeded keeping the success, while it has not
-// started: authorized, by a compare-and-set on its record (Move); given
+// started: authorized or waiting for an approval, by a compare-and-set on
+// its record (Move); given
 // back by an executor (executing, no lease owner: its breaker was open,
 // its policies could not decide), by a completion fenced by its claim's
 // epoch (Complete). So an executor claiming it at the same time either
@@ -714,14 +715,22 @@ func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *
 // operator's, which undoes a call resolved succeeded, as asked).
 func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity, ck ledger.CallKey, comp processors.Record) (*pendingMove, error) {
 	givenBack := comp.Status == processors.StatusExecuting && comp.LeaseOwner == ""
-	if automatic, known := compensation.Automatic(comp); !known || !automatic || comp.Status != processors.StatusAuthorized && !givenBack {
+	pending := comp.Status == processors.StatusPending
+	if automatic, known := compensation.Automatic(comp); !known || !automatic || comp.Status != processors.StatusAuthorized && !givenBack && !pending {
 		return nil, nil
 	}
 	tmpl, err := recordTemplate(comp)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoContext, err)
 	}
-	m := r.settle(comp, tmpl, processors.StatusDenied, statemachine.EventDenied, ReasonCompensationCancelled,
+	// One waiting for an approval ends as an approver's refusal would
+	// (the state machine's way out of approval_pending), and its
+	// approval's own move then loses.
+	to, t := processors.StatusDenied, statemachine.EventDenied
+	if pending {
+		to, t = processors.StatusRejected, statemachine.EventRejected
+	}
+	m := r.settle(comp, tmpl, to, t, ReasonCompensationCancelled,
 		"the call it would undo was resolved succeeded by an operator, who chose to keep the success (cancel_compensation)", "", 0)
 	m.move.From = comp.Status
 	m.by("operator:" + operator.User)

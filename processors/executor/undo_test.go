@@ -182,6 +182,13 @@ func TestOperatorUndoBehindAPendingAutomaticOne(t *testing.T) {
 // arguments) as authorized for user, and returns its authorized event.
 func (r *rig) admitCompensation(orig ledger.CallKey, user string) *kgo.Record {
 	r.t.Helper()
+	return r.admitCompensationIn(orig, user, processors.StatusAuthorized)
+}
+
+// admitCompensationIn is admitCompensation in status: authorized, or
+// pending (waiting for an approval).
+func (r *rig) admitCompensationIn(orig ledger.CallKey, user string, status processors.Status) *kgo.Record {
+	r.t.Helper()
 	o, err := r.store.Get(r.t.Context(), orig)
 	if err != nil {
 		r.t.Fatal(err)
@@ -197,12 +204,16 @@ func (r *rig) admitCompensation(orig ledger.CallKey, user string) *kgo.Record {
 	ck := orig.CompensationKey()
 	ev := ledger.Event{EventID: "e_comp", IdempotencyKey: ck.IdempotencyKey, CallID: "comp_" + o.CallID, Seq: 2, Type: statemachine.EventAuthorized,
 		At: time.Now().UTC(), TenantID: ck.TenantID, UserID: user, AgentID: "ledger-compensation", Tool: "cancel_refund", ToolVersion: 1, ArgumentsHash: hash}
+	if status == processors.StatusPending {
+		expires := time.Now().Add(time.Hour).UTC()
+		ev.Type, ev.ApprovalID, ev.ExpiresAt = statemachine.EventApprovalPending, "ap_comp", &expires
+	}
 	outbox, err := ledger.EncodeEvents([]ledger.Event{ev})
 	if err != nil {
 		r.t.Fatal(err)
 	}
 	if _, err := r.store.Admit(r.t.Context(), []processors.Admission{{Key: ck, CallID: ev.CallID, ArgumentsHash: hash, Tool: "cancel_refund", ToolVersion: 1,
-		Arguments: o.Arguments, Status: processors.StatusAuthorized, Seq: 2, Outbox: outbox}}); err != nil {
+		Arguments: o.Arguments, Status: status, Seq: 2, Outbox: outbox}}); err != nil {
 		r.t.Fatal(err)
 	}
 	rec, err := ev.Record("toolcalls.events")
@@ -990,6 +1001,33 @@ func TestResolveSucceededRacingTheCompensationsClaim(t *testing.T) {
 	}
 	if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusParked {
 		t.Errorf("the call is %s (%v); want parked still, its compensation running", rec.Status, err)
+	}
+}
+
+// The reconciler's compensation waiting for an approval is cancelled by a
+// confirmed resolution too (rejected, compensation_cancelled), so that an
+// approval racing the resolution loses, and approvers are not left an
+// undo that can only end nothing_to_undo. Before, it stayed pending, and
+// approved and claimed in between it undid the success kept.
+func TestResolveSucceededBehindACompensationAwaitingApproval(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	k, ck := orig.Key(), orig.Key().CompensationKey()
+	r.admitCompensationIn(k, executor.ReconcilerUser, processors.StatusPending)
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	evs, err := r.reconciler().Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank shows the refund", CancelCompensation: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if comp, err := r.store.Get(t.Context(), ck); err != nil || comp.Status != processors.StatusRejected {
+		t.Errorf("the compensation is %s (%v); want rejected", comp.Status, err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.Key().String()+":"+string(e.Type)+"/"+e.Reason)
+	}
+	if !slices.Contains(got, ck.String()+":rejected/"+executor.ReasonCompensationCancelled) {
+		t.Errorf("the resolution's events %v; want the compensation rejected %s", got, executor.ReasonCompensationCancelled)
 	}
 }
 
