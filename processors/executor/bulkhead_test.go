@@ -17,6 +17,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // byCall groups a step's events by call: "t_a/k" -> executing, succeeded.
@@ -312,6 +313,45 @@ func TestBreakerIgnoresRequestsNeverSent(t *testing.T) {
 	}
 	if st := x.BreakerStates()["create_ticket/t_a"]; st == "open" {
 		t.Errorf("the tenant's breaker is %s; want closed", st)
+	}
+}
+
+// Calls given back (an open breaker, say) are swept up again a page at a
+// time, and a full page brings the next sweep a twenty-fifth of
+// SweepEvery later, not SweepEvery later: a backlog drains at SweepLimit
+// a fifth of a second by default. Before, one page a SweepEvery (100
+// calls every 5 s), and a tenant's backlog after its breaker opened
+// waited past the deadlines of calls that could run.
+func TestGivenBackBacklogDrains(t *testing.T) {
+	r := newRig(t)
+	const calls = 6
+	for i := range calls {
+		auth := r.admit("create_ticket", fmt.Sprintf("back-%d", i), ticket, 0)
+		ev := authorizedEvent(t, auth)
+		cl, err := r.store.Claim(t.Context(), []processors.Claim{{Key: ev.Key(), ArgumentsHash: ev.ArgumentsHash, Owner: "x-first", Lease: time.Minute}})
+		if err != nil || cl[0].Outcome != processors.Claimed {
+			t.Fatalf("claim = %+v, %v", cl, err)
+		}
+		if applied, err := r.store.Release(t.Context(), []processors.Release{{Key: ev.Key(), Epoch: cl[0].Record.Epoch}}); err != nil || !applied[0] {
+			t.Fatalf("release = %v, %v", applied, err)
+		}
+	}
+	// A full page at the first sweep, and at the next: 100 ms apart.
+	x := r.executor(func(c *executor.Config) { c.SweepLimit, c.SweepEvery = 2, 2500*time.Millisecond })
+	succeeded := 0
+	for end := time.Now().Add(time.Second); time.Now().Before(end) && succeeded < calls; time.Sleep(50 * time.Millisecond) {
+		out, err := x.Step(t.Context(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range decodeAll(t, out.Records) {
+			if e.Type == statemachine.EventSucceeded {
+				succeeded++
+			}
+		}
+	}
+	if succeeded != calls {
+		t.Errorf("%d of the %d calls given back ran within a second; want all (a page of 2 every 100 ms)", succeeded, calls)
 	}
 }
 

@@ -269,7 +269,13 @@ type Config struct {
 	// never called after the lease's end minus the margin.
 	LeaseMargin time.Duration
 	// SweepEvery is how often the executor looks for claims whose lease
-	// expired (an owner that died mid-call); default 5s.
+	// expired (an owner that died mid-call, or calls given back: an open
+	// breaker, policies that could not decide); default 5s. A sweep whose
+	// page of expired claims was full sweeps again a twenty-fifth of that
+	// later (200 ms by default), so that a backlog (calls given back
+	// while a tool's breaker was open) drains at SweepLimit a fifth of a
+	// second, not a page every SweepEvery, past the deadlines of calls
+	// that could run.
 	SweepEvery time.Duration
 	// SweepLimit bounds one sweep; default 100. The sweeps of expired
 	// claims and of unlogged records each read a page of SweepLimit
@@ -496,6 +502,9 @@ type Executor struct {
 	guards    map[string]*toolGuard // by tool name
 	lastPrune time.Time
 	lastSwp   time.Time
+	// sweepFull: the last sweep's page of expired claims was full, so
+	// the next comes sooner (Config.SweepEvery).
+	sweepFull bool
 	// expiredPass and unloggedPass are where the sweeps of expired
 	// claims and of unlogged records are (see Step); only Step uses
 	// them.
@@ -622,7 +631,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		}
 		add(template(ev), ev.ArgumentsHash, ev.Seq)
 	}
-	if now := x.cfg.Now(); now.Sub(x.lastSwp) >= x.cfg.SweepEvery {
+	if now := x.cfg.Now(); now.Sub(x.lastSwp) >= x.cfg.SweepEvery || x.sweepFull && now.Sub(x.lastSwp) >= x.cfg.SweepEvery/25 {
 		x.lastSwp = now
 		// A pass of pages, not the oldest page every time: an expired
 		// claim this step does not take stays first in the lease's
@@ -633,6 +642,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		if err != nil {
 			return ledger.Output{}, fmt.Errorf("sweep expired leases: %w", err)
 		}
+		x.sweepFull = len(expired) == x.cfg.SweepLimit
 		for _, rec := range expired {
 			tmpl, err := recordTemplate(rec)
 			if err != nil {
