@@ -241,7 +241,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
-	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), engine, controls, 0, toolsFlags{base: "http://" + backendLn.Addr().String()}, instance, execIDs, f.roles.batching, observers{}, logger)
+	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), syncedDecider{engine, f.policy.syncing(engine, controls)}, controls, 0, toolsFlags{base: "http://" + backendLn.Addr().String()}, instance, execIDs, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err
 	}

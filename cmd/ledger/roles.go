@@ -494,7 +494,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), engine, controls, rf.maxStaleness(), tf, rf.instance, ids, rf.batching, rf.obs, logger)
+				loop, x, err := executorLoop(g.kafka.client(logger), g.kafka.topics(), reg, st, broker, cf.keystore(rf.store.dataDir), syncedDecider{engine, pf.syncing(engine, controls)}, controls, rf.maxStaleness(), tf, rf.instance, ids, rf.batching, rf.obs, logger)
 				if err != nil {
 					return nil, err
 				}

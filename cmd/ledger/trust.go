@@ -148,6 +148,21 @@ func (f *policyFlags) syncing(engine *policy.Engine, controls *control.State) fu
 	return func() { f.activate(engine, controls) }
 }
 
+// syncedDecider decides with engine brought, first, to the version the
+// control copy activates (sync): the executors' re-checks of approved
+// calls, each decided with the version in force, as the intake's steps
+// are. They are few, so it syncs at each decision.
+type syncedDecider struct {
+	engine *policy.Engine
+	sync   func()
+}
+
+// Decide implements executor.Decider.
+func (d syncedDecider) Decide(ctx context.Context, r policy.Request) policy.Decision {
+	d.sync()
+	return d.engine.Decide(ctx, r)
+}
+
 // engine returns the policy engine and, when a directory is watched, the
 // watcher to run until ctx ends.
 func (f *policyFlags) engine(logger *slog.Logger) (*policy.Engine, func(ctx context.Context) error, error) {

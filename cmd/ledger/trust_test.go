@@ -22,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 )
 
 // TestIdentityFlagsMaxAssertionLifetime: --max-assertion-lifetime reaches
@@ -245,5 +246,44 @@ func TestReconcilerTrustsEveryBroker(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// The executors' re-checks of approved calls decide with the version the
+// control copy activates, brought first (syncedDecider), not with the one
+// the engine held at its last tick of following the activations.
+func TestSyncedDeciderDecidesWithTheActivation(t *testing.T) {
+	base, root := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(base, "p.cedar"), []byte(`@id("all") permit (principal, action, resource);`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "v2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "v2", "p.cedar"), []byte(`@id("none") forbid (principal, action, resource);`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	set, err := policy.LoadDir(base, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := policy.NewEngine(policy.Config{Set: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var active *policy.Activation
+	d := syncedDecider{engine, func() {
+		if active != nil {
+			engine.Activate(root, *active, true)
+		}
+	}}
+	req := policy.Request{Tenant: "t_a", User: "u_1", Agent: "a", Tool: "create_ticket", ToolVersion: 1,
+		Effect: "write", Risk: "low", ResourceTenant: "t_a", Channel: "api", Arguments: map[string]any{"title": "t"}}
+	if dec := d.Decide(t.Context(), req); !dec.Allow {
+		t.Fatalf("before the activation: %+v; want allowed", dec)
+	}
+	active = &policy.Activation{Label: "v2", ID: "act-1"}
+	if dec := d.Decide(t.Context(), req); dec.Allow || dec.Version == "" || !strings.HasPrefix(dec.Version, "v2") {
+		t.Errorf("the next decision after the activation: %+v; want denied by v2", dec)
 	}
 }
