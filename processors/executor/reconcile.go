@@ -1279,20 +1279,20 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	if rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
 		return nil, ErrNotUnknown
 	}
-	// A compensation that may undo (or has undone) the call settles it
-	// compensated: resolved failed now, the call would be recorded as
-	// having had no effect while its undo ran. (Resolved succeeded, an
-	// operator's compensation still settles it compensated; one the
-	// reconciler asked for is refused as having nothing to undo, which
-	// the resolver must confirm, below.) Once the compensation ended
-	// without undoing anything, or was itself resolved failed, the call
-	// is the operator's to settle.
 	// Read before anything is written: a resolution that cannot record
 	// the call must not have cancelled its compensation.
 	tmpl, err := recordTemplate(rec)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoContext, err)
 	}
+	// A compensation that may undo (or has undone) the call settles it
+	// compensated: resolved failed now, the call would be recorded as
+	// having had no effect while its undo ran. (Resolved succeeded, an
+	// operator's compensation still settles it compensated; one the
+	// reconciler asked for is refused as having nothing to undo, which
+	// the resolver must confirm, below, and is then cancelled.) Once the
+	// compensation ended without undoing anything, or was itself
+	// resolved failed, the call is the operator's to settle.
 	ck := key.CompensationKey()
 	var cancel *pendingMove
 	switch comp, err := r.cfg.Store.Get(ctx, ck); {
@@ -1307,11 +1307,11 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		if err := automaticUndoPending(ck, comp, res.CancelCompensation); err != nil {
 			return nil, err
 		}
-		if c, err := r.cancelUndo(ctx, operator, ck, comp); err != nil {
+		c, err := r.cancelUndo(ctx, operator, ck, comp)
+		if err != nil {
 			return nil, err
-		} else if c != nil {
-			cancel = c
 		}
+		cancel = c
 	}
 	t := statemachine.EventSucceeded
 	if as == processors.StatusFailed {

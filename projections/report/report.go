@@ -246,15 +246,22 @@ func writeTable(w io.Writer, rows [][]string) error {
 // column: a value from an agent or a tool may carry newlines, tabs,
 // terminal escapes or bidi overrides, each shown as '?'.
 func Printable(s string) string {
-	if strings.IndexFunc(s, Invisible) < 0 {
-		return s
+	out, _ := questioned(s, Invisible)
+	return out
+}
+
+// questioned is s with every rune hide reports replaced by '?', and
+// whether there was one.
+func questioned(s string, hide func(rune) bool) (string, bool) {
+	if strings.IndexFunc(s, hide) < 0 {
+		return s, false
 	}
 	return strings.Map(func(r rune) rune {
-		if Invisible(r) {
+		if hide(r) {
 			return '?'
 		}
 		return r
-	}, s)
+	}, s), true
 }
 
 // Invisible reports whether r does not show as itself: a rune that is not
@@ -299,16 +306,11 @@ func TerminalJSON(b []byte) []byte {
 // escapes (ESC, carriage returns, C1 controls, bidi overrides) cannot
 // clear, repaint or reorder what a reader sees.
 func TerminalText(b []byte) []byte {
-	shown := func(r rune) bool { return r == '\n' || r == '\t' || !Invisible(r) }
-	if strings.IndexFunc(string(b), func(r rune) bool { return !shown(r) }) < 0 {
+	out, changed := questioned(string(b), func(r rune) bool { return Invisible(r) && r != '\n' && r != '\t' })
+	if !changed {
 		return b
 	}
-	return []byte(strings.Map(func(r rune) rune {
-		if shown(r) {
-			return r
-		}
-		return '?'
-	}, string(b)))
+	return []byte(out)
 }
 
 // hidden reports whether a terminal would not show r as it is; JSON's own
