@@ -785,11 +785,16 @@ func (s *Store) Release(ctx context.Context, rs []processors.Release) ([]bool, e
 	for i, r := range rs {
 		keys[i] = r.Key
 	}
+	// A key's second release at one epoch in a batch is not applied, as
+	// in pgstore (the first of each key and epoch): the record stays
+	// executing after the first, so the fence alone would let it pass.
+	released := make(map[ledger.CallKey]bool, len(rs))
 	return s.updateEach(ctx, "release", keys, func(i int, next *processors.Record, now time.Time) bool {
 		r := rs[i]
-		if next.Status != processors.StatusExecuting || next.Epoch != r.Epoch {
+		if next.Status != processors.StatusExecuting || next.Epoch != r.Epoch || released[r.Key] {
 			return false // fenced out
 		}
+		released[r.Key] = true
 		next.LeaseOwner = ""
 		next.LeaseUntil = now.Add(r.After)
 		next.UpdatedAt = now

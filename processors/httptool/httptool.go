@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -507,9 +508,14 @@ func retryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(v); err == nil {
-		if s < 0 {
+	if s, err := strconv.Atoi(v); err == nil || errors.Is(err, strconv.ErrRange) {
+		switch {
+		case s < 0:
 			return 0
+		case err != nil || s > int(math.MaxInt64/time.Second):
+			// Longer than a Duration holds: the tool asks for as long
+			// as can be said, not (wrapped) for no wait at all.
+			return math.MaxInt64
 		}
 		return time.Duration(s) * time.Second
 	}

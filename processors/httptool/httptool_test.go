@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -86,6 +87,8 @@ func TestCallStatusKinds(t *testing.T) {
 		{name: "408 throttled", status: 408, wantKind: Throttled},
 		{name: "429 throttled", status: 429, wantKind: Throttled},
 		{name: "429 with retry-after", status: 429, header: map[string]string{"Retry-After": "3"}, wantKind: Throttled, wantRetryAfter: 3 * time.Second},
+		{name: "429 with retry-after past a duration", status: 429, header: map[string]string{"Retry-After": "9300000000"}, wantKind: Throttled, wantRetryAfter: math.MaxInt64},
+		{name: "503 with retry-after past an int", status: 503, header: map[string]string{"Retry-After": "99999999999999999999"}, wantKind: ServerError, wantRetryAfter: math.MaxInt64},
 		{name: "500 server error", status: 500, wantKind: ServerError},
 		{name: "502 server error", status: 502, wantKind: ServerError},
 		{name: "503 server error", status: 503, header: map[string]string{"Retry-After": "7"}, wantKind: ServerError, wantRetryAfter: 7 * time.Second},

@@ -1125,6 +1125,20 @@ func testReleaseApplied(t *testing.T, s processors.Store) {
 	if c := got[0].Record; c.Epoch != soonRec.Epoch+1 || c.LeaseOwner != "executor-2" || c.Status != processors.StatusExecuting {
 		t.Errorf("claimed record epoch %d owner %q status %q; want %d, executor-2, executing", c.Epoch, c.LeaseOwner, c.Status, soonRec.Epoch+1)
 	}
+	// A key released twice at one epoch in a batch: the first applies,
+	// as in one statement's DISTINCT ON; the record stays executing, so
+	// the fence alone would let the second through.
+	twice := key("release:twice")
+	twiceRec := admitClaimed(t, s, twice, "executor-1", longLease)
+	before = time.Now()
+	applied = mustRelease(t, s,
+		processors.Release{Key: twice, Epoch: twiceRec.Epoch, After: longLease},
+		processors.Release{Key: twice, Epoch: twiceRec.Epoch, After: shortLease})
+	after = time.Now()
+	if !applied[0] || applied[1] {
+		t.Errorf("Release of one claim twice in a batch applied = %v; want the first only", applied)
+	}
+	checkWithin(t, "LeaseUntil after two releases", mustGet(t, s, twice).LeaseUntil, before.Add(longLease), after.Add(longLease))
 	// An owner's lease that ran out is still a reclaim.
 	lapsed := key("release:lapsed")
 	admitClaimed(t, s, lapsed, "executor-1", shortLease)
