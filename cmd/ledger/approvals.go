@@ -95,9 +95,13 @@ func (f *staffFlags) call(ctx context.Context, method, path string, body, into a
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	const maxAnswer = 4 << 20
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
 		return err
+	}
+	if len(raw) > maxAnswer && resp.StatusCode < 300 {
+		return fmt.Errorf("%s %s: the answer is larger than %d MiB, more than this command reads", method, path, maxAnswer>>20)
 	}
 	if resp.StatusCode >= 300 {
 		var e struct {

@@ -85,6 +85,16 @@ func TestBlastRadiusJSONEscapesHiddenRunes(t *testing.T) {
 	}
 }
 
+// An answer past what the CLI reads is said to be so: it was cut and
+// then refused as "unexpected end of JSON input".
+func TestApprovalsListAnswerTooLarge(t *testing.T) {
+	srv := answering(t, "/v1/approvals", `[{"id":"ap_1","note":"`+strings.Repeat("x", 5<<20)+`"}]`)
+	err := cliErr(t, "approvals", "list", "--api", srv.URL, "--assertion", "tok")
+	if err == nil || !strings.Contains(err.Error(), "larger than 4 MiB") {
+		t.Errorf("approvals list of a 5 MiB answer: %v; want it said to be larger than the 4 MiB read", err)
+	}
+}
+
 // answering is an API that answers a GET of path with the JSON body, and
 // 404 to anything else.
 func answering(t *testing.T, path, body string) *httptest.Server {

@@ -296,7 +296,7 @@ func (s *Service) isApprover(id identity.Identity) bool {
 }
 
 // List returns the approver's tenant's approvals in state ("" means
-// pending): pending ones oldest first, the queue's head; rejected and
+// pending), without their arguments (Get has them): pending ones oldest first, the queue's head; rejected and
 // expired ones newest first, since they stay so for good and the oldest
 // would hide every later one. "pending", "rejected" and "expired" are served;
 // "approved" wraps ErrUnsupported (approved calls move on through the
@@ -346,7 +346,12 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 				continue // not an approval: a call expired by its deadline, say
 			}
 			if string(f.approval.State) == state {
-				if out = append(out, f.approval); len(out) == s.cfg.ListLimit {
+				// Without its arguments: up to an envelope's size
+				// each, a list's could take the service's memory;
+				// Get has them.
+				a := f.approval
+				a.Preview.Arguments = nil
+				if out = append(out, a); len(out) == s.cfg.ListLimit {
 					return out, nil
 				}
 			}

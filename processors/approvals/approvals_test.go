@@ -309,22 +309,24 @@ func TestApprove(t *testing.T) {
 		Preview: approvals.Preview{
 			Tool: "refund_order", Description: "Refund part or all of an order to the customer's original payment method.",
 			Effect: "external_side_effect", Risk: "high", Resource: "ord_r1", Amount: "45.00 AUD",
-			Arguments:    intakeEvs[0].Arguments,
 			Compensation: "cancel_refund.v1",
 		},
 	}
+	// The list leaves the arguments out (an agent's, up to an
+	// envelope's size each, a thousand to a list); Get has them.
 	if diff := cmp.Diff(want, a); diff != "" {
-		t.Errorf("pending approval (-want +got):\n%s", diff)
-	}
-	if !strings.Contains(string(a.Preview.Arguments), ledger.Redacted) || strings.Contains(string(a.Preview.Arguments), "customer is upset") {
-		t.Errorf("preview arguments %s; want the registry's redaction of /reason applied", a.Preview.Arguments)
+		t.Errorf("pending approval listed (-want +got):\n%s", diff)
 	}
 	got, err := f.svc.Get(t.Context(), boss, a.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(a, got); diff != "" {
-		t.Errorf("Get differs from List (-list +get):\n%s", diff)
+	want.Preview.Arguments = intakeEvs[0].Arguments
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("pending approval got (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(string(got.Preview.Arguments), ledger.Redacted) || strings.Contains(string(got.Preview.Arguments), "customer is upset") {
+		t.Errorf("preview arguments %s; want the registry's redaction of /reason applied", got.Preview.Arguments)
 	}
 
 	approved, err := f.svc.Approve(t.Context(), boss, a.ID, a.ArgumentsHash)
@@ -334,7 +336,7 @@ func TestApprove(t *testing.T) {
 	if approved.State != approvals.StateApproved || approved.DecidedBy != "u_boss" || approved.DecidedAt == nil || !approved.DecidedAt.Equal(f.clock.Now()) {
 		t.Errorf("approved: state %s by %q at %v; want approved by u_boss at %v", approved.State, approved.DecidedBy, approved.DecidedAt, f.clock.Now())
 	}
-	if diff := cmp.Diff(a.Preview, approved.Preview); diff != "" {
+	if diff := cmp.Diff(got.Preview, approved.Preview); diff != "" {
 		t.Errorf("preview after approval (-before +after):\n%s", diff)
 	}
 
