@@ -7,6 +7,7 @@ import (
 	"net/url"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
@@ -39,6 +40,21 @@ func ResourceVersion(ctx context.Context, r VersionReader, base *url.URL, tool *
 	}
 	v, err = r.ResourceVersion(ctx, u, fmt.Sprint(res), tenant)
 	return v, true, err
+}
+
+// VersionReadLater reports whether a failed read of a resource's version
+// (ResourceVersion's error) may succeed later: no answer (or none
+// readable), a 5xx, 408 or 429. Another 4xx (404: the resource is gone;
+// 401, 403), a redirect (not followed: the URL moved) or a URL that
+// cannot be asked will not change by waiting.
+func VersionReadLater(err error) bool {
+	if errors.Is(err, ErrVersionURL) || errors.Is(err, httptool.ErrInvalidRequest) {
+		return false
+	}
+	if he, ok := errors.AsType[*httptool.Error](err); ok && he.Status >= 300 && he.Status < 500 {
+		return he.Status == 408 || he.Status == 429 // request timeout, too many requests
+	}
+	return true
 }
 
 // ResolveURL resolves a registry URL against base: an absolute one stays

@@ -409,7 +409,17 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		}
 		v, read, err := s.resourceVersion(ctx, f.rec)
 		if err != nil {
-			return "", err
+			if processors.VersionReadLater(err) {
+				return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
+			}
+			// Gone (404), refused, or not to be asked: trying again
+			// will not help. A version the call was requested at
+			// cannot be confirmed, as the executor would find; without
+			// one, the approval binds none, as the intake admitted it.
+			if p := f.pending; p != nil && p.ResourceVersion != "" {
+				return "", fmt.Errorf("%w: its version cannot be read (%v); the call was requested at %s", ErrResourceChanged, err, p.ResourceVersion)
+			}
+			v, read = "", false
 		}
 		// The approval binds the resource as it was when the call was
 		// requested, if the intake read its version then: one changed
@@ -535,11 +545,7 @@ func (s *Service) resourceVersion(ctx context.Context, rec processors.Record) (v
 	// hang on a version endpoint that does not answer.
 	ctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 	defer cancel()
-	v, read, err = processors.ResourceVersion(ctx, s.cfg.Versions, s.base, tool, args, rec.Key.TenantID)
-	if err != nil {
-		return "", true, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	return v, read, nil
+	return processors.ResourceVersion(ctx, s.cfg.Versions, s.base, tool, args, rec.Key.TenantID)
 }
 
 // event starts the next event of f's call: the identity fields of the

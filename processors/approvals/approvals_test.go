@@ -21,6 +21,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
@@ -1033,6 +1034,44 @@ func TestApproveNeedsTheVersionConfirmed(t *testing.T) {
 	reader := f.service(func(c *approvals.Config) { c.Versions, c.BaseURL = fixedVersions("v1"), "http://tools.test" })
 	if a, err := reader.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash); err != nil || a.State != approvals.StateApproved {
 		t.Errorf("Approve by a service that reads the same version = %+v, %v; want approved", a, err)
+	}
+}
+
+// failingVersions answers every version read with err.
+type failingVersions struct{ err error }
+
+func (v failingVersions) ResourceVersion(context.Context, string, string, string) (string, error) {
+	return "", v.err
+}
+
+// A version read that fails for good (404: the resource is gone) refuses
+// the approval of a call requested at a version as the executor would,
+// resource_changed, not "try again" (503) until it expires; one that may
+// pass (a 503) is "try again". A call admitted without a version is
+// approved binding none, as the intake admitted it.
+func TestApproveVersionReadFailures(t *testing.T) {
+	f := newFixture(t)
+	unversioned, plain := f.refund("unversioned")
+	f.readVersionsAtIntake(t, "v1")
+	k, evs := f.refund("gone")
+	gone := f.service(func(c *approvals.Config) {
+		c.Versions, c.BaseURL = failingVersions{&httptool.Error{Kind: httptool.Refused, Status: 404}}, "http://tools.test"
+	})
+	failing := f.service(func(c *approvals.Config) {
+		c.Versions, c.BaseURL = failingVersions{&httptool.Error{Kind: httptool.ServerError, Status: 503}}, "http://tools.test"
+	})
+	if _, err := failing.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash); !errors.Is(err, approvals.ErrUnavailable) {
+		t.Errorf("Approve while the version endpoint answers 503 = %v; want ErrUnavailable (try again)", err)
+	}
+	if _, err := gone.Approve(t.Context(), boss, k.ApprovalID(), evs[1].ArgumentsHash); !errors.Is(err, approvals.ErrResourceChanged) {
+		t.Errorf("Approve while the version endpoint answers 404 = %v; want ErrResourceChanged", err)
+	}
+	if rec := f.record(k); rec.Status != processors.StatusPending {
+		t.Errorf("the refused call is %s; want still pending", rec.Status)
+	}
+	a, err := gone.Approve(t.Context(), boss, unversioned.ApprovalID(), plain[1].ArgumentsHash)
+	if err != nil || a.State != approvals.StateApproved {
+		t.Errorf("Approve of a call admitted without a version, its version unreadable for good = %+v, %v; want approved", a, err)
 	}
 }
 

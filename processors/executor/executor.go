@@ -1448,7 +1448,7 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 			return &refusal{reason: ReasonResourceChanged, detail: fmt.Sprintf("the resource is at version %s; the approval was for %s", v, tmpl.ResourceVersion)}
 		}
 		switch {
-		case err != nil && versionReadLater(err):
+		case err != nil && processors.VersionReadLater(err):
 			// Not knowing is not running: the approval is for a
 			// version the executor cannot confirm, and nothing is
 			// sent. Nor does the call end on an error that may
@@ -1573,21 +1573,6 @@ func roomFor(rec processors.Record, tmpl ledger.Event, t time.Time) bool {
 		return false
 	}
 	return approvalHolds(&tmpl, t)
-}
-
-// versionReadLater reports whether a failed read of a resource's version
-// may succeed later: no answer (or none readable), a 5xx, 408 or 429.
-// Another 4xx (404: the resource is gone; 401, 403), a redirect (not
-// followed: the URL moved) or a URL that cannot be asked will not change
-// by waiting.
-func versionReadLater(err error) bool {
-	if errors.Is(err, processors.ErrVersionURL) || errors.Is(err, httptool.ErrInvalidRequest) {
-		return false
-	}
-	if he, ok := errors.AsType[*httptool.Error](err); ok && he.Status >= 300 && he.Status < 500 {
-		return he.Status == 408 || he.Status == 429 // request timeout, too many requests
-	}
-	return true
 }
 
 // carriedObligations reads back, from an approved event's obligations
