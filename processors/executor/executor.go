@@ -113,6 +113,9 @@ var (
 	// errApprovalLapsed: an approved call's approval expired before an
 	// attempt was sent (I4: no request of it leaves past its expiry).
 	errApprovalLapsed = &heldBack{ReasonApprovalExpired}
+	// errRevoked: the family of the call's credential was revoked before
+	// an attempt was sent: the tools would refuse it (401).
+	errRevoked = &heldBack{ReasonCredentialRevoked}
 )
 
 // Secrets hands out the long-lived secrets tool backends demand.
@@ -1199,7 +1202,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			return refuse(*r)
 		}
 		bearer = cred.Token
-		c.jti, c.scope, c.family = cred.JTI, cred.Scope, cred.Family
+		c.jti, c.scope, c.family, c.issued = cred.JTI, cred.Scope, cred.Family, cred.IssuedAt
 	}
 
 	if g == nil {
@@ -1246,7 +1249,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backend}, &c.toolTime)
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backend}, c)
 		if err == nil {
 			return c.succeed(tool, attempt, resp, secrets{bearer, backend}, false)
 		}
@@ -1291,6 +1294,16 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				// It started, and did nothing: failed, not denied.
 				log.Info("request held back before a retry", "why", hb.why)
 				return c.finish(processors.StatusFailed, attempt-1, ReasonUnavailable, hb.why, nil)
+			case hb == errRevoked:
+				// Nothing was sent under this claim: given back, as
+				// when the revocation is found right after the mint,
+				// until the tools accept its next credential.
+				r := x.revokedFamily(c.family, c.issued)
+				if r == nil {
+					// Undone meanwhile: claimed again at once.
+					r = &refusal{reason: ReasonCredentialRevoked, later: true, detail: "credential family " + c.family + " was revoked before the call's request could leave"}
+				}
+				return refuse(*r)
 			case hb == errFrozen:
 				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
 				log.Info("tool frozen before the call started")
@@ -1496,13 +1509,16 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 // freeze made or an approval lapsed meanwhile must still stop it. A copy
 // of the kill switch not known current holds it back too; the next
 // attempt waits for it.
-func (x *Executor) gate(tool, tenant string, tmpl *ledger.Event) error {
+func (x *Executor) gate(tool, tenant string, tmpl *ledger.Event, c *completion) error {
 	if x.cfg.Freezes != nil {
 		if err := x.cfg.Freezes.Current(x.noWait, x.cfg.ControlMaxStaleness); err != nil {
 			return err
 		}
 		if _, frozen := x.cfg.Freezes.Frozen(tool, tenant); frozen {
 			return errFrozen
+		}
+		if x.revokedFamily(c.family, c.issued) != nil {
+			return errRevoked
 		}
 	}
 	if !approvalHolds(tmpl, x.cfg.Now()) {
@@ -1781,7 +1797,7 @@ func (s secrets) in(p, q []byte) bool {
 	return false
 }
 
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets, took *time.Duration) (httptool.Response, error) {
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets, c *completion) (httptool.Response, error) {
 	release, err := x.acquire(ctx, g)
 	if err != nil {
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: err}
@@ -1798,6 +1814,11 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		if _, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
 			return httptool.Response{}, errFrozen
 		}
+		// A revocation too: checked after the mint, it may have come
+		// during a retry's backoff or the wait for a slot.
+		if x.revokedFamily(c.family, c.issued) != nil {
+			return httptool.Response{}, errRevoked
+		}
 	}
 	// An approval is checked as late (I4): recheckApproval checked it at
 	// the call's start, and its own reads (the resource's version, the
@@ -1811,7 +1832,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	defer span.End()
 	var gate func() error
 	if x.cfg.Freezes != nil || tmpl.ApprovalID != "" {
-		gate = func() error { return x.gate(tool.Name, rec.Key.TenantID, &tmpl) }
+		gate = func() error { return x.gate(tool.Name, rec.Key.TenantID, &tmpl, c) }
 	}
 	t0 := time.Now()
 	resp, err := g.breaker.Execute(func() (httptool.Response, error) {
@@ -1842,7 +1863,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	}
 	result := toolCallResult(err)
 	d := time.Since(t0)
-	*took += d
+	c.toolTime += d
 	x.cfg.Metrics.ToolCall(tool.Name, result, d)
 	span.SetAttributes(attribute.String("ledger.result", result))
 	if err != nil {
@@ -1912,6 +1933,9 @@ type completion struct {
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string
+	// issued is the credential's iat, which a family's revocation covers
+	// up to a time.
+	issued time.Time
 	// toolTime is what the tool's requests took, summed over the
 	// attempts (ledger.Event.ToolUS).
 	toolTime time.Duration

@@ -72,12 +72,19 @@ func (f *switchedFreezes) Frozen(tool, _ string) (control.Action, bool) {
 // during a retry's backoff; it counts the requests that reach it.
 func freezeAfterFirstRequest(t *testing.T, r *rig, fz *switchedFreezes) (url string, requests *atomic.Int64) {
 	t.Helper()
+	return afterFirstRequest(t, r, func() { fz.on.Store(true) })
+}
+
+// afterFirstRequest is a tool server in front of r's backend that calls
+// then once its first request was answered.
+func afterFirstRequest(t *testing.T, r *rig, then func()) (url string, requests *atomic.Int64) {
+	t.Helper()
 	requests = new(atomic.Int64)
 	h := r.backend.Handler()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
 		h.ServeHTTP(w, q)
 		if requests.Add(1) == 1 {
-			fz.on.Store(true)
+			then()
 		}
 	}))
 	t.Cleanup(srv.Close)
@@ -89,8 +96,18 @@ func freezeAfterFirstRequest(t *testing.T, r *rig, fz *switchedFreezes) (url str
 // switch). A retry after an answer that says the tool did nothing (429)
 // ends the call failed, code tool_frozen; one after a request that got no
 // answer, or a 5xx (neither says the effect does not exist), ends it
-// outcome_unknown for the reconciler.
+// outcome_unknown for the reconciler. A revocation of the family of the
+// call's credential does the same, code credential_family_revoked: before,
+// it was looked at after the mint only, and a retry sent the revoked
+// credential, which the tools refuse (401: failed tool_refused, with
+// nothing to say why).
 func TestFreezeStopsRetries(t *testing.T) {
+	for _, hold := range []string{executor.ReasonToolFrozen, executor.ReasonCredentialRevoked} {
+		t.Run(hold, func(t *testing.T) { testHoldStopsRetries(t, hold) })
+	}
+}
+
+func testHoldStopsRetries(t *testing.T, hold string) {
 	for _, tc := range []struct {
 		name, tool, backendTool string
 		args                    map[string]any
@@ -113,8 +130,23 @@ func TestFreezeStopsRetries(t *testing.T) {
 			auth := r.admit(tc.tool, "kf", tc.args, 0)
 			r.backend.SetFault(tc.backendTool, tc.fault)
 			fz := &switchedFreezes{}
-			url, requests := freezeAfterFirstRequest(t, r, fz)
-			x := r.executor(func(c *executor.Config) { c.Freezes, c.BaseURL, c.RetryBackoff = fz, url, 20*time.Millisecond })
+			broker, err := credentials.New(credentials.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			url, requests := afterFirstRequest(t, r, func() {
+				if hold == executor.ReasonToolFrozen {
+					fz.on.Store(true)
+					return
+				}
+				// After the mint: the credential, issued in a second
+				// before now, falls in the revocation.
+				fz.revoked.Store(&control.Action{Kind: control.KindRevoke, Family: credentials.FamilyOf(tc.tool, "t_a", broker.KeyEpoch()),
+					At: time.Now(), Reason: "executor compromised"})
+			})
+			x := r.executor(func(c *executor.Config) {
+				c.Freezes, c.BaseURL, c.RetryBackoff, c.Credentials, c.RevocationSkew = fz, url, 20*time.Millisecond, broker, time.Minute
+			})
 			out, err := x.Step(t.Context(), []*kgo.Record{auth})
 			if err != nil {
 				t.Fatal(err)
@@ -123,8 +155,8 @@ func TestFreezeStopsRetries(t *testing.T) {
 			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
 				t.Fatalf("events (-want +got):\n%s", diff)
 			}
-			if last := evs[len(evs)-1]; last.ErrorCode != executor.ReasonToolFrozen || last.Attempt != 1 {
-				t.Errorf("error code %q, attempt %d; want %q, 1 (the one sent)", last.ErrorCode, last.Attempt, executor.ReasonToolFrozen)
+			if last := evs[len(evs)-1]; last.ErrorCode != hold || last.Attempt != 1 {
+				t.Errorf("error code %q, attempt %d; want %q, 1 (the one sent)", last.ErrorCode, last.Attempt, hold)
 			}
 			if n := requests.Load(); n != 1 {
 				t.Errorf("%d requests reached the tool; want 1 (none after the freeze)", n)
