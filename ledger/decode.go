@@ -30,6 +30,10 @@ type Limits struct {
 	// MaxDepth is the deepest nesting accepted, the top-level object or
 	// array counting as depth 1; 0 (or negative) means DefaultMaxDepth (32).
 	MaxDepth int
+	// AnyNumber accepts every number of valid syntax, as its text: for
+	// input that is never hashed (a token's claims), where the range the
+	// canonical hash needs (CodeNumberOutOfRange) is no one's concern.
+	AnyNumber bool
 }
 
 // WithDefaults returns l with every unset limit set to its default.
@@ -111,7 +115,7 @@ func Decode(data []byte, lim Limits) (any, error) {
 	if len(data) > lim.MaxBytes {
 		return nil, &DecodeError{Code: CodeTooLarge, Detail: fmt.Sprintf("%d bytes, limit %d", len(data), lim.MaxBytes)}
 	}
-	p := parser{data: data, maxDepth: lim.MaxDepth}
+	p := parser{data: data, maxDepth: lim.MaxDepth, anyNumber: lim.AnyNumber}
 	v, err := p.value(0)
 	if err != nil {
 		return nil, err
@@ -134,10 +138,11 @@ type frame struct {
 // every error carries the pointer of the offending member. The pointer is
 // built only when an error occurs.
 type parser struct {
-	data     []byte
-	pos      int
-	maxDepth int
-	path     []frame
+	data      []byte
+	pos       int
+	maxDepth  int
+	anyNumber bool
+	path      []frame
 }
 
 func (p *parser) pointer() string {
@@ -467,8 +472,10 @@ func (p *parser) number() (any, error) {
 		}
 	}
 	text := string(p.data[start:p.pos])
-	if reason := numberRange(text); reason != "" {
-		return nil, p.fail(CodeNumberOutOfRange, "%s", reason)
+	if !p.anyNumber {
+		if reason := numberRange(text); reason != "" {
+			return nil, p.fail(CodeNumberOutOfRange, "%s", reason)
+		}
 	}
 	return json.Number(text), nil
 }

@@ -52,7 +52,7 @@ func (f *identityFlags) registerStaff(fs *pflag.FlagSet) {
 func (f *identityFlags) registerFor(fs *pflag.FlagSet, audience, audienceUsage string) {
 	fs.StringVar(&f.issuer, "issuer", "", "the identity provider whose assertions the intake trusts (its iss)")
 	fs.StringVar(&f.audience, "audience", audience, audienceUsage)
-	fs.StringVar(&f.jwksFile, "jwks-file", "", "the issuer's public keys (JWKS) in a file, re-read as it changes")
+	fs.StringVar(&f.jwksFile, "jwks-file", "", "the issuer's public keys (JWKS) in a file, re-read every 5 min, early (at most once a minute) on an unknown kid")
 	fs.StringVar(&f.jwksURL, "jwks-url", "", "the issuer's public keys (JWKS) at an https URL, cached and refreshed")
 	fs.DurationVar(&f.maxLifetime, "max-assertion-lifetime", identity.DefaultMaxLifetime, fmt.Sprintf("the longest an assertion may be valid: one whose exp is further than this from now (plus %s of clock skew), or from its iat, is refused (assertion_lifetime_too_long); at most %gh", identity.DefaultSkew, identity.MaxMaxLifetime.Hours()))
 }

@@ -103,7 +103,7 @@ func MarshalPrivateJWK(k Key) ([]byte, error) {
 // ParsePrivateJWK parses a private JWK (OKP Ed25519, EC P-256 or RSA, with
 // "d" and a "kid") into a signing Key. Errors never quote the document.
 func ParsePrivateJWK(data []byte) (Key, error) {
-	m, err := decodeObject(data, maxJWKBytes)
+	m, err := decodeObject(data, ledger.Limits{MaxBytes: maxJWKBytes})
 	if err != nil {
 		// The decoder's detail may quote a character of the input, which
 		// here is secret: keep only the code and the member name.
@@ -225,7 +225,7 @@ func NewKeySet(keys ...Key) (*KeySet, error) {
 // weak RSA key, or a document over MaxJWKSBytes. An empty result is not an
 // error here; callers that need a key check Len.
 func ParseJWKS(data []byte) (*KeySet, error) {
-	m, err := decodeObject(data, MaxJWKSBytes)
+	m, err := decodeObject(data, ledger.Limits{MaxBytes: MaxJWKSBytes})
 	if err != nil {
 		// As in ParsePrivateJWK: a misconfigured path may point at a
 		// private key file, so never quote the input.
@@ -368,9 +368,10 @@ func (k Key) Thumbprint() (string, error) {
 
 // decodeObject parses data strictly (duplicate and case-variant member
 // names refused, so that {"kty":"RSA","KTY":"oct"} cannot mean two things)
-// and requires an object.
-func decodeObject(data []byte, maxBytes int) (map[string]any, error) {
-	v, err := ledger.Decode(data, ledger.Limits{MaxBytes: maxBytes, MaxDepth: 8})
+// and requires an object, at most 8 deep.
+func decodeObject(data []byte, lim ledger.Limits) (map[string]any, error) {
+	lim.MaxDepth = 8
+	v, err := ledger.Decode(data, lim)
 	if err != nil {
 		return nil, err
 	}

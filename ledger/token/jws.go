@@ -16,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/toolcall-ledger/ledger/ledger"
 )
 
 // DefaultMaxBytes is the default VerifyOptions.MaxBytes: an identity
@@ -222,8 +224,9 @@ func Unverified(token string, claims any) error {
 // (exactly three unpadded base64url parts, header a strict JSON object
 // without duplicate or case-variant members); forbidden headers; alg in
 // the allowlist; typ; kid present and in o.Keys; alg equal to the key's;
-// signature; and only then the payload, which must be a strict JSON object.
-// Every refusal is an *Error.
+// signature; and only then the payload, which must be a strict JSON object,
+// though of numbers of any size: a number is checked by the claims field
+// that reads it, if any. Every refusal is an *Error.
 //
 // Verify checks no claim: see Claims.Validate.
 func Verify(token string, o VerifyOptions, claims any) (Header, error) {
@@ -254,7 +257,7 @@ func Verify(token string, o VerifyOptions, claims any) (Header, error) {
 	if err != nil {
 		return Header{}, fail(ReasonMalformedToken, "signature is not unpadded base64url")
 	}
-	hm, err := decodeObject(hb, maxBytes)
+	hm, err := decodeObject(hb, ledger.Limits{MaxBytes: maxBytes})
 	if err != nil {
 		return Header{}, fail(ReasonMalformedToken, "header is not a strict json object")
 	}
@@ -310,8 +313,12 @@ func Verify(token string, o VerifyOptions, claims any) (Header, error) {
 		// and a member named like one of claims' fields but in another
 		// case, which encoding/json would take for it: claim names are
 		// case-sensitive (RFC 7519), and an issuer that lets users add
-		// claims of their own protects "tenant", not "Tenant".
-		m, err := decodeObject(pb, maxBytes)
+		// claims of their own protects "tenant", not "Tenant". Numbers
+		// of any size: claims are not hashed, and an identity
+		// provider's unrelated 64-bit claim ("org_id") must not refuse
+		// every token; those read as times are range-checked as they
+		// are read (NumericDate).
+		m, err := decodeObject(pb, ledger.Limits{MaxBytes: maxBytes, AnyNumber: true})
 		if err != nil {
 			return Header{}, fail(ReasonMalformedClaims, "payload is not a strict json object")
 		}

@@ -360,6 +360,72 @@ func TestVerifyAttacks(t *testing.T) {
 	}
 }
 
+// TestVerifyLargeNumberClaims: claims are not hashed, so a number the
+// ledger's canonical hash could not carry (an identity provider's 64-bit
+// "org_id") does not refuse the token; the strict checks stand around it,
+// and the times, which are read as numbers, are refused out of range
+// rather than overflowed.
+func TestVerifyLargeNumberClaims(t *testing.T) {
+	t.Parallel()
+	k, err := GenerateEd25519("ed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := NewKeySet(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := mustJSON(t, validClaims())
+	// plus returns the valid claims with members added first.
+	plus := func(members string) string { return "{" + members + "," + payload[1:] }
+	sign := func(claims string) string {
+		return forge(t, `{"alg":"EdDSA","typ":"JWT","kid":"ed"}`, claims, with(t, k))
+	}
+
+	accepted := []struct{ name, claims string }{
+		{"64-bit integer", plus(`"org_id":12345678901234567890`)},
+		{"negative, nested", plus(`"org":{"ids":[-18446744073709551615,1e300]}`)},
+		{"literal over 256 characters", plus(`"ratio":0.` + strings.Repeat("3", 300))},
+		// Keys that differ in a digit after an escaped quote stay apart.
+		{"digits and escapes in strings beside", plus(`"a\"1":"12345678901234567890\\","a\"2":12345678901234567890`)},
+	}
+	for _, tc := range accepted {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := verifyAndValidate(sign(tc.claims), VerifyOptions{Keys: set})
+			if err != nil {
+				t.Fatalf("verifyAndValidate() error = %v; want accepted", err)
+			}
+			if diff := cmp.Diff(validClaims(), got); diff != "" {
+				t.Errorf("verifyAndValidate() claims (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	refused := []struct{ name, claims string }{
+		{"exp a 64-bit integer", strings.Replace(payload, `"exp":`, `"exp":12345678901234567890,"x":`, 1)},
+		{"exp beyond float64", strings.Replace(payload, `"exp":`, `"exp":1e400,"x":`, 1)},
+		{"iat beyond year 9999", strings.Replace(payload, `"iat":`, `"iat":253402300800,"x":`, 1)},
+		{"duplicate claims beside a large number", plus(`"org_id":12345678901234567890,"sub":"admin"`)},
+		{"case-variant claims beside a large number", plus(`"org_id":12345678901234567890,"SUB":"admin"`)},
+		{"duplicate keys with escapes and digits", plus(`"k\"1":1,"k\"1":12345678901234567890`)},
+		{"leading zero", plus(`"org_id":0123`)},
+		{"no digit after the point", plus(`"org_id":1.`)},
+		{"a lone minus", plus(`"org_id":-`)},
+		{"two numbers", plus(`"org_id":1 2`)},
+		{"a number run into a literal", plus(`"org_id":[true1]`)},
+		{"a number run into a string", plus(`"org_id":[1"a"]`)},
+		{"too deep", plus(`"org_id":` + strings.Repeat("[", 9) + "1" + strings.Repeat("]", 9))},
+	}
+	for _, tc := range refused {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := verifyAndValidate(sign(tc.claims), VerifyOptions{Keys: set})
+			if got := ReasonOf(err); got != ReasonMalformedClaims {
+				t.Errorf("verifyAndValidate() reason = %q; want %q", got, ReasonMalformedClaims)
+			}
+		})
+	}
+}
+
 // assertNoTokenBytes fails if msg quotes any sizeable piece of the token
 // or of its decoded header and payload.
 func assertNoTokenBytes(t *testing.T, msg, token string) {

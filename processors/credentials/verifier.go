@@ -389,17 +389,18 @@ func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, erro
 	// First the sets too old to use, which may hold kid; only if none
 	// does, the current ones, in case kid has just rotated into one. So a
 	// set expiring does not make every other set be fetched too.
-	errs := v.refresh(ctx, now, func(i int) bool { return !v.sources[i].current(v, now) })
-	if pub, ok := v.cached(now, kid); ok {
+	pub, errs := v.refresh(ctx, now, kid, func(i int) bool { return !v.sources[i].current(v, now) })
+	if pub != nil {
 		return pub, nil
 	}
-	for i, err := range v.refresh(ctx, now, func(i int) bool { return errs[i] == nil }) {
+	pub, more := v.refresh(ctx, now, kid, func(i int) bool { return errs[i] == nil })
+	if pub != nil {
+		return pub, nil
+	}
+	for i, err := range more {
 		if errs[i] == nil {
 			errs[i] = err
 		}
-	}
-	if pub, ok := v.cached(now, kid); ok {
-		return pub, nil
 	}
 	// kid is in no set at hand. If a set could not be had, kid may be in
 	// it: that is the key server's failure, not the token's.
@@ -409,23 +410,41 @@ func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, erro
 	return nil, reject(ReasonUnknownKid, "kid %s is not in the published key sets", quote(kid))
 }
 
-// refresh fetches the sets that want says to, in parallel (a set slow
-// to answer delays the others by nothing), and returns each one's error.
-func (v *Verifier) refresh(ctx context.Context, now time.Time, want func(i int) bool) []error {
-	errs := make([]error, len(v.sources))
-	var wg sync.WaitGroup
-	for i, s := range v.sources {
-		if !want(i) {
-			continue
-		}
-		if len(v.sources) == 1 {
-			errs[i] = s.refresh(ctx, v, now)
-			break
-		}
-		wg.Go(func() { errs[i] = s.refresh(ctx, v, now) })
+// refresh fetches the sets that want says to, in parallel, and returns
+// kid's key as soon as it is at hand: a set slow to answer, or hung until
+// the fetch timeout, delays only the kids no other set holds. Otherwise,
+// once every fetch is over, it returns each one's error.
+func (v *Verifier) refresh(ctx context.Context, now time.Time, kid string, want func(i int) bool) (ed25519.PublicKey, []error) {
+	// Cancelled on return, it releases the waits still on; the fetches
+	// themselves run to their end and count (keySource.refresh).
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		i   int
+		err error
 	}
-	wg.Wait()
-	return errs
+	results := make(chan result, len(v.sources)) // no sender blocks
+	n := 0
+	for i, s := range v.sources {
+		if want(i) {
+			n++
+			go func() { results <- result{i, s.refresh(ctx, v, now)} }()
+		}
+	}
+	errs := make([]error, len(v.sources))
+	for range n {
+		r := <-results
+		errs[r.i] = r.err
+		if pub, ok := v.cached(now, kid); ok {
+			return pub, nil
+		}
+	}
+	// Also with nothing fetched here: another caller's fetch may have
+	// brought kid since key looked.
+	if pub, ok := v.cached(now, kid); ok {
+		return pub, nil
+	}
+	return nil, errs
 }
 
 // cached returns kid's key from the first set fetched less than CacheFor

@@ -653,6 +653,69 @@ func TestVerifierSeveralBrokers(t *testing.T) {
 	}
 }
 
+// TestVerifierHungBroker: a key server that hangs (a dead executor's, its
+// packets dropped) delays only the tokens no other set verifies. A refetch
+// returns once a set holding the kid is in, not at the hung fetch's
+// timeout.
+func TestVerifierHungBroker(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	brokers := []*Broker{newBroker(t, c, Config{}), newBroker(t, c, Config{})}
+	release := make(chan struct{})
+	var hung atomic.Bool // the second broker's key server
+	var urls []string
+	for i, b := range brokers {
+		h := b.Handler()
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if i == 1 && hung.Load() {
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+				http.Error(w, "hung", http.StatusServiceUnavailable)
+				return
+			}
+			h.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL+JWKSPath)
+	}
+	// Runs before the servers close, which wait for their handlers.
+	t.Cleanup(func() { close(release) })
+	v := newVerifier(t, c, nil, VerifierConfig{JWKSURLs: urls})
+	present := func(i int, key string) (string, Expect) {
+		t.Helper()
+		g := grant()
+		g.IdempotencyKey = key
+		want := expect()
+		want.IdempotencyKey = key
+		return mint(t, brokers[i], g).Token, want
+	}
+	for i := range brokers { // both sets fetched
+		tok, want := present(i, fmt.Sprintf("call-%d", i))
+		if err := verifyErr(t, v, tok, want); err != nil {
+			t.Fatalf("token of broker %d: %v; want accepted", i, err)
+		}
+	}
+
+	hung.Store(true)
+	c.Advance(DefaultCacheFor) // both sets too old: both are fetched again
+	tok, want := present(0, "call-after")
+	done := make(chan error, 1)
+	go func() {
+		_, err := v.Verify(t.Context(), tok, want)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("token of the first broker, the second's key server hung: %v; want accepted", err)
+		}
+	case <-time.After(3 * time.Second): // a hang check: the fetch timeout is 10 s
+		t.Fatal("token of the first broker still waits on the second's hung key server after 3 s; want it verified once the first's set is in")
+	}
+}
+
 func TestVerifierConfigValidation(t *testing.T) {
 	t.Parallel()
 	keys := func(context.Context) ([]byte, error) { return nil, nil }
