@@ -452,7 +452,10 @@ func (s *Service) covers(a Action, issued time.Time) bool {
 
 // Snapshot returns what operator may see of the control state: everything
 // for a platform operator; for a tenant operator, the freezes of every
-// tenant and of its own, and the revocations of its own families.
+// tenant and of its own, and the revocations of its own families. Of a
+// freeze of every tenant's, a tenant operator sees neither who made it nor
+// why, as an agent's refusal says neither (FrozenDetail): a platform
+// operator's reason may speak of other tenants.
 func (s *Service) Snapshot(_ context.Context, operator identity.Identity) (Snapshot, error) {
 	if !s.cfg.State.isReady() {
 		return Snapshot{}, ErrNotReady
@@ -468,6 +471,11 @@ func (s *Service) Snapshot(_ context.Context, operator identity.Identity) (Snaps
 	snap.Freezes = slices.DeleteFunc(snap.Freezes, func(a Action) bool {
 		return a.Tenant != "" && a.Tenant != operator.Tenant
 	})
+	for i, a := range snap.Freezes {
+		if a.Tenant == "" {
+			snap.Freezes[i].By, snap.Freezes[i].Reason = "", ""
+		}
+	}
 	snap.Revocations = slices.DeleteFunc(snap.Revocations, func(a Action) bool {
 		if a.Family == "" {
 			return true

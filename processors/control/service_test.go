@@ -489,7 +489,7 @@ func TestSnapshotVisibility(t *testing.T) {
 	svc, _ := newLoopbackService(t, Config{})
 	ctx := t.Context()
 	m := must[Action](t)
-	m(svc.Freeze(ctx, platformOp, "refund_order", "", "r"))
+	m(svc.Freeze(ctx, platformOp, "refund_order", "", "t_other's agent abuses refunds"))
 	m(svc.Freeze(ctx, acmeOp, "send_email", "", "r"))
 	m(svc.Freeze(ctx, otherOp, "send_email", "", "r"))
 	m(svc.Revoke(ctx, platformOp, "jti-1", "", "r"))
@@ -529,6 +529,28 @@ func TestSnapshotVisibility(t *testing.T) {
 				t.Errorf("revocations (-want +got):\n%s", diff)
 			}
 		})
+	}
+	// Who froze a tool for every tenant, and why, is the platform's: the
+	// reason may speak of other tenants.
+	for _, tc := range []struct {
+		op              identity.Identity
+		wantBy, wantWhy string
+	}{
+		{platformOp, platformOp.User, "t_other's agent abuses refunds"},
+		{acmeOp, "", ""},
+	} {
+		snap, err := svc.Snapshot(ctx, tc.op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range snap.Freezes {
+			switch {
+			case a.Tenant == "" && (a.By != tc.wantBy || a.Reason != tc.wantWhy):
+				t.Errorf("%s sees the freeze of every tenant's by %q for %q; want by %q for %q", tc.op.Tenant, a.By, a.Reason, tc.wantBy, tc.wantWhy)
+			case a.Tenant != "" && (a.By == "" || a.Reason == ""):
+				t.Errorf("%s sees its own tenant's freeze without who or why: %+v", tc.op.Tenant, a)
+			}
+		}
 	}
 	if _, err := svc.Snapshot(ctx, approver); !errors.Is(err, ErrForbidden) {
 		t.Errorf("Snapshot by a non-operator = %v; want ErrForbidden", err)
