@@ -33,6 +33,7 @@ const (
 	CodeInvalidRequest  = "invalid_request"
 	CodeNotFrozen       = "not_frozen"
 	CodeFreezeChanged   = "freeze_changed"
+	CodeTooManySubjects = "too_many_subjects"
 	CodeUnavailable     = "unavailable"
 	CodeInternal        = "internal"
 )
@@ -147,6 +148,8 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusConflict, CodeNotFrozen, err.Error()
 	case errors.Is(err, ErrFreezeChanged):
 		status, code, msg = http.StatusConflict, CodeFreezeChanged, err.Error()
+	case errors.Is(err, ErrTooManySubjects):
+		status, code, msg = http.StatusConflict, CodeTooManySubjects, err.Error()
 	case errors.Is(err, ErrNotReady):
 		status, code, msg = http.StatusServiceUnavailable, CodeUnavailable, "the control state is still loading; try again"
 		w.Header().Set("Retry-After", "1")

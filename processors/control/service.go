@@ -24,6 +24,9 @@ const PlatformTenant = "*"
 const (
 	DefaultOperatorRole = "operator"
 	DefaultApplyWait    = 2 * time.Second
+	// DefaultMaxTenantSubjects is Config.MaxTenantSubjects' default: far
+	// more tools and revoked families than a tenant has any use for.
+	DefaultMaxTenantSubjects = 10_000
 )
 
 var (
@@ -44,6 +47,10 @@ var (
 	// every instance will apply it) but the local State had not applied
 	// it within Config.ApplyWait. The Action is returned with it.
 	ErrNotYetApplied = errors.New("published but not yet applied locally")
+	// ErrTooManySubjects: a tenant operator's action would add a subject
+	// (a tool's freeze, a family's revocation) past the tenant's
+	// Config.MaxTenantSubjects.
+	ErrTooManySubjects = errors.New("too many control subjects for the tenant")
 )
 
 // Publisher appends records to the control topic. Implementations are
@@ -103,6 +110,15 @@ type Config struct {
 	// catch up, then fail with ErrStale (503). Zero: DefaultMaxStaleness;
 	// negative: not checked.
 	MaxStaleness time.Duration
+	// MaxTenantSubjects bounds the subjects a tenant operator's actions
+	// keep on the control topic for the tenant: its tools' freezes (an
+	// unfreeze stays too) and its families' revocations. Each is a record
+	// kept for good, which every process of every tenant reads whole
+	// before it starts, and holds: made-up tool names or key epochs in a
+	// loop would otherwise stall the whole platform's starts. A platform
+	// operator's actions are not bounded. Zero: DefaultMaxTenantSubjects;
+	// negative: no bound.
+	MaxTenantSubjects int
 	// Now is the clock of Action.At. Default: time.Now.
 	Now func() time.Time
 	// Logger receives every published action (Info) and failures; never
@@ -120,6 +136,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ApplyWait == 0 {
 		c.ApplyWait = DefaultApplyWait
+	}
+	if c.MaxTenantSubjects == 0 {
+		c.MaxTenantSubjects = DefaultMaxTenantSubjects
 	}
 	if c.RevocationSkew == 0 {
 		c.RevocationSkew = credentials.DefaultSkew
@@ -238,6 +257,9 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 		if current, frozen := s.cfg.State.frozenExactly(tool, tenant); frozen && current.ByTenant == PlatformTenant {
 			return Action{}, platformFreeze(current)
 		}
+		if err := s.roomFor(operator, ToolSubject(tool, tenant)); err != nil {
+			return Action{}, err
+		}
 	} else if current, frozen := s.cfg.State.frozenExactly(tool, tenant); frozen && tenant != "" {
 		// A platform operator's freeze goes out whatever this copy
 		// holds: it is the emergency brake, and replaces anything. The
@@ -248,6 +270,19 @@ func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, 
 		replaced = tenantFreeze(current, tool, tenant)
 	}
 	return s.publish(ctx, s.action(operator, KindFreeze, reason, func(a *Action) { a.Tool, a.Tenant, a.Replaced = tool, tenant, replaced }))
+}
+
+// roomFor refuses a tenant operator's action that would add subject to
+// the tenant's subjects past Config.MaxTenantSubjects; one already there
+// is replaced, which adds nothing.
+func (s *Service) roomFor(op identity.Identity, subject string) error {
+	if s.cfg.MaxTenantSubjects < 0 {
+		return nil
+	}
+	if n, present := s.cfg.State.tenantSubjects(op.Tenant, subject); !present && n >= s.cfg.MaxTenantSubjects {
+		return fmt.Errorf("%w: tenant %s has %d tools' freezes and families' revocations on the control topic, the most it may have; a platform operator can act beyond that", ErrTooManySubjects, op.Tenant, n)
+	}
+	return nil
 }
 
 // maxKeyEpochAhead is how far after now a revoked family's key epoch may
@@ -438,6 +473,11 @@ func (s *Service) Revoke(ctx context.Context, operator identity.Identity, jti, f
 		}
 		if a, ok := s.cfg.State.Revoked("", family); ok && s.covers(a, s.cfg.Now()) {
 			return a, nil
+		}
+		if !platform {
+			if err := s.roomFor(operator, FamilySubject(family)); err != nil {
+				return Action{}, err
+			}
 		}
 	}
 	return s.publish(ctx, s.action(operator, KindRevoke, reason, func(a *Action) { a.JTI, a.Family = jti, family }))

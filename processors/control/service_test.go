@@ -557,6 +557,33 @@ func TestSnapshotVisibility(t *testing.T) {
 	}
 }
 
+// A tenant operator's actions keep at most MaxTenantSubjects subjects on
+// the control topic for the tenant: made-up tool names or key epochs in a
+// loop would each stay for good, and every process of every tenant reads
+// the topic whole before it starts. Acting again on a subject the tenant
+// has adds nothing, and a platform operator is not bounded.
+func TestTenantSubjectsBounded(t *testing.T) {
+	t.Parallel()
+	svc, _ := newLoopbackService(t, Config{MaxTenantSubjects: 3})
+	ctx := t.Context()
+	m := must[Action](t)
+	m(svc.Freeze(ctx, acmeOp, "t00001", "", "r"))
+	m(svc.Freeze(ctx, acmeOp, "t00002", "", "r"))
+	m(svc.Unfreeze(ctx, acmeOp, "t00002", "", "r", time.Time{}))
+	m(svc.Revoke(ctx, acmeOp, "", "refund_order:t_acme:1", "r"))
+	// Another tenant's subjects do not count against t_acme's.
+	m(svc.Freeze(ctx, otherOp, "t00009", "", "r"))
+	if _, err := svc.Freeze(ctx, acmeOp, "t00003", "", "r"); !errors.Is(err, ErrTooManySubjects) {
+		t.Errorf("a fourth tool's freeze by t_acme's operator = %v; want ErrTooManySubjects", err)
+	}
+	if _, err := svc.Revoke(ctx, acmeOp, "", "refund_order:t_acme:2", "r"); !errors.Is(err, ErrTooManySubjects) {
+		t.Errorf("a fourth subject, a family's revocation, by t_acme's operator = %v; want ErrTooManySubjects", err)
+	}
+	m(svc.Freeze(ctx, acmeOp, "t00002", "", "again"))
+	m(svc.Freeze(ctx, platformOp, "t00003", "t_acme", "r"))
+	m(svc.Revoke(ctx, platformOp, "", "refund_order:t_acme:2", "r"))
+}
+
 // A State that has not caught up cannot tell what is in force: the
 // service refuses until it has.
 func TestNotReady(t *testing.T) {

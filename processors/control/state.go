@@ -288,6 +288,26 @@ func (s *State) frozenExactly(tool, tenant string) (Action, bool) {
 	return a, ok && a.Kind == KindFreeze
 }
 
+// tenantSubjects counts tenant's subjects (its tools' freezes and
+// unfreezes, its families' revocations) and reports whether subject is
+// held at all.
+func (s *State) tenantSubjects(tenant, subject string) (n int, present bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for k := range s.tools {
+		if k.tenant == tenant {
+			n++
+		}
+	}
+	for family := range s.families {
+		if _, t, _, err := parseFamily(family); err == nil && t == tenant {
+			n++
+		}
+	}
+	_, present = s.latest[subject]
+	return n, present
+}
+
 // Revoked reports whether the credential jti, or its family, is revoked;
 // the jti's revocation is returned first when both are. Empty arguments
 // are not looked up.
