@@ -52,9 +52,10 @@ func newAPICmd(g *globals) *cobra.Command {
                          assertion (Authorization: Bearer, audience
                          --agents-audience) of the envelope's tenant,
                          published to the request topic; with
-                         ?wait=DURATION (at most 30s), answered with the
-                         settled call, as GET answers, or with this
-                         submission's refusal (in "refused")
+                         ?wait=DURATION (at most 30s; not a duration, such
+                         as ?wait=30: 400 invalid_wait, nothing published),
+                         answered with the settled call, as GET answers, or
+                         with this submission's refusal (in "refused")
   GET  /v1/calls/{key}   an agent's call, from ClickHouse: its state and
                          events, for the tenant of the agent's identity
                          assertion (Authorization: Bearer); and, with
@@ -184,7 +185,10 @@ person's assertion.`,
 			mux.Handle("/", ui)
 
 			grp, ctx := errgroup.WithContext(ctx)
-			if _, err := g.serve(ctx, grp, "api", httpAddr, mux); err != nil {
+			// Stopping, the agents' waits end at once, answered 202 with
+			// their status URLs, rather than hold the shutdown past its
+			// grace and be cut.
+			if _, err := g.serve(ctx, grp, "api", httpAddr, mux, api.EndWaits); err != nil {
 				return err
 			}
 			if results != nil {

@@ -451,13 +451,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if chProjector != nil {
 		grp.Go(func() error { return chProjector.Run(ctx) })
 	}
+	// Stopping, the agents' waits end at once, answered 202.
+	servers[1].RegisterOnShutdown(api.EndWaits)
 	grp.Go(func() error {
 		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		for _, s := range servers {
-			_ = s.Shutdown(shut)
-		}
+		shutdown(shutdownGrace, logger, servers...)
 		return nil
 	})
 

@@ -120,8 +120,10 @@ func (f *httpTLSFlags) listen(srv *http.Server, logger *slog.Logger) (serve func
 // on how long a client may take to send its request (headers, then the
 // whole of it: a body sent a byte at a time would otherwise hold a
 // goroutine and a connection for good) and how long an idle keep-alive
-// connection is kept. There is no bound on writing the answer: a CPU
-// profile takes as long as it is asked to.
+// connection is kept. There is no bound here on writing the answer: a CPU
+// profile takes as long as it is asked to, and a long poll as long as it
+// waits; a handler whose answers may be large bounds their writing
+// itself, from when they are ready (httpapi's WriteTimeout).
 func newServer(addr string, h http.Handler) *http.Server {
 	return &http.Server{
 		Addr: addr, Handler: h,
@@ -156,10 +158,17 @@ func (g *globals) serveBackground(ctx context.Context, what, addr string, h http
 
 // serve listens on addr (bad TLS flags and an address in use are its
 // errors, before anything is served), serves h in grp until ctx ends,
-// then shuts the server down gracefully. It returns the bound address.
-func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr string, h http.Handler) (string, error) {
+// then shuts the server down gracefully (shutdown), calling each of
+// onShutdown as it starts to: what ends h's long requests early (their
+// answers still written), such as httpapi's EndWaits. It returns the
+// bound address.
+func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr string, h http.Handler, onShutdown ...func()) (string, error) {
 	srv := newServer(addr, h)
-	run, err := g.httpTLS.listen(srv, g.logger().With("server", what))
+	for _, f := range onShutdown {
+		srv.RegisterOnShutdown(f)
+	}
+	logger := g.logger().With("server", what)
+	run, err := g.httpTLS.listen(srv, logger)
 	if err != nil {
 		return "", fmt.Errorf("%s on %s: %w", what, addr, err)
 	}
@@ -171,11 +180,34 @@ func (g *globals) serve(ctx context.Context, grp *errgroup.Group, what, addr str
 	})
 	grp.Go(func() error {
 		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(shut)
+		shutdown(shutdownGrace, logger, srv)
+		return nil
 	})
 	return srv.Addr, nil
+}
+
+// shutdownGrace is how long a server stopping gives the requests in
+// progress to end.
+const shutdownGrace = 5 * time.Second
+
+// shutdown stops servers gracefully, all at once: each stops listening,
+// and its requests in progress get grace to end; the connections of
+// those still running then are closed. That is no error of the process
+// (which exits 0, its clients asking again), so it is logged, not
+// returned: a process stopping does not wait on its clients.
+func shutdown(grace time.Duration, logger *slog.Logger, servers ...*http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, srv := range servers {
+		wg.Go(func() {
+			if err := srv.Shutdown(ctx); err != nil {
+				logger.Warn("http server requests still running after the shutdown grace; their connections closed", "addr", srv.Addr, "grace", grace, "err", err)
+				srv.Close()
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // keyPair is a certificate and its key, read again from their files on the

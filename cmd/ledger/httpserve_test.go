@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,8 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
 )
 
 // startHTTP serves h through f.listen on a free loopback port until t
@@ -357,5 +364,136 @@ func TestServersBounded(t *testing.T) {
 		if f != "httpserve.go" && n > 0 || f == "httpserve.go" && n != 1 {
 			t.Errorf("%s builds %d http.Server literals; build servers with newServer", f, n)
 		}
+	}
+}
+
+// signalPublisher tells published of each publish, and publishes nothing.
+type signalPublisher struct{ published chan struct{} }
+
+func (p signalPublisher) Publish(context.Context, []byte, []byte) error {
+	p.published <- struct{}{}
+	return nil
+}
+
+// noCalls knows no call: a wait on it runs out.
+type noCalls struct{}
+
+func (noCalls) Call(context.Context, ledger.CallKey) (callindex.Call, error) {
+	return callindex.Call{}, callindex.ErrNotFound
+}
+
+// TestServeEndsLongPolls: stopping ledger api while an agent's POST
+// ?wait=30s is in progress answers the agent as a wait that ran out (202
+// with the status URL), at once, and serve ends without an error. Before,
+// the wait held the shutdown past its 5 s grace: serve returned context
+// deadline exceeded (the process exited 1) and the agent's connection
+// was cut as the process exited.
+func TestServeEndsLongPolls(t *testing.T) {
+	pub := signalPublisher{published: make(chan struct{}, 1)}
+	api, err := httpapi.New(httpapi.Config{Publisher: pub, Calls: noCalls{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &globals{logLevel: "error"}
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	var grp errgroup.Group
+	addr, err := g.serve(ctx, &grp, "api", "127.0.0.1:0", api, api.EndWaits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		status int
+		body   map[string]string
+		err    error
+	}
+	hash, err := ledger.ArgumentsHash("t_a", "get_weather", 1, map[string]any{"city": "Oslo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := `{"tool":"get_weather","tool_version":1,"call_id":"c1","arguments":{"city":"Oslo"},"scope":{"tenant_id":"t_a"},"idempotency_key":"k1","arguments_hash":"` + hash + `"}`
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post("http://"+addr+"/v1/calls?wait=30s", "application/json", strings.NewReader(env))
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var a answer
+		a.status, a.err = resp.StatusCode, json.NewDecoder(resp.Body).Decode(&a.body)
+		answered <- a
+	}()
+	select {
+	case <-pub.published: // the wait follows the publish
+	case a := <-answered:
+		t.Fatalf("POST ?wait=30s answered %d %v, %v before publishing", a.status, a.body, a.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("POST ?wait=30s: nothing published in 10s")
+	}
+	stop()
+	stopped := make(chan error, 1)
+	go func() { stopped <- grp.Wait() }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Errorf("serve ended with %v; want nil", err)
+		}
+	case <-time.After(shutdownGrace / 2):
+		t.Fatalf("serve still running %v after it was stopped; want the wait ended at once", shutdownGrace/2)
+	}
+	a := <-answered
+	if a.err != nil || a.status != http.StatusAccepted || a.body["status_url"] == "" {
+		t.Errorf("the waiting agent got %d %v, %v; want 202 with a status_url", a.status, a.body, a.err)
+	}
+}
+
+// TestServeShutdownClosesWhatOutlastsGrace: a request still running when the
+// shutdown grace runs out has its connection closed, and shutdown
+// returns. Before, serve returned Shutdown's context deadline exceeded,
+// leaving the connection open, and the process exited 1.
+func TestServeShutdownClosesWhatOutlastsGrace(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	srv := newServer("127.0.0.1:0", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		close(started)
+		<-release // as a handler that ignores the shutdown
+	}))
+	logger := slog.New(slog.DiscardHandler)
+	serve, err := (&httpTLSFlags{}).listen(srv, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- serve() }()
+	answered := make(chan error, 1)
+	go func() {
+		resp, err := http.Get("http://" + srv.Addr + "/")
+		if err == nil {
+			resp.Body.Close()
+		}
+		answered <- err
+	}()
+	<-started
+	done := make(chan struct{})
+	go func() {
+		shutdown(100*time.Millisecond, logger, srv)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("shutdown still running 10s on; want it done after its 100ms grace")
+	}
+	select {
+	case err := <-answered:
+		if err == nil {
+			t.Error("the request outlasting the grace was answered; want its connection closed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request outlasting the grace still holds its connection 10s on; want it closed")
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Errorf("serve() = %v; want http.ErrServerClosed", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -103,6 +104,13 @@ type Config struct {
 	Limits ledger.Limits
 	// MaxWait bounds ?wait= on POST /v1/calls; default 30s.
 	MaxWait time.Duration
+	// WriteTimeout bounds the writing of an agent's answer (a call's
+	// view, megabytes for a call of many long events, in memory until
+	// written): an agent that asks and does not read holds its
+	// connection, a goroutine and that memory no longer than this. It
+	// runs from when the answer is ready, so that a ?wait= is not cut.
+	// Default: DefaultAnswerWriteTimeout.
+	WriteTimeout time.Duration
 	// PublishTimeout bounds a submission's publish, answered 503
 	// publish_failed when it runs out; default DefaultPublishTimeout.
 	PublishTimeout time.Duration
@@ -121,6 +129,9 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler // mux, its unmatched requests answered in JSON
 	lookups *limiter     // with a Caller, the agents' lookups running
+	// waitsEnded is closed by EndWaits (endWaits, once).
+	waitsEnded chan struct{}
+	endWaits   func()
 }
 
 // New returns the API.
@@ -135,6 +146,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = 30 * time.Second
 	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultAnswerWriteTimeout
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -144,7 +158,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxLookups <= 0 {
 		cfg.MaxLookups = DefaultMaxLookups
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), lookups: newLimiter(cfg.MaxLookupsPerTenant, cfg.MaxLookups, "lookups", "too_many_lookups")}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), lookups: newLimiter(cfg.MaxLookupsPerTenant, cfg.MaxLookups, "lookups", "too_many_lookups"), waitsEnded: make(chan struct{})}
+	s.endWaits = sync.OnceFunc(func() { close(s.waitsEnded) })
 	s.mux.HandleFunc("POST /v1/calls", s.submit)
 	if cfg.Calls != nil {
 		s.mux.HandleFunc("GET /v1/calls/{key}", s.get)
@@ -156,6 +171,13 @@ func New(cfg Config) (*Server, error) {
 
 // ServeHTTP serves the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// EndWaits ends the waits of POST /v1/calls?wait= in progress, and those
+// to come, each answered as a wait that ran out (202 with the status
+// URL). It is for http.Server.RegisterOnShutdown: a server stopping
+// would otherwise outwait them (up to MaxWait), or cut them. Safe to call
+// more than once.
+func (s *Server) EndWaits() { s.endWaits() }
 
 // apiError is the one error shape the API answers with.
 type apiError struct {
@@ -247,7 +269,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := env.Key()
-	wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
+	wait, ok := s.waitParam(w, r)
+	if !ok {
+		return
+	}
 	wait = min(wait, s.cfg.MaxWait)
 	waiting := wait > 0 && s.cfg.Calls != nil
 	var agent *Agent
@@ -284,17 +309,40 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, apiError{Code: "publish_failed", Message: "the request topic did not acknowledge the envelope (it may yet be published): send it again with the same idempotency key, an identical envelope is the same call"})
 		return
 	}
+	var (
+		v        CallView
+		answered bool
+	)
 	if waiting {
-		if v, ok := s.await(r.Context(), sub, wait, agent); ok {
-			writeJSON(w, http.StatusOK, v)
-			return
-		}
+		v, answered = s.await(r.Context(), sub, wait, agent)
+	}
+	writeWithin(w, s.cfg.WriteTimeout)
+	if answered {
+		writeJSON(w, http.StatusOK, v)
+		return
 	}
 	writeJSON(w, http.StatusAccepted, map[string]string{
 		"tenant_id":       key.TenantID,
 		"idempotency_key": key.IdempotencyKey,
 		"status_url":      "/v1/calls/" + url.PathEscape(key.IdempotencyKey) + "?tenant_id=" + url.QueryEscape(key.TenantID),
 	})
+}
+
+// waitParam is ?wait=, 0 when absent or empty (no wait); a value that is
+// not a duration of 0 or more it answers 400 invalid_wait. Not taken as
+// no wait: an agent that sent ?wait=30 meant to wait.
+func (s *Server) waitParam(w http.ResponseWriter, r *http.Request) (time.Duration, bool) {
+	raw := r.URL.Query().Get("wait")
+	if raw == "" {
+		return 0, true
+	}
+	wait, err := time.ParseDuration(raw)
+	if err != nil || wait < 0 {
+		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_wait",
+			Message: fmt.Sprintf("wait must be a duration with its unit, such as 30s (at most %s is waited); nothing was published", s.cfg.MaxWait)})
+		return 0, false
+	}
+	return wait, true
 }
 
 // DefaultPublishTimeout is Config.PublishTimeout's default: a producer
@@ -390,11 +438,11 @@ func (s *Server) lookCall(ctx context.Context, key ledger.CallKey, agent *Agent)
 	return c, end, true
 }
 
-// await polls the index until the call settles or sub was refused. A
-// call settled under the key with other arguments is an earlier one, not
-// sub's answer (which is a refusal), and so is an earlier refusal. For
-// an agent, each look is one of its tenant's lookups: with them all
-// running, it looks later.
+// await polls the index until the call settles or sub was refused, for
+// at most d or until EndWaits. A call settled under the key with other
+// arguments is an earlier one, not sub's answer (which is a refusal), and
+// so is an earlier refusal. For an agent, each look is one of its
+// tenant's lookups: with them all running, it looks later.
 func (s *Server) await(ctx context.Context, sub submission, d time.Duration, agent *Agent) (CallView, bool) {
 	// The result is read with ctx: a call settling as the wait ends
 	// still gets it.
@@ -430,6 +478,8 @@ func (s *Server) await(ctx context.Context, sub submission, d time.Duration, age
 		}
 		select {
 		case <-wctx.Done():
+			return CallView{}, false
+		case <-s.waitsEnded:
 			return CallView{}, false
 		case <-time.After(every):
 		}
@@ -540,8 +590,14 @@ func requested(events []ledger.Event) (ledger.Event, bool) {
 }
 
 // get answers for the caller's tenant only: Config.Caller's, or without
-// it ?tenant_id='s (ledger dev).
+// it ?tenant_id='s (ledger dev). It answers at once: a ?wait= is refused,
+// not taken as no wait, which would have its agent poll in a loop.
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("wait") != "" {
+		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_wait",
+			Message: "GET /v1/calls/{key} does not wait: ask again later, or wait with POST /v1/calls?wait=30s, which submits the envelope and answers once its call settled"})
+		return
+	}
 	tenant := r.URL.Query().Get("tenant_id")
 	var agent *Agent
 	if s.cfg.Caller != nil {
@@ -588,6 +644,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	// The slot is the store's: given back before the answer is written,
 	// which an agent that does not read would hold up.
 	end()
+	writeWithin(w, s.cfg.WriteTimeout)
 	if errors.Is(err, callindex.ErrNotFound) {
 		writeError(w, http.StatusNotFound, apiError{Code: "not_found", Message: "no call under this key for this tenant"})
 		return

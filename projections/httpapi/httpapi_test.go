@@ -736,6 +736,99 @@ func TestLookupSlotNotHeldByASlowReader(t *testing.T) {
 	})
 }
 
+// settledBigCalls answers every key with bigCalls' call, settled as
+// validEnvelope's: the answer of its POST ?wait=.
+type settledBigCalls struct{}
+
+func (settledBigCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error) {
+	c, err := bigCalls{}.Call(ctx, key)
+	c.State = statemachine.StateSucceeded
+	for i := range c.Events {
+		c.Events[i].CallID, c.Events[i].ArgumentsHash = "c1", osloHash
+	}
+	return c, err
+}
+
+// An answer that its agent does not read, GET's or POST ?wait='s, is
+// written for WriteTimeout at most: then the server gives up and closes
+// the connection. Before, the agents' answers had no write deadline (nor
+// did ledger api's server), and an agent asking again and again without
+// reading held an encoded view, a goroutine and a connection per request
+// for good.
+func TestAnswerWriteBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		calls   httpapi.Calls
+		request string
+	}{
+		{"GET", bigCalls{}, "GET /v1/calls/k HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer agent-of-t_a/u1\r\n\r\n"},
+		{"POST ?wait=", settledBigCalls{}, fmt.Sprintf("POST /v1/calls?wait=10s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer agent-of-t_a/u1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			len(validEnvelope(t, "k")), validEnvelope(t, "k"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api, err := httpapi.New(httpapi.Config{Publisher: &publisher{}, Calls: tc.calls, Caller: agentOf, WriteTimeout: 200 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewUnstartedServer(api)
+			closed := make(chan struct{})
+			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+				if s == http.StateClosed {
+					close(closed) // the one connection of the test
+				}
+			}
+			srv.Start()
+			t.Cleanup(srv.Close)
+			conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// Asks, and never reads the answer.
+			if _, err := io.WriteString(conn, tc.request); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-closed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the server still writes an unread answer 10s on; want it given up after WriteTimeout (200ms)")
+			}
+		})
+	}
+}
+
+// An invalid ?wait= is refused 400 invalid_wait before anything is
+// published, and GET, which does not wait, refuses one too. Before, both
+// took it as no wait: POST ?wait=30 published and answered 202 at once.
+func TestInvalidWaitRefused(t *testing.T) {
+	pub := &publisher{}
+	srv, _ := newAPI(t, pub)
+	for _, tc := range []struct{ name, method, path string }{
+		{"no unit", http.MethodPost, "/v1/calls?wait=30"},
+		{"not a duration", http.MethodPost, "/v1/calls?wait=abc"},
+		{"negative", http.MethodPost, "/v1/calls?wait=-1s"},
+		{"on GET", http.MethodGet, "/v1/calls/k1?tenant_id=t_a&wait=10s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := do(t, tc.method, srv.URL+tc.path, "", validEnvelope(t, "k1"))
+			if code, _ := decodeErr(t, resp); resp.StatusCode != http.StatusBadRequest || code != "invalid_wait" {
+				t.Errorf("%s %s = %d %s; want 400 invalid_wait", tc.method, tc.path, resp.StatusCode, code)
+			}
+		})
+	}
+	if keys := pub.published(); len(keys) != 0 {
+		t.Errorf("published %v; want nothing", keys)
+	}
+	// No wait, or none asked for, still publishes and answers 202.
+	for _, path := range []string{"/v1/calls", "/v1/calls?wait=", "/v1/calls?wait=0s"} {
+		resp := do(t, http.MethodPost, srv.URL+path, "", validEnvelope(t, "k1"))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Errorf("POST %s = %d; want 202", path, resp.StatusCode)
+		}
+	}
+}
+
 // The agents' lookups are bounded per tenant: with MaxLookupsPerTenant
 // of a tenant's running, one more is answered 429 too_many_lookups, and
 // another tenant's still runs. Before, every agent's GET was a store

@@ -86,7 +86,8 @@ type QueryConfig struct {
 // DefaultQueryTimeout is QueryConfig.Timeout's default.
 const DefaultQueryTimeout = 30 * time.Second
 
-// DefaultAnswerWriteTimeout is QueryConfig.WriteTimeout's default.
+// DefaultAnswerWriteTimeout is QueryConfig.WriteTimeout's default, and
+// Config.WriteTimeout's.
 const DefaultAnswerWriteTimeout = time.Minute
 
 // DefaultMaxQuestionsPerTenant is QueryConfig.MaxQuestionsPerTenant's
@@ -267,6 +268,16 @@ const (
 	HeaderLimitReached = "X-Limit-Reached"
 )
 
+// writeWithin bounds the writing of the answer about to be written to d
+// from now: a client that asks and does not read holds its connection, a
+// goroutine and the answer no longer. Set once the answer is ready, so
+// that what it took (a query, a wait) does not count; the server clears
+// it after the request.
+func writeWithin(w http.ResponseWriter, d time.Duration) {
+	// None where the writer supports none (a console streaming it on).
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
+}
+
 // csvWanted reports whether the request asks for CSV, answering 400 for a
 // format it does not know.
 func csvWanted(w http.ResponseWriter, r *http.Request) (csv, ok bool) {
@@ -322,8 +333,7 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 			w.Header().Set(HeaderLimitReached, "true")
 		}
 	}
-	// None where the writer supports none (a console streaming it on).
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(q.cfg.WriteTimeout))
+	writeWithin(w, q.cfg.WriteTimeout)
 	if !csv {
 		writeJSON(w, http.StatusOK, v)
 		return
