@@ -399,6 +399,7 @@ func (q *queries) trace(w http.ResponseWriter, r *http.Request, id Operator) {
 		q.answerError(w, err)
 		return
 	}
+	writeWithin(w, q.cfg.WriteTimeout)
 	// Compact, so that each event's arguments are the log's bytes: an
 	// indenting encoder would re-indent them.
 	w.Header().Set("Content-Type", "application/json")

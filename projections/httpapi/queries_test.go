@@ -314,6 +314,15 @@ func (bigAnswers) BlastRadius(_ context.Context, f projections.Filter) (projecti
 	return projections.BlastRadius{Total: len(calls), Calls: calls}, nil
 }
 
+// Trace answers every trace with 100,000 events.
+func (bigAnswers) Trace(_ context.Context, key ledger.CallKey) ([]ledger.Event, error) {
+	evs := make([]ledger.Event, 100_000)
+	for i := range evs {
+		evs[i] = ledger.Event{TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey, Seq: int64(i + 1), Type: "requested", Tool: "refund_order"}
+	}
+	return evs, nil
+}
+
 // A question's slot is given back once the store answered, not once the
 // answer is written: a client that asks and never reads does not hold it,
 // and another question goes through.
@@ -340,13 +349,19 @@ func TestQuestionSlotNotHeldByASlowReader(t *testing.T) {
 // nothing bounded it, and an operator could hold answers of 100,000
 // calls in the API's memory for as long as their connections lasted.
 func TestAnswerNotHeldPastItsWriteTimeout(t *testing.T) {
+	for _, path := range []string{httpapi.PathBlastRadius + "?tool=refund_order", httpapi.PathTrace + "t_a/k"} {
+		t.Run(path, func(t *testing.T) { testAnswerNotHeldPastItsWriteTimeout(t, path) })
+	}
+}
+
+func testAnswerNotHeldPastItsWriteTimeout(t *testing.T, path string) {
 	srv, as := operatorsServer(t, httpapi.QueryConfig{Queries: bigAnswers{}, WriteTimeout: 300 * time.Millisecond}, nil)
 	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "GET %s?tool=refund_order HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer %s\r\n\r\n", httpapi.PathBlastRadius, as("t_a"))
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer %s\r\n\r\n", path, as("t_a"))
 	time.Sleep(2 * time.Second) // not reading, past the write timeout
 	if err := conn.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
 		t.Fatal(err)
