@@ -455,7 +455,12 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	servers[1].RegisterOnShutdown(api.EndWaits)
 	grp.Go(func() error {
 		<-ctx.Done()
-		shutdown(shutdownGrace, logger, servers...)
+		// The demo tools first, with the API still serving: they check
+		// each credential at its introspection, and a call still at a
+		// tool would otherwise be answered 503 (an outcome unknown). As
+		// long as the executor's drain waits for it.
+		shutdown(drainTimeout, logger, servers[0])
+		shutdown(shutdownGrace, logger, servers[1])
 		return nil
 	})
 

@@ -693,7 +693,11 @@ func TestPagesRender(t *testing.T) {
 		{"/health", []string{
 			"Active policy", "42", "3s behind", `badge ok">closed`, `badge bad">open`, `badge warn">half-open`,
 			"incident 12", `href="/health/unfreeze?tenant=acme&amp;tool=refund_order"`, "Unfreeze…",
+			"the platform</span>", "not shown to tenants</span>",
 		}, []string{"/v1/health", "/v1/control"}},
+		{"/health/unfreeze?tool=export_data", []string{
+			"Frozen for every tenant by the platform at 2026-11-30T13:50:00Z (its reason is not shown to tenants).",
+		}, []string{"/v1/control"}},
 	} {
 		t.Run(tc.page, func(t *testing.T) {
 			fx.api.reset()

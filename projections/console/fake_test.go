@@ -329,6 +329,9 @@ func newFakeAPI() *fakeAPI {
 				{V: 1, Kind: "freeze", Subject: "tool:refund_order@acme", Tool: "refund_order", Tenant: "acme", By: "olga", ByTenant: "acme", Reason: "incident 12", At: t0.Add(-30 * time.Minute)},
 				{V: 1, Kind: "freeze", Subject: "tool:lookup_order@acme", Tool: "lookup_order", Tenant: "acme", By: "root", ByTenant: "*", Reason: "incident 13", At: t0.Add(-20 * time.Minute),
 					Replaced: &ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:lookup_order@acme", Tool: "lookup_order", Tenant: "acme", By: "olga", ByTenant: "acme", Reason: "our loop", At: t0.Add(-2 * time.Hour)}},
+				// Every tenant's, as the control API shows it to a tenant
+				// operator: without who or why.
+				{V: 1, Kind: "freeze", Subject: "tool:export_data", Tool: "export_data", ByTenant: "*", At: t0.Add(-10 * time.Minute)},
 			},
 			"revocations": []ledger.ControlAction{{V: 1, Kind: "revoke", Subject: "jti:j1", JTI: "j1", By: "olga", Reason: "leak", At: t0}},
 		})

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -129,9 +128,9 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler // mux, its unmatched requests answered in JSON
 	lookups *limiter     // with a Caller, the agents' lookups running
-	// waitsEnded is closed by EndWaits (endWaits, once).
-	waitsEnded chan struct{}
-	endWaits   func()
+	// waitsEndedCtx is cancelled by EndWaits.
+	waitsEndedCtx context.Context
+	endWaits      context.CancelFunc
 }
 
 // New returns the API.
@@ -158,8 +157,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxLookups <= 0 {
 		cfg.MaxLookups = DefaultMaxLookups
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), lookups: newLimiter(cfg.MaxLookupsPerTenant, cfg.MaxLookups, "lookups", "too_many_lookups"), waitsEnded: make(chan struct{})}
-	s.endWaits = sync.OnceFunc(func() { close(s.waitsEnded) })
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), lookups: newLimiter(cfg.MaxLookupsPerTenant, cfg.MaxLookups, "lookups", "too_many_lookups")}
+	s.waitsEndedCtx, s.endWaits = context.WithCancel(context.Background())
 	s.mux.HandleFunc("POST /v1/calls", s.submit)
 	if cfg.Calls != nil {
 		s.mux.HandleFunc("GET /v1/calls/{key}", s.get)
@@ -448,6 +447,10 @@ func (s *Server) await(ctx context.Context, sub submission, d time.Duration, age
 	// still gets it.
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	// EndWaits cancels a look already running too (a slow index's, up to
+	// its bound), so that the wait is answered within the shutdown's
+	// grace, not cut by it.
+	defer context.AfterFunc(s.waitsEndedCtx, cancel)()
 	// From 20 ms, doubling to 200 ms: a quick call is answered quickly,
 	// and a slow one costs the store behind Calls few queries.
 	every := 20 * time.Millisecond
@@ -478,8 +481,6 @@ func (s *Server) await(ctx context.Context, sub submission, d time.Duration, age
 		}
 		select {
 		case <-wctx.Done():
-			return CallView{}, false
-		case <-s.waitsEnded:
 			return CallView{}, false
 		case <-time.After(every):
 		}

@@ -749,6 +749,56 @@ func (settledBigCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.
 	return c, err
 }
 
+// stuckCalls is an index whose every look runs until its context ends (a
+// slow ClickHouse); started says a look began.
+type stuckCalls struct{ started chan struct{} }
+
+func (c stuckCalls) Call(ctx context.Context, _ ledger.CallKey) (callindex.Call, error) {
+	select {
+	case c.started <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return callindex.Call{}, ctx.Err()
+}
+
+// EndWaits ends a wait whose look is running too, answered 202 with its
+// status URL: a shutdown's grace (5 s) is shorter than a look's bound, and
+// a wait still looking was cut by it, its agent getting a reset.
+func TestEndWaitsEndsARunningLook(t *testing.T) {
+	calls := stuckCalls{started: make(chan struct{}, 1)}
+	api, err := httpapi.New(httpapi.Config{Publisher: &publisher{}, Calls: calls, Caller: agentOf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	answered := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/calls?wait=30s", strings.NewReader(validEnvelope(t, "k")))
+		req.Header.Set("Authorization", "Bearer agent-of-t_a/u1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			resp = &http.Response{StatusCode: 0, Status: err.Error(), Body: io.NopCloser(strings.NewReader(""))}
+		}
+		answered <- resp
+	}()
+	// The look for earlier refusals before publishing (bounded to 2 s),
+	// then the wait's first look, running when EndWaits comes.
+	<-calls.started
+	<-calls.started
+	api.EndWaits()
+	select {
+	case resp := <-answered:
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Errorf("the wait ended while looking: %s; want 202 with its status URL", resp.Status)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait still looks 10 s after EndWaits; want it answered 202 at once")
+	}
+}
+
 // An answer that its agent does not read, GET's or POST ?wait='s, is
 // written for WriteTimeout at most: then the server gives up and closes
 // the connection. Before, the agents' answers had no write deadline (nor
