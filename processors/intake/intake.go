@@ -736,7 +736,12 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	}
 	c.tool = tool
 	if p.cfg.Freezes != nil {
-		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen {
+		// A key already used is a resent call, which the store answers
+		// whatever the freeze: refused tool_frozen, its agent would take
+		// a call that stands (its approval pending, say, and run after
+		// the unfreeze) for refused, and might send it again under
+		// another key. The executor holds it back while it is frozen.
+		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen && !p.keyStands(ctx, c.key(), "a call to a frozen tool") {
 			return refuse(c.key(), ReasonToolFrozen, "/tool", control.FrozenDetail(tool.Name, a))
 		}
 	}
@@ -768,12 +773,8 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// key already used is a resent call, which the store answers (a
 		// duplicate, its events sent again, or a key reused), whatever
 		// the decision now: "retry later" would deny a call that stands.
-		_, err := p.cfg.Store.Get(ctx, c.key())
-		if err == nil {
+		if p.keyStands(ctx, c.key(), "a call the policies could not decide") {
 			return c, nil
-		}
-		if !errors.Is(err, processors.ErrNotFound) {
-			p.cfg.Logger.Warn("a call the policies could not decide: its key could not be looked up", "call_key", c.key().String(), "err", err)
 		}
 		ev := p.retryLater(c, c.decision, now, c.decision.Reason, c.decision.Detail, p.cfg.PolicyRetryAfter)
 		return nil, &ev
@@ -781,13 +782,25 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	return c, nil
 }
 
+// keyStands reports whether the store holds a call under key: the call
+// checked (what, for the log) is then a resent one, which the store
+// answers, whatever holds for a new call now. A key that cannot be looked
+// up counts as free.
+func (p *Processor) keyStands(ctx context.Context, key ledger.CallKey, what string) bool {
+	_, err := p.cfg.Store.Get(ctx, key)
+	if err != nil && !errors.Is(err, processors.ErrNotFound) {
+		p.cfg.Logger.Warn(what+": its key could not be looked up", "call_key", key.String(), "err", err)
+	}
+	return err == nil
+}
+
 // maxVersionReads bounds the resource versions a step reads at once.
 const maxVersionReads = 16
 
 // readVersions reads, all at once and within one VersionTimeout for the
 // batch, the versions of the resources of the calls in calls that must
-// wait for an approval, onto their checked.version: the step waits for
-// them, so a version endpoint that does not answer costs the batch a
+// wait for an approval, their keys free, onto their checked.version: the
+// step waits for them, so a version endpoint that does not answer costs the batch a
 // VersionTimeout, not one a call. A version not read in time is left
 // out, logged (the approval then binds the version it finds).
 func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
@@ -796,7 +809,10 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 	}
 	var waiting []*checked
 	for _, c := range calls {
-		if d := c.decision; d.Allow && d.Obligations.RequireApproval && c.tool.ResourceVersion != nil {
+		// Not for a resend, which the store answers: the read would
+		// hold up the step, every tenant's calls in it, for nothing.
+		if d := c.decision; d.Allow && d.Obligations.RequireApproval && c.tool.ResourceVersion != nil &&
+			!p.keyStands(ctx, c.key(), "a call waiting for an approval") {
 			waiting = append(waiting, c)
 		}
 	}

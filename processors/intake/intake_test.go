@@ -593,6 +593,57 @@ type staleControls struct{ staleness atomic.Int64 }
 func (*staleControls) Frozen(string, string) (control.Action, bool) { return control.Action{}, false }
 func (s *staleControls) Staleness() time.Duration                   { return time.Duration(s.staleness.Load()) }
 
+// switchedControls is a current copy of the control topic whose every
+// tool is frozen while frozen is set.
+type switchedControls struct{ frozen atomic.Bool }
+
+func (s *switchedControls) Frozen(tool, _ string) (control.Action, bool) {
+	if !s.frozen.Load() {
+		return control.Action{}, false
+	}
+	return control.Action{Kind: control.KindFreeze, Tool: tool, At: time.Now()}, true
+}
+func (*switchedControls) Staleness() time.Duration { return 0 }
+
+// A call resent under its key while its tool is frozen is answered by the
+// store, as a resend is (its events, or nothing new), not refused
+// tool_frozen: its agent would take the call, which stands (its approval
+// pending, say, to run after the unfreeze), for refused, and might send
+// it again under another key. A new key is refused tool_frozen.
+func TestIntakeFrozenToolResendOfAStandingCall(t *testing.T) {
+	controls := &switchedControls{}
+	f := newIntakeWith(t, func(c *intake.Config) { c.Freezes = controls })
+	summary := func(out ledger.Output) []string {
+		var got []string
+		for _, e := range events(t, out) {
+			got = append(got, fmt.Sprintf("%s@%d(%s)", e.Type, e.Seq, e.Reason))
+		}
+		return got
+	}
+	rec := f.envelopeRecord(t, "standing", map[string]any{"title": "t"})
+	out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(out); !slices.Equal(got, []string{"requested@1()", "authorized@2(allowed)"}) {
+		t.Fatalf("before the freeze: %v", got)
+	}
+	controls.frozen.Store(true)
+	out, err = f.in.Step(t.Context(), []*kgo.Record{rec, f.envelopeRecord(t, "new", map[string]any{"title": "t"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := summary(out)
+	if !slices.Contains(got, "denied@0(tool_frozen)") {
+		t.Errorf("the new key while frozen: %v; want denied@0(tool_frozen)", got)
+	}
+	for _, e := range events(t, out) {
+		if e.IdempotencyKey == "standing" && e.Type == "denied" {
+			t.Errorf("the resend of a standing call while its tool is frozen: %s@%d(%s); want the store's answer, no refusal", e.Type, e.Seq, e.Reason)
+		}
+	}
+}
+
 // An intake whose copy of the control topic is stale does not decide: a
 // policy version activated since (one that denies, say) would not be
 // honoured. The call is refused for now, control_state_stale with
@@ -1339,16 +1390,20 @@ func TestIntakeDeadlineCountsFromThePublish(t *testing.T) {
 
 // versionsOf answers every resource's version read with v, or err; or,
 // hanging, not until the read's context ends, counting the reads waiting
-// at once.
+// at once. reads, if set, counts every read.
 type versionsOf struct {
 	v       string
 	err     error
 	hanging bool
 	waiting *atomic.Int64
 	most    *atomic.Int64
+	reads   *atomic.Int64
 }
 
 func (f versionsOf) ResourceVersion(ctx context.Context, _, _, _ string) (string, error) {
+	if f.reads != nil {
+		f.reads.Add(1)
+	}
 	if f.hanging {
 		n := f.waiting.Add(1)
 		for m := f.most.Load(); n > m && !f.most.CompareAndSwap(m, n); m = f.most.Load() {
@@ -1371,9 +1426,9 @@ func TestIntakeRecordsThePendingResourceVersion(t *testing.T) {
 		versions versionsOf
 		want     string
 	}{
-		{"read", versionsOf{v: "v7"}, "v7"},
-		{"unreadable", versionsOf{err: errors.New("connection refused")}, ""},
-		{"hanging", versionsOf{hanging: true, waiting: new(atomic.Int64), most: new(atomic.Int64)}, ""},
+		{"read", versionsOf{v: "v7", reads: new(atomic.Int64)}, "v7"},
+		{"unreadable", versionsOf{err: errors.New("connection refused"), reads: new(atomic.Int64)}, ""},
+		{"hanging", versionsOf{hanging: true, waiting: new(atomic.Int64), most: new(atomic.Int64), reads: new(atomic.Int64)}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newIntakeWith(t, func(c *intake.Config) {
@@ -1406,6 +1461,16 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 			// A step's reads wait together, not one after another.
 			if tc.versions.hanging && tc.versions.most.Load() != calls {
 				t.Errorf("at most %d version reads waited at once; want all %d", tc.versions.most.Load(), calls)
+			}
+			// Resent, the calls are the store's to answer: their
+			// versions are not read again (a hanging endpoint held up
+			// every step with a resend, every tenant's calls in it).
+			before := tc.versions.reads.Load()
+			if _, err := f.in.Step(t.Context(), recs); err != nil {
+				t.Fatal(err)
+			}
+			if n := tc.versions.reads.Load() - before; n != 0 {
+				t.Errorf("the resends read %d resource versions; want none", n)
 			}
 		})
 	}
