@@ -513,12 +513,24 @@ func TestFailedRecordingTriedAgainOnItsOwn(t *testing.T) {
 // waited for it at MaxInFlight, then could not claim its batch) records
 // the outcome before it returns, so that the sweep appends its events:
 // the failed step's batch is redelivered, the carried call's event is
-// not.
+// not. Its recording failing too (the same store blip), it is recorded
+// once more on its own: before, the step returned on the claim's error
+// and left it to its lease, to come back as a call that may have run.
 func TestFailedStepRecordsTheOutcomesItTook(t *testing.T) {
+	for _, recordingFails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("recording fails %v", recordingFails), func(t *testing.T) { testFailedStepRecordsTheOutcomesItTook(t, recordingFails) })
+	}
+}
+
+func testFailedStepRecordsTheOutcomesItTook(t *testing.T, recordingFails bool) {
 	r := newRig(t)
-	st := &failingClaims{Store: r.store}
+	completes := &failingCompletes{Store: r.store}
+	st := &failingClaims{Store: completes}
 	x := carrySlowCall(t, r, st)
 	st.fail = true
+	if recordingFails {
+		completes.fail.Store(1)
+	}
 	if _, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_a", "create_ticket", "next", ticket, 0)}); err == nil {
 		t.Fatal("step with a failing store returned no error")
 	}

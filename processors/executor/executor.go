@@ -668,7 +668,12 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		}
 		unlogged, err := x.unloggedPass.PageOf(ctx, listUnlogged, (*processors.Record).Cursor, x.cfg.SweepLimit, now)
 		if err != nil {
-			return ledger.Output{}, fmt.Errorf("sweep unlogged outcomes: %w", err)
+			// The expired claims read above are taken over all the
+			// same: failing the step here, every sweep, would stop the
+			// recovery of every call whose executor died for as long
+			// as this listing fails (a journal entry it cannot read,
+			// say), and it is retried at the next sweep.
+			x.cfg.Logger.Error("sweep of unlogged outcomes failed; the expired claims are taken over all the same", "err", err)
 		}
 		for _, rec := range unlogged {
 			if _, ok := jobs[rec.Key]; ok {
@@ -727,6 +732,12 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		claimedAt = time.Now()
 		if results, err = x.cfg.Store.Claim(ctx, claims); err != nil {
 			recording.Wait()
+			if earlyErr != nil {
+				// Once more on their own, as below: known outcomes,
+				// left to their leases, would come back as calls that
+				// may have run.
+				x.completeAlone(ctx, early)
+			}
 			return ledger.Output{}, fmt.Errorf("claim %d calls: %w", len(claims), err)
 		}
 		x.cfg.Metrics.Stage("claim", time.Since(claimedAt))
@@ -817,13 +828,13 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		rec := res.Record
 		switch res.Outcome {
 		case processors.Claimed, processors.Reclaimed:
-			// The lease as this executor's clock keeps it: the store's
-			// lease_until is on the database's clock, which may be
-			// ahead of this one, while a lease counted from before the
-			// claim was asked ends no later than the store's.
-			if local := claimedAt.Add(j.claim.Lease); local.Before(rec.LeaseUntil) {
-				rec.LeaseUntil = local
-			}
+			// The lease as this executor's clock keeps it, counted from
+			// before the claim was asked: it ends no later than the
+			// store's, which the database counted from later. The
+			// store's lease_until is on the database's clock, ahead of
+			// this one or behind it: read on this one, it would end
+			// the call's time early (or late) by the difference.
+			rec.LeaseUntil = claimedAt.Add(j.claim.Lease)
 			f, wait := x.launch(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed)
 			switch {
 			case x.cfg.StepBudget < 0, wait && !pipelined:
@@ -1062,6 +1073,20 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 
 	tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
 	if err != nil {
+		// A tool version this executor does not know yet (a rolling
+		// deploy: an intake with the new registry admitted it): given
+		// back for an executor that knows it, while the call's
+		// deadline leaves room, rather than failed with its key spent.
+		// Taken over, it may have been sent by an owner that knew it:
+		// what happened is for a reconciler that does.
+		switch after := max(x.cfg.SweepEvery, time.Second); {
+		case reclaimed:
+			log.Warn("taken-over call of a tool version this executor does not know; outcome unknown")
+			return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+ReasonUnknownTool, nil)
+		case roomFor(rec, tmpl, x.cfg.Now().Add(after)):
+			return x.releaseClaim(ctx, c, log, refusal{reason: ReasonUnknownTool, after: after,
+				detail: fmt.Sprintf("this executor does not know %s v%d; nothing was sent", rec.Tool, rec.ToolVersion)})
+		}
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnknownTool, "", nil)
 	}
 	if reclaimed && tool.Effect == schemas.EffectRead {
@@ -1648,7 +1673,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, or the tool's breaker is open); claim given back, to be tried again", "reason", r.reason,
+	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open, its credential's family was revoked, or its tool version is unknown here); claim given back, to be tried again", "reason", r.reason,
 		"detail", r.detail, "retry_after", rel.After)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}

@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -58,7 +61,15 @@ func newRig(t *testing.T) *rig {
 // newRigWith is newRig with registry reg and a backend configured by bc.
 func newRigWith(t *testing.T, reg *schemas.Registry, bc demobackend.Config) *rig {
 	t.Helper()
-	st, err := boltstore.Open(boltstore.Config{Path: filepath.Join(t.TempDir(), "x.db")})
+	return newRigStore(t, reg, bc, boltstore.Config{})
+}
+
+// newRigStore is newRigWith on a store configured by sc (its Path set
+// here).
+func newRigStore(t *testing.T, reg *schemas.Registry, bc demobackend.Config, sc boltstore.Config) *rig {
+	t.Helper()
+	sc.Path = filepath.Join(t.TempDir(), "x.db")
+	st, err := boltstore.Open(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1318,4 +1329,84 @@ func succeededWith(t *testing.T, r *rig, x *executor.Executor, auth *kgo.Record,
 		t.Fatal(err)
 	}
 	return rec
+}
+
+// A store whose clock is behind the executor's (here by 40 s, more than a
+// call's attempts take) does not shorten the executor's calls: their
+// lease is counted on the executor's clock from before the claim. Before,
+// the store's lease_until was read on the executor's clock, earlier than
+// now, and every call failed unsent, its key spent.
+func TestStoreClockBehindShortensNothing(t *testing.T) {
+	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRigStore(t, reg, demobackend.Config{}, boltstore.Config{Now: func() time.Time { return time.Now().Add(-40 * time.Second) }})
+	auth := r.admit("create_ticket", "skewed", map[string]any{"title": "t"}, 0)
+	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/skewed"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// An executor that does not know a call's tool version (a rolling deploy:
+// an intake with the new registry admitted it) gives the call back, while
+// its deadline leaves room, for one that knows it, which runs it. Before,
+// it failed the call unknown_tool, its key spent. Without a deadline to
+// wait within, it fails as before.
+func TestUnknownToolVersionGivenBack(t *testing.T) {
+	r := newRig(t)
+	// The registry without notify.v1: an executor not yet upgraded.
+	older, err := schemas.Load(withoutFile{os.DirFS("../testdata/registry"), "tools/notify.v1.json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := map[string]any{"to": "a@example.com", "subject": "s"}
+	old := r.executor(func(c *executor.Config) { c.Registry, c.SweepEvery = older, 10*time.Millisecond })
+	out, err := old.Step(t.Context(), []*kgo.Record{r.admit("notify", "rolling", args, 60_000), r.admit("notify", "no-deadline", args, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string][]string{"t_a/no-deadline": {"executing", "failed(" + executor.ReasonUnknownTool + ")"}}, byCall(t, out.Records)); diff != "" {
+		t.Errorf("the older executor's step (-want +got):\n%s", diff)
+	}
+	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "rolling"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
+		t.Fatalf("the call of the version the executor does not know is %s owned by %q, attempt %d; want given back", rec.Status, rec.LeaseOwner, rec.Attempt)
+	}
+	upgraded := r.executor(func(c *executor.Config) { c.SweepEvery = time.Nanosecond })
+	got := stepUntil(t, upgraded, 10*time.Second, "t_a/rolling")
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, got["t_a/rolling"]); diff != "" {
+		t.Errorf("the upgraded executor's sweep (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn(demobackend.ToolSendEmail, "t_a", "t_a/rolling"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// withoutFile is fsys without the file name.
+type withoutFile struct {
+	fs.FS
+	name string
+}
+
+func (w withoutFile) Open(name string) (fs.File, error) {
+	if name == w.name {
+		return nil, fs.ErrNotExist
+	}
+	return w.FS.Open(name)
+}
+
+func (w withoutFile) ReadDir(name string) ([]fs.DirEntry, error) {
+	es, err := fs.ReadDir(w.FS, name)
+	return slices.DeleteFunc(es, func(e fs.DirEntry) bool { return path.Join(name, e.Name()) == w.name }), err
 }

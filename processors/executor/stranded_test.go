@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -337,6 +338,27 @@ func TestUnreadableExpiredClaimsDoNotStarveTheSweep(t *testing.T) {
 	got := sweepUntilEvents(t, x, 3)
 	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, got); diff != "" {
 		t.Fatalf("the readable expired claim was not taken over within three sweeps of %d behind %d unreadable ones (-want +got):\n%s", limit, limit+1, diff)
+	}
+}
+
+// failingUnlogged is a store whose listing of unlogged records fails.
+type failingUnlogged struct{ executor.Store }
+
+func (failingUnlogged) Unlogged(context.Context, time.Duration, processors.Cursor, int) ([]processors.Record, error) {
+	return nil, errors.New("revert journal: arrays of unequal lengths")
+}
+
+// A sweep whose listing of unlogged records fails still takes over the
+// expired claims it read: before, the step failed at every sweep, and no
+// call whose executor died was recovered for as long as the listing did.
+func TestFailingUnloggedListingTakesOverAllTheSame(t *testing.T) {
+	r := newRig(t)
+	auth := authorizedEvent(t, r.admit("notify", "dead-owner", map[string]any{"to": "a@example.com", "subject": "s"}, 0))
+	r.claimAsDeadOwner(auth.Key(), auth.ArgumentsHash)
+	x := r.executor(func(c *executor.Config) { c.Store, c.SweepEvery = failingUnlogged{r.store}, time.Nanosecond })
+	got := sweepUntilEvents(t, x, 1)
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, got); diff != "" {
+		t.Errorf("the expired claim's sweep (-want +got):\n%s", diff)
 	}
 }
 
