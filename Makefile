@@ -33,11 +33,12 @@ WITH_SERVICES = set -euo pipefail; unset LEDGER_TEST_STARTED; \
 
 # The fuzz targets: envelope decoding, JSON decoding, JCS hashing, event
 # encoding and fast decoding (against encoding/json), event folding,
-# stored tool results (against encoding/json),
-# schema validation (package:target).
+# stored tool results (against encoding/json), token redaction, identity
+# assertions' verification, schema validation (package:target; every
+# Fuzz function of the repository: TestEveryFuzzTargetRuns).
 FUZZ_TARGETS = ledger:FuzzDecodeEnvelope ledger:FuzzDecode ledger:FuzzCanonical ledger:FuzzEventEncoding ledger:FuzzDecodeEventFast \
 	statemachine:FuzzApplySequence schemas:FuzzValidate processors/executor:FuzzAppendResult \
-	ledger:FuzzRedactTokens
+	ledger:FuzzRedactTokens ledger/token:FuzzVerify
 # make test bounds each target by executions, not time: Go 1.26's fuzz
 # coordinator can fail a duration-bounded run at its deadline with a bare
 # "context deadline exceeded" and no failing input (golang/go#75804).
