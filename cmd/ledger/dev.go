@@ -421,7 +421,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	mux.Handle("/", ui)
 
 	grp, ctx := errgroup.WithContext(ctx)
-	servers := []*http.Server{newServer("", backend.Handler()), newServer("", mux)}
+	// Both answer whoever reaches them without asking who (every
+	// tenant's calls and results; every effect applied): requests to a
+	// name that is not loopback's are refused, which a page of another
+	// site, its name rebound to 127.0.0.1, would send from this machine.
+	servers := []*http.Server{newServer("", httpjson.LoopbackOnly(backend.Handler())), newServer("", httpjson.LoopbackOnly(mux))}
 	for i, ln := range []net.Listener{backendLn, apiLn} {
 		srv := servers[i]
 		grp.Go(func() error {

@@ -251,6 +251,22 @@ func TestDevEndToEnd(t *testing.T) {
 	if resp.StatusCode != 404 {
 		t.Errorf("another tenant reading dev-1: status %d; want 404", resp.StatusCode)
 	}
+	// A request to a name not loopback's (a page of another site, its
+	// name rebound to 127.0.0.1) is refused, by the API and the tools
+	// alike: they answer whoever reaches them without asking who.
+	for _, u := range []string{"http://" + api + "/v1/calls/dev-1?tenant_id=t_demo", "http://" + backend + "/effects"} {
+		req, _ := http.NewRequest(http.MethodGet, u, nil)
+		req.Host = "rebound.example"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(b), `"not_loopback"`) || strings.Contains(string(b), "Sydney") {
+			t.Errorf("GET %s with Host rebound.example: %d %s; want 403 not_loopback", u, resp.StatusCode, b)
+		}
+	}
 
 	// ledger token mints an assertion from the dev issuer; a call signed
 	// with it runs, and one signed for another tenant is refused.

@@ -7,7 +7,9 @@ package httpjson
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
+	"strings"
 )
 
 // The codes of the errors Unmatched writes. no_route, not not_found: an
@@ -21,6 +23,46 @@ const (
 // CodeUpstreamUnavailable is the error code of a proxy whose upstream did
 // not answer: a request it forwarded may or may not have been handled.
 const CodeUpstreamUnavailable = "upstream_unavailable"
+
+// CodeNotLoopback is the error code of LoopbackOnly's refusals.
+const CodeNotLoopback = "not_loopback"
+
+// Loopback reports whether r came from this machine to a loopback name.
+// Both the peer and the Host count, so that a page of another site whose
+// name was rebound to 127.0.0.1 (DNS rebinding), which the browser sends
+// from this machine, is refused too.
+func Loopback(r *http.Request) bool {
+	peer, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	if ip := net.ParseIP(peer); ip == nil || !ip.IsLoopback() {
+		return false
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(r.Host); err == nil {
+		host = h
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+// LoopbackOnly answers every request Loopback refuses 403 not_loopback:
+// for servers that answer whoever reaches them on this machine without
+// asking who (ledger dev's), which a page of another site would reach
+// through its rebound name.
+func LoopbackOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !Loopback(r) {
+			Error(w, http.StatusForbidden, CodeNotLoopback, "this server answers requests from this machine to a loopback name (localhost, 127.0.0.1, [::1]) only")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
 
 // Error writes {"error": {"code", "message"}} with status.
 func Error(w http.ResponseWriter, status int, code, message string) {

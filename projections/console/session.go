@@ -5,13 +5,14 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 )
 
 // idBytes is the length of session ids and CSRF tokens before encoding.
@@ -314,7 +315,7 @@ func (c *Console) serveLogin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the console could not start a sign-in", http.StatusInternalServerError)
 		return
 	}
-	p := loginPage{CSRF: tok, Dev: c.cfg.DevLogin != nil && loopback(r)}
+	p := loginPage{CSRF: tok, Dev: c.cfg.DevLogin != nil && httpjson.Loopback(r)}
 	if m, ok := loginMessages[r.URL.Query().Get("m")]; ok {
 		p.Message = &m
 	}
@@ -349,7 +350,7 @@ func (c *Console) postLogin(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) postDevLogin(w http.ResponseWriter, r *http.Request) {
-	if c.cfg.DevLogin == nil || !loopback(r) {
+	if c.cfg.DevLogin == nil || !httpjson.Loopback(r) {
 		c.serveNotFound(w, r)
 		return
 	}
@@ -410,30 +411,6 @@ func (c *Console) postLogout(w http.ResponseWriter, r *http.Request, s *session)
 	c.clearCookie(w, r, CookieName, "/")
 	c.cfg.Logger.Info("console sign-out", "user", s.id.User, "tenant", s.id.Tenant)
 	http.Redirect(w, r, "/login?m=signed_out", http.StatusSeeOther)
-}
-
-// loopback reports whether r came from this machine to a loopback name:
-// the dev login mints an operator's assertion for whoever asks, so it
-// answers only there. Both the peer and the Host count, so that a page of
-// another site whose name was rebound to 127.0.0.1 (DNS rebinding) is
-// refused too.
-func loopback(r *http.Request) bool {
-	peer, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return false
-	}
-	if ip := net.ParseIP(peer); ip == nil || !ip.IsLoopback() {
-		return false
-	}
-	host := r.Host
-	if h, _, err := net.SplitHostPort(r.Host); err == nil {
-		host = h
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(strings.Trim(host, "[]"))
-	return ip != nil && ip.IsLoopback()
 }
 
 // secure reports whether the console's cookies must be marked Secure: the
