@@ -41,8 +41,12 @@
 # Environment:
 #   LEDGER_TEST_STATE         state directory (default /tmp/ledger-testservices)
 #   LEDGER_TEST_PG_DSN        reuse this PostgreSQL/CockroachDB if it answers
+#                             (as given, when no psql or pg_isready can ask)
 #   LEDGER_TEST_CLICKHOUSE_ADDR, LEDGER_TEST_CLICKHOUSE_HTTP
-#                             reuse this ClickHouse if it answers (both needed)
+#                             reuse this ClickHouse if it answers (the HTTP
+#                             URL optional)
+#   LEDGER_TEST_CLICKHOUSE_DSN
+#                             the tests use it: no ClickHouse is started
 #   LEDGER_TEST_CHROMIUM      use this Chromium for the console's browser tests
 #   LEDGER_TEST_WAIT          seconds to wait for a server to answer (default 90)
 #
@@ -146,8 +150,18 @@ pg_answers() {
 
 pg_bindir() {
 	local d
-	# Highest installed major version first.
-	for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -t/ -k4 -n -r); do
+	# The data directory's own version, if there is one: another
+	# major version's binaries refuse it.
+	if [ -r "$PG_DIR/data/PG_VERSION" ]; then
+		d="/usr/lib/postgresql/$(cat "$PG_DIR/data/PG_VERSION")/bin"
+		if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ]; then
+			echo "$d"
+			return 0
+		fi
+	fi
+	# Else the highest installed major version (/usr/lib/postgresql/N/bin:
+	# N is the fifth field split on "/").
+	for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -t/ -k5 -n -r); do
 		if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ]; then
 			echo "$d"
 			return 0
@@ -157,6 +171,13 @@ pg_bindir() {
 }
 
 pg_start() {
+	if [ -n "${LEDGER_TEST_PG_DSN:-}" ] && ! command -v psql >/dev/null && ! command -v pg_isready >/dev/null; then
+		# Nothing here to check it with: the DSN a user set is theirs
+		# to answer for, not to be replaced by a private server.
+		log "postgres: LEDGER_TEST_PG_DSN is set, and neither psql nor pg_isready is here to check it: using it as given"
+		PG_DSN="$LEDGER_TEST_PG_DSN"
+		return 0
+	fi
 	if [ -n "${LEDGER_TEST_PG_DSN:-}" ] && pg_answers "$LEDGER_TEST_PG_DSN"; then
 		log "postgres: reusing LEDGER_TEST_PG_DSN"
 		PG_DSN="$LEDGER_TEST_PG_DSN"
@@ -345,8 +366,12 @@ ch_http_answers() {
 
 ch_native_answers() {
 	local addr="$1"
-	command -v clickhouse-client >/dev/null || return 0 # HTTP check stands in
-	clickhouse-client --host "${addr%:*}" --port "${addr##*:}" -q 'SELECT 1' >/dev/null 2>&1
+	if command -v clickhouse-client >/dev/null; then
+		clickhouse-client --host "${addr%:*}" --port "${addr##*:}" -q 'SELECT 1' >/dev/null 2>&1
+	else
+		# Without the client, that the port takes connections.
+		timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "${addr%:*}" "${addr##*:}" 2>/dev/null
+	fi
 }
 
 ch_answers() { ch_http_answers "$2" && ch_native_answers "$1"; }
@@ -438,15 +463,22 @@ ch_write_config() {
 }
 
 ch_start() {
-	if [ -n "${LEDGER_TEST_CLICKHOUSE_ADDR:-}" ] && [ -n "${LEDGER_TEST_CLICKHOUSE_HTTP:-}" ] &&
-		ch_answers "$LEDGER_TEST_CLICKHOUSE_ADDR" "$LEDGER_TEST_CLICKHOUSE_HTTP"; then
-		log "clickhouse: reusing LEDGER_TEST_CLICKHOUSE_ADDR and LEDGER_TEST_CLICKHOUSE_HTTP"
+	if [ -n "${LEDGER_TEST_CLICKHOUSE_DSN:-}" ]; then
+		# The tests use the DSN, which wins over the address.
+		log "clickhouse: LEDGER_TEST_CLICKHOUSE_DSN is set: the tests use it, and no server is started"
+		CH_ADDR="${LEDGER_TEST_CLICKHOUSE_ADDR:-}"
+		CH_HTTP="${LEDGER_TEST_CLICKHOUSE_HTTP:-}"
+		return 0
+	fi
+	if [ -n "${LEDGER_TEST_CLICKHOUSE_ADDR:-}" ] && ch_native_answers "$LEDGER_TEST_CLICKHOUSE_ADDR" &&
+		{ [ -z "${LEDGER_TEST_CLICKHOUSE_HTTP:-}" ] || ! command -v curl >/dev/null || ch_http_answers "$LEDGER_TEST_CLICKHOUSE_HTTP"; }; then
+		log "clickhouse: reusing LEDGER_TEST_CLICKHOUSE_ADDR"
 		CH_ADDR="$LEDGER_TEST_CLICKHOUSE_ADDR"
-		CH_HTTP="$LEDGER_TEST_CLICKHOUSE_HTTP"
+		CH_HTTP="${LEDGER_TEST_CLICKHOUSE_HTTP:-}"
 		return 0
 	fi
 	if [ -n "${LEDGER_TEST_CLICKHOUSE_ADDR:-}${LEDGER_TEST_CLICKHOUSE_HTTP:-}" ]; then
-		log "clickhouse: LEDGER_TEST_CLICKHOUSE_ADDR/_HTTP set but not both answering; trying the private server"
+		log "clickhouse: LEDGER_TEST_CLICKHOUSE_ADDR (and _HTTP, if set) not answering; trying the private server"
 	fi
 	CH_ADDR="$CH_ADDR_DEFAULT"
 	CH_HTTP="$CH_HTTP_DEFAULT"
@@ -609,15 +641,16 @@ start)
 	pg_tls
 	ch_start
 	chromium_find
-	# Single quotes: DSNs carry "?" and "&", which a shell would expand.
-	printf "export LEDGER_TEST_PG_DSN='%s'\n" "$PG_DSN"
+	# Quoted for the shell that sources them (bash: make test's SHELL):
+	# DSNs carry "?" and "&", and a password may carry a quote.
+	printf "export LEDGER_TEST_PG_DSN=%q\n" "$PG_DSN"
 	if [ -n "$PG_TLS_CA" ]; then
-		printf "export LEDGER_TEST_PG_TLS_CA='%s'\n" "$PG_TLS_CA"
+		printf "export LEDGER_TEST_PG_TLS_CA=%q\n" "$PG_TLS_CA"
 	fi
-	printf "export LEDGER_TEST_CLICKHOUSE_ADDR='%s'\n" "$CH_ADDR"
-	printf "export LEDGER_TEST_CLICKHOUSE_HTTP='%s'\n" "$CH_HTTP"
-	printf "export LEDGER_TEST_CHROMIUM='%s'\n" "$CHROMIUM"
-	printf "export LEDGER_TEST_STARTED='%s'\n" "$STARTED"
+	printf "export LEDGER_TEST_CLICKHOUSE_ADDR=%q\n" "$CH_ADDR"
+	printf "export LEDGER_TEST_CLICKHOUSE_HTTP=%q\n" "$CH_HTTP"
+	printf "export LEDGER_TEST_CHROMIUM=%q\n" "$CHROMIUM"
+	printf "export LEDGER_TEST_STARTED=%q\n" "$STARTED"
 	trap - EXIT INT TERM
 	;;
 stop)
