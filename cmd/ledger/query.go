@@ -53,8 +53,15 @@ func (c *clickhouseFlags) open(ctx context.Context, logger *slog.Logger) (*chsto
 	if c.questionMiB < 0 {
 		mem = -1
 	}
-	return chstore.Open(ctx, chstore.Config{DSN: c.dsn, Database: c.database, QuestionMaxMemory: mem, Logger: logger})
+	return chstore.Open(ctx, chstore.Config{DSN: c.dsn, Database: c.database, QuestionMaxMemory: mem, MaxConns: clickhouseConns, Logger: logger})
 }
+
+// clickhouseConns is the connections a store of the responders' questions
+// and the agents' lookups may open at once: as many as they run at once
+// (a blast radius asks two queries together), and a few more, so that a
+// readiness check's ping never waits behind them (with clickhouse-go's
+// 10, five broad questions of one tenant failed every api's readiness).
+const clickhouseConns = 2*httpapi.DefaultMaxQuestions + httpapi.DefaultMaxLookups + 4
 
 // queryFlags say where the responders' questions are answered: ClickHouse
 // when a DSN is given, else a ledger's query API (that of `ledger dev` by

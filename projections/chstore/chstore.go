@@ -74,6 +74,12 @@ type Config struct {
 	// projections.ErrQuestionTooLarge. Default: DefaultQuestionMaxMemory;
 	// negative: the server's own limit.
 	QuestionMaxMemory int64
+	// MaxConns is the fewest connections the store may open at once: at
+	// least as many as its callers run queries at once, else the rest,
+	// a readiness check's ping among them, wait for one until their
+	// deadlines. The DSN's max_open_conns wins when larger. Default: the
+	// DSN's, else clickhouse-go's (10).
+	MaxConns int
 	// Logger receives migrations and swaps; default: discard.
 	Logger *slog.Logger
 }
@@ -123,6 +129,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	// Connect without a database: it may not exist before Migrate, and
 	// the handshake would fail. Every statement names the database.
 	opts.Auth.Database = ""
+	opts.MaxOpenConns = max(opts.MaxOpenConns, cfg.MaxConns)
 	addr := strings.Join(opts.Addr, ",")
 	conn, err := clickhouse.Open(opts)
 	if err != nil {

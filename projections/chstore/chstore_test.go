@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -1020,5 +1021,49 @@ func TestAddColumnForm(t *testing.T) {
 	}
 	if !ms[policyPinVersion-1].fills() {
 		t.Errorf("migration %s, adding a column an older projector leaves empty, does not count as a fill", ms[policyPinVersion-1].name)
+	}
+}
+
+// A store whose callers run as many queries at once as MaxConns allows
+// still answers a ping (a readiness check) when MaxConns leaves room: with
+// clickhouse-go's 10, ten slow queries made the ping wait for one of them.
+func TestPingNotStarvedByQueries(t *testing.T) {
+	for _, tc := range []struct {
+		conns   int
+		starved bool
+	}{{0, true}, {16, false}} {
+		t.Run(fmt.Sprintf("max conns %d", tc.conns), func(t *testing.T) {
+			s := openStoreWith(t, Config{MaxConns: tc.conns})
+			ctx, cancel := context.WithCancel(t.Context())
+			var wg sync.WaitGroup
+			running := make(chan struct{}, 10)
+			for range 10 {
+				wg.Go(func() {
+					rows, err := s.conn.Query(ctx, "SELECT sleep(3)")
+					running <- struct{}{}
+					if err == nil {
+						for rows.Next() {
+						}
+						rows.Close()
+					}
+				})
+			}
+			defer func() { cancel(); wg.Wait() }()
+			// The queries are sent (Query returns once the server took
+			// one), holding the pool's connections.
+			for range 10 {
+				select {
+				case <-running:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the slow queries did not start")
+				}
+			}
+			pctx, pcancel := context.WithTimeout(t.Context(), time.Second)
+			defer pcancel()
+			err := s.Ping(pctx)
+			if starved := err != nil; starved != tc.starved {
+				t.Errorf("ping with 10 queries running and MaxConns %d: %v; want starved %v", tc.conns, err, tc.starved)
+			}
+		})
 	}
 }
