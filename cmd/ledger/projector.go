@@ -195,9 +195,9 @@ latest control record per subject).
 
 With --swap, stop the projector first: the rebuilt tables replace the live ones,
 then the projector's group offsets are set to where the replay ended, so the
-projector, started again, goes on from there. A rebuild holding fewer events or
-control actions than the live tables (the log no longer has them all) is not
-swapped in without --force.`,
+projector, started again, goes on from there. A rebuild holding fewer events,
+or control actions of fewer subjects, than the live tables (the log no longer
+has them all) is not swapped in without --force.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -264,14 +264,8 @@ swapped in without --force.`,
 			if v, err := live.SchemaVersion(ctx); err != nil {
 				return err
 			} else if !force && v > 0 {
-				liveSums, err := live.Checksums(ctx)
-				if err != nil {
+				if err := rebuildHoldsAll(ctx, live, fresh); err != nil {
 					return err
-				}
-				for _, t := range []string{"events", "control_actions"} {
-					if sums[t].Rows < liveSums[t].Rows {
-						return fmt.Errorf("the rebuild in %s holds %d rows of %s, the live tables %d: the log no longer has them all (retention, compaction); not swapped (--force to swap anyway)", into, sums[t].Rows, t, liveSums[t].Rows)
-					}
 				}
 			}
 			// Again: a projector started during the replay (a restart
@@ -301,7 +295,7 @@ swapped in without --force.`,
 	}
 	rebuild.Flags().StringVar(&into, "into", "", "database to rebuild into (default <database>_rebuild)")
 	rebuild.Flags().BoolVar(&swap, "swap", false, "replace the live tables with the rebuilt ones (stop the projector first)")
-	rebuild.Flags().BoolVar(&force, "force", false, "with --swap: swap even a rebuild holding fewer rows than the live tables")
+	rebuild.Flags().BoolVar(&force, "force", false, "with --swap: swap even a rebuild holding fewer events, or control actions of fewer subjects, than the live tables")
 
 	skipDeleted := &cobra.Command{
 		Use:   "skip-deleted",
@@ -393,6 +387,39 @@ func (c *clickhouseFlags) with(g *globals, fn func(cmd *cobra.Command, st *chsto
 		defer st.Close()
 		return fn(cmd, st)
 	}
+}
+
+// rebuildHoldsAll refuses a swap of live's tables for fresh's (a rebuild
+// from the log) that would lose what the log no longer has: fewer events
+// (past the events topic's retention), or fewer control subjects. Not
+// fewer control actions: the control topic is compacted, each subject
+// keeping its latest action, so a rebuild holds fewer after any freeze
+// and unfreeze of one tool, and a refusal then made --force (which lets
+// everything through) routine.
+func rebuildHoldsAll(ctx context.Context, live, fresh *chstore.Store) error {
+	sums, err := fresh.Checksums(ctx)
+	if err != nil {
+		return err
+	}
+	liveSums, err := live.Checksums(ctx)
+	if err != nil {
+		return err
+	}
+	if sums["events"].Rows < liveSums["events"].Rows {
+		return fmt.Errorf("the rebuild in %s holds %d events, the live tables %d: the log no longer has them all (retention); not swapped (--force to swap anyway)", fresh.Database(), sums["events"].Rows, liveSums["events"].Rows)
+	}
+	have, err := fresh.ControlSubjects(ctx)
+	if err != nil {
+		return err
+	}
+	had, err := live.ControlSubjects(ctx)
+	if err != nil {
+		return err
+	}
+	if have < had {
+		return fmt.Errorf("the rebuild in %s holds control actions of %d subjects, the live tables of %d: the control topic no longer has them all (a subject deleted by a tombstone); not swapped (--force to swap anyway)", fresh.Database(), have, had)
+	}
+	return nil
 }
 
 // projectionGap reports whether st holds nothing of a topic (no events,

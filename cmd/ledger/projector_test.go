@@ -485,3 +485,49 @@ func TestMigrateRefusesAFillWhileAProjectorRuns(t *testing.T) {
 		t.Errorf("schema version after migrate = %d, %v; want %d", v, err, chstore.LatestVersion())
 	}
 }
+
+// A rebuild holding fewer control actions than the live tables, the same
+// subjects (the control topic compacted a tool's freeze away, keeping its
+// unfreeze), may be swapped in: before, every rebuild after a freeze and
+// an unfreeze was refused, and --force, which lets a rebuild short of
+// events through too, became routine. One short of events, or of a
+// subject, is refused.
+func TestRebuildHoldsAll(t *testing.T) {
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	freeze := ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:refund_order", Tool: "refund_order", By: "u_ops", ByTenant: "*", Reason: "incident", At: at}
+	unfreeze := ledger.ControlAction{V: 1, Kind: "unfreeze", Subject: "tool:refund_order", Tool: "refund_order", By: "u_ops", ByTenant: "*", Reason: "over", At: at.Add(time.Minute)}
+	revoke := ledger.ControlAction{V: 1, Kind: "revoke", Subject: "jti:j1", JTI: "j1", By: "u_ops", ByTenant: "*", Reason: "leak", At: at}
+	event := projections.Event{Event: ledger.Event{EventID: "e-1", Type: statemachine.EventRequested, Seq: 1, At: at,
+		TenantID: "t_a", IdempotencyKey: "k-1", Tool: "refund_order"}}
+	write := func(st *chstore.Store, evs []projections.Event, as ...ledger.ControlAction) {
+		t.Helper()
+		b := projections.Batch{Events: evs}
+		for i, a := range as {
+			b.Actions = append(b.Actions, projections.Action{Action: a, Offset: int64(i)})
+		}
+		if err := st.Write(t.Context(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := freshStore(t)
+	write(live, []projections.Event{event}, freeze, unfreeze, revoke)
+	for _, tc := range []struct {
+		name    string
+		evs     []projections.Event
+		actions []ledger.ControlAction
+		want    string
+	}{
+		{"compacted", []projections.Event{event}, []ledger.ControlAction{unfreeze, revoke}, ""},
+		{"short of events", nil, []ledger.ControlAction{unfreeze, revoke}, "holds 0 events, the live tables 1"},
+		{"short of a subject", []projections.Event{event}, []ledger.ControlAction{unfreeze}, "of 1 subjects, the live tables of 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fresh := freshStore(t)
+			write(fresh, tc.evs, tc.actions...)
+			err := rebuildHoldsAll(t.Context(), live, fresh)
+			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("rebuildHoldsAll: %v; want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -518,6 +518,17 @@ func (s *Store) Checksums(ctx context.Context) (map[string]Checksum, error) {
 	return out, nil
 }
 
+// ControlSubjects counts the subjects of the control actions held (a
+// tool's freezes, a family's revocations, the policy's activations): what
+// a compacted control topic keeps, its latest action each.
+func (s *Store) ControlSubjects(ctx context.Context) (uint64, error) {
+	var n uint64
+	if err := s.conn.QueryRow(ctx, "SELECT uniqExact(subject) FROM "+s.table("control_actions")).Scan(&n); err != nil {
+		return 0, s.wrap("control subjects", err)
+	}
+	return n, nil
+}
+
 // swapSuffix names the tables a swap moves out of the way.
 const swapSuffix = "_swapped_out"
 
