@@ -178,6 +178,9 @@ func DecodeEvent(b []byte) (Event, error) {
 	e, ok := decodeEventFast(b)
 	if !ok {
 		if err := json.Unmarshal(b, &e); err != nil {
+			if v, newer := NewerEncoding(b, EncodingVersion); newer {
+				return Event{}, fmt.Errorf("%w: v%d (this build reads up to v%d)", ErrUnsupportedEncoding, v, EncodingVersion)
+			}
 			return Event{}, fmt.Errorf("decode event: %w", err)
 		}
 	}
@@ -188,6 +191,21 @@ func DecodeEvent(b []byte) (Event, error) {
 		return Event{}, fmt.Errorf("%w: v%d (this build reads up to v%d)", ErrUnsupportedEncoding, e.V, EncodingVersion)
 	}
 	return e, nil
+}
+
+// NewerEncoding reports whether b, a JSON object that does not decode as
+// this build's records do, says it is of an encoding newer than known
+// (its "v"): one that changed a field's type is such a record, to be
+// refused as newer (its readers stop, or wait for an upgrade), not
+// skipped as undecodable.
+func NewerEncoding(b []byte, known int) (v int, newer bool) {
+	var head struct {
+		V int `json:"v"`
+	}
+	if json.Unmarshal(b, &head) != nil {
+		return 0, false
+	}
+	return head.V, head.V > known
 }
 
 // EncodeEvents encodes a batch of events as one JSON array, the form the

@@ -701,6 +701,9 @@ func DecodeAction(b []byte) (ledger.ControlAction, error) {
 	}
 	var a ledger.ControlAction
 	if err := json.Unmarshal(b, &a); err != nil {
+		if v, newer := ledger.NewerEncoding(b, MaxActionVersion); newer {
+			return ledger.ControlAction{}, fmt.Errorf("%w: v%d (this build reads up to v%d)", ErrUnsupportedAction, v, MaxActionVersion)
+		}
 		return ledger.ControlAction{}, fmt.Errorf("decode action: %w", err)
 	}
 	switch {

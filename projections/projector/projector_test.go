@@ -1061,16 +1061,27 @@ func TestBar(t *testing.T) {
 
 // A record of a newer encoding is not skipped: the projector writes and
 // commits what came before it, and stops with ErrNewerRecord; so does a
-// replay.
+// replay. Also when the newer encoding changed a field's type, which this
+// build cannot decode at all: before, that one was counted undecodable
+// and skipped.
 func TestNewerRecordStops(t *testing.T) {
 	t.Parallel()
+	for name, future := range map[string]string{
+		"fields as known":    `{"v":99,"event_id":"future","type":"requested","seq":1}`,
+		"a field's new type": `{"v":99,"event_id":"future","type":"requested","seq":"first","at":1700000000}`,
+	} {
+		t.Run(name, func(t *testing.T) { t.Parallel(); newerRecordStops(t, future) })
+	}
+}
+
+func newerRecordStops(t *testing.T, future string) {
 	k := ledgertest.New(t, ledgertest.Options{})
 	adm := admin(t, k)
 	group := k.Group("newer")
 	ev := k.Topics.Events
 	produce(t, k,
 		eventRecord(t, ev, "before"),
-		&kgo.Record{Topic: ev, Key: []byte("t_a/future"), Value: []byte(`{"v":99,"event_id":"future","type":"requested","seq":1}`)},
+		&kgo.Record{Topic: ev, Key: []byte("t_a/future"), Value: []byte(future)},
 		eventRecord(t, ev, "after"),
 	) // all on partition 0, in this order
 
@@ -1291,5 +1302,17 @@ func TestRevokedPartitionsBytesLeaveTheBatch(t *testing.T) {
 	p.revoked(t.Context(), nil, map[string][]int32{events: {0}})
 	if b := p.pending; b.records != 0 || b.bytes != 0 || !b.started.IsZero() {
 		t.Errorf("after every partition's revocation the batch holds %d records, %d bytes (started %v); want an empty batch", b.records, b.bytes, b.started)
+	}
+}
+
+// A control action of a newer encoding is refused as newer even when it
+// changed a field's type (it stops the projector); one of a known version
+// that does not decode is undecodable.
+func TestDecodeActionOfANewerEncoding(t *testing.T) {
+	if _, err := DecodeAction([]byte(`{"v":2,"kind":"freeze","at":1700000000}`)); !errors.Is(err, ErrUnsupportedAction) {
+		t.Errorf("DecodeAction of a v2 action with a field's new type: %v; want ErrUnsupportedAction", err)
+	}
+	if _, err := DecodeAction([]byte(`{"v":1,"kind":"freeze","at":1700000000}`)); err == nil || errors.Is(err, ErrUnsupportedAction) {
+		t.Errorf("DecodeAction of a v1 action that does not decode: %v; want an error, not ErrUnsupportedAction", err)
 	}
 }
