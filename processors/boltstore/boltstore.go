@@ -676,7 +676,10 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 				out[i].Outcome = processors.Busy
 				continue
 			default:
-				return fmt.Errorf("record %v has unknown status %q", c.Key, cur.Status)
+				// A newer build's status (a rolling upgrade): not this
+				// build's to claim, nor a reason to fail the batch.
+				out[i].Outcome = processors.NotReady
+				continue
 			}
 			next := cur
 			next.Status = processors.StatusExecuting

@@ -705,3 +705,36 @@ func TestRejectedKeyTooLong(t *testing.T) {
 		t.Errorf("Get(%v) after the rejected batch = %v; want ErrNotFound", k1, err)
 	}
 }
+
+// A record of a status this build does not know (a newer build's, in a
+// rolling upgrade) is answered NotReady for its key alone, as in pgstore:
+// before, the whole claim failed, at every redelivery of the batch.
+func TestClaimOfANewerStatus(t *testing.T) {
+	s := openAt(t, filepath.Join(t.TempDir(), "x.db"), time.Now)
+	defer s.Close()
+	ctx := t.Context()
+	if _, err := s.Admit(ctx, []processors.Admission{admission(k1), admission(k2)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.update(ctx, "test", func(x *txn) error {
+		r, _, err := x.get(k1)
+		if err != nil {
+			return err
+		}
+		next := r
+		next.Status = "held"
+		return x.put(&r, next)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Claim(ctx, []processors.Claim{
+		{Key: k1, ArgumentsHash: "sha256:aa", Owner: "e1", Lease: time.Minute},
+		{Key: k2, ArgumentsHash: "sha256:aa", Owner: "e1", Lease: time.Minute},
+	})
+	if err != nil {
+		t.Fatalf("Claim of a batch with a newer status: %v; want each key answered", err)
+	}
+	if res[0].Outcome != processors.NotReady || res[1].Outcome != processors.Claimed {
+		t.Errorf("outcomes %v, %v; want not ready for the newer status, claimed for the other", res[0].Outcome, res[1].Outcome)
+	}
+}

@@ -4,8 +4,8 @@
 // differs.
 //
 // Every method is one SERIALIZABLE transaction over the whole batch
-// (except Admit, Claim, Complete, MarkLogged and Settle on PostgreSQL, READ
-// COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a
+// (except Admit, Claim, Complete, Release, MarkLogged, Settle and the
+// journal's revert on PostgreSQL, READ COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a
 // batch costs one round trip plus BEGIN and COMMIT, not one per call. On
 // PostgreSQL the writes of a call's hot path send BEGIN and COMMIT in the
 // same round trip as their statements (batchTx): one round trip, where a
@@ -1745,6 +1745,11 @@ func (s *Store) claimed(ctx context.Context, cs []processors.Claim, before []pro
 			// Not claimed by the UPDATE, so the lease is live (an
 			// expired one goes to the first claim with this hash).
 			out[i] = processors.ClaimResult{Outcome: processors.Busy, Record: r}
+		case !slices.Contains(processors.Statuses, r.Status):
+			// A newer build's status (a rolling upgrade): not this
+			// build's to claim. Answered for this key alone: the
+			// batch's other claims are committed.
+			out[i] = processors.ClaimResult{Outcome: processors.NotReady, Record: r}
 		default:
 			return nil, fmt.Errorf("claim %d (%v): record %q and not claimed", i, c.Key, r.Status)
 		}

@@ -1166,3 +1166,40 @@ func TestUnloggedPassesOverHeldJournalEntries(t *testing.T) {
 		t.Errorf("Get(%v) after the holder ended = %+v, %v; want logged seq 2 (reverted)", held, r, err)
 	}
 }
+
+// A record of a status this build does not know (a newer build's, in a
+// rolling upgrade) is answered NotReady for its key alone: the claims of
+// the batch's other keys stand. Before, Claim failed the batch after they
+// had committed, so the step failed at every redelivery, and the claims
+// it took were held until their leases ran out, again and again.
+func TestClaimOfANewerStatus(t *testing.T) {
+	ctx := t.Context()
+	s := open(t, Config{DSN: testDSN(t), Schema: newSchema(t, testDSN(t))})
+	newer, known := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "newer"}, ledger.CallKey{TenantID: "t_a", IdempotencyKey: "known"}
+	for _, k := range []ledger.CallKey{newer, known} {
+		if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c_" + k.IdempotencyKey, ArgumentsHash: "sha256:00",
+			Tool: "notify", ToolVersion: 1, Arguments: []byte(`{}`), Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte(`[]`)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What a newer build's migration and its move would leave.
+	for _, stmt := range []string{
+		"ALTER TABLE " + s.table + " DROP CONSTRAINT " + statusCheckName,
+		"ALTER TABLE " + s.table + " ADD CONSTRAINT " + statusCheckName + " CHECK (status IN (" + quoteStatuses(processors.Statuses) + ", 'held'))",
+		"UPDATE " + s.table + " SET status = 'held' WHERE idempotency_key = 'newer'",
+	} {
+		if _, err := s.pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	res, err := s.Claim(ctx, []processors.Claim{
+		{Key: newer, ArgumentsHash: "sha256:00", Owner: "x", Lease: time.Minute},
+		{Key: known, ArgumentsHash: "sha256:00", Owner: "x", Lease: time.Minute},
+	})
+	if err != nil {
+		t.Fatalf("Claim of a batch with a newer status: %v; want each key answered", err)
+	}
+	if res[0].Outcome != processors.NotReady || res[1].Outcome != processors.Claimed {
+		t.Errorf("outcomes %v, %v; want not ready for the newer status, claimed for the other", res[0].Outcome, res[1].Outcome)
+	}
+}
