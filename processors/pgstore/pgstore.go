@@ -1988,7 +1988,16 @@ func (s *Store) revertJournal(ctx context.Context, op, take string, args ...any)
 		var e journalCalls
 		_, err := pgx.ForEachRow(rows, []any{&e.ts, &e.ks, &e.epochs, &e.seqs, &e.froms}, func() error {
 			if len(e.ks) != len(e.ts) || len(e.epochs) != len(e.ts) || len(e.seqs) != len(e.ts) || len(e.froms) != len(e.ts) {
-				return fmt.Errorf("journal entry with arrays of unequal lengths (%d, %d, %d, %d, %d)", len(e.ts), len(e.ks), len(e.epochs), len(e.seqs), len(e.froms))
+				// Not this build's writing (a hand edit, a restore):
+				// its calls cannot be paired with their seqs. Dropped
+				// with the take, said loudly: failing here would keep
+				// it oldest, and every sweep of every executor would
+				// fail on it, settling no other entry and appending no
+				// record's events again, for as long as it stayed.
+				s.log.Error("journal entry with arrays of unequal lengths dropped: the calls it names may lack events in the log (compare ledger trace with the store)",
+					"op", op, "tenant_ids", len(e.ts), "idempotency_keys", len(e.ks), "epochs", len(e.epochs), "seqs", len(e.seqs), "from_seqs", len(e.froms),
+					"call_keys", journalKeys(e.ts, e.ks))
+				return nil
 			}
 			all.ts, all.ks = append(all.ts, e.ts...), append(all.ks, e.ks...)
 			all.epochs, all.seqs, all.froms = append(all.epochs, e.epochs...), append(all.seqs, e.seqs...), append(all.froms, e.froms...)
@@ -2000,6 +2009,16 @@ func (s *Store) revertJournal(ctx context.Context, op, take string, args ...any)
 		_, err = tx.Exec(ctx, s.q.journalRevert, all.ts, all.ks, all.epochs, all.seqs, all.froms)
 		return err
 	})
+}
+
+// journalKeys names the calls of a journal entry, as far as its arrays
+// pair up.
+func journalKeys(ts, ks []string) []string {
+	out := make([]string, 0, min(len(ts), len(ks)))
+	for i := range min(len(ts), len(ks)) {
+		out = append(out, ledger.CallKey{TenantID: ts[i], IdempotencyKey: ks[i]}.String())
+	}
+	return out
 }
 
 // Expired implements processors.Store.

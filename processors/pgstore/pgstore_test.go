@@ -1203,3 +1203,34 @@ func TestClaimOfANewerStatus(t *testing.T) {
 		t.Errorf("outcomes %v, %v; want not ready for the newer status, claimed for the other", res[0].Outcome, res[1].Outcome)
 	}
 }
+
+// A journal entry this build did not write (arrays of unequal lengths: a
+// hand edit, a restore) is dropped, said at Error, and the sweep goes on:
+// before, Unlogged failed on it at every sweep of every executor, the
+// entry stayed oldest, and no record's events were appended again.
+func TestMalformedJournalEntryDoesNotStopTheSweep(t *testing.T) {
+	ctx := t.Context()
+	var logs ledgertest.LogBuffer
+	s := open(t, Config{DSN: testDSN(t), Schema: newSchema(t, testDSN(t)), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "unlogged"}
+	if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c_1", ArgumentsHash: "sha256:00",
+		Tool: "notify", ToolVersion: 1, Arguments: []byte(`{}`), Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte(`[]`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, "INSERT INTO "+s.journal+` (id, created_at, tenant_ids, idempotency_keys, epochs, seqs, from_seqs)
+VALUES ('hand-edited', now() - INTERVAL '1 hour', ARRAY['t_a', 't_b'], ARRAY['x'], ARRAY[1], ARRAY[2], ARRAY[1])`); err != nil {
+		t.Fatal(err)
+	}
+	for sweep := 1; sweep <= 2; sweep++ {
+		recs, err := s.Unlogged(ctx, 0, processors.Cursor{}, 10)
+		if err != nil {
+			t.Fatalf("sweep %d: Unlogged: %v; want the malformed entry set aside", sweep, err)
+		}
+		if len(recs) != 1 || recs[0].Key != k {
+			t.Errorf("sweep %d: Unlogged listed %d records; want the unlogged call", sweep, len(recs))
+		}
+	}
+	if !strings.Contains(logs.String(), "journal entry with arrays of unequal lengths dropped") {
+		t.Errorf("log:\n%s\nwant the dropped entry said", logs.String())
+	}
+}
