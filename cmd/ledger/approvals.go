@@ -61,30 +61,36 @@ func (f *staffFlags) bearer() (string, error) {
 
 // call makes one API request as the approver and decodes the answer.
 func (f *staffFlags) call(ctx context.Context, method, path string, body, into any) error {
+	_, err := f.callStatus(ctx, method, path, body, into)
+	return err
+}
+
+// callStatus is call, with the answer's status.
+func (f *staffFlags) callStatus(ctx context.Context, method, path string, body, into any) (int, error) {
 	if err := checkAssertionURL(f.api); err != nil {
-		return err
+		return 0, err
 	}
 	tok, err := f.bearer()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(f.api, "/")+path, rd)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	req.Header.Set("Authorization", "Bearer "+tok)
 	req.Header.Set("Content-Type", "application/json")
 	if f.hc == nil {
 		if f.hc, err = f.g.httpClient.client(f.g.logger(), 30*time.Second); err != nil {
-			return err
+			return 0, err
 		}
 		// The request carries the staff's assertion, which a redirect
 		// would send on, in clear or to another host.
@@ -92,25 +98,25 @@ func (f *staffFlags) call(ctx context.Context, method, path string, body, into a
 	}
 	resp, err := f.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return 0, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	const maxAnswer = 4 << 20
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
 	if err != nil {
-		return err
+		return resp.StatusCode, err
 	}
 	if len(raw) > maxAnswer && resp.StatusCode < 300 {
-		return fmt.Errorf("%s %s: the answer is larger than %d MiB, more than this command reads", method, path, maxAnswer>>20)
+		return resp.StatusCode, fmt.Errorf("%s %s: the answer is larger than %d MiB, more than this command reads", method, path, maxAnswer>>20)
 	}
 	if resp.StatusCode >= 300 {
 		var e struct {
 			Error struct{ Code, Message string } `json:"error"`
 		}
 		_ = json.Unmarshal(raw, &e)
-		return fmt.Errorf("%s %s: %d %s: %s", method, path, resp.StatusCode, e.Error.Code, e.Error.Message)
+		return resp.StatusCode, fmt.Errorf("%s %s: %d %s: %s", method, path, resp.StatusCode, e.Error.Code, e.Error.Message)
 	}
-	return json.Unmarshal(raw, into)
+	return resp.StatusCode, json.Unmarshal(raw, into)
 }
 
 // approvalView is what the CLI reads of an approval.

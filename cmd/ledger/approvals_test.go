@@ -99,12 +99,19 @@ func TestApprovalsListAnswerTooLarge(t *testing.T) {
 // 404 to anything else.
 func answering(t *testing.T, path, body string) *httptest.Server {
 	t.Helper()
+	return answeringWith(t, http.MethodGet, path, http.StatusOK, body)
+}
+
+// answeringWith is answering a method's requests of path, with status.
+func answeringWith(t *testing.T, method, path string, status int, body string) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet || r.URL.Path != path {
+		if r.Method != method || r.URL.Path != path {
 			http.NotFound(w, r)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
 		_, _ = w.Write([]byte(body))
 	}))
 	t.Cleanup(srv.Close)

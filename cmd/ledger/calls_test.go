@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -36,6 +37,39 @@ func TestCallsResolveSendsCancelCompensation(t *testing.T) {
 	for i, want := range []bool{false, true} {
 		if got[i]["cancel_compensation"] != want || got[i]["as"] != "succeeded" || got[i]["idempotency_key"] != "k1" || got[i]["tenant_id"] != "t_a" {
 			t.Errorf("resolution %d posted %v; want cancel_compensation %v", i, got[i], want)
+		}
+	}
+}
+
+// ledger calls compensate --json prints the API's answer as JSON, as
+// every other command's --json does; it printed its text line.
+func TestCallsCompensateJSON(t *testing.T) {
+	srv := answeringWith(t, http.MethodPost, "/v1/compensations", http.StatusOK, `{"compensation_key":"k1:compensate","events":[{"type":"requested"}]}`)
+	out := cli(t, "calls", "compensate", "k1", "--api", srv.URL, "--assertion", "tok", "--call-tenant", "t_a", "--reason", "r", "--json")
+	var v struct {
+		CompensationKey string            `json:"compensation_key"`
+		Events          []json.RawMessage `json:"events"`
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil || v.CompensationKey != "k1:compensate" || len(v.Events) != 1 {
+		t.Errorf("calls compensate --json printed:\n%s\nwant the answer as JSON (%v)", out, err)
+	}
+	if out := cli(t, "calls", "compensate", "k1", "--api", srv.URL, "--assertion", "tok", "--call-tenant", "t_a", "--reason", "r"); out != "compensation requested: k1:compensate\n" {
+		t.Errorf("calls compensate printed %q", out)
+	}
+}
+
+// A control action the service published but had not applied within its
+// wait (202) is said to be so, on stderr: an operator took it for in
+// force, a freeze during an incident say.
+func TestControlActionNotYetApplied(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		said   bool
+	}{{http.StatusOK, false}, {http.StatusAccepted, true}} {
+		srv := answeringWith(t, http.MethodPost, "/v1/control/freeze", tc.status, `{"kind":"freeze","tool":"refund_order"}`)
+		stdout, stderr := cliSplit(t, "control", "freeze", "--tool", "refund_order", "--reason", "incident", "--api", srv.URL, "--assertion", "tok")
+		if said := strings.Contains(stderr, "not applied it yet (202)"); said != tc.said || !strings.Contains(stdout, `"freeze"`) {
+			t.Errorf("control freeze answered %d: stdout %q, stderr %q; want the action, and the note %v", tc.status, stdout, stderr, tc.said)
 		}
 	}
 }

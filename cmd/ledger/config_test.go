@@ -1,9 +1,12 @@
 package main
 
 import (
+	"io"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 // A DSN shown in a log or a banner shows none of its secrets, wherever
@@ -86,5 +89,32 @@ func TestDevTakesNoDeploymentFromTheEnvironment(t *testing.T) {
 	}
 	if got := exec.Flags().Lookup("crdb-dsn").Value.String(); got != "/from/the/environment" {
 		t.Errorf("executor --crdb-dsn = %q; want LEDGER_CRDB_DSN's value", got)
+	}
+}
+
+// A list flag a parent command holds takes its variable's value once: set
+// through a command's own flags and again through its inherited ones, a
+// run's LEDGER_KAFKA_BROKERS=a:1,b:2 was [a:1 b:2 a:1 b:2].
+func TestEnvListFlagOnce(t *testing.T) {
+	t.Setenv("LEDGER_KAFKA_BROKERS", "a:1,b:2")
+	root := newRoot()
+	var got string
+	cmd, _, err := root.Find([]string{"topics", "create"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Run as a parsed command is: the parents' persistent flags merged
+	// into its own.
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		got = cmd.Flags().Lookup("kafka-brokers").Value.String()
+		return nil
+	}
+	root.SetArgs([]string{"topics", "create"})
+	root.SetOut(io.Discard)
+	if err := root.ExecuteContext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got != "[a:1,b:2]" {
+		t.Errorf("--kafka-brokers from LEDGER_KAFKA_BROKERS=a:1,b:2: %s; want [a:1,b:2]", got)
 	}
 }

@@ -30,8 +30,15 @@ func newControlCmd(g *globals) *cobra.Command {
 					return fmt.Errorf("--reason is required: every control action says why")
 				}
 				var out json.RawMessage
-				if err := f.call(cmd.Context(), http.MethodPost, path, body(), &out); err != nil {
+				status, err := f.callStatus(cmd.Context(), http.MethodPost, path, body(), &out)
+				if err != nil {
 					return err
+				}
+				if status == http.StatusAccepted {
+					// Durable on the control topic, which every instance
+					// applies; the answering service had not within its
+					// wait. Not to be taken for in force yet.
+					fmt.Fprintln(cmd.ErrOrStderr(), "published on the control topic, but the control service had not applied it yet (202): every instance will; see ledger control show")
 				}
 				return printJSON(cmd, out)
 			},
@@ -150,11 +157,18 @@ func newCallsCmd(g *globals) *cobra.Command {
 			if reason == "" {
 				return fmt.Errorf("--reason is required")
 			}
+			var raw json.RawMessage
+			body := map[string]string{"tenant_id": compTenant, "idempotency_key": args[0], "reason": reason}
+			if err := f.call(cmd.Context(), http.MethodPost, "/v1/compensations", body, &raw); err != nil {
+				return err
+			}
+			if f.jsonOut {
+				return printJSONTo(cmd.OutOrStdout(), raw)
+			}
 			var out struct {
 				CompensationKey string `json:"compensation_key"`
 			}
-			body := map[string]string{"tenant_id": compTenant, "idempotency_key": args[0], "reason": reason}
-			if err := f.call(cmd.Context(), http.MethodPost, "/v1/compensations", body, &out); err != nil {
+			if err := json.Unmarshal(raw, &out); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "compensation requested: %s\n", out.CompensationKey)

@@ -110,10 +110,15 @@ func newRoot() *cobra.Command {
 // beats environment beats default. It returns the variables set for
 // flags marked explicit only (see markExplicitOnly), which it ignored.
 func bindEnv(cmd *cobra.Command) (ignored []string, err error) {
+	// Once a flag: parsed, a command's flags hold its parents' persistent
+	// ones too, and its inherited flags are those again; set twice, a
+	// list (--kafka-brokers) would hold its variable's value twice.
+	seen := map[string]bool{}
 	visit := func(f *pflag.Flag) {
-		if f.Changed || err != nil {
+		if f.Changed || err != nil || seen[f.Name] {
 			return
 		}
+		seen[f.Name] = true
 		name := envName(f.Name)
 		v, ok := os.LookupEnv(name)
 		switch {
