@@ -69,7 +69,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.StringVar(&f.callID, "call-id", "", "call id (default: random)")
 	fs.StringVar(&f.traceID, "trace-id", "", "trace id")
 	fs.DurationVar(&f.deadline, "deadline", 30*time.Second, "how long the call may take before it is no longer wanted (0: none)")
-	fs.BoolVar(&f.wait, "wait", false, "wait for the call to settle and print its last event")
+	fs.BoolVar(&f.wait, "wait", false, "wait for the call to settle and print its last event (the exit status is 0 however it settles, refused, denied or failed included: read its state from what is printed, or --json's type; 1 if it does not settle within --timeout)")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long --wait waits")
 	fs.IntVar(&f.retryLater, "retry-later", 3, "with --wait: how many times to send the envelope again, same key, after a refusal for now (rate_limited, policy_timeout, policy_unavailable) once the wait it names has passed, if its answer can come within --timeout (0: never)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
