@@ -111,7 +111,9 @@ person's assertion.`,
 				Calls: traceCalls{st}, Caller: agentCaller(agents),
 				Checks: []httpapi.Check{
 					{Name: "kafka", Check: func(ctx context.Context) error { return pub.cl.Ping(ctx) }},
-					{Name: "clickhouse", Check: st.Ping},
+					// Its outage takes the lookups and questions, not
+					// the submissions, approvals and kill switch.
+					{Name: "clickhouse", Check: st.Ping, Degrades: true},
 				},
 			}
 			var results *laterResults

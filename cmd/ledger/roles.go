@@ -24,6 +24,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
@@ -72,6 +73,9 @@ type roleFlags struct {
 	// policies, set by startPolicies, is the role's policy engine: /readyz
 	// fails while it denies every call (policy.Engine.Err).
 	policies *policy.Engine
+	// assertions, set by the intake, verifies the agents' assertions:
+	// /readyz fails while it refuses every one (identity.Verifier.Err).
+	assertions *identity.Verifier
 }
 
 // registerControls adds the flag of a role that acts on the kill switch
@@ -156,6 +160,9 @@ func (r *roleFlags) readyChecks() []readyCheck {
 	checks := r.controlCheck()
 	if r.policies != nil {
 		checks = append(checks, readyCheck{"policy", func(context.Context) error { return r.policies.Err() }})
+	}
+	if r.assertions != nil {
+		checks = append(checks, readyCheck{"identity", func(context.Context) error { return r.assertions.Err() }})
 	}
 	return checks
 }
@@ -426,6 +433,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
+				rf.assertions = ident
 				controls, err := rf.followControls(ctx, g, logger)
 				if err != nil {
 					return nil, err

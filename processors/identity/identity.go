@@ -513,6 +513,11 @@ func (v *Verifier) refreshEarly(ctx context.Context) {
 	v.refreshLocked(ctx, now)
 }
 
+// Err says why every assertion is refused now (the issuer's keys stale,
+// ReasonKeysStale), nil otherwise: for readiness checks, since such a
+// verifier refuses every call while its process otherwise serves.
+func (v *Verifier) Err() error { return v.stale() }
+
 // stale refuses every assertion once refreshes have failed for longer
 // than MaxStale (an idle verifier's keys are old, not stale: its next
 // refresh may well succeed).

@@ -741,6 +741,9 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// a call that stands (its approval pending, say, and run after
 		// the unfreeze) for refused, and might send it again under
 		// another key. The executor holds it back while it is frozen.
+		// A store read for each call to a frozen tool: refusing them is
+		// bounded by the store's reads while the freeze lasts, and a
+		// store that does not answer refuses them as before.
 		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen && !p.keyStands(ctx, c.key(), "a call to a frozen tool") {
 			return refuse(c.key(), ReasonToolFrozen, "/tool", control.FrozenDetail(tool.Name, a))
 		}
@@ -785,14 +788,20 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 // keyStands reports whether the store holds a call under key: the call
 // checked (what, for the log) is then a resent one, which the store
 // answers, whatever holds for a new call now. A key that cannot be looked
-// up counts as free.
+// up, within keyStandsTimeout, counts as free.
 func (p *Processor) keyStands(ctx context.Context, key ledger.CallKey, what string) bool {
+	ctx, cancel := context.WithTimeout(ctx, keyStandsTimeout)
+	defer cancel()
 	_, err := p.cfg.Store.Get(ctx, key)
 	if err != nil && !errors.Is(err, processors.ErrNotFound) {
 		p.cfg.Logger.Warn(what+": its key could not be looked up", "call_key", key.String(), "err", err)
 	}
 	return err == nil
 }
+
+// keyStandsTimeout bounds keyStands' read: a store that does not answer
+// holds up the step no longer.
+const keyStandsTimeout = 2 * time.Second
 
 // maxVersionReads bounds the resource versions a step reads at once.
 const maxVersionReads = 16
@@ -809,10 +818,7 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 	}
 	var waiting []*checked
 	for _, c := range calls {
-		// Not for a resend, which the store answers: the read would
-		// hold up the step, every tenant's calls in it, for nothing.
-		if d := c.decision; d.Allow && d.Obligations.RequireApproval && c.tool.ResourceVersion != nil &&
-			!p.keyStands(ctx, c.key(), "a call waiting for an approval") {
+		if d := c.decision; d.Allow && d.Obligations.RequireApproval && c.tool.ResourceVersion != nil {
 			waiting = append(waiting, c)
 		}
 	}
@@ -830,6 +836,13 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 			case slots <- struct{}{}:
 				defer func() { <-slots }()
 			case <-ctx.Done():
+			}
+			// Not for a resend, which the store answers: a version
+			// endpoint that hangs would hold up every step with one,
+			// every tenant's calls in it, for nothing. Looked up with
+			// the reads, within their time.
+			if p.keyStands(ctx, c.key(), "a call waiting for an approval") {
+				return
 			}
 			v, _, err := processors.ResourceVersion(ctx, p.cfg.Versions, p.base, c.tool, c.tree, c.id.Tenant)
 			if err != nil {

@@ -74,11 +74,14 @@ type Config struct {
 	// projections.ErrQuestionTooLarge. Default: DefaultQuestionMaxMemory;
 	// negative: the server's own limit.
 	QuestionMaxMemory int64
-	// MaxConns is the fewest connections the store may open at once: at
-	// least as many as its callers run queries at once, else the rest,
-	// a readiness check's ping among them, wait for one until their
-	// deadlines. The DSN's max_open_conns wins when larger. Default: the
-	// DSN's, else clickhouse-go's (10).
+	// MaxConns is how many connections the store may open at once
+	// unless the DSN says (max_open_conns): as many as its callers run
+	// queries at once, else the rest, a readiness check's ping among
+	// them, wait for one until their deadlines. The server bounds the
+	// queries of every client together (max_concurrent_queries, 100 by
+	// default), the projector's inserts included: a DSN's lower
+	// max_open_conns keeps a process under its share. Default:
+	// clickhouse-go's (10).
 	MaxConns int
 	// Logger receives migrations and swaps; default: discard.
 	Logger *slog.Logger
@@ -129,7 +132,14 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	// Connect without a database: it may not exist before Migrate, and
 	// the handshake would fail. Every statement names the database.
 	opts.Auth.Database = ""
-	opts.MaxOpenConns = max(opts.MaxOpenConns, cfg.MaxConns)
+	if opts.MaxOpenConns == 0 && cfg.MaxConns > 0 {
+		opts.MaxOpenConns = cfg.MaxConns
+		if opts.MaxIdleConns == 0 {
+			// clickhouse-go's 5 would close, and open again, a
+			// connection for every query past the fifth at once.
+			opts.MaxIdleConns = max(5, cfg.MaxConns/4)
+		}
+	}
 	addr := strings.Join(opts.Addr, ",")
 	conn, err := clickhouse.Open(opts)
 	if err != nil {

@@ -1067,3 +1067,29 @@ func TestPingNotStarvedByQueries(t *testing.T) {
 		})
 	}
 }
+
+// A DSN's max_open_conns wins over MaxConns, lower or higher: it is how an
+// operator keeps a process under its share of the server's
+// max_concurrent_queries.
+func TestDSNMaxOpenConnsWins(t *testing.T) {
+	dsn := chtest.DSN(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	s := openStoreWith(t, Config{MaxConns: 16})
+	lowered, err := Open(t.Context(), Config{DSN: dsn + sep + "max_open_conns=2", Database: s.db, MaxConns: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lowered.Close()
+	for _, tc := range []struct {
+		name string
+		s    *Store
+		want int
+	}{{"MaxConns", s, 16}, {"the DSN's", lowered, 2}} {
+		if got := tc.s.conn.Stats().MaxOpenConns; got != tc.want {
+			t.Errorf("%s: the pool opens %d connections at most; want %d", tc.name, got, tc.want)
+		}
+	}
+}

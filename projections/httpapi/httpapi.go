@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -61,6 +62,11 @@ type Agent struct{ Tenant, User string }
 type Check struct {
 	Name  string
 	Check func(ctx context.Context) error
+	// Degrades: failing, the check says so ("degraded") without taking
+	// the API out of service (200): what it checks serves only some of
+	// the API (ClickHouse: lookups and questions), and the rest (the
+	// agents' submissions, the approvals, the kill switch) must stay up.
+	Degrades bool
 }
 
 // Config configures the API.
@@ -659,17 +665,32 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
+	// All at once, each within the budget: one that hangs (a broker
+	// that does not answer) does not use up the others'.
+	errs := make([]error, len(s.cfg.Checks))
+	var wg sync.WaitGroup
+	for i, c := range s.cfg.Checks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			defer cancel()
+			errs[i] = c.Check(ctx)
+		})
+	}
+	wg.Wait()
 	status, code := "ok", http.StatusOK
 	checks := make(map[string]string, len(s.cfg.Checks))
-	for _, c := range s.cfg.Checks {
-		if err := c.Check(ctx); err != nil {
+	for i, c := range s.cfg.Checks {
+		if err := errs[i]; err != nil {
 			// The error names addresses and databases: for the log, not
 			// for whoever asks an unauthenticated health check.
 			s.cfg.Logger.Warn("health check failed", "check", c.Name, "err", err)
 			checks[c.Name] = "unavailable"
-			status, code = "unavailable", http.StatusServiceUnavailable
+			switch {
+			case !c.Degrades:
+				status, code = "unavailable", http.StatusServiceUnavailable
+			case code == http.StatusOK:
+				status = "degraded"
+			}
 			continue
 		}
 		checks[c.Name] = "ok"

@@ -270,6 +270,57 @@ func TestHealthHidesErrors(t *testing.T) {
 	}
 }
 
+// A check that degrades the API (ClickHouse's: lookups and questions)
+// says so without taking it out of service, which would take the agents'
+// submissions, the approvals and the kill switch with it; one that does
+// not (Kafka's) takes it out. Each check has its own budget: one that
+// hangs does not fail the others.
+func TestHealthDegraded(t *testing.T) {
+	down := func(context.Context) error { return errors.New("down") }
+	hangs := func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	ok := func(ctx context.Context) error { return ctx.Err() } // answers within its budget
+	for _, tc := range []struct {
+		name       string
+		checks     []httpapi.Check
+		wantStatus int
+		want       string
+		wantChecks map[string]string
+	}{
+		{"clickhouse down", []httpapi.Check{{Name: "kafka", Check: ok}, {Name: "clickhouse", Check: down, Degrades: true}},
+			http.StatusOK, "degraded", map[string]string{"kafka": "ok", "clickhouse": "unavailable"}},
+		{"kafka down", []httpapi.Check{{Name: "kafka", Check: down}, {Name: "clickhouse", Check: ok, Degrades: true}},
+			http.StatusServiceUnavailable, "unavailable", map[string]string{"kafka": "unavailable", "clickhouse": "ok"}},
+		{"both down", []httpapi.Check{{Name: "clickhouse", Check: down, Degrades: true}, {Name: "kafka", Check: down}},
+			http.StatusServiceUnavailable, "unavailable", map[string]string{"kafka": "unavailable", "clickhouse": "unavailable"}},
+		{"one hangs", []httpapi.Check{{Name: "kafka", Check: hangs}, {Name: "clickhouse", Check: ok, Degrades: true}},
+			http.StatusServiceUnavailable, "unavailable", map[string]string{"kafka": "unavailable", "clickhouse": "ok"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api, err := httpapi.New(httpapi.Config{Publisher: &publisher{}, Checks: tc.checks})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(api)
+			t.Cleanup(srv.Close)
+			resp, err := http.Get(srv.URL + "/healthz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var got struct {
+				Status string
+				Checks map[string]string
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.wantStatus || got.Status != tc.want || !maps.Equal(got.Checks, tc.wantChecks) {
+				t.Errorf("/healthz: %d %s %v; want %d %s %v", resp.StatusCode, got.Status, got.Checks, tc.wantStatus, tc.want, tc.wantChecks)
+			}
+		})
+	}
+}
+
 // A wait answers this submission: a call settled under the key with
 // other arguments is an earlier one, and a refusal under the key before
 // the submission an earlier one's; the wait goes on until the
