@@ -235,29 +235,14 @@ func TestSubmitUnreadableBody(t *testing.T) {
 // the error names the store's address and database, which go to the log.
 func TestHealthHidesErrors(t *testing.T) {
 	logs := &ledgertest.LogBuffer{}
-	api, err := httpapi.New(httpapi.Config{Publisher: &publisher{}, Logger: slog.New(slog.NewJSONHandler(logs, nil)), Checks: []httpapi.Check{
+	status, body, got := getHealth(t, httpapi.Config{Publisher: &publisher{}, Logger: slog.New(slog.NewJSONHandler(logs, nil)), Checks: []httpapi.Check{
 		{Name: "kafka", Check: func(context.Context) error { return nil }},
 		{Name: "clickhouse", Check: func(context.Context) error {
 			return errors.New("clickhouse at 10.1.2.3:9000, database ledger_prod: dial tcp: connection refused")
 		}},
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api)
-	t.Cleanup(srv.Close)
-	resp, err := http.Get(srv.URL + "/healthz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("status %d; want 503", resp.StatusCode)
-	}
-	var got struct{ Checks map[string]string }
-	if err := json.Unmarshal(body, &got); err != nil {
-		t.Fatal(err)
+	if status != http.StatusServiceUnavailable {
+		t.Errorf("status %d; want 503", status)
 	}
 	if want := map[string]string{"kafka": "ok", "clickhouse": "unavailable"}; !maps.Equal(got.Checks, want) {
 		t.Errorf("checks %v; want %v", got.Checks, want)
@@ -296,29 +281,39 @@ func TestHealthDegraded(t *testing.T) {
 			http.StatusServiceUnavailable, "unavailable", map[string]string{"kafka": "unavailable", "clickhouse": "ok"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			api, err := httpapi.New(httpapi.Config{Publisher: &publisher{}, Checks: tc.checks})
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := httptest.NewServer(api)
-			t.Cleanup(srv.Close)
-			resp, err := http.Get(srv.URL + "/healthz")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			var got struct {
-				Status string
-				Checks map[string]string
-			}
-			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
-				t.Fatal(err)
-			}
-			if resp.StatusCode != tc.wantStatus || got.Status != tc.want || !maps.Equal(got.Checks, tc.wantChecks) {
-				t.Errorf("/healthz: %d %s %v; want %d %s %v", resp.StatusCode, got.Status, got.Checks, tc.wantStatus, tc.want, tc.wantChecks)
+			status, _, got := getHealth(t, httpapi.Config{Publisher: &publisher{}, Checks: tc.checks})
+			if status != tc.wantStatus || got.Status != tc.want || !maps.Equal(got.Checks, tc.wantChecks) {
+				t.Errorf("/healthz: %d %s %v; want %d %s %v", status, got.Status, got.Checks, tc.wantStatus, tc.want, tc.wantChecks)
 			}
 		})
 	}
+}
+
+// health is a /healthz answer.
+type health struct {
+	Status string
+	Checks map[string]string
+}
+
+// getHealth asks /healthz of an API of cfg.
+func getHealth(t *testing.T, cfg httpapi.Config) (status int, body []byte, got health) {
+	t.Helper()
+	api, err := httpapi.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	resp, err := http.Get(srv.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, body, got
 }
 
 // A wait answers this submission: a call settled under the key with
