@@ -434,8 +434,15 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 				candidates = append(candidates, rec)
 			}
 		}
-		if handed, err = r.retryUndos(ctx); err != nil {
+		var done []ledger.Event
+		if handed, done, err = r.retryUndos(ctx); err != nil {
 			return ledger.Output{}, err
+		}
+		for _, ev := range done {
+			if !undone[ev.Key()] {
+				undone[ev.Key()] = true
+				compensated = append(compensated, ev)
+			}
 		}
 	}
 
@@ -602,13 +609,13 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		if tool != nil && tool.Compensation != nil {
 			detail += "; it declares the compensation " + tool.Compensation.String()
 		}
-		return r.park(rec, tmpl, tool, ReasonNoStatusLookup, detail), true, nil
+		return r.parkOrWait(rec, tmpl, tool, ReasonNoStatusLookup, detail)
 	}
 	target, err := r.x.resolve(tool.StatusLookup.URL)
 	if err != nil {
 		// Parked as any call whose outcome cannot be found out: undone
 		// if its policy says so.
-		return r.park(rec, tmpl, tool, ReasonLookupFailed, "bad status lookup url"), true, nil
+		return r.parkOrWait(rec, tmpl, tool, ReasonLookupFailed, "bad status lookup url")
 	}
 	var bearer string
 	if r.cfg.Credentials != nil {
@@ -620,7 +627,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 			Action: credentials.StatusScope(tool.Name),
 		})
 		if err != nil {
-			return r.park(rec, tmpl, tool, ReasonLookupFailed, "no credential for the lookup: "+err.Error()), true, nil
+			return r.parkOrWait(rec, tmpl, tool, ReasonLookupFailed, "no credential for the lookup: "+err.Error())
 		}
 		bearer = cred.Token
 	}
@@ -796,13 +803,45 @@ const ReconcilerUser = compensation.AutomaticUser
 // left it to undo a call a later lookup may find succeeded, with no event
 // to say why.
 func (r *Reconciler) park(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) pendingMove {
-	if r.cfg.Compensator != nil && tool != nil && tool.Compensation != nil && slices.Contains(tmpl.Obligations, "undo_unknown") {
+	if r.undoes(tmpl, tool) {
 		m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonCompensating,
 			"the outcome could not be established ("+reason+"); the compensation "+rec.Key.CompensationKey().String()+" is requested", "", 0)
 		m.undo = "outcome unknown (" + reason + "); a policy says to undo it"
 		return m
 	}
 	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, reason, detail, "", 0)
+}
+
+// parkOrWait parks rec at once (park), unless the park would ask for its
+// compensation while the call's last attempt may still land: that attempt
+// started before the outcome was recorded and lasts at most the tool's
+// timeout (as a status lookup's not_found waits for, notFoundSkew for
+// the clocks). An undo sent before it lands cancels nothing, and the call
+// would be recorded compensated with its effect standing. Until then it
+// is left for a later sweep.
+func (r *Reconciler) parkOrWait(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) (pendingMove, bool, error) {
+	if r.undoes(tmpl, tool) && r.cfg.Now().Before(rec.UpdatedAt.Add(tool.Timeout()+notFoundSkew)) {
+		r.cfg.Logger.Debug("outcome unknown, to be undone once its last attempt can no longer land", "call_key", rec.Key.String(), "reason", reason)
+		return pendingMove{}, false, nil
+	}
+	return r.park(rec, tmpl, tool, reason, detail), true, nil
+}
+
+// LandingWindow is how long after a call's outcome was recorded unknown
+// its last attempt may still land, for the longest of reg's tools: its
+// timeout, and notFoundSkew for the clocks.
+func LandingWindow(reg *schemas.Registry) time.Duration {
+	var longest time.Duration
+	for _, t := range reg.Tools() {
+		longest = max(longest, t.Timeout())
+	}
+	return longest + notFoundSkew
+}
+
+// undoes reports whether a park of a call of tool, decided as tmpl says,
+// asks for its compensation.
+func (r *Reconciler) undoes(tmpl ledger.Event, tool *schemas.Tool) bool {
+	return r.cfg.Compensator != nil && tool != nil && tool.Compensation != nil && slices.Contains(tmpl.Obligations, "undo_unknown")
 }
 
 // requestUndo asks for the compensation of the call key, parked for it,
@@ -883,14 +922,17 @@ func (r *Reconciler) holdUndo(key ledger.CallKey) {
 // within the sweep's limit), as a restart forgets the failures. A call
 // whose compensation exists is left to it, whatever its end: its own
 // events say how it went. It returns the moves that park again, for a
-// human, the calls whose compensation will not be requested.
-func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
+// human, the calls whose compensation will not be requested; and the
+// success events of the compensations found succeeded, which settle
+// their calls compensated (their event may never have reached this
+// reconciler: one it could not read, say, with its offset committed).
+func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, []ledger.Event, error) {
 	if r.cfg.Compensator == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
 	parked, err := r.parkedPass.Page(ctx, r.cfg.Store, processors.StatusParked, r.sweepLimit, r.cfg.Now())
 	if err != nil {
-		return nil, fmt.Errorf("sweep parked calls: %w", err)
+		return nil, nil, fmt.Errorf("sweep parked calls: %w", err)
 	}
 	var cands []processors.Record
 	listed := make(map[ledger.CallKey]bool)
@@ -907,7 +949,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 		}
 		rec, err := r.cfg.Store.Get(ctx, key)
 		if err != nil && !errors.Is(err, processors.ErrNotFound) {
-			return nil, fmt.Errorf("sweep parked calls: %w", err)
+			return nil, nil, fmt.Errorf("sweep parked calls: %w", err)
 		}
 		if err != nil || !undoPending(rec) {
 			delete(r.undos, key) // settled meanwhile, by a human or the compensation
@@ -917,6 +959,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 	}
 	var (
 		moves []pendingMove
+		done  []ledger.Event
 		held  bool // a request failed: the others wait for the next sweep
 	)
 	for _, rec := range cands {
@@ -943,7 +986,17 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 			}
 			why = "was not requested: " + st.abandon
 		case err != nil:
-			return nil, fmt.Errorf("sweep parked calls: %w", err)
+			return nil, nil, fmt.Errorf("sweep parked calls: %w", err)
+		case comp.Status == processors.StatusSucceeded:
+			// Done: its success settles the call.
+			delete(r.undos, rec.Key)
+			evs, err := ledger.DecodeEvents(comp.Outbox)
+			if err != nil || len(evs) == 0 || evs[len(evs)-1].Type != statemachine.EventSucceeded {
+				r.cfg.Logger.Error("succeeded compensation without its success event; the call stays parked", "call_key", rec.Key.String(), "err", err)
+				continue
+			}
+			done = append(done, evs[len(evs)-1])
+			continue
 		case undoneNothing(comp.Status):
 			// Its own events say why; the call's park must say that
 			// nothing undid it, not that it is being undone.
@@ -967,7 +1020,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, error) {
 		m.move.From = rec.Status
 		moves = append(moves, m)
 	}
-	return moves, nil
+	return moves, done, nil
 }
 
 // undoneNothing reports whether a compensation in status s has ended

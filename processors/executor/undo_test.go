@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -1239,4 +1240,93 @@ func (c *resolvingFirst) Compensate(ctx context.Context, op identity.Identity, k
 	ck, evs, err := c.svc.Compensate(ctx, op, key, reason)
 	c.answer = err
 	return ck, evs, err
+}
+
+// A call to undo under undo_unknown whose tool declares a compensation and
+// no status lookup is parked, and its compensation asked for, only once
+// its last attempt can no longer land (the tool's timeout after the
+// outcome was recorded, and the clocks' skew): a compensation that
+// reaches the tool first cancels nothing, and the call would be recorded
+// compensated with its effect standing. Before, it was undone at once.
+func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
+	r := newRig(t)
+	orig, unknown := r.unknownRefundToUndo()
+	// refund_order as a tool declaring no status lookup.
+	raw, err := os.ReadFile("../testdata/registry/tools/refund_order.v1.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var def map[string]any
+	if err := json.Unmarshal(raw, &def); err != nil {
+		t.Fatal(err)
+	}
+	delete(def, "status_lookup")
+	fsys := fstest.MapFS{}
+	for _, name := range []string{"cancel_refund.v1.json", "create_ticket.v1.json", "get_weather.v1.json", "notify.v1.json"} {
+		b, err := os.ReadFile("../testdata/registry/tools/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fsys["tools/"+name] = &fstest.MapFile{Data: b}
+	}
+	noLookup, _ := json.Marshal(def)
+	fsys["tools/refund_order.v1.json"] = &fstest.MapFile{Data: noLookup}
+	reg, err := schemas.Load(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, err := reg.Lookup("refund_order", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := r.store.Get(t.Context(), orig.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp := &recordingCompensator{}
+	now := rec.UpdatedAt.Add(tool.Timeout() / 2)
+	rc := r.sweepingReconciler(comp, &now, func(c *executor.ReconcilerConfig) { c.Registry, c.SweepEvery = reg, time.Second })
+	if got := r.reconcile(rc, unknown); len(got) != 0 || len(comp.asked) != 0 {
+		t.Errorf("while the last attempt may land: events %v, compensations asked %v; want none yet", got, comp.asked)
+	}
+	now = rec.UpdatedAt.Add(tool.Timeout() + 6*time.Second)
+	if got := summary(r.reconcileAll(rc)); !slices.Contains(got, "parked("+executor.ReasonCompensating+")") {
+		t.Errorf("the sweep once it can no longer land: %v; want the call parked, its compensation asked for", got)
+	}
+	if diff := cmp.Diff([]ledger.CallKey{orig.Key()}, comp.asked); diff != "" {
+		t.Errorf("compensations asked for (-want +got):\n%s", diff)
+	}
+}
+
+// A parked call whose compensation succeeded is settled compensated by a
+// sweep, its success read from the store, when the reconciler never read
+// the success event (one it could not decode, say, its offset committed
+// all the same). Before, the sweep took the compensation for running and
+// left the call parked compensation_requested for good.
+func TestSweepSettlesACompensationWhoseSuccessWasMissed(t *testing.T) {
+	r := newRig(t)
+	var now time.Time
+	orig, _, pub, rc, _ := r.undoRequested(&now)
+	ck := orig.Key().CompensationKey()
+	if _, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck)); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := r.store.Get(t.Context(), ck); err != nil || rec.Status != processors.StatusSucceeded {
+		t.Fatalf("the compensation is %s (%v); want succeeded", rec.Status, err)
+	}
+	// Its success event is not given to the reconciler: only sweeps.
+	now = now.Add(time.Minute)
+	var got []string
+	for _, e := range r.reconcileAll(rc) {
+		if e.Key() == orig.Key() {
+			got = append(got, string(e.Type))
+		}
+	}
+	// Its earlier events come again ahead (the outbox's), then its own.
+	if len(got) == 0 || got[len(got)-1] != "compensated" {
+		t.Errorf("the sweep's events for the call: %v; want it compensated", got)
+	}
+	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
+		t.Errorf("the call is %s (%v); want compensated", rec.Status, err)
+	}
 }
