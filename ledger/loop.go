@@ -206,6 +206,26 @@ type Loop struct {
 	// steps and in the transactions after them; steps counts the steps
 	// given records (Time).
 	stepTime, txnTime, steps atomic.Int64
+	// groupErr is the last error of the group's management (a join
+	// refused, say), and assigned when partitions were last assigned,
+	// in Unix nanoseconds: the polls of a member that cannot join go on,
+	// empty, and alone would say it is doing its work.
+	groupErr atomic.Pointer[groupError]
+	assigned atomic.Int64
+}
+
+// groupError is an error of the group's management, and when it came.
+type groupError struct {
+	at  time.Time
+	err error
+}
+
+// groupHooks records the group's management errors for Ready.
+type groupHooks struct{ l *Loop }
+
+// OnGroupManageError implements kgo.HookGroupManageError.
+func (h groupHooks) OnGroupManageError(err error) {
+	h.l.groupErr.Store(&groupError{at: time.Now(), err: err})
 }
 
 // LoopTime is how a loop has spent its time since it started: in steps,
@@ -257,8 +277,15 @@ func (l *Loop) Ready() error {
 	if last == 0 {
 		return fmt.Errorf("%w: no live Kafka session (group %s)", ErrNotReady, l.cfg.Group)
 	}
-	if age := time.Since(time.Unix(0, last)); age > 3*l.cfg.Tick+5*time.Second {
+	window := 3*l.cfg.Tick + 5*time.Second
+	if age := time.Since(time.Unix(0, last)); age > window {
 		return fmt.Errorf("%w: no poll for %s (group %s): a step or a transaction is stuck", ErrNotReady, age.Round(time.Second), l.cfg.Group)
+	}
+	// A member the group does not take (a join refused: no right to the
+	// group, say) polls on, empty, and retries: not ready while its
+	// errors keep coming and no partitions were assigned since.
+	if e := l.groupErr.Load(); e != nil && time.Since(e.at) < window && e.at.UnixNano() > l.assigned.Load() {
+		return fmt.Errorf("%w: the consumer group %s: %v", ErrNotReady, l.cfg.Group, e.err)
 	}
 	return nil
 }
@@ -361,6 +388,8 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		kgo.FetchMaxWait(l.cfg.Tick),
 		kgo.RecordPartitioner(Partitioner()),
 		kgo.MaxDecompressBatchBytes(l.cfg.MaxBatchBytes),
+		kgo.WithHooks(groupHooks{l}),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.assigned.Store(time.Now().UnixNano()) }),
 	)
 	if d := l.cfg.Client.SessionTimeout; d > 0 {
 		opts = append(opts, kgo.SessionTimeout(d), kgo.HeartbeatInterval(min(d/3, 3*time.Second)))

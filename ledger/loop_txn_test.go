@@ -1441,3 +1441,38 @@ func readCommitted(t *testing.T, k *ledgertest.Kafka, topic string, n int) []*kg
 	}
 	return out
 }
+
+// A member the group does not take (its joins refused: no right to the
+// group) is not ready, though its polls go on, empty: before, /readyz
+// said it did its work while it held no partition and processed nothing.
+// Once a join is taken, it is ready again.
+func TestLoopNotReadyWhileTheGroupRefusesIt(t *testing.T) {
+	k := faultableKafka(t)
+	c := k.Cluster
+	var refuse atomic.Bool
+	refuse.Store(true)
+	c.ControlKey(int16(kmsg.JoinGroup), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		req := kreq.(*kmsg.JoinGroupRequest)
+		resp := req.ResponseKind().(*kmsg.JoinGroupResponse)
+		resp.Version = req.Version
+		resp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+		return resp, nil, true
+	})
+	l := copyLoop(t, k, "copy-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if err := l.Ready(); err == nil || !strings.Contains(err.Error(), "consumer group") {
+			return fmt.Errorf("Ready() = %v; want not ready, the group refusing it", err)
+		}
+		return nil
+	})
+	refuse.Store(false)
+	ledgertest.WaitFor(t, 30*time.Second, l.Ready)
+}
