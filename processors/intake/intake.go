@@ -742,10 +742,20 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// the unfreeze) for refused, and might send it again under
 		// another key. The executor holds it back while it is frozen.
 		// A store read for each call to a frozen tool: refusing them is
-		// bounded by the store's reads while the freeze lasts, and a
-		// store that does not answer refuses them as before.
-		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen && !p.keyStands(ctx, c.key(), "a call to a frozen tool") {
-			return refuse(c.key(), ReasonToolFrozen, "/tool", control.FrozenDetail(tool.Name, a))
+		// bounded by the store's reads while the freeze lasts; one the
+		// store does not answer within keyStandsTimeout is refused for
+		// now.
+		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen {
+			switch stands, err := p.keyLookup(ctx, c.key(), "a call to a frozen tool"); {
+			case err != nil:
+				// Not known whether it stands: refused for now, to be
+				// sent again, not as a new call would be.
+				ev := p.retryLater(c, policy.Decision{}, now, ReasonToolFrozen,
+					control.FrozenDetail(tool.Name, a)+"; whether a call stands under the key could not be read: send it again", p.cfg.PolicyRetryAfter)
+				return nil, &ev
+			case !stands:
+				return refuse(c.key(), ReasonToolFrozen, "/tool", control.FrozenDetail(tool.Name, a))
+			}
 		}
 	}
 	if err := tool.Validate(c.tree); err != nil {
@@ -790,13 +800,23 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 // answers, whatever holds for a new call now. A key that cannot be looked
 // up, within keyStandsTimeout, counts as free.
 func (p *Processor) keyStands(ctx context.Context, key ledger.CallKey, what string) bool {
+	stands, _ := p.keyLookup(ctx, key, what)
+	return stands
+}
+
+// keyLookup is keyStands, with the error of a lookup that failed.
+func (p *Processor) keyLookup(ctx context.Context, key ledger.CallKey, what string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, keyStandsTimeout)
 	defer cancel()
 	_, err := p.cfg.Store.Get(ctx, key)
-	if err != nil && !errors.Is(err, processors.ErrNotFound) {
-		p.cfg.Logger.Warn(what+": its key could not be looked up", "call_key", key.String(), "err", err)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, processors.ErrNotFound):
+		return false, nil
 	}
-	return err == nil
+	p.cfg.Logger.Warn(what+": its key could not be looked up", "call_key", key.String(), "err", err)
+	return false, err
 }
 
 // keyStandsTimeout bounds keyStands' read: a store that does not answer
@@ -910,16 +930,20 @@ func scopeMismatch(s ledger.Scope, id identity.Identity) (pointer string, ok boo
 // rates is what admitting c charges, or nil: an allowed call draws on the
 // bucket of each of its rate_limit obligations, one per deciding policy
 // with a limit, in the decision's order; all of them or, refused, none. A
-// call whose deadline passed before now charges nothing.
+// call whose deadline passed DeadlineSkew before now charges nothing.
 func (p *Processor) rates(c *checked, now time.Time) []processors.RateRequest {
 	rls := c.decision.Obligations.RateLimits
 	if !c.decision.Allow || len(rls) == 0 {
 		return nil
 	}
-	if d := c.env.Deadline(cmp.Or(c.sent, now)); !d.IsZero() && !d.After(now) {
+	if d := c.env.Deadline(cmp.Or(c.sent, now)); !d.IsZero() && !d.Add(DeadlineSkew).After(now) {
 		// Dead on arrival (it waited in its partition past its
 		// deadline): it will expire, not run, and must not take the
-		// budget of the tenant's live calls behind it.
+		// budget of the tenant's live calls behind it. Dead by the
+		// clocks' skew at least: the executor decides on its own
+		// clock, and a call dead here by less (its deadline_ms and
+		// record time are the agent's to choose) might run there,
+		// uncharged.
 		return nil
 	}
 	rs := make([]processors.RateRequest, len(rls))

@@ -644,6 +644,31 @@ func TestIntakeFrozenToolResendOfAStandingCall(t *testing.T) {
 	}
 }
 
+// failingGets is a store whose reads of one record fail.
+type failingGets struct{ intake.Store }
+
+func (failingGets) Get(context.Context, ledger.CallKey) (processors.Record, error) {
+	return processors.Record{}, errors.New("connection reset")
+}
+
+// A call to a frozen tool whose key cannot be looked up (a store slow or
+// down) is refused for now, to be sent again, not as a new call would be:
+// refused tool_frozen outright, a resend of a call that stands was taken
+// for refused.
+func TestIntakeFrozenToolKeyNotReadable(t *testing.T) {
+	controls := &switchedControls{}
+	controls.frozen.Store(true)
+	f := newIntakeWith(t, func(c *intake.Config) { c.Freezes, c.Store = controls, failingGets{c.Store} })
+	out, err := f.in.Step(t.Context(), []*kgo.Record{f.envelopeRecord(t, "unreadable", map[string]any{"title": "t"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := events(t, out)
+	if len(evs) != 1 || evs[0].Reason != intake.ReasonToolFrozen || evs[0].RetryAfterMS <= 0 {
+		t.Errorf("events %+v; want one refusal for now (tool_frozen with retry_after_ms)", evs)
+	}
+}
+
 // An intake whose copy of the control topic is stale does not decide: a
 // policy version activated since (one that denies, say) would not be
 // honoured. The call is refused for now, control_state_stale with
@@ -1235,6 +1260,30 @@ permit (principal, action == Action::"tool::create_ticket", resource);`)
 	want := []string{"dead:requested/", "dead:authorized/" + policy.ReasonAllowed, "live:requested/", "live:authorized/" + policy.ReasonAllowed}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("a dead call, then a live one, under a budget of one a minute (-want +got):\n%s", diff)
+	}
+}
+
+// A call dead here by less than the clocks' skew (its record backdated by
+// the agent, its deadline_ms 1) is charged: an executor whose clock is
+// behind might run it. Before, it went uncharged, and an agent could
+// spray such calls past its rate limit, one running now and then.
+func TestIntakeBarelyDeadCallsAreCharged(t *testing.T) {
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Policy = policyEngine(t, `@id("one") @rate_limit("1/h")
+permit (principal, action == Action::"tool::create_ticket", resource);`)
+	})
+	barely := f.envelopeRecord(t, "barely", map[string]any{"title": "t"})
+	var env map[string]any
+	if err := json.Unmarshal(barely.Value, &env); err != nil {
+		t.Fatal(err)
+	}
+	env["deadline_ms"] = 1
+	barely.Value, _ = json.Marshal(env)
+	barely.Timestamp = time.Now().Add(-intake.DeadlineSkew)
+	_, got := f.step(t, barely, f.envelopeRecord(t, "next", map[string]any{"title": "t"}))
+	want := []string{"barely:requested/", "barely:authorized/" + policy.ReasonAllowed, "next:denied/" + intake.ReasonRateLimited}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("a call dead by less than the skew, then another, under a budget of one an hour (-want +got):\n%s", diff)
 	}
 }
 
