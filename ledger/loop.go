@@ -212,6 +212,10 @@ type Loop struct {
 	// empty, and alone would say it is doing its work.
 	groupErr atomic.Pointer[groupError]
 	assigned atomic.Int64
+	// sessionStart is when the live session started, in Unix
+	// nanoseconds: a member not assigned partitions (none, even) since
+	// is not taken by its group.
+	sessionStart atomic.Int64
 }
 
 // groupError is an error of the group's management, and when it came.
@@ -282,10 +286,18 @@ func (l *Loop) Ready() error {
 		return fmt.Errorf("%w: no poll for %s (group %s): a step or a transaction is stuck", ErrNotReady, age.Round(time.Second), l.cfg.Group)
 	}
 	// A member the group does not take (a join refused: no right to the
-	// group, say) polls on, empty, and retries: not ready while its
-	// errors keep coming and no partitions were assigned since.
-	if e := l.groupErr.Load(); e != nil && time.Since(e.at) < window && e.at.UnixNano() > l.assigned.Load() {
+	// group, say; the coordinator unreachable) polls on, empty, and
+	// retries: not ready from its group's error until partitions (none,
+	// even) are assigned again, nor while none have been since the
+	// session started, past the window. franz-go reports a join's
+	// failure only once its retries are spent, which can take longer
+	// than the window: the error is not counted as old.
+	assigned := l.assigned.Load()
+	if e := l.groupErr.Load(); e != nil && e.at.UnixNano() > assigned {
 		return fmt.Errorf("%w: the consumer group %s: %v", ErrNotReady, l.cfg.Group, e.err)
+	}
+	if start := l.sessionStart.Load(); assigned < start && time.Since(time.Unix(0, start)) > window {
+		return fmt.Errorf("%w: the consumer group %s has assigned this member nothing since its session started", ErrNotReady, l.cfg.Group)
 	}
 	return nil
 }
@@ -365,6 +377,7 @@ var errPartitionDropped = errors.New("partition left out of the session")
 // runSession runs one transact session until it fails or ctx ends. It
 // sets *progressed once a transaction of the session committed.
 func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
+	l.sessionStart.Store(time.Now().UnixNano())
 	base, err := l.cfg.Client.baseOpts()
 	if err != nil {
 		return err

@@ -1473,6 +1473,13 @@ func TestLoopNotReadyWhileTheGroupRefusesIt(t *testing.T) {
 		}
 		return nil
 	})
+	// For as long as it refuses: past the loop's window, which franz-go's
+	// retries of a join can outlast.
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if err := l.Ready(); err == nil {
+			t.Fatal("Ready() = nil while the group still refuses the member")
+		}
+	}
 	refuse.Store(false)
 	ledgertest.WaitFor(t, 30*time.Second, l.Ready)
 }

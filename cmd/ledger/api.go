@@ -114,6 +114,9 @@ person's assertion.`,
 					// Its outage takes the lookups and questions, not
 					// the submissions, approvals and kill switch.
 					{Name: "clickhouse", Check: st.Ping, Degrades: true},
+					// The agents' keys stale: their calls are refused
+					// 401 (unauthenticated), the staff's still served.
+					{Name: "identity", Check: agents.Err, Degrades: true},
 				},
 			}
 			var results *laterResults

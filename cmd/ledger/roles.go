@@ -162,7 +162,7 @@ func (r *roleFlags) readyChecks() []readyCheck {
 		checks = append(checks, readyCheck{"policy", func(context.Context) error { return r.policies.Err() }})
 	}
 	if r.assertions != nil {
-		checks = append(checks, readyCheck{"identity", func(context.Context) error { return r.assertions.Err() }})
+		checks = append(checks, readyCheck{"identity", r.assertions.Err})
 	}
 	return checks
 }

@@ -515,8 +515,14 @@ func (v *Verifier) refreshEarly(ctx context.Context) {
 
 // Err says why every assertion is refused now (the issuer's keys stale,
 // ReasonKeysStale), nil otherwise: for readiness checks, since such a
-// verifier refuses every call while its process otherwise serves.
-func (v *Verifier) Err() error { return v.stale() }
+// verifier refuses every call while its process otherwise serves. It
+// refreshes the keys first when due, as a verification would: else a
+// verifier no assertion reached since its source came back would stay
+// stale, and its role unready, for good.
+func (v *Verifier) Err(ctx context.Context) error {
+	v.maybeRefresh(ctx)
+	return v.stale()
+}
 
 // stale refuses every assertion once refreshes have failed for longer
 // than MaxStale (an idle verifier's keys are old, not stale: its next
