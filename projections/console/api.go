@@ -248,6 +248,12 @@ func (s *streamer) Flush() {
 	}
 }
 
+// Unwrap is the browser's writer, for http.ResponseController: the API's
+// bound on writing its answer (httpapi's writeWithin) reaches the
+// browser's connection. Without it the bound was dropped, and a client
+// that did not read held a streamed CSV for as long as its connection.
+func (s *streamer) Unwrap() http.ResponseWriter { return s.w }
+
 // stream asks the API with GET and streams a 200 answer to w; it returns
 // whether it did, and the refusal otherwise, with nothing written to w.
 func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, path string, q url.Values, start func(h http.Header)) error {

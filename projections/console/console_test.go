@@ -1,9 +1,11 @@
 package console
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"reflect"
 	"regexp"
@@ -955,6 +957,9 @@ func TestConfirmationPagesCount(t *testing.T) {
 			`name="tenant" value="acme"`, `action="/incidents/act"`, "Freeze refund_order</button>", `href="/incidents?tenant=acme&amp;tool=refund_order">Cancel`,
 		}},
 		{"/incidents/confirm?action=freeze&tool=refund_order", []string{"for your tenant (acme)"}},
+		// A tenant operator's freeze is of its own tenant, all tenants
+		// asked or not: the page said every tenant's.
+		{"/incidents/confirm?action=freeze&tool=refund_order&all_tenants=true", []string{"for your tenant (acme)"}},
 		{"/incidents/confirm?action=revoke_jti&jti=jti-1", []string{`<span class="big">4</span> calls carry it in your tenant (acme), at any time and whatever else the question named.`, "There is no un-revoke", `name="jti" value="jti-1"`}},
 		{"/incidents/confirm?action=revoke_family&credential_family=refund_order:acme:1", []string{"credential family refund_order:acme:1", `name="credential_family" value="refund_order:acme:1"`}},
 		{"/incidents/confirm?action=compensate&tool=refund_order", []string{
@@ -1198,6 +1203,30 @@ func TestStreamerFlushes(t *testing.T) {
 	}
 }
 
+// deadlineRecorder records the write deadlines set on it.
+type deadlineRecorder struct {
+	*httptest.ResponseRecorder
+	deadlines []time.Time
+}
+
+func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
+	d.deadlines = append(d.deadlines, t)
+	return nil
+}
+
+// The API's bound on writing an answer it streams through the console
+// (httpapi's WriteTimeout) reaches the browser's connection: before, the
+// streamer did not pass it on, and a client that did not read held the
+// answer for as long as its connection lasted.
+func TestStreamerPassesTheWriteDeadline(t *testing.T) {
+	w := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
+	s := &streamer{w: w, start: func(http.Header) {}, header: http.Header{}}
+	at := time.Now().Add(time.Minute)
+	if err := http.NewResponseController(s).SetWriteDeadline(at); err != nil || len(w.deadlines) != 1 || !w.deadlines[0].Equal(at) {
+		t.Errorf("SetWriteDeadline through the streamer: %v, deadlines %v; want %v set on the browser's writer", err, w.deadlines, at)
+	}
+}
+
 func TestLocalPath(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"/calls?tool=x", "/calls?tool=x"},
@@ -1409,6 +1438,27 @@ func TestCompensateAllAnswersBrokenOff(t *testing.T) {
 	flash := followFlash(t, b, w.Result())
 	if !strings.Contains(flash, "3 sent, their answers broken off, so maybe asked") || strings.Contains(flash, "refused") {
 		t.Errorf("flash %q; want the three counted as maybe asked, none as refused", flash)
+	}
+}
+
+// A confirmed compensate-all is carried out whole when the browser goes
+// away meanwhile (a proxy's idle timeout, a tab closed): before, every
+// request after the connection went failed at once, reported as sent and
+// maybe asked.
+func TestCompensateAllOutlivesTheBrowser(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	digest := compensateAllDigest(t, b)
+	ctx, cancel := context.WithCancel(t.Context())
+	b.ctx = ctx
+	fx.api.mu.Lock()
+	fx.api.afterCompensation = cancel // the browser goes after the first
+	fx.api.mu.Unlock()
+	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"fraud"}, "digest": {digest}})
+	b.ctx = nil
+	// refund-2's tool declares no compensation (the fake's refusal).
+	if flash := followFlash(t, b, w.Result()); !strings.Contains(flash, "asked to compensate 2 of 3") || strings.Contains(flash, "broken off") {
+		t.Errorf("flash %q; want every call asked, the browser gone after the first, none broken off", flash)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -67,6 +68,8 @@ type fakeAPI struct {
 	// breakersUnknown: /v1/health is ledger api's, which holds no
 	// breakers.
 	breakersUnknown bool
+	// afterCompensation, if set, runs after each compensation asked.
+	afterCompensation func()
 }
 
 type refusalSpec struct {
@@ -84,6 +87,11 @@ func (f *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ref, refused := f.refuse[r.Method+" "+r.URL.Path]
 	f.mu.Unlock()
 	r.Body = io.NopCloser(strings.NewReader(string(body)))
+	if r.Context().Err() != nil {
+		// As ledger api's proxy answers once its client went away.
+		apiErr(w, http.StatusBadGateway, httpjson.CodeUpstreamUnavailable, "the request was cancelled")
+		return
+	}
 	switch r.Header.Get("Authorization") {
 	case "Bearer " + assertOperator, "Bearer " + assertApprover, "Bearer " + assertPlatform, "Bearer " + assertDev:
 	default:
@@ -369,6 +377,12 @@ func newFakeAPI() *fakeAPI {
 			return
 		}
 		ck := k.CompensationKey()
+		f.mu.Lock()
+		after := f.afterCompensation
+		f.mu.Unlock()
+		if after != nil {
+			defer after()
+		}
 		writeJSON(w, http.StatusOK, map[string]any{"compensation_key": ck.String(), "events": []ledger.Event{
 			{V: 1, EventID: "c1", Type: statemachine.EventRequested, Seq: 1, TenantID: ck.TenantID, IdempotencyKey: ck.IdempotencyKey},
 			{V: 1, EventID: "c2", Type: statemachine.EventAuthorized, Seq: 2, TenantID: ck.TenantID, IdempotencyKey: ck.IdempotencyKey},
@@ -558,6 +572,8 @@ type browser struct {
 	local bool
 	// host, when set, is the name the request is addressed to.
 	host string
+	// ctx, when set, is the requests' context: the browser's connection.
+	ctx context.Context
 }
 
 func (fx *fixture) browser() *browser {
@@ -583,6 +599,9 @@ func (b *browser) do(method, target string, form url.Values, header http.Header)
 		host = b.host
 	}
 	r := httptest.NewRequest(method, scheme+"://"+host+target, body)
+	if b.ctx != nil {
+		r = r.WithContext(b.ctx)
+	}
 	if b.local {
 		r.RemoteAddr = "127.0.0.1:50000"
 	}

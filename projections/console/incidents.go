@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -423,9 +424,12 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 	case actFreeze:
 		tool := q.Get(projections.ParamTool)
 		freezeScope := "every tenant"
-		if t := q.Get(projections.ParamTenant); t != "" {
+		switch t := q.Get(projections.ParamTenant); {
+		case t != "":
 			freezeScope = "tenant " + t
-		} else if q.Get(projections.ParamAllTenants) != "true" && s.id.Tenant != "*" {
+		case s.id.Tenant != "*":
+			// A tenant operator's freeze is of its own tenant, all
+			// tenants asked or not (the control API takes it so).
 			freezeScope = "your tenant (" + s.id.Tenant + ")"
 		}
 		p.Heading, p.Submit, p.Reason = "Freeze "+tool, "Freeze "+tool, "Why freeze it"
@@ -547,6 +551,9 @@ func (c *Console) postIncidentAction(w http.ResponseWriter, r *http.Request, s *
 	}
 }
 
+// compensateAllBound bounds a confirmed compensate-all's requests.
+const compensateAllBound = 15 * time.Minute
+
 // compensateAll asks a compensation for every succeeded call the question
 // lists now, provided they are the calls the person confirmed.
 func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *session, q url.Values, reason, digest string) {
@@ -565,6 +572,13 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 		c.redirect(w, r, s, queryString("/incidents/confirm", aq), flash{Text: fmt.Sprintf("The question now matches other succeeded calls (%d) than those you confirmed; nothing was done. Review them and confirm again.", len(keys))})
 		return
 	}
+	// Confirmed: carried out whole, whatever the browser does meanwhile
+	// (a proxy's idle timeout, a tab closed), within a bound. A thousand
+	// requests can take minutes, and each one after the connection went
+	// was failed at once, reported as sent.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), compensateAllBound)
+	defer cancel()
+	r = r.WithContext(ctx)
 	var ok int
 	var refusals, unknown []string
 	for _, k := range keys {
