@@ -166,7 +166,12 @@ func GCRA(tat, now time.Time, r RateRequest) (time.Time, RateResult) {
 	window := interval * int64(r.Limit) // the effective window, >= Window
 	n := now.UnixMicro()
 	start := n // max(tat, now): an idle bucket is simply full
-	if !tat.IsZero() {
+	// A tat more than a window ahead was written by a clock since set
+	// back (no charge takes it further): the bucket is taken for idle.
+	// Trusted, it would refuse for as long as the clock went back, a day
+	// say, since a refusal never rewrites it; so at most a window's
+	// charges are given again.
+	if !tat.IsZero() && tat.UnixMicro()-n <= window {
 		start = max(tat.UnixMicro(), n)
 	}
 	next := start + cost*interval
@@ -177,8 +182,6 @@ func GCRA(tat, now time.Time, r RateRequest) (time.Time, RateResult) {
 		}
 	}
 	return tat, RateResult{
-		// Clamped: a store clock that went backwards can leave tat more
-		// than a window ahead.
 		Remaining:  int(max(0, (window-(start-n))/interval)),
 		RetryAfter: time.Duration(next-window-n) * time.Microsecond,
 	}

@@ -102,13 +102,24 @@ func TestGCRA(t *testing.T) {
 		},
 		{
 			// The store's clock went back an hour after the last write:
-			// refused, never a negative Remaining.
+			// the bucket is taken for idle, not refused for the hour (a
+			// refusal never rewrites the tat, and nothing would clear
+			// it); at most a window's charges are given again.
 			name:    "clock went backwards",
 			tat:     t0.Add(time.Hour + time.Second),
 			now:     t0,
 			rs:      []processors.RateRequest{perSec(4)},
-			want:    []processors.RateResult{{RetryAfter: time.Hour + 250*time.Millisecond}},
-			wantTat: t0.Add(time.Hour + time.Second),
+			want:    []processors.RateResult{{Allowed: true, Remaining: 3}},
+			wantTat: t0.Add(250 * time.Millisecond),
+		},
+		{
+			// A window ahead, no more: a full bucket, as written.
+			name:    "a window ahead",
+			tat:     t0.Add(time.Second),
+			now:     t0,
+			rs:      []processors.RateRequest{perSec(4)},
+			want:    []processors.RateResult{{RetryAfter: 250 * time.Millisecond}},
+			wantTat: t0.Add(time.Second),
 		},
 	}
 	for _, tc := range tests {

@@ -236,7 +236,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
-	intakeRole, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Channel: "dev", Freezes: controls,
+	intakeRole, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Freezes: controls,
 		SyncPolicies: f.policy.syncing(engine, controls), Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, intakeIDs, f.roles.batching, observers{}, logger)
 	if err != nil {
 		return err

@@ -130,7 +130,8 @@ type Config struct {
 	// ApprovalTTL bounds how long a call waits for approval; default 15m,
 	// and never past the call's deadline.
 	ApprovalTTL time.Duration
-	// Channel is what policies see as context.channel; default "kafka".
+	// Channel is what policies see as context.channel; default "kafka",
+	// the agents' calls' (policy's doc lists the values policies see).
 	Channel string
 	// Freezes, when set, refuses calls to frozen tools (tool_frozen; the
 	// key stays free for after the unfreeze).

@@ -41,7 +41,10 @@
 //	has_amount    Bool     whether amount is meaningful
 //	risk          String   the tool's risk: "low", "medium", "high"
 //	effect        String   the tool's effect: "read", "write", "external_side_effect"
-//	channel       String   how the call arrived: "agent", "api", ...
+//	channel       String   how the call arrived: "kafka" for an agent's envelope
+//	                       (from the request topic, published through the API
+//	                       or not; ledger dev's too), "compensation" for a
+//	                       compensation the ledger asks for itself
 //	tool          String   the tool name
 //	tool_version  Long     the tool version
 //	time          Long     decision time, Unix seconds
