@@ -201,7 +201,7 @@ func approvalJSON(k ledger.CallKey, state, decidedBy string, decidedAt *time.Tim
 
 func callOf(k ledger.CallKey, state statemachine.State, at time.Time) projections.Call {
 	return projections.Call{
-		TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, CallID: "call-" + k.IdempotencyKey,
+		TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, CallID: "call-\u202e" + k.IdempotencyKey,
 		Tool: "refund_order", ToolVersion: 1, AgentID: xssScript, UserID: "bob", Resource: xssURL,
 		TraceID: "trace-1", State: state, LastEvent: statemachine.EventType(state), Seq: 5, UpdatedAt: at,
 		PolicyVersion: "pv-7", JTI: "jti-1", CredentialFamily: "refund_order:acme:1", Reason: xssAttr,

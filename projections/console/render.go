@@ -134,7 +134,11 @@ var funcs = template.FuncMap{
 	"rfc3339":     func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"callURL":     callURL,
 	"approvalURL": approvalURL,
-	"join":        strings.Join,
+	// shown is an agent's text with what would not show as it is
+	// escaped (visible), for a <bdo dir="ltr">: a bidi override in a call
+	// id or a resource reordered what a responder read before confirming.
+	"shown": func(s string) string { v, _ := visible(s); return v },
+	"join":  strings.Join,
 	// abbrev keeps a long id (a jti) to a table cell: the whole id is in
 	// the cell's title.
 	"abbrev": func(s string) string {
