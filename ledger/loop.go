@@ -206,22 +206,29 @@ type Loop struct {
 	// steps and in the transactions after them; steps counts the steps
 	// given records (Time).
 	stepTime, txnTime, steps atomic.Int64
-	// groupErr is the last error of the group's management (a join
-	// refused, say), and assigned when partitions were last assigned,
-	// in Unix nanoseconds: the polls of a member that cannot join go on,
+	// The group's news, in the order it came (marks, a counter: not
+	// the wall clock, which may be set back between them): groupErr is
+	// the last error of the group's management (a join refused, say),
+	// assigned the mark of the last assignment, session the live
+	// session's start. The polls of a member that cannot join go on,
 	// empty, and alone would say it is doing its work.
+	marks    atomic.Int64
 	groupErr atomic.Pointer[groupError]
 	assigned atomic.Int64
-	// sessionStart is when the live session started, in Unix
-	// nanoseconds: a member not assigned partitions (none, even) since
-	// is not taken by its group.
-	sessionStart atomic.Int64
+	session  atomic.Pointer[sessionMark]
 }
 
-// groupError is an error of the group's management, and when it came.
+// groupError is an error of the group's management, and its mark.
 type groupError struct {
-	at  time.Time
-	err error
+	mark int64
+	err  error
+}
+
+// sessionMark is a session's start: its mark, and when, on the
+// monotonic clock.
+type sessionMark struct {
+	mark int64
+	at   time.Time
 }
 
 // groupHooks records the group's management errors for Ready.
@@ -229,7 +236,7 @@ type groupHooks struct{ l *Loop }
 
 // OnGroupManageError implements kgo.HookGroupManageError.
 func (h groupHooks) OnGroupManageError(err error) {
-	h.l.groupErr.Store(&groupError{at: time.Now(), err: err})
+	h.l.groupErr.Store(&groupError{mark: h.l.marks.Add(1), err: err})
 }
 
 // LoopTime is how a loop has spent its time since it started: in steps,
@@ -293,10 +300,10 @@ func (l *Loop) Ready() error {
 	// failure only once its retries are spent, which can take longer
 	// than the window: the error is not counted as old.
 	assigned := l.assigned.Load()
-	if e := l.groupErr.Load(); e != nil && e.at.UnixNano() > assigned {
+	if e := l.groupErr.Load(); e != nil && e.mark > assigned {
 		return fmt.Errorf("%w: the consumer group %s: %v", ErrNotReady, l.cfg.Group, e.err)
 	}
-	if start := l.sessionStart.Load(); assigned < start && time.Since(time.Unix(0, start)) > window {
+	if s := l.session.Load(); s != nil && assigned < s.mark && time.Since(s.at) > window {
 		return fmt.Errorf("%w: the consumer group %s has assigned this member nothing since its session started", ErrNotReady, l.cfg.Group)
 	}
 	return nil
@@ -377,7 +384,7 @@ var errPartitionDropped = errors.New("partition left out of the session")
 // runSession runs one transact session until it fails or ctx ends. It
 // sets *progressed once a transaction of the session committed.
 func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
-	l.sessionStart.Store(time.Now().UnixNano())
+	l.session.Store(&sessionMark{mark: l.marks.Add(1), at: time.Now()})
 	base, err := l.cfg.Client.baseOpts()
 	if err != nil {
 		return err
@@ -402,7 +409,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		kgo.RecordPartitioner(Partitioner()),
 		kgo.MaxDecompressBatchBytes(l.cfg.MaxBatchBytes),
 		kgo.WithHooks(groupHooks{l}),
-		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.assigned.Store(time.Now().UnixNano()) }),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.assigned.Store(l.marks.Add(1)) }),
 	)
 	if d := l.cfg.Client.SessionTimeout; d > 0 {
 		opts = append(opts, kgo.SessionTimeout(d), kgo.HeartbeatInterval(min(d/3, 3*time.Second)))

@@ -152,6 +152,10 @@ func (r RateRequest) check() error {
 	return nil
 }
 
+// rateClockSlack is how far past a window ahead of now GCRA still trusts
+// a bucket's tat: more than the transactions' and the clocks' skew.
+const rateClockSlack = time.Minute
+
 // GCRA applies one checked request (see CheckRateRequests) to a bucket
 // whose theoretical arrival time is tat (the zero time for a bucket never
 // used), at the store's time now. It returns the bucket's new tat, which
@@ -167,11 +171,14 @@ func GCRA(tat, now time.Time, r RateRequest) (time.Time, RateResult) {
 	n := now.UnixMicro()
 	start := n // max(tat, now): an idle bucket is simply full
 	// A tat more than a window ahead was written by a clock since set
-	// back (no charge takes it further): the bucket is taken for idle.
-	// Trusted, it would refuse for as long as the clock went back, a day
-	// say, since a refusal never rewrites it; so at most a window's
-	// charges are given again.
-	if !tat.IsZero() && tat.UnixMicro()-n <= window {
+	// back: trusted, it would refuse for as long as the clock went back,
+	// a day say, since a refusal never rewrites it. Taken for idle past
+	// rateClockSlack beyond the window, at most a window's charges given
+	// again; within it, trusted: the transactions of one bucket read
+	// their now() at their starts, not in commit order (CockroachDB's on
+	// their gateways' clocks), so a charge may see a tat written a little
+	// ahead of its own now, which must not empty a full bucket.
+	if !tat.IsZero() && tat.UnixMicro()-n <= window+rateClockSlack.Microseconds() {
 		start = max(tat.UnixMicro(), n)
 	}
 	next := start + cost*interval

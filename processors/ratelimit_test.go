@@ -121,6 +121,19 @@ func TestGCRA(t *testing.T) {
 			want:    []processors.RateResult{{RetryAfter: 250 * time.Millisecond}},
 			wantTat: t0.Add(time.Second),
 		},
+		{
+			// A little more than a window ahead: a charge whose now()
+			// was read before another's that filled the bucket (they
+			// read it at their transactions' starts, not in commit
+			// order). Still full: taken for idle, the bucket was
+			// emptied of a window's charges.
+			name:    "a window ahead and a little",
+			tat:     t0.Add(time.Second + time.Millisecond),
+			now:     t0,
+			rs:      []processors.RateRequest{perSec(4)},
+			want:    []processors.RateResult{{RetryAfter: 251 * time.Millisecond}},
+			wantTat: t0.Add(time.Second + time.Millisecond),
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
