@@ -48,9 +48,10 @@ func (s State) Terminal() bool {
 	return false
 }
 
-// Settled reports whether the call will not move again without a human or
-// an operator: it is terminal, or it waits visibly (approval, unknown
-// outcome).
+// Settled reports whether the call is where a caller stops waiting for it:
+// it is terminal, or it waits visibly, for a human's approval, or with its
+// outcome unknown, which the reconciler may yet resolve by itself (a
+// status lookup, an undo a policy asks for) or a human settles.
 func (s State) Settled() bool {
 	return s.Terminal() || s == StateApprovalPending || s == StateOutcomeUnknown
 }
