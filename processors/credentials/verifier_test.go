@@ -560,19 +560,13 @@ func TestVerifierSeveralBrokers(t *testing.T) {
 	c := newClock()
 	brokers := []*Broker{newBroker(t, c, Config{RotateEvery: time.Hour}), newBroker(t, c, Config{RotateEvery: time.Hour})}
 	var down atomic.Bool // the second broker's key server
-	var urls []string
-	for i, b := range brokers {
-		h := b.Handler()
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if i == 1 && down.Load() {
-				http.Error(w, "down", http.StatusServiceUnavailable)
-				return
-			}
-			h.ServeHTTP(w, r)
-		}))
-		t.Cleanup(srv.Close)
-		urls = append(urls, srv.URL+JWKSPath)
-	}
+	urls := keyServers(t, brokers, func(w http.ResponseWriter, _ *http.Request) bool {
+		if !down.Load() {
+			return false
+		}
+		http.Error(w, "down", http.StatusServiceUnavailable)
+		return true
+	})
 	v := newVerifier(t, c, nil, VerifierConfig{JWKSURLs: urls})
 	calls := 0
 	// mint returns a token of broker i for a call of its own, and its kid.
@@ -663,23 +657,17 @@ func TestVerifierHungBroker(t *testing.T) {
 	brokers := []*Broker{newBroker(t, c, Config{}), newBroker(t, c, Config{})}
 	release := make(chan struct{})
 	var hung atomic.Bool // the second broker's key server
-	var urls []string
-	for i, b := range brokers {
-		h := b.Handler()
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if i == 1 && hung.Load() {
-				select {
-				case <-release:
-				case <-r.Context().Done():
-				}
-				http.Error(w, "hung", http.StatusServiceUnavailable)
-				return
-			}
-			h.ServeHTTP(w, r)
-		}))
-		t.Cleanup(srv.Close)
-		urls = append(urls, srv.URL+JWKSPath)
-	}
+	urls := keyServers(t, brokers, func(w http.ResponseWriter, r *http.Request) bool {
+		if !hung.Load() {
+			return false
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		http.Error(w, "hung", http.StatusServiceUnavailable)
+		return true
+	})
 	// Runs before the servers close, which wait for their handlers.
 	t.Cleanup(func() { close(release) })
 	v := newVerifier(t, c, nil, VerifierConfig{JWKSURLs: urls})
@@ -797,4 +785,24 @@ func TestParseJWKS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// keyServers serves each broker's keys at a URL of its own and returns
+// the URLs. The second broker's requests go to second first, which
+// answers them itself when it reports true (a key server down, hung).
+func keyServers(t *testing.T, brokers []*Broker, second func(w http.ResponseWriter, r *http.Request) bool) []string {
+	t.Helper()
+	var urls []string
+	for i, b := range brokers {
+		h := b.Handler()
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if i == 1 && second(w, r) {
+				return
+			}
+			h.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL+JWKSPath)
+	}
+	return urls
 }

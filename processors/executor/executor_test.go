@@ -7,13 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -1363,10 +1360,7 @@ func TestStoreClockBehindShortensNothing(t *testing.T) {
 func TestUnknownToolVersionGivenBack(t *testing.T) {
 	r := newRig(t)
 	// The registry without notify.v1: an executor not yet upgraded.
-	older, err := schemas.Load(withoutFile{os.DirFS("../testdata/registry"), "tools/notify.v1.json"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	older := registryWithout(t, "notify")
 	args := map[string]any{"to": "a@example.com", "subject": "s"}
 	old := r.executor(func(c *executor.Config) { c.Registry, c.SweepEvery = older, 10*time.Millisecond })
 	out, err := old.Step(t.Context(), []*kgo.Record{r.admit("notify", "rolling", args, 60_000), r.admit("notify", "no-deadline", args, 0)})
@@ -1391,22 +1385,4 @@ func TestUnknownToolVersionGivenBack(t *testing.T) {
 	if n := r.backend.AppliedIn(demobackend.ToolSendEmail, "t_a", "t_a/rolling"); n != 1 {
 		t.Errorf("applied %d times; want 1", n)
 	}
-}
-
-// withoutFile is fsys without the file name.
-type withoutFile struct {
-	fs.FS
-	name string
-}
-
-func (w withoutFile) Open(name string) (fs.File, error) {
-	if name == w.name {
-		return nil, fs.ErrNotExist
-	}
-	return w.FS.Open(name)
-}
-
-func (w withoutFile) ReadDir(name string) ([]fs.DirEntry, error) {
-	es, err := fs.ReadDir(w.FS, name)
-	return slices.DeleteFunc(es, func(e fs.DirEntry) bool { return path.Join(name, e.Name()) == w.name }), err
 }

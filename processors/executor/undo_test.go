@@ -729,20 +729,31 @@ func TestReconcilerWithoutTheToolLeavesItToOneThatKnowsIt(t *testing.T) {
 // registryWithout is the test registry without the tool named name.
 func registryWithout(t *testing.T, name string) *schemas.Registry {
 	t.Helper()
+	return registryEdited(t, func(file string, def []byte) []byte {
+		if strings.HasPrefix(file, name+".") {
+			return nil
+		}
+		return def
+	})
+}
+
+// registryEdited is the test registry with each tool's file (its name,
+// and its bytes) as edit returns it; nil leaves the file out.
+func registryEdited(t *testing.T, edit func(file string, def []byte) []byte) *schemas.Registry {
+	t.Helper()
 	fsys := fstest.MapFS{}
 	entries, err := os.ReadDir("../testdata/registry/tools")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), name+".") {
-			continue
-		}
 		b, err := os.ReadFile(filepath.Join("../testdata/registry/tools", e.Name()))
 		if err != nil {
 			t.Fatal(err)
 		}
-		fsys["tools/"+e.Name()] = &fstest.MapFile{Data: b}
+		if b = edit(e.Name(), b); b != nil {
+			fsys["tools/"+e.Name()] = &fstest.MapFile{Data: b}
+		}
 	}
 	reg, err := schemas.Load(fsys)
 	if err != nil {
@@ -1252,29 +1263,18 @@ func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
 	r := newRig(t)
 	orig, unknown := r.unknownRefundToUndo()
 	// refund_order as a tool declaring no status lookup.
-	raw, err := os.ReadFile("../testdata/registry/tools/refund_order.v1.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var def map[string]any
-	if err := json.Unmarshal(raw, &def); err != nil {
-		t.Fatal(err)
-	}
-	delete(def, "status_lookup")
-	fsys := fstest.MapFS{}
-	for _, name := range []string{"cancel_refund.v1.json", "create_ticket.v1.json", "get_weather.v1.json", "notify.v1.json"} {
-		b, err := os.ReadFile("../testdata/registry/tools/" + name)
-		if err != nil {
+	reg := registryEdited(t, func(file string, b []byte) []byte {
+		if file != "refund_order.v1.json" {
+			return b
+		}
+		var def map[string]any
+		if err := json.Unmarshal(b, &def); err != nil {
 			t.Fatal(err)
 		}
-		fsys["tools/"+name] = &fstest.MapFile{Data: b}
-	}
-	noLookup, _ := json.Marshal(def)
-	fsys["tools/refund_order.v1.json"] = &fstest.MapFile{Data: noLookup}
-	reg, err := schemas.Load(fsys)
-	if err != nil {
-		t.Fatal(err)
-	}
+		delete(def, "status_lookup")
+		b, _ = json.Marshal(def)
+		return b
+	})
 	tool, err := reg.Lookup("refund_order", 1)
 	if err != nil {
 		t.Fatal(err)
