@@ -322,9 +322,10 @@ type BlastRadius struct {
 	// Total is the number of matching calls; Calls lists the first
 	// Filter.Limit of them, most recently updated first (then by tenant
 	// and key), and Truncated says whether some were left out.
-	Total     int    `json:"total"`
-	Calls     []Call `json:"calls"`
-	Truncated bool   `json:"truncated,omitempty"`
+	Total int    `json:"total"`
+	Calls []Call `json:"calls"`
+	// Truncated: the list stopped at Filter.Limit with calls left out.
+	Truncated bool `json:"truncated,omitempty"`
 	// Counts over every matching call, largest first (then by value),
 	// at most MaxCounts values each: Distinct says how many there are.
 	ByTenant   []Count `json:"by_tenant"`
@@ -334,6 +335,30 @@ type BlastRadius struct {
 	// Distinct is how many values each count has in full; a list
 	// shorter than its number was cut at MaxCounts.
 	Distinct Distinct `json:"distinct"`
+}
+
+// Agrees reports whether br's list is as long as its total and limit
+// make it. A store that reads the counts and the list apart (ClickHouse)
+// can answer with the two disagreeing when a write lands between them.
+func (br BlastRadius) Agrees() bool {
+	return len(br.Calls) == min(br.Total, br.Filter.Limit)
+}
+
+// BlastTries is how many times AskAgreeing reads a blast radius.
+const BlastTries = 3
+
+// AskAgreeing reads a blast radius with read until the answer Agrees, at
+// most BlastTries times, and returns the last: a projection taking writes
+// has moved on between two reads, and the next two usually fall between
+// the same writes. Under writes that never pause, the last answer's
+// Agrees is false and says so.
+func AskAgreeing(ctx context.Context, read func(context.Context) (BlastRadius, error)) (BlastRadius, error) {
+	for try := 1; ; try++ {
+		br, err := read(ctx)
+		if err != nil || br.Agrees() || try == BlastTries {
+			return br, err
+		}
+	}
 }
 
 // Distinct is the number of distinct values of each of a blast radius's

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/toolcall-ledger/ledger/projections"
 )
 
 // An approval's resource and requester come from an agent's call: in the
@@ -82,6 +85,32 @@ func TestBlastRadiusJSONEscapesHiddenRunes(t *testing.T) {
 	}
 	if !strings.Contains(out, `c \u009b2J\u202eevil`) {
 		t.Errorf("blast-radius --json:\n%s\nwant the call id with its hidden runes escaped", out)
+	}
+}
+
+// A blast radius whose list is not all its calls says why, on stderr
+// beside the JSON: the limit cut it, or (from ClickHouse) the counts and
+// the list were read while the projection took writes. Before, both were
+// put down to --limit, a limit of 1000 over 2 calls listed as none.
+func TestBlastRadiusNotes(t *testing.T) {
+	for _, c := range []struct {
+		name, answer, note string
+	}{
+		{"limit", `{"filter":{"limit":1},"total":2,"calls":[{"idempotency_key":"k"}],"truncated":true}`, "warning: listed 1 of the 2 matching calls (--limit)"},
+		{"moved", `{"filter":{"limit":1000},"total":2,"calls":[]}`, "warning: the counts (2 calls) and the list (0) were read while the projection took writes, and disagree; ask again"},
+		{"all", `{"filter":{"limit":1000},"total":1,"calls":[{"idempotency_key":"k"}]}`, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := answering(t, "/v1/blast-radius", c.answer)
+			out, notes := cliSplit(t, "blast-radius", "--json", "--tool", "get_weather", "--tenant", "t_demo", "--api", srv.URL, "--assertion", "tok")
+			var br projections.BlastRadius
+			if err := json.Unmarshal([]byte(out), &br); err != nil {
+				t.Fatalf("stdout is not the answer: %v\n%s", err, out)
+			}
+			if c.note == "" && notes != "" || !strings.Contains(notes, c.note) {
+				t.Errorf("stderr: %q; want %q", notes, c.note)
+			}
+		})
 	}
 }
 

@@ -151,14 +151,28 @@ func approveShown(t *testing.T, id, api, dir string) {
 func cli(t *testing.T, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
+	runCLI(t, &out, &out, args)
+	return out.String()
+}
+
+// cliSplit is cli with what the command wrote to stdout and to stderr
+// apart: the answer a script reads, and the notes beside it.
+func cliSplit(t *testing.T, args ...string) (stdout, stderr string) {
+	t.Helper()
+	var out, errs bytes.Buffer
+	runCLI(t, &out, &errs, args)
+	return out.String(), errs.String()
+}
+
+func runCLI(t *testing.T, stdout, stderr *bytes.Buffer, args []string) {
+	t.Helper()
 	root := newRoot()
 	root.SetArgs(args)
-	root.SetOut(&out)
-	root.SetErr(&out)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	if err := root.ExecuteContext(t.Context()); err != nil {
-		t.Fatalf("ledger %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		t.Fatalf("ledger %s: %v\n%s%s", strings.Join(args, " "), err, stdout, stderr)
 	}
-	return out.String()
 }
 
 type callView struct {

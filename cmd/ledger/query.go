@@ -256,11 +256,22 @@ func newBlastRadiusCmd(g *globals) *cobra.Command {
 		a := answer{v: br,
 			table: func(w io.Writer) error { return report.BlastRadiusTable(w, br) },
 			csv:   func(w io.Writer) error { return report.BlastRadiusCSV(w, br) }}
-		if br.Truncated {
-			a.note = fmt.Sprintf("warning: listed %d of the %d matching calls (--limit); the counts cover them all", len(br.Calls), br.Total)
-		}
+		a.note = blastNote(br)
 		return a, err
 	})
+}
+
+// blastNote is what a responder is told beside a blast radius whose list
+// is not all of its calls: the limit cut it, or the projection took
+// writes between the counts and the list.
+func blastNote(br projections.BlastRadius) string {
+	switch {
+	case !br.Agrees():
+		return fmt.Sprintf("warning: the counts (%d calls) and the list (%d) were read while the projection took writes, and disagree; ask again", br.Total, len(br.Calls))
+	case br.Truncated:
+		return fmt.Sprintf("warning: listed %d of the %d matching calls (--limit); the counts cover them all", len(br.Calls), br.Total)
+	}
+	return ""
 }
 
 func newOutcomesCmd(g *globals) *cobra.Command {

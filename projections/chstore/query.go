@@ -295,34 +295,35 @@ func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projecti
 	}
 	calls := s.latestCalls(w.String(), having)
 
-	br := projections.BlastRadius{Filter: f, Calls: []projections.Call{}}
 	// The counts and the list are two queries over the same calls: asked
-	// at once, the server works on both together.
-	var list []projections.Call
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := s.blastCounts(gctx, &br, calls, w.args); err != nil {
-			return s.wrapQuestion("blast radius: count", err)
+	// at once, the server works on both together. A projector's insert
+	// between them makes them disagree; AskAgreeing asks again.
+	return projections.AskAgreeing(ctx, func(ctx context.Context) (projections.BlastRadius, error) {
+		br := projections.BlastRadius{Filter: f, Calls: []projections.Call{}}
+		var list []projections.Call
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error {
+			if err := s.blastCounts(gctx, &br, calls, w.args); err != nil {
+				return s.wrapQuestion("blast radius: count", err)
+			}
+			return nil
+		})
+		g.Go(func() error {
+			var err error
+			list, err = s.queryCalls(gctx, "SELECT "+callColumns+" FROM ("+calls+")"+
+				" ORDER BY c_updated_at DESC, c_updated_at_ns DESC, tenant_id, idempotency_key LIMIT ?", append(slices.Clone(w.args), f.Limit)...)
+			if err != nil {
+				return s.wrapQuestion("blast radius: list", err)
+			}
+			return nil
+		})
+		if err := g.Wait(); err != nil {
+			return projections.BlastRadius{Filter: f, Calls: []projections.Call{}}, err
 		}
-		return nil
+		br.Calls = list
+		br.Truncated = len(list) == f.Limit && br.Total > len(list)
+		return br, nil
 	})
-	g.Go(func() error {
-		var err error
-		list, err = s.queryCalls(gctx, "SELECT "+callColumns+" FROM ("+calls+")"+
-			" ORDER BY c_updated_at DESC, c_updated_at_ns DESC, tenant_id, idempotency_key LIMIT ?", append(slices.Clone(w.args), f.Limit)...)
-		if err != nil {
-			return s.wrapQuestion("blast radius: list", err)
-		}
-		return nil
-	})
-	if err := g.Wait(); err != nil {
-		return projections.BlastRadius{Filter: f, Calls: []projections.Call{}}, err
-	}
-	br.Calls = list
-	// Total and the list come from two reads; a Write between them may
-	// make them disagree a little, never more than that batch.
-	br.Truncated = br.Total > len(list)
-	return br, nil
 }
 
 // blastCounts fills br's Total, counts and Distinct from the calls
