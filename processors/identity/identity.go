@@ -490,10 +490,12 @@ func (v *Verifier) maybeRefresh(ctx context.Context) {
 	if v.cfg.Keys != nil || !v.mu.TryLock() {
 		return
 	}
-	defer v.mu.Unlock()
-	if now := v.cfg.Now(); now.Sub(v.lastAttempt) >= v.cfg.Refresh {
-		v.refreshLocked(ctx, now)
+	now := v.cfg.Now()
+	if now.Sub(v.lastAttempt) < v.cfg.Refresh {
+		v.mu.Unlock()
+		return
 	}
+	v.refreshUnlock(ctx, now)
 }
 
 // refreshEarly refreshes for an unknown kid, at most once per
@@ -504,13 +506,32 @@ func (v *Verifier) refreshEarly(ctx context.Context) {
 		return
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	now := v.cfg.Now()
 	if !v.lastEarly.IsZero() && now.Sub(v.lastEarly) < EarlyRefreshInterval {
+		v.mu.Unlock()
 		return
 	}
 	v.lastEarly = now
-	v.refreshLocked(ctx, now)
+	v.refreshUnlock(ctx, now)
+}
+
+// refreshUnlock refreshes in a goroutine of its own, which unlocks v.mu
+// (held by the caller) when done, and waits for it while ctx lasts. The
+// refresh runs to its end, and a failure counts, whoever asked for it
+// hung up: else callers that hang up at once (HTTP requests, probes),
+// each taking the due refresh and aborting it, would keep keys the issuer
+// withdrew in force, and never trip MaxStale.
+func (v *Verifier) refreshUnlock(ctx context.Context, now time.Time) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer v.mu.Unlock()
+		v.refreshLocked(context.WithoutCancel(ctx), now)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // Err says why every assertion is refused now (the issuer's keys stale,
@@ -541,16 +562,9 @@ func (v *Verifier) stale() error {
 // refreshLocked loads the keys and swaps them in; on failure it keeps the
 // old ones and warns. v.mu must be held.
 func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) {
-	prev := v.lastAttempt
 	v.lastAttempt = now
 	set, err := v.load(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			// The caller gave up (shutdown, say): not the source's fault,
-			// and the next call may try again.
-			v.lastAttempt = prev
-			return
-		}
 		v.failingSince.CompareAndSwap(0, now.UnixNano())
 		v.cfg.Logger.Warn("jwks refresh failed, keeping the current keys",
 			"jwks_source", v.source, "kids", v.keys.Load().IDs(), "err", err)

@@ -2,6 +2,7 @@ package identity
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -670,5 +672,53 @@ func TestVerifyUntil(t *testing.T) {
 	}
 	if _, _, err := v.VerifyUntil(t.Context(), ""); err == nil {
 		t.Error("VerifyUntil of no assertion succeeded")
+	}
+}
+
+// A refresh runs to its end whoever asked for it hung up. Before, a
+// caller's hanging up aborted the refresh it had taken and did not count
+// it, so that requests closed at once, each taking the due refresh, kept
+// a key the issuer had withdrawn in force for good.
+func TestRefreshOutlivesItsCaller(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	a, b := mustKey(t, "a"), mustKey(t, "b")
+	first, _ := token.NewKeySet(a)
+	rotated, _ := token.NewKeySet(b)
+	var served atomic.Int64
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := first.JWKS()
+		if served.Add(1) > 1 {
+			// a withdrawn: the refresh's answer, held until the caller
+			// who asked for it has hung up.
+			arrived <- struct{}{}
+			<-release
+			body = rotated.JWKS()
+		}
+		w.Header().Set("Content-Type", "application/jwk-set+json")
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	v, err := New(t.Context(), Config{Issuer: testIssuer, JWKSURL: srv.URL, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	clk.Advance(DefaultRefresh)
+	ctx, hangUp := context.WithCancel(t.Context())
+	go func() {
+		<-arrived
+		hangUp()
+	}()
+	_, _ = v.Verify(ctx, sign(t, a, TypeAssertion, assertionClaims(clk.Now())))
+	release <- struct{}{}
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.Equal(v.keys.Load().IDs(), []string{"b"}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("keys %v after the refresh its caller hung up on; want the issuer's [b]", v.keys.Load().IDs())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
