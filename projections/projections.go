@@ -338,10 +338,20 @@ type BlastRadius struct {
 }
 
 // Agrees reports whether br's list is as long as its total and limit
-// make it. A store that reads the counts and the list apart (ClickHouse)
-// can answer with the two disagreeing when a write lands between them.
+// make it, and, when the list is every matching call, whether its counts
+// are the list's. A store that reads the counts and the list apart
+// (ClickHouse) can answer with the two disagreeing when a write lands
+// between them: a call counted outcome_unknown and listed succeeded.
 func (br BlastRadius) Agrees() bool {
-	return len(br.Calls) == min(br.Total, br.Filter.Limit)
+	if len(br.Calls) != min(br.Total, br.Filter.Limit) {
+		return false
+	}
+	if br.Total > br.Filter.Limit {
+		return true
+	}
+	s := Summarize(br.Filter, slices.Clone(br.Calls))
+	return slices.Equal(s.ByTenant, br.ByTenant) && slices.Equal(s.ByState, br.ByState) &&
+		slices.Equal(s.ByTool, br.ByTool) && slices.Equal(s.ByResource, br.ByResource) && s.Distinct == br.Distinct
 }
 
 // BlastTries is how many times AskAgreeing reads a blast radius.

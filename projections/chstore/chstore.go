@@ -213,11 +213,21 @@ func (s *Store) wrapQuestion(what string, err error) error {
 	var ex *clickhouse.Exception
 	// The query's own limit, not the server's or the user's (a server
 	// short of memory says "(total)"): only the question is too large.
-	if errors.As(err, &ex) && ex.Code == memoryLimitExceeded && strings.Contains(ex.Message, "(for query)") {
+	if errors.As(err, &ex) && ex.Code == memoryLimitExceeded && queryMemoryBound(ex.Message) {
 		return fmt.Errorf("chstore: %s (clickhouse at %s, database %s): %w (%d MiB): %w",
 			what, s.addr, s.db, projections.ErrQuestionTooLarge, s.questionMem>>20, err)
 	}
 	return s.wrap(what, err)
+}
+
+// queryMemoryBound reports whether a MEMORY_LIMIT_EXCEEDED message names
+// the query's own bound: "Memory limit (for query) exceeded" up to 24.x,
+// "Query memory limit exceeded" since, where the server's bound is
+// "(total) memory limit exceeded" and the user's "User memory limit
+// exceeded".
+func queryMemoryBound(msg string) bool {
+	m := strings.ToLower(msg)
+	return strings.Contains(m, "(for query)") || strings.Contains(m, "query memory limit")
 }
 
 //go:embed schema/*.sql

@@ -1093,3 +1093,23 @@ func TestDSNMaxOpenConnsWins(t *testing.T) {
 		}
 	}
 }
+
+// The query's own memory bound is told from the server's and the user's
+// in both ClickHouse's wordings: 18.16 to 24.x name it "(for query)",
+// later servers "Query memory limit". Before, only the first was known,
+// and a current server's refusal of a broad question was answered as
+// the projection being unavailable.
+func TestQueryMemoryBoundWordings(t *testing.T) {
+	for msg, want := range map[string]bool{
+		"Memory limit (for query) exceeded: would use 1.00 GiB (attempt to allocate chunk of 4194304 bytes), maximum: 1.00 GiB":                     true,
+		"Query memory limit exceeded: would use 1.00 GiB (attempt to allocate chunk of 4194304 bytes), maximum: 1.00 GiB.":                          true,
+		"Memory limit (total) exceeded: would use 64.00 GiB (attempt to allocate chunk of 4217828 bytes), maximum: 64.00 GiB":                       false,
+		"(total) memory limit exceeded: would use 2.07 GiB (attempt to allocate chunk of 4624776 bytes), current RSS 63.00 GiB, maximum: 60.00 GiB": false,
+		"Memory limit (for user) exceeded: would use 89.61 GiB (attempt to allocate chunk of 4744104 bytes), maximum: 89.60 GiB":                    false,
+		"User memory limit exceeded: would use 89.61 GiB (attempt to allocate chunk of 4744104 bytes), maximum: 89.60 GiB":                          false,
+	} {
+		if got := queryMemoryBound(msg); got != want {
+			t.Errorf("queryMemoryBound(%q) = %t; want %t", msg, got, want)
+		}
+	}
+}
