@@ -17,6 +17,11 @@
 // lacks and marks them logged. If the publish fails the
 // decision still stands: the event waits in the outbox and the executor's
 // unlogged sweep appends it.
+//
+// Once the call has run, the executor's events have replaced the decision
+// in the outbox. They carry the approver on, so the approval still says
+// who approved it, but not when it was approved nor until when the
+// approval was good: it shows neither (the log's approved event has both).
 package approvals
 
 import (
@@ -239,9 +244,10 @@ type Approval struct {
 	PolicyIDs     []string `json:"policy_ids,omitempty"`
 	// RequestedAt is when the intake admitted the call; ExpiresAt when a
 	// pending approval lapses (and, once approved, until when the approval
-	// is good).
+	// is good). ExpiresAt and DecidedAt are absent once the call has run:
+	// the record no longer holds them.
 	RequestedAt time.Time  `json:"requested_at"`
-	ExpiresAt   time.Time  `json:"expires_at"`
+	ExpiresAt   time.Time  `json:"expires_at,omitzero"`
 	State       State      `json:"state"`
 	DecidedBy   string     `json:"decided_by,omitempty"`
 	DecidedAt   *time.Time `json:"decided_at,omitempty"`
@@ -741,12 +747,27 @@ func (s *Service) read(rec processors.Record) (*found, error) {
 		a.DecidedBy = d.Approver
 		switch d.Type {
 		case statemachine.EventRejected:
+			if a.DecidedBy == "" {
+				// The reconciler's rejection of an automatic
+				// compensation it cancels names the operator as
+				// its actor, not as an approver.
+				a.DecidedBy = d.Actor
+			}
 			a.Reason = d.Detail
 			if a.Reason == "" {
 				a.Reason = d.Reason
 			}
 		case statemachine.EventExpired:
 			a.Reason = d.Reason
+		}
+	} else if state == StateApproved {
+		// The call ran: the executor's events replaced the approved
+		// one, and carry its approver on.
+		for i := len(evs) - 1; i >= 0; i-- {
+			if e := &evs[i]; e.ApprovalID != "" && e.Approver != "" {
+				a.DecidedBy = e.Approver
+				break
+			}
 		}
 	}
 	a.Preview = s.preview(rec, f.requested)

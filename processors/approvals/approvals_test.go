@@ -415,6 +415,124 @@ func TestReject(t *testing.T) {
 	}
 }
 
+// Once its call has run, an approval still names its approver, whom the
+// executor's events that replaced the approved one in the record carry on,
+// and leaves out the times the record no longer holds. Before, it showed no
+// approver and expires_at 0001-01-01T00:00:00Z.
+func TestApprovalAfterItsCallRan(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	id := approvals.ID(k)
+	if _, err := f.svc.Approve(t.Context(), boss, id, f.record(k).ArgumentsHash); err != nil {
+		t.Fatal(err)
+	}
+	approved := f.pub.ofType(t, statemachine.EventApproved)
+	if len(approved) != 1 {
+		t.Fatalf("published %d approved events; want 1", len(approved))
+	}
+	f.run(k, approved[0])
+
+	got, err := f.svc.Get(t.Context(), boss, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != approvals.StateApproved || got.DecidedBy != "u_boss" {
+		t.Errorf("approval after its call ran: %s by %q; want approved by u_boss", got.State, got.DecidedBy)
+	}
+	b, err := json.Marshal(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"expires_at", "decided_at"} {
+		if v, ok := fields[name]; ok {
+			t.Errorf("%s: %s after the call ran; want it left out, the record no longer holds it", name, v)
+		}
+	}
+}
+
+// run claims the authorized call under k and completes it succeeded as the
+// executor does: the record's outbox replaced by executing and succeeded
+// events that keep approved's identity, approval id and approver, but not
+// its expiry.
+func (f *fixture) run(k ledger.CallKey, approved ledger.Event) {
+	t := f.t
+	t.Helper()
+	rec := f.record(k)
+	res, err := f.store.Claim(t.Context(), []processors.Claim{{Key: k, ArgumentsHash: rec.ArgumentsHash, Owner: "executor-1", Lease: time.Minute}})
+	if err != nil || res[0].Outcome != processors.Claimed {
+		t.Fatalf("claim: %v, %v; want claimed", res, err)
+	}
+	var evs []ledger.Event
+	for i, typ := range []statemachine.EventType{statemachine.EventExecuting, statemachine.EventSucceeded} {
+		e := approved
+		e.EventID = fmt.Sprintf("ev-%s-%d", k.IdempotencyKey, i)
+		e.Type, e.Seq, e.At, e.Actor = typ, rec.Seq+int64(i)+1, f.clock.Now(), "executor-1"
+		e.Decision, e.ExpiresAt, e.Attempt = "", nil, 1
+		evs = append(evs, e)
+	}
+	outbox, err := ledger.EncodeEvents(evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := f.store.Complete(t.Context(), []processors.Completion{{Key: k, Epoch: res[0].Record.Epoch, Status: processors.StatusSucceeded,
+		Attempt: 1, Seq: rec.Seq + 2, Outbox: outbox, From: rec.Seq}})
+	if err != nil || !applied[0] {
+		t.Fatalf("complete: %v, %v; want applied", applied, err)
+	}
+}
+
+// A pending approval the reconciler rejects (an automatic compensation,
+// cancelled by an operator who resolved the call it would undo succeeded)
+// names that operator, the rejected event's actor: it has no approver.
+// Before, it named no one, and the console took the timer for the decider.
+func TestRejectedByAnOperator(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	id := approvals.ID(k)
+	rec := f.record(k)
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the reconciler's cancelUndo writes it: the pending decision's
+	// fields, with the operator as the actor.
+	ev := evs[len(evs)-1]
+	ev.EventID = "ev-cancel"
+	ev.Type, ev.Seq, ev.At, ev.Actor = statemachine.EventRejected, rec.Seq+1, f.clock.Now(), "operator:u_ops"
+	ev.Reason, ev.Detail, ev.ExpiresAt = "compensation_cancelled", "the operator kept the success", nil
+	outbox, err := ledger.EncodeEvents(append(evs, ev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := f.store.Move(t.Context(), []processors.Move{{Key: k, From: processors.StatusPending, FromSeq: rec.Seq,
+		To: processors.StatusRejected, Seq: ev.Seq, Outbox: outbox}}); err != nil || !applied[0] {
+		t.Fatalf("move: %v, %v; want applied", applied, err)
+	}
+
+	got, err := f.svc.Get(t.Context(), boss, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != approvals.StateRejected || got.DecidedBy != "operator:u_ops" || got.Reason != "the operator kept the success" {
+		t.Errorf("rejected: %s by %q (%q); want rejected by operator:u_ops (the operator kept the success)", got.State, got.DecidedBy, got.Reason)
+	}
+	list, err := f.svc.List(t.Context(), boss, string(approvals.StateRejected))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].DecidedBy != "operator:u_ops" {
+		var by []string
+		for _, a := range list {
+			by = append(by, a.ID+" by "+a.DecidedBy)
+		}
+		t.Errorf("rejected list %q; want %s by operator:u_ops alone", by, id)
+	}
+}
+
 // Every refusal leaves the approval pending and publishes nothing.
 func TestDecisionRefused(t *testing.T) {
 	cases := []struct {
