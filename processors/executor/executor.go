@@ -1504,6 +1504,16 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	if x.cfg.Policy == nil {
 		return nil
 	}
+	// The policies in force are the activation the control topic holds:
+	// decided on a copy of it not known current, an approved call would
+	// run under a version superseded as long ago as the copy is stale
+	// (and its request leave once the copy caught up, under the newer
+	// one), where the intake decides nothing on such a copy.
+	if x.cfg.Freezes != nil {
+		if err := x.cfg.Freezes.Current(ctx, x.cfg.ControlMaxStaleness); err != nil {
+			return &refusal{reason: ReasonUnavailable, detail: "the policies in force are not known: the control topic's copy is not current (" + err.Error() + ")", later: true}
+		}
+	}
 	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose,
 		// Events with roles were decided with them, roles_given or not
 		// (builds before it wrote roles alone).

@@ -658,3 +658,41 @@ func TestApprovalLapsingBeforeTheRequestLeaves(t *testing.T) {
 		})
 	}
 }
+
+// catchingUp is a copy of the control topic that is behind until it is
+// first asked whether it is current, and then has caught up with an
+// activation: the policies it holds switch from older to newer.
+type catchingUp struct {
+	switchedFreezes
+	older, newer executor.Decider
+	caught       atomic.Bool
+}
+
+func (c *catchingUp) Current(ctx context.Context, maxStaleness time.Duration) error {
+	c.caught.Store(true)
+	return nil
+}
+
+func (c *catchingUp) Decide(ctx context.Context, r policy.Request) policy.Decision {
+	if c.caught.Load() {
+		return c.newer.Decide(ctx, r)
+	}
+	return c.older.Decide(ctx, r)
+}
+
+// An approved call is decided again on a copy of the control topic known
+// current, so under the activation in force: before, the re-check decided
+// with whatever version a stale copy held, and the request left once the
+// copy had caught up, with a version activated since that denies it.
+func TestRecheckWaitsForACurrentActivation(t *testing.T) {
+	older := processorstest.Policy(t, processorstest.PolicyDir(t, `permit (principal, action, resource);`))
+	newer := processorstest.Policy(t, processorstest.PolicyDir(t, `permit (principal, action, resource);
+forbid (principal, action == Action::"tool::refund_order", resource);`))
+	cp := &catchingUp{older: older, newer: newer}
+	r := newRig(t)
+	_, approved := r.admitApproved("kc", time.Now().Add(time.Hour), "")
+	stepEndsAs(t, r.executor(func(c *executor.Config) { c.Policy, c.Freezes = cp, cp }), approved, []string{"denied(denied_by_policy)"}, "")
+	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kc"); n != 0 {
+		t.Errorf("refund applied %d times; want 0 (the version in force denies it)", n)
+	}
+}
