@@ -367,11 +367,9 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		dlq     *kgo.Record
 	}
 	results := make([]result, len(recs))
-	if p.cfg.SyncPolicies != nil {
-		p.cfg.SyncPolicies()
-	}
+	stale := p.syncPolicies()
 	parallel(len(recs), func(i int) {
-		c, refusal, dlq := p.check(ctx, recs[i], now)
+		c, refusal, dlq := p.check(ctx, recs[i], now, stale)
 		results[i] = result{c, refusal, dlq}
 	})
 	var (
@@ -599,7 +597,7 @@ func (p *Processor) admit(ctx context.Context, as []processors.Admission) (resul
 // decode, the assertion, the scope against it, the hash, the registry,
 // the arguments, and the policy. It returns the checked call, or a
 // refusal event, or a DLQ record.
-func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (*checked, *ledger.Event, *kgo.Record) {
+func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string) (*checked, *ledger.Event, *kgo.Record) {
 	env, err := ledger.DecodeEnvelope(rec.Value, p.cfg.Limits)
 	if err != nil {
 		var de *ledger.DecodeError
@@ -646,7 +644,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time) (
 		return refuse(ledger.CallKey{TenantID: id.Tenant, IdempotencyKey: env.IdempotencyKey}, id, ReasonReservedKey, "/idempotency_key",
 			"idempotency keys ending in :compensate are reserved for the ledger's compensation calls")
 	}
-	c, refusal := p.checkCall(ctx, env, id, nil, now)
+	c, refusal := p.checkCall(ctx, env, id, nil, now, stale)
 	if c != nil {
 		c.sent = requestSent(rec.Timestamp, now)
 	}
@@ -681,7 +679,11 @@ func requestSent(ts, now time.Time) time.Time {
 
 // checkCall runs the checks that follow the identity's: the scope against
 // it, the hash, the registry, the kill switch, the arguments, the policy.
-func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool, now time.Time) (*checked, *ledger.Event) {
+//
+// stale is why the control topic's copy was too old to decide with when
+// the policies were brought to its activation (syncPolicies), "" if it
+// was not.
+func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool, now time.Time, stale string) (*checked, *ledger.Event) {
 	refuse := func(key ledger.CallKey, reason, pointer, detail string) (*checked, *ledger.Event) {
 		ev := p.refuse(key, env, id, now, reason, pointer, detail)
 		return nil, &ev
@@ -768,7 +770,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		return refuse(c.key(), ReasonInvalidArguments, ptr, detail)
 	}
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose, Roles: id.Roles}
-	if stale := p.controlStale(); stale != "" {
+	if stale != "" {
 		// An activation not yet read may deny the call: deciding it
 		// under the version this copy last saw would not honour it.
 		c.decision = policy.Decision{Reason: ReasonControlStale, Detail: stale}
@@ -890,10 +892,8 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 // nil for none.
 func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool) ([]ledger.Event, error) {
 	now := p.cfg.Now().UTC()
-	if p.cfg.SyncPolicies != nil {
-		p.cfg.SyncPolicies()
-	}
-	c, refusal := p.checkCall(ctx, env, id, carries, now)
+	stale := p.syncPolicies()
+	c, refusal := p.checkCall(ctx, env, id, carries, now, stale)
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil
 	}
@@ -1002,6 +1002,19 @@ func rateBucket(id identity.Identity, tool string, rl policy.RateLimit) string {
 		b = prefix + "sha256:" + hex.EncodeToString(sum[:])
 	}
 	return b
+}
+
+// syncPolicies brings the policies to the activation the control
+// topic's copy holds, and says why that copy is too old to decide with
+// ("" when it is not), as it was before: a copy that catches up after
+// the policies were brought to it, while the calls are checked, must not
+// pass them decided with the version it held when stale.
+func (p *Processor) syncPolicies() (stale string) {
+	stale = p.controlStale()
+	if p.cfg.SyncPolicies != nil {
+		p.cfg.SyncPolicies()
+	}
+	return stale
 }
 
 // controlStale says why the copy of the control topic is too old to

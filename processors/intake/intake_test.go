@@ -705,6 +705,29 @@ func TestIntakeWithAStaleControlCopyDecidesNothing(t *testing.T) {
 	}
 }
 
+// A copy of the control topic that catches up while a step checks its
+// calls does not pass them decided with the version the step's policies
+// were brought to while it was stale: the step's calls wait for the
+// next. Before, staleness was asked per call, after the sync, and a call
+// checked once the copy had caught up was decided under the superseded
+// version.
+func TestIntakeDecidesNothingSyncedFromAStaleCopy(t *testing.T) {
+	controls := &staleControls{}
+	controls.staleness.Store(int64(time.Minute))
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Freezes, c.ControlMaxStaleness = controls, 2*time.Second
+		// The copy catches up right after the policies were brought
+		// to what it held.
+		c.SyncPolicies = func() { controls.staleness.Store(0) }
+	})
+	if _, got := f.step(t, f.envelopeRecord(t, "caught-up", map[string]any{"title": "t"})); !slices.Equal(got, []string{"caught-up:denied/" + intake.ReasonControlStale}) {
+		t.Errorf("a call checked after the copy caught up: %v; want refused for now (control_state_stale)", got)
+	}
+	if _, got := f.step(t, f.envelopeRecord(t, "next", map[string]any{"title": "t"})); !slices.Contains(got, "next:authorized/allowed") {
+		t.Errorf("the next step's call: %v; want authorized", got)
+	}
+}
+
 // A step decides its calls with the policy version its copy of the
 // control topic activates (SyncPolicies), not with the one the engine
 // held at its last tick of following the activations. Before, calls
