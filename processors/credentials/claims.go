@@ -158,7 +158,10 @@ const (
 	// was minted for (Claims.CheckBody).
 	ReasonWrongBody Reason = "wrong_body"
 	// ReasonKeysUnavailable: the key set could not be fetched, so nothing
-	// can be verified. Not the presenter's fault: a tool answers 503.
+	// can be verified. Not the presenter's fault: a tool answers 503,
+	// with X-Ledger-Not-Applied: true (httptool.HeaderNotApplied), so
+	// that the ledger asks again rather than take the effect of a tool
+	// that does not deduplicate for unknown.
 	ReasonKeysUnavailable Reason = "keys_unavailable"
 )
 

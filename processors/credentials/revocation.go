@@ -18,7 +18,8 @@ const (
 	ReasonRevoked Reason = "revoked"
 	// ReasonRevocationUnavailable: whether the credential was revoked
 	// cannot be found out. Not the presenter's fault, and nothing may be
-	// done on it: a tool answers 503.
+	// done on it: a tool answers 503, with X-Ledger-Not-Applied: true
+	// (see ReasonKeysUnavailable).
 	ReasonRevocationUnavailable Reason = "introspection_unavailable"
 )
 

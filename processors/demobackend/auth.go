@@ -76,6 +76,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, tool, tenant,
 		err = credentials.CheckRevoked(r.Context(), s.revocations, bearerToken(r.Header))
 		if credentials.ReasonOf(err) == credentials.ReasonRevocationUnavailable {
 			s.logger.Warn("introspection unavailable", "err", err)
+			w.Header().Set(HeaderNotApplied, "true")
 			writeError(w, http.StatusServiceUnavailable, string(credentials.ReasonRevocationUnavailable), "the credential's status cannot be checked")
 			return credentials.Claims{}, false
 		}
@@ -113,6 +114,7 @@ func (s *Server) refuseCredential(w http.ResponseWriter, tool, tenant, key strin
 	status := http.StatusUnauthorized
 	if reason == credentials.ReasonKeysUnavailable {
 		status = http.StatusServiceUnavailable
+		w.Header().Set(HeaderNotApplied, "true")
 	} else {
 		// RFC 6750 §3: tell the client which scheme, and that the token
 		// (if any) was not good.

@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 )
 
 // testClock is a clock shared by the broker and the verifier, moved by hand.
@@ -408,6 +409,35 @@ func TestCredentialKeysUnavailable(t *testing.T) {
 	}
 	if got := decode[apiError](t, a.body).Error; got != string(credentials.ReasonKeysUnavailable) {
 		t.Errorf("error = %q; want keys_unavailable", got)
+	}
+	if got := a.header.Get(HeaderNotApplied); got != "true" {
+		t.Errorf("%s: %q; want true: nothing was applied, and the ledger may ask again", HeaderNotApplied, got)
+	}
+	if n := len(e.s.Effects()); n != 0 {
+		t.Errorf("len(Effects()) = %d; want 0", n)
+	}
+}
+
+// A credential whose revocation cannot be checked (the introspection
+// answers 503) applies nothing, and the answer says so
+// (X-Ledger-Not-Applied), which the ledger's adapter takes for "ask
+// again" (Throttled). Before, the bare 503 of send_email, a tool that
+// does not deduplicate, left its outcome unknown and parked the call
+// for a human, although nothing had been applied.
+func TestIntrospectionUnavailableAppliesNothing(t *testing.T) {
+	t.Parallel()
+	introspect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"unavailable"}`, http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(introspect.Close)
+	e := newAuthEnv(t, Config{IntrospectURL: introspect.URL})
+	auth, _ := e.mint(t, ToolSendEmail, "t_acme", "k1", nil)
+	r := httptool.Request{URL: e.base + "/tools/" + ToolSendEmail, IdempotencyKey: "k1", TenantID: "t_acme", CallID: "call_k1", Attempt: 1,
+		Arguments: []byte(`{"to":"a@example.com","subject":"hi"}`), Credential: strings.TrimPrefix(auth, "Bearer ")}
+	_, err := httptool.New(httptool.Config{}).Call(t.Context(), r)
+	var he *httptool.Error
+	if !errors.As(err, &he) || he.Kind != httptool.Throttled || he.Status != http.StatusServiceUnavailable {
+		t.Errorf("send_email with its credential's status unknown: %v; want a 503 taken for throttled (nothing applied)", err)
 	}
 	if n := len(e.s.Effects()); n != 0 {
 		t.Errorf("len(Effects()) = %d; want 0", n)

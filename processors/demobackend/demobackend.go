@@ -55,6 +55,10 @@ const (
 	// HeaderReplayed is set to "true" on a native tool's answer that replays
 	// an earlier one (no new effect), as Stripe's Idempotent-Replayed.
 	HeaderReplayed = "Idempotent-Replayed"
+	// HeaderNotApplied is set to "true" on a 503 that applied nothing
+	// (the credential could not be checked): the ledger asks again
+	// rather than take the effect for unknown.
+	HeaderNotApplied = "X-Ledger-Not-Applied"
 )
 
 // maxBodyBytes bounds a tool request body; larger bodies get 413.

@@ -60,6 +60,13 @@ const (
 	HeaderTraceID        = "X-Ledger-Trace-Id"
 	// HeaderBackendSecret carries Request.BackendSecret.
 	HeaderBackendSecret = "X-Backend-Secret"
+	// HeaderNotApplied, "true" on a tool's 5xx answer, says that the
+	// tool applied nothing and may be asked again (Throttled): a tool
+	// that could not check the call's credential, its keys or the
+	// revocations unavailable, answers so. A 5xx without it leaves the
+	// effect of a tool that does not deduplicate unknown, since a proxy's
+	// 5xx may come after the tool applied it.
+	HeaderNotApplied = "X-Ledger-Not-Applied"
 )
 
 // ErrInvalidRequest: the Request itself is unusable (no URL, no idempotency
@@ -490,6 +497,9 @@ func classify(resp *http.Response) *Error {
 		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 	case st >= 400 && st < 500:
 		e.Kind, e.Detail = Refused, "tool refused the call"
+	case st >= 500 && st < 600 && strings.EqualFold(resp.Header.Get(HeaderNotApplied), "true"):
+		e.Kind, e.Detail = Throttled, "tool applied nothing and asked to be tried again"
+		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 	case st >= 500 && st < 600:
 		e.Kind, e.Detail = ServerError, "tool failed"
 		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())

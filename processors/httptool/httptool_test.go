@@ -92,6 +92,10 @@ func TestCallStatusKinds(t *testing.T) {
 		{name: "500 server error", status: 500, wantKind: ServerError},
 		{name: "502 server error", status: 502, wantKind: ServerError},
 		{name: "503 server error", status: 503, header: map[string]string{"Retry-After": "7"}, wantKind: ServerError, wantRetryAfter: 7 * time.Second},
+		// A tool that says it applied nothing (its credential could not
+		// be checked) is asked again, as a throttle.
+		{name: "503 not applied", status: 503, header: map[string]string{HeaderNotApplied: "true", "Retry-After": "2"}, wantKind: Throttled, wantRetryAfter: 2 * time.Second},
+		{name: "503 not applied false", status: 503, header: map[string]string{HeaderNotApplied: "false"}, wantKind: ServerError},
 		{name: "302 not followed", status: 302, header: map[string]string{"Location": "/elsewhere"}, wantKind: Unknown},
 		{name: "307 not followed", status: 307, header: map[string]string{"Location": "/elsewhere"}, wantKind: Unknown},
 	}
