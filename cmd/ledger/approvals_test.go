@@ -98,7 +98,12 @@ func TestBlastRadiusNotes(t *testing.T) {
 	}{
 		{"limit", `{"filter":{"limit":1},"total":2,"calls":[{"idempotency_key":"k"}],"truncated":true}`, "warning: listed 1 of the 2 matching calls (--limit)"},
 		{"moved", `{"filter":{"limit":1000},"total":2,"calls":[]}`, "warning: the counts (2 calls) and the list (0) were read while the projection took writes, and disagree; ask again"},
-		{"all", `{"filter":{"limit":1000},"total":1,"calls":[{"idempotency_key":"k"}]}`, ""},
+		{"all", `{"filter":{"limit":1000},"total":1,"calls":[{"tenant_id":"t_demo","idempotency_key":"k","tool":"get_weather","state":"succeeded"}],
+			"by_tenant":[{"value":"t_demo","calls":1}],"by_state":[{"value":"succeeded","calls":1}],"by_tool":[{"value":"get_weather","calls":1}],"by_resource":[{"value":"","calls":1}],
+			"distinct":{"tenants":1,"states":1,"tools":1,"resources":1}}`, ""},
+		{"recounted", `{"filter":{"limit":1000},"total":1,"calls":[{"tenant_id":"t_demo","idempotency_key":"k","tool":"get_weather","state":"succeeded"}],
+			"by_tenant":[{"value":"t_demo","calls":1}],"by_state":[{"value":"outcome_unknown","calls":1}],"by_tool":[{"value":"get_weather","calls":1}],"by_resource":[{"value":"","calls":1}],
+			"distinct":{"tenants":1,"states":1,"tools":1,"resources":1}}`, "warning: the counts (1 calls) and the list (1) were read while the projection took writes, and disagree; ask again"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv := answering(t, "/v1/blast-radius", c.answer)
