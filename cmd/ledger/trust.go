@@ -137,8 +137,7 @@ func (f *policyFlags) followActivations(ctx context.Context, engine *policy.Engi
 // its loops decide a call, which would otherwise be decided with the set
 // the activation replaced until followActivations' first tick.
 func (f *policyFlags) activate(engine *policy.Engine, controls *control.State) {
-	a, ok := controls.PolicyActivation()
-	engine.Activate(f.versions, a, ok)
+	engine.Sync(f.versions, controls.PolicyActivation)
 }
 
 // syncing is intake.Config.SyncPolicies for engine: activate, as the

@@ -321,3 +321,46 @@ func TestActivationPinIsFollowed(t *testing.T) {
 		}
 	}
 }
+
+// Of two Syncs with the control topic's copy (a step's and a tick of
+// FollowActivations, say), the one that applies last has read last: an
+// activation read before a newer one was applied never replaces it.
+// Before, the activation was read before the engine's lock was taken, so
+// that a tick that had read v2, delayed, put it back in force over v3,
+// activated since and already applied by a step.
+func TestSyncNeverAppliesAnOlderRead(t *testing.T) {
+	_, root, base := weatherVersions(t)
+	writeFile(t, mkdir(t, root, "v3"), "weather.cedar", allowWeather)
+	e := newEngine(t, Config{Set: base})
+	var copyOf activations
+	copyOf.set("v2")
+	read, resume := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		// A tick that reads v2, then is held.
+		e.Sync(root, func() (Activation, bool) {
+			a, ok := copyOf.active()
+			close(read)
+			<-resume
+			return a, ok
+		})
+	})
+	<-read
+	copyOf.set("v3")
+	stepped := make(chan struct{})
+	wg.Go(func() {
+		defer close(stepped)
+		e.Sync(root, copyOf.active)
+	})
+	// The step's Sync is applied now if the tick's read does not hold
+	// the engine (it did not, before); either way the tick goes on after.
+	select {
+	case <-stepped:
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(resume)
+	wg.Wait()
+	if err := versionIs(e, "v3")(); err != nil {
+		t.Errorf("after a tick's older read and a step's newer one: %v", err)
+	}
+}

@@ -560,8 +560,7 @@ func (e *Engine) FollowActivations(ctx context.Context, root string, active func
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
-		a, ok := active()
-		e.follow(root, a, ok)
+		e.follow(root, active)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -574,13 +573,25 @@ func (e *Engine) FollowActivations(ctx context.Context, root string, active func
 // FollowActivations does at every tick: a process calls it before it
 // decides its first call, so that no call is decided with a set an
 // operator has replaced.
-func (e *Engine) Activate(root string, a Activation, ok bool) { e.follow(root, a, ok) }
+func (e *Engine) Activate(root string, a Activation, ok bool) {
+	e.follow(root, func() (Activation, bool) { return a, ok })
+}
 
-// follow brings the engine to the activation (a, ok) once.
-func (e *Engine) follow(root string, a Activation, ok bool) {
-	label := a.Label
+// Sync brings the engine to the activation active returns, once, as
+// FollowActivations does at every tick; active is asked under the
+// engine's lock, so that of two Syncs (or a Sync and a tick) the one
+// that applies last read last: with an active that only moves forward
+// (a copy of the control topic), an activation read before another was
+// applied never replaces it.
+func (e *Engine) Sync(root string, active func() (Activation, bool)) { e.follow(root, active) }
+
+// follow brings the engine to the activation active returns, once; it
+// asks active holding e.mu (see Sync).
+func (e *Engine) follow(root string, active func() (Activation, bool)) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	a, ok := active()
+	label := a.Label
 	if !ok {
 		if e.pinned == "" {
 			return
