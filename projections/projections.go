@@ -21,6 +21,11 @@ type Event struct {
 	Offset    int64
 	// Produced is the record's timestamp: when it was appended.
 	Produced time.Time
+	// Raw is the record's value, the event as the log holds it, which a
+	// projection that keeps events keeps rather than Event re-encoded:
+	// a field this build does not know (one a newer writer added
+	// without a new encoding) is kept too. Empty: Event's encoding.
+	Raw []byte
 }
 
 // Action is a committed control record (a freeze, unfreeze, revocation or

@@ -32,7 +32,7 @@ func BenchmarkWrite(b *testing.B) {
 		s := openStore(b)
 		r := make(tableRows)
 		for _, e := range batch.Events {
-			if err := eventRows(r, e.Event); err != nil {
+			if err := eventRows(r, e); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -1,6 +1,7 @@
 package chstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
+	"github.com/toolcall-ledger/ledger/projections/projectionstest"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -1111,5 +1113,31 @@ func TestQueryMemoryBoundWordings(t *testing.T) {
 		if got := queryMemoryBound(msg); got != want {
 			t.Errorf("queryMemoryBound(%q) = %t; want %t", msg, got, want)
 		}
+	}
+}
+
+// An event's body is the event as the log holds it: a field this build
+// does not know (one a newer writer added without a new encoding) is
+// kept, so that a later build's trace shows it and its rebuild has the
+// live projection's checksums. Before, the body was the decoded event
+// re-encoded, which dropped the field for good.
+func TestEventBodyKeepsTheLogsBytes(t *testing.T) {
+	e := projectionstest.NewGenerator(projectionstest.LogConfig{Seed: 3, Calls: 1}).Call(0)[0]
+	enc, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := append(bytes.TrimSuffix(bytes.TrimSpace(enc), []byte("}")), []byte(`,"field_of_a_newer_writer":"kept"}`)...)
+	decoded, err := ledger.DecodeEvent(raw)
+	if err != nil {
+		t.Fatalf("the log's event with a field unknown here does not decode: %v", err)
+	}
+	r := make(tableRows)
+	if err := eventRows(r, projections.Event{Event: decoded, Raw: raw}); err != nil {
+		t.Fatal(err)
+	}
+	row := r[eventsTable.name][0]
+	if body := row[len(row)-1]; body != string(raw) {
+		t.Errorf("body %v; want the log's bytes %s", body, raw)
 	}
 }

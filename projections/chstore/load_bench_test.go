@@ -148,7 +148,7 @@ func loadRawFloor(b *testing.B, ctx context.Context, s *Store, gen *projectionst
 	r := make(tableRows)
 	for i := 0; i < gen.Calls() && len(rows) < loadRawEvents; i++ {
 		for _, e := range gen.Call(i) {
-			if err := eventRows(r, e); err != nil {
+			if err := eventRows(r, projections.Event{Event: e}); err != nil {
 				b.Fatal(err)
 			}
 		}

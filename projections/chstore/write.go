@@ -84,11 +84,17 @@ type tableRows map[string][][]any
 
 func (r tableRows) add(t tableDef, row ...any) { r[t.name] = append(r[t.name], row) }
 
-// eventRows adds the rows of e to r.
-func eventRows(r tableRows, e ledger.Event) error {
-	body, err := e.Encode()
-	if err != nil {
-		return fmt.Errorf("event %s of %s: %w", e.EventID, e.Key(), err)
+// eventRows adds the rows of pe to r. Its body is the event as the log
+// holds it (pe.Raw), so that a field this build does not know is kept:
+// re-encoded, the event would lose it, and a rebuild by a later build
+// would not have the live projection's checksums.
+func eventRows(r tableRows, pe projections.Event) error {
+	e, body := pe.Event, pe.Raw
+	if len(body) == 0 {
+		var err error
+		if body, err = e.Encode(); err != nil {
+			return fmt.Errorf("event %s of %s: %w", e.EventID, e.Key(), err)
+		}
 	}
 	id := e.EventID
 	if id == "" {
@@ -175,7 +181,7 @@ func actionRows(r tableRows, a ledger.ControlAction) error {
 func (s *Store) Write(ctx context.Context, b projections.Batch) error {
 	r := make(tableRows, len(tables))
 	for i := range b.Events {
-		if err := eventRows(r, b.Events[i].Event); err != nil {
+		if err := eventRows(r, b.Events[i]); err != nil {
 			return s.wrap("write", err)
 		}
 	}

@@ -651,7 +651,7 @@ func decodeRecord(r *kgo.Record, t ledger.Topics, evs *[]projections.Event, acts
 		if err != nil {
 			return err
 		}
-		*evs = append(*evs, projections.Event{Event: e, Partition: r.Partition, Offset: r.Offset, Produced: r.Timestamp})
+		*evs = append(*evs, projections.Event{Event: e, Partition: r.Partition, Offset: r.Offset, Produced: r.Timestamp, Raw: r.Value})
 	case t.Control:
 		a, err := DecodeAction(r.Value)
 		if err != nil {

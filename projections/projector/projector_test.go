@@ -1316,3 +1316,24 @@ func TestDecodeActionOfANewerEncoding(t *testing.T) {
 		t.Errorf("DecodeAction of a v1 action that does not decode: %v; want an error, not ErrUnsupportedAction", err)
 	}
 }
+
+// The projector hands a projection the event's record value as well as
+// the event decoded from it, so that a projection that keeps events keeps
+// the log's bytes, fields this build does not know included.
+func TestDecodeRecordKeepsTheValue(t *testing.T) {
+	topics := ledger.Topics{}.WithDefaults()
+	e := ledger.Event{EventID: "ev_1", Type: statemachine.EventRequested, TenantID: "t_a", IdempotencyKey: "k", Seq: 1, At: time.Unix(1_700_000_000, 0).UTC()}
+	enc, err := e.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := append(enc[:len(enc)-1:len(enc)-1], []byte(`,"field_of_a_newer_writer":"kept"}`)...)
+	var evs []projections.Event
+	var acts []projections.Action
+	if err := decodeRecord(&kgo.Record{Topic: topics.Events, Value: value}, topics, &evs, &acts); err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || string(evs[0].Raw) != string(value) || evs[0].EventID != "ev_1" {
+		t.Errorf("decoded %+v; want ev_1 with the record's value as Raw", evs)
+	}
+}
