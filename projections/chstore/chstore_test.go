@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
@@ -1139,5 +1142,77 @@ func TestEventBodyKeepsTheLogsBytes(t *testing.T) {
 	row := r[eventsTable.name][0]
 	if body := row[len(row)-1]; body != string(raw) {
 		t.Errorf("body %v; want the log's bytes %s", body, raw)
+	}
+}
+
+// A trace reads the events table around the key's events, not across the
+// gaps between them: a call compensated days after it ran is read by two
+// short ranges, not by one that holds every event of the tenant's tool
+// in those days. Before, the one range read them all, and a busy tool's
+// trace of such a call timed out.
+func TestTraceReadsAroundTheKeysEvents(t *testing.T) {
+	s := openStore(t)
+	f := newFixture()
+	late := f.a[len(f.a)-1]
+	late.EventID, late.Seq, late.Type, late.At = "ev-late", 5, statemachine.EventCompensated, late.At.Add(72*time.Hour)
+	want := append(slices.Clone(f.a), late)
+	var b projections.Batch
+	for _, e := range want {
+		b.Events = append(b.Events, projections.Event{Event: e})
+	}
+	write(t, s, []projections.Batch{b})
+	// The tenant's other refunds, a second apart, between the call and
+	// its compensation.
+	const others = 100_000
+	if err := s.conn.Exec(t.Context(), "INSERT INTO "+s.table("events")+" (tenant_id, tool, at, idempotency_key, event_id, body)"+
+		" SELECT 'acme', 'refund_order', toDateTime(? + number), concat('other-', toString(number)), concat('other-', toString(number)), '{}'"+
+		" FROM system.numbers LIMIT ?", f.a[0].At.Add(time.Hour).Unix(), others); err != nil {
+		t.Fatal(err)
+	}
+	var read atomic.Uint64
+	ctx := clickhouse.Context(t.Context(), clickhouse.WithProgress(func(p *clickhouse.Progress) { read.Add(p.Rows) }))
+	got, err := s.Trace(ctx, late.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("trace (-want +got):\n%s", diff)
+	}
+	// A range reads whole granules (8,192 rows) at its ends: a few of
+	// them, far fewer than the others.
+	t.Logf("the trace read %d rows", read.Load())
+	if n := read.Load(); n == 0 || n >= others/2 {
+		t.Errorf("the trace read %d rows; want some (progress reported), and far fewer than the %d events between the call's", n, others)
+	}
+}
+
+// A trace's ranges: one per run of a tool's seconds no more than
+// traceGap apart; past maxTraceRanges of those, one per tool; past
+// maxTraceRanges tools, none (the caller reads one range over them all).
+func TestTraceRanges(t *testing.T) {
+	many := func(n int, step uint32) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = uint32(i) * step
+		}
+		return out
+	}
+	tools := make(map[string][]uint32)
+	for i := range maxTraceRanges + 1 {
+		tools[fmt.Sprintf("t%02d", i)] = []uint32{1}
+	}
+	for _, tc := range []struct {
+		name   string
+		points map[string][]uint32
+		want   []traceRange
+	}{
+		{"one run", map[string][]uint32{"a": {100, 101, 400}}, []traceRange{{"a", 100, 400}}},
+		{"a gap", map[string][]uint32{"a": {100, 101, 402, 259300}, "b": {5}}, []traceRange{{"a", 100, 101}, {"a", 402, 402}, {"a", 259300, 259300}, {"b", 5, 5}}},
+		{"too many runs", map[string][]uint32{"a": many(maxTraceRanges+1, traceGap+1), "b": {5}}, []traceRange{{"a", 0, maxTraceRanges * (traceGap + 1)}, {"b", 5, 5}}},
+		{"too many tools", tools, nil},
+	} {
+		if got := traceRanges(tc.points); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: traceRanges = %v; want %v", tc.name, got, tc.want)
+		}
 	}
 }

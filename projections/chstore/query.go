@@ -3,6 +3,7 @@ package chstore
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,55 +28,127 @@ func placeholders(n int) string {
 
 // maxTraceRanges bounds the ranges of the events table a trace reads one
 // by one: a call's events are under one tool, and a few more come from
-// refusals naming others.
+// refusals naming others, or from a compensation or resolution days
+// after the call.
 const maxTraceRanges = 16
+
+// maxTracePoints bounds the (tool, second) points of a key that a trace
+// reads from event_keys to lay out its ranges; a key with more (refusals
+// sent again and again) is read by one range per tool.
+const maxTracePoints = 256
+
+// traceGap is the longest gap, in seconds, between a key's events under
+// one tool that one range of the events table spans: the events table is
+// sorted by tenant, tool and time, so a range reads every event of the
+// tenant's tool in it, and a call resolved or compensated days later
+// would read days of the tool's traffic as one range.
+const traceGap = 300
+
+// traceRange is a span of the events table: one tool's rows from one
+// second to another, both included.
+type traceRange struct {
+	tool     string
+	from, to uint32
+}
+
+// traceRanges lays out the ranges that cover points (the seconds at
+// which a key's events were written, per tool, each tool's ascending):
+// one per run of seconds no more than traceGap apart; or, past
+// maxTraceRanges of those, one per tool from its first second to its
+// last; or nil, past maxTraceRanges tools.
+func traceRanges(points map[string][]uint32) []traceRange {
+	tools := slices.Sorted(maps.Keys(points))
+	if len(tools) > maxTraceRanges {
+		return nil
+	}
+	var out []traceRange
+	for _, tool := range tools {
+		ps := points[tool]
+		r := traceRange{tool, ps[0], ps[0]}
+		for _, p := range ps[1:] {
+			if p-r.to > traceGap {
+				out = append(out, r)
+				r.from = p
+			}
+			r.to = p
+		}
+		out = append(out, r)
+	}
+	if len(out) <= maxTraceRanges {
+		return out
+	}
+	out = out[:0]
+	for _, tool := range tools {
+		ps := points[tool]
+		out = append(out, traceRange{tool, ps[0], ps[len(ps)-1]})
+	}
+	return out
+}
 
 // Trace returns the events under key: refusals first by time, then the
 // call's events by seq, each event once.
 //
 // event_keys tells under which tools and times the key's events were
 // written, so that the events table is read by ranges of its sort key
-// (tenant, tool, time).
+// (tenant, tool, time) around them (traceRanges).
 func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error) {
 	ctx = s.question(ctx)
-	rows, err := s.conn.Query(ctx, "SELECT tool, toUInt32(min(at)), toUInt32(max(at)) FROM "+s.table("event_keys")+
-		" WHERE tenant_id = ? AND idempotency_key = ? GROUP BY tool", key.TenantID, key.IdempotencyKey)
+	rows, err := s.conn.Query(ctx, "SELECT tool, toUInt32(at) AS second FROM "+s.table("event_keys")+
+		" WHERE tenant_id = ? AND idempotency_key = ? GROUP BY tool, second ORDER BY tool, second LIMIT "+strconv.Itoa(maxTracePoints+1),
+		key.TenantID, key.IdempotencyKey)
 	if err != nil {
 		return nil, s.wrapQuestion("trace: read event_keys", err)
 	}
 	var (
-		ranges      []string
-		args        = []any{key.TenantID, key.IdempotencyKey}
+		points      = make(map[string][]uint32)
+		n           int
 		first, last uint32
 	)
 	for rows.Next() {
 		var (
-			tool     string
-			from, to uint32
+			tool   string
+			second uint32
 		)
-		if err := rows.Scan(&tool, &from, &to); err != nil {
+		if err := rows.Scan(&tool, &second); err != nil {
 			rows.Close()
 			return nil, s.wrapQuestion("trace: read event_keys", err)
 		}
-		if len(ranges) == 0 || from < first {
-			first = from
+		if n == 0 || second < first {
+			first = second
 		}
-		last = max(last, to)
-		ranges = append(ranges, "(tool = ? AND at >= toDateTime(?) AND at <= toDateTime(?))")
-		args = append(args, tool, from, to)
+		last = max(last, second)
+		points[tool] = append(points[tool], second)
+		n++
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, s.wrapQuestion("trace: read event_keys", err)
 	}
-	if len(ranges) == 0 {
+	if n == 0 {
 		return nil, projections.ErrNotFound
 	}
-	if len(ranges) > maxTraceRanges {
+	var (
+		ranges []string
+		args   = []any{key.TenantID, key.IdempotencyKey}
+	)
+	if n <= maxTracePoints {
+		for _, r := range traceRanges(points) {
+			ranges = append(ranges, "(tool = ? AND at >= toDateTime(?) AND at <= toDateTime(?))")
+			args = append(args, r.tool, r.from, r.to)
+		}
+	}
+	if len(ranges) == 0 {
 		// Refusals under the key name the tools their envelopes named,
 		// any number of them (an agent can send thousands): a range
 		// each would outgrow the query's size limit and make the call
 		// unreadable. One range over the key's tools and times instead.
+		if n > maxTracePoints {
+			// The points read were the first tools' only.
+			if err := s.conn.QueryRow(ctx, "SELECT toUInt32(min(at)), toUInt32(max(at)) FROM "+s.table("event_keys")+
+				" WHERE tenant_id = ? AND idempotency_key = ?", key.TenantID, key.IdempotencyKey).Scan(&first, &last); err != nil {
+				return nil, s.wrapQuestion("trace: read event_keys", err)
+			}
+		}
 		ranges = []string{"(tool IN (SELECT tool FROM " + s.table("event_keys") + " WHERE tenant_id = ? AND idempotency_key = ?)" +
 			" AND at >= toDateTime(?) AND at <= toDateTime(?))"}
 		args = []any{key.TenantID, key.IdempotencyKey, key.TenantID, key.IdempotencyKey, first, last}
