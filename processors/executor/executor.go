@@ -1471,15 +1471,7 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 		return &refusal{reason: ReasonArgumentIntegrity, detail: "the stored arguments do not decode"}
 	}
 	if tmpl.ResourceVersion != "" && x.cfg.Versions != nil {
-		// Bounded as one of the tool's requests, and to half the
-		// call's time: a version endpoint that hangs must not take the
-		// call's time (which would end it, as not started), nor hold
-		// the claim until its lease runs out.
-		budget := tool.Timeout()
-		if dl, ok := ctx.Deadline(); ok {
-			budget = min(budget, time.Until(dl)/2)
-		}
-		vctx, cancel := context.WithTimeout(ctx, budget)
+		vctx, cancel := context.WithTimeout(ctx, checkBudget(ctx, tool))
 		v, declared, err := processors.ResourceVersion(vctx, x.cfg.Versions, x.base, tool, args, rec.Key.TenantID)
 		cancel()
 		if err == nil && declared && v != tmpl.ResourceVersion {
@@ -1510,7 +1502,10 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	// (and its request leave once the copy caught up, under the newer
 	// one), where the intake decides nothing on such a copy.
 	if x.cfg.Freezes != nil {
-		if err := x.cfg.Freezes.Current(ctx, x.cfg.ControlMaxStaleness); err != nil {
+		cctx, cancel := context.WithTimeout(ctx, checkBudget(ctx, tool))
+		err := x.cfg.Freezes.Current(cctx, x.cfg.ControlMaxStaleness)
+		cancel()
+		if err != nil {
 			return &refusal{reason: ReasonUnavailable, detail: "the policies in force are not known: the control topic's copy is not current (" + err.Error() + ")", later: true}
 		}
 	}
@@ -1535,6 +1530,19 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	c.tmpl.Obligations = d.Obligations.Merge(carriedObligations(tmpl.Obligations)).List()
 	c.rechecked = &d
 	return nil
+}
+
+// checkBudget bounds a read that a check before the call's request makes
+// (the resource's version, a current copy of the control topic) as one
+// of the tool's requests, and to half the call's time: one that hangs
+// must not take the call's time (which would end it, as not started),
+// nor hold the claim until its lease runs out; the call is given back.
+func checkBudget(ctx context.Context, tool *schemas.Tool) time.Duration {
+	budget := tool.Timeout()
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(dl)/2)
+	}
+	return budget
 }
 
 // gate is the checks made right before a request leaves (attempt: the

@@ -183,20 +183,7 @@ func TestApprovedCallSurvivesAnUnreadableVersion(t *testing.T) {
 	x := r.executor(func(c *executor.Config) {
 		c.Versions, c.SweepEvery = versions, time.Nanosecond
 	})
-	out, err := x.Step(t.Context(), []*kgo.Record{approved})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := summary(decodeAll(t, out.Records)); len(got) != 0 {
-		t.Fatalf("a version that could not be read appended %v; want nothing (the call waits)", got)
-	}
-	rec, err := r.store.Get(t.Context(), ev.Key())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" {
-		t.Fatalf("record %s owned by %q; want executing, given back", rec.Status, rec.LeaseOwner)
-	}
+	stepGivesBack(t, r, x, approved, ev.Key(), "a version that could not be read")
 	if diff := cmp.Diff([]string{"executing", "succeeded"}, stepUntilItRuns(t, x)); diff != "" {
 		t.Errorf("once the version reads (-want +got):\n%s", diff)
 	}
@@ -694,5 +681,49 @@ forbid (principal, action == Action::"tool::refund_order", resource);`))
 	stepEndsAs(t, r.executor(func(c *executor.Config) { c.Policy, c.Freezes = cp, cp }), approved, []string{"denied(denied_by_policy)"}, "")
 	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kc"); n != 0 {
 		t.Errorf("refund applied %d times; want 0 (the version in force denies it)", n)
+	}
+}
+
+// An approved call whose re-check waits for a copy of the control topic
+// that does not catch up sends nothing and is not ended: the wait is
+// bounded as the resource version's read is, the claim is given back,
+// and once the copy is current the call runs, once. Before, the wait
+// took the call's whole time, and the call ended failed,
+// deadline_exceeded, its approval used up.
+func TestApprovedCallWaitsOutAStaleControlCopy(t *testing.T) {
+	r := newRig(t)
+	ev, approved := r.admitApproved("ks", time.Now().Add(time.Hour), "")
+	fz := &switchedFreezes{fresh: make(chan struct{})}
+	fz.stale.Store(true)
+	engine := processorstest.Policy(t, processorstest.PolicyDir(t, `permit (principal, action, resource);`))
+	x := r.executor(func(c *executor.Config) { c.Policy, c.Freezes, c.SweepEvery = engine, fz, time.Nanosecond })
+	stepGivesBack(t, r, x, approved, ev.Key(), "a re-check on a stale copy")
+	close(fz.fresh)
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, stepUntilItRuns(t, x)); diff != "" {
+		t.Errorf("once the copy is current (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/ks"); n != 1 {
+		t.Errorf("refund applied %d times; want 1", n)
+	}
+}
+
+// stepGivesBack runs a step of x on rec, which must append nothing (the
+// call waits, what happened says why) and leave the call under key
+// executing, its claim given back.
+func stepGivesBack(t *testing.T, r *rig, x *executor.Executor, rec *kgo.Record, key ledger.CallKey, what string) {
+	t.Helper()
+	out, err := x.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(decodeAll(t, out.Records)); len(got) != 0 {
+		t.Fatalf("%s appended %v; want nothing (the call waits)", what, got)
+	}
+	stored, err := r.store.Get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.Status != processors.StatusExecuting || stored.LeaseOwner != "" {
+		t.Fatalf("record %s owned by %q; want executing, given back", stored.Status, stored.LeaseOwner)
 	}
 }
