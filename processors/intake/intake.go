@@ -770,6 +770,12 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		return refuse(c.key(), ReasonInvalidArguments, ptr, detail)
 	}
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose, Roles: id.Roles}
+	if stale == "" {
+		// Fresh when the policies were synced, and still, now that the
+		// call is decided: the step's checks before (an assertion's
+		// key refresh, say) can outlast the bound.
+		stale = p.controlStale()
+	}
 	if stale != "" {
 		// An activation not yet read may deny the call: deciding it
 		// under the version this copy last saw would not honour it.
@@ -1008,7 +1014,8 @@ func rateBucket(id identity.Identity, tool string, rl policy.RateLimit) string {
 // topic's copy holds, and says why that copy is too old to decide with
 // ("" when it is not), as it was before: a copy that catches up after
 // the policies were brought to it, while the calls are checked, must not
-// pass them decided with the version it held when stale.
+// pass them decided with the version it held when stale. Each call is
+// checked again when it is decided (checkCall).
 func (p *Processor) syncPolicies() (stale string) {
 	stale = p.controlStale()
 	if p.cfg.SyncPolicies != nil {

@@ -728,6 +728,29 @@ func TestIntakeDecidesNothingSyncedFromAStaleCopy(t *testing.T) {
 	}
 }
 
+// staleningControls is a copy of the control topic current when a step
+// syncs its policies that goes stale while the step checks its calls
+// (its kill switch is asked before the decision).
+type staleningControls struct{ staleControls }
+
+func (s *staleningControls) Frozen(string, string) (control.Action, bool) {
+	s.staleness.Store(int64(time.Minute))
+	return control.Action{}, false
+}
+
+// A copy of the control topic current when the step synced its policies
+// but stale by the time a call is decided (the step's checks before it,
+// an assertion's key refresh say, outlasted the bound) does not decide
+// it either: the bound holds when a call is decided, as before the
+// step's one verdict was taken.
+func TestIntakeDecidesNothingOnACopyGoneStale(t *testing.T) {
+	controls := &staleningControls{}
+	f := newIntakeWith(t, func(c *intake.Config) { c.Freezes, c.ControlMaxStaleness = controls, 2*time.Second })
+	if _, got := f.step(t, f.envelopeRecord(t, "gone-stale", map[string]any{"title": "t"})); !slices.Equal(got, []string{"gone-stale:denied/" + intake.ReasonControlStale}) {
+		t.Errorf("a call decided once the copy went stale: %v; want refused for now (control_state_stale)", got)
+	}
+}
+
 // A step decides its calls with the policy version its copy of the
 // control topic activates (SyncPolicies), not with the one the engine
 // held at its last tick of following the activations. Before, calls
