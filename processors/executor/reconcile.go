@@ -677,6 +677,20 @@ attempts:
 				log.Debug("not found yet; asking again after the last attempt's time is up")
 				return pendingMove{}, false, nil
 			}
+			// An operator's compensation of the call under way may undo
+			// it (its executor found the call undoable before this
+			// answer): recorded failed now, the call would say it had no
+			// effect while its undo ran. The compensation's outcome
+			// settles it, as resolve refuses an operator's failed
+			// (ErrUndoUnderWay).
+			switch comp, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey()); {
+			case errors.Is(err, processors.ErrNotFound):
+			case err != nil:
+				return r.unanswered(rec, tmpl, tool, fmt.Errorf("read its compensation: %w", err), "its compensation could not be read to settle it failed")
+			case !undoneNothing(comp.Status):
+				log.Info("not found, but its compensation is under way: its outcome settles the call", "compensation", comp.Status)
+				return pendingMove{}, false, nil
+			}
 			return r.settle(rec, tmpl, processors.StatusFailed, statemachine.EventFailed, ReasonReconciled,
 				"status lookup: the tool has no trace of the call; it did not apply it", "", 0), true, nil
 		case err == nil:

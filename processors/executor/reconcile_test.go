@@ -798,3 +798,30 @@ func TestReconcileCallNewerThanThePassKeepsItsWait(t *testing.T) {
 		t.Errorf("the passes' sweeps (-want +got):\n%s", diff)
 	}
 }
+
+// A call whose lookup finds nothing while an operator's compensation of
+// it is under way is not recorded failed: its undo may run (its executor
+// found the call undoable), and the call would say it had no effect
+// while it was undone. Once the compensation ended having undone
+// nothing, the lookup settles the call failed. Before, the lookup
+// recorded it failed at once, the state resolve refuses an operator
+// (ErrUndoUnderWay).
+func TestReconcileNotFoundLeavesACallBeingUndone(t *testing.T) {
+	r := newRig(t)
+	unknown, rec := r.unknownNeverSent("undoing")
+	comp := r.admitCompensation(rec.Key, "u_operator")
+	late := r.reconcilerAt(func() time.Time { return rec.UpdatedAt.Add(2*time.Second + executor.NotFoundSkew + time.Second) })
+	if got := r.reconcile(late, unknown); len(got) != 0 {
+		t.Errorf("reconciled %v while its compensation is authorized; want nothing", got)
+	}
+	if st, err := r.store.Get(t.Context(), rec.Key); err != nil || st.Status != processors.StatusOutcomeUnknown {
+		t.Fatalf("the call is %s (%v); want outcome_unknown until its compensation ends", st.Status, err)
+	}
+	r.backend.SetFault("cancel_refund", demobackend.Fault{FailStatus: 400})
+	if _, err := r.executor(nil).Step(t.Context(), []*kgo.Record{comp}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(late, unknown)); diff != "" {
+		t.Errorf("once the compensation undid nothing (-want +got):\n%s", diff)
+	}
+}
