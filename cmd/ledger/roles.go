@@ -684,11 +684,11 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
-				if floor := executor.LandingWindow(reg); unanswered > 0 && unanswered < floor {
+				if floor := executor.LandingWindow(reg, credentials.DefaultSkew); unanswered > 0 && unanswered < floor {
 					// An undo asked for under undo_unknown may reach the
 					// tool before the call's last attempt lands, and
 					// cancel nothing.
-					logger.Warn("--unanswered-for is shorter than a tool's timeout and its clock skew: a call parked for unanswered lookups and undone under undo_unknown may have its last attempt land after its compensation",
+					logger.Warn("--unanswered-for is shorter than a call's request may still land (a tool's timeout, or how long past their expiry the tools accept credentials, and clock skew): a call parked for unanswered lookups and undone under undo_unknown may have its last attempt land after its compensation",
 						"unanswered_for", unanswered, "longest_landing", floor)
 				}
 				rc, err := executor.NewReconciler(executor.ReconcilerConfig{
@@ -756,7 +756,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	cf.register(cmd.Flags())
 	idf.registerStaff(cmd.Flags())
 	tf.register(cmd.Flags(), "base URL that relative status lookup URLs resolve against")
-	cmd.Flags().DurationVar(&unanswered, "unanswered-for", executor.DefaultUnansweredFor, "how long a call may stay outcome_unknown with no status lookup answering (each pass's lookups failed, timed out or held off by the breaker; asked again at every sweep meanwhile) before it is parked for a human (status_lookup_failed): counted from the end of this reconciler's first round of lookups of the call that failed (after a restart the wait starts again), and at least as long since the call's last change; 0: the default. Keep it longer than the tools' timeouts (a warning says when it is not): a call parked so and undone under undo_unknown may have its last attempt land after its compensation")
+	cmd.Flags().DurationVar(&unanswered, "unanswered-for", executor.DefaultUnansweredFor, "how long a call may stay outcome_unknown with no status lookup answering (each pass's lookups failed, timed out or held off by the breaker; asked again at every sweep meanwhile) before it is parked for a human (status_lookup_failed): counted from the end of this reconciler's first round of lookups of the call that failed (after a restart the wait starts again), and at least as long since the call's last change; 0: the default. Keep it longer than the tools' timeouts and the 30 s past their expiry that tools accept credentials, and 5 s (a warning says when it is not): a call parked so and undone under undo_unknown may have its last attempt land after its compensation")
 	pf.register(cmd.Flags(), false)
 	pf.registerRefusals(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "", "where to serve the operators' APIs: /v1/resolutions, /v1/compensations, /v1/control (needs --issuer and --jwks-*); empty: not served")

@@ -156,6 +156,17 @@ type ReconcilerConfig struct {
 	// Credentials mints the lookup's credential (the tool checks it as it
 	// checks the call's). Nil sends none.
 	Credentials Minter
+	// CredentialSkew is how long past its expiry a tool accepts a call's
+	// credential (its verifier's Skew). A call's credential expires by
+	// its claim's lease, before another executor takes the call over; but
+	// an executor paused past that lease with its request about to leave
+	// can still have it accepted until then. So a status lookup's
+	// not_found is not final, nor a park's compensation asked for, until
+	// it has passed since the outcome was recorded (as the tool's
+	// timeout must). Zero: credentials.DefaultSkew when Credentials is
+	// set (the deployment mints credentials), none otherwise; negative:
+	// none.
+	CredentialSkew time.Duration
 	// Secrets holds the backends' long-lived secrets (registry
 	// backend.secret_ref), sent with the lookups of a tool that demands
 	// one as with its calls. Nil: the lookups of such a tool fail, and
@@ -318,6 +329,9 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = nopReconcilerMetrics{}
+	}
+	if cfg.CredentialSkew == 0 && cfg.Credentials != nil {
+		cfg.CredentialSkew = credentials.DefaultSkew
 	}
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Now == nil {
@@ -672,8 +686,9 @@ attempts:
 			// is the store's clock (PostgreSQL's, CockroachDB's now()),
 			// this one the reconciler's: a host running ahead of the
 			// database would end the wait early, so it lasts
-			// notFoundSkew longer.
-			if sent.Before(rec.UpdatedAt.Add(tool.Timeout() + notFoundSkew)) {
+			// notFoundSkew longer. A paused executor's request may land
+			// later, while its credential is accepted (CredentialSkew).
+			if sent.Before(rec.UpdatedAt.Add(landing(tool, r.cfg.CredentialSkew))) {
 				log.Debug("not found yet; asking again after the last attempt's time is up")
 				return pendingMove{}, false, nil
 			}
@@ -827,29 +842,36 @@ func (r *Reconciler) park(rec processors.Record, tmpl ledger.Event, tool *schema
 }
 
 // parkOrWait parks rec at once (park), unless the park would ask for its
-// compensation while the call's last attempt may still land: that attempt
-// started before the outcome was recorded and lasts at most the tool's
-// timeout (as a status lookup's not_found waits for, notFoundSkew for
-// the clocks). An undo sent before it lands cancels nothing, and the call
-// would be recorded compensated with its effect standing. Until then it
-// is left for a later sweep.
+// compensation while the call's last attempt may still land (landing, as
+// a status lookup's not_found waits for). An undo sent before it lands
+// cancels nothing, and the call would be recorded compensated with its
+// effect standing. Until then it is left for a later sweep.
 func (r *Reconciler) parkOrWait(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) (pendingMove, bool, error) {
-	if r.undoes(tmpl, tool) && r.cfg.Now().Before(rec.UpdatedAt.Add(tool.Timeout()+notFoundSkew)) {
+	if r.undoes(tmpl, tool) && r.cfg.Now().Before(rec.UpdatedAt.Add(landing(tool, r.cfg.CredentialSkew))) {
 		r.cfg.Logger.Debug("outcome unknown, to be undone once its last attempt can no longer land", "call_key", rec.Key.String(), "reason", reason)
 		return pendingMove{}, false, nil
 	}
 	return r.park(rec, tmpl, tool, reason, detail), true, nil
 }
 
-// LandingWindow is how long after a call's outcome was recorded unknown
-// its last attempt may still land, for the longest of reg's tools: its
-// timeout, and notFoundSkew for the clocks.
-func LandingWindow(reg *schemas.Registry) time.Duration {
+// landing is how long after a call of tool was recorded outcome_unknown
+// a request of it may still land at the tool: its last attempt started
+// before and lasts at most the tool's timeout; a paused executor's, not
+// yet sent, is accepted while its credential is, at most credentialSkew
+// past its expiry (which came before the outcome was recorded); and
+// notFoundSkew more for the clocks.
+func landing(tool *schemas.Tool, credentialSkew time.Duration) time.Duration {
+	return max(tool.Timeout(), credentialSkew) + notFoundSkew
+}
+
+// LandingWindow is landing for the longest of reg's tools, with the
+// tools' credential skew (ReconcilerConfig.CredentialSkew, as set).
+func LandingWindow(reg *schemas.Registry, credentialSkew time.Duration) time.Duration {
 	var longest time.Duration
 	for _, t := range reg.Tools() {
-		longest = max(longest, t.Timeout())
+		longest = max(longest, landing(t, credentialSkew))
 	}
-	return longest + notFoundSkew
+	return longest
 }
 
 // undoes reports whether a park of a call of tool, decided as tmpl says,

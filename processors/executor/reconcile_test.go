@@ -825,3 +825,43 @@ func TestReconcileNotFoundLeavesACallBeingUndone(t *testing.T) {
 		t.Errorf("once the compensation undid nothing (-want +got):\n%s", diff)
 	}
 }
+
+// Where the deployment mints credentials, a status lookup's not_found is
+// not final until the tools stop accepting the call's credentials: an
+// executor paused past its claim's lease with its request about to leave
+// has it accepted until its expiry (before the outcome was recorded)
+// plus the tools' skew. Before, not_found was final the tool's timeout
+// and 5 s after the outcome, and such a request could apply a call
+// recorded failed.
+func TestReconcileNotFoundWaitsOutTheCredentialSkew(t *testing.T) {
+	broker, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		set  func(*executor.ReconcilerConfig)
+		skew time.Duration
+	}{
+		{"default, with credentials", func(c *executor.ReconcilerConfig) { c.Credentials = broker }, credentials.DefaultSkew},
+		{"set", func(c *executor.ReconcilerConfig) { c.CredentialSkew = 20 * time.Second }, 20 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			unknown, rec := r.unknownNeverSent("paused")
+			at := func(d time.Duration) *executor.Reconciler {
+				return r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+					tc.set(c)
+					c.Now = func() time.Time { return rec.UpdatedAt.Add(d) }
+				})
+			}
+			const timeout = 2 * time.Second // create_ticket's
+			if got := r.reconcile(at(timeout+executor.NotFoundSkew+time.Second), unknown); len(got) != 0 {
+				t.Errorf("reconciled %v past the tool's timeout, within the credential skew; want nothing yet", got)
+			}
+			if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(at(tc.skew+executor.NotFoundSkew+time.Second), unknown)); diff != "" {
+				t.Errorf("past the credential skew (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
