@@ -392,6 +392,14 @@ func (q *queries) trace(w http.ResponseWriter, r *http.Request, id Operator) {
 		writeError(w, http.StatusForbidden, apiError{Code: "forbidden", Message: "an operator of tenant " + id.Tenant + " may ask about that tenant only"})
 		return
 	}
+	// A trace is a question as the others are, on the same connections:
+	// unbounded, one tenant's operator tracing in parallel would hold the
+	// pool every tenant's agents look their calls up through.
+	end, ok := q.limit.start(w, id.Tenant)
+	if !ok {
+		return
+	}
+	defer end()
 	ctx, cancel := context.WithTimeout(r.Context(), q.cfg.Timeout)
 	defer cancel()
 	evs, err := q.cfg.Queries.Trace(ctx, key)

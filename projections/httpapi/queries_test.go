@@ -302,6 +302,29 @@ func TestQuestionsBoundedOverall(t *testing.T) {
 	<-running
 }
 
+// A trace takes a question's place as the other questions do: with a
+// tenant's MaxQuestionsPerTenant running, its next trace is answered 429
+// too_many_questions. Before, traces were unbounded, and one tenant's
+// operator tracing in parallel held the connections every tenant's
+// agents look their calls up through.
+func TestTracesBoundedAsQuestions(t *testing.T) {
+	q := stalledQueries{deadlines: make(chan bool, 2)}
+	u, as := stalledQuestions(t, q, httpapi.QueryConfig{MaxQuestionsPerTenant: 1})
+	trace := strings.Replace(u, httpapi.PathBlastRadius+"?tool=refund_order", httpapi.PathTrace+"t_a/k1", 1)
+	first := make(chan int, 1)
+	go func() {
+		status, _, _ := getAs(t, trace, as("t_a"))
+		first <- status
+	}()
+	<-q.deadlines // t_a's first trace is running
+	for _, next := range []string{trace, u} {
+		if status, code, _ := getAs(t, next, as("t_a")); status != http.StatusTooManyRequests || code != "too_many_questions" {
+			t.Errorf("%s of t_a while its trace runs = %d %q; want 429 too_many_questions", next, status, code)
+		}
+	}
+	<-first
+}
+
 // bigAnswers answers every blast radius with 200,000 calls: megabytes of
 // JSON, more than a socket buffers.
 type bigAnswers struct{ projections.Queries }
