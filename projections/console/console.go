@@ -140,6 +140,11 @@ type Config struct {
 	// one ends their oldest, so that no one user can fill MaxSessions and
 	// sign everyone else out.
 	MaxSessionsPerUser int
+	// CompensateAllBound bounds a confirmed compensate-all's requests,
+	// carried out whole whatever the browser does meanwhile; those not
+	// sent by then are said to be not sent. Default
+	// DefaultCompensateAllBound.
+	CompensateAllBound time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Logger; nil discards. No assertion is ever logged.
@@ -152,6 +157,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxSessionsPerUser <= 0 {
 		c.MaxSessionsPerUser = DefaultMaxSessionsPerUser
+	}
+	if c.CompensateAllBound <= 0 {
+		c.CompensateAllBound = DefaultCompensateAllBound
 	}
 	if c.Now == nil {
 		c.Now = time.Now

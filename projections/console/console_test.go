@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1460,6 +1461,33 @@ func TestCompensateAllOutlivesTheBrowser(t *testing.T) {
 	// refund-2's tool declares no compensation (the fake's refusal).
 	if flash := followFlash(t, b, w.Result()); !strings.Contains(flash, "asked to compensate 2 of 3") || strings.Contains(flash, "broken off") {
 		t.Errorf("flash %q; want every call asked, the browser gone after the first, none broken off", flash)
+	}
+}
+
+// A compensate-all whose bound runs out says the calls it did not get to
+// were not sent, and sends none of them. Before, the loop went on past
+// the bound: each request failed before it left (at ledger api's proxy)
+// and was reported as sent, its answer broken off, so maybe asked.
+func TestCompensateAllSaysWhatItDidNotSend(t *testing.T) {
+	fx := newFixture(t, func(*fixture) fixtureOpt {
+		return func(c *Config) { c.CompensateAllBound = time.Second }
+	})
+	b := fx.signedIn(assertOperator)
+	digest := compensateAllDigest(t, b)
+	var asked atomic.Int64
+	fx.api.mu.Lock()
+	fx.api.afterCompensation = func() {
+		asked.Add(1)
+		time.Sleep(1200 * time.Millisecond) // the bound runs out
+	}
+	fx.api.mu.Unlock()
+	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"fraud"}, "digest": {digest}})
+	flash := followFlash(t, b, w.Result())
+	if n := asked.Load(); n != 1 {
+		t.Errorf("%d compensations asked; want 1, none past the bound", n)
+	}
+	if !strings.Contains(flash, "asked to compensate 1 of 3") || !strings.Contains(flash, "2 not sent") || strings.Contains(flash, "broken off") {
+		t.Errorf("flash %q; want one asked, the other two said to be not sent", flash)
 	}
 }
 

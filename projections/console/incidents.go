@@ -551,8 +551,8 @@ func (c *Console) postIncidentAction(w http.ResponseWriter, r *http.Request, s *
 	}
 }
 
-// compensateAllBound bounds a confirmed compensate-all's requests.
-const compensateAllBound = 15 * time.Minute
+// DefaultCompensateAllBound is Config.CompensateAllBound's default.
+const DefaultCompensateAllBound = 15 * time.Minute
 
 // compensateAll asks a compensation for every succeeded call the question
 // lists now, provided they are the calls the person confirmed.
@@ -576,12 +576,20 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 	// (a proxy's idle timeout, a tab closed), within a bound. A thousand
 	// requests can take minutes, and each one after the connection went
 	// was failed at once, reported as sent.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), compensateAllBound)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), c.cfg.CompensateAllBound)
 	defer cancel()
 	r = r.WithContext(ctx)
-	var ok int
+	var ok, unsent int
 	var refusals, unknown []string
-	for _, k := range keys {
+	for i, k := range keys {
+		if ctx.Err() != nil {
+			// Past the bound a request would fail before it left, and
+			// be counted as sent, maybe asked.
+			unsent = len(keys) - i
+			c.cfg.Logger.Warn("compensate-all ran out of its time; the rest not sent",
+				"user", s.id.User, "bound", c.cfg.CompensateAllBound, "not_sent", unsent)
+			break
+		}
 		if _, err := c.compensate(r, s, k, reason); err != nil {
 			if errors.Is(err, errActionBrokenOff) {
 				// Sent, and maybe taken: not a refusal.
@@ -612,5 +620,8 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 			text += "; …"
 		}
 	}
-	c.redirect(w, r, s, back, flash{OK: len(refusals) == 0 && len(unknown) == 0, Text: text})
+	if unsent > 0 {
+		text += fmt.Sprintf(" %d not sent: the %s this may take ran out; compensate them again.", unsent, c.cfg.CompensateAllBound)
+	}
+	c.redirect(w, r, s, back, flash{OK: len(refusals) == 0 && len(unknown) == 0 && unsent == 0, Text: text})
 }
