@@ -22,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/console"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/projector"
@@ -78,11 +79,15 @@ person's assertion.`,
 			if err != nil {
 				return fmt.Errorf("the console and the queries need operators' and approvers' keys: %w", err)
 			}
-			st, err := ch.open(ctx, logger.With("component", "chstore"))
-			if err != nil {
+			// Opened in the background (below), as the results' store is:
+			// a ClickHouse that does not answer costs the lookups and
+			// questions (failing as in its outage), and must not keep
+			// the submissions, approvals and kill switch from starting.
+			if err := ch.check(); err != nil {
 				return err
 			}
-			defer st.Close()
+			st := &laterQueries{}
+			defer st.close()
 			pub, err := newPublisher(g.kafka.client(logger), g.kafka.topics().Requests)
 			if err != nil {
 				return err
@@ -196,9 +201,17 @@ person's assertion.`,
 			if _, err := g.serve(ctx, grp, "api", httpAddr, mux, api.EndWaits); err != nil {
 				return err
 			}
+			grp.Go(func() error {
+				st.open(ctx, "ClickHouse for the lookups and questions not open; they fail until it is", func(ctx context.Context) (*chstore.Store, error) {
+					return ch.open(ctx, logger.With("component", "chstore"))
+				}, logger)
+				return nil
+			})
 			if results != nil {
 				grp.Go(func() error {
-					results.open(ctx, pgstore.Config{DSN: resultsDSN, SkipMigrate: true, Logger: logger.With("component", "results")}, logger)
+					results.open(ctx, "execution store for the agents' results not open; results withheld until it is", func(ctx context.Context) (*pgstore.Store, error) {
+						return pgstore.Open(ctx, pgstore.Config{DSN: resultsDSN, SkipMigrate: true, Logger: logger.With("component", "results")})
+					}, logger)
 					return nil
 				})
 			}
@@ -270,29 +283,37 @@ func apiHealth(activePolicy func() string, lag func(context.Context) (projector.
 // agentCallTimeout bounds the ClickHouse query behind one agent's GET.
 const agentCallTimeout = 10 * time.Second
 
-// laterResults serves results from the execution store once it opened:
-// until then, each read fails (result_withheld unavailable).
-type laterResults struct{ st atomic.Pointer[pgstore.Store] }
+// later is a store ledger api opens in the background: nil until it
+// answered.
+type later[T any] struct{ st atomic.Pointer[T] }
 
-// open opens the store, trying again every resultsRetry until it
-// answers or ctx ends.
-func (l *laterResults) open(ctx context.Context, cfg pgstore.Config, logger *slog.Logger) {
+// open opens the store with open, trying again every laterRetry until it
+// answers or ctx ends; unopened says so in the log at each failure.
+func (l *later[T]) open(ctx context.Context, unopened string, open func(context.Context) (*T, error), logger *slog.Logger) {
 	for {
-		octx, cancel := context.WithTimeout(ctx, resultsRetry)
-		st, err := pgstore.Open(octx, cfg)
+		octx, cancel := context.WithTimeout(ctx, laterRetry)
+		st, err := open(octx)
 		cancel()
 		if err == nil {
 			l.st.Store(st)
 			return
 		}
-		logger.Warn("execution store for the agents' results not open; results withheld until it is", "retry_in", resultsRetry, "err", err)
+		logger.Warn(unopened, "retry_in", laterRetry, "err", err)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(resultsRetry):
+		case <-time.After(laterRetry):
 		}
 	}
 }
+
+// laterRetry is how long ledger api waits for a store to open, and then
+// before it tries again.
+const laterRetry = 10 * time.Second
+
+// laterResults serves results from the execution store once it opened:
+// until then, each read fails (result_withheld unavailable).
+type laterResults struct{ later[pgstore.Store] }
 
 func (l *laterResults) Result(ctx context.Context, key ledger.CallKey) (httpapi.Result, error) {
 	st := l.st.Load()
@@ -308,9 +329,69 @@ func (l *laterResults) close() {
 	}
 }
 
-// resultsRetry is how long ledger api waits for the execution store to
-// open, and then before it tries again.
-const resultsRetry = 10 * time.Second
+// errClickHouseNotOpen answers the lookups and questions, and fails the
+// clickhouse health check, until ledger api's ClickHouse opened.
+var errClickHouseNotOpen = errors.New("clickhouse is not open yet")
+
+// laterQueries answers from ClickHouse once it opened: until then, as in
+// its outage, each lookup and question fails.
+type laterQueries struct{ later[chstore.Store] }
+
+var _ projections.Queries = (*laterQueries)(nil)
+
+func (l *laterQueries) store() (*chstore.Store, error) {
+	if st := l.st.Load(); st != nil {
+		return st, nil
+	}
+	return nil, errClickHouseNotOpen
+}
+
+func (l *laterQueries) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error) {
+	st, err := l.store()
+	if err != nil {
+		return nil, err
+	}
+	return st.Trace(ctx, key)
+}
+
+func (l *laterQueries) BlastRadius(ctx context.Context, f projections.Filter) (projections.BlastRadius, error) {
+	st, err := l.store()
+	if err != nil {
+		return projections.BlastRadius{}, err
+	}
+	return st.BlastRadius(ctx, f)
+}
+
+func (l *laterQueries) Outcomes(ctx context.Context, f projections.Filter, bucket time.Duration) ([]projections.OutcomeCount, error) {
+	st, err := l.store()
+	if err != nil {
+		return nil, err
+	}
+	return st.Outcomes(ctx, f, bucket)
+}
+
+func (l *laterQueries) Unresolved(ctx context.Context, f projections.Filter) ([]projections.Call, error) {
+	st, err := l.store()
+	if err != nil {
+		return nil, err
+	}
+	return st.Unresolved(ctx, f)
+}
+
+// Ping is the clickhouse health check.
+func (l *laterQueries) Ping(ctx context.Context) error {
+	st, err := l.store()
+	if err != nil {
+		return err
+	}
+	return st.Ping(ctx)
+}
+
+func (l *laterQueries) close() {
+	if st := l.st.Load(); st != nil {
+		st.Close()
+	}
+}
 
 // agentCaller is httpapi's Caller: the tenant and user of the agent's
 // identity assertion that the request carries, verified by agents. Its

@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections/console"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/projector"
@@ -66,5 +70,46 @@ func TestAPIHealth(t *testing.T) {
 				t.Errorf("health %+v; want policy v41@abc, lag %d records, unknown %v, breakers unknown (the executors')", h, tc.records, tc.unknown)
 			}
 		})
+	}
+}
+
+// ledger api starts and serves while ClickHouse does not answer: /healthz
+// is 200, the clickhouse check failing it degraded only, and a question
+// fails as in ClickHouse's outage. Before, it refused to start, and a pod
+// restarted during such an outage took the submissions, approvals and
+// kill switch down with the lookups.
+func TestAPIStartsWithoutClickHouse(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	iss, jwks := devIssuerKeys(t, t.TempDir())
+	addrs := freeAddrs(t, 2)
+	addr, nobody := addrs[0], addrs[1]
+	exited := runCommand(t, append(roleArgs(cc, topics), "api", "--http-addr", addr, "--clickhouse-dsn", "clickhouse://"+nobody,
+		"--issuer", DevIssuer, "--jwks-file", jwks, "--secure-cookies=false")...)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
+		return healthz(addr)
+	})
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "degraded") || !strings.Contains(string(body), "clickhouse") {
+		t.Errorf("healthz without ClickHouse: %s; want degraded, saying clickhouse", body)
+	}
+	operator, err := iss.Mint(identity.Identity{Tenant: "t_demo", User: "u_ops", Agent: "test", Roles: []string{"operator"}}, identity.ApproverAudience, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+httpapi.PathTrace+"t_demo/k1", nil)
+	req.Header.Set("Authorization", "Bearer "+operator)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("a trace without ClickHouse = %d; want 503, as in its outage", resp.StatusCode)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
 // freeAddr is a loopback address nobody listens on, for a command under
@@ -579,4 +580,21 @@ func TestDevLoopbackOnly(t *testing.T) {
 			t.Errorf("loopbackOnly(%s) = %v; want nil", addr, err)
 		}
 	}
+}
+
+// devIssuerKeys loads the dev issuer in dir (creating it if need be), as
+// the identity provider a test's roles trust, and writes its public keys
+// to a file of their own, as an operator would configure them; it
+// returns the issuer and the file.
+func devIssuerKeys(t *testing.T, dir string) (*identity.Issuer, string) {
+	t.Helper()
+	iss, err := identity.LoadOrCreateIssuer(filepath.Join(dir, devIssuerFile), DevIssuer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks := filepath.Join(t.TempDir(), "jwks.json")
+	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return iss, jwks
 }

@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -301,14 +299,7 @@ func TestAPIRole(t *testing.T) {
 
 	// The dev issuer stands in for the identity provider: its public
 	// keys in a file, as an operator would configure them.
-	iss, err := devIssuer(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	jwks := filepath.Join(t.TempDir(), "jwks.json")
-	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	iss, jwks := devIssuerKeys(t, dir)
 	if err := cliErr(t, "api", "--kafka-brokers", kafka, "--http-addr", addr, "--clickhouse-dsn", dsn, "--clickhouse-database", db,
 		"--issuer", DevIssuer, "--jwks-file", jwks, "--agents-audience", identity.ApproverAudience); err == nil || !strings.Contains(err.Error(), "--agents-audience") {
 		t.Errorf("ledger api with the agents' audience the staff's: %v; want refused, naming --agents-audience", err)

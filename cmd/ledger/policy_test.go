@@ -366,14 +366,7 @@ func TestExecutorRedecidesWithoutPolicyDir(t *testing.T) {
 	cc, topics, admin := roleCluster(t)
 	dsn, dataDir, versions := freshSchemaDSN(t), t.TempDir(), t.TempDir()
 	writePolicy(t, versions, "lockdown", forbidAll)
-	iss, err := identity.LoadOrCreateIssuer(filepath.Join(dataDir, devIssuerFile), DevIssuer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	jwks := filepath.Join(t.TempDir(), "jwks.json")
-	if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	_, jwks := devIssuerKeys(t, dataDir)
 	addrs := freeAddrs(t, 3)
 	backend, approvalsAddr, execOps := addrs[0], addrs[1], addrs[2]
 	startDemoBackend(t, backend)

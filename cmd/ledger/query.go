@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -45,9 +47,21 @@ func (c *clickhouseFlags) registerLimits(fs *pflag.FlagSet) {
 		"memory ClickHouse may use for each query of a responder's question (max_memory_usage; a blast radius asks two at once), in MiB; a question that needs more is answered 422 question_too_large; -1: the server's own limit")
 }
 
-func (c *clickhouseFlags) open(ctx context.Context, logger *slog.Logger) (*chstore.Store, error) {
+// check refuses flags that no attempt to open could mend.
+func (c *clickhouseFlags) check() error {
 	if c.dsn == "" {
-		return nil, fmt.Errorf("--clickhouse-dsn (or LEDGER_CLICKHOUSE_DSN) is required")
+		return fmt.Errorf("--clickhouse-dsn (or LEDGER_CLICKHOUSE_DSN) is required")
+	}
+	if _, err := clickhouse.ParseDSN(c.dsn); err != nil {
+		// Not echoed: it may hold a password.
+		return errors.New("--clickhouse-dsn: cannot parse the DSN")
+	}
+	return nil
+}
+
+func (c *clickhouseFlags) open(ctx context.Context, logger *slog.Logger) (*chstore.Store, error) {
+	if err := c.check(); err != nil {
+		return nil, err
 	}
 	mem := c.questionMiB << 20
 	if c.questionMiB < 0 {
