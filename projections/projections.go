@@ -326,7 +326,7 @@ type BlastRadius struct {
 	Filter Filter `json:"filter"`
 	// Total is the number of matching calls; Calls lists the first
 	// Filter.Limit of them, most recently updated first (then by tenant
-	// and key), and Truncated says whether some were left out.
+	// and key).
 	Total int    `json:"total"`
 	Calls []Call `json:"calls"`
 	// Truncated: the list stopped at Filter.Limit with calls left out.

@@ -3,7 +3,7 @@
 -- window) are range reads, and ends with the event id so that an event
 -- written twice collapses into one row on merge. Queries never rely on the
 -- merge: they group by event_id. body is the event's exact wire form
--- (ledger.Event.Encode), what Trace returns.
+-- (its record's value), what Trace returns.
 CREATE TABLE IF NOT EXISTS {db}.events
 (
     tenant_id         String,
