@@ -657,12 +657,19 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
+		// The index's outage, or ledger api's ClickHouse not open yet:
+		// the agent's to ask again, not a fault of its request.
 		s.cfg.Logger.Error("read call index", "call_key", key.String(), "err", err)
-		writeError(w, http.StatusInternalServerError, apiError{Code: "internal", Message: "the call index could not be read"})
+		w.Header().Set("Retry-After", callIndexRetryAfter)
+		writeError(w, http.StatusServiceUnavailable, apiError{Code: "call_index_unavailable", Message: "the call index could not be read; ask again"})
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
 }
+
+// callIndexRetryAfter is the Retry-After, in seconds, of a lookup the
+// call index did not answer.
+const callIndexRetryAfter = "5"
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	// All at once, each within the budget: one that hangs (a broker

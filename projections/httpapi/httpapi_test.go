@@ -406,6 +406,32 @@ func (f flakyCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Cal
 	return f.ix.Call(ctx, key)
 }
 
+// A lookup the index does not answer (its outage, or ledger api's
+// ClickHouse not open yet) is answered 503 call_index_unavailable with a
+// Retry-After, which agents' clients take as transient; asked again once
+// the index answers, the call is there.
+func TestLookupTheIndexDidNotAnswer(t *testing.T) {
+	srv, ix := newAPI(t, &publisher{}, func(c *httpapi.Config) {
+		c.Calls = flakyCalls{ix: c.Calls.(*callindex.Index), failed: new(atomic.Bool)}
+	})
+	if err := ix.Apply([]ledger.Event{{EventID: "e1", Type: statemachine.EventRequested, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k9", CallID: "c9"}}); err != nil {
+		t.Fatal(err)
+	}
+	resp := do(t, http.MethodGet, srv.URL+"/v1/calls/k9?tenant_id=t_a", "", "")
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	err := &httpapi.APIError{Status: resp.StatusCode}
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "5" || !strings.Contains(string(body), `"call_index_unavailable"`) || !httpapi.IsTransient(err) {
+		t.Errorf("GET while the index does not answer = %d, Retry-After %q, %s; want 503 call_index_unavailable, Retry-After 5, transient",
+			resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	resp = do(t, http.MethodGet, srv.URL+"/v1/calls/k9?tenant_id=t_a", "", "")
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET once the index answers = %d; want 200", resp.StatusCode)
+	}
+}
+
 // When the index cannot say which refusals were under the key before a
 // submission (its look before publishing failed), a refusal of the same
 // call id dated before the submission arrived is still no answer to it.
