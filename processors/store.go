@@ -124,7 +124,27 @@ type Record struct {
 	Outbox    []byte
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// Credential is the per-call credential the latest claim named
+	// (Claim.Credential), recorded before any request of that claim
+	// left: zero when it named none (a deployment that mints none, or a
+	// record of an older build).
+	Credential CallCredential
 }
+
+// CallCredential names a call's per-call credential by its jti and its
+// family (credentials.Credential's), never by its token: what an
+// incident responder asks the events about, and revokes.
+type CallCredential struct {
+	JTI    string
+	Family string
+}
+
+// IsZero reports whether c names no credential.
+func (c CallCredential) IsZero() bool { return c == CallCredential{} }
+
+// maxCredentialName bounds a jti and a family in a claim: the ledger's
+// are 22 and at most 270 bytes (a tool, a tenant and an epoch).
+const maxCredentialName = 512
 
 // Unlogged reports whether the record holds events that may be missing from
 // the log.
@@ -271,6 +291,12 @@ type Claim struct {
 	// record's Seq). The intake then need not mark its admission logged
 	// in a write of its own. A claim from a sweep leaves it zero.
 	Logged int64
+	// Credential names the credential the claimer will send the call's
+	// requests with, if any: a claim that wins records it (zero: none),
+	// in the same write, so that whoever claims the call after this
+	// claim's lease ran out learns what may have reached the tool under
+	// it (ClaimResult.Prior).
+	Credential CallCredential
 }
 
 // ClaimOutcome says what Claim found.
@@ -303,6 +329,11 @@ const (
 type ClaimResult struct {
 	Outcome ClaimOutcome
 	Record  Record
+	// Prior, for Reclaimed, is the credential the expired claim named
+	// (its Claim.Credential), which may have reached the tool: zero
+	// when it named none, and for every other outcome (a released
+	// claim sent nothing).
+	Prior CallCredential
 }
 
 // Completion records a claimed call's outcome, fenced by the epoch.
@@ -498,6 +529,9 @@ func CheckClaims(cs []Claim) error {
 	for i, c := range cs {
 		if c.Lease <= 0 || c.Owner == "" {
 			return fmt.Errorf("claim %d (%v): want a positive lease and an owner, got %v and %q", i, c.Key, c.Lease, c.Owner)
+		}
+		if len(c.Credential.JTI) > maxCredentialName || len(c.Credential.Family) > maxCredentialName {
+			return fmt.Errorf("claim %d (%v): a credential's jti and family are at most %d bytes, got %d and %d", i, c.Key, maxCredentialName, len(c.Credential.JTI), len(c.Credential.Family))
 		}
 	}
 	return nil

@@ -320,6 +320,10 @@ type diskRecord struct {
 	Outbox         []byte            `json:"outbox,omitempty"`
 	CreatedAt      time.Time         `json:"created_at"`
 	UpdatedAt      time.Time         `json:"updated_at"`
+	// Absent from the records of builds before per-call credentials: they
+	// read as none.
+	JTI              string `json:"jti,omitempty"`
+	CredentialFamily string `json:"credential_family,omitempty"`
 }
 
 func toDisk(r processors.Record) diskRecord {
@@ -330,6 +334,7 @@ func toDisk(r processors.Record) diskRecord {
 		Epoch: r.Epoch, Attempt: r.Attempt, LeaseOwner: r.LeaseOwner, LeaseUntil: r.LeaseUntil,
 		Result: r.Result, Seq: r.Seq, LoggedSeq: r.LoggedSeq, Outbox: r.Outbox,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		JTI: r.Credential.JTI, CredentialFamily: r.Credential.Family,
 	}
 }
 
@@ -341,6 +346,7 @@ func (d diskRecord) record() processors.Record {
 		Epoch: d.Epoch, Attempt: d.Attempt, LeaseOwner: d.LeaseOwner, LeaseUntil: d.LeaseUntil,
 		Result: d.Result, Seq: d.Seq, LoggedSeq: d.LoggedSeq, Outbox: d.Outbox,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
+		Credential: processors.CallCredential{JTI: d.JTI, Family: d.CredentialFamily},
 	}
 }
 
@@ -627,10 +633,15 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 		return nil, fmt.Errorf("boltstore claim: %w: %w", processors.ErrRejected, err)
 	}
 	for i, c := range cs {
-		// The owner is stored; the key only looked up (a key that is not
-		// valid UTF-8 was never admitted, so it is Missing).
-		if err := checkString("owner", c.Owner); err != nil {
-			return nil, fmt.Errorf("boltstore claim: claim %d: %w", i, err)
+		// The owner and the credential are stored; the key only looked
+		// up (a key that is not valid UTF-8 was never admitted, so it is
+		// Missing).
+		for _, f := range []struct{ what, v string }{
+			{"owner", c.Owner}, {"jti", c.Credential.JTI}, {"credential family", c.Credential.Family},
+		} {
+			if err := checkString(f.what, f.v); err != nil {
+				return nil, fmt.Errorf("boltstore claim: claim %d: %w", i, err)
+			}
 		}
 	}
 	if len(cs) == 0 {
@@ -671,7 +682,10 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 				// nothing.
 				out[i].Outcome = processors.Claimed
 			case cur.Status == processors.StatusExecuting && cur.LeaseUntil.Before(x.now):
+				// Its owner may have sent, under the credential it
+				// recorded.
 				out[i].Outcome = processors.Reclaimed
+				out[i].Prior = cur.Credential
 			case cur.Status == processors.StatusExecuting:
 				out[i].Outcome = processors.Busy
 				continue
@@ -688,6 +702,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 			next.LeaseUntil = x.now.Add(c.Lease)
 			next.UpdatedAt = x.now
 			next.LoggedSeq = max(cur.LoggedSeq, min(c.Logged, cur.Seq))
+			next.Credential = c.Credential
 			if err := x.put(&cur, next); err != nil {
 				return err
 			}

@@ -738,3 +738,66 @@ func TestClaimOfANewerStatus(t *testing.T) {
 		t.Errorf("outcomes %v, %v; want not ready for the newer status, claimed for the other", res[0].Outcome, res[1].Outcome)
 	}
 }
+
+// TestCredentialOnDisk: a claim's credential is in the file under its own
+// JSON names, and survives a reopen; a record of a build before per-call
+// credentials (without those names) reads as naming none, so the claim
+// that takes its lapsed call over has no Prior, and records its own.
+func TestCredentialOnDisk(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	clock := &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	ctx := t.Context()
+	s := openAt(t, path, clock.Now)
+	if _, err := s.Admit(ctx, []processors.Admission{admission(k1), admission(k2)}); err != nil {
+		t.Fatal(err)
+	}
+	first := processors.CallCredential{JTI: "jti-1", Family: "refund_order/t_acme/1"}
+	if _, err := s.Claim(ctx, []processors.Claim{
+		{Key: k1, ArgumentsHash: "sha256:aa", Owner: "e1", Lease: time.Minute, Credential: first},
+		{Key: k2, ArgumentsHash: "sha256:aa", Owner: "e1", Lease: time.Minute, Credential: first},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// k2's record as the build before wrote it: the same JSON, without
+	// the credential's names.
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		recs := tx.Bucket(bucketRecords)
+		var fields map[string]any
+		if err := json.Unmarshal(recs.Get(recordKey(k1)), &fields); err != nil {
+			return err
+		}
+		if fields["jti"] != first.JTI || fields["credential_family"] != first.Family {
+			return fmt.Errorf("stored record %v; want jti %q and credential_family %q", fields, first.JTI, first.Family)
+		}
+		if err := json.Unmarshal(recs.Get(recordKey(k2)), &fields); err != nil {
+			return err
+		}
+		delete(fields, "jti")
+		delete(fields, "credential_family")
+		v, err := json.Marshal(fields)
+		if err != nil {
+			return err
+		}
+		return recs.Put(recordKey(k2), v)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s = openAt(t, path, clock.Now)
+	defer s.Close()
+	if r, err := s.Get(ctx, k1); err != nil || r.Credential != first {
+		t.Errorf("Get(%v) after reopen = credential %+v, %v; want %+v", k1, r.Credential, err, first)
+	}
+	if r, err := s.Get(ctx, k2); err != nil || !r.Credential.IsZero() || r.Status != processors.StatusExecuting {
+		t.Errorf("Get(an older build's record) = %q credential %+v, %v; want executing, none", r.Status, r.Credential, err)
+	}
+	clock.Advance(2 * time.Minute)
+	second := processors.CallCredential{JTI: "jti-2", Family: "refund_order/t_acme/2"}
+	res, err := s.Claim(ctx, []processors.Claim{{Key: k2, ArgumentsHash: "sha256:aa", Owner: "e2", Lease: time.Minute, Credential: second}})
+	if err != nil || res[0].Outcome != processors.Reclaimed || !res[0].Prior.IsZero() || res[0].Record.Credential != second {
+		t.Errorf("Claim of the older build's lapsed call = %+v, %v; want Reclaimed, no Prior, credential %+v", res, err, second)
+	}
+}

@@ -1025,6 +1025,7 @@ var recordCols = []string{
 	"tenant_id", "idempotency_key", "call_id", "arguments_hash", "tool", "tool_version",
 	"arguments", "deadline_at", "status", "epoch", "attempt", "lease_owner", "lease_until",
 	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at", "user_id",
+	"jti", "credential_family",
 }
 
 // queries holds the SQL with the table name filled in.
@@ -1177,18 +1178,23 @@ RETURNING tenant_id, idempotency_key, deadline_at, created_at`),
 		// through float8, CockroachDB has INT * INTERVAL; both exact at
 		// microsecond precision. logged_seq: a claim made from an event
 		// read from the log records that the record's events up to it
-		// are there (never past the record's seq, never lowered).
+		// are there (never past the record's seq, never lowered). jti and
+		// credential_family: the claim's credential, '' for none, which
+		// replaces the one an earlier claim named (Claim reads that one
+		// first, for a reclaim's Prior).
 		claim: r.Replace(`UPDATE {table} AS r
 SET status = 'executing', epoch = r.epoch + 1, lease_owner = u.owner,
     lease_until = now() + u.lease_us * INTERVAL '1 microsecond', updated_at = now(),
-    logged_seq = GREATEST(r.logged_seq, LEAST(u.logged, r.seq))
-FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, logged, ord
-      FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[])
-           AS u (t, k, h, owner, lease_us, logged, ord)
+    logged_seq = GREATEST(r.logged_seq, LEAST(u.logged, r.seq)),
+    jti = u.jti, credential_family = u.credential_family
+FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, logged, ord, jti, credential_family
+      FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[],
+                  $8::TEXT[], $9::TEXT[])
+           AS u (t, k, h, owner, lease_us, logged, ord, jti, credential_family)
       ORDER BY t, k, h, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.arguments_hash = u.h
   AND (COALESCE(r.status, '') = 'authorized' OR (COALESCE(r.status, '') = 'executing' AND r.lease_until < now()))
-RETURNING u.ord, r.epoch, r.lease_owner, r.lease_until, r.updated_at, r.logged_seq`),
+RETURNING u.ord, r.epoch, r.lease_owner, r.lease_until, r.updated_at, r.logged_seq, r.jti, r.credential_family`),
 		// The fence: epoch and status in the WHERE clause. One completion
 		// per (key, epoch), the first in the batch: only one epoch is
 		// current, so at most one completion per record applies. A
@@ -1339,6 +1345,7 @@ func (x *recordScan) dest() []any {
 		&r.Key.TenantID, &r.Key.IdempotencyKey, &r.CallID, &r.ArgumentsHash, &r.Tool, &x.toolVersion,
 		&r.Arguments, &x.deadline, &x.status, &r.Epoch, &x.attempt, &r.LeaseOwner, &x.leaseUntil,
 		&r.Result, &r.Seq, &r.LoggedSeq, &r.Outbox, &r.CreatedAt, &r.UpdatedAt, &r.UserID,
+		&r.Credential.JTI, &r.Credential.Family,
 	}
 }
 
@@ -1408,11 +1415,12 @@ type claimedRow struct {
 	owner                 string
 	leaseUntil            pgtype.Timestamptz
 	updatedAt             time.Time
+	credential            processors.CallCredential
 }
 
 func scanClaimed(row pgx.CollectableRow) (claimedRow, error) {
 	var c claimedRow
-	err := row.Scan(&c.ord, &c.epoch, &c.owner, &c.leaseUntil, &c.updatedAt, &c.loggedSeq)
+	err := row.Scan(&c.ord, &c.epoch, &c.owner, &c.leaseUntil, &c.updatedAt, &c.loggedSeq, &c.credential.JTI, &c.credential.Family)
 	return c, err
 }
 
@@ -1425,6 +1433,7 @@ func (c claimedRow) apply(r processors.Record) processors.Record {
 	}
 	r.UpdatedAt = c.updatedAt.UTC()
 	r.LoggedSeq = c.loggedSeq
+	r.Credential = c.credential
 	return r
 }
 
@@ -1619,11 +1628,13 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 	}
 	var (
 		ts, ks, hashes, owners []string
+		jtis, families         []string
 		leases, logged, ords   []int64
 	)
 	for i, c := range cs {
 		ts, ks = append(ts, c.Key.TenantID), append(ks, c.Key.IdempotencyKey)
 		hashes, owners = append(hashes, c.ArgumentsHash), append(owners, c.Owner)
+		jtis, families = append(jtis, c.Credential.JTI), append(families, c.Credential.Family)
 		// Rounded up to whole microseconds, the databases' precision.
 		leases = append(leases, int64((c.Lease+time.Microsecond-1)/time.Microsecond))
 		logged, ords = append(logged, c.Logged), append(ords, int64(i))
@@ -1637,7 +1648,7 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 	err := s.inBatchTx(ctx, "claim", s.relaxed(), batchTx{
 		queue: func(b *pgx.Batch) {
 			b.Queue(s.q.selectKeysForUpdate, ts, ks)
-			b.Queue(s.q.claim, ts, ks, hashes, owners, leases, logged, ords)
+			b.Queue(s.q.claim, ts, ks, hashes, owners, leases, logged, ords, jtis, families)
 		},
 		sent: func() { s.failpoint.Hit(failpoint.ClaimSent) },
 		read: func(br pgx.BatchResults) error {
@@ -1726,16 +1737,18 @@ func (s *Store) claimed(ctx context.Context, cs []processors.Claim, before []pro
 		case r.ArgumentsHash != c.ArgumentsHash:
 			out[i] = processors.ClaimResult{Outcome: processors.Mismatch, Record: r}
 		case didWin:
-			outcome := processors.Claimed
+			res := processors.ClaimResult{Outcome: processors.Claimed}
 			if r.Status == processors.StatusExecuting && r.LeaseOwner != "" {
-				// An owner's lease ran out: it may have sent. A
-				// released claim (no owner) sent nothing.
-				outcome = processors.Reclaimed
+				// An owner's lease ran out: it may have sent, under the
+				// credential it recorded. A released claim (no owner)
+				// sent nothing.
+				res.Outcome, res.Prior = processors.Reclaimed, r.Credential
 			}
 			// At most one claim per key wins (the one with the
 			// record's hash), so r is the record as read.
 			claimedRec := w.apply(r)
-			out[i] = processors.ClaimResult{Outcome: outcome, Record: claimedRec}
+			res.Record = claimedRec
+			out[i] = res
 			cur[c.Key] = claimedRec
 		case r.Status.Done():
 			out[i] = processors.ClaimResult{Outcome: processors.Finished, Record: r}

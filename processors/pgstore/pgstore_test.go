@@ -429,13 +429,20 @@ func TestMigrateStatusCheck(t *testing.T) {
 // TestMigrateAddsUserColumn: a table created before execution records
 // held their user gets the column, its rows keep their data with no user
 // (a retry of such a call by any user is still a Duplicate, compared by
-// its hash alone), and a new admission's user is kept and compared.
+// its hash alone), and a new admission's user is kept and compared. It
+// gets the credential's columns too, its rows naming none.
 func TestMigrateAddsUserColumn(t *testing.T) {
 	dsn, schema, _ := oldTable(t)
 	ctx := t.Context()
 	c := newChecker(t, Config{DSN: dsn, Schema: schema})
-	if st, err := c.Schema(ctx); err != nil || !slices.Contains(st.MissingColumns, tableName+".user_id") {
-		t.Fatalf("Schema() of the old table = %+v, %v; want user_id missing (the test's premise)", st, err)
+	st, err := c.Schema(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, col := range []string{"user_id", "jti", "credential_family"} {
+		if !slices.Contains(st.MissingColumns, tableName+"."+col) {
+			t.Fatalf("Schema() of the old table = %+v; want %s missing (the test's premise)", st, col)
+		}
 	}
 
 	s := open(t, Config{DSN: dsn, Schema: schema}) // runs Migrate
@@ -444,8 +451,8 @@ func TestMigrateAddsUserColumn(t *testing.T) {
 		t.Errorf("Schema() after Open = %+v, %v; want current", st, err)
 	}
 	old := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "old"}
-	if r, err := s.Get(ctx, old); err != nil || r.Status != processors.StatusSucceeded || r.UserID != "" {
-		t.Errorf("Get(the old row) = %q user %q, %v; want it kept, succeeded, no user", r.Status, r.UserID, err)
+	if r, err := s.Get(ctx, old); err != nil || r.Status != processors.StatusSucceeded || r.UserID != "" || !r.Credential.IsZero() {
+		t.Errorf("Get(the old row) = %q user %q credential %+v, %v; want it kept, succeeded, no user, no credential", r.Status, r.UserID, r.Credential, err)
 	}
 	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "new"}
 	got, err := s.Admit(ctx, []processors.Admission{
@@ -461,6 +468,51 @@ func TestMigrateAddsUserColumn(t *testing.T) {
 	got, err = s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", UserID: "u_bob", Tool: "x", Status: processors.StatusAuthorized}})
 	if err != nil || got[0].Outcome != processors.Conflict || got[0].Record.UserID != "u_alice" {
 		t.Errorf("Admit(new key by u_bob) = %+v, %v; want Conflict with u_alice's record", got, err)
+	}
+}
+
+// TestMigrateAddsCredentialColumns: a table of the build before claims
+// recorded their credential (it has user_id) gets jti and
+// credential_family; a call it had claimed names none, and the claim that
+// takes it over once its lease ran out is told so (no Prior) and records
+// its own.
+func TestMigrateAddsCredentialColumns(t *testing.T) {
+	dsn := testDSN(t)
+	cfg := Config{DSN: dsn, Schema: newSchema(t, dsn)}
+	ctx := t.Context()
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "claimed-before"}
+	prev := open(t, cfg)
+	admitAuthorized(t, prev, k)
+	if res, err := prev.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Millisecond}}); err != nil || res[0].Outcome != processors.Claimed {
+		t.Fatalf("Claim = %+v, %v; want Claimed", res, err)
+	}
+	for _, col := range []string{"jti", "credential_family"} {
+		if _, err := prev.pool.Exec(ctx, "ALTER TABLE "+prev.table+" DROP COLUMN "+col); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prev.Close()
+	c := newChecker(t, cfg)
+	st, err := c.Schema(ctx)
+	if err != nil || st.Current() || !slices.Equal(st.MissingColumns, []string{tableName + ".jti", tableName + ".credential_family"}) {
+		t.Fatalf("Schema() of the previous build's table = %+v, %v; want jti and credential_family missing, not current (the test's premise)", st, err)
+	}
+
+	s := open(t, cfg) // runs Migrate
+	defer s.Close()
+	if st, err := c.Schema(ctx); err != nil || !st.Current() {
+		t.Errorf("Schema() after Open = %+v, %v; want current", st, err)
+	}
+	if r, err := s.Get(ctx, k); err != nil || r.Status != processors.StatusExecuting || !r.Credential.IsZero() {
+		t.Errorf("Get(the call claimed before) = %q credential %+v, %v; want executing, no credential", r.Status, r.Credential, err)
+	}
+	cred := processors.CallCredential{JTI: "jti-2", Family: "x/t_acme/2"}
+	res, err := s.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-2", Lease: time.Hour, Credential: cred}})
+	if err != nil || res[0].Outcome != processors.Reclaimed || !res[0].Prior.IsZero() || res[0].Record.Credential != cred {
+		t.Fatalf("Claim of the lapsed call = %+v, %v; want Reclaimed, no Prior, credential %+v", res, err, cred)
+	}
+	if r, err := s.Get(ctx, k); err != nil || r.Credential != cred {
+		t.Errorf("Get after the reclaim = credential %+v, %v; want %+v", r.Credential, err, cred)
 	}
 }
 

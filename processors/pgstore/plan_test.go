@@ -214,6 +214,7 @@ FROM generate_series(1, 20000) AS g`)
 // t_plan, the keys key(i), hash h, epoch 1, completions to succeeded.
 type planBatch struct {
 	ts, ks, hs, owners, statuses       []string
+	jtis, families                     []string
 	leases, logged, ords, epochs, seqs []int64
 	blobs                              [][]byte
 	journaled                          []bool
@@ -223,6 +224,7 @@ func newPlanBatch(n int, key func(i int) string) planBatch {
 	var b planBatch
 	for i := range n {
 		b.ts, b.ks, b.hs, b.owners = append(b.ts, "t_plan"), append(b.ks, key(i)), append(b.hs, "h"), append(b.owners, "x")
+		b.jtis, b.families = append(b.jtis, "jti"), append(b.families, "family")
 		b.leases, b.ords, b.epochs, b.seqs = append(b.leases, 1e6), append(b.ords, int64(i)), append(b.epochs, 1), append(b.seqs, 4)
 		b.logged = append(b.logged, 2)
 		b.statuses, b.blobs = append(b.statuses, "succeeded"), append(b.blobs, []byte("[]"))
@@ -232,7 +234,7 @@ func newPlanBatch(n int, key func(i int) string) planBatch {
 }
 
 func (b planBatch) claimArgs() []any {
-	return []any{b.ts, b.ks, b.hs, b.owners, b.leases, b.logged, b.ords}
+	return []any{b.ts, b.ks, b.hs, b.owners, b.leases, b.logged, b.ords, b.jtis, b.families}
 }
 
 func (b planBatch) completeArgs() []any {

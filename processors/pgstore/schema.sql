@@ -40,6 +40,12 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- admission under the key is a conflict, never a retry. '' for an
     -- identity without a user, and in the rows of older builds.
     user_id         TEXT        NOT NULL DEFAULT '',
+    -- The per-call credential the latest claim named (its jti and its
+    -- family, never the token), written with the claim, so that the
+    -- claim that takes the call after its lease ran out learns what may
+    -- have reached the tool. '' for none, and in the rows of older builds.
+    jti             TEXT        NOT NULL DEFAULT '',
+    credential_family TEXT      NOT NULL DEFAULT '',
     -- The dedupe rests on this key, not on the isolation level: two
     -- admissions of one call cannot both insert.
     PRIMARY KEY (tenant_id, idempotency_key),
@@ -57,6 +63,10 @@ CREATE TABLE IF NOT EXISTS {table} (
 -- constant DEFAULT makes the ADD a catalog change on PostgreSQL (11 and
 -- later: no rewrite) and an online schema change on CockroachDB.
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS user_id TEXT NOT NULL DEFAULT '';
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS jti TEXT NOT NULL DEFAULT '';
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS credential_family TEXT NOT NULL DEFAULT '';
 
 -- Expired: executing records whose lease ended, oldest first. Partial, so
 -- that it holds only the calls in flight: every update of a row writes

@@ -120,6 +120,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Concurrent/Move", testConcurrentMove},
 	}
 	tests = append(tests, journalTests()...)
+	tests = append(tests, credentialTests()...)
 	tests = append(tests, rateLimitTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -589,22 +590,34 @@ func testAdmitUnholdable(t *testing.T, s processors.Store) {
 			}
 		})
 	}
-	t.Run("invalid UTF-8 in owner", func(t *testing.T) {
-		k := key("unholdable:owner")
-		before := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
-		owner := "executor-\xff"
-		_, err := s.Claim(t.Context(), []processors.Claim{claim(k, hashA, owner, longLease)})
-		switch {
-		case errors.Is(err, processors.ErrRejected):
-			checkUnchanged(t, s, k, before)
-		case err != nil:
-			t.Fatalf("Claim(owner %q) = %v; want nil or an error wrapping ErrRejected", owner, err)
-		default:
-			if r := mustGet(t, s, k); r.LeaseOwner != owner {
-				t.Errorf("Claim(owner %q) stored owner %q; want it intact", owner, r.LeaseOwner)
+	// What a claim stores: its owner and its credential.
+	for _, tc := range []struct {
+		name string
+		edit func(c *processors.Claim)
+	}{
+		{"owner", func(c *processors.Claim) { c.Owner = "executor-\xff" }},
+		{"jti", func(c *processors.Claim) { c.Credential.JTI = "jti-\xc3" }},
+		{"credential family", func(c *processors.Claim) { c.Credential.Family = "refund_order/\xff" }},
+	} {
+		t.Run("invalid UTF-8 in "+tc.name, func(t *testing.T) {
+			k := key("unholdable:" + tc.name)
+			before := mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))[0].Record
+			c := claim(k, hashA, "executor-1", longLease)
+			c.Credential = processors.CallCredential{JTI: "jti-1", Family: "refund_order/t_acme/1"}
+			tc.edit(&c)
+			_, err := s.Claim(t.Context(), []processors.Claim{c})
+			switch {
+			case errors.Is(err, processors.ErrRejected):
+				checkUnchanged(t, s, k, before)
+			case err != nil:
+				t.Fatalf("Claim(invalid UTF-8 in %s) = %v; want nil or an error wrapping ErrRejected", tc.name, err)
+			default:
+				if r := mustGet(t, s, k); r.LeaseOwner != c.Owner || r.Credential != c.Credential {
+					t.Errorf("Claim(owner %q, credential %q) stored owner %q, credential %q; want them intact", c.Owner, c.Credential, r.LeaseOwner, r.Credential)
+				}
 			}
-		}
-	})
+		})
+	}
 }
 
 func testAdmitIntraBatch(t *testing.T, s processors.Store) {
