@@ -106,8 +106,13 @@ type Event struct {
 	ResourceVersion string     `json:"resource_version,omitempty"`
 	Approver        string     `json:"approver,omitempty"`
 	ExpiresAt       *time.Time `json:"expires_at,omitempty"`
-	JTI             string     `json:"jti,omitempty"`
-	CredentialScope string     `json:"credential_scope,omitempty"`
+	// JTI names the per-call credential the event's attempt sent. On the
+	// executing event of a call taken over after its owner's lease ran
+	// out it is the credential that owner's claim recorded, which may
+	// have reached the tool (and on every event of that step when the
+	// new owner sent none).
+	JTI             string `json:"jti,omitempty"`
+	CredentialScope string `json:"credential_scope,omitempty"`
 	// CredentialFamily groups the credentials of one tool, tenant and key
 	// epoch: what an incident responder revokes.
 	CredentialFamily string `json:"credential_family,omitempty"`

@@ -61,6 +61,10 @@ var (
 	// ErrDeadlinePassed: the call's deadline leaves no time for a
 	// credential; the call should expire, not run.
 	ErrDeadlinePassed = errors.New("deadline passed")
+	// ErrFamilyChanged: the grant names a family (Grant.Family) that the
+	// key signing now does not: the broker's key rotated since the
+	// family was read. Nothing is minted.
+	ErrFamilyChanged = errors.New("credential family changed")
 )
 
 // Config configures a Broker. The zero value is a working in-memory broker.
@@ -247,6 +251,22 @@ type Grant struct {
 	// BodySHA256 is the BodyDigest of the request's body, binding the
 	// credential to it; empty: bound to none.
 	BodySHA256 string
+	// JTI, when set, is the credential's jti (from NewJTI), chosen
+	// before the mint so that the call's claim records it before any
+	// request leaves; empty: a fresh one.
+	JTI string
+	// Family, when set, is the family the caller recorded for the
+	// credential (FamilyOf with KeyEpoch's epoch): if the key signing now
+	// names another, Mint refuses with ErrFamilyChanged rather than mint
+	// a credential other than the one recorded.
+	Family string
+}
+
+// NewJTI returns a fresh jti: 128 random bits, base64url.
+func NewJTI() string {
+	var id [16]byte
+	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails (it aborts the program instead)
+	return b64.EncodeToString(id[:])
 }
 
 func (g Grant) validate() error {
@@ -351,11 +371,17 @@ func (b *Broker) Mint(g Grant) (Credential, error) {
 	}
 
 	key := b.signingKey(now)
-	var id [16]byte
-	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails (it aborts the program instead)
+	family := FamilyOf(g.Tool, g.Tenant, key.epoch())
+	if g.Family != "" && g.Family != family {
+		return Credential{}, fmt.Errorf("mint %s for %s: family %s recorded, the key signing now names %s: %w", g.Tool, g.IdempotencyKey, g.Family, family, ErrFamilyChanged)
+	}
+	jti := g.JTI
+	if jti == "" {
+		jti = NewJTI()
+	}
 	cred := Credential{
-		JTI:       b64.EncodeToString(id[:]),
-		Family:    FamilyOf(g.Tool, g.Tenant, key.epoch()),
+		JTI:       jti,
+		Family:    family,
 		IssuedAt:  time.Unix(now.Unix(), 0).UTC(),
 		ExpiresAt: expiresAt,
 		Scope:     g.Action,

@@ -219,6 +219,30 @@ func TestMintVerifyRoundTrip(t *testing.T) {
 	}
 }
 
+// A grant's recorded jti and family (the call's claim's) are the
+// credential's; a family the signing key no longer names (it rotated
+// between the claim and the mint) is refused, nothing minted.
+func TestMintRecordedJTIAndFamily(t *testing.T) {
+	t.Parallel()
+	c := newClock()
+	b := newBroker(t, c, Config{RotateEvery: time.Hour})
+	g := grant()
+	g.JTI, g.Family = NewJTI(), FamilyOf(g.Tool, g.Tenant, b.KeyEpoch())
+	cred := mint(t, b, g)
+	if _, claims := segments(t, cred.Token); cred.JTI != g.JTI || claims["jti"] != g.JTI || cred.Family != g.Family || claims["family"] != g.Family {
+		t.Errorf("minted jti %s (token's %v), family %s (token's %v); want the grant's %s, %s", cred.JTI, claims["jti"], cred.Family, claims["family"], g.JTI, g.Family)
+	}
+	if other := NewJTI(); other == g.JTI || len(other) != 22 {
+		t.Errorf("NewJTI twice: %s, %s; want two 128-bit ids", g.JTI, other)
+	}
+	c.Set(59 * time.Minute) // the next key is made, published a minute ahead
+	mint(t, b, g)
+	c.Set(time.Hour)
+	if got, err := b.Mint(g); !errors.Is(err, ErrFamilyChanged) || got.Token != "" {
+		t.Errorf("Mint with the family of the key before the rotation: %v, %v; want ErrFamilyChanged, nothing minted", got, err)
+	}
+}
+
 func TestMintAction(t *testing.T) {
 	t.Parallel()
 	c := newClock()

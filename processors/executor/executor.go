@@ -87,6 +87,9 @@ type Store interface {
 // goes only to the tool's adapter.
 type Minter interface {
 	Mint(g credentials.Grant) (credentials.Credential, error)
+	// KeyEpoch is the epoch of the key that signs now, which names the
+	// family (credentials.FamilyOf) a claim records.
+	KeyEpoch() int64
 }
 
 // Freezes says whether the kill switch froze a tool, for all tenants or
@@ -595,6 +598,13 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	}()
 	x.releaseHeld(ctx, false)
 	jobs := make(map[ledger.CallKey]*job)
+	// A claim names the credential its requests will carry, before
+	// any leaves: a call its executor sent and died on is still found
+	// under it, and the one that takes the call over names it.
+	var keyEpoch int64
+	if x.cfg.Credentials != nil {
+		keyEpoch = x.cfg.Credentials.KeyEpoch()
+	}
 	var (
 		order    []ledger.CallKey
 		reappend []processors.Record // finished calls whose events the log lacks
@@ -614,7 +624,11 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			return
 		}
 		lease := x.leaseFor(tmpl.Tool, tmpl.ToolVersion)
-		jobs[k] = &job{tmpl: tmpl, claim: processors.Claim{Key: k, ArgumentsHash: hash, Owner: x.cfg.Owner, Lease: lease, Logged: logged}}
+		claim := processors.Claim{Key: k, ArgumentsHash: hash, Owner: x.cfg.Owner, Lease: lease, Logged: logged}
+		if x.cfg.Credentials != nil {
+			claim.Credential = processors.CallCredential{JTI: credentials.NewJTI(), Family: credentials.FamilyOf(tmpl.Tool, k.TenantID, keyEpoch)}
+		}
+		jobs[k] = &job{tmpl: tmpl, claim: claim}
 		order = append(order, k)
 	}
 	for _, r := range recs {
@@ -835,7 +849,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			// this one or behind it: read on this one, it would end
 			// the call's time early (or late) by the difference.
 			rec.LeaseUntil = claimedAt.Add(j.claim.Lease)
-			f, wait := x.launch(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed)
+			f, wait := x.launch(ctx, j.tmpl, rec, res.Outcome == processors.Reclaimed, res.Prior)
 			switch {
 			case x.cfg.StepBudget < 0, wait && !pipelined:
 				waiting[f] = struct{}{}
@@ -1020,10 +1034,10 @@ func (x *Executor) leaseFor(name string, version int) time.Duration {
 // execute runs one claimed call and returns its completion, in a span of
 // the call's trace when the executor traces. g is the tenant's guard for
 // the tool, held by the caller; nil takes one here.
-func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, g *guard) processors.Completion {
+func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, prior processors.CallCredential, g *guard) processors.Completion {
 	if x.cfg.Tracer == nil {
 		// No span to start, nor its attributes to build.
-		return x.executeCall(ctx, tmpl, rec, reclaimed, g)
+		return x.executeCall(ctx, tmpl, rec, reclaimed, prior, g)
 	}
 	ctx, span := tracing.StartCall(ctx, x.cfg.Tracer, "ledger.execute", tmpl.TraceID, rec.Key.String(),
 		trace.WithSpanKind(trace.SpanKindInternal),
@@ -1034,7 +1048,7 @@ func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processor
 			attribute.Int64("ledger.epoch", rec.Epoch),
 			attribute.Bool("ledger.reclaimed", reclaimed),
 		))
-	c := x.executeCall(ctx, tmpl, rec, reclaimed, g)
+	c := x.executeCall(ctx, tmpl, rec, reclaimed, prior, g)
 	span.SetAttributes(attribute.String("ledger.status", string(c.Status)))
 	if c.Status != processors.StatusSucceeded {
 		span.SetStatus(codes.Error, string(c.Status))
@@ -1066,9 +1080,14 @@ func (c callLog) Info(msg string, args ...any)  { c.log(slog.LevelInfo, msg, arg
 func (c callLog) Warn(msg string, args ...any)  { c.log(slog.LevelWarn, msg, args...) }
 func (c callLog) Error(msg string, args ...any) { c.log(slog.LevelError, msg, args...) }
 
-func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, g *guard) processors.Completion {
+// prior is, for a reclaimed call, the credential the expired claim named
+// (processors.ClaimResult.Prior): its events name it.
+func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, prior processors.CallCredential, g *guard) processors.Completion {
 	start := x.cfg.Now()
 	c := &completion{x: x, tmpl: tmpl, rec: rec, start: start, reclaimed: reclaimed}
+	if reclaimed {
+		c.prior = prior
+	}
 	log := callLog{ctx: ctx, l: x.cfg.Logger, rec: &rec, traceID: tmpl.TraceID}
 
 	tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
@@ -1207,7 +1226,16 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), Deadline: stop,
 			// Every attempt sends these bytes.
 			BodySHA256: credentials.BodyDigest(rec.Arguments),
+			// The credential the claim recorded, or none.
+			JTI: rec.Credential.JTI, Family: rec.Credential.Family,
 		})
+		if errors.Is(err, credentials.ErrFamilyChanged) && !reclaimed {
+			// The key rotated between the claim and now: the claim
+			// names a credential this executor can no longer mint.
+			// Given back, nothing sent; the next claim names the new
+			// key's family.
+			return x.releaseClaim(ctx, c, log, refusal{reason: "credential_key_rotated", detail: err.Error(), after: time.Millisecond})
+		}
 		if err != nil {
 			// Nothing was sent: without a credential the tool is
 			// not called.
@@ -1691,7 +1719,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open, its credential's family was revoked, or its tool version is unknown here); claim given back, to be tried again", "reason", r.reason,
+	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open, its credential's family was revoked or its signing key rotated since the claim, or its tool version is unknown here); claim given back, to be tried again", "reason", r.reason,
 		"detail", r.detail, "retry_after", rel.After)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}
@@ -1976,6 +2004,10 @@ type completion struct {
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string
+	// prior, for a reclaimed call, is the credential the expired claim
+	// named, which may have reached the tool: the executing event names
+	// it, and every event does when this owner minted none.
+	prior processors.CallCredential
 	// issued is the credential's iat, which a family's revocation covers
 	// up to a time.
 	issued time.Time
@@ -1998,10 +2030,22 @@ func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) le
 	e.At = at.UTC()
 	e.Actor = c.x.cfg.Owner
 	e.JTI, e.CredentialScope, e.CredentialFamily = c.jti, c.scope, c.family
+	if c.jti == "" {
+		c.namePrior(&e)
+	}
 	// The approval's expiry belongs to the approved event, not to what
 	// follows it.
 	e.ExpiresAt = nil
 	return e
+}
+
+// namePrior names on e the credential of the expired claim this owner
+// took the call over from, if it named one.
+func (c *completion) namePrior(e *ledger.Event) {
+	if c.prior.IsZero() {
+		return
+	}
+	e.JTI, e.CredentialFamily, e.CredentialScope = c.prior.JTI, c.prior.Family, credentials.ToolScope(c.rec.Tool)
 }
 
 // finish records a terminal outcome: executing + the terminal event.
@@ -2034,6 +2078,9 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 	}
 	exec := c.event(statemachine.EventExecuting, c.rec.Seq+1, c.start)
 	exec.Attempt = first
+	// Executing since the expired claim, whose request may have reached
+	// the tool: its credential, not this owner's.
+	c.namePrior(&exec)
 	if d := c.rechecked; d != nil {
 		exec.Decision = "allow"
 		// The roles the policies were given now: none, on an executor

@@ -192,7 +192,14 @@ func stepEndsAs(t *testing.T, x *executor.Executor, rec *kgo.Record, want []stri
 // its lease is over.
 func (r *rig) claimAsDeadOwner(key ledger.CallKey, hash string) {
 	r.t.Helper()
-	res, err := r.store.Claim(r.t.Context(), []processors.Claim{{Key: key, ArgumentsHash: hash, Owner: "dead", Lease: 20 * time.Millisecond}})
+	r.claimAsDeadOwnerWith(key, hash, processors.CallCredential{})
+}
+
+// claimAsDeadOwnerWith is claimAsDeadOwner, the dead owner's claim naming
+// cred, the credential it minted and may have sent.
+func (r *rig) claimAsDeadOwnerWith(key ledger.CallKey, hash string, cred processors.CallCredential) {
+	r.t.Helper()
+	res, err := r.store.Claim(r.t.Context(), []processors.Claim{{Key: key, ArgumentsHash: hash, Owner: "dead", Lease: 20 * time.Millisecond, Credential: cred}})
 	if err != nil || res[0].Outcome != processors.Claimed {
 		r.t.Fatalf("claim as dead owner: %v %+v", err, res)
 	}
@@ -494,6 +501,8 @@ type lateMinter struct{}
 func (lateMinter) Mint(g credentials.Grant) (credentials.Credential, error) {
 	return credentials.Credential{}, fmt.Errorf("mint %s: %w", g.Tool, credentials.ErrDeadlinePassed)
 }
+
+func (lateMinter) KeyEpoch() int64 { return 1 }
 
 // A call whose deadline leaves too little time for its credential expires
 // (deadline_exceeded), as one past its deadline does; it does not fail for
@@ -1003,20 +1012,7 @@ func TestResultHoldingASecretIsWithheld(t *testing.T) {
 // it, the events carry its jti and family but never the token, and a tool
 // that demands a credential refuses a call without one.
 func TestExecutionCredential(t *testing.T) {
-	r := newRig(t)
-	broker, err := credentials.New(credentials.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys})
-	if err != nil {
-		t.Fatal(err)
-	}
-	guarded := demobackend.New(demobackend.Config{Credentials: verifier})
-	srv := httptest.NewServer(guarded.Handler())
-	t.Cleanup(func() { guarded.Close(); srv.Close() })
-	r.url = srv.URL
-
+	r, broker, guarded := newGuardedRig(t)
 	auth := r.admit("create_ticket", "cred", map[string]any{"title": "t"}, 0)
 	minter := &grantsSeen{Minter: broker}
 	out, err := r.executor(func(c *executor.Config) { c.Credentials = minter }).Step(t.Context(), []*kgo.Record{auth})
@@ -1310,6 +1306,17 @@ func TestTwoHundredWithItsBodyLostSucceeds(t *testing.T) {
 // with the error code code, and returns its stored record.
 func succeededWith(t *testing.T, r *rig, x *executor.Executor, auth *kgo.Record, code string) processors.Record {
 	t.Helper()
+	evs, rec := stepSucceeds(t, r, x, auth)
+	if got := evs[1].ErrorCode; got != code {
+		t.Errorf("code %q; want %s", got, code)
+	}
+	return rec
+}
+
+// stepSucceeds runs one step of x on auth, checks that the call
+// succeeded, and returns its events and its record.
+func stepSucceeds(t *testing.T, r *rig, x *executor.Executor, auth *kgo.Record) ([]ledger.Event, processors.Record) {
+	t.Helper()
 	out, err := x.Step(t.Context(), []*kgo.Record{auth})
 	if err != nil {
 		t.Fatal(err)
@@ -1318,14 +1325,11 @@ func succeededWith(t *testing.T, r *rig, x *executor.Executor, auth *kgo.Record,
 	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
 		t.Fatalf("events (-want +got):\n%s", diff)
 	}
-	if got := evs[1].ErrorCode; got != code {
-		t.Errorf("code %q; want %s", got, code)
-	}
 	rec, err := r.store.Get(t.Context(), evs[1].Key())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rec
+	return evs, rec
 }
 
 // A store whose clock is behind the executor's (here by 40 s, more than a

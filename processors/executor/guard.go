@@ -367,7 +367,7 @@ func (f *flights) wait(ctx context.Context) error {
 // recorded in the store. A claimed call runs to its end even when the
 // executor is shutting down, so that its outcome is recorded rather than
 // lost to a reclaim.
-func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool) (*flight, bool) {
+func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, prior processors.CallCredential) (*flight, bool) {
 	f := &flight{key: rec.Key}
 	if tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion); err == nil {
 		f.g = x.guard(tool, rec.Key.TenantID)
@@ -388,7 +388,7 @@ func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors
 	x.mu.Unlock()
 	x.flights.add()
 	go func() {
-		c := x.execute(context.WithoutCancel(ctx), tmpl, rec, reclaimed, f.g)
+		c := x.execute(context.WithoutCancel(ctx), tmpl, rec, reclaimed, prior, f.g)
 		now := x.cfg.Now()
 		x.mu.Lock()
 		f.c, f.ended = c, true

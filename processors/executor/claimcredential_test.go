@@ -1,0 +1,146 @@
+package executor_test
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/demobackend"
+	"github.com/toolcall-ledger/ledger/processors/executor"
+)
+
+// newGuardedRig is newRig with a tool backend that verifies the per-call
+// credential (recording each effect's jti), and the broker that mints it.
+func newGuardedRig(t *testing.T) (*rig, *credentials.Broker, *demobackend.Server) {
+	t.Helper()
+	r := newRig(t)
+	broker, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := demobackend.New(demobackend.Config{Credentials: verifier})
+	srv := httptest.NewServer(guarded.Handler())
+	t.Cleanup(func() { guarded.Close(); srv.Close() })
+	r.url = srv.URL
+	return r, broker, guarded
+}
+
+// The claim records the credential before its request leaves: the one
+// the tool was sent, whose jti and family the events name.
+func TestClaimRecordsTheCredentialSent(t *testing.T) {
+	r, broker, guarded := newGuardedRig(t)
+	auth := r.admit("create_ticket", "claimcred", map[string]any{"title": "t"}, 0)
+	evs, rec := stepSucceeds(t, r, r.executor(func(c *executor.Config) { c.Credentials = broker }), auth)
+	effs := guarded.Effects()
+	want := processors.CallCredential{JTI: effs[0].JTI, Family: credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())}
+	if len(effs) != 1 || rec.Credential != want {
+		t.Fatalf("record names %+v, tool effects %+v; want the one credential sent, %+v", rec.Credential, effs, want)
+	}
+	for _, e := range evs {
+		if e.JTI != want.JTI || e.CredentialFamily != want.Family {
+			t.Errorf("%s names jti %q family %q; want the claim's %+v", e.Type, e.JTI, e.CredentialFamily, want)
+		}
+	}
+}
+
+// A call whose owner died after its request may have reached the tool is
+// found under that request's credential: the events of the owner that
+// takes it over name it, whether it settles it unknown (a tool without
+// idempotency, not asked again) or asks again under its own credential
+// (native: its executing event names the dead owner's, which may have
+// reached the tool, its outcome its own).
+func TestReclaimNamesTheDeadOwnersCredential(t *testing.T) {
+	dead := processors.CallCredential{JTI: "jti-of-the-dead-owner", Family: "x:t_a:1"}
+	for _, tc := range []struct {
+		tool   string
+		args   map[string]any
+		events []string
+		// own: the outcome names the new owner's credential.
+		own bool
+	}{
+		{"notify", map[string]any{"to": "a@example.com", "subject": "s"}, []string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, false},
+		{"create_ticket", map[string]any{"title": "t"}, []string{"executing", "succeeded"}, true},
+	} {
+		t.Run(tc.tool, func(t *testing.T) {
+			r, broker, guarded := newGuardedRig(t)
+			dead.Family = tc.tool + ":t_a:1"
+			auth := r.admit(tc.tool, "reclaim-"+tc.tool, tc.args, 0)
+			ev := authorizedEvent(t, auth)
+			r.claimAsDeadOwnerWith(ev.Key(), ev.ArgumentsHash, dead)
+			out, err := r.executor(func(c *executor.Config) { c.Credentials = broker }).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff(tc.events, summary(evs)); diff != "" {
+				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			exec, last := evs[0], evs[len(evs)-1]
+			if exec.JTI != dead.JTI || exec.CredentialFamily != dead.Family || exec.CredentialScope != credentials.ToolScope(tc.tool) {
+				t.Errorf("executing names jti %q family %q scope %q; want the dead owner's %+v", exec.JTI, exec.CredentialFamily, exec.CredentialScope, dead)
+			}
+			effs := guarded.Effects()
+			switch {
+			case !tc.own && (last.JTI != dead.JTI || last.CredentialFamily != dead.Family || len(effs) != 0):
+				t.Errorf("%s names jti %q family %q, tool effects %+v; want the dead owner's %+v, none asked again", last.Type, last.JTI, last.CredentialFamily, effs, dead)
+			case tc.own && (len(effs) != 1 || last.JTI != effs[0].JTI || last.JTI == dead.JTI):
+				t.Errorf("%s names jti %q, tool effects %+v; want the new owner's, the one it sent", last.Type, last.JTI, effs)
+			}
+		})
+	}
+}
+
+// staleEpoch is a broker whose first KeyEpoch is that of a key before the
+// one signing: the key rotated between the claim and the mint.
+type staleEpoch struct {
+	*credentials.Broker
+	asked int
+}
+
+func (s *staleEpoch) KeyEpoch() int64 {
+	s.asked++
+	if s.asked == 1 {
+		return s.Broker.KeyEpoch() - 86400
+	}
+	return s.Broker.KeyEpoch()
+}
+
+// A claim whose credential's family the broker no longer signs (its key
+// rotated since) sends nothing: the call is given back, and claimed again
+// under the new key's family, then runs.
+func TestClaimAcrossAKeyRotationIsGivenBack(t *testing.T) {
+	r, broker, guarded := newGuardedRig(t)
+	auth := r.admit("create_ticket", "rotated", map[string]any{"title": "t"}, 0)
+	x := r.executor(func(c *executor.Config) { c.Credentials = &staleEpoch{Broker: broker} })
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); len(evs) != 0 || len(guarded.Effects()) != 0 {
+		t.Fatalf("claimed across a rotation: events %v, tool effects %+v; want none, the call given back", summary(evs), guarded.Effects())
+	}
+	ledgertest.WaitFor(t, 5*time.Second, func() error {
+		out, err := x.Step(t.Context(), []*kgo.Record{auth})
+		if err != nil {
+			return err
+		}
+		if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+			return fmt.Errorf("claimed again (-want +got):\n%s", diff)
+		}
+		return nil
+	})
+	if effs := guarded.Effects(); len(effs) != 1 {
+		t.Errorf("tool effects %+v; want one", effs)
+	}
+}
