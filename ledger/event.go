@@ -106,11 +106,12 @@ type Event struct {
 	ResourceVersion string     `json:"resource_version,omitempty"`
 	Approver        string     `json:"approver,omitempty"`
 	ExpiresAt       *time.Time `json:"expires_at,omitempty"`
-	// JTI names the per-call credential the event's attempt sent. On the
-	// executing event of a call taken over after its owner's lease ran
-	// out it is the credential that owner's claim recorded, which may
-	// have reached the tool (and on every event of that step when the
-	// new owner sent none).
+	// JTI and CredentialFamily name the per-call credential the event's
+	// attempt sent (a call keeps one jti over all its claims; each
+	// executor sends it under its own family). On the executing event of
+	// a call taken over after its owner's lease ran out, they name that
+	// owner's, which may have reached the tool (on every event of that
+	// step when the new owner sent none).
 	JTI             string `json:"jti,omitempty"`
 	CredentialScope string `json:"credential_scope,omitempty"`
 	// CredentialFamily groups the credentials of one tool, tenant and key

@@ -124,10 +124,12 @@ type Record struct {
 	Outbox    []byte
 	CreatedAt time.Time
 	UpdatedAt time.Time
-	// Credential is the per-call credential the latest claim named
-	// (Claim.Credential), recorded before any request of that claim
-	// left: zero when it named none (a deployment that mints none, or a
-	// record of an older build).
+	// Credential is the call's per-call credential as its claims named
+	// it (Claim.Credential), recorded before any request of a claim
+	// left: the jti of the first claim that named one, kept for the
+	// call's life, and the family of the latest claim. Zero when none
+	// named one (a deployment that mints none, or a record of an older
+	// build).
 	Credential CallCredential
 }
 
@@ -292,10 +294,15 @@ type Claim struct {
 	// in a write of its own. A claim from a sweep leaves it zero.
 	Logged int64
 	// Credential names the credential the claimer will send the call's
-	// requests with, if any: a claim that wins records it (zero: none),
-	// in the same write, so that whoever claims the call after this
-	// claim's lease ran out learns what may have reached the tool under
-	// it (ClaimResult.Prior).
+	// requests with, if any. A claim that wins records it in the same
+	// write, so that whoever claims the call after this claim's lease
+	// ran out learns what may have reached the tool under it
+	// (ClaimResult.Prior): its family always (zero: none), its JTI only
+	// when the record names no jti yet. A call keeps one jti over all
+	// its claims, whichever executor makes them, so that its jti finds
+	// every request of it, those of owners that died before they
+	// recorded anything included; the claimer sends the record's
+	// (ClaimResult.Record.Credential), not necessarily its own.
 	Credential CallCredential
 }
 

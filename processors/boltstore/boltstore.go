@@ -702,7 +702,8 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 			next.LeaseUntil = x.now.Add(c.Lease)
 			next.UpdatedAt = x.now
 			next.LoggedSeq = max(cur.LoggedSeq, min(c.Logged, cur.Seq))
-			next.Credential = c.Credential
+			// The call keeps its jti; the family is the claim's.
+			next.Credential = processors.CallCredential{JTI: cmp.Or(cur.Credential.JTI, c.Credential.JTI), Family: c.Credential.Family}
 			if err := x.put(&cur, next); err != nil {
 				return err
 			}

@@ -54,30 +54,39 @@ func TestClaimRecordsTheCredentialSent(t *testing.T) {
 	}
 }
 
+// admitClaimedByTheDead admits a call of tool and has a dead owner claim
+// it under a credential of its own, which it returns with the call's
+// authorized event.
+func (r *rig) admitClaimedByTheDead(tool, key string, args map[string]any) (*kgo.Record, processors.CallCredential) {
+	r.t.Helper()
+	dead := processors.CallCredential{JTI: credentials.NewJTI(), Family: tool + ":t_a:1"}
+	auth := r.admit(tool, key, args, 0)
+	ev := authorizedEvent(r.t, auth)
+	r.claimAsDeadOwnerWith(ev.Key(), ev.ArgumentsHash, dead)
+	return auth, dead
+}
+
 // A call whose owner died after its request may have reached the tool is
-// found under that request's credential: the events of the owner that
-// takes it over name it, whether it settles it unknown (a tool without
-// idempotency, not asked again) or asks again under its own credential
-// (native: its executing event names the dead owner's, which may have
-// reached the tool, its outcome its own).
+// found under that request's credential: a call keeps one jti over all
+// its claims, and the owner that takes it over names the dead owner's
+// family on its executing event. Settled unknown (a tool without
+// idempotency, not asked again), the outcome names the dead owner's
+// credential too; asked again (native), the request carries the call's
+// jti under the new owner's family, which its outcome names.
 func TestReclaimNamesTheDeadOwnersCredential(t *testing.T) {
-	dead := processors.CallCredential{JTI: "jti-of-the-dead-owner", Family: "x:t_a:1"}
 	for _, tc := range []struct {
 		tool   string
 		args   map[string]any
 		events []string
-		// own: the outcome names the new owner's credential.
-		own bool
+		// asked: the new owner sends, under its own family.
+		asked bool
 	}{
 		{"notify", map[string]any{"to": "a@example.com", "subject": "s"}, []string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, false},
 		{"create_ticket", map[string]any{"title": "t"}, []string{"executing", "succeeded"}, true},
 	} {
 		t.Run(tc.tool, func(t *testing.T) {
 			r, broker, guarded := newGuardedRig(t)
-			dead.Family = tc.tool + ":t_a:1"
-			auth := r.admit(tc.tool, "reclaim-"+tc.tool, tc.args, 0)
-			ev := authorizedEvent(t, auth)
-			r.claimAsDeadOwnerWith(ev.Key(), ev.ArgumentsHash, dead)
+			auth, dead := r.admitClaimedByTheDead(tc.tool, "reclaim-"+tc.tool, tc.args)
 			out, err := r.executor(func(c *executor.Config) { c.Credentials = broker }).Step(t.Context(), []*kgo.Record{auth})
 			if err != nil {
 				t.Fatal(err)
@@ -90,12 +99,13 @@ func TestReclaimNamesTheDeadOwnersCredential(t *testing.T) {
 			if exec.JTI != dead.JTI || exec.CredentialFamily != dead.Family || exec.CredentialScope != credentials.ToolScope(tc.tool) {
 				t.Errorf("executing names jti %q family %q scope %q; want the dead owner's %+v", exec.JTI, exec.CredentialFamily, exec.CredentialScope, dead)
 			}
+			own := credentials.FamilyOf(tc.tool, "t_a", broker.KeyEpoch())
 			effs := guarded.Effects()
 			switch {
-			case !tc.own && (last.JTI != dead.JTI || last.CredentialFamily != dead.Family || len(effs) != 0):
-				t.Errorf("%s names jti %q family %q, tool effects %+v; want the dead owner's %+v, none asked again", last.Type, last.JTI, last.CredentialFamily, effs, dead)
-			case tc.own && (len(effs) != 1 || last.JTI != effs[0].JTI || last.JTI == dead.JTI):
-				t.Errorf("%s names jti %q, tool effects %+v; want the new owner's, the one it sent", last.Type, last.JTI, effs)
+			case !tc.asked && (last.JTI != dead.JTI || last.CredentialFamily != dead.Family || len(effs) != 0):
+				t.Errorf("%s names jti %q family %q, tool effects %+v; want the dead owner's %+v, the tool not asked again", last.Type, last.JTI, last.CredentialFamily, effs, dead)
+			case tc.asked && (len(effs) != 1 || effs[0].JTI != dead.JTI || last.JTI != dead.JTI || last.CredentialFamily != own):
+				t.Errorf("%s names jti %q family %q, tool effects %+v; want the call's jti %s under the new owner's family %s", last.Type, last.JTI, last.CredentialFamily, effs, dead.JTI, own)
 			}
 		})
 	}
@@ -142,5 +152,37 @@ func TestClaimAcrossAKeyRotationIsGivenBack(t *testing.T) {
 	})
 	if effs := guarded.Effects(); len(effs) != 1 {
 		t.Errorf("tool effects %+v; want one", effs)
+	}
+}
+
+// A read taken over runs as a call of its own; denied before it sends (its
+// tool frozen since), its one event still names the dead owner's
+// credential, the one that may have read, not the one minted and never
+// sent.
+func TestReclaimedReadDeniedNamesTheDeadOwnersCredential(t *testing.T) {
+	r, broker, guarded := newGuardedRig(t)
+	auth, dead := r.admitClaimedByTheDead("get_weather", "reclaim-read", map[string]any{"city": "Oslo"})
+	fz := &switchedFreezes{}
+	fz.on.Store(true)
+	out, err := r.executor(func(c *executor.Config) { c.Credentials, c.Freezes = broker, fz }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if len(evs) != 1 || evs[0].Type != "denied" || evs[0].JTI != dead.JTI || evs[0].CredentialFamily != dead.Family || len(guarded.Effects()) != 0 {
+		t.Errorf("events %v naming %+v, tool effects %+v; want denied, naming the dead owner's %+v, nothing sent", summary(evs), evs, guarded.Effects(), dead)
+	}
+}
+
+// A call taken over across a rotation of the signing key cannot be given
+// back (its dead owner may have sent): it is asked again under its jti
+// and the new key's family, which its outcome names.
+func TestReclaimAcrossAKeyRotationRuns(t *testing.T) {
+	r, broker, guarded := newGuardedRig(t)
+	auth, dead := r.admitClaimedByTheDead("create_ticket", "reclaim-rotated", map[string]any{"title": "t"})
+	evs, _ := stepSucceeds(t, r, r.executor(func(c *executor.Config) { c.Credentials = &staleEpoch{Broker: broker} }), auth)
+	own := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())
+	if effs := guarded.Effects(); len(effs) != 1 || effs[0].JTI != dead.JTI || evs[1].JTI != dead.JTI || evs[1].CredentialFamily != own {
+		t.Errorf("outcome names jti %q family %q, tool effects %+v; want the call's jti %s under the key signing now, %s", evs[1].JTI, evs[1].CredentialFamily, effs, dead.JTI, own)
 	}
 }

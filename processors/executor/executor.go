@@ -598,13 +598,6 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	}()
 	x.releaseHeld(ctx, false)
 	jobs := make(map[ledger.CallKey]*job)
-	// A claim names the credential its requests will carry, before
-	// any leaves: a call its executor sent and died on is still found
-	// under it, and the one that takes the call over names it.
-	var keyEpoch int64
-	if x.cfg.Credentials != nil {
-		keyEpoch = x.cfg.Credentials.KeyEpoch()
-	}
 	var (
 		order    []ledger.CallKey
 		reappend []processors.Record // finished calls whose events the log lacks
@@ -624,11 +617,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			return
 		}
 		lease := x.leaseFor(tmpl.Tool, tmpl.ToolVersion)
-		claim := processors.Claim{Key: k, ArgumentsHash: hash, Owner: x.cfg.Owner, Lease: lease, Logged: logged}
-		if x.cfg.Credentials != nil {
-			claim.Credential = processors.CallCredential{JTI: credentials.NewJTI(), Family: credentials.FamilyOf(tmpl.Tool, k.TenantID, keyEpoch)}
-		}
-		jobs[k] = &job{tmpl: tmpl, claim: claim}
+		jobs[k] = &job{tmpl: tmpl, claim: processors.Claim{Key: k, ArgumentsHash: hash, Owner: x.cfg.Owner, Lease: lease, Logged: logged}}
 		order = append(order, k)
 	}
 	for _, r := range recs {
@@ -738,9 +727,23 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		claimedAt time.Time
 	)
 	if len(order) > 0 {
+		// A claim names the credential its requests will carry, before
+		// any leaves: a call its executor sent and died on is still
+		// found under it, and the one that takes the call over names
+		// it. The store keeps a call's first jti; the claim's record
+		// says which to send. The key's epoch is read last, so that a
+		// rotation between the claim and the mint is rare.
+		var keyEpoch int64
+		if x.cfg.Credentials != nil {
+			keyEpoch = x.cfg.Credentials.KeyEpoch()
+		}
 		claims := make([]processors.Claim, len(order))
 		for i, k := range order {
-			claims[i] = jobs[k].claim
+			j := jobs[k]
+			if x.cfg.Credentials != nil {
+				j.claim.Credential = processors.CallCredential{JTI: credentials.NewJTI(), Family: credentials.FamilyOf(j.tmpl.Tool, k.TenantID, keyEpoch)}
+			}
+			claims[i] = j.claim
 		}
 		var err error
 		claimedAt = time.Now()
@@ -1220,7 +1223,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	}
 	var bearer string
 	if x.cfg.Credentials != nil {
-		cred, err := x.cfg.Credentials.Mint(credentials.Grant{
+		grant := credentials.Grant{
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: x.cfg.Owner,
 			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
 			CallID: rec.CallID, IdempotencyKey: rec.Key.String(), Deadline: stop,
@@ -1228,13 +1231,22 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			BodySHA256: credentials.BodyDigest(rec.Arguments),
 			// The credential the claim recorded, or none.
 			JTI: rec.Credential.JTI, Family: rec.Credential.Family,
-		})
-		if errors.Is(err, credentials.ErrFamilyChanged) && !reclaimed {
-			// The key rotated between the claim and now: the claim
-			// names a credential this executor can no longer mint.
-			// Given back, nothing sent; the next claim names the new
-			// key's family.
-			return x.releaseClaim(ctx, c, log, refusal{reason: "credential_key_rotated", detail: err.Error(), after: time.Millisecond})
+		}
+		cred, err := x.cfg.Credentials.Mint(grant)
+		if errors.Is(err, credentials.ErrFamilyChanged) {
+			if !reclaimed {
+				// The key rotated between the claim and now: the
+				// claim names a credential this executor can no
+				// longer mint. Given back, nothing sent; the next
+				// claim names the new key's family.
+				return x.releaseClaim(ctx, c, log, refusal{reason: "credential_key_rotated", detail: err.Error(), after: time.Millisecond})
+			}
+			// Taken over, it cannot be given back (the earlier owner
+			// may have sent): the call's jti under the key signing
+			// now, which the events name.
+			log.Warn("the signing key rotated since the claim; the call's credential minted under the new key's family", "recorded_family", rec.Credential.Family)
+			grant.Family = ""
+			cred, err = x.cfg.Credentials.Mint(grant)
 		}
 		if err != nil {
 			// Nothing was sent: without a credential the tool is
@@ -2106,6 +2118,10 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 // deny records that a check before running refused the call.
 func (c *completion) deny(reason, detail string, d policy.Decision) processors.Completion {
 	ev := c.event(statemachine.EventDenied, c.rec.Seq+1, c.x.cfg.Now())
+	// Denied after a takeover (a read's, which runs as a call of its
+	// own): the credential that may have reached the tool, not one
+	// minted and never sent.
+	c.namePrior(&ev)
 	ev.Decision = "deny"
 	ev.Reason = reason
 	ev.Detail = detail
@@ -2122,6 +2138,7 @@ func (c *completion) deny(reason, detail string, d policy.Decision) processors.C
 // expire records that the deadline passed before the call could run.
 func (c *completion) expire() processors.Completion {
 	ev := c.event(statemachine.EventExpired, c.rec.Seq+1, c.x.cfg.Now())
+	c.namePrior(&ev)
 	ev.Reason = ReasonDeadlineExceeded
 	return c.complete(processors.StatusExpired, c.rec.Attempt, nil, c.rec.Seq+1, ev)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -82,7 +83,9 @@ func runBatch(b testing.TB, s *Store, from, batch int, admitted, completed []byt
 			Arguments: []byte(`{"title":"t"}`), DeadlineAt: time.Now().Add(time.Hour),
 			Status: processors.StatusAuthorized, Seq: 2, Outbox: admitted,
 		}
-		cs[i] = processors.Claim{Key: k, ArgumentsHash: "h", Owner: "bench", Lease: time.Minute}
+		// Named as an executor that mints credentials names them.
+		cs[i] = processors.Claim{Key: k, ArgumentsHash: "h", Owner: "bench", Lease: time.Minute,
+			Credential: processors.CallCredential{JTI: credentials.NewJTI(), Family: credentials.FamilyOf("create_ticket", k.TenantID, 1796517237)}}
 		ls[i] = processors.Logged{Key: k, Seq: 2}
 	}
 	if _, err := s.Admit(ctx, as); err != nil {

@@ -1178,15 +1178,15 @@ RETURNING tenant_id, idempotency_key, deadline_at, created_at`),
 		// through float8, CockroachDB has INT * INTERVAL; both exact at
 		// microsecond precision. logged_seq: a claim made from an event
 		// read from the log records that the record's events up to it
-		// are there (never past the record's seq, never lowered). jti and
-		// credential_family: the claim's credential, '' for none, which
-		// replaces the one an earlier claim named (Claim reads that one
-		// first, for a reclaim's Prior).
+		// are there (never past the record's seq, never lowered). jti:
+		// the call's, kept once a claim named one; credential_family: the
+		// claim's, '' for none (Claim reads the earlier ones first, for a
+		// reclaim's Prior).
 		claim: r.Replace(`UPDATE {table} AS r
 SET status = 'executing', epoch = r.epoch + 1, lease_owner = u.owner,
     lease_until = now() + u.lease_us * INTERVAL '1 microsecond', updated_at = now(),
     logged_seq = GREATEST(r.logged_seq, LEAST(u.logged, r.seq)),
-    jti = u.jti, credential_family = u.credential_family
+    jti = CASE WHEN r.jti = '' THEN u.jti ELSE r.jti END, credential_family = u.credential_family
 FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, logged, ord, jti, credential_family
       FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[],
                   $8::TEXT[], $9::TEXT[])

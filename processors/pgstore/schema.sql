@@ -40,10 +40,12 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- admission under the key is a conflict, never a retry. '' for an
     -- identity without a user, and in the rows of older builds.
     user_id         TEXT        NOT NULL DEFAULT '',
-    -- The per-call credential the latest claim named (its jti and its
-    -- family, never the token), written with the claim, so that the
-    -- claim that takes the call after its lease ran out learns what may
-    -- have reached the tool. '' for none, and in the rows of older builds.
+    -- The per-call credential as the claims named it (never the token),
+    -- written with each claim, so that the claim that takes the call
+    -- after its lease ran out learns what may have reached the tool: the
+    -- call's jti, the first claim's that named one and kept after it,
+    -- and the latest claim's family. '' for none, and in the rows of
+    -- older builds.
     jti             TEXT        NOT NULL DEFAULT '',
     credential_family TEXT      NOT NULL DEFAULT '',
     -- The dedupe rests on this key, not on the isolation level: two

@@ -46,6 +46,16 @@ func credClaim(k ledger.CallKey, owner string, lease time.Duration, c processors
 	return cl
 }
 
+// sticky is the credential a winning claim naming c leaves on a record
+// that named kept: the call's jti is kept once named, the family is the
+// claim's.
+func sticky(kept, c processors.CallCredential) processors.CallCredential {
+	if kept.JTI != "" {
+		c.JTI = kept.JTI
+	}
+	return c
+}
+
 // checkCredential fails unless got is want, for what.
 func checkCredential(t *testing.T, what string, got, want processors.CallCredential) {
 	t.Helper()
@@ -104,9 +114,8 @@ func testCredentialRecorded(t *testing.T, s processors.Store) {
 
 // testCredentialReclaimed: a claim of a call whose owner's lease ran out
 // is told the credential that owner recorded (Prior), and records its
-// own in its place; Expired lists the call with the lapsed one. A
-// reclaim that names none clears it, and the next reclaim's Prior is
-// then none.
+// family, the call keeping its jti; Expired lists the call with the
+// lapsed one. A reclaim that names none clears the family, not the jti.
 func testCredentialReclaimed(t *testing.T, s processors.Store) {
 	k := key("cred:reclaimed")
 	mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
@@ -120,25 +129,37 @@ func testCredentialReclaimed(t *testing.T, s processors.Store) {
 		t.Fatalf("Claim after lease expiry outcome = %v; want Reclaimed", got[0].Outcome)
 	}
 	checkCredential(t, "Reclaimed result's Prior", got[0].Prior, first)
-	checkCredential(t, "Reclaimed result's Record.Credential", got[0].Record.Credential, second)
-	checkCredential(t, "Get after the reclaim: Credential", mustGet(t, s, k).Credential, second)
+	kept := sticky(first, second)
+	checkCredential(t, "Reclaimed result's Record.Credential", got[0].Record.Credential, kept)
+	checkCredential(t, "Get after the reclaim: Credential", mustGet(t, s, k).Credential, kept)
 
 	waitExpired(t, s, k)
 	got = mustClaim(t, s, credClaim(k, "executor-3", shortLease, processors.CallCredential{}))
 	if got[0].Outcome != processors.Reclaimed {
 		t.Fatalf("second Claim after lease expiry outcome = %v; want Reclaimed", got[0].Outcome)
 	}
-	checkCredential(t, "second Reclaimed result's Prior", got[0].Prior, second)
-	checkCredential(t, "Record.Credential of a reclaim that names none", got[0].Record.Credential, processors.CallCredential{})
-	checkCredential(t, "Get after a reclaim that names none: Credential", mustGet(t, s, k).Credential, processors.CallCredential{})
+	checkCredential(t, "second Reclaimed result's Prior", got[0].Prior, kept)
+	jtiOnly := processors.CallCredential{JTI: first.JTI}
+	checkCredential(t, "Record.Credential of a reclaim that names none", got[0].Record.Credential, jtiOnly)
+	checkCredential(t, "Get after a reclaim that names none: Credential", mustGet(t, s, k).Credential, jtiOnly)
 
 	waitExpired(t, s, k)
 	got = mustClaim(t, s, credClaim(k, "executor-4", longLease, first))
 	if got[0].Outcome != processors.Reclaimed {
 		t.Fatalf("third Claim after lease expiry outcome = %v; want Reclaimed", got[0].Outcome)
 	}
-	checkCredential(t, "Prior after a claim that named none", got[0].Prior, processors.CallCredential{})
+	checkCredential(t, "Prior after a claim that named none", got[0].Prior, jtiOnly)
 	checkCredential(t, "third Reclaimed result's Record.Credential", got[0].Record.Credential, first)
+
+	// A record that names no jti yet (its claims named none) takes the
+	// first one named.
+	k = key("cred:reclaimed-late")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+	mustClaim(t, s, credClaim(k, "executor-1", shortLease, processors.CallCredential{}))
+	waitExpired(t, s, k)
+	got = mustClaim(t, s, credClaim(k, "executor-2", longLease, second))
+	checkCredential(t, "Prior of a claim that named none", got[0].Prior, processors.CallCredential{})
+	checkCredential(t, "Record.Credential of the first claim to name one", got[0].Record.Credential, second)
 }
 
 // testCredentialKept: no write but a winning claim changes the recorded
@@ -201,7 +222,7 @@ func testCredentialKept(t *testing.T, s processors.Store) {
 // testCredentialReleased: a release keeps the credential of the claim it
 // gives back; the claim that takes the call once the release ended is
 // Claimed with no Prior (nothing was sent under the released claim), and
-// records its own.
+// records its family, the call keeping its jti.
 func testCredentialReleased(t *testing.T, s processors.Store) {
 	k := key("cred:released")
 	first, second := cred("released"), cred("after-release")
@@ -219,8 +240,8 @@ func testCredentialReleased(t *testing.T, s processors.Store) {
 		t.Fatalf("Claim after the release ended outcome = %v; want Claimed", got[0].Outcome)
 	}
 	checkCredential(t, "Prior of a claim after a release", got[0].Prior, processors.CallCredential{})
-	checkCredential(t, "Record.Credential of a claim after a release", got[0].Record.Credential, second)
-	checkCredential(t, "Get after the claim: Credential", mustGet(t, s, k).Credential, second)
+	checkCredential(t, "Record.Credential of a claim after a release", got[0].Record.Credential, sticky(first, second))
+	checkCredential(t, "Get after the claim: Credential", mustGet(t, s, k).Credential, sticky(first, second))
 }
 
 // testCredentialIntraBatch: of several claims of one key in a batch, the
@@ -251,10 +272,11 @@ func testCredentialIntraBatch(t *testing.T, s processors.Store) {
 			t.Fatalf("Claim batch outcomes = %v, %v; want Reclaimed, Busy", got[0].Outcome, got[1].Outcome)
 		}
 		checkCredential(t, "batch[0] (Reclaimed) Prior", got[0].Prior, lapsed)
-		checkCredential(t, "batch[0] (Reclaimed) Record.Credential", got[0].Record.Credential, second)
-		checkCredential(t, "batch[1] (Busy) Record.Credential", got[1].Record.Credential, second)
+		won := sticky(lapsed, second)
+		checkCredential(t, "batch[0] (Reclaimed) Record.Credential", got[0].Record.Credential, won)
+		checkCredential(t, "batch[1] (Busy) Record.Credential", got[1].Record.Credential, won)
 		checkCredential(t, "batch[1] (Busy) Prior", got[1].Prior, processors.CallCredential{})
-		checkCredential(t, "Get after the batch: Credential", mustGet(t, s, k).Credential, second)
+		checkCredential(t, "Get after the batch: Credential", mustGet(t, s, k).Credential, won)
 	})
 }
 

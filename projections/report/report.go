@@ -195,8 +195,14 @@ func eventNote(e ledger.Event) string {
 	if e.ApprovalID != "" && e.Type != statemachine.EventExecuting {
 		parts = append(parts, "approval="+e.ApprovalID)
 	}
-	if e.JTI != "" && e.Type != statemachine.EventExecuting {
+	// On every event that names one, executing included: a call taken
+	// over names there the credential of the owner that died, which may
+	// have reached the tool, and its outcome another family.
+	if e.JTI != "" {
 		parts = append(parts, "jti="+e.JTI)
+	}
+	if e.CredentialFamily != "" {
+		parts = append(parts, "family="+e.CredentialFamily)
 	}
 	if e.Pointer != "" {
 		parts = append(parts, "pointer="+e.Pointer)
