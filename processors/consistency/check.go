@@ -99,6 +99,12 @@ type Report struct {
 	// unknown, no status lookup could tell): the ledger says the effect
 	// may have happened, and it did. Visible, not a failure.
 	ParkedWithEffect int `json:"parked_with_effect"`
+	// UnnamedCredentials counts the effects (reads and replays included)
+	// whose request carried a credential (the jti the tool recorded) that
+	// no committed event of its call names: a responder asking what that
+	// jti touched would not find the call. Effects the tool recorded
+	// without a jti (it verifies no credentials) are not counted.
+	UnnamedCredentials int `json:"unnamed_credentials"`
 
 	// StoreChecked counts the calls whose execution record CheckStore
 	// compared with the log; StoreDisagreements those whose record says
@@ -194,6 +200,7 @@ func (r Report) rows() []row {
 		{"unresolved", int64(r.Unresolved), true},
 		{"parked", int64(r.Parked), false},
 		{"parked_with_effect", int64(r.ParkedWithEffect), false},
+		{"unnamed_credentials", int64(r.UnnamedCredentials), true},
 		{"store_checked", int64(r.StoreChecked), false},
 		{"store_disagreements", int64(r.StoreDisagreements), true},
 	}
@@ -443,6 +450,10 @@ func Check(log *Log, submitted []Submitted, effects []demobackend.Effect) Report
 	seen := make(map[ledger.CallKey]bool) // calls with an effect that is not a replay
 	for i := range effects {
 		ef := &effects[i]
+		if k := effectCall(ef); ef.JTI != "" && !log.names(k, ef.JTI) {
+			r.UnnamedCredentials++
+			note("unnamed_credentials", fmt.Sprintf("%s:%s jti %s", ef.Tool, k, ef.JTI))
+		}
 		if ef.Replay {
 			continue
 		}

@@ -201,6 +201,7 @@ type counts struct {
 	DuplicateEvents, ConflictingEvents, IllegalTransitions int
 	DuplicateEffects, MissingEffects, OrphanEffects        int
 	OutcomeUnknown, Unresolved, Parked                     int
+	UnnamedCredentials                                     int
 	TimeToResolveP99                                       time.Duration
 }
 
@@ -210,7 +211,7 @@ func countsOf(r Report) counts {
 		DuplicateEvents: r.DuplicateEvents, ConflictingEvents: r.ConflictingEvents, IllegalTransitions: r.IllegalTransitions,
 		DuplicateEffects: r.DuplicateEffects, MissingEffects: r.MissingEffects, OrphanEffects: r.OrphanEffects,
 		OutcomeUnknown: r.OutcomeUnknown, Unresolved: r.Unresolved, Parked: r.Parked,
-		TimeToResolveP99: r.TimeToResolveP99,
+		UnnamedCredentials: r.UnnamedCredentials, TimeToResolveP99: r.TimeToResolveP99,
 	}
 }
 
@@ -317,6 +318,25 @@ func TestCheckRules(t *testing.T) {
 			eff("send_email", func(e *demobackend.Effect) { e.TenantID, e.IdempotencyKey = "t2", "t2/c1" }),
 		},
 		want: counts{Terminal: 1, OrphanEffects: 1},
+	}, {
+		// The second request carried a jti no event names (its
+		// executor died before recording, and the one that took the
+		// call over did not name it): counted once, reads and replays
+		// alike; an effect without a jti is not.
+		name: "an effect's credential no event names",
+		evs: append(history(c1, s, req, auth), with(ev(c1, 3, exec, 3*s), func(e *ledger.Event) { e.JTI = "jti-1" }),
+			with(ev(c1, 4, ok, 4*s), func(e *ledger.Event) { e.JTI = "jti-1" })),
+		effects: []demobackend.Effect{
+			eff("create_ticket", func(e *demobackend.Effect) { e.JTI = "jti-1" }),
+			eff("create_ticket", func(e *demobackend.Effect) { e.JTI, e.Replay = "jti-lost", true }),
+			eff("create_ticket", func(e *demobackend.Effect) { e.Replay = true }),
+		},
+		want: counts{Terminal: 1, UnnamedCredentials: 1},
+	}, {
+		name:    "an effect's credential named by another call only",
+		evs:     append(history(c1, s, req, auth, exec, ok), with(ev(key("c2"), 1, req, s), func(e *ledger.Event) { e.JTI = "jti-1" })),
+		effects: []demobackend.Effect{eff("create_ticket", func(e *demobackend.Effect) { e.JTI = "jti-1" })},
+		want:    counts{Terminal: 1, UnnamedCredentials: 1},
 	}, {
 		name:    "refused and later submitted properly",
 		evs:     append([]ledger.Event{ev(c1, 0, denied, 0)}, history(c1, s, req, pendingA)...),

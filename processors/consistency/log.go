@@ -89,6 +89,7 @@ type event struct {
 	attempt        int32
 	typ, reason    uint32
 	hash, approval uint32
+	jti            uint32
 }
 
 // ReadLog reads topic twice, from the start of every partition to its end
@@ -406,11 +407,21 @@ func (l *Log) add(e *ledger.Event) {
 		reason:   l.strs.id(e.Reason),
 		hash:     l.strs.id(e.ArgumentsHash),
 		approval: l.strs.id(e.ApprovalID),
+		jti:      l.strs.id(e.JTI),
 	}
 	if e.ExpiresAt != nil {
 		ev.expires = nanos(*e.ExpiresAt)
 	}
 	c.events = append(c.events, ev)
+}
+
+// names reports whether a committed event of the call k names jti.
+func (l *Log) names(k ledger.CallKey, jti string) bool {
+	c, ok := l.calls[k]
+	if !ok {
+		return false
+	}
+	return slices.ContainsFunc(c.events, func(e event) bool { return l.strs.str(e.jti) == jti })
 }
 
 // transition is the statemachine's view of e.
