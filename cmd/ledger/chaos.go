@@ -32,6 +32,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 	"github.com/toolcall-ledger/ledger/processors/consistency"
+	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
@@ -315,7 +316,28 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 	if err := writeRegistry(regDir, f.toolTimeout); err != nil {
 		return err
 	}
-	backend := demobackend.New(demobackend.Config{Logger: logger.With("component", "demobackend")})
+	// The backend verifies every credential, as a deployed tool does,
+	// with the keys of every process that mints them (the executors and
+	// the reconciler, each at an address of its own kept across its
+	// restarts): each effect then records its request's jti, which the
+	// check finds named by the call's events.
+	keyAddrs, err := freeLoopbackAddrs(f.executors + 1)
+	if err != nil {
+		return err
+	}
+	var keyURLs []string
+	for _, a := range keyAddrs {
+		keyURLs = append(keyURLs, "http://"+a+credentials.JWKSPath)
+	}
+	pages, err := g.httpClient.client(logger, 0)
+	if err != nil {
+		return err
+	}
+	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: demobackend.DefaultAudience, JWKSURLs: keyURLs, HTTPClient: pages, Logger: logger})
+	if err != nil {
+		return err
+	}
+	backend := demobackend.New(demobackend.Config{Credentials: verifier, Logger: logger.With("component", "demobackend")})
 	defer backend.Close()
 	srv, toolsURL, err := serveBackend(backend)
 	if err != nil {
@@ -333,7 +355,7 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		// LEDGER_KAFKA_GROUP_PREFIX the environment holds.
 		"--kafka-group-prefix", defaultGroupPrefix,
 	}
-	e.slots = chaosSlots(dir, f.executors, toolsURL, jwksFile, []string{"--crdb-dsn", dsn, "--registry-dir", regDir})
+	e.slots = chaosSlots(dir, f.executors, toolsURL, jwksFile, keyAddrs, []string{"--crdb-dsn", dsn, "--registry-dir", regDir})
 
 	fmt.Fprintf(progress, "chaos: %d executors, intake, reconciler; %g calls/s for %s (up to %s until every point is hit %d times); store %s; work dir %s\n",
 		f.executors, f.rate, f.duration, f.maxDuration, f.minCrashes, redactDSN(f.crdbDSN), dir)
@@ -1154,9 +1176,17 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // a reconciler, each with a data directory of its own under dir, which
 // also holds its credential keys (<data-dir>/credentials): a restarted
 // process signs with its predecessor's keys, and no two brokers rotate
-// keys in one directory, as no two deployed ones do. store are the flags
-// of the store and the registry every one of them takes.
-func chaosSlots(dir string, executors int, toolsURL, jwksFile string, store []string) []*chaosSlot {
+// keys in one directory, as no two deployed ones do. keyAddrs, one per
+// executor and then the reconciler's, are where each serves its keys
+// (--jwks-addr; fewer: the rest serve none). store are the flags of the
+// store and the registry every one of them takes.
+func chaosSlots(dir string, executors int, toolsURL, jwksFile string, keyAddrs []string, store []string) []*chaosSlot {
+	keys := func(i int) []string {
+		if i < len(keyAddrs) {
+			return []string{"--jwks-addr", keyAddrs[i]}
+		}
+		return nil
+	}
 	slots := []*chaosSlot{{
 		name: "intake-0", role: "intake", points: []failpoint.Name{failpoint.Consumed, failpoint.Produced, failpoint.Committed},
 		args: slices.Concat([]string{"intake", "--instance-id", "chaos-intake-0", "--data-dir", filepath.Join(dir, "intake-0"), "--issuer", benchIssuer, "--jwks-file", jwksFile}, store),
@@ -1165,11 +1195,11 @@ func chaosSlots(dir string, executors int, toolsURL, jwksFile string, store []st
 		name := "executor-" + strconv.Itoa(i)
 		slots = append(slots, &chaosSlot{
 			name: name, role: "executor", points: failpoint.All,
-			args: slices.Concat([]string{"executor", "--instance-id", "chaos-" + name, "--data-dir", filepath.Join(dir, name), "--tools-base-url", toolsURL}, store),
+			args: slices.Concat([]string{"executor", "--instance-id", "chaos-" + name, "--data-dir", filepath.Join(dir, name), "--tools-base-url", toolsURL}, keys(i), store),
 		})
 	}
 	return append(slots, &chaosSlot{
 		name: "reconciler-0", role: "reconciler",
-		args: slices.Concat([]string{"reconciler", "--instance-id", "chaos-reconciler-0", "--data-dir", filepath.Join(dir, "reconciler-0"), "--tools-base-url", toolsURL}, store),
+		args: slices.Concat([]string{"reconciler", "--instance-id", "chaos-reconciler-0", "--data-dir", filepath.Join(dir, "reconciler-0"), "--tools-base-url", toolsURL}, keys(executors), store),
 	})
 }

@@ -13,7 +13,7 @@ import (
 func TestChaosSlotsKeepTheirOwnKeys(t *testing.T) {
 	dir := t.TempDir()
 	seen := map[string]string{}
-	for _, s := range chaosSlots(dir, 3, "http://127.0.0.1:1", "jwks.json", []string{"--crdb-dsn", "postgres://x"}) {
+	for _, s := range chaosSlots(dir, 3, "http://127.0.0.1:1", "jwks.json", nil, []string{"--crdb-dsn", "postgres://x"}) {
 		if s.role == "intake" {
 			continue
 		}

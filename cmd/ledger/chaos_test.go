@@ -38,6 +38,11 @@ func TestChaosBounded(t *testing.T) {
 	if c.Effects == 0 || c.Events == 0 {
 		t.Errorf("check saw %d effects and %d events: nothing was checked", c.Effects, c.Events)
 	}
+	// The backend verifies credentials: every effect has its request's
+	// jti, for unnamed_credentials to check.
+	if c.CredentialEffects < c.Effects {
+		t.Errorf("%d effects recorded with a jti of %d new ones: want every one", c.CredentialEffects, c.Effects)
+	}
 	// Crashes before EndTxn leave aborted transactions in the log; a
 	// run without any did not test what it claims to.
 	if c.AbortedRecords == 0 {

@@ -105,6 +105,9 @@ type Report struct {
 	// jti touched would not find the call. Effects the tool recorded
 	// without a jti (it verifies no credentials) are not counted.
 	UnnamedCredentials int `json:"unnamed_credentials"`
+	// CredentialEffects counts the effects (reads and replays included)
+	// recorded with a jti: the ones UnnamedCredentials checks.
+	CredentialEffects int `json:"credential_effects"`
 
 	// StoreChecked counts the calls whose execution record CheckStore
 	// compared with the log; StoreDisagreements those whose record says
@@ -200,6 +203,7 @@ func (r Report) rows() []row {
 		{"unresolved", int64(r.Unresolved), true},
 		{"parked", int64(r.Parked), false},
 		{"parked_with_effect", int64(r.ParkedWithEffect), false},
+		{"credential_effects", int64(r.CredentialEffects), false},
 		{"unnamed_credentials", int64(r.UnnamedCredentials), true},
 		{"store_checked", int64(r.StoreChecked), false},
 		{"store_disagreements", int64(r.StoreDisagreements), true},
@@ -450,9 +454,12 @@ func Check(log *Log, submitted []Submitted, effects []demobackend.Effect) Report
 	seen := make(map[ledger.CallKey]bool) // calls with an effect that is not a replay
 	for i := range effects {
 		ef := &effects[i]
-		if k := effectCall(ef); ef.JTI != "" && !log.names(k, ef.JTI) {
-			r.UnnamedCredentials++
-			note("unnamed_credentials", fmt.Sprintf("%s:%s jti %s", ef.Tool, k, ef.JTI))
+		if ef.JTI != "" {
+			r.CredentialEffects++
+			if k := effectCall(ef); !log.names(k, ef.JTI) {
+				r.UnnamedCredentials++
+				note("unnamed_credentials", fmt.Sprintf("%s:%s jti %s", ef.Tool, k, ef.JTI))
+			}
 		}
 		if ef.Replay {
 			continue

@@ -201,7 +201,7 @@ type counts struct {
 	DuplicateEvents, ConflictingEvents, IllegalTransitions int
 	DuplicateEffects, MissingEffects, OrphanEffects        int
 	OutcomeUnknown, Unresolved, Parked                     int
-	UnnamedCredentials                                     int
+	UnnamedCredentials, CredentialEffects                  int
 	TimeToResolveP99                                       time.Duration
 }
 
@@ -211,7 +211,7 @@ func countsOf(r Report) counts {
 		DuplicateEvents: r.DuplicateEvents, ConflictingEvents: r.ConflictingEvents, IllegalTransitions: r.IllegalTransitions,
 		DuplicateEffects: r.DuplicateEffects, MissingEffects: r.MissingEffects, OrphanEffects: r.OrphanEffects,
 		OutcomeUnknown: r.OutcomeUnknown, Unresolved: r.Unresolved, Parked: r.Parked,
-		UnnamedCredentials: r.UnnamedCredentials, TimeToResolveP99: r.TimeToResolveP99,
+		UnnamedCredentials: r.UnnamedCredentials, CredentialEffects: r.CredentialEffects, TimeToResolveP99: r.TimeToResolveP99,
 	}
 }
 
@@ -331,12 +331,12 @@ func TestCheckRules(t *testing.T) {
 			eff("create_ticket", func(e *demobackend.Effect) { e.JTI, e.Replay = "jti-lost", true }),
 			eff("create_ticket", func(e *demobackend.Effect) { e.Replay = true }),
 		},
-		want: counts{Terminal: 1, UnnamedCredentials: 1},
+		want: counts{Terminal: 1, UnnamedCredentials: 1, CredentialEffects: 2},
 	}, {
 		name:    "an effect's credential named by another call only",
 		evs:     append(history(c1, s, req, auth, exec, ok), with(ev(key("c2"), 1, req, s), func(e *ledger.Event) { e.JTI = "jti-1" })),
 		effects: []demobackend.Effect{eff("create_ticket", func(e *demobackend.Effect) { e.JTI = "jti-1" })},
-		want:    counts{Terminal: 1, UnnamedCredentials: 1},
+		want:    counts{Terminal: 1, UnnamedCredentials: 1, CredentialEffects: 1},
 	}, {
 		name:    "refused and later submitted properly",
 		evs:     append([]ledger.Event{ev(c1, 0, denied, 0)}, history(c1, s, req, pendingA)...),
