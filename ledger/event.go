@@ -111,7 +111,7 @@ type Event struct {
 	// executor sends it under its own family). On the executing event of
 	// a call taken over after its owner's lease ran out, they name that
 	// owner's, which may have reached the tool (on every event of that
-	// step when the new owner sent none).
+	// step when the new owner minted none, and on a denial or expiry).
 	JTI             string `json:"jti,omitempty"`
 	CredentialScope string `json:"credential_scope,omitempty"`
 	// CredentialFamily groups the credentials of one tool, tenant and key

@@ -216,8 +216,8 @@ func TestCredentialAccepted(t *testing.T) {
 	}
 
 	want := []Effect{
-		{Seq: 1, Tool: ToolRefundOrder, IdempotencyKey: "k1", CallID: "call_k1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), Received: fixedNow(), JTI: jti},
-		{Seq: 2, Tool: ToolSendEmail, IdempotencyKey: "e1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), Received: fixedNow(), JTI: jti2},
+		{Seq: 1, Tool: ToolRefundOrder, IdempotencyKey: "k1", CallID: "call_k1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), Received: fixedNow(), JTI: jti, CredentialIssued: fixedNow()},
+		{Seq: 2, Tool: ToolSendEmail, IdempotencyKey: "e1", TenantID: "t_acme", Attempt: 1, At: fixedNow(), Received: fixedNow(), JTI: jti2, CredentialIssued: fixedNow()},
 	}
 	ignoreHash := cmpopts.IgnoreFields(Effect{}, "ArgsHash", "Result", "Resource")
 	if diff := cmp.Diff(want, e.s.Effects(), ignoreHash); diff != "" {

@@ -340,6 +340,7 @@ type callMeta struct {
 	attempt             int
 	traceparent         string    // the W3C trace context the request carried
 	jti                 string    // of the verified credential; "" without verification
+	issued              time.Time // the verified credential's iat
 	received            time.Time // when the request reached the handler
 	// ifMatch is the If-Match header: the version (an entity tag) the
 	// caller expects the call's resource at.
@@ -385,7 +386,7 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 	if !s.backendSecretOK(w, r, t.name, meta.tenant, meta.key) {
 		return
 	}
-	meta.jti, meta.received = claims.JTI, received
+	meta.jti, meta.issued, meta.received = claims.JTI, claims.IssuedAt, received
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
@@ -528,16 +529,17 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 	sum := sha256.Sum256(body)
 	argsHash := hex.EncodeToString(sum[:])
 	ef := Effect{
-		Tool:           t.name,
-		IdempotencyKey: meta.key,
-		CallID:         meta.callID,
-		TenantID:       meta.tenant,
-		Attempt:        meta.attempt,
-		ArgsHash:       argsHash,
-		JTI:            meta.jti,
-		Read:           t.kind == kindRead,
-		Received:       meta.received,
-		Traceparent:    meta.traceparent,
+		Tool:             t.name,
+		IdempotencyKey:   meta.key,
+		CallID:           meta.callID,
+		TenantID:         meta.tenant,
+		Attempt:          meta.attempt,
+		ArgsHash:         argsHash,
+		JTI:              meta.jti,
+		CredentialIssued: meta.issued,
+		Read:             t.kind == kindRead,
+		Received:         meta.received,
+		Traceparent:      meta.traceparent,
 	}
 
 	s.mu.Lock()

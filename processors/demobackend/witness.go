@@ -38,6 +38,9 @@ type Effect struct {
 	// backend verifies credentials (Config.Credentials): what an incident
 	// responder asks about ("what did jti X touch").
 	JTI string `json:"jti,omitempty"`
+	// CredentialIssued is that credential's iat: a call keeps one jti
+	// over all its executions, and each mints its credential anew.
+	CredentialIssued time.Time `json:"credential_issued,omitzero"`
 	// Traceparent is the W3C trace context the request carried: the
 	// agent's trace, propagated by the ledger.
 	Traceparent string `json:"traceparent,omitempty"`

@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"context"
 	"fmt"
 	"net/http/httptest"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
@@ -184,5 +186,38 @@ func TestReclaimAcrossAKeyRotationRuns(t *testing.T) {
 	own := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())
 	if effs := guarded.Effects(); len(effs) != 1 || effs[0].JTI != dead.JTI || evs[1].JTI != dead.JTI || evs[1].CredentialFamily != own {
 		t.Errorf("outcome names jti %q family %q, tool effects %+v; want the call's jti %s under the key signing now, %s", evs[1].JTI, evs[1].CredentialFamily, effs, dead.JTI, own)
+	}
+}
+
+// jtiRevoked is a kill switch that has revoked one jti and nothing else.
+type jtiRevoked struct{ jti string }
+
+func (f jtiRevoked) Revoked(jti, _ string) (control.Action, bool) {
+	if jti == f.jti {
+		return control.Action{Kind: control.KindRevoke, JTI: jti, By: "ops", Reason: "leaked"}, true
+	}
+	return control.Action{}, false
+}
+func (jtiRevoked) Current(context.Context, time.Duration) error { return nil }
+func (jtiRevoked) Frozen(string, string) (control.Action, bool) { return control.Action{}, false }
+
+// A call keeps its jti for life, so once that jti is revoked the tools
+// refuse every credential of the call: taken over, it is not sent again
+// (the tool would answer 401, and the call end failed though its dead
+// owner's request may have applied), and ends outcome_unknown for the
+// reconciler to find out.
+func TestReclaimOfARevokedJTISendsNothing(t *testing.T) {
+	r, broker, guarded := newGuardedRig(t)
+	auth, dead := r.admitClaimedByTheDead("create_ticket", "reclaim-revoked", map[string]any{"title": "t"})
+	out, err := r.executor(func(c *executor.Config) { c.Credentials, c.Freezes = broker, jtiRevoked{dead.JTI} }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, summary(evs)); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if last := evs[len(evs)-1]; last.ErrorCode != "reclaimed_"+executor.ReasonJTIRevoked || last.JTI != dead.JTI || len(guarded.Effects()) != 0 || r.backend.Requests() != 0 {
+		t.Errorf("outcome code %q naming jti %q, tool effects %+v; want reclaimed_%s, naming %s, nothing sent", last.ErrorCode, last.JTI, guarded.Effects(), executor.ReasonJTIRevoked, dead.JTI)
 	}
 }

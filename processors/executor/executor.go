@@ -1263,7 +1263,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		}
 		// Its family is known once it is minted: the key that signed it
 		// names it. A credential not sent is harmless.
-		if r := x.revokedFamily(cred.Family, cred.IssuedAt); r != nil {
+		if r := x.revoked(cred.JTI, cred.Family, cred.IssuedAt); r != nil {
 			return refuse(*r)
 		}
 		bearer = cred.Token
@@ -1363,7 +1363,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				// Nothing was sent under this claim: given back, as
 				// when the revocation is found right after the mint,
 				// until the tools accept its next credential.
-				r := x.revokedFamily(c.family, c.issued)
+				r := x.revoked(c.jti, c.family, c.issued)
 				if r == nil {
 					// Undone meanwhile: claimed again at once.
 					r = &refusal{reason: ReasonCredentialRevoked, later: true, detail: "credential family " + c.family + " was revoked before the call's request could leave"}
@@ -1600,7 +1600,7 @@ func (x *Executor) gate(tool, tenant string, tmpl *ledger.Event, c *completion) 
 		if _, frozen := x.cfg.Freezes.Frozen(tool, tenant); frozen {
 			return errFrozen
 		}
-		if x.revokedFamily(c.family, c.issued) != nil {
+		if x.revoked(c.jti, c.family, c.issued) != nil {
 			return errRevoked
 		}
 	}
@@ -1631,6 +1631,24 @@ func ifMatch(tool *schemas.Tool, tmpl ledger.Event) string {
 // call is given back until they no longer do, or, taken over, ends
 // outcome_unknown as any refusal of one does).
 const ReasonCredentialRevoked = "credential_family_revoked"
+
+// ReasonJTIRevoked is the refusal of a call whose jti was revoked: a call
+// keeps its jti for life, so every credential of it is refused by the
+// tools from then on, and none is sent. Taken over, the call ends
+// outcome_unknown (its earlier owner may have sent), for the reconciler.
+const ReasonJTIRevoked = "credential_revoked"
+
+// revoked is revokedFamily's refusal, or, before it, the refusal of a
+// call whose jti was revoked (ReasonJTIRevoked), for good.
+func (x *Executor) revoked(jti, family string, issued time.Time) *refusal {
+	if x.cfg.Freezes != nil && jti != "" {
+		if a, ok := x.cfg.Freezes.Revoked(jti, ""); ok && a.JTI == jti {
+			return &refusal{reason: ReasonJTIRevoked,
+				detail: fmt.Sprintf("credential %s, the call's, was revoked at %s (%s): the tools refuse every credential of the call, and none was sent", jti, a.At.Format(time.RFC3339), a.Reason)}
+		}
+	}
+	return x.revokedFamily(family, issued)
+}
 
 // revokedFamily is the refusal for now of a call whose credential was
 // minted in a family revoked so recently (up to RevocationSkew ago) that
@@ -1899,7 +1917,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		}
 		// A revocation too: checked after the mint, it may have come
 		// during a retry's backoff or the wait for a slot.
-		if x.revokedFamily(c.family, c.issued) != nil {
+		if x.revoked(c.jti, c.family, c.issued) != nil {
 			return httptool.Response{}, errRevoked
 		}
 	}

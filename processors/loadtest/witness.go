@@ -1,6 +1,8 @@
 package loadtest
 
 import (
+	"time"
+
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 )
 
@@ -19,7 +21,8 @@ type Witness struct {
 	Duplicates int64 `json:"duplicate_effects"`
 	// DuplicateSends are calls of a tool with effects (not a read) one of
 	// whose attempts reached the tool more than once under one claim
-	// (its credential's jti, when the backend verifies credentials): must
+	// (its credential, jti and iat, when the backend verifies
+	// credentials: a call keeps its jti, each claim mints anew): must
 	// be 0. The ledger's adapter never sends a request again, and a retry
 	// is an attempt of a higher number, so one sent twice is the executor
 	// sending it twice, which a tool that deduplicates by key
@@ -43,6 +46,7 @@ func Check(res Result, effects []demobackend.Effect) Witness {
 		call    int64
 		attempt int
 		jti     string
+		issued  time.Time
 	}
 	sent := make(map[send]int)
 	twice := make(map[int64]bool) // calls counted in DuplicateSends
@@ -52,7 +56,7 @@ func Check(res Result, effects []demobackend.Effect) Witness {
 			continue
 		}
 		if !ef.Read && ef.Attempt > 0 {
-			k := send{i, ef.Attempt, ef.JTI}
+			k := send{i, ef.Attempt, ef.JTI, ef.CredentialIssued}
 			if sent[k]++; sent[k] == 2 && !twice[i] {
 				twice[i] = true
 				w.DuplicateSends++

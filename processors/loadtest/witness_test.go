@@ -60,6 +60,13 @@ func attempt(ef demobackend.Effect, n int) demobackend.Effect {
 }
 
 // withJTI is ef as sent with the credential jti.
+// issuedLater is ef with its credential issued a lease later, as a
+// takeover's claim mints it.
+func issuedLater(ef demobackend.Effect) demobackend.Effect {
+	ef.CredentialIssued = ef.CredentialIssued.Add(30 * time.Second)
+	return ef
+}
+
 func withJTI(ef demobackend.Effect, jti string) demobackend.Effect {
 	ef.JTI = jti
 	return ef
@@ -147,10 +154,10 @@ func TestCheck(t *testing.T) {
 		},
 		{
 			// A takeover after the lease expired sends the attempt again
-			// under a claim of its own.
+			// under a claim of its own: the call's jti, minted anew.
 			name:      "an attempt sent again under another claim",
 			succeeded: []int64{0},
-			effects:   []demobackend.Effect{withJTI(attempt(witEffect(witRunID, 0), 1), "j1"), withJTI(attempt(witReplay(witRunID, 0), 1), "j2")},
+			effects:   []demobackend.Effect{withJTI(attempt(witEffect(witRunID, 0), 1), "j1"), issuedLater(withJTI(attempt(witReplay(witRunID, 0), 1), "j1"))},
 			want:      Witness{Effects: 1, Replays: 1},
 		},
 		{
