@@ -817,31 +817,49 @@ func (e *benchEnv) setNodeKeys(urls []string) {
 
 // runKeys is the backend's verifier's key set (VerifierConfig.Keys): the
 // keys every process of the run serves, in one set. A process that does
-// not answer (not started yet, or gone) adds none, and a key of it is
-// then unknown until a later fetch (the verifier fetches again on
-// meeting one, at most once a second); none answering is an error.
+// not answer (not started yet, gone, or stopped mid-answer) adds none,
+// and a key of it is then unknown until a later fetch (the verifier
+// fetches again on meeting one, at most once a second); none answering is
+// an error.
 func (e *benchEnv) runKeys(ctx context.Context) ([]byte, error) {
 	e.nodeKeysMu.Lock()
 	urls := slices.Clone(e.nodeKeys)
 	e.nodeKeysMu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
+	return keySets(ctx, e.pages, urls, 2*time.Second)
+}
+
+// keySets fetches the JWKS at urls, each within timeout and all at once,
+// so that one that hangs holds back none of the others, and returns
+// their keys in one set; none answering is an error.
+func keySets(ctx context.Context, hc *http.Client, urls []string, timeout time.Duration) ([]byte, error) {
+	sets := make([][]json.RawMessage, len(urls))
+	errs := make([]error, len(urls))
+	var wg sync.WaitGroup
+	for i, url := range urls {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			var set struct {
+				Keys []json.RawMessage `json:"keys"`
+			}
+			errs[i] = getJSON(ctx, hc, url, 1<<20, &set)
+			sets[i] = set.Keys
+		})
+	}
+	wg.Wait()
 	var all struct {
 		Keys []json.RawMessage `json:"keys"`
 	}
 	all.Keys = []json.RawMessage{}
-	var errs []error
-	for _, url := range urls {
-		var set struct {
-			Keys []json.RawMessage `json:"keys"`
-		}
-		if err := getJSON(ctx, e.pages, url, 1<<20, &set); err != nil {
-			errs = append(errs, err)
+	failed := 0
+	for i := range urls {
+		if errs[i] != nil {
+			failed++
 			continue
 		}
-		all.Keys = append(all.Keys, set.Keys...)
+		all.Keys = append(all.Keys, sets[i]...)
 	}
-	if len(urls) > 0 && len(errs) == len(urls) {
+	if len(urls) > 0 && failed == len(urls) {
 		return nil, errors.Join(errs...)
 	}
 	return json.Marshal(all)
