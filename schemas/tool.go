@@ -108,6 +108,22 @@ type Backend struct {
 	// of a third party, say), kept in the executor's keystore and sent
 	// only to the backend, as the X-Backend-Secret header. Empty: none.
 	SecretRef string `json:"secret_ref,omitempty"`
+	// CredentialSkewMS is how long past a per-call credential's expiry
+	// the backend's verifier still accepts it, when that is longer than
+	// the ledger's own assumption (credentials.DefaultSkew, 30 s): a
+	// paused executor's request can land that late, so the reconciler
+	// waits as long before it takes a status lookup's not_found as
+	// final. 0 or absent: the assumption. At most MaxCredentialSkew.
+	CredentialSkewMS int64 `json:"credential_skew_ms,omitempty"`
+}
+
+// MaxCredentialSkew bounds Backend.CredentialSkewMS: a verifier that
+// accepts credentials longer past their expiry is not bounding them.
+const MaxCredentialSkew = time.Hour
+
+// CredentialSkew is CredentialSkewMS as a duration.
+func (b Backend) CredentialSkew() time.Duration {
+	return time.Duration(b.CredentialSkewMS) * time.Millisecond
 }
 
 // StatusLookup is how the reconciler asks a backend whether a call whose
@@ -247,6 +263,9 @@ func (t *Tool) check() error {
 	}
 	if t.TimeoutMS < 0 {
 		bad("timeout_ms %d must not be negative", t.TimeoutMS)
+	}
+	if t.Backend.CredentialSkewMS < 0 || t.Backend.CredentialSkew() > MaxCredentialSkew {
+		bad("backend.credential_skew_ms %d must be between 0 and %d", t.Backend.CredentialSkewMS, MaxCredentialSkew.Milliseconds())
 	}
 	if t.MaxConcurrency < 0 {
 		bad("max_concurrency %d must not be negative", t.MaxConcurrency)

@@ -858,9 +858,15 @@ func (r *Reconciler) parkOrWait(rec processors.Record, tmpl ledger.Event, tool *
 // a request of it may still land at the tool: its last attempt started
 // before and lasts at most the tool's timeout; a paused executor's, not
 // yet sent, is accepted while its credential is, at most credentialSkew
-// past its expiry (which came before the outcome was recorded); and
-// notFoundSkew more for the clocks.
+// past its expiry (which came before the outcome was recorded), or the
+// tool's backend.credential_skew_ms if longer; and notFoundSkew more for
+// the clocks.
 func landing(tool *schemas.Tool, credentialSkew time.Duration) time.Duration {
+	if credentialSkew > 0 {
+		// The deployment mints credentials, and this tool's verifier
+		// may accept them longer past their expiry.
+		credentialSkew = max(credentialSkew, tool.Backend.CredentialSkew())
+	}
 	return max(tool.Timeout(), credentialSkew) + notFoundSkew
 }
 

@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -845,6 +846,17 @@ func TestReconcileNotFoundWaitsOutTheCredentialSkew(t *testing.T) {
 	}{
 		{"default, with credentials", func(c *executor.ReconcilerConfig) { c.Credentials = broker }, credentials.DefaultSkew},
 		{"set", func(c *executor.ReconcilerConfig) { c.CredentialSkew = 20 * time.Second }, 20 * time.Second},
+		// A tool whose verifier accepts credentials longer past their
+		// expiry says so in the registry.
+		{"declared by the tool", func(c *executor.ReconcilerConfig) {
+			c.Credentials = broker
+			c.Registry = registryEdited(t, func(file string, def []byte) []byte {
+				if strings.HasPrefix(file, "create_ticket.") {
+					return bytes.Replace(def, []byte(`"backend": {`), []byte(`"backend": {"credential_skew_ms": 90000, `), 1)
+				}
+				return def
+			})
+		}, 90 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -858,6 +870,9 @@ func TestReconcileNotFoundWaitsOutTheCredentialSkew(t *testing.T) {
 			const timeout = 2 * time.Second // create_ticket's
 			if got := r.reconcile(at(timeout+executor.NotFoundSkew+time.Second), unknown); len(got) != 0 {
 				t.Errorf("reconciled %v past the tool's timeout, within the credential skew; want nothing yet", got)
+			}
+			if got := r.reconcile(at(tc.skew+executor.NotFoundSkew-time.Second), unknown); len(got) != 0 {
+				t.Errorf("reconciled %v within the credential skew %s; want nothing yet", got, tc.skew)
 			}
 			if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(at(tc.skew+executor.NotFoundSkew+time.Second), unknown)); diff != "" {
 				t.Errorf("past the credential skew (-want +got):\n%s", diff)
