@@ -16,14 +16,8 @@ import (
 // credentialTests are the contract of Claim.Credential, Record.Credential
 // and ClaimResult.Prior: whoever takes a call over after a lease ran out
 // must learn what credential may have reached the tool under it.
-func credentialTests() []struct {
-	name string
-	fn   func(t *testing.T, s processors.Store)
-} {
-	return []struct {
-		name string
-		fn   func(t *testing.T, s processors.Store)
-	}{
+func credentialTests() []contractTest {
+	return []contractTest{
 		{"Credential/Recorded", testCredentialRecorded},
 		{"Credential/Reclaimed", testCredentialReclaimed},
 		{"Credential/Kept", testCredentialKept},

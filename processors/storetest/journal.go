@@ -13,14 +13,8 @@ import (
 )
 
 // journalTests are the contract of Completion.Journal and Settle.
-func journalTests() []struct {
-	name string
-	fn   func(t *testing.T, s processors.Store)
-} {
-	return []struct {
-		name string
-		fn   func(t *testing.T, s processors.Store)
-	}{
+func journalTests() []contractTest {
+	return []contractTest{
 		{"Journal/LoggedAtOnce", testJournalLoggedAtOnce},
 		{"Journal/SettleNotLogged", testJournalSettleNotLogged},
 		{"Journal/Stale", testJournalStale},

@@ -18,14 +18,8 @@ import (
 // rateLimitTests are the contract subtests of processors.RateLimiter, run
 // by Run against every store: the rate limit's state lives in the
 // execution store, so every store must implement it.
-func rateLimitTests() []struct {
-	name string
-	fn   func(t *testing.T, s processors.Store)
-} {
-	return []struct {
-		name string
-		fn   func(t *testing.T, s processors.Store)
-	}{
+func rateLimitTests() []contractTest {
+	return []contractTest{
 		{"RateLimit/Burst", limiter(testRateBurst)},
 		{"RateLimit/Refill", limiter(testRateRefill)},
 		{"RateLimit/Independent", limiter(testRateIndependent)},

@@ -55,16 +55,19 @@ var doneStatuses = []processors.Status{
 	processors.StatusExpired, processors.StatusDenied, processors.StatusRejected,
 }
 
+// contractTest is one subtest of the contract Run holds every store to.
+type contractTest struct {
+	name string
+	fn   func(t *testing.T, s processors.Store)
+}
+
 // Run runs the contract suite. Every subtest calls open for a fresh, empty
 // store of its own, runs in parallel with the others and closes the store
 // when it ends (open must not close it; it may register cleanup of other
 // resources with t.Cleanup, which then runs after the store is closed).
 func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 	t.Helper()
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, s processors.Store)
-	}{
+	tests := []contractTest{
 		{"Admit/Admitted", testAdmitAdmitted},
 		{"Admit/Duplicate", testAdmitDuplicate},
 		{"Admit/Conflict", testAdmitConflict},
