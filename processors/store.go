@@ -131,6 +131,14 @@ type Record struct {
 	// named one (a deployment that mints none, or a record of an older
 	// build).
 	Credential CallCredential
+	// UndoMarks counts the times an executor of the call's compensation
+	// found the call undoable and went on to send the undo (MarkUndo).
+	// Every Move carries the count it read (Move.FromUndoMarks), so that
+	// a move decided before a compensation started (a call settled failed
+	// by its status lookup, or by an operator) does not apply once the
+	// undo may be on its way. Zero for a call nothing undid, and in the
+	// records of older builds.
+	UndoMarks int64
 }
 
 // CallCredential names a call's per-call credential by its jti and its
@@ -386,16 +394,18 @@ type Release struct {
 
 // Move is a compare-and-set of a record's status, for the steps outside
 // the executor (an approval decided, a pending approval expired): it
-// applies only while the record is still at From and at seq FromSeq, and
-// then writes To, Seq and Outbox (the events of the step). Of several
-// concurrent moves of one record, one applies.
+// applies only while the record is still at From, at seq FromSeq and at
+// FromUndoMarks (Record.UndoMarks), and then writes To, Seq and Outbox
+// (the events of the step). Of several concurrent moves of one record, and
+// of a move and a MarkUndo of it, one applies.
 type Move struct {
-	Key     ledger.CallKey
-	From    Status
-	FromSeq int64
-	To      Status
-	Seq     int64
-	Outbox  []byte
+	Key           ledger.CallKey
+	From          Status
+	FromSeq       int64
+	FromUndoMarks int64
+	To            Status
+	Seq           int64
+	Outbox        []byte
 }
 
 // Logged says that the events of a call up to Seq are in the log.
@@ -484,9 +494,18 @@ type Store interface {
 	// so that a sweep after many executors died stays one small
 	// transaction.
 	Unlogged(ctx context.Context, olderThan time.Duration, after Cursor, limit int) ([]Record, error)
-	// Move applies each move whose record is still at its From status and
-	// FromSeq; applied[i] reports which did.
+	// Move applies each move whose record is still at its From status,
+	// FromSeq and FromUndoMarks; applied[i] reports which did.
 	Move(ctx context.Context, ms []Move) (applied []bool, err error)
+	// MarkUndo is the check an executor of key's compensation makes
+	// before it sends the undo: if the call's status is one of undoable,
+	// it counts the mark on the record (UndoMarks), in the same write, so
+	// that no move of the call read before it applies; it reports the
+	// status it found, and whether it marked the record. ErrNotFound when
+	// there is no record. A read instead of this write let a call be
+	// settled failed (no effect) between the check and the send, and then
+	// be undone.
+	MarkUndo(ctx context.Context, key ledger.CallKey, undoable []Status) (Status, bool, error)
 	// ByStatus returns up to limit records in status, oldest update
 	// first.
 	ByStatus(ctx context.Context, status Status, limit int) ([]Record, error)
@@ -576,6 +595,20 @@ func CheckReleases(rs []Release) error {
 	for i, r := range rs {
 		if r.Epoch <= 0 || r.After < 0 {
 			return fmt.Errorf("release %d (%v): want a claimed epoch and a delay not negative, got %d and %v", i, r.Key, r.Epoch, r.After)
+		}
+	}
+	return nil
+}
+
+// CheckUndoable: see CheckAdmissions. MarkUndo's statuses are known ones,
+// at least one.
+func CheckUndoable(undoable []Status) error {
+	if len(undoable) == 0 {
+		return errors.New("mark undo: no undoable status")
+	}
+	for _, st := range undoable {
+		if !slices.Contains(Statuses, st) {
+			return fmt.Errorf("mark undo: unknown status %q", st)
 		}
 	}
 	return nil

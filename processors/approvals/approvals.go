@@ -605,7 +605,7 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 			return nil, fmt.Errorf("approvals: %s: %w", f.rec.Key, err)
 		}
 		ms[i] = processors.Move{
-			Key: f.rec.Key, From: processors.StatusPending, FromSeq: f.rec.Seq,
+			Key: f.rec.Key, From: processors.StatusPending, FromSeq: f.rec.Seq, FromUndoMarks: f.rec.UndoMarks,
 			To: to[i], Seq: evs[i].Seq, Outbox: outbox,
 		}
 	}

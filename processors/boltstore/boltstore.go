@@ -324,6 +324,9 @@ type diskRecord struct {
 	// read as none.
 	JTI              string `json:"jti,omitempty"`
 	CredentialFamily string `json:"credential_family,omitempty"`
+	// Absent from the records of older builds, and of calls nothing
+	// undid: zero.
+	UndoMarks int64 `json:"undo_marks,omitempty"`
 }
 
 func toDisk(r processors.Record) diskRecord {
@@ -335,6 +338,7 @@ func toDisk(r processors.Record) diskRecord {
 		Result: r.Result, Seq: r.Seq, LoggedSeq: r.LoggedSeq, Outbox: r.Outbox,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 		JTI: r.Credential.JTI, CredentialFamily: r.Credential.Family,
+		UndoMarks: r.UndoMarks,
 	}
 }
 
@@ -347,6 +351,7 @@ func (d diskRecord) record() processors.Record {
 		Result: d.Result, Seq: d.Seq, LoggedSeq: d.LoggedSeq, Outbox: d.Outbox,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
 		Credential: processors.CallCredential{JTI: d.JTI, Family: d.CredentialFamily},
+		UndoMarks:  d.UndoMarks,
 	}
 }
 
@@ -869,8 +874,8 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 	}
 	return s.updateEach(ctx, "move", keys, func(i int, next *processors.Record, now time.Time) bool {
 		m := ms[i]
-		if next.Status != m.From || next.Seq != m.FromSeq {
-			return false // moved by someone else
+		if next.Status != m.From || next.Seq != m.FromSeq || next.UndoMarks != m.FromUndoMarks {
+			return false // moved by someone else, or an undo started
 		}
 		next.Status = m.To
 		next.Seq = m.Seq
@@ -878,6 +883,37 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		next.UpdatedAt = now
 		return true
 	})
+}
+
+// MarkUndo implements processors.Store. UpdatedAt is left alone: the
+// call took no step.
+func (s *Store) MarkUndo(ctx context.Context, k ledger.CallKey, undoable []processors.Status) (processors.Status, bool, error) {
+	if err := processors.CheckUndoable(undoable); err != nil {
+		return "", false, fmt.Errorf("boltstore mark undo: %w: %w", processors.ErrRejected, err)
+	}
+	var (
+		status        processors.Status
+		found, marked bool
+	)
+	err := s.update(ctx, "mark undo", func(x *txn) error {
+		cur, ok, err := x.get(k)
+		// Set on every run: a batched write may run fn again.
+		found, status, marked = ok, cur.Status, false
+		if err != nil || !ok || !slices.Contains(undoable, cur.Status) {
+			return err
+		}
+		next := cur
+		next.UndoMarks++
+		marked = true
+		return x.put(&cur, next)
+	})
+	if err != nil {
+		return "", false, err
+	}
+	if !found {
+		return "", false, fmt.Errorf("%v: %w", k, processors.ErrNotFound)
+	}
+	return status, marked, nil
 }
 
 // MarkLogged implements processors.Store. LoggedSeq only grows, and only

@@ -80,7 +80,7 @@ type Store interface {
 	ExpiredAfter(ctx context.Context, after processors.Cursor, limit int) ([]processors.Record, error)
 	Unlogged(ctx context.Context, olderThan time.Duration, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
-	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
+	MarkUndo(ctx context.Context, key ledger.CallKey, undoable []processors.Status) (processors.Status, bool, error)
 }
 
 // Minter mints the short-lived credential of one execution. The token
@@ -1170,21 +1170,28 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	// reconciler asked for undoes an outcome nobody could establish: if
 	// the call was found to have succeeded meanwhile (its park was never
 	// recorded, and a later lookup answered), the success stands.
+	//
+	// The check is a write on the call's record (MarkUndo), so that a
+	// move that settles the call from a read before it (failed, by its
+	// status lookup or an operator) does not apply: read, the call could
+	// be settled failed between the check and the send, and then undone.
 	if orig, ok := rec.Key.Compensates(); ok {
-		o, err := x.cfg.Store.Get(callCtx, orig)
-		undoable := o.Status == processors.StatusOutcomeUnknown || o.Status == processors.StatusParked ||
-			(o.Status == processors.StatusSucceeded && tmpl.UserID != ReconcilerUser)
+		undoable := []processors.Status{processors.StatusOutcomeUnknown, processors.StatusParked}
+		if tmpl.UserID != ReconcilerUser {
+			undoable = append(undoable, processors.StatusSucceeded)
+		}
+		status, marked, err := x.cfg.Store.MarkUndo(callCtx, orig, undoable)
 		switch {
 		case err != nil && !errors.Is(err, processors.ErrNotFound) && callCtx.Err() == nil && !reclaimed:
 			// Not known whether there is anything to undo: nothing is
 			// sent, and the call goes back, to be tried again.
-			log.Warn("the call a compensation would undo cannot be read; given back", "err", err)
+			log.Warn("the call a compensation would undo cannot be checked; given back", "err", err)
 			return x.releaseClaim(ctx, c, log, refusal{reason: "store_unavailable", detail: err.Error()})
 		case err != nil && !errors.Is(err, processors.ErrNotFound):
 			// Out of the call's time, or taken over: as refuse says.
-			return refuse(refusal{reason: "store_unavailable", detail: "the call it would undo cannot be read"})
-		case err == nil && !undoable:
-			return refuse(refusal{reason: ReasonNothingToUndo, detail: fmt.Sprintf("the call it would undo is %s", o.Status)})
+			return refuse(refusal{reason: "store_unavailable", detail: "the call it would undo cannot be checked"})
+		case err == nil && !marked:
+			return refuse(refusal{reason: ReasonNothingToUndo, detail: fmt.Sprintf("the call it would undo is %s", status)})
 		}
 	}
 	// A call its policies asked to run against a sandbox backend
@@ -1474,7 +1481,7 @@ func (x *Executor) denyMismatched(ctx context.Context, tmpls []ledger.Event, rec
 			return err
 		}
 		evs[i] = ev
-		moves[i] = processors.Move{Key: rec.Key, From: processors.StatusAuthorized, FromSeq: rec.Seq, To: processors.StatusDenied, Seq: rec.Seq + 1, Outbox: outbox}
+		moves[i] = processors.Move{Key: rec.Key, From: processors.StatusAuthorized, FromSeq: rec.Seq, FromUndoMarks: rec.UndoMarks, To: processors.StatusDenied, Seq: rec.Seq + 1, Outbox: outbox}
 	}
 	applied, err := x.cfg.Store.Move(ctx, moves)
 	if err != nil {

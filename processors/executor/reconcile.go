@@ -697,7 +697,8 @@ attempts:
 			// answer): recorded failed now, the call would say it had no
 			// effect while its undo ran. The compensation's outcome
 			// settles it, as resolve refuses an operator's failed
-			// (ErrUndoUnderWay).
+			// (ErrUndoUnderWay). One whose executor checks the call
+			// after rec was read fences the move out (UndoMarks).
 			switch comp, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey()); {
 			case errors.Is(err, processors.ErrNotFound):
 			case err != nil:
@@ -1251,7 +1252,7 @@ func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to process
 	outbox, _ := ledger.EncodeEvents(evs)
 	return pendingMove{
 		base: rec.LoggedSeq,
-		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, To: to, Seq: rec.Seq + 1, Outbox: outbox},
+		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, FromUndoMarks: rec.UndoMarks, To: to, Seq: rec.Seq + 1, Outbox: outbox},
 		evs:  evs,
 	}
 }
@@ -1387,7 +1388,9 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	// reconciler asked for is refused as having nothing to undo, which
 	// the resolver must confirm, below, and is then cancelled.) Once the
 	// compensation ended without undoing anything, or was itself
-	// resolved failed, the call is the operator's to settle.
+	// resolved failed, the call is the operator's to settle. The call is
+	// read before its compensation: one whose executor checks the call
+	// after that read fences the move out (UndoMarks, lostResolution).
 	ck := key.CompensationKey()
 	var cancel *pendingMove
 	switch comp, err := r.cfg.Store.Get(ctx, ck); {
@@ -1438,9 +1441,18 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 // apply: the call settled by someone else (ErrNotUnknown), or moved on
 // and still to settle, parked by the reconciler meanwhile
 // (ErrCallChanged), which the operator must be told, for "not unknown"
-// would say it was settled.
+// would say it was settled; or checked by its compensation's executor
+// meanwhile (ErrUndoUnderWay).
 func (r *Reconciler) lostResolution(ctx context.Context, key ledger.CallKey, rec processors.Record) error {
-	if now, err := r.cfg.Store.Get(ctx, key); err == nil && (now.Status == processors.StatusOutcomeUnknown || now.Status == processors.StatusParked) {
+	now, err := r.cfg.Store.Get(ctx, key)
+	switch {
+	case err != nil || now.Status != processors.StatusOutcomeUnknown && now.Status != processors.StatusParked:
+	case now.UndoMarks != rec.UndoMarks:
+		// An executor of the call's compensation checked the call after
+		// the resolution read it, and may be sending the undo.
+		ck := key.CompensationKey()
+		return fmt.Errorf("%w: %s started while the call was being resolved, and may undo it: ask again once it has ended (ledger trace %s)", ErrUndoUnderWay, ck, ck.IdempotencyKey)
+	default:
 		return fmt.Errorf("%w: it is %s now (seq %d, was %d): look at it again (ledger trace %s) before resolving it", ErrCallChanged, now.Status, now.Seq, rec.Seq, key.IdempotencyKey)
 	}
 	return ErrNotUnknown

@@ -30,17 +30,17 @@ import (
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
-// unreadableKey is the store, except that Get of key fails.
+// unreadableKey is the store, except that MarkUndo of key fails.
 type unreadableKey struct {
 	executor.Store
 	key ledger.CallKey
 }
 
-func (s unreadableKey) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+func (s unreadableKey) MarkUndo(ctx context.Context, k ledger.CallKey, undoable []processors.Status) (processors.Status, bool, error) {
 	if k == s.key {
-		return processors.Record{}, errors.New("connection reset")
+		return "", false, errors.New("connection reset")
 	}
-	return s.Store.Get(ctx, k)
+	return s.Store.MarkUndo(ctx, k, undoable)
 }
 
 // A compensation whose original call cannot be read sends nothing: it is
@@ -922,6 +922,107 @@ func TestResolveWaitsForTheCompensation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// compensatedAfterRead is a reconciler's store on which an operator's
+// compensation of orig is admitted and run, its undo sent, right after
+// the first read of its key: as one racing the reader would, the reader
+// having found none.
+type compensatedAfterRead struct {
+	executor.ReconcilerStore
+	r    *rig
+	orig ledger.CallKey
+	ran  bool
+	out  []*kgo.Record // the compensation's events
+}
+
+func (s *compensatedAfterRead) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	rec, err := s.ReconcilerStore.Get(ctx, k)
+	if k == s.orig.CompensationKey() && !s.ran {
+		s.ran = true
+		out, err := s.r.executor(nil).Step(ctx, []*kgo.Record{s.r.admitCompensation(s.orig, "u_operator")})
+		if err != nil {
+			s.r.t.Fatal(err)
+		}
+		s.out = out.Records
+	}
+	return rec, err
+}
+
+// racingReconciler is the rig's reconciler (on the clock now, if set) on
+// a compensatedAfterRead store of orig.
+func (r *rig) racingReconciler(orig ledger.CallKey, now func() time.Time) (*executor.Reconciler, *compensatedAfterRead) {
+	racer := &compensatedAfterRead{r: r, orig: orig}
+	return r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		racer.ReconcilerStore, c.Store = c.Store, racer
+		if now != nil {
+			c.Now = now
+		}
+	}), racer
+}
+
+// checkUndoneNotFailed fails unless the call k is still outcome_unknown,
+// its compensation having applied once (racer's), and is settled
+// compensated by that compensation's success, unknown's lookup failing.
+func (r *rig) checkUndoneNotFailed(k ledger.CallKey, unknown *kgo.Record, racer *compensatedAfterRead) {
+	r.t.Helper()
+	if !racer.ran {
+		r.t.Fatal("the compensation was never run: the race was not staged")
+	}
+	if n := r.backend.AppliedIn("cancel_refund", "t_a", k.CompensationKey().String()); n != 1 {
+		r.t.Fatalf("cancel_refund applied %d times; want 1 (the racing compensation)", n)
+	}
+	if rec, err := r.store.Get(r.t.Context(), k); err != nil || rec.Status != processors.StatusOutcomeUnknown {
+		r.t.Fatalf("the call is %s (%v); want outcome_unknown, its undo sent", rec.Status, err)
+	}
+	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
+	r.reconcileAll(r.reconciler(), append([]*kgo.Record{unknown}, racer.out...)...)
+	if rec, err := r.store.Get(r.t.Context(), k); err != nil || rec.Status != processors.StatusCompensated {
+		r.t.Errorf("once the compensation succeeded the call is %s (%v); want compensated", rec.Status, err)
+	}
+}
+
+// An operator's resolution as failed and the start of an operator's
+// compensation of the call exclude each other: the compensation's
+// executor found the call undoable between the resolution's check (no
+// compensation) and its write, and sent the undo; the resolution is
+// refused (ErrUndoUnderWay), the call left for the compensation to
+// settle. Before, the executor's check was a read, the resolution was
+// recorded, and the call said it had had no effect while it was undone.
+func TestResolveFailedRacingTheCompensation(t *testing.T) {
+	r := newRig(t)
+	orig, unknown := r.unknownRefundToUndo()
+	k := orig.Key()
+	rc, racer := r.racingReconciler(k, nil)
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	_, err := rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusFailed, Evidence: "no refund in the ledger of the bank"})
+	if !errors.Is(err, executor.ErrUndoUnderWay) || !strings.Contains(err.Error(), "started while the call was being resolved") {
+		t.Errorf("resolving failed as the compensation starts = %v; want ErrUndoUnderWay saying it started meanwhile", err)
+	}
+	r.checkUndoneNotFailed(k, unknown, racer)
+}
+
+// A status lookup's not_found and the start of an operator's compensation
+// of the call exclude each other as a resolution does: the move that
+// would record the call failed, decided before the compensation's
+// executor found the call undoable, does not apply.
+func TestReconcileNotFoundRacingTheCompensation(t *testing.T) {
+	r := newRig(t)
+	_, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
+	r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{Hang: true})
+	unknown := r.unknownWith(approved, func(c *executor.Config) { c.MaxAttempts = 1 })
+	r.backend.ClearFaults()
+	k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "kr"}
+	rec, err := r.store.Get(t.Context(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 2 * time.Second // refund_order's
+	late, racer := r.racingReconciler(k, func() time.Time { return rec.UpdatedAt.Add(timeout + executor.NotFoundSkew + time.Second) })
+	if got := r.reconcile(late, unknown); len(got) != 0 {
+		t.Errorf("reconciled %v as the compensation started; want nothing", got)
+	}
+	r.checkUndoneNotFailed(k, unknown, racer)
 }
 
 // An operator who asks to undo a call parked for the reconciler's

@@ -1025,12 +1025,15 @@ var recordCols = []string{
 	"tenant_id", "idempotency_key", "call_id", "arguments_hash", "tool", "tool_version",
 	"arguments", "deadline_at", "status", "epoch", "attempt", "lease_owner", "lease_until",
 	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at", "user_id",
-	"jti", "credential_family",
+	"jti", "credential_family", "undo_marks",
 }
 
 // queries holds the SQL with the table name filled in.
 type queries struct {
 	selectKeys, selectKeysForUpdate, insert, claim, complete, release, move, markLogged, expired, unlogged, byStatus, get string
+	// markUndo counts a compensation's mark on a record whose status is
+	// one of the undoable; status reads the status of one it did not.
+	markUndo, status string
 	// unloggedAfter is unlogged from a processors.Cursor on; expiredAfter
 	// is expired so.
 	unloggedAfter, expiredAfter string
@@ -1231,15 +1234,23 @@ RETURNING u.ord`),
 		// keys of one statement are distinct (Move sends a key's second
 		// move in a second statement, which sees the first's write), so
 		// UPDATE ... FROM never has two candidate rows for one record.
-		// logged_seq, epoch, the lease, attempt and result stay as they
-		// are. "to" is reserved: to_status.
+		// logged_seq, epoch, the lease, attempt, result and undo_marks
+		// stay as they are. "to" is reserved: to_status.
 		move: r.Replace(`UPDATE {table} AS r
 SET status = u.to_status, seq = u.seq, outbox = u.outbox, updated_at = now()
-FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BYTEA[], $8::BIGINT[])
-     AS u (t, k, from_status, from_seq, to_status, seq, outbox, ord)
+FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BYTEA[], $8::BIGINT[], $9::BIGINT[])
+     AS u (t, k, from_status, from_seq, to_status, seq, outbox, ord, from_undo_marks)
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k
-  AND r.status = u.from_status AND r.seq = u.from_seq
+  AND r.status = u.from_status AND r.seq = u.from_seq AND r.undo_marks = u.from_undo_marks
 RETURNING u.ord`),
+		// A single-row UPDATE whose WHERE holds the condition: under READ
+		// COMMITTED, PostgreSQL re-checks it against a row a concurrent
+		// move just wrote. updated_at is left alone: the call took no
+		// step.
+		markUndo: r.Replace(`UPDATE {table} SET undo_marks = undo_marks + 1
+WHERE tenant_id = $1 AND idempotency_key = $2 AND status = ANY($3::TEXT[])
+RETURNING status`),
+		status: r.Replace(`SELECT status FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
 		// GREATEST plus the WHERE: monotonic, and rows already logged that
 		// far are not rewritten; nor rows logged less far than the mark's
 		// base (processors.Logged.Base: a journal entry's revert came in
@@ -1345,7 +1356,7 @@ func (x *recordScan) dest() []any {
 		&r.Key.TenantID, &r.Key.IdempotencyKey, &r.CallID, &r.ArgumentsHash, &r.Tool, &x.toolVersion,
 		&r.Arguments, &x.deadline, &x.status, &r.Epoch, &x.attempt, &r.LeaseOwner, &x.leaseUntil,
 		&r.Result, &r.Seq, &r.LoggedSeq, &r.Outbox, &r.CreatedAt, &r.UpdatedAt, &r.UserID,
-		&r.Credential.JTI, &r.Credential.Family,
+		&r.Credential.JTI, &r.Credential.Family, &r.UndoMarks,
 	}
 }
 
@@ -1876,9 +1887,9 @@ func appliedOf(n int, done []int64) []bool {
 
 // moveRound is one statement of a Move batch: at most one move per key.
 type moveRound struct {
-	ts, ks, froms, tos   []string
-	fromSeqs, seqs, ords []int64
-	outboxes             [][]byte
+	ts, ks, froms, tos                  []string
+	fromSeqs, seqs, ords, fromUndoMarks []int64
+	outboxes                            [][]byte
 }
 
 // Move implements processors.Store. The batch is split into rounds, the
@@ -1905,13 +1916,14 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		r.ts, r.ks = append(r.ts, m.Key.TenantID), append(r.ks, m.Key.IdempotencyKey)
 		r.froms, r.tos = append(r.froms, string(m.From)), append(r.tos, string(m.To))
 		r.fromSeqs, r.seqs, r.ords = append(r.fromSeqs, m.FromSeq), append(r.seqs, m.Seq), append(r.ords, int64(i))
+		r.fromUndoMarks = append(r.fromUndoMarks, m.FromUndoMarks)
 		r.outboxes = append(r.outboxes, packOutbox(m.Outbox, s.packMin))
 	}
 	var applied []bool
 	err := s.inTx(ctx, "move", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		for _, r := range rounds {
-			b.Queue(s.q.move, r.ts, r.ks, r.froms, r.fromSeqs, r.tos, r.seqs, r.outboxes, r.ords)
+			b.Queue(s.q.move, r.ts, r.ks, r.froms, r.fromSeqs, r.tos, r.seqs, r.outboxes, r.ords, r.fromUndoMarks)
 		}
 		br := tx.SendBatch(ctx, b)
 		applied = make([]bool, len(ms))
@@ -1932,6 +1944,40 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		return nil, err
 	}
 	return applied, nil
+}
+
+// MarkUndo implements processors.Store. It runs at relaxed: the UPDATE
+// decides on the row alone, under its lock; a move that read the row
+// before it fails its compare-and-set, or (SERIALIZABLE) its commit and
+// then its compare-and-set once retried.
+func (s *Store) MarkUndo(ctx context.Context, k ledger.CallKey, undoable []processors.Status) (processors.Status, bool, error) {
+	if err := processors.CheckUndoable(undoable); err != nil {
+		return "", false, fmt.Errorf("pgstore mark undo: %w: %w", processors.ErrRejected, err)
+	}
+	sts := make([]string, len(undoable))
+	for i, st := range undoable {
+		sts[i] = string(st)
+	}
+	var (
+		status string
+		marked bool
+	)
+	err := s.inTxAt(ctx, "mark undo", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, s.q.markUndo, k.TenantID, k.IdempotencyKey, sts).Scan(&status)
+		if marked = err == nil; !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		// Not marked: a statement of its own, which sees the row as the
+		// move that settled it left it.
+		return tx.QueryRow(ctx, s.q.status, k.TenantID, k.IdempotencyKey).Scan(&status)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, fmt.Errorf("%v: %w", k, processors.ErrNotFound)
+	}
+	if err != nil {
+		return "", false, err
+	}
+	return processors.Status(status), marked, nil
 }
 
 // MarkLogged implements processors.Store.

@@ -439,7 +439,7 @@ func TestMigrateAddsUserColumn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, col := range []string{"user_id", "jti", "credential_family"} {
+	for _, col := range []string{"user_id", "jti", "credential_family", "undo_marks"} {
 		if !slices.Contains(st.MissingColumns, tableName+"."+col) {
 			t.Fatalf("Schema() of the old table = %+v; want %s missing (the test's premise)", st, col)
 		}
@@ -513,6 +513,73 @@ func TestMigrateAddsCredentialColumns(t *testing.T) {
 	}
 	if r, err := s.Get(ctx, k); err != nil || r.Credential != cred {
 		t.Errorf("Get after the reclaim = credential %+v, %v; want %+v", r.Credential, err, cred)
+	}
+}
+
+// TestMigrateAddsUndoMarks: a table of the build before compensations
+// marked the call they undo gets undo_marks; a call it left with an
+// unknown outcome has none, a move read from it applies, and a
+// compensation's check marks it and fences out a move read before.
+func TestMigrateAddsUndoMarks(t *testing.T) {
+	dsn := testDSN(t)
+	cfg := Config{DSN: dsn, Schema: newSchema(t, dsn)}
+	ctx := t.Context()
+	prev := open(t, cfg)
+	unknown := func(idem string) ledger.CallKey {
+		k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: idem}
+		admitAuthorized(t, prev, k)
+		res, err := prev.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Hour}})
+		if err != nil || res[0].Outcome != processors.Claimed {
+			t.Fatalf("Claim = %+v, %v; want Claimed", res, err)
+		}
+		done, err := prev.Complete(ctx, []processors.Completion{{Key: k, Epoch: res[0].Record.Epoch, Status: processors.StatusOutcomeUnknown, Attempt: 1, Seq: 3, Outbox: []byte(`[{"seq":3}]`)}})
+		if err != nil || !done[0] {
+			t.Fatalf("Complete = %v, %v; want applied", done, err)
+		}
+		return k
+	}
+	moved, undone := unknown("moved"), unknown("undone")
+	if _, err := prev.pool.Exec(ctx, "ALTER TABLE "+prev.table+" DROP COLUMN undo_marks"); err != nil {
+		t.Fatal(err)
+	}
+	prev.Close()
+	c := newChecker(t, cfg)
+	if st, err := c.Schema(ctx); err != nil || !slices.Equal(st.MissingColumns, []string{tableName + ".undo_marks"}) {
+		t.Fatalf("Schema() of the previous build's table = %+v, %v; want undo_marks missing (the test's premise)", st, err)
+	}
+
+	s := open(t, cfg) // runs Migrate
+	defer s.Close()
+	if st, err := c.Schema(ctx); err != nil || !st.Current() {
+		t.Errorf("Schema() after Open = %+v, %v; want current", st, err)
+	}
+	// read reads k, with no undo mark yet; settle moves it failed from
+	// what read returned.
+	read := func(k ledger.CallKey) processors.Record {
+		t.Helper()
+		r, err := s.Get(ctx, k)
+		if err != nil || r.UndoMarks != 0 {
+			t.Fatalf("Get(a call the previous build left unknown) = %d undo marks, %v; want 0", r.UndoMarks, err)
+		}
+		return r
+	}
+	settle := func(r processors.Record) bool {
+		t.Helper()
+		applied, err := s.Move(ctx, []processors.Move{{Key: r.Key, From: r.Status, FromSeq: r.Seq, FromUndoMarks: r.UndoMarks, To: processors.StatusFailed, Seq: r.Seq + 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return applied[0]
+	}
+	if !settle(read(moved)) {
+		t.Errorf("a move of a call the previous build left unknown, read after Migrate, did not apply; want it applied")
+	}
+	before := read(undone)
+	if st, marked, err := s.MarkUndo(ctx, undone, []processors.Status{processors.StatusOutcomeUnknown}); err != nil || !marked || st != processors.StatusOutcomeUnknown {
+		t.Fatalf("MarkUndo = %s, %v, %v; want outcome_unknown, marked", st, marked, err)
+	}
+	if settle(before) {
+		t.Errorf("a move read before the mark applied; want it refused")
 	}
 }
 

@@ -48,6 +48,11 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- older builds.
     jti             TEXT        NOT NULL DEFAULT '',
     credential_family TEXT      NOT NULL DEFAULT '',
+    -- How many times an executor of the call's compensation found the
+    -- call undoable before sending the undo (MarkUndo); every move
+    -- compares it, as it does seq, so that a move decided before the
+    -- undo started does not apply. 0 in the rows of older builds.
+    undo_marks      BIGINT      NOT NULL DEFAULT 0,
     -- The dedupe rests on this key, not on the isolation level: two
     -- admissions of one call cannot both insert.
     PRIMARY KEY (tenant_id, idempotency_key),
@@ -69,6 +74,8 @@ ALTER TABLE {table} ADD COLUMN IF NOT EXISTS user_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS jti TEXT NOT NULL DEFAULT '';
 
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS credential_family TEXT NOT NULL DEFAULT '';
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS undo_marks BIGINT NOT NULL DEFAULT 0;
 
 -- Expired: executing records whose lease ended, oldest first. Partial, so
 -- that it holds only the calls in flight: every update of a row writes
