@@ -222,7 +222,7 @@ person's assertion.`,
 	fs := cmd.Flags()
 	ch.register(fs)
 	idf.registerStaff(fs)
-	fs.StringVar(&httpAddr, "http-addr", "127.0.0.1:8080", "where the API and the console listen")
+	fs.StringVar(&httpAddr, "http-addr", devHTTPAddr, "where the API and the console listen")
 	fs.StringVar(&approvalsURL, "approvals-url", "", "base URL of `ledger approvals serve` (its --http-addr); empty: /v1/approvals is not served")
 	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs (`ledger reconciler --http-addr`); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")

@@ -46,7 +46,7 @@ var attachOnly = []string{"tools-url", "data-dir", "issuer-key", "issuer", "ledg
 func (f *attachFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.attach, "attach", false, "drive a ledger that is already running (ledger dev, or a deployment) instead of starting one: the calls go to its request topic (--topic-requests) on --kafka-brokers, their events are read from --topic-events, and the bench creates, restarts and drops nothing of the ledger's; the runs are the main run, --sweep and --sizes")
 	fs.StringVar(&f.toolsURL, "tools-url", "http://127.0.0.1:8081", "with --attach: the demo tool backend the running ledger's tools call (ledger dev serves it on its --backend-addr, ledger demo-backend on its --addr): duplicate and missing effects are counted from its GET /effects, and the direct floor calls it, or a backend of the bench's own if it refuses calls without the ledger's credential")
-	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "with --attach: the data directory of the ledger dev being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
+	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "with --attach: the data directory of the ledger dev being driven, whose dev issuer signs the agents' assertions (unless --issuer-key)")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")

@@ -67,7 +67,7 @@ func (k *kafkaFlags) loopIDs(role, instance string) (loopIDs, error) {
 const defaultGroupPrefix = "ledger"
 
 func (k *kafkaFlags) register(fs *pflag.FlagSet) {
-	fs.StringSliceVar(&k.brokers, "kafka-brokers", []string{"127.0.0.1:9092"}, "Kafka bootstrap brokers, comma separated")
+	fs.StringSliceVar(&k.brokers, "kafka-brokers", []string{devKafkaAddr}, "Kafka bootstrap brokers, comma separated")
 	fs.StringVar(&k.requests, "topic-requests", "toolcalls.requests", "topic agents publish envelopes to")
 	fs.StringVar(&k.events, "topic-events", "toolcalls.events", "the ledger's events topic")
 	fs.StringVar(&k.control, "topic-control", "toolcalls.control", "compacted control topic (kill switch, revocations)")
@@ -120,7 +120,7 @@ func (s *storeFlags) register(fs *pflag.FlagSet, withDataDir bool) {
 	fs.StringVar(&s.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store, e.g. postgresql://root@localhost:26257/ledger?sslmode=disable")
 	fs.BoolVar(&s.plainOutboxes, "plain-outboxes", false, "with --crdb-dsn, store the events' outboxes uncompressed, as builds before compressed outboxes did: set it during a rolling upgrade from such a build (both forms are always read)")
 	if withDataDir {
-		fs.StringVar(&s.dataDir, "data-dir", "./.ledger", "directory for embedded state (Kafka log, execution store, call index)")
+		fs.StringVar(&s.dataDir, "data-dir", devDataDir, "directory for embedded state (Kafka log, execution store, call index)")
 	}
 }
 

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -73,8 +75,8 @@ API. A restart with the same --data-dir keeps every call. Ctrl-C stops it.`,
 	f.policy.register(fs, true)
 	f.policy.registerRefusals(fs)
 	f.creds.register(fs)
-	fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "where the in-process Kafka listens (loopback only)")
-	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:8080", "where the HTTP API listens (loopback only)")
+	fs.StringVar(&f.kafkaAddr, "kafka-addr", devKafkaAddr, "where the in-process Kafka listens (loopback only)")
+	fs.StringVar(&f.httpAddr, "http-addr", devHTTPAddr, "where the HTTP API listens (loopback only)")
 	fs.StringVar(&f.backendAddr, "backend-addr", "127.0.0.1:8081", "where the demo tool backend listens (loopback only)")
 	fs.StringVar(&f.clickhouse.dsn, "clickhouse-dsn", "", "project into this ClickHouse too (native protocol), and answer the incident queries from it; empty: from the embedded index")
 	fs.StringVar(&f.clickhouse.database, "clickhouse-database", "ledger_dev", "ClickHouse database of dev's projection: never a production one")
@@ -514,6 +516,14 @@ func (s storeResults) Result(ctx context.Context, key ledger.CallKey) (httpapi.R
 	return res, nil
 }
 
+// The data directory and addresses ledger dev uses, and every command
+// that talks to it assumes, when not told otherwise.
+const (
+	devDataDir   = "./.ledger"
+	devKafkaAddr = "127.0.0.1:9092"
+	devHTTPAddr  = "127.0.0.1:8080"
+)
+
 type banner struct {
 	issuer  string
 	policy  string
@@ -547,11 +557,41 @@ Toolcall Ledger (dev) is running. Ctrl-C stops it.
   Credential keys      http://%s/.well-known/jwks.json
 %s
 Try:
-  go run ./cmd/ledger submit --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
+  go run ./cmd/ledger submit%s --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
   curl -s 'http://%s/v1/calls/<idempotency_key>?tenant_id=t_demo'
-  go run ./cmd/ledger blast-radius --tool get_weather --tenant t_demo --since 1h
+  go run ./cmd/ledger blast-radius%s --tool get_weather --tenant t_demo --since 1h
 
-`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, profiles, b.api)
+`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, profiles,
+		b.tryFlags(true), b.api, b.tryFlags(false))
+}
+
+// tryFlags are the flags the banner's example commands need to reach this
+// ledger dev: those whose defaults it does not run on (a --data-dir, a
+// --kafka-addr or an --http-addr of its own). kafka: the command talks to
+// Kafka (submit), else to the HTTP API (blast-radius).
+func (b banner) tryFlags(kafka bool) string {
+	var flags []string
+	if kafka && !slices.Equal(b.kafka, []string{devKafkaAddr}) {
+		flags = append(flags, "--kafka-brokers", shellWord(strings.Join(b.kafka, ",")))
+	}
+	if !kafka && b.api != devHTTPAddr {
+		flags = append(flags, "--api", shellWord("http://"+b.api))
+	}
+	if filepath.Clean(b.dataDir) != filepath.Clean(devDataDir) {
+		flags = append(flags, "--data-dir", shellWord(b.dataDir))
+	}
+	if len(flags) == 0 {
+		return ""
+	}
+	return " " + strings.Join(flags, " ")
+}
+
+// shellWord quotes s for a POSIX shell, where it needs it.
+func shellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:,=@%+") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // loopbackOnly refuses an address other machines could reach: ledger dev

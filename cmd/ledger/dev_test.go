@@ -557,6 +557,39 @@ func TestDevBannerProfiles(t *testing.T) {
 	}
 }
 
+// The banner's example commands name what this ledger dev runs on that
+// their defaults do not: another --data-dir (quoted for the shell), Kafka
+// address or HTTP address. Before, they assumed the defaults, and a
+// submit copied from the banner of ledger dev --data-dir elsewhere found no
+// dev issuer and was refused.
+func TestDevBannerTryCommands(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		b             banner
+		submit, blast string
+	}{
+		{"defaults", banner{dataDir: devDataDir, kafka: []string{devKafkaAddr}, api: devHTTPAddr},
+			"go run ./cmd/ledger submit --tool get_weather",
+			"go run ./cmd/ledger blast-radius --tool get_weather"},
+		{"defaults written otherwise", banner{dataDir: ".ledger/", kafka: []string{devKafkaAddr}, api: devHTTPAddr},
+			"go run ./cmd/ledger submit --tool get_weather",
+			"go run ./cmd/ledger blast-radius --tool get_weather"},
+		{"its own", banner{dataDir: "/srv/it's here", kafka: []string{"127.0.0.1:19092"}, api: "127.0.0.1:18080"},
+			`go run ./cmd/ledger submit --kafka-brokers 127.0.0.1:19092 --data-dir '/srv/it'\''s here' --tool get_weather`,
+			`go run ./cmd/ledger blast-radius --api http://127.0.0.1:18080 --data-dir '/srv/it'\''s here' --tool get_weather`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b strings.Builder
+			printBanner(&b, tc.b)
+			for _, want := range []string{"\n  " + tc.submit + " ", "\n  " + tc.blast + " "} {
+				if !strings.Contains(b.String(), want) {
+					t.Errorf("banner lacks %q:\n%s", want, b.String())
+				}
+			}
+		})
+	}
+}
+
 // ledger dev refuses to listen where another machine could reach it: its
 // API answers every tenant's calls without credentials.
 func TestDevLoopbackOnly(t *testing.T) {

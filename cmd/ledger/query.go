@@ -92,9 +92,9 @@ type queryFlags struct {
 
 func (q *queryFlags) register(fs *pflag.FlagSet) {
 	q.ch.register(fs)
-	fs.StringVar(&q.api, "api", "http://127.0.0.1:8080", "the ledger's HTTP API, asked when there is no --clickhouse-dsn: https, or http on loopback only (the requests carry the assertion)")
+	fs.StringVar(&q.api, "api", "http://"+devHTTPAddr, "the ledger's HTTP API, asked when there is no --clickhouse-dsn: https, or http on loopback only (the requests carry the assertion)")
 	fs.StringVar(&q.assertion, "assertion", "", "an operator's assertion for --api; default: minted by the dev issuer in --data-dir")
-	fs.StringVar(&q.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer mints the operator's assertion")
+	fs.StringVar(&q.dataDir, "data-dir", devDataDir, "data directory of `ledger dev`, whose dev issuer mints the operator's assertion")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")

@@ -73,8 +73,8 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long --wait waits")
 	fs.IntVar(&f.retryLater, "retry-later", 3, "with --wait: how many times to send the envelope again, same key, after a refusal for now (rate_limited, policy_timeout, policy_unavailable) once the wait it names has passed, if its answer can come within --timeout (0: never)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
-	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider); default: one minted by the dev issuer in --data-dir, if there is one")
-	fs.StringVar(&f.dataDir, "data-dir", "./.ledger", "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
+	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider); default: one minted by the dev issuer in --data-dir (without either, submit refuses to send: the ledger would refuse the call)")
+	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")
@@ -402,13 +402,13 @@ func (f *submitFlags) envelope() ([]byte, error) {
 	}
 	assertion := f.assertion
 	if assertion == "" {
+		// Sent without one, the call would only be refused
+		// (assertion_missing) once it reached the ledger.
 		if assertion, err = devAssertion(f.dataDir, f.tenant, f.user); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("no identity assertion: pass --assertion (a JWT from your identity provider), or the --data-dir of the ledger dev whose issuer mints one: %w", err)
 		}
 	}
-	if assertion != "" {
-		env["assertion"] = assertion
-	}
+	env["assertion"] = assertion
 	if f.deadline > 0 {
 		env["deadline_ms"] = f.deadline.Milliseconds()
 	}

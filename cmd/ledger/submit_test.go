@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -87,6 +88,34 @@ func TestSubmitWaitAfterResend(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `(state "requested")`) || strings.Contains(err.Error(), "refusal") {
 		t.Errorf("a resend admitted, its call still running at --timeout: %v; want the call's state said", err)
 	}
+}
+
+// submit with no --assertion and no dev issuer in --data-dir (a ledger dev
+// run on another one, or none yet) says so and publishes nothing. Before,
+// it published the envelope without an assertion, for the ledger to refuse
+// it (assertion_missing), and --wait printed only that refusal; an
+// unreadable issuer key went unsaid the same way.
+func TestSubmitWithoutAnAssertionPublishesNothing(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	dir := t.TempDir()
+	err := cliErr(t, append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`, "--wait", "--timeout", "5s")...)
+	if err == nil || !strings.Contains(err.Error(), "no identity assertion: pass --assertion") || !strings.Contains(err.Error(), "run `ledger dev --data-dir "+dir+"` once first") {
+		t.Errorf("submit without an assertion or a dev issuer: %v; want it to say how to get one", err)
+	}
+	cl, err := ledger.NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(t.Context(), topics.Requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset != 0 {
+			t.Errorf("%s partition %d ends at %d; want nothing published", o.Topic, o.Partition, o.Offset)
+		}
+	})
 }
 
 // submit --wait through Kafka does not take a call settled under the key

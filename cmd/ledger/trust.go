@@ -274,7 +274,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&dataDir, "data-dir", "./.ledger", "the data directory of `ledger dev`, where the dev issuer's key is")
+	fs.StringVar(&dataDir, "data-dir", devDataDir, "the data directory of `ledger dev`, where the dev issuer's key is")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")
@@ -298,12 +298,13 @@ func devIssuer(dataDir string) (*identity.Issuer, error) {
 	return identity.LoadOrCreateIssuer(path, DevIssuer)
 }
 
-// devAssertion mints an assertion for a submit in dev, when the dev
-// issuer's key is in dataDir; "" when it is not.
+// devAssertion mints an assertion for a submit in dev with the dev
+// issuer's key in dataDir, and says why it cannot when the key is not
+// there or cannot be read.
 func devAssertion(dataDir, tenant, user string) (string, error) {
 	iss, err := devIssuer(dataDir)
 	if err != nil {
-		return "", nil
+		return "", err
 	}
 	return iss.Mint(identity.Identity{Tenant: tenant, User: user, Agent: "agent_cli"}, identity.DefaultAudience, 10*time.Minute)
 }
