@@ -119,6 +119,8 @@ var (
 	// errRevoked: the family of the call's credential was revoked before
 	// an attempt was sent: the tools would refuse it (401).
 	errRevoked = &heldBack{ReasonCredentialRevoked}
+	// errJTIRevoked: the call's jti was, which the tools refuse for good.
+	errJTIRevoked = &heldBack{ReasonJTIRevoked}
 )
 
 // Secrets hands out the long-lived secrets tool backends demand.
@@ -1366,14 +1368,14 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				// It started, and did nothing: failed, not denied.
 				log.Info("request held back before a retry", "why", hb.why)
 				return c.finish(processors.StatusFailed, attempt-1, ReasonUnavailable, hb.why, nil)
-			case hb == errRevoked:
+			case hb == errRevoked || hb == errJTIRevoked:
 				// Nothing was sent under this claim: given back, as
 				// when the revocation is found right after the mint,
 				// until the tools accept its next credential.
 				r := x.revoked(c.jti, c.family, c.issued)
 				if r == nil {
 					// Undone meanwhile: claimed again at once.
-					r = &refusal{reason: ReasonCredentialRevoked, later: true, detail: "credential family " + c.family + " was revoked before the call's request could leave"}
+					r = &refusal{reason: hb.why, later: true, detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") was revoked before its request could leave"}
 				}
 				return refuse(*r)
 			case hb == errFrozen:
@@ -1607,8 +1609,8 @@ func (x *Executor) gate(tool, tenant string, tmpl *ledger.Event, c *completion) 
 		if _, frozen := x.cfg.Freezes.Frozen(tool, tenant); frozen {
 			return errFrozen
 		}
-		if x.revoked(c.jti, c.family, c.issued) != nil {
-			return errRevoked
+		if err := x.heldRevoked(c); err != nil {
+			return err
 		}
 	}
 	if !approvalHolds(tmpl, x.cfg.Now()) {
@@ -1655,6 +1657,20 @@ func (x *Executor) revoked(jti, family string, issued time.Time) *refusal {
 		}
 	}
 	return x.revokedFamily(family, issued)
+}
+
+// heldRevoked is the hold of a request whose credential was revoked, by
+// its jti (errJTIRevoked) or its family (errRevoked), so that the call
+// ends under the revocation's own reason; nil when neither was.
+func (x *Executor) heldRevoked(c *completion) error {
+	switch r := x.revoked(c.jti, c.family, c.issued); {
+	case r == nil:
+		return nil
+	case r.reason == ReasonJTIRevoked:
+		return errJTIRevoked
+	default:
+		return errRevoked
+	}
 }
 
 // revokedFamily is the refusal for now of a call whose credential was
@@ -1924,8 +1940,8 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		}
 		// A revocation too: checked after the mint, it may have come
 		// during a retry's backoff or the wait for a slot.
-		if x.revoked(c.jti, c.family, c.issued) != nil {
-			return httptool.Response{}, errRevoked
+		if err := x.heldRevoked(c); err != nil {
+			return httptool.Response{}, err
 		}
 	}
 	// An approval is checked as late (I4): recheckApproval checked it at

@@ -30,12 +30,12 @@ type switchedFreezes struct {
 	on    atomic.Bool
 	stale atomic.Bool
 	fresh chan struct{}
-	// revoked, if set, is a family's revocation.
+	// revoked, if set, is a family's revocation, or a jti's.
 	revoked atomic.Pointer[control.Action]
 }
 
-func (f *switchedFreezes) Revoked(_, family string) (control.Action, bool) {
-	if a := f.revoked.Load(); a != nil && a.Family == family {
+func (f *switchedFreezes) Revoked(jti, family string) (control.Action, bool) {
+	if a := f.revoked.Load(); a != nil && (a.Family != "" && a.Family == family || a.JTI != "" && a.JTI == jti) {
 		return *a, true
 	}
 	return control.Action{}, false
@@ -100,9 +100,11 @@ func afterFirstRequest(t *testing.T, r *rig, then func()) (url string, requests 
 // call's credential does the same, code credential_family_revoked: before,
 // it was looked at after the mint only, and a retry sent the revoked
 // credential, which the tools refuse (401: failed tool_refused, with
-// nothing to say why).
+// nothing to say why). A revocation of the call's jti too, under its own
+// code, credential_revoked (it was said credential_family_revoked, a
+// revocation nobody made).
 func TestFreezeStopsRetries(t *testing.T) {
-	for _, hold := range []string{executor.ReasonToolFrozen, executor.ReasonCredentialRevoked} {
+	for _, hold := range []string{executor.ReasonToolFrozen, executor.ReasonCredentialRevoked, executor.ReasonJTIRevoked} {
 		t.Run(hold, func(t *testing.T) { testHoldStopsRetries(t, hold) })
 	}
 }
@@ -135,14 +137,23 @@ func testHoldStopsRetries(t *testing.T, hold string) {
 				t.Fatal(err)
 			}
 			url, requests := afterFirstRequest(t, r, func() {
-				if hold == executor.ReasonToolFrozen {
+				switch hold {
+				case executor.ReasonToolFrozen:
 					fz.on.Store(true)
-					return
+				case executor.ReasonJTIRevoked:
+					// The jti its claim recorded, as a responder reads it
+					// off the call's events.
+					rec, err := r.store.Get(context.Background(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "kf"})
+					if err != nil || rec.Credential.JTI == "" {
+						t.Errorf("the call's record names jti %q (%v); want one", rec.Credential.JTI, err)
+					}
+					fz.revoked.Store(&control.Action{Kind: control.KindRevoke, JTI: rec.Credential.JTI, At: time.Now(), Reason: "token leaked"})
+				default:
+					// After the mint: the credential, issued in a second
+					// before now, falls in the revocation.
+					fz.revoked.Store(&control.Action{Kind: control.KindRevoke, Family: credentials.FamilyOf(tc.tool, "t_a", broker.KeyEpoch()),
+						At: time.Now(), Reason: "executor compromised"})
 				}
-				// After the mint: the credential, issued in a second
-				// before now, falls in the revocation.
-				fz.revoked.Store(&control.Action{Kind: control.KindRevoke, Family: credentials.FamilyOf(tc.tool, "t_a", broker.KeyEpoch()),
-					At: time.Now(), Reason: "executor compromised"})
 			})
 			x := r.executor(func(c *executor.Config) {
 				c.Freezes, c.BaseURL, c.RetryBackoff, c.Credentials, c.RevocationSkew = fz, url, 20*time.Millisecond, broker, time.Minute
