@@ -226,6 +226,10 @@ func New(cfg Config) (*Service, error) {
 // follows the request that took them.
 const publishTimeout = 10 * time.Second
 
+// moveTimeout bounds the write of decisions, which runs to its end once
+// sent (move).
+const moveTimeout = 10 * time.Second
+
 // Approval is what the queue shows of one approval.
 type Approval struct {
 	ID             string    `json:"id"`
@@ -588,6 +592,33 @@ func (s *Service) event(f *found, now time.Time) ledger.Event {
 	return ev
 }
 
+// movedAfterAll reads back the records of moves whose write failed with
+// moveErr, which may have committed all the same (CockroachDB's ambiguous
+// result, a connection lost on COMMIT): the moves are one transaction, so
+// a record holding its move's event (evs[i], the last of its outbox) says
+// it committed, and which moves applied. Otherwise moveErr stands.
+func (s *Service) movedAfterAll(ctx context.Context, ms []processors.Move, evs []ledger.Event, moveErr error) ([]bool, error) {
+	applied := make([]bool, len(ms))
+	committed := false
+	for i, m := range ms {
+		rec, err := s.cfg.Store.Get(ctx, m.Key)
+		if err != nil {
+			return nil, errors.Join(moveErr, err)
+		}
+		if rec.Status != m.To || rec.Seq != m.Seq {
+			continue
+		}
+		if out, err := ledger.DecodeEvents(rec.Outbox); err == nil && len(out) > 0 && out[len(out)-1].EventID == evs[i].EventID {
+			applied[i], committed = true, true
+		}
+	}
+	if !committed {
+		return nil, moveErr
+	}
+	s.cfg.Logger.Warn("a decision's write failed, and had applied: taken", "err", moveErr)
+	return applied, nil
+}
+
 // move applies one decision per found record as a compare-and-set from
 // pending at its current seq, publishes the events of the moves that
 // applied and marks them logged. It returns the moved records as they now
@@ -609,9 +640,17 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 			To: to[i], Seq: evs[i].Seq, Outbox: outbox,
 		}
 	}
-	applied, err := s.cfg.Store.Move(ctx, ms)
+	// Once sent, the write runs to its end whether or not the approver
+	// still waits (a client gone, the CLI's timeout, a server stopping):
+	// cancelled mid-commit, a decision that may have applied was answered
+	// as failed, and its events left to the unlogged sweep.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moveTimeout)
+	defer cancel()
+	applied, err := s.cfg.Store.Move(mctx, ms)
 	if err != nil {
-		return nil, fmt.Errorf("approvals: move %d records: %w", len(ms), err)
+		if applied, err = s.movedAfterAll(mctx, ms, evs, err); err != nil {
+			return nil, fmt.Errorf("approvals: move %d records: %w", len(ms), err)
+		}
 	}
 	var (
 		moved  []processors.Record
@@ -644,13 +683,13 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 	// still waits for the answer (a client gone, a server shutting
 	// down), since one left to the unlogged sweep reaches the executors
 	// 10 s or more later, which can outlast an approval's window.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
-	defer cancel()
-	if err := s.cfg.Publisher.Publish(ctx, recs...); err != nil {
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
+	defer pcancel()
+	if err := s.cfg.Publisher.Publish(pctx, recs...); err != nil {
 		s.cfg.Logger.Warn("publish decisions failed; the unlogged sweep will append them", "records", len(logged), "err", err)
 		return moved, nil
 	}
-	if err := s.cfg.Store.MarkLogged(ctx, logged); err != nil {
+	if err := s.cfg.Store.MarkLogged(pctx, logged); err != nil {
 		// The events are in the log; the sweep appends them again and
 		// readers drop the duplicates.
 		s.cfg.Logger.Warn("mark decisions logged", "records", len(logged), "err", err)

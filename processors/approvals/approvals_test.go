@@ -907,6 +907,91 @@ func TestDecisionPublishedAfterItsRequestEnded(t *testing.T) {
 	}
 }
 
+// cancelDuringMove is the store, whose Move ends the decision's request
+// before it writes: the approver's client gone, or the server stopping,
+// while the commit is on its way.
+type cancelDuringMove struct {
+	approvals.Store
+	cancel context.CancelFunc
+}
+
+func (s cancelDuringMove) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	s.cancel()
+	return s.Store.Move(ctx, ms)
+}
+
+// failingMove is the store, whose Move fails: after it applied (a commit
+// whose answer was lost, CockroachDB's ambiguous result) when applies,
+// else without writing.
+type failingMove struct {
+	approvals.Store
+	applies bool
+}
+
+func (s failingMove) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if s.applies {
+		if _, err := s.Store.Move(ctx, ms); err != nil {
+			return nil, err
+		}
+	}
+	return nil, errors.New("result is ambiguous")
+}
+
+// A decision whose request ends while its write is on its way is taken,
+// answered and published all the same: the write does not follow the
+// request. Before, it was cancelled with it, answered as failed though
+// it may have committed, and published by nobody.
+func TestDecisionTakenWhileItsRequestEnds(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	svc := f.service(func(c *approvals.Config) { c.Store = cancelDuringMove{Store: f.store, cancel: cancel} })
+	if _, err := svc.Approve(ctx, boss, approvals.ID(k), f.record(k).ArgumentsHash); err != nil {
+		t.Fatalf("approve: %v", err)
+	}
+	if rec := f.record(k); rec.Status != processors.StatusAuthorized || rec.Unlogged() {
+		t.Errorf("the call is %s, unlogged %v; want authorized, its decision in the log", rec.Status, rec.Unlogged())
+	}
+	if evs := f.pub.events(t); len(evs) == 0 || evs[len(evs)-1].Type != statemachine.EventApproved {
+		t.Errorf("published %v; want the approved event", types(evs))
+	}
+}
+
+// A decision whose write failed is read back: one that had applied is
+// taken (answered and published now, not 10 s or more later by the
+// unlogged sweep, with the approver told it failed); one that had not is
+// the error it was, nothing published.
+func TestDecisionWhoseWriteFailed(t *testing.T) {
+	for _, applies := range []bool{true, false} {
+		t.Run(fmt.Sprintf("applied %v", applies), func(t *testing.T) {
+			f := newFixture(t)
+			k, _ := f.refund("r-1")
+			svc := f.service(func(c *approvals.Config) { c.Store = failingMove{Store: f.store, applies: applies} })
+			_, err := svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash)
+			want, status := []string{"approved@3"}, processors.StatusAuthorized
+			if !applies {
+				want, status = nil, processors.StatusPending
+			}
+			if (err == nil) != applies || !applies && !strings.Contains(err.Error(), "result is ambiguous") {
+				t.Errorf("approve = %v; want an error only if the write did not apply, saying why", err)
+			}
+			if rec := f.record(k); rec.Status != status {
+				t.Errorf("the call is %s; want %s", rec.Status, status)
+			}
+			var got []string
+			for _, e := range types(f.pub.events(t)) {
+				if strings.HasPrefix(e, "approved@") {
+					got = append(got, e)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("published %v; want %v", got, want)
+			}
+		})
+	}
+}
+
 // A decision on a call whose intake events the log may still lack (the
 // intake's transaction had not committed) carries them along: the move
 // never drops an unlogged event, and they go out in seq order.
