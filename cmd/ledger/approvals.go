@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
@@ -311,26 +312,20 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			srv := newServer(httpAddr, queue.Handler())
-			serveHTTP, err := g.httpTLS.listen(srv, logger)
-			if err != nil {
+			// Stopping, the decisions in progress get the servers' grace
+			// to be written and published, and the timer its round,
+			// before the store and the publisher close (deferred above).
+			// Before, the server was closed at once and the command
+			// returned, cutting a decision between its write and its
+			// publish, for the unlogged sweep to append 10 s or more
+			// later.
+			grp, ctx := errgroup.WithContext(ctx)
+			if _, err := g.serve(ctx, grp, "approvals", httpAddr, queue.Handler()); err != nil {
 				return err
 			}
-			go func() {
-				// Owned by the command: closed when ctx ends.
-				<-ctx.Done()
-				srv.Close()
-			}()
-			go func() {
-				if err := queue.RunTimer(ctx, every); err != nil {
-					logger.Error("approval timer stopped", "err", err)
-				}
-			}()
+			grp.Go(func() error { return queue.RunTimer(ctx, every) })
 			logger.Info("approval queue starting", "http_addr", httpAddr, "store", desc, "instance", rf.instance)
-			if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
+			return grp.Wait()
 		},
 	}
 	rf.register(cmd, false)

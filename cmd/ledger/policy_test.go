@@ -216,6 +216,14 @@ func TestDevPolicyActivation(t *testing.T) {
 // client to it, for roles under test.
 func roleCluster(t *testing.T) (ledger.ClientConfig, ledger.Topics, *kgo.Client) {
 	t.Helper()
+	_, cc, topics, admin := roleKfake(t)
+	return cc, topics, admin
+}
+
+// roleKfake is roleCluster with the broker, for a test that injects its
+// faults (ControlKey).
+func roleKfake(t *testing.T) (*kfake.Cluster, ledger.ClientConfig, ledger.Topics, *kgo.Client) {
+	t.Helper()
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +239,7 @@ func roleCluster(t *testing.T) (ledger.ClientConfig, ledger.Topics, *kgo.Client)
 	if err := ledger.EnsureTopics(t.Context(), admin, ledger.TopicConfig{Topics: topics, Partitions: 3}); err != nil {
 		t.Fatal(err)
 	}
-	return cc, topics, admin
+	return cluster, cc, topics, admin
 }
 
 // roleArgs are the global flags of a role on cc and topics.
