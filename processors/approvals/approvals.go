@@ -170,6 +170,10 @@ type Config struct {
 	// (RunTimer) reads one page: with N approvals pending, one lapses
 	// within about N/ExpireBatch + 1 rounds of its time.
 	ExpireBatch int
+	// WriteTimeout bounds the store's write of decisions, which runs to
+	// its end once sent whatever becomes of the request, and then the
+	// read that checks whether a write that failed applied; default 10 s.
+	WriteTimeout time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Logger; nil discards.
@@ -189,6 +193,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ExpireBatch <= 0 {
 		c.ExpireBatch = 500
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 10 * time.Second
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -225,10 +232,6 @@ func New(cfg Config) (*Service, error) {
 // publishTimeout bounds the publish of decisions taken, which no longer
 // follows the request that took them.
 const publishTimeout = 10 * time.Second
-
-// moveTimeout bounds the write of decisions, which runs to its end once
-// sent (move).
-const moveTimeout = 10 * time.Second
 
 // Approval is what the queue shows of one approval.
 type Approval struct {
@@ -644,11 +647,15 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 	// still waits (a client gone, the CLI's timeout, a server stopping):
 	// cancelled mid-commit, a decision that may have applied was answered
 	// as failed, and its events left to the unlogged sweep.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moveTimeout)
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.WriteTimeout)
 	defer cancel()
 	applied, err := s.cfg.Store.Move(mctx, ms)
 	if err != nil {
-		if applied, err = s.movedAfterAll(mctx, ms, evs, err); err != nil {
+		// Read back under a time of its own: the write's may be what ran
+		// out, its commit sent.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.WriteTimeout)
+		defer rcancel()
+		if applied, err = s.movedAfterAll(rctx, ms, evs, err); err != nil {
 			return nil, fmt.Errorf("approvals: move %d records: %w", len(ms), err)
 		}
 	}

@@ -922,19 +922,25 @@ func (s cancelDuringMove) Move(ctx context.Context, ms []processors.Move) ([]boo
 
 // failingMove is the store, whose Move fails: after it applied (a commit
 // whose answer was lost, CockroachDB's ambiguous result) when applies,
-// else without writing.
+// else without writing; when outOfTime, once the write's time ran out,
+// with that error (a commit sent as the deadline came).
 type failingMove struct {
 	approvals.Store
-	applies bool
+	applies, outOfTime bool
 }
 
 func (s failingMove) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	err := errors.New("result is ambiguous")
+	if s.outOfTime {
+		<-ctx.Done()
+		err = ctx.Err()
+	}
 	if s.applies {
-		if _, err := s.Store.Move(ctx, ms); err != nil {
+		if _, err := s.Store.Move(context.WithoutCancel(ctx), ms); err != nil {
 			return nil, err
 		}
 	}
-	return nil, errors.New("result is ambiguous")
+	return nil, err
 }
 
 // A decision whose request ends while its write is on its way is taken,
@@ -963,17 +969,27 @@ func TestDecisionTakenWhileItsRequestEnds(t *testing.T) {
 // unlogged sweep, with the approver told it failed); one that had not is
 // the error it was, nothing published.
 func TestDecisionWhoseWriteFailed(t *testing.T) {
-	for _, applies := range []bool{true, false} {
-		t.Run(fmt.Sprintf("applied %v", applies), func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		store  failingMove
+		errSay string
+	}{
+		{"applied", failingMove{applies: true}, ""},
+		{"applied as its time ran out", failingMove{applies: true, outOfTime: true}, ""},
+		{"not applied", failingMove{}, "result is ambiguous"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			k, _ := f.refund("r-1")
-			svc := f.service(func(c *approvals.Config) { c.Store = failingMove{Store: f.store, applies: applies} })
+			tc.store.Store = f.store
+			svc := f.service(func(c *approvals.Config) { c.Store, c.WriteTimeout = tc.store, 100*time.Millisecond })
 			_, err := svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash)
+			applies := tc.store.applies
 			want, status := []string{"approved@3"}, processors.StatusAuthorized
 			if !applies {
 				want, status = nil, processors.StatusPending
 			}
-			if (err == nil) != applies || !applies && !strings.Contains(err.Error(), "result is ambiguous") {
+			if (err == nil) != applies || !applies && !strings.Contains(err.Error(), tc.errSay) {
 				t.Errorf("approve = %v; want an error only if the write did not apply, saying why", err)
 			}
 			if rec := f.record(k); rec.Status != status {
