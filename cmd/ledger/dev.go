@@ -567,12 +567,20 @@ Try:
 
 // tryFlags are the flags the banner's example commands need to reach this
 // ledger dev: those whose defaults it does not run on (a --data-dir, a
-// --kafka-addr or an --http-addr of its own). kafka: the command talks to
-// Kafka (submit), else to the HTTP API (blast-radius).
+// --kafka-addr, topics or an --http-addr of its own). kafka: the command
+// talks to Kafka (submit), else to the HTTP API (blast-radius).
 func (b banner) tryFlags(kafka bool) string {
 	var flags []string
 	if kafka && !slices.Equal(b.kafka, []string{devKafkaAddr}) {
 		flags = append(flags, "--kafka-brokers", shellWord(strings.Join(b.kafka, ",")))
+	}
+	if def := (ledger.Topics{}).WithDefaults(); kafka {
+		if b.topics.Requests != def.Requests {
+			flags = append(flags, "--topic-requests", shellWord(b.topics.Requests))
+		}
+		if b.topics.Events != def.Events {
+			flags = append(flags, "--topic-events", shellWord(b.topics.Events))
+		}
 	}
 	if !kafka && b.api != devHTTPAddr {
 		flags = append(flags, "--api", shellWord("http://"+b.api))

@@ -559,7 +559,7 @@ func TestDevBannerProfiles(t *testing.T) {
 
 // The banner's example commands name what this ledger dev runs on that
 // their defaults do not: another --data-dir (quoted for the shell), Kafka
-// address or HTTP address. Before, they assumed the defaults, and a
+// address, topics or HTTP address. Before, they assumed the defaults, and a
 // submit copied from the banner of ledger dev --data-dir elsewhere found no
 // dev issuer and was refused.
 func TestDevBannerTryCommands(t *testing.T) {
@@ -568,14 +568,15 @@ func TestDevBannerTryCommands(t *testing.T) {
 		b             banner
 		submit, blast string
 	}{
-		{"defaults", banner{dataDir: devDataDir, kafka: []string{devKafkaAddr}, api: devHTTPAddr},
+		{"defaults", banner{dataDir: devDataDir, kafka: []string{devKafkaAddr}, api: devHTTPAddr, topics: ledger.Topics{}.WithDefaults()},
 			"go run ./cmd/ledger submit --tool get_weather",
 			"go run ./cmd/ledger blast-radius --tool get_weather"},
-		{"defaults written otherwise", banner{dataDir: ".ledger/", kafka: []string{devKafkaAddr}, api: devHTTPAddr},
+		{"defaults written otherwise", banner{dataDir: ".ledger/", kafka: []string{devKafkaAddr}, api: devHTTPAddr, topics: ledger.Topics{}.WithDefaults()},
 			"go run ./cmd/ledger submit --tool get_weather",
 			"go run ./cmd/ledger blast-radius --tool get_weather"},
-		{"its own", banner{dataDir: "/srv/it's here", kafka: []string{"127.0.0.1:19092"}, api: "127.0.0.1:18080"},
-			`go run ./cmd/ledger submit --kafka-brokers 127.0.0.1:19092 --data-dir '/srv/it'\''s here' --tool get_weather`,
+		{"its own", banner{dataDir: "/srv/it's here", kafka: []string{"127.0.0.1:19092"}, api: "127.0.0.1:18080",
+			topics: ledger.Topics{Requests: "my.requests", Events: "my.events"}.WithDefaults()},
+			`go run ./cmd/ledger submit --kafka-brokers 127.0.0.1:19092 --topic-requests my.requests --topic-events my.events --data-dir '/srv/it'\''s here' --tool get_weather`,
 			`go run ./cmd/ledger blast-radius --api http://127.0.0.1:18080 --data-dir '/srv/it'\''s here' --tool get_weather`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

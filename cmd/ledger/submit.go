@@ -73,7 +73,7 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long --wait waits")
 	fs.IntVar(&f.retryLater, "retry-later", 3, "with --wait: how many times to send the envelope again, same key, after a refusal for now (rate_limited, policy_timeout, policy_unavailable) once the wait it names has passed, if its answer can come within --timeout (0: never)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
-	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider); default: one minted by the dev issuer in --data-dir (without either, submit refuses to send: the ledger would refuse the call)")
+	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider) of an envelope built from the flags; default: one minted by the dev issuer in --data-dir (without either, submit refuses to send: the ledger would refuse the call). Not with --file, whose envelope is sent as is")
 	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
@@ -93,6 +93,11 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	out := cmd.OutOrStdout()
 	if f.retryLater < 0 {
 		return fmt.Errorf("--retry-later %d: must not be negative", f.retryLater)
+	}
+	if f.file != "" && cmd.Flags().Changed("assertion") {
+		// It was ignored: the call then went without it, or with the
+		// file's.
+		return errors.New("--assertion is for an envelope built from the flags: --file's envelope is sent as is, with its own assertion")
 	}
 	var body []byte
 	var key ledger.CallKey

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -91,7 +92,8 @@ func TestSubmitWaitAfterResend(t *testing.T) {
 }
 
 // submit with no --assertion and no dev issuer in --data-dir (a ledger dev
-// run on another one, or none yet) says so and publishes nothing. Before,
+// run on another one, or none yet) says so and publishes nothing; nor
+// does submit --file given an --assertion it would ignore. Before,
 // it published the envelope without an assertion, for the ledger to refuse
 // it (assertion_missing), and --wait printed only that refusal; an
 // unreadable issuer key went unsaid the same way.
@@ -101,6 +103,16 @@ func TestSubmitWithoutAnAssertionPublishesNothing(t *testing.T) {
 	err := cliErr(t, append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`, "--wait", "--timeout", "5s")...)
 	if err == nil || !strings.Contains(err.Error(), "no identity assertion: pass --assertion") || !strings.Contains(err.Error(), "run `ledger dev --data-dir "+dir+"` once first") {
 		t.Errorf("submit without an assertion or a dev issuer: %v; want it to say how to get one", err)
+	}
+	// --file's envelope goes as is: an --assertion beside it, which it
+	// ignored, is refused.
+	file := filepath.Join(dir, "envelope.json")
+	if err := os.WriteFile(file, []byte(`{"tool":"get_weather","arguments":{"city":"Oslo"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = cliErr(t, append(roleArgs(cc, topics), "submit", "--file", file, "--assertion", "a.b.c")...)
+	if err == nil || !strings.Contains(err.Error(), "--assertion is for an envelope built from the flags") {
+		t.Errorf("submit --file --assertion: %v; want it refused, saying --file's envelope is sent as is", err)
 	}
 	cl, err := ledger.NewClient(cc)
 	if err != nil {
