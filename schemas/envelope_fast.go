@@ -50,7 +50,7 @@ func envelopeMeets(v any) bool {
 			ok = isIntIn(val, 1, 3600000)
 		case "assertion":
 			s, isString := val.(string)
-			ok = isString && utf8.RuneCountInString(s) <= 16384
+			ok = isString && utf8.RuneCountInString(s) <= MaxAssertionBytes
 		default:
 			return false
 		}

@@ -110,8 +110,8 @@ var envelopeBounds = []struct {
 	{field: "arguments_hash", raw: `"sha512:` + strings.Repeat("a", 64) + `"`},
 	{field: "arguments_hash", raw: `"sha256:` + strings.Repeat("a", 64) + `\n"`},
 	{field: "assertion", raw: `""`, schema: true, fast: true},
-	{field: "assertion", raw: `"` + strings.Repeat("a", 16384) + `"`, schema: true, fast: true},
-	{field: "assertion", raw: `"` + strings.Repeat("a", 16385) + `"`},
+	{field: "assertion", raw: `"` + strings.Repeat("a", 8192) + `"`, schema: true, fast: true},
+	{field: "assertion", raw: `"` + strings.Repeat("a", 8193) + `"`},
 	{field: "tenant", raw: `"t"`},
 	{field: "Tool", raw: `"refund_order"`},
 }

@@ -21,6 +21,12 @@ const Draft202012 = "https://json-schema.org/draft/2020-12/schema"
 // EnvelopeSchemaID is the $id of the embedded envelope schema.
 const EnvelopeSchemaID = SchemaBaseURL + "envelope.schema.json"
 
+// MaxAssertionBytes bounds an envelope's assertion (the schema's
+// maxLength; a JWS is ASCII, its characters its bytes): the verifier's
+// limit (ledger/token.DefaultMaxBytes), so that an envelope the schema
+// accepts does not carry an assertion every verifier refuses.
+const MaxAssertionBytes = 8192
+
 // ValidationError reports the most specific place where a document fails its
 // schema. It never quotes the offending value (a value may sit in a redacted
 // field), only names, limits and patterns from the schema.

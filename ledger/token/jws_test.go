@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 // testKeys are one signing key per algorithm, generated once per test
@@ -578,5 +580,22 @@ func BenchmarkSign(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// The envelope schema accepts no assertion longer than Verify takes: one
+// it accepted (16 KiB, before) was refused by every intake as
+// token_too_large, a limit the published schema did not tell agents.
+func TestVerifyTakesEveryAssertionTheEnvelopeSchemaAccepts(t *testing.T) {
+	if DefaultMaxBytes != schemas.MaxAssertionBytes {
+		t.Errorf("Verify takes tokens up to %d bytes, the envelope schema assertions up to %d; want one limit", DefaultMaxBytes, schemas.MaxAssertionBytes)
+	}
+	at, past := strings.Repeat("a", schemas.MaxAssertionBytes), strings.Repeat("a", schemas.MaxAssertionBytes+1)
+	tooLarge := &Error{Reason: ReasonTokenTooLarge}
+	if _, err := Verify(past, VerifyOptions{}, nil); !errors.Is(err, tooLarge) {
+		t.Errorf("Verify of a token one byte past the schema's limit = %v; want %s", err, ReasonTokenTooLarge)
+	}
+	if _, err := Verify(at, VerifyOptions{}, nil); errors.Is(err, tooLarge) {
+		t.Errorf("Verify of a token at the schema's limit = %v; want it past the size check", err)
 	}
 }
