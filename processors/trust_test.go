@@ -95,7 +95,9 @@ func TestAssertionAttacksRefused(t *testing.T) {
 		{"jku elsewhere", rawToken(t, hdr("EdDSA", map[string]any{"jku": "https://evil.test/jwks.json"}), valid), token.ReasonForbiddenHeader},
 		{"x5u elsewhere", rawToken(t, hdr("EdDSA", map[string]any{"x5u": "https://evil.test/cert.pem"}), valid), token.ReasonForbiddenHeader},
 		{"wrong typ", sign("JWT", func(*identity.Claims) {}), token.ReasonTypMismatch},
-		{"oversized", sign(identity.TypeAssertion, func(c *identity.Claims) { c.Purpose = strings.Repeat("p", 9000) }), token.ReasonTokenTooLarge},
+		// Refused by the envelope's schema, at the verifier's limit
+		// (schemas.MaxAssertionBytes), before any verifier reads it.
+		{"oversized", sign(identity.TypeAssertion, func(c *identity.Claims) { c.Purpose = strings.Repeat("p", 9000) }), string(ledger.CodeInvalidEnvelope)},
 		{"payload swapped after signing", parts[0] + "." + b64.EncodeToString(otherPayload) + "." + parts[2], token.ReasonBadSignature},
 		{"missing", "", identity.ReasonMissingAssertion},
 	}
@@ -111,7 +113,11 @@ func TestAssertionAttacksRefused(t *testing.T) {
 			if c, err := h.index.Get(ledger.CallKey{TenantID: "t_a", IdempotencyKey: k.IdempotencyKey}); err == nil {
 				t.Errorf("an unverified envelope left a record under the tenant it claimed: %+v", c)
 			}
-			if want := intake.ReasonAssertionPrefix + tc.reason; ref.Reason != want || ref.Pointer != "/assertion" {
+			want := intake.ReasonAssertionPrefix + tc.reason
+			if tc.reason == string(ledger.CodeInvalidEnvelope) {
+				want = tc.reason
+			}
+			if ref.Reason != want || ref.Pointer != "/assertion" {
 				t.Errorf("refusal %s at %q; want %s at /assertion", ref.Reason, ref.Pointer, want)
 			}
 			if c, _ := h.index.Get(k); len(c.Events) != 0 {
