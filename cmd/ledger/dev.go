@@ -571,18 +571,17 @@ Try:
 // talks to Kafka (submit), else to the HTTP API (blast-radius).
 func (b banner) tryFlags(kafka bool) string {
 	var flags []string
-	if kafka && !slices.Equal(b.kafka, []string{devKafkaAddr}) {
-		flags = append(flags, "--kafka-brokers", shellWord(strings.Join(b.kafka, ",")))
-	}
 	if def := (ledger.Topics{}).WithDefaults(); kafka {
+		if !slices.Equal(b.kafka, []string{devKafkaAddr}) {
+			flags = append(flags, "--kafka-brokers", shellWord(strings.Join(b.kafka, ",")))
+		}
 		if b.topics.Requests != def.Requests {
 			flags = append(flags, "--topic-requests", shellWord(b.topics.Requests))
 		}
 		if b.topics.Events != def.Events {
 			flags = append(flags, "--topic-events", shellWord(b.topics.Events))
 		}
-	}
-	if !kafka && b.api != devHTTPAddr {
+	} else if b.api != devHTTPAddr {
 		flags = append(flags, "--api", shellWord("http://"+b.api))
 	}
 	if filepath.Clean(b.dataDir) != filepath.Clean(devDataDir) {

@@ -868,56 +868,53 @@ func TestApproveWhenPublishFails(t *testing.T) {
 	}
 }
 
-// cancelAfterMove is the store, whose Move cancels the decision's request
-// once it applied: the approver's client gone, or the server shutting
-// down, right after the decision was taken.
-type cancelAfterMove struct {
+// cancellingMove is the store, whose Move ends the decision's request:
+// before it writes when before (the approver's client gone, or the server
+// stopping, while the commit is on its way), else right after the
+// decision was taken.
+type cancellingMove struct {
 	approvals.Store
 	cancel context.CancelFunc
+	before bool
 }
 
-func (s cancelAfterMove) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+func (s cancellingMove) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if s.before {
+		s.cancel()
+	}
 	applied, err := s.Store.Move(ctx, ms)
 	s.cancel()
 	return applied, err
 }
 
-// A decision taken is published even when its request ends right after
-// the move: it goes to the log now, not 10 s or more later through the
-// unlogged sweep, which can outlast the approval's window. Before, the
-// publish used the request's context, and failed with it.
-func TestDecisionPublishedAfterItsRequestEnded(t *testing.T) {
-	f := newFixture(t)
-	k, _ := f.refund("r-1")
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	svc := f.service(func(c *approvals.Config) { c.Store = cancelAfterMove{Store: f.store, cancel: cancel} })
-	if _, err := svc.Approve(ctx, boss, approvals.ID(k), f.record(k).ArgumentsHash); err != nil {
-		t.Fatalf("approve: %v", err)
+// A decision whose request ends as its write is sent, or right after, is
+// taken, answered and published all the same: it goes to the log now,
+// not 10 s or more later through the unlogged sweep, which can outlast
+// the approval's window. Before, the publish used the request's context
+// and failed with it; and the write did too, answered as failed though it
+// may have committed.
+func TestDecisionTakenWhenItsRequestEnds(t *testing.T) {
+	for _, before := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ended before the write %v", before), func(t *testing.T) {
+			f := newFixture(t)
+			k, _ := f.refund("r-1")
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			svc := f.service(func(c *approvals.Config) { c.Store = cancellingMove{Store: f.store, cancel: cancel, before: before} })
+			if _, err := svc.Approve(ctx, boss, approvals.ID(k), f.record(k).ArgumentsHash); err != nil {
+				t.Fatalf("approve: %v", err)
+			}
+			if ctx.Err() == nil {
+				t.Fatal("the request's context was not ended by the move")
+			}
+			if evs := f.pub.events(t); len(evs) == 0 || evs[len(evs)-1].Type != statemachine.EventApproved {
+				t.Errorf("published %v; want the approved event", types(evs))
+			}
+			if rec := f.record(k); rec.Status != processors.StatusAuthorized || rec.Unlogged() {
+				t.Errorf("the call is %s, logged %d of %d; want authorized, its decision in the log", rec.Status, rec.LoggedSeq, rec.Seq)
+			}
+		})
 	}
-	if ctx.Err() == nil {
-		t.Fatal("the request's context was not ended by the move")
-	}
-	evs := f.pub.events(t)
-	if len(evs) == 0 || evs[len(evs)-1].Type != statemachine.EventApproved {
-		t.Fatalf("published %v; want the approved event", types(evs))
-	}
-	if rec := f.record(k); rec.Unlogged() {
-		t.Errorf("the approved call's record is still unlogged (logged %d of %d)", rec.LoggedSeq, rec.Seq)
-	}
-}
-
-// cancelDuringMove is the store, whose Move ends the decision's request
-// before it writes: the approver's client gone, or the server stopping,
-// while the commit is on its way.
-type cancelDuringMove struct {
-	approvals.Store
-	cancel context.CancelFunc
-}
-
-func (s cancelDuringMove) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
-	s.cancel()
-	return s.Store.Move(ctx, ms)
 }
 
 // failingMove is the store, whose Move fails: after it applied (a commit
@@ -941,27 +938,6 @@ func (s failingMove) Move(ctx context.Context, ms []processors.Move) ([]bool, er
 		}
 	}
 	return nil, err
-}
-
-// A decision whose request ends while its write is on its way is taken,
-// answered and published all the same: the write does not follow the
-// request. Before, it was cancelled with it, answered as failed though
-// it may have committed, and published by nobody.
-func TestDecisionTakenWhileItsRequestEnds(t *testing.T) {
-	f := newFixture(t)
-	k, _ := f.refund("r-1")
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	svc := f.service(func(c *approvals.Config) { c.Store = cancelDuringMove{Store: f.store, cancel: cancel} })
-	if _, err := svc.Approve(ctx, boss, approvals.ID(k), f.record(k).ArgumentsHash); err != nil {
-		t.Fatalf("approve: %v", err)
-	}
-	if rec := f.record(k); rec.Status != processors.StatusAuthorized || rec.Unlogged() {
-		t.Errorf("the call is %s, unlogged %v; want authorized, its decision in the log", rec.Status, rec.Unlogged())
-	}
-	if evs := f.pub.events(t); len(evs) == 0 || evs[len(evs)-1].Type != statemachine.EventApproved {
-		t.Errorf("published %v; want the approved event", types(evs))
-	}
 }
 
 // A decision whose write failed is read back: one that had applied is
