@@ -45,14 +45,9 @@ func TestApprovalsServeFinishesADecisionWhenStopped(t *testing.T) {
 		t.Fatalf("refund above the demo threshold:\n%s", out)
 	}
 
-	ctx, stop := context.WithCancel(context.Background())
+	stop, _ := startCommand(t, args(append([]string{"approvals", "serve", "--instance-id", "stop-approvals", "--http-addr", approvalsAddr,
+		"--tools-base-url", "http://" + backend}, trust...)...)...)
 	defer stop()
-	root := newRoot()
-	root.SetArgs(args(append([]string{"approvals", "serve", "--instance-id", "stop-approvals", "--http-addr", approvalsAddr,
-		"--tools-base-url", "http://" + backend}, trust...)...))
-	root.SetOut(io.Discard)
-	exited := make(chan error, 1)
-	go func() { exited <- root.ExecuteContext(ctx) }()
 	key := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "stop-refund"}
 	id := key.ApprovalID()
 	var shown struct {
@@ -84,7 +79,7 @@ func TestApprovalsServeFinishesADecisionWhenStopped(t *testing.T) {
 	armed.Store(true)
 	go func() {
 		<-publishing
-		stop()
+		_ = stop() // the test reads its answer below
 	}()
 	if _, err := cliOut(t.Context(), "approvals", "approve", id, "--api", "http://"+approvalsAddr, "--data-dir", dataDir, "--user", "u_boss", "--hash", shown.Hash); err != nil {
 		t.Errorf("approving as the server is told to stop: %v; want the decision answered", err)
@@ -94,13 +89,8 @@ func TestApprovalsServeFinishesADecisionWhenStopped(t *testing.T) {
 	default:
 		t.Fatal("the decision was never published: the stop was not staged")
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("ledger approvals serve: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("ledger approvals serve did not stop within 30 s of its context's end")
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 
 	st, err := pgstore.Open(t.Context(), pgstore.Config{DSN: dsn, SkipMigrate: true})

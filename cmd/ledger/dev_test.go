@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,35 +48,51 @@ func freeAddrs(t *testing.T, n int) []string {
 // once if the command has returned already.
 func runCommand(t *testing.T, args ...string) (exited func()) {
 	t.Helper()
-	name := strings.Join(args, " ")
-	ctx, cancel := context.WithCancel(context.Background())
-	var err error
-	stopped := make(chan struct{})
-	root := newRoot()
-	root.SetArgs(args)
-	root.SetOut(io.Discard)
-	go func() {
-		err = root.ExecuteContext(ctx)
-		close(stopped)
-	}()
+	stop, stopped := startCommand(t, args...)
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-stopped:
-			if err != nil {
-				t.Errorf("ledger %s: %v", name, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("ledger %s did not stop within 30s of its context's end", name)
+		if err := stop(); err != nil {
+			t.Error(err)
 		}
 	})
 	return func() {
 		select {
 		case <-stopped:
-			t.Fatalf("ledger %s exited: %v", name, err)
+			t.Fatalf("ledger %s exited: %v", strings.Join(args, " "), stop())
 		default:
 		}
 	}
+}
+
+// startCommand runs a ledger subcommand in process. stop ends its
+// context, waits for it to return (30 s at most) and returns its error;
+// it may be called again, from any goroutine, and answers the same.
+// stopped is closed once the command returned.
+func startCommand(t *testing.T, args ...string) (stop func() error, stopped <-chan struct{}) {
+	t.Helper()
+	name := strings.Join(args, " ")
+	ctx, cancel := context.WithCancel(context.Background())
+	var err error
+	done := make(chan struct{})
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(io.Discard)
+	go func() {
+		err = root.ExecuteContext(ctx)
+		close(done)
+	}()
+	stop = sync.OnceValue(func() error {
+		cancel()
+		select {
+		case <-done:
+			if err != nil {
+				return fmt.Errorf("ledger %s: %w", name, err)
+			}
+			return nil
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("ledger %s did not stop within 30s of its context's end", name)
+		}
+	})
+	return stop, done
 }
 
 type devRun struct {
