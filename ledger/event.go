@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/statemachine"
@@ -117,7 +118,15 @@ type Event struct {
 	// CredentialFamily groups the credentials of one tool, tenant and key
 	// epoch: what an incident responder revokes.
 	CredentialFamily string `json:"credential_family,omitempty"`
-	Attempt          int    `json:"attempt,omitempty"`
+	// EarlierCredentialFamilies, on the events that name the credential
+	// of the expired claim an executor took the call over from, are the
+	// families of the call's earlier expired claims, other than
+	// CredentialFamily: requests of the call may have been sent under
+	// them too, by owners that died (or stalled) before they recorded
+	// anything. Empty unless an owner that took the call over lapsed in
+	// turn. A family's blast radius counts them as CredentialFamily.
+	EarlierCredentialFamilies []string `json:"earlier_credential_families,omitempty"`
+	Attempt                   int      `json:"attempt,omitempty"`
 	// RetryAfterMS, on a refusal that may pass (rate_limited, or a policy
 	// that could not decide: policy_timeout, policy_error,
 	// policy_unavailable), is when to try again under the same key.
@@ -146,6 +155,12 @@ type Event struct {
 // Key returns the call the event belongs to.
 func (e *Event) Key() CallKey {
 	return CallKey{TenantID: e.TenantID, IdempotencyKey: e.IdempotencyKey}
+}
+
+// NamesFamily reports whether e names the credential family f, as its
+// CredentialFamily or among its EarlierCredentialFamilies.
+func (e *Event) NamesFamily(f string) bool {
+	return f != "" && (e.CredentialFamily == f || slices.Contains(e.EarlierCredentialFamilies, f))
 }
 
 // Refusal reports whether the event records a refused submission (seq 0)

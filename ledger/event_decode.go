@@ -247,6 +247,8 @@ func (d *fastDecoder) field(e *Event, key []byte) bool {
 		return str(&e.CredentialScope)
 	case "credential_family":
 		return str(&e.CredentialFamily)
+	case "earlier_credential_families":
+		return list(&e.EarlierCredentialFamilies)
 	case "attempt":
 		return intNum(&e.Attempt)
 	case "retry_after_ms":

@@ -67,6 +67,7 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = appendOptString(b, "jti", e.JTI)
 	b = appendOptString(b, "credential_scope", e.CredentialScope)
 	b = appendOptString(b, "credential_family", e.CredentialFamily)
+	b = appendOptStrings(b, "earlier_credential_families", e.EarlierCredentialFamilies)
 	b = appendOptInt(b, "attempt", int64(e.Attempt))
 	b = appendOptInt(b, "retry_after_ms", e.RetryAfterMS)
 	b = appendOptString(b, "reason", e.Reason)

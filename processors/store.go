@@ -131,6 +131,15 @@ type Record struct {
 	// named one (a deployment that mints none, or a record of an older
 	// build).
 	Credential CallCredential
+	// LapsedFamilies are the families of the call's claims whose lease
+	// ran out (their owners died or stalled, and may have sent the call's
+	// requests under them), in the order they lapsed, each once: the
+	// claim that takes the call over adds the family the record named,
+	// the expired claim's, so that it is not lost should the new owner
+	// die too before it records anything (its Prior names only its own
+	// predecessor's). The first MaxLapsedFamilies are kept. Empty for a
+	// call no lease of lapsed, and in the records of older builds.
+	LapsedFamilies []string
 	// UndoMarks counts the times an executor of the call's compensation
 	// found the call undoable and went on to send the undo (MarkUndo).
 	// Every Move carries the count it read (Move.FromUndoMarks), so that
@@ -151,6 +160,24 @@ type CallCredential struct {
 
 // IsZero reports whether c names no credential.
 func (c CallCredential) IsZero() bool { return c == CallCredential{} }
+
+// MaxLapsedFamilies bounds Record.LapsedFamilies: a call whose owners
+// kept dying (one that crashes every executor it reaches, say) keeps
+// its first ones; the latest is always the takeover's Prior. Families
+// repeat (an executor's key signs for a day), so the bound is reached
+// only by that many executors or days.
+const MaxLapsedFamilies = 32
+
+// LapseFamily is lapsed (Record.LapsedFamilies) once a claim took over
+// a call whose expired claim named family: with family added, unless it
+// is empty, already there, or the list is full. It never writes into
+// lapsed's array.
+func LapseFamily(lapsed []string, family string) []string {
+	if family == "" || slices.Contains(lapsed, family) || len(lapsed) >= MaxLapsedFamilies {
+		return lapsed
+	}
+	return append(slices.Clip(lapsed), family)
+}
 
 // maxCredentialName bounds a jti and a family in a claim: the ledger's
 // are 22 and at most 270 bytes (a tool, a tenant and an epoch).

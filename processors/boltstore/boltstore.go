@@ -327,6 +327,9 @@ type diskRecord struct {
 	// Absent from the records of older builds, and of calls nothing
 	// undid: zero.
 	UndoMarks int64 `json:"undo_marks,omitempty"`
+	// Absent from the records of older builds, and of calls no lease of
+	// lapsed: none.
+	LapsedFamilies []string `json:"lapsed_families,omitempty"`
 }
 
 func toDisk(r processors.Record) diskRecord {
@@ -338,7 +341,7 @@ func toDisk(r processors.Record) diskRecord {
 		Result: r.Result, Seq: r.Seq, LoggedSeq: r.LoggedSeq, Outbox: r.Outbox,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 		JTI: r.Credential.JTI, CredentialFamily: r.Credential.Family,
-		UndoMarks: r.UndoMarks,
+		UndoMarks: r.UndoMarks, LapsedFamilies: r.LapsedFamilies,
 	}
 }
 
@@ -350,8 +353,9 @@ func (d diskRecord) record() processors.Record {
 		Epoch: d.Epoch, Attempt: d.Attempt, LeaseOwner: d.LeaseOwner, LeaseUntil: d.LeaseUntil,
 		Result: d.Result, Seq: d.Seq, LoggedSeq: d.LoggedSeq, Outbox: d.Outbox,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,
-		Credential: processors.CallCredential{JTI: d.JTI, Family: d.CredentialFamily},
-		UndoMarks:  d.UndoMarks,
+		Credential:     processors.CallCredential{JTI: d.JTI, Family: d.CredentialFamily},
+		UndoMarks:      d.UndoMarks,
+		LapsedFamilies: d.LapsedFamilies,
 	}
 }
 
@@ -709,6 +713,9 @@ func (s *Store) Claim(ctx context.Context, cs []processors.Claim) ([]processors.
 			next.LoggedSeq = max(cur.LoggedSeq, min(c.Logged, cur.Seq))
 			// The call keeps its jti; the family is the claim's.
 			next.Credential = processors.CallCredential{JTI: cmp.Or(cur.Credential.JTI, c.Credential.JTI), Family: c.Credential.Family}
+			if out[i].Outcome == processors.Reclaimed {
+				next.LapsedFamilies = processors.LapseFamily(cur.LapsedFamilies, cur.Credential.Family)
+			}
 			if err := x.put(&cur, next); err != nil {
 				return err
 			}

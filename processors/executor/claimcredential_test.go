@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/control"
@@ -68,6 +70,35 @@ func (r *rig) admitClaimedByTheDead(tool, key string, args map[string]any) (*kgo
 	return auth, dead
 }
 
+// takeovers are the two ways a call taken over goes on: a tool without
+// idempotency is not asked again (its outcome is unknown), a native one
+// is, under the new owner's family.
+var takeovers = []struct {
+	tool   string
+	args   map[string]any
+	events []string
+	// asked: the new owner sends, under its own family.
+	asked bool
+}{
+	{"notify", map[string]any{"to": "a@example.com", "subject": "s"}, []string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, false},
+	{"create_ticket", map[string]any{"title": "t"}, []string{"executing", "succeeded"}, true},
+}
+
+// takeOver has an executor minting with broker take auth's call over, and
+// returns its events, whose summary must be want.
+func (r *rig) takeOver(t *testing.T, broker *credentials.Broker, auth *kgo.Record, want []string) []ledger.Event {
+	t.Helper()
+	out, err := r.executor(func(c *executor.Config) { c.Credentials = broker }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff(want, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	return evs
+}
+
 // A call whose owner died after its request may have reached the tool is
 // found under that request's credential: a call keeps one jti over all
 // its claims, and the owner that takes it over names the dead owner's
@@ -76,27 +107,11 @@ func (r *rig) admitClaimedByTheDead(tool, key string, args map[string]any) (*kgo
 // credential too; asked again (native), the request carries the call's
 // jti under the new owner's family, which its outcome names.
 func TestReclaimNamesTheDeadOwnersCredential(t *testing.T) {
-	for _, tc := range []struct {
-		tool   string
-		args   map[string]any
-		events []string
-		// asked: the new owner sends, under its own family.
-		asked bool
-	}{
-		{"notify", map[string]any{"to": "a@example.com", "subject": "s"}, []string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, false},
-		{"create_ticket", map[string]any{"title": "t"}, []string{"executing", "succeeded"}, true},
-	} {
+	for _, tc := range takeovers {
 		t.Run(tc.tool, func(t *testing.T) {
 			r, broker, guarded := newGuardedRig(t)
 			auth, dead := r.admitClaimedByTheDead(tc.tool, "reclaim-"+tc.tool, tc.args)
-			out, err := r.executor(func(c *executor.Config) { c.Credentials = broker }).Step(t.Context(), []*kgo.Record{auth})
-			if err != nil {
-				t.Fatal(err)
-			}
-			evs := decodeAll(t, out.Records)
-			if diff := cmp.Diff(tc.events, summary(evs)); diff != "" {
-				t.Fatalf("events (-want +got):\n%s", diff)
-			}
+			evs := r.takeOver(t, broker, auth, tc.events)
 			exec, last := evs[0], evs[len(evs)-1]
 			if exec.JTI != dead.JTI || exec.CredentialFamily != dead.Family || exec.CredentialScope != credentials.ToolScope(tc.tool) {
 				t.Errorf("executing names jti %q family %q scope %q; want the dead owner's %+v", exec.JTI, exec.CredentialFamily, exec.CredentialScope, dead)
@@ -108,6 +123,39 @@ func TestReclaimNamesTheDeadOwnersCredential(t *testing.T) {
 				t.Errorf("%s names jti %q family %q, tool effects %+v; want the dead owner's %+v, the tool not asked again", last.Type, last.JTI, last.CredentialFamily, effs, dead)
 			case tc.asked && (len(effs) != 1 || effs[0].JTI != dead.JTI || last.JTI != dead.JTI || last.CredentialFamily != own):
 				t.Errorf("%s names jti %q family %q, tool effects %+v; want the call's jti %s under the new owner's family %s", last.Type, last.JTI, last.CredentialFamily, effs, dead.JTI, own)
+			}
+		})
+	}
+}
+
+// When the owner that took a call over dies in turn before it recorded
+// anything, the next owner names both dead owners' families: the latest
+// as the executing event's credential_family, the first among its
+// earlier_credential_families (on every event, for a call settled
+// unknown without a credential of its own). Before, the first one's was
+// on no event, and that family's blast radius missed the call.
+func TestSecondTakeoverNamesEveryDeadOwnersFamily(t *testing.T) {
+	for _, tc := range takeovers {
+		t.Run(tc.tool, func(t *testing.T) {
+			r, broker, guarded := newGuardedRig(t)
+			auth, first := r.admitClaimedByTheDead(tc.tool, "reclaim-twice-"+tc.tool, tc.args)
+			ev := authorizedEvent(t, auth)
+			second := processors.CallCredential{JTI: credentials.NewJTI(), Family: tc.tool + ":t_a:2"}
+			r.claimAsDeadOwnerWith(ev.Key(), ev.ArgumentsHash, second)
+			evs := r.takeOver(t, broker, auth, tc.events)
+			// The call keeps the first claim's jti over all its claims.
+			exec := evs[0]
+			if exec.JTI != first.JTI || exec.CredentialFamily != second.Family || !slices.Equal(exec.EarlierCredentialFamilies, []string{first.Family}) {
+				t.Errorf("executing names jti %q family %q, earlier families %q; want jti %s, family %s (the owner that died last), earlier [%s] (the one before it)",
+					exec.JTI, exec.CredentialFamily, exec.EarlierCredentialFamilies, first.JTI, second.Family, first.Family)
+			}
+			last := evs[len(evs)-1]
+			own := credentials.FamilyOf(tc.tool, "t_a", broker.KeyEpoch())
+			switch effs := guarded.Effects(); {
+			case !tc.asked && (last.CredentialFamily != second.Family || !slices.Equal(last.EarlierCredentialFamilies, []string{first.Family}) || len(effs) != 0):
+				t.Errorf("%s names family %q, earlier families %q, tool effects %+v; want the dead owners' families as on executing, the tool not asked again", last.Type, last.CredentialFamily, last.EarlierCredentialFamilies, effs)
+			case tc.asked && (len(effs) != 1 || last.CredentialFamily != own || len(last.EarlierCredentialFamilies) != 0):
+				t.Errorf("%s names family %q, earlier families %q, tool effects %+v; want one effect, the new owner's family %s alone", last.Type, last.CredentialFamily, last.EarlierCredentialFamilies, effs, own)
 			}
 		})
 	}

@@ -2093,12 +2093,20 @@ func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) le
 }
 
 // namePrior names on e the credential of the expired claim this owner
-// took the call over from, if it named one.
+// took the call over from, if it named one, and the families of the
+// call's claims that lapsed before it (EarlierCredentialFamilies): each
+// owner that took the call over and died in turn may have sent under its
+// own.
 func (c *completion) namePrior(e *ledger.Event) {
-	if c.prior.IsZero() {
-		return
+	if !c.prior.IsZero() {
+		e.JTI, e.CredentialFamily, e.CredentialScope = c.prior.JTI, c.prior.Family, credentials.ToolScope(c.rec.Tool)
 	}
-	e.JTI, e.CredentialFamily, e.CredentialScope = c.prior.JTI, c.prior.Family, credentials.ToolScope(c.rec.Tool)
+	e.EarlierCredentialFamilies = nil
+	for _, f := range c.rec.LapsedFamilies {
+		if f != e.CredentialFamily {
+			e.EarlierCredentialFamilies = append(e.EarlierCredentialFamilies, f)
+		}
+	}
 }
 
 // finish records a terminal outcome: executing + the terminal event.

@@ -49,6 +49,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -1025,7 +1026,7 @@ var recordCols = []string{
 	"tenant_id", "idempotency_key", "call_id", "arguments_hash", "tool", "tool_version",
 	"arguments", "deadline_at", "status", "epoch", "attempt", "lease_owner", "lease_until",
 	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at", "user_id",
-	"jti", "credential_family", "undo_marks",
+	"jti", "credential_family", "undo_marks", "lapsed_families",
 }
 
 // queries holds the SQL with the table name filled in.
@@ -1184,12 +1185,20 @@ RETURNING tenant_id, idempotency_key, deadline_at, created_at`),
 		// are there (never past the record's seq, never lowered). jti:
 		// the call's, kept once a claim named one; credential_family: the
 		// claim's, '' for none (Claim reads the earlier ones first, for a
-		// reclaim's Prior).
+		// reclaim's Prior). lapsed_families: a takeover (a lease with an
+		// owner, expired) adds the family the expired claim named, once,
+		// up to processors.MaxLapsedFamilies; array_length is NULL for
+		// an empty array on both engines.
 		claim: r.Replace(`UPDATE {table} AS r
 SET status = 'executing', epoch = r.epoch + 1, lease_owner = u.owner,
     lease_until = now() + u.lease_us * INTERVAL '1 microsecond', updated_at = now(),
     logged_seq = GREATEST(r.logged_seq, LEAST(u.logged, r.seq)),
-    jti = CASE WHEN r.jti = '' THEN u.jti ELSE r.jti END, credential_family = u.credential_family
+    jti = CASE WHEN r.jti = '' THEN u.jti ELSE r.jti END, credential_family = u.credential_family,
+    lapsed_families = CASE
+      WHEN COALESCE(r.status, '') = 'executing' AND r.lease_owner <> '' AND r.credential_family <> ''
+        AND NOT (r.credential_family = ANY (r.lapsed_families))
+        AND COALESCE(array_length(r.lapsed_families, 1), 0) < ` + strconv.Itoa(processors.MaxLapsedFamilies) + `
+      THEN array_append(r.lapsed_families, r.credential_family) ELSE r.lapsed_families END
 FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, logged, ord, jti, credential_family
       FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BIGINT[], $6::BIGINT[], $7::BIGINT[],
                   $8::TEXT[], $9::TEXT[])
@@ -1197,7 +1206,8 @@ FROM (SELECT DISTINCT ON (t, k, h) t, k, h, owner, lease_us, logged, ord, jti, c
       ORDER BY t, k, h, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.arguments_hash = u.h
   AND (COALESCE(r.status, '') = 'authorized' OR (COALESCE(r.status, '') = 'executing' AND r.lease_until < now()))
-RETURNING u.ord, r.epoch, r.lease_owner, r.lease_until, r.updated_at, r.logged_seq, r.jti, r.credential_family`),
+RETURNING u.ord, r.epoch, r.lease_owner, r.lease_until, r.updated_at, r.logged_seq, r.jti, r.credential_family,
+          r.lapsed_families`),
 		// The fence: epoch and status in the WHERE clause. One completion
 		// per (key, epoch), the first in the batch: only one epoch is
 		// current, so at most one completion per record applies. A
@@ -1356,7 +1366,7 @@ func (x *recordScan) dest() []any {
 		&r.Key.TenantID, &r.Key.IdempotencyKey, &r.CallID, &r.ArgumentsHash, &r.Tool, &x.toolVersion,
 		&r.Arguments, &x.deadline, &x.status, &r.Epoch, &x.attempt, &r.LeaseOwner, &x.leaseUntil,
 		&r.Result, &r.Seq, &r.LoggedSeq, &r.Outbox, &r.CreatedAt, &r.UpdatedAt, &r.UserID,
-		&r.Credential.JTI, &r.Credential.Family, &r.UndoMarks,
+		&r.Credential.JTI, &r.Credential.Family, &r.UndoMarks, &r.LapsedFamilies,
 	}
 }
 
@@ -1427,11 +1437,12 @@ type claimedRow struct {
 	leaseUntil            pgtype.Timestamptz
 	updatedAt             time.Time
 	credential            processors.CallCredential
+	lapsedFamilies        []string
 }
 
 func scanClaimed(row pgx.CollectableRow) (claimedRow, error) {
 	var c claimedRow
-	err := row.Scan(&c.ord, &c.epoch, &c.owner, &c.leaseUntil, &c.updatedAt, &c.loggedSeq, &c.credential.JTI, &c.credential.Family)
+	err := row.Scan(&c.ord, &c.epoch, &c.owner, &c.leaseUntil, &c.updatedAt, &c.loggedSeq, &c.credential.JTI, &c.credential.Family, &c.lapsedFamilies)
 	return c, err
 }
 
@@ -1444,7 +1455,7 @@ func (c claimedRow) apply(r processors.Record) processors.Record {
 	}
 	r.UpdatedAt = c.updatedAt.UTC()
 	r.LoggedSeq = c.loggedSeq
-	r.Credential = c.credential
+	r.Credential, r.LapsedFamilies = c.credential, c.lapsedFamilies
 	return r
 }
 

@@ -472,10 +472,11 @@ func TestMigrateAddsUserColumn(t *testing.T) {
 }
 
 // TestMigrateAddsCredentialColumns: a table of the build before claims
-// recorded their credential (it has user_id) gets jti and
-// credential_family; a call it had claimed names none, and the claim that
-// takes it over once its lease ran out is told so (no Prior) and records
-// its own.
+// recorded their credential (it has user_id) gets jti, credential_family
+// and lapsed_families; a call it had claimed names none, and the claim
+// that takes it over once its lease ran out is told so (no Prior, no
+// lapsed family) and records its own, which the next takeover adds to the
+// lapsed families.
 func TestMigrateAddsCredentialColumns(t *testing.T) {
 	dsn := testDSN(t)
 	cfg := Config{DSN: dsn, Schema: newSchema(t, dsn)}
@@ -486,16 +487,19 @@ func TestMigrateAddsCredentialColumns(t *testing.T) {
 	if res, err := prev.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Millisecond}}); err != nil || res[0].Outcome != processors.Claimed {
 		t.Fatalf("Claim = %+v, %v; want Claimed", res, err)
 	}
-	for _, col := range []string{"jti", "credential_family"} {
+	cols := []string{"jti", "credential_family", "lapsed_families"}
+	var missing []string
+	for _, col := range cols {
 		if _, err := prev.pool.Exec(ctx, "ALTER TABLE "+prev.table+" DROP COLUMN "+col); err != nil {
 			t.Fatal(err)
 		}
+		missing = append(missing, tableName+"."+col)
 	}
 	prev.Close()
 	c := newChecker(t, cfg)
 	st, err := c.Schema(ctx)
-	if err != nil || st.Current() || !slices.Equal(st.MissingColumns, []string{tableName + ".jti", tableName + ".credential_family"}) {
-		t.Fatalf("Schema() of the previous build's table = %+v, %v; want jti and credential_family missing, not current (the test's premise)", st, err)
+	if err != nil || st.Current() || !slices.Equal(st.MissingColumns, missing) {
+		t.Fatalf("Schema() of the previous build's table = %+v, %v; want %q missing, not current (the test's premise)", st, err, cols)
 	}
 
 	s := open(t, cfg) // runs Migrate
@@ -503,16 +507,26 @@ func TestMigrateAddsCredentialColumns(t *testing.T) {
 	if st, err := c.Schema(ctx); err != nil || !st.Current() {
 		t.Errorf("Schema() after Open = %+v, %v; want current", st, err)
 	}
-	if r, err := s.Get(ctx, k); err != nil || r.Status != processors.StatusExecuting || !r.Credential.IsZero() {
-		t.Errorf("Get(the call claimed before) = %q credential %+v, %v; want executing, no credential", r.Status, r.Credential, err)
+	if r, err := s.Get(ctx, k); err != nil || r.Status != processors.StatusExecuting || !r.Credential.IsZero() || len(r.LapsedFamilies) != 0 {
+		t.Errorf("Get(the call claimed before) = %q credential %+v lapsed %q, %v; want executing, no credential", r.Status, r.Credential, r.LapsedFamilies, err)
 	}
 	cred := processors.CallCredential{JTI: "jti-2", Family: "x/t_acme/2"}
-	res, err := s.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-2", Lease: time.Hour, Credential: cred}})
-	if err != nil || res[0].Outcome != processors.Reclaimed || !res[0].Prior.IsZero() || res[0].Record.Credential != cred {
-		t.Fatalf("Claim of the lapsed call = %+v, %v; want Reclaimed, no Prior, credential %+v", res, err, cred)
+	res, err := s.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-2", Lease: time.Millisecond, Credential: cred}})
+	if err != nil || res[0].Outcome != processors.Reclaimed || !res[0].Prior.IsZero() || res[0].Record.Credential != cred || len(res[0].Record.LapsedFamilies) != 0 {
+		t.Fatalf("Claim of the lapsed call = %+v, %v; want Reclaimed, no Prior, no lapsed family, credential %+v", res, err, cred)
 	}
 	if r, err := s.Get(ctx, k); err != nil || r.Credential != cred {
 		t.Errorf("Get after the reclaim = credential %+v, %v; want %+v", r.Credential, err, cred)
+	}
+	ledgertest.WaitFor(t, 5*time.Second, func() error {
+		res, err = s.Claim(ctx, []processors.Claim{{Key: k, ArgumentsHash: "h", Owner: "executor-3", Lease: time.Hour}})
+		if err == nil && res[0].Outcome != processors.Reclaimed {
+			err = fmt.Errorf("Claim outcome %v; want Reclaimed", res[0].Outcome)
+		}
+		return err
+	})
+	if got := res[0].Record.LapsedFamilies; !slices.Equal(got, []string{cred.Family}) {
+		t.Errorf("second takeover's record: lapsed families %q; want %q, the first takeover's", got, cred.Family)
 	}
 }
 

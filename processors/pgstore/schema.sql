@@ -53,6 +53,13 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- compares it, as it does seq, so that a move decided before the
     -- undo started does not apply. 0 in the rows of older builds.
     undo_marks      BIGINT      NOT NULL DEFAULT 0,
+    -- The families of the claims whose lease lapsed (their owners died
+    -- or stalled, and may have sent requests under them), in the order
+    -- they lapsed, each once: a claim that takes the call over adds the
+    -- family the record named, so that one owner dying after another
+    -- loses neither's (see processors.Record.LapsedFamilies). Empty in
+    -- the rows of older builds.
+    lapsed_families TEXT[]      NOT NULL DEFAULT ARRAY[]::TEXT[],
     -- The dedupe rests on this key, not on the isolation level: two
     -- admissions of one call cannot both insert.
     PRIMARY KEY (tenant_id, idempotency_key),
@@ -76,6 +83,8 @@ ALTER TABLE {table} ADD COLUMN IF NOT EXISTS jti TEXT NOT NULL DEFAULT '';
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS credential_family TEXT NOT NULL DEFAULT '';
 
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS undo_marks BIGINT NOT NULL DEFAULT 0;
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS lapsed_families TEXT[] NOT NULL DEFAULT ARRAY[]::TEXT[];
 
 -- Expired: executing records whose lease ended, oldest first. Partial, so
 -- that it holds only the calls in flight: every update of a row writes

@@ -3,6 +3,7 @@ package storetest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,8 @@ func credentialTests() []contractTest {
 		{"Credential/Reclaimed", testCredentialReclaimed},
 		{"Credential/Kept", testCredentialKept},
 		{"Credential/Released", testCredentialReleased},
+		{"Credential/Lapsed", testCredentialLapsed},
+		{"Credential/LapsedBound", testCredentialLapsedBound},
 		{"Credential/IntraBatch", testCredentialIntraBatch},
 		{"Credential/Invalid", testCredentialInvalid},
 	}
@@ -236,6 +239,110 @@ func testCredentialReleased(t *testing.T, s processors.Store) {
 	checkCredential(t, "Prior of a claim after a release", got[0].Prior, processors.CallCredential{})
 	checkCredential(t, "Record.Credential of a claim after a release", got[0].Record.Credential, sticky(first, second))
 	checkCredential(t, "Get after the claim: Credential", mustGet(t, s, k).Credential, sticky(first, second))
+}
+
+// checkLapsed fails unless got is want, for what.
+func checkLapsed(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s LapsedFamilies = %q; want %q", what, got, want)
+	}
+}
+
+// reclaim claims k for owner, under a credential c, once the lease on it
+// ran out, and returns the result, Reclaimed.
+func reclaim(t *testing.T, s processors.Store, k ledger.CallKey, owner string, lease time.Duration, c processors.CallCredential) processors.ClaimResult {
+	t.Helper()
+	var got processors.ClaimResult
+	waitFor(t, pollTimeout, func() error {
+		got = mustClaim(t, s, credClaim(k, owner, lease, c))[0]
+		if got.Outcome != processors.Reclaimed {
+			return fmt.Errorf("Claim by %s outcome = %v; want Reclaimed", owner, got.Outcome)
+		}
+		return nil
+	})
+	return got
+}
+
+// testCredentialLapsed: each claim that takes a call over adds the
+// family the expired claim named to Record.LapsedFamilies, in the order
+// they lapsed, once each, none for a claim that named none; so when one
+// owner dies after another, neither family is lost. Every read returns
+// them; a release, a completion and a fresh claim add none.
+func testCredentialLapsed(t *testing.T, s processors.Store) {
+	k := key("cred:lapsed")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+	first, second := cred("lapsed-1"), cred("lapsed-2")
+	got := mustClaim(t, s, credClaim(k, "executor-1", shortLease, first))[0]
+	checkLapsed(t, "Claimed result's Record", got.Record.LapsedFamilies, nil)
+
+	got = reclaim(t, s, k, "executor-2", shortLease, second)
+	checkLapsed(t, "first Reclaimed result's Record", got.Record.LapsedFamilies, []string{first.Family})
+	checkCredential(t, "first Reclaimed result's Prior", got.Prior, first)
+	checkLapsed(t, "Expired record", waitExpired(t, s, k).LapsedFamilies, []string{first.Family})
+
+	// The second owner died too: its family is added after the first's.
+	got = reclaim(t, s, k, "executor-3", shortLease, processors.CallCredential{})
+	both := []string{first.Family, second.Family}
+	checkLapsed(t, "second Reclaimed result's Record", got.Record.LapsedFamilies, both)
+	checkCredential(t, "second Reclaimed result's Prior", got.Prior, sticky(first, second))
+	checkLapsed(t, "Get after the second reclaim", mustGet(t, s, k).LapsedFamilies, both)
+
+	// The third named none: nothing to add. The fourth's family is the
+	// first's, there already.
+	got = reclaim(t, s, k, "executor-4", shortLease, first)
+	checkLapsed(t, "Reclaimed result's Record after a claim that named none", got.Record.LapsedFamilies, both)
+	got = reclaim(t, s, k, "executor-5", longLease, second)
+	checkLapsed(t, "Reclaimed result's Record after a family lapsed again", got.Record.LapsedFamilies, both)
+	if busy := mustClaim(t, s, credClaim(k, "executor-6", longLease, cred("busy")))[0]; busy.Outcome != processors.Busy {
+		t.Fatalf("Claim of a live lease outcome = %v; want Busy", busy.Outcome)
+	} else {
+		checkLapsed(t, "Busy result's Record", busy.Record.LapsedFamilies, both)
+	}
+	if applied := mustComplete(t, s, processors.Completion{Key: k, Epoch: got.Record.Epoch, Status: processors.StatusOutcomeUnknown, Attempt: 1, Seq: 4, Outbox: []byte(`[{"seq":3},{"seq":4}]`)}); !applied[0] {
+		t.Fatalf("Complete applied = false; want true")
+	}
+	checkLapsed(t, "Get after Complete", mustGet(t, s, k).LapsedFamilies, both)
+	if byStatus := mustByStatus(t, s, processors.StatusOutcomeUnknown, 10); len(byStatus) != 1 || byStatus[0].Key != k {
+		t.Fatalf("ByStatus(outcome_unknown) = %v; want %v", keysOf(byStatus), k)
+	} else {
+		checkLapsed(t, "ByStatus record", byStatus[0].LapsedFamilies, both)
+	}
+
+	// A claim given back sent nothing: the claim after it adds nothing.
+	k = key("cred:lapsed-released")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+	r := mustClaim(t, s, credClaim(k, "executor-1", longLease, first))[0].Record
+	if applied := mustRelease(t, s, processors.Release{Key: k, Epoch: r.Epoch, After: shortLease}); !applied[0] {
+		t.Fatalf("Release applied = false; want true")
+	}
+	waitExpired(t, s, k)
+	if got := mustClaim(t, s, credClaim(k, "executor-2", longLease, second))[0]; got.Outcome != processors.Claimed {
+		t.Fatalf("Claim after the release ended outcome = %v; want Claimed", got.Outcome)
+	} else {
+		checkLapsed(t, "Record of a claim after a release", got.Record.LapsedFamilies, nil)
+	}
+}
+
+// testCredentialLapsedBound: a call whose owners kept dying keeps the
+// first processors.MaxLapsedFamilies families, in order.
+func testCredentialLapsedBound(t *testing.T, s processors.Store) {
+	k := key("cred:lapsed-bound")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+	const lease = time.Millisecond
+	mustClaim(t, s, credClaim(k, "executor-0", lease, cred("bound-0")))
+	var want []string
+	for i := 1; i <= processors.MaxLapsedFamilies+2; i++ {
+		if len(want) < processors.MaxLapsedFamilies {
+			want = append(want, cred(fmt.Sprintf("bound-%d", i-1)).Family)
+		}
+		got := reclaim(t, s, k, fmt.Sprintf("executor-%d", i), lease, cred(fmt.Sprintf("bound-%d", i)))
+		checkLapsed(t, fmt.Sprintf("Record after reclaim %d", i), got.Record.LapsedFamilies, want)
+		if t.Failed() {
+			return
+		}
+	}
+	checkLapsed(t, "Get after the reclaims", mustGet(t, s, k).LapsedFamilies, want)
 }
 
 // testCredentialIntraBatch: of several claims of one key in a batch, the

@@ -45,6 +45,9 @@ func refs(e *ledger.Event) [][2]string {
 	}
 	add(refJTI, e.JTI)
 	add(refFamily, e.CredentialFamily)
+	for _, f := range e.EarlierCredentialFamilies {
+		add(refFamily, f)
+	}
 	if projections.PolicyDecision(e.Decision) && e.PolicyVersion != "" {
 		add(refPolicy, e.PolicyVersion)
 		for _, role := range e.Roles {
@@ -273,7 +276,7 @@ func matches(f projections.Filter, evs []ledger.Event) bool {
 		return carried(func(e *ledger.Event) bool { return e.Seq == 1 && e.Type == statemachine.EventRequested })
 	}
 	return (f.JTI == "" || carried(func(e *ledger.Event) bool { return e.JTI == f.JTI })) &&
-		(f.CredentialFamily == "" || carried(func(e *ledger.Event) bool { return e.CredentialFamily == f.CredentialFamily })) &&
+		(f.CredentialFamily == "" || carried(func(e *ledger.Event) bool { return e.NamesFamily(f.CredentialFamily) })) &&
 		(f.PolicyVersion == "" || carried(func(e *ledger.Event) bool {
 			return projections.PolicyDecision(e.Decision) && projections.PolicyVersionMatches(f.PolicyVersion, e.PolicyVersion) &&
 				(f.Decision == "" || e.Decision == f.Decision)

@@ -124,6 +124,11 @@ func eventRows(r tableRows, pe projections.Event) error {
 	if e.CredentialFamily != "" {
 		ref(refFamily, e.CredentialFamily, "")
 	}
+	for _, f := range e.EarlierCredentialFamilies {
+		if f != "" {
+			ref(refFamily, f, "")
+		}
+	}
 	if e.PolicyVersion != "" && projections.PolicyDecision(e.Decision) {
 		ref(refPolicyVersion, e.PolicyVersion, e.Decision)
 		for _, role := range e.Roles {

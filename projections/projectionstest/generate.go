@@ -131,6 +131,12 @@ func (g *Generator) Call(i int) []ledger.Event {
 		attempt := 1 + r.IntN(2)
 		add(statemachine.EventExecuting, func(e *ledger.Event) {
 			e.Attempt, e.JTI, e.CredentialFamily, e.CredentialScope = attempt, jti, family, tool
+			if i%13 == 5 {
+				// Taken over after owners died in a row: the one before
+				// the last signed under the previous hour's key, the
+				// family of that hour's calls.
+				e.EarlierCredentialFamilies = []string{fmt.Sprintf("%s:%s:%d", tool, tenant, epoch-1)}
+			}
 			if rechecked {
 				decide("allow")(e)
 				e.PolicyVersion = PolicyVersion(40 + int(at.Sub(cfg.Start)/cfg.PolicyEvery))

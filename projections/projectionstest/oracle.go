@@ -151,7 +151,7 @@ func referenced(f projections.Filter, evs []ledger.Event) bool {
 	}
 	refs := []ref{
 		{f.JTI, func(e ledger.Event) bool { return e.JTI == f.JTI }},
-		{f.CredentialFamily, func(e ledger.Event) bool { return e.CredentialFamily == f.CredentialFamily }},
+		{f.CredentialFamily, func(e ledger.Event) bool { return e.NamesFamily(f.CredentialFamily) }},
 		{f.PolicyVersion, func(e ledger.Event) bool {
 			policyDecision := e.Decision == "allow" || e.Decision == "deny" || e.Decision == "require_approval"
 			// A version asked by its label alone matches label@hash.

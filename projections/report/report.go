@@ -204,6 +204,10 @@ func eventNote(e ledger.Event) string {
 	if e.CredentialFamily != "" {
 		parts = append(parts, "family="+e.CredentialFamily)
 	}
+	if len(e.EarlierCredentialFamilies) > 0 {
+		// Owners before that one died too, perhaps after sending.
+		parts = append(parts, "earlier_families="+strings.Join(e.EarlierCredentialFamilies, ","))
+	}
 	if e.Pointer != "" {
 		parts = append(parts, "pointer="+e.Pointer)
 	}

@@ -66,19 +66,21 @@ func TestHostileValues(t *testing.T) {
 }
 
 // A call's events table names the credential of each event that names
-// one: the executing event of a call taken over names the dead owner's
-// family, its outcome the new owner's.
+// one: the executing event of a call taken over names the dead owners'
+// families (the latest, then those before it), its outcome the new
+// owner's.
 func TestEventsTableNamesEachCredential(t *testing.T) {
 	var buf bytes.Buffer
 	if err := EventsTable(&buf, []ledger.Event{
-		{Type: statemachine.EventExecuting, Seq: 3, Attempt: 1, JTI: "jti-1", CredentialFamily: "create_ticket:t_a:1"},
+		{Type: statemachine.EventExecuting, Seq: 3, Attempt: 1, JTI: "jti-1", CredentialFamily: "create_ticket:t_a:1", EarlierCredentialFamilies: []string{"create_ticket:t_a:0", "create_ticket:t_b:0"}},
 		{Type: statemachine.EventSucceeded, Seq: 4, Attempt: 2, JTI: "jti-1", CredentialFamily: "create_ticket:t_a:2"},
 	}); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	if len(lines) != 3 || !strings.Contains(lines[1], "jti=jti-1 family=create_ticket:t_a:1") || !strings.Contains(lines[2], "jti=jti-1 family=create_ticket:t_a:2") {
-		t.Errorf("events table:\n%s\nwant each event's jti and family", buf.String())
+	if len(lines) != 3 || !strings.Contains(lines[1], "jti=jti-1 family=create_ticket:t_a:1 earlier_families=create_ticket:t_a:0,create_ticket:t_b:0") ||
+		!strings.Contains(lines[2], "jti=jti-1 family=create_ticket:t_a:2") || strings.Contains(lines[2], "earlier") {
+		t.Errorf("events table:\n%s\nwant each event's jti and families", buf.String())
 	}
 }
 
