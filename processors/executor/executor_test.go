@@ -362,21 +362,31 @@ func TestDeadlinePassedBeforeExecutionExpires(t *testing.T) {
 }
 
 // A tool without idempotency that applied the effect and then failed: the
-// outcome is ambiguous, and it is not retried.
+// outcome is ambiguous, and it is not retried. A 408 is such a failure: a
+// proxy answers it when the tool took too long, which may be after the
+// tool applied the call (before, it was taken for a throttle, and the
+// call sent again).
 func TestNoneToolServerErrorIsNotRetried(t *testing.T) {
-	r := newRig(t)
-	r.backend.SetFault("send_email", demobackend.Fault{ApplyThenFail: 500})
-	auth := r.admit("notify", "k7", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
-	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs := decodeAll(t, out.Records)
-	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, summary(evs)); diff != "" {
-		t.Errorf("events (-want +got):\n%s", diff)
-	}
-	if n := r.backend.AppliedIn("send_email", "t_a", "t_a/k7"); n != 1 {
-		t.Errorf("applied %d times; want exactly 1 (no retry)", n)
+	for _, status := range []int{http.StatusInternalServerError, http.StatusRequestTimeout} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			r := newRig(t)
+			r.backend.SetFault("send_email", demobackend.Fault{ApplyThenFail: status})
+			auth := r.admit("notify", "k7", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+			out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, summary(evs)); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			if n := r.backend.AppliedIn("send_email", "t_a", "t_a/k7"); n != 1 {
+				t.Errorf("applied %d times; want exactly 1 (no retry)", n)
+			}
+			if code := evs[len(evs)-1].ErrorCode; code != fmt.Sprintf("http_%d", status) {
+				t.Errorf("error code %q; want http_%d", code, status)
+			}
+		})
 	}
 }
 
@@ -429,6 +439,11 @@ func TestNativeToolServerErrorAfterItsEffectIsNeverFailed(t *testing.T) {
 			[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, "http_502"},
 		{"one attempt, answered 504", demobackend.Fault{ApplyThenFail: http.StatusGatewayTimeout}, 1,
 			[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, "http_504"},
+		// A proxy's 408 after the tool applied it: no room to ask again.
+		{"one attempt, answered 408", demobackend.Fault{ApplyThenFail: http.StatusRequestTimeout}, 1,
+			[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, "http_408"},
+		{"408, then the retry replays", demobackend.Fault{ApplyThenFail: http.StatusRequestTimeout, FailTimes: 1}, 0,
+			[]string{"executing", "succeeded"}, ""},
 		{"502, then the retry replays", demobackend.Fault{ApplyThenFail: http.StatusBadGateway, FailTimes: 1}, 0,
 			[]string{"executing", "succeeded"}, ""},
 	} {

@@ -46,14 +46,17 @@ const (
 	// Refused: the tool answered 4xx (other than 408 and 429): it refused
 	// the call and applied nothing. Not retryable.
 	Refused
-	// Throttled: the tool answered 429 or 408: it applied nothing and asks
-	// for a later retry (Error.RetryAfter, when it said).
+	// Throttled: the tool answered 429, or a 5xx or 408 saying it applied
+	// nothing (HeaderNotApplied): it asks for a later retry
+	// (Error.RetryAfter, when it said).
 	Throttled
-	// ServerError: the tool answered 5xx: it says it failed, which does
-	// not say the effect did not happen (it may have failed after it, or
-	// a gateway in front of it lost its answer). A native tool can be
-	// retried with the same key, whose replayed answer settles the call;
-	// otherwise the executor treats it as Unknown.
+	// ServerError: the tool answered 5xx, or 408: it says it failed, which
+	// does not say the effect did not happen (it may have failed after
+	// it, or a gateway in front of it lost its answer or timed it out:
+	// a proxy's 408 may come after the tool got the whole request). A
+	// native tool can be retried with the same key, whose replayed
+	// answer settles the call; otherwise the executor treats it as
+	// Unknown.
 	ServerError
 )
 

@@ -60,12 +60,12 @@ const (
 	HeaderTraceID        = "X-Ledger-Trace-Id"
 	// HeaderBackendSecret carries Request.BackendSecret.
 	HeaderBackendSecret = "X-Backend-Secret"
-	// HeaderNotApplied, "true" on a tool's 5xx answer, says that the
-	// tool applied nothing and may be asked again (Throttled): a tool
+	// HeaderNotApplied, "true" on a tool's 5xx or 408 answer, says that
+	// the tool applied nothing and may be asked again (Throttled): a tool
 	// that could not check the call's credential, its keys or the
-	// revocations unavailable, answers so. A 5xx without it leaves the
-	// effect of a tool that does not deduplicate unknown, since a proxy's
-	// 5xx may come after the tool applied it.
+	// revocations unavailable, answers so. A 5xx or 408 without it leaves
+	// the effect of a tool that does not deduplicate unknown, since a
+	// proxy's may come after the tool applied it.
 	HeaderNotApplied = "X-Ledger-Not-Applied"
 )
 
@@ -492,14 +492,20 @@ func classify(resp *http.Response) *Error {
 	switch {
 	case st >= 200 && st < 300:
 		return nil
-	case st == http.StatusTooManyRequests || st == http.StatusRequestTimeout:
+	case st == http.StatusTooManyRequests:
 		e.Kind, e.Detail = Throttled, "tool asked to slow down"
+		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+	case (st >= 500 && st < 600 || st == http.StatusRequestTimeout) && strings.EqualFold(resp.Header.Get(HeaderNotApplied), "true"):
+		e.Kind, e.Detail = Throttled, "tool applied nothing and asked to be tried again"
+		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+	case st == http.StatusRequestTimeout:
+		// As a 5xx: a proxy answers 408 when the tool has not answered
+		// in its time (Envoy's idle timeout does), which may be after
+		// the tool got the whole request and applied it.
+		e.Kind, e.Detail = ServerError, "request timed out, at the tool or a proxy before it, which may have applied it"
 		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 	case st >= 400 && st < 500:
 		e.Kind, e.Detail = Refused, "tool refused the call"
-	case st >= 500 && st < 600 && strings.EqualFold(resp.Header.Get(HeaderNotApplied), "true"):
-		e.Kind, e.Detail = Throttled, "tool applied nothing and asked to be tried again"
-		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
 	case st >= 500 && st < 600:
 		e.Kind, e.Detail = ServerError, "tool failed"
 		e.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())

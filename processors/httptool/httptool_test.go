@@ -84,7 +84,9 @@ func TestCallStatusKinds(t *testing.T) {
 		{name: "404 refused", status: 404, wantKind: Refused},
 		{name: "409 refused", status: 409, wantKind: Refused},
 		{name: "422 refused", status: 422, wantKind: Refused},
-		{name: "408 throttled", status: 408, wantKind: Throttled},
+		// A proxy's 408 may come after the tool applied the call.
+		{name: "408 maybe applied", status: 408, wantKind: ServerError},
+		{name: "408 not applied", status: 408, header: map[string]string{HeaderNotApplied: "true"}, wantKind: Throttled},
 		{name: "429 throttled", status: 429, wantKind: Throttled},
 		{name: "429 with retry-after", status: 429, header: map[string]string{"Retry-After": "3"}, wantKind: Throttled, wantRetryAfter: 3 * time.Second},
 		{name: "429 with retry-after past a duration", status: 429, header: map[string]string{"Retry-After": "9300000000"}, wantKind: Throttled, wantRetryAfter: math.MaxInt64},
