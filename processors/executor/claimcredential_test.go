@@ -2,7 +2,6 @@ package executor_test
 
 import (
 	"context"
-	"fmt"
 	"net/http/httptest"
 	"slices"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
-	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
@@ -190,16 +188,7 @@ func TestClaimAcrossAKeyRotationIsGivenBack(t *testing.T) {
 	if evs := decodeAll(t, out.Records); len(evs) != 0 || len(guarded.Effects()) != 0 {
 		t.Fatalf("claimed across a rotation: events %v, tool effects %+v; want none, the call given back", summary(evs), guarded.Effects())
 	}
-	ledgertest.WaitFor(t, 5*time.Second, func() error {
-		out, err := x.Step(t.Context(), []*kgo.Record{auth})
-		if err != nil {
-			return err
-		}
-		if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
-			return fmt.Errorf("claimed again (-want +got):\n%s", diff)
-		}
-		return nil
-	})
+	claimedAgainAndRun(t, x, auth)
 	if effs := guarded.Effects(); len(effs) != 1 {
 		t.Errorf("tool effects %+v; want one", effs)
 	}

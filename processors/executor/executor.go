@@ -1260,12 +1260,22 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		if err != nil {
 			// Nothing was sent: without a credential the tool is
 			// not called.
-			if errors.Is(err, credentials.ErrDeadlinePassed) && !reclaimed && !rec.DeadlineAt.IsZero() && !stop.Before(rec.DeadlineAt) {
+			switch {
+			case !errors.Is(err, credentials.ErrDeadlinePassed) || reclaimed:
+			case !rec.DeadlineAt.IsZero() && !stop.Before(rec.DeadlineAt):
 				// Too little of the call's own time is left for a
 				// credential (they expire on whole seconds): it
 				// expires, as past its deadline, not for want of a
 				// credential.
 				return c.expire()
+			default:
+				// Too little of the claim's lease is left (a tool
+				// with a short timeout has a lease of a second or
+				// less, and a credential expires on a whole second
+				// before its end), which says nothing of the call:
+				// given back, to be claimed again under a fresh lease.
+				return x.releaseClaim(ctx, c, log, refusal{reason: "credential_late", after: time.Millisecond,
+					detail: fmt.Sprintf("the claim's lease ends at %s, within the second its credential would be minted in: nothing was sent", stop.Format(time.RFC3339Nano))})
 			}
 			log.Error("mint credential", "err", err)
 			return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "", nil)
@@ -2250,12 +2260,13 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 		return c.finish(processors.StatusFailed, attempt, ReasonUnavailable, errorCode(he), nil)
 	case errors.As(err, &he) && he.Kind == httptool.ServerError && tool.Effect == schemas.EffectRead:
 		return c.finish(processors.StatusFailed, attempt, ReasonToolFailed, errorCode(he), nil)
-	case errors.As(err, &he) && he.Kind == httptool.ServerError:
+	case errors.As(err, &he) && (he.Kind == httptool.ServerError || he.Kind == httptool.Unknown && he.Status != 0):
 		// A 5xx does not say the tool did nothing: it may have failed
 		// after its effect, or a gateway in front of it may have lost
 		// its answer. Only the reconciler, looking the key up, can
 		// tell; "failed" would let the agent apply it again under a
-		// new key.
+		// new key. An answer that cannot be placed (a redirect) is
+		// named by its status too, not taken for no answer.
 		if c.reclaimed {
 			return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonLeaseExpired, "reclaimed_"+errorCode(he), nil)
 		}

@@ -538,6 +538,82 @@ func TestCallTooLateForACredentialExpires(t *testing.T) {
 	}
 }
 
+// claimedAgainAndRun steps x over auth until the call, given back, is
+// claimed again and succeeds.
+func claimedAgainAndRun(t *testing.T, x *executor.Executor, auth *kgo.Record) {
+	t.Helper()
+	ledgertest.WaitFor(t, 5*time.Second, func() error {
+		out, err := x.Step(t.Context(), []*kgo.Record{auth})
+		if err != nil {
+			return err
+		}
+		if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+			return fmt.Errorf("claimed again (-want +got):\n%s", diff)
+		}
+		return nil
+	})
+}
+
+// onceLate is a credential broker whose first Mint comes too late: the
+// claim's lease ends within the second it is asked in.
+type onceLate struct {
+	*credentials.Broker
+	asked atomic.Int32
+}
+
+func (o *onceLate) Mint(g credentials.Grant) (credentials.Credential, error) {
+	if o.asked.Add(1) == 1 {
+		return credentials.Credential{}, fmt.Errorf("mint %s: %w", g.Tool, credentials.ErrDeadlinePassed)
+	}
+	return o.Broker.Mint(g)
+}
+
+// A call with no deadline of its own whose claim's lease leaves too
+// little time for a credential (a tool with a short timeout has a lease
+// of a second or less) sends nothing and is given back, then claimed
+// again and run. Before, it ended failed (credential_unavailable), its
+// key spent, for a timing of the claim's.
+func TestLeaseTooShortForACredentialIsGivenBack(t *testing.T) {
+	r := newRig(t)
+	broker, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := r.admit("create_ticket", "klease", map[string]any{"title": "t"}, 0)
+	x := r.executor(func(c *executor.Config) { c.Credentials = &onceLate{Broker: broker} })
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); len(evs) != 0 || r.backend.Requests() != 0 {
+		t.Fatalf("lease too short for a credential: events %v, %d tool requests; want none, the call given back", summary(evs), r.backend.Requests())
+	}
+	claimedAgainAndRun(t, x, auth)
+	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/klease"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// A native tool that answers with a redirect on every attempt leaves its
+// outcome unknown under the answer's status (http_302), not "timeout":
+// the tool answered.
+func TestNativeToolRedirectNamesItsStatus(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetFault("create_ticket", demobackend.Fault{FailStatus: http.StatusFound})
+	auth := r.admit("create_ticket", "k302", map[string]any{"title": "t"}, 0)
+	out, err := r.executor(func(c *executor.Config) { c.MaxAttempts = 2 }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if code := evs[1].ErrorCode; code != "http_302" {
+		t.Errorf("error code %q; want http_302", code)
+	}
+}
+
 // A native tool whose response was lost after it applied: the retry with
 // the same key replays, the effect stays single.
 func TestNativeToolLostResponseRetriedWithSameKey(t *testing.T) {
