@@ -49,7 +49,7 @@ trials and benchmarks: it keeps every effect in memory until it stops.`,
 	fs := cmd.Flags()
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "where to serve the tools (POST /tools/{tool}, GET /tools/{tool}/status, GET /effects, GET /healthz)")
 	fs.DurationVar(&f.latency, "latency", 0, "latency added to every tool request, to model a real downstream")
-	fs.StringSliceVar(&f.jwksURLs, "credential-jwks-url", nil, "the ledger's credential keys, comma separated: the /.well-known/jwks.json of every executor's --jwks-addr and of the reconciler's (each signs with keys of its own); with it every request must carry a credential minted for it (401 otherwise); each https, or http on loopback")
+	fs.StringSliceVar(&f.jwksURLs, "credential-jwks-url", nil, "the ledger's credential keys, comma separated: the /.well-known/jwks.json of every executor's --jwks-addr and of the reconciler's (each signs with keys of its own); with it every request must carry a credential minted for it (401 otherwise); each https, or http on loopback, and not followed when it redirects")
 	fs.StringVar(&f.introspect, "introspect-url", "", "with --credential-jwks-url: the ledger's token introspection endpoint (a reconciler's /v1/introspect), asked about every credential so that a revoked one is refused; https, or http on loopback")
 	fs.StringVar(&f.journal, "journal", "", "also append every effect to this file, one JSON line each; the effects already in it are the backend's state when it starts (a key applied before is replayed, not applied again), so one backend per file")
 	return cmd

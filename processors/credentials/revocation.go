@@ -68,10 +68,7 @@ func (i *Introspector) Active(ctx context.Context, token string) (bool, error) {
 	if i.Client != nil {
 		client = i.Client
 	}
-	// A redirect is not followed: its target was never checked.
-	noRedirect := *client
-	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	client = &noRedirect
+	client = noRedirects(client)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, i.URL, strings.NewReader(url.Values{"token": {token}}.Encode()))
 	if err != nil {
 		return false, fmt.Errorf("introspection: %w", err)
@@ -125,4 +122,13 @@ func CheckRevoked(ctx context.Context, r Revocations, token string) error {
 		return reject(ReasonRevoked, "the credential was revoked")
 	}
 	return nil
+}
+
+// noRedirects is c, but answering a redirect with the redirect itself
+// rather than following it: its target was never checked (CheckURL), and
+// over it keys or answers could come from anywhere.
+func noRedirects(c *http.Client) *http.Client {
+	nc := *c
+	nc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &nc
 }

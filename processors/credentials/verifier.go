@@ -536,7 +536,7 @@ func (v *Verifier) fetchURL(ctx context.Context, u string) ([]byte, error) {
 		return nil, err
 	}
 	req.Header.Set("Accept", "application/jwk-set+json, application/json")
-	resp, err := v.cfg.HTTPClient.Do(req)
+	resp, err := noRedirects(v.cfg.HTTPClient).Do(req)
 	if err != nil {
 		if ue, ok := errors.AsType[*url.Error](err); ok {
 			err = ue.Err // without the URL, which may carry a credential
@@ -544,6 +544,9 @@ func (v *Verifier) fetchURL(ctx context.Context, u string) ([]byte, error) {
 		return nil, fmt.Errorf("GET: %w", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return nil, fmt.Errorf("GET: status %d: redirects are not followed (configure the URL it points to)", resp.StatusCode)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET: status %d", resp.StatusCode)
 	}

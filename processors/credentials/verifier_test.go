@@ -549,6 +549,17 @@ func TestVerifierJWKSURL(t *testing.T) {
 	if ReasonOf(err) != ReasonKeysUnavailable || !strings.Contains(err.Error(), "status 404") {
 		t.Errorf("Verify with a key server answering 404: %v; want keys_unavailable naming the status", err)
 	}
+
+	// A redirect is not followed, even to the broker's own keys: its
+	// target was never checked (plain http off loopback, say), and
+	// whoever answers there could serve keys of their own.
+	moved := httptest.NewServer(http.RedirectHandler(srv.URL+JWKSPath, http.StatusMovedPermanently))
+	t.Cleanup(moved.Close)
+	v = newVerifier(t, c, b, VerifierConfig{JWKSURLs: []string{moved.URL + JWKSPath}})
+	err = verifyErr(t, v, mint(t, b, grant()).Token, expect())
+	if ReasonOf(err) != ReasonKeysUnavailable || !strings.Contains(err.Error(), "status 301") {
+		t.Errorf("Verify with a key URL that redirects: %v; want keys_unavailable naming the redirect", err)
+	}
 }
 
 // TestVerifierSeveralBrokers: every executor and the reconciler mint with
