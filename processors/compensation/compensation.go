@@ -156,6 +156,12 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	comp := tool.Compensation
 	ck := key.CompensationKey()
 	prev, err := s.cfg.Store.Get(ctx, ck)
+	if err != nil && !errors.Is(err, processors.ErrNotFound) {
+		// Unread, its compensation may have ended without undoing the
+		// call: asked again, it would be taken for a retry and answered
+		// as under way.
+		return ledger.CallKey{}, nil, fmt.Errorf("compensation: read %s: %w", ck, err)
+	}
 	if err == nil && !prev.Status.Done() && rec.Status == processors.StatusSucceeded && operator.User != AutomaticUser {
 		// This request would be the retry of the reconciler's (one key
 		// per call): say what becomes of it now, rather than answer as

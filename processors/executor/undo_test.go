@@ -668,6 +668,17 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 	if _, _, err := svc.Compensate(t.Context(), ops, orig.Key(), "by hand"); !errors.Is(err, compensation.ErrCompensationFailed) {
 		t.Errorf("an operator's compensation after it = %v; want refused, %v", err, compensation.ErrCompensationFailed)
 	}
+	// Nor is it taken for under way when the compensation's record
+	// cannot be read: before, the error was dropped, and the request
+	// answered as a retry of it.
+	sub := &countingSubmitter{}
+	svc, err = compensation.New(compensation.Config{Store: unreadable{Store: r.store, key: ck}, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, evs, err := svc.Compensate(t.Context(), ops, orig.Key(), "by hand"); err == nil || !errors.Is(err, errUnreadable) || sub.n != 0 {
+		t.Errorf("an operator's compensation, its compensation's record unreadable = %v, %d events, %d submitted; want the read's error, nothing submitted", err, len(evs), sub.n)
+	}
 	// Handed over once: the next sweep leaves it to the human.
 	now = now.Add(time.Minute)
 	for _, e := range r.reconcileAll(rc) {
@@ -675,6 +686,22 @@ func TestUndoThatUndidNothingGoesToAHuman(t *testing.T) {
 			t.Errorf("a later sweep appended %s(%s) for the call; want nothing", e.Type, e.Reason)
 		}
 	}
+}
+
+// errUnreadable is unreadable's error.
+var errUnreadable = errors.New("store read timed out")
+
+// unreadable is a store whose reads of key fail.
+type unreadable struct {
+	processors.Store
+	key ledger.CallKey
+}
+
+func (u unreadable) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	if k == u.key {
+		return processors.Record{}, errUnreadable
+	}
+	return u.Store.Get(ctx, k)
 }
 
 // A reconciler that does not know a call's tool version (one not yet
