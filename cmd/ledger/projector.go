@@ -195,8 +195,8 @@ latest control record per subject).
 
 With --swap, stop the projector first: the rebuilt tables replace the live ones,
 then the projector's group offsets are set to where the replay ended, so the
-projector, started again, goes on from there. A rebuild holding fewer events,
-or control actions of fewer subjects, than the live tables (the log no longer
+projector, started again, goes on from there. A rebuild lacking an event, or
+the control actions of a subject, that the live tables hold (the log no longer
 has them all) is not swapped in without --force.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -295,7 +295,7 @@ has them all) is not swapped in without --force.`,
 	}
 	rebuild.Flags().StringVar(&into, "into", "", "database to rebuild into (default <database>_rebuild)")
 	rebuild.Flags().BoolVar(&swap, "swap", false, "replace the live tables with the rebuilt ones (stop the projector first)")
-	rebuild.Flags().BoolVar(&force, "force", false, "with --swap: swap even a rebuild holding fewer events, or control actions of fewer subjects, than the live tables")
+	rebuild.Flags().BoolVar(&force, "force", false, "with --swap: swap even a rebuild lacking events, or the control actions of subjects, that the live tables hold")
 
 	skipDeleted := &cobra.Command{
 		Use:   "skip-deleted",
@@ -390,34 +390,25 @@ func (c *clickhouseFlags) with(g *globals, fn func(cmd *cobra.Command, st *chsto
 }
 
 // rebuildHoldsAll refuses a swap of live's tables for fresh's (a rebuild
-// from the log) that would lose what the log no longer has: fewer events
-// (past the events topic's retention), or fewer control subjects. Not
-// fewer control actions: the control topic is compacted, each subject
-// keeping its latest action, so a rebuild holds fewer after any freeze
-// and unfreeze of one tool, and a refusal then made --force (which lets
-// everything through) routine.
+// from the log) that would lose what the log no longer has: an event the
+// live tables hold and the rebuild lacks (past the events topic's
+// retention), or a control subject (deleted by a tombstone). Compared by
+// id, not counted: the rebuild also holds what the live projection had
+// not written yet, which would hide as many it lost. Not control
+// actions: the control topic is compacted, each subject keeping its
+// latest action, so a rebuild lacks some after any freeze and unfreeze of
+// one tool, and a refusal then made --force (which lets everything
+// through) routine.
 func rebuildHoldsAll(ctx context.Context, live, fresh *chstore.Store) error {
-	sums, err := fresh.Checksums(ctx)
+	events, subjects, err := live.Lacking(ctx, fresh)
 	if err != nil {
 		return err
 	}
-	liveSums, err := live.Checksums(ctx)
-	if err != nil {
-		return err
+	if events > 0 {
+		return fmt.Errorf("the rebuild in %s lacks %d of the events the live tables hold: the log no longer has them all (retention); not swapped (--force to swap anyway)", fresh.Database(), events)
 	}
-	if sums["events"].Rows < liveSums["events"].Rows {
-		return fmt.Errorf("the rebuild in %s holds %d events, the live tables %d: the log no longer has them all (retention); not swapped (--force to swap anyway)", fresh.Database(), sums["events"].Rows, liveSums["events"].Rows)
-	}
-	have, err := fresh.ControlSubjects(ctx)
-	if err != nil {
-		return err
-	}
-	had, err := live.ControlSubjects(ctx)
-	if err != nil {
-		return err
-	}
-	if have < had {
-		return fmt.Errorf("the rebuild in %s holds control actions of %d subjects, the live tables of %d: the control topic no longer has them all (a subject deleted by a tombstone); not swapped (--force to swap anyway)", fresh.Database(), have, had)
+	if subjects > 0 {
+		return fmt.Errorf("the rebuild in %s lacks the control actions of %d subjects the live tables hold: the control topic no longer has them all (a subject deleted by a tombstone); not swapped (--force to swap anyway)", fresh.Database(), subjects)
 	}
 	return nil
 }

@@ -490,8 +490,10 @@ func TestMigrateRefusesAFillWhileAProjectorRuns(t *testing.T) {
 // subjects (the control topic compacted a tool's freeze away, keeping its
 // unfreeze), may be swapped in: before, every rebuild after a freeze and
 // an unfreeze was refused, and --force, which lets a rebuild short of
-// events through too, became routine. One short of events, or of a
-// subject, is refused.
+// events through too, became routine. One lacking an event, or a
+// subject, is refused, even when it holds as many or more (newer events
+// the live projection had not written, a newer subject): the counts were
+// compared before, and such a rebuild was swapped in, losing them.
 func TestRebuildHoldsAll(t *testing.T) {
 	at := time.Now().UTC().Truncate(time.Millisecond)
 	freeze := ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:refund_order", Tool: "refund_order", By: "u_ops", ByTenant: "*", Reason: "incident", At: at}
@@ -499,6 +501,13 @@ func TestRebuildHoldsAll(t *testing.T) {
 	revoke := ledger.ControlAction{V: 1, Kind: "revoke", Subject: "jti:j1", JTI: "j1", By: "u_ops", ByTenant: "*", Reason: "leak", At: at}
 	event := projections.Event{Event: ledger.Event{EventID: "e-1", Type: statemachine.EventRequested, Seq: 1, At: at,
 		TenantID: "t_a", IdempotencyKey: "k-1", Tool: "refund_order"}}
+	// newer is an event the live tables do not hold yet; lastMonth (40 days back) is
+	// one they do, in another partition.
+	newer, lastMonth := event, event
+	newer.EventID, newer.IdempotencyKey = "e-2", "k-2"
+	lastMonth.EventID, lastMonth.IdempotencyKey, lastMonth.At = "e-0", "k-0", at.AddDate(0, 0, -40)
+	revokeNewer := revoke
+	revokeNewer.Subject, revokeNewer.JTI = "jti:j2", "j2"
 	write := func(st *chstore.Store, evs []projections.Event, as ...ledger.ControlAction) {
 		t.Helper()
 		b := projections.Batch{Events: evs}
@@ -510,16 +519,20 @@ func TestRebuildHoldsAll(t *testing.T) {
 		}
 	}
 	live := freshStore(t)
-	write(live, []projections.Event{event}, freeze, unfreeze, revoke)
+	write(live, []projections.Event{lastMonth, event}, freeze, unfreeze, revoke)
 	for _, tc := range []struct {
 		name    string
 		evs     []projections.Event
 		actions []ledger.ControlAction
 		want    string
 	}{
-		{"compacted", []projections.Event{event}, []ledger.ControlAction{unfreeze, revoke}, ""},
-		{"short of events", nil, []ledger.ControlAction{unfreeze, revoke}, "holds 0 events, the live tables 1"},
-		{"short of a subject", []projections.Event{event}, []ledger.ControlAction{unfreeze}, "of 1 subjects, the live tables of 2"},
+		{"compacted", []projections.Event{lastMonth, event}, []ledger.ControlAction{unfreeze, revoke}, ""},
+		{"and newer", []projections.Event{lastMonth, event, newer}, []ledger.ControlAction{unfreeze, revoke, revokeNewer}, ""},
+		{"short of events", nil, []ledger.ControlAction{unfreeze, revoke}, "lacks 2 of the events"},
+		{"short of last month's event", []projections.Event{event}, []ledger.ControlAction{unfreeze, revoke}, "lacks 1 of the events"},
+		{"as many events, one lost", []projections.Event{event, newer}, []ledger.ControlAction{unfreeze, revoke}, "lacks 1 of the events"},
+		{"short of a subject", []projections.Event{lastMonth, event}, []ledger.ControlAction{unfreeze}, "control actions of 1 subjects"},
+		{"as many subjects, one lost", []projections.Event{lastMonth, event}, []ledger.ControlAction{unfreeze, revokeNewer}, "control actions of 1 subjects"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fresh := freshStore(t)

@@ -538,15 +538,46 @@ func (s *Store) Checksums(ctx context.Context) (map[string]Checksum, error) {
 	return out, nil
 }
 
-// ControlSubjects counts the subjects of the control actions held (a
-// tool's freezes, a family's revocations, the policy's activations): what
-// a compacted control topic keeps, its latest action each.
-func (s *Store) ControlSubjects(ctx context.Context) (uint64, error) {
-	var n uint64
-	if err := s.conn.QueryRow(ctx, "SELECT uniqExact(subject) FROM "+s.table("control_actions")).Scan(&n); err != nil {
-		return 0, s.wrap("control subjects", err)
+// Lacking counts what s holds that other does not: events (by id) and
+// control subjects. other is a database on the same server (a rebuild
+// of s's). Counts would not do: a rebuild that lost old events (past
+// the log's retention) and holds newer ones (written since the live
+// projection's last commit) may hold as many. Events are compared a
+// month (a partition) at a time, so that the server holds one month of
+// other's ids at once.
+func (s *Store) Lacking(ctx context.Context, other *Store) (events, subjects uint64, err error) {
+	rows, err := s.conn.Query(ctx, "SELECT DISTINCT toYYYYMM(at) AS m FROM "+s.table("events")+" ORDER BY m")
+	if err != nil {
+		return 0, 0, s.wrap("event months", err)
 	}
-	return n, nil
+	var months []uint32
+	for rows.Next() {
+		var m uint32
+		if err := rows.Scan(&m); err != nil {
+			rows.Close()
+			return 0, 0, s.wrap("event months", err)
+		}
+		months = append(months, m)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, 0, s.wrap("event months", err)
+	}
+	for _, m := range months {
+		var n uint64
+		q := "SELECT count() FROM (SELECT DISTINCT event_id FROM " + s.table("events") + " WHERE toYYYYMM(at) = ?)" +
+			" WHERE event_id NOT IN (SELECT event_id FROM " + other.table("events") + " WHERE toYYYYMM(at) = ?)"
+		if err := s.conn.QueryRow(ctx, q, m, m).Scan(&n); err != nil {
+			return 0, 0, s.wrap(fmt.Sprintf("events lacking from %s in month %d", other.db, m), err)
+		}
+		events += n
+	}
+	q := "SELECT uniqExact(subject) FROM " + s.table("control_actions") +
+		" WHERE subject NOT IN (SELECT subject FROM " + other.table("control_actions") + ")"
+	if err := s.conn.QueryRow(ctx, q).Scan(&subjects); err != nil {
+		return 0, 0, s.wrap("control subjects lacking from "+other.db, err)
+	}
+	return events, subjects, nil
 }
 
 // swapSuffix names the tables a swap moves out of the way.
