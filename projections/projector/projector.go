@@ -635,7 +635,8 @@ var ErrNewerRecord = errors.New("a record of a newer encoding than this projecto
 // projector writes and commits what came before and stops, without
 // committing the partition past the gap; a human decides (`ledger
 // projector skip-deleted` moves the group past it, knowing the projection
-// lacks those records).
+// lacks those records). Replay stops with it too, writing nothing of the
+// poll that found the gap.
 var ErrRecordsDeleted = errors.New("records deleted from the log before they were projected")
 
 // newer reports whether err says a record is of a newer encoding.

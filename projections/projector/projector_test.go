@@ -22,7 +22,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
@@ -803,6 +805,71 @@ func TestReplay(t *testing.T) {
 	}
 	if err := CommitOffsets(t.Context(), k.Client, group, prog.Ends); !errors.Is(err, ErrGroupActive) {
 		t.Errorf("CommitOffsets on a running group: err = %v; want ErrGroupActive", err)
+	}
+}
+
+// Records the log deleted after the replay listed where to start, before
+// it read them (retention moving the log's start meanwhile), stop the
+// replay with ErrRecordsDeleted: before, the client went on from the new
+// start without a word, and the replay answered that it held every record
+// below its ends. The race is staged with the in-process broker: the
+// records are deleted first, and the replay is told the log's old start.
+func TestReplayStopsAtDeletedRecords(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	k := &ledgertest.Kafka{Client: ledger.ClientConfig{Brokers: c.ListenAddrs()}, Cluster: c,
+		Topics: ledger.Topics{Requests: "rd.requests", Events: "rd.events", Control: "rd.control", DLQ: "rd.dlq"}}
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := ledger.EnsureTopics(t.Context(), cl, ledger.TopicConfig{Topics: k.Topics, Partitions: 2}); err != nil {
+		t.Fatal(err)
+	}
+	adm := admin(t, k)
+	ev := k.Topics.Events
+	produce(t, k, eventRecords(t, ev, ids("d", 10))...) // partition 0, offsets 0 to 9
+	resps, err := adm.DeleteRecords(t.Context(), kadm.Offsets{ev: {0: {Topic: ev, Partition: 0, At: 8, LeaderEpoch: -1}}})
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	// The replay's listing of the log's start, once: every partition
+	// starts at 0, as before the deletion.
+	c.ControlKey(int16(kmsg.ListOffsets), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.ListOffsetsRequest)
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				if rp.Timestamp != -2 { // not the log's start
+					return nil, nil, false
+				}
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.Offset, sp.Timestamp, sp.LeaderEpoch = rp.Partition, 0, -1, -1
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	sink := &recSink{}
+	logs := &logRecorder{}
+	_, err = Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, Logger: slog.New(logs)}, sink, nil)
+	if !errors.Is(err, ErrRecordsDeleted) {
+		t.Fatalf("Replay past records deleted under it = %v (events written %v); want ErrRecordsDeleted", err, sink.events())
+	}
+	if a := oneError(t, logs, "records deleted from the log before the replay read them"); a["topic"] != ev || a["partition"] != "0" || a["next_offset"] != "0" || a["log_start"] != "8" {
+		t.Errorf("gap log %v; want %s/0 from offset 0 to the log start 8", a, ev)
 	}
 }
 

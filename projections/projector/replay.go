@@ -202,9 +202,14 @@ func (r *replay) run(ctx context.Context, cl *kgo.Client) error {
 			}
 		})
 		n := 0
-		fetches.EachRecord(func(rec *kgo.Record) {
-			n++
-			r.take(cl, rec)
+		fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
+			if len(ftp.Records) == 0 || r.gap(ftp) {
+				return
+			}
+			for _, rec := range ftp.Records {
+				n++
+				r.take(cl, rec)
+			}
 		})
 		if r.stop != nil {
 			return r.stop
@@ -227,6 +232,33 @@ func (r *replay) run(ctx context.Context, cl *kgo.Client) error {
 		return r.write(ctx)
 	}
 	return nil
+}
+
+// gap reports, and stops the replay at, records of ftp's partition that
+// the log deleted before the replay read them: retention moved the log's
+// start past the replay's position after it listed where to start, and
+// the client went on from the new start without a word. The rebuild
+// would lack them while its Progress.Ends said it held every record
+// below, and rebuild --swap would commit the group past them.
+func (r *replay) gap(ftp kgo.FetchTopicPartition) bool {
+	rp := r.parts[topicPartition{ftp.Topic, ftp.Partition}]
+	if rp == nil || rp.done {
+		return false
+	}
+	from := rp.pos
+	if from >= ftp.Records[0].Offset || from >= ftp.LogStartOffset {
+		// Records skipped above the log's start were aborted or
+		// compacted away: nothing was lost.
+		return false
+	}
+	r.cfg.Logger.Error("records deleted from the log before the replay read them",
+		"topic", ftp.Topic, "partition", ftp.Partition, "next_offset", from, "log_start", ftp.LogStartOffset,
+		"offsets_lost", ftp.LogStartOffset-from)
+	if r.stop == nil {
+		r.stop = fmt.Errorf("replay: %w: %s/%d offsets %d to %d (the log now starts at %d)",
+			ErrRecordsDeleted, ftp.Topic, ftp.Partition, from, ftp.LogStartOffset-1, ftp.LogStartOffset)
+	}
+	return true
 }
 
 // take adds a polled record to the batch, or notes that its partition is
