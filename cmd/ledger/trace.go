@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -19,40 +20,47 @@ func newTraceCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "trace KEY",
-		Short: "Print a call's events (KEY is the idempotency key, or <tenant_id>/<idempotency_key>): from the ClickHouse projection when --clickhouse-dsn is set, else from the log",
+		Short: "Print a call's events (KEY is the idempotency key, or <tenant_id>/<idempotency_key>, or, when no such call is found, a key of --tenant holding a \"/\"): from the ClickHouse projection when --clickhouse-dsn is set, else from the log",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			key := ledger.CallKey{TenantID: tenant, IdempotencyKey: args[0]}
+			keys := []ledger.CallKey{{TenantID: tenant, IdempotencyKey: args[0]}}
 			if k, err := ledger.ParseCallKey(args[0]); err == nil && !cmd.Flags().Changed("tenant") {
-				key = k
+				// <tenant_id>/<key> first; then, a key may hold a "/",
+				// the whole of it as the tenant's.
+				keys = []ledger.CallKey{k, keys[0]}
 			}
-			var (
-				evs  []ledger.Event
-				from string
-				err  error
-			)
+			from := g.kafka.events
+			trace := func(key ledger.CallKey) ([]ledger.Event, error) {
+				return ledger.ReadCall(cmd.Context(), g.kafka.client(g.logger()), g.kafka.events, key)
+			}
 			if ch.dsn != "" {
-				st, oerr := ch.open(cmd.Context(), g.logger())
-				if oerr != nil {
-					return oerr
+				st, err := ch.open(cmd.Context(), g.logger())
+				if err != nil {
+					return err
 				}
 				defer st.Close()
-				evs, err = st.Trace(cmd.Context(), key)
-				from = "the ClickHouse projection"
-			} else {
-				evs, err = ledger.ReadCall(cmd.Context(), g.kafka.client(g.logger()), g.kafka.events, key)
-				from = g.kafka.events
+				from, trace = "the ClickHouse projection", func(key ledger.CallKey) ([]ledger.Event, error) { return st.Trace(cmd.Context(), key) }
 			}
-			if err != nil && !errors.Is(err, projections.ErrNotFound) {
-				return err
+			var tried []string
+			for _, key := range keys {
+				evs, err := trace(key)
+				if err != nil && !errors.Is(err, projections.ErrNotFound) {
+					return err
+				}
+				if len(evs) == 0 {
+					tried = append(tried, key.String())
+					continue
+				}
+				if len(keys) > 1 {
+					// Which reading of KEY was found.
+					fmt.Fprintf(cmd.ErrOrStderr(), "call %s (tenant %s)\n", key, key.TenantID)
+				}
+				if jsonOut {
+					return printJSONTo(cmd.OutOrStdout(), evs)
+				}
+				return report.EventsTable(cmd.OutOrStdout(), evs)
 			}
-			if len(evs) == 0 {
-				return fmt.Errorf("no events for %s in %s", key, from)
-			}
-			if jsonOut {
-				return printJSONTo(cmd.OutOrStdout(), evs)
-			}
-			return report.EventsTable(cmd.OutOrStdout(), evs)
+			return fmt.Errorf("no events for %s in %s", strings.Join(tried, " nor for "), from)
 		},
 	}
 	cmd.Flags().StringVar(&tenant, "tenant", "t_demo", "tenant id of the call")

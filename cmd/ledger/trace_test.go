@@ -1,0 +1,63 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/statemachine"
+)
+
+// A KEY holding a "/" is read as <tenant_id>/<key> first, then as a key
+// of --tenant, and the command says which call it found: `ledger trace
+// inv/2024/001` finds t_demo's call inv/2024/001. Before, it looked up
+// tenant inv's key 2024/001 alone, and answered that there were no
+// events.
+func TestTraceKeyHoldingASlash(t *testing.T) {
+	_, cc, topics, _ := roleKfake(t)
+	// Placed as the ledger places a call's events, where trace reads.
+	cl, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	produce := func(tenant, key string) {
+		t.Helper()
+		e := ledger.Event{EventID: tenant + "|" + key, Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(),
+			TenantID: tenant, IdempotencyKey: key, Tool: "create_ticket"}
+		rec, err := e.Record(topics.Events)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(t.Context(), rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trace := func(key string) (tenant, notes string) {
+		t.Helper()
+		out, notes := cliSplit(t, append([]string{"trace", key, "--json"}, roleArgs(cc, topics)...)...)
+		var evs []ledger.Event
+		if err := json.Unmarshal([]byte(out), &evs); err != nil || len(evs) != 1 {
+			t.Fatalf("trace %s = %q, %v; want one event", key, out, err)
+		}
+		return evs[0].TenantID, notes
+	}
+
+	produce("t_demo", "inv/2024/001")
+	if tenant, notes := trace("inv/2024/001"); tenant != "t_demo" || !strings.Contains(notes, "call t_demo/inv/2024/001 (tenant t_demo)") {
+		t.Errorf("trace inv/2024/001 found tenant %q's call, noting %q; want t_demo's, saying so", tenant, notes)
+	}
+	// Once tenant inv has a call 2024/001, it is the first reading.
+	produce("inv", "2024/001")
+	if tenant, notes := trace("inv/2024/001"); tenant != "inv" || !strings.Contains(notes, "call inv/2024/001 (tenant inv)") {
+		t.Errorf("trace inv/2024/001 found tenant %q's call, noting %q; want inv's, saying so", tenant, notes)
+	}
+	err = cliErr(t, append([]string{"trace", "nobody/k"}, roleArgs(cc, topics)...)...)
+	if err == nil || !strings.Contains(err.Error(), "no events for nobody/k nor for t_demo/nobody/k") {
+		t.Errorf("trace of a key nobody has = %v; want both readings named", err)
+	}
+}
