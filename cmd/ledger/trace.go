@@ -42,7 +42,7 @@ func newTraceCmd(g *globals) *cobra.Command {
 				from, trace = "the ClickHouse projection", func(key ledger.CallKey) ([]ledger.Event, error) { return st.Trace(cmd.Context(), key) }
 			}
 			var tried []string
-			for _, key := range keys {
+			for i, key := range keys {
 				evs, err := trace(key)
 				if err != nil && !errors.Is(err, projections.ErrNotFound) {
 					return err
@@ -51,9 +51,9 @@ func newTraceCmd(g *globals) *cobra.Command {
 					tried = append(tried, key.String())
 					continue
 				}
-				if len(keys) > 1 {
-					// Which reading of KEY was found.
-					fmt.Fprintf(cmd.ErrOrStderr(), "call %s (tenant %s)\n", key, key.TenantID)
+				if i > 0 {
+					// Not the reading KEY has as <tenant_id>/<key>.
+					fmt.Fprintf(cmd.ErrOrStderr(), "no call %s; call %s (tenant %s)\n", keys[0], key, key.TenantID)
 				}
 				if jsonOut {
 					return printJSONTo(cmd.OutOrStdout(), evs)
