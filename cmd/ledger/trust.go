@@ -215,7 +215,7 @@ func (f *credentialFlags) keystore(dataDir string) *credentials.Keystore {
 
 func (f *credentialFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.keyDir, "credential-key-dir", "", "where the credential broker keeps its signing keys (default: <data-dir>/credentials)")
-	fs.DurationVar(&f.ttl, "credential-ttl", 5*time.Minute, "the longest a per-call credential lives (it never outlives the call's deadline)")
+	fs.DurationVar(&f.ttl, "credential-ttl", 5*time.Minute, "the longest a per-call credential lives (it never outlives the call's deadline); at least 1s")
 	fs.DurationVar(&f.rotate, "credential-rotate", 24*time.Hour, "how often the credential signing key rotates; at least --credential-ttl + 2m30s, since a new key is published a minute before it signs and a retired one stays published until its last credential has expired (plus 30s of clock skew and a minute of caching)")
 	fs.StringVar(&f.secretsDir, "secrets-dir", "", "keystore of the backends' long-lived secrets, one 0600 file per registry backend.secret_ref (default: <data-dir>/secrets)")
 }

@@ -72,7 +72,7 @@ type Config struct {
 	// Issuer is the iss of every credential. Default: DefaultIssuer.
 	Issuer string
 	// TTL is the longest a credential lives; a sooner call deadline
-	// shortens it. Default: DefaultTTL (5 min). Must not be negative.
+	// shortens it. Default: DefaultTTL (5 min). At least a second.
 	TTL time.Duration
 	// RotateEvery is how long a key signs before the next one takes
 	// over, checked at each Mint and each read of the JWKS (no
@@ -135,8 +135,11 @@ func (c *Config) setDefaults() {
 
 func (c Config) validate() error {
 	switch {
-	case c.TTL < 0:
-		return fmt.Errorf("%w: TTL %v is negative", ErrInvalidConfig, c.TTL)
+	case c.TTL < time.Second:
+		// A credential expires on a whole second: one shorter would
+		// expire before most mints (ErrDeadlinePassed), each taken for
+		// a claim with too little lease left and given back.
+		return fmt.Errorf("%w: TTL %v is under a second, and credentials expire on whole seconds", ErrInvalidConfig, c.TTL)
 	case c.Skew < 0 || c.CacheFor < 0:
 		return fmt.Errorf("%w: Skew and CacheFor must not be negative", ErrInvalidConfig)
 	case c.RotateEvery < c.MinRotateEvery():

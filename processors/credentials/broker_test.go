@@ -337,6 +337,7 @@ func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	for name, cfg := range map[string]Config{
 		"negative TTL":         {TTL: -time.Second},
+		"TTL under a second":   {TTL: 999 * time.Millisecond},
 		"negative RotateEvery": {RotateEvery: -time.Second},
 		"negative Skew":        {Skew: -time.Second},
 		"negative CacheFor":    {CacheFor: -time.Second},
