@@ -245,6 +245,9 @@ has them all) is not swapped in without --force.`,
 			}
 			done, err := projector.Replay(ctx, projector.ReplayConfig{
 				Client: g.kafka.client(logger), Topics: g.kafka.topics(), Logger: logger,
+				// Records retention deletes while the replay runs stop
+				// it, unless the operator accepts losing them.
+				SkipDeleted: force,
 			}, fresh, projector.NewBar(os.Stderr, "rebuild"))
 			if err != nil {
 				return err
@@ -255,6 +258,9 @@ has them all) is not swapped in without --force.`,
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "rebuilt %d records into %s in %s\n", done.Done, into, done.Elapsed.Round(time.Millisecond))
+			if done.Deleted > 0 {
+				fmt.Fprintf(out, "%d offsets were deleted from the log before the replay read them (--force): the rebuild lacks them\n", done.Deleted)
+			}
 			printChecksums(out, sums)
 			if !swap {
 				return nil
@@ -295,7 +301,7 @@ has them all) is not swapped in without --force.`,
 	}
 	rebuild.Flags().StringVar(&into, "into", "", "database to rebuild into (default <database>_rebuild)")
 	rebuild.Flags().BoolVar(&swap, "swap", false, "replace the live tables with the rebuilt ones (stop the projector first)")
-	rebuild.Flags().BoolVar(&force, "force", false, "with --swap: swap even a rebuild lacking events, or the control actions of subjects, that the live tables hold")
+	rebuild.Flags().BoolVar(&force, "force", false, "replay past records the log deletes while the rebuild runs (else it stops), and with --swap, swap even a rebuild lacking events, or the control actions of subjects, that the live tables hold")
 
 	skipDeleted := &cobra.Command{
 		Use:   "skip-deleted",

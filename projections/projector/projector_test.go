@@ -812,8 +812,9 @@ func TestReplay(t *testing.T) {
 // it read them (retention moving the log's start meanwhile), stop the
 // replay with ErrRecordsDeleted: before, the client went on from the new
 // start without a word, and the replay answered that it held every record
-// below its ends. The race is staged with the in-process broker: the
-// records are deleted first, and the replay is told the log's old start.
+// below its ends. Told to skip them (rebuild --force), it goes on and
+// counts them. The race is staged with the in-process broker: the records
+// are deleted first, and the replay is told the log's old start.
 func TestReplayStopsAtDeletedRecords(t *testing.T) {
 	t.Parallel()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
@@ -841,27 +842,8 @@ func TestReplayStopsAtDeletedRecords(t *testing.T) {
 	if err != nil {
 		t.Fatalf("delete records: %v", err)
 	}
-	// The replay's listing of the log's start, once: every partition
-	// starts at 0, as before the deletion.
-	c.ControlKey(int16(kmsg.ListOffsets), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		req := kreq.(*kmsg.ListOffsetsRequest)
-		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
-		resp.Version = req.Version
-		for _, rt := range req.Topics {
-			st := kmsg.NewListOffsetsResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				if rp.Timestamp != -2 { // not the log's start
-					return nil, nil, false
-				}
-				sp := kmsg.NewListOffsetsResponseTopicPartition()
-				sp.Partition, sp.Offset, sp.Timestamp, sp.LeaderEpoch = rp.Partition, 0, -1, -1
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
+
+	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
 	sink := &recSink{}
 	logs := &logRecorder{}
 	_, err = Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, Logger: slog.New(logs)}, sink, nil)
@@ -871,6 +853,36 @@ func TestReplayStopsAtDeletedRecords(t *testing.T) {
 	if a := oneError(t, logs, "records deleted from the log before the replay read them"); a["topic"] != ev || a["partition"] != "0" || a["next_offset"] != "0" || a["log_start"] != "8" {
 		t.Errorf("gap log %v; want %s/0 from offset 0 to the log start 8", a, ev)
 	}
+
+	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
+	sink = &recSink{}
+	prog, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, SkipDeleted: true}, sink, nil)
+	if err != nil || prog.Deleted != 8 || !cmp.Equal(sink.events(), set("d-008", "d-009")) {
+		t.Errorf("Replay skipping deleted records = %+v, %v, events %v; want 8 offsets deleted, d-008 and d-009 written", prog, err, sink.events())
+	}
+}
+
+// staleStartOffsets, a ControlKey function, answers the first listing of
+// the log's start offsets with 0 for every partition, as before records
+// were deleted, and leaves every other request to the broker.
+func staleStartOffsets(kreq kmsg.Request) (kmsg.Response, error, bool) {
+	req := kreq.(*kmsg.ListOffsetsRequest)
+	resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+	resp.Version = req.Version
+	for _, rt := range req.Topics {
+		st := kmsg.NewListOffsetsResponseTopic()
+		st.Topic = rt.Topic
+		for _, rp := range rt.Partitions {
+			if rp.Timestamp != -2 { // not the log's start
+				return nil, nil, false
+			}
+			sp := kmsg.NewListOffsetsResponseTopicPartition()
+			sp.Partition, sp.Offset, sp.Timestamp, sp.LeaderEpoch = rp.Partition, 0, -1, -1
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp, nil, true
 }
 
 func TestReplayEmpty(t *testing.T) {

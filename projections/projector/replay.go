@@ -29,6 +29,11 @@ type ReplayConfig struct {
 	MaxBatchBytes int
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// SkipDeleted goes on past records the log deleted before the
+	// replay read them (Progress.Deleted counts them) instead of
+	// stopping with ErrRecordsDeleted: for a rebuild whose operator
+	// accepts what retention took (rebuild --force).
+	SkipDeleted bool
 }
 
 // Progress is how far a Replay got.
@@ -48,6 +53,9 @@ type Progress struct {
 	// UnknownTypes counts events of a type the state machine does not
 	// know: written, but moving no call (projections.KnownType).
 	UnknownTypes int64
+	// Deleted counts the offsets the log deleted before the replay read
+	// them, gone past with ReplayConfig.SkipDeleted.
+	Deleted int64
 	// Rate is records written per second so far.
 	Rate float64
 	// ETA is the time left at the pace so far; 0 when unknown or done.
@@ -253,7 +261,13 @@ func (r *replay) gap(ftp kgo.FetchTopicPartition) bool {
 	}
 	r.cfg.Logger.Error("records deleted from the log before the replay read them",
 		"topic", ftp.Topic, "partition", ftp.Partition, "next_offset", from, "log_start", ftp.LogStartOffset,
-		"offsets_lost", ftp.LogStartOffset-from)
+		"offsets_lost", ftp.LogStartOffset-from, "skipped", r.cfg.SkipDeleted)
+	if r.cfg.SkipDeleted {
+		// Its offsets count as read (Progress.Read), the rebuild
+		// without them.
+		r.prog.Deleted += ftp.LogStartOffset - from
+		return false
+	}
 	if r.stop == nil {
 		r.stop = fmt.Errorf("replay: %w: %s/%d offsets %d to %d (the log now starts at %d)",
 			ErrRecordsDeleted, ftp.Topic, ftp.Partition, from, ftp.LogStartOffset-1, ftp.LogStartOffset)
