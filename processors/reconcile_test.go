@@ -241,6 +241,9 @@ func TestCompensationIsAGovernedCall(t *testing.T) {
 	if _, _, err := svc.Compensate(t.Context(), identity.Identity{User: "u_1", Tenant: "t_a"}, refund.key(), "x"); !errors.Is(err, compensation.ErrForbidden) {
 		t.Errorf("compensation by a non-operator: %v; want ErrForbidden", err)
 	}
+	if _, _, err := svc.Compensate(t.Context(), op, refund.key(), strings.Repeat("r", compensation.MaxReasonBytes+1)); !errors.Is(err, compensation.ErrInvalidReason) {
+		t.Errorf("compensation with a reason past %d bytes: %v; want ErrInvalidReason", compensation.MaxReasonBytes, err)
+	}
 	ck, evs, err := svc.Compensate(t.Context(), op, refund.key(), "customer kept the goods")
 	if err != nil {
 		t.Fatal(err)
@@ -251,6 +254,12 @@ func TestCompensationIsAGovernedCall(t *testing.T) {
 	calls := h.waitSettled(30*time.Second, ck)
 	if calls[ck].State != statemachine.StateSucceeded {
 		t.Fatalf("the compensation call is %s", calls[ck].State)
+	}
+	// Who asked, and why, is on the compensation's first event, as the
+	// projection holds it: before, the reason went to a log line only.
+	const why = "asked for by u_ops: customer kept the goods"
+	if c, _ := h.index.Get(ck); len(c.Events) == 0 || c.Events[0].Type != statemachine.EventRequested || c.Events[0].Detail != why {
+		t.Errorf("the compensation's events as projected: %+v; want requested first, its detail %q", c.Events, why)
 	}
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
 		c, _ := h.index.Get(refund.key())

@@ -50,7 +50,14 @@ var (
 	// ErrCompensationFailed: the call's compensation ran and did not
 	// undo it (failed, denied, expired).
 	ErrCompensationFailed error = terminalError("compensation: the compensation did not succeed")
+	// ErrInvalidReason: the reason is empty, or longer than
+	// MaxReasonBytes.
+	ErrInvalidReason error = terminalError("compensation: invalid reason")
 )
+
+// MaxReasonBytes bounds the reason of a compensation, which the
+// compensation's requested event carries (its Detail).
+const MaxReasonBytes = 1024
 
 // AutomaticUser is who the reconciler asks for a compensation as, when a
 // policy says to undo an outcome nobody could establish (undo_unknown).
@@ -75,7 +82,7 @@ type Store interface {
 // Submitter runs a call the ledger makes itself through the intake's
 // checks (processors/intake.Processor.Submit).
 type Submitter interface {
-	Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool) ([]ledger.Event, error)
+	Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool, why string) ([]ledger.Event, error)
 }
 
 // Publisher appends events.
@@ -128,7 +135,11 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 		return ledger.CallKey{}, nil, ErrForbidden
 	}
 	if strings.TrimSpace(reason) == "" {
-		return ledger.CallKey{}, nil, errors.New("compensation: a reason is required")
+		return ledger.CallKey{}, nil, fmt.Errorf("%w: a reason is required", ErrInvalidReason)
+	}
+	if len(reason) > MaxReasonBytes {
+		// It goes on the compensation's requested event.
+		return ledger.CallKey{}, nil, fmt.Errorf("%w: %d bytes, more than %d", ErrInvalidReason, len(reason), MaxReasonBytes)
 	}
 	rec, err := s.cfg.Store.Get(ctx, key)
 	if err != nil {
@@ -201,7 +212,7 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	// its tool's registry entry redacts and the policies in force mask
 	// for it (those in force when it was decided may have masked more:
 	// its requested event shows what they hid).
-	evs, err := s.cfg.Intake.Submit(ctx, env, who, tool)
+	evs, err := s.cfg.Intake.Submit(ctx, env, who, tool, "asked for by "+operator.User+": "+reason)
 	if err != nil {
 		return ledger.CallKey{}, nil, err
 	}
@@ -284,7 +295,7 @@ func (s *Service) Handler() http.Handler {
 			writeError(w, http.StatusConflict, "not_compensable", err.Error())
 		case errors.Is(err, ErrAutomaticCompensationPending):
 			writeError(w, http.StatusConflict, "automatic_compensation_pending", err.Error())
-		case err != nil && strings.Contains(err.Error(), "reason is required"):
+		case errors.Is(err, ErrInvalidReason):
 			writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		case err != nil:
 			s.cfg.Logger.Error("compensation request failed", "err", err)

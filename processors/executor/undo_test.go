@@ -132,7 +132,7 @@ func TestAutomaticCompensationLeavesASuccess(t *testing.T) {
 // submits, and submits none.
 type countingSubmitter struct{ n int }
 
-func (c *countingSubmitter) Submit(context.Context, *ledger.Envelope, identity.Identity, *schemas.Tool) ([]ledger.Event, error) {
+func (c *countingSubmitter) Submit(context.Context, *ledger.Envelope, identity.Identity, *schemas.Tool, string) ([]ledger.Event, error) {
 	c.n++
 	return nil, nil
 }

@@ -315,6 +315,8 @@ type checked struct {
 	// own: a call the ledger makes itself (Submit), under a key the
 	// ledger derives, which whoever may ask for it asks for again.
 	own bool
+	// why is the reason Submit was given, for the requested event.
+	why string
 	// carries, for a call carrying another call's arguments (Submit's),
 	// is that call's tool: its audit copy hides what that tool's would.
 	carries *schemas.Tool
@@ -895,15 +897,16 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 // that carries another call's arguments (a compensation carries the
 // undone call's), is that call's tool: the audit copy also hides what
 // its registry entry redacts and what the policies in force mask for it;
-// nil for none.
-func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool) ([]ledger.Event, error) {
+// nil for none. why, the asker's reason, is the requested event's Detail,
+// so that the call's trace says why the ledger made it.
+func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool, why string) ([]ledger.Event, error) {
 	now := p.cfg.Now().UTC()
 	stale := p.syncPolicies()
 	c, refusal := p.checkCall(ctx, env, id, carries, now, stale)
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil
 	}
-	c.own = true
+	c.own, c.why = true, why
 	p.readVersions(ctx, []*checked{c})
 	recs, _, _, err := p.settle(ctx, []*checked{c}, now)
 	if err != nil {
@@ -1092,6 +1095,7 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 	requested := p.event(c, now, statemachine.EventRequested, 1)
 	requested.Arguments = json.RawMessage(redacted)
 	requested.Resource = resource
+	requested.Detail = c.why
 	if !deadline.IsZero() {
 		requested.DeadlineAt = &deadline
 	}

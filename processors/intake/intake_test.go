@@ -538,7 +538,7 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 		Tool: "create_ticket", ToolVersion: 1, CallID: "c_1", Scope: ledger.Scope{TenantID: "t_a", UserID: "u_1"},
 		IdempotencyKey: "k_canonical", ArgumentsHash: hash, Arguments: args,
 	}
-	evs, err := f.in.Submit(t.Context(), env, id, nil)
+	evs, err := f.in.Submit(t.Context(), env, id, nil, "")
 	if err != nil || len(evs) == 0 || evs[len(evs)-1].Type != "authorized" {
 		t.Fatalf("Submit = %+v, %v; want the call authorized", evs, err)
 	}
@@ -566,7 +566,7 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 	if long.ArgumentsHash, err = ledger.ArgumentsHash("t_a", "create_ticket", 1, long.Arguments); err != nil {
 		t.Fatal(err)
 	}
-	evs, err = f.in.Submit(t.Context(), &long, id, nil)
+	evs, err = f.in.Submit(t.Context(), &long, id, nil, "")
 	if err != nil || len(evs) != 1 || evs[0].Reason != ledger.CodeTooLarge || evs[0].Pointer != "/arguments" {
 		t.Fatalf("Submit(arguments whose canonical form is too large) = %+v, %v; want one refusal, too_large at /arguments", evs, err)
 	}
@@ -577,7 +577,7 @@ func TestIntakeKeepsTheHashedCanonicalArguments(t *testing.T) {
 	bad := *env
 	bad.IdempotencyKey = "k_nan"
 	bad.Arguments = map[string]any{"title": "x", "priority": math.NaN()}
-	evs, err = f.in.Submit(t.Context(), &bad, id, nil)
+	evs, err = f.in.Submit(t.Context(), &bad, id, nil, "")
 	if err != nil || len(evs) != 1 {
 		t.Fatalf("Submit(NaN) = %+v, %v; want one refusal", evs, err)
 	}
@@ -1347,7 +1347,7 @@ func TestIntakeSubmitIsTheSameCallForEveryAsker(t *testing.T) {
 	env := &ledger.Envelope{Tool: "create_ticket", ToolVersion: 1, CallID: "comp_c1", Scope: ledger.Scope{TenantID: "t_a"},
 		IdempotencyKey: "k1:compensate", ArgumentsHash: hash, Arguments: args}
 	for i, user := range []string{"u_op1", "u_op2", "ledger-reconciler"} {
-		evs, err := f.in.Submit(t.Context(), env, identity.Identity{Tenant: "t_a", User: user, Agent: "ledger-compensation"}, nil)
+		evs, err := f.in.Submit(t.Context(), env, identity.Identity{Tenant: "t_a", User: user, Agent: "ledger-compensation"}, nil, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1384,7 +1384,7 @@ func TestIntakeSubmitHidesWhatTheCarriedCallHid(t *testing.T) {
 		}
 		env := &ledger.Envelope{Tool: "create_ticket", ToolVersion: 1, CallID: "comp_" + key, Scope: ledger.Scope{TenantID: "t_a"},
 			IdempotencyKey: key, ArgumentsHash: hash, Arguments: args}
-		evs, err := f.in.Submit(t.Context(), env, identity.Identity{Tenant: "t_a", User: "u_op", Agent: "ledger-compensation"}, carries)
+		evs, err := f.in.Submit(t.Context(), env, identity.Identity{Tenant: "t_a", User: "u_op", Agent: "ledger-compensation"}, carries, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1426,7 +1426,7 @@ func TestIntakeDecidesTheHashedArguments(t *testing.T) {
 		}
 		env := &ledger.Envelope{Tool: "refund_order", ToolVersion: 1, CallID: "c_" + spelt, Scope: ledger.Scope{TenantID: "t_a", UserID: "u_1"},
 			IdempotencyKey: "k_" + spelt, ArgumentsHash: hash, Arguments: args}
-		evs, err := f.in.Submit(t.Context(), env, id, nil)
+		evs, err := f.in.Submit(t.Context(), env, id, nil, "")
 		if err != nil {
 			t.Fatal(err)
 		}
