@@ -127,6 +127,13 @@ type LoopConfig struct {
 // producer's usual batch, and small beside a process's memory.
 const DefaultMaxBatchBytes = 16 << 20
 
+// MinMaxBatchBytes is the least LoopConfig.MaxBatchBytes: 1 MiB, over
+// the 1,000,012 bytes before compression that the ledger's own producers
+// (franz-go's default, Kafka's max.message.bytes) put in a batch. A loop
+// reading the events topic must never skip one of those: an authorized
+// event skipped leaves its call authorized, claimed by no executor.
+const MinMaxBatchBytes = 1 << 20
+
 // LoopMetrics receives a loop's measurements (metrics.Registry is one).
 type LoopMetrics interface {
 	// Committed: a transaction committed the records a step produced,
@@ -181,6 +188,8 @@ func (c *LoopConfig) validate() error {
 	case c.Linger < 0 || c.Linger >= c.Tick:
 		// A linger as long as a tick would hold every batch for it.
 		return fmt.Errorf("loop: linger %v must be at least 0 and shorter than the tick (%v)", c.Linger, c.Tick)
+	case c.MaxBatchBytes < MinMaxBatchBytes:
+		return fmt.Errorf("loop: max batch bytes %d is below %d: the ledger's own producers write batches of up to 1,000,012 bytes, which a loop would skip unread", c.MaxBatchBytes, MinMaxBatchBytes)
 	case c.LingerFrom < 0 || c.LingerFrom > c.MaxPollRecords:
 		// More than a poll returns would never linger.
 		return fmt.Errorf("loop: linger from %d records: must be at least 0 and at most a poll's %d", c.LingerFrom, c.MaxPollRecords)

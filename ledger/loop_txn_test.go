@@ -906,6 +906,22 @@ func TestLoopLinger(t *testing.T) {
 	}
 }
 
+// A loop's bound on what a batch decompresses to is at least 1 MiB: the
+// ledger's own producers write batches of up to 1,000,012 bytes, and a
+// loop that skipped one of the events topic's would leave its authorized
+// calls unclaimed for good. Before, any bound was taken.
+func TestLoopMaxBatchBytesAtLeastTheLedgersBatches(t *testing.T) {
+	cfg := func(n int) ledger.LoopConfig {
+		return ledger.LoopConfig{Group: "g", Topics: []string{"t"}, TransactionalID: "x", Tick: time.Second, MaxBatchBytes: n}
+	}
+	if _, err := ledger.NewLoop(cfg(ledger.MinMaxBatchBytes-1), nil); err == nil || !strings.Contains(err.Error(), "1,000,012") {
+		t.Errorf("NewLoop with a bound of %d bytes: %v; want it refused, saying why", ledger.MinMaxBatchBytes-1, err)
+	}
+	if _, err := ledger.NewLoop(cfg(ledger.MinMaxBatchBytes), nil); err != nil {
+		t.Errorf("NewLoop with a bound of %d bytes: %v; want it taken", ledger.MinMaxBatchBytes, err)
+	}
+}
+
 // lingerLoop runs a copy loop with cfg whose step notes the size of each
 // batch (after calling during, if set, with it), and returns how to
 // publish "v<i>" (all on one partition) and the sizes noted since "v0",
