@@ -399,10 +399,12 @@ func (q *queries) trace(w http.ResponseWriter, r *http.Request, id Operator) {
 	if !ok {
 		return
 	}
-	defer end()
 	ctx, cancel := context.WithTimeout(r.Context(), q.cfg.Timeout)
 	defer cancel()
 	evs, err := q.cfg.Queries.Trace(ctx, key)
+	// The slot is the store's, given back before the answer is written,
+	// as a question's is (ask).
+	end()
 	if err != nil {
 		q.answerError(w, err)
 		return

@@ -348,23 +348,28 @@ func (bigAnswers) Trace(_ context.Context, key ledger.CallKey) ([]ledger.Event, 
 
 // A question's slot is given back once the store answered, not once the
 // answer is written: a client that asks and never reads does not hold it,
-// and another question goes through.
+// and another question goes through. A trace's too: before, a trace held
+// its slot while its answer was written, up to WriteTimeout.
 func TestQuestionSlotNotHeldByASlowReader(t *testing.T) {
-	srv, as := operatorsServer(t, httpapi.QueryConfig{Queries: bigAnswers{}, MaxQuestions: 1}, nil)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
+	for _, path := range []string{httpapi.PathBlastRadius + "?tool=refund_order", httpapi.PathTrace + "t_a/k1"} {
+		t.Run(path, func(t *testing.T) {
+			srv, as := operatorsServer(t, httpapi.QueryConfig{Queries: bigAnswers{}, MaxQuestions: 1}, nil)
+			conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// Asks, and never reads the answer.
+			fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", path, as("t_a"))
+			ledgertest.WaitFor(t, 10*time.Second, func() error {
+				status, code, _ := getAs(t, srv.URL+httpapi.PathBlastRadius+"?tool=refund_order&limit=1", as("t_b"))
+				if status != http.StatusOK {
+					return fmt.Errorf("a second question while the first's answer is unread: %d %q; want 200", status, code)
+				}
+				return nil
+			})
+		})
 	}
-	defer conn.Close()
-	// Asks, and never reads the answer.
-	fmt.Fprintf(conn, "GET %s?tool=refund_order HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", httpapi.PathBlastRadius, as("t_a"))
-	ledgertest.WaitFor(t, 10*time.Second, func() error {
-		status, code, _ := getAs(t, srv.URL+httpapi.PathBlastRadius+"?tool=refund_order&limit=1", as("t_b"))
-		if status != http.StatusOK {
-			return fmt.Errorf("a second question while the first's answer is unread: %d %q; want 200", status, code)
-		}
-		return nil
-	})
 }
 
 // An answer a client does not read is given up after WriteTimeout: the
