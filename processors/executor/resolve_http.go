@@ -82,6 +82,13 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			r.cfg.Logger.Error("resolution of a call whose record cannot be read", "call_key", key.String(), "err", err)
 			resolveError(w, http.StatusInternalServerError, "record_unreadable", "the call's record cannot be read by this build")
 			return
+		case errors.Is(err, errUndoCancelled):
+			// The store failed after the compensation was cancelled:
+			// the operator must know it will not run.
+			r.cfg.Logger.Warn("resolution failed after it cancelled the call's compensation", "call_key", key.String(), "err", err)
+			resolveError(w, http.StatusServiceUnavailable, "compensation_cancelled",
+				"the execution store is unavailable and the call was not resolved, but its automatic compensation was cancelled ("+ReasonCompensationCancelled+"): the ledger runs no other; resolve the call again, and undo it by hand if it must be")
+			return
 		case err != nil:
 			// The store's: not the request's fault, and its text is
 			// the server's business.

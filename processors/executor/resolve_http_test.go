@@ -125,17 +125,22 @@ func TestResolveHandlerSaysWhatBeatIt(t *testing.T) {
 
 // losingMoves is a store whose moves lose to another writer: when settle,
 // it applies the move itself first (someone else's, the same), else the
-// record stays as it was (moved on, in the test's telling).
+// record stays as it was (moved on, in the test's telling); when fail is
+// set, they fail with it instead.
 type losingMoves struct {
 	processors.Store
 	settle bool
 	// only, when set, is the one key whose moves lose; the others apply.
 	only *ledger.CallKey
+	fail error
 }
 
 func (l *losingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
 	if l.only != nil && (len(ms) != 1 || ms[0].Key != *l.only) {
 		return l.Store.Move(ctx, ms)
+	}
+	if l.fail != nil {
+		return nil, l.fail
 	}
 	if l.settle {
 		if _, err := l.Store.Move(ctx, ms); err != nil {
@@ -159,6 +164,29 @@ func TestResolutionLostAfterItsCancelSaysSo(t *testing.T) {
 	_, err := rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank", CancelCompensation: true})
 	if !errors.Is(err, executor.ErrCallChanged) || !strings.Contains(err.Error(), "was cancelled") {
 		t.Errorf("resolution lost after the cancel = %v; want ErrCallChanged saying the compensation was cancelled", err)
+	}
+}
+
+// A confirmed resolution that cancelled the reconciler's compensation and
+// then failed on the store is answered 503 compensation_cancelled, saying
+// the compensation will not run. Before, it was answered as any store
+// failure (503 unavailable, "try again"), and an operator who then left
+// the call parked for the automatic undo waited for one that never runs.
+func TestResolveHandlerStoreFailureAfterTheCancel(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	r.admitCompensation(orig.Key(), executor.ReconcilerUser)
+	k := orig.Key()
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Store = &losingMoves{Store: r.store, only: &k, fail: errors.New("dial tcp 10.0.0.7:26257: connection refused")}
+	})
+	body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"succeeded","evidence":"the bank's statement","cancel_compensation":true}`
+	status, got := postResolution(t, rc, body)
+	if status != http.StatusServiceUnavailable || !strings.Contains(got, `"compensation_cancelled"`) || !strings.Contains(got, "undo it by hand") || strings.Contains(got, "10.0.0.7") {
+		t.Errorf("%d %s; want 503 compensation_cancelled saying the compensation will not run, without the store's error", status, got)
+	}
+	if rec, err := r.store.Get(t.Context(), k.CompensationKey()); err != nil || rec.Status != processors.StatusDenied {
+		t.Errorf("the compensation is %s (%v); want denied, cancelled (the test's premise)", rec.Status, err)
 	}
 }
 
