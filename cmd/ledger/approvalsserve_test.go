@@ -7,10 +7,11 @@ import (
 	"io"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -63,35 +64,11 @@ func TestApprovalsServeFinishesADecisionWhenStopped(t *testing.T) {
 
 	// The broker holds the decision's publish; the command is told to
 	// stop as it does.
-	var (
-		armed atomic.Bool
-		once  sync.Once
-	)
-	publishing := make(chan struct{})
-	cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		if armed.Load() {
-			once.Do(func() { close(publishing) })
-			time.Sleep(500 * time.Millisecond)
-		}
-		return nil, nil, false
-	})
-	armed.Store(true)
-	go func() {
-		<-publishing
-		_ = stop() // the test reads its answer below
-	}()
+	staged := stopWhilePublishing(cluster, stop)
 	if _, err := cliOut(t.Context(), "approvals", "approve", id, "--api", "http://"+approvalsAddr, "--data-dir", dataDir, "--user", "u_boss", "--hash", shown.Hash); err != nil {
 		t.Errorf("approving as the server is told to stop: %v; want the decision answered", err)
 	}
-	select {
-	case <-publishing:
-	default:
-		t.Fatal("the decision was never published: the stop was not staged")
-	}
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
+	staged(t)
 
 	st, err := pgstore.Open(t.Context(), pgstore.Config{DSN: dsn, SkipMigrate: true})
 	if err != nil {
@@ -115,4 +92,94 @@ func cliOut(ctx context.Context, args ...string) (string, error) {
 	root.SetErr(io.Discard)
 	err := root.ExecuteContext(ctx)
 	return out.String(), err
+}
+
+// ledger reconciler's operators' API, told to stop while it publishes a
+// freeze, finishes it first: the operator is answered, and the freeze is
+// on the control topic. Before, the server was closed at once, and the
+// publisher with it, cutting the freeze between its check and its
+// publish: the operator saw a broken connection, and the freeze was
+// perhaps never written.
+func TestReconcilerAPIFinishesAFreezeWhenStopped(t *testing.T) {
+	cluster, cc, topics, admin := roleKfake(t)
+	dataDir := t.TempDir()
+	_, jwks := devIssuerKeys(t, dataDir)
+	addr := freeAddrs(t, 1)[0]
+	stop, _ := startCommand(t, append(roleArgs(cc, topics), "reconciler", "--crdb-dsn", freshSchemaDSN(t), "--data-dir", t.TempDir(),
+		"--instance-id", "stop-reconciler", "--tools-base-url", "http://127.0.0.1:1", "--http-addr", addr,
+		"--issuer", DevIssuer, "--jwks-file", jwks)...)
+	defer stop()
+	api := []string{"--api", "http://" + addr, "--data-dir", dataDir, "--user", "u_ops"}
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		_, err := cliOut(t.Context(), append([]string{"control", "show"}, api...)...)
+		return err
+	})
+
+	// The broker holds the freeze's publish; the command is told to stop
+	// as it does.
+	staged := stopWhilePublishing(cluster, stop)
+	if _, err := cliOut(t.Context(), append([]string{"control", "freeze", "--tool", "refund_order", "--reason", "incident 7"}, api...)...); err != nil {
+		t.Errorf("freezing as the server is told to stop: %v; want the freeze answered", err)
+	}
+	staged(t)
+	if !controlHolds(t, admin, topics.Control, "refund_order") {
+		t.Errorf("the control topic has no freeze of refund_order after the command stopped; want the one answered")
+	}
+}
+
+// controlHolds reports whether topic, the control topic, holds a freeze of
+// tool.
+func controlHolds(t *testing.T, admin *kgo.Client, topic, tool string) bool {
+	t.Helper()
+	cl, err := ledger.NewClient(ledger.ClientConfig{Brokers: admin.OptValue(kgo.SeedBrokers).([]string)},
+		kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		found := false
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			var a ledger.ControlAction
+			if json.Unmarshal(r.Value, &a) == nil && a.Kind == "freeze" && a.Tool == tool {
+				found = true
+			}
+		})
+		if found {
+			return true
+		}
+	}
+	return false
+}
+
+// stopWhilePublishing has cluster hold every produce for 500 ms, and
+// calls stop as it holds the first (the test then reads the answer of the
+// request that published). staged, called once that answer is in, fails
+// the test unless the stop was staged so, and waits for the command's end.
+func stopWhilePublishing(cluster *kfake.Cluster, stop func() error) (staged func(t *testing.T)) {
+	var once sync.Once
+	publishing := make(chan struct{})
+	cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		once.Do(func() { close(publishing) })
+		time.Sleep(500 * time.Millisecond)
+		return nil, nil, false
+	})
+	go func() {
+		<-publishing
+		_ = stop()
+	}()
+	return func(t *testing.T) {
+		t.Helper()
+		select {
+		case <-publishing:
+		default:
+			t.Fatal("nothing was published: the stop was not staged")
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

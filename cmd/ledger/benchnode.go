@@ -126,7 +126,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 			return err
 		}
 		if f.jwksAddr != "" {
-			if err := g.serveBackground(ctx, "jwks", f.jwksAddr, broker.Handler(), logger); err != nil {
+			if _, err := g.serveBackground(ctx, "jwks", f.jwksAddr, broker.Handler(), logger); err != nil {
 				return err
 			}
 		}

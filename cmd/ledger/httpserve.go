@@ -135,25 +135,30 @@ func newServer(addr string, h http.Handler) *http.Server {
 
 // serveBackground listens on addr (its errors are returned) and serves h
 // until ctx ends, in goroutines the command owns; a server that stops
-// before is logged. what names the server in the logs.
-func (g *globals) serveBackground(ctx context.Context, what, addr string, h http.Handler, logger *slog.Logger) error {
+// before is logged. what names the server in the logs. When ctx ends, the
+// requests in progress get shutdownGrace to end (an operator's freeze
+// between its write and its publish, say), and then drained is closed:
+// what they write with is to be closed after it.
+func (g *globals) serveBackground(ctx context.Context, what, addr string, h http.Handler, logger *slog.Logger) (drained <-chan struct{}, err error) {
 	srv := newServer(addr, h)
 	logger = logger.With("server", what)
 	serveHTTP, err := g.httpTLS.listen(srv, logger)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	done := make(chan struct{})
 	go func() {
-		// Owned by the command: closed when ctx ends.
+		// Owned by the command: shut down when ctx ends.
 		<-ctx.Done()
-		srv.Close()
+		shutdown(shutdownGrace, logger, srv)
+		close(done)
 	}()
 	go func() {
 		if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("http server stopped", "err", err)
 		}
 	}()
-	return nil
+	return done, nil
 }
 
 // serve listens on addr (bad TLS flags and an address in use are its

@@ -481,7 +481,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 					return nil, err
 				}
 				if jwksAddr != "" {
-					if err := g.serveBackground(cmd.Context(), "jwks", jwksAddr, broker.Handler(), logger); err != nil {
+					if _, err := g.serveBackground(cmd.Context(), "jwks", jwksAddr, broker.Handler(), logger); err != nil {
 						return nil, err
 					}
 				}
@@ -653,7 +653,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				// The status lookups carry credentials of this broker:
 				// tools that check them list this URL too.
 				if jwksAddr != "" {
-					if err := g.serveBackground(ctx, "jwks", jwksAddr, broker.Handler(), logger); err != nil {
+					if _, err := g.serveBackground(ctx, "jwks", jwksAddr, broker.Handler(), logger); err != nil {
 						return nil, err
 					}
 				}
@@ -675,9 +675,19 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return nil, err
 				}
+				// apiDrained closes once the operators' API (which
+				// publishes with events) has finished its requests, or
+				// at once without one.
+				apiDrained := make(chan (<-chan struct{}), 1)
 				go func() {
-					// Owned by the command: closed when ctx ends.
+					// Owned by the command: closed when ctx ends, after
+					// the API's requests in progress.
 					<-ctx.Done()
+					select {
+					case drained := <-apiDrained:
+						<-drained
+					default:
+					}
 					events.Close()
 				}()
 				undo, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Topics: g.kafka.topics(), Logger: logger})
@@ -736,9 +746,11 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					if inspector != nil {
 						mux.Handle(control.IntrospectPath, kill.Handler())
 					}
-					if err := g.serveBackground(ctx, "operators", httpAddr, httpjson.Unmatched(mux), logger); err != nil {
+					drained, err := g.serveBackground(ctx, "operators", httpAddr, httpjson.Unmatched(mux), logger)
+					if err != nil {
 						return nil, err
 					}
+					apiDrained <- drained
 				}
 				rf.obs.metrics.Unknown(rc.Unknown)
 				ids, err := g.kafka.loopIDs("reconciler", rf.instance)
