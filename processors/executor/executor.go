@@ -1262,6 +1262,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			// not called.
 			switch {
 			case !errors.Is(err, credentials.ErrDeadlinePassed) || reclaimed:
+				// Failed below (a takeover: outcome_unknown).
 			case !rec.DeadlineAt.IsZero() && !stop.Before(rec.DeadlineAt):
 				// Too little of the call's own time is left for a
 				// credential (they expire on whole seconds): it
