@@ -2112,6 +2112,8 @@ func (c *completion) namePrior(e *ledger.Event) {
 	if !c.prior.IsZero() {
 		e.JTI, e.CredentialFamily, e.CredentialScope = c.prior.JTI, c.prior.Family, credentials.ToolScope(c.rec.Tool)
 	}
+	// Set, not added to: the executing event is named twice (event,
+	// then finish).
 	e.EarlierCredentialFamilies = nil
 	for _, f := range c.rec.LapsedFamilies {
 		if f != e.CredentialFamily {

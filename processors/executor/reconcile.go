@@ -1426,7 +1426,7 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		// The compensation is cancelled all the same (its events wait
 		// in its outbox for the sweep): the call is the operator's to
 		// undo by hand, if it must be.
-		return nil, fmt.Errorf("%w (its compensation %s was cancelled, %s: the ledger runs no other; undo the call by hand if it must be)%w", err, ck, ReasonCompensationCancelled, errUndoCancelled)
+		return nil, fmt.Errorf("%w (its compensation %s was cancelled, %w; undo the call by hand if it must be)", err, ck, errUndoCancelled)
 	}
 	if err != nil {
 		return nil, err
@@ -1437,10 +1437,10 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	return []pendingMove{m}, nil
 }
 
-// errUndoCancelled marks the error of a resolution that cancelled the
-// call's automatic compensation and then failed: its text is empty, the
-// error it is wrapped in says so.
-var errUndoCancelled = errors.New("")
+// errUndoCancelled is in the error of a resolution that cancelled the
+// call's automatic compensation and then failed, which the operator must
+// learn (ResolveHandler answers compensation_cancelled).
+var errUndoCancelled = errors.New(ReasonCompensationCancelled + ": the ledger runs no other")
 
 // lostResolution is the error of a resolution of rec whose move did not
 // apply: the call settled by someone else (ErrNotUnknown), or moved on

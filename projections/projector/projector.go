@@ -508,22 +508,22 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 		if halted[rp.tp] {
 			continue
 		}
-		if from := next[rp.tp]; from >= 0 && from < rp.first && from < rp.logStart {
-			// kgo met OFFSET_OUT_OF_RANGE and went on at the log
-			// start: the records from `from` up to it are gone.
-			// Nothing of this partition is written or committed, so
-			// that the group stays before the gap, and every restart
-			// finds it again until a human moves the group past it.
-			p.gaps.Add(1)
-			p.logger.Error("records deleted from the log before they were projected",
-				"topic", rp.tp.topic, "partition", rp.tp.partition, "next_offset", from, "log_start", rp.logStart,
-				"offsets_lost", rp.logStart-from)
-			if p.stop == nil {
-				p.stop = fmt.Errorf("%w: %s/%d offsets %d to %d (the log now starts at %d)",
-					ErrRecordsDeleted, rp.tp.topic, rp.tp.partition, from, rp.logStart-1, rp.logStart)
+		if from := next[rp.tp]; from >= 0 {
+			if err := recordsDeleted(rp.tp, from, rp.first, rp.logStart); err != nil {
+				// Nothing of this partition is written or committed,
+				// so that the group stays before the gap, and every
+				// restart finds it again until a human moves the
+				// group past it.
+				p.gaps.Add(1)
+				p.logger.Error("records deleted from the log before they were projected",
+					"topic", rp.tp.topic, "partition", rp.tp.partition, "next_offset", from, "log_start", rp.logStart,
+					"offsets_lost", rp.logStart-from)
+				if p.stop == nil {
+					p.stop = err
+				}
+				halted[rp.tp] = true
+				continue
 			}
-			halted[rp.tp] = true
-			continue
 		}
 		for _, r := range ftp.Records {
 			if !r.Attrs.IsControl() {
@@ -626,6 +626,19 @@ func (p *Projector) decode(r *kgo.Record, evs *[]projections.Event, acts *[]proj
 // so the projector writes and commits what came before it and stops: the
 // projector must be upgraded.
 var ErrNewerRecord = errors.New("a record of a newer encoding than this projector reads")
+
+// recordsDeleted is ErrRecordsDeleted for partition tp, whose next offset
+// to read is from, when the records fetched begin at first and the log at
+// logStart past it: kgo met OFFSET_OUT_OF_RANGE and went on at the log's
+// start, and the records from `from` up to it are gone. Nil otherwise:
+// offsets skipped above the log's start were aborted or compacted away.
+func recordsDeleted(tp topicPartition, from, first, logStart int64) error {
+	if from >= first || from >= logStart {
+		return nil
+	}
+	return fmt.Errorf("%w: %s/%d offsets %d to %d (the log now starts at %d)",
+		ErrRecordsDeleted, tp.topic, tp.partition, from, logStart-1, logStart)
+}
 
 // ErrRecordsDeleted: records of a partition were deleted from the log
 // (retention, or DeleteRecords) before the projector read them, so the

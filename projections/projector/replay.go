@@ -249,14 +249,14 @@ func (r *replay) run(ctx context.Context, cl *kgo.Client) error {
 // would lack them while its Progress.Ends said it held every record
 // below, and rebuild --swap would commit the group past them.
 func (r *replay) gap(ftp kgo.FetchTopicPartition) bool {
-	rp := r.parts[topicPartition{ftp.Topic, ftp.Partition}]
+	tp := topicPartition{ftp.Topic, ftp.Partition}
+	rp := r.parts[tp]
 	if rp == nil || rp.done {
 		return false
 	}
 	from := rp.pos
-	if from >= ftp.Records[0].Offset || from >= ftp.LogStartOffset {
-		// Records skipped above the log's start were aborted or
-		// compacted away: nothing was lost.
+	err := recordsDeleted(tp, from, ftp.Records[0].Offset, ftp.LogStartOffset)
+	if err == nil {
 		return false
 	}
 	r.cfg.Logger.Error("records deleted from the log before the replay read them",
@@ -269,8 +269,7 @@ func (r *replay) gap(ftp kgo.FetchTopicPartition) bool {
 		return false
 	}
 	if r.stop == nil {
-		r.stop = fmt.Errorf("replay: %w: %s/%d offsets %d to %d (the log now starts at %d)",
-			ErrRecordsDeleted, ftp.Topic, ftp.Partition, from, ftp.LogStartOffset-1, ftp.LogStartOffset)
+		r.stop = fmt.Errorf("replay: %w", err)
 	}
 	return true
 }
