@@ -2,8 +2,10 @@ package executor_test
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
 )
 
 // newGuardedRig is newRig with a tool backend that verifies the per-call
@@ -256,5 +259,59 @@ func TestReclaimOfARevokedJTISendsNothing(t *testing.T) {
 	}
 	if last := evs[len(evs)-1]; last.ErrorCode != "reclaimed_"+executor.ReasonJTIRevoked || last.JTI != dead.JTI || len(guarded.Effects()) != 0 || r.backend.Requests() != 0 {
 		t.Errorf("outcome code %q naming jti %q, tool effects %+v; want reclaimed_%s, naming %s, nothing sent", last.ErrorCode, last.JTI, guarded.Effects(), executor.ReasonJTIRevoked, dead.JTI)
+	}
+}
+
+// A call whose attempts outlast its credential (a tool with a long
+// timeout: its first attempt took past the credential's five minutes and
+// was answered 503) is sent again under the same credential renewed: the
+// same jti and family, a later expiry, which the tool accepts. Before, the
+// retry carried the expired token, the tool refused it 401, and the call
+// ended outcome_unknown though the tool had applied nothing.
+func TestCredentialRenewedForAnAttemptItWouldNotOutlast(t *testing.T) {
+	reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+		entry["timeout_ms"] = 200_000
+	})
+	r := newRigWith(t, reg, demobackend.Config{})
+	var skip atomic.Int64 // how far the shared clock is ahead
+	clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
+	broker, err := credentials.New(credentials.Config{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := demobackend.New(demobackend.Config{Credentials: verifier})
+	t.Cleanup(func() { guarded.Close() })
+	guarded.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1})
+	var sent []string // the Authorization of each request
+	tool := guarded.Handler()
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		sent = append(sent, req.Header.Get("Authorization"))
+		tool.ServeHTTP(w, req)
+		if len(sent) == 1 {
+			// The first attempt took six minutes: past the credential's
+			// five, and the tools' 30 s of skew.
+			skip.Store(int64(6 * time.Minute))
+		}
+	}))
+	t.Cleanup(front.Close)
+	r.url = front.URL
+	auth := r.admit("create_ticket", "renew", map[string]any{"title": "t"}, 0)
+	evs, _ := stepSucceeds(t, r, r.executor(func(c *executor.Config) { c.Credentials, c.Now = broker, clock }), auth)
+	effs := guarded.Effects()
+	if len(sent) != 2 || len(effs) != 1 {
+		t.Fatalf("%d requests, effects %+v; want 2 requests (a 503, then the renewed credential's), 1 effect", len(sent), effs)
+	}
+	if sent[0] == sent[1] {
+		t.Errorf("the retry carried the first attempt's token; want it renewed")
+	}
+	if effs[0].JTI != evs[0].JTI || evs[1].JTI != evs[0].JTI {
+		t.Errorf("the tool applied under jti %q, the events name %q and %q; want one jti, renewed", effs[0].JTI, evs[0].JTI, evs[1].JTI)
+	}
+	if want := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch()); evs[1].CredentialFamily != want {
+		t.Errorf("family %q; want %q", evs[1].CredentialFamily, want)
 	}
 }

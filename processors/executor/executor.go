@@ -1230,7 +1230,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		log.Error("backend secret unavailable", "err", err)
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "backend_secret_unavailable", nil)
 	}
-	var bearer string
+	sec := secrets{backend: backend}
 	if x.cfg.Credentials != nil {
 		grant := credentials.Grant{
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: x.cfg.Owner,
@@ -1286,8 +1286,11 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		if r := x.revoked(cred.JTI, cred.Family, cred.IssuedAt); r != nil {
 			return refuse(*r)
 		}
-		bearer = cred.Token
+		sec.bearer = cred.Token
 		c.jti, c.scope, c.family, c.issued = cred.JTI, cred.Scope, cred.Family, cred.IssuedAt
+		// Renewed under the same jti and family (renewCredential).
+		grant.JTI, grant.Family = cred.JTI, cred.Family
+		c.grant, c.expires = &grant, cred.ExpiresAt
 	}
 
 	if g == nil {
@@ -1334,9 +1337,9 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, secrets{bearer, backend}, c)
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, &sec, c)
 		if err == nil {
-			return c.succeed(tool, attempt, resp, secrets{bearer, backend}, false)
+			return c.succeed(tool, attempt, resp, sec, false)
 		}
 		if he, ok := errors.AsType[*httptool.Error](err); ok && he.Kind == httptool.Unknown && he.Status >= 200 && he.Status < 300 {
 			// The tool said it did it (a 2xx status line arrived whole,
@@ -1460,7 +1463,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	}
 	if lost != nil {
 		log.Warn("the tool's answer was lost after its 2xx status; the call succeeded without its result", "attempt", lostAttempt)
-		return c.succeed(tool, lostAttempt, *lost, secrets{bearer, backend}, true)
+		return c.succeed(tool, lostAttempt, *lost, sec, true)
 	}
 	if callCtx.Err() != nil && lastErr == nil {
 		lastErr = callCtx.Err()
@@ -1668,6 +1671,36 @@ func (x *Executor) revoked(jti, family string, issued time.Time) *refusal {
 		}
 	}
 	return x.revokedFamily(family, issued)
+}
+
+// renewCredential mints the call's credential again, under its jti and
+// family, when it would expire within an attempt of timeout: a tool whose
+// attempts (and the backoffs and Retry-After waits between them) outlast
+// the credential's lifetime would otherwise refuse a later attempt 401, the
+// call ending failed with its key spent. A renewal is the same credential
+// to the tools (they bind a jti to its call, and accept it again for it)
+// and to the events, which name the jti and family, not the token. It is
+// asked only after the request's holds passed, so a revoked credential is
+// never renewed past its revocation; a renewal that fails (the signing key
+// rotated, the lease ends as soon) leaves the credential as it was.
+func (x *Executor) renewCredential(c *completion, sec *secrets, timeout time.Duration) {
+	if c.grant == nil {
+		return
+	}
+	now := x.cfg.Now()
+	if c.expires.After(now.Add(timeout)) {
+		return
+	}
+	cred, err := x.cfg.Credentials.Mint(*c.grant)
+	if err != nil {
+		x.cfg.Logger.Warn("the call's credential expires within the attempt, and could not be renewed; sent as it is",
+			"call_key", c.rec.Key.String(), "jti", c.jti, "expires", c.expires, "err", err)
+		return
+	}
+	if !cred.ExpiresAt.After(c.expires) {
+		return // the lease ends no later: the one minted serves as well
+	}
+	sec.bearer, c.issued, c.expires = cred.Token, cred.IssuedAt, cred.ExpiresAt
 }
 
 // heldRevoked is the hold of a request whose credential was revoked, by
@@ -1932,7 +1965,7 @@ func (s secrets) in(p, q []byte) bool {
 	return false
 }
 
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec secrets, c *completion) (httptool.Response, error) {
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec *secrets, c *completion) (httptool.Response, error) {
 	release, err := x.acquire(ctx, g)
 	if err != nil {
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: err}
@@ -1962,6 +1995,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	if !approvalHolds(&tmpl, x.cfg.Now()) {
 		return httptool.Response{}, errApprovalLapsed
 	}
+	x.renewCredential(c, sec, tool.Timeout())
 	ctx, span := x.startSpan(ctx, "tool.call", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("ledger.tool", tool.Name), attribute.Int("ledger.attempt", attempt)))
 	defer span.End()
@@ -2075,6 +2109,10 @@ type completion struct {
 	// issued is the credential's iat, which a family's revocation covers
 	// up to a time.
 	issued time.Time
+	// grant minted the credential, which expires at expires; nil when
+	// the executor mints none.
+	grant   *credentials.Grant
+	expires time.Time
 	// toolTime is what the tool's requests took, summed over the
 	// attempts (ledger.Event.ToolUS).
 	toolTime time.Duration
