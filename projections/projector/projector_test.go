@@ -817,36 +817,13 @@ func TestReplay(t *testing.T) {
 // are deleted first, and the replay is told the log's old start.
 func TestReplayStopsAtDeletedRecords(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	k := &ledgertest.Kafka{Client: ledger.ClientConfig{Brokers: c.ListenAddrs()}, Cluster: c,
-		Topics: ledger.Topics{Requests: "rd.requests", Events: "rd.events", Control: "rd.control", DLQ: "rd.dlq"}}
-	cl, err := ledger.NewClient(k.Client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cl.Close)
-	if err := ledger.EnsureTopics(t.Context(), cl, ledger.TopicConfig{Topics: k.Topics, Partitions: 2}); err != nil {
-		t.Fatal(err)
-	}
-	adm := admin(t, k)
+	c, k := deletedLog(t, "rd", "d", 8)
 	ev := k.Topics.Events
-	produce(t, k, eventRecords(t, ev, ids("d", 10))...) // partition 0, offsets 0 to 9
-	resps, err := adm.DeleteRecords(t.Context(), kadm.Offsets{ev: {0: {Topic: ev, Partition: 0, At: 8, LeaderEpoch: -1}}})
-	if err == nil {
-		err = resps.Error()
-	}
-	if err != nil {
-		t.Fatalf("delete records: %v", err)
-	}
 
 	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
 	sink := &recSink{}
 	logs := &logRecorder{}
-	_, err = Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, Logger: slog.New(logs)}, sink, nil)
+	_, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, Logger: slog.New(logs)}, sink, nil)
 	if !errors.Is(err, ErrRecordsDeleted) {
 		t.Fatalf("Replay past records deleted under it = %v (events written %v); want ErrRecordsDeleted", err, sink.events())
 	}
@@ -860,6 +837,69 @@ func TestReplayStopsAtDeletedRecords(t *testing.T) {
 	if err != nil || prog.Deleted != 8 || !cmp.Equal(sink.events(), set("d-008", "d-009")) {
 		t.Errorf("Replay skipping deleted records = %+v, %v, events %v; want 8 offsets deleted, d-008 and d-009 written", prog, err, sink.events())
 	}
+}
+
+// A partition that retention empties while a replay reads the others
+// (its log start now its end) stops the replay too, or with SkipDeleted
+// counts its records as deleted and ends. The consumer goes on at the new
+// log start, where it finds nothing, and before, the replay waited for the
+// partition's records for good, warning at every idle poll.
+func TestReplayStopsAtAPartitionEmptiedUnderIt(t *testing.T) {
+	t.Parallel()
+	c, k := deletedLog(t, "re", "e", 10)
+	ev := k.Topics.Events
+	// A replay that waits for good fails here rather than hang the suite.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
+	logs := &logRecorder{}
+	_, err := Replay(ctx, ReplayConfig{Client: k.Client, Topics: k.Topics, Logger: slog.New(logs)}, &recSink{}, nil)
+	if !errors.Is(err, ErrRecordsDeleted) {
+		t.Fatalf("Replay of a partition emptied under it = %v; want ErrRecordsDeleted", err)
+	}
+	if a := oneError(t, logs, "records deleted from the log before the replay read them"); a["partition"] != "0" || a["next_offset"] != "0" || a["log_start"] != "10" || a["offsets_lost"] != "10" {
+		t.Errorf("gap log %v; want %s/0 from offset 0 to the log start 10", a, ev)
+	}
+
+	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
+	sink := &recSink{}
+	prog, err := Replay(ctx, ReplayConfig{Client: k.Client, Topics: k.Topics, SkipDeleted: true}, sink, nil)
+	if err != nil || prog.Deleted != 10 || prog.Read != prog.Total || len(sink.events()) != 0 {
+		t.Errorf("Replay skipping an emptied partition = %+v, %v, events %v; want its 10 offsets deleted and read, nothing written", prog, err, sink.events())
+	}
+}
+
+// deletedLog is a cluster of its own whose events topic (of two
+// partitions, its topics named with prefix) has ten events in partition 0
+// (ids "<id>-000" on, offsets 0 to 9), those before offset at deleted.
+func deletedLog(t *testing.T, prefix, id string, at int64) (*kfake.Cluster, *ledgertest.Kafka) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	k := &ledgertest.Kafka{Client: ledger.ClientConfig{Brokers: c.ListenAddrs()}, Cluster: c,
+		Topics: ledger.Topics{Requests: prefix + ".requests", Events: prefix + ".events", Control: prefix + ".control", DLQ: prefix + ".dlq"}}
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := ledger.EnsureTopics(t.Context(), cl, ledger.TopicConfig{Topics: k.Topics, Partitions: 2}); err != nil {
+		t.Fatal(err)
+	}
+	ev := k.Topics.Events
+	produce(t, k, eventRecords(t, ev, ids(id, 10))...)
+	resps, err := admin(t, k).DeleteRecords(t.Context(), kadm.Offsets{ev: {0: {Topic: ev, Partition: 0, At: at, LeaderEpoch: -1}}})
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	return c, k
 }
 
 // staleStartOffsets, a ControlKey function, answers the first listing of

@@ -254,18 +254,27 @@ func (r *replay) gap(ftp kgo.FetchTopicPartition) bool {
 	if rp == nil || rp.done {
 		return false
 	}
+	return r.deleted(tp, rp, ftp.Records[0].Offset, ftp.LogStartOffset)
+}
+
+// deleted reports whether the replay stops at records of tp's partition
+// deleted before it read them: from rp.pos to logStart, when first, the
+// offset the log has for it now, is past rp.pos. With SkipDeleted it
+// goes on, and counts them.
+func (r *replay) deleted(tp topicPartition, rp *replayPart, first, logStart int64) bool {
 	from := rp.pos
-	err := recordsDeleted(tp, from, ftp.Records[0].Offset, ftp.LogStartOffset)
+	err := recordsDeleted(tp, from, first, logStart)
 	if err == nil {
 		return false
 	}
+	lost := min(logStart, rp.end) - from
 	r.cfg.Logger.Error("records deleted from the log before the replay read them",
-		"topic", ftp.Topic, "partition", ftp.Partition, "next_offset", from, "log_start", ftp.LogStartOffset,
-		"offsets_lost", ftp.LogStartOffset-from, "skipped", r.cfg.SkipDeleted)
+		"topic", tp.topic, "partition", tp.partition, "next_offset", from, "log_start", logStart,
+		"offsets_lost", lost, "skipped", r.cfg.SkipDeleted)
 	if r.cfg.SkipDeleted {
 		// Its offsets count as read (Progress.Read), the rebuild
 		// without them.
-		r.prog.Deleted += ftp.LogStartOffset - from
+		r.prog.Deleted += lost
 		return false
 	}
 	if r.stop == nil {
@@ -322,6 +331,9 @@ func (r *replay) finish(cl *kgo.Client, tp topicPartition, rp *replayPart) {
 // a read_committed reader returns (aborted records whose abort marker
 // lies past the end) is done.
 func (r *replay) probe(ctx context.Context, cl *kgo.Client) error {
+	if err := r.emptied(ctx, cl); err != nil {
+		return err
+	}
 	md, err := r.adm.Metadata(ctx, r.topics...)
 	if err != nil {
 		r.cfg.Logger.Warn("replay: metadata", "err", err)
@@ -354,6 +366,38 @@ func (r *replay) probe(ctx context.Context, cl *kgo.Client) error {
 		if !visible && off >= rp.end {
 			r.cfg.Logger.Debug("replay: only aborted records left before the end", "topic", tp.topic, "partition", tp.partition,
 				"offset", rp.pos, "end", rp.end)
+			r.finish(cl, tp, rp)
+		}
+	}
+	return nil
+}
+
+// emptied looks for partitions not done whose records retention deleted
+// up to their end or past it, while the replay read others: the consumer
+// goes on at the new log start, where it finds nothing to return, so gap
+// never sees them, and the replay would wait for them for good. It stops
+// the replay (ErrRecordsDeleted), or with SkipDeleted counts them and
+// finishes the partition.
+func (r *replay) emptied(ctx context.Context, cl *kgo.Client) error {
+	starts, err := r.adm.ListStartOffsets(ctx, r.topics...)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("replay: %w", ctx.Err())
+		}
+		r.cfg.Logger.Warn("replay: list start offsets", "err", err)
+		return nil
+	}
+	for tp, rp := range r.parts {
+		o, ok := starts.Lookup(tp.topic, tp.partition)
+		if rp.done || !ok || o.Err != nil || o.Offset <= rp.pos {
+			continue
+		}
+		if r.deleted(tp, rp, o.Offset, o.Offset) {
+			return r.stop
+		}
+		r.prog.Read += min(o.Offset, rp.end) - rp.pos
+		rp.pos = min(o.Offset, rp.end)
+		if rp.pos >= rp.end {
 			r.finish(cl, tp, rp)
 		}
 	}
