@@ -167,6 +167,42 @@ func (e *Event) NamesFamily(f string) bool {
 // rather than a step of a call.
 func (e *Event) Refusal() bool { return e.Seq == 0 }
 
+// Refusing returns the event in evs, the events a submission was answered
+// with (the intake's answer to a call the ledger makes for an operator: a
+// compensation), that refuses the call: denied (a refused submission,
+// seq 0, nothing recorded, so the same key may be asked again; or the call
+// denied), or rejected. ok is false when the call goes on (authorized, held
+// for an approval), and for an empty answer (a retry the log already has).
+func Refusing(evs []Event) (e Event, ok bool) {
+	if len(evs) == 0 {
+		return Event{}, false
+	}
+	last := evs[len(evs)-1]
+	if last.Type == statemachine.EventDenied || last.Type == statemachine.EventRejected {
+		return last, true
+	}
+	return Event{}, false
+}
+
+// RefusalText says, for people, what e, a refusal (Refusing), refused
+// with: its type, reason and detail, and whether asking again may pass.
+func RefusalText(e Event) string {
+	out := string(e.Type)
+	if e.Reason != "" {
+		out += " (" + e.Reason + ")"
+	}
+	if e.Detail != "" {
+		out += ": " + e.Detail
+	}
+	switch {
+	case e.RetryAfterMS > 0:
+		out += fmt.Sprintf("; it may pass if asked again in %s", time.Duration(e.RetryAfterMS)*time.Millisecond)
+	case e.Refusal():
+		out += "; nothing was recorded, so it may be asked again once the cause is gone"
+	}
+	return out
+}
+
 // Transition returns what the state machine reads of the event.
 func (e *Event) Transition() statemachine.Event {
 	t := statemachine.Event{

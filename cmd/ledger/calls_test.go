@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -55,6 +57,28 @@ func TestCallsCompensateJSON(t *testing.T) {
 	}
 	if out := cli(t, "calls", "compensate", "k1", "--api", srv.URL, "--assertion", "tok", "--call-tenant", "t_a", "--reason", "r"); out != "compensation requested: k1:compensate\n" {
 		t.Errorf("calls compensate printed %q", out)
+	}
+}
+
+// ledger calls compensate fails, saying why, when the compensation was
+// answered and refused (its call denied: the tool frozen): it printed
+// "compensation requested" and exited 0, and nothing would undo the call.
+func TestCallsCompensateRefused(t *testing.T) {
+	srv := answeringWith(t, http.MethodPost, "/v1/compensations", http.StatusOK,
+		`{"compensation_key":"t_a/k1:compensate","events":[{"type":"denied","seq":0,"reason":"tool_frozen","detail":"cancel_refund is frozen"}]}`)
+	args := []string{"calls", "compensate", "k1", "--api", srv.URL, "--assertion", "tok", "--call-tenant", "t_a", "--reason", "r"}
+	err := cliErr(t, args...)
+	if want := "compensation t_a/k1:compensate refused: denied (tool_frozen): cancel_refund is frozen; nothing was recorded"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("calls compensate of a refused compensation = %v; want an error with %q", err, want)
+	}
+	// --json prints the answer, and fails all the same.
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetArgs(append(args, "--json"))
+	root.SetOut(&out)
+	root.SetErr(io.Discard)
+	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(out.String(), `"tool_frozen"`) {
+		t.Errorf("calls compensate --json of a refused compensation = %v, printed %q; want the answer printed, and an error", err, out.String())
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 )
 
@@ -162,16 +163,26 @@ func newCallsCmd(g *globals) *cobra.Command {
 			if err := f.call(cmd.Context(), http.MethodPost, "/v1/compensations", body, &raw); err != nil {
 				return err
 			}
-			if f.jsonOut {
-				return printJSONTo(cmd.OutOrStdout(), raw)
-			}
 			var out struct {
-				CompensationKey string `json:"compensation_key"`
+				CompensationKey string         `json:"compensation_key"`
+				Events          []ledger.Event `json:"events"`
 			}
 			if err := json.Unmarshal(raw, &out); err != nil {
-				return err
+				return fmt.Errorf("the compensation's answer: %w", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "compensation requested: %s\n", out.CompensationKey)
+			// Answered, and refused (the tool frozen, the policies, a
+			// rate limit): nothing will undo the call.
+			ev, refused := ledger.Refusing(out.Events)
+			if f.jsonOut {
+				if err := printJSONTo(cmd.OutOrStdout(), raw); err != nil {
+					return err
+				}
+			} else if !refused {
+				fmt.Fprintf(cmd.OutOrStdout(), "compensation requested: %s\n", out.CompensationKey)
+			}
+			if refused {
+				return fmt.Errorf("compensation %s refused: %s", out.CompensationKey, ledger.RefusalText(ev))
+			}
 			return nil
 		},
 	}

@@ -92,14 +92,32 @@ func (c *Console) postCompensate(w http.ResponseWriter, r *http.Request, s *sess
 	c.redirect(w, r, s, back, flash{OK: true, Text: fmt.Sprintf("%s asked to compensate %s: %s.", s.id.User, key, compensationOutcome(ans))})
 }
 
-// compensate asks POST /v1/compensations for key.
+// compensate asks POST /v1/compensations for key. A compensation the
+// ledger answered and refused (its call denied: the tool frozen, the
+// policies' refusal, a rate limit) is a *compensationRefusal: the API
+// answers it 200, with the refusal among the call's events, and nothing
+// will undo the call.
 func (c *Console) compensate(r *http.Request, s *session, key ledger.CallKey, reason string) (compensationAnswer, error) {
 	var ans compensationAnswer
 	_, err := c.call(r, s, http.MethodPost, pathCompensations, nil, compensateBody{
 		TenantID: key.TenantID, IdempotencyKey: key.IdempotencyKey, Reason: reason,
 	}, &ans)
+	if ev, refused := ledger.Refusing(ans.Events); err == nil && refused {
+		err = &compensationRefusal{key: ans.CompensationKey, ev: ev}
+	}
 	c.logAction(s, "compensate", key.String(), err)
 	return ans, err
+}
+
+// compensationRefusal is a compensation the ledger refused: ev, the last
+// event of its call's, key.
+type compensationRefusal struct {
+	key string
+	ev  ledger.Event
+}
+
+func (e *compensationRefusal) Error() string {
+	return "compensation call " + e.key + " " + ledger.RefusalText(e.ev)
 }
 
 // compensationOutcome says what a compensation request started: its

@@ -18,6 +18,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 func TestNewRequiresAPIAndAuthenticate(t *testing.T) {
@@ -858,6 +859,14 @@ func TestActionsCallTheAPI(t *testing.T) {
 			wantBack: "/calls", wantFlash: "bad: olga: the compensation of acme/refund-2 was refused — not_compensable: compensation: the tool declares no compensation",
 		},
 		{
+			// Answered 200, the compensation's call refused (its tool
+			// frozen): not a success.
+			name: "compensate denied", as: assertOperator,
+			path: "/calls/compensate", form: url.Values{"tenant": {"acme"}, "key": {"refund-frozen"}, "reason": {"fraud"}},
+			wantPath: "/v1/compensations", wantBody: `{"tenant_id":"acme","idempotency_key":"refund-frozen","reason":"fraud"}`,
+			wantBack: "/calls", wantFlash: "bad: olga: the compensation of acme/refund-frozen was refused — compensation call acme/refund-frozen:compensate denied (tool_frozen): cancel_refund is frozen for tenant acme by olga: incident 12; nothing was recorded, so it may be asked again once the cause is gone",
+		},
+		{
 			name: "freeze", as: assertOperator,
 			path: "/incidents/act", form: url.Values{"action": {"freeze"}, "tool": {"refund_order"}, "tenant": {"acme"}, "reason": {"incident 12"}},
 			wantPath: "/v1/control/freeze", wantBody: `{"tool":"refund_order","tenant":"acme","reason":"incident 12"}`,
@@ -1078,6 +1087,17 @@ func TestCompensateAll(t *testing.T) {
 	flash := followFlash(t, b, w.Result())
 	if !strings.Contains(flash, "olga asked to compensate 2 of 3 succeeded call(s). 1 refused: acme/refund-2: not_compensable") {
 		t.Errorf("flash %q; want the count and the refusal", flash)
+	}
+
+	// A compensation answered 200 and refused (rate limited) is counted
+	// as refused, not as asked.
+	fx.api.mu.Lock()
+	fx.api.deniedCompensations["refund-1"] = ledger.Event{V: 1, Type: statemachine.EventDenied, Reason: "rate_limited", RetryAfterMS: 2000}
+	fx.api.mu.Unlock()
+	w = b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"mass refund fraud"}, "digest": {digest}})
+	flash = followFlash(t, b, w.Result())
+	if want := "olga asked to compensate 1 of 3 succeeded call(s). 2 refused: acme/refund-1: compensation call acme/refund-1:compensate denied (rate_limited); it may pass if asked again in 2s; acme/refund-2: not_compensable"; !strings.Contains(flash, want) || !strings.HasPrefix(flash, "bad:") {
+		t.Errorf("flash %q; want a bad flash with %q", flash, want)
 	}
 
 	// The question now matches other calls: nothing is done.

@@ -70,6 +70,9 @@ type fakeAPI struct {
 	breakersUnknown bool
 	// afterCompensation, if set, runs after each compensation asked.
 	afterCompensation func()
+	// deniedCompensations maps a call's idempotency key to the refusal
+	// the intake answers its compensation with (a 200, as the API does).
+	deniedCompensations map[string]ledger.Event
 }
 
 type refusalSpec struct {
@@ -231,7 +234,9 @@ func traceEvents(k ledger.CallKey) []ledger.Event {
 }
 
 func newFakeAPI() *fakeAPI {
-	f := &fakeAPI{mux: http.NewServeMux(), refuse: map[string]refusalSpec{}}
+	f := &fakeAPI{mux: http.NewServeMux(), refuse: map[string]refusalSpec{}, deniedCompensations: map[string]ledger.Event{
+		"refund-frozen": {V: 1, Type: statemachine.EventDenied, Reason: "tool_frozen", Detail: "cancel_refund is frozen for tenant acme by olga: incident 12"},
+	}}
 	decided := t0.Add(-time.Hour)
 	expired := t0.Add(-2 * time.Hour)
 	approvals := map[string]map[string]any{
@@ -379,9 +384,15 @@ func newFakeAPI() *fakeAPI {
 		ck := k.CompensationKey()
 		f.mu.Lock()
 		after := f.afterCompensation
+		denied, isDenied := f.deniedCompensations[k.IdempotencyKey]
 		f.mu.Unlock()
 		if after != nil {
 			defer after()
+		}
+		if isDenied {
+			denied.TenantID, denied.IdempotencyKey = ck.TenantID, ck.IdempotencyKey
+			writeJSON(w, http.StatusOK, map[string]any{"compensation_key": ck.String(), "events": []ledger.Event{denied}})
+			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"compensation_key": ck.String(), "events": []ledger.Event{
 			{V: 1, EventID: "c1", Type: statemachine.EventRequested, Seq: 1, TenantID: ck.TenantID, IdempotencyKey: ck.IdempotencyKey},
