@@ -2272,7 +2272,7 @@ func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Resp
 	if lost {
 		resp.Truncated = true
 	}
-	s := sanitize(tool, resp, append(append([]string(nil), tool.Mask...), obligationMasks(c.tmpl.Obligations)...), sent)
+	s := sanitize(tool, resp, resultMasks(tool, c.tmpl.Obligations), sent)
 	code := ""
 	switch {
 	case lost:
@@ -2444,6 +2444,12 @@ type sanitized struct {
 	holdsSecret bool
 }
 
+// resultMasks returns the fields a call's result hides: its tool's
+// (registry) and its policies' (mask obligations).
+func resultMasks(tool *schemas.Tool, obligations []string) []string {
+	return append(append([]string(nil), tool.Mask...), obligationMasks(obligations)...)
+}
+
 // obligationMasks returns the fields a policy's mask obligations hide.
 func obligationMasks(obligations []string) []string {
 	var masks []string
@@ -2495,6 +2501,20 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string, sent s
 		b = appendResult(b[:0], source, resp.Truncated, nil)
 	}
 	s.stored = b
+	if len(masks) > 0 {
+		// The digest and size of the answer as kept, masked: those of
+		// the answer as it came would give whoever reads the events
+		// (the agent among them) a masked value that can be guessed (a
+		// PIN, a card's last digits), hashing each guess into the rest
+		// of the answer, which the masked content shows. Withheld, it
+		// has neither.
+		s.digest, s.bytes = "", 0
+		if content != nil && !s.holdsSecret {
+			kept := appendTree(nil, content)
+			sum := sha256.Sum256(kept)
+			s.digest, s.bytes = "sha256:"+hex.EncodeToString(sum[:]), len(kept)
+		}
+	}
 	return s
 }
 

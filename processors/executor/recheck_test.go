@@ -2,6 +2,8 @@ package executor_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -543,6 +545,16 @@ func TestMaskHoldsWhateverTheToolAnswers(t *testing.T) {
 			}
 			if got := strings.Contains(string(rec.Result), `"content"`); got != tc.content {
 				t.Errorf("stored result %s: content kept %v; want %v", rec.Result, got, tc.content)
+			}
+			// Nor do the events give the answer as it came away: its
+			// digest would confirm a guess of the masked value, hashed
+			// into the rest of the answer, which the content shows.
+			raw := sha256.Sum256([]byte(tc.body))
+			if evs[1].ResultDigest == "sha256:"+hex.EncodeToString(raw[:]) || evs[1].ResultBytes == len(tc.body) {
+				t.Errorf("succeeded event has the digest %s and size %d of the unmasked answer", evs[1].ResultDigest, evs[1].ResultBytes)
+			}
+			if tc.content != (evs[1].ResultDigest != "") {
+				t.Errorf("result digest %q; want one (of the masked content) only when the content is kept", evs[1].ResultDigest)
 			}
 		})
 	}

@@ -139,6 +139,30 @@ func TestReconcileResponseLostAfterEffect(t *testing.T) {
 	}
 }
 
+// A call whose result is masked (its tool's registry entry hides a
+// field) is reconciled succeeded without the digest and size of the
+// lookup's answer, which holds the result unmasked: they would confirm a
+// guess of the hidden value to whoever reads the events. An unmasked
+// one's are kept.
+func TestReconcileKeepsNoDigestOfAMaskedAnswer(t *testing.T) {
+	for _, masked := range []bool{false, true} {
+		reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+			if masked {
+				entry["mask"] = []any{"ticket_id"}
+			}
+		})
+		r := newRigWith(t, reg, demobackend.Config{})
+		evs := r.reconcileAll(r.reconciler(), r.unknownLostResponse("lost-masked"))
+		last := evs[len(evs)-1]
+		if last.Type != statemachine.EventSucceeded || last.Reason != executor.ReasonReconciled {
+			t.Fatalf("masked %v: reconciled %v; want it to end succeeded", masked, summary(evs))
+		}
+		if got := last.ResultDigest != "" || last.ResultBytes != 0; got == masked {
+			t.Errorf("masked %v: succeeded with the lookup's digest %q and size %d; want them only unmasked", masked, last.ResultDigest, last.ResultBytes)
+		}
+	}
+}
+
 // cuttingLooker asks the status lookup and cuts its answer after the
 // state, as the client does at a tool's result size when the answer
 // carries a result as large.
