@@ -21,11 +21,13 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
+	"net/url"
 	"path"
 	"regexp"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // files holds the envelope schema and the demo registry.
@@ -184,7 +186,14 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 		// validation unchecked and reach the backend.
 		return nil, fmt.Errorf(`top level must say "additionalProperties": false`)
 	}
-	if ptr := openObject(m, "", instance{}); ptr != "" {
+	ptr, err := openRef(m, m, "")
+	if err != nil {
+		return nil, err
+	}
+	if ptr == "" {
+		ptr = openObject(m, "", instance{})
+	}
+	if ptr != "" {
 		return nil, fmt.Errorf(`the schema at %s lets objects through open: an object schema must say "additionalProperties": false (or give the schema of the members it allows), and a property's or an item's schema what it is (a type, enum, const or $ref; {}, true or annotations alone admit any object, as does an array without items): an object inside the arguments is as strict as the top level`, ptr)
 	}
 	m["$id"] = id
@@ -317,6 +326,91 @@ func openObject(schema any, ptr string, in instance) string {
 		}
 	}
 	return ""
+}
+
+// dataKeywords hold data, not schemas: a "$ref" member in their values is
+// no reference.
+var dataKeywords = []string{"const", "enum", "default", "examples"}
+
+// openRef returns the JSON pointer of the first schema a $ref in v (at
+// ptr) names that openMember finds open, or "" if there is none. root is
+// the whole schema. openObject takes a $ref for closed, for the schema it
+// names is walked where it is defined: under $defs, or properties, say.
+// But a reference may name any place of the document, one openObject does
+// not walk (a "components" member of a schema lifted from an OpenAPI
+// document), so every schema a $ref names is checked here, in its own
+// right, as a member's. A $ref that is no JSON pointer into the document
+// (an anchor, an external or meta-schema URL) and a $dynamicRef, whose
+// targets this cannot find, are refused.
+func openRef(root, v any, ptr string) (string, error) {
+	switch v := v.(type) {
+	case []any:
+		for i, e := range v {
+			if p, err := openRef(root, e, fmt.Sprintf("%s/%d", ptr, i)); p != "" || err != nil {
+				return p, err
+			}
+		}
+	case map[string]any:
+		for _, k := range []string{"$dynamicRef", "$recursiveRef"} {
+			if _, ok := v[k]; ok {
+				return "", fmt.Errorf("the %s at %s is not allowed: name a schema with a $ref into the tool's schema (\"#/$defs/<name>\")", k, cmp.Or(ptr, "/"))
+			}
+		}
+		if ref, ok := v["$ref"].(string); ok {
+			target, tptr, err := refTarget(root, ref)
+			if err != nil {
+				return "", fmt.Errorf("the $ref at %s: %w", cmp.Or(ptr, "/"), err)
+			}
+			if p := openMember(target, tptr, "$ref"); p != "" {
+				return p, nil
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			if slices.Contains(dataKeywords, k) {
+				continue
+			}
+			if p, err := openRef(root, v[k], ptr+"/"+escapeToken(k)); p != "" || err != nil {
+				return p, err
+			}
+		}
+	}
+	return "", nil
+}
+
+// refTarget returns the schema in root that ref, a $ref of it, names, and
+// its JSON pointer.
+func refTarget(root any, ref string) (any, string, error) {
+	frag, ok := strings.CutPrefix(ref, "#")
+	if !ok || frag != "" && !strings.HasPrefix(frag, "/") {
+		return nil, "", fmt.Errorf("%q is not a JSON pointer into the tool's schema (\"#/$defs/<name>\"): external $refs and anchors are not allowed", ref)
+	}
+	frag, err := url.PathUnescape(frag)
+	if err != nil {
+		return nil, "", fmt.Errorf("%q: %w", ref, err)
+	}
+	v := root
+	if frag == "" {
+		return v, "", nil
+	}
+	for _, tok := range strings.Split(frag[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch c := v.(type) {
+		case map[string]any:
+			v, ok = c[tok]
+		case []any:
+			i, err := strconv.Atoi(tok)
+			ok = err == nil && i >= 0 && i < len(c) && strconv.Itoa(i) == tok
+			if ok {
+				v = c[i]
+			}
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil, "", fmt.Errorf("%q names nothing in the tool's schema", ref)
+		}
+	}
+	return v, frag, nil
 }
 
 // openMember is openObject for the schema of members of an instance (a
