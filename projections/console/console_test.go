@@ -891,10 +891,16 @@ func TestActionsCallTheAPI(t *testing.T) {
 			wantBack: "/incidents?tool=refund_order", wantFlash: "bad: olga: the freeze of refund_order was refused — invalid_request: control: invalid request: a reason is required",
 		},
 		{
-			name: "revoke jti", as: assertOperator,
+			name: "revoke jti", as: assertPlatform,
 			path: "/incidents/act", form: url.Values{"action": {"revoke_jti"}, "jti": {"jti-1"}, "tool": {"refund_order"}, "reason": {"leaked"}},
 			wantPath: "/v1/control/revoke", wantBody: `{"jti":"jti-1","reason":"leaked"}`,
-			wantBack: "/incidents?jti=jti-1&tool=refund_order", wantFlash: "ok: olga revoked credential jti-1.",
+			wantBack: "/incidents?jti=jti-1&tool=refund_order", wantFlash: "ok: pat revoked credential jti-1.",
+		},
+		{
+			name: "revoke jti by a tenant operator", as: assertOperator,
+			path: "/incidents/act", form: url.Values{"action": {"revoke_jti"}, "jti": {"jti-1"}, "reason": {"leaked"}},
+			wantPath: "/v1/control/revoke", wantBody: `{"jti":"jti-1","reason":"leaked"}`,
+			wantBack: "/incidents?jti=jti-1", wantFlash: "bad: olga: the revocation of credential jti-1 was refused — forbidden: control: forbidden: only a platform operator may revoke a single jti",
 		},
 		{
 			name: "revoke family", as: assertOperator,
@@ -971,7 +977,9 @@ func TestConfirmationPagesCount(t *testing.T) {
 		// A tenant operator's freeze is of its own tenant, all tenants
 		// asked or not: the page said every tenant's.
 		{"/incidents/confirm?action=freeze&tool=refund_order&all_tenants=true", []string{"for your tenant (acme)"}},
-		{"/incidents/confirm?action=revoke_jti&jti=jti-1", []string{`<span class="big">4</span> calls carry it in your tenant (acme), at any time and whatever else the question named.`, "There is no un-revoke", `name="jti" value="jti-1"`}},
+		// A single jti is a platform operator's to revoke (the
+		// control API refuses a tenant's).
+		{"/incidents/confirm?action=revoke_jti&jti=jti-1", []string{"Only a platform operator revokes a single credential"}},
 		{"/incidents/confirm?action=revoke_family&credential_family=refund_order:acme:1", []string{"credential family refund_order:acme:1", `name="credential_family" value="refund_order:acme:1"`}},
 		{"/incidents/confirm?action=compensate&tool=refund_order", []string{
 			`<span class="big">3</span> succeeded call(s) will each get a compensation request`, "refund-1", "refund-2",
@@ -1342,7 +1350,6 @@ func TestBrakesOfferedUncounted(t *testing.T) {
 	fx.api.mu.Unlock()
 	for page, offered := range map[string]bool{
 		"/incidents/confirm?action=freeze&tool=refund_order&tenant=acme":                true,
-		"/incidents/confirm?action=revoke_jti&jti=jti-1":                                true,
 		"/incidents/confirm?action=revoke_family&credential_family=refund_order:acme:1": true,
 		"/incidents/confirm?action=compensate&tool=refund_order":                        false,
 	} {
@@ -1352,6 +1359,39 @@ func TestBrakesOfferedUncounted(t *testing.T) {
 		}
 		if !strings.Contains(body, "could not be counted") {
 			t.Errorf("GET %s does not say the count failed", page)
+		}
+	}
+}
+
+// A single credential is revoked by a platform operator: the incidents
+// page offers its revocation to them alone, its confirmation too even
+// when the calls could not be counted. A tenant's operator, whom the
+// control API refuses it, is offered the families its calls were sent
+// under instead. Before, both were offered the jti's revocation, and the
+// tenant's was refused only once confirmed.
+func TestRevokingASingleCredentialIsThePlatformsOnly(t *testing.T) {
+	fx := newFixture(t)
+	platform, tenant := fx.signedIn(assertPlatform), fx.signedIn(assertOperator)
+	if body := platform.get("/incidents?jti=jti-1").Body.String(); !strings.Contains(body, "Revoke credential jti-1") {
+		t.Errorf("a platform operator's incidents page for jti-1 does not offer its revocation")
+	}
+	body := tenant.get("/incidents?jti=jti-1").Body.String()
+	if strings.Contains(body, "Revoke credential jti-1") {
+		t.Errorf("a tenant operator's incidents page offers the jti's revocation, which the control API refuses them")
+	}
+	if want := "action=revoke_family&amp;credential_family=refund_order%3Aacme%3A1"; !strings.Contains(body, want) || !strings.Contains(body, "Revoke family refund_order:acme:1") {
+		t.Errorf("a tenant operator's incidents page for jti-1 does not offer its calls' family (%q)", want)
+	}
+	if strings.Contains(tenant.get("/incidents/confirm?action=revoke_jti&jti=jti-1").Body.String(), `action="/incidents/act"`) {
+		t.Errorf("a tenant operator's jti confirmation offers the form")
+	}
+	fx.api.mu.Lock()
+	fx.api.refuse = map[string]refusalSpec{"GET /v1/blast-radius": {status: http.StatusServiceUnavailable, code: "projection_unavailable", message: "the projection could not answer"}}
+	fx.api.mu.Unlock()
+	body = platform.get("/incidents/confirm?action=revoke_jti&jti=jti-1").Body.String()
+	for _, want := range []string{`action="/incidents/act"`, `name="jti" value="jti-1"`, "There is no un-revoke", "could not be counted"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("a platform operator's uncounted jti confirmation lacks %q", want)
 		}
 	}
 }

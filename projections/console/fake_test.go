@@ -356,6 +356,11 @@ func newFakeAPI() *fakeAPI {
 			apiErr(w, http.StatusBadRequest, "invalid_request", "control: invalid request: a reason is required")
 			return
 		}
+		if a.JTI != "" && r.Header.Get("Authorization") != "Bearer "+assertPlatform {
+			// As the control API: a jti is not a tenant's to revoke.
+			apiErr(w, http.StatusForbidden, "forbidden", "control: forbidden: only a platform operator may revoke a single jti; revoke the family instead")
+			return
+		}
 		if a.Tool != "" && a.Tenant == "" && r.Header.Get("Authorization") == "Bearer "+assertOperator {
 			// A tenant operator's freeze is for their own tenant.
 			a.Tenant = "acme"

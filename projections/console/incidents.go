@@ -103,16 +103,47 @@ func (c *Console) serveIncidents(w http.ResponseWriter, r *http.Request, s *sess
 	if t := q.Get(projections.ParamTool); t != "" {
 		p.Actions = append(p.Actions, incidentAction{Label: "Freeze " + t + "…", URL: link(actFreeze), Note: "stop new and not-yet-started calls to the tool"})
 	}
-	if j := q.Get(projections.ParamJTI); j != "" {
+	j := q.Get(projections.ParamJTI)
+	if j != "" && s.id.Tenant == "*" {
 		p.Actions = append(p.Actions, incidentAction{Label: "Revoke credential " + j + "…", URL: link(actRevokeJTI), Note: "for good; tool backends refuse it at introspection"})
 	}
 	if f := q.Get(projections.ParamCredentialFamily); f != "" {
 		p.Actions = append(p.Actions, incidentAction{Label: "Revoke family " + f + "…", URL: link(actRevokeFamily), Note: "every credential issued in the family so far"})
+	} else if j != "" && s.id.Tenant != "*" {
+		// Only a platform operator revokes a single jti (the control
+		// API refuses a tenant's): a tenant's operator revokes the
+		// families the credential's calls were sent under.
+		for _, f := range familiesOf(br.Calls, maxFamiliesOffered) {
+			aq := url.Values{"action": {actRevokeFamily}, projections.ParamCredentialFamily: {f}}
+			for _, k := range []string{projections.ParamTenant, projections.ParamAllTenants} {
+				if v, ok := q[k]; ok {
+					aq[k] = v
+				}
+			}
+			p.Actions = append(p.Actions, incidentAction{Label: "Revoke family " + f + "…", URL: queryString("/incidents/confirm", aq),
+				Note: "a family the credential's calls were sent under (a single credential only a platform operator revokes): every credential issued in it so far"})
+		}
 	}
 	if p.Err == "" && p.Succeeded > 0 {
 		p.Actions = append(p.Actions, incidentAction{Label: "Compensate all succeeded calls…", URL: link(actCompensate), Note: strconv.Itoa(p.Succeeded) + " listed call(s) succeeded"})
 	}
 	c.render(w, r, s, "incidents", "Incidents", p)
+}
+
+// maxFamiliesOffered bounds the families the incidents page offers to
+// revoke for a credential's calls.
+const maxFamiliesOffered = 4
+
+// familiesOf returns the credential families calls name, in the order
+// first named, at most n.
+func familiesOf(calls []projections.Call, n int) []string {
+	var out []string
+	for _, cl := range calls {
+		if f := cl.CredentialFamily; f != "" && !slices.Contains(out, f) && len(out) < n {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // succeeded returns the keys of the succeeded calls among calls.
@@ -451,6 +482,12 @@ func (c *Console) serveConfirm(w http.ResponseWriter, r *http.Request, s *sessio
 		}
 		p.CountNote = "calls carry it in " + scope + ", at any time and whatever else the question named."
 		p.Ready = v != ""
+		if action == actRevokeJTI && s.id.Tenant != "*" {
+			// The control API refuses it: say so, and offer nothing.
+			p.Lines = []string{"Only a platform operator revokes a single credential. Revoke the family it was issued in instead: the incidents page offers the families of its calls."}
+			p.Ready = false
+			break
+		}
 		brake("revocation")
 	case actCompensate:
 		p.Heading, p.Submit, p.Reason = "Compensate every succeeded call", "Compensate them", "Why undo them"
