@@ -1551,6 +1551,59 @@ func TestCompensateAllSaysWhatItDidNotSend(t *testing.T) {
 	}
 }
 
+// A compensate-all that outlasts the session's assertion stops at the
+// first refusal of it, says how many calls it did not send and why, and
+// its report reaches the sign-in page the browser is sent to. Before, the
+// rest were counted nowhere, and the report was lost with the session.
+func TestCompensateAllReportOutlivesTheSession(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	digest := compensateAllDigest(t, b)
+	fx.api.mu.Lock()
+	fx.api.afterCompensation = func() {
+		fx.advance(61 * time.Minute) // past the assertion's hour
+		fx.api.mu.Lock()
+		fx.api.refuse["POST /v1/compensations"] = refusalSpec{status: http.StatusUnauthorized, code: "unauthorized", message: "the assertion expired"}
+		fx.api.mu.Unlock()
+	}
+	fx.api.mu.Unlock()
+	w := b.post("/incidents/act", url.Values{"action": {"compensate"}, "tool": {"refund_order"}, "reason": {"fraud"}, "digest": {digest}})
+	back := b.get(w.Result().Header.Get("Location"))
+	if loc := back.Header().Get("Location"); loc != "/login?m=ended" {
+		t.Fatalf("after the session ended, the report's page redirects to %q; want /login?m=ended", loc)
+	}
+	page := b.get("/login?m=ended").Body.String()
+	want := "Your session ended before this was shown: olga asked to compensate 1 of 3 succeeded call(s). 1 refused: " + keyHostile.String()
+	if !strings.Contains(page, htmlEscape(want)) || !strings.Contains(page, "1 not sent: your session&#39;s assertion ended") {
+		t.Errorf("sign-in page after the session ended mid compensate-all; want %q and the call not sent:\n%s", want, page)
+	}
+	if again := b.get("/login?m=ended").Body.String(); strings.Contains(again, "before this was shown") {
+		t.Errorf("the report is shown again; want it once")
+	}
+}
+
+// The outcomes histogram says which parts of the question it does not
+// narrow: it counts every outcome of the tenants and tool asked, and read
+// under a question by jti it was taken for what the credential touched.
+func TestHistogramSaysWhatItIgnores(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	for page, want := range map[string]string{
+		"/incidents?jti=jti-1&tool=refund_order":   "Not narrowed by jti:",
+		"/incidents?role=contractor&decision=deny": "Not narrowed by decision, role:",
+		"/incidents?tool=refund_order&since=2h":    "",
+		"/incidents?tenant=acme&tool=refund_order": "",
+	} {
+		body := b.get(page).Body.String()
+		if !strings.Contains(body, "Outcomes over the window") || !strings.Contains(body, "in all.") {
+			t.Fatalf("GET %s shows no histogram", page)
+		}
+		if got := strings.Contains(body, "Not narrowed by"); got != (want != "") || want != "" && !strings.Contains(body, want) {
+			t.Errorf("GET %s: says what the histogram ignores %v; want %q", page, got, want)
+		}
+	}
+}
+
 // A projection lag the API could not read (Kafka unreachable, a grant
 // missing) is said to be unknown on the health page. Before, /v1/health
 // left it at zero, and the page showed the projection caught up.

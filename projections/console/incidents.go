@@ -211,6 +211,10 @@ type histogram struct {
 	Legend                     []legendItem
 	Bucket, From, To           string
 	Total                      int
+	// Ignores names the parts of the question the outcomes do not
+	// narrow (a jti, a policy version, a decision): the bars count every
+	// call of the tenants and tool asked, not the matching calls above.
+	Ignores string
 }
 
 type bar struct {
@@ -255,6 +259,13 @@ func (c *Console) outcomes(r *http.Request, s *session, q url.Values, now time.T
 		return nil, "the window is empty: since must be before until"
 	}
 	bucket := bucketFor(until.Sub(since))
+	narrows := []string{projections.ParamTenant, projections.ParamAllTenants, projections.ParamTool, projections.ParamSince, projections.ParamUntil}
+	var ignores []string
+	for _, k := range incidentParams {
+		if !slices.Contains(narrows, k) && q.Get(k) != "" {
+			ignores = append(ignores, k)
+		}
+	}
 	oq := pick(q, []string{projections.ParamTenant, projections.ParamAllTenants, projections.ParamTool})
 	oq.Set(projections.ParamSince, since.UTC().Format(time.RFC3339))
 	oq.Set(projections.ParamUntil, until.UTC().Format(time.RFC3339))
@@ -263,7 +274,9 @@ func (c *Console) outcomes(r *http.Request, s *session, q url.Values, now time.T
 	if _, err := c.call(r, s, http.MethodGet, pathOutcomes, oq, nil, &counts); err != nil {
 		return nil, describe(err)
 	}
-	return drawHistogram(counts, since, until, bucket), ""
+	h := drawHistogram(counts, since, until, bucket)
+	h.Ignores = strings.Join(ignores, ", ")
+	return h, ""
 }
 
 // drawHistogram lays out stacked bars of outcomes per bucket over
@@ -617,6 +630,7 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 	defer cancel()
 	r = r.WithContext(ctx)
 	var ok, unsent int
+	var ended bool // the session's assertion ended meanwhile
 	var refusals, unknown []string
 	for i, k := range keys {
 		if ctx.Err() != nil {
@@ -635,7 +649,10 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 			}
 			refusals = append(refusals, k.String()+": "+describe(err))
 			if ae, isAPI := errors.AsType[*apiError](err); isAPI && ae.Status == http.StatusUnauthorized {
-				break // the assertion ended: every other request would fail alike
+				// The assertion ended: every other request would be
+				// refused alike, and is not sent.
+				ended, unsent = true, len(keys)-i-1
+				break
 			}
 			continue
 		}
@@ -657,8 +674,15 @@ func (c *Console) compensateAll(w http.ResponseWriter, r *http.Request, s *sessi
 			text += "; …"
 		}
 	}
-	if unsent > 0 {
+	switch {
+	case unsent > 0 && ended:
+		text += fmt.Sprintf(" %d not sent: your session's assertion ended; sign in again and compensate them again (those asked already are not asked twice).", unsent)
+	case unsent > 0:
 		text += fmt.Sprintf(" %d not sent: the %s this may take ran out; compensate them again.", unsent, c.cfg.CompensateAllBound)
 	}
+	// The whole report, for the log too: the page that shows it may
+	// never be seen (the session ended, the browser went).
+	c.cfg.Logger.Info("compensate-all done", "user", s.id.User, "tenant", s.id.Tenant, "calls", len(keys), "asked", ok,
+		"refused", len(refusals), "maybe_asked", len(unknown), "not_sent", unsent, "session_ended", ended)
 	c.redirect(w, r, s, back, flash{OK: len(refusals) == 0 && len(unknown) == 0 && unsent == 0, Text: text})
 }

@@ -52,10 +52,27 @@ type sessions struct {
 	max     int
 	perUser int
 	byID    map[[sha256.Size]byte]*session
+	// ended holds, by the session's key, the message of a session that
+	// ended before its message was shown, for the sign-in page to show
+	// once: a compensate-all can outlast the assertion, and its report
+	// was lost with the session.
+	ended map[[sha256.Size]byte]endedFlash
 }
 
+// endedFlash is an ended session's last message, and when it ended.
+type endedFlash struct {
+	f  flash
+	at time.Time
+}
+
+// Bounds of the messages kept of ended sessions.
+const (
+	maxEndedFlashes = 256
+	endedFlashFor   = time.Hour
+)
+
 func newSessions(limit, perUser int) *sessions {
-	return &sessions{max: limit, perUser: perUser, byID: make(map[[sha256.Size]byte]*session)}
+	return &sessions{max: limit, perUser: perUser, byID: make(map[[sha256.Size]byte]*session), ended: make(map[[sha256.Size]byte]endedFlash)}
 }
 
 // randomToken returns idBytes random bytes, base64url without padding.
@@ -137,10 +154,48 @@ func (ss *sessions) get(now time.Time, raw string) (*session, bool) {
 		return nil, false
 	}
 	if !now.Before(s.id.Expires) {
-		delete(ss.byID, key)
+		ss.endLocked(now, s)
 		return nil, false
 	}
 	return s, true
+}
+
+// endLocked deletes expired session s, keeping its message, if it has
+// one not yet shown, for popEnded; ss.mu is held.
+func (ss *sessions) endLocked(now time.Time, s *session) {
+	delete(ss.byID, s.key)
+	if s.flash == nil {
+		return
+	}
+	if len(ss.ended) >= maxEndedFlashes {
+		var oldest [sha256.Size]byte
+		var at time.Time
+		for k, e := range ss.ended {
+			if now.Sub(e.at) >= endedFlashFor {
+				delete(ss.ended, k)
+			} else if at.IsZero() || e.at.Before(at) {
+				oldest, at = k, e.at
+			}
+		}
+		if len(ss.ended) >= maxEndedFlashes {
+			delete(ss.ended, oldest)
+		}
+	}
+	ss.ended[s.key] = endedFlash{f: *s.flash, at: now}
+}
+
+// popEnded returns, once, the message left by the ended session the
+// cookie value raw named, if it ended within endedFlashFor.
+func (ss *sessions) popEnded(now time.Time, raw string) *flash {
+	key := sha256.Sum256([]byte(raw))
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	e, ok := ss.ended[key]
+	delete(ss.ended, key)
+	if !ok || now.Sub(e.at) >= endedFlashFor {
+		return nil
+	}
+	return &e.f
 }
 
 func (ss *sessions) delete(s *session) {
@@ -150,9 +205,9 @@ func (ss *sessions) delete(s *session) {
 }
 
 func (ss *sessions) sweepLocked(now time.Time) {
-	for k, s := range ss.byID {
+	for _, s := range ss.byID {
 		if !now.Before(s.id.Expires) {
-			delete(ss.byID, k)
+			ss.endLocked(now, s)
 		}
 	}
 }
@@ -318,6 +373,13 @@ func (c *Console) serveLogin(w http.ResponseWriter, r *http.Request) {
 	p := loginPage{CSRF: tok, Dev: c.cfg.DevLogin != nil && httpjson.Loopback(r)}
 	if m, ok := loginMessages[r.URL.Query().Get("m")]; ok {
 		p.Message = &m
+	}
+	if ck, err := r.Cookie(CookieName); err == nil {
+		if f := c.sessions.popEnded(c.cfg.Now(), ck.Value); f != nil {
+			// What the session's last action came to, which its end
+			// kept from the page it went back to.
+			p.Message = &flash{OK: f.OK, Text: "Your session ended before this was shown: " + f.Text + " Sign in again to go on."}
+		}
 	}
 	c.render(w, r, nil, "login", "Sign in", p)
 }
