@@ -205,11 +205,16 @@ func RedactTokens(b []byte) []byte {
 }
 
 // unescaped returns b with each JSON \uXXXX escape of a base64url
-// character or a dot replaced by that character, and where each of its
-// bytes starts in b (one more entry: len(b)); or b itself and nil when b
-// holds no such escape. An escaped backslash is not an escape's start.
+// character or a dot replaced by that character, and its NUL bytes left
+// out, and where each of its bytes starts in b (one more entry: len(b));
+// or b itself and nil when b holds no such escape and no NUL. An escaped
+// backslash is not an escape's start. Text in UTF-16 or UTF-32 (an agent
+// host that encodes its envelopes so: .NET's Encoding.Unicode) spells
+// each ASCII character with NUL bytes beside it, which would hide every
+// token in it from the scan; without them, its tokens are found, and
+// their whole span, NULs included, is redacted.
 func unescaped(b []byte) ([]byte, []int) {
-	if !bytes.Contains(b, []byte(`\u`)) {
+	if !bytes.Contains(b, []byte(`\u`)) && bytes.IndexByte(b, 0) < 0 {
 		return b, nil
 	}
 	view := make([]byte, 0, len(b))
@@ -227,7 +232,9 @@ func unescaped(b []byte) ([]byte, []int) {
 			i += 2
 			continue
 		}
-		view, at = append(view, b[i]), append(at, i)
+		if b[i] != 0 {
+			view, at = append(view, b[i]), append(at, i)
+		}
 		i++
 	}
 	return view, append(at, len(b))

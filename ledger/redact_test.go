@@ -122,6 +122,24 @@ func escapeAll(s string) string {
 	return b.String()
 }
 
+// utf16LE and utf16BE spell ASCII text s in UTF-16.
+func utf16LE(s string) string { return utf16Of(s, false) }
+func utf16BE(s string) string { return utf16Of(s, true) }
+
+func utf16Of(s string, bigEndian bool) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if bigEndian {
+			b.WriteByte(0)
+		}
+		b.WriteByte(s[i])
+		if !bigEndian {
+			b.WriteByte(0)
+		}
+	}
+	return b.String()
+}
+
 // redactTokenCases are TestRedactTokens' table and FuzzRedactTokens' seeds.
 var redactTokenCases = []struct {
 	name, in, want string
@@ -153,6 +171,15 @@ var redactTokenCases = []struct {
 		want: `{"assertion":"` + Redacted + `","x":1}`},
 	{name: "every character as an escape, upper-case hex", in: `"` + escapeAll(jws(`{"alg":"EdDSA"}`, `{}`, "s")) + `"`, want: `"` + Redacted + `"`},
 	{name: "an escaped backslash before u", in: `"a\\u002eb.c"`, want: `"a\\u002eb.c"`},
+	// Text in UTF-16 (an envelope encoded so fails to parse, and goes to
+	// the DLQ): every character beside a NUL, which hid the token.
+	{name: "UTF-16LE", in: utf16LE(`{"assertion":"` + jws(`{"alg":"EdDSA"}`, `{"sub":"u"}`, "sig") + `"}`),
+		want: utf16LE(`{"assertion":"`) + Redacted + utf16LE(`"}`)},
+	{name: "UTF-16BE, with its BOM", in: "\xfe\xff" + utf16BE(`{"assertion":"`+jws(`{"alg":"EdDSA"}`, `{"sub":"u"}`, "sig")+`"}`),
+		// The NUL before the token's first character stays, the one
+		// before the quote after it goes with the token's span.
+		want: "\xfe\xff" + utf16BE(`{"assertion":"`) + "\x00" + Redacted + `"` + utf16BE(`}`)},
+	{name: "UTF-16 text without a token", in: utf16LE("go1.26.0 ledger.v1.json"), want: utf16LE("go1.26.0 ledger.v1.json")},
 
 	// Ordinary text stays as it is.
 	{name: "host name", in: "https://www.example.com.au/a.b.c?v=1.2.3", want: "https://www.example.com.au/a.b.c?v=1.2.3"},
