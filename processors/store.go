@@ -433,6 +433,11 @@ type Move struct {
 	To            Status
 	Seq           int64
 	Outbox        []byte
+	// Result, when not nil, replaces the record's result: that of a call
+	// the reconciler settles succeeded, which its tool's status lookup
+	// answered. Only a move to StatusSucceeded carries one; nil leaves
+	// the result as it is.
+	Result []byte
 }
 
 // Logged says that the events of a call up to Seq are in the log.
@@ -656,6 +661,8 @@ func CheckMoves(ms []Move) error {
 			return fmt.Errorf("move %d (%v): %q -> %q: a done call does not move", i, m.Key, m.From, m.To)
 		case m.Seq <= m.FromSeq:
 			return fmt.Errorf("move %d (%v): seq %d -> %d: want it to grow", i, m.Key, m.FromSeq, m.Seq)
+		case m.Result != nil && m.To != StatusSucceeded:
+			return fmt.Errorf("move %d (%v): to %q with a result: only a call that succeeded has one", i, m.Key, m.To)
 		}
 	}
 	return nil

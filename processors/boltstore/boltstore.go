@@ -887,6 +887,9 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		next.Status = m.To
 		next.Seq = m.Seq
 		next.Outbox = m.Outbox
+		if m.Result != nil {
+			next.Result = m.Result
+		}
 		next.UpdatedAt = now
 		return true
 	})

@@ -2273,18 +2273,24 @@ func (c *completion) succeed(tool *schemas.Tool, attempt int, resp httptool.Resp
 		resp.Truncated = true
 	}
 	s := sanitize(tool, resp, resultMasks(tool, c.tmpl.Obligations), sent)
-	code := ""
+	return c.finish(processors.StatusSucceeded, attempt, "", s.resultCode(resp.Truncated, lost), &s)
+}
+
+// resultCode is the error code of a call that succeeded with s, its
+// result made safe: why it is kept without all of its content, if it is.
+// truncated: the answer was cut; lost: it never came whole.
+func (s *sanitized) resultCode(truncated, lost bool) string {
 	switch {
 	case lost:
-		code = CodeResultLost
+		return CodeResultLost
 	case s.holdsSecret:
-		code = CodeResultHoldsSecret
-	case resp.Truncated:
-		code = "result_truncated"
+		return CodeResultHoldsSecret
+	case truncated:
+		return "result_truncated"
 	case s.withheld:
-		code = CodeResultUnmaskable
+		return CodeResultUnmaskable
 	}
-	return c.finish(processors.StatusSucceeded, attempt, "", code, &s)
+	return ""
 }
 
 // exhausted ends a call whose attempts ran out.
@@ -2442,6 +2448,8 @@ type sanitized struct {
 	// holdsSecret: the content is left out, since it holds a secret the
 	// request carried.
 	holdsSecret bool
+	// code, for a result the reconciler keeps, is its resultCode.
+	code string
 }
 
 // resultMasks returns the fields a call's result hides: its tool's

@@ -561,7 +561,7 @@ func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pending
 		return pendingMove{}, false, nil
 	}
 	m := r.settle(rec, tmpl, processors.StatusCompensated, statemachine.EventCompensated, "compensated",
-		"undone by the compensation call "+comp.Key().String()+" ("+comp.Tool+")", "", 0)
+		"undone by the compensation call "+comp.Key().String()+" ("+comp.Tool+")", nil)
 	m.move.From = rec.Status
 	m.mustApply = true
 	return m, true, nil
@@ -672,17 +672,8 @@ attempts:
 			break attempts
 		case err == nil && lookupState(resp) == "applied":
 			r.answered(rec.Key)
-			var digest string
-			var size int
-			if len(resultMasks(tool, tmpl.Obligations)) == 0 {
-				// Masked fields may be in the lookup's answer (the
-				// call's result), which is not kept: its digest would
-				// let a reader find a guessable one (as sanitize says).
-				sum := sha256.Sum256(resp.Body)
-				digest, size = "sha256:"+hex.EncodeToString(sum[:]), len(resp.Body)
-			}
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
-				"status lookup: the tool applied the call", digest, size), true, nil
+				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer, sec})), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp) == "not_found":
 			r.answered(rec.Key)
 			// Not found is final only if the lookup was sent once the
@@ -716,7 +707,7 @@ attempts:
 				return pendingMove{}, false, nil
 			}
 			return r.settle(rec, tmpl, processors.StatusFailed, statemachine.EventFailed, ReasonReconciled,
-				"status lookup: the tool has no trace of the call; it did not apply it", "", 0), true, nil
+				"status lookup: the tool has no trace of the call; it did not apply it", nil), true, nil
 		case err == nil:
 			last = fmt.Errorf("status lookup answered %q", lookupState(resp))
 		default:
@@ -776,7 +767,7 @@ func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity,
 		to, t = processors.StatusRejected, statemachine.EventRejected
 	}
 	m := r.settle(comp, tmpl, to, t, ReasonCompensationCancelled,
-		"the call it would undo was resolved succeeded by an operator, who chose to keep the success (cancel_compensation)", "", 0)
+		"the call it would undo was resolved succeeded by an operator, who chose to keep the success (cancel_compensation)", nil)
 	m.move.From = comp.Status
 	m.by("operator:" + operator.User)
 	var applied []bool
@@ -843,11 +834,11 @@ const ReconcilerUser = compensation.AutomaticUser
 func (r *Reconciler) park(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) pendingMove {
 	if r.undoes(tmpl, tool) {
 		m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonCompensating,
-			"the outcome could not be established ("+reason+"); the compensation "+rec.Key.CompensationKey().String()+" is requested", "", 0)
+			"the outcome could not be established ("+reason+"); the compensation "+rec.Key.CompensationKey().String()+" is requested", nil)
 		m.undo = "outcome unknown (" + reason + "); a policy says to undo it"
 		return m
 	}
-	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, reason, detail, "", 0)
+	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, reason, detail, nil)
 }
 
 // parkOrWait parks rec at once (park), unless the park would ask for its
@@ -1067,7 +1058,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, []ledger.Ev
 		}
 		m := r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonUndoAbandoned,
 			"the compensation "+rec.Key.CompensationKey().String()+" a policy asks for "+why+
-				"; a human must find out what happened and "+todo, "", 0)
+				"; a human must find out what happened and "+todo, nil)
 		m.move.From = rec.Status
 		moves = append(moves, m)
 	}
@@ -1200,6 +1191,30 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 // which may be as large) is read up to its state: a state ahead of the
 // cut is the tool's answer all the same, and a tool whose results fill
 // the cap would otherwise never be settled by its lookups.
+// lookupResult is what a call settled succeeded keeps of its status
+// lookup's answer, resp: the answer's "result", the call's result, made
+// safe as the executor makes a tool's answer (sanitize: masked, cut, kept
+// without content when it holds a secret the lookup carried), with its
+// digest. Without a "result" member, or in an answer cut before it ends,
+// none is kept, and the digest is the answer's, unless a mask applies:
+// the masked fields may be in it.
+func lookupResult(tool *schemas.Tool, tmpl ledger.Event, resp httptool.Response, sent secrets) *sanitized {
+	masks := resultMasks(tool, tmpl.Obligations)
+	var answer struct {
+		Result json.RawMessage `json:"result"`
+	}
+	if !resp.Truncated && json.Unmarshal(resp.Body, &answer) == nil && len(answer.Result) > 0 && string(answer.Result) != "null" {
+		s := sanitize(tool, httptool.Response{Body: answer.Result}, masks, sent)
+		s.code = s.resultCode(false, false)
+		return &s
+	}
+	if len(masks) > 0 {
+		return nil
+	}
+	sum := sha256.Sum256(resp.Body)
+	return &sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
+}
+
 func lookupState(resp httptool.Response) string {
 	if !resp.Truncated {
 		var s struct {
@@ -1244,11 +1259,15 @@ func lookupState(resp httptool.Response) string {
 // new event after a gap in the log until that entry's sweep, or for good
 // if the outbox lost them; readers drop the copies of those that were
 // there. A call is reconciled rarely, so the copies cost little.
-func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to processors.Status, t statemachine.EventType, reason, detail, digest string, n int) pendingMove {
+func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to processors.Status, t statemachine.EventType, reason, detail string, res *sanitized) pendingMove {
 	ev := tmpl
 	ev.EventID = uuid.Must(uuid.NewV7()).String()
 	ev.Type, ev.Seq, ev.At, ev.Actor = t, rec.Seq+1, r.cfg.Now().UTC(), r.cfg.Owner
-	ev.Reason, ev.Detail, ev.ResultDigest, ev.ResultBytes = reason, detail, digest, n
+	ev.Reason, ev.Detail = reason, detail
+	var result []byte
+	if res != nil {
+		ev.ResultDigest, ev.ResultBytes, ev.ErrorCode, result = res.digest, res.bytes, res.code, res.stored
+	}
 	ev.ExpiresAt = nil
 	// The outbox and the events appended are the same: what the record
 	// held, then the new event.
@@ -1260,7 +1279,7 @@ func (r *Reconciler) settle(rec processors.Record, tmpl ledger.Event, to process
 	outbox, _ := ledger.EncodeEvents(evs)
 	return pendingMove{
 		base: rec.LoggedSeq,
-		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, FromUndoMarks: rec.UndoMarks, To: to, Seq: rec.Seq + 1, Outbox: outbox},
+		move: processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, FromUndoMarks: rec.UndoMarks, To: to, Seq: rec.Seq + 1, Outbox: outbox, Result: result},
 		evs:  evs,
 	}
 }
@@ -1423,7 +1442,7 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	if as == processors.StatusFailed {
 		t = statemachine.EventFailed
 	}
-	m := r.settle(rec, tmpl, as, t, ReasonResolvedByOperator, evidence, "", 0)
+	m := r.settle(rec, tmpl, as, t, ReasonResolvedByOperator, evidence, nil)
 	m.move.From = rec.Status
 	m.by("operator:" + operator.User)
 	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})

@@ -3,6 +3,9 @@ package executor_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -139,12 +142,14 @@ func TestReconcileResponseLostAfterEffect(t *testing.T) {
 	}
 }
 
-// A call whose result is masked (its tool's registry entry hides a
-// field) is reconciled succeeded without the digest and size of the
-// lookup's answer, which holds the result unmasked: they would confirm a
-// guess of the hidden value to whoever reads the events. An unmasked
-// one's are kept.
-func TestReconcileKeepsNoDigestOfAMaskedAnswer(t *testing.T) {
+// A call reconciled succeeded keeps the result its tool's status lookup
+// answered, made safe as the executor makes a tool's answer: masked
+// where the call's masks say (here its registry entry's), the event's
+// digest then of the masked result, never of the answer as it came,
+// which would confirm a guess of the hidden value to whoever reads the
+// events. Before, it kept no result, and a masked call's event carried
+// the digest of the unmasked lookup answer.
+func TestReconcileKeepsTheLookupsResult(t *testing.T) {
 	for _, masked := range []bool{false, true} {
 		reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
 			if masked {
@@ -152,13 +157,33 @@ func TestReconcileKeepsNoDigestOfAMaskedAnswer(t *testing.T) {
 			}
 		})
 		r := newRigWith(t, reg, demobackend.Config{})
-		evs := r.reconcileAll(r.reconciler(), r.unknownLostResponse("lost-masked"))
+		evs := r.reconcileAll(r.reconciler(), r.unknownLostResponse("lost-result"))
 		last := evs[len(evs)-1]
 		if last.Type != statemachine.EventSucceeded || last.Reason != executor.ReasonReconciled {
 			t.Fatalf("masked %v: reconciled %v; want it to end succeeded", masked, summary(evs))
 		}
-		if got := last.ResultDigest != "" || last.ResultBytes != 0; got == masked {
-			t.Errorf("masked %v: succeeded with the lookup's digest %q and size %d; want them only unmasked", masked, last.ResultDigest, last.ResultBytes)
+		var effs []demobackend.Effect // applied, not the replays of the executor's retries
+		for _, e := range r.backend.Effects() {
+			if !e.Replay {
+				effs = append(effs, e)
+			}
+		}
+		var answer struct {
+			TicketID string `json:"ticket_id"`
+		}
+		if len(effs) != 1 || json.Unmarshal(effs[0].Result, &answer) != nil || answer.TicketID == "" {
+			t.Fatalf("masked %v: effects %+v; want one applied, its answer with a ticket id", masked, effs)
+		}
+		rec, err := r.store.Get(t.Context(), last.Key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kept := strings.Contains(string(rec.Result), `"ticket_id":"`+answer.TicketID+`"`); kept == masked || !strings.Contains(string(rec.Result), `"content"`) {
+			t.Errorf("masked %v: stored result %s; want the lookup's result, its ticket id shown %v", masked, rec.Result, !masked)
+		}
+		raw := sha256.Sum256(effs[0].Result)
+		if got := last.ResultDigest == "sha256:"+hex.EncodeToString(raw[:]); got == masked || last.ResultDigest == "" {
+			t.Errorf("masked %v: succeeded with digest %q; want one, of the result as the tool gave it only unmasked", masked, last.ResultDigest)
 		}
 	}
 }

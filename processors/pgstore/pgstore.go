@@ -1244,12 +1244,13 @@ RETURNING u.ord`),
 		// keys of one statement are distinct (Move sends a key's second
 		// move in a second statement, which sees the first's write), so
 		// UPDATE ... FROM never has two candidate rows for one record.
-		// logged_seq, epoch, the lease, attempt, result and undo_marks
-		// stay as they are. "to" is reserved: to_status.
+		// logged_seq, epoch, the lease, attempt and undo_marks stay as
+		// they are, and the result unless the move carries one (a NULL
+		// element otherwise). "to" is reserved: to_status.
 		move: r.Replace(`UPDATE {table} AS r
-SET status = u.to_status, seq = u.seq, outbox = u.outbox, updated_at = now()
-FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BYTEA[], $8::BIGINT[], $9::BIGINT[])
-     AS u (t, k, from_status, from_seq, to_status, seq, outbox, ord, from_undo_marks)
+SET status = u.to_status, seq = u.seq, outbox = u.outbox, result = COALESCE(u.result, r.result), updated_at = now()
+FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BYTEA[], $8::BIGINT[], $9::BIGINT[], $10::BYTEA[])
+     AS u (t, k, from_status, from_seq, to_status, seq, outbox, ord, from_undo_marks, result)
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k
   AND r.status = u.from_status AND r.seq = u.from_seq AND r.undo_marks = u.from_undo_marks
 RETURNING u.ord`),
@@ -1900,7 +1901,7 @@ func appliedOf(n int, done []int64) []bool {
 type moveRound struct {
 	ts, ks, froms, tos                  []string
 	fromSeqs, seqs, ords, fromUndoMarks []int64
-	outboxes                            [][]byte
+	outboxes, results                   [][]byte
 }
 
 // Move implements processors.Store. The batch is split into rounds, the
@@ -1929,12 +1930,13 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		r.fromSeqs, r.seqs, r.ords = append(r.fromSeqs, m.FromSeq), append(r.seqs, m.Seq), append(r.ords, int64(i))
 		r.fromUndoMarks = append(r.fromUndoMarks, m.FromUndoMarks)
 		r.outboxes = append(r.outboxes, packOutbox(m.Outbox, s.packMin))
+		r.results = append(r.results, m.Result)
 	}
 	var applied []bool
 	err := s.inTx(ctx, "move", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		for _, r := range rounds {
-			b.Queue(s.q.move, r.ts, r.ks, r.froms, r.fromSeqs, r.tos, r.seqs, r.outboxes, r.ords, r.fromUndoMarks)
+			b.Queue(s.q.move, r.ts, r.ks, r.froms, r.fromSeqs, r.tos, r.seqs, r.outboxes, r.ords, r.fromUndoMarks, r.results)
 		}
 		br := tx.SendBatch(ctx, b)
 		applied = make([]bool, len(ms))

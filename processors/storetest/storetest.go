@@ -109,6 +109,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"Move/Invalid", testMoveInvalid},
 		{"Move/IntraBatch", testMoveIntraBatch},
 		{"Move/BatchOrder", testMoveBatchOrder},
+		{"Move/Result", testMoveResult},
 		{"ByStatus/OrderAndLimit", testByStatusOrderAndLimit},
 		{"ByStatus/Follows", testByStatusFollows},
 		{"TenantByStatus", testTenantByStatus},
@@ -1780,6 +1781,30 @@ func testMoveNotApplied(t *testing.T, s processors.Store) {
 	})
 }
 
+// testMoveResult: a move to succeeded that carries a result (a call the
+// reconciler settles on its status lookup's answer) replaces the record's
+// result; one without leaves it as it was, and so does every batch
+// mixing both.
+func testMoveResult(t *testing.T, s processors.Store) {
+	with, without := key("move-result:with"), key("move-result:without")
+	var before processors.Record
+	for _, k := range []ledger.CallKey{with, without} {
+		before = completeUnlogged(t, s, k, processors.StatusOutcomeUnknown)
+	}
+	m := func(k ledger.CallKey, result []byte) processors.Move {
+		return processors.Move{Key: k, From: processors.StatusOutcomeUnknown, FromSeq: before.Seq, FromUndoMarks: before.UndoMarks,
+			To: processors.StatusSucceeded, Seq: before.Seq + 1, Outbox: []byte(`[{"seq":5}]`), Result: result}
+	}
+	if applied := mustMove(t, s, m(with, []byte(`{"ticket_id":"tk_1"}`)), m(without, nil)); !applied[0] || !applied[1] {
+		t.Fatalf("Move to succeeded applied = %v; want both", applied)
+	}
+	for k, want := range map[ledger.CallKey]string{with: `{"ticket_id":"tk_1"}`, without: `{"ok":true}`} {
+		if got := mustGet(t, s, k); got.Status != processors.StatusSucceeded || string(got.Result) != want {
+			t.Errorf("Get(%v) after Move = %s, result %s; want succeeded, result %s", k, got.Status, got.Result, want)
+		}
+	}
+}
+
 // testMoveInvalid: moves no store may apply are refused as the data's
 // fault, the whole batch with them, whatever the record's state.
 func testMoveInvalid(t *testing.T, s processors.Store) {
@@ -1801,6 +1826,7 @@ func testMoveInvalid(t *testing.T, s processors.Store) {
 		{"from rejected", func(m *processors.Move) { m.From, m.To = processors.StatusRejected, processors.StatusExpired }},
 		{"seq unchanged", func(m *processors.Move) { m.Seq = m.FromSeq }},
 		{"seq behind", func(m *processors.Move) { m.Seq = m.FromSeq - 1 }},
+		{"a result, not to succeeded", func(m *processors.Move) { m.Result = []byte(`{"x":1}`) }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
