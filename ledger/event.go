@@ -170,7 +170,7 @@ func (e *Event) Refusal() bool { return e.Seq == 0 }
 // Refusing returns the event in evs, the events a submission was answered
 // with (the intake's answer to a call the ledger makes for an operator: a
 // compensation), that refuses the call: denied (a refused submission,
-// seq 0, nothing recorded, so the same key may be asked again; or the call
+// seq 0: the key not used, so it may be asked again; or the call
 // denied), or rejected. ok is false when the call goes on (authorized, held
 // for an approval), and for an empty answer (a retry the log already has).
 func Refusing(evs []Event) (e Event, ok bool) {
@@ -198,7 +198,7 @@ func RefusalText(e Event) string {
 	case e.RetryAfterMS > 0:
 		out += fmt.Sprintf("; it may pass if asked again in %s", time.Duration(e.RetryAfterMS)*time.Millisecond)
 	case e.Refusal():
-		out += "; nothing was recorded, so it may be asked again once the cause is gone"
+		out += "; its key was not used, so it may be asked again once the cause is gone"
 	}
 	return out
 }

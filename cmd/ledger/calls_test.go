@@ -68,7 +68,7 @@ func TestCallsCompensateRefused(t *testing.T) {
 		`{"compensation_key":"t_a/k1:compensate","events":[{"type":"denied","seq":0,"reason":"tool_frozen","detail":"cancel_refund is frozen"}]}`)
 	args := []string{"calls", "compensate", "k1", "--api", srv.URL, "--assertion", "tok", "--call-tenant", "t_a", "--reason", "r"}
 	err := cliErr(t, args...)
-	if want := "compensation t_a/k1:compensate refused: denied (tool_frozen): cancel_refund is frozen; nothing was recorded"; err == nil || !strings.Contains(err.Error(), want) {
+	if want := "compensation t_a/k1:compensate refused: denied (tool_frozen): cancel_refund is frozen; its key was not used"; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("calls compensate of a refused compensation = %v; want an error with %q", err, want)
 	}
 	// --json prints the answer, and fails all the same.

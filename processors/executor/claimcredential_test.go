@@ -2,9 +2,11 @@ package executor_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -313,5 +315,47 @@ func TestCredentialRenewedForAnAttemptItWouldNotOutlast(t *testing.T) {
 	}
 	if want := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch()); evs[1].CredentialFamily != want {
 		t.Errorf("family %q; want %q", evs[1].CredentialFamily, want)
+	}
+}
+
+// A tool that echoes its request's headers into its answer, and replays a
+// key's first answer to its retries, hands back the credential's earlier
+// token after a renewal: the result is kept without content (code
+// result_holds_secret), as it is for the token sent last. Before, only
+// the token sent last was looked for, and the earlier one, still valid
+// for a while, was stored where the agent reads it.
+func TestResultHoldingARenewedCredentialsEarlierTokenIsWithheld(t *testing.T) {
+	reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+		entry["timeout_ms"] = 200_000
+	})
+	r := newRigWith(t, reg, demobackend.Config{})
+	var skip atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
+	broker, err := credentials.New(credentials.Config{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent []string
+	var first []byte // the key's answer, as the tool stored it
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		sent = append(sent, req.Header.Get("Authorization"))
+		if first == nil {
+			first, _ = json.Marshal(map[string]any{"ticket_id": "tk_1", "debug": map[string]string{"authorization": req.Header.Get("Authorization")}})
+			skip.Store(int64(6 * time.Minute)) // past the credential's life
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(first) // the key's answer, replayed
+	}))
+	t.Cleanup(echo.Close)
+	r.url = echo.URL
+	auth := r.admit("create_ticket", "renew-echo", map[string]any{"title": "t"}, 0)
+	rec := succeededWith(t, r, r.executor(func(c *executor.Config) { c.Credentials, c.Now = broker, clock }), auth, executor.CodeResultHoldsSecret)
+	if len(sent) != 2 || sent[0] == sent[1] {
+		t.Fatalf("requests sent %d, the same token twice %v; want 2, the second renewed", len(sent), len(sent) == 2 && sent[0] == sent[1])
+	}
+	if strings.Contains(string(rec.Result), "content") || strings.Contains(string(rec.Result), "eyJ") {
+		t.Errorf("stored result %s; want it without its content", rec.Result)
 	}
 }

@@ -1700,6 +1700,9 @@ func (x *Executor) renewCredential(c *completion, sec *secrets, timeout time.Dur
 	if !cred.ExpiresAt.After(c.expires) {
 		return // the lease ends no later: the one minted serves as well
 	}
+	// The token sent so far stays a secret: a tool replaying an earlier
+	// attempt's answer may echo it.
+	sec.earlier = append(sec.earlier, sec.bearer)
 	sec.bearer, c.issued, c.expires = cred.Token, cred.IssuedAt, cred.ExpiresAt
 }
 
@@ -1927,15 +1930,33 @@ type refusal struct {
 // bulkhead and the tenant's breaker for the tool. The breaker wraps the
 // deadline, so a timeout counts against the tool, for this tenant.
 // secrets are what an attempt sends that must never be kept: the call's
-// credential and the backend's secret.
-type secrets struct{ bearer, backend string }
+// credential and the backend's secret, and the tokens of the credential
+// sent before it was renewed (renewCredential): a tool that replays a
+// key's answer may echo an earlier attempt's.
+type secrets struct {
+	bearer, backend string
+	earlier         []string
+}
+
+// inString reports whether v holds a secret.
+func (s secrets) inString(v string) bool {
+	if s.bearer != "" && strings.Contains(v, s.bearer) || s.backend != "" && strings.Contains(v, s.backend) {
+		return true
+	}
+	for _, x := range s.earlier {
+		if strings.Contains(v, x) {
+			return true
+		}
+	}
+	return false
+}
 
 // inTree reports whether a string (or key) of v, a tree as ledger.Decode
-// returns it, holds either secret.
+// returns it, holds a secret.
 func (s secrets) inTree(v any) bool {
 	switch v := v.(type) {
 	case string:
-		return (s.bearer != "" && strings.Contains(v, s.bearer)) || (s.backend != "" && strings.Contains(v, s.backend))
+		return s.inString(v)
 	case []any:
 		for _, e := range v {
 			if s.inTree(e) {
@@ -1952,9 +1973,9 @@ func (s secrets) inTree(v any) bool {
 	return false
 }
 
-// in reports whether p or q holds either secret.
+// in reports whether p or q holds a secret.
 func (s secrets) in(p, q []byte) bool {
-	for _, x := range [2]string{s.bearer, s.backend} {
+	for _, x := range append([]string{s.bearer, s.backend}, s.earlier...) {
 		if x == "" {
 			continue
 		}

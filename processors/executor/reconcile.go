@@ -660,7 +660,7 @@ attempts:
 		if n > 0 {
 			time.Sleep(r.cfg.Backoff << (n - 1))
 		}
-		resp, sent, err := r.lookup(ctx, g, tool, target, rec, secrets{bearer, sec})
+		resp, sent, err := r.lookup(ctx, g, tool, target, rec, secrets{bearer: bearer, backend: sec})
 		var he *httptool.Error
 		switch {
 		case errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests):
@@ -673,7 +673,7 @@ attempts:
 		case err == nil && lookupState(resp) == "applied":
 			r.answered(rec.Key)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
-				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer, sec})), true, nil
+				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer: bearer, backend: sec})), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp) == "not_found":
 			r.answered(rec.Key)
 			// Not found is final only if the lookup was sent once the
@@ -901,8 +901,7 @@ func (r *Reconciler) requestUndo(ctx context.Context, key ledger.CallKey, reason
 	system := identity.Identity{User: ReconcilerUser, Agent: r.cfg.Owner, Tenant: key.TenantID, Roles: []string{r.cfg.OperatorRole}}
 	_, evs, err := r.cfg.Compensator.Compensate(ctx, system, key, reason)
 	lasting := err != nil && lastingErr(err)
-	if err == nil && refused(evs) {
-		last := evs[len(evs)-1]
+	if last, refused := ledger.Refusing(evs); err == nil && refused {
 		err = fmt.Errorf("%s (%s)", last.Reason, last.Detail)
 		lasting = !passingRefusal(last)
 	}
@@ -1106,15 +1105,6 @@ func lastingErr(err error) bool {
 // policy's denial, recorded under the key; a check of the call) stands.
 func passingRefusal(ev ledger.Event) bool {
 	return ev.Refusal() && (ev.RetryAfterMS > 0 || ev.Reason == ReasonToolFrozen)
-}
-
-// refused reports whether a compensation's first events refuse it.
-func refused(evs []ledger.Event) bool {
-	if len(evs) == 0 {
-		return false // asked for before; it is under way or done
-	}
-	last := evs[len(evs)-1]
-	return last.Refusal() || last.Type == statemachine.EventDenied
 }
 
 // failed notes that k's lookups failed (or were held off) in a round that

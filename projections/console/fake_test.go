@@ -627,7 +627,12 @@ func (b *browser) do(method, target string, form url.Values, header http.Header)
 	for k, vs := range header {
 		r.Header[k] = vs
 	}
-	for _, ck := range b.cookies {
+	for name, ck := range b.cookies {
+		if !ck.Expires.IsZero() && !ck.Expires.After(b.fx.clock()) {
+			// Expired on the console's clock: a browser sends it no more.
+			delete(b.cookies, name)
+			continue
+		}
 		r.AddCookie(&http.Cookie{Name: ck.Name, Value: ck.Value})
 	}
 	w := httptest.NewRecorder()

@@ -462,7 +462,11 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, assertion strin
 		return
 	}
 	c.cfg.Logger.Info("console sign-in", "user", id.User, "tenant", id.Tenant, "roles", strings.Join(id.Roles, ","), "expires", id.Expires)
-	c.setSessionCookie(w, r, raw, id.Expires)
+	// The cookie outlives the session by endedFlashFor: the server ends
+	// the session at the assertion's expiry, and a browser still naming
+	// it then is told that it ended, with its last report (popEnded),
+	// rather than sent to a blank sign-in.
+	c.setSessionCookie(w, r, raw, id.Expires.Add(endedFlashFor))
 	c.clearCookie(w, r, loginCookieName, "/login")
 	c.sessions.setFlash(s, flash{OK: true, Text: "Signed in as " + id.User + " (tenant " + id.Tenant + ") until " + fmtTime(id.Expires) + "."})
 	http.Redirect(w, r, "/approvals", http.StatusSeeOther)
