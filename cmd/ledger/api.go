@@ -100,10 +100,10 @@ person's assertion.`,
 			if agentsAudience == idf.audience {
 				// Then an agent's assertion for a user who is an operator
 				// would open the console and the operators' APIs.
-				return fmt.Errorf("--agents-audience %q is the staff's --audience: the agents' assertions must name another", agentsAudience)
+				return fmt.Errorf("--agents-audience %q is the staff's --staff-audience: the agents' assertions must name another", agentsAudience)
 			}
 			agentsTrust := idf
-			agentsTrust.audience = agentsAudience
+			agentsTrust.audience, agentsTrust.staff = agentsAudience, false
 			// Its own bound, not the console sessions' (which operators
 			// may raise): the intake's --max-assertion-lifetime.
 			agentsTrust.maxLifetime = agentsMaxLifetime

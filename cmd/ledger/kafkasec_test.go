@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -206,24 +209,41 @@ func TestBenchNodeKafkaEnv(t *testing.T) {
 }
 
 // The commands staff call (the api, the approval queue, the reconciler's
-// operators' APIs, the projector's queries) default --audience to the
-// staff's, as a flag's default, so that LEDGER_AUDIENCE and the
-// configuration reference read as for any flag; the intake's stays the
-// agents'. Before, those commands replaced the agents' default at run
-// time unless the flag was given, which ignored LEDGER_AUDIENCE.
-func TestStaffCommandsAudienceDefault(t *testing.T) {
+// operators' APIs, the projector's queries) take their callers' audience
+// from --staff-audience (LEDGER_STAFF_AUDIENCE), the staff's by default,
+// and have no --audience, which is the intake's, the agents': one
+// LEDGER_AUDIENCE that every role's configuration shares gave both the
+// same audience, and an agent's assertion for a user who approves could
+// approve. A staff audience empty or the agents' default is refused.
+func TestStaffCommandsAudience(t *testing.T) {
 	root := newRoot()
 	for _, path := range [][]string{{"api"}, {"approvals", "serve"}, {"reconciler"}, {"projector"}, {"intake"}} {
 		cmd, _, err := root.Find(path)
 		if err != nil {
 			t.Fatalf("%v: %v", path, err)
 		}
-		want := identity.ApproverAudience
+		flag, want, other := "staff-audience", identity.ApproverAudience, "audience"
 		if path[0] == "intake" {
-			want = identity.DefaultAudience
+			flag, want, other = "audience", identity.DefaultAudience, "staff-audience"
 		}
-		if f := cmd.Flags().Lookup("audience"); f == nil || f.DefValue != want {
-			t.Errorf("ledger %s --audience: %+v; want the default %s", strings.Join(path, " "), f, want)
+		if f := cmd.Flags().Lookup(flag); f == nil || f.DefValue != want {
+			t.Errorf("ledger %s --%s: %+v; want the default %s", strings.Join(path, " "), flag, f, want)
 		}
+		if cmd.Flags().Lookup(other) != nil {
+			t.Errorf("ledger %s has --%s; want only --%s", strings.Join(path, " "), other, flag)
+		}
+	}
+	jwks := filepath.Join(t.TempDir(), "jwks.json")
+	if err := os.WriteFile(jwks, []byte(`{"keys":[]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, aud := range []string{"", identity.DefaultAudience} {
+		f := identityFlags{issuer: DevIssuer, jwksFile: jwks, audience: aud, maxLifetime: time.Hour, staff: true}
+		if _, err := f.verifier(t.Context(), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--staff-audience") {
+			t.Errorf("staff verifier with audience %q = %v; want refused, naming --staff-audience", aud, err)
+		}
+	}
+	if _, err := (&identityFlags{issuer: DevIssuer, jwksFile: jwks, maxLifetime: time.Hour}).verifier(t.Context(), slog.New(slog.DiscardHandler)); err == nil {
+		t.Errorf("intake verifier with an empty --audience started; want refused")
 	}
 }

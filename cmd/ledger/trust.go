@@ -35,23 +35,30 @@ type identityFlags struct {
 	jwksURL  string
 	// maxLifetime is identity.Config.MaxLifetime.
 	maxLifetime time.Duration
+	// staff: the callers are approvers and operators (registerStaff).
+	staff bool
 }
 
 func (f *identityFlags) register(fs *pflag.FlagSet) {
-	f.registerFor(fs, identity.DefaultAudience, "the audience assertions must name")
+	f.registerFor(fs, "audience", identity.DefaultAudience, "the audience assertions must name")
 }
 
 // registerStaff registers the flags of a command whose callers are staff
 // (approvers, operators): the same, their assertions' audience
-// identity.ApproverAudience by default, so that an agent's assertion is
-// not one of theirs.
+// --staff-audience (LEDGER_STAFF_AUDIENCE), identity.ApproverAudience by
+// default, so that an agent's assertion is not one of theirs. A flag of
+// its own, not the intake's --audience: one LEDGER_AUDIENCE in a
+// configuration every role shares would give the staff the agents'
+// audience, and an agent's assertion for a user who approves would
+// approve.
 func (f *identityFlags) registerStaff(fs *pflag.FlagSet) {
-	f.registerFor(fs, identity.ApproverAudience, "the audience the approvers' and operators' assertions must name")
+	f.staff = true
+	f.registerFor(fs, "staff-audience", identity.ApproverAudience, "the audience the approvers' and operators' assertions must name; never the agents' (the intake's --audience)")
 }
 
-func (f *identityFlags) registerFor(fs *pflag.FlagSet, audience, audienceUsage string) {
+func (f *identityFlags) registerFor(fs *pflag.FlagSet, audienceFlag, audience, audienceUsage string) {
 	fs.StringVar(&f.issuer, "issuer", "", "the identity provider whose assertions the intake trusts (its iss)")
-	fs.StringVar(&f.audience, "audience", audience, audienceUsage)
+	fs.StringVar(&f.audience, audienceFlag, audience, audienceUsage)
 	fs.StringVar(&f.jwksFile, "jwks-file", "", "the issuer's public keys (JWKS) in a file, re-read every 5 min, early (at most once a minute) on an unknown kid")
 	fs.StringVar(&f.jwksURL, "jwks-url", "", "the issuer's public keys (JWKS) at an https URL, cached and refreshed")
 	fs.DurationVar(&f.maxLifetime, "max-assertion-lifetime", identity.DefaultMaxLifetime, fmt.Sprintf("the longest an assertion may be valid: one whose exp is further than this from now (plus %s of clock skew), or from its iat, is refused (assertion_lifetime_too_long); at most %gh", identity.DefaultSkew, identity.MaxMaxLifetime.Hours()))
@@ -65,6 +72,13 @@ func (f *identityFlags) verifier(ctx context.Context, logger *slog.Logger) (*ide
 	// it: refuse it rather than surprise.
 	if f.maxLifetime <= 0 || f.maxLifetime > identity.MaxMaxLifetime {
 		return nil, fmt.Errorf("--max-assertion-lifetime must be more than 0 and at most %s", identity.MaxMaxLifetime)
+	}
+	// Empty would mean identity's default, the agents' audience.
+	switch {
+	case f.staff && (f.audience == "" || f.audience == identity.DefaultAudience):
+		return nil, fmt.Errorf("--staff-audience %q: the approvers' and operators' assertions must name an audience of their own, not empty and not the agents' %q, or an agent's assertion for a user who approves would approve", f.audience, identity.DefaultAudience)
+	case f.audience == "":
+		return nil, errors.New("--audience must not be empty")
 	}
 	return identity.New(ctx, identity.Config{
 		Issuer: f.issuer, Audience: f.audience, JWKSFile: f.jwksFile, JWKSURL: f.jwksURL, MaxLifetime: f.maxLifetime, Logger: logger,
