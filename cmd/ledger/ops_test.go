@@ -227,7 +227,8 @@ func wantPprof(t *testing.T, base string, served bool) {
 
 // TestOpsFlagsOnlyWhereRead: the operational flags are accepted only by
 // the roles that read them. ledger dev and the approval queue once took
-// --metrics-addr and --otlp-traces-url and ignored them.
+// --metrics-addr and --otlp-traces-url and ignored them, and the intake
+// and the reconciler, which make no spans, --otlp-traces-url.
 func TestOpsFlagsOnlyWhereRead(t *testing.T) {
 	for _, args := range [][]string{
 		{"dev", "--metrics-addr", "127.0.0.1:0"},
@@ -235,6 +236,9 @@ func TestOpsFlagsOnlyWhereRead(t *testing.T) {
 		{"approvals", "serve", "--metrics-addr", "127.0.0.1:0"},
 		{"approvals", "serve", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
 		{"approvals", "serve", "--pprof"},
+		{"intake", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
+		{"reconciler", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
+		{"outcomes", "--limit", "5", "--tenant", "t"},
 	} {
 		if err := cliErr(t, args...); err == nil || !strings.Contains(err.Error(), "unknown flag") {
 			t.Errorf("ledger %s: %v; want an unknown flag", strings.Join(args, " "), err)
@@ -262,7 +266,11 @@ func TestOpsFlagsOnlyWhereRead(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, name := range []string{"metrics-addr", "pprof", "otlp-traces-url"} {
+		names := []string{"metrics-addr", "pprof"}
+		if role == "executor" {
+			names = append(names, "otlp-traces-url")
+		}
+		for _, name := range names {
 			if cmd.Flags().Lookup(name) == nil {
 				t.Errorf("ledger %s has no --%s", role, name)
 			}

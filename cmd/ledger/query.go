@@ -169,7 +169,6 @@ func (ff *filterFlags) register(fs *pflag.FlagSet, refs bool) {
 	fs.StringVar(&ff.f.Tenant, "tenant", "", "the tenant asked about (one of --tenant and --all-tenants is required)")
 	fs.BoolVar(&ff.f.AllTenants, "all-tenants", false, "ask across every tenant (a platform operator's question)")
 	fs.StringVar(&ff.f.Tool, "tool", "", "only calls of this tool")
-	fs.IntVar(&ff.f.Limit, "limit", 0, fmt.Sprintf("list at most this many calls (default %d; counts cover all)", projections.DefaultLimit))
 	if !refs {
 		return
 	}
@@ -189,6 +188,11 @@ func (ff *filterFlags) register(fs *pflag.FlagSet, refs bool) {
 		}
 	}
 	fs.StringVar((*string)(&ff.f.State), "state", "", "only the matched calls whose state now is this one: "+strings.Join(states, ", "))
+}
+
+// registerLimit registers --limit, of a question that lists calls.
+func (ff *filterFlags) registerLimit(fs *pflag.FlagSet) {
+	fs.IntVar(&ff.f.Limit, "limit", 0, fmt.Sprintf("list at most this many calls (default %d; counts cover all)", projections.DefaultLimit))
 }
 
 func (ff *filterFlags) registerWindow(fs *pflag.FlagSet) {
@@ -220,7 +224,10 @@ type answer struct {
 
 // queryCmd is a command asking one question of the projection: ask gets
 // the filter from the flags and the queries from --clickhouse-dsn or --api.
-func queryCmd(g *globals, cmd *cobra.Command, refs, window bool, ask func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error)) *cobra.Command {
+// refs: the question may name a call's references (a jti, a policy
+// version); window: a time window; lists: it lists calls, bounded by
+// --limit.
+func queryCmd(g *globals, cmd *cobra.Command, refs, window, lists bool, ask func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error)) *cobra.Command {
 	var (
 		q  queryFlags
 		ff filterFlags
@@ -250,6 +257,9 @@ func queryCmd(g *globals, cmd *cobra.Command, refs, window bool, ask func(ctx co
 	}
 	q.register(cmd.Flags())
 	ff.register(cmd.Flags(), refs)
+	if lists {
+		ff.registerLimit(cmd.Flags())
+	}
 	if window {
 		ff.registerWindow(cmd.Flags())
 	}
@@ -265,7 +275,7 @@ func newBlastRadiusCmd(g *globals) *cobra.Command {
   ledger blast-radius --tool refund_order --tenant t_demo --since 1h
   ledger blast-radius --trace-id 4bf92f35... --tenant t_demo
   ledger blast-radius --state outcome_unknown --tool refund_order --tenant t_demo --since 24h`,
-	}, true, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
+	}, true, true, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
 		br, err := qs.BlastRadius(ctx, f)
 		a := answer{v: br,
 			table: func(w io.Writer) error { return report.BlastRadiusTable(w, br) },
@@ -295,7 +305,7 @@ func newOutcomesCmd(g *globals) *cobra.Command {
 		Short: "How many calls reached each outcome, by tool and time bucket",
 		Example: `  ledger outcomes --tenant t_demo --since 24h --bucket 5m
   ledger outcomes --all-tenants --tool refund_order --since 2h --bucket 1s`,
-	}, false, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
+	}, false, true, false, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
 		os, err := qs.Outcomes(ctx, f, bucket)
 		return answer{v: os,
 			table: func(w io.Writer) error { return report.OutcomesTable(w, os) },
@@ -309,7 +319,7 @@ func newUnresolvedCmd(g *globals) *cobra.Command {
 	return queryCmd(g, &cobra.Command{
 		Use:   "unresolved",
 		Short: "Calls waiting on someone: outcome unknown (parked or being reconciled) and pending approvals, oldest first",
-	}, false, false, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
+	}, false, false, true, func(ctx context.Context, qs projections.Queries, f projections.Filter) (answer, error) {
 		calls, err := qs.Unresolved(ctx, f)
 		a := answer{v: calls,
 			table: func(w io.Writer) error { return report.CallsTable(w, calls) },

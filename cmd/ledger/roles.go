@@ -192,14 +192,19 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 }
 
 // registerOps adds the flags of a role that run starts: its operational
-// endpoint and its spans. Commands that do not go through run (ledger
-// dev, the approval queue) leave them out rather than accept flags they
-// would ignore.
+// endpoint. Commands that do not go through run (ledger dev, the approval
+// queue) leave them out rather than accept flags they would ignore.
 func (r *roleFlags) registerOps(cmd *cobra.Command) {
 	fs := cmd.Flags()
 	fs.StringVar(&r.metricsAddr, "metrics-addr", "", "where to serve /metrics (Prometheus), /healthz (the process serves), /readyz (Kafka, the store and the processing loop answer) and /loops (the loop's time in steps and transactions), e.g. :9464; empty: not served")
 	fs.BoolVar(&r.pprof, "pprof", false, "also serve Go's runtime profiles under /debug/pprof/ on --metrics-addr (CPU, heap, allocations, goroutines: go tool pprof http://<addr>/debug/pprof/profile): off by default, because a profile shows the code's internals to whoever reaches the address and costs CPU while it is taken")
-	fs.StringVar(&r.otlpURL, "otlp-traces-url", "", "OTLP/HTTP endpoint to export spans to (the executor's per call and per tool request, in the agents' traces), e.g. http://otel-collector:4318/v1/traces; empty: no spans (tools still get a traceparent)")
+}
+
+// registerSpans adds --otlp-traces-url, of the role that makes spans: the
+// executor's. The intake and the reconciler make none, and do not take
+// it.
+func (r *roleFlags) registerSpans(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&r.otlpURL, "otlp-traces-url", "", "OTLP/HTTP endpoint to export spans to (per call and per tool request, in the agents' traces), e.g. http://otel-collector:4318/v1/traces; empty: no spans (tools still get a traceparent)")
 }
 
 // registerLoop adds the flags of a role that runs a processing loop.
@@ -514,6 +519,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 	rf.register(cmd, true)
 	rf.registerControls(cmd, "no request leaves for a tool (each waits, up to its call's deadline, then fails with code control_state_stale): every executor applies a freeze, or stops sending, within this long", true)
 	rf.registerOps(cmd)
+	rf.registerSpans(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
 	pf.register(cmd.Flags(), false)

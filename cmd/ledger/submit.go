@@ -88,16 +88,28 @@ func randomID(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
+// envelopeFlags build an envelope; --file sends its own.
+var envelopeFlags = []string{"tool", "tool-version", "args", "tenant", "user", "key", "call-id", "trace-id", "deadline", "assertion"}
+
 func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	ctx := cmd.Context()
 	out := cmd.OutOrStdout()
 	if f.retryLater < 0 {
 		return fmt.Errorf("--retry-later %d: must not be negative", f.retryLater)
 	}
-	if f.file != "" && cmd.Flags().Changed("assertion") {
-		// It was ignored: the call then went without it, or with the
-		// file's.
-		return errors.New("--assertion is for an envelope built from the flags: --file's envelope is sent as is, with its own assertion")
+	if f.file != "" {
+		// Each was ignored: the call then went as the file has it (its
+		// key, its deadline, its assertion), and a --wait could print
+		// an earlier call's outcome under the file's key.
+		var given []string
+		for _, name := range envelopeFlags {
+			if cmd.Flags().Changed(name) {
+				given = append(given, "--"+name)
+			}
+		}
+		if len(given) > 0 {
+			return fmt.Errorf("%s: for an envelope built from the flags; --file's envelope is sent as is, with its own", strings.Join(given, ", "))
+		}
 	}
 	var body []byte
 	var key ledger.CallKey

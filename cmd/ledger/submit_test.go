@@ -111,8 +111,15 @@ func TestSubmitWithoutAnAssertionPublishesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = cliErr(t, append(roleArgs(cc, topics), "submit", "--file", file, "--assertion", "a.b.c")...)
-	if err == nil || !strings.Contains(err.Error(), "--assertion is for an envelope built from the flags") {
+	if err == nil || !strings.Contains(err.Error(), "--assertion: for an envelope built from the flags") {
 		t.Errorf("submit --file --assertion: %v; want it refused, saying --file's envelope is sent as is", err)
+	}
+	// So is every other flag that builds an envelope: the call went with
+	// the file's key and deadline, and --wait could print an earlier
+	// call's outcome under that key.
+	err = cliErr(t, append(roleArgs(cc, topics), "submit", "--file", file, "--key", "retry-2", "--deadline", "15m")...)
+	if err == nil || !strings.Contains(err.Error(), "--key, --deadline: for an envelope built from the flags") {
+		t.Errorf("submit --file --key --deadline: %v; want both refused", err)
 	}
 	cl, err := ledger.NewClient(cc)
 	if err != nil {
