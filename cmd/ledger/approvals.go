@@ -178,16 +178,24 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 				return printJSON(cmd, raw)
 			}
 			var as []approvalView
+			var more bool
 			if err := json.Unmarshal(raw, &as); err != nil {
 				var wrapped struct {
 					Approvals []approvalView `json:"approvals"`
+					More      bool           `json:"more"`
 				}
 				if err := json.Unmarshal(raw, &wrapped); err != nil {
 					return err
 				}
-				as = wrapped.Approvals
+				as, more = wrapped.Approvals, wrapped.More
 			}
-			return approvalsTable(cmd.OutOrStdout(), as, time.Now())
+			if err := approvalsTable(cmd.OutOrStdout(), as, time.Now()); err != nil {
+				return err
+			}
+			if more {
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: listed %d approvals, where the service stops: more are %s (the oldest pending are first, the newest decided)\n", len(as), cmp.Or(state, "pending"))
+			}
+			return nil
 		},
 	}
 	list.Flags().StringVar(&state, "state", "pending", "pending (oldest first), rejected or expired (newest first)")

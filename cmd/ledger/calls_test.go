@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -79,6 +80,18 @@ func TestCallsCompensateRefused(t *testing.T) {
 	root.SetErr(io.Discard)
 	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(out.String(), `"tool_frozen"`) {
 		t.Errorf("calls compensate --json of a refused compensation = %v, printed %q; want the answer printed, and an error", err, out.String())
+	}
+}
+
+// ledger approvals list warns, on stderr, when the service's list stopped
+// at its bound: it printed the oldest 1,000 as if they were the queue.
+func TestApprovalsListSaysWhenCut(t *testing.T) {
+	for _, more := range []bool{false, true} {
+		srv := answeringWith(t, http.MethodGet, "/v1/approvals", http.StatusOK, fmt.Sprintf(`{"approvals":[],"more":%v}`, more))
+		_, stderr := cliSplit(t, "approvals", "list", "--api", srv.URL, "--assertion", "tok")
+		if got := strings.Contains(stderr, "warning: listed 0 approvals, where the service stops: more are pending"); got != more {
+			t.Errorf("approvals list, more %v: stderr %q", more, stderr)
+		}
 	}
 }
 

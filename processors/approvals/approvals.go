@@ -314,10 +314,13 @@ func (s *Service) isApprover(id identity.Identity) bool {
 // would hide every later one. "pending", "rejected" and "expired" are served;
 // "approved" wraps ErrUnsupported (approved calls move on through the
 // executor and are better found in the call index); anything else wraps
-// ErrInvalidRequest.
-func (s *Service) List(ctx context.Context, approver identity.Identity, state string) ([]Approval, error) {
+// ErrInvalidRequest. more says the list stopped at its bound
+// (Config.ListLimit approvals, or records read) with approvals maybe left
+// out: a queue longer than that shows its oldest, and the approver must
+// be told that others wait.
+func (s *Service) List(ctx context.Context, approver identity.Identity, state string) (_ []Approval, more bool, _ error) {
 	if !s.isApprover(approver) {
-		return nil, ErrNotApprover
+		return nil, false, ErrNotApprover
 	}
 	var status processors.Status
 	switch State(state) {
@@ -328,9 +331,9 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 	case StateExpired:
 		status = processors.StatusExpired
 	case StateApproved:
-		return nil, fmt.Errorf("%w: listing approved approvals", ErrUnsupported)
+		return nil, false, fmt.Errorf("%w: listing approved approvals", ErrUnsupported)
 	default:
-		return nil, fmt.Errorf("%w: unknown state %q", ErrInvalidRequest, state)
+		return nil, false, fmt.Errorf("%w: unknown state %q", ErrInvalidRequest, state)
 	}
 	// The tenant's own, so that another tenant's queue, however long,
 	// does not hide it.
@@ -345,7 +348,7 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 			recs, err = s.cfg.Store.TenantLatestByStatus(ctx, approver.Tenant, status, before, s.cfg.ListLimit)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("approvals: list %s: %w", status, err)
+			return nil, false, fmt.Errorf("approvals: list %s: %w", status, err)
 		}
 		for _, rec := range recs {
 			if rec.Key.TenantID != approver.Tenant {
@@ -365,12 +368,14 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 				a := f.approval
 				a.Preview.Arguments = nil
 				if out = append(out, a); len(out) == s.cfg.ListLimit {
-					return out, nil
+					return out, true, nil
 				}
 			}
 		}
 		if status == processors.StatusPending || len(recs) < s.cfg.ListLimit || page == ListPages {
-			return out, nil
+			// A full page unread past: records (approvals among them,
+			// maybe) were left.
+			return out, len(recs) == s.cfg.ListLimit, nil
 		}
 		before = recs[len(recs)-1].Cursor()
 	}

@@ -230,7 +230,7 @@ func (f *fixture) refunds(prefix string, n int) []string {
 // listedIDs is the ids of the approvals svc lists to boss in state.
 func listedIDs(t *testing.T, svc *approvals.Service, state string) []string {
 	t.Helper()
-	list, err := svc.List(t.Context(), boss, state)
+	list, _, err := svc.List(t.Context(), boss, state)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +291,7 @@ func TestApprove(t *testing.T) {
 	k, intakeEvs := f.refund("r-1")
 	pendingEv := intakeEvs[1]
 
-	list, err := f.svc.List(t.Context(), boss, "")
+	list, _, err := f.svc.List(t.Context(), boss, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestApprove(t *testing.T) {
 	if c.State != statemachine.StateAuthorized || c.ApprovalID != a.ID || !c.ApprovalExpiresAt.Equal(exp) {
 		t.Errorf("folded call %s, approval %q until %v; want authorized, %q until %v", c.State, c.ApprovalID, c.ApprovalExpiresAt, a.ID, exp)
 	}
-	if list, _ := f.svc.List(t.Context(), boss, "pending"); len(list) != 0 {
+	if list, _, _ := f.svc.List(t.Context(), boss, "pending"); len(list) != 0 {
 		t.Errorf("a decided approval is still listed as pending: %v", list)
 	}
 }
@@ -406,7 +406,7 @@ func TestReject(t *testing.T) {
 	if _, err := f.svc.Approve(t.Context(), boss, id, a.ArgumentsHash); !errors.Is(err, approvals.ErrNotPending) {
 		t.Errorf("approve after reject: %v; want ErrNotPending", err)
 	}
-	list, err := f.svc.List(t.Context(), boss, "rejected")
+	list, _, err := f.svc.List(t.Context(), boss, "rejected")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +520,7 @@ func TestRejectedByAnOperator(t *testing.T) {
 	if got.State != approvals.StateRejected || got.DecidedBy != "operator:u_ops" || got.Reason != "the operator kept the success" {
 		t.Errorf("rejected: %s by %q (%q); want rejected by operator:u_ops (the operator kept the success)", got.State, got.DecidedBy, got.Reason)
 	}
-	list, err := f.svc.List(t.Context(), boss, string(approvals.StateRejected))
+	list, _, err := f.svc.List(t.Context(), boss, string(approvals.StateRejected))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,7 +545,7 @@ func TestDecisionRefused(t *testing.T) {
 			return err
 		}, approvals.ErrNotApprover},
 		{"not an approver lists", func(f *fixture, k ledger.CallKey) error {
-			_, err := f.svc.List(t.Context(), plainUser, "")
+			_, _, err := f.svc.List(t.Context(), plainUser, "")
 			return err
 		}, approvals.ErrNotApprover},
 		{"other tenant's approver", func(f *fixture, k ledger.CallKey) error {
@@ -612,11 +612,11 @@ func TestDecisionRefused(t *testing.T) {
 			return err
 		}, approvals.ErrNotFound},
 		{"list approved", func(f *fixture, k ledger.CallKey) error {
-			_, err := f.svc.List(t.Context(), boss, "approved")
+			_, _, err := f.svc.List(t.Context(), boss, "approved")
 			return err
 		}, approvals.ErrUnsupported},
 		{"list nonsense", func(f *fixture, k ledger.CallKey) error {
-			_, err := f.svc.List(t.Context(), boss, "maybe")
+			_, _, err := f.svc.List(t.Context(), boss, "maybe")
 			return err
 		}, approvals.ErrInvalidRequest},
 	}
@@ -785,7 +785,7 @@ func TestExpireDueOnceWithTwoTimers(t *testing.T) {
 	if got, err := second.ExpireDue(t.Context()); err != nil || got != 0 {
 		t.Errorf("ExpireDue again: %d, %v; want 0", got, err)
 	}
-	list, err := f.svc.List(t.Context(), boss, "expired")
+	list, _, err := f.svc.List(t.Context(), boss, "expired")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1043,12 +1043,30 @@ func TestListNotHiddenByAnotherTenant(t *testing.T) {
 	}
 	k, _ := f.refund("a-1")
 	svc := f.service(func(c *approvals.Config) { c.ListLimit = 3 })
-	list, err := svc.List(t.Context(), boss, "")
+	list, _, err := svc.List(t.Context(), boss, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(list) != 1 || list[0].ID != approvals.ID(k) {
 		t.Errorf("List for t_a behind 3 of t_b's with ListLimit 3 = %+v; want t_a's one approval", list)
+	}
+}
+
+// A list that stops at its bound says so (more): a longer queue shows its
+// oldest, and the approver must learn that others wait. One within it
+// does not.
+func TestListSaysWhenItStopsAtItsBound(t *testing.T) {
+	f := newFixture(t)
+	f.refunds("queue", 3)
+	for limit, want := range map[int]bool{2: true, 5: false} {
+		svc := f.service(func(c *approvals.Config) { c.ListLimit = limit })
+		list, more, err := svc.List(t.Context(), boss, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != min(3, limit) || more != want {
+			t.Errorf("ListLimit %d over 3 pending: %d listed, more %v; want %d, more %v", limit, len(list), more, min(3, limit), want)
+		}
 	}
 }
 

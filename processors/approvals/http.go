@@ -44,6 +44,9 @@ type RejectRequest struct {
 // ListResponse is the answer of GET /v1/approvals.
 type ListResponse struct {
 	Approvals []Approval `json:"approvals"`
+	// More: the list stopped at the service's bound, and approvals may
+	// be left out of it (Service.List).
+	More bool `json:"more,omitempty"`
 }
 
 // Handler serves the approval API:
@@ -123,12 +126,12 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func (s *Service) serveList(w http.ResponseWriter, r *http.Request, id identity.Identity) {
-	as, err := s.List(r.Context(), id, r.URL.Query().Get("state"))
+	as, more, err := s.List(r.Context(), id, r.URL.Query().Get("state"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, ListResponse{Approvals: as})
+	writeJSON(w, http.StatusOK, ListResponse{Approvals: as, More: more})
 }
 
 func (s *Service) serveGet(w http.ResponseWriter, r *http.Request, id identity.Identity) {

@@ -322,6 +322,8 @@ type approval struct {
 // approvalList is GET /v1/approvals' answer.
 type approvalList struct {
 	Approvals []approval `json:"approvals"`
+	// More: the service's list stopped at its bound; others wait.
+	More bool `json:"more"`
 }
 
 // callView is GET /v1/calls/{key}'s answer.

@@ -1606,6 +1606,24 @@ func TestHistogramSaysWhatItIgnores(t *testing.T) {
 	}
 }
 
+// A pending list the service cut at its bound says so: an approver who
+// saw the oldest only took them for the whole queue, and the newest
+// expired unseen.
+func TestApprovalsSaysTheQueueIsLonger(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertApprover)
+	const note = "More calls wait than the ledger lists at once"
+	if body := b.get("/approvals").Body.String(); strings.Contains(body, note) {
+		t.Errorf("approvals page says more wait; the list is whole")
+	}
+	fx.api.mu.Lock()
+	fx.api.approvalsMore = true
+	fx.api.mu.Unlock()
+	if body := b.get("/approvals").Body.String(); !strings.Contains(body, note) {
+		t.Errorf("approvals page with the list cut at the bound does not say more wait")
+	}
+}
+
 // A projection lag the API could not read (Kafka unreachable, a grant
 // missing) is said to be unknown on the health page. Before, /v1/health
 // left it at zero, and the page showed the projection caught up.

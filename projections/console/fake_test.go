@@ -70,6 +70,8 @@ type fakeAPI struct {
 	breakersUnknown bool
 	// afterCompensation, if set, runs after each compensation asked.
 	afterCompensation func()
+	// approvalsMore: the pending list stops at the service's bound.
+	approvalsMore bool
 	// deniedCompensations maps a call's idempotency key to the refusal
 	// the intake answers its compensation with (a 200, as the API does).
 	deniedCompensations map[string]ledger.Event
@@ -291,7 +293,10 @@ func newFakeAPI() *fakeAPI {
 				out = append(out, a)
 			}
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"approvals": out})
+		f.mu.Lock()
+		more := f.approvalsMore
+		f.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]any{"approvals": out, "more": more && state == "pending"})
 	})
 	m.HandleFunc("GET /v1/approvals/{id}", func(w http.ResponseWriter, r *http.Request) {
 		a, ok := approvals[r.PathValue("id")]

@@ -30,8 +30,10 @@ type approvalRow struct {
 type approvalsPage struct {
 	Pending    []approvalRow
 	PendingErr string
-	Decided    []approvalRow
-	DecidedErr []string
+	// PendingMore: the queue is longer than the list shows.
+	PendingMore bool
+	Decided     []approvalRow
+	DecidedErr  []string
 }
 
 func (c *Console) row(a approval, now time.Time) approvalRow {
@@ -68,6 +70,7 @@ func (c *Console) serveApprovals(w http.ResponseWriter, r *http.Request, s *sess
 	for _, a := range pending.Approvals {
 		p.Pending = append(p.Pending, c.row(a, now))
 	}
+	p.PendingMore = pending.More
 	// The API lists rejected and expired approvals; approved ones move on
 	// to the executor and are found under Calls.
 	for _, state := range []string{"rejected", "expired"} {
