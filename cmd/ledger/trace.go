@@ -55,6 +55,11 @@ func newTraceCmd(g *globals) *cobra.Command {
 					// Not the reading KEY has as <tenant_id>/<key>.
 					fmt.Fprintf(cmd.ErrOrStderr(), "no call %s; call %s (tenant %s)\n", keys[0], key, key.TenantID)
 				}
+				if ch.dsn != "" {
+					if note := refusalsCut(evs); note != "" {
+						fmt.Fprintln(cmd.ErrOrStderr(), note)
+					}
+				}
 				if jsonOut {
 					return printJSONTo(cmd.OutOrStdout(), evs)
 				}
@@ -67,4 +72,21 @@ func newTraceCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the events as JSON")
 	ch.register(cmd.Flags())
 	return cmd
+}
+
+// refusalsCut is the note of a trace from the projection that holds as
+// many refused submissions under the key as the projection keeps
+// (projections.MaxRefusals, the earliest): later ones, often those nearest
+// an incident, are not shown, and the log has them all.
+func refusalsCut(evs []ledger.Event) string {
+	n := 0
+	for i := range evs {
+		if evs[i].Refusal() {
+			n++
+		}
+	}
+	if n < projections.MaxRefusals {
+		return ""
+	}
+	return fmt.Sprintf("note: %d refused submissions shown, the earliest, as many as the projection keeps under a key; later ones are not: ledger trace without --clickhouse-dsn reads them all from the log", n)
 }

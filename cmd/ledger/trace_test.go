@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -59,5 +60,25 @@ func TestTraceKeyHoldingASlash(t *testing.T) {
 	err = cliErr(t, append([]string{"trace", "nobody/k"}, roleArgs(cc, topics)...)...)
 	if err == nil || !strings.Contains(err.Error(), "no events for nobody/k nor for t_demo/nobody/k") {
 		t.Errorf("trace of a key nobody has = %v; want both readings named", err)
+	}
+}
+
+// A trace from the projection holding as many refused submissions as the
+// projection keeps under a key says that later ones are not shown: a
+// looping agent's latest refusals, nearest the incident, were missing
+// without a word.
+func TestTraceSaysItsRefusalsAreCut(t *testing.T) {
+	refusals := func(n int) []ledger.Event {
+		evs := make([]ledger.Event, n, n+2)
+		for i := range evs {
+			evs[i] = ledger.Event{Type: statemachine.EventDenied, Reason: "idempotency_key_reused"}
+		}
+		return append(evs, ledger.Event{Type: statemachine.EventRequested, Seq: 1}, ledger.Event{Type: statemachine.EventAuthorized, Seq: 2})
+	}
+	if note := refusalsCut(refusals(projections.MaxRefusals - 1)); note != "" {
+		t.Errorf("%d refusals: note %q; want none", projections.MaxRefusals-1, note)
+	}
+	if note := refusalsCut(refusals(projections.MaxRefusals)); !strings.Contains(note, "later ones are not") {
+		t.Errorf("%d refusals: note %q; want it to say later ones are not shown", projections.MaxRefusals, note)
 	}
 }
