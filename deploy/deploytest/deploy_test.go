@@ -580,6 +580,7 @@ func TestKubeChecksFail(t *testing.T) {
 		{"writable root fs", "{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}", "{readOnlyRootFilesystem: false, allowPrivilegeEscalation: false}", "readOnlyRootFilesystem is not true"},
 		{"privilege escalation", "{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}", "{readOnlyRootFilesystem: true}", "allowPrivilegeEscalation is not false"},
 		{"root allowed", "securityContext: {runAsNonRoot: true}", "securityContext: {}", "runAsNonRoot is not true"},
+		{"fsGroup chmodding every mount", "securityContext: {runAsNonRoot: true}", "securityContext: {runAsNonRoot: true, fsGroup: 1}", "sets fsGroup without fsGroupChangePolicy: OnRootMismatch"},
 		{"PDB selects nothing", "  minAvailable: 2\n  selector: {matchLabels: {app: executor}}", "  minAvailable: 2\n  selector: {matchLabels: {app: nothing}}", "PodDisruptionBudget/executor: selector map[app:nothing] matches no Deployment or StatefulSet"},
 		{"Service selects nothing", "  selector: {app: executor}", "  selector: {app: nothing}", "Service/executor: selector map[app:nothing] matches no"},
 		{"envFrom ConfigMap missing", "configMapRef: {name: cfg}", "configMapRef: {name: cfg2}", `envFrom refers to ConfigMap "cfg2", which is not in the set`},

@@ -630,6 +630,12 @@ func checkPod(d kubeDoc, pod map[string]any, longRunning bool, replicas int, byK
 	if dig(pod, "securityContext", "runAsNonRoot") != true {
 		add("%s: pod securityContext.runAsNonRoot is not true", d.where())
 	}
+	if dig(pod, "securityContext", "fsGroup") != nil && dig(pod, "securityContext", "fsGroupChangePolicy") != "OnRootMismatch" {
+		// Always, the default, chmods every file at each mount: key
+		// files kept 0600 on a volume become group-readable, and the
+		// role refuses them at its next start.
+		add("%s: pod securityContext sets fsGroup without fsGroupChangePolicy: OnRootMismatch", d.where())
+	}
 	exists := func(kind, name, what string) {
 		if _, ok := byKind[kind][name]; !ok {
 			add("%s: %s refers to %s %q, which is not in the set", d.where(), what, kind, name)
