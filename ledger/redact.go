@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"strconv"
 	"strings"
+
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 // Redacted replaces a redacted value.
@@ -129,28 +131,12 @@ func unescapePointerToken(t string) (string, bool) {
 	return b.String(), true
 }
 
-// Lookup resolves an RFC 6901 JSON pointer in a decoded tree (objects
-// only: a pointer into an array finds nothing).
-func Lookup(tree any, ptr string) (any, bool) {
-	if ptr == "" {
-		return tree, true
-	}
-	if !strings.HasPrefix(ptr, "/") {
-		return nil, false
-	}
-	cur := tree
-	for _, tok := range strings.Split(ptr[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[tok]; !ok {
-			return nil, false
-		}
-	}
-	return cur, true
-}
+// Lookup resolves an RFC 6901 JSON pointer in a decoded tree, through
+// objects and arrays (schemas.ResolvePointer). A registry's resource
+// pointer may pass through an array (/lines/0/order_id): through objects
+// alone, it found nothing, and the call's resource, its version's binding
+// and its policy resource went without a word.
+func Lookup(tree any, ptr string) (any, bool) { return schemas.ResolvePointer(tree, ptr) }
 
 // RedactTokens returns a copy of b in which every compact JWS or JWE (a
 // JWT is one or the other) is replaced by "[redacted]": a record that

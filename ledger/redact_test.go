@@ -84,7 +84,7 @@ func mustDecode(t *testing.T, s string) any {
 }
 
 func TestLookup(t *testing.T) {
-	tree, err := Decode([]byte(`{"a":{"b/c":{"d~e":1}},"order_id":"ord_1","list":[1]}`), Limits{})
+	tree, err := Decode([]byte(`{"a":{"b/c":{"d~e":1}},"order_id":"ord_1","list":[1],"lines":[{"sku":"s1"},{"sku":"s2"}]}`), Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,13 @@ func TestLookup(t *testing.T) {
 		{"/order_id", "ord_1", true},
 		{"/a/b~1c/d~0e", "1", true},
 		{"/missing", "", false},
-		{"/list/0", "", false},
+		{"/list/0", "1", true},
+		{"/lines/1/sku", "s2", true},
+		{"/lines/2/sku", "", false},
+		{"/lines/01/sku", "", false},
+		{"/lines/-", "", false},
+		{"/lines/+1/sku", "", false},
+		{"/order_id/0", "", false},
 		{"order_id", "", false},
 	} {
 		v, ok := Lookup(tree, tc.ptr)

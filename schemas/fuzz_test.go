@@ -3,7 +3,6 @@ package schemas
 import (
 	"encoding/json"
 	"errors"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -130,43 +129,15 @@ func checkValidationError(t *testing.T, doc any, err error) {
 		if i < 0 {
 			t.Fatalf("required failure at %q; want the missing property's pointer", ve.Pointer)
 		}
-		if _, ok := resolve(doc, ve.Pointer[:i]); !ok {
+		if _, ok := ResolvePointer(doc, ve.Pointer[:i]); !ok {
 			t.Fatalf("required failure at %q: parent does not resolve", ve.Pointer)
 		}
-		if _, ok := resolve(doc, ve.Pointer); ok {
+		if _, ok := ResolvePointer(doc, ve.Pointer); ok {
 			t.Fatalf("required failure at %q: the property exists", ve.Pointer)
 		}
 		return
 	}
-	if _, ok := resolve(doc, ve.Pointer); !ok {
+	if _, ok := ResolvePointer(doc, ve.Pointer); !ok {
 		t.Fatalf("failure %+v: pointer does not resolve in the document", ve)
 	}
-}
-
-// resolve follows an RFC 6901 pointer.
-func resolve(doc any, ptr string) (any, bool) {
-	if ptr == "" {
-		return doc, true
-	}
-	cur := doc
-	for _, tok := range strings.Split(ptr[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		switch c := cur.(type) {
-		case map[string]any:
-			v, ok := c[tok]
-			if !ok {
-				return nil, false
-			}
-			cur = v
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(c) || strconv.Itoa(i) != tok {
-				return nil, false
-			}
-			cur = c[i]
-		default:
-			return nil, false
-		}
-	}
-	return cur, true
 }

@@ -388,27 +388,9 @@ func refTarget(root any, ref string) (any, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("%q: %w", ref, err)
 	}
-	v := root
-	if frag == "" {
-		return v, "", nil
-	}
-	for _, tok := range strings.Split(frag[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		switch c := v.(type) {
-		case map[string]any:
-			v, ok = c[tok]
-		case []any:
-			i, err := strconv.Atoi(tok)
-			ok = err == nil && i >= 0 && i < len(c) && strconv.Itoa(i) == tok
-			if ok {
-				v = c[i]
-			}
-		default:
-			ok = false
-		}
-		if !ok {
-			return nil, "", fmt.Errorf("%q names nothing in the tool's schema", ref)
-		}
+	v, ok := ResolvePointer(root, frag)
+	if !ok {
+		return nil, "", fmt.Errorf("%q names nothing in the tool's schema", ref)
 	}
 	return v, frag, nil
 }

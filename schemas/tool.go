@@ -339,6 +339,40 @@ func ValidRedaction(p string) bool {
 
 // validPointer reports whether p is a non-empty RFC 6901 pointer: it starts
 // with "/" and every "~" is followed by "0" or "1".
+// ResolvePointer resolves an RFC 6901 JSON pointer in a decoded JSON
+// document, through objects and arrays (an index is decimal, without
+// leading zeros; "-", past the end, finds nothing): the value, and whether
+// there is one. "" is the whole document.
+func ResolvePointer(doc any, ptr string) (any, bool) {
+	if ptr == "" {
+		return doc, true
+	}
+	if !strings.HasPrefix(ptr, "/") {
+		return nil, false
+	}
+	cur := doc
+	for _, tok := range strings.Split(ptr[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch c := cur.(type) {
+		case map[string]any:
+			v, ok := c[tok]
+			if !ok {
+				return nil, false
+			}
+			cur = v
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(c) || strconv.Itoa(i) != tok {
+				return nil, false
+			}
+			cur = c[i]
+		default:
+			return nil, false
+		}
+	}
+	return cur, true
+}
+
 func validPointer(p string) bool {
 	if !strings.HasPrefix(p, "/") {
 		return false
