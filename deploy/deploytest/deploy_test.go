@@ -429,6 +429,7 @@ spec:
           ports: [{name: jwks, containerPort: 8443}]
           readinessProbe: {httpGet: {path: /x, port: jwks, scheme: HTTPS}}
           livenessProbe: {tcpSocket: {port: jwks}}
+          startupProbe: {tcpSocket: {port: jwks}}
           resources: {requests: {cpu: 1, memory: 1Mi}, limits: {cpu: 1, memory: 1Mi}}
           securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}
 ---
@@ -494,6 +495,7 @@ spec:
           ports: [{name: http, containerPort: 8091}]
           readinessProbe: {httpGet: {path: /readyz, port: http, scheme: HTTPS}}
           livenessProbe: {tcpSocket: {port: http}}
+          startupProbe: {tcpSocket: {port: http}}
           resources: {requests: {cpu: 1, memory: 1Mi}, limits: {cpu: 1, memory: 1Mi}}
           securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}
 ---
@@ -521,6 +523,7 @@ spec:
           ports: [{name: http, containerPort: 8080}]
           readinessProbe: {httpGet: {path: /healthz, port: http}}
           livenessProbe: {tcpSocket: {port: http}}
+          startupProbe: {tcpSocket: {port: http}}
           resources: {requests: {cpu: 1, memory: 1Mi}, limits: {cpu: 1, memory: 1Mi}}
           securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false}
 ---
@@ -574,6 +577,7 @@ func TestKubeChecksFail(t *testing.T) {
 		{"serviceName not a Service", "serviceName: executor", "serviceName: exec", `serviceName "exec" is not a Service`},
 		{"no readiness probe", "          readinessProbe: {httpGet: {path: /x, port: jwks, scheme: HTTPS}}\n", "", "readinessProbe needs exactly one handler"},
 		{"no liveness probe", "          livenessProbe: {tcpSocket: {port: jwks}}\n", "", "livenessProbe needs exactly one handler"},
+		{"no startup probe", "          startupProbe: {tcpSocket: {port: jwks}}\n", "", "startupProbe needs exactly one handler"},
 		{"probe on an undeclared port", "livenessProbe: {tcpSocket: {port: jwks}}", "livenessProbe: {tcpSocket: {port: http}}", "probes port http, which the container does not declare"},
 		{"no memory limit", "limits: {cpu: 1, memory: 1Mi}", "limits: {cpu: 1}", "no resources.limits.memory"},
 		{"job without resources", "resources: {requests: {cpu: 100m, memory: 1Mi}, limits: {cpu: 1, memory: 1Mi}}", "resources: {}", "Job/migrate container migrate: no resources.requests.cpu"},

@@ -676,7 +676,9 @@ func checkPod(d kubeDoc, pod map[string]any, longRunning bool, replicas int, byK
 			ports[fmt.Sprint(dig(p, "containerPort"))] = true
 		}
 		if longRunning && !init {
-			for _, probe := range []string{"readinessProbe", "livenessProbe"} {
+			// A startup probe too: without it, liveness kills a role
+			// that migrates the store before it serves.
+			for _, probe := range []string{"readinessProbe", "livenessProbe", "startupProbe"} {
 				p := mapOf(dig(c, probe))
 				var handlers []string
 				for _, h := range []string{"httpGet", "tcpSocket", "exec", "grpc"} {
