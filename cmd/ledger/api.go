@@ -113,7 +113,7 @@ person's assertion.`,
 			}
 			cfg := httpapi.Config{
 				Publisher: pub, Logger: logger.With("component", "httpapi"),
-				Calls: traceCalls{st}, Caller: agentCaller(agents),
+				Calls: traceCalls{st}, Caller: agentCaller(agents), Assertion: agentAssertion(agents),
 				Checks: []httpapi.Check{
 					{Name: "kafka", Check: func(ctx context.Context) error { return pub.cl.Ping(ctx) }},
 					// Its outage takes the lookups and questions, not
@@ -398,17 +398,29 @@ func (l *laterQueries) close() {
 // refusal names a reason, never the assertion.
 func agentCaller(agents identity.AssertionVerifier) func(r *http.Request) (httpapi.Agent, error) {
 	return func(r *http.Request) (httpapi.Agent, error) {
-		id, reason, err := identity.Authenticate(r, agents)
-		if err != nil {
-			return httpapi.Agent{}, errors.New(reason)
-		}
-		// The envelope's tenant syntax: not the ledger's own tenant,
-		// where refusals of unverifiable submissions are filed.
-		if !schemas.ValidTenantID(id.Tenant) {
-			return httpapi.Agent{}, errors.New("tenant_not_an_agents")
-		}
-		return httpapi.Agent{Tenant: id.Tenant, User: id.User}, nil
+		return agentOf(identity.Authenticate(r, agents))
 	}
+}
+
+// agentAssertion is httpapi's Assertion: the tenant and user of an
+// envelope's own assertion, verified by agents as the intake will.
+func agentAssertion(agents identity.AssertionVerifier) func(ctx context.Context, assertion string) (httpapi.Agent, error) {
+	return func(ctx context.Context, assertion string) (httpapi.Agent, error) {
+		return agentOf(identity.VerifyReason(ctx, agents, assertion))
+	}
+}
+
+// agentOf is the agent of a verified identity, or the reason it is none.
+func agentOf(id identity.Identity, reason string, err error) (httpapi.Agent, error) {
+	if err != nil {
+		return httpapi.Agent{}, errors.New(reason)
+	}
+	// The envelope's tenant syntax: not the ledger's own tenant, where
+	// refusals of unverifiable submissions are filed.
+	if !schemas.ValidTenantID(id.Tenant) {
+		return httpapi.Agent{}, errors.New("tenant_not_an_agents")
+	}
+	return httpapi.Agent{Tenant: id.Tenant, User: id.User}, nil
 }
 
 // consoleAuthenticate signs console users in with the staff verifier.

@@ -690,7 +690,14 @@ func Authenticate(r *http.Request, v AssertionVerifier) (Identity, string, error
 	if !ok || !strings.EqualFold(scheme, "Bearer") || assertion == "" {
 		return Identity{}, ReasonMissingBearer, errors.New("identity: no bearer assertion")
 	}
-	id, err := v.Verify(r.Context(), assertion)
+	return VerifyReason(r.Context(), v, assertion)
+}
+
+// VerifyReason is v.Verify(assertion), with the reason of a refusal
+// ("expired", "bad_signature", ...; "invalid" when the error names
+// none), for an answer that names it, never the assertion.
+func VerifyReason(ctx context.Context, v AssertionVerifier, assertion string) (Identity, string, error) {
+	id, err := v.Verify(ctx, assertion)
 	if err != nil {
 		reason := token.ReasonOf(err)
 		if reason == "" {

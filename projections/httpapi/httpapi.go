@@ -93,6 +93,14 @@ type Config struct {
 	// Nil: the tenant is tenant_id's (or the envelope's), unchecked, and
 	// results are served to whoever asks (ledger dev, on loopback).
 	Caller func(r *http.Request) (Agent, error)
+	// Assertion, with a Caller, verifies an envelope's own identity
+	// assertion as the intake will, returning its agent, or an error
+	// whose text is the refusal's reason. A submission whose assertion
+	// the intake would refuse (expired, say: an envelope sent again
+	// later) is answered 400 assertion_<reason> and not published: the
+	// intake's refusal goes under its reserved tenant, where the bearer's
+	// ?wait= cannot see it, and only ran out. Nil: not checked here.
+	Assertion func(ctx context.Context, assertion string) (Agent, error)
 	// MaxLookupsPerTenant and MaxLookups bound the agents' lookups
 	// running at once with a Caller (each a query of the store behind
 	// Calls, and a read of Results), of one tenant and in all: one more
@@ -292,6 +300,19 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusForbidden, apiError{Code: "tenant_mismatch", Pointer: "/scope/tenant_id",
 				Message: "the bearer submits the calls of its own tenant alone, and the envelope names another; nothing was published"})
 			return
+		}
+		if s.cfg.Assertion != nil {
+			ea, err := s.cfg.Assertion(r.Context(), env.Assertion)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, apiError{Code: "assertion_" + err.Error(), Pointer: "/assertion",
+					Message: "the envelope's identity assertion is refused (" + err.Error() + "), as the intake would refuse it; nothing was published: send the envelope again with a valid one"})
+				return
+			}
+			if ea.Tenant != a.Tenant {
+				writeError(w, http.StatusForbidden, apiError{Code: "tenant_mismatch", Pointer: "/assertion",
+					Message: "the envelope's identity assertion is of another tenant than the bearer; nothing was published"})
+				return
+			}
 		}
 		if u := envelopeUser(env); waiting && u != "" && u != a.User {
 			// Its call would be another user's, which the wait

@@ -590,6 +590,55 @@ func TestWaitForTheVerifiedCallerOnly(t *testing.T) {
 	}
 }
 
+// With an Assertion check, an envelope whose own assertion the intake
+// would refuse (expired: sent again later) is answered 400
+// assertion_<reason>, and one of another tenant than the bearer 403, both
+// before anything is published. Before, it was published, the intake
+// refused it under its reserved tenant, and the bearer's ?wait= ran out
+// without a word.
+func TestSubmissionsAssertionCheckedBeforePublishing(t *testing.T) {
+	pub := &publisher{}
+	srv, _ := newAPI(t, pub, func(c *httpapi.Config) {
+		c.Caller = agentOf
+		c.Assertion = func(_ context.Context, a string) (httpapi.Agent, error) {
+			switch a {
+			case "expired.as.sertion":
+				return httpapi.Agent{}, errors.New("expired")
+			case "tb.as.sertion":
+				return httpapi.Agent{Tenant: "t_b", User: "u1"}, nil
+			}
+			return httpapi.Agent{Tenant: "t_a", User: "u1"}, nil
+		}
+	})
+	withAssertion := func(a string) string {
+		var env map[string]any
+		_ = json.Unmarshal([]byte(validEnvelope(t, "k1")), &env)
+		env["assertion"] = a
+		b, _ := json.Marshal(env)
+		return string(b)
+	}
+	for _, tc := range []struct {
+		assertion, code string
+		status          int
+	}{
+		{"expired.as.sertion", "assertion_expired", http.StatusBadRequest},
+		{"tb.as.sertion", "tenant_mismatch", http.StatusForbidden},
+	} {
+		for _, query := range []string{"", "?wait=5s"} {
+			resp := do(t, http.MethodPost, srv.URL+"/v1/calls"+query, "Bearer agent-of-t_a/u1", withAssertion(tc.assertion))
+			if code, _ := decodeErr(t, resp); resp.StatusCode != tc.status || code != tc.code {
+				t.Errorf("POST%s of an envelope with assertion %s = %d %s; want %d %s", query, tc.assertion, resp.StatusCode, code, tc.status, tc.code)
+			}
+		}
+	}
+	if keys := pub.published(); len(keys) != 0 {
+		t.Fatalf("refused submissions published %v; want nothing", keys)
+	}
+	if resp := do(t, http.MethodPost, srv.URL+"/v1/calls", "Bearer agent-of-t_a/u1", withAssertion("good.as.sertion")); resp.StatusCode != http.StatusAccepted {
+		t.Errorf("POST of an envelope with a good assertion = %d; want 202", resp.StatusCode)
+	}
+}
+
 // compact is raw without the API's indentation ("" for none).
 func compact(raw json.RawMessage) string {
 	var b bytes.Buffer
