@@ -271,6 +271,7 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 		},
 	}
 	reject.Flags().StringVar(&reason, "reason", "", "why (recorded on the rejected event)")
+	markExplicitOnly(reject.Flags(), "reason")
 	cmd.AddCommand(list, show, approve, reject, newApprovalsServeCmd(g))
 	return cmd
 }

@@ -95,6 +95,42 @@ func TestApprovalsListSaysWhenCut(t *testing.T) {
 	}
 }
 
+// An operator's decision and its words come from the command line only:
+// a LEDGER_REASON, LEDGER_AS, LEDGER_FORCE or LEDGER_SWAP left in the
+// environment would make every action's, and take a rebuild's risk, for
+// them. The commands refuse as if they were unset.
+func TestOperatorsDecisionsNotFromTheEnvironment(t *testing.T) {
+	t.Setenv("LEDGER_REASON", "left over")
+	t.Setenv("LEDGER_AS", "succeeded")
+	t.Setenv("LEDGER_EVIDENCE", "left over")
+	srv := answeringWith(t, http.MethodPost, "/v1/compensations", http.StatusOK, `{"compensation_key":"k1:compensate","events":[{"type":"requested","seq":1}]}`)
+	if err := cliErr(t, "calls", "compensate", "k1", "--api", srv.URL, "--assertion", "tok"); err == nil || !strings.Contains(err.Error(), "--reason is required") {
+		t.Errorf("calls compensate with LEDGER_REASON alone = %v; want --reason required", err)
+	}
+	root := newRoot()
+	for _, tc := range []struct {
+		path  []string
+		flags []string
+	}{
+		{[]string{"calls", "resolve"}, []string{"as", "evidence", "cancel-compensation"}},
+		{[]string{"calls", "compensate"}, []string{"reason"}},
+		{[]string{"control", "freeze"}, []string{"reason"}},
+		{[]string{"control", "revoke"}, []string{"reason"}},
+		{[]string{"approvals", "reject"}, []string{"reason"}},
+		{[]string{"projector", "rebuild"}, []string{"swap", "force"}},
+	} {
+		cmd, _, err := root.Find(tc.path)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.path, err)
+		}
+		for _, name := range tc.flags {
+			if f := cmd.Flags().Lookup(name); f == nil || f.Annotations[explicitOnly] == nil {
+				t.Errorf("ledger %s --%s is read from the environment; want the flag only", strings.Join(tc.path, " "), name)
+			}
+		}
+	}
+}
+
 // A control action the service published but had not applied within its
 // wait (202) is said to be so, on stderr: an operator took it for in
 // force, a freeze during an incident say.

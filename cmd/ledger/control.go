@@ -45,6 +45,9 @@ func newControlCmd(g *globals) *cobra.Command {
 			},
 		}
 		c.Flags().StringVar(&reason, "reason", "", "why (recorded with the action)")
+		// An operator's own words for this action: a LEDGER_REASON left
+		// in the environment would give every action the same.
+		markExplicitOnly(c.Flags(), "reason")
 		return c
 	}
 	toolBody := func() map[string]string { return map[string]string{"tool": tool, "tenant": tenant, "reason": reason} }
@@ -148,7 +151,9 @@ func newCallsCmd(g *globals) *cobra.Command {
 	resolve.Flags().StringVar(&evidence, "evidence", "", "how you found out (recorded on the event)")
 	resolve.Flags().StringVar(&tenant, "call-tenant", "t_demo", "the call's tenant")
 	resolve.Flags().BoolVar(&cancelCompensation, "cancel-compensation", false, "with --as succeeded, while the compensation the reconciler asked for (a policy's undo_unknown) is still to run: confirm that it is to end without undoing the call (nothing_to_undo), an operator's request to undo the call that joined it with it; without, such a resolution is refused (automatic_compensation_pending), as it is, confirmed or not, while an executor runs that compensation. Never read from the environment")
-	markExplicitOnly(resolve.Flags(), "cancel-compensation")
+	// The decision and its evidence are the operator's, for this call:
+	// never read from the environment.
+	markExplicitOnly(resolve.Flags(), "cancel-compensation", "as", "evidence")
 	var reason, compTenant string
 	compensate := &cobra.Command{
 		Use:   "compensate KEY",
@@ -186,7 +191,8 @@ func newCallsCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	compensate.Flags().StringVar(&reason, "reason", "", "why (logged with the operator)")
+	compensate.Flags().StringVar(&reason, "reason", "", "why (recorded on the compensation's requested event, with who asked)")
+	markExplicitOnly(compensate.Flags(), "reason")
 	compensate.Flags().StringVar(&compTenant, "call-tenant", "t_demo", "the call's tenant")
 	cmd.AddCommand(resolve, compensate)
 	return cmd

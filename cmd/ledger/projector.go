@@ -302,6 +302,9 @@ has them all) is not swapped in without --force.`,
 	rebuild.Flags().StringVar(&into, "into", "", "database to rebuild into (default <database>_rebuild)")
 	rebuild.Flags().BoolVar(&swap, "swap", false, "replace the live tables with the rebuilt ones (stop the projector first)")
 	rebuild.Flags().BoolVar(&force, "force", false, "replay past records the log deletes while the rebuild runs (else it stops), and with --swap, swap even a rebuild lacking events, or the control actions of subjects, that the live tables hold")
+	// A human's decision each time: a LEDGER_FORCE or LEDGER_SWAP left in
+	// the environment would take it for them.
+	markExplicitOnly(rebuild.Flags(), "swap", "force")
 
 	skipDeleted := &cobra.Command{
 		Use:   "skip-deleted",
