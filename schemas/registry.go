@@ -356,6 +356,11 @@ func openRef(root, v any, ptr string) (string, error) {
 				return "", fmt.Errorf("the %s at %s is not allowed: name a schema with a $ref into the tool's schema (\"#/$defs/<name>\")", k, cmp.Or(ptr, "/"))
 			}
 		}
+		if _, ok := v["$id"]; ok && ptr != "" {
+			// A resource of its own: the $refs under it would name
+			// places in it, not in the document this checks them in.
+			return "", fmt.Errorf("the $id at %s is not allowed: a tool's schema is one document, its $id the ledger's", ptr)
+		}
 		if ref, ok := v["$ref"].(string); ok {
 			target, tptr, err := refTarget(root, ref)
 			if err != nil {

@@ -287,6 +287,8 @@ func TestLoadErrors(t *testing.T) {
 			wantIn: []string{"tools/t.v1.json", "anchors"}, invalid: true},
 		{name: "dynamic ref", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$dynamicRef": "#/$defs/a"}}, "$defs": {"a": {"type": "string"}`)},
 			wantIn: []string{"tools/t.v1.json", "$dynamicRef"}, invalid: true},
+		{name: "nested $id", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$id": "https://example.com/sub", "type": "string"}`)},
+			wantIn: []string{"tools/t.v1.json", "the $id at /properties/x is not allowed"}, invalid: true},
 		{name: "ref naming nothing", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$ref": "#/$defs/missing"}`)},
 			wantIn: []string{"tools/t.v1.json", "names nothing"}, invalid: true},
 		{name: "schema external ref", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$ref": "file:///etc/passwd"}`)},
