@@ -337,8 +337,6 @@ func ValidRedaction(p string) bool {
 	return p != ""
 }
 
-// validPointer reports whether p is a non-empty RFC 6901 pointer: it starts
-// with "/" and every "~" is followed by "0" or "1".
 // ResolvePointer resolves an RFC 6901 JSON pointer in a decoded JSON
 // document, through objects and arrays (an index is decimal, without
 // leading zeros; "-", past the end, finds nothing): the value, and whether
@@ -373,6 +371,8 @@ func ResolvePointer(doc any, ptr string) (any, bool) {
 	return cur, true
 }
 
+// validPointer reports whether p is a non-empty RFC 6901 pointer: it starts
+// with "/" and every "~" is followed by "0" or "1".
 func validPointer(p string) bool {
 	if !strings.HasPrefix(p, "/") {
 		return false

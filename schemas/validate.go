@@ -243,7 +243,8 @@ func instancePointer(loc string) string {
 // backslash comes out as if its closing quote were escaped), and it lists
 // them in map order.
 func notAllowed(doc any, ptr, list string) (string, bool) {
-	obj, ok := lookup(doc, ptr).(map[string]any)
+	v, _ := ResolvePointer(doc, ptr)
+	obj, ok := v.(map[string]any)
 	if !ok {
 		return "", false
 	}
@@ -269,30 +270,6 @@ func libraryQuote(s string) string {
 	q = strings.ReplaceAll(q, `\"`, `"`)
 	q = strings.ReplaceAll(q, `'`, `\'`)
 	return "'" + q[1:len(q)-1] + "'"
-}
-
-// lookup follows an RFC 6901 pointer in doc; nil when it does not resolve.
-func lookup(doc any, ptr string) any {
-	if ptr == "" {
-		return doc
-	}
-	cur := doc
-	for _, tok := range strings.Split(ptr[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		switch c := cur.(type) {
-		case map[string]any:
-			cur = c[tok]
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(c) {
-				return nil
-			}
-			cur = c[i]
-		default:
-			return nil
-		}
-	}
-	return cur
 }
 
 // escapeToken escapes one reference token per RFC 6901.

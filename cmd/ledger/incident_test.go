@@ -401,6 +401,25 @@ func TestAPIRole(t *testing.T) {
 	if code, body := postWait(agentAs("t_other", "u_demo")); code != http.StatusForbidden || !strings.Contains(body, "tenant_mismatch") {
 		t.Errorf("POST ?wait as an agent of another tenant: %d %s; want 403 tenant_mismatch", code, body)
 	}
+	// The envelope's own assertion is checked as the intake will, before
+	// anything is published: one the intake would refuse (here the
+	// staff's audience), 400 assertion_<reason>; another tenant's, 403.
+	withAssertion := func(a string) []byte {
+		t.Helper()
+		var m map[string]any
+		if err := json.Unmarshal(env, &m); err != nil {
+			t.Fatal(err)
+		}
+		m["assertion"] = a
+		b, _ := json.Marshal(m)
+		return b
+	}
+	if code, body := send(http.MethodPost, agentAs("t_demo", "u_demo"), "/v1/calls", withAssertion(operator)); code != http.StatusBadRequest || !strings.Contains(body, `"assertion_`) || !strings.Contains(body, `"/assertion"`) {
+		t.Errorf("POST of an envelope whose assertion is the staff's: %d %s; want 400 assertion_<reason> at /assertion", code, body)
+	}
+	if code, body := send(http.MethodPost, agentAs("t_demo", "u_demo"), "/v1/calls", withAssertion(agentAs("t_other", "u_demo"))); code != http.StatusForbidden || !strings.Contains(body, "tenant_mismatch") {
+		t.Errorf("POST of an envelope whose assertion is another tenant's: %d %s; want 403 tenant_mismatch", code, body)
+	}
 	if code, body := postWait(agentAs("t_demo", "u_demo")); code != 200 || !strings.Contains(body, `"state": "succeeded"`) || !strings.Contains(body, `"conditions"`) {
 		t.Errorf("POST ?wait as the call's user: %d %s; want 200, succeeded, with the weather", code, body)
 	}

@@ -721,6 +721,13 @@ func checkPod(d kubeDoc, pod map[string]any, longRunning bool, replicas int, byK
 			}
 			if n := strOf(dig(e, "valueFrom", "secretKeyRef", "name")); n != "" {
 				exists("Secret", n, "env "+strOf(dig(e, "name")))
+				// A key the template lacks: the pod does not start. (An
+				// optional one, a SASL password, may be absent.)
+				key := strOf(dig(e, "valueFrom", "secretKeyRef", "key"))
+				optional := dig(e, "valueFrom", "secretKeyRef", "optional") == true
+				if sec, ok := byKind["Secret"][n]; ok && !optional && dig(sec.doc, "stringData", key) == nil && dig(sec.doc, "data", key) == nil {
+					add("%s: env %s reads key %q of Secret %q, which it lacks", where, strOf(dig(e, "name")), key, n)
+				}
 			}
 		}
 		if init || !strings.HasPrefix(strOf(dig(c, "image")), ledgerImage) {

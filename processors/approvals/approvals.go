@@ -339,13 +339,16 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 	// does not hide it.
 	out := []Approval{}
 	var before processors.Cursor
+	// One record more than the list holds: an approval past the bound
+	// says that more wait, and none past it that the list is whole.
+	read := s.cfg.ListLimit + 1
 	for page := 1; ; page++ {
 		var recs []processors.Record
 		var err error
 		if status == processors.StatusPending {
-			recs, err = s.cfg.Store.TenantByStatus(ctx, approver.Tenant, status, s.cfg.ListLimit)
+			recs, err = s.cfg.Store.TenantByStatus(ctx, approver.Tenant, status, read)
 		} else {
-			recs, err = s.cfg.Store.TenantLatestByStatus(ctx, approver.Tenant, status, before, s.cfg.ListLimit)
+			recs, err = s.cfg.Store.TenantLatestByStatus(ctx, approver.Tenant, status, before, read)
 		}
 		if err != nil {
 			return nil, false, fmt.Errorf("approvals: list %s: %w", status, err)
@@ -362,27 +365,28 @@ func (s *Service) List(ctx context.Context, approver identity.Identity, state st
 				continue // not an approval: a call expired by its deadline, say
 			}
 			if string(f.approval.State) == state {
+				if len(out) == s.cfg.ListLimit {
+					return out, true, nil // one more than the list holds
+				}
 				// Without its arguments: up to an envelope's size
 				// each, a list's could take the service's memory;
 				// Get has them.
 				a := f.approval
 				a.Preview.Arguments = nil
-				if out = append(out, a); len(out) == s.cfg.ListLimit {
-					return out, true, nil
-				}
+				out = append(out, a)
 			}
 		}
-		if status == processors.StatusPending || len(recs) < s.cfg.ListLimit || page == ListPages {
+		if status == processors.StatusPending || len(recs) < read || page == ListPages {
 			// A full page unread past: records (approvals among them,
 			// maybe) were left.
-			return out, len(recs) == s.cfg.ListLimit, nil
+			return out, len(recs) == read, nil
 		}
 		before = recs[len(recs)-1].Cursor()
 	}
 }
 
 // ListPages bounds the reads of one List of decided approvals, each of
-// Config.ListLimit records: past that many records that are not
+// Config.ListLimit+1 records: past that many records that are not
 // approvals, the older approvals are not listed.
 const ListPages = 10
 

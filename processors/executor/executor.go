@@ -1936,11 +1936,19 @@ type refusal struct {
 type secrets struct {
 	bearer, backend string
 	earlier         []string
+	// anyToken: every compact JWS or JWE counts as a secret. The
+	// reconciler's: the answer of a status lookup may hold a token the
+	// call's executors sent (a tool that stored its echo of a request),
+	// which it does not know.
+	anyToken bool
 }
 
 // inString reports whether v holds a secret.
 func (s secrets) inString(v string) bool {
 	if s.bearer != "" && strings.Contains(v, s.bearer) || s.backend != "" && strings.Contains(v, s.backend) {
+		return true
+	}
+	if s.anyToken && string(ledger.RedactTokens([]byte(v))) != v {
 		return true
 	}
 	for _, x := range s.earlier {
@@ -1975,6 +1983,9 @@ func (s secrets) inTree(v any) bool {
 
 // in reports whether p or q holds a secret.
 func (s secrets) in(p, q []byte) bool {
+	if s.anyToken && (!bytes.Equal(ledger.RedactTokens(p), p) || !bytes.Equal(ledger.RedactTokens(q), q)) {
+		return true
+	}
 	for _, x := range append([]string{s.bearer, s.backend}, s.earlier...) {
 		if x == "" {
 			continue

@@ -673,7 +673,7 @@ attempts:
 		case err == nil && lookupState(resp) == "applied":
 			r.answered(rec.Key)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
-				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer: bearer, backend: sec})), true, nil
+				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer: bearer, backend: sec, anyToken: true})), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp) == "not_found":
 			r.answered(rec.Key)
 			// Not found is final only if the lookup was sent once the
@@ -1176,18 +1176,15 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 	return resp, sent, err
 }
 
-// lookupState reads {"state": ...} from a status lookup's answer. An
-// answer cut at the tool's result size (it carries the call's result,
-// which may be as large) is read up to its state: a state ahead of the
-// cut is the tool's answer all the same, and a tool whose results fill
-// the cap would otherwise never be settled by its lookups.
 // lookupResult is what a call settled succeeded keeps of its status
 // lookup's answer, resp: the answer's "result", the call's result, made
 // safe as the executor makes a tool's answer (sanitize: masked, cut, kept
 // without content when it holds a secret the lookup carried), with its
 // digest. Without a "result" member, or in an answer cut before it ends,
 // none is kept, and the digest is the answer's, unless a mask applies:
-// the masked fields may be in it.
+// the masked fields may be in it. Any credential in the result is a
+// secret (sent.anyToken): the reconciler cannot know the tokens the
+// call's executors sent.
 func lookupResult(tool *schemas.Tool, tmpl ledger.Event, resp httptool.Response, sent secrets) *sanitized {
 	masks := resultMasks(tool, tmpl.Obligations)
 	var answer struct {
@@ -1205,6 +1202,11 @@ func lookupResult(tool *schemas.Tool, tmpl ledger.Event, resp httptool.Response,
 	return &sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
 }
 
+// lookupState reads {"state": ...} from a status lookup's answer. An
+// answer cut at the tool's result size (it carries the call's result,
+// which may be as large) is read up to its state: a state ahead of the
+// cut is the tool's answer all the same, and a tool whose results fill
+// the cap would otherwise never be settled by its lookups.
 func lookupState(resp httptool.Response) string {
 	if !resp.Truncated {
 		var s struct {

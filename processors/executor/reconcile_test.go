@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -185,6 +186,43 @@ func TestReconcileKeepsTheLookupsResult(t *testing.T) {
 		if got := last.ResultDigest == "sha256:"+hex.EncodeToString(raw[:]); got == masked || last.ResultDigest == "" {
 			t.Errorf("masked %v: succeeded with digest %q; want one, of the result as the tool gave it only unmasked", masked, last.ResultDigest)
 		}
+	}
+}
+
+// echoingLooker asks the status lookup and answers for the tool that
+// stored its echo of the call's request under the key: a credential in
+// the result, the executor's, which the reconciler never saw.
+type echoingLooker struct{ executor.Looker }
+
+func (e echoingLooker) Lookup(ctx context.Context, target string, req httptool.Request) (httptool.Response, error) {
+	resp, err := e.Looker.Lookup(ctx, target, req)
+	if err == nil {
+		enc := base64.RawURLEncoding.EncodeToString
+		token := enc([]byte(`{"alg":"EdDSA","typ":"ledger-credential+jwt"}`)) + "." + enc([]byte(`{"jti":"j1"}`)) + "." + enc([]byte("sig"))
+		resp.Body = []byte(`{"state":"applied","result":{"ticket_id":"tk_1","debug":{"authorization":"Bearer ` + token + `"}}}`)
+	}
+	return resp, err
+}
+
+// A lookup's result that holds a credential (an executor's, which the
+// tool echoed and stored) is kept without content, code
+// result_holds_secret: the reconciler cannot know the tokens the call's
+// executors sent, so any it finds is one. Before, it was kept where the
+// agent reads it.
+func TestReconcileWithholdsALookupResultHoldingACredential(t *testing.T) {
+	r := newRig(t)
+	unknown := r.unknownLostResponse("echoed-token")
+	evs := r.reconcileAll(r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Looker = echoingLooker{c.Looker} }), unknown)
+	last := evs[len(evs)-1]
+	if last.Type != statemachine.EventSucceeded || last.ErrorCode != executor.CodeResultHoldsSecret {
+		t.Fatalf("reconciled %v, code %q; want succeeded, result_holds_secret", summary(evs), last.ErrorCode)
+	}
+	rec, err := r.store.Get(t.Context(), last.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(rec.Result), "content") || strings.Contains(string(rec.Result), "eyJ") {
+		t.Errorf("stored result %s; want it without its content", rec.Result)
 	}
 }
 
