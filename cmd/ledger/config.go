@@ -60,6 +60,11 @@ func (k *kafkaFlags) loopIDs(role, instance string) (loopIDs, error) {
 	if !kafkaNameRE.MatchString(p) {
 		return loopIDs{}, fmt.Errorf("--kafka-group-prefix %q: want up to 200 letters, digits, '.', '_' or '-'", p)
 	}
+	// Negative, Kafka would use its own default while the loop's leave
+	// of the group gave up at once.
+	if k.sessionTimeout < 0 || k.rebalanceTimeout < 0 {
+		return loopIDs{}, fmt.Errorf("--session-timeout %v, --rebalance-timeout %v: must not be negative", k.sessionTimeout, k.rebalanceTimeout)
+	}
 	return loopIDs{group: p + "-" + role, txn: p + "-" + role + "-" + instance}, nil
 }
 

@@ -160,6 +160,11 @@ func TestKafkaGroupPrefix(t *testing.T) {
 	if err := cliErr(t, append(args, "--kafka-group-prefix", "staging ledger")...); err == nil || !strings.Contains(err.Error(), "--kafka-group-prefix") {
 		t.Errorf("--kafka-group-prefix with a space: %v; want refused, naming the flag", err)
 	}
+	// A negative timeout: Kafka would use its default, and the loop's
+	// leave of the group would give up at once.
+	if err := cliErr(t, append(args, "--session-timeout", "-1s")...); err == nil || !strings.Contains(err.Error(), "must not be negative") {
+		t.Errorf("--session-timeout -1s: %v; want refused", err)
+	}
 	exited := runCommand(t, append(args, "--kafka-group-prefix", "staging")...)
 	adm := kadm.NewClient(admin)
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
