@@ -787,6 +787,19 @@ func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity,
 	return &m, nil
 }
 
+// undoEnded says why a call whose compensation ck, comp, has ended having
+// undone it, or maybe, is not resolved: the compensation's outcome
+// settles it. Nil when comp has not ended, or ended undoing nothing.
+func undoEnded(ck ledger.CallKey, comp processors.Record) error {
+	switch comp.Status {
+	case processors.StatusSucceeded:
+		return fmt.Errorf("%w: %s succeeded: it undid the call, which is settled compensated once the reconciler reads that success; there is nothing to resolve (ledger trace %s)", ErrUndoUnderWay, ck, ck.IdempotencyKey)
+	case processors.StatusOutcomeUnknown, processors.StatusParked:
+		return fmt.Errorf("%w: whether its compensation %s undid it is not known (%s): settle the compensation first (ledger calls resolve %s)", ErrUndoUnderWay, ck, comp.Status, ck.IdempotencyKey)
+	}
+	return nil
+}
+
 // automaticUndoPending says why a resolution as succeeded waits for, or
 // must confirm (confirmed), comp, the call's compensation ck; nil when it
 // need not. Resolved succeeded, the call is one the reconciler's
@@ -1416,11 +1429,20 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	case errors.Is(err, processors.ErrNotFound):
 	case err != nil:
 		return nil, err
-	case as == processors.StatusFailed:
-		if !undoneNothing(comp.Status) {
-			return nil, fmt.Errorf("%w: %s is %s; resolve it first if its outcome is unknown", ErrUndoUnderWay, ck, comp.Status)
+	case as == processors.StatusFailed && !undoneNothing(comp.Status):
+		if err := undoEnded(ck, comp); err != nil {
+			return nil, err
 		}
+		return nil, fmt.Errorf("%w: %s is %s, and may undo the call: its outcome settles the call (ledger trace %s)", ErrUndoUnderWay, ck, comp.Status, ck.IdempotencyKey)
+	case as == processors.StatusFailed:
 	default:
+		// Undone already, or maybe: the compensation's outcome settles
+		// the call, whoever asked for it. Resolved succeeded now, the
+		// call would be recorded compensated right after, and the
+		// operator not told that it had been undone.
+		if err := undoEnded(ck, comp); err != nil {
+			return nil, err
+		}
 		if err := automaticUndoPending(ck, comp, res.CancelCompensation); err != nil {
 			return nil, err
 		}

@@ -1313,6 +1313,37 @@ func TestResolveSucceededBehindWhichCompensation(t *testing.T) {
 	}
 }
 
+// A call whose compensation has already undone it (succeeded) is not
+// resolved, as succeeded or failed, whoever asked for the compensation:
+// its success settles the call compensated, and the operator is told so.
+// Before, a resolution as succeeded was accepted, and the call was
+// recorded compensated right after, the operator none the wiser; as
+// failed it was refused as if the compensation were still under way.
+func TestResolveRefusedOnceTheCompensationUndidTheCall(t *testing.T) {
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	for _, asker := range []string{executor.ReconcilerUser, "u_operator"} {
+		for _, as := range []processors.Status{processors.StatusSucceeded, processors.StatusFailed} {
+			r := newRig(t)
+			orig, _ := r.unknownRefundToUndo()
+			auth := r.admitCompensation(orig.Key(), asker)
+			out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if evs := decodeAll(t, out.Records); len(evs) == 0 || evs[len(evs)-1].Type != statemachine.EventSucceeded {
+				t.Fatalf("compensation by %s: %v; want it to succeed", asker, summary(evs))
+			}
+			_, err = r.reconciler().Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: as, Evidence: "the bank shows the refund", CancelCompensation: true})
+			if !errors.Is(err, executor.ErrUndoUnderWay) || !strings.Contains(err.Error(), "undid the call") {
+				t.Errorf("compensation by %s succeeded, resolving %s = %v; want refused, saying it undid the call", asker, as, err)
+			}
+			if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status == processors.StatusSucceeded || rec.Status == processors.StatusFailed {
+				t.Errorf("the call is %s (%v); want it left for its compensation to settle", rec.Status, err)
+			}
+		}
+	}
+}
+
 // A sweep that listed a call parked for its compensation asks for none
 // once an operator resolved the call meanwhile: that compensation would
 // undo nothing and spend the call's one compensation key, and an
