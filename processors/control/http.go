@@ -282,6 +282,15 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Introspection{Active: false})
 		return
 	}
+	// Once more after the inspection, which may have waited on a key
+	// fetch for seconds: the revocations read below must be those of a
+	// copy current now, not before that wait.
+	if err := s.current(r.Context()); err != nil {
+		s.cfg.Logger.Warn("introspection refused: control state stale after the inspection", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the revocations known here are not known to be current; try again")
+		return
+	}
 	// A family's revocation covers the credentials issued up to it (and
 	// RevocationSkew after, for the clocks of two machines): the family
 	// (tool, tenant, key epoch) goes on being minted afterwards, and

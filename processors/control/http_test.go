@@ -412,6 +412,33 @@ func TestIntrospectionStaleState(t *testing.T) {
 	e.assertNoSecrets(cred.Token)
 }
 
+// stalingInspector is an inspector whose inspection (a key fetch from a
+// slow executor, say) outlasts the state's bound: the copy is stale once
+// it answers.
+type stalingInspector struct {
+	Inspector
+	state *State
+}
+
+func (s stalingInspector) Inspect(ctx context.Context, token string) (credentials.Claims, error) {
+	s.state.asOf.Store(int64(-time.Minute)) // known current only a minute before the state began
+	return s.Inspector.Inspect(ctx, token)
+}
+
+// The revocations an introspection reads are those of a copy current
+// after the inspection, which may wait on a key fetch for seconds: a copy
+// gone stale meanwhile is answered 503, as before it. Before, it was
+// checked before the inspection only, and a credential revoked during a
+// slow fetch answered active.
+func TestIntrospectionStaleAfterTheInspection(t *testing.T) {
+	t.Parallel()
+	e := newHTTPEnv(t, func(c *Config) { c.Credentials = stalingInspector{Inspector: c.Credentials, state: c.State} })
+	cred := e.credential("refund_order", "t_acme")
+	if status, got := e.introspect(cred.Token); status != 503 || got["active"] != nil {
+		t.Errorf("introspect on a copy gone stale during the inspection = %d %v; want 503, no verdict", status, got)
+	}
+}
+
 func TestIntrospectionNotServedWithoutInspector(t *testing.T) {
 	t.Parallel()
 	e := newHTTPEnv(t, func(c *Config) { c.Credentials = nil })

@@ -496,12 +496,17 @@ func (s *Service) covers(a Action, issued time.Time) bool {
 // freeze of every tenant's, a tenant operator sees neither who made it nor
 // why, as an agent's refusal says neither (FrozenDetail): a platform
 // operator's reason may speak of other tenants.
-func (s *Service) Snapshot(_ context.Context, operator identity.Identity) (Snapshot, error) {
+func (s *Service) Snapshot(ctx context.Context, operator identity.Identity) (Snapshot, error) {
 	if !s.cfg.State.isReady() {
 		return Snapshot{}, ErrNotReady
 	}
 	platform, err := s.operator(operator)
 	if err != nil {
+		return Snapshot{}, err
+	}
+	// As the other reads: a copy not known current would show a freeze
+	// or a revocation made elsewhere as not made (ErrStale).
+	if err := s.current(ctx); err != nil {
 		return Snapshot{}, err
 	}
 	snap := s.cfg.State.Snapshot()

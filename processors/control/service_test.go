@@ -698,6 +698,12 @@ func TestUnfreezeOnAStaleCopyIsRefused(t *testing.T) {
 	if _, err := svc.Freeze(ctx, acmeOp, "send_email", "", "again"); !errors.Is(err, ErrStale) {
 		t.Errorf("a tenant operator's freeze on a stale copy = %v; want ErrStale", err)
 	}
+	// Nor is a stale copy shown as the freezes in force: one made or
+	// lifted elsewhere would look not made (ledger control show, the
+	// console's health page).
+	if _, err := svc.Snapshot(ctx, platformOp); !errors.Is(err, ErrStale) {
+		t.Errorf("the snapshot of a stale copy = %v; want ErrStale", err)
+	}
 	if n := pub.published(); n != before {
 		t.Errorf("%d records published on a stale copy; want none", n-before)
 	}

@@ -741,6 +741,15 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	}
 	c.tool = tool
 	if p.cfg.Freezes != nil {
+		// The freeze read below is only as good as the copy it reads:
+		// its freshness is taken right before it (the copy only moves
+		// forward), since the step's checks before (an assertion's key
+		// refresh, say) can outlast the bound, and a copy that caught up
+		// by the decision's check would hide that it missed a freeze
+		// here. A stale copy decides nothing (below).
+		if stale == "" {
+			stale = p.controlStale()
+		}
 		// A key already used is a resent call, which the store answers
 		// whatever the freeze: refused tool_frozen, its agent would take
 		// a call that stands (its approval pending, say, and run after

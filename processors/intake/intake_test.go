@@ -751,6 +751,44 @@ func TestIntakeDecidesNothingOnACopyGoneStale(t *testing.T) {
 	}
 }
 
+// catchingUpControls is a copy of the control topic that went stale
+// while a call's assertion was verified (a key refresh that outlasted the
+// bound), missed a freeze there, and caught up right after its freeze was
+// read.
+type catchingUpControls struct{ staleControls }
+
+func (c *catchingUpControls) Frozen(string, string) (control.Action, bool) {
+	defer c.staleness.Store(0)
+	return control.Action{}, false
+}
+
+// stalingVerifier is a verifier whose verification outlasts the control
+// copy's bound: the copy is stale once it answers.
+type stalingVerifier struct {
+	intake.Verifier
+	controls *catchingUpControls
+}
+
+func (v stalingVerifier) Verify(ctx context.Context, assertion string) (identity.Identity, error) {
+	v.controls.staleness.Store(int64(time.Minute))
+	return v.Verifier.Verify(ctx, assertion)
+}
+
+// A freeze is read from a copy known current when it is read: a copy that
+// went stale before it and caught up after (the decision's check then
+// passing) is caught there, and the call refused for now. Before, the
+// call was decided, and admitted, under a freeze the copy had missed.
+func TestIntakeReadsTheFreezeFromACurrentCopy(t *testing.T) {
+	controls := &catchingUpControls{}
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Freezes, c.ControlMaxStaleness = controls, 2*time.Second
+		c.Identity = stalingVerifier{Verifier: c.Identity, controls: controls}
+	})
+	if _, got := f.step(t, f.envelopeRecord(t, "caught-up", map[string]any{"title": "t"})); !slices.Equal(got, []string{"caught-up:denied/" + intake.ReasonControlStale}) {
+		t.Errorf("a call whose freeze was read from a stale copy: %v; want refused for now (control_state_stale)", got)
+	}
+}
+
 // A step decides its calls with the policy version its copy of the
 // control topic activates (SyncPolicies), not with the one the engine
 // held at its last tick of following the activations. Before, calls
