@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -357,5 +358,42 @@ func TestResultHoldingARenewedCredentialsEarlierTokenIsWithheld(t *testing.T) {
 	}
 	if strings.Contains(string(rec.Result), "content") || strings.Contains(string(rec.Result), "eyJ") {
 		t.Errorf("stored result %s; want it without its content", rec.Result)
+	}
+}
+
+// A call taken over whose tool answers with a credential it stored from
+// an earlier request (the dead owner's, which this executor never saw) is
+// kept without content (result_holds_secret); masked, the token is hidden
+// and the result kept. Before, only this executor's own tokens were
+// looked for, and the dead owner's was kept where the agent reads it.
+func TestTakenOverResultHoldingAnotherOwnersCredential(t *testing.T) {
+	enc := base64.RawURLEncoding.EncodeToString
+	deadToken := enc([]byte(`{"alg":"EdDSA","typ":"ledger-credential+jwt"}`)) + "." + enc([]byte(`{"jti":"j0"}`)) + "." + enc([]byte("sig"))
+	for _, masked := range []bool{false, true} {
+		reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+			if masked {
+				entry["mask"] = []any{"debug"}
+			}
+		})
+		r := newRigWith(t, reg, demobackend.Config{})
+		echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"ticket_id":"tk_1","debug":{"authorization":"Bearer ` + deadToken + `"}}`))
+		}))
+		t.Cleanup(echo.Close)
+		r.url = echo.URL
+		broker, err := credentials.New(credentials.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		auth, _ := r.admitClaimedByTheDead("create_ticket", "taken-echo", map[string]any{"title": "t"})
+		code := executor.CodeResultHoldsSecret
+		if masked {
+			code = ""
+		}
+		rec := succeededWith(t, r, r.executor(func(c *executor.Config) { c.Credentials = broker }), auth, code)
+		if strings.Contains(string(rec.Result), deadToken) || masked != strings.Contains(string(rec.Result), "tk_1") {
+			t.Errorf("masked %v: stored result %s; want no token, the content kept only masked", masked, rec.Result)
+		}
 	}
 }

@@ -1230,7 +1230,9 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		log.Error("backend secret unavailable", "err", err)
 		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonNoCredential, "backend_secret_unavailable", nil)
 	}
-	sec := secrets{backend: backend}
+	// Taken over, the call's tool may hand back a token of the dead
+	// owner's, stored with its answer, which this executor never saw.
+	sec := secrets{backend: backend, anyToken: reclaimed}
 	if x.cfg.Credentials != nil {
 		grant := credentials.Grant{
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: x.cfg.Owner,
@@ -1936,10 +1938,12 @@ type refusal struct {
 type secrets struct {
 	bearer, backend string
 	earlier         []string
-	// anyToken: every compact JWS or JWE counts as a secret. The
-	// reconciler's: the answer of a status lookup may hold a token the
-	// call's executors sent (a tool that stored its echo of a request),
-	// which it does not know.
+	// anyToken: every compact JWS or JWE in the result as it would be
+	// kept (masked) counts as a secret. For an answer that may hold a
+	// token another executor sent, which this one never saw: the
+	// reconciler's status lookups, and a call taken over (a tool that
+	// stored its echo of a request replays it). A tool's result that is
+	// itself a token is then withheld too, unless masked.
 	anyToken bool
 }
 
@@ -1981,9 +1985,11 @@ func (s secrets) inTree(v any) bool {
 	return false
 }
 
-// in reports whether p or q holds a secret.
+// in reports whether p, the answer as it came, or q, as it would be
+// kept, holds a secret; any token (anyToken) is looked for in q alone,
+// where a mask hides what it masks.
 func (s secrets) in(p, q []byte) bool {
-	if s.anyToken && (!bytes.Equal(ledger.RedactTokens(p), p) || !bytes.Equal(ledger.RedactTokens(q), q)) {
+	if s.anyToken && !bytes.Equal(ledger.RedactTokens(q), q) {
 		return true
 	}
 	for _, x := range append([]string{s.bearer, s.backend}, s.earlier...) {

@@ -788,13 +788,17 @@ func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity,
 }
 
 // undoEnded says why a call whose compensation ck, comp, has ended having
-// undone it, or maybe, is not resolved: the compensation's outcome
-// settles it. Nil when comp has not ended, or ended undoing nothing.
-func undoEnded(ck ledger.CallKey, comp processors.Record) error {
+// undone it, or (unknownToo) maybe, is not resolved: the compensation's
+// outcome settles it. Nil when comp has not ended so, or ended undoing
+// nothing.
+func undoEnded(ck ledger.CallKey, comp processors.Record, unknownToo bool) error {
 	switch comp.Status {
 	case processors.StatusSucceeded:
 		return fmt.Errorf("%w: %s succeeded: it undid the call, which is settled compensated once the reconciler reads that success; there is nothing to resolve (ledger trace %s)", ErrUndoUnderWay, ck, ck.IdempotencyKey)
 	case processors.StatusOutcomeUnknown, processors.StatusParked:
+		if !unknownToo {
+			return nil
+		}
 		return fmt.Errorf("%w: whether its compensation %s undid it is not known (%s): settle the compensation first (ledger calls resolve %s)", ErrUndoUnderWay, ck, comp.Status, ck.IdempotencyKey)
 	}
 	return nil
@@ -1430,17 +1434,20 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	case err != nil:
 		return nil, err
 	case as == processors.StatusFailed && !undoneNothing(comp.Status):
-		if err := undoEnded(ck, comp); err != nil {
+		if err := undoEnded(ck, comp, true); err != nil {
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: %s is %s, and may undo the call: its outcome settles the call (ledger trace %s)", ErrUndoUnderWay, ck, comp.Status, ck.IdempotencyKey)
 	case as == processors.StatusFailed:
 	default:
-		// Undone already, or maybe: the compensation's outcome settles
-		// the call, whoever asked for it. Resolved succeeded now, the
-		// call would be recorded compensated right after, and the
-		// operator not told that it had been undone.
-		if err := undoEnded(ck, comp); err != nil {
+		// Undone already: the compensation's success settles the call,
+		// whoever asked for it. Resolved succeeded now, the call would
+		// be recorded compensated right after, and the operator not told
+		// that it had been undone. (One whose own outcome is unknown
+		// does not stop it: resolved succeeded, the call is what it was
+		// whatever the undo did, and moves on to compensated if the
+		// compensation is found to have succeeded.)
+		if err := undoEnded(ck, comp, false); err != nil {
 			return nil, err
 		}
 		if err := automaticUndoPending(ck, comp, res.CancelCompensation); err != nil {

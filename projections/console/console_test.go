@@ -1624,6 +1624,24 @@ func TestApprovalsSaysTheQueueIsLonger(t *testing.T) {
 	}
 }
 
+// The health page counts no freezes and no revocations it could not read
+// (the control API answers 503 on a stale copy): "0 frozen tools" during
+// a stall would say that a freeze made elsewhere was not.
+func TestHealthCountsNoFreezesItCouldNotRead(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertOperator)
+	if body := b.get("/health").Body.String(); !strings.Contains(body, `Frozen tools</span><span class="big">4</span>`) {
+		t.Fatalf("health page lacks the frozen tools' count:\n%s", body)
+	}
+	fx.api.mu.Lock()
+	fx.api.refuse["GET /v1/control"] = refusalSpec{status: http.StatusServiceUnavailable, code: "unavailable", message: "the freezes known here are not known to be current; try again"}
+	fx.api.mu.Unlock()
+	body := b.get("/health").Body.String()
+	if !strings.Contains(body, `Frozen tools</span><span class="big">?</span>`) || strings.Contains(body, `Frozen tools</span><span class="big">0</span>`) {
+		t.Errorf("health page with the control state unread: want its counts unknown, not 0:\n%s", body)
+	}
+}
+
 // A projection lag the API could not read (Kafka unreachable, a grant
 // missing) is said to be unknown on the health page. Before, /v1/health
 // left it at zero, and the page showed the projection caught up.
