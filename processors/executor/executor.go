@@ -1992,15 +1992,10 @@ func (s secrets) in(p, q []byte) bool {
 	if s.anyToken && !bytes.Equal(ledger.RedactTokens(q), q) {
 		return true
 	}
-	for _, x := range append([]string{s.bearer, s.backend}, s.earlier...) {
-		if x == "" {
-			continue
-		}
-		if b := []byte(x); bytes.Contains(p, b) || bytes.Contains(q, b) {
-			return true
-		}
+	holds := func(x string) bool {
+		return x != "" && (bytes.Contains(p, []byte(x)) || bytes.Contains(q, []byte(x)))
 	}
-	return false
+	return holds(s.bearer) || holds(s.backend) || slices.ContainsFunc(s.earlier, holds)
 }
 
 func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec *secrets, c *completion) (httptool.Response, error) {
