@@ -387,9 +387,15 @@ type Metrics interface {
 	// their outboxes, and were not appended; counted each time a sweep
 	// or a claim meets one.
 	UnreadableOutboxes(n int)
+	// UndecodableEvents: n events of the log that may authorize a call
+	// could not be read (a newer encoding, or damaged), and were passed
+	// over: their calls stay unrun.
+	UndecodableEvents(n int)
 }
 
 type nopMetrics struct{}
+
+func (nopMetrics) UndecodableEvents(int) {}
 
 func (nopMetrics) Claims(string, int)                     {}
 func (nopMetrics) Stage(string, time.Duration)            {}
@@ -632,6 +638,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			// this build cannot read is a deployment problem that a
 			// human must see, not a reason to stop the partition.
 			x.cfg.Logger.Error("undecodable event", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			x.cfg.Metrics.UndecodableEvents(1)
 			continue
 		}
 		if ev.Type != statemachine.EventAuthorized && ev.Type != statemachine.EventApproved {

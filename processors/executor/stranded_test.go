@@ -381,3 +381,26 @@ func sweepUntilEvents(t *testing.T, x *executor.Executor, sweeps int) []string {
 	}
 	return got
 }
+
+// An authorized event this build cannot read (a newer encoding, after a
+// misordered upgrade) is passed over, its call left unrun, and counted
+// (ledger_events_undecodable_total), for an alert to say so; before, a log
+// line at Error was all.
+func TestUndecodableAuthorizedEventCounted(t *testing.T) {
+	r := newRig(t)
+	reg := metrics.New("executor", nil)
+	x := r.executor(func(c *executor.Config) { c.Metrics = reg })
+	rec := &kgo.Record{Topic: ledger.Topics{}.WithDefaults().Events, Key: []byte("t_a/newer"),
+		Value:   []byte(`{"v":99,"type":"authorized","seq":2,"tenant_id":"t_a","idempotency_key":"newer"}`),
+		Headers: []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte("authorized")}}}
+	out, err := x.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 || r.backend.Requests() != 0 {
+		t.Errorf("an undecodable authorized event: %d records, %d tool requests; want none", len(out.Records), r.backend.Requests())
+	}
+	if n := counter(t, reg, "ledger_events_undecodable_total"); n != 1 {
+		t.Errorf("ledger_events_undecodable_total = %v; want 1", n)
+	}
+}

@@ -43,6 +43,7 @@ type Registry struct {
 	toolCalls    *prometheus.HistogramVec
 	storeRetries *prometheus.CounterVec
 	unreadable   prometheus.Counter
+	undecodable  prometheus.Counter
 	undos        *prometheus.CounterVec
 	deleted      *prometheus.CounterVec
 	skipped      *prometheus.CounterVec
@@ -90,6 +91,10 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_outboxes_unreadable_total", ConstLabels: constRole,
 		Help: "Execution records whose events this build could not read from their outbox (written by a newer build, or damaged), so did not append: counted each time a sweep or a claim meets one. Their events are not in the log; each is logged with its call key.",
 	})
+	r.undecodable = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ledger_events_undecodable_total", ConstLabels: constRole,
+		Help: "Events of the log that may authorize a call (authorized, approved) which this build could not read (a newer encoding after a misordered upgrade, or damaged), so passed over: their calls stay authorized and unrun. Counted each time a step meets one; each is logged at Error with its partition and offset.",
+	})
 	r.undos = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_compensation_requests_total", ConstLabels: constRole,
 		Help: "The reconciler's requests for automatic compensations (undo_unknown), by result: requested, failed (asked again later), refused (for good) and abandoned (failed its last attempt); the last two leave the call to a human.",
@@ -106,7 +111,7 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_dlq_records_total", ConstLabels: constRole,
 		Help: "Records this process appended to the DLQ (committed), by reason: requests that could not be read as an envelope, and batches skipped for their size.",
 	}, []string{"reason"})
-	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undos, r.deleted, r.skipped, r.dlq,
+	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undecodable, r.undos, r.deleted, r.skipped, r.dlq,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
@@ -242,6 +247,10 @@ func (r *Registry) ToolCall(tool, result string, d time.Duration) {
 
 // UnreadableOutboxes counts n records whose outboxes could not be read.
 func (r *Registry) UnreadableOutboxes(n int) { r.unreadable.Add(float64(n)) }
+
+// UndecodableEvents counts n events that may authorize a call, passed
+// over unread.
+func (r *Registry) UndecodableEvents(n int) { r.undecodable.Add(float64(n)) }
 
 // Breakers reports the circuit breakers' states at each scrape:
 // ledger_breaker_state{tool,tenant} is 0 closed, 1 half-open, 2 open.
