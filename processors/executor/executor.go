@@ -395,12 +395,11 @@ type Metrics interface {
 
 type nopMetrics struct{}
 
-func (nopMetrics) UndecodableEvents(int) {}
-
 func (nopMetrics) Claims(string, int)                     {}
 func (nopMetrics) Stage(string, time.Duration)            {}
 func (nopMetrics) ToolCall(string, string, time.Duration) {}
 func (nopMetrics) UnreadableOutboxes(int)                 {}
+func (nopMetrics) UndecodableEvents(int)                  {}
 
 // claimResult names a claim's outcome for metrics.
 func claimResult(o processors.ClaimOutcome) string {
@@ -2492,6 +2491,13 @@ type sanitized struct {
 	code string
 }
 
+// digested is a result's digest and size, of b: sha256:<hex>, the form
+// events carry (result_digest).
+func digested(b []byte) sanitized {
+	sum := sha256.Sum256(b)
+	return sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(b)}
+}
+
 // resultMasks returns the fields a call's result hides: its tool's
 // (registry) and its policies' (mask obligations).
 func resultMasks(tool *schemas.Tool, obligations []string) []string {
@@ -2510,8 +2516,7 @@ func obligationMasks(obligations []string) []string {
 }
 
 func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string, sent secrets) sanitized {
-	sum := sha256.Sum256(resp.Body)
-	s := sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
+	s := digested(resp.Body)
 	var content, loose any
 	if !resp.Truncated {
 		switch tree, err := ledger.Decode(resp.Body, ledger.Limits{MaxBytes: max(len(resp.Body), 1)}); {
@@ -2558,9 +2563,8 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string, sent s
 		// has neither.
 		s.digest, s.bytes = "", 0
 		if content != nil && !s.holdsSecret {
-			kept := appendTree(nil, content)
-			sum := sha256.Sum256(kept)
-			s.digest, s.bytes = "sha256:"+hex.EncodeToString(sum[:]), len(kept)
+			d := digested(appendTree(nil, content))
+			s.digest, s.bytes = d.digest, d.bytes
 		}
 	}
 	return s

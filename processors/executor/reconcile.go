@@ -3,8 +3,6 @@ package executor
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -1215,8 +1213,8 @@ func lookupResult(tool *schemas.Tool, tmpl ledger.Event, resp httptool.Response,
 	if len(masks) > 0 {
 		return nil
 	}
-	sum := sha256.Sum256(resp.Body)
-	return &sanitized{digest: "sha256:" + hex.EncodeToString(sum[:]), bytes: len(resp.Body)}
+	d := digested(resp.Body)
+	return &d
 }
 
 // lookupState reads {"state": ...} from a status lookup's answer. An
@@ -1439,6 +1437,8 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		}
 		return nil, fmt.Errorf("%w: %s is %s, and may undo the call: its outcome settles the call (ledger trace %s)", ErrUndoUnderWay, ck, comp.Status, ck.IdempotencyKey)
 	case as == processors.StatusFailed:
+		// Its compensation ended undoing nothing: the call is the
+		// operator's to settle.
 	default:
 		// Undone already: the compensation's success settles the call,
 		// whoever asked for it. Resolved succeeded now, the call would
