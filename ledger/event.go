@@ -24,10 +24,10 @@ import (
 //   - binding: a reader must act on it (a check, such as the resource
 //     version an approval binds; a limit). It needs a new V, so that an
 //     older build refuses the events that carry it rather than decide
-//     without a check it does not know: its executor leaves such a call
-//     unrun for good (it logs an undecodable event, and commits past
-//     it), its intake leaves it out of a duplicate's re-append, its
-//     projector stops before it. Raising EncodingVersion alone would put the new
+//     without a check it does not know: its executor stops before it
+//     (ErrStop: the process exits, and the partition waits for a build
+//     that reads it), its intake leaves it out of a duplicate's
+//     re-append, its projector stops before it. Raising EncodingVersion alone would put the new
 //     V on every event, so Encode must then write it only on the events
 //     that carry the field, and only once a setting says that every
 //     build reads it: readers first, then writers, and the intake and

@@ -53,12 +53,21 @@ type Output struct {
 // sweeps, expiries) runs on an idle topic. Per-record problems are the
 // step's to turn into events or DLQ records; a returned error means "try
 // the batch again later": the loop aborts, rewinds to the committed offsets
-// and redelivers. A batch whose step returns an empty Output (no records,
+// and redelivers, unless it wraps ErrStop. A batch whose step returns an empty Output (no records,
 // no hooks) is committed by the next transaction, not by one of its own:
 // a crash or a rebalance before then delivers it again, so an empty Output
 // must mean that delivering the batch again is safe: the step did
 // nothing, or nothing that a redelivery would do twice.
 type Step func(ctx context.Context, recs []*kgo.Record) (Output, error)
+
+// ErrStop, wrapped in a step's error, ends the loop rather than redeliver
+// the batch: the step met a record that no redelivery to this process
+// gets past (one of an encoding newer than it reads), and which it must
+// not pass over either. The loop aborts the batch's transaction and leaves
+// the group, so that the partitions go at once to the other members (a
+// newer build, during an upgrade), and Run returns the error: the process
+// ends, to be replaced.
+var ErrStop = errors.New("loop stopped")
 
 // LoopConfig configures a consume-process-produce loop.
 type LoopConfig struct {
@@ -141,7 +150,7 @@ type LoopMetrics interface {
 	// took, txn how long producing and ending the transaction did.
 	Committed(consumed int, produced []*kgo.Record, step, txn time.Duration)
 	// NotCommitted: a step's work was not committed, and why:
-	// "rebalanced", "step_failed" or "failed".
+	// "rebalanced", "step_failed", "stopped" (ErrStop) or "failed".
 	NotCommitted(result string)
 	// RecordsDeleted: n records of topic were deleted from the log
 	// (retention, DeleteRecords) before the loop read them.
@@ -332,7 +341,8 @@ func NewLoop(cfg LoopConfig, step Step) (*Loop, error) {
 // aborts what it can and discards the session, and starts a new one, which
 // re-initialises the producer id before it consumes, fencing whatever the
 // old one left open. A transaction open when ctx ends is aborted. It
-// returns nil on a clean shutdown.
+// returns nil on a clean shutdown, and a step's error that wraps ErrStop
+// once the session has ended.
 func (l *Loop) Run(ctx context.Context) error {
 	const firstBackoff = 100 * time.Millisecond
 	backoff := firstBackoff
@@ -342,6 +352,9 @@ func (l *Loop) Run(ctx context.Context) error {
 		l.lastPoll.Store(0)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, ErrStop) {
+			return err
 		}
 		if progressed && !errors.Is(err, errPartitionDropped) {
 			// The session worked for a while: this failure starts a
@@ -565,6 +578,14 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if errors.Is(err, ErrStop) {
+				// Nothing was produced; leaving the session (below)
+				// rewinds nothing, and the group's next member
+				// resumes at the committed offsets.
+				l.cfg.Metrics.NotCommitted("stopped")
+				l.cfg.Logger.Error("step stopped the loop", "group", l.cfg.Group, "records", len(recs)+held, "err", err)
+				return err
 			}
 			stepFailures++
 			l.cfg.Metrics.NotCommitted("step_failed")

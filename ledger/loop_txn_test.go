@@ -1499,3 +1499,69 @@ func TestLoopNotReadyWhileTheGroupRefusesIt(t *testing.T) {
 	refuse.Store(false)
 	ledgertest.WaitFor(t, 30*time.Second, l.Ready)
 }
+
+// A step's error that wraps ErrStop ends Run, where any other redelivers
+// the batch for ever: the record it met (one of a newer encoding) is one
+// that no redelivery gets past, and the loop must not commit past it
+// either. The group resumes at the record, with another member: what the
+// stopped loop committed before stays committed once, and the rest is
+// copied once.
+func TestLoopErrStopEndsRun(t *testing.T) {
+	k := faultableKafka(t)
+	const n = 10
+	publishRequests(t, k, n)
+	cfg := ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-stop", Tick: 50 * time.Millisecond, MaxPollRecords: 3,
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+	}
+	stopping, err := ledger.NewLoop(cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		var out ledger.Output
+		for _, r := range recs {
+			if string(r.Key) == "k7" {
+				return ledger.Output{}, fmt.Errorf("%w: met %s", ledger.ErrStop, r.Key)
+			}
+			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+		}
+		return out, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- stopping.Run(t.Context()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ledger.ErrStop) {
+			t.Fatalf("Run = %v; want an error wrapping ErrStop", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run still runs 20s after its step stopped it")
+	}
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	got, err := groupCommitted(t.Context(), cl, k.Group("copy"))
+	t.Logf("stopped loop committed %d", got)
+	if err != nil || got >= n {
+		t.Fatalf("the stopped loop committed %d of %d requests (%v); want fewer: it committed past the record that stopped it", got, n, err)
+	}
+
+	next := copyLoop(t, k, "copy-next")
+	ctx, cancel := context.WithCancel(context.Background())
+	nextDone := make(chan error, 1)
+	go func() { nextDone <- next.Run(ctx) }()
+	defer func() { cancel(); <-nextDone }()
+	waitCommitted(t, k, n, 20*time.Second)
+	seen := make(map[string]int)
+	for _, r := range readCommitted(t, k, k.Topics.Events, n) {
+		seen[string(r.Key)]++
+	}
+	for i := range n {
+		if key := fmt.Sprintf("k%d", i); seen[key] != 1 {
+			t.Errorf("%s copied %d times; want once", key, seen[key])
+		}
+	}
+}

@@ -388,8 +388,8 @@ type Metrics interface {
 	// or a claim meets one.
 	UnreadableOutboxes(n int)
 	// UndecodableEvents: n events of the log that may authorize a call
-	// could not be read (a newer encoding, or damaged), and were passed
-	// over: their calls stay unrun.
+	// could not be read (damaged: a newer encoding stops the executor
+	// instead), and were passed over: their calls stay unrun.
 	UndecodableEvents(n int)
 }
 
@@ -632,10 +632,22 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 			continue
 		}
 		ev, err := ledger.DecodeEvent(r.Value)
+		if errors.Is(err, ledger.ErrUnsupportedEncoding) {
+			// A newer build wrote it (an upgrade out of order: the
+			// setting that turns a new encoding on came before every
+			// executor read it). Passing over it would leave its call
+			// unrun for good, since no claim of it exists for a sweep
+			// to find; this process stops instead, and the partition
+			// goes to a member that reads it, or waits for one.
+			x.cfg.Logger.Error("executor stopped: the events topic holds an event of a newer encoding than this build reads; upgrade it",
+				"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
+			return ledger.Output{}, fmt.Errorf("%w: %s/%d at offset %d: %w", ledger.ErrStop, r.Topic, r.Partition, r.Offset, err)
+		}
 		if err != nil {
-			// The events topic is written only by the ledger; an event
-			// this build cannot read is a deployment problem that a
-			// human must see, not a reason to stop the partition.
+			// The events topic is written only by the ledger: an event
+			// that does not decode at all is damage, or a bug, that a
+			// human must see; stopping would stop every executor it
+			// is handed to in turn.
 			x.cfg.Logger.Error("undecodable event", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "err", err)
 			x.cfg.Metrics.UndecodableEvents(1)
 			continue

@@ -382,25 +382,47 @@ func sweepUntilEvents(t *testing.T, x *executor.Executor, sweeps int) []string {
 	return got
 }
 
-// An authorized event this build cannot read (a newer encoding, after a
-// misordered upgrade) is passed over, its call left unrun, and counted
-// (ledger_events_undecodable_total), for an alert to say so; before, a log
-// line at Error was all.
-func TestUndecodableAuthorizedEventCounted(t *testing.T) {
-	r := newRig(t)
-	reg := metrics.New("executor", nil)
-	x := r.executor(func(c *executor.Config) { c.Metrics = reg })
-	rec := &kgo.Record{Topic: ledger.Topics{}.WithDefaults().Events, Key: []byte("t_a/newer"),
-		Value:   []byte(`{"v":99,"type":"authorized","seq":2,"tenant_id":"t_a","idempotency_key":"newer"}`),
-		Headers: []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte("authorized")}}}
-	out, err := x.Step(t.Context(), []*kgo.Record{rec})
-	if err != nil {
-		t.Fatal(err)
+// An authorized event that does not decode (damaged) is passed over, its
+// call left unrun, and counted (ledger_events_undecodable_total), for an
+// alert to say so; before, a log line at Error was all. One of a newer
+// encoding (an upgrade out of order) is not passed over: the step stops
+// the loop (ledger.ErrStop), so that the call waits for an executor that
+// reads it rather than stay unrun for good, and nothing of the batch is
+// done, the calls before it included.
+func TestUndecodableAuthorizedEvent(t *testing.T) {
+	event := func(key, value string) *kgo.Record {
+		return &kgo.Record{Topic: ledger.Topics{}.WithDefaults().Events, Key: []byte("t_a/" + key), Value: []byte(value),
+			Headers: []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte("authorized")}}}
 	}
-	if len(out.Records) != 0 || r.backend.Requests() != 0 {
-		t.Errorf("an undecodable authorized event: %d records, %d tool requests; want none", len(out.Records), r.backend.Requests())
-	}
-	if n := counter(t, reg, "ledger_events_undecodable_total"); n != 1 {
-		t.Errorf("ledger_events_undecodable_total = %v; want 1", n)
-	}
+	t.Run("damaged", func(t *testing.T) {
+		r := newRig(t)
+		reg := metrics.New("executor", nil)
+		x := r.executor(func(c *executor.Config) { c.Metrics = reg })
+		out, err := x.Step(t.Context(), []*kgo.Record{event("damaged", `{"v":1,"type":"authorized","seq":"two"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Records) != 0 || r.backend.Requests() != 0 {
+			t.Errorf("an undecodable authorized event: %d records, %d tool requests; want none", len(out.Records), r.backend.Requests())
+		}
+		if n := counter(t, reg, "ledger_events_undecodable_total"); n != 1 {
+			t.Errorf("ledger_events_undecodable_total = %v; want 1", n)
+		}
+	})
+	t.Run("newer", func(t *testing.T) {
+		r := newRig(t)
+		reg := metrics.New("executor", nil)
+		x := r.executor(func(c *executor.Config) { c.Metrics = reg })
+		before := r.admit("create_ticket", "before-newer", map[string]any{"title": "t"}, 0)
+		out, err := x.Step(t.Context(), []*kgo.Record{before, event("newer", `{"v":99,"type":"authorized","seq":2,"tenant_id":"t_a","idempotency_key":"newer"}`)})
+		if !errors.Is(err, ledger.ErrStop) || !errors.Is(err, ledger.ErrUnsupportedEncoding) {
+			t.Fatalf("a step meeting an event of a newer encoding: %v; want ErrStop and ErrUnsupportedEncoding", err)
+		}
+		if len(out.Records) != 0 || r.backend.Requests() != 0 {
+			t.Errorf("a stopped step: %d records, %d tool requests; want none", len(out.Records), r.backend.Requests())
+		}
+		if n := counter(t, reg, "ledger_events_undecodable_total"); n != 0 {
+			t.Errorf("ledger_events_undecodable_total = %v; want 0 (nothing was passed over)", n)
+		}
+	})
 }

@@ -93,7 +93,7 @@ func New(role string, known func(tool string) bool) *Registry {
 	})
 	r.undecodable = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ledger_events_undecodable_total", ConstLabels: constRole,
-		Help: "Events of the log that may authorize a call (authorized, approved) which this build could not read (a newer encoding after a misordered upgrade, or damaged), so passed over: their calls stay authorized and unrun. Counted each time a step meets one; each is logged at Error with its partition and offset.",
+		Help: "Events of the log that may authorize a call (authorized, approved) which did not decode (damaged: one of a newer encoding stops the executor instead), so were passed over: their calls stay authorized and unrun. Counted each time a step meets one; each is logged at Error with its partition and offset.",
 	})
 	r.undos = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_compensation_requests_total", ConstLabels: constRole,
@@ -212,7 +212,7 @@ func (c *eventCounters) counter(typ, tool []byte) prometheus.Counter {
 }
 
 // NotCommitted counts a transaction that did not commit, by why
-// ("rebalanced", "step_failed", "failed"). It implements
+// ("rebalanced", "step_failed", "stopped", "failed"). It implements
 // ledger.LoopMetrics.
 func (r *Registry) NotCommitted(result string) {
 	r.transactions.WithLabelValues(result).Inc()
