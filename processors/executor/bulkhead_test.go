@@ -423,6 +423,115 @@ func TestShutdownRecordsCarriedCalls(t *testing.T) {
 	}
 }
 
+// A call carried over when the loop stops with its context live (a step
+// returned ledger.ErrStop: an event of a newer encoding) records its
+// outcome once Drain begins, as at a shutdown: before, it waited for a
+// step that would never come, Drain ran out its time, and the call was
+// left to its lease, to be taken over as one that may have been sent,
+// though this executor knew it had succeeded.
+func TestStoppedLoopRecordsCarriedCalls(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 300 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) { c.StepBudget = 50 * time.Millisecond })
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_slow", "create_ticket", "slow", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 {
+		t.Fatalf("step appended %v; want nothing yet", byCall(t, out.Records))
+	}
+	newer := &kgo.Record{Topic: ledger.Topics{}.WithDefaults().Events, Key: []byte("t_a/newer"),
+		Value:   []byte(`{"v":99,"type":"authorized","seq":2,"tenant_id":"t_a","idempotency_key":"newer"}`),
+		Headers: []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte("authorized")}}}
+	if _, err := x.Step(t.Context(), []*kgo.Record{newer}); !errors.Is(err, ledger.ErrStop) {
+		t.Fatalf("step: %v; want ErrStop", err)
+	}
+	dctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	if err := x.Drain(dctx); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	key := ledger.CallKey{TenantID: "t_slow", IdempotencyKey: "slow"}
+	if rec, err := r.store.Get(t.Context(), key); err != nil || rec.Status != processors.StatusSucceeded || !rec.Unlogged() {
+		t.Fatalf("after the drain the record is %s, unlogged %v (%v); want succeeded, waiting for the log", rec.Status, rec.Unlogged(), err)
+	}
+}
+
+// A finished call's outcome that no step takes within HandoffWait (steps
+// stalled: a Kafka session restarting) is recorded by the call itself,
+// before its lease may lapse; a later step no longer waits for it. Before,
+// it waited for a step however long, and a takeover after its lease found
+// a call whose outcome was known as one that may have been sent.
+func TestOutcomeRecordedWhenNoStepTakesIt(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 200 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) {
+		c.StepBudget = 20 * time.Millisecond
+		c.HandoffWait = 100 * time.Millisecond
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_slow", "create_ticket", "slow", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 {
+		t.Fatalf("step appended %v; want nothing yet", byCall(t, out.Records))
+	}
+	key := ledger.CallKey{TenantID: "t_slow", IdempotencyKey: "slow"}
+	ledgertest.WaitFor(t, 5*time.Second, func() error {
+		rec, err := r.store.Get(t.Context(), key)
+		if err != nil {
+			return err
+		}
+		if rec.Status != processors.StatusSucceeded || !rec.Unlogged() {
+			return fmt.Errorf("with no step the record is %s, unlogged %v; want succeeded, waiting for the log", rec.Status, rec.Unlogged())
+		}
+		return nil
+	})
+	if n, _ := x.InFlight(); n != 0 {
+		t.Errorf("%d calls in flight after the call recorded itself; want 0", n)
+	}
+	// The next step neither waits for it nor appends its events: they
+	// come from the sweep of unlogged outcomes, once.
+	out, err = x.Step(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 {
+		t.Errorf("the next step appended %v; want nothing (the sweep appends them)", byCall(t, out.Records))
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_slow", key.String()); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
+// A step that waits for its calls (here for all of them, StepBudget < 0)
+// stops waiting for one that recorded its outcome itself: with the
+// shortest HandoffWait, calls record themselves before the step is
+// ready to take them. Before, such a step waited for ever.
+func TestStepDoesNotWaitForACallThatRecordedItself(t *testing.T) {
+	r := newRig(t)
+	x := r.executor(func(c *executor.Config) { c.HandoffWait = time.Nanosecond })
+	for i := range 5 {
+		key := fmt.Sprintf("self-%d", i)
+		done := make(chan error, 1)
+		go func() {
+			_, err := x.Step(t.Context(), []*kgo.Record{r.admit("create_ticket", key, ticket, 0)})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the step still waits 10s on", key)
+		}
+		if rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: key}); err != nil || rec.Status != processors.StatusSucceeded {
+			t.Fatalf("%s: the record is %s (%v); want succeeded", key, rec.Status, err)
+		}
+	}
+}
+
 // failingClaims is the store, except that Claim fails while fail is set.
 type failingClaims struct {
 	executor.Store

@@ -343,6 +343,16 @@ type Config struct {
 	// the same downstream key, any other call goes to outcome_unknown.
 	// Never a second effect. See also Drain.
 	DrainTimeout time.Duration
+	// HandoffWait is how long a finished call's outcome waits for a
+	// step to take it before the call records it in the store itself,
+	// outside any step (its events then follow from the outbox through
+	// the sweep of unlogged outcomes); default 5s. Steps come every
+	// tick, so an outcome waits longer only while none runs (a Kafka
+	// session restarting, a step failing again and again): without the
+	// bound, its lease could lapse meanwhile, and a takeover would find
+	// a call whose outcome this executor knew as one that may have been
+	// sent.
+	HandoffWait time.Duration
 	// TenantShare is the fraction of each tool's bulkhead (its
 	// MaxConcurrency) that one tenant's calls may hold while other
 	// tenants use the tool, so that one tenant's hanging calls leave
@@ -473,6 +483,9 @@ func (c *Config) setDefaults() {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 10 * time.Second
 	}
+	if c.HandoffWait <= 0 {
+		c.HandoffWait = 5 * time.Second
+	}
 	if c.TenantShare <= 0 {
 		c.TenantShare = 0.25
 	}
@@ -535,7 +548,14 @@ type Executor struct {
 	// claims back (under mu).
 	heldTried time.Time
 	done      chan *flight
-	flights   flights
+	// draining is closed by Drain: no step will take a finished call's
+	// outcome any more, and the call records it itself.
+	draining  chan struct{}
+	drainOnce sync.Once
+	// wake tells a waiting step that a call recorded its outcome
+	// itself (flight.alone): one token stands for any number.
+	wake    chan struct{}
+	flights flights
 	// unwaited are calls in flight that the step which started them did
 	// not wait for (under mu).
 	unwaited map[*flight]struct{}
@@ -717,6 +737,7 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		case f := <-x.done:
 			x.landed(f)
 			got = append(got, f)
+		case <-x.wake:
 		case <-ctx.Done():
 		}
 	}
@@ -1030,6 +1051,14 @@ wait:
 			x.landed(f)
 			delete(waiting, f)
 			got = append(got, f)
+		case <-x.wake:
+			x.mu.Lock()
+			for f := range waiting {
+				if f.alone {
+					delete(waiting, f)
+				}
+			}
+			x.mu.Unlock()
 		case <-budget:
 			break wait
 		case <-ctx.Done():

@@ -158,7 +158,7 @@ func newExecutor(cfg Config) *Executor {
 	noWait, cancel := context.WithCancel(context.Background())
 	cancel()
 	return &Executor{
-		cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), held: make(map[ledger.CallKey]processors.Release), unwaited: make(map[*flight]struct{}), done: make(chan *flight),
+		cfg: cfg, guards: make(map[string]*toolGuard), running: make(map[ledger.CallKey]struct{}), held: make(map[ledger.CallKey]processors.Release), unwaited: make(map[*flight]struct{}), done: make(chan *flight), draining: make(chan struct{}), wake: make(chan struct{}, 1),
 		journalID: cfg.Owner + "/" + rand.Text()[:13] + "/",
 		noWait:    noWait,
 	}
@@ -305,6 +305,9 @@ type flight struct {
 	c     processors.Completion
 	ended bool
 	slow  bool // counted in g.slow
+	// alone: the call recorded its outcome itself, no step took it
+	// (under the executor's mu).
+	alone bool
 }
 
 // flights counts the calls in flight: launched by a step, and neither
@@ -363,10 +366,11 @@ func (f *flights) wait(ctx context.Context) error {
 //
 // The goroutine is owned by the executor: it ends when the call's
 // attempts end, bounded by the call's deadline and lease, and the
-// outcome has been handed to a step, or, when ctx is done (shutdown),
-// recorded in the store. A claimed call runs to its end even when the
-// executor is shutting down, so that its outcome is recorded rather than
-// lost to a reclaim.
+// outcome has been handed to a step, or recorded in the store when no
+// step will take it: ctx is done (shutdown), Drain began (the loop
+// stopped), or none took it within Config.HandoffWait. A claimed call
+// runs to its end even when the executor is shutting down, so that its
+// outcome is recorded rather than lost to a reclaim.
 func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, prior processors.CallCredential) (*flight, bool) {
 	f := &flight{key: rec.Key}
 	if tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion); err == nil {
@@ -400,11 +404,26 @@ func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors
 			g.lastUsed = now
 		}
 		x.mu.Unlock()
+		handoff := time.NewTimer(x.cfg.HandoffWait)
+		defer handoff.Stop()
 		select {
 		case x.done <- f:
+			return
 		case <-ctx.Done():
-			x.recordAlone(ctx, f)
-			x.landed(f)
+		case <-x.draining:
+		case <-handoff.C:
+			x.cfg.Logger.Warn("no step took a finished call's outcome; recorded outside a step", "call_key", f.key.String(), "waited", x.cfg.HandoffWait)
+		}
+		x.recordAlone(ctx, f)
+		x.mu.Lock()
+		f.alone = true
+		x.mu.Unlock()
+		x.landed(f)
+		// A step waiting for this call (await), or for room under
+		// MaxInFlight, is no longer to wait for it.
+		select {
+		case x.wake <- struct{}{}:
+		default:
 		}
 	}()
 	return f, wait
@@ -509,14 +528,17 @@ func (x *Executor) completeAlone(ctx context.Context, cs []processors.Completion
 
 // Drain waits until every call this executor started has ended and been
 // handed to a step or recorded in the store, or until ctx is done. Call
-// it after the loop's Run returned and before closing the store: calls
-// still running at shutdown record their outcomes themselves, and Drain
-// lets them finish doing so. It then asks the store one last time to take
+// it after the loop's Run returned and before closing the store, and run
+// no step after it: calls still running then record their outcomes
+// themselves, and Drain lets them finish doing so. It then asks the store one last time to take
 // back the claims the executor holds since their release failed
 // (releaseClaim). What Drain does not wait for, or give back, is left to
 // the leases (see Config.DrainTimeout): a call still held is then taken
 // over as one that may have been sent, and its keys are logged.
 func (x *Executor) Drain(ctx context.Context) error {
+	// Run may have returned with ctx live (the loop stopped, ErrStop):
+	// the calls waiting for a step to take their outcomes record them.
+	x.drainOnce.Do(func() { close(x.draining) })
 	err := x.flights.wait(ctx)
 	x.releaseHeld(ctx, true)
 	if keys := x.heldKeys(); len(keys) > 0 {
