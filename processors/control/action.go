@@ -223,5 +223,11 @@ func parseFamily(family string) (tool, tenant string, epoch int64, err error) {
 	if epoch, err = strconv.ParseInt(rest[i+1:], 10, 64); err != nil {
 		return "", "", 0, fmt.Errorf("%w: family must be <tool>:<tenant>:<key epoch> with an integer epoch", ErrInvalidRequest)
 	}
+	// A family is revoked by its exact text, as minted: "+3" or "03"
+	// parse as 3 and would be recorded, and shown as revoked, while no
+	// credential's family matches them.
+	if strconv.FormatInt(epoch, 10) != rest[i+1:] {
+		return "", "", 0, fmt.Errorf("%w: family's key epoch %q is not as credentials carry it (%d)", ErrInvalidRequest, rest[i+1:], epoch)
+	}
 	return tool, tenant, epoch, nil
 }

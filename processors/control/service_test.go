@@ -223,6 +223,16 @@ func TestAuthorization(t *testing.T) {
 				return s.Revoke(ctx, platformOp, "", "refund_order:t_acme:x", "r")
 			},
 			wantErr: ErrInvalidRequest},
+		{name: "family with a signed epoch",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, platformOp, "", "refund_order:t_acme:+3", "r")
+			},
+			wantErr: ErrInvalidRequest},
+		{name: "family with a zero-padded epoch",
+			do: func(ctx context.Context, s *Service) (Action, error) {
+				return s.Revoke(ctx, acmeOp, "", "refund_order:t_acme:03", "r")
+			},
+			wantErr: ErrInvalidRequest},
 		{name: "jti with a space",
 			do: func(ctx context.Context, s *Service) (Action, error) {
 				return s.Revoke(ctx, platformOp, "jti 1", "", "r")
