@@ -94,6 +94,19 @@ var (
 // shows: a flood of bad envelopes under a key cannot make it unbounded.
 const MaxRefusals = 100
 
+// RefusalsFull counts the refused submissions of a trace, and reports
+// whether they are as many as a trace keeps (MaxRefusals): later ones,
+// often those nearest an incident, may have been left out, and only the
+// log has them all.
+func RefusalsFull(trace []ledger.Event) (n int, full bool) {
+	for i := range trace {
+		if trace[i].Refusal() {
+			n++
+		}
+	}
+	return n, n >= MaxRefusals
+}
+
 // DefaultLimit is how many calls an answer lists when Filter.Limit is 0;
 // counts always cover every matching call.
 const DefaultLimit = 1000

@@ -79,13 +79,8 @@ func newTraceCmd(g *globals) *cobra.Command {
 // (projections.MaxRefusals, the earliest): later ones, often those nearest
 // an incident, are not shown, and the log has them all.
 func refusalsCut(evs []ledger.Event) string {
-	n := 0
-	for i := range evs {
-		if evs[i].Refusal() {
-			n++
-		}
-	}
-	if n < projections.MaxRefusals {
+	n, full := projections.RefusalsFull(evs)
+	if !full {
 		return ""
 	}
 	return fmt.Sprintf("note: %d refused submissions shown, the earliest, as many as the projection keeps under a key; later ones are not: ledger trace without --clickhouse-dsn reads them all from the log", n)

@@ -127,7 +127,11 @@ func actionKey(a projections.Action) []byte {
 }
 
 // Trace returns the events under key: the refused submissions by time,
-// then the call's events in seq order.
+// the earliest MaxRefusals of them, then the call's events in seq order.
+// A trace holding MaxRefusals refusals may leave later ones out (the
+// query API says so, httpapi.HeaderRefusalsLimitReached); how many is not
+// told, as Call.RefusalsDropped counts a dropped refusal delivered again
+// once more.
 func (ix *Index) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

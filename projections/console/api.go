@@ -33,6 +33,12 @@ const (
 	pathHealth        = "/v1/health"
 )
 
+// headerRefusalsLimitReached, on a trace, says that it holds as many
+// refused submissions under its key as the projection keeps (the
+// earliest): later ones may not be shown. It is
+// httpapi.HeaderRefusalsLimitReached.
+const headerRefusalsLimitReached = "X-Refusals-Limit-Reached"
+
 // apiApprovalPath is the approval API's path of one approval.
 func apiApprovalPath(id string) string { return pathApprovals + "/" + url.PathEscape(id) }
 
@@ -125,16 +131,24 @@ func (c *Console) apiRequest(ctx context.Context, r *http.Request, s *session, m
 // call asks the API and decodes a 2xx answer into out (when not nil). It
 // returns the status; a refusal is an *apiError.
 func (c *Console) call(r *http.Request, s *session, method, path string, q url.Values, body, out any) (int, error) {
+	status, _, err := c.callHeader(r, s, method, path, q, body, out)
+	return status, err
+}
+
+// callHeader is call, which also returns the answer's headers, for an
+// answer that says in them what it left out (headerRefusalsLimitReached);
+// nil when it broke off.
+func (c *Console) callHeader(r *http.Request, s *session, method, path string, q url.Values, body, out any) (int, http.Header, error) {
 	req, err := c.apiRequest(r.Context(), r, s, method, path, q, body)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	rec := newRecorder(maxAnswerBytes)
 	if !serveAPI(c.cfg.API, rec, req) {
 		if method != http.MethodGet {
-			return http.StatusBadGateway, errActionBrokenOff
+			return http.StatusBadGateway, nil, errActionBrokenOff
 		}
-		return http.StatusBadGateway, errBrokenOff
+		return http.StatusBadGateway, nil, errBrokenOff
 	}
 	status := rec.status
 	if status == 0 {
@@ -145,19 +159,19 @@ func (c *Console) call(r *http.Request, s *session, method, path string, q url.V
 		if method != http.MethodGet && ref.Code == httpjson.CodeUpstreamUnavailable {
 			// The proxy lost the service behind it, perhaps after the
 			// service took the action: not a refusal.
-			return status, errActionBrokenOff
+			return status, rec.header, errActionBrokenOff
 		}
-		return status, ref
+		return status, rec.header, ref
 	}
 	if rec.overflow {
-		return status, fmt.Errorf("%s %s: the answer is larger than %d bytes", method, path, maxAnswerBytes)
+		return status, rec.header, fmt.Errorf("%s %s: the answer is larger than %d bytes", method, path, maxAnswerBytes)
 	}
 	if out != nil {
 		if err := json.Unmarshal(rec.body.Bytes(), out); err != nil {
-			return status, fmt.Errorf("%s %s: the answer does not decode: %w", method, path, err)
+			return status, rec.header, fmt.Errorf("%s %s: the answer does not decode: %w", method, path, err)
 		}
 	}
-	return status, nil
+	return status, rec.header, nil
 }
 
 // errBrokenOff is the refusal of an API answer that broke off;

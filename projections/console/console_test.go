@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -18,6 +20,10 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
+	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
+	"github.com/toolcall-ledger/ledger/projections/projectionstest"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -1697,5 +1703,80 @@ func TestVisibleEscapesWhatIsDrawnAsNothing(t *testing.T) {
 	}
 	if got, hidden := visible("Zürich 東京"); hidden || got != "Zürich 東京" {
 		t.Errorf("visible = %q, %v; want it as it is", got, hidden)
+	}
+}
+
+// A call page whose trace holds as many refused submissions as the
+// projection keeps under a key (projections.MaxRefusals, the earliest)
+// says that the earliest are shown and that the log holds them all, as
+// the API's answer says (httpapi.HeaderRefusalsLimitReached): before, it
+// printed "Refused submissions under this key 100" as if that were all
+// of them. The trace comes from the ledger's own query API over the
+// embedded index.
+func TestCallPageSaysItsRefusalsWereCut(t *testing.T) {
+	if headerRefusalsLimitReached != httpapi.HeaderRefusalsLimitReached {
+		t.Fatalf("the console reads %s; the API answers %s", headerRefusalsLimitReached, httpapi.HeaderRefusalsLimitReached)
+	}
+	ix, err := callindex.Open(filepath.Join(t.TempDir(), "index.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ix.Close() })
+	flooded := ledger.CallKey{TenantID: "acme", IdempotencyKey: "flooded"}
+	few := ledger.CallKey{TenantID: "acme", IdempotencyKey: "few"}
+	start := t0.Add(-time.Hour)
+	if err := ix.Apply(append(projectionstest.Flood(flooded, projections.MaxRefusals+30, 1, start), projectionstest.Flood(few, 3, 2, start)...)); err != nil {
+		t.Fatal(err)
+	}
+	queries, err := httpapi.QueryHandler(httpapi.QueryConfig{Queries: ix, Guard: func(next func(http.ResponseWriter, *http.Request, httpapi.Operator)) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			id, ok := identities[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
+			if !ok {
+				apiErr(w, http.StatusUnauthorized, "unauthenticated", "an operator assertion is required as Authorization: Bearer")
+				return
+			}
+			next(w, r, httpapi.Operator{User: id.User, Tenant: id.Tenant, Roles: id.Roles})
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx := newFixture(t, func(fx *fixture) fixtureOpt {
+		return func(c *Config) {
+			api := http.NewServeMux()
+			api.Handle("GET "+pathTrace, queries)
+			api.Handle("/", fx.api)
+			c.API = api
+		}
+	})
+	b := fx.signedIn(assertOperator)
+	note := fmt.Sprintf("The earliest %d are shown", projections.MaxRefusals)
+	for _, c := range []struct {
+		name string
+		key  ledger.CallKey
+		want []string
+		cut  bool
+	}{
+		{"flooded", flooded, []string{
+			fmt.Sprintf(`<span class="count">the earliest %d</span>`, projections.MaxRefusals), note,
+			"The log holds them all: <code>ledger trace --tenant acme flooded</code>, without <code>--clickhouse-dsn</code>",
+		}, true},
+		{"a few", few, []string{`<span class="count">3</span>`}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := b.get(callURL(c.key.TenantID, c.key.IdempotencyKey))
+			body := w.Body.String()
+			if w.Code != http.StatusOK || !strings.Contains(body, "Refused submissions under this key") {
+				t.Fatalf("GET call page of %s = %d; want 200 with its refusals:\n%s", c.key, w.Code, body)
+			}
+			for _, want := range c.want {
+				if !strings.Contains(body, want) {
+					t.Errorf("call page of %s lacks %q", c.key, want)
+				}
+			}
+			if got := strings.Contains(body, note) || strings.Contains(body, "the earliest"); got != c.cut {
+				t.Errorf("call page of %s says its refusals were cut: %v; want %v", c.key, got, c.cut)
+			}
+		})
 	}
 }

@@ -284,6 +284,10 @@ type callPage struct {
 	State       string
 	Events      []eventRow
 	Refusals    []eventRow
+	// RefusalsCut: the trace holds as many refusals as the projection
+	// keeps under a key, the earliest; later ones may be missing, and
+	// the log has them all.
+	RefusalsCut bool
 	Args        []argRow
 	ArgsCut     bool
 	Result      string
@@ -303,12 +307,12 @@ func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) 
 	tenant, key := r.PathValue("tenant"), r.PathValue("key")
 	back := callURL(tenant, key)
 	var evs []ledger.Event
-	status, err := c.call(r, s, http.MethodGet, pathTrace+url.PathEscape(tenant)+"/"+url.PathEscape(key), nil, nil, &evs)
+	status, h, err := c.callHeader(r, s, http.MethodGet, pathTrace+url.PathEscape(tenant)+"/"+url.PathEscape(key), nil, nil, &evs)
 	if err != nil {
 		c.refused(w, r, s, status, "Call "+tenant+"/"+key, err, "/calls")
 		return
 	}
-	p := callPage{Tenant: tenant, Key: key, Back: back}
+	p := callPage{Tenant: tenant, Key: key, Back: back, RefusalsCut: h.Get(headerRefusalsLimitReached) == "true"}
 	var last *ledger.Event
 	for i := range evs {
 		e := &evs[i]

@@ -109,7 +109,11 @@ const DefaultMaxQuestions = 32
 // operator of one tenant asks about that tenant only (a question without
 // a tenant is about theirs); a platform operator (tenant "*") may name any
 // tenant, or all_tenants=true. The filter parameters are projections'
-// (projections.FilterFromValues); format=csv answers CSV.
+// (projections.FilterFromValues); format=csv answers CSV. A list cut
+// short says so in headers (HeaderTruncated, HeaderLimitReached); a
+// trace, which shows at most the earliest projections.MaxRefusals
+// refused submissions, says it holds that many in
+// HeaderRefusalsLimitReached.
 func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	if cfg.Queries == nil || cfg.Guard == nil {
 		return nil, errors.New("httpapi: queries and guard are required")
@@ -260,12 +264,15 @@ func (q *queries) answerError(w http.ResponseWriter, err error) {
 
 // Headers of a question's answer that says what its list left out: a
 // blast radius's list cut at the limit (with the number of matching
-// calls), and a list of calls that fills the limit, past which more may
-// match (the unresolved calls, whose answer has no total).
+// calls), a list of calls that fills the limit, past which more may
+// match (the unresolved calls, whose answer has no total), and a trace
+// that holds as many refused submissions as a projection keeps under a
+// key (projections.RefusalsFull), past which later ones may not be shown.
 const (
-	HeaderTruncated    = "X-Truncated"
-	HeaderTotalCount   = "X-Total-Count"
-	HeaderLimitReached = "X-Limit-Reached"
+	HeaderTruncated            = "X-Truncated"
+	HeaderTotalCount           = "X-Total-Count"
+	HeaderLimitReached         = "X-Limit-Reached"
+	HeaderRefusalsLimitReached = "X-Refusals-Limit-Reached"
 )
 
 // writeWithin bounds the writing of the answer about to be written to d
@@ -408,6 +415,11 @@ func (q *queries) trace(w http.ResponseWriter, r *http.Request, id Operator) {
 	if err != nil {
 		q.answerError(w, err)
 		return
+	}
+	if _, full := projections.RefusalsFull(evs); full {
+		// In a header, as the other lists' cuts: the answer is the
+		// events, a bare array with no room for it.
+		w.Header().Set(HeaderRefusalsLimitReached, "true")
 	}
 	writeWithin(w, q.cfg.WriteTimeout)
 	// Compact, so that each event's arguments are the log's bytes: an

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,6 +26,8 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
+	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/projectionstest"
 )
@@ -565,4 +569,112 @@ func TestQuestionsBoundedPerTenant(t *testing.T) {
 	}()
 	<-q.deadlines // once answered, t_a asks again
 	<-first
+}
+
+// A trace holding as many refused submissions under its key as a
+// projection keeps (projections.MaxRefusals, the earliest) says so in
+// HeaderRefusalsLimitReached, the bound `ledger trace --clickhouse-dsn`
+// notes: the answer is a bare array, and before, a responder took the
+// earliest 100 for them all, while later ones, often those nearest an
+// incident, were left out without a word. Over the embedded index and
+// over ClickHouse.
+func TestTraceSaysItsRefusalsWereCut(t *testing.T) {
+	for _, backend := range []struct {
+		name string
+		open func(t *testing.T) projectionstest.Projection
+	}{
+		{"callindex", func(t *testing.T) projectionstest.Projection {
+			ix, err := callindex.Open(filepath.Join(t.TempDir(), "index.db"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ix.Close() })
+			return ix
+		}},
+		{"chstore", func(t *testing.T) projectionstest.Projection {
+			s, err := chstore.Open(t.Context(), chstore.Config{DSN: chtest.DSN(t), Database: chtest.FreshDatabase(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			if err := s.Migrate(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}},
+	} {
+		t.Run(backend.name, func(t *testing.T) {
+			p := backend.open(t)
+			log := projectionstest.Log(projectionstest.LogConfig{Seed: 5, Calls: 4, Tenants: 1})
+			var keys []ledger.CallKey
+			for _, e := range log {
+				if !slices.Contains(keys, e.Key()) {
+					keys = append(keys, e.Key())
+				}
+			}
+			start := log[0].At.Add(-time.Hour)
+			cases := []struct {
+				name     string
+				key      ledger.CallKey
+				refusals int
+				cut      bool
+			}{
+				{"a call flooded", keys[0], projections.MaxRefusals + 30, true},
+				{"a key refused only", ledger.CallKey{TenantID: keys[0].TenantID, IdempotencyKey: "refused-only"}, projections.MaxRefusals + 1, true},
+				{"as many as kept", keys[1], projections.MaxRefusals, true},
+				{"one fewer", keys[2], projections.MaxRefusals - 1, false},
+				{"none", keys[3], 0, false},
+			}
+			floods := make([][]ledger.Event, len(cases))
+			for i, c := range cases {
+				floods[i] = projectionstest.Flood(c.key, c.refusals, uint64(i+1), start)
+				log = append(log, floods[i]...)
+			}
+			projectionstest.Write(t, p, log, 64)
+			srv, as := operatorsServer(t, httpapi.QueryConfig{Queries: p}, nil)
+			for i, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+httpapi.PathTrace+c.key.TenantID+"/"+c.key.IdempotencyKey, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					req.Header.Set("Authorization", "Bearer "+as(c.key.TenantID))
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer resp.Body.Close()
+					var evs []ledger.Event
+					if err := json.NewDecoder(resp.Body).Decode(&evs); resp.StatusCode != http.StatusOK || err != nil {
+						t.Fatalf("GET trace of %s = %d, %v; want 200 and its events", c.key, resp.StatusCode, err)
+					}
+					want := ""
+					if c.cut {
+						want = "true"
+					}
+					if got := resp.Header.Get(httpapi.HeaderRefusalsLimitReached); got != want {
+						t.Errorf("GET trace of %s with %d refusals: %s %q; want %q", c.key, c.refusals, httpapi.HeaderRefusalsLimitReached, got, want)
+					}
+					// The refusals shown are the earliest, by time then
+					// event id, as many as the projection keeps.
+					var got []string
+					for _, e := range evs {
+						if e.Refusal() {
+							got = append(got, e.EventID)
+						}
+					}
+					earliest := slices.SortedFunc(slices.Values(floods[i]), func(a, b ledger.Event) int {
+						return cmp.Or(a.At.Compare(b.At), strings.Compare(a.EventID, b.EventID))
+					})
+					var wantIDs []string
+					for _, e := range earliest[:min(len(earliest), projections.MaxRefusals)] {
+						wantIDs = append(wantIDs, e.EventID)
+					}
+					if !slices.Equal(got, wantIDs) {
+						t.Errorf("GET trace of %s: refusals %d shown, %v; want the earliest %d, %v", c.key, len(got), got, len(wantIDs), wantIDs)
+					}
+				})
+			}
+		})
+	}
 }
