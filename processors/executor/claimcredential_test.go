@@ -22,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // newGuardedRig is newRig with a tool backend that verifies the per-call
@@ -395,5 +396,31 @@ func TestTakenOverResultHoldingAnotherOwnersCredential(t *testing.T) {
 		if strings.Contains(string(rec.Result), deadToken) || masked != strings.Contains(string(rec.Result), "tk_1") {
 			t.Errorf("masked %v: stored result %s; want no token, the content kept only masked", masked, rec.Result)
 		}
+	}
+}
+
+// A status lookup goes under the call's own jti, and the event that
+// settles the call names it with the family and scope the lookup was sent
+// under: before, it had a fresh jti that no event named, and a responder
+// who found it in a tool's logs (it reads the call's result) could find
+// neither the call nor the reconciler's family to revoke.
+func TestReconcileLookupUnderTheCallsJTI(t *testing.T) {
+	r, broker, guarded := newGuardedRig(t)
+	guarded.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	unknown := r.unknownWith(r.admit("create_ticket", "lookupjti", map[string]any{"title": "t"}, 0), func(c *executor.Config) { c.Credentials = broker })
+	guarded.ClearFaults()
+	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "lookupjti"}
+	rec, err := r.store.Get(t.Context(), key)
+	if err != nil || rec.Credential.JTI == "" {
+		t.Fatalf("the call's record names credential %+v (%v); want its jti", rec.Credential, err)
+	}
+	evs := r.reconcileAll(r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Credentials = broker }), unknown)
+	last := evs[len(evs)-1]
+	if last.Type != statemachine.EventSucceeded {
+		t.Fatalf("reconciled %s; want succeeded", last.Type)
+	}
+	want := []string{rec.Credential.JTI, credentials.StatusScope("create_ticket"), credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())}
+	if got := []string{last.JTI, last.CredentialScope, last.CredentialFamily}; !slices.Equal(got, want) {
+		t.Errorf("the settling event names jti, scope, family %q; want %q", got, want)
 	}
 }

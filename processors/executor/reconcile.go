@@ -637,11 +637,19 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 			CallID: rec.CallID, IdempotencyKey: rec.Key.String(),
 			// It reads what the call did; it must not let anyone do it.
 			Action: credentials.StatusScope(tool.Name),
+			// Under the call's own jti, so that the jti a tool's logs
+			// show leads a responder to the call, and revoking it
+			// stops the lookups too (empty: a call sent without one).
+			JTI: rec.Credential.JTI,
 		})
 		if err != nil {
 			return r.parkOrWait(rec, tmpl, tool, ReasonLookupFailed, "no credential for the lookup: "+err.Error())
 		}
 		bearer = cred.Token
+		// The events this pass appends name the credential the lookup
+		// was sent under: its family is this reconciler's, which no
+		// event of the call named yet.
+		tmpl.JTI, tmpl.CredentialScope, tmpl.CredentialFamily = cred.JTI, cred.Scope, cred.Family
 	}
 	g := r.x.guard(tool, rec.Key.TenantID)
 	defer r.x.release(g)
