@@ -154,6 +154,13 @@ const (
 	ReasonWrongTenant Reason = "wrong_tenant"
 	// ReasonWrongCall: idempotency_key is not the request's call.
 	ReasonWrongCall Reason = "wrong_call"
+	// ReasonSpent: the credential already had its effect at this tool
+	// (Verifier.Spend): a tool that does not deduplicate by key applies
+	// one effect per credential, so its request sent again (a leaked
+	// token, replayed with its call's key and body) is refused. A tool
+	// answers 401, as for replayed; the ledger never sends a call again
+	// after its tool may have applied it.
+	ReasonSpent Reason = "spent"
 	// ReasonWrongBody: the request's body is not the one the credential
 	// was minted for (Claims.CheckBody).
 	ReasonWrongBody Reason = "wrong_body"

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,7 +175,8 @@ type Expect struct {
 }
 
 // Verifier checks credentials for a tool: signature under a published key,
-// issuer, audience, expiry, scope, tenant and call, and one call per jti.
+// issuer, audience, expiry, scope, tenant and call, one call per jti, and,
+// for a tool that spends them (Spend), one effect per credential.
 // It is safe for concurrent use.
 type Verifier struct {
 	cfg     VerifierConfig
@@ -213,12 +215,16 @@ type keySet struct {
 	fetchedAt time.Time
 }
 
-// seenJTI is an accepted jti: the call it was accepted for, and until when
-// it must be remembered (its exp plus the skew, after which Verify refuses
+// seenJTI is an accepted jti: the call it was accepted for, the scopes it
+// was spent for, and until when it must be remembered (the latest exp it
+// was presented or spent with, plus the skew, after which Verify refuses
 // it as expired anyway).
 type seenJTI struct {
 	idempotencyKey string
 	until          time.Time
+	// spent are the scopes the jti was spent for (Spend), in which Verify
+	// refuses it from then on: one, the call's action, in practice.
+	spent []string
 }
 
 // NewVerifier returns a Verifier. It fetches no keys until the first
@@ -249,7 +255,11 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 // was accepted for, until it expires. The same jti again for the same key
 // is accepted (a retry of the same call with the same credential, such as
 // after a lost answer); for another key it is refused as replayed, whatever
-// else is wrong with that presentation.
+// else is wrong with that presentation. A jti that was spent (Spend) is
+// refused as spent in the scope it was spent for, retries of its own call
+// included: a tool that does not deduplicate spends each credential as it
+// applies its effect, so that a credential leaked with its request causes
+// that effect once, however often the request is sent again.
 func (v *Verifier) Verify(ctx context.Context, token string, want Expect) (Claims, error) {
 	w, err := v.signed(ctx, token)
 	if err != nil {
@@ -356,17 +366,81 @@ func (v *Verifier) accept(now time.Time, c Claims, want Expect) error {
 		return reject(ReasonWrongTenant, "tenant %s, want %s", quote(c.Tenant), quote(want.Tenant))
 	case c.IdempotencyKey != want.IdempotencyKey:
 		return reject(ReasonWrongCall, "minted for another idempotency key")
-	case seen:
-		return nil // a retry of the call it was accepted for
+	case seen && slices.Contains(prev.spent, c.Scope):
+		// A renewal of it (same jti, later exp) is remembered spent for
+		// as long as it is good.
+		v.rememberLocked(now, c, want.IdempotencyKey, nil)
+		return reject(ReasonSpent, "jti %s already had its effect", quote(c.JTI))
 	}
+	// A retry of the call it was accepted for (seen), or its first
+	// presentation.
+	v.rememberLocked(now, c, want.IdempotencyKey, nil)
+	return nil
+}
+
+// Spend records that the request whose credential Verify returned c for
+// has had its effect: from then until the credential expires (exp plus
+// the skew; a renewal of it, same jti and a later exp, until that one
+// expires), Verify refuses its jti in its scope (c.Scope) as
+// ReasonSpent, retries of its own call included. A credential of the
+// call in another scope, such as the reconciler's status lookup's (the
+// call's jti, scope "tool::<name>:status"), is not affected.
+//
+// A tool whose effect is not deduplicated by the idempotency key calls
+// Spend just before it applies the effect, under whatever makes its
+// effects one at a time, and applies nothing if Spend refuses: Spend
+// returns an *Error, ReasonSpent, when the credential was already spent
+// (two presentations at once, both verified before either spent), so
+// that of any number of presentations of one credential one has its
+// effect. A request refused before that (not applied: a 429, or a 503
+// with X-Ledger-Not-Applied) must not be spent: the ledger sends it again
+// with the same credential. Once spent, answer nothing that says not
+// applied. A tool that deduplicates by key (native) need not spend: a
+// retry of its call replays the first answer.
+//
+// Spent jtis are remembered with the accepted ones, in memory and bounded
+// by their expiry: a verifier that restarts forgets them.
+func (v *Verifier) Spend(c Claims) error {
+	if c.JTI == "" || c.Scope == "" {
+		return reject(ReasonMalformed, "only a verified credential, with its jti and scope, can be spent")
+	}
+	v.seenMu.Lock()
+	defer v.seenMu.Unlock()
+	prev, seen := v.seen[c.JTI]
+	if seen && slices.Contains(prev.spent, c.Scope) {
+		return reject(ReasonSpent, "jti %s already had its effect", quote(c.JTI))
+	}
+	v.rememberLocked(v.cfg.Now(), c, c.IdempotencyKey, &c.Scope)
+	return nil
+}
+
+// rememberLocked forgets the jtis past their time, and remembers c's jti
+// (for key, if it is new) until c expires unless it is remembered for
+// longer already, spent in *spend if set. What is known of c's jti is
+// kept even if its time was up: c, a later credential of it, is good.
+// v.seenMu must be held.
+func (v *Verifier) rememberLocked(now time.Time, c Claims, key string, spend *string) {
+	s, seen := v.seen[c.JTI]
 	for len(v.byExp) > 0 && !now.Before(v.byExp[0].until) {
 		e := heap.Pop(&v.byExp).(expiry)
-		delete(v.seen, e.jti)
+		// A jti remembered for longer since (presented again with a
+		// later exp) has a later entry of its own.
+		if r, ok := v.seen[e.jti]; ok && !r.until.After(e.until) {
+			delete(v.seen, e.jti)
+		}
 	}
-	until := c.ExpiresAt.Add(v.cfg.Skew)
-	v.seen[c.JTI] = seenJTI{idempotencyKey: want.IdempotencyKey, until: until}
-	heap.Push(&v.byExp, expiry{jti: c.JTI, until: until})
-	return nil
+	_, kept := v.seen[c.JTI]
+	if !seen {
+		s.idempotencyKey = key
+	}
+	if spend != nil && !slices.Contains(s.spent, *spend) {
+		s.spent = append(s.spent, *spend)
+	}
+	if until := c.ExpiresAt.Add(v.cfg.Skew); !kept || until.After(s.until) {
+		s.until = until
+		heap.Push(&v.byExp, expiry{jti: c.JTI, until: until})
+	}
+	v.seen[c.JTI] = s
 }
 
 // remembered returns how many jtis the verifier holds.

@@ -353,6 +353,190 @@ func TestReplayMemoryIsBounded(t *testing.T) {
 	}
 }
 
+// A spent credential (Spend, as a tool that does not deduplicate calls it
+// with its effect) is refused spent in its scope, retries of its own call
+// included, until it expires; before it is spent, the same call's retries
+// (after an answer that applied nothing) are accepted, and the call's
+// other credentials (a status lookup's) are never refused for it.
+func TestVerifySpent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cred := mint(t, e.b, grant())
+	// Refused before any effect (a 429, say), then sent again: accepted.
+	for i := range 2 {
+		if _, err := e.v.Verify(t.Context(), cred.Token, expect()); err != nil {
+			t.Fatalf("presentation %d before the effect: %v; want accepted", i+1, err)
+		}
+	}
+	c, err := e.v.Verify(t.Context(), cred.Token, expect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.v.Spend(c); err != nil {
+		t.Fatalf("Spend: %v", err)
+	}
+	for i := range 2 {
+		err := verifyErr(t, e.v, cred.Token, expect())
+		if got := ReasonOf(err); got != ReasonSpent {
+			t.Errorf("presentation %d after the effect: reason %q (%v); want spent", i+1, got, err)
+		}
+		if err != nil && strings.Contains(err.Error(), cred.Token) {
+			t.Errorf("error %q quotes the token", err)
+		}
+	}
+	// Verified at once by two requests, spent by the first: the second
+	// applies nothing.
+	if got := ReasonOf(e.v.Spend(c)); got != ReasonSpent {
+		t.Errorf("Spend again: reason %q; want spent", got)
+	}
+	// For another call it is still a replay, whatever else.
+	other := expect()
+	other.IdempotencyKey = "run_43:step_1:refund_order"
+	if got := ReasonOf(verifyErr(t, e.v, cred.Token, other)); got != ReasonReplayed {
+		t.Errorf("for another call: reason %q; want replayed", got)
+	}
+
+	// The reconciler's status lookup: a credential of its own, with the
+	// status scope.
+	sg := grant()
+	sg.Action = StatusScope(sg.Tool)
+	lookup := expect()
+	lookup.Scope = StatusScope(sg.Tool)
+	status := mint(t, e.b, sg).Token
+	for i := range 2 {
+		if _, err := e.v.Verify(t.Context(), status, lookup); err != nil {
+			t.Errorf("status lookup %d after the effect: %v; want accepted", i+1, err)
+		}
+	}
+	// Spending is per scope: the same jti in the status scope is not
+	// spent by the action's effect.
+	sg.JTI = cred.JTI
+	if _, err := e.v.Verify(t.Context(), mint(t, e.b, sg).Token, lookup); err != nil {
+		t.Errorf("status lookup under the spent jti: %v; want accepted", err)
+	}
+
+	// A renewal (same jti, later exp) is spent too, and stays so until it
+	// expires, past the first credential's time.
+	e.c.Advance(DefaultTTL)
+	g := grant()
+	g.JTI = cred.JTI
+	renewed := mint(t, e.b, g).Token
+	if got := ReasonOf(verifyErr(t, e.v, renewed, expect())); got != ReasonSpent {
+		t.Errorf("renewal: reason %q; want spent", got)
+	}
+	e.c.Advance(DefaultSkew)
+	g.JTI = ""
+	fresh := mint(t, e.b, g).Token // its acceptance purges what is past
+	if _, err := e.v.Verify(t.Context(), fresh, Expect{Scope: "tool::refund_order", Tenant: "t_acme", IdempotencyKey: g.IdempotencyKey}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ReasonOf(verifyErr(t, e.v, renewed, expect())); got != ReasonSpent {
+		t.Errorf("renewal past the first credential's exp: reason %q; want spent", got)
+	}
+}
+
+// Presentations of one credential verified at once: Spend lets one of
+// them have its effect.
+func TestSpendOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tok := mint(t, e.b, grant()).Token
+	const n = 16
+	var spent atomic.Int32
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			c, err := e.v.Verify(context.Background(), tok, expect())
+			if err == nil {
+				if err = e.v.Spend(c); err == nil {
+					spent.Add(1)
+				}
+			}
+			if err != nil && ReasonOf(err) != ReasonSpent {
+				errs <- err
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("presentation: %v; want accepted or spent", err)
+		}
+	}
+	if got := spent.Load(); got != 1 {
+		t.Errorf("%d presentations spent the credential; want 1", got)
+	}
+}
+
+func TestSpendRefusesUnverifiedClaims(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if got := ReasonOf(e.v.Spend(Claims{})); got != ReasonMalformed {
+		t.Errorf("Spend(Claims{}): reason %q; want malformed", got)
+	}
+	if got := e.v.remembered(); got != 0 {
+		t.Errorf("remembered %d; want 0", got)
+	}
+}
+
+// Spent jtis are remembered as accepted ones are: until their exp plus
+// the skew, then dropped; dropped, they are refused as expired.
+func TestSpentMemoryIsBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var old []string
+	for i := range 3 {
+		g := grant()
+		g.IdempotencyKey = "k" + string(rune('0'+i))
+		tok := mint(t, e.b, g).Token
+		want := expect()
+		want.IdempotencyKey = g.IdempotencyKey
+		c, err := e.v.Verify(t.Context(), tok, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.v.Spend(c); err != nil {
+			t.Fatal(err)
+		}
+		old = append(old, tok)
+	}
+	if got := e.v.remembered(); got != 3 {
+		t.Fatalf("remembered %d; want 3", got)
+	}
+	// One second short of their time: kept, and still spent.
+	e.c.Advance(DefaultTTL + DefaultSkew - time.Second)
+	g := grant()
+	c, err := e.v.Verify(t.Context(), mint(t, e.b, g).Token, expect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.v.Spend(c); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.v.remembered(); got != 4 {
+		t.Errorf("remembered %d before the spent jtis expire; want 4", got)
+	}
+	if got := ReasonOf(verifyErr(t, e.v, old[0], Expect{Scope: "tool::refund_order", Tenant: "t_acme", IdempotencyKey: "k0"})); got != ReasonSpent {
+		t.Errorf("spent jti within its time: reason %q; want spent", got)
+	}
+	e.c.Advance(time.Second)
+	g.IdempotencyKey = "fresh"
+	c, err = e.v.Verify(t.Context(), mint(t, e.b, g).Token, Expect{Scope: "tool::refund_order", Tenant: "t_acme", IdempotencyKey: "fresh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.v.Spend(c); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.v.remembered(); got != 2 {
+		t.Errorf("remembered %d after the first three expired; want 2", got)
+	}
+	if got := ReasonOf(verifyErr(t, e.v, old[0], Expect{Scope: "tool::refund_order", Tenant: "t_acme", IdempotencyKey: "k0"})); got != ReasonExpired {
+		t.Errorf("forgotten spent jti: reason %q; want expired", got)
+	}
+}
+
 func TestVerifierNoAudience(t *testing.T) {
 	t.Parallel()
 	c := newClock()

@@ -333,6 +333,207 @@ func TestCredentialRetryAfterInjectedFailure(t *testing.T) {
 	}
 }
 
+const emailBody = `{"to":"a@example.com","subject":"hi"}`
+
+// emailCall is a send_email request with its credential, bound to its body
+// as the executor mints it.
+func (e authEnv) emailCall(t *testing.T, key string) (call, string) {
+	t.Helper()
+	auth, jti := e.mint(t, ToolSendEmail, "t_acme", key, func(g *credentials.Grant) { g.BodySHA256 = credentials.BodyDigest([]byte(emailBody)) })
+	return call{path: "/tools/send_email", key: key, tenant: "t_acme", callID: "call_" + key, body: emailBody, auth: auth}, jti
+}
+
+// A send_email request captured whole (its bearer token, key, tenant and
+// body, from an access log, say) and sent again within the credential's
+// life applies nothing: send_email does not deduplicate by key, so its
+// effect spends the credential, and the copies are refused 401 spent.
+// Before, each copy sent another email.
+func TestCredentialSpentByEffect(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{})
+	c, jti := e.emailCall(t, "e1")
+	var statuses []int
+	for range 3 {
+		a := mustDo(t, e.base, c)
+		statuses = append(statuses, a.status)
+		if a.status == http.StatusUnauthorized {
+			if got := decode[apiError](t, a.body).Error; got != string(credentials.ReasonSpent) {
+				t.Errorf("error %q; want spent", got)
+			}
+			if got, want := a.header.Get("WWW-Authenticate"), `Bearer realm="demo-backend", error="invalid_token"`; got != want {
+				t.Errorf("WWW-Authenticate = %q; want %q", got, want)
+			}
+		}
+	}
+	if diff := cmp.Diff([]int{http.StatusOK, http.StatusUnauthorized, http.StatusUnauthorized}, statuses); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
+	}
+	if n := e.s.AppliedIn(ToolSendEmail, "t_acme", "e1"); n != 1 {
+		t.Errorf("AppliedIn(send_email, e1) = %d; want 1", n)
+	}
+	if d := e.s.Duplicates(); len(d) != 0 {
+		t.Errorf("Duplicates() = %v; want none", d)
+	}
+	if efs := e.s.Effects(); len(efs) != 1 || efs[0].JTI != jti {
+		t.Errorf("Effects() = %+v; want one, under jti %s", efs, jti)
+	}
+	spent := Refusal{Tool: ToolSendEmail, Reason: credentials.ReasonSpent, TenantID: "t_acme", IdempotencyKey: "e1"}
+	if diff := cmp.Diff([]Refusal{spent, spent}, e.s.Refusals()); diff != "" {
+		t.Errorf("Refusals() (-want +got):\n%s", diff)
+	}
+
+	// Another call's credential is its own: spending one spends no other.
+	c2, _ := e.emailCall(t, "e2")
+	if a := mustDo(t, e.base, c2); a.status != http.StatusOK {
+		t.Errorf("another call: status %d (%s); want 200", a.status, a.body)
+	}
+	// Spent until it expires, and then refused as expired: never applied
+	// again.
+	e.clock.Advance(credentials.DefaultTTL + credentials.DefaultSkew)
+	if a := mustDo(t, e.base, c); a.status != http.StatusUnauthorized || decode[apiError](t, a.body).Error != string(credentials.ReasonExpired) {
+		t.Errorf("after its expiry: status %d (%s); want 401 expired", a.status, a.body)
+	}
+	if n := e.s.AppliedIn(ToolSendEmail, "t_acme", "e1"); n != 1 {
+		t.Errorf("AppliedIn(send_email, e1) = %d after its expiry; want 1", n)
+	}
+}
+
+// Copies of one request sent at once, all verified before any applies:
+// one email, the others refused spent where the effect is recorded.
+func TestCredentialSpentConcurrently(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{})
+	c, _ := e.emailCall(t, "e1")
+	const n = 12
+	statuses := make(chan int, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			a, err := do(t, t.Context(), e.base, c)
+			if err != nil {
+				t.Errorf("send: %v", err)
+				return
+			}
+			if a.status != http.StatusOK && decode[apiError](t, a.body).Error != string(credentials.ReasonSpent) {
+				t.Errorf("status %d (%s); want 200 or 401 spent", a.status, a.body)
+			}
+			statuses <- a.status
+		})
+	}
+	wg.Wait()
+	close(statuses)
+	ok := 0
+	for st := range statuses {
+		if st == http.StatusOK {
+			ok++
+		}
+	}
+	if ok != 1 {
+		t.Errorf("%d of %d copies answered 200; want 1", ok, n)
+	}
+	if got := e.s.AppliedIn(ToolSendEmail, "t_acme", "e1"); got != 1 {
+		t.Errorf("AppliedIn(send_email, e1) = %d; want 1", got)
+	}
+}
+
+// An answer that applied nothing spends nothing: the executor sends the
+// call again with the same credential after a 429, or a 503 saying not
+// applied, and that retry has its effect (once).
+func TestCredentialNotSpentWithoutEffect(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{http.StatusTooManyRequests, http.StatusServiceUnavailable} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			t.Parallel()
+			e := newAuthEnv(t, Config{})
+			e.s.SetFault(ToolSendEmail, Fault{FailStatus: status, FailTimes: 1})
+			c, _ := e.emailCall(t, "e1")
+			if a := mustDo(t, e.base, c); a.status != status {
+				t.Fatalf("first attempt: status %d (%s); want the injected %d", a.status, a.body, status)
+			}
+			if a := mustDo(t, e.base, c); a.status != http.StatusOK {
+				t.Errorf("retry with the same credential: status %d (%s); want 200", a.status, a.body)
+			}
+			if a := mustDo(t, e.base, c); a.status != http.StatusUnauthorized || decode[apiError](t, a.body).Error != string(credentials.ReasonSpent) {
+				t.Errorf("after the effect: status %d (%s); want 401 spent", a.status, a.body)
+			}
+			if n := e.s.AppliedIn(ToolSendEmail, "t_acme", "e1"); n != 1 {
+				t.Errorf("AppliedIn(send_email, e1) = %d; want 1", n)
+			}
+		})
+	}
+}
+
+// The same, through the ledger's HTTP adapter: the 503 the backend answers
+// when its keys are unavailable says nothing was applied (Throttled, sent
+// again), and the retry with the same credential has its effect.
+func TestCredentialNotSpentWhenKeysUnavailable(t *testing.T) {
+	t.Parallel()
+	clock := &testClock{now: fixedNow()}
+	b, err := credentials.New(credentials.Config{Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var down atomic.Bool
+	down.Store(true)
+	v, err := credentials.NewVerifier(credentials.VerifierConfig{Now: clock.Now, MinRefresh: time.Nanosecond, Keys: func(ctx context.Context) ([]byte, error) {
+		if down.Load() {
+			return nil, errors.New("key server down")
+		}
+		return b.Keys(ctx)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newAuthEnv(t, Config{Credentials: v})
+	e.broker, e.clock = b, clock
+	c, _ := e.emailCall(t, "e1")
+	r := httptool.Request{URL: e.base + c.path, IdempotencyKey: c.key, TenantID: c.tenant, CallID: c.callID, Attempt: 1,
+		Arguments: []byte(c.body), Credential: strings.TrimPrefix(c.auth, "Bearer ")}
+	client := httptool.New(httptool.Config{})
+	_, err = client.Call(t.Context(), r)
+	if he, ok := errors.AsType[*httptool.Error](err); !ok || he.Kind != httptool.Throttled {
+		t.Fatalf("with the keys unavailable: %v; want throttled (nothing applied)", err)
+	}
+	down.Store(false)
+	clock.Advance(time.Millisecond) // past MinRefresh
+	r.Attempt = 2
+	if _, err := client.Call(t.Context(), r); err != nil {
+		t.Errorf("retry with the same credential: %v; want success", err)
+	}
+	r.Attempt = 3
+	_, err = client.Call(t.Context(), r)
+	if he, ok := errors.AsType[*httptool.Error](err); !ok || he.Status != http.StatusUnauthorized {
+		t.Errorf("after the effect: %v; want 401 (spent)", err)
+	}
+	if n := e.s.AppliedIn(ToolSendEmail, "t_acme", "e1"); n != 1 {
+		t.Errorf("AppliedIn(send_email, e1) = %d; want 1", n)
+	}
+}
+
+// A native tool deduplicates by key, and spends nothing: a retry of its
+// call with the same credential replays its first answer, as before.
+func TestNativeToolDoesNotSpend(t *testing.T) {
+	t.Parallel()
+	e := newAuthEnv(t, Config{})
+	auth, _ := e.mint(t, ToolCreateTicket, "t_acme", "k1", nil)
+	c := call{path: "/tools/create_ticket", key: "k1", tenant: "t_acme", body: `{"title":"t"}`, auth: auth}
+	for i := range 3 {
+		a := mustDo(t, e.base, c)
+		if a.status != http.StatusOK {
+			t.Fatalf("request %d: status %d (%s); want 200", i+1, a.status, a.body)
+		}
+		if i > 0 && a.header.Get(HeaderReplayed) != "true" {
+			t.Errorf("request %d: not marked replayed", i+1)
+		}
+	}
+	if n := e.s.AppliedIn(ToolCreateTicket, "t_acme", "k1"); n != 1 {
+		t.Errorf("AppliedIn(create_ticket, k1) = %d; want 1", n)
+	}
+	if r := e.s.Refusals(); len(r) != 0 {
+		t.Errorf("Refusals() = %v; want none", r)
+	}
+}
+
 func TestCredentialStatusLookup(t *testing.T) {
 	t.Parallel()
 	e := newAuthEnv(t, Config{})

@@ -16,7 +16,12 @@
 // per-call credential: every tool request and status lookup must carry the
 // ledger's credential for exactly that tool, tenant and call, or it is
 // refused with 401 and no effect, and the refusal is counted (Refusals).
-// Each effect records the jti of the credential that caused it.
+// Each effect records the jti of the credential that caused it. A tool
+// without idempotency (send_email) spends the credential with its effect
+// (credentials.Verifier.Spend): the same request sent again, a leaked
+// token replayed with its call's key and body, is refused 401 spent
+// instead of applying the effect again, while one answered without an
+// effect (a 429, a fault before the effect) is still accepted again.
 //
 // File map: demobackend.go (server, routes, request flow), auth.go
 // (credential check, refusals), tools.go (the four tools), witness.go
@@ -90,7 +95,9 @@ type Config struct {
 	// Idempotency-Key call (for a lookup, its idempotency_key parameter),
 	// and Audience. Anything else is answered 401 {"error": "<reason>"}
 	// without an effect (503 keys_unavailable if the verifier cannot get
-	// the keys). Default: nil, no verification.
+	// the keys). A tool without idempotency spends the credential with
+	// its effect, in this verifier: presented again, it is refused 401
+	// spent. Default: nil, no verification.
 	Credentials *credentials.Verifier
 	// Audience is the backend's audience, the aud its credentials must
 	// carry; it overrides the verifier's own. Default: DefaultAudience.
@@ -345,6 +352,9 @@ type callMeta struct {
 	// ifMatch is the If-Match header: the version (an entity tag) the
 	// caller expects the call's resource at.
 	ifMatch string
+	// cred is the verified credential, which the effect of a tool
+	// without idempotency spends; zero without verification.
+	cred credentials.Claims
 }
 
 func metaOf(r *http.Request) callMeta {
@@ -386,7 +396,7 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 	if !s.backendSecretOK(w, r, t.name, meta.tenant, meta.key) {
 		return
 	}
-	meta.jti, meta.issued, meta.received = claims.JTI, claims.IssuedAt, received
+	meta.jti, meta.issued, meta.received, meta.cred = claims.JTI, claims.IssuedAt, received, claims
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
@@ -421,6 +431,10 @@ func (s *Server) handleTool(w http.ResponseWriter, r *http.Request) {
 	out, err := s.apply(t, meta, body, build)
 	if err != nil {
 		switch {
+		case credentials.ReasonOf(err) != "":
+			// Spent by another presentation of the credential that
+			// applied first (401 spent).
+			s.refuseCredential(w, t.name, meta.tenant, meta.key, false, err)
 		case errors.Is(err, errKeyReused):
 			writeError(w, http.StatusConflict, "idempotency_key_reused", "the key was used with a different body")
 		case errors.Is(err, errResourceChanged):
@@ -524,7 +538,12 @@ type applied struct {
 
 // apply runs the tool's effect (or its replay) and records it in the
 // witness. For native tools the check of the key and the effect happen under
-// one lock, so concurrent requests with one key apply exactly once.
+// one lock, so concurrent requests with one key apply exactly once. A tool
+// without idempotency spends the request's credential (with a verifier)
+// under that lock as it records the effect, so that one credential applies
+// one effect however often its request is sent: every later presentation
+// is refused spent (a credential error), by Verify or, for those verified
+// at the same time, here.
 func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) any) (applied, error) {
 	sum := sha256.Sum256(body)
 	argsHash := hex.EncodeToString(sum[:])
@@ -576,6 +595,16 @@ func (s *Server) apply(t tool, meta callMeta, body []byte, build func(n int64) a
 		ef.Result = out
 	}
 	ef.Resource = res
+	if t.kind == kindNone && s.verifier != nil && s.journalErr == nil {
+		// Right before the effect, after every refusal that applies
+		// nothing (those the ledger sends again with this credential).
+		// A journal write that fails after it leaves it spent: that 500
+		// does not say nothing was applied (the line may be in part),
+		// and a call that does not deduplicate is not sent again.
+		if err := s.verifier.Spend(meta.cred); err != nil {
+			return applied{}, err
+		}
+	}
 	if err := s.recordLocked(ef); err != nil {
 		return applied{}, err
 	}
