@@ -349,7 +349,7 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, embedded bool, pro
 	}
 	tools, err := loadtest.ParseMix(f.mix)
 	if err != nil {
-		return err
+		return fmt.Errorf("bench: --mix: %w", err)
 	}
 	if f.baseline != "" {
 		nodeArgs := f.nodeFlags
@@ -617,6 +617,8 @@ func (f *benchFlags) validate() error {
 		return errors.New("bench: set --calls, or --calls 0 and a --duration")
 	case f.concurrency <= 0:
 		return errors.New("bench: --concurrency must be positive")
+	case f.tenants < 1:
+		return errors.New("bench: --tenants must be at least 1")
 	case f.executors <= 0:
 		return errors.New("bench: --executors must be positive")
 	case f.limits && f.limitCalls <= 0:

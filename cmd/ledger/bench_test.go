@@ -390,6 +390,7 @@ func TestBenchFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--calls", "0"},
 		{"--concurrency", "0"},
+		{"--tenants", "0"},
 		{"--executors", "0"},
 		{"--sweep", "100,x"},
 		{"--scaling", "-1"},
@@ -410,8 +411,17 @@ func TestBenchFlags(t *testing.T) {
 		root.SetArgs(append([]string{"bench"}, args...))
 		root.SetOut(io.Discard)
 		root.SetErr(io.Discard)
-		if err := root.ExecuteContext(t.Context()); err == nil {
-			t.Errorf("bench %v: no error", args)
+		// Refused for the flag, before anything runs: an error of the
+		// run itself (this test binary cannot be a ledger node) would
+		// pass a flag that is not checked.
+		flag := args[0]
+		for _, a := range args {
+			if strings.HasPrefix(a, "--") {
+				flag = a
+			}
+		}
+		if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("bench %v: %v; want an error naming %s", args, err, flag)
 		}
 	}
 }

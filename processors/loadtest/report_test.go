@@ -488,13 +488,18 @@ func TestReportSideBySide(t *testing.T) {
 	if !strings.Contains(buf.String(), "ledger / direct: 50%") {
 		t.Errorf("ratio to the floor not from this build's first run:\n%s", buf.String())
 	}
-	// Pairs run open loop (--rate) compare alike.
+	// Pairs run open loop (--rate) compare alike, and have no ratio to
+	// the floor: their rate is the one offered, not what the ledger
+	// carries.
 	for i := range 4 {
 		rep.Runs[i].Result.Mode = "open"
 	}
 	buf.Reset()
 	if err := rep.WriteTable(&buf); err != nil {
 		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "ledger / direct") {
+		t.Errorf("open-loop runs have a ratio to the floor:\n%s", buf.String())
 	}
 	if !strings.Contains(buf.String(), "side by side, medians of 2 runs each") {
 		t.Errorf("no side-by-side table for open-loop pairs:\n%s", buf.String())

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
@@ -36,6 +37,23 @@ type Witness struct {
 	// Orphans are calls the tool saw that the ledger did not report
 	// succeeded (lost, failed after the tool ran, or still in flight).
 	Orphans int64 `json:"orphan_effects"`
+}
+
+// Failures names what w shows went wrong at the tool, in a run named
+// name: duplicate effects, attempts sent twice, successes without an
+// effect. Empty when nothing did.
+func (w Witness) Failures(name string) []string {
+	var bad []string
+	if w.Duplicates > 0 {
+		bad = append(bad, fmt.Sprintf("%s: %d duplicate effects", name, w.Duplicates))
+	}
+	if w.DuplicateSends > 0 {
+		bad = append(bad, fmt.Sprintf("%s: %d calls with an attempt sent to the tool twice", name, w.DuplicateSends))
+	}
+	if w.Missing > 0 {
+		bad = append(bad, fmt.Sprintf("%s: %d calls succeeded without an effect at the tool", name, w.Missing))
+	}
+	return bad
 }
 
 // Check counts the run's effects among those the backend applied.
