@@ -389,6 +389,12 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 
 	start := time.Now()
 	runID := "c" + id
+	// When each call was first published, by its record's key: where its
+	// time to a terminal state starts.
+	var (
+		firstMu sync.Mutex
+		first   = make(map[string]time.Time)
+	)
 	cfg := loadtest.Config{
 		Client: cc, Topics: topics, Minter: issuer, Tenants: f.tenants, Tools: tools,
 		Rate: f.rate, Duration: f.duration, Drain: f.drain, RunID: runID,
@@ -397,7 +403,14 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		// deadline; the tools with a status lookup get --lookup-deadline.
 		DeadlineMS:    (5 * time.Minute).Milliseconds(),
 		ProgressEvery: 5 * time.Second,
-		OnSubmit:      hist.submitted,
+		OnSubmit: func(rec *kgo.Record, at time.Time) {
+			hist.submitted(rec, at)
+			firstMu.Lock()
+			if _, ok := first[string(rec.Key)]; !ok {
+				first[string(rec.Key)] = at
+			}
+			firstMu.Unlock()
+		},
 		// Past --duration the load (and the crashing) goes on until every
 		// point was hit --min-crashes times, up to --max-duration.
 		MaxDuration: f.maxDuration,
@@ -427,9 +440,12 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		return fmt.Errorf("chaos: load: %w", err)
 	}
 	subs := make([]consistency.Submitted, res.Submitted)
+	firstMu.Lock()
 	for i := range subs {
 		subs[i].Key = loadtest.CallKey(runID, f.tenants, int64(i))
+		subs[i].At = first[subs[i].Key.String()]
 	}
+	firstMu.Unlock()
 	// The driver counts a call done at outcome_unknown; the reconciler
 	// resolves it later. Wait for that, with the processes still up.
 	if err := e.waitResolved(ctx, cc, topics.Events, subs, backend); err != nil {
@@ -467,9 +483,6 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 	if err := hist.close(); err != nil {
 		return fmt.Errorf("chaos: history: %w", err)
 	}
-	// The driver timed each call from its scheduled arrival to its
-	// terminal event, which the log's own timestamps cannot do.
-	report.Check.TimeToTerminalP50, report.Check.TimeToTerminalP99 = res.E2E.P50, res.E2E.P99
 	if err := report.writeTable(out, e.allPoints()); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestChaosBounded is the bounded part of the reliability suite that `make
@@ -37,6 +38,12 @@ func TestChaosBounded(t *testing.T) {
 	}
 	if c.Effects == 0 || c.Events == 0 {
 		t.Errorf("check saw %d effects and %d events: nothing was checked", c.Effects, c.Events)
+	}
+	// Each call's time to its terminal state is from its first
+	// publication to its terminal event in the log (past an
+	// outcome_unknown, the reconciler's time included): within the run.
+	if c.TimeToTerminalP50 <= 0 || c.TimeToTerminalP99 < c.TimeToTerminalP50 || c.TimeToTerminalP99 > 7*time.Minute {
+		t.Errorf("time to terminal p50 %s, p99 %s: want within the run", c.TimeToTerminalP50, c.TimeToTerminalP99)
 	}
 	// The backend verifies credentials: every effect has its request's
 	// jti, for unnamed_credentials to check.
