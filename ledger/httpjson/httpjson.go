@@ -7,8 +7,11 @@ package httpjson
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 )
 
@@ -23,6 +26,32 @@ const (
 // CodeUpstreamUnavailable is the error code of a proxy whose upstream did
 // not answer: a request it forwarded may or may not have been handled.
 const CodeUpstreamUnavailable = "upstream_unavailable"
+
+// CodeRequestTimeout is the error code of a request whose body did not
+// arrive within the server's read timeout (408): nothing was done, and
+// sent again it may pass.
+const CodeRequestTimeout = "request_timeout"
+
+// Errors of a request's body that broke off, as BodyReadError names them.
+var (
+	ErrBodyTimeout = errors.New("the request's body did not arrive within the server's read timeout; nothing was done, and sent again it may pass")
+	ErrBodyBroken  = errors.New("the request's body broke off before its end; nothing was done")
+)
+
+// BodyReadError is ErrBodyTimeout or ErrBodyBroken when err, from reading
+// a request's body, is the transfer's failure rather than the content's,
+// and nil otherwise. An answer says these, not err: a network error's
+// text names the server's own address and port.
+func BodyReadError(err error) error {
+	var ne net.Error
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return ErrBodyTimeout
+	case errors.As(err, &ne), errors.Is(err, io.ErrUnexpectedEOF):
+		return ErrBodyBroken
+	}
+	return nil
+}
 
 // CodeNotLoopback is the error code of LoopbackOnly's refusals.
 const CodeNotLoopback = "not_loopback"

@@ -2,8 +2,14 @@ package httpjson_test
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
@@ -66,6 +72,31 @@ func TestUnmatchedAnswersJSON(t *testing.T) {
 		}
 		if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Error.Code != tc.code || e.Error.Message == "" {
 			t.Errorf("%s %s: body %q (%v); want a JSON error %s with a message", tc.method, tc.path, rec.Body.String(), err, tc.code)
+		}
+	}
+}
+
+// A body's read error is named by what happened to the transfer, never by
+// its own text, which names the server's address: a read past the
+// server's deadline is a timeout (sent again, it may pass), a connection
+// lost or a body shorter than promised broke off, and a content error is
+// none of these.
+func TestBodyReadError(t *testing.T) {
+	opErr := func(err error) error {
+		return &net.OpError{Op: "read", Net: "tcp", Source: &net.TCPAddr{IP: net.IPv4(10, 0, 3, 7), Port: 8080}, Err: err}
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"deadline", opErr(os.ErrDeadlineExceeded), httpjson.ErrBodyTimeout},
+		{"connection reset", opErr(syscall.ECONNRESET), httpjson.ErrBodyBroken},
+		{"shorter than promised", fmt.Errorf("read body: %w", io.ErrUnexpectedEOF), httpjson.ErrBodyBroken},
+		{"content", errors.New("invalid character 'x' looking for beginning of value"), nil},
+	} {
+		if got := httpjson.BodyReadError(c.err); got != c.want {
+			t.Errorf("%s: httpjson.BodyReadError(%v) = %v; want %v", c.name, c.err, got, c.want)
 		}
 	}
 }

@@ -314,6 +314,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
 		if _, tooBig := errors.AsType[*http.MaxBytesError](err); tooBig {
 			return fmt.Errorf("%w: body larger than %d bytes", ErrInvalidRequest, maxBodyBytes)
 		}
+		if rerr := httpjson.BodyReadError(err); rerr != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidRequest, rerr)
+		}
 		return fmt.Errorf("%w: body: %v", ErrInvalidRequest, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {

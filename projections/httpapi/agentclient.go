@@ -91,13 +91,14 @@ func (c *AgentClient) Call(ctx context.Context, key ledger.CallKey, bearer strin
 }
 
 // IsTransient reports whether err, from Submit or Call, may pass if asked
-// again: the network, a busy API (429) or a server error; not a refusal
+// again: the network, a busy API (429), a request that arrived too slowly
+// (408) or a server error; not a refusal
 // of the request itself (400, 401, 403, 404), an answer that does not
 // decode, or a server certificate that does not verify.
 func IsTransient(err error) bool {
 	var e *APIError
 	if errors.As(err, &e) {
-		return e.Status == http.StatusTooManyRequests || e.Status >= 500
+		return e.Status == http.StatusTooManyRequests || e.Status == http.StatusRequestTimeout || e.Status >= 500
 	}
 	var unverified *tls.CertificateVerificationError
 	var hostname x509.HostnameError

@@ -265,10 +265,19 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, apiError{Code: ledger.CodeTooLarge, Message: fmt.Sprintf("envelope larger than %d bytes", s.cfg.Limits.MaxBytes)})
 		return
 	case err != nil:
-		// A body cut short (the server's read timeout, a broken
-		// chunked encoding): nothing was published; sending it again
-		// may pass.
-		writeError(w, http.StatusBadRequest, apiError{Code: "invalid_request", Message: "the envelope could not be read whole: " + err.Error()})
+		// A body cut short: nothing was published. One that ran out
+		// the server's read timeout (a slow link) may pass sent again,
+		// and says so (408, which clients retry); the read error's
+		// text, which names this server's address, is logged only.
+		s.cfg.Logger.Debug("envelope not read whole", "err", err)
+		switch rerr := httpjson.BodyReadError(err); {
+		case errors.Is(rerr, httpjson.ErrBodyTimeout):
+			writeError(w, http.StatusRequestTimeout, apiError{Code: httpjson.CodeRequestTimeout, Message: rerr.Error()})
+		case rerr != nil:
+			writeError(w, http.StatusBadRequest, apiError{Code: "invalid_request", Message: rerr.Error()})
+		default:
+			writeError(w, http.StatusBadRequest, apiError{Code: "invalid_request", Message: "the envelope could not be read whole: " + err.Error()})
+		}
 		return
 	}
 	env, err := ledger.DecodeEnvelope(body, s.cfg.Limits)

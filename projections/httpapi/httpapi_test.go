@@ -231,6 +231,49 @@ func TestSubmitUnreadableBody(t *testing.T) {
 	}
 }
 
+// A body that runs out the server's read timeout (a slow link) is
+// answered 408 request_timeout, which a client sends again, with a
+// message of its own: before, 400 invalid_request, which clients take as
+// final, quoting the read error, which names the server's address.
+func TestSubmitBodyTooSlow(t *testing.T) {
+	pub := &publisher{}
+	api, err := httpapi.New(httpapi.Config{Publisher: pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(api)
+	srv.Config.ReadTimeout = 200 * time.Millisecond
+	srv.Start()
+	t.Cleanup(srv.Close)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Half of the body promised; the rest never comes.
+	if _, err := io.WriteString(conn, "POST /v1/calls HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nContent-Type: application/json\r\n\r\n{\"tool\": \"create_ticket\","); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(raw), `"request_timeout"`) {
+		t.Errorf("POST of a body slower than the read timeout = %d %s; want 408 request_timeout", resp.StatusCode, raw)
+	}
+	if addr := strings.TrimPrefix(srv.URL, "http://"); strings.Contains(string(raw), addr) || strings.Contains(string(raw), "i/o timeout") {
+		t.Errorf("the answer quotes the read error: %s", raw)
+	}
+	if !httpapi.IsTransient(&httpapi.APIError{Status: resp.StatusCode, Code: "request_timeout"}) {
+		t.Error("IsTransient(408) = false; want true: sent again it may pass")
+	}
+	if keys := pub.published(); len(keys) != 0 {
+		t.Errorf("published %v; want nothing", keys)
+	}
+}
+
 // /healthz, which anyone may ask, says which check failed and not why:
 // the error names the store's address and database, which go to the log.
 func TestHealthHidesErrors(t *testing.T) {
