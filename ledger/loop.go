@@ -60,6 +60,11 @@ type Output struct {
 // nothing, or nothing that a redelivery would do twice.
 type Step func(ctx context.Context, recs []*kgo.Record) (Output, error)
 
+// TransactionTimeout is the transaction timeout every loop's producer
+// asks for: a broker whose transaction.max.timeout.ms is lower refuses
+// the producer id, and the loop never starts (ledger doctor checks it).
+const TransactionTimeout = time.Minute
+
 // ErrStop, wrapped in a step's error, ends the loop rather than redeliver
 // the batch: the step met a record that no redelivery to this process
 // gets past (one of an encoding newer than it reads), and which it must
@@ -423,7 +428,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.RequireStableFetchOffsets(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.TransactionTimeout(time.Minute),
+		kgo.TransactionTimeout(TransactionTimeout),
 		// A fetch waits on the broker at most a tick: with franz-go's
 		// default of 5s, a session that resumes with one partition
 		// empty sees the others' records only when that wait ends.

@@ -697,13 +697,22 @@ func (d *doctor) transactionsCheck(ctx context.Context, adm *kadm.Client, md kad
 	if err == nil {
 		for _, rc := range bc {
 			for _, c := range rc.Configs {
-				if c.Key != "transaction.state.log.replication.factor" {
-					continue
-				}
-				if rf, err := strconv.Atoi(c.MaybeValue()); err == nil && rf > len(md.Brokers) {
-					return result(checkTransactions, statusFail,
-						"transaction.state.log.replication.factor=%d but the cluster has %d broker(s): transactional producers cannot start; add brokers or lower it",
-						rf, len(md.Brokers))
+				switch c.Key {
+				case "transaction.state.log.replication.factor":
+					if rf, err := strconv.Atoi(c.MaybeValue()); err == nil && rf > len(md.Brokers) {
+						return result(checkTransactions, statusFail,
+							"transaction.state.log.replication.factor=%d but the cluster has %d broker(s): transactional producers cannot start; add brokers or lower it",
+							rf, len(md.Brokers))
+					}
+				case "transaction.max.timeout.ms":
+					// Below the loops' own timeout, every producer id
+					// is refused (INVALID_TRANSACTION_TIMEOUT) and no
+					// loop ever starts.
+					if ms, err := strconv.ParseInt(c.MaybeValue(), 10, 64); err == nil && time.Duration(ms)*time.Millisecond < ledger.TransactionTimeout {
+						return result(checkTransactions, statusFail,
+							"broker %s has transaction.max.timeout.ms=%d, below the %d the ledger's loops ask for: their producers are refused and nothing is decided or executed; raise it to at least %d",
+							rc.Name, ms, ledger.TransactionTimeout.Milliseconds(), ledger.TransactionTimeout.Milliseconds())
+					}
 				}
 			}
 		}

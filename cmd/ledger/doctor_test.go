@@ -120,10 +120,11 @@ func TestDoctorHealthy(t *testing.T) {
 
 // misconfiguredKafka is a cluster whose DLQ topic is missing, whose
 // control topic is not compacted, whose topics have one replica each
-// (below an expected 2), and whose events topic keeps an hour.
+// (below an expected 2), whose events topic keeps an hour, and whose
+// transactions may last 30 s, below the loops' minute.
 func misconfiguredKafka(t *testing.T) ([]string, ledger.Topics) {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.BrokerConfigs(map[string]string{"transaction.max.timeout.ms": "30000"}))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
 	}
@@ -152,14 +153,15 @@ func misconfiguredKafka(t *testing.T) ([]string, ledger.Topics) {
 }
 
 // TestDoctorKafkaMisconfigured: a missing topic, a control topic that is
-// not compacted and a replication factor below the expected one each fail
-// and name their topics; doctor changes nothing.
+// not compacted, a replication factor below the expected one and a
+// transaction timeout bound below the loops' each fail and name what is
+// at fault; doctor changes nothing.
 func TestDoctorKafkaMisconfigured(t *testing.T) {
 	brokers, topics := misconfiguredKafka(t)
 	out, err := runDoctor(t, append(kafkaArgs(brokers, topics),
 		"--expect-replication-factor", "2", "--expect-min-insync", "1")...)
-	if err == nil || !strings.Contains(err.Error(), "3 checks failed") {
-		t.Errorf("doctor = %v; want 3 checks failed", err)
+	if err == nil || !strings.Contains(err.Error(), "4 checks failed") {
+		t.Errorf("doctor = %v; want 4 checks failed", err)
 	}
 	rows, _ := parseTable(t, out)
 	for _, tc := range []struct {
@@ -175,7 +177,7 @@ func TestDoctorKafkaMisconfigured(t *testing.T) {
 		{checkMinInsync, statusOK, nil, nil},
 		{checkCleanup, statusFail, []string{topics.Control, "cleanup.policy=compact"}, []string{topics.Events}},
 		{checkRetention, statusWarn, []string{topics.Events, "1h0m0s"}, nil},
-		{checkTransactions, statusOK, nil, nil},
+		{checkTransactions, statusFail, []string{"transaction.max.timeout.ms=30000", "60000"}, nil},
 		{checkStoreConnect, statusSkipped, []string{"--crdb-dsn"}, nil},
 		{checkCHConnect, statusSkipped, []string{"--clickhouse-dsn"}, nil},
 	} {
