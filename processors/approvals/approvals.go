@@ -604,33 +604,6 @@ func (s *Service) event(f *found, now time.Time) ledger.Event {
 	return ev
 }
 
-// movedAfterAll reads back the records of moves whose write failed with
-// moveErr, which may have committed all the same (CockroachDB's ambiguous
-// result, a connection lost on COMMIT): the moves are one transaction, so
-// a record holding its move's event (evs[i], the last of its outbox) says
-// it committed, and which moves applied. Otherwise moveErr stands.
-func (s *Service) movedAfterAll(ctx context.Context, ms []processors.Move, evs []ledger.Event, moveErr error) ([]bool, error) {
-	applied := make([]bool, len(ms))
-	committed := false
-	for i, m := range ms {
-		rec, err := s.cfg.Store.Get(ctx, m.Key)
-		if err != nil {
-			return nil, errors.Join(moveErr, err)
-		}
-		if rec.Status != m.To || rec.Seq != m.Seq {
-			continue
-		}
-		if out, err := ledger.DecodeEvents(rec.Outbox); err == nil && len(out) > 0 && out[len(out)-1].EventID == evs[i].EventID {
-			applied[i], committed = true, true
-		}
-	}
-	if !committed {
-		return nil, moveErr
-	}
-	s.cfg.Logger.Warn("a decision's write failed, and had applied: taken", "err", moveErr)
-	return applied, nil
-}
-
 // move applies one decision per found record as a compare-and-set from
 // pending at its current seq, publishes the events of the moves that
 // applied and marks them logged. It returns the moved records as they now
@@ -653,20 +626,18 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 		}
 	}
 	// Once sent, the write runs to its end whether or not the approver
-	// still waits (a client gone, the CLI's timeout, a server stopping):
-	// cancelled mid-commit, a decision that may have applied was answered
-	// as failed, and its events left to the unlogged sweep.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.WriteTimeout)
-	defer cancel()
-	applied, err := s.cfg.Store.Move(mctx, ms)
+	// still waits (a client gone, the CLI's timeout, a server stopping),
+	// and one that failed is read back: it may have applied.
+	ids := make([]string, len(evs))
+	for i := range evs {
+		ids[i] = evs[i].EventID
+	}
+	applied, failedWrite, err := processors.MoveOrReadBack(ctx, s.cfg.Store, ms, ids, s.cfg.WriteTimeout)
 	if err != nil {
-		// Read back under a time of its own: the write's may be what ran
-		// out, its commit sent.
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.WriteTimeout)
-		defer rcancel()
-		if applied, err = s.movedAfterAll(rctx, ms, evs, err); err != nil {
-			return nil, fmt.Errorf("approvals: move %d records: %w", len(ms), err)
-		}
+		return nil, fmt.Errorf("approvals: move %d records: %w", len(ms), err)
+	}
+	if failedWrite != nil {
+		s.cfg.Logger.Warn("a decision's write failed, and had applied: taken", "err", failedWrite)
 	}
 	var (
 		moved  []processors.Record

@@ -1474,7 +1474,14 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	m := r.settle(rec, tmpl, as, t, ReasonResolvedByOperator, evidence, nil)
 	m.move.From = rec.Status
 	m.by("operator:" + operator.User)
-	applied, err := r.cfg.Store.Move(ctx, []processors.Move{m.move})
+	// The write runs to its end whether or not the operator still
+	// waits, and one that failed is read back: it may have committed
+	// (the operator, told it failed, would find the call settled, and
+	// might undo by hand a call resolved as it chose).
+	applied, failedWrite, err := processors.MoveOrReadBack(ctx, r.cfg.Store, []processors.Move{m.move}, []string{m.evs[len(m.evs)-1].EventID}, resolveWriteTimeout)
+	if failedWrite != nil {
+		r.cfg.Logger.Warn("a resolution's write failed, and had applied: taken", "call_key", key.String(), "err", failedWrite)
+	}
 	if err == nil && !applied[0] {
 		err = r.lostResolution(ctx, key, rec)
 	}
@@ -1492,6 +1499,10 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 	}
 	return []pendingMove{m}, nil
 }
+
+// resolveWriteTimeout bounds the write of an operator's resolution, and
+// then its read back.
+const resolveWriteTimeout = 10 * time.Second
 
 // errUndoCancelled is in the error of a resolution that cancelled the
 // call's automatic compensation and then failed, which the operator must

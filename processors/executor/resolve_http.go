@@ -57,6 +57,12 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			logged = append(logged, m.logged())
 		}
 		switch {
+		case errors.Is(err, errUndoCancelled) && lostRace(err):
+			// First: the resolution lost a race after it cancelled the
+			// compensation, which the operator must learn with its
+			// code, whatever settled or changed the call.
+			resolveError(w, http.StatusConflict, "compensation_cancelled", err.Error())
+			return
 		case errors.Is(err, ErrForbidden):
 			resolveError(w, http.StatusForbidden, "forbidden", err.Error())
 			return
@@ -118,6 +124,13 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 		_ = json.NewEncoder(w).Encode(last)
 	}))
 	return httpjson.Unmatched(mux)
+}
+
+// lostRace reports whether err is a resolution's move that did not apply
+// (lostResolution), whose text is the ledger's own and may be shown,
+// rather than the store's failure.
+func lostRace(err error) bool {
+	return errors.Is(err, ErrNotUnknown) || errors.Is(err, ErrCallChanged) || errors.Is(err, ErrUndoUnderWay)
 }
 
 func resolveError(w http.ResponseWriter, status int, code, msg string) {

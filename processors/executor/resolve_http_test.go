@@ -126,13 +126,15 @@ func TestResolveHandlerSaysWhatBeatIt(t *testing.T) {
 // losingMoves is a store whose moves lose to another writer: when settle,
 // it applies the move itself first (someone else's, the same), else the
 // record stays as it was (moved on, in the test's telling); when fail is
-// set, they fail with it instead.
+// set, they fail with it instead, and when ambiguous is, they apply and
+// fail with it (a commit whose answer was lost).
 type losingMoves struct {
 	processors.Store
 	settle bool
 	// only, when set, is the one key whose moves lose; the others apply.
-	only *ledger.CallKey
-	fail error
+	only      *ledger.CallKey
+	fail      error
+	ambiguous error
 }
 
 func (l *losingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
@@ -141,6 +143,12 @@ func (l *losingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, e
 	}
 	if l.fail != nil {
 		return nil, l.fail
+	}
+	if l.ambiguous != nil {
+		if _, err := l.Store.Move(ctx, ms); err != nil {
+			return nil, err
+		}
+		return nil, l.ambiguous
 	}
 	if l.settle {
 		if _, err := l.Store.Move(ctx, ms); err != nil {
@@ -187,6 +195,45 @@ func TestResolveHandlerStoreFailureAfterTheCancel(t *testing.T) {
 	}
 	if rec, err := r.store.Get(t.Context(), k.CompensationKey()); err != nil || rec.Status != processors.StatusDenied {
 		t.Errorf("the compensation is %s (%v); want denied, cancelled (the test's premise)", rec.Status, err)
+	}
+}
+
+// A resolution whose write committed but answered an error (CockroachDB's
+// ambiguous result, a connection lost on COMMIT) is read back and
+// answered as made, with its event: before, 503 unavailable, "try again",
+// and the operator's retry was refused not_unknown, for a call settled as
+// they had chosen.
+func TestResolveHandlerAmbiguousCommitTaken(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	k := orig.Key()
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Store = &losingMoves{Store: r.store, only: &k, ambiguous: errors.New("result is ambiguous (error=rpc error)")}
+	})
+	body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"failed","evidence":"the bank's statement"}`
+	status, got := postResolution(t, rc, body)
+	if status != http.StatusOK || !strings.Contains(got, `"type":"failed"`) {
+		t.Errorf("%d %s; want 200 with the failed event", status, got)
+	}
+	if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusFailed {
+		t.Errorf("the call is %s (%v); want failed", rec.Status, err)
+	}
+}
+
+// A resolution that cancelled the reconciler's compensation and then lost
+// the call's move is answered with the code that says the compensation is
+// cancelled, whatever beat it: before, call_changed or not_unknown, and
+// compensation_cancelled only in the text.
+func TestResolveHandlerLostAfterTheCancel(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	r.admitCompensation(orig.Key(), executor.ReconcilerUser)
+	k := orig.Key()
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Store = &losingMoves{Store: r.store, only: &k} })
+	body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"succeeded","evidence":"the bank's statement","cancel_compensation":true}`
+	status, got := postResolution(t, rc, body)
+	if status != http.StatusConflict || !strings.Contains(got, `"compensation_cancelled"`) || !strings.Contains(got, "undo the call by hand") {
+		t.Errorf("%d %s; want 409 compensation_cancelled", status, got)
 	}
 }
 

@@ -1,0 +1,56 @@
+package processors
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+)
+
+// MoveStore is the part of an execution store that MoveOrReadBack uses.
+type MoveStore interface {
+	Move(ctx context.Context, ms []Move) ([]bool, error)
+	Get(ctx context.Context, key ledger.CallKey) (Record, error)
+}
+
+// MoveOrReadBack applies ms, a person's decisions (an approval, an
+// operator's resolution), in st, and reports which applied. Once sent,
+// the write runs to its end under a time of its own (timeout), whether or
+// not the person still waits: cancelled mid-commit, a decision that may
+// have applied would be answered as failed. When the write fails it may
+// have committed all the same (CockroachDB's ambiguous result, a
+// connection lost on COMMIT), so the records are read back, under a time
+// of their own too: the moves are one transaction, and a record holding
+// its move's own event (eventIDs[i], the last of its outbox) at the
+// move's status and seq says that it committed, and which moves applied.
+// When the read back finds them applied, failedWrite is the write's
+// error, for the log; when it does not, err is.
+func MoveOrReadBack(ctx context.Context, st MoveStore, ms []Move, eventIDs []string, timeout time.Duration) (applied []bool, failedWrite, err error) {
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	applied, moveErr := st.Move(mctx, ms)
+	if moveErr == nil {
+		return applied, nil, nil
+	}
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer rcancel()
+	applied = make([]bool, len(ms))
+	committed := false
+	for i, m := range ms {
+		rec, err := st.Get(rctx, m.Key)
+		if err != nil {
+			return nil, nil, errors.Join(moveErr, err)
+		}
+		if rec.Status != m.To || rec.Seq != m.Seq {
+			continue
+		}
+		if out, err := ledger.DecodeEvents(rec.Outbox); err == nil && len(out) > 0 && out[len(out)-1].EventID == eventIDs[i] {
+			applied[i], committed = true, true
+		}
+	}
+	if !committed {
+		return nil, nil, moveErr
+	}
+	return applied, moveErr, nil
+}
