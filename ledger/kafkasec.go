@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -47,10 +49,18 @@ type TLS struct {
 	// plaintext connection.
 	Enabled bool
 	// CAFile is a PEM file of the CAs that sign the brokers'
-	// certificates. Default: the system's roots.
+	// certificates. Default: the system's roots. It is read at start-up,
+	// and again by a new connection when its content has changed (looked
+	// at at most once a second), so that a CA rotated on disk is trusted,
+	// and the old one no longer, without a restart.
 	CAFile string
 	// CertFile and KeyFile are the client certificate and its key (PEM),
-	// for brokers that require mutual TLS. Both or neither.
+	// for brokers that require mutual TLS. Both or neither. They are read
+	// at start-up, and again as CAFile is, so that a renewed certificate
+	// (cert-manager, a Secret volume updated in place) is presented from
+	// the next connection; a pair that does not load (caught between the
+	// writes of its two files) leaves the last good one in use, with a
+	// warning in the client's log.
 	CertFile string
 	KeyFile  string
 	// ServerName is the name checked against every broker's certificate.
@@ -126,15 +136,18 @@ func secErr(field, reason string, err error) error {
 // Opts returns the franz-go options that apply s: a TLS dialer and a SASL
 // mechanism, either or both, or none for the zero value. It reads the CA
 // and client certificate files now, and fails with a *SecurityError on a
-// setting it cannot apply.
+// setting it cannot apply; the client's new connections read them again
+// when they change (TLS.CAFile). The options are one client's: the TLS
+// dialer learns the client's logger and dial timeout (kgo.DialTimeout)
+// from it.
 func (s Security) Opts() ([]kgo.Opt, error) {
 	var opts []kgo.Opt
 	if s.TLS.on() {
-		cfg, err := s.TLS.config()
+		d, err := s.TLS.dialer()
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, kgo.DialTLSConfig(cfg))
+		opts = append(opts, kgo.Dialer(d.dial), kgo.WithHooks(d))
 	}
 	mech, err := s.SASL.mechanism()
 	if err != nil {
@@ -177,8 +190,9 @@ func (s Security) checkBrokers(brokers []string) error {
 	return nil
 }
 
-// clearDialTimeout bounds a dial as franz-go's own dialer does by default.
-const clearDialTimeout = 10 * time.Second
+// defaultDialTimeout bounds a dial as franz-go's own dialer does by
+// default.
+const defaultDialTimeout = 10 * time.Second
 
 // loopbackDial dials addr only if it is on loopback: the guard for
 // brokers learnt from the cluster's metadata, which may advertise other
@@ -188,7 +202,7 @@ func (a SASL) loopbackDial(ctx context.Context, network, addr string) (net.Conn,
 	if !loopbackAddr(addr) {
 		return nil, a.clearErr(addr)
 	}
-	conn, err := (&net.Dialer{Timeout: clearDialTimeout}).DialContext(ctx, network, addr)
+	conn, err := (&net.Dialer{Timeout: defaultDialTimeout}).DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -226,24 +240,20 @@ func loopbackAddr(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// config builds the client's tls.Config. franz-go clones it per dial and
-// fills ServerName from the broker's host when it is empty.
-func (t TLS) config() (*tls.Config, error) {
-	cfg := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         t.ServerName,
-		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // documented as for debugging only
-	}
+// tlsReloadEvery is how often, at most, a dial looks at the CA and client
+// certificate files again.
+const tlsReloadEvery = time.Second
+
+// dialer makes the TLS dialer of t. It reads the CA and client
+// certificate files now, so that a wrong setting fails at start-up.
+func (t TLS) dialer() (*tlsDialer, error) {
+	d := &tlsDialer{t: t, timeout: defaultDialTimeout}
 	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
+		cas, err := loadWatched(d, "CA file", parseCAs, tlsFile{t.CAFile, "TLS.CAFile", "the CA file"})
 		if err != nil {
-			return nil, secErr("TLS.CAFile", "cannot read the CA file", err)
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, secErr("TLS.CAFile", fmt.Sprintf("no PEM certificate in %s", t.CAFile), nil)
-		}
-		cfg.RootCAs = pool
+		d.cas = cas
 	}
 	switch {
 	case t.CertFile != "" && t.KeyFile == "":
@@ -251,22 +261,199 @@ func (t TLS) config() (*tls.Config, error) {
 	case t.CertFile == "" && t.KeyFile != "":
 		return nil, secErr("TLS.CertFile", "a client key needs its certificate file", nil)
 	case t.CertFile != "":
-		certPEM, err := os.ReadFile(t.CertFile)
+		pair, err := loadWatched(d, "client certificate", parsePair,
+			tlsFile{t.CertFile, "TLS.CertFile", "the client certificate"},
+			tlsFile{t.KeyFile, "TLS.KeyFile", "the client key"})
 		if err != nil {
-			return nil, secErr("TLS.CertFile", "cannot read the client certificate", err)
+			return nil, err
 		}
-		keyPEM, err := os.ReadFile(t.KeyFile)
-		if err != nil {
-			return nil, secErr("TLS.KeyFile", "cannot read the client key", err)
-		}
-		// X509KeyPair's errors describe the PEM blocks, never the key.
-		pair, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			return nil, secErr("TLS.CertFile", fmt.Sprintf("%s and %s are not a certificate and its key", t.CertFile, t.KeyFile), err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
+		d.pair = pair
 	}
-	return cfg, nil
+	return d, nil
+}
+
+// parseCAs is the pool of a PEM bundle of CA certificates.
+func parseCAs(files []tlsFile, pems [][]byte) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pems[0]) {
+		return nil, secErr(files[0].field, fmt.Sprintf("no PEM certificate in %s", files[0].path), nil)
+	}
+	return pool, nil
+}
+
+// parsePair is the client certificate of a certificate file and a key
+// file. X509KeyPair's errors describe the PEM blocks, never the key.
+func parsePair(files []tlsFile, pems [][]byte) (*tls.Certificate, error) {
+	pair, err := tls.X509KeyPair(pems[0], pems[1])
+	if err != nil {
+		return nil, secErr("TLS.CertFile", fmt.Sprintf("%s and %s are not a certificate and its key", files[0].path, files[1].path), err)
+	}
+	return &pair, nil
+}
+
+// tlsDialer dials brokers over TLS with a tls.Config made for each
+// connection, as franz-go's DialTLSConfig would (the server name defaults
+// to the host dialled), but with the client certificate and the CAs of
+// the moment: their files are read again when they change, so that a
+// certificate renewed or a CA rotated on disk (cert-manager, a Secret
+// volume) is used from the next connection, without a restart. The
+// broker is checked by crypto/tls itself, against the CAs of the moment.
+//
+// It is also a kgo.HookNewClient, to learn the client's logger and dial
+// timeout. It is safe for concurrent use.
+type tlsDialer struct {
+	t    TLS
+	cas  *watched[*x509.CertPool]   // nil: the system's roots
+	pair *watched[*tls.Certificate] // nil: no client certificate
+
+	mu      sync.Mutex
+	logger  kgo.Logger // nil until the client is made
+	timeout time.Duration
+}
+
+// OnNewClient implements kgo.HookNewClient.
+func (d *tlsDialer) OnNewClient(cl *kgo.Client) {
+	logger, _ := cl.OptValue(kgo.WithLogger).(kgo.Logger)
+	timeout, _ := cl.OptValue(kgo.DialTimeout).(time.Duration)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.logger = logger
+	if timeout > 0 {
+		d.timeout = timeout
+	}
+}
+
+// log logs through the client's logger, if it has one.
+func (d *tlsDialer) log(level kgo.LogLevel, msg string, keyvals ...any) {
+	d.mu.Lock()
+	logger := d.logger
+	d.mu.Unlock()
+	if logger != nil && logger.Level() >= level {
+		logger.Log(level, msg, keyvals...)
+	}
+}
+
+// dial is the client's kgo.Dialer.
+func (d *tlsDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	name := d.t.ServerName
+	if name == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("unable to split host:port for dialing: %w", err)
+		}
+		name = host
+	}
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         name,
+		InsecureSkipVerify: d.t.InsecureSkipVerify, //nolint:gosec // documented as for debugging only
+	}
+	if d.cas != nil {
+		cfg.RootCAs = d.cas.get()
+	}
+	if d.pair != nil {
+		// Asked for only when the broker requests a certificate.
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return d.pair.get(), nil
+		}
+	}
+	d.mu.Lock()
+	timeout := d.timeout
+	d.mu.Unlock()
+	td := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: cfg}
+	return td.DialContext(ctx, network, addr)
+}
+
+// tlsFile is a file of TLS: its path, the field that names it and what
+// it holds, for errors.
+type tlsFile struct{ path, field, what string }
+
+// watched is a value parsed from files (a CA pool, a client certificate)
+// and parsed again when their content changes, looked at on a dial at
+// most every tlsReloadEvery. Files that cannot be read or do not parse
+// (a rotation caught between the writes of its two files, say) leave the
+// last good value in use, with a warning that names the files and the
+// error, never their content.
+type watched[T any] struct {
+	what  string
+	files []tlsFile
+	parse func([]tlsFile, [][]byte) (T, error)
+	d     *tlsDialer // for its logger
+
+	mu      sync.Mutex
+	val     T
+	sum     [sha256.Size]byte // of the content val was parsed from
+	checked time.Time
+	failing string // the error last logged, so that it is logged once
+}
+
+// loadWatched reads and parses files, and fails with their error.
+func loadWatched[T any](d *tlsDialer, what string, parse func([]tlsFile, [][]byte) (T, error), files ...tlsFile) (*watched[T], error) {
+	w := &watched[T]{what: what, files: files, parse: parse, d: d}
+	pems, sum, err := w.read()
+	if err != nil {
+		return nil, err
+	}
+	if w.val, err = parse(files, pems); err != nil {
+		return nil, err
+	}
+	w.sum, w.checked = sum, time.Now()
+	return w, nil
+}
+
+// read returns the files' content and its digest.
+func (w *watched[T]) read() ([][]byte, [sha256.Size]byte, error) {
+	h := sha256.New()
+	pems := make([][]byte, len(w.files))
+	for i, f := range w.files {
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			return nil, [sha256.Size]byte{}, secErr(f.field, "cannot read "+f.what, err)
+		}
+		fmt.Fprintf(h, "%d:", len(b))
+		h.Write(b)
+		pems[i] = b
+	}
+	return pems, [sha256.Size]byte(h.Sum(nil)), nil
+}
+
+// get returns the value of the moment: parsed again if the files changed
+// since they were last looked at, and that was tlsReloadEvery ago.
+func (w *watched[T]) get() T {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	if now.Sub(w.checked) < tlsReloadEvery {
+		return w.val
+	}
+	w.checked = now
+	pems, sum, err := w.read()
+	if err == nil && sum == w.sum {
+		w.failing = ""
+		return w.val
+	}
+	var val T
+	if err == nil {
+		val, err = w.parse(w.files, pems)
+	}
+	if err != nil {
+		if msg := err.Error(); msg != w.failing {
+			w.failing = msg
+			w.d.log(kgo.LogLevelWarn, "kafka tls "+w.what+" not reloaded, still using the previous one", "files", w.paths(), "err", err)
+		}
+		return w.val
+	}
+	w.val, w.sum, w.failing = val, sum, ""
+	w.d.log(kgo.LogLevelInfo, "kafka tls "+w.what+" reloaded", "files", w.paths())
+	return w.val
+}
+
+func (w *watched[T]) paths() []string {
+	p := make([]string, len(w.files))
+	for i, f := range w.files {
+		p[i] = f.path
+	}
+	return p
 }
 
 // mechanism returns the SASL mechanism, or nil when SASL is off.

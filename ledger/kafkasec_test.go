@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -907,4 +908,258 @@ func TestSASLSecretsStayOffPlaintext(t *testing.T) {
 			}
 		}
 	})
+}
+
+// secretVolume is a directory laid out as the kubelet lays out a mounted
+// Secret: each file a symlink through ..data to a directory of the
+// current version, which an update replaces with one rename.
+type secretVolume struct {
+	t       *testing.T
+	dir     string
+	version int
+}
+
+func newSecretVolume(t *testing.T, files map[string][]byte) *secretVolume {
+	t.Helper()
+	v := &secretVolume{t: t, dir: t.TempDir()}
+	v.update(files)
+	for name := range files {
+		if err := os.Symlink(filepath.Join("..data", name), v.path(name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return v
+}
+
+// path is the file name as a pod sees it.
+func (v *secretVolume) path(name string) string { return filepath.Join(v.dir, name) }
+
+// update writes files as a new version and swaps ..data to it, removing
+// the previous version, as the kubelet does when the Secret changes.
+func (v *secretVolume) update(files map[string][]byte) {
+	v.t.Helper()
+	v.version++
+	data := fmt.Sprintf("..v%d", v.version)
+	if err := os.Mkdir(filepath.Join(v.dir, data), 0o700); err != nil {
+		v.t.Fatal(err)
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(v.dir, data, name), b, 0o600); err != nil {
+			v.t.Fatal(err)
+		}
+	}
+	tmp := filepath.Join(v.dir, "..data_tmp")
+	if err := os.Symlink(data, tmp); err != nil {
+		v.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(v.dir, "..data")); err != nil {
+		v.t.Fatal(err)
+	}
+	if v.version > 1 {
+		if err := os.RemoveAll(filepath.Join(v.dir, fmt.Sprintf("..v%d", v.version-1))); err != nil {
+			v.t.Fatal(err)
+		}
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// connTracker counts a client's open broker connections.
+type connTracker struct {
+	mu   sync.Mutex
+	open map[net.Conn]bool
+}
+
+func (c *connTracker) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, conn net.Conn, err error) {
+	if err != nil || conn == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open == nil {
+		c.open = make(map[net.Conn]bool)
+	}
+	c.open[conn] = true
+}
+
+func (c *connTracker) OnBrokerDisconnect(_ kgo.BrokerMetadata, conn net.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.open, conn)
+}
+
+// waitIdle waits until the client has closed every connection (its idle
+// timeout), so that its next request dials again.
+func (c *connTracker) waitIdle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		n := len(c.open)
+		c.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connection(s) still open after 10s; want them closed as idle", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// produceOnce produces one record to the requests topic within 10s.
+func produceOnce(t *testing.T, cl *kgo.Client, step string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: secTopics.Requests, Value: []byte(step)}).FirstErr(); err != nil {
+		t.Fatalf("%s: produce: %v", step, err)
+	}
+}
+
+// A long-lived client presents its renewed certificate on its next
+// connection, without a restart: the broker refusing the old one after
+// the renewal (as it would once it expired) does not stop it. A renewal
+// caught half-written leaves the last good pair in use.
+func TestKafkaTLSClientCertificateRotation(t *testing.T) {
+	p := ledgertest.NewPKI(t)
+	a, b := p.Client("a", "ledger-a"), p.Client("b", "ledger-b")
+	var (
+		revokedA atomic.Bool
+		mu       sync.Mutex
+		lastCN   string
+	)
+	stls := serverTLS(p)
+	stls.ClientAuth = tls.RequireAndVerifyClientCert
+	stls.ClientCAs = p.Pool
+	stls.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
+		cn := chains[0][0].Subject.CommonName
+		if cn == "ledger-a" && revokedA.Load() {
+			return errors.New("certificate ledger-a no longer accepted")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		lastCN = cn
+		return nil
+	}
+	presented := func(t *testing.T, step, want string) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if lastCN != want {
+			t.Errorf("%s: the broker last saw certificate %q; want %q", step, lastCN, want)
+		}
+	}
+	c := secCluster(t, kfake.TLS(stls))
+
+	vol := newSecretVolume(t, map[string][]byte{
+		"tls.crt": readFile(t, a.CertFile), "tls.key": readFile(t, a.KeyFile), "ca.crt": readFile(t, p.CAFile),
+	})
+	var logs ledgertest.LogBuffer
+	cc := ledger.ClientConfig{
+		Brokers: c.ListenAddrs(),
+		Logger:  slog.New(slog.NewJSONHandler(&logs, nil)),
+		Security: ledger.Security{TLS: ledger.TLS{
+			CAFile: vol.path("ca.crt"), CertFile: vol.path("tls.crt"), KeyFile: vol.path("tls.key"),
+		}},
+	}
+	conns := &connTracker{}
+	cl, err := ledger.NewClient(cc, kgo.ConnIdleTimeout(time.Second), kgo.WithHooks(conns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+
+	produceOnce(t, cl, "with certificate A")
+	presented(t, "with certificate A", "ledger-a")
+
+	// Half-written: B's certificate beside A's key, written in place.
+	if err := os.WriteFile(vol.path("tls.crt"), readFile(t, b.CertFile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conns.waitIdle(t)
+	produceOnce(t, cl, "half-written renewal")
+	presented(t, "half-written renewal", "ledger-a")
+	if got := logs.String(); !strings.Contains(got, "not reloaded") {
+		t.Errorf("logs after a half-written renewal:\n%s\nwant a warning that the certificate was not reloaded", got)
+	}
+
+	// The renewal lands (the Secret updated in place), and the broker
+	// refuses A from now on.
+	vol.update(map[string][]byte{
+		"tls.crt": readFile(t, b.CertFile), "tls.key": readFile(t, b.KeyFile), "ca.crt": readFile(t, p.CAFile),
+	})
+	revokedA.Store(true)
+	conns.waitIdle(t)
+	produceOnce(t, cl, "after the renewal")
+	presented(t, "after the renewal", "ledger-b")
+
+	got := logs.String()
+	for _, secret := range []string{"BEGIN", "PRIVATE KEY", string(readFile(t, a.KeyFile)[40:80]), string(readFile(t, b.KeyFile)[40:80])} {
+		if strings.Contains(got, secret) {
+			t.Errorf("logs quote key material (%q):\n%s", secret, got)
+		}
+	}
+}
+
+// A long-lived client trusts the brokers' new CA once the CA file is
+// rotated, and then no longer the old one; the brokers' certificates are
+// still checked against the CA and the server name, as crypto/tls checks
+// them; a CA file that does not parse leaves the last good CAs in use.
+func TestKafkaTLSCARotation(t *testing.T) {
+	before, after := ledgertest.NewPKI(t), ledgertest.NewPKI(t)
+	oldCert, newCert := before.Server("broker").Cert, after.Server("broker").Cert
+	otherName := after.Server("elsewhere", "broker.example").Cert
+	var serving atomic.Pointer[tls.Certificate]
+	serving.Store(&oldCert)
+	c := secCluster(t, kfake.TLS(&tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving.Load(), nil },
+	}))
+
+	vol := newSecretVolume(t, map[string][]byte{"ca.crt": readFile(t, before.CAFile)})
+	cc := ledger.ClientConfig{Brokers: c.ListenAddrs(), Security: ledger.Security{TLS: ledger.TLS{CAFile: vol.path("ca.crt")}}}
+	conns := &connTracker{}
+	cl, err := ledger.NewClient(cc, kgo.ConnIdleTimeout(time.Second), kgo.WithHooks(conns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	produceOnce(t, cl, "before the rotation")
+
+	// The brokers move to the new CA's certificates; the CA file follows.
+	serving.Store(&newCert)
+	vol.update(map[string][]byte{"ca.crt": readFile(t, after.CAFile)})
+	conns.waitIdle(t)
+	produceOnce(t, cl, "after the rotation")
+
+	vol.update(map[string][]byte{"ca.crt": []byte("not a certificate")})
+	conns.waitIdle(t)
+	produceOnce(t, cl, "with a CA file that does not parse")
+
+	ping := func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		return cl.Ping(ctx)
+	}
+	conns.waitIdle(t)
+	serving.Store(&oldCert)
+	err = ping()
+	var unknown x509.UnknownAuthorityError
+	if !errors.As(err, &unknown) {
+		t.Errorf("ping a broker of the old CA after the rotation: %v (%T); want an unknown authority error", err, err)
+	}
+	serving.Store(&otherName)
+	err = ping()
+	var hostErr x509.HostnameError
+	if !errors.As(err, &hostErr) {
+		t.Errorf("ping a broker whose certificate names broker.example: %v (%T); want a hostname mismatch", err, err)
+	}
 }

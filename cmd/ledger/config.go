@@ -84,8 +84,8 @@ func (k *kafkaFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&k.rebalanceTimeout, "rebalance-timeout", time.Minute, "how long a rebalance of an intake or executor group waits for its members to rejoin (and for each to end the transaction it is in)")
 	tc, sc := &k.security.TLS, &k.security.SASL
 	fs.BoolVar(&tc.Enabled, "kafka-tls", false, "connect to Kafka over TLS (implied by any other --kafka-tls-* flag)")
-	fs.StringVar(&tc.CAFile, "kafka-tls-ca", "", "PEM file of the CAs that sign the brokers' certificates (default: the system's roots)")
-	fs.StringVar(&tc.CertFile, "kafka-tls-cert", "", "PEM client certificate, for brokers that require mutual TLS (with --kafka-tls-key)")
+	fs.StringVar(&tc.CAFile, "kafka-tls-ca", "", "PEM file of the CAs that sign the brokers' certificates (default: the system's roots); read again by new connections when it changes")
+	fs.StringVar(&tc.CertFile, "kafka-tls-cert", "", "PEM client certificate, for brokers that require mutual TLS (with --kafka-tls-key); read again with its key by new connections when they change")
 	fs.StringVar(&tc.KeyFile, "kafka-tls-key", "", "PEM key of --kafka-tls-cert")
 	fs.StringVar(&tc.ServerName, "kafka-tls-server-name", "", "name to verify every broker's certificate against (default: the host dialled)")
 	fs.BoolVar(&tc.InsecureSkipVerify, "kafka-tls-insecure-skip-verify", false, "accept any broker certificate (encrypted but unauthenticated; debugging only)")
