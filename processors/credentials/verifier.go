@@ -383,8 +383,8 @@ func (v *Verifier) accept(now time.Time, c Claims, want Expect) error {
 // the skew; a renewal of it, same jti and a later exp, until that one
 // expires), Verify refuses its jti in its scope (c.Scope) as
 // ReasonSpent, retries of its own call included. A credential of the
-// call in another scope, such as the reconciler's status lookup's (the
-// call's jti, scope "tool::<name>:status"), is not affected.
+// call in another scope, such as the reconciler's status lookup's (scope
+// "tool::<name>:status"), is not affected, even under the same jti.
 //
 // A tool whose effect is not deduplicated by the idempotency key calls
 // Spend just before it applies the effect, under whatever makes its

@@ -399,12 +399,14 @@ func TestTakenOverResultHoldingAnotherOwnersCredential(t *testing.T) {
 	}
 }
 
-// A status lookup goes under the call's own jti, and the event that
-// settles the call names it with the family and scope the lookup was sent
-// under: before, it had a fresh jti that no event named, and a responder
-// who found it in a tool's logs (it reads the call's result) could find
-// neither the call nor the reconciler's family to revoke.
-func TestReconcileLookupUnderTheCallsJTI(t *testing.T) {
+// The event that settles a call after a status lookup names the lookup's
+// credential (its jti, the status scope and the reconciler's family):
+// before, no event named it, and a responder who found its jti in a
+// tool's logs (it reads the call's result) could find neither the call nor
+// the family to revoke. Its jti is its own, not the call's: revoking the
+// call's (leaked with its request) must not stop the lookups, or a call
+// that succeeded would be parked, and under undo_unknown undone.
+func TestReconcileLookupCredentialNamed(t *testing.T) {
 	r, broker, guarded := newGuardedRig(t)
 	guarded.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
 	unknown := r.unknownWith(r.admit("create_ticket", "lookupjti", map[string]any{"title": "t"}, 0), func(c *executor.Config) { c.Credentials = broker })
@@ -414,13 +416,34 @@ func TestReconcileLookupUnderTheCallsJTI(t *testing.T) {
 	if err != nil || rec.Credential.JTI == "" {
 		t.Fatalf("the call's record names credential %+v (%v); want its jti", rec.Credential, err)
 	}
-	evs := r.reconcileAll(r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Credentials = broker }), unknown)
+	minted := &mintLog{Minter: broker}
+	evs := r.reconcileAll(r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Credentials = minted }), unknown)
 	last := evs[len(evs)-1]
 	if last.Type != statemachine.EventSucceeded {
 		t.Fatalf("reconciled %s; want succeeded", last.Type)
 	}
-	want := []string{rec.Credential.JTI, credentials.StatusScope("create_ticket"), credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())}
-	if got := []string{last.JTI, last.CredentialScope, last.CredentialFamily}; !slices.Equal(got, want) {
-		t.Errorf("the settling event names jti, scope, family %q; want %q", got, want)
+	if len(minted.creds) != 1 {
+		t.Fatalf("the reconciler minted %d credentials; want 1, the lookup's", len(minted.creds))
 	}
+	want := []string{minted.creds[0].JTI, credentials.StatusScope("create_ticket"), credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())}
+	if got := []string{last.JTI, last.CredentialScope, last.CredentialFamily}; !slices.Equal(got, want) {
+		t.Errorf("the settling event names jti, scope, family %q; want the lookup's %q", got, want)
+	}
+	if last.JTI == rec.Credential.JTI {
+		t.Errorf("the lookup was sent under the call's jti %s; want one of its own", rec.Credential.JTI)
+	}
+}
+
+// mintLog is a Minter that keeps what it minted.
+type mintLog struct {
+	executor.Minter
+	creds []credentials.Credential
+}
+
+func (m *mintLog) Mint(g credentials.Grant) (credentials.Credential, error) {
+	c, err := m.Minter.Mint(g)
+	if err == nil {
+		m.creds = append(m.creds, c)
+	}
+	return c, err
 }

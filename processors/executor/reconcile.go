@@ -636,19 +636,20 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
 			CallID: rec.CallID, IdempotencyKey: rec.Key.String(),
 			// It reads what the call did; it must not let anyone do it.
+			// A jti of its own: the call's may be revoked (leaked with
+			// its request), which must not keep the reconciler from
+			// finding out what the call did, and undo an effect that
+			// happened.
 			Action: credentials.StatusScope(tool.Name),
-			// Under the call's own jti, so that the jti a tool's logs
-			// show leads a responder to the call, and revoking it
-			// stops the lookups too (empty: a call sent without one).
-			JTI: rec.Credential.JTI,
 		})
 		if err != nil {
 			return r.parkOrWait(rec, tmpl, tool, ReasonLookupFailed, "no credential for the lookup: "+err.Error())
 		}
 		bearer = cred.Token
 		// The events this pass appends name the credential the lookup
-		// was sent under: its family is this reconciler's, which no
-		// event of the call named yet.
+		// was sent under, so that its jti, which a tool's logs show,
+		// leads a responder to the call, and its family (this
+		// reconciler's) may be revoked.
 		tmpl.JTI, tmpl.CredentialScope, tmpl.CredentialFamily = cred.JTI, cred.Scope, cred.Family
 	}
 	g := r.x.guard(tool, rec.Key.TenantID)
