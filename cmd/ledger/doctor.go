@@ -689,9 +689,16 @@ func (d *doctor) transactionsCheck(ctx context.Context, adm *kadm.Client, md kad
 	// The transaction coordinator's own topic needs as many brokers as
 	// its replication factor, or no transactional producer ever starts.
 	// Best effort: a broker that does not report it is not faulted.
+	// Each broker by its id: asked for none, Kafka answers with the
+	// cluster's dynamic defaults only, which never hold these static
+	// settings.
+	ids := make([]int32, len(md.Brokers))
+	for i, b := range md.Brokers {
+		ids[i] = b.NodeID
+	}
 	var bc kadm.ResourceConfigs
 	err := d.within(ctx, func(ctx context.Context) (err error) {
-		bc, err = adm.DescribeBrokerConfigs(ctx)
+		bc, err = adm.DescribeBrokerConfigs(ctx, ids...)
 		return err
 	})
 	if err == nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
@@ -129,6 +130,23 @@ func misconfiguredKafka(t *testing.T) ([]string, ledger.Topics) {
 		t.Fatalf("kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
+	// As Kafka does, a broker resource named "" (asked for none in
+	// particular) holds the cluster's dynamic defaults only, never a
+	// static setting such as this one.
+	c.ControlKey(int16(kmsg.DescribeConfigs), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := kreq.(*kmsg.DescribeConfigsRequest)
+		resp := req.ResponseKind().(*kmsg.DescribeConfigsResponse)
+		for _, r := range req.Resources {
+			if r.ResourceType != kmsg.ConfigResourceTypeBroker || r.ResourceName != "" {
+				return nil, nil, false
+			}
+			rr := kmsg.NewDescribeConfigsResponseResource()
+			rr.ResourceType, rr.ResourceName = r.ResourceType, r.ResourceName
+			resp.Resources = append(resp.Resources, rr)
+		}
+		return resp, nil, true
+	})
 	topics := ledger.Topics{}.WithDefaults()
 	cl, err := ledger.NewClient(ledger.ClientConfig{Brokers: c.ListenAddrs()})
 	if err != nil {
