@@ -8,7 +8,6 @@ package httpjson
 import (
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -34,20 +33,22 @@ const CodeRequestTimeout = "request_timeout"
 
 // Errors of a request's body that broke off, as BodyReadError names them.
 var (
-	ErrBodyTimeout = errors.New("the request's body did not arrive within the server's read timeout; nothing was done, and sent again it may pass")
-	ErrBodyBroken  = errors.New("the request's body broke off before its end; nothing was done")
+	ErrBodyTimeout = errors.New("the request's body did not arrive within the server's read timeout; nothing was done")
+	ErrBodyBroken  = errors.New("the request's connection broke before the body's end; nothing was done")
 )
 
 // BodyReadError is ErrBodyTimeout or ErrBodyBroken when err, from reading
-// a request's body, is the transfer's failure rather than the content's,
+// a request's body, is the network's failure rather than the content's,
 // and nil otherwise. An answer says these, not err: a network error's
-// text names the server's own address and port.
+// text names the server's own address and port. A body shorter than its
+// Content-Length (io.ErrUnexpectedEOF) is left to the caller: a JSON
+// decoder says the same of a document that ends mid-value.
 func BodyReadError(err error) error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return ErrBodyTimeout
-	case errors.As(err, &ne), errors.Is(err, io.ErrUnexpectedEOF):
+	case errors.As(err, &ne):
 		return ErrBodyBroken
 	}
 	return nil

@@ -272,7 +272,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Logger.Debug("envelope not read whole", "err", err)
 		switch rerr := httpjson.BodyReadError(err); {
 		case errors.Is(rerr, httpjson.ErrBodyTimeout):
-			writeError(w, http.StatusRequestTimeout, apiError{Code: httpjson.CodeRequestTimeout, Message: rerr.Error()})
+			writeError(w, http.StatusRequestTimeout, apiError{Code: httpjson.CodeRequestTimeout, Message: rerr.Error() + ": send it again"})
 		case rerr != nil:
 			writeError(w, http.StatusBadRequest, apiError{Code: "invalid_request", Message: rerr.Error()})
 		default:
