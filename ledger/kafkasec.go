@@ -2,10 +2,9 @@ package ledger
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,6 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/oauth"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/toolcall-ledger/ledger/ledger/tlsfiles"
 )
 
 // The SASL mechanisms Security accepts (SASL.Mechanism, in any case).
@@ -248,10 +249,13 @@ const tlsReloadEvery = time.Second
 // certificate files now, so that a wrong setting fails at start-up.
 func (t TLS) dialer() (*tlsDialer, error) {
 	d := &tlsDialer{t: t, timeout: defaultDialTimeout}
+	// A dial looks at the files at most every tlsReloadEvery: a client
+	// may dial many brokers at once, and each look reads them whole.
+	reload := tlsfiles.Config{Every: tlsReloadEvery, Logger: d}
 	if t.CAFile != "" {
-		cas, err := loadWatched(d, "CA file", parseCAs, tlsFile{t.CAFile, "TLS.CAFile", "the CA file"})
+		cas, err := tlsfiles.LoadPool(tlsfiles.File{Path: t.CAFile, Name: "TLS.CAFile"}, reload)
 		if err != nil {
-			return nil, err
+			return nil, fileErr(err)
 		}
 		d.cas = cas
 	}
@@ -261,34 +265,27 @@ func (t TLS) dialer() (*tlsDialer, error) {
 	case t.CertFile == "" && t.KeyFile != "":
 		return nil, secErr("TLS.CertFile", "a client key needs its certificate file", nil)
 	case t.CertFile != "":
-		pair, err := loadWatched(d, "client certificate", parsePair,
-			tlsFile{t.CertFile, "TLS.CertFile", "the client certificate"},
-			tlsFile{t.KeyFile, "TLS.KeyFile", "the client key"})
+		pair, err := tlsfiles.LoadPair(tlsfiles.File{Path: t.CertFile, Name: "TLS.CertFile"}, tlsfiles.File{Path: t.KeyFile, Name: "TLS.KeyFile"}, reload)
 		if err != nil {
-			return nil, err
+			return nil, fileErr(err)
 		}
 		d.pair = pair
 	}
 	return d, nil
 }
 
-// parseCAs is the pool of a PEM bundle of CA certificates.
-func parseCAs(files []tlsFile, pems [][]byte) (*x509.CertPool, error) {
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pems[0]) {
-		return nil, secErr(files[0].field, fmt.Sprintf("no PEM certificate in %s", files[0].path), nil)
+// fileErr is an error of tlsfiles as a *SecurityError on the field that
+// names the file (tlsfiles.File.Name).
+func fileErr(err error) error {
+	fe, ok := errors.AsType[*tlsfiles.Error](err)
+	if !ok {
+		return err
 	}
-	return pool, nil
-}
-
-// parsePair is the client certificate of a certificate file and a key
-// file. X509KeyPair's errors describe the PEM blocks, never the key.
-func parsePair(files []tlsFile, pems [][]byte) (*tls.Certificate, error) {
-	pair, err := tls.X509KeyPair(pems[0], pems[1])
-	if err != nil {
-		return nil, secErr("TLS.CertFile", fmt.Sprintf("%s and %s are not a certificate and its key", files[0].path, files[1].path), err)
+	reason := fe.Reason
+	if reason == "" {
+		reason = "cannot read the file"
 	}
-	return &pair, nil
+	return secErr(fe.Name, reason, fe.Err)
 }
 
 // tlsDialer dials brokers over TLS with a tls.Config made for each
@@ -300,11 +297,12 @@ func parsePair(files []tlsFile, pems [][]byte) (*tls.Certificate, error) {
 // broker is checked by crypto/tls itself, against the CAs of the moment.
 //
 // It is also a kgo.HookNewClient, to learn the client's logger and dial
-// timeout. It is safe for concurrent use.
+// timeout, and the tlsfiles.Logger of its files. It is safe for
+// concurrent use.
 type tlsDialer struct {
 	t    TLS
-	cas  *watched[*x509.CertPool]   // nil: the system's roots
-	pair *watched[*tls.Certificate] // nil: no client certificate
+	cas  *tlsfiles.Pool // nil: the system's roots
+	pair *tlsfiles.Pair // nil: no client certificate
 
 	mu      sync.Mutex
 	logger  kgo.Logger // nil until the client is made
@@ -323,13 +321,19 @@ func (d *tlsDialer) OnNewClient(cl *kgo.Client) {
 	}
 }
 
-// log logs through the client's logger, if it has one.
-func (d *tlsDialer) log(level kgo.LogLevel, msg string, keyvals ...any) {
+// Log implements tlsfiles.Logger: the reloads of the client's files go
+// to the client's logger, once the client is made.
+func (d *tlsDialer) Log(_ context.Context, level slog.Level, msg string, args ...any) {
 	d.mu.Lock()
 	logger := d.logger
 	d.mu.Unlock()
-	if logger != nil && logger.Level() >= level {
-		logger.Log(level, msg, keyvals...)
+	// tlsfiles logs a reload at Info, a failed one at Warn.
+	l := kgo.LogLevelInfo
+	if level >= slog.LevelWarn {
+		l = kgo.LogLevelWarn
+	}
+	if logger != nil && logger.Level() >= l {
+		logger.Log(l, "kafka "+msg, args...)
 	}
 }
 
@@ -349,111 +353,16 @@ func (d *tlsDialer) dial(ctx context.Context, network, addr string) (net.Conn, e
 		InsecureSkipVerify: d.t.InsecureSkipVerify, //nolint:gosec // documented as for debugging only
 	}
 	if d.cas != nil {
-		cfg.RootCAs = d.cas.get()
+		cfg.RootCAs = d.cas.CertPool()
 	}
 	if d.pair != nil {
-		// Asked for only when the broker requests a certificate.
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return d.pair.get(), nil
-		}
+		cfg.GetClientCertificate = d.pair.GetClientCertificate
 	}
 	d.mu.Lock()
 	timeout := d.timeout
 	d.mu.Unlock()
 	td := &tls.Dialer{NetDialer: &net.Dialer{Timeout: timeout}, Config: cfg}
 	return td.DialContext(ctx, network, addr)
-}
-
-// tlsFile is a file of TLS: its path, the field that names it and what
-// it holds, for errors.
-type tlsFile struct{ path, field, what string }
-
-// watched is a value parsed from files (a CA pool, a client certificate)
-// and parsed again when their content changes, looked at on a dial at
-// most every tlsReloadEvery. Files that cannot be read or do not parse
-// (a rotation caught between the writes of its two files, say) leave the
-// last good value in use, with a warning that names the files and the
-// error, never their content.
-type watched[T any] struct {
-	what  string
-	files []tlsFile
-	parse func([]tlsFile, [][]byte) (T, error)
-	d     *tlsDialer // for its logger
-
-	mu      sync.Mutex
-	val     T
-	sum     [sha256.Size]byte // of the content val was parsed from
-	checked time.Time
-	failing string // the error last logged, so that it is logged once
-}
-
-// loadWatched reads and parses files, and fails with their error.
-func loadWatched[T any](d *tlsDialer, what string, parse func([]tlsFile, [][]byte) (T, error), files ...tlsFile) (*watched[T], error) {
-	w := &watched[T]{what: what, files: files, parse: parse, d: d}
-	pems, sum, err := w.read()
-	if err != nil {
-		return nil, err
-	}
-	if w.val, err = parse(files, pems); err != nil {
-		return nil, err
-	}
-	w.sum, w.checked = sum, time.Now()
-	return w, nil
-}
-
-// read returns the files' content and its digest.
-func (w *watched[T]) read() ([][]byte, [sha256.Size]byte, error) {
-	h := sha256.New()
-	pems := make([][]byte, len(w.files))
-	for i, f := range w.files {
-		b, err := os.ReadFile(f.path)
-		if err != nil {
-			return nil, [sha256.Size]byte{}, secErr(f.field, "cannot read "+f.what, err)
-		}
-		fmt.Fprintf(h, "%d:", len(b))
-		h.Write(b)
-		pems[i] = b
-	}
-	return pems, [sha256.Size]byte(h.Sum(nil)), nil
-}
-
-// get returns the value of the moment: parsed again if the files changed
-// since they were last looked at, and that was tlsReloadEvery ago.
-func (w *watched[T]) get() T {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	now := time.Now()
-	if now.Sub(w.checked) < tlsReloadEvery {
-		return w.val
-	}
-	w.checked = now
-	pems, sum, err := w.read()
-	if err == nil && sum == w.sum {
-		w.failing = ""
-		return w.val
-	}
-	var val T
-	if err == nil {
-		val, err = w.parse(w.files, pems)
-	}
-	if err != nil {
-		if msg := err.Error(); msg != w.failing {
-			w.failing = msg
-			w.d.log(kgo.LogLevelWarn, "kafka tls "+w.what+" not reloaded, still using the previous one", "files", w.paths(), "err", err)
-		}
-		return w.val
-	}
-	w.val, w.sum, w.failing = val, sum, ""
-	w.d.log(kgo.LogLevelInfo, "kafka tls "+w.what+" reloaded", "files", w.paths())
-	return w.val
-}
-
-func (w *watched[T]) paths() []string {
-	p := make([]string, len(w.files))
-	for i, f := range w.files {
-		p[i] = f.path
-	}
-	return p
 }
 
 // mechanism returns the SASL mechanism, or nil when SASL is off.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/toolcall-ledger/ledger/ledger/tlsfiles"
 )
 
 // httpClientFlags say what the ledger's own HTTP clients present and trust
@@ -49,17 +51,22 @@ func (f *httpClientFlags) transport(logger *slog.Logger, maxIdlePerHost int) (*h
 	case f.certFile == "" && f.caFile == "":
 		return t, nil
 	}
-	var kp *keyPair
+	// The files are looked at by every connection (tlsfiles.Config's
+	// default), so that a rotation is used from the next one.
+	reload := tlsfiles.Config{Logger: logger}
+	var kp *tlsfiles.Pair
 	if f.certFile != "" {
-		kp = &keyPair{certFile: f.certFile, keyFile: f.keyFile, certFlag: "--http-client-cert", keyFlag: "--http-client-key", logger: logger}
-		if err := kp.load(); err != nil {
+		var err error
+		kp, err = tlsfiles.LoadPair(tlsfiles.File{Path: f.certFile, Name: "--http-client-cert"}, tlsfiles.File{Path: f.keyFile, Name: "--http-client-key"}, reload)
+		if err != nil {
 			return nil, err
 		}
 	}
-	var cas *caFile
+	var cas *tlsfiles.Pool
 	if f.caFile != "" {
-		cas = &caFile{file: f.caFile, flag: "--http-client-ca", logger: logger}
-		if err := cas.load(); err != nil {
+		var err error
+		cas, err = tlsfiles.LoadPool(tlsfiles.File{Path: f.caFile, Name: "--http-client-ca"}, reload)
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -68,10 +75,10 @@ func (f *httpClientFlags) transport(logger *slog.Logger, maxIdlePerHost int) (*h
 	tlsConfig := func(serverName string) *tls.Config {
 		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName, NextProtos: []string{"h2", "http/1.1"}}
 		if kp != nil {
-			cfg.GetClientCertificate = kp.getClient
+			cfg.GetClientCertificate = kp.GetClientCertificate
 		}
 		if cas != nil {
-			cfg.RootCAs = cas.get()
+			cfg.RootCAs = cas.CertPool()
 		}
 		return cfg
 	}

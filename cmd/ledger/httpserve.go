@@ -3,18 +3,18 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/toolcall-ledger/ledger/ledger/tlsfiles"
 )
 
 // httpTLSFlags put TLS, and optionally client certificates, on every HTTP
@@ -49,16 +49,19 @@ func (f *httpTLSFlags) tlsConfig(logger *slog.Logger) (*tls.Config, error) {
 	case f.keyFile == "":
 		return nil, errors.New("--http-tls-cert needs --http-tls-key")
 	}
-	kp := &keyPair{certFile: f.certFile, keyFile: f.keyFile, certFlag: "--http-tls-cert", keyFlag: "--http-tls-key", logger: logger}
-	if err := kp.load(); err != nil {
+	// The files are looked at on every handshake (tlsfiles.Config's
+	// default), so that a rotation is served from the next one.
+	reload := tlsfiles.Config{Logger: logger}
+	kp, err := tlsfiles.LoadPair(tlsfiles.File{Path: f.certFile, Name: "--http-tls-cert"}, tlsfiles.File{Path: f.keyFile, Name: "--http-tls-key"}, reload)
+	if err != nil {
 		return nil, err
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: kp.get}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: kp.GetCertificate}
 	if f.clientCAFile == "" {
 		return cfg, nil
 	}
-	cas := &caFile{file: f.clientCAFile, flag: "--http-tls-client-ca", logger: logger}
-	if err := cas.load(); err != nil {
+	cas, err := tlsfiles.LoadPool(tlsfiles.File{Path: f.clientCAFile, Name: "--http-tls-client-ca"}, reload)
+	if err != nil {
 		return nil, err
 	}
 	// Each handshake gets the client CAs of the moment, so that a CA
@@ -69,9 +72,9 @@ func (f *httpTLSFlags) tlsConfig(logger *slog.Logger) (*tls.Config, error) {
 	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		return &tls.Config{
 			MinVersion:     tls.VersionTLS12,
-			GetCertificate: kp.get,
+			GetCertificate: kp.GetCertificate,
 			ClientAuth:     tls.RequireAndVerifyClientCert,
-			ClientCAs:      cas.get(),
+			ClientCAs:      cas.CertPool(),
 			NextProtos:     []string{"h2", "http/1.1"},
 		}, nil
 	}
@@ -213,162 +216,4 @@ func shutdown(grace time.Duration, logger *slog.Logger, servers ...*http.Server)
 		})
 	}
 	wg.Wait()
-}
-
-// keyPair is a certificate and its key, read again from their files on the
-// first handshake after either file changed (rotation by cert-manager, a
-// mounted secret, or an operator's cp), so a renewed certificate is served
-// without a restart. A pair that does not load (a rotation caught between
-// its two writes) leaves the last good one in use until the files change
-// again.
-type keyPair struct {
-	certFile, keyFile string
-	// certFlag and keyFlag name the files in errors and logs.
-	certFlag, keyFlag string
-	logger            *slog.Logger
-
-	mu   sync.Mutex
-	cert *tls.Certificate
-	// certStat and keyStat describe the files as last read (or last
-	// tried), to see a change with two stats per handshake.
-	certStat, keyStat os.FileInfo
-}
-
-// load reads the pair, and fails if it is unreadable or does not match.
-func (k *keyPair) load() error {
-	cs, ks, err := k.stat()
-	if err != nil {
-		return err
-	}
-	cert, err := k.read()
-	if err != nil {
-		return err
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.cert, k.certStat, k.keyStat = cert, cs, ks
-	return nil
-}
-
-func (k *keyPair) stat() (cert, key os.FileInfo, err error) {
-	if cert, err = os.Stat(k.certFile); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", k.certFlag, err)
-	}
-	if key, err = os.Stat(k.keyFile); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", k.keyFlag, err)
-	}
-	return cert, key, nil
-}
-
-func (k *keyPair) read() (*tls.Certificate, error) {
-	certPEM, err := os.ReadFile(k.certFile)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", k.certFlag, err)
-	}
-	keyPEM, err := os.ReadFile(k.keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", k.keyFlag, err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		// Its errors name what is wrong, never the key's bytes.
-		return nil, fmt.Errorf("%s %s and %s %s: %w", k.certFlag, k.certFile, k.keyFlag, k.keyFile, err)
-	}
-	return &cert, nil
-}
-
-// get is the servers' tls.Config.GetCertificate.
-func (k *keyPair) get(*tls.ClientHelloInfo) (*tls.Certificate, error) { return k.current(), nil }
-
-// getClient is the clients' tls.Config.GetClientCertificate.
-func (k *keyPair) getClient(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-	return k.current(), nil
-}
-
-// current is the pair of the moment: read again if either file changed.
-func (k *keyPair) current() *tls.Certificate {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	cs, ks, err := k.stat()
-	if err != nil || (sameFile(cs, k.certStat) && sameFile(ks, k.keyStat)) {
-		// A file gone for a moment (a secret's symlinks swapped) is
-		// not a reason to fail handshakes: use the last good pair.
-		return k.cert
-	}
-	k.certStat, k.keyStat = cs, ks
-	cert, err := k.read()
-	if err != nil {
-		k.logger.Warn("tls certificate not reloaded, still using the previous one", "cert_file", k.certFile, "key_file", k.keyFile, "err", err)
-		return k.cert
-	}
-	k.cert = cert
-	if cert.Leaf != nil {
-		k.logger.Info("tls certificate reloaded", "cert_file", k.certFile, "not_after", cert.Leaf.NotAfter)
-	}
-	return k.cert
-}
-
-// caFile is a PEM bundle of CA certificates, read again on the first
-// handshake after the file changed (a CA rotated by cert-manager or an
-// operator). A bundle that does not load leaves the last good one in use.
-type caFile struct {
-	file, flag string
-	logger     *slog.Logger
-
-	mu   sync.Mutex
-	pool *x509.CertPool
-	stat os.FileInfo
-}
-
-// load reads the bundle, and fails if it is unreadable or holds no
-// certificate.
-func (c *caFile) load() error {
-	st, err := os.Stat(c.file)
-	if err != nil {
-		return fmt.Errorf("%s: %w", c.flag, err)
-	}
-	pool, err := c.read()
-	if err != nil {
-		return err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.pool, c.stat = pool, st
-	return nil
-}
-
-func (c *caFile) read() (*x509.CertPool, error) {
-	pem, err := os.ReadFile(c.file)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", c.flag, err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%s %s holds no PEM certificate", c.flag, c.file)
-	}
-	return pool, nil
-}
-
-// get returns the CAs of the moment.
-func (c *caFile) get() *x509.CertPool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	st, err := os.Stat(c.file)
-	if err != nil || sameFile(st, c.stat) {
-		return c.pool
-	}
-	c.stat = st
-	pool, err := c.read()
-	if err != nil {
-		c.logger.Warn("tls CA bundle not reloaded, still using the previous one", "file", c.file, "err", err)
-		return c.pool
-	}
-	c.pool = pool
-	c.logger.Info("tls CA bundle reloaded", "file", c.file)
-	return c.pool
-}
-
-// sameFile reports whether a and b are the same file, unmodified.
-func sameFile(a, b os.FileInfo) bool {
-	return os.SameFile(a, b) && a.ModTime().Equal(b.ModTime()) && a.Size() == b.Size()
 }
