@@ -11,10 +11,12 @@
 package tlsfiles
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"os"
@@ -90,6 +92,11 @@ type Pair struct {
 // start-up. Afterwards they are read again as cfg says.
 func LoadPair(cert, key File, cfg Config) (*Pair, error) {
 	parse := func(pems [][]byte) (*tls.Certificate, error) {
+		for i, f := range []File{cert, key} {
+			if cut(pems[i]) {
+				return nil, &Error{Name: f.Name, Reason: f.Path + " ends inside a PEM block (written in part)"}
+			}
+		}
 		pair, err := tls.X509KeyPair(pems[0], pems[1])
 		if err != nil {
 			return nil, &Error{Name: cert.Name, Reason: fmt.Sprintf("%s and %s %s are not a certificate and its key", cert.Path, key.Name, key.Path), Err: err}
@@ -134,6 +141,9 @@ type Pool struct {
 // holds no PEM certificate. Afterwards it is read again as cfg says.
 func LoadPool(ca File, cfg Config) (*Pool, error) {
 	parse := func(pems [][]byte) (*x509.CertPool, error) {
+		if cut(pems[0]) {
+			return nil, &Error{Name: ca.Name, Reason: ca.Path + " ends inside a PEM block (written in part)"}
+		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pems[0]) {
 			return nil, &Error{Name: ca.Name, Reason: ca.Path + " holds no PEM certificate"}
@@ -265,4 +275,18 @@ func (w *watched[T]) log(level slog.Level, msg string, args ...any) {
 	// No context: a reload is no request's, and a handshake's context
 	// carries nothing for the log.
 	w.cfg.Logger.Log(context.Background(), level, msg, append(append([]any(nil), w.attrs...), args...)...)
+}
+
+// cut reports whether b ends inside a PEM block: a file read while it was
+// being written. crypto/tls and crypto/x509 stop quietly at such a block
+// and take the blocks before it, so a chain caught without its
+// intermediate, or a bundle without its last CA, would load as good.
+func cut(b []byte) bool {
+	for {
+		block, rest := pem.Decode(b)
+		if block == nil {
+			return bytes.Contains(b, []byte("-----BEGIN"))
+		}
+		b = rest
+	}
 }

@@ -145,6 +145,16 @@ func TestPairRotation(t *testing.T) {
 		t.Errorf("%d warnings logged after a second half-written pair; want 2\n%s", n, logs)
 	}
 
+	// c's chain caught written in part (its leaf whole, the next block
+	// cut), beside its key: crypto/tls would take the leaf alone.
+	write(t, key.Path, readFile(t, c.KeyFile))
+	ca := readFile(t, pki.CAFile)
+	write(t, cert.Path, append(readFile(t, c.CertFile), ca[:len(ca)/2]...))
+	isPair(t, "with c's chain written in part", p.Certificate(), b)
+	if n := logs.count(slog.LevelWarn, "written in part"); n != 1 {
+		t.Errorf("%d warnings saying the chain was written in part; want 1\n%s", n, logs)
+	}
+
 	install(t, c, cert, key)
 	isPair(t, "with c's key written too", p.Certificate(), c)
 	noKeyMaterial(t, "the log", logs.String(), a, b, c)
@@ -218,6 +228,12 @@ func TestPoolKeepsLastGood(t *testing.T) {
 		{"not PEM", func(t *testing.T) { write(t, path, []byte("not a certificate\n")) }},
 		{"a key", func(t *testing.T) {
 			write(t, path, readFile(t, first.Client("x", "x").KeyFile))
+		}},
+		// Another CA whole, then this one's cut: x509 would take the
+		// other alone.
+		{"cut inside its second CA", func(t *testing.T) {
+			ca := readFile(t, first.CAFile)
+			write(t, path, append(readFile(t, second.CAFile), ca[:len(ca)/2]...))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
