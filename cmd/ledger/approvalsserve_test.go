@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -46,7 +49,7 @@ func TestApprovalsServeFinishesADecisionWhenStopped(t *testing.T) {
 		t.Fatalf("refund above the demo threshold:\n%s", out)
 	}
 
-	stop, _ := startCommand(t, args(append([]string{"approvals", "serve", "--instance-id", "stop-approvals", "--http-addr", approvalsAddr,
+	stop, stopped := startCommand(t, args(append([]string{"approvals", "serve", "--instance-id", "stop-approvals", "--http-addr", approvalsAddr,
 		"--tools-base-url", "http://" + backend}, trust...)...)...)
 	defer stop()
 	key := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "stop-refund"}
@@ -64,7 +67,7 @@ func TestApprovalsServeFinishesADecisionWhenStopped(t *testing.T) {
 
 	// The broker holds the decision's publish; the command is told to
 	// stop as it does.
-	staged := stopWhilePublishing(cluster, stop)
+	staged := stopWhilePublishing(t, cluster, topics.Events, stop, stopped)
 	if _, err := cliOut(t.Context(), "approvals", "approve", id, "--api", "http://"+approvalsAddr, "--data-dir", dataDir, "--user", "u_boss", "--hash", shown.Hash); err != nil {
 		t.Errorf("approving as the server is told to stop: %v; want the decision answered", err)
 	}
@@ -105,7 +108,7 @@ func TestReconcilerAPIFinishesAFreezeWhenStopped(t *testing.T) {
 	dataDir := t.TempDir()
 	_, jwks := devIssuerKeys(t, dataDir)
 	addr := freeAddrs(t, 1)[0]
-	stop, _ := startCommand(t, append(roleArgs(cc, topics), "reconciler", "--crdb-dsn", freshSchemaDSN(t), "--data-dir", t.TempDir(),
+	stop, stopped := startCommand(t, append(roleArgs(cc, topics), "reconciler", "--crdb-dsn", freshSchemaDSN(t), "--data-dir", t.TempDir(),
 		"--instance-id", "stop-reconciler", "--tools-base-url", "http://127.0.0.1:1", "--http-addr", addr,
 		"--issuer", DevIssuer, "--jwks-file", jwks)...)
 	defer stop()
@@ -117,7 +120,7 @@ func TestReconcilerAPIFinishesAFreezeWhenStopped(t *testing.T) {
 
 	// The broker holds the freeze's publish; the command is told to stop
 	// as it does.
-	staged := stopWhilePublishing(cluster, stop)
+	staged := stopWhilePublishing(t, cluster, topics.Control, stop, stopped)
 	if _, err := cliOut(t.Context(), append([]string{"control", "freeze", "--tool", "refund_order", "--reason", "incident 7"}, api...)...); err != nil {
 		t.Errorf("freezing as the server is told to stop: %v; want the freeze answered", err)
 	}
@@ -154,22 +157,55 @@ func controlHolds(t *testing.T, admin *kgo.Client, topic, tool string) bool {
 	return false
 }
 
-// stopWhilePublishing has cluster hold every produce for 500 ms, and
-// calls stop as it holds the first (the test then reads the answer of the
-// request that published). staged, called once that answer is in, fails
-// the test unless the stop was staged so, and waits for the command's end.
-func stopWhilePublishing(cluster *kfake.Cluster, stop func() error) (staged func(t *testing.T)) {
-	var once sync.Once
+// stopWhilePublishing has cluster hold every produce to topic for a
+// second, and calls stop as it holds the first (the test then reads the
+// answer of the request that published); other produces (a loop's) pass. staged, called once that answer is in, fails
+// the test unless the stop was staged so, waits for the command's end
+// (stopped), and fails the test if the command ended before the publish
+// it was told to stop during was let through: an in-process command's
+// servers outlive its end, and only that says the process would have
+// exited under them.
+func stopWhilePublishing(t *testing.T, cluster *kfake.Cluster, topic string, stop func() error, stopped <-chan struct{}) (staged func(t *testing.T)) {
+	t.Helper()
+	// A produce names its topics by id from Produce v13 on.
+	cl, err := ledger.NewClient(ledger.ClientConfig{Brokers: cluster.ListenAddrs()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	details, err := kadm.NewClient(cl).ListTopics(t.Context(), topic)
+	cl.Close()
+	if err != nil || details[topic].Err != nil {
+		t.Fatalf("topic %s: %v %v", topic, err, details[topic].Err)
+	}
+	id := details[topic].ID
+	var (
+		once     sync.Once
+		released atomic.Int64 // when the first held produce was let through
+		ended    atomic.Int64 // when the command ended
+	)
 	publishing := make(chan struct{})
-	cluster.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+	cluster.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		cluster.KeepControl()
-		once.Do(func() { close(publishing) })
-		time.Sleep(500 * time.Millisecond)
+		if !slices.ContainsFunc(kreq.(*kmsg.ProduceRequest).Topics, func(pt kmsg.ProduceRequestTopic) bool { return pt.Topic == topic || pt.TopicID == id }) {
+			return nil, nil, false
+		}
+		first := false
+		once.Do(func() { close(publishing); first = true })
+		// Held without holding the cluster's other connections (a
+		// loop's, a group's leave), as a slow broker would.
+		cluster.SleepControl(func() { time.Sleep(time.Second) })
+		if first {
+			released.Store(time.Now().UnixNano())
+		}
 		return nil, nil, false
 	})
 	go func() {
 		<-publishing
 		_ = stop()
+	}()
+	go func() {
+		<-stopped
+		ended.Store(time.Now().UnixNano())
 	}()
 	return func(t *testing.T) {
 		t.Helper()
@@ -180,6 +216,13 @@ func stopWhilePublishing(cluster *kfake.Cluster, stop func() error) (staged func
 		}
 		if err := stop(); err != nil {
 			t.Fatal(err)
+		}
+		<-stopped
+		for ended.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		if r := released.Load(); r == 0 || ended.Load() < r {
+			t.Errorf("the command ended %s before the publish it was told to stop during was let through; want it to wait for that", time.Duration(r-ended.Load()))
 		}
 	}
 }

@@ -64,7 +64,8 @@ type roleFlags struct {
 	controlReadiness bool
 	// controlsCtx, set by run, ends after the role's calls have drained:
 	// an executor's calls still running at shutdown go on checking the
-	// kill switch against a copy that is still followed.
+	// kill switch against a copy that is still followed, and tools find
+	// its credential keys still served.
 	controlsCtx context.Context
 	// controls, set by followControls, is the role's copy of the control
 	// topic: its staleness is reported and, with controlReadiness,
@@ -412,7 +413,7 @@ func drainCalls(ctx context.Context, drain func(context.Context) error, logger *
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainTimeout)
 	defer cancel()
 	if err := drain(dctx); err != nil {
-		logger.Warn("calls still running at shutdown are left to their leases", "err", err)
+		logger.Warn("work still in progress at shutdown is left unfinished (an executor's calls to their leases)", "err", err)
 	}
 }
 
@@ -486,7 +487,10 @@ func newExecutorCmd(g *globals) *cobra.Command {
 					return nil, err
 				}
 				if jwksAddr != "" {
-					if _, err := g.serveBackground(cmd.Context(), "jwks", jwksAddr, broker.Handler(), logger); err != nil {
+					// Served until the calls still running at shutdown
+					// have drained: a tool that fetches the keys then
+					// must find them, or it refuses the call.
+					if _, err := g.serveBackground(rf.controlsCtx, "jwks", jwksAddr, broker.Handler(), logger); err != nil {
 						return nil, err
 					}
 				}
@@ -685,6 +689,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 				// publishes with events) has finished its requests, or
 				// at once without one.
 				apiDrained := make(chan (<-chan struct{}), 1)
+				published := make(chan struct{})
 				go func() {
 					// Owned by the command: closed when ctx ends, after
 					// the API's requests in progress.
@@ -695,7 +700,20 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					default:
 					}
 					events.Close()
+					close(published)
 				}()
+				// The process waits for that before it closes the store
+				// and exits: a freeze, a resolution or a compensation
+				// asked for as it stops is written and published, or
+				// answered as failed, not cut off by the exit.
+				rf.drain = func(ctx context.Context) error {
+					select {
+					case <-published:
+						return nil
+					case <-ctx.Done():
+						return fmt.Errorf("the operators' API's requests in progress: %w", ctx.Err())
+					}
+				}
 				undo, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Topics: g.kafka.topics(), Logger: logger})
 				if err != nil {
 					return nil, err
