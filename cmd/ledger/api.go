@@ -115,7 +115,10 @@ person's assertion.`,
 				Publisher: pub, Logger: logger.With("component", "httpapi"),
 				Calls: traceCalls{st}, Caller: agentCaller(agents), Assertion: agentAssertion(agents),
 				Checks: []httpapi.Check{
-					{Name: "kafka", Check: func(ctx context.Context) error { return pub.cl.Ping(ctx) }},
+					// Its outage takes the submissions (answered 503
+					// publish_failed), not the questions and lookups,
+					// which incident responders need then most.
+					{Name: "kafka", Check: func(ctx context.Context) error { return pub.cl.Ping(ctx) }, Degrades: true},
 					// Its outage takes the lookups and questions, not
 					// the submissions, approvals and kill switch.
 					{Name: "clickhouse", Check: st.Ping, Degrades: true},

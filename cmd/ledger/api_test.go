@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -71,6 +72,43 @@ func TestAPIHealth(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ledger api stays ready while Kafka does not answer: /healthz is 200, the
+// kafka check failing it degraded only, since the questions and lookups
+// (ClickHouse's) are what incident responders need most during such an
+// outage, and a submission is answered 503 publish_failed by itself.
+// Before, Kafka's outage took every replica out of its Service.
+func TestAPIReadyWithoutKafka(t *testing.T) {
+	cluster, cc, topics, _ := roleKfake(t)
+	_, jwks := devIssuerKeys(t, t.TempDir())
+	addrs := freeAddrs(t, 2)
+	addr, noClickHouse := addrs[0], addrs[1]
+	exited := runCommand(t, append(roleArgs(cc, topics), "api", "--http-addr", addr, "--clickhouse-dsn", "clickhouse://"+noClickHouse,
+		"--issuer", DevIssuer, "--jwks-file", jwks, "--secure-cookies=false")...)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
+		return healthz(addr)
+	})
+	cluster.Close()
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var h struct {
+			Status string            `json:"status"`
+			Checks map[string]string `json:"checks"`
+		}
+		_ = json.Unmarshal(body, &h)
+		if resp.StatusCode != http.StatusOK || h.Status != "degraded" || h.Checks["kafka"] != "unavailable" {
+			return fmt.Errorf("healthz without Kafka: %d %s; want 200 degraded, saying kafka", resp.StatusCode, body)
+		}
+		return nil
+	})
 }
 
 // ledger api starts and serves while ClickHouse does not answer: /healthz

@@ -439,9 +439,16 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 	grp.Go(func() error { return watchPolicies(ctx) })
 	grp.Go(func() error { return f.policy.followActivations(ctx, engine, controls) })
+	// drained closes once the executor's calls still running at shutdown
+	// have drained: the control copy they check before every attempt,
+	// and the demo tools and the API they are sent to (whose credentials
+	// the tools introspect there), serve until then; stopped first, the
+	// calls' next attempts would fail for good.
+	drained := make(chan struct{})
 	grp.Go(func() error {
 		// The control state already runs; it ends with the others.
 		<-ctx.Done()
+		<-drained
 		stopControls()
 		return nil
 	})
@@ -450,6 +457,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	grp.Go(func() error {
 		err := exec.Run(ctx)
 		drainCalls(ctx, execProc.Drain, logger)
+		close(drained)
 		return err
 	})
 	grp.Go(func() error { return reconcileRole.Run(ctx) })
@@ -461,11 +469,12 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	servers[1].RegisterOnShutdown(api.EndWaits)
 	grp.Go(func() error {
 		<-ctx.Done()
+		api.EndWaits()
+		<-drained
 		// The demo tools first, with the API still serving: they check
 		// each credential at its introspection, and a call still at a
-		// tool would otherwise be answered 503 (an outcome unknown). As
-		// long as the executor's drain waits for it.
-		shutdown(drainTimeout, logger, servers[0])
+		// tool would otherwise be answered 503 (an outcome unknown).
+		shutdown(shutdownGrace, logger, servers[0])
 		shutdown(shutdownGrace, logger, servers[1])
 		return nil
 	})

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -166,6 +167,12 @@ func checkComposeIntent(t *testing.T, file string, doc map[string]any) {
 		}
 		if cmp.Equal(commandPath(commandArgs(svc["command"])), []string{"executor"}) {
 			executors++
+			// A stopping executor's calls still running end and are
+			// recorded within some 25 s: Docker's default 10 s would
+			// kill it among them.
+			if d, err := time.ParseDuration(strOf(svc["stop_grace_period"])); err != nil || d < 30*time.Second {
+				t.Errorf("%s: service %s: stop_grace_period %q; want at least 30s", file, name, strOf(svc["stop_grace_period"]))
+			}
 		}
 	}
 	if brokers != 3 || executors != 3 {
