@@ -214,10 +214,12 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 
 	// The kill switch: the current freezes and revocations, rebuilt from
-	// the control topic before anything runs.
-	ctlCtx, stopControls := context.WithCancel(ctx)
+	// the control topic before anything runs, and followed until the
+	// executor's calls still running at shutdown have drained (below),
+	// not only until Ctrl-C.
+	ctlCtx, stopControls := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopControls()
-	controls, err := startControls(ctlCtx, cc, topics.Control, logger)
+	controls, err := followControlsUntil(ctx, ctlCtx, cc, topics.Control, logger)
 	if err != nil {
 		return err
 	}

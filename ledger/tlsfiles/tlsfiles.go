@@ -280,7 +280,11 @@ func (w *watched[T]) log(level slog.Level, msg string, args ...any) {
 // cut reports whether b ends inside a PEM block: a file read while it was
 // being written. crypto/tls and crypto/x509 stop quietly at such a block
 // and take the blocks before it, so a chain caught without its
-// intermediate, or a bundle without its last CA, would load as good.
+// intermediate, or a bundle without its last CA, would load as good. A
+// file caught between two blocks reads as a whole file of fewer blocks,
+// which nothing tells from one: write such files whole and rename them
+// into place (as a Secret volume's update does), or a chain may be used
+// without its last blocks until the next look.
 func cut(b []byte) bool {
 	for {
 		block, rest := pem.Decode(b)
