@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"net/url"
 	"path"
 	"regexp"
 	"slices"
@@ -186,7 +185,7 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 		// validation unchecked and reach the backend.
 		return nil, fmt.Errorf(`top level must say "additionalProperties": false`)
 	}
-	ptr, err := openRef(m, m, "")
+	ptr, err := openRef(m, m, "", true)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +217,10 @@ var (
 	sameInstanceKeywords     = []string{"then", "else"}
 	sameInstanceListKeywords = []string{"allOf", "anyOf", "oneOf"}
 	evaluatingKeywords       = []string{"if"}
-	evaluatingTableKeywords  = []string{"dependentSchemas"}
+	// dependencies is draft 7's, which the validator still applies
+	// under 2020-12: its schema form is dependentSchemas' (its array
+	// form, required members, is no schema and is passed over).
+	evaluatingTableKeywords = []string{"dependentSchemas", "dependencies"}
 )
 
 // annotationKeywords change nothing a schema accepts: a schema of only
@@ -329,8 +331,18 @@ func openObject(schema any, ptr string, in instance) string {
 }
 
 // dataKeywords hold data, not schemas: a "$ref" member in their values is
-// no reference.
+// no reference. They are keywords only in a schema: in a table of
+// schemas (properties, $defs) the same words name members.
 var dataKeywords = []string{"const", "enum", "default", "examples"}
+
+// The keywords whose values openRef knows to be schemas, lists of them or
+// tables of them by name. Under any other key it knows nothing, and
+// passes over nothing: a $ref there is checked too.
+var (
+	schemaValuedKeywords = slices.Concat(memberKeywords, sameInstanceKeywords, evaluatingKeywords, []string{"not"})
+	schemaListKeywords   = slices.Concat(memberListKeywords, sameInstanceListKeywords)
+	schemaTableKeywords  = slices.Concat(memberTableKeywords, evaluatingTableKeywords)
+)
 
 // openRef returns the JSON pointer of the first schema a $ref in v (at
 // ptr) names that openMember finds open, or "" if there is none. root is
@@ -341,12 +353,13 @@ var dataKeywords = []string{"const", "enum", "default", "examples"}
 // document), so every schema a $ref names is checked here, in its own
 // right, as a member's. A $ref that is no JSON pointer into the document
 // (an anchor, an external or meta-schema URL) and a $dynamicRef, whose
-// targets this cannot find, are refused.
-func openRef(root, v any, ptr string) (string, error) {
+// targets this cannot find, are refused. schema says that v is known to
+// be a schema, whose data keywords are passed over.
+func openRef(root, v any, ptr string, schema bool) (string, error) {
 	switch v := v.(type) {
 	case []any:
 		for i, e := range v {
-			if p, err := openRef(root, e, fmt.Sprintf("%s/%d", ptr, i)); p != "" || err != nil {
+			if p, err := openRef(root, e, fmt.Sprintf("%s/%d", ptr, i), false); p != "" || err != nil {
 				return p, err
 			}
 		}
@@ -371,10 +384,32 @@ func openRef(root, v any, ptr string) (string, error) {
 			}
 		}
 		for _, k := range slices.Sorted(maps.Keys(v)) {
-			if slices.Contains(dataKeywords, k) {
+			kp := ptr + "/" + escapeToken(k)
+			var (
+				p   string
+				err error
+			)
+			table, isTable := v[k].(map[string]any)
+			list, isList := v[k].([]any)
+			switch {
+			case schema && slices.Contains(dataKeywords, k):
 				continue
+			case schema && isTable && slices.Contains(schemaTableKeywords, k):
+				for _, name := range slices.Sorted(maps.Keys(table)) {
+					if p, err = openRef(root, table[name], kp+"/"+escapeToken(name), true); p != "" || err != nil {
+						break
+					}
+				}
+			case schema && isList && slices.Contains(schemaListKeywords, k):
+				for i, e := range list {
+					if p, err = openRef(root, e, fmt.Sprintf("%s/%d", kp, i), true); p != "" || err != nil {
+						break
+					}
+				}
+			default:
+				p, err = openRef(root, v[k], kp, schema && slices.Contains(schemaValuedKeywords, k))
 			}
-			if p, err := openRef(root, v[k], ptr+"/"+escapeToken(k)); p != "" || err != nil {
+			if p != "" || err != nil {
 				return p, err
 			}
 		}
@@ -389,9 +424,11 @@ func refTarget(root any, ref string) (any, string, error) {
 	if !ok || frag != "" && !strings.HasPrefix(frag, "/") {
 		return nil, "", fmt.Errorf("%q is not a JSON pointer into the tool's schema (\"#/$defs/<name>\"): external $refs and anchors are not allowed", ref)
 	}
-	frag, err := url.PathUnescape(frag)
-	if err != nil {
-		return nil, "", fmt.Errorf("%q: %w", ref, err)
+	if strings.Contains(frag, "%") {
+		// The validator splits the pointer before it undoes the
+		// escapes, and a check that undid them first would look at
+		// another schema than the one validating ("a%2Fb").
+		return nil, "", fmt.Errorf("%q: percent-escapes in a $ref are not allowed: name the schema plainly (\"#/$defs/<name>\")", ref)
 	}
 	v, ok := ResolvePointer(root, frag)
 	if !ok {
