@@ -293,3 +293,66 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
 }
+
+// A write whose batch carries more data than CockroachDB takes in one
+// message (16 MiB, sql.conn.max_read_buffer_message_size) is sent as
+// several statements of at most maxStatementBytes each, in the same
+// transaction: PostgreSQL takes one of up to 1 GiB, so only the size of
+// the messages, read through a proxy, shows it. Before, one statement
+// carried the whole batch, which CockroachDB refused at every retry (an
+// executor's results lost, an intake's partition stalled).
+func TestWritesSplitPastAMessagesSize(t *testing.T) {
+	dsn := testDSN(t)
+	p, proxied := storetest.StartProxy(t, dsn)
+	s := open(t, Config{DSN: proxied, Schema: newSchema(t, dsn)})
+	defer s.Close()
+	ctx := t.Context()
+	const n, size = 160, 160 << 10 // 25 MiB of arguments, then of results
+	big := func(i int) []byte {
+		b := make([]byte, size)
+		for j := range b {
+			b[j] = byte('a' + (i+j)%26)
+		}
+		return b
+	}
+	as := make([]processors.Admission, n)
+	cl := make([]processors.Claim, n)
+	for i := range as {
+		k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: fmt.Sprintf("big-%d", i)}
+		as[i] = processors.Admission{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", Arguments: big(i), Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}
+		cl[i] = processors.Claim{Key: k, ArgumentsHash: "h", Owner: "executor-1", Lease: time.Minute, Logged: 2}
+	}
+	res, err := s.Admit(ctx, as)
+	if err != nil {
+		t.Fatalf("admit: %v", err)
+	}
+	for i, r := range res {
+		if r.Outcome != processors.Admitted {
+			t.Fatalf("admission %d: %v; want admitted", i, r.Outcome)
+		}
+	}
+	claims, err := s.Claim(ctx, cl)
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	cs := make([]processors.Completion, n)
+	for i, c := range claims {
+		cs[i] = processors.Completion{Key: c.Record.Key, Epoch: c.Record.Epoch, Status: processors.StatusSucceeded, Attempt: 1, Result: big(i), Seq: 4, Outbox: []byte("[]")}
+	}
+	applied, err := s.Complete(ctx, cs)
+	if err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	for i, ok := range applied {
+		if !ok {
+			t.Fatalf("completion %d not applied", i)
+		}
+	}
+	rec, err := s.Get(ctx, cs[n-1].Key)
+	if err != nil || rec.Status != processors.StatusSucceeded || string(rec.Result) != string(big(n-1)) || string(rec.Arguments) != string(big(n-1)) {
+		t.Fatalf("the last call: %s, %d bytes of result, %d of arguments (%v); want succeeded with its own", rec.Status, len(rec.Result), len(rec.Arguments), err)
+	}
+	if got := p.Stats().LargestMessage; got > 16<<20 {
+		t.Errorf("the largest message sent is %d bytes; want at most 16 MiB, CockroachDB's bound", got)
+	}
+}

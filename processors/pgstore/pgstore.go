@@ -1511,13 +1511,14 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 	var (
 		existing []processors.Record
 		inserted []insertedRow
+		inserts  int // statements queued
 	)
 	// One round trip, BEGIN and COMMIT included (PostgreSQL): what the
 	// results may call for, another read of a few keys, comes after.
 	err := s.inBatchTx(ctx, "admit", s.relaxed(), batchTx{
 		queue: func(b *pgx.Batch) {
 			b.Queue(s.q.selectKeys, rows.ts, rows.ks)
-			rows.queue(b, s.q.insert)
+			inserts = rows.queue(b, s.q.insert)
 		},
 		read: func(br pgx.BatchResults) error {
 			rows, _ := br.Query()
@@ -1525,8 +1526,7 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 			if existing, err = pgx.CollectRows(rows, s.scanRecord); err != nil {
 				return err
 			}
-			rows, _ = br.Query()
-			inserted, err = pgx.CollectRows(rows, scanInserted)
+			inserted, err = readInserted(br, inserts)
 			return err
 		},
 	})
@@ -1561,10 +1561,68 @@ func (r *admitRows) add(a processors.Admission, packMin int) {
 	r.users = append(r.users, a.UserID)
 }
 
-// queue queues insert (queries.insert) of the rows.
-func (r *admitRows) queue(b *pgx.Batch, insert string) {
-	b.Queue(insert, r.ts, r.ks, r.callIDs, r.hashes, r.tools, r.toolVersions, r.arguments, r.deadlines, r.statuses, r.seqs, r.outboxes, r.users)
+// queue queues insert (queries.insert) of the rows, in as many
+// statements as their data needs (statementSpans), and returns how many.
+func (r *admitRows) queue(b *pgx.Batch, insert string) int {
+	spans := statementSpans(len(r.ts), func(i int) int { return len(r.arguments[i]) + len(r.outboxes[i]) })
+	for _, sp := range spans {
+		lo, hi := sp[0], sp[1]
+		b.Queue(insert, r.ts[lo:hi], r.ks[lo:hi], r.callIDs[lo:hi], r.hashes[lo:hi], r.tools[lo:hi], r.toolVersions[lo:hi],
+			r.arguments[lo:hi], r.deadlines[lo:hi], r.statuses[lo:hi], r.seqs[lo:hi], r.outboxes[lo:hi], r.users[lo:hi])
+	}
+	return len(spans)
 }
+
+// readInserted reads the rows that n insert statements (admitRows.queue)
+// returned.
+func readInserted(br pgx.BatchResults, n int) ([]insertedRow, error) {
+	var out []insertedRow
+	for range n {
+		rows, _ := br.Query()
+		got, err := pgx.CollectRows(rows, scanInserted)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+	}
+	return out, nil
+}
+
+// maxStatementBytes bounds the data (arguments, outboxes, results) one
+// statement of a write carries in its parameters: a statement's arrays
+// go to the server in one message (Bind), which CockroachDB refuses past
+// sql.conn.max_read_buffer_message_size, 16 MiB by default, where
+// PostgreSQL takes up to 1 GiB. The refusal is no serialization failure,
+// so the same batch would fail again at every retry. A batch with more
+// data is written by several statements, in the same transaction.
+const maxStatementBytes = 8 << 20
+
+// statementSpans splits n rows, of size(i) bytes of data each, into
+// consecutive ranges [lo, hi) of at most maxStatementBytes of data (a row
+// larger than that alone), one statement's each.
+func statementSpans(n int, size func(i int) int) [][2]int {
+	var (
+		spans [][2]int
+		lo    int
+		bytes int
+	)
+	for i := range n {
+		sz := size(i) + statementRowBytes
+		if i > lo && bytes+sz > maxStatementBytes {
+			spans = append(spans, [2]int{lo, i})
+			lo, bytes = i, 0
+		}
+		bytes += sz
+	}
+	if n > lo {
+		spans = append(spans, [2]int{lo, n})
+	}
+	return spans
+}
+
+// statementRowBytes is what a row's other parameters (its key, status,
+// numbers) add to its data, generously.
+const statementRowBytes = 1 << 10
 
 // admitted answers each admission of as from the records the batch found
 // (existing) and those it inserted, reading again the keys of ts and ks
@@ -1825,21 +1883,29 @@ func (s *Store) Complete(ctx context.Context, cs []processors.Completion) ([]boo
 		}
 	}
 	var applied []bool
+	spans := statementSpans(len(cs), func(i int) int { return len(results[i]) + len(outboxes[i]) })
 	// The completions and their journal entries in one round trip, BEGIN
 	// and COMMIT included (PostgreSQL).
 	err := s.inBatchTx(ctx, "complete", s.relaxed(), batchTx{
 		queue: func(b *pgx.Batch) {
-			b.Queue(s.q.complete, ts, ks, epochs, statuses, attempts, results, seqs, outboxes, ords, journaled)
+			for _, sp := range spans {
+				lo, hi := sp[0], sp[1]
+				b.Queue(s.q.complete, ts[lo:hi], ks[lo:hi], epochs[lo:hi], statuses[lo:hi], attempts[lo:hi], results[lo:hi], seqs[lo:hi], outboxes[lo:hi], ords[lo:hi], journaled[lo:hi])
+			}
 			for _, name := range names {
 				e := entries[name]
 				b.Queue(s.q.journalInsert, name, e.ts, e.ks, e.epochs, e.seqs, e.froms)
 			}
 		},
 		read: func(br pgx.BatchResults) error {
-			rows, _ := br.Query()
-			done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-			if err != nil {
-				return err
+			var done []int64
+			for range spans {
+				rows, _ := br.Query()
+				got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				if err != nil {
+					return err
+				}
+				done = append(done, got...)
 			}
 			for range names {
 				if _, err := br.Exec(); err != nil {
@@ -1935,12 +2001,18 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 	var applied []bool
 	err := s.inTx(ctx, "move", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
 		b := &pgx.Batch{}
+		statements := 0
 		for _, r := range rounds {
-			b.Queue(s.q.move, r.ts, r.ks, r.froms, r.fromSeqs, r.tos, r.seqs, r.outboxes, r.ords, r.fromUndoMarks, r.results)
+			for _, sp := range statementSpans(len(r.ts), func(i int) int { return len(r.outboxes[i]) + len(r.results[i]) }) {
+				lo, hi := sp[0], sp[1]
+				b.Queue(s.q.move, r.ts[lo:hi], r.ks[lo:hi], r.froms[lo:hi], r.fromSeqs[lo:hi], r.tos[lo:hi], r.seqs[lo:hi],
+					r.outboxes[lo:hi], r.ords[lo:hi], r.fromUndoMarks[lo:hi], r.results[lo:hi])
+				statements++
+			}
 		}
 		br := tx.SendBatch(ctx, b)
 		applied = make([]bool, len(ms))
-		for range rounds {
+		for range statements {
 			rows, _ := br.Query()
 			done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			if err != nil {

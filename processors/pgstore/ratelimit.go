@@ -340,14 +340,13 @@ func (s *Store) admitCharged(ctx context.Context, as []processors.Admission) ([]
 			return nil
 		}
 		b = &pgx.Batch{}
-		rows.queue(b, s.q.insert)
+		inserts := rows.queue(b, s.q.insert)
 		if len(next) > 0 {
 			ubs, uts := updateArgs(next)
 			b.Queue(q.update, ubs, uts)
 		}
 		br = tx.SendBatch(ctx, b)
-		ins, _ := br.Query()
-		inserted, err = pgx.CollectRows(ins, scanInserted)
+		inserted, err = readInserted(br, inserts)
 		if err == nil && len(next) > 0 {
 			_, err = br.Exec()
 		}

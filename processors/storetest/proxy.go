@@ -100,6 +100,10 @@ type ProxyStats struct {
 	RoundTrips int
 	// CommitsDelayed counts COMMITs held back by DelayCommitsOf.
 	CommitsDelayed int
+	// LargestMessage is the length of the largest message a client sent
+	// (a statement's Bind with its parameters, say), in bytes: CockroachDB
+	// refuses one past 16 MiB, where PostgreSQL takes up to 1 GiB.
+	LargestMessage int
 }
 
 // commitDelay is one DelayCommitsOf: COMMITs of transactions that ran a
@@ -603,6 +607,9 @@ func (pc *proxyConn) forwardClient(buf []byte) ([]byte, bool) {
 			break
 		}
 		typ, body := rest[0], rest[5:1+l]
+		pc.p.mu.Lock()
+		pc.p.stats.LargestMessage = max(pc.p.stats.LargestMessage, 1+l)
+		pc.p.mu.Unlock()
 		commit := pc.track(typ, body)
 		if commit {
 			stmts := pc.txSQL
