@@ -210,11 +210,19 @@ type outboxRewrite struct {
 func (s *Store) rewriteOutboxes(ctx context.Context, w outboxRewrite) (int64, error) {
 	var n int64
 	err := s.inTx(ctx, "rewrite outboxes", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, "UPDATE "+s.table+" AS r SET outbox = u.plain "+
-			"FROM unnest($1::TEXT[], $2::TEXT[], $3::BYTEA[], $4::BYTEA[]) AS u (t, k, old, plain) "+
-			"WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.outbox = u.old", w.ts, w.ks, w.olds, w.plains)
-		n = tag.RowsAffected()
-		return err
+		n = 0
+		// In statements of at most maxStatementBytes of data each.
+		for _, sp := range statementSpans(len(w.ts), func(i int) int { return len(w.olds[i]) + len(w.plains[i]) }) {
+			lo, hi := sp[0], sp[1]
+			tag, err := tx.Exec(ctx, "UPDATE "+s.table+" AS r SET outbox = u.plain "+
+				"FROM unnest($1::TEXT[], $2::TEXT[], $3::BYTEA[], $4::BYTEA[]) AS u (t, k, old, plain) "+
+				"WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.outbox = u.old", w.ts[lo:hi], w.ks[lo:hi], w.olds[lo:hi], w.plains[lo:hi])
+			if err != nil {
+				return err
+			}
+			n += tag.RowsAffected()
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, err // inTx's error names the operation
