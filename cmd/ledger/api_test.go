@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections/console"
@@ -81,15 +82,7 @@ func TestAPIHealth(t *testing.T) {
 // Before, Kafka's outage took every replica out of its Service.
 func TestAPIReadyWithoutKafka(t *testing.T) {
 	cluster, cc, topics, _ := roleKfake(t)
-	_, jwks := devIssuerKeys(t, t.TempDir())
-	addrs := freeAddrs(t, 2)
-	addr, noClickHouse := addrs[0], addrs[1]
-	exited := runCommand(t, append(roleArgs(cc, topics), "api", "--http-addr", addr, "--clickhouse-dsn", "clickhouse://"+noClickHouse,
-		"--issuer", DevIssuer, "--jwks-file", jwks, "--secure-cookies=false")...)
-	ledgertest.WaitFor(t, 30*time.Second, func() error {
-		exited()
-		return healthz(addr)
-	})
+	addr, _, exited := startAPIWithoutClickHouse(t, cc, topics)
 	cluster.Close()
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
 		exited()
@@ -118,15 +111,7 @@ func TestAPIReadyWithoutKafka(t *testing.T) {
 // kill switch down with the lookups.
 func TestAPIStartsWithoutClickHouse(t *testing.T) {
 	cc, topics, _ := roleCluster(t)
-	iss, jwks := devIssuerKeys(t, t.TempDir())
-	addrs := freeAddrs(t, 2)
-	addr, nobody := addrs[0], addrs[1]
-	exited := runCommand(t, append(roleArgs(cc, topics), "api", "--http-addr", addr, "--clickhouse-dsn", "clickhouse://"+nobody,
-		"--issuer", DevIssuer, "--jwks-file", jwks, "--secure-cookies=false")...)
-	ledgertest.WaitFor(t, 30*time.Second, func() error {
-		exited()
-		return healthz(addr)
-	})
+	addr, iss, _ := startAPIWithoutClickHouse(t, cc, topics)
 	resp, err := http.Get("http://" + addr + "/healthz")
 	if err != nil {
 		t.Fatal(err)
@@ -150,4 +135,22 @@ func TestAPIStartsWithoutClickHouse(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("a trace without ClickHouse = %d; want 503, as in its outage", resp.StatusCode)
 	}
+}
+
+// startAPIWithoutClickHouse runs ledger api on the cluster cc with a
+// ClickHouse address where nothing answers, and waits until its /healthz
+// answers 200. It returns the API's address, the issuer of its identity
+// keys, and runCommand's check that the command still runs.
+func startAPIWithoutClickHouse(t *testing.T, cc ledger.ClientConfig, topics ledger.Topics) (addr string, iss *identity.Issuer, exited func()) {
+	t.Helper()
+	iss, jwks := devIssuerKeys(t, t.TempDir())
+	addrs := freeAddrs(t, 2)
+	addr, nobody := addrs[0], addrs[1]
+	exited = runCommand(t, append(roleArgs(cc, topics), "api", "--http-addr", addr, "--clickhouse-dsn", "clickhouse://"+nobody,
+		"--issuer", DevIssuer, "--jwks-file", jwks, "--secure-cookies=false")...)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		exited()
+		return healthz(addr)
+	})
+	return addr, iss, exited
 }
