@@ -307,7 +307,9 @@ func TestWritesSplitPastAMessagesSize(t *testing.T) {
 	s := open(t, Config{DSN: proxied, Schema: newSchema(t, dsn)})
 	defer s.Close()
 	ctx := t.Context()
-	const n, size = 160, 160 << 10 // 25 MiB of arguments, then of results
+	// 37.5 MiB of arguments, then 18.75 MiB of results in completions
+	// and as much in moves.
+	const n, size = 240, 160 << 10
 	big := func(i int) []byte {
 		b := make([]byte, size)
 		for j := range b {
@@ -335,9 +337,15 @@ func TestWritesSplitPastAMessagesSize(t *testing.T) {
 	if err != nil {
 		t.Fatalf("claim: %v", err)
 	}
+	// The first half succeed with their results; the second half's
+	// outcomes are unknown, then settled succeeded with theirs (a
+	// reconciler's moves).
 	cs := make([]processors.Completion, n)
 	for i, c := range claims {
 		cs[i] = processors.Completion{Key: c.Record.Key, Epoch: c.Record.Epoch, Status: processors.StatusSucceeded, Attempt: 1, Result: big(i), Seq: 4, Outbox: []byte("[]")}
+		if i >= n/2 {
+			cs[i].Status, cs[i].Result = processors.StatusOutcomeUnknown, nil
+		}
 	}
 	applied, err := s.Complete(ctx, cs)
 	if err != nil {
@@ -347,6 +355,22 @@ func TestWritesSplitPastAMessagesSize(t *testing.T) {
 		if !ok {
 			t.Fatalf("completion %d not applied", i)
 		}
+	}
+	var ms []processors.Move
+	for i := n / 2; i < n; i++ {
+		ms = append(ms, processors.Move{Key: cs[i].Key, From: processors.StatusOutcomeUnknown, FromSeq: 4, To: processors.StatusSucceeded, Seq: 5, Outbox: []byte("[]"), Result: big(i)})
+	}
+	moved, err := s.Move(ctx, ms)
+	if err != nil {
+		t.Fatalf("move: %v", err)
+	}
+	for i, ok := range moved {
+		if !ok {
+			t.Fatalf("move %d not applied", i)
+		}
+	}
+	if rec, err := s.Get(ctx, cs[0].Key); err != nil || rec.Status != processors.StatusSucceeded || string(rec.Result) != string(big(0)) {
+		t.Fatalf("the first call: %s, %d bytes of result (%v); want succeeded with its own", rec.Status, len(rec.Result), err)
 	}
 	rec, err := s.Get(ctx, cs[n-1].Key)
 	if err != nil || rec.Status != processors.StatusSucceeded || string(rec.Result) != string(big(n-1)) || string(rec.Arguments) != string(big(n-1)) {
