@@ -962,15 +962,6 @@ func (v *secretVolume) update(files map[string][]byte) {
 	}
 }
 
-func readFile(t *testing.T, path string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // connTracker counts a client's open broker connections.
 type connTracker struct {
 	mu   sync.Mutex
@@ -1060,7 +1051,7 @@ func TestKafkaTLSClientCertificateRotation(t *testing.T) {
 	c := secCluster(t, kfake.TLS(stls))
 
 	vol := newSecretVolume(t, map[string][]byte{
-		"tls.crt": readFile(t, a.CertFile), "tls.key": readFile(t, a.KeyFile), "ca.crt": readFile(t, p.CAFile),
+		"tls.crt": ledgertest.ReadFile(t, a.CertFile), "tls.key": ledgertest.ReadFile(t, a.KeyFile), "ca.crt": ledgertest.ReadFile(t, p.CAFile),
 	})
 	var logs ledgertest.LogBuffer
 	cc := ledger.ClientConfig{
@@ -1081,7 +1072,7 @@ func TestKafkaTLSClientCertificateRotation(t *testing.T) {
 	presented(t, "with certificate A", "ledger-a")
 
 	// Half-written: B's certificate beside A's key, written in place.
-	if err := os.WriteFile(vol.path("tls.crt"), readFile(t, b.CertFile), 0o600); err != nil {
+	if err := os.WriteFile(vol.path("tls.crt"), ledgertest.ReadFile(t, b.CertFile), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	conns.waitIdle(t)
@@ -1094,7 +1085,7 @@ func TestKafkaTLSClientCertificateRotation(t *testing.T) {
 	// The renewal lands (the Secret updated in place), and the broker
 	// refuses A from now on.
 	vol.update(map[string][]byte{
-		"tls.crt": readFile(t, b.CertFile), "tls.key": readFile(t, b.KeyFile), "ca.crt": readFile(t, p.CAFile),
+		"tls.crt": ledgertest.ReadFile(t, b.CertFile), "tls.key": ledgertest.ReadFile(t, b.KeyFile), "ca.crt": ledgertest.ReadFile(t, p.CAFile),
 	})
 	revokedA.Store(true)
 	conns.waitIdle(t)
@@ -1102,7 +1093,7 @@ func TestKafkaTLSClientCertificateRotation(t *testing.T) {
 	presented(t, "after the renewal", "ledger-b")
 
 	got := logs.String()
-	for _, secret := range []string{"BEGIN", "PRIVATE KEY", string(readFile(t, a.KeyFile)[40:80]), string(readFile(t, b.KeyFile)[40:80])} {
+	for _, secret := range []string{"BEGIN", "PRIVATE KEY", string(ledgertest.ReadFile(t, a.KeyFile)[40:80]), string(ledgertest.ReadFile(t, b.KeyFile)[40:80])} {
 		if strings.Contains(got, secret) {
 			t.Errorf("logs quote key material (%q):\n%s", secret, got)
 		}
@@ -1124,7 +1115,7 @@ func TestKafkaTLSCARotation(t *testing.T) {
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return serving.Load(), nil },
 	}))
 
-	vol := newSecretVolume(t, map[string][]byte{"ca.crt": readFile(t, before.CAFile)})
+	vol := newSecretVolume(t, map[string][]byte{"ca.crt": ledgertest.ReadFile(t, before.CAFile)})
 	cc := ledger.ClientConfig{Brokers: c.ListenAddrs(), Security: ledger.Security{TLS: ledger.TLS{CAFile: vol.path("ca.crt")}}}
 	conns := &connTracker{}
 	cl, err := ledger.NewClient(cc, kgo.ConnIdleTimeout(time.Second), kgo.WithHooks(conns))
@@ -1136,7 +1127,7 @@ func TestKafkaTLSCARotation(t *testing.T) {
 
 	// The brokers move to the new CA's certificates; the CA file follows.
 	serving.Store(&newCert)
-	vol.update(map[string][]byte{"ca.crt": readFile(t, after.CAFile)})
+	vol.update(map[string][]byte{"ca.crt": ledgertest.ReadFile(t, after.CAFile)})
 	conns.waitIdle(t)
 	produceOnce(t, cl, "after the rotation")
 

@@ -133,3 +133,14 @@ func writePEM(t testing.TB, path, typ string, der []byte) {
 		t.Fatalf("pki: write %s: %v", path, err)
 	}
 }
+
+// ReadFile returns the content of path, one of the PKI's files say,
+// failing t if it cannot be read.
+func ReadFile(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -50,15 +50,6 @@ func (r *logRecorder) String() string {
 	return strings.Join(r.lines, "\n")
 }
 
-func readFile(t *testing.T, path string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // write puts b at path in place.
 func write(t *testing.T, path string, b []byte) {
 	t.Helper()
@@ -70,8 +61,8 @@ func write(t *testing.T, path string, b []byte) {
 // install copies the files of pair over cert and key.
 func install(t *testing.T, pair ledgertest.Pair, cert, key tlsfiles.File) {
 	t.Helper()
-	write(t, cert.Path, readFile(t, pair.CertFile))
-	write(t, key.Path, readFile(t, pair.KeyFile))
+	write(t, cert.Path, ledgertest.ReadFile(t, pair.CertFile))
+	write(t, key.Path, ledgertest.ReadFile(t, pair.KeyFile))
 }
 
 // pairFiles is a certificate file and a key file, named --cert and --key,
@@ -90,7 +81,7 @@ func noKeyMaterial(t *testing.T, what, s string, keys ...ledgertest.Pair) {
 	t.Helper()
 	quotes := []string{"BEGIN", "PRIVATE KEY"}
 	for _, k := range keys {
-		quotes = append(quotes, string(readFile(t, k.KeyFile)[40:80]))
+		quotes = append(quotes, string(ledgertest.ReadFile(t, k.KeyFile)[40:80]))
 	}
 	for _, q := range quotes {
 		if strings.Contains(s, q) {
@@ -127,7 +118,7 @@ func TestPairRotation(t *testing.T) {
 		t.Errorf("%d reloads logged after the rotation to b; want 1\n%s", n, logs)
 	}
 
-	write(t, cert.Path, readFile(t, c.CertFile))
+	write(t, cert.Path, ledgertest.ReadFile(t, c.CertFile))
 	for range 3 {
 		isPair(t, "with c's certificate beside b's key", p.Certificate(), b)
 	}
@@ -139,7 +130,7 @@ func TestPairRotation(t *testing.T) {
 	}
 
 	// Another half-written pair is another failure, logged again.
-	write(t, cert.Path, readFile(t, a.CertFile))
+	write(t, cert.Path, ledgertest.ReadFile(t, a.CertFile))
 	isPair(t, "with a's certificate beside b's key", p.Certificate(), b)
 	if n := logs.count(slog.LevelWarn, "not reloaded"); n != 2 {
 		t.Errorf("%d warnings logged after a second half-written pair; want 2\n%s", n, logs)
@@ -147,9 +138,9 @@ func TestPairRotation(t *testing.T) {
 
 	// c's chain caught written in part (its leaf whole, the next block
 	// cut), beside its key: crypto/tls would take the leaf alone.
-	write(t, key.Path, readFile(t, c.KeyFile))
-	ca := readFile(t, pki.CAFile)
-	write(t, cert.Path, append(readFile(t, c.CertFile), ca[:len(ca)/2]...))
+	write(t, key.Path, ledgertest.ReadFile(t, c.KeyFile))
+	ca := ledgertest.ReadFile(t, pki.CAFile)
+	write(t, cert.Path, append(ledgertest.ReadFile(t, c.CertFile), ca[:len(ca)/2]...))
 	isPair(t, "with c's chain written in part", p.Certificate(), b)
 	if n := logs.count(slog.LevelWarn, "written in part"); n != 1 {
 		t.Errorf("%d warnings saying the chain was written in part; want 1\n%s", n, logs)
@@ -173,7 +164,7 @@ func padded(t *testing.T, b []byte, n int) []byte {
 // were is seen: the content is compared, not the file's metadata.
 func TestSameSizeSameTimeRewrite(t *testing.T) {
 	first, second := ledgertest.NewPKI(t), ledgertest.NewPKI(t)
-	ca1, ca2 := readFile(t, first.CAFile), readFile(t, second.CAFile)
+	ca1, ca2 := ledgertest.ReadFile(t, first.CAFile), ledgertest.ReadFile(t, second.CAFile)
 	size := max(len(ca1), len(ca2))
 	path := filepath.Join(t.TempDir(), "ca.pem")
 	write(t, path, padded(t, ca1, size))
@@ -207,7 +198,7 @@ func TestPoolKeepsLastGood(t *testing.T) {
 	first, second := ledgertest.NewPKI(t), ledgertest.NewPKI(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "ca.pem")
-	write(t, path, readFile(t, first.CAFile))
+	write(t, path, ledgertest.ReadFile(t, first.CAFile))
 	logs := &logRecorder{}
 	pool, err := tlsfiles.LoadPool(tlsfiles.File{Path: path, Name: "--ca"}, tlsfiles.Config{Logger: logs})
 	if err != nil {
@@ -227,13 +218,13 @@ func TestPoolKeepsLastGood(t *testing.T) {
 		}},
 		{"not PEM", func(t *testing.T) { write(t, path, []byte("not a certificate\n")) }},
 		{"a key", func(t *testing.T) {
-			write(t, path, readFile(t, first.Client("x", "x").KeyFile))
+			write(t, path, ledgertest.ReadFile(t, first.Client("x", "x").KeyFile))
 		}},
 		// Another CA whole, then this one's cut: x509 would take the
 		// other alone.
 		{"cut inside its second CA", func(t *testing.T) {
-			ca := readFile(t, first.CAFile)
-			write(t, path, append(readFile(t, second.CAFile), ca[:len(ca)/2]...))
+			ca := ledgertest.ReadFile(t, first.CAFile)
+			write(t, path, append(ledgertest.ReadFile(t, second.CAFile), ca[:len(ca)/2]...))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -257,7 +248,7 @@ func TestPoolKeepsLastGood(t *testing.T) {
 	noKeyMaterial(t, "the log", logs.String())
 
 	_ = os.RemoveAll(path)
-	write(t, path, readFile(t, second.CAFile))
+	write(t, path, ledgertest.ReadFile(t, second.CAFile))
 	if !pool.CertPool().Equal(second.Pool) {
 		t.Errorf("after a good bundle was written again, the pool is not its CA's")
 	}
