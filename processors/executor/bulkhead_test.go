@@ -60,6 +60,20 @@ func stepUntil(t *testing.T, x *executor.Executor, timeout time.Duration, want .
 
 var ticket = map[string]any{"title": "t"}
 
+// note is a notify call's arguments.
+var note = map[string]any{"to": "a@example.com", "subject": "s"}
+
+// admitNotes admits n notify calls of tenant, keyed prefix-0, prefix-1...,
+// and returns their authorized events and their keys.
+func (r *rig) admitNotes(tenant, prefix string, n int, deadlineMS int64) (recs []*kgo.Record, keys []string) {
+	for i := range n {
+		key := fmt.Sprintf("%s-%d", prefix, i)
+		recs = append(recs, r.admitAs(tenant, "notify", key, note, deadlineMS))
+		keys = append(keys, tenant+"/"+key)
+	}
+	return recs, keys
+}
+
 // A call slower than the step budget does not hold up the others of its
 // batch: the step returns with their events, and the slow call's events
 // come with a later step, with no new record to bring them.
@@ -154,7 +168,6 @@ func TestSlowTenantsNextCallsNotWaitedFor(t *testing.T) {
 // the hanging tenant was alone on the tool until then (a lone tenant may
 // use the whole bulkhead), the same call waits for a slot.
 func TestTenantShareLeavesSlotsForOthers(t *testing.T) {
-	note := map[string]any{"to": "a@example.com", "subject": "s"}
 	for _, tc := range []struct {
 		name        string
 		share       float64
@@ -174,6 +187,9 @@ func TestTenantShareLeavesSlotsForOthers(t *testing.T) {
 				c.StepBudget = 200 * time.Millisecond
 				c.TenantShare = tc.share
 				c.MaxAttempts = 1
+				// A call whose slot comes too late in its lease is
+				// given back, and claimed again by the sweep.
+				c.SweepEvery = 100 * time.Millisecond
 			})
 			var before int64
 			if tc.otherBefore {
@@ -186,13 +202,7 @@ func TestTenantShareLeavesSlotsForOthers(t *testing.T) {
 				}
 				before = 1
 			}
-			var hung []*kgo.Record
-			var keys []string
-			for i := range 4 {
-				key := fmt.Sprintf("hung-%d", i)
-				hung = append(hung, r.admitAs("t_slow", "notify", key, note, 1500))
-				keys = append(keys, "t_slow/"+key)
-			}
+			hung, keys := r.admitNotes("t_slow", "hung", 4, 1500)
 			out, err := x.Step(t.Context(), hung)
 			if err != nil {
 				t.Fatal(err)
@@ -666,5 +676,54 @@ func testFailedStepRecordsTheOutcomesItTook(t *testing.T, recordingFails bool) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("swept events (-want +got):\n%s", diff)
+	}
+}
+
+// A call whose claim's lease runs out while it waits for a slot of the
+// tool's bulkhead is given back, nothing sent, and runs under a claim of
+// its own later. Here one tenant's eight notify calls (no idempotency
+// key; a bulkhead of 4, a 2 s timeout and so a lease of about 2 s) meet
+// a tool that takes 1.5 s: the last four get their slots with half a
+// second of their leases left. Before, they were sent then, timed out,
+// and ended outcome_unknown, to be settled by a human, though the tool
+// had applied nothing.
+func TestSlotTooLateInTheLeaseGivesTheCallBack(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("send_email", "t_a", demobackend.Fault{Latency: 1500 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) {
+		c.MaxAttempts = 1
+		c.SweepEvery = 100 * time.Millisecond
+	})
+	recs, keys := r.admitNotes("t_a", "late", 8, 0)
+	out, err := x.Step(t.Context(), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := byCall(t, out.Records)
+	if len(got) != 4 {
+		t.Errorf("the first step ended %d calls (%v); want the 4 that had slots at once", len(got), got)
+	}
+	if err := out.Committed(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var back []string
+	for _, k := range keys {
+		if _, ok := got[k]; !ok {
+			back = append(back, k)
+		}
+	}
+	for k, evs := range stepUntil(t, x, 20*time.Second, back...) {
+		got[k] = append(got[k], evs...)
+	}
+	for _, k := range keys {
+		if diff := cmp.Diff([]string{"executing", "succeeded"}, got[k]); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", k, diff)
+		}
+		if n := r.backend.AppliedIn("send_email", "t_a", k); n != 1 {
+			t.Errorf("%s applied %d times; want 1", k, n)
+		}
+	}
+	if n := r.backend.Requests(); n != 8 {
+		t.Errorf("%d requests reached the tool; want 8, one a call", n)
 	}
 }

@@ -119,6 +119,10 @@ var (
 	// errRevoked: the family of the call's credential was revoked before
 	// an attempt was sent: the tools would refuse it (401).
 	errRevoked = &heldBack{ReasonCredentialRevoked}
+	// errNoSlotInLease: the wait for a slot of the tool's bulkhead took
+	// the claim's lease (not the call's deadline), before the attempt
+	// was sent.
+	errNoSlotInLease = errors.New("no bulkhead slot within the claim's lease")
 	// errJTIRevoked: the call's jti was, which the tools refuse for good.
 	errJTIRevoked = &heldBack{ReasonJTIRevoked}
 )
@@ -1451,6 +1455,21 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			}
 		}
 		lastErr = err
+		if again := x.cfg.Now().Add(x.cfg.RetryBackoff); errors.Is(err, errNoSlotInLease) && unknownErr == nil && !reclaimed &&
+			(rec.DeadlineAt.IsZero() && approvalHolds(&tmpl, again) || roomFor(rec, tmpl, again)) {
+			// Nothing this claim sent may have reached the tool, and
+			// only the claim's lease ran out waiting for a slot of the
+			// tool's bulkhead: the call is given back and claimed again
+			// with a lease of its own, here or by another executor,
+			// rather than sent too late or failed. Unlike an open
+			// breaker's, a bulkhead's backlog drains as its calls end
+			// (each within the tool's timeout), so a call without a
+			// deadline is given back too. A taken-over call is not: its
+			// first owner may have sent it, which a claim given back
+			// would forget.
+			return x.releaseClaim(ctx, c, log, refusal{reason: "bulkhead_full",
+				detail: fmt.Sprintf("no slot of %s's bulkhead within the claim's lease; nothing was sent", tool.Name)})
+		}
 		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
 			// Nothing was sent, and the tenant's breaker for the tool
 			// stays open longer than any backoff: waiting to try again
@@ -1801,6 +1820,12 @@ func (x *Executor) revokedFamily(family string, issued time.Time) *refusal {
 		detail: fmt.Sprintf("credential family %s was revoked at %s (%s), and the tools refuse its credentials issued until %s: nothing was sent, and the call is claimed again from %s", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339), accepted.Format(time.RFC3339))}
 }
 
+// leaseBound reports whether the call's time under its claim ends with
+// the claim's lease (less LeaseMargin), not at the call's own deadline.
+func (x *Executor) leaseBound(rec processors.Record) bool {
+	return rec.DeadlineAt.IsZero() || !rec.DeadlineAt.Before(rec.LeaseUntil.Add(-x.cfg.LeaseMargin))
+}
+
 // roomFor reports whether the call may still run at t: before its
 // deadline, and its approval's expiry if it waited for one. A call
 // without a deadline has none to wait within.
@@ -2046,11 +2071,27 @@ func (s secrets) in(p, q []byte) bool {
 }
 
 func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec *secrets, c *completion) (httptool.Response, error) {
+	left := func() time.Duration {
+		dl, _ := ctx.Deadline()
+		return time.Until(dl)
+	}
+	before := left()
 	release, err := x.acquire(ctx, g)
 	if err != nil {
+		if x.leaseBound(rec) && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", errNoSlotInLease, err)
+		}
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: err}
 	}
 	defer release()
+	if budget := min(tool.Timeout(), before); x.leaseBound(rec) && min(tool.Timeout(), left()) < budget/2 {
+		// The wait for a slot took more than half the time the claim's
+		// lease left the attempt: sent now, it would have a sliver of
+		// its timeout, and a tool slower than that would leave the
+		// call unknown (parked for a human, for a tool without a key),
+		// and count against the tool's breaker.
+		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "a bulkhead slot came too late in the claim's lease", Err: errNoSlotInLease}
+	}
 	// The kill switch is checked as late as possible: after the wait for
 	// the bulkhead, right before each request leaves; and on a copy of
 	// it known to be current, so that an executor that stopped hearing
