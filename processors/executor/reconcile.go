@@ -140,11 +140,15 @@ type ReconcilerMetrics interface {
 	// "refused" (for good) or "abandoned" (failed its last attempt);
 	// the last two hand the call to a human.
 	CompensationRequest(result string)
+	// UndecodableEvents: n events of the log that may settle a call or
+	// end its compensation were passed over, damaged.
+	UndecodableEvents(n int)
 }
 
 type nopReconcilerMetrics struct{}
 
 func (nopReconcilerMetrics) CompensationRequest(string) {}
+func (nopReconcilerMetrics) UndecodableEvents(int)      {}
 
 // ReconcilerConfig configures a reconciler.
 type ReconcilerConfig struct {
@@ -385,8 +389,22 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 			continue
 		}
 		ev, err := ledger.DecodeEvent(rec.Value)
+		if errors.Is(err, ledger.ErrUnsupportedEncoding) {
+			// A newer build wrote it (an upgrade out of order). Passed
+			// over, an operator's compensation's success would be lost
+			// for good (a sweep finds again only those of automatic
+			// compensations): its call would stay succeeded, or parked
+			// for a human who may undo it a second time. This process
+			// stops instead, as an executor does, and the partition
+			// goes to a member that reads it.
+			r.cfg.Logger.Error("reconciler stopped: the events topic holds an event of a newer encoding than this build reads; upgrade it",
+				"topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+			return ledger.Output{}, fmt.Errorf("%w: %s/%d at offset %d: %w", ledger.ErrStop, rec.Topic, rec.Partition, rec.Offset, err)
+		}
 		if err != nil {
+			// Damage, or a bug, for a human to see (see the executor's).
 			r.cfg.Logger.Error("undecodable event", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
+			r.cfg.Metrics.UndecodableEvents(1)
 			continue
 		}
 		if ev.Type == statemachine.EventSucceeded {

@@ -26,6 +26,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -1487,5 +1488,34 @@ func TestSweepSettlesACompensationWhoseSuccessWasMissed(t *testing.T) {
 	}
 	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
 		t.Errorf("the call is %s (%v); want compensated", rec.Status, err)
+	}
+}
+
+// A reconciler meeting an event of a newer encoding among those it acts
+// on stops, as an executor does, rather than pass over what may be a
+// compensation's success: no sweep finds an operator's compensation's
+// success again, and the undone call would stay succeeded. A damaged
+// event is passed over, and counted.
+func TestReconcilerStopsOnANewerEncoding(t *testing.T) {
+	event := func(typ, value string) *kgo.Record {
+		return &kgo.Record{Topic: "toolcalls.events", Key: []byte("t_a/kr:compensate"), Value: []byte(value),
+			Headers: []kgo.RecordHeader{{Key: ledger.HeaderEventType, Value: []byte(typ)}}}
+	}
+	r := newRig(t)
+	reg := metrics.New("reconciler", nil)
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Metrics = reg })
+	newer := event("succeeded", `{"v":99,"type":"succeeded","seq":5,"tenant_id":"t_a","idempotency_key":"kr:compensate"}`)
+	if _, err := rc.Step(t.Context(), []*kgo.Record{newer}); !errors.Is(err, ledger.ErrStop) || !errors.Is(err, ledger.ErrUnsupportedEncoding) {
+		t.Errorf("a step meeting a compensation's success of a newer encoding: %v; want ErrStop and ErrUnsupportedEncoding", err)
+	}
+	if n := counter(t, reg, "ledger_events_undecodable_total"); n != 0 {
+		t.Errorf("ledger_events_undecodable_total = %v after the newer event; want 0 (nothing was passed over)", n)
+	}
+	damaged := event("succeeded", `{"v":1,"type":"succeeded","seq":"five"}`)
+	if _, err := rc.Step(t.Context(), []*kgo.Record{damaged}); err != nil {
+		t.Errorf("a step meeting a damaged event: %v; want it passed over", err)
+	}
+	if n := counter(t, reg, "ledger_events_undecodable_total"); n != 1 {
+		t.Errorf("ledger_events_undecodable_total = %v after the damaged event; want 1", n)
 	}
 }

@@ -93,7 +93,7 @@ func New(role string, known func(tool string) bool) *Registry {
 	})
 	r.undecodable = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ledger_events_undecodable_total", ConstLabels: constRole,
-		Help: "Events of the log that may authorize a call (authorized, approved) which did not decode (damaged: one of a newer encoding stops the executor instead), so were passed over: their calls stay authorized and unrun. Counted each time a step meets one; each is logged at Error with its partition and offset.",
+		Help: "Events of the log that a role acts on which did not decode (damaged: one of a newer encoding stops the role instead), so were passed over. An executor's (authorized, approved): their calls stay authorized and unrun. A reconciler's (outcome_unknown, succeeded): its sweep settles an unknown outcome all the same, but a compensation's success is lost. Counted each time a step meets one; each is logged at Error with its partition and offset.",
 	})
 	r.undos = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_compensation_requests_total", ConstLabels: constRole,
@@ -248,8 +248,9 @@ func (r *Registry) ToolCall(tool, result string, d time.Duration) {
 // UnreadableOutboxes counts n records whose outboxes could not be read.
 func (r *Registry) UnreadableOutboxes(n int) { r.unreadable.Add(float64(n)) }
 
-// UndecodableEvents counts n events that may authorize a call, passed
-// over unread.
+// UndecodableEvents counts n events that a role would act on (that may
+// authorize a call, for an executor; settle one or end its compensation,
+// for a reconciler), passed over unread.
 func (r *Registry) UndecodableEvents(n int) { r.undecodable.Add(float64(n)) }
 
 // Breakers reports the circuit breakers' states at each scrape:
