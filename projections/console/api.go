@@ -42,6 +42,11 @@ const headerRefusalsLimitReached = "X-Refusals-Limit-Reached"
 // apiApprovalPath is the approval API's path of one approval.
 func apiApprovalPath(id string) string { return pathApprovals + "/" + url.PathEscape(id) }
 
+// apiTracePath is the trace API's path of one call's events.
+func apiTracePath(tenant, key string) string {
+	return pathTrace + url.PathEscape(tenant) + "/" + url.PathEscape(key)
+}
+
 // apiError is an API's refusal, as {"error": {"code", "message"}} says it.
 type apiError struct {
 	Status  int

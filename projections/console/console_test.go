@@ -1404,6 +1404,80 @@ func TestRevokingASingleCredentialIsThePlatformsOnly(t *testing.T) {
 	}
 }
 
+// A tenant operator asking what a credential touched is offered the
+// families that the events carrying it name. A call's summary names the
+// credential of its last event: none once the call is compensated, the
+// reconciler's own once it settled the call by a status lookup. Before,
+// the page offered the families of the summaries: none for the first call,
+// the reconciler's for the second, and never the leaked credential's.
+func TestRevokeFamilyOfferedIsTheCredentialsOwn(t *testing.T) {
+	const (
+		leaked, leakedFamily = "jti-leaked", "refund_order:acme:7"
+		lookup, lookupFamily = "jti-reconciler", "reconciler:acme:1"
+	)
+	keyCompensated := ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-compensated"}
+	keyReconciled := ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-reconciled"}
+	trace := func(k ledger.CallKey, last ...ledger.Event) []ledger.Event {
+		evs := []ledger.Event{
+			{Type: statemachine.EventRequested},
+			{Type: statemachine.EventAuthorized},
+			{Type: statemachine.EventExecuting, JTI: leaked, CredentialFamily: leakedFamily},
+		}
+		evs = append(evs, last...)
+		for i := range evs {
+			evs[i].V, evs[i].EventID, evs[i].Seq, evs[i].At = 1, fmt.Sprintf("%s-%d", k.IdempotencyKey, i+1), int64(i+1), t0.Add(time.Duration(i-10)*time.Minute)
+			evs[i].TenantID, evs[i].IdempotencyKey, evs[i].Tool = k.TenantID, k.IdempotencyKey, "refund_order"
+		}
+		return evs
+	}
+	traces := map[ledger.CallKey][]ledger.Event{
+		keyCompensated: trace(keyCompensated,
+			ledger.Event{Type: statemachine.EventSucceeded, JTI: leaked, CredentialFamily: leakedFamily},
+			ledger.Event{Type: statemachine.EventCompensated}),
+		keyReconciled: trace(keyReconciled,
+			ledger.Event{Type: statemachine.EventOutcomeUnknown, JTI: leaked, CredentialFamily: leakedFamily},
+			ledger.Event{Type: statemachine.EventSucceeded, JTI: lookup, CredentialFamily: lookupFamily}),
+	}
+	for _, tc := range []struct {
+		name  string
+		calls []ledger.CallKey
+		// unreadable: the reconciled call's trace is refused; the page
+		// still offers what the other call's events say.
+		unreadable bool
+	}{
+		{"compensated", []ledger.CallKey{keyCompensated}, false},
+		{"reconciled", []ledger.CallKey{keyReconciled}, false},
+		{"both", []ledger.CallKey{keyReconciled, keyCompensated}, false},
+		{"trace unreadable", []ledger.CallKey{keyReconciled, keyCompensated}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := newFixture(t)
+			br := projections.BlastRadius{Total: len(tc.calls)}
+			for _, k := range tc.calls {
+				evs := traces[k]
+				br.Calls = append(br.Calls, projections.CallOf(&evs[len(evs)-1]))
+			}
+			fx.api.mu.Lock()
+			fx.api.blast, fx.api.traces = br, traces
+			if tc.unreadable {
+				fx.api.refuse = map[string]refusalSpec{"GET /v1/trace/acme/" + keyReconciled.IdempotencyKey: {status: http.StatusServiceUnavailable, code: "projection_unavailable", message: "the projection could not answer"}}
+			}
+			fx.api.mu.Unlock()
+			w := fx.signedIn(assertOperator).get("/incidents?jti=" + leaked)
+			if w.Code != http.StatusOK {
+				t.Fatalf("GET /incidents?jti=%s = %d; want 200", leaked, w.Code)
+			}
+			body := w.Body.String()
+			if want := "Revoke family " + leakedFamily; !strings.Contains(body, want) {
+				t.Errorf("the tenant operator's incidents page for %s does not offer %q", leaked, want)
+			}
+			if strings.Contains(body, lookupFamily) {
+				t.Errorf("the tenant operator's incidents page for %s offers %s, the reconciler's family", leaked, lookupFamily)
+			}
+		})
+	}
+}
+
 // An approval binds every argument: the page offers none where it cannot
 // show them all (more fields than it lists, none at all; arguments that
 // do not parse, which the API's JSON cannot carry, alike), and says where

@@ -75,6 +75,9 @@ type fakeAPI struct {
 	// deniedCompensations maps a call's idempotency key to the refusal
 	// the intake answers its compensation with (a 200, as the API does).
 	deniedCompensations map[string]ledger.Event
+	// traces are the traces of calls besides keyHostile's and
+	// keyUnknown's; tests may add them.
+	traces map[ledger.CallKey][]ledger.Event
 }
 
 type refusalSpec struct {
@@ -457,6 +460,13 @@ func newFakeAPI() *fakeAPI {
 	})
 	m.HandleFunc("GET /v1/trace/{tenant}/{key...}", func(w http.ResponseWriter, r *http.Request) {
 		k := ledger.CallKey{TenantID: r.PathValue("tenant"), IdempotencyKey: r.PathValue("key")}
+		f.mu.Lock()
+		evs, ok := f.traces[k]
+		f.mu.Unlock()
+		if ok {
+			writeJSON(w, http.StatusOK, evs)
+			return
+		}
 		if k != keyHostile && k != keyUnknown {
 			apiErr(w, http.StatusNotFound, "not_found", "not found")
 			return

@@ -113,7 +113,7 @@ func (c *Console) serveIncidents(w http.ResponseWriter, r *http.Request, s *sess
 		// Only a platform operator revokes a single jti (the control
 		// API refuses a tenant's): a tenant's operator revokes the
 		// families the credential's calls were sent under.
-		for _, f := range familiesOf(br.Calls, maxFamiliesOffered) {
+		for _, f := range c.familiesOf(r, s, br.Calls, j) {
 			aq := url.Values{"action": {actRevokeFamily}, projections.ParamCredentialFamily: {f}}
 			for _, k := range []string{projections.ParamTenant, projections.ParamAllTenants} {
 				if v, ok := q[k]; ok {
@@ -134,13 +134,43 @@ func (c *Console) serveIncidents(w http.ResponseWriter, r *http.Request, s *sess
 // revoke for a credential's calls.
 const maxFamiliesOffered = 4
 
-// familiesOf returns the credential families calls name, in the order
-// first named, at most n.
-func familiesOf(calls []projections.Call, n int) []string {
+// maxTracesRead bounds the listed calls whose families familiesOf looks
+// for, and so the traces it reads: a per-call credential normally
+// touches one call.
+const maxTracesRead = 2 * maxFamiliesOffered
+
+// familiesOf returns the credential families that the events carrying jti
+// name in the first maxTracesRead of calls, in the order first named, at
+// most maxFamiliesOffered. A call's summary names the credential of its
+// last event, which may name none (compensated) or another (the
+// reconciler's status lookup): its family is taken only when that event
+// carries jti, and the call's trace is read otherwise. A trace that cannot
+// be read adds no family, and the page renders without it.
+func (c *Console) familiesOf(r *http.Request, s *session, calls []projections.Call, jti string) []string {
 	var out []string
-	for _, cl := range calls {
-		if f := cl.CredentialFamily; f != "" && !slices.Contains(out, f) && len(out) < n {
+	add := func(f string) {
+		if f != "" && !slices.Contains(out, f) && len(out) < maxFamiliesOffered {
 			out = append(out, f)
+		}
+	}
+	for _, cl := range calls[:min(len(calls), maxTracesRead)] {
+		if len(out) == maxFamiliesOffered {
+			break
+		}
+		if cl.JTI == jti && cl.CredentialFamily != "" {
+			add(cl.CredentialFamily)
+			continue
+		}
+		var evs []ledger.Event
+		if _, err := c.call(r, s, http.MethodGet, apiTracePath(cl.TenantID, cl.IdempotencyKey), nil, nil, &evs); err != nil {
+			c.cfg.Logger.Info("incidents page: trace not read, its credential families not offered",
+				"user", s.id.User, "tenant", s.id.Tenant, "call_tenant", cl.TenantID, "call_key", cl.IdempotencyKey, "err", describe(err))
+			continue
+		}
+		for _, e := range evs {
+			if e.JTI == jti {
+				add(e.CredentialFamily)
+			}
 		}
 	}
 	return out

@@ -307,7 +307,7 @@ func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) 
 	tenant, key := r.PathValue("tenant"), r.PathValue("key")
 	back := callURL(tenant, key)
 	var evs []ledger.Event
-	status, h, err := c.callHeader(r, s, http.MethodGet, pathTrace+url.PathEscape(tenant)+"/"+url.PathEscape(key), nil, nil, &evs)
+	status, h, err := c.callHeader(r, s, http.MethodGet, apiTracePath(tenant, key), nil, nil, &evs)
 	if err != nil {
 		c.refused(w, r, s, status, "Call "+tenant+"/"+key, err, "/calls")
 		return
