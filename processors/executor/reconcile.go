@@ -244,6 +244,12 @@ type Reconciler struct {
 	// requested, by the parked call's key; only the step (one at a time)
 	// touches it.
 	undos map[ledger.CallKey]*undoState
+	// undoEnded are the calls whose compensation this reconciler read
+	// ending without undoing anything (denied, rejected, failed,
+	// expired): the next sweep looks at them whatever page of the
+	// parked calls it reads, which behind many calls parked for a human
+	// may be many sweeps away. Only the step touches it.
+	undoEnded map[ledger.CallKey]bool
 	// parkedPass is where the sweeps of parked calls are: calls parked
 	// for a human stay parked, oldest first, and a sweep reading the
 	// oldest page every time would never reach the calls behind a page
@@ -352,7 +358,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		}
 		x.base = u
 	}
-	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState), failing: make(map[ledger.CallKey]failingSince), sweepLimit: defaultSweepLimit}, nil
+	return &Reconciler{cfg: cfg, x: x, undos: make(map[ledger.CallKey]*undoState), undoEnded: make(map[ledger.CallKey]bool), failing: make(map[ledger.CallKey]failingSince), sweepLimit: defaultSweepLimit}, nil
 }
 
 // Loop returns the reconciler on a consume-process-produce loop over the
@@ -385,7 +391,7 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 	undone := make(map[ledger.CallKey]bool) // compensations whose success is in the batch
 	for _, rec := range recs {
 		t := statemachine.EventType(ledger.Header(rec, ledger.HeaderEventType))
-		if t != statemachine.EventOutcomeUnknown && t != statemachine.EventSucceeded {
+		if t != statemachine.EventOutcomeUnknown && t != statemachine.EventSucceeded && !undidNothing(t, rec) {
 			continue
 		}
 		ev, err := ledger.DecodeEvent(rec.Value)
@@ -405,6 +411,12 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 			// Damage, or a bug, for a human to see (see the executor's).
 			r.cfg.Logger.Error("undecodable event", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "err", err)
 			r.cfg.Metrics.UndecodableEvents(1)
+			continue
+		}
+		if undidNothing(ev.Type, rec) {
+			if orig, ok := ev.Key().Compensates(); ok {
+				r.undoEnded[orig] = true
+			}
 			continue
 		}
 		if ev.Type == statemachine.EventSucceeded {
@@ -1038,8 +1050,23 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, []ledger.Ev
 			delete(r.undos, key) // settled meanwhile, by a human or the compensation
 			continue
 		}
+		listed[key] = true
 		cands = append(cands, rec)
 	}
+	for key := range r.undoEnded {
+		if listed[key] {
+			continue
+		}
+		rec, err := r.cfg.Store.Get(ctx, key)
+		if err != nil && !errors.Is(err, processors.ErrNotFound) {
+			return nil, nil, fmt.Errorf("sweep parked calls: %w", err)
+		}
+		if err == nil && undoPending(rec) {
+			listed[key] = true
+			cands = append(cands, rec)
+		}
+	}
+	clear(r.undoEnded)
 	var (
 		moves []pendingMove
 		done  []ledger.Event
@@ -1066,6 +1093,19 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, []ledger.Ev
 			}
 			if st == nil || st.abandon == "" {
 				continue // requested, or asked again later
+			}
+			// The last request may have been admitted with its answer
+			// lost (a commit whose reply never came, its time running
+			// out mid-commit), or recorded as refused under the
+			// compensation's key: read again before the call is handed
+			// over as one no compensation was requested for, which a
+			// human would undo through the ledger, or by hand.
+			if _, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey()); !errors.Is(err, processors.ErrNotFound) {
+				if err != nil {
+					return nil, nil, fmt.Errorf("sweep parked calls: %w", err)
+				}
+				delete(r.undos, rec.Key) // it exists: its status decides, at the next sweep
+				continue
 			}
 			why = "was not requested: " + st.abandon
 		case err != nil:
@@ -1104,6 +1144,23 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, []ledger.Ev
 		moves = append(moves, m)
 	}
 	return moves, done, nil
+}
+
+// undidNothing reports whether rec, an event of type t, may say that a
+// compensation ended without undoing anything: an event of such an end
+// under a compensation's key. Told by the record's key, so that the
+// calls' own denials, many, are not decoded for it.
+func undidNothing(t statemachine.EventType, rec *kgo.Record) bool {
+	switch t {
+	case statemachine.EventDenied, statemachine.EventRejected, statemachine.EventFailed, statemachine.EventExpired:
+		k, err := ledger.ParseCallKey(string(rec.Key))
+		if err != nil {
+			return false
+		}
+		_, ok := k.Compensates()
+		return ok
+	}
+	return false
 }
 
 // undoneNothing reports whether a compensation in status s has ended

@@ -440,6 +440,10 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 		{"failing after the intake admitted it", flakyCompensator{fail: 1, after: true}, []int{0}, true, false},
 		{"refused for good", flakyCompensator{refuse: &refusal}, []int{0}, false, false},
 		{"failing past its attempts", flakyCompensator{fail: 100}, []int{0, 1, 2, 4, 8}, false, false},
+		// The last request's answer lost after the intake admitted it:
+		// the compensation exists, and the call is not handed to a
+		// human as one none was requested for.
+		{"failing past its attempts, the last after the intake admitted it", flakyCompensator{fail: 5, lastAfter: true}, []int{0, 1, 2, 4, 8}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -517,15 +521,17 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 
 // flakyCompensator asks comp for compensations, except that its first
 // fail requests fail with an error that may pass, before asking or, with
-// after, once asked; with refuse, every request is answered with that
-// refusal instead. It records the sweep (*sweep) of each request.
+// after, once asked (with lastAfter, the last of them only); with
+// refuse, every request is answered with that refusal instead. It
+// records the sweep (*sweep) of each request.
 type flakyCompensator struct {
 	executor.Compensator
-	fail   int
-	after  bool
-	refuse *ledger.Event
-	sweep  *int
-	asked  []int
+	fail      int
+	after     bool
+	lastAfter bool
+	refuse    *ledger.Event
+	sweep     *int
+	asked     []int
 }
 
 func (c *flakyCompensator) Compensate(ctx context.Context, op identity.Identity, key ledger.CallKey, reason string) (ledger.CallKey, []ledger.Event, error) {
@@ -535,7 +541,7 @@ func (c *flakyCompensator) Compensate(ctx context.Context, op identity.Identity,
 	}
 	if c.fail > 0 {
 		c.fail--
-		if c.after {
+		if c.after || c.lastAfter && c.fail == 0 {
 			if _, _, err := c.Compensator.Compensate(ctx, op, key, reason); err != nil {
 				return ledger.CallKey{}, nil, err
 			}
@@ -823,25 +829,7 @@ func TestParkedSweepReachesPastAPageOfHumanParks(t *testing.T) {
 	park := func(key, reason string) ledger.CallKey {
 		t.Helper()
 		k := ledger.CallKey{TenantID: "t_a", IdempotencyKey: key}
-		ev := ledger.Event{EventID: "e_" + key, IdempotencyKey: key, CallID: "c_" + key, TenantID: "t_a", UserID: "u_1",
-			Tool: "refund_order", ToolVersion: 1, ArgumentsHash: "sha256:00", At: time.Now().UTC()}
-		pending, parked := ev, ev
-		pending.Type, pending.Seq = statemachine.EventApprovalPending, 2
-		parked.EventID, parked.Type, parked.Seq, parked.Reason = "e_park_"+key, statemachine.EventParked, 3, reason
-		outbox := func(evs ...ledger.Event) []byte {
-			b, err := ledger.EncodeEvents(evs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		}
-		if _, err := r.store.Admit(t.Context(), []processors.Admission{{Key: k, CallID: "c_" + key, ArgumentsHash: "sha256:00", Tool: "refund_order", ToolVersion: 1,
-			Arguments: []byte(`{}`), Status: processors.StatusPending, Seq: 2, Outbox: outbox(pending)}}); err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := r.store.Move(t.Context(), []processors.Move{{Key: k, From: processors.StatusPending, FromSeq: 2, To: processors.StatusParked, Seq: 3, Outbox: outbox(pending, parked)}}); err != nil || !ok[0] {
-			t.Fatalf("park %s: %v, %v", key, ok, err)
-		}
+		r.pendingThen(k, processors.StatusParked, statemachine.EventParked, reason)
 		return k
 	}
 	for i := range 101 {
@@ -858,6 +846,70 @@ func TestParkedSweepReachesPastAPageOfHumanParks(t *testing.T) {
 	}
 	if !slices.Equal(comp.asked, []ledger.CallKey{undo}) {
 		t.Errorf("compensations asked for within two sweeps: %v; want %v, behind 101 calls parked for a human", comp.asked, undo)
+	}
+}
+
+// pendingThen stores a refund_order call k as the store would hold one
+// that waited for an approval (approval_pending, seq 2) and then moved to
+// status (an event of type typ, seq 3, with reason), and returns that
+// last event.
+func (r *rig) pendingThen(k ledger.CallKey, status processors.Status, typ statemachine.EventType, reason string) ledger.Event {
+	r.t.Helper()
+	ev := ledger.Event{EventID: "e_" + k.IdempotencyKey, IdempotencyKey: k.IdempotencyKey, CallID: "c_" + k.IdempotencyKey, TenantID: k.TenantID, UserID: "u_1",
+		Tool: "refund_order", ToolVersion: 1, ArgumentsHash: "sha256:00", At: time.Now().UTC()}
+	pending, last := ev, ev
+	pending.Type, pending.Seq = statemachine.EventApprovalPending, 2
+	last.EventID, last.Type, last.Seq, last.Reason = "e_last_"+k.IdempotencyKey, typ, 3, reason
+	outbox := func(evs ...ledger.Event) []byte {
+		b, err := ledger.EncodeEvents(evs)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		return b
+	}
+	if _, err := r.store.Admit(r.t.Context(), []processors.Admission{{Key: k, CallID: "c_" + k.IdempotencyKey, ArgumentsHash: "sha256:00", Tool: "refund_order", ToolVersion: 1,
+		Arguments: []byte(`{}`), Status: processors.StatusPending, Seq: 2, Outbox: outbox(pending)}}); err != nil {
+		r.t.Fatal(err)
+	}
+	if ok, err := r.store.Move(r.t.Context(), []processors.Move{{Key: k, From: processors.StatusPending, FromSeq: 2, To: status, Seq: 3, Outbox: outbox(pending, last)}}); err != nil || !ok[0] {
+		r.t.Fatalf("move %s to %s: %v, %v", k, status, ok, err)
+	}
+	return last
+}
+
+// A compensation that ends without undoing anything hands its call to a
+// human at the next sweep, however many calls parked for a human come
+// before it: the reconciler reads the compensation's end. Before, it
+// waited for the sweeps' pages of parked calls to reach the call, a page
+// of 100 a sweep, so behind 6,000 such calls about an hour at a minute a
+// sweep, the call saying all along that its compensation was requested.
+func TestEndedCompensationHandsItsCallOverAtTheNextSweep(t *testing.T) {
+	r := newRig(t)
+	for i := range 101 {
+		r.pendingThen(ledger.CallKey{TenantID: "t_a", IdempotencyKey: fmt.Sprintf("human-%03d", i)}, processors.StatusParked, statemachine.EventParked, executor.ReasonLookupFailed)
+	}
+	undo := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "undo-me"}
+	r.pendingThen(undo, processors.StatusParked, statemachine.EventParked, executor.ReasonCompensating)
+	rejected := r.pendingThen(undo.CompensationKey(), processors.StatusRejected, statemachine.EventRejected, "")
+	rejectedRec, err := rejected.Record("toolcalls.events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp := &recordingCompensator{}
+	now := time.Now()
+	rc := r.sweepingReconciler(comp, &now, nil)
+	now = now.Add(time.Minute)
+	var parks []string
+	for _, e := range r.reconcileAll(rc, rejectedRec) {
+		if e.Key() == undo && e.Type == statemachine.EventParked && e.Seq > 3 { // not its outbox's again
+			parks = append(parks, e.Reason+": "+e.Detail)
+		}
+	}
+	if len(parks) != 1 || !strings.HasPrefix(parks[0], executor.ReasonUndoAbandoned+": ") || !strings.Contains(parks[0], "ended rejected without undoing anything") {
+		t.Errorf("the call's parks at the sweep after its compensation's rejection: %q; want one, %s, saying the compensation ended rejected", parks, executor.ReasonUndoAbandoned)
+	}
+	if len(comp.asked) != 0 {
+		t.Errorf("compensations asked for: %v; want none (the call's one was rejected)", comp.asked)
 	}
 }
 
