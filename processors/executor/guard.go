@@ -22,11 +22,16 @@ import (
 // and the calls in flight that steps carry over instead of waiting for.
 
 // toolGuard is one tool's bulkhead, shared by its tenants, and the
-// tenants' guards. Apart from slots, it is under Executor.mu.
+// tenants' guards. It is under Executor.mu.
 type toolGuard struct {
-	slots   chan struct{} // MaxConcurrency: attempts in flight for all tenants
-	share   int           // the slots one tenant may hold while others use the tool
+	size    int // MaxConcurrency: attempts in flight for all tenants
+	inUse   int // slots held
+	share   int // the slots one tenant may hold while others use the tool
 	tenants map[string]*guard
+	// queued numbers the calls queued for a slot, in the order they
+	// came: of the tenants equally served, the one whose first call
+	// came first goes first.
+	queued uint64
 	// recent are the last two distinct tenants to use the tool, the
 	// latest first: enough to tell whether another tenant than a given
 	// one used it lately.
@@ -64,45 +69,58 @@ type guard struct {
 	tg           *toolGuard
 	breaker      *gobreaker.CircuitBreaker[httptool.Response]
 
-	held     int       // slots of the tool's bulkhead the tenant holds or is taking
-	waiting  list.List // chan struct{} of each call queued for the share, closed when handed it
+	held     int       // slots of the tool's bulkhead the tenant holds
+	waiting  list.List // the tenant's calls queued for a slot (waiter), in the order they came
 	users    int       // calls and lookups holding the guard: it is not pruned meanwhile
 	slow     int       // the tenant's calls to the tool running past a step's budget
 	lastUsed time.Time
+}
+
+// waiter is a call queued for a slot: ready is closed when it is handed
+// one.
+type waiter struct {
+	ready chan struct{}
+	n     uint64 // its place in the tool's queue (toolGuard.queued)
 }
 
 // acquire takes a slot of the tool's bulkhead for g's tenant, waiting
 // until ctx is done. The tenant takes at most its share of the bulkhead
 // while other tenants use the tool (within a breaker window), so its
 // hanging calls leave the rest to them; alone, it may take every slot.
-// The share is checked first, so a tenant waiting for its share holds
-// none of the tool's slots.
 //
-// Calls waiting for their tenant's share queue in arrival order, and a
-// slot given back goes to the first of them (giveBack): one wake-up per
-// slot, however many wait. Waking them all to race for it cost time
-// quadratic in the queue, which under overload (thousands of claimed
-// calls waiting for a bulkhead of 16) took half the executor's CPU.
+// A call that cannot take a slot at once queues for one, and a slot
+// given back goes to one queued call (handOffLocked): of the tenants
+// that may take it, the one holding the fewest slots, then the one whose
+// first queued call came first. So a tenant that filled the bulkhead and
+// queued a burst while alone does not keep a tenant that comes then
+// waiting behind its burst: that tenant's call takes the next slot given
+// back, and the first tenant's calls wait until it holds less than its
+// share. One wake-up per slot, however many wait: waking them all to
+// race for it cost time quadratic in the queue, which under overload
+// (thousands of claimed calls waiting for a bulkhead of 16) took half the
+// executor's CPU.
 func (x *Executor) acquire(ctx context.Context, g *guard) (release func(), err error) {
 	now := x.cfg.Now()
+	tg := g.tg
 	x.mu.Lock()
-	// The share may have become free without a slot given back (the
+	// A share may have become free without a slot given back (the
 	// other tenants went quiet): let those queued go first.
-	x.handOffLocked(g, now)
-	if g.waiting.Len() == 0 && x.mayHoldLocked(g, now) {
+	x.handOffLocked(tg, now)
+	if g.waiting.Len() == 0 && tg.inUse < tg.size && x.mayHoldLocked(g, now) {
 		x.holdLocked(g, now)
 		x.mu.Unlock()
 	} else {
-		ready := make(chan struct{})
-		el := g.waiting.PushBack(ready)
+		tg.queued++
+		w := waiter{ready: make(chan struct{}), n: tg.queued}
+		el := g.waiting.PushBack(w)
 		x.mu.Unlock()
 		select {
-		case <-ready:
+		case <-w.ready:
 		case <-ctx.Done():
 			x.mu.Lock()
 			select {
-			case <-ready:
-				// Handed the share just now: pass it on.
+			case <-w.ready:
+				// Handed a slot just now: pass it on.
 				x.mu.Unlock()
 				x.giveBack(g)
 			default:
@@ -112,16 +130,7 @@ func (x *Executor) acquire(ctx context.Context, g *guard) (release func(), err e
 			return nil, ctx.Err()
 		}
 	}
-	select {
-	case g.tg.slots <- struct{}{}:
-	case <-ctx.Done():
-		x.giveBack(g)
-		return nil, ctx.Err()
-	}
-	return func() {
-		<-g.tg.slots
-		x.giveBack(g)
-	}, nil
+	return func() { x.giveBack(g) }, nil
 }
 
 // mayHoldLocked reports whether g's tenant may hold one more slot of the
@@ -132,26 +141,45 @@ func (x *Executor) mayHoldLocked(g *guard, now time.Time) bool {
 
 func (x *Executor) holdLocked(g *guard, now time.Time) {
 	g.held++
+	g.tg.inUse++
 	g.tg.used(g.tenant, now)
 }
 
-// handOffLocked gives the tenant's share, as far as it now allows, to
-// the calls queued for it, first come first served.
-func (x *Executor) handOffLocked(g *guard, now time.Time) {
-	for g.waiting.Len() > 0 && x.mayHoldLocked(g, now) {
-		x.holdLocked(g, now)
-		close(g.waiting.Remove(g.waiting.Front()).(chan struct{}))
+// handOffLocked hands the tool's free slots to the calls queued for one,
+// as far as their tenants' shares allow: each to the first queued call of
+// the tenant that holds the fewest slots, of those equal the one queued
+// first.
+func (x *Executor) handOffLocked(tg *toolGuard, now time.Time) {
+	for tg.inUse < tg.size {
+		var next *guard
+		for _, g := range tg.tenants {
+			if g.waiting.Len() == 0 || !x.mayHoldLocked(g, now) {
+				continue
+			}
+			if next == nil || g.held < next.held || g.held == next.held && first(g) < first(next) {
+				next = g
+			}
+		}
+		if next == nil {
+			return
+		}
+		x.holdLocked(next, now)
+		close(next.waiting.Remove(next.waiting.Front()).(waiter).ready)
 	}
 }
 
-// giveBack ends the tenant's hold on a slot and hands it to the first
-// call queued for one.
+// first is the place in the tool's queue of g's first queued call.
+func first(g *guard) uint64 { return g.waiting.Front().Value.(waiter).n }
+
+// giveBack ends the tenant's hold on a slot and hands the tool's free
+// slots on.
 func (x *Executor) giveBack(g *guard) {
 	now := x.cfg.Now()
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	g.held--
-	x.handOffLocked(g, now)
+	g.tg.inUse--
+	x.handOffLocked(g.tg, now)
 }
 
 func newExecutor(cfg Config) *Executor {
@@ -175,7 +203,7 @@ func (x *Executor) guard(tool *schemas.Tool, tenant string) *guard {
 	if !ok {
 		n := max(tool.MaxConcurrency, 1)
 		tg = &toolGuard{
-			slots:   make(chan struct{}, n),
+			size:    n,
 			share:   max(1, int(float64(n)*x.cfg.TenantShare)),
 			tenants: make(map[string]*guard),
 		}
@@ -286,7 +314,7 @@ func (x *Executor) Bulkheads() map[string]BulkheadState {
 	defer x.mu.Unlock()
 	m := make(map[string]BulkheadState, len(x.guards))
 	for name, tg := range x.guards {
-		m[name] = BulkheadState{InUse: len(tg.slots), Size: cap(tg.slots)}
+		m[name] = BulkheadState{InUse: tg.inUse, Size: tg.size}
 	}
 	return m
 }

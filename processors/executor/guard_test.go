@@ -88,6 +88,77 @@ func TestBulkheadQueueFirstComeFirstServed(t *testing.T) {
 	}
 }
 
+// A tenant that filled the bulkhead while alone on the tool, and queued
+// more calls, does not keep a tenant that comes then waiting behind its
+// queue: the newcomer takes the next slot given back, and the first
+// tenant's queued calls wait until it holds less than its share. Before,
+// a call past its share's check queued for the bulkhead's slots with
+// every other such call, first come first served, and the newcomer's
+// waited for the whole burst: with a tool that hangs, a timeout per slot
+// of it.
+func TestBulkheadNewTenantNotBehindAQueue(t *testing.T) {
+	cfg := Config{}
+	cfg.setDefaults()
+	x := newExecutor(cfg)
+	tool := &schemas.Tool{Name: "tool", MaxConcurrency: 4} // a share of 1
+	a := x.guard(tool, "t_a")
+	var releases []func()
+	for range 4 {
+		r, err := x.acquire(t.Context(), a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, r)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	const burst = 6
+	aGot := make(chan func(), burst)
+	for i := range burst {
+		go func() {
+			if r, err := x.acquire(ctx, a); err == nil {
+				aGot <- r
+			}
+		}()
+		waitQueued(t, x, a, i+1)
+	}
+	b := x.guard(tool, "t_b")
+	bGot := make(chan func(), 1)
+	go func() {
+		if r, err := x.acquire(ctx, b); err == nil {
+			bGot <- r
+		}
+	}()
+	waitQueued(t, x, b, 1)
+
+	releases[0]()
+	select {
+	case r := <-bGot:
+		defer r()
+	case <-aGot:
+		t.Fatal("a slot given back went to t_a's queued call, t_b's waiting")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a slot given back, t_b's queued call did not get it")
+	}
+	// t_a holds 3, then 1: no less than its share while t_b uses the
+	// tool, so its queue waits.
+	releases[1]()
+	releases[2]()
+	if q := queued(x, a); q != burst {
+		t.Fatalf("t_a holding its share: %d of its calls queued; want all %d", q, burst)
+	}
+	releases[3]()
+	select {
+	case r := <-aGot:
+		defer r()
+	case <-time.After(10 * time.Second):
+		t.Fatal("t_a holding none, its first queued call got no slot")
+	}
+	if q := queued(x, a); q != burst-1 {
+		t.Errorf("t_a holding its share again: %d of its calls queued; want %d", q, burst-1)
+	}
+}
+
 // A queued call that gives up leaves the queue, and the slot goes to the
 // next; a call handed the slot as it gives up passes the slot on. Either
 // way no slot is lost: every call that does not give up gets one.
@@ -143,9 +214,10 @@ func TestBulkheadQueueCancelLosesNoSlot(t *testing.T) {
 		}
 		x.mu.Lock()
 		held, q := g.held, g.waiting.Len()
+		inUse := g.tg.inUse
 		x.mu.Unlock()
-		if held != 0 || q != 0 || len(g.tg.slots) != 0 {
-			t.Fatalf("round %d: after all: %d held, %d queued, %d slots taken; want 0", round, held, q, len(g.tg.slots))
+		if held != 0 || q != 0 || inUse != 0 {
+			t.Fatalf("round %d: after all: %d held, %d queued, %d slots taken; want 0", round, held, q, inUse)
 		}
 	}
 }
