@@ -727,3 +727,42 @@ func TestSlotTooLateInTheLeaseGivesTheCallBack(t *testing.T) {
 		t.Errorf("%d requests reached the tool; want 8, one a call", n)
 	}
 }
+
+// A call that cannot be given back (here one whose first attempt may
+// have reached the tool: a 503 from a tool that dedupes by key) is sent
+// when its slot comes late in its lease, with what is left: its retry
+// under the key is how its outcome is found. Before, it was held back
+// like a call that can be given back, and ended outcome_unknown.
+func TestSlotTooLateForACallThatCannotBeGivenBackIsSent(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_k", demobackend.Fault{FailStatus: 503, FailTimes: 1})
+	r.backend.SetTenantFault("create_ticket", "t_h", demobackend.Fault{Latency: 1900 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) {
+		c.StepBudget = 10 * time.Millisecond
+		c.RetryBackoff = 150 * time.Millisecond // a lease of 4.6 s
+		c.TenantShare = 1
+	})
+	k := r.admitAs("t_k", "create_ticket", "retried", ticket, 0)
+	var first, second []*kgo.Record
+	for i := range 16 {
+		first = append(first, r.admitAs("t_h", "create_ticket", fmt.Sprintf("hold-a%d", i), ticket, 0))
+		second = append(second, r.admitAs("t_h", "create_ticket", fmt.Sprintf("hold-b%d", i), ticket, 0))
+	}
+	// The first 16 hold the slots for 1.9 s, the next 16 queue, then
+	// the call: its first attempt gets the first slot given back (its
+	// tenant holds none) and is answered 503, and its retry, 150 ms
+	// later, waits behind the next 16 until 0.8 s of its lease is left.
+	got := stepOnce(t, x, first...)
+	for key, evs := range stepOnce(t, x, second...) {
+		got[key] = evs
+	}
+	for key, evs := range stepOnce(t, x, k) {
+		got[key] = evs
+	}
+	for key, evs := range stepUntil(t, x, 20*time.Second, "t_k/retried") {
+		got[key] = append(got[key], evs...)
+	}
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, got["t_k/retried"]); diff != "" {
+		t.Errorf("the retried call (-want +got):\n%s", diff)
+	}
+}

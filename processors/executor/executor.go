@@ -1390,7 +1390,13 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			break
 		}
 		attempt++
-		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, &sec, c)
+		// Nothing this claim sent may have reached the tool, and the
+		// call was not taken over: it can be given back if its wait for
+		// a slot takes its lease (attempt). Any other is sent with what
+		// is left, since its outcome is for a retry under its key, or
+		// the reconciler, to find.
+		givable := unknownErr == nil && !reclaimed
+		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, givable, &sec, c)
 		if err == nil {
 			return c.succeed(tool, attempt, resp, sec, false)
 		}
@@ -1455,18 +1461,17 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			}
 		}
 		lastErr = err
-		if again := x.cfg.Now().Add(x.cfg.RetryBackoff); errors.Is(err, errNoSlotInLease) && unknownErr == nil && !reclaimed &&
+		if again := x.cfg.Now().Add(x.cfg.RetryBackoff); errors.Is(err, errNoSlotInLease) &&
 			(rec.DeadlineAt.IsZero() && approvalHolds(&tmpl, again) || roomFor(rec, tmpl, again)) {
-			// Nothing this claim sent may have reached the tool, and
-			// only the claim's lease ran out waiting for a slot of the
-			// tool's bulkhead: the call is given back and claimed again
-			// with a lease of its own, here or by another executor,
-			// rather than sent too late or failed. Unlike an open
-			// breaker's, a bulkhead's backlog drains as its calls end
-			// (each within the tool's timeout), so a call without a
-			// deadline is given back too. A taken-over call is not: its
-			// first owner may have sent it, which a claim given back
-			// would forget.
+			// Only the claim's lease ran out waiting for a slot of the
+			// tool's bulkhead, for a call that may be given back
+			// (givable): it is, and claimed again with a lease of its
+			// own, here or by another executor, rather than sent too
+			// late or failed. Unlike an open breaker's, a bulkhead's
+			// backlog drains as its calls end (each within the tool's
+			// timeout), so a call without a deadline is given back too.
+			// A taken-over call is not: its first owner may have sent
+			// it, which a claim given back would forget.
 			return x.releaseClaim(ctx, c, log, refusal{reason: "bulkhead_full",
 				detail: fmt.Sprintf("no slot of %s's bulkhead within the claim's lease; nothing was sent", tool.Name)})
 		}
@@ -1893,7 +1898,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open, its credential's family was revoked or its signing key rotated since the claim, or its tool version is unknown here); claim given back, to be tried again", "reason", r.reason,
+	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, or its tool version is unknown here); claim given back, to be tried again", "reason", r.reason,
 		"detail", r.detail, "retry_after", rel.After)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}
@@ -2070,21 +2075,28 @@ func (s secrets) in(p, q []byte) bool {
 	return holds(s.bearer) || holds(s.backend) || slices.ContainsFunc(s.earlier, holds)
 }
 
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, sec *secrets, c *completion) (httptool.Response, error) {
+// attempt sends one attempt of the call, through its tenant's share of
+// the tool's bulkhead and its breaker (see secrets). givable: the call
+// may be given back (nothing of its claim may have reached the tool, and
+// it was not taken over); if so, and the wait for a slot takes the
+// claim's lease, the attempt is not sent and its error matches
+// errNoSlotInLease.
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, givable bool, sec *secrets, c *completion) (httptool.Response, error) {
 	left := func() time.Duration {
 		dl, _ := ctx.Deadline()
 		return time.Until(dl)
 	}
 	before := left()
+	givable = givable && x.leaseBound(rec)
 	release, err := x.acquire(ctx, g)
 	if err != nil {
-		if x.leaseBound(rec) && errors.Is(err, context.DeadlineExceeded) {
+		if givable && errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: %w", errNoSlotInLease, err)
 		}
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: err}
 	}
 	defer release()
-	if budget := min(tool.Timeout(), before); x.leaseBound(rec) && min(tool.Timeout(), left()) < budget/2 {
+	if budget := min(tool.Timeout(), before); givable && min(tool.Timeout(), left()) < budget/2 {
 		// The wait for a slot took more than half the time the claim's
 		// lease left the attempt: sent now, it would have a sliver of
 		// its timeout, and a tool slower than that would leave the
