@@ -28,6 +28,9 @@ type toolGuard struct {
 	inUse   int // slots held
 	share   int // the slots one tenant may hold while others use the tool
 	tenants map[string]*guard
+	// waiting are the tenants with calls queued for a slot: a slot is
+	// handed on among them alone, not among every tenant of the tool.
+	waiting map[*guard]struct{}
 	// queued numbers the calls queued for a slot, in the order they
 	// came: of the tenants equally served, the one whose first call
 	// came first goes first.
@@ -113,6 +116,7 @@ func (x *Executor) acquire(ctx context.Context, g *guard) (release func(), err e
 		tg.queued++
 		w := waiter{ready: make(chan struct{}), n: tg.queued}
 		el := g.waiting.PushBack(w)
+		tg.waiting[g] = struct{}{}
 		x.mu.Unlock()
 		select {
 		case <-w.ready:
@@ -125,6 +129,9 @@ func (x *Executor) acquire(ctx context.Context, g *guard) (release func(), err e
 				x.giveBack(g)
 			default:
 				g.waiting.Remove(el)
+				if g.waiting.Len() == 0 {
+					delete(tg.waiting, g)
+				}
 				x.mu.Unlock()
 			}
 			return nil, ctx.Err()
@@ -150,10 +157,10 @@ func (x *Executor) holdLocked(g *guard, now time.Time) {
 // the tenant that holds the fewest slots, of those equal the one queued
 // first.
 func (x *Executor) handOffLocked(tg *toolGuard, now time.Time) {
-	for tg.inUse < tg.size {
+	for tg.inUse < tg.size && len(tg.waiting) > 0 {
 		var next *guard
-		for _, g := range tg.tenants {
-			if g.waiting.Len() == 0 || !x.mayHoldLocked(g, now) {
+		for g := range tg.waiting {
+			if !x.mayHoldLocked(g, now) {
 				continue
 			}
 			if next == nil || g.held < next.held || g.held == next.held && first(g) < first(next) {
@@ -165,6 +172,9 @@ func (x *Executor) handOffLocked(tg *toolGuard, now time.Time) {
 		}
 		x.holdLocked(next, now)
 		close(next.waiting.Remove(next.waiting.Front()).(waiter).ready)
+		if next.waiting.Len() == 0 {
+			delete(tg.waiting, next)
+		}
 	}
 }
 
@@ -206,6 +216,7 @@ func (x *Executor) guard(tool *schemas.Tool, tenant string) *guard {
 			size:    n,
 			share:   max(1, int(float64(n)*x.cfg.TenantShare)),
 			tenants: make(map[string]*guard),
+			waiting: make(map[*guard]struct{}),
 		}
 		x.guards[tool.Name] = tg
 	}

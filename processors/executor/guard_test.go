@@ -214,10 +214,10 @@ func TestBulkheadQueueCancelLosesNoSlot(t *testing.T) {
 		}
 		x.mu.Lock()
 		held, q := g.held, g.waiting.Len()
-		inUse := g.tg.inUse
+		inUse, tenants := g.tg.inUse, len(g.tg.waiting)
 		x.mu.Unlock()
-		if held != 0 || q != 0 || inUse != 0 {
-			t.Fatalf("round %d: after all: %d held, %d queued, %d slots taken; want 0", round, held, q, inUse)
+		if held != 0 || q != 0 || inUse != 0 || tenants != 0 {
+			t.Fatalf("round %d: after all: %d held, %d queued, %d slots taken, %d tenants waiting; want 0", round, held, q, inUse, tenants)
 		}
 	}
 }
