@@ -460,7 +460,7 @@ func (j jwk) algorithm() (alg, skip string, err error) {
 			return "", "unknown alg", nil
 		case !slices.Contains(strings.Fields(fam), j.Kty):
 			return "", "", fmt.Errorf("kid %q: alg disagrees with key type %s", j.Kid, j.Kty)
-		case j.Alg != want && !(want == AlgEdDSA && j.Alg == "Ed25519"):
+		case j.Alg != want && !(want == AlgEdDSA && j.Alg == algEd25519):
 			return "", "unsupported alg", nil
 		}
 	}

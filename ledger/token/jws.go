@@ -284,6 +284,12 @@ func Verify(token string, o VerifyOptions, claims any) (Header, error) {
 		}
 		*m.dst = s
 	}
+	if h.Alg == algEd25519 {
+		// RFC 9864's fully specified name for EdDSA over Ed25519, the
+		// one curve an EdDSA key here can have (the key sets load such
+		// keys under it too): the same algorithm.
+		h.Alg = AlgEdDSA
+	}
 	if !algAllowed(h.Alg, o.Algorithms) {
 		return Header{}, fail(ReasonAlgNotAllowed, "alg is not in the allowlist")
 	}

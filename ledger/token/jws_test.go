@@ -479,6 +479,33 @@ func TestVerifyAcceptsOnlyTheAllowlistedMatchingAlg(t *testing.T) {
 	}
 }
 
+// A token whose header names EdDSA by RFC 9864's name for it over
+// Ed25519 verifies with an EdDSA key (a key set loads such a key under
+// either name): an identity provider that moved to the new name had
+// every token refused (alg_not_allowed) while its key set loaded.
+func TestVerifyEd25519AlgName(t *testing.T) {
+	t.Parallel()
+	keys := newTestKeys(t)
+	payload := mustJSON(t, validClaims())
+	tok := forge(t, `{"alg":"Ed25519","typ":"JWT","kid":"ed"}`, payload, with(t, keys.ed))
+	for _, allow := range [][]string{nil, {AlgEdDSA}} {
+		var c Claims
+		h, err := Verify(tok, VerifyOptions{Keys: keys.set, Algorithms: allow}, &c)
+		if err != nil {
+			t.Errorf("Verify(Ed25519 token, allow %q) = %v; want nil", allow, err)
+		} else if h.Alg != AlgEdDSA || c.Subject != validClaims().Subject {
+			t.Errorf("Verify(Ed25519 token) = header alg %q, subject %q; want %s and the token's", h.Alg, c.Subject, AlgEdDSA)
+		}
+	}
+	if _, err := verifyAndValidate(tok, VerifyOptions{Keys: keys.set, Algorithms: []string{AlgES256}}); ReasonOf(err) != ReasonAlgNotAllowed {
+		t.Errorf("Verify(Ed25519 token, allow ES256) = %v; want %s", err, ReasonAlgNotAllowed)
+	}
+	es := forge(t, `{"alg":"Ed25519","typ":"JWT","kid":"es"}`, payload, with(t, keys.ed))
+	if _, err := verifyAndValidate(es, VerifyOptions{Keys: keys.set}); ReasonOf(err) != ReasonAlgNotAllowed {
+		t.Errorf("Verify(Ed25519 token for the ES256 key's kid) = %v; want %s", err, ReasonAlgNotAllowed)
+	}
+}
+
 func TestValidateSkew(t *testing.T) {
 	t.Parallel()
 	skew := 30 * time.Second

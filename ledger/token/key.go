@@ -38,6 +38,9 @@ const (
 	AlgES256 = "ES256"
 	// AlgRS256 is RSASSA-PKCS1-v1_5 with SHA-256 (RFC 7518 §3.3).
 	AlgRS256 = "RS256"
+	// algEd25519 is RFC 9864's name for EdDSA over Ed25519, read as
+	// AlgEdDSA in key sets and token headers.
+	algEd25519 = "Ed25519"
 )
 
 // RSA modulus bounds. Below 2048 bits is weak (RFC 7518 §3.3 requires it);
