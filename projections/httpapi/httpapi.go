@@ -310,6 +310,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 				Message: "the bearer submits the calls of its own tenant alone, and the envelope names another; nothing was published"})
 			return
 		}
+		user := envelopeUser(env)
 		if s.cfg.Assertion != nil {
 			ea, err := s.cfg.Assertion(r.Context(), env.Assertion)
 			if err != nil {
@@ -322,8 +323,12 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 					Message: "the envelope's identity assertion is of another tenant than the bearer; nothing was published"})
 				return
 			}
+			// The call is the verified assertion's user's, whatever the
+			// scope claims (the intake refuses a scope that disagrees,
+			// under that user).
+			user = ea.User
 		}
-		if u := envelopeUser(env); waiting && u != "" && u != a.User {
+		if u := user; waiting && u != "" && u != a.User {
 			// Its call would be another user's, which the wait
 			// cannot see (forAgent): it would only run out.
 			writeError(w, http.StatusForbidden, apiError{Code: "user_mismatch", Pointer: "/assertion",

@@ -649,6 +649,8 @@ func TestSubmissionsAssertionCheckedBeforePublishing(t *testing.T) {
 				return httpapi.Agent{}, errors.New("expired")
 			case "tb.as.sertion":
 				return httpapi.Agent{Tenant: "t_b", User: "u1"}, nil
+			case "u2.as.sertion":
+				return httpapi.Agent{Tenant: "t_a", User: "u2"}, nil
 			}
 			return httpapi.Agent{Tenant: "t_a", User: "u1"}, nil
 		}
@@ -673,6 +675,17 @@ func TestSubmissionsAssertionCheckedBeforePublishing(t *testing.T) {
 				t.Errorf("POST%s of an envelope with assertion %s = %d %s; want %d %s", query, tc.assertion, resp.StatusCode, code, tc.status, tc.code)
 			}
 		}
+	}
+	// A wait on an envelope whose assertion is verified as another
+	// user's, whatever its scope says (here the bearer's user): the call
+	// would be that user's, which the wait cannot see.
+	var env map[string]any
+	_ = json.Unmarshal([]byte(withAssertion("u2.as.sertion")), &env)
+	env["scope"].(map[string]any)["user_id"] = "u1"
+	scoped, _ := json.Marshal(env)
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=5s", "Bearer agent-of-t_a/u1", string(scoped))
+	if code, _ := decodeErr(t, resp); resp.StatusCode != http.StatusForbidden || code != "user_mismatch" {
+		t.Errorf("POST ?wait as u1 of an envelope scoped to u1 with u2's assertion = %d %s; want 403 user_mismatch", resp.StatusCode, code)
 	}
 	if keys := pub.published(); len(keys) != 0 {
 		t.Fatalf("refused submissions published %v; want nothing", keys)
