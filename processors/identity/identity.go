@@ -388,8 +388,9 @@ func (v *Verifier) Keys() *token.KeySet { return v.keys.Load() }
 // are *token.Error: ReasonMissingAssertion for an empty assertion, a token
 // reason for anything wrong with the token or its claims,
 // ReasonLifetimeTooLong for one valid longer than Config.MaxLifetime, and
-// token.ReasonMissingClaim when sub, tenant or act is absent. ctx bounds a
-// key refresh this call may perform.
+// token.ReasonMissingClaim when sub, tenant or act is absent. One that
+// only a time bound refuses is wrapped in a *LapsedError, which says
+// whom it proves. ctx bounds a key refresh this call may perform.
 func (v *Verifier) Verify(ctx context.Context, assertion string) (Identity, error) {
 	id, _, err := v.VerifyUntil(ctx, assertion)
 	return id, err
@@ -406,9 +407,7 @@ func (v *Verifier) VerifyUntil(ctx context.Context, assertion string) (Identity,
 	if c.ExpiresAt != nil {
 		exp = c.ExpiresAt.Time
 	}
-	// Roles is cloned: the claims may be the cache's, shared with every
-	// later use of the same assertion.
-	return Identity{User: c.Subject, Agent: c.Act.Subject, Tenant: c.Tenant, Purpose: c.Purpose, Roles: slices.Clone(c.Roles)}, exp, nil
+	return identityOf(c), exp, nil
 }
 
 // claims verifies assertion and returns its claims.
@@ -448,18 +447,80 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 		}
 	}
 	now := v.cfg.Now()
-	if err := c.Validate(now, v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience); err != nil {
-		return Claims{}, err
-	}
-	if err := v.checkLifetime(c.Claims, now); err != nil {
-		return Claims{}, err
+	valid := c.Validate(now, v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience)
+	if valid != nil {
+		switch token.ReasonOf(valid) {
+		case token.ReasonIssuerMismatch, token.ReasonAudienceMismatch, token.ReasonMissingClaim:
+			return Claims{}, valid
+		}
+	} else {
+		valid = v.checkLifetime(c.Claims, now)
 	}
 	for _, m := range []struct{ name, value string }{{"sub", c.Subject}, {"tenant", c.Tenant}, {"act", c.Act.Subject}} {
 		if m.value == "" {
+			if valid != nil {
+				return Claims{}, valid
+			}
 			return Claims{}, &token.Error{Reason: token.ReasonMissingClaim, Detail: "no " + m.name}
 		}
 	}
+	if valid != nil {
+		return Claims{}, v.lapsed(c, now, valid)
+	}
 	return c, nil
+}
+
+// LapsedGrace is how far past the skew an assertion's time bounds may be
+// for it still to name whom its envelope's refusal is filed under
+// (LapsedError): one that expired on its way to the intake (a restart or
+// a rebalance in between), or whose start the intake's clock has not
+// reached yet, is refused where its sender and its tenant's operators can
+// see it. One further off may be one pasted in a ticket (or one minted
+// for much later, or for too long), and anyone holding it could file
+// refusals under its tenant: its refusals go under the reserved tenant,
+// as those of one that does not verify.
+const LapsedGrace = 5 * time.Minute
+
+// LapsedError is Verify's error for an assertion that verified (its
+// signature, issuer, audience and claims) and that only its time bounds
+// refuse now, by less than LapsedGrace past the skew: it expired, or is
+// not valid yet. Identity is whom it proves, for filing the refusal;
+// nothing else may act on it. Err is the *token.Error that refuses it.
+type LapsedError struct {
+	Identity Identity
+	Err      error
+}
+
+func (e *LapsedError) Error() string { return e.Err.Error() }
+
+func (e *LapsedError) Unwrap() error { return e.Err }
+
+// lapsed wraps err, which refuses the verified claims c at now for a time
+// bound, in a *LapsedError when it says whom c proves (see LapsedGrace).
+func (v *Verifier) lapsed(c Claims, now time.Time, err error) error {
+	bound := v.cfg.Skew + LapsedGrace
+	switch token.ReasonOf(err) {
+	case token.ReasonExpired:
+		if !now.Before(c.ExpiresAt.Add(bound)) {
+			return err
+		}
+	case token.ReasonNotYetValid:
+		for _, t := range []*token.NumericDate{c.NotBefore, c.IssuedAt} {
+			if t != nil && t.After(now.Add(bound)) {
+				return err
+			}
+		}
+	default:
+		return err
+	}
+	return &LapsedError{Identity: identityOf(c), Err: err}
+}
+
+// identityOf is the identity verified claims c assert.
+func identityOf(c Claims) Identity {
+	// Roles is cloned: the claims may be the cache's, shared with every
+	// later use of the same assertion.
+	return Identity{User: c.Subject, Agent: c.Act.Subject, Tenant: c.Tenant, Purpose: c.Purpose, Roles: slices.Clone(c.Roles)}
 }
 
 // checkLifetime refuses claims valid for longer than MaxLifetime. It runs

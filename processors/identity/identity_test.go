@@ -337,7 +337,16 @@ func TestVerifyRejections(t *testing.T) {
 		{"act a number", sign(t, key, TypeAssertion, map[string]any{"iss": testIssuer, "act": 7}), token.ReasonMalformedClaims},
 		{"act object without sub", sign(t, key, TypeAssertion, map[string]any{"iss": testIssuer, "act": map[string]any{"iss": "x"}}), token.ReasonMalformedClaims},
 		{"expired", sign(t, key, TypeAssertion, edit(func(c *Claims) { c.ExpiresAt = token.NewNumericDate(now.Add(-time.Minute)) })), token.ReasonExpired},
+		{"expired past the grace", sign(t, key, TypeAssertion, edit(func(c *Claims) {
+			c.ExpiresAt = token.NewNumericDate(now.Add(-DefaultSkew - LapsedGrace - time.Second))
+		})), token.ReasonExpired},
+		{"expired, no sub", sign(t, key, TypeAssertion, edit(func(c *Claims) {
+			c.ExpiresAt, c.Subject = token.NewNumericDate(now.Add(-time.Minute)), ""
+		})), token.ReasonExpired},
 		{"future nbf", sign(t, key, TypeAssertion, edit(func(c *Claims) { c.NotBefore = token.NewNumericDate(now.Add(time.Minute)) })), token.ReasonNotYetValid},
+		{"nbf past the grace", sign(t, key, TypeAssertion, edit(func(c *Claims) {
+			c.NotBefore = token.NewNumericDate(now.Add(DefaultSkew + LapsedGrace + time.Second))
+		})), token.ReasonNotYetValid},
 		{"wrong iss", sign(t, key, TypeAssertion, edit(func(c *Claims) { c.Issuer = "https://evil.example" })), token.ReasonIssuerMismatch},
 		{"foreign aud", sign(t, key, TypeAssertion, edit(func(c *Claims) { c.Audience = token.Audience{"billing"} })), token.ReasonAudienceMismatch},
 		{"no exp", sign(t, key, TypeAssertion, edit(func(c *Claims) { c.ExpiresAt = nil })), token.ReasonMissingClaim},
@@ -347,6 +356,9 @@ func TestVerifyRejections(t *testing.T) {
 		// A custom claim an issuer lets users set is not the tenant.
 		{"tenant spelt Tenant", sign(t, key, TypeAssertion, renamed("tenant", "Tenant")), token.ReasonMalformedClaims},
 	}
+	// Those only a time bound refuses say whom they prove (LapsedError):
+	// their envelopes' refusals are filed under it.
+	lapsed := map[string]bool{"expired": true, "future nbf": true}
 	accepted := 0
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -358,6 +370,13 @@ func TestVerifyRejections(t *testing.T) {
 			var te *token.Error
 			if !errors.As(err, &te) || te.Reason != tc.want {
 				t.Errorf("Verify() error = %v; want a *token.Error with reason %q", err, tc.want)
+			}
+			le, ok := errors.AsType[*LapsedError](err)
+			if ok != lapsed[tc.name] {
+				t.Errorf("Verify() error = %#v: a *LapsedError %v; want %v", err, ok, lapsed[tc.name])
+			}
+			if want := assertionClaims(now); ok && (le.Identity.User != want.Subject || le.Identity.Tenant != want.Tenant) {
+				t.Errorf("the lapsed assertion's identity %+v; want %s of %s", le.Identity, want.Subject, want.Tenant)
 			}
 		})
 	}

@@ -638,6 +638,14 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			detail = te.Detail
 		}
 		unverified := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: env.IdempotencyKey}
+		if lapsed, ok := errors.AsType[*identity.LapsedError](err); ok {
+			// Its signature proves whose it is, and only a time bound
+			// refuses it (one that expired on its way here, say): the
+			// refusal goes where its sender, and its tenant's
+			// operators, can see it.
+			return refuse(ledger.CallKey{TenantID: lapsed.Identity.Tenant, IdempotencyKey: env.IdempotencyKey}, lapsed.Identity,
+				ReasonAssertionPrefix+reason, "/assertion", detail)
+		}
 		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
 	}
 	if _, reserved := env.Key().Compensates(); reserved {

@@ -1648,3 +1648,40 @@ func TestIntakeDuplicateWithUnreadableEventsDoesNotFailTheBatch(t *testing.T) {
 		t.Errorf("the unreadable call: unlogged %v, %v; want left unlogged, for a build that reads it", rec.Unlogged(), err)
 	}
 }
+
+// An envelope whose assertion verifies but has expired (on its way to the
+// intake: a restart, a rebalance) is refused under the tenant and user its
+// signature proves, where its sender's wait and its tenant's operators
+// see the refusal; one that expired longer ago than identity.LapsedGrace
+// goes under the reserved tenant, as one that does not verify. Before,
+// both went there, and the sender's ?wait= ran out without a word.
+func TestLapsedAssertionRefusedWhereItsSenderSeesIt(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		late         time.Duration // the intake's clock ahead of the assertion's mint
+		tenant, user string
+	}{
+		{"expired a minute ago", 11 * time.Minute, "t_a", "u_1"},
+		{"expired an hour ago", 70 * time.Minute, ledger.UnverifiedTenant, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newIntakeWith(t, func(c *intake.Config) {
+				v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
+					Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(tc.late) }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Identity = v
+			})
+			out, err := f.in.Step(t.Context(), []*kgo.Record{f.envelopeRecord(t, "late", map[string]any{"title": "t"})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := events(t, out)
+			if len(evs) != 1 || evs[0].Reason != intake.ReasonAssertionPrefix+"expired" || evs[0].Seq != 0 ||
+				evs[0].TenantID != tc.tenant || evs[0].UserID != tc.user || evs[0].IdempotencyKey != "late" {
+				t.Fatalf("events %+v; want one refusal, assertion_expired, under %s/late for user %q", evs, tc.tenant, tc.user)
+			}
+		})
+	}
+}
