@@ -498,6 +498,10 @@ func (e *LapsedError) Unwrap() error { return e.Err }
 // lapsed wraps err, which refuses the verified claims c at now for a time
 // bound, in a *LapsedError when it says whom c proves (see LapsedGrace).
 func (v *Verifier) lapsed(c Claims, now time.Time, err error) error {
+	if v.checkLifetime(c.Claims, now) != nil {
+		// Minted for too long: never proof enough to file under.
+		return err
+	}
 	bound := v.cfg.Skew + LapsedGrace
 	switch token.ReasonOf(err) {
 	case token.ReasonExpired:

@@ -340,6 +340,9 @@ func TestVerifyRejections(t *testing.T) {
 		{"expired past the grace", sign(t, key, TypeAssertion, edit(func(c *Claims) {
 			c.ExpiresAt = token.NewNumericDate(now.Add(-DefaultSkew - LapsedGrace - time.Second))
 		})), token.ReasonExpired},
+		{"expired, valid for too long", sign(t, key, TypeAssertion, edit(func(c *Claims) {
+			c.IssuedAt, c.ExpiresAt = token.NewNumericDate(now.Add(-2*DefaultMaxLifetime)), token.NewNumericDate(now.Add(-time.Minute))
+		})), token.ReasonExpired},
 		{"expired, no sub", sign(t, key, TypeAssertion, edit(func(c *Claims) {
 			c.ExpiresAt, c.Subject = token.NewNumericDate(now.Add(-time.Minute)), ""
 		})), token.ReasonExpired},

@@ -642,9 +642,15 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			// Its signature proves whose it is, and only a time bound
 			// refuses it (one that expired on its way here, say): the
 			// refusal goes where its sender, and its tenant's
-			// operators, can see it.
-			return refuse(ledger.CallKey{TenantID: lapsed.Identity.Tenant, IdempotencyKey: env.IdempotencyKey}, lapsed.Identity,
-				ReasonAssertionPrefix+reason, "/assertion", detail)
+			// operators, can see it. Unless the key holds a call there
+			// (a copy of an envelope already admitted, sent again or
+			// redelivered after a crash): that call's events answer
+			// the sender, and a refusal under its key would read as
+			// its end.
+			key := ledger.CallKey{TenantID: lapsed.Identity.Tenant, IdempotencyKey: env.IdempotencyKey}
+			if _, err := p.cfg.Store.Get(ctx, key); errors.Is(err, processors.ErrNotFound) {
+				return refuse(key, lapsed.Identity, ReasonAssertionPrefix+reason, "/assertion", detail)
+			}
 		}
 		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
 	}

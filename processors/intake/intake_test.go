@@ -1653,27 +1653,42 @@ func TestIntakeDuplicateWithUnreadableEventsDoesNotFailTheBatch(t *testing.T) {
 // intake: a restart, a rebalance) is refused under the tenant and user its
 // signature proves, where its sender's wait and its tenant's operators
 // see the refusal; one that expired longer ago than identity.LapsedGrace
-// goes under the reserved tenant, as one that does not verify. Before,
-// both went there, and the sender's ?wait= ran out without a word.
+// goes under the reserved tenant, as one that does not verify, and so
+// does a copy of an envelope whose call its key already holds (sent
+// again, or redelivered after a crash): that call's events answer it,
+// and a refusal under its key would read as its end. Before, every such
+// refusal went under the reserved tenant, and the sender's ?wait= ran
+// out without a word.
 func TestLapsedAssertionRefusedWhereItsSenderSeesIt(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		late         time.Duration // the intake's clock ahead of the assertion's mint
+		admitted     bool          // a copy was admitted before it lapsed
 		tenant, user string
 	}{
-		{"expired a minute ago", 11 * time.Minute, "t_a", "u_1"},
-		{"expired an hour ago", 70 * time.Minute, ledger.UnverifiedTenant, ""},
+		{"expired a minute ago", 11 * time.Minute, false, "t_a", "u_1"},
+		{"expired an hour ago", 70 * time.Minute, false, ledger.UnverifiedTenant, ""},
+		{"expired a minute ago, its call admitted", 11 * time.Minute, true, ledger.UnverifiedTenant, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			var late time.Duration
 			f := newIntakeWith(t, func(c *intake.Config) {
 				v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
-					Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(tc.late) }})
+					Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(late) }})
 				if err != nil {
 					t.Fatal(err)
 				}
 				c.Identity = v
 			})
-			out, err := f.in.Step(t.Context(), []*kgo.Record{f.envelopeRecord(t, "late", map[string]any{"title": "t"})})
+			rec := f.envelopeRecord(t, "late", map[string]any{"title": "t"})
+			if tc.admitted {
+				// Admitted, and its transaction lost: redelivered.
+				if _, err := f.in.Step(t.Context(), []*kgo.Record{rec}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			late = tc.late
+			out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
 			if err != nil {
 				t.Fatal(err)
 			}
