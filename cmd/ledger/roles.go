@@ -777,6 +777,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					apiDrained <- drained
 				}
 				rf.obs.metrics.Unknown(rc.Unknown)
+				rf.obs.metrics.Parked(rc.Parked)
 				ids, err := g.kafka.loopIDs("reconciler", rf.instance)
 				if err != nil {
 					return nil, err

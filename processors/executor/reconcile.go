@@ -263,11 +263,13 @@ type Reconciler struct {
 	// sweepLimit bounds the calls one sweep lists in a status.
 	sweepLimit int
 
-	// unknown is what the last sweep saw of the oldest calls in
-	// outcome_unknown.
+	// unknown and parked are what the last sweep saw of the oldest
+	// calls in outcome_unknown and parked.
 	mu            sync.Mutex
 	unknown       int
 	oldestUnknown time.Time
+	parked        int
+	oldestParked  time.Time
 	// failing is, for the calls whose lookups have not answered since,
 	// when this reconciler first saw them fail (or be held off): a call
 	// is parked only once they have failed here for UnansweredFor, so
@@ -307,6 +309,18 @@ func (r *Reconciler) Unknown() (n int, oldest time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.unknown, r.oldestUnknown
+}
+
+// Parked reports the calls parked at the last sweep (at most the sweep's
+// limit), each waiting for a human or for the compensation a policy
+// asked for, and since when the oldest of them has been parked; the zero
+// time when there were none. A call whose lookups do not answer leaves
+// outcome_unknown for parked after UnansweredFor: only this says it
+// still waits.
+func (r *Reconciler) Parked() (n int, oldest time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.parked, r.oldestParked
 }
 
 // NewReconciler validates cfg and returns a reconciler.
@@ -464,10 +478,18 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 				return ledger.Output{}, fmt.Errorf("sweep unknown outcomes: %w", err)
 			}
 		}
+		parked, err := r.cfg.Store.ByStatusAfter(ctx, processors.StatusParked, processors.Cursor{}, r.sweepLimit)
+		if err != nil {
+			return ledger.Output{}, fmt.Errorf("sweep parked calls: %w", err)
+		}
 		r.mu.Lock()
 		r.unknown, r.oldestUnknown = len(oldest), time.Time{}
 		if len(oldest) > 0 {
 			r.oldestUnknown = oldest[0].UpdatedAt
+		}
+		r.parked, r.oldestParked = len(parked), time.Time{}
+		if len(parked) > 0 {
+			r.oldestParked = parked[0].UpdatedAt
 		}
 		r.mu.Unlock()
 		for _, rec := range unknown {

@@ -578,6 +578,9 @@ func TestReconcileSweepPassEnds(t *testing.T) {
 	if n, at := rc.Unknown(); n != 2 || !at.Equal(oldest(held1)) {
 		t.Errorf("after the first sweep: Unknown() = %d, %v; want 2 since held-1's update", n, at)
 	}
+	if n, at := rc.Parked(); n != 0 || !at.IsZero() {
+		t.Errorf("after the first sweep: Parked() = %d, %v; want none", n, at)
+	}
 	// Two more go outcome_unknown during the pass; the oldest is
 	// resolved by hand; the clock passes UnansweredFor.
 	for _, k := range []string{"new-1", "new-2"} {
@@ -602,6 +605,11 @@ func TestReconcileSweepPassEnds(t *testing.T) {
 	// again from the oldest.
 	if diff := cmp.Diff([]string{"held-2"}, parked()); diff != "" {
 		t.Errorf("third sweep, back at the oldest (-want +got):\n%s", diff)
+	}
+	// Parked, they leave outcome_unknown's gauge for the parked calls'
+	// (as the third sweep began: new-1 and new-2).
+	if n, at := rc.Parked(); n != 2 || !at.Equal(oldest(ledger.CallKey{TenantID: "t_a", IdempotencyKey: "new-1"})) && !at.Equal(oldest(ledger.CallKey{TenantID: "t_a", IdempotencyKey: "new-2"})) {
+		t.Errorf("after the third sweep: Parked() = %d, %v; want 2, since new-1's or new-2's park", n, at)
 	}
 }
 

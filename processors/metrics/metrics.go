@@ -327,9 +327,24 @@ func (r *Registry) Bulkheads(tools func() map[string]Bulkhead, inFlight func() (
 // up to the sweep's limit) and the age of the oldest
 // (ledger_outcome_unknown_oldest_age_seconds, 0 when none).
 func (r *Registry) Unknown(seen func() (n int, oldest time.Time)) {
+	r.oldest(seen, "ledger_outcome_unknown", "in outcome_unknown", "has been so")
+}
+
+// Parked reports, at each scrape, the parked calls as the reconciler last
+// saw them, each waiting for a human or for the compensation a policy
+// asked for: how many (ledger_parked_calls, up to the sweep's limit) and
+// how long the oldest has been parked (ledger_parked_oldest_age_seconds,
+// 0 when none).
+func (r *Registry) Parked(seen func() (n int, oldest time.Time)) {
+	r.oldest(seen, "ledger_parked", "parked", "has been parked")
+}
+
+// oldest reports the calls of a status that seen counts, as
+// <prefix>_calls and <prefix>_oldest_age_seconds.
+func (r *Registry) oldest(seen func() (n int, oldest time.Time), prefix, in, since string) {
 	labels := prometheus.Labels{"role": r.role}
-	count := prometheus.NewDesc("ledger_outcome_unknown_calls", "Calls in outcome_unknown at the reconciler's last sweep (at most its sweep limit).", nil, labels)
-	age := prometheus.NewDesc("ledger_outcome_unknown_oldest_age_seconds", "How long the oldest call in outcome_unknown has been so; 0 when none.", nil, labels)
+	count := prometheus.NewDesc(prefix+"_calls", "Calls "+in+" at the reconciler's last sweep (at most its sweep limit).", nil, labels)
+	age := prometheus.NewDesc(prefix+"_oldest_age_seconds", "How long the oldest call "+in+" "+since+"; 0 when none.", nil, labels)
 	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
 		n, oldest := seen()
 		a := 0.0

@@ -3,6 +3,7 @@ package metrics
 import (
 	"fmt"
 	"iter"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,4 +176,36 @@ func BenchmarkEventCounters(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestOldestGauges: the reconciler's gauges of the calls in
+// outcome_unknown and of the parked ones, each a count and the age of the
+// oldest (0 when none), under the process's role.
+func TestOldestGauges(t *testing.T) {
+	r := New("reconciler", nil)
+	r.Unknown(func() (int, time.Time) { return 0, time.Time{} })
+	since := time.Now().Add(-time.Hour)
+	r.Parked(func() (int, time.Time) { return 3, since })
+	fams, err := r.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		if !strings.HasPrefix(f.GetName(), "ledger_outcome_unknown_") && !strings.HasPrefix(f.GetName(), "ledger_parked_") {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetValue() != "reconciler" {
+				t.Errorf("%s labels %v; want role reconciler alone", f.GetName(), m.GetLabel())
+			}
+			got[f.GetName()] = m.GetGauge().GetValue()
+		}
+	}
+	if got["ledger_outcome_unknown_calls"] != 0 || got["ledger_outcome_unknown_oldest_age_seconds"] != 0 {
+		t.Errorf("outcome_unknown gauges with none: %v; want 0 and 0", got)
+	}
+	if age := got["ledger_parked_oldest_age_seconds"]; got["ledger_parked_calls"] != 3 || age < 3600 || age > 3700 {
+		t.Errorf("parked gauges: %v; want 3 calls, the oldest an hour old", got)
+	}
 }
