@@ -275,7 +275,7 @@ func TestHTTPTLSConfigErrors(t *testing.T) {
 // TestHTTPTLSProjectorEnv runs the real `ledger projector` configured
 // only through LEDGER_* variables, TLS and mutual TLS included, and checks
 // that its /healthz is served over TLS to a client with a certificate, and
-// to nobody else.
+// to nobody else, and its /metrics.
 func TestHTTPTLSProjectorEnv(t *testing.T) {
 	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
 	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
@@ -318,6 +318,17 @@ func TestHTTPTLSProjectorEnv(t *testing.T) {
 	})
 	if body, _, err := fetch(httpsClient(pki.Pool), url); err == nil {
 		t.Errorf("healthz without a client certificate = %q; want refused", body)
+	}
+	// Its metrics carry role, as the other roles' do, and the runtime's
+	// and the process's series follow them.
+	body, _, err := fetch(withCert, "https://"+addr+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`ledger_projector_written_records_total{role="projector"}`, "\ngo_goroutines ", "\nprocess_resident_memory_bytes "} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the projector's /metrics lacks %q", want)
+		}
 	}
 	if body, _, err := fetch(http.DefaultClient, "http://"+addr+"/healthz"); err == nil {
 		t.Errorf("healthz over plain HTTP = %q; want an error", body)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/projector"
 )
@@ -70,7 +71,7 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			grp, ctx := errgroup.WithContext(ctx)
 			if metricsAddr != "" {
 				mux := http.NewServeMux()
-				mux.Handle("GET /metrics", p)
+				mux.Handle("GET /metrics", metrics.Runtime(p))
 				if idf.issuer != "" {
 					staff, err := idf.verifier(ctx, logger)
 					if err != nil {

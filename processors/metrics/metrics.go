@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -131,6 +132,28 @@ func (r *Registry) Handler() http.Handler {
 
 // Gatherer is the registry, for tests and for serving elsewhere.
 func (r *Registry) Gatherer() prometheus.Gatherer { return r.reg }
+
+// Runtime serves the Go runtime's series and the process's (go_*,
+// process_*), which a Registry serves besides its own, after those that
+// own writes in the Prometheus text format: for a process whose metrics
+// are its own (the projector's).
+func Runtime(own http.Handler) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		own.ServeHTTP(w, req)
+		fams, err := reg.Gather()
+		if err != nil {
+			return // the own series are served; these are best effort
+		}
+		enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
+		for _, f := range fams {
+			if enc.Encode(f) != nil {
+				return
+			}
+		}
+	})
+}
 
 // Committed counts a committed transaction: the records it consumed and
 // the events it appended. It implements ledger.LoopMetrics.

@@ -126,8 +126,10 @@ func (p *Projector) writeMetrics(w *bufio.Writer) {
 	header := func(name, typ, help string) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 	}
+	// Every series carries role, as the other roles' do.
+	const role = `role="projector"`
 	labels := func(pl PartitionLag) string {
-		return `{topic="` + escapeLabel(pl.Topic) + `",partition="` + strconv.Itoa(int(pl.Partition)) + `"}`
+		return `{` + role + `,topic="` + escapeLabel(pl.Topic) + `",partition="` + strconv.Itoa(int(pl.Partition)) + `"}`
 	}
 
 	header("ledger_projector_lag_records", "gauge", "Records (transaction markers included) between the group's committed offset and the high watermark, per assigned partition.")
@@ -151,17 +153,17 @@ func (p *Projector) writeMetrics(w *bufio.Writer) {
 		{"ledger_projector_gaps_total", "Partitions found to have lost records to retention before they were projected; the projector stops at each.", m.Gaps},
 	} {
 		header(c.name, "counter", c.help)
-		fmt.Fprintf(w, "%s %d\n", c.name, c.v)
+		fmt.Fprintf(w, "%s{%s} %d\n", c.name, role, c.v)
 	}
 
 	const name = "ledger_projector_latency_seconds"
 	header(name, "histogram", "Time from an event's append to the return of the write that projected it.")
 	p.latency.eachBucket(func(le time.Duration, cumulative uint64) {
-		fmt.Fprintf(w, "%s_bucket{le=\"%s\"} %d\n", name, formatFloat(le.Seconds()), cumulative)
+		fmt.Fprintf(w, "%s_bucket{%s,le=\"%s\"} %d\n", name, role, formatFloat(le.Seconds()), cumulative)
 	})
-	fmt.Fprintf(w, "%s_bucket{le=\"+Inf\"} %d\n", name, p.latency.Count())
-	fmt.Fprintf(w, "%s_sum %s\n", name, formatFloat(p.latency.Sum().Seconds()))
-	fmt.Fprintf(w, "%s_count %d\n", name, p.latency.Count())
+	fmt.Fprintf(w, "%s_bucket{%s,le=\"+Inf\"} %d\n", name, role, p.latency.Count())
+	fmt.Fprintf(w, "%s_sum{%s} %s\n", name, role, formatFloat(p.latency.Sum().Seconds()))
+	fmt.Fprintf(w, "%s_count{%s} %d\n", name, role, p.latency.Count())
 }
 
 func formatFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

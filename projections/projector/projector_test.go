@@ -1084,6 +1084,9 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("line does not parse: %q", line)
 			continue
 		}
+		if !strings.Contains(m[2], `role="projector"`) {
+			t.Errorf("line %q: no role label; want role=\"projector\", as the other roles' series", line)
+		}
 		v, err := strconv.ParseFloat(m[4], 64)
 		if err != nil {
 			t.Errorf("line %q: value: %v", line, err)
