@@ -48,6 +48,12 @@ func (f *staffFlags) register(cmd *cobra.Command) {
 	fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
 }
 
+// approverAgent is the agent of the dev assertions that staff commands
+// and ledger token --approver mint: not ledger submit's (agent_cli), for
+// the approval queue refuses an approver acting through the agent that
+// requested the call.
+const approverAgent = "approver_cli"
+
 // bearer returns the approver's assertion.
 func (f *staffFlags) bearer() (string, error) {
 	if f.assertion != "" {
@@ -57,7 +63,7 @@ func (f *staffFlags) bearer() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("no --assertion, and %v", err)
 	}
-	return iss.Mint(identity.Identity{Tenant: f.tenant, User: f.user, Agent: "approver_cli", Roles: []string{"approver", "operator"}}, identity.ApproverAudience, 5*time.Minute)
+	return iss.Mint(identity.Identity{Tenant: f.tenant, User: f.user, Agent: approverAgent, Roles: []string{"approver", "operator"}}, identity.ApproverAudience, 5*time.Minute)
 }
 
 // call makes one API request as the approver and decodes the answer.

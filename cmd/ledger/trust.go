@@ -273,6 +273,13 @@ func newTokenCmd(g *globals) *cobra.Command {
 				// only, and the queue takes no other.
 				id.Roles = append(id.Roles, "approver")
 				audience = identity.ApproverAudience
+				if !cmd.Flags().Changed("agent") {
+					// Not the agent ledger submit's calls are made
+					// through: the queue refuses an approver acting
+					// through the agent that requested the call
+					// (self_approval), as ledger approvals' agent.
+					id.Agent = approverAgent
+				}
 			}
 			if ttl > identity.DefaultMaxLifetime {
 				// Not refused: an intake may be run with a longer
@@ -294,7 +301,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 	ignoreEnv(fs, "data-dir")
 	fs.StringVar(&id.Tenant, "tenant", "t_demo", "tenant claim")
 	fs.StringVar(&id.User, "user", "u_demo", "subject (the user)")
-	fs.StringVar(&id.Agent, "agent", "agent_cli", "actor (the agent)")
+	fs.StringVar(&id.Agent, "agent", "agent_cli", "actor (the agent); with --approver, "+approverAgent+" unless set (an approver may not decide a call requested through its own agent)")
 	fs.StringVar(&id.Purpose, "purpose", "", "purpose claim")
 	fs.StringVar(&roles, "roles", "", "roles, comma separated")
 	fs.BoolVar(&approver, "approver", false, "mint an approver's assertion (the approver role, for the approval queue's audience)")

@@ -287,3 +287,34 @@ func TestSyncedDeciderDecidesWithTheActivation(t *testing.T) {
 		t.Errorf("the next decision after the activation: %+v; want denied by v2", dec)
 	}
 }
+
+// ledger token --approver mints for another agent than ledger submit's
+// (agent_cli), unless --agent says otherwise: the approval queue refuses
+// an approver acting through the agent that requested the call
+// (self_approval), and the README's dev approver, minted so, could
+// approve none of the calls submitted with ledger submit.
+func TestTokenApproverAgent(t *testing.T) {
+	dir := t.TempDir()
+	devIssuerKeys(t, dir)
+	agentOf := func(args ...string) string {
+		t.Helper()
+		tok := strings.TrimSpace(cli(t, append([]string{"token", "--data-dir", dir, "--user", "u_boss"}, args...)...))
+		var c identity.Claims
+		if err := token.Unverified(tok, &c); err != nil {
+			t.Fatal(err)
+		}
+		return c.Act.Subject
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "agent_cli"},
+		{[]string{"--approver"}, approverAgent},
+		{[]string{"--approver", "--agent", "agent_x"}, "agent_x"},
+	} {
+		if got := agentOf(tc.args...); got != tc.want || (len(tc.args) > 0 && got == "agent_cli") {
+			t.Errorf("ledger token %v: agent %q; want %q", tc.args, got, tc.want)
+		}
+	}
+}
