@@ -77,7 +77,7 @@ func newControlCmd(g *globals) *cobra.Command {
 	revoke := action("revoke", "Revoke a credential (--jti) or a credential family (--family): tools refuse it at once", "/v1/control/revoke", func() map[string]string {
 		return map[string]string{"jti": jti, "family": family, "reason": reason}
 	})
-	revoke.Flags().StringVar(&jti, "jti", "", "one credential's id: a call keeps its jti over all its executions, so this stops every credential of that call, for good (a call taken over is then not sent again: outcome_unknown, for the reconciler)")
+	revoke.Flags().StringVar(&jti, "jti", "", "one credential's id: a call keeps its jti over all its executions, so this stops every credential of that call, for good (a call taken over is then not sent again: outcome_unknown, for the reconciler); a platform operator's alone (--tenant '*'): a tenant's operator revokes the family")
 	revoke.Flags().StringVar(&family, "family", "", "a credential family (<tool>:<tenant>:<key epoch>, as on the events)")
 	show := &cobra.Command{
 		Use:   "show",
