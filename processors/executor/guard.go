@@ -117,6 +117,11 @@ func (x *Executor) acquire(ctx context.Context, g *guard) (release func(), err e
 		w := waiter{ready: make(chan struct{}), n: tg.queued}
 		el := g.waiting.PushBack(w)
 		tg.waiting[g] = struct{}{}
+		// A call that waits for a slot uses the tool: its tenant is one
+		// of those the others leave slots for. One only claimed is not
+		// (given back for its tenant's open breaker, say): it does not
+		// hold the tenants that do call the tool to their shares.
+		tg.used(g.tenant, now)
 		x.mu.Unlock()
 		select {
 		case <-w.ready:
@@ -230,9 +235,6 @@ func (x *Executor) guard(tool *schemas.Tool, tenant string) *guard {
 	}
 	g.users++
 	g.lastUsed = now
-	// A call that waits counts as using the tool: its tenant is one of
-	// those the others leave slots for.
-	tg.used(tenant, now)
 	return g
 }
 

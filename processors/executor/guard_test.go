@@ -21,8 +21,35 @@ func newGuarded(t testing.TB, slots int, tenant string) (*Executor, *guard) {
 	x := newExecutor(cfg)
 	tool := &schemas.Tool{Name: "tool", MaxConcurrency: slots}
 	g := x.guard(tool, tenant)
-	x.guard(tool, "t_other")
+	release, err := x.acquire(t.Context(), x.guard(tool, "t_other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
 	return x, g
+}
+
+// A tenant whose calls were only claimed, none of them sent nor waiting
+// for a slot (given back for its open breaker, say), does not hold the
+// tenant that calls the tool to its share: that one, alone in using the
+// tool, takes every slot. Before, a claim counted as a use, and a tenant
+// whose breaker was open kept the others to a quarter of the bulkhead.
+func TestClaimedOnlyTenantLeavesTheBulkheadWhole(t *testing.T) {
+	cfg := Config{}
+	cfg.setDefaults()
+	x := newExecutor(cfg)
+	tool := &schemas.Tool{Name: "tool", MaxConcurrency: 4} // a share of 1
+	a := x.guard(tool, "t_a")
+	x.guard(tool, "t_b") // claimed, never attempted
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	for i := range 4 {
+		release, err := x.acquire(ctx, a)
+		if err != nil {
+			t.Fatalf("t_a's slot %d: %v; want every slot, t_b having sent nothing", i+1, err)
+		}
+		defer release()
+	}
 }
 
 // queued returns how many calls wait for g's share.
