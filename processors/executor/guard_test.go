@@ -11,15 +11,20 @@ import (
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
+// newBulkhead returns an executor with defaults and a tool whose
+// bulkhead has slots slots.
+func newBulkhead(slots int) (*Executor, *schemas.Tool) {
+	cfg := Config{}
+	cfg.setDefaults()
+	return newExecutor(cfg), &schemas.Tool{Name: "tool", MaxConcurrency: slots}
+}
+
 // newGuarded returns an executor with defaults and tenant's guard of a
 // tool whose bulkhead has slots slots. Another tenant has just used the
 // tool, so tenant is held to its share: max(1, slots/4).
 func newGuarded(t testing.TB, slots int, tenant string) (*Executor, *guard) {
 	t.Helper()
-	cfg := Config{}
-	cfg.setDefaults()
-	x := newExecutor(cfg)
-	tool := &schemas.Tool{Name: "tool", MaxConcurrency: slots}
+	x, tool := newBulkhead(slots)
 	g := x.guard(tool, tenant)
 	release, err := x.acquire(t.Context(), x.guard(tool, "t_other"))
 	if err != nil {
@@ -35,10 +40,7 @@ func newGuarded(t testing.TB, slots int, tenant string) (*Executor, *guard) {
 // tool, takes every slot. Before, a claim counted as a use, and a tenant
 // whose breaker was open kept the others to a quarter of the bulkhead.
 func TestClaimedOnlyTenantLeavesTheBulkheadWhole(t *testing.T) {
-	cfg := Config{}
-	cfg.setDefaults()
-	x := newExecutor(cfg)
-	tool := &schemas.Tool{Name: "tool", MaxConcurrency: 4} // a share of 1
+	x, tool := newBulkhead(4) // a share of 1
 	a := x.guard(tool, "t_a")
 	x.guard(tool, "t_b") // claimed, never attempted
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
@@ -124,10 +126,7 @@ func TestBulkheadQueueFirstComeFirstServed(t *testing.T) {
 // waited for the whole burst: with a tool that hangs, a timeout per slot
 // of it.
 func TestBulkheadNewTenantNotBehindAQueue(t *testing.T) {
-	cfg := Config{}
-	cfg.setDefaults()
-	x := newExecutor(cfg)
-	tool := &schemas.Tool{Name: "tool", MaxConcurrency: 4} // a share of 1
+	x, tool := newBulkhead(4) // a share of 1
 	a := x.guard(tool, "t_a")
 	var releases []func()
 	for range 4 {
