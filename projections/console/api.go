@@ -39,6 +39,10 @@ const (
 // httpapi.HeaderRefusalsLimitReached.
 const headerRefusalsLimitReached = "X-Refusals-Limit-Reached"
 
+// headerLimitReached, on a list of calls, says that it holds as many as
+// it may (its limit): more match than it lists.
+const headerLimitReached = "X-Limit-Reached"
+
 // apiApprovalPath is the approval API's path of one approval.
 func apiApprovalPath(id string) string { return pathApprovals + "/" + url.PathEscape(id) }
 

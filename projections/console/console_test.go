@@ -663,6 +663,22 @@ func TestRootAndAssets(t *testing.T) {
 	}
 }
 
+// The unresolved calls' list, cut at its limit (the API's
+// X-Limit-Reached: in the fake, across tenants), says so: its newest
+// calls, an incident's, are those left out. Before, the page showed the
+// oldest 1000 as if they were all.
+func TestUnresolvedCutSaysSo(t *testing.T) {
+	fx := newFixture(t)
+	b := fx.signedIn(assertPlatform)
+	const notice = "More calls wait than the ledger lists at once"
+	if body := b.get("/calls").Body.String(); !strings.Contains(body, notice) || !strings.Contains(body, `<span class="count">3+</span>`) {
+		t.Errorf("GET /calls, its list cut, lacks %q or its count's +:\n%s", notice, body)
+	}
+	if body := b.get("/calls?tenant=acme").Body.String(); strings.Contains(body, notice) {
+		t.Errorf("GET /calls?tenant=acme, its list whole, says %q", notice)
+	}
+}
+
 func TestPagesRender(t *testing.T) {
 	fx := newFixture(t)
 	b := fx.signedIn(assertPlatform)

@@ -452,6 +452,10 @@ func newFakeAPI() *fakeAPI {
 	m.HandleFunc("GET /v1/unresolved", func(w http.ResponseWriter, r *http.Request) {
 		parked := callOf(keyUnknown, statemachine.StateOutcomeUnknown, t0.Add(-20*time.Minute))
 		parked.LastEvent = statemachine.EventParked
+		if r.URL.Query().Get(projections.ParamAllTenants) == "true" {
+			// Across tenants, more wait than the list holds.
+			w.Header().Set(headerLimitReached, "true")
+		}
 		writeJSON(w, http.StatusOK, []projections.Call{
 			parked,
 			callOf(keyHostile, statemachine.StateOutcomeUnknown, t0.Add(-15*time.Minute)),

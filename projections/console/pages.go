@@ -221,7 +221,9 @@ type callsPage struct {
 	Unresolved      []callRow
 	UnresolvedErr   string
 	UnresolvedScope string
-	Back            string
+	// UnresolvedMore: more calls wait than the list holds (the oldest).
+	UnresolvedMore bool
+	Back           string
 }
 
 func (c *Console) serveCalls(w http.ResponseWriter, r *http.Request, s *session) {
@@ -265,8 +267,10 @@ func (c *Console) serveCalls(w http.ResponseWriter, r *http.Request, s *session)
 		p.UnresolvedScope = "tenant " + s.id.Tenant
 	}
 	var unresolved []projections.Call
-	if _, err := c.call(r, s, http.MethodGet, pathUnresolved, uq, nil, &unresolved); err != nil {
+	if _, h, err := c.callHeader(r, s, http.MethodGet, pathUnresolved, uq, nil, &unresolved); err != nil {
 		p.UnresolvedErr = describe(err)
+	} else {
+		p.UnresolvedMore = h.Get(headerLimitReached) == "true"
 	}
 	p.Unresolved = c.callRows(unresolved, now)
 	c.render(w, r, s, "calls", "Calls", p)
