@@ -1315,6 +1315,28 @@ func TestFlattenArgs(t *testing.T) {
 	}
 }
 
+// A value whose spaces a page would not show as they are (at either
+// end, or two in a row, which HTML collapses) shows them as \u0020, and
+// counts as hidden, so that the approval page offers no approval of
+// what it does not show: "ACME  Corp" read as the vendor "ACME Corp".
+// One space between words is shown as it is.
+func TestFlattenArgsSpaces(t *testing.T) {
+	rows, _, err := flattenArgs([]byte(`{"a":"ACME  Corp","b":"ACME Corp ","c":" ACME","d":"ACME Corp","e":"  "}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []argRow{
+		{Pointer: "/a", Value: `ACME\u0020\u0020Corp`, Hidden: true},
+		{Pointer: "/b", Value: `ACME Corp\u0020`, Hidden: true},
+		{Pointer: "/c", Value: `\u0020ACME`, Hidden: true},
+		{Pointer: "/d", Value: "ACME Corp"},
+		{Pointer: "/e", Value: `\u0020\u0020`, Hidden: true},
+	}
+	if d := cmp.Diff(want, rows); d != "" {
+		t.Errorf("flattenArgs (-want +got):\n%s", d)
+	}
+}
+
 // Behind a proxy that terminates TLS, SecureCookies marks the cookies
 // Secure and sends HSTS on plain HTTP requests too.
 func TestSecureCookiesBehindAProxy(t *testing.T) {

@@ -138,7 +138,7 @@ func (c *Console) serveApproval(w http.ResponseWriter, r *http.Request, s *sessi
 	case len(rows) == 0:
 		p.NotShown = "it has no arguments to show"
 	case slices.ContainsFunc(rows, func(r argRow) bool { return r.Hidden }):
-		p.NotShown = `some of its arguments hold characters that do not show on a page as they are (direction overrides, zero-width or control characters: shown above as \u escapes), so what the page shows is not what would be approved`
+		p.NotShown = `some of its arguments hold characters that do not show on a page as they are (direction overrides, zero-width or control characters, spaces at either end or in a row, which a page collapses: shown above as \u escapes), so what the page shows is not what would be approved`
 	}
 	c.render(w, r, s, "approval", "Approval "+a.Tool, p)
 }

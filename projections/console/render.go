@@ -253,23 +253,31 @@ type argRow struct {
 // format character, a control character, a space other than ASCII's, or
 // one drawn as nothing: report.Invisible) written as a \u escape, and
 // whether there was one. html/template escapes markup, not these: "\u202e4321-8765" shows as 5678-1234, and
-// an approver would approve what it does not see.
+// an approver would approve what it does not see. An ASCII space at
+// either end, or next to another, is one of them too: a page collapses
+// "ACME  Corp" into "ACME Corp" and drops "ACME Corp "'s last.
 func visible(s string) (string, bool) {
-	if strings.IndexFunc(s, notShown) < 0 {
+	if strings.IndexFunc(s, notShown) < 0 && !strings.HasPrefix(s, " ") && !strings.HasSuffix(s, " ") && !strings.Contains(s, "  ") {
 		return s, false
 	}
 	var b strings.Builder
-	for _, r := range s {
+	hidden := false
+	for i, r := range s {
 		switch {
+		case r == ' ' && (i == 0 || i == len(s)-1 || s[i-1] == ' ' || s[i+1] == ' '):
+			b.WriteString(`\u0020`)
+			hidden = true
 		case !notShown(r):
 			b.WriteRune(r)
 		case r > 0xFFFF:
 			fmt.Fprintf(&b, "\\U%08x", r)
+			hidden = true
 		default:
 			fmt.Fprintf(&b, "\\u%04x", r)
+			hidden = true
 		}
 	}
-	return b.String(), true
+	return b.String(), hidden
 }
 
 func notShown(r rune) bool { return report.Invisible(r) }
