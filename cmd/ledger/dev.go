@@ -293,7 +293,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 	undo, err := compensation.New(compensation.Config{
 		Store: st, Registry: reg, Intake: submitter, Publisher: events, Identity: staff, Topics: topics,
-		Logger: logger.With("component", "compensation"),
+		Logger: logger.With("component", "compensation"), Landing: undoLanding,
 	})
 	if err != nil {
 		return err

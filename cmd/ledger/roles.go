@@ -417,6 +417,11 @@ func drainCalls(ctx context.Context, drain func(context.Context) error, logger *
 	}
 }
 
+// undoLanding is compensation.Config.Landing: how long after a call went
+// outcome_unknown its last attempt may still reach its tool, as the
+// reconciler reckons it for its own compensations.
+func undoLanding(t *schemas.Tool) time.Duration { return executor.Landing(t, credentials.DefaultSkew) }
+
 // drainTimeout bounds how long a stopping executor waits for its calls
 // still running to record their outcomes; what is left then is reclaimed
 // when its lease expires, as after a crash.
@@ -714,7 +719,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						return fmt.Errorf("the operators' API's requests in progress: %w", ctx.Err())
 					}
 				}
-				undo, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Topics: g.kafka.topics(), Logger: logger})
+				undo, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Topics: g.kafka.topics(), Logger: logger, Landing: undoLanding})
 				if err != nil {
 					return nil, err
 				}
@@ -739,7 +744,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					if err != nil {
 						return nil, err
 					}
-					undoAPI, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Identity: staff, Topics: g.kafka.topics(), Logger: logger})
+					undoAPI, err := compensation.New(compensation.Config{Store: st, Registry: reg, Intake: submitter, Publisher: events, Identity: staff, Topics: g.kafka.topics(), Logger: logger, Landing: undoLanding})
 					if err != nil {
 						return nil, err
 					}

@@ -13,9 +13,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -54,6 +57,24 @@ var (
 	// MaxReasonBytes.
 	ErrInvalidReason error = terminalError("compensation: invalid reason")
 )
+
+// ErrMayStillLand: the call's outcome went unknown so recently that its
+// last attempt may still reach the tool (Config.Landing): an undo sent
+// now could come first, undo nothing, and have the call recorded
+// compensated with its effect standing. Not terminal: ask again from the
+// time its *LandingError names.
+var ErrMayStillLand = errors.New("compensation: the call's last attempt may still reach the tool")
+
+// LandingError is ErrMayStillLand with the time from which the call's
+// compensation may be asked for.
+type LandingError struct{ Until time.Time }
+
+func (e *LandingError) Error() string {
+	return fmt.Sprintf("%v: its outcome went unknown moments ago; ask again from %s", ErrMayStillLand, e.Until.UTC().Format(time.RFC3339))
+}
+
+// Is makes errors.Is(err, ErrMayStillLand) hold.
+func (e *LandingError) Is(target error) bool { return target == ErrMayStillLand }
 
 // MaxReasonBytes bounds the reason of a compensation, which the
 // compensation's requested event carries (its Detail).
@@ -106,6 +127,13 @@ type Config struct {
 	// OperatorRole may ask for compensations; default "operator".
 	OperatorRole string
 	Logger       *slog.Logger
+	// Landing, if set, is how long after a call of tool went
+	// outcome_unknown its last attempt may still reach the tool
+	// (executor.Landing): an operator's undo of such a call is refused
+	// until then (ErrMayStillLand), as the reconciler waits for its own.
+	Landing func(tool *schemas.Tool) time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
 }
 
 // Service asks for compensations.
@@ -123,7 +151,26 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	return &Service{cfg: cfg}, nil
+}
+
+// landed returns when the last attempt of rec, a call of tool, can no
+// longer reach the tool, if that is still to come and operator's undo
+// must wait for it: rec's outcome is unknown (parked included) and the
+// operator is not the reconciler, which waits for it itself. The zero
+// time otherwise.
+func (s *Service) landed(operator identity.Identity, rec processors.Record, tool *schemas.Tool) time.Time {
+	if s.cfg.Landing == nil || operator.User == AutomaticUser ||
+		rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
+		return time.Time{}
+	}
+	if until := rec.UpdatedAt.Add(s.cfg.Landing(tool)); s.cfg.Now().Before(until) {
+		return until
+	}
+	return time.Time{}
 }
 
 // Compensate asks to undo the call key, as operator, and returns the key
@@ -159,6 +206,9 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	}
 	if tool.Compensation == nil {
 		return ledger.CallKey{}, nil, ErrNoCompensation
+	}
+	if until := s.landed(operator, rec, tool); !until.IsZero() {
+		return ledger.CallKey{}, nil, &LandingError{Until: until}
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
@@ -297,6 +347,11 @@ func (s *Service) Handler() http.Handler {
 			writeError(w, http.StatusConflict, "automatic_compensation_pending", err.Error())
 		case errors.Is(err, ErrInvalidReason):
 			writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		case errors.Is(err, ErrMayStillLand):
+			if le, ok := errors.AsType[*LandingError](err); ok {
+				w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(time.Until(le.Until).Seconds())))))
+			}
+			writeError(w, http.StatusConflict, "outcome_may_still_land", err.Error())
 		case err != nil:
 			s.cfg.Logger.Error("compensation request failed", "err", err)
 			writeError(w, http.StatusInternalServerError, "internal", "the compensation could not be requested; try again")

@@ -746,7 +746,7 @@ attempts:
 			// database would end the wait early, so it lasts
 			// notFoundSkew longer. A paused executor's request may land
 			// later, while its credential is accepted (CredentialSkew).
-			if sent.Before(rec.UpdatedAt.Add(landing(tool, r.cfg.CredentialSkew))) {
+			if sent.Before(rec.UpdatedAt.Add(Landing(tool, r.cfg.CredentialSkew))) {
 				log.Debug("not found yet; asking again after the last attempt's time is up")
 				return pendingMove{}, false, nil
 			}
@@ -918,26 +918,26 @@ func (r *Reconciler) park(rec processors.Record, tmpl ledger.Event, tool *schema
 }
 
 // parkOrWait parks rec at once (park), unless the park would ask for its
-// compensation while the call's last attempt may still land (landing, as
+// compensation while the call's last attempt may still land (Landing, as
 // a status lookup's not_found waits for). An undo sent before it lands
 // cancels nothing, and the call would be recorded compensated with its
 // effect standing. Until then it is left for a later sweep.
 func (r *Reconciler) parkOrWait(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, reason, detail string) (pendingMove, bool, error) {
-	if r.undoes(tmpl, tool) && r.cfg.Now().Before(rec.UpdatedAt.Add(landing(tool, r.cfg.CredentialSkew))) {
+	if r.undoes(tmpl, tool) && r.cfg.Now().Before(rec.UpdatedAt.Add(Landing(tool, r.cfg.CredentialSkew))) {
 		r.cfg.Logger.Debug("outcome unknown, to be undone once its last attempt can no longer land", "call_key", rec.Key.String(), "reason", reason)
 		return pendingMove{}, false, nil
 	}
 	return r.park(rec, tmpl, tool, reason, detail), true, nil
 }
 
-// landing is how long after a call of tool was recorded outcome_unknown
+// Landing is how long after a call of tool was recorded outcome_unknown
 // a request of it may still land at the tool: its last attempt started
 // before and lasts at most the tool's timeout; a paused executor's, not
 // yet sent, is accepted while its credential is, at most credentialSkew
 // past its expiry (which came before the outcome was recorded), or the
 // tool's backend.credential_skew_ms if longer; and notFoundSkew more for
 // the clocks.
-func landing(tool *schemas.Tool, credentialSkew time.Duration) time.Duration {
+func Landing(tool *schemas.Tool, credentialSkew time.Duration) time.Duration {
 	if credentialSkew > 0 {
 		// The deployment mints credentials, and this tool's verifier
 		// may accept them longer past their expiry.
@@ -946,12 +946,12 @@ func landing(tool *schemas.Tool, credentialSkew time.Duration) time.Duration {
 	return max(tool.Timeout(), credentialSkew) + notFoundSkew
 }
 
-// LandingWindow is landing for the longest of reg's tools, with the
+// LandingWindow is Landing for the longest of reg's tools, with the
 // tools' credential skew (ReconcilerConfig.CredentialSkew, as set).
 func LandingWindow(reg *schemas.Registry, credentialSkew time.Duration) time.Duration {
 	var longest time.Duration
 	for _, t := range reg.Tools() {
-		longest = max(longest, landing(t, credentialSkew))
+		longest = max(longest, Landing(t, credentialSkew))
 	}
 	return longest
 }

@@ -1571,3 +1571,43 @@ func TestReconcilerStopsOnANewerEncoding(t *testing.T) {
 		t.Errorf("ledger_events_undecodable_total = %v after the damaged event; want 1", n)
 	}
 }
+
+// An operator's undo of a call whose outcome went unknown moments ago is
+// refused until its last attempt can no longer reach the tool
+// (compensation.ErrMayStillLand, naming when to ask again), as the
+// reconciler waits for its own: sent first, the undo would cancel
+// nothing, and the call would be recorded compensated with its effect
+// standing. Then it is asked for as before.
+func TestOperatorUndoWaitsForTheLastAttemptToLand(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	rec, err := r.store.Get(t.Context(), orig.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, err := r.reg.Lookup("refund_order", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	landing := executor.Landing(tool, 0)
+	now := rec.UpdatedAt.Add(time.Second)
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: &recordingPublisher{},
+		Landing: func(t *schemas.Tool) time.Duration { return executor.Landing(t, 0) }, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	ck := orig.Key().CompensationKey()
+	_, _, err = svc.Compensate(t.Context(), op, orig.Key(), "undo it")
+	le, ok := errors.AsType[*compensation.LandingError](err)
+	if !errors.Is(err, compensation.ErrMayStillLand) || !ok || !le.Until.Equal(rec.UpdatedAt.Add(landing)) {
+		t.Fatalf("an undo a second after the outcome went unknown: %v; want ErrMayStillLand until %s", err, rec.UpdatedAt.Add(landing))
+	}
+	if _, err := r.store.Get(t.Context(), ck); !errors.Is(err, processors.ErrNotFound) {
+		t.Errorf("the refused undo left a compensation: %v; want none", err)
+	}
+	now = rec.UpdatedAt.Add(landing)
+	if got, _, err := svc.Compensate(t.Context(), op, orig.Key(), "undo it"); err != nil || got != ck {
+		t.Errorf("the undo once the last attempt can no longer land: %v, %v; want %s asked for", got, err, ck)
+	}
+}
