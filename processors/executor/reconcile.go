@@ -599,8 +599,15 @@ func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pending
 		r.cfg.Logger.Warn("the compensated call's tool is not in this reconciler's registry; its compensation is taken as the declared one", "call_key", rec.Key.String(),
 			"tool", rec.Tool, "tool_version", rec.ToolVersion, "compensation_key", comp.Key().String(), "err", err)
 	case tool.Compensation == nil || tool.Compensation.Tool != comp.Tool || tool.Compensation.Version != comp.ToolVersion:
-		r.cfg.Logger.Error("a call under a compensation key is not the declared compensation", "call_key", comp.Key().String(), "tool", comp.Tool)
-		return pendingMove{}, false, nil
+		// The registry changed since the compensation was asked for (a
+		// release declaring another compensation, or another version
+		// of it): the key is one only the compensation service runs a
+		// call under, and it ran the one declared then. Dropped, the
+		// success would be recorded nowhere, at every sweep, and the
+		// call it undid could never be settled (a resolution waits for
+		// that compensation, and the key is spent).
+		r.cfg.Logger.Warn("the compensated call's tool now declares another compensation than the one that ran; taken as the one declared when it was asked for",
+			"call_key", rec.Key.String(), "compensation_key", comp.Key().String(), "tool", comp.Tool, "tool_version", comp.ToolVersion)
 	}
 	tmpl, err := recordTemplate(rec)
 	if err != nil {

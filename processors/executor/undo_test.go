@@ -233,24 +233,7 @@ func (r *rig) admitCompensationIn(orig ledger.CallKey, user string, status proce
 // reconciler has nothing to do with by now: it must not hide the success.
 func TestCompensationSuccessTwiceInABatch(t *testing.T) {
 	r := newRig(t)
-	orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
-	x := r.executor(nil)
-	if _, err := x.Step(t.Context(), []*kgo.Record{approved}); err != nil {
-		t.Fatal(err)
-	}
-	out, err := x.Step(t.Context(), []*kgo.Record{r.admitCompensation(orig.Key(), "u_operator")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var succeeded *kgo.Record
-	for _, rec := range out.Records {
-		if string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventSucceeded) {
-			succeeded = rec
-		}
-	}
-	if succeeded == nil {
-		t.Fatalf("the compensation did not succeed: %v", summary(decodeAll(t, out.Records)))
-	}
+	orig, succeeded := r.compensationSucceeded("kr")
 	unknown := decodeAll(t, []*kgo.Record{succeeded})[0]
 	unknown.Type, unknown.Seq, unknown.EventID = statemachine.EventOutcomeUnknown, unknown.Seq-1, "e_unknown"
 	unknownRec, err := unknown.Record("toolcalls.events")
@@ -269,6 +252,29 @@ func TestCompensationSuccessTwiceInABatch(t *testing.T) {
 	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
 		t.Errorf("original: %v, %v; want compensated", rec.Status, err)
 	}
+}
+
+// compensationSucceeded runs an approved refund under key, then an
+// operator's compensation of it, and returns the refund's approved event
+// and the record of the compensation's success, not yet reconciled.
+func (r *rig) compensationSucceeded(key string) (ledger.Event, *kgo.Record) {
+	r.t.Helper()
+	orig, approved := r.admitApproved(key, time.Now().Add(time.Hour), "")
+	x := r.executor(nil)
+	if _, err := x.Step(r.t.Context(), []*kgo.Record{approved}); err != nil {
+		r.t.Fatal(err)
+	}
+	out, err := x.Step(r.t.Context(), []*kgo.Record{r.admitCompensation(orig.Key(), "u_operator")})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, rec := range out.Records {
+		if string(ledger.Header(rec, ledger.HeaderEventType)) == string(statemachine.EventSucceeded) {
+			return orig, rec
+		}
+	}
+	r.t.Fatalf("the compensation did not succeed: %v", summary(decodeAll(r.t, out.Records)))
+	return orig, nil
 }
 
 // recordingCompensator records the compensations asked for, and asks for
@@ -1609,5 +1615,27 @@ func TestOperatorUndoWaitsForTheLastAttemptToLand(t *testing.T) {
 	now = rec.UpdatedAt.Add(landing)
 	if got, _, err := svc.Compensate(t.Context(), op, orig.Key(), "undo it"); err != nil || got != ck {
 		t.Errorf("the undo once the last attempt can no longer land: %v, %v; want %s asked for", got, err, ck)
+	}
+}
+
+// A compensation's success is recorded on the call it undid though the
+// registry has since declared another compensation for the call's tool
+// (a release between the request and its success): the key is one only
+// the compensation service runs a call under. Before, the success was
+// dropped at every sweep, and the undone call stayed succeeded for good.
+func TestCompensationRecordedAfterTheRegistryChanged(t *testing.T) {
+	r := newRig(t)
+	orig, succeeded := r.compensationSucceeded("kv")
+	// The release after: refund_order's compensation is now another tool.
+	reg := registryEdited(t, func(file string, b []byte) []byte {
+		if file != "refund_order.v1.json" {
+			return b
+		}
+		return []byte(strings.Replace(string(b), `"tool": "cancel_refund"`, `"tool": "notify"`, 1))
+	})
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Registry = reg })
+	r.reconcileAll(rc, succeeded)
+	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
+		t.Errorf("the undone call: %v, %v; want compensated", rec.Status, err)
 	}
 }
