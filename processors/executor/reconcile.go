@@ -1067,32 +1067,40 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, []ledger.Ev
 		}
 	}
 	now := r.cfg.Now()
+	// add lists the call key if it is still parked for its compensation
+	// (pending); a call settled meanwhile, or gone, is not.
+	add := func(key ledger.CallKey) (pending bool, err error) {
+		rec, err := r.cfg.Store.Get(ctx, key)
+		switch {
+		case errors.Is(err, processors.ErrNotFound):
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("sweep parked calls: %w", err)
+		case !undoPending(rec):
+			return false, nil
+		}
+		listed[key] = true
+		cands = append(cands, rec)
+		return true, nil
+	}
 	for key, st := range r.undos {
 		if listed[key] || (st.abandon == "" && now.Before(st.next)) {
 			continue
 		}
-		rec, err := r.cfg.Store.Get(ctx, key)
-		if err != nil && !errors.Is(err, processors.ErrNotFound) {
-			return nil, nil, fmt.Errorf("sweep parked calls: %w", err)
+		pending, err := add(key)
+		if err != nil {
+			return nil, nil, err
 		}
-		if err != nil || !undoPending(rec) {
+		if !pending {
 			delete(r.undos, key) // settled meanwhile, by a human or the compensation
-			continue
 		}
-		listed[key] = true
-		cands = append(cands, rec)
 	}
 	for key := range r.undoEnded {
 		if listed[key] {
 			continue
 		}
-		rec, err := r.cfg.Store.Get(ctx, key)
-		if err != nil && !errors.Is(err, processors.ErrNotFound) {
-			return nil, nil, fmt.Errorf("sweep parked calls: %w", err)
-		}
-		if err == nil && undoPending(rec) {
-			listed[key] = true
-			cands = append(cands, rec)
+		if _, err := add(key); err != nil {
+			return nil, nil, err
 		}
 	}
 	clear(r.undoEnded)
