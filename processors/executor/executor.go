@@ -405,6 +405,9 @@ type Metrics interface {
 	// could not be read (damaged: a newer encoding stops the executor
 	// instead), and were passed over: their calls stay unrun.
 	UndecodableEvents(n int)
+	// BreakerChanged: one of tool's breakers (each tenant has its own)
+	// changed its state to to ("open", "half-open", "closed").
+	BreakerChanged(tool, to string)
 }
 
 type nopMetrics struct{}
@@ -414,6 +417,7 @@ func (nopMetrics) Stage(string, time.Duration)            {}
 func (nopMetrics) ToolCall(string, string, time.Duration) {}
 func (nopMetrics) UnreadableOutboxes(int)                 {}
 func (nopMetrics) UndecodableEvents(int)                  {}
+func (nopMetrics) BreakerChanged(string, string)          {}
 
 // claimResult names a claim's outcome for metrics.
 func claimResult(o processors.ClaimOutcome) string {

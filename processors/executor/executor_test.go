@@ -28,6 +28,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
@@ -727,12 +728,15 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 // breaker may let it through, and then runs, once, under its key. Before,
 // it ended failed, and the agent's retry under its key met that failure
 // of a call never sent. One whose deadline leaves no room for the wait
-// ends failed breaker_open, as before.
+// ends failed breaker_open, as before. Each of the breaker's changes is
+// counted (ledger_breaker_transitions_total), for alerts on a tool whose
+// breaker opens and closes again faster than a gauge is scraped.
 func TestOpenBreakerGivesTheCallBack(t *testing.T) {
 	r := newRig(t)
 	r.backend.SetFault("create_ticket", demobackend.Fault{FailStatus: 503, FailTimes: 1})
+	reg := metrics.New("executor", nil)
 	x := r.executor(func(c *executor.Config) {
-		c.MaxAttempts, c.SweepEvery = 1, 10*time.Millisecond
+		c.MaxAttempts, c.SweepEvery, c.Metrics = 1, 10*time.Millisecond, reg
 		c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, OpenFor: 300 * time.Millisecond}
 	})
 	step := func(auth *kgo.Record) []string {
@@ -767,6 +771,13 @@ func TestOpenBreakerGivesTheCallBack(t *testing.T) {
 	}
 	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/short"); n != 0 {
 		t.Errorf("the short call applied %d times; want 0", n)
+	}
+	moves := map[string]float64{}
+	for _, to := range []string{"open", "half-open", "closed"} {
+		moves[to] = counter(t, reg, "ledger_breaker_transitions_total", "tool", "create_ticket", "to", to)
+	}
+	if diff := cmp.Diff(map[string]float64{"open": 1, "half-open": 1, "closed": 1}, moves); diff != "" {
+		t.Errorf("ledger_breaker_transitions_total by state changed to (-want +got):\n%s", diff)
 	}
 }
 

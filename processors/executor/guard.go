@@ -268,7 +268,7 @@ func (x *Executor) pruneLocked(now time.Time) {
 
 func (x *Executor) newBreaker(tool, tenant string) *gobreaker.CircuitBreaker[httptool.Response] {
 	bc := x.cfg.Breaker
-	log := x.cfg.Logger
+	log, m := x.cfg.Logger, x.cfg.Metrics
 	return gobreaker.NewCircuitBreaker[httptool.Response](gobreaker.Settings{
 		Name:        tool + "/" + tenant,
 		MaxRequests: 1,
@@ -295,6 +295,7 @@ func (x *Executor) newBreaker(tool, tenant string) *gobreaker.CircuitBreaker[htt
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			log.Warn("breaker state change", "tool", tool, "tenant", tenant, "from", from.String(), "to", to.String())
+			m.BreakerChanged(tool, to.String())
 		},
 	})
 }

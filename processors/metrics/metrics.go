@@ -49,6 +49,7 @@ type Registry struct {
 	deleted      *prometheus.CounterVec
 	skipped      *prometheus.CounterVec
 	dlq          *prometheus.CounterVec
+	breakerMoves *prometheus.CounterVec
 }
 
 // New returns the registry of a process running role ("intake",
@@ -112,7 +113,11 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_dlq_records_total", ConstLabels: constRole,
 		Help: "Records this process appended to the DLQ (committed), by reason: requests that could not be read as an envelope, and batches skipped for their size.",
 	}, []string{"reason"})
-	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undecodable, r.undos, r.deleted, r.skipped, r.dlq,
+	r.breakerMoves = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_breaker_transitions_total", ConstLabels: constRole,
+		Help: "Circuit breakers' changes of state, by tool and the state changed to (open, half-open, closed), summed over the tenants' breakers of the tool: a count of open going up faster than every breaker window is a tool that keeps failing its probes; each change is logged at Warn with its tenant.",
+	}, []string{"tool", "to"})
+	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undecodable, r.undos, r.deleted, r.skipped, r.dlq, r.breakerMoves,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
 }
@@ -275,6 +280,10 @@ func (r *Registry) UnreadableOutboxes(n int) { r.unreadable.Add(float64(n)) }
 // authorize a call, for an executor; settle one or end its compensation,
 // for a reconciler), passed over unread.
 func (r *Registry) UndecodableEvents(n int) { r.undecodable.Add(float64(n)) }
+
+// BreakerChanged counts one circuit breaker of tool changing its state
+// to to ("open", "half-open", "closed").
+func (r *Registry) BreakerChanged(tool, to string) { r.breakerMoves.WithLabelValues(tool, to).Inc() }
 
 // Breakers reports the circuit breakers' states at each scrape:
 // ledger_breaker_state{tool,tenant} is 0 closed, 1 half-open, 2 open.
