@@ -196,10 +196,11 @@ type callWait struct {
 	callKey ledger.CallKey
 	keys    []ledger.CallKey
 	ends    []int64
-	// argumentsHash is the envelope's: a call under the key with another
-	// (its requested event says) is an earlier one, whose outcome is no
-	// answer to this submission, which is refused.
-	argumentsHash string
+	// own tells this submission's call from others under the key: a
+	// call with other arguments or of another user (its requested event
+	// says) is an earlier one, whose outcome is no answer to this
+	// submission, which is refused.
+	own httpapi.OwnCallOf
 
 	mu       sync.Mutex
 	earlier  bool          // the call under the key is another's (argumentsHash)
@@ -214,14 +215,10 @@ type callWait struct {
 
 func newCallWait(ctx context.Context, cc ledger.ClientConfig, topic string, key ledger.CallKey, callID string, body []byte) (*callWait, error) {
 	w := &callWait{cc: cc, topic: topic, callID: callID, callKey: key, sent: 1, refusals: make(map[string]bool)}
-	var env struct {
-		ArgumentsHash string `json:"arguments_hash"`
-	}
-	if json.Unmarshal(body, &env) == nil {
-		w.argumentsHash = env.ArgumentsHash
-	}
-	if t := assertedTenant(body); t != "" {
-		w.callKey.TenantID = t
+	sent := readSent(body)
+	w.own = sent.own()
+	if sent.tenant != "" {
+		w.callKey.TenantID = sent.tenant
 	}
 	w.keys = []ledger.CallKey{w.callKey}
 	if w.callKey != key {
@@ -269,7 +266,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 				if k != w.callKey {
 					return false
 				}
-				if e.Type == statemachine.EventRequested && w.argumentsHash != "" && e.ArgumentsHash != w.argumentsHash {
+				if e.Type == statemachine.EventRequested && !w.own.Is(e) {
 					w.earlier = true
 				}
 				if w.earlier {
@@ -432,23 +429,45 @@ func (f *submitFlags) envelope() ([]byte, error) {
 	return json.Marshal(env)
 }
 
-// assertedTenant reads the tenant claim of the envelope's assertion,
-// without verifying it: it is the submitter's own token, read only to know
-// under which tenant the ledger will record the call.
-func assertedTenant(body []byte) string {
+// sentEnvelope is what the sender of an envelope knows of it: its
+// assertion's claims are read without verifying them (it is the
+// submitter's own token), only to know under which tenant the ledger
+// will record the call, and whose.
+type sentEnvelope struct {
+	assertion, argumentsHash, scopeUser string
+	// tenant and user are the assertion's: "" when it names none (or a
+	// tenant no key can be under).
+	tenant, user string
+}
+
+func readSent(body []byte) sentEnvelope {
 	var env struct {
-		Assertion string `json:"assertion"`
+		Assertion     string `json:"assertion"`
+		ArgumentsHash string `json:"arguments_hash"`
+		Scope         struct {
+			UserID string `json:"user_id"`
+		} `json:"scope"`
 	}
 	if json.Unmarshal(body, &env) != nil {
-		return ""
+		return sentEnvelope{}
 	}
+	s := sentEnvelope{assertion: env.Assertion, argumentsHash: env.ArgumentsHash, scopeUser: env.Scope.UserID}
 	var claims struct {
 		Tenant string `json:"tenant"`
+		Sub    string `json:"sub"`
 	}
-	if token.Unverified(env.Assertion, &claims) != nil || strings.Contains(claims.Tenant, "/") {
-		return ""
+	if token.Unverified(env.Assertion, &claims) == nil {
+		s.user = claims.Sub
+		if !strings.Contains(claims.Tenant, "/") {
+			s.tenant = claims.Tenant
+		}
 	}
-	return claims.Tenant
+	return s
+}
+
+// own tells the envelope's call from others under its key.
+func (s sentEnvelope) own() httpapi.OwnCallOf {
+	return httpapi.OwnCall(s.argumentsHash, s.scopeUser, s.user)
 }
 
 // submitThroughAPI submits body through the ledger API at --api, with the
@@ -461,11 +480,9 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	if err := checkAssertionURL(f.api); err != nil {
 		return err
 	}
-	var env struct {
-		Assertion     string `json:"assertion"`
-		ArgumentsHash string `json:"arguments_hash"`
-	}
-	if json.Unmarshal(body, &env) != nil || env.Assertion == "" {
+	env := readSent(body)
+	own := env.own()
+	if env.assertion == "" {
 		return errors.New("--api needs the envelope's identity assertion (--assertion, a dev issuer in --data-dir, or in the --file envelope): the API takes it as the bearer")
 	}
 	hc, err := g.httpClient.client(logger, 0)
@@ -485,7 +502,7 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	var notBefore time.Time
 	if f.wait {
 		pctx, cancel := context.WithTimeout(wctx, 5*time.Second)
-		v, err := cl.Call(pctx, key, env.Assertion)
+		v, err := cl.Call(pctx, key, env.assertion)
 		switch {
 		case err == nil:
 			for _, r := range v.Refusals {
@@ -508,7 +525,7 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 		// answered even when the wait ran out.
 		sctx, cancel := context.WithTimeout(ctx, wait+15*time.Second)
 		defer cancel()
-		v, _, err := cl.Submit(sctx, body, env.Assertion, wait)
+		v, _, err := cl.Submit(sctx, body, env.assertion, wait)
 		return v, err
 	}
 	view, err := submit()
@@ -557,9 +574,10 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 			}
 			return printAPICall(out, f, view, refusal, sent)
 		}
-		// A call settled with other arguments is an earlier one under
-		// the key: this submission's answer is its refusal, to come.
-		if req, _ := view.Requested(); view.Settled && req.ArgumentsHash == env.ArgumentsHash {
+		// A call settled with other arguments, or another user's, is an
+		// earlier one under the key: this submission's answer is its
+		// refusal, to come.
+		if req, _ := view.Requested(); view.Settled && own.Is(req) {
 			return printAPICall(out, f, view, nil, sent)
 		}
 		select {
@@ -577,7 +595,7 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 		case <-time.After(every):
 		}
 		every = min(2*every, time.Second)
-		v, err := cl.Call(wctx, key, env.Assertion)
+		v, err := cl.Call(wctx, key, env.assertion)
 		switch {
 		case err == nil:
 			view, lastErr = v, nil

@@ -138,48 +138,60 @@ func TestSubmitWithoutAnAssertionPublishesNothing(t *testing.T) {
 }
 
 // submit --wait through Kafka does not take a call settled under the key
-// with other arguments (an earlier one) for its answer: it waits for its
-// own submission's refusal (idempotency_key_reused), as through the API.
-// Before, it folded the earlier call's events and printed its outcome.
+// with other arguments (an earlier one), nor one of another user with the
+// same arguments, for its answer: it waits for its own submission's
+// refusal (idempotency_key_reused), as through the API. Before, it folded
+// the other call's events and printed its outcome: for another user's
+// call, with its result hash and credential, where the refusal is said
+// in the same words whatever the arguments.
 func TestSubmitWaitPassesOverAnEarlierCall(t *testing.T) {
 	cc, topics, _ := roleCluster(t)
 	appendEvents := eventAppender(t, cc, topics.Events)
-	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "reused"}
-	var earlier []ledger.Event
-	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
-		earlier = append(earlier, ledger.Event{V: 1, EventID: "earlier-" + string(ty), Seq: int64(i + 1), Type: ty, TenantID: key.TenantID,
-			IdempotencyKey: key.IdempotencyKey, CallID: "call-earlier", ArgumentsHash: "sha256:earlier", Attempt: 1, At: time.Now()})
-	}
-	if err := appendEvents(t.Context(), earlier...); err != nil {
-		t.Fatal(err)
-	}
-	w, err := newCallWait(t.Context(), cc, topics.Events, key, "call-now", []byte(`{"arguments_hash":"sha256:now"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The earlier call folds to succeeded: what the wait would take for
-	// its answer, were it not another call.
-	call := statemachine.Call{}
-	for _, e := range earlier {
-		if call, _, err = statemachine.Apply(call, e.Transition()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if call.State != statemachine.StateSucceeded {
-		t.Fatalf("the earlier call folds to %s; the test needs it settled", call.State)
-	}
-	w.lastSent = time.Now()
-	// The intake's refusal of this submission, after it went out.
-	if err := appendEvents(t.Context(), ledger.Event{V: 1, EventID: "refusal-now", Type: statemachine.EventDenied, TenantID: key.TenantID,
-		IdempotencyKey: key.IdempotencyKey, CallID: "call-now", ArgumentsHash: "sha256:now", Reason: "idempotency_key_reused", Pointer: "/arguments_hash", At: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	var out strings.Builder
-	if err := w.run(t.Context(), &submitFlags{timeout: 20 * time.Second}, &out, func(context.Context) error { return nil }); err != nil {
-		t.Fatalf("wait: %v", err)
-	}
-	if w.last == nil || w.last.EventID != "refusal-now" || strings.Contains(out.String(), "succeeded") {
-		t.Errorf("the wait ended on %+v, printing:\n%s\nwant this submission's refusal, and nothing of the earlier call", w.last, out.String())
+	for _, tc := range []struct {
+		name, key, hash, user, body string
+	}{
+		{"other arguments", "reused", "sha256:earlier", "u_1", `{"arguments_hash":"sha256:now"}`},
+		{"another user", "reused-by-u_2", "sha256:now", "u_1", `{"arguments_hash":"sha256:now","scope":{"user_id":"u_2"}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: tc.key}
+			var earlier []ledger.Event
+			for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+				earlier = append(earlier, ledger.Event{V: 1, EventID: "earlier-" + string(ty), Seq: int64(i + 1), Type: ty, TenantID: key.TenantID,
+					IdempotencyKey: key.IdempotencyKey, CallID: "call-earlier", UserID: tc.user, ArgumentsHash: tc.hash, Attempt: 1, At: time.Now()})
+			}
+			if err := appendEvents(t.Context(), earlier...); err != nil {
+				t.Fatal(err)
+			}
+			w, err := newCallWait(t.Context(), cc, topics.Events, key, "call-now", []byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The earlier call folds to succeeded: what the wait would take
+			// for its answer, were it not another call.
+			call := statemachine.Call{}
+			for _, e := range earlier {
+				if call, _, err = statemachine.Apply(call, e.Transition()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if call.State != statemachine.StateSucceeded {
+				t.Fatalf("the earlier call folds to %s; the test needs it settled", call.State)
+			}
+			w.lastSent = time.Now()
+			// The intake's refusal of this submission, after it went out.
+			if err := appendEvents(t.Context(), ledger.Event{V: 1, EventID: "refusal-now", Type: statemachine.EventDenied, TenantID: key.TenantID,
+				IdempotencyKey: key.IdempotencyKey, CallID: "call-now", ArgumentsHash: "sha256:now", Reason: "idempotency_key_reused", Pointer: "/arguments_hash", At: time.Now()}); err != nil {
+				t.Fatal(err)
+			}
+			var out strings.Builder
+			if err := w.run(t.Context(), &submitFlags{timeout: 20 * time.Second}, &out, func(context.Context) error { return nil }); err != nil {
+				t.Fatalf("wait: %v", err)
+			}
+			if w.last == nil || w.last.EventID != "refusal-now" || strings.Contains(out.String(), "succeeded") {
+				t.Errorf("the wait ended on %+v, printing:\n%s\nwant this submission's refusal, and nothing of the earlier call", w.last, out.String())
+			}
+		})
 	}
 }
 
@@ -215,7 +227,7 @@ func (l *apiLedger) Publish(_ context.Context, key, value []byte) error {
 		var evs []ledger.Event
 		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
 			evs = append(evs, ledger.Event{EventID: string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
-				CallID: env.CallID, ArgumentsHash: env.ArgumentsHash, Attempt: 1})
+				CallID: env.CallID, UserID: env.Scope.UserID, ArgumentsHash: env.ArgumentsHash, Attempt: 1})
 		}
 		time.AfterFunc(600*time.Millisecond, func() {
 			_ = l.ix.Apply(evs[:3]) // running: answered 200, not settled
@@ -386,7 +398,7 @@ func (s settling) Publish(_ context.Context, key, value []byte) error {
 	var evs []ledger.Event
 	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
 		evs = append(evs, ledger.Event{EventID: "now-" + string(ty), Type: ty, Seq: int64(i + 1), At: time.Now(), TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey,
-			CallID: env.CallID, ArgumentsHash: env.ArgumentsHash, Attempt: 1})
+			CallID: env.CallID, UserID: env.Scope.UserID, ArgumentsHash: env.ArgumentsHash, Attempt: 1})
 	}
 	return s.ix.Apply(evs)
 }
@@ -445,6 +457,11 @@ func tempIndex(t *testing.T) *callindex.Index {
 type publishedEnvelope struct {
 	CallID        string `json:"call_id"`
 	ArgumentsHash string `json:"arguments_hash"`
+	// Scope.UserID stands for the user the intake would verify, which
+	// its requested event carries.
+	Scope struct {
+		UserID string `json:"user_id"`
+	} `json:"scope"`
 }
 
 // published reads the call key a record was published under and its

@@ -4,6 +4,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -298,6 +299,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	wait = min(wait, s.cfg.MaxWait)
 	waiting := wait > 0 && s.cfg.Calls != nil
 	var agent *Agent
+	// Unverified where nothing verifies it (ledger dev): it only tells
+	// this submission's call from another's under the key.
+	asserted := assertionSubject(env.Assertion)
 	if s.cfg.Caller != nil {
 		// Refused before publishing, so that the caller may send it
 		// again as it likes, with the right bearer or without the wait.
@@ -310,7 +314,6 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 				Message: "the bearer submits the calls of its own tenant alone, and the envelope names another; nothing was published"})
 			return
 		}
-		user := envelopeUser(env)
 		if s.cfg.Assertion != nil {
 			ea, err := s.cfg.Assertion(r.Context(), env.Assertion)
 			if err != nil {
@@ -326,9 +329,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 			// The call is the verified assertion's user's, whatever the
 			// scope claims (the intake refuses a scope that disagrees,
 			// under that user).
-			user = ea.User
+			asserted = ea.User
 		}
-		if u := user; waiting && u != "" && u != a.User {
+		if u := cmp.Or(asserted, env.Scope.UserID); waiting && u != "" && u != a.User {
 			// Its call would be another user's, which the wait
 			// cannot see (forAgent): it would only run out.
 			writeError(w, http.StatusForbidden, apiError{Code: "user_mismatch", Pointer: "/assertion",
@@ -337,7 +340,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		agent = &a
 	}
-	sub := submission{key: key, callID: env.CallID, argumentsHash: env.ArgumentsHash, arrived: time.Now()}
+	sub := submission{key: key, callID: env.CallID, own: OwnCall(env.ArgumentsHash, env.Scope.UserID, asserted), arrived: time.Now()}
 	if waiting {
 		sub.earlier = s.refusalsBefore(r.Context(), key, min(wait, refusalsBeforeTimeout), agent)
 	}
@@ -391,27 +394,52 @@ func (s *Server) waitParam(w http.ResponseWriter, r *http.Request) (time.Duratio
 // to send again.
 const DefaultPublishTimeout = 15 * time.Second
 
-// envelopeUser is the user env is sent for, as far as can be told
-// before the intake verifies it: its scope's user_id, else its
-// assertion's sub, read unverified (only to refuse a wait that would see
-// nothing; the intake decides whose call it is); "" when neither says.
-func envelopeUser(env *ledger.Envelope) string {
-	if env.Scope.UserID != "" {
-		return env.Scope.UserID
-	}
+// assertionSubject is the user an identity assertion names, read without
+// verifying it; "" when it names none or is not a token.
+func assertionSubject(assertion string) string {
 	var claims struct {
 		Sub string `json:"sub"`
 	}
-	if token.Unverified(env.Assertion, &claims) != nil {
+	if token.Unverified(assertion, &claims) != nil {
 		return ""
 	}
 	return claims.Sub
 }
 
+// OwnCallOf tells a submission's own call from the others a key may
+// hold: an earlier call under it with other arguments, or another user's
+// (a key is the tenant's, and its users may guess each other's). Those
+// answer the submission with a refusal (idempotency_key_reused), to
+// come; their state and result are not its answer.
+type OwnCallOf struct {
+	argumentsHash, user string
+	refused             bool
+}
+
+// OwnCall is the OwnCallOf a submission with the arguments hash given,
+// its envelope's scope.user_id and its assertion's user (verified, or
+// read unverified by its own sender). An empty one is not known, and
+// matches any. Where the scope and the assertion name two users, the
+// intake refuses the envelope (scope_mismatch): no call is its own.
+func OwnCall(argumentsHash, scopeUser, assertedUser string) OwnCallOf {
+	return OwnCallOf{
+		argumentsHash: argumentsHash,
+		user:          cmp.Or(assertedUser, scopeUser),
+		refused:       scopeUser != "" && assertedUser != "" && scopeUser != assertedUser,
+	}
+}
+
+// Is reports whether the call whose requested event is req is the
+// submission's own.
+func (o OwnCallOf) Is(req ledger.Event) bool {
+	return !o.refused && (o.argumentsHash == "" || req.ArgumentsHash == o.argumentsHash) && (o.user == "" || req.UserID == o.user)
+}
+
 // submission is what a wait answers: one envelope's call.
 type submission struct {
-	key                   ledger.CallKey
-	callID, argumentsHash string
+	key    ledger.CallKey
+	callID string
+	own    OwnCallOf
 	// earlier are the refusals under the key before the submission, by
 	// event id: a refusal of an earlier submission with the same call id
 	// is no answer to this one. Nil when they could not be read: then
@@ -511,7 +539,7 @@ func (s *Server) await(ctx context.Context, sub submission, d time.Duration, age
 				return v, true
 			}
 		}
-		if req, _ := requested(c.Events); c.Settled() && req.ArgumentsHash == sub.argumentsHash {
+		if req, _ := requested(c.Events); c.Settled() && sub.own.Is(req) {
 			return s.view(ctx, c), true
 		}
 		return CallView{}, false

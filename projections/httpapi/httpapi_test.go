@@ -397,6 +397,33 @@ func TestWaitAnswersThisSubmission(t *testing.T) {
 	}
 }
 
+// Without a Caller (ledger dev), a call settled under the key with the
+// submission's arguments but by another user is no answer to it either:
+// the intake refuses the second user (idempotency_key_reused), in the
+// same words whatever its arguments, and the wait answers with that
+// refusal, not with the other user's call and its result. Before, it
+// answered at once with that call, and with its result.
+func TestWaitPassesOverAnotherUsersCall(t *testing.T) {
+	pub := &publisher{}
+	srv, ix := newAPI(t, pub, func(c *httpapi.Config) { c.Results = otherCallResults{"c1", osloHash} })
+	settledAs(ix, "u_first")("t_a/k7")
+	pub.settle = func(string) {
+		_ = ix.Apply([]ledger.Event{{EventID: "r1", Type: statemachine.EventDenied, At: time.Now(), TenantID: "t_a", IdempotencyKey: "k7",
+			CallID: "c2", UserID: "u_second", Reason: "idempotency_key_reused", Pointer: "/idempotency_key"}})
+	}
+	b, _ := json.Marshal(map[string]any{
+		"tool": "get_weather", "tool_version": 1, "call_id": "c2", "arguments": map[string]any{"city": "Oslo"},
+		"scope": map[string]any{"tenant_id": "t_a", "user_id": "u_second"}, "idempotency_key": "k7", "arguments_hash": osloHash,
+	})
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=5s", "", string(b))
+	var v httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || v.Refused == nil || v.Refused.EventID != "r1" || v.Result != nil {
+		t.Errorf("POST ?wait as u_second under u_first's call: %d, refused %+v, result %s; want 200 with its refusal r1 and no result", resp.StatusCode, v.Refused, v.Result)
+	}
+}
+
 // An agent whose submission reused another user's key sees, under the
 // key, its own refusal alone: not the other user's call (its state, its
 // events, its arguments), nor that user's refusals. Its wait is answered
