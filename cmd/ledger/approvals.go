@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/toolcall-ledger/ledger/processors/approvals"
@@ -33,18 +34,22 @@ type staffFlags struct {
 	tenant    string
 	user      string
 	jsonOut   bool
+	// flags are the command's own, to tell --tenant and --user given
+	// from their defaults.
+	flags *pflag.FlagSet
 }
 
 func (f *staffFlags) register(cmd *cobra.Command) {
 	fs := cmd.PersistentFlags()
+	f.flags = fs
 	fs.StringVar(&f.api, "api", "http://"+devHTTPAddr, "the ledger's HTTP API: https, or http on loopback only (the requests carry the assertion)")
 	fs.StringVar(&f.assertion, "assertion", "", "the approver's assertion (a JWT with the approver role); default: minted by the dev issuer in --data-dir")
 	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "data directory of `ledger dev`, whose dev issuer mints the approver's assertion")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")
-	fs.StringVar(&f.tenant, "tenant", "t_demo", "the approver's tenant (for a dev assertion)")
-	fs.StringVar(&f.user, "user", "u_approver", "the approver (for a dev assertion)")
+	fs.StringVar(&f.tenant, "tenant", "t_demo", "the approver's tenant, for a dev assertion minted here (refused with --assertion, which names its own)")
+	fs.StringVar(&f.user, "user", "u_approver", "the approver, for a dev assertion minted here (refused with --assertion, which names its own)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
 }
 
@@ -57,6 +62,18 @@ const approverAgent = "approver_cli"
 // bearer returns the approver's assertion.
 func (f *staffFlags) bearer() (string, error) {
 	if f.assertion != "" {
+		// Ignored with an assertion, which says who acts: an operator
+		// who took --tenant for the tenant to act on (control's is
+		// --for-tenant) would act on another scope, every tenant's.
+		var given []string
+		for _, n := range []string{"tenant", "user"} {
+			if fl := f.flags.Lookup(n); fl != nil && fl.Changed {
+				given = append(given, "--"+n)
+			}
+		}
+		if len(given) > 0 {
+			return "", fmt.Errorf("%s: only for a dev assertion, minted here; --assertion (or LEDGER_ASSERTION) already says who you are and of which tenant (to act on one tenant's tools as a platform operator: ledger control freeze|unfreeze --for-tenant)", strings.Join(given, ", "))
+		}
 		return f.assertion, nil
 	}
 	iss, err := devIssuer(f.dataDir)

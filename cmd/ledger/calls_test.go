@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -143,6 +144,37 @@ func TestControlActionNotYetApplied(t *testing.T) {
 		stdout, stderr := cliSplit(t, "control", "freeze", "--tool", "refund_order", "--reason", "incident", "--api", srv.URL, "--assertion", "tok")
 		if said := strings.Contains(stderr, "not applied it yet (202)"); said != tc.said || !strings.Contains(stdout, `"freeze"`) {
 			t.Errorf("control freeze answered %d: stdout %q, stderr %q; want the action, and the note %v", tc.status, stdout, stderr, tc.said)
+		}
+	}
+}
+
+// --tenant and --user name the tenant and user of a dev assertion minted
+// here: with --assertion they are refused, and nothing is sent. Before,
+// they were ignored, and `control freeze --tenant t_acme` by a platform
+// operator froze the tool for every tenant (control's scope is
+// --for-tenant). A freeze or unfreeze then says which tenants it is of.
+func TestStaffAssertionRefusesDevIdentityFlags(t *testing.T) {
+	var asked atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		var body struct{ Tenant string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		fmt.Fprintf(w, `{"kind":"freeze","tool":"refund_order","tenant":%q}`, body.Tenant)
+	}))
+	t.Cleanup(srv.Close)
+	for _, flag := range []string{"--tenant", "--user"} {
+		err := cliErr(t, "control", "freeze", "--tool", "refund_order", "--reason", "incident", flag, "t_acme", "--api", srv.URL, "--assertion", "tok")
+		if err == nil || !strings.Contains(err.Error(), flag+": only for a dev assertion") {
+			t.Errorf("control freeze %s with --assertion: %v; want it refused", flag, err)
+		}
+	}
+	if n := asked.Load(); n != 0 {
+		t.Fatalf("the API was asked %d times; want nothing sent", n)
+	}
+	for tenant, want := range map[string]string{"": "freeze of refund_order for every tenant", "t_acme": "freeze of refund_order for tenant t_acme"} {
+		_, stderr := cliSplit(t, "control", "freeze", "--tool", "refund_order", "--reason", "incident", "--for-tenant", tenant, "--api", srv.URL, "--assertion", "tok")
+		if !strings.Contains(stderr, want) {
+			t.Errorf("control freeze --for-tenant %q: stderr %q; want %q", tenant, stderr, want)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"path/filepath"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/policy"
+	"github.com/toolcall-ledger/ledger/projections/report"
 )
 
 func newControlCmd(g *globals) *cobra.Command {
@@ -41,6 +43,7 @@ func newControlCmd(g *globals) *cobra.Command {
 					// wait. Not to be taken for in force yet.
 					fmt.Fprintln(cmd.ErrOrStderr(), "published on the control topic, but the control service had not applied it yet (202): every instance will; see ledger control show")
 				}
+				sayScope(cmd.ErrOrStderr(), out)
 				return printJSON(cmd, out)
 			},
 		}
@@ -123,6 +126,21 @@ func newControlCmd(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(freeze, unfreeze, revoke, activate, show)
 	return cmd
+}
+
+// sayScope writes, for a freeze or an unfreeze, which tenants it is of,
+// as the service decided it: the action's JSON says so only by a tenant
+// field left out for every tenant's.
+func sayScope(w io.Writer, raw json.RawMessage) {
+	var a ledger.ControlAction
+	if json.Unmarshal(raw, &a) != nil || (a.Kind != "freeze" && a.Kind != "unfreeze") {
+		return
+	}
+	scope := "every tenant"
+	if a.Tenant != "" {
+		scope = "tenant " + a.Tenant
+	}
+	fmt.Fprintf(w, "%s of %s for %s\n", a.Kind, report.Printable(a.Tool), report.Printable(scope))
 }
 
 func newCallsCmd(g *globals) *cobra.Command {
