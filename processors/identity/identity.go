@@ -496,10 +496,12 @@ func (e *LapsedError) Error() string { return e.Err.Error() }
 func (e *LapsedError) Unwrap() error { return e.Err }
 
 // lapsed wraps err, which refuses the verified claims c at now for a time
-// bound, in a *LapsedError when it says whom c proves (see LapsedGrace).
+// bound, in a *LapsedError when it says whom c proves (see LapsedGrace):
+// only when c carries iat and exp - iat is within Config.MaxLifetime.
 func (v *Verifier) lapsed(c Claims, now time.Time, err error) error {
-	if v.checkLifetime(c.Claims, now) != nil {
-		// Minted for too long: never proof enough to file under.
+	// Minted for too long, or not known not to be (no iat: exp alone
+	// bounds nothing once past): never proof enough to file under.
+	if c.IssuedAt == nil || v.checkLifetime(c.Claims, now) != nil {
 		return err
 	}
 	bound := v.cfg.Skew + LapsedGrace

@@ -343,6 +343,9 @@ func TestVerifyRejections(t *testing.T) {
 		{"expired, valid for too long", sign(t, key, TypeAssertion, edit(func(c *Claims) {
 			c.IssuedAt, c.ExpiresAt = token.NewNumericDate(now.Add(-2*DefaultMaxLifetime)), token.NewNumericDate(now.Add(-time.Minute))
 		})), token.ReasonExpired},
+		{"expired, no iat, valid for too long", sign(t, key, TypeAssertion, edit(func(c *Claims) {
+			c.IssuedAt, c.NotBefore, c.ExpiresAt = nil, token.NewNumericDate(now.Add(-2*DefaultMaxLifetime)), token.NewNumericDate(now.Add(-time.Minute))
+		})), token.ReasonExpired},
 		{"expired, no sub", sign(t, key, TypeAssertion, edit(func(c *Claims) {
 			c.ExpiresAt, c.Subject = token.NewNumericDate(now.Add(-time.Minute)), ""
 		})), token.ReasonExpired},

@@ -367,12 +367,13 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		c       *checked
 		refusal *ledger.Event
 		dlq     *kgo.Record
+		err     error
 	}
 	results := make([]result, len(recs))
 	stale := p.syncPolicies()
 	parallel(len(recs), func(i int) {
-		c, refusal, dlq := p.check(ctx, recs[i], now, stale)
-		results[i] = result{c, refusal, dlq}
+		c, refusal, dlq, err := p.check(ctx, recs[i], now, stale)
+		results[i] = result{c, refusal, dlq, err}
 	})
 	var (
 		out   []*kgo.Record
@@ -380,6 +381,8 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	)
 	for _, r := range results {
 		switch {
+		case r.err != nil:
+			return ledger.Output{}, r.err
 		case r.dlq != nil:
 			out = append(out, r.dlq)
 		case r.refusal != nil:
@@ -598,8 +601,9 @@ func (p *Processor) admit(ctx context.Context, as []processors.Admission) (resul
 // check runs every check of one record in DESIGN §5's order: strict
 // decode, the assertion, the scope against it, the hash, the registry,
 // the arguments, and the policy. It returns the checked call, or a
-// refusal event, or a DLQ record.
-func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string) (*checked, *ledger.Event, *kgo.Record) {
+// refusal event, or a DLQ record, or the error of a store read that
+// failed (the batch is then tried again).
+func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string) (*checked, *ledger.Event, *kgo.Record, error) {
 	env, err := ledger.DecodeEnvelope(rec.Value, p.cfg.Limits)
 	if err != nil {
 		var de *ledger.DecodeError
@@ -609,17 +613,17 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 		key, callID, ok := ledger.LenientKey(rec.Value)
 		if !ok {
 			p.cfg.Logger.Warn("request to dlq", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "reason", de.Code)
-			return nil, nil, ledger.DLQRecord(p.cfg.Topics.DLQ, rec, de.Code, de.Error())
+			return nil, nil, ledger.DLQRecord(p.cfg.Topics.DLQ, rec, de.Code, de.Error()), nil
 		}
 		// Nobody vouches for this sender: the refusal goes under the
 		// reserved tenant, never under the one the record claims.
 		key.TenantID = ledger.UnverifiedTenant
 		ev := p.refuse(key, &ledger.Envelope{CallID: callID}, identity.Identity{}, now, de.Code, de.Pointer, de.Detail)
-		return nil, &ev, nil
+		return nil, &ev, nil, nil
 	}
-	refuse := func(key ledger.CallKey, id identity.Identity, reason, pointer, detail string) (*checked, *ledger.Event, *kgo.Record) {
+	refuse := func(key ledger.CallKey, id identity.Identity, reason, pointer, detail string) (*checked, *ledger.Event, *kgo.Record, error) {
 		ev := p.refuse(key, env, id, now, reason, pointer, detail)
-		return nil, &ev, nil
+		return nil, &ev, nil, nil
 	}
 
 	if p.cfg.Identity == nil {
@@ -648,8 +652,14 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			// the sender, and a refusal under its key would read as
 			// its end.
 			key := ledger.CallKey{TenantID: lapsed.Identity.Tenant, IdempotencyKey: env.IdempotencyKey}
-			if _, err := p.cfg.Store.Get(ctx, key); errors.Is(err, processors.ErrNotFound) {
+			// A key that cannot be looked up fails the batch, to be
+			// tried again: filed under the reserved tenant, the
+			// refusal would be lost to its sender for good.
+			switch _, err := p.cfg.Store.Get(ctx, key); {
+			case errors.Is(err, processors.ErrNotFound):
 				return refuse(key, lapsed.Identity, ReasonAssertionPrefix+reason, "/assertion", detail)
+			case err != nil:
+				return nil, nil, nil, fmt.Errorf("look up %s for a lapsed assertion: %w", key, err)
 			}
 		}
 		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
@@ -664,7 +674,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 	if c != nil {
 		c.sent = requestSent(rec.Timestamp, now)
 	}
-	return c, refusal, nil
+	return c, refusal, nil, nil
 }
 
 // DeadlineSkew is how far a request's record timestamp (the producer's

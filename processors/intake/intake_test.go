@@ -1700,3 +1700,44 @@ func TestLapsedAssertionRefusedWhereItsSenderSeesIt(t *testing.T) {
 		})
 	}
 }
+
+// getFailsOnce is a store whose first read fails.
+type getFailsOnce struct {
+	intake.Store
+	failed atomic.Bool
+}
+
+func (s *getFailsOnce) Get(ctx context.Context, key ledger.CallKey) (processors.Record, error) {
+	if s.failed.CompareAndSwap(false, true) {
+		return processors.Record{}, errors.New("connection reset")
+	}
+	return s.Store.Get(ctx, key)
+}
+
+// An envelope whose assertion lapsed, and whose key the store cannot look
+// up (a store slow or down), fails its batch, to be tried again: its
+// redelivery is refused under the tenant and user its signature proves.
+// Before, the refusal went under the reserved tenant, for good, where its
+// sender never sees it.
+func TestLapsedAssertionKeyNotReadable(t *testing.T) {
+	f := newIntakeWith(t, func(c *intake.Config) {
+		v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
+			Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(11 * time.Minute) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Identity, c.Store = v, &getFailsOnce{Store: c.Store}
+	})
+	rec := f.envelopeRecord(t, "late", map[string]any{"title": "t"})
+	if out, err := f.in.Step(t.Context(), []*kgo.Record{rec}); err == nil {
+		t.Fatalf("Step() with the key unreadable = %+v, nil; want an error, the batch tried again", events(t, out))
+	}
+	out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := events(t, out)
+	if len(evs) != 1 || evs[0].Reason != intake.ReasonAssertionPrefix+"expired" || evs[0].TenantID != "t_a" || evs[0].UserID != "u_1" {
+		t.Errorf("events of the redelivery %+v; want one refusal, assertion_expired, under t_a/late for u_1", evs)
+	}
+}
