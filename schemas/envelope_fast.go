@@ -37,10 +37,8 @@ func envelopeMeets(v any) bool {
 		case "scope":
 			ok = scopeMeets(val)
 		case "idempotency_key":
-			// "." and ".." would be path segments in every URL that
-			// names the call (GET /v1/calls/{key}, the trace, the
-			// console), which clients and servers resolve away.
-			ok = isPrintableASCII(val, 1, 255) && val != "." && val != ".." && !edgeSpace(val.(string))
+			k, isString := val.(string)
+			ok = isString && ValidIdempotencyKey(k)
 
 		case "arguments_hash":
 			ok = isArgumentsHash(val)
@@ -108,6 +106,15 @@ func isToolName(v any) bool {
 // has it (^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$): a tenant an agent's call
 // can be filed under. The ledger's own (ledger.UnverifiedTenant) is not.
 func ValidTenantID(s string) bool { return isTenantID(s) }
+
+// ValidIdempotencyKey reports whether s is an idempotency key as the
+// envelope schema has it: 1 to 255 printable ASCII characters, neither
+// first nor last a space, and neither "." nor "..", which would be path
+// segments in every URL that names the call (GET /v1/calls/{key}, the
+// trace, the console), resolved away by clients and servers.
+func ValidIdempotencyKey(s string) bool {
+	return isPrintableASCII(s, 1, 255) && s != "." && s != ".." && !edgeSpace(s)
+}
 
 // isTenantID: ^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$.
 func isTenantID(v any) bool {

@@ -204,6 +204,9 @@ func leaf(id string, e *jsonschema.ValidationError, doc any) *ValidationError {
 		if i := strings.LastIndex(e.Message, " not multipleOf "); i >= 0 {
 			reason = "must be a multiple of " + e.Message[i+len(" not multipleOf "):]
 		}
+	case "not":
+		// The library says "not failed".
+		reason = "is a value the schema rules out (its \"not\")"
 	}
 	return &ValidationError{Schema: id, Pointer: ptr, Keyword: kw, Reason: reason}
 }

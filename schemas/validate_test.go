@@ -345,3 +345,18 @@ func TestValidatePathologicalNumber(t *testing.T) {
 		t.Errorf("Validate(1.000...) = %v; want a *ValidationError", err)
 	}
 }
+
+// A value a "not" rules out (an idempotency key "." or "..") is said to
+// be so: the library's own message, "not failed", was the refusal's
+// whole detail.
+func TestValidateNotSaysWhat(t *testing.T) {
+	env := decode(t, validEnvelope).(map[string]any)
+	env["idempotency_key"] = "."
+	var ve *ValidationError
+	if err := ValidateEnvelope(env); !errors.As(err, &ve) {
+		t.Fatalf("ValidateEnvelope() = %v; want a *ValidationError", err)
+	}
+	if ve.Pointer != "/idempotency_key" || ve.Keyword != "not" || !strings.Contains(ve.Reason, "rules out") {
+		t.Errorf("ValidateEnvelope() = %+v; want /idempotency_key's \"not\", saying the value is ruled out", ve)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
+	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -114,6 +115,7 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	var body []byte
 	var key ledger.CallKey
 	var callID string
+	keyless := false // --file's envelope names no key the intake can read
 	if f.file != "" {
 		var err error
 		if f.file == "-" {
@@ -126,10 +128,18 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		}
 		k, id, ok := ledger.LenientKey(body)
 		if !ok && f.wait {
-			return errors.New("--wait needs an envelope with scope.tenant_id and idempotency_key")
+			why := "no scope.tenant_id and idempotency_key that can be read (a tenant id, and a key of 1 to 255 printable ASCII characters, neither . nor ..)"
+			if !json.Valid(body) {
+				why = "not JSON"
+			}
+			return fmt.Errorf("--file %s: %s: the intake would put it on the DLQ, where --wait cannot follow it; without --wait it is published as is", f.file, why)
 		}
+		keyless = !ok
 		key, callID = k, id
 	} else {
+		if f.key != "" && !schemas.ValidIdempotencyKey(f.key) {
+			return fmt.Errorf("--key %q: an idempotency key is 1 to 255 printable ASCII characters, neither first nor last a space, and neither . nor ..", report.Printable(f.key))
+		}
 		var err error
 		if body, err = f.envelope(); err != nil {
 			return err
@@ -169,7 +179,11 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	if err := publish(ctx); err != nil {
 		return err
 	}
-	if !f.jsonOut {
+	switch {
+	case f.jsonOut:
+	case keyless:
+		fmt.Fprintf(out, "published an envelope with no key that can be read (not JSON, or no valid scope.tenant_id and idempotency_key) to %s: the intake puts it on the DLQ (%s)\n", g.kafka.requests, g.kafka.dlq)
+	default:
 		fmt.Fprintf(out, "published %s (call_id %s) to %s\n", key, callID, g.kafka.requests)
 	}
 	if !f.wait {

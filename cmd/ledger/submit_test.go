@@ -121,12 +121,18 @@ func TestSubmitWithoutAnAssertionPublishesNothing(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--key, --deadline: for an envelope built from the flags") {
 		t.Errorf("submit --file --key --deadline: %v; want both refused", err)
 	}
+	nothingPublished(t, cc, topics.Requests)
+}
+
+// nothingPublished fails t unless topic is empty.
+func nothingPublished(t *testing.T, cc ledger.ClientConfig, topic string) {
+	t.Helper()
 	cl, err := ledger.NewClient(cc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(t.Context(), topics.Requests)
+	ends, err := kadm.NewClient(cl).ListEndOffsets(t.Context(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +141,33 @@ func TestSubmitWithoutAnAssertionPublishesNothing(t *testing.T) {
 			t.Errorf("%s partition %d ends at %d; want nothing published", o.Topic, o.Partition, o.Offset)
 		}
 	})
+}
+
+// submit refuses, before publishing, a --key the envelope schema refuses
+// (the intake put such an envelope on the DLQ, and --wait waited out its
+// --timeout), and an unreadable --file envelope with --wait, saying why;
+// without --wait such an envelope still goes as is, and is said to be
+// bound for the DLQ, not "published / (call_id )".
+func TestSubmitRefusesAKeyTheLedgerWouldNot(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	dir := t.TempDir()
+	for _, key := range []string{".", "..", strings.Repeat("k", 256), " lead", "caf\u00e9"} {
+		err := cliErr(t, append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`, "--key", key, "--wait", "--timeout", "5s")...)
+		if err == nil || !strings.Contains(err.Error(), "an idempotency key is 1 to 255 printable ASCII characters") {
+			t.Errorf("submit --key %q: %v; want the key refused", key, err)
+		}
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"tool":"get_weather",`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cliErr(t, append(roleArgs(cc, topics), "submit", "--file", bad, "--wait", "--timeout", "5s")...); err == nil || !strings.Contains(err.Error(), "not JSON") {
+		t.Errorf("submit --file (not JSON) --wait: %v; want it said to be no JSON", err)
+	}
+	nothingPublished(t, cc, topics.Requests)
+	if out := cli(t, append(roleArgs(cc, topics), "submit", "--file", bad)...); !strings.Contains(out, "the intake puts it on the DLQ") {
+		t.Errorf("submit --file (not JSON):\n%s\nwant it said to be bound for the DLQ", out)
+	}
 }
 
 // submit --wait through Kafka does not take a call settled under the key
