@@ -220,7 +220,24 @@ func eventNote(e ledger.Event) string {
 	if e.ResultDigest != "" {
 		parts = append(parts, "result="+short(e.ResultDigest))
 	}
+	// Last, for it is the longest: a compensation's reason and who asked
+	// for it, an operator's evidence for a resolution, why a refusal.
+	if e.Detail != "" {
+		parts = append(parts, "detail="+strconv.Quote(clip(e.Detail, maxNoteDetail)))
+	}
 	return strings.Join(parts, " ")
+}
+
+// maxNoteDetail is how many characters of an event's detail a table
+// shows; --json has it whole.
+const maxNoteDetail = 160
+
+// clip is s cut to n runes, with an ellipsis when cut.
+func clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n]) + "…"
 }
 
 // short abbreviates a "sha256:<hex>" digest for a table.

@@ -84,6 +84,26 @@ func TestEventsTableNamesEachCredential(t *testing.T) {
 	}
 }
 
+// A call's events table shows each event's detail: who asked for a
+// compensation and why, an operator's evidence for a resolution. Before,
+// only --json did, though the README sends operators to the table. A
+// long one is cut, and --json has it whole.
+func TestEventsTableShowsDetail(t *testing.T) {
+	var buf bytes.Buffer
+	long := strings.Repeat("x", 2*maxNoteDetail)
+	if err := EventsTable(&buf, []ledger.Event{
+		{Type: statemachine.EventRequested, Seq: 1, Detail: "asked for by u_approver: goods returned"},
+		{Type: statemachine.EventSucceeded, Seq: 6, Reason: "resolved_by_operator", Detail: long},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[1], `detail="asked for by u_approver: goods returned"`) ||
+		!strings.Contains(lines[2], `detail="`+long[:maxNoteDetail]+`…"`) || strings.Contains(lines[2], long[:maxNoteDetail+1]) {
+		t.Errorf("events table:\n%s\nwant each event's detail, a long one cut at %d characters", buf.String(), maxNoteDetail)
+	}
+}
+
 // A blast radius's counts are cut at projections.MaxCounts values: the
 // table says how many values each has, from the answer's Distinct, not
 // how many it lists.
