@@ -44,7 +44,7 @@ func (f *staffFlags) register(cmd *cobra.Command) {
 	f.flags = fs
 	fs.StringVar(&f.api, "api", "http://"+devHTTPAddr, "the ledger's HTTP API: https, or http on loopback only (the requests carry the assertion)")
 	fs.StringVar(&f.assertion, "assertion", "", "the approver's assertion (a JWT with the approver role); default: minted by the dev issuer in --data-dir")
-	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "data directory of `ledger dev`, whose dev issuer mints the approver's assertion")
+	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "data directory of 'ledger dev', whose dev issuer mints the approver's assertion")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // TestConfigReferenceUpToDate fails when a flag changed and deploy/CONFIG.md
@@ -54,4 +57,24 @@ func TestConfigReferenceNamesEveryFlagsVariable(t *testing.T) {
 			t.Errorf("reference lacks %q", want)
 		}
 	}
+}
+
+// Every flag's help names its value by its type: pflag takes a usage's
+// first `quoted` words for that name, so that `ledger dev`'s data
+// directory read "--data-dir ledger dev" in every command's help.
+func TestFlagValueNames(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.LocalFlags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) {
+				if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " ") {
+					t.Errorf("%s --%s shows its value as %q: a usage's `quoted` words name it", c.CommandPath(), f.Name, name)
+				}
+			})
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRoot())
 }

@@ -36,7 +36,7 @@ type clickhouseFlags struct {
 }
 
 func (c *clickhouseFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&c.dsn, "clickhouse-dsn", "", "ClickHouse of the projection (native protocol), e.g. clickhouse://default@127.0.0.1:9000/ledger; empty: the embedded projection of `ledger dev`")
+	fs.StringVar(&c.dsn, "clickhouse-dsn", "", "ClickHouse of the projection (native protocol), e.g. clickhouse://default@127.0.0.1:9000/ledger; empty: the embedded projection of 'ledger dev'")
 	fs.StringVar(&c.database, "clickhouse-database", "", "ClickHouse database of the projection's tables (default: the DSN's, else ledger)")
 	c.registerLimits(fs)
 }
@@ -94,7 +94,7 @@ func (q *queryFlags) register(fs *pflag.FlagSet) {
 	q.ch.register(fs)
 	fs.StringVar(&q.api, "api", "http://"+devHTTPAddr, "the ledger's HTTP API, asked when there is no --clickhouse-dsn: https, or http on loopback only (the requests carry the assertion)")
 	fs.StringVar(&q.assertion, "assertion", "", "an operator's assertion for --api; default: minted by the dev issuer in --data-dir")
-	fs.StringVar(&q.dataDir, "data-dir", devDataDir, "data directory of `ledger dev`, whose dev issuer mints the operator's assertion")
+	fs.StringVar(&q.dataDir, "data-dir", devDataDir, "data directory of 'ledger dev', whose dev issuer mints the operator's assertion")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")

@@ -75,11 +75,11 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.IntVar(&f.retryLater, "retry-later", 3, "with --wait: how many times to send the envelope again, same key, after a refusal for now (rate_limited, policy_timeout, policy_unavailable) once the wait it names has passed, if its answer can come within --timeout (0: never)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
 	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider) of an envelope built from the flags; default: one minted by the dev issuer in --data-dir (without either, submit refuses to send: the ledger would refuse the call). Not with --file, whose envelope is sent as is")
-	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "data directory of `ledger dev`, whose dev issuer signs the assertion when --assertion is empty")
+	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "data directory of 'ledger dev', whose dev issuer signs the assertion when --assertion is empty")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")
-	fs.StringVar(&f.api, "api", "", "submit through this ledger API (`ledger api`, e.g. https://ledger.example.com) instead of Kafka, with the envelope's assertion as the bearer: --wait then reads the call back from the API, with its result (for the call's own user), and needs no access to Kafka; --json prints the call as the API answers it, or the refusal that answered this submission")
+	fs.StringVar(&f.api, "api", "", "submit through this ledger API ('ledger api', e.g. https://ledger.example.com) instead of Kafka, with the envelope's assertion as the bearer: --wait then reads the call back from the API, with its result (for the call's own user), and needs no access to Kafka; --json prints the call as the API answers it, or the refusal that answered this submission")
 	return cmd
 }
 

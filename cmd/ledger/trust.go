@@ -295,7 +295,7 @@ func newTokenCmd(g *globals) *cobra.Command {
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&dataDir, "data-dir", devDataDir, "the data directory of `ledger dev`, where the dev issuer's key is")
+	fs.StringVar(&dataDir, "data-dir", devDataDir, "the data directory of 'ledger dev', where the dev issuer's key is")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")
