@@ -526,7 +526,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
-	rf.registerControls(cmd, "no request leaves for a tool (each waits, up to its call's deadline, then fails with code control_state_stale): every executor applies a freeze, or stops sending, within this long", true)
+	rf.registerControls(cmd, "no request leaves for a tool (each waits, up to its call's deadline or its claim's lease, whichever ends first: a call whose deadline ends the wait fails with code control_state_stale, one whose lease ends it is given back, to be claimed again): every executor applies a freeze, or stops sending, within this long", true)
 	rf.registerOps(cmd)
 	rf.registerSpans(cmd)
 	rf.registerLoop(cmd)

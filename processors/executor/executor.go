@@ -123,6 +123,10 @@ var (
 	// the claim's lease (not the call's deadline), before the attempt
 	// was sent.
 	errNoSlotInLease = errors.New("no bulkhead slot within the claim's lease")
+	// errStaleInLease: the wait for a copy of the control topic known
+	// current took the claim's lease (not the call's deadline), before
+	// the attempt was sent.
+	errStaleInLease = errors.New("control state not current within the claim's lease")
 	// errJTIRevoked: the call's jti was, which the tools refuse for good.
 	errJTIRevoked = &heldBack{ReasonJTIRevoked}
 )
@@ -242,9 +246,12 @@ type Config struct {
 	// sent to be refused. Zero: credentials.DefaultSkew.
 	RevocationSkew time.Duration
 	// ControlMaxStaleness is how old Freezes may be when a request
-	// leaves: a request waits, up to its call's deadline, for a copy
-	// known to hold every freeze made up to this long ago (a call that
-	// times out so fails, code control_state_stale). Zero:
+	// leaves: a request waits, up to its call's deadline or its claim's
+	// lease, for a copy known to hold every freeze made up to this long
+	// ago. A call whose deadline ends the wait fails, code
+	// control_state_stale; one whose lease ends it first, having sent
+	// nothing, is given back (processors.Store.Release) for
+	// RetryBackoff, to be claimed again. Zero:
 	// control.DefaultMaxStaleness; negative: not checked.
 	ControlMaxStaleness time.Duration
 	// Policy decides an approved call again right before it runs, with
@@ -1465,7 +1472,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			}
 		}
 		lastErr = err
-		if again := x.cfg.Now().Add(x.cfg.RetryBackoff); errors.Is(err, errNoSlotInLease) &&
+		if again := x.cfg.Now().Add(x.cfg.RetryBackoff); (errors.Is(err, errNoSlotInLease) || errors.Is(err, errStaleInLease)) &&
 			(rec.DeadlineAt.IsZero() && approvalHolds(&tmpl, again) || roomFor(rec, tmpl, again)) {
 			// Only the claim's lease ran out waiting for a slot of the
 			// tool's bulkhead, for a call that may be given back
@@ -1475,7 +1482,14 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			// backlog drains as its calls end (each within the tool's
 			// timeout), so a call without a deadline is given back too.
 			// A taken-over call is not: its first owner may have sent
-			// it, which a claim given back would forget.
+			// it, which a claim given back would forget. So too when
+			// the lease ran out waiting for a current copy of the kill
+			// switch: another executor's, or this one's caught up, may
+			// let the call through within its deadline.
+			if errors.Is(err, errStaleInLease) {
+				return x.releaseClaim(ctx, c, log, refusal{reason: CodeControlStale,
+					detail: "no copy of the control topic known current within the claim's lease; nothing was sent"})
+			}
 			return x.releaseClaim(ctx, c, log, refusal{reason: "bulkhead_full",
 				detail: fmt.Sprintf("no slot of %s's bulkhead within the claim's lease; nothing was sent", tool.Name)})
 		}
@@ -1902,7 +1916,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, or its tool version is unknown here); claim given back, to be tried again", "reason", r.reason,
+	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot (or the control topic no copy known current) within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, or its tool version is unknown here); claim given back, to be tried again", "reason", r.reason,
 		"detail", r.detail, "retry_after", rel.After)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}
@@ -2084,7 +2098,8 @@ func (s secrets) in(p, q []byte) bool {
 // may be given back (nothing of its claim may have reached the tool, and
 // it was not taken over); if so, and the wait for a slot takes the
 // claim's lease, the attempt is not sent and its error matches
-// errNoSlotInLease.
+// errNoSlotInLease; if the wait for a current copy of the kill switch
+// does, errStaleInLease.
 func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, givable bool, sec *secrets, c *completion) (httptool.Response, error) {
 	left := func() time.Duration {
 		dl, _ := ctx.Deadline()
@@ -2092,6 +2107,14 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	}
 	before := left()
 	givable = givable && x.leaseBound(rec)
+	// A call its breaker will refuse takes no slot, nor waits for one:
+	// either would count its tenant as using the tool, and a tenant whose
+	// calls all meet its open breaker would hold the others to their
+	// shares while it sends nothing. It goes as Execute's refusal goes.
+	if err := g.refusal(); err != nil {
+		x.cfg.Metrics.ToolCall(tool.Name, toolCallResult(err), 0)
+		return httptool.Response{}, err
+	}
 	release, err := x.acquire(ctx, g)
 	if err != nil {
 		if givable && errors.Is(err, context.DeadlineExceeded) {
@@ -2114,6 +2137,9 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	// the control topic stops sending rather than miss a freeze.
 	if x.cfg.Freezes != nil {
 		if err := x.cfg.Freezes.Current(ctx, x.cfg.ControlMaxStaleness); err != nil {
+			if givable && errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%w: %w", errStaleInLease, err)
+			}
 			return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "the kill switch's state is not known to be current", Err: err}
 		}
 		if _, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {

@@ -300,31 +300,54 @@ func TestHeldBackProbeLeavesTheBreakerHalfOpen(t *testing.T) {
 
 // An executor whose copy of the kill switch is not known to be current
 // (its control consumer stalled, say) sends nothing: a request waits for
-// the copy to catch up, up to its call's deadline. One that catches up in
-// time goes out; one that does not fails, not started, code
-// control_state_stale. Before, the executor sent on whatever copy it had,
-// missing the freezes it had not heard of.
+// the copy to catch up, up to its call's deadline or its claim's lease,
+// whichever ends first. One that catches up in time goes out; one whose
+// deadline ends the wait fails, not started, code control_state_stale;
+// one whose claim's lease ends it, its deadline further off, is given
+// back (executing, without an owner), to be claimed again. Before, the
+// executor sent on whatever copy it had, missing the freezes it had not
+// heard of; and a call whose lease ended the wait failed for good,
+// control_state_stale, though nothing was sent and its deadline left
+// room.
 func TestStaleKillSwitchSendsNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
+		deadlineMS int64
 		freshAfter time.Duration // 0: never
-		want       []string
+		want       []string      // nil: given back
 		code       string
 		applied    int
 	}{
-		{"caught up in time", 200 * time.Millisecond, []string{"executing", "succeeded"}, "", 1},
-		{"never caught up", 0, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.CodeControlStale, 0},
+		{"caught up in time", 1500, 200 * time.Millisecond, []string{"executing", "succeeded"}, "", 1},
+		{"never caught up", 1500, 0, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.CodeControlStale, 0},
+		// create_ticket's lease in the rig: two attempts of 2s.
+		{"not caught up within the lease", 60_000, 0, nil, "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
-			auth := r.admit("create_ticket", "ks", map[string]any{"title": "t"}, 1500)
+			auth := r.admit("create_ticket", "ks", map[string]any{"title": "t"}, tc.deadlineMS)
 			fz := &switchedFreezes{fresh: make(chan struct{})}
 			fz.stale.Store(true)
 			if tc.freshAfter > 0 {
 				time.AfterFunc(tc.freshAfter, func() { close(fz.fresh) })
 			}
 			start := time.Now()
-			stepEndsAs(t, r.executor(func(c *executor.Config) { c.Freezes = fz }), auth, tc.want, tc.code)
+			x := r.executor(func(c *executor.Config) { c.Freezes = fz })
+			if tc.want != nil {
+				stepEndsAs(t, x, auth, tc.want, tc.code)
+			} else {
+				out, err := x.Step(t.Context(), []*kgo.Record{auth})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if evs := decodeAll(t, out.Records); len(evs) != 0 {
+					t.Fatalf("events %v, code %q; want none (given back)", summary(evs), evs[len(evs)-1].ErrorCode)
+				}
+				ev := authorizedEvent(t, auth)
+				if rec, err := r.store.Get(t.Context(), ev.Key()); err != nil || rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" {
+					t.Fatalf("its record: %s owned by %q (%v); want executing, given back", rec.Status, rec.LeaseOwner, err)
+				}
+			}
 			if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/ks"); n != tc.applied {
 				t.Errorf("applied %d times; want %d", n, tc.applied)
 			}

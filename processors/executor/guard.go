@@ -32,9 +32,13 @@ type toolGuard struct {
 	// handed on among them alone, not among every tenant of the tool.
 	waiting map[*guard]struct{}
 	// queued numbers the calls queued for a slot, in the order they
-	// came: of the tenants equally served, the one whose first call
+	// came: of the tenants otherwise equal, the one whose first call
 	// came first goes first.
 	queued uint64
+	// served numbers the slots taken, in the order they were taken:
+	// of the tenants holding as few, the one served least recently
+	// goes first (guard.served).
+	served uint64
 	// recent are the last two distinct tenants to use the tool, the
 	// latest first: enough to tell whether another tenant than a given
 	// one used it lately.
@@ -77,6 +81,26 @@ type guard struct {
 	users    int       // calls and lookups holding the guard: it is not pruned meanwhile
 	slow     int       // the tenant's calls to the tool running past a step's budget
 	lastUsed time.Time
+	// served is the number (toolGuard.served) of the last slot the
+	// tenant took; 0: none yet.
+	served uint64
+}
+
+// refusal is the error g's breaker would refuse a call with now
+// (gobreaker.ErrOpenState, ErrTooManyRequests), or nil if it would let
+// one through. Execute decides the race with a call admitted meanwhile.
+func (g *guard) refusal() error {
+	switch g.breaker.State() {
+	case gobreaker.StateOpen:
+		return gobreaker.ErrOpenState
+	case gobreaker.StateHalfOpen:
+		// Its probes are out; one excluded (held back) does not count,
+		// as Execute does not count it.
+		if c := g.breaker.Counts(); c.Requests-min(c.TotalExclusions, c.Requests) >= probes {
+			return gobreaker.ErrTooManyRequests
+		}
+	}
+	return nil
 }
 
 // waiter is a call queued for a slot: ready is closed when it is handed
@@ -93,15 +117,17 @@ type waiter struct {
 //
 // A call that cannot take a slot at once queues for one, and a slot
 // given back goes to one queued call (handOffLocked): of the tenants
-// that may take it, the one holding the fewest slots, then the one whose
-// first queued call came first. So a tenant that filled the bulkhead and
-// queued a burst while alone does not keep a tenant that comes then
-// waiting behind its burst: that tenant's call takes the next slot given
-// back, and the first tenant's calls wait until it holds less than its
-// share. One wake-up per slot, however many wait: waking them all to
-// race for it cost time quadratic in the queue, which under overload
-// (thousands of claimed calls waiting for a bulkhead of 16) took half the
-// executor's CPU.
+// that may take it, the one holding the fewest slots, then the one
+// served least recently (the giver, one slot fewer once it gave it back,
+// may tie with a newcomer: with a share of one, at none), then the one
+// whose first queued call came first. So a tenant that filled the
+// bulkhead and queued a burst while alone does not keep a tenant that
+// comes then waiting behind its burst: that tenant's call takes the next
+// slot given back, and the first tenant's calls wait until it holds less
+// than its share. One wake-up per slot, however many wait: waking them
+// all to race for it cost time quadratic in the queue, which under
+// overload (thousands of claimed calls waiting for a bulkhead of 16)
+// took half the executor's CPU.
 func (x *Executor) acquire(ctx context.Context, g *guard) (release func(), err error) {
 	now := x.cfg.Now()
 	tg := g.tg
@@ -155,12 +181,14 @@ func (x *Executor) holdLocked(g *guard, now time.Time) {
 	g.held++
 	g.tg.inUse++
 	g.tg.used(g.tenant, now)
+	g.tg.served++
+	g.served = g.tg.served
 }
 
 // handOffLocked hands the tool's free slots to the calls queued for one,
 // as far as their tenants' shares allow: each to the first queued call of
-// the tenant that holds the fewest slots, of those equal the one queued
-// first.
+// the tenant that holds the fewest slots, of those equal the one served
+// least recently, then the one queued first.
 func (x *Executor) handOffLocked(tg *toolGuard, now time.Time) {
 	for tg.inUse < tg.size && len(tg.waiting) > 0 {
 		var next *guard
@@ -168,7 +196,7 @@ func (x *Executor) handOffLocked(tg *toolGuard, now time.Time) {
 			if !x.mayHoldLocked(g, now) {
 				continue
 			}
-			if next == nil || g.held < next.held || g.held == next.held && first(g) < first(next) {
+			if next == nil || g.held < next.held || g.held == next.held && (g.served < next.served || g.served == next.served && first(g) < first(next)) {
 				next = g
 			}
 		}
@@ -266,12 +294,16 @@ func (x *Executor) pruneLocked(now time.Time) {
 	}
 }
 
+// probes is how many calls a half-open breaker lets through to try the
+// tool (gobreaker's MaxRequests).
+const probes = 1
+
 func (x *Executor) newBreaker(tool, tenant string) *gobreaker.CircuitBreaker[httptool.Response] {
 	bc := x.cfg.Breaker
 	log, m := x.cfg.Logger, x.cfg.Metrics
 	return gobreaker.NewCircuitBreaker[httptool.Response](gobreaker.Settings{
 		Name:        tool + "/" + tenant,
-		MaxRequests: 1,
+		MaxRequests: probes,
 		Interval:    bc.Window,
 		Timeout:     bc.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool {

@@ -2,12 +2,19 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
@@ -51,6 +58,77 @@ func TestClaimedOnlyTenantLeavesTheBulkheadWhole(t *testing.T) {
 			t.Fatalf("t_a's slot %d: %v; want every slot, t_b having sent nothing", i+1, err)
 		}
 		defer release()
+	}
+}
+
+// A tenant whose calls its own breaker refuses (open, or half-open with
+// its probe out) does not hold the tenant that calls the tool to its
+// share: its call takes no slot, so it does not count as using the tool,
+// and the other tenant takes every slot. A half-open breaker whose probe
+// was held back (excluded) lets the next call through, and is not taken
+// for one with its probe out. Before, the call took a slot, marking its
+// tenant as using the tool, and only then met its breaker: a tenant
+// whose calls all met its open breaker kept the others to a quarter of
+// the bulkhead while it sent nothing.
+func TestOpenBreakerTenantLeavesTheBulkheadWhole(t *testing.T) {
+	fail := func() (httptool.Response, error) { return httptool.Response{}, errors.New("down") }
+	for _, tc := range []struct {
+		name  string
+		probe func() (httptool.Response, error) // nil: the breaker stays open
+		out   bool                              // the probe has not returned
+		want  error
+	}{
+		{"open", nil, false, gobreaker.ErrOpenState},
+		{"half-open, its probe out", func() (httptool.Response, error) { return httptool.Response{}, nil }, true, gobreaker.ErrTooManyRequests},
+		{"half-open, its probe held back", func() (httptool.Response, error) { return httptool.Response{}, errFrozen }, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x, tool := newBulkhead(4) // a share of 1
+			x.cfg.Breaker.OpenFor = 20 * time.Millisecond
+			a, b := x.guard(tool, "t_a"), x.guard(tool, "t_b")
+			for range x.cfg.Breaker.MinRequests {
+				a.breaker.Execute(fail)
+			}
+			if tc.probe != nil {
+				ledgertest.WaitFor(t, 5*time.Second, func() error {
+					if st := a.breaker.State(); st != gobreaker.StateHalfOpen {
+						return fmt.Errorf("t_a's breaker %s; want half-open", st)
+					}
+					return nil
+				})
+				if tc.out {
+					done := make(chan struct{})
+					defer close(done)
+					go a.breaker.Execute(func() (httptool.Response, error) { <-done; return tc.probe() })
+					ledgertest.WaitFor(t, 5*time.Second, func() error {
+						if n := a.breaker.Counts().Requests; n != 1 {
+							return fmt.Errorf("t_a's breaker admitted %d probes; want 1", n)
+						}
+						return nil
+					})
+				} else {
+					a.breaker.Execute(tc.probe)
+				}
+			}
+			if got := a.refusal(); got != tc.want {
+				t.Fatalf("t_a's breaker (%s) refuses with %v; want %v", a.breaker.State(), got, tc.want)
+			}
+			if tc.want == nil {
+				return
+			}
+			if _, err := x.attempt(t.Context(), a, tool, "http://tool.invalid", ledger.Event{}, processors.Record{}, 1, false, &secrets{}, &completion{}); !errors.Is(err, tc.want) {
+				t.Fatalf("t_a's attempt: %v; want %v", err, tc.want)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			defer cancel()
+			for i := range 4 {
+				release, err := x.acquire(ctx, b)
+				if err != nil {
+					t.Fatalf("t_b's slot %d: %v; want every slot, t_a's breaker refusing its calls", i+1, err)
+				}
+				defer release()
+			}
+		})
 	}
 }
 
@@ -136,26 +214,8 @@ func TestBulkheadNewTenantNotBehindAQueue(t *testing.T) {
 		}
 		releases = append(releases, r)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
 	const burst = 6
-	aGot := make(chan func(), burst)
-	for i := range burst {
-		go func() {
-			if r, err := x.acquire(ctx, a); err == nil {
-				aGot <- r
-			}
-		}()
-		waitQueued(t, x, a, i+1)
-	}
-	b := x.guard(tool, "t_b")
-	bGot := make(chan func(), 1)
-	go func() {
-		if r, err := x.acquire(ctx, b); err == nil {
-			bGot <- r
-		}
-	}()
-	waitQueued(t, x, b, 1)
+	aGot, bGot := queueBurst(t, x, a, x.guard(tool, "t_b"), burst)
 
 	releases[0]()
 	select {
@@ -182,6 +242,66 @@ func TestBulkheadNewTenantNotBehindAQueue(t *testing.T) {
 	}
 	if q := queued(x, a); q != burst-1 {
 		t.Errorf("t_a holding its share again: %d of its calls queued; want %d", q, burst-1)
+	}
+}
+
+// queueBurst queues burst calls of a for a slot of its tool's bulkhead,
+// then one of b, each once the one before is queued; a slot handed to
+// one comes on aGot or bGot. The calls still queued give up when t ends.
+func queueBurst(t *testing.T, x *Executor, a, b *guard, burst int) (aGot, bGot chan func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	aGot, bGot = make(chan func(), burst), make(chan func(), 1)
+	for i := range burst {
+		go func() {
+			if r, err := x.acquire(ctx, a); err == nil {
+				aGot <- r
+			}
+		}()
+		waitQueued(t, x, a, i+1)
+	}
+	go func() {
+		if r, err := x.acquire(ctx, b); err == nil {
+			bGot <- r
+		}
+	}()
+	waitQueued(t, x, b, 1)
+	return aGot, bGot
+}
+
+// With a bulkhead of one slot (a share of one), a tenant that comes while
+// another's burst is queued takes the next slot given back: of tenants
+// holding as few slots, the one served least recently goes first. Before,
+// the giver held none once it gave its slot back, both tied at none, and
+// the tie went to the earliest queued call: the newcomer waited behind
+// the whole burst.
+func TestBulkheadOneSlotNewTenantNotBehindAQueue(t *testing.T) {
+	x, tool := newBulkhead(1)
+	a, b := x.guard(tool, "t_a"), x.guard(tool, "t_b")
+	release, err := x.acquire(t.Context(), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const burst = 5
+	aGot, bGot := queueBurst(t, x, a, b, burst)
+
+	release()
+	select {
+	case r := <-bGot:
+		r()
+	case r := <-aGot:
+		q := queued(x, a)
+		r()
+		t.Fatalf("the slot given back went to t_a's queued call (%d of its %d still queued), t_b's waiting", q, burst)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot given back went to no queued call")
+	}
+	select {
+	case r := <-aGot:
+		defer r()
+	case <-time.After(10 * time.Second):
+		t.Fatal("t_b gave its slot back, t_a's first queued call did not get it")
 	}
 }
 

@@ -1295,6 +1295,11 @@ func (r *Reconciler) swept(listed []processors.Record, passEnded bool) {
 // tool's bulkhead and breaker, and says when the request was sent (zero
 // if it was not).
 func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, sec secrets) (resp httptool.Response, sent time.Time, err error) {
+	// As an attempt: a lookup its breaker will refuse takes no slot,
+	// which would count its tenant as using the tool.
+	if err := g.refusal(); err != nil {
+		return httptool.Response{}, time.Time{}, err
+	}
 	release, err := r.x.acquire(ctx, g)
 	if err != nil {
 		return httptool.Response{}, time.Time{}, err
