@@ -232,6 +232,16 @@ has them all) is not swapped in without --force.`,
 				if err := stopped("before the replay"); err != nil {
 					return err
 				}
+				// The live tables take the rebuild's, of this build's
+				// schema version, only at that version (or never
+				// migrated).
+				if v, err := live.SchemaVersion(ctx); err != nil {
+					return err
+				} else if want := chstore.LatestVersion(); v > want {
+					return fmt.Errorf("clickhouse database %s is at schema version %d, newer than this build's %d: rebuild --swap with the build that migrated it", live.Database(), v, want)
+				} else if v != 0 && v < want {
+					return fmt.Errorf("clickhouse database %s is at schema version %d, and the rebuild will be at this build's %d: migrate %s first (`ledger projector migrate`, with the projector stopped), then rebuild --swap", live.Database(), v, want, live.Database())
+				}
 			}
 			fresh, err := chstore.Open(ctx, chstore.Config{DSN: ch.dsn, Database: into, Logger: logger})
 			if err != nil {
@@ -266,6 +276,12 @@ has them all) is not swapped in without --force.`,
 			if !swap {
 				return nil
 			}
+			// Again: a projector started during the replay (a restart
+			// in the hour it can take) has written into the live tables
+			// since. Checked first: what it wrote, the rebuild lacks.
+			if err := stopped("after the replay (a projector started while it ran); the rebuild is kept in " + into + ", not swapped"); err != nil {
+				return err
+			}
 			// A live database never migrated (a first deployment from a
 			// rebuild, a swap that failed half way) has nothing to lose.
 			if v, err := live.SchemaVersion(ctx); err != nil {
@@ -274,12 +290,6 @@ has them all) is not swapped in without --force.`,
 				if err := rebuildHoldsAll(ctx, live, fresh); err != nil {
 					return err
 				}
-			}
-			// Again: a projector started during the replay (a restart
-			// in the hour it can take) has written into the live tables
-			// since.
-			if err := stopped("after the replay (a projector started while it ran); the rebuild is kept in " + into + ", not swapped"); err != nil {
-				return err
 			}
 			// Swap, then move the offsets: offsets moved before a swap
 			// that failed would skip records for the live tables; a
@@ -329,6 +339,8 @@ first; a group with members is refused.`,
 			}
 			out := cmd.OutOrStdout()
 			moves := make(map[string]map[int32]int64)
+			// Said once the offsets are moved.
+			var said strings.Builder
 			for _, p := range s.Partitions {
 				if p.Committed >= p.Start || p.Committed < 0 && p.Start == 0 {
 					continue
@@ -338,18 +350,22 @@ first; a group with members is refused.`,
 				}
 				moves[p.Topic][p.Partition] = p.Start
 				if p.Committed < 0 {
-					fmt.Fprintf(out, "%s/%d: no committed offset (expired or deleted), and offsets before %d were deleted; the group goes on from %d\n",
+					fmt.Fprintf(&said, "%s/%d: no committed offset (expired or deleted), and offsets before %d were deleted; the group goes on from %d\n",
 						p.Topic, p.Partition, p.Start, p.Start)
 					continue
 				}
-				fmt.Fprintf(out, "%s/%d: offsets %d to %d were deleted before they were projected; the group goes on from %d\n",
+				fmt.Fprintf(&said, "%s/%d: offsets %d to %d were deleted before they were projected; the group goes on from %d\n",
 					p.Topic, p.Partition, p.Committed, p.Start-1, p.Start)
 			}
 			if len(moves) == 0 {
 				fmt.Fprintf(out, "group %s: no committed offset lies before the log start; nothing to skip\n", group)
 				return nil
 			}
-			return projector.CommitOffsets(ctx, cc, group, moves)
+			if err := projector.CommitOffsets(ctx, cc, group, moves); err != nil {
+				return err
+			}
+			fmt.Fprint(out, said.String())
+			return nil
 		},
 	}
 

@@ -59,6 +59,38 @@ func TestProjectorSkipDeleted(t *testing.T) {
 	}
 }
 
+// skip-deleted refused by the broker (a projector of the group runs) says
+// nothing of the group going on: before, it said so for each partition,
+// then failed.
+func TestProjectorSkipDeletedSaysNothingWhenRefused(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	group := k.Group("skip-deleted-refused")
+	ev := k.Topics.Events
+	adm := produceAcross(t, k)
+	if err := projector.CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 1, 1: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	deleteBefore(t, adm, ev, map[int32]int64{0: 3})
+	joined := make(chan struct{})
+	var once sync.Once
+	member, err := ledger.NewClient(k.Client, kgo.ConsumerGroup(group), kgo.ConsumeTopics(ev),
+		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { once.Do(func() { close(joined) }) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	select {
+	case <-joined:
+	case <-time.After(15 * time.Second):
+		t.Fatal("test setup: the member never joined")
+	}
+	out, err := cliOut(t.Context(), "projector", "skip-deleted", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
+		"--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group)
+	if !errors.Is(err, projector.ErrGroupActive) || strings.Contains(out, "goes on") {
+		t.Errorf("skip-deleted with a projector running: %v, said:\n%s\nwant ErrGroupActive, and nothing of the group going on", err, out)
+	}
+}
+
 // produceAcross produces ten requested events to k's events topic of two
 // partitions, offsets 0 to 4 on each, and returns an admin client of k.
 func produceAcross(t *testing.T, k *ledgertest.Kafka) *kadm.Client {
@@ -371,9 +403,16 @@ func TestRebuildSwapRefusesAProjectorStartedDuringTheReplay(t *testing.T) {
 	dsn, db := chtest.DSN(t), chtest.FreshDatabase(t)
 	t.Cleanup(func() { chtest.DropDatabase(t, dsn, db+"_rebuild") })
 	cli(t, "projector", "migrate", "--clickhouse-dsn", dsn, "--clickhouse-database", db)
+	live, err := chstore.Open(ctx, chstore.Config{DSN: dsn, Database: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
 
 	// The first fetch (the check before the replay, or the replay) waits
-	// until a member of the group has joined.
+	// until a member of the group has joined, and written an event of
+	// the log past the replay's end (produced since) into the live
+	// tables, as a projector does: one the rebuild lacks.
 	joined := make(chan struct{})
 	var (
 		once   sync.Once
@@ -403,13 +442,17 @@ func TestRebuildSwapRefusesAProjectorStartedDuringTheReplay(t *testing.T) {
 		k.Cluster.SleepControl(func() {
 			select {
 			case <-joined:
+				e := ledger.Event{V: 1, EventID: "e-later", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(), TenantID: "t_a", IdempotencyKey: "k-later", Tool: "refund_order"}
+				if err := live.Write(ctx, projections.Batch{Events: []projections.Event{{Event: e}}}); err != nil {
+					t.Error(err)
+				}
 			case <-time.After(15 * time.Second):
 			}
 		})
 		return nil, nil, false
 	})
 
-	err := cliErr(t, "projector", "rebuild", "--swap", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
+	err = cliErr(t, "projector", "rebuild", "--swap", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
 		"--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control, "--group", group,
 		"--clickhouse-dsn", dsn, "--clickhouse-database", db)
 	select {
@@ -417,16 +460,53 @@ func TestRebuildSwapRefusesAProjectorStartedDuringTheReplay(t *testing.T) {
 	default:
 		t.Fatal("test setup: the member never joined")
 	}
+	// Refused for the projector, not for what it wrote (blamed on the
+	// log's retention before).
 	if err == nil || !strings.Contains(err.Error(), "stop the projector") {
 		t.Errorf("rebuild --swap with a projector started during the replay: %v; want it refused", err)
 	}
+	if n, err := live.EventRows(ctx); err != nil || n != 1 {
+		t.Errorf("live events after the refused swap = %d, %v; want the live tables kept (1)", n, err)
+	}
+}
+
+// rebuild --swap over a live database of an older schema version is
+// refused before the replay, naming the database to migrate: before, it
+// replayed the whole log, and the swap then blamed the rebuild.
+func TestRebuildSwapRefusesAnOlderLiveSchemaFirst(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	group := k.Group("swap-older")
+	ctx := t.Context()
+	produceOneEvent(t, k)
+	dsn, db, into := chtest.DSN(t), chtest.FreshDatabase(t), chtest.FreshDatabase(t)
+	cli(t, "projector", "migrate", "--clickhouse-dsn", dsn, "--clickhouse-database", db)
+	older := chstore.LatestVersion() - 1
+	chtest.Exec(t, dsn, fmt.Sprintf("ALTER TABLE `%s`.schema_migrations DELETE WHERE version > %d", db, older))
 	live, err := chstore.Open(ctx, chstore.Config{DSN: dsn, Database: db})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer live.Close()
-	if n, err := live.EventRows(ctx); err != nil || n != 0 {
-		t.Errorf("live events after the refused swap = %d, %v; want the live tables kept (0)", n, err)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if v, err := live.SchemaVersion(ctx); err != nil || v != older {
+			return fmt.Errorf("schema version %d, %v; want %d", v, err, older)
+		}
+		return nil
+	})
+
+	err = cliErr(t, "projector", "rebuild", "--swap", "--into", into, "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
+		"--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control, "--group", group,
+		"--clickhouse-dsn", dsn, "--clickhouse-database", db)
+	if err == nil || !strings.Contains(err.Error(), "migrate "+db) || !strings.Contains(err.Error(), "`ledger projector migrate`") {
+		t.Errorf("rebuild --swap over schema version %d: %v; want it refused, saying to migrate %s", older, err, db)
+	}
+	rebuilt, err := chstore.Open(ctx, chstore.Config{DSN: dsn, Database: into})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rebuilt.Close()
+	if v, err := rebuilt.SchemaVersion(ctx); err != nil || v != 0 {
+		t.Errorf("--into %s after the refusal: schema version %d, %v; want untouched (0), refused before the replay", into, v, err)
 	}
 }
 

@@ -95,6 +95,16 @@ const DefaultQuestionMaxMemory = 1 << 30
 // memoryLimitExceeded is ClickHouse's MEMORY_LIMIT_EXCEEDED error code.
 const memoryLimitExceeded = 241
 
+// tableTooLargeToDrop is ClickHouse's TABLE_SIZE_EXCEEDS_MAX_DROP_SIZE_LIMIT
+// error code: the server refuses to drop a table larger than its
+// max_table_size_to_drop (50 GB by default).
+const tableTooLargeToDrop = 359
+
+// forceDrop says how to drop a table the server refuses to drop for its
+// size.
+const forceDrop = "create the flag file flags/force_drop_table in the server's data path (e.g. /var/lib/clickhouse/flags/force_drop_table, writable by the server, which removes it after one drop: one file per table), " +
+	"or raise max_table_size_to_drop in the server config (0: no limit)"
+
 // dbNameRE is what a database name may be: it is spliced into SQL.
 var dbNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
@@ -106,6 +116,11 @@ type Store struct {
 	logger *slog.Logger
 	// questionMem is Config.QuestionMaxMemory, 0 for none.
 	questionMem int64
+	// failDrop, if set, is asked before each DROP TABLE of a table
+	// (by name) and its error returned as the server's: tests make a
+	// drop fail as a server refusing a table over max_table_size_to_drop
+	// does, which they cannot configure.
+	failDrop func(table string) error
 }
 
 // Open connects to the server of cfg.DSN and checks that it answers. It
@@ -471,19 +486,41 @@ func (s *Store) DropDatabase(ctx context.Context) error {
 	return nil
 }
 
+// drop drops table of the store's database, if it exists.
+func (s *Store) drop(ctx context.Context, table string) error {
+	if s.failDrop != nil {
+		if err := s.failDrop(table); err != nil {
+			return err
+		}
+	}
+	return s.conn.Exec(ctx, "DROP TABLE IF EXISTS "+s.table(table))
+}
+
+// dropTable is drop, its error saying where, and explained when the
+// server refuses to drop the table for its size.
+func (s *Store) dropTable(ctx context.Context, table string) error {
+	err := s.drop(ctx, table)
+	var ex *clickhouse.Exception
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ex) && ex.Code == tableTooLargeToDrop:
+		return s.wrap("drop "+table+", larger than the server's max_table_size_to_drop (50 GB by default): to drop it, "+forceDrop+"; then try again", err)
+	default:
+		return s.wrap("drop "+table, err)
+	}
+}
+
 // Reset drops the projection's own tables (and its schema_migrations)
 // from the store's database, and nothing else in it: a database named by
 // mistake loses no table of another owner. Migrate creates them afresh.
 func (s *Store) Reset(ctx context.Context) error {
 	for _, t := range tables {
-		if err := s.conn.Exec(ctx, "DROP TABLE IF EXISTS "+s.table(t.name)); err != nil {
-			return s.wrap("drop "+t.name, err)
+		if err := s.dropTable(ctx, t.name); err != nil {
+			return err
 		}
 	}
-	if err := s.conn.Exec(ctx, "DROP TABLE IF EXISTS "+s.table("schema_migrations")); err != nil {
-		return s.wrap("drop schema_migrations", err)
-	}
-	return nil
+	return s.dropTable(ctx, "schema_migrations")
 }
 
 // EventRows counts the rows of the events table (duplicates not yet
@@ -586,7 +623,9 @@ const swapSuffix = "_swapped_out"
 // Swap makes the tables of other's database (a rebuild) this store's:
 // in one RENAME TABLE statement, each table of this database is renamed
 // to <name>_swapped_out and other's table of the same name takes its
-// place; then the old tables are dropped. other's database is left
+// place; then the old tables are dropped, and one the server refuses to
+// drop (larger than its max_table_size_to_drop) is left, with a warning
+// logged: the swap took effect. other's database is left
 // without those tables (drop it with other.DropDatabase). other must be
 // migrated, and this database at the same version or not migrated at all
 // (a first deployment from a rebuild, or a swap that failed half way).
@@ -599,7 +638,7 @@ const swapSuffix = "_swapped_out"
 // between its two renames. A RENAME that fails half way may leave some
 // tables swapped and others not (the error says which database): the
 // way out is another rebuild into a fresh database, and Swap again, which
-// first drops any swapped-out leftovers.
+// first drops any swapped-out leftovers, and fails if it cannot.
 func (s *Store) Swap(ctx context.Context, other *Store) error {
 	if other.db == s.db {
 		return fmt.Errorf("chstore: swap database %s with itself", s.db)
@@ -613,17 +652,21 @@ func (s *Store) Swap(ctx context.Context, other *Store) error {
 		return err
 	}
 	if theirs == 0 || mine != 0 && mine != theirs {
-		return fmt.Errorf("chstore: swap database %s (schema version %d) with %s (version %d): the rebuild must be migrated, to this database's version", s.db, mine, other.db, theirs)
+		behind := other.db
+		if mine != 0 && mine < theirs {
+			behind = s.db
+		}
+		return fmt.Errorf("chstore: swap database %s (schema version %d) with %s (version %d): both must be at the same version; migrate %s first", s.db, mine, other.db, theirs, behind)
 	}
 	names := make([]string, 0, len(tables)+1)
 	for _, t := range tables {
 		names = append(names, t.name)
 	}
 	names = append(names, "schema_migrations")
-	// Leftovers of a swap that failed half way.
+	// Leftovers of a swap that failed half way, or whose drops failed.
 	for _, n := range names {
-		if err := s.conn.Exec(ctx, "DROP TABLE IF EXISTS "+s.table(n+swapSuffix)); err != nil {
-			return s.wrap("drop "+n+swapSuffix, err)
+		if err := s.dropTable(ctx, n+swapSuffix); err != nil {
+			return err
 		}
 	}
 	// A table this database lacks (never migrated, or a swap that failed
@@ -659,10 +702,18 @@ func (s *Store) Swap(ctx context.Context, other *Store) error {
 		return s.wrap("swap tables with database "+other.db, err)
 	}
 	s.logger.Info("projection swapped", "database", s.db, "from", other.db)
+	// Swapped: a table left is only disk space, and the next Swap
+	// drops it first.
+	var left []string
+	var errs []error
 	for _, n := range names {
-		if err := s.conn.Exec(ctx, "DROP TABLE IF EXISTS "+s.table(n+swapSuffix)); err != nil {
-			return s.wrap("drop "+n+swapSuffix+" after swap", err)
+		if err := s.drop(ctx, n+swapSuffix); err != nil {
+			left, errs = append(left, s.table(n+swapSuffix)), append(errs, err)
 		}
+	}
+	if len(left) > 0 {
+		s.logger.Warn("swapped, but tables swapped out are left: drop them by hand (DROP TABLE), as the next swap must first; for one larger than the server's max_table_size_to_drop (50 GB by default, error 359), "+forceDrop,
+			"database", s.db, "tables", strings.Join(left, ", "), "err", errors.Join(errs...))
 	}
 	return nil
 }

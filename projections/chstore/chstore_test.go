@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"slices"
 	"strings"
@@ -229,22 +230,7 @@ func TestMigrateTwice(t *testing.T) {
 	if v != LatestVersion() || v == 0 {
 		t.Fatalf("schema version after Migrate = %d, want %d", v, LatestVersion())
 	}
-	tablesNow := func() []string {
-		rows, err := s.conn.Query(ctx, "SELECT name FROM system.tables WHERE database = ? ORDER BY name", s.db)
-		if err != nil {
-			t.Fatalf("list tables: %v", err)
-		}
-		defer rows.Close()
-		var names []string
-		for rows.Next() {
-			var n string
-			if err := rows.Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			names = append(names, n)
-		}
-		return names
-	}
+	tablesNow := func() []string { return tablesLike(t, s, "%") }
 	before := tablesNow()
 	want := []string{"call_refs", "calls", "control_actions", "event_keys", "events", "schema_migrations"}
 	if diff := cmp.Diff(want, before); diff != "" {
@@ -909,6 +895,77 @@ func TestSwap(t *testing.T) {
 	}
 }
 
+// A table the server refuses to drop for its size (over its
+// max_table_size_to_drop, error 359, which tests cannot configure: the
+// refusal is injected) does not fail a swap that took effect: Swap
+// succeeds, so that rebuild --swap moves the group's offsets on, and
+// warns which tables are left and how to drop them. Before, it failed
+// after the rename. The next Swap, and Reset, stop at such a table
+// before they change anything, saying what to do.
+func TestSwapLeavesATableTheServerWillNotDrop(t *testing.T) {
+	ctx := t.Context()
+	f := newFixture()
+	var logs bytes.Buffer
+	live := openStoreWith(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	bs := f.batches(100)
+	write(t, live, []projections.Batch{{Events: bs[0].Events[:3]}})
+	rebuild := openStore(t)
+	write(t, rebuild, bs)
+	want, err := rebuild.Checksums(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// tooLarge refuses to drop table of s while it exists, as the server
+	// does a table over its max_table_size_to_drop.
+	tooLarge := func(s *Store, table string) func(string) error {
+		return func(name string) error {
+			var n uint64
+			if name != table {
+				return nil
+			}
+			if err := s.conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name = ?", s.db, name).Scan(&n); err != nil || n == 0 {
+				return err
+			}
+			return &clickhouse.Exception{Code: 359, Message: "Table or Partition in " + s.table(name) + " was not dropped."}
+		}
+	}
+	left := func() []string { return tablesLike(t, live, "%"+swapSuffix) }
+	big := "events" + swapSuffix
+	live.failDrop = tooLarge(live, big)
+	if err := live.Swap(ctx, rebuild); err != nil {
+		t.Fatalf("Swap, %s not dropped: %v; want it swapped", big, err)
+	}
+	if got, err := live.Checksums(ctx); err != nil || !cmp.Equal(want, got) {
+		t.Errorf("checksums after the swap = %v, %v; want the rebuild's %v", got, err, want)
+	}
+	if got := left(); !cmp.Equal(got, []string{big}) {
+		t.Errorf("tables left after the swap = %v; want [%s]", got, big)
+	}
+	if log := logs.String(); !strings.Contains(log, "level=WARN") || !strings.Contains(log, live.table(big)) || !strings.Contains(log, "force_drop_table") {
+		t.Errorf("Swap logged:\n%s\nwant a warning naming %s and how to drop it", log, live.table(big))
+	}
+
+	// The next swap stops before the rename, saying how to drop it.
+	again := openStore(t)
+	write(t, again, bs)
+	if err := live.Swap(ctx, again); err == nil || !strings.Contains(err.Error(), big) || !strings.Contains(err.Error(), "force_drop_table") {
+		t.Errorf("Swap with %s left and not dropped: %v; want it refused, saying how to drop it", big, err)
+	}
+	if v, err := again.SchemaVersion(ctx); err != nil || v != LatestVersion() {
+		t.Errorf("the rebuild after the refused swap is at version %d, %v; want its tables kept", v, err)
+	}
+	live.failDrop = nil
+	if err := live.Swap(ctx, again); err != nil || len(left()) != 0 {
+		t.Errorf("Swap once the server drops it: %v, tables left %v; want swapped, none left", err, left())
+	}
+
+	r := openStore(t)
+	r.failDrop = tooLarge(r, "events")
+	if err := r.Reset(ctx); err == nil || !strings.Contains(err.Error(), "max_table_size_to_drop") || !strings.Contains(err.Error(), "force_drop_table") {
+		t.Errorf("Reset, events not dropped: %v; want it to say how to drop it", err)
+	}
+}
+
 func TestDropDatabase(t *testing.T) {
 	s := openStore(t)
 	ctx := t.Context()
@@ -1215,4 +1272,24 @@ func TestTraceRanges(t *testing.T) {
 			t.Errorf("%s: traceRanges = %v; want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// tablesLike lists the tables of s's database whose names are LIKE like,
+// in order.
+func tablesLike(t *testing.T, s *Store, like string) []string {
+	t.Helper()
+	rows, err := s.conn.Query(t.Context(), "SELECT name FROM system.tables WHERE database = ? AND name LIKE ? ORDER BY name", s.db, like)
+	if err != nil {
+		t.Fatalf("list tables: %v", err)
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
+	}
+	return names
 }

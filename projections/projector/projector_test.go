@@ -823,9 +823,13 @@ func TestReplayStopsAtDeletedRecords(t *testing.T) {
 	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
 	sink := &recSink{}
 	logs := &logRecorder{}
-	_, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, Logger: slog.New(logs)}, sink, nil)
+	var last Progress
+	_, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, Logger: slog.New(logs)}, sink, func(p Progress) { last = p })
 	if !errors.Is(err, ErrRecordsDeleted) {
 		t.Fatalf("Replay past records deleted under it = %v (events written %v); want ErrRecordsDeleted", err, sink.events())
+	}
+	if !last.Final || !last.Failed || last.Read >= last.Total {
+		t.Errorf("last progress report of the failed replay %+v; want Final and Failed, Read short of Total", last)
 	}
 	if a := oneError(t, logs, "records deleted from the log before the replay read them"); a["topic"] != ev || a["partition"] != "0" || a["next_offset"] != "0" || a["log_start"] != "8" {
 		t.Errorf("gap log %v; want %s/0 from offset 0 to the log start 8", a, ev)
@@ -1168,6 +1172,12 @@ func TestBar(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, lines); diff != "" {
 		t.Errorf("lines every 5s and the last (-want +got):\n%s", diff)
+	}
+	// A replay that failed is not done, and read only part of the log:
+	// before, it said done, and counted the whole log read.
+	failed := Progress{Done: 1000, Total: 5000000, Read: 1200, Rate: 210000, Elapsed: 23 * time.Second, Final: true, Failed: true}
+	if got, want := barLine("rebuild", failed), "rebuild: stopped, 1000 records written (1200 of 5000000 offsets read) in 23s, 210k/s"; got != want {
+		t.Errorf("barLine of a failed replay = %q; want %q", got, want)
 	}
 
 	b.Reset()

@@ -68,6 +68,9 @@ type Progress struct {
 	Ends map[string]map[int32]int64
 	// Final is set on the last report, once the replay ended.
 	Final bool
+	// Failed is set, with Final, when the replay stopped on an error
+	// (which Replay returns): Read is then short of Total.
+	Failed bool
 }
 
 // Fraction is the part of Total read, in [0, 1].
@@ -165,6 +168,7 @@ func Replay(ctx context.Context, cfg ReplayConfig, sink projections.Sink, progre
 		}
 		defer cl.Close()
 		if err := r.run(ctx, cl); err != nil {
+			r.prog.Failed = true
 			r.report(true)
 			return r.prog, err
 		}
@@ -494,9 +498,13 @@ func newBar(w io.Writer, what string, tty bool) func(Progress) {
 
 func barLine(what string, p Progress) string {
 	if p.Final {
-		// Total counted offsets, transaction markers and aborted
-		// records among them: say what was written.
-		line := fmt.Sprintf("%s: done, %d records written (%d offsets read) in %s, %s", what, p.Done, p.Total, p.Elapsed.Round(time.Millisecond), rate(p.Rate))
+		// Offsets count transaction markers and aborted records too:
+		// say what was written.
+		status, read := "done", fmt.Sprintf("%d offsets read", p.Read)
+		if p.Failed {
+			status, read = "stopped", fmt.Sprintf("%d of %d offsets read", p.Read, p.Total)
+		}
+		line := fmt.Sprintf("%s: %s, %d records written (%s) in %s, %s", what, status, p.Done, read, p.Elapsed.Round(time.Millisecond), rate(p.Rate))
 		if p.Undecodable > 0 {
 			line += fmt.Sprintf(", %d undecodable", p.Undecodable)
 		}
