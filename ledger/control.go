@@ -47,6 +47,12 @@ type ControlAction struct {
 	// platform freezes of the subject): the platform's unfreeze puts it
 	// back. Older builds ignore it.
 	Replaced *ControlAction `json:"replaced,omitempty"`
+	// Lifts, on an unfreeze, is the time (At) of the freeze it lifts:
+	// readers apply the unfreeze only while that freeze is the one in
+	// force, so that one racing a newer freeze (published through
+	// another instance whose copy was ahead) does not lift it. Older
+	// builds ignore it, and so apply every unfreeze.
+	Lifts *time.Time `json:"lifts,omitempty"`
 	// Restored, on a platform operator's unfreeze, is the tenant's own
 	// freeze the unfreeze leaves in force: the record right after it on
 	// the topic. Older builds ignore it (and apply that record).

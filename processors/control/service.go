@@ -321,10 +321,11 @@ func tenantFreeze(current Action, tool, tenant string) *Action {
 // it). A tenant operator does not lift a platform operator's freeze of
 // its tenant (ErrForbidden); a platform operator's unfreeze of a freeze
 // that replaced the tenant's own puts that one back in force, from the
-// unfreeze on (Action.Restored), rather than lift both. Both checks are of that copy, not of the
-// topic itself: a freeze published through another instance within the
-// staleness allowed (or at the same moment) is not seen, and an unfreeze
-// racing it lifts it, which control show then says. It waits like
+// unfreeze on (Action.Restored), rather than lift both. Both checks are
+// of that copy first, and then of the topic: the unfreeze names the
+// freeze it lifts (Action.Lifts), and a freeze written meanwhile through
+// another instance, which that copy had not read, overrules it on every
+// copy (State.overrulesLocked), with the same refusals. It waits like
 // Freeze.
 func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string, of time.Time) (Action, error) {
 	if !s.cfg.State.isReady() {
@@ -348,7 +349,8 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 		return Action{}, fmt.Errorf("%w: the freeze of %s in force is by %s at %s (%q), not the one at %s: look at it before lifting it",
 			ErrFreezeChanged, ToolSubject(tool, tenant), current.By, current.At.UTC().Format(time.RFC3339Nano), current.Reason, of.UTC().Format(time.RFC3339Nano))
 	}
-	unfreeze := s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant = tool, tenant })
+	lifts := current.At
+	unfreeze := s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant, a.Lifts = tool, tenant, &lifts })
 	if current.ByTenant != PlatformTenant {
 		return s.publish(ctx, unfreeze)
 	}
@@ -539,14 +541,37 @@ func (s *Service) action(op identity.Identity, kind, reason string, fill func(*A
 }
 
 // publish appends a to the control topic and waits for the local State to
-// apply it.
+// apply it. A freeze or unfreeze that every State passed over, for a
+// record written meanwhile through another instance (State.overrulesLocked),
+// fails, and the action in force goes on the topic again after it.
 func (s *Service) publish(ctx context.Context, a Action, then ...Action) (Action, error) {
+	first, err := s.put(ctx, a, then...)
+	if err != nil {
+		return a, err
+	}
+	if cur, overruled := s.cfg.State.overruled(a.Subject, a.Tool, a.Tenant, first.Partition, first.Offset); overruled {
+		// The topic is compacted: a reader that starts once a is its
+		// subject's only record there would apply it.
+		s.cfg.Logger.Warn("control action overruled by one written meanwhile through another instance: putting that one back on the topic", attrKind, a.Kind, attrSubject, a.Subject,
+			attrBy, a.By, "in_force_by", cur.By, "in_force_at", cur.At)
+		if _, err := s.put(ctx, cur); err != nil && !errors.Is(err, ErrNotYetApplied) {
+			return Action{}, fmt.Errorf("%w (and putting the action in force back on the topic failed: %v)", overruledErr(a, cur), err)
+		}
+		return Action{}, overruledErr(a, cur)
+	}
+	return a, nil
+}
+
+// put appends a, and then those after it, to the control topic, and
+// waits for the local State to apply them: ErrNotYetApplied after
+// Config.ApplyWait. It returns a's record.
+func (s *Service) put(ctx context.Context, a Action, then ...Action) (*kgo.Record, error) {
 	recs := make([]*kgo.Record, 0, 1+len(then))
 	at := time.Now()
 	for _, b := range append([]Action{a}, then...) {
 		value, err := json.Marshal(b)
 		if err != nil {
-			return Action{}, fmt.Errorf("encode control action: %v", err)
+			return nil, fmt.Errorf("encode control action: %v", err)
 		}
 		// Each after the one before it, in the milliseconds Kafka keeps.
 		at = s.cfg.State.stamp(b.Subject, at)
@@ -554,7 +579,7 @@ func (s *Service) publish(ctx context.Context, a Action, then ...Action) (Action
 		at = at.Add(time.Millisecond)
 	}
 	if err := s.cfg.Publisher.Publish(ctx, recs...); err != nil {
-		return Action{}, fmt.Errorf("publish %s of %s: %w", a.Kind, a.Subject, err)
+		return nil, fmt.Errorf("publish %s of %s: %w", a.Kind, a.Subject, err)
 	}
 	rec := recs[len(recs)-1]
 	s.cfg.Logger.Info("control action published", attrKind, a.Kind, attrSubject, a.Subject,
@@ -564,7 +589,17 @@ func (s *Service) publish(ctx context.Context, a Action, then ...Action) (Action
 	}
 	if !s.cfg.State.waitApplied(ctx, rec.Topic, rec.Partition, rec.Offset, s.cfg.ApplyWait) {
 		s.cfg.Logger.Warn("control action not yet applied locally", attrKind, a.Kind, attrSubject, a.Subject, "waited", s.cfg.ApplyWait)
-		return a, ErrNotYetApplied
+		return recs[0], ErrNotYetApplied
 	}
-	return a, nil
+	return recs[0], nil
+}
+
+// overruledErr is the refusal of a, passed over for cur, the action in
+// force, written first through another instance.
+func overruledErr(a, cur Action) error {
+	if a.ByTenant != PlatformTenant && cur.ByTenant == PlatformTenant {
+		return platformFreeze(cur)
+	}
+	return fmt.Errorf("%w: the freeze of %s in force is by %s at %s (%q), frozen again while this %s was on its way: look at it before lifting it",
+		ErrFreezeChanged, cur.Subject, cur.By, cur.At.UTC().Format(time.RFC3339Nano), cur.Reason, a.Kind)
 }

@@ -744,3 +744,83 @@ func TestUnfreezeOnAStaleCopyIsRefused(t *testing.T) {
 type asOperator struct{ id identity.Identity }
 
 func (a asOperator) Verify(context.Context, string) (identity.Identity, error) { return a.id, nil }
+
+// racing is a Publisher through which another instance's records land
+// first on the topic, before the first records published through it: a
+// write this instance's copy had not read when its service checked.
+type racing struct {
+	*loopback
+	first []*kgo.Record
+}
+
+func (r *racing) Publish(ctx context.Context, recs ...*kgo.Record) error {
+	if first := r.first; first != nil {
+		r.first = nil
+		if err := r.loopback.Publish(ctx, first...); err != nil {
+			return err
+		}
+	}
+	return r.loopback.Publish(ctx, recs...)
+}
+
+// recordOf is a as a control topic record.
+func recordOf(t *testing.T, a Action) *kgo.Record {
+	t.Helper()
+	value, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kgo.Record{Key: []byte(a.Subject), Value: value, Timestamp: a.At}
+}
+
+// A freeze or unfreeze checked against a copy that had not yet read a
+// record written meanwhile through another instance is passed over by
+// every copy, refused to its operator as if the copy had been current,
+// and the action in force goes on the topic again after it (compaction
+// keeps a subject's latest record alone). Before, the record that came
+// second won: a tenant operator's unfreeze lifted the platform's freeze
+// that landed first, and an unfreeze meant for one freeze lifted the
+// newer one another operator had just made.
+func TestRacedActionIsOverruled(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	tenantFreeze := Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme",
+		By: "op_acme", ByTenant: "t_acme", Reason: "our agent loops", At: at}
+	platformFreeze := Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme",
+		By: "op_root", ByTenant: PlatformTenant, Reason: "incident 9", At: at.Add(time.Second), Replaced: &tenantFreeze}
+	refrozen := tenantFreeze
+	refrozen.By, refrozen.Reason, refrozen.At = "op_acme2", "another loop", at.Add(2*time.Second)
+	for _, tc := range []struct {
+		name    string
+		winner  Action
+		wantErr error
+	}{
+		{"a tenant's unfreeze behind a platform freeze", platformFreeze, ErrForbidden},
+		{"an unfreeze behind a newer freeze", refrozen, ErrFreezeChanged},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := readyState()
+			st.apply([]*kgo.Record{recordOf(t, tenantFreeze)})
+			pub := &racing{loopback: &loopback{state: st, apply: true, next: 1}, first: []*kgo.Record{recordOf(t, tc.winner)}}
+			svc, err := New(Config{State: st, Publisher: pub, Identity: nopVerifier{}, Now: func() time.Time { return at.Add(3 * time.Second) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = svc.Unfreeze(t.Context(), acmeOp, "refund_order", "", "loop fixed", time.Time{})
+			if !errors.Is(err, tc.wantErr) {
+				t.Errorf("Unfreeze = %v; want %v", err, tc.wantErr)
+			}
+			if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.By != tc.winner.By || !a.At.Equal(tc.winner.At) {
+				t.Errorf("in force after the race: %+v, frozen %v; want %s's freeze", a, ok, tc.winner.By)
+			}
+			pub.mu.Lock()
+			last := pub.recs[len(pub.recs)-1]
+			pub.mu.Unlock()
+			var a Action
+			if err := json.Unmarshal(last.Value, &a); err != nil || a.Kind != KindFreeze || a.By != tc.winner.By {
+				t.Errorf("the topic's last record for the subject: %s (%v); want %s's freeze put back", last.Value, err, tc.winner.By)
+			}
+		})
+	}
+}

@@ -111,6 +111,7 @@ type probe struct {
 // fetches bring them, so across partitions the record's time decides.
 type origin struct {
 	partition int32
+	offset    int64
 	at        time.Time
 }
 
@@ -741,6 +742,43 @@ func (s *State) observe(at time.Time, ends map[int32]int64) (added []int32) {
 	return added
 }
 
+// overrulesLocked says why a, a freeze or an unfreeze of a tool, may not
+// change what is in force for its subject, or "" if it may: a tenant
+// operator's action over a platform operator's freeze, or an unfreeze of
+// a freeze no longer in force (Action.Lifts). Its writer checked both
+// against its own copy of the topic, which may have lacked a record
+// written through another instance at the same moment; checked here,
+// the record that came second on the partition loses on every copy.
+func (s *State) overrulesLocked(a Action) string {
+	if a.Kind != KindFreeze && a.Kind != KindUnfreeze {
+		return ""
+	}
+	cur, ok := s.tools[freezeKey{tool: a.Tool, tenant: a.Tenant}]
+	switch {
+	case !ok || cur.Kind != KindFreeze:
+		return ""
+	case a.ByTenant != PlatformTenant && cur.ByTenant == PlatformTenant:
+		return "a tenant operator's action on a platform operator's freeze"
+	case a.Kind == KindUnfreeze && a.Lifts != nil && !a.Lifts.Equal(cur.At):
+		return "an unfreeze of a freeze no longer in force"
+	}
+	return ""
+}
+
+// overruled reports whether the record of subject at partition/offset,
+// applied by now, was passed over (overrulesLocked), and returns the
+// action in force for the tool and tenant instead.
+func (s *State) overruled(subject, tool, tenant string, partition int32, offset int64) (Action, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	last, ok := s.latest[subject]
+	if !ok || last.partition != partition || last.offset >= offset {
+		return Action{}, false
+	}
+	cur, ok := s.tools[freezeKey{tool: tool, tenant: tenant}]
+	return cur, ok
+}
+
 // applyLocked applies one record. A record it cannot read is logged and
 // skipped: the control state must keep going, and a human must look.
 func (s *State) applyLocked(r *kgo.Record, live bool) {
@@ -766,7 +804,16 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		s.logger.Error("control record ignored", attrSubject, key, "partition", r.Partition, "offset", r.Offset, "err", err)
 		return
 	}
-	s.latest[key] = origin{partition: r.Partition, at: r.Timestamp}
+	if why := s.overrulesLocked(a); why != "" {
+		// Every State applies a partition in order, so every copy
+		// passes over it alike. Its writer puts the action in force
+		// back on the topic after it, for compaction keeps only a
+		// subject's latest record.
+		s.logger.Warn("control action overruled: not applied", attrKind, a.Kind, attrSubject, a.Subject, attrBy, a.By, attrByTenant, a.ByTenant,
+			"why", why, "partition", r.Partition, "offset", r.Offset)
+		return
+	}
+	s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
 	switch {
 	case a.Kind == KindActivatePolicy:
 		s.policy = &a

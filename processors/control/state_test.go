@@ -538,3 +538,45 @@ func TestStateReadyOverAPartitionEmptiedWhileStarting(t *testing.T) {
 	release()
 	waitReady(t, fresh)
 }
+
+// Every copy passes over alike a tenant operator's action on a platform
+// operator's freeze, and an unfreeze of a freeze no longer in force (its
+// Lifts); an unfreeze of an older build, without Lifts, lifts whatever
+// is in force, as before.
+func TestStatePassesOverOverruledActions(t *testing.T) {
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	act := func(kind, byTenant string, at time.Time, lifts *time.Time) Action {
+		return Action{V: 1, Kind: kind, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme",
+			By: "op_" + byTenant, ByTenant: byTenant, Reason: "r", At: at, Lifts: lifts}
+	}
+	platform := act(KindFreeze, PlatformTenant, at, nil)
+	stale, current := at.Add(-time.Hour), platform.At
+	for _, tc := range []struct {
+		name   string
+		then   Action
+		frozen bool
+		by     string
+	}{
+		{"a tenant's unfreeze", act(KindUnfreeze, "t_acme", at.Add(time.Second), &current), true, "op_*"},
+		{"a tenant's freeze", act(KindFreeze, "t_acme", at.Add(time.Second), nil), true, "op_*"},
+		{"an unfreeze of another freeze", act(KindUnfreeze, PlatformTenant, at.Add(time.Second), &stale), true, "op_*"},
+		{"an unfreeze of the freeze in force", act(KindUnfreeze, PlatformTenant, at.Add(time.Second), &current), false, ""},
+		{"an older build's unfreeze", act(KindUnfreeze, PlatformTenant, at.Add(time.Second), nil), false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := readyState()
+			var recs []*kgo.Record
+			for i, a := range []Action{platform, tc.then} {
+				value, err := json.Marshal(a)
+				if err != nil {
+					t.Fatal(err)
+				}
+				recs = append(recs, &kgo.Record{Key: []byte(a.Subject), Value: value, Timestamp: a.At, Offset: int64(i)})
+			}
+			st.apply(recs)
+			if a, ok := st.Frozen("refund_order", "t_acme"); ok != tc.frozen || a.By != tc.by {
+				t.Errorf("Frozen = %+v, %v; want frozen %v by %q", a, ok, tc.frozen, tc.by)
+			}
+		})
+	}
+}
