@@ -178,3 +178,16 @@ func TestStaffAssertionRefusesDevIdentityFlags(t *testing.T) {
 		}
 	}
 }
+
+// control withdraw-policy asks the control API to end the activation in
+// force, with the operator's reason, and prints the withdrawal.
+func TestControlWithdrawPolicy(t *testing.T) {
+	srv := answeringWith(t, http.MethodPost, "/v1/control/withdraw-policy", http.StatusOK, `{"kind":"withdraw_policy","subject":"policy:active","policy":"v42"}`)
+	out := cli(t, "control", "withdraw-policy", "--reason", "v42 denies everything", "--api", srv.URL, "--assertion", "tok")
+	if !strings.Contains(out, `"withdraw_policy"`) || !strings.Contains(out, `"v42"`) {
+		t.Errorf("control withdraw-policy printed:\n%s\nwant the withdrawal of v42", out)
+	}
+	if err := cliErr(t, "control", "withdraw-policy", "--api", srv.URL, "--assertion", "tok"); err == nil || !strings.Contains(err.Error(), "--reason is required") {
+		t.Errorf("control withdraw-policy without --reason: %v; want it refused", err)
+	}
+}

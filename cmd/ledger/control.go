@@ -84,7 +84,7 @@ func newControlCmd(g *globals) *cobra.Command {
 	revoke.Flags().StringVar(&family, "family", "", "a credential family (<tool>:<tenant>:<key epoch>, as on the events)")
 	show := &cobra.Command{
 		Use:   "show",
-		Short: "Show the current freezes and revocations",
+		Short: "Show the current freezes, revocations and policy activation",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var out json.RawMessage
 			if err := f.call(cmd.Context(), http.MethodGet, "/v1/control", nil, &out); err != nil {
@@ -124,7 +124,10 @@ func newControlCmd(g *globals) *cobra.Command {
 		hash = set.Hash()
 		return nil
 	}
-	cmd.AddCommand(freeze, unfreeze, revoke, activate, show)
+	withdraw := action("withdraw-policy", "End the policy activation in force: every intake and executor decides with its --policy-dir again (control show says which version is activated)", "/v1/control/withdraw-policy", func() map[string]string {
+		return map[string]string{"reason": reason}
+	})
+	cmd.AddCommand(freeze, unfreeze, revoke, activate, withdraw, show)
 	return cmd
 }
 

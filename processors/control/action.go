@@ -55,6 +55,11 @@ const (
 	// KindActivatePolicy makes Policy the policy version every intake and
 	// executor decides with.
 	KindActivatePolicy = "activate_policy"
+	// KindWithdrawPolicy ends the activation in force (Policy names the
+	// version it was of): every role decides with its --policy-dir
+	// again. Its writer puts a tombstone of the subject right after it,
+	// which older builds, ignoring this kind, apply.
+	KindWithdrawPolicy = "withdraw_policy"
 )
 
 // PolicySubject is the one subject of policy activations: the compacted
@@ -119,7 +124,7 @@ func FamilySubject(family string) string { return subjectFamily + family }
 // subjectOf derives the subject from the Action's fields.
 func subjectOf(a Action) string {
 	switch {
-	case a.Kind == KindActivatePolicy:
+	case a.Kind == KindActivatePolicy, a.Kind == KindWithdrawPolicy:
 		return PolicySubject
 	case a.Kind == KindRevoke && a.JTI != "":
 		return JTISubject(a.JTI)
@@ -146,6 +151,10 @@ func checkAction(a Action, key string) error {
 	case KindActivatePolicy:
 		if a.Policy == "" || a.Tool != "" || a.JTI != "" || a.Family != "" {
 			return errors.New("an activation names a policy version and nothing else")
+		}
+	case KindWithdrawPolicy:
+		if a.Tool != "" || a.JTI != "" || a.Family != "" {
+			return errors.New("a withdrawal names at most the policy version withdrawn")
 		}
 	default:
 		return fmt.Errorf("unknown kind %q", a.Kind)

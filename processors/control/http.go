@@ -32,6 +32,7 @@ const (
 	CodeForbidden       = "forbidden"
 	CodeInvalidRequest  = "invalid_request"
 	CodeNotFrozen       = "not_frozen"
+	CodeNotActive       = "not_active"
 	CodeFreezeChanged   = "freeze_changed"
 	CodeTooManySubjects = "too_many_subjects"
 	CodeUnavailable     = "unavailable"
@@ -82,14 +83,16 @@ type Introspection struct {
 //	POST /v1/control/freeze       {"tool", "tenant"?, "reason"}
 //	POST /v1/control/unfreeze     {"tool", "tenant"?, "reason"}
 //	POST /v1/control/revoke       {"jti" | "family", "reason"}
+//	POST /v1/control/activate-policy {"policy", "policy_hash"?, "reason"}
+//	POST /v1/control/withdraw-policy {"reason"}
 //	POST /v1/introspect           token=<credential> (RFC 7662)
 //
 // The control routes take the operator's assertion as Authorization:
 // Bearer; who acts, and for which tenant, comes from it alone. They answer
 // the Action (200), or 202 with it when it was published but not yet
 // applied locally, or {"error": {"code", "message"}}: 401 unauthenticated,
-// 403 forbidden, 400 invalid_request, 409 not_frozen or freeze_changed,
-// 503 unavailable.
+// 403 forbidden, 400 invalid_request, 409 not_frozen, freeze_changed or
+// not_active, 503 unavailable.
 //
 // Introspection is served when Config.Credentials is set. It does not
 // authenticate its caller in this version: it only says whether a
@@ -106,6 +109,7 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/control/unfreeze", s.authed(s.serveUnfreeze))
 	mux.HandleFunc("POST /v1/control/revoke", s.authed(s.serveRevoke))
 	mux.HandleFunc("POST /v1/control/activate-policy", s.authed(s.serveActivate))
+	mux.HandleFunc("POST /v1/control/withdraw-policy", s.authed(s.serveWithdraw))
 	if s.cfg.Credentials != nil {
 		mux.HandleFunc("POST "+IntrospectPath, s.serveIntrospect)
 	}
@@ -146,6 +150,8 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusBadRequest, CodeInvalidRequest, err.Error()
 	case errors.Is(err, ErrNotFrozen):
 		status, code, msg = http.StatusConflict, CodeNotFrozen, err.Error()
+	case errors.Is(err, ErrNotActive):
+		status, code, msg = http.StatusConflict, CodeNotActive, err.Error()
 	case errors.Is(err, ErrFreezeChanged):
 		status, code, msg = http.StatusConflict, CodeFreezeChanged, err.Error()
 	case errors.Is(err, ErrTooManySubjects):
@@ -223,6 +229,21 @@ func (s *Service) serveActivate(w http.ResponseWriter, r *http.Request, id ident
 		return
 	}
 	a, err := s.ActivatePolicy(r.Context(), id, req.Policy, req.PolicyHash, req.Reason)
+	s.answer(w, r, a, err)
+}
+
+// WithdrawRequest is the body of POST /v1/control/withdraw-policy.
+type WithdrawRequest struct {
+	Reason string `json:"reason"`
+}
+
+func (s *Service) serveWithdraw(w http.ResponseWriter, r *http.Request, id identity.Identity) {
+	var req WithdrawRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	a, err := s.WithdrawPolicy(r.Context(), id, req.Reason)
 	s.answer(w, r, a, err)
 }
 

@@ -47,6 +47,8 @@ var (
 	// every instance will apply it) but the local State had not applied
 	// it within Config.ApplyWait. The Action is returned with it.
 	ErrNotYetApplied = errors.New("published but not yet applied locally")
+	// ErrNotActive: a withdrawal found no policy activation in force.
+	ErrNotActive = errors.New("no policy activation in force")
 	// ErrTooManySubjects: a tenant operator's action would add a subject
 	// (a tool's freeze, a family's revocation) past the tenant's
 	// Config.MaxTenantSubjects.
@@ -399,15 +401,8 @@ func platformFreeze(a Action) error {
 // and denies every call until they match. Platform operators only. It
 // waits like Freeze.
 func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity, label, hash, reason string) (Action, error) {
-	if !s.cfg.State.isReady() {
-		return Action{}, ErrNotReady
-	}
-	platform, err := s.operator(operator)
-	if err != nil {
+	if err := s.platformOnly(operator, "activates a policy version"); err != nil {
 		return Action{}, err
-	}
-	if !platform {
-		return Action{}, fmt.Errorf("%w: only a platform operator activates a policy version", ErrForbidden)
 	}
 	if err := checkID("policy", label, "/\\@*:"); err != nil {
 		return Action{}, err
@@ -418,10 +413,62 @@ func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity
 	if hash != "" && !policyHashRE.MatchString(hash) {
 		return Action{}, fmt.Errorf("%w: policy_hash must be \"sha256:\" and 64 lowercase hex digits, the policy set's hash", ErrInvalidRequest)
 	}
-	if reason, err = checkReason(reason); err != nil {
+	reason, err := checkReason(reason)
+	if err != nil {
 		return Action{}, err
 	}
 	return s.publish(ctx, s.action(operator, KindActivatePolicy, reason, func(a *Action) { a.Policy, a.PolicyHash = label, hash }))
+}
+
+// platformOnly refuses what only a platform operator does (what: "activates
+// a policy version"), and everything until the State is ready.
+func (s *Service) platformOnly(operator identity.Identity, what string) error {
+	if !s.cfg.State.isReady() {
+		return ErrNotReady
+	}
+	platform, err := s.operator(operator)
+	if err != nil {
+		return err
+	}
+	if !platform {
+		return fmt.Errorf("%w: only a platform operator %s", ErrForbidden, what)
+	}
+	return nil
+}
+
+// WithdrawPolicy ends the policy activation in force (ErrNotActive if
+// none, as this instance's copy of the control topic has it, which must
+// be current): every intake and executor decides with its --policy-dir
+// again. The withdrawal (who, why, and the version it ends) goes on the
+// topic with a tombstone of the subject right after it, in one write:
+// older builds ignore the withdrawal and apply the tombstone, and the
+// compacted topic keeps no activation. Platform operators only. It waits
+// like Freeze.
+func (s *Service) WithdrawPolicy(ctx context.Context, operator identity.Identity, reason string) (Action, error) {
+	if err := s.platformOnly(operator, "withdraws a policy activation"); err != nil {
+		return Action{}, err
+	}
+	reason, err := checkReason(reason)
+	if err != nil {
+		return Action{}, err
+	}
+	if err := s.current(ctx); err != nil {
+		return Action{}, err
+	}
+	active, ok := s.cfg.State.ActivePolicy()
+	if !ok {
+		return Action{}, fmt.Errorf("%w: every role decides with its --policy-dir", ErrNotActive)
+	}
+	w := s.action(operator, KindWithdrawPolicy, reason, func(a *Action) { a.Policy = active.Policy })
+	rec, err := s.record(w, time.Now())
+	if err != nil {
+		return Action{}, err
+	}
+	tomb := &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(PolicySubject), Timestamp: rec.Timestamp.Add(time.Millisecond)}
+	if _, err := s.send(ctx, w, rec, tomb); err != nil {
+		return w, err
+	}
+	return w, nil
 }
 
 // Revoke revokes one credential (jti) or a credential family (family,
@@ -523,6 +570,11 @@ func (s *Service) Snapshot(ctx context.Context, operator identity.Identity) (Sna
 			snap.Freezes[i].By, snap.Freezes[i].Reason = "", ""
 		}
 	}
+	if snap.Policy != nil {
+		// The version is on every call's events; who and why are the
+		// platform's, as for a freeze of every tenant.
+		snap.Policy.By, snap.Policy.Reason = "", ""
+	}
 	snap.Revocations = slices.DeleteFunc(snap.Revocations, func(a Action) bool {
 		if a.Family == "" {
 			return true
@@ -569,15 +621,29 @@ func (s *Service) put(ctx context.Context, a Action, then ...Action) (*kgo.Recor
 	recs := make([]*kgo.Record, 0, 1+len(then))
 	at := time.Now()
 	for _, b := range append([]Action{a}, then...) {
-		value, err := json.Marshal(b)
+		rec, err := s.record(b, at)
 		if err != nil {
-			return nil, fmt.Errorf("encode control action: %v", err)
+			return nil, err
 		}
+		recs = append(recs, rec)
 		// Each after the one before it, in the milliseconds Kafka keeps.
-		at = s.cfg.State.stamp(b.Subject, at)
-		recs = append(recs, &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(b.Subject), Value: value, Timestamp: at})
-		at = at.Add(time.Millisecond)
+		at = rec.Timestamp.Add(time.Millisecond)
 	}
+	return s.send(ctx, a, recs...)
+}
+
+// record is a's record, stamped at or after at (State.stamp).
+func (s *Service) record(a Action, at time.Time) (*kgo.Record, error) {
+	value, err := json.Marshal(a)
+	if err != nil {
+		return nil, fmt.Errorf("encode control action: %v", err)
+	}
+	return &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(a.Subject), Value: value, Timestamp: s.cfg.State.stamp(a.Subject, at)}, nil
+}
+
+// send publishes recs, the first a's, and waits as put does.
+func (s *Service) send(ctx context.Context, a Action, recs ...*kgo.Record) (*kgo.Record, error) {
+	then := recs[1:]
 	if err := s.cfg.Publisher.Publish(ctx, recs...); err != nil {
 		return nil, fmt.Errorf("publish %s of %s: %w", a.Kind, a.Subject, err)
 	}
@@ -585,7 +651,7 @@ func (s *Service) put(ctx context.Context, a Action, then ...Action) (*kgo.Recor
 	s.cfg.Logger.Info("control action published", attrKind, a.Kind, attrSubject, a.Subject,
 		attrBy, a.By, attrByTenant, a.ByTenant, "reason", a.Reason, "partition", rec.Partition, "offset", rec.Offset)
 	for _, b := range then {
-		s.cfg.Logger.Info("control action published with it", attrKind, b.Kind, attrSubject, b.Subject, attrBy, b.By, attrByTenant, b.ByTenant, "reason", b.Reason)
+		s.cfg.Logger.Info("control record published with it", attrSubject, string(b.Key), "tombstone", b.Value == nil)
 	}
 	if !s.cfg.State.waitApplied(ctx, rec.Topic, rec.Partition, rec.Offset, s.cfg.ApplyWait) {
 		s.cfg.Logger.Warn("control action not yet applied locally", attrKind, a.Kind, attrSubject, a.Subject, "waited", s.cfg.ApplyWait)

@@ -824,3 +824,57 @@ func TestRacedActionIsOverruled(t *testing.T) {
 		})
 	}
 }
+
+// A platform operator withdraws the policy activation in force: the
+// withdrawal (who, why, the version) and then a tombstone of the subject
+// go on the topic in one write, and the State has no activation; an older
+// build, which ignores the withdrawal's kind, drops it on the tombstone.
+// A tenant operator may not, and with none in force it is refused
+// not_active. Before, nothing withdrew one: a version that did not load
+// denied every call until another was activated. control show names it.
+func TestWithdrawPolicy(t *testing.T) {
+	t.Parallel()
+	svc, pub := newLoopbackService(t, Config{})
+	st := svc.cfg.State
+	ctx := t.Context()
+	if _, err := svc.WithdrawPolicy(ctx, platformOp, "nothing to withdraw"); !errors.Is(err, ErrNotActive) {
+		t.Errorf("WithdrawPolicy with none in force = %v; want ErrNotActive", err)
+	}
+	must[Action](t)(svc.ActivatePolicy(ctx, platformOp, "v42", "", "rollout"))
+	if snap, err := svc.Snapshot(ctx, platformOp); err != nil || snap.Policy == nil || snap.Policy.Policy != "v42" {
+		t.Errorf("Snapshot = %+v, %v; want the activation of v42 shown", snap.Policy, err)
+	}
+	if _, err := svc.WithdrawPolicy(ctx, acmeOp, "not mine"); !errors.Is(err, ErrForbidden) {
+		t.Errorf("a tenant operator's WithdrawPolicy = %v; want ErrForbidden", err)
+	}
+	before := pub.published()
+	w, err := svc.WithdrawPolicy(ctx, platformOp, "v42 denies everything")
+	if err != nil || w.Kind != KindWithdrawPolicy || w.Policy != "v42" || w.By != "op_root" {
+		t.Fatalf("WithdrawPolicy = %+v, %v; want the withdrawal of v42 by op_root", w, err)
+	}
+	if a, ok := st.ActivePolicy(); ok {
+		t.Errorf("after the withdrawal the activation in force is %+v; want none", a)
+	}
+	pub.mu.Lock()
+	recs := pub.recs[before:]
+	pub.mu.Unlock()
+	if len(recs) != 2 || string(recs[0].Key) != PolicySubject || recs[0].Value == nil || string(recs[1].Key) != PolicySubject || recs[1].Value != nil {
+		t.Fatalf("published %d records; want the withdrawal and then a tombstone of %s", len(recs), PolicySubject)
+	}
+	activation := recordOf(t, Action{V: 1, Kind: KindActivatePolicy, Subject: PolicySubject, Policy: "v42", By: "op_root", ByTenant: "*", Reason: "r", At: time.Now()})
+	// A copy that has read the withdrawal and not yet the tombstone.
+	mid := readyState()
+	mid.apply([]*kgo.Record{activation, {Key: recs[0].Key, Value: recs[0].Value, Offset: 1}})
+	if a, ok := mid.ActivePolicy(); ok {
+		t.Errorf("a copy that read the withdrawal: %+v in force; want none", a)
+	}
+	// An older build: the activation, then the withdrawal it cannot
+	// read, then the tombstone.
+	old := readyState()
+	old.apply([]*kgo.Record{activation,
+		{Key: recs[0].Key, Value: []byte(`{"v":1,"kind":"a_kind_of_later_builds","subject":"policy:active"}`), Offset: 1},
+		{Key: recs[1].Key, Offset: 2}})
+	if a, ok := old.ActivePolicy(); ok {
+		t.Errorf("a copy that cannot read the withdrawal, after the tombstone: %+v in force; want none", a)
+	}
+}

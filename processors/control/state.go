@@ -335,6 +335,9 @@ type Snapshot struct {
 	Freezes []Action `json:"freezes"`
 	// Revocations are every revoked credential and family.
 	Revocations []Action `json:"revocations"`
+	// Policy is the policy activation in force, if any: every role
+	// decides with that version, not its --policy-dir.
+	Policy *Action `json:"policy,omitempty"`
 }
 
 // Snapshot returns the freezes in force and the revocations.
@@ -351,6 +354,10 @@ func (s *State) Snapshot() Snapshot {
 	}
 	for _, a := range s.families {
 		snap.Revocations = append(snap.Revocations, a)
+	}
+	if s.policy != nil {
+		p := *s.policy
+		snap.Policy = &p
 	}
 	s.mu.RUnlock()
 	bySubject := func(a, b Action) int { return cmp.Compare(a.Subject, b.Subject) }
@@ -790,8 +797,14 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 	}
 	if r.Value == nil {
 		// A tombstone: someone deleted the subject on the topic itself.
-		s.latest[key] = origin{partition: r.Partition, at: r.Timestamp}
+		withdrawn := key == PolicySubject && s.policy == nil
+		s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
 		s.deleteLocked(key)
+		if withdrawn {
+			// The one a withdrawal puts after itself, for older builds.
+			s.logger.Debug("control subject deleted by tombstone", attrSubject, key, "partition", r.Partition, "offset", r.Offset)
+			return
+		}
 		s.logger.Warn("control subject deleted by tombstone", attrSubject, key, "partition", r.Partition, "offset", r.Offset)
 		return
 	}
@@ -817,6 +830,8 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 	switch {
 	case a.Kind == KindActivatePolicy:
 		s.policy = &a
+	case a.Kind == KindWithdrawPolicy:
+		s.policy = nil
 	case a.Kind != KindRevoke:
 		s.tools[freezeKey{tool: a.Tool, tenant: a.Tenant}] = a
 	case a.JTI != "":
