@@ -24,7 +24,7 @@ func newControlCmd(g *globals) *cobra.Command {
 	f.register(cmd)
 	printJSON := func(cmd *cobra.Command, raw json.RawMessage) error { return printJSONTo(cmd.OutOrStdout(), raw) }
 	var tool, tenant, reason, jti, family string
-	action := func(use, short, path string, body func() map[string]string) *cobra.Command {
+	action := func(use, short, path string, body func() map[string]any) *cobra.Command {
 		c := &cobra.Command{
 			Use:   use,
 			Short: short,
@@ -53,10 +53,20 @@ func newControlCmd(g *globals) *cobra.Command {
 		markExplicitOnly(c.Flags(), "reason")
 		return c
 	}
-	toolBody := func() map[string]string { return map[string]string{"tool": tool, "tenant": tenant, "reason": reason} }
-	freeze := action("freeze", "Freeze a tool: calls not yet started are denied tool_frozen within a second", "/v1/control/freeze", toolBody)
+	toolBody := func() map[string]any { return map[string]any{"tool": tool, "tenant": tenant, "reason": reason} }
+	var unknownTool bool
+	freeze := action("freeze", "Freeze a tool: calls not yet started are denied tool_frozen within a second", "/v1/control/freeze", func() map[string]any {
+		body := toolBody()
+		if unknownTool {
+			// Only when set: a control server of an older build
+			// refuses the field.
+			body["allow_unknown_tool"] = true
+		}
+		return body
+	})
+	freeze.Flags().BoolVar(&unknownTool, "unknown-tool", false, "freeze a tool the control service's registry does not hold (one only newer executors know); without it such a freeze is refused unknown_tool, for a mistyped name would freeze nothing")
 	var freezeAt string
-	unfreeze := action("unfreeze", "Lift a freeze", "/v1/control/unfreeze", func() map[string]string {
+	unfreeze := action("unfreeze", "Lift a freeze", "/v1/control/unfreeze", func() map[string]any {
 		body := toolBody()
 		if freezeAt != "" {
 			body["freeze_at"] = freezeAt
@@ -77,8 +87,8 @@ func newControlCmd(g *globals) *cobra.Command {
 		c.Flags().StringVar(&tool, "tool", "", "the tool")
 		c.Flags().StringVar(&tenant, "for-tenant", "", "only this tenant (default: all, for a platform operator; the operator's own tenant otherwise)")
 	}
-	revoke := action("revoke", "Revoke a credential (--jti) or a credential family (--family): tools refuse it at once", "/v1/control/revoke", func() map[string]string {
-		return map[string]string{"jti": jti, "family": family, "reason": reason}
+	revoke := action("revoke", "Revoke a credential (--jti) or a credential family (--family): tools refuse it at once", "/v1/control/revoke", func() map[string]any {
+		return map[string]any{"jti": jti, "family": family, "reason": reason}
 	})
 	revoke.Flags().StringVar(&jti, "jti", "", "one credential's id: a call keeps its jti over all its executions, so this stops every credential of that call, for good (a call taken over is then not sent again: outcome_unknown, for the reconciler); a platform operator's alone (--tenant '*'): a tenant's operator revokes the family")
 	revoke.Flags().StringVar(&family, "family", "", "a credential family (<tool>:<tenant>:<key epoch>, as on the events)")
@@ -94,8 +104,8 @@ func newControlCmd(g *globals) *cobra.Command {
 		},
 	}
 	var label, hash, pinFrom string
-	activate := action("activate-policy", "Make a policy version (a label under each instance's --policy-versions-dir) the one every intake and executor decides with", "/v1/control/activate-policy", func() map[string]string {
-		body := map[string]string{"policy": label, "reason": reason}
+	activate := action("activate-policy", "Make a policy version (a label under each instance's --policy-versions-dir) the one every intake and executor decides with", "/v1/control/activate-policy", func() map[string]any {
+		body := map[string]any{"policy": label, "reason": reason}
 		if hash != "" {
 			// Only when set: a control server of an older build
 			// refuses the field, and should refuse a pin it ignores.
@@ -124,8 +134,8 @@ func newControlCmd(g *globals) *cobra.Command {
 		hash = set.Hash()
 		return nil
 	}
-	withdraw := action("withdraw-policy", "End the policy activation in force: every intake and executor decides with its --policy-dir again (control show says which version is activated)", "/v1/control/withdraw-policy", func() map[string]string {
-		return map[string]string{"reason": reason}
+	withdraw := action("withdraw-policy", "End the policy activation in force: every intake and executor decides with its --policy-dir again (control show says which version is activated)", "/v1/control/withdraw-policy", func() map[string]any {
+		return map[string]any{"reason": reason}
 	})
 	cmd.AddCommand(freeze, unfreeze, revoke, activate, withdraw, show)
 	return cmd

@@ -324,7 +324,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	}
 
 	kill, err := control.New(control.Config{
-		State: controls, Publisher: events, Identity: staff, Topics: topics, Credentials: inspector,
+		State: controls, Publisher: events, Identity: staff, Topics: topics, Credentials: inspector, KnownTool: reg.Has,
 		Logger: logger.With("component", "control"),
 	})
 	if err != nil {

@@ -766,7 +766,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 						}
 						inspector = v
 					}
-					kill, err := control.New(control.Config{State: controls, Publisher: events, Identity: staff, Topics: g.kafka.topics(), Credentials: inspector, MaxStaleness: rf.maxStaleness(), Logger: logger})
+					kill, err := control.New(control.Config{State: controls, Publisher: events, Identity: staff, Topics: g.kafka.topics(), Credentials: inspector, MaxStaleness: rf.maxStaleness(), KnownTool: reg.Has, Logger: logger})
 					if err != nil {
 						return nil, err
 					}

@@ -33,14 +33,15 @@ const (
 	CodeInvalidRequest  = "invalid_request"
 	CodeNotFrozen       = "not_frozen"
 	CodeNotActive       = "not_active"
+	CodeUnknownTool     = "unknown_tool"
 	CodeFreezeChanged   = "freeze_changed"
 	CodeTooManySubjects = "too_many_subjects"
 	CodeUnavailable     = "unavailable"
 	CodeInternal        = "internal"
 )
 
-// FreezeRequest is the body of POST /v1/control/freeze.
-type FreezeRequest struct {
+// ToolRequest names a tool's freeze: the tool, the tenant, and why.
+type ToolRequest struct {
 	Tool string `json:"tool"`
 	// Tenant limits the freeze to one tenant; empty: every tenant (a
 	// tenant operator's freeze is always for its own tenant).
@@ -48,9 +49,18 @@ type FreezeRequest struct {
 	Reason string `json:"reason"`
 }
 
+// FreezeRequest is the body of POST /v1/control/freeze.
+type FreezeRequest struct {
+	ToolRequest
+	// AllowUnknownTool freezes a tool the control service's registry
+	// does not hold (Service.FreezeUnknown); otherwise such a freeze is
+	// refused 400 unknown_tool.
+	AllowUnknownTool bool `json:"allow_unknown_tool,omitempty"`
+}
+
 // UnfreezeRequest is the body of POST /v1/control/unfreeze.
 type UnfreezeRequest struct {
-	FreezeRequest
+	ToolRequest
 	// FreezeAt, when set, is the time (at) of the freeze to lift: the
 	// unfreeze is refused (409 freeze_changed) if another is in force.
 	FreezeAt *time.Time `json:"freeze_at,omitempty"`
@@ -80,7 +90,7 @@ type Introspection struct {
 // Handler serves the control API:
 //
 //	GET  /v1/control              the control state (Service.Snapshot)
-//	POST /v1/control/freeze       {"tool", "tenant"?, "reason"}
+//	POST /v1/control/freeze       {"tool", "tenant"?, "reason", "allow_unknown_tool"?}
 //	POST /v1/control/unfreeze     {"tool", "tenant"?, "reason"}
 //	POST /v1/control/revoke       {"jti" | "family", "reason"}
 //	POST /v1/control/activate-policy {"policy", "policy_hash"?, "reason"}
@@ -150,6 +160,8 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusBadRequest, CodeInvalidRequest, err.Error()
 	case errors.Is(err, ErrNotFrozen):
 		status, code, msg = http.StatusConflict, CodeNotFrozen, err.Error()
+	case errors.Is(err, ErrUnknownTool):
+		status, code, msg = http.StatusBadRequest, CodeUnknownTool, err.Error()
 	case errors.Is(err, ErrNotActive):
 		status, code, msg = http.StatusConflict, CodeNotActive, err.Error()
 	case errors.Is(err, ErrFreezeChanged):
@@ -196,7 +208,11 @@ func (s *Service) serveFreeze(w http.ResponseWriter, r *http.Request, id identit
 		s.fail(w, r, err)
 		return
 	}
-	a, err := s.Freeze(r.Context(), id, req.Tool, req.Tenant, req.Reason)
+	freeze := s.Freeze
+	if req.AllowUnknownTool {
+		freeze = s.FreezeUnknown
+	}
+	a, err := freeze(r.Context(), id, req.Tool, req.Tenant, req.Reason)
 	s.answer(w, r, a, err)
 }
 

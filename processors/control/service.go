@@ -47,6 +47,9 @@ var (
 	// every instance will apply it) but the local State had not applied
 	// it within Config.ApplyWait. The Action is returned with it.
 	ErrNotYetApplied = errors.New("published but not yet applied locally")
+	// ErrUnknownTool: a freeze named a tool the registry does not hold
+	// (Config.KnownTool), and did not say that it meant one.
+	ErrUnknownTool = errors.New("unknown tool")
 	// ErrNotActive: a withdrawal found no policy activation in force.
 	ErrNotActive = errors.New("no policy activation in force")
 	// ErrTooManySubjects: a tenant operator's action would add a subject
@@ -126,6 +129,10 @@ type Config struct {
 	// Logger receives every published action (Info) and failures; never
 	// an assertion or a token. Nil discards.
 	Logger *slog.Logger
+	// KnownTool reports whether the tool registry holds a tool: a freeze
+	// of one it does not is refused unless asked for (FreezeUnknown).
+	// Nil: any name is taken.
+	KnownTool func(tool string) bool
 }
 
 func (c *Config) setDefaults() {
@@ -244,12 +251,27 @@ func (s *Service) toolScope(op identity.Identity, tool, tenant, reason string) (
 // freeze, or with ErrNotYetApplied (and the Action) after
 // Config.ApplyWait.
 func (s *Service) Freeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string) (Action, error) {
+	return s.freeze(ctx, operator, tool, tenant, reason, false)
+}
+
+// FreezeUnknown is Freeze, for a tool the registry may not hold (one only
+// newer executors know, during their rollout): Freeze refuses such a
+// tool (ErrUnknownTool), for a name mistyped in an incident would freeze
+// nothing while the operator took it for done.
+func (s *Service) FreezeUnknown(ctx context.Context, operator identity.Identity, tool, tenant, reason string) (Action, error) {
+	return s.freeze(ctx, operator, tool, tenant, reason, true)
+}
+
+func (s *Service) freeze(ctx context.Context, operator identity.Identity, tool, tenant, reason string, unknown bool) (Action, error) {
 	if !s.cfg.State.isReady() {
 		return Action{}, ErrNotReady
 	}
 	tenant, reason, err := s.toolScope(operator, tool, tenant, reason)
 	if err != nil {
 		return Action{}, err
+	}
+	if !unknown && s.cfg.KnownTool != nil && !s.cfg.KnownTool(tool) {
+		return Action{}, fmt.Errorf("%w: no tool %q in this control service's tool registry (its --registry-dir): check the name; to freeze a tool only newer executors know, say so (allow_unknown_tool, --unknown-tool)", ErrUnknownTool, tool)
 	}
 	var replaced *Action
 	if operator.Tenant != PlatformTenant {

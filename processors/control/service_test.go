@@ -878,3 +878,48 @@ func TestWithdrawPolicy(t *testing.T) {
 		t.Errorf("a copy that cannot read the withdrawal, after the tombstone: %+v in force; want none", a)
 	}
 }
+
+// A freeze of a tool the registry does not hold is refused unknown_tool,
+// for a name mistyped in an incident would freeze nothing while its
+// operator took it for done; asked for (one only newer executors know),
+// it goes out. Before, every name was frozen, and the console counted it.
+func TestFreezeOfAnUnknownTool(t *testing.T) {
+	t.Parallel()
+	svc, pub := newLoopbackService(t, Config{KnownTool: func(tool string) bool { return tool == "refund_order" }, Identity: asOperator{platformOp}})
+	ctx := t.Context()
+	if _, err := svc.Freeze(ctx, platformOp, "refund_ordr", "", "incident 42"); !errors.Is(err, ErrUnknownTool) {
+		t.Errorf("Freeze(refund_ordr) = %v; want ErrUnknownTool", err)
+	}
+	if n := pub.published(); n != 0 {
+		t.Fatalf("%d records published; want none", n)
+	}
+	must[Action](t)(svc.Freeze(ctx, platformOp, "refund_order", "", "incident 42"))
+	must[Action](t)(svc.FreezeUnknown(ctx, platformOp, "refund_v2", "", "rolling out"))
+	if _, ok := svc.cfg.State.Frozen("refund_v2", "t_acme"); !ok {
+		t.Error("a tool frozen as asked, though unknown here, is not frozen")
+	}
+	// Through HTTP: 400 unknown_tool, and allow_unknown_tool.
+	srv := httptest.NewServer(svc.Handler())
+	t.Cleanup(srv.Close)
+	for body, want := range map[string]int{
+		`{"tool":"nosuch","reason":"r"}`:                           http.StatusBadRequest,
+		`{"tool":"nosuch","reason":"r","allow_unknown_tool":true}`: http.StatusOK,
+	} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/control/freeze", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer the-platform-operator")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct{ Error apiError }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != want || want == http.StatusBadRequest && e.Error.Code != CodeUnknownTool {
+			t.Errorf("POST freeze %s = %d %q; want %d", body, resp.StatusCode, e.Error.Code, want)
+		}
+	}
+}
