@@ -20,6 +20,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
 )
 
@@ -138,7 +139,7 @@ func (f *staffFlags) callStatus(ctx context.Context, method, path string, body, 
 			Error struct{ Code, Message string } `json:"error"`
 		}
 		_ = json.Unmarshal(raw, &e)
-		return resp.StatusCode, fmt.Errorf("%s %s: %d %s: %s", method, path, resp.StatusCode, e.Error.Code, e.Error.Message)
+		return resp.StatusCode, fmt.Errorf("%s %s: %w", method, path, &httpapi.APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message})
 	}
 	return resp.StatusCode, json.Unmarshal(raw, into)
 }

@@ -4,7 +4,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -13,15 +16,45 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := newRoot().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "ledger:", err)
+	if cmd, err := newRoot().ExecuteContextC(ctx); err != nil {
+		reportError(os.Stderr, cmd, err)
 		os.Exit(1)
 	}
+}
+
+// reportError writes why a command failed: with --json, as the API's
+// errors are, {"error": {"code", "message"}} (and "status", "pointer"
+// where the error has them), for the scripts that read --json's answers.
+func reportError(w io.Writer, cmd *cobra.Command, err error) {
+	if f := cmd.Flags().Lookup("json"); f == nil || f.Value.String() != "true" {
+		fmt.Fprintln(w, "ledger:", err)
+		return
+	}
+	e := struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Status  int    `json:"status,omitempty"`
+		Pointer string `json:"pointer,omitempty"`
+	}{Code: "failed", Message: err.Error()}
+	var (
+		api *httpapi.APIError
+		de  *ledger.DecodeError
+	)
+	switch {
+	case errors.As(err, &api):
+		e.Code, e.Status, e.Pointer = api.Code, api.Status, api.Pointer
+	case errors.As(err, &de):
+		e.Code, e.Pointer = de.Code, de.Pointer
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": e})
 }
 
 // globals are the flags every subcommand shares.

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"io"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -36,5 +39,44 @@ func TestGCPercent(t *testing.T) {
 	(&globals{gcPercent: 250}).applyGC()
 	if got := debug.SetGCPercent(100); got != 100 {
 		t.Errorf("GOGC=100 set: collector target %d, want GOGC's 100", got)
+	}
+}
+
+// With --json, a command that fails says why as JSON, as the API's errors
+// are: its code (an API answer's, a decode error's, else "failed"), its
+// message, and the status and pointer where it has them. Without --json
+// it is a line of text, as before. Before, --json's failures were text
+// alone, which a script reading --json could not tell apart.
+func TestErrorsAsJSON(t *testing.T) {
+	srv := answeringWith(t, http.MethodPost, "/v1/control/freeze", http.StatusForbidden, `{"error":{"code":"forbidden","message":"not an operator"}}`)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"an API's refusal", []string{"control", "freeze", "--tool", "t", "--reason", "r", "--api", srv.URL, "--assertion", "tok", "--json"},
+			`{"error":{"code":"forbidden","message":"POST /v1/control/freeze: 403 forbidden: not an operator","status":403}}`},
+		{"bad arguments", []string{"submit", "--tool", "get_weather", "--args", `{city:"x"}`, "--json", "--data-dir", t.TempDir()},
+			`"code":"invalid_json"`},
+		{"anything else", []string{"control", "freeze", "--tool", "t", "--api", srv.URL, "--assertion", "tok", "--json"},
+			`{"error":{"code":"failed","message":"--reason is required: every control action says why"}}`},
+		{"without --json", []string{"control", "freeze", "--tool", "t", "--api", srv.URL, "--assertion", "tok"},
+			"ledger: --reason is required: every control action says why"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := newRoot()
+			root.SetArgs(tc.args)
+			root.SetOut(io.Discard)
+			root.SetErr(io.Discard)
+			cmd, err := root.ExecuteContextC(t.Context())
+			if err == nil {
+				t.Fatal("the command succeeded; want it to fail")
+			}
+			var out strings.Builder
+			reportError(&out, cmd, err)
+			if !strings.Contains(out.String(), tc.want) {
+				t.Errorf("reported:\n%s\nwant it to hold %s", out.String(), tc.want)
+			}
+		})
 	}
 }
