@@ -176,8 +176,13 @@ func approvalsTable(w io.Writer, as []approvalView, now time.Time) error {
 			// The roles the policies decided the call with.
 			who += " roles: " + cmp.Or(strings.Join(a.Requester.Roles, ","), "none")
 		}
-		rows = append(rows, []string{a.ID, a.Tool, who, a.Preview.Resource,
-			a.Preview.Amount, a.ExpiresAt.Sub(now).Round(time.Second).String(), a.State})
+		// Only a pending approval expires: a decided one's deadline
+		// passed or not, nothing comes of it.
+		expires := "-"
+		if a.State == "pending" {
+			expires = a.ExpiresAt.Sub(now).Round(time.Second).String()
+		}
+		rows = append(rows, []string{a.ID, a.Tool, who, a.Preview.Resource, a.Preview.Amount, expires, a.State})
 	}
 	return report.Table(w, rows)
 }

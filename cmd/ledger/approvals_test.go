@@ -151,3 +151,22 @@ func answeringWith(t *testing.T, method, path string, status int, body string) *
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// Only a pending approval shows a time left: a rejected or expired one
+// shows none. Before, a rejected approval counted down to an expiry that
+// meant nothing.
+func TestApprovalsTableTimeLeftOfPendingOnly(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	var as []approvalView
+	for _, state := range []string{"pending", "rejected", "expired"} {
+		as = append(as, approvalView{ID: "ap_" + state, Tool: "refund_order", State: state, ExpiresAt: now.Add(10 * time.Minute)})
+	}
+	var out strings.Builder
+	if err := approvalsTable(&out, as, now); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 4 || !strings.Contains(lines[1], "10m0s") || strings.Contains(lines[2], "10m0s") || strings.Contains(lines[3], "10m0s") {
+		t.Errorf("table:\n%s\nwant a time left for the pending approval alone", out.String())
+	}
+}
