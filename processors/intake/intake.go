@@ -642,7 +642,10 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			detail = te.Detail
 		}
 		unverified := ledger.CallKey{TenantID: ledger.UnverifiedTenant, IdempotencyKey: env.IdempotencyKey}
-		if lapsed, ok := errors.AsType[*identity.LapsedError](err); ok {
+		// Only a tenant id the schema allows: the claim was never
+		// checked against the envelope's scope, and one the store cannot
+		// hold (a NUL) would fail every step of the partition.
+		if lapsed, ok := errors.AsType[*identity.LapsedError](err); ok && schemas.ValidTenantID(lapsed.Identity.Tenant) {
 			// Its signature proves whose it is, and only a time bound
 			// refuses it (one that expired on its way here, say): the
 			// refusal goes where its sender, and its tenant's
@@ -658,6 +661,9 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			switch _, err := p.cfg.Store.Get(ctx, key); {
 			case errors.Is(err, processors.ErrNotFound):
 				return refuse(key, lapsed.Identity, ReasonAssertionPrefix+reason, "/assertion", detail)
+			case errors.Is(err, processors.ErrRejected):
+				// The store will never take the key: asked again,
+				// it would stall the partition for good.
 			case err != nil:
 				return nil, nil, nil, fmt.Errorf("look up %s for a lapsed assertion: %w", key, err)
 			}

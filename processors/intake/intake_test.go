@@ -1701,15 +1701,18 @@ func TestLapsedAssertionRefusedWhereItsSenderSeesIt(t *testing.T) {
 	}
 }
 
-// getFailsOnce is a store whose first read fails.
-type getFailsOnce struct {
+// getFails is a store whose reads fail with err: the first only, unless
+// always.
+type getFails struct {
 	intake.Store
+	err    error
+	always bool
 	failed atomic.Bool
 }
 
-func (s *getFailsOnce) Get(ctx context.Context, key ledger.CallKey) (processors.Record, error) {
-	if s.failed.CompareAndSwap(false, true) {
-		return processors.Record{}, errors.New("connection reset")
+func (s *getFails) Get(ctx context.Context, key ledger.CallKey) (processors.Record, error) {
+	if s.failed.CompareAndSwap(false, true) || s.always {
+		return processors.Record{}, s.err
 	}
 	return s.Store.Get(ctx, key)
 }
@@ -1720,14 +1723,7 @@ func (s *getFailsOnce) Get(ctx context.Context, key ledger.CallKey) (processors.
 // Before, the refusal went under the reserved tenant, for good, where its
 // sender never sees it.
 func TestLapsedAssertionKeyNotReadable(t *testing.T) {
-	f := newIntakeWith(t, func(c *intake.Config) {
-		v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
-			Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(11 * time.Minute) }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Identity, c.Store = v, &getFailsOnce{Store: c.Store}
-	})
+	f := lapsedIntake(t, &getFails{err: errors.New("connection reset")})
 	rec := f.envelopeRecord(t, "late", map[string]any{"title": "t"})
 	if out, err := f.in.Step(t.Context(), []*kgo.Record{rec}); err == nil {
 		t.Fatalf("Step() with the key unreadable = %+v, nil; want an error, the batch tried again", events(t, out))
@@ -1739,5 +1735,36 @@ func TestLapsedAssertionKeyNotReadable(t *testing.T) {
 	evs := events(t, out)
 	if len(evs) != 1 || evs[0].Reason != intake.ReasonAssertionPrefix+"expired" || evs[0].TenantID != "t_a" || evs[0].UserID != "u_1" {
 		t.Errorf("events of the redelivery %+v; want one refusal, assertion_expired, under t_a/late for u_1", evs)
+	}
+}
+
+// lapsedIntake is an intake whose verifier's clock is 11 minutes ahead,
+// so that the assertions it verifies have lapsed, over store (its Store
+// set to the intake's).
+func lapsedIntake(t *testing.T, store *getFails) *fixture {
+	t.Helper()
+	return newIntakeWith(t, func(c *intake.Config) {
+		v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
+			Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(11 * time.Minute) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		store.Store = c.Store
+		c.Identity, c.Store = v, store
+	})
+}
+
+// A lapsed assertion whose key the store refuses for good
+// (processors.ErrRejected: a value it cannot hold) is refused under the
+// reserved tenant, and the batch goes on. Failed, it would be redelivered
+// without end, stalling its partition for every tenant on it.
+func TestLapsedAssertionKeyRejected(t *testing.T) {
+	f := lapsedIntake(t, &getFails{err: fmt.Errorf("insert: %w", processors.ErrRejected), always: true})
+	out, err := f.in.Step(t.Context(), []*kgo.Record{f.envelopeRecord(t, "late", map[string]any{"title": "t"})})
+	if err != nil {
+		t.Fatalf("Step() with the key refused by the store = %v; want the batch done", err)
+	}
+	if evs := events(t, out); len(evs) != 1 || evs[0].TenantID != ledger.UnverifiedTenant || evs[0].Reason != intake.ReasonAssertionPrefix+"expired" {
+		t.Errorf("events %+v; want one refusal, assertion_expired, under %s", evs, ledger.UnverifiedTenant)
 	}
 }
