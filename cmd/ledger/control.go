@@ -41,7 +41,7 @@ func newControlCmd(g *globals) *cobra.Command {
 					// Durable on the control topic, which every instance
 					// applies; the answering service had not within its
 					// wait. Not to be taken for in force yet.
-					fmt.Fprintln(cmd.ErrOrStderr(), "published on the control topic, but the control service had not applied it yet (202): every instance will; see ledger control show")
+					fmt.Fprintln(cmd.ErrOrStderr(), "published on the control topic, but the control service had not applied it yet (202): see ledger control show for what is in force (an action that raced another, written meanwhile through another instance, is passed over)")
 				}
 				sayScope(cmd.ErrOrStderr(), out)
 				return printJSON(cmd, out)

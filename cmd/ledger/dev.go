@@ -455,6 +455,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return nil
 	})
 	grp.Go(func() error { return queue.RunTimer(ctx, time.Second) })
+	grp.Go(func() error { return kill.Run(ctx) })
 	grp.Go(func() error { return intakeRole.Run(ctx) })
 	grp.Go(func() error {
 		err := exec.Run(ctx)

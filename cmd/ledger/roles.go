@@ -772,6 +772,10 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					}
 					mux.Handle("/v1/control", kill.Handler())
 					mux.Handle("/v1/control/", kill.Handler())
+					// Owned by the command: ends with ctx. It writes an
+					// action in force again after a record that raced it
+					// and lost, as the compacted topic needs.
+					go func() { _ = kill.Run(ctx) }()
 					if inspector != nil {
 						mux.Handle(control.IntrospectPath, kill.Handler())
 					}

@@ -28,16 +28,17 @@ const IntrospectPath = "/v1/introspect"
 
 // Error codes of the HTTP API, in {"error": {"code", "message"}}.
 const (
-	CodeUnauthenticated = "unauthenticated"
-	CodeForbidden       = "forbidden"
-	CodeInvalidRequest  = "invalid_request"
-	CodeNotFrozen       = "not_frozen"
-	CodeNotActive       = "not_active"
-	CodeUnknownTool     = "unknown_tool"
-	CodeFreezeChanged   = "freeze_changed"
-	CodeTooManySubjects = "too_many_subjects"
-	CodeUnavailable     = "unavailable"
-	CodeInternal        = "internal"
+	CodeUnauthenticated   = "unauthenticated"
+	CodeForbidden         = "forbidden"
+	CodeInvalidRequest    = "invalid_request"
+	CodeNotFrozen         = "not_frozen"
+	CodeNotActive         = "not_active"
+	CodeUnknownTool       = "unknown_tool"
+	CodeActivationChanged = "activation_changed"
+	CodeFreezeChanged     = "freeze_changed"
+	CodeTooManySubjects   = "too_many_subjects"
+	CodeUnavailable       = "unavailable"
+	CodeInternal          = "internal"
 )
 
 // ToolRequest names a tool's freeze: the tool, the tenant, and why.
@@ -101,8 +102,8 @@ type Introspection struct {
 // Bearer; who acts, and for which tenant, comes from it alone. They answer
 // the Action (200), or 202 with it when it was published but not yet
 // applied locally, or {"error": {"code", "message"}}: 401 unauthenticated,
-// 403 forbidden, 400 invalid_request, 409 not_frozen, freeze_changed or
-// not_active, 503 unavailable.
+// 403 forbidden, 400 invalid_request or unknown_tool, 409 not_frozen,
+// freeze_changed, not_active or activation_changed, 503 unavailable.
 //
 // Introspection is served when Config.Credentials is set. It does not
 // authenticate its caller in this version: it only says whether a
@@ -162,6 +163,8 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusConflict, CodeNotFrozen, err.Error()
 	case errors.Is(err, ErrUnknownTool):
 		status, code, msg = http.StatusBadRequest, CodeUnknownTool, err.Error()
+	case errors.Is(err, ErrActivationChanged):
+		status, code, msg = http.StatusConflict, CodeActivationChanged, err.Error()
 	case errors.Is(err, ErrNotActive):
 		status, code, msg = http.StatusConflict, CodeNotActive, err.Error()
 	case errors.Is(err, ErrFreezeChanged):

@@ -50,6 +50,9 @@ var (
 	// ErrUnknownTool: a freeze named a tool the registry does not hold
 	// (Config.KnownTool), and did not say that it meant one.
 	ErrUnknownTool = errors.New("unknown tool")
+	// ErrActivationChanged: a withdrawal named the activation it meant
+	// to end, and another was made meanwhile.
+	ErrActivationChanged = errors.New("activation changed")
 	// ErrNotActive: a withdrawal found no policy activation in force.
 	ErrNotActive = errors.New("no policy activation in force")
 	// ErrTooManySubjects: a tenant operator's action would add a subject
@@ -461,11 +464,13 @@ func (s *Service) platformOnly(operator identity.Identity, what string) error {
 // WithdrawPolicy ends the policy activation in force (ErrNotActive if
 // none, as this instance's copy of the control topic has it, which must
 // be current): every intake and executor decides with its --policy-dir
-// again. The withdrawal (who, why, and the version it ends) goes on the
-// topic with a tombstone of the subject right after it, in one write:
-// older builds ignore the withdrawal and apply the tombstone, and the
-// compacted topic keeps no activation. Platform operators only. It waits
-// like Freeze.
+// again. The withdrawal names the activation it ends (Action.Lifts, its
+// time): one written meanwhile through another instance overrules it on
+// every copy, and it is refused ErrActivationChanged. It is the subject's
+// last record on the compacted topic, and its time beats an activation
+// left in a partition the subject no longer hashes to. Builds before this
+// one ignore it (and keep the activation): upgrade every role first.
+// Platform operators only. It waits like Freeze.
 func (s *Service) WithdrawPolicy(ctx context.Context, operator identity.Identity, reason string) (Action, error) {
 	if err := s.platformOnly(operator, "withdraws a policy activation"); err != nil {
 		return Action{}, err
@@ -481,16 +486,8 @@ func (s *Service) WithdrawPolicy(ctx context.Context, operator identity.Identity
 	if !ok {
 		return Action{}, fmt.Errorf("%w: every role decides with its --policy-dir", ErrNotActive)
 	}
-	w := s.action(operator, KindWithdrawPolicy, reason, func(a *Action) { a.Policy = active.Policy })
-	rec, err := s.record(w, time.Now())
-	if err != nil {
-		return Action{}, err
-	}
-	tomb := &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(PolicySubject), Timestamp: rec.Timestamp.Add(time.Millisecond)}
-	if _, err := s.send(ctx, w, rec, tomb); err != nil {
-		return w, err
-	}
-	return w, nil
+	lifts := active.At
+	return s.publish(ctx, s.action(operator, KindWithdrawPolicy, reason, func(a *Action) { a.Policy, a.Lifts = active.Policy, &lifts }))
 }
 
 // Revoke revokes one credential (jti) or a credential family (family,
@@ -615,25 +612,63 @@ func (s *Service) action(op identity.Identity, kind, reason string, fill func(*A
 }
 
 // publish appends a to the control topic and waits for the local State to
-// apply it. A freeze or unfreeze that every State passed over, for a
-// record written meanwhile through another instance (State.overrulesLocked),
-// fails, and the action in force goes on the topic again after it.
+// apply it. One that every State passed over, for a record written
+// meanwhile through another instance (State.overrulesLocked), fails as
+// the check against a current copy would have; Run puts the action in
+// force back on the topic after it.
 func (s *Service) publish(ctx context.Context, a Action, then ...Action) (Action, error) {
 	first, err := s.put(ctx, a, then...)
 	if err != nil {
 		return a, err
 	}
-	if cur, overruled := s.cfg.State.overruled(a.Subject, a.Tool, a.Tenant, first.Partition, first.Offset); overruled {
-		// The topic is compacted: a reader that starts once a is its
-		// subject's only record there would apply it.
-		s.cfg.Logger.Warn("control action overruled by one written meanwhile through another instance: putting that one back on the topic", attrKind, a.Kind, attrSubject, a.Subject,
-			attrBy, a.By, "in_force_by", cur.By, "in_force_at", cur.At)
-		if _, err := s.put(ctx, cur); err != nil && !errors.Is(err, ErrNotYetApplied) {
-			return Action{}, fmt.Errorf("%w (and putting the action in force back on the topic failed: %v)", overruledErr(a, cur), err)
-		}
+	if cur, passed := s.cfg.State.passedOver(first.Partition, first.Offset); passed {
 		return Action{}, overruledErr(a, cur)
 	}
 	return a, nil
+}
+
+// Run puts back on the topic, until ctx ends, each action in force after
+// a record of its subject that every State passed over (a freeze, an
+// unfreeze or a withdrawal that raced another written through another
+// instance): on the compacted topic a subject keeps its last record
+// alone, and a reader starting then would apply the loser. It does so
+// for records any writer wrote, this instance's, another's (one that
+// stopped between its write and the repair), or a hand-written one; every
+// control service may, and a repair written twice is the same action
+// twice. Run it beside the Handler.
+func (s *Service) Run(ctx context.Context) error {
+	for {
+		changed := s.cfg.State.changes()
+		retry := false
+		for _, a := range s.cfg.State.toRepair() {
+			s.cfg.Logger.Warn("control action in force written again after a record of its subject that was overruled", attrKind, a.Kind, attrSubject, a.Subject,
+				attrBy, a.By, "at", a.At)
+			if _, err := s.put(ctx, a); err != nil && !errors.Is(err, ErrNotYetApplied) {
+				if ctx.Err() != nil {
+					return nil
+				}
+				s.cfg.Logger.Error("control action in force not written again; retrying", attrSubject, a.Subject, "err", err)
+				retry = true
+			}
+		}
+		wait := time.Duration(0)
+		if retry {
+			wait = time.Second
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			if wait > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(wait):
+				}
+			}
+		case <-time.After(max(wait, time.Second)):
+		}
+	}
 }
 
 // put appends a, and then those after it, to the control topic, and
@@ -685,6 +720,10 @@ func (s *Service) send(ctx context.Context, a Action, recs ...*kgo.Record) (*kgo
 // overruledErr is the refusal of a, passed over for cur, the action in
 // force, written first through another instance.
 func overruledErr(a, cur Action) error {
+	if a.Kind == KindWithdrawPolicy {
+		return fmt.Errorf("%w: the activation in force is of %s by %s at %s (%q), made while this withdrawal was on its way: look at it before withdrawing it",
+			ErrActivationChanged, cur.Policy, cur.By, cur.At.UTC().Format(time.RFC3339Nano), cur.Reason)
+	}
 	if a.ByTenant != PlatformTenant && cur.ByTenant == PlatformTenant {
 		return platformFreeze(cur)
 	}

@@ -167,7 +167,25 @@ type State struct {
 	// changed is closed, and replaced, after every applied batch and
 	// every advance of asOf.
 	changed chan struct{}
+	// passed are the records passed over (overrulesLocked), by place,
+	// with the action in force instead: what their writers are
+	// answered. Forgotten past maxPassed.
+	passed map[place]Action
+	// unrepaired are the subjects whose last record read was passed
+	// over, with the action in force: it must be written again after
+	// that record (Service.Run), for the topic is compacted.
+	unrepaired map[string]Action
 }
+
+// place is a record's partition and offset.
+type place struct {
+	partition int32
+	offset    int64
+}
+
+// maxPassed bounds State.passed: a writer asks about its record within
+// seconds of writing it.
+const maxPassed = 1024
 
 // NewState returns an empty State; Run fills it. A nil logger discards.
 func NewState(logger *slog.Logger) *State {
@@ -186,6 +204,8 @@ func NewState(logger *slog.Logger) *State {
 		latest:     make(map[string]origin),
 		partitions: make(map[int32]bool),
 		changed:    make(chan struct{}),
+		passed:     make(map[place]Action),
+		unrepaired: make(map[string]Action),
 	}
 	s.asOf.Store(notCaughtUp)
 	return s
@@ -749,41 +769,70 @@ func (s *State) observe(at time.Time, ends map[int32]int64) (added []int32) {
 	return added
 }
 
-// overrulesLocked says why a, a freeze or an unfreeze of a tool, may not
-// change what is in force for its subject, or "" if it may: a tenant
-// operator's action over a platform operator's freeze, or an unfreeze of
-// a freeze no longer in force (Action.Lifts). Its writer checked both
+// overrulesLocked says why a may not change what is in force for its
+// subject, and what is in force instead, or "" if it may: a tenant
+// operator's freeze or unfreeze over a platform operator's freeze; an
+// unfreeze of a freeze no longer in force, or a withdrawal of an
+// activation no longer in force (Action.Lifts). Its writer checked these
 // against its own copy of the topic, which may have lacked a record
-// written through another instance at the same moment; checked here,
-// the record that came second on the partition loses on every copy.
-func (s *State) overrulesLocked(a Action) string {
+// written through another instance at the same moment; checked here, the
+// record that came second on the partition loses on every copy.
+func (s *State) overrulesLocked(a Action) (string, Action) {
+	if a.Kind == KindWithdrawPolicy {
+		if s.policy != nil && a.Lifts != nil && !a.Lifts.Equal(s.policy.At) {
+			return "a withdrawal of an activation no longer in force", *s.policy
+		}
+		return "", Action{}
+	}
 	if a.Kind != KindFreeze && a.Kind != KindUnfreeze {
-		return ""
+		return "", Action{}
 	}
 	cur, ok := s.tools[freezeKey{tool: a.Tool, tenant: a.Tenant}]
 	switch {
 	case !ok || cur.Kind != KindFreeze:
-		return ""
+		return "", Action{}
 	case a.ByTenant != PlatformTenant && cur.ByTenant == PlatformTenant:
-		return "a tenant operator's action on a platform operator's freeze"
+		return "a tenant operator's action on a platform operator's freeze", cur
 	case a.Kind == KindUnfreeze && a.Lifts != nil && !a.Lifts.Equal(cur.At):
-		return "an unfreeze of a freeze no longer in force"
+		return "an unfreeze of a freeze no longer in force", cur
 	}
-	return ""
+	return "", Action{}
 }
 
-// overruled reports whether the record of subject at partition/offset,
-// applied by now, was passed over (overrulesLocked), and returns the
-// action in force for the tool and tenant instead.
-func (s *State) overruled(subject, tool, tenant string, partition int32, offset int64) (Action, bool) {
+// passedOver reports whether the record at partition/offset, applied by
+// now, was passed over (overrulesLocked), and returns the action that was
+// in force instead.
+func (s *State) passedOver(partition int32, offset int64) (Action, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	last, ok := s.latest[subject]
-	if !ok || last.partition != partition || last.offset >= offset {
-		return Action{}, false
-	}
-	cur, ok := s.tools[freezeKey{tool: tool, tenant: tenant}]
+	cur, ok := s.passed[place{partition, offset}]
 	return cur, ok
+}
+
+// toRepair returns the actions in force that must go on the topic again,
+// each after a record of its subject that was passed over: the subject's
+// last record on the compacted topic must be the one in force, or a
+// reader starting once the others are compacted away would apply the
+// loser. None until the State is ready: a record passed over mid-way
+// through the topic may be followed by others.
+func (s *State) toRepair() []Action {
+	if !s.isReady() {
+		return nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]Action, 0, len(s.unrepaired))
+	for _, a := range s.unrepaired {
+		out = append(out, a)
+	}
+	return out
+}
+
+// changes returns a channel closed at the State's next change.
+func (s *State) changes() <-chan struct{} {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.changed
 }
 
 // applyLocked applies one record. A record it cannot read is logged and
@@ -797,14 +846,9 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 	}
 	if r.Value == nil {
 		// A tombstone: someone deleted the subject on the topic itself.
-		withdrawn := key == PolicySubject && s.policy == nil
 		s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
+		delete(s.unrepaired, key)
 		s.deleteLocked(key)
-		if withdrawn {
-			// The one a withdrawal puts after itself, for older builds.
-			s.logger.Debug("control subject deleted by tombstone", attrSubject, key, "partition", r.Partition, "offset", r.Offset)
-			return
-		}
 		s.logger.Warn("control subject deleted by tombstone", attrSubject, key, "partition", r.Partition, "offset", r.Offset)
 		return
 	}
@@ -817,16 +861,22 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		s.logger.Error("control record ignored", attrSubject, key, "partition", r.Partition, "offset", r.Offset, "err", err)
 		return
 	}
-	if why := s.overrulesLocked(a); why != "" {
+	if why, cur := s.overrulesLocked(a); why != "" {
 		// Every State applies a partition in order, so every copy
-		// passes over it alike. Its writer puts the action in force
-		// back on the topic after it, for compaction keeps only a
-		// subject's latest record.
+		// passes over it alike. A control service puts the action in
+		// force back on the topic after it (Service.Run), for
+		// compaction keeps only a subject's latest record.
 		s.logger.Warn("control action overruled: not applied", attrKind, a.Kind, attrSubject, a.Subject, attrBy, a.By, attrByTenant, a.ByTenant,
 			"why", why, "partition", r.Partition, "offset", r.Offset)
+		if len(s.passed) >= maxPassed {
+			clear(s.passed)
+		}
+		s.passed[place{r.Partition, r.Offset}] = cur
+		s.unrepaired[key] = cur
 		return
 	}
 	s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
+	delete(s.unrepaired, key)
 	switch {
 	case a.Kind == KindActivatePolicy:
 		s.policy = &a

@@ -667,12 +667,6 @@ func decodeRecord(r *kgo.Record, t ledger.Topics, evs *[]projections.Event, acts
 		}
 		*evs = append(*evs, projections.Event{Event: e, Partition: r.Partition, Offset: r.Offset, Produced: r.Timestamp, Raw: r.Value})
 	case t.Control:
-		if r.Value == nil {
-			// A tombstone (a policy activation's withdrawal puts one
-			// after itself): the compacted topic forgets the subject,
-			// the history keeps its actions.
-			return nil
-		}
 		a, err := DecodeAction(r.Value)
 		if err != nil {
 			return err

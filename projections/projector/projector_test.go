@@ -593,7 +593,7 @@ func TestUndecodableRecords(t *testing.T) {
 		{Topic: ev, Key: []byte("t_a/unversioned"), Value: []byte(`{"event_id":"unversioned","type":"requested","seq":1}`)},
 		eventRecord(t, ev, "ok-2"),
 		{Topic: ctl, Key: []byte("tool:x"), Value: []byte("{bad")},
-		{Topic: ctl, Key: []byte("policy:active")}, // a tombstone: no action, and nothing wrong
+		{Topic: ctl, Key: []byte("tool:y")}, // a tombstone
 		actionRecord(t, ctl, "tool_c"),
 	}
 	produce(t, k, recs...) // all on partition 0, in this order
@@ -609,8 +609,8 @@ func TestUndecodableRecords(t *testing.T) {
 	if diff := cmp.Diff(set("tool:tool_c"), sink.actions()); diff != "" {
 		t.Errorf("actions written (-want +got):\n%s", diff)
 	}
-	if got := p.Metrics().Undecodable; got != 3 {
-		t.Errorf("Metrics().Undecodable = %d; want 3", got)
+	if got := p.Metrics().Undecodable; got != 4 {
+		t.Errorf("Metrics().Undecodable = %d; want 4", got)
 	}
 	var got []string
 	for _, r := range logs.records("undecodable record skipped") {
@@ -621,7 +621,7 @@ func TestUndecodableRecords(t *testing.T) {
 		got = append(got, a["topic"]+"/"+a["partition"]+"/"+a["offset"])
 	}
 	slices.Sort(got)
-	want := []string{ctl + "/0/0", ev + "/0/1", ev + "/0/2"}
+	want := []string{ctl + "/0/0", ctl + "/0/1", ev + "/0/1", ev + "/0/2"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("undecodable records logged (-want +got):\n%s", diff)
 	}
