@@ -214,7 +214,7 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 
 func (c *Console) postUnfreeze(w http.ResponseWriter, r *http.Request, s *session) {
 	f := r.PostForm
-	body := unfreezeBody{freezeBody: freezeBody{Tool: f.Get("tool"), Tenant: f.Get("tenant"), Reason: f.Get("reason")}}
+	body := unfreezeBody{toolBody: toolBody{Tool: f.Get("tool"), Tenant: f.Get("tenant"), Reason: f.Get("reason")}}
 	if at := f.Get("freeze_at"); at != "" {
 		t, err := time.Parse(time.RFC3339Nano, at)
 		if err != nil {

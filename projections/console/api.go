@@ -379,13 +379,21 @@ type (
 	rejectBody struct {
 		Reason string `json:"reason"`
 	}
-	freezeBody struct {
+	// toolBody names the tool (and tenant) of a freeze or an unfreeze.
+	toolBody struct {
 		Tool   string `json:"tool"`
 		Tenant string `json:"tenant,omitempty"`
 		Reason string `json:"reason"`
 	}
+	freezeBody struct {
+		toolBody
+		// AllowUnknownTool freezes a tool the control service's
+		// registry does not hold, which it refuses (unknown_tool)
+		// otherwise.
+		AllowUnknownTool bool `json:"allow_unknown_tool,omitempty"`
+	}
 	unfreezeBody struct {
-		freezeBody
+		toolBody
 		FreezeAt *time.Time `json:"freeze_at,omitempty"`
 	}
 	revokeBody struct {

@@ -980,6 +980,122 @@ func TestActionsCallTheAPI(t *testing.T) {
 	}
 }
 
+// TestIncidentFreezeOfToolControlDoesNotHold drives the incident page's
+// freeze of a tool the control service's registry does not hold (its
+// reconciler's registry behind the intake's): a tool whose calls the
+// intake took is frozen all the same (allow_unknown_tool); one it never
+// took, a typo as likely as not, stays refused unknown_tool.
+func TestIncidentFreezeOfToolControlDoesNotHold(t *testing.T) {
+	confirmRE := regexp.MustCompile(`href="(/incidents/confirm\?[^"]*)">Freeze `)
+	hiddenRE := regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`)
+	const (
+		freeze = "POST /v1/control/freeze "
+		lookup = "GET /v1/blast-radius all_tenants= limit=1 tenant= tool="
+	)
+	// A platform operator's tool is one whatever tenant called it.
+	const lookupAll = "GET /v1/blast-radius all_tenants=true limit=1 tenant= tool="
+	for _, tc := range []struct {
+		name string
+		as   string // assertOperator when empty
+		tool string
+		// byState, when set, is the projection's calls of the tool by
+		// state.
+		byState []projections.Count
+		// lookupRefused: the projection does not answer the freeze's
+		// question.
+		lookupRefused bool
+		want          []string
+		wantFlash     string
+	}{
+		{
+			name: "calls taken", tool: "ship_label",
+			want: []string{
+				freeze + `{"tool":"ship_label","tenant":"acme","reason":"rollout loop"}`,
+				lookup + "ship_label",
+				freeze + `{"tool":"ship_label","tenant":"acme","reason":"rollout loop","allow_unknown_tool":true}`,
+			},
+			wantFlash: "ok: olga froze ship_label for tenant acme. The control service's tool registry does not hold ship_label, whose calls the intake took",
+		},
+		{
+			name: "calls taken, a platform operator's freeze", as: assertPlatform, tool: "ship_label",
+			want: []string{
+				freeze + `{"tool":"ship_label","tenant":"acme","reason":"rollout loop"}`,
+				lookupAll + "ship_label",
+				freeze + `{"tool":"ship_label","tenant":"acme","reason":"rollout loop","allow_unknown_tool":true}`,
+			},
+			wantFlash: "ok: pat froze ship_label for tenant acme. The control service's tool registry does not hold ship_label",
+		},
+		{
+			name: "only denied calls", tool: "ship_lable", byState: []projections.Count{{Value: "denied", Calls: 2}},
+			want: []string{
+				freeze + `{"tool":"ship_lable","tenant":"acme","reason":"rollout loop"}`,
+				lookup + "ship_lable",
+			},
+			wantFlash: `bad: olga: the freeze of ship_lable was refused — unknown_tool: control: unknown tool: no tool "ship_lable" in this control service's tool registry`,
+		},
+		{
+			name: "calls unreadable", tool: "ship_label", lookupRefused: true,
+			want: []string{
+				freeze + `{"tool":"ship_label","tenant":"acme","reason":"rollout loop"}`,
+				lookup + "ship_label",
+			},
+			wantFlash: "allow_unknown_tool, --unknown-tool); whether the intake took calls to ship_label (which would freeze it anyway) could not be read: query_timeout: the question took too long",
+		},
+		{
+			name: "tool held", tool: "refund_order",
+			want: []string{
+				freeze + `{"tool":"refund_order","tenant":"acme","reason":"rollout loop"}`,
+			},
+			wantFlash: "ok: olga froze refund_order for tenant acme.",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := newFixture(t)
+			as := tc.as
+			if as == "" {
+				as = assertOperator
+			}
+			b := fx.signedIn(as)
+			if tc.byState != nil {
+				fx.api.blast.ByState = tc.byState
+			}
+			page := b.get("/incidents?tenant=acme&tool=" + url.QueryEscape(tc.tool)).Body.String()
+			m := confirmRE.FindStringSubmatch(page)
+			if m == nil {
+				t.Fatalf("the incident page offers no freeze of %s:\n%s", tc.tool, page)
+			}
+			form := url.Values{"reason": {"rollout loop"}}
+			for _, h := range hiddenRE.FindAllStringSubmatch(b.get(strings.ReplaceAll(m[1], "&amp;", "&")).Body.String(), -1) {
+				if h[1] != "csrf" {
+					form.Add(h[1], h[2])
+				}
+			}
+			if got := form.Get("action"); got != "freeze" {
+				t.Fatalf("the confirmation's action is %q; want freeze (form %v)", got, form)
+			}
+			if tc.lookupRefused {
+				fx.api.refuse["GET /v1/blast-radius"] = refusalSpec{status: http.StatusGatewayTimeout, code: "query_timeout", message: "the question took too long"}
+			}
+			fx.api.reset()
+			w := b.post("/incidents/act", form)
+			var got []string
+			for _, r := range fx.api.requests() {
+				if r.Method == http.MethodGet {
+					got = append(got, fmt.Sprintf("GET %s all_tenants=%s limit=%s tenant=%s tool=%s", r.Path, r.Query.Get("all_tenants"), r.Query.Get("limit"), r.Query.Get("tenant"), r.Query.Get("tool")))
+					continue
+				}
+				got = append(got, r.Method+" "+r.Path+" "+strings.TrimSpace(r.Body))
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("API requests of the freeze (-want +got):\n%s", diff)
+			}
+			if flash := followFlash(t, b, w.Result()); !strings.Contains(flash, htmlEscape(tc.wantFlash)) {
+				t.Errorf("flash %q; want it to contain %q", flash, tc.wantFlash)
+			}
+		})
+	}
+}
+
 // htmlEscape is how html/template writes s in text.
 func htmlEscape(s string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&#34;", "'", "&#39;").Replace(s)

@@ -78,6 +78,10 @@ type fakeAPI struct {
 	// traces are the traces of calls besides keyHostile's and
 	// keyUnknown's; tests may add them.
 	traces map[ledger.CallKey][]ledger.Event
+	// tools is the control service's tool registry: as the control
+	// API, a freeze of another tool is refused unknown_tool unless its
+	// body says allow_unknown_tool. Tests may change it.
+	tools map[string]bool
 }
 
 type refusalSpec struct {
@@ -241,7 +245,7 @@ func traceEvents(k ledger.CallKey) []ledger.Event {
 func newFakeAPI() *fakeAPI {
 	f := &fakeAPI{mux: http.NewServeMux(), refuse: map[string]refusalSpec{}, deniedCompensations: map[string]ledger.Event{
 		"refund-frozen": {V: 1, Type: statemachine.EventDenied, Reason: "tool_frozen", Detail: "cancel_refund is frozen for tenant acme by olga: incident 12"},
-	}}
+	}, tools: map[string]bool{"refund_order": true, "lookup_order": true, "export_data": true, "cancel_refund": true}}
 	decided := t0.Add(-time.Hour)
 	expired := t0.Add(-2 * time.Hour)
 	approvals := map[string]map[string]any{
@@ -358,10 +362,22 @@ func newFakeAPI() *fakeAPI {
 		})
 	})
 	control := func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
 		var a ledger.ControlAction
-		_ = json.NewDecoder(r.Body).Decode(&a)
+		_ = json.Unmarshal(body, &a)
+		var freeze struct {
+			AllowUnknownTool bool `json:"allow_unknown_tool"`
+		}
+		_ = json.Unmarshal(body, &freeze)
 		if strings.TrimSpace(a.Reason) == "" {
 			apiErr(w, http.StatusBadRequest, "invalid_request", "control: invalid request: a reason is required")
+			return
+		}
+		f.mu.Lock()
+		known := f.tools[a.Tool]
+		f.mu.Unlock()
+		if strings.HasSuffix(r.URL.Path, "/freeze") && !known && !freeze.AllowUnknownTool {
+			apiErr(w, http.StatusBadRequest, "unknown_tool", fmt.Sprintf("control: unknown tool: no tool %q in this control service's tool registry (its --registry-dir): check the name; to freeze a tool only newer executors know, say so (allow_unknown_tool, --unknown-tool)", a.Tool))
 			return
 		}
 		if a.JTI != "" && r.Header.Get("Authorization") != "Bearer "+assertPlatform {

@@ -599,9 +599,8 @@ func (c *Console) postIncidentAction(w http.ResponseWriter, r *http.Request, s *
 	reason := f.Get("reason")
 	switch action := f.Get("action"); action {
 	case actFreeze:
-		body := freezeBody{Tool: q.Get(projections.ParamTool), Tenant: q.Get(projections.ParamTenant), Reason: reason}
-		var a ledger.ControlAction
-		status, err := c.call(r, s, http.MethodPost, pathControl+"/freeze", nil, body, &a)
+		body := freezeBody{toolBody: toolBody{Tool: q.Get(projections.ParamTool), Tenant: q.Get(projections.ParamTenant), Reason: reason}}
+		a, status, err := c.freeze(r, s, &body)
 		c.logAction(s, "freeze", body.Tool, err)
 		if err != nil {
 			c.redirect(w, r, s, back, refusedFlash(s, "the freeze of "+body.Tool, err))
@@ -609,7 +608,11 @@ func (c *Console) postIncidentAction(w http.ResponseWriter, r *http.Request, s *
 		}
 		// The scope as the API applied it: a tenant operator's freeze is
 		// always for their own tenant.
-		c.redirect(w, r, s, back, flash{OK: true, Text: fmt.Sprintf("%s froze %s%s%s.", s.id.User, body.Tool, freezeScopeText(a.Tenant), applied(status))})
+		text := fmt.Sprintf("%s froze %s%s%s.", s.id.User, body.Tool, freezeScopeText(a.Tenant), applied(status))
+		if body.AllowUnknownTool {
+			text += " The control service's tool registry does not hold " + body.Tool + ", whose calls the intake took: the reconciler's registry is behind the intake's."
+		}
+		c.redirect(w, r, s, back, flash{OK: true, Text: text})
 	case actRevokeJTI, actRevokeFamily:
 		body := revokeBody{JTI: q.Get(projections.ParamJTI), Reason: reason}
 		what := "credential " + body.JTI
@@ -629,6 +632,59 @@ func (c *Console) postIncidentAction(w http.ResponseWriter, r *http.Request, s *
 	default:
 		c.redirect(w, r, s, back, flash{Text: "There is no incident action " + strconv.Quote(action) + "; nothing was done."})
 	}
+}
+
+// codeUnknownTool is the control API's refusal of a freeze of a tool its
+// registry does not hold (control.CodeUnknownTool).
+const codeUnknownTool = "unknown_tool"
+
+// freeze asks the control API for body's freeze. The API refuses a tool
+// its registry does not hold (unknown_tool), for a mistyped name would
+// freeze nothing, and the incident form's tool is typed. But the registry
+// it checks, the reconciler's, can lag the intake's (a tool rolled out to
+// the intake and the executors first), and a tool whose calls the intake
+// took is no typo: its freeze is asked again, saying so
+// (allow_unknown_tool, set in body). A tool no call of which was taken
+// keeps the check.
+func (c *Console) freeze(r *http.Request, s *session, body *freezeBody) (ledger.ControlAction, int, error) {
+	var a ledger.ControlAction
+	status, err := c.call(r, s, http.MethodPost, pathControl+"/freeze", nil, body, &a)
+	ae, ok := errors.AsType[*apiError](err)
+	if !ok || ae.Code != codeUnknownTool {
+		return a, status, err
+	}
+	taken, lookErr := c.toolTaken(r, s, body.Tool)
+	if lookErr != nil {
+		ref := *ae
+		ref.Message += "; whether the intake took calls to " + body.Tool + " (which would freeze it anyway) could not be read: " + describe(lookErr)
+		return a, status, &ref
+	}
+	if !taken {
+		return a, status, err
+	}
+	body.AllowUnknownTool = true
+	status, err = c.call(r, s, http.MethodPost, pathControl+"/freeze", nil, body, &a)
+	return a, status, err
+}
+
+// toolTaken reports whether the projection holds a call to tool that the
+// intake took, in any tenant the session may ask about: one in a state
+// other than denied, the only state of a call to a tool the intake's
+// registry does not hold.
+func (c *Console) toolTaken(r *http.Request, s *session, tool string) (bool, error) {
+	q := url.Values{projections.ParamTool: {tool}, projections.ParamLimit: {"1"}}
+	if s.id.Tenant == "*" {
+		// A platform operator's tool is one whatever tenant called it;
+		// a tenant operator's question is of its own tenant.
+		q.Set(projections.ParamAllTenants, "true")
+	}
+	var br projections.BlastRadius
+	if _, err := c.call(r, s, http.MethodGet, pathBlastRadius, q, nil, &br); err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(br.ByState, func(n projections.Count) bool {
+		return n.Value != string(statemachine.StateDenied) && n.Calls > 0
+	}), nil
 }
 
 // DefaultCompensateAllBound is Config.CompensateAllBound's default.
