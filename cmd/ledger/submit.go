@@ -44,6 +44,10 @@ type submitFlags struct {
 	assertion   string
 	dataDir     string
 	api         string
+
+	// userSet: --user was given (or LEDGER_USER), not left at its
+	// default.
+	userSet bool
 }
 
 func newSubmitCmd(g *globals) *cobra.Command {
@@ -64,8 +68,8 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.StringVar(&f.tool, "tool", "", "tool name")
 	fs.IntVar(&f.toolVersion, "tool-version", 1, "tool version")
 	fs.StringVar(&f.args, "args", "{}", "tool arguments as a JSON object")
-	fs.StringVar(&f.tenant, "tenant", "t_demo", "tenant id")
-	fs.StringVar(&f.user, "user", "u_demo", "user id (a claim; the verified assertion decides)")
+	fs.StringVar(&f.tenant, "tenant", "t_demo", "tenant id; with --assertion and no --tenant, the assertion's")
+	fs.StringVar(&f.user, "user", "u_demo", "user id (a claim; the verified assertion decides); with --assertion and no --user, the scope claims none, and the ledger takes the assertion's")
 	fs.StringVar(&f.key, "key", "", "idempotency key (default: a random one; reuse it to retry the same call)")
 	fs.StringVar(&f.callID, "call-id", "", "call id (default: random)")
 	fs.StringVar(&f.traceID, "trace-id", "", "trace id")
@@ -139,6 +143,24 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	} else {
 		if f.key != "" && !schemas.ValidIdempotencyKey(f.key) {
 			return fmt.Errorf("--key %q: an idempotency key is 1 to 255 printable ASCII characters, neither first nor last a space, and neither . nor ..", report.Printable(f.key))
+		}
+		// LEDGER_USER sets the value without marking it changed.
+		given := func(name string) bool {
+			fl := cmd.Flags().Lookup(name)
+			return fl.Changed || fl.Value.String() != fl.DefValue
+		}
+		f.userSet = given("user")
+		// The intake refuses a scope's tenant other than the
+		// assertion's, and the schema wants one: a --assertion without
+		// --tenant is of the tenant it names (read unverified: the
+		// sender's own token).
+		if f.assertion != "" && !given("tenant") {
+			var claims struct {
+				Tenant string `json:"tenant"`
+			}
+			if token.Unverified(f.assertion, &claims) == nil && schemas.ValidTenantID(claims.Tenant) {
+				f.tenant = claims.Tenant
+			}
 		}
 		var err error
 		if body, err = f.envelope(); err != nil {
@@ -416,12 +438,19 @@ func (f *submitFlags) envelope() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--args: %w", err)
 	}
+	scope := map[string]string{"tenant_id": f.tenant}
+	// The intake refuses a scope's user other than the assertion's
+	// (scope_mismatch): a default one would refuse every --assertion of
+	// another user. Left out, the assertion's is taken.
+	if f.userSet || f.assertion == "" {
+		scope["user_id"] = f.user
+	}
 	env := map[string]any{
 		"tool":            f.tool,
 		"tool_version":    f.toolVersion,
 		"call_id":         f.callID,
 		"arguments":       json.RawMessage(f.args),
-		"scope":           map[string]string{"tenant_id": f.tenant, "user_id": f.user},
+		"scope":           scope,
 		"idempotency_key": f.key,
 		"arguments_hash":  hash,
 	}

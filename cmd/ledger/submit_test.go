@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -506,4 +507,42 @@ func published(key, value []byte) (ledger.CallKey, publishedEnvelope, error) {
 	}
 	k, _ := ledger.ParseCallKey(string(key))
 	return k, env, nil
+}
+
+// submit --assertion without --user claims no user in the envelope's
+// scope, and without --tenant claims the assertion's tenant: the ledger
+// takes the assertion's. Before, the scope claimed the defaults u_demo
+// and t_demo, and the intake refused an assertion of any other user or
+// tenant (scope_mismatch) unless --user and --tenant repeated them. A
+// --user or --tenant given is still claimed, as are the user and tenant
+// of an assertion submit mints.
+func TestSubmitAssertionWithoutUserClaimsNone(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	dir := t.TempDir()
+	devIssuerKeys(t, dir)
+	alice := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--tenant", "t_acme", "--user", "u_alice"))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want map[string]any
+	}{
+		{"assertion", []string{"--assertion", alice}, map[string]any{"tenant_id": "t_acme"}},
+		{"assertion and user", []string{"--assertion", alice, "--user", "u_alice"}, map[string]any{"tenant_id": "t_acme", "user_id": "u_alice"}},
+		{"assertion and tenant", []string{"--assertion", alice, "--tenant", "t_other"}, map[string]any{"tenant_id": "t_other"}},
+		{"minted", []string{"--data-dir", dir}, map[string]any{"tenant_id": "t_demo", "user_id": "u_demo"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append(roleArgs(cc, topics), "submit", "--tool", "get_weather", "--args", `{"city":"Oslo"}`, "--json")
+			out := cli(t, append(args, tc.args...)...)
+			var env struct {
+				Scope map[string]any `json:"scope"`
+			}
+			if err := json.Unmarshal([]byte(out), &env); err != nil {
+				t.Fatalf("submit --json printed %q: %v", out, err)
+			}
+			if diff := cmp.Diff(tc.want, env.Scope); diff != "" {
+				t.Errorf("published scope (-want +got):\n%s", diff)
+			}
+		})
+	}
 }

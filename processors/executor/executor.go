@@ -124,8 +124,8 @@ var (
 	// was sent.
 	errNoSlotInLease = errors.New("no bulkhead slot within the claim's lease")
 	// errStaleInLease: the wait for a copy of the control topic known
-	// current took the claim's lease (not the call's deadline), before
-	// the attempt was sent.
+	// current took the claim's lease (not the call's deadline), or most
+	// of what it left the attempt, before the attempt was sent.
 	errStaleInLease = errors.New("control state not current within the claim's lease")
 	// errJTIRevoked: the call's jti was, which the tools refuse for good.
 	errJTIRevoked = &heldBack{ReasonJTIRevoked}
@@ -2099,7 +2099,8 @@ func (s secrets) in(p, q []byte) bool {
 // it was not taken over); if so, and the wait for a slot takes the
 // claim's lease, the attempt is not sent and its error matches
 // errNoSlotInLease; if the wait for a current copy of the kill switch
-// does, errStaleInLease.
+// does, errStaleInLease. Either wait that leaves it under half the time
+// it had before them (late) is taken as its lease's end.
 func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, givable bool, sec *secrets, c *completion) (httptool.Response, error) {
 	left := func() time.Duration {
 		dl, _ := ctx.Deadline()
@@ -2107,6 +2108,15 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	}
 	before := left()
 	givable = givable && x.leaseBound(rec)
+	// late reports whether the waits before the request left a givable
+	// call less than half of the time the claim's lease gave the attempt:
+	// sent now, it would have a sliver of its timeout, and a tool slower
+	// than that would leave the call unknown (parked for a human, for a
+	// tool without a key), and count against the tool's breaker.
+	late := func() bool {
+		budget := min(tool.Timeout(), before)
+		return givable && min(tool.Timeout(), left()) < budget/2
+	}
 	// A call its breaker will refuse takes no slot, nor waits for one:
 	// either would count its tenant as using the tool, and a tenant whose
 	// calls all meet its open breaker would hold the others to their
@@ -2123,12 +2133,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "bulkhead full until deadline", Err: err}
 	}
 	defer release()
-	if budget := min(tool.Timeout(), before); givable && min(tool.Timeout(), left()) < budget/2 {
-		// The wait for a slot took more than half the time the claim's
-		// lease left the attempt: sent now, it would have a sliver of
-		// its timeout, and a tool slower than that would leave the
-		// call unknown (parked for a human, for a tool without a key),
-		// and count against the tool's breaker.
+	if late() {
 		return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "a bulkhead slot came too late in the claim's lease", Err: errNoSlotInLease}
 	}
 	// The kill switch is checked as late as possible: after the wait for
@@ -2149,6 +2154,13 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		// during a retry's backoff or the wait for a slot.
 		if err := x.heldRevoked(c); err != nil {
 			return httptool.Response{}, err
+		}
+		// A copy that caught up late in the lease leaves the request
+		// as little time as a late slot does: given back as if it
+		// had not caught up at all. A freeze it reads still denies
+		// the call, since that is known now.
+		if late() {
+			return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "the kill switch's state was known current too late in the claim's lease", Err: errStaleInLease}
 		}
 	}
 	// An approval is checked as late (I4): recheckApproval checked it at

@@ -308,24 +308,33 @@ func TestHeldBackProbeLeavesTheBreakerHalfOpen(t *testing.T) {
 // executor sent on whatever copy it had, missing the freezes it had not
 // heard of; and a call whose lease ended the wait failed for good,
 // control_state_stale, though nothing was sent and its deadline left
-// room.
+// room. One that catches up with under half of what its lease gave the
+// attempt left is given back too, as a late bulkhead slot is: before, it
+// was sent with that sliver, and a tool slower than that left it unknown.
 func TestStaleKillSwitchSendsNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		deadlineMS int64
 		freshAfter time.Duration // 0: never
+		latency    time.Duration // the tool's
 		want       []string      // nil: given back
 		code       string
 		applied    int
 	}{
-		{"caught up in time", 1500, 200 * time.Millisecond, []string{"executing", "succeeded"}, "", 1},
-		{"never caught up", 1500, 0, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.CodeControlStale, 0},
+		{"caught up in time", 1500, 200 * time.Millisecond, 0, []string{"executing", "succeeded"}, "", 1},
+		{"never caught up", 1500, 0, 0, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.CodeControlStale, 0},
 		// create_ticket's lease in the rig: two attempts of 2s.
-		{"not caught up within the lease", 60_000, 0, nil, "", 0},
+		{"not caught up within the lease", 60_000, 0, 0, nil, "", 0},
+		// About 0.5s of the lease's 4s left, under half the attempt's
+		// 2s timeout, and a tool slower than that.
+		{"caught up late in the lease", 60_000, 3500 * time.Millisecond, 1500 * time.Millisecond, nil, "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			auth := r.admit("create_ticket", "ks", map[string]any{"title": "t"}, tc.deadlineMS)
+			if tc.latency > 0 {
+				r.backend.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{Latency: tc.latency})
+			}
 			fz := &switchedFreezes{fresh: make(chan struct{})}
 			fz.stale.Store(true)
 			if tc.freshAfter > 0 {
@@ -350,6 +359,9 @@ func TestStaleKillSwitchSendsNothing(t *testing.T) {
 			}
 			if n := r.backend.AppliedIn(demobackend.ToolCreateTicket, "t_a", "t_a/ks"); n != tc.applied {
 				t.Errorf("applied %d times; want %d", n, tc.applied)
+			}
+			if n := r.backend.Requests(); tc.applied == 0 && n != 0 {
+				t.Errorf("%d requests reached the tool; want none", n)
 			}
 			if took := time.Since(start); tc.freshAfter > 0 && took < tc.freshAfter {
 				t.Errorf("the call ended after %s, before the state was current (%s)", took, tc.freshAfter)
