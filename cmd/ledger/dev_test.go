@@ -311,9 +311,10 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("submit with a minted assertion:\n%s", out)
 	}
 	other := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--tenant", "t_other"))
-	out = cli(t, "submit", "--kafka-brokers", kafka, "--assertion", other, "--tool", "get_weather", "--args", `{"city":"Hobart"}`, "--key", "dev-forged", "--wait", "--timeout", "60s")
-	// The refusal is recorded under the verified tenant, never the
-	// claimed one; submit --wait follows it there.
+	out = cli(t, "submit", "--kafka-brokers", kafka, "--assertion", other, "--tenant", "t_demo", "--tool", "get_weather", "--args", `{"city":"Hobart"}`, "--key", "dev-forged", "--wait", "--timeout", "60s")
+	// The scope claims t_demo (without --tenant, submit would claim the
+	// assertion's): the refusal is recorded under the verified tenant,
+	// never the claimed one; submit --wait follows it there.
 	if !strings.Contains(out, "refused: scope_mismatch at /scope/tenant_id") {
 		t.Errorf("submit with another tenant's assertion:\n%s", out)
 	}
