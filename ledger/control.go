@@ -10,7 +10,8 @@ import "time"
 type ControlAction struct {
 	// V is the record format version.
 	V int `json:"v"`
-	// Kind is freeze, unfreeze, revoke or activate_policy.
+	// Kind is freeze, unfreeze, revoke, activate_policy or
+	// withdraw_policy.
 	Kind string `json:"kind"`
 	// Subject is the record key: tool:<name>[@<tenant>], jti:<jti>,
 	// family:<family> or policy:active.
@@ -47,12 +48,18 @@ type ControlAction struct {
 	// platform freezes of the subject): the platform's unfreeze puts it
 	// back. Older builds ignore it.
 	Replaced *ControlAction `json:"replaced,omitempty"`
-	// Lifts, on an unfreeze, is the time (At) of the freeze it lifts:
-	// readers apply the unfreeze only while that freeze is the one in
-	// force, so that one racing a newer freeze (published through
-	// another instance whose copy was ahead) does not lift it. Older
-	// builds ignore it, and so apply every unfreeze.
+	// Lifts, on an unfreeze (a withdrawal), is the time (At) of the
+	// freeze (the activation) it ends: readers apply it only while that
+	// one is in force, so that one racing a newer freeze or activation
+	// (published through another instance whose copy was ahead) does not
+	// end it. Older builds ignore it, and so apply every unfreeze.
 	Lifts *time.Time `json:"lifts,omitempty"`
+	// Reasserts, on an action a control service wrote again after a
+	// record of its subject that readers passed over (so that the
+	// compacted topic keeps the action in force last), is the time (At)
+	// of the action it copies: readers apply it only while that action,
+	// or none, is the subject's last. Older builds ignore it.
+	Reasserts *time.Time `json:"reasserts,omitempty"`
 	// Restored, on a platform operator's unfreeze, is the tenant's own
 	// freeze the unfreeze leaves in force: the record right after it on
 	// the topic. Older builds ignore it (and apply that record).

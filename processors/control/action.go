@@ -56,9 +56,8 @@ const (
 	// executor decides with.
 	KindActivatePolicy = "activate_policy"
 	// KindWithdrawPolicy ends the activation in force (Policy names the
-	// version it was of): every role decides with its --policy-dir
-	// again. Its writer puts a tombstone of the subject right after it,
-	// which older builds, ignoring this kind, apply.
+	// version it was of, Lifts its time): every role decides with its
+	// --policy-dir again. Older builds ignore this kind.
 	KindWithdrawPolicy = "withdraw_policy"
 )
 

@@ -372,7 +372,7 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 	if operator.Tenant != PlatformTenant && current.ByTenant == PlatformTenant {
 		return Action{}, platformFreeze(current)
 	}
-	if !of.IsZero() && !current.At.Equal(of) {
+	if !of.IsZero() && !sameAction(current, of) {
 		return Action{}, fmt.Errorf("%w: the freeze of %s in force is by %s at %s (%q), not the one at %s: look at it before lifting it",
 			ErrFreezeChanged, ToolSubject(tool, tenant), current.By, current.At.UTC().Format(time.RFC3339Nano), current.Reason, of.UTC().Format(time.RFC3339Nano))
 	}
@@ -634,39 +634,52 @@ func (s *Service) publish(ctx context.Context, a Action, then ...Action) (Action
 // alone, and a reader starting then would apply the loser. It does so
 // for records any writer wrote, this instance's, another's (one that
 // stopped between its write and the repair), or a hand-written one; every
-// control service may, and a repair written twice is the same action
-// twice. Run it beside the Handler.
+// control service may. The copy it writes (Action.Reasserts) stands only
+// while the action it copies is still the subject's last: one written
+// meanwhile (an unfreeze, an activation) is not undone by it, and is
+// itself put back after it. It writes only from a copy of the topic known
+// current, and not again while its last write is not applied here. Run it
+// beside the Handler.
 func (s *Service) Run(ctx context.Context) error {
 	for {
 		changed := s.cfg.State.changes()
-		retry := false
-		for _, a := range s.cfg.State.toRepair() {
-			s.cfg.Logger.Warn("control action in force written again after a record of its subject that was overruled", attrKind, a.Kind, attrSubject, a.Subject,
-				attrBy, a.By, "at", a.At)
-			if _, err := s.put(ctx, a); err != nil && !errors.Is(err, ErrNotYetApplied) {
+		wait := time.Second
+		if repairs := s.cfg.State.toRepair(); len(repairs) > 0 {
+			if err := s.current(ctx); err != nil {
+				// Written from a copy behind, a repair could copy an
+				// action the topic has since ended.
 				if ctx.Err() != nil {
 					return nil
 				}
-				s.cfg.Logger.Error("control action in force not written again; retrying", attrSubject, a.Subject, "err", err)
-				retry = true
+				repairs = nil
 			}
-		}
-		wait := time.Duration(0)
-		if retry {
-			wait = time.Second
+			for _, cur := range repairs {
+				made := cur.At
+				if cur.Reasserts != nil {
+					made = *cur.Reasserts
+				}
+				r := cur
+				r.At, r.Reasserts = s.cfg.Now().UTC(), &made
+				s.cfg.Logger.Warn("control action in force written again after a record of its subject that was overruled", attrKind, r.Kind, attrSubject, r.Subject,
+					attrBy, r.By, "made_at", made)
+				_, err := s.put(ctx, r)
+				switch {
+				case ctx.Err() != nil:
+					return nil
+				case errors.Is(err, ErrNotYetApplied):
+					// Not written again until this copy has read it:
+					// at the next change.
+					wait = time.Hour
+				case err != nil:
+					s.cfg.Logger.Error("control action in force not written again; retrying", attrSubject, r.Subject, "err", err)
+				}
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
-			if wait > 0 {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(wait):
-				}
-			}
-		case <-time.After(max(wait, time.Second)):
+		case <-time.After(wait):
 		}
 	}
 }

@@ -844,7 +844,7 @@ func TestRacedActionIsOverruled(t *testing.T) {
 				last := pub.recs[len(pub.recs)-1]
 				pub.mu.Unlock()
 				var a Action
-				if json.Unmarshal(last.Value, &a) == nil && a.Kind == tc.winner.Kind && a.By == tc.winner.By && a.At.Equal(tc.winner.At) {
+				if json.Unmarshal(last.Value, &a) == nil && a.Kind == tc.winner.Kind && a.By == tc.winner.By && a.Reasserts != nil && a.Reasserts.Equal(tc.winner.At) {
 					break
 				}
 				if time.Now().After(deadline) {
@@ -937,5 +937,92 @@ func TestFreezeOfAnUnknownTool(t *testing.T) {
 		if resp.StatusCode != want || want == http.StatusBadRequest && e.Error.Code != CodeUnknownTool {
 			t.Errorf("POST freeze %s = %d %q; want %d", body, resp.StatusCode, e.Error.Code, want)
 		}
+	}
+}
+
+// A control service's copy of the action in force, written after a
+// record passed over, stands only while that action is the subject's
+// last: a platform operator's unfreeze landing between the loser and the
+// copy is not undone by it, and is itself written again after it. And a
+// copy on a topic compacted down to it alone applies. Before, the copy
+// was the action itself, applied whatever came before it: it froze again
+// a tool the platform had just unfrozen, answered 200.
+func TestRepairDoesNotUndoALaterAction(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	platformFreeze := Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme",
+		By: "op_root", ByTenant: PlatformTenant, Reason: "incident 9", At: at}
+	lifts := platformFreeze.At
+	loser := Action{V: 1, Kind: KindUnfreeze, Subject: platformFreeze.Subject, Tool: "refund_order", Tenant: "t_acme",
+		By: "op_acme", ByTenant: "t_acme", Reason: "loop fixed", At: at.Add(time.Second), Lifts: &lifts}
+	unfreeze := loser
+	unfreeze.By, unfreeze.ByTenant, unfreeze.Reason, unfreeze.At = "op_root", PlatformTenant, "incident over", at.Add(2*time.Second)
+	st := readyState()
+	st.apply([]*kgo.Record{recordOf(t, platformFreeze), {Key: []byte(loser.Subject), Value: recordOf(t, loser).Value, Offset: 1}})
+	if _, ok := st.Frozen("refund_order", "t_acme"); !ok {
+		t.Fatal("the tenant's unfreeze lifted the platform's freeze; the test needs it passed over")
+	}
+	// The platform's unfreeze lands before the repair does.
+	pub := &racing{loopback: &loopback{state: st, apply: true, next: 2}, first: []*kgo.Record{recordOf(t, unfreeze)}}
+	svc, err := New(Config{State: st, Publisher: pub, Identity: nopVerifier{}, Now: func() time.Time { return at.Add(3 * time.Second) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go svc.Run(ctx)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		pub.mu.Lock()
+		var last *kgo.Record
+		if n := len(pub.recs); n > 0 {
+			last = pub.recs[n-1]
+		}
+		pub.mu.Unlock()
+		var a Action
+		if last != nil && json.Unmarshal(last.Value, &a) == nil && a.Kind == KindUnfreeze && a.By == "op_root" && a.Reasserts != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the topic's last record: %v; want the platform's unfreeze written again after the freeze's copy", last)
+		}
+	}
+	if a, ok := st.Frozen("refund_order", "t_acme"); ok {
+		t.Errorf("frozen by %+v after the repair; want the platform's unfreeze in force", a)
+	}
+	// A topic compacted down to a copy alone: it applies.
+	made := at
+	fresh := readyState()
+	fresh.apply([]*kgo.Record{recordOf(t, Action{V: 1, Kind: KindFreeze, Subject: platformFreeze.Subject, Tool: "refund_order", Tenant: "t_acme",
+		By: "op_root", ByTenant: PlatformTenant, Reason: "incident 9", At: at.Add(time.Hour), Reasserts: &made})})
+	if _, ok := fresh.Frozen("refund_order", "t_acme"); !ok {
+		t.Error("a copy of a freeze alone on the topic is not applied; want it in force")
+	}
+}
+
+// A platform operator's freeze of a tenant's tool that lands on the
+// tenant's own freeze, written meanwhile and not yet in the platform
+// writer's copy, carries it on every copy, and the platform's unfreeze
+// puts it back. Before, the tenant's freeze, answered 200, was lost: the
+// tool ran for the tenant once the platform lifted its own.
+func TestPlatformFreezeCarriesATenantFreezeWrittenMeanwhile(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	tenantFreeze := Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme",
+		By: "op_acme", ByTenant: "t_acme", Reason: "our agent loops", At: at}
+	st := readyState()
+	pub := &racing{loopback: &loopback{state: st, apply: true}, first: []*kgo.Record{recordOf(t, tenantFreeze)}}
+	now := at.Add(time.Second)
+	svc, err := New(Config{State: st, Publisher: pub, Identity: nopVerifier{}, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := must[Action](t)(svc.Freeze(t.Context(), platformOp, "refund_order", "t_acme", "incident 9"))
+	if p.Replaced != nil {
+		t.Fatalf("the platform's freeze as written carries %+v; the test needs its writer's copy to have lacked the tenant's", p.Replaced)
+	}
+	now = at.Add(2 * time.Second)
+	must[Action](t)(svc.Unfreeze(t.Context(), platformOp, "refund_order", "t_acme", "incident over", time.Time{}))
+	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.By != "op_acme" {
+		t.Errorf("after the platform's unfreeze: %+v, frozen %v; want the tenant's own freeze back in force", a, ok)
 	}
 }

@@ -375,7 +375,7 @@ func (s *State) Snapshot() Snapshot {
 	for _, a := range s.families {
 		snap.Revocations = append(snap.Revocations, a)
 	}
-	if s.policy != nil {
+	if s.policy != nil && s.policy.Kind == KindActivatePolicy {
 		p := *s.policy
 		snap.Policy = &p
 	}
@@ -778,9 +778,18 @@ func (s *State) observe(at time.Time, ends map[int32]int64) (added []int32) {
 // written through another instance at the same moment; checked here, the
 // record that came second on the partition loses on every copy.
 func (s *State) overrulesLocked(a Action) (string, Action) {
+	if a.Reasserts != nil {
+		// A control service's copy of the action in force, written
+		// after a record passed over (Service.Run): it stands only for
+		// that action, or for none on a topic compacted down to it.
+		if last, ok := s.lastLocked(a); ok && !sameAction(last, *a.Reasserts) {
+			return "a copy of an action no longer in force", last
+		}
+		return "", Action{}
+	}
 	if a.Kind == KindWithdrawPolicy {
-		if s.policy != nil && a.Lifts != nil && !a.Lifts.Equal(s.policy.At) {
-			return "a withdrawal of an activation no longer in force", *s.policy
+		if cur := s.policy; cur != nil && cur.Kind == KindActivatePolicy && a.Lifts != nil && !sameAction(*cur, *a.Lifts) {
+			return "a withdrawal of an activation no longer in force", *cur
 		}
 		return "", Action{}
 	}
@@ -793,10 +802,31 @@ func (s *State) overrulesLocked(a Action) (string, Action) {
 		return "", Action{}
 	case a.ByTenant != PlatformTenant && cur.ByTenant == PlatformTenant:
 		return "a tenant operator's action on a platform operator's freeze", cur
-	case a.Kind == KindUnfreeze && a.Lifts != nil && !a.Lifts.Equal(cur.At):
+	case a.Kind == KindUnfreeze && a.Lifts != nil && !sameAction(cur, *a.Lifts):
 		return "an unfreeze of a freeze no longer in force", cur
 	}
 	return "", Action{}
+}
+
+// lastLocked is the last action applied for a's subject (a freeze's or an
+// unfreeze's, an activation's or a withdrawal's), if any.
+func (s *State) lastLocked(a Action) (Action, bool) {
+	switch a.Kind {
+	case KindFreeze, KindUnfreeze:
+		cur, ok := s.tools[freezeKey{tool: a.Tool, tenant: a.Tenant}]
+		return cur, ok
+	case KindActivatePolicy, KindWithdrawPolicy:
+		if s.policy != nil {
+			return *s.policy, true
+		}
+	}
+	return Action{}, false
+}
+
+// sameAction reports whether a is the action made at at: itself, or a
+// control service's copy of it (Action.Reasserts).
+func sameAction(a Action, at time.Time) bool {
+	return a.At.Equal(at) || a.Reasserts != nil && a.Reasserts.Equal(at)
 }
 
 // passedOver reports whether the record at partition/offset, applied by
@@ -878,12 +908,21 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 	s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
 	delete(s.unrepaired, key)
 	switch {
-	case a.Kind == KindActivatePolicy:
+	case a.Kind == KindActivatePolicy, a.Kind == KindWithdrawPolicy:
+		// The withdrawal kept too: a copy of the activation it ended,
+		// written late, must not bring that back (overrulesLocked).
 		s.policy = &a
-	case a.Kind == KindWithdrawPolicy:
-		s.policy = nil
 	case a.Kind != KindRevoke:
-		s.tools[freezeKey{tool: a.Tool, tenant: a.Tenant}] = a
+		k := freezeKey{tool: a.Tool, tenant: a.Tenant}
+		if a.Kind == KindFreeze && a.ByTenant == PlatformTenant && a.Tenant != "" && a.Replaced == nil {
+			// Its writer's copy lacked the tenant's own freeze now in
+			// force (written meanwhile): carried, as the writer would
+			// have, for the platform's unfreeze to put back.
+			if cur, ok := s.tools[k]; ok {
+				a.Replaced = tenantFreeze(cur, a.Tool, a.Tenant)
+			}
+		}
+		s.tools[k] = a
 	case a.JTI != "":
 		s.jtis[a.JTI] = a
 	default:
@@ -948,11 +987,11 @@ func (s *State) waitApplied(ctx context.Context, topic string, partition int32, 
 	}
 }
 
-// ActivePolicy returns the latest policy activation, if there is one.
+// ActivePolicy returns the policy activation in force, if there is one.
 func (s *State) ActivePolicy() (Action, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.policy == nil {
+	if s.policy == nil || s.policy.Kind != KindActivatePolicy {
 		return Action{}, false
 	}
 	return *s.policy, true
@@ -963,5 +1002,11 @@ func (s *State) ActivePolicy() (Action, bool) {
 // pins, and its time, which tells two activations of one label apart.
 func (s *State) PolicyActivation() (policy.Activation, bool) {
 	a, ok := s.ActivePolicy()
-	return policy.Activation{Label: a.Policy, ID: a.At.Format(time.RFC3339Nano), Hash: a.PolicyHash}, ok
+	// A control service's copy of it is the same activation: its files
+	// are not read again for it.
+	made := a.At
+	if a.Reasserts != nil {
+		made = *a.Reasserts
+	}
+	return policy.Activation{Label: a.Policy, ID: made.Format(time.RFC3339Nano), Hash: a.PolicyHash}, ok
 }
