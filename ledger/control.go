@@ -60,8 +60,22 @@ type ControlAction struct {
 	// of the action it copies: readers apply it only while that action,
 	// or none, is the subject's last. Older builds ignore it.
 	Reasserts *time.Time `json:"reasserts,omitempty"`
+	// Follows, on such a copy, is the time (At) of the record passed
+	// over that it was written after: a reader that applied that record
+	// (the topic compacted between the copy's original and it) applies
+	// the copy too.
+	Follows *time.Time `json:"follows,omitempty"`
 	// Restored, on a platform operator's unfreeze, is the tenant's own
 	// freeze the unfreeze leaves in force: the record right after it on
 	// the topic. Older builds ignore it (and apply that record).
 	Restored *ControlAction `json:"restored,omitempty"`
+}
+
+// Made is when the action was made: At, or for a control service's copy
+// of an action (Reasserts), the original's time.
+func (a ControlAction) Made() time.Time {
+	if a.Reasserts != nil {
+		return *a.Reasserts
+	}
+	return a.At
 }

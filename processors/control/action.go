@@ -102,7 +102,7 @@ func FrozenDetail(tool string, a Action) string {
 	if a.Tenant != "" {
 		scope = "for this tenant"
 	}
-	return fmt.Sprintf("%s is frozen %s since %s", tool, scope, a.At.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("%s is frozen %s since %s", tool, scope, a.Made().UTC().Format(time.RFC3339))
 }
 
 // ToolSubject is the subject of a freeze of tool: for every tenant when

@@ -331,7 +331,10 @@ func tenantFreeze(current Action, tool, tenant string) *Action {
 		return nil
 	}
 	a := *own
-	a.V, a.Subject, a.Replaced, a.Restored = ActionVersion, ToolSubject(tool, tenant), nil, nil
+	// The tenant's action itself, not a control service's copy of it:
+	// put back, it is a new record, not one that stands for another.
+	a.At = a.Made()
+	a.V, a.Subject, a.Replaced, a.Restored, a.Reasserts, a.Follows = ActionVersion, ToolSubject(tool, tenant), nil, nil, nil, nil
 	return &a
 }
 
@@ -376,7 +379,7 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 		return Action{}, fmt.Errorf("%w: the freeze of %s in force is by %s at %s (%q), not the one at %s: look at it before lifting it",
 			ErrFreezeChanged, ToolSubject(tool, tenant), current.By, current.At.UTC().Format(time.RFC3339Nano), current.Reason, of.UTC().Format(time.RFC3339Nano))
 	}
-	lifts := current.At
+	lifts := current.Made()
 	unfreeze := s.action(operator, KindUnfreeze, reason, func(a *Action) { a.Tool, a.Tenant, a.Lifts = tool, tenant, &lifts })
 	if current.ByTenant != PlatformTenant {
 		return s.publish(ctx, unfreeze)
@@ -486,7 +489,7 @@ func (s *Service) WithdrawPolicy(ctx context.Context, operator identity.Identity
 	if !ok {
 		return Action{}, fmt.Errorf("%w: every role decides with its --policy-dir", ErrNotActive)
 	}
-	lifts := active.At
+	lifts := active.Made()
 	return s.publish(ctx, s.action(operator, KindWithdrawPolicy, reason, func(a *Action) { a.Policy, a.Lifts = active.Policy, &lifts }))
 }
 
@@ -653,13 +656,10 @@ func (s *Service) Run(ctx context.Context) error {
 				}
 				repairs = nil
 			}
-			for _, cur := range repairs {
-				made := cur.At
-				if cur.Reasserts != nil {
-					made = *cur.Reasserts
-				}
-				r := cur
-				r.At, r.Reasserts = s.cfg.Now().UTC(), &made
+			for _, rp := range repairs {
+				made, after := rp.cur.Made(), rp.after
+				r := rp.cur
+				r.At, r.Reasserts, r.Follows = s.cfg.Now().UTC(), &made, &after
 				s.cfg.Logger.Warn("control action in force written again after a record of its subject that was overruled", attrKind, r.Kind, attrSubject, r.Subject,
 					attrBy, r.By, "made_at", made)
 				_, err := s.put(ctx, r)

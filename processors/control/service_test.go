@@ -836,21 +836,9 @@ func TestRacedActionIsOverruled(t *testing.T) {
 			}
 			// The loser is the subject's last record until Run writes
 			// the winner again.
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			go svc.Run(ctx)
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				pub.mu.Lock()
-				last := pub.recs[len(pub.recs)-1]
-				pub.mu.Unlock()
-				var a Action
-				if json.Unmarshal(last.Value, &a) == nil && a.Kind == tc.winner.Kind && a.By == tc.winner.By && a.Reasserts != nil && a.Reasserts.Equal(tc.winner.At) {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the topic's last record for the subject: %s; want %s's written again", last.Value, tc.winner.By)
-				}
-			}
+			runUntilLast(t, svc, pub.loopback, tc.winner.By+"'s written again", func(a Action) bool {
+				return a.Kind == tc.winner.Kind && a.By == tc.winner.By && a.Reasserts != nil && a.Reasserts.Equal(tc.winner.At)
+			})
 			if a, ok := inForce(); !ok || a.By != tc.winner.By {
 				t.Errorf("in force after the repair: %+v, %v; want %s's", a, ok, tc.winner.By)
 			}
@@ -968,24 +956,9 @@ func TestRepairDoesNotUndoALaterAction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	go svc.Run(ctx)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		pub.mu.Lock()
-		var last *kgo.Record
-		if n := len(pub.recs); n > 0 {
-			last = pub.recs[n-1]
-		}
-		pub.mu.Unlock()
-		var a Action
-		if last != nil && json.Unmarshal(last.Value, &a) == nil && a.Kind == KindUnfreeze && a.By == "op_root" && a.Reasserts != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the topic's last record: %v; want the platform's unfreeze written again after the freeze's copy", last)
-		}
-	}
+	runUntilLast(t, svc, pub.loopback, "the platform's unfreeze written again after the freeze's copy", func(a Action) bool {
+		return a.Kind == KindUnfreeze && a.By == "op_root" && a.Reasserts != nil
+	})
 	if a, ok := st.Frozen("refund_order", "t_acme"); ok {
 		t.Errorf("frozen by %+v after the repair; want the platform's unfreeze in force", a)
 	}
@@ -1024,5 +997,117 @@ func TestPlatformFreezeCarriesATenantFreezeWrittenMeanwhile(t *testing.T) {
 	must[Action](t)(svc.Unfreeze(t.Context(), platformOp, "refund_order", "t_acme", "incident over", time.Time{}))
 	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.By != "op_acme" {
 		t.Errorf("after the platform's unfreeze: %+v, frozen %v; want the tenant's own freeze back in force", a, ok)
+	}
+}
+
+// copyOf is a control service's copy of a, written at at after the record
+// made at follows (Service.Run).
+func copyOf(a Action, at, follows time.Time) Action {
+	made := a.Made()
+	c := a
+	c.At, c.Reasserts, c.Follows = at, &made, &follows
+	return c
+}
+
+// Copies of actions (Service.Run's), and what is made of them. A tenant's
+// freeze in force as a copy, replaced by a platform freeze and put back by
+// its unfreeze, is the tenant's freeze again, not a copy that no longer
+// stands (before, it was passed over and the tool ran for the tenant); an
+// unfreeze of a copy names the original's time; a reader that applied the
+// loser a copy follows (the topic compacted between them) applies the
+// copy; and a platform freeze that carries on every copy the tenant's
+// freeze written meanwhile is written again carrying it, for a reader
+// starting once compaction took the tenant's.
+func TestCopiesOfActions(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	subject := "tool:refund_order@t_acme"
+	tenantFreeze := Action{V: 1, Kind: KindFreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "loops", At: at}
+	records := func(as ...Action) []*kgo.Record {
+		var recs []*kgo.Record
+		for i, a := range as {
+			r := recordOf(t, a)
+			r.Offset = int64(i)
+			recs = append(recs, r)
+		}
+		return recs
+	}
+	t.Run("a tenant's freeze in force as a copy, put back", func(t *testing.T) {
+		st := readyState()
+		st.apply(records(tenantFreeze, copyOf(tenantFreeze, at.Add(time.Minute), at)))
+		now := at.Add(2 * time.Minute)
+		svc, pub := newLoopbackService(t, Config{State: st, Now: func() time.Time { return now }})
+		pub.next = 2
+		must[Action](t)(svc.Freeze(t.Context(), platformOp, "refund_order", "t_acme", "incident 9"))
+		now = now.Add(time.Minute)
+		u := must[Action](t)(svc.Unfreeze(t.Context(), platformOp, "refund_order", "t_acme", "incident over", time.Time{}))
+		if u.Restored == nil || u.Restored.Reasserts != nil {
+			t.Errorf("the unfreeze puts back %+v; want the tenant's freeze itself, not a copy", u.Restored)
+		}
+		if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.By != "op_acme" {
+			t.Errorf("after the platform's unfreeze: %+v, %v; want the tenant's freeze in force", a, ok)
+		}
+	})
+	t.Run("an unfreeze of a copy names the original", func(t *testing.T) {
+		st := readyState()
+		st.apply(records(tenantFreeze, copyOf(tenantFreeze, at.Add(time.Minute), at)))
+		svc, pub := newLoopbackService(t, Config{State: st})
+		pub.next = 2
+		u := must[Action](t)(svc.Unfreeze(t.Context(), acmeOp, "refund_order", "", "fixed", time.Time{}))
+		if u.Lifts == nil || !u.Lifts.Equal(at) {
+			t.Errorf("the unfreeze lifts %v; want the original freeze's time %v", u.Lifts, at)
+		}
+	})
+	t.Run("a reader that applied the loser a copy follows", func(t *testing.T) {
+		refrozen := tenantFreeze
+		refrozen.At = at.Add(time.Minute)
+		lifts := at
+		loser := Action{V: 1, Kind: KindUnfreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "fixed", At: at.Add(2 * time.Minute), Lifts: &lifts}
+		// Compacted: the first freeze and the one refrozen are gone.
+		st := readyState()
+		st.apply(records(loser, copyOf(refrozen, at.Add(3*time.Minute), loser.At)))
+		if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !a.Made().Equal(refrozen.At) {
+			t.Errorf("Frozen = %+v, %v; want the copy of the freeze made again in force", a, ok)
+		}
+		if r := st.toRepair(); len(r) != 0 {
+			t.Errorf("to repair %+v; want nothing", r)
+		}
+	})
+	t.Run("a carried freeze is written again carrying it", func(t *testing.T) {
+		st := readyState()
+		pub := &racing{loopback: &loopback{state: st, apply: true}, first: []*kgo.Record{recordOf(t, tenantFreeze)}}
+		svc, err := New(Config{State: st, Publisher: pub, Identity: nopVerifier{}, Now: func() time.Time { return at.Add(time.Second) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		must[Action](t)(svc.Freeze(t.Context(), platformOp, "refund_order", "t_acme", "incident 9"))
+		runUntilLast(t, svc, pub.loopback, "the platform's freeze written again, carrying the tenant's", func(a Action) bool {
+			return a.Reasserts != nil && a.Replaced != nil && a.Replaced.By == "op_acme"
+		})
+	})
+}
+
+// runUntilLast runs svc's repairs until the last record published through
+// pub holds an action done reports, for at most 10 s (what: the record
+// wanted, for the failure).
+func runUntilLast(t *testing.T, svc *Service, pub *loopback, what string, done func(Action) bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go svc.Run(ctx)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		pub.mu.Lock()
+		var last *kgo.Record
+		if n := len(pub.recs); n > 0 {
+			last = pub.recs[n-1]
+		}
+		pub.mu.Unlock()
+		var a Action
+		if last != nil && json.Unmarshal(last.Value, &a) == nil && done(a) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the topic's last record: %v; want %s", last, what)
+		}
 	}
 }

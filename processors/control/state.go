@@ -174,7 +174,15 @@ type State struct {
 	// unrepaired are the subjects whose last record read was passed
 	// over, with the action in force: it must be written again after
 	// that record (Service.Run), for the topic is compacted.
-	unrepaired map[string]Action
+	unrepaired map[string]repair
+}
+
+// repair is an action in force to write again (Service.Run), after the
+// record at after: one passed over, or the action itself when a copy
+// must carry what readers added to it (a tenant's freeze it replaced).
+type repair struct {
+	cur   Action
+	after time.Time
 }
 
 // place is a record's partition and offset.
@@ -205,7 +213,7 @@ func NewState(logger *slog.Logger) *State {
 		partitions: make(map[int32]bool),
 		changed:    make(chan struct{}),
 		passed:     make(map[place]Action),
-		unrepaired: make(map[string]Action),
+		unrepaired: make(map[string]repair),
 	}
 	s.asOf.Store(notCaughtUp)
 	return s
@@ -782,7 +790,8 @@ func (s *State) overrulesLocked(a Action) (string, Action) {
 		// A control service's copy of the action in force, written
 		// after a record passed over (Service.Run): it stands only for
 		// that action, or for none on a topic compacted down to it.
-		if last, ok := s.lastLocked(a); ok && !sameAction(last, *a.Reasserts) {
+		last, ok := s.lastLocked(a)
+		if ok && !sameAction(last, *a.Reasserts) && (a.Follows == nil || !last.At.Equal(*a.Follows)) {
 			return "a copy of an action no longer in force", last
 		}
 		return "", Action{}
@@ -824,9 +833,10 @@ func (s *State) lastLocked(a Action) (Action, bool) {
 }
 
 // sameAction reports whether a is the action made at at: itself, or a
-// control service's copy of it (Action.Reasserts).
+// control service's copy of it (Action.Reasserts), named by its own time
+// or the original's.
 func sameAction(a Action, at time.Time) bool {
-	return a.At.Equal(at) || a.Reasserts != nil && a.Reasserts.Equal(at)
+	return a.At.Equal(at) || a.Made().Equal(at)
 }
 
 // passedOver reports whether the record at partition/offset, applied by
@@ -845,15 +855,15 @@ func (s *State) passedOver(partition int32, offset int64) (Action, bool) {
 // reader starting once the others are compacted away would apply the
 // loser. None until the State is ready: a record passed over mid-way
 // through the topic may be followed by others.
-func (s *State) toRepair() []Action {
+func (s *State) toRepair() []repair {
 	if !s.isReady() {
 		return nil
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make([]Action, 0, len(s.unrepaired))
-	for _, a := range s.unrepaired {
-		out = append(out, a)
+	out := make([]repair, 0, len(s.unrepaired))
+	for _, r := range s.unrepaired {
+		out = append(out, r)
 	}
 	return out
 }
@@ -902,7 +912,7 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 			clear(s.passed)
 		}
 		s.passed[place{r.Partition, r.Offset}] = cur
-		s.unrepaired[key] = cur
+		s.unrepaired[key] = repair{cur: cur, after: a.At}
 		return
 	}
 	s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
@@ -914,15 +924,23 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		s.policy = &a
 	case a.Kind != KindRevoke:
 		k := freezeKey{tool: a.Tool, tenant: a.Tenant}
+		carried := false
 		if a.Kind == KindFreeze && a.ByTenant == PlatformTenant && a.Tenant != "" && a.Replaced == nil {
 			// Its writer's copy lacked the tenant's own freeze now in
 			// force (written meanwhile): carried, as the writer would
 			// have, for the platform's unfreeze to put back.
 			if cur, ok := s.tools[k]; ok {
 				a.Replaced = tenantFreeze(cur, a.Tool, a.Tenant)
+				carried = a.Replaced != nil
 			}
 		}
 		s.tools[k] = a
+		if carried {
+			// On the topic it carries none: a copy that does, or a
+			// reader starting once compaction took the tenant's freeze
+			// would lose it.
+			s.unrepaired[key] = repair{cur: a, after: a.At}
+		}
 	case a.JTI != "":
 		s.jtis[a.JTI] = a
 	default:
@@ -1004,9 +1022,5 @@ func (s *State) PolicyActivation() (policy.Activation, bool) {
 	a, ok := s.ActivePolicy()
 	// A control service's copy of it is the same activation: its files
 	// are not read again for it.
-	made := a.At
-	if a.Reasserts != nil {
-		made = *a.Reasserts
-	}
-	return policy.Activation{Label: a.Policy, ID: made.Format(time.RFC3339Nano), Hash: a.PolicyHash}, ok
+	return policy.Activation{Label: a.Policy, ID: a.Made().Format(time.RFC3339Nano), Hash: a.PolicyHash}, ok
 }

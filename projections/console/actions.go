@@ -187,11 +187,11 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 		return
 	}
 	fr := snap.Freezes[i]
-	frozen := fmt.Sprintf("Frozen for %s by %s at %s: %s", scope, fr.By, fr.At.UTC().Format(time.RFC3339), fr.Reason)
+	frozen := fmt.Sprintf("Frozen for %s by %s at %s: %s", scope, fr.By, fr.Made().UTC().Format(time.RFC3339), fr.Reason)
 	if fr.By == "" {
 		// A freeze of every tenant's, seen by a tenant operator: who made
 		// it and why are the platform's (the control API withholds them).
-		frozen = fmt.Sprintf("Frozen for %s by the platform at %s (its reason is not shown to tenants).", scope, fr.At.UTC().Format(time.RFC3339))
+		frozen = fmt.Sprintf("Frozen for %s by the platform at %s (its reason is not shown to tenants).", scope, fr.Made().UTC().Format(time.RFC3339))
 	}
 	if tenant == "" && s.id.Tenant != "*" {
 		// The control API takes a tenant operator's unfreeze as of its
