@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -192,6 +194,22 @@ func (c *Config) validate() error {
 // say whose credential it is. Every action needs a reason.
 type Service struct {
 	cfg Config
+	// subjects serialize, within this service, the check of an action
+	// against what is in force and its write, per subject (striped): two
+	// requests checked before either's record was applied would race,
+	// and every copy would pass the second over. Writes through other
+	// instances still may; their records are settled on the topic
+	// (State.overrulesLocked).
+	subjects [64]sync.Mutex
+}
+
+// lockSubject holds subject's stripe until the returned func.
+func (s *Service) lockSubject(subject string) (unlock func()) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(subject))
+	m := &s.subjects[h.Sum32()%uint32(len(s.subjects))]
+	m.Lock()
+	return m.Unlock
 }
 
 // New returns a Service.
@@ -276,6 +294,7 @@ func (s *Service) freeze(ctx context.Context, operator identity.Identity, tool, 
 	if !unknown && s.cfg.KnownTool != nil && !s.cfg.KnownTool(tool) {
 		return Action{}, fmt.Errorf("%w: no tool %q in this control service's tool registry (its --registry-dir): check the name; to freeze a tool only newer executors know, say so (allow_unknown_tool, --unknown-tool)", ErrUnknownTool, tool)
 	}
+	defer s.lockSubject(ToolSubject(tool, tenant))()
 	var replaced *Action
 	if operator.Tenant != PlatformTenant {
 		if err := s.current(ctx); err != nil {
@@ -365,6 +384,7 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 	if err != nil {
 		return Action{}, err
 	}
+	defer s.lockSubject(ToolSubject(tool, tenant))()
 	if err := s.current(ctx); err != nil {
 		return Action{}, err
 	}
@@ -432,6 +452,7 @@ func (s *Service) ActivatePolicy(ctx context.Context, operator identity.Identity
 	if err := s.platformOnly(operator, "activates a policy version"); err != nil {
 		return Action{}, err
 	}
+	defer s.lockSubject(PolicySubject)()
 	if err := checkID("policy", label, "/\\@*:"); err != nil {
 		return Action{}, err
 	}
@@ -482,6 +503,7 @@ func (s *Service) WithdrawPolicy(ctx context.Context, operator identity.Identity
 	if err != nil {
 		return Action{}, err
 	}
+	defer s.lockSubject(PolicySubject)()
 	if err := s.current(ctx); err != nil {
 		return Action{}, err
 	}
@@ -660,9 +682,11 @@ func (s *Service) Run(ctx context.Context) error {
 				made, after := rp.cur.Made(), rp.after
 				r := rp.cur
 				r.At, r.Reasserts, r.Follows = s.cfg.Now().UTC(), &made, &after
+				unlock := s.lockSubject(r.Subject)
 				s.cfg.Logger.Warn("control action in force written again after a record of its subject that was overruled", attrKind, r.Kind, attrSubject, r.Subject,
 					attrBy, r.By, "made_at", made)
 				_, err := s.put(ctx, r)
+				unlock()
 				switch {
 				case ctx.Err() != nil:
 					return nil

@@ -401,10 +401,13 @@ func TestPlatformUnfreezeRestoresTheTenantsFreeze(t *testing.T) {
 	}
 
 	// A replaced freeze written by hand, under another subject and an
-	// old version, is put back as this build writes it: applied.
+	// old version, is put back as this build writes it: applied. (Of a
+	// tenant whose subject has no history here: with history, the
+	// tenant's freeze in force is what a platform freeze replaces,
+	// whatever its record says.)
 	now = now.Add(time.Minute)
-	odd := Action{V: 0, Kind: KindFreeze, Subject: "tool:send_email", Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "by hand", At: now}
-	over := Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme", By: "op_root", ByTenant: "*", Reason: "incident 44", At: now, Replaced: &odd}
+	odd := Action{V: 0, Kind: KindFreeze, Subject: "tool:send_email", Tool: "refund_order", Tenant: "t_beta", By: "op_beta", ByTenant: "t_beta", Reason: "by hand", At: now}
+	over := Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_beta", Tool: "refund_order", Tenant: "t_beta", By: "op_root", ByTenant: "*", Reason: "incident 44", At: now, Replaced: &odd}
 	value, err := json.Marshal(over)
 	if err != nil {
 		t.Fatal(err)
@@ -412,8 +415,8 @@ func TestPlatformUnfreezeRestoresTheTenantsFreeze(t *testing.T) {
 	if err := pub.Publish(ctx, &kgo.Record{Key: []byte(over.Subject), Value: value, Timestamp: now}); err != nil {
 		t.Fatal(err)
 	}
-	m(svc.Unfreeze(ctx, platformOp, "refund_order", "t_acme", "44 over", over.At))
-	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.Reason != "by hand" || a.Subject != "tool:refund_order@t_acme" {
+	m(svc.Unfreeze(ctx, platformOp, "refund_order", "t_beta", "44 over", over.At))
+	if a, ok := st.Frozen("refund_order", "t_beta"); !ok || a.Reason != "by hand" || a.Subject != "tool:refund_order@t_beta" {
 		t.Errorf("after the platform's unfreeze of a hand-written freeze Frozen(t_acme) = %+v, %v; want the tenant's own put back", a, ok)
 	}
 }
@@ -1023,15 +1026,7 @@ func TestCopiesOfActions(t *testing.T) {
 	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
 	subject := "tool:refund_order@t_acme"
 	tenantFreeze := Action{V: 1, Kind: KindFreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "loops", At: at}
-	records := func(as ...Action) []*kgo.Record {
-		var recs []*kgo.Record
-		for i, a := range as {
-			r := recordOf(t, a)
-			r.Offset = int64(i)
-			recs = append(recs, r)
-		}
-		return recs
-	}
+	records := func(as ...Action) []*kgo.Record { return recordsOf(t, as...) }
 	t.Run("a tenant's freeze in force as a copy, put back", func(t *testing.T) {
 		st := readyState()
 		st.apply(records(tenantFreeze, copyOf(tenantFreeze, at.Add(time.Minute), at)))
@@ -1110,4 +1105,98 @@ func runUntilLast(t *testing.T, svc *Service, pub *loopback, what string, done f
 			t.Fatalf("the topic's last record: %v; want %s", last, what)
 		}
 	}
+}
+
+// What every copy makes of sequences a fifth read found settled wrongly.
+// A reader whose view of the topic begins after a copy's original (the
+// topic compacted) applies the copy when its last record read, applied or
+// passed over, is the one the copy follows, and a full reader copies
+// again a copy applied for its original but following another record; a
+// platform freeze replaces the tenant's freeze in force here, not the one
+// its writer's copy held (lifted since); and the tenant's freeze an
+// overruled platform unfreeze puts back is passed over with it.
+func TestSettledOnTheTopic(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	subject := "tool:refund_order@t_acme"
+	tenantOp := func(kind string, at time.Time, lifts *time.Time) Action {
+		return Action{V: 1, Kind: kind, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "r", At: at, Lifts: lifts}
+	}
+	records := func(as ...Action) []*kgo.Record { return recordsOf(t, as...) }
+	t0 := tenantOp(KindFreeze, at, nil)
+	f1 := Action{V: 1, Kind: KindFreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_root", ByTenant: PlatformTenant, Reason: "incident", At: at.Add(time.Minute), Replaced: &t0}
+	t.Run("a view beginning at a loser applies the copy that follows it", func(t *testing.T) {
+		lifts := t0.At
+		x1 := tenantOp(KindFreeze, at.Add(2*time.Minute), nil)
+		y := tenantOp(KindUnfreeze, at.Add(3*time.Minute), &lifts)
+		st := readyState()
+		st.apply(records(x1, y, copyOf(f1, at.Add(4*time.Minute), y.At)))
+		if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.ByTenant != PlatformTenant {
+			t.Errorf("Frozen = %+v, %v; want the platform's freeze (its copy) in force", a, ok)
+		}
+	})
+	t.Run("a copy following an earlier loser is copied again", func(t *testing.T) {
+		lifts := t0.At
+		x1 := tenantOp(KindUnfreeze, at.Add(2*time.Minute), &lifts)
+		y := tenantOp(KindUnfreeze, at.Add(3*time.Minute), &lifts)
+		c := copyOf(f1, at.Add(4*time.Minute), x1.At)
+		full := readyState()
+		full.apply(records(t0, f1, x1, y, c))
+		r := full.toRepair()
+		if len(r) != 1 || r[0].cur.Reasserts == nil || !r[0].after.Equal(c.At) {
+			t.Fatalf("to repair %+v; want the copy copied again, following it", r)
+		}
+		partial := readyState()
+		partial.apply(records(x1, y, c, copyOf(r[0].cur, at.Add(5*time.Minute), r[0].after)))
+		if a, ok := partial.Frozen("refund_order", "t_acme"); !ok || a.ByTenant != PlatformTenant {
+			t.Errorf("a view beginning at the losers: Frozen = %+v, %v; want the platform's freeze in force", a, ok)
+		}
+	})
+	t.Run("a platform freeze replaces the tenant's freeze in force", func(t *testing.T) {
+		lifts := t0.At
+		ut := tenantOp(KindUnfreeze, at.Add(30*time.Second), &lifts)
+		st := readyState()
+		st.apply(records(t0, ut, f1))
+		svc, pub := newLoopbackService(t, Config{State: st, Now: func() time.Time { return at.Add(time.Hour) }})
+		pub.next = 3
+		u := must[Action](t)(svc.Unfreeze(t.Context(), platformOp, "refund_order", "t_acme", "over", time.Time{}))
+		if u.Restored != nil {
+			t.Errorf("the platform's unfreeze puts back %+v; want nothing, the tenant lifted its freeze", u.Restored)
+		}
+		if a, ok := st.Frozen("refund_order", "t_acme"); ok {
+			t.Errorf("frozen by %+v; want nothing in force", a)
+		}
+	})
+	t.Run("an overruled unfreeze's put-back is passed over with it", func(t *testing.T) {
+		fLifts := f1.At
+		uA := Action{V: 1, Kind: KindUnfreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_root", ByTenant: PlatformTenant, Reason: "a", At: at.Add(2 * time.Minute), Lifts: &fLifts}
+		tA := t0
+		tA.At = uA.At.Add(time.Millisecond)
+		uA.Restored = &tA
+		uB := uA
+		uB.By, uB.At = "op_root2", at.Add(3*time.Minute)
+		tB := t0
+		tB.At = uB.At.Add(time.Millisecond)
+		uB.Restored = &tB
+		st := readyState()
+		st.apply(records(t0, f1, uA, tA, uB, tB))
+		if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !a.At.Equal(tA.At) {
+			t.Errorf("Frozen = %+v, %v; want the freeze the first unfreeze put back", a, ok)
+		}
+		if _, passed := st.passedOver(0, 5); !passed {
+			t.Error("the second unfreeze's put-back was applied; want it passed over with its unfreeze")
+		}
+	})
+}
+
+// recordsOf are the records of as, at offsets 0, 1, ... of one partition.
+func recordsOf(t *testing.T, as ...Action) []*kgo.Record {
+	t.Helper()
+	var recs []*kgo.Record
+	for i, a := range as {
+		r := recordOf(t, a)
+		r.Offset = int64(i)
+		recs = append(recs, r)
+	}
+	return recs
 }

@@ -175,6 +175,13 @@ type State struct {
 	// over, with the action in force: it must be written again after
 	// that record (Service.Run), for the topic is compacted.
 	unrepaired map[string]repair
+	// lastRead is, per subject, the time (At) of the last record read,
+	// applied or passed over: the record a copy follows (Follows).
+	lastRead map[string]time.Time
+	// dropRestore is, per subject, the time of the tenant's freeze that
+	// a platform unfreeze passed over put back, in the record after it:
+	// passed over with it.
+	dropRestore map[string]time.Time
 }
 
 // repair is an action in force to write again (Service.Run), after the
@@ -201,19 +208,21 @@ func NewState(logger *slog.Logger) *State {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &State{
-		logger:     logger.With("component", "control"),
-		ready:      make(chan struct{}),
-		stopped:    make(chan struct{}),
-		base:       time.Now(),
-		tools:      make(map[freezeKey]Action),
-		jtis:       make(map[string]Action),
-		families:   make(map[string]Action),
-		next:       make(map[int32]int64),
-		latest:     make(map[string]origin),
-		partitions: make(map[int32]bool),
-		changed:    make(chan struct{}),
-		passed:     make(map[place]Action),
-		unrepaired: make(map[string]repair),
+		logger:      logger.With("component", "control"),
+		ready:       make(chan struct{}),
+		stopped:     make(chan struct{}),
+		base:        time.Now(),
+		tools:       make(map[freezeKey]Action),
+		jtis:        make(map[string]Action),
+		families:    make(map[string]Action),
+		next:        make(map[int32]int64),
+		latest:      make(map[string]origin),
+		partitions:  make(map[int32]bool),
+		changed:     make(chan struct{}),
+		passed:      make(map[place]Action),
+		unrepaired:  make(map[string]repair),
+		lastRead:    make(map[string]time.Time),
+		dropRestore: make(map[string]time.Time),
 	}
 	s.asOf.Store(notCaughtUp)
 	return s
@@ -791,7 +800,7 @@ func (s *State) overrulesLocked(a Action) (string, Action) {
 		// after a record passed over (Service.Run): it stands only for
 		// that action, or for none on a topic compacted down to it.
 		last, ok := s.lastLocked(a)
-		if ok && !sameAction(last, *a.Reasserts) && (a.Follows == nil || !last.At.Equal(*a.Follows)) {
+		if ok && !sameAction(last, *a.Reasserts) && (a.Follows == nil || !s.lastRead[a.Subject].Equal(*a.Follows)) {
 			return "a copy of an action no longer in force", last
 		}
 		return "", Action{}
@@ -830,6 +839,15 @@ func (s *State) lastLocked(a Action) (Action, bool) {
 		}
 	}
 	return Action{}, false
+}
+
+// sameReplaced reports whether x and y name the same tenant's freeze (or
+// none).
+func sameReplaced(x, y *Action) bool {
+	if x == nil || y == nil {
+		return x == y
+	}
+	return x.By == y.By && x.Reason == y.Reason && x.Made().Equal(y.Made())
 }
 
 // sameAction reports whether a is the action made at at: itself, or a
@@ -888,6 +906,8 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		// A tombstone: someone deleted the subject on the topic itself.
 		s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
 		delete(s.unrepaired, key)
+		delete(s.lastRead, key)
+		delete(s.dropRestore, key)
 		s.deleteLocked(key)
 		s.logger.Warn("control subject deleted by tombstone", attrSubject, key, "partition", r.Partition, "offset", r.Offset)
 		return
@@ -901,7 +921,16 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		s.logger.Error("control record ignored", attrSubject, key, "partition", r.Partition, "offset", r.Offset, "err", err)
 		return
 	}
-	if why, cur := s.overrulesLocked(a); why != "" {
+	why, cur := s.overrulesLocked(a)
+	if restore, ok := s.dropRestore[key]; ok {
+		delete(s.dropRestore, key)
+		if last, inForce := s.lastLocked(a); why == "" && inForce && a.Kind == KindFreeze && a.At.Equal(restore) {
+			why, cur = "the tenant's freeze an overruled unfreeze put back", last
+		}
+	}
+	prevRead := s.lastRead[key]
+	s.lastRead[key] = a.At
+	if why != "" {
 		// Every State applies a partition in order, so every copy
 		// passes over it alike. A control service puts the action in
 		// force back on the topic after it (Service.Run), for
@@ -913,10 +942,20 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		}
 		s.passed[place{r.Partition, r.Offset}] = cur
 		s.unrepaired[key] = repair{cur: cur, after: a.At}
+		if a.Kind == KindUnfreeze && a.Restored != nil {
+			s.dropRestore[key] = a.Restored.At
+		}
 		return
 	}
 	s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
 	delete(s.unrepaired, key)
+	if a.Reasserts != nil && a.Follows != nil && !prevRead.Equal(*a.Follows) {
+		// A copy applied for its original, on a reader that read
+		// another record after the one it follows: a reader whose
+		// view of the topic begins after that original would pass it
+		// over. Copied again, following the copy.
+		s.unrepaired[key] = repair{cur: a, after: a.At}
+	}
 	switch {
 	case a.Kind == KindActivatePolicy, a.Kind == KindWithdrawPolicy:
 		// The withdrawal kept too: a copy of the activation it ended,
@@ -925,18 +964,21 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 	case a.Kind != KindRevoke:
 		k := freezeKey{tool: a.Tool, tenant: a.Tenant}
 		carried := false
-		if a.Kind == KindFreeze && a.ByTenant == PlatformTenant && a.Tenant != "" && a.Replaced == nil {
-			// Its writer's copy lacked the tenant's own freeze now in
-			// force (written meanwhile): carried, as the writer would
-			// have, for the platform's unfreeze to put back.
+		if a.Kind == KindFreeze && a.ByTenant == PlatformTenant && a.Tenant != "" && a.Reasserts == nil {
+			// The tenant's own freeze it replaces is the one in force
+			// here, whatever its writer's copy (behind, or racing the
+			// tenant's freeze or unfreeze) said: the platform's unfreeze
+			// puts that back. Only a reader without the subject's
+			// history takes the record's word.
 			if cur, ok := s.tools[k]; ok {
-				a.Replaced = tenantFreeze(cur, a.Tool, a.Tenant)
-				carried = a.Replaced != nil
+				if own := tenantFreeze(cur, a.Tool, a.Tenant); !sameReplaced(own, a.Replaced) {
+					a.Replaced, carried = own, true
+				}
 			}
 		}
 		s.tools[k] = a
 		if carried {
-			// On the topic it carries none: a copy that does, or a
+			// On the topic it carries another, or none: a copy that does, or a
 			// reader starting once compaction took the tenant's freeze
 			// would lose it.
 			s.unrepaired[key] = repair{cur: a, after: a.At}
