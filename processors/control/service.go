@@ -294,9 +294,13 @@ func (s *Service) freeze(ctx context.Context, operator identity.Identity, tool, 
 	if !unknown && s.cfg.KnownTool != nil && !s.cfg.KnownTool(tool) {
 		return Action{}, fmt.Errorf("%w: no tool %q in this control service's tool registry (its --registry-dir): check the name; to freeze a tool only newer executors know, say so (allow_unknown_tool, --unknown-tool)", ErrUnknownTool, tool)
 	}
-	defer s.lockSubject(ToolSubject(tool, tenant))()
 	var replaced *Action
 	if operator.Tenant != PlatformTenant {
+		// Checked, then written, one at a time. Not a platform
+		// operator's freeze: the emergency brake waits for nobody, and
+		// checks nothing that a reader does not settle (the tenant's
+		// freeze it replaces is the one in force there).
+		defer s.lockSubject(ToolSubject(tool, tenant))()
 		if err := s.current(ctx); err != nil {
 			return Action{}, err
 		}
@@ -311,8 +315,9 @@ func (s *Service) freeze(ctx context.Context, operator identity.Identity, tool, 
 		// holds: it is the emergency brake, and replaces anything. The
 		// tenant's own freeze it replaces, as this copy has it, goes
 		// with it, for its unfreeze to put back. A copy behind may hold
-		// one the tenant has lifted since: put back, it fails safe, and
-		// the tenant lifts it again.
+		// one the tenant has lifted since, or lack one written
+		// meanwhile: every reader replaces the one in force there
+		// instead (State.applyLocked).
 		replaced = tenantFreeze(current, tool, tenant)
 	}
 	return s.publish(ctx, s.action(operator, KindFreeze, reason, func(a *Action) { a.Tool, a.Tenant, a.Replaced = tool, tenant, replaced }))

@@ -1200,3 +1200,40 @@ func recordsOf(t *testing.T, as ...Action) []*kgo.Record {
 	}
 	return recs
 }
+
+// A platform operator's freeze does not wait for a request holding its
+// subject's stripe (a tenant operator's, waiting up to a second for a
+// copy that stalled): the emergency brake waits for nobody. And a reader
+// starting on a topic compacted down to a copy applies it and copies
+// nothing: it read nothing else of the subject to settle. Before, the
+// freeze queued behind every such request, and every restart after
+// compaction wrote each such copy again.
+func TestBrakeAndCopiesAfterCompaction(t *testing.T) {
+	t.Parallel()
+	svc, _ := newLoopbackService(t, Config{})
+	unlock := svc.lockSubject(ToolSubject("refund_order", "t_acme"))
+	defer unlock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := svc.Freeze(t.Context(), platformOp, "refund_order", "t_acme", "incident 9")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("platform freeze = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the platform's freeze waited for the subject's stripe")
+	}
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	freeze := Action{V: 1, Kind: KindFreeze, Subject: "tool:refund_order@t_acme", Tool: "refund_order", Tenant: "t_acme", By: "op_acme", ByTenant: "t_acme", Reason: "r", At: at}
+	st := readyState()
+	st.apply(recordsOf(t, copyOf(freeze, at.Add(time.Hour), at.Add(time.Minute))))
+	if _, ok := st.Frozen("refund_order", "t_acme"); !ok {
+		t.Error("a copy alone on the topic is not applied")
+	}
+	if r := st.toRepair(); len(r) != 0 {
+		t.Errorf("to repair %+v; want nothing", r)
+	}
+}

@@ -928,7 +928,7 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 			why, cur = "the tenant's freeze an overruled unfreeze put back", last
 		}
 	}
-	prevRead := s.lastRead[key]
+	prevRead, hadRead := s.lastRead[key]
 	s.lastRead[key] = a.At
 	if why != "" {
 		// Every State applies a partition in order, so every copy
@@ -949,11 +949,13 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 	}
 	s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
 	delete(s.unrepaired, key)
-	if a.Reasserts != nil && a.Follows != nil && !prevRead.Equal(*a.Follows) {
+	if a.Reasserts != nil && a.Follows != nil && hadRead && !prevRead.Equal(*a.Follows) {
 		// A copy applied for its original, on a reader that read
 		// another record after the one it follows: a reader whose
 		// view of the topic begins after that original would pass it
-		// over. Copied again, following the copy.
+		// over. Copied again, following the copy. (A reader that
+		// read nothing of the subject before it, on a compacted
+		// topic, has nothing to settle.)
 		s.unrepaired[key] = repair{cur: a, after: a.At}
 	}
 	switch {
