@@ -136,10 +136,14 @@ func (f *staffFlags) callStatus(ctx context.Context, method, path string, body, 
 	}
 	if resp.StatusCode >= 300 {
 		var e struct {
-			Error struct{ Code, Message string } `json:"error"`
+			Error struct{ Code, Message, Pointer string } `json:"error"`
 		}
-		_ = json.Unmarshal(raw, &e)
-		return resp.StatusCode, fmt.Errorf("%s %s: %w", method, path, &httpapi.APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message})
+		if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
+			// Not the API's answer (a proxy's page, say): named as
+			// the agents' client names it.
+			e.Error.Code, e.Error.Message = "unexpected_answer", http.StatusText(resp.StatusCode)
+		}
+		return resp.StatusCode, fmt.Errorf("%s %s: %w", method, path, &httpapi.APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message, Pointer: e.Error.Pointer})
 	}
 	return resp.StatusCode, json.Unmarshal(raw, into)
 }

@@ -43,12 +43,14 @@ func TestGCPercent(t *testing.T) {
 }
 
 // With --json, a command that fails says why as JSON, as the API's errors
-// are: its code (an API answer's, a decode error's, else "failed"), its
+// are: its code (an API answer's, unexpected_answer for an answer that
+// is not the API's, a decode error's, else "failed"), its
 // message, and the status and pointer where it has them. Without --json
 // it is a line of text, as before. Before, --json's failures were text
 // alone, which a script reading --json could not tell apart.
 func TestErrorsAsJSON(t *testing.T) {
 	srv := answeringWith(t, http.MethodPost, "/v1/control/freeze", http.StatusForbidden, `{"error":{"code":"forbidden","message":"not an operator"}}`)
+	proxy := answeringWith(t, http.MethodPost, "/v1/control/freeze", http.StatusBadGateway, `<html>502 Bad Gateway</html>`)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -58,6 +60,8 @@ func TestErrorsAsJSON(t *testing.T) {
 			`{"error":{"code":"forbidden","message":"POST /v1/control/freeze: 403 forbidden: not an operator","status":403}}`},
 		{"bad arguments", []string{"submit", "--tool", "get_weather", "--args", `{city:"x"}`, "--json", "--data-dir", t.TempDir()},
 			`"code":"invalid_json"`},
+		{"not the API's answer", []string{"control", "freeze", "--tool", "t", "--reason", "r", "--api", proxy.URL, "--assertion", "tok", "--json"},
+			`{"error":{"code":"unexpected_answer","message":"POST /v1/control/freeze: 502 unexpected_answer: Bad Gateway","status":502}}`},
 		{"anything else", []string{"control", "freeze", "--tool", "t", "--api", srv.URL, "--assertion", "tok", "--json"},
 			`{"error":{"code":"failed","message":"--reason is required: every control action says why"}}`},
 		{"without --json", []string{"control", "freeze", "--tool", "t", "--api", srv.URL, "--assertion", "tok"},
