@@ -720,29 +720,15 @@ func (s *Service) put(ctx context.Context, a Action, then ...Action) (*kgo.Recor
 	recs := make([]*kgo.Record, 0, 1+len(then))
 	at := time.Now()
 	for _, b := range append([]Action{a}, then...) {
-		rec, err := s.record(b, at)
+		value, err := json.Marshal(b)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("encode control action: %v", err)
 		}
-		recs = append(recs, rec)
 		// Each after the one before it, in the milliseconds Kafka keeps.
-		at = rec.Timestamp.Add(time.Millisecond)
+		at = s.cfg.State.stamp(b.Subject, at)
+		recs = append(recs, &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(b.Subject), Value: value, Timestamp: at})
+		at = at.Add(time.Millisecond)
 	}
-	return s.send(ctx, a, recs...)
-}
-
-// record is a's record, stamped at or after at (State.stamp).
-func (s *Service) record(a Action, at time.Time) (*kgo.Record, error) {
-	value, err := json.Marshal(a)
-	if err != nil {
-		return nil, fmt.Errorf("encode control action: %v", err)
-	}
-	return &kgo.Record{Topic: s.cfg.Topics.Control, Key: []byte(a.Subject), Value: value, Timestamp: s.cfg.State.stamp(a.Subject, at)}, nil
-}
-
-// send publishes recs, the first a's, and waits as put does.
-func (s *Service) send(ctx context.Context, a Action, recs ...*kgo.Record) (*kgo.Record, error) {
-	then := recs[1:]
 	if err := s.cfg.Publisher.Publish(ctx, recs...); err != nil {
 		return nil, fmt.Errorf("publish %s of %s: %w", a.Kind, a.Subject, err)
 	}
@@ -750,7 +736,7 @@ func (s *Service) send(ctx context.Context, a Action, recs ...*kgo.Record) (*kgo
 	s.cfg.Logger.Info("control action published", attrKind, a.Kind, attrSubject, a.Subject,
 		attrBy, a.By, attrByTenant, a.ByTenant, "reason", a.Reason, "partition", rec.Partition, "offset", rec.Offset)
 	for _, b := range then {
-		s.cfg.Logger.Info("control record published with it", attrSubject, string(b.Key), "tombstone", b.Value == nil)
+		s.cfg.Logger.Info("control action published with it", attrKind, b.Kind, attrSubject, b.Subject, attrBy, b.By, attrByTenant, b.ByTenant, "reason", b.Reason)
 	}
 	if !s.cfg.State.waitApplied(ctx, rec.Topic, rec.Partition, rec.Offset, s.cfg.ApplyWait) {
 		s.cfg.Logger.Warn("control action not yet applied locally", attrKind, a.Kind, attrSubject, a.Subject, "waited", s.cfg.ApplyWait)

@@ -111,7 +111,6 @@ type probe struct {
 // fetches bring them, so across partitions the record's time decides.
 type origin struct {
 	partition int32
-	offset    int64
 	at        time.Time
 }
 
@@ -904,7 +903,7 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 	}
 	if r.Value == nil {
 		// A tombstone: someone deleted the subject on the topic itself.
-		s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
+		s.latest[key] = origin{partition: r.Partition, at: r.Timestamp}
 		delete(s.unrepaired, key)
 		delete(s.lastRead, key)
 		delete(s.dropRestore, key)
@@ -947,7 +946,7 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 		}
 		return
 	}
-	s.latest[key] = origin{partition: r.Partition, offset: r.Offset, at: r.Timestamp}
+	s.latest[key] = origin{partition: r.Partition, at: r.Timestamp}
 	delete(s.unrepaired, key)
 	if a.Reasserts != nil && a.Follows != nil && hadRead && !prevRead.Equal(*a.Follows) {
 		// A copy applied for its original, on a reader that read
