@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"golang.org/x/sync/errgroup"
 
@@ -32,6 +33,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/chstore"
@@ -138,12 +140,15 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	cc := g.kafka.client(logger)
 	topics := g.kafka.topics()
 
-	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// admin also serves the consumer groups' lag and /readyz's Kafka
+	// check.
 	admin, err := ledger.NewClient(cc)
-	if err == nil {
-		err = ledger.EnsureTopics(setupCtx, admin, g.kafka.topicConfig())
-		admin.Close()
+	if err != nil {
+		return err
 	}
+	defer admin.Close()
+	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = ledger.EnsureTopics(setupCtx, admin, g.kafka.topicConfig())
 	cancel()
 	if err != nil {
 		return err
@@ -240,12 +245,15 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
+	// Each role's metrics, as a process of its own would serve them
+	// (its role label and all), together on the API's /metrics.
+	intakeMetrics, execMetrics, reconcileMetrics := metrics.New("intake", reg.Has), metrics.New("executor", reg.Has), metrics.New("reconciler", reg.Has)
 	intakeRole, _, err := intakeLoop(cc, topics, intake.Config{Registry: reg, Store: st, Identity: ident, Policy: engine, PolicyRetryAfter: f.policy.retryAfter, Freezes: controls,
-		SyncPolicies: f.policy.syncing(engine, controls), Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, intakeIDs, f.roles.batching, observers{}, logger)
+		SyncPolicies: f.policy.syncing(engine, controls), Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String()}, instance, intakeIDs, f.roles.batching, observers{metrics: intakeMetrics}, logger)
 	if err != nil {
 		return err
 	}
-	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), syncedDecider{engine, f.policy.syncing(engine, controls)}, controls, 0, toolsFlags{base: "http://" + backendLn.Addr().String()}, instance, execIDs, f.roles.batching, observers{}, logger)
+	exec, execProc, err := executorLoop(cc, topics, reg, st, broker, f.creds.keystore(dataDir), syncedDecider{engine, f.policy.syncing(engine, controls)}, controls, 0, toolsFlags{base: "http://" + backendLn.Addr().String()}, instance, execIDs, f.roles.batching, observers{metrics: execMetrics}, logger)
 	if err != nil {
 		return err
 	}
@@ -301,7 +309,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	reconciler, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker, Secrets: f.creds.keystore(dataDir),
 		BaseURL: "http://" + backendLn.Addr().String(), Topics: topics, Owner: "reconciler/" + instance,
-		Logger: logger.With("processor", "reconciler"), Compensator: undo,
+		Logger: logger.With("processor", "reconciler"), Compensator: undo, Metrics: reconcileMetrics,
 	})
 	if err != nil {
 		return err
@@ -311,14 +319,25 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if err != nil {
 		return err
 	}
-	reconcileRole, err := reconciler.Loop(f.roles.batching.loop(ledger.LoopConfig{Client: cc, Group: reconcileIDs.group, TransactionalID: reconcileIDs.txn}))
+	reconcileRole, err := reconciler.Loop(f.roles.batching.loop(ledger.LoopConfig{Client: cc, Group: reconcileIDs.group, TransactionalID: reconcileIDs.txn, Metrics: reconcileMetrics}))
 	if err != nil {
 		return err
+	}
+	reconcileMetrics.Unknown(reconciler.Unknown)
+	reconcileMetrics.Parked(reconciler.Parked)
+	roleNames := []string{"intake", "executor", "reconciler"}
+	roleLoops := []*ledger.Loop{intakeRole, exec, reconcileRole}
+	for i, m := range []*metrics.Registry{intakeMetrics, execMetrics, reconcileMetrics} {
+		m.ConsumerLag(kadm.NewClient(admin), roleLoops[i].Group(), logger)
+		m.ControlStaleness(controls.Staleness)
+		if roleNames[i] != "reconciler" { // the roles that decide
+			m.Policy(func() string { return engine.Active().Version() })
+		}
 	}
 	mux.Handle("/v1/resolutions", reconciler.ResolveHandler(staff, events))
 	// For ledger bench --attach --ledger-ops: how the loops spend their
 	// time.
-	mux.Handle("GET "+loopsPath, loopsHandler([]string{"intake", "executor", "reconciler"}, []*ledger.Loop{intakeRole, exec, reconcileRole}))
+	mux.Handle("GET "+loopsPath, loopsHandler(roleNames, roleLoops))
 	if f.pprof {
 		servePprof(mux)
 	}
@@ -392,9 +411,23 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		if err != nil {
 			return err
 		}
-		mux.Handle("GET /metrics", chProjector)
 		lagOf = chProjector
 	}
+	var ownMetrics http.Handler // the projector's, when it runs
+	if chProjector != nil {
+		ownMetrics = chProjector
+	}
+	mux.Handle("GET /metrics", metrics.Serve(ownMetrics, intakeMetrics, execMetrics, reconcileMetrics))
+	// As the roles' --metrics-addr: each loop, Kafka, the store, the
+	// copy of the control topic (at the executor's default bound), the
+	// policies and the agents' assertions' keys.
+	f.roles.controls, f.roles.controlReadiness, f.roles.controlMaxStaleness = controls, true, control.DefaultMaxStaleness
+	f.roles.policies, f.roles.assertions = engine, ident
+	loopChecks := make([]string, len(roleNames))
+	for i, n := range roleNames {
+		loopChecks[i] = "loop_" + n
+	}
+	mux.Handle("GET /readyz", readiness{checks: processChecks(loopChecks, roleLoops, admin, st, f.roles.readyChecks()...), logger: logger.With("server", "api")})
 	health := http.NewServeMux() // its own, for another method's 405
 	mux.Handle("/v1/health", httpjson.Unmatched(health))
 	health.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, _ httpapi.Operator) {
@@ -560,6 +593,7 @@ Toolcall Ledger (dev) is running. Ctrl-C stops it.
   Kafka (in-process)   %v   topics: %s -> %s (dlq: %s)
   Console              http://%s/   (approvals, calls, incidents, health; one-click dev login)
   HTTP API             http://%s   (POST /v1/calls, GET /v1/calls/{key}?tenant_id=..., GET /healthz)
+  Operations           http://%s/metrics   (each role's series, labelled role), /readyz, /loops
   Queries              %s   (GET /v1/blast-radius, /v1/outcomes, /v1/unresolved, /v1/trace/...)
   Demo tool backend    http://%s   (GET /effects lists every effect it applied)
   Execution store      %s
@@ -573,7 +607,7 @@ Try:
   curl -s 'http://%s/v1/calls/<idempotency_key>?tenant_id=t_demo'
   go run ./cmd/ledger blast-radius%s --tool get_weather --tenant t_demo --since 1h
 
-`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, profiles,
+`, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, profiles,
 		b.tryFlags(true), b.api, b.tryFlags(false))
 }
 

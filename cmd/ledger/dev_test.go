@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
@@ -275,6 +279,7 @@ func TestDevEndToEnd(t *testing.T) {
 	if !strings.Contains(string(v.Result), "Sydney") || !strings.Contains(string(v.Result), `"untrusted": true`) {
 		t.Errorf("API result %s; want the weather, marked untrusted", v.Result)
 	}
+	devOperations(t, api)
 	resp, err := http.Get("http://" + api + "/v1/calls/dev-1?tenant_id=t_other")
 	if err != nil {
 		t.Fatal(err)
@@ -649,4 +654,97 @@ func devIssuerKeys(t *testing.T, dir string) (*identity.Issuer, string) {
 		t.Fatal(err)
 	}
 	return iss, jwks
+}
+
+// devOperations checks ledger dev's /metrics and /readyz after a
+// get_weather call succeeded: every role's series, each under its role
+// label, in one exposition a scraper accepts (a family served twice, as
+// the runtime's would be by each role, is refused by the parser); and
+// each role's loop and the dependencies ready.
+func devOperations(t *testing.T, api string) {
+	t.Helper()
+	resp, err := http.Get("http://" + api + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || err != nil {
+		t.Fatalf("GET /metrics: %d, %v; want 200 and the text format", resp.StatusCode, err)
+	}
+	// value is the series of family name whose labels include want, and
+	// whether there is one.
+	value := func(name string, want map[string]string) (float64, bool) {
+		for _, m := range fams[name].GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			match := true
+			for k, v := range want {
+				match = match && labels[k] == v
+			}
+			if match {
+				return seriesValue(m), true
+			}
+		}
+		return 0, false
+	}
+	for _, want := range []map[string]string{
+		{"role": "intake", "type": "authorized", "tool": "get_weather"},
+		{"role": "executor", "type": "succeeded", "tool": "get_weather"},
+	} {
+		if v, _ := value("ledger_events_total", want); v < 1 {
+			t.Errorf("ledger_events_total%v = %v; want at least 1", want, v)
+		}
+	}
+	for _, role := range []string{"intake", "executor", "reconciler"} {
+		for _, name := range []string{"ledger_control_staleness_seconds", "ledger_consumer_lag_records"} {
+			if _, ok := value(name, map[string]string{"role": role}); !ok {
+				t.Errorf("/metrics has no %s of role %s", name, role)
+			}
+		}
+	}
+	if v, ok := value("ledger_policy_active", map[string]string{"role": "intake"}); v != 1 || !ok {
+		t.Errorf("ledger_policy_active of the intake: %v (%v); want 1", v, ok)
+	}
+	if _, ok := value("ledger_outcome_unknown_calls", map[string]string{"role": "reconciler"}); !ok {
+		t.Errorf("/metrics has no ledger_outcome_unknown_calls of the reconciler")
+	}
+	if n := len(fams["go_goroutines"].GetMetric()); n != 1 {
+		t.Errorf("go_goroutines has %d series; want the process's one", n)
+	}
+
+	resp, err = http.Get("http://" + api + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready struct {
+		Ready  bool
+		Checks []struct {
+			Name string
+			OK   bool
+		}
+	}
+	err = json.NewDecoder(resp.Body).Decode(&ready)
+	resp.Body.Close()
+	// The embedded store is not pinged: it is a file this process holds.
+	var names []string
+	for _, c := range ready.Checks {
+		if c.OK {
+			names = append(names, c.Name)
+		}
+	}
+	if got, want := strings.Join(names, ","), "loop_intake,loop_executor,loop_reconciler,kafka,control,policy,identity"; resp.StatusCode != 200 || err != nil || !ready.Ready || got != want {
+		t.Errorf("GET /readyz: %d %+v (%v); want 200, ready, checks passed %s", resp.StatusCode, ready, err, want)
+	}
+}
+
+// seriesValue is a counter's or a gauge's value.
+func seriesValue(m *dto.Metric) float64 {
+	if c := m.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return m.GetGauge().GetValue()
 }

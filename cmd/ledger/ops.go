@@ -117,6 +117,21 @@ func servePprof(mux *http.ServeMux) {
 	mux.HandleFunc("POST "+pprofPrefix+"symbol", pprof.Symbol)
 }
 
+// processChecks are the /readyz checks of a process running loops: each
+// loop works (under its name in names), the Kafka cluster answers, the
+// store does (when it can be pinged), and the extra checks pass.
+func processChecks(names []string, loops []*ledger.Loop, kafka *kgo.Client, store any, extra ...readyCheck) []readyCheck {
+	var checks []readyCheck
+	for i, l := range loops {
+		checks = append(checks, readyCheck{names[i], func(context.Context) error { return l.Ready() }})
+	}
+	checks = append(checks, readyCheck{"kafka", kafka.Ping})
+	if p, ok := store.(pinger); ok {
+		checks = append(checks, readyCheck{"store", p.Ping})
+	}
+	return append(checks, extra...)
+}
+
 // opsServer is a role's operational endpoint: /metrics, /healthz (the
 // process serves), /readyz (its dependencies answer and its loop works)
 // and /loops (its loop's time, see loopsHandler).
@@ -137,14 +152,7 @@ func startOps(g *globals, addr string, profiles bool, role string, reg *metrics.
 		return nil, err
 	}
 	reg.ConsumerLag(kadm.NewClient(admin), loop.Group(), logger)
-	checks := []readyCheck{
-		{"loop", func(context.Context) error { return loop.Ready() }},
-		{"kafka", func(ctx context.Context) error { return admin.Ping(ctx) }},
-	}
-	if p, ok := store.(pinger); ok {
-		checks = append(checks, readyCheck{"store", p.Ping})
-	}
-	checks = append(checks, extra...)
+	checks := processChecks([]string{"loop"}, []*ledger.Loop{loop}, admin, store, extra...)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", reg.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -71,7 +71,7 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			grp, ctx := errgroup.WithContext(ctx)
 			if metricsAddr != "" {
 				mux := http.NewServeMux()
-				mux.Handle("GET /metrics", metrics.Runtime(p))
+				mux.Handle("GET /metrics", metrics.Serve(p))
 				if idf.issuer != "" {
 					staff, err := idf.verifier(ctx, logger)
 					if err != nil {

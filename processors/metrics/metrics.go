@@ -33,8 +33,12 @@ var stageBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 
 // Registry holds one process's metrics. Its methods are safe for
 // concurrent use; the zero value is not usable: call New.
 type Registry struct {
-	reg  *prometheus.Registry
-	role string
+	// reg holds the role's series, runtime the Go runtime's and the
+	// process's: apart, so that roles sharing a process (Serve) serve the
+	// latter once.
+	reg     *prometheus.Registry
+	runtime *prometheus.Registry
+	role    string
 
 	events       *eventCounters
 	consumed     prometheus.Counter
@@ -59,7 +63,7 @@ type Registry struct {
 // events of other tools are counted under UnregisteredTool. Nil knows no
 // tool.
 func New(role string, known func(tool string) bool) *Registry {
-	r := &Registry{reg: prometheus.NewRegistry(), role: role}
+	r := &Registry{reg: prometheus.NewRegistry(), runtime: runtimeRegistry(), role: role}
 	constRole := prometheus.Labels{"role": role}
 	r.events = newEventCounters(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_events_total", ConstLabels: constRole,
@@ -117,9 +121,16 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_breaker_transitions_total", ConstLabels: constRole,
 		Help: "Circuit breakers' changes of state, by tool and the state changed to (open, half-open, closed), summed over the tenants' breakers of the tool: a count of open going up faster than every breaker window is a tool that keeps failing its probes; each change is logged at Warn with its tenant.",
 	}, []string{"tool", "to"})
-	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undecodable, r.undos, r.deleted, r.skipped, r.dlq, r.breakerMoves,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undecodable, r.undos, r.deleted, r.skipped, r.dlq, r.breakerMoves)
 	return r
+}
+
+// runtimeRegistry holds the Go runtime's series and the process's
+// (go_*, process_*).
+func runtimeRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
 }
 
 // StoreRetried counts one execution store transaction run again
@@ -132,26 +143,44 @@ func (r *Registry) CompensationRequest(result string) { r.undos.WithLabelValues(
 
 // Handler serves the registry in the Prometheus text format.
 func (r *Registry) Handler() http.Handler {
-	return promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{Registry: r.reg})
+	return promhttp.HandlerFor(r.Gatherer(), promhttp.HandlerOpts{Registry: r.reg})
 }
 
-// Gatherer is the registry, for tests and for serving elsewhere.
-func (r *Registry) Gatherer() prometheus.Gatherer { return r.reg }
+// Gatherer is the registry, runtime series included, for tests and for
+// serving elsewhere.
+func (r *Registry) Gatherer() prometheus.Gatherer { return prometheus.Gatherers{r.reg, r.runtime} }
 
-// Runtime serves the Go runtime's series and the process's (go_*,
-// process_*), which a Registry serves besides its own, after those that
-// own writes in the Prometheus text format: for a process whose metrics
-// are its own (the projector's).
-func Runtime(own http.Handler) http.Handler {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+// Serve serves, in the Prometheus text format, the series own writes in
+// that format (nil: none), then those of regs, then the Go runtime's and
+// the process's once: for a process whose metrics are its own (the
+// projector's), or whose roles share it (ledger dev), each role's series
+// carrying its role label as in a process of its own. A family the
+// registries share (ledger_events_total of the intake and the executor)
+// is served once, with the series of each.
+func Serve(own http.Handler, regs ...*Registry) http.Handler {
+	gs := make(prometheus.Gatherers, 0, len(regs)+1)
+	for _, r := range regs {
+		gs = append(gs, r.reg)
+	}
+	if len(regs) > 0 {
+		gs = append(gs, regs[0].runtime)
+	} else {
+		gs = append(gs, runtimeRegistry())
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		own.ServeHTTP(w, req)
-		fams, err := reg.Gather()
+		fams, err := gs.Gather()
 		if err != nil {
-			return // the own series are served; these are best effort
+			// A collector that breaks the format's rules: fail the
+			// scrape, as promhttp does, rather than serve a part.
+			http.Error(w, "gathering metrics: "+err.Error(), http.StatusInternalServerError)
+			return
 		}
-		enc := expfmt.NewEncoder(w, expfmt.NewFormat(expfmt.TypeTextPlain))
+		format := expfmt.NewFormat(expfmt.TypeTextPlain)
+		w.Header().Set("Content-Type", string(format))
+		if own != nil {
+			own.ServeHTTP(w, req)
+		}
+		enc := expfmt.NewEncoder(w, format)
 		for _, f := range fams {
 			if enc.Encode(f) != nil {
 				return

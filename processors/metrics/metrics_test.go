@@ -3,11 +3,15 @@ package metrics
 import (
 	"fmt"
 	"iter"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -207,5 +211,50 @@ func TestOldestGauges(t *testing.T) {
 	}
 	if age := got["ledger_parked_oldest_age_seconds"]; got["ledger_parked_calls"] != 3 || age < 3600 || age > 3700 {
 		t.Errorf("parked gauges: %v; want 3 calls, the oldest an hour old", got)
+	}
+}
+
+// TestServeRolesOfOneProcess: roles sharing a process are served in one
+// exposition: a family two roles report is served once with each role's
+// series, the runtime's series once, and the own handler's text first.
+func TestServeRolesOfOneProcess(t *testing.T) {
+	intake, executor := New("intake", nil), New("executor", nil)
+	intake.StoreRetried("admit")
+	executor.StoreRetried("claim")
+	own := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "# HELP ledger_own_total Own.\n# TYPE ledger_own_total counter\nledger_own_total{role=\"projector\"} 3\n")
+	})
+	rec := httptest.NewRecorder()
+	Serve(own, intake, executor).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	if !strings.HasPrefix(body, "# HELP ledger_own_total") {
+		t.Errorf("the own handler's series are not first:\n%.200s", body)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil || rec.Code != http.StatusOK {
+		t.Fatalf("%d, %v; want 200 and an exposition a scraper accepts:\n%s", rec.Code, err, body)
+	}
+	roles := map[string]string{}
+	for _, m := range fams["ledger_store_retries_total"].GetMetric() {
+		var role, op string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "role":
+				role = l.GetValue()
+			case "op":
+				op = l.GetValue()
+			}
+		}
+		roles[role] = op
+	}
+	if want := map[string]string{"intake": "admit", "executor": "claim"}; !cmp.Equal(roles, want) {
+		t.Errorf("ledger_store_retries_total by role = %v; want %v", roles, want)
+	}
+	if n := len(fams["go_goroutines"].GetMetric()); n != 1 {
+		t.Errorf("go_goroutines: %d series; want 1", n)
+	}
+	if _, ok := fams["ledger_own_total"]; !ok {
+		t.Errorf("the own handler's family is missing")
 	}
 }
