@@ -41,6 +41,62 @@ type Action struct {
 type Batch struct {
 	Events  []Event
 	Actions []Action
+	// Ends are, for each partition read into the batch, the offset after
+	// its last record read (transaction markers and records written as
+	// nothing included): every record of the partition before it has
+	// been handed to the sink, in this batch or before. A sink that
+	// records them (Positioned) lets the projector find a projection
+	// restored from an older copy of itself.
+	Ends []End
+}
+
+// End is where a batch ends in one partition of a topic.
+type End struct {
+	Topic     string
+	Partition int32
+	// Next is the offset after the partition's last record read.
+	Next int64
+}
+
+// Positions are, by topic and partition, where a projection's records
+// end: it holds every record before the offset (Batch.Ends).
+type Positions map[string]map[int32]int64
+
+// Set records next as where topic's partition ends.
+func (p Positions) Set(topic string, partition int32, next int64) {
+	if p[topic] == nil {
+		p[topic] = make(map[int32]int64)
+	}
+	p[topic][partition] = next
+}
+
+// Ends lists p, as a Batch's Ends.
+func (p Positions) Ends() []End {
+	var out []End
+	for topic, parts := range p {
+		for partition, next := range parts {
+			out = append(out, End{Topic: topic, Partition: partition, Next: next})
+		}
+	}
+	return out
+}
+
+// Lookup is where topic's partition ends, and whether it is known.
+func (p Positions) Lookup(topic string, partition int32) (int64, bool) {
+	next, ok := p[topic][partition]
+	return next, ok
+}
+
+// Positioned is a Sink that records each batch's Ends with its rows, in
+// the same Write, after them: Positions says where the projection holds
+// records up to, as the projection itself says, not the consumer group.
+// A projection restored from a backup says less than the group
+// committed, and the projector reads the difference again. A sink
+// written only before positions were recorded has none for a partition
+// until its next Write.
+type Positioned interface {
+	Sink
+	Positions(ctx context.Context) (Positions, error)
 }
 
 // Len is the number of records in the batch.

@@ -21,6 +21,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/chstore/chtest"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 )
@@ -218,6 +219,31 @@ func TestDevIncidentQueries(t *testing.T) {
 	t.Cleanup(func() { chtest.DropDatabase(t, dsn, db+"_rebuild") })
 	if !strings.Contains(rebuilt, live) {
 		t.Errorf("rebuild checksums differ from the live ones:\nlive:\n%s\nrebuild:\n%s", live, rebuilt)
+	}
+	// The rebuild records where its records end, the replay's ends: those
+	// of the caught-up live projection.
+	positions := func(db string) projections.Positions {
+		st, err := chstore.Open(t.Context(), chstore.Config{DSN: dsn, Database: db})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		pos, err := st.Positions(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pos
+	}
+	livePos, rebuiltPos := positions(db), positions(db+"_rebuild")
+	for topic, parts := range livePos {
+		for partition, end := range parts {
+			if got, _ := rebuiltPos.Lookup(topic, partition); got != end {
+				t.Errorf("the rebuild's records end at %d on %s/%d; the live projection's at %d", got, topic, partition, end)
+			}
+		}
+	}
+	if len(livePos) == 0 {
+		t.Errorf("the live projection records no ends")
 	}
 
 	// dev restarted on the same data directory with a new, empty

@@ -14,6 +14,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/metrics"
+	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/chstore"
 	"github.com/toolcall-ledger/ledger/projections/projector"
 )
@@ -263,6 +264,11 @@ has them all) is not swapped in without --force.`,
 			if err != nil {
 				return err
 			}
+			// The rebuild holds every record before the replay's
+			// ends: a projector going on from them finds so.
+			if err := fresh.RecordEnds(ctx, projections.Positions(done.Ends).Ends()); err != nil {
+				return err
+			}
 			sums, err := fresh.Checksums(ctx)
 			if err != nil {
 				return err
@@ -326,22 +332,44 @@ of every partition where it lies before the log start to the log start, so that
 the projector, started again, goes on from there; and so for every partition
 where the group has no committed offset (expired, or deleted) and the log no
 longer starts at 0, which the projector refuses to start on over a projection
-that holds calls. The deleted records stay missing from the projection:
+that holds calls. It also moves where the ClickHouse projection records that
+its records end, where that lies before the log start (a database restored
+from a backup older than the log's retention), which the projector otherwise
+goes back to. The deleted records stay missing from the projection:
 answers about the calls they belonged to are incomplete. Stop the projector
 first; a group with members is refused.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			cc := g.kafka.client(g.logger())
+			logger := g.logger()
+			cc := g.kafka.client(logger)
 			s, err := projector.Status(ctx, projector.StatusConfig{Client: cc, Topics: g.kafka.topics(), Group: group})
 			if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
 				return err
 			}
+			if s.Members > 0 {
+				return fmt.Errorf("group %s has %d members: stop the projector first: %w", group, s.Members, projector.ErrGroupActive)
+			}
+			st, err := ch.open(ctx, logger.With("component", "chstore"))
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			pos, err := st.Positions(ctx)
+			if err != nil {
+				return err
+			}
 			out := cmd.OutOrStdout()
 			moves := make(map[string]map[int32]int64)
+			var raise []projections.End
 			// Said once the offsets are moved.
 			var said strings.Builder
 			for _, p := range s.Partitions {
+				if end, ok := pos.Lookup(p.Topic, p.Partition); ok && end < p.Start {
+					raise = append(raise, projections.End{Topic: p.Topic, Partition: p.Partition, Next: p.Start})
+					fmt.Fprintf(&said, "%s/%d: the projection's records end at %d, and offsets %d to %d were deleted from the log; it goes on from %d\n",
+						p.Topic, p.Partition, end, end, p.Start-1, p.Start)
+				}
 				if p.Committed >= p.Start || p.Committed < 0 && p.Start == 0 {
 					continue
 				}
@@ -357,12 +385,20 @@ first; a group with members is refused.`,
 				fmt.Fprintf(&said, "%s/%d: offsets %d to %d were deleted before they were projected; the group goes on from %d\n",
 					p.Topic, p.Partition, p.Committed, p.Start-1, p.Start)
 			}
-			if len(moves) == 0 {
-				fmt.Fprintf(out, "group %s: no committed offset lies before the log start; nothing to skip\n", group)
+			if len(moves) == 0 && len(raise) == 0 {
+				fmt.Fprintf(out, "group %s: no committed offset, and no end of the projection's records, lies before the log start; nothing to skip\n", group)
 				return nil
 			}
-			if err := projector.CommitOffsets(ctx, cc, group, moves); err != nil {
+			// The projection's ends first: moved alone, the group's
+			// offsets would still have the projector go back before
+			// the log start.
+			if err := st.RecordEnds(ctx, raise); err != nil {
 				return err
+			}
+			if len(moves) > 0 {
+				if err := projector.CommitOffsets(ctx, cc, group, moves); err != nil {
+					return err
+				}
 			}
 			fmt.Fprint(out, said.String())
 			return nil

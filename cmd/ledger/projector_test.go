@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -27,7 +28,9 @@ import (
 // TestProjectorSkipDeleted: `ledger projector skip-deleted` moves a
 // stopped projector's group past records the log deleted before they were
 // projected (where the projector stops, ErrRecordsDeleted), and only
-// there.
+// there; and so where the projection's records end (a database restored
+// from a backup older than the log), which the projector would otherwise
+// go back to.
 func TestProjectorSkipDeleted(t *testing.T) {
 	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
 	group := k.Group("skip-deleted")
@@ -39,11 +42,28 @@ func TestProjectorSkipDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleteBefore(t, adm, ev, map[int32]int64{0: 3, 1: 2})
+	// The projection ends where the group is.
+	st, dsn, db := freshProjection(t)
+	if err := st.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 1}, {Topic: ev, Partition: 1, Next: 4}}); err != nil {
+		t.Fatal(err)
+	}
 
-	flags := []string{"--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group}
+	flags := []string{"--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group, "--clickhouse-dsn", dsn, "--clickhouse-database", db}
 	out := cli(t, append([]string{"projector", "skip-deleted"}, flags...)...)
-	if want := ev + "/0: offsets 1 to 2 were deleted before they were projected; the group goes on from 3"; !strings.Contains(out, want) || strings.Contains(out, ev+"/1") {
-		t.Errorf("skip-deleted said:\n%s\nwant %q, and nothing of partition 1", out, want)
+	for _, want := range []string{
+		ev + "/0: offsets 1 to 2 were deleted before they were projected; the group goes on from 3",
+		ev + "/0: the projection's records end at 1, and offsets 1 to 2 were deleted from the log; it goes on from 3",
+	} {
+		if !strings.Contains(out, want) || strings.Contains(out, ev+"/1") {
+			t.Errorf("skip-deleted said:\n%s\nwant %q, and nothing of partition 1", out, want)
+		}
+	}
+	pos, err := st.Positions(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(projections.Positions{ev: {0: 3, 1: 4}}, pos); diff != "" {
+		t.Errorf("the projection's ends after skip-deleted (-want +got):\n%s", diff)
 	}
 	got, err := adm.FetchOffsets(t.Context(), group)
 	if err != nil {
@@ -84,8 +104,9 @@ func TestProjectorSkipDeletedSaysNothingWhenRefused(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("test setup: the member never joined")
 	}
+	_, dsn, db := freshProjection(t)
 	out, err := cliOut(t.Context(), "projector", "skip-deleted", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
-		"--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group)
+		"--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group, "--clickhouse-dsn", dsn, "--clickhouse-database", db)
 	if !errors.Is(err, projector.ErrGroupActive) || strings.Contains(out, "goes on") {
 		t.Errorf("skip-deleted with a projector running: %v, said:\n%s\nwant ErrGroupActive, and nothing of the group going on", err, out)
 	}
@@ -178,7 +199,7 @@ func TestProjectorWithLostOffsetsIsRefused(t *testing.T) {
 	if err := cliErr(t, run...); err == nil || !strings.Contains(err.Error(), "no committed offset on "+ev+"/0 (the log starts at 3)") || strings.Contains(err.Error(), ev+"/1") {
 		t.Fatalf("projector with lost offsets: %v; want refused, naming %s/0 alone", err, ev)
 	}
-	out := cli(t, append([]string{"projector", "skip-deleted"}, kafkaFlags...)...)
+	out := cli(t, append([]string{"projector", "skip-deleted", "--clickhouse-dsn", dsn, "--clickhouse-database", db}, kafkaFlags...)...)
 	if want := ev + "/0: no committed offset (expired or deleted), and offsets before 3 were deleted; the group goes on from 3"; !strings.Contains(out, want) || strings.Contains(out, ev+"/1") {
 		t.Errorf("skip-deleted said:\n%s\nwant %q, and nothing of partition 1", out, want)
 	}

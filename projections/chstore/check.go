@@ -56,11 +56,12 @@ func (s *Store) MissingTables(ctx context.Context) ([]string, error) {
 	return missing, nil
 }
 
-// tableNames are the projection's tables, schema_migrations aside.
+// tableNames are the projection's tables, schema_migrations aside: those
+// Write fills, its positions last.
 func tableNames() []string {
-	out := make([]string, len(tables))
-	for i, t := range tables {
-		out[i] = t.name
+	out := make([]string, 0, len(tables)+1)
+	for _, t := range tables {
+		out = append(out, t.name)
 	}
-	return out
+	return append(out, positionsTable.name)
 }

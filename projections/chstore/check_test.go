@@ -24,7 +24,7 @@ func TestMissingTables(t *testing.T) {
 	if err != nil {
 		t.Fatalf("MissingTables() unmigrated = %v", err)
 	}
-	want := []string{"schema_migrations", "events", "event_keys", "call_refs", "calls", "control_actions"}
+	want := []string{"schema_migrations", "events", "event_keys", "call_refs", "calls", "control_actions", "projection_positions"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("MissingTables() unmigrated (-want +got):\n%s", diff)
 	}

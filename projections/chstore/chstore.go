@@ -515,13 +515,17 @@ func (s *Store) dropTable(ctx context.Context, table string) error {
 // from the store's database, and nothing else in it: a database named by
 // mistake loses no table of another owner. Migrate creates them afresh.
 func (s *Store) Reset(ctx context.Context) error {
-	for _, t := range tables {
-		if err := s.dropTable(ctx, t.name); err != nil {
+	for _, n := range ownTables() {
+		if err := s.dropTable(ctx, n); err != nil {
 			return err
 		}
 	}
-	return s.dropTable(ctx, "schema_migrations")
+	return nil
 }
+
+// ownTables names every table of the projection, schema_migrations
+// last.
+func ownTables() []string { return append(tableNames(), "schema_migrations") }
 
 // EventRows counts the rows of the events table (duplicates not yet
 // merged included): zero means the projection holds nothing.
@@ -658,11 +662,7 @@ func (s *Store) Swap(ctx context.Context, other *Store) error {
 		}
 		return fmt.Errorf("chstore: swap database %s (schema version %d) with %s (version %d): both must be at the same version; migrate %s first", s.db, mine, other.db, theirs, behind)
 	}
-	names := make([]string, 0, len(tables)+1)
-	for _, t := range tables {
-		names = append(names, t.name)
-	}
-	names = append(names, "schema_migrations")
+	names := ownTables()
 	// Leftovers of a swap that failed half way, or whose drops failed.
 	for _, n := range names {
 		if err := s.dropTable(ctx, n+swapSuffix); err != nil {

@@ -232,7 +232,7 @@ func TestMigrateTwice(t *testing.T) {
 	}
 	tablesNow := func() []string { return tablesLike(t, s, "%") }
 	before := tablesNow()
-	want := []string{"call_refs", "calls", "control_actions", "event_keys", "events", "schema_migrations"}
+	want := []string{"call_refs", "calls", "control_actions", "event_keys", "events", "projection_positions", "schema_migrations"}
 	if diff := cmp.Diff(want, before); diff != "" {
 		t.Errorf("tables (-want +got):\n%s", diff)
 	}
@@ -1292,4 +1292,37 @@ func tablesLike(t *testing.T, s *Store, like string) []string {
 		names = append(names, n)
 	}
 	return names
+}
+
+// TestPositions: Write records a batch's ends after its rows, a batch of
+// ends alone too (a partition of markers), and Positions is the highest
+// end of each partition, as the rows stand before any merge.
+func TestPositions(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	if pos, err := s.Positions(ctx); err != nil || len(pos) != 0 {
+		t.Fatalf("Positions of a fresh projection = %v, %v; want none", pos, err)
+	}
+	e := ledger.Event{V: 1, EventID: "e-pos", Type: statemachine.EventRequested, Seq: 1, At: time.Now().UTC(), TenantID: "t_a", IdempotencyKey: "k-pos", Tool: "refund_order"}
+	writes := []projections.Batch{
+		{Events: []projections.Event{{Event: e, Partition: 0, Offset: 6}}, Ends: []projections.End{{Topic: "ev", Partition: 0, Next: 7}, {Topic: "ctl", Partition: 1, Next: 3}}},
+		{Ends: []projections.End{{Topic: "ev", Partition: 0, Next: 9}}},
+		// Written again after a crash: an older end changes nothing.
+		{Events: []projections.Event{{Event: e, Partition: 0, Offset: 6}}, Ends: []projections.End{{Topic: "ev", Partition: 0, Next: 7}}},
+	}
+	for _, b := range writes {
+		if err := s.Write(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pos, err := s.Positions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(projections.Positions{"ev": {0: 9}, "ctl": {1: 3}}, pos); diff != "" {
+		t.Errorf("Positions (-want +got):\n%s", diff)
+	}
+	if n, err := s.EventRows(ctx); err != nil || n != 2 {
+		t.Errorf("events rows = %d, %v; want the event written twice", n, err)
+	}
 }

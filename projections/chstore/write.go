@@ -47,6 +47,10 @@ var (
 		"by_user", "by_tenant", "reason", "policy_hash",
 	}}
 	tables = []tableDef{eventsTable, eventKeysTable, callRefsTable, callsTable, actionsTable}
+	// positionsTable is written after the others (Write), and is no
+	// part of the content the checksums compare: a rebuild and the live
+	// projection end at different offsets with the same rows.
+	positionsTable = tableDef{"projection_positions", []string{"topic", "partition", "next_offset", "written_at"}}
 )
 
 // The kinds of call_refs rows.
@@ -177,8 +181,9 @@ func actionRows(r tableRows, a ledger.ControlAction) error {
 	return nil
 }
 
-// Write inserts the batch: one INSERT per table, the tables at once. It
-// returns nil only once every table has its rows. A failed Write may have
+// Write inserts the batch: one INSERT per table, the tables at once, then
+// the batch's Ends (Positions), once every table has its rows. It
+// returns nil only once all are written. A failed Write may have
 // written some tables:
 // the projector writes the batch again, and rows written twice change no
 // answer. Until then, a query may see events whose call it does not list
@@ -201,7 +206,51 @@ func (s *Store) Write(ctx context.Context, b projections.Batch) error {
 	for _, t := range tables {
 		g.Go(func() error { return s.insert(gctx, t, r[t.name]) })
 	}
-	return g.Wait()
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return s.RecordEnds(ctx, b.Ends)
+}
+
+// RecordEnds records ends as where the projection's records end, as
+// Write does after a batch's rows: for a command that moves the
+// projector's group past records it will never project (skip-deleted),
+// or that filled the tables without a projector (a rebuild's replay).
+// Positions keeps the highest end of each partition.
+func (s *Store) RecordEnds(ctx context.Context, ends []projections.End) error {
+	now := dateTime(time.Now())
+	rows := make([][]any, 0, len(ends))
+	for _, e := range ends {
+		rows = append(rows, []any{e.Topic, e.Partition, e.Next, now})
+	}
+	return s.insert(ctx, positionsTable, rows)
+}
+
+// Positions says where the projection's records end, per partition
+// (projections.Positioned): the highest end recorded for it. A partition
+// no batch of this schema version was written for is not in it.
+func (s *Store) Positions(ctx context.Context) (projections.Positions, error) {
+	rows, err := s.conn.Query(ctx, "SELECT topic, partition, max(next_offset) FROM "+s.table(positionsTable.name)+" GROUP BY topic, partition")
+	if err != nil {
+		return nil, s.wrap("read positions", err)
+	}
+	defer rows.Close()
+	out := make(projections.Positions)
+	for rows.Next() {
+		var (
+			topic     string
+			partition int32
+			next      int64
+		)
+		if err := rows.Scan(&topic, &partition, &next); err != nil {
+			return nil, s.wrap("read positions", err)
+		}
+		out.Set(topic, partition, next)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("read positions", err)
+	}
+	return out, nil
 }
 
 // insert sends rows to t in one batch.

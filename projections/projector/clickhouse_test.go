@@ -298,3 +298,87 @@ func checkEveryJTI(t *testing.T, st projections.Queries, o *projectionstest.Orac
 		t.Fatalf("only %d credentials in the log", asked)
 	}
 }
+
+// A ClickHouse restored from a backup taken before the projector's last
+// batches lacks records the group has committed past. The projector finds
+// it from the ends the projection records with each batch, and reads the
+// records again: at the next batch of a partition (lagRefresh of an hour:
+// only the batch's check runs), and for a partition no record comes to,
+// at the next lag refresh. Before, the records were missing for good,
+// without a word.
+func TestClickHouseRestoredFromBackup(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		after      bool // records come to every partition after the restore
+		lagRefresh time.Duration
+	}{
+		{"records come", true, time.Hour},
+		{"no record comes", false, 100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const partitions = 3
+			k := ledgertest.New(t, ledgertest.Options{Partitions: partitions})
+			cfg := projectionstest.LogConfig{Seed: 21, Calls: 600, Tenants: 3}
+			log := projectionstest.Log(cfg)
+			produceLog := func(evs []ledger.Event) {
+				recs := make([]*kgo.Record, 0, len(evs))
+				for _, e := range evs {
+					r, err := e.Record(k.Topics.Events)
+					if err != nil {
+						t.Fatal(err)
+					}
+					r.Partition = ledger.PartitionFor(r.Key, partitions)
+					recs = append(recs, r)
+				}
+				produce(t, k, recs...)
+			}
+			third := len(log) / 3
+			produced := log[:2*third]
+			if tc.after {
+				produced = log
+			}
+
+			live := freshStore(t)
+			adm := admin(t, k)
+			group := k.Group("restored")
+			produceLog(log[:third])
+			p, _ := start(t, k, group, live, func(c *Config) { c.MaxBatch, c.LagRefresh = 100, tc.lagRefresh })
+			waitCaughtUp(t, adm, k, group)
+
+			// The backup: a copy of every table now.
+			backup := freshStore(t)
+			for _, table := range []string{"events", "event_keys", "call_refs", "calls", "control_actions", "projection_positions"} {
+				chtest.Exec(t, chtest.DSN(t), fmt.Sprintf("INSERT INTO `%s`.`%s` SELECT * FROM `%s`.`%s`", backup.Database(), table, live.Database(), table))
+			}
+			produceLog(log[third : 2*third])
+			waitCaughtUp(t, adm, k, group)
+			// The restore, under the running projector.
+			if err := live.Swap(t.Context(), backup); err != nil {
+				t.Fatal(err)
+			}
+			if tc.after {
+				produceLog(log[2*third:])
+			}
+
+			distinct := map[string]bool{}
+			for _, e := range produced {
+				distinct[e.EventID] = true
+			}
+			ledgertest.WaitFor(t, 30*time.Second, func() error {
+				sums, err := live.Checksums(t.Context())
+				if err != nil {
+					return err
+				}
+				if got := sums["events"].Rows; got != uint64(len(distinct)) {
+					return fmt.Errorf("the projection holds %d events of the %d produced", got, len(distinct))
+				}
+				return nil
+			})
+			waitCaughtUp(t, adm, k, group)
+			if m := p.Metrics(); m.Rereads == 0 {
+				t.Errorf("projector metrics %+v: want partitions read again", m)
+			}
+			projectionstest.Check(t, live, projectionstest.NewOracle(produced), cfg)
+		})
+	}
+}

@@ -93,6 +93,11 @@ type Metrics struct {
 	// UnknownTypes counts events of a type the state machine does not
 	// know: projected, but moving no call (projections.KnownType).
 	UnknownTypes int64
+	// Rereads counts the partitions read again from where the
+	// projection's records end (projections.Positioned), because it
+	// lacked records the group had committed past: a database restored
+	// from an older backup.
+	Rereads int64
 }
 
 // Metrics returns the counters now.
@@ -105,6 +110,7 @@ func (p *Projector) Metrics() Metrics {
 		CommitErrors: p.commitErrors.Load(),
 		Gaps:         p.gaps.Load(),
 		UnknownTypes: p.unknownTypes.Load(),
+		Rereads:      p.rereads.Load(),
 	}
 }
 
@@ -151,6 +157,7 @@ func (p *Projector) writeMetrics(w *bufio.Writer) {
 		{"ledger_projector_commit_errors_total", "Failed offset commits.", m.CommitErrors},
 		{"ledger_projector_unknown_event_types_total", "Events of a type this build's state machine does not know: projected, but their calls keep their last known state.", m.UnknownTypes},
 		{"ledger_projector_gaps_total", "Partitions found to have lost records to retention before they were projected; the projector stops at each.", m.Gaps},
+		{"ledger_projector_rereads_total", "Partitions read again from where the projection's records end, because it lacked records the consumer group had committed past (a database restored from an older backup); each is logged at Warn.", m.Rereads},
 	} {
 		header(c.name, "counter", c.help)
 		fmt.Fprintf(w, "%s{%s} %d\n", c.name, role, c.v)

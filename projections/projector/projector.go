@@ -169,6 +169,7 @@ type Projector struct {
 	commitErrors atomic.Int64
 	gaps         atomic.Int64
 	unknownTypes atomic.Int64
+	rereads      atomic.Int64
 	latency      Histogram
 
 	// stop, set and read by Run's goroutine only, is why Run must stop:
@@ -207,6 +208,11 @@ type partState struct {
 	// record read but not yet written, in the batch being built and in
 	// the batch being written; zero when there is none.
 	pendingOldest, inflightOldest time.Time
+	// reread, when not negative, is where the partition must be read
+	// from again before the next poll (applyRereads): where the
+	// projection's records end, short of where the group is
+	// (checkPositions, checkCommitted).
+	reread int64
 }
 
 // pendingBatch is the batch being built.
@@ -225,12 +231,15 @@ type pendingBatch struct {
 	sizes map[topicPartition]int
 	// next is, per partition, the offset after the last record read.
 	next map[topicPartition]kgo.EpochOffset
+	// from is, per partition, where its first record read into the
+	// batch had to be (partState.next then); -1 when unknown.
+	from map[topicPartition]int64
 	// started is when the first record was read (wall clock).
 	started time.Time
 }
 
 func newPendingBatch() *pendingBatch {
-	return &pendingBatch{counts: make(map[topicPartition]int), sizes: make(map[topicPartition]int), next: make(map[topicPartition]kgo.EpochOffset)}
+	return &pendingBatch{counts: make(map[topicPartition]int), sizes: make(map[topicPartition]int), next: make(map[topicPartition]kgo.EpochOffset), from: make(map[topicPartition]int64)}
 }
 
 // add counts the records of a part read, and where its partition now
@@ -241,6 +250,9 @@ func (b *pendingBatch) add(rp *readPart) {
 	b.counts[rp.tp] += rp.records
 	b.sizes[rp.tp] += rp.bytes
 	b.next[rp.tp] = rp.next
+	if _, ok := b.from[rp.tp]; !ok {
+		b.from[rp.tp] = rp.from
+	}
 }
 
 // drop takes a partition's records off the counts and returns how many
@@ -252,7 +264,37 @@ func (b *pendingBatch) drop(tp topicPartition) int {
 	delete(b.counts, tp)
 	delete(b.sizes, tp)
 	delete(b.next, tp)
+	delete(b.from, tp)
 	return n
+}
+
+// dropParts takes the records of the partitions gone out of the batch,
+// and returns how many there were.
+func (b *pendingBatch) dropParts(gone map[topicPartition]bool, t ledger.Topics) int {
+	if len(gone) == 0 {
+		return 0
+	}
+	dropped := 0
+	for tp := range gone {
+		dropped += b.drop(tp)
+	}
+	evs := b.batch.Events[:0]
+	for _, e := range b.batch.Events {
+		if !gone[topicPartition{t.Events, e.Partition}] {
+			evs = append(evs, e)
+		}
+	}
+	acts := b.batch.Actions[:0]
+	for _, a := range b.batch.Actions {
+		if !gone[topicPartition{t.Control, a.Partition}] {
+			acts = append(acts, a)
+		}
+	}
+	b.batch.Events, b.batch.Actions = evs, acts
+	if b.records == 0 {
+		b.started = time.Time{}
+	}
+	return dropped
 }
 
 // New returns a projector that writes to sink.
@@ -326,9 +368,16 @@ func (p *Projector) Run(ctx context.Context) error {
 		p.mu.Unlock()
 
 		if room > 0 && !full && (started.IsZero() || time.Since(started) < p.cfg.MaxWait) {
+			p.applyRereads(cl)
 			pollCtx, cancel := ctx, context.CancelFunc(func() {})
-			if !started.IsZero() {
+			switch _, positioned := p.sink.(projections.Positioned); {
+			case !started.IsZero():
 				pollCtx, cancel = context.WithDeadline(ctx, started.Add(p.cfg.MaxWait))
+			case positioned:
+				// Back between polls, to read again a partition that
+				// checkCommitted found the sink lacking records of,
+				// should no record come.
+				pollCtx, cancel = context.WithTimeout(ctx, p.cfg.LagRefresh)
 			}
 			fetches := cl.PollRecords(pollCtx, room)
 			cancel()
@@ -420,7 +469,62 @@ func (p *Projector) refreshLag(ctx context.Context, adm *kadm.Client) {
 			}
 		}
 		p.mu.Unlock()
+		p.checkCommitted(ctx)
 	}
+}
+
+// checkCommitted compares, for a sink that records its ends, where they
+// are with where the group committed each partition this assignment owns:
+// a partition no batch comes for (no traffic) would otherwise go on
+// lacking what a database restored from an older backup lost, until its
+// next record. Committed offsets are taken before the ends are read:
+// Write records a batch's ends before its offsets are committed, so they
+// are behind only when the database lost them.
+func (p *Projector) checkCommitted(ctx context.Context) {
+	sink, ok := p.sink.(projections.Positioned)
+	if !ok {
+		return
+	}
+	type owned struct {
+		gen       uint64
+		committed int64
+	}
+	parts := make(map[topicPartition]owned)
+	p.mu.Lock()
+	for tp, st := range p.parts {
+		if st.owned && st.committed >= 0 {
+			parts[tp] = owned{st.gen, st.committed}
+		}
+	}
+	p.mu.Unlock()
+	if len(parts) == 0 {
+		return
+	}
+	pos, err := sink.Positions(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.logger.Warn("reading the projection's positions failed; trying again later", "err", err)
+		}
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for tp, o := range parts {
+		st := p.parts[tp]
+		if end, ok := pos.Lookup(tp.topic, tp.partition); ok && end < o.committed && st.owned && st.gen == o.gen && st.reread < 0 {
+			p.lacks(tp, st, end, o.committed)
+		}
+	}
+}
+
+// lacks has tp read again from end, where the sink's records end, before
+// the next poll (applyRereads), the group being at (or the batch starting
+// from) at. mu is held.
+func (p *Projector) lacks(tp topicPartition, st *partState, end, at int64) {
+	st.reread = end
+	p.rereads.Add(1)
+	p.logger.Warn("the projection lacks records the group committed past (a database restored from an older backup?): reading them again",
+		"topic", tp.topic, "partition", tp.partition, "projection_ends_at", end, "group_at", at, "records", at-end)
 }
 
 // due reports whether the batch being built is full or old enough.
@@ -439,7 +543,11 @@ func batchFetchBytes(batchBytes int) kgo.Opt {
 
 // readPart is what one poll read of one partition.
 type readPart struct {
-	tp       topicPartition
+	tp topicPartition
+	// from is where the part's first record had to be: the offset after
+	// the partition's last record read, or the group's committed offset;
+	// -1 when unknown.
+	from     int64
 	hwm      int64
 	logStart int64
 	first    int64
@@ -501,6 +609,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 	for _, ftp := range fetched {
 		rp := readPart{
 			tp:       topicPartition{ftp.Topic, ftp.Partition},
+			from:     next[topicPartition{ftp.Topic, ftp.Partition}],
 			hwm:      ftp.HighWatermark,
 			logStart: ftp.LogStartOffset,
 			first:    ftp.Records[0].Offset,
@@ -596,7 +705,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 func (p *Projector) state(tp topicPartition) *partState {
 	st := p.parts[tp]
 	if st == nil {
-		st = &partState{end: -1, committed: -1, next: -1}
+		st = &partState{end: -1, committed: -1, next: -1, reread: -1}
 		p.parts[tp] = st
 	}
 	return st
@@ -744,8 +853,20 @@ func (p *Projector) flush(ctx context.Context, cl *kgo.Client) error {
 	p.mu.Unlock()
 
 	batch := b.batch
-	for attempt := 1; batch.Len() > 0; attempt++ {
-		err := p.sink.Write(ctx, batch)
+	positioned, _ := p.sink.(projections.Positioned)
+	if positioned != nil {
+		// Recorded even for partitions of markers alone, or where the
+		// sink lacks them it would go back for them again and again.
+		batch.Ends = ends(b.next)
+	}
+	for attempt := 1; batch.Len() > 0 || len(batch.Ends) > 0; attempt++ {
+		var err error
+		if positioned != nil {
+			batch, err = p.checkPositions(ctx, positioned, batch, b, gens)
+		}
+		if err == nil && (batch.Len() > 0 || len(batch.Ends) > 0) {
+			err = p.sink.Write(ctx, batch)
+		}
 		if err == nil {
 			break
 		}
@@ -790,18 +911,120 @@ func (p *Projector) prune(batch projections.Batch, gens map[topicPartition]uint6
 		st := p.parts[tp]
 		return st != nil && st.owned && st.gen == gens[tp]
 	}
+	return filterBatch(batch, t, current)
+}
+
+// filterBatch is batch with the records and ends of the partitions keep
+// keeps.
+func filterBatch(batch projections.Batch, t ledger.Topics, keep func(topic string, partition int32) bool) projections.Batch {
 	var out projections.Batch
 	for _, e := range batch.Events {
-		if current(t.Events, e.Partition) {
+		if keep(t.Events, e.Partition) {
 			out.Events = append(out.Events, e)
 		}
 	}
 	for _, a := range batch.Actions {
-		if current(t.Control, a.Partition) {
+		if keep(t.Control, a.Partition) {
 			out.Actions = append(out.Actions, a)
 		}
 	}
+	for _, e := range batch.Ends {
+		if keep(e.Topic, e.Partition) {
+			out.Ends = append(out.Ends, e)
+		}
+	}
 	return out
+}
+
+// ends are a batch's Ends: where it ends in each partition read into it.
+func ends(next map[topicPartition]kgo.EpochOffset) []projections.End {
+	out := make([]projections.End, 0, len(next))
+	for tp, o := range next {
+		out = append(out, projections.End{Topic: tp.topic, Partition: tp.partition, Next: o.Offset})
+	}
+	return out
+}
+
+// checkPositions compares where sink says its records end with where the
+// batch starts, per partition. A partition whose records the sink lacks
+// up to the batch's first (a database restored from a backup taken
+// before the group committed past them) is taken out of the batch and
+// of b's commit, and read again from the sink's end before the next
+// poll: records projected twice change no answer, records never
+// projected would be missing for good, without a word. A partition
+// whose start is unknown (the group never committed it) or that the
+// sink has no end for (written before ends were recorded) is written as
+// it is.
+func (p *Projector) checkPositions(ctx context.Context, sink projections.Positioned, batch projections.Batch, b *pendingBatch, gens map[topicPartition]uint64) (projections.Batch, error) {
+	pos, err := sink.Positions(ctx)
+	if err != nil {
+		return batch, fmt.Errorf("read the projection's positions: %w", err)
+	}
+	lacking := make(map[topicPartition]int64)
+	for tp, from := range b.from {
+		if end, ok := pos.Lookup(tp.topic, tp.partition); ok && from >= 0 && end < from {
+			lacking[tp] = end
+		}
+	}
+	if len(lacking) == 0 {
+		return batch, nil
+	}
+	p.mu.Lock()
+	for tp, end := range lacking {
+		if st := p.parts[tp]; st.owned && st.gen == gens[tp] {
+			p.lacks(tp, st, end, b.from[tp])
+		}
+		// Not committed: the group stays where it was until the
+		// records are projected again.
+		delete(b.next, tp)
+		delete(b.from, tp)
+	}
+	p.mu.Unlock()
+	return filterBatch(batch, p.cfg.Topics, func(topic string, partition int32) bool {
+		_, lacks := lacking[topicPartition{topic, partition}]
+		return !lacks
+	}), nil
+}
+
+// applyRereads moves the partitions checkPositions found the sink
+// lacking records of back to where its records end. It runs on the
+// polling goroutine between polls, as kgo asks of SetOffsets; a
+// partition revoked since is its next owner's, which checks again.
+func (p *Projector) applyRereads(cl *kgo.Client) {
+	var set map[string]map[int32]kgo.EpochOffset
+	gone := make(map[topicPartition]bool)
+	p.mu.Lock()
+	for tp, st := range p.parts {
+		if st.reread < 0 {
+			continue
+		}
+		if st.owned {
+			// Records read past the end already are read again.
+			gone[tp] = true
+			st.pendingOldest = time.Time{}
+			if set == nil {
+				set = make(map[string]map[int32]kgo.EpochOffset)
+			}
+			if set[tp.topic] == nil {
+				set[tp.topic] = make(map[int32]kgo.EpochOffset)
+			}
+			set[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: st.reread}
+			// Where the next record must be, so that records the log
+			// deleted since are found (ErrRecordsDeleted); and where
+			// the projection resumes, for the lag, and so that
+			// checkCommitted does not find the records lacking again
+			// before the first of them is written.
+			st.next, st.committed = st.reread, st.reread
+		}
+		st.reread = -1
+	}
+	p.pending.dropParts(gone, p.cfg.Topics)
+	// Not under mu: kgo takes its own locks, which its rebalance
+	// callbacks hold while they wait for mu.
+	p.mu.Unlock()
+	if set != nil {
+		cl.SetOffsets(set)
+	}
 }
 
 // commit commits b's offsets of the partitions still owned since gens.
@@ -868,7 +1091,7 @@ func (p *Projector) assigned(_ context.Context, _ *kgo.Client, added map[string]
 	for topic, ps := range added {
 		for _, partition := range ps {
 			st := p.state(topicPartition{topic, partition})
-			st.owned, st.end, st.committed, st.next = true, -1, -1, -1
+			st.owned, st.end, st.committed, st.next, st.reread = true, -1, -1, -1, -1
 		}
 	}
 	if len(added) > 0 {
@@ -887,39 +1110,20 @@ func (p *Projector) revoked(_ context.Context, _ *kgo.Client, lost map[string][]
 	defer p.mu.Unlock()
 
 	gone := make(map[topicPartition]bool)
-	dropped := 0
-	b := p.pending
 	for topic, ps := range lost {
 		for _, partition := range ps {
 			tp := topicPartition{topic, partition}
 			gone[tp] = true
 			st := p.state(tp)
 			st.gen++
-			st.owned, st.end, st.committed, st.next = false, -1, -1, -1
+			st.owned, st.end, st.committed, st.next, st.reread = false, -1, -1, -1, -1
 			st.pendingOldest, st.inflightOldest = time.Time{}, time.Time{}
-			dropped += b.drop(tp)
 		}
 	}
 	if len(gone) == 0 {
 		return
 	}
-	t := p.cfg.Topics
-	evs := b.batch.Events[:0]
-	for _, e := range b.batch.Events {
-		if !gone[topicPartition{t.Events, e.Partition}] {
-			evs = append(evs, e)
-		}
-	}
-	acts := b.batch.Actions[:0]
-	for _, a := range b.batch.Actions {
-		if !gone[topicPartition{t.Control, a.Partition}] {
-			acts = append(acts, a)
-		}
-	}
-	b.batch.Events, b.batch.Actions = evs, acts
-	if b.records == 0 {
-		b.started = time.Time{}
-	}
+	dropped := p.pending.dropParts(gone, p.cfg.Topics)
 	p.logger.Info("partitions revoked; their uncommitted records are left to the next owner",
 		"partitions", lost, "dropped_records", dropped)
 }
