@@ -408,7 +408,7 @@ first; a group with members is refused.`,
 	var sumsJSON bool
 	checksums := &cobra.Command{
 		Use:   "checksums",
-		Short: "Print a checksum of every projection table (rows and a hash over distinct rows), to compare two projections",
+		Short: "Print a checksum of every projection table (rows and a hash over them, as merged), to compare two projections",
 		Args:  cobra.NoArgs,
 		RunE: ch.with(g, func(cmd *cobra.Command, st *chstore.Store) error {
 			sums, err := st.Checksums(cmd.Context())

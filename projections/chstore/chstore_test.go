@@ -1326,3 +1326,39 @@ func TestPositions(t *testing.T) {
 		t.Errorf("events rows = %d, %v; want the event written twice", n, err)
 	}
 }
+
+// TestChecksumsInBoundedMemory: a table's checksum streams its rows as
+// merged, in memory that grows with its parts and columns, not its rows.
+// Summed over SELECT DISTINCT, the server held a hash of every row at
+// once (about 80 bytes each), and a projection of hundreds of millions of
+// events failed its checksum at ClickHouse's default 10 GB bound: here,
+// three million rows in two parts under 128 MiB, where the DISTINCT
+// needed about twice that.
+func TestChecksumsInBoundedMemory(t *testing.T) {
+	s := openStore(t)
+	const rows = 3_000_000
+	insert := func(n int) {
+		chtest.Exec(t, chtest.DSN(t), fmt.Sprintf("INSERT INTO %s (tenant_id, tool, at, idempotency_key, event_id, seq, body)"+
+			" SELECT 't_a', 'refund_order', toDateTime('2026-01-01 00:00:00') + number %% 86400, toString(number), concat('e-', toString(number)), 1, ''"+
+			" FROM system.numbers LIMIT %d", s.table("events"), n))
+	}
+	insert(rows)
+	// One part, so that the bound below does not depend on when the
+	// server merges: each part read costs a buffer per column.
+	chtest.Exec(t, chtest.DSN(t), "OPTIMIZE TABLE "+s.table("events")+" FINAL")
+	// Some written twice, in a part of their own: a projector that
+	// wrote a batch and died before committing it.
+	insert(1000)
+	ctx := clickhouse.Context(t.Context(), clickhouse.WithSettings(clickhouse.Settings{
+		"max_memory_usage": 128 << 20,
+		"max_threads":      2,
+		"max_block_size":   8192,
+	}))
+	sums, err := s.Checksums(ctx)
+	if err != nil {
+		t.Fatalf("Checksums under 128 MiB: %v", err)
+	}
+	if got := sums["events"].Rows; got != rows {
+		t.Errorf("events checksum over %d rows; want the %d distinct events", got, rows)
+	}
+}
