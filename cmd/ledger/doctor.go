@@ -1086,10 +1086,13 @@ func clickhouseSchemaCheck(db string, missing []string, have, want int, err erro
 		r = result(checkCHSchema, statusFail, "cannot read database %s's tables (%v): check the user may read system.tables", db, err)
 	case len(missing) > 0 && have == 0:
 		r = result(checkCHSchema, statusFail, "database %s lacks the projection's tables (%s): not migrated; %s", db, strings.Join(missing, ", "), migrate)
+	case have < want:
+		// Before the tables: a version this build adds creates one
+		// (projection_positions, version 8) that an older database
+		// lacks for no other reason.
+		r = result(checkCHSchema, statusFail, "database %s is at schema version %d, this build writes %d: %s", db, have, want, migrate)
 	case len(missing) > 0:
 		r = result(checkCHSchema, statusFail, "database %s at schema version %d lacks %s: dropped by hand? %s, or `ledger projector rebuild --swap`", db, have, strings.Join(missing, ", "), migrate)
-	case have < want:
-		r = result(checkCHSchema, statusFail, "database %s is at schema version %d, this build writes %d: %s", db, have, want, migrate)
 	case have > want:
 		r = result(checkCHSchema, statusWarn, "database %s is at schema version %d, newer than this build's %d: a newer build migrated it; finish rolling it out", db, have, want)
 	default:

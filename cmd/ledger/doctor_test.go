@@ -618,3 +618,28 @@ func TestDoctorStoreSchemaJudgement(t *testing.T) {
 		})
 	}
 }
+
+// TestDoctorClickHouseSchemaJudgement: a database a version behind is
+// told to migrate, though it lacks the table the next version creates;
+// one at this build's version that lacks a table was changed by hand.
+func TestDoctorClickHouseSchemaJudgement(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		missing []string
+		have    int
+		want    checkStatus
+		says    string
+	}{
+		{"current", nil, 8, statusOK, "schema version 8"},
+		{"a version behind", []string{"projection_positions"}, 7, statusFail, "at schema version 7, this build writes 8: run `ledger projector migrate`"},
+		{"a table dropped", []string{"calls"}, 8, statusFail, "lacks calls: dropped by hand?"},
+		{"not migrated", []string{"schema_migrations", "events"}, 0, statusFail, "not migrated"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := clickhouseSchemaCheck("ledger", tc.missing, tc.have, 8, nil)
+			if r.Status != tc.want || !strings.Contains(r.Detail, tc.says) {
+				t.Errorf("clickhouseSchemaCheck(%v, %d) = %s %q; want %s saying %q", tc.missing, tc.have, r.Status, r.Detail, tc.want, tc.says)
+			}
+		})
+	}
+}

@@ -382,3 +382,29 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 		})
 	}
 }
+
+// A database restored from a backup older than the log's retention ends
+// before the log start, on a partition retention has emptied: no fetch
+// returns a record there to find the gap by, so the lag refresh, which
+// knows the log start, stops the projector (ErrRecordsDeleted) for
+// skip-deleted to accept the loss. Before, it said it read the records
+// again and waited for them for good.
+func TestClickHouseEndsBeforeAnEmptiedLog(t *testing.T) {
+	_, k := deletedLog(t, "rs", "r", 10)
+	ev := k.Topics.Events
+	group := k.Group("emptied")
+	if err := CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	st := freshStore(t)
+	if err := st.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := runToStop(t, k, group, st, func(c *Config) { c.LagRefresh = 100 * time.Millisecond })
+	if !errors.Is(err, ErrRecordsDeleted) {
+		t.Fatalf("Run over a projection ending at 4 of a partition emptied up to 10 = %v; want ErrRecordsDeleted", err)
+	}
+	if m := p.Metrics(); m.Gaps != 1 {
+		t.Errorf("projector metrics %+v; want one gap", m)
+	}
+}

@@ -208,6 +208,9 @@ type partState struct {
 	// record read but not yet written, in the batch being built and in
 	// the batch being written; zero when there is none.
 	pendingOldest, inflightOldest time.Time
+	// start is where the partition's log starts, from the last lag
+	// refresh; -1 before it.
+	start int64
 	// reread, when not negative, is where the partition must be read
 	// from again before the next poll (applyRereads): where the
 	// projection's records end, short of where the group is
@@ -458,7 +461,7 @@ func (p *Projector) refreshLag(ctx context.Context, adm *kadm.Client) {
 			if !ok || !st.owned || st.gen != gen {
 				continue
 			}
-			st.end = ps.End
+			st.end, st.start = ps.End, ps.Start
 			if st.committed < 0 {
 				// As Status counts it: from the log start when the
 				// group never committed.
@@ -623,13 +626,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 				// so that the group stays before the gap, and every
 				// restart finds it again until a human moves the
 				// group past it.
-				p.gaps.Add(1)
-				p.logger.Error("records deleted from the log before they were projected",
-					"topic", rp.tp.topic, "partition", rp.tp.partition, "next_offset", from, "log_start", rp.logStart,
-					"offsets_lost", rp.logStart-from)
-				if p.stop == nil {
-					p.stop = err
-				}
+				p.deleted(rp.tp, from, rp.logStart, err)
 				halted[rp.tp] = true
 				continue
 			}
@@ -678,6 +675,9 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 		if rp.hwm >= 0 {
 			st.end = rp.hwm
 		}
+		if rp.logStart >= 0 {
+			st.start = rp.logStart
+		}
 		if st.committed < 0 {
 			switch o := resumed(rp.tp); {
 			case o >= 0:
@@ -705,7 +705,7 @@ func (p *Projector) read(cl *kgo.Client, fetches kgo.Fetches) {
 func (p *Projector) state(tp topicPartition) *partState {
 	st := p.parts[tp]
 	if st == nil {
-		st = &partState{end: -1, committed: -1, next: -1, reread: -1}
+		st = &partState{end: -1, committed: -1, next: -1, reread: -1, start: -1}
 		p.parts[tp] = st
 	}
 	return st
@@ -741,6 +741,19 @@ var ErrNewerRecord = errors.New("a record of a newer encoding than this projecto
 // logStart past it: kgo met OFFSET_OUT_OF_RANGE and went on at the log's
 // start, and the records from `from` up to it are gone. Nil otherwise:
 // offsets skipped above the log's start were aborted or compacted away.
+// deleted stops the projector (Run's goroutine) at records of tp the log
+// deleted, from from to logStart, before they were projected (err, of
+// recordsDeleted).
+func (p *Projector) deleted(tp topicPartition, from, logStart int64, err error) {
+	p.gaps.Add(1)
+	p.logger.Error("records deleted from the log before they were projected",
+		"topic", tp.topic, "partition", tp.partition, "next_offset", from, "log_start", logStart,
+		"offsets_lost", logStart-from)
+	if p.stop == nil {
+		p.stop = err
+	}
+}
+
 func recordsDeleted(tp topicPartition, from, first, logStart int64) error {
 	if from >= first || from >= logStart {
 		return nil
@@ -998,7 +1011,13 @@ func (p *Projector) applyRereads(cl *kgo.Client) {
 		if st.reread < 0 {
 			continue
 		}
-		if st.owned {
+		if err := recordsDeleted(tp, st.reread, st.start, st.start); st.owned && err != nil {
+			// The log no longer has them: a partition with records
+			// left would find so in its next fetch, but one emptied
+			// by retention returns none. Stop as for any records
+			// deleted before they were projected.
+			p.deleted(tp, st.reread, st.start, err)
+		} else if st.owned {
 			// Records read past the end already are read again.
 			gone[tp] = true
 			st.pendingOldest = time.Time{}
@@ -1091,7 +1110,7 @@ func (p *Projector) assigned(_ context.Context, _ *kgo.Client, added map[string]
 	for topic, ps := range added {
 		for _, partition := range ps {
 			st := p.state(topicPartition{topic, partition})
-			st.owned, st.end, st.committed, st.next, st.reread = true, -1, -1, -1, -1
+			st.owned, st.end, st.committed, st.next, st.reread, st.start = true, -1, -1, -1, -1, -1
 		}
 	}
 	if len(added) > 0 {
@@ -1116,7 +1135,7 @@ func (p *Projector) revoked(_ context.Context, _ *kgo.Client, lost map[string][]
 			gone[tp] = true
 			st := p.state(tp)
 			st.gen++
-			st.owned, st.end, st.committed, st.next, st.reread = false, -1, -1, -1, -1
+			st.owned, st.end, st.committed, st.next, st.reread, st.start = false, -1, -1, -1, -1, -1
 			st.pendingOldest, st.inflightOldest = time.Time{}, time.Time{}
 		}
 	}
