@@ -1078,6 +1078,19 @@ func (d *doctor) clickhouseChecks(ctx context.Context) []checkResult {
 	return out
 }
 
+// dropped are the tables of missing that a database at version have
+// should hold: not created by a later version (chstore.CreatedAfter).
+func dropped(missing []string, have int) []string {
+	later := chstore.CreatedAfter(have)
+	var out []string
+	for _, t := range missing {
+		if !slices.Contains(later, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 func clickhouseSchemaCheck(db string, missing []string, have, want int, err error) checkResult {
 	const migrate = "run `ledger projector migrate`"
 	var r checkResult
@@ -1086,13 +1099,11 @@ func clickhouseSchemaCheck(db string, missing []string, have, want int, err erro
 		r = result(checkCHSchema, statusFail, "cannot read database %s's tables (%v): check the user may read system.tables", db, err)
 	case len(missing) > 0 && have == 0:
 		r = result(checkCHSchema, statusFail, "database %s lacks the projection's tables (%s): not migrated; %s", db, strings.Join(missing, ", "), migrate)
+	case len(dropped(missing, have)) > 0:
+		// Migrate creates only the tables of the versions it applies.
+		r = result(checkCHSchema, statusFail, "database %s at schema version %d lacks %s, which `ledger projector migrate` does not create again: dropped by hand? rebuild it (`ledger projector rebuild --swap`, with the projector stopped)", db, have, strings.Join(dropped(missing, have), ", "))
 	case have < want:
-		// Before the tables: a version this build adds creates one
-		// (projection_positions, version 8) that an older database
-		// lacks for no other reason.
 		r = result(checkCHSchema, statusFail, "database %s is at schema version %d, this build writes %d: %s", db, have, want, migrate)
-	case len(missing) > 0:
-		r = result(checkCHSchema, statusFail, "database %s at schema version %d lacks %s: dropped by hand? %s, or `ledger projector rebuild --swap`", db, have, strings.Join(missing, ", "), migrate)
 	case have > want:
 		r = result(checkCHSchema, statusWarn, "database %s is at schema version %d, newer than this build's %d: a newer build migrated it; finish rolling it out", db, have, want)
 	default:

@@ -1,6 +1,7 @@
 package chstore
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -68,5 +69,23 @@ func TestServerFacts(t *testing.T) {
 	}
 	if now.Nanosecond() != 0 {
 		t.Errorf("Now() = %v; want whole seconds (a DateTime)", now)
+	}
+}
+
+// TestCreatedAfter: the tables the migrations past a version create,
+// every table of the projection past none of them.
+func TestCreatedAfter(t *testing.T) {
+	if diff := cmp.Diff([]string{"projection_positions"}, CreatedAfter(7)); diff != "" {
+		t.Errorf("CreatedAfter(7) (-want +got):\n%s", diff)
+	}
+	got := CreatedAfter(0)
+	slices.Sort(got)
+	want := tableNames()
+	slices.Sort(want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("CreatedAfter(0) (-every table +got):\n%s", diff)
+	}
+	if got := CreatedAfter(LatestVersion()); len(got) != 0 {
+		t.Errorf("CreatedAfter(the latest version) = %v; want none", got)
 	}
 }

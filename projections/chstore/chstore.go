@@ -346,6 +346,31 @@ func LatestVersion() int {
 	return int(ms[len(ms)-1].version)
 }
 
+// createTableRE names the table a migration's CREATE TABLE creates.
+var createTableRE = regexp.MustCompile(`(?is)^CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{db\}\.(\w+)`)
+
+// CreatedAfter names the tables the migrations past version create: those
+// a database at version lacks until it is migrated. A table of an earlier
+// version, missing, was dropped by hand: Migrate does not create it again.
+func CreatedAfter(version int) []string {
+	ms, err := migrations()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range ms {
+		if int(m.version) <= version {
+			continue
+		}
+		for _, st := range m.statements {
+			if t := createTableRE.FindStringSubmatch(st); t != nil {
+				out = append(out, t[1])
+			}
+		}
+	}
+	return out
+}
+
 // Migrate creates the database and brings its tables to LatestVersion.
 // Every statement is idempotent (IF NOT EXISTS; an ADD COLUMN whose column
 // exists is skipped) and applied versions are recorded in
