@@ -37,6 +37,18 @@ func freshStore(t *testing.T) *chstore.Store {
 	return st
 }
 
+// callRecord is e's record on k's events topic of n partitions, on its
+// call's partition.
+func callRecord(t *testing.T, k *ledgertest.Kafka, e ledger.Event, n int) *kgo.Record {
+	t.Helper()
+	r, err := e.Record(k.Topics.Events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Partition = ledger.PartitionFor(r.Key, n)
+	return r
+}
+
 // readLog reads every committed event on the topic, as an auditor with a
 // read_committed consumer would: the log the oracle answers from.
 func readLog(t *testing.T, k *ledgertest.Kafka) []ledger.Event {
@@ -124,14 +136,7 @@ func TestClickHouseLiveAndRebuild(t *testing.T) {
 	// Produce the log in transactions of up to 50 events, the events of
 	// a call on the call's partition, with an aborted transaction now and
 	// then.
-	record := func(e ledger.Event) *kgo.Record {
-		r, err := e.Record(k.Topics.Events)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.Partition = ledger.PartitionFor(r.Key, partitions)
-		return r
-	}
+	record := func(e ledger.Event) *kgo.Record { return callRecord(t, k, e, partitions) }
 	r := rand.New(rand.NewPCG(5, 5))
 	txn := 0
 	for i := 0; i < len(log); {
@@ -305,30 +310,31 @@ func checkEveryJTI(t *testing.T, st projections.Queries, o *projectionstest.Orac
 // records again: at the next batch of a partition (lagRefresh of an hour:
 // only the batch's check runs), and for a partition no record comes to,
 // at the next lag refresh. Before, the records were missing for good,
-// without a word.
+// without a word. A partition empty when the backup was taken has its
+// end recorded all the same (at a lag refresh), so that what it received
+// after is read again too.
 func TestClickHouseRestoredFromBackup(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		after      bool // records come to every partition after the restore
 		lagRefresh time.Duration
+		// emptied: partition 2 has no record until after the backup.
+		empty bool
 	}{
-		{"records come", true, time.Hour},
-		{"no record comes", false, 100 * time.Millisecond},
+		{"records come", true, time.Hour, false},
+		{"no record comes", false, 100 * time.Millisecond, false},
+		{"a partition empty at the backup", false, 100 * time.Millisecond, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const partitions = 3
 			k := ledgertest.New(t, ledgertest.Options{Partitions: partitions})
 			cfg := projectionstest.LogConfig{Seed: 21, Calls: 600, Tenants: 3}
 			log := projectionstest.Log(cfg)
+			record := func(e ledger.Event) *kgo.Record { return callRecord(t, k, e, partitions) }
 			produceLog := func(evs []ledger.Event) {
 				recs := make([]*kgo.Record, 0, len(evs))
 				for _, e := range evs {
-					r, err := e.Record(k.Topics.Events)
-					if err != nil {
-						t.Fatal(err)
-					}
-					r.Partition = ledger.PartitionFor(r.Key, partitions)
-					recs = append(recs, r)
+					recs = append(recs, record(e))
 				}
 				produce(t, k, recs...)
 			}
@@ -337,20 +343,42 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 			if tc.after {
 				produced = log
 			}
+			// Before and after the backup, each partition's events in
+			// the log's order.
+			var before, between []ledger.Event
+			for i, e := range log[:2*third] {
+				if i < third && !(tc.empty && record(e).Partition == 2) {
+					before = append(before, e)
+				} else {
+					between = append(between, e)
+				}
+			}
 
 			live := freshStore(t)
 			adm := admin(t, k)
 			group := k.Group("restored")
-			produceLog(log[:third])
+			produceLog(before)
 			p, _ := start(t, k, group, live, func(c *Config) { c.MaxBatch, c.LagRefresh = 100, tc.lagRefresh })
 			waitCaughtUp(t, adm, k, group)
+			if tc.empty {
+				ledgertest.WaitFor(t, 10*time.Second, func() error {
+					pos, err := live.Positions(t.Context())
+					if err != nil {
+						return err
+					}
+					if end, ok := pos.Lookup(k.Topics.Events, 2); !ok || end != 0 {
+						return fmt.Errorf("the empty partition's end: %d, %v; want 0 recorded", end, ok)
+					}
+					return nil
+				})
+			}
 
 			// The backup: a copy of every table now.
 			backup := freshStore(t)
 			for _, table := range []string{"events", "event_keys", "call_refs", "calls", "control_actions", "projection_positions"} {
 				chtest.Exec(t, chtest.DSN(t), fmt.Sprintf("INSERT INTO `%s`.`%s` SELECT * FROM `%s`.`%s`", backup.Database(), table, live.Database(), table))
 			}
-			produceLog(log[third : 2*third])
+			produceLog(between)
 			waitCaughtUp(t, adm, k, group)
 			// The restore, under the running projector.
 			if err := live.Swap(t.Context(), backup); err != nil {

@@ -510,13 +510,34 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 		}
 		return
 	}
+	var unrecorded []projections.End
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	for tp, o := range parts {
 		st := p.parts[tp]
-		if end, ok := pos.Lookup(tp.topic, tp.partition); ok && end < o.committed && st.owned && st.gen == o.gen && st.reread < 0 {
+		if !st.owned || st.gen != o.gen {
+			continue
+		}
+		end, ok := pos.Lookup(tp.topic, tp.partition)
+		switch {
+		case !ok:
+			unrecorded = append(unrecorded, projections.End{Topic: tp.topic, Partition: tp.partition, Next: o.committed})
+		case end < o.committed && st.reread < 0:
 			p.lacks(tp, st, end, o.committed)
 		}
+	}
+	p.mu.Unlock()
+	if len(unrecorded) == 0 {
+		return
+	}
+	// A partition no batch of this build was written for (empty since
+	// the projection began, or idle since an upgrade) has its end
+	// recorded where the group is, as a batch would have: a backup taken
+	// from now on then says where the projection stood there too, and a
+	// restore of it is caught. Without it, a partition empty when the
+	// backup was taken had no end, and what it received after went
+	// missing for good.
+	if err := sink.Write(ctx, projections.Batch{Ends: unrecorded}); err != nil && ctx.Err() == nil {
+		p.logger.Warn("recording where the projection's records end failed; trying again later", "err", err)
 	}
 }
 
