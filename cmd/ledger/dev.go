@@ -389,7 +389,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 			}
 		}
 		queries = chStore
-		queryDesc = "ClickHouse (" + redactDSN(f.clickhouse.dsn) + ", database " + chStore.Database() + "; ledger projector status --group " + devProjectorGroup + " --clickhouse-database " + chStore.Database() + ")"
+		queryDesc = "ClickHouse (" + redactDSN(f.clickhouse.dsn) + ", database " + chStore.Database() + ", projector group " + devProjectorGroup + ")"
 	}
 	if err := mountQueries(mux, queries, staff, logger); err != nil {
 		return err

@@ -1100,8 +1100,13 @@ func clickhouseSchemaCheck(db string, missing []string, have, want int, err erro
 	case len(missing) > 0 && have == 0:
 		r = result(checkCHSchema, statusFail, "database %s lacks the projection's tables (%s): not migrated; %s", db, strings.Join(missing, ", "), migrate)
 	case len(dropped(missing, have)) > 0:
-		// Migrate creates only the tables of the versions it applies.
-		r = result(checkCHSchema, statusFail, "database %s at schema version %d lacks %s, which `ledger projector migrate` does not create again: dropped by hand? rebuild it (`ledger projector rebuild --swap`, with the projector stopped)", db, have, strings.Join(dropped(missing, have), ", "))
+		// Migrate creates only the tables of the versions it applies;
+		// rebuild --swap refuses a live database behind this build.
+		first := ""
+		if have < want {
+			first = "`ledger projector migrate`, then "
+		}
+		r = result(checkCHSchema, statusFail, "database %s at schema version %d lacks %s, which `ledger projector migrate` does not create again: dropped by hand? rebuild it (%s`ledger projector rebuild --swap`, with the projector stopped)", db, have, strings.Join(dropped(missing, have), ", "), first)
 	case have < want:
 		r = result(checkCHSchema, statusFail, "database %s is at schema version %d, this build writes %d: %s", db, have, want, migrate)
 	case have > want:

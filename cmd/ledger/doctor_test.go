@@ -633,7 +633,7 @@ func TestDoctorClickHouseSchemaJudgement(t *testing.T) {
 		{"current", nil, 8, statusOK, "schema version 8"},
 		{"a version behind", []string{"projection_positions"}, 7, statusFail, "at schema version 7, this build writes 8: run `ledger projector migrate`"},
 		{"a table dropped", []string{"calls"}, 8, statusFail, "lacks calls, which `ledger projector migrate` does not create again"},
-		{"a version behind, a table dropped", []string{"control_actions", "projection_positions"}, 7, statusFail, "lacks control_actions, which"},
+		{"a version behind, a table dropped", []string{"control_actions", "projection_positions"}, 7, statusFail, "lacks control_actions, which `ledger projector migrate` does not create again: dropped by hand? rebuild it (`ledger projector migrate`, then `ledger projector rebuild --swap`"},
 		{"not migrated", []string{"schema_migrations", "events"}, 0, statusFail, "not migrated"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -211,6 +211,13 @@ type partState struct {
 	// start is where the partition's log starts, from the last lag
 	// refresh; -1 before it.
 	start int64
+	// endSeen: the sink has shown or taken an end of the partition in
+	// this assignment. Once it has, an end gone is a table being
+	// replaced (a restore dropping and filling the tables one by one),
+	// not a partition never recorded: nothing is written for it, lest
+	// an end recorded now outlast the restore's and hide what it lacks.
+	// endGone says so was logged.
+	endSeen, endGone bool
 	// reread, when not negative, is where the partition must be read
 	// from again before the next poll (applyRereads): where the
 	// projection's records end, short of where the group is
@@ -488,10 +495,6 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 	if !ok {
 		return
 	}
-	type owned struct {
-		gen       uint64
-		committed int64
-	}
 	parts := make(map[topicPartition]owned)
 	p.mu.Lock()
 	for tp, st := range p.parts {
@@ -518,10 +521,11 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 			continue
 		}
 		end, ok := pos.Lookup(tp.topic, tp.partition)
+		p.sawEnd(tp, st, ok)
 		switch {
-		case !ok:
+		case !ok && !st.endSeen:
 			unrecorded = append(unrecorded, projections.End{Topic: tp.topic, Partition: tp.partition, Next: o.committed})
-		case end < o.committed && st.reread < 0:
+		case ok && end < o.committed && st.reread < 0:
 			p.lacks(tp, st, end, o.committed)
 		}
 	}
@@ -529,6 +533,7 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 	if len(unrecorded) == 0 {
 		return
 	}
+
 	// A partition no batch of this build was written for (empty since
 	// the projection began, or idle since an upgrade) has its end
 	// recorded where the group is, as a batch would have: a backup taken
@@ -536,8 +541,47 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 	// restore of it is caught. Without it, a partition empty when the
 	// backup was taken had no end, and what it received after went
 	// missing for good.
-	if err := sink.Write(ctx, projections.Batch{Ends: unrecorded}); err != nil && ctx.Err() == nil {
-		p.logger.Warn("recording where the projection's records end failed; trying again later", "err", err)
+	if err := sink.Write(ctx, projections.Batch{Ends: unrecorded}); err != nil {
+		if ctx.Err() == nil {
+			p.logger.Warn("recording where the projection's records end failed; trying again later", "err", err)
+		}
+		return
+	}
+	p.recorded(unrecorded, parts)
+}
+
+// owned is a partition this assignment owned, as of its gen.
+type owned struct {
+	gen       uint64
+	committed int64
+}
+
+// recorded marks the partitions of ends, if still owned as in parts, as
+// having ends in the sink (endSeen), once they were written.
+func (p *Projector) recorded(ends []projections.End, parts map[topicPartition]owned) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range ends {
+		tp := topicPartition{e.Topic, e.Partition}
+		if st, o := p.parts[tp], parts[tp]; st != nil && st.owned && st.gen == o.gen {
+			st.endSeen = true
+		}
+	}
+}
+
+// sawEnd notes whether the sink shows an end of tp (ok): seen once, one
+// gone is logged, once, until it is back. mu is held.
+func (p *Projector) sawEnd(tp topicPartition, st *partState, ok bool) {
+	switch {
+	case ok:
+		if st.endGone {
+			p.logger.Info("the projection's end of the partition is back: going on", "topic", tp.topic, "partition", tp.partition)
+		}
+		st.endSeen, st.endGone = true, false
+	case st.endSeen && !st.endGone:
+		st.endGone = true
+		p.logger.Warn("the projection's end of the partition is gone (its table replaced: a restore in progress?): holding the partition until it is back; a restart records it where the group is",
+			"topic", tp.topic, "partition", tp.partition)
 	}
 }
 
@@ -902,6 +946,13 @@ func (p *Projector) flush(ctx context.Context, cl *kgo.Client) error {
 			err = p.sink.Write(ctx, batch)
 		}
 		if err == nil {
+			if positioned != nil {
+				parts := make(map[topicPartition]owned, len(gens))
+				for tp, gen := range gens {
+					parts[tp] = owned{gen: gen}
+				}
+				p.recorded(batch.Ends, parts)
+			}
 			break
 		}
 		if ctx.Err() != nil {
@@ -994,26 +1045,40 @@ func (p *Projector) checkPositions(ctx context.Context, sink projections.Positio
 	if err != nil {
 		return batch, fmt.Errorf("read the projection's positions: %w", err)
 	}
+	// lacking: where to read each partition the sink lacks records of
+	// again from; its end, or, for one whose end is gone, the batch's
+	// start, until the end is back.
 	lacking := make(map[topicPartition]int64)
-	for tp, from := range b.from {
-		if end, ok := pos.Lookup(tp.topic, tp.partition); ok && from >= 0 && end < from {
-			lacking[tp] = end
-		}
-	}
-	if len(lacking) == 0 {
-		return batch, nil
-	}
 	p.mu.Lock()
-	for tp, end := range lacking {
-		if st := p.parts[tp]; st.owned && st.gen == gens[tp] {
-			p.lacks(tp, st, end, b.from[tp])
+	for tp, from := range b.from {
+		st := p.parts[tp]
+		current := st.owned && st.gen == gens[tp]
+		end, ok := pos.Lookup(tp.topic, tp.partition)
+		if current {
+			p.sawEnd(tp, st, ok)
 		}
+		switch {
+		case from < 0:
+		case ok && end < from:
+			lacking[tp] = end
+			if current {
+				p.lacks(tp, st, end, from)
+			}
+		case !ok && current && st.endSeen:
+			lacking[tp] = from
+			st.reread = from
+		}
+	}
+	for tp := range lacking {
 		// Not committed: the group stays where it was until the
 		// records are projected again.
 		delete(b.next, tp)
 		delete(b.from, tp)
 	}
 	p.mu.Unlock()
+	if len(lacking) == 0 {
+		return batch, nil
+	}
 	return filterBatch(batch, p.cfg.Topics, func(topic string, partition int32) bool {
 		_, lacks := lacking[topicPartition{topic, partition}]
 		return !lacks
@@ -1132,6 +1197,7 @@ func (p *Projector) assigned(_ context.Context, _ *kgo.Client, added map[string]
 		for _, partition := range ps {
 			st := p.state(topicPartition{topic, partition})
 			st.owned, st.end, st.committed, st.next, st.reread, st.start = true, -1, -1, -1, -1, -1
+			st.endSeen, st.endGone = false, false
 		}
 	}
 	if len(added) > 0 {
@@ -1157,6 +1223,7 @@ func (p *Projector) revoked(_ context.Context, _ *kgo.Client, lost map[string][]
 			st := p.state(tp)
 			st.gen++
 			st.owned, st.end, st.committed, st.next, st.reread, st.start = false, -1, -1, -1, -1, -1
+			st.endSeen, st.endGone = false, false
 			st.pendingOldest, st.inflightOldest = time.Time{}, time.Time{}
 		}
 	}
