@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -460,5 +461,57 @@ func TestClickHouseEndsBeforeAnEmptiedLog(t *testing.T) {
 	}
 	if m := p.Metrics(); m.Gaps != 1 {
 		t.Errorf("projector metrics %+v; want one gap", m)
+	}
+}
+
+// countingSink counts the projection's Positions reads.
+type countingSink struct {
+	*chstore.Store
+	reads atomic.Int64
+}
+
+func (s *countingSink) Positions(ctx context.Context) (projections.Positions, error) {
+	s.reads.Add(1)
+	return s.Store.Positions(ctx)
+}
+
+// A partition held because its end is gone (a restore refilling the
+// tables) is read again after a lag refresh, not in a loop: before, each
+// flush re-read and held the same records, asking ClickHouse for the ends
+// every batch wait while the restore ran. Once the end is back, every
+// record is written.
+func TestClickHouseHeldPartitionWaits(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	ev := k.Topics.Events
+	live := freshStore(t)
+	sink := &countingSink{Store: live}
+	adm := admin(t, k)
+	group := k.Group("held")
+	produce(t, k, eventRecords(t, ev, ids("h", 20))...)
+	start(t, k, group, sink, func(c *Config) { c.LagRefresh, c.MaxWait = time.Second, 20*time.Millisecond })
+	waitCaughtUp(t, adm, k, group)
+	ends, err := live.Positions(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	end, _ := ends.Lookup(ev, 0)
+
+	chtest.Exec(t, chtest.DSN(t), "TRUNCATE TABLE `"+live.Database()+"`.`projection_positions`")
+	produce(t, k, eventRecords(t, ev, ids("g", 20))...)
+	before := sink.reads.Load()
+	time.Sleep(3 * time.Second)
+	if n := sink.reads.Load() - before; n > 10 {
+		t.Errorf("%d reads of the ends in 3 s while the partition was held; want about one a lag refresh (1 s)", n)
+	}
+	if got := committed(t, adm, group)[ev][0]; got != end {
+		t.Errorf("committed %d while the end is gone; want the group held at %d", got, end)
+	}
+
+	if err := live.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: end}}); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, adm, k, group)
+	if rows, err := live.EventRows(t.Context()); err != nil || rows < 40 {
+		t.Errorf("events rows %d, %v; want the 40 produced", rows, err)
 	}
 }

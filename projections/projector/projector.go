@@ -172,6 +172,12 @@ type Projector struct {
 	rereads      atomic.Int64
 	latency      Histogram
 
+	// held, set by flush and read by Run (its goroutine only), says the
+	// last flush held partitions whose end is gone: Run waits a lag
+	// refresh before it reads them again, rather than read and hold the
+	// same records over and over while a restore runs.
+	held bool
+
 	// stop, set and read by Run's goroutine only, is why Run must stop:
 	// a record it must not skip (ErrNewerRecord), or records the log
 	// deleted before they were read (ErrRecordsDeleted).
@@ -420,6 +426,13 @@ func (p *Projector) Run(ctx context.Context) error {
 			if err := p.flush(ctx, cl); err != nil {
 				break // ctx is done
 			}
+			if p.held {
+				p.held = false
+				select {
+				case <-ctx.Done():
+				case <-time.After(p.cfg.LagRefresh):
+				}
+			}
 		}
 	}
 	p.logger.Info("projector stopping")
@@ -499,7 +512,7 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 	p.mu.Lock()
 	for tp, st := range p.parts {
 		if st.owned && st.committed >= 0 {
-			parts[tp] = owned{st.gen, st.committed}
+			parts[tp] = owned{st.gen, st.committed, st.endSeen}
 		}
 	}
 	p.mu.Unlock()
@@ -517,7 +530,7 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 	p.mu.Lock()
 	for tp, o := range parts {
 		st := p.parts[tp]
-		if !st.owned || st.gen != o.gen {
+		if !st.owned || st.gen != o.gen || st.endSeen != o.endSeen {
 			continue
 		}
 		end, ok := pos.Lookup(tp.topic, tp.partition)
@@ -554,6 +567,9 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 type owned struct {
 	gen       uint64
 	committed int64
+	// endSeen as it was before the ends were read: a flush that wrote
+	// the partition's first end meanwhile makes the read stale.
+	endSeen bool
 }
 
 // recorded marks the partitions of ends, if still owned as in parts, as
@@ -580,7 +596,7 @@ func (p *Projector) sawEnd(tp topicPartition, st *partState, ok bool) {
 		st.endSeen, st.endGone = true, false
 	case st.endSeen && !st.endGone:
 		st.endGone = true
-		p.logger.Warn("the projection's end of the partition is gone (its table replaced: a restore in progress?): holding the partition until it is back; a restart records it where the group is",
+		p.logger.Warn("the projection's end of the partition is gone (its table replaced: a restore in progress?): holding the partition until it is back; do not restart the projector before the restore is done, and restart it then if the restored database has no end for the partition (a backup from before ends were recorded)",
 			"topic", tp.topic, "partition", tp.partition)
 	}
 }
@@ -1067,6 +1083,7 @@ func (p *Projector) checkPositions(ctx context.Context, sink projections.Positio
 		case !ok && current && st.endSeen:
 			lacking[tp] = from
 			st.reread = from
+			p.held = true
 		}
 	}
 	for tp := range lacking {
