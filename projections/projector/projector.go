@@ -16,6 +16,14 @@
 // record must be, and so does the log) and stops with ErrRecordsDeleted,
 // never committing the partition past the gap.
 //
+// Ends. A sink that records where its records end
+// (projections.Positioned: ClickHouse) is asked before each batch and at
+// each lag refresh; a partition it holds less of than the group committed
+// (a database restored from an older backup) is read again from its end
+// (checkPositions, checkCommitted, applyRereads), one whose end it has
+// shown and then lost (a restore refilling the tables) is held until the
+// end is back, and one with no end yet gets one where the group is.
+//
 // Rebalances. Polls and the rebalance callbacks exclude each other
 // (kgo.BlockRebalanceOnPoll, allowed again right after each poll), and a
 // commit excludes the callbacks (commitMu). A revoked or lost partition's
