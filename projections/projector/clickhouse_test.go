@@ -433,7 +433,12 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 			if m := p.Metrics(); m.Rereads == 0 {
 				t.Errorf("projector metrics %+v: want partitions read again", m)
 			}
-			projectionstest.Check(t, live, projectionstest.NewOracle(produced), cfg)
+			// Every event is back (above); the answers from them are
+			// asked of two restores (the questions take most of a case's
+			// time).
+			if tc.after {
+				projectionstest.Check(t, live, projectionstest.NewOracle(produced), cfg)
+			}
 		})
 	}
 }
