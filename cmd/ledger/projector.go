@@ -158,9 +158,15 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "How far behind the log the projection is (records and seconds, per partition)",
-		Args:  cobra.NoArgs,
+		Long: `status reads the group's committed offsets and the topics' ends from Kafka.
+With --clickhouse-dsn it also shows where the projection's records end in each
+partition (PROJECTED), as the projection records it, and says so when that is
+before the group's offset: a database restored from an older backup, whose
+records a running projector reads again.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := projector.Status(cmd.Context(), projector.StatusConfig{
+			ctx := cmd.Context()
+			s, err := projector.Status(ctx, projector.StatusConfig{
 				Client: g.kafka.client(g.logger()), Topics: g.kafka.topics(), Group: group,
 			})
 			if errors.Is(err, projector.ErrNeverCommitted) {
@@ -169,10 +175,28 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			} else if err != nil {
 				return err
 			}
+			behind := 0
+			if ch.dsn != "" {
+				st, err := ch.open(ctx, g.logger())
+				if err != nil {
+					return err
+				}
+				defer st.Close()
+				// The lag stands without them (a database of an
+				// older schema version has none).
+				if pos, err := st.Positions(ctx); err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "where the projection's records end is not shown: %v\n", err)
+				} else {
+					behind = s.SetEnds(pos)
+				}
+			}
 			if statusJSON {
 				return printJSONTo(cmd.OutOrStdout(), s)
 			}
 			fmt.Fprint(cmd.OutOrStdout(), s.String())
+			if behind > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "the projection's records end before the group's offset on %d partitions (a database restored from an older backup?): a running projector reads them again\n", behind)
+			}
 			return nil
 		},
 	}

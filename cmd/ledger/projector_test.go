@@ -645,3 +645,38 @@ func TestRebuildHoldsAll(t *testing.T) {
 		})
 	}
 }
+
+// `ledger projector status --clickhouse-dsn` shows where the projection's
+// records end beside the group's offsets, and says so when it holds less
+// than the group committed (a database restored from an older backup).
+func TestProjectorStatusShowsEnds(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	group := k.Group("status-ends")
+	ev := k.Topics.Events
+	produceAcross(t, k)
+	if err := projector.CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 5, 1: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	st, dsn, db := freshProjection(t)
+	if err := st.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 5}, {Topic: ev, Partition: 1, Next: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"projector", "status", "--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", ev, "--topic-control", k.Topics.Control, "--group", group}
+	if out := cli(t, flags...); strings.Contains(out, "PROJECTED") {
+		t.Errorf("status without --clickhouse-dsn shows a PROJECTED column:\n%s", out)
+	}
+	out := cli(t, append(flags, "--clickhouse-dsn", dsn, "--clickhouse-database", db)...)
+	if !strings.Contains(out, "PROJECTED") || !strings.Contains(out, "end before the group's offset on 1 partitions") {
+		t.Errorf("status with --clickhouse-dsn:\n%s\nwant a PROJECTED column, and partition 1 named behind", out)
+	}
+	var s projector.GroupStatus
+	if err := json.Unmarshal([]byte(cli(t, append(flags, "--clickhouse-dsn", dsn, "--clickhouse-database", db, "--json")...)), &s); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range s.Partitions {
+		want := map[int32]int64{0: 5, 1: 3}[p.Partition]
+		if p.Topic == ev && (p.Projected == nil || *p.Projected != want) {
+			t.Errorf("JSON %s/%d projected %v; want %d", p.Topic, p.Partition, p.Projected, want)
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/projections"
 )
 
 // Errors callers branch on.
@@ -75,6 +76,27 @@ type PartitionStatus struct {
 	// Time is how old the first record at the committed offset is, by
 	// its Kafka timestamp; 0 when caught up.
 	Time time.Duration `json:"lag_time_ns"`
+	// Projected is where the projection's records end, as it says
+	// (SetEnds); nil when not asked, or it has no end for the partition.
+	Projected *int64 `json:"projected,omitempty"`
+}
+
+// SetEnds sets each partition's Projected from pos, where the projection
+// says its records end (projections.Positioned), and returns the
+// partitions the projection holds less of than the group committed: a
+// database restored from an older backup, whose records a running
+// projector reads again.
+func (s *GroupStatus) SetEnds(pos projections.Positions) (behind int) {
+	for i := range s.Partitions {
+		p := &s.Partitions[i]
+		if end, ok := pos.Lookup(p.Topic, p.Partition); ok {
+			p.Projected = &end
+			if end < p.Committed {
+				behind++
+			}
+		}
+	}
+	return behind
 }
 
 // Status reads the group's committed offsets and the topics' ends, for a
@@ -365,17 +387,30 @@ func fetchOnce(ctx context.Context, cl *kgo.Client, md kadm.Metadata, topic stri
 
 // Table returns the status as rows of cells, a header first.
 func (s GroupStatus) Table() [][]string {
-	rows := [][]string{{"TOPIC", "PARTITION", "COMMITTED", "START", "END", "STABLE", "LAG", "LAG_TIME"}}
+	projected := slices.ContainsFunc(s.Partitions, func(p PartitionStatus) bool { return p.Projected != nil })
+	head := []string{"TOPIC", "PARTITION", "COMMITTED", "START", "END", "STABLE", "LAG", "LAG_TIME"}
+	if projected {
+		head = append(head, "PROJECTED")
+	}
+	rows := [][]string{head}
 	for _, p := range s.Partitions {
 		committed := "-"
 		if p.Committed >= 0 {
 			committed = strconv.FormatInt(p.Committed, 10)
 		}
-		rows = append(rows, []string{
+		row := []string{
 			p.Topic, strconv.Itoa(int(p.Partition)), committed,
 			strconv.FormatInt(p.Start, 10), strconv.FormatInt(p.End, 10), strconv.FormatInt(p.Stable, 10),
 			strconv.FormatInt(p.Records, 10), p.Time.Round(time.Millisecond).String(),
-		})
+		}
+		if projected {
+			end := "-"
+			if p.Projected != nil {
+				end = strconv.FormatInt(*p.Projected, 10)
+			}
+			row = append(row, end)
+		}
+		rows = append(rows, row)
 	}
 	return rows
 }
