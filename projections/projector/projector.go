@@ -156,10 +156,13 @@ func (c *Config) validate() error {
 // once; Lag, Metrics, Latency and ServeHTTP may be called concurrently
 // with Run and with each other.
 type Projector struct {
-	cfg     Config
-	sink    projections.Sink
-	logger  *slog.Logger
-	running atomic.Bool
+	cfg  Config
+	sink projections.Sink
+	// positioned is sink when it records where its records end; nil
+	// else.
+	positioned projections.Positioned
+	logger     *slog.Logger
+	running    atomic.Bool
 
 	// commitMu is held across a commit and across the rebalance
 	// callbacks, so that no offset of a partition is committed once its
@@ -330,12 +333,14 @@ func New(cfg Config, sink projections.Sink) (*Projector, error) {
 	if sink == nil {
 		return nil, errors.New("projector: no sink")
 	}
+	positioned, _ := sink.(projections.Positioned)
 	return &Projector{
-		cfg:     cfg,
-		sink:    sink,
-		logger:  cfg.Logger.With("group", cfg.Group),
-		parts:   make(map[topicPartition]*partState),
-		pending: newPendingBatch(),
+		cfg:        cfg,
+		sink:       sink,
+		positioned: positioned,
+		logger:     cfg.Logger.With("group", cfg.Group),
+		parts:      make(map[topicPartition]*partState),
+		pending:    newPendingBatch(),
 	}, nil
 }
 
@@ -394,10 +399,10 @@ func (p *Projector) Run(ctx context.Context) error {
 		if room > 0 && !full && (started.IsZero() || time.Since(started) < p.cfg.MaxWait) {
 			p.applyRereads(cl)
 			pollCtx, cancel := ctx, context.CancelFunc(func() {})
-			switch _, positioned := p.sink.(projections.Positioned); {
+			switch {
 			case !started.IsZero():
 				pollCtx, cancel = context.WithDeadline(ctx, started.Add(p.cfg.MaxWait))
-			case positioned:
+			case p.positioned != nil:
 				// Back between polls, to read again a partition that
 				// checkCommitted found the sink lacking records of,
 				// should no record come.
@@ -512,8 +517,8 @@ func (p *Projector) refreshLag(ctx context.Context, adm *kadm.Client) {
 // Write records a batch's ends before its offsets are committed, so they
 // are behind only when the database lost them.
 func (p *Projector) checkCommitted(ctx context.Context) {
-	sink, ok := p.sink.(projections.Positioned)
-	if !ok {
+	sink := p.positioned
+	if sink == nil {
 		return
 	}
 	parts := make(map[topicPartition]owned)
@@ -535,6 +540,7 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 		return
 	}
 	var unrecorded []projections.End
+	gens := make(map[topicPartition]uint64)
 	p.mu.Lock()
 	for tp, o := range parts {
 		st := p.parts[tp]
@@ -546,6 +552,7 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 		switch {
 		case !ok && !st.endSeen:
 			unrecorded = append(unrecorded, projections.End{Topic: tp.topic, Partition: tp.partition, Next: o.committed})
+			gens[tp] = o.gen
 		case ok && end < o.committed && st.reread < 0:
 			p.lacks(tp, st, end, o.committed)
 		}
@@ -568,10 +575,11 @@ func (p *Projector) checkCommitted(ctx context.Context) {
 		}
 		return
 	}
-	p.recorded(unrecorded, parts)
+	p.recorded(unrecorded, gens)
 }
 
-// owned is a partition this assignment owned, as of its gen.
+// owned is a partition this assignment owned, as of its gen, and where
+// the group was.
 type owned struct {
 	gen       uint64
 	committed int64
@@ -580,14 +588,14 @@ type owned struct {
 	endSeen bool
 }
 
-// recorded marks the partitions of ends, if still owned as in parts, as
+// recorded marks the partitions of ends, if still owned as of gens, as
 // having ends in the sink (endSeen), once they were written.
-func (p *Projector) recorded(ends []projections.End, parts map[topicPartition]owned) {
+func (p *Projector) recorded(ends []projections.End, gens map[topicPartition]uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range ends {
 		tp := topicPartition{e.Topic, e.Partition}
-		if st, o := p.parts[tp], parts[tp]; st != nil && st.owned && st.gen == o.gen {
+		if st, gen := p.parts[tp], gens[tp]; st != nil && st.owned && st.gen == gen {
 			st.endSeen = true
 		}
 	}
@@ -955,7 +963,7 @@ func (p *Projector) flush(ctx context.Context, cl *kgo.Client) error {
 	p.mu.Unlock()
 
 	batch := b.batch
-	positioned, _ := p.sink.(projections.Positioned)
+	positioned := p.positioned
 	if positioned != nil {
 		// Recorded even for partitions of markers alone, or where the
 		// sink lacks them it would go back for them again and again.
@@ -971,11 +979,7 @@ func (p *Projector) flush(ctx context.Context, cl *kgo.Client) error {
 		}
 		if err == nil {
 			if positioned != nil {
-				parts := make(map[topicPartition]owned, len(gens))
-				for tp, gen := range gens {
-					parts[tp] = owned{gen: gen}
-				}
-				p.recorded(batch.Ends, parts)
+				p.recorded(batch.Ends, gens)
 			}
 			break
 		}
