@@ -161,8 +161,11 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 		Long: `status reads the group's committed offsets and the topics' ends from Kafka.
 With --clickhouse-dsn it also shows where the projection's records end in each
 partition (PROJECTED), as the projection records it, and says so when that is
-before the group's offset: a database restored from an older backup, whose
-records a running projector reads again.`,
+before the group's offset (a database restored from an older backup, whose
+records a running projector reads again), or when the projection has no end of
+a partition the group says it had one of (a restore in progress, or a database
+restored from a backup without ends, or a new one: a projector holds the
+partition; see record-ends).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -175,7 +178,7 @@ records a running projector reads again.`,
 			} else if err != nil {
 				return err
 			}
-			behind := 0
+			behind, held := 0, 0
 			if ch.dsn != "" {
 				st, err := ch.open(ctx, g.logger())
 				if err != nil {
@@ -187,7 +190,7 @@ records a running projector reads again.`,
 				if pos, err := st.Positions(ctx); err != nil {
 					fmt.Fprintf(cmd.ErrOrStderr(), "where the projection's records end is not shown: %v\n", err)
 				} else {
-					behind = s.SetEnds(pos)
+					behind, held = s.SetEnds(pos)
 				}
 			}
 			if statusJSON {
@@ -196,6 +199,9 @@ records a running projector reads again.`,
 			fmt.Fprint(cmd.OutOrStdout(), s.String())
 			if behind > 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "the projection's records end before the group's offset on %d partitions (a database restored from an older backup?): a running projector reads them again\n", behind)
+			}
+			if held > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "the projection has no end of %d partitions the group committed with one (a restore in progress?): a projector holds them until it has; if the database, restored, has none (a backup from before ends were recorded, or a new database), run `ledger projector rebuild --swap`, or `ledger projector record-ends` to go on without what it lacks\n", held)
 			}
 			return nil
 		},
@@ -429,6 +435,59 @@ first; a group with members is refused.`,
 		},
 	}
 
+	recordEnds := &cobra.Command{
+		Use:   "record-ends",
+		Short: "Record that the projection's records end where the group is, in each partition it has no end of (a database restored from a backup without ends)",
+		Long: `record-ends is for a ClickHouse database restored from a backup taken before the
+projection recorded where its records end (schema version 8), or a new
+database, behind a group that projected into the one it replaces: a projector
+holds the partitions the group committed with an end while the database has
+none (` + "`ledger projector status --clickhouse-dsn`" + ` counts them), since it cannot
+tell what the database lacks. record-ends records, for each partition of the
+events and control topics the projection has no end of, that its records end
+at the group's committed offset (at the log start where the group has none),
+and the projector goes on from there. What the database lacks before those
+offsets stays missing from it: answers about those calls are incomplete. To
+have everything the log still holds instead, run ` + "`ledger projector rebuild --swap`" + `.
+Run it once the restore is done; a running projector goes on at its next lag
+refresh.`,
+		Args: cobra.NoArgs,
+		RunE: ch.with(g, func(cmd *cobra.Command, st *chstore.Store) error {
+			ctx := cmd.Context()
+			s, err := projector.Status(ctx, projector.StatusConfig{Client: g.kafka.client(g.logger()), Topics: g.kafka.topics(), Group: group})
+			if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
+				return err
+			}
+			pos, err := st.Positions(ctx)
+			if err != nil {
+				return err
+			}
+			var ends []projections.End
+			var said strings.Builder
+			for _, p := range s.Partitions {
+				if _, ok := pos.Lookup(p.Topic, p.Partition); ok {
+					continue
+				}
+				at, where := p.Committed, "the group's offset"
+				if at < 0 {
+					at, where = p.Start, "the log start: the group has no offset there"
+				}
+				ends = append(ends, projections.End{Topic: p.Topic, Partition: p.Partition, Next: at})
+				fmt.Fprintf(&said, "%s/%d: the projection's records end at %d (%s)\n", p.Topic, p.Partition, at, where)
+			}
+			out := cmd.OutOrStdout()
+			if len(ends) == 0 {
+				fmt.Fprintf(out, "clickhouse database %s has an end of every partition; nothing to record\n", st.Database())
+				return nil
+			}
+			if err := st.RecordEnds(ctx, ends); err != nil {
+				return err
+			}
+			fmt.Fprint(out, said.String())
+			return nil
+		}),
+	}
+
 	var sumsJSON bool
 	checksums := &cobra.Command{
 		Use:   "checksums",
@@ -447,7 +506,7 @@ first; a group with members is refused.`,
 		}),
 	}
 	checksums.Flags().BoolVar(&sumsJSON, "json", false, "print JSON")
-	cmd.AddCommand(migrate, status, rebuild, skipDeleted, checksums)
+	cmd.AddCommand(migrate, status, rebuild, skipDeleted, recordEnds, checksums)
 	return cmd
 }
 

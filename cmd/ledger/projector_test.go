@@ -680,3 +680,69 @@ func TestProjectorStatusShowsEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestProjectorRecordEnds: a database restored from a backup without ends
+// (here: the ends truncated) behind a group a projector committed with
+// them is counted by status as held, and `ledger projector record-ends`
+// records each partition's end where the group is, after which status
+// counts none and a second run has nothing to record.
+func TestProjectorRecordEnds(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	group := k.Group("record-ends")
+	produceAcross(t, k)
+	st, dsn, db := freshProjection(t)
+	p, err := projector.New(projector.Config{Client: k.Client, Topics: k.Topics, Group: group, LagRefresh: 100 * time.Millisecond, MaxWait: 20 * time.Millisecond}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	statusOf := func() (projector.GroupStatus, error) {
+		return projector.Status(t.Context(), projector.StatusConfig{Client: k.Client, Topics: k.Topics, Group: group})
+	}
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		s, err := statusOf()
+		if err != nil {
+			return err
+		}
+		for _, p := range s.Partitions {
+			if !p.Ended || p.Records > 0 {
+				return fmt.Errorf("%s/%d: ended %v, lag %d; want every partition caught up and ended", p.Topic, p.Partition, p.Ended, p.Records)
+			}
+		}
+		return nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s, err := statusOf()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	chtest.Exec(t, dsn, "TRUNCATE TABLE `"+db+"`.`projection_positions`")
+	flags := []string{"--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control,
+		"--group", group, "--clickhouse-dsn", dsn, "--clickhouse-database", db}
+	held := fmt.Sprintf("no end of %d partitions the group committed with one", len(s.Partitions))
+	if out := cli(t, append([]string{"projector", "status"}, flags...)...); !strings.Contains(out, held) {
+		t.Errorf("status over the restored database:\n%s\nwant %q", out, held)
+	}
+	out := cli(t, append([]string{"projector", "record-ends"}, flags...)...)
+	pos, err := st.Positions(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range s.Partitions {
+		if end, ok := pos.Lookup(p.Topic, p.Partition); !ok || end != p.Committed {
+			t.Errorf("%s/%d: the projection's end %d (%v) after record-ends; want the group's %d\n%s", p.Topic, p.Partition, end, ok, p.Committed, out)
+		}
+	}
+	if out := cli(t, append([]string{"projector", "status"}, flags...)...); strings.Contains(out, "no end of") {
+		t.Errorf("status after record-ends:\n%s\nwant no partition held", out)
+	}
+	if out := cli(t, append([]string{"projector", "record-ends"}, flags...)...); !strings.Contains(out, "nothing to record") {
+		t.Errorf("record-ends again:\n%s\nwant nothing to record", out)
+	}
+}

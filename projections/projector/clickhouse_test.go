@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -327,11 +328,15 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 		// refill: the restore drops the tables and fills new ones in
 		// name order, a few lag refreshes apart; else one RENAME.
 		refill bool
+		// restart: the projector is restarted once the tables are
+		// dropped, before they are filled.
+		restart bool
 	}{
-		{"records come", true, time.Hour, false, false},
-		{"no record comes", false, 100 * time.Millisecond, false, false},
-		{"a partition empty at the backup", false, 100 * time.Millisecond, true, false},
-		{"tables refilled", true, 100 * time.Millisecond, false, true},
+		{"records come", true, time.Hour, false, false, false},
+		{"no record comes", false, 100 * time.Millisecond, false, false, false},
+		{"a partition empty at the backup", false, 100 * time.Millisecond, true, false, false},
+		{"tables refilled", true, 100 * time.Millisecond, false, true, false},
+		{"tables refilled across a restart", true, 100 * time.Millisecond, true, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -367,7 +372,8 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 			adm := admin(t, k)
 			group := k.Group("restored")
 			produceLog(before)
-			p, _ := start(t, k, group, live, func(c *Config) { c.MaxBatch, c.LagRefresh = 100, tc.lagRefresh })
+			mod := func(c *Config) { c.MaxBatch, c.LagRefresh = 100, tc.lagRefresh }
+			p, stop := start(t, k, group, live, mod)
 			waitCaughtUp(t, adm, k, group)
 			if tc.empty {
 				ledgertest.WaitFor(t, 10*time.Second, func() error {
@@ -394,6 +400,11 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 			copyTables(backup, live, 0)
 			produceLog(between)
 			waitCaughtUp(t, adm, k, group)
+			if tc.restart {
+				// Every partition, the idle ones too, is committed
+				// saying the projection had an end there.
+				waitEndsMarked(t, adm, k, group)
+			}
 			// The restore, under the running projector.
 			if tc.refill {
 				if err := live.Reset(t.Context()); err != nil {
@@ -401,6 +412,10 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 				}
 				if err := live.Migrate(t.Context()); err != nil {
 					t.Fatal(err)
+				}
+				if tc.restart {
+					stop()
+					p, _ = start(t, k, group, live, mod)
 				}
 				// Records come while the tables are refilled.
 				produceLog(log[2*third:])
@@ -440,6 +455,79 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 				projectionstest.Check(t, live, projectionstest.NewOracle(produced), cfg)
 			}
 		})
+	}
+}
+
+// waitEndsMarked waits until group has committed every partition of k's
+// topics with endsMark.
+func waitEndsMarked(t *testing.T, adm *kadm.Client, k *ledgertest.Kafka, group string) {
+	t.Helper()
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		resps, err := adm.FetchOffsets(t.Context(), group)
+		if err != nil {
+			return err
+		}
+		for topic, ps := range highWatermarks(t, adm, k) {
+			for partition := range ps {
+				if r, ok := resps.Lookup(topic, partition); !ok || r.Metadata != endsMark {
+					return fmt.Errorf("%s/%d committed with metadata %q (%v); want %q", topic, partition, r.Metadata, ok, endsMark)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// A partition no record comes to is committed by no batch; the lag
+// refresh commits it where the group is, saying the projection has an end
+// there, so that the projector started after it (a restart, a rebalance)
+// holds the partition while a restore has taken its end away, and goes
+// on once the end is back. Before, the new projector knew nothing of the
+// end: it recorded one where the group was, and wrote what came.
+func TestClickHouseIdlePartitionEndsOutliveRestarts(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	ev := k.Topics.Events
+	adm := admin(t, k)
+	group := k.Group("idle-marked")
+	produce(t, k, eventRecords(t, ev, ids("i", 10))...)
+	// Where rebuild --swap leaves a group: committed from outside,
+	// without the mark, the ends recorded.
+	if err := CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	live := freshStore(t)
+	if err := live.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	mod := func(c *Config) { c.LagRefresh, c.MaxWait = 100*time.Millisecond, 20*time.Millisecond }
+	_, stop := start(t, k, group, live, mod)
+	waitEndsMarked(t, adm, k, group)
+	if got := committed(t, adm, group)[ev][0]; got != 10 {
+		t.Fatalf("committed %d after marking; want 10, where the group was", got)
+	}
+	stop()
+
+	// A restore takes the ends away; a projector starts meanwhile.
+	chtest.Exec(t, chtest.DSN(t), "TRUNCATE TABLE `"+live.Database()+"`.`projection_positions`")
+	start(t, k, group, live, mod)
+	produce(t, k, eventRecords(t, ev, ids("j", 10))...)
+	time.Sleep(time.Second)
+	if got := committed(t, adm, group)[ev][0]; got != 10 {
+		t.Errorf("committed %d while the end is gone; want the group held at 10", got)
+	}
+	if rows, err := live.EventRows(t.Context()); err != nil || rows != 0 {
+		t.Errorf("events rows %d, %v while the end is gone; want none written", rows, err)
+	}
+	if pos, err := live.Positions(t.Context()); err != nil || len(pos) != 0 {
+		t.Errorf("ends %v, %v while the end is gone; want none recorded", pos, err)
+	}
+
+	if err := live.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, adm, k, group)
+	if rows, err := live.EventRows(t.Context()); err != nil || rows != 10 {
+		t.Errorf("events rows %d, %v; want the 10 produced after the restart", rows, err)
 	}
 }
 

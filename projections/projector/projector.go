@@ -22,7 +22,12 @@
 // (a database restored from an older backup) is read again from its end
 // (checkPositions, checkCommitted, applyRereads), one whose end it has
 // shown and then lost (a restore refilling the tables) is held until the
-// end is back, and one with no end yet gets one where the group is.
+// end is back, and one with no end yet gets one where the group is. That
+// the projection had an end outlives the process: the group's offsets are
+// committed with metadata saying so (endsMark), which a partition's next
+// owner reads before it writes anything of it (learnMarks), so that a
+// projector restarted or rebalanced during a restore holds the partition
+// too.
 //
 // Rebalances. Polls and the rebalance callbacks exclude each other
 // (kgo.BlockRebalanceOnPoll, allowed again right after each poll), and a
@@ -79,6 +84,13 @@ const (
 	// DefaultLagRefresh is how often the lag is read from the brokers.
 	DefaultLagRefresh = 5 * time.Second
 )
+
+// endsMark is the metadata of the offsets the projector commits when its
+// sink records where its records end: the projection had recorded an end
+// of the partition, at or past the offset, when the group committed it.
+// kgo's own metadata (the member id), an older build's, and commits from
+// outside the group (CommitOffsets) are anything else.
+const endsMark = "ledger-projector:ends/1"
 
 // Config configures a Projector.
 type Config struct {
@@ -235,6 +247,11 @@ type partState struct {
 	// an end recorded now outlast the restore's and hide what it lacks.
 	// endGone says so was logged.
 	endSeen, endGone bool
+	// learned: the group's commit of the partition was read in this
+	// assignment (learnMarks); marked: that commit, or one of this
+	// assignment, carries endsMark. A partition learned marked is
+	// endSeen from the start.
+	learned, marked bool
 	// reread, when not negative, is where the partition must be read
 	// from again before the next poll (applyRereads): where the
 	// projection's records end, short of where the group is
@@ -383,7 +400,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	// first).
 	refreshCtx, stopRefresh := context.WithCancel(ctx)
 	var refreshing sync.WaitGroup
-	refreshing.Go(func() { p.refreshLag(refreshCtx, kadm.NewClient(cl)) })
+	refreshing.Go(func() { p.refreshLag(refreshCtx, cl) })
 	defer refreshing.Wait()
 	defer stopRefresh()
 	p.logger.Info("projector started", "events_topic", t.Events, "control_topic", t.Control,
@@ -457,7 +474,8 @@ func (p *Projector) Run(ctx context.Context) error {
 // brokers every LagRefresh until ctx is done: the lag goes on growing while
 // writes fail and nothing is polled, and it covers partitions no fetch
 // returned records of.
-func (p *Projector) refreshLag(ctx context.Context, adm *kadm.Client) {
+func (p *Projector) refreshLag(ctx context.Context, cl *kgo.Client) {
+	adm := kadm.NewClient(cl)
 	topics := []string{p.cfg.Topics.Events, p.cfg.Topics.Control}
 	tick := time.NewTicker(p.cfg.LagRefresh)
 	defer tick.Stop()
@@ -505,7 +523,7 @@ func (p *Projector) refreshLag(ctx context.Context, adm *kadm.Client) {
 			}
 		}
 		p.mu.Unlock()
-		p.checkCommitted(ctx)
+		p.checkCommitted(ctx, cl, adm)
 	}
 }
 
@@ -515,12 +533,21 @@ func (p *Projector) refreshLag(ctx context.Context, adm *kadm.Client) {
 // lacking what a database restored from an older backup lost, until its
 // next record. Committed offsets are taken before the ends are read:
 // Write records a batch's ends before its offsets are committed, so they
-// are behind only when the database lost them.
-func (p *Projector) checkCommitted(ctx context.Context) {
+// are behind only when the database lost them. Last, the partitions the
+// sink has an end of are committed with endsMark where the group has them
+// without it (markEnded).
+func (p *Projector) checkCommitted(ctx context.Context, cl *kgo.Client, adm *kadm.Client) {
 	sink := p.positioned
 	if sink == nil {
 		return
 	}
+	if err := p.learnMarks(ctx, adm); err != nil {
+		if ctx.Err() == nil {
+			p.logger.Warn("reading the group's committed offsets failed; trying again later", "err", err)
+		}
+		return
+	}
+	defer p.markEnded(ctx, cl)
 	parts := make(map[topicPartition]owned)
 	p.mu.Lock()
 	for tp, st := range p.parts {
@@ -601,6 +628,101 @@ func (p *Projector) recorded(ends []projections.End, gens map[topicPartition]uin
 	}
 }
 
+// learnMarks reads the group's commits of the partitions this assignment
+// has not yet (learned), and takes a partition committed with endsMark as
+// one whose end the sink has shown (endSeen): a restart or a rebalance
+// during a restore otherwise forgets it, and the new owner, finding no end
+// in the tables the restore is refilling, records one where the group is,
+// which then hides what the restored database lacks. A partition is
+// learned before anything of it is written (checkPositions,
+// checkCommitted).
+func (p *Projector) learnMarks(ctx context.Context, adm *kadm.Client) error {
+	gens := make(map[topicPartition]uint64)
+	p.mu.Lock()
+	for tp, st := range p.parts {
+		if st.owned && !st.learned {
+			gens[tp] = st.gen
+		}
+	}
+	p.mu.Unlock()
+	if len(gens) == 0 {
+		return nil
+	}
+	resps, err := adm.FetchOffsets(ctx, p.cfg.Group)
+	if err != nil {
+		return fmt.Errorf("fetch the offsets of group %s: %w", p.cfg.Group, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for tp, gen := range gens {
+		st := p.parts[tp]
+		if !st.owned || st.gen != gen {
+			continue
+		}
+		r, ok := resps.Lookup(tp.topic, tp.partition)
+		if ok && r.Err != nil {
+			return fmt.Errorf("fetch the offset of group %s on %s/%d: %w", p.cfg.Group, tp.topic, tp.partition, r.Err)
+		}
+		st.learned = true
+		if ok && r.Metadata == endsMark {
+			st.marked, st.endSeen = true, true
+		}
+	}
+	return nil
+}
+
+// markEnded commits endsMark, at the offset the group is at, for each
+// partition the sink has shown an end of whose commit lacks it (made by an
+// older build, by rebuild --swap or skip-deleted, or where the lag refresh
+// just recorded the partition's first end): no batch commits a partition
+// no record comes to, and its next owner must know it had an end.
+func (p *Projector) markEnded(ctx context.Context, cl *kgo.Client) {
+	p.commitMu.Lock()
+	defer p.commitMu.Unlock()
+	offsets := make(map[string]map[int32]kgo.EpochOffset)
+	gens := make(map[topicPartition]uint64)
+	p.mu.Lock()
+	for tp, st := range p.parts {
+		if !st.owned || !st.learned || st.marked || !st.endSeen || st.endGone || st.committed < 0 || st.reread >= 0 {
+			continue
+		}
+		if offsets[tp.topic] == nil {
+			offsets[tp.topic] = make(map[int32]kgo.EpochOffset)
+		}
+		offsets[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: st.committed}
+		gens[tp] = st.gen
+	}
+	p.mu.Unlock()
+	if len(offsets) == 0 {
+		return
+	}
+	if err := commitSync(kgo.PreCommitFnContext(ctx, markEnds), cl, offsets); err != nil {
+		if ctx.Err() == nil {
+			p.commitErrors.Add(1)
+			p.logger.Warn("committing that the projection records where its records end failed; trying again later", "err", err)
+		}
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for tp, gen := range gens {
+		if st := p.parts[tp]; st.owned && st.gen == gen {
+			st.marked = true
+		}
+	}
+}
+
+// markEnds sets endsMark as the metadata of every offset req commits.
+func markEnds(req *kmsg.OffsetCommitRequest) error {
+	mark := endsMark
+	for i := range req.Topics {
+		for j := range req.Topics[i].Partitions {
+			req.Topics[i].Partitions[j].Metadata = &mark
+		}
+	}
+	return nil
+}
+
 // sawEnd notes whether the sink shows an end of tp (ok): seen once, one
 // gone is logged, once, until it is back. mu is held.
 func (p *Projector) sawEnd(tp topicPartition, st *partState, ok bool) {
@@ -612,7 +734,7 @@ func (p *Projector) sawEnd(tp topicPartition, st *partState, ok bool) {
 		st.endSeen, st.endGone = true, false
 	case st.endSeen && !st.endGone:
 		st.endGone = true
-		p.logger.Warn("the projection's end of the partition is gone (its table replaced: a restore in progress?): holding the partition until it is back; do not restart the projector before the restore is done, and restart it then if the restored database has no end for the partition (a backup from before ends were recorded)",
+		p.logger.Warn("the projection's end of the partition is gone (its table replaced: a restore in progress?): holding the partition until it is back; if the database, the restore done, has no end for the partition (a backup from before ends were recorded, or a new database), run `ledger projector rebuild --swap`, or `ledger projector record-ends` to go on without what it lacks",
 			"topic", tp.topic, "partition", tp.partition)
 	}
 }
@@ -972,7 +1094,7 @@ func (p *Projector) flush(ctx context.Context, cl *kgo.Client) error {
 	for attempt := 1; batch.Len() > 0 || len(batch.Ends) > 0; attempt++ {
 		var err error
 		if positioned != nil {
-			batch, err = p.checkPositions(ctx, positioned, batch, b, gens)
+			batch, err = p.checkPositions(ctx, cl, positioned, batch, b, gens)
 		}
 		if err == nil && (batch.Len() > 0 || len(batch.Ends) > 0) {
 			err = p.sink.Write(ctx, batch)
@@ -1067,8 +1189,12 @@ func ends(next map[topicPartition]kgo.EpochOffset) []projections.End {
 // projected would be missing for good, without a word. A partition
 // whose start is unknown (the group never committed it) or that the
 // sink has no end for (written before ends were recorded) is written as
-// it is.
-func (p *Projector) checkPositions(ctx context.Context, sink projections.Positioned, batch projections.Batch, b *pendingBatch, gens map[topicPartition]uint64) (projections.Batch, error) {
+// it is. The group's commits are read first (learnMarks): a partition
+// committed where the sink had an end is held while it has none.
+func (p *Projector) checkPositions(ctx context.Context, cl *kgo.Client, sink projections.Positioned, batch projections.Batch, b *pendingBatch, gens map[topicPartition]uint64) (projections.Batch, error) {
+	if err := p.learnMarks(ctx, kadm.NewClient(cl)); err != nil {
+		return batch, err
+	}
 	pos, err := sink.Positions(ctx)
 	if err != nil {
 		return batch, fmt.Errorf("read the projection's positions: %w", err)
@@ -1186,6 +1312,34 @@ func (p *Projector) commit(ctx context.Context, cl *kgo.Client, b *pendingBatch,
 		return
 	}
 
+	cctx := ctx
+	if p.positioned != nil {
+		// Every partition committed here had its end written with
+		// the batch (flush).
+		cctx = kgo.PreCommitFnContext(ctx, markEnds)
+	}
+	if cerr := commitSync(cctx, cl, offsets); cerr != nil {
+		if ctx.Err() == nil {
+			p.commitErrors.Add(1)
+			p.logger.Warn("offset commit failed; the batch will be read again", "records", b.records, "err", cerr)
+		}
+		return
+	}
+	p.mu.Lock()
+	for topic, ps := range offsets {
+		for partition, o := range ps {
+			if st := p.parts[topicPartition{topic, partition}]; st.gen == gens[topicPartition{topic, partition}] {
+				st.committed = o.Offset
+				st.marked = p.positioned != nil
+			}
+		}
+	}
+	p.mu.Unlock()
+}
+
+// commitSync commits offsets as a member of the group, and returns the
+// first error, the request's or a partition's.
+func commitSync(ctx context.Context, cl *kgo.Client, offsets map[string]map[int32]kgo.EpochOffset) error {
 	var cerr error
 	cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		if err != nil {
@@ -1200,22 +1354,7 @@ func (p *Projector) commit(ctx context.Context, cl *kgo.Client, b *pendingBatch,
 			}
 		}
 	})
-	if cerr != nil {
-		if ctx.Err() == nil {
-			p.commitErrors.Add(1)
-			p.logger.Warn("offset commit failed; the batch will be read again", "records", b.records, "err", cerr)
-		}
-		return
-	}
-	p.mu.Lock()
-	for topic, ps := range offsets {
-		for partition, o := range ps {
-			if st := p.parts[topicPartition{topic, partition}]; st.gen == gens[topicPartition{topic, partition}] {
-				st.committed = o.Offset
-			}
-		}
-	}
-	p.mu.Unlock()
+	return cerr
 }
 
 // assigned is the OnPartitionsAssigned callback.
@@ -1226,7 +1365,7 @@ func (p *Projector) assigned(_ context.Context, _ *kgo.Client, added map[string]
 		for _, partition := range ps {
 			st := p.state(topicPartition{topic, partition})
 			st.owned, st.end, st.committed, st.next, st.reread, st.start = true, -1, -1, -1, -1, -1
-			st.endSeen, st.endGone = false, false
+			st.endSeen, st.endGone, st.learned, st.marked = false, false, false, false
 		}
 	}
 	if len(added) > 0 {
@@ -1252,7 +1391,7 @@ func (p *Projector) revoked(_ context.Context, _ *kgo.Client, lost map[string][]
 			st := p.state(tp)
 			st.gen++
 			st.owned, st.end, st.committed, st.next, st.reread, st.start = false, -1, -1, -1, -1, -1
-			st.endSeen, st.endGone = false, false
+			st.endSeen, st.endGone, st.learned, st.marked = false, false, false, false
 			st.pendingOldest, st.inflightOldest = time.Time{}, time.Time{}
 		}
 	}

@@ -79,24 +79,35 @@ type PartitionStatus struct {
 	// Projected is where the projection's records end, as it says
 	// (SetEnds); nil when not asked, or it has no end for the partition.
 	Projected *int64 `json:"projected,omitempty"`
+	// Ended: the group's offset was committed by a projector whose
+	// projection recorded an end of the partition there. A projector
+	// holds such a partition while the projection has no end of it (a
+	// restore in progress, or a database restored from a backup taken
+	// before ends were recorded).
+	Ended bool `json:"ended,omitempty"`
 }
 
 // SetEnds sets each partition's Projected from pos, where the projection
 // says its records end (projections.Positioned), and returns the
-// partitions the projection holds less of than the group committed: a
+// partitions the projection holds less of than the group committed (a
 // database restored from an older backup, whose records a running
-// projector reads again.
-func (s *GroupStatus) SetEnds(pos projections.Positions) (behind int) {
+// projector reads again), and those it has no end of though the group says
+// it had one (Ended: a projector holds them).
+func (s *GroupStatus) SetEnds(pos projections.Positions) (behind, held int) {
 	for i := range s.Partitions {
 		p := &s.Partitions[i]
-		if end, ok := pos.Lookup(p.Topic, p.Partition); ok {
+		end, ok := pos.Lookup(p.Topic, p.Partition)
+		switch {
+		case ok:
 			p.Projected = &end
 			if end < p.Committed {
 				behind++
 			}
+		case p.Ended:
+			held++
 		}
 	}
-	return behind
+	return behind, held
 }
 
 // Status reads the group's committed offsets and the topics' ends, for a
@@ -186,7 +197,7 @@ func positions(ctx context.Context, adm *kadm.Client, group string, topics []str
 				Start: starts[topic][partition], End: end, Stable: stables[topic][partition],
 			}
 			if o, ok := committed.Lookup(topic, partition); ok && o.Err == nil && o.At >= 0 {
-				s.Committed = o.At
+				s.Committed, s.Ended = o.At, o.Metadata == endsMark
 			}
 			out[topicPartition{topic, partition}] = s
 		}
