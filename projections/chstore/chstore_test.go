@@ -1362,3 +1362,45 @@ func TestChecksumsInBoundedMemory(t *testing.T) {
 		t.Errorf("events checksum over %d rows; want the %d distinct events", got, rows)
 	}
 }
+
+// Lacking compares a large month a share of its ids at a time, in bounded
+// memory, and still counts every event and control subject the other
+// database lacks, in every share and month. Before, a month's ids were
+// held whole, twice: 600,000 of them wanted 318 MiB (the bound below is
+// 64), and a deployment's month of events more than the server's own.
+func TestLackingInBoundedMemory(t *testing.T) {
+	live, rebuilt := openStore(t), openStore(t)
+	live.lackingIDs = 100_000
+	insert := func(s *Store, month string, n int, where string) {
+		chtest.Exec(t, chtest.DSN(t), fmt.Sprintf("INSERT INTO %s (tenant_id, tool, at, idempotency_key, event_id, seq, body)"+
+			" SELECT 't_a', 'refund_order', toDateTime('%s 00:00:00') + number %% 86400, toString(number), concat('e-%s-', toString(number)), 1, ''"+
+			" FROM system.numbers WHERE %s LIMIT %d", s.table("events"), month, month, where, n))
+	}
+	insert(live, "2026-01-01", 600_000, "1")
+	insert(live, "2026-02-01", 1000, "1")
+	// The rebuild lacks 1 in 20,000 of January's (30, in every share)
+	// and 1 in 250 of February's (4).
+	insert(rebuilt, "2026-01-01", 600_000-30, "number % 20000 != 7")
+	insert(rebuilt, "2026-02-01", 1000-4, "number % 250 != 3")
+	for _, s := range []*Store{live, rebuilt} {
+		chtest.Exec(t, chtest.DSN(t), "OPTIMIZE TABLE "+s.table("events")+" FINAL")
+	}
+	for _, subject := range []string{"tool:a", "tool:b", "family:c"} {
+		chtest.Exec(t, chtest.DSN(t), fmt.Sprintf("INSERT INTO %s (subject, at, kind) SELECT '%s', now(), 'freeze'", live.table("control_actions"), subject))
+		if subject != "family:c" {
+			chtest.Exec(t, chtest.DSN(t), fmt.Sprintf("INSERT INTO %s (subject, at, kind) SELECT '%s', now(), 'freeze'", rebuilt.table("control_actions"), subject))
+		}
+	}
+	ctx := clickhouse.Context(t.Context(), clickhouse.WithSettings(clickhouse.Settings{
+		"max_memory_usage": 64 << 20,
+		"max_threads":      2,
+		"max_block_size":   8192,
+	}))
+	events, subjects, err := live.Lacking(ctx, rebuilt)
+	if err != nil {
+		t.Fatalf("Lacking under 64 MiB: %v", err)
+	}
+	if events != 34 || subjects != 1 {
+		t.Errorf("Lacking = %d events, %d subjects; want 34 and 1", events, subjects)
+	}
+}
