@@ -55,7 +55,7 @@ questions from ClickHouse to operators: GET /v1/blast-radius, /v1/outcomes,
 			if _, gap, err := projectionGap(ctx, st, g.kafka.client(logger), g.kafka.topics(), group); err != nil {
 				return err
 			} else if gap {
-				return fmt.Errorf("clickhouse database %s holds no events (or no control actions), but group %s has committed offsets on that topic past the start of its log: projecting from there would leave out everything before; run `ledger projector rebuild --swap` (with the projector stopped), or delete the group", st.Database(), group)
+				return fmt.Errorf("clickhouse database %s holds no events (or no control actions), but group %s has committed offsets on that topic past the start of its log: projecting from there would leave out everything before. If a restore of the database is in progress, start the projector once it is done; else run `ledger projector rebuild --swap` (with the projector stopped), or delete the group", st.Database(), group)
 			}
 			if lost, err := startOffsets(ctx, st, g.kafka.client(logger), g.kafka.topics(), group); err != nil {
 				return err
@@ -454,6 +454,11 @@ refresh.`,
 		Args: cobra.NoArgs,
 		RunE: ch.with(g, func(cmd *cobra.Command, st *chstore.Store) error {
 			ctx := cmd.Context()
+			// A backup of an older schema version has no table of
+			// ends to record them in.
+			if err := checkSchema(ctx, st); err != nil {
+				return err
+			}
 			s, err := projector.Status(ctx, projector.StatusConfig{Client: g.kafka.client(g.logger()), Topics: g.kafka.topics(), Group: group})
 			if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
 				return err

@@ -745,4 +745,17 @@ func TestProjectorRecordEnds(t *testing.T) {
 	if out := cli(t, append([]string{"projector", "record-ends"}, flags...)...); !strings.Contains(out, "nothing to record") {
 		t.Errorf("record-ends again:\n%s\nwant nothing to record", out)
 	}
+
+	// A backup of a schema version without ends: migrate first.
+	older := chstore.LatestVersion() - 1
+	chtest.Exec(t, dsn, fmt.Sprintf("ALTER TABLE `%s`.schema_migrations DELETE WHERE version > %d", db, older))
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if v, err := st.SchemaVersion(t.Context()); err != nil || v != older {
+			return fmt.Errorf("schema version %d, %v; want %d", v, err, older)
+		}
+		return nil
+	})
+	if err := cliErr(t, append([]string{"projector", "record-ends"}, flags...)...); err == nil || !strings.Contains(err.Error(), "`ledger projector migrate`") {
+		t.Errorf("record-ends over schema version %d: %v; want it refused, saying to migrate", older, err)
+	}
 }

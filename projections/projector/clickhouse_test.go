@@ -518,8 +518,12 @@ func TestClickHouseIdlePartitionEndsOutliveRestarts(t *testing.T) {
 	if rows, err := live.EventRows(t.Context()); err != nil || rows != 0 {
 		t.Errorf("events rows %d, %v while the end is gone; want none written", rows, err)
 	}
-	if pos, err := live.Positions(t.Context()); err != nil || len(pos) != 0 {
-		t.Errorf("ends %v, %v while the end is gone; want none recorded", pos, err)
+	// (The control topic's partition, empty, gets its end again: the
+	// log has nothing before it that a restore could lack.)
+	if pos, err := live.Positions(t.Context()); err != nil {
+		t.Fatal(err)
+	} else if end, ok := pos.Lookup(ev, 0); ok {
+		t.Errorf("the events partition's end recorded at %d while it is gone; want none", end)
 	}
 
 	if err := live.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 10}}); err != nil {
@@ -569,19 +573,28 @@ func (s *countingSink) Positions(ctx context.Context) (projections.Positions, er
 }
 
 // A partition held because its end is gone (a restore refilling the
-// tables) is read again after a lag refresh, not in a loop: before, each
-// flush re-read and held the same records, asking ClickHouse for the ends
-// every batch wait while the restore ran. Once the end is back, every
-// record is written.
+// tables) is not fetched until its end is back, and the others go on
+// meanwhile. Before, each flush re-read and held the same records, asking
+// ClickHouse for the ends every batch wait while the restore ran; then the
+// whole projector waited a lag refresh after each batch that held one,
+// for good where the end never came back (a backup without ends), so the
+// other partitions crawled. Once the end is back, every record is written.
 func TestClickHouseHeldPartitionWaits(t *testing.T) {
-	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
 	ev := k.Topics.Events
 	live := freshStore(t)
 	sink := &countingSink{Store: live}
 	adm := admin(t, k)
 	group := k.Group("held")
+	onPartition := func(recs []*kgo.Record, partition int32) []*kgo.Record {
+		for _, r := range recs {
+			r.Partition = partition
+		}
+		return recs
+	}
 	produce(t, k, eventRecords(t, ev, ids("h", 20))...)
-	start(t, k, group, sink, func(c *Config) { c.LagRefresh, c.MaxWait = time.Second, 20*time.Millisecond })
+	produce(t, k, onPartition(eventRecords(t, ev, ids("o", 20)), 1)...)
+	p, _ := start(t, k, group, sink, func(c *Config) { c.LagRefresh, c.MaxWait, c.MaxBatch = time.Second, 20*time.Millisecond, 10 })
 	waitCaughtUp(t, adm, k, group)
 	ends, err := live.Positions(t.Context())
 	if err != nil {
@@ -589,12 +602,39 @@ func TestClickHouseHeldPartitionWaits(t *testing.T) {
 	}
 	end, _ := ends.Lookup(ev, 0)
 
+	// The restore takes partition 0's end away.
 	chtest.Exec(t, chtest.DSN(t), "TRUNCATE TABLE `"+live.Database()+"`.`projection_positions`")
+	var others []projections.End
+	for topic, ps := range ends {
+		for partition, next := range ps {
+			if topic != ev || partition != 0 {
+				others = append(others, projections.End{Topic: topic, Partition: partition, Next: next})
+			}
+		}
+	}
+	if err := live.RecordEnds(t.Context(), others); err != nil {
+		t.Fatal(err)
+	}
 	produce(t, k, eventRecords(t, ev, ids("g", 20))...)
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if held := p.Lag().Held; held != 1 {
+			return fmt.Errorf("%d partitions held; want partition 0", held)
+		}
+		return nil
+	})
 	before := sink.reads.Load()
-	time.Sleep(3 * time.Second)
-	if n := sink.reads.Load() - before; n > 10 {
-		t.Errorf("%d reads of the ends in 3 s while the partition was held; want about one a lag refresh (1 s)", n)
+	// Partition 1 goes on, in batches of 10, while 0 is held.
+	produce(t, k, onPartition(eventRecords(t, ev, ids("p", 200)), 1)...)
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if got := committed(t, adm, group)[ev][1]; got != 220 {
+			return fmt.Errorf("partition 1 committed at %d while partition 0 is held; want 220", got)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second)
+	// About one a batch of partition 1 and one a lag refresh.
+	if n := sink.reads.Load() - before; n > 60 {
+		t.Errorf("%d reads of the ends while partition 0 was held; want one a batch of partition 1 (20) and one a lag refresh (1 s)", n)
 	}
 	if got := committed(t, adm, group)[ev][0]; got != end {
 		t.Errorf("committed %d while the end is gone; want the group held at %d", got, end)
@@ -604,7 +644,96 @@ func TestClickHouseHeldPartitionWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCaughtUp(t, adm, k, group)
-	if rows, err := live.EventRows(t.Context()); err != nil || rows < 40 {
-		t.Errorf("events rows %d, %v; want the 40 produced", rows, err)
+	if rows, err := live.EventRows(t.Context()); err != nil || rows < 260 {
+		t.Errorf("events rows %d, %v; want the 260 produced", rows, err)
+	}
+	if held := p.Lag().Held; held != 0 {
+		t.Errorf("%d partitions held once the end is back; want none", held)
+	}
+}
+
+// endsSink is a Positioned sink whose ends are pos.
+type endsSink struct {
+	recSink
+	pos projections.Positions
+}
+
+func (s *endsSink) Positions(context.Context) (projections.Positions, error) { return s.pos, nil }
+
+// A partition revoked while a flush reads the projection's ends is taken
+// out of the batch, its rows and its end, and out of the commit: its next
+// owner reads it again from the group's offset, having read the ends
+// itself. Before, it was written as it was: its end, written into tables
+// a restore was refilling, outlasted the restore's and hid what the
+// restored database lacked.
+func TestCheckPositionsDropsRevokedPartitions(t *testing.T) {
+	sink := &endsSink{}
+	p, err := New(Config{Client: ledger.ClientConfig{Brokers: []string{"127.0.0.1:1"}}}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := p.cfg.Topics.Events
+	kept, revoked := topicPartition{ev, 0}, topicPartition{ev, 1}
+	sink.pos = projections.Positions{}
+	sink.pos.Set(ev, 0, 10)
+	b := newPendingBatch()
+	var batch projections.Batch
+	gens := make(map[topicPartition]uint64)
+	for _, tp := range []topicPartition{kept, revoked} {
+		st := p.state(tp)
+		st.owned, st.learned, st.endSeen, st.start, st.committed, st.next = true, true, true, 0, 10, 12
+		gens[tp] = st.gen
+		b.add(&readPart{tp: tp, from: 10, next: kgo.EpochOffset{Offset: 12}, records: 2})
+		batch.Events = append(batch.Events, projections.Event{Partition: tp.partition, Offset: 10}, projections.Event{Partition: tp.partition, Offset: 11})
+	}
+	batch.Ends = ends(b.next)
+	// Revoked while the flush read the ends (a rebalance: another
+	// projector joined), the restore having taken its end away.
+	p.revoked(t.Context(), nil, map[string][]int32{ev: {1}})
+
+	out, err := p.checkPositions(t.Context(), nil, sink, batch, b, gens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range out.Events {
+		if e.Partition != 0 {
+			t.Errorf("event of partition %d at %d in the batch written; want only partition 0's", e.Partition, e.Offset)
+		}
+	}
+	if len(out.Events) != 2 {
+		t.Errorf("%d events in the batch written; want partition 0's 2", len(out.Events))
+	}
+	if want := []projections.End{{Topic: ev, Partition: 0, Next: 12}}; !slices.Equal(out.Ends, want) {
+		t.Errorf("ends written %v; want %v", out.Ends, want)
+	}
+	if _, ok := b.next[revoked]; ok {
+		t.Errorf("the revoked partition is in the batch's commit: %v", b.next)
+	}
+}
+
+// A group committed with ends at the log start (a dev ledger run before
+// any call) behind a new database (the developer dropped the old one) is
+// not held: the log has nothing before the group's offset that the
+// database could lack. Before, every partition was held for good, with a
+// warning about a restore.
+func TestClickHouseNewDatabaseAtTheLogStart(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	ev := k.Topics.Events
+	adm := admin(t, k)
+	group := k.Group("new-db")
+	mod := func(c *Config) { c.LagRefresh, c.MaxWait = 100*time.Millisecond, 20*time.Millisecond }
+	_, stop := start(t, k, group, freshStore(t), mod)
+	waitEndsMarked(t, adm, k, group)
+	stop()
+
+	fresh := freshStore(t)
+	p, _ := start(t, k, group, fresh, mod)
+	produce(t, k, eventRecords(t, ev, ids("n", 10))...)
+	waitCaughtUp(t, adm, k, group)
+	if rows, err := fresh.EventRows(t.Context()); err != nil || rows != 10 {
+		t.Errorf("events rows %d, %v; want the 10 produced", rows, err)
+	}
+	if held := p.Lag().Held; held != 0 {
+		t.Errorf("%d partitions held; want none", held)
 	}
 }

@@ -19,6 +19,11 @@ type Lag struct {
 	Records int64
 	// Time is the largest of the partitions' lag in time.
 	Time time.Duration
+	// Held counts the assigned partitions held because the projection's
+	// end of them is gone (a restore in progress, or a database restored
+	// from a backup without ends): nothing of them is fetched or written
+	// until it is back.
+	Held int
 	// Partitions are the partitions assigned to this projector, by topic
 	// and partition, once a fetch or a refresh from the brokers (every
 	// Config.LagRefresh) told their end.
@@ -49,6 +54,9 @@ func (p *Projector) Lag() Lag {
 	p.mu.Lock()
 	var l Lag
 	for tp, st := range p.parts {
+		if st.owned && st.paused {
+			l.Held++
+		}
 		if !st.owned || st.end < 0 || st.committed < 0 {
 			continue
 		}
@@ -146,6 +154,8 @@ func (p *Projector) writeMetrics(w *bufio.Writer) {
 	for _, pl := range lag.Partitions {
 		fmt.Fprintf(w, "ledger_projector_lag_seconds%s %s\n", labels(pl), formatFloat(pl.Time.Seconds()))
 	}
+	header("ledger_projector_held_partitions", "gauge", "Assigned partitions held because the projection's record of where its records end is gone (a restore in progress, or a database restored from a backup without ends: see `ledger projector record-ends`); nothing of them is written until it is back.")
+	fmt.Fprintf(w, "ledger_projector_held_partitions{%s} %d\n", role, lag.Held)
 	for _, c := range []struct {
 		name, help string
 		v          int64

@@ -195,12 +195,6 @@ type Projector struct {
 	rereads      atomic.Int64
 	latency      Histogram
 
-	// held, set by flush and read by Run (its goroutine only), says the
-	// last flush held partitions whose end is gone: Run waits a lag
-	// refresh before it reads them again, rather than read and hold the
-	// same records over and over while a restore runs.
-	held bool
-
 	// stop, set and read by Run's goroutine only, is why Run must stop:
 	// a record it must not skip (ErrNewerRecord), or records the log
 	// deleted before they were read (ErrRecordsDeleted).
@@ -247,6 +241,13 @@ type partState struct {
 	// an end recorded now outlast the restore's and hide what it lacks.
 	// endGone says so was logged.
 	endSeen, endGone bool
+	// hold: checkPositions found the end gone, and applyRereads is to
+	// pause the partition's fetches once it has moved it back; paused:
+	// it did, until the lag refresh sees the end back (checkCommitted),
+	// so that a partition held for long (a restore from a backup
+	// without ends, until record-ends) neither slows the others nor is
+	// read over and over.
+	hold, paused bool
 	// learned: the group's commit of the partition was read in this
 	// assignment (learnMarks); marked: that commit, or one of this
 	// assignment, carries endsMark. A partition learned marked is
@@ -456,13 +457,6 @@ func (p *Projector) Run(ctx context.Context) error {
 			if err := p.flush(ctx, cl); err != nil {
 				break // ctx is done
 			}
-			if p.held {
-				p.held = false
-				select {
-				case <-ctx.Done():
-				case <-time.After(p.cfg.LagRefresh):
-				}
-			}
 		}
 	}
 	p.logger.Info("projector stopping")
@@ -551,8 +545,8 @@ func (p *Projector) checkCommitted(ctx context.Context, cl *kgo.Client, adm *kad
 	parts := make(map[topicPartition]owned)
 	p.mu.Lock()
 	for tp, st := range p.parts {
-		if st.owned && st.committed >= 0 {
-			parts[tp] = owned{st.gen, st.committed, st.endSeen}
+		if st.owned && st.learned && st.committed >= 0 {
+			parts[tp] = owned{st.gen, st.committed, st.start, st.endSeen}
 		}
 	}
 	p.mu.Unlock()
@@ -571,13 +565,14 @@ func (p *Projector) checkCommitted(ctx context.Context, cl *kgo.Client, adm *kad
 	p.mu.Lock()
 	for tp, o := range parts {
 		st := p.parts[tp]
-		if !st.owned || st.gen != o.gen || st.endSeen != o.endSeen {
+		// learned too: assigned clears it without a new gen.
+		if !st.owned || !st.learned || st.gen != o.gen || st.endSeen != o.endSeen {
 			continue
 		}
 		end, ok := pos.Lookup(tp.topic, tp.partition)
 		p.sawEnd(tp, st, ok)
 		switch {
-		case !ok && !st.endSeen:
+		case !ok && (!st.endSeen || !holds(o.start, o.committed)):
 			unrecorded = append(unrecorded, projections.End{Topic: tp.topic, Partition: tp.partition, Next: o.committed})
 			gens[tp] = o.gen
 		case ok && end < o.committed && st.reread < 0:
@@ -610,6 +605,8 @@ func (p *Projector) checkCommitted(ctx context.Context, cl *kgo.Client, adm *kad
 type owned struct {
 	gen       uint64
 	committed int64
+	// start is where the log started, at the last lag refresh.
+	start int64
 	// endSeen as it was before the ends were read: a flush that wrote
 	// the partition's first end meanwhile makes the read stale.
 	endSeen bool
@@ -1206,22 +1203,31 @@ func (p *Projector) checkPositions(ctx context.Context, cl *kgo.Client, sink pro
 	p.mu.Lock()
 	for tp, from := range b.from {
 		st := p.parts[tp]
-		current := st.owned && st.gen == gens[tp]
-		end, ok := pos.Lookup(tp.topic, tp.partition)
-		if current {
-			p.sawEnd(tp, st, ok)
+		if !st.owned || st.gen != gens[tp] {
+			// Revoked since the batch was taken: its next owner
+			// reads it again from the group's offset, having read
+			// the ends. Written here, its end might outlast a
+			// restore's and hide what the restore lacks.
+			lacking[tp] = -1
+			continue
 		}
+		if !st.learned {
+			// Not met: learnMarks just read every owned partition's.
+			p.mu.Unlock()
+			return batch, fmt.Errorf("the group's offset of %s/%d is not read yet", tp.topic, tp.partition)
+		}
+		end, ok := pos.Lookup(tp.topic, tp.partition)
+		p.sawEnd(tp, st, ok)
 		switch {
 		case from < 0:
 		case ok && end < from:
 			lacking[tp] = end
-			if current {
-				p.lacks(tp, st, end, from)
-			}
-		case !ok && current && st.endSeen:
+			p.lacks(tp, st, end, from)
+		case !ok && st.endSeen && holds(st.start, from):
+			// Held: read again from the batch's start, and not
+			// fetched (applyRereads) until the end is back.
 			lacking[tp] = from
-			st.reread = from
-			p.held = true
+			st.reread, st.hold = from, true
 		}
 	}
 	for tp := range lacking {
@@ -1240,15 +1246,42 @@ func (p *Projector) checkPositions(ctx context.Context, cl *kgo.Client, sink pro
 	}), nil
 }
 
+// holds reports whether a partition whose end the sink has shown and
+// lost must be held, rather than written from at: only while the log
+// still has records before at (start, the log start, -1 when unknown), for
+// only those can a restore lack. A partition with nothing before the
+// group's offset (a log emptied by retention, or never written; a new
+// database behind such a group) is written, and gets its end again.
+func holds(start, at int64) bool { return start < 0 || at > start }
+
 // applyRereads moves the partitions checkPositions found the sink
-// lacking records of back to where its records end. It runs on the
-// polling goroutine between polls, as kgo asks of SetOffsets; a
-// partition revoked since is its next owner's, which checks again.
+// lacking records of back to where its records end, pauses the fetches
+// of those it holds, and resumes those whose end is back or that are no
+// longer this assignment's (kgo keeps a pause through rebalances). It
+// runs on the polling goroutine between polls, as kgo asks of
+// SetOffsets; a partition revoked since is its next owner's, which checks
+// again.
 func (p *Projector) applyRereads(cl *kgo.Client) {
 	var set map[string]map[int32]kgo.EpochOffset
+	var pause, resume map[string][]int32
 	gone := make(map[topicPartition]bool)
 	p.mu.Lock()
 	for tp, st := range p.parts {
+		switch {
+		case st.hold && st.owned:
+			if pause == nil {
+				pause = make(map[string][]int32)
+			}
+			pause[tp.topic] = append(pause[tp.topic], tp.partition)
+			st.paused = true
+		case st.paused && (!st.owned || !st.endGone):
+			if resume == nil {
+				resume = make(map[string][]int32)
+			}
+			resume[tp.topic] = append(resume[tp.topic], tp.partition)
+			st.paused = false
+		}
+		st.hold = false
 		if st.reread < 0 {
 			continue
 		}
@@ -1284,6 +1317,14 @@ func (p *Projector) applyRereads(cl *kgo.Client) {
 	p.mu.Unlock()
 	if set != nil {
 		cl.SetOffsets(set)
+	}
+	// After SetOffsets: records of a paused partition fetched before
+	// the pause are dropped, and fetched again from where it was set.
+	if pause != nil {
+		cl.PauseFetchPartitions(pause)
+	}
+	if resume != nil {
+		cl.ResumeFetchPartitions(resume)
 	}
 }
 
@@ -1365,7 +1406,9 @@ func (p *Projector) assigned(_ context.Context, _ *kgo.Client, added map[string]
 		for _, partition := range ps {
 			st := p.state(topicPartition{topic, partition})
 			st.owned, st.end, st.committed, st.next, st.reread, st.start = true, -1, -1, -1, -1, -1
-			st.endSeen, st.endGone, st.learned, st.marked = false, false, false, false
+			// Not paused: applyRereads resumes a partition paused
+			// in an earlier assignment before the next poll.
+			st.endSeen, st.endGone, st.learned, st.marked, st.hold = false, false, false, false, false
 		}
 	}
 	if len(added) > 0 {
@@ -1391,7 +1434,7 @@ func (p *Projector) revoked(_ context.Context, _ *kgo.Client, lost map[string][]
 			st := p.state(tp)
 			st.gen++
 			st.owned, st.end, st.committed, st.next, st.reread, st.start = false, -1, -1, -1, -1, -1
-			st.endSeen, st.endGone, st.learned, st.marked = false, false, false, false
+			st.endSeen, st.endGone, st.learned, st.marked, st.hold = false, false, false, false, false
 			st.pendingOldest, st.inflightOldest = time.Time{}, time.Time{}
 		}
 	}
