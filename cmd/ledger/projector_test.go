@@ -725,7 +725,9 @@ func TestProjectorRecordEnds(t *testing.T) {
 	chtest.Exec(t, dsn, "TRUNCATE TABLE `"+db+"`.`projection_positions`")
 	flags := []string{"--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control,
 		"--group", group, "--clickhouse-dsn", dsn, "--clickhouse-database", db}
-	held := fmt.Sprintf("no end of %d partitions the group committed with one", len(s.Partitions))
+	// Held: the events topic's two partitions; the control topic's,
+	// empty, get their ends again (nothing there for a restore to lack).
+	held := fmt.Sprintf("no end of %d partitions the group committed with one", 2)
 	if out := cli(t, append([]string{"projector", "status"}, flags...)...); !strings.Contains(out, held) {
 		t.Errorf("status over the restored database:\n%s\nwant %q", out, held)
 	}

@@ -13,7 +13,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
@@ -735,5 +738,91 @@ func TestClickHouseNewDatabaseAtTheLogStart(t *testing.T) {
 	}
 	if held := p.Lag().Held; held != 0 {
 		t.Errorf("%d partitions held; want none", held)
+	}
+}
+
+// failListOffsets, a ControlKey function while failing holds, answers
+// every listing of offsets with a server error for each partition, as
+// brokers do for a partition without a leader.
+func failListOffsets(c *kfake.Cluster, failing *atomic.Bool) func(kmsg.Request) (kmsg.Response, error, bool) {
+	return func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !failing.Load() {
+			return nil, nil, false
+		}
+		req := kreq.(*kmsg.ListOffsetsRequest)
+		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.UnknownServerError.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	}
+}
+
+// A partition whose records retention deleted after they were projected,
+// its end gone in a restore, stays held though no record comes: counted
+// by the gauge, its end not recorded again, and compared at every lag
+// refresh even while listing the log's offsets fails. When the restore
+// brings back an end before the log start, the projector stops
+// (ErrRecordsDeleted), as for any records deleted before they were
+// projected. Before, the lag refresh recorded an end where the group was
+// (the log had nothing left before it), which outlasted the restore's and
+// hid the loss; the gauge counted only partitions a batch had paused; and
+// a failed listing skipped the comparison.
+func TestClickHouseEmptiedPartitionStaysHeld(t *testing.T) {
+	c, k := deletedLog(t, "eh", "e", 10)
+	ev := k.Topics.Events
+	adm := admin(t, k)
+	group := k.Group("emptied-held")
+	if err := CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	live := freshStore(t)
+	if err := live.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	var failing atomic.Bool
+	c.ControlKey(int16(kmsg.ListOffsets), failListOffsets(c, &failing))
+	p := newProjector(t, k, group, live, func(c *Config) { c.LagRefresh = 100 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	waitEndsMarked(t, adm, k, group)
+
+	failing.Store(true)
+	chtest.Exec(t, chtest.DSN(t), "TRUNCATE TABLE `"+live.Database()+"`.`projection_positions`")
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if held := p.Lag().Held; held != 1 {
+			return fmt.Errorf("%d partitions held; want the emptied one", held)
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond)
+	if pos, err := live.Positions(t.Context()); err != nil {
+		t.Fatal(err)
+	} else if end, ok := pos.Lookup(ev, 0); ok {
+		t.Errorf("the emptied partition's end recorded again at %d while the restore runs; want none", end)
+	}
+
+	failing.Store(false)
+	if err := live.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrRecordsDeleted) {
+			t.Errorf("Run over a restore ending at 4 of a partition emptied up to 10 = %v; want ErrRecordsDeleted", err)
+		}
+	case <-ctx.Done():
+		t.Error("the projector went on past records deleted before the restored projection held them")
 	}
 }

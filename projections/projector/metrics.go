@@ -54,7 +54,9 @@ func (p *Projector) Lag() Lag {
 	p.mu.Lock()
 	var l Lag
 	for tp, st := range p.parts {
-		if st.owned && st.paused {
+		// Paused or not: one no record comes to is held by the lag
+		// refresh alone.
+		if st.owned && st.endGone {
 			l.Held++
 		}
 		if !st.owned || st.end < 0 || st.committed < 0 {

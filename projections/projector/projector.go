@@ -239,7 +239,8 @@ type partState struct {
 	// replaced (a restore dropping and filling the tables one by one),
 	// not a partition never recorded: nothing is written for it, lest
 	// an end recorded now outlast the restore's and hide what it lacks.
-	// endGone says so was logged.
+	// endGone: its end is gone and the partition held for it (holds),
+	// as logged; the lag refresh clears it once the end is back.
 	endSeen, endGone bool
 	// hold: checkPositions found the end gone, and applyRereads is to
 	// pause the partition's fetches once it has moved it back; paused:
@@ -497,6 +498,11 @@ func (p *Projector) refreshLag(ctx context.Context, cl *kgo.Client) {
 			if ctx.Err() == nil {
 				p.logger.Warn("lag refresh failed; trying again later", "err", err)
 			}
+			// The ends are still compared with where the group
+			// is, as last known: a held partition whose end is
+			// back must not wait for every partition of both
+			// topics to answer (one without a leader).
+			p.checkCommitted(ctx, cl, adm)
 			continue
 		}
 		p.mu.Lock()
@@ -546,7 +552,7 @@ func (p *Projector) checkCommitted(ctx context.Context, cl *kgo.Client, adm *kad
 	p.mu.Lock()
 	for tp, st := range p.parts {
 		if st.owned && st.learned && st.committed >= 0 {
-			parts[tp] = owned{st.gen, st.committed, st.start, st.endSeen}
+			parts[tp] = owned{st.gen, st.committed, st.endSeen, st.endGone}
 		}
 	}
 	p.mu.Unlock()
@@ -566,13 +572,13 @@ func (p *Projector) checkCommitted(ctx context.Context, cl *kgo.Client, adm *kad
 	for tp, o := range parts {
 		st := p.parts[tp]
 		// learned too: assigned clears it without a new gen.
-		if !st.owned || !st.learned || st.gen != o.gen || st.endSeen != o.endSeen {
+		if !st.owned || !st.learned || st.gen != o.gen || st.endSeen != o.endSeen || st.endGone != o.endGone {
 			continue
 		}
 		end, ok := pos.Lookup(tp.topic, tp.partition)
-		p.sawEnd(tp, st, ok)
+		p.sawEnd(tp, st, ok, holds(o.committed))
 		switch {
-		case !ok && (!st.endSeen || !holds(o.start, o.committed)):
+		case !ok && (!st.endSeen || !holds(o.committed)):
 			unrecorded = append(unrecorded, projections.End{Topic: tp.topic, Partition: tp.partition, Next: o.committed})
 			gens[tp] = o.gen
 		case ok && end < o.committed && st.reread < 0:
@@ -605,11 +611,10 @@ func (p *Projector) checkCommitted(ctx context.Context, cl *kgo.Client, adm *kad
 type owned struct {
 	gen       uint64
 	committed int64
-	// start is where the log started, at the last lag refresh.
-	start int64
-	// endSeen as it was before the ends were read: a flush that wrote
-	// the partition's first end meanwhile makes the read stale.
-	endSeen bool
+	// endSeen and endGone as they were before the ends were read: a
+	// flush that wrote the partition's first end, or found its end gone,
+	// meanwhile makes the read stale.
+	endSeen, endGone bool
 }
 
 // recorded marks the partitions of ends, if still owned as of gens, as
@@ -721,15 +726,16 @@ func markEnds(req *kmsg.OffsetCommitRequest) error {
 }
 
 // sawEnd notes whether the sink shows an end of tp (ok): seen once, one
-// gone is logged, once, until it is back. mu is held.
-func (p *Projector) sawEnd(tp topicPartition, st *partState, ok bool) {
+// gone, where the partition is held for it (held, of holds), is logged,
+// once, until it is back (endGone). mu is held.
+func (p *Projector) sawEnd(tp topicPartition, st *partState, ok, held bool) {
 	switch {
 	case ok:
 		if st.endGone {
 			p.logger.Info("the projection's end of the partition is back: going on", "topic", tp.topic, "partition", tp.partition)
 		}
 		st.endSeen, st.endGone = true, false
-	case st.endSeen && !st.endGone:
+	case st.endSeen && !st.endGone && held:
 		st.endGone = true
 		p.logger.Warn("the projection's end of the partition is gone (its table replaced: a restore in progress?): holding the partition until it is back; if the database, the restore done, has no end for the partition (a backup from before ends were recorded, or a new database), run `ledger projector rebuild --swap`, or `ledger projector record-ends` to go on without what it lacks",
 			"topic", tp.topic, "partition", tp.partition)
@@ -1217,13 +1223,13 @@ func (p *Projector) checkPositions(ctx context.Context, cl *kgo.Client, sink pro
 			return batch, fmt.Errorf("the group's offset of %s/%d is not read yet", tp.topic, tp.partition)
 		}
 		end, ok := pos.Lookup(tp.topic, tp.partition)
-		p.sawEnd(tp, st, ok)
+		p.sawEnd(tp, st, ok, holds(from))
 		switch {
 		case from < 0:
 		case ok && end < from:
 			lacking[tp] = end
 			p.lacks(tp, st, end, from)
-		case !ok && st.endSeen && holds(st.start, from):
+		case !ok && st.endSeen && holds(from):
 			// Held: read again from the batch's start, and not
 			// fetched (applyRereads) until the end is back.
 			lacking[tp] = from
@@ -1247,12 +1253,13 @@ func (p *Projector) checkPositions(ctx context.Context, cl *kgo.Client, sink pro
 }
 
 // holds reports whether a partition whose end the sink has shown and
-// lost must be held, rather than written from at: only while the log
-// still has records before at (start, the log start, -1 when unknown), for
-// only those can a restore lack. A partition with nothing before the
-// group's offset (a log emptied by retention, or never written; a new
-// database behind such a group) is written, and gets its end again.
-func holds(start, at int64) bool { return start < 0 || at > start }
+// lost must be held, rather than written from at: unless the partition
+// never had a record before at (at 0), for a restore can lack nothing of
+// such a partition (a new database behind a group that never read a
+// record of it, as dev's after its database is dropped). One whose
+// records before at retention has since deleted is held: the restore may
+// lack them, which only its end, back, can tell (ErrRecordsDeleted then).
+func holds(at int64) bool { return at > 0 }
 
 // applyRereads moves the partitions checkPositions found the sink
 // lacking records of back to where its records end, pauses the fetches

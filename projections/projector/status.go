@@ -92,7 +92,8 @@ type PartitionStatus struct {
 // partitions the projection holds less of than the group committed (a
 // database restored from an older backup, whose records a running
 // projector reads again), and those it has no end of though the group says
-// it had one (Ended: a projector holds them).
+// it had one (Ended: a projector holds them, but where the group is at
+// 0).
 func (s *GroupStatus) SetEnds(pos projections.Positions) (behind, held int) {
 	for i := range s.Partitions {
 		p := &s.Partitions[i]
@@ -103,7 +104,7 @@ func (s *GroupStatus) SetEnds(pos projections.Positions) (behind, held int) {
 			if end < p.Committed {
 				behind++
 			}
-		case p.Ended:
+		case p.Ended && holds(p.Committed):
 			held++
 		}
 	}
