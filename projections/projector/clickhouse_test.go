@@ -750,20 +750,10 @@ func failListOffsets(c *kfake.Cluster, failing *atomic.Bool) func(kmsg.Request) 
 		if !failing.Load() {
 			return nil, nil, false
 		}
-		req := kreq.(*kmsg.ListOffsetsRequest)
-		resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
-		resp.Version = req.Version
-		for _, rt := range req.Topics {
-			st := kmsg.NewListOffsetsResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewListOffsetsResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.UnknownServerError.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return answerListOffsets(kreq, func(_ kmsg.ListOffsetsRequestTopicPartition, sp *kmsg.ListOffsetsResponseTopicPartition) bool {
+			sp.ErrorCode = kerr.UnknownServerError.Code
+			return true
+		})
 	}
 }
 

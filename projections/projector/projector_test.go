@@ -910,6 +910,19 @@ func deletedLog(t *testing.T, prefix, id string, at int64) (*kfake.Cluster, *led
 // the log's start offsets with 0 for every partition, as before records
 // were deleted, and leaves every other request to the broker.
 func staleStartOffsets(kreq kmsg.Request) (kmsg.Response, error, bool) {
+	return answerListOffsets(kreq, func(rp kmsg.ListOffsetsRequestTopicPartition, sp *kmsg.ListOffsetsResponseTopicPartition) bool {
+		if rp.Timestamp != -2 { // not the log's start
+			return false
+		}
+		sp.Offset, sp.Timestamp, sp.LeaderEpoch = 0, -1, -1
+		return true
+	})
+}
+
+// answerListOffsets answers a ListOffsets request (kreq) as answer fills
+// each partition's answer in; one partition it declines to answer leaves
+// the whole request to the broker.
+func answerListOffsets(kreq kmsg.Request, answer func(kmsg.ListOffsetsRequestTopicPartition, *kmsg.ListOffsetsResponseTopicPartition) bool) (kmsg.Response, error, bool) {
 	req := kreq.(*kmsg.ListOffsetsRequest)
 	resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
 	resp.Version = req.Version
@@ -917,11 +930,11 @@ func staleStartOffsets(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		st := kmsg.NewListOffsetsResponseTopic()
 		st.Topic = rt.Topic
 		for _, rp := range rt.Partitions {
-			if rp.Timestamp != -2 { // not the log's start
+			sp := kmsg.NewListOffsetsResponseTopicPartition()
+			sp.Partition = rp.Partition
+			if !answer(rp, &sp) {
 				return nil, nil, false
 			}
-			sp := kmsg.NewListOffsetsResponseTopicPartition()
-			sp.Partition, sp.Offset, sp.Timestamp, sp.LeaderEpoch = rp.Partition, 0, -1, -1
 			st.Partitions = append(st.Partitions, sp)
 		}
 		resp.Topics = append(resp.Topics, st)
