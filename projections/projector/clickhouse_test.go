@@ -448,8 +448,18 @@ func TestClickHouseRestoredFromBackup(t *testing.T) {
 				return nil
 			})
 			waitCaughtUp(t, adm, k, group)
-			if m := p.Metrics(); m.Rereads == 0 {
-				t.Errorf("projector metrics %+v: want partitions read again", m)
+			// Each partition the restore lacks records of is read
+			// again, once: a lag refresh that found it lacking
+			// again before the first reread was applied read it
+			// twice. (A refill holds partitions and reads them again
+			// from where each batch started, as many times as batches
+			// come.)
+			lacking := map[int32]bool{}
+			for _, e := range between {
+				lacking[record(e).Partition] = true
+			}
+			if m := p.Metrics(); tc.refill && m.Rereads == 0 || !tc.refill && m.Rereads != int64(len(lacking)) {
+				t.Errorf("projector metrics %+v: want the %d partitions the restore lacks records of read again once each", m, len(lacking))
 			}
 			// Every event is back (above); the answers from them are
 			// asked of two restores (the questions take most of a case's
@@ -655,13 +665,61 @@ func TestClickHouseHeldPartitionWaits(t *testing.T) {
 	}
 }
 
-// endsSink is a Positioned sink whose ends are pos.
+// endsSink is a Positioned sink whose ends are pos; onRead, if set, runs
+// as they are read.
 type endsSink struct {
 	recSink
-	pos projections.Positions
+	pos    projections.Positions
+	onRead func()
 }
 
-func (s *endsSink) Positions(context.Context) (projections.Positions, error) { return s.pos, nil }
+func (s *endsSink) Positions(context.Context) (projections.Positions, error) {
+	if s.onRead != nil {
+		s.onRead()
+	}
+	return s.pos, nil
+}
+
+// A lag refresh whose read of the ends raced the reread an earlier one
+// found (applied between polls, moving where the group is to the
+// projection's end) does not find the partition lacking again: before, it
+// read the partition twice, counted twice (as a walk through a restore
+// saw, once in two). And a reread found ends the poll in progress: before,
+// it waited for the poll to time out, a lag refresh more.
+func TestCheckCommittedSkipsAReadStaleByAReread(t *testing.T) {
+	sink := &endsSink{}
+	p, err := New(Config{Client: ledger.ClientConfig{Brokers: []string{"127.0.0.1:1"}}}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := p.cfg.Topics.Events
+	st := p.state(topicPartition{ev, 0})
+	st.owned, st.learned, st.marked, st.endSeen, st.start, st.committed = true, true, true, true, 0, 30
+	sink.pos = projections.Positions{}
+	sink.pos.Set(ev, 0, 12)
+	sink.onRead = func() {
+		// applyRereads, of the first finding, as the ends are read.
+		p.mu.Lock()
+		st.next, st.committed = 12, 12
+		p.mu.Unlock()
+	}
+	p.checkCommitted(t.Context(), nil, kadm.NewClient(nil))
+	if m := p.Metrics(); m.Rereads != 0 || st.reread >= 0 {
+		t.Errorf("rereads %d, reread at %d after a stale read; want none", m.Rereads, st.reread)
+	}
+
+	// Found lacking by a read not stale, the partition is read again,
+	// and the poll in progress is ended so that it is at once: with no
+	// records coming, the poll would wait a lag refresh.
+	sink.onRead = nil
+	st.committed = 30
+	interrupted := false
+	p.interrupt = func() { interrupted = true }
+	p.checkCommitted(t.Context(), nil, kadm.NewClient(nil))
+	if m := p.Metrics(); m.Rereads != 1 || st.reread != 12 || !interrupted {
+		t.Errorf("rereads %d, reread at %d, poll ended %v; want the partition read again from 12 at once", m.Rereads, st.reread, interrupted)
+	}
+}
 
 // A partition revoked while a flush reads the projection's ends is taken
 // out of the batch, its rows and its end, and out of the commit: its next

@@ -180,10 +180,16 @@ type Projector struct {
 	// callbacks, so that no offset of a partition is committed once its
 	// revocation returned. Lock order: commitMu, then mu.
 	commitMu sync.Mutex
-	// mu guards parts and pending.
+	// mu guards parts, pending, interrupt and woken.
 	mu      sync.Mutex
 	parts   map[topicPartition]*partState
 	pending *pendingBatch
+	// interrupt ends the poll in progress, if any; woken says a reread
+	// or a resume waits for applyRereads, so that the lag refresh's
+	// findings apply at once rather than when the poll times out (a lag
+	// refresh, with no records coming).
+	interrupt context.CancelFunc
+	woken     bool
 
 	written      atomic.Int64
 	batches      atomic.Int64
@@ -417,7 +423,7 @@ func (p *Projector) Run(ctx context.Context) error {
 
 		if room > 0 && !full && (started.IsZero() || time.Since(started) < p.cfg.MaxWait) {
 			p.applyRereads(cl)
-			pollCtx, cancel := ctx, context.CancelFunc(func() {})
+			pollCtx, cancel := context.WithCancel(ctx)
 			switch {
 			case !started.IsZero():
 				pollCtx, cancel = context.WithDeadline(ctx, started.Add(p.cfg.MaxWait))
@@ -427,7 +433,16 @@ func (p *Projector) Run(ctx context.Context) error {
 				// should no record come.
 				pollCtx, cancel = context.WithTimeout(ctx, p.cfg.LagRefresh)
 			}
+			p.mu.Lock()
+			p.interrupt = cancel
+			if p.woken {
+				cancel()
+			}
+			p.mu.Unlock()
 			fetches := cl.PollRecords(pollCtx, room)
+			p.mu.Lock()
+			p.interrupt = nil
+			p.mu.Unlock()
 			cancel()
 			p.read(cl, fetches)
 			// Rebalances wait while polled records are not yet in
@@ -572,7 +587,9 @@ func (p *Projector) checkCommitted(ctx context.Context, cl *kgo.Client, adm *kad
 	for tp, o := range parts {
 		st := p.parts[tp]
 		// learned too: assigned clears it without a new gen.
-		if !st.owned || !st.learned || st.gen != o.gen || st.endSeen != o.endSeen || st.endGone != o.endGone {
+		// committed too: a reread applied meanwhile (applyRereads) would
+		// be found lacking again, and read twice.
+		if !st.owned || !st.learned || st.gen != o.gen || st.committed != o.committed || st.endSeen != o.endSeen || st.endGone != o.endGone {
 			continue
 		}
 		end, ok := pos.Lookup(tp.topic, tp.partition)
@@ -733,6 +750,7 @@ func (p *Projector) sawEnd(tp topicPartition, st *partState, ok, held bool) {
 	case ok:
 		if st.endGone {
 			p.logger.Info("the projection's end of the partition is back: going on", "topic", tp.topic, "partition", tp.partition)
+			p.wake() // to resume it
 		}
 		st.endSeen, st.endGone = true, false
 	case st.endSeen && !st.endGone && held:
@@ -747,9 +765,19 @@ func (p *Projector) sawEnd(tp topicPartition, st *partState, ok, held bool) {
 // from) at. mu is held.
 func (p *Projector) lacks(tp topicPartition, st *partState, end, at int64) {
 	st.reread = end
+	p.wake()
 	p.rereads.Add(1)
 	p.logger.Warn("the projection lacks records the group committed past (a database restored from an older backup?): reading them again",
 		"topic", tp.topic, "partition", tp.partition, "projection_ends_at", end, "group_at", at, "records", at-end)
+}
+
+// wake has applyRereads run before the next poll, ending the poll in
+// progress. mu is held.
+func (p *Projector) wake() {
+	p.woken = true
+	if p.interrupt != nil {
+		p.interrupt()
+	}
 }
 
 // due reports whether the batch being built is full or old enough.
@@ -1273,6 +1301,7 @@ func (p *Projector) applyRereads(cl *kgo.Client) {
 	var pause, resume map[string][]int32
 	gone := make(map[topicPartition]bool)
 	p.mu.Lock()
+	p.woken = false
 	for tp, st := range p.parts {
 		switch {
 		case st.hold && st.owned:
