@@ -343,6 +343,12 @@ has them all) is not swapped in without --force.`,
 				return fmt.Errorf("swapped, but group %s's offsets are not moved to the replay's end (the projector will write again what the rebuild holds, which changes nothing): %w", group, err)
 			}
 			fmt.Fprintf(out, "swapped: %s now holds the rebuilt tables; group %s goes on from the replay's end\n", live.Database(), group)
+			// Emptied by the swap, unless --into held more.
+			if dropped, err := fresh.DropIfEmpty(ctx); err != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "database %s, emptied by the swap, is left: %v\n", into, err)
+			} else if dropped {
+				fmt.Fprintf(out, "dropped database %s, emptied by the swap\n", into)
+			}
 			return nil
 		},
 	}
@@ -460,7 +466,12 @@ refresh.`,
 				return err
 			}
 			s, err := projector.Status(ctx, projector.StatusConfig{Client: g.kafka.client(g.logger()), Topics: g.kafka.topics(), Group: group})
-			if err != nil && !errors.Is(err, projector.ErrNeverCommitted) {
+			if errors.Is(err, projector.ErrNeverCommitted) {
+				// Every end would be the log start: most likely the
+				// wrong group (dev's is another).
+				return fmt.Errorf("group %s has committed no offset: is it the projector's group? (`ledger dev`'s is %s): %w", group, devProjectorGroup, err)
+			}
+			if err != nil {
 				return err
 			}
 			pos, err := st.Positions(ctx)

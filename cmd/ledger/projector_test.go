@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -731,6 +732,12 @@ func TestProjectorRecordEnds(t *testing.T) {
 	if out := cli(t, append([]string{"projector", "status"}, flags...)...); !strings.Contains(out, held) {
 		t.Errorf("status over the restored database:\n%s\nwant %q", out, held)
 	}
+	// A group that never committed (the wrong --group) is refused, not
+	// taken to be at the log start.
+	wrong := append(slices.Clone(flags), "--group", k.Group("record-ends-wrong"))
+	if err := cliErr(t, append([]string{"projector", "record-ends"}, wrong...)...); err == nil || !strings.Contains(err.Error(), "has committed no offset") {
+		t.Errorf("record-ends with a group that never committed: %v; want it refused", err)
+	}
 	out := cli(t, append([]string{"projector", "record-ends"}, flags...)...)
 	pos, err := st.Positions(t.Context())
 	if err != nil {
@@ -759,5 +766,32 @@ func TestProjectorRecordEnds(t *testing.T) {
 	})
 	if err := cliErr(t, append([]string{"projector", "record-ends"}, flags...)...); err == nil || !strings.Contains(err.Error(), "`ledger projector migrate`") {
 		t.Errorf("record-ends over schema version %d: %v; want it refused, saying to migrate", older, err)
+	}
+}
+
+// rebuild --swap drops the database it rebuilt into once the swap has
+// emptied it, and leaves one that held more: before, every swap left an
+// empty <database>_rebuild behind (a walk through the README found it).
+func TestRebuildSwapDropsItsEmptiedDatabase(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	produceAcross(t, k)
+	databases := func(name string) uint64 {
+		t.Helper()
+		return chtest.Count(t, chtest.DSN(t), "SELECT count() FROM system.databases WHERE name = '"+name+"'")
+	}
+	for _, other := range []bool{false, true} {
+		_, dsn, db := freshProjection(t)
+		into := db + "_rebuild"
+		t.Cleanup(func() { chtest.Exec(t, dsn, "DROP DATABASE IF EXISTS `"+into+"`") })
+		if other {
+			chtest.Exec(t, dsn, "CREATE DATABASE `"+into+"`")
+			chtest.Exec(t, dsn, "CREATE TABLE `"+into+"`.notes (n UInt8) ENGINE = Memory")
+		}
+		out := cli(t, "projector", "rebuild", "--swap", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
+			"--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control, "--group", k.Group(fmt.Sprintf("swap-drops-%v", other)),
+			"--clickhouse-dsn", dsn, "--clickhouse-database", db)
+		if got, want := databases(into), map[bool]uint64{false: 0, true: 1}[other]; got != want || strings.Contains(out, "dropped database") == other {
+			t.Errorf("--into holding another table: %v; %s databases after the swap: %d, want %d\n%s", other, into, got, want, out)
+		}
 	}
 }

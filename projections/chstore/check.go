@@ -31,21 +31,9 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 // schema_migrations) that the database lacks, schema_migrations first;
 // all of them when the database does not exist.
 func (s *Store) MissingTables(ctx context.Context) ([]string, error) {
-	rows, err := s.conn.Query(ctx, "SELECT name FROM system.tables WHERE database = ?", s.db)
+	have, err := s.tables(ctx)
 	if err != nil {
-		return nil, s.wrap("list tables", err)
-	}
-	defer rows.Close()
-	have := make(map[string]bool)
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			return nil, s.wrap("list tables", err)
-		}
-		have[n] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, s.wrap("list tables", err)
+		return nil, err
 	}
 	var missing []string
 	for _, n := range append([]string{"schema_migrations"}, tableNames()...) {

@@ -506,6 +506,37 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	return int(v), nil
 }
 
+// tables lists the database's tables; none when it does not exist.
+func (s *Store) tables(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.conn.Query(ctx, "SELECT name FROM system.tables WHERE database = ?", s.db)
+	if err != nil {
+		return nil, s.wrap("list tables", err)
+	}
+	defer rows.Close()
+	have := make(map[string]bool)
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, s.wrap("list tables", err)
+		}
+		have[n] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.wrap("list tables", err)
+	}
+	return have, nil
+}
+
+// DropIfEmpty drops the store's database if it holds no table (a rebuild's,
+// once Swap moved its tables out), and says whether it did.
+func (s *Store) DropIfEmpty(ctx context.Context) (bool, error) {
+	have, err := s.tables(ctx)
+	if err != nil || len(have) > 0 {
+		return false, err
+	}
+	return true, s.DropDatabase(ctx)
+}
+
 // DropDatabase drops the store's database and every table in it: for
 // tests, and to clean up after a rebuild.
 func (s *Store) DropDatabase(ctx context.Context) error {
@@ -738,22 +769,9 @@ func (s *Store) Swap(ctx context.Context, other *Store) error {
 	}
 	// A table this database lacks (never migrated, or a swap that failed
 	// half way) has nothing to move out of the way.
-	have := make(map[string]bool)
-	rows, err := s.conn.Query(ctx, "SELECT name FROM system.tables WHERE database = ?", s.db)
+	have, err := s.tables(ctx)
 	if err != nil {
-		return s.wrap("list tables", err)
-	}
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			rows.Close()
-			return s.wrap("list tables", err)
-		}
-		have[n] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return s.wrap("list tables", err)
+		return err
 	}
 	if err := s.conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS `"+s.db+"`"); err != nil {
 		return s.wrap("create database", err)

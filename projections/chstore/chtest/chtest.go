@@ -72,6 +72,30 @@ func Exec(t testing.TB, dsn, statement string) {
 	}
 }
 
+// Count runs query, a SELECT of one count, on the server of dsn, and
+// returns the count; it fails t if the query fails.
+func Count(t testing.TB, dsn, query string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	opts, err := clickhouse.ParseDSN(dsn)
+	if err == nil {
+		opts.Auth.Database = ""
+	}
+	var n uint64
+	if err == nil {
+		var conn clickhouse.Conn
+		if conn, err = clickhouse.Open(opts); err == nil {
+			defer conn.Close()
+			err = conn.QueryRow(ctx, query).Scan(&n)
+		}
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
 func exec(dsn, statement string) error {
 	// t.Context is already done during cleanup.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
