@@ -485,6 +485,12 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		<-ctx.Done()
 		<-drained
 		stopControls()
+		// Before the in-process Kafka closes (a deferred close):
+		// its fetches would log errors after dev said it stopped.
+		select {
+		case <-controls.Stopped():
+		case <-time.After(shutdownGrace):
+		}
 		return nil
 	})
 	grp.Go(func() error { return queue.RunTimer(ctx, time.Second) })

@@ -235,6 +235,11 @@ const notCaughtUp = math.MinInt64
 // starts with the current freezes. It is never closed if Run fails first.
 func (s *State) Ready() <-chan struct{} { return s.ready }
 
+// Stopped is closed once Run has returned, its Kafka clients closed: a
+// process stopping the broker it reads from (ledger dev's in-process
+// Kafka) waits for it first.
+func (s *State) Stopped() <-chan struct{} { return s.stopped }
+
 // AsOf is the latest moment before which every action committed to the
 // control topic is known to be applied here; zero until the State first
 // caught up.

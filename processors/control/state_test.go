@@ -404,6 +404,33 @@ func TestRunMissingTopic(t *testing.T) {
 	}
 }
 
+// Stopped is closed only once Run has returned: ledger dev waits for it
+// before it closes its in-process Kafka, whose closing a Run still
+// fetching logged as errors after dev said it stopped.
+func TestStoppedOnceRunReturns(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	s := NewState(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	returned := make(chan error, 1)
+	go func() { returned <- s.Run(ctx, k.Client, k.Topics.Control) }()
+	waitReady(t, s)
+	select {
+	case <-s.Stopped():
+		t.Fatal("Stopped closed while Run runs")
+	default:
+	}
+	cancel()
+	select {
+	case <-s.Stopped():
+	case <-time.After(15 * time.Second):
+		t.Fatal("Stopped not closed 15s after Run's context ended")
+	}
+	if err := <-returned; err != nil {
+		t.Errorf("Run = %v; want nil once its context ended", err)
+	}
+}
+
 // Lookups are on every call's hot path: they must not allocate.
 func TestLookupsDoNotAllocate(t *testing.T) {
 	s := NewState(nil)
