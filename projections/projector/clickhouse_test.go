@@ -874,3 +874,28 @@ func TestClickHouseEmptiedPartitionStaysHeld(t *testing.T) {
 		t.Error("the projector went on past records deleted before the restored projection held them")
 	}
 }
+
+// A database restored while the projector was stopped, lacking records of
+// a partition no record comes to, is read again as soon as the projector
+// is assigned the partition, not at its first lag refresh (here an hour;
+// 5 s by default, which a walk through a restore waited).
+func TestClickHouseRestoreFoundAtAssignment(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	ev := k.Topics.Events
+	group := k.Group("found-at-assignment")
+	produce(t, k, eventRecords(t, ev, ids("a", 10))...)
+	if err := CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	live := freshStore(t)
+	if err := live.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	start(t, k, group, live, func(c *Config) { c.LagRefresh = time.Hour })
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if rows, err := live.EventRows(t.Context()); err != nil || rows != 6 {
+			return fmt.Errorf("events rows %d, %v; want the 6 records from the restored end on", rows, err)
+		}
+		return nil
+	})
+}

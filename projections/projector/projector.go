@@ -190,6 +190,11 @@ type Projector struct {
 	// refresh, with no records coming).
 	interrupt context.CancelFunc
 	woken     bool
+	// assignedNow has the lag refresh run at once when partitions are
+	// assigned: the lag, and what a database restored while the
+	// projector was stopped lacks of a partition no record comes to,
+	// are known then, not a LagRefresh later.
+	assignedNow chan struct{}
 
 	written      atomic.Int64
 	batches      atomic.Int64
@@ -360,12 +365,13 @@ func New(cfg Config, sink projections.Sink) (*Projector, error) {
 	}
 	positioned, _ := sink.(projections.Positioned)
 	return &Projector{
-		cfg:        cfg,
-		sink:       sink,
-		positioned: positioned,
-		logger:     cfg.Logger.With("group", cfg.Group),
-		parts:      make(map[topicPartition]*partState),
-		pending:    newPendingBatch(),
+		cfg:         cfg,
+		sink:        sink,
+		positioned:  positioned,
+		logger:      cfg.Logger.With("group", cfg.Group),
+		parts:       make(map[topicPartition]*partState),
+		pending:     newPendingBatch(),
+		assignedNow: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -494,6 +500,7 @@ func (p *Projector) refreshLag(ctx context.Context, cl *kgo.Client) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-p.assignedNow:
 		}
 		// A partition revoked (and maybe assigned again) while the
 		// brokers answered takes nothing from the answer.
@@ -1449,6 +1456,10 @@ func (p *Projector) assigned(_ context.Context, _ *kgo.Client, added map[string]
 	}
 	if len(added) > 0 {
 		p.logger.Info("partitions assigned", "partitions", added)
+		select {
+		case p.assignedNow <- struct{}{}:
+		default: // one is due already
+		}
 	}
 }
 
