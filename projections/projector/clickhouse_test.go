@@ -680,6 +680,21 @@ func (s *endsSink) Positions(context.Context) (projections.Positions, error) {
 	return s.pos, nil
 }
 
+// unconnected is a projector of no Kafka (its methods are called
+// directly) over an endsSink whose events topic's partition 0 ends at
+// end.
+func unconnected(t *testing.T, end int64) (*Projector, *endsSink, string) {
+	t.Helper()
+	sink := &endsSink{pos: projections.Positions{}}
+	p, err := New(Config{Client: ledger.ClientConfig{Brokers: []string{"127.0.0.1:1"}}}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := p.cfg.Topics.Events
+	sink.pos.Set(ev, 0, end)
+	return p, sink, ev
+}
+
 // A lag refresh whose read of the ends raced the reread an earlier one
 // found (applied between polls, moving where the group is to the
 // projection's end) does not find the partition lacking again: before, it
@@ -687,16 +702,9 @@ func (s *endsSink) Positions(context.Context) (projections.Positions, error) {
 // saw, once in two). And a reread found ends the poll in progress: before,
 // it waited for the poll to time out, a lag refresh more.
 func TestCheckCommittedSkipsAReadStaleByAReread(t *testing.T) {
-	sink := &endsSink{}
-	p, err := New(Config{Client: ledger.ClientConfig{Brokers: []string{"127.0.0.1:1"}}}, sink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := p.cfg.Topics.Events
+	p, sink, ev := unconnected(t, 12)
 	st := p.state(topicPartition{ev, 0})
 	st.owned, st.learned, st.marked, st.endSeen, st.start, st.committed = true, true, true, true, 0, 30
-	sink.pos = projections.Positions{}
-	sink.pos.Set(ev, 0, 12)
 	sink.onRead = func() {
 		// applyRereads, of the first finding, as the ends are read.
 		p.mu.Lock()
@@ -728,15 +736,8 @@ func TestCheckCommittedSkipsAReadStaleByAReread(t *testing.T) {
 // a restore was refilling, outlasted the restore's and hid what the
 // restored database lacked.
 func TestCheckPositionsDropsRevokedPartitions(t *testing.T) {
-	sink := &endsSink{}
-	p, err := New(Config{Client: ledger.ClientConfig{Brokers: []string{"127.0.0.1:1"}}}, sink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := p.cfg.Topics.Events
+	p, sink, ev := unconnected(t, 10)
 	kept, revoked := topicPartition{ev, 0}, topicPartition{ev, 1}
-	sink.pos = projections.Positions{}
-	sink.pos.Set(ev, 0, 10)
 	b := newPendingBatch()
 	var batch projections.Batch
 	gens := make(map[topicPartition]uint64)
@@ -769,6 +770,30 @@ func TestCheckPositionsDropsRevokedPartitions(t *testing.T) {
 	}
 	if _, ok := b.next[revoked]; ok {
 		t.Errorf("the revoked partition is in the batch's commit: %v", b.next)
+	}
+}
+
+// A partition the lag refresh found lacking records (its reread set) and a
+// flush then finds lacking too is taken out of the batch, and counted and
+// logged once: before, a flush racing the refresh counted it twice.
+func TestCheckPositionsCountsARereadOnce(t *testing.T) {
+	p, sink, ev := unconnected(t, 12)
+	tp := topicPartition{ev, 0}
+	st := p.state(tp)
+	st.owned, st.learned, st.endSeen, st.start, st.committed, st.next = true, true, true, 0, 30, 32
+	st.reread = 12 // the lag refresh's finding, not applied yet
+	b := newPendingBatch()
+	b.add(&readPart{tp: tp, from: 30, next: kgo.EpochOffset{Offset: 32}, records: 2})
+	batch := projections.Batch{Events: []projections.Event{{Partition: 0, Offset: 30}, {Partition: 0, Offset: 31}}, Ends: ends(b.next)}
+	out, err := p.checkPositions(t.Context(), nil, sink, batch, b, map[topicPartition]uint64{tp: st.gen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Len() != 0 || len(out.Ends) != 0 || len(b.next) != 0 {
+		t.Errorf("batch written %+v, committed %v; want the lacking partition out of both", out, b.next)
+	}
+	if m := p.Metrics(); m.Rereads != 0 || st.reread != 12 {
+		t.Errorf("rereads %d, reread at %d; want the refresh's finding, counted by it alone", m.Rereads, st.reread)
 	}
 }
 

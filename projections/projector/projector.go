@@ -429,15 +429,19 @@ func (p *Projector) Run(ctx context.Context) error {
 
 		if room > 0 && !full && (started.IsZero() || time.Since(started) < p.cfg.MaxWait) {
 			p.applyRereads(cl)
-			pollCtx, cancel := context.WithCancel(ctx)
+			// One context a poll, each cancelled after it: one
+			// made and dropped would stay among ctx's children.
+			var pollCtx context.Context
+			var cancel context.CancelFunc
 			switch {
 			case !started.IsZero():
 				pollCtx, cancel = context.WithDeadline(ctx, started.Add(p.cfg.MaxWait))
 			case p.positioned != nil:
-				// Back between polls, to read again a partition that
-				// checkCommitted found the sink lacking records of,
-				// should no record come.
+				// Back between polls, should no record come (wake
+				// ends the poll sooner).
 				pollCtx, cancel = context.WithTimeout(ctx, p.cfg.LagRefresh)
+			default:
+				pollCtx, cancel = context.WithCancel(ctx)
 			}
 			p.mu.Lock()
 			p.interrupt = cancel
@@ -1263,7 +1267,11 @@ func (p *Projector) checkPositions(ctx context.Context, cl *kgo.Client, sink pro
 		case from < 0:
 		case ok && end < from:
 			lacking[tp] = end
-			p.lacks(tp, st, end, from)
+			if st.reread != end {
+				// Else the lag refresh found it first: counted,
+				// and logged, once.
+				p.lacks(tp, st, end, from)
+			}
 		case !ok && st.endSeen && holds(from):
 			// Held: read again from the batch's start, and not
 			// fetched (applyRereads) until the end is back.

@@ -1482,3 +1482,54 @@ func TestDecodeRecordKeepsTheValue(t *testing.T) {
 		t.Errorf("decoded %+v; want ev_1 with the record's value as Raw", evs)
 	}
 }
+
+// countingCtx is a cancellable context that counts the contexts derived
+// from it still registered for its cancellation (context's AfterFunc
+// path, which it takes for a parent that is not its own kind).
+type countingCtx struct {
+	context.Context
+	live atomic.Int64
+}
+
+func (c *countingCtx) Value(any) any { return nil }
+
+func (c *countingCtx) AfterFunc(f func()) func() bool {
+	c.live.Add(1)
+	stop := context.AfterFunc(c.Context, f)
+	var once sync.Once
+	return func() bool {
+		once.Do(func() { c.live.Add(-1) })
+		return stop()
+	}
+}
+
+// Each poll's context is released after it: one made for every poll and
+// dropped stayed among Run's context's children for as long as Run ran, a
+// leak of every poll's (a review's finding).
+func TestRunReleasesItsPollContexts(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{})
+	inner, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ctx := &countingCtx{Context: inner}
+	sink := &recSink{}
+	p := newProjector(t, k, k.Group("poll-contexts"), sink, func(c *Config) { c.MaxBatch, c.MaxWait = 5, 20*time.Millisecond })
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	for i := range 40 {
+		produce(t, k, eventRecords(t, k.Topics.Events, ids(fmt.Sprintf("pc%02d", i), 3))...)
+	}
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if n := len(sink.events()); n < 120 {
+			return fmt.Errorf("%d of 120 events written", n)
+		}
+		return nil
+	})
+	if live := ctx.live.Load(); live > 4 {
+		t.Errorf("%d contexts derived from Run's still registered after 40 batches; want the lag refresh's and a poll's at most", live)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
