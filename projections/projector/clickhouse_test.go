@@ -569,8 +569,10 @@ func TestClickHouseEndsBeforeAnEmptiedLog(t *testing.T) {
 	if !errors.Is(err, ErrRecordsDeleted) {
 		t.Fatalf("Run over a projection ending at 4 of a partition emptied up to 10 = %v; want ErrRecordsDeleted", err)
 	}
-	if m := p.Metrics(); m.Gaps != 1 {
-		t.Errorf("projector metrics %+v; want one gap", m)
+	// Read again once (found), then the gap: not counted as read again
+	// by a lag refresh before the projector stopped.
+	if m := p.Metrics(); m.Gaps != 1 || m.Rereads != 1 {
+		t.Errorf("projector metrics %+v; want one gap, one partition read again", m)
 	}
 }
 
@@ -923,4 +925,124 @@ func TestClickHouseRestoreFoundAtAssignment(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// refuseCommits, a ControlKey function while refusing holds, answers every
+// offset commit with a server error for each partition.
+func refuseCommits(c *kfake.Cluster, refusing *atomic.Bool) func(kmsg.Request) (kmsg.Response, error, bool) {
+	return func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !refusing.Load() {
+			return nil, nil, false
+		}
+		req := kreq.(*kmsg.OffsetCommitRequest)
+		resp := req.ResponseKind().(*kmsg.OffsetCommitResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.UnknownServerError.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	}
+}
+
+// A partition held before its group's offset could say the projection had
+// an end there (committed from outside, as rebuild --swap leaves it, the
+// mark's commit refused meanwhile) is marked while held, so that its next
+// owner holds it too. Before, held partitions were never marked: the next
+// owner, a restart or a rebalance away, recorded an end where the group
+// was and wrote what came. The next owner learns where the group is from
+// the group's offsets, while listing the log's offsets fails (a partition
+// without a leader): before, it compared nothing until a listing
+// succeeded, and held nothing.
+func TestClickHouseHeldPartitionMarkedForItsNextOwner(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	ev := k.Topics.Events
+	adm := admin(t, k)
+	group := k.Group("held-marked")
+	produce(t, k, eventRecords(t, ev, ids("m", 10))...)
+	if err := CommitOffsets(t.Context(), k.Client, group, map[string]map[int32]int64{ev: {0: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	live := freshStore(t)
+	if err := live.RecordEnds(t.Context(), []projections.End{{Topic: ev, Partition: 0, Next: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	var refusing, failing atomic.Bool
+	refusing.Store(true)
+	k.Cluster.ControlKey(int16(kmsg.OffsetCommit), refuseCommits(k.Cluster, &refusing))
+	k.Cluster.ControlKey(int16(kmsg.ListOffsets), failListOffsets(k.Cluster, &failing))
+	mod := func(c *Config) { c.LagRefresh, c.MaxWait = 100*time.Millisecond, 20*time.Millisecond }
+	p, stop := start(t, k, group, live, mod)
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if m := p.Metrics(); m.CommitErrors == 0 {
+			return errors.New("no commit of the mark refused yet")
+		}
+		return nil
+	})
+	// A restore takes the end away before the mark is committed.
+	chtest.Exec(t, chtest.DSN(t), "TRUNCATE TABLE `"+live.Database()+"`.`projection_positions`")
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if held := p.Lag().Held; held != 1 {
+			return fmt.Errorf("%d partitions held; want the events partition", held)
+		}
+		return nil
+	})
+	refusing.Store(false)
+	waitEndsMarked(t, adm, k, group)
+	stop()
+
+	failing.Store(true)
+	p, _ = start(t, k, group, live, mod)
+	// Held with no record coming (the lag refresh's doing), and then
+	// with records.
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if held := p.Lag().Held; held != 1 {
+			return fmt.Errorf("%d partitions held by the next owner; want the events partition", held)
+		}
+		return nil
+	})
+	produce(t, k, eventRecords(t, ev, ids("n", 10))...)
+	time.Sleep(500 * time.Millisecond)
+	if held := p.Lag().Held; held != 1 {
+		t.Errorf("%d partitions held once records came; want the events partition", held)
+	}
+	if got := committed(t, adm, group)[ev][0]; got != 10 {
+		t.Errorf("committed %d while the end is gone; want the group held at 10", got)
+	}
+	if pos, err := live.Positions(t.Context()); err != nil {
+		t.Fatal(err)
+	} else if end, ok := pos.Lookup(ev, 0); ok {
+		t.Errorf("the held partition's end recorded at %d by its next owner; want none", end)
+	}
+}
+
+// A partition checkPositions held, whose end the lag refresh saw back
+// before applyRereads ran, is read again from the batch's start and not
+// paused: before, it was paused all the same, and resumed only after the
+// next poll timed out, a lag refresh later.
+func TestApplyRereadsPausesNoPartitionWhoseEndIsBack(t *testing.T) {
+	p, _, ev := unconnected(t, 0)
+	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	st := p.state(topicPartition{ev, 0})
+	st.owned, st.learned, st.endSeen, st.start, st.committed, st.next = true, true, true, 0, 30, 32
+	st.reread, st.hold = 30, true // held by checkPositions
+	st.endGone = false            // and its end seen back since
+	p.applyRereads(cl)
+	if paused := cl.PauseFetchPartitions(nil); st.paused || len(paused) != 0 {
+		t.Errorf("paused %v (%v) with its end back; want it read again, not paused", st.paused, paused)
+	}
+	if st.next != 30 || st.reread != -1 {
+		t.Errorf("next %d, reread %d; want read again from 30", st.next, st.reread)
+	}
 }

@@ -445,7 +445,9 @@ func (p *Projector) Run(ctx context.Context) error {
 			}
 			p.mu.Lock()
 			p.interrupt = cancel
-			if p.woken {
+			if p.woken || p.stop != nil {
+				// A stop (applyRereads found records deleted)
+				// waits for no poll.
 				cancel()
 			}
 			p.mu.Unlock()
@@ -697,6 +699,13 @@ func (p *Projector) learnMarks(ctx context.Context, adm *kadm.Client) error {
 		if ok && r.Metadata == endsMark {
 			st.marked, st.endSeen = true, true
 		}
+		if ok && r.At >= 0 && st.committed < 0 {
+			// Where the group is, known now: the lag refresh's
+			// listing may fail for long (a partition without a
+			// leader), and checkCommitted compares only partitions
+			// whose offset it knows.
+			st.committed = r.At
+		}
 	}
 	return nil
 }
@@ -713,7 +722,9 @@ func (p *Projector) markEnded(ctx context.Context, cl *kgo.Client) {
 	gens := make(map[topicPartition]uint64)
 	p.mu.Lock()
 	for tp, st := range p.parts {
-		if !st.owned || !st.learned || st.marked || !st.endSeen || st.endGone || st.committed < 0 || st.reread >= 0 {
+		// Held partitions too (endGone): their next owner must hold
+		// them as well, and no batch commits them meanwhile.
+		if !st.owned || !st.learned || st.marked || !st.endSeen || st.committed < 0 || st.reread >= 0 {
 			continue
 		}
 		if offsets[tp.topic] == nil {
@@ -1150,14 +1161,20 @@ func (p *Projector) flush(ctx context.Context, cl *kgo.Client) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		p.writeErrors.Add(1)
 		backoff := retryBackoff(attempt)
 		level := slog.LevelWarn
 		if attempt >= 5 {
 			level = slog.LevelError // the projection falls behind: a human must look
 		}
-		p.logger.Log(ctx, level, "projection write failed, retrying the batch",
-			"records", batch.Len(), "attempt", attempt, "backoff", backoff, "err", err)
+		msg := "projection write failed, retrying the batch"
+		if errors.Is(err, errGroupOffsets) {
+			// Kafka's, not the projection's: write_errors_total
+			// is what an alert on ClickHouse refusing writes reads.
+			msg = "reading the group's committed offsets failed, retrying the batch"
+		} else {
+			p.writeErrors.Add(1)
+		}
+		p.logger.Log(ctx, level, msg, "records", batch.Len(), "attempt", attempt, "backoff", backoff, "err", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -1235,7 +1252,7 @@ func ends(next map[topicPartition]kgo.EpochOffset) []projections.End {
 // committed where the sink had an end is held while it has none.
 func (p *Projector) checkPositions(ctx context.Context, cl *kgo.Client, sink projections.Positioned, batch projections.Batch, b *pendingBatch, gens map[topicPartition]uint64) (projections.Batch, error) {
 	if err := p.learnMarks(ctx, kadm.NewClient(cl)); err != nil {
-		return batch, err
+		return batch, fmt.Errorf("%w: %w", errGroupOffsets, err)
 	}
 	pos, err := sink.Positions(ctx)
 	if err != nil {
@@ -1295,6 +1312,10 @@ func (p *Projector) checkPositions(ctx context.Context, cl *kgo.Client, sink pro
 	}), nil
 }
 
+// errGroupOffsets: checkPositions could not read the group's committed
+// offsets (learnMarks), a failure of Kafka, not of the sink.
+var errGroupOffsets = errors.New("read the group's committed offsets")
+
 // holds reports whether a partition whose end the sink has shown and
 // lost must be held, rather than written from at: unless the partition
 // never had a record before at (at 0), for a restore can lack nothing of
@@ -1319,7 +1340,9 @@ func (p *Projector) applyRereads(cl *kgo.Client) {
 	p.woken = false
 	for tp, st := range p.parts {
 		switch {
-		case st.hold && st.owned:
+		case st.hold && st.owned && st.endGone:
+			// (Its end back since checkPositions held it: read
+			// again from the batch's start, not paused.)
 			if pause == nil {
 				pause = make(map[string][]int32)
 			}
@@ -1340,8 +1363,13 @@ func (p *Projector) applyRereads(cl *kgo.Client) {
 			// The log no longer has them: a partition with records
 			// left would find so in its next fetch, but one emptied
 			// by retention returns none. Stop as for any records
-			// deleted before they were projected.
+			// deleted before they were projected. Nothing of it is
+			// written meanwhile, and its reread stays set, so that
+			// neither the lag refresh nor the last flush finds it
+			// lacking, and counts it read again, once more.
 			p.deleted(tp, st.reread, st.start, err)
+			gone[tp] = true
+			continue
 		} else if st.owned {
 			// Records read past the end already are read again.
 			gone[tp] = true
