@@ -21,8 +21,10 @@
 // each lag refresh; a partition it holds less of than the group committed
 // (a database restored from an older backup) is read again from its end
 // (checkPositions, checkCommitted, applyRereads), one whose end it has
-// shown and then lost (a restore refilling the tables) is held until the
-// end is back, and one with no end yet gets one where the group is. That
+// shown and then lost (a restore refilling the tables) is held, its
+// fetches paused, until the end is back (unless it never had a record
+// before the group's offset: holds), and one with no end yet gets one
+// where the group is. That
 // the projection had an end outlives the process: the group's offsets are
 // committed with metadata saying so (endsMark), which a partition's next
 // owner reads before it writes anything of it (learnMarks), so that a
