@@ -309,6 +309,16 @@ has them all) is not swapped in without --force.`,
 				fmt.Fprintf(out, "%d offsets were deleted from the log before the replay read them (--force): the rebuild lacks them\n", done.Deleted)
 			}
 			printChecksums(out, sums)
+			replayed := projections.Positions(done.Ends)
+			printEnds(out, replayed)
+			// Checksums compare only where the projections end alike.
+			if pos, err := live.Positions(ctx); err == nil {
+				if n := endsDiffer(pos, replayed); n == 0 {
+					fmt.Fprintf(out, "the live projection (%s) ends where the rebuild does: its checksums (`ledger projector checksums`) compare with these\n", live.Database())
+				} else {
+					fmt.Fprintf(out, "the live projection (%s) ends elsewhere in %d partitions: its checksums differ by the records between (a caught-up projector with nothing new on the log ends where a rebuild does)\n", live.Database(), n)
+				}
+			}
 			if !swap {
 				return nil
 			}
@@ -507,7 +517,7 @@ refresh.`,
 	var sumsJSON bool
 	checksums := &cobra.Command{
 		Use:   "checksums",
-		Short: "Print a checksum of every projection table (rows and a hash over them, as merged), to compare two projections",
+		Short: "Print a checksum of every projection table (rows and a hash over them, as merged), and where the projection's records end, to compare two projections",
 		Args:  cobra.NoArgs,
 		RunE: ch.with(g, func(cmd *cobra.Command, st *chstore.Store) error {
 			sums, err := st.Checksums(cmd.Context())
@@ -518,6 +528,11 @@ refresh.`,
 				return printJSONTo(cmd.OutOrStdout(), sums)
 			}
 			printChecksums(cmd.OutOrStdout(), sums)
+			// Where they were taken: a database of an older schema
+			// version has no ends to say.
+			if pos, err := st.Positions(cmd.Context()); err == nil {
+				printEnds(cmd.OutOrStdout(), pos)
+			}
 			return nil
 		}),
 	}

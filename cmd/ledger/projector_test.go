@@ -692,13 +692,7 @@ func TestProjectorRecordEnds(t *testing.T) {
 	group := k.Group("record-ends")
 	produceAcross(t, k)
 	st, dsn, db := freshProjection(t)
-	p, err := projector.New(projector.Config{Client: k.Client, Topics: k.Topics, Group: group, LagRefresh: 100 * time.Millisecond, MaxWait: 20 * time.Millisecond}, st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
+	stop := runProjector(t, k, group, st)
 	statusOf := func() (projector.GroupStatus, error) {
 		return projector.Status(t.Context(), projector.StatusConfig{Client: k.Client, Topics: k.Topics, Group: group})
 	}
@@ -714,10 +708,7 @@ func TestProjectorRecordEnds(t *testing.T) {
 		}
 		return nil
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 	s, err := statusOf()
 	if err != nil {
 		t.Fatal(err)
@@ -792,6 +783,68 @@ func TestRebuildSwapDropsItsEmptiedDatabase(t *testing.T) {
 			"--clickhouse-dsn", dsn, "--clickhouse-database", db)
 		if got, want := databases(into), map[bool]uint64{false: 0, true: 1}[other]; got != want || strings.Contains(out, "dropped database") == other {
 			t.Errorf("--into holding another table: %v; %s databases after the swap: %d, want %d\n%s", other, into, got, want, out)
+		}
+	}
+}
+
+// rebuild prints where the replay ended and says whether the live
+// projection ends there too, and checksums where the projection ends:
+// two projections' checksums compare only where they end alike, and
+// before, nothing said where either stood.
+func TestRebuildSaysWhereTheProjectionsEnd(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	group := k.Group("rebuild-ends")
+	ev := k.Topics.Events
+	produceAcross(t, k)
+	st, dsn, db := freshProjection(t)
+	stop := runProjector(t, k, group, st)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		pos, err := st.Positions(t.Context())
+		if err != nil {
+			return err
+		}
+		for partition := range int32(2) {
+			if end, _ := pos.Lookup(ev, partition); end != 5 {
+				return fmt.Errorf("%s/%d: the projection ends at %d; want 5", ev, partition, end)
+			}
+		}
+		return nil
+	})
+	stop()
+	flags := []string{"--kafka-brokers", strings.Join(k.Client.Brokers, ","), "--topic-events", ev, "--topic-control", k.Topics.Control,
+		"--group", group, "--clickhouse-dsn", dsn, "--clickhouse-database", db}
+	t.Cleanup(func() { chtest.DropDatabase(t, dsn, db+"_rebuild") })
+	rebuild := append([]string{"projector", "rebuild"}, flags...)
+
+	out := cli(t, rebuild...)
+	if !strings.Contains(out, "ends "+ev+" 0:5 1:5") || !strings.Contains(out, "ends where the rebuild does") {
+		t.Errorf("rebuild with the live projection caught up:\n%s\nwant its ends, and the live projection's the same", out)
+	}
+	if out := cli(t, append([]string{"projector", "checksums"}, flags...)...); !strings.Contains(out, "ends "+ev+" 0:5 1:5") {
+		t.Errorf("checksums:\n%s\nwant where the projection ends", out)
+	}
+	produceAcross(t, k)
+	if out := cli(t, rebuild...); !strings.Contains(out, "ends "+ev+" 0:10 1:10") || !strings.Contains(out, "ends elsewhere in 2 partitions") {
+		t.Errorf("rebuild with the live projection behind:\n%s\nwant its ends, and the live projection's elsewhere in the events topic's 2 partitions", out)
+	}
+}
+
+// runProjector runs a projector of group into st, with a lag refresh every
+// 100 ms, until the returned stop is called.
+func runProjector(t *testing.T, k *ledgertest.Kafka, group string, st *chstore.Store) (stop func()) {
+	t.Helper()
+	p, err := projector.New(projector.Config{Client: k.Client, Topics: k.Topics, Group: group, LagRefresh: 100 * time.Millisecond, MaxWait: 20 * time.Millisecond}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("projector: %v", err)
 		}
 	}
 }

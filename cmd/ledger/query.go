@@ -365,6 +365,39 @@ func printChecksums(w io.Writer, sums map[string]chstore.Checksum) {
 	tw.Flush()
 }
 
+// printEnds says where a projection's records end (its positions), a line
+// a topic: two projections' checksums compare only where they end alike.
+func printEnds(w io.Writer, pos projections.Positions) {
+	for _, topic := range slices.Sorted(maps.Keys(pos)) {
+		var b strings.Builder
+		for _, partition := range slices.Sorted(maps.Keys(pos[topic])) {
+			fmt.Fprintf(&b, " %d:%d", partition, pos[topic][partition])
+		}
+		fmt.Fprintf(w, "ends %s%s\n", topic, b.String())
+	}
+}
+
+// endsDiffer counts the partitions where a and b end differently, or only
+// one of them says where.
+func endsDiffer(a, b projections.Positions) int {
+	n := 0
+	for topic, parts := range a {
+		for partition, next := range parts {
+			if other, ok := b.Lookup(topic, partition); !ok || other != next {
+				n++
+			}
+		}
+	}
+	for topic, parts := range b {
+		for partition := range parts {
+			if _, ok := a.Lookup(topic, partition); !ok {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // mountQueries serves the responders' questions on mux, from qs, to the
 // operators staff verifies.
 func mountQueries(mux *http.ServeMux, qs projections.Queries, staff identity.AssertionVerifier, logger *slog.Logger) error {
