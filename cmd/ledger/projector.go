@@ -314,7 +314,7 @@ has them all) is not swapped in without --force.`,
 			// Checksums compare only where the projections end alike.
 			if pos, err := live.Positions(ctx); err == nil {
 				if n := endsDiffer(pos, replayed); n == 0 {
-					fmt.Fprintf(out, "the live projection (%s) ends where the rebuild does: its checksums (`ledger projector checksums`) compare with these\n", live.Database())
+					fmt.Fprintf(out, "the live projection (%s) ends where the rebuild does: its checksums (`ledger projector checksums`, the projector stopped) compare with these\n", live.Database())
 				} else {
 					fmt.Fprintf(out, "the live projection (%s) ends elsewhere in %d partitions: its checksums differ by the records between (a caught-up projector with nothing new on the log ends where a rebuild does)\n", live.Database(), n)
 				}
@@ -520,6 +520,9 @@ refresh.`,
 		Short: "Print a checksum of every projection table (rows and a hash over them, as merged), and where the projection's records end, to compare two projections",
 		Args:  cobra.NoArgs,
 		RunE: ch.with(g, func(cmd *cobra.Command, st *chstore.Store) error {
+			// Where the projection ends, before and after the sums:
+			// a projector writing meanwhile moves it.
+			before, beforeErr := st.Positions(cmd.Context())
 			sums, err := st.Checksums(cmd.Context())
 			if err != nil {
 				return err
@@ -528,10 +531,15 @@ refresh.`,
 				return printJSONTo(cmd.OutOrStdout(), sums)
 			}
 			printChecksums(cmd.OutOrStdout(), sums)
-			// Where they were taken: a database of an older schema
-			// version has no ends to say.
-			if pos, err := st.Positions(cmd.Context()); err == nil {
-				printEnds(cmd.OutOrStdout(), pos)
+			// A database of an older schema version has no ends to
+			// say.
+			after, err := st.Positions(cmd.Context())
+			switch {
+			case err != nil || beforeErr != nil:
+			case endsDiffer(before, after) > 0:
+				fmt.Fprintln(cmd.OutOrStdout(), "the projection moved while its checksums were taken (a projector writing): they compare with no other; stop the projector and run this again")
+			default:
+				printEnds(cmd.OutOrStdout(), after)
 			}
 			return nil
 		}),
