@@ -395,7 +395,7 @@ func (s *Service) Unfreeze(ctx context.Context, operator identity.Identity, tool
 	}
 	current, frozen := s.cfg.State.frozenExactly(tool, tenant)
 	if !frozen {
-		return Action{}, fmt.Errorf("%w: %s", ErrNotFrozen, ToolSubject(tool, tenant))
+		return Action{}, s.notFrozen(operator, tool, tenant)
 	}
 	if operator.Tenant != PlatformTenant && current.ByTenant == PlatformTenant {
 		return Action{}, platformFreeze(current)
@@ -441,6 +441,25 @@ func (s *Service) current(ctx context.Context) error {
 
 // platformFreeze is the refusal of a tenant operator's action on a
 // platform operator's freeze.
+// notFrozen is the refusal of an unfreeze of tool for tenant when no
+// freeze of exactly that is in force. When the tool is frozen for every
+// tenant, the tenant's calls are refused all the same: "not frozen" alone
+// would contradict them, so the refusal names the freeze that is, and a
+// tenant operator, who cannot lift it, is refused as for a platform
+// operator's freeze of its tenant.
+func (s *Service) notFrozen(operator identity.Identity, tool, tenant string) error {
+	all, frozen := s.cfg.State.frozenExactly(tool, "")
+	switch {
+	case tenant == "" || !frozen:
+		return fmt.Errorf("%w: %s", ErrNotFrozen, ToolSubject(tool, tenant))
+	case operator.Tenant != PlatformTenant:
+		return fmt.Errorf("%w; no freeze of %s alone is in force", platformFreeze(all), ToolSubject(tool, tenant))
+	default:
+		return fmt.Errorf("%w: %s (it is frozen for every tenant, %s by %s (%q), which an unfreeze for every tenant lifts)",
+			ErrNotFrozen, ToolSubject(tool, tenant), all.Subject, all.By, all.Reason)
+	}
+}
+
 func platformFreeze(a Action) error {
 	return fmt.Errorf("%w: %s is frozen by platform operator %s (%q): only a platform operator replaces or lifts that freeze",
 		ErrForbidden, a.Subject, a.By, a.Reason)

@@ -314,8 +314,15 @@ func TestTenantScopedFreezeAndUnfreeze(t *testing.T) {
 	if a, ok := st.Frozen("refund_order", "t_acme"); !ok || a.Subject != "tool:refund_order" {
 		t.Errorf("after acme's unfreeze Frozen(t_acme) = %+v, %v; want the platform freeze", a, ok)
 	}
-	if _, err := svc.Unfreeze(ctx, acmeOp, "refund_order", "", "again", time.Time{}); !errors.Is(err, ErrNotFrozen) {
-		t.Errorf("acme unfreezing the platform freeze = %v; want ErrNotFrozen", err)
+	// Its calls are still refused: not "not frozen", but the platform
+	// freeze it cannot lift, by name.
+	if _, err := svc.Unfreeze(ctx, acmeOp, "refund_order", "", "again", time.Time{}); !errors.Is(err, ErrForbidden) || !strings.Contains(err.Error(), "tool:refund_order is frozen by platform operator op_root") {
+		t.Errorf("acme unfreezing the platform freeze = %v; want ErrForbidden naming the freeze of every tenant", err)
+	}
+	// A platform operator's unfreeze of acme alone is told which freeze
+	// is in force.
+	if _, err := svc.Unfreeze(ctx, platformOp, "refund_order", "t_acme", "again", time.Time{}); !errors.Is(err, ErrNotFrozen) || !strings.Contains(err.Error(), "frozen for every tenant, tool:refund_order by op_root") {
+		t.Errorf("platform unfreezing acme alone = %v; want ErrNotFrozen naming the freeze of every tenant", err)
 	}
 	m(svc.Unfreeze(ctx, platformOp, "refund_order", "", "incident over", time.Time{}))
 	for _, tenant := range []string{"t_acme", "t_other", ""} {
