@@ -464,7 +464,7 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("control show after a freeze:\n%s", shown)
 	}
 	out = cli(t, "submit", "--kafka-brokers", kafka, "--data-dir", dir, "--tool", "refund_order", "--args", `{"order_id":"ord_7","amount_cents":2500,"currency":"AUD"}`, "--key", "dev-small-refund", "--wait", "--timeout", "60s")
-	if !strings.Contains(out, "refused: tool_frozen") || !strings.Contains(out, "refund_order is frozen for this tenant since") || strings.Contains(out, "incident 42") {
+	if !strings.Contains(out, "refused: tool_frozen at /tool: ") || !strings.Contains(out, "refund_order is frozen for this tenant since") || strings.Contains(out, "incident 42") {
 		t.Errorf("a refund while refund_order is frozen:\n%s", out)
 	}
 	// The unfreeze names the freeze it lifts (its at, from show): one

@@ -720,7 +720,13 @@ func printEvent(out io.Writer, e ledger.Event) {
 // printRefusal prints the refusal that ended a wait, after sent
 // submissions.
 func printRefusal(out io.Writer, f *submitFlags, e ledger.Event, sent int) {
-	fmt.Fprintf(out, "refused: %s at %s: %s\n", report.Printable(e.Reason), report.Printable(e.Pointer), report.Printable(e.Detail))
+	// A refusal of the call as a whole (a rate limit, a frozen tool)
+	// points at no field of the envelope.
+	at := ""
+	if e.Pointer != "" {
+		at = " at " + report.Printable(e.Pointer)
+	}
+	fmt.Fprintf(out, "refused: %s%s: %s\n", report.Printable(e.Reason), at, report.Printable(e.Detail))
 	if e.RetryAfterMS > 0 {
 		fmt.Fprintf(out, "  the ledger asks for a retry after %s; sent %d time(s) (--retry-later %d, --timeout %s)\n",
 			time.Duration(e.RetryAfterMS)*time.Millisecond, sent, f.retryLater, f.timeout)

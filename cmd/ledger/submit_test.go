@@ -546,3 +546,21 @@ func TestSubmitAssertionWithoutUserClaimsNone(t *testing.T) {
 		})
 	}
 }
+
+// A refusal of the call as a whole points at no field: it is printed
+// without an empty "at". Before, a rate limit read "rate_limited at : ...".
+func TestPrintRefusalNamesItsPointerOnlyWhenItHasOne(t *testing.T) {
+	for _, tc := range []struct {
+		e    ledger.Event
+		want string
+	}{
+		{ledger.Event{Reason: "rate_limited", Detail: "at most 60/m for send_email"}, "refused: rate_limited: at most 60/m for send_email\n"},
+		{ledger.Event{Reason: "invalid_arguments", Pointer: "/arguments/title", Detail: "missing"}, "refused: invalid_arguments at /arguments/title: missing\n"},
+	} {
+		var out strings.Builder
+		printRefusal(&out, &submitFlags{}, tc.e, 1)
+		if got := out.String(); got != tc.want {
+			t.Errorf("printRefusal(%s) = %q; want %q", tc.e.Reason, got, tc.want)
+		}
+	}
+}
