@@ -727,7 +727,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					// An undo asked for under undo_unknown may reach the
 					// tool before the call's last attempt lands, and
 					// cancel nothing.
-					logger.Warn("--unanswered-for is shorter than a call's request may still land (a tool's timeout, or how long past their expiry the tools accept credentials, and clock skew): a call parked for unanswered lookups and undone under undo_unknown may have its last attempt land after its compensation",
+					logger.Warn("--unanswered-for is shorter than a call's request may still land (a tool's timeout, and how long past their expiry the tools accept credentials, and clock skew): a call parked for unanswered lookups and undone under undo_unknown may have its last attempt land after its compensation",
 						"unanswered_for", unanswered, "longest_landing", floor)
 				}
 				rc, err := executor.NewReconciler(executor.ReconcilerConfig{

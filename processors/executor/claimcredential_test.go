@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -446,4 +447,72 @@ func (m *mintLog) Mint(g credentials.Grant) (credentials.Credential, error) {
 		m.creds = append(m.creds, c)
 	}
 	return c, err
+}
+
+// A call's credential lives no longer than the attempt it is sent with
+// (the tool's timeout and 2 s), so that a request of the call that
+// reaches the tool late (queued on the way) is refused by the time the
+// reconciler, Landing after the call went outcome_unknown, takes the
+// tool's not_found as final. Before, the credential lived to the claim's
+// stop: a call whose attempts were answered 503 at once went
+// outcome_unknown with its credential good for most of its lease, and a
+// queued request of it was accepted past Landing.
+func TestCredentialExpiresWithItsAttempt(t *testing.T) {
+	reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+		entry["timeout_ms"] = 10_000
+	})
+	tool, err := reg.Lookup("create_ticket", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRigWith(t, reg, demobackend.Config{})
+	broker, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := demobackend.New(demobackend.Config{Credentials: verifier})
+	t.Cleanup(func() { guarded.Close() })
+	guarded.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 3})
+	type send struct{ at, expires time.Time }
+	var (
+		mu   sync.Mutex
+		sent []send
+	)
+	handler := guarded.Handler()
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		at := time.Now()
+		if c, err := verifier.Inspect(req.Context(), strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")); err == nil {
+			mu.Lock()
+			sent = append(sent, send{at, c.ExpiresAt})
+			mu.Unlock()
+		}
+		handler.ServeHTTP(w, req)
+	}))
+	t.Cleanup(front.Close)
+	r.url = front.URL
+	auth := r.admit("create_ticket", "short-lived", map[string]any{"title": "t"}, 0)
+	out, err := r.executor(func(c *executor.Config) { c.Credentials = broker }).Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	last := evs[len(evs)-1]
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) < 2 || len(guarded.Effects()) != 0 {
+		t.Fatalf("%d requests with a credential, effects %+v, events %v; want its attempts, each answered 503, none applied", len(sent), guarded.Effects(), summary(evs))
+	}
+	landing := executor.Landing(tool, credentials.DefaultSkew)
+	for i, s := range sent {
+		if end := s.at.Add(tool.Timeout() + 2*time.Second); s.expires.After(end) {
+			t.Errorf("attempt %d, sent at %s, carried a credential expiring at %s; want by its attempt's end and 2 s, %s", i+1, s.at.Format(time.RFC3339Nano), s.expires.Format(time.RFC3339), end.Format(time.RFC3339Nano))
+		}
+		if accepted, settled := s.expires.Add(credentials.DefaultSkew), last.At.Add(landing); accepted.After(settled) {
+			t.Errorf("attempt %d's requests are accepted until %s, past %s, when the reconciler takes a not_found of the call (%s at %s) as final", i+1, accepted.Format(time.RFC3339), settled.Format(time.RFC3339Nano), last.Type, last.At.Format(time.RFC3339Nano))
+		}
+	}
 }

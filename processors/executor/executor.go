@@ -1305,7 +1305,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			// The credential the claim recorded, or none.
 			JTI: rec.Credential.JTI, Family: rec.Credential.Family,
 		}
-		cred, err := x.cfg.Credentials.Mint(grant)
+		cred, err := x.mint(grant, tool.Timeout())
 		if errors.Is(err, credentials.ErrFamilyChanged) {
 			if !reclaimed {
 				// The key rotated between the claim and now: the
@@ -1319,7 +1319,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			// now, which the events name.
 			log.Warn("the signing key rotated since the claim; the call's credential minted under the new key's family", "recorded_family", rec.Credential.Family)
 			grant.Family = ""
-			cred, err = x.cfg.Credentials.Mint(grant)
+			cred, err = x.mint(grant, tool.Timeout())
 		}
 		if err != nil {
 			// Nothing was sent: without a credential the tool is
@@ -1782,7 +1782,7 @@ func (x *Executor) renewCredential(c *completion, sec *secrets, timeout time.Dur
 	if c.expires.After(now.Add(timeout)) {
 		return
 	}
-	cred, err := x.cfg.Credentials.Mint(*c.grant)
+	cred, err := x.mint(*c.grant, timeout)
 	if err != nil {
 		x.cfg.Logger.Warn("the call's credential expires within the attempt, and could not be renewed; sent as it is",
 			"call_key", c.rec.Key.String(), "jti", c.jti, "expires", c.expires, "err", err)
@@ -1795,6 +1795,26 @@ func (x *Executor) renewCredential(c *completion, sec *secrets, timeout time.Dur
 	// attempt's answer may echo it.
 	sec.earlier = append(sec.earlier, sec.bearer)
 	sec.bearer, c.issued, c.expires = cred.Token, cred.IssuedAt, cred.ExpiresAt
+}
+
+// attemptCredentialSlack is how long past the end of the attempt it is
+// minted (or renewed) for a call's credential may expire: enough that the
+// whole seconds it expires on leave it valid through its attempt.
+const attemptCredentialSlack = 2 * time.Second
+
+// mint mints g for an attempt of timeout starting now: the credential
+// expires no later than the attempt's end and attemptCredentialSlack,
+// within g.Deadline (the claim's stop). Bound to the claim's stop alone,
+// it lived up to the whole lease past a call recorded outcome_unknown
+// early in it (its attempts answered at once, 503), and a request queued
+// on the way to the tool was accepted long after the reconciler's
+// Landing had taken the tool's not_found as final: the call settled
+// failed, and applied after.
+func (x *Executor) mint(g credentials.Grant, timeout time.Duration) (credentials.Credential, error) {
+	if end := x.cfg.Now().Add(timeout + attemptCredentialSlack); g.Deadline.IsZero() || end.Before(g.Deadline) {
+		g.Deadline = end
+	}
+	return x.cfg.Credentials.Mint(g)
 }
 
 // heldRevoked is the hold of a request whose credential was revoked, by

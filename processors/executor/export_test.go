@@ -38,6 +38,10 @@ func SetSweepLimit(rc *Reconciler, n int) { rc.sweepLimit = n }
 // found stays not final.
 const NotFoundSkew = notFoundSkew
 
+// AttemptCredentialSlack is how long past its attempt's end a call's
+// credential may expire.
+const AttemptCredentialSlack = attemptCredentialSlack
+
 // NoteLookupsFailing has rc remember that k's lookups have failed since
 // since, as if a round of them had failed then, unless it remembers an
 // earlier failure.

@@ -939,18 +939,21 @@ func (r *Reconciler) parkOrWait(rec processors.Record, tmpl ledger.Event, tool *
 
 // Landing is how long after a call of tool was recorded outcome_unknown
 // a request of it may still land at the tool: its last attempt started
-// before and lasts at most the tool's timeout; a paused executor's, not
-// yet sent, is accepted while its credential is, at most credentialSkew
-// past its expiry (which came before the outcome was recorded), or the
-// tool's backend.credential_skew_ms if longer; and notFoundSkew more for
+// before and lasts at most the tool's timeout. Where the deployment mints
+// credentials, the tool accepts one of that attempt's requests, however
+// late it arrives (queued on the way, or a paused executor's not yet
+// sent), only while its credential is: the credential expires at most
+// the tool's timeout and attemptCredentialSlack after the attempt it was
+// minted for began, and is accepted credentialSkew past that, or the
+// tool's backend.credential_skew_ms if longer. notFoundSkew more is for
 // the clocks.
 func Landing(tool *schemas.Tool, credentialSkew time.Duration) time.Duration {
 	if credentialSkew > 0 {
 		// The deployment mints credentials, and this tool's verifier
 		// may accept them longer past their expiry.
-		credentialSkew = max(credentialSkew, tool.Backend.CredentialSkew())
+		credentialSkew = max(credentialSkew, tool.Backend.CredentialSkew()) + attemptCredentialSlack
 	}
-	return max(tool.Timeout(), credentialSkew) + notFoundSkew
+	return tool.Timeout() + credentialSkew + notFoundSkew
 }
 
 // LandingWindow is Landing for the longest of reg's tools, with the

@@ -923,12 +923,14 @@ func TestReconcileNotFoundLeavesACallBeingUndone(t *testing.T) {
 }
 
 // Where the deployment mints credentials, a status lookup's not_found is
-// not final until the tools stop accepting the call's credentials: an
-// executor paused past its claim's lease with its request about to leave
-// has it accepted until its expiry (before the outcome was recorded)
-// plus the tools' skew. Before, not_found was final the tool's timeout
-// and 5 s after the outcome, and such a request could apply a call
-// recorded failed.
+// not final until the tools stop accepting the call's credentials: a
+// request of its last attempt that reaches the tool late (queued on the
+// way, or a paused executor's about to leave) is accepted until the
+// credential's expiry (at most the attempt's timeout and
+// AttemptCredentialSlack after it began, before the outcome was
+// recorded) plus the tools' skew. Before, not_found was final the tool's
+// timeout and 5 s after the outcome, and such a request could apply a
+// call recorded failed.
 func TestReconcileNotFoundWaitsOutTheCredentialSkew(t *testing.T) {
 	broker, err := credentials.New(credentials.Config{})
 	if err != nil {
@@ -966,10 +968,11 @@ func TestReconcileNotFoundWaitsOutTheCredentialSkew(t *testing.T) {
 			if got := r.reconcile(at(timeout+executor.NotFoundSkew+time.Second), unknown); len(got) != 0 {
 				t.Errorf("reconciled %v past the tool's timeout, within the credential skew; want nothing yet", got)
 			}
-			if got := r.reconcile(at(tc.skew+executor.NotFoundSkew-time.Second), unknown); len(got) != 0 {
-				t.Errorf("reconciled %v within the credential skew %s; want nothing yet", got, tc.skew)
+			accepted := timeout + executor.AttemptCredentialSlack + tc.skew
+			if got := r.reconcile(at(accepted+executor.NotFoundSkew-time.Second), unknown); len(got) != 0 {
+				t.Errorf("reconciled %v within the credential skew %s past the last attempt's end; want nothing yet", got, tc.skew)
 			}
-			if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(at(tc.skew+executor.NotFoundSkew+time.Second), unknown)); diff != "" {
+			if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(at(accepted+executor.NotFoundSkew+time.Second), unknown)); diff != "" {
 				t.Errorf("past the credential skew (-want +got):\n%s", diff)
 			}
 		})
