@@ -31,19 +31,29 @@ import (
 func newGuardedRig(t *testing.T) (*rig, *credentials.Broker, *demobackend.Server) {
 	t.Helper()
 	r := newRig(t)
-	broker, err := credentials.New(credentials.Config{})
+	broker, _, guarded := newGuardedBackend(t, nil)
+	srv := httptest.NewServer(guarded.Handler())
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	return r, broker, guarded
+}
+
+// newGuardedBackend is a credential broker on clock (nil: the real one),
+// a verifier of its credentials, and a tool backend that verifies them,
+// closed when t ends.
+func newGuardedBackend(t *testing.T, clock func() time.Time) (*credentials.Broker, *credentials.Verifier, *demobackend.Server) {
+	t.Helper()
+	broker, err := credentials.New(credentials.Config{Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys})
+	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys, Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	guarded := demobackend.New(demobackend.Config{Credentials: verifier})
-	srv := httptest.NewServer(guarded.Handler())
-	t.Cleanup(func() { guarded.Close(); srv.Close() })
-	r.url = srv.URL
-	return r, broker, guarded
+	t.Cleanup(func() { guarded.Close() })
+	return broker, verifier, guarded
 }
 
 // The claim records the credential before its request leaves: the one
@@ -280,16 +290,7 @@ func TestCredentialRenewedForAnAttemptItWouldNotOutlast(t *testing.T) {
 	r := newRigWith(t, reg, demobackend.Config{})
 	var skip atomic.Int64 // how far the shared clock is ahead
 	clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
-	broker, err := credentials.New(credentials.Config{Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys, Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	guarded := demobackend.New(demobackend.Config{Credentials: verifier})
-	t.Cleanup(func() { guarded.Close() })
+	broker, _, guarded := newGuardedBackend(t, clock)
 	guarded.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1})
 	var sent []string // the Authorization of each request
 	tool := guarded.Handler()
@@ -466,16 +467,7 @@ func TestCredentialExpiresWithItsAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRigWith(t, reg, demobackend.Config{})
-	broker, err := credentials.New(credentials.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys})
-	if err != nil {
-		t.Fatal(err)
-	}
-	guarded := demobackend.New(demobackend.Config{Credentials: verifier})
-	t.Cleanup(func() { guarded.Close() })
+	broker, verifier, guarded := newGuardedBackend(t, nil)
 	guarded.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 3})
 	type send struct{ at, expires time.Time }
 	var (
