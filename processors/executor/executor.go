@@ -283,6 +283,11 @@ type Config struct {
 	// RetryBackoff is the first pause between attempts, doubled each
 	// time; default 100ms.
 	RetryBackoff time.Duration
+	// FrozenRecheck is how long a call that a decision stands behind (an
+	// approval, or a compensation) is given back for when its tool is
+	// frozen before it starts, before it is claimed again to see whether
+	// the freeze was lifted; default 5s.
+	FrozenRecheck time.Duration
 	// LeaseMargin is added to the longest a claim can take (attempts ×
 	// tool timeout + backoff) to make the lease; default 10s. The tool is
 	// never called after the lease's end minus the margin.
@@ -470,6 +475,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RetryBackoff <= 0 {
 		c.RetryBackoff = 100 * time.Millisecond
+	}
+	if c.FrozenRecheck <= 0 {
+		c.FrozenRecheck = 5 * time.Second
 	}
 	if c.RevocationSkew == 0 {
 		c.RevocationSkew = credentials.DefaultSkew
@@ -1464,6 +1472,19 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				return refuse(*r)
 			case hb == errFrozen:
 				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
+				if again := x.cfg.Now().Add(x.cfg.FrozenRecheck); decided(rec, tmpl) && waitsFor(rec, tmpl, again) {
+					// A call an approver, or the ledger's own undo,
+					// stands behind waits out the freeze (nothing was
+					// sent under this claim, which is no takeover):
+					// denied, its key would be spent, and with it the
+					// approval or the compensation, the one the
+					// reconciler runs for the call. The intake lets
+					// such calls stand while the tool is frozen too.
+					// Its agent's plain call is denied, to be sent
+					// again under a new key if still wanted.
+					return x.releaseClaim(ctx, c, log, refusal{reason: ReasonToolFrozen, after: x.cfg.FrozenRecheck,
+						detail: control.FrozenDetail(tool.Name, a) + "; nothing was sent, and the call waits for the unfreeze"})
+				}
 				log.Info("tool frozen before the call started")
 				return c.deny(ReasonToolFrozen, control.FrozenDetail(tool.Name, a), policy.Decision{})
 			default:
@@ -1473,7 +1494,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		}
 		lastErr = err
 		if again := x.cfg.Now().Add(x.cfg.RetryBackoff); (errors.Is(err, errNoSlotInLease) || errors.Is(err, errStaleInLease)) &&
-			(rec.DeadlineAt.IsZero() && approvalHolds(&tmpl, again) || roomFor(rec, tmpl, again)) {
+			waitsFor(rec, tmpl, again) {
 			// Only the claim's lease ran out waiting for a slot of the
 			// tool's bulkhead, for a call that may be given back
 			// (givable): it is, and claimed again with a lease of its
@@ -1869,6 +1890,14 @@ func (x *Executor) leaseBound(rec processors.Record) bool {
 	return rec.DeadlineAt.IsZero() || !rec.DeadlineAt.Before(rec.LeaseUntil.Add(-x.cfg.LeaseMargin))
 }
 
+// decided reports whether a decision beyond the call's own policies
+// stands behind rec: an approver's (its authorized event follows an
+// approval), or the ledger's (rec is a compensation).
+func decided(rec processors.Record, tmpl ledger.Event) bool {
+	_, undo := rec.Key.Compensates()
+	return undo || tmpl.ApprovalID != ""
+}
+
 // roomFor reports whether the call may still run at t: before its
 // deadline, and its approval's expiry if it waited for one. A call
 // without a deadline has none to wait within.
@@ -1877,6 +1906,13 @@ func roomFor(rec processors.Record, tmpl ledger.Event, t time.Time) bool {
 		return false
 	}
 	return approvalHolds(&tmpl, t)
+}
+
+// waitsFor reports whether the call may be given back until t: it has
+// room to run then (roomFor), or no deadline and an approval, if any,
+// that still holds then.
+func waitsFor(rec processors.Record, tmpl ledger.Event, t time.Time) bool {
+	return rec.DeadlineAt.IsZero() && approvalHolds(&tmpl, t) || roomFor(rec, tmpl, t)
 }
 
 // carriedObligations reads back, from an approved event's obligations
@@ -1936,7 +1972,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot (or the control topic no copy known current) within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, or its tool version is unknown here); claim given back, to be tried again", "reason", r.reason,
+	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot (or the control topic no copy known current) within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, its tool version is unknown here, or its tool is frozen and an approval or a compensation stands behind it); claim given back, to be tried again", "reason", r.reason,
 		"detail", r.detail, "retry_after", rel.After)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}

@@ -548,3 +548,65 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 		})
 	}
 }
+
+// A call that an approval or a compensation stands behind, whose tool is
+// frozen before it starts, is given back, nothing sent, and runs once
+// the freeze is lifted: denied, its key would be spent, and with it the
+// approver's decision, or the undo the reconciler asked for (which it
+// runs no other of). Before, both were denied tool_frozen. An agent's
+// plain call is still denied, and so is an approved call whose approval
+// would lapse before it is claimed again.
+func TestFrozenToolHoldsCallsADecisionStandsBehind(t *testing.T) {
+	r := newRig(t)
+	orig, done := r.admitApproved("undone", time.Now().Add(time.Hour), "")
+	if _, err := r.executor(nil).Step(t.Context(), []*kgo.Record{done}); err != nil {
+		t.Fatal(err)
+	}
+	// An operator's undo of the refund (the reconciler's leaves a
+	// success).
+	undo := r.admitCompensation(orig.Key(), "u_operator")
+	_, approved := r.admitApproved("approved", time.Now().Add(time.Hour), "")
+	fz := &switchedFreezes{}
+	fz.on.Store(true)
+	const recheck = 300 * time.Millisecond
+	x := r.executor(func(c *executor.Config) { c.Freezes, c.FrozenRecheck = fz, recheck })
+
+	stepEndsAs(t, x, r.admit("create_ticket", "plain", map[string]any{"title": "t"}, 0), []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
+	_, lapsing := r.admitApproved("lapsing", time.Now().Add(recheck/2), "")
+	stepEndsAs(t, x, lapsing, []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
+
+	held := []*kgo.Record{approved, undo}
+	out, err := x.Step(t.Context(), held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); len(evs) != 0 {
+		t.Fatalf("events %v while the tool is frozen; want none (given back)", summary(evs))
+	}
+	var until time.Time
+	for _, auth := range held {
+		ev := authorizedEvent(t, auth)
+		rec, err := r.store.Get(t.Context(), ev.Key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
+			t.Errorf("%s is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Key, rec.Status, rec.LeaseOwner, rec.Attempt)
+		}
+		if rec.LeaseUntil.After(until) {
+			until = rec.LeaseUntil
+		}
+	}
+	if n := r.backend.AppliedIn("refund_order", "t_a", "t_a/approved") + r.backend.AppliedIn("cancel_refund", "t_a", "t_a/undone:compensate"); n != 0 {
+		t.Errorf("%d effects while the tool is frozen; want none", n)
+	}
+
+	fz.on.Store(false)
+	time.Sleep(time.Until(until) + 50*time.Millisecond)
+	for _, auth := range held {
+		stepEndsAs(t, x, auth, []string{"executing", "succeeded"}, "")
+	}
+	if a, u := r.backend.AppliedIn("refund_order", "t_a", "t_a/approved"), r.backend.AppliedIn("cancel_refund", "t_a", "t_a/undone:compensate"); a != 1 || u != 1 {
+		t.Errorf("after the unfreeze the approved call applied %d times, the compensation %d; want 1 each", a, u)
+	}
+}
