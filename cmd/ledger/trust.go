@@ -118,7 +118,7 @@ type policyFlags struct {
 // default, on only where every process is of this build (ledger dev).
 func (f *policyFlags) register(fs *pflag.FlagSet, rolesByDefault bool) {
 	fs.StringVar(&f.dir, "policy-dir", "", "directory of *.cedar policies, reloaded when it changes (default: the built-in demo policies)")
-	fs.StringVar(&f.label, "policy-label", "local", "label of the policy set's version (the version is <label>@<content hash>)")
+	fs.StringVar(&f.label, "policy-label", "local", "label of --policy-dir's policy set's version (the version is <label>@<content hash>); the built-in demo policies are always labelled demo")
 	f.registerTimeout(fs)
 	fs.BoolVar(&f.roles, "policy-roles", rolesByDefault, "give the policies the caller's roles (the assertion's roles claim) as principal.roles, and record them on the call's events, with which executors decide an approved call again. Those events are of encoding version 2, which builds before it refuse: set it on every intake, executor and reconciler, once every process of the deployment (approval services, projectors and the APIs included) is of a build that reads it: on the executors and reconcilers first, the intakes last (off: the intakes first). Without it a policy that reads principal.roles denies (policy_error)")
 	fs.StringVar(&f.versions, "policy-versions-dir", "", "directory of policy versions, <label>/*.cedar: the version an operator activates on the control topic (ledger control activate-policy) is loaded from it and wins over --policy-dir for as long as it is in force; while it does not load, or its files are not the content the activation pins (or this directory is not set), every call is denied and /readyz fails")
