@@ -3,6 +3,7 @@ package processors
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -13,6 +14,13 @@ type MoveStore interface {
 	Move(ctx context.Context, ms []Move) ([]bool, error)
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)
 }
+
+// ErrMoveUnknown: a decision's write failed, and its record could not be
+// read back to tell whether it applied all the same. The person is to
+// read the call (or the approval) before deciding again: told the write
+// failed, they would take the decision for not made, and the next
+// attempt's refusal (no longer pending) for someone else's.
+var ErrMoveUnknown = errors.New("the write failed, and whether it applied could not be read back")
 
 // MoveOrReadBack applies ms, a person's decisions (an approval, an
 // operator's resolution), in st, and reports which applied. Once sent,
@@ -25,7 +33,8 @@ type MoveStore interface {
 // its move's own event (eventIDs[i], the last of its outbox) at the
 // move's status and seq says that it committed, and which moves applied.
 // When the read back finds them applied, failedWrite is the write's
-// error, for the log; when it does not, err is.
+// error, for the log; when it does not, err is; when it fails, err is
+// ErrMoveUnknown.
 func MoveOrReadBack(ctx context.Context, st MoveStore, ms []Move, eventIDs []string, timeout time.Duration) (applied []bool, failedWrite, err error) {
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
@@ -40,7 +49,7 @@ func MoveOrReadBack(ctx context.Context, st MoveStore, ms []Move, eventIDs []str
 	for i, m := range ms {
 		rec, err := st.Get(rctx, m.Key)
 		if err != nil {
-			return nil, nil, errors.Join(moveErr, err)
+			return nil, nil, fmt.Errorf("%w: %w", ErrMoveUnknown, errors.Join(moveErr, err))
 		}
 		if rec.Status != m.To || rec.Seq != m.Seq {
 			continue

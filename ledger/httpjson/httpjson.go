@@ -26,6 +26,11 @@ const (
 // not answer: a request it forwarded may or may not have been handled.
 const CodeUpstreamUnavailable = "upstream_unavailable"
 
+// CodeActionOutcomeUnknown is the error code of an action (a decision, a
+// resolution) whose write failed and could not be read back: it may have
+// been taken. Read what it acted on before acting again.
+const CodeActionOutcomeUnknown = "action_outcome_unknown"
+
 // CodeRequestTimeout is the error code of a request whose body did not
 // arrive within the server's read timeout (408): nothing was done, and
 // sent again it may pass.

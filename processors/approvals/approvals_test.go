@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
@@ -981,6 +984,68 @@ func TestDecisionWhoseWriteFailed(t *testing.T) {
 				t.Errorf("published %v; want %v", got, want)
 			}
 		})
+	}
+}
+
+// lostAfterMove is the store, whose Move applies and then fails (a
+// connection lost on COMMIT), after which it cannot be read (its node
+// down).
+type lostAfterMove struct {
+	approvals.Store
+	moved atomic.Bool
+}
+
+func (s *lostAfterMove) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
+	if _, err := s.Store.Move(ctx, ms); err != nil {
+		return nil, err
+	}
+	s.moved.Store(true)
+	return nil, errors.New("connection lost on commit")
+}
+
+func (s *lostAfterMove) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	if s.moved.Load() {
+		return processors.Record{}, errors.New("connection refused")
+	}
+	return s.Store.Get(ctx, k)
+}
+
+// A decision whose write failed and could not be read back is answered
+// 503 action_outcome_unknown: it may have been taken, and the approver is
+// to read the approval before deciding again. Before, it was 500
+// internal, which the console said was refused, and the approver, trying
+// again, was told the approval was no longer pending, someone else's
+// decision as far as they could tell.
+func TestDecisionWhoseWriteFailedUnread(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-1")
+	svc := f.service(func(c *approvals.Config) {
+		c.Store, c.WriteTimeout = &lostAfterMove{Store: f.store}, 100*time.Millisecond
+	})
+	srv := httptest.NewServer(svc.Handler())
+	t.Cleanup(srv.Close)
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/approvals/"+approvals.ID(k)+"/approve", strings.NewReader(`{"arguments_hash":"`+f.record(k).ArgumentsHash+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+f.mint(boss))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != httpjson.CodeActionOutcomeUnknown || !strings.Contains(body.Error.Message, "read the approval") {
+		t.Errorf("approve = %d %+v; want 503 %s, saying to read the approval", resp.StatusCode, body.Error, httpjson.CodeActionOutcomeUnknown)
+	}
+	if rec := f.record(k); rec.Status != processors.StatusAuthorized {
+		t.Errorf("the call is %s; want authorized (the write applied)", rec.Status)
 	}
 }
 

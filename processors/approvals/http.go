@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
+	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
@@ -115,6 +116,9 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrVersionUnconfirmed):
 		s.cfg.Logger.Error("approval refused: the resource's version cannot be confirmed", "path", r.URL.Path, "err", err)
 		status, code, msg = http.StatusConflict, CodeVersionUnconfirmed, err.Error()
+	case errors.Is(err, processors.ErrMoveUnknown):
+		s.cfg.Logger.Error("a decision's write failed, and whether it applied could not be read", "path", r.URL.Path, "err", err)
+		status, code, msg = http.StatusServiceUnavailable, httpjson.CodeActionOutcomeUnknown, "the execution store failed as the decision was written, and could not say whether it was: it may have been taken; read the approval before deciding again"
 	case errors.Is(err, ErrUnavailable):
 		status, code, msg = http.StatusServiceUnavailable, "unavailable", "the resource's version cannot be read now; try again"
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnsupported):

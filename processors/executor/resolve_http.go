@@ -95,6 +95,11 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			resolveError(w, http.StatusServiceUnavailable, "compensation_cancelled",
 				"the execution store is unavailable and the call was not resolved, but its automatic compensation was cancelled ("+ReasonCompensationCancelled+"): the ledger runs no other; resolve the call again, and undo it by hand if it must be")
 			return
+		case errors.Is(err, processors.ErrMoveUnknown):
+			r.cfg.Logger.Error("a resolution's write failed, and whether it applied could not be read", "call_key", key.String(), "err", err)
+			resolveError(w, http.StatusServiceUnavailable, httpjson.CodeActionOutcomeUnknown,
+				"the execution store failed as the resolution was written, and could not say whether it was: it may have been taken; read the call (ledger trace) before resolving it again")
+			return
 		case err != nil:
 			// The store's: not the request's fault, and its text is
 			// the server's business.

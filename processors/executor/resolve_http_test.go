@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/identity"
@@ -135,6 +137,17 @@ type losingMoves struct {
 	only      *ledger.CallKey
 	fail      error
 	ambiguous error
+	// unreadable: after an ambiguous move, the key cannot be read (its
+	// node down).
+	unreadable bool
+	moved      atomic.Bool
+}
+
+func (l *losingMoves) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	if l.unreadable && l.moved.Load() && (l.only == nil || k == *l.only) {
+		return processors.Record{}, errors.New("dial tcp 10.0.0.7:26257: connection refused")
+	}
+	return l.Store.Get(ctx, k)
 }
 
 func (l *losingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {
@@ -148,6 +161,7 @@ func (l *losingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, e
 		if _, err := l.Store.Move(ctx, ms); err != nil {
 			return nil, err
 		}
+		l.moved.Store(true)
 		return nil, l.ambiguous
 	}
 	if l.settle {
@@ -217,6 +231,27 @@ func TestResolveHandlerAmbiguousCommitTaken(t *testing.T) {
 	}
 	if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusFailed {
 		t.Errorf("the call is %s (%v); want failed", rec.Status, err)
+	}
+}
+
+// A resolution whose write failed and could not be read back is answered
+// 503 action_outcome_unknown, saying to read the call before resolving it
+// again: before, 503 unavailable, "try again", and the retry was refused
+// not_unknown for a call the operator's own resolution had settled.
+func TestResolveHandlerAmbiguousCommitUnread(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	k := orig.Key()
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Store = &losingMoves{Store: r.store, only: &k, ambiguous: errors.New("result is ambiguous (error=rpc error)"), unreadable: true}
+	})
+	body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"failed","evidence":"the bank's statement"}`
+	status, got := postResolution(t, rc, body)
+	if status != http.StatusServiceUnavailable || !strings.Contains(got, `"`+httpjson.CodeActionOutcomeUnknown+`"`) || !strings.Contains(got, "read the call") || strings.Contains(got, "10.0.0.7") {
+		t.Errorf("%d %s; want 503 %s saying to read the call, without the store's error", status, got, httpjson.CodeActionOutcomeUnknown)
+	}
+	if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusFailed {
+		t.Errorf("the call is %s (%v); want failed (the write applied)", rec.Status, err)
 	}
 }
 

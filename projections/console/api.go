@@ -62,6 +62,13 @@ func (e *apiError) Error() string {
 	return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Message)
 }
 
+// Is makes a service's own answer that an action may have been taken
+// (its write failed, and could not be read back) count as the action's
+// answer broken off: not a refusal, with the service's words.
+func (e *apiError) Is(target error) bool {
+	return target == errActionBrokenOff && e.Code == httpjson.CodeActionOutcomeUnknown
+}
+
 // describe renders err for a person: an API's refusal by its code and
 // message, anything else as it is.
 func describe(err error) string {
@@ -188,7 +195,7 @@ func (c *Console) callHeader(r *http.Request, s *session, method, path string, q
 var (
 	errBrokenOff = &apiError{Status: http.StatusBadGateway, Code: "answer_broken_off",
 		Message: "the API's answer broke off (the service behind it stopped mid-answer, or the answer was too large to pass on); try again"}
-	errActionBrokenOff = &apiError{Status: http.StatusBadGateway, Code: "action_outcome_unknown",
+	errActionBrokenOff = &apiError{Status: http.StatusBadGateway, Code: httpjson.CodeActionOutcomeUnknown,
 		Message: "the API's answer broke off after the action was sent: it may have been taken; look before trying again"}
 )
 

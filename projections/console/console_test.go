@@ -1703,11 +1703,14 @@ func TestAPIAnswerBrokenOffIsAPage(t *testing.T) {
 // so, and logs it as sent, not as refused. So may one that ledger api's
 // proxy answers 502 upstream_unavailable: the service behind it may have
 // taken the action before the connection broke (before, the console said
-// it was refused).
+// it was refused). So may one whose service's write failed and could not
+// be read back (503 action_outcome_unknown), which the console says in
+// the service's words.
 func TestActionAnswerBrokenOffMayHaveBeenTaken(t *testing.T) {
 	for name, spec := range map[string]refusalSpec{
 		"broken off":           {abort: true},
 		"upstream unavailable": {status: http.StatusBadGateway, code: httpjson.CodeUpstreamUnavailable, message: "a service behind this API does not answer; see its log"},
+		"write not read back":  {status: http.StatusServiceUnavailable, code: httpjson.CodeActionOutcomeUnknown, message: "read the approval before deciding again"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			fx := newFixture(t)
@@ -1716,8 +1719,12 @@ func TestActionAnswerBrokenOffMayHaveBeenTaken(t *testing.T) {
 			fx.api.refuse["POST "+apiApprovalPath(keyPending.ApprovalID())+"/approve"] = spec
 			fx.api.mu.Unlock()
 			w := b.post(approvalURL(keyPending.ApprovalID())+"/approve", url.Values{"arguments_hash": {hashPending}})
-			if got := followFlash(t, b, w.Result()); !strings.Contains(got, "may or may not have been taken") || strings.Contains(got, "was refused") {
+			got := followFlash(t, b, w.Result())
+			if !strings.Contains(got, "may or may not have been taken") || strings.Contains(got, "was refused") {
 				t.Errorf("flash %q after an approval whose answer broke off; want it to say it may have been taken", got)
+			}
+			if spec.message != "" && spec.code != httpjson.CodeUpstreamUnavailable && !strings.Contains(got, spec.message) {
+				t.Errorf("flash %q; want the service's words, %q", got, spec.message)
 			}
 		})
 	}
