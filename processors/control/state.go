@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -50,9 +49,6 @@ const (
 	// (asked again on a new one) does not stall the processes that wait
 	// for the State.
 	probeTimeout = 400 * time.Millisecond
-	// partitionsEvery is how many probes go by between those that also
-	// ask for the topic's partitions (every 10 s).
-	partitionsEvery = 40
 	// maxProbes bounds the answers kept while the records they wait for
 	// are read: a State that far behind skips asking until it catches up.
 	maxProbes = 64
@@ -423,11 +419,10 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 		return err
 	}
 	defer admin.Close()
-	adm := kadm.NewClient(admin)
 	// Once caught up with these ends, the State holds every action
 	// committed before this moment.
 	started := time.Now()
-	ends, err := endOffsets(ctx, adm, topic)
+	ends, err := endOffsets(ctx, admin, topic)
 	if err == nil {
 		err = s.skipEmptied(ctx, admin, topic, ends)
 	}
@@ -465,7 +460,7 @@ func (s *State) Run(ctx context.Context, cc ledger.ClientConfig, topic string) e
 	probing := make(chan struct{})
 	go func() {
 		defer close(probing)
-		s.probeLoop(probeCtx, admin, adm, cl, topic)
+		s.probeLoop(probeCtx, admin, cl, topic)
 	}()
 	defer func() {
 		stopProbing()
@@ -526,39 +521,42 @@ func (s *State) markReadyIf() {
 	s.logger.Info("control state ready", "freezes", freezes, "revocations", revocations)
 }
 
-// endOffsets returns the last stable offset of every partition of topic.
-func endOffsets(ctx context.Context, adm *kadm.Client, topic string) (map[int32]int64, error) {
-	details, err := adm.ListTopics(ctx, topic)
+// endOffsets returns the last stable offset of every partition of topic:
+// one Metadata request, for the partitions, and one ListOffsets. The
+// Metadata request goes to a broker, never to the client's cache (which
+// kadm's answers from, up to 5 s old): a partition added since must count
+// at once. Its answer refreshes that cache, by which franz-go sends the
+// ListOffsets to each partition's leader.
+func endOffsets(ctx context.Context, cl *kgo.Client, topic string) (map[int32]int64, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
 		return nil, fmt.Errorf("describe control topic %s: %w", topic, err)
 	}
-	d, ok := details[topic]
-	switch {
-	case !ok:
-		return nil, fmt.Errorf("control topic %s does not exist", topic)
-	case d.Err != nil:
-		return nil, fmt.Errorf("describe control topic %s: %w", topic, d.Err)
-	case len(d.Partitions) == 0:
+	var parts []int32
+	for _, t := range resp.Topics {
+		if t.Topic == nil || *t.Topic != topic {
+			continue
+		}
+		switch err := kerr.ErrorForCode(t.ErrorCode); {
+		case errors.Is(err, kerr.UnknownTopicOrPartition):
+			return nil, fmt.Errorf("control topic %s does not exist", topic)
+		case err != nil:
+			return nil, fmt.Errorf("describe control topic %s: %w", topic, err)
+		}
+		for _, p := range t.Partitions {
+			parts = append(parts, p.Partition)
+		}
+	}
+	if len(parts) == 0 {
 		return nil, fmt.Errorf("control topic %s has no partitions", topic)
 	}
 	// The last stable offset: everything before it is committed or
 	// aborted, and read_committed shows the committed part.
-	listed, err := adm.ListCommittedOffsets(ctx, topic)
-	if err != nil {
-		return nil, fmt.Errorf("list offsets of control topic %s: %w", topic, err)
-	}
-	ends := make(map[int32]int64, len(d.Partitions))
-	for p := range d.Partitions {
-		o, ok := listed.Lookup(topic, p)
-		if !ok {
-			return nil, fmt.Errorf("list offsets of control topic %s: no answer for partition %d", topic, p)
-		}
-		if o.Err != nil {
-			return nil, fmt.Errorf("list offsets of control topic %s/%d: %w", topic, p, o.Err)
-		}
-		ends[p] = o.Offset
-	}
-	return ends, nil
+	return listOffsets(ctx, cl, topic, parts, offsetEnd)
 }
 
 // apply applies a polled batch under one write lock and wakes the waiters.
@@ -617,21 +615,17 @@ func (s *State) advanceLocked(at time.Time) {
 }
 
 // probeLoop asks for the topic's end offsets every probeEvery until ctx
-// ends, and advances AsOf as far as the answers allow. Each question is
-// one ListOffsets of the partitions Run reads; every partitionsEvery
-// probes it also asks which partitions the topic has, and has consumer
-// read one added since from its start.
-func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client, consumer *kgo.Client, topic string) {
+// ends, and advances AsOf as far as the answers allow. Each question asks
+// which partitions the topic has too (endOffsets), and has consumer read
+// one added since from its start: a State that asked only about the
+// partitions it read moved AsOf past a freeze written to a partition
+// added meanwhile, which it had not read, and took for current a copy
+// without it (for up to the 10 s between the questions that asked).
+func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, consumer *kgo.Client, topic string) {
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
-	s.mu.RLock()
-	parts := make([]int32, 0, len(s.partitions))
-	for p := range s.partitions {
-		parts = append(parts, p)
-	}
-	s.mu.RUnlock()
 	failing := false
-	for n := 1; ; n++ {
+	for {
 		select {
 		case <-ctx.Done():
 			return
@@ -647,15 +641,7 @@ func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client,
 		}
 		at := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		var (
-			ends map[int32]int64
-			err  error
-		)
-		if n%partitionsEvery == 0 {
-			ends, err = endOffsets(pctx, adm, topic)
-		} else {
-			ends, err = listOffsets(pctx, cl, topic, parts, offsetEnd)
-		}
+		ends, err := endOffsets(pctx, cl, topic)
 		if err == nil {
 			err = s.skipEmptied(pctx, cl, topic, ends)
 		}
@@ -685,7 +671,6 @@ func (s *State) probeLoop(ctx context.Context, cl *kgo.Client, adm *kadm.Client,
 				assign[p] = kgo.NewOffset().AtStart()
 			}
 			consumer.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: assign})
-			parts = append(parts, added...)
 		}
 	}
 }
