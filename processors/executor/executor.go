@@ -1285,6 +1285,12 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 		// What would run is not what was validated, hashed and
 		// approved: it never runs.
 		log.Error("arguments do not match their hash", "err", err)
+		if reclaimed {
+			// Not denied: its first owner may have sent it (with the
+			// arguments as they were then), which the reconciler is
+			// to find out. Denied, its agent would send it again.
+			return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+ReasonArgumentIntegrity, nil)
+		}
 		return c.deny(ReasonArgumentIntegrity, "the stored arguments do not match the call's arguments hash", policy.Decision{})
 	}
 	target, err := x.resolve(tool.Backend.URL)

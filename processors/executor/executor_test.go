@@ -1493,3 +1493,34 @@ func TestUnknownToolVersionGivenBack(t *testing.T) {
 		t.Errorf("applied %d times; want 1", n)
 	}
 }
+
+// tamperedArguments is the store, whose claims answer the record with
+// arguments other than the ones hashed (changed in the store after the
+// call was authorized).
+type tamperedArguments struct{ executor.Store }
+
+func (s tamperedArguments) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
+	res, err := s.Store.Claim(ctx, cs)
+	for i := range res {
+		res[i].Record.Arguments = []byte(`{"title":"changed"}`)
+	}
+	return res, err
+}
+
+// A call whose stored arguments no longer match their hash never runs,
+// and is denied; but one taken over from an owner that died is left to
+// the reconciler (outcome_unknown): its first owner may have sent it.
+// Before, it was denied too, and its agent, told it never ran, sent it
+// again under another key.
+func TestTamperedArgumentsOfATakenOverCall(t *testing.T) {
+	r := newRig(t)
+	x := r.executor(func(c *executor.Config) { c.Store = tamperedArguments{c.Store} })
+	stepEndsAs(t, x, r.admit("create_ticket", "tampered", map[string]any{"title": "t"}, 0), []string{"denied(" + executor.ReasonArgumentIntegrity + ")"}, "")
+	auth := r.admit("create_ticket", "tampered-taken-over", map[string]any{"title": "t"}, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	stepEndsAs(t, x, auth, []string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, "reclaimed_"+executor.ReasonArgumentIntegrity)
+	if n := r.backend.Requests(); n != 0 {
+		t.Errorf("%d requests reached the tool; want none", n)
+	}
+}
