@@ -1,8 +1,12 @@
 package ledger
 
 import (
+	"context"
+	"fmt"
 	"strconv"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -47,4 +51,72 @@ func boundDLQ(r *kgo.Record, origValue int) *kgo.Record {
 		}
 	}
 	return r
+}
+
+// DLQEntry is a record of the DLQ as ReadDLQ reads it: a request the
+// intake could not read, or a batch it skipped unread, and why.
+type DLQEntry struct {
+	Partition int32
+	Offset    int64
+	// Time is when the intake wrote it (the record's timestamp).
+	Time time.Time
+	// Reason is machine-readable (HeaderDLQReason), Detail for people,
+	// Source the request's topic, partition and offset.
+	Reason, Detail, Source string
+	// TruncatedFrom, when not zero, is the request's length: Value is
+	// its first DLQMaxValueBytes (HeaderDLQTruncated).
+	TruncatedFrom int64
+	// Key and Value are the request's, tokens redacted; none for a
+	// skipped batch.
+	Key, Value []byte
+}
+
+// dlqEntry reads r, a DLQ record.
+func dlqEntry(r *kgo.Record) DLQEntry {
+	e := DLQEntry{
+		Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp,
+		Reason: string(Header(r, HeaderDLQReason)), Detail: string(Header(r, HeaderDLQDetail)), Source: string(Header(r, HeaderDLQSource)),
+		Key: r.Key, Value: r.Value,
+	}
+	if n, err := strconv.ParseInt(string(Header(r, HeaderDLQTruncated)), 10, 64); err == nil {
+		e.TruncatedFrom = n
+	}
+	return e
+}
+
+// ReadDLQ calls fn with each record of the DLQ topic written at or after
+// since (every one it holds when since is zero) and committed when
+// ReadDLQ begins, partition by partition in offset order, or on and on
+// when follow, until fn returns true or ctx is done.
+func ReadDLQ(ctx context.Context, cc ClientConfig, topic string, since time.Time, follow bool, fn func(DLQEntry) bool) error {
+	admin, err := NewClient(cc)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	adm := kadm.NewClient(admin)
+	n, err := partitions(ctx, adm, topic)
+	if err != nil {
+		return err
+	}
+	from := make(map[int32]int64, n)
+	for p := range int32(n) {
+		from[p] = 0
+	}
+	if !since.IsZero() {
+		after, err := adm.ListOffsetsAfterMilli(ctx, since.UnixMilli(), topic)
+		if err != nil {
+			return fmt.Errorf("list offsets %s after %s: %w", topic, since.Format(time.RFC3339), err)
+		}
+		for p := range from {
+			o, _ := after.Lookup(topic, p)
+			if o.Err != nil {
+				return fmt.Errorf("list offsets %s/%d after %s: %w", topic, p, since.Format(time.RFC3339), o.Err)
+			}
+			from[p] = o.Offset
+		}
+	}
+	return scan(ctx, cc, admin, topic, from, follow, func(r *kgo.Record) (bool, error) {
+		return fn(dlqEntry(r)), nil
+	})
 }

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -111,22 +112,37 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fo
 		return err
 	}
 	defer admin.Close()
-	adm := kadm.NewClient(admin)
-	n, err := partitions(ctx, adm, topic)
+	n, err := partitions(ctx, kadm.NewClient(admin), topic)
 	if err != nil {
 		return err
 	}
 	k := []byte(key.String())
 	p := PartitionFor(k, n)
-	// The last stable offset: everything before it is committed or
-	// aborted, and read_committed shows the committed part.
+	return scan(ctx, cc, admin, topic, map[int32]int64{p: 0}, follow, func(r *kgo.Record) (bool, error) {
+		if string(r.Key) != string(k) {
+			return false, nil
+		}
+		e, err := DecodeEvent(r.Value)
+		if err != nil {
+			return true, fmt.Errorf("event at %s/%d/%d: %w", topic, r.Partition, r.Offset, err)
+		}
+		return fn(e, r.Offset), nil
+	})
+}
+
+// scan calls fn with each record of topic's partitions from, from the
+// offset each names (the log's start, if later) up to its last stable
+// offset when scan begins (everything before it is committed or
+// aborted, and read_committed shows the committed part), or on and on
+// when follow, until fn says to stop or fails, or ctx is done. admin asks
+// for the offsets. Transaction markers are read, never passed to fn, so
+// that the reader knows when it has reached an end that one of them is
+// at.
+func scan(ctx context.Context, cc ClientConfig, admin *kgo.Client, topic string, from map[int32]int64, follow bool, fn func(*kgo.Record) (bool, error)) error {
+	adm := kadm.NewClient(admin)
 	ends, err := adm.ListCommittedOffsets(ctx, topic)
 	if err != nil {
 		return fmt.Errorf("list offsets %s: %w", topic, err)
-	}
-	end, _ := ends.Lookup(topic, p)
-	if end.Err != nil {
-		return fmt.Errorf("list offsets %s/%d: %w", topic, p, end.Err)
 	}
 	// The log's start: records before it were deleted (retention, a
 	// DeleteRecords), and a fetch from the start begins there. A
@@ -136,50 +152,60 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fo
 	if err != nil {
 		return fmt.Errorf("list offsets %s: %w", topic, err)
 	}
-	start, _ := starts.Lookup(topic, p)
-	if start.Err != nil {
-		return fmt.Errorf("list offsets %s/%d: %w", topic, p, start.Err)
+	next := make(map[int32]int64, len(from))
+	end := make(map[int32]int64, len(from))
+	assign := make(map[int32]kgo.Offset, len(from))
+	for p, o := range from {
+		e, _ := ends.Lookup(topic, p)
+		st, _ := starts.Lookup(topic, p)
+		if err := cmp.Or(e.Err, st.Err); err != nil {
+			return fmt.Errorf("list offsets %s/%d: %w", topic, p, err)
+		}
+		next[p], end[p] = max(o, st.Offset), e.Offset
+		if follow || next[p] < end[p] {
+			assign[p] = kgo.NewOffset().At(next[p])
+		}
 	}
-	if !follow && end.Offset <= start.Offset {
+	if len(assign) == 0 {
 		return nil
 	}
-
-	// Control records are kept so that the reader sees every offset up to
-	// the end, transaction markers included, and knows when it is done.
 	cl, err := NewClient(cc,
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {p: kgo.NewOffset().AtStart()}}),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: assign}),
 		kgo.KeepControlRecords(),
 	)
 	if err != nil {
 		return err
 	}
 	defer cl.Close()
-	next := start.Offset
-	for follow || next < end.Offset {
+	behind := func() bool {
+		for p := range assign {
+			if next[p] < end[p] {
+				return true
+			}
+		}
+		return false
+	}
+	for follow || behind() {
 		fetches := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		var ferr error
-		fetches.EachError(func(_ string, _ int32, err error) {
+		fetches.EachError(func(_ string, p int32, err error) {
 			if !errors.Is(err, context.Canceled) {
-				ferr = err
+				ferr = fmt.Errorf("read %s/%d: %w", topic, p, err)
 			}
 		})
 		if ferr != nil {
-			return fmt.Errorf("read %s/%d: %w", topic, p, ferr)
+			return ferr
 		}
 		for _, r := range fetches.Records() {
-			next = r.Offset + 1
-			if r.Attrs.IsControl() || string(r.Key) != string(k) {
+			next[r.Partition] = r.Offset + 1
+			if r.Attrs.IsControl() {
 				continue
 			}
-			e, err := DecodeEvent(r.Value)
-			if err != nil {
-				return fmt.Errorf("event at %s/%d/%d: %w", topic, p, r.Offset, err)
-			}
-			if fn(e, r.Offset) {
-				return nil
+			if stop, err := fn(r); stop || err != nil {
+				return err
 			}
 		}
 	}

@@ -119,6 +119,7 @@ func newRoot() *cobra.Command {
 		newMigrateCmd(g),
 		newSubmitCmd(g),
 		newTraceCmd(g),
+		newDLQCmd(g),
 		newTokenCmd(g),
 		newApprovalsCmd(g),
 		newControlCmd(g),

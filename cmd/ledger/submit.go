@@ -136,7 +136,7 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 			if !json.Valid(body) {
 				why = "not JSON"
 			}
-			return fmt.Errorf("--file %s: %s: the intake would put it on the DLQ, where --wait cannot follow it; without --wait it is published as is", f.file, why)
+			return fmt.Errorf("--file %s: %s: the intake would put it on the DLQ, where --wait cannot follow it; without --wait it is published as is (ledger dlq shows it there)", f.file, why)
 		}
 		keyless = !ok
 		key, callID = k, id
@@ -204,7 +204,7 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	switch {
 	case f.jsonOut:
 	case keyless:
-		fmt.Fprintf(out, "published an envelope with no key that can be read (not JSON, or no valid scope.tenant_id and idempotency_key) to %s: the intake puts it on the DLQ (%s)\n", g.kafka.requests, g.kafka.dlq)
+		fmt.Fprintf(out, "published an envelope with no key that can be read (not JSON, or no valid scope.tenant_id and idempotency_key) to %s: the intake puts it on the DLQ (%s; ledger dlq --since 5m shows why)\n", g.kafka.requests, g.kafka.dlq)
 	default:
 		fmt.Fprintf(out, "published %s (call_id %s) to %s\n", key, callID, g.kafka.requests)
 	}
