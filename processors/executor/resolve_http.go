@@ -63,6 +63,16 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			// code, whatever settled or changed the call.
 			resolveError(w, http.StatusConflict, "compensation_cancelled", err.Error())
 			return
+		case errors.Is(err, processors.ErrMoveUnknown):
+			// Before the cancelled compensation's own answer, which
+			// says the call was not resolved.
+			r.cfg.Logger.Error("a resolution's write failed, and whether it applied could not be read", "call_key", key.String(), "err", err)
+			msg := "the execution store failed as the resolution was written, and could not say whether it was: it may have been taken; read the call (ledger trace) before resolving it again"
+			if errors.Is(err, errUndoCancelled) {
+				msg += "; its automatic compensation was cancelled (" + ReasonCompensationCancelled + "), and the ledger runs no other: undo it by hand if it must be"
+			}
+			resolveError(w, http.StatusServiceUnavailable, httpjson.CodeActionOutcomeUnknown, msg)
+			return
 		case errors.Is(err, ErrForbidden):
 			resolveError(w, http.StatusForbidden, "forbidden", err.Error())
 			return
@@ -94,11 +104,6 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			r.cfg.Logger.Warn("resolution failed after it cancelled the call's compensation", "call_key", key.String(), "err", err)
 			resolveError(w, http.StatusServiceUnavailable, "compensation_cancelled",
 				"the execution store is unavailable and the call was not resolved, but its automatic compensation was cancelled ("+ReasonCompensationCancelled+"): the ledger runs no other; resolve the call again, and undo it by hand if it must be")
-			return
-		case errors.Is(err, processors.ErrMoveUnknown):
-			r.cfg.Logger.Error("a resolution's write failed, and whether it applied could not be read", "call_key", key.String(), "err", err)
-			resolveError(w, http.StatusServiceUnavailable, httpjson.CodeActionOutcomeUnknown,
-				"the execution store failed as the resolution was written, and could not say whether it was: it may have been taken; read the call (ledger trace) before resolving it again")
 			return
 		case err != nil:
 			// The store's: not the request's fault, and its text is

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -236,22 +237,37 @@ func TestResolveHandlerAmbiguousCommitTaken(t *testing.T) {
 
 // A resolution whose write failed and could not be read back is answered
 // 503 action_outcome_unknown, saying to read the call before resolving it
-// again: before, 503 unavailable, "try again", and the retry was refused
-// not_unknown for a call the operator's own resolution had settled.
+// again, and, when it cancelled the call's automatic compensation, that
+// the compensation will not run: before, 503 unavailable, "try again", or
+// compensation_cancelled, "the call was not resolved", and the retry was
+// refused not_unknown for a call the operator's own resolution had
+// settled.
 func TestResolveHandlerAmbiguousCommitUnread(t *testing.T) {
-	r := newRig(t)
-	orig, _ := r.unknownRefundToUndo()
-	k := orig.Key()
-	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
-		c.Store = &losingMoves{Store: r.store, only: &k, ambiguous: errors.New("result is ambiguous (error=rpc error)"), unreadable: true}
-	})
-	body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"failed","evidence":"the bank's statement"}`
-	status, got := postResolution(t, rc, body)
-	if status != http.StatusServiceUnavailable || !strings.Contains(got, `"`+httpjson.CodeActionOutcomeUnknown+`"`) || !strings.Contains(got, "read the call") || strings.Contains(got, "10.0.0.7") {
-		t.Errorf("%d %s; want 503 %s saying to read the call, without the store's error", status, got, httpjson.CodeActionOutcomeUnknown)
-	}
-	if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != processors.StatusFailed {
-		t.Errorf("the call is %s (%v); want failed (the write applied)", rec.Status, err)
+	for _, cancel := range []bool{false, true} {
+		r := newRig(t)
+		orig, _ := r.unknownRefundToUndo()
+		k := orig.Key()
+		as := processors.StatusFailed
+		if cancel {
+			// The reconciler's undo, which a resolution of a success
+			// cancels (it leaves one of a failure to run).
+			r.admitCompensation(k, executor.ReconcilerUser)
+			as = processors.StatusSucceeded
+		}
+		rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+			c.Store = &losingMoves{Store: r.store, only: &k, ambiguous: errors.New("result is ambiguous (error=rpc error)"), unreadable: true}
+		})
+		body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"` + string(as) + `","evidence":"the bank's statement","cancel_compensation":` + strconv.FormatBool(cancel) + `}`
+		status, got := postResolution(t, rc, body)
+		if status != http.StatusServiceUnavailable || !strings.Contains(got, `"`+httpjson.CodeActionOutcomeUnknown+`"`) || !strings.Contains(got, "read the call") || strings.Contains(got, "10.0.0.7") {
+			t.Errorf("cancelling the compensation %v: %d %s; want 503 %s saying to read the call, without the store's error", cancel, status, got, httpjson.CodeActionOutcomeUnknown)
+		}
+		if cancel && !strings.Contains(got, "undo it by hand") {
+			t.Errorf("cancelling the compensation: %s; want it to say the compensation will not run", got)
+		}
+		if rec, err := r.store.Get(t.Context(), k); err != nil || rec.Status != as {
+			t.Errorf("cancelling the compensation %v: the call is %s (%v); want %s (the write applied)", cancel, rec.Status, err, as)
+		}
 	}
 }
 
