@@ -1,4 +1,4 @@
-package executor
+package processors_test
 
 import (
 	"strings"
@@ -24,8 +24,8 @@ func TestVerifyArguments(t *testing.T) {
 		verifiedArguments,
 		`{"order_id": "ord_1029", "currency": "AUD", "amount_cents": 4.5e3}`,
 	} {
-		if err := verifyArguments(rec(args)); err != nil {
-			t.Errorf("verifyArguments(%s) = %v; want nil", args, err)
+		if err := processors.VerifyArguments(rec(args)); err != nil {
+			t.Errorf("processors.VerifyArguments(%s) = %v; want nil", args, err)
 		}
 	}
 	other := func(f func(*processors.Record)) processors.Record {
@@ -42,8 +42,8 @@ func TestVerifyArguments(t *testing.T) {
 		"other tool":     other(func(r *processors.Record) { r.Tool = "refund_orders" }),
 		"other version":  other(func(r *processors.Record) { r.ToolVersion = 4 }),
 	} {
-		if err := verifyArguments(r); err == nil {
-			t.Errorf("%s: verifyArguments = nil; want an error", name)
+		if err := processors.VerifyArguments(r); err == nil {
+			t.Errorf("%s: VerifyArguments = nil; want an error", name)
 		}
 	}
 }
@@ -54,8 +54,8 @@ func TestVerifyArguments(t *testing.T) {
 // refused even when they hash right, as the decode refused them.
 func TestVerifyArgumentsHashesCanonicalBytes(t *testing.T) {
 	r := verifiedRecord(t)
-	if n := testing.AllocsPerRun(100, func() { _ = verifyArguments(r) }); n > 8 {
-		t.Errorf("verifyArguments of canonical arguments: %.0f allocations; want the hash alone (5)", n)
+	if n := testing.AllocsPerRun(100, func() { _ = processors.VerifyArguments(r) }); n > 8 {
+		t.Errorf("VerifyArguments of canonical arguments: %.0f allocations; want the hash alone (5)", n)
 	}
 	long := `{"note":"` + strings.Repeat("x", ledger.DefaultMaxBytes) + `"}`
 	hash, err := ledger.HashCanonicalArguments(r.Key.TenantID, r.Tool, r.ToolVersion, []byte(long))
@@ -63,8 +63,8 @@ func TestVerifyArgumentsHashesCanonicalBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Arguments, r.ArgumentsHash = []byte(long), hash
-	if err := verifyArguments(r); err == nil {
-		t.Errorf("verifyArguments(%d bytes) = nil; want the decode's refusal", len(long))
+	if err := processors.VerifyArguments(r); err == nil {
+		t.Errorf("processors.VerifyArguments(%d bytes) = nil; want the decode's refusal", len(long))
 	}
 }
 
@@ -72,7 +72,7 @@ func BenchmarkVerifyArguments(b *testing.B) {
 	r := verifiedRecord(b)
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := verifyArguments(r); err != nil {
+		if err := processors.VerifyArguments(r); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -53,6 +53,10 @@ var (
 	// ErrCompensationFailed: the call's compensation ran and did not
 	// undo it (failed, denied, expired).
 	ErrCompensationFailed error = terminalError("compensation: the compensation did not succeed")
+	// ErrArgumentsChanged: the call's stored arguments no longer hash to
+	// the hash it was admitted with (changed in the store): what it ran,
+	// and so what to undo, cannot be told from them.
+	ErrArgumentsChanged error = terminalError("compensation: the call's stored arguments do not match the hash it was admitted with; what it did must be undone by hand")
 	// ErrInvalidReason: the reason is empty, or longer than
 	// MaxReasonBytes.
 	ErrInvalidReason error = terminalError("compensation: invalid reason")
@@ -210,6 +214,13 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	if until := s.landed(operator, rec, tool); !until.IsZero() {
 		return ledger.CallKey{}, nil, &LandingError{Until: until}
 	}
+	// The undo is made of the call's arguments: changed in the store
+	// since they were admitted, they would undo something else (another
+	// order cancelled), under a hash of their own that every later check
+	// passes.
+	if err := processors.VerifyArguments(rec); err != nil {
+		return ledger.CallKey{}, nil, fmt.Errorf("%w (%v)", ErrArgumentsChanged, err)
+	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
 		return ledger.CallKey{}, nil, err
@@ -345,6 +356,9 @@ func (s *Service) Handler() http.Handler {
 			writeError(w, http.StatusConflict, "not_compensable", err.Error())
 		case errors.Is(err, ErrAutomaticCompensationPending):
 			writeError(w, http.StatusConflict, "automatic_compensation_pending", err.Error())
+		case errors.Is(err, ErrArgumentsChanged):
+			s.cfg.Logger.Error("compensation refused: the call's stored arguments do not match their hash", "call_key", body.TenantID+"/"+body.IdempotencyKey, "err", err)
+			writeError(w, http.StatusConflict, "arguments_integrity", err.Error())
 		case errors.Is(err, ErrInvalidReason):
 			writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		case errors.Is(err, ErrMayStillLand):

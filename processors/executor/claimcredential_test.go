@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -507,4 +508,60 @@ func TestCredentialExpiresWithItsAttempt(t *testing.T) {
 			t.Errorf("attempt %d's requests are accepted until %s, past %s, when the reconciler takes a not_found of the call (%s at %s) as final", i+1, accepted.Format(time.RFC3339), settled.Format(time.RFC3339Nano), last.Type, last.At.Format(time.RFC3339Nano))
 		}
 	}
+}
+
+// rotatedMinter mints the first credential, and refuses every renewal as
+// a broker whose signing key rotated meanwhile does (ErrFamilyChanged).
+type rotatedMinter struct {
+	executor.Minter
+	mints atomic.Int32
+}
+
+func (m *rotatedMinter) Mint(g credentials.Grant) (credentials.Credential, error) {
+	if m.mints.Add(1) > 1 {
+		return credentials.Credential{}, fmt.Errorf("mint %s: %w", g.Tool, credentials.ErrFamilyChanged)
+	}
+	return m.Minter.Mint(g)
+}
+
+// clockAtCurrent is the kill switch's state, whose every look at its
+// freshness (the executor's, right before a request leaves) first runs
+// then.
+type clockAtCurrent struct {
+	*switchedFreezes
+	then func()
+}
+
+func (f clockAtCurrent) Current(ctx context.Context, maxStaleness time.Duration) error {
+	f.then()
+	return f.switchedFreezes.Current(ctx, maxStaleness)
+}
+
+// A call whose credential would expire before its request lands, and
+// cannot be renewed (the signing key rotated during the wait before its
+// attempt), is not sent: given back, nothing sent, to be claimed again
+// under the new key's family. Before, it was sent as it was, the tool
+// refused it 401, and the call ended failed with its key spent.
+func TestCredentialNotRenewedIsNotSent(t *testing.T) {
+	r := newRig(t)
+	var skip atomic.Int64 // how far the shared clock is ahead
+	clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
+	broker, _, guarded := newGuardedBackend(t, clock)
+	srv := httptest.NewServer(guarded.Handler())
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	// Between the mint and the request, 40 s pass: past the credential's
+	// expiry (create_ticket's 2 s timeout and 2 s) and the tools' 30 s
+	// of skew.
+	fz := clockAtCurrent{&switchedFreezes{}, func() { skip.Store(int64(40 * time.Second)) }}
+	x := r.executor(func(c *executor.Config) { c.Credentials, c.Freezes, c.Now = &rotatedMinter{Minter: broker}, fz, clock })
+	auth := r.admit("create_ticket", "unrenewed", map[string]any{"title": "t"}, 0)
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); len(evs) != 0 || guarded.Requests() != 0 || len(guarded.Effects()) != 0 {
+		t.Errorf("events %v, %d requests at the tool, effects %+v; want none (given back, nothing sent)", summary(evs), guarded.Requests(), guarded.Effects())
+	}
+	r.givenBack(auth)
 }

@@ -116,6 +116,11 @@ var (
 	// errApprovalLapsed: an approved call's approval expired before an
 	// attempt was sent (I4: no request of it leaves past its expiry).
 	errApprovalLapsed = &heldBack{ReasonApprovalExpired}
+	// errCredentialUnrenewed: the call's credential would expire before
+	// its request could land, and could not be minted again (the signing
+	// key rotated since the claim named its family): sent, the tool would
+	// refuse it (401).
+	errCredentialUnrenewed = &heldBack{"credential_not_renewed"}
 	// errRevoked: the family of the call's credential was revoked before
 	// an attempt was sent: the tools would refuse it (401).
 	errRevoked = &heldBack{ReasonCredentialRevoked}
@@ -1237,6 +1242,17 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			return c.deny(r.reason, r.detail, r.decision)
 		}
 	}
+	// A call an approval or a compensation stands behind waits out a
+	// freeze of its tool (as the attempt's own check, which stays, does
+	// for one frozen later): given back before the checks below, which
+	// write (MarkUndo), read the tool (the resource's version) and mint,
+	// every time it is claimed again while the freeze lasts. A copy of
+	// the kill switch that is stale here says nothing either way.
+	if x.cfg.Freezes != nil && !reclaimed {
+		if a, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen && x.waitsOutFreeze(rec, tmpl) {
+			return x.holdFrozen(ctx, c, log, tool.Name, a)
+		}
+	}
 	// A compensation undoes an effect: if its call turned out to have
 	// none (resolved failed meanwhile), there is nothing to undo. One the
 	// reconciler asked for undoes an outcome nobody could establish: if
@@ -1281,7 +1297,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			return refuse(*r)
 		}
 	}
-	if err := verifyArguments(rec); err != nil {
+	if err := processors.VerifyArguments(rec); err != nil {
 		// What would run is not what was validated, hashed and
 		// approved: it never runs.
 		log.Error("arguments do not match their hash", "err", err)
@@ -1476,20 +1492,18 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 					r = &refusal{reason: hb.why, later: true, detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") was revoked before its request could leave"}
 				}
 				return refuse(*r)
+			case hb == errCredentialUnrenewed:
+				// Nothing was sent under this claim: given back, as
+				// when the key rotated before the first mint; the
+				// next claim names the new key's family.
+				return x.releaseClaim(ctx, c, log, refusal{reason: "credential_key_rotated", after: time.Millisecond,
+					detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") would expire before its request could land, and could not be minted again under its family: nothing was sent"})
 			case hb == errFrozen:
 				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
-				if again := x.cfg.Now().Add(x.cfg.FrozenRecheck); decided(rec, tmpl) && waitsFor(rec, tmpl, again) {
-					// A call an approver, or the ledger's own undo,
-					// stands behind waits out the freeze (nothing was
-					// sent under this claim, which is no takeover):
-					// denied, its key would be spent, and with it the
-					// approval or the compensation, the one the
-					// reconciler runs for the call. The intake lets
-					// such calls stand while the tool is frozen too.
-					// Its agent's plain call is denied, to be sent
-					// again under a new key if still wanted.
-					return x.releaseClaim(ctx, c, log, refusal{reason: ReasonToolFrozen, after: x.cfg.FrozenRecheck,
-						detail: control.FrozenDetail(tool.Name, a) + "; nothing was sent, and the call waits for the unfreeze"})
+				if x.waitsOutFreeze(rec, tmpl) {
+					// Nothing was sent under this claim, which is no
+					// takeover.
+					return x.holdFrozen(ctx, c, log, tool.Name, a)
 				}
 				log.Info("tool frozen before the call started")
 				return c.deny(ReasonToolFrozen, control.FrozenDetail(tool.Name, a), policy.Decision{})
@@ -1638,7 +1652,7 @@ func (x *Executor) denyMismatched(ctx context.Context, tmpls []ledger.Event, rec
 // recheckApproval checks an approved call right before it runs: the
 // approval is still valid, and the policies in force now still allow the
 // call. (That the arguments are the approved ones the claim already
-// checked: the record's hash is the approved hash, and verifyArguments
+// checked: the record's hash is the approved hash, and VerifyArguments
 // checks that what runs hashes to it. That the approval is used once the
 // claim ensures: an approved call is claimed once.) It returns the
 // completion that denies the call, and false, when a check fails.
@@ -1799,29 +1813,41 @@ func (x *Executor) revoked(jti, family string, issued time.Time) *refusal {
 // to the tools (they bind a jti to its call, and accept it again for it)
 // and to the events, which name the jti and family, not the token. It is
 // asked only after the request's holds passed, so a revoked credential is
-// never renewed past its revocation; a renewal that fails (the signing key
-// rotated, the lease ends as soon) leaves the credential as it was.
-func (x *Executor) renewCredential(c *completion, sec *secrets, timeout time.Duration) {
+// never renewed past its revocation. A renewal that fails (the signing key
+// rotated since the claim named its family, the lease ends as soon)
+// leaves the credential as it was, sent while it still has
+// attemptCredentialSlack to live; one that would expire sooner is not
+// sent at all (errCredentialUnrenewed): the tool would refuse it, and
+// the call would end failed with its key spent. Since credentials live
+// as long as an attempt, a wait for a slot or a backoff needs a renewal,
+// so a key that rotated during it fails one.
+func (x *Executor) renewCredential(c *completion, sec *secrets, timeout time.Duration) error {
 	if c.grant == nil {
-		return
+		return nil
 	}
 	now := x.cfg.Now()
 	if c.expires.After(now.Add(timeout)) {
-		return
+		return nil
 	}
 	cred, err := x.mint(*c.grant, timeout)
 	if err != nil {
+		if !c.expires.After(now.Add(attemptCredentialSlack)) {
+			x.cfg.Logger.Warn("the call's credential expires before its request could land, and could not be renewed; not sent",
+				"call_key", c.rec.Key.String(), "jti", c.jti, "expires", c.expires, "err", err)
+			return errCredentialUnrenewed
+		}
 		x.cfg.Logger.Warn("the call's credential expires within the attempt, and could not be renewed; sent as it is",
 			"call_key", c.rec.Key.String(), "jti", c.jti, "expires", c.expires, "err", err)
-		return
+		return nil
 	}
 	if !cred.ExpiresAt.After(c.expires) {
-		return // the lease ends no later: the one minted serves as well
+		return nil // the lease ends no later: the one minted serves as well
 	}
 	// The token sent so far stays a secret: a tool replaying an earlier
 	// attempt's answer may echo it.
 	sec.earlier = append(sec.earlier, sec.bearer)
 	sec.bearer, c.issued, c.expires = cred.Token, cred.IssuedAt, cred.ExpiresAt
+	return nil
 }
 
 // attemptCredentialSlack is how long past the end of the attempt it is
@@ -1894,6 +1920,24 @@ func (x *Executor) revokedFamily(family string, issued time.Time) *refusal {
 // the claim's lease (less LeaseMargin), not at the call's own deadline.
 func (x *Executor) leaseBound(rec processors.Record) bool {
 	return rec.DeadlineAt.IsZero() || !rec.DeadlineAt.Before(rec.LeaseUntil.Add(-x.cfg.LeaseMargin))
+}
+
+// waitsOutFreeze reports whether rec, whose tool is frozen, is given back
+// until the freeze is lifted rather than denied: a call an approver, or
+// the ledger's own undo, stands behind, with room to wait FrozenRecheck.
+// Denied, its key would be spent, and with it the approval, or the one
+// compensation the reconciler runs for the call; the intake lets such
+// calls stand while the tool is frozen too. Its agent's plain call is
+// denied, to be sent again under a new key if still wanted.
+func (x *Executor) waitsOutFreeze(rec processors.Record, tmpl ledger.Event) bool {
+	return decided(rec, tmpl) && waitsFor(rec, tmpl, x.cfg.Now().Add(x.cfg.FrozenRecheck))
+}
+
+// holdFrozen gives back a call that waits out its tool's freeze a (see
+// waitsOutFreeze), for FrozenRecheck.
+func (x *Executor) holdFrozen(ctx context.Context, c *completion, log callLog, tool string, a control.Action) processors.Completion {
+	return x.releaseClaim(ctx, c, log, refusal{reason: ReasonToolFrozen, after: x.cfg.FrozenRecheck,
+		detail: control.FrozenDetail(tool, a) + "; nothing was sent, and the call waits for the unfreeze"})
 }
 
 // decided reports whether a decision beyond the call's own policies
@@ -1978,7 +2022,13 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		log.Warn("claim lost before it could be given back", "reason", r.reason)
 		return processors.Completion{}
 	}
-	log.Warn("call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot (or the control topic no copy known current) within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, its tool version is unknown here, or its tool is frozen and an approval or a compensation stands behind it); claim given back, to be tried again", "reason", r.reason,
+	level := slog.LevelWarn
+	if r.reason == ReasonToolFrozen {
+		// Every FrozenRecheck for as long as the freeze lasts, which
+		// the freeze's own record says.
+		level = slog.LevelDebug
+	}
+	log.log(level, "call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot (or the control topic no copy known current) within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, its tool version is unknown here, or its tool is frozen and an approval or a compensation stands behind it); claim given back, to be tried again", "reason", r.reason,
 		"detail", r.detail, "retry_after", rel.After)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}
@@ -2232,7 +2282,9 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	if !approvalHolds(&tmpl, x.cfg.Now()) {
 		return httptool.Response{}, errApprovalLapsed
 	}
-	x.renewCredential(c, sec, tool.Timeout())
+	if err := x.renewCredential(c, sec, tool.Timeout()); err != nil {
+		return httptool.Response{}, err
+	}
 	ctx, span := x.startSpan(ctx, "tool.call", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("ledger.tool", tool.Name), attribute.Int("ledger.attempt", attempt)))
 	defer span.End()
@@ -2645,32 +2697,6 @@ func recordTemplate(rec processors.Record) (ledger.Event, error) {
 	// The decision (the outbox's last event) carries the policy fields
 	// and obligations.
 	return template(evs[len(evs)-1]), nil
-}
-
-// verifyArguments checks that what is about to run is what was hashed.
-func verifyArguments(rec processors.Record) error {
-	// The intake stores the arguments canonical, as it hashed them:
-	// hashed as they are, they match without a decode, and the tool gets
-	// exactly the bytes hashed. Other bytes (another spelling of the same
-	// arguments, or a change) take the decode below, as do bytes beyond
-	// the decode's limit, which it refuses.
-	if len(rec.Arguments) <= ledger.DefaultMaxBytes {
-		if h, err := ledger.HashCanonicalArguments(rec.Key.TenantID, rec.Tool, rec.ToolVersion, rec.Arguments); err == nil && h == rec.ArgumentsHash {
-			return nil
-		}
-	}
-	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
-	if err != nil {
-		return err
-	}
-	h, err := ledger.ArgumentsHash(rec.Key.TenantID, rec.Tool, rec.ToolVersion, args)
-	if err != nil {
-		return err
-	}
-	if h != rec.ArgumentsHash {
-		return fmt.Errorf("hash %s, record says %s", h, rec.ArgumentsHash)
-	}
-	return nil
 }
 
 // sanitized is a tool's result made safe to hand back: capped, masked,

@@ -217,6 +217,22 @@ func (r *rig) claimAsDeadOwnerWith(key ledger.CallKey, hash string, cred process
 	})
 }
 
+// givenBack checks that the call of auth, its authorized event, was
+// given back (executing, no owner, no attempt recorded), and returns its
+// record.
+func (r *rig) givenBack(auth *kgo.Record) processors.Record {
+	r.t.Helper()
+	ev := authorizedEvent(r.t, auth)
+	rec, err := r.store.Get(r.t.Context(), ev.Key())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
+		r.t.Errorf("%s is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Key, rec.Status, rec.LeaseOwner, rec.Attempt)
+	}
+	return rec
+}
+
 func authorizedEvent(t *testing.T, rec *kgo.Record) ledger.Event {
 	t.Helper()
 	e, err := ledger.DecodeEvent(rec.Value)

@@ -503,14 +503,7 @@ func TestRevokedFamilyHoldsCallsBack(t *testing.T) {
 				}
 				return
 			}
-			ev := authorizedEvent(t, auth)
-			rec, err := r.store.Get(t.Context(), ev.Key())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
-				t.Errorf("the call's record is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Status, rec.LeaseOwner, rec.Attempt)
-			}
+			rec := r.givenBack(auth)
 			// Given back until the first second after the window, by
 			// the executor's clock (the store's is real time, and may
 			// keep only milliseconds): not claimed again before.
@@ -576,6 +569,10 @@ func TestFrozenToolHoldsCallsADecisionStandsBehind(t *testing.T) {
 	stepEndsAs(t, x, lapsing, []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
 
 	held := []*kgo.Record{approved, undo}
+	before, err := r.store.Get(t.Context(), orig.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
 	out, err := x.Step(t.Context(), held)
 	if err != nil {
 		t.Fatal(err)
@@ -585,20 +582,18 @@ func TestFrozenToolHoldsCallsADecisionStandsBehind(t *testing.T) {
 	}
 	var until time.Time
 	for _, auth := range held {
-		ev := authorizedEvent(t, auth)
-		rec, err := r.store.Get(t.Context(), ev.Key())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
-			t.Errorf("%s is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Key, rec.Status, rec.LeaseOwner, rec.Attempt)
-		}
-		if rec.LeaseUntil.After(until) {
+		if rec := r.givenBack(auth); rec.LeaseUntil.After(until) {
 			until = rec.LeaseUntil
 		}
 	}
 	if n := r.backend.AppliedIn("refund_order", "t_a", "t_a/approved") + r.backend.AppliedIn("cancel_refund", "t_a", "t_a/undone:compensate"); n != 0 {
 		t.Errorf("%d effects while the tool is frozen; want none", n)
+	}
+	// Held before the checks that write: the compensation's mark of the
+	// call it undoes (MarkUndo), made at every claim while the freeze
+	// lasted, fenced out any move of that call read before it.
+	if after, err := r.store.Get(t.Context(), orig.Key()); err != nil || after.UndoMarks != before.UndoMarks {
+		t.Errorf("the undone call's undo marks went from %d to %d (%v) while its compensation was held; want unchanged", before.UndoMarks, after.UndoMarks, err)
 	}
 
 	fz.on.Store(false)

@@ -66,14 +66,7 @@ func TestCompensationOfAnUnreadableCallSendsNothing(t *testing.T) {
 	if n := r.backend.AppliedIn("cancel_refund", "t_a", "t_a/kr:compensate"); n != 0 {
 		t.Errorf("cancel_refund applied %d times; want 0", n)
 	}
-	ev := authorizedEvent(t, auth)
-	rec, err := r.store.Get(t.Context(), ev.Key())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
-		t.Errorf("the compensation's record is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Status, rec.LeaseOwner, rec.Attempt)
-	}
+	r.givenBack(auth)
 }
 
 // A compensation the reconciler asked for (an outcome nobody could
@@ -1637,5 +1630,42 @@ func TestCompensationRecordedAfterTheRegistryChanged(t *testing.T) {
 	r.reconcileAll(rc, succeeded)
 	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusCompensated {
 		t.Errorf("the undone call: %v, %v; want compensated", rec.Status, err)
+	}
+}
+
+// changedArguments is the store, whose record of key holds other
+// arguments than the ones hashed (changed in the store).
+type changedArguments struct {
+	processors.Store
+	key ledger.CallKey
+}
+
+func (c changedArguments) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	rec, err := c.Store.Get(ctx, k)
+	if k == c.key {
+		rec.Arguments = []byte(`{"amount_cents":100,"currency":"AUD","order_id":"ord_someone_elses"}`)
+	}
+	return rec, err
+}
+
+// A call whose stored arguments no longer match their hash is not undone
+// with them: the undo would act on what they say now (another order's
+// refund cancelled), under a hash of its own that every later check
+// passes. Refused, terminal, for a human; nothing submitted. Before, the
+// compensation was made of the changed arguments.
+func TestCompensationOfChangedArgumentsIsRefused(t *testing.T) {
+	r := newRig(t)
+	orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
+	stepEndsAs(t, r.executor(nil), approved, []string{"executing", "succeeded"}, "")
+	sub := &countingSubmitter{}
+	svc, err := compensation.New(compensation.Config{Store: changedArguments{Store: r.store, key: orig.Key()}, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+	_, _, err = svc.Compensate(t.Context(), ops, orig.Key(), "refunded by mistake")
+	var terminal interface{ Terminal() bool }
+	if !errors.Is(err, compensation.ErrArgumentsChanged) || !errors.As(err, &terminal) || !terminal.Terminal() || sub.n != 0 {
+		t.Errorf("compensation of a call whose arguments changed = %v, %d submitted; want %v, terminal, nothing submitted", err, sub.n, compensation.ErrArgumentsChanged)
 	}
 }
