@@ -378,21 +378,35 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	var (
 		out   []*kgo.Record
 		calls []*checked
+		keys  = make(map[ledger.CallKey]bool)
 	)
 	for _, r := range results {
-		switch {
-		case r.err != nil:
+		if r.err != nil {
 			return ledger.Output{}, r.err
+		}
+		if r.c != nil {
+			calls = append(calls, r.c)
+			keys[r.c.key()] = true
+		}
+	}
+	for _, r := range results {
+		switch {
 		case r.dlq != nil:
 			out = append(out, r.dlq)
 		case r.refusal != nil:
+			if lapsedRefusal(r.refusal) && keys[r.refusal.Key()] {
+				// A copy whose assertion lapsed, of a call another
+				// copy in this batch stands for (admitted, or
+				// answered by the store): the check looked the key
+				// up before this batch admitted anything. Under the
+				// key, the refusal would read as that call's end.
+				unverify(r.refusal)
+			}
 			rec, err := r.refusal.Record(p.cfg.Topics.Events)
 			if err != nil {
 				return ledger.Output{}, err
 			}
 			out = append(out, rec)
-		default:
-			calls = append(calls, r.c)
 		}
 	}
 	p.readVersions(ctx, calls)
@@ -406,6 +420,31 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		return p.markLogged(ctx, logged)
 	}
 	return ledger.Output{Records: out, Committed: committed}, nil
+}
+
+// lapsedRefusal reports whether ev is the refusal of an envelope whose
+// assertion only a time bound refused, filed under its tenant's key (the
+// other refusals of an assertion go under ledger.UnverifiedTenant).
+func lapsedRefusal(ev *ledger.Event) bool {
+	return strings.HasPrefix(ev.Reason, ReasonAssertionPrefix) && ev.TenantID != ledger.UnverifiedTenant
+}
+
+// unverify files the refusal ev under ledger.UnverifiedTenant, naming no
+// one, as an assertion's refusal that does not go to its sender is.
+func unverify(ev *ledger.Event) {
+	ev.TenantID, ev.UserID, ev.AgentID, ev.Purpose = ledger.UnverifiedTenant, "", "", ""
+}
+
+// refusalTenant is the tenant an identity's refusal goes under: its own,
+// or ledger.UnverifiedTenant when the assertion's tenant claim is not a
+// tenant id the schema allows. Unchecked against the scope, such a claim
+// ("acme/ops") would file the refusal under another tenant's Kafka key
+// (acme's call "ops/run1"), where its reader would take it for its own.
+func refusalTenant(id identity.Identity) string {
+	if schemas.ValidTenantID(id.Tenant) {
+		return id.Tenant
+	}
+	return ledger.UnverifiedTenant
 }
 
 // parallel runs fn(0..n-1) on up to GOMAXPROCS goroutines and returns
@@ -673,7 +712,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 	if _, reserved := env.Key().Compensates(); reserved {
 		// Keys of compensation calls are the ledger's: an agent's call
 		// under one would pass for the undoing of another call.
-		return refuse(ledger.CallKey{TenantID: id.Tenant, IdempotencyKey: env.IdempotencyKey}, id, ReasonReservedKey, "/idempotency_key",
+		return refuse(ledger.CallKey{TenantID: refusalTenant(id), IdempotencyKey: env.IdempotencyKey}, id, ReasonReservedKey, "/idempotency_key",
 			"idempotency keys ending in :compensate are reserved for the ledger's compensation calls")
 	}
 	c, refusal := p.checkCall(ctx, env, id, nil, now, stale)
@@ -724,7 +763,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	// under its key, never under the one the scope claimed.
 	c := &checked{env: env, id: id, carries: carries}
 	if ptr, ok := scopeMismatch(env.Scope, id); !ok {
-		return refuse(c.key(), ReasonScopeMismatch, ptr, "the scope disagrees with the verified assertion")
+		return refuse(ledger.CallKey{TenantID: refusalTenant(id), IdempotencyKey: env.IdempotencyKey}, ReasonScopeMismatch, ptr, "the scope disagrees with the verified assertion")
 	}
 	// Canonical once: the hash is of these bytes, and they are what the
 	// store keeps and the tool receives. The executor reads them back

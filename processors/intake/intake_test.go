@@ -1768,3 +1768,61 @@ func TestLapsedAssertionKeyRejected(t *testing.T) {
 		t.Errorf("events %+v; want one refusal, assertion_expired, under %s", evs, ledger.UnverifiedTenant)
 	}
 }
+
+// A copy of an envelope whose assertion lapsed, in the batch that admits
+// the call from another copy (sent again under a fresh assertion after a
+// publish that seemed to fail), is refused under the reserved tenant,
+// whichever comes first: under the key, its refusal would read as the
+// call's end to the sender waiting on it, while the call runs. Before,
+// the key was looked up before the batch admitted anything, found free,
+// and the refusal filed under it.
+func TestLapsedCopyInTheBatchThatAdmitsItsCall(t *testing.T) {
+	for _, lapsedFirst := range []bool{true, false} {
+		f := lapsedIntake(t, &getFails{always: true, err: processors.ErrNotFound}) // as the store answers: nothing admitted yet
+		lapsed := f.envelopeRecord(t, "late", map[string]any{"title": "t"})        // valid 10 minutes: lapsed to the intake, 11 ahead
+		a, err := f.ident.Issuer.Mint(identity.Identity{User: "u_1", Agent: "agent_test", Tenant: "t_a"}, processorstest.Audience, 30*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch := []*kgo.Record{lapsed, withAssertion(t, lapsed, a)}
+		if !lapsedFirst {
+			slices.Reverse(batch)
+		}
+		out, err := f.in.Step(t.Context(), batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var underKey, refused []string
+		for _, e := range events(t, out) {
+			if e.TenantID == "t_a" {
+				underKey = append(underKey, string(e.Type)+"("+e.Reason+")")
+			} else if e.Reason == intake.ReasonAssertionPrefix+"expired" {
+				refused = append(refused, e.TenantID)
+			}
+		}
+		if !slices.Equal(underKey, []string{"requested()", "authorized(allowed)"}) || !slices.Equal(refused, []string{ledger.UnverifiedTenant}) {
+			t.Errorf("lapsed copy first %v: events under t_a/late %v, the lapsed copy refused under %v; want the call's requested and authorized alone, the refusal under %s", lapsedFirst, underKey, refused, ledger.UnverifiedTenant)
+		}
+	}
+}
+
+// A refusal of an assertion whose tenant claim is not a tenant id the
+// schema allows (one holding a "/") goes under the reserved tenant: under
+// the claim, "t_a/ops" and the key "run1" make the Kafka key of tenant
+// t_a's call "ops/run1", whose readers would take the refusal for theirs.
+func TestRefusalOfAMalformedTenantClaim(t *testing.T) {
+	f := newIntake(t)
+	rec := f.envelopeRecord(t, "run1", map[string]any{"title": "t"})
+	for name, r := range map[string]*kgo.Record{
+		"scope mismatch": withAssertion(t, rec, f.ident.Assertion(t, "t_a/ops", "u_1")),
+		"reserved key":   withAssertion(t, f.envelopeRecord(t, "run1:compensate", map[string]any{"title": "t"}), f.ident.Assertion(t, "t_a/ops", "u_1")),
+	} {
+		out, err := f.in.Step(t.Context(), []*kgo.Record{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if evs := events(t, out); len(evs) != 1 || evs[0].TenantID != ledger.UnverifiedTenant || evs[0].Seq != 0 {
+			t.Errorf("%s: events %+v; want one refusal under %s", name, evs, ledger.UnverifiedTenant)
+		}
+	}
+}
