@@ -1464,6 +1464,9 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			// call succeeded all the same.
 			break
 		}
+		if hb := x.revokedAtTheTool(callCtx, c, err); hb != nil {
+			err = hb
+		}
 		if hb, ok := errors.AsType[*heldBack](err); ok {
 			// No request leaves for a frozen tool, nor past an
 			// approval's expiry, a retry's or a takeover's neither. A
@@ -1868,6 +1871,30 @@ func (x *Executor) mint(g credentials.Grant, timeout time.Duration) (credentials
 		g.Deadline = end
 	}
 	return x.cfg.Credentials.Mint(g)
+}
+
+// revokedAtTheTool is the hold of a request the tool refused 401 because
+// the call's credential was revoked (errRevoked, errJTIRevoked), nil if
+// it was not, or err is no 401. A revocation reaches the tools, which
+// ask the introspection endpoint, up to a second before this executor's
+// copy of the control topic, which passed the request: the copy is asked
+// again, once current as of the answer, so that the call ends as one
+// held back before it left (the tool applied nothing), given back until
+// the tools accept its family again, rather than failed tool_refused
+// with its key spent.
+func (x *Executor) revokedAtTheTool(ctx context.Context, c *completion, err error) error {
+	he, ok := errors.AsType[*httptool.Error](err)
+	if !ok || he.Kind != httptool.Refused || he.Status != http.StatusUnauthorized || x.cfg.Freezes == nil || c.grant == nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, max(x.cfg.ControlMaxStaleness, time.Second))
+	defer cancel()
+	// A millisecond: a copy that has heard from the broker since the
+	// answer came, not one of up to ControlMaxStaleness before it.
+	if x.cfg.Freezes.Current(cctx, time.Millisecond) != nil {
+		return nil
+	}
+	return x.heldRevoked(c)
 }
 
 // heldRevoked is the hold of a request whose credential was revoked, by

@@ -3,9 +3,11 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -603,5 +605,50 @@ func TestFrozenToolHoldsCallsADecisionStandsBehind(t *testing.T) {
 	}
 	if a, u := r.backend.AppliedIn("refund_order", "t_a", "t_a/approved"), r.backend.AppliedIn("cancel_refund", "t_a", "t_a/undone:compensate"); a != 1 || u != 1 {
 		t.Errorf("after the unfreeze the approved call applied %d times, the compensation %d; want 1 each", a, u)
+	}
+}
+
+// A revocation the tool heard of before the executor's copy of the
+// control topic (the tools ask the introspection endpoint, up to a second
+// ahead) has the tool refuse the request 401: the executor asks its copy
+// again, current as of the answer, and ends the call as one held back
+// before it left: a family's revocation gives it back, nothing applied,
+// until the tools accept the family again; a jti's denies it
+// credential_revoked. Before, both ended failed tool_refused, code
+// http_401, with nothing to say why.
+func TestRevocationHeardFirstAtTheTool(t *testing.T) {
+	for _, jti := range []bool{false, true} {
+		r := newRig(t)
+		broker, verifier, _ := newGuardedBackend(t, nil)
+		fz := &switchedFreezes{}
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			// The tool's introspection has the revocation; the
+			// executor's copy gets it as the tool answers.
+			a := &control.Action{Kind: control.KindRevoke, Family: credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch()), At: time.Now(), Reason: "executor compromised"}
+			if jti {
+				if c, err := verifier.Inspect(req.Context(), strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")); err == nil {
+					a = &control.Action{Kind: control.KindRevoke, JTI: c.JTI, At: time.Now(), Reason: "leaked"}
+				}
+			}
+			fz.revoked.Store(a)
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"error":"revoked"}`)
+		}))
+		t.Cleanup(front.Close)
+		r.url = front.URL
+		x := r.executor(func(c *executor.Config) { c.Credentials, c.Freezes, c.RevocationSkew = broker, fz, time.Hour })
+		auth := r.admit("create_ticket", "revoked-at-tool", map[string]any{"title": "t"}, 0)
+		if jti {
+			stepEndsAs(t, x, auth, []string{"denied(" + executor.ReasonJTIRevoked + ")"}, "")
+			continue
+		}
+		out, err := x.Step(t.Context(), []*kgo.Record{auth})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if evs := decodeAll(t, out.Records); len(evs) != 0 {
+			t.Errorf("family revoked: events %v; want none (given back)", summary(evs))
+		}
+		r.givenBack(auth)
 	}
 }
