@@ -154,6 +154,8 @@ type approvalView struct {
 	TenantID      string    `json:"tenant_id"`
 	Tool          string    `json:"tool"`
 	State         string    `json:"state"`
+	CallStatus    string    `json:"call_status"`
+	CallReason    string    `json:"call_reason"`
 	ArgumentsHash string    `json:"arguments_hash"`
 	ExpiresAt     time.Time `json:"expires_at"`
 	Requester     struct {
@@ -186,9 +188,22 @@ func approvalsTable(w io.Writer, as []approvalView, now time.Time) error {
 		if a.State == "pending" {
 			expires = a.ExpiresAt.Sub(now).Round(time.Second).String()
 		}
-		rows = append(rows, []string{a.ID, a.Tool, who, a.Preview.Resource, a.Preview.Amount, expires, a.State})
+		rows = append(rows, []string{a.ID, a.Tool, who, a.Preview.Resource, a.Preview.Amount, expires, approvalState(a)})
 	}
 	return report.Table(w, rows)
+}
+
+// approvalState is a's state, and for an approved call where the call
+// stands: "approved (call denied: approval_expired)".
+func approvalState(a approvalView) string {
+	if a.State != "approved" || a.CallStatus == "" {
+		return a.State
+	}
+	call := "call " + a.CallStatus
+	if a.CallReason != "" {
+		call += ": " + a.CallReason
+	}
+	return a.State + " (" + call + ")"
 }
 
 func newApprovalsCmd(g *globals) *cobra.Command {

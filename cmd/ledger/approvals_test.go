@@ -57,6 +57,23 @@ func TestApprovalsTableShowsTheRequestersRoles(t *testing.T) {
 	}
 }
 
+// An approved call's row says where the call stands, and why it ended
+// when it did without running.
+func TestApprovalsTableSaysWhatBecameOfTheCall(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	a := approvalView{ID: "ap_1", Tool: "refund_order", State: "approved", CallStatus: "denied", CallReason: "approval_expired"}
+	b := approvalView{ID: "ap_2", Tool: "refund_order", State: "approved", CallStatus: "succeeded"}
+	c := approvalView{ID: "ap_3", Tool: "refund_order", State: "rejected"}
+	var out strings.Builder
+	if err := approvalsTable(&out, []approvalView{a, b, c}, now); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 4 || !strings.HasSuffix(lines[1], "approved (call denied: approval_expired)") || !strings.HasSuffix(lines[2], "approved (call succeeded)") || !strings.HasSuffix(lines[3], "rejected") {
+		t.Errorf("table:\n%s\nwant each approved call's state beside its approval's", out.String())
+	}
+}
+
 // ledger approvals show prints an agent's arguments with what a terminal
 // would not show as it is escaped (an 8-bit CSI, a bidi override, a
 // zero-width space): the console sends approvers there to read such

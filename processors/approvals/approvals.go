@@ -260,8 +260,16 @@ type Approval struct {
 	DecidedAt   *time.Time `json:"decided_at,omitempty"`
 	// Reason is the approver's reason for a rejection, or why the
 	// approval expired.
-	Reason  string  `json:"reason,omitempty"`
-	Preview Preview `json:"preview"`
+	Reason string `json:"reason,omitempty"`
+	// CallStatus is, once approved, where the call stands (its status
+	// in the execution store: authorized, executing, succeeded...), and
+	// CallReason why it ended, when it ended without running: an
+	// approval taken with too little of it left lapses before the
+	// call's request can leave (denied, approval_expired), and the
+	// approval alone would not say that nothing came of it.
+	CallStatus string  `json:"call_status,omitempty"`
+	CallReason string  `json:"call_reason,omitempty"`
+	Preview    Preview `json:"preview"`
 }
 
 // Requester is who asked for the call.
@@ -794,6 +802,12 @@ func (s *Service) read(rec processors.Record) (*found, error) {
 				a.DecidedBy = e.Approver
 				break
 			}
+		}
+	}
+	if state == StateApproved {
+		a.CallStatus = string(rec.Status)
+		if rec.Status.Done() && rec.Status != processors.StatusSucceeded && len(evs) > 0 {
+			a.CallReason = evs[len(evs)-1].Reason
 		}
 	}
 	a.Preview = s.preview(rec, f.requested)

@@ -457,11 +457,57 @@ func TestApprovalAfterItsCallRan(t *testing.T) {
 	}
 }
 
+// An approved call's approval says where the call stands, and why it
+// ended when it ended without running: one approved with too little left
+// lapses before its request can leave, and the approval alone read
+// "approved" for good. Before, nothing said the call was denied.
+func TestApprovalSaysWhatBecameOfItsCall(t *testing.T) {
+	f := newFixture(t)
+	ran, _ := f.refund("r-1")
+	lapsed, _ := f.refund("r-2")
+	for _, k := range []ledger.CallKey{ran, lapsed} {
+		a, err := f.svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.CallStatus != string(processors.StatusAuthorized) || a.CallReason != "" {
+			t.Errorf("%s approved: call %q (%q); want authorized", k, a.CallStatus, a.CallReason)
+		}
+	}
+	approved := f.pub.ofType(t, statemachine.EventApproved)
+	f.run(ran, approved[0])
+	f.deny(lapsed, approved[1], "approval_expired")
+	for k, want := range map[ledger.CallKey][2]string{ran: {"succeeded", ""}, lapsed: {"denied", "approval_expired"}} {
+		got, err := f.svc.Get(t.Context(), boss, approvals.ID(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != approvals.StateApproved || got.CallStatus != want[0] || got.CallReason != want[1] {
+			t.Errorf("%s: %s, call %q (%q); want approved, call %q (%q)", k, got.State, got.CallStatus, got.CallReason, want[0], want[1])
+		}
+	}
+}
+
+// deny claims the authorized call under k and ends it denied for reason,
+// as the executor does a call it finds may not run (its approval lapsed,
+// its tool frozen): its denied event keeps approved's approval id.
+func (f *fixture) deny(k ledger.CallKey, approved ledger.Event, reason string) {
+	f.t.Helper()
+	f.end(k, approved, processors.StatusDenied, reason, statemachine.EventDenied)
+}
+
 // run claims the authorized call under k and completes it succeeded as the
 // executor does: the record's outbox replaced by executing and succeeded
 // events that keep approved's identity, approval id and approver, but not
 // its expiry.
 func (f *fixture) run(k ledger.CallKey, approved ledger.Event) {
+	f.t.Helper()
+	f.end(k, approved, processors.StatusSucceeded, "", statemachine.EventExecuting, statemachine.EventSucceeded)
+}
+
+// end claims the authorized call under k and completes it in status, its
+// outbox events of types, made of approved (the last with reason).
+func (f *fixture) end(k ledger.CallKey, approved ledger.Event, status processors.Status, reason string, types ...statemachine.EventType) {
 	t := f.t
 	t.Helper()
 	rec := f.record(k)
@@ -470,19 +516,20 @@ func (f *fixture) run(k ledger.CallKey, approved ledger.Event) {
 		t.Fatalf("claim: %v, %v; want claimed", res, err)
 	}
 	var evs []ledger.Event
-	for i, typ := range []statemachine.EventType{statemachine.EventExecuting, statemachine.EventSucceeded} {
+	for i, typ := range types {
 		e := approved
 		e.EventID = fmt.Sprintf("ev-%s-%d", k.IdempotencyKey, i)
 		e.Type, e.Seq, e.At, e.Actor = typ, rec.Seq+int64(i)+1, f.clock.Now(), "executor-1"
 		e.Decision, e.ExpiresAt, e.Attempt = "", nil, 1
 		evs = append(evs, e)
 	}
+	evs[len(evs)-1].Reason = reason
 	outbox, err := ledger.EncodeEvents(evs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied, err := f.store.Complete(t.Context(), []processors.Completion{{Key: k, Epoch: res[0].Record.Epoch, Status: processors.StatusSucceeded,
-		Attempt: 1, Seq: rec.Seq + 2, Outbox: outbox, From: rec.Seq}})
+	applied, err := f.store.Complete(t.Context(), []processors.Completion{{Key: k, Epoch: res[0].Record.Epoch, Status: status,
+		Attempt: 1, Seq: rec.Seq + int64(len(evs)), Outbox: outbox, From: rec.Seq}})
 	if err != nil || !applied[0] {
 		t.Fatalf("complete: %v, %v; want applied", applied, err)
 	}

@@ -337,6 +337,8 @@ type approval struct {
 	DecidedBy     string     `json:"decided_by"`
 	DecidedAt     *time.Time `json:"decided_at"`
 	Reason        string     `json:"reason"`
+	CallStatus    string     `json:"call_status"`
+	CallReason    string     `json:"call_reason"`
 	Preview       struct {
 		Tool         string          `json:"tool"`
 		Description  string          `json:"description"`

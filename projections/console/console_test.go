@@ -700,6 +700,9 @@ func TestPagesRender(t *testing.T) {
 		}, []string{"/v1/approvals/" + keyPending.ApprovalID()}},
 		{approvalURL(keyRejected.ApprovalID()), []string{"read-only", "&#34;&gt;&lt;img", "2026-11-30 13:00:00 UTC"}, nil},
 		{approvalURL(keyExpired.ApprovalID()), []string{"the timer expired it", "read-only"}, nil},
+		// Approved, and nothing came of it: the page says what became
+		// of the call.
+		{approvalURL(keyLapsed.ApprovalID()), []string{"read-only", "The call:", `badge st-denied">denied</span> <code>approval_expired</code>`}, nil},
 		{"/calls?tenant=acme&tool=refund_order&state=succeeded&call_id=c1&trace_id=t1&since=2h", []string{
 			"Results", "refund-1", "Unresolved", "parked", `action="/calls/resolve"`, `action="/calls/compensate"`,
 			"Review approval", `<option value="succeeded" selected>`,

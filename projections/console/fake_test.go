@@ -153,10 +153,13 @@ var (
 	keyHostile  = ledger.CallKey{TenantID: xssScript, IdempotencyKey: xssAttr}
 	keyRejected = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-2"}
 	keyExpired  = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-3"}
-	keyOK1      = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-1"}
-	keyOK2      = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-2"}
-	keyFailed   = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-3"}
-	keyUnknown  = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-4"}
+	// keyLapsed was approved, and its call denied: the approval lapsed
+	// before the call's request could leave.
+	keyLapsed  = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-lapsed"}
+	keyOK1     = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-1"}
+	keyOK2     = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-2"}
+	keyFailed  = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-3"}
+	keyUnknown = ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-4"}
 	// Pending approvals whose arguments the page cannot show whole.
 	keyWideArgs = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-wide"}
 	keyNoArgs   = ledger.CallKey{TenantID: "acme", IdempotencyKey: "order-none"}
@@ -254,6 +257,9 @@ func newFakeAPI() *fakeAPI {
 		keyRejected.ApprovalID(): approvalJSON(keyRejected, "rejected", xssAttr, &decided, xssScript),
 		keyExpired.ApprovalID():  approvalJSON(keyExpired, "expired", "", &expired, "approval_expired"),
 	}
+	lapsed := approvalJSON(keyLapsed, "approved", "carol", &decided, "")
+	lapsed["call_status"], lapsed["call_reason"] = "denied", "approval_expired"
+	approvals[keyLapsed.ApprovalID()] = lapsed
 	// More fields than the page lists, the last one past its bound.
 	wide := make([]string, maxArgRows+1)
 	for i := range wide {
