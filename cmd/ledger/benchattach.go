@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"maps"
 	"math"
 	"net/http"
@@ -211,24 +210,14 @@ func (e *benchEnv) attach(ctx context.Context, report *loadtest.Report) error {
 }
 
 // attachIssuer loads the agents' issuer of --issuer-key. A missing key
-// is created, with its public key set beside it (<key>.jwks.json), and
-// the bench stops there: a running intake reads its --jwks-file when it
+// is created, with its public key set beside it (issuerKey), and the
+// bench stops there: a running intake reads its --jwks-file when it
 // starts (and again as the file changes), so it must be started with it
-// before any call can pass. The key set is written again only when it
-// is missing: an operator may have added other keys to it.
+// before any call can pass.
 func (e *benchEnv) attachIssuer() (*identity.Issuer, error) {
-	_, statErr := os.Stat(e.f.issuerKey)
-	iss, err := identity.LoadOrCreateIssuer(e.f.issuerKey, e.f.issuerName)
+	iss, jwks, created, err := issuerKey(e.f.issuerKey, e.f.issuerName)
 	if err != nil {
 		return nil, err
-	}
-	jwks := e.f.issuerKey + ".jwks.json"
-	created := errors.Is(statErr, fs.ErrNotExist)
-	if _, err := os.Stat(jwks); created || errors.Is(err, fs.ErrNotExist) {
-		// Public keys only: readable by the intake's user.
-		if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o644); err != nil {
-			return nil, err
-		}
 	}
 	if created {
 		return nil, fmt.Errorf("%w: created %s, its public keys in %s: start the ledger's intake with --issuer %s --jwks-file %s (or add those keys to the key set it reads), then run the bench again",

@@ -16,25 +16,11 @@ import (
 // cancel_compensation, which a resolution as succeeded behind the
 // reconciler's pending compensation needs.
 func TestCallsResolveSendsCancelCompensation(t *testing.T) {
-	var got []map[string]any
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.URL.Path != "/v1/resolutions" {
-			http.NotFound(w, r)
-			return
-		}
-		var body map[string]any
-		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		got = append(got, body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"type":"succeeded"}`))
-	}))
-	defer srv.Close()
+	srv, posted := recordingAPI(t, "/v1/resolutions", `{"type":"succeeded"}`)
 	base := []string{"calls", "resolve", "k1", "--api", srv.URL, "--assertion", "tok", "--call-tenant", "t_a", "--as", "succeeded", "--evidence", "the bank's statement"}
 	cli(t, base...)
 	cli(t, append(base, "--cancel-compensation")...)
+	got := *posted
 	if len(got) != 2 {
 		t.Fatalf("%d resolutions posted; want 2", len(got))
 	}
@@ -190,4 +176,55 @@ func TestControlWithdrawPolicy(t *testing.T) {
 	if err := cliErr(t, "control", "withdraw-policy", "--api", srv.URL, "--assertion", "tok"); err == nil || !strings.Contains(err.Error(), "--reason is required") {
 		t.Errorf("control withdraw-policy without --reason: %v; want it refused", err)
 	}
+}
+
+// ledger calls resolve|compensate KEY read KEY as <tenant_id>/<key>, as
+// ledger trace does, and a key alone as one of the operator's own tenant
+// (its assertion's), unless --call-tenant says which: before, a key alone
+// or a <tenant_id>/<key> was always one of t_demo's, and a t_acme
+// operator was refused 403 for a call of its own tenant.
+func TestCallsKeyOfTheOperatorsTenant(t *testing.T) {
+	dir := t.TempDir()
+	devIssuerKeys(t, dir)
+	acme := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--tenant", "t_acme", "--user", "u_ops", "--operator"))
+	platform := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--tenant", "*", "--user", "u_root", "--operator"))
+	srv, posted := recordingAPI(t, "/v1/compensations", `{"compensation_key":"x","events":[]}`)
+	for _, tc := range []struct {
+		args        []string
+		tenant, key string
+	}{
+		{[]string{"r-1", "--assertion", acme}, "t_acme", "r-1"},
+		{[]string{"t_beta/r-1", "--assertion", platform}, "t_beta", "r-1"},
+		{[]string{"r-1", "--assertion", platform}, "t_demo", "r-1"},
+		{[]string{"a/b", "--assertion", acme, "--call-tenant", "t_acme"}, "t_acme", "a/b"},
+	} {
+		*posted = nil
+		cli(t, append([]string{"calls", "compensate", "--api", srv.URL, "--reason", "r"}, tc.args...)...)
+		if got := *posted; len(got) != 1 || got[0]["tenant_id"] != tc.tenant || got[0]["idempotency_key"] != tc.key {
+			t.Errorf("ledger calls compensate %v posted %v; want %s/%s", tc.args, *posted, tc.tenant, tc.key)
+		}
+	}
+}
+
+// recordingAPI is an operators' API that answers POST path with answer,
+// keeping every body posted.
+func recordingAPI(t *testing.T, path, answer string) (*httptest.Server, *[]map[string]any) {
+	t.Helper()
+	var posted []map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != path {
+			http.NotFound(w, r)
+			return
+		}
+		var body map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		posted = append(posted, body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(answer))
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &posted
 }

@@ -11,6 +11,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/token"
+	"github.com/toolcall-ledger/ledger/processors/control"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/projections/report"
 )
@@ -156,6 +159,35 @@ func sayScope(w io.Writer, raw json.RawMessage) {
 	fmt.Fprintf(w, "%s of %s for %s\n", a.Kind, report.Printable(a.Tool), report.Printable(scope))
 }
 
+// callTenantHelp is the help of the calls commands' --call-tenant.
+const callTenantHelp = "the call's tenant, KEY being the key alone (default: KEY read as <tenant_id>/<idempotency_key> when it holds a \"/\", else the tenant of the operator's assertion, t_demo for a platform operator's)"
+
+// callKey is the call a calls command acts on: KEY arg, of the tenant
+// flag named flag (tenant) when given; else arg read as
+// <tenant_id>/<idempotency_key>, as ledger trace reads it; else a key of
+// the operator's own tenant (the assertion's), or t_demo for a platform
+// operator's. Before, the tenant was t_demo unless --call-tenant said
+// otherwise, whoever acted.
+func (f *staffFlags) callKey(cmd *cobra.Command, flag, tenant, arg string) ledger.CallKey {
+	if cmd.Flags().Changed(flag) {
+		return ledger.CallKey{TenantID: tenant, IdempotencyKey: arg}
+	}
+	if k, err := ledger.ParseCallKey(arg); err == nil {
+		return k
+	}
+	own := f.tenant
+	if f.assertion != "" {
+		var c identity.Claims
+		if token.Unverified(f.assertion, &c) == nil {
+			own = c.Tenant
+		}
+	}
+	if own == "" || own == control.PlatformTenant {
+		own = "t_demo"
+	}
+	return ledger.CallKey{TenantID: own, IdempotencyKey: arg}
+}
+
 func newCallsCmd(g *globals) *cobra.Command {
 	f := staffFlags{g: g}
 	cmd := &cobra.Command{Use: "calls", Short: "Operate on calls (as an operator, through the HTTP API)"}
@@ -164,14 +196,15 @@ func newCallsCmd(g *globals) *cobra.Command {
 	var cancelCompensation bool
 	resolve := &cobra.Command{
 		Use:   "resolve KEY",
-		Short: "Settle a call whose outcome is unknown, with the evidence of what happened",
+		Short: "Settle a call whose outcome is unknown, with the evidence of what happened (KEY: <tenant_id>/<idempotency_key>, or a key of --call-tenant)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if evidence == "" {
 				return fmt.Errorf("--evidence is required: say how you know")
 			}
+			key := f.callKey(cmd, "call-tenant", tenant, args[0])
 			var out json.RawMessage
-			body := map[string]any{"tenant_id": tenant, "idempotency_key": args[0], "as": as, "evidence": evidence, "cancel_compensation": cancelCompensation}
+			body := map[string]any{"tenant_id": key.TenantID, "idempotency_key": key.IdempotencyKey, "as": as, "evidence": evidence, "cancel_compensation": cancelCompensation}
 			if err := f.call(cmd.Context(), http.MethodPost, "/v1/resolutions", body, &out); err != nil {
 				return err
 			}
@@ -180,7 +213,7 @@ func newCallsCmd(g *globals) *cobra.Command {
 	}
 	resolve.Flags().StringVar(&as, "as", "", "succeeded or failed")
 	resolve.Flags().StringVar(&evidence, "evidence", "", "how you found out (recorded on the event)")
-	resolve.Flags().StringVar(&tenant, "call-tenant", "t_demo", "the call's tenant")
+	resolve.Flags().StringVar(&tenant, "call-tenant", "", callTenantHelp)
 	resolve.Flags().BoolVar(&cancelCompensation, "cancel-compensation", false, "with --as succeeded, while the compensation the reconciler asked for (a policy's undo_unknown) is still to run: confirm that it is to end without undoing the call (nothing_to_undo), an operator's request to undo the call that joined it with it; without, such a resolution is refused (automatic_compensation_pending), as it is, confirmed or not, while an executor runs that compensation. Never read from the environment")
 	// The decision and its evidence are the operator's, for this call:
 	// never read from the environment.
@@ -188,14 +221,15 @@ func newCallsCmd(g *globals) *cobra.Command {
 	var reason, compTenant string
 	compensate := &cobra.Command{
 		Use:   "compensate KEY",
-		Short: "Undo a succeeded call: its tool's declared compensation runs as a governed call of its own (<KEY>:compensate)",
+		Short: "Undo a succeeded call: its tool's declared compensation runs as a governed call of its own (<KEY>:compensate; KEY: <tenant_id>/<idempotency_key>, or a key of --call-tenant)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if reason == "" {
 				return fmt.Errorf("--reason is required")
 			}
+			key := f.callKey(cmd, "call-tenant", compTenant, args[0])
 			var raw json.RawMessage
-			body := map[string]string{"tenant_id": compTenant, "idempotency_key": args[0], "reason": reason}
+			body := map[string]string{"tenant_id": key.TenantID, "idempotency_key": key.IdempotencyKey, "reason": reason}
 			if err := f.call(cmd.Context(), http.MethodPost, "/v1/compensations", body, &raw); err != nil {
 				return err
 			}
@@ -224,7 +258,7 @@ func newCallsCmd(g *globals) *cobra.Command {
 	}
 	compensate.Flags().StringVar(&reason, "reason", "", "why (recorded on the compensation's requested event, with who asked)")
 	markExplicitOnly(compensate.Flags(), "reason")
-	compensate.Flags().StringVar(&compTenant, "call-tenant", "t_demo", "the call's tenant")
+	compensate.Flags().StringVar(&compTenant, "call-tenant", "", callTenantHelp)
 	cmd.AddCommand(resolve, compensate)
 	return cmd
 }

@@ -96,6 +96,6 @@ func runDemoBackend(ctx context.Context, g *globals, f *demoBackendFlags, out io
 	if g.httpTLS.enabled() {
 		scheme = "https"
 	}
-	fmt.Fprintf(out, "demo backend: serving the demo tools on %s://%s (%s); GET /effects lists every effect\n", scheme, addr, checks)
+	fmt.Fprintf(out, "demo backend: serving the demo tools on %s://%s (%s); GET /effects lists every effect it applied since it started\n", scheme, addr, checks)
 	return grp.Wait()
 }

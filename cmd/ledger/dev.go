@@ -601,7 +601,7 @@ Toolcall Ledger (dev) is running. Ctrl-C stops it.
   HTTP API             http://%s   (POST /v1/calls, GET /v1/calls/{key}?tenant_id=..., GET /healthz)
   Operations           http://%s/metrics   (each role's series, labelled role), /readyz, /loops
   Queries              %s   (GET /v1/blast-radius, /v1/outcomes, /v1/unresolved, /v1/trace/...)
-  Demo tool backend    http://%s   (GET /effects lists every effect it applied)
+  Demo tool backend    http://%s   (GET /effects lists every effect it applied since it started)
   Execution store      %s
   Data directory       %s
   Identity issuer      %s (dev key in the data directory; ledger token mints assertions)

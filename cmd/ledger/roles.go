@@ -189,7 +189,7 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 	fs := cmd.Flags()
 	r.store.register(fs, withDataDir)
 	r.registry.register(fs)
-	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id)")
+	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id of the roles that have one, and the actor of the events the instance writes)")
 }
 
 // registerOps adds the flags of a role that run starts: its operational

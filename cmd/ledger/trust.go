@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -248,26 +249,63 @@ func (f *credentialFlags) broker(dataDir string, logger *slog.Logger) (*credenti
 
 func newTokenCmd(g *globals) *cobra.Command {
 	var (
-		dataDir  string
-		id       identity.Identity
-		roles    string
-		approver bool
-		ttl      time.Duration
+		dataDir          string
+		keyFile, keyName string
+		id               identity.Identity
+		roles            string
+		approver         bool
+		operator         bool
+		ttl              time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "token",
-		Short: "Mint an identity assertion from the dev issuer of `ledger dev` (for trying things out, never for production)",
+		Short: "Mint an identity assertion from the dev issuer of `ledger dev`, or from a key of your own (--issuer-key), for trying things out, never for production",
 		Example: `  ledger token --tenant t_demo --user u_demo
-  ledger token --tenant t_demo --user u_boss --approver`,
+  ledger token --tenant t_demo --user u_boss --approver
+  ledger token --tenant '*' --user u_ops --operator          # a platform operator
+  ledger token --issuer-key ./agents.jwk --issuer https://idp.test --tenant t_acme --user u_1`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			iss, err := devIssuer(dataDir)
-			if err != nil {
-				return err
+			var iss *identity.Issuer
+			switch {
+			case keyFile == "" && keyName != "":
+				return errors.New("token: --issuer names the issuer of --issuer-key")
+			case keyFile != "" && keyName == "":
+				return errors.New("token: --issuer-key needs --issuer, the issuer name the verifiers trust it under (their --issuer)")
+			case keyFile != "":
+				var (
+					jwks    string
+					created bool
+					err     error
+				)
+				if iss, jwks, created, err = issuerKey(keyFile, keyName); err != nil {
+					return err
+				}
+				if created {
+					fmt.Fprintf(cmd.ErrOrStderr(), "created %s, its public keys in %s: start the intake, ledger api, approvals serve and the reconciler with --issuer %s --jwks-file %s (or add those keys to the key set they read)\n",
+						keyFile, jwks, keyName, jwks)
+				}
+			default:
+				var err error
+				if iss, err = devIssuer(dataDir); err != nil {
+					return err
+				}
+			}
+			if approver && operator {
+				return errors.New("token: --approver or --operator, not both (--roles adds roles)")
 			}
 			if roles != "" {
 				id.Roles = strings.Split(roles, ",")
 			}
 			audience := identity.DefaultAudience
+			if operator {
+				// Operators' assertions are for the staff's APIs (the
+				// approval queue's audience), as approvers' are.
+				id.Roles = append(id.Roles, "operator")
+				audience = identity.ApproverAudience
+				if !cmd.Flags().Changed("agent") {
+					id.Agent = approverAgent
+				}
+			}
 			if approver {
 				// Approvers' assertions are for the approval queue
 				// only, and the queue takes no other.
@@ -296,6 +334,9 @@ func newTokenCmd(g *globals) *cobra.Command {
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&dataDir, "data-dir", devDataDir, "the data directory of 'ledger dev', where the dev issuer's key is")
+	fs.StringVar(&keyFile, "issuer-key", "", "sign with the private key (a JWK) in this file instead of the dev issuer's; if missing, it is created, with its public keys beside it (<file>.jwks.json) for the verifiers' --jwks-file")
+	fs.StringVar(&keyName, "issuer", "", "with --issuer-key: the issuer name (iss) the verifiers trust that key under")
+	fs.BoolVar(&operator, "operator", false, "mint an operator's assertion (the operator role, for the staff's audience: the kill switch, resolutions, compensations, the query API); --tenant '*' for a platform operator")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")
@@ -307,6 +348,28 @@ func newTokenCmd(g *globals) *cobra.Command {
 	fs.BoolVar(&approver, "approver", false, "mint an approver's assertion (the approver role, for the approval queue's audience)")
 	fs.DurationVar(&ttl, "ttl", 10*time.Minute, "how long the assertion is valid (verifiers refuse more than their --max-assertion-lifetime, 1h by default)")
 	return cmd
+}
+
+// issuerKey loads the issuer name signing with the private key (a JWK) in
+// the file path, creating the key when the file is missing, with its
+// public key set beside it (jwks, <path>.jwks.json), for the verifiers
+// (--issuer, --jwks-file). The key set is written again only when it is
+// missing: an operator may have added other keys to it.
+func issuerKey(path, name string) (iss *identity.Issuer, jwks string, created bool, err error) {
+	_, statErr := os.Stat(path)
+	iss, err = identity.LoadOrCreateIssuer(path, name)
+	if err != nil {
+		return nil, "", false, err
+	}
+	jwks = path + ".jwks.json"
+	created = errors.Is(statErr, fs.ErrNotExist)
+	if _, err := os.Stat(jwks); created || errors.Is(err, fs.ErrNotExist) {
+		// Public keys only: readable by the verifiers' users.
+		if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o644); err != nil {
+			return nil, "", false, err
+		}
+	}
+	return iss, jwks, created, nil
 }
 
 // devIssuer loads the dev issuer of `ledger dev` from its data directory;

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -316,5 +317,55 @@ func TestTokenApproverAgent(t *testing.T) {
 		if got := agentOf(tc.args...); got != tc.want || (len(tc.args) > 0 && got == "agent_cli") {
 			t.Errorf("ledger token %v: agent %q; want %q", tc.args, got, tc.want)
 		}
+	}
+}
+
+// ledger token --issuer-key mints with a key of one's own, for a
+// deployment of separate processes that has no identity provider yet: a
+// missing key is created with its public keys beside it, which a
+// verifier trusting that file and issuer name accepts, and the next
+// token is signed with the same key. --operator mints an operator's
+// assertion for the staff's audience. Before, ledger token minted only
+// from ledger dev's data directory, under the issuer name ledger-dev.
+func TestTokenFromAKeyOfOnesOwn(t *testing.T) {
+	key := filepath.Join(t.TempDir(), "agents.jwk")
+	mint := func(args ...string) (tok, stderr string) {
+		t.Helper()
+		out, errs := cliSplit(t, append([]string{"token", "--issuer-key", key, "--issuer", "https://idp.test"}, args...)...)
+		return strings.TrimSpace(out), errs
+	}
+	agent, created := mint("--tenant", "t_acme", "--user", "u_1")
+	if !strings.Contains(created, "created "+key) || !strings.Contains(created, "--jwks-file "+key+".jwks.json") {
+		t.Errorf("first token's notes %q; want the key's creation and the verifiers' flags", created)
+	}
+	op, again := mint("--tenant", "*", "--user", "u_ops", "--operator")
+	if again != "" {
+		t.Errorf("second token's notes %q; want none (the key exists)", again)
+	}
+	verify := func(audience, tok string) identity.Identity {
+		t.Helper()
+		v, err := identity.New(t.Context(), identity.Config{Issuer: "https://idp.test", Audience: audience, JWKSFile: key + ".jwks.json"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := v.Verify(t.Context(), tok)
+		if err != nil {
+			t.Fatalf("verify: %v", err)
+		}
+		return id
+	}
+	if id := verify(identity.DefaultAudience, agent); id.Tenant != "t_acme" || id.User != "u_1" {
+		t.Errorf("agent's assertion: %+v; want t_acme's u_1", id)
+	}
+	if id := verify(identity.ApproverAudience, op); id.Tenant != "*" || !slices.Contains(id.Roles, "operator") {
+		t.Errorf("operator's assertion: %+v; want a platform operator", id)
+	}
+	var errs bytes.Buffer
+	root := newRoot()
+	root.SetArgs([]string{"token", "--issuer-key", key})
+	root.SetOut(&errs)
+	root.SetErr(&errs)
+	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "--issuer-key needs --issuer") {
+		t.Errorf("ledger token --issuer-key without --issuer = %v; want refused", err)
 	}
 }
