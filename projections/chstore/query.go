@@ -384,7 +384,7 @@ func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projecti
 		g.Go(func() error {
 			var err error
 			list, err = s.queryCalls(gctx, "SELECT "+callColumns+" FROM ("+calls+")"+
-				" ORDER BY c_updated_at DESC, c_updated_at_ns DESC, tenant_id, idempotency_key LIMIT ?", append(slices.Clone(w.args), f.Limit)...)
+				" ORDER BY c_updated_at DESC, c_updated_at_ns DESC, tenant_id, idempotency_key LIMIT ?", append(slices.Clone(w.args), f.Limit+1)...)
 			if err != nil {
 				return s.wrapQuestion("blast radius: list", err)
 			}
@@ -393,10 +393,22 @@ func (s *Store) BlastRadius(ctx context.Context, f projections.Filter) (projecti
 		if err := g.Wait(); err != nil {
 			return projections.BlastRadius{Filter: f, Calls: []projections.Call{}}, err
 		}
-		br.Calls = list
-		br.Truncated = len(list) == f.Limit && br.Total > len(list)
+		br.Calls, br.Truncated = cutList(list, f.Limit, br.Total)
 		return br, nil
 	})
+}
+
+// cutList cuts list, read with one call more than limit, to limit, and
+// reports whether calls were left out: the extra call read, or a total
+// (counted beside the list) past what it holds. The counts and the list
+// are two queries: a call that lands between them makes the list one
+// longer than the total says, and the total alone let a list cut at the
+// limit pass for the whole (a compensate-all over it left that call out).
+func cutList(list []projections.Call, limit, total int) ([]projections.Call, bool) {
+	if len(list) > limit {
+		return list[:limit:limit], true
+	}
+	return list, len(list) == limit && total > len(list)
 }
 
 // blastCounts fills br's Total, counts and Distinct from the calls

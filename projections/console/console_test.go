@@ -2018,3 +2018,47 @@ func TestCallPageSaysItsRefusalsWereCut(t *testing.T) {
 		})
 	}
 }
+
+// A call page says when it shows only the first fields of the arguments
+// (before, it listed 500 rows as if they were all), and shows an agent's
+// trace id with what does not show as it is escaped, as the call id
+// beside it is.
+func TestCallPageSaysWhatItCannotShow(t *testing.T) {
+	wide := make([]string, maxArgRows+1)
+	for i := range wide {
+		wide[i] = `"x"`
+	}
+	for name, tc := range map[string]struct {
+		args      string
+		want, not []string
+	}{
+		"cut":   {`{"items":[` + strings.Join(wide, ",") + `]}`, []string{"Only the first 500 fields are shown."}, []string{"No arguments are held"}},
+		"whole": {`{"items":["x"]}`, []string{"/items/0"}, []string{"Only the first 500 fields are shown."}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			fx := newFixture(t)
+			k := ledger.CallKey{TenantID: "acme", IdempotencyKey: "wide-" + name}
+			evs := traceEvents(k)
+			for i := range evs {
+				evs[i].TraceID = "tr\u202e_1"
+				if evs[i].Type == statemachine.EventRequested {
+					evs[i].Arguments = json.RawMessage(tc.args)
+				}
+			}
+			fx.api.mu.Lock()
+			fx.api.traces = map[ledger.CallKey][]ledger.Event{k: evs}
+			fx.api.mu.Unlock()
+			body := fx.signedIn(assertOperator).get(callURL(k.TenantID, k.IdempotencyKey)).Body.String()
+			for _, want := range append(tc.want, `<bdo dir="ltr">tr\u202e_1</bdo>`) {
+				if !strings.Contains(body, want) {
+					t.Errorf("the call page lacks %q", want)
+				}
+			}
+			for _, not := range append(tc.not, "tr\u202e_1") {
+				if strings.Contains(body, not) {
+					t.Errorf("the call page holds %q", not)
+				}
+			}
+		})
+	}
+}

@@ -334,6 +334,8 @@ func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) 
 			last = e
 		}
 		if e.Type == statemachine.EventRequested && len(e.Arguments) > 0 {
+			// They decoded with the event, as JSON: flattening them
+			// fails on nothing else.
 			p.Args, p.ArgsCut, _ = flattenArgs(e.Arguments)
 		}
 	}
