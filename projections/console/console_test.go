@@ -1635,6 +1635,50 @@ func TestRevokeFamilyOfferedIsTheCredentialsOwn(t *testing.T) {
 	}
 }
 
+// A call taken over across a key rotation was sent under one family by
+// its first owner and another by the next: a tenant operator is offered
+// both, the one the last event names and the earlier. Before, a call
+// whose summary named the credential offered that event's family alone,
+// and the first owner's token stayed live.
+func TestRevokeFamiliesOfATakenOverCall(t *testing.T) {
+	const leaked, first, next = "jti-leaked", "refund_order:acme:7", "refund_order:acme:8"
+	k := ledger.CallKey{TenantID: "acme", IdempotencyKey: "refund-taken-over"}
+	evs := []ledger.Event{
+		{Type: statemachine.EventRequested},
+		{Type: statemachine.EventAuthorized},
+		{Type: statemachine.EventExecuting, JTI: leaked, CredentialFamily: first},
+		{Type: statemachine.EventSucceeded, JTI: leaked, CredentialFamily: next, EarlierCredentialFamilies: []string{first}},
+	}
+	for i := range evs {
+		evs[i].V, evs[i].EventID, evs[i].Seq, evs[i].At = 1, fmt.Sprintf("to-%d", i+1), int64(i+1), t0.Add(time.Duration(i-10)*time.Minute)
+		evs[i].TenantID, evs[i].IdempotencyKey, evs[i].Tool = k.TenantID, k.IdempotencyKey, "refund_order"
+	}
+	fx := newFixture(t)
+	fx.api.mu.Lock()
+	fx.api.blast = projections.BlastRadius{Total: 1, Calls: []projections.Call{projections.CallOf(&evs[len(evs)-1])}}
+	fx.api.traces = map[ledger.CallKey][]ledger.Event{k: evs}
+	fx.api.mu.Unlock()
+	body := fx.signedIn(assertOperator).get("/incidents?jti=" + leaked).Body.String()
+	for _, f := range []string{first, next} {
+		if !strings.Contains(body, "Revoke family "+f) {
+			t.Errorf("the tenant operator's incidents page for %s does not offer family %s", leaked, f)
+		}
+	}
+	if strings.Contains(body, "more families than") {
+		t.Errorf("the page says more families are involved than it offers; want none left out")
+	}
+	// Taken over again and again: more families than the page offers,
+	// which it says.
+	last := &evs[len(evs)-1]
+	for i := range maxFamiliesOffered {
+		last.EarlierCredentialFamilies = append(last.EarlierCredentialFamilies, fmt.Sprintf("refund_order:acme:%d", 20+i))
+	}
+	body = fx.signedIn(assertOperator).get("/incidents?jti=" + leaked).Body.String()
+	if n := strings.Count(body, "Revoke family "); n != maxFamiliesOffered || !strings.Contains(body, "more families than") {
+		t.Errorf("%d families offered of %d, the page saying more: %v; want %d, saying so", n, maxFamiliesOffered+2, strings.Contains(body, "more families than"), maxFamiliesOffered)
+	}
+}
+
 // An approval binds every argument: the page offers none where it cannot
 // show them all (more fields than it lists, none at all; arguments that
 // do not parse, which the API's JSON cannot carry, alike), and says where

@@ -63,7 +63,10 @@ type incidentsPage struct {
 	HistErr   string
 	CSVURL    string
 	Actions   []incidentAction
-	Succeeded int
+	// ActionsNote says what the actions leave out: more credential
+	// families than offered.
+	ActionsNote string
+	Succeeded   int
 }
 
 func (c *Console) serveIncidents(w http.ResponseWriter, r *http.Request, s *session) {
@@ -113,7 +116,11 @@ func (c *Console) serveIncidents(w http.ResponseWriter, r *http.Request, s *sess
 		// Only a platform operator revokes a single jti (the control
 		// API refuses a tenant's): a tenant's operator revokes the
 		// families the credential's calls were sent under.
-		for _, f := range c.familiesOf(r, s, br.Calls, j) {
+		families, more := c.familiesOf(r, s, br.Calls, j)
+		if more {
+			p.ActionsNote = fmt.Sprintf("The credential's calls name more families than the %d offered here, or more calls than the %d read for them: look at the calls' traces, or ask a platform operator to revoke the credential itself.", maxFamiliesOffered, maxTracesRead)
+		}
+		for _, f := range families {
 			aq := url.Values{"action": {actRevokeFamily}, projections.ParamCredentialFamily: {f}}
 			for _, k := range []string{projections.ParamTenant, projections.ParamAllTenants} {
 				if v, ok := q[k]; ok {
@@ -140,40 +147,45 @@ const maxFamiliesOffered = 4
 const maxTracesRead = 2 * maxFamiliesOffered
 
 // familiesOf returns the credential families that the events carrying jti
-// name in the first maxTracesRead of calls, in the order first named, at
-// most maxFamiliesOffered. A call's summary names the credential of its
-// last event, which may name none (compensated) or another (the
-// reconciler's status lookup): its family is taken only when that event
-// carries jti, and the call's trace is read otherwise. A trace that cannot
-// be read adds no family, and the page renders without it.
-func (c *Console) familiesOf(r *http.Request, s *session, calls []projections.Call, jti string) []string {
-	var out []string
+// name in the first maxTracesRead of calls, each event's own and those it
+// names as earlier (EarlierCredentialFamilies: a call taken over across a
+// key rotation is sent under one family by its first owner and another by
+// the next), in the order first named, at most maxFamiliesOffered; more
+// reports that there were more families, or more calls, than that. Each
+// call's trace is read: its summary names the credential of its last
+// event alone. A trace that cannot be read gives only what the summary
+// names, and the page renders without the rest.
+func (c *Console) familiesOf(r *http.Request, s *session, calls []projections.Call, jti string) (out []string, more bool) {
 	add := func(f string) {
-		if f != "" && !slices.Contains(out, f) && len(out) < maxFamiliesOffered {
+		switch {
+		case f == "" || slices.Contains(out, f):
+		case len(out) == maxFamiliesOffered:
+			more = true
+		default:
 			out = append(out, f)
 		}
 	}
+	more = len(calls) > maxTracesRead
 	for _, cl := range calls[:min(len(calls), maxTracesRead)] {
-		if len(out) == maxFamiliesOffered {
-			break
-		}
-		if cl.JTI == jti && cl.CredentialFamily != "" {
-			add(cl.CredentialFamily)
-			continue
-		}
 		var evs []ledger.Event
 		if _, err := c.call(r, s, http.MethodGet, apiTracePath(cl.TenantID, cl.IdempotencyKey), nil, nil, &evs); err != nil {
-			c.cfg.Logger.Info("incidents page: trace not read, its credential families not offered",
+			c.cfg.Logger.Info("incidents page: trace not read, its credential families not offered but the last event's",
 				"user", s.id.User, "tenant", s.id.Tenant, "call_tenant", cl.TenantID, "call_key", cl.IdempotencyKey, "err", describe(err))
+			if cl.JTI == jti {
+				add(cl.CredentialFamily)
+			}
 			continue
 		}
 		for _, e := range evs {
 			if e.JTI == jti {
 				add(e.CredentialFamily)
+				for _, f := range e.EarlierCredentialFamilies {
+					add(f)
+				}
 			}
 		}
 	}
-	return out
+	return out, more
 }
 
 // succeeded returns the keys of the succeeded calls among calls.
