@@ -214,17 +214,6 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	if until := s.landed(operator, rec, tool); !until.IsZero() {
 		return ledger.CallKey{}, nil, &LandingError{Until: until}
 	}
-	// The undo is made of the call's arguments: changed in the store
-	// since they were admitted, they would undo something else (another
-	// order cancelled), under a hash of their own that every later check
-	// passes.
-	if err := processors.VerifyArguments(rec); err != nil {
-		return ledger.CallKey{}, nil, fmt.Errorf("%w (%v)", ErrArgumentsChanged, err)
-	}
-	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
-	if err != nil {
-		return ledger.CallKey{}, nil, err
-	}
 	comp := tool.Compensation
 	ck := key.CompensationKey()
 	prev, err := s.cfg.Store.Get(ctx, ck)
@@ -257,6 +246,18 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 			return ck, nil, fmt.Errorf("%w: whether its compensation %s undid it is not known (%s): settle the compensation first (ledger calls resolve %s)", ErrCompensationFailed, ck, prev.Status, ck.IdempotencyKey)
 		}
 		return ck, nil, fmt.Errorf("%w: its compensation %s ended %s; a human must undo it", ErrCompensationFailed, ck, prev.Status)
+	}
+	// The undo is made of the call's arguments: changed in the store
+	// since they were admitted, they would undo something else (another
+	// order cancelled), under a hash of their own that every later check
+	// passes. Checked once no compensation of the call answers for it:
+	// one asked for before says how it goes.
+	if err := processors.VerifyArguments(rec); err != nil {
+		return ledger.CallKey{}, nil, fmt.Errorf("%w (%v)", ErrArgumentsChanged, err)
+	}
+	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
+	if err != nil {
+		return ledger.CallKey{}, nil, err
 	}
 	hash, err := ledger.ArgumentsHash(key.TenantID, comp.Tool, comp.Version, args)
 	if err != nil {

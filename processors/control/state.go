@@ -262,7 +262,28 @@ func (s *State) Staleness() time.Duration {
 // When ctx ends first, or Run has returned (the State will not catch up),
 // it returns a *StaleError (ErrStale). maxStaleness <= 0 checks nothing.
 func (s *State) Current(ctx context.Context, maxStaleness time.Duration) error {
-	if maxStaleness <= 0 || s.fresh(maxStaleness) {
+	if maxStaleness <= 0 {
+		return nil
+	}
+	return s.await(ctx, func() bool { return s.fresh(maxStaleness) }, maxStaleness)
+}
+
+// CurrentAsOf returns nil once the State holds every action committed to
+// the control topic before t (its AsOf is t or later): a question asked
+// of the broker after t has been answered, and applied. What a party
+// heard of at t (a tool refusing a revoked credential) is then known
+// here too, whatever its round trips to the broker take, which a bound
+// on the staleness cannot say. Like Current, it returns a *StaleError
+// when ctx ends first or Run has returned.
+func (s *State) CurrentAsOf(ctx context.Context, t time.Time) error {
+	return s.await(ctx, func() bool { return !s.AsOf().Before(t) }, time.Since(t))
+}
+
+// await returns nil once current says the State is, waiting for its
+// wake-ups; allowed is the staleness the caller allowed, for its
+// StaleError.
+func (s *State) await(ctx context.Context, current func() bool, allowed time.Duration) error {
+	if current() {
 		return nil
 	}
 	for {
@@ -270,15 +291,15 @@ func (s *State) Current(ctx context.Context, maxStaleness time.Duration) error {
 		s.mu.RLock()
 		changed := s.changed
 		s.mu.RUnlock()
-		if s.fresh(maxStaleness) {
+		if current() {
 			return nil
 		}
 		select {
 		case <-changed:
 		case <-s.stopped:
-			return &StaleError{AsOf: s.AsOf(), MaxStaleness: maxStaleness, Err: ErrStopped}
+			return &StaleError{AsOf: s.AsOf(), MaxStaleness: allowed, Err: ErrStopped}
 		case <-ctx.Done():
-			return &StaleError{AsOf: s.AsOf(), MaxStaleness: maxStaleness, Err: ctx.Err()}
+			return &StaleError{AsOf: s.AsOf(), MaxStaleness: allowed, Err: ctx.Err()}
 		}
 	}
 }

@@ -612,3 +612,27 @@ func TestStatePassesOverOverruledActions(t *testing.T) {
 		})
 	}
 }
+
+// CurrentAsOf waits for a question to the broker asked after its time to
+// be answered and applied: then AsOf is that time or later. One about a
+// time the State cannot reach before ctx ends is a StaleError.
+func TestStateCurrentAsOf(t *testing.T) {
+	t.Parallel()
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	s := runState(t, k)
+	waitReady(t, s)
+	at := time.Now()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := s.CurrentAsOf(ctx, at); err != nil {
+		t.Fatalf("CurrentAsOf(now) = %v; want nil within a probe", err)
+	}
+	if got := s.AsOf(); got.Before(at) {
+		t.Errorf("CurrentAsOf(%s) returned with AsOf %s, before it", at.Format(time.RFC3339Nano), got.Format(time.RFC3339Nano))
+	}
+	short, cancel2 := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel2()
+	if err := s.CurrentAsOf(short, time.Now().Add(time.Hour)); !errors.Is(err, ErrStale) {
+		t.Errorf("CurrentAsOf(an hour ahead) = %v; want ErrStale", err)
+	}
+}

@@ -1,10 +1,12 @@
 package executor_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -255,6 +257,7 @@ func (f jtiRevoked) Revoked(jti, _ string) (control.Action, bool) {
 	return control.Action{}, false
 }
 func (jtiRevoked) Current(context.Context, time.Duration) error { return nil }
+func (jtiRevoked) CurrentAsOf(context.Context, time.Time) error { return nil }
 func (jtiRevoked) Frozen(string, string) (control.Action, bool) { return control.Action{}, false }
 
 // A call keeps its jti for life, so once that jti is revoked the tools
@@ -510,16 +513,18 @@ func TestCredentialExpiresWithItsAttempt(t *testing.T) {
 	}
 }
 
-// rotatedMinter mints the first credential, and refuses every renewal as
-// a broker whose signing key rotated meanwhile does (ErrFamilyChanged).
-type rotatedMinter struct {
+// unrenewingMinter mints the first credential, and refuses every renewal
+// with err: as a broker whose signing key rotated meanwhile does
+// (ErrFamilyChanged), or one asked too late (ErrDeadlinePassed).
+type unrenewingMinter struct {
 	executor.Minter
+	err   error
 	mints atomic.Int32
 }
 
-func (m *rotatedMinter) Mint(g credentials.Grant) (credentials.Credential, error) {
+func (m *unrenewingMinter) Mint(g credentials.Grant) (credentials.Credential, error) {
 	if m.mints.Add(1) > 1 {
-		return credentials.Credential{}, fmt.Errorf("mint %s: %w", g.Tool, credentials.ErrFamilyChanged)
+		return credentials.Credential{}, fmt.Errorf("mint %s: %w", g.Tool, m.err)
 	}
 	return m.Minter.Mint(g)
 }
@@ -539,29 +544,39 @@ func (f clockAtCurrent) Current(ctx context.Context, maxStaleness time.Duration)
 
 // A call whose credential would expire before its request lands, and
 // cannot be renewed (the signing key rotated during the wait before its
-// attempt), is not sent: given back, nothing sent, to be claimed again
-// under the new key's family. Before, it was sent as it was, the tool
-// refused it 401, and the call ended failed with its key spent.
+// attempt, or too little of the lease is left), is not sent: given back,
+// nothing sent, to be claimed again (under the new key's family), saying
+// which. Before, it was sent as it was, the tool refused it 401, and the
+// call ended failed with its key spent.
 func TestCredentialNotRenewedIsNotSent(t *testing.T) {
-	r := newRig(t)
-	var skip atomic.Int64 // how far the shared clock is ahead
-	clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
-	broker, _, guarded := newGuardedBackend(t, clock)
-	srv := httptest.NewServer(guarded.Handler())
-	t.Cleanup(srv.Close)
-	r.url = srv.URL
-	// Between the mint and the request, 40 s pass: past the credential's
-	// expiry (create_ticket's 2 s timeout and 2 s) and the tools' 30 s
-	// of skew.
-	fz := clockAtCurrent{&switchedFreezes{}, func() { skip.Store(int64(40 * time.Second)) }}
-	x := r.executor(func(c *executor.Config) { c.Credentials, c.Freezes, c.Now = &rotatedMinter{Minter: broker}, fz, clock })
-	auth := r.admit("create_ticket", "unrenewed", map[string]any{"title": "t"}, 0)
-	out, err := x.Step(t.Context(), []*kgo.Record{auth})
-	if err != nil {
-		t.Fatal(err)
+	for err, reason := range map[error]string{credentials.ErrFamilyChanged: "credential_key_rotated", credentials.ErrDeadlinePassed: "credential_late"} {
+		r := newRig(t)
+		var skip atomic.Int64 // how far the shared clock is ahead
+		clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
+		broker, _, guarded := newGuardedBackend(t, clock)
+		srv := httptest.NewServer(guarded.Handler())
+		t.Cleanup(srv.Close)
+		r.url = srv.URL
+		// Between the mint and the request, 40 s pass: past the
+		// credential's expiry (create_ticket's 2 s timeout and 2 s) and
+		// the tools' 30 s of skew.
+		fz := clockAtCurrent{&switchedFreezes{}, func() { skip.Store(int64(40 * time.Second)) }}
+		var logs bytes.Buffer
+		x := r.executor(func(c *executor.Config) {
+			c.Credentials, c.Freezes, c.Now = &unrenewingMinter{Minter: broker, err: err}, fz, clock
+			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		})
+		auth := r.admit("create_ticket", "unrenewed", map[string]any{"title": "t"}, 0)
+		out, err := x.Step(t.Context(), []*kgo.Record{auth})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if evs := decodeAll(t, out.Records); len(evs) != 0 || guarded.Requests() != 0 || len(guarded.Effects()) != 0 {
+			t.Errorf("%s: events %v, %d requests at the tool, effects %+v; want none (given back, nothing sent)", reason, summary(evs), guarded.Requests(), guarded.Effects())
+		}
+		r.givenBack(auth)
+		if !strings.Contains(logs.String(), "reason="+reason) {
+			t.Errorf("the give-back's log does not say %s:\n%s", reason, logs.String())
+		}
 	}
-	if evs := decodeAll(t, out.Records); len(evs) != 0 || guarded.Requests() != 0 || len(guarded.Effects()) != 0 {
-		t.Errorf("events %v, %d requests at the tool, effects %+v; want none (given back, nothing sent)", summary(evs), guarded.Requests(), guarded.Effects())
-	}
-	r.givenBack(auth)
 }

@@ -99,6 +99,9 @@ type Minter interface {
 type Freezes interface {
 	Frozen(tool, tenant string) (control.Action, bool)
 	Current(ctx context.Context, maxStaleness time.Duration) error
+	// CurrentAsOf returns nil once every action committed before t is
+	// known (control.State.CurrentAsOf).
+	CurrentAsOf(ctx context.Context, t time.Time) error
 	// Revoked returns the revocation of jti or of family, if any.
 	Revoked(jti, family string) (control.Action, bool)
 }
@@ -116,11 +119,14 @@ var (
 	// errApprovalLapsed: an approved call's approval expired before an
 	// attempt was sent (I4: no request of it leaves past its expiry).
 	errApprovalLapsed = &heldBack{ReasonApprovalExpired}
-	// errCredentialUnrenewed: the call's credential would expire before
-	// its request could land, and could not be minted again (the signing
-	// key rotated since the claim named its family): sent, the tool would
-	// refuse it (401).
-	errCredentialUnrenewed = &heldBack{"credential_not_renewed"}
+	// errCredentialRotated and errCredentialLate: the call's credential
+	// would expire before its request could land, and could not be
+	// minted again, the signing key having rotated since the claim named
+	// its family, or too little of the call's time being left for one
+	// (credentials expire on whole seconds): sent, the tool would refuse
+	// it (401).
+	errCredentialRotated = &heldBack{"credential_key_rotated"}
+	errCredentialLate    = &heldBack{"credential_late"}
 	// errRevoked: the family of the call's credential was revoked before
 	// an attempt was sent: the tools would refuse it (401).
 	errRevoked = &heldBack{ReasonCredentialRevoked}
@@ -1495,12 +1501,19 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 					r = &refusal{reason: hb.why, later: true, detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") was revoked before its request could leave"}
 				}
 				return refuse(*r)
-			case hb == errCredentialUnrenewed:
+			case hb == errCredentialRotated:
 				// Nothing was sent under this claim: given back, as
 				// when the key rotated before the first mint; the
 				// next claim names the new key's family.
-				return x.releaseClaim(ctx, c, log, refusal{reason: "credential_key_rotated", after: time.Millisecond,
+				return x.releaseClaim(ctx, c, log, refusal{reason: hb.why, after: time.Millisecond,
 					detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") would expire before its request could land, and could not be minted again under its family: nothing was sent"})
+			case hb == errCredentialLate && !rec.DeadlineAt.IsZero() && !stop.Before(rec.DeadlineAt):
+				// As when the first mint comes too late: too little of
+				// the call's own time is left.
+				return c.expire()
+			case hb == errCredentialLate:
+				return x.releaseClaim(ctx, c, log, refusal{reason: hb.why, after: time.Millisecond,
+					detail: "the call's credential (jti " + c.jti + ") would expire before its request could land, and too little of the claim's lease is left to mint it again: nothing was sent"})
 			case hb == errFrozen:
 				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
 				if x.waitsOutFreeze(rec, tmpl) {
@@ -1820,7 +1833,7 @@ func (x *Executor) revoked(jti, family string, issued time.Time) *refusal {
 // rotated since the claim named its family, the lease ends as soon)
 // leaves the credential as it was, sent while it still has
 // attemptCredentialSlack to live; one that would expire sooner is not
-// sent at all (errCredentialUnrenewed): the tool would refuse it, and
+// sent at all (errCredentialRotated, errCredentialLate): the tool would refuse it, and
 // the call would end failed with its key spent. Since credentials live
 // as long as an attempt, a wait for a slot or a backoff needs a renewal,
 // so a key that rotated during it fails one.
@@ -1837,7 +1850,10 @@ func (x *Executor) renewCredential(c *completion, sec *secrets, timeout time.Dur
 		if !c.expires.After(now.Add(attemptCredentialSlack)) {
 			x.cfg.Logger.Warn("the call's credential expires before its request could land, and could not be renewed; not sent",
 				"call_key", c.rec.Key.String(), "jti", c.jti, "expires", c.expires, "err", err)
-			return errCredentialUnrenewed
+			if errors.Is(err, credentials.ErrFamilyChanged) {
+				return errCredentialRotated
+			}
+			return errCredentialLate
 		}
 		x.cfg.Logger.Warn("the call's credential expires within the attempt, and could not be renewed; sent as it is",
 			"call_key", c.rec.Key.String(), "jti", c.jti, "expires", c.expires, "err", err)
@@ -1887,11 +1903,13 @@ func (x *Executor) revokedAtTheTool(ctx context.Context, c *completion, err erro
 	if !ok || he.Kind != httptool.Refused || he.Status != http.StatusUnauthorized || x.cfg.Freezes == nil || c.grant == nil {
 		return nil
 	}
+	// A copy that has heard from the broker since the answer came (one
+	// question for the topic's ends, 250 ms apart, and its round
+	// trips), not one of up to ControlMaxStaleness before it.
+	answered := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, max(x.cfg.ControlMaxStaleness, time.Second))
 	defer cancel()
-	// A millisecond: a copy that has heard from the broker since the
-	// answer came, not one of up to ControlMaxStaleness before it.
-	if x.cfg.Freezes.Current(cctx, time.Millisecond) != nil {
+	if x.cfg.Freezes.CurrentAsOf(cctx, answered) != nil {
 		return nil
 	}
 	return x.heldRevoked(c)

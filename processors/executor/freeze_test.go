@@ -62,6 +62,10 @@ func (f *switchedFreezes) Current(ctx context.Context, maxStaleness time.Duratio
 	}
 }
 
+func (f *switchedFreezes) CurrentAsOf(ctx context.Context, _ time.Time) error {
+	return f.Current(ctx, time.Second)
+}
+
 func (f *switchedFreezes) Frozen(tool, _ string) (control.Action, bool) {
 	if f.on.Load() {
 		return control.Action{Kind: control.KindFreeze, Tool: tool, By: "ops", Reason: "incident"}, true
