@@ -197,12 +197,23 @@ func TestCallsKeyOfTheOperatorsTenant(t *testing.T) {
 		{[]string{"t_beta/r-1", "--assertion", platform}, "t_beta", "r-1"},
 		{[]string{"r-1", "--assertion", platform}, "t_demo", "r-1"},
 		{[]string{"a/b", "--assertion", acme, "--call-tenant", "t_acme"}, "t_acme", "a/b"},
+		// A tenant operator acts on its own tenant alone: a key that
+		// holds a "/" naming another is one of its own.
+		{[]string{"t_acme/r-2", "--assertion", acme}, "t_acme", "r-2"},
+		{[]string{"agent-7/run-1", "--assertion", acme}, "t_acme", "agent-7/run-1"},
 	} {
 		*posted = nil
 		cli(t, append([]string{"calls", "compensate", "--api", srv.URL, "--reason", "r"}, tc.args...)...)
 		if got := *posted; len(got) != 1 || got[0]["tenant_id"] != tc.tenant || got[0]["idempotency_key"] != tc.key {
 			t.Errorf("ledger calls compensate %v posted %v; want %s/%s", tc.args, *posted, tc.tenant, tc.key)
 		}
+	}
+	// --call-tenant's variable counts as the flag.
+	t.Setenv("LEDGER_CALL_TENANT", "t_beta")
+	*posted = nil
+	cli(t, "calls", "compensate", "r-1", "--api", srv.URL, "--reason", "r", "--assertion", platform)
+	if got := *posted; len(got) != 1 || got[0]["tenant_id"] != "t_beta" || got[0]["idempotency_key"] != "r-1" {
+		t.Errorf("ledger calls compensate r-1 with LEDGER_CALL_TENANT=t_beta posted %v; want t_beta/r-1", got)
 	}
 }
 

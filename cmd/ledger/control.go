@@ -163,17 +163,15 @@ func sayScope(w io.Writer, raw json.RawMessage) {
 const callTenantHelp = "the call's tenant, KEY being the key alone (default: KEY read as <tenant_id>/<idempotency_key> when it holds a \"/\", else the tenant of the operator's assertion, t_demo for a platform operator's)"
 
 // callKey is the call a calls command acts on: KEY arg, of the tenant
-// flag named flag (tenant) when given; else arg read as
-// <tenant_id>/<idempotency_key>, as ledger trace reads it; else a key of
-// the operator's own tenant (the assertion's), or t_demo for a platform
-// operator's. Before, the tenant was t_demo unless --call-tenant said
-// otherwise, whoever acted.
+// flag named flag (tenant) when given (or its variable); else, for a
+// tenant operator, who acts on its own tenant alone, arg read as
+// <tenant_id>/<idempotency_key> when it names that tenant, and as a key of
+// it otherwise (a key may hold a "/"); for a platform operator, arg read
+// so, or a key of t_demo. Before, the tenant was t_demo unless
+// --call-tenant said otherwise, whoever acted.
 func (f *staffFlags) callKey(cmd *cobra.Command, flag, tenant, arg string) ledger.CallKey {
-	if cmd.Flags().Changed(flag) {
+	if flagGiven(cmd.Flags(), flag) {
 		return ledger.CallKey{TenantID: tenant, IdempotencyKey: arg}
-	}
-	if k, err := ledger.ParseCallKey(arg); err == nil {
-		return k
 	}
 	own := f.tenant
 	if f.assertion != "" {
@@ -182,10 +180,15 @@ func (f *staffFlags) callKey(cmd *cobra.Command, flag, tenant, arg string) ledge
 			own = c.Tenant
 		}
 	}
-	if own == "" || own == control.PlatformTenant {
-		own = "t_demo"
+	k, err := ledger.ParseCallKey(arg)
+	switch {
+	case own != "" && own != control.PlatformTenant && (err != nil || k.TenantID != own):
+		return ledger.CallKey{TenantID: own, IdempotencyKey: arg}
+	case err == nil:
+		return k
+	default:
+		return ledger.CallKey{TenantID: "t_demo", IdempotencyKey: arg}
 	}
-	return ledger.CallKey{TenantID: own, IdempotencyKey: arg}
 }
 
 func newCallsCmd(g *globals) *cobra.Command {

@@ -185,6 +185,14 @@ func markExplicitOnly(fs *pflag.FlagSet, names ...string) {
 	}
 }
 
+// flagGiven reports whether fs's flag name was given, on the command line
+// or by its LEDGER_ variable, which sets its value without marking it
+// changed (bindEnv).
+func flagGiven(fs *pflag.FlagSet, name string) bool {
+	fl := fs.Lookup(name)
+	return fl != nil && (fl.Changed || fl.Value.String() != fl.DefValue)
+}
+
 // ignoreEnv is markExplicitOnly without naming the variables: for the
 // flags whose variable a deployment's shell holds for other commands
 // (LEDGER_DATA_DIR), where saying so on every run would be noise.

@@ -144,11 +144,7 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		if f.key != "" && !schemas.ValidIdempotencyKey(f.key) {
 			return fmt.Errorf("--key %q: an idempotency key is 1 to 255 printable ASCII characters, neither first nor last a space, and neither . nor ..", report.Printable(f.key))
 		}
-		// LEDGER_USER sets the value without marking it changed.
-		given := func(name string) bool {
-			fl := cmd.Flags().Lookup(name)
-			return fl.Changed || fl.Value.String() != fl.DefValue
-		}
+		given := func(name string) bool { return flagGiven(cmd.Flags(), name) }
 		f.userSet = given("user")
 		// The intake refuses a scope's tenant other than the
 		// assertion's, and the schema wants one: a --assertion without

@@ -336,6 +336,9 @@ func newTokenCmd(g *globals) *cobra.Command {
 	fs.StringVar(&dataDir, "data-dir", devDataDir, "the data directory of 'ledger dev', where the dev issuer's key is")
 	fs.StringVar(&keyFile, "issuer-key", "", "sign with the private key (a JWK) in this file instead of the dev issuer's; if missing, it is created, with its public keys beside it (<file>.jwks.json) for the verifiers' --jwks-file")
 	fs.StringVar(&keyName, "issuer", "", "with --issuer-key: the issuer name (iss) the verifiers trust that key under")
+	// A deployment's shell holds LEDGER_ISSUER for the roles, whose
+	// identity provider is not this key.
+	ignoreEnv(fs, "issuer-key", "issuer")
 	fs.BoolVar(&operator, "operator", false, "mint an operator's assertion (the operator role, for the staff's audience: the kill switch, resolutions, compensations, the query API); --tenant '*' for a platform operator")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
@@ -356,16 +359,27 @@ func newTokenCmd(g *globals) *cobra.Command {
 // (--issuer, --jwks-file). The key set is written again only when it is
 // missing: an operator may have added other keys to it.
 func issuerKey(path, name string) (iss *identity.Issuer, jwks string, created bool, err error) {
+	jwks = path + ".jwks.json"
 	_, statErr := os.Stat(path)
-	iss, err = identity.LoadOrCreateIssuer(path, name)
-	if err != nil {
+	_, jwksErr := os.Stat(jwks)
+	created = errors.Is(statErr, fs.ErrNotExist)
+	if created && jwksErr == nil {
+		// A key set beside no key (copied to a verifier's host, say):
+		// a new key written over it would have its verifiers refuse
+		// every assertion of the key it held.
+		return nil, "", false, fmt.Errorf("no key at %s, but a key set at %s: refusing to create a key whose public keys would replace it (move the key set away, or give the key file that signs for it)", path, jwks)
+	}
+	if iss, err = identity.LoadOrCreateIssuer(path, name); err != nil {
 		return nil, "", false, err
 	}
-	jwks = path + ".jwks.json"
-	created = errors.Is(statErr, fs.ErrNotExist)
-	if _, err := os.Stat(jwks); created || errors.Is(err, fs.ErrNotExist) {
-		// Public keys only: readable by the verifiers' users.
-		if err := os.WriteFile(jwks, iss.Keys().JWKS(), 0o644); err != nil {
+	if errors.Is(jwksErr, fs.ErrNotExist) {
+		// Public keys only: readable by the verifiers' users. Written
+		// whole or not at all: a verifier may be reading it.
+		tmp := jwks + ".tmp"
+		if err := os.WriteFile(tmp, iss.Keys().JWKS(), 0o644); err != nil {
+			return nil, "", false, err
+		}
+		if err := os.Rename(tmp, jwks); err != nil {
 			return nil, "", false, err
 		}
 	}

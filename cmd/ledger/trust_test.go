@@ -360,12 +360,29 @@ func TestTokenFromAKeyOfOnesOwn(t *testing.T) {
 	if id := verify(identity.ApproverAudience, op); id.Tenant != "*" || !slices.Contains(id.Roles, "operator") {
 		t.Errorf("operator's assertion: %+v; want a platform operator", id)
 	}
-	var errs bytes.Buffer
-	root := newRoot()
-	root.SetArgs([]string{"token", "--issuer-key", key})
-	root.SetOut(&errs)
-	root.SetErr(&errs)
-	if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), "--issuer-key needs --issuer") {
-		t.Errorf("ledger token --issuer-key without --issuer = %v; want refused", err)
+	refused := func(want string, args ...string) {
+		t.Helper()
+		var errs bytes.Buffer
+		root := newRoot()
+		root.SetArgs(append([]string{"token"}, args...))
+		root.SetOut(&errs)
+		root.SetErr(&errs)
+		if err := root.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ledger token %v = %v; want refused, %q", args, err, want)
+		}
+	}
+	// A deployment's shell's LEDGER_ISSUER names its identity provider,
+	// not this key: ignored.
+	t.Setenv("LEDGER_ISSUER", "https://idp.example.com")
+	refused("--issuer-key needs --issuer", "--issuer-key", key)
+	// A key set beside no key (copied to a verifier's host): a new key
+	// would replace it.
+	other := filepath.Join(t.TempDir(), "idp.jwk")
+	if err := os.WriteFile(other+".jwks.json", []byte(`{"keys":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused("refusing to create a key", "--issuer-key", other, "--issuer", "https://idp.test")
+	if _, err := os.Stat(other); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a key was created beside the key set it would replace: %v", err)
 	}
 }
