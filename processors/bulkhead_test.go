@@ -121,7 +121,7 @@ func runTenants(t *testing.T, hang bool) bhRun {
 	// it opens for that tenant only); here the tenant hangs for the
 	// whole run, which is what the bulkhead and the carry-over must
 	// contain.
-	cfg.Breaker.MinRequests = 1 << 20
+	cfg.Breaker.MinRequests, cfg.Breaker.ConsecutiveFailures = 1<<20, 1<<20
 	h.startExecutor(cfg)
 	w := watchSettled(t, h)
 

@@ -64,7 +64,7 @@ func TestUnknownOutcomesResolvedOrParked(t *testing.T) {
 	// The faults would trip the breakers; this test is about what
 	// happens to the calls that reach the tools.
 	cfg := h.executorConfig("executor-1")
-	cfg.Breaker.MinRequests = 1 << 20
+	cfg.Breaker.MinRequests, cfg.Breaker.ConsecutiveFailures = 1<<20, 1<<20
 	// The first executor crashes after its first batches' effects and
 	// before it records them: their claims stay until their leases end.
 	cfg.Store = &crashBeforeRecord{Store: h.store, crashes: 2}

@@ -17,6 +17,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -764,5 +765,36 @@ func TestSlotTooLateForACallThatCannotBeGivenBackIsSent(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"executing", "succeeded"}, got["t_k/retried"]); diff != "" {
 		t.Errorf("the retried call (-want +got):\n%s", diff)
+	}
+}
+
+// A tool that hangs opens its tenant's breaker after a few timeouts in a
+// row, however few requests its share of the bulkhead lets through in a
+// window: five here, one at a time, where the ratio rule wants ten. Before,
+// a tenant holding one slot of a hung tool with a 10 s timeout made three
+// requests a 30 s window, never the ten, and every call ran into the hang
+// (outcome unknown, for a tool without a key) while the breaker stayed
+// closed.
+func TestHungToolOpensTheBreaker(t *testing.T) {
+	reg := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+		entry["timeout_ms"] = 200
+	})
+	r := newRigWith(t, reg, demobackend.Config{})
+	r.backend.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{Latency: 2 * time.Second})
+	x := r.executor(func(c *executor.Config) { c.MaxAttempts = 1 })
+	for i := range 5 {
+		if got := x.BreakerStates()["create_ticket/t_a"]; got == "open" {
+			t.Fatalf("breaker open after %d timeouts; want it open after 5", i)
+		}
+		out, err := x.Step(t.Context(), []*kgo.Record{r.admit("create_ticket", fmt.Sprintf("hang-%d", i), map[string]any{"title": "t"}, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if evs := decodeAll(t, out.Records); len(evs) == 0 {
+			t.Fatalf("call %d: no events; want its timeout recorded", i)
+		}
+	}
+	if got := x.BreakerStates()["create_ticket/t_a"]; got != "open" {
+		t.Errorf("breaker %q after 5 timeouts in a row; want open", got)
 	}
 }

@@ -473,6 +473,12 @@ type BreakerConfig struct {
 	Window time.Duration
 	// OpenFor is how long it stays open before probing; default 10s.
 	OpenFor time.Duration
+	// ConsecutiveFailures in a row trip it whatever the window's volume:
+	// a tool that hangs, whose tenant's share of its bulkhead lets few
+	// requests a window (one slot, a 10 s timeout: three), never reaches
+	// MinRequests; default 5. The window is made to hold this many of
+	// the tool's timeouts and one more.
+	ConsecutiveFailures uint32
 }
 
 func (c *Config) setDefaults() {
@@ -535,6 +541,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Breaker.OpenFor <= 0 {
 		c.Breaker.OpenFor = 10 * time.Second
+	}
+	if c.Breaker.ConsecutiveFailures == 0 {
+		c.Breaker.ConsecutiveFailures = 5
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -257,7 +257,7 @@ func (x *Executor) guard(tool *schemas.Tool, tenant string) *guard {
 	if !ok {
 		g = &guard{
 			tool: tool.Name, tenant: tenant, tg: tg,
-			breaker: x.newBreaker(tool.Name, tenant),
+			breaker: x.newBreaker(tool, tenant),
 		}
 		tg.tenants[tenant] = g
 	}
@@ -298,15 +298,28 @@ func (x *Executor) pruneLocked(now time.Time) {
 // tool (gobreaker's MaxRequests).
 const probes = 1
 
-func (x *Executor) newBreaker(tool, tenant string) *gobreaker.CircuitBreaker[httptool.Response] {
+// breakerBuckets is how many buckets a breaker's window rolls in: a
+// request is counted in the bucket it started in, however long it takes.
+// In a fixed window (gobreaker's without BucketPeriod), a request that
+// ended in the next window was dropped, a timeout most of all.
+const breakerBuckets = 10
+
+func (x *Executor) newBreaker(t *schemas.Tool, tenant string) *gobreaker.CircuitBreaker[httptool.Response] {
 	bc := x.cfg.Breaker
-	log, m := x.cfg.Logger, x.cfg.Metrics
+	log, m, tool := x.cfg.Logger, x.cfg.Metrics, t.Name
+	// Long enough to hold ConsecutiveFailures of the tool's timeouts one
+	// after another (a tenant holding one slot of a hung tool).
+	window := max(bc.Window, time.Duration(bc.ConsecutiveFailures+1)*t.Timeout())
 	return gobreaker.NewCircuitBreaker[httptool.Response](gobreaker.Settings{
-		Name:        tool + "/" + tenant,
-		MaxRequests: probes,
-		Interval:    bc.Window,
-		Timeout:     bc.OpenFor,
+		Name:         tool + "/" + tenant,
+		MaxRequests:  probes,
+		Interval:     window,
+		BucketPeriod: max(window/breakerBuckets, time.Millisecond),
+		Timeout:      bc.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
+			if c.ConsecutiveFailures >= bc.ConsecutiveFailures {
+				return true
+			}
 			n := c.Requests - min(c.TotalExclusions, c.Requests)
 			return n >= bc.MinRequests && float64(c.TotalFailures)/float64(n) >= bc.FailureRatio
 		},
