@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/url"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -378,7 +379,6 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	var (
 		out   []*kgo.Record
 		calls []*checked
-		keys  = make(map[ledger.CallKey]bool)
 	)
 	for _, r := range results {
 		if r.err != nil {
@@ -386,7 +386,6 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		}
 		if r.c != nil {
 			calls = append(calls, r.c)
-			keys[r.c.key()] = true
 		}
 	}
 	for _, r := range results {
@@ -394,7 +393,9 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		case r.dlq != nil:
 			out = append(out, r.dlq)
 		case r.refusal != nil:
-			if lapsedRefusal(r.refusal) && keys[r.refusal.Key()] {
+			// Rare (a lapsed copy beside its call): the batch is
+			// looked through only then.
+			if lapsedRefusal(r.refusal) && slices.ContainsFunc(calls, func(c *checked) bool { return c.key() == r.refusal.Key() }) {
 				// A copy whose assertion lapsed, of a call another
 				// copy in this batch stands for (admitted, or
 				// answered by the store): the check looked the key
