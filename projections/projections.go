@@ -115,8 +115,8 @@ type Sink interface {
 type Queries interface {
 	// Trace returns the events under key, each event once: the refused
 	// submissions (seq 0) first, by time then event id, at most
-	// MaxRefusals of them (the earliest), then the call's events in seq
-	// order. No events: ErrNotFound.
+	// MaxRefusals of them (KeepRefusals: the earliest and the latest),
+	// then the call's events in seq order. No events: ErrNotFound.
 	Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error)
 	// BlastRadius returns the calls matching f and what they add up to.
 	// It is the only question that takes f.State.
@@ -148,12 +148,36 @@ var (
 
 // MaxRefusals is how many refused submissions under one key a trace
 // shows: a flood of bad envelopes under a key cannot make it unbounded.
+// They are the earliest half and the latest half (KeepRefusals): the
+// first show how the flood began, the last where it stands, and an
+// agent waiting on its own submission's refusal finds it among them.
 const MaxRefusals = 100
 
+// CompareRefusals orders refused submissions as traces show them: by
+// time, then event id.
+func CompareRefusals(a, b ledger.Event) int {
+	if c := a.At.Compare(b.At); c != 0 {
+		return c
+	}
+	return strings.Compare(a.EventID, b.EventID)
+}
+
+// KeepRefusals returns what a trace keeps of the refused submissions
+// sorted (CompareRefusals, each once): all of them, or, when there are
+// more than MaxRefusals, the earliest MaxRefusals/2 and the latest
+// MaxRefusals/2. A refusal left out of these is left out for good: any
+// later refusal only moves it further from both ends. sorted is reused.
+func KeepRefusals(sorted []ledger.Event) []ledger.Event {
+	if len(sorted) <= MaxRefusals {
+		return sorted
+	}
+	return append(sorted[:MaxRefusals/2], sorted[len(sorted)-MaxRefusals/2:]...)
+}
+
 // RefusalsFull counts the refused submissions of a trace, and reports
-// whether they are as many as a trace keeps (MaxRefusals): later ones,
-// often those nearest an incident, may have been left out, and only the
-// log has them all.
+// whether they are as many as a trace keeps (MaxRefusals): those between
+// the earliest and the latest may have been left out, and only the log
+// has them all.
 func RefusalsFull(trace []ledger.Event) (n int, full bool) {
 	for i := range trace {
 		if trace[i].Refusal() {

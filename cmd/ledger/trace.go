@@ -76,12 +76,12 @@ func newTraceCmd(g *globals) *cobra.Command {
 
 // refusalsCut is the note of a trace from the projection that holds as
 // many refused submissions under the key as the projection keeps
-// (projections.MaxRefusals, the earliest): later ones, often those nearest
-// an incident, are not shown, and the log has them all.
+// (projections.MaxRefusals, the earliest and the latest): those between
+// are not shown, and the log has them all.
 func refusalsCut(evs []ledger.Event) string {
 	n, full := projections.RefusalsFull(evs)
 	if !full {
 		return ""
 	}
-	return fmt.Sprintf("note: %d refused submissions shown, the earliest, as many as the projection keeps under a key; later ones are not: ledger trace without --clickhouse-dsn reads them all from the log", n)
+	return fmt.Sprintf("note: %d refused submissions shown, the earliest and the latest, as many as the projection keeps under a key; those between are not: ledger trace without --clickhouse-dsn reads them all from the log", n)
 }

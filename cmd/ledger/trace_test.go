@@ -78,7 +78,7 @@ func TestTraceSaysItsRefusalsAreCut(t *testing.T) {
 	if note := refusalsCut(refusals(projections.MaxRefusals - 1)); note != "" {
 		t.Errorf("%d refusals: note %q; want none", projections.MaxRefusals-1, note)
 	}
-	if note := refusalsCut(refusals(projections.MaxRefusals)); !strings.Contains(note, "later ones are not") {
-		t.Errorf("%d refusals: note %q; want it to say later ones are not shown", projections.MaxRefusals, note)
+	if note := refusalsCut(refusals(projections.MaxRefusals)); !strings.Contains(note, "the earliest and the latest") || !strings.Contains(note, "those between are not") {
+		t.Errorf("%d refusals: note %q; want it to say those between the earliest and the latest are not shown", projections.MaxRefusals, note)
 	}
 }

@@ -30,7 +30,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -76,8 +75,9 @@ type Call struct {
 	// (by event id), in seq order, whether or not they fold: the log as
 	// it is, for the trace.
 	Events []ledger.Event `json:"events"`
-	// Refusals are envelopes refused under this key (seq 0 events), the
-	// first MaxRefusals of them to arrive; RefusalsDropped counts the
+	// Refusals are envelopes refused under this key (seq 0 events), by
+	// time: at most MaxRefusals of them, the earliest and the latest
+	// (projections.KeepRefusals); RefusalsDropped counts the
 	// rest, so that a flood of bad envelopes cannot grow a call's record
 	// without bound. A dropped refusal delivered again counts again.
 	Refusals        []ledger.Event `json:"refusals,omitempty"`
@@ -86,15 +86,6 @@ type Call struct {
 	// transition, or a gap that a late event has not filled yet): a
 	// human should look.
 	Anomalies int `json:"anomalies,omitempty"`
-}
-
-// compareRefusals orders refusals as traces show them: by time, then
-// event id.
-func compareRefusals(a, b ledger.Event) int {
-	if c := a.At.Compare(b.At); c != 0 {
-		return c
-	}
-	return strings.Compare(a.EventID, b.EventID)
 }
 
 // Settled reports whether the call will not move without a human.
@@ -108,17 +99,21 @@ func (c *Call) add(e ledger.Event) bool {
 				return false
 			}
 		}
-		// Keep the earliest MaxRefusals, as every projection does,
-		// whatever order they arrive in.
-		i, _ := slices.BinarySearchFunc(c.Refusals, e, compareRefusals)
-		if len(c.Refusals) >= MaxRefusals {
-			c.RefusalsDropped++
-			if i >= len(c.Refusals) {
-				return false
-			}
-			c.Refusals = c.Refusals[:len(c.Refusals)-1]
+		// Keep the earliest and the latest (projections.KeepRefusals),
+		// as every projection does, whatever order they arrive in: of
+		// MaxRefusals+1, the one dropped is the middle one, which no
+		// later refusal brings back to either end.
+		i, _ := slices.BinarySearchFunc(c.Refusals, e, projections.CompareRefusals)
+		if len(c.Refusals) < MaxRefusals {
+			c.Refusals = slices.Insert(c.Refusals, i, e)
+			return true
+		}
+		c.RefusalsDropped++
+		if i == MaxRefusals/2 {
+			return false // e itself is the middle one
 		}
 		c.Refusals = slices.Insert(c.Refusals, i, e)
+		c.Refusals = slices.Delete(c.Refusals, MaxRefusals/2, MaxRefusals/2+1)
 		return true
 	}
 	for _, x := range c.Events {

@@ -127,8 +127,9 @@ func actionKey(a projections.Action) []byte {
 }
 
 // Trace returns the events under key: the refused submissions by time,
-// the earliest MaxRefusals of them, then the call's events in seq order.
-// A trace holding MaxRefusals refusals may leave later ones out (the
+// at most MaxRefusals of them (the earliest and the latest), then the
+// call's events in seq order. A trace holding MaxRefusals refusals may
+// leave those between out (the
 // query API says so, httpapi.HeaderRefusalsLimitReached); how many is not
 // told, as Call.RefusalsDropped counts a dropped refusal delivered again
 // once more.
@@ -146,7 +147,7 @@ func (ix *Index) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event,
 	out := make([]ledger.Event, 0, len(c.Refusals)+len(c.Events))
 	out = append(out, c.Refusals...)
 	// Sorted as kept; files written before kept them as they came.
-	slices.SortFunc(out, compareRefusals)
+	slices.SortFunc(out, projections.CompareRefusals)
 	return append(out, c.Events...), nil
 }
 

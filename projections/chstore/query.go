@@ -85,8 +85,9 @@ func traceRanges(points map[string][]uint32) []traceRange {
 	return out
 }
 
-// Trace returns the events under key: refusals first by time, then the
-// call's events by seq, each event once.
+// Trace returns the events under key: refusals first by time (at most
+// MaxRefusals, the earliest and the latest), then the call's events by
+// seq, each event once.
 //
 // event_keys tells under which tools and times the key's events were
 // written, so that the events table is read by ranges of its sort key
@@ -153,14 +154,59 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 			" AND at >= toDateTime(?) AND at <= toDateTime(?))"}
 		args = []any{key.TenantID, key.IdempotencyKey, key.TenantID, key.IdempotencyKey, first, last}
 	}
-	// LIMIT BY keeps the earliest MaxRefusals refusals (one group) and
-	// every event of the call (a group each).
-	q := "SELECT event_id, any(seq) AS e_seq, toUInt32(any(at)) AS e_at, any(at_ns) AS e_ns, any(body)," +
-		" if(e_seq > 0, event_id, '') AS e_group FROM " + s.table("events") +
-		" WHERE tenant_id = ? AND idempotency_key = ? AND (" + strings.Join(ranges, " OR ") + ")" +
-		" GROUP BY event_id ORDER BY e_seq > 0, e_seq, e_at, e_ns, event_id" +
-		" LIMIT " + strconv.Itoa(projections.MaxRefusals) + " BY e_group"
-	rows, err = s.conn.Query(ctx, q, args...)
+	// LIMIT BY keeps the earliest half of the refusals KeepRefusals
+	// keeps (one group) and every event of the call (a group each); when
+	// it cut the refusals, the latest half are read after.
+	half := projections.MaxRefusals / 2
+	cols := "SELECT event_id, any(seq) AS e_seq, toUInt32(any(at)) AS e_at, any(at_ns) AS e_ns, any(body)," +
+		" if(e_seq > 0, event_id, '') AS e_group"
+	from := " FROM " + s.table("events") +
+		" WHERE tenant_id = ? AND idempotency_key = ? AND (" + strings.Join(ranges, " OR ") + ")"
+	out, err := s.traceEvents(ctx, cols+from+
+		" GROUP BY event_id ORDER BY e_seq > 0, e_seq, e_at, e_ns, event_id"+
+		" LIMIT "+strconv.Itoa(half)+" BY e_group", args)
+	if err != nil {
+		return nil, err
+	}
+	if n := refusalsOf(out); n == half {
+		// Read again rather than cut from one list of them all, which
+		// a flood of refusals makes as long as the flood.
+		latest, err := s.traceEvents(ctx, cols+from+" AND seq = 0"+
+			" GROUP BY event_id ORDER BY e_at DESC, e_ns DESC, event_id DESC"+
+			" LIMIT "+strconv.Itoa(half), args)
+		if err != nil {
+			return nil, err
+		}
+		refused := out[:n:n]
+		for _, e := range latest {
+			if !slices.ContainsFunc(refused, func(r ledger.Event) bool { return r.EventID == e.EventID }) {
+				refused = append(refused, e)
+			}
+		}
+		slices.SortFunc(refused, projections.CompareRefusals)
+		out = append(refused, out[n:]...)
+	}
+	if len(out) == 0 {
+		// event_keys was written and events not (a Write that failed
+		// half way, to be written again): nothing to show yet.
+		return nil, projections.ErrNotFound
+	}
+	return out, nil
+}
+
+// refusalsOf is how many refusals lead trace.
+func refusalsOf(trace []ledger.Event) int {
+	n := 0
+	for n < len(trace) && trace[n].Refusal() {
+		n++
+	}
+	return n
+}
+
+// traceEvents runs a query of Trace's, whose rows are an event's id,
+// seq, second, nanoseconds, body and group, and decodes the events.
+func (s *Store) traceEvents(ctx context.Context, q string, args []any) ([]ledger.Event, error) {
+	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, s.wrapQuestion("trace: read events", err)
 	}
@@ -183,11 +229,6 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 	}
 	if err := rows.Err(); err != nil {
 		return nil, s.wrapQuestion("trace: read events", err)
-	}
-	if len(out) == 0 {
-		// event_keys was written and events not (a Write that failed
-		// half way, to be written again): nothing to show yet.
-		return nil, projections.ErrNotFound
 	}
 	return out, nil
 }

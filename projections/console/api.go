@@ -35,7 +35,7 @@ const (
 
 // headerRefusalsLimitReached, on a trace, says that it holds as many
 // refused submissions under its key as the projection keeps (the
-// earliest): later ones may not be shown. It is
+// earliest and the latest): those between may not be shown. It is
 // httpapi.HeaderRefusalsLimitReached.
 const headerRefusalsLimitReached = "X-Refusals-Limit-Reached"
 

@@ -1989,8 +1989,8 @@ func TestVisibleEscapesWhatIsDrawnAsNothing(t *testing.T) {
 }
 
 // A call page whose trace holds as many refused submissions as the
-// projection keeps under a key (projections.MaxRefusals, the earliest)
-// says that the earliest are shown and that the log holds them all, as
+// projection keeps under a key (projections.MaxRefusals, the earliest and
+// the latest) says which are shown and that the log holds them all, as
 // the API's answer says (httpapi.HeaderRefusalsLimitReached): before, it
 // printed "Refused submissions under this key 100" as if that were all
 // of them. The trace comes from the ledger's own query API over the
@@ -2032,7 +2032,7 @@ func TestCallPageSaysItsRefusalsWereCut(t *testing.T) {
 		}
 	})
 	b := fx.signedIn(assertOperator)
-	note := fmt.Sprintf("The earliest %d are shown", projections.MaxRefusals)
+	note := fmt.Sprintf("The earliest and the latest are shown, %d in all", projections.MaxRefusals)
 	for _, c := range []struct {
 		name string
 		key  ledger.CallKey
@@ -2040,7 +2040,7 @@ func TestCallPageSaysItsRefusalsWereCut(t *testing.T) {
 		cut  bool
 	}{
 		{"flooded", flooded, []string{
-			fmt.Sprintf(`<span class="count">the earliest %d</span>`, projections.MaxRefusals), note,
+			fmt.Sprintf(`<span class="count">the earliest and the latest, %d</span>`, projections.MaxRefusals), note,
 			"The log holds them all: <code>ledger trace --tenant acme flooded</code>, without <code>--clickhouse-dsn</code>",
 		}, true},
 		{"a few", few, []string{`<span class="count">3</span>`}, false},

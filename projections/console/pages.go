@@ -289,8 +289,8 @@ type callPage struct {
 	Events      []eventRow
 	Refusals    []eventRow
 	// RefusalsCut: the trace holds as many refusals as the projection
-	// keeps under a key, the earliest; later ones may be missing, and
-	// the log has them all.
+	// keeps under a key, the earliest and the latest; those between may
+	// be missing, and the log has them all.
 	RefusalsCut bool
 	Args        []argRow
 	ArgsCut     bool

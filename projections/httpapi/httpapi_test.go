@@ -24,6 +24,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/projections"
 	"github.com/toolcall-ledger/ledger/projections/callindex"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/statemachine"
@@ -516,6 +517,34 @@ func TestWaitPassesOverRefusalsDatedBefore(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusAccepted {
 		t.Errorf("POST ?wait with a refusal of the call id from a minute before = %d; want 202, no answer yet", resp.StatusCode)
+	}
+}
+
+// An agent retrying under one key (refused rate_limited again and again)
+// is answered its own refusal however many came before: the index keeps
+// the latest refusals under a key beside the earliest. Before, it kept
+// the earliest projections.MaxRefusals alone, and from the 101st
+// submission on every ?wait= ran out, answered 202 without its refusal.
+func TestWaitFindsItsRefusalAfterMany(t *testing.T) {
+	pub := &publisher{}
+	srv, ix := newAPI(t, pub)
+	refusal := func(id string, at time.Time) ledger.Event {
+		return ledger.Event{EventID: id, Type: statemachine.EventDenied, At: at, TenantID: "t_a", IdempotencyKey: "k7", CallID: "c1", Reason: "rate_limited", RetryAfterMS: 100}
+	}
+	var earlier []ledger.Event
+	for i := range projections.MaxRefusals + 20 {
+		earlier = append(earlier, refusal(fmt.Sprintf("r%03d", i), time.Now().Add(-time.Minute+time.Duration(i)*time.Millisecond)))
+	}
+	if err := ix.Apply(earlier); err != nil {
+		t.Fatal(err)
+	}
+	pub.settle = func(string) { _ = ix.Apply([]ledger.Event{refusal("r-new", time.Now())}) }
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=3s", "", validEnvelope(t, "k7"))
+	var v httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&v)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || v.Refused == nil || v.Refused.EventID != "r-new" {
+		t.Errorf("POST ?wait under a key refused %d times before, then refused: %d, refused %+v; want 200 with the refusal r-new", len(earlier), resp.StatusCode, v.Refused)
 	}
 }
 

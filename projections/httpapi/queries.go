@@ -111,8 +111,8 @@ const DefaultMaxQuestions = 32
 // tenant, or all_tenants=true. The filter parameters are projections'
 // (projections.FilterFromValues); format=csv answers CSV. A list cut
 // short says so in headers (HeaderTruncated, HeaderLimitReached); a
-// trace, which shows at most the earliest projections.MaxRefusals
-// refused submissions, says it holds that many in
+// trace, which shows at most projections.MaxRefusals refused
+// submissions (the earliest and the latest), says it holds that many in
 // HeaderRefusalsLimitReached.
 func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	if cfg.Queries == nil || cfg.Guard == nil {
@@ -267,7 +267,8 @@ func (q *queries) answerError(w http.ResponseWriter, err error) {
 // calls), a list of calls that fills the limit, past which more may
 // match (the unresolved calls, whose answer has no total), and a trace
 // that holds as many refused submissions as a projection keeps under a
-// key (projections.RefusalsFull), past which later ones may not be shown.
+// key (projections.RefusalsFull), which may leave those between the
+// earliest and the latest out.
 const (
 	HeaderTruncated            = "X-Truncated"
 	HeaderTotalCount           = "X-Total-Count"

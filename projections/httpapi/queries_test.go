@@ -572,12 +572,14 @@ func TestQuestionsBoundedPerTenant(t *testing.T) {
 }
 
 // A trace holding as many refused submissions under its key as a
-// projection keeps (projections.MaxRefusals, the earliest) says so in
+// projection keeps (projections.MaxRefusals) says so in
 // HeaderRefusalsLimitReached, the bound `ledger trace --clickhouse-dsn`
 // notes: the answer is a bare array, and before, a responder took the
-// earliest 100 for them all, while later ones, often those nearest an
-// incident, were left out without a word. Over the embedded index and
-// over ClickHouse.
+// earliest 100 for them all without a word. The refusals kept are the
+// earliest half and the latest half: before, the earliest 100, and the
+// latest ones, often those nearest an incident, and those an agent's
+// ?wait= looks for its own refusal among, were left out. Over the
+// embedded index and over ClickHouse.
 func TestTraceSaysItsRefusalsWereCut(t *testing.T) {
 	for _, backend := range []struct {
 		name string
@@ -623,6 +625,7 @@ func TestTraceSaysItsRefusalsWereCut(t *testing.T) {
 				{"a key refused only", ledger.CallKey{TenantID: keys[0].TenantID, IdempotencyKey: "refused-only"}, projections.MaxRefusals + 1, true},
 				{"as many as kept", keys[1], projections.MaxRefusals, true},
 				{"one fewer", keys[2], projections.MaxRefusals - 1, false},
+				{"more than half", ledger.CallKey{TenantID: keys[0].TenantID, IdempotencyKey: "refused-70"}, projections.MaxRefusals/2 + 20, false},
 				{"none", keys[3], 0, false},
 			}
 			floods := make([][]ledger.Event, len(cases))
@@ -655,8 +658,9 @@ func TestTraceSaysItsRefusalsWereCut(t *testing.T) {
 					if got := resp.Header.Get(httpapi.HeaderRefusalsLimitReached); got != want {
 						t.Errorf("GET trace of %s with %d refusals: %s %q; want %q", c.key, c.refusals, httpapi.HeaderRefusalsLimitReached, got, want)
 					}
-					// The refusals shown are the earliest, by time then
-					// event id, as many as the projection keeps.
+					// The refusals shown are the earliest and the latest
+					// (half as many as the projection keeps each), by
+					// time then event id.
 					var got []string
 					for _, e := range evs {
 						if e.Refusal() {
@@ -666,12 +670,15 @@ func TestTraceSaysItsRefusalsWereCut(t *testing.T) {
 					earliest := slices.SortedFunc(slices.Values(floods[i]), func(a, b ledger.Event) int {
 						return cmp.Or(a.At.Compare(b.At), strings.Compare(a.EventID, b.EventID))
 					})
+					if half := projections.MaxRefusals / 2; len(earliest) > 2*half {
+						earliest = append(earliest[:half:half], earliest[len(earliest)-half:]...)
+					}
 					var wantIDs []string
-					for _, e := range earliest[:min(len(earliest), projections.MaxRefusals)] {
+					for _, e := range earliest {
 						wantIDs = append(wantIDs, e.EventID)
 					}
 					if !slices.Equal(got, wantIDs) {
-						t.Errorf("GET trace of %s: refusals %d shown, %v; want the earliest %d, %v", c.key, len(got), got, len(wantIDs), wantIDs)
+						t.Errorf("GET trace of %s: refusals %d shown, %v; want the earliest and the latest %d, %v", c.key, len(got), got, len(wantIDs), wantIDs)
 					}
 				})
 			}

@@ -69,16 +69,8 @@ func (o *Oracle) Events(key ledger.CallKey) []ledger.Event { return o.calls[key]
 // Trace is what Queries.Trace must return, or nil for ErrNotFound.
 func (o *Oracle) Trace(key ledger.CallKey) []ledger.Event {
 	refused := slices.Clone(o.refusals[key])
-	slices.SortFunc(refused, func(a, b ledger.Event) int {
-		if c := a.At.Compare(b.At); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.EventID, b.EventID)
-	})
-	if len(refused) > projections.MaxRefusals {
-		refused = refused[:projections.MaxRefusals]
-	}
-	out := append(refused, o.calls[key]...)
+	slices.SortFunc(refused, projections.CompareRefusals)
+	out := append(projections.KeepRefusals(refused), o.calls[key]...)
 	if len(out) == 0 {
 		return nil
 	}
