@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
+	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
 	"github.com/toolcall-ledger/ledger/schemas"
@@ -78,13 +80,45 @@ func newSubmitCmd(g *globals) *cobra.Command {
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "how long --wait waits")
 	fs.IntVar(&f.retryLater, "retry-later", 3, "with --wait: how many times to send the envelope again, same key, after a refusal for now (rate_limited, policy_timeout, policy_unavailable) once the wait it names has passed, if its answer can come within --timeout (0: never)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the envelope / final event as JSON only")
-	fs.StringVar(&f.assertion, "assertion", "", "the identity assertion (a JWT from your identity provider) of an envelope built from the flags; default: one minted by the dev issuer in --data-dir (without either, submit refuses to send: the ledger would refuse the call). Not with --file, whose envelope is sent as is")
+	fs.StringVar(&f.assertion, "assertion", "", "the agent's identity assertion (a JWT from your identity provider) of an envelope built from the flags; default: $"+agentAssertionEnv+", else one minted by the dev issuer in --data-dir (without either, submit refuses to send: the ledger would refuse the call). Not with --file, whose envelope is sent as is. Never LEDGER_ASSERTION, the staff commands' variable: an approver's or operator's assertion is refused, since it would be published in the request topic")
+	// LEDGER_ASSERTION is the staff commands' (approvals, control,
+	// calls): a shell set for them holds an operator's token, which
+	// submit would publish for every reader of the request topic.
+	markExplicitOnly(fs, "assertion")
 	fs.StringVar(&f.dataDir, "data-dir", devDataDir, "data directory of 'ledger dev', whose dev issuer signs the assertion when --assertion is empty")
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")
 	fs.StringVar(&f.api, "api", "", "submit through this ledger API ('ledger api', e.g. https://ledger.example.com) instead of Kafka, with the envelope's assertion as the bearer: --wait then reads the call back from the API, with its result (for the call's own user), and needs no access to Kafka; --json prints the call as the API answers it, or the refusal that answered this submission")
 	return cmd
+}
+
+// agentAssertionEnv is the variable submit takes an agent's assertion
+// from when --assertion is not given.
+const agentAssertionEnv = "LEDGER_AGENT_ASSERTION"
+
+// staffAssertion refuses an assertion (read unverified: the sender's
+// own) that names the staff's audience (identity.ApproverAudience, or
+// $LEDGER_STAFF_AUDIENCE): an approver's or operator's, which the intake
+// refuses, and which published would stay in the request topic for the
+// topic's retention, usable by its every reader until it expires.
+func staffAssertion(assertion string) error {
+	var claims struct {
+		Audience token.Audience `json:"aud"`
+	}
+	if assertion == "" || token.Unverified(assertion, &claims) != nil {
+		return nil // the intake refuses what cannot be read
+	}
+	staff := []string{identity.ApproverAudience}
+	if a := os.Getenv("LEDGER_STAFF_AUDIENCE"); a != "" {
+		staff = append(staff, a)
+	}
+	for _, aud := range claims.Audience {
+		if slices.Contains(staff, aud) {
+			return fmt.Errorf("the assertion names the staff's audience %q: it is an approver's or operator's, which the intake refuses, and submit would publish it in the request topic for the topic's readers to use; nothing was sent: pass an agent's assertion (--assertion, or %s)", report.Printable(aud), agentAssertionEnv)
+		}
+	}
+	return nil
 }
 
 func randomID(prefix string) string {
@@ -130,6 +164,14 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		if err != nil {
 			return fmt.Errorf("read envelope: %w", err)
 		}
+		var env struct {
+			Assertion string `json:"assertion"`
+		}
+		if json.Unmarshal(body, &env) == nil {
+			if err := staffAssertion(env.Assertion); err != nil {
+				return fmt.Errorf("--file %s: %w", f.file, err)
+			}
+		}
 		k, id, ok := ledger.LenientKey(body)
 		if !ok && f.wait {
 			why := "no scope.tenant_id and idempotency_key that can be read (a tenant id, and a key of 1 to 255 printable ASCII characters, neither . nor ..)"
@@ -146,6 +188,12 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		}
 		given := func(name string) bool { return flagGiven(cmd.Flags(), name) }
 		f.userSet = given("user")
+		if f.assertion == "" {
+			f.assertion = os.Getenv(agentAssertionEnv)
+		}
+		if err := staffAssertion(f.assertion); err != nil {
+			return err
+		}
 		// The intake refuses a scope's tenant other than the
 		// assertion's, and the schema wants one: a --assertion without
 		// --tenant is of the tenant it names (read unverified: the

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -544,6 +545,54 @@ func TestSubmitAssertionWithoutUserClaimsNone(t *testing.T) {
 				t.Errorf("published scope (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// submit publishes no approver's or operator's assertion: LEDGER_ASSERTION,
+// the staff commands' variable, is not its (LEDGER_AGENT_ASSERTION is),
+// and one naming the staff's audience is refused before anything is
+// sent, from --assertion, LEDGER_AGENT_ASSERTION or a --file envelope.
+// Before, a shell set up for `ledger control` and `ledger calls` made
+// submit put the operator's token in the request topic, in clear for the
+// topic's retention (the intake refused the call, and the record stayed).
+func TestSubmitPublishesNoStaffAssertion(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	dir := t.TempDir()
+	devIssuerKeys(t, dir)
+	ops := strings.TrimSpace(cli(t, "token", "--data-dir", dir, "--tenant", "t_acme", "--user", "u_ops", "--operator"))
+	submit := append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`, "--json")
+	file := filepath.Join(dir, "envelope.json")
+	if err := os.WriteFile(file, []byte(`{"tool":"get_weather","arguments":{"city":"Oslo"},"assertion":"`+ops+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		env  string
+		args []string
+	}{
+		{"--assertion", "", append(slices.Clone(submit), "--assertion", ops)},
+		{agentAssertionEnv, agentAssertionEnv, submit},
+		{"--file", "", append(roleArgs(cc, topics), "submit", "--file", file)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv(tc.env, ops)
+			}
+			err := cliErr(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), `names the staff's audience "toolcall-ledger-approvals"`) || strings.Contains(err.Error(), ops) {
+				t.Errorf("submit with an operator's assertion: %v; want it refused, naming the audience, not the token", err)
+			}
+		})
+	}
+	nothingPublished(t, cc, topics.Requests)
+	t.Setenv("LEDGER_ASSERTION", ops)
+	out := cli(t, submit...)
+	var env struct{ Assertion string }
+	if err := json.Unmarshal([]byte(out), &env); err != nil {
+		t.Fatalf("submit --json printed %q: %v", out, err)
+	}
+	if env.Assertion == "" || env.Assertion == ops {
+		t.Errorf("submit with LEDGER_ASSERTION an operator's published the assertion %q; want the dev issuer's, LEDGER_ASSERTION ignored", env.Assertion)
 	}
 }
 
