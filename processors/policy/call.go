@@ -3,6 +3,7 @@ package policy
 import (
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -50,10 +51,31 @@ func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string
 			r.Resource = fmt.Sprint(v)
 		}
 	}
-	if n, ok := args["amount_cents"].(json.Number); ok {
-		if v, err := n.Int64(); err == nil {
-			r.Amount = &v
+	if a, present := args["amount_cents"]; present {
+		// One that is not an integer (2000000.5, "2000000", too large,
+		// null; 2e6 is one) is no amount an amount rule could compare: left out,
+		// the call would pass as one without an amount, past every cap
+		// written `context.has_amount && context.amount > N`.
+		r.AmountInvalid = true
+		if n, ok := a.(json.Number); ok {
+			if v, ok := integer(n); ok {
+				r.Amount, r.AmountInvalid = &v, false
+			}
 		}
 	}
 	return r
+}
+
+// integer is n's value when it is an integer an int64 holds, however it
+// is written (2000000, 2e6, 2000000.0): JSON Schema's "integer" is a
+// value, not a spelling.
+func integer(n json.Number) (int64, bool) {
+	if v, err := n.Int64(); err == nil {
+		return v, true
+	}
+	r, ok := new(big.Rat).SetString(string(n))
+	if !ok || !r.IsInt() || !r.Num().IsInt64() {
+		return 0, false
+	}
+	return r.Num().Int64(), true
 }

@@ -68,6 +68,10 @@ type Request struct {
 	// currency's minor unit (a yen, a thousandth of a dinar), which a
 	// policy comparing amounts across currencies must look at.
 	Amount *int64
+	// AmountInvalid: the arguments hold an amount_cents that is not an
+	// integer a Long holds; the request is refused (invalid_request)
+	// before any policy runs.
+	AmountInvalid bool
 	// Channel is how the call arrived, such as "agent" or "api".
 	Channel string
 	// Arguments are the decoded arguments (map[string]any of
@@ -126,6 +130,8 @@ func (r Request) validate() error {
 		// The tenant prefixes entity ids ("<tenant>/<user>"); a slash
 		// in it could make two tenants' ids collide.
 		return fmt.Errorf("tenant contains '/'")
+	case r.AmountInvalid:
+		return fmt.Errorf("amount_cents is not an integer of the currency's minor unit (at most %d): no policy's amount rule could be applied to it", int64(math.MaxInt64))
 	}
 	return nil
 }
