@@ -13,14 +13,7 @@ import (
 // Who asks comes from the caller; the arguments name the resource and the
 // amount, and a tenant or user inside them changes nothing.
 func TestNewRequest(t *testing.T) {
-	reg, err := schemas.Demo()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tool, err := reg.Lookup("refund_order", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tool := refundOrder(t)
 	args, err := ledger.Decode([]byte(`{"order_id":"ord_9","amount_cents":4500,"currency":"AUD","tenant":"t_evil","user_id":"u_root"}`), ledger.Limits{})
 	if err != nil {
 		t.Fatal(err)
@@ -45,14 +38,7 @@ func TestNewRequest(t *testing.T) {
 // (`context.has_amount && context.amount > N`) let a refund of
 // 2000000.5 through under a permit of the tool.
 func TestAmountThatIsNoIntegerIsRefused(t *testing.T) {
-	reg, err := schemas.Demo()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tool, err := reg.Lookup("refund_order", 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tool := refundOrder(t)
 	set, err := policy.LoadFS(fstest.MapFS{"refunds.cedar": &fstest.MapFile{Data: []byte(`
 @id("refunds")
 permit (principal, action == Action::"tool::refund_order", resource);
@@ -91,4 +77,18 @@ when { context.has_amount && context.amount > 1000000 };
 			t.Errorf("amount_cents %s: allow %v, %s (%s); want allow %v, %q", tc.amount, d.Allow, d.Reason, d.Detail, tc.allow, tc.reason)
 		}
 	}
+}
+
+// refundOrder is the demo registry's refund_order.
+func refundOrder(t *testing.T) *schemas.Tool {
+	t.Helper()
+	reg, err := schemas.Demo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, err := reg.Lookup("refund_order", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tool
 }
