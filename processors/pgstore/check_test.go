@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 )
 
@@ -116,6 +117,43 @@ func TestCheckerSearchPath(t *testing.T) {
 	}
 	if got.Schema != schema || !got.Current() {
 		t.Errorf("Schema() through the search_path = %+v; want schema %s, current", got, schema)
+	}
+}
+
+// A schema added to the search_path ahead of the one holding the tables
+// (a schema named as the user, whom "$user" puts first by default) does
+// not move the store: Open, Migrate and the checker take the tables where
+// an unqualified read finds them, and create none in the new schema.
+// Before, the checker looked in current_schema(), found nothing, and
+// Migrate created empty tables there, which new connections then read
+// while older ones kept the real ones: a call already done was admitted
+// again, and run again.
+func TestTablesStayWhereTheSearchPathFindsThem(t *testing.T) {
+	dsn := testDSN(t)
+	old, ahead := newSchema(t, dsn), newSchema(t, dsn)
+	s := open(t, Config{DSN: dsn, Schema: old})
+	done := processors.Admission{Key: ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k1"}, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}
+	if _, err := s.Admit(t.Context(), []processors.Admission{done}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(t.Context(), "CREATE SCHEMA "+pgx.Identifier{ahead}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	path := dsn + sep(dsn) + "search_path=" + ahead + "," + old
+	s = open(t, Config{DSN: path})
+	defer s.Close()
+	res, err := s.Admit(t.Context(), []processors.Admission{done})
+	if err != nil || len(res) != 1 || res[0].Outcome != processors.Duplicate {
+		t.Errorf("the same call admitted again through a search_path with a schema ahead: %+v, %v; want a duplicate", res, err)
+	}
+	var n int
+	if err := s.pool.QueryRow(t.Context(), "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1", ahead).Scan(&n); err != nil || n != 0 {
+		t.Errorf("tables in the schema ahead: %d, %v; want none", n, err)
+	}
+	got, err := newChecker(t, Config{DSN: path}).Schema(t.Context())
+	if err != nil || got.Schema != old || !got.Current() {
+		t.Errorf("Schema() through the search_path = %+v, %v; want schema %s, current", got, err, old)
 	}
 }
 

@@ -107,10 +107,13 @@ type Config struct {
 	// postgres://ledger@127.0.0.1:26257/ledger?sslmode=verify-full.
 	// Required. Pool settings in it (pool_max_conns...) apply.
 	DSN string
-	// Schema holds the table, created by Migrate if missing. Default: none,
-	// the table is unqualified and resolved through the connection's
-	// search_path (public on PostgreSQL and CockroachDB). Tests use one
-	// schema per test.
+	// Schema holds the table, created by Migrate if missing. Default:
+	// where the connection's search_path finds the tables when Open runs
+	// (the first of its schemas that holds them; for new tables,
+	// current_schema(): public on PostgreSQL and CockroachDB), and every
+	// statement names that schema from then on, so that a schema added
+	// to the search_path later cannot divert them. Tests use one schema
+	// per test.
 	Schema string
 	// SkipMigrate stops Open from applying the schema. Default false: Open
 	// runs Migrate, which is idempotent. Deployments that apply the DDL
@@ -190,8 +193,9 @@ type Store struct {
 	log        *slog.Logger
 	crdb       bool
 	maxRetries int
-	schema     string // sanitized identifier, or ""
-	schemaName string // Config.Schema as given
+	schema     string // sanitized identifier, or "": qualifies the tables
+	schemaName string // Config.Schema as given, else as resolved at Open
+	ownSchema  bool   // Config.Schema: Migrate creates the schema too
 	table      string // sanitized, qualified by schema if set
 	journal    string // the journal table, as table
 	q          queries
@@ -254,10 +258,22 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		packMin:    outboxMinPack,
 		waitReport: cfg.MigrationWaitReport,
 	}
-	if cfg.Schema != "" {
-		s.schema, s.schemaName = pgx.Identifier{cfg.Schema}.Sanitize(), cfg.Schema
-		s.table = pgx.Identifier{cfg.Schema, tableName}.Sanitize()
-		s.journal = pgx.Identifier{cfg.Schema, journalTableName}.Sanitize()
+	schema, own := cfg.Schema, cfg.Schema != ""
+	if !own {
+		// Resolved once, and every statement named by it: DDL and DML
+		// resolve an unqualified name each its own way (see
+		// resolveSchemaSQL).
+		var found pgtype.Text
+		if err := pool.QueryRow(ctx, resolveSchemaSQL, tableName).Scan(&found); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("pgstore: resolve the tables' schema: %w", err)
+		}
+		schema = found.String // "" (unqualified) when no schema of the search_path exists
+	}
+	if schema != "" {
+		s.schema, s.schemaName, s.ownSchema = pgx.Identifier{schema}.Sanitize(), schema, own
+		s.table = pgx.Identifier{schema, tableName}.Sanitize()
+		s.journal = pgx.Identifier{schema, journalTableName}.Sanitize()
 	}
 	if cfg.PlainOutboxes {
 		s.packMin = -1
@@ -269,7 +285,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, err
 		}
 	}
-	cfg.Logger.Info("execution store opened", "cockroachdb", s.crdb, "schema", cfg.Schema, "max_conns", pool.Config().MaxConns)
+	cfg.Logger.Info("execution store opened", "cockroachdb", s.crdb, "schema", s.schemaName, "max_conns", pool.Config().MaxConns)
 	return s, nil
 }
 
@@ -577,7 +593,7 @@ func (s *Store) applySchema(ctx context.Context, db ddlConn, st SchemaStatus) er
 	// build that a lock_timeout of the deployment's ended may have left
 	// an invalid index, which a retry's IF NOT EXISTS would keep.
 	stepped := make(map[int]bool)
-	if s.schema != "" {
+	if s.ownSchema {
 		stmts = append(stmts, "CREATE SCHEMA IF NOT EXISTS "+s.schema)
 	}
 	for _, tmpl := range strings.Split(schemaSQL, ";\n") {

@@ -13,8 +13,8 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 )
 
-// rateTableName is the rate limiter's table (schema.sql); Config.Schema
-// qualifies it like the execution records.
+// rateTableName is the rate limiter's table (schema.sql), qualified like
+// the execution records.
 const rateTableName = "rate_limits"
 
 var _ processors.RateLimiter = (*Store)(nil)
