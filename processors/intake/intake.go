@@ -857,6 +857,13 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// key refresh, say) can outlast the bound.
 		stale = p.controlStale()
 	}
+	if stale == "" && p.cfg.SyncPolicies != nil {
+		// And the policies brought again to what that copy activates,
+		// read after it was found fresh: an activation it applied
+		// while the step checked its calls decides the calls decided
+		// after it. Nothing to do for the engine when none did.
+		p.cfg.SyncPolicies()
+	}
 	if stale != "" {
 		// An activation not yet read may deny the call: deciding it
 		// under the version this copy last saw would not honour it.

@@ -793,7 +793,11 @@ func TestIntakeReadsTheFreezeFromACurrentCopy(t *testing.T) {
 // control topic activates (SyncPolicies), not with the one the engine
 // held at its last tick of following the activations. Before, calls
 // decided in the half second after an activation reached the copy were
-// decided, and recorded, under the version it replaced.
+// decided, and recorded, under the version it replaced. So too for an
+// activation the copy applies while a step checks its calls (an
+// assertion's key fetched meanwhile, for seconds): each call is decided
+// with the version the copy holds when it is decided. Before, the step's
+// calls were decided with the version of its start.
 func TestIntakeDecidesWithTheVersionItsCopyActivates(t *testing.T) {
 	root := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, "v2"), 0o755); err != nil {
@@ -804,21 +808,29 @@ func TestIntakeDecidesWithTheVersionItsCopyActivates(t *testing.T) {
 		t.Fatal(err)
 	}
 	engine := processorstest.Policy(t, "../testdata/policies")
-	var active atomic.Pointer[policy.Activation]
+	var active, midStep atomic.Pointer[policy.Activation]
 	f := newIntakeWith(t, func(c *intake.Config) {
 		c.Policy = engine
 		// What a copy of the control topic holds; the engine follows
-		// no ticks here.
+		// no ticks here. midStep is applied to the copy right after
+		// the engine is next brought to it: within a step, after its
+		// start.
 		c.SyncPolicies = func() {
 			if a := active.Load(); a != nil {
 				engine.Activate(root, *a, true)
+			}
+			if a := midStep.Swap(nil); a != nil {
+				active.Store(a)
 			}
 		}
 	})
 	if _, got := f.step(t, f.envelopeRecord(t, "before", map[string]any{"title": "t"})); !slices.Contains(got, "before:authorized/allowed") {
 		t.Fatalf("before the activation: %v; want authorized", got)
 	}
-	active.Store(&policy.Activation{Label: "v2", ID: "act-1"})
+	midStep.Store(&policy.Activation{Label: "v2", ID: "act-1"})
+	if _, got := f.step(t, f.envelopeRecord(t, "mid", map[string]any{"title": "t"})); !slices.Contains(got, "mid:denied/"+policy.ReasonDeniedByPolicy) {
+		t.Errorf("a call decided after an activation reached the copy within its step: %v; want denied by v2's forbid", got)
+	}
 	_, got := f.step(t, f.envelopeRecord(t, "after", map[string]any{"title": "t"}))
 	if !slices.Contains(got, "after:denied/"+policy.ReasonDeniedByPolicy) {
 		t.Errorf("the next step after the activation: %v; want denied by v2's forbid", got)
