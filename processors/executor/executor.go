@@ -109,27 +109,32 @@ type Freezes interface {
 // heldBack is an attempt that a check right before its request would
 // leave stopped: nothing was sent. why is the reason (and error code) it
 // gives the call.
-type heldBack struct{ why string }
+type heldBack struct {
+	why string
+	// decision, for an approved call the policies in force deny before
+	// a retry, is their decision.
+	decision *policy.Decision
+}
 
 func (h *heldBack) Error() string { return "request held back: " + h.why }
 
 var (
 	// errFrozen: the tool was frozen before an attempt was sent.
-	errFrozen = &heldBack{ReasonToolFrozen}
+	errFrozen = &heldBack{why: ReasonToolFrozen}
 	// errApprovalLapsed: an approved call's approval expired before an
 	// attempt was sent (I4: no request of it leaves past its expiry).
-	errApprovalLapsed = &heldBack{ReasonApprovalExpired}
+	errApprovalLapsed = &heldBack{why: ReasonApprovalExpired}
 	// errCredentialRotated and errCredentialLate: the call's credential
 	// would expire before its request could land, and could not be
 	// minted again, the signing key having rotated since the claim named
 	// its family, or too little of the call's time being left for one
 	// (credentials expire on whole seconds): sent, the tool would refuse
 	// it (401).
-	errCredentialRotated = &heldBack{"credential_key_rotated"}
-	errCredentialLate    = &heldBack{"credential_late"}
+	errCredentialRotated = &heldBack{why: "credential_key_rotated"}
+	errCredentialLate    = &heldBack{why: "credential_late"}
 	// errRevoked: the family of the call's credential was revoked before
 	// an attempt was sent: the tools would refuse it (401).
-	errRevoked = &heldBack{ReasonCredentialRevoked}
+	errRevoked = &heldBack{why: ReasonCredentialRevoked}
 	// errNoSlotInLease: the wait for a slot of the tool's bulkhead took
 	// the claim's lease (not the call's deadline), before the attempt
 	// was sent.
@@ -139,7 +144,7 @@ var (
 	// of what it left the attempt, before the attempt was sent.
 	errStaleInLease = errors.New("control state not current within the claim's lease")
 	// errJTIRevoked: the call's jti was, which the tools refuse for good.
-	errJTIRevoked = &heldBack{ReasonJTIRevoked}
+	errJTIRevoked = &heldBack{why: ReasonJTIRevoked}
 )
 
 // Secrets hands out the long-lived secrets tool backends demand.
@@ -1532,6 +1537,9 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 				}
 				log.Info("tool frozen before the call started")
 				return c.deny(ReasonToolFrozen, control.FrozenDetail(tool.Name, a), policy.Decision{})
+			case hb.decision != nil:
+				log.Info("the policies in force deny the approved call before its request could leave", "policy_version", hb.decision.Version)
+				return c.deny(hb.why, "the policies in force when its request was to leave deny the approved call", *hb.decision)
 			default:
 				log.Info("approval expired before the call's request could leave")
 				return c.deny(ReasonApprovalExpired, "the approval expired before the call's request could leave", policy.Decision{})
@@ -1729,11 +1737,7 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 			return &refusal{reason: ReasonUnavailable, detail: "the policies in force are not known: the control topic's copy is not current (" + err.Error() + ")", later: true}
 		}
 	}
-	caller := policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose,
-		// Events with roles were decided with them, roles_given or not
-		// (builds before it wrote roles alone).
-		Roles: tmpl.Roles, RolesWithheld: !tmpl.RolesGiven && len(tmpl.Roles) == 0}
-	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, caller, args, tmpl.Channel, now))
+	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, approvedCaller(rec, tmpl), args, tmpl.Channel, now))
 	if !d.Allow {
 		return &refusal{reason: d.Reason, detail: "the policies in force at execution deny the approved call", decision: d}
 	}
@@ -1750,6 +1754,31 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	c.tmpl.Obligations = d.Obligations.Merge(carriedObligations(tmpl.Obligations)).List()
 	c.rechecked = &d
 	return nil
+}
+
+// approvedCaller is who asks for an approved call, decided again: who
+// its events name.
+func approvedCaller(rec processors.Record, tmpl ledger.Event) policy.Caller {
+	return policy.Caller{Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Purpose: tmpl.Purpose,
+		// Events with roles were decided with them, roles_given or not
+		// (builds before it wrote roles alone).
+		Roles: tmpl.Roles, RolesWithheld: !tmpl.RolesGiven && len(tmpl.Roles) == 0}
+}
+
+// stillAllowed decides an approved call again before a retry, with the
+// policies in force (the control copy was just found current): nil when
+// they allow it, else the request is held back with their decision. The
+// stored arguments were checked at the call's start.
+func (x *Executor) stillAllowed(ctx context.Context, tool *schemas.Tool, rec processors.Record, tmpl ledger.Event) *heldBack {
+	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
+	if err != nil {
+		return &heldBack{why: ReasonArgumentIntegrity, decision: &policy.Decision{Reason: ReasonArgumentIntegrity, Detail: "the stored arguments do not decode"}}
+	}
+	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, approvedCaller(rec, tmpl), args, tmpl.Channel, x.cfg.Now()))
+	if d.Allow {
+		return nil
+	}
+	return &heldBack{why: d.Reason, decision: &d}
 }
 
 // checkBudget bounds a read that a check before the call's request makes
@@ -2335,6 +2364,15 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	// outlast it.
 	if !approvalHolds(&tmpl, x.cfg.Now()) {
 		return httptool.Response{}, errApprovalLapsed
+	}
+	// And the policies in force, as at its start: a version activated
+	// during a retry's backoff or the wait for a slot decides whether it
+	// leaves (the first attempt's decision is recheckApproval's, just
+	// made).
+	if attempt > 1 && c.rechecked != nil {
+		if hb := x.stillAllowed(ctx, tool, rec, tmpl); hb != nil {
+			return httptool.Response{}, hb
+		}
 	}
 	if err := x.renewCredential(c, sec, tool.Timeout()); err != nil {
 		return httptool.Response{}, err

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -737,5 +738,61 @@ func stepGivesBack(t *testing.T, r *rig, x *executor.Executor, rec *kgo.Record, 
 	}
 	if stored.Status != processors.StatusExecuting || stored.LeaseOwner != "" {
 		t.Fatalf("record %s owned by %q; want executing, given back", stored.Status, stored.LeaseOwner)
+	}
+}
+
+// switchingDecider decides as allow until deny is set, then as deny: a
+// version activated between two attempts of an approved call.
+type switchingDecider struct {
+	allow, deny executor.Decider
+	denying     *atomic.Bool
+}
+
+func (s switchingDecider) Decide(ctx context.Context, r policy.Request) policy.Decision {
+	if s.denying.Load() {
+		return s.deny.Decide(ctx, r)
+	}
+	return s.allow.Decide(ctx, r)
+}
+
+// A version activated during a retry's backoff that denies an approved
+// call stops its retry, as an approval lapsing then does: after an answer
+// that says the tool did nothing (429), the call fails, code
+// denied_by_policy; after a 5xx, its outcome is unknown. Before, the
+// policies were asked at the call's start alone, and the retry went out
+// under the version the activation had replaced.
+func TestPoliciesDenyingBeforeARetry(t *testing.T) {
+	allow := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
+	deny := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("no-refunds") forbid (principal, action == Action::"tool::refund_order", resource);
+@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
+	for _, tc := range []struct {
+		status int
+		want   []string
+	}{
+		{http.StatusTooManyRequests, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}},
+		{http.StatusServiceUnavailable, []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}},
+	} {
+		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+			r := newRig(t)
+			_, approved := r.admitApproved("kp", time.Now().Add(time.Hour), "")
+			denying := new(atomic.Bool)
+			requests := new(atomic.Int64)
+			h := r.backend.Handler()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
+				h.ServeHTTP(w, q)
+				requests.Add(1)
+				denying.Store(true)
+			}))
+			t.Cleanup(srv.Close)
+			r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{FailStatus: tc.status, FailTimes: 1})
+			x := r.executor(func(c *executor.Config) { c.Policy, c.BaseURL = switchingDecider{allow, deny, denying}, srv.URL })
+			stepEndsAs(t, x, approved, tc.want, policy.ReasonDeniedByPolicy)
+			if n := requests.Load(); n != 1 {
+				t.Errorf("%d requests reached the tool; want 1 (none after the denying version)", n)
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != 0 {
+				t.Errorf("refund applied %d times; want 0", n)
+			}
+		})
 	}
 }
