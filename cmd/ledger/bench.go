@@ -790,16 +790,18 @@ func (e *benchEnv) run(ctx context.Context, r benchRun) (loadtest.RunReport, err
 		}
 		switch {
 		case i < firstExecutor:
-			args = append(args, "--crdb-dsn", dsn, "--executors", "0")
+			args = append(args, "--executors", "0")
 		case dsn != "":
-			args = append(args, "--crdb-dsn", dsn, "--executors", "1")
+			args = append(args, "--executors", "1")
 		default:
 			args = append(args, "--data-dir", dataDir, "--executors", strconv.Itoa(r.executors))
 		}
 		addr := addrs[0]
 		addrs = addrs[1:]
 		args = append(args, "--metrics-addr", addr)
-		n, err := startNode(r.binary, args, nodeKafkaEnv(e.g, e.embedded), filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
+		// The DSN in the environment (an empty one overrides any the
+		// bench inherited), as the Kafka settings.
+		n, err := startNode(r.binary, args, append(nodeKafkaEnv(e.g, e.embedded), storeEnv(dsn)), filepath.Join(e.dir, fmt.Sprintf("run%d-node%d.log", e.runs, i)))
 		if err != nil {
 			return loadtest.RunReport{}, err
 		}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -49,6 +50,10 @@ func TestMain(m *testing.M) {
 func TestBenchOnPostgres(t *testing.T) {
 	dsn := freshSchemaDSN(t)
 	t.Setenv(runMainEnv, "1")
+	// The ledger processes get the DSN, which may hold a password, in
+	// their environment: never on a command line, which every user of
+	// the host reads.
+	defer noChildArgument(t, dsnHost(t, dsn))()
 	dir := t.TempDir()
 	jsonOut, svgOut := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
 	chDSN, chDB := chtest.DSN(t), chtest.FreshDatabase(t)
@@ -816,5 +821,73 @@ func TestBelowEphemeral(t *testing.T) {
 	}
 	if lo, hi := belowEphemeral(filepath.Join(dir, "missing")); lo != 10000 || hi != 32768 {
 		t.Errorf("no range file: belowEphemeral = %d, %d; want 10000, 32768", lo, hi)
+	}
+}
+
+// dsnHost is the host and port of a URL DSN (a key=value DSN's host=
+// field), which every DSN derived from it names.
+func dsnHost(t *testing.T, dsn string) string {
+	t.Helper()
+	if !strings.Contains(dsn, "://") {
+		for f := range strings.FieldsSeq(dsn) {
+			if strings.HasPrefix(f, "host=") {
+				return f
+			}
+		}
+	}
+	u, err := url.Parse(dsn)
+	if err != nil || u.Host == "" {
+		t.Fatalf("test DSN %q: want a URL naming a host (%v)", dsn, err)
+	}
+	return u.Host
+}
+
+// noChildArgument watches the command lines of this process's children
+// until the function it returns is called, and then fails t if one held
+// needle.
+func noChildArgument(t *testing.T, needle string) (stop func()) {
+	t.Helper()
+	var (
+		seen = map[string]string{} // by pid
+		done = make(chan struct{})
+		over = make(chan struct{})
+	)
+	self := strconv.Itoa(os.Getpid())
+	look := func() {
+		stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+		for _, st := range stats {
+			b, err := os.ReadFile(st)
+			if err != nil {
+				continue // ended meanwhile
+			}
+			// pid (comm) state ppid ...: comm may hold spaces.
+			_, rest, _ := strings.Cut(string(b), ") ")
+			if f := strings.Fields(rest); len(f) < 2 || f[1] != self {
+				continue
+			}
+			cmdline, err := os.ReadFile(filepath.Join(filepath.Dir(st), "cmdline"))
+			if err == nil && strings.Contains(string(cmdline), needle) {
+				seen[filepath.Base(filepath.Dir(st))] = strings.ReplaceAll(string(cmdline), "\x00", " ")
+			}
+		}
+	}
+	go func() {
+		defer close(over)
+		for {
+			look()
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-over
+		for pid, cmdline := range seen {
+			t.Errorf("%d child processes' command lines held %q, such as %s's: %q", len(seen), needle, pid, cmdline)
+			break
+		}
 	}
 }

@@ -218,6 +218,7 @@ type chaosEnv struct {
 	dir      string
 	crashLog string
 	common   []string // flags every process gets
+	env      []string // the environment every process gets (storeEnv)
 	armed    atomic.Bool
 	paused   atomic.Int64
 	graceful atomic.Int64
@@ -357,7 +358,8 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		// LEDGER_KAFKA_GROUP_PREFIX the environment holds.
 		"--kafka-group-prefix", defaultGroupPrefix,
 	}
-	e.slots = chaosSlots(dir, f.executors, toolsURL, jwksFile, keyAddrs, []string{"--crdb-dsn", dsn, "--registry-dir", regDir})
+	e.env = []string{storeEnv(dsn)}
+	e.slots = chaosSlots(dir, f.executors, toolsURL, jwksFile, keyAddrs, []string{"--registry-dir", regDir})
 
 	fmt.Fprintf(progress, "chaos: %d executors, intake, reconciler; %g calls/s for %s (up to %s until every point is hit %d times); store %s; work dir %s\n",
 		f.executors, f.rate, f.duration, f.maxDuration, f.minCrashes, redactDSN(f.crdbDSN), dir)
@@ -687,6 +689,12 @@ func createSchemaDSN(ctx context.Context, dsn, schema string) (string, func() er
 	return out, drop, nil
 }
 
+// storeEnv is the environment entry that gives a child process the
+// store's DSN (its --crdb-dsn): never an argument, which every user of
+// the host reads (ps, /proc/<pid>/cmdline), and a DSN may hold a
+// password.
+func storeEnv(dsn string) string { return envName("crdb-dsn") + "=" + dsn }
+
 // withSearchPath returns dsn with its search_path set to schema, in place
 // of any it had: pgx reads the first of repeated URL parameters.
 func withSearchPath(dsn, schema string) (string, error) {
@@ -696,7 +704,8 @@ func withSearchPath(dsn, schema string) (string, error) {
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
-		return "", fmt.Errorf("store DSN: %w", err)
+		// Not wrapped: url's error quotes the DSN, password included.
+		return "", errors.New("store DSN: cannot parse it as a URL")
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
@@ -736,7 +745,7 @@ func writeRegistry(dir string, timeout time.Duration) error {
 // process that dies is started again.
 func (e *chaosEnv) supervise(ctx context.Context, s *chaosSlot) {
 	for n := 0; ctx.Err() == nil; n++ {
-		env := []string{failpoint.EnvLog + "=" + e.crashLog}
+		env := append(slices.Clone(e.env), failpoint.EnvLog+"="+e.crashLog)
 		point := ""
 		if e.f.minCrashes > 0 && e.armed.Load() && len(s.points) > 0 {
 			point = e.nextPoint(s)

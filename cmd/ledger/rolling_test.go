@@ -38,6 +38,8 @@ func runChaosCmd(t *testing.T, args ...string) chaosReport {
 	t.Helper()
 	dsn := freshSchemaDSN(t)
 	t.Setenv(runMainEnv, "1")
+	// As the bench's, chaos's processes get the DSN in their environment.
+	defer noChildArgument(t, dsnHost(t, dsn))()
 	dir := t.TempDir()
 	jsonOut := filepath.Join(dir, "chaos.json")
 	var out, progress strings.Builder
