@@ -1751,7 +1751,11 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	// the call's approved event, which says where a carried-over
 	// obligation came from.
 	c.tmpl.PolicyID, c.tmpl.PolicyVersion = d.PolicyIDs, d.Version
-	c.tmpl.Obligations = d.Obligations.Merge(carriedObligations(tmpl.Obligations)).List()
+	// Its rate limits are the ones the intake charged, not the re-check's,
+	// which charges nothing.
+	obl := d.Obligations
+	obl.RateLimits = nil
+	c.tmpl.Obligations = withRateLimits(obl.Merge(carriedObligations(tmpl.Obligations)).List(), tmpl.Obligations)
 	c.rechecked = &d
 	return nil
 }
@@ -2067,6 +2071,23 @@ func carriedObligations(list []string) policy.Obligations {
 		Sandbox:         slices.Contains(list, "sandbox"),
 		UndoUnknown:     slices.Contains(list, "undo_unknown"),
 	}
+}
+
+// withRateLimits puts the rate limits of carried (an approved call's
+// obligations as its approval recorded them) into list, where List puts
+// them: before sandbox and undo_unknown.
+func withRateLimits(list, carried []string) []string {
+	var rls []string
+	for _, o := range carried {
+		if strings.HasPrefix(o, "rate_limit:") {
+			rls = append(rls, o)
+		}
+	}
+	i := slices.IndexFunc(list, func(o string) bool { return o == "sandbox" || o == "undo_unknown" })
+	if i < 0 {
+		i = len(list)
+	}
+	return slices.Insert(list, i, rls...)
 }
 
 // releaseClaim releases the claim of a call that sent nothing, for the

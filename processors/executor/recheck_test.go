@@ -372,12 +372,14 @@ func (s *failingReleases) Release(ctx context.Context, rs []processors.Release) 
 // masked stays masked in the stored result, while the events record the
 // re-check's policy and version with both decisions' obligations. Before,
 // the re-check's obligations replaced the approval's: the refund's id was
-// stored in the clear, and undo_unknown was lost.
+// stored in the clear, and undo_unknown was lost. The rate limits named
+// are the approval-time decision's, which the intake charged: before,
+// the re-check's were named, never charged, and the charged one dropped.
 func TestRecheckKeepsTheApprovalsObligations(t *testing.T) {
-	engine := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds-v2") @mask("currency")
+	engine := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds-v2") @mask("currency") @rate_limit("5/h")
 permit (principal, action == Action::"tool::refund_order", resource);`))
 	r := newRig(t)
-	ev, approved := r.admitApproved("km", time.Now().Add(time.Hour), "", "require_approval", "mask:refund_id", "undo_unknown")
+	ev, approved := r.admitApproved("km", time.Now().Add(time.Hour), "", "require_approval", "mask:refund_id", "rate_limit:20/m", "undo_unknown")
 	out, err := r.executor(func(c *executor.Config) { c.Policy = engine }).Step(t.Context(), []*kgo.Record{approved})
 	if err != nil {
 		t.Fatal(err)
@@ -386,7 +388,9 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 	if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
 		t.Fatalf("events (-want +got):\n%s", diff)
 	}
-	want := []string{"require_approval", "mask:currency", "mask:refund_id", "undo_unknown"}
+	// The rate limit is the one the intake charged, not the re-check's
+	// (which charges nothing).
+	want := []string{"require_approval", "mask:currency", "mask:refund_id", "rate_limit:20/m", "undo_unknown"}
 	// The re-check's allow is a decision of the version in force, on the
 	// executing event alone: "what did v41 allow" finds the call.
 	if evs[0].Decision != "allow" || evs[1].Decision != "" {
