@@ -1750,14 +1750,21 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	// and its ids are that set's policies; the approval-time ones stay on
 	// the call's approved event, which says where a carried-over
 	// obligation came from.
+	c.recheckedBy(d)
+	return nil
+}
+
+// recheckedBy records d, the policies' decision that lets an approved call
+// run (at its start, and again before each retry), on the call's events:
+// its policy ids and version, and the union of its obligations with those
+// recorded so far (see recheckApproval). Its rate limits are the ones the
+// intake charged, not the re-check's, which charges nothing.
+func (c *completion) recheckedBy(d policy.Decision) {
 	c.tmpl.PolicyID, c.tmpl.PolicyVersion = d.PolicyIDs, d.Version
-	// Its rate limits are the ones the intake charged, not the re-check's,
-	// which charges nothing.
 	obl := d.Obligations
 	obl.RateLimits = nil
-	c.tmpl.Obligations = withRateLimits(obl.Merge(carriedObligations(tmpl.Obligations)).List(), tmpl.Obligations)
+	c.tmpl.Obligations = withRateLimits(obl.Merge(carriedObligations(c.tmpl.Obligations)).List(), c.tmpl.Obligations)
 	c.rechecked = &d
-	return nil
 }
 
 // approvedCaller is who asks for an approved call, decided again: who
@@ -1771,15 +1778,24 @@ func approvedCaller(rec processors.Record, tmpl ledger.Event) policy.Caller {
 
 // stillAllowed decides an approved call again before a retry, with the
 // policies in force (the control copy was just found current): nil when
-// they allow it, else the request is held back with their decision. The
-// stored arguments were checked at the call's start.
-func (x *Executor) stillAllowed(ctx context.Context, tool *schemas.Tool, rec processors.Record, tmpl ledger.Event) *heldBack {
+// they allow it (their decision is then the one the call's events record,
+// and whose masks its result gets), else the request is held back with
+// their decision. A decision that says nothing of the call (the engine
+// stalled, or has no set while an activation's files are on their way)
+// is no denial: the retry goes under the decision its start made, where
+// holding it back would end, for good, an approved call no policy denied.
+// The stored arguments were checked at the call's start.
+func (x *Executor) stillAllowed(ctx context.Context, c *completion, tool *schemas.Tool, rec processors.Record, tmpl ledger.Event) *heldBack {
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
 		return &heldBack{why: ReasonArgumentIntegrity, decision: &policy.Decision{Reason: ReasonArgumentIntegrity, Detail: "the stored arguments do not decode"}}
 	}
 	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, approvedCaller(rec, tmpl), args, tmpl.Channel, x.cfg.Now()))
-	if d.Allow {
+	switch {
+	case d.Allow:
+		c.recheckedBy(d)
+		return nil
+	case d.Transient():
 		return nil
 	}
 	return &heldBack{why: d.Reason, decision: &d}
@@ -2391,7 +2407,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	// leaves (the first attempt's decision is recheckApproval's, just
 	// made).
 	if attempt > 1 && c.rechecked != nil {
-		if hb := x.stillAllowed(ctx, tool, rec, tmpl); hb != nil {
+		if hb := x.stillAllowed(ctx, c, tool, rec, tmpl); hb != nil {
 			return httptool.Response{}, hb
 		}
 	}

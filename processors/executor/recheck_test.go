@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -745,57 +744,108 @@ func stepGivesBack(t *testing.T, r *rig, x *executor.Executor, rec *kgo.Record, 
 	}
 }
 
-// switchingDecider decides as allow until deny is set, then as deny: a
+// switchingDecider decides as first until then is set, then as then: a
 // version activated between two attempts of an approved call.
 type switchingDecider struct {
-	allow, deny executor.Decider
-	denying     *atomic.Bool
+	first, then executor.Decider
+	switched    *atomic.Bool
 }
 
 func (s switchingDecider) Decide(ctx context.Context, r policy.Request) policy.Decision {
-	if s.denying.Load() {
-		return s.deny.Decide(ctx, r)
+	if s.switched.Load() {
+		return s.then.Decide(ctx, r)
 	}
-	return s.allow.Decide(ctx, r)
+	return s.first.Decide(ctx, r)
 }
 
-// A version activated during a retry's backoff that denies an approved
-// call stops its retry, as an approval lapsing then does: after an answer
-// that says the tool did nothing (429), the call fails, code
-// denied_by_policy; after a 5xx, its outcome is unknown. Before, the
-// policies were asked at the call's start alone, and the retry went out
-// under the version the activation had replaced.
-func TestPoliciesDenyingBeforeARetry(t *testing.T) {
+// unavailable is an engine with no set to decide with (an activation
+// whose files have not reached this executor yet).
+type unavailable struct{}
+
+func (unavailable) Decide(context.Context, policy.Request) policy.Decision {
+	return policy.Decision{Reason: policy.ReasonUnavailable}
+}
+
+// An approved call is decided again with the policies in force before
+// each retry. A version activated during a retry's backoff that denies it
+// stops the retry, as an approval lapsing then does: after an answer that
+// says the tool did nothing (429), the call fails, code denied_by_policy;
+// after a 5xx, its outcome is unknown. One that allows it decides it: the
+// events name it, and its masks hide the result. An engine that cannot
+// decide then denies nothing: the retry goes under the start's decision.
+// Before, the policies were asked at the call's start alone, and the
+// retry went out under the version the activation had replaced.
+func TestPoliciesDecideEachRetry(t *testing.T) {
 	allow := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
 	deny := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("no-refunds") forbid (principal, action == Action::"tool::refund_order", resource);
 @id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
+	masking := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds-v2") @mask("currency") permit (principal, action == Action::"tool::refund_order", resource);`))
 	for _, tc := range []struct {
-		status int
-		want   []string
+		name     string
+		then     executor.Decider
+		status   int
+		want     []string
+		code     string
+		requests int64
+		applied  int
+		version  string // the events', when it succeeds
 	}{
-		{http.StatusTooManyRequests, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}},
-		{http.StatusServiceUnavailable, []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}},
+		{"denied after 429", deny, http.StatusTooManyRequests, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, policy.ReasonDeniedByPolicy, 1, 0, ""},
+		{"denied after 503", deny, http.StatusServiceUnavailable, []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, policy.ReasonDeniedByPolicy, 1, 0, ""},
+		{"allowed with a mask", masking, http.StatusTooManyRequests, []string{"executing", "succeeded"}, "", 2, 1, masking.Active().Version()},
+		{"undecided", unavailable{}, http.StatusTooManyRequests, []string{"executing", "succeeded"}, "", 2, 1, allow.Active().Version()},
 	} {
-		t.Run(strconv.Itoa(tc.status), func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
-			_, approved := r.admitApproved("kp", time.Now().Add(time.Hour), "")
-			denying := new(atomic.Bool)
+			ev, approved := r.admitApproved("kp", time.Now().Add(time.Hour), "")
+			switched := new(atomic.Bool)
 			requests := new(atomic.Int64)
 			h := r.backend.Handler()
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, q *http.Request) {
 				h.ServeHTTP(w, q)
 				requests.Add(1)
-				denying.Store(true)
+				switched.Store(true)
 			}))
 			t.Cleanup(srv.Close)
 			r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{FailStatus: tc.status, FailTimes: 1})
-			x := r.executor(func(c *executor.Config) { c.Policy, c.BaseURL = switchingDecider{allow, deny, denying}, srv.URL })
-			stepEndsAs(t, x, approved, tc.want, policy.ReasonDeniedByPolicy)
-			if n := requests.Load(); n != 1 {
-				t.Errorf("%d requests reached the tool; want 1 (none after the denying version)", n)
+			x := r.executor(func(c *executor.Config) { c.Policy, c.BaseURL = switchingDecider{allow, tc.then, switched}, srv.URL })
+			out, err := x.Step(t.Context(), []*kgo.Record{approved})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != 0 {
-				t.Errorf("refund applied %d times; want 0", n)
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
+				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			if got := evs[len(evs)-1].ErrorCode; got != tc.code {
+				t.Errorf("error code %q; want %q", got, tc.code)
+			}
+			if n := requests.Load(); n != tc.requests {
+				t.Errorf("%d requests reached the tool; want %d", n, tc.requests)
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != tc.applied {
+				t.Errorf("refund applied %d times; want %d", n, tc.applied)
+			}
+			if tc.version == "" {
+				return
+			}
+			for _, e := range evs {
+				if e.PolicyVersion != tc.version {
+					t.Errorf("%s event decided at %s; want %s, the decision that let the retry leave", e.Type, e.PolicyVersion, tc.version)
+				}
+			}
+			rec, err := r.store.Get(t.Context(), ev.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var res struct {
+				Content map[string]any `json:"content"`
+			}
+			if err := json.Unmarshal(rec.Result, &res); err != nil {
+				t.Fatal(err)
+			}
+			if masked := res.Content["currency"] == ledger.Redacted; masked != (tc.then == masking) {
+				t.Errorf("stored result's currency %v; want masked: %v", res.Content["currency"], tc.then == masking)
 			}
 		})
 	}
