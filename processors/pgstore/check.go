@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -159,18 +160,18 @@ type txBeginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
-// resolveSchemaSQL is the schema where the execution store's tables are
-// (the table named by $1): the first schema of the search_path that holds
-// it, as an unqualified SELECT or UPDATE would find it; else, where a
-// CREATE TABLE would put it, current_schema(); NULL when the search_path
-// names no schema that exists. The two differ once a schema is added
+// resolveSchemaSQL is where the execution store's tables are (the table
+// named by $1): the first schema of the search_path that holds it, as an
+// unqualified SELECT or UPDATE would find it, NULL when none does; and
+// where a CREATE TABLE would put it, current_schema(), NULL when the
+// search_path names no schema that exists. The two differ once a schema is added
 // ahead of the tables' (a schema named as the user, "$user" leading the
 // default search_path): CREATE TABLE IF NOT EXISTS would then make empty
 // tables there, which new connections would read while older ones kept
 // the real ones, and calls already done would be admitted and run again.
-const resolveSchemaSQL = `SELECT COALESCE((SELECT p.s FROM unnest(current_schemas(false)) WITH ORDINALITY AS p (s, i)
+const resolveSchemaSQL = `SELECT (SELECT p.s FROM unnest(current_schemas(false)) WITH ORDINALITY AS p (s, i)
 WHERE EXISTS (SELECT 1 FROM information_schema.tables t WHERE t.table_schema = p.s AND t.table_name = $1)
-ORDER BY p.i LIMIT 1), current_schema())`
+ORDER BY p.i LIMIT 1), current_schema()`
 
 // readSchema reads the schema of schema ("": where the tables are, as
 // resolveSchemaSQL finds them) in a READ ONLY transaction on db. It reads only the
@@ -215,11 +216,11 @@ func readSchemaOnce(ctx context.Context, db txBeginner, schema string, cockroach
 
 	st.Schema = schema
 	if st.Schema == "" {
-		var cur pgtype.Text
-		if err := tx.QueryRow(ctx, resolveSchemaSQL, tableName).Scan(&cur); err != nil {
+		var found, cur pgtype.Text
+		if err := tx.QueryRow(ctx, resolveSchemaSQL, tableName).Scan(&found, &cur); err != nil {
 			return st, fmt.Errorf("pgstore: check schema: resolve the tables' schema: %w", err)
 		}
-		st.Schema = cur.String
+		st.Schema = cmp.Or(found.String, cur.String)
 	}
 	tables := slices.Sorted(maps.Keys(checkedColumns))
 	have := make(map[string]map[string]bool)

@@ -157,6 +157,38 @@ func TestTablesStayWhereTheSearchPathFindsThem(t *testing.T) {
 	}
 }
 
+// A store that does not migrate (ledger api's results, read only), opened
+// before the tables are made, finds them where they are made: it names
+// them unqualified, as the search_path finds them at each statement.
+// Pinned to current_schema() at Open, it would read a schema that never
+// gets them (one named as its user, leading the search_path), until
+// restarted.
+func TestStoreOpenedBeforeItsTablesFindsThem(t *testing.T) {
+	dsn := testDSN(t)
+	tables, ahead := newSchema(t, dsn), newSchema(t, dsn)
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(t.Context())
+	for _, sch := range []string{ahead, tables} {
+		if _, err := conn.Exec(t.Context(), "CREATE SCHEMA "+pgx.Identifier{sch}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ro := open(t, Config{DSN: dsn + sep(dsn) + "search_path=" + ahead + "," + tables, SkipMigrate: true})
+	defer ro.Close()
+	s := open(t, Config{DSN: dsn, Schema: tables})
+	defer s.Close()
+	done := processors.Admission{Key: ledger.CallKey{TenantID: "t_a", IdempotencyKey: "k1"}, CallID: "c", ArgumentsHash: "h", Tool: "x", Status: processors.StatusAuthorized, Seq: 2, Outbox: []byte("[]")}
+	if _, err := s.Admit(t.Context(), []processors.Admission{done}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := ro.Get(t.Context(), done.Key); err != nil || rec.CallID != "c" {
+		t.Errorf("the call read through a store opened before its tables were made: %+v, %v; want it found", rec, err)
+	}
+}
+
 func sep(dsn string) string {
 	if !strings.Contains(dsn, "://") {
 		return " "

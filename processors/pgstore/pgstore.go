@@ -263,12 +263,19 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		// Resolved once, and every statement named by it: DDL and DML
 		// resolve an unqualified name each its own way (see
 		// resolveSchemaSQL).
-		var found pgtype.Text
-		if err := pool.QueryRow(ctx, resolveSchemaSQL, tableName).Scan(&found); err != nil {
+		var found, cur pgtype.Text
+		if err := pool.QueryRow(ctx, resolveSchemaSQL, tableName).Scan(&found, &cur); err != nil {
 			pool.Close()
 			return nil, fmt.Errorf("pgstore: resolve the tables' schema: %w", err)
 		}
-		schema = found.String // "" (unqualified) when no schema of the search_path exists
+		schema = found.String
+		if schema == "" && !cfg.SkipMigrate {
+			// Migrate creates them there. A store that does not
+			// migrate, opened before the tables are made (ledger api's
+			// results, read only), names them unqualified: pinned to
+			// current_schema(), it would miss them made elsewhere.
+			schema = cur.String
+		}
 	}
 	if schema != "" {
 		s.schema, s.schemaName, s.ownSchema = pgx.Identifier{schema}.Sanitize(), schema, own
