@@ -403,22 +403,13 @@ permit (principal, action == Action::"tool::refund_order", resource);`))
 			t.Errorf("%s event decided by %v at %s; want [refunds-v2] at %s (the re-check's)", e.Type, e.PolicyID, e.PolicyVersion, engine.Active().Version())
 		}
 	}
-	rec, err := r.store.Get(t.Context(), ev.Key())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var res struct {
-		Content map[string]any `json:"content"`
-	}
-	if err := json.Unmarshal(rec.Result, &res); err != nil {
-		t.Fatal(err)
-	}
+	content := r.storedContent(ev.Key())
 	for _, f := range []string{"refund_id", "currency"} {
-		if v := res.Content[f]; v != ledger.Redacted {
+		if v := content[f]; v != ledger.Redacted {
 			t.Errorf("stored result's %s is %v; want %q", f, v, ledger.Redacted)
 		}
 	}
-	if v := res.Content["order_id"]; v != "ord_1" {
+	if v := content["order_id"]; v != "ord_1" {
 		t.Errorf("stored result's order_id is %v; want ord_1 (no policy masks it)", v)
 	}
 }
@@ -834,19 +825,26 @@ func TestPoliciesDecideEachRetry(t *testing.T) {
 					t.Errorf("%s event decided at %s; want %s, the decision that let the retry leave", e.Type, e.PolicyVersion, tc.version)
 				}
 			}
-			rec, err := r.store.Get(t.Context(), ev.Key())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var res struct {
-				Content map[string]any `json:"content"`
-			}
-			if err := json.Unmarshal(rec.Result, &res); err != nil {
-				t.Fatal(err)
-			}
-			if masked := res.Content["currency"] == ledger.Redacted; masked != (tc.then == masking) {
-				t.Errorf("stored result's currency %v; want masked: %v", res.Content["currency"], tc.then == masking)
+			content := r.storedContent(ev.Key())
+			if masked := content["currency"] == ledger.Redacted; masked != (tc.then == masking) {
+				t.Errorf("stored result's currency %v; want masked: %v", content["currency"], tc.then == masking)
 			}
 		})
 	}
+}
+
+// storedContent is the content of the result the store holds under key.
+func (r *rig) storedContent(key ledger.CallKey) map[string]any {
+	r.t.Helper()
+	rec, err := r.store.Get(r.t.Context(), key)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var res struct {
+		Content map[string]any `json:"content"`
+	}
+	if err := json.Unmarshal(rec.Result, &res); err != nil {
+		r.t.Fatal(err)
+	}
+	return res.Content
 }
