@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"path"
@@ -27,6 +28,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v5"
 )
 
 // files holds the envelope schema and the demo registry.
@@ -134,6 +137,9 @@ func loadFile(fsys fs.FS, name string) (*Tool, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := unambiguous(data); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidTool, err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var t Tool
@@ -195,6 +201,9 @@ func inputSchemaDoc(raw json.RawMessage, id string) ([]byte, error) {
 	if ptr != "" {
 		return nil, fmt.Errorf(`the schema at %s lets objects through open: an object schema must say "additionalProperties": false (or give the schema of the members it allows), and a property's or an item's schema what it is (a type, enum, const or $ref; {}, true or annotations alone admit any object, as does an array without items): an object inside the arguments is as strict as the top level`, ptr)
 	}
+	if ptr, why := unasserted(m, ""); ptr != "" {
+		return nil, fmt.Errorf("the schema at %s %s", ptr, why)
+	}
 	m["$id"] = id
 	return json.Marshal(m)
 }
@@ -226,6 +235,150 @@ var (
 // annotationKeywords change nothing a schema accepts: a schema of only
 // these accepts anything, as true does.
 var annotationKeywords = []string{"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
+
+// assertedKeywords are the keywords of JSON Schema 2020-12 a registry
+// schema may use, besides annotationKeywords: those the validator applies
+// (the core, applicator, unevaluated, validation and format vocabularies;
+// the definitions and dependencies of draft 7, which it still applies),
+// and "x-" extensions, which say they check nothing. Any other passes the
+// meta-schema and is ignored: a misspelt "maxlenght" would check
+// nothing. The content vocabulary is not asserted (contentEncoding,
+// contentMediaType, contentSchema), so it is refused too.
+var assertedKeywords = map[string]bool{
+	"$schema": true, "$id": true, "$ref": true, "$anchor": true, "$dynamicRef": true, "$dynamicAnchor": true, "$vocabulary": true, "$defs": true, "definitions": true,
+	"prefixItems": true, "items": true, "contains": true, "additionalProperties": true, "properties": true, "patternProperties": true,
+	"dependentSchemas": true, "dependencies": true, "propertyNames": true, "if": true, "then": true, "else": true,
+	"allOf": true, "anyOf": true, "oneOf": true, "not": true, "unevaluatedItems": true, "unevaluatedProperties": true,
+	"type": true, "const": true, "enum": true, "multipleOf": true, "maximum": true, "exclusiveMaximum": true, "minimum": true,
+	"exclusiveMinimum": true, "maxLength": true, "minLength": true, "pattern": true, "maxItems": true, "minItems": true,
+	"uniqueItems": true, "maxContains": true, "minContains": true, "maxProperties": true, "minProperties": true,
+	"required": true, "dependentRequired": true, "format": true,
+}
+
+// unasserted returns the JSON pointer of the first keyword in schema (at
+// ptr) that would check nothing, and why, or "" if there is none: one
+// that is not a keyword (assertedKeywords), or a format the validator
+// does not know (it asserts the formats of jsonschema.Formats and passes
+// any other: "int32" or "idn-email" would let anything through).
+func unasserted(schema any, ptr string) (string, string) {
+	m, ok := schema.(map[string]any)
+	if !ok {
+		return "", ""
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		kp := ptr + "/" + escapeToken(k)
+		switch {
+		case k == "format":
+			if f, _ := m[k].(string); jsonschema.Formats[f] == nil {
+				return kp, fmt.Sprintf("names a format the validator does not check (%q): it would let any value through; use pattern, or one of %s", f, strings.Join(slices.Sorted(maps.Keys(jsonschema.Formats)), ", "))
+			}
+		case strings.HasPrefix(k, "x-") || slices.Contains(annotationKeywords, k):
+		case !assertedKeywords[k]:
+			return kp, "is no keyword of JSON Schema 2020-12 the validator applies (content keywords included): it would check nothing; schemas a $ref names go under $defs, and an extension that checks nothing is named x-..."
+		}
+	}
+	subs := func(v any, p string) (string, string) { return unasserted(v, p) }
+	for _, k := range slices.Concat(memberKeywords, sameInstanceKeywords, evaluatingKeywords, []string{"not"}) {
+		if p, why := subs(m[k], ptr+"/"+k); p != "" {
+			return p, why
+		}
+	}
+	for _, k := range slices.Concat(memberListKeywords, sameInstanceListKeywords) {
+		list, _ := m[k].([]any)
+		for i, sub := range list {
+			if p, why := subs(sub, fmt.Sprintf("%s/%s/%d", ptr, k, i)); p != "" {
+				return p, why
+			}
+		}
+	}
+	for _, k := range slices.Concat(memberTableKeywords, evaluatingTableKeywords) {
+		table, _ := m[k].(map[string]any)
+		for _, name := range slices.Sorted(maps.Keys(table)) {
+			if p, why := subs(table[name], ptr+"/"+k+"/"+escapeToken(name)); p != "" {
+				return p, why
+			}
+		}
+	}
+	return "", ""
+}
+
+// unambiguous refuses a registry file that names a member twice in one
+// object, or in two spellings that differ only in case: encoding/json
+// takes the last and matches field names without regard to case, so a
+// reviewer reading the first "risk" would not see the "Risk" that loads.
+// Envelopes are refused so too (ledger.Decode).
+func unambiguous(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	// One level per open object or array: an object's names so far (by
+	// their folded spelling) and the member being read; an array's
+	// next index.
+	type level struct {
+		names  map[string]string
+		member string
+		value  bool // the member's name read, its value next
+		index  int
+	}
+	var stack []*level
+	pointer := func() string {
+		var b strings.Builder
+		for _, l := range stack[:len(stack)-1] {
+			if l.names != nil {
+				b.WriteString("/" + escapeToken(l.member))
+			} else {
+				fmt.Fprintf(&b, "/%d", l.index-1)
+			}
+		}
+		return cmp.Or(b.String(), "/")
+	}
+	// valued notes that the current level read a value.
+	valued := func() {
+		if len(stack) == 0 {
+			return
+		}
+		if l := stack[len(stack)-1]; l.names != nil {
+			l.value = false
+		} else {
+			l.index++
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if len(stack) > 0 {
+			if l := stack[len(stack)-1]; l.names != nil && !l.value {
+				if name, ok := tok.(string); ok {
+					folded := strings.ToLower(name)
+					if first, dup := l.names[folded]; dup {
+						if first == name {
+							return fmt.Errorf("the object at %s names %q twice: the last would be taken", pointer(), name)
+						}
+						return fmt.Errorf("the object at %s names %q and %q, which differ only in case: the last would be taken", pointer(), first, name)
+					}
+					l.names[folded], l.member, l.value = name, name, true
+					continue
+				}
+			}
+		}
+		switch tok {
+		case json.Delim('{'):
+			valued()
+			stack = append(stack, &level{names: map[string]string{}})
+		case json.Delim('['):
+			valued()
+			stack = append(stack, &level{})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		default:
+			valued()
+		}
+	}
+}
 
 // instance is what openObject knows of the instance a schema describes
 // from the schemas of it it was reached through (a branch's parent).

@@ -305,6 +305,28 @@ func TestLoadErrors(t *testing.T) {
 			wantIn: []string{"tools/t.v1.json", "names nothing"}, invalid: true},
 		{name: "schema external ref", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"$ref": "file:///etc/passwd"}`)},
 			wantIn: []string{"tools/t.v1.json", "external $ref"}, invalid: true},
+		// Keywords that would check nothing: a format the validator does
+		// not know, a misspelt keyword, the content vocabulary (not
+		// asserted), deep inside the schema too. Before, each loaded and
+		// let any value through.
+		{name: "format not checked", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "string", "format": "idn-email"}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/format", `format the validator does not check ("idn-email")`}, invalid: true},
+		{name: "format of another spec", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "integer", "format": "int32"}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/format", `"int32"`}, invalid: true},
+		{name: "misspelt keyword", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "string", "maxlenght": 3}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/maxlenght", "no keyword"}, invalid: true},
+		{name: "content keyword", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "string", "contentEncoding": "base64"}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/contentEncoding", "no keyword"}, invalid: true},
+		{name: "misspelt keyword in a branch", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"anyOf": [{"type": "string", "minimun": 1}, {"type": "null"}]}`)},
+			wantIn: []string{"tools/t.v1.json", "/properties/x/anyOf/0/minimun"}, invalid: true},
+		// A member named twice, or in two cases: encoding/json took the
+		// last, which a reviewer reading the first would not see.
+		{name: "member named twice", files: map[string]string{"tools/t.v1.json": sub(`"effect"`, `"risk": "low", "effect"`)},
+			wantIn: []string{"tools/t.v1.json", `the object at / names "risk" twice`}, invalid: true},
+		{name: "member in another case", files: map[string]string{"tools/t.v1.json": sub(`"effect"`, `"Risk": "low", "effect"`)},
+			wantIn: []string{"tools/t.v1.json", `the object at / names "Risk" and "risk", which differ only in case`}, invalid: true},
+		{name: "schema member named twice", files: map[string]string{"tools/t.v1.json": sub(`{"type": "string"}`, `{"type": "string", "maxLength": 3, "maxLength": 300}`)},
+			wantIn: []string{"tools/t.v1.json", `the object at /input_schema/properties/x names "maxLength" twice`}, invalid: true},
 		{name: "compensation unknown", files: map[string]string{"tools/t.v1.json": sub(`"effect"`, `"compensation": {"tool": "undo_t", "version": 1}, "effect"`)},
 			wantIn: []string{"tools/t.v1.json", "compensation", "undo_t"}},
 	}
