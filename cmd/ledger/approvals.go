@@ -347,7 +347,7 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			reg, err := rf.registry.load()
+			reg, err := rf.registry.load(logger)
 			if err != nil {
 				return err
 			}

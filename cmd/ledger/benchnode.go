@@ -77,7 +77,7 @@ func runBenchNode(ctx context.Context, g *globals, f *benchNodeFlags) error {
 		}
 		defer stopProfile()
 	}
-	reg, err := f.roles.registry.load()
+	reg, err := f.roles.registry.load(nil) // the bench's own demo tools
 	if err != nil {
 		return err
 	}

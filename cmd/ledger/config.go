@@ -192,11 +192,24 @@ func (r *registryFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&r.dir, "registry-dir", "", "directory holding tools/<name>.v<version>.json (default: the built-in demo registry)")
 }
 
-func (r *registryFlags) load() (*schemas.Registry, error) {
-	if r.dir == "" {
-		return schemas.Demo()
+// load loads the registry; logger, when not nil, is told when it is the
+// built-in demo's: the processes of a deployment decide and run each call
+// by the definitions of their own registries, and one left on the demo's
+// runs another definition under the same name and version (an
+// idempotency its backend does not have, another schema).
+func (r *registryFlags) load(logger *slog.Logger) (*schemas.Registry, error) {
+	if r.dir != "" {
+		return schemas.Load(os.DirFS(r.dir))
 	}
-	return schemas.Load(os.DirFS(r.dir))
+	reg, err := schemas.Demo()
+	if err == nil && logger != nil {
+		var names []string
+		for _, t := range reg.Tools() {
+			names = append(names, fmt.Sprintf("%s.v%d", t.Name, t.Version))
+		}
+		logger.Warn("no --registry-dir: the built-in demo registry's tools are in force; every process of a deployment must load the same registry, or a call is checked by one definition and run by another", "tools", strings.Join(names, ","))
+	}
+	return reg, err
 }
 
 func instanceID() string {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"io"
+	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -116,5 +118,27 @@ func TestEnvListFlagOnce(t *testing.T) {
 	}
 	if got != "[a:1,b:2]" {
 		t.Errorf("--kafka-brokers from LEDGER_KAFKA_BROKERS=a:1,b:2: %s; want [a:1,b:2]", got)
+	}
+}
+
+// A role left without --registry-dir says, at Warn, that the built-in demo
+// registry's tools are in force, naming them: its calls are checked or run
+// by the demo's definitions, whatever the other processes load. Before, it
+// loaded them without a word. A registry directory given is loaded quietly.
+func TestRegistryFallbackIsSaid(t *testing.T) {
+	var logs strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	if _, err := (&registryFlags{}).load(logger); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "built-in demo registry") || !strings.Contains(got, "refund_order.v1") {
+		t.Errorf("log of a registry left to the demo's:\n%s\nwant a warning naming its tools", got)
+	}
+	logs.Reset()
+	if _, err := (&registryFlags{dir: filepath.Join("..", "..", "schemas")}).load(logger); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.String(); got != "" {
+		t.Errorf("log of a registry directory given: %q; want nothing", got)
 	}
 }

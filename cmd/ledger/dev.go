@@ -154,7 +154,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 
-	reg, err := f.roles.registry.load()
+	reg, err := f.roles.registry.load(nil) // dev's demo tools are the point
 	if err != nil {
 		return err
 	}

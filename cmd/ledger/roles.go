@@ -353,7 +353,7 @@ func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build fun
 	rf.controlsCtx, stopControls = context.WithCancel(context.WithoutCancel(ctx))
 	defer stopControls()
 	logger := g.logger()
-	reg, err := rf.registry.load()
+	reg, err := rf.registry.load(logger)
 	if err != nil {
 		return err
 	}
