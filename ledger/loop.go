@@ -689,7 +689,21 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		}
 		// End flushes, then commits only if every produce succeeded,
 		// the group did not rebalance, and the offsets committed.
-		committed, err := sess.End(ctx, kgo.TransactionEndTry(failed == nil))
+		var committed bool
+		if failed == nil && len(sess.Client().UncommittedOffsets()) == 0 {
+			// No offsets to commit: records alone (an executor's
+			// outcomes of calls that ended after their step, on an
+			// idle poll). The session's End would take the missing
+			// offset commit's answer for an old broker's and hold the
+			// loop 500 ms after the commit, to shelter offsets this
+			// transaction does not carry; nor does a rebalance meanwhile
+			// concern them (a revoke during it is still seen by the next
+			// End, which aborts as it would have). The transaction is
+			// ended by the client, at once.
+			committed, err = endRecordsOnly(ctx, sess.Client())
+		} else {
+			committed, err = sess.End(ctx, kgo.TransactionEndTry(failed == nil))
+		}
 		txnDur := time.Since(t0) - stepDur
 		l.txnTime.Add(int64(txnDur))
 		if err != nil {
@@ -919,4 +933,17 @@ func jitter(d time.Duration) time.Duration {
 		return 0
 	}
 	return d/2 + rand.N(d/2+1)
+}
+
+// endRecordsOnly ends a transaction that commits no offsets, as
+// GroupTransactSession.End would with TryCommit: an answer that says the
+// commit was not made, or leaves it unconfirmed, is followed by an abort,
+// and reported as not committed (the step is abandoned, its records made
+// again).
+func endRecordsOnly(ctx context.Context, cl *kgo.Client) (committed bool, err error) {
+	err = cl.EndTransaction(ctx, kgo.TryCommit)
+	if errors.Is(err, kerr.OperationNotAttempted) || errors.Is(err, kerr.TransactionAbortable) || errors.Is(err, kerr.UnknownServerError) {
+		return false, cl.EndTransaction(ctx, kgo.TryAbort)
+	}
+	return err == nil, err
 }

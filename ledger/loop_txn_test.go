@@ -1565,3 +1565,55 @@ func TestLoopErrStopEndsRun(t *testing.T) {
 		}
 	}
 }
+
+// A transaction that carries records and no offsets (an executor's
+// outcomes of calls that ended after their step, recorded on an idle
+// poll) ends at once. Before, the session's End took the offset commit it
+// skipped for an old broker's answer and held the loop 500 ms after the
+// commit, which franz-go logs at debug: in every such transaction, no step
+// ran and nothing was polled for half a second.
+func TestLoopRecordsOnlyTransactionDoesNotWait(t *testing.T) {
+	k := faultableKafka(t)
+	var kafkaLog ledgertest.LogBuffer
+	var later atomic.Bool
+	committed := make(chan struct{})
+	loop, err := ledger.NewLoop(ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("late"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "late-1", Tick: 50 * time.Millisecond,
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond), kgo.WithLogger(kgo.BasicLogger(&kafkaLog, kgo.LogLevelDebug, nil))},
+	}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		var out ledger.Output
+		switch {
+		case len(recs) > 0:
+			for _, r := range recs {
+				out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+			}
+			later.Store(true)
+		case later.Swap(false):
+			out.Records = []*kgo.Record{{Topic: k.Topics.Events, Key: []byte("late"), Value: []byte("outcome")}}
+			out.Committed = func(context.Context) error {
+				close(committed)
+				return nil
+			}
+		}
+		return out, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	publishRequests(t, k, 1)
+	select {
+	case <-committed:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the transaction of records alone did not commit")
+	}
+	for _, line := range kafkaLog.Lines() {
+		if strings.Contains(line, "sleeping 500ms") {
+			t.Errorf("the loop waited after a transaction of records alone, as franz-go says: %s", line)
+		}
+	}
+}
