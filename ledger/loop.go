@@ -513,6 +513,11 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	// reported are the partitions whose deleted records this session
 	// reported already, by the offset it resumed from.
 	reported := make(map[gap]bool)
+	// read is, by partition, the offset after the last record this
+	// session polled, since it last resumed from the group's committed
+	// offsets (an abort rewinds to them, and so does an assignment);
+	// readSince is the assignment it holds for.
+	read, readSince := make(map[topicPartition]int64), l.assigned.Load()
 	// poll returns up to n records, waiting until deadline for the
 	// first.
 	poll := func(deadline time.Time, n int) ([]*kgo.Record, error) {
@@ -540,7 +545,11 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 				dropped = fmt.Errorf("%w: %s/%d: %w", errPartitionDropped, t, p, err)
 			}
 		})
-		l.checkDeleted(sess.Client(), fetches, reported)
+		if a := l.assigned.Load(); a != readSince {
+			clear(read)
+			readSince = a
+		}
+		l.checkDeleted(sess.Client(), fetches, reported, read)
 		if dropped != nil {
 			// franz-go goes on without a partition whose committed
 			// offset it could not fetch (an authorization error, a
@@ -600,6 +609,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
 				return fmt.Errorf("abort after step failure: %w", err)
 			}
+			clear(read) // rewound to the committed offsets
 			held = 0
 			select {
 			case <-ctx.Done():
@@ -716,6 +726,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			return fmt.Errorf("produce: %w", failed)
 		}
 		if !committed {
+			clear(read) // rewound to the committed offsets
 			abandon()
 			// The abort rewound the session to the committed offsets:
 			// the held batches come again too.
@@ -788,6 +799,12 @@ func (l *Loop) skipBatch(cl *kgo.Client, e *kgo.ErrDecompressTooLarge) skippedBa
 	return sb
 }
 
+// topicPartition names a partition.
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
 // gap is a partition's run of deleted records, by where it starts.
 type gap struct {
 	topic     string
@@ -799,19 +816,28 @@ type gap struct {
 // deleted them before they were read: franz-go, asked for an offset
 // before the log's start (its records gone to retention while the loop
 // was down or behind), goes on at the start without a word above Info,
-// and requests would go undecided, events unacted on, unseen. The group's
-// committed offset is where the loop resumed: records between it and the
-// log's start are gone. Each gap is logged at Error and counted once per
+// and requests would go undecided, events unacted on, unseen. Where the
+// fetch asked from is where the session's last poll of the partition
+// ended (read, which it updates), or, before one since the session last
+// resumed, the group's committed offset: records between it and the
+// log's start are gone. (Records polled and not yet committed, deleted
+// meanwhile, were read: the step that has them commits them.) Each gap is logged at Error and counted once per
 // session; the loop goes on (what is gone cannot be read again), as the
 // projector does not, which stops (its answers would be wrong). A gap of
 // one offset before a record written in a transaction is logged at Warn
 // alone: it is most often the commit marker of the last transaction the
 // group read (its committed offset points at it), gone with an idle
 // partition's old segments.
-func (l *Loop) checkDeleted(cl *kgo.Client, fetches kgo.Fetches, reported map[gap]bool) {
+func (l *Loop) checkDeleted(cl *kgo.Client, fetches kgo.Fetches, reported map[gap]bool, read map[topicPartition]int64) {
 	var committed map[string]map[int32]kgo.EpochOffset
 	fetches.EachPartition(func(ftp kgo.FetchTopicPartition) {
-		if len(ftp.Records) == 0 || ftp.LogStartOffset <= 0 || ftp.Records[0].Offset < ftp.LogStartOffset {
+		if len(ftp.Records) == 0 {
+			return
+		}
+		tp := topicPartition{ftp.Topic, ftp.Partition}
+		last, seen := read[tp]
+		read[tp] = ftp.Records[len(ftp.Records)-1].Offset + 1
+		if ftp.LogStartOffset <= 0 || ftp.Records[0].Offset < ftp.LogStartOffset {
 			return
 		}
 		if committed == nil {
@@ -820,6 +846,9 @@ func (l *Loop) checkDeleted(cl *kgo.Client, fetches kgo.Fetches, reported map[ga
 		from := int64(-1)
 		if o, ok := committed[ftp.Topic][ftp.Partition]; ok {
 			from = o.Offset
+		}
+		if seen {
+			from = last
 		}
 		g := gap{ftp.Topic, ftp.Partition, from}
 		if from < 0 || from >= ftp.LogStartOffset || reported[g] {
