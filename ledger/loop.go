@@ -821,9 +821,10 @@ type gap struct {
 // ended (read, which it updates), or, before one since the session last
 // resumed, the group's committed offset: records between it and the
 // log's start are gone. (Records polled and not yet committed, deleted
-// meanwhile, were read: the step that has them commits them.) Each gap is logged at Error and counted once per
-// session; the loop goes on (what is gone cannot be read again), as the
-// projector does not, which stops (its answers would be wrong). A gap of
+// meanwhile, were read: the step that has them commits them.) Each gap
+// is logged at Error and counted once per session; the loop goes on
+// (what is gone cannot be read again), as the projector does not, which
+// stops (its answers would be wrong). A gap of
 // one offset before a record written in a transaction is logged at Warn
 // alone: it is most often the commit marker of the last transaction the
 // group read (its committed offset points at it), gone with an idle
