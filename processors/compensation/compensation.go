@@ -77,6 +77,14 @@ func (e *LandingError) Error() string {
 	return fmt.Sprintf("%v: its outcome went unknown moments ago; ask again from %s", ErrMayStillLand, e.Until.UTC().Format(time.RFC3339))
 }
 
+// SetRetryAfter sets w's Retry-After to the whole seconds until err's
+// LandingError lets the action be asked for again, if err is one.
+func SetRetryAfter(w http.ResponseWriter, err error) {
+	if le, ok := errors.AsType[*LandingError](err); ok {
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(time.Until(le.Until).Seconds())))))
+	}
+}
+
 // Is makes errors.Is(err, ErrMayStillLand) hold.
 func (e *LandingError) Is(target error) bool { return target == ErrMayStillLand }
 
@@ -342,6 +350,14 @@ func (s *Service) Handler() http.Handler {
 		return httpjson.Unmatched(mux)
 	}
 	mux.HandleFunc("POST /v1/compensations", identity.Require(s.cfg.Identity, "ledger-compensations", "an operator", s.cfg.Logger, func(w http.ResponseWriter, r *http.Request, op identity.Identity) {
+		if op.User == AutomaticUser {
+			// The reconciler's own name, which it asks in-process: a
+			// staff assertion naming it would skip the wait for the
+			// call's last attempt, and make its undo pass for the
+			// reconciler's (compensation.Automatic).
+			writeError(w, http.StatusForbidden, "forbidden", "the user "+AutomaticUser+" is reserved for the ledger's reconciler: an assertion naming it cannot ask for compensations")
+			return
+		}
 		var body Request
 		if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request", "the body is not a compensation request")
@@ -363,9 +379,7 @@ func (s *Service) Handler() http.Handler {
 		case errors.Is(err, ErrInvalidReason):
 			writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		case errors.Is(err, ErrMayStillLand):
-			if le, ok := errors.AsType[*LandingError](err); ok {
-				w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(time.Until(le.Until).Seconds())))))
-			}
+			SetRetryAfter(w, err)
 			writeError(w, http.StatusConflict, "outcome_may_still_land", err.Error())
 		case err != nil:
 			s.cfg.Logger.Error("compensation request failed", "err", err)

@@ -1588,6 +1588,20 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		}
 		cancel = c
 	}
+	if as == processors.StatusFailed {
+		// (After the compensation's checks, which say more: an undo
+		// under way settles the call.) Failed says nothing happened, and an agent may send the call
+		// again under a new key: not while its last attempt may still
+		// reach the tool, as the reconciler does not take a not_found
+		// for final, nor an operator's undo go out, until then.
+		window := LandingWindow(r.cfg.Registry, r.cfg.CredentialSkew)
+		if tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion); err == nil {
+			window = Landing(tool, r.cfg.CredentialSkew)
+		}
+		if until := rec.UpdatedAt.Add(window); r.cfg.Now().Before(until) {
+			return nil, &compensation.LandingError{Until: until}
+		}
+	}
 	t := statemachine.EventSucceeded
 	if as == processors.StatusFailed {
 		t = statemachine.EventFailed

@@ -33,6 +33,10 @@ import (
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
+// afterLanding is a clock past the landing window (executor.Landing) of
+// the rig's calls gone unknown now: an operator may resolve them failed.
+func afterLanding() time.Time { return time.Now().Add(10 * time.Minute) }
+
 func (r *rig) reconciler() *executor.Reconciler {
 	r.t.Helper()
 	return r.reconcilerAt(time.Now)
@@ -261,10 +265,12 @@ func TestReconcileLookupContradictingASettlementIsReported(t *testing.T) {
 	logs := &ledgertest.LogBuffer{}
 	var rc *executor.Reconciler
 	op := identity.Identity{Tenant: "t_a", User: "u_ops", Roles: []string{"operator"}}
+	// The operator resolves it once its last attempt can no longer land.
+	resolver := r.reconcilerAt(afterLanding)
 	rc = r.reconcilerWith(func(c *executor.ReconcilerConfig) {
 		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
 		c.Looker = settlingLooker{Looker: c.Looker, settle: func() {
-			if _, err := rc.Resolve(t.Context(), op, ledger.CallKey{TenantID: "t_a", IdempotencyKey: "contra"}, executor.Resolution{As: processors.StatusFailed, Evidence: "the provider said no"}); err != nil {
+			if _, err := resolver.Resolve(t.Context(), op, ledger.CallKey{TenantID: "t_a", IdempotencyKey: "contra"}, executor.Resolution{As: processors.StatusFailed, Evidence: "the provider said no"}); err != nil {
 				t.Errorf("Resolve(failed) = %v", err)
 			}
 		}}

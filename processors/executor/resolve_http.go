@@ -6,12 +6,14 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 )
 
@@ -84,6 +86,14 @@ func (r *Reconciler) ResolveHandler(v identity.AssertionVerifier, p Publisher) h
 			return
 		case errors.Is(err, ErrAutomaticUndoPending):
 			resolveError(w, http.StatusConflict, "automatic_compensation_pending", err.Error())
+			return
+		case errors.Is(err, compensation.ErrMayStillLand):
+			compensation.SetRetryAfter(w, err)
+			msg := "the call's last attempt may still reach the tool: resolved failed now, it would be recorded as having had no effect while it may still have one"
+			if le, ok := errors.AsType[*compensation.LandingError](err); ok {
+				msg += "; ask again from " + le.Until.UTC().Format(time.RFC3339)
+			}
+			resolveError(w, http.StatusConflict, "outcome_may_still_land", msg)
 			return
 		case errors.Is(err, ErrNotUnknown):
 			resolveError(w, http.StatusConflict, "not_unknown", err.Error())

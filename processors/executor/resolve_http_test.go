@@ -10,14 +10,17 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 // operatorVerifier takes every assertion for the operator u_ops of t_a.
@@ -116,7 +119,7 @@ func TestResolveHandlerSaysWhatBeatIt(t *testing.T) {
 			r := newRig(t)
 			orig, _ := r.unknownRefundToUndo()
 			rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
-				c.Store = &losingMoves{Store: r.store, settle: tc.settle}
+				c.Store, c.Now = &losingMoves{Store: r.store, settle: tc.settle}, afterLanding
 			})
 			body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"failed","evidence":"the bank's statement"}`
 			if status, got := postResolution(t, rc, body); status != http.StatusConflict || !strings.Contains(got, tc.wantCode) {
@@ -223,7 +226,7 @@ func TestResolveHandlerAmbiguousCommitTaken(t *testing.T) {
 	orig, _ := r.unknownRefundToUndo()
 	k := orig.Key()
 	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
-		c.Store = &losingMoves{Store: r.store, only: &k, ambiguous: errors.New("result is ambiguous (error=rpc error)")}
+		c.Store, c.Now = &losingMoves{Store: r.store, only: &k, ambiguous: errors.New("result is ambiguous (error=rpc error)")}, afterLanding
 	})
 	body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"failed","evidence":"the bank's statement"}`
 	status, got := postResolution(t, rc, body)
@@ -255,7 +258,7 @@ func TestResolveHandlerAmbiguousCommitUnread(t *testing.T) {
 			as = processors.StatusSucceeded
 		}
 		rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
-			c.Store = &losingMoves{Store: r.store, only: &k, ambiguous: errors.New("result is ambiguous (error=rpc error)"), unreadable: true}
+			c.Store, c.Now = &losingMoves{Store: r.store, only: &k, ambiguous: errors.New("result is ambiguous (error=rpc error)"), unreadable: true}, afterLanding
 		})
 		body := `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"` + string(as) + `","evidence":"the bank's statement","cancel_compensation":` + strconv.FormatBool(cancel) + `}`
 		status, got := postResolution(t, rc, body)
@@ -292,6 +295,13 @@ func TestResolveHandlerLostAfterTheCancel(t *testing.T) {
 // operatorVerifier verifies, and returns the answer's status and body.
 func postResolution(t *testing.T, rc *executor.Reconciler, body string) (int, string) {
 	t.Helper()
+	status, got, _ := postResolutionHeader(t, rc, body)
+	return status, got
+}
+
+// postResolutionHeader is postResolution with the answer's headers.
+func postResolutionHeader(t *testing.T, rc *executor.Reconciler, body string) (int, string, http.Header) {
+	t.Helper()
 	srv := httptest.NewServer(rc.ResolveHandler(operatorVerifier{}, discardPublisher{}))
 	defer srv.Close()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/resolutions", strings.NewReader(body))
@@ -302,5 +312,85 @@ func postResolution(t *testing.T, rc *executor.Reconciler, body string) (int, st
 	}
 	defer resp.Body.Close()
 	got, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(got)
+	return resp.StatusCode, string(got), resp.Header
+}
+
+// A call whose last attempt may still reach the tool is not resolved
+// failed (which says nothing happened, and lets an agent send it again
+// under a new key): 409 outcome_may_still_land, with a Retry-After, until
+// the landing window (executor.Landing) has passed since it went unknown,
+// as an operator's undo waits, and the reconciler's not_found. Resolved
+// succeeded, it may be at once. Before, a failed resolution was taken at
+// any age, and a request landing after it applied the effect of a call
+// recorded as having none.
+func TestResolveFailedWaitsForTheLastAttempt(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	body := func(as string) string {
+		return `{"tenant_id":"t_a","idempotency_key":"` + orig.IdempotencyKey + `","as":"` + as + `","evidence":"the bank's statement"}`
+	}
+	status, got, h := postResolutionHeader(t, r.reconciler(), body("failed"))
+	if status != http.StatusConflict || !strings.Contains(got, `"outcome_may_still_land"`) || h.Get("Retry-After") == "" {
+		t.Errorf("resolving failed a call gone unknown now: %d %s, Retry-After %q; want 409 outcome_may_still_land with a Retry-After", status, got, h.Get("Retry-After"))
+	}
+	if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusOutcomeUnknown {
+		t.Fatalf("the call is %s (%v); want outcome_unknown, not resolved", rec.Status, err)
+	}
+	if status, got := postResolution(t, r.reconcilerAt(afterLanding), body("failed")); status != http.StatusOK || !strings.Contains(got, `"type":"failed"`) {
+		t.Errorf("resolving failed once its last attempt cannot land: %d %s; want 200, failed", status, got)
+	}
+	r = newRig(t)
+	orig, _ = r.unknownRefundToUndo()
+	if status, got := postResolution(t, r.reconciler(), body("succeeded")); status != http.StatusOK || !strings.Contains(got, `"type":"succeeded"`) {
+		t.Errorf("resolving succeeded a call gone unknown now: %d %s; want 200, succeeded", status, got)
+	}
+}
+
+// verifierAs verifies every assertion as one operator of t_a named user.
+type verifierAs string
+
+func (v verifierAs) Verify(context.Context, string) (identity.Identity, error) {
+	return identity.Identity{User: string(v), Tenant: "t_a", Roles: []string{"operator"}}, nil
+}
+
+// An operator's assertion naming the reconciler's own user is refused by
+// the compensation API: it would skip the wait for the call's last
+// attempt (which the reconciler keeps itself) and make its undo pass for
+// the reconciler's. Before, it was answered as the reconciler is: a
+// parked call's undo went at once, without that wait. Any other operator
+// is answered as before.
+func TestCompensationAPIRefusesTheReconcilersName(t *testing.T) {
+	r := newRig(t)
+	orig, _ := r.unknownRefundToUndo()
+	for _, tc := range []struct {
+		user   string
+		status int
+		code   string
+	}{
+		{executor.ReconcilerUser, http.StatusForbidden, `"forbidden"`},
+		{"u_ops", http.StatusConflict, `"outcome_may_still_land"`},
+	} {
+		svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: &recordingPublisher{}, Identity: verifierAs(tc.user),
+			Landing: func(tool *schemas.Tool) time.Duration { return executor.Landing(tool, 0) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(svc.Handler())
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/compensations",
+			strings.NewReader(`{"tenant_id":"t_a","idempotency_key":"`+orig.IdempotencyKey+`","reason":"the customer asked"}`))
+		req.Header.Set("Authorization", "Bearer x")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		srv.Close()
+		if resp.StatusCode != tc.status || !strings.Contains(string(got), tc.code) {
+			t.Errorf("compensation asked by %s of a call gone unknown now: %d %s; want %d %s", tc.user, resp.StatusCode, got, tc.status, tc.code)
+		}
+	}
+	if n := r.backend.AppliedIn("cancel_refund", "t_a", orig.Key().CompensationKey().String()); n != 0 {
+		t.Errorf("cancel_refund applied %d times; want none", n)
+	}
 }

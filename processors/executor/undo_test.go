@@ -978,7 +978,7 @@ func TestResolveWaitsForTheCompensation(t *testing.T) {
 			orig, unknown := r.unknownRefundToUndo()
 			k := orig.Key()
 			comp := r.admitCompensation(k, "u_operator")
-			rc := r.reconciler()
+			rc := r.reconcilerAt(afterLanding)
 			if _, err := rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusFailed, Evidence: "no refund in the ledger of the bank"}); !errors.Is(err, executor.ErrUndoUnderWay) {
 				t.Fatalf("resolving while the compensation is authorized = %v; want ErrUndoUnderWay", err)
 			}
@@ -1072,7 +1072,7 @@ func TestResolveFailedRacingTheCompensation(t *testing.T) {
 	r := newRig(t)
 	orig, unknown := r.unknownRefundToUndo()
 	k := orig.Key()
-	rc, racer := r.racingReconciler(k, nil)
+	rc, racer := r.racingReconciler(k, afterLanding)
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
 	_, err := rc.Resolve(t.Context(), ops, k, executor.Resolution{As: processors.StatusFailed, Evidence: "no refund in the ledger of the bank"})
 	if !errors.Is(err, executor.ErrUndoUnderWay) || !strings.Contains(err.Error(), "started while the call was being resolved") {
@@ -1417,7 +1417,7 @@ func TestNoAutomaticUndoOfACallSettledMeanwhile(t *testing.T) {
 			// The resolution lands between the park and the reconciler's
 			// request for the compensation.
 			resolving := resolvingFirst{svc: svc, resolve: func() error {
-				_, err := r.reconciler().Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: as, Evidence: "the bank says"})
+				_, err := r.reconcilerAt(afterLanding).Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: as, Evidence: "the bank says"})
 				return err
 			}}
 			now := time.Now()
