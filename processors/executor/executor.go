@@ -1691,7 +1691,7 @@ func (x *Executor) denyMismatched(ctx context.Context, tmpls []ledger.Event, rec
 // completion that denies the call, and false, when a check fails.
 func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *schemas.Tool, rec processors.Record, now time.Time) *refusal {
 	tmpl := c.tmpl
-	if tmpl.ExpiresAt == nil || !now.Before(*tmpl.ExpiresAt) {
+	if !approvalHolds(&tmpl, now) || tmpl.ExpiresAt == nil {
 		return &refusal{reason: ReasonApprovalExpired, detail: "the approval expired before the call could run"}
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
@@ -1842,8 +1842,15 @@ func (x *Executor) gate(tool, tenant string, tmpl *ledger.Event, c *completion) 
 // approvalHolds reports whether tmpl's approval, if it waited for one,
 // is still good at t: no request of a call past it may leave (I4).
 func approvalHolds(tmpl *ledger.Event, t time.Time) bool {
-	return tmpl.ApprovalID == "" || tmpl.ExpiresAt != nil && t.Before(*tmpl.ExpiresAt)
+	return tmpl.ApprovalID == "" || tmpl.ExpiresAt != nil && t.Add(approvalMargin).Before(*tmpl.ExpiresAt)
 }
+
+// approvalMargin is how long before its expiry an approval stops letting
+// a call's request leave. The expiry is on the intake's clock, judged on
+// this executor's: each may differ from the store's by what ledger
+// doctor accepts (500 ms), and so from each other by twice that. Without
+// it, a request could leave after the expiry the approval states.
+const approvalMargin = time.Second
 
 // ifMatch is the version an approved call sends as If-Match: the
 // approval's, to a tool that declares it honours it, when it can be a

@@ -571,7 +571,9 @@ func TestFrozenToolHoldsCallsADecisionStandsBehind(t *testing.T) {
 	x := r.executor(func(c *executor.Config) { c.Freezes, c.FrozenRecheck = fz, recheck })
 
 	stepEndsAs(t, x, r.admit("create_ticket", "plain", map[string]any{"title": "t"}, 0), []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
-	_, lapsing := r.admitApproved("lapsing", time.Now().Add(recheck/2), "")
+	// (It lapses for the executor a second before its expiry, the margin
+	// it keeps for the hosts' clocks.)
+	_, lapsing := r.admitApproved("lapsing", time.Now().Add(time.Second+recheck/2), "")
 	stepEndsAs(t, x, lapsing, []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
 
 	held := []*kgo.Record{approved, undo}

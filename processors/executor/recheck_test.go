@@ -848,3 +848,17 @@ func (r *rig) storedContent(key ledger.CallKey) map[string]any {
 	}
 	return res.Content
 }
+
+// An approval with less than a second left lets no request leave: its
+// expiry is the intake's clock, judged on the executor's, which may differ
+// by what ledger doctor accepts of each against the store (500 ms), twice
+// over. Before, a call claimed 500 ms before its approval's expiry on a
+// clock running late was sent after the expiry the approval states.
+func TestApprovalWithinTheClockMarginDoesNotRun(t *testing.T) {
+	r := newRig(t)
+	_, approved := r.admitApproved("km2", time.Now().Add(500*time.Millisecond), "")
+	stepEndsAs(t, r.executor(nil), approved, []string{"denied(" + executor.ReasonApprovalExpired + ")"}, "")
+	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/km2"); n != 0 {
+		t.Errorf("refund applied %d times; want 0", n)
+	}
+}
