@@ -220,9 +220,12 @@ type Loop struct {
 	cfg  LoopConfig
 	step Step
 
-	// lastPoll is when a live session last returned from a poll, in Unix
-	// nanoseconds; 0 while no session is live.
+	// lastPoll is when a live session last returned from a poll, in
+	// nanoseconds since born, plus one; 0 while no session is live.
+	// Measured from born's monotonic reading, a step of the wall clock
+	// (NTP) moves neither it nor Ready's judgement of it.
 	lastPoll atomic.Int64
+	born     time.Time
 	// client is the live session's client, nil between sessions.
 	client atomic.Pointer[kgo.Client]
 	// stepTime and txnTime add up, in nanoseconds, the time spent in
@@ -312,7 +315,7 @@ func (l *Loop) Ready() error {
 		return fmt.Errorf("%w: no live Kafka session (group %s)", ErrNotReady, l.cfg.Group)
 	}
 	window := 3*l.cfg.Tick + 5*time.Second
-	if age := time.Since(time.Unix(0, last)); age > window {
+	if age := time.Since(l.born) - time.Duration(last-1); age > window {
 		return fmt.Errorf("%w: no poll for %s (group %s): a step or a transaction is stuck", ErrNotReady, age.Round(time.Second), l.cfg.Group)
 	}
 	// A member the group does not take (a join refused: no right to the
@@ -338,7 +341,7 @@ func NewLoop(cfg LoopConfig, step Step) (*Loop, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Loop{cfg: cfg, step: step}, nil
+	return &Loop{cfg: cfg, step: step, born: time.Now()}, nil
 }
 
 // Run runs the loop until ctx is done. After an error that leaves the
@@ -527,7 +530,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		l.lastPoll.Store(time.Now().UnixNano())
+		l.lastPoll.Store(int64(time.Since(l.born)) + 1)
 		if fetches.IsClientClosed() {
 			return nil, errors.New("client closed")
 		}

@@ -319,9 +319,10 @@ type Verifier struct {
 	mu          sync.Mutex
 	lastAttempt time.Time
 	lastEarly   time.Time
-	// failingSince is when refreshes started failing (Unix
-	// nanoseconds), 0 while the last one succeeded.
-	failingSince atomic.Int64
+	// failingSince is when refreshes started failing, nil while the
+	// last one succeeded: a time.Time, whose monotonic reading (from
+	// time.Now) a step of the wall clock does not move.
+	failingSince atomic.Pointer[time.Time]
 
 	cache verifiedCache
 }
@@ -617,10 +618,10 @@ func (v *Verifier) Err(ctx context.Context) error {
 // refresh may well succeed).
 func (v *Verifier) stale() error {
 	since := v.failingSince.Load()
-	if v.cfg.MaxStale < 0 || since == 0 {
+	if v.cfg.MaxStale < 0 || since == nil {
 		return nil
 	}
-	if d := v.cfg.Now().Sub(time.Unix(0, since)); d > v.cfg.MaxStale {
+	if d := v.cfg.Now().Sub(*since); d > v.cfg.MaxStale {
 		return &token.Error{Reason: ReasonKeysStale, Detail: fmt.Sprintf("the issuer's keys could not be loaded from %s for %s (more than %s): the keys at hand may include one the issuer withdrew", v.source, d.Round(time.Second), v.cfg.MaxStale)}
 	}
 	return nil
@@ -632,12 +633,12 @@ func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) {
 	v.lastAttempt = now
 	set, err := v.load(ctx)
 	if err != nil {
-		v.failingSince.CompareAndSwap(0, now.UnixNano())
+		v.failingSince.CompareAndSwap(nil, &now)
 		v.cfg.Logger.Warn("jwks refresh failed, keeping the current keys",
 			"jwks_source", v.source, "kids", v.keys.Load().IDs(), "err", err)
 		return
 	}
-	v.failingSince.Store(0)
+	v.failingSince.Store(nil)
 	old := v.keys.Swap(set)
 	if !bytes.Equal(old.JWKS(), set.JWKS()) {
 		v.cfg.Logger.Info("jwks keys changed", "jwks_source", v.source, "kids", set.IDs())
