@@ -28,6 +28,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/santhosh-tekuri/jsonschema/v5"
 )
@@ -267,11 +268,20 @@ func unasserted(schema any, ptr string) (string, string) {
 	}
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		kp := ptr + "/" + escapeToken(k)
+		_, hasIf := m["if"]
+		_, hasContains := m["contains"]
 		switch {
 		case k == "format":
 			if f, _ := m[k].(string); jsonschema.Formats[f] == nil {
 				return kp, fmt.Sprintf("names a format the validator does not check (%q): it would let any value through; use pattern, or one of %s", f, strings.Join(slices.Sorted(maps.Keys(jsonschema.Formats)), ", "))
 			}
+			if t, typed := m["type"]; typed && !typeAdmits(t, "string") {
+				return kp, "is a format of a schema that admits no string: formats check strings alone, and it would check nothing"
+			}
+		case (k == "then" || k == "else") && !hasIf:
+			return kp, `applies only beside "if", which this schema lacks: it would check nothing`
+		case (k == "minContains" || k == "maxContains") && !hasContains:
+			return kp, `applies only beside "contains", which this schema lacks: it would check nothing`
 		case strings.HasPrefix(k, "x-") || slices.Contains(annotationKeywords, k):
 		case !assertedKeywords[k]:
 			return kp, "is no keyword of JSON Schema 2020-12 the validator applies (content keywords included): it would check nothing; schemas a $ref names go under $defs, and an extension that checks nothing is named x-..."
@@ -353,7 +363,7 @@ func unambiguous(data []byte) error {
 		if len(stack) > 0 {
 			if l := stack[len(stack)-1]; l.names != nil && !l.value {
 				if name, ok := tok.(string); ok {
-					folded := strings.ToLower(name)
+					folded := foldName(name)
 					if first, dup := l.names[folded]; dup {
 						if first == name {
 							return fmt.Errorf("the object at %s names %q twice: the last would be taken", pointer(), name)
@@ -378,6 +388,24 @@ func unambiguous(data []byte) error {
 			valued()
 		}
 	}
+}
+
+// foldName is a representative of name's case-folding class, as
+// encoding/json matches field names: two names are equal under
+// strings.EqualFold exactly when their foldNames are ("riſk", with a long
+// s, is "risk"). Each rune becomes the smallest of its unicode.SimpleFold
+// orbit.
+func foldName(name string) string {
+	var b strings.Builder
+	b.Grow(len(name))
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
 }
 
 // instance is what openObject knows of the instance a schema describes
