@@ -703,7 +703,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// End flushes, then commits only if every produce succeeded,
 		// the group did not rebalance, and the offsets committed.
 		var committed bool
-		if failed == nil && len(sess.Client().UncommittedOffsets()) == 0 {
+		if failed == nil && consumed == 0 && held == 0 && !forced && len(sess.Client().UncommittedOffsets()) == 0 {
 			// No offsets to commit: records alone (an executor's
 			// outcomes of calls that ended after their step, on an
 			// idle poll). The session's End would take the missing
@@ -712,7 +712,10 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			// transaction does not carry; nor does a rebalance meanwhile
 			// concern them (a revoke during it is still seen by the next
 			// End, which aborts as it would have). The transaction is
-			// ended by the client, at once.
+			// ended by the client, at once. Not one meant to carry
+			// offsets (records polled or held, a skipped batch's) whose
+			// partitions a revoke took from the uncommitted ones: End
+			// sees the revoke, and aborts it.
 			committed, err = endRecordsOnly(ctx, sess.Client())
 		} else {
 			committed, err = sess.End(ctx, kgo.TransactionEndTry(failed == nil))
