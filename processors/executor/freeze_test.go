@@ -259,7 +259,9 @@ func TestFreezeDuringASlowDialStopsTheRequest(t *testing.T) {
 	}
 
 	// An approval that lapses mid-dial stops the request as well (I4).
-	_, approved := r.admitApproved("slow-dial-approved", time.Now().Add(300*time.Millisecond), "")
+	// (It lapses for the executor a second before its expiry, the margin
+	// it keeps for the hosts' clocks: 300 ms into the dial.)
+	_, approved := r.admitApproved("slow-dial-approved", time.Now().Add(time.Second+300*time.Millisecond), "")
 	x = r.executor(func(c *executor.Config) { c.Caller = httptool.New(httptool.Config{Client: slow}) })
 	stepEndsAs(t, x, approved, []string{"denied(" + executor.ReasonApprovalExpired + ")"}, "")
 	if effects := r.backend.Effects(); len(effects) != 0 {
