@@ -9,6 +9,8 @@ import (
 	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 // Default decoding limits (DESIGN §3: oversized envelopes are denied).
@@ -629,34 +631,9 @@ func caseVariant(key string, keys []string, folded map[string]string) (string, b
 	return "", false
 }
 
-// foldKey returns a representative of s's case-folding class: two strings
-// are equal under strings.EqualFold exactly when their foldKeys are equal.
-// Each rune maps to the smallest rune of its unicode.SimpleFold orbit.
-func foldKey(s string) string {
-	ascii := true
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= utf8.RuneSelf {
-			ascii = false
-			break
-		}
-	}
-	if ascii {
-		// For ASCII letters the orbit minimum is the upper-case letter
-		// (the orbits of k and s hold non-ASCII runes, all larger).
-		return strings.ToUpper(s)
-	}
-	var b strings.Builder
-	b.Grow(len(s))
-	for _, r := range s {
-		least := r
-		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
-			least = min(least, f)
-		}
-		b.WriteRune(least)
-	}
-	return b.String()
-}
+// foldKey is schemas.FoldName: envelopes and registry files refuse the
+// same case variants.
+func foldKey(s string) string { return schemas.FoldName(s) }
 
 // escapePointerToken escapes one reference token per RFC 6901.
 func escapePointerToken(s string) string {

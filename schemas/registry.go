@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v5"
 )
@@ -363,7 +364,7 @@ func unambiguous(data []byte) error {
 		if len(stack) > 0 {
 			if l := stack[len(stack)-1]; l.names != nil && !l.value {
 				if name, ok := tok.(string); ok {
-					folded := foldName(name)
+					folded := FoldName(name)
 					if first, dup := l.names[folded]; dup {
 						if first == name {
 							return fmt.Errorf("the object at %s names %q twice: the last would be taken", pointer(), name)
@@ -390,15 +391,27 @@ func unambiguous(data []byte) error {
 	}
 }
 
-// foldName is a representative of name's case-folding class, as
-// encoding/json matches field names: two names are equal under
-// strings.EqualFold exactly when their foldNames are ("riſk", with a long
-// s, is "risk"). Each rune becomes the smallest of its unicode.SimpleFold
-// orbit.
-func foldName(name string) string {
+// FoldName returns a representative of s's case-folding class, as
+// encoding/json matches field names: two strings are equal under
+// strings.EqualFold exactly when their FoldNames are ("riſk", with a long
+// s, is "risk"'s). Each rune maps to the smallest rune of its
+// unicode.SimpleFold orbit.
+func FoldName(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		// For ASCII letters the orbit minimum is the upper-case letter
+		// (the orbits of k and s hold non-ASCII runes, all larger).
+		return strings.ToUpper(s)
+	}
 	var b strings.Builder
-	b.Grow(len(name))
-	for _, r := range name {
+	b.Grow(len(s))
+	for _, r := range s {
 		least := r
 		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
 			least = min(least, f)
