@@ -90,7 +90,7 @@ bench:
 	@$(WITH_SERVICES) \
 	mkdir -p $(BENCH_OUT); \
 	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \
-	$(BENCH_OUT)/ledger bench --crdb-dsn "$$LEDGER_TEST_PG_DSN" --mix $(BENCH_MIX) \
+	LEDGER_CRDB_DSN="$$LEDGER_TEST_PG_DSN" $(BENCH_OUT)/ledger bench --mix $(BENCH_MIX) \
 		--calls 0 --duration $(BENCH_DURATION) --concurrency $(BENCH_CONCURRENCY) \
 		--sweep $(BENCH_SWEEP) --scaling $(BENCH_SCALING) \
 		--json $(BENCH_OUT)/$(BENCH_MIX).json --svg $(BENCH_OUT)/$(BENCH_MIX).svg $(BENCH_FLAGS) \
@@ -110,7 +110,7 @@ bench-compare:
 	(cd $(BENCH_OUT)/base-src && $(GO) build -o ../ledger-base ./cmd/ledger); \
 	rm -rf $(BENCH_OUT)/base-src; \
 	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \
-	$(BENCH_OUT)/ledger bench --crdb-dsn "$$LEDGER_TEST_PG_DSN" --mix $(BENCH_MIX) --concurrency $(BENCH_CONCURRENCY) \
+	LEDGER_CRDB_DSN="$$LEDGER_TEST_PG_DSN" $(BENCH_OUT)/ledger bench --mix $(BENCH_MIX) --concurrency $(BENCH_CONCURRENCY) \
 		--calls $(BENCH_COMPARE_CALLS) --baseline $(BENCH_OUT)/ledger-base --pairs $(BENCH_PAIRS) \
 		--direct=false --limits=false --json $(BENCH_OUT)/compare.json $(BENCH_FLAGS) | tee $(BENCH_OUT)/compare.txt
 
@@ -120,7 +120,7 @@ bench-sizes:
 	@$(WITH_SERVICES) \
 	mkdir -p $(BENCH_OUT); \
 	$(GO) build -o $(BENCH_OUT)/ledger ./cmd/ledger; \
-	$(BENCH_OUT)/ledger bench --crdb-dsn "$$LEDGER_TEST_PG_DSN" --mix $(BENCH_MIX) --concurrency $(BENCH_CONCURRENCY) \
+	LEDGER_CRDB_DSN="$$LEDGER_TEST_PG_DSN" $(BENCH_OUT)/ledger bench --mix $(BENCH_MIX) --concurrency $(BENCH_CONCURRENCY) \
 		--calls 10000 --sizes $(BENCH_SIZES) --direct=false --limits=false \
 		--json $(BENCH_OUT)/sizes.json $(BENCH_FLAGS) | tee $(BENCH_OUT)/sizes.txt
 
@@ -182,6 +182,6 @@ chaos:
 	@$(WITH_SERVICES) \
 	mkdir -p $(CHAOS_OUT); \
 	$(GO) build -tags failpoints -o $(CHAOS_OUT)/ledger ./cmd/ledger; \
-	$(CHAOS_OUT)/ledger chaos --crdb-dsn "$$LEDGER_TEST_PG_DSN" --duration $(CHAOS_DURATION) --rate $(CHAOS_RATE) \
+	LEDGER_CRDB_DSN="$$LEDGER_TEST_PG_DSN" $(CHAOS_OUT)/ledger chaos --duration $(CHAOS_DURATION) --rate $(CHAOS_RATE) \
 		--min-calls 50000 --min-crashes 50 --json $(CHAOS_OUT)/chaos.json --history $(CHAOS_OUT)/history.jsonl \
 		$(CHAOS_FLAGS) | tee $(CHAOS_OUT)/chaos.txt

@@ -117,7 +117,7 @@ check fails; warnings do not fail.`,
 	fs.StringVar(&f.clickhouseDB, "clickhouse-database", "", "ClickHouse database of the projection's tables (default: the DSN's, else ledger)")
 	fs.IntVar(&f.expectRF, "expect-replication-factor", 3, "replication factor every topic must have at least (dev setups: 1)")
 	fs.IntVar(&f.expectMinInsync, "expect-min-insync", 2, "min.insync.replicas every topic must have at least (dev setups: 1)")
-	fs.DurationVar(&f.maxClockSkew, "max-clock-skew", 500*time.Millisecond, "largest clock difference between this machine and a database that is ok")
+	fs.DurationVar(&f.maxClockSkew, "max-clock-skew", 500*time.Millisecond, "largest clock difference between this machine and a database that is ok; an approval stops letting requests leave a second before its expiry, a margin that holds while the intake's and the executors' hosts are within 500ms of the store's clock")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "how long each check may take")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the checks as a JSON array")
 	return cmd

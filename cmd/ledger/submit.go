@@ -506,7 +506,7 @@ func (f *submitFlags) envelope() ([]byte, error) {
 		// Sent without one, the call would only be refused
 		// (assertion_missing) once it reached the ledger.
 		if assertion, err = devAssertion(f.dataDir, f.tenant, f.user); err != nil {
-			return nil, fmt.Errorf("no identity assertion: pass --assertion (a JWT from your identity provider), or the --data-dir of the ledger dev whose issuer mints one: %w", err)
+			return nil, fmt.Errorf("no identity assertion: pass --assertion (a JWT from your identity provider) or set "+agentAssertionEnv+", or give the --data-dir of the ledger dev whose issuer mints one: %w", err)
 		}
 	}
 	env["assertion"] = assertion
@@ -570,7 +570,7 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	env := readSent(body)
 	own := env.own()
 	if env.assertion == "" {
-		return errors.New("--api needs the envelope's identity assertion (--assertion, a dev issuer in --data-dir, or in the --file envelope): the API takes it as the bearer")
+		return errors.New("--api needs the envelope's identity assertion (--assertion or " + agentAssertionEnv + ", a dev issuer in --data-dir, or in the --file envelope): the API takes it as the bearer")
 	}
 	hc, err := g.httpClient.client(logger, 0)
 	if err != nil {

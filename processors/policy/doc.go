@@ -40,7 +40,7 @@
 //	amount        Long     amount_cents as given: the currency's minor unit; 0 when the tool has none
 //	has_amount    Bool     whether amount is meaningful (a call whose
 //	                       amount_cents is there but not an integer is
-//	                       refused invalid_request before any policy runs)
+//	                       denied invalid_request before any policy runs)
 //	risk          String   the tool's risk: "low", "medium", "high"
 //	effect        String   the tool's effect: "read", "write", "external_side_effect"
 //	channel       String   how the call arrived: "kafka" for an agent's envelope

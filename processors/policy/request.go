@@ -69,7 +69,7 @@ type Request struct {
 	// policy comparing amounts across currencies must look at.
 	Amount *int64
 	// AmountInvalid: the arguments hold an amount_cents that is not an
-	// integer a Long holds; the request is refused (invalid_request)
+	// integer a Long holds; the request is denied (invalid_request)
 	// before any policy runs.
 	AmountInvalid bool
 	// Channel is how the call arrived, such as "agent" or "api".
