@@ -348,7 +348,9 @@ type Config struct {
 	UnloggedGrace time.Duration
 	// StepBudget bounds how long a step waits for the calls it claimed
 	// (and for those earlier steps under load did not wait for) before
-	// it hands what finished to the log; default 200ms. A call
+	// it hands what finished to the log; default 200ms (less once events
+	// for the next step are fetched: their calls would wait behind this
+	// step's slow ones). A call
 	// still running then is carried over: its outcome goes out with a
 	// later step (the loop runs one at least every tick), so one hanging
 	// call holds up neither its batch nor the batches after it. While a
@@ -1082,15 +1084,22 @@ func (x *Executor) appendRecorded(cs []processors.Completion, applied []bool, ou
 }
 
 // await takes ended calls from the flights until every call in waiting
-// has ended, the step budget is spent, or ctx is done, and then whatever
-// else has ended by now, carried over from earlier steps. The calls of
-// waiting still running carry over to later steps.
+// has ended, the step budget is spent, events for the next step are
+// fetched (the backlog: the calls they authorize would wait behind this
+// step's slow ones), or ctx is done, and then whatever else has ended by
+// now, carried over from earlier steps. The calls of waiting still
+// running carry over to later steps.
 func (x *Executor) await(ctx context.Context, got []*flight, waiting map[*flight]struct{}) []*flight {
-	var budget <-chan time.Time
+	var budget, fetched <-chan time.Time
 	if x.cfg.StepBudget > 0 && len(waiting) > 0 {
 		t := time.NewTimer(x.cfg.StepBudget)
 		defer t.Stop()
 		budget = t.C
+		if x.backlog != nil {
+			tk := time.NewTicker(backlogEvery)
+			defer tk.Stop()
+			fetched = tk.C
+		}
 	}
 wait:
 	for len(waiting) > 0 {
@@ -1109,6 +1118,10 @@ wait:
 			x.mu.Unlock()
 		case <-budget:
 			break wait
+		case <-fetched:
+			if x.backlog() > 0 {
+				break wait
+			}
 		case <-ctx.Done():
 			break wait
 		}
@@ -1800,6 +1813,10 @@ func (x *Executor) stillAllowed(ctx context.Context, c *completion, tool *schema
 	}
 	return &heldBack{why: d.Reason, decision: &d}
 }
+
+// backlogEvery is how often a step waiting for its calls asks whether
+// events for the next step were fetched meanwhile.
+const backlogEvery = 5 * time.Millisecond
 
 // checkBudget bounds a read that a check before the call's request makes
 // (the resource's version, a current copy of the control topic) as one

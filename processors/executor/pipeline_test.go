@@ -36,6 +36,46 @@ func stepOnce(t *testing.T, x *executor.Executor, recs ...*kgo.Record) map[strin
 	return byCall(t, out.Records)
 }
 
+// A step waiting for a slow call stops waiting once events for the next
+// step are fetched (the calls they authorize would wait behind it): the
+// call is carried over, and a later step records it, once. Before, the
+// step held them for its whole budget (200 ms by default): with slow
+// tools at low load, every new call's claim waited behind the calls
+// before it.
+func TestStepStopsWaitingWhenTheNextEventsArrive(t *testing.T) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: time.Second})
+	// A budget far past the tool's latency: only the backlog ends the
+	// wait before the call does.
+	x := r.executor(func(c *executor.Config) { c.StepBudget = time.Minute })
+	var backlog atomic.Int64
+	executor.SetBacklog(x, backlog.Load)
+	// The next events arrive while the step waits for the call.
+	time.AfterFunc(100*time.Millisecond, func() { backlog.Store(1) })
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_slow", "create_ticket", "a", ticket, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Records) != 0 {
+		t.Errorf("the step returned %d events; want none (the call carried over, still running)", len(out.Records))
+	}
+	// Later steps, a tick apart as the loop runs them, record it once it
+	// ends.
+	backlog.Store(0)
+	got := map[string][]string{}
+	for deadline := time.Now().Add(10 * time.Second); len(got["t_slow/a"]) < 2 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for k, evs := range stepOnce(t, x) {
+			got[k] = append(got[k], evs...)
+		}
+	}
+	if diff := cmp.Diff(map[string][]string{"t_slow/a": {"executing", "succeeded"}}, got); diff != "" {
+		t.Errorf("the later steps (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_slow", "t_slow/a"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
 // With events already fetched for the next step, a step does not wait for
 // the calls it starts (the next step records them while it claims its own
 // batch); a step with nothing fetched waits for them, so that their
