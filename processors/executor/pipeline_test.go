@@ -36,6 +36,20 @@ func stepOnce(t *testing.T, x *executor.Executor, recs ...*kgo.Record) map[strin
 	return byCall(t, out.Records)
 }
 
+// slowCalls is a rig whose create_ticket takes a second for tenant
+// t_slow (slow enough that the step after the one that starts a call
+// finds it running, however slowly the first returns), its executor with
+// a budget far past that (a step that waits gets the call's events), and
+// the count of fetched records that executor's steps read, to set.
+func slowCalls(t *testing.T) (*rig, *executor.Executor, *atomic.Int64) {
+	r := newRig(t)
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: time.Second})
+	x := r.executor(func(c *executor.Config) { c.StepBudget = time.Minute })
+	backlog := new(atomic.Int64)
+	executor.SetBacklog(x, backlog.Load)
+	return r, x, backlog
+}
+
 // A step waiting for a slow call stops waiting once events for the next
 // step are fetched (the calls they authorize would wait behind it): the
 // call is carried over, and a later step records it, once. Before, the
@@ -43,13 +57,7 @@ func stepOnce(t *testing.T, x *executor.Executor, recs ...*kgo.Record) map[strin
 // tools at low load, every new call's claim waited behind the calls
 // before it.
 func TestStepStopsWaitingWhenTheNextEventsArrive(t *testing.T) {
-	r := newRig(t)
-	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: time.Second})
-	// A budget far past the tool's latency: only the backlog ends the
-	// wait before the call does.
-	x := r.executor(func(c *executor.Config) { c.StepBudget = time.Minute })
-	var backlog atomic.Int64
-	executor.SetBacklog(x, backlog.Load)
+	r, x, backlog := slowCalls(t)
 	// The next events arrive while the step waits for the call.
 	time.AfterFunc(100*time.Millisecond, func() { backlog.Store(1) })
 	out, err := x.Step(t.Context(), []*kgo.Record{r.admitAs("t_slow", "create_ticket", "a", ticket, 0)})
@@ -82,15 +90,7 @@ func TestStepStopsWaitingWhenTheNextEventsArrive(t *testing.T) {
 // outcome never waits for a poll's tick. Either way each call runs once
 // and its events come out once.
 func TestStepWithBacklogLeavesItsCallsToTheNext(t *testing.T) {
-	r := newRig(t)
-	// Slow enough that the step after the one that starts a call finds
-	// it running, however slowly the first step returns.
-	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: time.Second})
-	// A budget far past the tool's latency: a step that waits gets the
-	// call's events.
-	x := r.executor(func(c *executor.Config) { c.StepBudget = time.Minute })
-	var backlog atomic.Int64
-	executor.SetBacklog(x, backlog.Load)
+	r, x, backlog := slowCalls(t)
 
 	status := func(k string) processors.Status {
 		t.Helper()
