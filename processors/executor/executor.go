@@ -1101,6 +1101,7 @@ func (x *Executor) await(ctx context.Context, got []*flight, waiting map[*flight
 			fetched = tk.C
 		}
 	}
+	next := false // the wait ended for the next step's events
 wait:
 	for len(waiting) > 0 {
 		select {
@@ -1120,13 +1121,21 @@ wait:
 			break wait
 		case <-fetched:
 			if x.backlog() > 0 {
+				next = true
 				break wait
 			}
 		case <-ctx.Done():
 			break wait
 		}
 	}
-	if len(waiting) > 0 && ctx.Err() == nil {
+	switch {
+	case len(waiting) == 0 || ctx.Err() != nil:
+	case next:
+		// Not waited for a whole budget, so not taken for slow (which
+		// would stop steps waiting for their tenants' new calls): left,
+		// as a step under load leaves the calls it starts.
+		x.leaveAll(waiting)
+	default:
 		x.carry(waiting)
 		x.cfg.Logger.Debug("calls carried over past the step budget", "calls", len(waiting))
 	}

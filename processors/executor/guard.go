@@ -533,6 +533,19 @@ func (x *Executor) leave(f *flight) {
 	x.mu.Unlock()
 }
 
+// leaveAll is leave for every call of fs still running, or ended and
+// not yet taken by a step: one that recorded itself (alone) is waited
+// for by none.
+func (x *Executor) leaveAll(fs map[*flight]struct{}) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for f := range fs {
+		if !f.alone {
+			x.unwaited[f] = struct{}{}
+		}
+	}
+}
+
 // completions are the outcomes of the ended calls fs that are to be
 // recorded: those that held a claim (a non-zero epoch).
 func completions(fs []*flight) []processors.Completion {
