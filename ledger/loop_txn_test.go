@@ -580,12 +580,7 @@ func TestLoopReportsRecordsDeletedUnread(t *testing.T) {
 		return nil
 	})
 	p.produce("later", 3)
-	ledgertest.WaitFor(t, 20*time.Second, func() error {
-		if seen.Load() < 5 {
-			return fmt.Errorf("records seen %d; want the 3 published since too", seen.Load())
-		}
-		return nil
-	})
+	waitSeen(t, seen, 5, "the 3 published since too")
 	if n, r := metrics.deleted.Load(), metrics.reports.Load(); n != 6 || r != 1 {
 		t.Errorf("reported %d records deleted in %d reports; want 6 (offsets 2 to 7), once", n, r)
 	}
@@ -609,26 +604,28 @@ func TestLoopDoesNotCountRecordsItRead(t *testing.T) {
 	// The batches are held (a tick far longer than the test): the
 	// group's offset stays at 0 while the loop reads on.
 	logs, metrics, seen := p.holdingLoop()
-	ledgertest.WaitFor(t, 20*time.Second, func() error {
-		if seen.Load() < 5 {
-			return fmt.Errorf("records seen %d; want 5", seen.Load())
-		}
-		return nil
-	})
+	waitSeen(t, seen, 5, "the 5 published")
 	p.deleteBefore(5)
 	p.produce("later", 3)
-	ledgertest.WaitFor(t, 20*time.Second, func() error {
-		if seen.Load() < 8 {
-			return fmt.Errorf("records seen %d; want the 3 published since too", seen.Load())
-		}
-		return nil
-	})
+	waitSeen(t, seen, 8, "the 3 published since too")
 	if n, r := metrics.deleted.Load(), metrics.reports.Load(); n != 0 || r != 0 {
 		t.Errorf("reported %d records deleted in %d reports; want none: the loop had read them", n, r)
 	}
 	if line := logs.String(); strings.Contains(line, "records deleted from the log") {
 		t.Errorf("log %s; want no gap reported", line)
 	}
+}
+
+// waitSeen waits until a loop's steps saw n records (what, the last of
+// them).
+func waitSeen(t *testing.T, seen *atomic.Int64, n int64, what string) {
+	t.Helper()
+	ledgertest.WaitFor(t, 20*time.Second, func() error {
+		if seen.Load() < n {
+			return fmt.Errorf("records seen %d; want %s", seen.Load(), what)
+		}
+		return nil
+	})
 }
 
 // partitionZero writes to, and commits and deletes on, partition 0 of
