@@ -1088,7 +1088,9 @@ func (x *Executor) appendRecorded(cs []processors.Completion, applied []bool, ou
 // fetched (the backlog: the calls they authorize would wait behind this
 // step's slow ones), or ctx is done, and then whatever else has ended by
 // now, carried over from earlier steps. The calls of waiting still
-// running carry over to later steps.
+// running carry over to later steps (carry: past a budget, their tenants'
+// new calls are not waited for) or, when the next events came first, are
+// left to the next step that waits (leaveAll).
 func (x *Executor) await(ctx context.Context, got []*flight, waiting map[*flight]struct{}) []*flight {
 	var budget, fetched <-chan time.Time
 	if x.cfg.StepBudget > 0 && len(waiting) > 0 {
