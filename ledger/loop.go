@@ -813,9 +813,8 @@ type topicPartition struct {
 
 // gap is a partition's run of deleted records, by where it starts.
 type gap struct {
-	topic     string
-	partition int32
-	from      int64
+	topicPartition
+	from int64
 }
 
 // checkDeleted reports the records fetches skipped because the log
@@ -857,7 +856,7 @@ func (l *Loop) checkDeleted(cl *kgo.Client, fetches kgo.Fetches, reported map[ga
 		if seen {
 			from = last
 		}
-		g := gap{ftp.Topic, ftp.Partition, from}
+		g := gap{tp, from}
 		if from < 0 || from >= ftp.LogStartOffset || reported[g] {
 			return
 		}

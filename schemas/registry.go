@@ -267,10 +267,10 @@ func unasserted(schema any, ptr string) (string, string) {
 	if !ok {
 		return "", ""
 	}
+	_, hasIf := m["if"]
+	_, hasContains := m["contains"]
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		kp := ptr + "/" + escapeToken(k)
-		_, hasIf := m["if"]
-		_, hasContains := m["contains"]
 		switch {
 		case k == "format":
 			if f, _ := m[k].(string); jsonschema.Formats[f] == nil {
@@ -288,16 +288,15 @@ func unasserted(schema any, ptr string) (string, string) {
 			return kp, "is no keyword of JSON Schema 2020-12 the validator applies (content keywords included): it would check nothing; schemas a $ref names go under $defs, and an extension that checks nothing is named x-..."
 		}
 	}
-	subs := func(v any, p string) (string, string) { return unasserted(v, p) }
 	for _, k := range slices.Concat(memberKeywords, sameInstanceKeywords, evaluatingKeywords, []string{"not"}) {
-		if p, why := subs(m[k], ptr+"/"+k); p != "" {
+		if p, why := unasserted(m[k], ptr+"/"+k); p != "" {
 			return p, why
 		}
 	}
 	for _, k := range slices.Concat(memberListKeywords, sameInstanceListKeywords) {
 		list, _ := m[k].([]any)
 		for i, sub := range list {
-			if p, why := subs(sub, fmt.Sprintf("%s/%s/%d", ptr, k, i)); p != "" {
+			if p, why := unasserted(sub, fmt.Sprintf("%s/%s/%d", ptr, k, i)); p != "" {
 				return p, why
 			}
 		}
@@ -305,7 +304,7 @@ func unasserted(schema any, ptr string) (string, string) {
 	for _, k := range slices.Concat(memberTableKeywords, evaluatingTableKeywords) {
 		table, _ := m[k].(map[string]any)
 		for _, name := range slices.Sorted(maps.Keys(table)) {
-			if p, why := subs(table[name], ptr+"/"+k+"/"+escapeToken(name)); p != "" {
+			if p, why := unasserted(table[name], ptr+"/"+k+"/"+escapeToken(name)); p != "" {
 				return p, why
 			}
 		}
