@@ -21,15 +21,16 @@
 package processors
 
 import (
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 // Status is the execution store's view of a call. It follows the call's
@@ -99,6 +100,11 @@ type Record struct {
 	UserID      string
 	Tool        string
 	ToolVersion int
+	// ToolDigest is the digest of the tool's definition the call was
+	// admitted under (schemas.Tool.Digest): every process that acts on
+	// the call takes the tool by it (schemas.Registry.Bound). Empty on a
+	// record an older build admitted.
+	ToolDigest string
 	// Arguments is the canonical JSON (RFC 8785) of the call's arguments,
 	// unredacted: what the intake validated and hashed, and what runs.
 	Arguments  []byte
@@ -204,6 +210,14 @@ func (c Cursor) IsZero() bool { return c.At.IsZero() && c.Key == ledger.CallKey{
 // Cursor is r's place in Unlogged's and ByStatusAfter's order.
 func (r *Record) Cursor() Cursor { return Cursor{At: r.UpdatedAt, Key: r.Key} }
 
+// ToolIn returns r's tool from reg as the call was admitted: the
+// version r names, defined as it was then (schemas.Registry.Bound). A
+// registry that defines the version otherwise does not have the call's
+// tool: an error wrapping schemas.ErrOtherDefinition.
+func (r *Record) ToolIn(reg *schemas.Registry) (*schemas.Tool, error) {
+	return reg.Bound(r.Tool, r.ToolVersion, r.ToolDigest)
+}
+
 // LeaseCursor is r's place in ExpiredAfter's order.
 func (r *Record) LeaseCursor() Cursor { return Cursor{At: r.LeaseUntil, Key: r.Key} }
 
@@ -217,11 +231,14 @@ type Admission struct {
 	UserID      string
 	Tool        string
 	ToolVersion int
-	Arguments   []byte
-	DeadlineAt  time.Time
-	Status      Status // StatusAuthorized, StatusDenied or StatusPending
-	Seq         int64  // seq of the last event in Outbox
-	Outbox      []byte
+	// ToolDigest is the digest of the definition the intake admitted the
+	// call under (Record.ToolDigest).
+	ToolDigest string
+	Arguments  []byte
+	DeadlineAt time.Time
+	Status     Status // StatusAuthorized, StatusDenied or StatusPending
+	Seq        int64  // seq of the last event in Outbox
+	Outbox     []byte
 	// Records, when set, are Outbox's events as records for the log,
 	// encoded with it (ledger.EncodeOutbox). The stores ignore them.
 	Records []*kgo.Record
@@ -248,7 +265,7 @@ func (a Admission) Record(now time.Time) Record {
 	}
 	return Record{
 		Key: a.Key, CallID: a.CallID, ArgumentsHash: a.ArgumentsHash, UserID: a.UserID,
-		Tool: a.Tool, ToolVersion: a.ToolVersion, Arguments: a.Arguments,
+		Tool: a.Tool, ToolVersion: a.ToolVersion, ToolDigest: a.ToolDigest, Arguments: a.Arguments,
 		DeadlineAt: deadline, Status: a.Status, Seq: a.Seq, Outbox: a.Outbox,
 		CreatedAt: now, UpdatedAt: now,
 	}

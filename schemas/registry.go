@@ -52,6 +52,9 @@ var (
 	ErrUnknownTool = errors.New("unknown tool")
 	// ErrUnknownVersion: the tool exists, but not at that version.
 	ErrUnknownVersion = errors.New("unknown tool version")
+	// ErrOtherDefinition: the registry defines the tool version, but not
+	// as the definition a call was admitted under (Registry.Bound).
+	ErrOtherDefinition = errors.New("tool version defined otherwise")
 )
 
 // Registry is a loaded, immutable set of tool versions. It is safe for
@@ -167,6 +170,9 @@ func loadFile(fsys fs.FS, name string) (*Tool, error) {
 		return nil, fmt.Errorf("%w: input_schema: %w", ErrInvalidTool, err)
 	}
 	t.schema = s
+	if t.digest, err = definitionDigest(&t); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidTool, err)
+	}
 	return &t, nil
 }
 
@@ -719,6 +725,20 @@ func (r *Registry) Lookup(name string, version int) (*Tool, error) {
 		return nil, fmt.Errorf("%w: %s.v%d", ErrUnknownVersion, name, version)
 	}
 	return t, nil
+}
+
+// Bound returns the tool at that version if its definition is the one
+// whose Digest is digest: the definition a call was admitted under. The
+// error wraps ErrOtherDefinition when the registry defines that version
+// otherwise (an edited file, or another registry), and is Lookup's
+// when it lacks the version. An empty digest, a call admitted before
+// calls recorded one, binds nothing.
+func (r *Registry) Bound(name string, version int, digest string) (*Tool, error) {
+	t, err := r.Lookup(name, version)
+	if err != nil || digest == "" || t.digest == digest {
+		return t, err
+	}
+	return nil, fmt.Errorf("%w: %s.v%d is %s here, the call was admitted under %s", ErrOtherDefinition, name, version, t.digest, digest)
 }
 
 // Has reports whether the registry holds a version of the tool name.

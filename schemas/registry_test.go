@@ -438,3 +438,77 @@ func TestLoadNestedObjectsClosed(t *testing.T) {
 		}
 	}
 }
+
+// TestDigest: the same definition written another way keeps its digest;
+// any change of meaning gives another, and Bound takes the tool only
+// under the digest it was admitted with.
+func TestDigest(t *testing.T) {
+	t.Parallel()
+	digest := func(t *testing.T, body string) string {
+		t.Helper()
+		r, err := Load(mapFS(map[string]string{"tools/t.v1.json": body}))
+		if err != nil {
+			t.Fatalf("Load() = %v", err)
+		}
+		tool, err := r.Lookup("t", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tool.Digest()
+	}
+	base := digest(t, toolJSON)
+	if !strings.HasPrefix(base, "sha256:") || len(base) != len("sha256:")+64 {
+		t.Fatalf("Digest() = %q; want sha256: and 64 hex digits", base)
+	}
+	same := map[string]string{
+		"reformatted": strings.Join(strings.Fields(toolJSON), " "),
+		"members reordered": `{"backend": {"audience": "aud", "url": "/tools/t", "kind": "http"},
+  "idempotency": "native", "risk": "low", "effect": "read",
+  "input_schema": {"properties": {"x": {"type": "string"}}, "additionalProperties": false,
+    "type": "object", "$schema": "https://json-schema.org/draft/2020-12/schema"},
+  "description": "a test tool", "owner": "tests", "version": 1, "name": "t"}`,
+		"defaults written out": strings.Replace(toolJSON, `"effect"`, `"timeout_ms": 10000, "max_concurrency": 16, "max_result_bytes": 65536, "effect"`, 1),
+	}
+	for name, body := range same {
+		if got := digest(t, body); got != base {
+			t.Errorf("%s: Digest() = %s; want %s, the same definition's", name, got, base)
+		}
+	}
+	other := map[string][2]string{
+		"idempotency":       {`"idempotency": "native"`, `"idempotency": "none"`},
+		"timeout":           {`"effect"`, `"timeout_ms": 9000, "effect"`},
+		"backend url":       {`"/tools/t"`, `"/tools/t2"`},
+		"input schema":      {`{"type": "string"}`, `{"type": "string", "maxLength": 5}`},
+		"description":       {`"a test tool"`, `"another test tool"`},
+		"mask":              {`"effect"`, `"mask": ["x"], "effect"`},
+		"status lookup url": {`"effect"`, `"status_lookup": {"url": "/status/t"}, "effect"`},
+	}
+	seen := map[string]string{base: "the base"}
+	for name, edit := range other {
+		body := strings.Replace(toolJSON, edit[0], edit[1], 1)
+		if body == toolJSON {
+			t.Fatalf("%s: the edit changed nothing", name)
+		}
+		got := digest(t, body)
+		if prev, ok := seen[got]; ok {
+			t.Errorf("%s: Digest() = %s, the same as %s's", name, got, prev)
+		}
+		seen[got] = name
+	}
+
+	r, err := Load(mapFS(map[string]string{"tools/t.v1.json": toolJSON}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{base, ""} {
+		if tool, err := r.Bound("t", 1, d); err != nil || tool == nil || tool.Digest() != base {
+			t.Errorf("Bound(t, 1, %q) = %v, %v; want the tool", d, tool, err)
+		}
+	}
+	if tool, err := r.Bound("t", 1, "sha256:"+strings.Repeat("0", 64)); !errors.Is(err, ErrOtherDefinition) || tool != nil {
+		t.Errorf("Bound(t, 1, another digest) = %v, %v; want nil, ErrOtherDefinition", tool, err)
+	}
+	if tool, err := r.Bound("t", 2, base); !errors.Is(err, ErrUnknownVersion) || tool != nil {
+		t.Errorf("Bound(t, 2) = %v, %v; want nil, ErrUnknownVersion", tool, err)
+	}
+}

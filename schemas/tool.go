@@ -1,6 +1,9 @@
 package schemas
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -208,6 +211,42 @@ type Tool struct {
 	ResourceVersion *ResourceVersion `json:"resource_version,omitempty"`
 
 	schema *jsonschema.Schema
+	digest string
+}
+
+// Digest identifies the definition: "sha256:" and the hex SHA-256 of the
+// entry as loaded (its fields in a fixed order, defaults filled in, the
+// input schema's members sorted), so that a file written another way
+// with the same meaning has the same digest and any other change gives
+// another. A call is admitted under its tool's digest, and every process
+// that acts on the call takes its tool only from a registry whose
+// definition has that digest (Registry.Bound): a version is immutable,
+// and a changed definition is a new version.
+func (t *Tool) Digest() string { return t.digest }
+
+// definitionDigest computes t's Digest, once its defaults are filled in.
+func definitionDigest(t *Tool) (string, error) {
+	// The input schema is kept as written; members sorted, a
+	// reformatted or reordered file keeps its digest. json.Number keeps
+	// each number as written.
+	dec := json.NewDecoder(bytes.NewReader(t.InputSchema))
+	dec.UseNumber()
+	var schema any
+	if err := dec.Decode(&schema); err != nil {
+		return "", err
+	}
+	sorted, err := json.Marshal(schema)
+	if err != nil {
+		return "", err
+	}
+	entry := *t
+	entry.InputSchema = sorted
+	b, err := json.Marshal(&entry)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
 // Ref returns the tool's name and version.

@@ -563,7 +563,7 @@ var ErrUnavailable = errors.New("approvals: cannot read the resource's version n
 // resourceVersion reads the version of the call's resource, when its tool
 // declares how and this service can read it (read false otherwise).
 func (s *Service) resourceVersion(ctx context.Context, rec processors.Record) (v string, read bool, err error) {
-	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	tool, err := rec.ToolIn(s.cfg.Registry)
 	if err != nil || s.cfg.Versions == nil {
 		return "", false, nil
 	}
@@ -841,7 +841,7 @@ func waitedForApproval(f *found, decision *ledger.Event) bool {
 // redacted arguments.
 func (s *Service) preview(rec processors.Record, requested *ledger.Event) Preview {
 	p := Preview{Tool: rec.Tool}
-	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	tool, err := rec.ToolIn(s.cfg.Registry)
 	if err == nil {
 		p.Description = tool.Description
 		p.Effect = string(tool.Effect)

@@ -300,26 +300,29 @@ func (s *Store) Close() error { return s.db.Close() }
 // diskRecord is a Record as stored. Its JSON names are the file format:
 // rename nothing without bumping format.
 type diskRecord struct {
-	TenantID       string            `json:"tenant_id"`
-	IdempotencyKey string            `json:"idempotency_key"`
-	CallID         string            `json:"call_id"`
-	ArgumentsHash  string            `json:"arguments_hash"`
-	UserID         string            `json:"user_id,omitempty"`
-	Tool           string            `json:"tool"`
-	ToolVersion    int               `json:"tool_version"`
-	Arguments      []byte            `json:"arguments,omitempty"`
-	DeadlineAt     time.Time         `json:"deadline_at,omitzero"`
-	Status         processors.Status `json:"status"`
-	Epoch          int64             `json:"epoch"`
-	Attempt        int               `json:"attempt"`
-	LeaseOwner     string            `json:"lease_owner,omitempty"`
-	LeaseUntil     time.Time         `json:"lease_until,omitzero"`
-	Result         []byte            `json:"result,omitempty"`
-	Seq            int64             `json:"seq"`
-	LoggedSeq      int64             `json:"logged_seq"`
-	Outbox         []byte            `json:"outbox,omitempty"`
-	CreatedAt      time.Time         `json:"created_at"`
-	UpdatedAt      time.Time         `json:"updated_at"`
+	TenantID       string `json:"tenant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	CallID         string `json:"call_id"`
+	ArgumentsHash  string `json:"arguments_hash"`
+	UserID         string `json:"user_id,omitempty"`
+	Tool           string `json:"tool"`
+	ToolVersion    int    `json:"tool_version"`
+	// Absent from the records of builds before tool digests: binds
+	// nothing.
+	ToolDigest string            `json:"tool_digest,omitempty"`
+	Arguments  []byte            `json:"arguments,omitempty"`
+	DeadlineAt time.Time         `json:"deadline_at,omitzero"`
+	Status     processors.Status `json:"status"`
+	Epoch      int64             `json:"epoch"`
+	Attempt    int               `json:"attempt"`
+	LeaseOwner string            `json:"lease_owner,omitempty"`
+	LeaseUntil time.Time         `json:"lease_until,omitzero"`
+	Result     []byte            `json:"result,omitempty"`
+	Seq        int64             `json:"seq"`
+	LoggedSeq  int64             `json:"logged_seq"`
+	Outbox     []byte            `json:"outbox,omitempty"`
+	CreatedAt  time.Time         `json:"created_at"`
+	UpdatedAt  time.Time         `json:"updated_at"`
 	// Absent from the records of builds before per-call credentials: they
 	// read as none.
 	JTI              string `json:"jti,omitempty"`
@@ -336,7 +339,7 @@ func toDisk(r processors.Record) diskRecord {
 	return diskRecord{
 		TenantID: r.Key.TenantID, IdempotencyKey: r.Key.IdempotencyKey,
 		CallID: r.CallID, ArgumentsHash: r.ArgumentsHash, UserID: r.UserID, Tool: r.Tool, ToolVersion: r.ToolVersion,
-		Arguments: r.Arguments, DeadlineAt: r.DeadlineAt, Status: r.Status,
+		ToolDigest: r.ToolDigest, Arguments: r.Arguments, DeadlineAt: r.DeadlineAt, Status: r.Status,
 		Epoch: r.Epoch, Attempt: r.Attempt, LeaseOwner: r.LeaseOwner, LeaseUntil: r.LeaseUntil,
 		Result: r.Result, Seq: r.Seq, LoggedSeq: r.LoggedSeq, Outbox: r.Outbox,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
@@ -349,7 +352,7 @@ func (d diskRecord) record() processors.Record {
 	return processors.Record{
 		Key:    ledger.CallKey{TenantID: d.TenantID, IdempotencyKey: d.IdempotencyKey},
 		CallID: d.CallID, ArgumentsHash: d.ArgumentsHash, UserID: d.UserID, Tool: d.Tool, ToolVersion: d.ToolVersion,
-		Arguments: d.Arguments, DeadlineAt: d.DeadlineAt, Status: d.Status,
+		ToolDigest: d.ToolDigest, Arguments: d.Arguments, DeadlineAt: d.DeadlineAt, Status: d.Status,
 		Epoch: d.Epoch, Attempt: d.Attempt, LeaseOwner: d.LeaseOwner, LeaseUntil: d.LeaseUntil,
 		Result: d.Result, Seq: d.Seq, LoggedSeq: d.LoggedSeq, Outbox: d.Outbox,
 		CreatedAt: d.CreatedAt, UpdatedAt: d.UpdatedAt,

@@ -212,7 +212,7 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	if rec.Status != processors.StatusSucceeded && rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {
 		return ledger.CallKey{}, nil, fmt.Errorf("%w (it is %s)", ErrNotCompensable, rec.Status)
 	}
-	tool, err := s.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	tool, err := rec.ToolIn(s.cfg.Registry)
 	if err != nil {
 		return ledger.CallKey{}, nil, err
 	}
@@ -378,6 +378,13 @@ func (s *Service) Handler() http.Handler {
 			writeError(w, http.StatusConflict, "arguments_integrity", err.Error())
 		case errors.Is(err, ErrInvalidReason):
 			writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		case errors.Is(err, schemas.ErrOtherDefinition):
+			// This service's registry defines the call's tool version
+			// otherwise than the intake that admitted it: its declared
+			// compensation may not be the call's.
+			writeError(w, http.StatusConflict, "tool_defined_otherwise", err.Error())
+		case errors.Is(err, schemas.ErrUnknownTool), errors.Is(err, schemas.ErrUnknownVersion):
+			writeError(w, http.StatusConflict, "unknown_tool", "the call's tool version is not in this service's registry: "+err.Error())
 		case errors.Is(err, ErrMayStillLand):
 			SetRetryAfter(w, err)
 			writeError(w, http.StatusConflict, "outcome_may_still_land", err.Error())

@@ -196,7 +196,11 @@ const (
 	ReasonUnavailable       = "tool_unavailable"
 	ReasonArgumentIntegrity = "arguments_integrity"
 	ReasonUnknownTool       = "unknown_tool"
-	ReasonNoCredential      = "credential_unavailable"
+	// ReasonOtherDefinition: the executor's registry defines the call's
+	// tool version otherwise than the intake's that admitted it
+	// (schemas.ErrOtherDefinition); nothing was sent.
+	ReasonOtherDefinition = "tool_defined_otherwise"
+	ReasonNoCredential    = "credential_unavailable"
 	// ReasonResourceChanged: the approved call's resource changed since
 	// the approval: denied when the executor's read finds it, failed
 	// (code http_412) when the tool does, refusing the If-Match the
@@ -1214,23 +1218,30 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 	}
 	log := callLog{ctx: ctx, l: x.cfg.Logger, rec: &rec, traceID: tmpl.TraceID}
 
-	tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	tool, err := rec.ToolIn(x.cfg.Registry)
 	if err != nil {
 		// A tool version this executor does not know yet (a rolling
-		// deploy: an intake with the new registry admitted it): given
-		// back for an executor that knows it, while the call's
-		// deadline leaves room, rather than failed with its key spent.
-		// Taken over, it may have been sent by an owner that knew it:
-		// what happened is for a reconciler that does.
+		// deploy: an intake with the new registry admitted it), or
+		// defines otherwise than the intake that admitted the call (a
+		// registry edited in place, or another registry): given back
+		// for an executor that has the call's definition, while the
+		// call's deadline leaves room, rather than failed with its key
+		// spent; never run by another definition, whose idempotency,
+		// timeout or endpoint may not be the call's. Taken over, it may
+		// have been sent by an owner that had it: what happened is for
+		// a reconciler that does.
+		reason, detail := ReasonUnknownTool, fmt.Sprintf("this executor does not know %s v%d; nothing was sent", rec.Tool, rec.ToolVersion)
+		if errors.Is(err, schemas.ErrOtherDefinition) {
+			reason, detail = ReasonOtherDefinition, err.Error()+"; nothing was sent"
+		}
 		switch after := max(x.cfg.SweepEvery, time.Second); {
 		case reclaimed:
-			log.Warn("taken-over call of a tool version this executor does not know; outcome unknown")
-			return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+ReasonUnknownTool, nil)
+			log.Warn("taken-over call of a tool version this executor does not have as admitted; outcome unknown", "reason", reason, "err", err)
+			return c.finish(processors.StatusOutcomeUnknown, rec.Attempt+1, ReasonLeaseExpired, "reclaimed_"+reason, nil)
 		case roomFor(rec, tmpl, x.cfg.Now().Add(after)):
-			return x.releaseClaim(ctx, c, log, refusal{reason: ReasonUnknownTool, after: after,
-				detail: fmt.Sprintf("this executor does not know %s v%d; nothing was sent", rec.Tool, rec.ToolVersion)})
+			return x.releaseClaim(ctx, c, log, refusal{reason: reason, after: after, detail: detail})
 		}
-		return c.finish(processors.StatusFailed, rec.Attempt+1, ReasonUnknownTool, "", nil)
+		return c.finish(processors.StatusFailed, rec.Attempt+1, reason, "", nil)
 	}
 	if reclaimed && tool.Effect == schemas.EffectRead {
 		// A read taken over runs as a call of its own: whatever its
@@ -2183,7 +2194,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		// the freeze's own record says.
 		level = slog.LevelDebug
 	}
-	log.log(level, "call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot (or the control topic no copy known current) within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, its tool version is unknown here, or its tool is frozen and an approval or a compensation stands behind it); claim given back, to be tried again", "reason", r.reason,
+	log.log(level, "call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot (or the control topic no copy known current) within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, its tool version is unknown here or defined otherwise, or its tool is frozen and an approval or a compensation stands behind it); claim given back, to be tried again", "reason", r.reason,
 		"detail", r.detail, "retry_after", rel.After)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}

@@ -880,27 +880,9 @@ func TestResultSanitized(t *testing.T) {
 // happened), the stored result says it was truncated, and the event says
 // how big it was.
 func TestOversizeResultTruncated(t *testing.T) {
-	r := newRig(t)
-	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile("../testdata/registry/tools/get_weather.v1.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var entry map[string]any
-	if err := json.Unmarshal(raw, &entry); err != nil {
-		t.Fatal(err)
-	}
-	entry["max_result_bytes"] = 16
-	b, _ := json.Marshal(entry)
-	if err := os.WriteFile(filepath.Join(dir, "tools", "get_weather.v1.json"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if r.reg, err = schemas.Load(os.DirFS(dir)); err != nil {
-		t.Fatal(err)
-	}
+	r := newRigWith(t, processorstest.RegistryWith(t, "../testdata/registry", "get_weather", func(entry map[string]any) {
+		entry["max_result_bytes"] = 16
+	}), demobackend.Config{})
 	auth := r.admit("get_weather", "big", map[string]any{"city": "Oslo"}, 0)
 	out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{auth})
 	if err != nil {
@@ -1484,28 +1466,67 @@ func TestUnknownToolVersionGivenBack(t *testing.T) {
 	r := newRig(t)
 	// The registry without notify.v1: an executor not yet upgraded.
 	older := registryWithout(t, "notify")
-	args := map[string]any{"to": "a@example.com", "subject": "s"}
-	old := r.executor(func(c *executor.Config) { c.Registry, c.SweepEvery = older, 10*time.Millisecond })
-	out, err := old.Step(t.Context(), []*kgo.Record{r.admit("notify", "rolling", args, 60_000), r.admit("notify", "no-deadline", args, 0)})
+	r.givenBackAndRun(r.executor(func(c *executor.Config) { c.Registry, c.SweepEvery = older, 10*time.Millisecond }), executor.ReasonUnknownTool)
+}
+
+// An executor whose registry defines a call's tool version otherwise than
+// the intake's that admitted it (here notify.v1 edited in place to say
+// native idempotency, which would let a retry resend an email) never runs
+// the call by its own definition: it gives the call back while its
+// deadline leaves room, for an executor with the admitted definition,
+// which runs it; without a deadline the call fails, nothing sent; taken
+// over from an owner that died, its outcome is unknown. Before, calls
+// were bound by name and version only, and the edited definition ran.
+func TestOtherDefinitionNotRun(t *testing.T) {
+	r := newRig(t)
+	edited := processorstest.RegistryWith(t, "../testdata/registry", "notify", func(entry map[string]any) {
+		entry["idempotency"] = "native"
+	})
+	other := r.executor(func(c *executor.Config) { c.Registry, c.SweepEvery = edited, 10*time.Millisecond })
+	r.givenBackAndRun(other, executor.ReasonOtherDefinition)
+
+	auth := r.admit("notify", "taken-over", notifyArgs, 0)
+	ev := authorizedEvent(t, auth)
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	stepEndsAs(t, other, auth, []string{"executing", "outcome_unknown(" + executor.ReasonLeaseExpired + ")"}, "reclaimed_"+executor.ReasonOtherDefinition)
+	if n := r.backend.AppliedIn(demobackend.ToolSendEmail, "t_a", "t_a/taken-over"); n != 0 {
+		t.Errorf("the taken-over call was applied %d times; want none", n)
+	}
+}
+
+// notifyArgs are arguments of a notify call.
+var notifyArgs = map[string]any{"to": "a@example.com", "subject": "s"}
+
+// givenBackAndRun has x, an executor without the test registry's notify.v1
+// as the intake admits its calls, step two of them: the one without a
+// deadline must fail for reason, nothing sent, and the other be given
+// back, for an executor with the intake's registry to run once.
+func (r *rig) givenBackAndRun(x *executor.Executor, reason string) {
+	t := r.t
+	t.Helper()
+	out, err := x.Step(t.Context(), []*kgo.Record{r.admit("notify", "given-back", notifyArgs, 60_000), r.admit("notify", "no-deadline", notifyArgs, 0)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(map[string][]string{"t_a/no-deadline": {"executing", "failed(" + executor.ReasonUnknownTool + ")"}}, byCall(t, out.Records)); diff != "" {
-		t.Errorf("the older executor's step (-want +got):\n%s", diff)
+	if diff := cmp.Diff(map[string][]string{"t_a/no-deadline": {"executing", "failed(" + reason + ")"}}, byCall(t, out.Records)); diff != "" {
+		t.Errorf("the step of the executor without the definition (-want +got):\n%s", diff)
 	}
-	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "rolling"})
+	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "given-back"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
-		t.Fatalf("the call of the version the executor does not know is %s owned by %q, attempt %d; want given back", rec.Status, rec.LeaseOwner, rec.Attempt)
+		t.Fatalf("the call is %s owned by %q, attempt %d; want given back", rec.Status, rec.LeaseOwner, rec.Attempt)
 	}
-	upgraded := r.executor(func(c *executor.Config) { c.SweepEvery = time.Nanosecond })
-	got := stepUntil(t, upgraded, 10*time.Second, "t_a/rolling")
-	if diff := cmp.Diff([]string{"executing", "succeeded"}, got["t_a/rolling"]); diff != "" {
-		t.Errorf("the upgraded executor's sweep (-want +got):\n%s", diff)
+	if n := r.backend.Requests(); n != 0 {
+		t.Fatalf("%d requests reached the tool from the executor without the definition; want none", n)
 	}
-	if n := r.backend.AppliedIn(demobackend.ToolSendEmail, "t_a", "t_a/rolling"); n != 1 {
+	admitted := r.executor(func(c *executor.Config) { c.SweepEvery = time.Nanosecond })
+	got := stepUntil(t, admitted, 10*time.Second, "t_a/given-back")
+	if diff := cmp.Diff([]string{"executing", "succeeded"}, got["t_a/given-back"]); diff != "" {
+		t.Errorf("the sweep of an executor with the intake's registry (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn(demobackend.ToolSendEmail, "t_a", "t_a/given-back"); n != 1 {
 		t.Errorf("applied %d times; want 1", n)
 	}
 }

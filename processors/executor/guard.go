@@ -460,7 +460,7 @@ func (f *flights) wait(ctx context.Context) error {
 // outcome is recorded rather than lost to a reclaim.
 func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, prior processors.CallCredential) (*flight, bool) {
 	f := &flight{key: rec.Key}
-	if tool, err := x.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion); err == nil {
+	if tool, err := rec.ToolIn(x.cfg.Registry); err == nil {
 		f.g = x.guard(tool, rec.Key.TenantID)
 	}
 	x.mu.Lock()

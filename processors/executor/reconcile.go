@@ -589,7 +589,7 @@ func (r *Reconciler) compensate(ctx context.Context, comp ledger.Event) (pending
 	}
 	// Only the compensation the original's tool declares undoes it (the
 	// intake reserves the keys, this checks the tool as well).
-	tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	tool, err := rec.ToolIn(r.cfg.Registry)
 	switch {
 	case err != nil:
 		// Not in this reconciler's registry (a rolling deploy): the
@@ -663,7 +663,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		log.Error("unknown outcome without context", "err", err)
 		return pendingMove{}, false, nil
 	}
-	tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion)
+	tool, err := rec.ToolIn(r.cfg.Registry)
 	if err != nil {
 		// Not in this reconciler's registry (one not yet upgraded, in a
 		// rolling deploy, meeting a call of a newer version): what the
@@ -672,8 +672,8 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		// lookup that failed, for a reconciler that knows the tool, and
 		// is parked once none has for the bound (a version withdrawn
 		// from every registry).
-		last := fmt.Errorf("tool %s version %d is not in this reconciler's registry: %w", rec.Tool, rec.ToolVersion, err)
-		return r.unanswered(rec, tmpl, nil, last, "its tool version is not in the reconciler's registry, and has not been")
+		last := fmt.Errorf("tool %s version %d is not in this reconciler's registry as the call was admitted: %w", rec.Tool, rec.ToolVersion, err)
+		return r.unanswered(rec, tmpl, nil, last, "its tool version is not in the reconciler's registry as the call was admitted, and has not been")
 	}
 	if tool.StatusLookup == nil || tool.StatusLookup.URL == "" {
 		detail := "the tool declares no status lookup: a human must find out what happened (ledger calls resolve)"
@@ -1595,7 +1595,7 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		// reach the tool, as the reconciler does not take a not_found
 		// for final, nor an operator's undo go out, until then.
 		window := LandingWindow(r.cfg.Registry, r.cfg.CredentialSkew)
-		if tool, err := r.cfg.Registry.Lookup(rec.Tool, rec.ToolVersion); err == nil {
+		if tool, err := rec.ToolIn(r.cfg.Registry); err == nil {
 			window = Landing(tool, r.cfg.CredentialSkew)
 		}
 		if until := rec.UpdatedAt.Add(window); r.cfg.Now().Before(until) {

@@ -30,6 +30,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
+	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -367,6 +368,27 @@ func TestReconcileNothingApplied(t *testing.T) {
 	}
 	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/never"); n != 0 {
 		t.Errorf("applied %d times; want 0", n)
+	}
+}
+
+// A reconciler whose registry defines the call's tool version otherwise
+// than the intake's that admitted it (here create_ticket.v1 edited to
+// declare no status lookup, by which it would park the call for a human)
+// does not settle the call by its own definition: it waits, as for a tool
+// version it lacks, and one with the admitted definition resolves it.
+func TestReconcileOtherDefinitionWaits(t *testing.T) {
+	r := newRig(t)
+	unknown, rec := r.unknownNeverSent("edited")
+	edited := processorstest.RegistryWith(t, "../testdata/registry", "create_ticket", func(entry map[string]any) {
+		delete(entry, "status_lookup")
+	})
+	later := func() time.Time { return rec.UpdatedAt.Add(time.Minute) }
+	other := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Registry, c.Now = edited, later })
+	if got := r.reconcile(other, unknown); len(got) != 0 {
+		t.Errorf("the reconciler with the edited registry reconciled %v; want nothing", got)
+	}
+	if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(r.reconcilerAt(later), unknown)); diff != "" {
+		t.Errorf("the reconciler with the admitted definition (-want +got):\n%s", diff)
 	}
 }
 
@@ -944,25 +966,28 @@ func TestReconcileNotFoundWaitsOutTheCredentialSkew(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
+		reg  *schemas.Registry // nil: the test registry
 		set  func(*executor.ReconcilerConfig)
 		skew time.Duration
 	}{
-		{"default, with credentials", func(c *executor.ReconcilerConfig) { c.Credentials = broker }, credentials.DefaultSkew},
-		{"set", func(c *executor.ReconcilerConfig) { c.CredentialSkew = 20 * time.Second }, 20 * time.Second},
+		{"default, with credentials", nil, func(c *executor.ReconcilerConfig) { c.Credentials = broker }, credentials.DefaultSkew},
+		{"set", nil, func(c *executor.ReconcilerConfig) { c.CredentialSkew = 20 * time.Second }, 20 * time.Second},
 		// A tool whose verifier accepts credentials longer past their
 		// expiry says so in the registry.
-		{"declared by the tool", func(c *executor.ReconcilerConfig) {
-			c.Credentials = broker
-			c.Registry = registryEdited(t, func(file string, def []byte) []byte {
-				if strings.HasPrefix(file, "create_ticket.") {
-					return bytes.Replace(def, []byte(`"backend": {`), []byte(`"backend": {"credential_skew_ms": 90000, `), 1)
-				}
-				return def
-			})
-		}, 90 * time.Second},
+		{"declared by the tool", registryEdited(t, func(file string, def []byte) []byte {
+			if strings.HasPrefix(file, "create_ticket.") {
+				return bytes.Replace(def, []byte(`"backend": {`), []byte(`"backend": {"credential_skew_ms": 90000, `), 1)
+			}
+			return def
+		}), func(c *executor.ReconcilerConfig) { c.Credentials = broker }, 90 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t)
+			var r *rig
+			if tc.reg != nil {
+				r = newRigWith(t, tc.reg, demobackend.Config{})
+			} else {
+				r = newRig(t)
+			}
 			unknown, rec := r.unknownNeverSent("paused")
 			at := func(d time.Duration) *executor.Reconciler {
 				return r.reconcilerWith(func(c *executor.ReconcilerConfig) {

@@ -20,6 +20,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
 
@@ -358,19 +359,27 @@ func (v verifierAs) Verify(context.Context, string) (identity.Identity, error) {
 // attempt (which the reconciler keeps itself) and make its undo pass for
 // the reconciler's. Before, it was answered as the reconciler is: a
 // parked call's undo went at once, without that wait. Any other operator
-// is answered as before.
+// is answered as before, unless the service's registry defines the call's
+// tool version otherwise than the intake that admitted it: its declared
+// compensation may not be the call's, and it is refused (409
+// tool_defined_otherwise, where it was taken as the call's).
 func TestCompensationAPIRefusesTheReconcilersName(t *testing.T) {
 	r := newRig(t)
 	orig, _ := r.unknownRefundToUndo()
+	edited := processorstest.RegistryWith(t, "../testdata/registry", "refund_order", func(entry map[string]any) {
+		entry["timeout_ms"] = 3000
+	})
 	for _, tc := range []struct {
 		user   string
+		reg    *schemas.Registry
 		status int
 		code   string
 	}{
-		{executor.ReconcilerUser, http.StatusForbidden, `"forbidden"`},
-		{"u_ops", http.StatusConflict, `"outcome_may_still_land"`},
+		{executor.ReconcilerUser, r.reg, http.StatusForbidden, `"forbidden"`},
+		{"u_ops", r.reg, http.StatusConflict, `"outcome_may_still_land"`},
+		{"u_ops", edited, http.StatusConflict, `"tool_defined_otherwise"`},
 	} {
-		svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: &recordingPublisher{}, Identity: verifierAs(tc.user),
+		svc, err := compensation.New(compensation.Config{Store: r.store, Registry: tc.reg, Intake: r.in, Publisher: &recordingPublisher{}, Identity: verifierAs(tc.user),
 			Landing: func(tool *schemas.Tool) time.Duration { return executor.Landing(tool, 0) }})
 		if err != nil {
 			t.Fatal(err)

@@ -215,8 +215,13 @@ func (r *rig) admitApprovedWith(key string, edit func(*ledger.Event)) (ledger.Ev
 	if err != nil {
 		r.t.Fatal(err)
 	}
+	tool, err := r.reg.Lookup("refund_order", 1)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	// Under the definition's digest, as the intake admits.
 	if _, err := r.store.Admit(r.t.Context(), []processors.Admission{{Key: ev.Key(), CallID: ev.CallID, ArgumentsHash: hash, Tool: "refund_order", ToolVersion: 1,
-		Arguments: args, Status: processors.StatusAuthorized, Seq: 3, Outbox: outbox}}); err != nil {
+		ToolDigest: tool.Digest(), Arguments: args, Status: processors.StatusAuthorized, Seq: 3, Outbox: outbox}}); err != nil {
 		r.t.Fatal(err)
 	}
 	rec, err := ev.Record("toolcalls.events")

@@ -1471,8 +1471,6 @@ func (c *resolvingFirst) Compensate(ctx context.Context, op identity.Identity, k
 // reaches the tool first cancels nothing, and the call would be recorded
 // compensated with its effect standing. Before, it was undone at once.
 func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
-	r := newRig(t)
-	orig, unknown := r.unknownRefundToUndo()
 	// refund_order as a tool declaring no status lookup.
 	reg := registryEdited(t, func(file string, b []byte) []byte {
 		if file != "refund_order.v1.json" {
@@ -1486,6 +1484,8 @@ func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
 		b, _ = json.Marshal(def)
 		return b
 	})
+	r := newRigWith(t, reg, demobackend.Config{})
+	orig, unknown := r.unknownRefundToUndo()
 	tool, err := reg.Lookup("refund_order", 1)
 	if err != nil {
 		t.Fatal(err)
@@ -1496,7 +1496,7 @@ func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
 	}
 	comp := &recordingCompensator{}
 	now := rec.UpdatedAt.Add(tool.Timeout() / 2)
-	rc := r.sweepingReconciler(comp, &now, func(c *executor.ReconcilerConfig) { c.Registry, c.SweepEvery = reg, time.Second })
+	rc := r.sweepingReconciler(comp, &now, func(c *executor.ReconcilerConfig) { c.SweepEvery = time.Second })
 	if got := r.reconcile(rc, unknown); len(got) != 0 || len(comp.asked) != 0 {
 		t.Errorf("while the last attempt may land: events %v, compensations asked %v; want none yet", got, comp.asked)
 	}

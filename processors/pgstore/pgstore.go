@@ -1049,7 +1049,7 @@ var recordCols = []string{
 	"tenant_id", "idempotency_key", "call_id", "arguments_hash", "tool", "tool_version",
 	"arguments", "deadline_at", "status", "epoch", "attempt", "lease_owner", "lease_until",
 	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at", "user_id",
-	"jti", "credential_family", "undo_marks", "lapsed_families",
+	"jti", "credential_family", "undo_marks", "lapsed_families", "tool_digest",
 }
 
 // queries holds the SQL with the table name filled in.
@@ -1184,12 +1184,12 @@ LIMIT $2`
 		// skip that Admit sees and reads: never a silent one.
 		insert: r.Replace(`INSERT INTO {table}
     (tenant_id, idempotency_key, call_id, arguments_hash, tool, tool_version,
-     arguments, deadline_at, status, seq, outbox, created_at, updated_at, user_id)
+     arguments, deadline_at, status, seq, outbox, created_at, updated_at, user_id, tool_digest)
 SELECT u.t, u.k, u.call_id, u.h, u.tool, u.tool_version,
-       u.arguments, u.deadline_at, u.status, u.seq, u.outbox, now(), now(), u.user_id
+       u.arguments, u.deadline_at, u.status, u.seq, u.outbox, now(), now(), u.user_id, u.tool_digest
 FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[],
-            $7::BYTEA[], $8::TIMESTAMPTZ[], $9::TEXT[], $10::BIGINT[], $11::BYTEA[], $12::TEXT[])
-     AS u (t, k, call_id, h, tool, tool_version, arguments, deadline_at, status, seq, outbox, user_id)
+            $7::BYTEA[], $8::TIMESTAMPTZ[], $9::TEXT[], $10::BIGINT[], $11::BYTEA[], $12::TEXT[], $13::TEXT[])
+     AS u (t, k, call_id, h, tool, tool_version, arguments, deadline_at, status, seq, outbox, user_id, tool_digest)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING tenant_id, idempotency_key, deadline_at, created_at`),
 		// RETURNING only what the claim set: the rest of each record is
@@ -1390,7 +1390,7 @@ func (x *recordScan) dest() []any {
 		&r.Key.TenantID, &r.Key.IdempotencyKey, &r.CallID, &r.ArgumentsHash, &r.Tool, &x.toolVersion,
 		&r.Arguments, &x.deadline, &x.status, &r.Epoch, &x.attempt, &r.LeaseOwner, &x.leaseUntil,
 		&r.Result, &r.Seq, &r.LoggedSeq, &r.Outbox, &r.CreatedAt, &r.UpdatedAt, &r.UserID,
-		&r.Credential.JTI, &r.Credential.Family, &r.UndoMarks, &r.LapsedFamilies,
+		&r.Credential.JTI, &r.Credential.Family, &r.UndoMarks, &r.LapsedFamilies, &r.ToolDigest,
 	}
 }
 
@@ -1568,10 +1568,10 @@ func (s *Store) Admit(ctx context.Context, as []processors.Admission) ([]process
 // admitRows are the admissions a batch inserts, as the insert
 // statement's arrays.
 type admitRows struct {
-	ts, ks, callIDs, hashes, tools, statuses, users []string
-	toolVersions, seqs                              []int64
-	arguments, outboxes                             [][]byte
-	deadlines                                       []pgtype.Timestamptz
+	ts, ks, callIDs, hashes, tools, statuses, users, digests []string
+	toolVersions, seqs                                       []int64
+	arguments, outboxes                                      [][]byte
+	deadlines                                                []pgtype.Timestamptz
 }
 
 // add appends a, its outbox packed from packMin bytes on.
@@ -1581,7 +1581,7 @@ func (r *admitRows) add(a processors.Admission, packMin int) {
 	r.toolVersions, r.arguments = append(r.toolVersions, int64(a.ToolVersion)), append(r.arguments, a.Arguments)
 	r.deadlines, r.statuses = append(r.deadlines, timestamptz(a.DeadlineAt)), append(r.statuses, string(a.Status))
 	r.seqs, r.outboxes = append(r.seqs, a.Seq), append(r.outboxes, packOutbox(a.Outbox, packMin))
-	r.users = append(r.users, a.UserID)
+	r.users, r.digests = append(r.users, a.UserID), append(r.digests, a.ToolDigest)
 }
 
 // queue queues insert (queries.insert) of the rows, in as many
@@ -1591,7 +1591,7 @@ func (r *admitRows) queue(b *pgx.Batch, insert string) int {
 	for _, sp := range spans {
 		lo, hi := sp[0], sp[1]
 		b.Queue(insert, r.ts[lo:hi], r.ks[lo:hi], r.callIDs[lo:hi], r.hashes[lo:hi], r.tools[lo:hi], r.toolVersions[lo:hi],
-			r.arguments[lo:hi], r.deadlines[lo:hi], r.statuses[lo:hi], r.seqs[lo:hi], r.outboxes[lo:hi], r.users[lo:hi])
+			r.arguments[lo:hi], r.deadlines[lo:hi], r.statuses[lo:hi], r.seqs[lo:hi], r.outboxes[lo:hi], r.users[lo:hi], r.digests[lo:hi])
 	}
 	return len(spans)
 }

@@ -439,7 +439,7 @@ func TestMigrateAddsUserColumn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, col := range []string{"user_id", "jti", "credential_family", "undo_marks"} {
+	for _, col := range []string{"user_id", "jti", "credential_family", "undo_marks", "tool_digest"} {
 		if !slices.Contains(st.MissingColumns, tableName+"."+col) {
 			t.Fatalf("Schema() of the old table = %+v; want %s missing (the test's premise)", st, col)
 		}
@@ -527,6 +527,43 @@ func TestMigrateAddsCredentialColumns(t *testing.T) {
 	})
 	if got := res[0].Record.LapsedFamilies; !slices.Equal(got, []string{cred.Family}) {
 		t.Errorf("second takeover's record: lapsed families %q; want %q, the first takeover's", got, cred.Family)
+	}
+}
+
+// TestMigrateAddsToolDigest: a table of the build before admissions
+// recorded their tool's digest gets tool_digest; a call it admitted binds
+// no definition (an empty digest), and a new admission's digest is kept.
+func TestMigrateAddsToolDigest(t *testing.T) {
+	dsn := testDSN(t)
+	cfg := Config{DSN: dsn, Schema: newSchema(t, dsn)}
+	ctx := t.Context()
+	old := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "admitted-before"}
+	prev := open(t, cfg)
+	admitAuthorized(t, prev, old)
+	if _, err := prev.pool.Exec(ctx, "ALTER TABLE "+prev.table+" DROP COLUMN tool_digest"); err != nil {
+		t.Fatal(err)
+	}
+	prev.Close()
+	c := newChecker(t, cfg)
+	if st, err := c.Schema(ctx); err != nil || !slices.Equal(st.MissingColumns, []string{tableName + ".tool_digest"}) {
+		t.Fatalf("Schema() of the previous build's table = %+v, %v; want tool_digest missing (the test's premise)", st, err)
+	}
+
+	s := open(t, cfg) // runs Migrate
+	defer s.Close()
+	if st, err := c.Schema(ctx); err != nil || !st.Current() {
+		t.Errorf("Schema() after Open = %+v, %v; want current", st, err)
+	}
+	if r, err := s.Get(ctx, old); err != nil || r.Status != processors.StatusAuthorized || r.ToolDigest != "" {
+		t.Errorf("Get(the call admitted before) = %q digest %q, %v; want authorized, no digest", r.Status, r.ToolDigest, err)
+	}
+	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "admitted-after"}
+	const digest = "sha256:0123"
+	if _, err := s.Admit(ctx, []processors.Admission{{Key: k, CallID: "c", ArgumentsHash: "h", Tool: "x", ToolDigest: digest, Status: processors.StatusAuthorized}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Get(ctx, k); err != nil || r.ToolDigest != digest {
+		t.Errorf("Get(a call admitted after) = digest %q, %v; want %q", r.ToolDigest, err, digest)
 	}
 }
 

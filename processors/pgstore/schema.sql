@@ -60,6 +60,10 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- loses neither's (see processors.Record.LapsedFamilies). Empty in
     -- the rows of older builds.
     lapsed_families TEXT[]      NOT NULL DEFAULT ARRAY[]::TEXT[],
+    -- The digest of the tool's definition the call was admitted under
+    -- (schemas.Tool.Digest): the definition every process acting on the
+    -- call must hold. '' in the rows of older builds: binds nothing.
+    tool_digest     TEXT        NOT NULL DEFAULT '',
     -- The dedupe rests on this key, not on the isolation level: two
     -- admissions of one call cannot both insert.
     PRIMARY KEY (tenant_id, idempotency_key),
@@ -85,6 +89,8 @@ ALTER TABLE {table} ADD COLUMN IF NOT EXISTS credential_family TEXT NOT NULL DEF
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS undo_marks BIGINT NOT NULL DEFAULT 0;
 
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS lapsed_families TEXT[] NOT NULL DEFAULT ARRAY[]::TEXT[];
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tool_digest TEXT NOT NULL DEFAULT '';
 
 -- Expired: executing records whose lease ended, oldest first. Partial, so
 -- that it holds only the calls in flight: every update of a row writes

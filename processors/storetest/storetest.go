@@ -162,6 +162,7 @@ func admission(k ledger.CallKey, hash string, st processors.Status) processors.A
 		UserID:        "u_alice",
 		Tool:          "refund_order",
 		ToolVersion:   3,
+		ToolDigest:    "sha256:5d41402abc4b2a76b9719d911017c592ae7d3e0b4a5b4e9c2f3b3c1a7e4f9d10",
 		Arguments:     []byte(`{"amount_cents":4500,"order_id":"ord_1029"}`),
 		// Microseconds: the precision of PostgreSQL and CockroachDB.
 		DeadlineAt: time.Date(2031, 5, 6, 7, 8, 9, 123456000, time.UTC),
@@ -180,6 +181,7 @@ func fromAdmission(a processors.Admission) processors.Record {
 		UserID:        a.UserID,
 		Tool:          a.Tool,
 		ToolVersion:   a.ToolVersion,
+		ToolDigest:    a.ToolDigest,
 		Arguments:     a.Arguments,
 		DeadlineAt:    a.DeadlineAt,
 		Status:        a.Status,
