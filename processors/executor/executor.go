@@ -895,8 +895,17 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 	// steps left, so that an outcome never waits for a poll's tick.
 	pipelined := x.cfg.StepBudget >= 0 && x.backlog != nil && x.backlog() > 0
 	if !pipelined {
+		// A call that earlier steps left and that has run a whole
+		// budget since is taken for slow, not waited for again: a
+		// step that waited for it would hold up this step's outcomes
+		// for a budget, once the steps under load that left it stop.
+		now := time.Now()
 		x.mu.Lock()
 		for f := range x.unwaited {
+			if x.outlasted(f, now) {
+				x.carryLocked(f)
+				continue
+			}
 			waiting[f] = struct{}{}
 		}
 		x.mu.Unlock()
@@ -1094,7 +1103,8 @@ func (x *Executor) appendRecorded(cs []processors.Completion, applied []bool, ou
 // now, carried over from earlier steps. The calls of waiting still
 // running carry over to later steps (carry: past a budget, their tenants'
 // new calls are not waited for) or, when the next events came first, are
-// left to the next step that waits (leaveAll).
+// left to the next step that waits, unless they have run a whole budget
+// since their launch (stopWaiting).
 func (x *Executor) await(ctx context.Context, got []*flight, waiting map[*flight]struct{}) []*flight {
 	var budget, fetched <-chan time.Time
 	if x.cfg.StepBudget > 0 && len(waiting) > 0 {
@@ -1137,10 +1147,10 @@ wait:
 	switch {
 	case len(waiting) == 0 || ctx.Err() != nil:
 	case next:
-		// Not waited for a whole budget, so not taken for slow (which
-		// would stop steps waiting for their tenants' new calls): left,
-		// as a step under load leaves the calls it starts.
-		x.leaveAll(waiting)
+		// Not waited for a whole budget by this step: left, as a step
+		// under load leaves the calls it starts, unless running that
+		// long since their launch (stopWaiting).
+		x.stopWaiting(waiting)
 	default:
 		x.carry(waiting)
 		x.cfg.Logger.Debug("calls carried over past the step budget", "calls", len(waiting))

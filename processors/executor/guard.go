@@ -387,11 +387,14 @@ func (x *Executor) InFlight() (n, max int) {
 // flight is one claimed call running in the background. ended and slow
 // are under Executor.mu; c is the call's completion once it ended.
 type flight struct {
-	key   ledger.CallKey
-	g     *guard // nil when the registry does not know the tool
-	c     processors.Completion
-	ended bool
-	slow  bool // counted in g.slow
+	key ledger.CallKey
+	// started is when the call was launched, on the monotonic clock, as
+	// the steps' budgets are counted.
+	started time.Time
+	g       *guard // nil when the registry does not know the tool
+	c       processors.Completion
+	ended   bool
+	slow    bool // counted in g.slow
 	// alone: the call recorded its outcome itself, no step took it
 	// (under the executor's mu).
 	alone bool
@@ -459,7 +462,7 @@ func (f *flights) wait(ctx context.Context) error {
 // runs to its end even when the executor is shutting down, so that its
 // outcome is recorded rather than lost to a reclaim.
 func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, prior processors.CallCredential) (*flight, bool) {
-	f := &flight{key: rec.Key}
+	f := &flight{key: rec.Key, started: time.Now()}
 	if tool, err := rec.ToolIn(x.cfg.Registry); err == nil {
 		f.g = x.guard(tool, rec.Key.TenantID)
 	}
@@ -591,14 +594,49 @@ func (x *Executor) carry(fs map[*flight]struct{}) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for f := range fs {
-		// A call once waited for a whole budget is not waited for
-		// again, whichever step started it.
-		delete(x.unwaited, f)
-		if !f.ended && !f.slow && f.g != nil {
-			f.slow = true
-			f.g.slow++
+		x.carryLocked(f)
+	}
+}
+
+// carryLocked is carry for one call, under x.mu.
+func (x *Executor) carryLocked(f *flight) {
+	// A call once waited for a whole budget is not waited for again,
+	// whichever step started it.
+	delete(x.unwaited, f)
+	if !f.ended && !f.slow && f.g != nil {
+		f.slow = true
+		f.g.slow++
+	}
+}
+
+// outlasted reports whether f has run for a whole step budget by now,
+// over however many steps left it: a step need not wait for it to take
+// it for slow (carry). Never with no budget.
+func (x *Executor) outlasted(f *flight, now time.Time) bool {
+	return x.cfg.StepBudget > 0 && now.Sub(f.started) >= x.cfg.StepBudget
+}
+
+// stopWaiting is what a step that stopped waiting before its budget was
+// spent (the next step's events were fetched) does with the calls of fs
+// still running: those that have run a whole budget since their launch
+// are carried as slow, as if a step had waited that long for them (so
+// that steps stop waiting for their tenants' new calls); the others are
+// left to the next step that waits (leaveAll). Were those carried, a
+// slow call would mark its tenant's tool as hanging; were all left, a
+// hanging call left by step after step under load would be waited for a
+// whole budget by the first step that finds nothing fetched (a lull, the
+// end of a burst), holding up the outcomes of every call of that step.
+func (x *Executor) stopWaiting(fs map[*flight]struct{}) {
+	now := time.Now()
+	x.mu.Lock()
+	for f := range fs {
+		if x.outlasted(f, now) {
+			x.carryLocked(f)
+			delete(fs, f)
 		}
 	}
+	x.mu.Unlock()
+	x.leaveAll(fs)
 }
 
 // recordAlone records finished calls in the store outside a step's

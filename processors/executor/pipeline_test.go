@@ -81,6 +81,40 @@ func TestStepStopsWaitingWhenTheNextEventsArrive(t *testing.T) {
 	}
 }
 
+// A call that steps under load left (events for the next step were
+// fetched each time) and that has run a whole budget since its launch is
+// taken for slow by the first step with nothing fetched, which does not
+// wait for it: it records the calls it claimed as they end, and the slow
+// one is recorded, once, by a later step. Before, that step waited for
+// the call as if it were new, up to its whole budget (200 ms by default),
+// holding up every outcome of its own: the last calls before a lull
+// waited behind a neighbour's hanging call.
+func TestLeftCallRunningABudgetIsNotWaitedFor(t *testing.T) {
+	const budget = time.Second
+	r := newRig(t)
+	// Slower than the budget, and than the pause below.
+	r.backend.SetTenantFault("create_ticket", "t_slow", demobackend.Fault{Latency: 1500 * time.Millisecond})
+	x := r.executor(func(c *executor.Config) { c.StepBudget = budget })
+	backlog := new(atomic.Int64)
+	executor.SetBacklog(x, backlog.Load)
+	backlog.Store(1)
+	if got := stepOnce(t, x, r.admitAs("t_slow", "create_ticket", "a", ticket, 0)); len(got) != 0 {
+		t.Fatalf("the step under load returned %v; want nothing (the call left, running)", got)
+	}
+	time.Sleep(budget + 100*time.Millisecond)
+	backlog.Store(0)
+	want := []string{"executing", "succeeded"}
+	if diff := cmp.Diff(map[string][]string{"t_fast/b": want}, stepOnce(t, x, r.admitAs("t_fast", "create_ticket", "b", ticket, 0))); diff != "" {
+		t.Errorf("the step with nothing fetched, while the left call runs on (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, stepUntil(t, x, 10*time.Second, "t_slow/a")["t_slow/a"]); diff != "" {
+		t.Errorf("the left call's events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.AppliedIn("create_ticket", "t_slow", "t_slow/a"); n != 1 {
+		t.Errorf("applied %d times; want 1", n)
+	}
+}
+
 // With events already fetched for the next step, a step does not wait for
 // the calls it starts (the next step records them while it claims its own
 // batch); a step with nothing fetched waits for them, so that their
