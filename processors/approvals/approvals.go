@@ -437,6 +437,13 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		if argumentsHash != f.rec.ArgumentsHash {
 			return "", ErrHashMismatch
 		}
+		// What the approver was shown, and what the approval binds (the
+		// resource's version), come from this service's definition of
+		// the tool: one other than the call's is no ground to approve
+		// on. (Rejecting needs no definition.)
+		if _, err := f.rec.ToolIn(s.cfg.Registry); errors.Is(err, schemas.ErrOtherDefinition) {
+			return "", err
+		}
 		v, read, err := s.resourceVersion(ctx, f.rec)
 		if err != nil {
 			if processors.VersionReadLater(err) {
@@ -842,6 +849,9 @@ func waitedForApproval(f *found, decision *ledger.Event) bool {
 func (s *Service) preview(rec processors.Record, requested *ledger.Event) Preview {
 	p := Preview{Tool: rec.Tool}
 	tool, err := rec.ToolIn(s.cfg.Registry)
+	if errors.Is(err, schemas.ErrOtherDefinition) {
+		p.Description = "This approvals service defines the tool's version otherwise than the intake that admitted the call, so it cannot show what the call would do, and cannot approve it."
+	}
 	if err == nil {
 		p.Description = tool.Description
 		p.Effect = string(tool.Effect)

@@ -661,6 +661,26 @@ func TestDecisionRefused(t *testing.T) {
 			_, err := f.svc.Approve(t.Context(), boss, approvals.ID(tk), f.record(tk).ArgumentsHash)
 			return err
 		}, approvals.ErrNotFound},
+		// A service whose registry defines the call's tool version
+		// otherwise (here refund_order.v1's description edited in
+		// place) shows no definition, says why, and approves nothing:
+		// the approval would bind what its definition says to read.
+		{"tool defined otherwise", func(f *fixture, k ledger.CallKey) error {
+			svc := f.service(func(c *approvals.Config) {
+				c.Registry = processorstest.RegistryWith(t, "../testdata/registry", "refund_order", func(entry map[string]any) {
+					entry["description"] = "edited in place"
+				})
+			})
+			a, err := svc.Get(t.Context(), boss, approvals.ID(k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := a.Preview; p.Risk != "" || p.Effect != "" || !strings.Contains(p.Description, "otherwise") {
+				t.Errorf("preview %+v; want no definition, and a description that says why", p)
+			}
+			_, err = svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash)
+			return err
+		}, schemas.ErrOtherDefinition},
 		{"list approved", func(f *fixture, k ledger.CallKey) error {
 			_, _, err := f.svc.List(t.Context(), boss, "approved")
 			return err

@@ -10,6 +10,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/schemas"
 )
 
 // maxBodyBytes bounds a decision's request body.
@@ -26,8 +27,11 @@ const (
 	CodeHashMismatch       = "hash_mismatch"
 	CodeResourceChanged    = "resource_changed"
 	CodeVersionUnconfirmed = "version_unconfirmed"
-	CodeInvalidRequest     = "invalid_request"
-	CodeInternal           = "internal"
+	// CodeToolDefinedOtherwise: this service's registry defines the
+	// call's tool version otherwise than the intake that admitted it.
+	CodeToolDefinedOtherwise = "tool_defined_otherwise"
+	CodeInvalidRequest       = "invalid_request"
+	CodeInternal             = "internal"
 )
 
 // ApproveRequest is the body of POST /v1/approvals/{id}/approve.
@@ -116,6 +120,9 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrVersionUnconfirmed):
 		s.cfg.Logger.Error("approval refused: the resource's version cannot be confirmed", "path", r.URL.Path, "err", err)
 		status, code, msg = http.StatusConflict, CodeVersionUnconfirmed, err.Error()
+	case errors.Is(err, schemas.ErrOtherDefinition):
+		s.cfg.Logger.Error("approval refused: this service's registry defines the call's tool version otherwise than the intake that admitted it", "path", r.URL.Path, "err", err)
+		status, code, msg = http.StatusConflict, CodeToolDefinedOtherwise, err.Error()+": approve it from an approvals service with the intake's registry, or reject it"
 	case errors.Is(err, processors.ErrMoveUnknown):
 		s.cfg.Logger.Error("a decision's write failed, and whether it applied could not be read", "path", r.URL.Path, "err", err)
 		status, code, msg = http.StatusServiceUnavailable, httpjson.CodeActionOutcomeUnknown, "the execution store failed as the decision was written, and could not say whether it was: it may have been taken; read the approval before deciding again"
