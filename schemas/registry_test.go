@@ -457,6 +457,7 @@ func TestDigest(t *testing.T) {
 		return tool.Digest()
 	}
 	base := digest(t, toolJSON)
+	seen := map[string]string{}
 	if !strings.HasPrefix(base, "sha256:") || len(base) != len("sha256:")+64 {
 		t.Fatalf("Digest() = %q; want sha256: and 64 hex digits", base)
 	}
@@ -483,7 +484,30 @@ func TestDigest(t *testing.T) {
 		"mask":              {`"effect"`, `"mask": ["x"], "effect"`},
 		"status lookup url": {`"effect"`, `"status_lookup": {"url": "/status/t"}, "effect"`},
 	}
-	seen := map[string]string{base: "the base"}
+	// A number is the same definition however it is written, and
+	// another value is another, however close as a float64.
+	number := func(lit string) string {
+		return digest(t, strings.Replace(toolJSON, `{"x": {"type": "string"}}`, `{"x": {"type": "number", "maximum": `+lit+`}}`, 1))
+	}
+	for _, lits := range [][]string{
+		{"1000", "1e3", "1E+3", "1000.0", "10.00e2", "100000e-2"},
+		{"0.5", "0.50", "5e-1", "5E-1"},
+		{"9007199254740993"},
+		{"9007199254740992", "9007199254740992.0"},
+		{"-0.125", "-125e-3"},
+	} {
+		want := number(lits[0])
+		for _, lit := range lits[1:] {
+			if got := number(lit); got != want {
+				t.Errorf("maximum %s: Digest() = %s; want %s, maximum %s's", lit, got, want, lits[0])
+			}
+		}
+		if prev, ok := seen[want]; ok {
+			t.Errorf("maximum %s: Digest() = %s, the same as maximum %s's", lits[0], want, prev)
+		}
+		seen[want] = "maximum " + lits[0]
+	}
+	seen[base] = "the base"
 	for name, edit := range other {
 		body := strings.Replace(toolJSON, edit[0], edit[1], 1)
 		if body == toolJSON {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"regexp"
 	"strconv"
 	"strings"
@@ -216,9 +217,10 @@ type Tool struct {
 
 // Digest identifies the definition: "sha256:" and the hex SHA-256 of the
 // entry as loaded (its fields in a fixed order, defaults filled in, the
-// input schema's members sorted), so that a file written another way
-// with the same meaning has the same digest and any other change gives
-// another. A call is admitted under its tool's digest, and every process
+// input schema's members sorted and its numbers written one way), so
+// that a file laid out or spelt another way has the same digest and any
+// other change gives another (reordering an array is a change: the
+// order of some means something). A call is admitted under its tool's digest, and every process
 // that acts on the call takes its tool only from a registry whose
 // definition has that digest (Registry.Bound): a version is immutable,
 // and a changed definition is a new version.
@@ -226,16 +228,16 @@ func (t *Tool) Digest() string { return t.digest }
 
 // definitionDigest computes t's Digest, once its defaults are filled in.
 func definitionDigest(t *Tool) (string, error) {
-	// The input schema is kept as written; members sorted, a
-	// reformatted or reordered file keeps its digest. json.Number keeps
-	// each number as written.
+	// The input schema is kept as written; members sorted and numbers
+	// written one way, a reformatted file keeps its digest (arrays keep
+	// their order: prefixItems' is meaningful).
 	dec := json.NewDecoder(bytes.NewReader(t.InputSchema))
 	dec.UseNumber()
 	var schema any
 	if err := dec.Decode(&schema); err != nil {
 		return "", err
 	}
-	sorted, err := json.Marshal(schema)
+	sorted, err := json.Marshal(exactNumbers(schema))
 	if err != nil {
 		return "", err
 	}
@@ -247,6 +249,63 @@ func definitionDigest(t *Tool) (string, error) {
 	}
 	sum := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
+// exactNumbers returns v, a tree json.Decoder made with UseNumber, with
+// each number written one way for its exact value: 1e3, 1000 and 1000.0
+// alike as 1000, 0.50 as 0.5. Not through float64, which would write
+// 9007199254740993 as 9007199254740992 though the validator tells them
+// apart. A number with an exponent of more than maxExactExponent digits'
+// worth stays as written, rather than spelt out in full.
+func exactNumbers(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			v[k] = exactNumbers(e)
+		}
+	case []any:
+		for i, e := range v {
+			v[i] = exactNumbers(e)
+		}
+	case json.Number:
+		return exactNumber(v)
+	}
+	return v
+}
+
+// maxExactExponent bounds the exponents exactNumber spells out.
+const maxExactExponent = 400
+
+// exactNumber writes n as a decimal without exponent, without leading
+// zeros in its integer part or trailing zeros in its fraction.
+func exactNumber(n json.Number) json.Number {
+	s := string(n)
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		if e, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+")); err != nil || e > maxExactExponent || e < -maxExactExponent {
+			return n
+		}
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		return n
+	}
+	// A decimal's denominator is 2^a 5^b: max(a, b) fraction digits
+	// write it exactly.
+	digits := 0
+	d := new(big.Int).Set(r.Denom())
+	for _, p := range []int64{2, 5} {
+		count, q, m, bp := 0, new(big.Int), new(big.Int), big.NewInt(p)
+		for {
+			q.QuoRem(d, bp, m)
+			if m.Sign() != 0 {
+				break
+			}
+			d.Set(q)
+			count++
+		}
+		digits = max(digits, count)
+	}
+	return json.Number(r.FloatString(digits))
 }
 
 // Ref returns the tool's name and version.
