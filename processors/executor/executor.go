@@ -902,7 +902,8 @@ func (x *Executor) Step(ctx context.Context, recs []*kgo.Record) (_ ledger.Outpu
 		now := time.Now()
 		x.mu.Lock()
 		for f := range x.unwaited {
-			if x.outlasted(f, now) {
+			// (One that ended is waited for: it is on its way.)
+			if !f.ended && x.outlasted(f, now) {
 				x.carryLocked(f)
 				continue
 			}
