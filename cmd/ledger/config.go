@@ -199,17 +199,29 @@ func (r *registryFlags) register(fs *pflag.FlagSet) {
 // idempotency its backend does not have, another schema).
 func (r *registryFlags) load(logger *slog.Logger) (*schemas.Registry, error) {
 	if r.dir != "" {
-		return schemas.Load(os.DirFS(r.dir))
+		reg, err := schemas.Load(os.DirFS(r.dir))
+		if err == nil && logger != nil {
+			logger.Info("tool registry loaded", "dir", r.dir, "tools", toolDigests(reg))
+		}
+		return reg, err
 	}
 	reg, err := schemas.Demo()
 	if err == nil && logger != nil {
-		var names []string
-		for _, t := range reg.Tools() {
-			names = append(names, fmt.Sprintf("%s.v%d", t.Name, t.Version))
-		}
-		logger.Warn("no --registry-dir: the built-in demo registry's tools are in force; every process of a deployment must load the same registry, or a call is checked by one definition and run by another", "tools", strings.Join(names, ","))
+		logger.Warn("no --registry-dir: the built-in demo registry's tools are in force; every process of a deployment must load the same registry, or the calls one admits are not run, approved or reconciled by another (tool_defined_otherwise)", "tools", toolDigests(reg))
 	}
 	return reg, err
+}
+
+// toolDigests lists reg's tool versions with the start of their digests
+// ("create_ticket.v1=sha256:1f2e3d4c5b6a,..."): the same list in two
+// processes' logs says they hold the same definitions.
+func toolDigests(reg *schemas.Registry) string {
+	var names []string
+	for _, t := range reg.Tools() {
+		d := t.Digest()
+		names = append(names, fmt.Sprintf("%s.v%d=%s", t.Name, t.Version, d[:min(len(d), len("sha256:")+12)]))
+	}
+	return strings.Join(names, ",")
 }
 
 func instanceID() string {

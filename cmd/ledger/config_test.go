@@ -124,7 +124,9 @@ func TestEnvListFlagOnce(t *testing.T) {
 // A role left without --registry-dir says, at Warn, that the built-in demo
 // registry's tools are in force, naming them: its calls are checked or run
 // by the demo's definitions, whatever the other processes load. Before, it
-// loaded them without a word. A registry directory given is loaded quietly.
+// loaded them without a word. A registry directory given is said at Info.
+// Either names each tool version with the start of its digest, so that
+// two processes' logs show whether they hold the same definitions.
 func TestRegistryFallbackIsSaid(t *testing.T) {
 	var logs strings.Builder
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
@@ -135,10 +137,16 @@ func TestRegistryFallbackIsSaid(t *testing.T) {
 		t.Errorf("log of a registry left to the demo's:\n%s\nwant a warning naming its tools", got)
 	}
 	logs.Reset()
-	if _, err := (&registryFlags{dir: filepath.Join("..", "..", "schemas")}).load(logger); err != nil {
+	reg, err := (&registryFlags{dir: filepath.Join("..", "..", "schemas")}).load(logger)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := logs.String(); got != "" {
-		t.Errorf("log of a registry directory given: %q; want nothing", got)
+	tool, err := reg.Lookup("refund_order", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "refund_order.v1=" + tool.Digest()[:len("sha256:")+12]
+	if got := logs.String(); !strings.Contains(got, "level=INFO") || strings.Contains(got, "level=WARN") || !strings.Contains(got, want) {
+		t.Errorf("log of a registry directory given:\n%s\nwant it at Info, naming %s", got, want)
 	}
 }
