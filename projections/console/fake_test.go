@@ -37,6 +37,9 @@ const (
 	assertNoRoles  = "assert-noroles"
 	assertNoExpiry = "assert-noexpiry"
 	assertDev      = "assert-dev"
+	// Valid past the others' hour: a sign-in after theirs ended.
+	assertOperatorLater = "assert-operator-later"
+	assertOtherLater    = "assert-other-later"
 )
 
 // t0 is the tests' now.
@@ -567,13 +570,15 @@ func (fx *fixture) advance(d time.Duration) {
 
 // identities are who the fake verifier says each assertion is.
 var identities = map[string]Identity{
-	assertOperator: {User: "olga", Tenant: "acme", Roles: []string{"operator"}, Expires: t0.Add(time.Hour)},
-	assertApprover: {User: "alice", Tenant: "acme", Roles: []string{"approver"}, Expires: t0.Add(time.Hour)},
-	assertPlatform: {User: "pat", Tenant: "*", Roles: []string{"operator", "approver"}, Expires: t0.Add(time.Hour)},
-	assertViewer:   {User: "vic", Tenant: "acme", Roles: []string{"viewer"}, Expires: t0.Add(time.Hour)},
-	assertNoRoles:  {User: "nora", Tenant: "acme", Expires: t0.Add(time.Hour)},
-	assertNoExpiry: {User: "ned", Tenant: "acme", Roles: []string{"operator"}},
-	assertDev:      {User: "dev", Tenant: "*", Roles: []string{"operator", "approver"}, Expires: t0.Add(time.Hour)},
+	assertOperator:      {User: "olga", Tenant: "acme", Roles: []string{"operator"}, Expires: t0.Add(time.Hour)},
+	assertApprover:      {User: "alice", Tenant: "acme", Roles: []string{"approver"}, Expires: t0.Add(time.Hour)},
+	assertPlatform:      {User: "pat", Tenant: "*", Roles: []string{"operator", "approver"}, Expires: t0.Add(time.Hour)},
+	assertViewer:        {User: "vic", Tenant: "acme", Roles: []string{"viewer"}, Expires: t0.Add(time.Hour)},
+	assertNoRoles:       {User: "nora", Tenant: "acme", Expires: t0.Add(time.Hour)},
+	assertNoExpiry:      {User: "ned", Tenant: "acme", Roles: []string{"operator"}},
+	assertDev:           {User: "dev", Tenant: "*", Roles: []string{"operator", "approver"}, Expires: t0.Add(time.Hour)},
+	assertOperatorLater: {User: "olga", Tenant: "acme", Roles: []string{"operator"}, Expires: t0.Add(3 * time.Hour)},
+	assertOtherLater:    {User: "oscar", Tenant: "acme", Roles: []string{"operator"}, Expires: t0.Add(3 * time.Hour)},
 }
 
 type fixtureOpt func(*Config)
@@ -712,9 +717,9 @@ func csrfOf(t *testing.T, body string) string {
 	return m[1]
 }
 
-// signIn signs in with assertion through the login form and learns the
-// session's CSRF token.
-func (b *browser) signIn(assertion string) {
+// signIn signs in with assertion through the login form, learns the
+// session's CSRF token, and returns the first page it is sent to.
+func (b *browser) signIn(assertion string) string {
 	t := b.fx.t
 	t.Helper()
 	login := b.get("/login")
@@ -727,6 +732,7 @@ func (b *browser) signIn(assertion string) {
 	}
 	page := b.get("/approvals")
 	b.csrf = csrfOf(t, page.Body.String())
+	return page.Body.String()
 }
 
 // signedIn returns a browser signed in with assertion.

@@ -59,10 +59,12 @@ type sessions struct {
 	ended map[[sha256.Size]byte]endedFlash
 }
 
-// endedFlash is an ended session's last message, and when it ended.
+// endedFlash is an ended session's last message, when it ended, and
+// whose it was: only they are shown it.
 type endedFlash struct {
-	f  flash
-	at time.Time
+	f            flash
+	at           time.Time
+	tenant, user string
 }
 
 // Bounds of the messages kept of ended sessions.
@@ -181,18 +183,30 @@ func (ss *sessions) endLocked(now time.Time, s *session) {
 			delete(ss.ended, oldest)
 		}
 	}
-	ss.ended[s.key] = endedFlash{f: *s.flash, at: now}
+	ss.ended[s.key] = endedFlash{f: *s.flash, at: now, tenant: s.id.Tenant, user: s.id.User}
+}
+
+// hasEnded reports whether the ended session the cookie value raw named
+// left a message, within endedFlashFor, without saying what it is.
+func (ss *sessions) hasEnded(now time.Time, raw string) bool {
+	key := sha256.Sum256([]byte(raw))
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	e, ok := ss.ended[key]
+	return ok && now.Sub(e.at) < endedFlashFor
 }
 
 // popEnded returns, once, the message left by the ended session the
-// cookie value raw named, if it ended within endedFlashFor.
-func (ss *sessions) popEnded(now time.Time, raw string) *flash {
+// cookie value raw named, if it ended within endedFlashFor and was id's
+// (the same tenant and user); another's is dropped unread: a browser
+// is not a person, and whoever signs in next on it may be someone else.
+func (ss *sessions) popEnded(now time.Time, raw string, id Identity) *flash {
 	key := sha256.Sum256([]byte(raw))
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	e, ok := ss.ended[key]
 	delete(ss.ended, key)
-	if !ok || now.Sub(e.at) >= endedFlashFor {
+	if !ok || now.Sub(e.at) >= endedFlashFor || e.tenant != id.Tenant || e.user != id.User {
 		return nil
 	}
 	return &e.f
@@ -374,12 +388,12 @@ func (c *Console) serveLogin(w http.ResponseWriter, r *http.Request) {
 	if m, ok := loginMessages[r.URL.Query().Get("m")]; ok {
 		p.Message = &m
 	}
-	if ck, err := r.Cookie(CookieName); err == nil {
-		if f := c.sessions.popEnded(c.cfg.Now(), ck.Value); f != nil {
-			// What the session's last action came to, which its end
-			// kept from the page it went back to.
-			p.Message = &flash{OK: f.OK, Text: "Your session ended before this was shown: " + f.Text + " Sign in again to go on."}
-		}
+	if ck, err := r.Cookie(CookieName); err == nil && c.sessions.hasEnded(c.cfg.Now(), ck.Value) {
+		// What the session's last action came to, which its end kept
+		// from the page it went back to, is for its user only: shown
+		// once they have signed in again, not to whoever opens this
+		// page on the browser.
+		p.Message = &flash{Text: "Your session ended before the report of its last action was shown. Sign in again as the same user to read it."}
 	}
 	c.render(w, r, nil, "login", "Sign in", p)
 }
@@ -451,9 +465,14 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, assertion strin
 		http.Redirect(w, r, "/login?m=refused", http.StatusSeeOther)
 		return
 	}
-	// A sign-in ends whatever session the browser held before.
+	// A sign-in ends whatever session the browser held before; the
+	// report an ended one left is shown if it was this user's.
 	if old, ok := c.session(r); ok {
 		c.sessions.delete(old)
+	}
+	var ended *flash
+	if ck, err := r.Cookie(CookieName); err == nil {
+		ended = c.sessions.popEnded(now, ck.Value, id)
 	}
 	raw, s, err := c.sessions.create(now, id, assertion)
 	if err != nil {
@@ -464,11 +483,15 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, assertion strin
 	c.cfg.Logger.Info("console sign-in", "user", id.User, "tenant", id.Tenant, "roles", strings.Join(id.Roles, ","), "expires", id.Expires)
 	// The cookie outlives the session by endedFlashFor: the server ends
 	// the session at the assertion's expiry, and a browser still naming
-	// it then is told that it ended, with its last report (popEnded),
-	// rather than sent to a blank sign-in.
+	// it then is told that it ended (and its user, signed in again, its
+	// last report: popEnded), rather than sent to a blank sign-in.
 	c.setSessionCookie(w, r, raw, id.Expires.Add(endedFlashFor))
 	c.clearCookie(w, r, loginCookieName, "/login")
-	c.sessions.setFlash(s, flash{OK: true, Text: "Signed in as " + id.User + " (tenant " + id.Tenant + ") until " + fmtTime(id.Expires) + "."})
+	signedIn := flash{OK: true, Text: "Signed in as " + id.User + " (tenant " + id.Tenant + ") until " + fmtTime(id.Expires) + "."}
+	if ended != nil {
+		signedIn = flash{OK: ended.OK, Text: signedIn.Text + " Your last session ended before this was shown: " + ended.Text}
+	}
+	c.sessions.setFlash(s, signedIn)
 	http.Redirect(w, r, "/approvals", http.StatusSeeOther)
 }
 
