@@ -1174,6 +1174,24 @@ func TestSettledOnTheTopic(t *testing.T) {
 			t.Errorf("frozen by %+v; want nothing in force", a)
 		}
 	})
+	t.Run("an unfreeze's put-back is in force from the unfreeze on", func(t *testing.T) {
+		// Its own record not read yet, or never written (its write
+		// failed after the unfreeze's).
+		fLifts := f1.At
+		u := Action{V: 1, Kind: KindUnfreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_root", ByTenant: PlatformTenant, Reason: "a", At: at.Add(2 * time.Minute), Lifts: &fLifts}
+		back := t0
+		back.At = u.At.Add(time.Millisecond)
+		u.Restored = &back
+		st := readyState()
+		st.apply(records(t0, f1, u))
+		if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !cmp.Equal(back, a) {
+			t.Errorf("Frozen after the unfreeze alone = %+v, %v; want the tenant's freeze it puts back, %+v", a, ok, back)
+		}
+		st.apply(records(t0, f1, u, back)[3:])
+		if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !cmp.Equal(back, a) {
+			t.Errorf("Frozen after the put-back's own record = %+v, %v; want the same freeze, %+v", a, ok, back)
+		}
+	})
 	t.Run("an overruled unfreeze's put-back is passed over with it", func(t *testing.T) {
 		fLifts := f1.At
 		uA := Action{V: 1, Kind: KindUnfreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_root", ByTenant: PlatformTenant, Reason: "a", At: at.Add(2 * time.Minute), Lifts: &fLifts}

@@ -989,6 +989,17 @@ func (s *State) applyLocked(r *kgo.Record, live bool) {
 			}
 		}
 		s.tools[k] = a
+		if r := a.Restored; a.Kind == KindUnfreeze && a.ByTenant == PlatformTenant && r != nil &&
+			r.Kind == KindFreeze && r.Tool == a.Tool && r.Tenant == a.Tenant && r.ByTenant == a.Tenant {
+			// The tenant's freeze a platform unfreeze puts back is in
+			// force from the unfreeze on, not from its own record,
+			// written after it and maybe in another batch: a reader
+			// between the two would let the tenant's calls through,
+			// and one whose put-back never landed (its write failed
+			// after the unfreeze's) for good. The put-back's record,
+			// when it comes, applies the same freeze again.
+			s.tools[k] = *r
+		}
 		if carried {
 			// On the topic it carries another, or none: a copy that does, or a
 			// reader starting once compaction took the tenant's freeze
