@@ -1173,7 +1173,7 @@ func (x *Executor) leaseFor(name string, version int) time.Duration {
 // execute runs one claimed call and returns its completion, in a span of
 // the call's trace when the executor traces. g is the tenant's guard for
 // the tool, held by the caller; nil takes one here.
-func (x *Executor) execute(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, prior processors.CallCredential, g *guard) processors.Completion {
+func (x *Executor) execute(ctx context.Context, tmpl *ledger.Event, rec *processors.Record, reclaimed bool, prior processors.CallCredential, g *guard) processors.Completion {
 	if x.cfg.Tracer == nil {
 		// No span to start, nor its attributes to build.
 		return x.executeCall(ctx, tmpl, rec, reclaimed, prior, g)
@@ -1221,13 +1221,13 @@ func (c callLog) Error(msg string, args ...any) { c.log(slog.LevelError, msg, ar
 
 // prior is, for a reclaimed call, the credential the expired claim named
 // (processors.ClaimResult.Prior): its events name it.
-func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec processors.Record, reclaimed bool, prior processors.CallCredential, g *guard) processors.Completion {
+func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *processors.Record, reclaimed bool, prior processors.CallCredential, g *guard) processors.Completion {
 	start := x.cfg.Now()
-	c := &completion{x: x, tmpl: tmpl, rec: rec, start: start, reclaimed: reclaimed}
+	c := &completion{x: x, tmpl: *tmpl, rec: *rec, start: start, reclaimed: reclaimed}
 	if reclaimed {
 		c.prior = prior
 	}
-	log := callLog{ctx: ctx, l: x.cfg.Logger, rec: &rec, traceID: tmpl.TraceID}
+	log := callLog{ctx: ctx, l: x.cfg.Logger, rec: rec, traceID: tmpl.TraceID}
 
 	tool, err := rec.ToolIn(x.cfg.Registry)
 	if err != nil {
@@ -1363,7 +1363,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl ledger.Event, rec proce
 			return refuse(*r)
 		}
 	}
-	if err := processors.VerifyArguments(rec); err != nil {
+	if err := processors.VerifyArguments(*rec); err != nil {
 		// What would run is not what was validated, hashed and
 		// approved: it never runs.
 		log.Error("arguments do not match their hash", "err", err)
@@ -1735,7 +1735,7 @@ func (x *Executor) denyMismatched(ctx context.Context, tmpls []ledger.Event, rec
 // checks that what runs hashes to it. That the approval is used once the
 // claim ensures: an approved call is claimed once.) It returns the
 // completion that denies the call, and false, when a check fails.
-func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *schemas.Tool, rec processors.Record, now time.Time) *refusal {
+func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *schemas.Tool, rec *processors.Record, now time.Time) *refusal {
 	tmpl := c.tmpl
 	if !approvalHolds(&tmpl, now) || tmpl.ExpiresAt == nil {
 		return &refusal{reason: ReasonApprovalExpired, detail: "the approval expired before the call could run"}
@@ -1783,7 +1783,7 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 			return &refusal{reason: ReasonUnavailable, detail: "the policies in force are not known: the control topic's copy is not current (" + err.Error() + ")", later: true}
 		}
 	}
-	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, approvedCaller(rec, tmpl), args, tmpl.Channel, now))
+	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, approvedCaller(*rec, tmpl), args, tmpl.Channel, now))
 	if !d.Allow {
 		return &refusal{reason: d.Reason, detail: "the policies in force at execution deny the approved call", decision: d}
 	}
@@ -1831,12 +1831,12 @@ func approvedCaller(rec processors.Record, tmpl ledger.Event) policy.Caller {
 // is no denial: the retry goes under the decision its start made, where
 // holding it back would end, for good, an approved call no policy denied.
 // The stored arguments were checked at the call's start.
-func (x *Executor) stillAllowed(ctx context.Context, c *completion, tool *schemas.Tool, rec processors.Record, tmpl ledger.Event) *heldBack {
+func (x *Executor) stillAllowed(ctx context.Context, c *completion, tool *schemas.Tool, rec *processors.Record, tmpl *ledger.Event) *heldBack {
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
 		return &heldBack{why: ReasonArgumentIntegrity, decision: &policy.Decision{Reason: ReasonArgumentIntegrity, Detail: "the stored arguments do not decode"}}
 	}
-	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, approvedCaller(rec, tmpl), args, tmpl.Channel, x.cfg.Now()))
+	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, approvedCaller(*rec, *tmpl), args, tmpl.Channel, x.cfg.Now()))
 	switch {
 	case d.Allow:
 		c.recheckedBy(d)
@@ -1905,7 +1905,7 @@ const approvalMargin = time.Second
 // ifMatch is the version an approved call sends as If-Match: the
 // approval's, to a tool that declares it honours it, when it can be a
 // strong entity tag (httptool.EntityTag); else none.
-func ifMatch(tool *schemas.Tool, tmpl ledger.Event) string {
+func ifMatch(tool *schemas.Tool, tmpl *ledger.Event) string {
 	if tool.ResourceVersion == nil || !tool.ResourceVersion.IfMatch || httptool.EntityTag(tmpl.ResourceVersion) == "" {
 		return ""
 	}
@@ -2078,7 +2078,7 @@ func (x *Executor) revokedFamily(family string, issued time.Time) *refusal {
 
 // leaseBound reports whether the call's time under its claim ends with
 // the claim's lease (less LeaseMargin), not at the call's own deadline.
-func (x *Executor) leaseBound(rec processors.Record) bool {
+func (x *Executor) leaseBound(rec *processors.Record) bool {
 	return rec.DeadlineAt.IsZero() || !rec.DeadlineAt.Before(rec.LeaseUntil.Add(-x.cfg.LeaseMargin))
 }
 
@@ -2089,8 +2089,8 @@ func (x *Executor) leaseBound(rec processors.Record) bool {
 // compensation the reconciler runs for the call; the intake lets such
 // calls stand while the tool is frozen too. Its agent's plain call is
 // denied, to be sent again under a new key if still wanted.
-func (x *Executor) waitsOutFreeze(rec processors.Record, tmpl ledger.Event) bool {
-	return decided(rec, tmpl) && waitsFor(rec, tmpl, x.cfg.Now().Add(x.cfg.FrozenRecheck))
+func (x *Executor) waitsOutFreeze(rec *processors.Record, tmpl *ledger.Event) bool {
+	return decided(*rec, *tmpl) && waitsFor(rec, tmpl, x.cfg.Now().Add(x.cfg.FrozenRecheck))
 }
 
 // holdFrozen gives back a call that waits out its tool's freeze a (see
@@ -2111,18 +2111,18 @@ func decided(rec processors.Record, tmpl ledger.Event) bool {
 // roomFor reports whether the call may still run at t: before its
 // deadline, and its approval's expiry if it waited for one. A call
 // without a deadline has none to wait within.
-func roomFor(rec processors.Record, tmpl ledger.Event, t time.Time) bool {
+func roomFor(rec *processors.Record, tmpl *ledger.Event, t time.Time) bool {
 	if rec.DeadlineAt.IsZero() || !t.Before(rec.DeadlineAt) {
 		return false
 	}
-	return approvalHolds(&tmpl, t)
+	return approvalHolds(tmpl, t)
 }
 
 // waitsFor reports whether the call may be given back until t: it has
 // room to run then (roomFor), or no deadline and an approval, if any,
 // that still holds then.
-func waitsFor(rec processors.Record, tmpl ledger.Event, t time.Time) bool {
-	return rec.DeadlineAt.IsZero() && approvalHolds(&tmpl, t) || roomFor(rec, tmpl, t)
+func waitsFor(rec *processors.Record, tmpl *ledger.Event, t time.Time) bool {
+	return rec.DeadlineAt.IsZero() && approvalHolds(tmpl, t) || roomFor(rec, tmpl, t)
 }
 
 // carriedObligations reads back, from an approved event's obligations
@@ -2390,7 +2390,7 @@ func (s secrets) in(p, q []byte) bool {
 // errNoSlotInLease; if the wait for a current copy of the kill switch
 // does, errStaleInLease. Either wait that leaves it under half the time
 // it had before them (late) is taken as its lease's end.
-func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl ledger.Event, rec processors.Record, attempt int, givable bool, sec *secrets, c *completion) (httptool.Response, error) {
+func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, target string, tmpl *ledger.Event, rec *processors.Record, attempt int, givable bool, sec *secrets, c *completion) (httptool.Response, error) {
 	left := func() time.Duration {
 		dl, _ := ctx.Deadline()
 		return time.Until(dl)
@@ -2456,7 +2456,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	// the call's start, and its own reads (the resource's version, the
 	// policies), the wait for a slot and a retry's backoff can each
 	// outlast it.
-	if !approvalHolds(&tmpl, x.cfg.Now()) {
+	if !approvalHolds(tmpl, x.cfg.Now()) {
 		return httptool.Response{}, errApprovalLapsed
 	}
 	// And the policies in force, as at its start: a version activated
@@ -2476,7 +2476,7 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	defer span.End()
 	var gate func() error
 	if x.cfg.Freezes != nil || tmpl.ApprovalID != "" {
-		gate = func() error { return x.gate(tool.Name, rec.Key.TenantID, &tmpl, c) }
+		gate = func() error { return x.gate(tool.Name, rec.Key.TenantID, tmpl, c) }
 	}
 	t0 := time.Now()
 	resp, err := g.breaker.Execute(func() (httptool.Response, error) {

@@ -482,7 +482,7 @@ func (x *Executor) launch(ctx context.Context, tmpl ledger.Event, rec processors
 	x.mu.Unlock()
 	x.flights.add()
 	go func() {
-		c := x.execute(context.WithoutCancel(ctx), tmpl, rec, reclaimed, prior, f.g)
+		c := x.execute(context.WithoutCancel(ctx), &tmpl, &rec, reclaimed, prior, f.g)
 		now := x.cfg.Now()
 		x.mu.Lock()
 		f.c, f.ended = c, true

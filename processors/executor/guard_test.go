@@ -116,7 +116,7 @@ func TestOpenBreakerTenantLeavesTheBulkheadWhole(t *testing.T) {
 			if tc.want == nil {
 				return
 			}
-			if _, err := x.attempt(t.Context(), a, tool, "http://tool.invalid", ledger.Event{}, processors.Record{}, 1, false, &secrets{}, &completion{}); !errors.Is(err, tc.want) {
+			if _, err := x.attempt(t.Context(), a, tool, "http://tool.invalid", &ledger.Event{}, &processors.Record{}, 1, false, &secrets{}, &completion{}); !errors.Is(err, tc.want) {
 				t.Fatalf("t_a's attempt: %v; want %v", err, tc.want)
 			}
 			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
