@@ -829,7 +829,10 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// bounded by the store's reads while the freeze lasts; one the
 		// store does not answer within keyStandsTimeout is refused for
 		// now.
-		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen {
+		// A stale copy's freeze is not told either: it may have been
+		// lifted since (an agent told tool_frozen stops sending), and
+		// the stale copy refuses the call for now all the same.
+		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen && stale == "" {
 			switch stands, err := p.keyLookup(ctx, c.key(), "a call to a frozen tool"); {
 			case err != nil:
 				// Not known whether it stands: refused for now, to be

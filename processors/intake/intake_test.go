@@ -705,6 +705,33 @@ func TestIntakeWithAStaleControlCopyDecidesNothing(t *testing.T) {
 	}
 }
 
+// staleFrozenControls is a stale copy of the control topic whose every
+// tool is frozen.
+type staleFrozenControls struct{ staleControls }
+
+func (*staleFrozenControls) Frozen(tool, _ string) (control.Action, bool) {
+	return control.Action{Kind: control.KindFreeze, Tool: tool, At: time.Now()}, true
+}
+
+// A stale copy's freeze is no more told than its policies decide: the
+// freeze may have been lifted since. The call is refused for now,
+// control_state_stale with retry_after_ms, as any call on a stale copy.
+// Before, it was refused tool_frozen, with no retry, and its agent may
+// have stopped sending to a tool no longer frozen.
+func TestIntakeStaleCopysFreezeIsNotTold(t *testing.T) {
+	controls := &staleFrozenControls{}
+	controls.staleness.Store(int64(3 * time.Second))
+	f := newIntakeWith(t, func(c *intake.Config) { c.Freezes, c.ControlMaxStaleness = controls, 2*time.Second })
+	out, err := f.in.Step(t.Context(), []*kgo.Record{f.envelopeRecord(t, "stale-frozen", map[string]any{"title": "t"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := events(t, out)
+	if len(evs) != 1 || evs[0].Reason != intake.ReasonControlStale || evs[0].RetryAfterMS <= 0 {
+		t.Errorf("events %+v; want one refusal for now, control_state_stale with retry_after_ms", evs)
+	}
+}
+
 // A copy of the control topic that catches up while a step checks its
 // calls does not pass them decided with the version the step's policies
 // were brought to while it was stale: the step's calls wait for the
