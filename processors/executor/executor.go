@@ -114,13 +114,17 @@ type heldBack struct {
 	// decision, for an approved call the policies in force deny before
 	// a retry, is their decision.
 	decision *policy.Decision
+	// freeze, for a request a freeze held back, is the freeze the check
+	// saw: read again, it may be lifted by then, and name none.
+	freeze *control.Action
 }
+
+// frozenBy is the hold of a request that freeze a stopped.
+func frozenBy(a control.Action) *heldBack { return &heldBack{why: ReasonToolFrozen, freeze: &a} }
 
 func (h *heldBack) Error() string { return "request held back: " + h.why }
 
 var (
-	// errFrozen: the tool was frozen before an attempt was sent.
-	errFrozen = &heldBack{why: ReasonToolFrozen}
 	// errApprovalLapsed: an approved call's approval expired before an
 	// attempt was sent (I4: no request of it leaves past its expiry).
 	errApprovalLapsed = &heldBack{why: ReasonApprovalExpired}
@@ -1574,8 +1578,8 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			case hb == errCredentialLate:
 				return x.releaseClaim(ctx, c, log, refusal{reason: hb.why, after: time.Millisecond,
 					detail: "the call's credential (jti " + c.jti + ") would expire before its request could land, and too little of the claim's lease is left to mint it again: nothing was sent"})
-			case hb == errFrozen:
-				a, _ := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID)
+			case hb.freeze != nil:
+				a := *hb.freeze
 				if x.waitsOutFreeze(rec, tmpl) {
 					// Nothing was sent under this claim, which is no
 					// takeover.
@@ -1876,8 +1880,8 @@ func (x *Executor) gate(tool, tenant string, tmpl *ledger.Event, c *completion) 
 		if err := x.cfg.Freezes.Current(x.noWait, x.cfg.ControlMaxStaleness); err != nil {
 			return err
 		}
-		if _, frozen := x.cfg.Freezes.Frozen(tool, tenant); frozen {
-			return errFrozen
+		if a, frozen := x.cfg.Freezes.Frozen(tool, tenant); frozen {
+			return frozenBy(a)
 		}
 		if err := x.heldRevoked(c); err != nil {
 			return err
@@ -2436,8 +2440,8 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 			}
 			return httptool.Response{}, &httptool.Error{Kind: httptool.NotSent, Detail: "the kill switch's state is not known to be current", Err: err}
 		}
-		if _, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
-			return httptool.Response{}, errFrozen
+		if a, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
+			return httptool.Response{}, frozenBy(a)
 		}
 		// A revocation too: checked after the mint, it may have come
 		// during a retry's backoff or the wait for a slot.

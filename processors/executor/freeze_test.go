@@ -97,6 +97,47 @@ func afterFirstRequest(t *testing.T, r *rig, then func()) (url string, requests 
 	return srv.URL, requests
 }
 
+// liftedFreezes is a kill switch that holds a tenant's freeze for the
+// first frozenFor reads of it, and then has lifted it.
+type liftedFreezes struct {
+	switchedFreezes
+	reads     atomic.Int64
+	frozenFor int64
+}
+
+func (f *liftedFreezes) Frozen(tool, tenant string) (control.Action, bool) {
+	if f.reads.Add(1) > f.frozenFor {
+		return control.Action{}, false
+	}
+	return control.Action{Kind: control.KindFreeze, Tool: tool, Tenant: tenant, By: "ops", ByTenant: tenant, Reason: "incident 7",
+		At: time.Date(2026, 12, 7, 9, 30, 0, 0, time.UTC)}, true
+}
+
+// A request a freeze held back is refused with that freeze, even when it
+// is lifted before the refusal is written: the refusal names the freeze
+// the check saw. Before, the freeze was read again, and a lifted one named
+// none: "frozen for every tenant since 0001-01-01" for a tenant's freeze.
+// (The reads: the call's start, then its attempt's check.)
+func TestHeldBackNamesTheFreezeItSaw(t *testing.T) {
+	r := newRig(t)
+	auth := r.admit("create_ticket", "lifted", map[string]any{"title": "t"}, 0)
+	x := r.executor(func(c *executor.Config) { c.Freezes = &liftedFreezes{frozenFor: 2} })
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"denied(" + executor.ReasonToolFrozen + ")"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if want := "create_ticket is frozen for this tenant since 2026-12-07T09:30:00Z"; evs[0].Detail != want {
+		t.Errorf("the refusal says %q; want %q", evs[0].Detail, want)
+	}
+	if n := r.backend.Requests(); n != 0 {
+		t.Errorf("%d requests reached the tool; want none", n)
+	}
+}
+
 // A freeze stops every request that would leave after it, retries
 // included (before, only a call's first attempt looked at the kill
 // switch). A retry after an answer that says the tool did nothing (429)

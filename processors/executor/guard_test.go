@@ -14,6 +14,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/schemas"
 )
@@ -80,7 +81,7 @@ func TestOpenBreakerTenantLeavesTheBulkheadWhole(t *testing.T) {
 	}{
 		{"open", nil, false, gobreaker.ErrOpenState},
 		{"half-open, its probe out", func() (httptool.Response, error) { return httptool.Response{}, nil }, true, gobreaker.ErrTooManyRequests},
-		{"half-open, its probe held back", func() (httptool.Response, error) { return httptool.Response{}, errFrozen }, false, nil},
+		{"half-open, its probe held back", func() (httptool.Response, error) { return httptool.Response{}, frozenBy(control.Action{}) }, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x, tool := newBulkhead(4) // a share of 1
