@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -39,6 +40,9 @@ const (
 	ReasonNoStatusLookup = "no_status_lookup"
 	// ReasonLookupFailed: the status lookup kept failing (parked).
 	ReasonLookupFailed = "status_lookup_failed"
+	// ReasonLookupPending: the status lookup kept answering that the
+	// call is in progress (parked, and never undone: it may land yet).
+	ReasonLookupPending = "status_lookup_pending"
 	// ReasonResolvedByOperator: an operator settled the call by hand.
 	ReasonResolvedByOperator = "resolved_by_operator"
 )
@@ -721,6 +725,9 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		log.Debug("backend secret unavailable for the status lookup", "err", last)
 		tries = 0
 	}
+	// pending: the last answer was the tool's own, saying the call is
+	// not settled yet (in progress).
+	pending := false
 attempts:
 	for n := range tries {
 		if n > 0 {
@@ -775,21 +782,51 @@ attempts:
 			return r.settle(rec, tmpl, processors.StatusFailed, statemachine.EventFailed, ReasonReconciled,
 				"status lookup: the tool has no trace of the call; it did not apply it", nil), true, nil
 		case err == nil:
-			last = fmt.Errorf("status lookup answered %q", lookupState(resp))
+			last, pending = fmt.Errorf("status lookup answered %q: the call is not settled", lookupState(resp)), true
+		case errors.As(err, &he) && (he.Status == http.StatusConflict || he.Status == http.StatusTooEarly):
+			// The tool is still at it (the lookup protocol's "anything
+			// else": 409, say): an answer, not a failure. Its request
+			// may land yet, later than any landing window.
+			last, pending = fmt.Errorf("status lookup answered %d: the call is not settled: %w", he.Status, err), true
 		default:
-			last = err
+			last, pending = err, false
 		}
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
+	if pending {
+		return r.unansweredPending(rec, tmpl, last)
+	}
 	return r.unanswered(rec, tmpl, tool, last, "the status lookups of its last pass failed or were held off, and none answered")
+}
+
+// unansweredYet reports whether rec's lookups have not yet gone
+// unanswered for UnansweredFor, here and since the call's last change.
+func (r *Reconciler) unansweredYet(rec processors.Record) bool {
+	now := r.cfg.Now()
+	since := r.failed(rec.Key, now)
+	return now.Sub(since) < r.cfg.UnansweredFor || now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor))
+}
+
+// unansweredPending is unanswered for a call whose tool's last answer
+// said it is in progress: parked for a human once that has lasted
+// UnansweredFor, status_lookup_pending, and never undone, whatever its
+// policy says of unknown outcomes: an undo sent while the request is
+// under way may come first and cancel nothing, and the call would be
+// recorded compensated with its effect landing after. Nor is it for a
+// human to resolve failed without asking the tool, which the detail says.
+func (r *Reconciler) unansweredPending(rec processors.Record, tmpl ledger.Event, last error) (pendingMove, bool, error) {
+	if r.unansweredYet(rec) {
+		return pendingMove{}, false, last
+	}
+	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupPending,
+		fmt.Sprintf("the tool has said for %s that the call is in progress (%v): it may still take effect; ask the tool before resolving it, and undo it only once it has", r.cfg.UnansweredFor, last), nil), true, nil
 }
 
 // unanswered leaves rec, whose pass could not find out what the call did
 // (last says why), for a later sweep, or parks it (lookup_failed, why)
 // once that has been so for UnansweredFor.
 func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, last error, why string) (pendingMove, bool, error) {
-	now := r.cfg.Now()
-	if since := r.failed(rec.Key, now); now.Sub(since) < r.cfg.UnansweredFor || now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
+	if r.unansweredYet(rec) {
 		// A pass whose lookups failed or were held off says nothing
 		// about the call, and may be answered at a later sweep: a human
 		// is handed the call only once its lookups have failed here for

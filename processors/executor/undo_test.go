@@ -1509,6 +1509,31 @@ func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
 	}
 }
 
+// A call whose status lookup keeps answering that it is in progress (409,
+// as the lookup protocol lets a tool still at a request answer) is parked
+// for a human once that has lasted, status_lookup_pending, and never
+// undone, whatever its policy says of unknown outcomes: its request may
+// land after the undo, which would then cancel nothing, and the call
+// would be recorded compensated with its effect standing. Before, the
+// answer counted as a failed lookup: parked status_lookup_failed, and
+// under undo_unknown its compensation asked for.
+func TestInProgressLookupIsNeverUndone(t *testing.T) {
+	r := newRig(t)
+	orig, unknown := r.unknownRefundToUndo()
+	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusConflict})
+	comp := &recordingCompensator{}
+	now := time.Now().Add(time.Hour) // long past the last attempt's landing
+	rc := r.sweepingReconciler(comp, &now, nil)
+	failingLong(rc, orig.Key())
+	got := summary(r.reconcileAll(rc, unknown))
+	if !slices.Contains(got, "parked("+executor.ReasonLookupPending+")") || slices.Contains(got, "parked("+executor.ReasonCompensating+")") {
+		t.Errorf("the sweep: %v; want the call parked %s, not %s", got, executor.ReasonLookupPending, executor.ReasonCompensating)
+	}
+	if len(comp.asked) != 0 {
+		t.Errorf("compensations asked for %v; want none", comp.asked)
+	}
+}
+
 // A parked call whose compensation succeeded is settled compensated by a
 // sweep, its success read from the store, when the reconciler never read
 // the success event (one it could not decode, say, its offset committed
