@@ -356,8 +356,13 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = nopReconcilerMetrics{}
 	}
-	if cfg.CredentialSkew == 0 && cfg.Credentials != nil {
+	switch {
+	case cfg.CredentialSkew == 0 && cfg.Credentials != nil:
 		cfg.CredentialSkew = credentials.DefaultSkew
+	case cfg.CredentialSkew < 0:
+		// None, not less than none: a negative skew would shorten the
+		// landing window below the tool's timeout (Landing).
+		cfg.CredentialSkew = 0
 	}
 	cfg.Topics = cfg.Topics.WithDefaults()
 	if cfg.Now == nil {

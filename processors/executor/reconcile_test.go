@@ -348,26 +348,36 @@ func (r *rig) unknownNeverSent(key string) (*kgo.Record, processors.Record) {
 }
 
 // The tool never got the call (it hung until the deadline): the lookup
-// finds nothing, and the call is recorded failed.
+// finds nothing, and the call is recorded failed. A negative credential
+// skew (none) waits as long: before, it shortened the wait below the
+// tool's timeout, and not found was final at once.
 func TestReconcileNothingApplied(t *testing.T) {
-	r := newRig(t)
-	unknown, rec := r.unknownNeverSent("never")
-	// The clocks are the outcome's time in the store plus d.
-	after := func(d time.Duration) func() time.Time { return func() time.Time { return rec.UpdatedAt.Add(d) } }
-	const timeout = 2 * time.Second // create_ticket's
-	// While the last attempt could still land, not found proves nothing;
-	// nor does it just past the tool's timeout, by a clock that may run
-	// ahead of the store's.
-	for _, d := range []time.Duration{0, timeout + executor.NotFoundSkew - time.Second} {
-		if got := r.reconcile(r.reconcilerAt(after(d)), unknown); len(got) != 0 {
-			t.Errorf("reconciled %v at %v past the outcome; want nothing yet", got, d)
-		}
-	}
-	if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(r.reconcilerAt(after(timeout+executor.NotFoundSkew+time.Second)), unknown)); diff != "" {
-		t.Errorf("reconciled events (-want +got):\n%s", diff)
-	}
-	if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/never"); n != 0 {
-		t.Errorf("applied %d times; want 0", n)
+	for _, skew := range []time.Duration{0, -time.Minute} {
+		t.Run(fmt.Sprint("credential skew ", skew), func(t *testing.T) {
+			r := newRig(t)
+			unknown, rec := r.unknownNeverSent("never")
+			// The clocks are the outcome's time in the store plus d.
+			at := func(d time.Duration) *executor.Reconciler {
+				return r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+					c.CredentialSkew, c.Now = skew, func() time.Time { return rec.UpdatedAt.Add(d) }
+				})
+			}
+			const timeout = 2 * time.Second // create_ticket's
+			// While the last attempt could still land, not found proves
+			// nothing; nor does it just past the tool's timeout, by a
+			// clock that may run ahead of the store's.
+			for _, d := range []time.Duration{0, timeout + executor.NotFoundSkew - time.Second} {
+				if got := r.reconcile(at(d), unknown); len(got) != 0 {
+					t.Errorf("reconciled %v at %v past the outcome; want nothing yet", got, d)
+				}
+			}
+			if diff := cmp.Diff([]string{"failed(" + executor.ReasonReconciled + ")"}, r.reconcile(at(timeout+executor.NotFoundSkew+time.Second), unknown)); diff != "" {
+				t.Errorf("reconciled events (-want +got):\n%s", diff)
+			}
+			if n := r.backend.AppliedIn("create_ticket", "t_a", "t_a/never"); n != 0 {
+				t.Errorf("applied %d times; want 0", n)
+			}
+		})
 	}
 }
 
