@@ -27,6 +27,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/schemas"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // Errors callers branch on. Each is terminal (Terminal reports true):
@@ -46,10 +47,11 @@ var (
 	// undo: a request now would be taken for it, and undo nothing.
 	ErrAutomaticCompensationPending error = terminalError("compensation: the reconciler's automatic compensation of the call is pending, and does not undo a call settled succeeded")
 	// ErrSettled: the reconciler asked (AutomaticUser) to undo a call no
-	// longer parked: settled by an operator since it was listed. The
+	// longer parked for its compensation (ReasonRequested): settled by an
+	// operator since it was listed, or handed to one. The
 	// compensation it would start undoes nothing, and would spend the
 	// call's one compensation key, which an operator may need.
-	ErrSettled error = terminalError("compensation: the call is no longer parked; the reconciler's automatic compensation undoes only a parked call")
+	ErrSettled error = terminalError("compensation: the call is no longer parked for its compensation; the reconciler's automatic compensation undoes only a call so parked")
 	// ErrCompensationFailed: the call's compensation ran and did not
 	// undo it (failed, denied, expired).
 	ErrCompensationFailed error = terminalError("compensation: the compensation did not succeed")
@@ -97,6 +99,25 @@ const MaxReasonBytes = 1024
 // The executor does not run such a compensation of a call found, or
 // settled, succeeded meanwhile: the success stands.
 const AutomaticUser = "ledger-reconciler"
+
+// ReasonRequested is the reason of the park of a call whose compensation
+// the reconciler asks for (AutomaticUser): its outcome could not be
+// established, and a policy says to undo such calls.
+const ReasonRequested = "compensation_requested"
+
+// UndoPending reports whether rec is parked for its compensation
+// (ReasonRequested): the last event of its outbox is that park.
+func UndoPending(rec processors.Record) bool {
+	if rec.Status != processors.StatusParked {
+		return false
+	}
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil || len(evs) == 0 {
+		return false
+	}
+	last := evs[len(evs)-1]
+	return last.Type == statemachine.EventParked && last.Reason == ReasonRequested
+}
 
 // terminalError is an error that asking again will not change.
 type terminalError string
@@ -205,8 +226,10 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 		return ledger.CallKey{}, nil, err
 	}
 	// The reconciler's first: a call settled since its sweep listed it
-	// (resolved failed or succeeded, compensated) is no refusal.
-	if operator.User == AutomaticUser && rec.Status != processors.StatusParked {
+	// (resolved failed or succeeded, compensated), or handed to a human
+	// since (another reconciler gave its compensation up: parked again,
+	// compensation_abandoned), is no refusal.
+	if operator.User == AutomaticUser && !UndoPending(rec) {
 		return ledger.CallKey{}, nil, fmt.Errorf("%w (it is %s)", ErrSettled, rec.Status)
 	}
 	if rec.Status != processors.StatusSucceeded && rec.Status != processors.StatusOutcomeUnknown && rec.Status != processors.StatusParked {

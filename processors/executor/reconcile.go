@@ -113,7 +113,7 @@ type Compensator interface {
 // ReasonCompensating: the outcome could not be established, a policy
 // says to undo such calls, and the compensation was requested (parked
 // until it succeeds, then compensated).
-const ReasonCompensating = "compensation_requested"
+const ReasonCompensating = compensation.ReasonRequested
 
 // ReasonUndoAbandoned: a call parked compensation_requested whose
 // compensation could not be requested (refused for good, or failing past
@@ -1106,7 +1106,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, []ledger.Ev
 	var cands []processors.Record
 	listed := make(map[ledger.CallKey]bool)
 	for _, rec := range parked {
-		if undoPending(rec) {
+		if compensation.UndoPending(rec) {
 			listed[rec.Key] = true
 			cands = append(cands, rec)
 		}
@@ -1121,7 +1121,7 @@ func (r *Reconciler) retryUndos(ctx context.Context) ([]pendingMove, []ledger.Ev
 			return false, nil
 		case err != nil:
 			return false, fmt.Errorf("sweep parked calls: %w", err)
-		case !undoPending(rec):
+		case !compensation.UndoPending(rec):
 			return false, nil
 		}
 		listed[key] = true
@@ -1254,20 +1254,6 @@ func undoneNothing(s processors.Status) bool {
 		return true
 	}
 	return false
-}
-
-// undoPending reports whether rec is parked for its compensation
-// (compensation_requested): the last event of its outbox is that park.
-func undoPending(rec processors.Record) bool {
-	if rec.Status != processors.StatusParked {
-		return false
-	}
-	evs, err := ledger.DecodeEvents(rec.Outbox)
-	if err != nil || len(evs) == 0 {
-		return false
-	}
-	last := evs[len(evs)-1]
-	return last.Type == statemachine.EventParked && last.Reason == ReasonCompensating
 }
 
 // lastingErr reports whether a compensation request's error will not

@@ -500,6 +500,16 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 				t.Errorf("the call's parks (-want +got):\n%s", diff)
 			}
 			if !tc.exists {
+				// Handed to a human: a request of another reconciler,
+				// which listed the call before, is refused, and starts
+				// nothing. Before, any parked call was taken.
+				reconciler := identity.Identity{User: executor.ReconcilerUser, Tenant: "t_a", Roles: []string{"operator"}}
+				if _, _, err := svc.Compensate(t.Context(), reconciler, orig.Key(), "undo_unknown"); !errors.Is(err, compensation.ErrSettled) {
+					t.Errorf("another reconciler's request once the call was handed to a human = %v; want ErrSettled", err)
+				}
+				if _, err := r.store.Get(t.Context(), ck); err == nil {
+					t.Errorf("a compensation call exists; want none")
+				}
 				return
 			}
 			// The one compensation call runs once and undoes the call.
