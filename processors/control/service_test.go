@@ -1174,14 +1174,20 @@ func TestSettledOnTheTopic(t *testing.T) {
 			t.Errorf("frozen by %+v; want nothing in force", a)
 		}
 	})
+	// restoring is a platform unfreeze of f1 by by at when, which puts
+	// t0 back, and that put-back.
+	restoring := func(by string, when time.Time) (u, back Action) {
+		fLifts := f1.At
+		u = Action{V: 1, Kind: KindUnfreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: by, ByTenant: PlatformTenant, Reason: "a", At: when, Lifts: &fLifts}
+		back = t0
+		back.At = u.At.Add(time.Millisecond)
+		u.Restored = &back
+		return u, back
+	}
 	t.Run("an unfreeze's put-back is in force from the unfreeze on", func(t *testing.T) {
 		// Its own record not read yet, or never written (its write
 		// failed after the unfreeze's).
-		fLifts := f1.At
-		u := Action{V: 1, Kind: KindUnfreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_root", ByTenant: PlatformTenant, Reason: "a", At: at.Add(2 * time.Minute), Lifts: &fLifts}
-		back := t0
-		back.At = u.At.Add(time.Millisecond)
-		u.Restored = &back
+		u, back := restoring("op_root", at.Add(2*time.Minute))
 		st := readyState()
 		st.apply(records(t0, f1, u))
 		if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !cmp.Equal(back, a) {
@@ -1193,16 +1199,8 @@ func TestSettledOnTheTopic(t *testing.T) {
 		}
 	})
 	t.Run("an overruled unfreeze's put-back is passed over with it", func(t *testing.T) {
-		fLifts := f1.At
-		uA := Action{V: 1, Kind: KindUnfreeze, Subject: subject, Tool: "refund_order", Tenant: "t_acme", By: "op_root", ByTenant: PlatformTenant, Reason: "a", At: at.Add(2 * time.Minute), Lifts: &fLifts}
-		tA := t0
-		tA.At = uA.At.Add(time.Millisecond)
-		uA.Restored = &tA
-		uB := uA
-		uB.By, uB.At = "op_root2", at.Add(3*time.Minute)
-		tB := t0
-		tB.At = uB.At.Add(time.Millisecond)
-		uB.Restored = &tB
+		uA, tA := restoring("op_root", at.Add(2*time.Minute))
+		uB, tB := restoring("op_root2", at.Add(3*time.Minute))
 		st := readyState()
 		st.apply(records(t0, f1, uA, tA, uB, tB))
 		if a, ok := st.Frozen("refund_order", "t_acme"); !ok || !a.At.Equal(tA.At) {
