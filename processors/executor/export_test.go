@@ -45,7 +45,9 @@ const AttemptCredentialSlack = attemptCredentialSlack
 // NoteLookupsFailing has rc remember that k's lookups have failed since
 // since, as if a round of them had failed then, unless it remembers an
 // earlier failure.
-func NoteLookupsFailing(rc *Reconciler, k ledger.CallKey, since time.Time) { rc.failed(k, since) }
+func NoteLookupsFailing(rc *Reconciler, k ledger.CallKey, since time.Time) {
+	rc.failed(k, since, false)
+}
 
 // FailingCalls counts the calls rc remembers the failing lookups of.
 func FailingCalls(rc *Reconciler) int {

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -296,6 +297,9 @@ type Reconciler struct {
 type failingSince struct {
 	since     time.Time // the end of the call's first round of lookups that failed
 	sweepPass uint64    // the last sweep pass that listed the call or saw its lookups fail
+	// inProgress: a lookup since was answered by the tool, saying the
+	// call is in progress.
+	inProgress bool
 }
 
 // undoState is what the reconciler remembers of an automatic compensation
@@ -555,7 +559,7 @@ func (r *Reconciler) Step(ctx context.Context, recs []*kgo.Record) (ledger.Outpu
 	}
 	wg.Wait()
 	if left.n > 0 {
-		r.cfg.Logger.Warn("status lookups failed; the calls wait for a later sweep, and are parked once unanswered for the bound",
+		r.cfg.Logger.Warn("status lookups failed or said the calls are in progress; the calls wait for a later sweep, and are parked once unanswered for the bound",
 			"calls", left.n, "unanswered_for", r.cfg.UnansweredFor, "call_key", left.key.String(), "err", left.err)
 	}
 	moves = append(moves, handed...)
@@ -682,7 +686,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		// is parked once none has for the bound (a version withdrawn
 		// from every registry).
 		last := fmt.Errorf("tool %s version %d is not in this reconciler's registry as the call was admitted: %w", rec.Tool, rec.ToolVersion, err)
-		return r.unanswered(rec, tmpl, nil, last, "its tool version is not in the reconciler's registry as the call was admitted, and has not been")
+		return r.unanswered(rec, tmpl, nil, last, "its tool version is not in the reconciler's registry as the call was admitted, and has not been", false)
 	}
 	if tool.StatusLookup == nil || tool.StatusLookup.URL == "" {
 		detail := "the tool declares no status lookup: a human must find out what happened (ledger calls resolve)"
@@ -779,59 +783,48 @@ attempts:
 			switch comp, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey()); {
 			case errors.Is(err, processors.ErrNotFound):
 			case err != nil:
-				return r.unanswered(rec, tmpl, tool, fmt.Errorf("read its compensation: %w", err), "its compensation could not be read to settle it failed")
+				return r.unanswered(rec, tmpl, tool, fmt.Errorf("read its compensation: %w", err), "its compensation could not be read to settle it failed", false)
 			case !undoneNothing(comp.Status):
 				log.Info("not found, but its compensation is under way: its outcome settles the call", "compensation", comp.Status)
 				return pendingMove{}, false, nil
 			}
 			return r.settle(rec, tmpl, processors.StatusFailed, statemachine.EventFailed, ReasonReconciled,
 				"status lookup: the tool has no trace of the call; it did not apply it", nil), true, nil
-		case err == nil:
-			last, pending = fmt.Errorf("status lookup answered %q: the call is not settled", lookupState(resp)), true
-		case errors.As(err, &he) && (he.Status == http.StatusConflict || he.Status == http.StatusTooEarly):
+		case err == nil && lookupState(resp) != "" && lookupState(resp) != "not_found",
+			errors.As(err, &he) && (he.Status == http.StatusConflict || he.Status == http.StatusTooEarly):
 			// The tool is still at it (the lookup protocol's "anything
-			// else": 409, say): an answer, not a failure. Its request
-			// may land yet, later than any landing window.
-			last, pending = fmt.Errorf("status lookup answered %d: the call is not settled: %w", he.Status, err), true
+			// else": 409, or a state of its own, say "pending"): an
+			// answer, not a failure. Its request may land yet, later
+			// than any landing window.
+			last, pending = fmt.Errorf("status lookup answered that the call is in progress (%q): %w", lookupState(resp), cmp.Or(err, errNotSettled)), true
+		case err == nil:
+			last = fmt.Errorf("status lookup answered %q", lookupState(resp))
 		default:
-			last, pending = err, false
+			last = err
 		}
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
-	if pending {
-		return r.unansweredPending(rec, tmpl, last)
-	}
-	return r.unanswered(rec, tmpl, tool, last, "the status lookups of its last pass failed or were held off, and none answered")
+	return r.unanswered(rec, tmpl, tool, last, "the status lookups of its last pass failed or were held off, and none answered", pending)
 }
 
-// unansweredYet reports whether rec's lookups have not yet gone
-// unanswered for UnansweredFor, here and since the call's last change.
-func (r *Reconciler) unansweredYet(rec processors.Record) bool {
-	now := r.cfg.Now()
-	since := r.failed(rec.Key, now)
-	return now.Sub(since) < r.cfg.UnansweredFor || now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor))
-}
-
-// unansweredPending is unanswered for a call whose tool's last answer
-// said it is in progress: parked for a human once that has lasted
-// UnansweredFor, status_lookup_pending, and never undone, whatever its
-// policy says of unknown outcomes: an undo sent while the request is
-// under way may come first and cancel nothing, and the call would be
-// recorded compensated with its effect landing after. Nor is it for a
-// human to resolve failed without asking the tool, which the detail says.
-func (r *Reconciler) unansweredPending(rec processors.Record, tmpl ledger.Event, last error) (pendingMove, bool, error) {
-	if r.unansweredYet(rec) {
-		return pendingMove{}, false, last
-	}
-	return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupPending,
-		fmt.Sprintf("the tool has said for %s that the call is in progress (%v): it may still take effect; ask the tool before resolving it, and undo it only once it has", r.cfg.UnansweredFor, last), nil), true, nil
-}
+// errNotSettled: a status lookup's answer said the call is not settled.
+var errNotSettled = errors.New("not settled")
 
 // unanswered leaves rec, whose pass could not find out what the call did
 // (last says why), for a later sweep, or parks it (lookup_failed, why)
 // once that has been so for UnansweredFor.
-func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, last error, why string) (pendingMove, bool, error) {
-	if r.unansweredYet(rec) {
+//
+// A call whose tool said, at any round since its lookups began failing,
+// that it is in progress (inProgress, this round) is parked
+// status_lookup_pending instead, and never undone, whatever its policy
+// says of unknown outcomes: an undo sent while the request is under way
+// may come first and cancel nothing, and the call would be recorded
+// compensated with its effect landing after. Nor is it for a human to
+// resolve failed without asking the tool, which the detail says.
+func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, last error, why string, inProgress bool) (pendingMove, bool, error) {
+	now := r.cfg.Now()
+	f := r.failed(rec.Key, now, inProgress)
+	if now.Sub(f.since) < r.cfg.UnansweredFor || now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
 		// A pass whose lookups failed or were held off says nothing
 		// about the call, and may be answered at a later sweep: a human
 		// is handed the call only once its lookups have failed here for
@@ -840,6 +833,10 @@ func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *
 		// first round after a downtime, however old the call: under
 		// undo_unknown a park undoes a call that may have succeeded.
 		return pendingMove{}, false, last
+	}
+	if f.inProgress {
+		return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupPending,
+			fmt.Sprintf("the status lookups have not settled the call for %s, and the tool said meanwhile that it is in progress (last: %v): it may still take effect; ask the tool before resolving it, and undo it only once it has", r.cfg.UnansweredFor, last), nil), true, nil
 	}
 	return r.park(rec, tmpl, tool, ReasonLookupFailed, fmt.Sprintf("%s for %s: %v", why, r.cfg.UnansweredFor, last)), true, nil
 }
@@ -1276,7 +1273,7 @@ func passingRefusal(ev ledger.Event) bool {
 
 // failed notes that k's lookups failed (or were held off) in a round that
 // ended at now, and returns since when they have: now at the first.
-func (r *Reconciler) failed(k ledger.CallKey, now time.Time) time.Time {
+func (r *Reconciler) failed(k ledger.CallKey, now time.Time, inProgress bool) failingSince {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f, ok := r.failing[k]
@@ -1284,8 +1281,9 @@ func (r *Reconciler) failed(k ledger.CallKey, now time.Time) time.Time {
 		f.since = now
 	}
 	f.sweepPass = r.unknownPasses
+	f.inProgress = f.inProgress || inProgress
 	r.failing[k] = f
-	return f.since
+	return f
 }
 
 // answered forgets k's failing lookups: one has answered.

@@ -1519,9 +1519,10 @@ func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
 	}
 }
 
-// A call whose status lookup keeps answering that it is in progress (409,
-// as the lookup protocol lets a tool still at a request answer) is parked
-// for a human once that has lasted, status_lookup_pending, and never
+// A call whose tool's status lookup answered, once, that it is in
+// progress (409, as the lookup protocol lets a tool still at a request
+// answer), and failed after (503), is parked for a human once its lookups
+// have gone unanswered for the bound, status_lookup_pending, and never
 // undone, whatever its policy says of unknown outcomes: its request may
 // land after the undo, which would then cancel nothing, and the call
 // would be recorded compensated with its effect standing. Before, the
@@ -1529,15 +1530,19 @@ func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
 // under undo_unknown its compensation asked for.
 func TestInProgressLookupIsNeverUndone(t *testing.T) {
 	r := newRig(t)
-	orig, unknown := r.unknownRefundToUndo()
+	_, unknown := r.unknownRefundToUndo()
 	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusConflict})
 	comp := &recordingCompensator{}
 	now := time.Now().Add(time.Hour) // long past the last attempt's landing
-	rc := r.sweepingReconciler(comp, &now, nil)
-	failingLong(rc, orig.Key())
-	got := summary(r.reconcileAll(rc, unknown))
+	rc := r.sweepingReconciler(comp, &now, func(c *executor.ReconcilerConfig) { c.UnansweredFor = time.Minute })
+	if got := summary(r.reconcileAll(rc, unknown)); slices.Contains(got, "parked("+executor.ReasonLookupPending+")") {
+		t.Fatalf("the first sweep parked the call: %v; want it waiting (the bound not reached)", got)
+	}
+	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
+	now = now.Add(2 * time.Minute)
+	got := summary(r.reconcileAll(rc))
 	if !slices.Contains(got, "parked("+executor.ReasonLookupPending+")") || slices.Contains(got, "parked("+executor.ReasonCompensating+")") {
-		t.Errorf("the sweep: %v; want the call parked %s, not %s", got, executor.ReasonLookupPending, executor.ReasonCompensating)
+		t.Errorf("the sweep past the bound, its lookups failing since: %v; want the call parked %s, not %s", got, executor.ReasonLookupPending, executor.ReasonCompensating)
 	}
 	if len(comp.asked) != 0 {
 		t.Errorf("compensations asked for %v; want none", comp.asked)
