@@ -172,7 +172,7 @@ type ReconcilerConfig struct {
 	// it has passed since the outcome was recorded (as the tool's
 	// timeout must). Zero: credentials.DefaultSkew when Credentials is
 	// set (the deployment mints credentials), none otherwise; negative:
-	// none.
+	// none of the deployment's own (a tool's declared skew still counts).
 	CredentialSkew time.Duration
 	// Secrets holds the backends' long-lived secrets (registry
 	// backend.secret_ref), sent with the lookups of a tool that demands
@@ -363,6 +363,11 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	switch {
 	case cfg.CredentialSkew == 0 && cfg.Credentials != nil:
 		cfg.CredentialSkew = credentials.DefaultSkew
+	case cfg.CredentialSkew < 0 && cfg.Credentials != nil:
+		// None of its own, where credentials are minted: a tool's
+		// declared skew and the attempt's slack still count, which
+		// Landing adds for a skew above zero only.
+		cfg.CredentialSkew = time.Nanosecond
 	case cfg.CredentialSkew < 0:
 		// None, not less than none: a negative skew would shorten the
 		// landing window below the tool's timeout (Landing).

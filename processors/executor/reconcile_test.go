@@ -974,6 +974,14 @@ func TestReconcileNotFoundWaitsOutTheCredentialSkew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A tool whose verifier accepts credentials longer past their expiry
+	// says so in the registry.
+	skewed := registryEdited(t, func(file string, def []byte) []byte {
+		if strings.HasPrefix(file, "create_ticket.") {
+			return bytes.Replace(def, []byte(`"backend": {`), []byte(`"backend": {"credential_skew_ms": 90000, `), 1)
+		}
+		return def
+	})
 	for _, tc := range []struct {
 		name string
 		reg  *schemas.Registry // nil: the test registry
@@ -982,14 +990,10 @@ func TestReconcileNotFoundWaitsOutTheCredentialSkew(t *testing.T) {
 	}{
 		{"default, with credentials", nil, func(c *executor.ReconcilerConfig) { c.Credentials = broker }, credentials.DefaultSkew},
 		{"set", nil, func(c *executor.ReconcilerConfig) { c.CredentialSkew = 20 * time.Second }, 20 * time.Second},
-		// A tool whose verifier accepts credentials longer past their
-		// expiry says so in the registry.
-		{"declared by the tool", registryEdited(t, func(file string, def []byte) []byte {
-			if strings.HasPrefix(file, "create_ticket.") {
-				return bytes.Replace(def, []byte(`"backend": {`), []byte(`"backend": {"credential_skew_ms": 90000, `), 1)
-			}
-			return def
-		}), func(c *executor.ReconcilerConfig) { c.Credentials = broker }, 90 * time.Second},
+		{"declared by the tool", skewed, func(c *executor.ReconcilerConfig) { c.Credentials = broker }, 90 * time.Second},
+		// None of the deployment's own (negative) is not none of the
+		// tool's: before, it dropped the tool's too.
+		{"declared by the tool, none set", skewed, func(c *executor.ReconcilerConfig) { c.Credentials, c.CredentialSkew = broker, -time.Minute }, 90 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r *rig
