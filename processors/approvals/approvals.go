@@ -439,9 +439,10 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		}
 		// What the approver was shown, and what the approval binds (the
 		// resource's version), come from this service's definition of
-		// the tool: one other than the call's is no ground to approve
-		// on. (Rejecting needs no definition.)
-		if _, err := f.rec.ToolIn(s.cfg.Registry); errors.Is(err, schemas.ErrOtherDefinition) {
+		// the tool: one other than the call's, or none (a version this
+		// service's registry lacks yet, in a rolling deploy), is no
+		// ground to approve on. (Rejecting needs no definition.)
+		if _, err := f.rec.ToolIn(s.cfg.Registry); err != nil {
 			return "", err
 		}
 		v, read, err := s.resourceVersion(ctx, f.rec)
@@ -849,8 +850,11 @@ func waitedForApproval(f *found, decision *ledger.Event) bool {
 func (s *Service) preview(rec processors.Record, requested *ledger.Event) Preview {
 	p := Preview{Tool: rec.Tool}
 	tool, err := rec.ToolIn(s.cfg.Registry)
-	if errors.Is(err, schemas.ErrOtherDefinition) {
+	switch {
+	case errors.Is(err, schemas.ErrOtherDefinition):
 		p.Description = "This approvals service defines the tool's version otherwise than the intake that admitted the call, so it cannot show what the call would do, and cannot approve it."
+	case err != nil:
+		p.Description = "This approvals service's registry lacks the tool's version, so it cannot show what the call would do, and cannot approve it."
 	}
 	if err == nil {
 		p.Description = tool.Description

@@ -681,6 +681,36 @@ func TestDecisionRefused(t *testing.T) {
 			_, err = svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash)
 			return err
 		}, schemas.ErrOtherDefinition},
+		// Nor does one whose registry lacks the version (an older one,
+		// in a rolling deploy): before, it approved blind, binding no
+		// resource version.
+		{"tool version unknown here", func(f *fixture, k ledger.CallKey) error {
+			dir := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			raw, err := os.ReadFile("../testdata/registry/tools/create_ticket.v1.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "tools", "create_ticket.v1.json"), raw, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			reg, err := schemas.Load(os.DirFS(dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			svc := f.service(func(c *approvals.Config) { c.Registry = reg })
+			a, err := svc.Get(t.Context(), boss, approvals.ID(k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := a.Preview; p.Risk != "" || !strings.Contains(p.Description, "lacks") {
+				t.Errorf("preview %+v; want no definition, and a description that says why", p)
+			}
+			_, err = svc.Approve(t.Context(), boss, approvals.ID(k), f.record(k).ArgumentsHash)
+			return err
+		}, schemas.ErrUnknownTool},
 		{"list approved", func(f *fixture, k ledger.CallKey) error {
 			_, _, err := f.svc.List(t.Context(), boss, "approved")
 			return err

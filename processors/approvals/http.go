@@ -30,8 +30,11 @@ const (
 	// CodeToolDefinedOtherwise: this service's registry defines the
 	// call's tool version otherwise than the intake that admitted it.
 	CodeToolDefinedOtherwise = "tool_defined_otherwise"
-	CodeInvalidRequest       = "invalid_request"
-	CodeInternal             = "internal"
+	// CodeUnknownTool: this service's registry lacks the call's tool
+	// version.
+	CodeUnknownTool    = "unknown_tool"
+	CodeInvalidRequest = "invalid_request"
+	CodeInternal       = "internal"
 )
 
 // ApproveRequest is the body of POST /v1/approvals/{id}/approve.
@@ -123,6 +126,9 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, schemas.ErrOtherDefinition):
 		s.cfg.Logger.Error("approval refused: this service's registry defines the call's tool version otherwise than the intake that admitted it", "path", r.URL.Path, "err", err)
 		status, code, msg = http.StatusConflict, CodeToolDefinedOtherwise, err.Error()+": approve it from an approvals service with the intake's registry, or reject it"
+	case errors.Is(err, schemas.ErrUnknownTool), errors.Is(err, schemas.ErrUnknownVersion):
+		s.cfg.Logger.Error("approval refused: this service's registry lacks the call's tool version", "path", r.URL.Path, "err", err)
+		status, code, msg = http.StatusConflict, CodeUnknownTool, err.Error()+": approve it from an approvals service with the intake's registry, or reject it"
 	case errors.Is(err, processors.ErrMoveUnknown):
 		s.cfg.Logger.Error("a decision's write failed, and whether it applied could not be read", "path", r.URL.Path, "err", err)
 		status, code, msg = http.StatusServiceUnavailable, httpjson.CodeActionOutcomeUnknown, "the execution store failed as the decision was written, and could not say whether it was: it may have been taken; read the approval before deciding again"
