@@ -583,20 +583,17 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	// seen: refusals that are no answer, an earlier submission's or one
 	// answered by sending again.
 	seen := map[string]bool{}
-	// notBefore: when the refusals under the key before this submission
-	// could not be read, those dated before it (by more than the
-	// clocks' skew) are taken for earlier ones, as the API does.
+	// notBefore: refusals dated before the last sending (by more than
+	// the clocks' skew) are taken for earlier ones, as the API does,
+	// whether or not those under the key could be read before: a
+	// projection behind may show one only after this submission.
 	var notBefore time.Time
 	if f.wait {
 		pctx, cancel := context.WithTimeout(wctx, 5*time.Second)
-		v, err := cl.Call(pctx, key, env.assertion)
-		switch {
-		case err == nil:
+		if v, err := cl.Call(pctx, key, env.assertion); err == nil {
 			for _, r := range v.Refusals {
 				seen[r.EventID] = true
 			}
-		case !httpapi.IsNotFound(err):
-			notBefore = time.Now().Add(-httpapi.RefusalSkew)
 		}
 		cancel()
 	}
@@ -604,6 +601,7 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	// The API holds a wait 30 s at most; the rest is polled.
 	submit := func() (httpapi.CallView, error) {
 		lastSent = time.Now()
+		notBefore = lastSent.Add(-httpapi.RefusalSkew)
 		wait := time.Duration(0)
 		if f.wait {
 			wait = min(time.Until(end), 30*time.Second)
@@ -699,9 +697,9 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 
 // answeringRefusal is the refusal of this submission's call id that
 // answers it: the one the API's wait ended on, else the first in v not
-// seen and not dated before notBefore.
+// seen; neither dated before notBefore.
 func answeringRefusal(v httpapi.CallView, callID string, seen map[string]bool, notBefore time.Time) *ledger.Event {
-	if r := v.Refused; r != nil && !seen[r.EventID] {
+	if r := v.Refused; r != nil && !seen[r.EventID] && !r.At.Before(notBefore) {
 		return r
 	}
 	for i, r := range v.Refusals {

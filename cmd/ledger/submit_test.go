@@ -613,3 +613,34 @@ func TestPrintRefusalNamesItsPointerOnlyWhenItHasOne(t *testing.T) {
 		}
 	}
 }
+
+// A refusal dated before the last sending (by more than the clocks' skew)
+// is no answer to it, whether the API's wait ended on it or the call's
+// refusals list it: a projection behind may show an earlier submission's
+// refusal only after this one was sent, admitted and run. Before, only a
+// list read when the refusals before could not be read was so filtered,
+// and `submit --api --wait` printed refused for a call that ran.
+func TestAnsweringRefusalNotDatedBefore(t *testing.T) {
+	sent := time.Now()
+	notBefore := sent.Add(-httpapi.RefusalSkew)
+	old := ledger.Event{EventID: "old", CallID: "c1", Reason: "tool_frozen", At: sent.Add(-time.Minute)}
+	fresh := ledger.Event{EventID: "fresh", CallID: "c1", Reason: "rate_limited", At: sent.Add(time.Second)}
+	for _, tc := range []struct {
+		name string
+		v    httpapi.CallView
+		want string
+	}{
+		{"the wait's, old", httpapi.CallView{Refused: &old}, ""},
+		{"listed, old", httpapi.CallView{Refusals: []ledger.Event{old}}, ""},
+		{"the wait's, fresh", httpapi.CallView{Refused: &fresh}, "fresh"},
+		{"listed, old and fresh", httpapi.CallView{Refusals: []ledger.Event{old, fresh}}, "fresh"},
+	} {
+		got := ""
+		if r := answeringRefusal(tc.v, "c1", map[string]bool{}, notBefore); r != nil {
+			got = r.EventID
+		}
+		if got != tc.want {
+			t.Errorf("%s: answering refusal %q; want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -442,8 +442,9 @@ type submission struct {
 	own    OwnCallOf
 	// earlier are the refusals under the key before the submission, by
 	// event id: a refusal of an earlier submission with the same call id
-	// is no answer to this one. Nil when they could not be read: then
-	// those dated before arrived (less RefusalSkew) are taken as earlier.
+	// is no answer to this one. Nil when they could not be read; those
+	// dated before arrived (less RefusalSkew) are taken as earlier
+	// either way.
 	earlier map[string]bool
 	arrived time.Time
 }
@@ -452,13 +453,15 @@ type submission struct {
 // refusal may be dated, by the intake's clock against the API's.
 const RefusalSkew = 2 * time.Second
 
-// answeredBy reports whether the refusal ref answers sub.
+// answeredBy reports whether the refusal ref answers sub: of its call id,
+// dated no earlier than its arrival (less RefusalSkew), and not one the
+// index showed before it. The date is checked whether or not the index
+// could be read before: one that lags may show an earlier submission's
+// refusal only once this one is admitted (and run), which, taken for its
+// answer, would tell the agent that a call that ran was refused.
 func (sub submission) answeredBy(ref ledger.Event) bool {
-	if ref.CallID != sub.callID {
+	if ref.CallID != sub.callID || ref.At.Before(sub.arrived.Add(-RefusalSkew)) {
 		return false
-	}
-	if sub.earlier == nil {
-		return !ref.At.Before(sub.arrived.Add(-RefusalSkew))
 	}
 	return !sub.earlier[ref.EventID]
 }

@@ -520,6 +520,30 @@ func TestWaitPassesOverRefusalsDatedBefore(t *testing.T) {
 	}
 }
 
+// A refusal of an earlier submission that the index shows only after
+// this one was published (a projection behind) is no answer to it: it is
+// dated before the submission arrived. Before, a readable index's set of
+// earlier refusals was the only filter, and the wait answered the agent
+// refused while its call, admitted, ran.
+func TestWaitPassesOverALaggingOldRefusal(t *testing.T) {
+	pub := &publisher{}
+	srv, ix := newAPI(t, pub)
+	refusal := func(id string, at time.Time) ledger.Event {
+		return ledger.Event{EventID: id, Type: statemachine.EventDenied, At: at, TenantID: "t_a", IdempotencyKey: "k9", CallID: "c1", Reason: "tool_frozen"}
+	}
+	// The index shows one earlier refusal when the submission arrives,
+	// and another, older still, once it is published.
+	if err := ix.Apply([]ledger.Event{refusal("shown", time.Now().Add(-2*time.Minute))}); err != nil {
+		t.Fatal(err)
+	}
+	pub.settle = func(string) { _ = ix.Apply([]ledger.Event{refusal("late", time.Now().Add(-time.Minute))}) }
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=300ms", "", validEnvelope(t, "k9"))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Errorf("POST ?wait with a refusal of the call id from a minute before, shown once published = %d; want 202, no answer yet", resp.StatusCode)
+	}
+}
+
 // An agent retrying under one key (refused rate_limited again and again)
 // is answered its own refusal however many came before: the index keeps
 // the latest refusals under a key beside the earliest. Before, it kept
