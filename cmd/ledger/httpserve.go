@@ -128,10 +128,16 @@ func (f *httpTLSFlags) listen(srv *http.Server, logger *slog.Logger) (serve func
 // waits; a handler whose answers may be large bounds their writing
 // itself, from when they are ready (httpapi's WriteTimeout).
 func newServer(addr string, h http.Handler) *http.Server {
+	return newServerReading(addr, h, 30*time.Second)
+}
+
+// newServerReading is newServer with read as its bound on reading a
+// request whole.
+func newServerReading(addr string, h http.Handler, read time.Duration) *http.Server {
 	return &http.Server{
 		Addr: addr, Handler: h,
 		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
+		ReadTimeout:       read,
 		IdleTimeout:       2 * time.Minute,
 	}
 }

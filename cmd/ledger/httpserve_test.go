@@ -508,3 +508,50 @@ func TestServeShutdownClosesWhatOutlastsGrace(t *testing.T) {
 		t.Errorf("serve() = %v; want http.ErrServerClosed", err)
 	}
 }
+
+// A request read whole runs past the server's read timeout with its
+// context live: ReadTimeout bounds reading the request, and a wait (the
+// API's ?wait=, up to 30 s, the same as the timeout) or a profile is not
+// cut short by it. (net/http lifts the read deadline once it has read the
+// request and starts its background read; a server option or a wrapper
+// that kept it would cancel the request's context at the deadline.)
+func TestRequestReadWholeOutlivesTheReadTimeout(t *testing.T) {
+	const read = 200 * time.Millisecond
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		select {
+		case <-time.After(3 * read):
+			fmt.Fprint(w, "live")
+		case <-r.Context().Done():
+			fmt.Fprint(w, "cancelled")
+		}
+	})
+	srv := newServerReading("127.0.0.1:0", h, read)
+	serve, err := (&httpTLSFlags{}).listen(srv, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = serve() }()
+	t.Cleanup(func() { srv.Close() })
+	for _, tc := range []struct{ method, body string }{
+		{http.MethodGet, ""},
+		{http.MethodPost, `{"envelope":"read whole"}`},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), tc.method, "http://"+srv.Addr+"/", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != "live" {
+			t.Errorf("%s running past the read timeout: %q; want live", tc.method, b)
+		}
+	}
+}
