@@ -41,8 +41,9 @@ const (
 	ReasonNoStatusLookup = "no_status_lookup"
 	// ReasonLookupFailed: the status lookup kept failing (parked).
 	ReasonLookupFailed = "status_lookup_failed"
-	// ReasonLookupPending: the status lookup kept answering that the
-	// call is in progress (parked, and never undone: it may land yet).
+	// ReasonLookupPending: the status lookups went unanswered for the
+	// bound, and the tool said meanwhile that the call is in progress
+	// (parked, and never undone: it may land yet).
 	ReasonLookupPending = "status_lookup_pending"
 	// ReasonResolvedByOperator: an operator settled the call by hand.
 	ReasonResolvedByOperator = "resolved_by_operator"
@@ -739,8 +740,8 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		log.Debug("backend secret unavailable for the status lookup", "err", last)
 		tries = 0
 	}
-	// pending: the last answer was the tool's own, saying the call is
-	// not settled yet (in progress).
+	// pending: a lookup of this pass was answered by the tool, saying
+	// the call is not settled yet (in progress); remembered (failed).
 	pending := false
 attempts:
 	for n := range tries {
