@@ -989,12 +989,14 @@ when { context.arguments.title == "broken" && context.arguments.no_such_argument
 			continue
 		}
 		args := string(evs[0].Arguments)
-		if strings.Contains(args, "4111") || !strings.Contains(args, `"body":"`+ledger.Redacted+`"`) {
+		if strings.Contains(args, "4111111111111111") || !strings.Contains(args, `"body":"`+ledger.Redacted+`"`) {
 			t.Errorf("%s (%s): requested event's arguments %s; want body masked", tc.key, tc.decision, args)
 		}
 	}
+	// The whole number: a part of it ("4111") turns up in an event's
+	// time now and then (08:42:11.39841112).
 	for _, r := range out.Records {
-		if bytes.Contains(r.Value, []byte("4111")) {
+		if bytes.Contains(r.Value, []byte("4111111111111111")) {
 			t.Errorf("record %s holds the masked card number: %s", r.Key, r.Value)
 		}
 	}
