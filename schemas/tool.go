@@ -220,10 +220,10 @@ type Tool struct {
 // input schema's members sorted and its numbers written one way), so
 // that a file laid out or spelt another way has the same digest and any
 // other change gives another (reordering an array is a change: the
-// order of some means something). A call is admitted under its tool's digest, and every process
-// that acts on the call takes its tool only from a registry whose
-// definition has that digest (Registry.Bound): a version is immutable,
-// and a changed definition is a new version.
+// order of some means something). A call is admitted under its tool's
+// digest, and every process that acts on the call takes its tool only
+// from a registry whose definition has that digest (Registry.Bound): a
+// version is immutable, and a changed definition is a new version.
 func (t *Tool) Digest() string { return t.digest }
 
 // definitionDigest computes t's Digest, once its defaults are filled in.

@@ -442,10 +442,11 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		// the tool: one other than the call's, or none (a version this
 		// service's registry lacks yet, in a rolling deploy), is no
 		// ground to approve on. (Rejecting needs no definition.)
-		if _, err := f.rec.ToolIn(s.cfg.Registry); err != nil {
+		tool, err := f.rec.ToolIn(s.cfg.Registry)
+		if err != nil {
 			return "", err
 		}
-		v, read, err := s.resourceVersion(ctx, f.rec)
+		v, read, err := s.resourceVersion(ctx, tool, f.rec)
 		if err != nil {
 			if processors.VersionReadLater(err) {
 				return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -570,9 +571,8 @@ var ErrUnavailable = errors.New("approvals: cannot read the resource's version n
 
 // resourceVersion reads the version of the call's resource, when its tool
 // declares how and this service can read it (read false otherwise).
-func (s *Service) resourceVersion(ctx context.Context, rec processors.Record) (v string, read bool, err error) {
-	tool, err := rec.ToolIn(s.cfg.Registry)
-	if err != nil || s.cfg.Versions == nil {
+func (s *Service) resourceVersion(ctx context.Context, tool *schemas.Tool, rec processors.Record) (v string, read bool, err error) {
+	if s.cfg.Versions == nil {
 		return "", false, nil
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
