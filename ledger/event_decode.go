@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/toolcall-ledger/ledger/ledger/jsonappend"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -59,7 +60,7 @@ func (d *fastDecoder) byte(c byte) bool {
 // trailing data.
 func (d *fastDecoder) end() bool { return d.i == len(d.b) }
 
-// plainBytes reads a string of plain bytes (plainJSON's: no escape, no
+// plainBytes reads a string of plain bytes (jsonappend.Plain's: no escape, no
 // control character, nothing outside ASCII, whose decoding would need
 // encoding/json's rules) and returns its contents, in the input.
 func (d *fastDecoder) plainBytes() ([]byte, bool) {
@@ -73,7 +74,7 @@ func (d *fastDecoder) plainBytes() ([]byte, bool) {
 			d.i++
 			return d.b[start : d.i-1], true
 		}
-		if !plainJSON[c] {
+		if !jsonappend.Plain(c) {
 			return nil, false
 		}
 		d.i++
