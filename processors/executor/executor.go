@@ -61,6 +61,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/failpoint"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/compensation"
 	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
@@ -81,6 +82,7 @@ type Store interface {
 	Unlogged(ctx context.Context, olderThan time.Duration, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkUndo(ctx context.Context, key ledger.CallKey, undoable []processors.Status) (processors.Status, bool, error)
+	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 }
 
 // Minter mints the short-lived credential of one execution. The token
@@ -1339,6 +1341,9 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			undoable = append(undoable, processors.StatusSucceeded)
 		}
 		status, marked, err := x.cfg.Store.MarkUndo(callCtx, orig, undoable)
+		if err == nil && marked && tmpl.UserID == ReconcilerUser {
+			status, marked, err = x.stillToUndo(callCtx, orig)
+		}
 		switch {
 		case err != nil && !errors.Is(err, processors.ErrNotFound) && callCtx.Err() == nil && !reclaimed:
 			// Not known whether there is anything to undo: nothing is
@@ -1348,6 +1353,8 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 		case err != nil && !errors.Is(err, processors.ErrNotFound):
 			// Out of the call's time, or taken over: as refuse says.
 			return refuse(refusal{reason: "store_unavailable", detail: "the call it would undo cannot be checked"})
+		case err == nil && !marked && status == processors.StatusParked:
+			return refuse(refusal{reason: ReasonNothingToUndo, detail: "the call it would undo was handed to a human meanwhile, told that no compensation was requested"})
 		case err == nil && !marked:
 			return refuse(refusal{reason: ReasonNothingToUndo, detail: fmt.Sprintf("the call it would undo is %s", status)})
 		}
@@ -2165,6 +2172,26 @@ func withRateLimits(list, carried []string) []string {
 		i = len(list)
 	}
 	return slices.Insert(list, i, rls...)
+}
+
+// stillToUndo is the second check of a compensation the reconciler asked
+// for, once its call is marked (MarkUndo): the call must still be
+// outcome_unknown or parked for this compensation. Another reconciler may
+// have handed it to a human (parked again, compensation_abandoned) after
+// it found no compensation requested and before this one was admitted;
+// the human, told that none was, may undo it by hand. Read after the
+// mark, for the mark fences out a hand-over decided before it: what this
+// finds is not undone by such a move later. ok is false, with the
+// call's status, when the call is not to be undone.
+func (x *Executor) stillToUndo(ctx context.Context, orig ledger.CallKey) (processors.Status, bool, error) {
+	cur, err := x.cfg.Store.Get(ctx, orig)
+	if err != nil {
+		return "", false, err
+	}
+	if cur.Status == processors.StatusParked && !compensation.UndoPending(cur) {
+		return cur.Status, false, nil
+	}
+	return cur.Status, true, nil
 }
 
 // releaseClaim releases the claim of a call that sent nothing, for the

@@ -1709,3 +1709,117 @@ func TestCompensationOfChangedArgumentsIsRefused(t *testing.T) {
 		t.Errorf("compensation of a call whose arguments changed = %v, %d submitted; want %v, terminal, nothing submitted", err, sub.n, compensation.ErrArgumentsChanged)
 	}
 }
+
+// handingOver is the store, except that its first MarkUndo is preceded by
+// another reconciler's hand-over of the call to a human (parked again,
+// compensation_abandoned), as decided from a read of the call before the
+// compensation was admitted (its undo marks then).
+type handingOver struct {
+	executor.Store
+	t    *testing.T
+	call ledger.CallKey
+	done bool
+}
+
+func (s *handingOver) MarkUndo(ctx context.Context, k ledger.CallKey, undoable []processors.Status) (processors.Status, bool, error) {
+	if !s.done {
+		s.done = true
+		handOver(s.t, s.Store, s.call)
+	}
+	return s.Store.MarkUndo(ctx, k, undoable)
+}
+
+// handOver moves the call key, parked compensation_requested, to parked
+// compensation_abandoned, as a reconciler that found no compensation
+// requested does; it fails t unless the move applies.
+func handOver(t *testing.T, st executor.Store, key ledger.CallKey) {
+	t.Helper()
+	rec, err := st.Get(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := ledger.DecodeEvents(rec.Outbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	park := evs[len(evs)-1]
+	park.EventID, park.Seq, park.Reason = "e_handed_over", rec.Seq+1, executor.ReasonUndoAbandoned
+	outbox, err := ledger.EncodeEvents(append(evs, park))
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := st.Move(t.Context(), []processors.Move{{Key: key, From: rec.Status, FromSeq: rec.Seq, FromUndoMarks: rec.UndoMarks,
+		To: processors.StatusParked, Seq: rec.Seq + 1, Outbox: outbox}})
+	if err != nil || !applied[0] {
+		t.Fatalf("the hand-over applied %v (%v); want applied", applied, err)
+	}
+}
+
+// The reconciler's compensation of a call that another reconciler handed
+// to a human after it was admitted (finding none requested just before)
+// undoes nothing: the human was told that no compensation was asked for,
+// and may undo the call by hand. The hand-over may land before the
+// compensation's executor checks the call, or while it does; one decided
+// before the check and landing after it is fenced out by the check's
+// mark, and the compensation runs. Before, a parked call was undone
+// whatever its park said.
+func TestAutomaticUndoOfACallHandedToAHumanMeanwhile(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// when: "before" the executor's step, "at" its check (MarkUndo),
+		// "after" it, from a read before it.
+		when string
+		runs int
+	}{
+		{"handed over before the check", "before", 0},
+		{"handed over as it checks", "at", 0},
+		{"hand-over read before the check, written after", "after", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			var now time.Time
+			orig, _, pub, _, _ := r.undoRequested(&now)
+			ck := orig.Key().CompensationKey()
+			var st executor.Store = r.store
+			switch tc.when {
+			case "before":
+				handOver(t, r.store, orig.Key())
+			case "at":
+				st = &handingOver{Store: r.store, t: t, call: orig.Key()}
+			}
+			read, err := r.store.Get(t.Context(), orig.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := r.executor(func(c *executor.Config) { c.Store = st }).Step(t.Context(), pub.authorized(t, ck))
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if n := r.backend.AppliedIn("cancel_refund", "t_a", ck.String()); n != tc.runs {
+				t.Errorf("cancel_refund applied %d times; want %d", n, tc.runs)
+			}
+			if tc.runs == 1 {
+				if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+					t.Errorf("the compensation (-want +got):\n%s", diff)
+				}
+				// The hand-over, from the read before the check: fenced.
+				applied, err := r.store.Move(t.Context(), []processors.Move{{Key: orig.Key(), From: read.Status, FromSeq: read.Seq,
+					FromUndoMarks: read.UndoMarks, To: processors.StatusParked, Seq: read.Seq + 1, Outbox: read.Outbox}})
+				if err != nil || applied[0] {
+					t.Errorf("a hand-over read before the check applied %v (%v); want not applied", applied, err)
+				}
+				return
+			}
+			if diff := cmp.Diff([]string{"denied(" + executor.ReasonNothingToUndo + ")"}, summary(evs)); diff != "" {
+				t.Fatalf("the compensation (-want +got):\n%s", diff)
+			}
+			if d := evs[0].Detail; !strings.Contains(d, "handed to a human") {
+				t.Errorf("the refusal says %q; want it to say the call was handed to a human", d)
+			}
+			if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusParked {
+				t.Errorf("the call is %s (%v); want parked, still the human's", rec.Status, err)
+			}
+		})
+	}
+}
