@@ -119,6 +119,17 @@ func UndoPending(rec processors.Record) bool {
 	return last.Type == statemachine.EventParked && last.Reason == ReasonRequested
 }
 
+// AutomaticUndoes reports whether the reconciler's compensation undoes
+// the call rec, should it run now: only a call whose outcome is still
+// unknown (outcome_unknown, or parked for that compensation). Not one
+// settled since, nor one another reconciler handed to a human (parked
+// again, compensation_abandoned), who was told that no compensation was
+// requested and may undo it by hand: that compensation ends
+// nothing_to_undo.
+func AutomaticUndoes(rec processors.Record) bool {
+	return rec.Status == processors.StatusOutcomeUnknown || UndoPending(rec)
+}
+
 // terminalError is an error that asking again will not change.
 type terminalError string
 
@@ -254,10 +265,12 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 		// as under way.
 		return ledger.CallKey{}, nil, fmt.Errorf("compensation: read %s: %w", ck, err)
 	}
-	if err == nil && !prev.Status.Done() && rec.Status == processors.StatusSucceeded && operator.User != AutomaticUser {
+	if err == nil && !prev.Status.Done() && !AutomaticUndoes(rec) && operator.User != AutomaticUser {
 		// This request would be the retry of the reconciler's (one key
-		// per call): say what becomes of it now, rather than answer as
-		// if the undo were under way.
+		// per call), which will not undo the call (settled succeeded,
+		// or handed to a human since it was asked for): say what
+		// becomes of it now, rather than answer as if the undo were
+		// under way.
 		if automatic, _ := Automatic(prev); automatic {
 			if Running(prev) {
 				return ck, nil, fmt.Errorf("%w: %s is running, and may undo the call: ask again once it has ended (ledger trace %s)", ErrAutomaticCompensationPending, ck, ck.IdempotencyKey)

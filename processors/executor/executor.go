@@ -2176,22 +2176,19 @@ func withRateLimits(list, carried []string) []string {
 
 // stillToUndo is the second check of a compensation the reconciler asked
 // for, once its call is marked (MarkUndo): the call must still be
-// outcome_unknown or parked for this compensation. Another reconciler may
-// have handed it to a human (parked again, compensation_abandoned) after
-// it found no compensation requested and before this one was admitted;
-// the human, told that none was, may undo it by hand. Read after the
-// mark, for the mark fences out a hand-over decided before it: what this
-// finds is not undone by such a move later. ok is false, with the
-// call's status, when the call is not to be undone.
+// outcome_unknown or parked for this compensation (AutomaticUndoes).
+// Another reconciler may have handed it to a human (parked again,
+// compensation_abandoned) after it found no compensation requested and
+// before this one was admitted; the human, told that none was, may undo
+// it by hand. Read after the mark, for the mark fences out a hand-over
+// decided before it: what this finds is not undone by such a move later.
+// ok is false, with the call's status, when the call is not to be undone.
 func (x *Executor) stillToUndo(ctx context.Context, orig ledger.CallKey) (processors.Status, bool, error) {
 	cur, err := x.cfg.Store.Get(ctx, orig)
 	if err != nil {
 		return "", false, err
 	}
-	if cur.Status == processors.StatusParked && !compensation.UndoPending(cur) {
-		return cur.Status, false, nil
-	}
-	return cur.Status, true, nil
+	return cur.Status, compensation.AutomaticUndoes(cur), nil
 }
 
 // releaseClaim releases the claim of a call that sent nothing, for the

@@ -921,9 +921,13 @@ func undoEnded(ck ledger.CallKey, comp processors.Record, unknownToo bool) error
 // compensation leaves as it is, and an operator who asked to undo it
 // since, whose request joined that one (the key is the call's), would
 // find it not undone, and its key spent: the resolver says so knowingly.
-// An operator's compensation undoes a call settled succeeded too, and
-// settles it compensated.
-func automaticUndoPending(ck ledger.CallKey, comp processors.Record, confirmed bool) error {
+// undoes is whether that compensation would undo the call as it is now
+// (compensation.AutomaticUndoes): one handed to a human meanwhile it
+// leaves as it is, resolved or not, and no request joins it since
+// (refused, ErrAutomaticCompensationPending), so there is nothing to
+// confirm. An operator's compensation undoes a call settled succeeded
+// too, and settles it compensated.
+func automaticUndoPending(ck ledger.CallKey, comp processors.Record, confirmed, undoes bool) error {
 	if comp.Status.Done() {
 		return nil
 	}
@@ -940,7 +944,7 @@ func automaticUndoPending(ck ledger.CallKey, comp processors.Record, confirmed b
 		return fmt.Errorf("%w: %s (%s) is running, and may undo the call: ask again once it has ended (ledger trace %s)",
 			ErrAutomaticUndoPending, ck, asker, ck.IdempotencyKey)
 	}
-	if confirmed {
+	if confirmed || !undoes {
 		return nil
 	}
 	return fmt.Errorf("%w: %s (%s) is %s, and would end without undoing the call (nothing_to_undo). To have the call undone, leave it unresolved: the compensation settles it compensated once it succeeds. To keep the success, resolve with cancel_compensation (ledger calls resolve --cancel-compensation)",
@@ -1611,7 +1615,7 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		if err := undoEnded(ck, comp, false); err != nil {
 			return nil, err
 		}
-		if err := automaticUndoPending(ck, comp, res.CancelCompensation); err != nil {
+		if err := automaticUndoPending(ck, comp, res.CancelCompensation, compensation.AutomaticUndoes(rec)); err != nil {
 			return nil, err
 		}
 		c, err := r.cancelUndo(ctx, operator, ck, comp)

@@ -1713,46 +1713,46 @@ func TestCompensationOfChangedArgumentsIsRefused(t *testing.T) {
 // handingOver is the store, except that its first MarkUndo is preceded by
 // another reconciler's hand-over of the call to a human (parked again,
 // compensation_abandoned), as decided from a read of the call before the
-// compensation was admitted (its undo marks then).
+// compensation was admitted (its undo marks then). err is the hand-over's
+// (MarkUndo runs on the call's goroutine, not the test's).
 type handingOver struct {
 	executor.Store
-	t    *testing.T
 	call ledger.CallKey
 	done bool
+	err  error
 }
 
 func (s *handingOver) MarkUndo(ctx context.Context, k ledger.CallKey, undoable []processors.Status) (processors.Status, bool, error) {
 	if !s.done {
-		s.done = true
-		handOver(s.t, s.Store, s.call)
+		s.done, s.err = true, handOver(ctx, s.Store, s.call)
 	}
 	return s.Store.MarkUndo(ctx, k, undoable)
 }
 
 // handOver moves the call key, parked compensation_requested, to parked
 // compensation_abandoned, as a reconciler that found no compensation
-// requested does; it fails t unless the move applies.
-func handOver(t *testing.T, st executor.Store, key ledger.CallKey) {
-	t.Helper()
-	rec, err := st.Get(t.Context(), key)
+// requested does; an error unless the move applies.
+func handOver(ctx context.Context, st executor.Store, key ledger.CallKey) error {
+	rec, err := st.Get(ctx, key)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	evs, err := ledger.DecodeEvents(rec.Outbox)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	park := evs[len(evs)-1]
 	park.EventID, park.Seq, park.Reason = "e_handed_over", rec.Seq+1, executor.ReasonUndoAbandoned
 	outbox, err := ledger.EncodeEvents(append(evs, park))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	applied, err := st.Move(t.Context(), []processors.Move{{Key: key, From: rec.Status, FromSeq: rec.Seq, FromUndoMarks: rec.UndoMarks,
+	applied, err := st.Move(ctx, []processors.Move{{Key: key, From: rec.Status, FromSeq: rec.Seq, FromUndoMarks: rec.UndoMarks,
 		To: processors.StatusParked, Seq: rec.Seq + 1, Outbox: outbox}})
-	if err != nil || !applied[0] {
-		t.Fatalf("the hand-over applied %v (%v); want applied", applied, err)
+	if err == nil && !applied[0] {
+		err = errors.New("the hand-over did not apply")
 	}
+	return err
 }
 
 // The reconciler's compensation of a call that another reconciler handed
@@ -1763,7 +1763,38 @@ func handOver(t *testing.T, st executor.Store, key ledger.CallKey) {
 // before the check and landing after it is fenced out by the check's
 // mark, and the compensation runs. Before, a parked call was undone
 // whatever its park said.
+//
+// The human is told so: their request to undo the call, which would
+// join that compensation and be dropped with it, is refused saying it
+// will not run; and resolving the call succeeded needs no confirmation
+// that the undo is given up, for none will run.
 func TestAutomaticUndoOfACallHandedToAHumanMeanwhile(t *testing.T) {
+	t.Run("the human asks", func(t *testing.T) {
+		r := newRig(t)
+		var now time.Time
+		orig, svc, pub, _, _ := r.undoRequested(&now)
+		ck := orig.Key().CompensationKey()
+		if err := handOver(t.Context(), r.store, orig.Key()); err != nil {
+			t.Fatal(err)
+		}
+		ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+		if _, _, err := svc.Compensate(t.Context(), ops, orig.Key(), "the customer asked for it back"); !errors.Is(err, compensation.ErrAutomaticCompensationPending) ||
+			!strings.Contains(err.Error(), "undone by hand") {
+			t.Errorf("the human's request to undo the call = %v; want ErrAutomaticCompensationPending, saying to undo it by hand", err)
+		}
+		if _, err := r.reconcilerAt(afterLanding).Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: processors.StatusSucceeded, Evidence: "the bank says"}); err != nil {
+			t.Fatalf("resolved succeeded without confirming the undo given up = %v; want resolved", err)
+		}
+		if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusSucceeded {
+			t.Errorf("the call is %s (%v); want succeeded", rec.Status, err)
+		}
+		if _, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck)); err != nil {
+			t.Fatal(err)
+		}
+		if n := r.backend.AppliedIn("cancel_refund", "t_a", ck.String()); n != 0 {
+			t.Errorf("cancel_refund applied %d times; want 0", n)
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		// when: "before" the executor's step, "at" its check (MarkUndo),
@@ -1783,9 +1814,11 @@ func TestAutomaticUndoOfACallHandedToAHumanMeanwhile(t *testing.T) {
 			var st executor.Store = r.store
 			switch tc.when {
 			case "before":
-				handOver(t, r.store, orig.Key())
+				if err := handOver(t.Context(), r.store, orig.Key()); err != nil {
+					t.Fatal(err)
+				}
 			case "at":
-				st = &handingOver{Store: r.store, t: t, call: orig.Key()}
+				st = &handingOver{Store: r.store, call: orig.Key()}
 			}
 			read, err := r.store.Get(t.Context(), orig.Key())
 			if err != nil {
@@ -1794,6 +1827,9 @@ func TestAutomaticUndoOfACallHandedToAHumanMeanwhile(t *testing.T) {
 			out, err := r.executor(func(c *executor.Config) { c.Store = st }).Step(t.Context(), pub.authorized(t, ck))
 			if err != nil {
 				t.Fatal(err)
+			}
+			if h, ok := st.(*handingOver); ok && (!h.done || h.err != nil) {
+				t.Fatalf("the hand-over as the executor checked: done %v, %v", h.done, h.err)
 			}
 			evs := decodeAll(t, out.Records)
 			if n := r.backend.AppliedIn("cancel_refund", "t_a", ck.String()); n != tc.runs {
