@@ -38,7 +38,7 @@ WITH_SERVICES = set -euo pipefail; unset LEDGER_TEST_STARTED; \
 # Fuzz function of the repository: TestEveryFuzzTargetRuns).
 FUZZ_TARGETS = ledger:FuzzDecodeEnvelope ledger:FuzzDecode ledger:FuzzCanonical ledger:FuzzEventEncoding ledger:FuzzDecodeEventFast \
 	statemachine:FuzzApplySequence schemas:FuzzValidate processors/executor:FuzzAppendResult \
-	ledger:FuzzRedactTokens ledger/token:FuzzVerify
+	ledger:FuzzRedactTokens ledger/token:FuzzVerify processors/credentials:FuzzClaimsEncoding
 # make test bounds each target by executions, not time: Go 1.26's fuzz
 # coordinator can fail a duration-bounded run at its deadline with a bare
 # "context deadline exceeded" and no failing input (golang/go#75804).
