@@ -86,6 +86,12 @@ type Event struct {
 	Channel     string `json:"channel,omitempty"`
 	Tool        string `json:"tool,omitempty"`
 	ToolVersion int    `json:"tool_version,omitempty"`
+	// ToolDigest is the digest of the tool's definition the intake
+	// admitted the call under (schemas.Tool.Digest), on every event of
+	// the call from its requested event on: the definition it is bound
+	// to, which the executor runs it by or not at all. Informational
+	// (version 2): empty on the events of older builds, and on refusals.
+	ToolDigest string `json:"tool_digest,omitempty"`
 	// Resource is what the call touches: the value at the tool's resource
 	// pointer in the redacted arguments ("ord_42"), for blast radius.
 	Resource      string `json:"resource,omitempty"`

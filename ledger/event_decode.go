@@ -218,6 +218,8 @@ func (d *fastDecoder) field(e *Event, key []byte) bool {
 		return str(&e.Tool)
 	case "tool_version":
 		return intNum(&e.ToolVersion)
+	case "tool_digest":
+		return str(&e.ToolDigest)
 	case "resource":
 		return str(&e.Resource)
 	case "arguments_hash":

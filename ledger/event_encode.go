@@ -40,6 +40,7 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = jsonappend.OptString(b, "channel", e.Channel)
 	b = jsonappend.OptString(b, "tool", e.Tool)
 	b = jsonappend.OptInt(b, "tool_version", int64(e.ToolVersion))
+	b = jsonappend.OptString(b, "tool_digest", e.ToolDigest)
 	b = jsonappend.OptString(b, "resource", e.Resource)
 	b = jsonappend.OptString(b, "arguments_hash", e.ArgumentsHash)
 	b = jsonappend.OptString(b, "trace_id", e.TraceID)

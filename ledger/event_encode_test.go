@@ -204,6 +204,9 @@ var eventFieldVersions = map[string]int{
 	"result_digest":               1, "result_bytes": 1, "latency_ms": 1,
 	// Informational: the tool's own time, which benchmarks subtract.
 	"tool_us": 2,
+	// Informational: the definition the call is bound to, for
+	// responders; what binds it is the store's record (ToolDigest).
+	"tool_digest": 2,
 }
 
 func TestEventFieldsAreClassified(t *testing.T) {

@@ -348,6 +348,10 @@ type Call struct {
 	UserID         string `json:"user_id,omitempty"`
 	Resource       string `json:"resource,omitempty"`
 	TraceID        string `json:"trace_id,omitempty"`
+	// ToolDigest is the digest of the tool definition the call was
+	// admitted under (ledger.Event.ToolDigest); empty for calls of older
+	// builds.
+	ToolDigest string `json:"tool_digest,omitempty"`
 
 	State statemachine.State `json:"state"`
 	// LastEvent is the type of the highest-seq event: parked tells a
@@ -400,7 +404,7 @@ func CallOf(e *ledger.Event) Call {
 	state, _ := statemachine.Target(e.Type)
 	return Call{
 		TenantID: e.TenantID, IdempotencyKey: e.IdempotencyKey, CallID: e.CallID,
-		Tool: e.Tool, ToolVersion: e.ToolVersion, AgentID: e.AgentID, UserID: e.UserID,
+		Tool: e.Tool, ToolVersion: e.ToolVersion, ToolDigest: e.ToolDigest, AgentID: e.AgentID, UserID: e.UserID,
 		Resource: e.Resource, TraceID: e.TraceID,
 		State: state, LastEvent: e.Type, Seq: e.Seq, UpdatedAt: e.At.UTC(),
 		PolicyVersion: e.PolicyVersion, Approver: e.Approver, ApprovalID: e.ApprovalID,

@@ -604,6 +604,7 @@ func (s *Service) event(f *found, now time.Time) ledger.Event {
 		CallID:         f.rec.CallID,
 		Tool:           f.rec.Tool,
 		ToolVersion:    f.rec.ToolVersion,
+		ToolDigest:     f.rec.ToolDigest,
 		ArgumentsHash:  f.rec.ArgumentsHash,
 	}
 	if src != nil {

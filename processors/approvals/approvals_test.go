@@ -353,13 +353,16 @@ func TestApprove(t *testing.T) {
 		t.Fatalf("published %v; want the approved event alone", types(pub))
 	}
 	ev := pub[0]
+	if rec.ToolDigest == "" || pendingEv.ToolDigest != rec.ToolDigest {
+		t.Errorf("the record binds tool digest %q, the pending event names %q; want one digest, named", rec.ToolDigest, pendingEv.ToolDigest)
+	}
 	exp := *pendingEv.ExpiresAt
 	wantEv := ledger.Event{
 		V: 2, EventID: ev.EventID, Type: statemachine.EventApproved, Seq: 3,
 		At: f.clock.Now(), Actor: "approvals",
 		TenantID: "t_a", IdempotencyKey: "r-1", CallID: "c_r-1", UserID: "u_1", AgentID: "agent_test", Channel: "kafka",
 		Roles: []string{"finance", "support"}, RolesGiven: true,
-		Tool: "refund_order", ToolVersion: 1, Resource: "ord_r1", ArgumentsHash: a.ArgumentsHash, TraceID: "trace-r-1",
+		Tool: "refund_order", ToolVersion: 1, ToolDigest: rec.ToolDigest, Resource: "ord_r1", ArgumentsHash: a.ArgumentsHash, TraceID: "trace-r-1",
 		PolicyID: pendingEv.PolicyID, PolicyVersion: pendingEv.PolicyVersion, Obligations: pendingEv.Obligations,
 		Decision: "approve", ApprovalID: a.ID, Approver: "u_boss", ExpiresAt: &exp,
 	}

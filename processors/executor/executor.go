@@ -2885,6 +2885,7 @@ func template(e ledger.Event) ledger.Event {
 		Channel:         e.Channel,
 		Tool:            e.Tool,
 		ToolVersion:     e.ToolVersion,
+		ToolDigest:      e.ToolDigest,
 		Resource:        e.Resource,
 		ArgumentsHash:   e.ArgumentsHash,
 		TraceID:         e.TraceID,

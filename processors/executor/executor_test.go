@@ -260,6 +260,16 @@ func TestStepRunsAuthorizedCall(t *testing.T) {
 	if len(effs) != 1 || effs[0].IdempotencyKey != "t_a/k1" {
 		t.Errorf("backend effects %+v; want one with Idempotency-Key t_a/k1", effs)
 	}
+	// Its events name the definition it ran by: the one its record binds.
+	rec, err := r.store.Get(t.Context(), evs[0].Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range evs {
+		if rec.ToolDigest == "" || e.ToolDigest != rec.ToolDigest {
+			t.Errorf("%s event names tool digest %q; want the record's, %q", e.Type, e.ToolDigest, rec.ToolDigest)
+		}
+	}
 }
 
 // A lost Kafka commit after the store recorded the outcome: the redelivered

@@ -1248,6 +1248,9 @@ func (p *Processor) event(c *checked, now time.Time, t statemachine.EventType, s
 	// decision of an approved call gives them the same.
 	ev.Roles, ev.RolesGiven = c.decision.Roles, c.decision.RolesGiven
 	ev.Channel = p.cfg.Channel
+	// The definition the call is admitted under (Admission.ToolDigest):
+	// every later event copies it from these.
+	ev.ToolDigest = c.tool.Digest()
 	return ev
 }
 

@@ -263,6 +263,40 @@ func TestIntakeDecidesWithTheCallersRoles(t *testing.T) {
 	}
 }
 
+// A call's first events name the tool definition it is admitted under,
+// the digest its record binds it to, so that a responder reads it in the
+// log, the trace and the projections; an older build that ignores it
+// reads the events as before (version 1, as without roles).
+func TestIntakeEventsNameTheToolDefinition(t *testing.T) {
+	reg, err := schemas.Load(os.DirFS("../testdata/registry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, err := reg.Lookup("create_ticket", 1)
+	if err != nil || tool.Digest() == "" {
+		t.Fatalf("create_ticket v1: %v; want it, with a digest", err)
+	}
+	f := newIntake(t)
+	rec := f.envelopeRecord(t, "k-digest", map[string]any{"title": "t"})
+	out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := events(t, out)
+	if len(evs) != 2 {
+		t.Fatalf("events %v; want requested, authorized", evs)
+	}
+	for _, e := range evs {
+		if e.ToolDigest != tool.Digest() || e.V != 1 {
+			t.Errorf("%s event: tool digest %q, v%d; want %q, v1", e.Type, e.ToolDigest, e.V, tool.Digest())
+		}
+	}
+	stored, err := f.store.Get(t.Context(), evs[0].Key())
+	if err != nil || stored.ToolDigest != tool.Digest() {
+		t.Errorf("the record binds %q (%v); want %q", stored.ToolDigest, err, tool.Digest())
+	}
+}
+
 // rejecting wraps the real store and makes it reject one key's data, as
 // PostgreSQL rejects a value it cannot hold.
 type rejecting struct {

@@ -277,7 +277,7 @@ func (w *where) tenantTool(f projections.Filter) {
 // column would shadow it inside the other aggregates.
 const callColumns = "tenant_id, idempotency_key, c_call_id, c_tool, c_tool_version, c_agent_id, c_user_id, c_resource, c_trace_id," +
 	" c_state, c_last_event, c_seq, c_updated_at, c_updated_at_ns, c_policy_version, c_approver, c_approval_id, c_jti," +
-	" c_credential_family, c_reason, c_error_code"
+	" c_credential_family, c_reason, c_error_code, c_tool_digest"
 
 // latestCalls is a subquery: one row per call of the calls table that
 // cond (with args) selects, as its highest-seq row shows it; having, if
@@ -295,7 +295,7 @@ func (s *Store) latestCalls(cond, having string) string {
 		" argMax(policy_version, seq) AS c_policy_version, argMax(approver, seq) AS c_approver," +
 		" argMax(approval_id, seq) AS c_approval_id, argMax(jti, seq) AS c_jti," +
 		" argMax(credential_family, seq) AS c_credential_family, argMax(reason, seq) AS c_reason," +
-		" argMax(error_code, seq) AS c_error_code" +
+		" argMax(error_code, seq) AS c_error_code, argMax(tool_digest, seq) AS c_tool_digest" +
 		" FROM " + s.table("calls") + " WHERE " + cond + " GROUP BY tenant_id, idempotency_key" + having
 }
 
@@ -312,7 +312,7 @@ func scanCall(r scanner) (projections.Call, error) {
 	)
 	err := r.Scan(&c.TenantID, &c.IdempotencyKey, &c.CallID, &c.Tool, &toolVersion, &c.AgentID, &c.UserID, &c.Resource, &c.TraceID,
 		&state, &last, &c.Seq, &updated, &updatedNS, &c.PolicyVersion, &c.Approver, &c.ApprovalID, &c.JTI,
-		&c.CredentialFamily, &c.Reason, &c.ErrorCode)
+		&c.CredentialFamily, &c.Reason, &c.ErrorCode, &c.ToolDigest)
 	c.ToolVersion = int(toolVersion)
 	c.State, c.LastEvent = statemachine.State(state), statemachine.EventType(last)
 	c.UpdatedAt = time.Unix(int64(updated), int64(updatedNS)).UTC()

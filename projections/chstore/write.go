@@ -31,7 +31,7 @@ var (
 		"tenant_id", "tool", "at", "at_ns", "idempotency_key", "seq", "event_id", "type", "state", "actor",
 		"call_id", "tool_version", "agent_id", "user_id", "resource", "arguments_hash", "trace_id",
 		"policy_version", "decision", "approver", "approval_id", "jti", "credential_family",
-		"reason", "error_code", "attempt", "latency_ms", "body",
+		"reason", "error_code", "attempt", "latency_ms", "tool_digest", "body",
 	}}
 	eventKeysTable = tableDef{"event_keys", []string{"tenant_id", "idempotency_key", "tool", "at", "event_id"}}
 	callRefsTable  = tableDef{"call_refs", []string{
@@ -41,6 +41,7 @@ var (
 		"tenant_id", "idempotency_key", "seq", "event_id", "call_id", "tool", "tool_version", "agent_id",
 		"user_id", "resource", "trace_id", "state", "last_event", "updated_at", "updated_at_ns",
 		"policy_version", "approver", "approval_id", "jti", "credential_family", "reason", "error_code",
+		"tool_digest",
 	}}
 	actionsTable = tableDef{"control_actions", []string{
 		"subject", "at", "at_ns", "action_id", "kind", "tool", "tenant", "jti", "family", "policy",
@@ -112,7 +113,7 @@ func eventRows(r tableRows, pe projections.Event) error {
 	r.add(eventsTable, e.TenantID, e.Tool, at, ns, e.IdempotencyKey, e.Seq, id, string(e.Type), string(state), e.Actor,
 		e.CallID, int64(e.ToolVersion), e.AgentID, e.UserID, e.Resource, e.ArgumentsHash, e.TraceID,
 		e.PolicyVersion, e.Decision, e.Approver, e.ApprovalID, e.JTI, e.CredentialFamily,
-		e.Reason, e.ErrorCode, int64(e.Attempt), e.LatencyMS, string(body))
+		e.Reason, e.ErrorCode, int64(e.Attempt), e.LatencyMS, e.ToolDigest, string(body))
 	r.add(eventKeysTable, e.TenantID, e.IdempotencyKey, e.Tool, at, id)
 	if e.Refusal() {
 		// A refused submission is not a step of a call: only Trace
@@ -164,7 +165,8 @@ func eventRows(r tableRows, pe projections.Event) error {
 	c := projections.CallOf(&e)
 	r.add(callsTable, c.TenantID, c.IdempotencyKey, c.Seq, id, c.CallID, c.Tool, int64(c.ToolVersion), c.AgentID,
 		c.UserID, c.Resource, c.TraceID, string(c.State), string(c.LastEvent), at, ns,
-		c.PolicyVersion, c.Approver, c.ApprovalID, c.JTI, c.CredentialFamily, c.Reason, c.ErrorCode)
+		c.PolicyVersion, c.Approver, c.ApprovalID, c.JTI, c.CredentialFamily, c.Reason, c.ErrorCode,
+		c.ToolDigest)
 	return nil
 }
 

@@ -1,6 +1,8 @@
 package projectionstest
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -61,6 +63,19 @@ var roleSets = [][]string{{"support"}, {"contractor", "support"}, {"admin"}, nil
 // resource.
 var Tools = []string{"get_weather", "create_ticket", "refund_order", "send_email"}
 
+// toolDigest stands for the digest of tool's definition (schemas.Tool's
+// form, "sha256:" and 64 hex digits); edited, for that of a definition
+// edited in place, which calls of the same version may have been
+// admitted under too.
+func toolDigest(tool string, edited bool) string {
+	def := tool
+	if edited {
+		def += " (edited)"
+	}
+	sum := sha256.Sum256([]byte(def))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
 // Generator produces the events of generated calls, one call at a time,
 // so that a log of millions of events need not be held in memory.
 type Generator struct {
@@ -95,6 +110,11 @@ func (g *Generator) Call(i int) []ledger.Event {
 		// Not drawn from r, so that the rest of the log is as it was
 		// before calls had roles.
 		base.Roles, base.RolesGiven = roleSets[i%len(roleSets)], true
+	}
+	if i%5 != 0 {
+		// Every call but one in five (an older build's) names the
+		// definition it was admitted under; not drawn from r either.
+		base.ToolDigest = toolDigest(tool, i%7 == 1)
 	}
 	args := `{"city":"Lisbon"}`
 	if tool == "refund_order" {
@@ -325,7 +345,7 @@ func WithUnknownTypes(log []ledger.Event, n int) ([]ledger.Event, int) {
 		out = append(out, roundTrip(ledger.Event{
 			EventID: fmt.Sprintf("unknown-%04d", i), Type: UnknownType, Seq: last.Seq + 1, At: last.At.Add(time.Second),
 			Actor: "future", TenantID: last.TenantID, IdempotencyKey: last.IdempotencyKey, CallID: last.CallID,
-			UserID: last.UserID, AgentID: last.AgentID, Tool: last.Tool, ToolVersion: last.ToolVersion,
+			UserID: last.UserID, AgentID: last.AgentID, Tool: last.Tool, ToolVersion: last.ToolVersion, ToolDigest: last.ToolDigest,
 			Resource: last.Resource, ArgumentsHash: last.ArgumentsHash, TraceID: last.TraceID,
 		}))
 	}

@@ -96,7 +96,7 @@ func latest(evs []ledger.Event) (projections.Call, bool) {
 	state, _ := statemachine.Target(last.Type)
 	return projections.Call{
 		TenantID: last.TenantID, IdempotencyKey: last.IdempotencyKey, CallID: last.CallID,
-		Tool: last.Tool, ToolVersion: last.ToolVersion, AgentID: last.AgentID, UserID: last.UserID,
+		Tool: last.Tool, ToolVersion: last.ToolVersion, ToolDigest: last.ToolDigest, AgentID: last.AgentID, UserID: last.UserID,
 		Resource: last.Resource, TraceID: last.TraceID,
 		State: state, LastEvent: last.Type, Seq: last.Seq, UpdatedAt: last.At.UTC(),
 		PolicyVersion: last.PolicyVersion, Approver: last.Approver, ApprovalID: last.ApprovalID,

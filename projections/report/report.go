@@ -27,7 +27,7 @@ import (
 var CallColumns = []string{
 	"updated_at", "tenant_id", "idempotency_key", "tool", "state", "last_event", "seq",
 	"resource", "agent_id", "user_id", "policy_version", "approver", "jti",
-	"credential_family", "reason", "error_code", "call_id", "trace_id",
+	"credential_family", "reason", "error_code", "call_id", "trace_id", "tool_digest",
 }
 
 func callRow(c projections.Call) []string {
@@ -35,7 +35,7 @@ func callRow(c projections.Call) []string {
 		c.UpdatedAt.UTC().Format(time.RFC3339Nano), c.TenantID, c.IdempotencyKey, c.Tool,
 		string(c.State), string(c.LastEvent), strconv.FormatInt(c.Seq, 10), c.Resource,
 		c.AgentID, c.UserID, c.PolicyVersion, c.Approver, c.JTI, c.CredentialFamily,
-		c.Reason, c.ErrorCode, c.CallID, c.TraceID,
+		c.Reason, c.ErrorCode, c.CallID, c.TraceID, c.ToolDigest,
 	}
 }
 
@@ -185,6 +185,10 @@ func eventNote(e ledger.Event) string {
 	}
 	if e.Resource != "" && e.Type == statemachine.EventRequested {
 		parts = append(parts, "resource="+e.Resource)
+	}
+	// The definition the call is bound to: said once, where it was.
+	if e.ToolDigest != "" && e.Type == statemachine.EventRequested {
+		parts = append(parts, "tool_def="+short(e.ToolDigest))
 	}
 	if e.PolicyVersion != "" && e.Type != statemachine.EventExecuting {
 		parts = append(parts, "policy="+e.PolicyVersion)

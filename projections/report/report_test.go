@@ -200,3 +200,27 @@ func TestTerminalJSON(t *testing.T) {
 		t.Error("TerminalJSON copied a document with nothing to escape")
 	}
 }
+
+// A call's requested event names the definition of its tool the call is
+// bound to, shortened, and the later events, which carry the same, do
+// not repeat it; the CSV of calls has it whole, in its last column.
+func TestReportsNameTheToolDefinition(t *testing.T) {
+	digest := "sha256:ee73feadf9785bb74043d9d7feab3b832debf6925884d394230384e60fdcdaf5"
+	if note := EventNote(ledger.Event{Type: statemachine.EventRequested, Seq: 1, ToolDigest: digest}); !strings.Contains(note, "tool_def="+digest[:19]+"…") {
+		t.Errorf("requested event's note %q; want tool_def= and the digest's start", note)
+	}
+	if note := EventNote(ledger.Event{Type: statemachine.EventSucceeded, Seq: 4, ToolDigest: digest}); strings.Contains(note, "tool_def") {
+		t.Errorf("succeeded event's note %q; want the definition said once, on requested", note)
+	}
+	var buf bytes.Buffer
+	if err := CallsCSV(&buf, []projections.Call{{TenantID: "t_a", IdempotencyKey: "k1", ToolDigest: digest, UpdatedAt: time.Unix(0, 0)}}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(&buf).ReadAll()
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("CSV: %d rows, %v", len(rows), err)
+	}
+	if last := len(rows[0]) - 1; rows[0][last] != "tool_digest" || rows[1][last] != digest {
+		t.Errorf("CSV's last column %q = %q; want tool_digest = %q", rows[0][last], rows[1][last], digest)
+	}
+}
