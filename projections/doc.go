@@ -28,6 +28,9 @@
 //     event of a call carries both, so in practice a call matches when
 //     its requested event or any later one is in the window; a trace id
 //     may be shared by several calls;
+//   - ToolDigest: the call's requested event, naming that tool definition:
+//     the calls admitted under it in the window (their later events carry
+//     it too, and are not matched on it);
 //   - PolicyVersion: a policy's decision event (one whose Decision is
 //     allow, deny or require_approval; not an approver's approve or
 //     reject) made under that version; with Decision set, only decisions

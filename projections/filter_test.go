@@ -20,6 +20,7 @@ func TestValuesRoundTrip(t *testing.T) {
 		{Tenant: "t_1", State: statemachine.StateOutcomeUnknown, Until: now, Limit: 5},
 		{Tenant: "t_1", JTI: "j", State: statemachine.StateSucceeded, CallID: "c-2", TraceID: "tr"},
 		{AllTenants: true, Role: "contractor", Decision: "deny"},
+		{AllTenants: true, ToolDigest: "sha256:ee73feadf9785bb74043d9d7feab3b832debf6925884d394230384e60fdcdaf5", Tool: "refund_order"},
 	} {
 		v := f.Values()
 		got, err := FilterFromValues(v, now)
@@ -46,6 +47,7 @@ func TestFilterCallTraceState(t *testing.T) {
 	}{
 		{"call id", Filter{Tenant: "t", CallID: "c"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"trace id", Filter{Tenant: "t", TraceID: "tr"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
+		{"tool digest", Filter{Tenant: "t", ToolDigest: "sha256:00"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"role", Filter{Tenant: "t", Role: "contractor"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"a role's denials", Filter{Tenant: "t", Role: "contractor", Decision: "deny"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"a decision alone", Filter{Tenant: "t", Decision: "deny"}, false, ErrInvalidFilter, ErrInvalidFilter, ErrInvalidFilter},

@@ -237,6 +237,10 @@ type Filter struct {
 	// ids their events carry: references like JTI.
 	CallID  string `json:"call_id,omitempty"`
 	TraceID string `json:"trace_id,omitempty"`
+	// ToolDigest names the calls admitted under one definition of a tool
+	// (its digest, "sha256:..." as events carry it): "every call taken
+	// in under the registry entry edited in place".
+	ToolDigest string `json:"tool_digest,omitempty"`
 
 	// State narrows the matched calls to those whose state now is State.
 	// It is not a reference, and only BlastRadius takes it.
@@ -314,11 +318,18 @@ func knownStates() string {
 }
 
 // References reports whether f names any reference (JTI, family, policy
-// version, role, approver, approval id, call id or trace id), rather than
-// only tenant, tool, time and state.
+// version, role, approver, approval id, call id, trace id or tool
+// digest), rather than only tenant, tool, time and state.
 func (f Filter) References() bool {
 	return f.JTI != "" || f.CredentialFamily != "" || f.PolicyVersion != "" || f.Role != "" || f.Approver != "" || f.ApprovalID != "" ||
-		f.CallID != "" || f.TraceID != ""
+		f.CallID != "" || f.TraceID != "" || f.ToolDigest != ""
+}
+
+// AdmittedUnder reports whether e is a call's requested event naming the
+// tool definition digest: the event a ToolDigest filter matches, once a
+// call (every later event of the call carries the digest too).
+func AdmittedUnder(e *ledger.Event, digest string) bool {
+	return e.Type == statemachine.EventRequested && e.Seq == 1 && e.ToolDigest == digest
 }
 
 // RoleDecided reports whether e is a policy's decision made with role

@@ -24,6 +24,7 @@ const (
 	ParamApprovalID       = "approval_id"
 	ParamCallID           = "call_id"
 	ParamTraceID          = "trace_id"
+	ParamToolDigest       = "tool_digest"
 	ParamState            = "state"
 	ParamSince            = "since"
 	ParamUntil            = "until"
@@ -53,6 +54,7 @@ func (f Filter) Values() url.Values {
 	set(ParamApprovalID, f.ApprovalID)
 	set(ParamCallID, f.CallID)
 	set(ParamTraceID, f.TraceID)
+	set(ParamToolDigest, f.ToolDigest)
 	set(ParamState, string(f.State))
 	if !f.Since.IsZero() {
 		v.Set(ParamSince, f.Since.UTC().Format(time.RFC3339Nano))
@@ -71,7 +73,7 @@ func (f Filter) Values() url.Values {
 var known = map[string]bool{
 	ParamTenant: true, ParamAllTenants: true, ParamJTI: true, ParamCredentialFamily: true,
 	ParamTool: true, ParamPolicyVersion: true, ParamDecision: true, ParamRole: true, ParamApprover: true,
-	ParamApprovalID: true, ParamCallID: true, ParamTraceID: true, ParamState: true,
+	ParamApprovalID: true, ParamCallID: true, ParamTraceID: true, ParamToolDigest: true, ParamState: true,
 	ParamSince: true, ParamUntil: true, ParamLimit: true,
 }
 
@@ -107,6 +109,7 @@ func FilterFromValues(v url.Values, now time.Time, extra ...string) (Filter, err
 	f.ApprovalID = v.Get(ParamApprovalID)
 	f.CallID = v.Get(ParamCallID)
 	f.TraceID = v.Get(ParamTraceID)
+	f.ToolDigest = v.Get(ParamToolDigest)
 	// Check says whether the state is one the machine knows.
 	f.State = statemachine.State(v.Get(ParamState))
 	var err error

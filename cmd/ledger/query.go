@@ -181,6 +181,7 @@ func (ff *filterFlags) register(fs *pflag.FlagSet, refs bool) {
 	fs.StringVar(&ff.f.ApprovalID, "approval-id", "", "the call of this approval")
 	fs.StringVar(&ff.f.CallID, "call-id", "", "the call of this call id")
 	fs.StringVar(&ff.f.TraceID, "trace-id", "", "the calls of this trace")
+	fs.StringVar(&ff.f.ToolDigest, "tool-digest", "", "calls admitted under this tool definition: its digest (sha256:...) as events carry it (tool_digest; the requested event in the window)")
 	states := make([]string, 0, len(statemachine.States))
 	for _, st := range statemachine.States {
 		if st != statemachine.StateNone {

@@ -16,7 +16,7 @@
 //
 // refs indexes the references BlastRadius names (jti, credential_family,
 // policy_version and role from decision events, approver, approval_id, call_id,
-// trace_id) so that a question naming one reads only the calls that
+// trace_id, tool_digest from requested events) so that a question naming one reads only the calls that
 // carry it; tenant-, tool- and state-only questions scan calls, whose
 // keys put a tenant's calls together. Every index is a superset: queries check each call they read
 // against the filter, so a key that a long or odd value makes ambiguous
@@ -54,11 +54,12 @@ var (
 
 // layout names the buckets' current layout: a file written before refs
 // and unresolved existed (layout 1), before refs held call_id and
-// trace_id (2), or before they held the roles of decisions (3), is
+// trace_id (2), before they held the roles of decisions (3), or before
+// they held the tool definitions calls were admitted under (4), is
 // indexed again when opened.
 var (
 	metaLayout = []byte("layout")
-	layout     = []byte("4")
+	layout     = []byte("5")
 )
 
 // MaxRefusals is how many refused submissions the index keeps per key.

@@ -29,6 +29,9 @@ const (
 	refApproval = "approval_id"
 	refCallID   = "call_id"
 	refTraceID  = "trace_id"
+	// refToolDigest is on a call's requested event alone
+	// (projections.AdmittedUnder).
+	refToolDigest = "tool_digest"
 )
 
 // maxRefValue bounds a value as a refs key spells it: a longer one is
@@ -58,6 +61,9 @@ func refs(e *ledger.Event) [][2]string {
 	add(refApproval, e.ApprovalID)
 	add(refCallID, e.CallID)
 	add(refTraceID, e.TraceID)
+	if projections.AdmittedUnder(e, e.ToolDigest) {
+		add(refToolDigest, e.ToolDigest)
+	}
 	return out
 }
 
@@ -195,7 +201,7 @@ func eachCandidate(ctx context.Context, tx *bolt.Tx, f projections.Filter, fn fu
 	}
 	var kind, value string
 	for _, r := range [][2]string{
-		{refCallID, f.CallID}, {refApproval, f.ApprovalID}, {refJTI, f.JTI}, {refTraceID, f.TraceID},
+		{refCallID, f.CallID}, {refApproval, f.ApprovalID}, {refJTI, f.JTI}, {refTraceID, f.TraceID}, {refToolDigest, f.ToolDigest},
 		{refFamily, f.CredentialFamily}, {refApprover, f.Approver}, {refRole, f.Role}, {refPolicy, f.PolicyVersion},
 	} {
 		if r[1] != "" {
@@ -292,7 +298,8 @@ func matches(f projections.Filter, evs []ledger.Event) bool {
 		(f.Approver == "" || carried(func(e *ledger.Event) bool { return e.Approver == f.Approver })) &&
 		(f.ApprovalID == "" || carried(func(e *ledger.Event) bool { return e.ApprovalID == f.ApprovalID })) &&
 		(f.CallID == "" || carried(func(e *ledger.Event) bool { return e.CallID == f.CallID })) &&
-		(f.TraceID == "" || carried(func(e *ledger.Event) bool { return e.TraceID == f.TraceID }))
+		(f.TraceID == "" || carried(func(e *ledger.Event) bool { return e.TraceID == f.TraceID })) &&
+		(f.ToolDigest == "" || carried(func(e *ledger.Event) bool { return projections.AdmittedUnder(e, f.ToolDigest) }))
 }
 
 // Outcomes counts the calls that reached each outcome, by bucket of the

@@ -364,6 +364,7 @@ func matching(s *Store, f projections.Filter) (string, []any) {
 	ref(refApprovalID, f.ApprovalID)
 	ref(refCallID, f.CallID)
 	ref(refTraceID, f.TraceID)
+	ref(refToolDigest, f.ToolDigest)
 	named := len(kinds)
 	if named == 0 {
 		// The requested rows are valued with their tenant.

@@ -68,6 +68,9 @@ const (
 	// call is found by them over any window its events fall in.
 	refCallID  = "call_id"
 	refTraceID = "trace_id"
+	// refToolDigest is the tool definition a call was admitted under,
+	// on its requested event alone (projections.AdmittedUnder).
+	refToolDigest = "tool_digest"
 	// refRequested is a call's requested event; its value is the tenant,
 	// so that a tenant's calls over a window are one range.
 	refRequested = "requested"
@@ -156,6 +159,9 @@ func eventRows(r tableRows, pe projections.Event) error {
 	}
 	if e.Seq == 1 && e.Type == statemachine.EventRequested {
 		ref(refRequested, e.TenantID, "")
+	}
+	if e.ToolDigest != "" && projections.AdmittedUnder(&e, e.ToolDigest) {
+		ref(refToolDigest, e.ToolDigest, "")
 	}
 	if !projections.KnownType(e.Type) {
 		// It moves no call: the call's latest row stays the one of its

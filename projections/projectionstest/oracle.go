@@ -158,6 +158,11 @@ func referenced(f projections.Filter, evs []ledger.Event) bool {
 		{f.Approver, func(e ledger.Event) bool { return e.Approver == f.Approver }},
 		{f.ApprovalID, func(e ledger.Event) bool { return e.ApprovalID == f.ApprovalID }},
 		{f.CallID, func(e ledger.Event) bool { return e.CallID == f.CallID }},
+		// The definition a call was admitted under: its requested event,
+		// not the later ones that name it too.
+		{f.ToolDigest, func(e ledger.Event) bool {
+			return e.Type == statemachine.EventRequested && e.Seq == 1 && e.ToolDigest == f.ToolDigest
+		}},
 		{f.TraceID, func(e ledger.Event) bool { return e.TraceID == f.TraceID }},
 	}
 	named := 0

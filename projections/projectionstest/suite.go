@@ -374,6 +374,38 @@ func Questions(o *Oracle, cfg LogConfig) []projections.Filter {
 			break
 		}
 	}
+	// Calls by the tool definition they were admitted under: each of a
+	// tool's two, narrowed by tenant, by tool (another's finds none), by
+	// state and by window; a window from a call's second event (in a
+	// later second) does not find it, though that event names the
+	// definition too; and a definition no call was admitted under.
+	for i, tool := range Tools {
+		for _, edited := range []bool{false, true} {
+			d := toolDigest(tool, edited)
+			qs = append(qs,
+				projections.Filter{AllTenants: true, ToolDigest: d},
+				projections.Filter{Tenant: "t_01", ToolDigest: d},
+				projections.Filter{AllTenants: true, ToolDigest: d, Tool: tool, State: statemachine.StateSucceeded},
+				projections.Filter{AllTenants: true, ToolDigest: d, Tool: Tools[(i+1)%len(Tools)]},
+				projections.Filter{Tenant: "t_02", ToolDigest: d, Since: mid.Add(-time.Hour), Until: mid},
+			)
+		}
+	}
+	byDigest := 0
+	for _, k := range keys {
+		evs := o.Events(k)
+		if len(evs) < 2 || evs[0].ToolDigest == "" || evs[1].At.Unix() == evs[0].At.Unix() {
+			continue
+		}
+		qs = append(qs,
+			projections.Filter{Tenant: k.TenantID, ToolDigest: evs[0].ToolDigest, Since: evs[1].At},
+			projections.Filter{Tenant: k.TenantID, ToolDigest: evs[0].ToolDigest, Until: evs[1].At},
+		)
+		if byDigest++; byDigest == 4 {
+			break
+		}
+	}
+	qs = append(qs, projections.Filter{AllTenants: true, ToolDigest: toolDigest("no_such_tool", false)})
 	// A tenant's calls by their state alone: each state the log ends
 	// calls in, spread over the tenants, and one no call stays in.
 	for i, st := range []statemachine.State{
