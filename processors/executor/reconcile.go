@@ -860,7 +860,7 @@ func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *
 // resolution's check and its write could undo the success the operator
 // chose to keep. Nil, and nothing written, for another compensation (an
 // operator's, which undoes a call resolved succeeded, as asked).
-func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity, ck ledger.CallKey, comp processors.Record) (*pendingMove, error) {
+func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity, ck ledger.CallKey, comp processors.Record, why string) (*pendingMove, error) {
 	givenBack := comp.Status == processors.StatusExecuting && comp.LeaseOwner == ""
 	pending := comp.Status == processors.StatusPending
 	if automatic, known := compensation.Automatic(comp); !known || !automatic || comp.Status != processors.StatusAuthorized && !givenBack && !pending {
@@ -877,8 +877,7 @@ func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity,
 	if pending {
 		to, t = processors.StatusRejected, statemachine.EventRejected
 	}
-	m := r.settle(comp, tmpl, to, t, ReasonCompensationCancelled,
-		"the call it would undo was resolved succeeded by an operator, who chose to keep the success (cancel_compensation)", nil)
+	m := r.settle(comp, tmpl, to, t, ReasonCompensationCancelled, why, nil)
 	m.move.From = comp.Status
 	m.by("operator:" + operator.User)
 	var applied []bool
@@ -949,6 +948,15 @@ func automaticUndoPending(ck ledger.CallKey, comp processors.Record, confirmed, 
 	}
 	return fmt.Errorf("%w: %s (%s) is %s, and would end without undoing the call (nothing_to_undo). To have the call undone, leave it unresolved: the compensation settles it compensated once it succeeds. To keep the success, resolve with cancel_compensation (ledger calls resolve --cancel-compensation)",
 		ErrAutomaticUndoPending, ck, asker, comp.Status)
+}
+
+// handedOverUndo reports whether comp, the compensation of the call rec,
+// is the reconciler's, not yet running, and will undo nothing since the
+// call was handed to a human meanwhile (compensation.AutomaticUndoes):
+// its end settles nothing either, and the human settles the call.
+func handedOverUndo(rec, comp processors.Record) bool {
+	automatic, known := compensation.Automatic(comp)
+	return known && automatic && !compensation.AutomaticUndoes(rec) && !compensation.Running(comp)
 }
 
 // ReconcilerUser is the user the reconciler asks for compensations as: a
@@ -1600,7 +1608,14 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		if err := undoEnded(ck, comp, true); err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: %s is %s, and may undo the call: its outcome settles the call (ledger trace %s)", ErrUndoUnderWay, ck, comp.Status, ck.IdempotencyKey)
+		if !handedOverUndo(rec, comp) {
+			return nil, fmt.Errorf("%w: %s is %s, and may undo the call: its outcome settles the call (ledger trace %s)", ErrUndoUnderWay, ck, comp.Status, ck.IdempotencyKey)
+		}
+		// The reconciler's compensation of a call handed to a human
+		// undoes nothing, and its end settles nothing: the resolution
+		// is the human's. Should its executor check the call first,
+		// that check fences this move out (lostResolution); after it,
+		// it finds the call failed, and ends nothing_to_undo.
 	case as == processors.StatusFailed:
 		// Its compensation ended undoing nothing: the call is the
 		// operator's to settle.
@@ -1618,7 +1633,11 @@ func (r *Reconciler) resolve(ctx context.Context, operator identity.Identity, ke
 		if err := automaticUndoPending(ck, comp, res.CancelCompensation, compensation.AutomaticUndoes(rec)); err != nil {
 			return nil, err
 		}
-		c, err := r.cancelUndo(ctx, operator, ck, comp)
+		why := "the call it would undo was resolved succeeded by an operator, who chose to keep the success (cancel_compensation)"
+		if !res.CancelCompensation {
+			why = "the call it would undo was handed to a human, who resolved it succeeded: this compensation would have undone nothing"
+		}
+		c, err := r.cancelUndo(ctx, operator, ck, comp, why)
 		if err != nil {
 			return nil, err
 		}

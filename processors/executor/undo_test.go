@@ -1794,6 +1794,42 @@ func TestAutomaticUndoOfACallHandedToAHumanMeanwhile(t *testing.T) {
 		if n := r.backend.AppliedIn("cancel_refund", "t_a", ck.String()); n != 0 {
 			t.Errorf("cancel_refund applied %d times; want 0", n)
 		}
+		comp, err := r.store.Get(t.Context(), ck)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := ledger.DecodeEvents(comp.Outbox)
+		if err != nil || len(evs) == 0 || evs[len(evs)-1].Reason != executor.ReasonCompensationCancelled || !strings.Contains(evs[len(evs)-1].Detail, "handed to a human") {
+			t.Errorf("the compensation ended %+v (%v); want cancelled, saying the call was handed to a human", evs[len(evs)-1:], err)
+		}
+	})
+	// Resolved failed: the compensation's end would settle nothing, so
+	// the resolution is not held for it; it then finds nothing to undo.
+	t.Run("the human resolves it failed", func(t *testing.T) {
+		r := newRig(t)
+		var now time.Time
+		orig, _, pub, _, _ := r.undoRequested(&now)
+		ck := orig.Key().CompensationKey()
+		if err := handOver(t.Context(), r.store, orig.Key()); err != nil {
+			t.Fatal(err)
+		}
+		ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+		if _, err := r.reconcilerAt(afterLanding).Resolve(t.Context(), ops, orig.Key(), executor.Resolution{As: processors.StatusFailed, Evidence: "the bank says it never landed"}); err != nil {
+			t.Fatalf("resolved failed = %v; want resolved", err)
+		}
+		out, err := r.executor(nil).Step(t.Context(), pub.authorized(t, ck))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([]string{"denied(" + executor.ReasonNothingToUndo + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
+			t.Errorf("the compensation (-want +got):\n%s", diff)
+		}
+		if rec, err := r.store.Get(t.Context(), orig.Key()); err != nil || rec.Status != processors.StatusFailed {
+			t.Errorf("the call is %s (%v); want failed", rec.Status, err)
+		}
+		if n := r.backend.AppliedIn("cancel_refund", "t_a", ck.String()); n != 0 {
+			t.Errorf("cancel_refund applied %d times; want 0", n)
+		}
 	})
 	for _, tc := range []struct {
 		name string
