@@ -47,7 +47,10 @@ func TestFilterCallTraceState(t *testing.T) {
 	}{
 		{"call id", Filter{Tenant: "t", CallID: "c"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"trace id", Filter{Tenant: "t", TraceID: "tr"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
-		{"tool digest", Filter{Tenant: "t", ToolDigest: "sha256:00"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
+		{"tool digest", Filter{Tenant: "t", ToolDigest: "sha256:ee73feadf9785bb74043d9d7feab3b832debf6925884d394230384e60fdcdaf5"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
+		// As a trace's table shows it: it would match nothing.
+		{"tool digest cut short", Filter{Tenant: "t", ToolDigest: "sha256:ee73feadf978"}, true, ErrInvalidFilter, ErrInvalidFilter, ErrInvalidFilter},
+		{"tool digest in capitals", Filter{Tenant: "t", ToolDigest: "sha256:EE73FEADF9785BB74043D9D7FEAB3B832DEBF6925884D394230384E60FDCDAF5"}, true, ErrInvalidFilter, ErrInvalidFilter, ErrInvalidFilter},
 		{"role", Filter{Tenant: "t", Role: "contractor"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"a role's denials", Filter{Tenant: "t", Role: "contractor", Decision: "deny"}, true, nil, ErrInvalidFilter, ErrInvalidFilter},
 		{"a decision alone", Filter{Tenant: "t", Decision: "deny"}, false, ErrInvalidFilter, ErrInvalidFilter, ErrInvalidFilter},

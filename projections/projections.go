@@ -290,6 +290,10 @@ func (f Filter) Check() (Filter, error) {
 		return f, fmt.Errorf("%w: state %q is not one of %s", ErrInvalidFilter, f.State, knownStates())
 	case f.Limit < 0 || f.Limit > MaxLimit:
 		return f, fmt.Errorf("%w: limit must be between 0 and %d", ErrInvalidFilter, MaxLimit)
+	case f.ToolDigest != "" && !wholeDigest(f.ToolDigest):
+		// Matched exactly: a digest cut short (as a trace's table or a
+		// role's start log shows it) would match nothing, silently.
+		return f, fmt.Errorf("%w: tool digest %q is not a whole one (sha256: and 64 lowercase hex digits): take it from the call's events (ledger trace --json) or the calls CSV's tool_digest column", ErrInvalidFilter, f.ToolDigest)
 	}
 	if !f.Since.IsZero() {
 		f.Since = f.Since.UTC().Truncate(time.Second)
@@ -304,6 +308,21 @@ func (f Filter) Check() (Filter, error) {
 		f.Limit = DefaultLimit
 	}
 	return f, nil
+}
+
+// wholeDigest reports whether d is a digest as events carry a tool's:
+// "sha256:" and 64 lowercase hex digits.
+func wholeDigest(d string) bool {
+	hexDigits, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(hexDigits) != 64 {
+		return false
+	}
+	for _, c := range hexDigits {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // knownStates lists the states a filter may name, for its errors.
@@ -360,8 +379,11 @@ type Call struct {
 	Resource       string `json:"resource,omitempty"`
 	TraceID        string `json:"trace_id,omitempty"`
 	// ToolDigest is the digest of the tool definition the call was
-	// admitted under (ledger.Event.ToolDigest); empty for calls of older
-	// builds.
+	// admitted under (ledger.Event.ToolDigest), as its highest-seq event
+	// names it, like every field here: empty for calls of older builds,
+	// and for a call whose latest step an older build wrote (ClickHouse's
+	// calls table keeps that row alone once merged). A ToolDigest filter
+	// looks at the requested event instead (AdmittedUnder).
 	ToolDigest string `json:"tool_digest,omitempty"`
 
 	State statemachine.State `json:"state"`

@@ -296,21 +296,30 @@ func deleteRows(t *testing.T, s *Store, table, cond string) {
 // database written since.
 func TestMigrateFillsCallAndTraceRefs(t *testing.T) {
 	s := openStore(t)
-	ctx := t.Context()
 	f := newFixture()
 	write(t, s, f.batches(4))
+	migrateAgain(t, s, callTraceRefsVersion, "kind IN ('call_id', 'trace_id')", projections.Filter{AllTenants: true, CallID: "call-b1"})
+	check(t, s, f)
+}
+
+// migrateAgain takes s back to the schema version before version, with
+// the call_refs rows where selects (those that version fills in) deleted,
+// checks that q then finds no call, migrates, and checks that the
+// checksums are those of the rows as Write wrote them.
+func migrateAgain(t *testing.T, s *Store, version int, where string, q projections.Filter) {
+	t.Helper()
+	ctx := t.Context()
 	want, err := s.Checksums(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As the database was at the version before.
-	deleteRows(t, s, "call_refs", "kind IN ('call_id', 'trace_id')")
-	deleteRows(t, s, "schema_migrations", fmt.Sprintf("version >= %d", callTraceRefsVersion))
-	if v, err := s.SchemaVersion(ctx); err != nil || v != callTraceRefsVersion-1 {
-		t.Fatalf("schema version before = %d, %v; want %d", v, err, callTraceRefsVersion-1)
+	deleteRows(t, s, "call_refs", where)
+	deleteRows(t, s, "schema_migrations", fmt.Sprintf("version >= %d", version))
+	if v, err := s.SchemaVersion(ctx); err != nil || v != version-1 {
+		t.Fatalf("schema version before = %d, %v; want %d", v, err, version-1)
 	}
-	if br, err := s.BlastRadius(ctx, projections.Filter{AllTenants: true, CallID: "call-b1"}); err != nil || br.Total != 0 {
-		t.Fatalf("BlastRadius by call id before the migration = %d calls, %v; want none", br.Total, err)
+	if br, err := s.BlastRadius(ctx, q); err != nil || br.Total != 0 {
+		t.Fatalf("BlastRadius(%+v) before the migration = %d calls, %v; want none", q, br.Total, err)
 	}
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatalf("migrate: %v", err)
@@ -322,7 +331,38 @@ func TestMigrateFillsCallAndTraceRefs(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("checksums after the migration filled call_refs in (-written +filled):\n%s", diff)
 	}
-	check(t, s, f)
+}
+
+// toolDigestRefsVersion is the schema version that fills call_refs'
+// tool_digest rows in from the events projected before.
+const toolDigestRefsVersion = 10
+
+// A database projected by a build that kept each event's tool digest but
+// did not index it: Migrate fills the refs in from the requested events,
+// the rows Write would have written, and the questions by tool digest
+// answer as on a database written since.
+func TestMigrateFillsToolDigestRefs(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	cfg := projectionstest.LogConfig{Seed: 11, Calls: 200, Tenants: 3}
+	log := projectionstest.Log(cfg)
+	projectionstest.Write(t, s, log, 50)
+	var digest string
+	for _, e := range log {
+		if projections.AdmittedUnder(&e, e.ToolDigest) && e.ToolDigest != "" {
+			digest = e.ToolDigest
+			break
+		}
+	}
+	byDigest := projections.Filter{AllTenants: true, ToolDigest: digest}
+	answer, err := s.BlastRadius(ctx, byDigest)
+	if err != nil || answer.Total == 0 {
+		t.Fatalf("BlastRadius by tool digest %q = %d calls, %v; want some", digest, answer.Total, err)
+	}
+	migrateAgain(t, s, toolDigestRefsVersion, "kind = 'tool_digest'", byDigest)
+	if br, err := s.BlastRadius(ctx, byDigest); err != nil || br.Total != answer.Total {
+		t.Errorf("BlastRadius by tool digest after the migration = %d calls, %v; want %d", br.Total, err, answer.Total)
+	}
 }
 
 func TestSchemaVersionUnmigrated(t *testing.T) {
