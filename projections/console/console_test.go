@@ -707,10 +707,15 @@ func TestPagesRender(t *testing.T) {
 			"Results", "refund-1", "Unresolved", "parked", `action="/calls/resolve"`, `action="/calls/compensate"`,
 			"Review approval", `<option value="succeeded" selected>`,
 		}, []string{"/v1/blast-radius?call_id=c1&since=2h&state=succeeded&tenant=acme&tool=refund_order&trace_id=t1", "/v1/unresolved?tenant=acme&tool=refund_order"}},
+		// The calls of one tool definition, as a call's page links them.
+		{"/calls?tenant=acme&tool_digest=" + url.QueryEscape(testToolDigest), []string{
+			"Results", `name="tool_digest" value="` + testToolDigest + `"`,
+		}, []string{"/v1/blast-radius?tenant=acme&tool_digest=" + url.QueryEscape(testToolDigest), "/v1/unresolved?tenant=acme"}},
 		{"/calls", []string{"Unresolved", "in all tenants"}, []string{"/v1/unresolved?all_tenants=true"}},
 		{callURL(keyUnknown.TenantID, keyUnknown.IdempotencyKey), []string{
 			"Timeline", "1.234s", "executor", "allow", "key_reused", "Refused submissions", "&#34;refund_id&#34;: &#34;rf_1&#34;",
 			`action="/calls/resolve"`, `name="back" value="/calls/acme/refund-4"`, `badge st-outcome_unknown`, "/secret", `<span class="masked"`,
+			`<dt>Definition</dt><dd class="mono"><a href="/calls?tenant=acme&amp;tool_digest=sha256%3Aee73feadf9785bb74043d9d7feab3b832debf6925884d394230384e60fdcdaf5"`,
 		}, []string{"/v1/trace/acme/refund-4", "/v1/calls/refund-4?tenant_id=acme"}},
 		{"/incidents?tool=refund_order&all_tenants=true&since=6h", []string{
 			"matching call(s)", "By tenant", "By state", "<svg", `class="st-succeeded"`, "Outcomes per 15 minutes",

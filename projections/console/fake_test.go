@@ -226,6 +226,10 @@ func callOf(k ledger.CallKey, state statemachine.State, at time.Time) projection
 	}
 }
 
+// testToolDigest is the tool definition the fake's traced calls were
+// admitted under.
+const testToolDigest = "sha256:ee73feadf9785bb74043d9d7feab3b832debf6925884d394230384e60fdcdaf5"
+
 // traceEvents is the trace of keyHostile: every field hostile.
 func traceEvents(k ledger.CallKey) []ledger.Event {
 	ev := func(seq int64, typ statemachine.EventType, at time.Time) ledger.Event {
@@ -233,6 +237,7 @@ func traceEvents(k ledger.CallKey) []ledger.Event {
 			V: 1, EventID: fmt.Sprintf("ev-%d", seq), Type: typ, Seq: seq, At: at, Actor: "executor",
 			TenantID: k.TenantID, IdempotencyKey: k.IdempotencyKey, CallID: "call-" + xssScript,
 			UserID: "bob", AgentID: xssAttr, Tool: "refund_order", ToolVersion: 1, Resource: xssURL, TraceID: xssScript,
+			ToolDigest: testToolDigest,
 		}
 	}
 	refused := ev(0, statemachine.EventDenied, t0.Add(-11*time.Minute))

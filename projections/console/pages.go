@@ -163,7 +163,7 @@ const paramKey = "key"
 // callsParams are the search form's fields that go to /v1/blast-radius.
 var callsParams = []string{
 	projections.ParamTenant, projections.ParamAllTenants, projections.ParamTool, projections.ParamState,
-	projections.ParamCallID, projections.ParamTraceID, projections.ParamSince, projections.ParamUntil,
+	projections.ParamCallID, projections.ParamTraceID, projections.ParamToolDigest, projections.ParamSince, projections.ParamUntil,
 }
 
 // states are the call states, for the search form.
@@ -305,6 +305,11 @@ type callPage struct {
 	ApprovalURL     string
 	Back            string
 	TraceURL        string
+	// ToolDigest is the tool definition the call was admitted under, as
+	// its requested event names it, whole (a question matches it whole);
+	// ToolDigestURL lists the tenant's calls admitted under it.
+	ToolDigest    string
+	ToolDigestURL string
 }
 
 func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) {
@@ -332,6 +337,10 @@ func (c *Console) serveCall(w http.ResponseWriter, r *http.Request, s *session) 
 		if projections.KnownType(e.Type) {
 			// An unknown type moves no call, as in the projections.
 			last = e
+		}
+		if e.Type == statemachine.EventRequested && e.ToolDigest != "" {
+			p.ToolDigest = e.ToolDigest
+			p.ToolDigestURL = "/calls?" + url.Values{projections.ParamToolDigest: {e.ToolDigest}, projections.ParamTenant: {tenant}}.Encode()
 		}
 		if e.Type == statemachine.EventRequested && len(e.Arguments) > 0 {
 			// They decoded with the event, as JSON: flattening them
