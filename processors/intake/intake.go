@@ -321,6 +321,15 @@ type checked struct {
 	// carries, for a call carrying another call's arguments (Submit's),
 	// is that call's tool: its audit copy hides what that tool's would.
 	carries *schemas.Tool
+	// standing, when set, is the record of the very call c is a copy of
+	// (resent, or redelivered after the transaction that admitted it
+	// aborted), found under its key by a check that would have refused
+	// it: its assertion lapsed since, or this intake's registry lacks or
+	// defines otherwise its tool (another intake admitted it, mid-
+	// deploy). The store answers it, as a duplicate (settle): a refusal
+	// where its sender reads would be taken for the end of a call that
+	// goes on to run. The other fields but env and id are unset.
+	standing *processors.Record
 }
 
 // user is the user c's record is admitted for, whose call its key is
@@ -395,12 +404,18 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		case r.refusal != nil:
 			// Rare (a lapsed copy beside its call): the batch is
 			// looked through only then.
-			if lapsedRefusal(r.refusal) && slices.ContainsFunc(calls, func(c *checked) bool { return c.key() == r.refusal.Key() }) {
-				// A copy whose assertion lapsed, of a call another
-				// copy in this batch stands for (admitted, or
-				// answered by the store): the check looked the key
-				// up before this batch admitted anything. Under the
-				// key, the refusal would read as that call's end.
+			if i := slices.IndexFunc(calls, func(c *checked) bool { return c.key() == r.refusal.Key() }); i >= 0 && lapsedRefusal(r.refusal) {
+				// A copy whose assertion lapsed, of a key another copy
+				// in this batch stands for (admitted, or answered by
+				// the store): the check looked the key up before this
+				// batch admitted anything. A copy of that very call is
+				// answered by it, as a duplicate would be: refused,
+				// even under the reserved tenant, it would end its
+				// sender's wait. Of another call, it is refused where
+				// the key's readers do not take it for its call's end.
+				if c := calls[i]; r.refusal.ArgumentsHash == c.env.ArgumentsHash && r.refusal.UserID == c.user() {
+					continue
+				}
 				unverify(r.refusal)
 			}
 			rec, err := r.refusal.Record(p.cfg.Topics.Events)
@@ -495,7 +510,43 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			out = append(out, r)
 		}
 	}
+	// A key's events go out once per batch, however many copies of its
+	// envelope the batch holds.
+	emitted := make(map[ledger.CallKey]bool)
+	// duplicate answers a copy of the call cur holds (under key, sent as
+	// env): its events go out again if the log may lack them.
+	duplicate := func(key ledger.CallKey, cur processors.Record, env *ledger.Envelope) {
+		// Its events are in the log unless a crash came between the
+		// store and the log; then they go out again and readers drop
+		// the duplicate (key, seq). (An executor's outcome marked in
+		// advance under a journal entry looks logged here; the entry's
+		// settling or the sweep appends it if not.) The whole outbox,
+		// as the executor's sweep does: the record's mark may be one in
+		// advance that a move went past.
+		if !cur.Unlogged() || emitted[key] {
+			p.cfg.Logger.Debug("duplicate envelope", "call_key", key.String(), "trace_id", env.TraceID)
+			return
+		}
+		emitted[key] = true
+		evs, err := ledger.DecodeEvents(cur.Outbox)
+		if err != nil {
+			// A newer build's encoding (mid-upgrade), or a damaged
+			// record: left out and unlogged, for a build that reads it
+			// (the executors' sweep counts it). Failing the batch would
+			// redeliver it for as long as this build runs, holding up
+			// the partition.
+			p.cfg.Logger.Error("a duplicate's stored events cannot be read: not appended; a build that reads them will append them",
+				"call_key", cur.Key.String(), "seq", cur.Seq, "logged_seq", cur.LoggedSeq, "err", err)
+			return
+		}
+		emit(evs...)
+		logged = append(logged, processors.Logged{Key: cur.Key, Seq: cur.Seq, Base: cur.LoggedSeq})
+	}
 	for _, c := range calls {
+		if c.standing != nil {
+			duplicate(c.key(), *c.standing, c.env)
+			continue
+		}
 		rates := p.rates(c, now)
 		if len(rates) > 0 && !p.limits {
 			emit(p.refuse(c.key(), c.env, c.id, now, ReasonRateLimited, "", "a policy sets a rate limit and this intake's store keeps none"))
@@ -512,7 +563,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
-		return out, nil, nil, emitErr
+		return out, logged, nil, emitErr
 	}
 
 	as := make([]processors.Admission, len(admits))
@@ -523,9 +574,6 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("admit %d calls: %w", len(as), err)
 	}
-	// A key's events go out once per batch, however many copies of its
-	// envelope the batch holds.
-	emitted := make(map[ledger.CallKey]bool)
 	for i, res := range results {
 		a := admits[i]
 		if rejected[i] {
@@ -544,34 +592,8 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 				logged = append(logged, l)
 			}
 		case processors.Duplicate:
-			// A retry of a call we already hold. Its events are in
-			// the log unless a crash came between the store and the
-			// log; then they go out again and readers drop the
-			// duplicate (key, seq). (An executor's outcome marked in
-			// advance under a journal entry looks logged here; the
-			// entry's settling or the sweep appends it if not.) The
-			// whole outbox, as the executor's sweep does: the record's
-			// mark may be one in advance that a move went past.
-			if res.Record.Unlogged() && !emitted[a.admission.Key] {
-				emitted[a.admission.Key] = true
-				evs, err := ledger.DecodeEvents(res.Record.Outbox)
-				if err != nil {
-					// A newer build's encoding (mid-upgrade), or a
-					// damaged record: left out and unlogged, for a build
-					// that reads it (the executors' sweep counts it).
-					// Failing the batch would redeliver it for as long
-					// as this build runs, holding up the partition.
-					p.cfg.Logger.Error("a duplicate's stored events cannot be read: not appended; a build that reads them will append them",
-						"call_key", res.Record.Key.String(), "seq", res.Record.Seq, "logged_seq", res.Record.LoggedSeq, "err", err)
-					continue
-				}
-				for _, e := range evs {
-					emit(e)
-				}
-				logged = append(logged, processors.Logged{Key: res.Record.Key, Seq: res.Record.Seq, Base: res.Record.LoggedSeq})
-			} else {
-				p.cfg.Logger.Debug("duplicate envelope", "call_key", a.admission.Key.String(), "trace_id", a.env.TraceID)
-			}
+			// A retry of a call we already hold.
+			duplicate(a.admission.Key, res.Record, a.env)
 		case processors.Conflict:
 			pointer, detail := reusedKey(res.Record, a.id)
 			emit(p.refuse(a.key(), a.env, a.id, now, ReasonIdempotencyKeyReuse, pointer, detail))
@@ -698,7 +720,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			// A key that cannot be looked up fails the batch, to be
 			// tried again: filed under the reserved tenant, the
 			// refusal would be lost to its sender for good.
-			switch _, err := p.cfg.Store.Get(ctx, key); {
+			switch cur, err := p.cfg.Store.Get(ctx, key); {
 			case errors.Is(err, processors.ErrNotFound):
 				return refuse(key, lapsed.Identity, ReasonAssertionPrefix+reason, "/assertion", detail)
 			case errors.Is(err, processors.ErrRejected):
@@ -706,6 +728,13 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 				// it would stall the partition for good.
 			case err != nil:
 				return nil, nil, nil, fmt.Errorf("look up %s for a lapsed assertion: %w", key, err)
+			case sameCall(cur, env, lapsed.Identity.User):
+				// A copy of that very call: answered as its
+				// duplicate, its events sent again if the log lacks
+				// them. Refused, even under the reserved tenant, it
+				// would end its sender's wait (ledger submit --wait
+				// follows that key too) while the call runs.
+				return &checked{env: env, id: lapsed.Identity, standing: &cur}, nil, nil, nil
 			}
 		}
 		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
@@ -805,9 +834,9 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	tool, err := p.cfg.Registry.Lookup(env.Tool, env.ToolVersion)
 	switch {
 	case errors.Is(err, schemas.ErrUnknownVersion):
-		return refuse(c.key(), ReasonUnknownToolVersion, "/tool_version", err.Error())
+		return p.refuseUnlessResent(ctx, c, now, ReasonUnknownToolVersion, "/tool_version", err.Error())
 	case err != nil:
-		return refuse(c.key(), ReasonUnknownTool, "/tool", err.Error())
+		return p.refuseUnlessResent(ctx, c, now, ReasonUnknownTool, "/tool", err.Error())
 	}
 	c.tool = tool
 	if p.cfg.Freezes != nil {
@@ -851,7 +880,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		if errors.As(err, &ve) {
 			ptr, detail = "/arguments"+ve.Pointer, ve.Reason
 		}
-		return refuse(c.key(), ReasonInvalidArguments, ptr, detail)
+		return p.refuseUnlessResent(ctx, c, now, ReasonInvalidArguments, ptr, detail)
 	}
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose, Roles: id.Roles}
 	if stale == "" {
@@ -922,6 +951,36 @@ func (p *Processor) keyLookup(ctx context.Context, key ledger.CallKey, what stri
 // keyStandsTimeout bounds keyStands' read: a store that does not answer
 // holds up the step no longer.
 const keyStandsTimeout = 2 * time.Second
+
+// sameCall reports whether cur, the record under an envelope's key, is
+// the call env carries for user: the store would answer env as its
+// duplicate (processors.Admission.Answer).
+func sameCall(cur processors.Record, env *ledger.Envelope, user string) bool {
+	a := processors.Admission{ArgumentsHash: env.ArgumentsHash, UserID: user}
+	return a.Answer(cur) == processors.Duplicate
+}
+
+// refuseUnlessResent refuses c for reason, unless its key holds that very
+// call (c.standing, answered by the store): a check that depends on this
+// intake's registry (the tool, its version, its schema) says nothing of a
+// call another intake admitted by its own, mid-deploy, or this one before
+// its registry changed, and refused under its key it would read as the
+// end of a call that runs. A key that cannot be read is refused for now.
+func (p *Processor) refuseUnlessResent(ctx context.Context, c *checked, now time.Time, reason, pointer, detail string) (*checked, *ledger.Event) {
+	ctx, cancel := context.WithTimeout(ctx, keyStandsTimeout)
+	defer cancel()
+	switch cur, err := p.cfg.Store.Get(ctx, c.key()); {
+	case err == nil && sameCall(cur, c.env, c.user()):
+		c.standing = &cur
+		return c, nil
+	case err != nil && !errors.Is(err, processors.ErrNotFound):
+		p.cfg.Logger.Warn("a call refused "+reason+": its key could not be looked up", "call_key", c.key().String(), "err", err)
+		ev := p.retryLater(c, policy.Decision{}, now, reason, detail+"; whether the call stands under its key could not be read: send it again", p.cfg.PolicyRetryAfter)
+		return nil, &ev
+	}
+	ev := p.refuse(c.key(), c.env, c.id, now, reason, pointer, detail)
+	return nil, &ev
+}
 
 // maxVersionReads bounds the resource versions a step reads at once.
 const maxVersionReads = 16

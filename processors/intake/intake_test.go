@@ -118,6 +118,15 @@ func events(t *testing.T, out ledger.Output) []ledger.Event {
 	return evs
 }
 
+// summaryOf is evs as tenant:type, in order.
+func summaryOf(evs []ledger.Event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.TenantID + ":" + string(e.Type)
+	}
+	return out
+}
+
 // A crash between the store and the log: the redelivered envelope appends
 // the same events again (readers drop the duplicate seq); once the log has
 // them, a retry appends nothing.
@@ -1729,21 +1738,26 @@ func TestIntakeDuplicateWithUnreadableEventsDoesNotFailTheBatch(t *testing.T) {
 // signature proves, where its sender's wait and its tenant's operators
 // see the refusal; one that expired longer ago than identity.LapsedGrace
 // goes under the reserved tenant, as one that does not verify, and so
-// does a copy of an envelope whose call its key already holds (sent
-// again, or redelivered after a crash): that call's events answer it,
-// and a refusal under its key would read as its end. Before, every such
-// refusal went under the reserved tenant, and the sender's ?wait= ran
-// out without a word.
+// does one whose key holds another call: under the key, the refusal would
+// read as that call's end. Before, every such refusal went under the
+// reserved tenant, and the sender's ?wait= ran out without a word.
+//
+// A copy of the call its key holds (sent again, or redelivered after the
+// transaction that admitted it aborted) is refused nowhere: that call's
+// events answer it, sent again as they are not in the log yet. Before, it
+// was refused under the reserved tenant, which ledger submit --wait
+// follows too, and took for the end of a call that then ran.
 func TestLapsedAssertionRefusedWhereItsSenderSeesIt(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		late         time.Duration // the intake's clock ahead of the assertion's mint
-		admitted     bool          // a copy was admitted before it lapsed
+		admitted     string        // the title of a call admitted under the key before it lapsed
 		tenant, user string
 	}{
-		{"expired a minute ago", 11 * time.Minute, false, "t_a", "u_1"},
-		{"expired an hour ago", 70 * time.Minute, false, ledger.UnverifiedTenant, ""},
-		{"expired a minute ago, its call admitted", 11 * time.Minute, true, ledger.UnverifiedTenant, ""},
+		{"expired a minute ago", 11 * time.Minute, "", "t_a", "u_1"},
+		{"expired an hour ago", 70 * time.Minute, "", ledger.UnverifiedTenant, ""},
+		{"expired a minute ago, its call admitted", 11 * time.Minute, "t", "", ""},
+		{"expired a minute ago, another call under its key", 11 * time.Minute, "another", ledger.UnverifiedTenant, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var late time.Duration
@@ -1756,9 +1770,9 @@ func TestLapsedAssertionRefusedWhereItsSenderSeesIt(t *testing.T) {
 				c.Identity = v
 			})
 			rec := f.envelopeRecord(t, "late", map[string]any{"title": "t"})
-			if tc.admitted {
+			if tc.admitted != "" {
 				// Admitted, and its transaction lost: redelivered.
-				if _, err := f.in.Step(t.Context(), []*kgo.Record{rec}); err != nil {
+				if _, err := f.in.Step(t.Context(), []*kgo.Record{f.envelopeRecord(t, "late", map[string]any{"title": tc.admitted})}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -1768,9 +1782,112 @@ func TestLapsedAssertionRefusedWhereItsSenderSeesIt(t *testing.T) {
 				t.Fatal(err)
 			}
 			evs := events(t, out)
+			if tc.tenant == "" {
+				if got := summaryOf(evs); !slices.Equal(got, []string{"t_a:requested", "t_a:authorized"}) {
+					t.Fatalf("events %v; want the call's own, sent again, and no refusal", got)
+				}
+				return
+			}
 			if len(evs) != 1 || evs[0].Reason != intake.ReasonAssertionPrefix+"expired" || evs[0].Seq != 0 ||
 				evs[0].TenantID != tc.tenant || evs[0].UserID != tc.user || evs[0].IdempotencyKey != "late" {
 				t.Fatalf("events %+v; want one refusal, assertion_expired, under %s/late for user %q", evs, tc.tenant, tc.user)
+			}
+		})
+	}
+}
+
+// registryWithout is the test registry with edit applied to its files
+// (their names under tools/ to their contents; nil removes a file).
+func registryWithout(t *testing.T, edit map[string][]byte) *schemas.Registry {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tools"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files, err := os.ReadDir("../testdata/registry/tools")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join("../testdata/registry/tools", f.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, ok := edit[f.Name()]; ok {
+			if b = e; b == nil {
+				continue
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tools", f.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := schemas.Load(os.DirFS(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+// A copy of a call an intake admitted (redelivered after its transaction
+// aborted in a rebalance, or sent again) that reaches an intake whose
+// registry lacks its tool, or defines it otherwise (a rolling deploy of
+// the registry), is answered by the call its key holds, not refused under
+// that key: a refusal there reads as the call's end to its sender, and
+// the call then runs. A copy under a key that holds another call, or none,
+// is refused as before; and one whose key cannot be read, for now.
+func TestIntakeResentCallAnsweredWhateverItsRegistrySays(t *testing.T) {
+	edited, err := os.ReadFile("../testdata/registry/tools/create_ticket.v1.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited = bytes.Replace(edited, []byte(`"minLength": 1`), []byte(`"minLength": 5`), 1)
+	for _, tc := range []struct {
+		name   string
+		reg    map[string][]byte
+		reason string
+	}{
+		{"its tool unknown here", map[string][]byte{"create_ticket.v1.json": nil}, intake.ReasonUnknownTool},
+		{"its schema other here", map[string][]byte{"create_ticket.v1.json": edited}, intake.ReasonInvalidArguments},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newIntake(t)
+			rec := a.envelopeRecord(t, "k-resent", map[string]any{"title": "t"})
+			if _, err := a.in.Step(t.Context(), []*kgo.Record{rec}); err != nil {
+				t.Fatal(err)
+			}
+			reads := &getFails{err: errors.New("connection reset")}
+			reads.failed.Store(true) // reads answer until told otherwise
+			b := newIntakeWith(t, func(c *intake.Config) {
+				reads.Store = a.store
+				c.Store, c.Identity, c.Registry = reads, a.ident.Verifier, registryWithout(t, tc.reg)
+			})
+			out, err := b.in.Step(t.Context(), []*kgo.Record{rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Its events are not in the log yet (A's transaction was
+			// lost): sent again.
+			if got := summaryOf(events(t, out)); !slices.Equal(got, []string{"t_a:requested", "t_a:authorized"}) {
+				t.Errorf("the resent call: events %v; want its own, sent again, and no refusal", got)
+			}
+			// Another call under a key of its own: refused.
+			other := a.envelopeRecord(t, "k-new", map[string]any{"title": "t"})
+			out, err = b.in.Step(t.Context(), []*kgo.Record{other})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if evs := events(t, out); len(evs) != 1 || evs[0].Reason != tc.reason || evs[0].Seq != 0 || evs[0].RetryAfterMS != 0 {
+				t.Errorf("a new call: events %+v; want one refusal, %s, for good", evs, tc.reason)
+			}
+			// Its key not readable: refused for now.
+			reads.always = true
+			out, err = b.in.Step(t.Context(), []*kgo.Record{rec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if evs := events(t, out); len(evs) != 1 || evs[0].Reason != tc.reason || evs[0].RetryAfterMS == 0 {
+				t.Errorf("the key not readable: events %+v; want one refusal, %s, for now", evs, tc.reason)
 			}
 		})
 	}
@@ -1846,11 +1963,12 @@ func TestLapsedAssertionKeyRejected(t *testing.T) {
 
 // A copy of an envelope whose assertion lapsed, in the batch that admits
 // the call from another copy (sent again under a fresh assertion after a
-// publish that seemed to fail), is refused under the reserved tenant,
-// whichever comes first: under the key, its refusal would read as the
-// call's end to the sender waiting on it, while the call runs. Before,
-// the key was looked up before the batch admitted anything, found free,
-// and the refusal filed under it.
+// publish that seemed to fail), is refused nowhere, whichever comes
+// first: its refusal would read as the call's end to the sender waiting
+// on it (ledger submit --wait follows the reserved tenant's key too),
+// while the call runs. Before, the key was looked up before the batch
+// admitted anything, found free, and the refusal filed under it; then
+// under the reserved tenant.
 func TestLapsedCopyInTheBatchThatAdmitsItsCall(t *testing.T) {
 	for _, lapsedFirst := range []bool{true, false} {
 		f := lapsedIntake(t, &getFails{always: true, err: processors.ErrNotFound}) // as the store answers: nothing admitted yet
@@ -1875,8 +1993,8 @@ func TestLapsedCopyInTheBatchThatAdmitsItsCall(t *testing.T) {
 				refused = append(refused, e.TenantID)
 			}
 		}
-		if !slices.Equal(underKey, []string{"requested()", "authorized(allowed)"}) || !slices.Equal(refused, []string{ledger.UnverifiedTenant}) {
-			t.Errorf("lapsed copy first %v: events under t_a/late %v, the lapsed copy refused under %v; want the call's requested and authorized alone, the refusal under %s", lapsedFirst, underKey, refused, ledger.UnverifiedTenant)
+		if !slices.Equal(underKey, []string{"requested()", "authorized(allowed)"}) || len(refused) != 0 {
+			t.Errorf("lapsed copy first %v: events under t_a/late %v, the lapsed copy refused under %v; want the call's requested and authorized alone, and no refusal", lapsedFirst, underKey, refused)
 		}
 	}
 }
