@@ -155,7 +155,9 @@ type LoopMetrics interface {
 	// took, txn how long producing and ending the transaction did.
 	Committed(consumed int, produced []*kgo.Record, step, txn time.Duration)
 	// NotCommitted: a step's work was not committed, and why:
-	// "rebalanced", "step_failed", "stopped" (ErrStop) or "failed".
+	// "rebalanced" (the group's rebalance aborted the transaction),
+	// "aborted" (its coordinator did, with no rebalance), "step_failed",
+	// "stopped" (ErrStop) or "failed".
 	NotCommitted(result string)
 	// RecordsDeleted: n records of topic were deleted from the log
 	// (retention, DeleteRecords) before the loop read them.
@@ -242,6 +244,10 @@ type Loop struct {
 	groupErr atomic.Pointer[groupError]
 	assigned atomic.Int64
 	session  atomic.Pointer[sessionMark]
+	// revoked is the mark of the last revocation or loss of partitions:
+	// a transaction that did not commit after one was aborted by the
+	// rebalance, one that did not commit without, by its coordinator.
+	revoked atomic.Int64
 }
 
 // groupError is an error of the group's management, and its mark.
@@ -440,6 +446,14 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		kgo.MaxDecompressBatchBytes(l.cfg.MaxBatchBytes),
 		kgo.WithHooks(groupHooks{l}),
 		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.assigned.Store(l.marks.Add(1)) }),
+		// (The session's own hooks, which make its next End abort, call
+		// these after theirs.)
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, rev map[string][]int32) {
+			if len(rev) > 0 {
+				l.revoked.Store(l.marks.Add(1))
+			}
+		}),
+		kgo.OnPartitionsLost(func(context.Context, *kgo.Client, map[string][]int32) { l.revoked.Store(l.marks.Add(1)) }),
 	)
 	if d := l.cfg.Client.SessionTimeout; d > 0 {
 		opts = append(opts, kgo.SessionTimeout(d), kgo.HeartbeatInterval(min(d/3, 3*time.Second)))
@@ -462,7 +476,11 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 
 	var (
 		stepFailures int
-		afterCommit  chan struct{} // closed when the last after-commit step is done
+		// ended is the mark when the session's last transaction ended
+		// (or it started): a revocation after it is one the next End
+		// saw.
+		ended       = l.marks.Load()
+		afterCommit chan struct{} // closed when the last after-commit step is done
 		// held counts the records of batches whose step did nothing,
 		// held since heldSince: their offsets are committed by the next
 		// transaction.
@@ -731,13 +749,23 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			abandon()
 			return fmt.Errorf("produce: %w", failed)
 		}
+		rebalanced := l.revoked.Load() > ended
+		ended = l.marks.Load()
 		if !committed {
 			clear(read) // rewound to the committed offsets
 			abandon()
 			// The abort rewound the session to the committed offsets:
 			// the held batches come again too.
-			l.cfg.Metrics.NotCommitted("rebalanced")
-			l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", consumed+held)
+			if rebalanced {
+				l.cfg.Metrics.NotCommitted("rebalanced")
+				l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", consumed+held)
+			} else {
+				// The coordinator turned the commit into an abort (it
+				// moved, failed, or answered that it could not be made),
+				// with no rebalance: worth a look if it goes on.
+				l.cfg.Metrics.NotCommitted("aborted")
+				l.cfg.Logger.Warn("transaction aborted by its coordinator, redelivering", "group", l.cfg.Group, "records", consumed+held)
+			}
 			held = 0
 			continue
 		}

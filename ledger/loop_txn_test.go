@@ -44,16 +44,21 @@ func copyLoop(t *testing.T, k *ledgertest.Kafka, txn string, set ...func(*ledger
 		s(&cfg)
 	}
 	l, err := ledger.NewLoop(cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
-		var out ledger.Output
-		for _, r := range recs {
-			out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
-		}
-		return out, nil
+		return copied(k, recs), nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// copied is the output of a step that copies recs to the events topic.
+func copied(k *ledgertest.Kafka, recs []*kgo.Record) ledger.Output {
+	var out ledger.Output
+	for _, r := range recs {
+		out.Records = append(out.Records, &kgo.Record{Topic: k.Topics.Events, Key: r.Key, Value: r.Value})
+	}
+	return out
 }
 
 // publishRequests puts n records on the requests topic.
@@ -1680,6 +1685,122 @@ func TestLoopRecordsOnlyTransactionDoesNotWait(t *testing.T) {
 	for _, line := range kafkaLog.Lines() {
 		if strings.Contains(line, "sleeping 500ms") {
 			t.Errorf("the loop waited after a transaction of records alone, as franz-go says: %s", line)
+		}
+	}
+}
+
+// notCommitted records why the loop's transactions did not commit.
+type notCommitted struct {
+	consumedCounter
+	mu      sync.Mutex
+	results []string
+}
+
+func (c *notCommitted) NotCommitted(result string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.results = append(c.results, result)
+}
+
+func (c *notCommitted) seen() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.results)
+}
+
+// A transaction its coordinator aborts with no rebalance (an offset
+// commit it refuses) is counted and logged as aborted, not as one a
+// rebalance aborted, which would send an operator to the group's members
+// rather than the coordinator; its records come again and commit.
+func TestLoopTellsACoordinatorsAbortFromARebalance(t *testing.T) {
+	k := faultableKafka(t)
+	// Once: the next TxnOffsetCommit's partitions answer an error the
+	// session ends by aborting.
+	k.Cluster.ControlKey(int16(kmsg.TxnOffsetCommit), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		req := r.(*kmsg.TxnOffsetCommitRequest)
+		resp := req.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
+		resp.Version = req.Version
+		for _, rt := range req.Topics {
+			t := kmsg.NewTxnOffsetCommitResponseTopic()
+			t.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				p := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+				p.Partition, p.ErrorCode = rp.Partition, kerr.UnknownServerError.Code
+				t.Partitions = append(t.Partitions, p)
+			}
+			resp.Topics = append(resp.Topics, t)
+		}
+		return resp, nil, true
+	})
+	metrics := &notCommitted{}
+	publish := runCopyGroupLoop(t, k, ledger.LoopConfig{Metrics: metrics}, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		return copied(k, recs), nil
+	})
+	publish("k1", "v1")
+	waitCommitted(t, k, 1, 15*time.Second)
+	if got := metrics.seen(); !slices.Equal(got, []string{"aborted"}) {
+		t.Errorf("transactions not committed: %q; want one, aborted (by its coordinator, not a rebalance)", got)
+	}
+}
+
+// A transaction a rebalance aborts (a second member joins while the first
+// is in a step, and takes one of its partitions) is still counted as
+// rebalanced; its records come again and commit once.
+func TestLoopCountsARebalancesAbortAsRebalanced(t *testing.T) {
+	k := faultableKafka(t)
+	metrics := &notCommitted{}
+	inStep, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	cfg := ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-a", Tick: 50 * time.Millisecond, Metrics: metrics,
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+	}
+	a, err := ledger.NewLoop(cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		// The first step waits, in its transaction, for the rebalance.
+		first.Do(func() { close(inStep); <-release })
+		return copied(k, recs), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	runs := make(chan error, 2)
+	go func() { runs <- a.Run(ctx) }()
+	ledgertest.WaitFor(t, 15*time.Second, a.Ready)
+	publishRequests(t, k, 4) // on both partitions
+	<-inStep
+	b := copyLoop(t, k, "copy-b")
+	go func() { runs <- b.Run(ctx) }()
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	// Once b holds a partition, a has given it up (a cooperative
+	// rebalance assigns nothing another member still holds).
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		groups, err := kadm.NewClient(cl).DescribeGroups(ctx, k.Group("copy"))
+		if err != nil {
+			return err
+		}
+		for _, m := range groups[k.Group("copy")].Members {
+			if c, ok := m.Assigned.AsConsumer(); ok && m.ClientID == "copy-b" && len(c.Topics) > 0 && len(c.Topics[0].Partitions) > 0 {
+				return nil
+			}
+		}
+		return errors.New("b holds no partition yet")
+	})
+	close(release)
+	waitCommitted(t, k, 4, 15*time.Second)
+	if got := metrics.seen(); !slices.Contains(got, "rebalanced") || slices.Contains(got, "aborted") {
+		t.Errorf("transactions not committed: %q; want the rebalance's, rebalanced", got)
+	}
+	cancel()
+	for range 2 {
+		if err := <-runs; err != nil && !errors.Is(err, context.Canceled) {
+			t.Error(err)
 		}
 	}
 }

@@ -269,7 +269,7 @@ func (c *eventCounters) counter(typ, tool []byte) prometheus.Counter {
 }
 
 // NotCommitted counts a transaction that did not commit, by why
-// ("rebalanced", "step_failed", "stopped", "failed"). It implements
+// ("rebalanced", "aborted", "step_failed", "stopped", "failed"). It implements
 // ledger.LoopMetrics.
 func (r *Registry) NotCommitted(result string) {
 	r.transactions.WithLabelValues(result).Inc()
