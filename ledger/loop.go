@@ -630,7 +630,8 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			if _, err := sess.End(ctx, kgo.TryAbort); err != nil {
 				return fmt.Errorf("abort after step failure: %w", err)
 			}
-			clear(read) // rewound to the committed offsets
+			ended = l.marks.Load() // the session forgot the revocations too
+			clear(read)            // rewound to the committed offsets
 			held = 0
 			select {
 			case <-ctx.Done():
@@ -721,7 +722,8 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		// End flushes, then commits only if every produce succeeded,
 		// the group did not rebalance, and the offsets committed.
 		var committed bool
-		if failed == nil && consumed == 0 && held == 0 && !forced && len(sess.Client().UncommittedOffsets()) == 0 {
+		recordsOnly := failed == nil && consumed == 0 && held == 0 && !forced && len(sess.Client().UncommittedOffsets()) == 0
+		if recordsOnly {
 			// No offsets to commit: records alone (an executor's
 			// outcomes of calls that ended after their step, on an
 			// idle poll). The session's End would take the missing
@@ -749,8 +751,13 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			abandon()
 			return fmt.Errorf("produce: %w", failed)
 		}
-		rebalanced := l.revoked.Load() > ended
-		ended = l.marks.Load()
+		// A revocation the session's End saw aborts it: counted as the
+		// rebalance's. The records-only end does not look (the next End
+		// does), and its abort is never the rebalance's.
+		rebalanced := !recordsOnly && l.revoked.Load() > ended
+		if !recordsOnly {
+			ended = l.marks.Load()
+		}
 		if !committed {
 			clear(read) // rewound to the committed offsets
 			abandon()
@@ -760,11 +767,14 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 				l.cfg.Metrics.NotCommitted("rebalanced")
 				l.cfg.Logger.Info("transaction aborted by rebalance, redelivering", "group", l.cfg.Group, "records", consumed+held)
 			} else {
-				// The coordinator turned the commit into an abort (it
-				// moved, failed, or answered that it could not be made),
-				// with no rebalance: worth a look if it goes on.
+				// With no revocation seen: the coordinator turned the
+				// commit into an abort (it moved, failed, or answered
+				// that it could not be made), or refused the offsets for
+				// a member the group no longer knows (whose loss the
+				// session reports after this End): worth a look if it
+				// goes on.
 				l.cfg.Metrics.NotCommitted("aborted")
-				l.cfg.Logger.Warn("transaction aborted by its coordinator, redelivering", "group", l.cfg.Group, "records", consumed+held)
+				l.cfg.Logger.Warn("transaction aborted with no revocation seen (by its coordinator, or for a membership lost meanwhile), redelivering", "group", l.cfg.Group, "records", consumed+held)
 			}
 			held = 0
 			continue

@@ -1773,25 +1773,7 @@ func TestLoopCountsARebalancesAbortAsRebalanced(t *testing.T) {
 	<-inStep
 	b := copyLoop(t, k, "copy-b")
 	go func() { runs <- b.Run(ctx) }()
-	cl, err := ledger.NewClient(k.Client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	// Once b holds a partition, a has given it up (a cooperative
-	// rebalance assigns nothing another member still holds).
-	ledgertest.WaitFor(t, 30*time.Second, func() error {
-		groups, err := kadm.NewClient(cl).DescribeGroups(ctx, k.Group("copy"))
-		if err != nil {
-			return err
-		}
-		for _, m := range groups[k.Group("copy")].Members {
-			if c, ok := m.Assigned.AsConsumer(); ok && m.ClientID == "copy-b" && len(c.Topics) > 0 && len(c.Topics[0].Partitions) > 0 {
-				return nil
-			}
-		}
-		return errors.New("b holds no partition yet")
-	})
+	waitHolds(t, k, "copy-b")
 	close(release)
 	waitCommitted(t, k, 4, 15*time.Second)
 	if got := metrics.seen(); !slices.Contains(got, "rebalanced") || slices.Contains(got, "aborted") {
@@ -1803,4 +1785,79 @@ func TestLoopCountsARebalancesAbortAsRebalanced(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// A revocation the session's next End sees is counted as the rebalance's
+// even when a transaction of records alone (an executor's outcomes on an
+// idle tick), which ends without the session and so without looking at
+// it, came between: the End after it aborts for the revocation.
+func TestLoopCountsARebalancesAbortAfterARecordsOnlyCommit(t *testing.T) {
+	k := faultableKafka(t)
+	metrics := &notCommitted{}
+	var emit atomic.Bool
+	cfg := ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-a", Tick: 50 * time.Millisecond, Metrics: metrics,
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+	}
+	a, err := ledger.NewLoop(cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		if len(recs) == 0 && emit.CompareAndSwap(true, false) {
+			return ledger.Output{Records: []*kgo.Record{{Topic: k.Topics.Events, Key: []byte("idle"), Value: []byte("outcome")}}}, nil
+		}
+		return copied(k, recs), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	runs := make(chan error, 2)
+	go func() { runs <- a.Run(ctx) }()
+	ledgertest.WaitFor(t, 15*time.Second, a.Ready)
+	b := copyLoop(t, k, "copy-b")
+	go func() { runs <- b.Run(ctx) }()
+	waitHolds(t, k, "copy-b")
+	// The records-only transaction, after the revocation.
+	emit.Store(true)
+	ledgertest.WaitFor(t, 15*time.Second, func() error {
+		if emit.Load() {
+			return errors.New("no idle step yet")
+		}
+		return nil
+	})
+	publishRequests(t, k, 4) // on both partitions: a still holds one
+	waitCommitted(t, k, 4, 15*time.Second)
+	if got := metrics.seen(); !slices.Contains(got, "rebalanced") || slices.Contains(got, "aborted") {
+		t.Errorf("transactions not committed: %q; want the rebalance's, rebalanced", got)
+	}
+	cancel()
+	for range 2 {
+		if err := <-runs; err != nil && !errors.Is(err, context.Canceled) {
+			t.Error(err)
+		}
+	}
+}
+
+// waitHolds waits until the member of the copy group whose client id is
+// member holds a partition: in a cooperative rebalance, once the member
+// that held it has given it up.
+func waitHolds(t *testing.T, k *ledgertest.Kafka, member string) {
+	t.Helper()
+	cl, err := ledger.NewClient(k.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		groups, err := kadm.NewClient(cl).DescribeGroups(t.Context(), k.Group("copy"))
+		if err != nil {
+			return err
+		}
+		for _, m := range groups[k.Group("copy")].Members {
+			if c, ok := m.Assigned.AsConsumer(); ok && m.ClientID == member && len(c.Topics) > 0 && len(c.Topics[0].Partitions) > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("%s holds no partition yet", member)
+	})
 }

@@ -75,7 +75,7 @@ func New(role string, known func(tool string) bool) *Registry {
 	})
 	r.transactions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_transactions_total", ConstLabels: constRole,
-		Help: "Consume-process-produce transactions, by result: committed, rebalanced (aborted by a group rebalance, redelivered), step_failed (redelivered), failed (the session restarts).",
+		Help: "Consume-process-produce transactions, by result: committed, rebalanced (aborted by a group rebalance, redelivered), aborted (aborted with no revocation seen: by the coordinator, or for a membership lost meanwhile; redelivered), step_failed (redelivered), stopped (the process ends), failed (the session restarts).",
 	}, []string{"result"})
 	r.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "ledger_stage_duration_seconds", ConstLabels: constRole, Buckets: stageBuckets,
