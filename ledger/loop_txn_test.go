@@ -1751,39 +1751,25 @@ func TestLoopCountsARebalancesAbortAsRebalanced(t *testing.T) {
 	metrics := &notCommitted{}
 	inStep, release := make(chan struct{}), make(chan struct{})
 	var first sync.Once
-	cfg := ledger.LoopConfig{
-		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
-		TransactionalID: "copy-a", Tick: 50 * time.Millisecond, Metrics: metrics,
-		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
-	}
-	a, err := ledger.NewLoop(cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
-		// The first step waits, in its transaction, for the rebalance.
-		first.Do(func() { close(inStep); <-release })
+	run := runMembers(t, k, metrics, func(ctx context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		// The first step waits, in its transaction, for the rebalance
+		// (or the test's end).
+		first.Do(func() {
+			close(inStep)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
 		return copied(k, recs), nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	runs := make(chan error, 2)
-	go func() { runs <- a.Run(ctx) }()
-	ledgertest.WaitFor(t, 15*time.Second, a.Ready)
 	publishRequests(t, k, 4) // on both partitions
 	<-inStep
-	b := copyLoop(t, k, "copy-b")
-	go func() { runs <- b.Run(ctx) }()
-	waitHolds(t, k, "copy-b")
+	run.second()
 	close(release)
 	waitCommitted(t, k, 4, 15*time.Second)
 	if got := metrics.seen(); !slices.Contains(got, "rebalanced") || slices.Contains(got, "aborted") {
 		t.Errorf("transactions not committed: %q; want the rebalance's, rebalanced", got)
-	}
-	cancel()
-	for range 2 {
-		if err := <-runs; err != nil && !errors.Is(err, context.Canceled) {
-			t.Error(err)
-		}
 	}
 }
 
@@ -1795,28 +1781,13 @@ func TestLoopCountsARebalancesAbortAfterARecordsOnlyCommit(t *testing.T) {
 	k := faultableKafka(t)
 	metrics := &notCommitted{}
 	var emit atomic.Bool
-	cfg := ledger.LoopConfig{
-		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
-		TransactionalID: "copy-a", Tick: 50 * time.Millisecond, Metrics: metrics,
-		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
-	}
-	a, err := ledger.NewLoop(cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+	run := runMembers(t, k, metrics, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
 		if len(recs) == 0 && emit.CompareAndSwap(true, false) {
 			return ledger.Output{Records: []*kgo.Record{{Topic: k.Topics.Events, Key: []byte("idle"), Value: []byte("outcome")}}}, nil
 		}
 		return copied(k, recs), nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	runs := make(chan error, 2)
-	go func() { runs <- a.Run(ctx) }()
-	ledgertest.WaitFor(t, 15*time.Second, a.Ready)
-	b := copyLoop(t, k, "copy-b")
-	go func() { runs <- b.Run(ctx) }()
-	waitHolds(t, k, "copy-b")
+	run.second()
 	// The records-only transaction, after the revocation.
 	emit.Store(true)
 	ledgertest.WaitFor(t, 15*time.Second, func() error {
@@ -1830,12 +1801,53 @@ func TestLoopCountsARebalancesAbortAfterARecordsOnlyCommit(t *testing.T) {
 	if got := metrics.seen(); !slices.Contains(got, "rebalanced") || slices.Contains(got, "aborted") {
 		t.Errorf("transactions not committed: %q; want the rebalance's, rebalanced", got)
 	}
-	cancel()
-	for range 2 {
-		if err := <-runs; err != nil && !errors.Is(err, context.Canceled) {
-			t.Error(err)
-		}
+}
+
+// members are two loops of the copy group: a (copy-a, with the test's step
+// and metrics) from the start, and b (copy-b, copying) once second is
+// called; both run until the test ends.
+type members struct {
+	t       *testing.T
+	k       *ledgertest.Kafka
+	ctx     context.Context
+	runs    chan error
+	started int
+}
+
+// runMembers starts a and waits until it is in the group.
+func runMembers(t *testing.T, k *ledgertest.Kafka, metrics ledger.LoopMetrics, step ledger.Step) *members {
+	t.Helper()
+	a, err := ledger.NewLoop(ledger.LoopConfig{
+		Client: k.Client, Group: k.Group("copy"), Topics: []string{k.Topics.Requests},
+		TransactionalID: "copy-a", Tick: 50 * time.Millisecond, Metrics: metrics,
+		Opts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
+	}, step)
+	if err != nil {
+		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(t.Context())
+	m := &members{t: t, k: k, ctx: ctx, runs: make(chan error, 2)}
+	go func() { m.runs <- a.Run(ctx) }()
+	m.started++
+	t.Cleanup(func() {
+		cancel()
+		for range m.started {
+			if err := <-m.runs; err != nil && !errors.Is(err, context.Canceled) {
+				t.Error(err)
+			}
+		}
+	})
+	ledgertest.WaitFor(t, 15*time.Second, a.Ready)
+	return m
+}
+
+// second starts b and waits until it holds a partition a gave up.
+func (m *members) second() {
+	m.t.Helper()
+	b := copyLoop(m.t, m.k, "copy-b")
+	go func() { m.runs <- b.Run(m.ctx) }()
+	m.started++
+	waitHolds(m.t, m.k, "copy-b")
 }
 
 // waitHolds waits until the member of the copy group whose client id is
