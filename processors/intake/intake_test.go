@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/fstest"
@@ -2016,6 +2017,58 @@ func TestRefusalOfAMalformedTenantClaim(t *testing.T) {
 		}
 		if evs := events(t, out); len(evs) != 1 || evs[0].TenantID != ledger.UnverifiedTenant || evs[0].Seq != 0 {
 			t.Errorf("%s: events %+v; want one refusal under %s", name, evs, ledger.UnverifiedTenant)
+		}
+	}
+}
+
+// readDeadlines is a store whose reads fail, recording their deadlines.
+type readDeadlines struct {
+	intake.Store
+	mu        sync.Mutex
+	deadlines []time.Time
+}
+
+func (s *readDeadlines) Get(ctx context.Context, _ ledger.CallKey) (processors.Record, error) {
+	d, _ := ctx.Deadline()
+	s.mu.Lock()
+	s.deadlines = append(s.deadlines, d)
+	s.mu.Unlock()
+	return processors.Record{}, errors.New("connection reset")
+}
+
+// The reads a batch's checks make of keys that may hold a resent call
+// (here: every envelope is for a tool this intake lacks) share one
+// deadline: a store that hangs costs the batch that once, not once an
+// envelope (a flood of calls to an unknown tool would stall the
+// partition for minutes). Each is refused for now.
+func TestIntakeBatchReadsOfResentKeysShareOneDeadline(t *testing.T) {
+	st := &readDeadlines{}
+	f := newIntakeWith(t, func(c *intake.Config) {
+		st.Store = c.Store
+		c.Store, c.Registry = st, registryWithout(t, map[string][]byte{"create_ticket.v1.json": nil})
+	})
+	var batch []*kgo.Record
+	for i := range 40 {
+		batch = append(batch, f.envelopeRecord(t, fmt.Sprint("k-", i), map[string]any{"title": "t"}))
+	}
+	out, err := f.in.Step(t.Context(), batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := events(t, out)
+	for _, e := range evs {
+		if e.Reason != intake.ReasonUnknownTool || e.RetryAfterMS == 0 {
+			t.Fatalf("event %+v; want unknown_tool, for now", e)
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(evs) != len(batch) || len(st.deadlines) != len(batch) {
+		t.Fatalf("%d refusals, %d reads for %d envelopes; want one each", len(evs), len(st.deadlines), len(batch))
+	}
+	for _, d := range st.deadlines {
+		if d.IsZero() || !d.Equal(st.deadlines[0]) {
+			t.Fatalf("read deadlines %v; want one for the batch", st.deadlines)
 		}
 	}
 }
