@@ -485,11 +485,18 @@ const LapsedGrace = 5 * time.Minute
 // LapsedError is Verify's error for an assertion that verified (its
 // signature, issuer, audience and claims) and that only its time bounds
 // refuse now, by less than LapsedGrace past the skew: it expired, or is
-// not valid yet. Identity is whom it proves, for filing the refusal;
-// nothing else may act on it. Err is the *token.Error that refuses it.
+// not valid yet. Identity is whom it proves, for filing the refusal, and
+// for answering a copy of that user's own call its key already holds (a
+// duplicate, which admits nothing); nothing else may act on it. Err is
+// the *token.Error that refuses it.
 type LapsedError struct {
 	Identity Identity
 	Err      error
+	// Unproven: its lifetime is not known (no iat: exp alone bounds
+	// nothing once past) or is longer than MaxLifetime, so that it may
+	// be one pasted in a ticket long ago: its identity answers a copy of
+	// a call, never files a refusal.
+	Unproven bool
 }
 
 func (e *LapsedError) Error() string { return e.Err.Error() }
@@ -500,11 +507,6 @@ func (e *LapsedError) Unwrap() error { return e.Err }
 // bound, in a *LapsedError when it says whom c proves (see LapsedGrace):
 // only when c carries iat and exp - iat is within Config.MaxLifetime.
 func (v *Verifier) lapsed(c Claims, now time.Time, err error) error {
-	// Minted for too long, or not known not to be (no iat: exp alone
-	// bounds nothing once past): never proof enough to file under.
-	if c.IssuedAt == nil || v.checkLifetime(c.Claims, now) != nil {
-		return err
-	}
 	bound := v.cfg.Skew + LapsedGrace
 	switch token.ReasonOf(err) {
 	case token.ReasonExpired:
@@ -520,7 +522,10 @@ func (v *Verifier) lapsed(c Claims, now time.Time, err error) error {
 	default:
 		return err
 	}
-	return &LapsedError{Identity: identityOf(c), Err: err}
+	// Minted for too long, or not known not to be: never proof enough to
+	// file under.
+	unproven := c.IssuedAt == nil || v.checkLifetime(c.Claims, now) != nil
+	return &LapsedError{Identity: identityOf(c), Err: err, Unproven: unproven}
 }
 
 // identityOf is the identity verified claims c assert.

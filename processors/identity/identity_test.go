@@ -363,8 +363,10 @@ func TestVerifyRejections(t *testing.T) {
 		{"tenant spelt Tenant", sign(t, key, TypeAssertion, renamed("tenant", "Tenant")), token.ReasonMalformedClaims},
 	}
 	// Those only a time bound refuses say whom they prove (LapsedError):
-	// their envelopes' refusals are filed under it.
-	lapsed := map[string]bool{"expired": true, "future nbf": true}
+	// their envelopes' refusals are filed under it; those whose lifetime
+	// is unknown or too long, unproven, only answer copies of calls.
+	lapsed := map[string]bool{"expired": true, "future nbf": true, "expired, valid for too long": true, "expired, no iat, valid for too long": true}
+	unproven := map[string]bool{"expired, valid for too long": true, "expired, no iat, valid for too long": true}
 	accepted := 0
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -381,8 +383,8 @@ func TestVerifyRejections(t *testing.T) {
 			if ok != lapsed[tc.name] {
 				t.Errorf("Verify() error = %#v: a *LapsedError %v; want %v", err, ok, lapsed[tc.name])
 			}
-			if want := assertionClaims(now); ok && (le.Identity.User != want.Subject || le.Identity.Tenant != want.Tenant) {
-				t.Errorf("the lapsed assertion's identity %+v; want %s of %s", le.Identity, want.Subject, want.Tenant)
+			if want := assertionClaims(now); ok && (le.Identity.User != want.Subject || le.Identity.Tenant != want.Tenant || le.Unproven != unproven[tc.name]) {
+				t.Errorf("the lapsed assertion's identity %+v, unproven %v; want %s of %s, unproven %v", le.Identity, le.Unproven, want.Subject, want.Tenant, unproven[tc.name])
 			}
 		})
 	}

@@ -727,7 +727,9 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			// refusal would be lost to its sender for good.
 			switch cur, err := p.cfg.Store.Get(ctx, key); {
 			case errors.Is(err, processors.ErrNotFound):
-				return refuse(key, lapsed.Identity, ReasonAssertionPrefix+reason, "/assertion", detail)
+				if !lapsed.Unproven {
+					return refuse(key, lapsed.Identity, ReasonAssertionPrefix+reason, "/assertion", detail)
+				}
 			case errors.Is(err, processors.ErrRejected):
 				// The store will never take the key: asked again,
 				// it would stall the partition for good.

@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
 	"github.com/toolcall-ledger/ledger/processors/control"
@@ -2070,5 +2071,50 @@ func TestIntakeBatchReadsOfResentKeysShareOneDeadline(t *testing.T) {
 		if d.IsZero() || !d.Equal(st.deadlines[0]) {
 			t.Fatalf("read deadlines %v; want one for the batch", st.deadlines)
 		}
+	}
+}
+
+// An assertion whose lifetime its issuer does not state (no iat: exp
+// alone bounds nothing once past) never proves enough to file a refusal
+// under its tenant; but a copy of its user's call that its key holds,
+// redelivered after the assertion lapsed, is answered by that call all
+// the same, as a duplicate. Before, it was refused under the reserved
+// tenant, which ledger submit --wait follows, and the call then ran.
+func TestLapsedUnprovenAssertionAnswersACopyOfItsCall(t *testing.T) {
+	var late time.Duration
+	f := newIntakeWith(t, func(c *intake.Config) {
+		v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
+			Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(late) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Identity = v
+	})
+	a, err := token.Sign(f.ident.Key, identity.TypeAssertion, identity.Claims{
+		Claims: token.Claims{Issuer: processorstest.Issuer, Subject: "u_1", Audience: token.Audience{processorstest.Audience},
+			ExpiresAt: token.NewNumericDate(time.Now().Add(10 * time.Minute))},
+		Act: identity.Actor{Subject: "agent_test"}, Tenant: "t_a",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := withAssertion(t, f.envelopeRecord(t, "late", map[string]any{"title": "t"}), a)
+	if out, err := f.in.Step(t.Context(), []*kgo.Record{rec}); err != nil || !slices.Equal(summaryOf(events(t, out)), []string{"t_a:requested", "t_a:authorized"}) {
+		t.Fatalf("admitting the call: %v", err)
+	}
+	late = 11 * time.Minute
+	out, err := f.in.Step(t.Context(), []*kgo.Record{rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summaryOf(events(t, out)); !slices.Equal(got, []string{"t_a:requested", "t_a:authorized"}) {
+		t.Errorf("the redelivered copy: events %v; want the call's own, sent again, and no refusal", got)
+	}
+	out, err = f.in.Step(t.Context(), []*kgo.Record{withAssertion(t, f.envelopeRecord(t, "late-2", map[string]any{"title": "t"}), a)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := events(t, out); len(evs) != 1 || evs[0].TenantID != ledger.UnverifiedTenant || evs[0].Reason != intake.ReasonAssertionPrefix+"expired" {
+		t.Errorf("a new call under it: events %+v; want one refusal, assertion_expired, under %s", evs, ledger.UnverifiedTenant)
 	}
 }
