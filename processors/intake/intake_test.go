@@ -1763,14 +1763,7 @@ func TestLapsedAssertionRefusedWhereItsSenderSeesIt(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var late time.Duration
-			f := newIntakeWith(t, func(c *intake.Config) {
-				v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
-					Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(late) }})
-				if err != nil {
-					t.Fatal(err)
-				}
-				c.Identity = v
-			})
+			f := lateIntake(t, &late)
 			rec := f.envelopeRecord(t, "late", map[string]any{"title": "t"})
 			if tc.admitted != "" {
 				// Admitted, and its transaction lost: redelivered.
@@ -1932,6 +1925,20 @@ func TestLapsedAssertionKeyNotReadable(t *testing.T) {
 	}
 }
 
+// lateIntake is an intake whose verifier's clock is *late ahead, as the
+// test sets it.
+func lateIntake(t *testing.T, late *time.Duration) *fixture {
+	t.Helper()
+	return newIntakeWith(t, func(c *intake.Config) {
+		v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
+			Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(*late) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Identity = v
+	})
+}
+
 // lapsedIntake is an intake whose verifier's clock is 11 minutes ahead,
 // so that the assertions it verifies have lapsed, over store (its Store
 // set to the intake's).
@@ -2082,14 +2089,7 @@ func TestIntakeBatchReadsOfResentKeysShareOneDeadline(t *testing.T) {
 // tenant, which ledger submit --wait follows, and the call then ran.
 func TestLapsedUnprovenAssertionAnswersACopyOfItsCall(t *testing.T) {
 	var late time.Duration
-	f := newIntakeWith(t, func(c *intake.Config) {
-		v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
-			Keys: c.Identity.(*identity.Verifier).Keys(), Now: func() time.Time { return time.Now().Add(late) }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Identity = v
-	})
+	f := lateIntake(t, &late)
 	a, err := token.Sign(f.ident.Key, identity.TypeAssertion, identity.Claims{
 		Claims: token.Claims{Issuer: processorstest.Issuer, Subject: "u_1", Audience: token.Audience{processorstest.Audience},
 			ExpiresAt: token.NewNumericDate(time.Now().Add(10 * time.Minute))},
