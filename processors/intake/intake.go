@@ -402,6 +402,11 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 			calls = append(calls, r.c)
 		}
 	}
+	// lapsedCopies are the refusals of copies whose assertion lapsed, of
+	// a key another copy in this batch is checked for: the check looked
+	// the key up before this batch admitted anything, and what stands
+	// under it is known once the batch is settled.
+	var lapsedCopies []*ledger.Event
 	for _, r := range results {
 		switch {
 		case r.dlq != nil:
@@ -409,19 +414,9 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		case r.refusal != nil:
 			// Rare (a lapsed copy beside its call): the batch is
 			// looked through only then.
-			if i := slices.IndexFunc(calls, func(c *checked) bool { return c.key() == r.refusal.Key() }); i >= 0 && lapsedRefusal(r.refusal) {
-				// A copy whose assertion lapsed, of a key another copy
-				// in this batch stands for (admitted, or answered by
-				// the store): the check looked the key up before this
-				// batch admitted anything. A copy of that very call is
-				// answered by it, as a duplicate would be: refused,
-				// even under the reserved tenant, it would end its
-				// sender's wait. Of another call, it is refused where
-				// the key's readers do not take it for its call's end.
-				if c := calls[i]; r.refusal.ArgumentsHash == c.env.ArgumentsHash && r.refusal.UserID == c.user() {
-					continue
-				}
-				unverify(r.refusal)
+			if lapsedRefusal(r.refusal) && slices.ContainsFunc(calls, func(c *checked) bool { return c.key() == r.refusal.Key() }) {
+				lapsedCopies = append(lapsedCopies, r.refusal)
+				continue
 			}
 			rec, err := r.refusal.Record(p.cfg.Topics.Events)
 			if err != nil {
@@ -431,11 +426,29 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		}
 	}
 	p.readVersions(ctx, calls)
-	settled, logged, later, err := p.settle(ctx, calls, now)
+	settled, logged, later, stands, err := p.settle(ctx, calls, now)
 	if err != nil {
 		return ledger.Output{}, err
 	}
 	out = append(out, settled...)
+	for _, ev := range lapsedCopies {
+		// A copy of the very call that stands under its key now
+		// (admitted by this batch, or answered by the store) is
+		// answered by it, as a duplicate would be: refused, even under
+		// the reserved tenant, it would end its sender's wait. Of
+		// another call, or of a key nothing took (the other copy
+		// refused: rate limited, a key reused), it is refused where the
+		// key's readers do not take it for its call's end.
+		if cur, ok := stands[ev.Key()]; ok && (processors.Admission{ArgumentsHash: ev.ArgumentsHash, UserID: ev.UserID}).Answer(cur) == processors.Duplicate {
+			continue
+		}
+		unverify(ev)
+		rec, err := ev.Record(p.cfg.Topics.Events)
+		if err != nil {
+			return ledger.Output{}, err
+		}
+		out = append(out, rec)
+	}
 	committed := func(ctx context.Context) error {
 		p.later.add(p.cfg.Now().Add(p.cfg.MarkDelay), later)
 		return p.markLogged(ctx, logged)
@@ -499,9 +512,10 @@ func parallel(n int, fn func(i int)) {
 // each key is free and, for a call under a rate limit, whether the limit
 // admits it. It returns the records to append (the calls' first events,
 // refusals, and events a crash left out of the log), what to mark logged
-// once they are in, and the authorized admissions to mark later
-// (laterMarks).
-func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time) (out []*kgo.Record, logged, later []processors.Logged, _ error) {
+// once they are in, the authorized admissions to mark later
+// (laterMarks), and the calls that stand under the keys answered with
+// them (admitted, or answered as duplicates), each as its record.
+func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time) (out []*kgo.Record, logged, later []processors.Logged, stands map[ledger.CallKey]processors.Record, _ error) {
 	var (
 		admits  []pending
 		emitErr error
@@ -518,6 +532,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	// A key's events go out once per batch, however many copies of its
 	// envelope the batch holds.
 	emitted := make(map[ledger.CallKey]bool)
+	stands = make(map[ledger.CallKey]processors.Record)
 	// duplicate answers a copy of the call cur holds (under key, sent as
 	// env): its events go out again if the log may lack them.
 	duplicate := func(key ledger.CallKey, cur processors.Record, env *ledger.Envelope) {
@@ -549,6 +564,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	}
 	for _, c := range calls {
 		if c.standing != nil {
+			stands[c.key()] = *c.standing
 			duplicate(c.key(), *c.standing, c.env)
 			continue
 		}
@@ -559,7 +575,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		}
 		a, err := p.admission(c, now)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		// Charged by the store with the admission, not before: a
 		// duplicate, a retry of this batch after its step failed, or
@@ -568,7 +584,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		admits = append(admits, pending{checked: c, admission: a})
 	}
 	if len(admits) == 0 {
-		return out, logged, nil, emitErr
+		return out, logged, nil, stands, emitErr
 	}
 
 	as := make([]processors.Admission, len(admits))
@@ -577,7 +593,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 	}
 	results, rejected, alone, err := p.admit(ctx, as)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("admit %d calls: %w", len(as), err)
+		return nil, nil, nil, nil, fmt.Errorf("admit %d calls: %w", len(as), err)
 	}
 	for i, res := range results {
 		a := admits[i]
@@ -588,6 +604,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 		}
 		switch res.Outcome {
 		case processors.Admitted:
+			stands[a.admission.Key] = a.admission.Record(now)
 			emitted[a.admission.Key] = true
 			out = append(out, a.admission.Records...)
 			l := processors.Logged{Key: a.admission.Key, Seq: a.admission.Seq}
@@ -598,6 +615,7 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			}
 		case processors.Duplicate:
 			// A retry of a call we already hold.
+			stands[a.admission.Key] = res.Record
 			duplicate(a.admission.Key, res.Record, a.env)
 		case processors.Conflict:
 			pointer, detail := reusedKey(res.Record, a.id)
@@ -620,10 +638,10 @@ func (p *Processor) settle(ctx context.Context, calls []*checked, now time.Time)
 			// The policies named are those whose budgets refused.
 			emit(p.retryLater(a.checked, charged.decision, now, ReasonRateLimited, limitedDetail(charged, res.Rates), res.RetryAfter()))
 		default:
-			return nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
+			return nil, nil, nil, nil, fmt.Errorf("admit %s: unexpected outcome %d", a.admission.Key, res.Outcome)
 		}
 	}
-	return out, logged, later, emitErr
+	return out, logged, later, stands, emitErr
 }
 
 // reusedKey is the pointer and the detail of a refusal of a key that
@@ -1065,7 +1083,7 @@ func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identit
 	}
 	c.own, c.why = true, why
 	p.readVersions(ctx, []*checked{c})
-	recs, _, _, err := p.settle(ctx, []*checked{c}, now)
+	recs, _, _, _, err := p.settle(ctx, []*checked{c}, now)
 	if err != nil {
 		return nil, err
 	}

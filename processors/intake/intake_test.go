@@ -1941,8 +1941,8 @@ func lateIntake(t *testing.T, late *time.Duration) *fixture {
 
 // lapsedIntake is an intake whose verifier's clock is 11 minutes ahead,
 // so that the assertions it verifies have lapsed, over store (its Store
-// set to the intake's).
-func lapsedIntake(t *testing.T, store *getFails) *fixture {
+// set to the intake's), itself wrapped by wrap if given.
+func lapsedIntake(t *testing.T, store *getFails, wrap ...func(intake.Store) intake.Store) *fixture {
 	t.Helper()
 	return newIntakeWith(t, func(c *intake.Config) {
 		v, err := identity.New(t.Context(), identity.Config{Issuer: processorstest.Issuer, Audience: processorstest.Audience,
@@ -1952,6 +1952,9 @@ func lapsedIntake(t *testing.T, store *getFails) *fixture {
 		}
 		store.Store = c.Store
 		c.Identity, c.Store = v, store
+		for _, w := range wrap {
+			c.Store = w(c.Store)
+		}
 	})
 }
 
@@ -1978,10 +1981,21 @@ func TestLapsedAssertionKeyRejected(t *testing.T) {
 // while the call runs. Before, the key was looked up before the batch
 // admitted anything, found free, and the refusal filed under it; then
 // under the reserved tenant.
+//
+// When the other copy is refused instead (here the store rejects its
+// data), nothing stands under the key to answer the lapsed copy: it is
+// refused under the reserved tenant, as it was before.
 func TestLapsedCopyInTheBatchThatAdmitsItsCall(t *testing.T) {
-	for _, lapsedFirst := range []bool{true, false} {
-		f := lapsedIntake(t, &getFails{always: true, err: processors.ErrNotFound}) // as the store answers: nothing admitted yet
-		lapsed := f.envelopeRecord(t, "late", map[string]any{"title": "t"})        // valid 10 minutes: lapsed to the intake, 11 ahead
+	for _, tc := range []struct {
+		lapsedFirst, rejected bool
+	}{{true, false}, {false, false}, {true, true}, {false, true}} {
+		lapsedFirst := tc.lapsedFirst
+		var wrap []func(intake.Store) intake.Store
+		if tc.rejected {
+			wrap = append(wrap, func(s intake.Store) intake.Store { return rejecting{Store: s, key: "late"} })
+		}
+		f := lapsedIntake(t, &getFails{always: true, err: processors.ErrNotFound}, wrap...) // as the store answers: nothing admitted yet
+		lapsed := f.envelopeRecord(t, "late", map[string]any{"title": "t"})                 // valid 10 minutes: lapsed to the intake, 11 ahead
 		a, err := f.ident.Issuer.Mint(identity.Identity{User: "u_1", Agent: "agent_test", Tenant: "t_a"}, processorstest.Audience, 30*time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -2001,6 +2015,12 @@ func TestLapsedCopyInTheBatchThatAdmitsItsCall(t *testing.T) {
 			} else if e.Reason == intake.ReasonAssertionPrefix+"expired" {
 				refused = append(refused, e.TenantID)
 			}
+		}
+		if tc.rejected {
+			if !slices.Equal(underKey, []string{"denied(" + intake.ReasonStoreRejected + ")"}) || !slices.Equal(refused, []string{ledger.UnverifiedTenant}) {
+				t.Errorf("lapsed copy first %v, the other rejected: events under t_a/late %v, the lapsed copy refused under %v; want the rejection, and the refusal under %s", lapsedFirst, underKey, refused, ledger.UnverifiedTenant)
+			}
+			continue
 		}
 		if !slices.Equal(underKey, []string{"requested()", "authorized(allowed)"}) || len(refused) != 0 {
 			t.Errorf("lapsed copy first %v: events under t_a/late %v, the lapsed copy refused under %v; want the call's requested and authorized alone, and no refusal", lapsedFirst, underKey, refused)
