@@ -381,13 +381,13 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	}
 	results := make([]result, len(recs))
 	stale := p.syncPolicies()
-	// One bound for the batch's reads of keys that may hold a resent
-	// call, however many of its envelopes read one (an agent's flood of
-	// calls to a tool this intake lacks, say): a store that hangs costs
-	// the batch keyStandsTimeout, not that much an envelope.
-	readsBy := time.Now().Add(keyStandsTimeout)
+	// The batch's reads of keys that may hold a resent call, however
+	// many of its envelopes read one (an agent's flood of calls to a tool
+	// this intake lacks, say): a store that hangs costs the batch one
+	// keyStandsTimeout, not that much an envelope.
+	reads := &keyReads{store: p.cfg.Store}
 	parallel(len(recs), func(i int) {
-		c, refusal, dlq, err := p.check(ctx, recs[i], now, stale, readsBy)
+		c, refusal, dlq, err := p.check(ctx, recs[i], now, stale, reads)
 		results[i] = result{c, refusal, dlq, err}
 	})
 	var (
@@ -688,7 +688,7 @@ func (p *Processor) admit(ctx context.Context, as []processors.Admission) (resul
 // the arguments, and the policy. It returns the checked call, or a
 // refusal event, or a DLQ record, or the error of a store read that
 // failed (the batch is then tried again).
-func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string, readsBy time.Time) (*checked, *ledger.Event, *kgo.Record, error) {
+func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string, reads *keyReads) (*checked, *ledger.Event, *kgo.Record, error) {
 	env, err := ledger.DecodeEnvelope(rec.Value, p.cfg.Limits)
 	if err != nil {
 		var de *ledger.DecodeError
@@ -743,7 +743,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			// A key that cannot be looked up fails the batch, to be
 			// tried again: filed under the reserved tenant, the
 			// refusal would be lost to its sender for good.
-			switch cur, err := p.cfg.Store.Get(ctx, key); {
+			switch cur, err := reads.get(ctx, key); {
 			case errors.Is(err, processors.ErrNotFound):
 				if !lapsed.Unproven {
 					return refuse(key, lapsed.Identity, ReasonAssertionPrefix+reason, "/assertion", detail)
@@ -770,7 +770,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 		return refuse(ledger.CallKey{TenantID: refusalTenant(id), IdempotencyKey: env.IdempotencyKey}, id, ReasonReservedKey, "/idempotency_key",
 			"idempotency keys ending in :compensate are reserved for the ledger's compensation calls")
 	}
-	c, refusal := p.checkCall(ctx, env, id, nil, now, stale, readsBy)
+	c, refusal := p.checkCall(ctx, env, id, nil, now, stale, reads)
 	if c != nil {
 		c.sent = requestSent(rec.Timestamp, now)
 	}
@@ -809,7 +809,7 @@ func requestSent(ts, now time.Time) time.Time {
 // stale is why the control topic's copy was too old to decide with when
 // the policies were brought to its activation (syncPolicies), "" if it
 // was not.
-func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool, now time.Time, stale string, readsBy time.Time) (*checked, *ledger.Event) {
+func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool, now time.Time, stale string, reads *keyReads) (*checked, *ledger.Event) {
 	refuse := func(key ledger.CallKey, reason, pointer, detail string) (*checked, *ledger.Event) {
 		ev := p.refuse(key, env, id, now, reason, pointer, detail)
 		return nil, &ev
@@ -859,9 +859,9 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 	tool, err := p.cfg.Registry.Lookup(env.Tool, env.ToolVersion)
 	switch {
 	case errors.Is(err, schemas.ErrUnknownVersion):
-		return p.refuseUnlessResent(ctx, readsBy, c, now, ReasonUnknownToolVersion, "/tool_version", err.Error())
+		return p.refuseUnlessResent(ctx, reads, c, now, ReasonUnknownToolVersion, "/tool_version", err.Error())
 	case err != nil:
-		return p.refuseUnlessResent(ctx, readsBy, c, now, ReasonUnknownTool, "/tool", err.Error())
+		return p.refuseUnlessResent(ctx, reads, c, now, ReasonUnknownTool, "/tool", err.Error())
 	}
 	c.tool = tool
 	if p.cfg.Freezes != nil {
@@ -887,7 +887,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// lifted since (an agent told tool_frozen stops sending), and
 		// the stale copy refuses the call for now all the same.
 		if a, frozen := p.cfg.Freezes.Frozen(tool.Name, id.Tenant); frozen && stale == "" {
-			switch stands, err := p.keyLookup(ctx, readsBy, c.key(), "a call to a frozen tool"); {
+			switch stands, err := p.keyLookup(ctx, reads, c.key(), "a call to a frozen tool"); {
 			case err != nil:
 				// Not known whether it stands: refused for now, to be
 				// sent again, not as a new call would be.
@@ -905,7 +905,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		if errors.As(err, &ve) {
 			ptr, detail = "/arguments"+ve.Pointer, ve.Reason
 		}
-		return p.refuseUnlessResent(ctx, readsBy, c, now, ReasonInvalidArguments, ptr, detail)
+		return p.refuseUnlessResent(ctx, reads, c, now, ReasonInvalidArguments, ptr, detail)
 	}
 	caller := policy.Caller{Tenant: id.Tenant, User: id.User, Agent: id.Agent, Purpose: id.Purpose, Roles: id.Roles}
 	if stale == "" {
@@ -940,7 +940,7 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 		// key already used is a resent call, which the store answers (a
 		// duplicate, its events sent again, or a key reused), whatever
 		// the decision now: "retry later" would deny a call that stands.
-		if p.keyStands(ctx, readsBy, c.key(), "a call the policies could not decide") {
+		if p.keyStands(ctx, reads, c.key(), "a call the policies could not decide") {
 			return c, nil
 		}
 		ev := p.retryLater(c, c.decision, now, c.decision.Reason, c.decision.Detail, p.cfg.PolicyRetryAfter)
@@ -952,17 +952,15 @@ func (p *Processor) checkCall(ctx context.Context, env *ledger.Envelope, id iden
 // keyStands reports whether the store holds a call under key: the call
 // checked (what, for the log) is then a resent one, which the store
 // answers, whatever holds for a new call now. A key that cannot be looked
-// up by readsBy counts as free.
-func (p *Processor) keyStands(ctx context.Context, readsBy time.Time, key ledger.CallKey, what string) bool {
-	stands, _ := p.keyLookup(ctx, readsBy, key, what)
+// up (reads) counts as free.
+func (p *Processor) keyStands(ctx context.Context, reads *keyReads, key ledger.CallKey, what string) bool {
+	stands, _ := p.keyLookup(ctx, reads, key, what)
 	return stands
 }
 
 // keyLookup is keyStands, with the error of a lookup that failed.
-func (p *Processor) keyLookup(ctx context.Context, readsBy time.Time, key ledger.CallKey, what string) (bool, error) {
-	ctx, cancel := context.WithDeadline(ctx, readsBy)
-	defer cancel()
-	_, err := p.cfg.Store.Get(ctx, key)
+func (p *Processor) keyLookup(ctx context.Context, reads *keyReads, key ledger.CallKey, what string) (bool, error) {
+	_, err := reads.get(ctx, key)
 	switch {
 	case err == nil:
 		return true, nil
@@ -973,10 +971,42 @@ func (p *Processor) keyLookup(ctx context.Context, readsBy time.Time, key ledger
 	return false, err
 }
 
-// keyStandsTimeout bounds the reads of keys that may hold a resent call
-// (keyStands, refuseUnlessResent), those of a step's checks all together:
-// a store that does not answer holds up the step no longer.
+// keyStandsTimeout bounds a read of a key that may hold a resent call
+// (keyReads): a store that does not answer holds up the step no longer.
 const keyStandsTimeout = 2 * time.Second
+
+// keyReads are the reads of keys that may hold a resent call that one
+// batch's checks make (keyStands, refuseUnlessResent, a lapsed copy's
+// lookup). Each has keyStandsTimeout; once one ran out, the store is taken
+// for hung and the batch's later ones fail at once, so that a flood of
+// such envelopes costs the batch one timeout, not one an envelope. (A
+// shared deadline instead would be spent by whatever else the checks
+// wait for first, a key set's refresh, and fail reads that would have
+// answered.)
+type keyReads struct {
+	store interface {
+		Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
+	}
+	hung atomic.Bool
+}
+
+// errStoreHung: an earlier read of the batch ran out of its time.
+var errStoreHung = errors.New("intake: a read of this batch's found the store not answering within its time")
+
+// get reads key within keyStandsTimeout, unless a read of the batch ran
+// out already.
+func (r *keyReads) get(ctx context.Context, key ledger.CallKey) (processors.Record, error) {
+	if r.hung.Load() {
+		return processors.Record{}, fmt.Errorf("read %s: %w", key, errStoreHung)
+	}
+	rctx, cancel := context.WithTimeout(ctx, keyStandsTimeout)
+	defer cancel()
+	rec, err := r.store.Get(rctx, key)
+	if err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		r.hung.Store(true)
+	}
+	return rec, err
+}
 
 // sameCall reports whether cur, the record under an envelope's key, is
 // the call env carries for user: the store would answer env as its
@@ -991,12 +1021,10 @@ func sameCall(cur processors.Record, env *ledger.Envelope, user string) bool {
 // intake's registry (the tool, its version, its schema) says nothing of a
 // call another intake admitted by its own, mid-deploy, or this one before
 // its registry changed, and refused under its key it would read as the
-// end of a call that runs. A key that cannot be read by readsBy is
-// refused for now.
-func (p *Processor) refuseUnlessResent(ctx context.Context, readsBy time.Time, c *checked, now time.Time, reason, pointer, detail string) (*checked, *ledger.Event) {
-	ctx, cancel := context.WithDeadline(ctx, readsBy)
-	defer cancel()
-	switch cur, err := p.cfg.Store.Get(ctx, c.key()); {
+// end of a call that runs. A key that cannot be read (reads) is refused
+// for now.
+func (p *Processor) refuseUnlessResent(ctx context.Context, reads *keyReads, c *checked, now time.Time, reason, pointer, detail string) (*checked, *ledger.Event) {
+	switch cur, err := reads.get(ctx, c.key()); {
 	case err == nil && sameCall(cur, c.env, c.user()):
 		c.standing = &cur
 		return c, nil
@@ -1047,7 +1075,7 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 			// endpoint that hangs would hold up every step with one,
 			// every tenant's calls in it, for nothing. Looked up with
 			// the reads, within their time.
-			if p.keyStands(ctx, time.Now().Add(keyStandsTimeout), c.key(), "a call waiting for an approval") {
+			if p.keyStands(ctx, &keyReads{store: p.cfg.Store}, c.key(), "a call waiting for an approval") {
 				return
 			}
 			v, _, err := processors.ResourceVersion(ctx, p.cfg.Versions, p.base, c.tool, c.tree, c.id.Tenant)
@@ -1077,7 +1105,7 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 func (p *Processor) Submit(ctx context.Context, env *ledger.Envelope, id identity.Identity, carries *schemas.Tool, why string) ([]ledger.Event, error) {
 	now := p.cfg.Now().UTC()
 	stale := p.syncPolicies()
-	c, refusal := p.checkCall(ctx, env, id, carries, now, stale, time.Now().Add(keyStandsTimeout))
+	c, refusal := p.checkCall(ctx, env, id, carries, now, stale, &keyReads{store: p.cfg.Store})
 	if refusal != nil {
 		return []ledger.Event{*refusal}, nil
 	}
