@@ -378,6 +378,9 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		refusal *ledger.Event
 		dlq     *kgo.Record
 		err     error
+		// unproven: refusal is under its tenant's key for now, to go
+		// under the reserved tenant unless another copy answers it.
+		unproven bool
 	}
 	results := make([]result, len(recs))
 	stale := p.syncPolicies()
@@ -387,8 +390,8 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	// keyStandsTimeout, not that much an envelope.
 	reads := &keyReads{store: p.cfg.Store}
 	parallel(len(recs), func(i int) {
-		c, refusal, dlq, err := p.check(ctx, recs[i], now, stale, reads)
-		results[i] = result{c, refusal, dlq, err}
+		c, refusal, dlq, unproven, err := p.check(ctx, recs[i], now, stale, reads)
+		results[i] = result{c: c, refusal: refusal, dlq: dlq, err: err, unproven: unproven}
 	})
 	var (
 		out   []*kgo.Record
@@ -417,6 +420,9 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 			if lapsedRefusal(r.refusal) && slices.ContainsFunc(calls, func(c *checked) bool { return c.key() == r.refusal.Key() }) {
 				lapsedCopies = append(lapsedCopies, r.refusal)
 				continue
+			}
+			if r.unproven {
+				unverify(r.refusal)
 			}
 			rec, err := r.refusal.Record(p.cfg.Topics.Events)
 			if err != nil {
@@ -687,8 +693,11 @@ func (p *Processor) admit(ctx context.Context, as []processors.Admission) (resul
 // decode, the assertion, the scope against it, the hash, the registry,
 // the arguments, and the policy. It returns the checked call, or a
 // refusal event, or a DLQ record, or the error of a store read that
-// failed (the batch is then tried again).
-func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string, reads *keyReads) (*checked, *ledger.Event, *kgo.Record, error) {
+// failed (the batch is then tried again). unproven says that the refusal,
+// of an unproven lapsed assertion (identity.LapsedError), is under its
+// tenant's key only until Step knows whether a copy in the batch answers
+// it: otherwise it goes under the reserved tenant.
+func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string, reads *keyReads) (_ *checked, _ *ledger.Event, _ *kgo.Record, unproven bool, _ error) {
 	env, err := ledger.DecodeEnvelope(rec.Value, p.cfg.Limits)
 	if err != nil {
 		var de *ledger.DecodeError
@@ -698,17 +707,17 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 		key, callID, ok := ledger.LenientKey(rec.Value)
 		if !ok {
 			p.cfg.Logger.Warn("request to dlq", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "reason", de.Code)
-			return nil, nil, ledger.DLQRecord(p.cfg.Topics.DLQ, rec, de.Code, de.Error()), nil
+			return nil, nil, ledger.DLQRecord(p.cfg.Topics.DLQ, rec, de.Code, de.Error()), false, nil
 		}
 		// Nobody vouches for this sender: the refusal goes under the
 		// reserved tenant, never under the one the record claims.
 		key.TenantID = ledger.UnverifiedTenant
 		ev := p.refuse(key, &ledger.Envelope{CallID: callID}, identity.Identity{}, now, de.Code, de.Pointer, de.Detail)
-		return nil, &ev, nil, nil
+		return nil, &ev, nil, false, nil
 	}
-	refuse := func(key ledger.CallKey, id identity.Identity, reason, pointer, detail string) (*checked, *ledger.Event, *kgo.Record, error) {
+	refuse := func(key ledger.CallKey, id identity.Identity, reason, pointer, detail string) (*checked, *ledger.Event, *kgo.Record, bool, error) {
 		ev := p.refuse(key, env, id, now, reason, pointer, detail)
-		return nil, &ev, nil, nil
+		return nil, &ev, nil, false, nil
 	}
 
 	if p.cfg.Identity == nil {
@@ -745,21 +754,23 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			// refusal would be lost to its sender for good.
 			switch cur, err := reads.get(ctx, key); {
 			case errors.Is(err, processors.ErrNotFound):
-				if !lapsed.Unproven {
-					return refuse(key, lapsed.Identity, ReasonAssertionPrefix+reason, "/assertion", detail)
-				}
+				ev := p.refuse(key, env, lapsed.Identity, now, ReasonAssertionPrefix+reason, "/assertion", detail)
+				// Unproven, it goes under the reserved tenant, unless
+				// another copy in the batch stands for the very call
+				// it copies (Step).
+				return nil, &ev, nil, lapsed.Unproven, nil
 			case errors.Is(err, processors.ErrRejected):
 				// The store will never take the key: asked again,
 				// it would stall the partition for good.
 			case err != nil:
-				return nil, nil, nil, fmt.Errorf("look up %s for a lapsed assertion: %w", key, err)
+				return nil, nil, nil, false, fmt.Errorf("look up %s for a lapsed assertion: %w", key, err)
 			case sameCall(cur, env, lapsed.Identity.User):
 				// A copy of that very call: answered as its
 				// duplicate, its events sent again if the log lacks
 				// them. Refused, even under the reserved tenant, it
 				// would end its sender's wait (ledger submit --wait
 				// follows that key too) while the call runs.
-				return &checked{env: env, id: lapsed.Identity, standing: &cur}, nil, nil, nil
+				return &checked{env: env, id: lapsed.Identity, standing: &cur}, nil, nil, false, nil
 			}
 		}
 		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
@@ -774,7 +785,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 	if c != nil {
 		c.sent = requestSent(rec.Timestamp, now)
 	}
-	return c, refusal, nil, nil
+	return c, refusal, nil, false, nil
 }
 
 // DeadlineSkew is how far a request's record timestamp (the producer's

@@ -1987,8 +1987,8 @@ func TestLapsedAssertionKeyRejected(t *testing.T) {
 // refused under the reserved tenant, as it was before.
 func TestLapsedCopyInTheBatchThatAdmitsItsCall(t *testing.T) {
 	for _, tc := range []struct {
-		lapsedFirst, rejected bool
-	}{{true, false}, {false, false}, {true, true}, {false, true}} {
+		lapsedFirst, rejected, unproven bool
+	}{{true, false, false}, {false, false, false}, {true, true, false}, {false, true, false}, {true, false, true}, {false, true, true}} {
 		lapsedFirst := tc.lapsedFirst
 		var wrap []func(intake.Store) intake.Store
 		if tc.rejected {
@@ -1996,6 +1996,9 @@ func TestLapsedCopyInTheBatchThatAdmitsItsCall(t *testing.T) {
 		}
 		f := lapsedIntake(t, &getFails{always: true, err: processors.ErrNotFound}, wrap...) // as the store answers: nothing admitted yet
 		lapsed := f.envelopeRecord(t, "late", map[string]any{"title": "t"})                 // valid 10 minutes: lapsed to the intake, 11 ahead
+		if tc.unproven {
+			lapsed = withAssertion(t, lapsed, noIatAssertion(t, f)) // the same, without iat
+		}
 		a, err := f.ident.Issuer.Mint(identity.Identity{User: "u_1", Agent: "agent_test", Tenant: "t_a"}, processorstest.Audience, 30*time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -2097,6 +2100,21 @@ func TestIntakeBatchStopsReadingAHungStore(t *testing.T) {
 	}
 }
 
+// noIatAssertion is an assertion of u_1 of t_a from f's issuer, valid for
+// 10 minutes, that states no iat: its lifetime is unknown.
+func noIatAssertion(t *testing.T, f *fixture) string {
+	t.Helper()
+	a, err := token.Sign(f.ident.Key, identity.TypeAssertion, identity.Claims{
+		Claims: token.Claims{Issuer: processorstest.Issuer, Subject: "u_1", Audience: token.Audience{processorstest.Audience},
+			ExpiresAt: token.NewNumericDate(time.Now().Add(10 * time.Minute))},
+		Act: identity.Actor{Subject: "agent_test"}, Tenant: "t_a",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 // An assertion whose lifetime its issuer does not state (no iat: exp
 // alone bounds nothing once past) never proves enough to file a refusal
 // under its tenant; but a copy of its user's call that its key holds,
@@ -2106,14 +2124,7 @@ func TestIntakeBatchStopsReadingAHungStore(t *testing.T) {
 func TestLapsedUnprovenAssertionAnswersACopyOfItsCall(t *testing.T) {
 	var late time.Duration
 	f := lateIntake(t, &late)
-	a, err := token.Sign(f.ident.Key, identity.TypeAssertion, identity.Claims{
-		Claims: token.Claims{Issuer: processorstest.Issuer, Subject: "u_1", Audience: token.Audience{processorstest.Audience},
-			ExpiresAt: token.NewNumericDate(time.Now().Add(10 * time.Minute))},
-		Act: identity.Actor{Subject: "agent_test"}, Tenant: "t_a",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := noIatAssertion(t, f)
 	rec := withAssertion(t, f.envelopeRecord(t, "late", map[string]any{"title": "t"}), a)
 	if out, err := f.in.Step(t.Context(), []*kgo.Record{rec}); err != nil || !slices.Equal(summaryOf(events(t, out)), []string{"t_a:requested", "t_a:authorized"}) {
 		t.Fatalf("admitting the call: %v", err)
