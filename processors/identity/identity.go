@@ -504,8 +504,9 @@ func (e *LapsedError) Error() string { return e.Err.Error() }
 func (e *LapsedError) Unwrap() error { return e.Err }
 
 // lapsed wraps err, which refuses the verified claims c at now for a time
-// bound, in a *LapsedError when it says whom c proves (see LapsedGrace):
-// only when c carries iat and exp - iat is within Config.MaxLifetime.
+// bound, in a *LapsedError when that bound is off by less than
+// LapsedGrace past the skew; Unproven unless c carries iat and exp - iat
+// is within Config.MaxLifetime.
 func (v *Verifier) lapsed(c Claims, now time.Time, err error) error {
 	bound := v.cfg.Skew + LapsedGrace
 	switch token.ReasonOf(err) {
