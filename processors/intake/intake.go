@@ -373,16 +373,7 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		}
 		return ledger.Output{}, nil
 	}
-	type result struct {
-		c       *checked
-		refusal *ledger.Event
-		dlq     *kgo.Record
-		err     error
-		// unproven: refusal is under its tenant's key for now, to go
-		// under the reserved tenant unless another copy answers it.
-		unproven bool
-	}
-	results := make([]result, len(recs))
+	results := make([]checkResult, len(recs))
 	stale := p.syncPolicies()
 	// The batch's reads of keys that may hold a resent call, however
 	// many of its envelopes read one (an agent's flood of calls to a tool
@@ -390,8 +381,7 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 	// keyStandsTimeout, not that much an envelope.
 	reads := &keyReads{store: p.cfg.Store}
 	parallel(len(recs), func(i int) {
-		c, refusal, dlq, unproven, err := p.check(ctx, recs[i], now, stale, reads)
-		results[i] = result{c: c, refusal: refusal, dlq: dlq, err: err, unproven: unproven}
+		results[i] = p.check(ctx, recs[i], now, stale, reads)
 	})
 	var (
 		out   []*kgo.Record
@@ -689,15 +679,25 @@ func (p *Processor) admit(ctx context.Context, as []processors.Admission) (resul
 	return results, rejected, true, nil
 }
 
+// checkResult is what check made of one record: one of the checked call,
+// a refusal event, a DLQ record, or the error of a store read that failed
+// (the batch is then tried again).
+type checkResult struct {
+	c       *checked
+	refusal *ledger.Event
+	dlq     *kgo.Record
+	err     error
+	// unproven: refusal, of an unproven lapsed assertion
+	// (identity.LapsedError), is under its tenant's key only until Step
+	// knows whether a copy in the batch answers it; otherwise it goes
+	// under the reserved tenant.
+	unproven bool
+}
+
 // check runs every check of one record in DESIGN §5's order: strict
 // decode, the assertion, the scope against it, the hash, the registry,
-// the arguments, and the policy. It returns the checked call, or a
-// refusal event, or a DLQ record, or the error of a store read that
-// failed (the batch is then tried again). unproven says that the refusal,
-// of an unproven lapsed assertion (identity.LapsedError), is under its
-// tenant's key only until Step knows whether a copy in the batch answers
-// it: otherwise it goes under the reserved tenant.
-func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string, reads *keyReads) (_ *checked, _ *ledger.Event, _ *kgo.Record, unproven bool, _ error) {
+// the arguments, and the policy.
+func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, stale string, reads *keyReads) checkResult {
 	env, err := ledger.DecodeEnvelope(rec.Value, p.cfg.Limits)
 	if err != nil {
 		var de *ledger.DecodeError
@@ -707,17 +707,17 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 		key, callID, ok := ledger.LenientKey(rec.Value)
 		if !ok {
 			p.cfg.Logger.Warn("request to dlq", "topic", rec.Topic, "partition", rec.Partition, "offset", rec.Offset, "reason", de.Code)
-			return nil, nil, ledger.DLQRecord(p.cfg.Topics.DLQ, rec, de.Code, de.Error()), false, nil
+			return checkResult{dlq: ledger.DLQRecord(p.cfg.Topics.DLQ, rec, de.Code, de.Error())}
 		}
 		// Nobody vouches for this sender: the refusal goes under the
 		// reserved tenant, never under the one the record claims.
 		key.TenantID = ledger.UnverifiedTenant
 		ev := p.refuse(key, &ledger.Envelope{CallID: callID}, identity.Identity{}, now, de.Code, de.Pointer, de.Detail)
-		return nil, &ev, nil, false, nil
+		return checkResult{refusal: &ev}
 	}
-	refuse := func(key ledger.CallKey, id identity.Identity, reason, pointer, detail string) (*checked, *ledger.Event, *kgo.Record, bool, error) {
+	refuse := func(key ledger.CallKey, id identity.Identity, reason, pointer, detail string) checkResult {
 		ev := p.refuse(key, env, id, now, reason, pointer, detail)
-		return nil, &ev, nil, false, nil
+		return checkResult{refusal: &ev}
 	}
 
 	if p.cfg.Identity == nil {
@@ -758,19 +758,19 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 				// Unproven, it goes under the reserved tenant, unless
 				// another copy in the batch stands for the very call
 				// it copies (Step).
-				return nil, &ev, nil, lapsed.Unproven, nil
+				return checkResult{refusal: &ev, unproven: lapsed.Unproven}
 			case errors.Is(err, processors.ErrRejected):
 				// The store will never take the key: asked again,
 				// it would stall the partition for good.
 			case err != nil:
-				return nil, nil, nil, false, fmt.Errorf("look up %s for a lapsed assertion: %w", key, err)
+				return checkResult{err: fmt.Errorf("look up %s for a lapsed assertion: %w", key, err)}
 			case sameCall(cur, env, lapsed.Identity.User):
 				// A copy of that very call: answered as its
 				// duplicate, its events sent again if the log lacks
 				// them. Refused, even under the reserved tenant, it
 				// would end its sender's wait (ledger submit --wait
 				// follows that key too) while the call runs.
-				return &checked{env: env, id: lapsed.Identity, standing: &cur}, nil, nil, false, nil
+				return checkResult{c: &checked{env: env, id: lapsed.Identity, standing: &cur}}
 			}
 		}
 		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
@@ -785,7 +785,7 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 	if c != nil {
 		c.sent = requestSent(rec.Timestamp, now)
 	}
-	return c, refusal, nil, false, nil
+	return checkResult{c: c, refusal: refusal}
 }
 
 // DeadlineSkew is how far a request's record timestamp (the producer's
