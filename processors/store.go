@@ -154,6 +154,63 @@ type Record struct {
 	// undo may be on its way. Zero for a call nothing undid, and in the
 	// records of older builds.
 	UndoMarks int64
+	// Unanswered is what the reconcilers noted of the call while its
+	// status lookups did not answer (NoteUnanswered); it holds at the
+	// step it names alone (UnansweredAt).
+	Unanswered Unanswered
+}
+
+// Unanswered is what the reconcilers noted of a call in outcome_unknown
+// whose status lookups have not answered: kept on its record, so that a
+// reconciler that restarts, or takes the call over from another, neither
+// starts the wait for an answer again nor forgets that the tool said the
+// call is in progress (an undo sent then may come first and cancel
+// nothing). The zero Unanswered notes nothing.
+type Unanswered struct {
+	// Seq is the record's Seq when it was noted: the note is of the call
+	// at that step, and says nothing once the call moved on.
+	Seq int64
+	// Since is the end of the first round of lookups that failed (or a
+	// reconciler's breaker held off), by the clock of the reconciler
+	// that ran it.
+	Since time.Time
+	// InProgress: a lookup since was answered by the tool, saying that
+	// the call is in progress.
+	InProgress bool
+}
+
+// UnansweredAt returns r's note of unanswered lookups, if it is of the
+// call's current step (Unanswered.Seq is Seq) and notes a failure.
+func (r *Record) UnansweredAt() (Unanswered, bool) {
+	n := r.Unanswered
+	if n.Seq != r.Seq || n.Since.IsZero() {
+		return Unanswered{}, false
+	}
+	return n, true
+}
+
+// Merged is the note a record holds once n (NoteUnanswered's) is
+// merged into stored, its note at seq: n alone if stored is of another
+// Seq or notes nothing; the earlier Since, and InProgress if either
+// says so, if both are of seq; nothing if n's Since is zero.
+func (n Unanswered) Merged(stored Unanswered) Unanswered {
+	switch {
+	case n.Since.IsZero():
+		return Unanswered{}
+	case stored.Seq != n.Seq || stored.Since.IsZero():
+		return n
+	}
+	if stored.Since.Before(n.Since) {
+		n.Since = stored.Since
+	}
+	n.InProgress = n.InProgress || stored.InProgress
+	return n
+}
+
+// Equal reports whether n and o note the same, their Since the same
+// instant.
+func (n Unanswered) Equal(o Unanswered) bool {
+	return n.Seq == o.Seq && n.Since.Equal(o.Since) && n.InProgress == o.InProgress
 }
 
 // CallCredential names a call's per-call credential by its jti and its
@@ -555,6 +612,15 @@ type Store interface {
 	// settled failed (no effect) between the check and the send, and then
 	// be undone.
 	MarkUndo(ctx context.Context, key ledger.CallKey, undoable []Status) (Status, bool, error)
+	// NoteUnanswered merges n into key's note of unanswered lookups
+	// (Record.Unanswered) if the record is still at n.Seq, and returns
+	// the note it holds after: the earliest Since noted at that Seq, and
+	// InProgress once any note said so. A note of an earlier Seq is
+	// replaced. n with a zero Since forgets the note (a lookup
+	// answered). ok is false, nothing written, when the record is at
+	// another Seq (the call moved on); ErrNotFound when there is no
+	// record. It moves nothing: Seq and UpdatedAt stay.
+	NoteUnanswered(ctx context.Context, key ledger.CallKey, n Unanswered) (note Unanswered, ok bool, err error)
 	// ByStatus returns up to limit records in status, oldest update
 	// first.
 	ByStatus(ctx context.Context, status Status, limit int) ([]Record, error)

@@ -333,6 +333,16 @@ type diskRecord struct {
 	// Absent from the records of older builds, and of calls no lease of
 	// lapsed: none.
 	LapsedFamilies []string `json:"lapsed_families,omitempty"`
+	// Absent from the records of older builds, and of calls whose
+	// lookups all answered: none.
+	Unanswered *diskUnanswered `json:"unanswered,omitempty"`
+}
+
+// diskUnanswered is a processors.Unanswered as stored.
+type diskUnanswered struct {
+	Seq        int64     `json:"seq"`
+	Since      time.Time `json:"since"`
+	InProgress bool      `json:"in_progress,omitempty"`
 }
 
 func toDisk(r processors.Record) diskRecord {
@@ -345,7 +355,15 @@ func toDisk(r processors.Record) diskRecord {
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 		JTI: r.Credential.JTI, CredentialFamily: r.Credential.Family,
 		UndoMarks: r.UndoMarks, LapsedFamilies: r.LapsedFamilies,
+		Unanswered: toDiskUnanswered(r.Unanswered),
 	}
+}
+
+func toDiskUnanswered(n processors.Unanswered) *diskUnanswered {
+	if n == (processors.Unanswered{}) {
+		return nil
+	}
+	return &diskUnanswered{Seq: n.Seq, Since: n.Since, InProgress: n.InProgress}
 }
 
 func (d diskRecord) record() processors.Record {
@@ -359,7 +377,15 @@ func (d diskRecord) record() processors.Record {
 		Credential:     processors.CallCredential{JTI: d.JTI, Family: d.CredentialFamily},
 		UndoMarks:      d.UndoMarks,
 		LapsedFamilies: d.LapsedFamilies,
+		Unanswered:     d.Unanswered.note(),
 	}
+}
+
+func (d *diskUnanswered) note() processors.Unanswered {
+	if d == nil {
+		return processors.Unanswered{}
+	}
+	return processors.Unanswered{Seq: d.Seq, Since: d.Since, InProgress: d.InProgress}
 }
 
 // recordKey is tenantPrefix(tenant) idempotency_key: unambiguous
@@ -927,6 +953,38 @@ func (s *Store) MarkUndo(ctx context.Context, k ledger.CallKey, undoable []proce
 		return "", false, fmt.Errorf("%v: %w", k, processors.ErrNotFound)
 	}
 	return status, marked, nil
+}
+
+// NoteUnanswered implements processors.Store. UpdatedAt is left alone:
+// the call took no step.
+func (s *Store) NoteUnanswered(ctx context.Context, k ledger.CallKey, n processors.Unanswered) (processors.Unanswered, bool, error) {
+	n.Since = n.Since.Round(0).UTC() // as it reads back
+	var (
+		note      processors.Unanswered
+		found, ok bool
+	)
+	err := s.update(ctx, "note unanswered", func(x *txn) error {
+		cur, there, err := x.get(k)
+		// Set on every run: a batched write may run fn again.
+		found, ok, note = there, false, processors.Unanswered{}
+		if err != nil || !there || cur.Seq != n.Seq {
+			return err
+		}
+		next := cur
+		next.Unanswered = n.Merged(cur.Unanswered)
+		note, ok = next.Unanswered, true
+		if next.Unanswered.Equal(cur.Unanswered) {
+			return nil
+		}
+		return x.put(&cur, next)
+	})
+	if err != nil {
+		return processors.Unanswered{}, false, err
+	}
+	if !found {
+		return processors.Unanswered{}, false, fmt.Errorf("%v: %w", k, processors.ErrNotFound)
+	}
+	return note, ok, nil
 }
 
 // MarkLogged implements processors.Store. LoggedSeq only grows, and only

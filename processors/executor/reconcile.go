@@ -99,6 +99,9 @@ type ReconcilerStore interface {
 	// its claim's epoch (a confirmed resolution's cancelUndo).
 	Complete(ctx context.Context, cs []processors.Completion) ([]bool, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
+	// NoteUnanswered keeps what the reconcilers learnt of a call whose
+	// lookups do not answer.
+	NoteUnanswered(ctx context.Context, key ledger.CallKey, n processors.Unanswered) (processors.Unanswered, bool, error)
 }
 
 // Looker asks a tool what became of a call, by its idempotency key.
@@ -196,11 +199,12 @@ type ReconcilerConfig struct {
 	// breaker kept from being sent leaves the call for a later sweep, since
 	// it learned nothing about the call. The call is parked for a human
 	// (status_lookup_failed) at a round of lookups that fails once they
-	// have failed (or been held off) in this reconciler for
-	// UnansweredFor, counted from the end of the first such round, and it
-	// is that long since the call's last change: never at the first round
-	// that fails, and after a restart the wait starts again. Default
-	// DefaultUnansweredFor.
+	// have failed (or been held off) for UnansweredFor, counted from the
+	// end of the first such round of any reconciler (noted on the call's
+	// record, processors.Unanswered, so that a restart or a rebalance
+	// does not start the wait again), and it is that long since the
+	// call's last change: never at the first round that fails in this
+	// reconciler. Default DefaultUnansweredFor.
 	UnansweredFor time.Duration
 	// SweepEvery is how often unknown outcomes are looked for in the
 	// store besides the events that announce them; default 10s.
@@ -277,10 +281,11 @@ type Reconciler struct {
 	parked        int
 	oldestParked  time.Time
 	// failing is, for the calls whose lookups have not answered since,
-	// when this reconciler first saw them fail (or be held off): a call
-	// is parked only once they have failed here for UnansweredFor, so
-	// that the first round of lookups after a downtime, or over a backlog
-	// older than the bound, parks nothing. An entry goes when a lookup
+	// when this reconciler first saw them fail (or be held off): what it
+	// notes on the call's record (processors.Unanswered), and, there
+	// being an entry, that this is not its first round of them for the
+	// call, so that the first round of lookups after a downtime, or over
+	// a backlog older than the bound, parks nothing. An entry goes when a lookup
 	// answers (a not found too early to be final included), or when a
 	// whole pass of the unknown outcomes' sweep has neither listed the
 	// call nor seen its lookups fail (resolved elsewhere, parked): not
@@ -692,7 +697,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		// is parked once none has for the bound (a version withdrawn
 		// from every registry).
 		last := fmt.Errorf("tool %s version %d is not in this reconciler's registry as the call was admitted: %w", rec.Tool, rec.ToolVersion, err)
-		return r.unanswered(rec, tmpl, nil, last, "its tool version is not in the reconciler's registry as the call was admitted, and has not been", false)
+		return r.unanswered(ctx, rec, tmpl, nil, last, "its tool version is not in the reconciler's registry as the call was admitted, and has not been", false)
 	}
 	if tool.StatusLookup == nil || tool.StatusLookup.URL == "" {
 		detail := "the tool declares no status lookup: a human must find out what happened (ledger calls resolve)"
@@ -759,11 +764,11 @@ attempts:
 			last = err
 			break attempts
 		case err == nil && lookupState(resp) == "applied":
-			r.answered(rec.Key)
+			r.answered(ctx, rec)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
 				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer: bearer, backend: sec, anyToken: true})), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp) == "not_found":
-			r.answered(rec.Key)
+			r.answered(ctx, rec)
 			// Not found is final only if the lookup was sent once the
 			// last attempt could no longer land: it started before the
 			// outcome was recorded and lasts at most the tool's
@@ -789,7 +794,7 @@ attempts:
 			switch comp, err := r.cfg.Store.Get(ctx, rec.Key.CompensationKey()); {
 			case errors.Is(err, processors.ErrNotFound):
 			case err != nil:
-				return r.unanswered(rec, tmpl, tool, fmt.Errorf("read its compensation: %w", err), "its compensation could not be read to settle it failed", false)
+				return r.unanswered(ctx, rec, tmpl, tool, fmt.Errorf("read its compensation: %w", err), "its compensation could not be read to settle it failed", false)
 			case !undoneNothing(comp.Status):
 				log.Info("not found, but its compensation is under way: its outcome settles the call", "compensation", comp.Status)
 				return pendingMove{}, false, nil
@@ -810,7 +815,7 @@ attempts:
 		}
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
-	return r.unanswered(rec, tmpl, tool, last, "the status lookups of its last pass failed or were held off, and none answered", pending)
+	return r.unanswered(ctx, rec, tmpl, tool, last, "the status lookups of its last pass failed or were held off, and none answered", pending)
 }
 
 // errNotSettled: a status lookup's answer said the call is not settled.
@@ -827,24 +832,54 @@ var errNotSettled = errors.New("not settled")
 // may come first and cancel nothing, and the call would be recorded
 // compensated with its effect landing after. Nor is it for a human to
 // resolve failed without asking the tool, which the detail says.
-func (r *Reconciler) unanswered(rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, last error, why string, inProgress bool) (pendingMove, bool, error) {
+//
+// What any reconciler learnt of the call's lookups since they began
+// failing is on its record (processors.Unanswered), read again, merged
+// with this reconciler's, right before a park: another one may have been
+// told meanwhile that the call is in progress.
+func (r *Reconciler) unanswered(ctx context.Context, rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, last error, why string, inProgress bool) (pendingMove, bool, error) {
 	now := r.cfg.Now()
-	f := r.failed(rec.Key, now, inProgress)
-	if now.Sub(f.since) < r.cfg.UnansweredFor || now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor)) {
-		// A pass whose lookups failed or were held off says nothing
-		// about the call, and may be answered at a later sweep: a human
-		// is handed the call only once its lookups have failed here for
-		// UnansweredFor, not after one burst of failures (nor every
-		// call looked up while the breaker stays open), and not at its
-		// first round after a downtime, however old the call: under
-		// undo_unknown a park undoes a call that may have succeeded.
+	f, first := r.failed(rec.Key, now, inProgress)
+	mine := processors.Unanswered{Seq: rec.Seq, Since: f.since, InProgress: f.inProgress}
+	held, _ := rec.UnansweredAt()
+	note := mine.Merged(held)
+	if note.Equal(held) && !r.due(note, rec, first, now) {
+		// The record says as much already, and the call waits.
 		return pendingMove{}, false, last
 	}
-	if f.inProgress {
+	note, ok, err := r.cfg.Store.NoteUnanswered(ctx, rec.Key, mine)
+	switch {
+	case err != nil:
+		// Whether another reconciler heard that the call is in
+		// progress is not known: no park on this.
+		return pendingMove{}, false, fmt.Errorf("%w; and noting it on the call's record failed: %w", last, err)
+	case !ok:
+		r.cfg.Logger.Debug("the call moved on while its lookups failed", "call_key", rec.Key.String())
+		return pendingMove{}, false, nil
+	case !r.due(note, rec, first, now):
+		// A pass whose lookups failed or were held off says nothing
+		// about the call, and may be answered at a later sweep: a human
+		// is handed the call only once its lookups have failed for
+		// UnansweredFor, not after one burst of failures (nor every
+		// call looked up while the breaker stays open), and not at this
+		// reconciler's first round, however old the call or its note:
+		// under undo_unknown a park undoes a call that may have
+		// succeeded.
+		return pendingMove{}, false, last
+	}
+	if note.InProgress {
 		return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupPending,
 			fmt.Sprintf("the status lookups have not settled the call for %s, and the tool said meanwhile that it is in progress (last: %v): it may still take effect; ask the tool before resolving it, and undo it only once it has", r.cfg.UnansweredFor, last), nil), true, nil
 	}
 	return r.park(rec, tmpl, tool, ReasonLookupFailed, fmt.Sprintf("%s for %s: %v", why, r.cfg.UnansweredFor, last)), true, nil
+}
+
+// due reports whether a call whose lookups failed again at now, noted so
+// (note), is to be handed to a human: not at this reconciler's first
+// round of them (first), and once they have failed for UnansweredFor and
+// it is as long since the call's last change.
+func (r *Reconciler) due(note processors.Unanswered, rec processors.Record, first bool, now time.Time) bool {
+	return !first && now.Sub(note.Since) >= r.cfg.UnansweredFor && !now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor))
 }
 
 // cancelUndo denies comp, the reconciler's compensation ck of a call an
@@ -1290,8 +1325,9 @@ func passingRefusal(ev ledger.Event) bool {
 }
 
 // failed notes that k's lookups failed (or were held off) in a round that
-// ended at now, and returns since when they have: now at the first.
-func (r *Reconciler) failed(k ledger.CallKey, now time.Time, inProgress bool) failingSince {
+// ended at now, and returns since when they have here (now at the
+// first), and whether this was the first.
+func (r *Reconciler) failed(k ledger.CallKey, now time.Time, inProgress bool) (failingSince, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f, ok := r.failing[k]
@@ -1301,14 +1337,22 @@ func (r *Reconciler) failed(k ledger.CallKey, now time.Time, inProgress bool) fa
 	f.sweepPass = r.unknownPasses
 	f.inProgress = f.inProgress || inProgress
 	r.failing[k] = f
-	return f
+	return f, !ok
 }
 
-// answered forgets k's failing lookups: one has answered.
-func (r *Reconciler) answered(k ledger.CallKey) {
+// answered forgets rec's failing lookups, here and on its record: one has
+// answered. A note that stays (the store failed) makes a later wait
+// shorter and keeps its in progress: it is logged.
+func (r *Reconciler) answered(ctx context.Context, rec processors.Record) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.failing, k)
+	delete(r.failing, rec.Key)
+	r.mu.Unlock()
+	if _, ok := rec.UnansweredAt(); !ok {
+		return
+	}
+	if _, _, err := r.cfg.Store.NoteUnanswered(ctx, rec.Key, processors.Unanswered{Seq: rec.Seq}); err != nil {
+		r.cfg.Logger.Warn("a status lookup answered, and the call's note of lookups that did not could not be cleared", "call_key", rec.Key.String(), "err", err)
+	}
 }
 
 // swept notes the calls a page of the unknown outcomes' sweep listed,

@@ -355,7 +355,7 @@ func (r *rig) undoingReconciler(store executor.ReconcilerStore, comp executor.Co
 // these tests are of what comes after the park.
 func failingLong(rc *executor.Reconciler, keys ...ledger.CallKey) {
 	for _, k := range keys {
-		executor.NoteLookupsFailing(rc, k, time.Time{})
+		executor.NoteLookupsFailing(rc, k, time.Unix(0, 0))
 	}
 }
 
@@ -1548,6 +1548,57 @@ func TestInProgressLookupIsNeverUndone(t *testing.T) {
 		t.Errorf("compensations asked for %v; want none", comp.asked)
 	}
 }
+
+// What a reconciler learnt of a call whose lookups go unanswered is on
+// the call's record, not only in its memory: one restarted (or taking
+// the call's partition over) neither starts the wait for an answer again
+// nor forgets that the tool said the call is in progress. It parks
+// nothing at its own first round of lookups, which may be one burst of
+// failures. Before, a reconciler restarted more often than the bound
+// parked no call at all, and one restarted after an "in progress" answer
+// parked the call status_lookup_failed and, under undo_unknown, asked for
+// its undo while its request might still land.
+func TestReconcilerRestartKeepsWhatTheLookupsSaid(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		first     int // the status lookups' answer to the first reconciler
+		wantPark  string
+		wantAsked int
+	}{
+		{"lookups failing", http.StatusServiceUnavailable, executor.ReasonCompensating, 1},
+		{"the tool said in progress", http.StatusConflict, executor.ReasonLookupPending, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			_, unknown := r.unknownRefundToUndo()
+			r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: tc.first})
+			comp := &recordingCompensator{}
+			now := time.Now().Add(time.Hour) // long past the last attempt's landing
+			bound := func(c *executor.ReconcilerConfig) { c.UnansweredFor = 5 * time.Minute }
+			before := r.sweepingReconciler(comp, &now, bound)
+			if got := summary(r.reconcileAll(before, unknown)); slices.ContainsFunc(got, parkedEvent) {
+				t.Fatalf("the first reconciler's round: %v; want the call waiting", got)
+			}
+			// It restarts; the lookups fail from then on.
+			r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
+			now = now.Add(5 * time.Minute)
+			after := r.sweepingReconciler(comp, &now, bound)
+			if got := summary(r.reconcileAll(after)); slices.ContainsFunc(got, parkedEvent) {
+				t.Fatalf("the restarted reconciler's first round, past the bound: %v; want the call waiting (its first round)", got)
+			}
+			now = now.Add(time.Minute)
+			if got := summary(r.reconcileAll(after)); !slices.Contains(got, "parked("+tc.wantPark+")") {
+				t.Errorf("its second round, 6 minutes after the first reconciler's: %v; want the call parked %s", got, tc.wantPark)
+			}
+			if len(comp.asked) != tc.wantAsked {
+				t.Errorf("compensations asked for %v; want %d", comp.asked, tc.wantAsked)
+			}
+		})
+	}
+}
+
+// parkedEvent reports whether a summary's event is a park.
+func parkedEvent(e string) bool { return strings.HasPrefix(e, "parked") }
 
 // A parked call whose compensation succeeded is settled compensated by a
 // sweep, its success read from the store, when the reconciler never read

@@ -1050,6 +1050,7 @@ var recordCols = []string{
 	"arguments", "deadline_at", "status", "epoch", "attempt", "lease_owner", "lease_until",
 	"result", "seq", "logged_seq", "outbox", "created_at", "updated_at", "user_id",
 	"jti", "credential_family", "undo_marks", "lapsed_families", "tool_digest",
+	"unanswered_seq", "unanswered_since", "unanswered_in_progress",
 }
 
 // queries holds the SQL with the table name filled in.
@@ -1058,6 +1059,9 @@ type queries struct {
 	// markUndo counts a compensation's mark on a record whose status is
 	// one of the undoable; status reads the status of one it did not.
 	markUndo, status string
+	// noteUnanswered merges a reconciler's note into a record still at
+	// its seq (processors.Unanswered.Merged).
+	noteUnanswered string
 	// unloggedAfter is unlogged from a processors.Cursor on; expiredAfter
 	// is expired so.
 	unloggedAfter, expiredAfter string
@@ -1285,6 +1289,18 @@ RETURNING u.ord`),
 WHERE tenant_id = $1 AND idempotency_key = $2 AND status = ANY($3::TEXT[])
 RETURNING status`),
 		status: r.Replace(`SELECT status FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
+		// processors.Unanswered.Merged, in SQL: every right-hand side
+		// reads the row as it was. updated_at is left alone.
+		noteUnanswered: r.Replace(`UPDATE {table} SET
+  unanswered_seq = CASE WHEN $4::TIMESTAMPTZ IS NULL THEN 0 ELSE $3::BIGINT END,
+  unanswered_since = CASE WHEN $4::TIMESTAMPTZ IS NULL THEN NULL
+    WHEN unanswered_seq = $3::BIGINT AND unanswered_since IS NOT NULL THEN LEAST(unanswered_since, $4::TIMESTAMPTZ)
+    ELSE $4::TIMESTAMPTZ END,
+  unanswered_in_progress = CASE WHEN $4::TIMESTAMPTZ IS NULL THEN false
+    WHEN unanswered_seq = $3::BIGINT AND unanswered_since IS NOT NULL THEN unanswered_in_progress OR $5::BOOLEAN
+    ELSE $5::BOOLEAN END
+WHERE tenant_id = $1 AND idempotency_key = $2 AND seq = $3::BIGINT
+RETURNING unanswered_seq, unanswered_since, unanswered_in_progress`),
 		// GREATEST plus the WHERE: monotonic, and rows already logged that
 		// far are not rewritten; nor rows logged less far than the mark's
 		// base (processors.Logged.Base: a journal entry's revert came in
@@ -1382,16 +1398,33 @@ type recordScan struct {
 	toolVersion, attempt int64
 	deadline, leaseUntil pgtype.Timestamptz
 	status               string
+	unanswered           unansweredScan
+}
+
+// unansweredScan receives the unanswered_* columns.
+type unansweredScan struct {
+	seq        int64
+	since      pgtype.Timestamptz
+	inProgress bool
+}
+
+func (u *unansweredScan) dest() []any { return []any{&u.seq, &u.since, &u.inProgress} }
+
+func (u *unansweredScan) note() processors.Unanswered {
+	if !u.since.Valid {
+		return processors.Unanswered{}
+	}
+	return processors.Unanswered{Seq: u.seq, Since: u.since.Time.UTC(), InProgress: u.inProgress}
 }
 
 func (x *recordScan) dest() []any {
 	r := &x.r
-	return []any{
+	return append([]any{
 		&r.Key.TenantID, &r.Key.IdempotencyKey, &r.CallID, &r.ArgumentsHash, &r.Tool, &x.toolVersion,
 		&r.Arguments, &x.deadline, &x.status, &r.Epoch, &x.attempt, &r.LeaseOwner, &x.leaseUntil,
 		&r.Result, &r.Seq, &r.LoggedSeq, &r.Outbox, &r.CreatedAt, &r.UpdatedAt, &r.UserID,
 		&r.Credential.JTI, &r.Credential.Family, &r.UndoMarks, &r.LapsedFamilies, &r.ToolDigest,
-	}
+	}, x.unanswered.dest()...)
 }
 
 func (x *recordScan) record() processors.Record {
@@ -1407,6 +1440,7 @@ func (x *recordScan) record() processors.Record {
 	}
 	r.CreatedAt = r.CreatedAt.UTC()
 	r.UpdatedAt = r.UpdatedAt.UTC()
+	r.Unanswered = x.unanswered.note()
 	return r
 }
 
@@ -2086,6 +2120,32 @@ func (s *Store) MarkUndo(ctx context.Context, k ledger.CallKey, undoable []proce
 		return "", false, err
 	}
 	return processors.Status(status), marked, nil
+}
+
+// NoteUnanswered implements processors.Store. It runs at relaxed, as
+// MarkUndo does: the UPDATE decides on the row alone, under its lock.
+func (s *Store) NoteUnanswered(ctx context.Context, k ledger.CallKey, n processors.Unanswered) (processors.Unanswered, bool, error) {
+	since := pgtype.Timestamptz{Time: n.Since, Valid: !n.Since.IsZero()}
+	var (
+		u  unansweredScan
+		ok bool
+	)
+	err := s.inTxAt(ctx, "note unanswered", s.relaxed(), pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, s.q.noteUnanswered, k.TenantID, k.IdempotencyKey, n.Seq, since, n.InProgress).Scan(u.dest()...)
+		if ok = err == nil; !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		// Not written: there is no record, or it moved on.
+		var status string
+		return tx.QueryRow(ctx, s.q.status, k.TenantID, k.IdempotencyKey).Scan(&status)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return processors.Unanswered{}, false, fmt.Errorf("%v: %w", k, processors.ErrNotFound)
+	}
+	if err != nil || !ok {
+		return processors.Unanswered{}, false, err
+	}
+	return u.note(), true, nil
 }
 
 // MarkLogged implements processors.Store.

@@ -439,7 +439,7 @@ func TestMigrateAddsUserColumn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, col := range []string{"user_id", "jti", "credential_family", "undo_marks", "tool_digest"} {
+	for _, col := range []string{"user_id", "jti", "credential_family", "undo_marks", "tool_digest", "unanswered_seq", "unanswered_since", "unanswered_in_progress"} {
 		if !slices.Contains(st.MissingColumns, tableName+"."+col) {
 			t.Fatalf("Schema() of the old table = %+v; want %s missing (the test's premise)", st, col)
 		}
@@ -451,8 +451,8 @@ func TestMigrateAddsUserColumn(t *testing.T) {
 		t.Errorf("Schema() after Open = %+v, %v; want current", st, err)
 	}
 	old := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "old"}
-	if r, err := s.Get(ctx, old); err != nil || r.Status != processors.StatusSucceeded || r.UserID != "" || !r.Credential.IsZero() {
-		t.Errorf("Get(the old row) = %q user %q credential %+v, %v; want it kept, succeeded, no user, no credential", r.Status, r.UserID, r.Credential, err)
+	if r, err := s.Get(ctx, old); err != nil || r.Status != processors.StatusSucceeded || r.UserID != "" || !r.Credential.IsZero() || r.Unanswered != (processors.Unanswered{}) {
+		t.Errorf("Get(the old row) = %q user %q credential %+v unanswered %+v, %v; want it kept, succeeded, no user, no credential, nothing noted", r.Status, r.UserID, r.Credential, r.Unanswered, err)
 	}
 	k := ledger.CallKey{TenantID: "t_acme", IdempotencyKey: "new"}
 	got, err := s.Admit(ctx, []processors.Admission{

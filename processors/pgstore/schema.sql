@@ -64,6 +64,14 @@ CREATE TABLE IF NOT EXISTS {table} (
     -- (schemas.Tool.Digest): the definition every process acting on the
     -- call must hold. '' in the rows of older builds: binds nothing.
     tool_digest     TEXT        NOT NULL DEFAULT '',
+    -- What the reconcilers noted while the call's status lookups did not
+    -- answer (processors.Unanswered): the seq it is of (stale once the
+    -- call moved on), the end of the first failing round, and whether the
+    -- tool said meanwhile that the call is in progress. 0, NULL, false
+    -- for none, and in the rows of older builds.
+    unanswered_seq         BIGINT      NOT NULL DEFAULT 0,
+    unanswered_since       TIMESTAMPTZ,
+    unanswered_in_progress BOOLEAN     NOT NULL DEFAULT false,
     -- The dedupe rests on this key, not on the isolation level: two
     -- admissions of one call cannot both insert.
     PRIMARY KEY (tenant_id, idempotency_key),
@@ -91,6 +99,12 @@ ALTER TABLE {table} ADD COLUMN IF NOT EXISTS undo_marks BIGINT NOT NULL DEFAULT 
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS lapsed_families TEXT[] NOT NULL DEFAULT ARRAY[]::TEXT[];
 
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS tool_digest TEXT NOT NULL DEFAULT '';
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS unanswered_seq BIGINT NOT NULL DEFAULT 0;
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS unanswered_since TIMESTAMPTZ;
+
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS unanswered_in_progress BOOLEAN NOT NULL DEFAULT false;
 
 -- Expired: executing records whose lease ended, oldest first. Partial, so
 -- that it holds only the calls in flight: every update of a row writes

@@ -126,6 +126,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 	tests = append(tests, journalTests()...)
 	tests = append(tests, credentialTests()...)
 	tests = append(tests, undoTests()...)
+	tests = append(tests, unansweredTests()...)
 	tests = append(tests, rateLimitTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
