@@ -171,39 +171,41 @@ type Unanswered struct {
 	// at that step, and says nothing once the call moved on.
 	Seq int64
 	// Since is the end of the first round of lookups that failed (or a
-	// reconciler's breaker held off), by the clock of the reconciler
-	// that ran it.
+	// reconciler's breaker held off) since none answered, by the clock of
+	// the reconciler that ran it (the reconcilers' hosts' clocks must
+	// agree: ledger doctor --max-clock-skew); zero once a lookup answered.
 	Since time.Time
-	// InProgress: a lookup since was answered by the tool, saying that
-	// the call is in progress.
+	// InProgress: a lookup was answered by the tool, saying that the call
+	// is in progress. An answer after it does not clear it: once the tool
+	// said so, nothing automatic undoes the call at this step.
 	InProgress bool
 }
 
 // UnansweredAt returns r's note of unanswered lookups, if it is of the
-// call's current step (Unanswered.Seq is Seq) and notes a failure.
+// call's current step (Unanswered.Seq is Seq) and notes anything.
 func (r *Record) UnansweredAt() (Unanswered, bool) {
 	n := r.Unanswered
-	if n.Seq != r.Seq || n.Since.IsZero() {
+	if n.Seq != r.Seq || (n.Since.IsZero() && !n.InProgress) {
 		return Unanswered{}, false
 	}
 	return n, true
 }
 
 // Merged is the note a record holds once n (NoteUnanswered's) is
-// merged into stored, its note at seq: n alone if stored is of another
-// Seq or notes nothing; the earlier Since, and InProgress if either
-// says so, if both are of seq; nothing if n's Since is zero.
+// merged into stored, its note: n alone if stored is of another Seq.
+// Of the same Seq: InProgress if either says so; no Since if n's is zero
+// (a lookup answered), else the earlier of the two. A note of neither
+// is the zero Unanswered.
 func (n Unanswered) Merged(stored Unanswered) Unanswered {
-	switch {
-	case n.Since.IsZero():
-		return Unanswered{}
-	case stored.Seq != n.Seq || stored.Since.IsZero():
-		return n
+	if stored.Seq == n.Seq {
+		n.InProgress = n.InProgress || stored.InProgress
+		if !n.Since.IsZero() && !stored.Since.IsZero() && stored.Since.Before(n.Since) {
+			n.Since = stored.Since
+		}
 	}
-	if stored.Since.Before(n.Since) {
-		n.Since = stored.Since
+	if n.Since.IsZero() && !n.InProgress {
+		return Unanswered{} // nothing noted
 	}
-	n.InProgress = n.InProgress || stored.InProgress
 	return n
 }
 
@@ -512,6 +514,13 @@ type Move struct {
 	// answered. Only a move to StatusSucceeded carries one; nil leaves
 	// the result as it is.
 	Result []byte
+	// UnlessInProgress: the move applies only if the record's note of
+	// unanswered lookups at FromSeq (Unanswered) does not say that the
+	// tool answered the call is in progress. A reconciler's park for
+	// lookups that failed, which may ask for an undo, carries it: another
+	// reconciler may hear "in progress" between its read of the note and
+	// its move.
+	UnlessInProgress bool
 }
 
 // Logged says that the events of a call up to Seq are in the log.
@@ -613,13 +622,13 @@ type Store interface {
 	// be undone.
 	MarkUndo(ctx context.Context, key ledger.CallKey, undoable []Status) (Status, bool, error)
 	// NoteUnanswered merges n into key's note of unanswered lookups
-	// (Record.Unanswered) if the record is still at n.Seq, and returns
-	// the note it holds after: the earliest Since noted at that Seq, and
-	// InProgress once any note said so. A note of an earlier Seq is
-	// replaced. n with a zero Since forgets the note (a lookup
-	// answered). ok is false, nothing written, when the record is at
-	// another Seq (the call moved on); ErrNotFound when there is no
-	// record. It moves nothing: Seq and UpdatedAt stay.
+	// (Record.Unanswered, Unanswered.Merged) if the record is still at
+	// n.Seq, and returns the note it holds after: the earliest Since
+	// noted at that Seq since a lookup last answered (n with a zero
+	// Since: one did), and InProgress once any note said so. A note of
+	// an earlier Seq is replaced. ok is false, nothing written, when the
+	// record is at another Seq (the call moved on); ErrNotFound when
+	// there is no record. It moves nothing: Seq and UpdatedAt stay.
 	NoteUnanswered(ctx context.Context, key ledger.CallKey, n Unanswered) (note Unanswered, ok bool, err error)
 	// ByStatus returns up to limit records in status, oldest update
 	// first.

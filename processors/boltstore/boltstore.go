@@ -913,6 +913,9 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		if next.Status != m.From || next.Seq != m.FromSeq || next.UndoMarks != m.FromUndoMarks {
 			return false // moved by someone else, or an undo started
 		}
+		if m.UnlessInProgress && next.Unanswered.Seq == m.FromSeq && next.Unanswered.InProgress {
+			return false // a reconciler heard that the call is in progress
+		}
 		next.Status = m.To
 		next.Seq = m.Seq
 		next.Outbox = m.Outbox

@@ -203,7 +203,8 @@ type ReconcilerConfig struct {
 	// end of the first such round of any reconciler (noted on the call's
 	// record, processors.Unanswered, so that a restart or a rebalance
 	// does not start the wait again), and it is that long since the
-	// call's last change: never at the first round that fails in this
+	// call's last change: never within a sweep interval (SweepEvery, or
+	// UnansweredFor if shorter) of the first round that fails in this
 	// reconciler. Default DefaultUnansweredFor.
 	UnansweredFor time.Duration
 	// SweepEvery is how often unknown outcomes are looked for in the
@@ -267,8 +268,8 @@ type Reconciler struct {
 	parkedPass processors.SweepPass
 	// unknownPass is the same for the sweeps of unknown outcomes: calls
 	// whose lookups are held off (the reconciler's breaker open) stay
-	// outcome_unknown, oldest first, until they have failed here for
-	// UnansweredFor.
+	// outcome_unknown, oldest first, until they have failed for
+	// UnansweredFor (due).
 	unknownPass processors.SweepPass
 	// sweepLimit bounds the calls one sweep lists in a status.
 	sweepLimit int
@@ -282,10 +283,10 @@ type Reconciler struct {
 	oldestParked  time.Time
 	// failing is, for the calls whose lookups have not answered since,
 	// when this reconciler first saw them fail (or be held off): what it
-	// notes on the call's record (processors.Unanswered), and, there
-	// being an entry, that this is not its first round of them for the
-	// call, so that the first round of lookups after a downtime, or over
-	// a backlog older than the bound, parks nothing. An entry goes when a lookup
+	// notes on the call's record (processors.Unanswered), and what due
+	// asks a sweep interval of, so that the first round of lookups after
+	// a downtime, or over a backlog older than the bound, or a second
+	// round in the same burst, parks nothing. An entry goes when a lookup
 	// answers (a not found too early to be final included), or when a
 	// whole pass of the unknown outcomes' sweep has neither listed the
 	// call nor seen its lookups fail (resolved elsewhere, parked): not
@@ -839,11 +840,11 @@ var errNotSettled = errors.New("not settled")
 // told meanwhile that the call is in progress.
 func (r *Reconciler) unanswered(ctx context.Context, rec processors.Record, tmpl ledger.Event, tool *schemas.Tool, last error, why string, inProgress bool) (pendingMove, bool, error) {
 	now := r.cfg.Now()
-	f, first := r.failed(rec.Key, now, inProgress)
+	f := r.failed(rec.Key, now, inProgress)
 	mine := processors.Unanswered{Seq: rec.Seq, Since: f.since, InProgress: f.inProgress}
 	held, _ := rec.UnansweredAt()
 	note := mine.Merged(held)
-	if note.Equal(held) && !r.due(note, rec, first, now) {
+	if note.Equal(held) && !r.due(note, rec, f, now) {
 		// The record says as much already, and the call waits.
 		return pendingMove{}, false, last
 	}
@@ -856,14 +857,14 @@ func (r *Reconciler) unanswered(ctx context.Context, rec processors.Record, tmpl
 	case !ok:
 		r.cfg.Logger.Debug("the call moved on while its lookups failed", "call_key", rec.Key.String())
 		return pendingMove{}, false, nil
-	case !r.due(note, rec, first, now):
+	case !r.due(note, rec, f, now):
 		// A pass whose lookups failed or were held off says nothing
 		// about the call, and may be answered at a later sweep: a human
 		// is handed the call only once its lookups have failed for
 		// UnansweredFor, not after one burst of failures (nor every
-		// call looked up while the breaker stays open), and not at this
-		// reconciler's first round, however old the call or its note:
-		// under undo_unknown a park undoes a call that may have
+		// call looked up while the breaker stays open), and not in this
+		// reconciler's first sweep of them, however old the call or its
+		// note: under undo_unknown a park undoes a call that may have
 		// succeeded.
 		return pendingMove{}, false, last
 	}
@@ -871,15 +872,21 @@ func (r *Reconciler) unanswered(ctx context.Context, rec processors.Record, tmpl
 		return r.settle(rec, tmpl, processors.StatusParked, statemachine.EventParked, ReasonLookupPending,
 			fmt.Sprintf("the status lookups have not settled the call for %s, and the tool said meanwhile that it is in progress (last: %v): it may still take effect; ask the tool before resolving it, and undo it only once it has", r.cfg.UnansweredFor, last), nil), true, nil
 	}
-	return r.park(rec, tmpl, tool, ReasonLookupFailed, fmt.Sprintf("%s for %s: %v", why, r.cfg.UnansweredFor, last)), true, nil
+	m := r.park(rec, tmpl, tool, ReasonLookupFailed, fmt.Sprintf("%s for %s: %v", why, r.cfg.UnansweredFor, last))
+	// Not if another reconciler hears "in progress" before it lands: the
+	// next round parks the call status_lookup_pending instead.
+	m.move.UnlessInProgress = true
+	return m, true, nil
 }
 
 // due reports whether a call whose lookups failed again at now, noted so
-// (note), is to be handed to a human: not at this reconciler's first
-// round of them (first), and once they have failed for UnansweredFor and
-// it is as long since the call's last change.
-func (r *Reconciler) due(note processors.Unanswered, rec processors.Record, first bool, now time.Time) bool {
-	return !first && now.Sub(note.Since) >= r.cfg.UnansweredFor && !now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor))
+// (note), is to be handed to a human: once they have failed here for a
+// sweep interval at least (mine; the bound, if shorter), so that two
+// rounds in one burst are not enough, and for UnansweredFor by the note,
+// and it is as long since the call's last change.
+func (r *Reconciler) due(note processors.Unanswered, rec processors.Record, mine failingSince, now time.Time) bool {
+	return now.Sub(mine.since) >= min(r.cfg.SweepEvery, r.cfg.UnansweredFor) &&
+		now.Sub(note.Since) >= r.cfg.UnansweredFor && !now.Before(rec.UpdatedAt.Add(r.cfg.UnansweredFor))
 }
 
 // cancelUndo denies comp, the reconciler's compensation ck of a call an
@@ -1325,9 +1332,8 @@ func passingRefusal(ev ledger.Event) bool {
 }
 
 // failed notes that k's lookups failed (or were held off) in a round that
-// ended at now, and returns since when they have here (now at the
-// first), and whether this was the first.
-func (r *Reconciler) failed(k ledger.CallKey, now time.Time, inProgress bool) (failingSince, bool) {
+// ended at now, and returns since when they have here: now at the first.
+func (r *Reconciler) failed(k ledger.CallKey, now time.Time, inProgress bool) failingSince {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f, ok := r.failing[k]
@@ -1337,17 +1343,18 @@ func (r *Reconciler) failed(k ledger.CallKey, now time.Time, inProgress bool) (f
 	f.sweepPass = r.unknownPasses
 	f.inProgress = f.inProgress || inProgress
 	r.failing[k] = f
-	return f, !ok
+	return f
 }
 
 // answered forgets rec's failing lookups, here and on its record: one has
-// answered. A note that stays (the store failed) makes a later wait
-// shorter and keeps its in progress: it is logged.
+// answered. The record keeps that the tool said the call is in progress,
+// if any reconciler heard it (Unanswered.InProgress). A note that stays
+// (the store failed) makes a later wait shorter: it is logged.
 func (r *Reconciler) answered(ctx context.Context, rec processors.Record) {
 	r.mu.Lock()
 	delete(r.failing, rec.Key)
 	r.mu.Unlock()
-	if _, ok := rec.UnansweredAt(); !ok {
+	if n, ok := rec.UnansweredAt(); !ok || n.Since.IsZero() {
 		return
 	}
 	if _, _, err := r.cfg.Store.NoteUnanswered(ctx, rec.Key, processors.Unanswered{Seq: rec.Seq}); err != nil {
@@ -1359,8 +1366,9 @@ func (r *Reconciler) answered(ctx context.Context, rec processors.Record) {
 // and, when the page ended its pass, forgets the failing lookups of the
 // calls that pass neither listed nor saw fail: no longer outcome_unknown
 // (resolved by another reconciler or a human, parked). A call forgotten
-// that fails again waits the whole bound again: it is parked later,
-// never sooner. Tied to the passes, not to a time, so that a backlog
+// that fails again is as at this reconciler's first round of it: it
+// waits a sweep interval here again, and the bound as the call's note
+// (processors.Unanswered) counts it. Tied to the passes, not to a time, so that a backlog
 // whose pass outlasts any bound is parked at its second.
 func (r *Reconciler) swept(listed []processors.Record, passEnded bool) {
 	r.mu.Lock()

@@ -1553,8 +1553,8 @@ func TestInProgressLookupIsNeverUndone(t *testing.T) {
 // the call's record, not only in its memory: one restarted (or taking
 // the call's partition over) neither starts the wait for an answer again
 // nor forgets that the tool said the call is in progress. It parks
-// nothing at its own first round of lookups, which may be one burst of
-// failures. Before, a reconciler restarted more often than the bound
+// nothing in its own first sweep interval of failing lookups, which may
+// be one burst of failures. Before, a reconciler restarted more often than the bound
 // parked no call at all, and one restarted after an "in progress" answer
 // parked the call status_lookup_failed and, under undo_unknown, asked for
 // its undo while its request might still land.
@@ -1586,15 +1586,72 @@ func TestReconcilerRestartKeepsWhatTheLookupsSaid(t *testing.T) {
 			if got := summary(r.reconcileAll(after)); slices.ContainsFunc(got, parkedEvent) {
 				t.Fatalf("the restarted reconciler's first round, past the bound: %v; want the call waiting (its first round)", got)
 			}
+			// The call's event again (redelivered), in the same burst: a
+			// second round, but not a sweep interval after the first.
+			now = now.Add(time.Second)
+			if got := summary(r.reconcileAll(after, unknown)); slices.ContainsFunc(got, parkedEvent) {
+				t.Fatalf("its second round, a second after its first: %v; want the call waiting (one burst of failures)", got)
+			}
 			now = now.Add(time.Minute)
 			if got := summary(r.reconcileAll(after)); !slices.Contains(got, "parked("+tc.wantPark+")") {
-				t.Errorf("its second round, 6 minutes after the first reconciler's: %v; want the call parked %s", got, tc.wantPark)
+				t.Errorf("its round a sweep later, 6 minutes after the first reconciler's: %v; want the call parked %s", got, tc.wantPark)
 			}
 			if len(comp.asked) != tc.wantAsked {
 				t.Errorf("compensations asked for %v; want %d", comp.asked, tc.wantAsked)
 			}
 		})
 	}
+}
+
+// A reconciler's park for lookups that failed does not land once another
+// reconciler has heard, after the first read the note, that the call is
+// in progress: its next round parks the call status_lookup_pending, and
+// nothing asks for its undo. Before the move was fenced on the note, the
+// park landed and its compensation was asked for while the request
+// might still land.
+func TestParkFencedByAnInProgressHeardMeanwhile(t *testing.T) {
+	r := newRig(t)
+	_, unknown := r.unknownRefundToUndo()
+	comp := &recordingCompensator{}
+	now := time.Now().Add(time.Hour) // long past the last attempt's landing
+	st := &hearsInProgress{ReconcilerStore: r.store, at: 2}
+	rc := r.sweepingReconciler(comp, &now, func(c *executor.ReconcilerConfig) {
+		c.UnansweredFor = time.Minute
+		c.Store = st
+	})
+	if got := summary(r.reconcileAll(rc, unknown)); slices.ContainsFunc(got, parkedEvent) {
+		t.Fatalf("the first round: %v; want the call waiting", got)
+	}
+	now = now.Add(2 * time.Minute)
+	if got := summary(r.reconcileAll(rc)); slices.ContainsFunc(got, parkedEvent) || len(comp.asked) != 0 {
+		t.Fatalf("the round whose park another reconciler's in-progress note overtook: %v, compensations asked %v; want no park landed, none asked", got, comp.asked)
+	}
+	if st.calls < 2 {
+		t.Fatalf("%d notes written; want the one before the park (the test's premise)", st.calls)
+	}
+	now = now.Add(time.Minute)
+	if got := summary(r.reconcileAll(rc)); !slices.Contains(got, "parked("+executor.ReasonLookupPending+")") {
+		t.Errorf("the next round: %v; want the call parked %s", got, executor.ReasonLookupPending)
+	}
+	if len(comp.asked) != 0 {
+		t.Errorf("compensations asked for %v; want none", comp.asked)
+	}
+}
+
+// hearsInProgress is a store on which, right after the at-th note of
+// unanswered lookups, another reconciler notes that the tool said the
+// call is in progress.
+type hearsInProgress struct {
+	executor.ReconcilerStore
+	at, calls int
+}
+
+func (s *hearsInProgress) NoteUnanswered(ctx context.Context, k ledger.CallKey, n processors.Unanswered) (processors.Unanswered, bool, error) {
+	note, ok, err := s.ReconcilerStore.NoteUnanswered(ctx, k, n)
+	if s.calls++; s.calls == s.at && err == nil && ok {
+		_, _, err = s.ReconcilerStore.NoteUnanswered(ctx, k, processors.Unanswered{Seq: n.Seq, Since: n.Since, InProgress: true})
+	}
+	return note, ok, err
 }
 
 // parkedEvent reports whether a summary's event is a park.

@@ -1276,10 +1276,11 @@ RETURNING u.ord`),
 		// element otherwise). "to" is reserved: to_status.
 		move: r.Replace(`UPDATE {table} AS r
 SET status = u.to_status, seq = u.seq, outbox = u.outbox, result = COALESCE(u.result, r.result), updated_at = now()
-FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BYTEA[], $8::BIGINT[], $9::BIGINT[], $10::BYTEA[])
-     AS u (t, k, from_status, from_seq, to_status, seq, outbox, ord, from_undo_marks, result)
+FROM unnest($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BYTEA[], $8::BIGINT[], $9::BIGINT[], $10::BYTEA[], $11::BOOLEAN[])
+     AS u (t, k, from_status, from_seq, to_status, seq, outbox, ord, from_undo_marks, result, unless_in_progress)
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k
   AND r.status = u.from_status AND r.seq = u.from_seq AND r.undo_marks = u.from_undo_marks
+  AND NOT (u.unless_in_progress AND r.unanswered_seq = u.from_seq AND r.unanswered_in_progress)
 RETURNING u.ord`),
 		// A single-row UPDATE whose WHERE holds the condition: under READ
 		// COMMITTED, PostgreSQL re-checks it against a row a concurrent
@@ -1290,14 +1291,14 @@ WHERE tenant_id = $1 AND idempotency_key = $2 AND status = ANY($3::TEXT[])
 RETURNING status`),
 		status: r.Replace(`SELECT status FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
 		// processors.Unanswered.Merged, in SQL: every right-hand side
-		// reads the row as it was. updated_at is left alone.
+		// reads the row as it was. No NULL reaches LEAST, whose handling
+		// of one is PostgreSQL's own. updated_at is left alone.
 		noteUnanswered: r.Replace(`UPDATE {table} SET
-  unanswered_seq = CASE WHEN $4::TIMESTAMPTZ IS NULL THEN 0 ELSE $3::BIGINT END,
+  unanswered_seq = $3::BIGINT,
   unanswered_since = CASE WHEN $4::TIMESTAMPTZ IS NULL THEN NULL
-    WHEN unanswered_seq = $3::BIGINT AND unanswered_since IS NOT NULL THEN LEAST(unanswered_since, $4::TIMESTAMPTZ)
+    WHEN unanswered_seq = $3::BIGINT THEN LEAST(COALESCE(unanswered_since, $4::TIMESTAMPTZ), $4::TIMESTAMPTZ)
     ELSE $4::TIMESTAMPTZ END,
-  unanswered_in_progress = CASE WHEN $4::TIMESTAMPTZ IS NULL THEN false
-    WHEN unanswered_seq = $3::BIGINT AND unanswered_since IS NOT NULL THEN unanswered_in_progress OR $5::BOOLEAN
+  unanswered_in_progress = CASE WHEN unanswered_seq = $3::BIGINT THEN unanswered_in_progress OR $5::BOOLEAN
     ELSE $5::BOOLEAN END
 WHERE tenant_id = $1 AND idempotency_key = $2 AND seq = $3::BIGINT
 RETURNING unanswered_seq, unanswered_since, unanswered_in_progress`),
@@ -1411,10 +1412,14 @@ type unansweredScan struct {
 func (u *unansweredScan) dest() []any { return []any{&u.seq, &u.since, &u.inProgress} }
 
 func (u *unansweredScan) note() processors.Unanswered {
-	if !u.since.Valid {
-		return processors.Unanswered{}
+	n := processors.Unanswered{Seq: u.seq, InProgress: u.inProgress}
+	if u.since.Valid {
+		n.Since = u.since.Time.UTC()
 	}
-	return processors.Unanswered{Seq: u.seq, Since: u.since.Time.UTC(), InProgress: u.inProgress}
+	if n.Since.IsZero() && !n.InProgress {
+		return processors.Unanswered{} // nothing noted, at any seq
+	}
+	return n
 }
 
 func (x *recordScan) dest() []any {
@@ -2025,6 +2030,7 @@ type moveRound struct {
 	ts, ks, froms, tos                  []string
 	fromSeqs, seqs, ords, fromUndoMarks []int64
 	outboxes, results                   [][]byte
+	unlessInProgress                    []bool
 }
 
 // Move implements processors.Store. The batch is split into rounds, the
@@ -2054,6 +2060,7 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 		r.fromUndoMarks = append(r.fromUndoMarks, m.FromUndoMarks)
 		r.outboxes = append(r.outboxes, packOutbox(m.Outbox, s.packMin))
 		r.results = append(r.results, m.Result)
+		r.unlessInProgress = append(r.unlessInProgress, m.UnlessInProgress)
 	}
 	var applied []bool
 	err := s.inTx(ctx, "move", pgx.ReadWrite, func(ctx context.Context, tx pgx.Tx) error {
@@ -2063,7 +2070,7 @@ func (s *Store) Move(ctx context.Context, ms []processors.Move) ([]bool, error) 
 			for _, sp := range statementSpans(len(r.ts), func(i int) int { return len(r.outboxes[i]) + len(r.results[i]) }) {
 				lo, hi := sp[0], sp[1]
 				b.Queue(s.q.move, r.ts[lo:hi], r.ks[lo:hi], r.froms[lo:hi], r.fromSeqs[lo:hi], r.tos[lo:hi], r.seqs[lo:hi],
-					r.outboxes[lo:hi], r.ords[lo:hi], r.fromUndoMarks[lo:hi], r.results[lo:hi])
+					r.outboxes[lo:hi], r.ords[lo:hi], r.fromUndoMarks[lo:hi], r.results[lo:hi], r.unlessInProgress[lo:hi])
 				statements++
 			}
 		}

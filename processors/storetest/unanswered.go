@@ -20,6 +20,8 @@ import (
 func unansweredTests() []contractTest {
 	return []contractTest{
 		{"Unanswered/Merged", testUnansweredMerged},
+		{"Unanswered/Forgotten", testUnansweredForgotten},
+		{"Unanswered/FencesMoves", testUnansweredFencesMoves},
 		{"Unanswered/Stale", testUnansweredStale},
 		{"Unanswered/Missing", testUnansweredMissing},
 		{"Concurrent/NoteUnanswered", testConcurrentNoteUnanswered},
@@ -61,8 +63,10 @@ func testUnansweredMerged(t *testing.T, s processors.Store) {
 		{"earlier", processors.Unanswered{Seq: seq, Since: unansweredAt(0)}, processors.Unanswered{Seq: seq, Since: unansweredAt(0)}},
 		{"later, in progress", processors.Unanswered{Seq: seq, Since: unansweredAt(2), InProgress: true}, processors.Unanswered{Seq: seq, Since: unansweredAt(0), InProgress: true}},
 		{"later, not in progress", processors.Unanswered{Seq: seq, Since: unansweredAt(3)}, processors.Unanswered{Seq: seq, Since: unansweredAt(0), InProgress: true}},
-		{"answered", processors.Unanswered{Seq: seq}, processors.Unanswered{}},
-		{"failing again", processors.Unanswered{Seq: seq, Since: unansweredAt(5)}, processors.Unanswered{Seq: seq, Since: unansweredAt(5)}},
+		// An answer forgets when the failures began, not that the tool
+		// said the call is in progress.
+		{"answered", processors.Unanswered{Seq: seq}, processors.Unanswered{Seq: seq, InProgress: true}},
+		{"failing again", processors.Unanswered{Seq: seq, Since: unansweredAt(5)}, processors.Unanswered{Seq: seq, Since: unansweredAt(5), InProgress: true}},
 	}
 	for _, st := range steps {
 		got, ok := mustNoteUnanswered(t, s, k, st.n)
@@ -73,12 +77,77 @@ func testUnansweredMerged(t *testing.T, s processors.Store) {
 		if diff := cmp.Diff(st.want, rec.Unanswered); diff != "" {
 			t.Errorf("%s: the record's note (-want +got):\n%s", st.name, diff)
 		}
-		if note, ok := rec.UnansweredAt(); ok != !st.want.Since.IsZero() || note != st.want {
+		if note, ok := rec.UnansweredAt(); ok != (st.want != processors.Unanswered{}) || note != st.want {
 			t.Errorf("%s: UnansweredAt() = %+v, %v; want %+v", st.name, note, ok, st.want)
 		}
 		want := before
 		want.Unanswered = st.want
 		checkUnchanged(t, s, k, want)
+	}
+}
+
+// testUnansweredForgotten: an answer to a note that never heard "in
+// progress" leaves nothing noted, and the next failure starts afresh.
+func testUnansweredForgotten(t *testing.T, s processors.Store) {
+	k := key("unanswered:forgotten")
+	seq := completeUnlogged(t, s, k, processors.StatusOutcomeUnknown).Seq
+	mustNoteUnanswered(t, s, k, processors.Unanswered{Seq: seq, Since: unansweredAt(0)})
+	if got, ok := mustNoteUnanswered(t, s, k, processors.Unanswered{Seq: seq}); !ok || got != (processors.Unanswered{}) {
+		t.Errorf("NoteUnanswered(answered) = %+v, %v; want nothing noted, true", got, ok)
+	}
+	rec := mustGet(t, s, k)
+	if note, ok := rec.UnansweredAt(); ok || rec.Unanswered != (processors.Unanswered{}) {
+		t.Errorf("after the answer the record notes %+v (UnansweredAt %+v, %v); want nothing", rec.Unanswered, note, ok)
+	}
+	want := processors.Unanswered{Seq: seq, Since: unansweredAt(9)}
+	if got, ok := mustNoteUnanswered(t, s, k, want); !ok || got != want {
+		t.Errorf("NoteUnanswered after the answer = %+v, %v; want %+v (its own Since, not the forgotten one)", got, ok, want)
+	}
+}
+
+// testUnansweredFencesMoves: a move that carries UnlessInProgress does
+// not apply once the note of its step says "in progress"; one without,
+// or over a note that does not say so, does.
+func testUnansweredFencesMoves(t *testing.T, s processors.Store) {
+	park := func(rec processors.Record, unless bool) processors.Move {
+		return processors.Move{Key: rec.Key, From: processors.StatusOutcomeUnknown, FromSeq: rec.Seq, FromUndoMarks: rec.UndoMarks,
+			To: processors.StatusParked, Seq: rec.Seq + 1, Outbox: []byte(fmt.Sprintf(`[{"seq":%d}]`, rec.Seq+1)), UnlessInProgress: unless}
+	}
+	for _, tc := range []struct {
+		name       string
+		inProgress bool
+		unless     bool
+		applies    bool
+	}{
+		{"in progress, fenced", true, true, false},
+		{"in progress, not fenced", true, false, true},
+		{"failing, fenced", false, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := key("unanswered:fence:" + tc.name)
+			rec := completeUnlogged(t, s, k, processors.StatusOutcomeUnknown)
+			mustNoteUnanswered(t, s, k, processors.Unanswered{Seq: rec.Seq, Since: unansweredAt(0), InProgress: tc.inProgress})
+			noted := mustGet(t, s, k)
+			if applied := mustMove(t, s, park(rec, tc.unless)); applied[0] != tc.applies {
+				t.Fatalf("Move(UnlessInProgress %v) over a note in progress %v applied = %v; want %v", tc.unless, tc.inProgress, applied[0], tc.applies)
+			}
+			if !tc.applies {
+				checkUnchanged(t, s, k, noted)
+			}
+		})
+	}
+	// A note of an earlier step fences nothing.
+	k := key("unanswered:fence:stale")
+	rec := completeUnlogged(t, s, k, processors.StatusOutcomeUnknown)
+	mustNoteUnanswered(t, s, k, processors.Unanswered{Seq: rec.Seq, Since: unansweredAt(0), InProgress: true})
+	if applied := mustMove(t, s, park(rec, false)); !applied[0] {
+		t.Fatal("Move to parked applied = false; want true")
+	}
+	parked := mustGet(t, s, k)
+	resolve := processors.Move{Key: k, From: processors.StatusParked, FromSeq: parked.Seq, FromUndoMarks: parked.UndoMarks,
+		To: processors.StatusFailed, Seq: parked.Seq + 1, Outbox: []byte(fmt.Sprintf(`[{"seq":%d}]`, parked.Seq+1)), UnlessInProgress: true}
+	if applied := mustMove(t, s, resolve); !applied[0] {
+		t.Errorf("a fenced Move over a note of the step before applied = false; want true")
 	}
 }
 
