@@ -807,8 +807,12 @@ attempts:
 			// The tool is still at it (the lookup protocol's "anything
 			// else": 409, or a state of its own, say "pending"): an
 			// answer, not a failure. Its request may land yet, later
-			// than any landing window.
+			// than any landing window. The pass ends here, for the
+			// answer to be noted on the record at once: another
+			// reconciler's park for failing lookups, which may ask for
+			// an undo, does not land once it is (UnlessInProgress).
 			last, pending = fmt.Errorf("status lookup answered that the call is in progress (%q): %w", lookupState(resp), cmp.Or(err, errNotSettled)), true
+			break attempts
 		case err == nil:
 			last = fmt.Errorf("status lookup answered %q", lookupState(resp))
 		default:
@@ -854,6 +858,11 @@ func (r *Reconciler) unanswered(ctx context.Context, rec processors.Record, tmpl
 		// Whether another reconciler heard that the call is in
 		// progress is not known: no park on this.
 		return pendingMove{}, false, fmt.Errorf("%w; and noting it on the call's record failed: %w", last, err)
+	case !ok && inProgress:
+		// Another reconciler's park may have landed between this answer
+		// and its note, and asked for the call's undo.
+		r.cfg.Logger.Error("the tool said the call is in progress, and the call moved on before that was noted: if it was parked for an undo, check that the undo does not precede the call's own request", "call_key", rec.Key.String(), "answer", last)
+		return pendingMove{}, false, nil
 	case !ok:
 		r.cfg.Logger.Debug("the call moved on while its lookups failed", "call_key", rec.Key.String())
 		return pendingMove{}, false, nil

@@ -1638,6 +1638,31 @@ func TestParkFencedByAnInProgressHeardMeanwhile(t *testing.T) {
 	}
 }
 
+// A lookup answered "in progress" ends its pass, and the answer is on
+// the call's record at once: another reconciler's park for failing
+// lookups is fenced by it from then on, not only once this pass's
+// remaining attempts (each up to the tool's timeout) are over.
+func TestInProgressAnswerEndsThePassNoted(t *testing.T) {
+	r := newRig(t)
+	_, unknown := r.unknownRefundToUndo()
+	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusConflict})
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.UnansweredFor = time.Hour })
+	before := r.backend.Requests()
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("a pass answered in progress: %q; want nothing recorded", got)
+	}
+	if n := r.backend.Requests() - before; n != 1 {
+		t.Errorf("%d status lookups; want 1, the pass ended at the answer", n)
+	}
+	rec, err := r.store.Get(t.Context(), decodeAll(t, []*kgo.Record{unknown})[0].Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if note, ok := rec.UnansweredAt(); !ok || !note.InProgress {
+		t.Errorf("the record's note = %+v, %v; want it in progress", note, ok)
+	}
+}
+
 // hearsInProgress is a store on which, right after the at-th note of
 // unanswered lookups, another reconciler notes that the tool said the
 // call is in progress.
