@@ -75,7 +75,14 @@ person's assertion.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			logger := g.logger()
-			staff, err := idf.verifier(ctx, logger)
+			if agentsAudience == idf.audience {
+				// Then an agent's assertion for a user who is an operator
+				// would open the console and the operators' APIs.
+				return fmt.Errorf("--agents-audience %q is the staff's --staff-audience: the agents' assertions must name another", agentsAudience)
+			}
+			staffTrust := idf
+			staffTrust.others = []string{agentsAudience}
+			staff, err := staffTrust.verifier(ctx, logger)
 			if err != nil {
 				return fmt.Errorf("the console and the queries need operators' and approvers' keys: %w", err)
 			}
@@ -97,13 +104,8 @@ person's assertion.`,
 			if err != nil {
 				return err
 			}
-			if agentsAudience == idf.audience {
-				// Then an agent's assertion for a user who is an operator
-				// would open the console and the operators' APIs.
-				return fmt.Errorf("--agents-audience %q is the staff's --staff-audience: the agents' assertions must name another", agentsAudience)
-			}
 			agentsTrust := idf
-			agentsTrust.audience, agentsTrust.staff = agentsAudience, false
+			agentsTrust.audience, agentsTrust.staff, agentsTrust.others = agentsAudience, false, []string{idf.audience}
 			// Its own bound, not the console sessions' (which operators
 			// may raise): the intake's --max-assertion-lifetime.
 			agentsTrust.maxLifetime = agentsMaxLifetime

@@ -38,6 +38,10 @@ type identityFlags struct {
 	maxLifetime time.Duration
 	// staff: the callers are approvers and operators (registerStaff).
 	staff bool
+	// others are the other role's audiences besides its default (the
+	// agents' --agents-audience for the staff's verifier of ledger api,
+	// the staff's for its agents'): an assertion naming one is refused.
+	others []string
 }
 
 func (f *identityFlags) register(fs *pflag.FlagSet) {
@@ -82,8 +86,17 @@ func (f *identityFlags) verifier(ctx context.Context, logger *slog.Logger) (*ide
 		return nil, errors.New("--audience must not be empty")
 	}
 	return identity.New(ctx, identity.Config{
-		Issuer: f.issuer, Audience: f.audience, JWKSFile: f.jwksFile, JWKSURL: f.jwksURL, MaxLifetime: f.maxLifetime, Logger: logger,
+		Issuer: f.issuer, Audience: f.audience, OtherAudiences: f.otherAudiences(), JWKSFile: f.jwksFile, JWKSURL: f.jwksURL, MaxLifetime: f.maxLifetime, Logger: logger,
 	})
+}
+
+// otherAudiences are identity.Config.OtherAudiences: the other role's
+// default audience, and those the command knows of.
+func (f *identityFlags) otherAudiences() []string {
+	if f.staff {
+		return append([]string{identity.DefaultAudience}, f.others...)
+	}
+	return append([]string{identity.ApproverAudience}, f.others...)
 }
 
 // devIdentity loads (creating on first use) the dev issuer's key in the
@@ -94,11 +107,11 @@ func devIdentity(ctx context.Context, dataDir string, logger *slog.Logger) (*ide
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	agents, err := identity.New(ctx, identity.Config{Issuer: DevIssuer, Keys: iss.Keys(), Logger: logger})
+	agents, err := identity.New(ctx, identity.Config{Issuer: DevIssuer, OtherAudiences: []string{identity.ApproverAudience}, Keys: iss.Keys(), Logger: logger})
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	staff, err := identity.New(ctx, identity.Config{Issuer: DevIssuer, Audience: identity.ApproverAudience, Keys: iss.Keys(), Logger: logger})
+	staff, err := identity.New(ctx, identity.Config{Issuer: DevIssuer, Audience: identity.ApproverAudience, OtherAudiences: []string{identity.DefaultAudience}, Keys: iss.Keys(), Logger: logger})
 	if err != nil {
 		return nil, nil, nil, err
 	}

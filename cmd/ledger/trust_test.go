@@ -386,3 +386,81 @@ func TestTokenFromAKeyOfOnesOwn(t *testing.T) {
 		t.Errorf("a key was created beside the key set it would replace: %v", err)
 	}
 }
+
+// An assertion whose aud names both the agents' and the staff's audience
+// (an identity provider's mapper that adds every audience) is refused by
+// both roles' verifiers, as the commands build them: an agent holding one
+// for a user who approves cannot approve, freeze or read the operators'
+// questions with it, and a staff member's cannot submit calls. One that
+// names an audience of no role besides its own is accepted.
+func TestAssertionForBothRolesRefused(t *testing.T) {
+	dir := t.TempDir()
+	key, err := token.GenerateEd25519("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := token.NewKeySet(key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks := filepath.Join(dir, "jwks.json")
+	if err := os.WriteFile(jwks, set.JWKS(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mint := func(aud ...string) string {
+		now := time.Now()
+		c := identity.Claims{
+			Claims: token.Claims{Issuer: DevIssuer, Subject: "u_ops", Audience: aud,
+				ExpiresAt: token.NewNumericDate(now.Add(time.Minute)), IssuedAt: token.NewNumericDate(now)},
+			Act: identity.Actor{Subject: "agent_1"}, Tenant: "t_demo", Roles: []string{"operator", "approver"},
+		}
+		a, err := token.Sign(key, identity.TypeAssertion, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	verifier := func(staff bool, audience string, others ...string) *identity.Verifier {
+		f := identityFlags{others: others}
+		fs := pflag.NewFlagSet("role", pflag.ContinueOnError)
+		audFlag := "--audience"
+		if staff {
+			f.registerStaff(fs)
+			audFlag = "--staff-audience"
+		} else {
+			f.register(fs)
+		}
+		if err := fs.Parse([]string{"--issuer", DevIssuer, "--jwks-file", jwks, audFlag, audience}); err != nil {
+			t.Fatal(err)
+		}
+		v, err := f.verifier(t.Context(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name string
+		v    *identity.Verifier
+		aud  []string
+		ok   bool
+	}{
+		{"intake, both defaults", verifier(false, identity.DefaultAudience), []string{identity.DefaultAudience, identity.ApproverAudience}, false},
+		{"staff, both defaults", verifier(true, identity.ApproverAudience), []string{identity.ApproverAudience, identity.DefaultAudience}, false},
+		// ledger api's: each knows the other's audience as configured.
+		{"api's staff, the agents' own audience too", verifier(true, "ops", "bots"), []string{"ops", "bots"}, false},
+		{"api's agents, the staff's own audience too", verifier(false, "bots", "ops"), []string{"bots", "ops"}, false},
+		{"intake, its own and a stranger's", verifier(false, identity.DefaultAudience), []string{identity.DefaultAudience, "billing"}, true},
+		{"staff, its own alone", verifier(true, identity.ApproverAudience), []string{identity.ApproverAudience}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.v.Verify(t.Context(), mint(tc.aud...))
+			switch {
+			case tc.ok && err != nil:
+				t.Errorf("Verify(aud %q) = %v; want accepted", tc.aud, err)
+			case !tc.ok && token.ReasonOf(err) != token.ReasonAudienceMismatch:
+				t.Errorf("Verify(aud %q) = %v; want refused %s", tc.aud, err, token.ReasonAudienceMismatch)
+			}
+		})
+	}
+}

@@ -174,6 +174,13 @@ type Config struct {
 	// Audience is the aud the assertion must contain; default
 	// DefaultAudience.
 	Audience string
+	// OtherAudiences are other roles' audiences (the staff's for the
+	// agents' verifier, the agents' for the staff's): an assertion whose
+	// aud names one of them too is refused (aud_mismatch), so that one
+	// issued for both, as an identity provider's mapper that adds every
+	// audience does, never acts as the other role's assertion. Audience
+	// itself is never refused.
+	OtherAudiences []string
 	// JWKSFile is a JWKS document on disk, re-read every Refresh.
 	JWKSFile string
 	// JWKSURL is a JWKS document served over https (http only on a
@@ -447,6 +454,9 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 			v.cache.put(sum, set, c, v.cfg.CacheSize)
 		}
 	}
+	if a, ok := v.otherRole(c.Audience); ok {
+		return Claims{}, &token.Error{Reason: token.ReasonAudienceMismatch, Detail: fmt.Sprintf("aud names %s too, the audience of another role's assertions: an assertion for both is refused", a)}
+	}
 	now := v.cfg.Now()
 	valid := c.Validate(now, v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience)
 	if valid != nil {
@@ -469,6 +479,16 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 		return Claims{}, v.lapsed(c, now, valid)
 	}
 	return c, nil
+}
+
+// otherRole returns the first of aud that is one of OtherAudiences.
+func (v *Verifier) otherRole(aud token.Audience) (string, bool) {
+	for _, a := range aud {
+		if a != v.cfg.Audience && slices.Contains(v.cfg.OtherAudiences, a) {
+			return a, true
+		}
+	}
+	return "", false
 }
 
 // LapsedGrace is how far past the skew an assertion's time bounds may be
