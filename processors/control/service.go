@@ -446,14 +446,17 @@ func (s *Service) current(ctx context.Context) error {
 // tenant, the tenant's calls are refused all the same: "not frozen" alone
 // would contradict them, so the refusal names the freeze that is, and a
 // tenant operator, who cannot lift it, is refused as for a platform
-// operator's freeze of its tenant.
+// operator's freeze of its tenant, told neither who made it nor why, as
+// Snapshot does not tell it: a platform operator's reason may speak of
+// other tenants.
 func (s *Service) notFrozen(operator identity.Identity, tool, tenant string) error {
 	all, frozen := s.cfg.State.frozenExactly(tool, "")
 	switch {
 	case tenant == "" || !frozen:
 		return fmt.Errorf("%w: %s", ErrNotFrozen, ToolSubject(tool, tenant))
 	case operator.Tenant != PlatformTenant:
-		return fmt.Errorf("%w; no freeze of %s alone is in force", platformFreeze(all), ToolSubject(tool, tenant))
+		return fmt.Errorf("%w: %s by a platform operator: only a platform operator lifts that freeze; no freeze of %s alone is in force",
+			ErrForbidden, FrozenDetail(all.Subject, all), ToolSubject(tool, tenant))
 	default:
 		return fmt.Errorf("%w: %s (it is frozen for every tenant, %s by %s (%q), which an unfreeze for every tenant lifts)",
 			ErrNotFrozen, ToolSubject(tool, tenant), all.Subject, all.By, all.Reason)
