@@ -297,7 +297,8 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	approve.Flags().StringVar(&hash, "hash", "", "the arguments hash being approved, as show prints it (required: without it, approve prints the approval and approves nothing)")
+	approve.Flags().StringVar(&hash, "hash", "", "the arguments hash being approved, as show prints it (required: without it, approve prints the approval and approves nothing). Never read from the environment: a LEDGER_HASH left from one approval would approve another call of the same arguments unseen")
+	markExplicitOnly(approve.Flags(), "hash")
 	var reason string
 	reject := &cobra.Command{
 		Use:   "reject ID",

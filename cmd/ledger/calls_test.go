@@ -85,14 +85,29 @@ func TestApprovalsListSaysWhenCut(t *testing.T) {
 // An operator's decision and its words come from the command line only:
 // a LEDGER_REASON, LEDGER_AS, LEDGER_FORCE or LEDGER_SWAP left in the
 // environment would make every action's, and take a rebuild's risk, for
-// them. The commands refuse as if they were unset.
+// them; a LEDGER_HASH left from one approval would approve the next call
+// of the same arguments without showing it. The commands refuse as if
+// they were unset.
 func TestOperatorsDecisionsNotFromTheEnvironment(t *testing.T) {
 	t.Setenv("LEDGER_REASON", "left over")
 	t.Setenv("LEDGER_AS", "succeeded")
 	t.Setenv("LEDGER_EVIDENCE", "left over")
+	t.Setenv("LEDGER_HASH", "sha256:"+strings.Repeat("a", 64))
 	srv := answeringWith(t, http.MethodPost, "/v1/compensations", http.StatusOK, `{"compensation_key":"k1:compensate","events":[{"type":"requested","seq":1}]}`)
 	if err := cliErr(t, "calls", "compensate", "k1", "--api", srv.URL, "--assertion", "tok"); err == nil || !strings.Contains(err.Error(), "--reason is required") {
 		t.Errorf("calls compensate with LEDGER_REASON alone = %v; want --reason required", err)
+	}
+	var approved atomic.Int32
+	apr := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			approved.Add(1)
+		}
+		fmt.Fprint(w, `{"id":"apr_1","state":"pending","tool":"refund_order","arguments_hash":"sha256:`+strings.Repeat("a", 64)+`"}`)
+	}))
+	t.Cleanup(apr.Close)
+	err := cliErr(t, "approvals", "approve", "apr_1", "--api", apr.URL, "--assertion", "tok")
+	if n := approved.Load(); n != 0 || err == nil || !strings.Contains(err.Error(), "no --hash") {
+		t.Errorf("approvals approve with LEDGER_HASH alone: %v, %d approvals sent; want it to print the approval and approve nothing", err, n)
 	}
 	root := newRoot()
 	for _, tc := range []struct {
@@ -104,6 +119,7 @@ func TestOperatorsDecisionsNotFromTheEnvironment(t *testing.T) {
 		{[]string{"control", "freeze"}, []string{"reason"}},
 		{[]string{"control", "revoke"}, []string{"reason"}},
 		{[]string{"approvals", "reject"}, []string{"reason"}},
+		{[]string{"approvals", "approve"}, []string{"hash"}},
 		{[]string{"projector", "rebuild"}, []string{"swap", "force"}},
 	} {
 		cmd, _, err := root.Find(tc.path)
