@@ -437,6 +437,9 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		if argumentsHash != f.rec.ArgumentsHash {
 			return "", ErrHashMismatch
 		}
+		if err := argumentsIntact(f); err != nil {
+			return "", err
+		}
 		// What the approver was shown, and what the approval binds (the
 		// resource's version), come from this service's definition of
 		// the tool: one other than the call's, or none (a version this
@@ -555,6 +558,28 @@ func (s *Service) decide(ctx context.Context, approver identity.Identity, id str
 		return Approval{}, err
 	}
 	return after.approval, nil
+}
+
+// ErrArgumentIntegrity: the call's stored arguments are not those its
+// events name (rewritten in the store, with a hash of their own): what
+// the approver was shown is not what would run.
+var ErrArgumentIntegrity = errors.New("approvals: the call's stored arguments are not the ones it was requested with")
+
+// argumentsIntact checks that what an approval of f would bind and run
+// is what the call was requested with: the record's arguments hash to
+// its hash, which is the one its requested and approval_pending events
+// name (the preview is the requested event's). Anyone who can write the
+// store can compute a hash for arguments of their own.
+func argumentsIntact(f *found) error {
+	for _, ev := range []*ledger.Event{f.requested, f.pending} {
+		if ev != nil && ev.ArgumentsHash != "" && ev.ArgumentsHash != f.rec.ArgumentsHash {
+			return fmt.Errorf("%w: the record's hash %s, its %s event's %s", ErrArgumentIntegrity, f.rec.ArgumentsHash, ev.Type, ev.ArgumentsHash)
+		}
+	}
+	if err := processors.VerifyArguments(f.rec); err != nil {
+		return fmt.Errorf("%w: %w", ErrArgumentIntegrity, err)
+	}
+	return nil
 }
 
 // ErrResourceChanged: the call's resource changed since the call was

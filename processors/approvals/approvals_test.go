@@ -1510,3 +1510,47 @@ func TestApproveChecksTheExpiryAfterReadingTheVersion(t *testing.T) {
 		}
 	}
 }
+
+// rewrittenArguments is a store whose records' arguments and hash were
+// both rewritten, consistently: the pair agrees, but not with the hash
+// the call's events name.
+type rewrittenArguments struct{ approvals.Store }
+
+func (s rewrittenArguments) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	rec, err := s.Store.Get(ctx, k)
+	if err != nil {
+		return rec, err
+	}
+	rec.Arguments = []byte(`{"amount_cents":999999,"currency":"AUD","order_id":"ord_other"}`)
+	rec.ArgumentsHash, err = ledger.HashCanonicalArguments(rec.Key.TenantID, rec.Tool, rec.ToolVersion, rec.Arguments)
+	return rec, err
+}
+
+// A call whose stored arguments were rewritten with a hash of their own
+// (anyone who can write the store can compute one) is not approved,
+// whatever hash the approver sends: the preview is the requested event's
+// arguments, and the approval would bind and run others. Before, an
+// approval of the record's hash was taken.
+func TestApprovalRefusedForRewrittenArguments(t *testing.T) {
+	f := newFixture(t)
+	k, _ := f.refund("r-rewritten")
+	svc := f.service(func(c *approvals.Config) { c.Store = rewrittenArguments{f.store} })
+	rewritten, err := rewrittenArguments{f.store}.Get(t.Context(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{rewritten.ArgumentsHash, f.record(k).ArgumentsHash} {
+		if _, err := svc.Approve(t.Context(), boss, approvals.ID(k), h); !errors.Is(err, approvals.ErrArgumentIntegrity) && !errors.Is(err, approvals.ErrHashMismatch) {
+			t.Errorf("Approve(%s) of rewritten arguments = %v; want refused", h, err)
+		}
+	}
+	if _, err := svc.Approve(t.Context(), boss, approvals.ID(k), rewritten.ArgumentsHash); !errors.Is(err, approvals.ErrArgumentIntegrity) {
+		t.Errorf("Approve(the record's own hash) = %v; want ErrArgumentIntegrity", err)
+	}
+	if got := f.pub.ofType(t, statemachine.EventApproved); len(got) != 0 {
+		t.Errorf("approved events published: %d; want none", len(got))
+	}
+	if rec := f.record(k); rec.Status != processors.StatusPending {
+		t.Errorf("the call is %s; want it still pending its approval", rec.Status)
+	}
+}

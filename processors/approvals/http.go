@@ -25,6 +25,7 @@ const (
 	CodeNotPending         = "not_pending"
 	CodeExpired            = "expired"
 	CodeHashMismatch       = "hash_mismatch"
+	CodeArgumentIntegrity  = "arguments_integrity"
 	CodeResourceChanged    = "resource_changed"
 	CodeVersionUnconfirmed = "version_unconfirmed"
 	// CodeToolDefinedOtherwise: this service's registry defines the
@@ -118,6 +119,9 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status, code, msg = http.StatusConflict, CodeExpired, "the approval has expired"
 	case errors.Is(err, ErrHashMismatch):
 		status, code, msg = http.StatusConflict, CodeHashMismatch, "arguments_hash is not the hash of the call's arguments; read the approval again"
+	case errors.Is(err, ErrArgumentIntegrity):
+		s.cfg.Logger.Error("approval refused: the call's stored arguments are not the ones it was requested with", "path", r.URL.Path, "err", err)
+		status, code, msg = http.StatusConflict, CodeArgumentIntegrity, "the call's stored arguments are not the ones it was requested with: it cannot be approved; reject it, and have the execution store's writes looked into"
 	case errors.Is(err, ErrResourceChanged):
 		status, code, msg = http.StatusConflict, CodeResourceChanged, err.Error()+": reject it, or let it expire"
 	case errors.Is(err, ErrVersionUnconfirmed):

@@ -1375,7 +1375,16 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			return refuse(*r)
 		}
 	}
-	if err := processors.VerifyArguments(*rec); err != nil {
+	integrity := processors.VerifyArguments(*rec)
+	if integrity == nil && c.tmpl.ArgumentsHash != "" && c.tmpl.ArgumentsHash != rec.ArgumentsHash {
+		// Arguments and hash rewritten together in the store: they
+		// agree, but not with the hash the call's events name, which
+		// its policies decided on and its approver approved. A claim
+		// from the log compares them; one from a sweep claims with the
+		// record's own.
+		integrity = fmt.Errorf("the record's arguments hash %s is not the call's %s", rec.ArgumentsHash, c.tmpl.ArgumentsHash)
+	}
+	if err := integrity; err != nil {
 		// What would run is not what was validated, hashed and
 		// approved: it never runs.
 		log.Error("arguments do not match their hash", "err", err)
@@ -1742,8 +1751,8 @@ func (x *Executor) denyMismatched(ctx context.Context, tmpls []ledger.Event, rec
 
 // recheckApproval checks an approved call right before it runs: the
 // approval is still valid, and the policies in force now still allow the
-// call. (That the arguments are the approved ones the claim already
-// checked: the record's hash is the approved hash, and VerifyArguments
+// call. (That the arguments are the approved ones executeCall checks
+// next: the record's hash is the approved event's, and VerifyArguments
 // checks that what runs hashes to it. That the approval is used once the
 // claim ensures: an approved call is claimed once.) It returns the
 // completion that denies the call, and false, when a check fails.

@@ -1554,6 +1554,40 @@ func (s tamperedArguments) Claim(ctx context.Context, cs []processors.Claim) ([]
 	return res, err
 }
 
+// tamperedPair is a store whose claims return a record whose arguments
+// and hash were both rewritten, consistently: the pair agrees, but not
+// with the hash the call's events name.
+type tamperedPair struct{ executor.Store }
+
+func (s tamperedPair) Claim(ctx context.Context, cs []processors.Claim) ([]processors.ClaimResult, error) {
+	res, err := s.Store.Claim(ctx, cs)
+	for i := range res {
+		rec := &res[i].Record
+		rec.Arguments = []byte(`{"title":"changed"}`)
+		h, herr := ledger.HashCanonicalArguments(rec.Key.TenantID, rec.Tool, rec.ToolVersion, rec.Arguments)
+		if herr != nil {
+			return nil, herr
+		}
+		rec.ArgumentsHash = h
+	}
+	return res, err
+}
+
+// A call whose stored arguments were rewritten with a hash of their own
+// (anyone who can write the store can compute one) never runs: the
+// record's hash must be the one the call's events name, which its
+// policies decided on and an approver approved. Before, a claim that
+// took the record's hash (a sweep's) ran the new arguments, and its
+// events named the old hash.
+func TestRewrittenArgumentsAndHashNeverRun(t *testing.T) {
+	r := newRig(t)
+	x := r.executor(func(c *executor.Config) { c.Store = tamperedPair{c.Store} })
+	stepEndsAs(t, x, r.admit("create_ticket", "rewritten", map[string]any{"title": "t"}, 0), []string{"denied(" + executor.ReasonArgumentIntegrity + ")"}, "")
+	if n := r.backend.Requests(); n != 0 {
+		t.Errorf("%d requests reached the tool; want none", n)
+	}
+}
+
 // A call whose stored arguments no longer match their hash never runs,
 // and is denied; but one taken over from an owner that died is left to
 // the reconciler (outcome_unknown): its first owner may have sent it.
