@@ -2499,9 +2499,10 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 	}
 	// And the policies in force, as at its start: a version activated
 	// during a retry's backoff or the wait for a slot decides whether it
-	// leaves (the first attempt's decision is recheckApproval's, just
-	// made).
-	if attempt > 1 && c.rechecked != nil {
+	// leaves. The first attempt's too: recheckApproval decided before
+	// the wait for a slot, which may last most of the claim's lease, or
+	// until the call's deadline.
+	if c.rechecked != nil {
 		if hb := x.stillAllowed(ctx, c, tool, rec, tmpl); hb != nil {
 			return httptool.Response{}, hb
 		}

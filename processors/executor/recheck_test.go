@@ -749,6 +749,43 @@ func (s switchingDecider) Decide(ctx context.Context, r policy.Request) policy.D
 	return s.first.Decide(ctx, r)
 }
 
+// activatedAfterRecheck is a switchingDecider whose switch comes right
+// after its first decision: a version activated while an approved call
+// waited for a slot, after its re-check.
+type activatedAfterRecheck struct{ switchingDecider }
+
+func (d activatedAfterRecheck) Decide(ctx context.Context, r policy.Request) policy.Decision {
+	dec := d.switchingDecider.Decide(ctx, r)
+	d.switched.Store(true)
+	return dec
+}
+
+// The policies in force decide an approved call's first request too,
+// right before it leaves, not only at the re-check before its wait for a
+// slot: a version activated during the wait that denies the call wins,
+// and nothing is sent. Before, only retries were decided again.
+func TestPoliciesDecideTheFirstRequest(t *testing.T) {
+	allow := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
+	deny := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("no-refunds") forbid (principal, action == Action::"tool::refund_order", resource);
+@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
+	r := newRig(t)
+	_, approved := r.admitApproved("kf", time.Now().Add(time.Hour), "")
+	x := r.executor(func(c *executor.Config) {
+		c.Policy = activatedAfterRecheck{switchingDecider{allow, deny, new(atomic.Bool)}}
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{approved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"denied(" + policy.ReasonDeniedByPolicy + ")"}, summary(evs)); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if n := r.backend.Requests(); n != 0 {
+		t.Errorf("%d requests reached the tool; want none", n)
+	}
+}
+
 // unavailable is an engine with no set to decide with (an activation
 // whose files have not reached this executor yet).
 type unavailable struct{}
