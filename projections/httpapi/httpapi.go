@@ -15,7 +15,10 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
@@ -146,6 +149,22 @@ type Server struct {
 	// waitsEndedCtx is cancelled by EndWaits.
 	waitsEndedCtx context.Context
 	endWaits      context.CancelFunc
+	// healthRun runs the checks for every /healthz asked meanwhile, and
+	// healthLast is their last answer, served for healthFresh: anyone
+	// may ask /healthz, and each ask pinged ClickHouse (from the
+	// lookups' pool) and Kafka, and logged every failed check.
+	healthRun  singleflight.Group
+	healthLast atomic.Pointer[healthAnswer]
+}
+
+// healthFresh is how long a /healthz answer is served again.
+const healthFresh = time.Second
+
+// healthAnswer is a /healthz answer and when its checks ended.
+type healthAnswer struct {
+	code int
+	body map[string]any
+	at   time.Time
 }
 
 // New returns the API.
@@ -738,13 +757,28 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 const callIndexRetryAfter = "5"
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	// All at once, each within the budget: one that hangs (a broker
-	// that does not answer) does not use up the others'.
+	h := s.healthLast.Load()
+	if h == nil || time.Since(h.at) >= healthFresh {
+		v, _, _ := s.healthRun.Do("", func() (any, error) {
+			h := s.checkHealth()
+			s.healthLast.Store(h)
+			return h, nil
+		})
+		h = v.(*healthAnswer)
+	}
+	writeJSON(w, h.code, h.body)
+}
+
+// checkHealth runs the checks: all at once, each within the budget, so
+// that one that hangs (a broker that does not answer) does not use up the
+// others'. Not bound to one asker's request: its answer is every
+// asker's.
+func (s *Server) checkHealth() *healthAnswer {
 	errs := make([]error, len(s.cfg.Checks))
 	var wg sync.WaitGroup
 	for i, c := range s.cfg.Checks {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			errs[i] = c.Check(ctx)
 		})
@@ -768,5 +802,5 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		}
 		checks[c.Name] = "ok"
 	}
-	writeJSON(w, code, map[string]any{"status": status, "checks": checks})
+	return &healthAnswer{code: code, body: map[string]any{"status": status, "checks": checks}, at: time.Now()}
 }

@@ -333,6 +333,48 @@ func TestHealthDegraded(t *testing.T) {
 	}
 }
 
+// /healthz, which anyone may ask, runs its checks once for every asker
+// meanwhile and serves that answer for a second: each run pings
+// ClickHouse from the lookups' pool and Kafka, and logs every failed
+// check, so that a crowd of askers took both from the agents during an
+// outage. Every asker still gets the answer, failures included.
+func TestHealthChecksOnceForManyAskers(t *testing.T) {
+	var runs atomic.Int32
+	api, err := httpapi.New(httpapi.Config{Publisher: &publisher{}, Checks: []httpapi.Check{{Name: "clickhouse", Check: func(context.Context) error {
+		runs.Add(1)
+		time.Sleep(50 * time.Millisecond) // a slow ClickHouse
+		return errors.New("down")
+	}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(api)
+	t.Cleanup(srv.Close)
+	const askers = 40
+	var wg sync.WaitGroup
+	var unavailable atomic.Int32
+	for range askers {
+		wg.Go(func() {
+			resp, err := http.Get(srv.URL + "/healthz")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				unavailable.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := runs.Load(); n > 2 {
+		t.Errorf("%d askers at once ran the checks %d times; want once (twice if a run ended as others arrived)", askers, n)
+	}
+	if n := unavailable.Load(); n != askers {
+		t.Errorf("%d of %d askers told unavailable; want all", n, askers)
+	}
+}
+
 // health is a /healthz answer.
 type health struct {
 	Status string
