@@ -309,7 +309,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	reconciler, err := executor.NewReconciler(executor.ReconcilerConfig{
 		Registry: reg, Store: st, Looker: httptool.New(httptool.Config{}), Credentials: broker, Secrets: f.creds.keystore(dataDir),
 		BaseURL: "http://" + backendLn.Addr().String(), Topics: topics, Owner: "reconciler/" + instance,
-		Logger: logger.With("processor", "reconciler"), Compensator: undo, Metrics: reconcileMetrics,
+		Logger: logger.With("processor", "reconciler"), Compensator: undo, Metrics: reconcileMetrics, Freezes: controls,
 	})
 	if err != nil {
 		return err

@@ -734,7 +734,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 					Registry: reg, Store: st, Looker: tf.client(nil), Credentials: broker, Secrets: cf.keystore(rf.store.dataDir),
 					BaseURL: tf.base, Topics: g.kafka.topics(), Owner: "reconciler/" + rf.instance,
 					Logger: logger.With("processor", "reconciler"), Compensator: undo, Metrics: rf.obs.metrics,
-					UnansweredFor: unanswered,
+					UnansweredFor: unanswered, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(),
 				})
 				if err != nil {
 					return nil, err

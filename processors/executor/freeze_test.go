@@ -701,3 +701,40 @@ func TestRevocationHeardFirstAtTheTool(t *testing.T) {
 		r.givenBack(auth)
 	}
 }
+
+// The reconciler sends no status lookup to a frozen tool, nor while
+// whether it is frozen cannot be known: no credential minted, no
+// backend secret sent, nothing recorded. The call waits, its lookups not
+// counted as failing, and is settled by its lookup once the freeze is
+// lifted. Before, the lookups kept reaching the frozen tool at every
+// sweep.
+func TestReconcilerLooksNothingUpAtAFrozenTool(t *testing.T) {
+	r := newRig(t)
+	unknown := r.unknownLostResponse("frozen-lookup")
+	freezes := &switchedFreezes{fresh: make(chan struct{})}
+	freezes.on.Store(true)
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Freezes = freezes })
+	before := r.backend.Requests()
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("frozen: %q; want nothing recorded", got)
+	}
+	freezes.on.Store(false)
+	freezes.stale.Store(true)
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("the kill switch's state not known current: %q; want nothing recorded", got)
+	}
+	if n := r.backend.Requests() - before; n != 0 {
+		t.Errorf("%d status lookups reached the tool; want none", n)
+	}
+	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "frozen-lookup"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if note, ok := rec.UnansweredAt(); ok {
+		t.Errorf("the call's note of unanswered lookups: %+v; want none (held lookups are not failures)", note)
+	}
+	close(freezes.fresh)
+	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(rc, unknown)); diff != "" {
+		t.Errorf("lifted and current (-want +got):\n%s", diff)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/compensation"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
@@ -229,6 +230,18 @@ type ReconcilerConfig struct {
 	// again, which is safe, since a call has one compensation key and
 	// the intake admits it once.
 	UndoAttempts int
+	// Freezes, if set, is the kill switch: a status lookup of a frozen
+	// tool (for every tenant, or for the call's) is not sent, nor one
+	// while the copy of the control topic is not known to hold every
+	// freeze made up to ControlMaxStaleness ago (waited for up to a
+	// second). The call waits for a later sweep, as for a lookup its
+	// breaker held off, but its lookups are not counted as failing: a
+	// freeze is no reason to hand a call to a human, nor, under
+	// undo_unknown, to undo it.
+	Freezes Freezes
+	// ControlMaxStaleness is Config.ControlMaxStaleness, for Freezes.
+	// Zero: control.DefaultMaxStaleness; negative: not checked.
+	ControlMaxStaleness time.Duration
 	// Metrics, if set, counts the requests for automatic compensations.
 	Metrics ReconcilerMetrics
 	Breaker BreakerConfig
@@ -354,6 +367,9 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	}
 	if cfg.UnansweredFor <= 0 {
 		cfg.UnansweredFor = DefaultUnansweredFor
+	}
+	if cfg.ControlMaxStaleness == 0 {
+		cfg.ControlMaxStaleness = control.DefaultMaxStaleness
 	}
 	if cfg.SweepEvery <= 0 {
 		cfg.SweepEvery = 10 * time.Second
@@ -713,6 +729,12 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		// if its policy says so.
 		return r.parkOrWait(rec, tmpl, tool, ReasonLookupFailed, "bad status lookup url")
 	}
+	if why := r.heldByKillSwitch(ctx, tool.Name, rec.Key.TenantID); why != "" {
+		// Nothing minted, nothing sent, nothing counted: asked again
+		// at a later sweep.
+		log.Debug("status lookup held: " + why)
+		return pendingMove{}, false, nil
+	}
 	var bearer string
 	if r.cfg.Credentials != nil {
 		cred, err := r.cfg.Credentials.Mint(credentials.Grant{
@@ -821,6 +843,28 @@ attempts:
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
 	return r.unanswered(ctx, rec, tmpl, tool, last, "the status lookups of its last pass failed or were held off, and none answered", pending)
+}
+
+// heldByKillSwitch says why a status lookup of tool for tenant is not to
+// be sent now: the tool is frozen, or whether it is cannot be known. ""
+// when it may be sent. As a call's requests, no lookup reaches a frozen
+// tool, with a credential or the backend's secret.
+func (r *Reconciler) heldByKillSwitch(ctx context.Context, tool, tenant string) string {
+	if r.cfg.Freezes == nil {
+		return ""
+	}
+	if r.cfg.ControlMaxStaleness > 0 {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := r.cfg.Freezes.Current(cctx, r.cfg.ControlMaxStaleness)
+		cancel()
+		if err != nil {
+			return "the kill switch's state is not known current: " + err.Error()
+		}
+	}
+	if a, ok := r.cfg.Freezes.Frozen(tool, tenant); ok {
+		return "the tool is frozen (" + a.Subject + ")"
+	}
+	return ""
 }
 
 // errNotSettled: a status lookup's answer said the call is not settled.
