@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -207,9 +208,35 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 		page.Lines[1] = fmt.Sprintf("This freeze replaced the tenant's own, by %s at %s: %s. That one stays in force: calls to %s for %s stay refused until the tenant lifts it.",
 			own.By, own.At.UTC().Format(time.RFC3339), own.Reason, tool, scope)
 	}
+	if line := stillFrozen(snap.Freezes, tool, tenant, scope); line != "" {
+		page.Lines = append(page.Lines, line)
+	}
 	page.Hidden = []hidden{{"tool", tool}, {"tenant", tenant}, {"freeze_at", fr.At.UTC().Format(time.RFC3339Nano)}}
 	page.Ready = true
 	c.render(w, r, s, "confirm", "Unfreeze "+tool, page)
+}
+
+// stillFrozen says which of freezes keeps tool frozen once its freeze for
+// tenant ("": every tenant) is lifted: the freeze of every tenant, for a
+// tenant's; the tenants' own, for every tenant's. "" when none does.
+func stillFrozen(freezes []ledger.ControlAction, tool, tenant, scope string) string {
+	if tenant != "" {
+		if slices.ContainsFunc(freezes, func(a ledger.ControlAction) bool { return a.Tool == tool && a.Tenant == "" }) {
+			return fmt.Sprintf("But %s is also frozen for every tenant, which stays in force: calls to %s for %s stay refused until a platform operator lifts that freeze.", tool, tool, scope)
+		}
+		return ""
+	}
+	var own []string
+	for _, a := range freezes {
+		if a.Tool == tool && a.Tenant != "" {
+			own = append(own, a.Tenant)
+		}
+	}
+	if len(own) == 0 {
+		return ""
+	}
+	slices.Sort(own)
+	return fmt.Sprintf("But not for these tenants, whose own freezes of %s stay in force: %s.", tool, strings.Join(own, ", "))
 }
 
 func (c *Console) postUnfreeze(w http.ResponseWriter, r *http.Request, s *session) {

@@ -1143,10 +1143,18 @@ func TestConfirmationPagesCount(t *testing.T) {
 			htmlEscape("This freeze replaced the tenant's own, by olga at " + t0.Add(-2*time.Hour).UTC().Format(time.RFC3339) + ": our loop. That one stays in force: calls to lookup_order for tenant acme stay refused until the tenant lifts it."),
 			`action="/health/unfreeze"`,
 		}},
+		// Lifting the tenant's own says that the freeze of every tenant
+		// stays; lifting that one, that the tenants' own stay.
+		{"/health/unfreeze?tool=export_data&tenant=acme", []string{
+			"But export_data is also frozen for every tenant, which stays in force: calls to export_data for tenant acme stay refused until a platform operator lifts that freeze.",
+		}},
+		{"/health/unfreeze?tool=export_data&platform=1", []string{
+			"But not for these tenants, whose own freezes of export_data stay in force: acme.",
+		}},
 	} {
 		w := b.get(tc.page)
 		body := w.Body.String()
-		if strings.Contains(tc.page, "lookup_order") {
+		if strings.Contains(tc.page, "lookup_order") || strings.Contains(tc.page, "platform=1") {
 			// Only a platform operator lifts that freeze.
 			body = fx.signedIn(assertPlatform).get(tc.page).Body.String()
 		}

@@ -371,6 +371,8 @@ func newFakeAPI() *fakeAPI {
 				// Every tenant's, as the control API shows it to a tenant
 				// operator: without who or why.
 				{V: 1, Kind: "freeze", Subject: "tool:export_data", Tool: "export_data", ByTenant: "*", At: t0.Add(-10 * time.Minute)},
+				// And the tenant's own, under it.
+				{V: 1, Kind: "freeze", Subject: "tool:export_data@acme", Tool: "export_data", Tenant: "acme", By: "olga", ByTenant: "acme", Reason: "our export loop", At: t0.Add(-5 * time.Minute)},
 			},
 			"revocations": []ledger.ControlAction{{V: 1, Kind: "revoke", Subject: "jti:j1", JTI: "j1", By: "olga", Reason: "leak", At: t0}},
 		})

@@ -405,11 +405,14 @@ type breaker struct {
 }
 
 type healthPage struct {
-	Health      *Health
-	HealthErr   string
-	Breakers    []breaker
-	Lag         string
-	Freezes     []ledger.ControlAction
+	Health    *Health
+	HealthErr string
+	Breakers  []breaker
+	Lag       string
+	Freezes   []ledger.ControlAction
+	// FrozenTools counts the tools Freezes names: a tool frozen for
+	// every tenant and for one is one frozen tool.
+	FrozenTools int
 	Revocations int
 	ControlErr  string
 }
@@ -435,6 +438,11 @@ func (c *Console) serveHealth(w http.ResponseWriter, r *http.Request, s *session
 		p.ControlErr = describe(err)
 	} else {
 		p.Freezes, p.Revocations = snap.Freezes, len(snap.Revocations)
+		tools := make(map[string]bool, len(snap.Freezes))
+		for _, a := range snap.Freezes {
+			tools[a.Tool] = true
+		}
+		p.FrozenTools = len(tools)
 	}
 	c.render(w, r, s, "health", "Health", p)
 }
