@@ -66,7 +66,12 @@ type QueryConfig struct {
 	// WriteTimeout bounds the writing of an answer (up to 100,000 calls,
 	// in memory until written): an operator's client that asks and does
 	// not read holds its connection and that memory no longer than
-	// this. Default: DefaultAnswerWriteTimeout.
+	// this. The answers being written are bounded too, as the questions
+	// running are: MaxQuestionsPerTenant of a tenant's (one more is
+	// answered 429 too_many_answers), and answersPerQuestion times
+	// MaxQuestions in all, so that a client that asks and never reads
+	// cannot pile answers up in memory. Default:
+	// DefaultAnswerWriteTimeout.
 	WriteTimeout time.Duration
 	// MaxQuestionsPerTenant bounds the questions (blast radius, outcomes,
 	// unresolved: the scans) that the operators of one tenant ("*" for
@@ -139,7 +144,8 @@ func QueryHandler(cfg QueryConfig) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	q := &queries{cfg: cfg, limit: newLimiter(cfg.MaxQuestionsPerTenant, cfg.MaxQuestions, "questions", "too_many_questions")}
+	q := &queries{cfg: cfg, limit: newLimiter(cfg.MaxQuestionsPerTenant, cfg.MaxQuestions, "questions", "too_many_questions"),
+		answers: newLimiter(cfg.MaxQuestionsPerTenant, answersPerQuestion*cfg.MaxQuestions, "answers being written (asked, and not yet read)", "too_many_answers")}
 	mux := http.NewServeMux()
 	auth := cfg.Guard
 	mux.HandleFunc("GET "+PathBlastRadius, auth(q.blastRadius))
@@ -155,7 +161,17 @@ type queries struct {
 	// limit bounds the questions running, MaxQuestionsPerTenant of a
 	// tenant's operators and MaxQuestions in all.
 	limit *limiter
+	// answers bounds the questions asked and not yet answered whole:
+	// running, or their answers being written. A tenant's are as many
+	// as its questions may be; in all, more than the questions, so that
+	// one tenant's unread answers do not keep every other tenant's
+	// questions out.
+	answers *limiter
 }
+
+// answersPerQuestion is how many answers may be held, in all, for each
+// question that may run.
+const answersPerQuestion = 4
 
 // limiter bounds the requests of one kind running at once: perTenant of
 // one tenant's and all of every tenant's, so that one tenant cannot
@@ -315,6 +331,13 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 	if !ok {
 		return
 	}
+	// Asked first, so that a question running says so.
+	answered, ok := q.answers.start(w, id.Tenant)
+	if !ok {
+		end()
+		return
+	}
+	defer answered()
 	ctx, cancel := context.WithTimeout(r.Context(), q.cfg.Timeout)
 	defer cancel()
 	v, toCSV, err := func() (any, func(io.Writer) error, error) {
@@ -407,6 +430,13 @@ func (q *queries) trace(w http.ResponseWriter, r *http.Request, id Operator) {
 	if !ok {
 		return
 	}
+	// Asked first, so that a question running says so.
+	answered, ok := q.answers.start(w, id.Tenant)
+	if !ok {
+		end()
+		return
+	}
+	defer answered()
 	ctx, cancel := context.WithTimeout(r.Context(), q.cfg.Timeout)
 	defer cancel()
 	evs, err := q.cfg.Queries.Trace(ctx, key)

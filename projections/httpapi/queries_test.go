@@ -376,6 +376,35 @@ func TestQuestionSlotNotHeldByASlowReader(t *testing.T) {
 	}
 }
 
+// The answers a tenant's clients asked for and do not read are bounded as
+// its questions are: past MaxQuestionsPerTenant of them, its next
+// question is answered 429 too_many_answers, while another tenant's goes
+// through. Before, each question's slot went back once the store
+// answered, so a client that asked and never read piled up answers of up
+// to 100,000 calls, each held for WriteTimeout, until the API ran out
+// of memory.
+func TestUnreadAnswersBounded(t *testing.T) {
+	srv, as := operatorsServer(t, httpapi.QueryConfig{Queries: bigAnswers{}, MaxQuestionsPerTenant: 2}, nil)
+	for range 2 {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		// Asks, and never reads the answer.
+		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", httpapi.PathBlastRadius+"?tool=refund_order", as("t_a"))
+	}
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if status, code, _ := getAs(t, srv.URL+httpapi.PathBlastRadius+"?tool=refund_order&limit=1", as("t_a")); status != http.StatusTooManyRequests || code != "too_many_answers" {
+			return fmt.Errorf("a third question of the tenant with two answers unread: %d %q; want 429 too_many_answers", status, code)
+		}
+		return nil
+	})
+	if status, code, _ := getAs(t, srv.URL+httpapi.PathBlastRadius+"?tool=refund_order&limit=1", as("t_b")); status != http.StatusOK {
+		t.Errorf("another tenant's question meanwhile: %d %q; want 200", status, code)
+	}
+}
+
 // An answer a client does not read is given up after WriteTimeout: the
 // server closes the connection, and lets the answer's memory go. Before,
 // nothing bounded it, and an operator could hold answers of 100,000
