@@ -33,7 +33,6 @@ func newAPICmd(g *globals) *cobra.Command {
 	var (
 		ch                clickhouseFlags
 		idf               identityFlags
-		agentsAudience    string
 		agentsMaxLifetime time.Duration
 		httpAddr          string
 		approvalsURL      string
@@ -75,14 +74,13 @@ person's assertion.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			logger := g.logger()
+			agentsAudience := idf.otherAudience
 			if agentsAudience == idf.audience {
 				// Then an agent's assertion for a user who is an operator
 				// would open the console and the operators' APIs.
 				return fmt.Errorf("--agents-audience %q is the staff's --staff-audience: the agents' assertions must name another", agentsAudience)
 			}
-			staffTrust := idf
-			staffTrust.others = []string{agentsAudience}
-			staff, err := staffTrust.verifier(ctx, logger)
+			staff, err := idf.verifier(ctx, logger)
 			if err != nil {
 				return fmt.Errorf("the console and the queries need operators' and approvers' keys: %w", err)
 			}
@@ -105,7 +103,7 @@ person's assertion.`,
 				return err
 			}
 			agentsTrust := idf
-			agentsTrust.audience, agentsTrust.staff, agentsTrust.others = agentsAudience, false, []string{idf.audience}
+			agentsTrust.audience, agentsTrust.staff, agentsTrust.otherAudience = agentsAudience, false, idf.audience
 			// Its own bound, not the console sessions' (which operators
 			// may raise): the intake's --max-assertion-lifetime.
 			agentsTrust.maxLifetime = agentsMaxLifetime
@@ -232,7 +230,6 @@ person's assertion.`,
 	fs.StringVar(&operatorsURL, "operators-url", "", "base URL of the operators' APIs ('ledger reconciler --http-addr'); empty: /v1/control, /v1/resolutions and /v1/compensations are not served")
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
 	fs.DurationVar(&agentsMaxLifetime, "agents-max-assertion-lifetime", identity.DefaultMaxLifetime, "the longest an agent's assertion for GET /v1/calls/{key} and POST /v1/calls may be valid: the intake's --max-assertion-lifetime (--max-assertion-lifetime here bounds the staff's)")
-	fs.StringVar(&agentsAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' identity assertions that GET /v1/calls/{key} and POST /v1/calls take (from --issuer, keys from --jwks-*): the intake's --audience")
 	fs.StringVar(&resultsDSN, "crdb-dsn", "", "the execution store's CockroachDB (or PostgreSQL) DSN, read only (no DDL and no writes: a user granted SELECT on execution_records is enough): agents' calls are then served with their results; empty: without (result_withheld not_served)")
 	fs.BoolVar(&secureCookies, "secure-cookies", true, "mark the console's cookies Secure and send HSTS (the console is served over TLS, here or by a proxy in front); false only for plain-HTTP trials")
 	return cmd

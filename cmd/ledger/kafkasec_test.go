@@ -220,6 +220,10 @@ func TestBenchNodeKafkaEnv(t *testing.T) {
 // LEDGER_AUDIENCE that every role's configuration shares gave both the
 // same audience, and an agent's assertion for a user who approves could
 // approve. A staff audience empty or the agents' default is refused.
+// Each role also knows the other's audience, to refuse an assertion that
+// names both: the staff's commands as --agents-audience, the intake as
+// --staff-audience (the same variables every role's configuration
+// shares), which never becomes the intake's own.
 func TestStaffCommandsAudience(t *testing.T) {
 	root := newRoot()
 	for _, path := range [][]string{{"api"}, {"approvals", "serve"}, {"reconciler"}, {"projector"}, {"intake"}} {
@@ -227,15 +231,18 @@ func TestStaffCommandsAudience(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", path, err)
 		}
-		flag, want, other := "staff-audience", identity.ApproverAudience, "audience"
+		flag, want, other, otherWant := "staff-audience", identity.ApproverAudience, "agents-audience", identity.DefaultAudience
 		if path[0] == "intake" {
-			flag, want, other = "audience", identity.DefaultAudience, "staff-audience"
+			flag, want, other, otherWant = "audience", identity.DefaultAudience, "staff-audience", identity.ApproverAudience
 		}
 		if f := cmd.Flags().Lookup(flag); f == nil || f.DefValue != want {
 			t.Errorf("ledger %s --%s: %+v; want the default %s", strings.Join(path, " "), flag, f, want)
 		}
-		if cmd.Flags().Lookup(other) != nil {
-			t.Errorf("ledger %s has --%s; want only --%s", strings.Join(path, " "), other, flag)
+		if f := cmd.Flags().Lookup(other); f == nil || f.DefValue != otherWant || !strings.Contains(f.Usage, "refused") {
+			t.Errorf("ledger %s --%s: %+v; want the other role's audience, default %s, refused besides its own", strings.Join(path, " "), other, f, otherWant)
+		}
+		if path[0] != "intake" && cmd.Flags().Lookup("audience") != nil {
+			t.Errorf("ledger %s has --audience; want only --%s", strings.Join(path, " "), flag)
 		}
 	}
 	jwks := filepath.Join(t.TempDir(), "jwks.json")

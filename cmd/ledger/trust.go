@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,14 +40,16 @@ type identityFlags struct {
 	maxLifetime time.Duration
 	// staff: the callers are approvers and operators (registerStaff).
 	staff bool
-	// others are the other role's audiences besides its default (the
-	// agents' --agents-audience for the staff's verifier of ledger api,
-	// the staff's for its agents'): an assertion naming one is refused.
-	others []string
+	// otherAudience is the other role's audience as the deployment
+	// configures it (the agents' roles' --staff-audience, the staff's
+	// --agents-audience): an assertion naming it too is refused, as one
+	// naming the other role's default is.
+	otherAudience string
 }
 
 func (f *identityFlags) register(fs *pflag.FlagSet) {
 	f.registerFor(fs, "audience", identity.DefaultAudience, "the audience assertions must name")
+	fs.StringVar(&f.otherAudience, "staff-audience", identity.ApproverAudience, "the audience of the approvers' and operators' assertions (the staff roles' --staff-audience): an assertion that names it besides this role's is refused (aud_mismatch), as one naming its default is, so that a token issued for both never submits calls")
 }
 
 // registerStaff registers the flags of a command whose callers are staff
@@ -59,6 +63,7 @@ func (f *identityFlags) register(fs *pflag.FlagSet) {
 func (f *identityFlags) registerStaff(fs *pflag.FlagSet) {
 	f.staff = true
 	f.registerFor(fs, "staff-audience", identity.ApproverAudience, "the audience the approvers' and operators' assertions must name; never the agents' (the intake's --audience)")
+	fs.StringVar(&f.otherAudience, "agents-audience", identity.DefaultAudience, "the audience of the agents' assertions (the intake's --audience): a staff assertion that names it besides --staff-audience is refused (aud_mismatch), as one naming its default is, so that a token issued for both never approves, freezes or asks; ledger api also takes the agents' calls and lookups under it")
 }
 
 func (f *identityFlags) registerFor(fs *pflag.FlagSet, audienceFlag, audience, audienceUsage string) {
@@ -80,8 +85,8 @@ func (f *identityFlags) verifier(ctx context.Context, logger *slog.Logger) (*ide
 	}
 	// Empty would mean identity's default, the agents' audience.
 	switch {
-	case f.staff && (f.audience == "" || f.audience == identity.DefaultAudience):
-		return nil, fmt.Errorf("--staff-audience %q: the approvers' and operators' assertions must name an audience of their own, not empty and not the agents' %q, or an agent's assertion for a user who approves would approve", f.audience, identity.DefaultAudience)
+	case f.staff && (f.audience == "" || f.audience == identity.DefaultAudience || f.audience == f.otherAudience):
+		return nil, fmt.Errorf("--staff-audience %q: the approvers' and operators' assertions must name an audience of their own, not empty and not the agents' (%q, --agents-audience %q), or an agent's assertion for a user who approves would approve", f.audience, identity.DefaultAudience, f.otherAudience)
 	case f.audience == "":
 		return nil, errors.New("--audience must not be empty")
 	}
@@ -91,12 +96,13 @@ func (f *identityFlags) verifier(ctx context.Context, logger *slog.Logger) (*ide
 }
 
 // otherAudiences are identity.Config.OtherAudiences: the other role's
-// default audience, and those the command knows of.
+// default audience, and its audience as configured.
 func (f *identityFlags) otherAudiences() []string {
+	other := identity.ApproverAudience
 	if f.staff {
-		return append([]string{identity.DefaultAudience}, f.others...)
+		other = identity.DefaultAudience
 	}
-	return append([]string{identity.ApproverAudience}, f.others...)
+	return slices.Compact([]string{other, cmp.Or(f.otherAudience, other)})
 }
 
 // devIdentity loads (creating on first use) the dev issuer's key in the

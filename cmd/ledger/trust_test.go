@@ -420,17 +420,23 @@ func TestAssertionForBothRolesRefused(t *testing.T) {
 		}
 		return a
 	}
-	verifier := func(staff bool, audience string, others ...string) *identity.Verifier {
-		f := identityFlags{others: others}
+	// verifier is a role's, its audience audience and the other role's
+	// other ("": its default).
+	verifier := func(staff bool, audience, other string) *identity.Verifier {
+		var f identityFlags
 		fs := pflag.NewFlagSet("role", pflag.ContinueOnError)
-		audFlag := "--audience"
+		audFlag, otherFlag := "--audience", "--staff-audience"
 		if staff {
 			f.registerStaff(fs)
-			audFlag = "--staff-audience"
+			audFlag, otherFlag = "--staff-audience", "--agents-audience"
 		} else {
 			f.register(fs)
 		}
-		if err := fs.Parse([]string{"--issuer", DevIssuer, "--jwks-file", jwks, audFlag, audience}); err != nil {
+		args := []string{"--issuer", DevIssuer, "--jwks-file", jwks, audFlag, audience}
+		if other != "" {
+			args = append(args, otherFlag, other)
+		}
+		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
 		v, err := f.verifier(t.Context(), nil)
@@ -445,13 +451,18 @@ func TestAssertionForBothRolesRefused(t *testing.T) {
 		aud  []string
 		ok   bool
 	}{
-		{"intake, both defaults", verifier(false, identity.DefaultAudience), []string{identity.DefaultAudience, identity.ApproverAudience}, false},
-		{"staff, both defaults", verifier(true, identity.ApproverAudience), []string{identity.ApproverAudience, identity.DefaultAudience}, false},
-		// ledger api's: each knows the other's audience as configured.
-		{"api's staff, the agents' own audience too", verifier(true, "ops", "bots"), []string{"ops", "bots"}, false},
-		{"api's agents, the staff's own audience too", verifier(false, "bots", "ops"), []string{"bots", "ops"}, false},
-		{"intake, its own and a stranger's", verifier(false, identity.DefaultAudience), []string{identity.DefaultAudience, "billing"}, true},
-		{"staff, its own alone", verifier(true, identity.ApproverAudience), []string{identity.ApproverAudience}, true},
+		{"intake, both defaults", verifier(false, identity.DefaultAudience, ""), []string{identity.DefaultAudience, identity.ApproverAudience}, false},
+		{"staff, both defaults", verifier(true, identity.ApproverAudience, ""), []string{identity.ApproverAudience, identity.DefaultAudience}, false},
+		// Every role knows the other's audience as configured
+		// (LEDGER_AGENTS_AUDIENCE, LEDGER_STAFF_AUDIENCE): approvals
+		// serve, the reconciler and the projector too, not only ledger
+		// api, which forwards approvals and control requests to them.
+		{"staff, the agents' configured audience too", verifier(true, "ops", "bots"), []string{"ops", "bots"}, false},
+		{"staff, the agents' default too, another configured", verifier(true, "ops", "bots"), []string{"ops", identity.DefaultAudience}, false},
+		{"intake, the staff's configured audience too", verifier(false, "bots", "ops"), []string{"bots", "ops"}, false},
+		{"intake, its own and a stranger's", verifier(false, identity.DefaultAudience, ""), []string{identity.DefaultAudience, "billing"}, true},
+		{"staff, its own alone", verifier(true, identity.ApproverAudience, ""), []string{identity.ApproverAudience}, true},
+		{"staff with custom audiences, its own alone", verifier(true, "ops", "bots"), []string{"ops"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.v.Verify(t.Context(), mint(tc.aud...))
