@@ -201,7 +201,8 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 		c.render(w, r, s, "confirm", "Unfreeze "+tool, page)
 		return
 	}
-	page.Lines = []string{frozen, "Calls to " + tool + " for " + scope + " will be accepted and run again."}
+	runAgain := "Calls to " + tool + " for " + scope + " will be accepted and run again."
+	page.Lines = []string{frozen, runAgain}
 	if own := fr.Replaced; fr.ByTenant == "*" && own != nil && own.Kind == "freeze" && own.Tenant == tenant && tenant != "" {
 		// The unfreeze puts the tenant's own freeze back (the
 		// control API's Restored): the tool stays frozen for it.
@@ -209,7 +210,11 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 			own.By, own.At.UTC().Format(time.RFC3339), own.Reason, tool, scope)
 	}
 	if line := stillFrozen(snap.Freezes, tool, tenant, scope); line != "" {
-		page.Lines = append(page.Lines, line)
+		if page.Lines[1] == runAgain {
+			page.Lines[1] = line // "will run again" it contradicts
+		} else {
+			page.Lines = append(page.Lines, line)
+		}
 	}
 	page.Hidden = []hidden{{"tool", tool}, {"tenant", tenant}, {"freeze_at", fr.At.UTC().Format(time.RFC3339Nano)}}
 	page.Ready = true
@@ -222,7 +227,7 @@ func (c *Console) serveUnfreezeConfirm(w http.ResponseWriter, r *http.Request, s
 func stillFrozen(freezes []ledger.ControlAction, tool, tenant, scope string) string {
 	if tenant != "" {
 		if slices.ContainsFunc(freezes, func(a ledger.ControlAction) bool { return a.Tool == tool && a.Tenant == "" }) {
-			return fmt.Sprintf("But %s is also frozen for every tenant, which stays in force: calls to %s for %s stay refused until a platform operator lifts that freeze.", tool, tool, scope)
+			return fmt.Sprintf("%s is also frozen for every tenant, which stays in force: calls to %s for %s stay refused until a platform operator lifts that freeze.", tool, tool, scope)
 		}
 		return ""
 	}
@@ -236,7 +241,7 @@ func stillFrozen(freezes []ledger.ControlAction, tool, tenant, scope string) str
 		return ""
 	}
 	slices.Sort(own)
-	return fmt.Sprintf("But not for these tenants, whose own freezes of %s stay in force: %s.", tool, strings.Join(own, ", "))
+	return fmt.Sprintf("Calls to %s will be accepted and run again for every tenant but these, whose own freezes stay in force: %s.", tool, strings.Join(own, ", "))
 }
 
 func (c *Console) postUnfreeze(w http.ResponseWriter, r *http.Request, s *session) {

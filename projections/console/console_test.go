@@ -1146,10 +1146,10 @@ func TestConfirmationPagesCount(t *testing.T) {
 		// Lifting the tenant's own says that the freeze of every tenant
 		// stays; lifting that one, that the tenants' own stay.
 		{"/health/unfreeze?tool=export_data&tenant=acme", []string{
-			"But export_data is also frozen for every tenant, which stays in force: calls to export_data for tenant acme stay refused until a platform operator lifts that freeze.",
+			"export_data is also frozen for every tenant, which stays in force: calls to export_data for tenant acme stay refused until a platform operator lifts that freeze.",
 		}},
 		{"/health/unfreeze?tool=export_data&platform=1", []string{
-			"But not for these tenants, whose own freezes of export_data stay in force: acme.",
+			"Calls to export_data will be accepted and run again for every tenant but these, whose own freezes stay in force: acme.",
 		}},
 	} {
 		w := b.get(tc.page)
@@ -1157,6 +1157,9 @@ func TestConfirmationPagesCount(t *testing.T) {
 		if strings.Contains(tc.page, "lookup_order") || strings.Contains(tc.page, "platform=1") {
 			// Only a platform operator lifts that freeze.
 			body = fx.signedIn(assertPlatform).get(tc.page).Body.String()
+		}
+		if strings.Contains(tc.page, "export_data") && strings.Contains(body, "will be accepted and run again.") {
+			t.Errorf("GET %s promises the calls run again, though another freeze stays in force", tc.page)
 		}
 		if w.Code != http.StatusOK {
 			t.Errorf("GET %s = %d", tc.page, w.Code)
