@@ -702,6 +702,38 @@ func TestRevocationHeardFirstAtTheTool(t *testing.T) {
 	}
 }
 
+// A freeze starts the wait for an answering lookup again: lookups that
+// failed before it (a blip) say nothing of the tool once it is lifted,
+// and the call's first failing round after the freeze does not hand it
+// to a human however long the freeze lasted.
+func TestFreezeStartsTheWaitForAnAnswerAgain(t *testing.T) {
+	r := newRig(t)
+	unknown := r.unknownLookupDown("frozen-wait")
+	freezes := &switchedFreezes{fresh: make(chan struct{})}
+	now := time.Now()
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Freezes, c.UnansweredFor = freezes, time.Minute
+		c.Now = func() time.Time { return now }
+	})
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Fatalf("its first failing round: %q; want it waiting", got)
+	}
+	freezes.on.Store(true)
+	now = now.Add(30 * time.Minute)
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Fatalf("frozen: %q; want nothing recorded", got)
+	}
+	freezes.on.Store(false)
+	now = now.Add(time.Minute)
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("its first failing round after the freeze, 31 minutes after the first: %q; want it waiting (the wait starts again)", got)
+	}
+	now = now.Add(2 * time.Minute)
+	if diff := cmp.Diff([]string{"parked(" + executor.ReasonLookupFailed + ")"}, r.reconcile(rc, unknown)); diff != "" {
+		t.Errorf("failing for the bound after the freeze (-want +got):\n%s", diff)
+	}
+}
+
 // The reconciler sends no status lookup to a frozen tool, nor while
 // whether it is frozen cannot be known: no credential minted, no
 // backend secret sent, nothing recorded. The call waits, its lookups not

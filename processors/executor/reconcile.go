@@ -310,6 +310,8 @@ type Reconciler struct {
 	// that have ended, for failing's entries to say which pass last saw
 	// them. Under mu.
 	unknownPasses uint64
+	// heldWarned is when warnHeld last warned. Under mu.
+	heldWarned time.Time
 }
 
 // failingSince is what the reconciler remembers of a call whose status
@@ -729,10 +731,17 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		// if its policy says so.
 		return r.parkOrWait(rec, tmpl, tool, ReasonLookupFailed, "bad status lookup url")
 	}
-	if why := r.heldByKillSwitch(ctx, tool.Name, rec.Key.TenantID); why != "" {
-		// Nothing minted, nothing sent, nothing counted: asked again
-		// at a later sweep.
+	if why, stale := r.heldByKillSwitch(ctx, tool.Name, rec.Key.TenantID); why != "" {
+		// Nothing minted, nothing sent: asked again at a later sweep.
+		// And the wait for an answer starts again after, as after one:
+		// lookups that failed before a freeze (a blip) say nothing of
+		// the tool once it is lifted, and one failure then must not
+		// hand the call to a human, or undo it.
 		log.Debug("status lookup held: " + why)
+		if stale {
+			r.warnHeld(why)
+		}
+		r.answered(ctx, rec)
 		return pendingMove{}, false, nil
 	}
 	var bearer string
@@ -846,25 +855,42 @@ attempts:
 }
 
 // heldByKillSwitch says why a status lookup of tool for tenant is not to
-// be sent now: the tool is frozen, or whether it is cannot be known. ""
-// when it may be sent. As a call's requests, no lookup reaches a frozen
-// tool, with a credential or the backend's secret.
-func (r *Reconciler) heldByKillSwitch(ctx context.Context, tool, tenant string) string {
+// be sent now: the tool is frozen, or whether it is cannot be known
+// (stale). "" when it may be sent. As a call's requests, no lookup
+// reaches a frozen tool, with a credential or the backend's secret.
+func (r *Reconciler) heldByKillSwitch(ctx context.Context, tool, tenant string) (why string, stale bool) {
 	if r.cfg.Freezes == nil {
-		return ""
+		return "", false
 	}
 	if r.cfg.ControlMaxStaleness > 0 {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := r.cfg.Freezes.Current(cctx, r.cfg.ControlMaxStaleness)
 		cancel()
 		if err != nil {
-			return "the kill switch's state is not known current: " + err.Error()
+			return "the kill switch's state is not known current: " + err.Error(), true
 		}
 	}
 	if a, ok := r.cfg.Freezes.Frozen(tool, tenant); ok {
-		return "the tool is frozen (" + a.Subject + ")"
+		return "the tool is frozen (" + a.Subject + ")", false
 	}
-	return ""
+	return "", false
+}
+
+// warnHeld says, at most once a sweep interval, that status lookups are
+// held for want of a current copy of the control topic: every unknown
+// outcome then waits, none looked up or handed over, which a freeze
+// explains and this does not.
+func (r *Reconciler) warnHeld(why string) {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	due := now.Sub(r.heldWarned) >= r.cfg.SweepEvery
+	if due {
+		r.heldWarned = now
+	}
+	r.mu.Unlock()
+	if due {
+		r.cfg.Logger.Warn("status lookups held: the calls in outcome_unknown wait until the copy of the control topic is current again", "why", why)
+	}
 }
 
 // errNotSettled: a status lookup's answer said the call is not settled.
