@@ -796,7 +796,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, true)
-	rf.registerControls(cmd, "the introspection at /v1/introspect answers 503 rather than call a credential active", false)
+	rf.registerControls(cmd, "the introspection at /v1/introspect answers 503 rather than call a credential active, and no status lookup is sent (the calls in outcome_unknown wait, and a Warn says so once a sweep interval)", false)
 	rf.registerOps(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
