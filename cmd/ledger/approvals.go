@@ -49,8 +49,8 @@ func (f *staffFlags) register(cmd *cobra.Command) {
 	// dev takes its directory from its command line alone: so does
 	// whatever finds dev's issuer in it.
 	ignoreEnv(fs, "data-dir")
-	fs.StringVar(&f.tenant, "tenant", "t_demo", "the approver's tenant, for a dev assertion minted here (refused with --assertion, which names its own)")
-	fs.StringVar(&f.user, "user", "u_approver", "the approver, for a dev assertion minted here (refused with --assertion, which names its own)")
+	fs.StringVar(&f.tenant, "tenant", "t_demo", "the approver's tenant, for a dev assertion minted here (given on the command line with --assertion, which names its own, it is refused; from the environment it is then ignored, as LEDGER_TENANT and LEDGER_USER may be set for other commands)")
+	fs.StringVar(&f.user, "user", "u_approver", "the approver, for a dev assertion minted here (given on the command line with --assertion, which names its own, it is refused; from the environment it is then ignored, as LEDGER_TENANT and LEDGER_USER may be set for other commands)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print JSON")
 }
 

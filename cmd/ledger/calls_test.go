@@ -173,6 +173,17 @@ func TestStaffAssertionRefusesDevIdentityFlags(t *testing.T) {
 	if n := asked.Load(); n != 0 {
 		t.Fatalf("the API was asked %d times; want nothing sent", n)
 	}
+	// From the environment they are ignored, as CONFIG.md says: a
+	// LEDGER_TENANT set for the query commands (the tenant asked about)
+	// must not refuse every staff command given an assertion.
+	t.Setenv("LEDGER_TENANT", "t_other")
+	t.Setenv("LEDGER_USER", "u_other")
+	if err := cliErr(t, "control", "freeze", "--tool", "refund_order", "--reason", "incident", "--api", srv.URL, "--assertion", "tok"); err != nil {
+		t.Errorf("control freeze with LEDGER_TENANT and LEDGER_USER set and --assertion: %v; want it sent, the variables ignored", err)
+	}
+	if n := asked.Load(); n != 1 {
+		t.Errorf("the API was asked %d times; want once", n)
+	}
 	for tenant, want := range map[string]string{"": "freeze of refund_order for every tenant", "t_acme": "freeze of refund_order for tenant t_acme"} {
 		_, stderr := cliSplit(t, "control", "freeze", "--tool", "refund_order", "--reason", "incident", "--for-tenant", tenant, "--api", srv.URL, "--assertion", "tok")
 		if !strings.Contains(stderr, want) {
