@@ -82,7 +82,6 @@ type Store interface {
 	Unlogged(ctx context.Context, olderThan time.Duration, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
 	MarkUndo(ctx context.Context, key ledger.CallKey, undoable []processors.Status) (processors.Status, bool, error)
-	NoteUnanswered(ctx context.Context, key ledger.CallKey, n processors.Unanswered) (processors.Unanswered, bool, error)
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 }
 

@@ -300,7 +300,8 @@ type Reconciler struct {
 	// asks a sweep interval of, so that the first round of lookups after
 	// a downtime, or over a backlog older than the bound, or a second
 	// round in the same burst, parks nothing. An entry goes when a lookup
-	// answers (a not found too early to be final included), or when a
+	// answers (a not found too early to be final included) or the kill
+	// switch holds one (restartWait), or when a
 	// whole pass of the unknown outcomes' sweep has neither listed the
 	// call nor seen its lookups fail (resolved elsewhere, parked): not
 	// when the call is parked, for a park that does not land must not
@@ -741,7 +742,7 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		if stale {
 			r.warnHeld(why)
 		}
-		r.answered(ctx, rec)
+		r.restartWait(ctx, rec)
 		return pendingMove{}, false, nil
 	}
 	var bearer string
@@ -796,11 +797,11 @@ attempts:
 			last = err
 			break attempts
 		case err == nil && lookupState(resp) == "applied":
-			r.answered(ctx, rec)
+			r.restartWait(ctx, rec)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
 				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer: bearer, backend: sec, anyToken: true})), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp) == "not_found":
-			r.answered(ctx, rec)
+			r.restartWait(ctx, rec)
 			// Not found is final only if the lookup was sent once the
 			// last attempt could no longer land: it started before the
 			// outcome was recorded and lasts at most the tool's
@@ -1425,11 +1426,13 @@ func (r *Reconciler) failed(k ledger.CallKey, now time.Time, inProgress bool) fa
 	return f
 }
 
-// answered forgets rec's failing lookups, here and on its record: one has
-// answered. The record keeps that the tool said the call is in progress,
-// if any reconciler heard it (Unanswered.InProgress). A note that stays
-// (the store failed) makes a later wait shorter: it is logged.
-func (r *Reconciler) answered(ctx context.Context, rec processors.Record) {
+// restartWait forgets rec's failing lookups, here and on its record, so
+// that the wait for an answer (UnansweredFor) starts again: a lookup
+// answered, or the kill switch held one. The record keeps that the tool
+// said the call is in progress, if any reconciler heard it
+// (Unanswered.InProgress). A note that stays (the store failed) makes a
+// later wait shorter: it is logged.
+func (r *Reconciler) restartWait(ctx context.Context, rec processors.Record) {
 	r.mu.Lock()
 	delete(r.failing, rec.Key)
 	r.mu.Unlock()
@@ -1437,7 +1440,7 @@ func (r *Reconciler) answered(ctx context.Context, rec processors.Record) {
 		return
 	}
 	if _, _, err := r.cfg.Store.NoteUnanswered(ctx, rec.Key, processors.Unanswered{Seq: rec.Seq}); err != nil {
-		r.cfg.Logger.Warn("a status lookup answered, and the call's note of lookups that did not could not be cleared", "call_key", rec.Key.String(), "err", err)
+		r.cfg.Logger.Warn("the call's note of its failing status lookups could not be cleared: a later wait for an answer may be shorter", "call_key", rec.Key.String(), "err", err)
 	}
 }
 
