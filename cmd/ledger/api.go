@@ -40,6 +40,8 @@ func newAPICmd(g *globals) *cobra.Command {
 		group             string
 		secureCookies     bool
 		resultsDSN        string
+		submitRate        float64
+		submitBurst       int
 	)
 	cmd := &cobra.Command{
 		Use:   "api",
@@ -56,6 +58,8 @@ func newAPICmd(g *globals) *cobra.Command {
                          as ?wait=30: 400 invalid_wait, nothing published),
                          answered with the settled call, as GET answers, or
                          with this submission's refusal (in "refused")
+                         (--submit-rate of a tenant's a second; more:
+                         429 too_many_submissions, nothing published)
   GET  /v1/calls/{key}   an agent's call, from ClickHouse: its state and
                          events, for the tenant of the agent's identity
                          assertion (Authorization: Bearer); and, with
@@ -111,7 +115,14 @@ person's assertion.`,
 			if err != nil {
 				return fmt.Errorf("agents' calls need the agents' keys (--issuer and --jwks-*, audience --agents-audience): %w", err)
 			}
+			if submitRate < 0 || submitBurst < 0 {
+				return fmt.Errorf("--submit-rate %g and --submit-burst %d: neither may be negative (--submit-rate 0 removes the bound)", submitRate, submitBurst)
+			}
+			if submitRate == 0 {
+				submitRate = -1 // httpapi: no bound
+			}
 			cfg := httpapi.Config{
+				SubmitRate: submitRate, SubmitBurst: submitBurst,
 				Publisher: pub, Logger: logger.With("component", "httpapi"),
 				Calls: traceCalls{st}, Caller: agentCaller(agents), Assertion: agentAssertion(agents),
 				Checks: []httpapi.Check{
@@ -231,6 +242,8 @@ person's assertion.`,
 	fs.StringVar(&group, "projector-group", projector.DefaultGroup, "the projector's consumer group, whose lag /v1/health reports")
 	fs.DurationVar(&agentsMaxLifetime, "agents-max-assertion-lifetime", identity.DefaultMaxLifetime, "the longest an agent's assertion for GET /v1/calls/{key} and POST /v1/calls may be valid: the intake's --max-assertion-lifetime (--max-assertion-lifetime here bounds the staff's)")
 	fs.StringVar(&resultsDSN, "crdb-dsn", "", "the execution store's CockroachDB (or PostgreSQL) DSN, read only (no DDL and no writes: a user granted SELECT on execution_records is enough): agents' calls are then served with their results; empty: without (result_withheld not_served)")
+	fs.Float64Var(&submitRate, "submit-rate", httpapi.DefaultSubmitRate, "POST /v1/calls of one tenant a second, on this process (its bearer's tenant; checked before the envelope is read): more are answered 429 too_many_submissions with Retry-After and not published, so that one tenant's flood does not queue the others' calls at the intake; 0: no bound")
+	fs.IntVar(&submitBurst, "submit-burst", 0, "how many of one tenant's POST /v1/calls --submit-rate lets through at once after a quiet spell; 0: two seconds of --submit-rate")
 	fs.BoolVar(&secureCookies, "secure-cookies", true, "mark the console's cookies Secure and send HSTS (the console is served over TLS, here or by a proxy in front); false only for plain-HTTP trials")
 	return cmd
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -131,7 +132,16 @@ type Config struct {
 	// PublishTimeout bounds a submission's publish, answered 503
 	// publish_failed when it runs out; default DefaultPublishTimeout.
 	PublishTimeout time.Duration
-	Logger         *slog.Logger
+	// SubmitRate and SubmitBurst bound each tenant's submissions
+	// through this process: SubmitRate a second, in bursts of up to
+	// SubmitBurst. One more is answered 429 too_many_submissions with
+	// Retry-After, and nothing of it is published. With a Caller the
+	// tenant is the bearer's, and the bound is checked before the body
+	// is read; without one, the envelope's. Defaults: DefaultSubmitRate,
+	// and two seconds of SubmitRate; a negative SubmitRate: no bound.
+	SubmitRate  float64
+	SubmitBurst int
+	Logger      *slog.Logger
 }
 
 // Defaults of Config's bounds on the agents' lookups.
@@ -144,8 +154,9 @@ const (
 type Server struct {
 	cfg     Config
 	mux     *http.ServeMux
-	handler http.Handler // mux, its unmatched requests answered in JSON
-	lookups *limiter     // with a Caller, the agents' lookups running
+	handler http.Handler  // mux, its unmatched requests answered in JSON
+	lookups *limiter      // with a Caller, the agents' lookups running
+	submits *submitBudget // each tenant's submissions; nil: unbounded
 	// waitsEndedCtx is cancelled by EndWaits.
 	waitsEndedCtx context.Context
 	endWaits      context.CancelFunc
@@ -191,7 +202,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxLookups <= 0 {
 		cfg.MaxLookups = DefaultMaxLookups
 	}
+	if cfg.SubmitRate == 0 {
+		cfg.SubmitRate = DefaultSubmitRate
+	}
+	if cfg.SubmitBurst <= 0 {
+		cfg.SubmitBurst = max(1, int(math.Ceil(2*cfg.SubmitRate)))
+	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), lookups: newLimiter(cfg.MaxLookupsPerTenant, cfg.MaxLookups, "lookups", "too_many_lookups")}
+	s.submits = newSubmitBudget(cfg.SubmitRate, cfg.SubmitBurst, time.Now)
 	s.waitsEndedCtx, s.endWaits = context.WithCancel(context.Background())
 	s.mux.HandleFunc("POST /v1/calls", s.submit)
 	if cfg.Calls != nil {
@@ -276,8 +294,19 @@ const (
 // a submission without a bearer of the envelope's tenant (and, to wait,
 // of its user) is refused, 401 or 403, before anything is published:
 // the request topic, which Kafka's ACLs guard, is not open to whoever
-// reaches the API.
+// reaches the API. Each tenant's submissions are bounded (submitBudget).
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
+	var agent *Agent
+	if s.cfg.Caller != nil {
+		// Before the body is read: an anonymous request, or one of a
+		// tenant past its budget, costs no read or decoding of up to
+		// Limits.MaxBytes.
+		a, ok := s.authenticate(w, r)
+		if !ok || !s.admit(w, a.Tenant) {
+			return
+		}
+		agent = &a
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.Limits.MaxBytes)+1))
 	var tooLarge *http.MaxBytesError
 	switch {
@@ -311,24 +340,22 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := env.Key()
+	if agent == nil && !s.admit(w, key.TenantID) {
+		return
+	}
 	wait, ok := s.waitParam(w, r)
 	if !ok {
 		return
 	}
 	wait = min(wait, s.cfg.MaxWait)
 	waiting := wait > 0 && s.cfg.Calls != nil
-	var agent *Agent
 	// Unverified where nothing verifies it (ledger dev): it only tells
 	// this submission's call from another's under the key.
 	asserted := assertionSubject(env.Assertion)
-	if s.cfg.Caller != nil {
+	if agent != nil {
 		// Refused before publishing, so that the caller may send it
 		// again as it likes, with the right bearer or without the wait.
-		a, ok := s.authenticate(w, r)
-		if !ok {
-			return
-		}
-		if a.Tenant != key.TenantID {
+		if agent.Tenant != key.TenantID {
 			writeError(w, http.StatusForbidden, apiError{Code: "tenant_mismatch", Pointer: "/scope/tenant_id",
 				Message: "the bearer submits the calls of its own tenant alone, and the envelope names another; nothing was published"})
 			return
@@ -340,7 +367,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 					Message: "the envelope's identity assertion is refused (" + err.Error() + "), as the intake would refuse it; nothing was published: send the envelope again with a valid one"})
 				return
 			}
-			if ea.Tenant != a.Tenant {
+			if ea.Tenant != agent.Tenant {
 				writeError(w, http.StatusForbidden, apiError{Code: "tenant_mismatch", Pointer: "/assertion",
 					Message: "the envelope's identity assertion is of another tenant than the bearer; nothing was published"})
 				return
@@ -350,14 +377,13 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 			// under that user).
 			asserted = ea.User
 		}
-		if u := cmp.Or(asserted, env.Scope.UserID); waiting && u != "" && u != a.User {
+		if u := cmp.Or(asserted, env.Scope.UserID); waiting && u != "" && u != agent.User {
 			// Its call would be another user's, which the wait
 			// cannot see (forAgent): it would only run out.
 			writeError(w, http.StatusForbidden, apiError{Code: "user_mismatch", Pointer: "/assertion",
 				Message: "?wait= reads the calls of the bearer's user alone, and the envelope is another user's; nothing was published"})
 			return
 		}
-		agent = &a
 	}
 	sub := submission{key: key, callID: env.CallID, own: OwnCall(env.ArgumentsHash, env.Scope.UserID, asserted), arrived: time.Now()}
 	if waiting {

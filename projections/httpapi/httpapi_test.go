@@ -1221,3 +1221,85 @@ func TestAgentLookupsBoundedPerTenant(t *testing.T) {
 		}
 	}
 }
+
+// envelopeOf is validEnvelope's call for tenant.
+func envelopeOf(t *testing.T, tenant, key string) string {
+	t.Helper()
+	tree, _ := ledger.Decode([]byte(`{"city":"Oslo"}`), ledger.Limits{})
+	hash, err := ledger.ArgumentsHash(tenant, "get_weather", 1, tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(map[string]any{
+		"tool": "get_weather", "tool_version": 1, "call_id": "c1", "arguments": map[string]any{"city": "Oslo"},
+		"scope": map[string]any{"tenant_id": tenant}, "idempotency_key": key, "arguments_hash": hash,
+	})
+	return string(b)
+}
+
+// A tenant's submissions are bounded by its own budget: past it, 429
+// too_many_submissions with Retry-After and nothing published, while
+// another tenant's go on; a malformed envelope is charged too, an
+// anonymous request to no one (it is refused before its body is read);
+// the budget refills.
+func TestSubmitsBoundedPerTenant(t *testing.T) {
+	pub := &publisher{}
+	srv, _ := newAPI(t, pub, func(c *httpapi.Config) {
+		c.Caller, c.SubmitRate, c.SubmitBurst = agentOf, 1, 3
+	})
+	post := func(auth, body string) (int, string, *http.Response) {
+		t.Helper()
+		resp := do(t, http.MethodPost, srv.URL+"/v1/calls", auth, body)
+		code, _ := decodeErr(t, resp)
+		return resp.StatusCode, code, resp
+	}
+	for i := range 5 {
+		// Read before the bearer, the body would be answered 400.
+		if status, code, _ := post("", "{not json"); status != http.StatusUnauthorized {
+			t.Fatalf("anonymous malformed submission %d = %d %s; want 401, the bearer checked first", i, status, code)
+		}
+	}
+	for i, body := range []string{envelopeOf(t, "t_a", "k1"), "{not json", envelopeOf(t, "t_a", "k2")} {
+		if status, code, _ := post("Bearer agent-of-t_a/u1", body); status == http.StatusTooManyRequests {
+			t.Fatalf("t_a's submission %d within its burst of 3 = %d %s", i, status, code)
+		}
+	}
+	status, code, resp := post("Bearer agent-of-t_a/u1", envelopeOf(t, "t_a", "k3"))
+	if status != http.StatusTooManyRequests || code != "too_many_submissions" || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("t_a's fourth submission at 1/s, burst 3 = %d %s, Retry-After %q; want 429 too_many_submissions, Retry-After 1", status, code, resp.Header.Get("Retry-After"))
+	}
+	if got := pub.published(); !slices.Equal(got, []string{"t_a/k1", "t_a/k2"}) {
+		t.Fatalf("published %v; want t_a/k1 and t_a/k2 alone", got)
+	}
+	if status, code, _ := post("Bearer agent-of-t_b/u1", envelopeOf(t, "t_b", "k1")); status != http.StatusAccepted {
+		t.Fatalf("t_b's first submission while t_a is past its budget = %d %s; want 202", status, code)
+	}
+	time.Sleep(time.Second) // Retry-After
+	if status, code, _ := post("Bearer agent-of-t_a/u1", envelopeOf(t, "t_a", "k3")); status != http.StatusAccepted {
+		t.Fatalf("t_a's submission after Retry-After = %d %s; want 202", status, code)
+	}
+}
+
+// Without a Caller (ledger dev), the budget is the envelope's tenant's;
+// a negative SubmitRate bounds nothing.
+func TestSubmitsBoundedByEnvelopeTenant(t *testing.T) {
+	pub := &publisher{}
+	srv, _ := newAPI(t, pub, func(c *httpapi.Config) { c.SubmitRate, c.SubmitBurst = 1, 1 })
+	for _, tc := range []struct {
+		tenant, key string
+		want        int
+	}{{"t_a", "k1", http.StatusAccepted}, {"t_a", "k2", http.StatusTooManyRequests}, {"t_b", "k1", http.StatusAccepted}} {
+		resp := do(t, http.MethodPost, srv.URL+"/v1/calls", "", envelopeOf(t, tc.tenant, tc.key))
+		if code, _ := decodeErr(t, resp); resp.StatusCode != tc.want {
+			t.Errorf("submission of %s/%s = %d %s; want %d", tc.tenant, tc.key, resp.StatusCode, code, tc.want)
+		}
+	}
+
+	unbounded, _ := newAPI(t, &publisher{}, func(c *httpapi.Config) { c.SubmitRate = -1 })
+	for i := range 3 * httpapi.DefaultSubmitRate {
+		resp := do(t, http.MethodPost, unbounded.URL+"/v1/calls", "", envelopeOf(t, "t_a", fmt.Sprint("k", i)))
+		if code, _ := decodeErr(t, resp); resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("submission %d with no bound = %d %s; want 202", i, resp.StatusCode, code)
+		}
+	}
+}
