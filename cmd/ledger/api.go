@@ -250,14 +250,22 @@ person's assertion.`,
 
 // traceCalls serves agents' call views from the ClickHouse projection's
 // trace of a call: what the projector has applied, seconds behind the log.
-type traceCalls struct{ q projections.Queries }
+type traceCalls struct{ q *laterQueries }
+
+var _ httpapi.UserCalls = traceCalls{}
 
 func (c traceCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error) {
+	return c.UserCall(ctx, key, "")
+}
+
+// UserCall is the call under key with user's refusals alone (every
+// user's for "").
+func (c traceCalls) UserCall(ctx context.Context, key ledger.CallKey, user string) (callindex.Call, error) {
 	// Bounded as the responders' questions are: an agent's GET is one
 	// ClickHouse query, which a key's events spread over months widen.
 	ctx, cancel := context.WithTimeout(ctx, agentCallTimeout)
 	defer cancel()
-	evs, err := c.q.Trace(ctx, key)
+	evs, err := c.q.UserTrace(ctx, key, user)
 	if err != nil {
 		return callindex.Call{}, err
 	}
@@ -367,6 +375,15 @@ func (l *laterQueries) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.
 		return nil, err
 	}
 	return st.Trace(ctx, key)
+}
+
+// UserTrace is chstore's: the trace with user's refusals alone.
+func (l *laterQueries) UserTrace(ctx context.Context, key ledger.CallKey, user string) ([]ledger.Event, error) {
+	st, err := l.store()
+	if err != nil {
+		return nil, err
+	}
+	return st.UserTrace(ctx, key, user)
 }
 
 func (l *laterQueries) BlastRadius(ctx context.Context, f projections.Filter) (projections.BlastRadius, error) {

@@ -814,6 +814,79 @@ func TestTraceOfAKeyRefusedUnderManyTools(t *testing.T) {
 	}
 }
 
+// A user's trace of a key keeps that user's own refusals whatever
+// another user of the tenant floods the key with: cut from every user's
+// refusals, the flood pushed them out of the agent's view (and of its
+// ?wait=). Its own flood is cut as Trace cuts any.
+func TestUserTraceKeepsTheUsersOwnRefusals(t *testing.T) {
+	s := openStore(t)
+	f := newFixture()
+	refusal := func(id, user string, i int) projections.Event {
+		r := f.refusalA
+		r.EventID, r.UserID = id, user
+		r.At = f.refusalA.At.Add(time.Duration(i) * time.Millisecond)
+		return projections.Event{Event: r}
+	}
+	const flood = 3 * projections.MaxRefusals
+	var evs []projections.Event
+	for i := range flood {
+		evs = append(evs, refusal(fmt.Sprintf("flood-%05d", i), "u_flood", i))
+		if i == flood/2 {
+			evs = append(evs, refusal("own-1", "u_own", i), refusal("own-2", "u_own", i+1))
+		}
+	}
+	for _, e := range f.a {
+		evs = append(evs, projections.Event{Event: e})
+	}
+	write(t, s, []projections.Batch{{Events: evs}})
+	ctx, key := t.Context(), f.refusalA.Key()
+	ids := func(trace []ledger.Event) (refused []string, calls int) {
+		for _, e := range trace {
+			if e.Refusal() {
+				refused = append(refused, e.EventID)
+			} else {
+				calls++
+			}
+		}
+		return refused, calls
+	}
+
+	all, err := s.Trace(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refused, _ := ids(all); slices.Contains(refused, "own-1") {
+		t.Fatalf("Trace kept own-1 in the middle of a flood of %d: the fixture does not flood", flood)
+	}
+	own, err := s.UserTrace(ctx, key, "u_own")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refused, calls := ids(own); !slices.Equal(refused, []string{"own-1", "own-2"}) || calls != len(f.a) {
+		t.Errorf("u_own's trace: refusals %v and %d of the call's events; want own-1, own-2 and the call's %d", refused, calls, len(f.a))
+	}
+	flooder, err := s.UserTrace(ctx, key, "u_flood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, calls := ids(flooder)
+	half := projections.MaxRefusals / 2
+	if len(refused) != projections.MaxRefusals || refused[0] != "flood-00000" || refused[half] != fmt.Sprintf("flood-%05d", flood-half) ||
+		slices.Contains(refused, "own-1") || calls != len(f.a) {
+		t.Errorf("u_flood's trace: %d refusals (%s ... %s), %d of the call's events; want its own first and last %d, and the call's %d",
+			len(refused), refused[0], refused[len(refused)-1], calls, half, len(f.a))
+	}
+	if _, err := s.UserTrace(ctx, ledger.CallKey{TenantID: key.TenantID, IdempotencyKey: "flooded-only"}, "u_own"); !errors.Is(err, projections.ErrNotFound) {
+		t.Errorf("UserTrace of an unknown key = %v; want ErrNotFound", err)
+	}
+	r := refusal("other-only", "u_flood", 0)
+	r.IdempotencyKey = "refused-only"
+	write(t, s, []projections.Batch{{Events: []projections.Event{r}}})
+	if _, err := s.UserTrace(ctx, r.Key(), "u_own"); !errors.Is(err, projections.ErrNotFound) {
+		t.Errorf("UserTrace of a key holding another user's refusal alone = %v; want ErrNotFound", err)
+	}
+}
+
 func TestFilters(t *testing.T) {
 	s := openStore(t)
 	ctx := t.Context()

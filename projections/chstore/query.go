@@ -93,6 +93,23 @@ func traceRanges(points map[string][]uint32) []traceRange {
 // written, so that the events table is read by ranges of its sort key
 // (tenant, tool, time) around them (traceRanges).
 func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, error) {
+	return s.trace(ctx, key, "")
+}
+
+// UserTrace is Trace with the refusals of user alone (those whose
+// verified user it is): at most MaxRefusals of user's, the earliest and
+// the latest, however many other users' there are. An agent's view of a
+// key is its user's (httpapi), and cut from every user's refusals,
+// another user of the tenant flooding the key with refused envelopes
+// would push the agent's own refusal out of it, and out of its wait.
+// ErrNotFound when the key holds neither a call nor a refusal of user.
+// User "" is Trace: every user's refusals.
+func (s *Store) UserTrace(ctx context.Context, key ledger.CallKey, user string) ([]ledger.Event, error) {
+	return s.trace(ctx, key, user)
+}
+
+// trace is Trace, of user's refusals alone when user is not "".
+func (s *Store) trace(ctx context.Context, key ledger.CallKey, user string) ([]ledger.Event, error) {
 	ctx = s.question(ctx)
 	rows, err := s.conn.Query(ctx, "SELECT tool, toUInt32(at) AS second FROM "+s.table("event_keys")+
 		" WHERE tenant_id = ? AND idempotency_key = ? GROUP BY tool, second ORDER BY tool, second LIMIT "+strconv.Itoa(maxTracePoints+1),
@@ -162,6 +179,10 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 		" if(e_seq > 0, event_id, '') AS e_group"
 	from := " FROM " + s.table("events") +
 		" WHERE tenant_id = ? AND idempotency_key = ? AND (" + strings.Join(ranges, " OR ") + ")"
+	if user != "" {
+		from += " AND (seq > 0 OR user_id = ?)"
+		args = append(args, user)
+	}
 	out, err := s.traceEvents(ctx, cols+from+
 		" GROUP BY event_id ORDER BY e_seq > 0, e_seq, e_at, e_ns, event_id"+
 		" LIMIT "+strconv.Itoa(half)+" BY e_group", args)
@@ -188,7 +209,8 @@ func (s *Store) Trace(ctx context.Context, key ledger.CallKey) ([]ledger.Event, 
 	}
 	if len(out) == 0 {
 		// event_keys was written and events not (a Write that failed
-		// half way, to be written again): nothing to show yet.
+		// half way, to be written again): nothing to show yet. Or,
+		// for a user, the key holds other users' refusals alone.
 		return nil, projections.ErrNotFound
 	}
 	return out, nil

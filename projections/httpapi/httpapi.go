@@ -41,6 +41,17 @@ type Calls interface {
 	Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error)
 }
 
+// UserCalls is Calls that also reads a key with the refusals of one user
+// alone: a store that keeps at most projections.MaxRefusals of a key's
+// refusals then keeps that many of the user's. With a Caller, an agent's
+// lookups and waits read through it when Calls is one, so that another
+// user of the tenant, flooding the key with refused envelopes, cannot
+// push the agent's own refusal out of its view or its wait. Through Call
+// alone, the refusals are cut across all users first.
+type UserCalls interface {
+	UserCall(ctx context.Context, key ledger.CallKey, user string) (callindex.Call, error)
+}
+
 // Result is the sanitized result that the execution store holds under a
 // key, with what names the call it belongs to.
 type Result struct {
@@ -546,12 +557,22 @@ func (s *Server) lookCall(ctx context.Context, key ledger.CallKey, agent *Agent)
 			return callindex.Call{}, nil, false
 		}
 	}
-	c, err := s.cfg.Calls.Call(ctx, key)
+	c, err := s.call(ctx, key, agent)
 	if err != nil {
 		end()
 		return callindex.Call{}, nil, false
 	}
 	return c, end, true
+}
+
+// call reads the call under key, with agent's user's refusals alone when
+// Calls can cut them so (UserCalls); what agent may see of it is then
+// forAgent's.
+func (s *Server) call(ctx context.Context, key ledger.CallKey, agent *Agent) (callindex.Call, error) {
+	if uc, ok := s.cfg.Calls.(UserCalls); ok && agent != nil && agent.User != "" {
+		return uc.UserCall(ctx, key, agent.User)
+	}
+	return s.cfg.Calls.Call(ctx, key)
 }
 
 // await polls the index until the call settles or sub was refused, for
@@ -749,7 +770,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	c, err := s.cfg.Calls.Call(r.Context(), key)
+	c, err := s.call(r.Context(), key, agent)
 	var v CallView
 	if err == nil {
 		var mine bool

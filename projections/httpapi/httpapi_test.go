@@ -1303,3 +1303,85 @@ func TestSubmitsBoundedByEnvelopeTenant(t *testing.T) {
 		}
 	}
 }
+
+// cuttingCalls holds a key's refusals and cuts them as the ClickHouse
+// trace does (projections.KeepRefusals): across every user's through
+// Call, across the user's alone through UserCall.
+type cuttingCalls struct {
+	mu       sync.Mutex
+	refusals []ledger.Event // by time
+	byUser   atomic.Int32   // UserCall's reads
+}
+
+func (c *cuttingCalls) add(evs ...ledger.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refusals = append(c.refusals, evs...)
+}
+
+func (c *cuttingCalls) Call(ctx context.Context, key ledger.CallKey) (callindex.Call, error) {
+	return c.cut(key, func(ledger.Event) bool { return true })
+}
+
+func (c *cuttingCalls) UserCall(ctx context.Context, key ledger.CallKey, user string) (callindex.Call, error) {
+	c.byUser.Add(1)
+	return c.cut(key, func(e ledger.Event) bool { return e.UserID == user })
+}
+
+func (c *cuttingCalls) cut(key ledger.CallKey, keep func(ledger.Event) bool) (callindex.Call, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var refused []ledger.Event
+	for _, e := range c.refusals {
+		if e.Key() == key && keep(e) {
+			refused = append(refused, e)
+		}
+	}
+	if len(refused) == 0 {
+		return callindex.Call{}, callindex.ErrNotFound
+	}
+	return callindex.Call{Key: key, Refusals: projections.KeepRefusals(refused)}, nil
+}
+
+// Another user of the tenant flooding a key with refused envelopes does
+// not push an agent's own refusal out of its wait or its GET: read
+// through UserCalls, the refusals are cut among the agent's user's alone.
+// Cut among every user's, the flood after it left it out of both.
+func TestAnotherUsersFloodKeepsOwnRefusalInView(t *testing.T) {
+	calls := &cuttingCalls{}
+	pub := &publisher{}
+	srv, _ := newAPI(t, pub, func(c *httpapi.Config) { c.Caller, c.Calls = agentOf, calls })
+	refusal := func(id, user string, at time.Time) ledger.Event {
+		return ledger.Event{EventID: id, Type: statemachine.EventDenied, At: at, TenantID: "t_a", IdempotencyKey: "k1", CallID: "c1",
+			UserID: user, Reason: "invalid_arguments", Pointer: "/arguments/city"}
+	}
+	flood := func(from time.Time, prefix string) (evs []ledger.Event) {
+		for i := range projections.MaxRefusals {
+			evs = append(evs, refusal(fmt.Sprintf("%s-%03d", prefix, i), "u_flood", from.Add(time.Duration(i+1)*time.Microsecond)))
+		}
+		return evs
+	}
+	calls.add(flood(time.Now().Add(-time.Minute), "before")...)
+	pub.settle = func(string) {
+		// Refused, then flooded past before the wait's first look.
+		now := time.Now()
+		calls.add(append([]ledger.Event{refusal("r-own", "u_own", now)}, flood(now, "after")...)...)
+	}
+	resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=2s", "Bearer agent-of-t_a/u_own", validEnvelope(t, "k1"))
+	var waited httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&waited)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || waited.Refused == nil || waited.Refused.EventID != "r-own" {
+		t.Errorf("POST ?wait as u_own, refused, then %d refusals of u_flood: %d, refused %+v; want 200 with r-own", projections.MaxRefusals, resp.StatusCode, waited.Refused)
+	}
+	resp = do(t, http.MethodGet, srv.URL+"/v1/calls/k1", "Bearer agent-of-t_a/u_own", "")
+	var got httpapi.CallView
+	_ = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(got.Refusals) != 1 || got.Refusals[0].EventID != "r-own" {
+		t.Errorf("GET as u_own after the flood = %d with %d refusals; want 200 with r-own alone", resp.StatusCode, len(got.Refusals))
+	}
+	if calls.byUser.Load() == 0 {
+		t.Error("the agent's reads never went through UserCall")
+	}
+}
