@@ -1320,9 +1320,18 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 	// write (MarkUndo), read the tool (the resource's version) and mint,
 	// every time it is claimed again while the freeze lasts. A copy of
 	// the kill switch that is stale here says nothing either way.
-	if x.cfg.Freezes != nil && !reclaimed {
-		if a, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen && x.waitsOutFreeze(rec, tmpl) {
-			return x.holdFrozen(ctx, c, log, tool.Name, a)
+	//
+	// A taken-over approved call is held back at once, as its attempt's
+	// gate would hold it (outcome unknown): its approval's check below
+	// reads the resource's version at the frozen tool.
+	if x.cfg.Freezes != nil {
+		if a, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
+			switch {
+			case !reclaimed && x.waitsOutFreeze(rec, tmpl):
+				return x.holdFrozen(ctx, c, log, tool.Name, a)
+			case reclaimed && tmpl.ApprovalID != "":
+				return refuse(refusal{reason: ReasonToolFrozen, detail: control.FrozenDetail(tool.Name, a)})
+			}
 		}
 	}
 	// A compensation undoes an effect: if its call turned out to have

@@ -260,6 +260,27 @@ func TestTakeoverRechecksTheApproval(t *testing.T) {
 	leftToReconciler(t, r, out, executor.ReasonApprovalExpired, "refund_order", "kr")
 }
 
+// A taken-over approved call of a frozen tool does not read the
+// resource's version at the tool to check its approval either: it is
+// held back before, its outcome left to the reconciler. Before, the
+// version read reached the frozen tool.
+func TestTakeoverOfAnApprovedCallReadsNothingAtAFrozenTool(t *testing.T) {
+	r := newRig(t)
+	ev, approved := r.admitApproved("kf", time.Now().Add(time.Hour), "v0")
+	r.claimAsDeadOwner(ev.Key(), ev.ArgumentsHash)
+	versions := &flakyVersions{version: "v0"}
+	fz := &switchedFreezes{}
+	fz.on.Store(true)
+	out, err := r.executor(func(c *executor.Config) { c.Freezes, c.Versions = fz, versions }).Step(t.Context(), []*kgo.Record{approved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftToReconciler(t, r, out, executor.ReasonToolFrozen, demobackend.ToolRefundOrder, "kf")
+	if n := versions.asked.Load(); n != 0 {
+		t.Errorf("the frozen tool was asked the resource's version %d times; want none", n)
+	}
+}
+
 // leftToReconciler checks that a taken-over call's step sent nothing to
 // tool and ended the call outcome_unknown, code reclaimed_<why>.
 func leftToReconciler(t *testing.T, r *rig, out ledger.Output, why, tool, key string) {
