@@ -1321,15 +1321,17 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 	// every time it is claimed again while the freeze lasts. A copy of
 	// the kill switch that is stale here says nothing either way.
 	//
-	// A taken-over approved call is held back at once, as its attempt's
-	// gate would hold it (outcome unknown): its approval's check below
-	// reads the resource's version at the frozen tool.
+	// Any other approved call is held back here, as its attempt's gate
+	// would hold it (denied tool_frozen; taken over, outcome unknown):
+	// its approval's check below reads the resource's version at the
+	// frozen tool. Only on a copy known current, as the gate: the end is
+	// for good.
 	if x.cfg.Freezes != nil {
 		if a, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
 			switch {
 			case !reclaimed && x.waitsOutFreeze(rec, tmpl):
 				return x.holdFrozen(ctx, c, log, tool.Name, a)
-			case reclaimed && tmpl.ApprovalID != "":
+			case tmpl.ApprovalID != "" && x.cfg.Freezes.Current(x.noWait, x.cfg.ControlMaxStaleness) == nil:
 				return refuse(refusal{reason: ReasonToolFrozen, detail: control.FrozenDetail(tool.Name, a)})
 			}
 		}

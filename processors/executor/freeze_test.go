@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // switchedFreezes is a kill switch a test turns on, and whose state a
@@ -278,6 +280,40 @@ func TestTakeoverOfAnApprovedCallReadsNothingAtAFrozenTool(t *testing.T) {
 	leftToReconciler(t, r, out, executor.ReasonToolFrozen, demobackend.ToolRefundOrder, "kf")
 	if n := versions.asked.Load(); n != 0 {
 		t.Errorf("the frozen tool was asked the resource's version %d times; want none", n)
+	}
+}
+
+// An approved call of a frozen tool that cannot wait the freeze out (its
+// approval lapses first) is denied tool_frozen before its approval's
+// check reads the resource's version at the tool. On a copy of the kill
+// switch not known current it is not ended at all: the freeze may have
+// been lifted.
+func TestApprovedCallReadsNothingAtAFrozenTool(t *testing.T) {
+	r := newRig(t)
+	const recheck = 300 * time.Millisecond
+	versions := &flakyVersions{version: "v0"}
+	fz := &switchedFreezes{}
+	fz.on.Store(true)
+	x := r.executor(func(c *executor.Config) { c.Freezes, c.Versions, c.FrozenRecheck = fz, versions, recheck })
+	// (It lapses for the executor a second before its expiry.)
+	_, lapsing := r.admitApproved("lapsing-v", time.Now().Add(time.Second+recheck/2), "v0")
+	stepEndsAs(t, x, lapsing, []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
+	if n := versions.asked.Load(); n != 0 {
+		t.Errorf("the frozen tool was asked the resource's version %d times; want none", n)
+	}
+
+	fz.stale.Store(true)
+	fz.fresh = make(chan struct{})
+	ev, stale := r.admitApproved("lapsing-stale", time.Now().Add(time.Second+recheck/2), "v0")
+	out, err := x.Step(t.Context(), []*kgo.Record{stale})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); slices.ContainsFunc(evs, func(e ledger.Event) bool { return e.Type == statemachine.EventDenied }) {
+		t.Errorf("on a stale copy of the kill switch: %v; want the call not denied", summary(evs))
+	}
+	if rec, err := r.store.Get(t.Context(), ev.Key()); err != nil || rec.Status == processors.StatusDenied {
+		t.Errorf("on a stale copy the call's record is %s (%v); want it not denied", rec.Status, err)
 	}
 }
 

@@ -52,9 +52,12 @@ func newSubmitBudget(perSecond float64, burst int, now func() time.Time) *submit
 // take charges one submission to tenant, or says how long until the
 // tenant's bucket admits one.
 func (b *submitBudget) take(tenant string) (retryAfter time.Duration, ok bool) {
-	now := b.now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// Read under the lock, so that the buckets see their times in
+	// order: a take dated before the bucket's last moves its clock back,
+	// and the next refills that span again.
+	now := b.now()
 	lim := b.buckets[tenant]
 	if lim == nil {
 		if len(b.buckets) >= b.pruneAt {

@@ -41,3 +41,20 @@ func TestSubmitBudgetForgetsFullBuckets(t *testing.T) {
 		t.Fatal("a rate of 0 or less bounds something")
 	}
 }
+
+// The clock is read under the budget's lock, so that the buckets see
+// their times in order: a time read before the lock could reach a bucket
+// after a later one, move its clock back, and the span in between be
+// refilled twice, giving a flood more than the rate.
+func TestSubmitBudgetReadsTheClockUnderItsLock(t *testing.T) {
+	var b *submitBudget
+	now := time.Unix(1_700_000_000, 0)
+	b = newSubmitBudget(10, 2, func() time.Time {
+		if b.mu.TryLock() {
+			b.mu.Unlock()
+			t.Error("the clock was read outside the budget's lock")
+		}
+		return now
+	})
+	b.take("t_a")
+}
