@@ -108,7 +108,7 @@ any count that must be 0 is not, or a point was hit fewer than
 	fs.Float64Var(&f.rate, "rate", 100, "calls offered per second (open loop)")
 	fs.IntVar(&f.executors, "executors", 3, "executor processes")
 	fs.IntVar(&f.minCrashes, "min-crashes", 50, "fail unless every failpoint (and the pause) was hit at least this many times")
-	fs.StringVar(&f.mix, "mix", "create_ticket=2,refund_order=1,get_weather=1", "tools and weights (tools that the reconciler can resolve)")
+	fs.StringVar(&f.mix, "mix", "create_ticket=6,refund_order=3,get_weather=3,send_email=1", "tools and weights: tools that the reconciler can resolve, and send_email, which has no idempotency downstream and no status lookup (a call whose request may have reached it before a crash is parked for a human, its effect counted at most once); the demo policy lets each tenant send 60 emails a minute, more are refused for now and sent again")
 	fs.IntVar(&f.tenants, "tenants", 8, "tenants sharing the calls")
 	fs.DurationVar(&f.toolTimeout, "tool-timeout", 2*time.Second, "the tools' timeout in the run's registry: it sets the claims' leases, and so how long a pause must last")
 	fs.DurationVar(&f.lookupDeadline, "lookup-deadline", 8*time.Second, "deadline of the calls to tools with a status lookup (refund_order): shorter than a claim's lease, so that such a call whose executor died is past its deadline when reclaimed, and its outcome is unknown until the reconciler looks it up")

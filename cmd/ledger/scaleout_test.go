@@ -18,6 +18,9 @@ func TestScaleOutKillOneExecutor(t *testing.T) {
 		"--duration", "30s", "--rate", "40", "--min-calls", "800",
 		"--min-crashes", "0", "--pause=false", "--executors", "3",
 		"--kill-executor-after", "10s", "--drain", "2m",
+		// Tools the reconciler resolves: every call must end terminal,
+		// where the killed executor's emails in flight would be parked.
+		"--mix", "create_ticket=2,refund_order=1,get_weather=1",
 	)
 	a := rep.Assignment
 	if a == nil {

@@ -36,8 +36,12 @@ type Tool struct {
 
 // DemoTool returns the demo backend's tool name with arguments that the
 // demo policies allow without a human: a weather read, a ticket, a small
-// refund. Other demo tools need approval or are rate limited, which a
-// throughput benchmark cannot use.
+// refund, an email within the tenant's own domain. The email is the one
+// tool without idempotency downstream (a second request is a second
+// effect, which the witness counts), and its policy allows a tenant 60 a
+// minute: a mix must keep it under that, or its calls are refused for now
+// and sent again. Other demo tools need approval, which a load cannot
+// give.
 func DemoTool(name string, weight int) (Tool, error) {
 	var args func(i int64) map[string]any
 	switch name {
@@ -52,8 +56,12 @@ func DemoTool(name string, weight int) (Tool, error) {
 		args = func(i int64) map[string]any {
 			return map[string]any{"order_id": "ord_" + strconv.FormatInt(i, 36), "amount_cents": 100 + i%900, "currency": "AUD"}
 		}
+	case "send_email":
+		args = func(i int64) map[string]any {
+			return map[string]any{"to": "agent-" + strconv.FormatInt(i%16, 10) + "@example.com", "subject": "load note " + strconv.FormatInt(i, 10)}
+		}
 	default:
-		return Tool{}, fmt.Errorf("loadtest: no benchmark arguments for tool %q (known: get_weather, create_ticket, refund_order)", name)
+		return Tool{}, fmt.Errorf("loadtest: no benchmark arguments for tool %q (known: get_weather, create_ticket, refund_order, send_email)", name)
 	}
 	if weight <= 0 {
 		return Tool{}, fmt.Errorf("loadtest: tool %q: weight %d must be positive", name, weight)

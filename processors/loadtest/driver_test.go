@@ -738,7 +738,8 @@ func TestParseMix(t *testing.T) {
 		{mix: "get_weather,create_ticket", want: []tool{{"get_weather", 1, 1}, {"create_ticket", 1, 1}}},
 		{mix: " refund_order=2 , get_weather ,", want: []tool{{"refund_order", 1, 2}, {"get_weather", 1, 1}}},
 		{mix: "get_weather=3,nope=1", wantErr: `"nope"`},
-		{mix: "send_email", wantErr: `"send_email"`},
+		{mix: "cancel_refund", wantErr: `"cancel_refund"`},
+		{mix: "create_ticket=6,send_email", want: []tool{{"create_ticket", 1, 6}, {"send_email", 1, 1}}},
 		{mix: "get_weather=0", wantErr: "must be positive"},
 		{mix: "get_weather=-2", wantErr: "must be positive"},
 		{mix: "get_weather=x", wantErr: "weight of get_weather"},
@@ -773,14 +774,14 @@ func TestParseMix(t *testing.T) {
 }
 
 // TestDemoToolArguments: every call's arguments are valid input for the
-// demo registry's tool, and a refund stays within what policy allows
-// without approval.
+// demo registry's tool, and a refund and an email stay within what policy
+// allows without approval.
 func TestDemoToolArguments(t *testing.T) {
 	reg, err := schemas.Demo()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"get_weather", "create_ticket", "refund_order"} {
+	for _, name := range []string{"get_weather", "create_ticket", "refund_order", "send_email"} {
 		tool, err := DemoTool(name, 1)
 		if err != nil {
 			t.Fatalf("DemoTool(%s): %v", name, err)
@@ -805,6 +806,9 @@ func TestDemoToolArguments(t *testing.T) {
 				if c := tool.Args(i)["amount_cents"].(int64); c <= 0 || c > 10000 {
 					t.Fatalf("refund call %d: amount_cents %d; want in (0, 10000], allowed without approval", i, c)
 				}
+			}
+			if to := tool.Args(i)["to"]; name == "send_email" && !strings.HasSuffix(to.(string), "@example.com") {
+				t.Fatalf("email call %d to %s; want @example.com, the tenant's own domain, sent without approval", i, to)
 			}
 		}
 	}
