@@ -1332,7 +1332,11 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			case !reclaimed && x.waitsOutFreeze(rec, tmpl):
 				return x.holdFrozen(ctx, c, log, tool.Name, a)
 			case tmpl.ApprovalID != "" && x.cfg.Freezes.Current(x.noWait, x.cfg.ControlMaxStaleness) == nil:
-				return refuse(refusal{reason: ReasonToolFrozen, detail: control.FrozenDetail(tool.Name, a)})
+				// Asked again once known current, as the gate asks:
+				// the copy may have caught up with an unfreeze since.
+				if a, frozen := x.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
+					return refuse(refusal{reason: ReasonToolFrozen, detail: control.FrozenDetail(tool.Name, a)})
+				}
 			}
 		}
 	}

@@ -36,6 +36,9 @@ type switchedFreezes struct {
 	fresh chan struct{}
 	// revoked, if set, is a family's revocation, or a jti's.
 	revoked atomic.Pointer[control.Action]
+	// unfreezeOnCurrent: the next Current finds the copy caught up with
+	// an unfreeze (on is turned off).
+	unfreezeOnCurrent atomic.Bool
 }
 
 func (f *switchedFreezes) Revoked(jti, family string) (control.Action, bool) {
@@ -46,6 +49,9 @@ func (f *switchedFreezes) Revoked(jti, family string) (control.Action, bool) {
 }
 
 func (f *switchedFreezes) Current(ctx context.Context, maxStaleness time.Duration) error {
+	if f.unfreezeOnCurrent.CompareAndSwap(true, false) {
+		f.on.Store(false)
+	}
 	if !f.stale.Load() {
 		return nil
 	}
@@ -315,6 +321,14 @@ func TestApprovedCallReadsNothingAtAFrozenTool(t *testing.T) {
 	if rec, err := r.store.Get(t.Context(), ev.Key()); err != nil || rec.Status == processors.StatusDenied {
 		t.Errorf("on a stale copy the call's record is %s (%v); want it not denied", rec.Status, err)
 	}
+
+	// Frozen when first asked, and the copy then found current with the
+	// unfreeze applied: the freeze is asked again, and the call runs.
+	fz.stale.Store(false)
+	fz.on.Store(true)
+	fz.unfreezeOnCurrent.Store(true)
+	_, caughtUp := r.admitApproved("lapsing-caught-up", time.Now().Add(time.Second+recheck/2), "v0")
+	stepEndsAs(t, x, caughtUp, []string{"executing", "succeeded"}, "")
 }
 
 // leftToReconciler checks that a taken-over call's step sent nothing to
