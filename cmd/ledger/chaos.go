@@ -176,6 +176,13 @@ type chaosReport struct {
 	// Check is the whole history, checked: the log read both ways, the
 	// witness's effects, every submitted call.
 	Check consistency.Report `json:"check"`
+	// SpentCredentials counts the requests the tool backend refused for
+	// a credential that had already had its effect: a call's jti is
+	// spent by the first request of a tool without idempotency that
+	// applies (send_email), and a second one sent under it is refused
+	// there, not applied, so that duplicate_effects cannot see it. The
+	// ledger never sends such a call again: must be 0.
+	SpentCredentials int `json:"spent_credentials"`
 	// Assignment is the executor group's assignment around the kill of
 	// --kill-executor-after; nil without it.
 	Assignment *chaosAssignment `json:"assignment,omitempty"`
@@ -464,6 +471,11 @@ func runChaos(ctx context.Context, g *globals, f *chaosFlags, progress, out io.W
 		MinCrashes:       f.minCrashes, MinCalls: f.minCalls,
 		Assignment: e.killedAssignment(),
 	}
+	for _, r := range backend.Refusals() {
+		if r.Reason == credentials.ReasonSpent {
+			report.SpentCredentials++
+		}
+	}
 	fmt.Fprintf(progress, "chaos: checking the history (%d calls)\n", res.Submitted)
 	log, err := consistency.ReadLog(ctx, cc, topics.Events)
 	if err != nil {
@@ -595,8 +607,8 @@ func (r *chaosReport) writeTable(w io.Writer, points []string) error {
 	fmt.Fprintf(w, "machine: %s, %d cores, %s\n", r.Machine.CPU, r.Machine.Cores, r.Machine.Go)
 	fmt.Fprintf(w, "load: %g calls/s offered for the run; %d submitted, %d finished, %d lost, %.0f calls/s; %s in all\n",
 		r.Rate, r.Load.Submitted, r.Load.Finished, r.Load.Lost, r.Load.PerSec, r.Duration.Round(time.Second))
-	fmt.Fprintf(w, "witness: %d effects, %d reads, %d native replays, %d duplicate, %d sent twice, %d missing\n\n",
-		r.Witness.Effects, r.Witness.Reads, r.Witness.Replays, r.Witness.Duplicates, r.Witness.DuplicateSends, r.Witness.Missing)
+	fmt.Fprintf(w, "witness: %d effects, %d reads, %d native replays, %d duplicate, %d sent twice, %d missing, %d under a spent credential\n\n",
+		r.Witness.Effects, r.Witness.Reads, r.Witness.Replays, r.Witness.Duplicates, r.Witness.DuplicateSends, r.Witness.Missing, r.SpentCredentials)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "failpoint\thits\t")
 	for _, p := range points {
@@ -631,6 +643,9 @@ func (r *chaosReport) failures(points []string) []string {
 	// The same witness as the bench's: an attempt sent twice is seen
 	// there alone, since the mix's tools with effects deduplicate by key.
 	bad := append(r.Check.Failures(), r.Witness.Failures("witness")...)
+	if r.SpentCredentials != 0 {
+		bad = append(bad, fmt.Sprintf("%d requests sent again under a credential already spent by its effect (a call without idempotency sent twice)", r.SpentCredentials))
+	}
 	if r.UnexpectedExits != 0 {
 		bad = append(bad, fmt.Sprintf("%d processes exited neither at a failpoint nor cleanly when asked (their logs are in the work directory)", r.UnexpectedExits))
 	}

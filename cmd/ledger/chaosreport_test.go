@@ -8,22 +8,37 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/loadtest"
 )
 
-// A chaos run fails on an attempt sent to the tool twice, as the bench
-// does: the run's tools with effects deduplicate by key, so the witness's
-// duplicate sends are what sees the executor sending twice. Before, the
-// run computed them and passed whatever they were.
-func TestChaosFailsOnDuplicateSends(t *testing.T) {
-	r := chaosReport{Witness: loadtest.Witness{Effects: 10, Replays: 1, DuplicateSends: 1}}
-	bad := strings.Join(r.failures(nil), "; ")
-	if !strings.Contains(bad, "1 calls with an attempt sent to the tool twice") {
-		t.Errorf("failures = %q; want the attempt sent twice", bad)
-	}
-	var out strings.Builder
-	if err := r.writeTable(&out, nil); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out.String(), "1 sent twice") {
-		t.Errorf("the table does not show the attempt sent twice:\n%s", out.String())
+// A chaos run fails on what the tool saw sent twice, whatever counts it:
+//   - an attempt sent twice, as the bench does: the run's tools with
+//     effects deduplicate by key, so the witness's duplicate sends are
+//     what sees the executor sending twice (before, the run computed
+//     them and passed whatever they were);
+//   - a request under a credential its effect already spent: the backend
+//     refuses it (a tool without idempotency spends the jti with its
+//     effect), so the witness's duplicate effects never see it.
+func TestChaosFailsOnWhatTheToolSawTwice(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		report         chaosReport
+		failure, table string
+	}{
+		{"attempt sent twice", chaosReport{Witness: loadtest.Witness{Effects: 10, Replays: 1, DuplicateSends: 1}},
+			"1 calls with an attempt sent to the tool twice", "1 sent twice"},
+		{"spent credential", chaosReport{Witness: loadtest.Witness{Effects: 10}, SpentCredentials: 2},
+			"2 requests sent again under a credential already spent", "2 under a spent credential"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if bad := strings.Join(tc.report.failures(nil), "; "); !strings.Contains(bad, tc.failure) {
+				t.Errorf("failures = %q; want %q", bad, tc.failure)
+			}
+			var out strings.Builder
+			if err := tc.report.writeTable(&out, nil); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out.String(), tc.table) {
+				t.Errorf("the table does not show %q:\n%s", tc.table, out.String())
+			}
+		})
 	}
 }
 
