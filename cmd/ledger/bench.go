@@ -147,7 +147,7 @@ runs inside the bench, beside the load generator and the tool backend, unless
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&f.crdbDSN, "crdb-dsn", "", "CockroachDB (or PostgreSQL) DSN for the execution store; empty: the embedded store (one ledger process). With --attach, the store of the raw limit's claims, and whose server's CPU the runs report when it is a PostgreSQL on this machine")
-	fs.StringVar(&f.mix, "mix", "create_ticket", "tools and weights, e.g. get_weather=3,create_ticket=1 (get_weather, create_ticket, refund_order)")
+	fs.StringVar(&f.mix, "mix", "create_ticket", "tools and weights, e.g. get_weather=3,create_ticket=1 (get_weather, create_ticket, refund_order, and send_email, which the demo policy allows a tenant 60 times a minute: more are refused for now and sent again)")
 	fs.IntVar(&f.tenants, "tenants", 8, "tenants the calls come from, round robin")
 	fs.Int64Var(&f.calls, "calls", 20000, "calls per run (0: run for --duration)")
 	fs.DurationVar(&f.duration, "duration", 0, "how long each run submits, when --calls is 0")
