@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -25,6 +26,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -578,5 +580,86 @@ func TestCredentialNotRenewedIsNotSent(t *testing.T) {
 		if !strings.Contains(logs.String(), "reason="+reason) {
 			t.Errorf("the give-back's log does not say %s:\n%s", reason, logs.String())
 		}
+	}
+}
+
+// twiceSending is a proxy in front of a tool that sends each request on
+// again when it lost the answer: it sends every request twice and
+// answers with the second answer.
+type twiceSending struct{}
+
+func (twiceSending) RoundTrip(req *http.Request) (*http.Response, error) {
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, err
+	}
+	send := func() (*http.Response, error) {
+		r := req.Clone(req.Context())
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		return http.DefaultTransport.RoundTrip(r)
+	}
+	first, err := send()
+	if err != nil {
+		return nil, err
+	}
+	_, _ = io.Copy(io.Discard, first.Body)
+	first.Body.Close()
+	return send()
+}
+
+// spendingTool is a tool without idempotency that spends each credential
+// with its effect, as one verifying with the credentials package does
+// (Verifier.Spend): a second request under a bearer is refused 401
+// spent, and applies nothing.
+type spendingTool struct {
+	mu      sync.Mutex
+	spent   map[string]bool
+	effects int
+}
+
+func (s *spendingTool) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bearer := r.Header.Get("Authorization")
+	w.Header().Set("Content-Type", "application/json")
+	if s.spent[bearer] {
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprintf(w, `{"error":%q,"message":"the credential already had its effect"}`, credentials.ReasonSpent)
+		return
+	}
+	s.spent[bearer] = true
+	s.effects++
+	fmt.Fprint(w, `{"sent":true}`)
+}
+
+// A call of a tool without idempotency whose request a proxy sent twice:
+// the first applied it and spent its credential, the second was refused
+// spent (401), the answer the executor got. The call's outcome is
+// unknown, not failed: the tool said its credential had its effect, and
+// failed, its agent would send it again under another key, the email
+// twice. Before, it ended failed, tool_refused http_401.
+func TestCredentialSpentAtTheToolIsNoFailure(t *testing.T) {
+	r, broker, _ := newGuardedRig(t)
+	tool := &spendingTool{spent: map[string]bool{}}
+	srv := httptest.NewServer(tool)
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	auth := r.admit("notify", "spent-by-proxy", map[string]any{"to": "a@example.com", "subject": "s"}, 0)
+	x := r.executor(func(c *executor.Config) {
+		c.Credentials, c.Caller = broker, httptool.New(httptool.Config{Client: &http.Client{Transport: twiceSending{}}})
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := decodeAll(t, out.Records)
+	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, summary(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	if code := evs[len(evs)-1].ErrorCode; code != "credential_spent" {
+		t.Errorf("error code %q; want credential_spent", code)
+	}
+	if tool.effects != 1 || len(tool.spent) != 1 {
+		t.Errorf("the tool applied %d effects under %d credentials; want the one the proxy's first request made", tool.effects, len(tool.spent))
 	}
 }

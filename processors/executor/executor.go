@@ -1565,6 +1565,17 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			// call succeeded all the same.
 			break
 		}
+		if spentAtTheTool(err, resp) {
+			// The tool says the call's credential already had its
+			// effect there (credentials.ReasonSpent): under this call's
+			// key and body, so the effect is this call's, applied by a
+			// request of it whose answer was lost (a proxy in between
+			// that sent it again), or a copy of it. Failed, its agent
+			// would send the call again under another key, and the
+			// effect would happen twice.
+			log.Warn("the tool says the call's credential already had its effect; outcome unknown", "attempt", attempt)
+			return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, "credential_spent", nil)
+		}
 		if hb := x.revokedAtTheTool(callCtx, c, err); hb != nil {
 			err = hb
 		}
@@ -2063,6 +2074,21 @@ func (x *Executor) revokedAtTheTool(ctx context.Context, c *completion, err erro
 		return nil
 	}
 	return x.heldRevoked(c)
+}
+
+// spentAtTheTool reports whether err is the tool's refusal of the call's
+// credential as already spent by its effect: 401, its JSON body's error
+// credentials.ReasonSpent (as a tool verifying with the credentials
+// package answers, the demo backend among them).
+func spentAtTheTool(err error, resp httptool.Response) bool {
+	he, ok := errors.AsType[*httptool.Error](err)
+	if !ok || he.Kind != httptool.Refused || he.Status != http.StatusUnauthorized {
+		return false
+	}
+	var doc struct {
+		Error string `json:"error"`
+	}
+	return json.Unmarshal(resp.Body, &doc) == nil && doc.Error == string(credentials.ReasonSpent)
 }
 
 // heldRevoked is the hold of a request whose credential was revoked, by
