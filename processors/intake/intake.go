@@ -103,6 +103,12 @@ type Store interface {
 // DefaultPolicyRetryAfter is Config.PolicyRetryAfter's default.
 const DefaultPolicyRetryAfter = time.Second
 
+// KeysStaleRetryAfter is the retry_after_ms of a refusal for the issuer's
+// keys being stale here (identity.ReasonKeysStale: not refreshed for
+// longer than the verifier allows, an identity provider's outage): long
+// enough that every agent's resends during such an outage cost little.
+const KeysStaleRetryAfter = 30 * time.Second
+
 // Config configures the intake.
 type Config struct {
 	// Registry of tools. Required.
@@ -773,7 +779,16 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 				return checkResult{c: &checked{env: env, id: lapsed.Identity, standing: &cur}}
 			}
 		}
-		return refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
+		res := refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
+		if reason == identity.ReasonKeysStale {
+			// This intake's keys are stale, not the assertion wrong:
+			// refused for now, as on a stale control copy, so that its
+			// sender sends it again rather than taking the refusal for
+			// the call's end (a copy of a call that stands included,
+			// which no key can be looked up for without a tenant).
+			res.refusal.RetryAfterMS = KeysStaleRetryAfter.Milliseconds()
+		}
+		return res
 	}
 	if _, reserved := env.Key().Compensates(); reserved {
 		// Keys of compensation calls are the ledger's: an agent's call

@@ -2145,3 +2145,26 @@ func TestLapsedUnprovenAssertionAnswersACopyOfItsCall(t *testing.T) {
 		t.Errorf("a new call under it: events %+v; want one refusal, assertion_expired, under %s", evs, ledger.UnverifiedTenant)
 	}
 }
+
+// staleKeysVerifier is a verifier whose issuer's keys are stale: every
+// assertion is refused keys_stale, as identity's is after MaxStale
+// without a refresh.
+type staleKeysVerifier struct{}
+
+func (staleKeysVerifier) Verify(context.Context, string) (identity.Identity, error) {
+	return identity.Identity{}, &token.Error{Reason: identity.ReasonKeysStale, Detail: "the issuer's keys could not be loaded for 25h"}
+}
+
+// An envelope refused because this intake's keys of the issuer are stale
+// is refused for now (retry_after_ms): the assertion may be good, and
+// its sender must send it again once the keys are fresh, not take the
+// refusal for its call's end. Before, it was refused for good.
+func TestStaleIssuerKeysRefuseForNow(t *testing.T) {
+	f := newIntakeWith(t, func(c *intake.Config) { c.Identity = staleKeysVerifier{} })
+	out, got := f.step(t, f.envelopeRecord(t, "stale-keys", map[string]any{"title": "t"}))
+	evs := events(t, out)
+	if !slices.Equal(got, []string{"stale-keys:denied/" + intake.ReasonAssertionPrefix + identity.ReasonKeysStale}) ||
+		evs[0].TenantID != ledger.UnverifiedTenant || evs[0].RetryAfterMS != intake.KeysStaleRetryAfter.Milliseconds() {
+		t.Errorf("a call refused for stale keys: %v, %+v; want refused for now under %s, retry after %s", got, evs, ledger.UnverifiedTenant, intake.KeysStaleRetryAfter)
+	}
+}
