@@ -1,6 +1,10 @@
 package ledger
 
-import "time"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+)
 
 // Envelope is what an agent publishes to the request topic: a proposal for
 // one tool call. Everything in it is untrusted until the intake checked it.
@@ -19,6 +23,19 @@ type Envelope struct {
 	// string, json.Number, bool or nil, as Decode produces it. It is what
 	// was validated and hashed, and what runs.
 	Arguments any `json:"arguments"`
+
+	// Published, when its reader keeps them, are the bytes the envelope
+	// was decoded from, as its sender published them: a refusal names
+	// their RequestDigest.
+	Published []byte `json:"-"`
+}
+
+// RequestDigest is the digest a refusal names the envelope it refuses by
+// (Event.RequestDigest): "sha256:" and the lowercase hex SHA-256 of the
+// envelope's bytes as published.
+func RequestDigest(published []byte) string {
+	sum := sha256.Sum256(published)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // Scope is the caller's claim about who asks. The verified assertion is the

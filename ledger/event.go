@@ -137,6 +137,13 @@ type Event struct {
 	// that could not decide: policy_timeout, policy_error,
 	// policy_unavailable), is when to try again under the same key.
 	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
+	// RequestDigest, on a refusal (seq 0), is the RequestDigest of the
+	// envelope it refuses: the copy it answers. Two copies of one call
+	// (its call id sent again with a fresh assertion, say) are each
+	// refused or admitted on their own, and a sender waiting for its
+	// copy's answer tells its refusal from another copy's by it. Empty on
+	// the refusals of older builds.
+	RequestDigest string `json:"request_digest,omitempty"`
 
 	// Reason is machine-readable (snake_case); Pointer is the JSON pointer
 	// of the offending field where there is one; Detail is for humans.

@@ -256,6 +256,8 @@ func (d *fastDecoder) field(e *Event, key []byte) bool {
 		return intNum(&e.Attempt)
 	case "retry_after_ms":
 		return num(&e.RetryAfterMS)
+	case "request_digest":
+		return str(&e.RequestDigest)
 	case "reason":
 		return str(&e.Reason)
 	case "pointer":

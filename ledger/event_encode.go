@@ -73,6 +73,7 @@ func appendEvent(b []byte, e *Event) ([]byte, error) {
 	b = jsonappend.OptStrings(b, "earlier_credential_families", e.EarlierCredentialFamilies)
 	b = jsonappend.OptInt(b, "attempt", int64(e.Attempt))
 	b = jsonappend.OptInt(b, "retry_after_ms", e.RetryAfterMS)
+	b = jsonappend.OptString(b, "request_digest", e.RequestDigest)
 	b = jsonappend.OptString(b, "reason", e.Reason)
 	b = jsonappend.OptString(b, "pointer", e.Pointer)
 	b = jsonappend.OptString(b, "detail", e.Detail)

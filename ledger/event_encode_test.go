@@ -207,6 +207,9 @@ var eventFieldVersions = map[string]int{
 	// Informational: the definition the call is bound to, for
 	// responders; what binds it is the store's record (ToolDigest).
 	"tool_digest": 2,
+	// Informational: the copy a refusal answers, which waiting senders
+	// compare; an older one takes any refusal of its call id, as before.
+	"request_digest": 2,
 }
 
 func TestEventFieldsAreClassified(t *testing.T) {

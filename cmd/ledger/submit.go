@@ -267,6 +267,7 @@ type callWait struct {
 	cc     ledger.ClientConfig
 	topic  string
 	callID string
+	digest string // of the envelope as published (httpapi.RefusalOf)
 	// callKey is the key the call lives under: the verified tenant's,
 	// which is the claimed one unless the scope lies. keys are every key
 	// its events may come under, callKey first, and ends where each
@@ -294,7 +295,7 @@ type callWait struct {
 }
 
 func newCallWait(ctx context.Context, cc ledger.ClientConfig, topic string, key ledger.CallKey, callID string, body []byte) (*callWait, error) {
-	w := &callWait{cc: cc, topic: topic, callID: callID, callKey: key, sent: 1, refusals: make(map[string]bool)}
+	w := &callWait{cc: cc, topic: topic, callID: callID, digest: ledger.RequestDigest(body), callKey: key, sent: 1, refusals: make(map[string]bool)}
 	sent := readSent(body)
 	w.own = sent.own()
 	if sent.tenant != "" {
@@ -443,7 +444,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 // the wait. Refusals of an earlier submission, and one read twice (an
 // event id seen), are passed over.
 func (w *callWait) refused(e ledger.Event, fresh bool, f *submitFlags, out io.Writer, waitEnd time.Time, again chan<- time.Duration, cancel func()) bool {
-	if e.CallID != w.callID || !fresh || (e.EventID != "" && w.refusals[e.EventID]) {
+	if !httpapi.RefusalOf(e, w.callID, w.digest) || !fresh || (e.EventID != "" && w.refusals[e.EventID]) {
 		return false
 	}
 	w.refusals[e.EventID] = true
@@ -630,7 +631,7 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	every := 100 * time.Millisecond
 	var lastErr error // the last read that failed for now, for the timeout's message
 	for {
-		if refusal := answeringRefusal(view, callID, seen, notBefore); refusal != nil {
+		if refusal := answeringRefusal(view, callID, ledger.RequestDigest(body), seen, notBefore); refusal != nil {
 			seen[refusal.EventID] = true
 			if wait, ok := sendAgain(*refusal, f, retried, lastSent, end); ok {
 				retried++
@@ -695,15 +696,16 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	}
 }
 
-// answeringRefusal is the refusal of this submission's call id that
-// answers it: the one the API's wait ended on, else the first in v not
-// seen; neither dated before notBefore.
-func answeringRefusal(v httpapi.CallView, callID string, seen map[string]bool, notBefore time.Time) *ledger.Event {
+// answeringRefusal is the refusal of this submission's envelope (its call
+// id, its bytes' digest: httpapi.RefusalOf) that answers it: the one the
+// API's wait ended on, else the first in v not seen; neither dated before
+// notBefore.
+func answeringRefusal(v httpapi.CallView, callID, digest string, seen map[string]bool, notBefore time.Time) *ledger.Event {
 	if r := v.Refused; r != nil && !seen[r.EventID] && !r.At.Before(notBefore) {
 		return r
 	}
 	for i, r := range v.Refusals {
-		if r.CallID == callID && !seen[r.EventID] && !r.At.Before(notBefore) {
+		if httpapi.RefusalOf(r, callID, digest) && !seen[r.EventID] && !r.At.Before(notBefore) {
 			return &v.Refusals[i]
 		}
 	}

@@ -625,6 +625,11 @@ func TestAnsweringRefusalNotDatedBefore(t *testing.T) {
 	notBefore := sent.Add(-httpapi.RefusalSkew)
 	old := ledger.Event{EventID: "old", CallID: "c1", Reason: "tool_frozen", At: sent.Add(-time.Minute)}
 	fresh := ledger.Event{EventID: "fresh", CallID: "c1", Reason: "rate_limited", At: sent.Add(time.Second)}
+	// A refusal of another copy of the call (the same call id, other
+	// bytes) is no answer to this one, however fresh.
+	otherCopy := ledger.Event{EventID: "other-copy", CallID: "c1", Reason: "assertion_expired", At: sent.Add(time.Second), RequestDigest: "sha256:other"}
+	thisCopy := otherCopy
+	thisCopy.EventID, thisCopy.RequestDigest = "this-copy", "sha256:this"
 	for _, tc := range []struct {
 		name string
 		v    httpapi.CallView
@@ -634,9 +639,11 @@ func TestAnsweringRefusalNotDatedBefore(t *testing.T) {
 		{"listed, old", httpapi.CallView{Refusals: []ledger.Event{old}}, ""},
 		{"the wait's, fresh", httpapi.CallView{Refused: &fresh}, "fresh"},
 		{"listed, old and fresh", httpapi.CallView{Refusals: []ledger.Event{old, fresh}}, "fresh"},
+		{"listed, another copy's", httpapi.CallView{Refusals: []ledger.Event{otherCopy}}, ""},
+		{"listed, another copy's and this one's", httpapi.CallView{Refusals: []ledger.Event{otherCopy, thisCopy}}, "this-copy"},
 	} {
 		got := ""
-		if r := answeringRefusal(tc.v, "c1", map[string]bool{}, notBefore); r != nil {
+		if r := answeringRefusal(tc.v, "c1", "sha256:this", map[string]bool{}, notBefore); r != nil {
 			got = r.EventID
 		}
 		if got != tc.want {

@@ -718,9 +718,11 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 		// Nobody vouches for this sender: the refusal goes under the
 		// reserved tenant, never under the one the record claims.
 		key.TenantID = ledger.UnverifiedTenant
-		ev := p.refuse(key, &ledger.Envelope{CallID: callID}, identity.Identity{}, now, de.Code, de.Pointer, de.Detail)
+		ev := p.refuse(key, &ledger.Envelope{CallID: callID, Published: rec.Value}, identity.Identity{}, now, de.Code, de.Pointer, de.Detail)
 		return checkResult{refusal: &ev}
 	}
+	// Kept for a refusal's RequestDigest, hashed only then.
+	env.Published = rec.Value
 	refuse := func(key ledger.CallKey, id identity.Identity, reason, pointer, detail string) checkResult {
 		ev := p.refuse(key, env, id, now, reason, pointer, detail)
 		return checkResult{refusal: &ev}
@@ -1425,6 +1427,12 @@ func (p *Processor) refuse(key ledger.CallKey, env *ledger.Envelope, id identity
 	ev.Reason = reason
 	ev.Pointer = boundPointer(pointer, maxRefusalPointer)
 	ev.Detail = boundDetail(detail, maxRefusalDetail)
+	if env.Published != nil {
+		// The copy refused: another copy of the call (its call id sent
+		// again) is refused or admitted on its own, and its sender
+		// must not take this refusal for its answer.
+		ev.RequestDigest = ledger.RequestDigest(env.Published)
+	}
 	return ev
 }
 

@@ -2168,3 +2168,24 @@ func TestStaleIssuerKeysRefuseForNow(t *testing.T) {
 		t.Errorf("a call refused for stale keys: %v, %+v; want refused for now under %s, retry after %s", got, evs, ledger.UnverifiedTenant, intake.KeysStaleRetryAfter)
 	}
 }
+
+// A refusal names the copy of the call it refuses, by the digest of the
+// envelope's bytes as published (its call id sent again with a fresh
+// assertion is another copy, refused or admitted on its own), whether
+// the envelope decoded or only its key could be read.
+func TestRefusalNamesTheCopyItRefuses(t *testing.T) {
+	f := newIntake(t)
+	bad := f.toolRecord(t, "no_such_tool", 1, "copy", map[string]any{"title": "t"})
+	undecodable := &kgo.Record{Topic: "toolcalls.requests",
+		Value: []byte(`{"tool":"create_ticket","tool_version":1,"call_id":"c_u","scope":{"tenant_id":"t_a"},"idempotency_key":"undecodable","arguments":{"title":"t"},"arguments_hash":"sha256:00","priority":"urgent"}`)}
+	out, _ := f.step(t, bad, undecodable)
+	evs := events(t, out)
+	if len(evs) != 2 {
+		t.Fatalf("%d events; want the two refusals", len(evs))
+	}
+	for i, rec := range []*kgo.Record{bad, undecodable} {
+		if want := ledger.RequestDigest(rec.Value); evs[i].Seq != 0 || evs[i].RequestDigest != want {
+			t.Errorf("refusal of %s names request %q; want %q", evs[i].IdempotencyKey, evs[i].RequestDigest, want)
+		}
+	}
+}

@@ -396,7 +396,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sub := submission{key: key, callID: env.CallID, own: OwnCall(env.ArgumentsHash, env.Scope.UserID, asserted), arrived: time.Now()}
+	sub := submission{key: key, callID: env.CallID, digest: ledger.RequestDigest(body), own: OwnCall(env.ArgumentsHash, env.Scope.UserID, asserted), arrived: time.Now()}
 	if waiting {
 		sub.earlier = s.refusalsBefore(r.Context(), key, min(wait, refusalsBeforeTimeout), agent)
 	}
@@ -495,6 +495,7 @@ func (o OwnCallOf) Is(req ledger.Event) bool {
 type submission struct {
 	key    ledger.CallKey
 	callID string
+	digest string // of the envelope's bytes, as published (RefusalOf)
 	own    OwnCallOf
 	// earlier are the refusals under the key before the submission, by
 	// event id: a refusal of an earlier submission with the same call id
@@ -516,10 +517,20 @@ const RefusalSkew = 2 * time.Second
 // refusal only once this one is admitted (and run), which, taken for its
 // answer, would tell the agent that a call that ran was refused.
 func (sub submission) answeredBy(ref ledger.Event) bool {
-	if ref.CallID != sub.callID || ref.At.Before(sub.arrived.Add(-RefusalSkew)) {
+	if !RefusalOf(ref, sub.callID, sub.digest) || ref.At.Before(sub.arrived.Add(-RefusalSkew)) {
 		return false
 	}
 	return !sub.earlier[ref.EventID]
+}
+
+// RefusalOf reports whether the refusal ref may answer the envelope of
+// callID published as bytes whose ledger.RequestDigest is digest: of its
+// call id, and of those bytes when ref names the copy it refuses (a
+// refusal of an older build does not). Another copy of the call (its
+// call id sent again with a fresh assertion, say) may be refused while
+// this one is admitted and runs: its refusal is no answer to this one.
+func RefusalOf(ref ledger.Event, callID, digest string) bool {
+	return ref.CallID == callID && (ref.RequestDigest == "" || digest == "" || ref.RequestDigest == digest)
 }
 
 // refusalsBeforeTimeout bounds the look before publishing, which delays

@@ -1385,3 +1385,53 @@ func TestAnotherUsersFloodKeepsOwnRefusalInView(t *testing.T) {
 		t.Error("the agent's reads never went through UserCall")
 	}
 }
+
+// A refusal of another copy of the call (its call id sent again with
+// other bytes: a fresh assertion, say), dated after this submission, is
+// no answer to it: the wait goes on, and answers with the call this copy
+// joined once it settled. This copy's own refusal still answers it.
+// Before, any refusal of the call id did, and an agent was told its call
+// was refused while it ran.
+func TestWaitPassesOverAnotherCopysRefusal(t *testing.T) {
+	pub := &publisher{}
+	srv, ix := newAPI(t, pub)
+	refusal := func(key, id, digest string) ledger.Event {
+		return ledger.Event{EventID: id, Type: statemachine.EventDenied, At: time.Now(), TenantID: "t_a", IdempotencyKey: key, CallID: "c1",
+			Reason: "assertion_expired", Pointer: "/assertion", RequestDigest: digest}
+	}
+	wait := func(body string) httpapi.CallView {
+		t.Helper()
+		resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=5s", "", body)
+		var v httpapi.CallView
+		_ = json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST ?wait = %d; want 200", resp.StatusCode)
+		}
+		return v
+	}
+	body := validEnvelope(t, "k8")
+	pub.settle = func(key string) {
+		_ = ix.Apply([]ledger.Event{refusal("k8", "other-copy", ledger.RequestDigest([]byte(body+" ")))})
+		time.Sleep(100 * time.Millisecond) // looked at meanwhile
+		settledAs(ix, "")(key)
+	}
+	if v := wait(body); v.Refused != nil || v.State != string(statemachine.StateSucceeded) {
+		t.Errorf("POST ?wait with another copy refused meanwhile: refused %+v, state %q; want the call succeeded", v.Refused, v.State)
+	}
+
+	// This copy's own refusal answers it; so does one naming no copy
+	// (an older build's).
+	for i, named := range []bool{true, false} {
+		key := fmt.Sprint("k8-", i)
+		body := validEnvelope(t, key)
+		digest := ""
+		if named {
+			digest = ledger.RequestDigest([]byte(body))
+		}
+		pub.settle = func(string) { _ = ix.Apply([]ledger.Event{refusal(key, "this-copy", digest)}) }
+		if v := wait(body); v.Refused == nil || v.Refused.EventID != "this-copy" {
+			t.Errorf("POST ?wait, refused naming request %q: refused %+v; want that refusal", digest, v.Refused)
+		}
+	}
+}
