@@ -701,7 +701,9 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 // API's wait ended on, else the first in v not seen; neither dated before
 // notBefore.
 func answeringRefusal(v httpapi.CallView, callID, digest string, seen map[string]bool, notBefore time.Time) *ledger.Event {
-	if r := v.Refused; r != nil && !seen[r.EventID] && !r.At.Before(notBefore) {
+	if r := v.Refused; r != nil && httpapi.RefusalOf(*r, callID, digest) && !seen[r.EventID] && !r.At.Before(notBefore) {
+		// Checked here too: an older API's wait ends on any refusal
+		// of the call id.
 		return r
 	}
 	for i, r := range v.Refusals {

@@ -641,6 +641,7 @@ func TestAnsweringRefusalNotDatedBefore(t *testing.T) {
 		{"listed, old and fresh", httpapi.CallView{Refusals: []ledger.Event{old, fresh}}, "fresh"},
 		{"listed, another copy's", httpapi.CallView{Refusals: []ledger.Event{otherCopy}}, ""},
 		{"listed, another copy's and this one's", httpapi.CallView{Refusals: []ledger.Event{otherCopy, thisCopy}}, "this-copy"},
+		{"the wait's, another copy's (an older API's)", httpapi.CallView{Refused: &otherCopy}, ""},
 	} {
 		got := ""
 		if r := answeringRefusal(tc.v, "c1", "sha256:this", map[string]bool{}, notBefore); r != nil {

@@ -662,4 +662,15 @@ func TestCredentialSpentAtTheToolIsNoFailure(t *testing.T) {
 	if tool.effects != 1 || len(tool.spent) != 1 {
 		t.Errorf("the tool applied %d effects under %d credentials; want the one the proxy's first request made", tool.effects, len(tool.spent))
 	}
+
+	// A read has no effect to be unsure of: refused spent, it failed,
+	// and is not handed to the reconciler (which would park it).
+	read := r.admit("get_weather", "read-spent-by-proxy", map[string]any{"city": "Oslo"}, 0)
+	out, err = x.Step(t.Context(), []*kgo.Record{read})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolRefused + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
+		t.Errorf("a read refused spent (-want +got):\n%s", diff)
+	}
 }

@@ -1565,14 +1565,15 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			// call succeeded all the same.
 			break
 		}
-		if spentAtTheTool(err, resp) {
+		if tool.Effect != schemas.EffectRead && spentAtTheTool(err, resp) {
 			// The tool says the call's credential already had its
 			// effect there (credentials.ReasonSpent): under this call's
 			// key and body, so the effect is this call's, applied by a
 			// request of it whose answer was lost (a proxy in between
 			// that sent it again), or a copy of it. Failed, its agent
 			// would send the call again under another key, and the
-			// effect would happen twice.
+			// effect would happen twice. (A read has no effect to be
+			// unsure of: its refusal fails it, as any.)
 			log.Warn("the tool says the call's credential already had its effect; outcome unknown", "attempt", attempt)
 			return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, "credential_spent", nil)
 		}
