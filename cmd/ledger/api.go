@@ -444,7 +444,10 @@ func agentAssertion(agents identity.AssertionVerifier) func(ctx context.Context,
 
 // agentOf is the agent of a verified identity, or the reason it is none.
 func agentOf(id identity.Identity, reason string, err error) (httpapi.Agent, error) {
-	if err != nil {
+	switch {
+	case err != nil && reason == identity.ReasonKeysStale:
+		return httpapi.Agent{}, httpapi.ErrCannotVerifyNow
+	case err != nil:
 		return httpapi.Agent{}, errors.New(reason)
 	}
 	// The envelope's tenant syntax: not the ledger's own tenant, where

@@ -154,3 +154,15 @@ func startAPIWithoutClickHouse(t *testing.T, cc ledger.ClientConfig, topics ledg
 	})
 	return addr, iss, exited
 }
+
+// ledger api's agents' verifier says stale keys as such, for the API to
+// answer 503 rather than refuse the assertion; any other refusal keeps
+// its reason.
+func TestAgentOfStaleKeys(t *testing.T) {
+	if _, err := agentOf(identity.Identity{}, identity.ReasonKeysStale, errors.New("stale")); !errors.Is(err, httpapi.ErrCannotVerifyNow) {
+		t.Errorf("stale keys: %v; want httpapi.ErrCannotVerifyNow", err)
+	}
+	if _, err := agentOf(identity.Identity{}, "expired", errors.New("expired")); err == nil || errors.Is(err, httpapi.ErrCannotVerifyNow) || err.Error() != "expired" {
+		t.Errorf("an expired assertion: %v; want refused expired", err)
+	}
+}

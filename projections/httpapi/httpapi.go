@@ -14,6 +14,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -373,6 +374,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		}
 		if s.cfg.Assertion != nil {
 			ea, err := s.cfg.Assertion(r.Context(), env.Assertion)
+			if cannotVerifyNow(w, err) {
+				return
+			}
 			if err != nil {
 				writeError(w, http.StatusBadRequest, apiError{Code: "assertion_" + err.Error(), Pointer: "/assertion",
 					Message: "the envelope's identity assertion is refused (" + err.Error() + "), as the intake would refuse it; nothing was published: send the envelope again with a valid one"})
@@ -637,9 +641,37 @@ func (s *Server) await(ctx context.Context, sub submission, d time.Duration, age
 	}
 }
 
-// authenticate returns the request's verified agent, or answers 401.
+// ErrCannotVerifyNow, as (or wrapped in) a Caller's or an Assertion's
+// error, says the assertion could not be judged now (the issuer's keys
+// are stale here: not refreshed for longer than the verifier allows), not
+// that it is bad. The request is answered 503 keys_unavailable with
+// Retry-After (CannotVerifyRetryAfter) and nothing is published: refused
+// 401 or 400, an agent would take its assertion for bad.
+var ErrCannotVerifyNow = errors.New("keys_stale")
+
+// CannotVerifyRetryAfter is the Retry-After of an answer for
+// ErrCannotVerifyNow, as the intake's refusal for stale keys.
+const CannotVerifyRetryAfter = 30 * time.Second
+
+// cannotVerifyNow answers 503 keys_unavailable when err is
+// ErrCannotVerifyNow, and reports whether it did.
+func cannotVerifyNow(w http.ResponseWriter, err error) bool {
+	if !errors.Is(err, ErrCannotVerifyNow) {
+		return false
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(int(CannotVerifyRetryAfter.Seconds())))
+	writeError(w, http.StatusServiceUnavailable, apiError{Code: "keys_unavailable",
+		Message: "the issuer's keys are stale here, and no assertion can be verified now; nothing was published: send it again after Retry-After"})
+	return true
+}
+
+// authenticate returns the request's verified agent, or answers 401 (503
+// when it cannot be verified now: ErrCannotVerifyNow).
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (Agent, bool) {
 	a, err := s.cfg.Caller(r)
+	if cannotVerifyNow(w, err) {
+		return Agent{}, false
+	}
 	if err != nil {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolcall-ledger"`)
 		writeError(w, http.StatusUnauthorized, apiError{Code: "unauthenticated", Message: "an agent's identity assertion is required as a bearer token: " + err.Error()})
