@@ -22,11 +22,12 @@ const submitPruneFloor = 1024
 
 // submitBudget bounds each tenant's submissions through this API: a token
 // bucket per tenant, refilled at rate a second and holding at most burst.
-// One tenant's flood is refused here, before its envelopes are read,
-// instead of reaching the request topic, where the other tenants' calls
-// would queue behind it at the intake (whose @rate_limit refuses a call
-// only once it has read the envelope). The buckets are this process's: n
-// API processes admit a tenant n times the rate.
+// One tenant's flood is refused here (with agents' authentication, before
+// its envelopes are read) instead of reaching the request topic, where
+// the other tenants' calls would queue behind it at the intake (whose
+// @rate_limit refuses a call only once it has read the envelope). The
+// buckets are this process's: n API processes admit a tenant n times the
+// rate.
 type submitBudget struct {
 	rate  rate.Limit
 	burst int
