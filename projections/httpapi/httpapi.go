@@ -400,8 +400,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	sub := submission{key: key, callID: env.CallID, digest: ledger.RequestDigest(body), own: OwnCall(env.ArgumentsHash, env.Scope.UserID, asserted), arrived: time.Now()}
+	sub := submission{key: key, callID: env.CallID, own: OwnCall(env.ArgumentsHash, env.Scope.UserID, asserted), arrived: time.Now()}
 	if waiting {
+		// Hashed for a wait alone: the bytes can be 256 KiB.
+		sub.digest = ledger.RequestDigest(body)
 		sub.earlier = s.refusalsBefore(r.Context(), key, min(wait, refusalsBeforeTimeout), agent)
 	}
 	pctx, cancel := context.WithTimeout(r.Context(), s.cfg.PublishTimeout)
