@@ -648,17 +648,7 @@ func TestCredentialSpentAtTheToolIsNoFailure(t *testing.T) {
 	x := r.executor(func(c *executor.Config) {
 		c.Credentials, c.Caller = broker, httptool.New(httptool.Config{Client: &http.Client{Transport: twiceSending{}}})
 	})
-	out, err := x.Step(t.Context(), []*kgo.Record{auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs := decodeAll(t, out.Records)
-	if diff := cmp.Diff([]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, summary(evs)); diff != "" {
-		t.Fatalf("events (-want +got):\n%s", diff)
-	}
-	if code := evs[len(evs)-1].ErrorCode; code != "credential_spent" {
-		t.Errorf("error code %q; want credential_spent", code)
-	}
+	stepEndsAs(t, x, auth, []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, "credential_spent")
 	if tool.effects != 1 || len(tool.spent) != 1 {
 		t.Errorf("the tool applied %d effects under %d credentials; want the one the proxy's first request made", tool.effects, len(tool.spent))
 	}
@@ -666,11 +656,5 @@ func TestCredentialSpentAtTheToolIsNoFailure(t *testing.T) {
 	// A read has no effect to be unsure of: refused spent, it failed,
 	// and is not handed to the reconciler (which would park it).
 	read := r.admit("get_weather", "read-spent-by-proxy", map[string]any{"city": "Oslo"}, 0)
-	out, err = x.Step(t.Context(), []*kgo.Record{read})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff([]string{"executing", "failed(" + executor.ReasonToolRefused + ")"}, summary(decodeAll(t, out.Records))); diff != "" {
-		t.Errorf("a read refused spent (-want +got):\n%s", diff)
-	}
+	stepEndsAs(t, x, read, []string{"executing", "failed(" + executor.ReasonToolRefused + ")"}, "http_401")
 }

@@ -773,14 +773,7 @@ func TestPoliciesDecideTheFirstRequest(t *testing.T) {
 	x := r.executor(func(c *executor.Config) {
 		c.Policy = activatedAfterRecheck{switchingDecider{allow, deny, new(atomic.Bool)}}
 	})
-	out, err := x.Step(t.Context(), []*kgo.Record{approved})
-	if err != nil {
-		t.Fatal(err)
-	}
-	evs := decodeAll(t, out.Records)
-	if diff := cmp.Diff([]string{"denied(" + policy.ReasonDeniedByPolicy + ")"}, summary(evs)); diff != "" {
-		t.Errorf("events (-want +got):\n%s", diff)
-	}
+	stepEndsAs(t, x, approved, []string{"denied(" + policy.ReasonDeniedByPolicy + ")"}, "")
 	if n := r.backend.Requests(); n != 0 {
 		t.Errorf("%d requests reached the tool; want none", n)
 	}
