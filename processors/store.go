@@ -137,14 +137,19 @@ type Record struct {
 	// named one (a deployment that mints none, or a record of an older
 	// build).
 	Credential CallCredential
-	// LapsedFamilies are the families of the call's claims whose lease
-	// ran out (their owners died or stalled, and may have sent the call's
-	// requests under them), in the order they lapsed, each once: the
-	// claim that takes the call over adds the family the record named,
-	// the expired claim's, so that it is not lost should the new owner
-	// die too before it records anything (its Prior names only its own
-	// predecessor's). The first MaxLapsedFamilies are kept. Empty for a
-	// call no lease of lapsed, and in the records of older builds.
+	// LapsedFamilies are the families of the call's earlier claims
+	// whose credentials may have reached the tool, in the order they
+	// ended, each once. Those of the claims whose lease ran out (their
+	// owners died or stalled, and may have sent the call's requests
+	// under them): the claim that takes the call over adds the family
+	// the record named, the expired claim's, so that it is not lost
+	// should the new owner die too before it records anything (its
+	// Prior names only its own predecessor's). And those of the claims
+	// given back after the tool answered their requests without effect
+	// (Release.Sent): the next claim may name another family, its key
+	// rotated meanwhile. The first MaxLapsedFamilies are kept. Empty
+	// for a call no such claim of ended, and in the records of older
+	// builds.
 	LapsedFamilies []string
 	// UndoMarks counts the times an executor of the call's compensation
 	// found the call undoable and went on to send the undo (MarkUndo).
@@ -234,9 +239,10 @@ func (c CallCredential) IsZero() bool { return c == CallCredential{} }
 const MaxLapsedFamilies = 32
 
 // LapseFamily is lapsed (Record.LapsedFamilies) once a claim took over
-// a call whose expired claim named family: with family added, unless it
-// is empty, already there, or the list is full. It never writes into
-// lapsed's array.
+// a call whose expired claim named family, or a claim was given back
+// after its requests under family reached the tool (Release.Sent): with
+// family added, unless it is empty, already there, or the list is full.
+// It never writes into lapsed's array.
 func LapseFamily(lapsed []string, family string) []string {
 	if family == "" || slices.Contains(lapsed, family) || len(lapsed) >= MaxLapsedFamilies {
 		return lapsed
@@ -483,12 +489,20 @@ type Completion struct {
 }
 
 // Release gives a claimed call back without an outcome: its owner sent
-// nothing under the claim, and the call is to be tried again later (a
-// check before the call could not be made: the policies could not decide
-// an approved call's re-check). Fenced by the epoch, as a completion.
+// nothing under the claim, or only requests the tool answered without
+// effect (a 429), and the call is to be tried again later (a check
+// before the call could not be made: the policies could not decide an
+// approved call's re-check). Fenced by the epoch, as a completion.
 type Release struct {
 	Key   ledger.CallKey
 	Epoch int64
+	// Sent is the credential family of the claim's requests that
+	// reached the tool (answered without effect), empty if none did:
+	// the store adds it to Record.LapsedFamilies (as LapseFamily), so
+	// that the call's events name it though a later claim names
+	// another (a key rotated meanwhile). The credential stays the
+	// call's: a tool may hold it, in a log.
+	Sent string
 	// After is how long no claim may take the call: the record stays
 	// executing, without a lease owner, under a lease that ends After
 	// from now (the store's clock), and Expired lists it from then.
@@ -562,9 +576,11 @@ type Store interface {
 	// record stays executing with no lease owner, its attempt, seq and
 	// outbox as they were, until its lease (Release.After) ends; the
 	// claim that takes it then is Claimed, not Reclaimed. The caller
-	// must have sent nothing under its claim, and must hold a claim that
-	// was not Reclaimed (an earlier owner may have sent): a release says
-	// that no request of the call ever left.
+	// must have sent nothing under its claim that the tool may have
+	// applied (only requests it answered without effect, whose family
+	// Release.Sent names), and must hold a claim that was not Reclaimed
+	// (an earlier owner may have sent): a release says that no request
+	// of the call ever had an effect.
 	Release(ctx context.Context, rs []Release) (applied []bool, err error)
 	// Settle ends the journal entries named (see Completion.Journal).
 	// With logged, their completions' events are in the log: the
@@ -719,6 +735,9 @@ func CheckReleases(rs []Release) error {
 	for i, r := range rs {
 		if r.Epoch <= 0 || r.After < 0 {
 			return fmt.Errorf("release %d (%v): want a claimed epoch and a delay not negative, got %d and %v", i, r.Key, r.Epoch, r.After)
+		}
+		if len(r.Sent) > maxCredentialName {
+			return fmt.Errorf("release %d (%v): sent family of %d bytes, more than %d", i, r.Key, len(r.Sent), maxCredentialName)
 		}
 	}
 	return nil

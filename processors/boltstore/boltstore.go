@@ -858,6 +858,7 @@ func (s *Store) Release(ctx context.Context, rs []processors.Release) ([]bool, e
 		next.LeaseOwner = ""
 		next.LeaseUntil = now.Add(r.After)
 		next.UpdatedAt = now
+		next.LapsedFamilies = processors.LapseFamily(next.LapsedFamilies, r.Sent)
 		return true
 	})
 }

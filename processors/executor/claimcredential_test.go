@@ -36,23 +36,23 @@ import (
 func newGuardedRig(t *testing.T) (*rig, *credentials.Broker, *demobackend.Server) {
 	t.Helper()
 	r := newRig(t)
-	broker, _, guarded := newGuardedBackend(t, nil)
+	broker, _, guarded := newGuardedBackend(t, credentials.Config{})
 	srv := httptest.NewServer(guarded.Handler())
 	t.Cleanup(srv.Close)
 	r.url = srv.URL
 	return r, broker, guarded
 }
 
-// newGuardedBackend is a credential broker on clock (nil: the real one),
-// a verifier of its credentials, and a tool backend that verifies them,
-// closed when t ends.
-func newGuardedBackend(t *testing.T, clock func() time.Time) (*credentials.Broker, *credentials.Verifier, *demobackend.Server) {
+// newGuardedBackend is a credential broker of cfg (its clock cfg.Now,
+// nil: the real one), a verifier of its credentials on the same clock,
+// and a tool backend that verifies them, closed when t ends.
+func newGuardedBackend(t *testing.T, cfg credentials.Config) (*credentials.Broker, *credentials.Verifier, *demobackend.Server) {
 	t.Helper()
-	broker, err := credentials.New(credentials.Config{Now: clock})
+	broker, err := credentials.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys, Now: clock})
+	verifier, err := credentials.NewVerifier(credentials.VerifierConfig{Audience: "demo-backend", Keys: broker.Keys, Now: cfg.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestCredentialRenewedForAnAttemptItWouldNotOutlast(t *testing.T) {
 	r := newRigWith(t, reg, demobackend.Config{})
 	var skip atomic.Int64 // how far the shared clock is ahead
 	clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
-	broker, _, guarded := newGuardedBackend(t, clock)
+	broker, _, guarded := newGuardedBackend(t, credentials.Config{Now: clock})
 	guarded.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 1})
 	var sent []string // the Authorization of each request
 	tool := guarded.Handler()
@@ -473,7 +473,7 @@ func TestCredentialExpiresWithItsAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := newRigWith(t, reg, demobackend.Config{})
-	broker, verifier, guarded := newGuardedBackend(t, nil)
+	broker, verifier, guarded := newGuardedBackend(t, credentials.Config{})
 	guarded.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{FailStatus: http.StatusServiceUnavailable, FailTimes: 3})
 	type send struct{ at, expires time.Time }
 	var (
@@ -555,7 +555,7 @@ func TestCredentialNotRenewedIsNotSent(t *testing.T) {
 		r := newRig(t)
 		var skip atomic.Int64 // how far the shared clock is ahead
 		clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
-		broker, _, guarded := newGuardedBackend(t, clock)
+		broker, _, guarded := newGuardedBackend(t, credentials.Config{Now: clock})
 		srv := httptest.NewServer(guarded.Handler())
 		t.Cleanup(srv.Close)
 		r.url = srv.URL
@@ -580,6 +580,74 @@ func TestCredentialNotRenewedIsNotSent(t *testing.T) {
 		if !strings.Contains(logs.String(), "reason="+reason) {
 			t.Errorf("the give-back's log does not say %s:\n%s", reason, logs.String())
 		}
+	}
+}
+
+// A call whose request the tool answered 429, and whose credential then
+// could not be renewed for the retry because the signing key rotated
+// meanwhile, is given back (the tool did nothing), not failed; the claim
+// after it sends it under the new key's family, and its executing event
+// names the family its first request reached the tool under too, as
+// earlier. Before, the call ended failed (credential_key_rotated), its
+// key spent though nothing happened; given back without its family, the
+// events would have named only the new one, and a revocation of the old
+// family would not have found the call.
+func TestRotationAfterAnAnswerGivesBackNamingTheFamilySent(t *testing.T) {
+	r := newRig(t)
+	// Keys that rotate every second or so, credentials that live one:
+	// the clock skips little, and the claim's lease (the store's clock)
+	// still holds.
+	const ttl, skew, cacheFor = time.Second, time.Millisecond, time.Millisecond
+	rotateEvery := credentials.Config{TTL: ttl, Skew: skew, CacheFor: cacheFor}.MinRotateEvery()
+	var skip atomic.Int64 // how far the shared clock is ahead
+	clock := func() time.Time { return time.Now().Add(time.Duration(skip.Load())) }
+	broker, _, guarded := newGuardedBackend(t, credentials.Config{TTL: ttl, Skew: skew, CacheFor: cacheFor, RotateEvery: rotateEvery, Now: clock})
+	srv := httptest.NewServer(guarded.Handler())
+	t.Cleanup(srv.Close)
+	r.url = srv.URL
+	guarded.SetFault(demobackend.ToolCreateTicket, demobackend.Fault{FailStatus: http.StatusTooManyRequests, FailTimes: 1})
+	first := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())
+
+	// Right before the retry leaves, the key rotates: the next key is
+	// published, then signs, and the first credential has expired.
+	var rotated atomic.Bool
+	fz := clockAtCurrent{&switchedFreezes{}, func() {
+		if guarded.Requests() == 1 && !rotated.Swap(true) {
+			skip.Store(int64(rotateEvery - cacheFor))
+			broker.KeyEpoch()
+			skip.Store(int64(rotateEvery + 100*time.Millisecond))
+		}
+	}}
+	x := r.executor(func(c *executor.Config) {
+		c.Credentials, c.Freezes, c.Now, c.RetryBackoff = broker, fz, clock, 20*time.Millisecond
+	})
+	auth := r.admit("create_ticket", "rotated-after-429", map[string]any{"title": "t"}, 0)
+	out, err := x.Step(t.Context(), []*kgo.Record{auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); len(evs) != 0 || guarded.Requests() != 1 || len(guarded.Effects()) != 0 {
+		t.Fatalf("events %v, %d requests at the tool, effects %+v; want none, one request (the 429), none (given back)", summary(evs), guarded.Requests(), guarded.Effects())
+	}
+	if rec := r.givenBack(auth); !slices.Equal(rec.LapsedFamilies, []string{first}) {
+		t.Errorf("the record given back names earlier families %q; want [%s], the one its request reached the tool under", rec.LapsedFamilies, first)
+	}
+
+	evs := claimedAgainAndRun(t, x, auth)
+	second := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())
+	if second == first {
+		t.Fatalf("the key did not rotate: family %s", first)
+	}
+	// The executing event names the earlier families, as after a
+	// takeover; the outcome, its own credential's.
+	if exec := evs[0]; exec.CredentialFamily != second || !slices.Equal(exec.EarlierCredentialFamilies, []string{first}) {
+		t.Errorf("executing names family %q, earlier families %q; want %s, earlier [%s]", exec.CredentialFamily, exec.EarlierCredentialFamilies, second, first)
+	}
+	if last := evs[len(evs)-1]; last.CredentialFamily != second {
+		t.Errorf("%s names family %q; want %s", last.Type, last.CredentialFamily, second)
+	}
+	if effs := guarded.Effects(); len(effs) != 1 {
+		t.Errorf("tool effects %+v; want one", effs)
 	}
 }
 

@@ -1542,6 +1542,11 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 		if err == nil {
 			return c.succeed(tool, attempt, resp, sec, false)
 		}
+		if he, ok := errors.AsType[*httptool.Error](err); ok && he.Kind != httptool.NotSent {
+			// The request, and the credential in it, reached the tool
+			// (or what answers at its address).
+			c.reached = true
+		}
 		if he, ok := errors.AsType[*httptool.Error](err); ok && he.Kind == httptool.Unknown && he.Status >= 200 && he.Status < 300 {
 			// The tool said it did it (a 2xx status line arrived whole,
 			// as a refusal's would stand), and only its answer's body
@@ -1586,7 +1591,12 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			// call no request of which reached the tool is denied; one
 			// whose requests the tool answered without effect failed;
 			// otherwise (no answer, or a takeover) what the tool did is
-			// for the reconciler to find out.
+			// for the reconciler to find out. A hold that passes (a
+			// revoked family, a rotated key, a freeze an approval waits
+			// out) gives back a call that sent nothing under its claim,
+			// or only requests the tool answered without effect: they
+			// leave nothing to find out, and the next claim sends the
+			// call with a credential the tools accept.
 			switch {
 			case unknownErr != nil:
 				log.Warn("request held back before a retry of a call that may have reached the tool; outcome unknown", "why", hb.why)
@@ -1594,40 +1604,43 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			case reclaimed:
 				log.Warn("taken-over call held back before it was sent again; outcome unknown", "why", hb.why)
 				return c.finish(processors.StatusOutcomeUnknown, max(attempt-1, rec.Attempt+1), ReasonLeaseExpired, "reclaimed_"+hb.why, nil)
-			case answered:
-				// It started, and did nothing: failed, not denied.
-				log.Info("request held back before a retry", "why", hb.why)
-				return c.finish(processors.StatusFailed, attempt-1, ReasonUnavailable, hb.why, nil)
 			case hb == errRevoked || hb == errJTIRevoked:
-				// Nothing was sent under this claim: given back, as
-				// when the revocation is found right after the mint,
-				// until the tools accept its next credential.
+				// Given back, as when the revocation is found right
+				// after the mint, until the tools accept its next
+				// credential; unless the call's own jti is revoked,
+				// which no credential of the call passes.
 				r := x.revoked(c.jti, c.family, c.issued)
 				if r == nil {
 					// Undone meanwhile: claimed again at once.
 					r = &refusal{reason: hb.why, later: true, detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") was revoked before its request could leave"}
 				}
+				if answered && !r.later {
+					return c.heldAfterAnswers(log, attempt, hb.why)
+				}
 				return refuse(*r)
 			case hb == errCredentialRotated:
-				// Nothing was sent under this claim: given back, as
-				// when the key rotated before the first mint; the
-				// next claim names the new key's family.
+				// Given back, as when the key rotated before the first
+				// mint; the next claim names the new key's family.
 				return x.releaseClaim(ctx, c, log, refusal{reason: hb.why, after: time.Millisecond,
-					detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") would expire before its request could land, and could not be minted again under its family: nothing was sent"})
+					detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") would expire before its request could land, and could not be minted again under its family: " + c.sentUnder()})
 			case hb == errCredentialLate && !rec.DeadlineAt.IsZero() && !stop.Before(rec.DeadlineAt):
+				if answered {
+					return c.heldAfterAnswers(log, attempt, hb.why)
+				}
 				// As when the first mint comes too late: too little of
 				// the call's own time is left.
 				return c.expire()
 			case hb == errCredentialLate:
 				return x.releaseClaim(ctx, c, log, refusal{reason: hb.why, after: time.Millisecond,
-					detail: "the call's credential (jti " + c.jti + ") would expire before its request could land, and too little of the claim's lease is left to mint it again: nothing was sent"})
+					detail: "the call's credential (jti " + c.jti + ") would expire before its request could land, and too little of the claim's lease is left to mint it again: " + c.sentUnder()})
+			case hb.freeze != nil && x.waitsOutFreeze(rec, tmpl):
+				// No takeover, and nothing the tool may have applied
+				// was sent under this claim.
+				return x.holdFrozen(ctx, c, log, tool.Name, *hb.freeze)
+			case answered:
+				return c.heldAfterAnswers(log, attempt, hb.why)
 			case hb.freeze != nil:
 				a := *hb.freeze
-				if x.waitsOutFreeze(rec, tmpl) {
-					// Nothing was sent under this claim, which is no
-					// takeover.
-					return x.holdFrozen(ctx, c, log, tool.Name, a)
-				}
 				log.Info("tool frozen before the call started")
 				return c.deny(ReasonToolFrozen, control.FrozenDetail(tool.Name, a), policy.Decision{})
 			case hb.decision != nil:
@@ -1655,10 +1668,10 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			// let the call through within its deadline.
 			if errors.Is(err, errStaleInLease) {
 				return x.releaseClaim(ctx, c, log, refusal{reason: CodeControlStale,
-					detail: "no copy of the control topic known current within the claim's lease; nothing was sent"})
+					detail: "no copy of the control topic known current within the claim's lease; " + c.sentUnder()})
 			}
 			return x.releaseClaim(ctx, c, log, refusal{reason: "bulkhead_full",
-				detail: fmt.Sprintf("no slot of %s's bulkhead within the claim's lease; nothing was sent", tool.Name)})
+				detail: fmt.Sprintf("no slot of %s's bulkhead within the claim's lease; %s", tool.Name, c.sentUnder())})
 		}
 		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
 			// Nothing was sent, and the tenant's breaker for the tool
@@ -2159,7 +2172,24 @@ func (x *Executor) waitsOutFreeze(rec *processors.Record, tmpl *ledger.Event) bo
 // waitsOutFreeze), for FrozenRecheck.
 func (x *Executor) holdFrozen(ctx context.Context, c *completion, log callLog, tool string, a control.Action) processors.Completion {
 	return x.releaseClaim(ctx, c, log, refusal{reason: ReasonToolFrozen, after: x.cfg.FrozenRecheck,
-		detail: control.FrozenDetail(tool, a) + "; nothing was sent, and the call waits for the unfreeze"})
+		detail: control.FrozenDetail(tool, a) + "; " + c.sentUnder() + ", and the call waits for the unfreeze"})
+}
+
+// sentUnder says what a claim given back sent: nothing, or requests the
+// tool answered without effect (reached).
+func (c *completion) sentUnder() string {
+	if c.reached {
+		return "only requests the tool answered without effect were sent"
+	}
+	return "nothing was sent"
+}
+
+// heldAfterAnswers ends a call held back for good (why) before a retry,
+// whose requests the tool answered without effect: it started, and did
+// nothing: failed, not denied.
+func (c *completion) heldAfterAnswers(log callLog, attempt int, why string) processors.Completion {
+	log.Info("request held back before a retry", "why", why)
+	return c.finish(processors.StatusFailed, attempt-1, ReasonUnavailable, why, nil)
 }
 
 // decided reports whether a decision beyond the call's own policies
@@ -2242,9 +2272,11 @@ func (x *Executor) stillToUndo(ctx context.Context, orig ledger.CallKey) (proces
 	return cur.Status, compensation.AutomaticUndoes(cur), nil
 }
 
-// releaseClaim releases the claim of a call that sent nothing, for the
-// policies (or whether a compensation has anything to undo) could not be
-// decided now, or the tool's breaker is open: the call stays executing,
+// releaseClaim releases the claim of a call that sent nothing (or only
+// requests the tool answered without effect, whose credential family the
+// release records), for the policies (or whether a compensation has
+// anything to undo) could not be decided now, or the tool's breaker is
+// open: the call stays executing,
 // without an owner, for RetryBackoff (r.after), and the sweep of expired leases (or a
 // redelivery) then claims it afresh (Claimed, not Reclaimed). It returns
 // no completion: the step records nothing for the call, and the log
@@ -2264,6 +2296,11 @@ func (x *Executor) stillToUndo(ctx context.Context, orig ledger.CallKey) (proces
 // once).
 func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog, r refusal) processors.Completion {
 	rel := processors.Release{Key: c.rec.Key, Epoch: c.rec.Epoch, After: cmp.Or(r.after, x.cfg.RetryBackoff)}
+	if c.reached {
+		// The next claim may name another family (its key rotated):
+		// the call's events still name this one.
+		rel.Sent = c.family
+	}
 	applied, err := x.releaseClaims(context.WithoutCancel(ctx), []processors.Release{rel}, releaseTries, 10*time.Second)
 	switch {
 	case err != nil:
@@ -2285,7 +2322,7 @@ func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog,
 		level = slog.LevelDebug
 	}
 	log.log(level, "call not run yet (the policies, whether there is anything to undo, or the approved resource's version could not be read, the tool's breaker is open or its bulkhead had no slot (or the control topic no copy known current) within the claim's lease, its credential's family was revoked or its signing key rotated since the claim, its tool version is unknown here or defined otherwise, or its tool is frozen and an approval or a compensation stands behind it); claim given back, to be tried again", "reason", r.reason,
-		"detail", r.detail, "retry_after", rel.After)
+		"detail", r.detail, "retry_after", rel.After, "sent_family", rel.Sent)
 	x.cfg.Metrics.Claims("released", 1)
 	return processors.Completion{}
 }
@@ -2654,6 +2691,9 @@ type completion struct {
 	// applied the effect, without an answer that says so (no answer, or
 	// a 5xx: a native tool's, retried).
 	unanswered bool
+	// reached: an attempt of this owner's request (its credential
+	// with it) reached the tool, whatever it answered.
+	reached bool
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string

@@ -567,18 +567,21 @@ func TestCallTooLateForACredentialExpires(t *testing.T) {
 
 // claimedAgainAndRun steps x over auth until the call, given back, is
 // claimed again and succeeds.
-func claimedAgainAndRun(t *testing.T, x *executor.Executor, auth *kgo.Record) {
+func claimedAgainAndRun(t *testing.T, x *executor.Executor, auth *kgo.Record) []ledger.Event {
 	t.Helper()
+	var evs []ledger.Event
 	ledgertest.WaitFor(t, 5*time.Second, func() error {
 		out, err := x.Step(t.Context(), []*kgo.Record{auth})
 		if err != nil {
 			return err
 		}
-		if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(decodeAll(t, out.Records))); diff != "" {
+		evs = decodeAll(t, out.Records)
+		if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
 			return fmt.Errorf("claimed again (-want +got):\n%s", diff)
 		}
 		return nil
 	})
+	return evs
 }
 
 // onceLate is a credential broker whose first Mint comes too late: the

@@ -152,11 +152,15 @@ func TestHeldBackNamesTheFreezeItSaw(t *testing.T) {
 // ends the call failed, code tool_frozen; one after a request that got no
 // answer, or a 5xx (neither says the effect does not exist), ends it
 // outcome_unknown for the reconciler. A revocation of the family of the
-// call's credential does the same, code credential_family_revoked: before,
-// it was looked at after the mint only, and a retry sent the revoked
-// credential, which the tools refuse (401: failed tool_refused, with
-// nothing to say why). A revocation of the call's jti too, under its own
-// code, credential_revoked (it was said credential_family_revoked, a
+// call's credential stops the retry too, code credential_family_revoked:
+// before, it was looked at after the mint only, and a retry sent the
+// revoked credential, which the tools refuse (401: failed tool_refused,
+// with nothing to say why). After a 429 it passes: the call, which did
+// nothing, is given back, its record naming the revoked family as one
+// its requests reached the tool under, to be sent again under a
+// credential issued after the revocation (it was failed, its key spent).
+// A revocation of the call's jti stops it as a freeze does, under its
+// own code, credential_revoked (it was said credential_family_revoked, a
 // revocation nobody made).
 func TestFreezeStopsRetries(t *testing.T) {
 	for _, hold := range []string{executor.ReasonToolFrozen, executor.ReasonCredentialRevoked, executor.ReasonJTIRevoked} {
@@ -218,11 +222,18 @@ func testHoldStopsRetries(t *testing.T, hold string) {
 				t.Fatal(err)
 			}
 			evs := decodeAll(t, out.Records)
-			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
-				t.Fatalf("events (-want +got):\n%s", diff)
-			}
-			if last := evs[len(evs)-1]; last.ErrorCode != hold || last.Attempt != 1 {
-				t.Errorf("error code %q, attempt %d; want %q, 1 (the one sent)", last.ErrorCode, last.Attempt, hold)
+			if hold == executor.ReasonCredentialRevoked && tc.fault.FailStatus == http.StatusTooManyRequests {
+				family := credentials.FamilyOf(tc.tool, "t_a", broker.KeyEpoch())
+				if rec := r.givenBack(auth); len(evs) != 0 || !slices.Equal(rec.LapsedFamilies, []string{family}) {
+					t.Errorf("events %v, the record's earlier families %q; want none (given back), [%s]", summary(evs), rec.LapsedFamilies, family)
+				}
+			} else {
+				if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
+					t.Fatalf("events (-want +got):\n%s", diff)
+				}
+				if last := evs[len(evs)-1]; last.ErrorCode != hold || last.Attempt != 1 {
+					t.Errorf("error code %q, attempt %d; want %q, 1 (the one sent)", last.ErrorCode, last.Attempt, hold)
+				}
 			}
 			if n := requests.Load(); n != 1 {
 				t.Errorf("%d requests reached the tool; want 1 (none after the freeze)", n)
@@ -739,7 +750,7 @@ func TestFrozenToolHoldsCallsADecisionStandsBehind(t *testing.T) {
 func TestRevocationHeardFirstAtTheTool(t *testing.T) {
 	for _, jti := range []bool{false, true} {
 		r := newRig(t)
-		broker, verifier, _ := newGuardedBackend(t, nil)
+		broker, verifier, _ := newGuardedBackend(t, credentials.Config{})
 		fz := &switchedFreezes{}
 		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			// The tool's introspection has the revocation; the
@@ -769,7 +780,44 @@ func TestRevocationHeardFirstAtTheTool(t *testing.T) {
 		if evs := decodeAll(t, out.Records); len(evs) != 0 {
 			t.Errorf("family revoked: events %v; want none (given back)", summary(evs))
 		}
-		r.givenBack(auth)
+		// Its request reached the tool under the family: the record
+		// keeps it for the events of the claim that sends it again.
+		family := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())
+		if rec := r.givenBack(auth); !slices.Equal(rec.LapsedFamilies, []string{family}) {
+			t.Errorf("the record given back names earlier families %q; want [%s]", rec.LapsedFamilies, family)
+		}
+	}
+}
+
+// An approved call whose tool is frozen after the tool answered its
+// first request 429 (it did nothing) waits the freeze out, as one frozen
+// before it started: given back, and run once the freeze is lifted.
+// Before, it ended failed, tool_frozen, its key and its approval spent
+// though nothing had happened.
+func TestFreezeAfterAnAnswerHoldsAnApprovedCall(t *testing.T) {
+	r := newRig(t)
+	_, approved := r.admitApproved("approved-429", time.Now().Add(time.Hour), "")
+	r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{FailStatus: http.StatusTooManyRequests, FailTimes: 1})
+	fz := &switchedFreezes{}
+	url, requests := afterFirstRequest(t, r, func() { fz.on.Store(true) })
+	const recheck = 300 * time.Millisecond
+	x := r.executor(func(c *executor.Config) {
+		c.Freezes, c.BaseURL, c.RetryBackoff, c.FrozenRecheck = fz, url, 20*time.Millisecond, recheck
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{approved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); len(evs) != 0 || requests.Load() != 1 {
+		t.Fatalf("events %v, %d requests at the tool; want none (given back), 1 (the 429)", summary(evs), requests.Load())
+	}
+	until := r.givenBack(approved).LeaseUntil
+
+	fz.on.Store(false)
+	time.Sleep(time.Until(until) + 50*time.Millisecond)
+	stepEndsAs(t, x, approved, []string{"executing", "succeeded"}, "")
+	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/approved-429"); n != 1 {
+		t.Errorf("applied %d times after the unfreeze; want 1", n)
 	}
 }
 

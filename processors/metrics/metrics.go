@@ -83,7 +83,7 @@ func New(role string, known func(tool string) bool) *Registry {
 	}, []string{"stage"})
 	r.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_claims_total", ConstLabels: constRole,
-		Help: "Claims on calls by result: claimed, reclaimed (an expired lease taken over), busy (a claim conflict: another executor holds the lease), finished, mismatch, missing, not_ready; released (a claim given back unsent: the policies unable to decide an approved call's re-check, the resource's version unreadable, the tool's breaker open); held (one the store failed to take back, held by the executor and asked again).",
+		Help: "Claims on calls by result: claimed, reclaimed (an expired lease taken over), busy (a claim conflict: another executor holds the lease), finished, mismatch, missing, not_ready; released (a claim given back with nothing sent the tool may have applied: the policies unable to decide an approved call's re-check, the resource's version unreadable, the tool's breaker open); held (one the store failed to take back, held by the executor and asked again).",
 	}, []string{"result"})
 	r.toolCalls = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "ledger_tool_call_duration_seconds", ConstLabels: constRole, Buckets: stageBuckets,

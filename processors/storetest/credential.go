@@ -25,6 +25,7 @@ func credentialTests() []contractTest {
 		{"Credential/Released", testCredentialReleased},
 		{"Credential/Lapsed", testCredentialLapsed},
 		{"Credential/LapsedBound", testCredentialLapsedBound},
+		{"Credential/ReleasedSent", testCredentialReleasedSent},
 		{"Credential/IntraBatch", testCredentialIntraBatch},
 		{"Credential/Invalid", testCredentialInvalid},
 	}
@@ -343,6 +344,61 @@ func testCredentialLapsedBound(t *testing.T, s processors.Store) {
 		}
 	}
 	checkLapsed(t, "Get after the reclaims", mustGet(t, s, k).LapsedFamilies, want)
+}
+
+// testCredentialReleasedSent: a release that names the family its
+// claim's requests reached the tool under (Release.Sent) adds it to
+// Record.LapsedFamilies, once, after the families lapsed before it, up
+// to processors.MaxLapsedFamilies; one fenced out adds nothing. The claim
+// after it is Claimed (the tool answered those requests without effect),
+// and its record keeps them.
+func testCredentialReleasedSent(t *testing.T, s processors.Store) {
+	k := key("cred:released-sent")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
+	first, second := cred("sent-1"), cred("sent-2")
+	release := func(c processors.CallCredential, sent string) processors.Record {
+		t.Helper()
+		var r processors.Record
+		waitFor(t, pollTimeout, func() error {
+			got := mustClaim(t, s, credClaim(k, "executor-1", longLease, c))[0]
+			if got.Outcome != processors.Claimed {
+				return fmt.Errorf("Claim after a release outcome = %v; want Claimed", got.Outcome)
+			}
+			r = got.Record
+			return nil
+		})
+		if applied := mustRelease(t, s, processors.Release{Key: k, Epoch: r.Epoch, After: time.Millisecond, Sent: sent}); !applied[0] {
+			t.Fatalf("Release(sent %q) applied = false; want true", sent)
+		}
+		return r
+	}
+	release(first, first.Family)
+	checkLapsed(t, "Get after a release that sent", mustGet(t, s, k).LapsedFamilies, []string{first.Family})
+	// The same family again, then none: nothing added.
+	release(first, first.Family)
+	r := release(first, "")
+	checkLapsed(t, "Claimed record after releases", r.LapsedFamilies, []string{first.Family})
+	checkLapsed(t, "Get after a release that sent nothing", mustGet(t, s, k).LapsedFamilies, []string{first.Family})
+	// A release of an epoch no longer current adds nothing.
+	if applied := mustRelease(t, s, processors.Release{Key: k, Epoch: r.Epoch - 1, Sent: "stale/family"}); applied[0] {
+		t.Fatalf("Release of a stale epoch applied = true; want false")
+	}
+	release(second, second.Family)
+	both := []string{first.Family, second.Family}
+	checkLapsed(t, "Get after a second family sent", mustGet(t, s, k).LapsedFamilies, both)
+	checkLapsed(t, "Expired record", waitExpired(t, s, k).LapsedFamilies, both)
+	checkLapsed(t, "Claimed record after the second", release(cred("sent-3"), "").LapsedFamilies, both)
+
+	// Bounded as a takeover's.
+	want := both
+	for i := 3; i <= processors.MaxLapsedFamilies+2; i++ {
+		c := cred(fmt.Sprintf("sent-%d", i))
+		release(c, c.Family)
+		if len(want) < processors.MaxLapsedFamilies {
+			want = append(want, c.Family)
+		}
+	}
+	checkLapsed(t, "Get after the bound", mustGet(t, s, k).LapsedFamilies, want)
 }
 
 // testCredentialIntraBatch: of several claims of one key in a batch, the
