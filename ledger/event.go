@@ -124,13 +124,15 @@ type Event struct {
 	// CredentialFamily groups the credentials of one tool, tenant and key
 	// epoch: what an incident responder revokes.
 	CredentialFamily string `json:"credential_family,omitempty"`
-	// EarlierCredentialFamilies, on the events that name the credential
-	// of the expired claim an executor took the call over from, are the
-	// families of the call's earlier expired claims, other than
-	// CredentialFamily: requests of the call may have been sent under
-	// them too, by owners that died (or stalled) before they recorded
-	// anything. Empty unless an owner that took the call over lapsed in
-	// turn. A family's blast radius counts them as CredentialFamily.
+	// EarlierCredentialFamilies, on a claim's executing event (and on
+	// every event of its step when it minted none, and on a denial or
+	// expiry), are the families of the call's earlier claims other than
+	// CredentialFamily whose credentials may have reached the tool:
+	// those of expired claims, whose owners died (or stalled) before
+	// they recorded anything, and those of claims given back after the
+	// tool answered their requests without effect (a 429), or held a
+	// request back once its headers were sent. Empty for most calls. A
+	// family's blast radius counts them as CredentialFamily.
 	EarlierCredentialFamilies []string `json:"earlier_credential_families,omitempty"`
 	Attempt                   int      `json:"attempt,omitempty"`
 	// RetryAfterMS, on a refusal that may pass (rate_limited, or a policy

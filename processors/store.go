@@ -112,8 +112,11 @@ type Record struct {
 	Status     Status
 	// Epoch is the fencing token: it grows by one with every claim, and
 	// only the holder of the current epoch may complete the call.
-	Epoch      int64
-	Attempt    int // tool invocations so far
+	Epoch int64
+	// Attempt counts the tool invocations so far: a completion's, or,
+	// while executing, those of claims given back after the tool
+	// answered them without effect (Release.Attempt).
+	Attempt    int
 	LeaseOwner string
 	LeaseUntil time.Time
 	// Result is the sanitized result of a finished call.
@@ -503,6 +506,11 @@ type Release struct {
 	// another (a key rotated meanwhile). The credential stays the
 	// call's: a tool may hold it, in a log.
 	Sent string
+	// Attempt is the number of the claim's last attempt whose request
+	// reached the tool (answered without effect), 0 if none did: the
+	// record's attempt is raised to it, so that the next claim numbers
+	// its attempts after them, and knows that the call started.
+	Attempt int
 	// After is how long no claim may take the call: the record stays
 	// executing, without a lease owner, under a lease that ends After
 	// from now (the store's clock), and Expired lists it from then.
@@ -573,8 +581,9 @@ type Store interface {
 	MarkLogged(ctx context.Context, ls []Logged) error
 	// Release applies each release whose epoch is still current and whose
 	// record is executing; applied[i] reports which did. A released
-	// record stays executing with no lease owner, its attempt, seq and
-	// outbox as they were, until its lease (Release.After) ends; the
+	// record stays executing with no lease owner, its seq and outbox as
+	// they were, its attempt raised to Release.Attempt, until its lease
+	// (Release.After) ends; the
 	// claim that takes it then is Claimed, not Reclaimed. The caller
 	// must have sent nothing under its claim that the tool may have
 	// applied (only requests it answered without effect, whose family
@@ -733,8 +742,8 @@ func settles(from, to Status) bool {
 // CheckReleases: see CheckAdmissions.
 func CheckReleases(rs []Release) error {
 	for i, r := range rs {
-		if r.Epoch <= 0 || r.After < 0 {
-			return fmt.Errorf("release %d (%v): want a claimed epoch and a delay not negative, got %d and %v", i, r.Key, r.Epoch, r.After)
+		if r.Epoch <= 0 || r.After < 0 || r.Attempt < 0 {
+			return fmt.Errorf("release %d (%v): want a claimed epoch, a delay and an attempt not negative, got %d, %v and %d", i, r.Key, r.Epoch, r.After, r.Attempt)
 		}
 		if len(r.Sent) > maxCredentialName {
 			return fmt.Errorf("release %d (%v): sent family of %d bytes, more than %d", i, r.Key, len(r.Sent), maxCredentialName)

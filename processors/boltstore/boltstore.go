@@ -859,6 +859,7 @@ func (s *Store) Release(ctx context.Context, rs []processors.Release) ([]bool, e
 		next.LeaseUntil = now.Add(r.After)
 		next.UpdatedAt = now
 		next.LapsedFamilies = processors.LapseFamily(next.LapsedFamilies, r.Sent)
+		next.Attempt = max(next.Attempt, r.Attempt)
 		return true
 	})
 }

@@ -585,14 +585,23 @@ func TestCredentialNotRenewedIsNotSent(t *testing.T) {
 
 // A call whose request the tool answered 429, and whose credential then
 // could not be renewed for the retry because the signing key rotated
-// meanwhile, is given back (the tool did nothing), not failed; the claim
-// after it sends it under the new key's family, and its executing event
-// names the family its first request reached the tool under too, as
-// earlier. Before, the call ended failed (credential_key_rotated), its
-// key spent though nothing happened; given back without its family, the
-// events would have named only the new one, and a revocation of the old
-// family would not have found the call.
+// meanwhile, is given back (the tool did nothing), not failed, its record
+// counting the attempt sent; the claim after it sends it under the new
+// key's family, numbering its attempt after that one, and its executing
+// event names the family its first request reached the tool under too,
+// as earlier. Claimed again past its deadline, it ends failed, not
+// expired: it started. Before, the call ended failed
+// (credential_key_rotated) at once, its key spent though nothing
+// happened; given back without its family, the events would have named
+// only the new one, and a revocation of the old family would not have
+// found the call.
 func TestRotationAfterAnAnswerGivesBackNamingTheFamilySent(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprintf("late=%v", late), func(t *testing.T) { testRotationAfterAnAnswer(t, late) })
+	}
+}
+
+func testRotationAfterAnAnswer(t *testing.T, late bool) {
 	r := newRig(t)
 	// Keys that rotate every second or so, credentials that live one:
 	// the clock skips little, and the claim's lease (the store's clock)
@@ -621,7 +630,11 @@ func TestRotationAfterAnAnswerGivesBackNamingTheFamilySent(t *testing.T) {
 	x := r.executor(func(c *executor.Config) {
 		c.Credentials, c.Freezes, c.Now, c.RetryBackoff = broker, fz, clock, 20*time.Millisecond
 	})
-	auth := r.admit("create_ticket", "rotated-after-429", map[string]any{"title": "t"}, 0)
+	var deadlineMS int64
+	if late {
+		deadlineMS = 3000
+	}
+	auth := r.admit("create_ticket", "rotated-after-429", map[string]any{"title": "t"}, deadlineMS)
 	out, err := x.Step(t.Context(), []*kgo.Record{auth})
 	if err != nil {
 		t.Fatal(err)
@@ -629,10 +642,20 @@ func TestRotationAfterAnAnswerGivesBackNamingTheFamilySent(t *testing.T) {
 	if evs := decodeAll(t, out.Records); len(evs) != 0 || guarded.Requests() != 1 || len(guarded.Effects()) != 0 {
 		t.Fatalf("events %v, %d requests at the tool, effects %+v; want none, one request (the 429), none (given back)", summary(evs), guarded.Requests(), guarded.Effects())
 	}
-	if rec := r.givenBack(auth); !slices.Equal(rec.LapsedFamilies, []string{first}) {
+	rec := r.givenBackAfter(auth, 1)
+	if !slices.Equal(rec.LapsedFamilies, []string{first}) {
 		t.Errorf("the record given back names earlier families %q; want [%s], the one its request reached the tool under", rec.LapsedFamilies, first)
 	}
 
+	if late {
+		// Past its deadline on the executor's clock, which is ahead.
+		time.Sleep(time.Until(rec.DeadlineAt) - time.Duration(skip.Load()) + 100*time.Millisecond)
+		evs := claimedAgainEndsAs(t, x, auth, []string{"executing", "failed(" + executor.ReasonDeadlineExceeded + ")"})
+		if evs[0].Attempt != 1 || !slices.Equal(evs[0].EarlierCredentialFamilies, []string{first}) || guarded.Requests() != 1 {
+			t.Errorf("executing names attempt %d, earlier families %q, %d requests at the tool; want attempt 1 (the 429), [%s], 1", evs[0].Attempt, evs[0].EarlierCredentialFamilies, guarded.Requests(), first)
+		}
+		return
+	}
 	evs := claimedAgainAndRun(t, x, auth)
 	second := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())
 	if second == first {
@@ -640,8 +663,8 @@ func TestRotationAfterAnAnswerGivesBackNamingTheFamilySent(t *testing.T) {
 	}
 	// The executing event names the earlier families, as after a
 	// takeover; the outcome, its own credential's.
-	if exec := evs[0]; exec.CredentialFamily != second || !slices.Equal(exec.EarlierCredentialFamilies, []string{first}) {
-		t.Errorf("executing names family %q, earlier families %q; want %s, earlier [%s]", exec.CredentialFamily, exec.EarlierCredentialFamilies, second, first)
+	if exec := evs[0]; exec.CredentialFamily != second || !slices.Equal(exec.EarlierCredentialFamilies, []string{first}) || exec.Attempt != 2 {
+		t.Errorf("executing names family %q, earlier families %q, attempt %d; want %s, earlier [%s], attempt 2 (after the 429)", exec.CredentialFamily, exec.EarlierCredentialFamilies, exec.Attempt, second, first)
 	}
 	if last := evs[len(evs)-1]; last.CredentialFamily != second {
 		t.Errorf("%s names family %q; want %s", last.Type, last.CredentialFamily, second)

@@ -1503,9 +1503,12 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 	// and applied the effect: no answer, or a 5xx (a tool that failed
 	// after its effect, a gateway that lost the tool's answer).
 	var lastErr, unknownErr error
-	// answered: an attempt of this executor reached the tool, which said
-	// it did nothing (429), or the tool only reads.
-	var answered bool
+	// answered: an attempt reached the tool, which said it did nothing
+	// (429), or the tool only reads: this executor's, or one of an
+	// earlier claim given back after it (its release raised the
+	// record's attempt). A taken-over call's earlier attempts are
+	// unknown.
+	answered := rec.Attempt > 0 && !reclaimed
 	// lost: an attempt's 2xx answer whose body was lost (lostAttempt's):
 	// the call succeeded, whatever later attempts say.
 	var lost *httptool.Response
@@ -1541,11 +1544,6 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 		resp, err := x.attempt(callCtx, g, tool, target, tmpl, rec, attempt, givable, &sec, c)
 		if err == nil {
 			return c.succeed(tool, attempt, resp, sec, false)
-		}
-		if he, ok := errors.AsType[*httptool.Error](err); ok && he.Kind != httptool.NotSent {
-			// The request, and the credential in it, reached the tool
-			// (or what answers at its address).
-			c.reached = true
 		}
 		if he, ok := errors.AsType[*httptool.Error](err); ok && he.Kind == httptool.Unknown && he.Status >= 200 && he.Status < 300 {
 			// The tool said it did it (a 2xx status line arrived whole,
@@ -2175,11 +2173,14 @@ func (x *Executor) holdFrozen(ctx context.Context, c *completion, log callLog, t
 		detail: control.FrozenDetail(tool, a) + "; " + c.sentUnder() + ", and the call waits for the unfreeze"})
 }
 
-// sentUnder says what a claim given back sent: nothing, or requests the
-// tool answered without effect (reached).
+// sentUnder says what a claim given back sent: nothing, requests the
+// tool answered without effect (sent), or the headers of one (exposed).
 func (c *completion) sentUnder() string {
-	if c.reached {
+	switch {
+	case c.sent > 0:
 		return "only requests the tool answered without effect were sent"
+	case c.exposed:
+		return "nothing was sent but a request's headers, its body held back"
 	}
 	return "nothing was sent"
 }
@@ -2296,10 +2297,11 @@ func (x *Executor) stillToUndo(ctx context.Context, orig ledger.CallKey) (proces
 // once).
 func (x *Executor) releaseClaim(ctx context.Context, c *completion, log callLog, r refusal) processors.Completion {
 	rel := processors.Release{Key: c.rec.Key, Epoch: c.rec.Epoch, After: cmp.Or(r.after, x.cfg.RetryBackoff)}
-	if c.reached {
+	if c.exposed {
 		// The next claim may name another family (its key rotated):
-		// the call's events still name this one.
-		rel.Sent = c.family
+		// the call's events still name this one. And it numbers its
+		// attempts after those sent, knowing that the call started.
+		rel.Sent, rel.Attempt = c.family, c.sent
 	}
 	applied, err := x.releaseClaims(context.WithoutCancel(ctx), []processors.Release{rel}, releaseTries, 10*time.Second)
 	switch {
@@ -2592,8 +2594,14 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		trace.WithAttributes(attribute.String("ledger.tool", tool.Name), attribute.Int("ledger.attempt", attempt)))
 	defer span.End()
 	var gate func() error
+	// asked: the gate was asked, so the request's headers, the
+	// credential in them, were written to the tool's connection.
+	var asked atomic.Bool
 	if x.cfg.Freezes != nil || tmpl.ApprovalID != "" {
-		gate = func() error { return x.gate(tool.Name, rec.Key.TenantID, tmpl, c) }
+		gate = func() error {
+			asked.Store(true)
+			return x.gate(tool.Name, rec.Key.TenantID, tmpl, c)
+		}
 	}
 	t0 := time.Now()
 	resp, err := g.breaker.Execute(func() (httptool.Response, error) {
@@ -2621,6 +2629,15 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		// may have reached the tool, and only a tool that dedupes may
 		// be sent it again.
 		err = &httptool.Error{Kind: httptool.Unknown, Detail: "unclassified caller error", Err: err}
+	}
+	switch {
+	case errors.As(err, &he) && he.Kind != httptool.NotSent:
+		// The request, and the credential in it, reached the tool (or
+		// what answers at its address), whatever it answered.
+		c.sent, c.exposed = attempt, true
+	case asked.Load():
+		// Its headers did, before the gate held its body back.
+		c.exposed = true
 	}
 	result := toolCallResult(err)
 	d := time.Since(t0)
@@ -2691,9 +2708,12 @@ type completion struct {
 	// applied the effect, without an answer that says so (no answer, or
 	// a 5xx: a native tool's, retried).
 	unanswered bool
-	// reached: an attempt of this owner's request (its credential
-	// with it) reached the tool, whatever it answered.
-	reached bool
+	// sent is the number of this owner's last attempt whose request
+	// reached the tool, whatever it answered; 0 if none did.
+	sent int
+	// exposed: the credential reached the tool, with a request, or with
+	// the headers of one whose body the gate held back.
+	exposed bool
 	// The execution's credential, for the events: its id, scope and
 	// family, never the token.
 	jti, scope, family string
@@ -2738,9 +2758,10 @@ func (c *completion) event(t statemachine.EventType, seq int64, at time.Time) le
 
 // namePrior names on e the credential of the expired claim this owner
 // took the call over from, if it named one, and the families of the
-// call's claims that lapsed before it (EarlierCredentialFamilies): each
-// owner that took the call over and died in turn may have sent under its
-// own.
+// call's earlier claims whose credentials may have reached the tool
+// (EarlierCredentialFamilies): each owner that took the call over and
+// died in turn may have sent under its own, and a claim given back after
+// its requests reached the tool sent under its own.
 func (c *completion) namePrior(e *ledger.Event) {
 	if !c.prior.IsZero() {
 		e.JTI, e.CredentialFamily, e.CredentialScope = c.prior.JTI, c.prior.Family, credentials.ToolScope(c.rec.Tool)
@@ -2812,6 +2833,12 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 
 // deny records that a check before running refused the call.
 func (c *completion) deny(reason, detail string, d policy.Decision) processors.Completion {
+	if c.rec.Attempt > 0 {
+		// An earlier claim's requests reached the tool, which answered
+		// them without effect (its release raised the record's attempt):
+		// the call started, and did nothing: failed, not denied.
+		return c.finish(processors.StatusFailed, c.rec.Attempt, ReasonUnavailable, reason, nil)
+	}
 	ev := c.event(statemachine.EventDenied, c.rec.Seq+1, c.x.cfg.Now())
 	// Denied after a takeover (a read's, which runs as a call of its
 	// own): the credential that may have reached the tool, not one
@@ -2832,6 +2859,10 @@ func (c *completion) deny(reason, detail string, d policy.Decision) processors.C
 
 // expire records that the deadline passed before the call could run.
 func (c *completion) expire() processors.Completion {
+	if c.rec.Attempt > 0 {
+		// It ran, as deny says: failed, past its deadline.
+		return c.finish(processors.StatusFailed, c.rec.Attempt, ReasonDeadlineExceeded, "", nil)
+	}
 	ev := c.event(statemachine.EventExpired, c.rec.Seq+1, c.x.cfg.Now())
 	c.namePrior(&ev)
 	ev.Reason = ReasonDeadlineExceeded

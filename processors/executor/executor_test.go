@@ -222,13 +222,21 @@ func (r *rig) claimAsDeadOwnerWith(key ledger.CallKey, hash string, cred process
 // record.
 func (r *rig) givenBack(auth *kgo.Record) processors.Record {
 	r.t.Helper()
+	return r.givenBackAfter(auth, 0)
+}
+
+// givenBackAfter is givenBack for a call whose requests the tool
+// answered without effect, attempts of them: the record's attempt says
+// how many.
+func (r *rig) givenBackAfter(auth *kgo.Record, attempts int) processors.Record {
+	r.t.Helper()
 	ev := authorizedEvent(r.t, auth)
 	rec, err := r.store.Get(r.t.Context(), ev.Key())
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != 0 {
-		r.t.Errorf("%s is %s owned by %q, attempt %d; want given back (executing, no owner, attempt 0)", rec.Key, rec.Status, rec.LeaseOwner, rec.Attempt)
+	if rec.Status != processors.StatusExecuting || rec.LeaseOwner != "" || rec.Attempt != attempts {
+		r.t.Errorf("%s is %s owned by %q, attempt %d; want given back (executing, no owner, attempt %d)", rec.Key, rec.Status, rec.LeaseOwner, rec.Attempt, attempts)
 	}
 	return rec
 }
@@ -569,6 +577,13 @@ func TestCallTooLateForACredentialExpires(t *testing.T) {
 // claimed again and succeeds.
 func claimedAgainAndRun(t *testing.T, x *executor.Executor, auth *kgo.Record) []ledger.Event {
 	t.Helper()
+	return claimedAgainEndsAs(t, x, auth, []string{"executing", "succeeded"})
+}
+
+// claimedAgainEndsAs steps auth until its call is claimed again and ends
+// with the events want (summary), which it returns.
+func claimedAgainEndsAs(t *testing.T, x *executor.Executor, auth *kgo.Record, want []string) []ledger.Event {
+	t.Helper()
 	var evs []ledger.Event
 	ledgertest.WaitFor(t, 5*time.Second, func() error {
 		out, err := x.Step(t.Context(), []*kgo.Record{auth})
@@ -576,7 +591,7 @@ func claimedAgainAndRun(t *testing.T, x *executor.Executor, auth *kgo.Record) []
 			return err
 		}
 		evs = decodeAll(t, out.Records)
-		if diff := cmp.Diff([]string{"executing", "succeeded"}, summary(evs)); diff != "" {
+		if diff := cmp.Diff(want, summary(evs)); diff != "" {
 			return fmt.Errorf("claimed again (-want +got):\n%s", diff)
 		}
 		return nil

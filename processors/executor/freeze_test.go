@@ -224,7 +224,7 @@ func testHoldStopsRetries(t *testing.T, hold string) {
 			evs := decodeAll(t, out.Records)
 			if hold == executor.ReasonCredentialRevoked && tc.fault.FailStatus == http.StatusTooManyRequests {
 				family := credentials.FamilyOf(tc.tool, "t_a", broker.KeyEpoch())
-				if rec := r.givenBack(auth); len(evs) != 0 || !slices.Equal(rec.LapsedFamilies, []string{family}) {
+				if rec := r.givenBackAfter(auth, 1); len(evs) != 0 || !slices.Equal(rec.LapsedFamilies, []string{family}) {
 					t.Errorf("events %v, the record's earlier families %q; want none (given back), [%s]", summary(evs), rec.LapsedFamilies, family)
 				}
 			} else {
@@ -404,6 +404,53 @@ func slowDialClient() *http.Client {
 		}
 		return dialer.DialContext(ctx, network, addr)
 	}}}
+}
+
+// dialingClient is a client whose every request opens a connection of
+// its own, calling dialing as it dials: after the request's last check
+// before it leaves, before its gate.
+func dialingClient(dialing func()) *http.Client {
+	var dialer net.Dialer
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dialing()
+		return dialer.DialContext(ctx, network, addr)
+	}}}
+}
+
+// An approved call whose request the gate held back once the connection
+// was ready (a freeze landed during the dial) is given back to wait the
+// freeze out, as one held before it left; but the request's headers, its
+// credential in them, reached the tool: the release records the
+// credential's family, which the call's events then name though a later
+// claim names another, and no attempt (the tool saw no whole request).
+// Before, the family was on no event once the next claim named another.
+func TestGateHoldAfterTheHeadersRecordsTheFamily(t *testing.T) {
+	r := newRig(t)
+	broker, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	family := credentials.FamilyOf(demobackend.ToolRefundOrder, "t_a", broker.KeyEpoch())
+	// An agent's: a credential names one.
+	_, approved := r.admitApprovedWith("gated", func(ev *ledger.Event) { ev.AgentID = "agent_1" })
+	fz := &switchedFreezes{}
+	x := r.executor(func(c *executor.Config) {
+		c.Caller = httptool.New(httptool.Config{Client: dialingClient(func() { fz.on.Store(true) })})
+		c.Freezes, c.Credentials, c.FrozenRecheck = fz, broker, time.Minute
+	})
+	out, err := x.Step(t.Context(), []*kgo.Record{approved})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := decodeAll(t, out.Records); len(evs) != 0 {
+		t.Fatalf("events %v; want none (given back)", summary(evs))
+	}
+	if rec := r.givenBack(approved); !slices.Equal(rec.LapsedFamilies, []string{family}) {
+		t.Errorf("the record given back names earlier families %q; want [%s], the family whose credential the held request's headers carried", rec.LapsedFamilies, family)
+	}
+	if effects := r.backend.Effects(); len(effects) != 0 {
+		t.Errorf("the tool applied %+v; want nothing", effects)
+	}
 }
 
 // A request the kill switch holds back at its gate says nothing of the
@@ -783,7 +830,7 @@ func TestRevocationHeardFirstAtTheTool(t *testing.T) {
 		// Its request reached the tool under the family: the record
 		// keeps it for the events of the claim that sends it again.
 		family := credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch())
-		if rec := r.givenBack(auth); !slices.Equal(rec.LapsedFamilies, []string{family}) {
+		if rec := r.givenBackAfter(auth, 1); !slices.Equal(rec.LapsedFamilies, []string{family}) {
 			t.Errorf("the record given back names earlier families %q; want [%s]", rec.LapsedFamilies, family)
 		}
 	}
@@ -791,33 +838,65 @@ func TestRevocationHeardFirstAtTheTool(t *testing.T) {
 
 // An approved call whose tool is frozen after the tool answered its
 // first request 429 (it did nothing) waits the freeze out, as one frozen
-// before it started: given back, and run once the freeze is lifted.
-// Before, it ended failed, tool_frozen, its key and its approval spent
-// though nothing had happened.
+// before it started: given back, its record counting the attempt sent,
+// and run once the freeze is lifted, its attempt numbered after that
+// one. Should its approval lapse meanwhile, it ends failed, not denied:
+// it started. Before, it ended failed, tool_frozen, at once, its key and
+// its approval spent though nothing had happened.
 func TestFreezeAfterAnAnswerHoldsAnApprovedCall(t *testing.T) {
-	r := newRig(t)
-	_, approved := r.admitApproved("approved-429", time.Now().Add(time.Hour), "")
-	r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{FailStatus: http.StatusTooManyRequests, FailTimes: 1})
-	fz := &switchedFreezes{}
-	url, requests := afterFirstRequest(t, r, func() { fz.on.Store(true) })
 	const recheck = 300 * time.Millisecond
-	x := r.executor(func(c *executor.Config) {
-		c.Freezes, c.BaseURL, c.RetryBackoff, c.FrozenRecheck = fz, url, 20*time.Millisecond, recheck
-	})
-	out, err := x.Step(t.Context(), []*kgo.Record{approved})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if evs := decodeAll(t, out.Records); len(evs) != 0 || requests.Load() != 1 {
-		t.Fatalf("events %v, %d requests at the tool; want none (given back), 1 (the 429)", summary(evs), requests.Load())
-	}
-	until := r.givenBack(approved).LeaseUntil
+	for _, tc := range []struct {
+		name string
+		// expires is the approval's expiry, from now; the executor
+		// takes it to lapse a second before.
+		expires time.Duration
+		want    []string
+		code    string
+		attempt int
+		applied int
+	}{
+		{"the freeze lifted in time", time.Hour, []string{"executing", "succeeded"}, "", 2, 1},
+		{"its approval lapsed meanwhile", time.Second + 2*recheck, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.ReasonApprovalExpired, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			expires := time.Now().Add(tc.expires)
+			_, approved := r.admitApproved("approved-429", expires, "")
+			r.backend.SetFault(demobackend.ToolRefundOrder, demobackend.Fault{FailStatus: http.StatusTooManyRequests, FailTimes: 1})
+			fz := &switchedFreezes{}
+			url, requests := afterFirstRequest(t, r, func() { fz.on.Store(true) })
+			x := r.executor(func(c *executor.Config) {
+				c.Freezes, c.BaseURL, c.RetryBackoff, c.FrozenRecheck = fz, url, 20*time.Millisecond, recheck
+			})
+			out, err := x.Step(t.Context(), []*kgo.Record{approved})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if evs := decodeAll(t, out.Records); len(evs) != 0 || requests.Load() != 1 {
+				t.Fatalf("events %v, %d requests at the tool; want none (given back), 1 (the 429)", summary(evs), requests.Load())
+			}
+			until := r.givenBackAfter(approved, 1).LeaseUntil
+			if lapses := expires.Add(-time.Second); tc.expires < time.Hour && lapses.After(until) {
+				until = lapses
+			}
 
-	fz.on.Store(false)
-	time.Sleep(time.Until(until) + 50*time.Millisecond)
-	stepEndsAs(t, x, approved, []string{"executing", "succeeded"}, "")
-	if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/approved-429"); n != 1 {
-		t.Errorf("applied %d times after the unfreeze; want 1", n)
+			fz.on.Store(false)
+			time.Sleep(time.Until(until) + 50*time.Millisecond)
+			out, err = x.Step(t.Context(), []*kgo.Record{approved})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs := decodeAll(t, out.Records)
+			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
+				t.Fatalf("claimed again (-want +got):\n%s", diff)
+			}
+			if last := evs[len(evs)-1]; last.ErrorCode != tc.code || evs[0].Attempt != tc.attempt || last.Attempt != tc.attempt {
+				t.Errorf("code %q, attempts %d and %d; want %q, %d", last.ErrorCode, evs[0].Attempt, last.Attempt, tc.code, tc.attempt)
+			}
+			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/approved-429"); n != tc.applied {
+				t.Errorf("applied %d times; want %d", n, tc.applied)
+			}
+		})
 	}
 }
 

@@ -1258,16 +1258,18 @@ RETURNING u.ord`),
 		// the lease index lists it once the release ends, and a claim
 		// then finds no owner and answers Claimed (see Store.claimed).
 		// after_us * INTERVAL as in claim; the sent family joins
-		// lapsed_families as a takeover's does.
+		// lapsed_families as a takeover's does, and the attempt never
+		// goes down.
 		release: r.Replace(`UPDATE {table} AS r
 SET lease_owner = '', lease_until = now() + u.after_us * INTERVAL '1 microsecond', updated_at = now(),
+    attempt = GREATEST(r.attempt, u.attempt),
     lapsed_families = CASE
       WHEN u.sent <> '' AND NOT (u.sent = ANY (r.lapsed_families))
         AND COALESCE(array_length(r.lapsed_families, 1), 0) < ` + strconv.Itoa(processors.MaxLapsedFamilies) + `
       THEN array_append(r.lapsed_families, u.sent) ELSE r.lapsed_families END
-FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, after_us, ord, sent
-      FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[], $6::TEXT[])
-           AS u (t, k, epoch, after_us, ord, sent)
+FROM (SELECT DISTINCT ON (t, k, epoch) t, k, epoch, after_us, ord, sent, attempt
+      FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[], $5::BIGINT[], $6::TEXT[], $7::BIGINT[])
+           AS u (t, k, epoch, after_us, ord, sent, attempt)
       ORDER BY t, k, epoch, ord) AS u
 WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
   AND COALESCE(r.status, '') = 'executing'
@@ -1998,15 +2000,15 @@ func (s *Store) Release(ctx context.Context, rs []processors.Release) ([]bool, e
 		return []bool{}, nil
 	}
 	ts, ks, sent := make([]string, len(rs)), make([]string, len(rs)), make([]string, len(rs))
-	epochs, afters, ords := make([]int64, len(rs)), make([]int64, len(rs)), make([]int64, len(rs))
+	epochs, afters, ords, attempts := make([]int64, len(rs)), make([]int64, len(rs)), make([]int64, len(rs)), make([]int64, len(rs))
 	for i, r := range rs {
-		ts[i], ks[i], epochs[i], ords[i], sent[i] = r.Key.TenantID, r.Key.IdempotencyKey, r.Epoch, int64(i), r.Sent
+		ts[i], ks[i], epochs[i], ords[i], sent[i], attempts[i] = r.Key.TenantID, r.Key.IdempotencyKey, r.Epoch, int64(i), r.Sent, int64(r.Attempt)
 		// Rounded up to whole microseconds, as a claim's lease.
 		afters[i] = int64((r.After + time.Microsecond - 1) / time.Microsecond)
 	}
 	var applied []bool
 	err := s.inBatchTx(ctx, "release", s.relaxed(), batchTx{
-		queue: func(b *pgx.Batch) { b.Queue(s.q.release, ts, ks, epochs, afters, ords, sent) },
+		queue: func(b *pgx.Batch) { b.Queue(s.q.release, ts, ks, epochs, afters, ords, sent, attempts) },
 		read: func(br pgx.BatchResults) error {
 			rows, _ := br.Query()
 			done, err := pgx.CollectRows(rows, pgx.RowTo[int64])

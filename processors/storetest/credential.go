@@ -349,13 +349,15 @@ func testCredentialLapsedBound(t *testing.T, s processors.Store) {
 // testCredentialReleasedSent: a release that names the family its
 // claim's requests reached the tool under (Release.Sent) adds it to
 // Record.LapsedFamilies, once, after the families lapsed before it, up
-// to processors.MaxLapsedFamilies; one fenced out adds nothing. The claim
-// after it is Claimed (the tool answered those requests without effect),
-// and its record keeps them.
+// to processors.MaxLapsedFamilies, and raises the record's attempt to its
+// own (Release.Attempt), never lowering it; one fenced out changes
+// neither. The claim after it is Claimed (the tool answered those
+// requests without effect), and its record keeps them.
 func testCredentialReleasedSent(t *testing.T, s processors.Store) {
 	k := key("cred:released-sent")
 	mustAdmit(t, s, admission(k, hashA, processors.StatusAuthorized))
 	first, second := cred("sent-1"), cred("sent-2")
+	attempt := 0
 	release := func(c processors.CallCredential, sent string) processors.Record {
 		t.Helper()
 		var r processors.Record
@@ -367,22 +369,36 @@ func testCredentialReleasedSent(t *testing.T, s processors.Store) {
 			r = got.Record
 			return nil
 		})
-		if applied := mustRelease(t, s, processors.Release{Key: k, Epoch: r.Epoch, After: time.Millisecond, Sent: sent}); !applied[0] {
+		if applied := mustRelease(t, s, processors.Release{Key: k, Epoch: r.Epoch, After: time.Millisecond, Sent: sent, Attempt: attempt}); !applied[0] {
 			t.Fatalf("Release(sent %q) applied = false; want true", sent)
 		}
 		return r
 	}
+	checkAttempt := func(what string, want int) {
+		t.Helper()
+		if got := mustGet(t, s, k).Attempt; got != want {
+			t.Errorf("%s: Attempt = %d; want %d", what, got, want)
+		}
+	}
+	attempt = 2
 	release(first, first.Family)
 	checkLapsed(t, "Get after a release that sent", mustGet(t, s, k).LapsedFamilies, []string{first.Family})
-	// The same family again, then none: nothing added.
+	checkAttempt("Get after a release of attempt 2", 2)
+	// The same family again, then none: nothing added. Lower attempts
+	// lower nothing.
+	attempt = 1
 	release(first, first.Family)
+	checkAttempt("Get after a release of attempt 1", 2)
+	attempt = 0
 	r := release(first, "")
+	checkAttempt("Get after a release of no attempt", 2)
 	checkLapsed(t, "Claimed record after releases", r.LapsedFamilies, []string{first.Family})
 	checkLapsed(t, "Get after a release that sent nothing", mustGet(t, s, k).LapsedFamilies, []string{first.Family})
 	// A release of an epoch no longer current adds nothing.
-	if applied := mustRelease(t, s, processors.Release{Key: k, Epoch: r.Epoch - 1, Sent: "stale/family"}); applied[0] {
+	if applied := mustRelease(t, s, processors.Release{Key: k, Epoch: r.Epoch - 1, Sent: "stale/family", Attempt: 9}); applied[0] {
 		t.Fatalf("Release of a stale epoch applied = true; want false")
 	}
+	checkAttempt("Get after a stale release", 2)
 	release(second, second.Family)
 	both := []string{first.Family, second.Family}
 	checkLapsed(t, "Get after a second family sent", mustGet(t, s, k).LapsedFamilies, both)

@@ -1199,6 +1199,7 @@ func testReleaseNotApplied(t *testing.T, s processors.Store) {
 		{Key: stale, Epoch: 0, After: shortLease},
 		{Key: stale, Epoch: cur.Epoch, After: -time.Second},
 		{Key: stale, Epoch: cur.Epoch, Sent: strings.Repeat("f", 513)},
+		{Key: stale, Epoch: cur.Epoch, Attempt: -1},
 	} {
 		if _, err := s.Release(t.Context(), []processors.Release{r}); !errors.Is(err, processors.ErrRejected) {
 			t.Errorf("Release(epoch %d, after %v) = %v; want ErrRejected", r.Epoch, r.After, err)
