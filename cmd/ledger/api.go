@@ -444,9 +444,12 @@ func agentAssertion(agents identity.AssertionVerifier) func(ctx context.Context,
 
 // agentOf is the agent of a verified identity, or the reason it is none.
 func agentOf(id identity.Identity, reason string, err error) (httpapi.Agent, error) {
+	after, forNow := identity.RetryAfter(err)
 	switch {
-	case err != nil && reason == identity.ReasonKeysStale:
-		return httpapi.Agent{}, httpapi.ErrCannotVerifyNow
+	case err != nil && forNow:
+		// The keys at hand cannot judge it now (stale, or its kid not
+		// looked for in keys loaded since it came).
+		return httpapi.Agent{}, &httpapi.CannotVerifyNowError{Reason: reason, RetryAfter: after}
 	case err != nil:
 		return httpapi.Agent{}, errors.New(reason)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
+	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/projections/console"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
@@ -155,14 +156,29 @@ func startAPIWithoutClickHouse(t *testing.T, cc ledger.ClientConfig, topics ledg
 	return addr, iss, exited
 }
 
-// ledger api's agents' verifier says stale keys as such, for the API to
-// answer 503 rather than refuse the assertion; any other refusal keeps
-// its reason.
+// ledger api's agents' verifier says an assertion it cannot judge now
+// as such (its keys stale, or an unknown kid not looked for in keys
+// loaded since), for the API to answer 503 with its Retry-After rather
+// than refuse the assertion; any other refusal, an unknown kid looked
+// for included, keeps its reason.
 func TestAgentOfStaleKeys(t *testing.T) {
-	if _, err := agentOf(identity.Identity{}, identity.ReasonKeysStale, errors.New("stale")); !errors.Is(err, httpapi.ErrCannotVerifyNow) {
-		t.Errorf("stale keys: %v; want httpapi.ErrCannotVerifyNow", err)
-	}
-	if _, err := agentOf(identity.Identity{}, "expired", errors.New("expired")); err == nil || errors.Is(err, httpapi.ErrCannotVerifyNow) || err.Error() != "expired" {
-		t.Errorf("an expired assertion: %v; want refused expired", err)
+	for _, tc := range []struct {
+		reason string
+		err    error
+		after  time.Duration // 0: refused
+	}{
+		{identity.ReasonKeysStale, &identity.ForNowError{Err: &token.Error{Reason: identity.ReasonKeysStale}, RetryAfter: identity.StaleRetryAfter}, identity.StaleRetryAfter},
+		{token.ReasonUnknownKID, &identity.ForNowError{Err: &token.Error{Reason: token.ReasonUnknownKID}, RetryAfter: 42 * time.Second}, 42 * time.Second},
+		{token.ReasonUnknownKID, &token.Error{Reason: token.ReasonUnknownKID}, 0},
+		{"expired", errors.New("expired"), 0},
+	} {
+		_, err := agentOf(identity.Identity{}, tc.reason, tc.err)
+		e, forNow := errors.AsType[*httpapi.CannotVerifyNowError](err)
+		switch {
+		case tc.after != 0 && (!forNow || !errors.Is(err, httpapi.ErrCannotVerifyNow) || e.Reason != tc.reason || e.RetryAfter != tc.after):
+			t.Errorf("%v: %v; want httpapi.ErrCannotVerifyNow, %s, after %v", tc.err, err, tc.reason, tc.after)
+		case tc.after == 0 && (err == nil || errors.Is(err, httpapi.ErrCannotVerifyNow) || err.Error() != tc.reason):
+			t.Errorf("%v: %v; want refused %s", tc.err, err, tc.reason)
+		}
 	}
 }

@@ -102,6 +102,39 @@ const ReasonLifetimeTooLong = "lifetime_too_long"
 // as "assertion_keys_stale".
 const ReasonKeysStale = "keys_stale"
 
+// StaleRetryAfter is the RetryAfter of a refusal for stale keys
+// (ReasonKeysStale): long enough that every agent's resends during an
+// identity provider's outage cost little.
+const StaleRetryAfter = 30 * time.Second
+
+// ForNowError is a refusal that says nothing of the assertion: this
+// verifier cannot judge it now. The issuer's keys are stale here
+// (ReasonKeysStale), or the assertion's kid is none of the keys at hand
+// and they could not be loaded again since it arrived
+// (token.ReasonUnknownKID): the issuer may have rotated to a key
+// published after the last load, and the next early refresh is
+// RetryAfter away, or the last one failed. Sent again after RetryAfter,
+// the assertion may pass. Err holds the reason (token.ReasonOf finds
+// it).
+type ForNowError struct {
+	Err        *token.Error
+	RetryAfter time.Duration
+}
+
+func (e *ForNowError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *ForNowError) Unwrap() error { return e.Err }
+
+// RetryAfter reports whether err refuses an assertion for now only
+// (ForNowError), and after how long to send it again.
+func RetryAfter(err error) (time.Duration, bool) {
+	if e, ok := errors.AsType[*ForNowError](err); ok {
+		return e.RetryAfter, true
+	}
+	return 0, false
+}
+
 // Identity is who asks, from a verified assertion.
 type Identity struct {
 	// User is the subject (sub): the user the agent acts for.
@@ -326,6 +359,10 @@ type Verifier struct {
 	mu          sync.Mutex
 	lastAttempt time.Time
 	lastEarly   time.Time
+	// loadedAt is when the last refresh that loaded the keys started
+	// (nil before the first): an unknown kid is refused for good only
+	// against keys loaded after it arrived.
+	loadedAt atomic.Pointer[time.Time]
 	// failingSince is when refreshes started failing, nil while the
 	// last one succeeded: a time.Time, whose monotonic reading (from
 	// time.Now) a step of the wall clock does not move.
@@ -380,12 +417,14 @@ func New(ctx context.Context, cfg Config) (*Verifier, error) {
 	default:
 		v.source = "static"
 	}
-	v.lastAttempt = cfg.Now()
+	started := cfg.Now()
+	v.lastAttempt = started
 	set, err := v.load(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("identity: load keys from %s: %v", v.source, err)
 	}
 	v.keys.Store(set)
+	v.loadedAt.Store(&started)
 	return v, nil
 }
 
@@ -441,10 +480,20 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 	if !cached {
 		c, err = v.verify(assertion, set)
 		if token.ReasonOf(err) == token.ReasonUnknownKID {
-			v.refreshEarly(ctx)
+			arrived := v.cfg.Now()
+			next := v.refreshEarly(ctx)
 			if now := v.keys.Load(); now != set {
 				set = now
 				c, err = v.verify(assertion, now)
+			}
+			if te, ok := errors.AsType[*token.Error](err); ok && te.Reason == token.ReasonUnknownKID && !v.loadedSince(arrived) {
+				// Not looked for in keys loaded since it arrived (the
+				// early refresh was spent on another kid less than
+				// EarlyRefreshInterval ago, or failed): for now, until
+				// the next one may run.
+				after := max(next.Sub(v.cfg.Now()), time.Second)
+				err = &ForNowError{RetryAfter: after, Err: &token.Error{Reason: te.Reason,
+					Detail: fmt.Sprintf("%s, and the issuer's keys were not loaded again since it came (next in %s): send it again then", te.Detail, after.Round(time.Second))}}
 			}
 		}
 		if err != nil {
@@ -593,20 +642,33 @@ func (v *Verifier) maybeRefresh(ctx context.Context) {
 }
 
 // refreshEarly refreshes for an unknown kid, at most once per
-// EarlyRefreshInterval. It waits for a refresh already running, whose
-// keys the caller then sees.
-func (v *Verifier) refreshEarly(ctx context.Context) {
+// EarlyRefreshInterval, and returns when the next such refresh may run.
+// It waits for a refresh already running, whose keys the caller then
+// sees.
+func (v *Verifier) refreshEarly(ctx context.Context) time.Time {
 	if v.cfg.Keys != nil {
-		return
+		return time.Time{}
 	}
 	v.mu.Lock()
 	now := v.cfg.Now()
 	if !v.lastEarly.IsZero() && now.Sub(v.lastEarly) < EarlyRefreshInterval {
+		next := v.lastEarly.Add(EarlyRefreshInterval)
 		v.mu.Unlock()
-		return
+		return next
 	}
 	v.lastEarly = now
 	v.refreshUnlock(ctx, now)
+	return now.Add(EarlyRefreshInterval)
+}
+
+// loadedSince reports whether keys were loaded by a refresh that started
+// at or after t, or are given (Config.Keys) and never change.
+func (v *Verifier) loadedSince(t time.Time) bool {
+	if v.cfg.Keys != nil {
+		return true
+	}
+	at := v.loadedAt.Load()
+	return at != nil && !at.Before(t)
 }
 
 // refreshUnlock refreshes in a goroutine of its own, which unlocks v.mu
@@ -648,7 +710,8 @@ func (v *Verifier) stale() error {
 		return nil
 	}
 	if d := v.cfg.Now().Sub(*since); d > v.cfg.MaxStale {
-		return &token.Error{Reason: ReasonKeysStale, Detail: fmt.Sprintf("the issuer's keys could not be loaded from %s for %s (more than %s): the keys at hand may include one the issuer withdrew", v.source, d.Round(time.Second), v.cfg.MaxStale)}
+		return &ForNowError{Err: &token.Error{Reason: ReasonKeysStale, Detail: fmt.Sprintf("the issuer's keys could not be loaded from %s for %s (more than %s): the keys at hand may include one the issuer withdrew", v.source, d.Round(time.Second), v.cfg.MaxStale)},
+			RetryAfter: StaleRetryAfter}
 	}
 	return nil
 }
@@ -665,6 +728,7 @@ func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) {
 		return
 	}
 	v.failingSince.Store(nil)
+	v.loadedAt.Store(&now)
 	old := v.keys.Swap(set)
 	if !bytes.Equal(old.JWKS(), set.JWKS()) {
 		v.cfg.Logger.Info("jwks keys changed", "jwks_source", v.source, "kids", set.IDs())

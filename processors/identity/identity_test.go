@@ -493,7 +493,11 @@ func TestRotationFile(t *testing.T) {
 	}
 	// Not for ever: the issuer may have withdrawn b2 meanwhile.
 	clk.Advance(DefaultMaxStale)
-	wantReason("keys not loaded for longer than MaxStale", verify(b2), ReasonKeysStale)
+	stale := verify(b2)
+	wantReason("keys not loaded for longer than MaxStale", stale, ReasonKeysStale)
+	if after, ok := RetryAfter(stale); !ok || after != StaleRetryAfter {
+		t.Errorf("keys stale: refused for now %v, after %v; want for now, after %v", ok, after, StaleRetryAfter)
+	}
 	// Which a readiness check reads: every call is refused meanwhile.
 	if err := v.Err(t.Context()); token.ReasonOf(err) != ReasonKeysStale {
 		t.Errorf("Err() with the keys stale = %v; want %s", err, ReasonKeysStale)
@@ -577,6 +581,58 @@ func TestUnknownKIDRefreshRateLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantHits("no retry before Refresh", 5)
+}
+
+// An unknown kid is refused for good only once it was looked for in keys
+// loaded after it arrived. Within EarlyRefreshInterval of an early
+// refresh spent on another kid (a made-up one), or while the key source
+// fails, it is refused for now (ForNowError), to be sent again once the
+// next early refresh may run: the issuer may just have rotated to it.
+// Before, an agent's first assertion under a rotated-in key was refused
+// for good when another unknown kid had come first. Keys given in the
+// configuration never change: for good.
+func TestUnknownKIDForNowUntilLookedFor(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	a, b := mustKey(t, "a"), mustKey(t, "b")
+	set, _ := token.NewKeySet(a)
+	srv := newJWKSServer(t, set)
+	v, err := New(t.Context(), Config{Issuer: testIssuer, JWKSURL: srv.URL, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	verify := func(k token.Key) error {
+		_, err := v.Verify(t.Context(), sign(t, k, TypeAssertion, assertionClaims(clk.Now())))
+		return err
+	}
+	check := func(step string, err error, forNow bool, after time.Duration) {
+		t.Helper()
+		got, ok := RetryAfter(err)
+		if token.ReasonOf(err) != token.ReasonUnknownKID || ok != forNow || got != after {
+			t.Errorf("%s: Verify() = %v, for now %v after %v; want unknown_kid, for now %v after %v", step, err, ok, got, forNow, after)
+		}
+	}
+	check("a made-up kid, looked for at once", verify(mustKey(t, "made-up")), false, 0)
+
+	clk.Advance(10 * time.Second)
+	both, _ := token.NewKeySet(a, b)
+	srv.set(both.JWKS())
+	check("a rotated-in kid within the interval", verify(b), true, EarlyRefreshInterval-10*time.Second)
+	clk.Advance(EarlyRefreshInterval - 10*time.Second)
+	if err := verify(b); err != nil {
+		t.Fatalf("Verify(rotated-in key) once sent again = %v; want nil", err)
+	}
+
+	clk.Advance(EarlyRefreshInterval)
+	srv.status.Store(http.StatusInternalServerError)
+	check("an unknown kid while the keys fail to load", verify(mustKey(t, "c")), true, EarlyRefreshInterval)
+
+	static, err := New(t.Context(), Config{Issuer: testIssuer, Keys: set, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = static.Verify(t.Context(), sign(t, b, TypeAssertion, assertionClaims(clk.Now())))
+	check("an unknown kid of keys given", err, false, 0)
 }
 
 func TestNewErrors(t *testing.T) {

@@ -105,9 +105,9 @@ const DefaultPolicyRetryAfter = time.Second
 
 // KeysStaleRetryAfter is the retry_after_ms of a refusal for the issuer's
 // keys being stale here (identity.ReasonKeysStale: not refreshed for
-// longer than the verifier allows, an identity provider's outage): long
-// enough that every agent's resends during such an outage cost little.
-const KeysStaleRetryAfter = 30 * time.Second
+// longer than the verifier allows, an identity provider's outage), the
+// verifier's (identity.ForNowError).
+const KeysStaleRetryAfter = identity.StaleRetryAfter
 
 // Config configures the intake.
 type Config struct {
@@ -782,13 +782,15 @@ func (p *Processor) check(ctx context.Context, rec *kgo.Record, now time.Time, s
 			}
 		}
 		res := refuse(unverified, identity.Identity{}, ReasonAssertionPrefix+reason, "/assertion", detail)
-		if reason == identity.ReasonKeysStale {
-			// This intake's keys are stale, not the assertion wrong:
-			// refused for now, as on a stale control copy, so that its
-			// sender sends it again rather than taking the refusal for
-			// the call's end (a copy of a call that stands included,
-			// which no key can be looked up for without a tenant).
-			res.refusal.RetryAfterMS = KeysStaleRetryAfter.Milliseconds()
+		if after, ok := identity.RetryAfter(err); ok {
+			// This intake's keys cannot judge the assertion now (stale,
+			// or not loaded since its kid came), not the assertion
+			// wrong: refused for now, as on a stale control copy, so
+			// that its sender sends it again rather than taking the
+			// refusal for the call's end (a copy of a call that stands
+			// included, which no key can be looked up for without a
+			// tenant).
+			res.refusal.RetryAfterMS = max(after, time.Millisecond).Milliseconds()
 		}
 		return res
 	}

@@ -2146,26 +2146,41 @@ func TestLapsedUnprovenAssertionAnswersACopyOfItsCall(t *testing.T) {
 	}
 }
 
-// staleKeysVerifier is a verifier whose issuer's keys are stale: every
-// assertion is refused keys_stale, as identity's is after MaxStale
-// without a refresh.
-type staleKeysVerifier struct{}
+// refusingVerifier refuses every assertion with err.
+type refusingVerifier struct{ err error }
 
-func (staleKeysVerifier) Verify(context.Context, string) (identity.Identity, error) {
-	return identity.Identity{}, &token.Error{Reason: identity.ReasonKeysStale, Detail: "the issuer's keys could not be loaded for 25h"}
+func (v refusingVerifier) Verify(context.Context, string) (identity.Identity, error) {
+	return identity.Identity{}, v.err
 }
 
-// An envelope refused because this intake's keys of the issuer are stale
-// is refused for now (retry_after_ms): the assertion may be good, and
-// its sender must send it again once the keys are fresh, not take the
-// refusal for its call's end. Before, it was refused for good.
-func TestStaleIssuerKeysRefuseForNow(t *testing.T) {
-	f := newIntakeWith(t, func(c *intake.Config) { c.Identity = staleKeysVerifier{} })
-	out, got := f.step(t, f.envelopeRecord(t, "stale-keys", map[string]any{"title": "t"}))
-	evs := events(t, out)
-	if !slices.Equal(got, []string{"stale-keys:denied/" + intake.ReasonAssertionPrefix + identity.ReasonKeysStale}) ||
-		evs[0].TenantID != ledger.UnverifiedTenant || evs[0].RetryAfterMS != intake.KeysStaleRetryAfter.Milliseconds() {
-		t.Errorf("a call refused for stale keys: %v, %+v; want refused for now under %s, retry after %s", got, evs, ledger.UnverifiedTenant, intake.KeysStaleRetryAfter)
+// An envelope refused because this intake's keys of the issuer cannot
+// judge its assertion now is refused for now (retry_after_ms, the
+// verifier's): the keys are stale (not refreshed for longer than
+// MaxStale), or its kid is unknown and the keys were not loaded again
+// since it came. The assertion may be good, and its sender must send it
+// again, not take the refusal for its call's end. Before, both were
+// refused for good. An unknown kid looked for in fresh keys still is.
+func TestAssertionsRefusedForNow(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason string
+		err          error
+		after        time.Duration
+	}{
+		{"stale keys", identity.ReasonKeysStale, &identity.ForNowError{RetryAfter: identity.StaleRetryAfter,
+			Err: &token.Error{Reason: identity.ReasonKeysStale, Detail: "the issuer's keys could not be loaded for 25h"}}, intake.KeysStaleRetryAfter},
+		{"unknown kid, not looked for yet", token.ReasonUnknownKID, &identity.ForNowError{RetryAfter: 42 * time.Second,
+			Err: &token.Error{Reason: token.ReasonUnknownKID, Detail: "kid k2"}}, 42 * time.Second},
+		{"unknown kid, looked for", token.ReasonUnknownKID, &token.Error{Reason: token.ReasonUnknownKID, Detail: "kid k2"}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newIntakeWith(t, func(c *intake.Config) { c.Identity = refusingVerifier{tc.err} })
+			out, got := f.step(t, f.envelopeRecord(t, "refused", map[string]any{"title": "t"}))
+			evs := events(t, out)
+			if !slices.Equal(got, []string{"refused:denied/" + intake.ReasonAssertionPrefix + tc.reason}) ||
+				evs[0].TenantID != ledger.UnverifiedTenant || evs[0].RetryAfterMS != tc.after.Milliseconds() {
+				t.Errorf("refused: %v, %+v; want refused under %s, retry after %s", got, evs, ledger.UnverifiedTenant, tc.after)
+			}
+		})
 	}
 }
 

@@ -648,12 +648,27 @@ func (s *Server) await(ctx context.Context, sub submission, d time.Duration, age
 // are stale here: not refreshed for longer than the verifier allows), not
 // that it is bad. The request is answered 503 keys_unavailable with
 // Retry-After (CannotVerifyRetryAfter) and nothing is published: refused
-// 401 or 400, an agent would take its assertion for bad.
+// 401 or 400, an agent would take its assertion for bad. A
+// *CannotVerifyNowError says why and when instead.
 var ErrCannotVerifyNow = errors.New("keys_stale")
 
 // CannotVerifyRetryAfter is the Retry-After of an answer for
 // ErrCannotVerifyNow, as the intake's refusal for stale keys.
 const CannotVerifyRetryAfter = 30 * time.Second
+
+// CannotVerifyNowError is ErrCannotVerifyNow (errors.Is) with the
+// verifier's reason (keys_stale, or unknown_kid when its kid is none of
+// the keys at hand and they could not be loaded again yet) and when to
+// send again.
+type CannotVerifyNowError struct {
+	Reason     string
+	RetryAfter time.Duration
+}
+
+func (e *CannotVerifyNowError) Error() string { return e.Reason }
+
+// Is reports whether target is ErrCannotVerifyNow.
+func (e *CannotVerifyNowError) Is(target error) bool { return target == ErrCannotVerifyNow }
 
 // cannotVerifyNow answers 503 keys_unavailable when err is
 // ErrCannotVerifyNow, and reports whether it did.
@@ -661,9 +676,15 @@ func cannotVerifyNow(w http.ResponseWriter, err error) bool {
 	if !errors.Is(err, ErrCannotVerifyNow) {
 		return false
 	}
-	w.Header().Set("Retry-After", strconv.Itoa(int(CannotVerifyRetryAfter.Seconds())))
+	why, after := ErrCannotVerifyNow.Error(), CannotVerifyRetryAfter
+	if e, ok := errors.AsType[*CannotVerifyNowError](err); ok {
+		why, after = e.Reason, e.RetryAfter
+	}
+	// Whole seconds, rounded up: never sooner than the verifier said.
+	secs := max(int((after+time.Second-1)/time.Second), 1)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	writeError(w, http.StatusServiceUnavailable, apiError{Code: "keys_unavailable",
-		Message: "the issuer's keys are stale here, and no assertion can be verified now; nothing was published: send it again after Retry-After"})
+		Message: fmt.Sprintf("the issuer's keys at hand here cannot judge the assertion now (%s); nothing was published: send it again after Retry-After", why)})
 	return true
 }
 

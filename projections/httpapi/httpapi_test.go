@@ -1437,31 +1437,38 @@ func TestWaitPassesOverAnotherCopysRefusal(t *testing.T) {
 }
 
 // A bearer, or an envelope's assertion, that cannot be verified now (the
-// issuer's keys stale here) is answered 503 keys_unavailable with a
-// Retry-After, nothing published, which clients send again: not 401 or
-// 400, which said the agent's assertion was bad.
+// issuer's keys stale here, or its kid not looked for in keys loaded
+// since it came) is answered 503 keys_unavailable with a Retry-After (the
+// verifier's, in whole seconds rounded up), nothing published, which
+// clients send again: not 401 or 400, which said the agent's assertion
+// was bad.
 func TestStaleKeysAnswerTryLater(t *testing.T) {
+	unknownKID := &httpapi.CannotVerifyNowError{Reason: "unknown_kid", RetryAfter: 1500 * time.Millisecond}
 	for _, tc := range []struct {
-		name string
-		edit func(*httpapi.Config)
+		name       string
+		edit       func(*httpapi.Config)
+		retryAfter string
 	}{
 		{"the bearer", func(c *httpapi.Config) {
 			c.Caller = func(*http.Request) (httpapi.Agent, error) { return httpapi.Agent{}, httpapi.ErrCannotVerifyNow }
-		}},
+		}, "30"},
 		{"the envelope's assertion", func(c *httpapi.Config) {
 			c.Caller = agentOf
 			c.Assertion = func(context.Context, string) (httpapi.Agent, error) {
 				return httpapi.Agent{}, httpapi.ErrCannotVerifyNow
 			}
-		}},
+		}, "30"},
+		{"the bearer's unknown kid", func(c *httpapi.Config) {
+			c.Caller = func(*http.Request) (httpapi.Agent, error) { return httpapi.Agent{}, unknownKID }
+		}, "2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pub := &publisher{}
 			srv, _ := newAPI(t, pub, tc.edit)
 			resp := do(t, http.MethodPost, srv.URL+"/v1/calls", "Bearer agent-of-t_a/u1", validEnvelope(t, "k1"))
 			code, _ := decodeErr(t, resp)
-			if resp.StatusCode != http.StatusServiceUnavailable || code != "keys_unavailable" || resp.Header.Get("Retry-After") != "30" {
-				t.Errorf("= %d %s, Retry-After %q; want 503 keys_unavailable, Retry-After 30", resp.StatusCode, code, resp.Header.Get("Retry-After"))
+			if resp.StatusCode != http.StatusServiceUnavailable || code != "keys_unavailable" || resp.Header.Get("Retry-After") != tc.retryAfter {
+				t.Errorf("= %d %s, Retry-After %q; want 503 keys_unavailable, Retry-After %s", resp.StatusCode, code, resp.Header.Get("Retry-After"), tc.retryAfter)
 			}
 			if got := pub.published(); len(got) != 0 {
 				t.Errorf("published %v; want nothing", got)
