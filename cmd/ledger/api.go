@@ -465,8 +465,17 @@ func agentOf(id identity.Identity, reason string, err error) (httpapi.Agent, err
 func consoleAuthenticate(staff *identity.Verifier) func(ctx context.Context, assertion string) (console.Identity, error) {
 	return func(ctx context.Context, assertion string) (console.Identity, error) {
 		id, exp, err := staff.VerifyUntil(ctx, assertion)
-		return console.Identity{User: id.User, Tenant: id.Tenant, Roles: id.Roles, Expires: exp}, err
+		return console.Identity{User: id.User, Tenant: id.Tenant, Roles: id.Roles, Expires: exp}, signInErr(err)
 	}
+}
+
+// signInErr is the console's error for the staff verifier's err: one that
+// refuses for now only (identity.ForNowError) wraps console.ErrTryLater.
+func signInErr(err error) error {
+	if _, forNow := identity.RetryAfter(err); forNow {
+		return fmt.Errorf("%w: %w", console.ErrTryLater, err)
+	}
+	return err
 }
 
 // newProxy forwards requests, with their Authorization, to the role at

@@ -156,6 +156,21 @@ func startAPIWithoutClickHouse(t *testing.T, cc ledger.ClientConfig, topics ledg
 	return addr, iss, exited
 }
 
+// The console's sign-in says an assertion the staff verifier cannot judge
+// now as such (console.ErrTryLater), and no other.
+func TestSignInErrTryLater(t *testing.T) {
+	forNow := &identity.ForNowError{Err: &token.Error{Reason: token.ReasonUnknownKID}, RetryAfter: time.Minute}
+	if err := signInErr(forNow); !errors.Is(err, console.ErrTryLater) || token.ReasonOf(err) != token.ReasonUnknownKID {
+		t.Errorf("for now: %v; want console.ErrTryLater, keeping unknown_kid", err)
+	}
+	if err := signInErr(&token.Error{Reason: token.ReasonBadSignature}); errors.Is(err, console.ErrTryLater) {
+		t.Errorf("a bad signature: %v; want no ErrTryLater", err)
+	}
+	if err := signInErr(nil); err != nil {
+		t.Errorf("no error: %v", err)
+	}
+}
+
 // ledger api's agents' verifier says an assertion it cannot judge now
 // as such (its keys stale, or an unknown kid not looked for in keys
 // loaded since), for the API to answer 503 with its Retry-After rather

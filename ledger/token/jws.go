@@ -226,7 +226,8 @@ func Unverified(token string, claims any) error {
 // the allowlist; typ; kid present and in o.Keys; alg equal to the key's;
 // signature; and only then the payload, which must be a strict JSON object,
 // though of numbers of any size: a number is checked by the claims field
-// that reads it, if any. Every refusal is an *Error.
+// that reads it, if any. Every refusal is an *Error, with a zero Header
+// but for ReasonUnknownKID's, which returns the (unverified) header.
 //
 // Verify checks no claim: see Claims.Validate.
 func Verify(token string, o VerifyOptions, claims any) (Header, error) {
@@ -305,7 +306,9 @@ func Verify(token string, o VerifyOptions, claims any) (Header, error) {
 	}
 	key, ok := o.Keys.Lookup(h.Kid)
 	if !ok {
-		return Header{}, fail(ReasonUnknownKID, "kid is not in the key set")
+		// The header, unverified, with the refusal: its kid is what a
+		// caller would fetch keys for.
+		return h, fail(ReasonUnknownKID, "kid is not in the key set")
 	}
 	if key.Alg != h.Alg {
 		return Header{}, fail(ReasonAlgNotAllowed, "alg is not the algorithm of the key")

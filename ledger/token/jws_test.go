@@ -362,6 +362,22 @@ func TestVerifyAttacks(t *testing.T) {
 	}
 }
 
+// An unknown kid's refusal comes with the token's header, unverified,
+// naming the kid a caller would fetch keys for; every other refusal with
+// none.
+func TestVerifyUnknownKIDNamesIt(t *testing.T) {
+	keys := newTestKeys(t)
+	payload := mustJSON(t, validClaims())
+	h, err := Verify(forge(t, `{"alg":"EdDSA","typ":"JWT","kid":"rotated-in"}`, payload, with(t, keys.ed)), VerifyOptions{Keys: keys.set}, nil)
+	if ReasonOf(err) != ReasonUnknownKID || h.Kid != "rotated-in" {
+		t.Errorf("Verify(unknown kid) = header %+v, %v; want kid rotated-in, unknown_kid", h, err)
+	}
+	h, err = Verify(forge(t, `{"alg":"EdDSA","typ":"JWT","kid":"ed"}`, payload, with(t, newTestKeys(t).ed)), VerifyOptions{Keys: keys.set}, nil)
+	if ReasonOf(err) != ReasonBadSignature || h != (Header{}) {
+		t.Errorf("Verify(bad signature) = header %+v, %v; want none, bad_signature", h, err)
+	}
+}
+
 // TestVerifyLargeNumberClaims: claims are not hashed, so a number the
 // ledger's canonical hash could not carry (an identity provider's 64-bit
 // "org_id") does not refuse the token; the strict checks stand around it,

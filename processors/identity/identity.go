@@ -360,9 +360,11 @@ type Verifier struct {
 	lastAttempt time.Time
 	lastEarly   time.Time
 	// loadedAt is when the last refresh that loaded the keys started
-	// (nil before the first): an unknown kid is refused for good only
-	// against keys loaded after it arrived.
+	// (nil before the first), stored after the keys: an unknown kid is
+	// refused for good only against keys loaded after it first came
+	// (missed).
 	loadedAt atomic.Pointer[time.Time]
+	missed   missedKids
 	// failingSince is when refreshes started failing, nil while the
 	// last one succeeded: a time.Time, whose monotonic reading (from
 	// time.Now) a step of the wall clock does not move.
@@ -478,19 +480,23 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 		c, cached = v.cache.get(sum, set)
 	}
 	if !cached {
-		c, err = v.verify(assertion, set)
+		var h token.Header
+		c, h, err = v.verify(assertion, set)
 		if token.ReasonOf(err) == token.ReasonUnknownKID {
-			arrived := v.cfg.Now()
+			first := v.missed.first(h.Kid, v.cfg.Now())
 			next := v.refreshEarly(ctx)
+			// Before the keys: a refresh swaps them in first.
+			loaded := v.loadedAt.Load()
 			if now := v.keys.Load(); now != set {
 				set = now
-				c, err = v.verify(assertion, now)
+				c, _, err = v.verify(assertion, now)
 			}
-			if te, ok := errors.AsType[*token.Error](err); ok && te.Reason == token.ReasonUnknownKID && !v.loadedSince(arrived) {
-				// Not looked for in keys loaded since it arrived (the
-				// early refresh was spent on another kid less than
-				// EarlyRefreshInterval ago, or failed): for now, until
-				// the next one may run.
+			if te, ok := errors.AsType[*token.Error](err); ok && te.Reason == token.ReasonUnknownKID &&
+				v.cfg.Keys == nil && (loaded == nil || loaded.Before(first)) {
+				// Not looked for in keys loaded since the kid first
+				// came (the early refresh was spent on another kid
+				// less than EarlyRefreshInterval ago, or failed): for
+				// now, until the next one may run.
 				after := max(next.Sub(v.cfg.Now()), time.Second)
 				err = &ForNowError{RetryAfter: after, Err: &token.Error{Reason: te.Reason,
 					Detail: fmt.Sprintf("%s, and the issuer's keys were not loaded again since it came (next in %s): send it again then", te.Detail, after.Round(time.Second))}}
@@ -620,10 +626,10 @@ func (v *Verifier) checkLifetime(c token.Claims, now time.Time) error {
 	return nil
 }
 
-func (v *Verifier) verify(assertion string, set *token.KeySet) (Claims, error) {
+func (v *Verifier) verify(assertion string, set *token.KeySet) (Claims, token.Header, error) {
 	var c Claims
-	_, err := token.Verify(assertion, token.VerifyOptions{Keys: set, Type: TypeAssertion}, &c)
-	return c, err
+	h, err := token.Verify(assertion, token.VerifyOptions{Keys: set, Type: TypeAssertion}, &c)
+	return c, h, err
 }
 
 // maybeRefresh refreshes when Refresh has passed since the last attempt,
@@ -661,14 +667,33 @@ func (v *Verifier) refreshEarly(ctx context.Context) time.Time {
 	return now.Add(EarlyRefreshInterval)
 }
 
-// loadedSince reports whether keys were loaded by a refresh that started
-// at or after t, or are given (Config.Keys) and never change.
-func (v *Verifier) loadedSince(t time.Time) bool {
-	if v.cfg.Keys != nil {
-		return true
+// maxMissedKids bounds missedKids: a flood of made-up kids empties it,
+// and a kid it forgot is judged from its next arrival (for now, at
+// worst a minute longer).
+const maxMissedKids = 4096
+
+// missedKids remembers when each kid none of the keys at hand held first
+// came, so that every assertion under it is refused for good once keys
+// loaded after that were searched, not only the one that arrived before
+// the refresh. Kids are kept by their digest: a header's kid may be long.
+type missedKids struct {
+	mu sync.Mutex
+	m  map[[sha256.Size]byte]time.Time
+}
+
+// first returns when kid first came, now if it is new.
+func (k *missedKids) first(kid string, now time.Time) time.Time {
+	sum := sha256.Sum256([]byte(kid))
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if t, ok := k.m[sum]; ok {
+		return t
 	}
-	at := v.loadedAt.Load()
-	return at != nil && !at.Before(t)
+	if k.m == nil || len(k.m) >= maxMissedKids {
+		k.m = make(map[[sha256.Size]byte]time.Time)
+	}
+	k.m[sum] = now
+	return now
 }
 
 // refreshUnlock refreshes in a goroutine of its own, which unlocks v.mu
@@ -728,8 +753,8 @@ func (v *Verifier) refreshLocked(ctx context.Context, now time.Time) {
 		return
 	}
 	v.failingSince.Store(nil)
-	v.loadedAt.Store(&now)
 	old := v.keys.Swap(set)
+	v.loadedAt.Store(&now)
 	if !bytes.Equal(old.JWKS(), set.JWKS()) {
 		v.cfg.Logger.Info("jwks keys changed", "jwks_source", v.source, "kids", set.IDs())
 	}
@@ -869,9 +894,11 @@ func VerifyReason(ctx context.Context, v AssertionVerifier, assertion string) (I
 // Require wraps next so that it runs only for a request whose bearer
 // assertion v verifies; any other request is answered 401 with
 // {"error": {"code": "unauthenticated", "message": ...}} and a
-// WWW-Authenticate challenge for realm. who names the expected party in
-// the message ("an approver", "an operator"). The refusal is logged with
-// its reason only, never the assertion.
+// WWW-Authenticate challenge for realm; one refused for now only
+// (ForNowError) is answered 503 keys_unavailable with Retry-After. who
+// names the expected party in the message ("an approver", "an
+// operator"). The refusal is logged with its reason only, never the
+// assertion.
 func Require(v AssertionVerifier, realm, who string, logger *slog.Logger, next func(http.ResponseWriter, *http.Request, Identity)) http.HandlerFunc {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -882,6 +909,17 @@ func Require(v AssertionVerifier, realm, who string, logger *slog.Logger, next f
 			next(w, r, id)
 			return
 		}
+		w.Header().Set("Content-Type", "application/json")
+		if after, ok := RetryAfter(err); ok {
+			// Not judged now (ForNowError): refused 401, the assertion
+			// would pass for bad.
+			logger.Info("assertion not verifiable now", "realm", realm, "reason", reason, "retry_after", after)
+			w.Header().Set("Retry-After", strconv.Itoa(int((after+time.Second-1)/time.Second)))
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_ = json.NewEncoder(w).Encode(map[string]map[string]string{"error": {"code": "keys_unavailable",
+				"message": who + "'s assertion cannot be verified here now (" + reason + "): the issuer's keys at hand cannot judge it; send it again after Retry-After"}})
+			return
+		}
 		challenge, msg := "Bearer realm="+strconv.Quote(realm), who+" assertion is required as Authorization: Bearer"
 		if reason != ReasonMissingBearer {
 			logger.Info("assertion refused", "realm", realm, "reason", reason)
@@ -889,7 +927,6 @@ func Require(v AssertionVerifier, realm, who string, logger *slog.Logger, next f
 			msg = who + "'s assertion was refused: " + reason
 		}
 		w.Header().Set("WWW-Authenticate", challenge)
-		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusUnauthorized)
 		_ = json.NewEncoder(w).Encode(map[string]map[string]string{"error": {"code": "unauthenticated", "message": msg}})
 	}

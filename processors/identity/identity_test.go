@@ -612,9 +612,14 @@ func TestUnknownKIDForNowUntilLookedFor(t *testing.T) {
 			t.Errorf("%s: Verify() = %v, for now %v after %v; want unknown_kid, for now %v after %v", step, err, ok, got, forNow, after)
 		}
 	}
-	check("a made-up kid, looked for at once", verify(mustKey(t, "made-up")), false, 0)
+	madeUp := mustKey(t, "made-up")
+	check("a made-up kid, looked for at once", verify(madeUp), false, 0)
+	// Came again later, after the keys it was looked for in: for good
+	// too, though no refresh ran since.
+	clk.Advance(5 * time.Second)
+	check("the made-up kid again", verify(madeUp), false, 0)
 
-	clk.Advance(10 * time.Second)
+	clk.Advance(5 * time.Second)
 	both, _ := token.NewKeySet(a, b)
 	srv.set(both.JWKS())
 	check("a rotated-in kid within the interval", verify(b), true, EarlyRefreshInterval-10*time.Second)
@@ -633,6 +638,34 @@ func TestUnknownKIDForNowUntilLookedFor(t *testing.T) {
 	}
 	_, err = static.Verify(t.Context(), sign(t, b, TypeAssertion, assertionClaims(clk.Now())))
 	check("an unknown kid of keys given", err, false, 0)
+}
+
+// forNowVerifier refuses every assertion for now.
+type forNowVerifier struct{}
+
+func (forNowVerifier) Verify(context.Context, string) (Identity, error) {
+	return Identity{}, &ForNowError{Err: &token.Error{Reason: token.ReasonUnknownKID}, RetryAfter: 41500 * time.Millisecond}
+}
+
+// A staff request whose assertion is refused for now only (ForNowError) is
+// answered 503 keys_unavailable with the verifier's Retry-After, rounded
+// up to whole seconds: refused 401 invalid_token, an approver's client
+// would take a good assertion for bad.
+func TestRequireAnswersTryLater(t *testing.T) {
+	h := Require(forNowVerifier{}, "approvals", "an approver", nil, func(w http.ResponseWriter, _ *http.Request, _ Identity) {
+		t.Error("the handler ran for an assertion refused")
+	})
+	req := httptest.NewRequest(http.MethodGet, "/v1/approvals", nil)
+	req.Header.Set("Authorization", "Bearer x.y.z")
+	w := httptest.NewRecorder()
+	h(w, req)
+	var body struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	_ = json.Unmarshal(w.Body.Bytes(), &body)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "42" || body.Error.Code != "keys_unavailable" || w.Header().Get("WWW-Authenticate") != "" {
+		t.Errorf("= %d %s, Retry-After %q, WWW-Authenticate %q; want 503 keys_unavailable, Retry-After 42, no challenge", w.Code, body.Error.Code, w.Header().Get("Retry-After"), w.Header().Get("WWW-Authenticate"))
+	}
 }
 
 func TestNewErrors(t *testing.T) {

@@ -72,6 +72,12 @@ const DefaultMaxSessions = 10_000
 // browser or two per responder, and their tabs' sign-ins.
 const DefaultMaxSessionsPerUser = 16
 
+// ErrTryLater, wrapped in Config.Authenticate's error, says the assertion
+// could not be judged now (the issuer's keys stale, or its key not
+// fetched yet): the sign-in page asks to sign in again shortly rather
+// than calling the assertion bad.
+var ErrTryLater = errors.New("console: the assertion cannot be judged now")
+
 // Identity is who signed in, as Config.Authenticate verified their
 // assertion.
 type Identity struct {
@@ -121,7 +127,8 @@ type Config struct {
 	API http.Handler
 	// Authenticate verifies a pasted assertion (the ledger's verifier of
 	// operators' and approvers' assertions) and says who it is. ctx is
-	// the sign-in request's. Required.
+	// the sign-in request's. Required. Its error wraps ErrTryLater when
+	// the assertion could not be judged now, not for being bad.
 	Authenticate func(ctx context.Context, assertion string) (Identity, error)
 	// DevLogin, when set, mints an operator+approver assertion with the
 	// dev issuer: the sign-in page then offers a one-click "Dev login".

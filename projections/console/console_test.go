@@ -103,6 +103,8 @@ func TestSignInRefused(t *testing.T) {
 		{"no operator or approver role", assertViewer, "m=role"},
 		{"no roles", assertNoRoles, "m=role"},
 		{"no expiry", assertNoExpiry, "m=no_expiry"},
+		// Not said to be bad: to be signed in with again shortly.
+		{"not judged now", assertKeysBehind, "m=try_later"},
 		{"empty", "  ", "m=empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -37,6 +37,8 @@ const (
 	assertNoRoles  = "assert-noroles"
 	assertNoExpiry = "assert-noexpiry"
 	assertDev      = "assert-dev"
+	// One the verifier cannot judge now (ErrTryLater).
+	assertKeysBehind = "assert-keys-behind"
 	// Valid past the others' hour: a sign-in after theirs ended.
 	assertOperatorLater = "assert-operator-later"
 	assertOtherLater    = "assert-other-later"
@@ -611,7 +613,10 @@ func newFixture(t *testing.T, opts ...func(*fixture) fixtureOpt) *fixture {
 			fx.authN++
 			fx.mu.Unlock()
 			id, ok := identities[assertion]
-			if !ok {
+			switch {
+			case assertion == assertKeysBehind:
+				return Identity{}, fmt.Errorf("%w: unknown_kid, for now", ErrTryLater)
+			case !ok:
 				return Identity{}, errors.New("token: bad signature")
 			}
 			return id, nil

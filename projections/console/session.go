@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -360,6 +361,7 @@ var loginMessages = map[string]flash{
 	"signed_out": {OK: true, Text: "You are signed out."},
 	"ended":      {Text: "Your session ended (the assertion expired, or you signed out elsewhere). Sign in again."},
 	"refused":    {Text: "The assertion was refused: it is malformed, expired, or not from a trusted issuer for operators and approvers."},
+	"try_later":  {Text: "The assertion could not be checked just now: the identity provider's keys known here are not current. Sign in again in a minute."},
 	"role":       {Text: "This assertion carries neither the operator nor the approver role; the console is for operators and approvers only."},
 	"no_expiry":  {Text: "This assertion carries no expiry; the console signs in only with assertions that end."},
 	"empty":      {Text: "Paste an assertion to sign in."},
@@ -448,7 +450,11 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request, assertion strin
 	if err != nil {
 		// The verifier's error may quote claims; it is logged, not shown.
 		c.cfg.Logger.Info("console sign-in refused", "err", err)
-		http.Redirect(w, r, "/login?m=refused", http.StatusSeeOther)
+		m := "refused"
+		if errors.Is(err, ErrTryLater) {
+			m = "try_later"
+		}
+		http.Redirect(w, r, "/login?m="+m, http.StatusSeeOther)
 		return
 	}
 	if !slices.Contains(id.Roles, RoleOperator) && !slices.Contains(id.Roles, RoleApprover) {
