@@ -1635,6 +1635,12 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 				// No takeover, and nothing the tool may have applied
 				// was sent under this claim.
 				return x.holdFrozen(ctx, c, log, tool.Name, *hb.freeze)
+			case answered && hb.decision != nil:
+				// Failed, naming the decision that refused it, as its
+				// denial would.
+				log.Info("request held back before a retry: the policies in force deny the approved call", "policy_version", hb.decision.Version)
+				return c.finishWith(processors.StatusFailed, attempt-1, ReasonUnavailable, hb.why, nil,
+					denial("the policies in force when its retry was to leave deny the approved call", *hb.decision))
 			case answered:
 				return c.heldAfterAnswers(log, attempt, hb.why)
 			case hb.freeze != nil:
@@ -2778,6 +2784,11 @@ func (c *completion) namePrior(e *ledger.Event) {
 
 // finish records a terminal outcome: executing + the terminal event.
 func (c *completion) finish(status processors.Status, attempt int, reason, code string, result *sanitized) processors.Completion {
+	return c.finishWith(status, attempt, reason, code, result, nil)
+}
+
+// finishWith is finish, the terminal event edited by edit (nil: none).
+func (c *completion) finishWith(status processors.Status, attempt int, reason, code string, result *sanitized, edit func(*ledger.Event)) processors.Completion {
 	now := c.x.cfg.Now()
 	if attempt < 1 {
 		attempt = 1
@@ -2828,7 +2839,24 @@ func (c *completion) finish(status processors.Status, attempt int, reason, code 
 		term.ResultBytes = result.bytes
 		stored = result.stored
 	}
+	if edit != nil {
+		edit(&term)
+	}
 	return c.complete(status, attempt, stored, c.rec.Seq+2, exec, term)
+}
+
+// denial names on an event the decision that refused the call (or none)
+// and why: not the decision that had allowed it.
+func denial(detail string, d policy.Decision) func(*ledger.Event) {
+	return func(ev *ledger.Event) {
+		ev.Decision = "deny"
+		ev.Detail = detail
+		ev.PolicyID, ev.PolicyVersion, ev.Obligations = d.PolicyIDs, d.Version, nil
+		if d.Version != "" {
+			// A policy's, made with the roles it was given.
+			ev.Roles, ev.RolesGiven = d.Roles, d.RolesGiven
+		}
+	}
 }
 
 // deny records that a check before running refused the call.
@@ -2836,24 +2864,17 @@ func (c *completion) deny(reason, detail string, d policy.Decision) processors.C
 	if c.rec.Attempt > 0 {
 		// An earlier claim's requests reached the tool, which answered
 		// them without effect (its release raised the record's attempt):
-		// the call started, and did nothing: failed, not denied.
-		return c.finish(processors.StatusFailed, c.rec.Attempt, ReasonUnavailable, reason, nil)
+		// the call started, and did nothing: failed, not denied, naming
+		// what refused it as the denial would.
+		return c.finishWith(processors.StatusFailed, c.rec.Attempt, ReasonUnavailable, reason, nil, denial(detail, d))
 	}
 	ev := c.event(statemachine.EventDenied, c.rec.Seq+1, c.x.cfg.Now())
 	// Denied after a takeover (a read's, which runs as a call of its
 	// own): the credential that may have reached the tool, not one
 	// minted and never sent.
 	c.namePrior(&ev)
-	ev.Decision = "deny"
 	ev.Reason = reason
-	ev.Detail = detail
-	// The denial names the decision that denied, or none: not the
-	// decision that had allowed the call.
-	ev.PolicyID, ev.PolicyVersion, ev.Obligations = d.PolicyIDs, d.Version, nil
-	if d.Version != "" {
-		// A policy's, made with the roles it was given.
-		ev.Roles, ev.RolesGiven = d.Roles, d.RolesGiven
-	}
+	denial(detail, d)(&ev)
 	return c.complete(processors.StatusDenied, c.rec.Attempt, nil, c.rec.Seq+1, ev)
 }
 

@@ -856,7 +856,9 @@ func TestFreezeAfterAnAnswerHoldsAnApprovedCall(t *testing.T) {
 		applied int
 	}{
 		{"the freeze lifted in time", time.Hour, []string{"executing", "succeeded"}, "", 2, 1},
-		{"its approval lapsed meanwhile", time.Second + 2*recheck, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.ReasonApprovalExpired, 1, 0},
+		// Two seconds to wait the freeze out in (FrozenRecheck past the
+		// first step), whatever the machine's load.
+		{"its approval lapsed meanwhile", 3 * time.Second, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, executor.ReasonApprovalExpired, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -890,8 +892,14 @@ func TestFreezeAfterAnAnswerHoldsAnApprovedCall(t *testing.T) {
 			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
 				t.Fatalf("claimed again (-want +got):\n%s", diff)
 			}
-			if last := evs[len(evs)-1]; last.ErrorCode != tc.code || evs[0].Attempt != tc.attempt || last.Attempt != tc.attempt {
+			last := evs[len(evs)-1]
+			if last.ErrorCode != tc.code || evs[0].Attempt != tc.attempt || last.Attempt != tc.attempt {
 				t.Errorf("code %q, attempts %d and %d; want %q, %d", last.ErrorCode, evs[0].Attempt, last.Attempt, tc.code, tc.attempt)
+			}
+			// Failed where it would have been denied, it says why as
+			// the denial would.
+			if denied := last.Decision == "deny" && last.Detail != ""; denied != (tc.code != "") {
+				t.Errorf("the outcome names decision %q, detail %q; want a denial's: %v", last.Decision, last.Detail, tc.code != "")
 			}
 			if n := r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/approved-429"); n != tc.applied {
 				t.Errorf("applied %d times; want %d", n, tc.applied)

@@ -838,8 +838,15 @@ func TestPoliciesDecideEachRetry(t *testing.T) {
 			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
 				t.Fatalf("events (-want +got):\n%s", diff)
 			}
-			if got := evs[len(evs)-1].ErrorCode; got != tc.code {
+			last := evs[len(evs)-1]
+			if got := last.ErrorCode; got != tc.code {
 				t.Errorf("error code %q; want %q", got, tc.code)
+			}
+			// Failed, it names the decision that refused the retry, as
+			// its denial would: "what did this version deny" finds it.
+			if tc.then == deny && tc.status == http.StatusTooManyRequests &&
+				(last.Decision != "deny" || last.PolicyVersion != deny.Active().Version() || !slices.Equal(last.PolicyID, []string{"no-refunds"})) {
+				t.Errorf("failed names decision %q by %v at %s; want deny by [no-refunds] at %s", last.Decision, last.PolicyID, last.PolicyVersion, deny.Active().Version())
 			}
 			if n := requests.Load(); n != tc.requests {
 				t.Errorf("%d requests reached the tool; want %d", n, tc.requests)

@@ -999,6 +999,13 @@ func (r *Reconciler) cancelUndo(ctx context.Context, operator identity.Identity,
 	if pending {
 		to, t = processors.StatusRejected, statemachine.EventRejected
 	}
+	if givenBack && len(comp.LapsedFamilies) > 0 {
+		// Given back after its undo's credential reached the tool (the
+		// tool answered without effect, or only its headers went): the
+		// families it went under, and its jti, as an executor's events
+		// name them, so that their blast radius finds it.
+		tmpl.JTI, tmpl.EarlierCredentialFamilies = comp.Credential.JTI, comp.LapsedFamilies
+	}
 	m := r.settle(comp, tmpl, to, t, ReasonCompensationCancelled, why, nil)
 	m.move.From = comp.Status
 	m.by("operator:" + operator.User)

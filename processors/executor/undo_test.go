@@ -1290,20 +1290,29 @@ func (c *claimingFirst) claimFirst(ctx context.Context, key ledger.CallKey) erro
 // it, and one an executor claims again meanwhile refuses the resolution
 // as with one running. Before, a given-back compensation was left to find
 // the call settled once claimed again, and a claim between the
-// resolution's check and its write undid the success kept.
+// resolution's check and its write undid the success kept. One given back
+// after its undo's credential reached the tool (the tool answered 429)
+// is denied naming that credential's jti and family, as an executor's
+// events would: before, they were on no event.
 func TestResolveSucceededBehindAGivenBackCompensation(t *testing.T) {
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	for _, racing := range []bool{false, true} {
-		t.Run(fmt.Sprintf("claimed meanwhile %v", racing), func(t *testing.T) {
+	for _, tc := range []struct{ racing, sent bool }{{false, false}, {true, false}, {false, true}} {
+		racing := tc.racing
+		t.Run(fmt.Sprintf("claimed meanwhile %v, sent %v", racing, tc.sent), func(t *testing.T) {
 			r := newRig(t)
 			k, ck, comp := r.automaticUndo()
 			// An executor claims it and gives it back, claimable again
 			// at once.
-			cl, err := r.store.Claim(t.Context(), []processors.Claim{{Key: ck, ArgumentsHash: comp.ArgumentsHash, Owner: "x-first", Lease: time.Minute}})
+			cred := processors.CallCredential{JTI: "jti-undo", Family: "cancel_refund:t_a:1"}
+			cl, err := r.store.Claim(t.Context(), []processors.Claim{{Key: ck, ArgumentsHash: comp.ArgumentsHash, Owner: "x-first", Lease: time.Minute, Credential: cred}})
 			if err != nil || cl[0].Outcome != processors.Claimed {
 				t.Fatalf("claim = %+v, %v", cl, err)
 			}
-			if applied, err := r.store.Release(t.Context(), []processors.Release{{Key: ck, Epoch: cl[0].Record.Epoch}}); err != nil || !applied[0] {
+			rel := processors.Release{Key: ck, Epoch: cl[0].Record.Epoch}
+			if tc.sent {
+				rel.Sent, rel.Attempt = cred.Family, 1
+			}
+			if applied, err := r.store.Release(t.Context(), []processors.Release{rel}); err != nil || !applied[0] {
 				t.Fatalf("release = %v, %v", applied, err)
 			}
 			rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
@@ -1319,6 +1328,15 @@ func TestResolveSucceededBehindAGivenBackCompensation(t *testing.T) {
 				t.Errorf("claimed meanwhile: resolution %v, the call %s; want refused, the call parked still", err, call.Status)
 			case !racing && (err != nil || call.Status != processors.StatusSucceeded || comp.Status != processors.StatusDenied):
 				t.Errorf("given back: resolution %v, the call %s, its compensation %s; want succeeded, denied", err, call.Status, comp.Status)
+			case !racing:
+				evs, err := ledger.DecodeEvents(comp.Outbox)
+				if err != nil || len(evs) == 0 {
+					t.Fatalf("the compensation's outbox: %v, %v", evs, err)
+				}
+				last := evs[len(evs)-1]
+				if named := last.JTI == cred.JTI && slices.Equal(last.EarlierCredentialFamilies, []string{cred.Family}); named != tc.sent {
+					t.Errorf("its %s names jti %q, earlier families %q; want them named: %v", last.Type, last.JTI, last.EarlierCredentialFamilies, tc.sent)
+				}
 			}
 		})
 	}
