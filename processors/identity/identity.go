@@ -492,7 +492,7 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 				c, _, err = v.verify(assertion, now)
 			}
 			if te, ok := errors.AsType[*token.Error](err); ok && te.Reason == token.ReasonUnknownKID &&
-				v.cfg.Keys == nil && (loaded == nil || loaded.Before(first)) {
+				v.cfg.Keys == nil && (loaded == nil || loaded.Before(first)) && !v.badForGood(assertion) {
 				// Not looked for in keys loaded since the kid first
 				// came (the early refresh was spent on another kid
 				// less than EarlyRefreshInterval ago, or failed): for
@@ -665,6 +665,21 @@ func (v *Verifier) refreshEarly(ctx context.Context) time.Time {
 	v.lastEarly = now
 	v.refreshUnlock(ctx, now)
 	return now.Add(EarlyRefreshInterval)
+}
+
+// badForGood reports whether assertion's claims, read unverified, would
+// refuse it for good whatever key signed it (another issuer or audience,
+// expired): it is not told to come back once its kid is looked for.
+func (v *Verifier) badForGood(assertion string) bool {
+	var c Claims
+	if token.Unverified(assertion, &c) != nil {
+		return true
+	}
+	switch token.ReasonOf(c.Validate(v.cfg.Now(), v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience)) {
+	case token.ReasonIssuerMismatch, token.ReasonAudienceMismatch, token.ReasonExpired, token.ReasonMissingClaim:
+		return true
+	}
+	return false
 }
 
 // maxMissedKids bounds missedKids: a flood of made-up kids empties it,

@@ -584,10 +584,11 @@ func TestUnknownKIDRefreshRateLimit(t *testing.T) {
 }
 
 // An unknown kid is refused for good only once it was looked for in keys
-// loaded after it arrived. Within EarlyRefreshInterval of an early
+// loaded after it first came. Within EarlyRefreshInterval of an early
 // refresh spent on another kid (a made-up one), or while the key source
 // fails, it is refused for now (ForNowError), to be sent again once the
-// next early refresh may run: the issuer may just have rotated to it.
+// next early refresh may run: the issuer may just have rotated to it;
+// unless its claims, read unverified, refuse it whatever key signed it.
 // Before, an agent's first assertion under a rotated-in key was refused
 // for good when another unknown kid had come first. Keys given in the
 // configuration never change: for good.
@@ -623,6 +624,14 @@ func TestUnknownKIDForNowUntilLookedFor(t *testing.T) {
 	both, _ := token.NewKeySet(a, b)
 	srv.set(both.JWKS())
 	check("a rotated-in kid within the interval", verify(b), true, EarlyRefreshInterval-10*time.Second)
+	// Within it too, but bad whatever key signed it: for good.
+	d := mustKey(t, "d")
+	_, err = v.Verify(t.Context(), sign(t, d, TypeAssertion, assertionClaims(clk.Now().Add(-time.Hour))))
+	check("an expired assertion under an unknown kid", err, false, 0)
+	other := assertionClaims(clk.Now())
+	other.Audience = token.Audience{"another-service"}
+	_, err = v.Verify(t.Context(), sign(t, d, TypeAssertion, other))
+	check("another audience's assertion under an unknown kid", err, false, 0)
 	clk.Advance(EarlyRefreshInterval - 10*time.Second)
 	if err := verify(b); err != nil {
 		t.Fatalf("Verify(rotated-in key) once sent again = %v; want nil", err)
