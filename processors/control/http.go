@@ -111,7 +111,8 @@ type Introspection struct {
 // neither its jti nor its family revoked), and returns nothing of an
 // active one but jti, exp, scope, aud and family, which whoever holds the
 // token can read from it anyway. It answers 503 while it cannot tell (keys
-// unavailable, control state not caught up). No answer or log line ever
+// unavailable, control state not caught up, or a key the caller says it
+// verified the token under, credentials.FormVerified, not known here). No answer or log line ever
 // holds an assertion or a token.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -316,6 +317,16 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 			s.cfg.Logger.Warn("introspection without keys", "err", err)
 			w.Header().Set("Retry-After", "1")
 			writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the credential keys are unavailable; try again")
+			return
+		}
+		if reason == credentials.ReasonUnknownKid && r.PostForm.Get(credentials.FormVerified) == "true" {
+			// The caller verified its signature under a key this
+			// service does not know: its key sets lag the caller's (an
+			// executor missing from --credential-jwks-url, say), which
+			// "inactive" would have the tool report as a revocation.
+			s.cfg.Logger.Warn("introspection: a credential the caller verified is signed by a key none of the executors' key sets known here holds; is every executor's --jwks-addr in --credential-jwks-url?", "err", err)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the credential's key is none known here, though its signature was verified by the caller: the key sets here lag; try again")
 			return
 		}
 		s.cfg.Logger.Debug("introspection: inactive", "reason", string(reason))

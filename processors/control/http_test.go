@@ -374,6 +374,33 @@ func TestIntrospection(t *testing.T) {
 	e.assertNoSecrets(first.Token, second.Token, other.Token, expired.Token, forged.Token, tampered, root[7:], acme[7:])
 }
 
+// A credential whose signature its caller verified (a tool, through
+// credentials.Introspector) under a key none of this service's key sets
+// holds is answered 503, to be asked again, not inactive: the sets here
+// lag the tool's (an executor missing from --credential-jwks-url), and the
+// tool would report "inactive" as a revocation nobody made. Without the
+// caller's word, such a credential (a forged one, say) is inactive.
+func TestIntrospectionOfAKeyNotKnownHere(t *testing.T) {
+	t.Parallel()
+	e := newHTTPEnv(t, nil)
+	unknown, err := credentials.New(credentials.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred, err := unknown.Mint(credentials.Grant{Tenant: "t_acme", User: "u_1", Agent: "a", Executor: "x-new", Tool: "refund_order", Audience: "demo-backend", IdempotencyKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	form := url.Values{"token": {cred.Token}, credentials.FormVerified: {"true"}}
+	if status, body := e.do("POST", IntrospectPath, "application/x-www-form-urlencoded", "", form.Encode()); status != 503 || !strings.Contains(string(body), CodeUnavailable) {
+		t.Errorf("introspect a verified credential of a key not known here = %d %s; want 503 %s", status, body, CodeUnavailable)
+	}
+	if status, got := e.introspect(cred.Token); status != 200 || got["active"] != false {
+		t.Errorf("introspect it without the caller's word = %d %v; want 200 inactive", status, got)
+	}
+	e.assertNoSecrets(cred.Token)
+}
+
 func TestIntrospectionUnavailableKeys(t *testing.T) {
 	t.Parallel()
 	failing, err := credentials.NewVerifier(credentials.VerifierConfig{

@@ -56,6 +56,14 @@ func (i *Introspector) Check() error {
 	return nil
 }
 
+// FormVerified is the introspection form's parameter by which a caller
+// says it verified the token's signature itself ("true"), as
+// Introspector does (CheckRevoked asks about a verified credential only).
+// The ledger's endpoint then answers a kid it does not know 503, not
+// inactive: its key sets lag the caller's, and "inactive" would read as a
+// revocation.
+const FormVerified = "ledger_signature_verified"
+
 // maxIntrospection bounds an introspection answer read.
 const maxIntrospection = 64 << 10
 
@@ -69,7 +77,8 @@ func (i *Introspector) Active(ctx context.Context, token string) (bool, error) {
 		client = i.Client
 	}
 	client = noRedirects(client)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, i.URL, strings.NewReader(url.Values{"token": {token}}.Encode()))
+	form := url.Values{"token": {token}, FormVerified: {"true"}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, i.URL, strings.NewReader(form.Encode()))
 	if err != nil {
 		return false, fmt.Errorf("introspection: %w", err)
 	}

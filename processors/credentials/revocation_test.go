@@ -26,7 +26,7 @@ func (i *introspection) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	form, _ := url.ParseQuery(string(b))
 	select {
-	case i.tokens <- form.Get("token") + "|" + r.URL.RawQuery:
+	case i.tokens <- form.Get("token") + "|" + r.URL.RawQuery + "|" + form.Get(FormVerified):
 	default:
 	}
 	w.WriteHeader(i.status)
@@ -68,8 +68,10 @@ func TestVerifyAsksRevocations(t *testing.T) {
 			if err != nil && strings.Contains(err.Error(), tok) {
 				t.Errorf("the refusal quotes the token: %v", err)
 			}
-			if got := <-ep.tokens; got != tok+"|" {
-				t.Errorf("asked about %q (token|query); want the token in the form body only", got)
+			// And that its signature was verified: the ledger then
+			// answers a key it does not know 503, not inactive.
+			if got := <-ep.tokens; got != tok+"||true" {
+				t.Errorf("asked about %q (token|query|verified); want the token in the form body only, said verified", got)
 			}
 			// A credential refused by an earlier check is not asked about.
 			if _, err := v.Verify(t.Context(), tok, Expect{Scope: "tool::other", Tenant: "t_acme", IdempotencyKey: expect().IdempotencyKey}); err == nil {
