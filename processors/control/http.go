@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"time"
@@ -320,11 +321,17 @@ func (s *Service) serveIntrospect(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if reason == credentials.ReasonUnknownKid && r.PostForm.Get(credentials.FormVerified) == "true" {
-			// The caller verified its signature under a key this
-			// service does not know: its key sets lag the caller's (an
-			// executor missing from --credential-jwks-url, say), which
-			// "inactive" would have the tool report as a revocation.
-			s.cfg.Logger.Warn("introspection: a credential the caller verified is signed by a key none of the executors' key sets known here holds; is every executor's --jwks-addr in --credential-jwks-url?", "err", err)
+			// The caller says it verified its signature under a key
+			// this service does not know: its key sets lag the
+			// caller's (an executor missing from --credential-jwks-url,
+			// say), which "inactive" would have the tool report as a
+			// revocation. The caller's word is not checked (a forger
+			// gains a 503): warned of once a minute at most.
+			level := slog.LevelDebug
+			if now, last := time.Now().UnixNano(), s.unknownKeyWarned.Load(); now-last >= int64(time.Minute) && s.unknownKeyWarned.CompareAndSwap(last, now) {
+				level = slog.LevelWarn
+			}
+			s.cfg.Logger.Log(r.Context(), level, "introspection: a credential its caller says it verified is signed by a key none of the executors' key sets known here holds; is every executor's --jwks-addr in --credential-jwks-url?", "err", err)
 			w.Header().Set("Retry-After", "1")
 			writeError(w, http.StatusServiceUnavailable, CodeUnavailable, "the credential's key is none known here, though its signature was verified by the caller: the key sets here lag; try again")
 			return

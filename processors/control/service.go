@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -201,6 +202,10 @@ type Service struct {
 	// instances still may; their records are settled on the topic
 	// (State.overrulesLocked).
 	subjects [64]sync.Mutex
+	// unknownKeyWarned is when introspection last warned of a key not
+	// known here (UnixNano): at most once a minute, since the caller's
+	// word that it verified the token is not checked.
+	unknownKeyWarned atomic.Int64
 }
 
 // lockSubject holds subject's stripe until the returned func.

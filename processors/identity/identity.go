@@ -492,14 +492,19 @@ func (v *Verifier) claims(ctx context.Context, assertion string) (Claims, error)
 				c, _, err = v.verify(assertion, now)
 			}
 			if te, ok := errors.AsType[*token.Error](err); ok && te.Reason == token.ReasonUnknownKID &&
-				v.cfg.Keys == nil && (loaded == nil || loaded.Before(first)) && !v.badForGood(assertion) {
+				v.cfg.Keys == nil && (loaded == nil || loaded.Before(first)) {
 				// Not looked for in keys loaded since the kid first
 				// came (the early refresh was spent on another kid
 				// less than EarlyRefreshInterval ago, or failed): for
-				// now, until the next one may run.
-				after := max(next.Sub(v.cfg.Now()), time.Second)
-				err = &ForNowError{RetryAfter: after, Err: &token.Error{Reason: te.Reason,
-					Detail: fmt.Sprintf("%s, and the issuer's keys were not loaded again since it came (next in %s): send it again then", te.Detail, after.Round(time.Second))}}
+				// now, until the next one may run; unless its claims
+				// refuse it whatever key signed it.
+				if bad := v.badForGood(assertion); bad != "" {
+					err = &token.Error{Reason: te.Reason, Detail: fmt.Sprintf("%s, and its claims, read unverified, refuse it whatever key signed it (%s)", te.Detail, bad)}
+				} else {
+					after := max(next.Sub(v.cfg.Now()), time.Second)
+					err = &ForNowError{RetryAfter: after, Err: &token.Error{Reason: te.Reason,
+						Detail: fmt.Sprintf("%s, and the issuer's keys were not loaded again since it came (next in %s): send it again then", te.Detail, after.Round(time.Second))}}
+				}
 			}
 		}
 		if err != nil {
@@ -667,19 +672,28 @@ func (v *Verifier) refreshEarly(ctx context.Context) time.Time {
 	return now.Add(EarlyRefreshInterval)
 }
 
-// badForGood reports whether assertion's claims, read unverified, would
+// badForGood is the reason assertion's claims, read unverified, would
 // refuse it for good whatever key signed it (another issuer or audience,
-// expired): it is not told to come back once its kid is looked for.
-func (v *Verifier) badForGood(assertion string) bool {
+// expired past what a lapsed assertion may be: LapsedGrace), "" if none:
+// such an assertion is not told to come back once its kid is looked for.
+// One that expired less long ago is: verified, it names whom its refusal
+// is filed under, or the call it copies (LapsedError).
+func (v *Verifier) badForGood(assertion string) string {
 	var c Claims
-	if token.Unverified(assertion, &c) != nil {
-		return true
+	if err := token.Unverified(assertion, &c); err != nil {
+		return token.ReasonOf(err)
 	}
-	switch token.ReasonOf(c.Validate(v.cfg.Now(), v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience)) {
-	case token.ReasonIssuerMismatch, token.ReasonAudienceMismatch, token.ReasonExpired, token.ReasonMissingClaim:
-		return true
+	now := v.cfg.Now()
+	switch reason := token.ReasonOf(c.Validate(now, v.cfg.Skew, v.cfg.Issuer, v.cfg.Audience)); reason {
+	case token.ReasonExpired:
+		if c.ExpiresAt != nil && now.Before(c.ExpiresAt.Time.Add(v.cfg.Skew+LapsedGrace)) {
+			return ""
+		}
+		return reason
+	case token.ReasonIssuerMismatch, token.ReasonAudienceMismatch, token.ReasonMissingClaim:
+		return reason
 	}
-	return false
+	return ""
 }
 
 // maxMissedKids bounds missedKids: a flood of made-up kids empties it,

@@ -624,10 +624,18 @@ func TestUnknownKIDForNowUntilLookedFor(t *testing.T) {
 	both, _ := token.NewKeySet(a, b)
 	srv.set(both.JWKS())
 	check("a rotated-in kid within the interval", verify(b), true, EarlyRefreshInterval-10*time.Second)
-	// Within it too, but bad whatever key signed it: for good.
+	// Within it too, but bad whatever key signed it: for good, saying
+	// why.
 	d := mustKey(t, "d")
 	_, err = v.Verify(t.Context(), sign(t, d, TypeAssertion, assertionClaims(clk.Now().Add(-time.Hour))))
 	check("an expired assertion under an unknown kid", err, false, 0)
+	if err == nil || !strings.Contains(err.Error(), "("+token.ReasonExpired+")") {
+		t.Errorf("its refusal %v does not say its claims refuse it (%s)", err, token.ReasonExpired)
+	}
+	// Expired within what a lapsed assertion may be: verified, it names
+	// whom its refusal is filed under (LapsedError), so for now still.
+	_, err = v.Verify(t.Context(), sign(t, d, TypeAssertion, assertionClaims(clk.Now().Add(-2*time.Minute))))
+	check("an assertion just expired under an unknown kid", err, true, EarlyRefreshInterval-10*time.Second)
 	other := assertionClaims(clk.Now())
 	other.Audience = token.Audience{"another-service"}
 	_, err = v.Verify(t.Context(), sign(t, d, TypeAssertion, other))
