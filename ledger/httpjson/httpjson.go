@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // The codes of the errors Unmatched writes. no_route, not not_found: an
@@ -97,6 +99,12 @@ func LoopbackOnly(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// SetRetryAfter sets w's Retry-After to d in whole seconds, rounded up
+// (never sooner than d), and at least 1.
+func SetRetryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(int((d+time.Second-1)/time.Second), 1)))
 }
 
 // Error writes {"error": {"code", "message"}} with status.

@@ -11,6 +11,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 )
@@ -97,6 +98,20 @@ func TestBodyReadError(t *testing.T) {
 	} {
 		if got := httpjson.BodyReadError(c.err); got != c.want {
 			t.Errorf("%s: httpjson.BodyReadError(%v) = %v; want %v", c.name, c.err, got, c.want)
+		}
+	}
+}
+
+// Retry-After is whole seconds, never sooner than asked, and at least 1.
+func TestSetRetryAfter(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "1", -time.Second: "1", time.Millisecond: "1", time.Second: "1",
+		1500 * time.Millisecond: "2", 30 * time.Second: "30", 41500 * time.Millisecond: "42",
+	} {
+		w := httptest.NewRecorder()
+		httpjson.SetRetryAfter(w, d)
+		if got := w.Header().Get("Retry-After"); got != want {
+			t.Errorf("SetRetryAfter(%v) = %q; want %q", d, got, want)
 		}
 	}
 }

@@ -13,10 +13,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -83,7 +81,7 @@ func (e *LandingError) Error() string {
 // LandingError lets the action be asked for again, if err is one.
 func SetRetryAfter(w http.ResponseWriter, err error) {
 	if le, ok := errors.AsType[*LandingError](err); ok {
-		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(time.Until(le.Until).Seconds())))))
+		httpjson.SetRetryAfter(w, time.Until(le.Until))
 	}
 }
 

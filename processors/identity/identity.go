@@ -38,6 +38,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/ledger/token"
 )
 
@@ -938,17 +939,16 @@ func Require(v AssertionVerifier, realm, who string, logger *slog.Logger, next f
 			next(w, r, id)
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
 		if after, ok := RetryAfter(err); ok {
 			// Not judged now (ForNowError): refused 401, the assertion
 			// would pass for bad.
 			logger.Info("assertion not verifiable now", "realm", realm, "reason", reason, "retry_after", after)
-			w.Header().Set("Retry-After", strconv.Itoa(int((after+time.Second-1)/time.Second)))
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(w).Encode(map[string]map[string]string{"error": {"code": "keys_unavailable",
-				"message": who + "'s assertion cannot be verified here now (" + reason + "): the issuer's keys at hand cannot judge it; send it again after Retry-After"}})
+			httpjson.SetRetryAfter(w, after)
+			httpjson.Error(w, http.StatusServiceUnavailable, "keys_unavailable",
+				who+"'s assertion cannot be verified here now ("+reason+"): the issuer's keys at hand cannot judge it; send it again after Retry-After")
 			return
 		}
+		w.Header().Set("Content-Type", "application/json")
 		challenge, msg := "Bearer realm="+strconv.Quote(realm), who+" assertion is required as Authorization: Bearer"
 		if reason != ReasonMissingBearer {
 			logger.Info("assertion refused", "realm", realm, "reason", reason)

@@ -103,12 +103,6 @@ type Store interface {
 // DefaultPolicyRetryAfter is Config.PolicyRetryAfter's default.
 const DefaultPolicyRetryAfter = time.Second
 
-// KeysStaleRetryAfter is the retry_after_ms of a refusal for the issuer's
-// keys being stale here (identity.ReasonKeysStale: not refreshed for
-// longer than the verifier allows, an identity provider's outage), the
-// verifier's (identity.ForNowError).
-const KeysStaleRetryAfter = identity.StaleRetryAfter
-
 // Config configures the intake.
 type Config struct {
 	// Registry of tools. Required.

@@ -2167,7 +2167,7 @@ func TestAssertionsRefusedForNow(t *testing.T) {
 		after        time.Duration
 	}{
 		{"stale keys", identity.ReasonKeysStale, &identity.ForNowError{RetryAfter: identity.StaleRetryAfter,
-			Err: &token.Error{Reason: identity.ReasonKeysStale, Detail: "the issuer's keys could not be loaded for 25h"}}, intake.KeysStaleRetryAfter},
+			Err: &token.Error{Reason: identity.ReasonKeysStale, Detail: "the issuer's keys could not be loaded for 25h"}}, identity.StaleRetryAfter},
 		{"unknown kid, not looked for yet", token.ReasonUnknownKID, &identity.ForNowError{RetryAfter: 42 * time.Second,
 			Err: &token.Error{Reason: token.ReasonUnknownKID, Detail: "kid k2"}}, 42 * time.Second},
 		{"unknown kid, looked for", token.ReasonUnknownKID, &token.Error{Reason: token.ReasonUnknownKID, Detail: "kid k2"}, 0},

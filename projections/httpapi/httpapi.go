@@ -14,7 +14,6 @@ import (
 	"math"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -680,9 +679,7 @@ func cannotVerifyNow(w http.ResponseWriter, err error) bool {
 	if e, ok := errors.AsType[*CannotVerifyNowError](err); ok {
 		why, after = e.Reason, e.RetryAfter
 	}
-	// Whole seconds, rounded up: never sooner than the verifier said.
-	secs := max(int((after+time.Second-1)/time.Second), 1)
-	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	httpjson.SetRetryAfter(w, after)
 	writeError(w, http.StatusServiceUnavailable, apiError{Code: "keys_unavailable",
 		Message: fmt.Sprintf("the issuer's keys at hand here cannot judge the assertion now (%s); nothing was published: send it again after Retry-After", why)})
 	return true

@@ -2,13 +2,13 @@ package httpapi
 
 import (
 	"fmt"
-	"math"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 )
 
 // DefaultSubmitRate is Config.SubmitRate's default: calls a second of
@@ -98,7 +98,7 @@ func (s *Server) admit(w http.ResponseWriter, tenant string) bool {
 	if ok {
 		return true
 	}
-	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(d.Seconds()))))
+	httpjson.SetRetryAfter(w, d)
 	writeError(w, http.StatusTooManyRequests, apiError{Code: "too_many_submissions",
 		Message: fmt.Sprintf("your tenant submits more than %g calls a second (bursts of %d) through this API; nothing was published: send it again after Retry-After, with the same idempotency key it is the same call", float64(s.submits.rate), s.submits.burst)})
 	return false
