@@ -131,12 +131,8 @@ runs inside the bench, beside the load generator and the tool backend, unless
 			if f.kafkaProcess && !embedded {
 				return errors.New("bench: --kafka-process runs the bench's own broker; --kafka-brokers (or LEDGER_KAFKA_BROKERS) names another")
 			}
-			// --gc-percent is for the ledger processes the bench starts. The
-			// bench process itself holds the in-process Kafka's whole log,
-			// which grows with the run, so it collects at Go's default.
-			if _, ok := os.LookupEnv("GOGC"); !ok {
-				debug.SetGCPercent(100)
-			}
+			// --gc-percent is for the ledger processes the bench starts.
+			harnessGC(loadtest.ThisMachine().MemoryGB)
 			for _, name := range nodePassedOn {
 				if fl := cmd.Flags().Lookup(name); fl.Changed {
 					f.nodeFlags = append(f.nodeFlags, "--"+name, fl.Value.String())
@@ -234,6 +230,32 @@ type benchEnv struct {
 	// (--ledger-ops).
 	attached      []*benchNode
 	attachedLoops []string
+}
+
+// harnessGC sets the bench process's own collector, unless GOGC is set.
+// That process is the harness: the load, the demo tools with their record
+// of every effect and, unless --kafka-process or --kafka-brokers moves it
+// out, the in-process Kafka's log, a live heap that grows with the run.
+// At Go's default target its collector took a fifth of the harness's CPU
+// in a profile, CPU that the two cores share with the ledger
+// (BENCHMARKS.md). It collects at the ledger's target instead, under a
+// soft limit (GOMEMLIMIT, else a quarter of the machine's memory, memGB)
+// so that a long run's log makes it collect more often rather than take
+// five times its size; at Go's default when neither bound is known.
+func harnessGC(memGB int) {
+	if _, ok := os.LookupEnv("GOGC"); ok {
+		return
+	}
+	_, limited := os.LookupEnv("GOMEMLIMIT")
+	switch {
+	case limited:
+	case memGB > 0:
+		debug.SetMemoryLimit(int64(memGB) << 30 / 4)
+	default:
+		debug.SetGCPercent(100)
+		return
+	}
+	debug.SetGCPercent(defaultGCPercent)
 }
 
 // startBackend creates the bench's agent identity provider, trusted by

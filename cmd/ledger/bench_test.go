@@ -10,11 +10,13 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -889,5 +891,47 @@ func noChildArgument(t *testing.T, needle string) (stop func()) {
 			t.Errorf("%d child processes' command lines held %q, such as %s's: %q", len(seen), needle, pid, cmdline)
 			break
 		}
+	}
+}
+
+// The bench process collects at the ledger's target under a quarter of
+// the machine's memory, at Go's default without a bound, and leaves an
+// operator's GOGC or GOMEMLIMIT alone.
+func TestHarnessGC(t *testing.T) {
+	const unlimited = math.MaxInt64
+	gc, limit := debug.SetGCPercent(100), debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetGCPercent(gc); debug.SetMemoryLimit(limit) })
+	for _, tc := range []struct {
+		name  string
+		env   map[string]string
+		memGB int
+		gc    int
+		limit int64
+	}{
+		{"24 GB", nil, 24, defaultGCPercent, 6 << 30},
+		{"memory unknown", nil, 0, 100, unlimited},
+		{"GOMEMLIMIT set", map[string]string{"GOMEMLIMIT": "1GiB"}, 24, defaultGCPercent, unlimited},
+		{"GOGC set", map[string]string{"GOGC": "50"}, 24, 100, unlimited},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range []string{"GOGC", "GOMEMLIMIT"} {
+				t.Setenv(k, "")
+				if v, ok := tc.env[k]; ok {
+					t.Setenv(k, v)
+				} else {
+					os.Unsetenv(k)
+				}
+			}
+			// Go's defaults, as the runtime starts without GOGC or GOMEMLIMIT.
+			debug.SetGCPercent(100)
+			debug.SetMemoryLimit(unlimited)
+			harnessGC(tc.memGB)
+			if got := debug.SetGCPercent(100); got != tc.gc {
+				t.Errorf("GC percent %d, want %d", got, tc.gc)
+			}
+			if got := debug.SetMemoryLimit(-1); got != tc.limit {
+				t.Errorf("memory limit %d, want %d", got, tc.limit)
+			}
+		})
 	}
 }
