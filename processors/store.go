@@ -677,6 +677,11 @@ type Store interface {
 	TenantLatestByStatus(ctx context.Context, tenant string, status Status, before Cursor, limit int) ([]Record, error)
 	// Get returns the record for key, or ErrNotFound.
 	Get(ctx context.Context, key ledger.CallKey) (Record, error)
+	// ReadBack is Get once every write of key's record still in flight
+	// has ended: what a writer whose write failed (a connection lost on
+	// COMMIT, a deadline) reads to learn whether it applied. A Get may
+	// return the record as it was while such a write still commits.
+	ReadBack(ctx context.Context, key ledger.CallKey) (Record, error)
 	Close() error
 }
 

@@ -115,6 +115,7 @@ type Store interface {
 	TenantByStatus(ctx context.Context, tenant string, status processors.Status, limit int) ([]processors.Record, error)
 	TenantLatestByStatus(ctx context.Context, tenant string, status processors.Status, before processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
+	ReadBack(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 	MarkLogged(ctx context.Context, ls []processors.Logged) error
 }
 

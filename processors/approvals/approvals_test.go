@@ -1110,6 +1110,13 @@ func (s *lostAfterMove) Get(ctx context.Context, k ledger.CallKey) (processors.R
 	return s.Store.Get(ctx, k)
 }
 
+func (s *lostAfterMove) ReadBack(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	if s.moved.Load() {
+		return processors.Record{}, errors.New("connection refused")
+	}
+	return s.Store.ReadBack(ctx, k)
+}
+
 // A decision whose write failed and could not be read back is answered
 // 503 action_outcome_unknown: it may have been taken, and the approver is
 // to read the approval before deciding again. Before, it was 500

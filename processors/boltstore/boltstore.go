@@ -1425,6 +1425,13 @@ func (s *Store) Get(ctx context.Context, k ledger.CallKey) (processors.Record, e
 	return r, nil
 }
 
+// ReadBack implements processors.Store: a Get, since every write
+// has ended when its call returns (the one process that owns the file
+// writes it, one transaction at a time).
+func (s *Store) ReadBack(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	return s.Get(ctx, k)
+}
+
 // prefixEnd is the least key past every key that starts with prefix; nil
 // when there is none (prefix all 0xff).
 func prefixEnd(prefix []byte) []byte {

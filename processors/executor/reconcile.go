@@ -96,6 +96,7 @@ type ReconcilerStore interface {
 	Get(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 	ByStatusAfter(ctx context.Context, status processors.Status, after processors.Cursor, limit int) ([]processors.Record, error)
 	Move(ctx context.Context, ms []processors.Move) ([]bool, error)
+	ReadBack(ctx context.Context, key ledger.CallKey) (processors.Record, error)
 	// Complete denies a compensation an executor gave back, fenced by
 	// its claim's epoch (a confirmed resolution's cancelUndo).
 	Complete(ctx context.Context, cs []processors.Completion) ([]bool, error)

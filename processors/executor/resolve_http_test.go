@@ -149,10 +149,25 @@ type losingMoves struct {
 }
 
 func (l *losingMoves) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
-	if l.unreadable && l.moved.Load() && (l.only == nil || k == *l.only) {
-		return processors.Record{}, errors.New("dial tcp 10.0.0.7:26257: connection refused")
+	if err := l.unread(k); err != nil {
+		return processors.Record{}, err
 	}
 	return l.Store.Get(ctx, k)
+}
+
+func (l *losingMoves) ReadBack(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	if err := l.unread(k); err != nil {
+		return processors.Record{}, err
+	}
+	return l.Store.ReadBack(ctx, k)
+}
+
+// unread is the error of a read of k that fails (unreadable), or nil.
+func (l *losingMoves) unread(k ledger.CallKey) error {
+	if l.unreadable && l.moved.Load() && (l.only == nil || k == *l.only) {
+		return errors.New("dial tcp 10.0.0.7:26257: connection refused")
+	}
+	return nil
 }
 
 func (l *losingMoves) Move(ctx context.Context, ms []processors.Move) ([]bool, error) {

@@ -1056,6 +1056,8 @@ var recordCols = []string{
 // queries holds the SQL with the table name filled in.
 type queries struct {
 	selectKeys, selectKeysForUpdate, insert, claim, complete, release, move, markLogged, expired, unlogged, byStatus, get string
+	// getForUpdate is get waiting out a write in flight (ReadBack).
+	getForUpdate string
 	// markUndo counts a compensation's mark on a record whose status is
 	// one of the undoable; status reads the status of one it did not.
 	markUndo, status string
@@ -1382,6 +1384,7 @@ WHERE r.tenant_id = u.t AND r.idempotency_key = u.k AND r.epoch = u.epoch
 		tenantLatestByStatusBefore:       r.Replace(fmt.Sprintf(latestByStatus, "$1", ofTenant("$2")+beforeCursor(4), "$3")),
 		byStatusAfter:                    r.Replace(fmt.Sprintf(byStatus, "$1", pastCursor(3), "$2")),
 		get:                              r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2`),
+		getForUpdate:                     r.Replace(`SELECT {cols} FROM {table} WHERE tenant_id = $1 AND idempotency_key = $2 FOR UPDATE`),
 		byListedStatus:                   make(map[processors.Status]string, len(listedStatuses)),
 		tenantByListedStatus:             make(map[processors.Status]string, len(listedStatuses)),
 		byListedStatusAfter:              make(map[processors.Status]string, len(listedStatuses)),
@@ -2415,9 +2418,27 @@ func (s *Store) byStatus(ctx context.Context, tenant string, status processors.S
 
 // Get implements processors.Store.
 func (s *Store) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	return s.get(ctx, "get", pgx.Serializable, pgx.ReadOnly, s.q.get, k)
+}
+
+// ReadBack implements processors.Store. FOR UPDATE waits for the
+// transaction that holds the row: PostgreSQL goes on with a COMMIT whose
+// client gave up (a deadline that broke the connection, with no cancel
+// sent), and until it ends a plain read returns the row as it was before,
+// which would report a decision that then commits as not taken.
+// At READ COMMITTED (relaxed) it then reads the row that transaction left,
+// where SERIALIZABLE would fail it with 40001 to be run again. CockroachDB's
+// plain reads wait for a pending write's intents anyway; both accept FOR
+// UPDATE.
+func (s *Store) ReadBack(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
+	return s.get(ctx, "read back", s.relaxed(), pgx.ReadWrite, s.q.getForUpdate, k)
+}
+
+// get reads key's record with q, in a transaction of iso and mode.
+func (s *Store) get(ctx context.Context, op string, iso pgx.TxIsoLevel, mode pgx.TxAccessMode, q string, k ledger.CallKey) (processors.Record, error) {
 	var r processors.Record
-	err := s.inTx(ctx, "get", pgx.ReadOnly, func(ctx context.Context, tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, s.q.get, k.TenantID, k.IdempotencyKey)
+	err := s.inTxAt(ctx, op, iso, mode, func(ctx context.Context, tx pgx.Tx) error {
+		rows, _ := tx.Query(ctx, q, k.TenantID, k.IdempotencyKey)
 		var err error
 		r, err = pgx.CollectExactlyOneRow(rows, s.scanRecord)
 		return err

@@ -116,6 +116,7 @@ func Run(t *testing.T, open func(t *testing.T) processors.Store) {
 		{"TenantByStatus/Interleaved", testTenantByStatusInterleaved},
 		{"ByStatusAfter", testByStatusAfter},
 		{"Get/NotFound", testGetNotFound},
+		{"ReadBack", testReadBack},
 		{"TenantIsolation", testTenantIsolation},
 		{"EmptyBatches", testEmptyBatches},
 		{"CancelledContext", testCancelledContext},
@@ -2228,6 +2229,31 @@ func testGetNotFound(t *testing.T, s processors.Store) {
 	} {
 		if _, err := s.Get(t.Context(), k); !errors.Is(err, processors.ErrNotFound) {
 			t.Errorf("Get(%v) = %v; want ErrNotFound", k, err)
+		}
+	}
+}
+
+// testReadBack: ReadBack reads what Get does, the record as the last
+// write left it, and ErrNotFound for a key without one. (That it waits
+// out a write in flight is the PostgreSQL store's own test: bbolt has
+// none once a write has returned.)
+func testReadBack(t *testing.T, s processors.Store) {
+	k := key("read-back")
+	mustAdmit(t, s, admission(k, hashA, processors.StatusPending))
+	m := move(k, processors.StatusPending, processors.StatusAuthorized)
+	if applied := mustMove(t, s, m); !applied[0] {
+		t.Fatalf("Move(%v) applied = false; want true (the test's premise)", k)
+	}
+	got, err := s.ReadBack(t.Context(), k)
+	if err != nil {
+		t.Fatalf("ReadBack(%v) = %v", k, err)
+	}
+	if diff := cmp.Diff(mustGet(t, s, k), got); diff != "" || got.Status != m.To || got.Seq != m.Seq {
+		t.Errorf("ReadBack(%v) = %s at %d, and differs from Get (-get +read back):\n%s", k, got.Status, got.Seq, diff)
+	}
+	for _, k := range []ledger.CallKey{key("absent"), {TenantID: "t_other", IdempotencyKey: "read-back"}} {
+		if _, err := s.ReadBack(t.Context(), k); !errors.Is(err, processors.ErrNotFound) {
+			t.Errorf("ReadBack(%v) = %v; want ErrNotFound", k, err)
 		}
 	}
 }
