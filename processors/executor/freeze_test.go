@@ -974,15 +974,56 @@ func TestReconcilerLooksNothingUpAtAFrozenTool(t *testing.T) {
 	if n := r.backend.Requests() - before; n != 0 {
 		t.Errorf("%d status lookups reached the tool; want none", n)
 	}
-	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: "frozen-lookup"})
+	noUnansweredNote(t, r, "frozen-lookup")
+	close(freezes.fresh)
+	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(rc, unknown)); diff != "" {
+		t.Errorf("lifted and current (-want +got):\n%s", diff)
+	}
+}
+
+// freezingLooker is a status lookup that the tool answers 503 while the
+// kill switch freezes it (freezes), and counts the lookups sent.
+type freezingLooker struct {
+	freezes *switchedFreezes
+	sent    atomic.Int32
+}
+
+func (l *freezingLooker) Lookup(context.Context, string, httptool.Request) (httptool.Response, error) {
+	l.sent.Add(1)
+	l.freezes.on.Store(true)
+	return httptool.Response{Status: http.StatusServiceUnavailable}, &httptool.Error{Kind: httptool.ServerError, Status: http.StatusServiceUnavailable}
+}
+
+// A freeze that comes during a reconciler's pass holds back the lookups
+// the pass has yet to send (its tries after one that failed, or one that
+// waited for a slot meanwhile), as an attempt's check after its bulkhead
+// does. The pass asked once, before the first: the rest reached the frozen
+// tool, with a credential and the backend's secret.
+func TestReconcilerStopsLookingUpOnceFrozen(t *testing.T) {
+	r := newRig(t)
+	unknown := r.unknownLostResponse("frozen-mid-pass")
+	freezes := &switchedFreezes{fresh: make(chan struct{})}
+	looker := &freezingLooker{freezes: freezes}
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Freezes, c.Looker, c.MaxAttempts = freezes, looker, 3 })
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("frozen during the pass: %q; want nothing recorded", got)
+	}
+	if n := looker.sent.Load(); n != 1 {
+		t.Errorf("%d status lookups sent; want 1, none once the tool was frozen", n)
+	}
+	noUnansweredNote(t, r, "frozen-mid-pass")
+}
+
+// noUnansweredNote fails t if the call of key (tenant t_a) has a note of
+// unanswered lookups: held lookups are not failures, and a freeze
+// restarts the wait for an answer.
+func noUnansweredNote(t *testing.T, r *rig, key string) {
+	t.Helper()
+	rec, err := r.store.Get(t.Context(), ledger.CallKey{TenantID: "t_a", IdempotencyKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if note, ok := rec.UnansweredAt(); ok {
 		t.Errorf("the call's note of unanswered lookups: %+v; want none (held lookups are not failures)", note)
-	}
-	close(freezes.fresh)
-	if diff := cmp.Diff([]string{"succeeded(" + executor.ReasonReconciled + ")"}, r.reconcile(rc, unknown)); diff != "" {
-		t.Errorf("lifted and current (-want +got):\n%s", diff)
 	}
 }

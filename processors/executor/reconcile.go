@@ -734,17 +734,8 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		return r.parkOrWait(rec, tmpl, tool, ReasonLookupFailed, "bad status lookup url")
 	}
 	if why, stale := r.heldByKillSwitch(ctx, tool.Name, rec.Key.TenantID); why != "" {
-		// Nothing minted, nothing sent: asked again at a later sweep.
-		// And the wait for an answer starts again after, as after one:
-		// lookups that failed before a freeze (a blip) say nothing of
-		// the tool once it is lifted, and one failure then must not
-		// hand the call to a human, or undo it.
-		log.Debug("status lookup held: " + why)
-		if stale {
-			r.warnHeld(why)
-		}
-		r.restartWait(ctx, rec)
-		return pendingMove{}, false, nil
+		// Nothing minted, nothing sent.
+		return r.heldOff(ctx, log, rec, lookupHeld{why, stale})
 	}
 	var bearer string
 	if r.cfg.Credentials != nil {
@@ -788,8 +779,15 @@ attempts:
 			time.Sleep(r.cfg.Backoff << (n - 1))
 		}
 		resp, sent, err := r.lookup(ctx, g, tool, target, rec, secrets{bearer: bearer, backend: sec})
-		var he *httptool.Error
+		var (
+			he   *httptool.Error
+			held lookupHeld
+		)
 		switch {
+		case errors.As(err, &held):
+			// Frozen since the pass began (while the lookup waited for
+			// a slot, or between its tries): this one is not sent.
+			return r.heldOff(ctx, log, rec, held)
 		case errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests):
 			// Not asked: the breaker is open because other lookups of
 			// the tool failed (a host that stalled can time a burst of
@@ -854,6 +852,29 @@ attempts:
 		log.Debug("status lookup failed", "attempt", n+1, "err", last)
 	}
 	return r.unanswered(ctx, rec, tmpl, tool, last, "the status lookups of its last pass failed or were held off, and none answered", pending)
+}
+
+// lookupHeld is why the kill switch holds a status lookup back (see
+// heldByKillSwitch).
+type lookupHeld struct {
+	why   string
+	stale bool
+}
+
+func (h lookupHeld) Error() string { return "status lookup held: " + h.why }
+
+// heldOff ends a pass whose lookup the kill switch held back: the call is
+// asked about again at a later sweep. And the wait for an answer starts
+// again after, as after one: lookups that failed before a freeze (a blip)
+// say nothing of the tool once it is lifted, and one failure then must
+// not hand the call to a human, or undo it.
+func (r *Reconciler) heldOff(ctx context.Context, log *slog.Logger, rec processors.Record, h lookupHeld) (pendingMove, bool, error) {
+	log.Debug(h.Error())
+	if h.stale {
+		r.warnHeld(h.why)
+	}
+	r.restartWait(ctx, rec)
+	return pendingMove{}, false, nil
 }
 
 // heldByKillSwitch says why a status lookup of tool for tenant is not to
@@ -1494,6 +1515,13 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 		return httptool.Response{}, time.Time{}, err
 	}
 	defer release()
+	// Asked again once the slot is had, as an attempt's is: the pass
+	// asked before it minted, and a lookup may have waited for a slot
+	// since, behind requests to a tool that hangs, for longer than a
+	// freeze may take to be honoured.
+	if why, stale := r.heldByKillSwitch(ctx, tool.Name, rec.Key.TenantID); why != "" {
+		return httptool.Response{}, time.Time{}, lookupHeld{why, stale}
+	}
 	resp, err = g.breaker.Execute(func() (httptool.Response, error) {
 		lctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 		defer cancel()
