@@ -3103,6 +3103,10 @@ func sanitize(tool *schemas.Tool, resp httptool.Response, masks []string, sent s
 	var content, loose any
 	if !resp.Truncated {
 		switch tree, err := ledger.Decode(resp.Body, ledger.Limits{MaxBytes: max(len(resp.Body), 1)}); {
+		case len(resp.Body) == 0:
+			// No answer (a 204, an empty 200): nothing a mask could
+			// hide, kept as the empty text it is, masks or not.
+			content = ""
 		case err == nil && len(masks) > 0:
 			// Redact copies; the tree is ours, so only when it hides.
 			content = ledger.Redact(tree, masks)

@@ -506,7 +506,8 @@ func TestRecheckWithoutRolesRecordsNone(t *testing.T) {
 // another case is masked too (readers such as Go's encoding/json match it
 // to the masked field), and a result the masks cannot be applied to (an
 // integer above 2^53, a duplicate key) is kept without its content,
-// code result_unmaskable, never stored whole.
+// code result_unmaskable, never stored whole. An empty answer has nothing
+// to hide: kept as it is, not called unmaskable.
 func TestMaskHoldsWhateverTheToolAnswers(t *testing.T) {
 	for _, tc := range []struct {
 		name, body, code string
@@ -515,10 +516,11 @@ func TestMaskHoldsWhateverTheToolAnswers(t *testing.T) {
 		{"another case", `{"Refund_ID":"rf_secret","order_id":"ord_1"}`, "", true},
 		{"a large integer", `{"refund_id":"rf_secret","order_id":12345678901234567890}`, executor.CodeResultUnmaskable, false},
 		{"a duplicate key", `{"refund_id":"rf_secret","refund_id":"rf_secret"}`, executor.CodeResultUnmaskable, false},
+		{"an empty answer", "", "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
-			r.backend.SetFault("refund_order", demobackend.Fault{Body: []byte(tc.body)})
+			r.backend.SetFault("refund_order", demobackend.Fault{Body: append([]byte{}, tc.body...)})
 			ev, approved := r.admitApproved("km", time.Now().Add(time.Hour), "", "require_approval", "mask:refund_id")
 			out, err := r.executor(nil).Step(t.Context(), []*kgo.Record{approved})
 			if err != nil {
