@@ -17,6 +17,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/demobackend"
 	"github.com/toolcall-ledger/ledger/processors/executor"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/processors/processorstest"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
@@ -294,15 +295,18 @@ func TestBreakerPerTenant(t *testing.T) {
 // credential over plain http off loopback) says nothing of the tool, and
 // does not count toward its breaker: the tenant's other calls are not
 // refused breaker_open for it. Before, such refusals counted as the
-// tool's failures and opened the tenant's breaker.
+// tool's failures and opened the tenant's breaker. Nor is it counted as
+// a request that failed at the tool (ledger_tool_call_duration_seconds'
+// result error): it is one not sent.
 func TestBreakerIgnoresRequestsNeverSent(t *testing.T) {
 	r := newRig(t)
 	broker, err := credentials.New(credentials.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	reg := metrics.New("executor", nil)
 	x := r.executor(func(c *executor.Config) {
-		c.MaxAttempts = 1
+		c.MaxAttempts, c.Metrics = 1, reg
 		c.Breaker = executor.BreakerConfig{MinRequests: 3, FailureRatio: 0.5, OpenFor: time.Hour}
 		// A documentation address: never dialled, the adapter refuses
 		// to send a credential there in clear.
@@ -324,6 +328,13 @@ func TestBreakerIgnoresRequestsNeverSent(t *testing.T) {
 	}
 	if st := x.BreakerStates()["create_ticket/t_a"]; st == "open" {
 		t.Errorf("the tenant's breaker is %s; want closed", st)
+	}
+	results := map[string]float64{}
+	for _, res := range []string{"not_sent", "error"} {
+		results[res] = counter(t, reg, "ledger_tool_call_duration_seconds", "tool", "create_ticket", "result", res)
+	}
+	if diff := cmp.Diff(map[string]float64{"not_sent": 4, "error": 0}, results); diff != "" {
+		t.Errorf("requests to the tool by result (-want +got):\n%s", diff)
 	}
 }
 

@@ -2630,10 +2630,11 @@ func (x *Executor) attempt(ctx context.Context, g *guard, tool *schemas.Tool, ta
 		})
 	})
 	var he *httptool.Error
-	if err != nil && !errors.As(err, &he) && !errors.Is(err, gobreaker.ErrOpenState) && !errors.Is(err, gobreaker.ErrTooManyRequests) {
+	if err != nil && !errors.As(err, &he) && !errors.Is(err, gobreaker.ErrOpenState) && !errors.Is(err, gobreaker.ErrTooManyRequests) && !errors.Is(err, httptool.ErrInvalidRequest) {
 		// A Caller's error of no kind this executor knows: the request
 		// may have reached the tool, and only a tool that dedupes may
-		// be sent it again.
+		// be sent it again. (One the adapter refused to send, an
+		// invalid request, did not.)
 		err = &httptool.Error{Kind: httptool.Unknown, Detail: "unclassified caller error", Err: err}
 	}
 	switch {
@@ -2675,7 +2676,7 @@ func toolCallResult(err error) string {
 		return "breaker_open"
 	case errors.As(err, &he) && he.Kind == httptool.Refused:
 		return "refused"
-	case errors.As(err, &he) && he.Kind == httptool.NotSent:
+	case errors.As(err, &he) && he.Kind == httptool.NotSent, errors.Is(err, httptool.ErrInvalidRequest):
 		return "not_sent"
 	}
 	return "error"

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -272,8 +273,9 @@ func TestUnreadableOutboxesDoNotStarveTheSweep(t *testing.T) {
 	}
 }
 
-// counter is the value of a counter in reg: without labels of its own, or
-// the series whose labels include the name-value pairs given.
+// counter is the value of a counter in reg (a histogram's: its count of
+// samples): without labels of its own, or the series whose labels include
+// the name-value pairs given.
 func counter(t *testing.T, reg *metrics.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	fams, err := reg.Gatherer().Gather()
@@ -284,8 +286,14 @@ func counter(t *testing.T, reg *metrics.Registry, name string, labels ...string)
 		if f.GetName() != name {
 			continue
 		}
+		value := func(m *dto.Metric) float64 {
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+			return m.GetCounter().GetValue()
+		}
 		if len(labels) == 0 && len(f.GetMetric()) == 1 {
-			return f.GetMetric()[0].GetCounter().GetValue()
+			return value(f.GetMetric()[0])
 		}
 	series:
 		for _, m := range f.GetMetric() {
@@ -299,7 +307,7 @@ func counter(t *testing.T, reg *metrics.Registry, name string, labels ...string)
 				}
 			}
 			if len(labels) > 0 {
-				return m.GetCounter().GetValue()
+				return value(m)
 			}
 		}
 	}
