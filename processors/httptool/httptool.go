@@ -648,7 +648,14 @@ func (c *Client) ResourceVersion(ctx context.Context, versionURL, resource, tena
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return "", &Error{Kind: ServerError, Status: resp.StatusCode, Detail: "resource version"}
+		// Sorted as a call's answer is: a 404 (the resource gone) or a
+		// 403 is the tool's refusal, not its failure.
+		e := classify(resp)
+		if e == nil {
+			e = &Error{Kind: Unknown, Status: resp.StatusCode, Detail: "an answer without a body"}
+		}
+		e.Detail = "resource version: " + e.Detail
+		return "", e
 	}
 	var out struct {
 		Version string `json:"version"`

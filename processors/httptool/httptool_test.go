@@ -823,3 +823,30 @@ func TestGateHoldsTheRequestBack(t *testing.T) {
 		t.Errorf("the tool handled %d whole requests, the gate was asked %d times; want 1 and 1 (the one let through)", n, a)
 	}
 }
+
+// A resource version read is answered as a call is: a 404 (the resource
+// gone) or a 403 is the tool's refusal, a 5xx its failure, a 429 a
+// throttle, a 2xx without the version's 200 an answer that cannot be
+// placed. Before, every answer but 200 was a server error, which the
+// approver's message then named.
+func TestResourceVersionStatuses(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		kind   Kind
+	}{
+		{http.StatusNotFound, Refused},
+		{http.StatusForbidden, Refused},
+		{http.StatusServiceUnavailable, ServerError},
+		{http.StatusTooManyRequests, Throttled},
+		{http.StatusNoContent, Unknown},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(tc.status) }))
+		_, err := New(Config{}).ResourceVersion(t.Context(), srv.URL+"/versions", "ord_1", "t_a")
+		srv.Close()
+		var he *Error
+		if !errors.As(err, &he) || he.Kind != tc.kind || he.Status != tc.status || !strings.Contains(err.Error(), "resource version") {
+			t.Errorf("answered %d: %v; want a %v error with its status, saying it read the resource version", tc.status, err, tc.kind)
+		}
+	}
+}
