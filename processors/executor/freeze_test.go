@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -999,19 +1000,32 @@ func (l *freezingLooker) Lookup(context.Context, string, httptool.Request) (http
 // waited for a slot meanwhile), as an attempt's check after its bulkhead
 // does. The pass asked once, before the first: the rest reached the frozen
 // tool, with a credential and the backend's secret.
+// So too when the failed lookup opened the tool's breaker, as a tool
+// that hangs (and gets frozen for it) does: the next try is held, not
+// refused by the breaker, a failure that could hand the call to a human.
 func TestReconcilerStopsLookingUpOnceFrozen(t *testing.T) {
-	r := newRig(t)
-	unknown := r.unknownLostResponse("frozen-mid-pass")
-	freezes := &switchedFreezes{fresh: make(chan struct{})}
-	looker := &freezingLooker{freezes: freezes}
-	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Freezes, c.Looker, c.MaxAttempts = freezes, looker, 3 })
-	if got := r.reconcile(rc, unknown); len(got) != 0 {
-		t.Errorf("frozen during the pass: %q; want nothing recorded", got)
+	for _, breakerOpens := range []bool{false, true} {
+		t.Run(fmt.Sprintf("the breaker opens %v", breakerOpens), func(t *testing.T) {
+			r := newRig(t)
+			key := fmt.Sprintf("frozen-mid-pass-%v", breakerOpens)
+			unknown := r.unknownLostResponse(key)
+			freezes := &switchedFreezes{fresh: make(chan struct{})}
+			looker := &freezingLooker{freezes: freezes}
+			rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+				c.Freezes, c.Looker, c.MaxAttempts = freezes, looker, 3
+				if breakerOpens {
+					c.Breaker = executor.BreakerConfig{MinRequests: 1, FailureRatio: 0.5, OpenFor: time.Hour}
+				}
+			})
+			if got := r.reconcile(rc, unknown); len(got) != 0 {
+				t.Errorf("frozen during the pass: %q; want nothing recorded", got)
+			}
+			if n := looker.sent.Load(); n != 1 {
+				t.Errorf("%d status lookups sent; want 1, none once the tool was frozen", n)
+			}
+			noUnansweredNote(t, r, key)
+		})
 	}
-	if n := looker.sent.Load(); n != 1 {
-		t.Errorf("%d status lookups sent; want 1, none once the tool was frozen", n)
-	}
-	noUnansweredNote(t, r, "frozen-mid-pass")
 }
 
 // noUnansweredNote fails t if the call of key (tenant t_a) has a note of

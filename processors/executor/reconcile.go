@@ -1505,6 +1505,22 @@ func (r *Reconciler) swept(listed []processors.Record, passEnded bool) {
 // tool's bulkhead and breaker, and says when the request was sent (zero
 // if it was not).
 func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, sec secrets) (resp httptool.Response, sent time.Time, err error) {
+	// The kill switch is asked before each try, as the pass asked it
+	// before the first: frozen meanwhile (the tool hung, its breaker
+	// opened), the try is held, not refused by the breaker, a failure
+	// that could hand the call to a human, or undo it. And again once
+	// the slot is had, as an attempt's is: a lookup may have waited for
+	// one, behind requests to a tool that hangs, for longer than a
+	// freeze may take to be honoured.
+	held := func() error {
+		if why, stale := r.heldByKillSwitch(ctx, tool.Name, rec.Key.TenantID); why != "" {
+			return lookupHeld{why, stale}
+		}
+		return nil
+	}
+	if err := held(); err != nil {
+		return httptool.Response{}, time.Time{}, err
+	}
 	// As an attempt: a lookup its breaker will refuse takes no slot,
 	// which would count its tenant as using the tool.
 	if err := g.refusal(); err != nil {
@@ -1515,12 +1531,8 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 		return httptool.Response{}, time.Time{}, err
 	}
 	defer release()
-	// Asked again once the slot is had, as an attempt's is: the pass
-	// asked before it minted, and a lookup may have waited for a slot
-	// since, behind requests to a tool that hangs, for longer than a
-	// freeze may take to be honoured.
-	if why, stale := r.heldByKillSwitch(ctx, tool.Name, rec.Key.TenantID); why != "" {
-		return httptool.Response{}, time.Time{}, lookupHeld{why, stale}
+	if err := held(); err != nil {
+		return httptool.Response{}, time.Time{}, err
 	}
 	resp, err = g.breaker.Execute(func() (httptool.Response, error) {
 		lctx, cancel := context.WithTimeout(ctx, tool.Timeout())
