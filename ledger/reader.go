@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -130,6 +131,10 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fo
 	})
 }
 
+// startsRecheck is how long a scan to its end offsets waits for a record
+// before it lists the log's starts again.
+const startsRecheck = time.Second
+
 // scan calls fn with each record of topic's partitions from, from the
 // offset each names (the log's start, if later) up to its last stable
 // offset when scan begins (everything before it is committed or
@@ -186,18 +191,40 @@ func scan(ctx context.Context, cc ClientConfig, admin *kgo.Client, topic string,
 		return false
 	}
 	for follow || behind() {
-		fetches := cl.PollFetches(ctx)
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if !follow {
+			pctx, cancel = context.WithTimeout(ctx, startsRecheck)
+		}
+		fetches := cl.PollFetches(pctx)
+		idle := pctx.Err() != nil
+		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		var ferr error
 		fetches.EachError(func(_ string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				ferr = fmt.Errorf("read %s/%d: %w", topic, p, err)
 			}
 		})
 		if ferr != nil {
 			return ferr
+		}
+		if idle && fetches.NumRecords() == 0 {
+			// Records deleted since the starts were listed (retention,
+			// a DeleteRecords): franz-go resumes such a partition at
+			// its log's new start, in silence, and no record comes to
+			// move the reader past the part deleted.
+			starts, err := adm.ListStartOffsets(ctx, topic)
+			if err != nil {
+				return fmt.Errorf("list offsets %s: %w", topic, err)
+			}
+			for p := range assign {
+				if st, ok := starts.Lookup(topic, p); ok && st.Err == nil {
+					next[p] = max(next[p], st.Offset)
+				}
+			}
+			continue
 		}
 		for _, r := range fetches.Records() {
 			next[r.Partition] = r.Offset + 1

@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
@@ -65,7 +66,23 @@ func TestReadCallDropsCopies(t *testing.T) {
 // would never hold what it waited for, until its context ended (ledger
 // trace, whose context has no deadline, hung).
 func TestReadCallOfAnEmptiedPartition(t *testing.T) {
-	k := ledgertest.New(t, ledgertest.Options{Partitions: 1})
+	readEmptied(t, ledgertest.New(t, ledgertest.Options{Partitions: 1}))
+}
+
+// Nor when the records go after the reader listed where the log starts
+// (retention, a DeleteRecords, meanwhile: here, its listing answered as
+// before they went): franz-go resumes the partition at its new start in
+// silence, and no record came to move the reader past the part deleted.
+// It waited for good (ledger dlq, ledger trace hung with nothing to say).
+func TestReadCallOfAPartitionEmptiedMeanwhile(t *testing.T) {
+	k := ledgertest.NewInProcess(t, ledgertest.Options{Partitions: 1})
+	readEmptied(t, k, func() { k.Cluster.ControlKey(int16(kmsg.ListOffsets), ledgertest.StaleStartOffsets) })
+}
+
+// readEmptied writes two events of a call, deletes them, runs then (if
+// any), and reads the call, which must end at once with none.
+func readEmptied(t *testing.T, k *ledgertest.Kafka, then ...func()) {
+	t.Helper()
 	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "gone"}
 	e := ledger.Event{EventID: "e1", Seq: 1, Type: statemachine.EventRequested, At: time.Now().UTC(), TenantID: key.TenantID,
 		IdempotencyKey: key.IdempotencyKey, CallID: "c1", Tool: "refund_order", ToolVersion: 1, ArgumentsHash: "sha256:00"}
@@ -88,6 +105,9 @@ func TestReadCallOfAnEmptiedPartition(t *testing.T) {
 	}
 	if _, err := adm.DeleteRecords(t.Context(), ends.Offsets()); err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range then {
+		f()
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()

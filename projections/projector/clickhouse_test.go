@@ -835,7 +835,7 @@ func failListOffsets(c *kfake.Cluster, failing *atomic.Bool) func(kmsg.Request) 
 		if !failing.Load() {
 			return nil, nil, false
 		}
-		return answerListOffsets(kreq, func(_ kmsg.ListOffsetsRequestTopicPartition, sp *kmsg.ListOffsetsResponseTopicPartition) bool {
+		return ledgertest.AnswerListOffsets(kreq, func(_ kmsg.ListOffsetsRequestTopicPartition, sp *kmsg.ListOffsetsResponseTopicPartition) bool {
 			sp.ErrorCode = kerr.UnknownServerError.Code
 			return true
 		})

@@ -820,7 +820,7 @@ func TestReplayStopsAtDeletedRecords(t *testing.T) {
 	c, k := deletedLog(t, "rd", "d", 8)
 	ev := k.Topics.Events
 
-	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
+	c.ControlKey(int16(kmsg.ListOffsets), ledgertest.StaleStartOffsets)
 	sink := &recSink{}
 	logs := &logRecorder{}
 	var last Progress
@@ -835,7 +835,7 @@ func TestReplayStopsAtDeletedRecords(t *testing.T) {
 		t.Errorf("gap log %v; want %s/0 from offset 0 to the log start 8", a, ev)
 	}
 
-	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
+	c.ControlKey(int16(kmsg.ListOffsets), ledgertest.StaleStartOffsets)
 	sink = &recSink{}
 	prog, err := Replay(t.Context(), ReplayConfig{Client: k.Client, Topics: k.Topics, SkipDeleted: true}, sink, nil)
 	if err != nil || prog.Deleted != 8 || !cmp.Equal(sink.events(), set("d-008", "d-009")) {
@@ -856,7 +856,7 @@ func TestReplayStopsAtAPartitionEmptiedUnderIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 
-	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
+	c.ControlKey(int16(kmsg.ListOffsets), ledgertest.StaleStartOffsets)
 	logs := &logRecorder{}
 	_, err := Replay(ctx, ReplayConfig{Client: k.Client, Topics: k.Topics, Logger: slog.New(logs)}, &recSink{}, nil)
 	if !errors.Is(err, ErrRecordsDeleted) {
@@ -866,7 +866,7 @@ func TestReplayStopsAtAPartitionEmptiedUnderIt(t *testing.T) {
 		t.Errorf("gap log %v; want %s/0 from offset 0 to the log start 10", a, ev)
 	}
 
-	c.ControlKey(int16(kmsg.ListOffsets), staleStartOffsets)
+	c.ControlKey(int16(kmsg.ListOffsets), ledgertest.StaleStartOffsets)
 	sink := &recSink{}
 	prog, err := Replay(ctx, ReplayConfig{Client: k.Client, Topics: k.Topics, SkipDeleted: true}, sink, nil)
 	if err != nil || prog.Deleted != 10 || prog.Read != prog.Total || len(sink.events()) != 0 {
@@ -904,42 +904,6 @@ func deletedLog(t *testing.T, prefix, id string, at int64) (*kfake.Cluster, *led
 		t.Fatalf("delete records: %v", err)
 	}
 	return c, k
-}
-
-// staleStartOffsets, a ControlKey function, answers the first listing of
-// the log's start offsets with 0 for every partition, as before records
-// were deleted, and leaves every other request to the broker.
-func staleStartOffsets(kreq kmsg.Request) (kmsg.Response, error, bool) {
-	return answerListOffsets(kreq, func(rp kmsg.ListOffsetsRequestTopicPartition, sp *kmsg.ListOffsetsResponseTopicPartition) bool {
-		if rp.Timestamp != -2 { // not the log's start
-			return false
-		}
-		sp.Offset, sp.Timestamp, sp.LeaderEpoch = 0, -1, -1
-		return true
-	})
-}
-
-// answerListOffsets answers a ListOffsets request (kreq) as answer fills
-// each partition's answer in; one partition it declines to answer leaves
-// the whole request to the broker.
-func answerListOffsets(kreq kmsg.Request, answer func(kmsg.ListOffsetsRequestTopicPartition, *kmsg.ListOffsetsResponseTopicPartition) bool) (kmsg.Response, error, bool) {
-	req := kreq.(*kmsg.ListOffsetsRequest)
-	resp := req.ResponseKind().(*kmsg.ListOffsetsResponse)
-	resp.Version = req.Version
-	for _, rt := range req.Topics {
-		st := kmsg.NewListOffsetsResponseTopic()
-		st.Topic = rt.Topic
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewListOffsetsResponseTopicPartition()
-			sp.Partition = rp.Partition
-			if !answer(rp, &sp) {
-				return nil, nil, false
-			}
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp, nil, true
 }
 
 func TestReplayEmpty(t *testing.T) {
