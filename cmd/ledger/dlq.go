@@ -32,7 +32,7 @@ func newDLQCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "dlq",
-		Short: "Print the DLQ's records: each unreadable request's reason, detail and where it came from (--value: the request too, tokens redacted); --follow for those written from now on",
+		Short: "Print the DLQ's records: each unreadable request's reason, detail and where it came from (--value: the request too, tokens redacted); --follow to go on with those written after (with --since 1s: only those)",
 		Example: `  ledger dlq --since 1h
   ledger dlq --reason invalid_json --value --json
   ledger dlq --follow`,
@@ -73,7 +73,7 @@ func newDLQCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().DurationVar(&since, "since", 0, "only records written within this long (default: every record the topic holds)")
-	cmd.Flags().BoolVar(&follow, "follow", false, "go on printing records as they are written, until interrupted")
+	cmd.Flags().BoolVar(&follow, "follow", false, "after the records the topic holds (or those --since lets through), go on printing records as they are written, until interrupted")
 	cmd.Flags().StringVar(&reason, "reason", "", "only records of this reason (invalid_json, batch_too_large, ...)")
 	cmd.Flags().BoolVar(&values, "value", false, "print each request's copy too (tokens in it are redacted, but its arguments are as the agent sent them)")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print a JSON object a line")
