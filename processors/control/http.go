@@ -153,11 +153,16 @@ func (s *Service) authed(next func(http.ResponseWriter, *http.Request, identity.
 	return identity.Require(s.cfg.Identity, "ledger-control", "an operator", s.cfg.Logger, next)
 }
 
-// fail answers err with its status and code.
-func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
+// fail answers err, to the operator id, with its status and code.
+func (s *Service) fail(w http.ResponseWriter, r *http.Request, id identity.Identity, err error) {
 	status, code, msg := http.StatusInternalServerError, CodeInternal, "the control action could not be processed"
 	switch {
 	case errors.Is(err, ErrForbidden):
+		// Kept, as a refused sign-in is: the kill switch is what someone
+		// with a stolen assertion, or an operator reaching past their
+		// tenant, would try first.
+		s.cfg.Logger.Warn("control request refused: not the caller's to make", "method", r.Method, "path", r.URL.Path,
+			"user", id.User, "tenant_id", id.Tenant, "roles", id.Roles, "err", err)
 		status, code, msg = http.StatusForbidden, CodeForbidden, err.Error()
 	case errors.Is(err, ErrInvalidRequest):
 		status, code, msg = http.StatusBadRequest, CodeInvalidRequest, err.Error()
@@ -187,21 +192,21 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // answer writes an action, or fails.
-func (s *Service) answer(w http.ResponseWriter, r *http.Request, a Action, err error) {
+func (s *Service) answer(w http.ResponseWriter, r *http.Request, id identity.Identity, a Action, err error) {
 	switch {
 	case err == nil:
 		writeJSON(w, http.StatusOK, a)
 	case errors.Is(err, ErrNotYetApplied):
 		writeJSON(w, http.StatusAccepted, a)
 	default:
-		s.fail(w, r, err)
+		s.fail(w, r, id, err)
 	}
 }
 
 func (s *Service) serveSnapshot(w http.ResponseWriter, r *http.Request, id identity.Identity) {
 	snap, err := s.Snapshot(r.Context(), id)
 	if err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, snap)
@@ -210,7 +215,7 @@ func (s *Service) serveSnapshot(w http.ResponseWriter, r *http.Request, id ident
 func (s *Service) serveFreeze(w http.ResponseWriter, r *http.Request, id identity.Identity) {
 	var req FreezeRequest
 	if err := decodeBody(w, r, &req); err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, id, err)
 		return
 	}
 	freeze := s.Freeze
@@ -218,13 +223,13 @@ func (s *Service) serveFreeze(w http.ResponseWriter, r *http.Request, id identit
 		freeze = s.FreezeUnknown
 	}
 	a, err := freeze(r.Context(), id, req.Tool, req.Tenant, req.Reason)
-	s.answer(w, r, a, err)
+	s.answer(w, r, id, a, err)
 }
 
 func (s *Service) serveUnfreeze(w http.ResponseWriter, r *http.Request, id identity.Identity) {
 	var req UnfreezeRequest
 	if err := decodeBody(w, r, &req); err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, id, err)
 		return
 	}
 	var of time.Time
@@ -232,7 +237,7 @@ func (s *Service) serveUnfreeze(w http.ResponseWriter, r *http.Request, id ident
 		of = *req.FreezeAt
 	}
 	a, err := s.Unfreeze(r.Context(), id, req.Tool, req.Tenant, req.Reason, of)
-	s.answer(w, r, a, err)
+	s.answer(w, r, id, a, err)
 }
 
 // ActivateRequest is the body of POST /v1/control/activate-policy.
@@ -246,11 +251,11 @@ type ActivateRequest struct {
 func (s *Service) serveActivate(w http.ResponseWriter, r *http.Request, id identity.Identity) {
 	var req ActivateRequest
 	if err := decodeBody(w, r, &req); err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, id, err)
 		return
 	}
 	a, err := s.ActivatePolicy(r.Context(), id, req.Policy, req.PolicyHash, req.Reason)
-	s.answer(w, r, a, err)
+	s.answer(w, r, id, a, err)
 }
 
 // WithdrawRequest is the body of POST /v1/control/withdraw-policy.
@@ -261,21 +266,21 @@ type WithdrawRequest struct {
 func (s *Service) serveWithdraw(w http.ResponseWriter, r *http.Request, id identity.Identity) {
 	var req WithdrawRequest
 	if err := decodeBody(w, r, &req); err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, id, err)
 		return
 	}
 	a, err := s.WithdrawPolicy(r.Context(), id, req.Reason)
-	s.answer(w, r, a, err)
+	s.answer(w, r, id, a, err)
 }
 
 func (s *Service) serveRevoke(w http.ResponseWriter, r *http.Request, id identity.Identity) {
 	var req RevokeRequest
 	if err := decodeBody(w, r, &req); err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, id, err)
 		return
 	}
 	a, err := s.Revoke(r.Context(), id, req.JTI, req.Family, req.Reason)
-	s.answer(w, r, a, err)
+	s.answer(w, r, id, a, err)
 }
 
 // serveIntrospect answers RFC 7662 introspection. The token is read from

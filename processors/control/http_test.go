@@ -247,6 +247,19 @@ func TestHandler(t *testing.T) {
 			}
 		})
 	}
+	// Each refusal for want of the right is logged with who asked,
+	// which a refused request's answer alone left no trace of.
+	var refused []string
+	for _, line := range strings.Split(e.logs.String(), "\n") {
+		var l struct{ Level, Msg, Path, User, Tenant_ID string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "control request refused: not the caller's to make" && l.Level == "WARN" {
+			refused = append(refused, l.Path+" "+l.User+"@"+l.Tenant_ID)
+		}
+	}
+	want := []string{"/v1/control u_boss@t_acme", "/v1/control/freeze u_1@t_acme", "/v1/control/freeze op_acme@t_acme", "/v1/control/revoke op_acme@t_acme"}
+	if diff := cmp.Diff(want, refused); diff != "" {
+		t.Errorf("refusals logged (-want +got):\n%s", diff)
+	}
 	e.assertNoSecrets(rootTok[7:], acmeTok[7:], bossTok[7:], agentTok[7:])
 }
 
