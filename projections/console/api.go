@@ -237,10 +237,11 @@ func refusal(status int, body []byte) *apiError {
 }
 
 // streamer passes a 200 answer straight through to the browser, with the
-// headers start sets, and keeps any other answer to read as a refusal.
+// headers start sets (given the API's, and the browser's to set), and
+// keeps any other answer to read as a refusal.
 type streamer struct {
 	w       http.ResponseWriter
-	start   func(h http.Header)
+	start   func(api, h http.Header)
 	header  http.Header
 	status  int
 	errBody bytes.Buffer
@@ -254,7 +255,7 @@ func (s *streamer) WriteHeader(code int) {
 	}
 	s.status = code
 	if code == http.StatusOK {
-		s.start(s.w.Header())
+		s.start(s.header, s.w.Header())
 		s.w.WriteHeader(code)
 	}
 }
@@ -286,7 +287,7 @@ func (s *streamer) Unwrap() http.ResponseWriter { return s.w }
 
 // stream asks the API with GET and streams a 200 answer to w; it returns
 // whether it did, and the refusal otherwise, with nothing written to w.
-func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, path string, q url.Values, start func(h http.Header)) error {
+func (c *Console) stream(w http.ResponseWriter, r *http.Request, s *session, path string, q url.Values, start func(api, h http.Header)) error {
 	req, err := c.apiRequest(r.Context(), r, s, http.MethodGet, path, q, nil)
 	if err != nil {
 		return err

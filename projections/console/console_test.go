@@ -1376,6 +1376,18 @@ func TestCSVExport(t *testing.T) {
 		t.Errorf("CSV query (-want +got):\n%s", d)
 	}
 
+	// An export cut at the API's limit says so in its name and headers:
+	// the file alone would pass for the whole list.
+	fx.api.mu.Lock()
+	fx.api.blast.Truncated, fx.api.blast.Total = true, 3400
+	fx.api.mu.Unlock()
+	w = b.get("/incidents.csv?tool=refund_order")
+	if cd := w.Header().Get("Content-Disposition"); w.Code != http.StatusOK || cd != `attachment; filename="blast-radius-20261130T140000Z-cut-of-3400.csv"` ||
+		w.Header().Get(httpapi.HeaderTruncated) != "true" || w.Header().Get(httpapi.HeaderTotalCount) != "3400" {
+		t.Errorf("a cut export = %d, Content-Disposition %q, %s %q, %s %q; want its name and headers to say it is cut, of 3400",
+			w.Code, cd, httpapi.HeaderTruncated, w.Header().Get(httpapi.HeaderTruncated), httpapi.HeaderTotalCount, w.Header().Get(httpapi.HeaderTotalCount))
+	}
+
 	fx.api.refuse["GET /v1/blast-radius"] = refusalSpec{status: http.StatusBadRequest, code: "invalid_filter", message: "invalid filter: since: \"x\" is neither"}
 	w = b.get("/incidents.csv?since=x")
 	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "invalid_filter") || w.Header().Get("Content-Disposition") != "" {
@@ -1386,7 +1398,7 @@ func TestCSVExport(t *testing.T) {
 func TestStreamerFlushes(t *testing.T) {
 	// The CSV passes through as the API writes it, flushes included.
 	w := &flushRecorder{ResponseRecorder: newTestRecorder()}
-	s := &streamer{w: w, start: func(h http.Header) { h.Set("X-Started", "1") }, header: http.Header{}}
+	s := &streamer{w: w, start: func(_, h http.Header) { h.Set("X-Started", "1") }, header: http.Header{}}
 	_, _ = s.Write([]byte("a,b\n"))
 	s.Flush()
 	if w.flushes != 1 || w.Body.String() != "a,b\n" || w.Header().Get("X-Started") != "1" {
@@ -1411,7 +1423,7 @@ func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
 // answer for as long as its connection lasted.
 func TestStreamerPassesTheWriteDeadline(t *testing.T) {
 	w := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
-	s := &streamer{w: w, start: func(http.Header) {}, header: http.Header{}}
+	s := &streamer{w: w, start: func(_, _ http.Header) {}, header: http.Header{}}
 	at := time.Now().Add(time.Minute)
 	if err := http.NewResponseController(s).SetWriteDeadline(at); err != nil || len(w.deadlines) != 1 || !w.deadlines[0].Equal(at) {
 		t.Errorf("SetWriteDeadline through the streamer: %v, deadlines %v; want %v set on the browser's writer", err, w.deadlines, at)

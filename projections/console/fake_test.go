@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -465,6 +467,10 @@ func newFakeAPI() *fakeAPI {
 		br := f.blast
 		f.mu.Unlock()
 		if r.URL.Query().Get("format") == "csv" {
+			if br.Truncated { // as the API says it
+				w.Header().Set(httpapi.HeaderTruncated, "true")
+				w.Header().Set(httpapi.HeaderTotalCount, strconv.Itoa(br.Total))
+			}
 			w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 			w.Header().Set("Content-Disposition", `attachment; filename="blast-radius.csv"`)
 			w.WriteHeader(http.StatusOK)

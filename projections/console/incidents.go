@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/projections"
+	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
@@ -431,10 +432,20 @@ func niceCeil(n int) int {
 func (c *Console) serveIncidentsCSV(w http.ResponseWriter, r *http.Request, s *session) {
 	q := pick(r.URL.Query(), incidentParams)
 	q.Set("format", "csv")
-	name := "blast-radius-" + c.cfg.Now().UTC().Format("20060102T150405Z") + ".csv"
-	err := c.stream(w, r, s, pathBlastRadius, q, func(h http.Header) {
+	name := "blast-radius-" + c.cfg.Now().UTC().Format("20060102T150405Z")
+	err := c.stream(w, r, s, pathBlastRadius, q, func(api, h http.Header) {
+		// An export cut at the API's limit says so where it goes: in
+		// its name, and in the API's headers passed on. The file alone
+		// would pass for the whole list.
+		if api.Get(httpapi.HeaderTruncated) == "true" {
+			h.Set(httpapi.HeaderTruncated, "true")
+			if total, err := strconv.Atoi(api.Get(httpapi.HeaderTotalCount)); err == nil {
+				h.Set(httpapi.HeaderTotalCount, strconv.Itoa(total))
+				name += "-cut-of-" + strconv.Itoa(total)
+			}
+		}
 		h.Set("Content-Type", "text/csv; charset=utf-8")
-		h.Set("Content-Disposition", `attachment; filename="`+name+`"`)
+		h.Set("Content-Disposition", `attachment; filename="`+name+`.csv"`)
 	})
 	if err != nil {
 		status := http.StatusBadGateway
