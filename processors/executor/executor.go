@@ -1808,7 +1808,24 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	if err != nil {
 		return &refusal{reason: ReasonArgumentIntegrity, detail: "the stored arguments do not decode"}
 	}
-	if tmpl.ResourceVersion != "" && x.cfg.Versions != nil {
+	readsVersion := tmpl.ResourceVersion != "" && x.cfg.Versions != nil
+	// The policies in force are the activation the control topic holds:
+	// decided on a copy of it not known current, an approved call would
+	// run under a version superseded as long ago as the copy is stale
+	// (and its request leave once the copy caught up, under the newer
+	// one), where the intake decides nothing on such a copy. Asked
+	// before the resource's version is read: on a stale copy the tool's
+	// freeze is not known (or known, and not acted on: executeCall acts
+	// on a freeze only on a current copy), and the read goes to the tool.
+	if x.cfg.Freezes != nil && (readsVersion || x.cfg.Policy != nil) {
+		cctx, cancel := context.WithTimeout(ctx, checkBudget(ctx, tool))
+		err := x.cfg.Freezes.Current(cctx, x.cfg.ControlMaxStaleness)
+		cancel()
+		if err != nil {
+			return &refusal{reason: ReasonUnavailable, detail: "the kill switch and the policies in force are not known: the control topic's copy is not current (" + err.Error() + ")", later: true}
+		}
+	}
+	if readsVersion {
 		vctx, cancel := context.WithTimeout(ctx, checkBudget(ctx, tool))
 		v, declared, err := processors.ResourceVersion(vctx, x.cfg.Versions, x.base, tool, args, rec.Key.TenantID)
 		cancel()
@@ -1833,19 +1850,6 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	}
 	if x.cfg.Policy == nil {
 		return nil
-	}
-	// The policies in force are the activation the control topic holds:
-	// decided on a copy of it not known current, an approved call would
-	// run under a version superseded as long ago as the copy is stale
-	// (and its request leave once the copy caught up, under the newer
-	// one), where the intake decides nothing on such a copy.
-	if x.cfg.Freezes != nil {
-		cctx, cancel := context.WithTimeout(ctx, checkBudget(ctx, tool))
-		err := x.cfg.Freezes.Current(cctx, x.cfg.ControlMaxStaleness)
-		cancel()
-		if err != nil {
-			return &refusal{reason: ReasonUnavailable, detail: "the policies in force are not known: the control topic's copy is not current (" + err.Error() + ")", later: true}
-		}
 	}
 	d := x.cfg.Policy.Decide(ctx, policy.NewRequest(tool, approvedCaller(*rec, tmpl), args, tmpl.Channel, now))
 	if !d.Allow {

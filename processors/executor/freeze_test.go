@@ -333,6 +333,9 @@ func TestApprovedCallReadsNothingAtAFrozenTool(t *testing.T) {
 	if rec, err := r.store.Get(t.Context(), ev.Key()); err != nil || rec.Status == processors.StatusDenied {
 		t.Errorf("on a stale copy the call's record is %s (%v); want it not denied", rec.Status, err)
 	}
+	if n := versions.asked.Load(); n != 0 {
+		t.Errorf("on a stale copy the frozen tool was asked the resource's version %d times; want none", n)
+	}
 
 	// Frozen when first asked, and the copy then found current with the
 	// unfreeze applied: the freeze is asked again, and the call runs.
