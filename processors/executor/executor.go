@@ -1314,6 +1314,23 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			return c.deny(r.reason, r.detail, r.decision)
 		}
 	}
+	// An approved call's checks below read the tool (its resource's
+	// version) and decide it under the policies in force, which are the
+	// activation the control topic holds: on a copy of it known current,
+	// waited for within the check's budget, and the freezes it then
+	// holds acted on next. Decided on a stale copy, an approved call
+	// would run under a version superseded as long ago as the copy is
+	// stale (where the intake decides nothing on such a copy), and the
+	// version read would reach a tool frozen meanwhile. It is given back
+	// while the copy is not current.
+	if tmpl.ApprovalID != "" && x.cfg.Freezes != nil && (tmpl.ResourceVersion != "" && x.cfg.Versions != nil || x.cfg.Policy != nil) {
+		cctx, cancel := context.WithTimeout(callCtx, checkBudget(callCtx, tool))
+		err := x.cfg.Freezes.Current(cctx, x.cfg.ControlMaxStaleness)
+		cancel()
+		if err != nil {
+			return refuse(refusal{reason: ReasonUnavailable, detail: "the kill switch and the policies in force are not known: the control topic's copy is not current (" + err.Error() + ")", later: true})
+		}
+	}
 	// A call an approval or a compensation stands behind waits out a
 	// freeze of its tool (as the attempt's own check, which stays, does
 	// for one frozen later): given back before the checks below, which
@@ -1808,24 +1825,9 @@ func (x *Executor) recheckApproval(ctx context.Context, c *completion, tool *sch
 	if err != nil {
 		return &refusal{reason: ReasonArgumentIntegrity, detail: "the stored arguments do not decode"}
 	}
-	readsVersion := tmpl.ResourceVersion != "" && x.cfg.Versions != nil
-	// The policies in force are the activation the control topic holds:
-	// decided on a copy of it not known current, an approved call would
-	// run under a version superseded as long ago as the copy is stale
-	// (and its request leave once the copy caught up, under the newer
-	// one), where the intake decides nothing on such a copy. Asked
-	// before the resource's version is read: on a stale copy the tool's
-	// freeze is not known (or known, and not acted on: executeCall acts
-	// on a freeze only on a current copy), and the read goes to the tool.
-	if x.cfg.Freezes != nil && (readsVersion || x.cfg.Policy != nil) {
-		cctx, cancel := context.WithTimeout(ctx, checkBudget(ctx, tool))
-		err := x.cfg.Freezes.Current(cctx, x.cfg.ControlMaxStaleness)
-		cancel()
-		if err != nil {
-			return &refusal{reason: ReasonUnavailable, detail: "the kill switch and the policies in force are not known: the control topic's copy is not current (" + err.Error() + ")", later: true}
-		}
-	}
-	if readsVersion {
+	// (On a copy of the control topic known current: executeCall
+	// waited for one.)
+	if tmpl.ResourceVersion != "" && x.cfg.Versions != nil {
 		vctx, cancel := context.WithTimeout(ctx, checkBudget(ctx, tool))
 		v, declared, err := processors.ResourceVersion(vctx, x.cfg.Versions, x.base, tool, args, rec.Key.TenantID)
 		cancel()

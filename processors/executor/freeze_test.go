@@ -337,6 +337,18 @@ func TestApprovedCallReadsNothingAtAFrozenTool(t *testing.T) {
 		t.Errorf("on a stale copy the frozen tool was asked the resource's version %d times; want none", n)
 	}
 
+	// Stale, and not knowing the freeze, when first asked; current
+	// within the check's budget, the freeze then known: acted on before
+	// the version is read.
+	fz.on.Store(false)
+	fz.fresh = make(chan struct{})
+	time.AfterFunc(100*time.Millisecond, func() { fz.on.Store(true); close(fz.fresh) })
+	_, catching := r.admitApproved("lapsing-catching-up", time.Now().Add(time.Second+recheck/2), "v0")
+	stepEndsAs(t, x, catching, []string{"denied(" + executor.ReasonToolFrozen + ")"}, "")
+	if n := versions.asked.Load(); n != 0 {
+		t.Errorf("a copy that caught up with the freeze: the frozen tool was asked the resource's version %d times; want none", n)
+	}
+
 	// Frozen when first asked, and the copy then found current with the
 	// unfreeze applied: the freeze is asked again, and the call runs.
 	fz.stale.Store(false)

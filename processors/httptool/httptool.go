@@ -652,7 +652,7 @@ func (c *Client) ResourceVersion(ctx context.Context, versionURL, resource, tena
 		// 403 is the tool's refusal, not its failure.
 		e := classify(resp)
 		if e == nil {
-			e = &Error{Kind: Unknown, Status: resp.StatusCode, Detail: "an answer without a body"}
+			e = &Error{Kind: Unknown, Status: resp.StatusCode, Detail: "another success than the version's 200"}
 		}
 		e.Detail = "resource version: " + e.Detail
 		return "", e
