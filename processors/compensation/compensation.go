@@ -103,6 +103,37 @@ const AutomaticUser = "ledger-reconciler"
 // established, and a policy says to undo such calls.
 const ReasonRequested = "compensation_requested"
 
+// ReasonLookupPending is the reason of the park of a call whose status
+// lookups went unanswered for long, the tool answering that the call is
+// still in progress: it may still take effect.
+const ReasonLookupPending = "status_lookup_pending"
+
+// ErrOutcomeInProgress: the call's tool answered its status lookup that
+// the call is still in progress (its note of unanswered lookups says so,
+// or it was parked for it): an undo sent now could come first, undo
+// nothing, and have the call recorded compensated while its effect then
+// lands. Not terminal: it passes once the tool settles the call.
+var ErrOutcomeInProgress = errors.New("compensation: the tool answered that the call is still in progress")
+
+// inProgress reports whether rec's tool answered that the call is still
+// in progress: its outcome unknown with a note that says so, or parked
+// for it (ReasonLookupPending).
+func inProgress(rec processors.Record) bool {
+	switch rec.Status {
+	case processors.StatusOutcomeUnknown:
+		note, ok := rec.UnansweredAt()
+		return ok && note.InProgress
+	case processors.StatusParked:
+		evs, err := ledger.DecodeEvents(rec.Outbox)
+		if err != nil || len(evs) == 0 {
+			return false
+		}
+		last := evs[len(evs)-1]
+		return last.Type == statemachine.EventParked && last.Reason == ReasonLookupPending
+	}
+	return false
+}
+
 // UndoPending reports whether rec is parked for its compensation
 // (ReasonRequested): the last event of its outbox is that park.
 func UndoPending(rec processors.Record) bool {
@@ -254,6 +285,10 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	if until := s.landed(operator, rec, tool); !until.IsZero() {
 		return ledger.CallKey{}, nil, &LandingError{Until: until}
 	}
+	if operator.User != AutomaticUser && inProgress(rec) {
+		// (The reconciler asks for no undo of such a call.)
+		return ledger.CallKey{}, nil, fmt.Errorf("%w: an undo sent now could come first and undo nothing, and the call would be recorded compensated while its effect then lands; ask again once the tool has settled it, or resolve it (ledger calls resolve %s) once you know what it did", ErrOutcomeInProgress, key.IdempotencyKey)
+	}
 	comp := tool.Compensation
 	ck := key.CompensationKey()
 	prev, err := s.cfg.Store.Get(ctx, ck)
@@ -296,6 +331,14 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	// one asked for before says how it goes.
 	if err := processors.VerifyArguments(rec); err != nil {
 		return ledger.CallKey{}, nil, fmt.Errorf("%w (%v)", ErrArgumentsChanged, err)
+	}
+	// Nor may arguments and hash have been rewritten together: they
+	// would agree, and not with the hash the call's events name, which
+	// its policies decided and its tool ran on (as the executor checks).
+	if evs, err := ledger.DecodeEvents(rec.Outbox); err == nil && len(evs) > 0 {
+		if h := evs[len(evs)-1].ArgumentsHash; h != "" && h != rec.ArgumentsHash {
+			return ledger.CallKey{}, nil, fmt.Errorf("%w (the record's arguments hash %s is not the call's %s)", ErrArgumentsChanged, rec.ArgumentsHash, h)
+		}
 	}
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
@@ -422,6 +465,8 @@ func (s *Service) Handler() http.Handler {
 		case errors.Is(err, ErrMayStillLand):
 			SetRetryAfter(w, err)
 			writeError(w, http.StatusConflict, "outcome_may_still_land", err.Error())
+		case errors.Is(err, ErrOutcomeInProgress):
+			writeError(w, http.StatusConflict, "outcome_in_progress", err.Error())
 		case err != nil:
 			s.cfg.Logger.Error("compensation request failed", "err", err)
 			writeError(w, http.StatusInternalServerError, "internal", "the compensation could not be requested; try again")

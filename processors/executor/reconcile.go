@@ -45,7 +45,7 @@ const (
 	// ReasonLookupPending: the status lookups went unanswered for the
 	// bound, and the tool said meanwhile that the call is in progress
 	// (parked, and never undone: it may land yet).
-	ReasonLookupPending = "status_lookup_pending"
+	ReasonLookupPending = compensation.ReasonLookupPending
 	// ReasonResolvedByOperator: an operator settled the call by hand.
 	ReasonResolvedByOperator = "resolved_by_operator"
 )

@@ -1545,17 +1545,33 @@ func TestUndoWaitsForTheLastAttemptToLand(t *testing.T) {
 // land after the undo, which would then cancel nothing, and the call
 // would be recorded compensated with its effect standing. Before, the
 // answer counted as a failed lookup: parked status_lookup_failed, and
-// under undo_unknown its compensation asked for.
+// under undo_unknown its compensation asked for. Nor does an operator's
+// compensation of it run, before or after the park: refused
+// outcome_in_progress (it passes once the tool settles the call), where
+// it ran once the last attempt's landing window was over.
 func TestInProgressLookupIsNeverUndone(t *testing.T) {
 	r := newRig(t)
-	_, unknown := r.unknownRefundToUndo()
+	orig, unknown := r.unknownRefundToUndo()
 	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusConflict})
 	comp := &recordingCompensator{}
 	now := time.Now().Add(time.Hour) // long past the last attempt's landing
 	rc := r.sweepingReconciler(comp, &now, func(c *executor.ReconcilerConfig) { c.UnansweredFor = time.Minute })
+	sub := &countingSubmitter{}
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	operatorUndoes := func(when string) {
+		t.Helper()
+		ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+		if _, _, err := svc.Compensate(t.Context(), ops, orig.Key(), "refunded by mistake"); !errors.Is(err, compensation.ErrOutcomeInProgress) || sub.n != 0 {
+			t.Errorf("an operator's compensation %s = %v, %d submitted; want %v, nothing submitted", when, err, sub.n, compensation.ErrOutcomeInProgress)
+		}
+	}
 	if got := summary(r.reconcileAll(rc, unknown)); slices.Contains(got, "parked("+executor.ReasonLookupPending+")") {
 		t.Fatalf("the first sweep parked the call: %v; want it waiting (the bound not reached)", got)
 	}
+	operatorUndoes("once the tool said the call is in progress")
 	r.backend.SetFault(demobackend.ToolRefundOrder+"/status", demobackend.Fault{FailStatus: http.StatusServiceUnavailable})
 	now = now.Add(2 * time.Minute)
 	got := summary(r.reconcileAll(rc))
@@ -1565,6 +1581,7 @@ func TestInProgressLookupIsNeverUndone(t *testing.T) {
 	if len(comp.asked) != 0 {
 		t.Errorf("compensations asked for %v; want none", comp.asked)
 	}
+	operatorUndoes("once it was parked for it")
 }
 
 // What a reconciler learnt of a call whose lookups go unanswered is on
@@ -1825,16 +1842,22 @@ func TestCompensationRecordedAfterTheRegistryChanged(t *testing.T) {
 }
 
 // changedArguments is the store, whose record of key holds other
-// arguments than the ones hashed (changed in the store).
+// arguments than the ones hashed (changed in the store); with rehashed,
+// its hash too, recomputed to match them (arguments and hash rewritten
+// together).
 type changedArguments struct {
 	processors.Store
-	key ledger.CallKey
+	key      ledger.CallKey
+	rehashed bool
 }
 
 func (c changedArguments) Get(ctx context.Context, k ledger.CallKey) (processors.Record, error) {
 	rec, err := c.Store.Get(ctx, k)
-	if k == c.key {
+	if k == c.key && err == nil {
 		rec.Arguments = []byte(`{"amount_cents":100,"currency":"AUD","order_id":"ord_someone_elses"}`)
+		if c.rehashed {
+			rec.ArgumentsHash, err = ledger.HashCanonicalArguments(rec.Key.TenantID, rec.Tool, rec.ToolVersion, rec.Arguments)
+		}
 	}
 	return rec, err
 }
@@ -1843,21 +1866,27 @@ func (c changedArguments) Get(ctx context.Context, k ledger.CallKey) (processors
 // with them: the undo would act on what they say now (another order's
 // refund cancelled), under a hash of its own that every later check
 // passes. Refused, terminal, for a human; nothing submitted. Before, the
-// compensation was made of the changed arguments.
+// compensation was made of the changed arguments. So too when their hash
+// was rewritten with them: it is not the hash the call's events name.
 func TestCompensationOfChangedArgumentsIsRefused(t *testing.T) {
-	r := newRig(t)
-	orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
-	stepEndsAs(t, r.executor(nil), approved, []string{"executing", "succeeded"}, "")
-	sub := &countingSubmitter{}
-	svc, err := compensation.New(compensation.Config{Store: changedArguments{Store: r.store, key: orig.Key()}, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
-	_, _, err = svc.Compensate(t.Context(), ops, orig.Key(), "refunded by mistake")
-	var terminal interface{ Terminal() bool }
-	if !errors.Is(err, compensation.ErrArgumentsChanged) || !errors.As(err, &terminal) || !terminal.Terminal() || sub.n != 0 {
-		t.Errorf("compensation of a call whose arguments changed = %v, %d submitted; want %v, terminal, nothing submitted", err, sub.n, compensation.ErrArgumentsChanged)
+	for _, rehashed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hash rewritten too %v", rehashed), func(t *testing.T) {
+			r := newRig(t)
+			orig, approved := r.admitApproved("kr", time.Now().Add(time.Hour), "")
+			stepEndsAs(t, r.executor(nil), approved, []string{"executing", "succeeded"}, "")
+			sub := &countingSubmitter{}
+			st := changedArguments{Store: r.store, key: orig.Key(), rehashed: rehashed}
+			svc, err := compensation.New(compensation.Config{Store: st, Registry: r.reg, Intake: sub, Publisher: &recordingPublisher{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
+			_, _, err = svc.Compensate(t.Context(), ops, orig.Key(), "refunded by mistake")
+			var terminal interface{ Terminal() bool }
+			if !errors.Is(err, compensation.ErrArgumentsChanged) || !errors.As(err, &terminal) || !terminal.Terminal() || sub.n != 0 {
+				t.Errorf("compensation of a call whose arguments changed = %v, %d submitted; want %v, terminal, nothing submitted", err, sub.n, compensation.ErrArgumentsChanged)
+			}
+		})
 	}
 }
 
