@@ -53,6 +53,11 @@ var (
 	// ErrCompensationFailed: the call's compensation ran and did not
 	// undo it (failed, denied, expired).
 	ErrCompensationFailed error = terminalError("compensation: the compensation did not succeed")
+	// ErrCompensationUnsettled: the call's compensation ran, and whether
+	// it undid the call is not known (its outcome unknown, or parked):
+	// undone by hand now, the call could be undone twice. Its own
+	// outcome is what to settle first.
+	ErrCompensationUnsettled error = terminalError("compensation: whether the compensation undid the call is not known")
 	// ErrArgumentsChanged: the call's stored arguments no longer hash to
 	// the hash it was admitted with (changed in the store): what it ran,
 	// and so what to undo, cannot be told from them.
@@ -320,7 +325,7 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 		if prev.Status == processors.StatusOutcomeUnknown || prev.Status == processors.StatusParked {
 			// It may have undone the call: a human undoing it by hand
 			// could undo it twice. Its own outcome is what to settle.
-			return ck, nil, fmt.Errorf("%w: whether its compensation %s undid it is not known (%s): settle the compensation first (ledger calls resolve %s)", ErrCompensationFailed, ck, prev.Status, ck.IdempotencyKey)
+			return ck, nil, fmt.Errorf("%w: its compensation %s is %s: settle the compensation first (ledger calls resolve %s), and do not undo the call by hand meanwhile", ErrCompensationUnsettled, ck, prev.Status, ck.IdempotencyKey)
 		}
 		return ck, nil, fmt.Errorf("%w: its compensation %s ended %s; a human must undo it", ErrCompensationFailed, ck, prev.Status)
 	}
@@ -446,7 +451,13 @@ func (s *Service) Handler() http.Handler {
 			writeError(w, http.StatusForbidden, "forbidden", err.Error())
 		case errors.Is(err, processors.ErrNotFound):
 			writeError(w, http.StatusNotFound, "not_found", "no call under this key for this tenant")
-		case errors.Is(err, ErrNotCompensable), errors.Is(err, ErrNoCompensation), errors.Is(err, ErrCompensationFailed), errors.Is(err, ErrSettled):
+		case errors.Is(err, ErrCompensationUnsettled):
+			// Its own code: not_compensable's and compensation_failed's
+			// cases are undone by hand, which this one must not be yet.
+			writeError(w, http.StatusConflict, "compensation_outcome_unknown", err.Error())
+		case errors.Is(err, ErrCompensationFailed):
+			writeError(w, http.StatusConflict, "compensation_failed", err.Error())
+		case errors.Is(err, ErrNotCompensable), errors.Is(err, ErrNoCompensation), errors.Is(err, ErrSettled):
 			writeError(w, http.StatusConflict, "not_compensable", err.Error())
 		case errors.Is(err, ErrAutomaticCompensationPending):
 			writeError(w, http.StatusConflict, "automatic_compensation_pending", err.Error())

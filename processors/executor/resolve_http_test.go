@@ -318,9 +318,16 @@ func postResolution(t *testing.T, rc *executor.Reconciler, body string) (int, st
 // postResolutionHeader is postResolution with the answer's headers.
 func postResolutionHeader(t *testing.T, rc *executor.Reconciler, body string) (int, string, http.Header) {
 	t.Helper()
-	srv := httptest.NewServer(rc.ResolveHandler(operatorVerifier{}, discardPublisher{}))
+	return post(t, rc.ResolveHandler(operatorVerifier{}, discardPublisher{}), "/v1/resolutions", body)
+}
+
+// post sends body to h's path with a bearer, and returns the answer's
+// status, body and headers.
+func post(t *testing.T, h http.Handler, path, body string) (int, string, http.Header) {
+	t.Helper()
+	srv := httptest.NewServer(h)
 	defer srv.Close()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/resolutions", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer x")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -369,6 +376,14 @@ func (v verifierAs) Verify(context.Context, string) (identity.Identity, error) {
 	return identity.Identity{User: string(v), Tenant: "t_a", Roles: []string{"operator"}}, nil
 }
 
+// postCompensation asks svc's API to compensate tenant t_a's call key,
+// and returns the answer's status and body.
+func postCompensation(t *testing.T, svc *compensation.Service, key string) (int, string) {
+	t.Helper()
+	status, body, _ := post(t, svc.Handler(), "/v1/compensations", `{"tenant_id":"t_a","idempotency_key":"`+key+`","reason":"the customer asked"}`)
+	return status, body
+}
+
 // An operator's assertion naming the reconciler's own user is refused by
 // the compensation API: it would skip the wait for the call's last
 // attempt (which the reconciler keeps itself) and make its undo pass for
@@ -399,19 +414,9 @@ func TestCompensationAPIRefusesTheReconcilersName(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv := httptest.NewServer(svc.Handler())
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/compensations",
-			strings.NewReader(`{"tenant_id":"t_a","idempotency_key":"`+orig.IdempotencyKey+`","reason":"the customer asked"}`))
-		req.Header.Set("Authorization", "Bearer x")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		srv.Close()
-		if resp.StatusCode != tc.status || !strings.Contains(string(got), tc.code) {
-			t.Errorf("compensation asked by %s of a call gone unknown now: %d %s; want %d %s", tc.user, resp.StatusCode, got, tc.status, tc.code)
+		status, got := postCompensation(t, svc, orig.IdempotencyKey)
+		if status != tc.status || !strings.Contains(got, tc.code) {
+			t.Errorf("compensation asked by %s of a call gone unknown now: %d %s; want %d %s", tc.user, status, got, tc.status, tc.code)
 		}
 	}
 	if n := r.backend.AppliedIn("cancel_refund", "t_a", orig.Key().CompensationKey().String()); n != 0 {

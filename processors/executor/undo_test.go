@@ -823,8 +823,17 @@ func TestCompensationOfUnknownOutcomeIsSettledFirst(t *testing.T) {
 	}
 	op := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
 	_, _, err := svc.Compensate(t.Context(), op, orig.Key(), "again")
-	if !errors.Is(err, compensation.ErrCompensationFailed) || !strings.Contains(err.Error(), "settle the compensation first") || strings.Contains(err.Error(), "a human must undo it") {
+	if !errors.Is(err, compensation.ErrCompensationUnsettled) || errors.Is(err, compensation.ErrCompensationFailed) || !strings.Contains(err.Error(), "settle the compensation first") || strings.Contains(err.Error(), "a human must undo it") {
 		t.Errorf("compensating again = %v; want it to say to settle the compensation first", err)
+	}
+	// With a code of its own: not_compensable and compensation_failed
+	// are undone by hand.
+	api, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: &recordingPublisher{}, Identity: verifierAs("u_ops")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, body := postCompensation(t, api, orig.IdempotencyKey); status != http.StatusConflict || !strings.Contains(body, `"compensation_outcome_unknown"`) {
+		t.Errorf("compensating again through the API = %d %s; want 409 compensation_outcome_unknown", status, body)
 	}
 }
 
