@@ -344,6 +344,9 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 			if rf.store.crdbDSN == "" {
 				return errors.New("approvals serve needs --crdb-dsn: it shares the execution store with the intake and executors")
 			}
+			if err := rf.checkControls(); err != nil {
+				return err
+			}
 			staff, err := idf.verifier(ctx, logger)
 			if err != nil {
 				return err
@@ -362,9 +365,15 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer events.Close()
+			// The kill switch: no resource version is read at a frozen
+			// tool.
+			controls, err := startControls(ctx, g.kafka.client(logger), g.kafka.topics().Control, logger)
+			if err != nil {
+				return err
+			}
 			queue, err := approvals.New(approvals.Config{
 				Store: st, Registry: reg, Identity: staff, Publisher: events, Topics: g.kafka.topics(),
-				Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase,
+				Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(),
 				Actor: "approvals/" + rf.instance, Logger: logger.With("component", "approvals"),
 			})
 			if err != nil {
@@ -387,6 +396,7 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, false)
+	rf.registerControls(cmd, "an approval that would read its resource's version at the tool is answered 503, to be tried again, since a freeze of the tool made since may not be read yet (a frozen tool's is refused 409 tool_frozen)", false)
 	idf.registerStaff(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8090", "where the approval queue's HTTP API listens")
 	cmd.Flags().DurationVar(&every, "timer-every", time.Second, "how often lapsed approvals are looked for")

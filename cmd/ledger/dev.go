@@ -282,7 +282,7 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	defer events.Close()
 	queue, err := approvals.New(approvals.Config{
 		Store: st, Registry: reg, Identity: staff, Publisher: events, Topics: topics,
-		Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String(),
+		Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String(), Freezes: controls,
 		Actor: "approvals/" + instance, Logger: logger.With("component", "approvals"),
 	})
 	if err != nil {

@@ -42,6 +42,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/schemas"
 	"github.com/toolcall-ledger/ledger/statemachine"
@@ -166,6 +167,15 @@ type Config struct {
 	// resource version.
 	Versions processors.VersionReader
 	BaseURL  string
+	// Freezes, when set, is the kill switch's state (a copy of the
+	// control topic): an approval that would read its resource's
+	// version at the tool is refused while the tool is frozen
+	// (ErrToolFrozen), and while the copy is not known current within
+	// ControlMaxStaleness (ErrUnavailable). Nil: the version is read
+	// whatever the kill switch says.
+	Freezes Freezes
+	// ControlMaxStaleness: see Freezes. Zero: control.DefaultMaxStaleness.
+	ControlMaxStaleness time.Duration
 	// ExpireBatch bounds the pending records one ExpireDue looks at, a
 	// page of them in their update order; default 500. A timer round
 	// (RunTimer) reads one page: with N approvals pending, one lapses
@@ -197,6 +207,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
+	}
+	if c.ControlMaxStaleness == 0 {
+		c.ControlMaxStaleness = control.DefaultMaxStaleness
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -452,6 +465,9 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		}
 		v, read, err := s.resourceVersion(ctx, tool, f.rec)
 		if err != nil {
+			if errors.Is(err, ErrToolFrozen) {
+				return "", err
+			}
 			if processors.VersionReadLater(err) {
 				return "", fmt.Errorf("%w: %v", ErrUnavailable, err)
 			}
@@ -595,6 +611,18 @@ var ErrVersionUnconfirmed = errors.New("approvals: the resource's version cannot
 // ErrUnavailable: something the decision needs could not be read.
 var ErrUnavailable = errors.New("approvals: cannot read the resource's version now")
 
+// ErrToolFrozen: the approval would read the resource's version at a tool
+// the kill switch froze. No request reaches a frozen tool: approve once it
+// is unfrozen, or reject.
+var ErrToolFrozen = errors.New("approvals: the tool is frozen, and the resource's version the approval binds cannot be read")
+
+// Freezes is the part of the kill switch's state (control.State) the
+// approval queue asks before it reads a resource's version at a tool.
+type Freezes interface {
+	Current(ctx context.Context, maxStaleness time.Duration) error
+	Frozen(tool, tenant string) (control.Action, bool)
+}
+
 // resourceVersion reads the version of the call's resource, when its tool
 // declares how and this service can read it (read false otherwise).
 func (s *Service) resourceVersion(ctx context.Context, tool *schemas.Tool, rec processors.Record) (v string, read bool, err error) {
@@ -609,6 +637,16 @@ func (s *Service) resourceVersion(ctx context.Context, tool *schemas.Tool, rec p
 	// hang on a version endpoint that does not answer.
 	ctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 	defer cancel()
+	if s.cfg.Freezes != nil && tool.ResourceVersion != nil {
+		// As an executor's request, the read goes only to a tool the
+		// kill switch is known not to have frozen.
+		if err := s.cfg.Freezes.Current(ctx, s.cfg.ControlMaxStaleness); err != nil {
+			return "", false, fmt.Errorf("the kill switch's state is not known current: %w", err)
+		}
+		if a, frozen := s.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
+			return "", false, fmt.Errorf("%w (%s)", ErrToolFrozen, control.FrozenDetail(tool.Name, a))
+		}
+	}
 	return processors.ResourceVersion(ctx, s.cfg.Versions, s.base, tool, args, rec.Key.TenantID)
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/boltstore"
+	"github.com/toolcall-ledger/ledger/processors/control"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
 	"github.com/toolcall-ledger/ledger/processors/intake"
@@ -1129,8 +1130,26 @@ func TestDecisionWhoseWriteFailedUnread(t *testing.T) {
 	svc := f.service(func(c *approvals.Config) {
 		c.Store, c.WriteTimeout = &lostAfterMove{Store: f.store}, 100*time.Millisecond
 	})
+	status, apiErr := f.approveOverHTTP(svc, k)
+	if status != http.StatusServiceUnavailable || apiErr.Code != httpjson.CodeActionOutcomeUnknown || !strings.Contains(apiErr.Message, "read the approval") {
+		t.Errorf("approve = %d %+v; want 503 %s, saying to read the approval", status, apiErr, httpjson.CodeActionOutcomeUnknown)
+	}
+	if rec := f.record(k); rec.Status != processors.StatusAuthorized {
+		t.Errorf("the call is %s; want authorized (the write applied)", rec.Status)
+	}
+}
+
+// apiError is an HTTP API's error answer.
+type apiError struct{ Code, Message string }
+
+// approveOverHTTP approves k's call as boss through svc's HTTP API, bound
+// to its record's arguments hash, and returns the answer's status and
+// error (zero on success).
+func (f *fixture) approveOverHTTP(svc *approvals.Service, k ledger.CallKey) (int, apiError) {
+	t := f.t
+	t.Helper()
 	srv := httptest.NewServer(svc.Handler())
-	t.Cleanup(srv.Close)
+	defer srv.Close()
 	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/approvals/"+approvals.ID(k)+"/approve", strings.NewReader(`{"arguments_hash":"`+f.record(k).ArgumentsHash+`"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -1143,17 +1162,12 @@ func TestDecisionWhoseWriteFailedUnread(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	var body struct {
-		Error struct{ Code, Message string } `json:"error"`
+		Error apiError `json:"error"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 		t.Fatal(err)
 	}
-	if resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != httpjson.CodeActionOutcomeUnknown || !strings.Contains(body.Error.Message, "read the approval") {
-		t.Errorf("approve = %d %+v; want 503 %s, saying to read the approval", resp.StatusCode, body.Error, httpjson.CodeActionOutcomeUnknown)
-	}
-	if rec := f.record(k); rec.Status != processors.StatusAuthorized {
-		t.Errorf("the call is %s; want authorized (the write applied)", rec.Status)
-	}
+	return resp.StatusCode, body.Error
 }
 
 // A decision on a call whose intake events the log may still lack (the
@@ -1369,6 +1383,71 @@ func TestApproveDoesNotHangOnTheResourceVersion(t *testing.T) {
 	}
 	if rec := f.record(k); rec.Status != processors.StatusPending {
 		t.Errorf("the call is %s; want still pending", rec.Status)
+	}
+}
+
+// switchFreezes is the kill switch's state, frozen or not, its copy
+// current or stale (Current fails).
+type switchFreezes struct {
+	frozen bool
+	stale  error
+}
+
+func (f switchFreezes) Current(context.Context, time.Duration) error { return f.stale }
+
+func (f switchFreezes) Frozen(tool, _ string) (control.Action, bool) {
+	return control.Action{Kind: control.KindFreeze, Tool: tool, By: "ops", Reason: "incident 7"}, f.frozen
+}
+
+// countingVersions answers every version read with "v1", and counts them.
+type countingVersions struct{ n atomic.Int32 }
+
+func (v *countingVersions) ResourceVersion(context.Context, string, string, string) (string, error) {
+	v.n.Add(1)
+	return "v1", nil
+}
+
+// An approval that would read its resource's version at the tool reads
+// nothing while the kill switch has the tool frozen (409 tool_frozen:
+// approve once it is unfrozen, or reject), nor while the copy of the
+// control topic is not known current (503, try again): no request reaches
+// a frozen tool, as none of the executors' does. Before, the approval
+// service knew nothing of the kill switch, and every approval of a frozen
+// tool's call asked the tool.
+func TestApproveReadsNothingAtAFrozenTool(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		freezes switchFreezes
+		status  int
+		code    string
+		reads   int32
+	}{
+		{"frozen", switchFreezes{frozen: true}, http.StatusConflict, approvals.CodeToolFrozen, 0},
+		{"copy stale", switchFreezes{frozen: true, stale: errors.New("control state stale")}, http.StatusServiceUnavailable, "unavailable", 0},
+		{"not frozen", switchFreezes{}, http.StatusOK, "", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			versions := &countingVersions{}
+			svc := f.service(func(c *approvals.Config) {
+				c.Versions, c.BaseURL, c.Freezes = versions, "http://tools.test", tc.freezes
+			})
+			k, _ := f.refund("frozen-" + strings.ReplaceAll(tc.name, " ", "-"))
+			status, apiErr := f.approveOverHTTP(svc, k)
+			if status != tc.status || apiErr.Code != tc.code {
+				t.Errorf("approve = %d %+v; want %d %s", status, apiErr, tc.status, tc.code)
+			}
+			if n := versions.n.Load(); n != tc.reads {
+				t.Errorf("the resource's version was read %d times; want %d", n, tc.reads)
+			}
+			want := processors.StatusPending
+			if tc.status == http.StatusOK {
+				want = processors.StatusAuthorized
+			}
+			if rec := f.record(k); rec.Status != want {
+				t.Errorf("the call is %s; want %s", rec.Status, want)
+			}
+		})
 	}
 }
 

@@ -33,7 +33,10 @@ const (
 	CodeToolDefinedOtherwise = "tool_defined_otherwise"
 	// CodeUnknownTool: this service's registry lacks the call's tool
 	// version.
-	CodeUnknownTool    = "unknown_tool"
+	CodeUnknownTool = "unknown_tool"
+	// CodeToolFrozen: the approval would read the resource's version at
+	// a tool the kill switch froze (ErrToolFrozen).
+	CodeToolFrozen     = "tool_frozen"
 	CodeInvalidRequest = "invalid_request"
 	CodeInternal       = "internal"
 )
@@ -136,6 +139,8 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, processors.ErrMoveUnknown):
 		s.cfg.Logger.Error("a decision's write failed, and whether it applied could not be read", "path", r.URL.Path, "err", err)
 		status, code, msg = http.StatusServiceUnavailable, httpjson.CodeActionOutcomeUnknown, "the execution store failed as the decision was written, and could not say whether it was: it may have been taken; read the approval before deciding again"
+	case errors.Is(err, ErrToolFrozen):
+		status, code, msg = http.StatusConflict, CodeToolFrozen, err.Error()+": approve once it is unfrozen, or reject"
 	case errors.Is(err, ErrUnavailable):
 		status, code, msg = http.StatusServiceUnavailable, "unavailable", "the resource's version cannot be read now; try again"
 	case errors.Is(err, ErrInvalidRequest), errors.Is(err, ErrUnsupported):
