@@ -120,10 +120,11 @@ const ReasonLookupPending = "status_lookup_pending"
 // lands. Not terminal: it passes once the tool settles the call.
 var ErrOutcomeInProgress = errors.New("compensation: the tool answered that the call is still in progress")
 
-// inProgress reports whether rec's tool answered that the call is still
+// InProgress reports whether rec's tool answered that the call is still
 // in progress: its outcome unknown with a note that says so, or parked
-// for it (ReasonLookupPending).
-func inProgress(rec processors.Record) bool {
+// for it (ReasonLookupPending). An operator's undo of such a call waits
+// (ErrOutcomeInProgress), here and at its executor.
+func InProgress(rec processors.Record) bool {
 	switch rec.Status {
 	case processors.StatusOutcomeUnknown:
 		note, ok := rec.UnansweredAt()
@@ -290,10 +291,6 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 	if until := s.landed(operator, rec, tool); !until.IsZero() {
 		return ledger.CallKey{}, nil, &LandingError{Until: until}
 	}
-	if operator.User != AutomaticUser && inProgress(rec) {
-		// (The reconciler asks for no undo of such a call.)
-		return ledger.CallKey{}, nil, fmt.Errorf("%w: an undo sent now could come first and undo nothing, and the call would be recorded compensated while its effect then lands; ask again once the tool has settled it, or resolve it (ledger calls resolve %s) once you know what it did", ErrOutcomeInProgress, key.IdempotencyKey)
-	}
 	comp := tool.Compensation
 	ck := key.CompensationKey()
 	prev, err := s.cfg.Store.Get(ctx, ck)
@@ -302,6 +299,11 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 		// call: asked again, it would be taken for a retry and answered
 		// as under way.
 		return ledger.CallKey{}, nil, fmt.Errorf("compensation: read %s: %w", ck, err)
+	}
+	if errors.Is(err, processors.ErrNotFound) && operator.User != AutomaticUser && InProgress(rec) {
+		// None asked for yet (one that was says how it goes, below).
+		// (The reconciler asks for no undo of such a call.)
+		return ledger.CallKey{}, nil, fmt.Errorf("%w: an undo sent now could come first and undo nothing, and the call would be recorded compensated while its effect then lands; ask again once the tool has settled it, or resolve it (ledger calls resolve %s) once you know what it did", ErrOutcomeInProgress, key.IdempotencyKey)
 	}
 	if err == nil && !prev.Status.Done() && !AutomaticUndoes(rec) && operator.User != AutomaticUser {
 		// This request would be the retry of the reconciler's (one key
