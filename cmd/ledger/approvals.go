@@ -396,7 +396,7 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, false)
-	rf.registerControls(cmd, "an approval that would read its resource's version at the tool is answered 503, to be tried again, since a freeze of the tool made since may not be read yet (a frozen tool's is refused 409 tool_frozen)", false)
+	rf.registerControls(cmd, "an approval that would read its resource's version at the tool is answered 503 control_state_stale, to be tried again, since a freeze of the tool made since may not be read yet (a frozen tool's is refused 409 tool_frozen)", false)
 	idf.registerStaff(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8090", "where the approval queue's HTTP API listens")
 	cmd.Flags().DurationVar(&every, "timer-every", time.Second, "how often lapsed approvals are looked for")

@@ -465,7 +465,7 @@ func (s *Service) Approve(ctx context.Context, approver identity.Identity, id, a
 		}
 		v, read, err := s.resourceVersion(ctx, tool, f.rec)
 		if err != nil {
-			if errors.Is(err, ErrToolFrozen) {
+			if errors.Is(err, ErrToolFrozen) || errors.Is(err, ErrControlStale) {
 				return "", err
 			}
 			if processors.VersionReadLater(err) {
@@ -616,6 +616,11 @@ var ErrUnavailable = errors.New("approvals: cannot read the resource's version n
 // is unfrozen, or reject.
 var ErrToolFrozen = errors.New("approvals: the tool is frozen, and the resource's version the approval binds cannot be read")
 
+// ErrControlStale: the approval would read the resource's version at the
+// tool, and this service's copy of the control topic is not known current
+// (a freeze of the tool may not be read yet). Try again.
+var ErrControlStale = errors.New("approvals: the kill switch's state is not known current")
+
 // Freezes is the part of the kill switch's state (control.State) the
 // approval queue asks before it reads a resource's version at a tool.
 type Freezes interface {
@@ -637,17 +642,32 @@ func (s *Service) resourceVersion(ctx context.Context, tool *schemas.Tool, rec p
 	// hang on a version endpoint that does not answer.
 	ctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 	defer cancel()
-	if s.cfg.Freezes != nil && tool.ResourceVersion != nil {
-		// As an executor's request, the read goes only to a tool the
-		// kill switch is known not to have frozen.
-		if err := s.cfg.Freezes.Current(ctx, s.cfg.ControlMaxStaleness); err != nil {
-			return "", false, fmt.Errorf("the kill switch's state is not known current: %w", err)
-		}
-		if a, frozen := s.cfg.Freezes.Frozen(tool.Name, rec.Key.TenantID); frozen {
-			return "", false, fmt.Errorf("%w (%s)", ErrToolFrozen, control.FrozenDetail(tool.Name, a))
-		}
+	vr := s.cfg.Versions
+	if s.cfg.Freezes != nil {
+		vr = gatedVersions{VersionReader: vr, freezes: s.cfg.Freezes, maxStaleness: s.cfg.ControlMaxStaleness, tool: tool.Name}
 	}
-	return processors.ResourceVersion(ctx, s.cfg.Versions, s.base, tool, args, rec.Key.TenantID)
+	return processors.ResourceVersion(ctx, vr, s.base, tool, args, rec.Key.TenantID)
+}
+
+// gatedVersions reads a resource's version at tool only as an executor's
+// request goes: to a tool the kill switch is known not to have frozen. It
+// is asked only for a read that would be made (the call names its
+// resource).
+type gatedVersions struct {
+	processors.VersionReader
+	freezes      Freezes
+	maxStaleness time.Duration
+	tool         string
+}
+
+func (g gatedVersions) ResourceVersion(ctx context.Context, versionURL, resource, tenant string) (string, error) {
+	if err := g.freezes.Current(ctx, g.maxStaleness); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrControlStale, err)
+	}
+	if a, frozen := g.freezes.Frozen(g.tool, tenant); frozen {
+		return "", fmt.Errorf("%w (%s)", ErrToolFrozen, control.FrozenDetail(g.tool, a))
+	}
+	return g.VersionReader.ResourceVersion(ctx, versionURL, resource, tenant)
 }
 
 // event starts the next event of f's call: the identity fields of the

@@ -1423,7 +1423,7 @@ func TestApproveReadsNothingAtAFrozenTool(t *testing.T) {
 		reads   int32
 	}{
 		{"frozen", switchFreezes{frozen: true}, http.StatusConflict, approvals.CodeToolFrozen, 0},
-		{"copy stale", switchFreezes{frozen: true, stale: errors.New("control state stale")}, http.StatusServiceUnavailable, "unavailable", 0},
+		{"copy stale", switchFreezes{frozen: true, stale: errors.New("control state stale")}, http.StatusServiceUnavailable, approvals.CodeControlStateStale, 0},
 		{"not frozen", switchFreezes{}, http.StatusOK, "", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger/httpjson"
 	"github.com/toolcall-ledger/ledger/processors"
@@ -36,9 +37,13 @@ const (
 	CodeUnknownTool = "unknown_tool"
 	// CodeToolFrozen: the approval would read the resource's version at
 	// a tool the kill switch froze (ErrToolFrozen).
-	CodeToolFrozen     = "tool_frozen"
-	CodeInvalidRequest = "invalid_request"
-	CodeInternal       = "internal"
+	CodeToolFrozen = "tool_frozen"
+	// CodeControlStateStale: the approval would read the resource's
+	// version, and the copy of the control topic is not known current
+	// (ErrControlStale): try again.
+	CodeControlStateStale = "control_state_stale"
+	CodeInvalidRequest    = "invalid_request"
+	CodeInternal          = "internal"
 )
 
 // ApproveRequest is the body of POST /v1/approvals/{id}/approve.
@@ -139,6 +144,10 @@ func (s *Service) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, processors.ErrMoveUnknown):
 		s.cfg.Logger.Error("a decision's write failed, and whether it applied could not be read", "path", r.URL.Path, "err", err)
 		status, code, msg = http.StatusServiceUnavailable, httpjson.CodeActionOutcomeUnknown, "the execution store failed as the decision was written, and could not say whether it was: it may have been taken; read the approval before deciding again"
+	case errors.Is(err, ErrControlStale):
+		s.cfg.Logger.Warn("approval refused for now: the kill switch's state is not known current", "path", r.URL.Path, "err", err)
+		httpjson.SetRetryAfter(w, time.Second)
+		status, code, msg = http.StatusServiceUnavailable, CodeControlStateStale, "the kill switch's state is not known current here, and the approval would read the resource's version at the tool; try again"
 	case errors.Is(err, ErrToolFrozen):
 		status, code, msg = http.StatusConflict, CodeToolFrozen, err.Error()+": approve once it is unfrozen, or reject"
 	case errors.Is(err, ErrUnavailable):
