@@ -393,6 +393,18 @@ func (r *rig) unknownRefundToUndo() (ledger.Event, *kgo.Record) {
 	return ev, unknown
 }
 
+// compensations is a compensation service on r's store, registry and
+// intake, and what it publishes.
+func (r *rig) compensations() (*compensation.Service, *recordingPublisher) {
+	r.t.Helper()
+	pub := &recordingPublisher{}
+	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return svc, pub
+}
+
 // undoRequested takes a refund under undo_unknown to outcome_unknown, its
 // status lookups failing, and has a reconciler on the clock now park it
 // and ask for its compensation. It returns the call, the compensation
@@ -401,11 +413,7 @@ func (r *rig) unknownRefundToUndo() (ledger.Event, *kgo.Record) {
 func (r *rig) undoRequested(now *time.Time) (ledger.Event, *compensation.Service, *recordingPublisher, *executor.Reconciler, []ledger.Event) {
 	r.t.Helper()
 	orig, unknown := r.unknownRefundToUndo()
-	pub := &recordingPublisher{}
-	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	svc, pub := r.compensations()
 	*now = time.Now() // after the call went outcome_unknown
 	rc := r.sweepingReconciler(svc, now, nil)
 	failingLong(rc, orig.Key())
@@ -447,11 +455,7 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			orig, unknown := r.unknownRefundToUndo()
-			pub := &recordingPublisher{}
-			svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
-			if err != nil {
-				t.Fatal(err)
-			}
+			svc, pub := r.compensations()
 			comp := tc.comp
 			comp.Compensator = svc
 			sweep := 0
@@ -488,7 +492,7 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 				t.Errorf("the sweeps that asked for the compensation (-want +got):\n%s", diff)
 			}
 			ck := orig.Key().CompensationKey()
-			_, err = r.store.Get(t.Context(), ck)
+			_, err := r.store.Get(t.Context(), ck)
 			if exists := err == nil; exists != tc.exists {
 				t.Fatalf("compensation call exists: %v (%v); want %v", exists, err, tc.exists)
 			}
@@ -1602,11 +1606,7 @@ func TestInProgressLookupIsNeverUndone(t *testing.T) {
 func TestOperatorUndoWaitsOutAnInProgressAnswer(t *testing.T) {
 	r := newRig(t)
 	orig, unknown := r.unknownRefundToUndo()
-	pub := &recordingPublisher{}
-	svc, err := compensation.New(compensation.Config{Store: r.store, Registry: r.reg, Intake: r.in, Publisher: pub})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc, pub := r.compensations()
 	ops := identity.Identity{User: "u_ops", Tenant: "t_a", Roles: []string{"operator"}}
 	ck, _, err := svc.Compensate(t.Context(), ops, orig.Key(), "refunded by mistake")
 	if err != nil {
