@@ -3,6 +3,7 @@ package chstore
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -1169,6 +1170,44 @@ func TestControlActionsKeepThePolicyPin(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, read()); diff != "" {
 		t.Errorf("control_actions' policy_hash after Migrate again (-want +got):\n%s", diff)
+	}
+}
+
+// control_actions keeps each control record whole (action, its JSON), so
+// that an audit tells an operator's action from a control service's: a
+// copy written again after a lost race (reasserts), a tenant's freeze put
+// back by a platform's unfreeze (restored). The other columns read the
+// same for the operator's freeze and its copy.
+func TestControlActionsKeepTheWholeRecord(t *testing.T) {
+	s := openStore(t)
+	ctx := t.Context()
+	at := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	orig := ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:refund_order@t_a", Tool: "refund_order", Tenant: "t_a", By: "u_ops", ByTenant: "t_a", Reason: "incident", At: at}
+	again := orig
+	again.At, again.Reasserts = at.Add(time.Second), &at
+	write(t, s, []projections.Batch{{Actions: []projections.Action{{Action: orig}, {Action: again, Offset: 1}}}})
+	rows, err := s.conn.Query(ctx, "SELECT action FROM "+s.table("control_actions")+" FINAL ORDER BY at, at_ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []ledger.ControlAction
+	for rows.Next() {
+		var raw string
+		if err := rows.Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var a ledger.ControlAction
+		if err := json.Unmarshal([]byte(raw), &a); err != nil {
+			t.Fatalf("action %q: %v", raw, err)
+		}
+		got = append(got, a)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]ledger.ControlAction{orig, again}, got); diff != "" {
+		t.Errorf("control_actions' records (-want +got):\n%s", diff)
 	}
 }
 

@@ -45,7 +45,7 @@ var (
 	}}
 	actionsTable = tableDef{"control_actions", []string{
 		"subject", "at", "at_ns", "action_id", "kind", "tool", "tenant", "jti", "family", "policy",
-		"by_user", "by_tenant", "reason", "policy_hash",
+		"by_user", "by_tenant", "reason", "policy_hash", "action",
 	}}
 	tables = []tableDef{eventsTable, eventKeysTable, callRefsTable, callsTable, actionsTable}
 	// positionsTable is written after the others (Write), and is no
@@ -185,7 +185,7 @@ func actionRows(r tableRows, a ledger.ControlAction) error {
 	}
 	sum := sha256.Sum256(raw)
 	r.add(actionsTable, a.Subject, dateTime(a.At), uint32(a.At.Nanosecond()), hex.EncodeToString(sum[:]), a.Kind,
-		a.Tool, a.Tenant, a.JTI, a.Family, a.Policy, a.By, a.ByTenant, a.Reason, a.PolicyHash)
+		a.Tool, a.Tenant, a.JTI, a.Family, a.Policy, a.By, a.ByTenant, a.Reason, a.PolicyHash, string(raw))
 	return nil
 }
 

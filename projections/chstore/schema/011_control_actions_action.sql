@@ -1,0 +1,11 @@
+-- control_actions gains action: the control record as the projector read
+-- it, its JSON whole. The other columns leave out what tells an
+-- operator's action from a control service's: a copy written again after
+-- a lost race (reasserts, the original's time), a tenant's freeze put
+-- back by a platform's unfreeze (restored), what an unfreeze lifts and
+-- what a platform freeze replaced. The compacted control topic keeps only
+-- each subject's latest record, so this table is the history an
+-- incident's audit reads. Rows projected before keep it empty (a rebuild
+-- fills it in). ClickHouse 18.16 has no ADD COLUMN IF NOT EXISTS: Migrate
+-- skips an ADD COLUMN whose column exists.
+ALTER TABLE {db}.control_actions ADD COLUMN action String DEFAULT ''
