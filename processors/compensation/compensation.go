@@ -120,11 +120,14 @@ const ReasonLookupPending = "status_lookup_pending"
 // lands. Not terminal: it passes once the tool settles the call.
 var ErrOutcomeInProgress = errors.New("compensation: the tool answered that the call is still in progress")
 
-// InProgress reports whether rec's tool answered that the call is still
+// inProgress reports whether rec's tool answered that the call is still
 // in progress: its outcome unknown with a note that says so, or parked
-// for it (ReasonLookupPending). An operator's undo of such a call waits
-// (ErrOutcomeInProgress), here and at its executor.
-func InProgress(rec processors.Record) bool {
+// for it (ReasonLookupPending). An operator's request to undo such a call
+// is refused (ErrOutcomeInProgress) while none exists. (One asked for
+// before the answer still runs: held at its executor until the call
+// settles, it would wait for good on a note that stays, while the
+// reconciler waits for it to settle the call.)
+func inProgress(rec processors.Record) bool {
 	switch rec.Status {
 	case processors.StatusOutcomeUnknown:
 		note, ok := rec.UnansweredAt()
@@ -300,7 +303,7 @@ func (s *Service) Compensate(ctx context.Context, operator identity.Identity, ke
 		// as under way.
 		return ledger.CallKey{}, nil, fmt.Errorf("compensation: read %s: %w", ck, err)
 	}
-	if errors.Is(err, processors.ErrNotFound) && operator.User != AutomaticUser && InProgress(rec) {
+	if errors.Is(err, processors.ErrNotFound) && operator.User != AutomaticUser && inProgress(rec) {
 		// None asked for yet (one that was says how it goes, below).
 		// (The reconciler asks for no undo of such a call.)
 		return ledger.CallKey{}, nil, fmt.Errorf("%w: an undo sent now could come first and undo nothing, and the call would be recorded compensated while its effect then lands; ask again once the tool has settled it, or resolve it (ledger calls resolve %s) once you know what it did", ErrOutcomeInProgress, key.IdempotencyKey)

@@ -1373,19 +1373,8 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			undoable = append(undoable, processors.StatusSucceeded)
 		}
 		status, marked, err := x.cfg.Store.MarkUndo(callCtx, orig, undoable)
-		inProgress := false
-		switch {
-		case err == nil && marked && tmpl.UserID == ReconcilerUser:
+		if err == nil && marked && tmpl.UserID == ReconcilerUser {
 			status, marked, err = x.stillToUndo(callCtx, orig)
-		case err == nil && marked:
-			// An operator's: the tool may have answered since it was
-			// asked for that the call is still in progress. Sent now,
-			// the undo could come first and undo nothing, and the call
-			// be recorded compensated while its effect then lands.
-			var cur processors.Record
-			if cur, err = x.cfg.Store.Get(callCtx, orig); err == nil {
-				inProgress = compensation.InProgress(cur)
-			}
 		}
 		switch {
 		case err != nil && !errors.Is(err, processors.ErrNotFound) && callCtx.Err() == nil && !reclaimed:
@@ -1400,11 +1389,6 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			return refuse(refusal{reason: ReasonNothingToUndo, detail: "the call it would undo was handed to a human meanwhile, told that no compensation was requested"})
 		case err == nil && !marked:
 			return refuse(refusal{reason: ReasonNothingToUndo, detail: fmt.Sprintf("the call it would undo is %s", status)})
-		case inProgress:
-			// Given back, not denied (which would spend the call's one
-			// compensation key): it runs once the tool has settled the
-			// call, or ends nothing_to_undo if that was failed.
-			return refuse(refusal{reason: "outcome_in_progress", detail: "the tool answered that the call it would undo is still in progress; the undo waits until it is settled", later: true})
 		}
 	}
 	// A call its policies asked to run against a sandbox backend
