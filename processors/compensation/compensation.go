@@ -133,19 +133,18 @@ func inProgress(rec processors.Record) bool {
 		note, ok := rec.UnansweredAt()
 		return ok && note.InProgress
 	case processors.StatusParked:
-		evs, err := ledger.DecodeEvents(rec.Outbox)
-		if err != nil || len(evs) == 0 {
-			return false
-		}
-		last := evs[len(evs)-1]
-		return last.Type == statemachine.EventParked && last.Reason == ReasonLookupPending
+		return parkedFor(rec, ReasonLookupPending)
 	}
 	return false
 }
 
 // UndoPending reports whether rec is parked for its compensation
 // (ReasonRequested): the last event of its outbox is that park.
-func UndoPending(rec processors.Record) bool {
+func UndoPending(rec processors.Record) bool { return parkedFor(rec, ReasonRequested) }
+
+// parkedFor reports whether rec is parked for reason: the last event of
+// its outbox is that park.
+func parkedFor(rec processors.Record, reason string) bool {
 	if rec.Status != processors.StatusParked {
 		return false
 	}
@@ -154,7 +153,7 @@ func UndoPending(rec processors.Record) bool {
 		return false
 	}
 	last := evs[len(evs)-1]
-	return last.Type == statemachine.EventParked && last.Reason == ReasonRequested
+	return last.Type == statemachine.EventParked && last.Reason == reason
 }
 
 // AutomaticUndoes reports whether the reconciler's compensation undoes
