@@ -20,6 +20,7 @@ import (
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 	"github.com/toolcall-ledger/ledger/processors/httptool"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/metrics"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
 )
@@ -325,6 +326,17 @@ func newApprovalsCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// timerCheck is the /readyz check of an approval queue's timer: its
+// last round worked (approvals.Service.TimerErr).
+func timerCheck(queue *approvals.Service) readyCheck {
+	return readyCheck{"approvals_timer", func(context.Context) error {
+		if err := queue.TimerErr(); err != nil {
+			return fmt.Errorf("the last round looking for lapsed approvals failed: %w", err)
+		}
+		return nil
+	}}
+}
+
 // newApprovalsServeCmd runs the approval queue as its own role: its HTTP
 // API and its expiry timer.
 func newApprovalsServeCmd(g *globals) *cobra.Command {
@@ -341,6 +353,9 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			logger := g.logger()
+			if err := rf.checkOps(); err != nil {
+				return err
+			}
 			if rf.store.crdbDSN == "" {
 				return errors.New("approvals serve needs --crdb-dsn: it shares the execution store with the intake and executors")
 			}
@@ -355,6 +370,8 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			m := metrics.New("approvals", reg.Has)
+			rf.store.retried = m.StoreRetried
 			st, desc, err := rf.store.openStore(ctx, logger)
 			if err != nil {
 				return err
@@ -374,10 +391,30 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 			queue, err := approvals.New(approvals.Config{
 				Store: st, Registry: reg, Identity: staff, Publisher: events, Topics: g.kafka.topics(),
 				Versions: httptool.New(httptool.Config{}), BaseURL: toolsBase, Freezes: controls, ControlMaxStaleness: rf.maxStaleness(),
-				Actor: "approvals/" + rf.instance, Logger: logger.With("component", "approvals"),
+				Actor: "approvals/" + rf.instance, Metrics: m, Logger: logger.With("component", "approvals"),
 			})
 			if err != nil {
 				return err
+			}
+			m.ApprovalQueue(queue.Pending)
+			m.ControlStaleness(controls.Staleness)
+			if rf.metricsAddr != "" {
+				// Ready while the store answers and the timer's last
+				// round worked: without them nothing is served. Not
+				// gated on Kafka, nor on the copy of the control topic
+				// (its staleness is a series): with Kafka down,
+				// approvers still see and decide approvals, whose
+				// events the executors' unlogged sweep appends once it
+				// is back, and a stale copy refuses only the approvals
+				// that would read a resource's version. The one
+				// instance out of its Service would leave approvers
+				// nothing, and approvals lapse.
+				checks := processChecks(nil, nil, nil, st, timerCheck(queue))
+				ops, err := listenOps(g, rf.metricsAddr, "approvals", opsMux(m, checks, rf.pprof, logger), logger)
+				if err != nil {
+					return err
+				}
+				defer ops.stop()
 			}
 			// Stopping, the decisions in progress get the servers' grace
 			// to be written and published, and the timer its round,
@@ -396,6 +433,7 @@ func newApprovalsServeCmd(g *globals) *cobra.Command {
 		},
 	}
 	rf.register(cmd, false)
+	rf.registerOps(cmd, "the store answers and the last round of the timer worked; not Kafka, without which approvals are still decided")
 	rf.registerControls(cmd, "an approval that would read its resource's version at the tool is answered 503 control_state_stale, to be tried again, since a freeze of the tool made since may not be read yet (a frozen tool's is refused 409 tool_frozen)", false)
 	idf.registerStaff(cmd.Flags())
 	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8090", "where the approval queue's HTTP API listens")

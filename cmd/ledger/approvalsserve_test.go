@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -31,57 +34,182 @@ import (
 // decision waited for the executors' unlogged sweep, 10 s or more,
 // longer than a short approval's window.
 func TestApprovalsServeFinishesADecisionWhenStopped(t *testing.T) {
-	cluster, cc, topics, _ := roleKfake(t)
-	dsn, dataDir := freshSchemaDSN(t), t.TempDir()
-	_, jwks := devIssuerKeys(t, dataDir)
-	addrs := freeAddrs(t, 2)
-	backend, approvalsAddr := addrs[0], addrs[1]
-	startDemoBackend(t, backend)
-	trust := []string{"--issuer", DevIssuer, "--jwks-file", jwks}
-	args := func(more ...string) []string {
-		return append(roleArgs(cc, topics), append(more, "--crdb-dsn", dsn)...)
+	q := pendingRefund(t, "stop-refund")
+	stop, stopped := startCommand(t, q.args("approvals", "serve", "--instance-id", "stop-approvals", "--http-addr", q.approvalsAddr)...)
+	defer stop()
+	shown := q.shown(t)
+
+	// The broker holds the decision's publish; the command is told to
+	// stop as it does.
+	staged := stopWhilePublishing(t, q.cluster, q.topics.Events, stop, stopped)
+	if err := q.approve(t, shown); err != nil {
+		t.Errorf("approving as the server is told to stop: %v; want the decision answered", err)
 	}
-	runCommand(t, args(append([]string{"intake", "--data-dir", t.TempDir(), "--instance-id", "stop-intake"}, trust...)...)...)
-	out := cli(t, append(roleArgs(cc, topics), "submit", "--data-dir", dataDir, "--tool", "refund_order",
-		"--args", `{"order_id":"ord_7","amount_cents":45000,"currency":"AUD"}`, "--tenant", "t_demo", "--key", "stop-refund",
+	staged(t)
+
+	st, err := pgstore.Open(t.Context(), pgstore.Config{DSN: q.dsn, SkipMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rec, err := st.Get(t.Context(), q.key)
+	if err != nil || rec.Status != processors.StatusAuthorized || rec.Unlogged() {
+		t.Errorf("after the command stopped the call is %s, logged %d of %d (%v); want authorized, its decision logged", rec.Status, rec.LoggedSeq, rec.Seq, err)
+	}
+}
+
+// approvalQueue is a refund waiting for approval, admitted by an intake
+// on an in-process Kafka and a fresh schema of PostgreSQL, for a
+// `ledger approvals serve` to be started on (args).
+type approvalQueue struct {
+	cluster                *kfake.Cluster
+	cc                     ledger.ClientConfig
+	topics                 ledger.Topics
+	dsn, dataDir           string
+	backend, approvalsAddr string
+	trust                  []string
+	key                    ledger.CallKey
+}
+
+// pendingRefund submits a refund above the demo policy's threshold under
+// key, in tenant t_demo, through an intake, and returns once it waits for
+// approval.
+func pendingRefund(t *testing.T, key string) *approvalQueue {
+	t.Helper()
+	cluster, cc, topics, _ := roleKfake(t)
+	q := &approvalQueue{cluster: cluster, cc: cc, topics: topics, dsn: freshSchemaDSN(t), dataDir: t.TempDir(),
+		key: ledger.CallKey{TenantID: "t_demo", IdempotencyKey: key}}
+	_, jwks := devIssuerKeys(t, q.dataDir)
+	addrs := freeAddrs(t, 2)
+	q.backend, q.approvalsAddr = addrs[0], addrs[1]
+	startDemoBackend(t, q.backend)
+	q.trust = []string{"--issuer", DevIssuer, "--jwks-file", jwks}
+	runCommand(t, append(roleArgs(cc, topics), append([]string{"intake", "--data-dir", t.TempDir(), "--instance-id", key + "-intake", "--crdb-dsn", q.dsn}, q.trust...)...)...)
+	out := cli(t, append(roleArgs(cc, topics), "submit", "--data-dir", q.dataDir, "--tool", "refund_order",
+		"--args", `{"order_id":"ord_7","amount_cents":45000,"currency":"AUD"}`, "--tenant", "t_demo", "--key", key,
 		"--wait", "--timeout", "60s")...)
-	if !strings.Contains(out, "t_demo/stop-refund is approval_pending") {
+	if !strings.Contains(out, q.key.String()+" is approval_pending") {
 		t.Fatalf("refund above the demo threshold:\n%s", out)
 	}
+	return q
+}
 
-	stop, stopped := startCommand(t, args(append([]string{"approvals", "serve", "--instance-id", "stop-approvals", "--http-addr", approvalsAddr,
-		"--tools-base-url", "http://" + backend}, trust...)...)...)
-	defer stop()
-	key := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "stop-refund"}
-	id := key.ApprovalID()
-	var shown struct {
-		Hash string `json:"arguments_hash"`
-	}
+// args is a role's command line on q's Kafka and store, trusting the dev
+// issuer's assertions, its resource versions read at q's backend.
+func (q *approvalQueue) args(more ...string) []string {
+	return append(roleArgs(q.cc, q.topics), append(more, append([]string{"--crdb-dsn", q.dsn, "--tools-base-url", "http://" + q.backend}, q.trust...)...)...)
+}
+
+// shownApproval is what `ledger approvals show` prints of an approval.
+type shownApproval struct {
+	Hash string `json:"arguments_hash"`
+}
+
+// shown waits for the approvals server to show q's approval, as u_boss.
+func (q *approvalQueue) shown(t *testing.T) shownApproval {
+	t.Helper()
+	var shown shownApproval
 	ledgertest.WaitFor(t, 30*time.Second, func() error {
-		out, err := cliOut(t.Context(), "approvals", "show", id, "--api", "http://"+approvalsAddr, "--data-dir", dataDir, "--user", "u_boss")
+		out, err := cliOut(t.Context(), "approvals", "show", q.key.ApprovalID(), "--api", "http://"+q.approvalsAddr, "--data-dir", q.dataDir, "--user", "u_boss")
 		if err != nil {
 			return err
 		}
 		return json.Unmarshal([]byte(out), &shown)
 	})
+	return shown
+}
 
-	// The broker holds the decision's publish; the command is told to
-	// stop as it does.
-	staged := stopWhilePublishing(t, cluster, topics.Events, stop, stopped)
-	if _, err := cliOut(t.Context(), "approvals", "approve", id, "--api", "http://"+approvalsAddr, "--data-dir", dataDir, "--user", "u_boss", "--hash", shown.Hash); err != nil {
-		t.Errorf("approving as the server is told to stop: %v; want the decision answered", err)
+// approve approves q's approval as u_boss, bound to the hash shown.
+func (q *approvalQueue) approve(t *testing.T, shown shownApproval) error {
+	_, err := cliOut(t.Context(), "approvals", "approve", q.key.ApprovalID(), "--api", "http://"+q.approvalsAddr, "--data-dir", q.dataDir, "--user", "u_boss", "--hash", shown.Hash)
+	return err
+}
+
+// TestApprovalsServeOpsEndpoints: ledger approvals serve --metrics-addr
+// serves the approval queue's operational endpoint, as the other roles
+// do: /readyz ready once the store and the expiry timer work, and
+// unready, naming the timer, while its rounds fail (the store's table
+// gone from under it), but not for Kafka, without which approvals are
+// still decided; /metrics with the approvals pending and the
+// decisions and answers counted; its profiles with --pprof; no /loops,
+// as it runs no loop.
+func TestApprovalsServeOpsEndpoints(t *testing.T) {
+	q := pendingRefund(t, "ops-refund")
+	ops := freeAddr(t)
+	exited := runCommand(t, q.args("approvals", "serve", "--instance-id", "ops-approvals", "--http-addr", q.approvalsAddr,
+		"--metrics-addr", ops, "--pprof", "--timer-every", "100ms")...)
+	readyz := "http://" + ops + "/readyz"
+	ready := func(want bool) func() error {
+		return func() error {
+			exited()
+			code, rb, err := getReady(readyz)
+			if err != nil {
+				return err
+			}
+			checks := map[string]bool{}
+			for _, c := range rb.Checks {
+				checks[c.Name] = c.OK
+			}
+			if rb.Ready != want || (code == http.StatusOK) != want || len(checks) != 2 || !checks["store"] || checks["approvals_timer"] != want {
+				return fmt.Errorf("readyz %d %+v; want ready %v, store ok and approvals_timer ok=%v", code, rb, want, want)
+			}
+			return nil
+		}
 	}
-	staged(t)
+	ledgertest.WaitFor(t, 30*time.Second, ready(true))
 
-	st, err := pgstore.Open(t.Context(), pgstore.Config{DSN: dsn, SkipMigrate: true})
+	metricsHave := func(want ...string) func() error {
+		return func() error {
+			resp, err := http.Get("http://" + ops + "/metrics")
+			if err != nil {
+				return err
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, w := range want {
+				if !strings.Contains(string(b), w) {
+					return fmt.Errorf("metrics lack %q", w)
+				}
+			}
+			return nil
+		}
+	}
+	ledgertest.WaitFor(t, 30*time.Second, metricsHave(
+		`ledger_approvals_pending{role="approvals"} 1`,
+		`ledger_control_staleness_seconds{role="approvals"} 0.`,
+		"process_resident_memory_bytes",
+	))
+	if err := q.approve(t, q.shown(t)); err != nil {
+		t.Fatal(err)
+	}
+	ledgertest.WaitFor(t, 30*time.Second, metricsHave(
+		`ledger_approvals_pending{role="approvals"} 0`,
+		`ledger_approval_decisions_total{decision="approved",role="approvals"} 1`,
+		`ledger_approval_requests_total{action="approve",code="200",role="approvals"} 1`,
+		`ledger_approval_requests_total{action="get",code="200",role="approvals"}`,
+	))
+	if resp, err := http.Get("http://" + ops + loopsPath); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /loops: %v %v; want 404, the approval queue runs no loop", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	wantPprof(t, "http://"+ops, true)
+
+	// The timer's rounds fail while the records' table is gone; the
+	// database still answers its pings.
+	conn, err := pgx.Connect(t.Context(), q.dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
-	rec, err := st.Get(t.Context(), key)
-	if err != nil || rec.Status != processors.StatusAuthorized || rec.Unlogged() {
-		t.Errorf("after the command stopped the call is %s, logged %d of %d (%v); want authorized, its decision logged", rec.Status, rec.LoggedSeq, rec.Seq, err)
+	defer conn.Close(t.Context())
+	if _, err := conn.Exec(t.Context(), "ALTER TABLE execution_records RENAME TO execution_records_away"); err != nil {
+		t.Fatal(err)
 	}
+	ledgertest.WaitFor(t, 30*time.Second, ready(false))
+	if _, err := conn.Exec(t.Context(), "ALTER TABLE execution_records_away RENAME TO execution_records"); err != nil {
+		t.Fatal(err)
+	}
+	ledgertest.WaitFor(t, 30*time.Second, ready(true))
 }
 
 // cliOut runs a ledger subcommand and returns what it printed, and its

@@ -280,14 +280,16 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		return err
 	}
 	defer events.Close()
+	approvalMetrics := metrics.New("approvals", reg.Has)
 	queue, err := approvals.New(approvals.Config{
 		Store: st, Registry: reg, Identity: staff, Publisher: events, Topics: topics,
 		Versions: httptool.New(httptool.Config{}), BaseURL: "http://" + backendLn.Addr().String(), Freezes: controls,
-		Actor: "approvals/" + instance, Logger: logger.With("component", "approvals"),
+		Actor: "approvals/" + instance, Metrics: approvalMetrics, Logger: logger.With("component", "approvals"),
 	})
 	if err != nil {
 		return err
 	}
+	approvalMetrics.ApprovalQueue(queue.Pending)
 
 	mux := http.NewServeMux()
 	mux.Handle(credentials.JWKSPath, broker.Handler())
@@ -417,17 +419,17 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 	if chProjector != nil {
 		ownMetrics = chProjector
 	}
-	mux.Handle("GET /metrics", metrics.Serve(ownMetrics, intakeMetrics, execMetrics, reconcileMetrics))
+	mux.Handle("GET /metrics", metrics.Serve(ownMetrics, intakeMetrics, execMetrics, reconcileMetrics, approvalMetrics))
 	// As the roles' --metrics-addr: each loop, Kafka, the store, the
 	// copy of the control topic (at the executor's default bound), the
-	// policies and the agents' assertions' keys.
+	// policies, the agents' assertions' keys and the approval timer.
 	f.roles.controls, f.roles.controlReadiness, f.roles.controlMaxStaleness = controls, true, control.DefaultMaxStaleness
 	f.roles.policies, f.roles.assertions = engine, ident
 	loopChecks := make([]string, len(roleNames))
 	for i, n := range roleNames {
 		loopChecks[i] = "loop_" + n
 	}
-	mux.Handle("GET /readyz", readiness{checks: processChecks(loopChecks, roleLoops, admin, st, f.roles.readyChecks()...), logger: logger.With("server", "api")})
+	mux.Handle("GET /readyz", readiness{checks: processChecks(loopChecks, roleLoops, admin, st, append(f.roles.readyChecks(), timerCheck(queue))...), logger: logger.With("server", "api")})
 	health := http.NewServeMux() // its own, for another method's 405
 	mux.Handle("/v1/health", httpjson.Unmatched(health))
 	health.Handle("GET /v1/health", operatorGuard(staff, logger)(func(w http.ResponseWriter, r *http.Request, _ httpapi.Operator) {

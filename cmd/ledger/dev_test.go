@@ -712,6 +712,9 @@ func devOperations(t *testing.T, api string) {
 	if _, ok := value("ledger_outcome_unknown_calls", map[string]string{"role": "reconciler"}); !ok {
 		t.Errorf("/metrics has no ledger_outcome_unknown_calls of the reconciler")
 	}
+	if _, ok := value("ledger_approvals_pending", map[string]string{"role": "approvals"}); !ok {
+		t.Errorf("/metrics has no ledger_approvals_pending of the approval queue")
+	}
 	if n := len(fams["go_goroutines"].GetMetric()); n != 1 {
 		t.Errorf("go_goroutines has %d series; want the process's one", n)
 	}
@@ -736,7 +739,7 @@ func devOperations(t *testing.T, api string) {
 			names = append(names, c.Name)
 		}
 	}
-	if got, want := strings.Join(names, ","), "loop_intake,loop_executor,loop_reconciler,kafka,control,policy,identity"; resp.StatusCode != 200 || err != nil || !ready.Ready || got != want {
+	if got, want := strings.Join(names, ","), "loop_intake,loop_executor,loop_reconciler,kafka,control,policy,identity,approvals_timer"; resp.StatusCode != 200 || err != nil || !ready.Ready || got != want {
 		t.Errorf("GET /readyz: %d %+v (%v); want 200, ready, checks passed %s", resp.StatusCode, ready, err, want)
 	}
 }

@@ -118,14 +118,17 @@ func servePprof(mux *http.ServeMux) {
 }
 
 // processChecks are the /readyz checks of a process running loops: each
-// loop works (under its name in names), the Kafka cluster answers, the
-// store does (when it can be pinged), and the extra checks pass.
+// loop works (under its name in names), the Kafka cluster answers (when
+// kafka is set), the store does (when it can be pinged), and the extra
+// checks pass.
 func processChecks(names []string, loops []*ledger.Loop, kafka *kgo.Client, store any, extra ...readyCheck) []readyCheck {
 	var checks []readyCheck
 	for i, l := range loops {
 		checks = append(checks, readyCheck{names[i], func(context.Context) error { return l.Ready() }})
 	}
-	checks = append(checks, readyCheck{"kafka", kafka.Ping})
+	if kafka != nil {
+		checks = append(checks, readyCheck{"kafka", kafka.Ping})
+	}
 	if p, ok := store.(pinger); ok {
 		checks = append(checks, readyCheck{"store", p.Ping})
 	}
@@ -136,7 +139,9 @@ func processChecks(names []string, loops []*ledger.Loop, kafka *kgo.Client, stor
 // process serves), /readyz (its dependencies answer and its loop works)
 // and /loops (its loop's time, see loopsHandler).
 type opsServer struct {
-	srv   *http.Server
+	srv *http.Server
+	// admin, when set, is the client of the Kafka checks and lag,
+	// closed by stop.
 	admin *kgo.Client
 	done  chan struct{}
 }
@@ -153,6 +158,20 @@ func startOps(g *globals, addr string, profiles bool, role string, reg *metrics.
 	}
 	reg.ConsumerLag(kadm.NewClient(admin), loop.Group(), logger)
 	checks := processChecks([]string{"loop"}, []*ledger.Loop{loop}, admin, store, extra...)
+	mux := opsMux(reg, checks, profiles, logger)
+	mux.Handle("GET "+loopsPath, loopsHandler([]string{role}, []*ledger.Loop{loop}))
+	o, err := listenOps(g, addr, role, mux, logger)
+	if err != nil {
+		admin.Close()
+		return nil, err
+	}
+	o.admin = admin
+	return o, nil
+}
+
+// opsMux serves reg at /metrics, /healthz, checks at /readyz, and with
+// profiles the runtime's profiles (servePprof).
+func opsMux(reg *metrics.Registry, checks []readyCheck, profiles bool, logger *slog.Logger) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", reg.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -160,18 +179,18 @@ func startOps(g *globals, addr string, profiles bool, role string, reg *metrics.
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.Handle("GET /readyz", readiness{checks: checks, logger: logger.With("server", "ops")})
-	mux.Handle("GET "+loopsPath, loopsHandler([]string{role}, []*ledger.Loop{loop}))
 	if profiles {
 		servePprof(mux)
 	}
-	o := &opsServer{
-		srv:   newServer(addr, mux),
-		admin: admin,
-		done:  make(chan struct{}),
-	}
+	return mux
+}
+
+// listenOps serves mux on addr until stop. It listens before it
+// returns, so a taken port fails the role's start.
+func listenOps(g *globals, addr, role string, mux *http.ServeMux, logger *slog.Logger) (*opsServer, error) {
+	o := &opsServer{srv: newServer(addr, mux), done: make(chan struct{})}
 	serve, err := g.httpTLS.listen(o.srv, logger.With("server", "ops", "role", role))
 	if err != nil {
-		admin.Close()
 		return nil, err
 	}
 	go func() {
@@ -189,5 +208,7 @@ func (o *opsServer) stop() {
 	defer cancel()
 	_ = o.srv.Shutdown(ctx)
 	<-o.done
-	o.admin.Close()
+	if o.admin != nil {
+		o.admin.Close()
+	}
 }

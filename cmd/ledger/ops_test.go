@@ -226,16 +226,15 @@ func wantPprof(t *testing.T, base string, served bool) {
 }
 
 // TestOpsFlagsOnlyWhereRead: the operational flags are accepted only by
-// the roles that read them. ledger dev and the approval queue once took
-// --metrics-addr and --otlp-traces-url and ignored them, and the intake
-// and the reconciler, which make no spans, --otlp-traces-url.
+// the roles that read them. ledger dev once took --metrics-addr and
+// --otlp-traces-url and ignored them, the approval queue
+// --otlp-traces-url, and the intake and the reconciler, which make no
+// spans, --otlp-traces-url.
 func TestOpsFlagsOnlyWhereRead(t *testing.T) {
 	for _, args := range [][]string{
 		{"dev", "--metrics-addr", "127.0.0.1:0"},
 		{"dev", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
-		{"approvals", "serve", "--metrics-addr", "127.0.0.1:0"},
 		{"approvals", "serve", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
-		{"approvals", "serve", "--pprof"},
 		{"intake", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
 		{"reconciler", "--otlp-traces-url", "http://127.0.0.1:1/v1/traces"},
 		{"outcomes", "--limit", "5", "--tenant", "t"},
@@ -246,9 +245,9 @@ func TestOpsFlagsOnlyWhereRead(t *testing.T) {
 	}
 	// --pprof serves on --metrics-addr: alone it is refused before the
 	// role starts.
-	for _, role := range []string{"intake", "executor", "reconciler"} {
-		if err := cliErr(t, role, "--pprof"); err == nil || !strings.Contains(err.Error(), "--pprof serves the profiles on --metrics-addr") {
-			t.Errorf("ledger %s --pprof: %v; want it refused without --metrics-addr", role, err)
+	for _, role := range [][]string{{"intake"}, {"executor"}, {"reconciler"}, {"approvals", "serve"}} {
+		if err := cliErr(t, append(role, "--pprof")...); err == nil || !strings.Contains(err.Error(), "--pprof serves the profiles on --metrics-addr") {
+			t.Errorf("ledger %s --pprof: %v; want it refused without --metrics-addr", strings.Join(role, " "), err)
 		}
 	}
 	// A bound the probe cannot meet, or a negative one, is refused rather

@@ -192,13 +192,26 @@ func (r *roleFlags) register(cmd *cobra.Command, withDataDir bool) {
 	fs.StringVar(&r.instance, "instance-id", instanceID(), "this instance's name; unique among running instances and stable across restarts (it names the Kafka transactional id of the roles that have one, and the actor of the events the instance writes)")
 }
 
-// registerOps adds the flags of a role that run starts: its operational
-// endpoint. Commands that do not go through run (ledger dev, the approval
-// queue) leave them out rather than accept flags they would ignore.
-func (r *roleFlags) registerOps(cmd *cobra.Command) {
+// loopReady is what a processing role's /readyz checks, and its /loops.
+const loopReady = "Kafka, the store and the processing loop answer) and /loops (the loop's time in steps and transactions"
+
+// registerOps adds the flags of a role's operational endpoint (startOps):
+// those run starts, and the approval queue's. ledger dev, which serves
+// its roles' on its API, leaves them out rather than accept flags it
+// would ignore.
+// ready says what the role's /readyz checks, with what else it serves.
+func (r *roleFlags) registerOps(cmd *cobra.Command, ready string) {
 	fs := cmd.Flags()
-	fs.StringVar(&r.metricsAddr, "metrics-addr", "", "where to serve /metrics (Prometheus), /healthz (the process serves), /readyz (Kafka, the store and the processing loop answer) and /loops (the loop's time in steps and transactions), e.g. :9464; empty: not served")
+	fs.StringVar(&r.metricsAddr, "metrics-addr", "", "where to serve /metrics (Prometheus), /healthz (the process serves), /readyz ("+ready+"), e.g. :9464; empty: not served")
 	fs.BoolVar(&r.pprof, "pprof", false, "also serve Go's runtime profiles under /debug/pprof/ on --metrics-addr (CPU, heap, allocations, goroutines: go tool pprof http://<addr>/debug/pprof/profile): off by default, because a profile shows the code's internals to whoever reaches the address and costs CPU while it is taken")
+}
+
+// checkOps refuses the flags of registerOps that do not go together.
+func (r *roleFlags) checkOps() error {
+	if r.pprof && r.metricsAddr == "" {
+		return errors.New("--pprof serves the profiles on --metrics-addr: set it too")
+	}
+	return nil
 }
 
 // registerSpans adds --otlp-traces-url, of the role that makes spans: the
@@ -341,8 +354,8 @@ func executorLoop(cc ledger.ClientConfig, topics ledger.Topics, reg *schemas.Reg
 // run opens what a role needs, builds its loop with build, and runs it
 // until ctx ends.
 func (rf *roleFlags) run(ctx context.Context, g *globals, role string, build func(*schemas.Registry, processors.Store, *slog.Logger) (*ledger.Loop, error)) error {
-	if rf.pprof && rf.metricsAddr == "" {
-		return errors.New("--pprof serves the profiles on --metrics-addr: set it too")
+	if err := rf.checkOps(); err != nil {
+		return err
 	}
 	if err := rf.checkControls(); err != nil {
 		return err
@@ -465,7 +478,7 @@ func newIntakeCmd(g *globals) *cobra.Command {
 	}
 	rf.register(cmd, true)
 	rf.registerControls(cmd, "calls are refused to retry later (control_state_stale), since a policy version activated or a freeze made since may not be read yet", true)
-	rf.registerOps(cmd)
+	rf.registerOps(cmd, loopReady)
 	rf.registerLoop(cmd)
 	idf.register(cmd.Flags())
 	pf.register(cmd.Flags(), false)
@@ -527,7 +540,7 @@ func newExecutorCmd(g *globals) *cobra.Command {
 	}
 	rf.register(cmd, true)
 	rf.registerControls(cmd, "no request leaves for a tool (each waits, up to its call's deadline or its claim's lease, whichever ends first: a call whose deadline ends the wait fails with code control_state_stale, one whose lease ends it is given back, to be claimed again): every executor applies a freeze, or stops sending, within this long", true)
-	rf.registerOps(cmd)
+	rf.registerOps(cmd, loopReady)
 	rf.registerSpans(cmd)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
@@ -797,7 +810,7 @@ func newReconcilerCmd(g *globals) *cobra.Command {
 	}
 	rf.register(cmd, true)
 	rf.registerControls(cmd, "the introspection at /v1/introspect answers 503 rather than call a credential active, and no status lookup is sent (the calls in outcome_unknown wait, and a Warn says so once a sweep interval)", false)
-	rf.registerOps(cmd)
+	rf.registerOps(cmd, loopReady)
 	rf.registerLoop(cmd)
 	cf.register(cmd.Flags())
 	idf.registerStaff(cmd.Flags())

@@ -187,9 +187,34 @@ type Config struct {
 	WriteTimeout time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Metrics, when set, counts the decisions taken and the API's
+	// answers (metrics.Registry implements it). Nil counts nothing.
+	Metrics Metrics
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
+
+// Metrics is what the queue reports to its process's metrics.
+// Implementations are safe for concurrent use.
+type Metrics interface {
+	// ApprovalDecided counts a decision taken (its move applied), by
+	// the event it emitted: approved, rejected or expired.
+	ApprovalDecided(decision string)
+	// ApprovalAnswered counts an answer of the HTTP API, by action
+	// (list, get, approve, reject) and HTTP status.
+	ApprovalAnswered(action string, status int)
+	// ApprovalsUnpublished counts decisions taken whose events the
+	// queue failed to publish: the executor's unlogged sweep appends
+	// them, 10 s or more later.
+	ApprovalsUnpublished(n int)
+}
+
+// noMetrics counts nothing.
+type noMetrics struct{}
+
+func (noMetrics) ApprovalDecided(string)       {}
+func (noMetrics) ApprovalAnswered(string, int) {}
+func (noMetrics) ApprovalsUnpublished(int)     {}
 
 func (c *Config) setDefaults() {
 	c.Topics = c.Topics.WithDefaults()
@@ -217,6 +242,9 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Metrics == nil {
+		c.Metrics = noMetrics{}
+	}
 }
 
 // Service is the approval queue. It keeps no state of its own: several
@@ -228,6 +256,29 @@ type Service struct {
 	mu sync.Mutex
 	// expirePass is where the next ExpireDue reads on from.
 	expirePass processors.SweepPass
+	// counting is the pending approvals the pass in progress has seen
+	// so far, and seen those of the last pass that ended (Pending).
+	counting, seen pendingCount
+	// timerErr is the last timer round's error (TimerErr).
+	timerErr error
+}
+
+// pendingCount is how many pending approvals a pass of the timer saw,
+// and when the call of the oldest was requested.
+type pendingCount struct {
+	n      int
+	oldest time.Time
+}
+
+// add counts one pending approval requested at (zero: not known).
+func (c *pendingCount) add(at time.Time) { c.merge(pendingCount{n: 1, oldest: at}) }
+
+// merge adds o's approvals to c's.
+func (c *pendingCount) merge(o pendingCount) {
+	c.n += o.n
+	if !o.oldest.IsZero() && (c.oldest.IsZero() || o.oldest.Before(c.oldest)) {
+		c.oldest = o.oldest
+	}
 }
 
 // New validates cfg and returns the approval queue.
@@ -749,6 +800,7 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 		if !applied[i] {
 			continue
 		}
+		s.cfg.Metrics.ApprovalDecided(string(evs[i].Type))
 		rec := f.rec
 		rec.Status, rec.Seq, rec.Outbox = ms[i].To, ms[i].Seq, ms[i].Outbox
 		moved = append(moved, rec)
@@ -775,6 +827,7 @@ func (s *Service) move(ctx context.Context, fs []*found, evs []ledger.Event, to 
 	defer pcancel()
 	if err := s.cfg.Publisher.Publish(pctx, recs...); err != nil {
 		s.cfg.Logger.Warn("publish decisions failed; the unlogged sweep will append them", "records", len(logged), "err", err)
+		s.cfg.Metrics.ApprovalsUnpublished(len(logged))
 		return moved, nil
 	}
 	if err := s.cfg.Store.MarkLogged(pctx, logged); err != nil {

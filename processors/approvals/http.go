@@ -79,12 +79,46 @@ type ListResponse struct {
 // assertion.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/approvals", s.authed(s.serveList))
-	mux.HandleFunc("GET /v1/approvals/{id}", s.authed(s.serveGet))
-	mux.HandleFunc("POST /v1/approvals/{id}/approve", s.authed(s.serveApprove))
-	mux.HandleFunc("POST /v1/approvals/{id}/reject", s.authed(s.serveReject))
+	mux.Handle("GET /v1/approvals", s.counted("list", s.serveList))
+	mux.Handle("GET /v1/approvals/{id}", s.counted("get", s.serveGet))
+	mux.Handle("POST /v1/approvals/{id}/approve", s.counted("approve", s.serveApprove))
+	mux.Handle("POST /v1/approvals/{id}/reject", s.counted("reject", s.serveReject))
 	return httpjson.Unmatched(mux)
 }
+
+// counted is next behind the assertion's check (authed), its answers
+// counted under action (Metrics.ApprovalAnswered), refusals of the
+// assertion included.
+func (s *Service) counted(action string, next func(http.ResponseWriter, *http.Request, identity.Identity)) http.HandlerFunc {
+	h := s.authed(next)
+	return func(w http.ResponseWriter, r *http.Request) {
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		h(sw, r)
+		s.cfg.Metrics.ApprovalAnswered(action, sw.status)
+	}
+}
+
+// statusWriter remembers the status an answer was written with.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	if !w.wrote {
+		w.status, w.wrote = status, true
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 type apiError struct {
 	Code    string `json:"code"`

@@ -54,6 +54,10 @@ type Registry struct {
 	skipped      *prometheus.CounterVec
 	dlq          *prometheus.CounterVec
 	breakerMoves *prometheus.CounterVec
+	// The approval queue's, registered by ApprovalQueue.
+	approvalDecisions *prometheus.CounterVec
+	approvalAnswers   *prometheus.CounterVec
+	unpublished       prometheus.Counter
 }
 
 // New returns the registry of a process running role ("intake",
@@ -121,6 +125,18 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_breaker_transitions_total", ConstLabels: constRole,
 		Help: "Circuit breakers' changes of state, by tool and the state changed to (open, half-open, closed), summed over the tenants' breakers of the tool: a count of open going up faster than every breaker window is a tool that keeps failing its probes; each change is logged at Warn with its tenant.",
 	}, []string{"tool", "to"})
+	r.approvalDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_approval_decisions_total", ConstLabels: constRole,
+		Help: "Decisions the approval queue took (each applied once, whatever the instances), by decision: approved, rejected, expired (by the timer).",
+	}, []string{"decision"})
+	r.approvalAnswers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_approval_requests_total", ConstLabels: constRole,
+		Help: "Answers of the approval queue's HTTP API, by action (list, get, approve, reject) and HTTP status: 401 an assertion refused, 409 a decision refused (its code, in the answer, says why), 503 to be asked again.",
+	}, []string{"action", "code"})
+	r.unpublished = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ledger_approval_events_unpublished_total", ConstLabels: constRole,
+		Help: "Decisions the approval queue took whose events it failed to publish: the executors' unlogged sweep appends them, 10 s or more later, which an approval's window may not outlast.",
+	})
 	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undecodable, r.undos, r.deleted, r.skipped, r.dlq, r.breakerMoves)
 	return r
 }
@@ -383,12 +399,40 @@ func (r *Registry) Bulkheads(tools func() map[string]Bulkhead, inFlight func() (
 	}, inUse, size, flying, bound))
 }
 
+// ApprovalQueue registers the approval queue's series: the decisions
+// and answers counted (approvals.Metrics), and, at each scrape, the
+// pending approvals as its timer last saw them (pending,
+// approvals.Service.Pending): how many (ledger_approvals_pending) and
+// how long ago the oldest's call was requested
+// (ledger_approvals_pending_oldest_age_seconds, 0 when none).
+func (r *Registry) ApprovalQueue(pending func() (n int, oldest time.Time)) {
+	r.reg.MustRegister(r.approvalDecisions, r.approvalAnswers, r.unpublished)
+	r.oldest(pending, "ledger_approvals_pending", "Approvals pending at the end of the approval timer's last whole pass over them.",
+		"ledger_approvals_pending_oldest_age_seconds", "How long ago the call of the oldest pending approval was requested; 0 when none.")
+}
+
+// ApprovalDecided counts one decision of the approval queue
+// (approvals.Metrics).
+func (r *Registry) ApprovalDecided(decision string) {
+	r.approvalDecisions.WithLabelValues(decision).Inc()
+}
+
+// ApprovalAnswered counts one answer of the approval queue's HTTP API
+// (approvals.Metrics).
+func (r *Registry) ApprovalAnswered(action string, status int) {
+	r.approvalAnswers.WithLabelValues(action, strconv.Itoa(status)).Inc()
+}
+
+// ApprovalsUnpublished counts decisions whose events the approval queue
+// left to the unlogged sweep (approvals.Metrics).
+func (r *Registry) ApprovalsUnpublished(n int) { r.unpublished.Add(float64(n)) }
+
 // Unknown reports, at each scrape, the calls whose outcome is unknown as
 // the reconciler last saw them: how many (ledger_outcome_unknown_calls,
 // up to the sweep's limit) and the age of the oldest
 // (ledger_outcome_unknown_oldest_age_seconds, 0 when none).
 func (r *Registry) Unknown(seen func() (n int, oldest time.Time)) {
-	r.oldest(seen, "ledger_outcome_unknown", "in outcome_unknown", "has been so")
+	r.sweepOldest(seen, "ledger_outcome_unknown", "in outcome_unknown", "has been so")
 }
 
 // Parked reports, at each scrape, the parked calls as the reconciler last
@@ -397,24 +441,31 @@ func (r *Registry) Unknown(seen func() (n int, oldest time.Time)) {
 // how long the oldest has been parked (ledger_parked_oldest_age_seconds,
 // 0 when none).
 func (r *Registry) Parked(seen func() (n int, oldest time.Time)) {
-	r.oldest(seen, "ledger_parked", "parked", "has been parked")
+	r.sweepOldest(seen, "ledger_parked", "parked", "has been parked")
 }
 
-// oldest reports the calls of a status that seen counts, as
-// <prefix>_calls and <prefix>_oldest_age_seconds.
-func (r *Registry) oldest(seen func() (n int, oldest time.Time), prefix, in, since string) {
+// sweepOldest reports the calls of a status that the reconciler's sweep
+// counts (seen), as <prefix>_calls and <prefix>_oldest_age_seconds.
+func (r *Registry) sweepOldest(seen func() (n int, oldest time.Time), prefix, in, since string) {
+	r.oldest(seen, prefix+"_calls", "Calls "+in+" at the reconciler's last sweep (at most its sweep limit).",
+		prefix+"_oldest_age_seconds", "How long the oldest call "+in+" "+since+"; 0 when none.")
+}
+
+// oldest reports, at each scrape, how many seen counts (the gauge named
+// count) and the age of the oldest (the gauge named age, 0 when none).
+func (r *Registry) oldest(seen func() (n int, oldest time.Time), count, countHelp, age, ageHelp string) {
 	labels := prometheus.Labels{"role": r.role}
-	count := prometheus.NewDesc(prefix+"_calls", "Calls "+in+" at the reconciler's last sweep (at most its sweep limit).", nil, labels)
-	age := prometheus.NewDesc(prefix+"_oldest_age_seconds", "How long the oldest call "+in+" "+since+"; 0 when none.", nil, labels)
+	countDesc := prometheus.NewDesc(count, countHelp, nil, labels)
+	ageDesc := prometheus.NewDesc(age, ageHelp, nil, labels)
 	r.reg.MustRegister(newCollector(func(ch chan<- prometheus.Metric) {
 		n, oldest := seen()
 		a := 0.0
 		if n > 0 && !oldest.IsZero() {
 			a = time.Since(oldest).Seconds()
 		}
-		ch <- prometheus.MustNewConstMetric(count, prometheus.GaugeValue, float64(n))
-		ch <- prometheus.MustNewConstMetric(age, prometheus.GaugeValue, a)
-	}, count, age))
+		ch <- prometheus.MustNewConstMetric(countDesc, prometheus.GaugeValue, float64(n))
+		ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, a)
+	}, countDesc, ageDesc))
 }
 
 // ControlStaleness reports, at each scrape, how long ago the process's

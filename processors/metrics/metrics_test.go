@@ -3,6 +3,7 @@ package metrics
 import (
 	"fmt"
 	"iter"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -256,5 +257,67 @@ func TestServeRolesOfOneProcess(t *testing.T) {
 	}
 	if _, ok := fams["ledger_own_total"]; !ok {
 		t.Errorf("the own handler's family is missing")
+	}
+}
+
+// TestApprovalQueueSeries: the approval queue's counters and its pending
+// gauges are served once ApprovalQueue registered them, and not by a
+// registry that did not (another role's).
+func TestApprovalQueueSeries(t *testing.T) {
+	other := New("executor", nil)
+	other.ApprovalDecided("approved")
+	if fams, err := other.Gatherer().Gather(); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, f := range fams {
+			if strings.HasPrefix(f.GetName(), "ledger_approval") {
+				t.Errorf("an executor's registry serves %s", f.GetName())
+			}
+		}
+	}
+
+	r := New("approvals", nil)
+	since := time.Now().Add(-time.Hour)
+	r.ApprovalQueue(func() (int, time.Time) { return 2, since })
+	r.ApprovalDecided("approved")
+	r.ApprovalDecided("expired")
+	r.ApprovalDecided("expired")
+	r.ApprovalAnswered("approve", 200)
+	r.ApprovalAnswered("approve", 409)
+	r.ApprovalAnswered("approve", 409)
+	r.ApprovalsUnpublished(3)
+	decisions := map[string]float64{}
+	for labels, v := range counters(t, r, "ledger_approval_decisions_total") {
+		decisions[labels["decision"]] = v
+	}
+	if want := map[string]float64{"approved": 1, "expired": 2}; !maps.Equal(decisions, want) {
+		t.Errorf("decisions %v; want %v", decisions, want)
+	}
+	answers := map[string]float64{}
+	for labels, v := range counters(t, r, "ledger_approval_requests_total") {
+		answers[labels["action"]+"/"+labels["code"]] = v
+	}
+	if want := map[string]float64{"approve/200": 1, "approve/409": 2}; !maps.Equal(answers, want) {
+		t.Errorf("answers %v; want %v", answers, want)
+	}
+	unpublished := -1.0
+	for _, v := range counters(t, r, "ledger_approval_events_unpublished_total") {
+		unpublished = v
+	}
+	if unpublished != 3 {
+		t.Errorf("unpublished %v; want 3", unpublished)
+	}
+	fams, err := r.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauges := map[string]float64{}
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "ledger_approvals_pending") {
+			gauges[f.GetName()] = f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if age := gauges["ledger_approvals_pending_oldest_age_seconds"]; gauges["ledger_approvals_pending"] != 2 || age < 3600 || age > 3700 {
+		t.Errorf("pending gauges %v; want 2 approvals, the oldest an hour old", gauges)
 	}
 }
