@@ -181,6 +181,11 @@ type Config struct {
 	// (RunTimer) reads one page: with N approvals pending, one lapses
 	// within about N/ExpireBatch + 1 rounds of its time.
 	ExpireBatch int
+	// RoundTimeout bounds one round of RunTimer, so that a store read
+	// that hangs fails the round (TimerErr) rather than stop the timer
+	// unseen; default 30 s. (A write of decisions, once sent, runs to
+	// its end: WriteTimeout.)
+	RoundTimeout time.Duration
 	// WriteTimeout bounds the store's write of decisions, which runs to
 	// its end once sent whatever becomes of the request, and then the
 	// read that checks whether a write that failed applied; default 10 s.
@@ -233,6 +238,9 @@ func (c *Config) setDefaults() {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
 	}
+	if c.RoundTimeout <= 0 {
+		c.RoundTimeout = 30 * time.Second
+	}
 	if c.ControlMaxStaleness == 0 {
 		c.ControlMaxStaleness = control.DefaultMaxStaleness
 	}
@@ -253,9 +261,15 @@ type Service struct {
 	cfg  Config
 	base *url.URL // Config.BaseURL
 
+	// mu guards expirePass, and is held across its page's read.
 	mu sync.Mutex
 	// expirePass is where the next ExpireDue reads on from.
 	expirePass processors.SweepPass
+
+	// statsMu guards what the timer reports, read by every scrape and
+	// readiness probe: never held across a store's read, which may
+	// hang.
+	statsMu sync.Mutex
 	// counting is the pending approvals the pass in progress has seen
 	// so far, and seen those of the last pass that ended (Pending).
 	counting, seen pendingCount

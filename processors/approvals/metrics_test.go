@@ -3,6 +3,7 @@ package approvals_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
+	"github.com/toolcall-ledger/ledger/ledger/ledgertest"
 	"github.com/toolcall-ledger/ledger/processors"
 	"github.com/toolcall-ledger/ledger/processors/approvals"
 )
@@ -173,15 +175,19 @@ func keyOf(t *testing.T, id string) ledger.CallKey {
 }
 
 // failingList is the store, whose status listings fail while fail is
-// set.
+// set, and hang until their ctx ends while hang is.
 type failingList struct {
 	approvals.Store
-	fail *atomic.Bool
+	fail, hang *atomic.Bool
 }
 
 var errListing = errors.New("listing refused")
 
 func (s failingList) ByStatusAfter(ctx context.Context, st processors.Status, after processors.Cursor, limit int) ([]processors.Record, error) {
+	if s.hang != nil && s.hang.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	if s.fail.Load() {
 		return nil, errListing
 	}
@@ -199,24 +205,75 @@ func TestTimerErrIsTheLastRound(t *testing.T) {
 	if err := svc.TimerErr(); err != nil {
 		t.Fatalf("TimerErr before any round: %v; want nil", err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
+	startTimer(t, svc)
+	waitTimerErr(t, svc, "the listing's error", func(err error) bool { return errors.Is(err, errListing) })
+	fail.Store(false)
+	waitTimerErr(t, svc, "nil once a round works", func(err error) bool { return err == nil })
+}
+
+// startTimer runs svc's timer every 5 ms until the test ends.
+func startTimer(t *testing.T, svc *approvals.Service) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
 	go func() { done <- svc.RunTimer(ctx, 5*time.Millisecond) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		<-done
-	}()
-	waitFor := func(what string, ok func(error) bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !ok(svc.TimerErr()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("TimerErr() = %v after 10s; want %s", svc.TimerErr(), what)
-			}
-			time.Sleep(2 * time.Millisecond)
+	})
+}
+
+// waitTimerErr waits for svc.TimerErr() to be what ok accepts.
+func waitTimerErr(t *testing.T, svc *approvals.Service, what string, ok func(error) bool) {
+	t.Helper()
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if err := svc.TimerErr(); !ok(err) {
+			return fmt.Errorf("TimerErr() = %v; want %s", err, what)
+		}
+		return nil
+	})
+}
+
+// TestTimerRoundThatHangs: a store read that hangs fails the timer's
+// round at its RoundTimeout (TimerErr says so), and meanwhile Pending and
+// TimerErr, which every scrape and readiness probe asks, still answer.
+// Before, they waited on the lock the hanging round held.
+func TestTimerRoundThatHangs(t *testing.T) {
+	f := newFixture(t)
+	f.refund("r-1")
+	var fail, hang atomic.Bool
+	svc := f.service(func(c *approvals.Config) {
+		c.Store = failingList{Store: f.store, fail: &fail, hang: &hang}
+		c.RoundTimeout = 300 * time.Millisecond
+	})
+	f.clock.Advance(time.Minute)
+	for range 2 { // a whole pass: the page, then one not full
+		if _, err := svc.ExpireDue(t.Context()); err != nil {
+			t.Fatal(err)
 		}
 	}
-	waitFor("the listing's error", func(err error) bool { return errors.Is(err, errListing) })
-	fail.Store(false)
-	waitFor("nil once a round works", func(err error) bool { return err == nil })
+	if n, _ := svc.Pending(); n != 1 {
+		t.Fatalf("Pending() = %d before the store hangs; want 1", n)
+	}
+	hang.Store(true)
+	startTimer(t, svc)
+	// The round hangs (for RoundTimeout) from about now; each asking
+	// must answer within it, well before the round gives up.
+	for range 5 {
+		answered := make(chan struct{})
+		go func() {
+			svc.Pending()
+			_ = svc.TimerErr()
+			close(answered)
+		}()
+		select {
+		case <-answered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Pending and TimerErr did not answer while a timer round hung")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitTimerErr(t, svc, "the round's deadline exceeded", func(err error) bool { return errors.Is(err, context.DeadlineExceeded) })
+	if n, _ := svc.Pending(); n != 1 {
+		t.Errorf("Pending() = %d while the rounds fail; want the last whole pass's 1", n)
+	}
 }

@@ -86,8 +86,8 @@ func (s *Service) ExpireDue(ctx context.Context) (int, error) {
 // count adds a page's pending approvals to the pass's, and publishes
 // the pass's count once it ended (Pending).
 func (s *Service) count(starting, ended bool, page pendingCount) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
 	if starting {
 		s.counting = pendingCount{}
 	}
@@ -102,8 +102,8 @@ func (s *Service) count(starting, ended bool, page pendingCount) {
 // requested (zero when none, or before a pass has ended). Approvals it
 // expired are not counted.
 func (s *Service) Pending() (n int, oldest time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
 	return s.seen.n, s.seen.oldest
 }
 
@@ -111,14 +111,15 @@ func (s *Service) Pending() (n int, oldest time.Time) {
 // or before the first: the approvals that lapse meanwhile stay pending
 // (their approval is refused all the same).
 func (s *Service) TimerErr() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
 	return s.timerErr
 }
 
 // RunTimer runs ExpireDue every interval (DefaultTimerEvery when not
-// positive) until ctx ends, then returns nil. An error of one round is
-// logged, kept for TimerErr, and the next round tries again.
+// positive), each round bounded by Config.RoundTimeout, until ctx ends,
+// then returns nil. An error of one round is logged, kept for TimerErr,
+// and the next round tries again.
 func (s *Service) RunTimer(ctx context.Context, every time.Duration) error {
 	if every <= 0 {
 		every = DefaultTimerEvery
@@ -126,16 +127,18 @@ func (s *Service) RunTimer(ctx context.Context, every time.Duration) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		_, err := s.ExpireDue(ctx)
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.RoundTimeout)
+		_, err := s.ExpireDue(rctx)
+		cancel()
 		if ctx.Err() != nil {
 			return nil
 		}
 		if err != nil {
 			s.cfg.Logger.Warn("expire approvals", "err", err)
 		}
-		s.mu.Lock()
+		s.statsMu.Lock()
 		s.timerErr = err
-		s.mu.Unlock()
+		s.statsMu.Unlock()
 		select {
 		case <-ctx.Done():
 			return nil
