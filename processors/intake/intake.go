@@ -395,20 +395,23 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 			calls = append(calls, r.c)
 		}
 	}
-	// lapsedCopies are the refusals of copies whose assertion lapsed, of
-	// a key another copy in this batch is checked for: the check looked
-	// the key up before this batch admitted anything, and what stands
-	// under it is known once the batch is settled.
-	var lapsedCopies []*ledger.Event
+	// copies are the refusals of copies whose assertion lapsed, or whose
+	// tool was frozen when they were checked, of a key another copy in
+	// this batch is checked for: the check looked the key up before this
+	// batch admitted anything, and what stands under it is known once
+	// the batch is settled. (A freeze is read as each copy is checked: a
+	// freeze or an unfreeze landing meanwhile refuses one of two
+	// identical copies and admits the other.)
+	var copies []*ledger.Event
 	for _, r := range results {
 		switch {
 		case r.dlq != nil:
 			out = append(out, r.dlq)
 		case r.refusal != nil:
-			// Rare (a lapsed copy beside its call): the batch is
-			// looked through only then.
-			if lapsedRefusal(r.refusal) && slices.ContainsFunc(calls, func(c *checked) bool { return c.key() == r.refusal.Key() }) {
-				lapsedCopies = append(lapsedCopies, r.refusal)
+			// Rare (a lapsed or frozen copy beside its call): the
+			// batch is looked through only then.
+			if (lapsedRefusal(r.refusal) || frozenRefusal(r.refusal)) && slices.ContainsFunc(calls, func(c *checked) bool { return c.key() == r.refusal.Key() }) {
+				copies = append(copies, r.refusal)
 				continue
 			}
 			if r.unproven {
@@ -427,18 +430,21 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 		return ledger.Output{}, err
 	}
 	out = append(out, settled...)
-	for _, ev := range lapsedCopies {
+	for _, ev := range copies {
 		// A copy of the very call that stands under its key now
 		// (admitted by this batch, or answered by the store) is
 		// answered by it, as a duplicate would be: refused, even under
-		// the reserved tenant, it would end its sender's wait. Of
-		// another call, or of a key nothing took (the other copy
-		// refused: rate limited, a key reused), it is refused where the
-		// key's readers do not take it for its call's end.
+		// the reserved tenant, it would end its sender's wait, and the
+		// call would run all the same. Of another call, or of a key
+		// nothing took (the other copy refused: rate limited, a key
+		// reused), a lapsed copy is refused where the key's readers do
+		// not take it for its call's end, and a frozen one as it was.
 		if cur, ok := stands[ev.Key()]; ok && (processors.Admission{ArgumentsHash: ev.ArgumentsHash, UserID: ev.UserID}).Answer(cur) == processors.Duplicate {
 			continue
 		}
-		unverify(ev)
+		if lapsedRefusal(ev) {
+			unverify(ev)
+		}
 		rec, err := ev.Record(p.cfg.Topics.Events)
 		if err != nil {
 			return ledger.Output{}, err
@@ -457,6 +463,12 @@ func (p *Processor) Step(ctx context.Context, recs []*kgo.Record) (ledger.Output
 // other refusals of an assertion go under ledger.UnverifiedTenant).
 func lapsedRefusal(ev *ledger.Event) bool {
 	return strings.HasPrefix(ev.Reason, ReasonAssertionPrefix) && ev.TenantID != ledger.UnverifiedTenant
+}
+
+// frozenRefusal reports whether ev is the final refusal of a call to a
+// frozen tool (not one for now: the key's state could not be read).
+func frozenRefusal(ev *ledger.Event) bool {
+	return ev.Reason == ReasonToolFrozen && ev.RetryAfterMS == 0
 }
 
 // unverify files the refusal ev under ledger.UnverifiedTenant, naming no

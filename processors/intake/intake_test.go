@@ -689,6 +689,58 @@ func TestIntakeFrozenToolResendOfAStandingCall(t *testing.T) {
 	}
 }
 
+// flippingControls answers the first check that asks whether the tool
+// is frozen with first, and every later one with its opposite: a freeze,
+// or an unfreeze, landing while a batch is checked.
+type flippingControls struct {
+	first bool
+	asked atomic.Int32
+}
+
+func (c *flippingControls) Frozen(tool, _ string) (control.Action, bool) {
+	if (c.asked.Add(1) == 1) != c.first {
+		return control.Action{}, false
+	}
+	return control.Action{Kind: control.KindFreeze, Tool: tool, At: time.Now()}, true
+}
+func (*flippingControls) Staleness() time.Duration { return 0 }
+
+// Of two identical copies of an envelope in one batch (a producer's
+// retry), one checked while the tool was frozen and the other after the
+// unfreeze, the call is admitted from the second and the first is
+// answered by it, as a duplicate is: refused tool_frozen under the key,
+// it read as the call's end to the sender waiting on it (ledger submit
+// --wait matches it by call id and digest), while the call ran. When the
+// other copy is refused too (the store rejects its data), the frozen
+// copy's refusal stands.
+func TestFrozenCopyInTheBatchThatAdmitsItsCall(t *testing.T) {
+	for _, rejected := range []bool{false, true} {
+		f := newIntakeWith(t, func(c *intake.Config) {
+			c.Freezes = &flippingControls{first: true}
+			if rejected {
+				c.Store = rejecting{Store: c.Store, key: "twice"}
+			}
+		})
+		rec := f.envelopeRecord(t, "twice", map[string]any{"title": "t"})
+		again := *rec
+		out, err := f.in.Step(t.Context(), []*kgo.Record{rec, &again})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range events(t, out) {
+			got = append(got, string(e.Type)+"("+e.Reason+")")
+		}
+		want := []string{"requested()", "authorized(allowed)"}
+		if rejected {
+			want = []string{"denied(" + intake.ReasonToolFrozen + ")", "denied(" + intake.ReasonStoreRejected + ")"}
+		}
+		if slices.Sort(got); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
+			t.Errorf("the other copy rejected %v: events %v; want %v", rejected, got, want)
+		}
+	}
+}
+
 // failingGets is a store whose reads of one record fail.
 type failingGets struct{ intake.Store }
 
