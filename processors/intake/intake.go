@@ -1114,6 +1114,22 @@ func (p *Processor) readVersions(ctx context.Context, calls []*checked) {
 			if p.keyStands(ctx, &keyReads{store: p.cfg.Store}, c.key(), "a call waiting for an approval") {
 				return
 			}
+			// The kill switch is asked again as the read is made: a
+			// freeze that landed since the call's check (the batch's
+			// other checks, the key's lookup) reads nothing at the
+			// tool, as neither the approvals' reads nor the
+			// executor's do; nor does a copy of the control topic not
+			// known current. The approval binds the version it finds.
+			if p.cfg.Freezes != nil {
+				if stale := p.controlStale(); stale != "" {
+					p.cfg.Logger.Info("resource version not read at the request: "+stale, "call_key", c.key().String(), "tool", c.tool.Name)
+					return
+				}
+				if _, frozen := p.cfg.Freezes.Frozen(c.tool.Name, c.id.Tenant); frozen {
+					p.cfg.Logger.Info("resource version not read at the request: the tool was frozen since the call's check", "call_key", c.key().String(), "tool", c.tool.Name)
+					return
+				}
+			}
 			v, _, err := processors.ResourceVersion(ctx, p.cfg.Versions, p.base, c.tool, c.tree, c.id.Tenant)
 			if err != nil {
 				p.cfg.Logger.Warn("resource version unread at the request; its approval will bind the version it finds",

@@ -1686,6 +1686,32 @@ func (f versionsOf) ResourceVersion(ctx context.Context, _, _, _ string) (string
 	return f.v, f.err
 }
 
+// A call admitted to wait for approval whose tool was frozen after its
+// check, before its resource's version was read, reads nothing at the
+// tool: the kill switch is asked again as the read is made. Before, the
+// read went to the frozen tool.
+func TestIntakeReadsNoVersionAtAToolFrozenSinceTheCheck(t *testing.T) {
+	versions := versionsOf{v: "v7", reads: new(atomic.Int64)}
+	f := newIntakeWith(t, func(c *intake.Config) {
+		c.Policy = processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") @obligation("require_approval")
+permit (principal, action == Action::"tool::refund_order", resource);`))
+		c.Versions, c.BaseURL, c.VersionTimeout = versions, "http://tools.test", time.Second
+		c.Freezes = &flippingControls{first: false}
+	})
+	out, err := f.in.Step(t.Context(), []*kgo.Record{f.toolRecord(t, "refund_order", 1, "k_frozen",
+		map[string]any{"order_id": "ord_1", "amount_cents": 4500, "currency": "AUD"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range events(t, out) {
+		got = append(got, string(ev.Type)+"("+ev.ResourceVersion+")")
+	}
+	if !slices.Equal(got, []string{"requested()", "approval_pending()"}) || versions.reads.Load() != 0 {
+		t.Errorf("events %v after %d version reads; want the call pending with no version, and none read", got, versions.reads.Load())
+	}
+}
+
 // A call that must wait for an approval has its resource's version read
 // when it is requested, onto its approval_pending event, for the
 // approval to hold it to; a version that cannot be read leaves the event
