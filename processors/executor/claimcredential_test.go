@@ -442,6 +442,124 @@ func TestReconcileLookupCredentialNamed(t *testing.T) {
 	}
 }
 
+// stallingLooker is the reconciler's status lookup: it answers its first
+// lookup 503 without sending it, and moves the reconciler's clock on by
+// skip as it does (the try and a wait for a slot took that long); later
+// ones go to next. It keeps the credential of each.
+type stallingLooker struct {
+	next   executor.Looker
+	clock  *atomic.Int64 // the reconciler's clock's offset, ns
+	skip   time.Duration
+	mu     sync.Mutex
+	tokens []string
+}
+
+func (l *stallingLooker) Lookup(ctx context.Context, target string, req httptool.Request) (httptool.Response, error) {
+	l.mu.Lock()
+	l.tokens = append(l.tokens, req.Credential)
+	first := len(l.tokens) == 1
+	l.mu.Unlock()
+	if first {
+		l.clock.Add(int64(l.skip))
+		return httptool.Response{Status: http.StatusServiceUnavailable}, &httptool.Error{Kind: httptool.ServerError, Status: http.StatusServiceUnavailable}
+	}
+	return l.next.Lookup(ctx, target, req)
+}
+
+// A status lookup's credential lives for its try (the tool's timeout and
+// 2 s), as a call's attempt's does, and a try it would not outlast (the
+// tries before took long) sends it renewed, under the same jti and
+// family, which the settling event names. Before, it lived the whole
+// credential TTL (5 minutes), for whoever read it off a tool's logs to
+// read the call's result with.
+func TestReconcileLookupCredentialLivesForItsTry(t *testing.T) {
+	r, broker, guarded := newGuardedRig(t)
+	guarded.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	unknown := r.unknownWith(r.admit("create_ticket", "lookuplife", map[string]any{"title": "t"}, 0), func(c *executor.Config) { c.Credentials = broker })
+	guarded.ClearFaults()
+	tool, err := r.reg.Lookup("create_ticket", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	minted := &mintLog{Minter: broker}
+	var offset atomic.Int64
+	looker := &stallingLooker{next: httptool.New(httptool.Config{}), clock: &offset, skip: time.Minute}
+	evs := r.reconcileAll(r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+		c.Credentials, c.Looker, c.MaxAttempts = minted, looker, 2
+		c.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	}), unknown)
+	last := evs[len(evs)-1]
+	if last.Type != statemachine.EventSucceeded {
+		t.Fatalf("reconciled %s; want succeeded, on the second try", last.Type)
+	}
+	if len(minted.creds) != 2 || len(looker.tokens) != 2 {
+		t.Fatalf("minted %d credentials for %d tries; want the first try's and its renewal", len(minted.creds), len(looker.tokens))
+	}
+	first, renewed := minted.creds[0], minted.creds[1]
+	if life, most := first.ExpiresAt.Sub(first.IssuedAt), tool.Timeout()+3*time.Second; life > most {
+		t.Errorf("the lookup's credential lives %s; want at most its try's %s", life, most)
+	}
+	if renewed.JTI != first.JTI || renewed.Family != first.Family || !renewed.ExpiresAt.After(first.ExpiresAt) {
+		t.Errorf("renewed %s (%s) until %s; want %s's jti and family, later than %s", renewed.JTI, renewed.Family, renewed.ExpiresAt, first.JTI, first.ExpiresAt)
+	}
+	if looker.tokens[0] != first.Token || looker.tokens[1] != renewed.Token {
+		t.Errorf("the tries were sent under credentials other than the one minted and its renewal")
+	}
+	if last.JTI != first.JTI {
+		t.Errorf("the settling event names jti %s; want the lookup's %s", last.JTI, first.JTI)
+	}
+}
+
+// A status lookup whose credential's family was revoked (the
+// reconciler's, say, its lookups' tokens leaked) is held, not sent, and
+// not counted a failed lookup: the tools would refuse it, and each
+// refusal moved the call towards a human and an undo. Nor one whose jti
+// was. Before, the reconciler went on minting and sending them.
+func TestReconcileLookupOfARevokedCredentialIsHeld(t *testing.T) {
+	for _, byJTI := range []bool{false, true} {
+		t.Run(fmt.Sprintf("by jti %v", byJTI), func(t *testing.T) {
+			r, broker, guarded := newGuardedRig(t)
+			key := fmt.Sprintf("lookuprevoked-%v", byJTI)
+			guarded.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+			unknown := r.unknownWith(r.admit("create_ticket", key, map[string]any{"title": "t"}, 0), func(c *executor.Config) { c.Credentials = broker })
+			guarded.ClearFaults()
+			freezes := &switchedFreezes{fresh: make(chan struct{})}
+			looker := &freezingLooker{freezes: &switchedFreezes{}}
+			minter := revokingMinter{Minter: broker, freezes: freezes, byJTI: byJTI}
+			rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) {
+				c.Credentials, c.Freezes, c.Looker = minter, freezes, looker
+			})
+			if got := r.reconcile(rc, unknown); len(got) != 0 {
+				t.Errorf("the lookup's credential revoked: %q; want nothing recorded", got)
+			}
+			if n := looker.sent.Load(); n != 0 {
+				t.Errorf("%d status lookups sent; want none under a revoked credential", n)
+			}
+			noUnansweredNote(t, r, key)
+		})
+	}
+}
+
+// revokingMinter mints as its Minter does, and revokes each credential
+// minted, or its family, on freezes, as at its mint.
+type revokingMinter struct {
+	executor.Minter
+	freezes *switchedFreezes
+	byJTI   bool
+}
+
+func (m revokingMinter) Mint(g credentials.Grant) (credentials.Credential, error) {
+	c, err := m.Minter.Mint(g)
+	if err == nil {
+		a := control.Action{Kind: control.KindRevoke, Family: c.Family, At: c.IssuedAt, Reason: "leaked"}
+		if m.byJTI {
+			a.Family, a.JTI = "", c.JTI
+		}
+		m.freezes.revoked.Store(&a)
+	}
+	return c, err
+}
+
 // mintLog is a Minter that keeps what it minted.
 type mintLog struct {
 	executor.Minter

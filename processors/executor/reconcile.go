@@ -737,9 +737,9 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 		// Nothing minted, nothing sent.
 		return r.heldOff(ctx, log, rec, lookupHeld{why, stale})
 	}
-	var bearer string
+	var lc *lookupCredential
 	if r.cfg.Credentials != nil {
-		cred, err := r.cfg.Credentials.Mint(credentials.Grant{
+		grant := credentials.Grant{
 			Tenant: rec.Key.TenantID, User: tmpl.UserID, Agent: tmpl.AgentID, Executor: r.cfg.Owner,
 			Tool: tool.Name, ToolVersion: tool.Version, Audience: tool.Backend.Audience,
 			CallID: rec.CallID, IdempotencyKey: rec.Key.String(),
@@ -749,11 +749,14 @@ func (r *Reconciler) reconcile(ctx context.Context, rec processors.Record) (_ pe
 			// finding out what the call did, and undo an effect that
 			// happened.
 			Action: credentials.StatusScope(tool.Name),
-		})
+		}
+		cred, err := r.mintLookup(grant, tool)
 		if err != nil {
 			return r.parkOrWait(rec, tmpl, tool, ReasonLookupFailed, "no credential for the lookup: "+err.Error())
 		}
-		bearer = cred.Token
+		// Renewed under the same jti and family (lookupCredential).
+		grant.JTI, grant.Family = cred.JTI, cred.Family
+		lc = &lookupCredential{grant: grant, cred: cred}
 		// The events this pass appends name the credential the lookup
 		// was sent under, so that its jti, which a tool's logs show,
 		// leads a responder to the call, and its family (this
@@ -778,7 +781,7 @@ attempts:
 		if n > 0 {
 			time.Sleep(r.cfg.Backoff << (n - 1))
 		}
-		resp, sent, err := r.lookup(ctx, g, tool, target, rec, secrets{bearer: bearer, backend: sec})
+		resp, sent, err := r.lookup(ctx, g, tool, target, rec, lc, sec)
 		var (
 			he   *httptool.Error
 			held lookupHeld
@@ -798,7 +801,7 @@ attempts:
 		case err == nil && lookupState(resp) == "applied":
 			r.restartWait(ctx, rec)
 			return r.settle(rec, tmpl, processors.StatusSucceeded, statemachine.EventSucceeded, ReasonReconciled,
-				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer: bearer, backend: sec, anyToken: true})), true, nil
+				"status lookup: the tool applied the call", lookupResult(tool, tmpl, resp, secrets{bearer: lc.token(), backend: sec, anyToken: true})), true, nil
 		case errors.As(err, &he) && he.Status == 404 && lookupState(resp) == "not_found":
 			r.restartWait(ctx, rec)
 			// Not found is final only if the lookup was sent once the
@@ -1504,7 +1507,7 @@ func (r *Reconciler) swept(listed []processors.Record, passEnded bool) {
 // lookup asks the tool's status lookup about rec's call, through the
 // tool's bulkhead and breaker, and says when the request was sent (zero
 // if it was not).
-func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, sec secrets) (resp httptool.Response, sent time.Time, err error) {
+func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, target string, rec processors.Record, lc *lookupCredential, backend string) (resp httptool.Response, sent time.Time, err error) {
 	// The kill switch is asked before each try, as the pass asked it
 	// before the first: frozen meanwhile (the tool hung, its breaker
 	// opened), the try is held, not refused by the breaker, a failure
@@ -1534,6 +1537,19 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 	if err := held(); err != nil {
 		return httptool.Response{}, time.Time{}, err
 	}
+	// The credential, asked about on the copy the kill switch was just
+	// found current on: revoked, it is not sent (the tools refuse it,
+	// and the refusal would count as a failed lookup); about to expire
+	// (the tries before, a wait for the slot), it is renewed.
+	if lc != nil {
+		if why := r.lookupRevoked(lc.cred); why != "" {
+			return httptool.Response{}, time.Time{}, lookupHeld{why: why}
+		}
+		if err := r.renewLookup(lc, tool); err != nil {
+			return httptool.Response{}, time.Time{}, lookupHeld{why: "its credential, about to expire, could not be renewed: " + err.Error()}
+		}
+	}
+	sec := secrets{bearer: lc.token(), backend: backend}
 	resp, err = g.breaker.Execute(func() (httptool.Response, error) {
 		lctx, cancel := context.WithTimeout(ctx, tool.Timeout())
 		defer cancel()
@@ -1544,6 +1560,64 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 		})
 	})
 	return resp, sent, err
+}
+
+// lookupCredential is a status lookup pass's credential. Minted for one
+// try (the tool's timeout and attemptCredentialSlack), as a call's
+// attempt's is, and renewed under its jti and family before a try it
+// would not outlast: a lookup credential good for the whole credential
+// TTL let whoever read it off a tool's logs read the call's result
+// (a status scope's) long after the pass had ended.
+type lookupCredential struct {
+	// grant mints it again: its JTI and Family are the credential's.
+	grant credentials.Grant
+	cred  credentials.Credential
+}
+
+// token is the credential to send; "" without one.
+func (lc *lookupCredential) token() string {
+	if lc == nil {
+		return ""
+	}
+	return lc.cred.Token
+}
+
+// mintLookup mints g for one try of a status lookup of tool, from now.
+func (r *Reconciler) mintLookup(g credentials.Grant, tool *schemas.Tool) (credentials.Credential, error) {
+	g.Deadline = r.cfg.Now().Add(tool.Timeout() + attemptCredentialSlack)
+	return r.cfg.Credentials.Mint(g)
+}
+
+// renewLookup mints lc's credential again when it would expire within a
+// try of tool.
+func (r *Reconciler) renewLookup(lc *lookupCredential, tool *schemas.Tool) error {
+	if lc.cred.ExpiresAt.After(r.cfg.Now().Add(tool.Timeout())) {
+		return nil
+	}
+	cred, err := r.mintLookup(lc.grant, tool)
+	if err != nil {
+		return err
+	}
+	lc.cred = cred
+	return nil
+}
+
+// lookupRevoked says why cred may not be sent: it, or its family as of
+// its issue (within CredentialSkew of the revocation, as the tools
+// judge), was revoked. "" when it may be. A pass so held ends as one the
+// kill switch holds: the next mints a credential of its own, which a
+// family's revocation no longer covers once the skew has passed.
+func (r *Reconciler) lookupRevoked(cred credentials.Credential) string {
+	if r.cfg.Freezes == nil {
+		return ""
+	}
+	if a, ok := r.cfg.Freezes.Revoked(cred.JTI, ""); ok && a.JTI == cred.JTI {
+		return "its credential " + cred.JTI + " was revoked (" + a.Reason + ")"
+	}
+	if a, ok := r.cfg.Freezes.Revoked("", cred.Family); ok && !cred.IssuedAt.After(a.At.Add(r.cfg.CredentialSkew)) {
+		return "its credential's family " + cred.Family + " was revoked (" + a.Reason + ")"
+	}
+	return ""
 }
 
 // lookupResult is what a call settled succeeded keeps of its status
