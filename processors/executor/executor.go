@@ -1495,7 +1495,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 		}
 		// Its family is known once it is minted: the key that signed it
 		// names it. A credential not sent is harmless.
-		if r := x.revoked(cred.JTI, cred.Family, cred.IssuedAt); r != nil {
+		if r := x.revoked(cred.JTI, cred.Family, cred.IssuedAt, c.sentUnder()); r != nil {
 			return refuse(*r)
 		}
 		sec.bearer = cred.Token
@@ -1624,7 +1624,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 				// after the mint, until the tools accept its next
 				// credential; unless the call's own jti is revoked,
 				// which no credential of the call passes.
-				r := x.revoked(c.jti, c.family, c.issued)
+				r := x.revoked(c.jti, c.family, c.issued, c.sentUnder())
 				if r == nil {
 					// Undone meanwhile: claimed again at once.
 					r = &refusal{reason: hb.why, later: true, detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") was revoked before its request could leave"}
@@ -1995,15 +1995,16 @@ const ReasonCredentialRevoked = "credential_family_revoked"
 const ReasonJTIRevoked = "credential_revoked"
 
 // revoked is revokedFamily's refusal, or, before it, the refusal of a
-// call whose jti was revoked (ReasonJTIRevoked), for good.
-func (x *Executor) revoked(jti, family string, issued time.Time) *refusal {
+// call whose jti was revoked (ReasonJTIRevoked), for good. sent says
+// what the claim sent (completion.sentUnder), for the detail.
+func (x *Executor) revoked(jti, family string, issued time.Time, sent string) *refusal {
 	if x.cfg.Freezes != nil && jti != "" {
 		if a, ok := x.cfg.Freezes.Revoked(jti, ""); ok && a.JTI == jti {
 			return &refusal{reason: ReasonJTIRevoked,
-				detail: fmt.Sprintf("credential %s, the call's, was revoked at %s (%s): the tools refuse every credential of the call, and none was sent", jti, a.At.Format(time.RFC3339), a.Reason)}
+				detail: fmt.Sprintf("credential %s, the call's, was revoked at %s (%s): the tools refuse every credential of the call; %s", jti, a.At.Format(time.RFC3339), a.Reason, sent)}
 		}
 	}
-	return x.revokedFamily(family, issued)
+	return x.revokedFamily(family, issued, sent)
 }
 
 // renewCredential mints the call's credential again, under its jti and
@@ -2119,7 +2120,7 @@ func spentAtTheTool(err error, resp httptool.Response) bool {
 // its jti (errJTIRevoked) or its family (errRevoked), so that the call
 // ends under the revocation's own reason; nil when neither was.
 func (x *Executor) heldRevoked(c *completion) error {
-	switch r := x.revoked(c.jti, c.family, c.issued); {
+	switch r := x.revoked(c.jti, c.family, c.issued, ""); {
 	case r == nil:
 		return nil
 	case r.reason == ReasonJTIRevoked:
@@ -2138,7 +2139,7 @@ func (x *Executor) heldRevoked(c *completion) error {
 // with nothing to say why. The family is the signing key's (FamilyOf),
 // which the next claim does not change: claimed again sooner, the call
 // would only be given back again.
-func (x *Executor) revokedFamily(family string, issued time.Time) *refusal {
+func (x *Executor) revokedFamily(family string, issued time.Time, sent string) *refusal {
 	if x.cfg.Freezes == nil {
 		return nil
 	}
@@ -2158,7 +2159,7 @@ func (x *Executor) revokedFamily(family string, issued time.Time) *refusal {
 	// Past it already (the credential was minted a second earlier):
 	// given back for RetryBackoff.
 	return &refusal{reason: ReasonCredentialRevoked, later: true, after: max(accepted.Sub(now), 0),
-		detail: fmt.Sprintf("credential family %s was revoked at %s (%s), and the tools refuse its credentials issued until %s: nothing was sent, and the call is claimed again from %s", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339), accepted.Format(time.RFC3339))}
+		detail: fmt.Sprintf("credential family %s was revoked at %s (%s), and the tools refuse its credentials issued until %s: %s, and the call is claimed again from %s", family, a.At.Format(time.RFC3339), a.Reason, until.Format(time.RFC3339), sent, accepted.Format(time.RFC3339))}
 }
 
 // leaseBound reports whether the call's time under its claim ends with

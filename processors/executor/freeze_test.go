@@ -834,6 +834,21 @@ func TestRevocationHeardFirstAtTheTool(t *testing.T) {
 		auth := r.admit("create_ticket", "revoked-at-tool", map[string]any{"title": "t"}, 0)
 		if jti {
 			stepEndsAs(t, x, auth, []string{"denied(" + executor.ReasonJTIRevoked + ")"}, "")
+			// Its detail says what reached the tool: the credential,
+			// with a request refused without effect (or its headers,
+			// the body held back). Before, it said none was sent.
+			ev := authorizedEvent(t, auth)
+			rec, err := r.store.Get(t.Context(), ev.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs, err := ledger.DecodeEvents(rec.Outbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := evs[len(evs)-1].Detail; strings.Contains(d, "none was sent") || strings.HasSuffix(d, "; nothing was sent") {
+				t.Errorf("the denial says %q; want it to say the credential reached the tool", d)
+			}
 			continue
 		}
 		out, err := x.Step(t.Context(), []*kgo.Record{auth})
