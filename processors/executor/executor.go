@@ -1627,7 +1627,7 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 				r := x.revoked(c.jti, c.family, c.issued, c.sentUnder())
 				if r == nil {
 					// Undone meanwhile: claimed again at once.
-					r = &refusal{reason: hb.why, later: true, detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") was revoked before its request could leave"}
+					r = &refusal{reason: hb.why, later: true, detail: "the call's credential (jti " + c.jti + ", family " + c.family + ") was revoked; " + c.sentUnder()}
 				}
 				if answered && !r.later {
 					return c.heldAfterAnswers(log, attempt, hb.why)
@@ -2187,13 +2187,23 @@ func (x *Executor) holdFrozen(ctx context.Context, c *completion, log callLog, t
 }
 
 // sentUnder says what a claim given back sent: nothing, requests the
-// tool answered without effect (sent), or the headers of one (exposed).
+// tool answered without effect (sent), or the headers of one (exposed);
+// and, when this claim sent nothing, what the call's earlier claims may
+// have: an owner whose lease ran out (reclaimed), requests answered
+// without effect (the record's attempts), or a credential's headers
+// (its lapsed families).
 func (c *completion) sentUnder() string {
 	switch {
 	case c.sent > 0:
 		return "only requests the tool answered without effect were sent"
 	case c.exposed:
 		return "nothing was sent but a request's headers, its body held back"
+	case c.reclaimed:
+		return "nothing was sent under this claim; the owner whose lease ran out may have sent the call's requests"
+	case c.rec.Attempt > 0:
+		return "nothing was sent under this claim; an earlier claim's requests were, and the tool answered them without effect"
+	case len(c.rec.LapsedFamilies) > 0:
+		return "nothing was sent under this claim; an earlier claim's credential reached the tool, with a request's headers"
 	}
 	return "nothing was sent"
 }
