@@ -540,6 +540,55 @@ func TestReconcileLookupOfARevokedCredentialIsHeld(t *testing.T) {
 	}
 }
 
+// A revocation the tool heard of before the reconciler's copy of the
+// control topic (the tools ask the introspection endpoint, up to a
+// second ahead) has the tool refuse the lookup 401: the reconciler asks
+// its copy again, current as of the answer, and holds the pass, as it
+// would have held the lookup, rather than count the refusals as failed
+// lookups, which move the call towards a human and an undo.
+func TestReconcileLookupRevokedFirstAtTheTool(t *testing.T) {
+	r, broker, guarded := newGuardedRig(t)
+	guarded.SetFault("create_ticket", demobackend.Fault{ApplyThenDrop: true})
+	unknown := r.unknownWith(r.admit("create_ticket", "lookup401", map[string]any{"title": "t"}, 0), func(c *executor.Config) { c.Credentials = broker })
+	guarded.ClearFaults()
+	freezes := &laggingRevocations{switchedFreezes: switchedFreezes{fresh: make(chan struct{})}}
+	var sent atomic.Int32
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		sent.Add(1)
+		// The tool's introspection has the revocation; the
+		// reconciler's copy gets it once asked to be current as of
+		// the answer.
+		freezes.pending.Store(&control.Action{Kind: control.KindRevoke, Family: credentials.FamilyOf("create_ticket", "t_a", broker.KeyEpoch()), At: time.Now(), Reason: "leaked"})
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, `{"error":"revoked"}`)
+	}))
+	t.Cleanup(front.Close)
+	r.url = front.URL
+	rc := r.reconcilerWith(func(c *executor.ReconcilerConfig) { c.Credentials, c.Freezes = broker, freezes })
+	if got := r.reconcile(rc, unknown); len(got) != 0 {
+		t.Errorf("the lookup refused 401 for a revocation: %q; want nothing recorded", got)
+	}
+	if n := sent.Load(); n != 1 {
+		t.Errorf("%d lookups sent; want 1, the pass held once its copy had the revocation", n)
+	}
+	noUnansweredNote(t, r, "lookup401")
+}
+
+// laggingRevocations is a copy of the control topic that reads the
+// revocation pending only once asked to be current as of a time, as one
+// behind the tools' introspection by up to a second does.
+type laggingRevocations struct {
+	switchedFreezes
+	pending atomic.Pointer[control.Action]
+}
+
+func (f *laggingRevocations) CurrentAsOf(ctx context.Context, t time.Time) error {
+	if a := f.pending.Swap(nil); a != nil {
+		f.revoked.Store(a)
+	}
+	return f.switchedFreezes.CurrentAsOf(ctx, t)
+}
+
 // revokingMinter mints as its Minter does, and revokes each credential
 // minted, or its family, on freezes, as at its mint.
 type revokingMinter struct {

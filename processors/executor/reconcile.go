@@ -1559,7 +1559,28 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 			Attempt: rec.Attempt, Arguments: rec.Arguments, Credential: sec.bearer, BackendSecret: sec.backend, MaxResultBytes: tool.MaxResultBytes,
 		})
 	})
+	if r.revokedAtTheTool(ctx, lc, err) {
+		return resp, sent, lookupHeld{why: r.lookupRevoked(lc.cred)}
+	}
 	return resp, sent, err
+}
+
+// revokedAtTheTool reports whether err, a lookup's, is the tool's 401
+// for lc's credential revoked: a revocation reaches the tools, which ask
+// the introspection endpoint, up to a second before the reconciler's
+// copy of the control topic, which passed the lookup. The copy is asked
+// again, current as of the answer, as the executor asks it of a call's
+// 401: revoked, the lookup is held, not counted a failure, which could
+// hand the call to a human or undo it.
+func (r *Reconciler) revokedAtTheTool(ctx context.Context, lc *lookupCredential, err error) bool {
+	he, ok := errors.AsType[*httptool.Error](err)
+	if !ok || he.Kind != httptool.Refused || he.Status != http.StatusUnauthorized || lc == nil || r.cfg.Freezes == nil {
+		return false
+	}
+	answered := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, max(r.cfg.ControlMaxStaleness, time.Second))
+	defer cancel()
+	return r.cfg.Freezes.CurrentAsOf(cctx, answered) == nil && r.lookupRevoked(lc.cred) != ""
 }
 
 // lookupCredential is a status lookup pass's credential. Minted for one
