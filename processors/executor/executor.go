@@ -2085,20 +2085,26 @@ func (x *Executor) mint(g credentials.Grant, timeout time.Duration) (credentials
 // the tools accept its family again, rather than failed tool_refused
 // with its key spent.
 func (x *Executor) revokedAtTheTool(ctx context.Context, c *completion, err error) error {
-	he, ok := errors.AsType[*httptool.Error](err)
-	if !ok || he.Kind != httptool.Refused || he.Status != http.StatusUnauthorized || x.cfg.Freezes == nil || c.grant == nil {
-		return nil
-	}
-	// A copy that has heard from the broker since the answer came (one
-	// question for the topic's ends, 250 ms apart, and its round
-	// trips), not one of up to ControlMaxStaleness before it.
-	answered := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, max(x.cfg.ControlMaxStaleness, time.Second))
-	defer cancel()
-	if x.cfg.Freezes.CurrentAsOf(cctx, answered) != nil {
+	if c.grant == nil || !caughtUpAfter401(ctx, x.cfg.Freezes, x.cfg.ControlMaxStaleness, err) {
 		return nil
 	}
 	return x.heldRevoked(c)
+}
+
+// caughtUpAfter401 reports whether err is a tool's 401 and freezes,
+// asked again, is current as of its answer: a revocation the tools heard
+// of first (introspection) is then in it. The copy must have heard from
+// the broker since the answer came (one question for the topic's ends,
+// 250 ms apart, and its round trips), not up to maxStaleness before it.
+func caughtUpAfter401(ctx context.Context, freezes Freezes, maxStaleness time.Duration, err error) bool {
+	he, ok := errors.AsType[*httptool.Error](err)
+	if !ok || he.Kind != httptool.Refused || he.Status != http.StatusUnauthorized || freezes == nil {
+		return false
+	}
+	answered := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, max(maxStaleness, time.Second))
+	defer cancel()
+	return freezes.CurrentAsOf(cctx, answered) == nil
 }
 
 // spentAtTheTool reports whether err is the tool's refusal of the call's

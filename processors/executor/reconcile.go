@@ -1573,14 +1573,7 @@ func (r *Reconciler) lookup(ctx context.Context, g *guard, tool *schemas.Tool, t
 // 401: revoked, the lookup is held, not counted a failure, which could
 // hand the call to a human or undo it.
 func (r *Reconciler) revokedAtTheTool(ctx context.Context, lc *lookupCredential, err error) bool {
-	he, ok := errors.AsType[*httptool.Error](err)
-	if !ok || he.Kind != httptool.Refused || he.Status != http.StatusUnauthorized || lc == nil || r.cfg.Freezes == nil {
-		return false
-	}
-	answered := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, max(r.cfg.ControlMaxStaleness, time.Second))
-	defer cancel()
-	return r.cfg.Freezes.CurrentAsOf(cctx, answered) == nil && r.lookupRevoked(lc.cred) != ""
+	return lc != nil && caughtUpAfter401(ctx, r.cfg.Freezes, r.cfg.ControlMaxStaleness, err) && r.lookupRevoked(lc.cred) != ""
 }
 
 // lookupCredential is a status lookup pass's credential. Minted for one
