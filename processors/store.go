@@ -559,9 +559,12 @@ type Logged struct {
 	Base int64
 }
 
-// Store is the execution store. Each method runs as one serializable
-// transaction, retried whole on serialization failures, and takes a batch
-// so that throughput is not one round trip per call. Results are in the
+// Store is the execution store. Each method runs as one transaction,
+// retried whole on serialization failures, and takes a batch so that
+// throughput is not one round trip per call. Its effect is as if the
+// transaction were serializable: the methods that pgstore runs at READ
+// COMMITTED on PostgreSQL (see its relaxed) decide each record on that
+// record alone, under its row lock. Results are in the
 // order of the inputs. Implementations are safe for concurrent use; a
 // cancelled ctx abandons the transaction.
 type Store interface {

@@ -4,9 +4,10 @@
 // differs.
 //
 // Every method is one SERIALIZABLE transaction over the whole batch
-// (except Admit, Claim, Complete, Release, MarkLogged, Settle and the
-// journal's revert on PostgreSQL, READ COMMITTED: see relaxed), its statements pipelined (pgx.Batch) so that a
-// batch costs one round trip plus BEGIN and COMMIT, not one per call. On
+// (except, on PostgreSQL, Admit, Claim, Complete, Release, MarkLogged,
+// MarkUndo, NoteUnanswered, ReadBack, PruneRates, Settle and the
+// journal's revert, at READ COMMITTED: see relaxed), its statements
+// pipelined (pgx.Batch) so that a batch costs one round trip plus BEGIN and COMMIT, not one per call. On
 // PostgreSQL the writes of a call's hot path send BEGIN and COMMIT in the
 // same round trip as their statements (batchTx): one round trip, where a
 // batch of a few calls, as at low load, cost three. Serialization
@@ -914,8 +915,9 @@ func (s *Store) inTx(ctx context.Context, op string, mode pgx.TxAccessMode, fn f
 }
 
 // relaxed is the isolation level of Admit, Claim, Complete, Release,
-// MarkLogged and the journal's settling (Settle, and Unlogged's of stale
-// entries): READ COMMITTED on PostgreSQL. Each decides every record on the
+// MarkLogged, MarkUndo, NoteUnanswered, ReadBack and the journal's
+// settling (Settle, and Unlogged's of stale entries): READ COMMITTED on
+// PostgreSQL. Each decides every record on the
 // record alone, under its row lock: Admit by the primary key, Claim by a
 // locking read and an UPDATE whose WHERE repeats the claim's conditions,
 // Complete and Release by an UPDATE fenced by epoch and status,
