@@ -949,6 +949,8 @@ func Require(v AssertionVerifier, realm, who string, logger *slog.Logger, next f
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Cache-Control", "no-store")
 		challenge, msg := "Bearer realm="+strconv.Quote(realm), who+" assertion is required as Authorization: Bearer"
 		if reason != ReasonMissingBearer {
 			logger.Info("assertion refused", "realm", realm, "reason", reason)

@@ -133,6 +133,16 @@ type Config struct {
 	Limits ledger.Limits
 	// MaxWait bounds ?wait= on POST /v1/calls; default 30s.
 	MaxWait time.Duration
+	// MaxWaitsPerTenant and MaxWaits bound the submissions waiting
+	// (?wait=) at once, of one tenant and in all: each holds its
+	// connection, two goroutines and their buffers for up to MaxWait,
+	// and the submission budget bounds their rate, not their number
+	// (an agent sending a call that waits for approval again and again
+	// with ?wait= held 500 a second for 30 s). One more is published and
+	// answered 202 at once, without waiting, its body's wait_skipped
+	// saying why: its status_url, a lookup, is bounded. Defaults:
+	// DefaultMaxWaitsPerTenant, DefaultMaxWaits.
+	MaxWaitsPerTenant, MaxWaits int
 	// WriteTimeout bounds the writing of an agent's answer (a call's
 	// view, megabytes for a call of many long events, in memory until
 	// written): an agent that asks and does not read holds its
@@ -161,12 +171,20 @@ const (
 	DefaultMaxLookups          = 64
 )
 
+// Defaults of Config's bounds on the submissions waiting: a waiting
+// submission costs some 30 KiB, so the bound in all is some 30 MiB.
+const (
+	DefaultMaxWaitsPerTenant = 64
+	DefaultMaxWaits          = 1024
+)
+
 // Server is the HTTP API.
 type Server struct {
 	cfg     Config
 	mux     *http.ServeMux
 	handler http.Handler  // mux, its unmatched requests answered in JSON
 	lookups *limiter      // with a Caller, the agents' lookups running
+	waits   *limiter      // the submissions waiting (?wait=)
 	submits *submitBudget // each tenant's submissions; nil: unbounded
 	// waitsEndedCtx is cancelled by EndWaits.
 	waitsEndedCtx context.Context
@@ -213,13 +231,20 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxLookups <= 0 {
 		cfg.MaxLookups = DefaultMaxLookups
 	}
+	if cfg.MaxWaitsPerTenant <= 0 {
+		cfg.MaxWaitsPerTenant = DefaultMaxWaitsPerTenant
+	}
+	if cfg.MaxWaits <= 0 {
+		cfg.MaxWaits = DefaultMaxWaits
+	}
 	if cfg.SubmitRate == 0 {
 		cfg.SubmitRate = DefaultSubmitRate
 	}
 	if cfg.SubmitBurst <= 0 {
 		cfg.SubmitBurst = max(1, int(math.Ceil(2*cfg.SubmitRate)))
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), lookups: newLimiter(cfg.MaxLookupsPerTenant, cfg.MaxLookups, "lookups", "too_many_lookups")}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), lookups: newLimiter(cfg.MaxLookupsPerTenant, cfg.MaxLookups, "lookups", "too_many_lookups"),
+		waits: newLimiter(cfg.MaxWaitsPerTenant, cfg.MaxWaits, "submissions waiting", "too_many_waits")}
 	s.submits = newSubmitBudget(cfg.SubmitRate, cfg.SubmitBurst, time.Now)
 	s.waitsEndedCtx, s.endWaits = context.WithCancel(context.Background())
 	s.mux.HandleFunc("POST /v1/calls", s.submit)
@@ -251,10 +276,19 @@ type apiError struct {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	noStore(w)
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// noStore marks an answer for no cache to keep: its tenant is the
+// bearer's, which its URL does not name, so a shared cache keyed by the
+// URL would serve one tenant's calls to another.
+func noStore(w http.ResponseWriter) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Add("Vary", "Authorization")
 }
 
 func writeError(w http.ResponseWriter, status int, e apiError) {
@@ -399,6 +433,17 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// skipped, when set, says why a submission that asked to wait does
+	// not (too many wait).
+	var skipped string
+	if waiting {
+		end, busy := s.waits.try(key.TenantID)
+		if busy != "" {
+			waiting, skipped = false, s.waits.code+": "+busy+"; the call was published: follow status_url"
+		} else {
+			defer end()
+		}
+	}
 	sub := submission{key: key, callID: env.CallID, own: OwnCall(env.ArgumentsHash, env.Scope.UserID, asserted), arrived: time.Now()}
 	if waiting {
 		// Hashed for a wait alone: the bytes can be 256 KiB.
@@ -425,11 +470,15 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, v)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, map[string]string{
+	accepted := map[string]string{
 		"tenant_id":       key.TenantID,
 		"idempotency_key": key.IdempotencyKey,
 		"status_url":      "/v1/calls/" + url.PathEscape(key.IdempotencyKey) + "?tenant_id=" + url.QueryEscape(key.TenantID),
-	})
+	}
+	if skipped != "" {
+		accepted["wait_skipped"] = skipped
+	}
+	writeJSON(w, http.StatusAccepted, accepted)
 }
 
 // waitParam is ?wait=, 0 when absent or empty (no wait); a value that is

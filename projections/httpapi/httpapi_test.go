@@ -1479,3 +1479,51 @@ func TestStaleKeysAnswerTryLater(t *testing.T) {
 		})
 	}
 }
+
+// Submissions waiting (?wait=) are bounded per tenant, as lookups are:
+// one more is published and answered 202 at once, saying why it did not
+// wait, and its status_url is the bounded lookup. Before, only their rate
+// was bounded: an agent resending a call that waits for approval held
+// thousands of connections for 30 s each. Answers carry no-store: their
+// tenant is the bearer's, which their URL does not name.
+func TestWaitsBounded(t *testing.T) {
+	pub := &publisher{}
+	srv, _ := newAPI(t, pub, func(c *httpapi.Config) {
+		c.Caller, c.MaxWaitsPerTenant, c.MaxWait = agentOf, 1, 2*time.Second
+	})
+	type answer struct {
+		code    int
+		skipped string
+	}
+	post := func(key string) answer {
+		resp := do(t, http.MethodPost, srv.URL+"/v1/calls?wait=2s", "Bearer agent-of-t_a/u1", validEnvelope(t, key))
+		defer resp.Body.Close()
+		var body map[string]string
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		if cc, vary := resp.Header.Get("Cache-Control"), resp.Header.Get("Vary"); cc != "no-store" || vary != "Authorization" {
+			t.Errorf("POST %s: Cache-Control %q, Vary %q; want no-store, Authorization", key, cc, vary)
+		}
+		return answer{resp.StatusCode, body["wait_skipped"]}
+	}
+	first := make(chan answer, 1)
+	go func() { first <- post("w1") }()
+	ledgertest.WaitFor(t, 10*time.Second, func() error {
+		if len(pub.published()) < 1 {
+			return errors.New("the first submission is not published yet")
+		}
+		return nil
+	})
+	if got := post("w2"); got.code != http.StatusAccepted || !strings.HasPrefix(got.skipped, "too_many_waits") {
+		t.Errorf("a second wait of t_a: %d, wait_skipped %q; want 202 at once, too_many_waits", got.code, got.skipped)
+	}
+	if n := len(pub.published()); n != 2 {
+		t.Errorf("%d submissions published; want 2, the one that did not wait too", n)
+	}
+	if got := <-first; got.code != http.StatusAccepted || got.skipped != "" {
+		t.Errorf("the first wait: %d, wait_skipped %q; want 202 once it ran out, not skipped", got.code, got.skipped)
+	}
+	// Its slot given back, the next one waits.
+	if got := post("w3"); got.skipped != "" {
+		t.Errorf("a wait after the first ended: wait_skipped %q; want it waited", got.skipped)
+	}
+}

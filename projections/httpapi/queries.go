@@ -372,6 +372,7 @@ func (q *queries) ask(w http.ResponseWriter, r *http.Request, id Operator, name 
 	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 	w.Header().Set("Content-Disposition", `attachment; filename="`+name+`.csv"`)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	noStore(w)
 	w.WriteHeader(http.StatusOK)
 	if err := toCSV(w); err != nil {
 		q.cfg.Logger.Warn("write csv", "question", name, "err", err)
@@ -457,6 +458,7 @@ func (q *queries) trace(w http.ResponseWriter, r *http.Request, id Operator) {
 	// indenting encoder would re-indent them.
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	noStore(w)
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
