@@ -211,6 +211,13 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 			return err
 		}
 		key, callID = ledger.CallKey{TenantID: f.tenant, IdempotencyKey: f.key}, f.callID
+		// As the intake reads it: a tenant or a call id it cannot
+		// read would put the envelope on the DLQ, where no event
+		// answers it (a --wait ran to its timeout, saying nothing
+		// happened).
+		if k, id, ok := ledger.LenientKey(body); !ok || k != key || id != callID {
+			return fmt.Errorf("--tenant %q, --call-id %q: the intake reads neither a tenant id with a / nor one longer than 128 characters, nor a call id longer than 255, and would put the envelope on the DLQ; nothing was published", report.Printable(f.tenant), report.Printable(callID))
+		}
 	}
 
 	logger := g.logger()
@@ -254,7 +261,7 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 	}
 	if !f.wait {
 		if f.jsonOut {
-			fmt.Fprintf(out, "%s\n", body)
+			printEnvelope(out, body)
 		}
 		return nil
 	}
@@ -623,7 +630,7 @@ func submitThroughAPI(ctx context.Context, g *globals, logger *slog.Logger, f *s
 	}
 	if !f.wait {
 		if f.jsonOut {
-			fmt.Fprintf(out, "%s\n", body)
+			printEnvelope(out, body)
 		}
 		return nil
 	}
@@ -797,4 +804,11 @@ func checkAssertionURL(api string) error {
 		return fmt.Errorf("--api %s: %w (the request carries an identity assertion)", api, err)
 	}
 	return nil
+}
+
+// printEnvelope prints the envelope published, its assertion (a bearer
+// credential, of the agent's identity provider) redacted: --json output
+// goes to job logs and files.
+func printEnvelope(out io.Writer, body []byte) {
+	fmt.Fprintf(out, "%s\n", ledger.RedactTokens(body))
 }

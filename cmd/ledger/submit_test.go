@@ -159,6 +159,19 @@ func TestSubmitRefusesAKeyTheLedgerWouldNot(t *testing.T) {
 			t.Errorf("submit --key %q: %v; want the key refused", key, err)
 		}
 	}
+	// A tenant or a call id the intake cannot read sends the envelope
+	// to the DLQ alike: refused before publishing, waiting or not.
+	devIssuerKeys(t, dir)
+	for _, args := range [][]string{
+		{"--tenant", "acme/eu"},
+		{"--tenant", strings.Repeat("t", 129)},
+		{"--call-id", strings.Repeat("c", 256)},
+	} {
+		err := cliErr(t, append(append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`), args...)...)
+		if err == nil || !strings.Contains(err.Error(), "would put the envelope on the DLQ; nothing was published") {
+			t.Errorf("submit %s: %v; want it refused before publishing", args, err)
+		}
+	}
 	bad := filepath.Join(dir, "bad.json")
 	if err := os.WriteFile(bad, []byte(`{"tool":"get_weather",`), 0o600); err != nil {
 		t.Fatal(err)
@@ -587,13 +600,40 @@ func TestSubmitPublishesNoStaffAssertion(t *testing.T) {
 	nothingPublished(t, cc, topics.Requests)
 	t.Setenv("LEDGER_ASSERTION", ops)
 	out := cli(t, submit...)
-	var env struct{ Assertion string }
-	if err := json.Unmarshal([]byte(out), &env); err != nil {
+	var printed, published struct{ Assertion string }
+	if err := json.Unmarshal([]byte(out), &printed); err != nil {
 		t.Fatalf("submit --json printed %q: %v", out, err)
 	}
-	if env.Assertion == "" || env.Assertion == ops {
-		t.Errorf("submit with LEDGER_ASSERTION an operator's published the assertion %q; want the dev issuer's, LEDGER_ASSERTION ignored", env.Assertion)
+	if err := json.Unmarshal(firstRecord(t, cc, topics.Requests), &published); err != nil {
+		t.Fatal(err)
 	}
+	if published.Assertion == "" || published.Assertion == ops {
+		t.Errorf("submit with LEDGER_ASSERTION an operator's published the assertion %q; want the dev issuer's, LEDGER_ASSERTION ignored", published.Assertion)
+	}
+	// The envelope printed holds no assertion: it is a bearer
+	// credential, and --json output goes to job logs.
+	if printed.Assertion != ledger.Redacted {
+		t.Errorf("submit --json printed the assertion %q; want it %s", printed.Assertion, ledger.Redacted)
+	}
+}
+
+// firstRecord is the value of the first record of topic.
+func firstRecord(t *testing.T, cc ledger.ClientConfig, topic string) []byte {
+	t.Helper()
+	cl, err := ledger.NewClient(cc, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		if recs := cl.PollFetches(ctx).Records(); len(recs) > 0 {
+			return recs[0].Value
+		}
+	}
+	t.Fatalf("no record in %s within 10s", topic)
+	return nil
 }
 
 // A refusal of the call as a whole points at no field: it is printed
