@@ -123,3 +123,28 @@ func TestCheckOutcomesBuckets(t *testing.T) {
 		})
 	}
 }
+
+// ParseTime reads whole days ("7d"), as incident questions are asked and
+// README's examples ask them, besides Go's durations and RFC 3339; a
+// negative or fractional count of days is refused as before.
+func TestParseTimeDays(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		in   string
+		want time.Time
+		err  bool
+	}{
+		{in: "7d", want: now.Add(-7 * 24 * time.Hour)},
+		{in: "0d", want: now},
+		{in: "36h", want: now.Add(-36 * time.Hour)},
+		{in: "2026-12-01T00:00:00Z", want: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)},
+		{in: "-1d", err: true},
+		{in: "1.5d", err: true},
+		{in: "d", err: true},
+	} {
+		got, err := ParseTime(tc.in, now)
+		if (err != nil) != tc.err || !tc.err && !got.Equal(tc.want) {
+			t.Errorf("ParseTime(%q) = %v, %v; want %v (error %v)", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/statemachine"
@@ -128,10 +129,18 @@ func FilterFromValues(v url.Values, now time.Time, extra ...string) (Filter, err
 }
 
 // ParseTime reads a time as RFC 3339 ("2026-11-30T14:02:00Z"), or as a
-// duration before now ("2h", "15m"). Empty is the zero time.
+// duration before now ("2h", "15m", or whole days: "7d"). Empty is the
+// zero time.
 func ParseTime(s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
+	}
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		// Days, which incident questions ask in ("since 7d") and Go's
+		// durations do not know.
+		if days, err := strconv.Atoi(n); err == nil && days >= 0 && days <= maxDays {
+			return now.Add(-time.Duration(days) * 24 * time.Hour).UTC(), nil
+		}
 	}
 	if d, err := time.ParseDuration(s); err == nil {
 		if d < 0 {
@@ -141,10 +150,14 @@ func ParseTime(s string, now time.Time) (time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a duration such as 2h", s)
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a duration such as 2h or 7d", s)
 	}
 	return t.UTC(), nil
 }
+
+// maxDays bounds a duration in days: as a time.Duration, ParseTime's
+// past, at most some 290 years.
+const maxDays = 100_000
 
 // ParseBucket reads an Outcomes bucket: a duration, default 5m.
 func ParseBucket(s string) (time.Duration, error) {

@@ -197,7 +197,7 @@ func (ff *filterFlags) registerLimit(fs *pflag.FlagSet) {
 }
 
 func (ff *filterFlags) registerWindow(fs *pflag.FlagSet) {
-	fs.StringVar(&ff.since, "since", "", "from this time: RFC 3339, or a duration ago such as 2h")
+	fs.StringVar(&ff.since, "since", "", "from this time: RFC 3339, or a duration ago such as 2h or 7d")
 	fs.StringVar(&ff.until, "until", "", "until this time (excluded): RFC 3339, or a duration ago")
 }
 
