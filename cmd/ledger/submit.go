@@ -429,6 +429,12 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 			return fmt.Errorf("call %s did not settle within %s: sent %d time(s), its last answer a refusal for now (%s, retry after %s)",
 				w.callKey, f.timeout, w.sent, report.Printable(r.Reason), time.Duration(r.RetryAfterMS)*time.Millisecond)
 		}
+		if w.call.State == "" && w.ends[0] > 0 {
+			// Nothing of the call read, which the reader may not have
+			// reached: it reads the key's partition from its start.
+			return fmt.Errorf("call %s did not settle within %s: no event of it was read, and its partition of %s held %d records before this submission, which are read from the start: a long log may take longer than --timeout to read (a longer --timeout, or --api, whose lookups are the projection's)",
+				w.callKey, f.timeout, w.topic, w.ends[0])
+		}
 		return fmt.Errorf("call %s did not settle within %s (state %q)", w.callKey, f.timeout, w.call.State)
 	}
 	last := w.last

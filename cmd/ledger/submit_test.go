@@ -692,3 +692,33 @@ func TestAnsweringRefusalNotDatedBefore(t *testing.T) {
 		}
 	}
 }
+
+// A --wait that reads nothing of its call before --timeout says how many
+// records its key's partition held before the submission, which the
+// reader reads from the start: on a long log, the timeout, not the
+// ledger, is why. Before, it said only "state \"\"", as if nothing had
+// happened.
+func TestSubmitWaitSaysWhatItHadToRead(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	dir := t.TempDir()
+	devIssuerKeys(t, dir)
+	key := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "long-log"}
+	// Placed as the ledger's producers place keyed records.
+	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Close()
+	// Events of another call under a key of the same partition: the
+	// log the reader has to go through (no intake runs to answer).
+	for i := range 5 {
+		if err := producer.ProduceSync(t.Context(), &kgo.Record{Topic: topics.Events, Key: []byte(key.String()), Value: []byte(fmt.Sprintf(`{"n":%d}`, i))}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = cliErr(t, append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+		"--tenant", key.TenantID, "--key", key.IdempotencyKey, "--wait", "--timeout", "2s")...)
+	if err == nil || !strings.Contains(err.Error(), "held 5 records before this submission") {
+		t.Errorf("submit --wait with no ledger to answer: %v; want it to say the 5 records it had to read", err)
+	}
+}
