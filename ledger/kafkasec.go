@@ -74,6 +74,9 @@ type TLS struct {
 	InsecureSkipVerify bool
 }
 
+// Enabled reports whether s asks for TLS or SASL.
+func (s Security) Enabled() bool { return s.TLS.on() || s.SASL.Mechanism != "" }
+
 // on reports whether TLS is wanted, explicitly or through another field.
 func (t TLS) on() bool {
 	return t.Enabled || t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify

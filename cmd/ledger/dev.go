@@ -106,6 +106,11 @@ func runDev(ctx context.Context, g *globals, f *devFlags) error {
 		// tools speak plain HTTP. Saying so beats ignoring the flags.
 		return errors.New("ledger dev serves plain HTTP on loopback only: --http-tls-* (LEDGER_HTTP_TLS_*) apply to the production roles, not to dev")
 	}
+	if g.kafka.security.Enabled() {
+		// Its own Kafka is plaintext on loopback: its clients, told to
+		// speak TLS or SASL to it, failed after their 30 s of retries.
+		return errors.New("ledger dev runs its own Kafka, plaintext on loopback: --kafka-tls-* and --kafka-sasl-* (LEDGER_KAFKA_TLS_*, LEDGER_KAFKA_SASL_*) apply to a deployment's brokers, not to dev")
+	}
 	// Dev's API answers every tenant's calls, results included, without
 	// credentials, and its Kafka and demo tools take anything: they must
 	// not be reachable from another machine.
@@ -588,6 +593,10 @@ type banner struct {
 	dataDir string
 	topics  ledger.Topics
 	pprof   bool // --pprof: the profiles are on the API
+	// env looks up the environment the banner's commands run in (nil:
+	// os.LookupEnv): a variable they would read, a deployment's shell's
+	// say, is overridden on their command line.
+	env func(string) (string, bool)
 }
 
 func printBanner(w io.Writer, b banner) {
@@ -623,20 +632,38 @@ Try:
 // ledger dev: those whose defaults it does not run on (a --data-dir, a
 // --kafka-addr, topics or an --http-addr of its own). kafka: the command
 // talks to Kafka (submit), else to the HTTP API (blast-radius).
+//
+// And those whose variables the environment sets: the commands would read
+// them, and a shell set up for a deployment would have the banner's
+// trial call published to its request topic, or its question asked of
+// its ClickHouse (which --clickhouse-dsn, preferred to --api, names).
 func (b banner) tryFlags(kafka bool) string {
+	env := b.env
+	if env == nil {
+		env = os.LookupEnv
+	}
+	set := func(flag string) bool {
+		_, ok := env(envName(flag))
+		return ok
+	}
 	var flags []string
 	if def := (ledger.Topics{}).WithDefaults(); kafka {
-		if !slices.Equal(b.kafka, []string{devKafkaAddr}) {
+		if !slices.Equal(b.kafka, []string{devKafkaAddr}) || set("kafka-brokers") {
 			flags = append(flags, "--kafka-brokers", shellWord(strings.Join(b.kafka, ",")))
 		}
-		if b.topics.Requests != def.Requests {
+		if b.topics.Requests != def.Requests || set("topic-requests") {
 			flags = append(flags, "--topic-requests", shellWord(b.topics.Requests))
 		}
-		if b.topics.Events != def.Events {
+		if b.topics.Events != def.Events || set("topic-events") {
 			flags = append(flags, "--topic-events", shellWord(b.topics.Events))
 		}
-	} else if b.api != devHTTPAddr {
-		flags = append(flags, "--api", shellWord("http://"+b.api))
+	} else {
+		if set("clickhouse-dsn") {
+			flags = append(flags, "--clickhouse-dsn", "''")
+		}
+		if b.api != devHTTPAddr || set("api") {
+			flags = append(flags, "--api", shellWord("http://"+b.api))
+		}
 	}
 	if filepath.Clean(b.dataDir) != filepath.Clean(devDataDir) {
 		flags = append(flags, "--data-dir", shellWord(b.dataDir))

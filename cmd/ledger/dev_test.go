@@ -601,8 +601,21 @@ func TestDevBannerTryCommands(t *testing.T) {
 			topics: ledger.Topics{Requests: "my.requests", Events: "my.events"}.WithDefaults()},
 			`go run ./cmd/ledger submit --kafka-brokers 127.0.0.1:19092 --topic-requests my.requests --topic-events my.events --data-dir '/srv/it'\''s here' --tool get_weather`,
 			`go run ./cmd/ledger blast-radius --api http://127.0.0.1:18080 --data-dir '/srv/it'\''s here' --tool get_weather`},
+		// A shell set up for a deployment: the commands would read its
+		// variables, and reach its Kafka and its ClickHouse.
+		{"a deployment's environment", banner{dataDir: devDataDir, kafka: []string{devKafkaAddr}, api: devHTTPAddr, topics: ledger.Topics{}.WithDefaults(),
+			env: func(name string) (string, bool) {
+				v, ok := map[string]string{"LEDGER_KAFKA_BROKERS": "kafka-1:9092", "LEDGER_TOPIC_EVENTS": "prod.events",
+					"LEDGER_CLICKHOUSE_DSN": "clickhouse://ledger@clickhouse:9000/ledger", "LEDGER_API": "https://ledger.example"}[name]
+				return v, ok
+			}},
+			"go run ./cmd/ledger submit --kafka-brokers " + devKafkaAddr + " --topic-events toolcalls.events --tool get_weather",
+			"go run ./cmd/ledger blast-radius --clickhouse-dsn '' --api http://" + devHTTPAddr + " --tool get_weather"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.b.env == nil {
+				tc.b.env = func(string) (string, bool) { return "", false } // whatever this shell holds
+			}
 			var b strings.Builder
 			printBanner(&b, tc.b)
 			for _, want := range []string{"\n  " + tc.submit + " ", "\n  " + tc.blast + " "} {
@@ -631,6 +644,18 @@ func TestDevLoopbackOnly(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), args[0]) || !strings.Contains(err.Error(), "loopback only") {
 			t.Errorf("ledger dev %s: %v; want a refusal naming %s", strings.Join(args, " "), err, args[0])
 		}
+	}
+	// Its Kafka is its own, plaintext: a deployment's TLS or SASL
+	// settings (a shell set up for one) are refused, not tried on it
+	// for 30 s.
+	for _, env := range []string{"LEDGER_KAFKA_TLS", "LEDGER_KAFKA_SASL_MECHANISM"} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, map[string]string{"LEDGER_KAFKA_TLS": "true", "LEDGER_KAFKA_SASL_MECHANISM": "PLAIN"}[env])
+			err := cliErr(t, "dev", "--data-dir", t.TempDir())
+			if err == nil || !strings.Contains(err.Error(), "runs its own Kafka, plaintext on loopback") {
+				t.Errorf("ledger dev with %s set: %v; want it refused", env, err)
+			}
+		})
 	}
 	for _, addr := range []string{"127.0.0.1:1", "[::1]:1", "localhost:1"} {
 		if err := loopbackOnly(addr); err != nil {
