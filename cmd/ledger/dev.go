@@ -620,12 +620,12 @@ Toolcall Ledger (dev) is running. Ctrl-C stops it.
   Credential keys      http://%s/.well-known/jwks.json
 %s
 Try:
-  go run ./cmd/ledger submit%s --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
+  %sgo run ./cmd/ledger submit%s --tool get_weather --args '{"city":"Sydney"}' --tenant t_demo --wait
   curl -s 'http://%s/v1/calls/<idempotency_key>?tenant_id=t_demo'
   go run ./cmd/ledger blast-radius%s --tool get_weather --tenant t_demo --since 1h
 
 `, b.kafka, b.topics.Requests, b.topics.Events, b.topics.DLQ, b.api, b.api, b.api, b.queries, b.backend, b.store, b.dataDir, b.issuer, b.policy, b.api, profiles,
-		b.tryFlags(true), b.api, b.tryFlags(false))
+		b.tryEnv(), b.tryFlags(true), b.api, b.tryFlags(false))
 }
 
 // tryFlags are the flags the banner's example commands need to reach this
@@ -638,16 +638,16 @@ Try:
 // trial call published to its request topic, or its question asked of
 // its ClickHouse (which --clickhouse-dsn, preferred to --api, names).
 func (b banner) tryFlags(kafka bool) string {
-	env := b.env
-	if env == nil {
-		env = os.LookupEnv
-	}
 	set := func(flag string) bool {
-		_, ok := env(envName(flag))
+		_, ok := b.lookupEnv(envName(flag))
 		return ok
 	}
 	var flags []string
 	if def := (ledger.Topics{}).WithDefaults(); kafka {
+		if set("api") {
+			// Else submit goes through that API, not dev's Kafka.
+			flags = append(flags, "--api", "''")
+		}
 		if !slices.Equal(b.kafka, []string{devKafkaAddr}) || set("kafka-brokers") {
 			flags = append(flags, "--kafka-brokers", shellWord(strings.Join(b.kafka, ",")))
 		}
@@ -664,6 +664,11 @@ func (b banner) tryFlags(kafka bool) string {
 		if b.api != devHTTPAddr || set("api") {
 			flags = append(flags, "--api", shellWord("http://"+b.api))
 		}
+		if set("assertion") {
+			// A deployment's operator's: sent to dev's API, and
+			// refused there. Empty, one is minted from --data-dir.
+			flags = append(flags, "--assertion", "''")
+		}
 	}
 	if filepath.Clean(b.dataDir) != filepath.Clean(devDataDir) {
 		flags = append(flags, "--data-dir", shellWord(b.dataDir))
@@ -672,6 +677,26 @@ func (b banner) tryFlags(kafka bool) string {
 		return ""
 	}
 	return " " + strings.Join(flags, " ")
+}
+
+// lookupEnv is b.env, or os.LookupEnv.
+func (b banner) lookupEnv(name string) (string, bool) {
+	if b.env == nil {
+		return os.LookupEnv(name)
+	}
+	return b.env(name)
+}
+
+// tryEnv is what the banner's submit runs with in its environment: with
+// a deployment agent's assertion there (which submit takes before
+// minting one from --data-dir, and no flag undoes), that variable
+// emptied, so that the trial call does not carry the deployment's
+// bearer into dev, to be refused.
+func (b banner) tryEnv() string {
+	if _, ok := b.lookupEnv(agentAssertionEnv); ok {
+		return agentAssertionEnv + "= "
+	}
+	return ""
 }
 
 // shellWord quotes s for a POSIX shell, where it needs it.

@@ -606,11 +606,12 @@ func TestDevBannerTryCommands(t *testing.T) {
 		{"a deployment's environment", banner{dataDir: devDataDir, kafka: []string{devKafkaAddr}, api: devHTTPAddr, topics: ledger.Topics{}.WithDefaults(),
 			env: func(name string) (string, bool) {
 				v, ok := map[string]string{"LEDGER_KAFKA_BROKERS": "kafka-1:9092", "LEDGER_TOPIC_EVENTS": "prod.events",
-					"LEDGER_CLICKHOUSE_DSN": "clickhouse://ledger@clickhouse:9000/ledger", "LEDGER_API": "https://ledger.example"}[name]
+					"LEDGER_CLICKHOUSE_DSN": "clickhouse://ledger@clickhouse:9000/ledger", "LEDGER_API": "https://ledger.example",
+					"LEDGER_ASSERTION": "a.b.c", "LEDGER_AGENT_ASSERTION": "d.e.f"}[name]
 				return v, ok
 			}},
-			"go run ./cmd/ledger submit --kafka-brokers " + devKafkaAddr + " --topic-events toolcalls.events --tool get_weather",
-			"go run ./cmd/ledger blast-radius --clickhouse-dsn '' --api http://" + devHTTPAddr + " --tool get_weather"},
+			"LEDGER_AGENT_ASSERTION= go run ./cmd/ledger submit --api '' --kafka-brokers " + devKafkaAddr + " --topic-events toolcalls.events --tool get_weather",
+			"go run ./cmd/ledger blast-radius --clickhouse-dsn '' --api http://" + devHTTPAddr + " --assertion '' --tool get_weather"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.b.env == nil {
