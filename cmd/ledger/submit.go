@@ -245,6 +245,7 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 		if w, err = newCallWait(ctx, cc, g.kafka.events, key, callID, body); err != nil {
 			return err
 		}
+		w.requests = g.kafka.requests
 	}
 	if w != nil {
 		w.lastSent = time.Now()
@@ -271,10 +272,13 @@ func runSubmit(cmd *cobra.Command, g *globals, f *submitFlags) error {
 // callWait follows a submitted call until it settles or is refused, and
 // sends its envelope again after refusals for now (--retry-later).
 type callWait struct {
-	cc     ledger.ClientConfig
-	topic  string
-	callID string
-	digest string // of the envelope as published (httpapi.RefusalOf)
+	cc    ledger.ClientConfig
+	topic string
+	// requests is the topic the envelope went to, for the timeout's
+	// message.
+	requests string
+	callID   string
+	digest   string // of the envelope as published (httpapi.RefusalOf)
 	// callKey is the key the call lives under: the verified tenant's,
 	// which is the claimed one unless the scope lies. keys are every key
 	// its events may come under, callKey first, and ends where each
@@ -429,11 +433,12 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 			return fmt.Errorf("call %s did not settle within %s: sent %d time(s), its last answer a refusal for now (%s, retry after %s)",
 				w.callKey, f.timeout, w.sent, report.Printable(r.Reason), time.Duration(r.RetryAfterMS)*time.Millisecond)
 		}
-		if w.call.State == "" && w.ends[0] > 0 {
-			// Nothing of the call read, which the reader may not have
-			// reached: it reads the key's partition from its start.
-			return fmt.Errorf("call %s did not settle within %s: no event of it was read, and its partition of %s held %d records before this submission, which are read from the start: a long log may take longer than --timeout to read (a longer --timeout, or --api, whose lookups are the projection's)",
-				w.callKey, f.timeout, w.topic, w.ends[0])
+		if w.call.State == "" && !w.earlier && w.ends[0] > 0 {
+			// Nothing of the call read: the ledger did not answer, or
+			// the reader, which reads the key's partition from its
+			// start, had not reached the answer.
+			return fmt.Errorf("call %s did not settle within %s: no event of it was read. Either nothing answered it (is an intake running, reading %s?), or its partition of %s, read from the start, ran to offset %d before this submission, more than --timeout let be read (a longer --timeout, or --api, whose lookups are the projection's)",
+				w.callKey, f.timeout, w.requests, w.topic, w.ends[0])
 		}
 		return fmt.Errorf("call %s did not settle within %s (state %q)", w.callKey, f.timeout, w.call.State)
 	}
