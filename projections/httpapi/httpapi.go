@@ -172,9 +172,12 @@ const (
 )
 
 // Defaults of Config's bounds on the submissions waiting: a waiting
-// submission costs some 30 KiB, so the bound in all is some 30 MiB.
+// submission costs some 30 KiB, so the bound in all is some 30 MiB. A
+// wait looks its call up every 200 ms at most, each look one of its
+// tenant's lookups (DefaultMaxLookupsPerTenant): a tenant's 32 waits
+// leave room for the lookups of those that did not wait.
 const (
-	DefaultMaxWaitsPerTenant = 64
+	DefaultMaxWaitsPerTenant = 32
 	DefaultMaxWaits          = 1024
 )
 
@@ -477,6 +480,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	if skipped != "" {
 		accepted["wait_skipped"] = skipped
+		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, http.StatusAccepted, accepted)
 }
