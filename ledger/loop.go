@@ -425,6 +425,10 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	if err != nil {
 		return err
 	}
+	dec, err := boundedDecompressor(l.cfg.MaxBatchBytes)
+	if err != nil {
+		return err
+	}
 	// The topics are added once the producer id is initialised (below),
 	// so that the group is joined only then.
 	opts := append(base,
@@ -444,6 +448,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		kgo.FetchMaxWait(l.cfg.Tick),
 		kgo.RecordPartitioner(Partitioner()),
 		kgo.MaxDecompressBatchBytes(l.cfg.MaxBatchBytes),
+		kgo.WithDecompressor(undecodableAsTooLarge{bounded: dec}),
 		kgo.WithHooks(groupHooks{l}),
 		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.assigned.Store(l.marks.Add(1)) }),
 		// (The session's own hooks, which make its next End abort, call
@@ -782,7 +787,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		consumed += held
 		held = 0
 		for _, k := range slices.SortedFunc(maps.Keys(pending), batchStart.compare) {
-			l.cfg.Logger.Error("batch skipped unread: it decompresses to more than the loop's bound", "topic", k.topic, "partition", k.partition,
+			l.cfg.Logger.Error("batch skipped unread: it decompresses to more than the loop's bound, or cannot be decoded within it", "topic", k.topic, "partition", k.partition,
 				"from_offset", k.from, "to_offset", pending[k].next, "max_batch_bytes", l.cfg.MaxBatchBytes)
 			l.cfg.Metrics.BatchSkipped(k.topic)
 		}
@@ -833,7 +838,7 @@ type skippedBatch struct {
 // a human can read it with a client of a larger bound. It is logged at
 // Error and counted once a transaction committed the offset past it.
 func (l *Loop) skipBatch(cl *kgo.Client, e *kgo.ErrDecompressTooLarge) skippedBatch {
-	l.cfg.Logger.Warn("skipping a batch unread: it decompresses to more than the loop's bound", "topic", e.Topic, "partition", e.Partition,
+	l.cfg.Logger.Warn("skipping a batch unread: it decompresses to more than the loop's bound, or cannot be decoded within it", "topic", e.Topic, "partition", e.Partition,
 		"from_offset", e.Offset, "to_offset", e.NextOffset, "max_batch_bytes", l.cfg.MaxBatchBytes)
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: e.Epoch, Offset: e.NextOffset}}})
 	sb := skippedBatch{next: e.NextOffset}
@@ -841,6 +846,46 @@ func (l *Loop) skipBatch(cl *kgo.Client, e *kgo.ErrDecompressTooLarge) skippedBa
 		sb.records = l.cfg.Skipped(e.Topic, e.Partition, e.Offset, e.NextOffset)
 	}
 	return sb
+}
+
+// undecodableAsTooLarge is franz-go's decompressor bounded at the loop's
+// MaxBatchBytes, every failure of which is reported as the bound's
+// (kgo.ErrMaxDecompress), so that the batch is skipped, its offsets
+// known (kgo.ErrDecompressTooLarge), as one too large is. franz-go keeps
+// any other decompression error at the batch, without its offsets, and
+// fetches it again and again: a zstd frame that declares a window larger
+// than the bound (accepted by brokers, whose decoders allow 128 MiB; a
+// producer at a high compression level writes them) stopped its
+// partition for good, every request after it undecided, while the loop
+// logged a Warn a fetch and reported ready. Decoding one would need more
+// memory than the bound allows, which is what the bound refuses.
+type undecodableAsTooLarge struct{ bounded kgo.Decompressor }
+
+// Decompress implements kgo.Decompressor.
+func (d undecodableAsTooLarge) Decompress(src []byte, codec kgo.CompressionCodecType) ([]byte, error) {
+	out, err := d.bounded.Decompress(src, codec)
+	if err != nil && !errors.Is(err, kgo.ErrMaxDecompress) {
+		err = fmt.Errorf("%w: %w", kgo.ErrMaxDecompress, err)
+	}
+	return out, err
+}
+
+// boundedDecompressor is franz-go's own decompressor, bounded at max: a
+// decompressor given to a client (WithDecompressor) is used as it is,
+// so the bounded one is taken from a client configured with the bound,
+// which builds it. The client is closed at once: the decompressor is a
+// value of its own.
+func boundedDecompressor(max int) (kgo.Decompressor, error) {
+	cl, err := kgo.NewClient(kgo.MaxDecompressBatchBytes(max))
+	if err != nil {
+		return nil, fmt.Errorf("a decompressor bounded at %d bytes: %w", max, err)
+	}
+	defer cl.Close()
+	dec, ok := cl.OptValue(kgo.WithDecompressor).(kgo.Decompressor)
+	if !ok {
+		return nil, fmt.Errorf("a decompressor bounded at %d bytes: the client has none", max)
+	}
+	return dec, nil
 }
 
 // topicPartition names a partition.

@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -1458,12 +1459,7 @@ func skipsABatch(t *testing.T, hook, after, failOnce bool) {
 	)
 	cfg := ledger.LoopConfig{Tick: 50 * time.Millisecond, Metrics: metrics, MaxBatchBytes: 1 << 20, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
 	if hook {
-		cfg.Skipped = func(topic string, partition int32, from, next int64) []*kgo.Record {
-			mu.Lock()
-			defer mu.Unlock()
-			skipped = append(skipped, [2]int64{from, next})
-			return []*kgo.Record{ledger.DLQBatchRecord(k.Topics.DLQ, topic, partition, from, next, 1<<20)}
-		}
+		cfg.Skipped = skipsToDLQ(k, &mu, &skipped)
 	}
 	runCopyGroupLoop(t, k, cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
 		mu.Lock()
@@ -1504,6 +1500,18 @@ func skipsABatch(t *testing.T, hook, after, failOnce bool) {
 	}
 	if reason := string(ledger.Header(dlq[0], ledger.HeaderDLQReason)); reason != ledger.ReasonBatchTooLarge || string(ledger.Header(dlq[0], ledger.HeaderDLQSource)) != rq+"/0/0" {
 		t.Errorf("DLQ record reason %q source %q; want %s at %s/0/0", reason, ledger.Header(dlq[0], ledger.HeaderDLQSource), ledger.ReasonBatchTooLarge, rq)
+	}
+}
+
+// skipsToDLQ is a LoopConfig.Skipped that keeps each skipped batch's
+// offsets in skipped, under mu, and writes its DLQ record, as the
+// intake's does.
+func skipsToDLQ(k *ledgertest.Kafka, mu *sync.Mutex, skipped *[][2]int64) func(string, int32, int64, int64) []*kgo.Record {
+	return func(topic string, partition int32, from, next int64) []*kgo.Record {
+		mu.Lock()
+		defer mu.Unlock()
+		*skipped = append(*skipped, [2]int64{from, next})
+		return []*kgo.Record{ledger.DLQBatchRecord(k.Topics.DLQ, topic, partition, from, next, 1<<20)}
 	}
 }
 
@@ -1872,4 +1880,63 @@ func waitHolds(t *testing.T, k *ledgertest.Kafka, member string) {
 		}
 		return fmt.Errorf("%s holds no partition yet", member)
 	})
+}
+
+// wideWindow compresses every batch as a zstd frame declaring a 32 MiB
+// window, as a producer at a high compression level may: brokers accept
+// them (their decoders allow 128 MiB).
+type wideWindow struct{ t *testing.T }
+
+func (w wideWindow) Compress(_ *bytes.Buffer, src []byte, _ ...kgo.CompressFlag) ([]byte, kgo.CompressionCodecType) {
+	return ledgertest.WideZstd(w.t, src, 25), kgo.CodecZstd
+}
+
+// A batch whose zstd window is past the loop's bound is skipped, to the
+// DLQ, as one that decompresses past it is, and the records after it are
+// read. Before, franz-go kept its decoding error at the batch, without
+// its offsets, and fetched it again and again: the partition stopped for
+// good, every request after it undecided, the loop logging a Warn a fetch.
+func TestLoopSkipsABatchItCannotDecode(t *testing.T) {
+	k := faultableKafka(t)
+	rq := k.Topics.Requests
+	wide, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.WithCompressor(wideWindow{t}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wide.Close()
+	// Compressible, so that the producer keeps its compressed form.
+	if err := wide.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: []byte("wide"), Value: bytes.Repeat([]byte("v"), 4096)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	plain, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if err := plain.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: []byte("after"), Value: []byte("v")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		seen    []string
+		skipped [][2]int64
+	)
+	cfg := ledger.LoopConfig{Tick: 50 * time.Millisecond, MaxBatchBytes: 1 << 20, Skipped: skipsToDLQ(k, &mu, &skipped)}
+	runCopyGroupLoop(t, k, cfg, func(_ context.Context, recs []*kgo.Record) (ledger.Output, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range recs {
+			seen = append(seen, string(r.Key))
+		}
+		return ledger.Output{}, nil
+	})
+	waitCommitted(t, k, 2, 20*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seen, []string{"after"}) || len(skipped) != 1 || skipped[0] != [2]int64{0, 1} {
+		t.Errorf("the step saw %q, the batches skipped %v; want the record after, and the wide batch at offsets 0 to 1 skipped", seen, skipped)
+	}
+	if dlq := readCommitted(t, k, k.Topics.DLQ, 1); len(dlq) != 1 {
+		t.Errorf("%d DLQ records committed; want 1", len(dlq))
+	}
 }
