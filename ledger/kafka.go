@@ -220,7 +220,7 @@ func DLQBatchRecord(dlq, topic string, partition int32, from, next int64, max in
 		Topic: dlq,
 		Headers: []kgo.RecordHeader{
 			{Key: HeaderDLQReason, Value: []byte(ReasonBatchTooLarge)},
-			{Key: HeaderDLQDetail, Value: fmt.Appendf(nil, "the batch at offsets %d to %d of %s/%d decompresses to more than %d bytes (--max-batch-bytes), or cannot be decoded within them, and was not read: its requests are still in the log there, for as long as it keeps them", from, next-1, topic, partition, max)},
+			{Key: HeaderDLQDetail, Value: fmt.Appendf(nil, "the batch at offsets %d to %d of %s/%d decompresses to more than %d bytes (--max-batch-bytes) and was not read: its requests are still in the log there, for as long as it keeps them", from, next-1, topic, partition, max)},
 			{Key: HeaderDLQSource, Value: fmt.Appendf(nil, "%s/%d/%d", topic, partition, from)},
 		},
 	}

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -425,10 +426,11 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	if err != nil {
 		return err
 	}
-	dec, err := boundedDecompressor(l.cfg.MaxBatchBytes)
+	dec, err := newWideZstdDecoded(l.cfg.MaxBatchBytes)
 	if err != nil {
 		return err
 	}
+	defer dec.Close()
 	// The topics are added once the producer id is initialised (below),
 	// so that the group is joined only then.
 	opts := append(base,
@@ -448,7 +450,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		kgo.FetchMaxWait(l.cfg.Tick),
 		kgo.RecordPartitioner(Partitioner()),
 		kgo.MaxDecompressBatchBytes(l.cfg.MaxBatchBytes),
-		kgo.WithDecompressor(undecodableAsTooLarge{bounded: dec}),
+		kgo.WithDecompressor(dec),
 		kgo.WithHooks(groupHooks{l}),
 		kgo.OnPartitionsAssigned(func(context.Context, *kgo.Client, map[string][]int32) { l.assigned.Store(l.marks.Add(1)) }),
 		// (The session's own hooks, which make its next End abort, call
@@ -787,7 +789,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 		consumed += held
 		held = 0
 		for _, k := range slices.SortedFunc(maps.Keys(pending), batchStart.compare) {
-			l.cfg.Logger.Error("batch skipped unread: it decompresses to more than the loop's bound, or cannot be decoded within it", "topic", k.topic, "partition", k.partition,
+			l.cfg.Logger.Error("batch skipped unread: it decompresses to more than the loop's bound", "topic", k.topic, "partition", k.partition,
 				"from_offset", k.from, "to_offset", pending[k].next, "max_batch_bytes", l.cfg.MaxBatchBytes)
 			l.cfg.Metrics.BatchSkipped(k.topic)
 		}
@@ -838,7 +840,7 @@ type skippedBatch struct {
 // a human can read it with a client of a larger bound. It is logged at
 // Error and counted once a transaction committed the offset past it.
 func (l *Loop) skipBatch(cl *kgo.Client, e *kgo.ErrDecompressTooLarge) skippedBatch {
-	l.cfg.Logger.Warn("skipping a batch unread: it decompresses to more than the loop's bound, or cannot be decoded within it", "topic", e.Topic, "partition", e.Partition,
+	l.cfg.Logger.Warn("skipping a batch unread: it decompresses to more than the loop's bound", "topic", e.Topic, "partition", e.Partition,
 		"from_offset", e.Offset, "to_offset", e.NextOffset, "max_batch_bytes", l.cfg.MaxBatchBytes)
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: e.Epoch, Offset: e.NextOffset}}})
 	sb := skippedBatch{next: e.NextOffset}
@@ -848,27 +850,64 @@ func (l *Loop) skipBatch(cl *kgo.Client, e *kgo.ErrDecompressTooLarge) skippedBa
 	return sb
 }
 
-// undecodableAsTooLarge is franz-go's decompressor bounded at the loop's
-// MaxBatchBytes, every failure of which is reported as the bound's
-// (kgo.ErrMaxDecompress), so that the batch is skipped, its offsets
-// known (kgo.ErrDecompressTooLarge), as one too large is. franz-go keeps
-// any other decompression error at the batch, without its offsets, and
-// fetches it again and again: a zstd frame that declares a window larger
-// than the bound (accepted by brokers, whose decoders allow 128 MiB; a
-// producer at a high compression level writes them) stopped its
-// partition for good, every request after it undecided, while the loop
-// logged a Warn a fetch and reported ready. Decoding one would need more
-// memory than the bound allows, which is what the bound refuses.
-type undecodableAsTooLarge struct{ bounded kgo.Decompressor }
+// wideZstdDecoded is franz-go's decompressor bounded at the loop's
+// MaxBatchBytes (max), which also decodes the zstd frames whose declared
+// window is past the bound, within it. franz-go's decoder refuses such a
+// frame (its window limit is its memory bound) with an error it keeps at
+// the batch, without its offsets, fetching it again and again: the
+// partition stopped for good, the loop logging a Warn a fetch. Brokers
+// accept windows up to 128 MiB, and write them themselves when they
+// recompress a topic at a high zstd level. Decoded in one pass, a frame
+// needs no window of its own, only its output: it is decoded into a
+// buffer doubled as needed up to max, and one whose output is past max
+// is refused as the bound's (kgo.ErrMaxDecompress: skipped, its offsets
+// known). Every other error stays franz-go's.
+type wideZstdDecoded struct {
+	bounded kgo.Decompressor
+	wide    *zstd.Decoder
+	max     int
+}
+
+// zstdMaxWindow is the largest window a Kafka broker's zstd decoder
+// accepts by default.
+const zstdMaxWindow = 128 << 20
+
+// newWideZstdDecoded returns franz-go's decompressor bounded at max,
+// decoding wide zstd frames within it.
+func newWideZstdDecoded(max int) (wideZstdDecoded, error) {
+	bounded, err := boundedDecompressor(max)
+	if err != nil {
+		return wideZstdDecoded{}, err
+	}
+	wide, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+		zstd.WithDecoderMaxMemory(zstdMaxWindow), zstd.WithDecodeAllCapLimit(true))
+	if err != nil {
+		return wideZstdDecoded{}, fmt.Errorf("a zstd decoder of windows up to %d bytes: %w", zstdMaxWindow, err)
+	}
+	return wideZstdDecoded{bounded: bounded, wide: wide, max: max}, nil
+}
 
 // Decompress implements kgo.Decompressor.
-func (d undecodableAsTooLarge) Decompress(src []byte, codec kgo.CompressionCodecType) ([]byte, error) {
+func (d wideZstdDecoded) Decompress(src []byte, codec kgo.CompressionCodecType) ([]byte, error) {
 	out, err := d.bounded.Decompress(src, codec)
-	if err != nil && !errors.Is(err, kgo.ErrMaxDecompress) {
-		err = fmt.Errorf("%w: %w", kgo.ErrMaxDecompress, err)
+	if err == nil || codec != kgo.CodecZstd || !errors.Is(err, zstd.ErrWindowSizeExceeded) {
+		return out, err
 	}
-	return out, err
+	for size := min(max(4*len(src), 64<<10), d.max); ; size = min(2*size, d.max) {
+		out, err = d.wide.DecodeAll(src, make([]byte, 0, size))
+		switch {
+		case err == nil:
+			return out, nil
+		case !errors.Is(err, zstd.ErrDecoderSizeExceeded):
+			return nil, err
+		case size == d.max:
+			return nil, fmt.Errorf("%w: %w", kgo.ErrMaxDecompress, err)
+		}
+	}
 }
+
+// Close releases the wide frames' decoder.
+func (d wideZstdDecoded) Close() { d.wide.Close() }
 
 // boundedDecompressor is franz-go's own decompressor, bounded at max: a
 // decompressor given to a client (WithDecompressor) is used as it is,
