@@ -37,6 +37,16 @@ func TestWideZstdBatchesAreDecoded(t *testing.T) {
 	if _, err := dec.Decompress(ledgertest.WideZstd(t, big, 23), kgo.CodecZstd); !errors.Is(err, kgo.ErrMaxDecompress) {
 		t.Errorf("a zstd window past the bound, its content too: %v; want kgo.ErrMaxDecompress", err)
 	}
+	// As a streaming writer writes them: no content size stated, the
+	// decoder finding the output past its buffer as it goes.
+	within := bytes.Repeat([]byte(`{"tool":"get_weather","arguments":{"city":"Oslo"}}`), bound/2/50)
+	if out, err := dec.Decompress(ledgertest.WideZstdStream(t, within, 32<<20), kgo.CodecZstd); err != nil || !bytes.Equal(out, within) {
+		t.Errorf("a streamed zstd frame of a wide window, its %d bytes within the bound: %d bytes, %v; want it decoded", len(within), len(out), err)
+	}
+	past := bytes.Repeat([]byte(`{"tool":"get_weather","arguments":{"city":"Oslo"}}`), 3*bound/2/50)
+	if _, err := dec.Decompress(ledgertest.WideZstdStream(t, past, 32<<20), kgo.CodecZstd); !errors.Is(err, kgo.ErrMaxDecompress) {
+		t.Errorf("a streamed zstd frame of a wide window, its %d bytes past the bound: %v; want kgo.ErrMaxDecompress", len(past), err)
+	}
 	var bomb bytes.Buffer
 	zw := gzip.NewWriter(&bomb)
 	if _, err := zw.Write(make([]byte, 2*bound)); err != nil {

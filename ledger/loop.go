@@ -887,20 +887,33 @@ func newWideZstdDecoded(max int) (wideZstdDecoded, error) {
 	return wideZstdDecoded{bounded: bounded, wide: wide, max: max}, nil
 }
 
+// zstdBlockMargin is zstd's largest block and the decoder's overrun: a
+// one-pass decode whose output would pass its buffer's capacity stops
+// before the block that would, which is then at most this short of it.
+// (For a frame that states no content size, the decoder's assembly
+// reports it as an error of its own, not ErrDecoderSizeExceeded.)
+const zstdBlockMargin = 128<<10 + 64
+
 // Decompress implements kgo.Decompressor.
 func (d wideZstdDecoded) Decompress(src []byte, codec kgo.CompressionCodecType) ([]byte, error) {
 	out, err := d.bounded.Decompress(src, codec)
 	if err == nil || codec != kgo.CodecZstd || !errors.Is(err, zstd.ErrWindowSizeExceeded) {
 		return out, err
 	}
-	for size := min(max(4*len(src), 64<<10), d.max); ; size = min(2*size, d.max) {
+	limit := d.max + zstdBlockMargin
+	for size := min(max(4*len(src), 256<<10), limit); ; size = min(2*size, limit) {
 		out, err = d.wide.DecodeAll(src, make([]byte, 0, size))
+		full := errors.Is(err, zstd.ErrDecoderSizeExceeded) || err != nil && cap(out)-len(out) <= zstdBlockMargin
 		switch {
-		case err == nil:
+		case err == nil && len(out) <= d.max:
 			return out, nil
-		case !errors.Is(err, zstd.ErrDecoderSizeExceeded):
+		case err == nil:
+			return nil, fmt.Errorf("%w: %d bytes", kgo.ErrMaxDecompress, len(out))
+		case !full:
+			// An error of the frame's own, as franz-go's decoder
+			// would have met it.
 			return nil, err
-		case size == d.max:
+		case size == limit:
 			return nil, fmt.Errorf("%w: %w", kgo.ErrMaxDecompress, err)
 		}
 	}

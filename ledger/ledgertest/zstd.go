@@ -1,6 +1,7 @@
 package ledgertest
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -26,4 +27,27 @@ func WideZstd(t testing.TB, data []byte, log int) []byte {
 		t.Fatalf("the frame's header %+v (%v); want a window of %d bytes", h, err, 1<<log)
 	}
 	return b
+}
+
+// WideZstdStream is a zstd frame of data as a streaming writer (a
+// broker's, a Java producer's) writes it: its window of window bytes
+// declared, its content size not.
+func WideZstdStream(t testing.TB, data []byte, window int) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	enc, err := zstd.NewWriter(&b, zstd.WithWindowSize(window))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := enc.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := enc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var h zstd.Header
+	if err := h.Decode(b.Bytes()); err != nil || h.HasFCS || h.WindowSize != uint64(window) {
+		t.Fatalf("the frame's header %+v (%v); want a window of %d bytes and no content size", h, err, window)
+	}
+	return b.Bytes()
 }
