@@ -609,10 +609,18 @@ func (s *Service) Revoke(ctx context.Context, operator identity.Identity, jti, f
 }
 
 // covers reports whether revocation a covers a credential issued at
-// issued: every one of a jti's; a family's issued up to it, and
-// RevocationSkew after (see Config.RevocationSkew).
+// issued, with Config.RevocationSkew (Covers).
 func (s *Service) covers(a Action, issued time.Time) bool {
-	return a.JTI != "" || !issued.After(a.At.Add(max(s.cfg.RevocationSkew, 0)))
+	return Covers(a, issued, s.cfg.RevocationSkew)
+}
+
+// Covers reports whether revocation a covers a credential issued at
+// issued: every one of a jti's; a family's issued up to it, and skew
+// after (the clocks' allowance; none when negative). The tools judge by
+// it (introspection), and so must whoever would send a credential
+// rather than have it refused.
+func Covers(a Action, issued time.Time, skew time.Duration) bool {
+	return a.JTI != "" || !issued.After(a.At.Add(max(skew, 0)))
 }
 
 // Snapshot returns what operator may see of the control state: everything

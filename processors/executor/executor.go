@@ -2150,15 +2150,12 @@ func (x *Executor) revokedFamily(family string, issued time.Time, sent string) *
 		return nil
 	}
 	a, ok := x.cfg.Freezes.Revoked("", family)
-	if !ok {
+	if !ok || !control.Covers(a, issued, x.cfg.RevocationSkew) {
 		return nil
 	}
 	// The tools refuse a credential of the family issued (its iat,
 	// whole seconds) up to until.
-	until := a.At.Add(x.cfg.RevocationSkew)
-	if issued.After(until) {
-		return nil
-	}
+	until := a.At.Add(max(x.cfg.RevocationSkew, 0))
 	now := x.cfg.Now()
 	// The first second whose credentials the tools accept again.
 	accepted := time.Unix(until.Unix()+1, 0)

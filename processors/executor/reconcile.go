@@ -1628,7 +1628,7 @@ func (r *Reconciler) lookupRevoked(cred credentials.Credential) string {
 	if a, ok := r.cfg.Freezes.Revoked(cred.JTI, ""); ok && a.JTI == cred.JTI {
 		return "its credential " + cred.JTI + " was revoked (" + a.Reason + ")"
 	}
-	if a, ok := r.cfg.Freezes.Revoked("", cred.Family); ok && !cred.IssuedAt.After(a.At.Add(r.cfg.CredentialSkew)) {
+	if a, ok := r.cfg.Freezes.Revoked("", cred.Family); ok && control.Covers(a, cred.IssuedAt, r.cfg.CredentialSkew) {
 		return "its credential's family " + cred.Family + " was revoked (" + a.Reason + ")"
 	}
 	return ""
