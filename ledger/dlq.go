@@ -116,7 +116,7 @@ func ReadDLQ(ctx context.Context, cc ClientConfig, topic string, since time.Time
 			from[p] = o.Offset
 		}
 	}
-	return scan(ctx, cc, admin, topic, from, follow, func(r *kgo.Record) (bool, error) {
+	return scan(ctx, cc, admin, topic, from, nil, follow, func(r *kgo.Record) (bool, error) {
 		return fn(dlqEntry(r)), nil
 	})
 }

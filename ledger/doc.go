@@ -18,5 +18,5 @@
 //	kafkasec.go        Security: TLS and SASL for every Kafka client
 //	dlq.go             the bounds of a DLQ record
 //	loop.go            Loop: GroupTransactSession, read_committed, one transaction per step; its metrics and readiness
-//	reader.go          the partitioner and ReadCall / FollowCall
+//	reader.go          the partitioner and ReadCall / CallBefore / FollowCall
 package ledger

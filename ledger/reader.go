@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
 // PartitionFor is the partition of a record keyed key on a topic of n
@@ -41,26 +44,96 @@ func Partitioner() kgo.Partitioner {
 // key's partition.
 func ReadCall(ctx context.Context, cc ClientConfig, topic string, key CallKey) ([]Event, error) {
 	var evs []Event
-	seen := make(map[string]bool)
-	err := scanKey(ctx, cc, topic, key, false, func(e Event, _ int64) bool {
-		if e.EventID != "" {
-			if seen[e.EventID] {
-				return false
-			}
-			seen[e.EventID] = true
-		}
+	err := scanKey(ctx, cc, topic, key, 0, false, func(e Event, _ int64) bool {
 		evs = append(evs, e)
 		return false
 	})
-	return evs, err
+	return firstCopies(evs), err
+}
+
+// firstCopies returns evs without the copies of an event (its event id
+// seen before), each kept where it first appears.
+func firstCopies(evs []Event) []Event {
+	seen := make(map[string]bool, len(evs))
+	return slices.DeleteFunc(evs, func(e Event) bool {
+		if e.EventID == "" {
+			return false
+		}
+		dup := seen[e.EventID]
+		seen[e.EventID] = true
+		return dup
+	})
+}
+
+// historyWindow is how many offsets CallBefore reads first; each window
+// it reads after that is twice as long as the one before.
+const historyWindow = 4096
+
+// CallBefore returns the events of key's latest call below offset end of
+// its partition of topic (as EndOffsets gives it): those from the call's
+// last requested event on, in log order, each once (as ReadCall). It
+// reads the partition backwards, in windows each twice as long as the one
+// before, so that a call begun shortly before end costs a read of about
+// its own span, however long the log before it. (An outbox appended
+// again, after a crash left it unmarked, goes out whole from its first
+// unlogged event, so the last requested event has the rest of the call
+// after it.) A key with no requested event below end costs a read of the
+// whole partition, and CallBefore returns what there is: refusals, or
+// the rest of a call whose start retention deleted. reached, unless nil,
+// is told the offset each window starts at, as the read goes down.
+func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey, end int64, reached func(offset int64)) ([]Event, error) {
+	admin, n, err := openTopic(ctx, cc, topic)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	adm := kadm.NewClient(admin)
+	k := []byte(key.String())
+	p := PartitionFor(k, n)
+	var later []Event // of the windows read so far, in log order
+	for hi, w := end, int64(historyWindow); ; w *= 2 {
+		starts, err := adm.ListStartOffsets(ctx, topic)
+		if err != nil {
+			return nil, fmt.Errorf("list offsets %s: %w", topic, err)
+		}
+		st, _ := starts.Lookup(topic, p)
+		if st.Err != nil {
+			return nil, fmt.Errorf("list offsets %s/%d: %w", topic, p, st.Err)
+		}
+		if hi <= st.Offset {
+			return firstCopies(later), nil
+		}
+		lo := max(hi-w, st.Offset)
+		if reached != nil {
+			reached(lo)
+		}
+		var window []Event
+		err = scan(ctx, cc, admin, topic, map[int32]int64{p: lo}, map[int32]int64{p: hi}, false, keyEvents(topic, k, func(e Event, _ int64) bool {
+			window = append(window, e)
+			return false
+		}))
+		if err != nil {
+			return nil, err
+		}
+		later = append(window, later...)
+		for i := len(later) - 1; i >= 0; i-- {
+			if later[i].Type == statemachine.EventRequested {
+				return firstCopies(later[i:]), nil
+			}
+		}
+		if lo == st.Offset {
+			return firstCopies(later), nil
+		}
+		hi = lo
+	}
 }
 
 // FollowCall calls fn with each event of key on topic, and its offset,
-// from the start of the log and then live, until fn returns true or ctx
-// is done. An event at an offset below what EndOffsets said of key was in
-// the log then.
-func FollowCall(ctx context.Context, cc ClientConfig, topic string, key CallKey, fn func(e Event, offset int64) bool) error {
-	return scanKey(ctx, cc, topic, key, true, fn)
+// from offset from (0: the log's start) and then live, until fn returns
+// true or ctx is done. An event at an offset below what EndOffsets said
+// of key was in the log then.
+func FollowCall(ctx context.Context, cc ClientConfig, topic string, key CallKey, from int64, fn func(e Event, offset int64) bool) error {
+	return scanKey(ctx, cc, topic, key, from, true, fn)
 }
 
 // EndOffsets returns, for each of keys, the end of its partition of topic
@@ -68,17 +141,12 @@ func FollowCall(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 // that offset or past it. A submitter reads it before it publishes, to
 // tell the answers to its envelope from those to an earlier one.
 func EndOffsets(ctx context.Context, cc ClientConfig, topic string, keys ...CallKey) ([]int64, error) {
-	admin, err := NewClient(cc)
+	admin, n, err := openTopic(ctx, cc, topic)
 	if err != nil {
 		return nil, err
 	}
 	defer admin.Close()
-	adm := kadm.NewClient(admin)
-	n, err := partitions(ctx, adm, topic)
-	if err != nil {
-		return nil, err
-	}
-	ends, err := adm.ListEndOffsets(ctx, topic)
+	ends, err := kadm.NewClient(admin).ListEndOffsets(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("list offsets %s: %w", topic, err)
 	}
@@ -94,6 +162,21 @@ func EndOffsets(ctx context.Context, cc ClientConfig, topic string, keys ...Call
 	return offsets, nil
 }
 
+// openTopic returns a client for asking about topic, which the caller
+// closes, and how many partitions topic has.
+func openTopic(ctx context.Context, cc ClientConfig, topic string) (*kgo.Client, int, error) {
+	admin, err := NewClient(cc)
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := partitions(ctx, kadm.NewClient(admin), topic)
+	if err != nil {
+		admin.Close()
+		return nil, 0, err
+	}
+	return admin, n, nil
+}
+
 // partitions returns how many partitions topic has.
 func partitions(ctx context.Context, adm *kadm.Client, topic string) (int, error) {
 	details, err := adm.ListTopics(ctx, topic)
@@ -107,20 +190,22 @@ func partitions(ctx context.Context, adm *kadm.Client, topic string) (int, error
 	return len(d.Partitions), nil
 }
 
-func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, follow bool, fn func(Event, int64) bool) error {
-	admin, err := NewClient(cc)
+func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, from int64, follow bool, fn func(Event, int64) bool) error {
+	admin, n, err := openTopic(ctx, cc, topic)
 	if err != nil {
 		return err
 	}
 	defer admin.Close()
-	n, err := partitions(ctx, kadm.NewClient(admin), topic)
-	if err != nil {
-		return err
-	}
 	k := []byte(key.String())
 	p := PartitionFor(k, n)
-	return scan(ctx, cc, admin, topic, map[int32]int64{p: 0}, follow, func(r *kgo.Record) (bool, error) {
-		if string(r.Key) != string(k) {
+	return scan(ctx, cc, admin, topic, map[int32]int64{p: from}, nil, follow, keyEvents(topic, k, fn))
+}
+
+// keyEvents passes scan's records keyed key to fn, decoded, and fails at
+// one that does not decode.
+func keyEvents(topic string, key []byte, fn func(Event, int64) bool) func(*kgo.Record) (bool, error) {
+	return func(r *kgo.Record) (bool, error) {
+		if string(r.Key) != string(key) {
 			return false, nil
 		}
 		e, err := DecodeEvent(r.Value)
@@ -128,7 +213,7 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fo
 			return true, fmt.Errorf("event at %s/%d/%d: %w", topic, r.Partition, r.Offset, err)
 		}
 		return fn(e, r.Offset), nil
-	})
+	}
 }
 
 // startsRecheck is how long a scan to its end offsets waits for a record
@@ -136,14 +221,14 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fo
 const startsRecheck = time.Second
 
 // scan calls fn with each record of topic's partitions from, from the
-// offset each names (the log's start, if later) up to its last stable
-// offset when scan begins (everything before it is committed or
-// aborted, and read_committed shows the committed part), or on and on
-// when follow, until fn says to stop or fails, or ctx is done. admin asks
-// for the offsets. Transaction markers are read, never passed to fn, so
+// offset each names (the log's start, if later) up to the offset to
+// names, or, with to nil, up to its last stable offset when scan begins
+// (everything before it is committed or aborted, and read_committed shows
+// the committed part), or on and on when follow, until fn says to stop
+// or fails, or ctx is done. admin asks for the offsets. Transaction markers are read, never passed to fn, so
 // that the reader knows when it has reached an end that one of them is
 // at.
-func scan(ctx context.Context, cc ClientConfig, admin *kgo.Client, topic string, from map[int32]int64, follow bool, fn func(*kgo.Record) (bool, error)) error {
+func scan(ctx context.Context, cc ClientConfig, admin *kgo.Client, topic string, from, to map[int32]int64, follow bool, fn func(*kgo.Record) (bool, error)) error {
 	adm := kadm.NewClient(admin)
 	ends, err := adm.ListCommittedOffsets(ctx, topic)
 	if err != nil {
@@ -167,6 +252,11 @@ func scan(ctx context.Context, cc ClientConfig, admin *kgo.Client, topic string,
 			return fmt.Errorf("list offsets %s/%d: %w", topic, p, err)
 		}
 		next[p], end[p] = max(o, st.Offset), e.Offset
+		if t, ok := to[p]; ok {
+			// Past the last stable offset, an open transaction's: read
+			// once it ends, as a record in it may be the caller's.
+			end[p] = t
+		}
 		if follow || next[p] < end[p] {
 			assign[p] = kgo.NewOffset().At(next[p])
 		}
@@ -228,7 +318,7 @@ func scan(ctx context.Context, cc ClientConfig, admin *kgo.Client, topic string,
 		}
 		for _, r := range fetches.Records() {
 			next[r.Partition] = r.Offset + 1
-			if r.Attrs.IsControl() {
+			if t, ok := to[r.Partition]; r.Attrs.IsControl() || ok && r.Offset >= t {
 				continue
 			}
 			if stop, err := fn(r); stop || err != nil {

@@ -282,9 +282,9 @@ type callWait struct {
 	// callKey is the key the call lives under: the verified tenant's,
 	// which is the claimed one unless the scope lies. keys are every key
 	// its events may come under, callKey first, and ends where each
-	// key's partition ended before the envelope first went out: an event
-	// below is no answer to this submission (a refusal of an earlier
-	// one with the same call id).
+	// key's partition ended before the envelope first went out: each key
+	// is followed from there, as an event below is no answer to this
+	// submission (a refusal of an earlier one with the same call id).
 	callKey ledger.CallKey
 	keys    []ledger.CallKey
 	ends    []int64
@@ -303,6 +303,17 @@ type callWait struct {
 	lastSent time.Time // when the last one was: set as the first goes out
 	retried  int       // refusals for now answered by sending again
 	refusals map[string]bool
+	// The call's events below ends[0], for a call sent before (a resend,
+	// which the intake answers with no event), are read backwards
+	// (ledger.CallBefore) as the keys are followed. Until they are,
+	// callKey's later events wait in held, unless one is a requested
+	// event: a call begun after the envelope went out, whose earlier
+	// events there are none of. histFrom is the offset the read had gone
+	// down to, for the timeout's message.
+	histDone bool
+	histFrom int64
+	histErr  error
+	held     []ledger.Event
 }
 
 func newCallWait(ctx context.Context, cc ledger.ClientConfig, topic string, key ledger.CallKey, callID string, body []byte) (*callWait, error) {
@@ -342,45 +353,67 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		wg   sync.WaitGroup
 		errs = make([]error, len(w.keys))
 	)
+	hctx, stopHistory := context.WithCancel(wctx)
+	defer stopHistory()
+	w.histFrom = w.ends[0]
+	wg.Go(func() {
+		evs, err := ledger.CallBefore(hctx, w.cc, w.topic, w.callKey, w.ends[0], func(offset int64) {
+			w.mu.Lock()
+			w.histFrom = offset
+			w.mu.Unlock()
+		})
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.histDone || w.last != nil || hctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			// Said if the wait ends with nothing else to say: a call
+			// begun after the envelope went out needs none of it.
+			w.histErr = fmt.Errorf("read the call's earlier events: %w", err)
+			return
+		}
+		w.histDone = true
+		for _, e := range evs {
+			// A refusal below ends answered an earlier submission.
+			if !e.Refusal() && w.step(e, false, f, out, cancel) {
+				return
+			}
+		}
+		for _, e := range w.held {
+			if w.step(e, true, f, out, cancel) {
+				return
+			}
+		}
+		w.held = nil
+	})
 	for i, k := range w.keys {
 		wg.Go(func() {
 			// Owned by this command: ends when the call settles or wctx
 			// ends.
-			errs[i] = ledger.FollowCall(wctx, w.cc, w.topic, k, func(e ledger.Event, offset int64) bool {
+			errs[i] = ledger.FollowCall(wctx, w.cc, w.topic, k, w.ends[i], func(e ledger.Event, _ int64) bool {
 				w.mu.Lock()
 				defer w.mu.Unlock()
 				if w.last != nil {
 					return true
 				}
 				if e.Refusal() {
-					return w.refused(e, offset >= w.ends[i], f, out, waitEnd, again, cancel)
+					return w.refused(e, f, out, waitEnd, again, cancel)
 				}
 				if k != w.callKey {
 					return false
 				}
-				if e.Type == statemachine.EventRequested && !w.own.Is(e) {
-					w.earlier = true
+				if !w.histDone {
+					if e.Type != statemachine.EventRequested {
+						w.held = append(w.held, e)
+						return false
+					}
+					// A call begun now, or its outbox appended again
+					// whole: what came before is not wanted.
+					w.histDone, w.held, w.histErr = true, nil, nil
+					stopHistory()
 				}
-				if w.earlier {
-					return false
-				}
-				next, _, err := statemachine.Apply(w.call, e.Transition())
-				if err != nil {
-					return false
-				}
-				w.call = next
-				if offset >= w.ends[i] {
-					w.forNow = nil // a sending was admitted
-				}
-				if !f.jsonOut {
-					printEvent(out, e)
-				}
-				if w.call.State.Settled() {
-					w.last = &e
-					cancel()
-					return true
-				}
-				return false
+				return w.step(e, true, f, out, cancel)
 			})
 		})
 	}
@@ -425,20 +458,31 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		if resendFailed {
 			return resendErr
 		}
-		err := errors.Join(errs...)
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-			return err
+		// The followers' own failures: each ends its follower alone,
+		// and the rest run out with wctx, which is no failure of theirs.
+		var failed []error
+		for _, err := range append(errs, w.histErr) {
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				failed = append(failed, err)
+			}
+		}
+		if len(failed) > 0 {
+			return errors.Join(failed...)
 		}
 		if r := w.forNow; r != nil {
 			return fmt.Errorf("call %s did not settle within %s: sent %d time(s), its last answer a refusal for now (%s, retry after %s)",
 				w.callKey, f.timeout, w.sent, report.Printable(r.Reason), time.Duration(r.RetryAfterMS)*time.Millisecond)
 		}
-		if w.call.State == "" && !w.earlier && w.ends[0] > 0 {
-			// Nothing of the call read: the ledger did not answer, or
-			// the reader, which reads the key's partition from its
-			// start, had not reached the answer.
-			return fmt.Errorf("call %s did not settle within %s: no event of it was read. Either nothing answered it (is an intake running, reading %s?), or its partition of %s, read from the start, ran to offset %d before this submission, more than --timeout let be read (a longer --timeout, or --api, whose lookups are the projection's)",
-				w.callKey, f.timeout, w.requests, w.topic, w.ends[0])
+		if w.call.State == "" && !w.earlier {
+			if !w.histDone {
+				// Nothing answered this submission, and a call sent
+				// before (which the intake answers with no event) was
+				// not found: its partition is long, or no intake runs.
+				return fmt.Errorf("call %s did not settle within %s: no event of it was read. Either nothing answered it (is an intake running, reading %s?), or it was sent before and its earlier events lie further back than --timeout let be read: its partition of %s was read back from offset %d to %d (a longer --timeout, or --api, whose lookups are the projection's)",
+					w.callKey, f.timeout, w.requests, w.topic, w.ends[0], w.histFrom)
+			}
+			return fmt.Errorf("call %s did not settle within %s: no event of it was read, before this submission or after it (is an intake running, reading %s?)",
+				w.callKey, f.timeout, w.requests)
 		}
 		return fmt.Errorf("call %s did not settle within %s (state %q)", w.callKey, f.timeout, w.call.State)
 	}
@@ -454,15 +498,47 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 	return nil
 }
 
-// refused takes a refusal of the call's id read under a key, fresh when
-// it was appended after the envelope first went out, and reports whether
-// the wait is over. Under w.mu. A refusal for now is answered by sending
-// the envelope again (on again) while --retry-later allows and the answer
-// can come within --timeout; any other refusal of this submission ends
-// the wait. Refusals of an earlier submission, and one read twice (an
-// event id seen), are passed over.
-func (w *callWait) refused(e ledger.Event, fresh bool, f *submitFlags, out io.Writer, waitEnd time.Time, again chan<- time.Duration, cancel func()) bool {
-	if !httpapi.RefusalOf(e, w.callID, w.digest) || !fresh || (e.EventID != "" && w.refusals[e.EventID]) {
+// step folds an event of the call under callKey, fresh when it was
+// appended after the envelope first went out, prints it, and reports
+// whether the wait is over: the call settled. Under w.mu. Once a
+// requested event says the call under the key is another's (an earlier
+// call's arguments or user), nothing under the key answers this
+// submission but its refusal.
+func (w *callWait) step(e ledger.Event, fresh bool, f *submitFlags, out io.Writer, cancel func()) bool {
+	if e.Type == statemachine.EventRequested && !w.own.Is(e) {
+		w.earlier = true
+	}
+	if w.earlier {
+		return false
+	}
+	next, _, err := statemachine.Apply(w.call, e.Transition())
+	if err != nil {
+		return false
+	}
+	w.call = next
+	if fresh {
+		w.forNow = nil // a sending was admitted
+	}
+	if !f.jsonOut {
+		printEvent(out, e)
+	}
+	if w.call.State.Settled() {
+		w.last = &e
+		cancel()
+		return true
+	}
+	return false
+}
+
+// refused takes a refusal of the call's id read under a key after the
+// envelope first went out, and reports whether the wait is over. Under
+// w.mu. A refusal for now is answered by sending the envelope again (on
+// again) while --retry-later allows and the answer can come within
+// --timeout; any other refusal of this submission ends the wait.
+// Refusals of an earlier submission, and one read twice (an event id
+// seen), are passed over.
+func (w *callWait) refused(e ledger.Event, f *submitFlags, out io.Writer, waitEnd time.Time, again chan<- time.Duration, cancel func()) bool {
+	if !httpapi.RefusalOf(e, w.callID, w.digest) || (e.EventID != "" && w.refusals[e.EventID]) {
 		return false
 	}
 	w.refusals[e.EventID] = true

@@ -693,32 +693,130 @@ func TestAnsweringRefusalNotDatedBefore(t *testing.T) {
 	}
 }
 
-// A --wait that reads nothing of its call before --timeout says why that
-// may be: nothing answered (no intake), or the records its key's
-// partition held before the submission, which the reader reads from the
-// start, took longer than --timeout to read. Before, it said only
-// "state \"\"", as if nothing had happened.
+// submit --wait with no ledger to answer it says why its wait found
+// nothing, by what it read: with nothing of the call before the
+// submission, only that nothing answered; with the call's partition not
+// read back (here held by a transaction left open below the submission),
+// both causes, and how far back it read; with a record under the key
+// that does not decode, that.
 func TestSubmitWaitSaysWhatItHadToRead(t *testing.T) {
 	cc, topics, _ := roleCluster(t)
 	dir := t.TempDir()
 	devIssuerKeys(t, dir)
-	key := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "long-log"}
-	// Placed as the ledger's producers place keyed records.
 	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer producer.Close()
-	// Events of another call under a key of the same partition: the
-	// log the reader has to go through (no intake runs to answer).
-	for i := range 5 {
-		if err := producer.ProduceSync(t.Context(), &kgo.Record{Topic: topics.Events, Key: []byte(key.String()), Value: []byte(fmt.Sprintf(`{"n":%d}`, i))}).FirstErr(); err != nil {
+	submit := func(key string) error {
+		return cliErr(t, append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
+			"--tenant", "t_demo", "--key", key, "--wait", "--timeout", "2s")...)
+	}
+
+	err = submit("unanswered")
+	if err == nil || !strings.Contains(err.Error(), "no event of it was read, before this submission or after it (is an intake running, reading "+topics.Requests+"?)") {
+		t.Errorf("submit --wait of a new call with no ledger to answer: %v; want it to say nothing answered it", err)
+	}
+
+	held := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "held"}
+	txn, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()), kgo.TransactionalID("submit-test-open"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.ProduceSync(t.Context(), &kgo.Record{Topic: topics.Events, Key: []byte(held.String()), Value: []byte(`{}`)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	err = submit(held.IdempotencyKey)
+	if err == nil || !strings.Contains(err.Error(), "is an intake running, reading "+topics.Requests) || !strings.Contains(err.Error(), "its partition of "+topics.Events+" was read back from offset 1 to 0") {
+		t.Errorf("submit --wait with its partition not read back: %v; want it to name both causes: no intake, or the call's earlier events not reached", err)
+	}
+	if err := txn.EndTransaction(t.Context(), kgo.TryAbort); err != nil {
+		t.Fatal(err)
+	}
+
+	bad := ledger.CallKey{TenantID: "t_demo", IdempotencyKey: "unreadable"}
+	if err := producer.ProduceSync(t.Context(), &kgo.Record{Topic: topics.Events, Key: []byte(bad.String()), Value: []byte("not an event")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	err = submit(bad.IdempotencyKey)
+	if err == nil || !strings.Contains(err.Error(), "read the call's earlier events: event at "+topics.Events) {
+		t.Errorf("submit --wait with a record under its key that does not decode: %v; want that said", err)
+	}
+}
+
+// submit --wait reads the log back from where it ended only as far as
+// the call needs: a call sent before (a resend, which the intake answers
+// with no event) is found at its start, and what lies before that is not
+// read (here, a record under the key that does not decode, 5,000 records
+// back, which a read from the log's start failed at); a call begun after
+// the envelope went out needs nothing before it, even when that cannot
+// be read.
+func TestSubmitWaitReadsBackOnlyToTheCall(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	appendEvents := eventAppender(t, cc, topics.Events)
+	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Close()
+	unreadable := func(key ledger.CallKey, earlier int) {
+		t.Helper()
+		recs := []*kgo.Record{{Topic: topics.Events, Key: []byte(key.String()), Value: []byte("not an event")}}
+		for i := range earlier {
+			e := ledger.Event{V: 1, EventID: fmt.Sprintf("refusal-%d", i), Type: statemachine.EventDenied, TenantID: key.TenantID,
+				IdempotencyKey: key.IdempotencyKey, CallID: "call-earlier", Reason: "rate_limited", At: time.Now()}
+			r, err := e.Record(topics.Events)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, r)
+		}
+		if err := producer.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err = cliErr(t, append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
-		"--tenant", key.TenantID, "--key", key.IdempotencyKey, "--wait", "--timeout", "2s")...)
-	if err == nil || !strings.Contains(err.Error(), "is an intake running, reading "+topics.Requests) || !strings.Contains(err.Error(), "ran to offset 5 before this submission") {
-		t.Errorf("submit --wait with no ledger to answer: %v; want it to name both causes: no intake, or the 5 records to read", err)
+	call := func(key ledger.CallKey) []ledger.Event {
+		var evs []ledger.Event
+		for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded} {
+			evs = append(evs, ledger.Event{V: 1, EventID: key.IdempotencyKey + "-" + string(ty), Seq: int64(i + 1), Type: ty, TenantID: key.TenantID,
+				IdempotencyKey: key.IdempotencyKey, CallID: "call-" + key.IdempotencyKey, UserID: "u_1", ArgumentsHash: "sha256:h", Attempt: 1, At: time.Now()})
+		}
+		return evs
+	}
+	// wait follows key's call, answered with evs once the envelope went
+	// out.
+	wait := func(key ledger.CallKey, evs ...ledger.Event) (*callWait, string, error) {
+		w, err := newCallWait(t.Context(), cc, topics.Events, key, "call-"+key.IdempotencyKey, []byte(`{"arguments_hash":"sha256:h"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.lastSent = time.Now()
+		if err := appendEvents(t.Context(), evs...); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		err = w.run(t.Context(), &submitFlags{timeout: 20 * time.Second}, &out, func(context.Context) error { return nil })
+		return w, out.String(), err
+	}
+
+	before := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "sent-before"}
+	unreadable(before, 5000)
+	if err := appendEvents(t.Context(), call(before)...); err != nil {
+		t.Fatal(err)
+	}
+	w, out, err := wait(before)
+	if err != nil || w.last == nil || w.last.Type != statemachine.EventSucceeded || !strings.Contains(out, before.String()+" is succeeded") {
+		t.Errorf("submit --wait of a call settled before: %v, printing:\n%s\nwant it found succeeded", err, out)
+	}
+
+	after := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "begun-after"}
+	unreadable(after, 0)
+	w, out, err = wait(after, call(after)...)
+	if err != nil || w.last == nil || w.last.Type != statemachine.EventSucceeded {
+		t.Errorf("submit --wait of a call begun after it went out, with a record before that does not decode: %v, printing:\n%s\nwant it succeeded", err, out)
 	}
 }
