@@ -166,6 +166,9 @@ type LoopMetrics interface {
 	// BatchSkipped: a batch of topic was skipped, unread, for what it
 	// decompresses to (LoopConfig.MaxBatchBytes).
 	BatchSkipped(topic string)
+	// FetchFailed: a fetch of a partition of topic failed with an error
+	// franz-go gave the poll (one it did not retry itself).
+	FetchFailed(topic string)
 }
 
 // nopLoopMetrics measures nothing.
@@ -175,6 +178,7 @@ func (nopLoopMetrics) Committed(int, []*kgo.Record, time.Duration, time.Duration
 func (nopLoopMetrics) NotCommitted(string)                                        {}
 func (nopLoopMetrics) RecordsDeleted(string, int64)                               {}
 func (nopLoopMetrics) BatchSkipped(string)                                        {}
+func (nopLoopMetrics) FetchFailed(string)                                         {}
 
 func (c *LoopConfig) setDefaults() {
 	if c.MaxPollRecords <= 0 {
@@ -249,6 +253,21 @@ type Loop struct {
 	// a transaction that did not commit after one was aborted by the
 	// rebalance, one that did not commit without, by its coordinator.
 	revoked atomic.Int64
+	// unreadable is the partition whose fetches have failed longest,
+	// each poll after the last, with no record read from it meanwhile,
+	// nil if none: franz-go fetches again and again a batch it cannot
+	// decode (corrupt, say), and keeps its error, without the offsets a
+	// skip would need, at the partition, whose every later record then
+	// goes unread.
+	unreadable atomic.Pointer[fetchFailure]
+}
+
+// fetchFailure is a partition whose fetches have failed since a time,
+// and the last error.
+type fetchFailure struct {
+	tp          topicPartition
+	since, last time.Time
+	err         error
 }
 
 // groupError is an error of the group's management, and its mark.
@@ -314,14 +333,21 @@ func (l *Loop) Group() string { return l.cfg.Group }
 var ErrNotReady = errors.New("loop: not ready")
 
 // Ready reports whether the loop is doing its work: a session is live
-// (its producer id initialised, so Kafka answers) and it polled within
-// three ticks. It wraps ErrNotReady with why not.
+// (its producer id initialised, so Kafka answers), it polled within
+// three ticks, and no partition's fetches have failed for longer than
+// that. It wraps ErrNotReady with why not.
 func (l *Loop) Ready() error {
 	last := l.lastPoll.Load()
 	if last == 0 {
 		return fmt.Errorf("%w: no live Kafka session (group %s)", ErrNotReady, l.cfg.Group)
 	}
-	window := 3*l.cfg.Tick + 5*time.Second
+	window := l.readyWindow()
+	// Failing still, and over a span past the window: one error alone
+	// (a reset after data loss, say) is no partition left unread.
+	if f := l.unreadable.Load(); f != nil && f.last.Sub(f.since) > window && time.Since(f.last) <= window {
+		return fmt.Errorf("%w: every fetch of %s/%d has failed for %s, nothing read from it since (group %s): %v",
+			ErrNotReady, f.tp.topic, f.tp.partition, time.Since(f.since).Round(time.Second), l.cfg.Group, f.err)
+	}
 	if age := time.Since(l.born) - time.Duration(last-1); age > window {
 		return fmt.Errorf("%w: no poll for %s (group %s): a step or a transaction is stuck", ErrNotReady, age.Round(time.Second), l.cfg.Group)
 	}
@@ -341,6 +367,10 @@ func (l *Loop) Ready() error {
 	}
 	return nil
 }
+
+// readyWindow is how long Ready lets a poll, a join or a partition's
+// failing fetches take before it says the loop is not doing its work.
+func (l *Loop) readyWindow() time.Duration { return 3*l.cfg.Tick + 5*time.Second }
 
 // NewLoop validates cfg and returns a loop that runs step.
 func NewLoop(cfg LoopConfig, step Step) (*Loop, error) {
@@ -480,6 +510,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	}()
 	l.client.Store(sess.Client())
 	defer l.client.Store(nil)
+	defer l.unreadable.Store(nil)
 
 	var (
 		stepFailures int
@@ -546,6 +577,9 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 	// offsets (an abort rewinds to them, and so does an assignment);
 	// readSince is the assignment it holds for.
 	read, readSince := make(map[topicPartition]int64), l.assigned.Load()
+	// failing are the partitions whose fetches have failed since the
+	// last record read from them (Ready).
+	failing := make(map[topicPartition]*fetchFailure)
 	// poll returns up to n records, waiting until deadline for the
 	// first.
 	poll := func(deadline time.Time, n int) ([]*kgo.Record, error) {
@@ -569,6 +603,13 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 				return
 			}
 			l.cfg.Logger.Warn("fetch error", "topic", t, "partition", p, "err", err)
+			l.cfg.Metrics.FetchFailed(t)
+			now := time.Now()
+			tp := topicPartition{t, p}
+			if failing[tp] == nil {
+				failing[tp] = &fetchFailure{tp: tp, since: now}
+			}
+			failing[tp].last, failing[tp].err = now, err
 			if dropped == nil && partitionDropped(t, err) {
 				dropped = fmt.Errorf("%w: %s/%d: %w", errPartitionDropped, t, p, err)
 			}
@@ -578,6 +619,7 @@ func (l *Loop) runSession(ctx context.Context, progressed *bool) (rerr error) {
 			readSince = a
 		}
 		l.checkDeleted(sess.Client(), fetches, reported, read)
+		l.noteUnreadable(fetches, failing)
 		if dropped != nil {
 			// franz-go goes on without a partition whose committed
 			// offset it could not fetch (an authorization error, a
@@ -938,6 +980,36 @@ func boundedDecompressor(max int) (kgo.Decompressor, error) {
 		return nil, fmt.Errorf("a decompressor bounded at %d bytes: the client has none", max)
 	}
 	return dec, nil
+}
+
+// noteUnreadable forgets the partitions of failing that fetches read a
+// record from, or whose fetches have not failed within Ready's window
+// (franz-go went past the error, or nothing is there to fetch), and
+// keeps in l.unreadable the one failing longest.
+func (l *Loop) noteUnreadable(fetches kgo.Fetches, failing map[topicPartition]*fetchFailure) {
+	if len(failing) == 0 {
+		return
+	}
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) > 0 {
+			delete(failing, topicPartition{p.Topic, p.Partition})
+		}
+	})
+	var oldest *fetchFailure
+	for tp, f := range failing {
+		if time.Since(f.last) > l.readyWindow() {
+			delete(failing, tp)
+			continue
+		}
+		if oldest == nil || f.since.Before(oldest.since) {
+			oldest = f
+		}
+	}
+	if oldest != nil {
+		c := *oldest
+		oldest = &c
+	}
+	l.unreadable.Store(oldest)
 }
 
 // topicPartition names a partition.

@@ -550,7 +550,7 @@ func runCopyGroupLoop(t *testing.T, k *ledgertest.Kafka, cfg ledger.LoopConfig, 
 
 // consumedCounter counts the records the loop's transactions committed,
 // and those reported deleted unread (how many, in how many reports).
-type consumedCounter struct{ n, deleted, reports, skipped atomic.Int64 }
+type consumedCounter struct{ n, deleted, reports, skipped, fetchErrors atomic.Int64 }
 
 func (c *consumedCounter) Committed(consumed int, _ []*kgo.Record, _, _ time.Duration) {
 	c.n.Add(int64(consumed))
@@ -561,6 +561,7 @@ func (c *consumedCounter) RecordsDeleted(_ string, n int64) {
 	c.reports.Add(1)
 }
 func (c *consumedCounter) BatchSkipped(string) { c.skipped.Add(1) }
+func (c *consumedCounter) FetchFailed(string)  { c.fetchErrors.Add(1) }
 
 // Records the log deleted (retention) before the loop read them are not
 // skipped in silence: the loop resumes at the log's start, as it must,
@@ -1936,5 +1937,57 @@ func TestLoopReadsAWideZstdBatch(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(seen, []string{"wide", "after"}) || len(skipped) != 0 {
 		t.Errorf("the step saw %q, the batches skipped %v; want the wide batch's record and the one after, nothing skipped", seen, skipped)
+	}
+}
+
+// notZstd labels every batch zstd and writes bytes that no decoder reads,
+// as a batch damaged after its producer compressed it would be.
+type notZstd struct{}
+
+func (notZstd) Compress(*bytes.Buffer, []byte, ...kgo.CompressFlag) ([]byte, kgo.CompressionCodecType) {
+	return []byte("not a zstd frame"), kgo.CodecZstd
+}
+
+// A partition holding a batch franz-go cannot decode (no frame at all,
+// not a wide one) makes the loop not ready, naming the partition, once
+// its fetches have failed for longer than Ready's window, and each
+// failure is counted; the other partitions are read meanwhile. Before,
+// the loop said it was ready while every record after the batch went
+// unread, a Warn a fetch the only sign.
+func TestLoopNotReadyWhileAPartitionCannotBeRead(t *testing.T) {
+	k := faultableKafka(t)
+	rq := k.Topics.Requests
+	bad, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.WithCompressor(notZstd{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	// Longer than its "compressed" form, which the producer then keeps.
+	if err := bad.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 0, Key: []byte("damaged"), Value: bytes.Repeat([]byte("v"), 4096)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var metrics consumedCounter
+	l := copyLoop(t, k, "copy-1", func(c *ledger.LoopConfig) { c.Metrics = &metrics })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	plain, err := ledger.NewClient(k.Client, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if err := plain.ProduceSync(t.Context(), &kgo.Record{Topic: rq, Partition: 1, Key: []byte("readable"), Value: []byte("v")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitCommitted(t, k, 1, 20*time.Second)
+	ledgertest.WaitFor(t, 30*time.Second, func() error {
+		if err := l.Ready(); err == nil || !strings.Contains(err.Error(), "every fetch of "+rq+"/0 has failed") {
+			return fmt.Errorf("Ready() = %v; want not ready, naming %s/0", err, rq)
+		}
+		return nil
+	})
+	if metrics.fetchErrors.Load() == 0 {
+		t.Error("no failed fetch counted")
 	}
 }

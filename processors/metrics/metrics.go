@@ -52,6 +52,7 @@ type Registry struct {
 	undos        *prometheus.CounterVec
 	deleted      *prometheus.CounterVec
 	skipped      *prometheus.CounterVec
+	fetchErrors  *prometheus.CounterVec
 	dlq          *prometheus.CounterVec
 	breakerMoves *prometheus.CounterVec
 	// The approval queue's, registered by ApprovalQueue.
@@ -117,6 +118,10 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_batches_skipped_total", ConstLabels: constRole,
 		Help: "Fetched batches skipped unread because they decompress to more than --max-batch-bytes, by topic: each is logged at Error with its offsets (the intake also writes a DLQ record, batch_too_large); its records are still in the log.",
 	}, []string{"topic"})
+	r.fetchErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ledger_fetch_errors_total", ConstLabels: constRole,
+		Help: "Fetches of a partition that failed with an error the Kafka client gave the loop, by topic: each is logged at Warn with its partition. One that keeps rising is a partition the loop cannot read past (a batch the client cannot decode, which it fetches again and again); /readyz fails once that has lasted three ticks and 5 s.",
+	}, []string{"topic"})
 	r.dlq = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_dlq_records_total", ConstLabels: constRole,
 		Help: "Records this process appended to the DLQ (committed), by reason: requests that could not be read as an envelope, and batches skipped for their size.",
@@ -137,7 +142,7 @@ func New(role string, known func(tool string) bool) *Registry {
 		Name: "ledger_approval_events_unpublished_total", ConstLabels: constRole,
 		Help: "Decisions the approval queue took whose events it failed to publish: the executors' unlogged sweep appends them, 10 s or more later, which an approval's window may not outlast.",
 	})
-	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undecodable, r.undos, r.deleted, r.skipped, r.dlq, r.breakerMoves)
+	r.reg.MustRegister(r.events.vec, r.consumed, r.transactions, r.stages, r.claims, r.toolCalls, r.storeRetries, r.unreadable, r.undecodable, r.undos, r.deleted, r.skipped, r.fetchErrors, r.dlq, r.breakerMoves)
 	return r
 }
 
@@ -301,6 +306,12 @@ func (r *Registry) RecordsDeleted(topic string, n int64) {
 // implements ledger.LoopMetrics.
 func (r *Registry) BatchSkipped(topic string) {
 	r.skipped.WithLabelValues(topic).Inc()
+}
+
+// FetchFailed counts a failed fetch of a partition of topic. It
+// implements ledger.LoopMetrics.
+func (r *Registry) FetchFailed(topic string) {
+	r.fetchErrors.WithLabelValues(topic).Inc()
 }
 
 // Stage observes how long a stage took.

@@ -131,7 +131,7 @@ func TestEventsByRegisteredTool(t *testing.T) {
 }
 
 // The DLQ records a transaction committed are counted by reason, and
-// batches skipped for their size by topic. Before, nothing counted the
+// batches skipped for their size and failed fetches by topic. Before, nothing counted the
 // DLQ: a comment said something else did.
 func TestDLQAndSkippedBatchesCounted(t *testing.T) {
 	r := New("intake", nil)
@@ -140,6 +140,8 @@ func TestDLQAndSkippedBatchesCounted(t *testing.T) {
 	}
 	r.Committed(3, []*kgo.Record{dlq("invalid_json"), dlq("invalid_json"), dlq(ledger.ReasonBatchTooLarge), eventRecord("denied", "")}, 0, 0)
 	r.BatchSkipped("toolcalls.requests")
+	r.FetchFailed("toolcalls.events")
+	r.FetchFailed("toolcalls.events")
 	got := map[string]float64{}
 	for labels, v := range counters(t, r, "ledger_dlq_records_total") {
 		got["dlq/"+labels["reason"]] = v
@@ -147,7 +149,10 @@ func TestDLQAndSkippedBatchesCounted(t *testing.T) {
 	for labels, v := range counters(t, r, "ledger_batches_skipped_total") {
 		got["skipped/"+labels["topic"]] = v
 	}
-	want := map[string]float64{"dlq/invalid_json": 2, "dlq/" + ledger.ReasonBatchTooLarge: 1, "skipped/toolcalls.requests": 1}
+	for labels, v := range counters(t, r, "ledger_fetch_errors_total") {
+		got["fetch/"+labels["topic"]] = v
+	}
+	want := map[string]float64{"dlq/invalid_json": 2, "dlq/" + ledger.ReasonBatchTooLarge: 1, "skipped/toolcalls.requests": 1, "fetch/toolcalls.events": 2}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("DLQ and skipped batch counters (-want +got):\n%s", diff)
 	}
