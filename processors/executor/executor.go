@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -2993,11 +2994,43 @@ func (c *completion) exhausted(tool *schemas.Tool, attempt int, err error) proce
 	case tool.Effect == schemas.EffectRead:
 		// The last attempt got no answer; a read has no effect to be
 		// unsure of.
-		return c.finish(processors.StatusFailed, attempt, ReasonToolFailed, "timeout", nil)
+		return c.finish(processors.StatusFailed, attempt, ReasonToolFailed, noAnswerCode(err), nil)
 	default:
 		// The last attempt may have reached the tool.
-		return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, "timeout", nil)
+		return c.finish(processors.StatusOutcomeUnknown, attempt, ReasonOutcomeAmbiguous, noAnswerCode(err), nil)
 	}
+}
+
+// Codes of an attempt that got no answer (its error_code).
+const (
+	// CodeTimeout: the attempt's or the call's time ran out first.
+	CodeTimeout = "timeout"
+	// CodeConnectionLost: the connection to the tool failed (reset or
+	// closed) after it was handed the request, before an answer came.
+	CodeConnectionLost = "connection_lost"
+)
+
+// noAnswerCode names the failure of an attempt that got no answer, err:
+// a connection lost is not a slow tool, and whoever reads the call's
+// failure looks in another place for each.
+func noAnswerCode(err error) string {
+	if he, ok := errors.AsType[*httptool.Error](err); ok && transportFailed(he) && !timedOut(he.Err) {
+		return CodeConnectionLost
+	}
+	return CodeTimeout
+}
+
+// transportFailed reports whether he is a request handed to the tool
+// that got no answer: its exchange failed in the transport.
+func transportFailed(he *httptool.Error) bool {
+	return he.Kind == httptool.Unknown && he.Status == 0 && he.Err != nil
+}
+
+// timedOut reports whether a transport's error is time running out (or
+// the executor stopping), not the connection failing.
+func timedOut(err error) bool {
+	ne, ok := errors.AsType[net.Error](err)
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || ok && ne.Timeout()
 }
 
 // retryAfter is the wait a tool asked for in err's answer (Retry-After),
@@ -3017,8 +3050,11 @@ func notSent(err error) bool {
 }
 
 func errorCode(he *httptool.Error) string {
-	if he.Status != 0 {
+	switch {
+	case he.Status != 0:
 		return fmt.Sprintf("http_%d", he.Status)
+	case transportFailed(he):
+		return noAnswerCode(he)
 	}
 	return strings.ToLower(he.Kind.String())
 }

@@ -523,7 +523,8 @@ func TestReadToolFailuresEndFailed(t *testing.T) {
 		requests int64
 	}{
 		{"5xx", demobackend.Fault{FailStatus: http.StatusServiceUnavailable}, "http_503", 2},
-		{"no answer", demobackend.Fault{Hang: true}, "timeout", 2},
+		{"no answer", demobackend.Fault{Hang: true}, executor.CodeTimeout, 2},
+		{"the connection closed", demobackend.Fault{ApplyThenDrop: true}, executor.CodeConnectionLost, 2},
 		{"a redirect", demobackend.Fault{FailStatus: http.StatusMovedPermanently}, "http_301", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -541,6 +542,38 @@ func TestReadToolFailuresEndFailed(t *testing.T) {
 			if code, n := evs[1].ErrorCode, r.backend.Requests(); code != tc.code || n != tc.requests {
 				t.Errorf("error code %q after %d requests; want %q after %d", code, n, tc.code, tc.requests)
 			}
+		})
+	}
+}
+
+// A write whose every attempt got no answer ends outcome_unknown, its
+// code saying which way the answer failed to come: connection_lost when
+// the tool closed the connection (a crash, a proxy's reset), timeout when
+// the tool was still working at the attempt's end. Before, a connection
+// lost read "timeout" for a native tool, sending whoever looked to the
+// tool's latency, and "unknown" for the others.
+func TestNoAnswerSaysWhy(t *testing.T) {
+	for _, tc := range []struct {
+		name, tool string
+		fault      demobackend.Fault
+		code       string
+	}{
+		{"native, the connection closed", "create_ticket", demobackend.Fault{ApplyThenDrop: true}, executor.CodeConnectionLost},
+		{"native, no answer in time", "create_ticket", demobackend.Fault{Hang: true}, executor.CodeTimeout},
+		{"not idempotent, the connection closed", "notify", demobackend.Fault{ApplyThenDrop: true}, executor.CodeConnectionLost},
+		{"not idempotent, no answer in time", "notify", demobackend.Fault{Hang: true}, executor.CodeTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			// notify is the backend's send_email.
+			route, args := "create_ticket", map[string]any{"title": "t"}
+			if tc.tool == "notify" {
+				route, args = "send_email", note
+			}
+			r.backend.SetFault(route, tc.fault)
+			auth := r.admit(tc.tool, "k-"+tc.code, args, 0)
+			stepEndsAs(t, r.executor(func(c *executor.Config) { c.MaxAttempts = 2 }), auth,
+				[]string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, tc.code)
 		})
 	}
 }
