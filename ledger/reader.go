@@ -69,18 +69,32 @@ func firstCopies(evs []Event) []Event {
 // it reads after that is twice as long as the one before.
 const historyWindow = 4096
 
+// copySkew bounds how much earlier than a call's requested event (its
+// At) the record of any of the call's events, or of a copy of one, may be
+// timestamped: how far apart the clocks of the hosts appending them
+// (intake, approvals, executors) may be.
+const copySkew = time.Minute
+
 // CallBefore returns the events of key's latest call below offset end of
-// its partition of topic (as EndOffsets gives it): those from the call's
-// last requested event on, in log order, each once (as ReadCall). It
-// reads the partition backwards, in windows each twice as long as the one
-// before, so that a call begun shortly before end costs a read of about
-// its own span, however long the log before it. (An outbox appended
-// again, after a crash left it unmarked, goes out whole from its first
-// unlogged event, so the last requested event has the rest of the call
-// after it.) A key with no requested event below end costs a read of the
-// whole partition, and CallBefore returns what there is: refusals, or
-// the rest of a call whose start retention deleted. reached, unless nil,
-// is told the offset each window starts at, as the read goes down.
+// its partition of topic (as EndOffsets gives it): those of the call of
+// the last requested event there (by call id), each once (as ReadCall),
+// in log order, which is not always seq order: an outbox appended again
+// (a resend answered before its events were marked logged; the
+// executors' sweep) puts copies of a call's first events after the ones
+// that follow them, so a reader folds them by seq.
+//
+// It reads the partition backwards from end, in windows each twice as
+// long as the one before, down to the last requested event, and then on
+// down to the first offset timestamped within copySkew of that event's
+// time, where the call's first copy of it can be no earlier: a call begun
+// shortly before end costs a read of about its own span, however long
+// the log before it. A key with no requested event below end costs a read
+// of the whole partition, and CallBefore returns what there is: refusals,
+// or the rest of a call whose start retention deleted. A record under the
+// key that does not decode fails it only where it may be one of the
+// call's: at or past the call's first event, or with no call found.
+// reached, unless nil, is told the offset down to which the partition
+// was read, as each window is.
 func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey, end int64, reached func(offset int64)) ([]Event, error) {
 	admin, n, err := openTopic(ctx, cc, topic)
 	if err != nil {
@@ -90,42 +104,116 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 	adm := kadm.NewClient(admin)
 	k := []byte(key.String())
 	p := PartitionFor(k, n)
-	var later []Event // of the windows read so far, in log order
-	for hi, w := end, int64(historyWindow); ; w *= 2 {
-		starts, err := adm.ListStartOffsets(ctx, topic)
+	type read struct {
+		e      Event
+		offset int64
+	}
+	var (
+		later     []read // of the key, from lo to end, in log order
+		lo        = end
+		bad       error // the undecodable record under the key read last in the log, if any
+		badOffset int64
+	)
+	// readDown reads the partition from from up to lo, and takes lo
+	// down to from.
+	readDown := func(from int64) error {
+		var window []read
+		err := scan(ctx, cc, admin, topic, map[int32]int64{p: from}, map[int32]int64{p: lo}, false, func(r *kgo.Record) (bool, error) {
+			if string(r.Key) != string(k) {
+				return false, nil
+			}
+			e, err := DecodeEvent(r.Value)
+			if err != nil {
+				if bad == nil || r.Offset > badOffset {
+					bad, badOffset = fmt.Errorf("event at %s/%d/%d: %w", topic, r.Partition, r.Offset, err), r.Offset
+				}
+				return false, nil
+			}
+			window = append(window, read{e, r.Offset})
+			return false, nil
+		})
 		if err != nil {
-			return nil, fmt.Errorf("list offsets %s: %w", topic, err)
+			return err
 		}
-		st, _ := starts.Lookup(topic, p)
-		if st.Err != nil {
-			return nil, fmt.Errorf("list offsets %s/%d: %w", topic, p, st.Err)
-		}
-		if hi <= st.Offset {
-			return firstCopies(later), nil
-		}
-		lo := max(hi-w, st.Offset)
+		later, lo = append(window, later...), from
 		if reached != nil {
 			reached(lo)
 		}
-		var window []Event
-		err = scan(ctx, cc, admin, topic, map[int32]int64{p: lo}, map[int32]int64{p: hi}, false, keyEvents(topic, k, func(e Event, _ int64) bool {
-			window = append(window, e)
-			return false
-		}))
+		return nil
+	}
+	logStart := func() (int64, error) {
+		starts, err := adm.ListStartOffsets(ctx, topic)
+		if err != nil {
+			return 0, fmt.Errorf("list offsets %s: %w", topic, err)
+		}
+		st, _ := starts.Lookup(topic, p)
+		if st.Err != nil {
+			return 0, fmt.Errorf("list offsets %s/%d: %w", topic, p, st.Err)
+		}
+		return st.Offset, nil
+	}
+	var last *Event // the last requested event read
+	for w := int64(historyWindow); last == nil; w *= 2 {
+		st, err := logStart()
 		if err != nil {
 			return nil, err
 		}
-		later = append(window, later...)
-		for i := len(later) - 1; i >= 0; i-- {
-			if later[i].Type == statemachine.EventRequested {
-				return firstCopies(later[i:]), nil
+		if lo <= st {
+			break
+		}
+		if err := readDown(max(lo-w, st)); err != nil {
+			return nil, err
+		}
+		for i := len(later) - 1; i >= 0 && last == nil; i-- {
+			if later[i].e.Type == statemachine.EventRequested {
+				last = &later[i].e
 			}
 		}
-		if lo == st.Offset {
-			return firstCopies(later), nil
-		}
-		hi = lo
 	}
+	if last == nil {
+		if bad != nil {
+			return nil, bad
+		}
+		evs := make([]Event, len(later))
+		for i := range later {
+			evs[i] = later[i].e
+		}
+		return firstCopies(evs), nil
+	}
+	call := *last
+	if !call.At.IsZero() {
+		offs, err := adm.ListOffsetsAfterMilli(ctx, call.At.Add(-copySkew).UnixMilli(), topic)
+		if err != nil {
+			return nil, fmt.Errorf("list offsets %s: %w", topic, err)
+		}
+		o, _ := offs.Lookup(topic, p)
+		if o.Err != nil {
+			return nil, fmt.Errorf("list offsets %s/%d: %w", topic, p, o.Err)
+		}
+		st, err := logStart()
+		if err != nil {
+			return nil, err
+		}
+		if from := max(o.Offset, st); from < lo {
+			if err := readDown(from); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var evs []Event
+	first := int64(-1)
+	for _, r := range later {
+		if r.e.CallID == call.CallID && !r.e.Refusal() {
+			if first < 0 {
+				first = r.offset
+			}
+			evs = append(evs, r.e)
+		}
+	}
+	if bad != nil && badOffset >= first {
+		return nil, bad
+	}
+	return firstCopies(evs), nil
 }
 
 // FollowCall calls fn with each event of key on topic, and its offset,

@@ -294,26 +294,42 @@ type callWait struct {
 	// submission, which is refused.
 	own httpapi.OwnCallOf
 
-	mu       sync.Mutex
-	earlier  bool          // the call under the key is another's (argumentsHash)
+	mu sync.Mutex
+	// The call followed is that of the first requested event of this
+	// submission's read under callKey (placed): followed is its call id,
+	// call its events folded in seq order (ahead holds those read before
+	// the ones they follow), and unplaced the events read before any
+	// such requested event. earlier says a requested event of another
+	// call came first (other arguments, another user): an earlier one
+	// under the key, whose outcome is no answer to this submission.
+	placed   bool
+	followed string
+	call     statemachine.Call
+	ahead    map[int64]heldEvent
+	unplaced []heldEvent
+	earlier  bool
 	last     *ledger.Event // the settling event, or the refusal that ends the wait
 	forNow   *ledger.Event // the last refusal for now answered by sending again
-	call     statemachine.Call
-	sent     int       // envelopes published
-	lastSent time.Time // when the last one was: set as the first goes out
-	retried  int       // refusals for now answered by sending again
+	sent     int           // envelopes published
+	lastSent time.Time     // when the last one was: set as the first goes out
+	retried  int           // refusals for now answered by sending again
 	refusals map[string]bool
 	// The call's events below ends[0], for a call sent before (a resend,
 	// which the intake answers with no event), are read backwards
-	// (ledger.CallBefore) as the keys are followed. Until they are,
-	// callKey's later events wait in held, unless one is a requested
-	// event: a call begun after the envelope went out, whose earlier
-	// events there are none of. histFrom is the offset the read had gone
-	// down to, for the timeout's message.
+	// (ledger.CallBefore) as the keys are followed from their ends, and
+	// folded with them. histFrom is the offset the read had got down to,
+	// for the timeout's message.
 	histDone bool
 	histFrom int64
 	histErr  error
-	held     []ledger.Event
+}
+
+// heldEvent is an event of the call under callKey not folded yet, and
+// whether it was read past where the key's partition ended before the
+// envelope first went out.
+type heldEvent struct {
+	e     ledger.Event
+	fresh bool
 }
 
 func newCallWait(ctx context.Context, cc ledger.ClientConfig, topic string, key ledger.CallKey, callID string, body []byte) (*callWait, error) {
@@ -353,39 +369,30 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		wg   sync.WaitGroup
 		errs = make([]error, len(w.keys))
 	)
-	hctx, stopHistory := context.WithCancel(wctx)
-	defer stopHistory()
 	w.histFrom = w.ends[0]
 	wg.Go(func() {
-		evs, err := ledger.CallBefore(hctx, w.cc, w.topic, w.callKey, w.ends[0], func(offset int64) {
+		evs, err := ledger.CallBefore(wctx, w.cc, w.topic, w.callKey, w.ends[0], func(offset int64) {
 			w.mu.Lock()
 			w.histFrom = offset
 			w.mu.Unlock()
 		})
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if w.histDone || w.last != nil || hctx.Err() != nil {
+		if w.last != nil || wctx.Err() != nil {
 			return
 		}
 		if err != nil {
-			// Said if the wait ends with nothing else to say: a call
-			// begun after the envelope went out needs none of it.
+			// Said if nothing else ends the wait: a call begun after the
+			// envelope went out needs none of it.
 			w.histErr = fmt.Errorf("read the call's earlier events: %w", err)
 			return
 		}
 		w.histDone = true
 		for _, e := range evs {
-			// A refusal below ends answered an earlier submission.
-			if !e.Refusal() && w.step(e, false, f, out, cancel) {
+			if w.take(e, false, f, out, cancel) {
 				return
 			}
 		}
-		for _, e := range w.held {
-			if w.step(e, true, f, out, cancel) {
-				return
-			}
-		}
-		w.held = nil
 	})
 	for i, k := range w.keys {
 		wg.Go(func() {
@@ -403,18 +410,12 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 				if k != w.callKey {
 					return false
 				}
-				if !w.histDone {
-					if e.Type != statemachine.EventRequested {
-						w.held = append(w.held, e)
-						return false
-					}
-					// A call begun now, or its outbox appended again
-					// whole: what came before is not wanted.
-					w.histDone, w.held, w.histErr = true, nil, nil
-					stopHistory()
-				}
-				return w.step(e, true, f, out, cancel)
+				return w.take(e, true, f, out, cancel)
 			})
+			if errs[i] != nil && wctx.Err() == nil {
+				// Said at once, not when --timeout runs out.
+				cancel()
+			}
 		})
 	}
 	followed := make(chan struct{})
@@ -478,7 +479,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 				// Nothing answered this submission, and a call sent
 				// before (which the intake answers with no event) was
 				// not found: its partition is long, or no intake runs.
-				return fmt.Errorf("call %s did not settle within %s: no event of it was read. Either nothing answered it (is an intake running, reading %s?), or it was sent before and its earlier events lie further back than --timeout let be read: its partition of %s was read back from offset %d to %d (a longer --timeout, or --api, whose lookups are the projection's)",
+				return fmt.Errorf("call %s did not settle within %s: no event of it was read. Either nothing answered it (is an intake running, reading %s?), or it was sent before and its earlier events lie further back than --timeout let be read: its partition of %s, which ended at offset %d when the envelope went out, had been read back to offset %d (a longer --timeout, or --api, whose lookups are the projection's)",
 					w.callKey, f.timeout, w.requests, w.topic, w.ends[0], w.histFrom)
 			}
 			return fmt.Errorf("call %s did not settle within %s: no event of it was read, before this submission or after it (is an intake running, reading %s?)",
@@ -498,36 +499,86 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 	return nil
 }
 
-// step folds an event of the call under callKey, fresh when it was
-// appended after the envelope first went out, prints it, and reports
-// whether the wait is over: the call settled. Under w.mu. Once a
-// requested event says the call under the key is another's (an earlier
-// call's arguments or user), nothing under the key answers this
-// submission but its refusal.
-func (w *callWait) step(e ledger.Event, fresh bool, f *submitFlags, out io.Writer, cancel func()) bool {
-	if e.Type == statemachine.EventRequested && !w.own.Is(e) {
-		w.earlier = true
-	}
-	if w.earlier {
+// take folds an event of a call under callKey, fresh when it was read
+// past where the key's partition ended before the envelope first went
+// out, and reports whether the wait is over: the call settled. Under
+// w.mu. The events of the call read back and of those read live come in
+// any order, and the log itself holds copies of a call's first events
+// after the ones that follow them (an outbox appended again): they are
+// folded in seq order, each once, as the call of the first requested
+// event of this submission places them.
+func (w *callWait) take(e ledger.Event, fresh bool, f *submitFlags, out io.Writer, cancel func()) bool {
+	h := heldEvent{e, fresh}
+	switch {
+	case e.Type == statemachine.EventRequested && !w.placed:
+		if !w.own.Is(e) {
+			// Another's call under the key, which this submission's
+			// refusal answers; unless one of its own comes after.
+			w.earlier = true
+			return false
+		}
+		w.placed, w.followed, w.earlier = true, e.CallID, false
+		if w.fold(h, f, out, cancel) {
+			return true
+		}
+		waiting := w.unplaced
+		w.unplaced = nil
+		for _, u := range waiting {
+			if u.e.CallID == w.followed && w.fold(u, f, out, cancel) {
+				return true
+			}
+		}
+		return false
+	case !w.placed:
+		w.unplaced = append(w.unplaced, h)
+		return false
+	case e.CallID != w.followed:
 		return false
 	}
-	next, _, err := statemachine.Apply(w.call, e.Transition())
-	if err != nil {
+	return w.fold(h, f, out, cancel)
+}
+
+// fold applies h's event to the call if it is the next by seq, and then
+// those held ahead that follow it, prints each, and reports whether the
+// call settled; an event past the next is held ahead, and one applied
+// already (a copy) dropped. Under w.mu.
+func (w *callWait) fold(h heldEvent, f *submitFlags, out io.Writer, cancel func()) bool {
+	switch {
+	case h.e.Seq <= w.call.Seq:
+		return false
+	case h.e.Seq > w.call.Seq+1:
+		if w.ahead == nil {
+			w.ahead = make(map[int64]heldEvent)
+		}
+		if _, ok := w.ahead[h.e.Seq]; !ok {
+			w.ahead[h.e.Seq] = h
+		}
 		return false
 	}
-	w.call = next
-	if fresh {
-		w.forNow = nil // a sending was admitted
+	for {
+		next, _, err := statemachine.Apply(w.call, h.e.Transition())
+		if err != nil {
+			return false
+		}
+		w.call = next
+		if h.fresh {
+			w.forNow = nil // a sending was admitted
+		}
+		if !f.jsonOut {
+			printEvent(out, h.e)
+		}
+		if w.call.State.Settled() {
+			e := h.e
+			w.last = &e
+			cancel()
+			return true
+		}
+		n, ok := w.call.Seq+1, false
+		if h, ok = w.ahead[n]; !ok {
+			return false
+		}
+		delete(w.ahead, n)
 	}
-	if !f.jsonOut {
-		printEvent(out, e)
-	}
-	if w.call.State.Settled() {
-		w.last = &e
-		cancel()
-		return true
-	}
-	return false
 }
 
 // refused takes a refusal of the call's id read under a key after the

@@ -731,7 +731,7 @@ func TestSubmitWaitSaysWhatItHadToRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = submit(held.IdempotencyKey)
-	if err == nil || !strings.Contains(err.Error(), "is an intake running, reading "+topics.Requests) || !strings.Contains(err.Error(), "its partition of "+topics.Events+" was read back from offset 1 to 0") {
+	if err == nil || !strings.Contains(err.Error(), "is an intake running, reading "+topics.Requests) || !strings.Contains(err.Error(), "its partition of "+topics.Events+", which ended at offset 1 when the envelope went out, had been read back to offset 1") {
 		t.Errorf("submit --wait with its partition not read back: %v; want it to name both causes: no intake, or the call's earlier events not reached", err)
 	}
 	if err := txn.EndTransaction(t.Context(), kgo.TryAbort); err != nil {
@@ -750,11 +750,16 @@ func TestSubmitWaitSaysWhatItHadToRead(t *testing.T) {
 
 // submit --wait reads the log back from where it ended only as far as
 // the call needs: a call sent before (a resend, which the intake answers
-// with no event) is found at its start, and what lies before that is not
-// read (here, a record under the key that does not decode, 5,000 records
-// back, which a read from the log's start failed at); a call begun after
-// the envelope went out needs nothing before it, even when that cannot
-// be read.
+// with no event) is found at its start, and what lies before it does not
+// fail the wait (here, a record under the key that does not decode,
+// 5,000 records back, which a read from the log's start failed at); a
+// call begun after the envelope went out needs nothing before it, even
+// when that cannot be read. A call whose first events were appended
+// again after the rest (an outbox appended again: a resend answered
+// before they were marked logged, the executors' sweep), in the log
+// before the submission or read live, is folded by seq, to the state
+// the rest says: before, the wait took the copies for the call's start
+// and waited on at authorized.
 func TestSubmitWaitReadsBackOnlyToTheCall(t *testing.T) {
 	cc, topics, _ := roleCluster(t)
 	appendEvents := eventAppender(t, cc, topics.Events)
@@ -763,10 +768,15 @@ func TestSubmitWaitReadsBackOnlyToTheCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer producer.Close()
-	unreadable := func(key ledger.CallKey, earlier int) {
+	// earlier appends n refusals of earlier submissions under key, after
+	// a record that does not decode if garbled.
+	earlier := func(key ledger.CallKey, garbled bool, n int) {
 		t.Helper()
-		recs := []*kgo.Record{{Topic: topics.Events, Key: []byte(key.String()), Value: []byte("not an event")}}
-		for i := range earlier {
+		var recs []*kgo.Record
+		if garbled {
+			recs = append(recs, &kgo.Record{Topic: topics.Events, Key: []byte(key.String()), Value: []byte("not an event")})
+		}
+		for i := range n {
 			e := ledger.Event{V: 1, EventID: fmt.Sprintf("refusal-%d", i), Type: statemachine.EventDenied, TenantID: key.TenantID,
 				IdempotencyKey: key.IdempotencyKey, CallID: "call-earlier", Reason: "rate_limited", At: time.Now()}
 			r, err := e.Record(topics.Events)
@@ -804,7 +814,7 @@ func TestSubmitWaitReadsBackOnlyToTheCall(t *testing.T) {
 	}
 
 	before := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "sent-before"}
-	unreadable(before, 5000)
+	earlier(before, true, 5000)
 	if err := appendEvents(t.Context(), call(before)...); err != nil {
 		t.Fatal(err)
 	}
@@ -814,9 +824,48 @@ func TestSubmitWaitReadsBackOnlyToTheCall(t *testing.T) {
 	}
 
 	after := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "begun-after"}
-	unreadable(after, 0)
+	earlier(after, true, 0)
 	w, out, err = wait(after, call(after)...)
 	if err != nil || w.last == nil || w.last.Type != statemachine.EventSucceeded {
 		t.Errorf("submit --wait of a call begun after it went out, with a record before that does not decode: %v, printing:\n%s\nwant it succeeded", err, out)
+	}
+
+	copiedBefore := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "copied-before"}
+	evs := call(copiedBefore)
+	if err := appendEvents(t.Context(), evs...); err != nil {
+		t.Fatal(err)
+	}
+	earlier(copiedBefore, false, 5000)
+	if err := appendEvents(t.Context(), evs[:2]...); err != nil {
+		t.Fatal(err)
+	}
+	w, out, err = wait(copiedBefore)
+	if err != nil || w.last == nil || w.last.Type != statemachine.EventSucceeded {
+		t.Errorf("submit --wait of a call whose first events were appended again, 5,000 records after the rest: %v, printing:\n%s\nwant it succeeded", err, out)
+	}
+
+	copiedLive := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "copied-live"}
+	evs = call(copiedLive)
+	if err := appendEvents(t.Context(), evs[:2]...); err != nil {
+		t.Fatal(err)
+	}
+	w, out, err = wait(copiedLive, evs[2], evs[3], evs[0], evs[1])
+	if err != nil || w.last == nil || w.last.Type != statemachine.EventSucceeded {
+		t.Errorf("submit --wait of a call whose first events were appended again, live, after the rest: %v, printing:\n%s\nwant it succeeded", err, out)
+	}
+
+	// Another's call under the key before, and this submission's call
+	// admitted under it after (the store had lost the key): followed.
+	reused := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "reused-after-loss"}
+	other := call(reused)
+	for i := range other {
+		other[i].EventID, other[i].CallID, other[i].ArgumentsHash = "other-"+other[i].EventID, "call-other", "sha256:other"
+	}
+	if err := appendEvents(t.Context(), other...); err != nil {
+		t.Fatal(err)
+	}
+	w, out, err = wait(reused, call(reused)...)
+	if err != nil || w.last == nil || w.last.EventID != "reused-after-loss-succeeded" {
+		t.Errorf("submit --wait of a call admitted under a key another's call held: %v, printing:\n%s\nwant this call succeeded", err, out)
 	}
 }
