@@ -229,7 +229,10 @@ With --swap, stop the projector first: the rebuilt tables replace the live ones,
 then the projector's group offsets are set to where the replay ended, so the
 projector, started again, goes on from there. A rebuild lacking an event, or
 the control actions of a subject, that the live tables hold (the log no longer
-has them all) is not swapped in without --force.`,
+has them all) is not swapped in without --force. The control actions of the
+live tables that the rebuild lacks (the compacted control topic keeps only each
+subject's latest) are copied into it first: the table is the history an
+incident's audit reads, and nothing else keeps it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -330,11 +333,24 @@ has them all) is not swapped in without --force.`,
 			}
 			// A live database never migrated (a first deployment from a
 			// rebuild, a swap that failed half way) has nothing to lose.
-			if v, err := live.SchemaVersion(ctx); err != nil {
+			v, err := live.SchemaVersion(ctx)
+			if err != nil {
 				return err
-			} else if !force && v > 0 {
+			}
+			if !force && v > 0 {
 				if err := rebuildHoldsAll(ctx, live, fresh); err != nil {
 					return err
+				}
+			}
+			// The history of control actions the compacted control topic
+			// no longer has is kept: nothing else holds it.
+			if v > 0 {
+				kept, err := fresh.KeepControlHistory(ctx, live)
+				if err != nil {
+					return fmt.Errorf("%w; not swapped", err)
+				}
+				if kept > 0 {
+					fmt.Fprintf(out, "kept %d control actions of the live tables that the compacted control topic no longer has (a subject's earlier actions)\n", kept)
 				}
 			}
 			// Swap, then move the offsets: offsets moved before a swap

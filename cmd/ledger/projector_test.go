@@ -848,3 +848,36 @@ func runProjector(t *testing.T, k *ledgertest.Kafka, group string, st *chstore.S
 		}
 	}
 }
+
+// rebuild --swap keeps the control actions of the live tables that the
+// compacted control topic no longer has (here, a tool's freeze, whose
+// unfreeze is all the topic keeps), and says how many: the table is the
+// history an incident's audit reads (who froze the tool, when and why),
+// and before, the swap dropped them for good.
+func TestRebuildSwapKeepsControlHistory(t *testing.T) {
+	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
+	produceAcross(t, k)
+	at := time.Now().UTC().Truncate(time.Second)
+	freeze := ledger.ControlAction{V: 1, Kind: "freeze", Subject: "tool:refund_order", Tool: "refund_order", By: "u_alice", ByTenant: "*", Reason: "bad refunds", At: at}
+	unfreeze := ledger.ControlAction{V: 1, Kind: "unfreeze", Subject: "tool:refund_order", Tool: "refund_order", By: "u_bob", ByTenant: "*", Reason: "fixed", At: at.Add(time.Minute)}
+	value, err := json.Marshal(unfreeze)
+	if err != nil {
+		t.Fatal(err)
+	}
+	produceOneEvent(t, k, &kgo.Record{Topic: k.Topics.Control, Key: []byte(unfreeze.Subject), Value: value})
+	live, dsn, db := freshProjection(t)
+	if err := live.Write(t.Context(), projections.Batch{Actions: []projections.Action{{Action: freeze}, {Action: unfreeze, Offset: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { chtest.Exec(t, dsn, "DROP DATABASE IF EXISTS `"+db+"_rebuild`") })
+	out := cli(t, "projector", "rebuild", "--swap", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
+		"--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control, "--group", k.Group("keeps-history"),
+		"--clickhouse-dsn", dsn, "--clickhouse-database", db)
+	if !strings.Contains(out, "kept 1 control actions") || !strings.Contains(out, "swapped") {
+		t.Errorf("rebuild --swap said:\n%s\nwant it swapped, keeping 1 control action", out)
+	}
+	q := "SELECT uniqExact(action_id) FROM `" + db + "`.control_actions WHERE "
+	if frozen, all := chtest.Count(t, dsn, q+"kind = 'freeze' AND by_user = 'u_alice'"), chtest.Count(t, dsn, q+"1"); frozen != 1 || all != 2 {
+		t.Errorf("after the swap the live tables hold the freeze %d times, and %d control actions; want 1, and 2", frozen, all)
+	}
+}

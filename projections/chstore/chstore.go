@@ -688,6 +688,28 @@ func (s *Store) Lacking(ctx context.Context, other *Store) (events, subjects uin
 	return events, subjects, nil
 }
 
+// KeepControlHistory copies into s (a rebuild of from's, on the same
+// server) the control actions from holds that s lacks, by action id, and
+// returns how many. The control topic is compacted, keeping each
+// subject's latest action, so a rebuild from it lacks the history that
+// the live table holds (a tool's freeze, and who lifted it, when and
+// why), which an incident's audit reads and nothing else keeps. Both
+// are at one schema version (Swap requires it), so their columns match.
+func (s *Store) KeepControlHistory(ctx context.Context, from *Store) (uint64, error) {
+	missing := " FROM " + from.table("control_actions") + " WHERE action_id NOT IN (SELECT action_id FROM " + s.table("control_actions") + ")"
+	var n uint64
+	if err := s.conn.QueryRow(ctx, "SELECT uniqExact(action_id)"+missing).Scan(&n); err != nil {
+		return 0, s.wrap("control actions lacking from "+s.db, err)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if err := s.conn.Exec(ctx, "INSERT INTO "+s.table("control_actions")+" SELECT *"+missing); err != nil {
+		return 0, s.wrap("copy the control actions lacking from "+s.db, err)
+	}
+	return n, nil
+}
+
 // lackingIDs is Lacking's default share of a month's event ids: about a
 // million. ClickHouse 18.16 took about 500 bytes an id for the two sets of
 // one comparison (318 MiB for 600,000), so some hundreds of megabytes; a
