@@ -148,3 +148,60 @@ func TestParseTimeDays(t *testing.T) {
 		}
 	}
 }
+
+// An outcomes question's since is taken back to the start of its bucket:
+// asked at 14:37 for the last two hours by the hour, the first bucket,
+// labelled 12:00, counted only from 12:37, and read as a drop.
+func TestCheckOutcomesStartsAtABucket(t *testing.T) {
+	since := time.Date(2026, 12, 8, 12, 37, 12, 0, time.UTC)
+	for _, tc := range []struct {
+		bucket time.Duration
+		want   time.Time
+	}{
+		{time.Hour, time.Date(2026, 12, 8, 12, 0, 0, 0, time.UTC)},
+		{5 * time.Minute, time.Date(2026, 12, 8, 12, 35, 0, 0, time.UTC)},
+		{time.Second, since},
+	} {
+		f, err := CheckOutcomes(Filter{Tenant: "t", Since: since}, tc.bucket, since.Add(2*time.Hour))
+		if err != nil || !f.Since.Equal(tc.want) {
+			t.Errorf("CheckOutcomes(since %s, bucket %s) since = %s, %v; want %s", since.Format(time.TimeOnly), tc.bucket, f.Since.Format(time.TimeOnly), err, tc.want.Format(time.TimeOnly))
+		}
+	}
+}
+
+// A jti or a policy version in a form no event carries is refused, or
+// taken for the one it names, rather than matching nothing and answering
+// "0 calls": a jti pasted from the CSV with the quote a spreadsheet puts
+// before a cell starting with -, a policy version with the whole content
+// hash an activation pins.
+func TestFilterReferenceForms(t *testing.T) {
+	const short = "3f2a9c1b0d7e"
+	whole := short + "5bb74043d9d7feab3b832debf6925884d394230384e60fdcdaf5"
+	for _, tc := range []struct {
+		name string
+		f    Filter
+		want string // the policy version asked, or "" when refused
+	}{
+		{"a jti", Filter{Tenant: "t", JTI: "-Xr3aQ_9b2VtZXRoaW5nAA"}, ""},
+		{"a jti quoted", Filter{Tenant: "t", JTI: "'-Xr3aQ_9b2VtZXRoaW5nAA"}, "refused"},
+		{"a jti with a space", Filter{Tenant: "t", JTI: "Xr3aQ 9b2VtZXRoaW5nAA"}, "refused"},
+		{"a label", Filter{Tenant: "t", PolicyVersion: "v41"}, "v41"},
+		{"a version", Filter{Tenant: "t", PolicyVersion: "v41@" + short}, "v41@" + short},
+		{"the whole hash", Filter{Tenant: "t", PolicyVersion: "v41@" + whole}, "v41@" + short},
+		{"the whole sha256", Filter{Tenant: "t", PolicyVersion: "v41@sha256:" + whole}, "v41@" + short},
+		{"a hash cut elsewhere", Filter{Tenant: "t", PolicyVersion: "v41@" + short[:8]}, "refused"},
+		{"a hash in capitals", Filter{Tenant: "t", PolicyVersion: "v41@3F2A9C1B0D7E"}, "refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := tc.f.Check()
+			switch {
+			case tc.want == "refused" && !errors.Is(err, ErrInvalidFilter):
+				t.Errorf("Check() = %v; want ErrInvalidFilter", err)
+			case tc.want != "refused" && err != nil:
+				t.Errorf("Check() = %v; want it taken", err)
+			case tc.want != "refused" && f.PolicyVersion != tc.want:
+				t.Errorf("policy version asked %q; want %q", f.PolicyVersion, tc.want)
+			}
+		})
+	}
+}

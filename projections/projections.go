@@ -294,6 +294,24 @@ func (f Filter) Check() (Filter, error) {
 		// Matched exactly: a digest cut short (as a trace's table or a
 		// role's start log shows it) would match nothing, silently.
 		return f, fmt.Errorf("%w: tool digest %q is not a whole one (sha256: and 64 lowercase hex digits): take it from the call's events (ledger trace --json) or the calls CSV's tool_digest column", ErrInvalidFilter, f.ToolDigest)
+	case f.JTI != "" && strings.ContainsFunc(f.JTI, notBase64URL):
+		// Matched exactly: a jti pasted with a spreadsheet's quote
+		// (the CSV puts one before a cell starting with -) or a space
+		// would match nothing, silently.
+		return f, fmt.Errorf("%w: jti %q holds a character no jti has (they are base64url: letters, digits, - and _): copy it from the call's events (ledger trace --json), without the quote a spreadsheet puts before a cell starting with -", ErrInvalidFilter, f.JTI)
+	}
+	if label, hash, ok := strings.Cut(f.PolicyVersion, "@"); ok {
+		// Events carry label@ and the first 12 hex digits of the
+		// content's hash; the whole hash, as an activation pins it, is
+		// taken for its first 12.
+		hash = strings.TrimPrefix(hash, "sha256:")
+		if len(hash) == 64 && lowerHex(hash) {
+			hash = hash[:12]
+		}
+		if len(hash) != 12 || !lowerHex(hash) {
+			return f, fmt.Errorf("%w: policy version %q: after the @ comes the policy content's hash, its first 12 lowercase hex digits as events carry it (or the whole sha256), or name the label alone", ErrInvalidFilter, f.PolicyVersion)
+		}
+		f.PolicyVersion = label + "@" + hash
 	}
 	if !f.Since.IsZero() {
 		f.Since = f.Since.UTC().Truncate(time.Second)
@@ -310,19 +328,21 @@ func (f Filter) Check() (Filter, error) {
 	return f, nil
 }
 
+// notBase64URL reports whether r is no character of base64url.
+func notBase64URL(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_')
+}
+
+// lowerHex reports whether s is lowercase hex digits only.
+func lowerHex(s string) bool {
+	return !strings.ContainsFunc(s, func(r rune) bool { return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') })
+}
+
 // wholeDigest reports whether d is a digest as events carry a tool's:
 // "sha256:" and 64 lowercase hex digits.
 func wholeDigest(d string) bool {
 	hexDigits, ok := strings.CutPrefix(d, "sha256:")
-	if !ok || len(hexDigits) != 64 {
-		return false
-	}
-	for _, c := range hexDigits {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	return ok && len(hexDigits) == 64 && lowerHex(hexDigits)
 }
 
 // knownStates lists the states a filter may name, for its errors.
@@ -541,7 +561,9 @@ var OutcomeEvents = []statemachine.EventType{
 }
 
 // CheckOutcomes checks an Outcomes question asked at now and returns its
-// filter normalised. The window may span at most MaxOutcomeBuckets
+// filter normalised: Since is taken back to the start of its bucket
+// (BucketOf), so that the first bucket counts all it is labelled with,
+// not the part after a since of "2h ago". The window may span at most MaxOutcomeBuckets
 // buckets: a window without Until ends now, as far as that bound goes
 // (the question still counts what is stamped later), and one without
 // Since begins at the Unix epoch, where the projections' times begin, so
@@ -556,6 +578,9 @@ func CheckOutcomes(f Filter, bucket time.Duration, now time.Time) (Filter, error
 		return f, fmt.Errorf("%w: outcomes are counted by tenant, tool and time only", ErrInvalidFilter)
 	case bucket < time.Second || bucket%time.Second != 0:
 		return f, fmt.Errorf("%w: the bucket must be a whole number of seconds, at least 1s", ErrInvalidFilter)
+	}
+	if !f.Since.IsZero() {
+		f.Since = BucketOf(f.Since, bucket)
 	}
 	from, to := f.Since, f.Until
 	if from.IsZero() {

@@ -59,7 +59,7 @@ func OutcomesCSV(w io.Writer, os []projections.OutcomeCount) error {
 }
 
 // tableCallColumns are the columns a terminal has room for.
-var tableCallColumns = []string{"UPDATED", "TENANT", "KEY", "TOOL", "STATE", "RESOURCE", "POLICY", "APPROVER", "JTI"}
+var tableCallColumns = []string{"UPDATED (UTC)", "TENANT", "KEY", "TOOL", "STATE", "RESOURCE", "POLICY", "APPROVER", "JTI"}
 
 func tableCallRow(c projections.Call) []string {
 	state := string(c.State)
@@ -144,7 +144,7 @@ func BlastRadiusCSV(w io.Writer, br projections.BlastRadius) error {
 
 // OutcomesTable writes outcome counts as an aligned table.
 func OutcomesTable(w io.Writer, os []projections.OutcomeCount) error {
-	rows := [][]string{{"BUCKET", "TOOL", "STATE", "CALLS"}}
+	rows := [][]string{{"BUCKET (UTC)", "TOOL", "STATE", "CALLS"}}
 	for _, o := range os {
 		rows = append(rows, []string{o.Bucket.UTC().Format("2006-01-02 15:04:05"), o.Tool, string(o.State), strconv.Itoa(o.Calls)})
 	}

@@ -224,3 +224,23 @@ func TestReportsNameTheToolDefinition(t *testing.T) {
 		t.Errorf("CSV's last column %q = %q; want tool_digest = %q", rows[0][last], rows[1][last], digest)
 	}
 }
+
+// The tables' times are UTC, and their headers say so, as the trace's
+// and the CSV's times do with their Z: read as local time, they sent a
+// responder east of UTC to ask about the wrong hours.
+func TestTablesNameTheirZone(t *testing.T) {
+	at := time.Date(2026, 12, 7, 2, 0, 0, 0, time.UTC)
+	var calls, outcomes strings.Builder
+	if err := CallsTable(&calls, []projections.Call{{UpdatedAt: at, TenantID: "t_a", IdempotencyKey: "k"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := OutcomesTable(&outcomes, []projections.OutcomeCount{{Bucket: at, Tool: "get_weather", Calls: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for name, out := range map[string]string{"calls": calls.String(), "outcomes": outcomes.String()} {
+		header, row, _ := strings.Cut(out, "\n")
+		if !strings.Contains(header, "(UTC)") || !strings.Contains(row, "2026-12-07 02:00:00") {
+			t.Errorf("%s table:\n%s\nwant its time column named UTC, 02:00 shown", name, out)
+		}
+	}
+}
