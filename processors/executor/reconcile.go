@@ -220,7 +220,9 @@ type ReconcilerConfig struct {
 	Compensator Compensator
 	// UndoAttempts bounds the requests for one such compensation that
 	// fail for a reason that may pass (a store or Kafka error, a
-	// timeout, a rate limit, a frozen tool); default DefaultUndoAttempts.
+	// timeout, a rate limit); default DefaultUndoAttempts. One refused
+	// because its tool is frozen is asked again at each sweep for as
+	// long as the freeze lasts, and not counted.
 	// The first is made once the call is parked, the others at sweeps
 	// (SweepEvery): the next one, then after 1, 2, 4... sweep
 	// intervals, the last about 43 minutes after the first with the
@@ -1199,6 +1201,22 @@ func (r *Reconciler) requestUndo(ctx context.Context, key ledger.CallKey, reason
 	_, evs, err := r.cfg.Compensator.Compensate(ctx, system, key, reason)
 	lasting := err != nil && lastingErr(err)
 	if last, refused := ledger.Refusing(evs); err == nil && refused {
+		if last.Reason == ReasonToolFrozen {
+			// A freeze is no reason to hand the call to a human
+			// (Freezes), however long it lasts: asked again at the next
+			// sweep, the attempt not counted, as the executor waits one
+			// out for a compensation already admitted.
+			st := r.undos[key]
+			if st == nil {
+				st = &undoState{}
+				r.undos[key] = st
+			}
+			st.next = r.cfg.Now()
+			r.cfg.Metrics.CompensationRequest("held")
+			r.cfg.Logger.Info("automatic compensation held: its tool is frozen; asked again at the next sweep",
+				"call_key", key.String(), "detail", last.Detail)
+			return false
+		}
 		err = fmt.Errorf("%s (%s)", last.Reason, last.Detail)
 		lasting = !passingRefusal(last)
 	}
@@ -1436,11 +1454,12 @@ func lastingErr(err error) bool {
 
 // passingRefusal reports whether a compensation's refusal may pass by
 // asking again: one that says when to (a rate limit's, or that of
-// policies that could not decide) or a frozen tool's, all refused before
-// the intake used the key. Any other refusal (a
-// policy's denial, recorded under the key; a check of the call) stands.
+// policies that could not decide), refused before the intake used the
+// key. (A frozen tool's is not counted at all: requestUndo holds it.)
+// Any other refusal (a policy's denial, recorded under the key; a check
+// of the call) stands.
 func passingRefusal(ev ledger.Event) bool {
-	return ev.Refusal() && (ev.RetryAfterMS > 0 || ev.Reason == ReasonToolFrozen)
+	return ev.Refusal() && ev.RetryAfterMS > 0
 }
 
 // failed notes that k's lookups failed (or were held off) in a round that

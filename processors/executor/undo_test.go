@@ -451,6 +451,10 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 		// the compensation exists, and the call is not handed to a
 		// human as one none was requested for.
 		{"failing past its attempts, the last after the intake admitted it", flakyCompensator{fail: 5, lastAfter: true}, []int{0, 1, 2, 4, 8}, true, false},
+		// Refused while cancel_refund is frozen, past UndoAttempts:
+		// asked at every sweep, not counted, and admitted once the
+		// freeze lifts. Before, the call went to a human after five.
+		{"refused while its tool is frozen", flakyCompensator{frozen: 7}, []int{0, 1, 2, 3, 4, 5, 6, 7}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -534,8 +538,9 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 
 // flakyCompensator asks comp for compensations, except that its first
 // fail requests fail with an error that may pass, before asking or, with
-// after, once asked (with lastAfter, the last of them only); with
-// refuse, every request is answered with that refusal instead. It
+// after, once asked (with lastAfter, the last of them only), and its
+// first frozen ones are refused, the tool frozen; with refuse, every
+// request is answered with that refusal instead. It
 // records the sweep (*sweep) of each request.
 type flakyCompensator struct {
 	executor.Compensator
@@ -543,6 +548,7 @@ type flakyCompensator struct {
 	after     bool
 	lastAfter bool
 	refuse    *ledger.Event
+	frozen    int // requests refused first, the compensation's tool frozen
 	sweep     *int
 	asked     []int
 }
@@ -551,6 +557,10 @@ func (c *flakyCompensator) Compensate(ctx context.Context, op identity.Identity,
 	c.asked = append(c.asked, *c.sweep)
 	if c.refuse != nil {
 		return key.CompensationKey(), []ledger.Event{*c.refuse}, nil
+	}
+	if c.frozen > 0 {
+		c.frozen--
+		return key.CompensationKey(), []ledger.Event{{Type: statemachine.EventDenied, Reason: executor.ReasonToolFrozen, Detail: "cancel_refund is frozen"}}, nil
 	}
 	if c.fail > 0 {
 		c.fail--
