@@ -69,11 +69,18 @@ func firstCopies(evs []Event) []Event {
 // it reads after that is twice as long as the one before.
 const historyWindow = 4096
 
-// copySkew bounds how much earlier than a call's requested event (its
-// At) the record of any of the call's events, or of a copy of one, may be
-// timestamped: how far apart the clocks of the hosts appending them
-// (intake, approvals, executors) may be.
-const copySkew = time.Minute
+// CopySkew bounds how much earlier than a call's requested event (its
+// At, the intake's clock) the record of any of the call's events, or of
+// a copy of one, may be timestamped (the clock of the producer, or of
+// the broker for a topic of LogAppendTime), and how much earlier than it
+// any later event of the call may be dated: how far apart those clocks
+// may be.
+const CopySkew = time.Minute
+
+// stampedFrom is how many of a window's first records CallBefore reads
+// the time of: the latest of them is when the window starts, so that one
+// record stamped by a clock set back does not end the read.
+const stampedFrom = 8
 
 // CallBefore returns the events of key's latest call below offset end of
 // its partition of topic (as EndOffsets gives it): those of the call of
@@ -84,18 +91,20 @@ const copySkew = time.Minute
 // that follow them, so a reader folds them by seq.
 //
 // It reads the partition backwards from end, in windows each twice as
-// long as the one before, down to the last requested event, and then on
-// down to the first offset timestamped within copySkew of that event's
-// time, where the call's first copy of it can be no earlier: a call begun
+// long as the one before, down to the last requested event, and on down
+// to a window that starts with records stamped more than CopySkew before
+// that event's time, past which none of the call's can lie: a call begun
 // shortly before end costs a read of about its own span, however long
-// the log before it. A key with no requested event below end costs a read
-// of the whole partition, and CallBefore returns what there is: refusals,
-// or the rest of a call whose start retention deleted. A record under the
-// key that does not decode fails it only where it may be one of the
-// call's: at or past the call's first event, or with no call found.
-// reached, unless nil, is told the offset down to which the partition
-// was read, as each window is.
-func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey, end int64, reached func(offset int64)) ([]Event, error) {
+// the log before it. floor, unless nil, may name a time (the start of a
+// call the caller found elsewhere) the read need go back no further than
+// in the same way, with no requested event found. A key with neither
+// costs a read of the whole partition, and CallBefore returns what there
+// is: refusals, or the rest of a call whose start retention deleted. A
+// record under the key that does not decode fails it only where it may
+// be one of the call's: at or past the call's first event, or with no
+// call found. reached, unless nil, is told the offset down to which the
+// partition was read, as each window is.
+func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey, end int64, floor func() time.Time, reached func(offset int64)) ([]Event, error) {
 	admin, n, err := openTopic(ctx, cc, topic)
 	if err != nil {
 		return nil, err
@@ -114,11 +123,21 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 		bad       error // the undecodable record under the key read last in the log, if any
 		badOffset int64
 	)
-	// readDown reads the partition from from up to lo, and takes lo
-	// down to from.
-	readDown := func(from int64) error {
-		var window []read
+	// readDown reads the partition from from up to lo, takes lo down to
+	// from, and returns when the records read start (stampedFrom).
+	readDown := func(from int64) (time.Time, error) {
+		var (
+			window  []read
+			stamped int
+			starts  time.Time
+		)
 		err := scan(ctx, cc, admin, topic, map[int32]int64{p: from}, map[int32]int64{p: lo}, false, func(r *kgo.Record) (bool, error) {
+			if stamped < stampedFrom {
+				stamped++
+				if r.Timestamp.After(starts) {
+					starts = r.Timestamp
+				}
+			}
 			if string(r.Key) != string(k) {
 				return false, nil
 			}
@@ -133,41 +152,46 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 			return false, nil
 		})
 		if err != nil {
-			return err
+			return time.Time{}, err
 		}
 		later, lo = append(window, later...), from
 		if reached != nil {
 			reached(lo)
 		}
-		return nil
+		return starts, nil
 	}
-	logStart := func() (int64, error) {
+	var last *Event // the last requested event read
+	for w := int64(historyWindow); ; w *= 2 {
 		starts, err := adm.ListStartOffsets(ctx, topic)
 		if err != nil {
-			return 0, fmt.Errorf("list offsets %s: %w", topic, err)
+			return nil, fmt.Errorf("list offsets %s: %w", topic, err)
 		}
 		st, _ := starts.Lookup(topic, p)
 		if st.Err != nil {
-			return 0, fmt.Errorf("list offsets %s/%d: %w", topic, p, st.Err)
+			return nil, fmt.Errorf("list offsets %s/%d: %w", topic, p, st.Err)
 		}
-		return st.Offset, nil
-	}
-	var last *Event // the last requested event read
-	for w := int64(historyWindow); last == nil; w *= 2 {
-		st, err := logStart()
-		if err != nil {
-			return nil, err
-		}
-		if lo <= st {
+		if lo <= st.Offset {
 			break
 		}
-		if err := readDown(max(lo-w, st)); err != nil {
+		began, err := readDown(max(lo-w, st.Offset))
+		if err != nil {
 			return nil, err
 		}
 		for i := len(later) - 1; i >= 0 && last == nil; i-- {
 			if later[i].e.Type == statemachine.EventRequested {
-				last = &later[i].e
+				e := later[i].e
+				last = &e
 			}
+		}
+		var since time.Time
+		if floor != nil {
+			since = floor()
+		}
+		if last != nil && last.At.After(since) {
+			since = last.At
+		}
+		if !since.IsZero() && !began.IsZero() && began.Before(since.Add(-CopySkew)) {
+			break
 		}
 	}
 	if last == nil {
@@ -180,30 +204,10 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 		}
 		return firstCopies(evs), nil
 	}
-	call := *last
-	if !call.At.IsZero() {
-		offs, err := adm.ListOffsetsAfterMilli(ctx, call.At.Add(-copySkew).UnixMilli(), topic)
-		if err != nil {
-			return nil, fmt.Errorf("list offsets %s: %w", topic, err)
-		}
-		o, _ := offs.Lookup(topic, p)
-		if o.Err != nil {
-			return nil, fmt.Errorf("list offsets %s/%d: %w", topic, p, o.Err)
-		}
-		st, err := logStart()
-		if err != nil {
-			return nil, err
-		}
-		if from := max(o.Offset, st); from < lo {
-			if err := readDown(from); err != nil {
-				return nil, err
-			}
-		}
-	}
 	var evs []Event
 	first := int64(-1)
 	for _, r := range later {
-		if r.e.CallID == call.CallID && !r.e.Refusal() {
+		if r.e.CallID == last.CallID && !r.e.Refusal() {
 			if first < 0 {
 				first = r.offset
 			}

@@ -120,8 +120,9 @@ func readEmptied(t *testing.T, k *ledgertest.Kafka, then ...func()) {
 
 // CallBefore finds a call's events by reading its partition backwards
 // from the given end: it stops at the call's last requested event, and
-// then reads on down only to the first record timestamped within a
-// minute of that event's time, so that what lies before is never read
+// then reads on down only to a window that starts with records stamped
+// more than a minute before that event's time, so that what lies before
+// is never read
 // (here, a record under the key that does not decode, which a read from
 // the log's start fails at); it goes back in windows each twice as long
 // as the one before until it finds that event, or reads the whole
@@ -207,6 +208,18 @@ func TestCallBeforeReadsBackToTheCallsStart(t *testing.T) {
 	if len(reached) < 3 || !cmp.Equal([]int64{hi - 4096, hi - 4096 - 8192}, reached[:2]) || reached[2] > start {
 		t.Errorf("read down to %v; want %d, %d, then at or below the call's start, %d", reached, hi-4096, hi-4096-8192, start)
 	}
+	// A floor, the start of a call found elsewhere, ends the read as a
+	// requested event would: a key with none below the end (a call
+	// begun after it) costs no read of the whole partition.
+	floored := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "floored"}
+	c.produce(near, old, c.refusals("o", 5000)...)
+	c.produce(floored, now, c.refusals("g", 2)...)
+	hi = c.end()
+	var readTo []int64
+	evs, err = ledger.CallBefore(t.Context(), k.Client, k.Topics.Events, floored, hi, func() time.Time { return now }, func(o int64) { readTo = append(readTo, o) })
+	if err != nil || !cmp.Equal([]string{"g0", "g1"}, ids(evs)) || !cmp.Equal([]int64{hi - 4096}, readTo) {
+		t.Errorf("CallBefore with a floor = %v, %v, read down to %v; want g0, g1, read down to %d only", ids(evs), err, readTo, hi-4096)
+	}
 	none := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "none"}
 	c.produce(none, now, c.refusals("n", 3)...)
 	evs, reached, err = c.before(none, c.end())
@@ -286,7 +299,7 @@ func (c *callLog) end() int64 {
 // before is CallBefore of key up to end, and the offsets it read down to.
 func (c *callLog) before(key ledger.CallKey, end int64) ([]ledger.Event, []int64, error) {
 	var reached []int64
-	evs, err := ledger.CallBefore(c.t.Context(), c.k.Client, c.k.Topics.Events, key, end, func(o int64) { reached = append(reached, o) })
+	evs, err := ledger.CallBefore(c.t.Context(), c.k.Client, c.k.Topics.Events, key, end, nil, func(o int64) { reached = append(reached, o) })
 	return evs, reached, err
 }
 

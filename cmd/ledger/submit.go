@@ -296,14 +296,18 @@ type callWait struct {
 
 	mu sync.Mutex
 	// The call followed is that of the first requested event of this
-	// submission's read under callKey (placed): followed is its call id,
-	// call its events folded in seq order (ahead holds those read before
-	// the ones they follow), and unplaced the events read before any
-	// such requested event. earlier says a requested event of another
-	// call came first (other arguments, another user): an earlier one
-	// under the key, whose outcome is no answer to this submission.
+	// submission's read under callKey (placed), or of a later one read
+	// live that is newer: followed is its call id, start that event (its
+	// id and time), live whether it was read live, call its events
+	// folded in seq order (ahead holds those read before the ones they
+	// follow), and unplaced the events read before any such requested
+	// event. earlier says a requested event of another call came first
+	// (other arguments, another user): an earlier one under the key,
+	// whose outcome is no answer to this submission.
 	placed   bool
 	followed string
+	start    ledger.Event
+	live     bool
 	call     statemachine.Call
 	ahead    map[int64]heldEvent
 	unplaced []heldEvent
@@ -371,7 +375,17 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 	)
 	w.histFrom = w.ends[0]
 	wg.Go(func() {
-		evs, err := ledger.CallBefore(wctx, w.cc, w.topic, w.callKey, w.ends[0], func(offset int64) {
+		// A call placed on a requested event read live needs nothing
+		// read back from before its own time.
+		floor := func() time.Time {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if !w.live {
+				return time.Time{}
+			}
+			return w.start.At
+		}
+		evs, err := ledger.CallBefore(wctx, w.cc, w.topic, w.callKey, w.ends[0], floor, func(offset int64) {
 			w.mu.Lock()
 			w.histFrom = offset
 			w.mu.Unlock()
@@ -412,8 +426,10 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 				}
 				return w.take(e, true, f, out, cancel)
 			})
-			if errs[i] != nil && wctx.Err() == nil {
-				// Said at once, not when --timeout runs out.
+			if i == 0 && errs[i] != nil && wctx.Err() == nil {
+				// The call's own key: said at once, not when --timeout
+				// runs out. (A record under another key that does not
+				// decode is never this call's.)
 				cancel()
 			}
 		})
@@ -485,6 +501,12 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 			return fmt.Errorf("call %s did not settle within %s: no event of it was read, before this submission or after it (is an intake running, reading %s?)",
 				w.callKey, f.timeout, w.requests)
 		}
+		if !w.histDone && !w.earlier {
+			// A copy of the call's first events read live, say, the
+			// rest further back than was read.
+			return fmt.Errorf("call %s did not settle within %s (state %q); its earlier events, if any, lie further back than --timeout let be read: its partition of %s, which ended at offset %d when the envelope went out, had been read back to offset %d (a longer --timeout, or --api, whose lookups are the projection's)",
+				w.callKey, f.timeout, w.call.State, w.topic, w.ends[0], w.histFrom)
+		}
 		return fmt.Errorf("call %s did not settle within %s (state %q)", w.callKey, f.timeout, w.call.State)
 	}
 	last := w.last
@@ -510,14 +532,17 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 func (w *callWait) take(e ledger.Event, fresh bool, f *submitFlags, out io.Writer, cancel func()) bool {
 	h := heldEvent{e, fresh}
 	switch {
-	case e.Type == statemachine.EventRequested && !w.placed:
-		if !w.own.Is(e) {
-			// Another's call under the key, which this submission's
-			// refusal answers; unless one of its own comes after.
-			w.earlier = true
-			return false
-		}
-		w.placed, w.followed, w.earlier = true, e.CallID, false
+	case e.Type == statemachine.EventRequested && !w.own.Is(e):
+		// Another's call under the key, which this submission's
+		// refusal answers; unless one of its own comes after.
+		w.earlier = w.earlier || !w.placed
+		return false
+	case e.Type == statemachine.EventRequested && (!w.placed || fresh && e.EventID != w.start.EventID && e.At.After(w.start.At)):
+		// The call's start; or, read live, a newer call's than the one
+		// placed (the store lost the key, and admitted it again), not a
+		// copy of it, which shares its event id.
+		w.placed, w.followed, w.start, w.live, w.earlier = true, e.CallID, e, fresh, false
+		w.call, w.ahead = statemachine.Call{}, nil
 		if w.fold(h, f, out, cancel) {
 			return true
 		}
@@ -533,6 +558,10 @@ func (w *callWait) take(e ledger.Event, fresh bool, f *submitFlags, out io.Write
 		w.unplaced = append(w.unplaced, h)
 		return false
 	case e.CallID != w.followed:
+		return false
+	case !fresh && w.live && e.At.Before(w.start.At.Add(-ledger.CopySkew)):
+		// Read back, under the call id of a call begun live, but dated
+		// before it: an earlier call's (the same envelope sent before).
 		return false
 	}
 	return w.fold(h, f, out, cancel)

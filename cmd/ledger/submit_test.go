@@ -768,26 +768,9 @@ func TestSubmitWaitReadsBackOnlyToTheCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer producer.Close()
-	// earlier appends n refusals of earlier submissions under key, after
-	// a record that does not decode if garbled.
 	earlier := func(key ledger.CallKey, garbled bool, n int) {
 		t.Helper()
-		var recs []*kgo.Record
-		if garbled {
-			recs = append(recs, &kgo.Record{Topic: topics.Events, Key: []byte(key.String()), Value: []byte("not an event")})
-		}
-		for i := range n {
-			e := ledger.Event{V: 1, EventID: fmt.Sprintf("refusal-%d", i), Type: statemachine.EventDenied, TenantID: key.TenantID,
-				IdempotencyKey: key.IdempotencyKey, CallID: "call-earlier", Reason: "rate_limited", At: time.Now()}
-			r, err := e.Record(topics.Events)
-			if err != nil {
-				t.Fatal(err)
-			}
-			recs = append(recs, r)
-		}
-		if err := producer.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
+		appendRefusals(t, producer, topics.Events, key, n, time.Now(), garbled)
 	}
 	call := func(key ledger.CallKey) []ledger.Event {
 		var evs []ledger.Event
@@ -867,5 +850,114 @@ func TestSubmitWaitReadsBackOnlyToTheCall(t *testing.T) {
 	w, out, err = wait(reused, call(reused)...)
 	if err != nil || w.last == nil || w.last.EventID != "reused-after-loss-succeeded" {
 		t.Errorf("submit --wait of a call admitted under a key another's call held: %v, printing:\n%s\nwant this call succeeded", err, out)
+	}
+}
+
+// The wait follows the call of this submission, whatever order a call's
+// events and another call's under the key are read in: another's call
+// read first does not hide this one's, read after; an earlier call under
+// the same call id (the same envelope sent before, the store having lost
+// the key since), read back after this one began live, does not settle
+// it; and a newer call read live replaces an earlier one read back.
+func TestCallWaitPlacesItsCall(t *testing.T) {
+	now := time.Now()
+	call := func(id, callID, hash string, at time.Time, types ...statemachine.EventType) []ledger.Event {
+		var evs []ledger.Event
+		for i, ty := range types {
+			evs = append(evs, ledger.Event{V: 1, EventID: id + "-" + string(ty), Seq: int64(i + 1), Type: ty, TenantID: "t_a", IdempotencyKey: "k",
+				CallID: callID, UserID: "u_1", ArgumentsHash: hash, Attempt: 1, At: at})
+		}
+		return evs
+	}
+	settled := []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized, statemachine.EventExecuting, statemachine.EventSucceeded}
+	running := settled[:2]
+	type read struct {
+		evs   []ledger.Event
+		fresh bool
+	}
+	for _, tc := range []struct {
+		name  string
+		reads []read
+		state statemachine.State
+		start string // the event id of the followed call's requested event
+	}{
+		{"another's call first", []read{{call("other", "c-other", "sha256:other", now.Add(-time.Hour), settled...), false}, {call("own", "c-own", "sha256:h", now, settled...), true}},
+			statemachine.StateSucceeded, "own-requested"},
+		{"an earlier call under the call id after", []read{{call("own", "c-own", "sha256:h", now, running...), true}, {call("before", "c-own", "sha256:h", now.Add(-time.Hour), settled...), false}},
+			statemachine.StateAuthorized, "own-requested"},
+		{"a newer call after an earlier one", []read{{call("before", "c-own", "sha256:h", now.Add(-time.Hour), running...), false}, {call("own", "c-own", "sha256:h", now, settled...), true}},
+			statemachine.StateSucceeded, "own-requested"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &callWait{own: httpapi.OwnCall("sha256:h", "", ""), refusals: make(map[string]bool)}
+			for _, r := range tc.reads {
+				for _, e := range r.evs {
+					w.take(e, r.fresh, &submitFlags{jsonOut: true}, io.Discard, func() {})
+				}
+			}
+			if w.call.State != tc.state || w.start.EventID != tc.start {
+				t.Errorf("the wait follows %q at %s; want %q at %s", w.start.EventID, w.call.State, tc.start, tc.state)
+			}
+		})
+	}
+}
+
+// The wait of a call begun after the envelope went out reads the log
+// back no further than a window that starts a minute before the call
+// did: the call needs nothing older, and before, the wait read the whole
+// partition back to its start for as long as the call ran (here, 20,000
+// records of earlier submissions an hour old).
+func TestSubmitWaitOfANewCallReadsBackLittle(t *testing.T) {
+	cc, topics, _ := roleCluster(t)
+	appendEvents := eventAppender(t, cc, topics.Events)
+	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer producer.Close()
+	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "new-call"}
+	appendRefusals(t, producer, topics.Events, key, 20000, time.Now().Add(-time.Hour), false)
+	w, err := newCallWait(t.Context(), cc, topics.Events, key, "call-new", []byte(`{"arguments_hash":"sha256:h"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.lastSent = time.Now()
+	var evs []ledger.Event
+	for i, ty := range []statemachine.EventType{statemachine.EventRequested, statemachine.EventAuthorized} {
+		evs = append(evs, ledger.Event{V: 1, EventID: "new-" + string(ty), Seq: int64(i + 1), Type: ty, TenantID: key.TenantID,
+			IdempotencyKey: key.IdempotencyKey, CallID: "call-new", UserID: "u_1", ArgumentsHash: "sha256:h", Attempt: 1, At: time.Now()})
+	}
+	if err := appendEvents(t.Context(), evs...); err != nil {
+		t.Fatal(err)
+	}
+	err = w.run(t.Context(), &submitFlags{timeout: 3 * time.Second}, io.Discard, func(context.Context) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), `(state "authorized")`) {
+		t.Fatalf("wait of a call left authorized: %v; want it to run out there", err)
+	}
+	if !w.histDone || w.histFrom != w.ends[0]-4096 {
+		t.Errorf("the read back was done: %v, down to offset %d of %d; want done, down to %d", w.histDone, w.histFrom, w.ends[0], w.ends[0]-4096)
+	}
+}
+
+// appendRefusals appends n refusals of earlier submissions under key,
+// dated and stamped at, after a record that does not decode if garbled.
+func appendRefusals(t *testing.T, producer *kgo.Client, topic string, key ledger.CallKey, n int, at time.Time, garbled bool) {
+	t.Helper()
+	var recs []*kgo.Record
+	if garbled {
+		recs = append(recs, &kgo.Record{Topic: topic, Key: []byte(key.String()), Value: []byte("not an event"), Timestamp: at})
+	}
+	for i := range n {
+		e := ledger.Event{V: 1, EventID: fmt.Sprintf("refusal-%d", i), Type: statemachine.EventDenied, TenantID: key.TenantID,
+			IdempotencyKey: key.IdempotencyKey, CallID: "call-earlier", Reason: "rate_limited", At: at}
+		r, err := e.Record(topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Timestamp = at
+		recs = append(recs, r)
+	}
+	if err := producer.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+		t.Fatal(err)
 	}
 }
