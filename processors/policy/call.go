@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
+	"strconv"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -49,6 +50,12 @@ func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string
 	if tool.Resource != "" {
 		if v, ok := ledger.Lookup(arguments, tool.Resource); ok {
 			r.Resource = fmt.Sprint(v)
+			if n, isNumber := v.(json.Number); isNumber {
+				// One resource however its id is spelt (1e3, 1000.0).
+				if i, whole := integer(n); whole {
+					r.Resource = strconv.FormatInt(i, 10)
+				}
+			}
 		}
 	}
 	if a, present := args["amount_cents"]; present {

@@ -92,3 +92,49 @@ func refundOrder(t *testing.T) *schemas.Tool {
 	}
 	return tool
 }
+
+// An integer argument is the same number to the policies however it is
+// spelt, as the tools' JSON Schema integer takes them all: 5000, 5e3 and
+// 5000.0 are each caught by a forbid on it, and a resource id written
+// 1e3 names the resource 1000. Before, only the first reached the
+// policies; the others were left out of context.arguments, and a forbid
+// guarded with `has` let them through.
+func TestIntegerArgumentsHoweverSpelt(t *testing.T) {
+	tool := refundOrder(t)
+	set, err := policy.LoadFS(fstest.MapFS{"refunds.cedar": &fstest.MapFile{Data: []byte(`
+@id("refunds")
+permit (principal, action == Action::"tool::refund_order", resource);
+@id("quantity-cap")
+forbid (principal, action == Action::"tool::refund_order", resource)
+when { context.arguments has quantity && context.arguments.quantity > 100 };
+@id("one-order")
+forbid (principal, action == Action::"tool::refund_order", resource == Resource::"t_a/1000");
+`)}}, "caps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := policy.NewEngine(policy.Config{Set: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caller := policy.Caller{Tenant: "t_a", User: "u_1", Agent: "ag"}
+	for _, tc := range []struct {
+		args, policy string
+	}{
+		{`"order_id":"ord_9","quantity":5000`, "quantity-cap"},
+		{`"order_id":"ord_9","quantity":5e3`, "quantity-cap"},
+		{`"order_id":"ord_9","quantity":5000.0`, "quantity-cap"},
+		{`"order_id":1000`, "one-order"},
+		{`"order_id":1e3`, "one-order"},
+		{`"order_id":1000.0`, "one-order"},
+	} {
+		args, err := ledger.Decode([]byte(`{"currency":"AUD","amount_cents":500,`+tc.args+`}`), ledger.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := e.Decide(t.Context(), policy.NewRequest(tool, caller, args, "kafka", time.Now()))
+		if d.Allow || d.Reason != policy.ReasonDeniedByPolicy || len(d.PolicyIDs) != 1 || d.PolicyIDs[0] != tc.policy {
+			t.Errorf("{%s}: allow %v, %s %v (%s); want denied by %s", tc.args, d.Allow, d.Reason, d.PolicyIDs, d.Detail, tc.policy)
+		}
+	}
+}

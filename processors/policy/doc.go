@@ -51,7 +51,8 @@
 //	tool_version  Long     the tool version
 //	time          Long     decision time, Unix seconds
 //	hour          Long     hour of the day of time, UTC (0-23)
-//	arguments     Record   the top-level string, integer and bool arguments;
+//	arguments     Record   the top-level string, integer and bool arguments
+//	                       (an integer however spelt: 5000, 5e3, 5000.0);
 //	                       nested values, nulls and non-integers are absent,
 //	                       so guard optional ones with `has`
 //

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -217,7 +216,8 @@ func cedarRequest(r Request, now time.Time) (cedar.Request, *entities) {
 	}, ents
 }
 
-// argumentsRecord keeps the top-level string, integer and bool arguments.
+// argumentsRecord keeps the top-level string, integer (however spelt)
+// and bool arguments.
 // Nested objects and arrays, nulls, and numbers that are not integers in
 // int64 range are left out: a policy that reads one finds it missing
 // (check with `has`), rather than a lossy conversion.
@@ -241,7 +241,11 @@ func cedarValue(v any) (cedar.Value, bool) {
 	case bool:
 		return cedar.Boolean(v), true
 	case json.Number:
-		if n, err := strconv.ParseInt(v.String(), 10, 64); err == nil {
+		// Whatever its spelling: 5e3 and 5000.0 are 5000, as the
+		// tools' JSON Schema integer takes them. Read as ParseInt
+		// does, they were left out, and a forbid guarded with `has`
+		// passed them by.
+		if n, ok := integer(v); ok {
 			return cedar.Long(n), true
 		}
 	case int:
