@@ -1653,6 +1653,13 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 				// No takeover, and nothing the tool may have applied
 				// was sent under this claim.
 				return x.holdFrozen(ctx, c, log, tool.Name, *hb.freeze)
+			case hb.decision != nil && hb.decision.Transient():
+				// The policies could not decide: nothing the tool may
+				// have applied was sent under this claim, so it is
+				// given back, to be decided again, as at its start.
+				log.Info("request held back: the policies could not decide the approved call; claim given back", "reason", hb.why)
+				return x.releaseClaim(ctx, c, log, refusal{reason: hb.why, later: true, decision: *hb.decision,
+					detail: "the policies could not decide the approved call before its request was to leave: " + hb.decision.Detail})
 			case answered && hb.decision != nil:
 				// Failed, naming the decision that refused it, as its
 				// denial would.
@@ -1897,11 +1904,11 @@ func approvedCaller(rec processors.Record, tmpl ledger.Event) policy.Caller {
 // policies in force (the control copy was just found current): nil when
 // they allow it (their decision is then the one the call's events record,
 // and whose masks its result gets), else the request is held back with
-// their decision. A decision that says nothing of the call (the engine
-// stalled, or has no set while an activation's files are on their way)
-// is no denial: the retry goes under the decision its start made, where
-// holding it back would end, for good, an approved call no policy denied.
-// The stored arguments were checked at the call's start.
+// their decision. One that says nothing of the call (the engine stalled,
+// or has no set while an activation's files are on their way) holds it
+// back too, fail closed: the call is given back, to be decided again at
+// its next claim, as at its start, unless what it sent may have taken
+// effect. The stored arguments were checked at the call's start.
 func (x *Executor) stillAllowed(ctx context.Context, c *completion, tool *schemas.Tool, rec *processors.Record, tmpl *ledger.Event) *heldBack {
 	args, err := ledger.Decode(rec.Arguments, ledger.Limits{})
 	if err != nil {
@@ -1911,8 +1918,6 @@ func (x *Executor) stillAllowed(ctx context.Context, c *completion, tool *schema
 	switch {
 	case d.Allow:
 		c.recheckedBy(d)
-		return nil
-	case d.Transient():
 		return nil
 	}
 	return &heldBack{why: d.Reason, decision: &d}

@@ -795,9 +795,12 @@ func (unavailable) Decide(context.Context, policy.Request) policy.Decision {
 // says the tool did nothing (429), the call fails, code denied_by_policy;
 // after a 5xx, its outcome is unknown. One that allows it decides it: the
 // events name it, and its masks hide the result. An engine that cannot
-// decide then denies nothing: the retry goes under the start's decision.
-// Before, the policies were asked at the call's start alone, and the
-// retry went out under the version the activation had replaced.
+// decide then (a version activated whose files have not arrived) holds
+// the retry back too, failing closed: after a 429 the call is given back,
+// to be decided again at its next claim. Before, the policies were asked
+// at the call's start alone, and the retry went out under the version
+// the activation had replaced; and, later, an undecided answer let it go
+// out under the start's decision, while the intake refused every call.
 func TestPoliciesDecideEachRetry(t *testing.T) {
 	allow := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`))
 	deny := processorstest.Policy(t, processorstest.PolicyDir(t, `@id("no-refunds") forbid (principal, action == Action::"tool::refund_order", resource);
@@ -816,7 +819,7 @@ func TestPoliciesDecideEachRetry(t *testing.T) {
 		{"denied after 429", deny, http.StatusTooManyRequests, []string{"executing", "failed(" + executor.ReasonUnavailable + ")"}, policy.ReasonDeniedByPolicy, 1, 0, ""},
 		{"denied after 503", deny, http.StatusServiceUnavailable, []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, policy.ReasonDeniedByPolicy, 1, 0, ""},
 		{"allowed with a mask", masking, http.StatusTooManyRequests, []string{"executing", "succeeded"}, "", 2, 1, masking.Active().Version()},
-		{"undecided", unavailable{}, http.StatusTooManyRequests, []string{"executing", "succeeded"}, "", 2, 1, allow.Active().Version()},
+		{"undecided", unavailable{}, http.StatusTooManyRequests, nil, "", 1, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -839,6 +842,18 @@ func TestPoliciesDecideEachRetry(t *testing.T) {
 			evs := decodeAll(t, out.Records)
 			if diff := cmp.Diff(tc.want, summary(evs)); diff != "" {
 				t.Fatalf("events (-want +got):\n%s", diff)
+			}
+			if tc.want == nil {
+				// Given back (its lease ended within a second, where a
+				// claim's runs for the tool's timeout and more),
+				// unsettled, its one request answered without effect.
+				if rec, err := r.store.Get(t.Context(), ev.Key()); err != nil || rec.Status != processors.StatusExecuting || rec.LeaseUntil.After(time.Now().Add(time.Second)) {
+					t.Errorf("the call is %s, its lease until %s (%v); want executing, its claim given back", rec.Status, rec.LeaseUntil.Format(time.RFC3339Nano), err)
+				}
+				if n, applied := requests.Load(), r.backend.AppliedIn(demobackend.ToolRefundOrder, "t_a", "t_a/kp"); n != tc.requests || applied != tc.applied {
+					t.Errorf("%d requests reached the tool, the refund applied %d times; want %d, %d", n, applied, tc.requests, tc.applied)
+				}
+				return
 			}
 			last := evs[len(evs)-1]
 			if got := last.ErrorCode; got != tc.code {
