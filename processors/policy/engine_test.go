@@ -583,16 +583,14 @@ when { context.arguments has priority && context.arguments.priority == "urgent" 
 }
 
 // The audit mask of a tool is read from the action scopes when the set
-// loads: a scope that names no action counts for every tool, one that
-// names no tool's action for none.
+// loads: a scope that names no action counts for every tool. (One that
+// names no tool's action does not load: TestScopeNoCallMatches.)
 func TestAuditMaskByActionScope(t *testing.T) {
 	s := load(t, "v1", map[string]string{"p.cedar": `
 @mask("eq") permit (principal, action == Action::"tool::a", resource);
 @mask("in-one") permit (principal, action in Action::"tool::b", resource);
 @mask("in-list") forbid (principal, action in [Action::"tool::a", Action::"tool::c"], resource);
 @mask("any") forbid (principal, action, resource) when { context.tool == "a" };
-@mask("group") permit (principal, action in Action::"admin_tools", resource);
-@mask("other-type") permit (principal, action == Other::"tool::a", resource);
 `})
 	cases := []struct {
 		tool string
@@ -974,5 +972,38 @@ func TestEvaluationErrorsKeepArgumentsOut(t *testing.T) {
 	e.Decide(context.Background(), req)
 	if !strings.Contains(debug.String(), "policy evaluation errors") || !strings.Contains(debug.String(), "p.cedar:") {
 		t.Errorf("no Cedar message at Debug for the policy's author:\n%s", debug.String())
+	}
+}
+
+// A policy whose scope names what no call is (a principal not a User, a
+// resource not a Resource, an action not a tool's) is refused when the
+// set loads, naming it: it would never apply, and a forbid written so
+// loaded and denied nothing, as a misspelt obligation would weaken it.
+func TestScopeNoCallMatches(t *testing.T) {
+	const permit = `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);` + "\n"
+	for _, tc := range []struct{ name, policy, says string }{
+		{"an action without tool::", `forbid (principal, action == Action::"refund_order", resource);`, `Action::"refund_order"`},
+		{"an action in a group", `forbid (principal, action in Action::"payments", resource);`, `Action::"payments"`},
+		{"a list with one such", `forbid (principal, action in [Action::"tool::refund_order", Action::"cancel_refund"], resource);`, `Action::"cancel_refund"`},
+		{"an action of another type", `forbid (principal, action == Other::"tool::refund_order", resource);`, `Other::"tool::refund_order"`},
+		{"a resource type", `forbid (principal, action, resource is Order);`, "resource scope is Order"},
+		{"a resource of another type", `forbid (principal, action, resource == Order::"t_a/ord_1");`, `Order::"t_a/ord_1"`},
+		{"a principal type", `forbid (principal is Agent, action, resource);`, "principal scope is Agent"},
+		{"a principal in a group", `forbid (principal in Group::"contractors", action, resource);`, `Group::"contractors"`},
+		{"a principal is-in", `forbid (principal is User in Group::"contractors", action, resource);`, `Group::"contractors"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadFS(fstest.MapFS{"p.cedar": &fstest.MapFile{Data: []byte(permit + tc.policy)}}, "v1")
+			if !errors.Is(err, ErrInvalidSet) || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("LoadFS = %v; want ErrInvalidSet naming %s", err, tc.says)
+			}
+		})
+	}
+	// What calls are loads.
+	if _, err := LoadFS(fstest.MapFS{"p.cedar": &fstest.MapFile{Data: []byte(permit + `
+forbid (principal == User::"t_a/u_1", action in [Action::"tool::refund_order", Action::"tool::cancel_refund"], resource in Resource::"t_a/ord_1");
+forbid (principal is User in User::"t_a/u_2", action, resource is Resource);
+`)}}, "v1"); err != nil {
+		t.Errorf("LoadFS of scopes calls match = %v", err)
 	}
 }

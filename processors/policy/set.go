@@ -209,6 +209,9 @@ func parse(files []file, label, hash string) (*Set, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %s: policy %q: %w", ErrInvalidSet, f.name, string(id), err)
 			}
+			if err := checkScope(p); err != nil {
+				return nil, fmt.Errorf("%w: %s: policy %q: %w", ErrInvalidSet, f.name, string(id), err)
+			}
 			for j := range ob.RateLimits {
 				ob.RateLimits[j].Policy = string(id)
 			}
@@ -289,36 +292,93 @@ func sortedSet(l []string) []string {
 // action. An entity that is not a tool's action never matches a call and
 // names no tool.
 func actionTools(p *cedar.Policy) (tools []string, all bool, _ error) {
-	b, err := p.MarshalJSON()
+	sc, err := scopeOf(p)
 	if err != nil {
 		return nil, false, err
 	}
-	type entity struct {
-		Type string `json:"type"`
-		ID   string `json:"id"`
-	}
-	var doc struct {
-		Action struct {
-			Op       string   `json:"op"`
-			Entity   *entity  `json:"entity"`
-			Entities []entity `json:"entities"`
-		} `json:"action"`
-	}
-	if err := json.Unmarshal(b, &doc); err != nil {
-		return nil, false, err
-	}
-	a := doc.Action
+	a := sc.Action
 	if a.Op != "==" && a.Op != "in" {
 		return nil, true, nil
 	}
-	ents := a.Entities
-	if a.Entity != nil {
-		ents = append(ents, *a.Entity)
-	}
-	for _, e := range ents {
+	for _, e := range a.entities() {
 		if name, ok := strings.CutPrefix(e.ID, actionToolPrefix); ok && e.Type == string(typeAction) {
 			tools = append(tools, name)
 		}
 	}
 	return tools, false, nil
+}
+
+// policyScope is a policy's scope in Cedar's JSON policy format.
+type policyScope struct {
+	Principal, Action, Resource scopeClause
+}
+
+// scopeClause is one of a scope's three: {"op": "All"}, "==" or "in" an
+// entity (or, for an action, "in" entities), or "is" a type, "in" an
+// entity or not.
+type scopeClause struct {
+	Op         string        `json:"op"`
+	Entity     *scopeEntity  `json:"entity"`
+	Entities   []scopeEntity `json:"entities"`
+	EntityType string        `json:"entity_type"`
+	In         *struct {
+		Entity *scopeEntity `json:"entity"`
+	} `json:"in"`
+}
+
+type scopeEntity struct {
+	Type string `json:"type"`
+	ID   string `json:"id"`
+}
+
+// entities returns the entities c names.
+func (c scopeClause) entities() []scopeEntity {
+	ents := slices.Clone(c.Entities)
+	if c.Entity != nil {
+		ents = append(ents, *c.Entity)
+	}
+	if c.In != nil && c.In.Entity != nil {
+		ents = append(ents, *c.In.Entity)
+	}
+	return ents
+}
+
+func scopeOf(p *cedar.Policy) (policyScope, error) {
+	var sc policyScope
+	b, err := p.MarshalJSON()
+	if err != nil {
+		return sc, err
+	}
+	return sc, json.Unmarshal(b, &sc)
+}
+
+// checkScope refuses a policy whose scope names an entity no call is
+// (entities have no parents here, so `in` one is being it): a principal
+// not a User, a resource not a Resource, an action not a tool's
+// (Action::"tool::<name>"). Such a policy never applies: a forbid
+// written `action == Action::"refund_order"` would load and deny
+// nothing, as an obligation misspelt would weaken a rule.
+func checkScope(p *cedar.Policy) error {
+	sc, err := scopeOf(p)
+	if err != nil {
+		return fmt.Errorf("read its scope: %w", err)
+	}
+	for _, c := range []struct {
+		name  string
+		want  cedar.EntityType
+		scope scopeClause
+	}{{"principal", typeUser, sc.Principal}, {"action", typeAction, sc.Action}, {"resource", typeResource, sc.Resource}} {
+		if c.scope.EntityType != "" && c.scope.EntityType != string(c.want) {
+			return fmt.Errorf("its %s scope is %s, which no call's %s is: they are %s", c.name, c.scope.EntityType, c.name, c.want)
+		}
+		for _, e := range c.scope.entities() {
+			switch {
+			case e.Type != string(c.want):
+				return fmt.Errorf("its %s scope names %s::%q, which no call's %s is: they are %s entities", c.name, e.Type, e.ID, c.name, c.want)
+			case c.want == typeAction && !strings.HasPrefix(e.ID, actionToolPrefix):
+				return fmt.Errorf("its action scope names Action::%q, which no call is: a tool's action is Action::\"%s<tool name>\"", e.ID, actionToolPrefix)
+			}
+		}
+	}
+	return nil
 }
