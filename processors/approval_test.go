@@ -269,6 +269,8 @@ func TestApprovalBindsResourceVersion(t *testing.T) {
 }
 
 // Self-approval and another tenant's approver are refused; nothing runs.
+// So is the requester, or its agent, named in other case (an identity
+// provider whose logins ignore case may put either in the subject).
 func TestApprovalRefusedToRequesterAndOtherTenant(t *testing.T) {
 	h := newHarness(t, storeSQL, 4)
 	h.policy.Swap(loadSet(t, "approvals", approvalPolicies))
@@ -280,10 +282,16 @@ func TestApprovalRefusedToRequesterAndOtherTenant(t *testing.T) {
 	if _, err := svc.Approve(t.Context(), self, e.key().ApprovalID(), e.ArgumentsHash); !errors.Is(err, approvals.ErrSelfApproval) {
 		t.Errorf("self-approval: %v; want ErrSelfApproval", err)
 	}
+	selfInCapitals := identity.Identity{User: "U_1", Agent: "a", Tenant: "t_a", Roles: []string{"approver"}}
+	if _, err := svc.Approve(t.Context(), selfInCapitals, e.key().ApprovalID(), e.ArgumentsHash); !errors.Is(err, approvals.ErrSelfApproval) {
+		t.Errorf("self-approval as U_1: %v; want ErrSelfApproval", err)
+	}
 	// The agent that asked, presenting some approver's assertion.
-	sameAgent := identity.Identity{User: "u_boss", Agent: "agent_test", Tenant: "t_a", Roles: []string{"approver"}}
-	if _, err := svc.Approve(t.Context(), sameAgent, e.key().ApprovalID(), e.ArgumentsHash); !errors.Is(err, approvals.ErrSelfApproval) {
-		t.Errorf("approval by the requesting agent: %v; want ErrSelfApproval", err)
+	for _, agent := range []string{"agent_test", "Agent_Test"} {
+		sameAgent := identity.Identity{User: "u_boss", Agent: agent, Tenant: "t_a", Roles: []string{"approver"}}
+		if _, err := svc.Approve(t.Context(), sameAgent, e.key().ApprovalID(), e.ArgumentsHash); !errors.Is(err, approvals.ErrSelfApproval) {
+			t.Errorf("approval by the requesting agent as %s: %v; want ErrSelfApproval", agent, err)
+		}
 	}
 	other := identity.Identity{User: "u_boss", Agent: "a", Tenant: "t_b", Roles: []string{"approver"}}
 	if _, err := svc.Approve(t.Context(), other, e.key().ApprovalID(), e.ArgumentsHash); !errors.Is(err, approvals.ErrNotFound) {

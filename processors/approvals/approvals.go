@@ -601,10 +601,12 @@ func (s *Service) decide(ctx context.Context, approver identity.Identity, id str
 	case a.Requester.User == "":
 		// Without the requester there is no telling a self-approval.
 		return Approval{}, fmt.Errorf("approvals: %s: the record does not say who requested the call", f.rec.Key)
-	case a.Requester.User == approver.User,
+	case strings.EqualFold(a.Requester.User, approver.User),
 		// The agent that asked may not decide either, whoever it
-		// claims to act for now.
-		a.Requester.Agent != "" && a.Requester.Agent == approver.Agent:
+		// claims to act for now. Compared without case: an identity
+		// provider whose logins ignore it may put either in the
+		// subject, and the same person would approve their own call.
+		a.Requester.Agent != "" && strings.EqualFold(a.Requester.Agent, approver.Agent):
 		return Approval{}, ErrSelfApproval
 	case f.rec.Status != processors.StatusPending:
 		return Approval{}, ErrNotPending
