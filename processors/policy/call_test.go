@@ -39,20 +39,13 @@ func TestNewRequest(t *testing.T) {
 // 2000000.5 through under a permit of the tool.
 func TestAmountThatIsNoIntegerIsRefused(t *testing.T) {
 	tool := refundOrder(t)
-	set, err := policy.LoadFS(fstest.MapFS{"refunds.cedar": &fstest.MapFile{Data: []byte(`
+	e := capsEngine(t, `
 @id("refunds")
 permit (principal, action == Action::"tool::refund_order", resource);
 @id("cap")
 forbid (principal, action == Action::"tool::refund_order", resource)
 when { context.has_amount && context.amount > 1000000 };
-`)}}, "caps")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := policy.NewEngine(policy.Config{Set: set})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	caller := policy.Caller{Tenant: "t_a", User: "u_1", Agent: "ag"}
 	for _, tc := range []struct {
 		amount string
@@ -101,7 +94,7 @@ func refundOrder(t *testing.T) *schemas.Tool {
 // guarded with `has` let them through.
 func TestIntegerArgumentsHoweverSpelt(t *testing.T) {
 	tool := refundOrder(t)
-	set, err := policy.LoadFS(fstest.MapFS{"refunds.cedar": &fstest.MapFile{Data: []byte(`
+	e := capsEngine(t, `
 @id("refunds")
 permit (principal, action == Action::"tool::refund_order", resource);
 @id("quantity-cap")
@@ -109,14 +102,7 @@ forbid (principal, action == Action::"tool::refund_order", resource)
 when { context.arguments has quantity && context.arguments.quantity > 100 };
 @id("one-order")
 forbid (principal, action == Action::"tool::refund_order", resource == Resource::"t_a/1000");
-`)}}, "caps")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := policy.NewEngine(policy.Config{Set: set})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	caller := policy.Caller{Tenant: "t_a", User: "u_1", Agent: "ag"}
 	for _, tc := range []struct {
 		args, policy string
@@ -137,4 +123,18 @@ forbid (principal, action == Action::"tool::refund_order", resource == Resource:
 			t.Errorf("{%s}: allow %v, %s %v (%s); want denied by %s", tc.args, d.Allow, d.Reason, d.PolicyIDs, d.Detail, tc.policy)
 		}
 	}
+}
+
+// capsEngine is an engine deciding with the policies src, labelled caps.
+func capsEngine(t *testing.T, src string) *policy.Engine {
+	t.Helper()
+	set, err := policy.LoadFS(fstest.MapFS{"refunds.cedar": &fstest.MapFile{Data: []byte(src)}}, "caps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := policy.NewEngine(policy.Config{Set: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
