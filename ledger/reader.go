@@ -84,7 +84,9 @@ const stampedFrom = 8
 
 // CallBefore returns the events of key's latest call below offset end of
 // its partition of topic (as EndOffsets gives it): those of the call of
-// the last requested event there (by call id), each once (as ReadCall),
+// the last requested event there (by call id, and dated no more than
+// CopySkew before it: an earlier call under the same call id, the same
+// envelope sent before, is not this one), each once (as ReadCall),
 // in log order, which is not always seq order: an outbox appended again
 // (a resend answered before its events were marked logged; the
 // executors' sweep) puts copies of a call's first events after the ones
@@ -95,15 +97,17 @@ const stampedFrom = 8
 // to a window that starts with records stamped more than CopySkew before
 // that event's time, past which none of the call's can lie: a call begun
 // shortly before end costs a read of about its own span, however long
-// the log before it. floor, unless nil, may name a time (the start of a
-// call the caller found elsewhere) the read need go back no further than
-// in the same way, with no requested event found. A key with neither
-// costs a read of the whole partition, and CallBefore returns what there
-// is: refusals, or the rest of a call whose start retention deleted. A
-// record under the key that does not decode fails it only where it may
-// be one of the call's: at or past the call's first event, or with no
-// call found. reached, unless nil, is told the offset down to which the
-// partition was read, as each window is.
+// the log before it. floor, unless nil, is asked after each window that
+// found no requested event for a time (the start of a call the caller
+// found elsewhere) the read need go back no further than in the same
+// way; it may wait for the caller's news. A key with neither costs a read of
+// the whole partition, and CallBefore returns what there is: refusals,
+// or the rest of a call whose start retention deleted. A record under
+// the key that does not decode fails it only where it may be one of the
+// call's: at or past the call's first event, or, with no call found,
+// stamped no earlier than CopySkew before the floor, if there is one.
+// reached, unless nil, is told the offset down to which the partition
+// was read, as each window is.
 func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey, end int64, floor func() time.Time, reached func(offset int64)) ([]Event, error) {
 	admin, n, err := openTopic(ctx, cc, topic)
 	if err != nil {
@@ -122,6 +126,7 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 		lo        = end
 		bad       error // the undecodable record under the key read last in the log, if any
 		badOffset int64
+		badStamp  time.Time
 	)
 	// readDown reads the partition from from up to lo, takes lo down to
 	// from, and returns when the records read start (stampedFrom).
@@ -144,7 +149,7 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 			e, err := DecodeEvent(r.Value)
 			if err != nil {
 				if bad == nil || r.Offset > badOffset {
-					bad, badOffset = fmt.Errorf("event at %s/%d/%d: %w", topic, r.Partition, r.Offset, err), r.Offset
+					bad, badOffset, badStamp = fmt.Errorf("event at %s/%d/%d: %w", topic, r.Partition, r.Offset, err), r.Offset, r.Timestamp
 				}
 				return false, nil
 			}
@@ -160,7 +165,10 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 		}
 		return starts, nil
 	}
-	var last *Event // the last requested event read
+	var (
+		last  *Event    // the last requested event read
+		since time.Time // how far back the read need go, as last or floor says
+	)
 	for w := int64(historyWindow); ; w *= 2 {
 		starts, err := adm.ListStartOffsets(ctx, topic)
 		if err != nil {
@@ -183,19 +191,19 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 				last = &e
 			}
 		}
-		var since time.Time
-		if floor != nil {
-			since = floor()
-		}
-		if last != nil && last.At.After(since) {
+		switch {
+		case last != nil:
 			since = last.At
+		case floor != nil:
+			since = floor()
 		}
 		if !since.IsZero() && !began.IsZero() && began.Before(since.Add(-CopySkew)) {
 			break
 		}
 	}
 	if last == nil {
-		if bad != nil {
+		// One stamped before the floor cannot be the call's.
+		if bad != nil && (since.IsZero() || !badStamp.Before(since.Add(-CopySkew))) {
 			return nil, bad
 		}
 		evs := make([]Event, len(later))
@@ -204,10 +212,13 @@ func CallBefore(ctx context.Context, cc ClientConfig, topic string, key CallKey,
 		}
 		return firstCopies(evs), nil
 	}
+	// The call's events, not those of an earlier call under the same
+	// call id (the same envelope sent before, the store having lost the
+	// key since), dated before it.
 	var evs []Event
 	first := int64(-1)
 	for _, r := range later {
-		if r.e.CallID == last.CallID && !r.e.Refusal() {
+		if r.e.CallID == last.CallID && !r.e.Refusal() && !r.e.At.Before(last.At.Add(-CopySkew)) {
 			if first < 0 {
 				first = r.offset
 			}

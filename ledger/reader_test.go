@@ -208,6 +208,19 @@ func TestCallBeforeReadsBackToTheCallsStart(t *testing.T) {
 	if len(reached) < 3 || !cmp.Equal([]int64{hi - 4096, hi - 4096 - 8192}, reached[:2]) || reached[2] > start {
 		t.Errorf("read down to %v; want %d, %d, then at or below the call's start, %d", reached, hi-4096, hi-4096-8192, start)
 	}
+	// A window that starts with one record stamped by a clock set back
+	// does not end the read: the call's first events lie further back,
+	// before copies of them.
+	stamped := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "stamped"}
+	c.produce(stamped, now, c.step("s1", 1, statemachine.EventRequested), c.step("s2", 2, statemachine.EventAuthorized), c.step("s3", 3, statemachine.EventExecuting))
+	c.produce(near, now, c.refusals("p", 100)...)
+	c.raw(near, old.Add(-time.Hour), "a record stamped by a clock set back")
+	c.produce(near, now, c.refusals("u", 4093)...)
+	c.produce(stamped, now, c.step("s1", 1, statemachine.EventRequested), c.step("s2", 2, statemachine.EventAuthorized))
+	if evs, reached, err = c.before(stamped, c.end()); err != nil || !cmp.Equal([]string{"s1", "s2", "s3"}, ids(evs)) {
+		t.Errorf("CallBefore past a window starting with a record stamped an hour back = %v, %v, read down to %v; want s1 to s3", ids(evs), err, reached)
+	}
+
 	// A floor, the start of a call found elsewhere, ends the read as a
 	// requested event would: a key with none below the end (a call
 	// begun after it) costs no read of the whole partition.

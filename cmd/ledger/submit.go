@@ -22,6 +22,7 @@ import (
 	"github.com/toolcall-ledger/ledger/ledger/token"
 	"github.com/toolcall-ledger/ledger/processors/credentials"
 	"github.com/toolcall-ledger/ledger/processors/identity"
+	"github.com/toolcall-ledger/ledger/processors/intake"
 	"github.com/toolcall-ledger/ledger/projections/httpapi"
 	"github.com/toolcall-ledger/ledger/projections/report"
 	"github.com/toolcall-ledger/ledger/schemas"
@@ -309,6 +310,7 @@ type callWait struct {
 	start    ledger.Event
 	live     bool
 	call     statemachine.Call
+	folded   ledger.Event // the last event folded
 	ahead    map[int64]heldEvent
 	unplaced []heldEvent
 	earlier  bool
@@ -326,6 +328,13 @@ type callWait struct {
 	histDone bool
 	histFrom int64
 	histErr  error
+	// refusedAt is when a refusal of this submission was made, read
+	// live: the key was free then, so the read back need go no further
+	// than a call placed live would need. news is closed once that, or
+	// such a call, is known (knowFloor).
+	refusedAt time.Time
+	news      chan struct{}
+	newsSent  bool
 }
 
 // heldEvent is an event of the call under callKey not folded yet, and
@@ -374,16 +383,31 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		errs = make([]error, len(w.keys))
 	)
 	w.histFrom = w.ends[0]
+	w.news = make(chan struct{})
 	wg.Go(func() {
 		// A call placed on a requested event read live needs nothing
-		// read back from before its own time.
+		// read back from before its own time, nor does a submission
+		// refused with its key free. The intake's answer, which says
+		// so, is given a moment after the first window: without it the
+		// read would go on doubling its windows until it came.
+		first := true
 		floor := func() time.Time {
+			if first {
+				first = false
+				t := time.NewTimer(historyGrace)
+				select {
+				case <-w.news:
+				case <-t.C:
+				case <-wctx.Done():
+				}
+				t.Stop()
+			}
 			w.mu.Lock()
 			defer w.mu.Unlock()
-			if !w.live {
-				return time.Time{}
+			if w.live {
+				return w.start.At
 			}
-			return w.start.At
+			return w.refusedAt
 		}
 		evs, err := ledger.CallBefore(wctx, w.cc, w.topic, w.callKey, w.ends[0], floor, func(offset int64) {
 			w.mu.Lock()
@@ -402,11 +426,12 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 			return
 		}
 		w.histDone = true
+		// All of it, before asking whether the call settled: a call
+		// approved and run since has approval_pending among its events.
 		for _, e := range evs {
-			if w.take(e, false, f, out, cancel) {
-				return
-			}
+			w.take(e, false, f, out)
 		}
+		w.settled(cancel)
 	})
 	for i, k := range w.keys {
 		wg.Go(func() {
@@ -424,7 +449,8 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 				if k != w.callKey {
 					return false
 				}
-				return w.take(e, true, f, out, cancel)
+				w.take(e, true, f, out)
+				return w.settled(cancel)
 			})
 			if i == 0 && errs[i] != nil && wctx.Err() == nil {
 				// The call's own key: said at once, not when --timeout
@@ -477,8 +503,10 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		}
 		// The followers' own failures: each ends its follower alone,
 		// and the rest run out with wctx, which is no failure of theirs.
+		// The read back's is said only where the call's state is not:
+		// a call read live needs none of it.
 		var failed []error
-		for _, err := range append(errs, w.histErr) {
+		for _, err := range errs {
 			if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 				failed = append(failed, err)
 			}
@@ -486,7 +514,10 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 		if len(failed) > 0 {
 			return errors.Join(failed...)
 		}
-		if r := w.forNow; r != nil {
+		if w.histErr != nil && !w.placed && !w.earlier {
+			return w.histErr
+		}
+		if r := w.forNow; r != nil && !w.placed {
 			return fmt.Errorf("call %s did not settle within %s: sent %d time(s), its last answer a refusal for now (%s, retry after %s)",
 				w.callKey, f.timeout, w.sent, report.Printable(r.Reason), time.Duration(r.RetryAfterMS)*time.Millisecond)
 		}
@@ -501,7 +532,7 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 			return fmt.Errorf("call %s did not settle within %s: no event of it was read, before this submission or after it (is an intake running, reading %s?)",
 				w.callKey, f.timeout, w.requests)
 		}
-		if !w.histDone && !w.earlier {
+		if !w.histDone && !w.earlier && !w.live {
 			// A copy of the call's first events read live, say, the
 			// rest further back than was read.
 			return fmt.Errorf("call %s did not settle within %s (state %q); its earlier events, if any, lie further back than --timeout let be read: its partition of %s, which ended at offset %d when the envelope went out, had been read back to offset %d (a longer --timeout, or --api, whose lookups are the projection's)",
@@ -521,60 +552,86 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 	return nil
 }
 
+// historyGrace is how long the read back of a call's earlier events
+// waits, after its first window, for the intake's answer to say how far
+// back it need go (a call begun live, a refusal of this submission); a
+// resend, which gets no answer, pays it once.
+const historyGrace = time.Second
+
+// knowFloor notes that the read back need go no further than a window
+// before a time now known (a call placed live, a refusal read live).
+// Under w.mu.
+func (w *callWait) knowFloor() {
+	if w.news != nil && !w.newsSent {
+		w.newsSent = true
+		close(w.news)
+	}
+}
+
 // take folds an event of a call under callKey, fresh when it was read
 // past where the key's partition ended before the envelope first went
-// out, and reports whether the wait is over: the call settled. Under
-// w.mu. The events of the call read back and of those read live come in
-// any order, and the log itself holds copies of a call's first events
-// after the ones that follow them (an outbox appended again): they are
-// folded in seq order, each once, as the call of the first requested
-// event of this submission places them.
-func (w *callWait) take(e ledger.Event, fresh bool, f *submitFlags, out io.Writer, cancel func()) bool {
+// out. Under w.mu. The events of the call read back and of those read
+// live come in any order, and the log itself holds copies of a call's
+// first events after the ones that follow them (an outbox appended
+// again): they are folded in seq order, each once, as the call of the
+// first requested event of this submission places them. Whether the
+// call settled is asked after (settled): after each event read live,
+// after all of those read back.
+func (w *callWait) take(e ledger.Event, fresh bool, f *submitFlags, out io.Writer) {
 	h := heldEvent{e, fresh}
 	switch {
 	case e.Type == statemachine.EventRequested && !w.own.Is(e):
 		// Another's call under the key, which this submission's
 		// refusal answers; unless one of its own comes after.
 		w.earlier = w.earlier || !w.placed
-		return false
 	case e.Type == statemachine.EventRequested && (!w.placed || fresh && e.EventID != w.start.EventID && e.At.After(w.start.At)):
 		// The call's start; or, read live, a newer call's than the one
 		// placed (the store lost the key, and admitted it again), not a
 		// copy of it, which shares its event id.
 		w.placed, w.followed, w.start, w.live, w.earlier = true, e.CallID, e, fresh, false
 		w.call, w.ahead = statemachine.Call{}, nil
-		if w.fold(h, f, out, cancel) {
-			return true
+		if fresh {
+			w.knowFloor()
 		}
+		w.fold(h, f, out)
 		waiting := w.unplaced
 		w.unplaced = nil
 		for _, u := range waiting {
-			if u.e.CallID == w.followed && w.fold(u, f, out, cancel) {
-				return true
+			if u.e.CallID == w.followed {
+				w.fold(u, f, out)
 			}
 		}
-		return false
 	case !w.placed:
 		w.unplaced = append(w.unplaced, h)
-		return false
 	case e.CallID != w.followed:
-		return false
-	case !fresh && w.live && e.At.Before(w.start.At.Add(-ledger.CopySkew)):
-		// Read back, under the call id of a call begun live, but dated
-		// before it: an earlier call's (the same envelope sent before).
-		return false
+	case e.At.Before(w.start.At.Add(-ledger.CopySkew)):
+		// Under the call's id, but dated before it: an earlier call's
+		// (the same envelope sent before, the store having lost the
+		// key since).
+	default:
+		w.fold(h, f, out)
 	}
-	return w.fold(h, f, out, cancel)
+}
+
+// settled ends the wait if the call folded so far settled, on the last
+// event folded. Under w.mu.
+func (w *callWait) settled(cancel func()) bool {
+	if w.last == nil && w.call.State.Settled() {
+		e := w.folded
+		w.last = &e
+		cancel()
+	}
+	return w.last != nil
 }
 
 // fold applies h's event to the call if it is the next by seq, and then
-// those held ahead that follow it, prints each, and reports whether the
-// call settled; an event past the next is held ahead, and one applied
-// already (a copy) dropped. Under w.mu.
-func (w *callWait) fold(h heldEvent, f *submitFlags, out io.Writer, cancel func()) bool {
+// those held ahead that follow it, and prints each; an event past the
+// next is held ahead, and one applied already (a copy) dropped. Under
+// w.mu.
+func (w *callWait) fold(h heldEvent, f *submitFlags, out io.Writer) {
 	switch {
 	case h.e.Seq <= w.call.Seq:
-		return false
+		return
 	case h.e.Seq > w.call.Seq+1:
 		if w.ahead == nil {
 			w.ahead = make(map[int64]heldEvent)
@@ -582,29 +639,23 @@ func (w *callWait) fold(h heldEvent, f *submitFlags, out io.Writer, cancel func(
 		if _, ok := w.ahead[h.e.Seq]; !ok {
 			w.ahead[h.e.Seq] = h
 		}
-		return false
+		return
 	}
 	for {
 		next, _, err := statemachine.Apply(w.call, h.e.Transition())
 		if err != nil {
-			return false
+			return
 		}
-		w.call = next
+		w.call, w.folded = next, h.e
 		if h.fresh {
 			w.forNow = nil // a sending was admitted
 		}
 		if !f.jsonOut {
 			printEvent(out, h.e)
 		}
-		if w.call.State.Settled() {
-			e := h.e
-			w.last = &e
-			cancel()
-			return true
-		}
 		n, ok := w.call.Seq+1, false
 		if h, ok = w.ahead[n]; !ok {
-			return false
+			return
 		}
 		delete(w.ahead, n)
 	}
@@ -620,6 +671,12 @@ func (w *callWait) fold(h heldEvent, f *submitFlags, out io.Writer, cancel func(
 func (w *callWait) refused(e ledger.Event, f *submitFlags, out io.Writer, waitEnd time.Time, again chan<- time.Duration, cancel func()) bool {
 	if !httpapi.RefusalOf(e, w.callID, w.digest) || (e.EventID != "" && w.refusals[e.EventID]) {
 		return false
+	}
+	if e.Reason == intake.ReasonRateLimited && w.refusedAt.IsZero() {
+		// Charged with the admission, once the key was found free: no
+		// call stood under it, then.
+		w.refusedAt = e.At
+		w.knowFloor()
 	}
 	w.refusals[e.EventID] = true
 	if wait, ok := sendAgain(e, f, w.retried, w.lastSent, waitEnd); ok {
