@@ -1614,6 +1614,15 @@ func (x *Executor) executeCall(ctx context.Context, tmpl *ledger.Event, rec *pro
 			// leave nothing to find out, and the next claim sends the
 			// call with a credential the tools accept.
 			switch {
+			case hb.decision != nil && hb.decision.Transient() && unknownErr != nil:
+				// The policies could not decide before a retry under
+				// the same key, an earlier attempt's outcome unknown:
+				// this one is not sent, and they decide again before the
+				// next, after the loop's backoff. If none leaves, the
+				// outcome is unknown under the tool's own code, not the
+				// policies' stall.
+				log.Info("retry held back: the policies could not decide the approved call; decided again before the next attempt", "reason", hb.why)
+				err = &httptool.Error{Kind: httptool.NotSent, Detail: "the policies could not decide the approved call before its retry was to leave", Err: hb}
 			case unknownErr != nil:
 				log.Warn("request held back before a retry of a call that may have reached the tool; outcome unknown", "why", hb.why)
 				return c.finish(processors.StatusOutcomeUnknown, attempt-1, ReasonOutcomeAmbiguous, hb.why, nil)

@@ -820,6 +820,10 @@ func TestPoliciesDecideEachRetry(t *testing.T) {
 		{"denied after 503", deny, http.StatusServiceUnavailable, []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, policy.ReasonDeniedByPolicy, 1, 0, ""},
 		{"allowed with a mask", masking, http.StatusTooManyRequests, []string{"executing", "succeeded"}, "", 2, 1, masking.Active().Version()},
 		{"undecided", unavailable{}, http.StatusTooManyRequests, nil, "", 1, 0, ""},
+		// After a 503 the retry under the same key is held back too, and
+		// decided again before each attempt left; none does, and the
+		// outcome is unknown under the tool's own code, not the stall's.
+		{"undecided after 503", unavailable{}, http.StatusServiceUnavailable, []string{"executing", "outcome_unknown(" + executor.ReasonOutcomeAmbiguous + ")"}, "http_503", 1, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
