@@ -332,6 +332,7 @@ type failingSince struct {
 // it could not request.
 type undoState struct {
 	failures int       // requests that failed for a reason that may pass
+	holds    int       // requests refused, its tool frozen, since the last other answer
 	next     time.Time // asked again at the first sweep from then
 	abandon  string    // set: not asked again, the call goes to a human, for this reason
 }
@@ -1203,18 +1204,28 @@ func (r *Reconciler) requestUndo(ctx context.Context, key ledger.CallKey, reason
 	if last, refused := ledger.Refusing(evs); err == nil && refused {
 		if last.Reason == ReasonToolFrozen {
 			// A freeze is no reason to hand the call to a human
-			// (Freezes), however long it lasts: asked again at the next
-			// sweep, the attempt not counted, as the executor waits one
-			// out for a compensation already admitted.
+			// (Freezes), however long it lasts: asked again, the
+			// attempt not counted, as the executor waits one out for a
+			// compensation already admitted. Each refusal is an event
+			// on the log: asked at the next sweep, then at gaps
+			// doubling up to maxHoldGap, said once at Info.
 			st := r.undos[key]
 			if st == nil {
 				st = &undoState{}
 				r.undos[key] = st
 			}
+			st.holds++
 			st.next = r.cfg.Now()
+			if st.holds > 1 {
+				st.next = st.next.Add(min(r.cfg.SweepEvery<<min(st.holds-2, 16), maxHoldGap))
+			}
 			r.cfg.Metrics.CompensationRequest("held")
-			r.cfg.Logger.Info("automatic compensation held: its tool is frozen; asked again at the next sweep",
-				"call_key", key.String(), "detail", last.Detail)
+			level := slog.LevelDebug
+			if st.holds == 1 {
+				level = slog.LevelInfo
+			}
+			r.cfg.Logger.Log(ctx, level, "automatic compensation held: its tool is frozen; asked again later, for as long as the freeze lasts",
+				"call_key", key.String(), "detail", last.Detail, "retry_at", st.next)
 			return false
 		}
 		err = fmt.Errorf("%s (%s)", last.Reason, last.Detail)
@@ -1245,7 +1256,7 @@ func (r *Reconciler) requestUndo(ctx context.Context, key ledger.CallKey, reason
 		log.Error("automatic compensation refused; the call is handed to a human", "err", err)
 		return false
 	}
-	st.failures++
+	st.failures, st.holds = st.failures+1, 0
 	if st.failures >= r.cfg.UndoAttempts {
 		st.abandon = fmt.Sprintf("its request failed %d times, last: %v", st.failures, err)
 		r.cfg.Metrics.CompensationRequest("abandoned")
@@ -1451,6 +1462,10 @@ func lastingErr(err error) bool {
 	var t interface{ Terminal() bool }
 	return (errors.As(err, &t) && t.Terminal()) || errors.Is(err, processors.ErrNotFound)
 }
+
+// maxHoldGap bounds the gap between the requests for a compensation
+// whose tool is frozen: the freeze may be lifted at any moment.
+const maxHoldGap = 5 * time.Minute
 
 // passingRefusal reports whether a compensation's refusal may pass by
 // asking again: one that says when to (a rate limit's, or that of

@@ -440,21 +440,23 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 		// restart: another reconciler, which knows nothing of the
 		// failure, sweeps after the park (a restart, a second instance).
 		restart bool
+		sweeps  int // after the park; 10 if 0
 	}{
-		{"failing before the intake", flakyCompensator{fail: 1}, []int{0, 1}, true, false},
-		{"failing before the intake, then a restart", flakyCompensator{fail: 1}, []int{0, 1}, true, true},
-		{"failing thrice", flakyCompensator{fail: 3}, []int{0, 1, 2, 4}, true, false},
-		{"failing after the intake admitted it", flakyCompensator{fail: 1, after: true}, []int{0}, true, false},
-		{"refused for good", flakyCompensator{refuse: &refusal}, []int{0}, false, false},
-		{"failing past its attempts", flakyCompensator{fail: 100}, []int{0, 1, 2, 4, 8}, false, false},
+		{"failing before the intake", flakyCompensator{fail: 1}, []int{0, 1}, true, false, 0},
+		{"failing before the intake, then a restart", flakyCompensator{fail: 1}, []int{0, 1}, true, true, 0},
+		{"failing thrice", flakyCompensator{fail: 3}, []int{0, 1, 2, 4}, true, false, 0},
+		{"failing after the intake admitted it", flakyCompensator{fail: 1, after: true}, []int{0}, true, false, 0},
+		{"refused for good", flakyCompensator{refuse: &refusal}, []int{0}, false, false, 0},
+		{"failing past its attempts", flakyCompensator{fail: 100}, []int{0, 1, 2, 4, 8}, false, false, 0},
 		// The last request's answer lost after the intake admitted it:
 		// the compensation exists, and the call is not handed to a
 		// human as one none was requested for.
-		{"failing past its attempts, the last after the intake admitted it", flakyCompensator{fail: 5, lastAfter: true}, []int{0, 1, 2, 4, 8}, true, false},
-		// Refused while cancel_refund is frozen, past UndoAttempts:
-		// asked at every sweep, not counted, and admitted once the
-		// freeze lifts. Before, the call went to a human after five.
-		{"refused while its tool is frozen", flakyCompensator{frozen: 7}, []int{0, 1, 2, 3, 4, 5, 6, 7}, true, false},
+		{"failing past its attempts, the last after the intake admitted it", flakyCompensator{fail: 5, lastAfter: true}, []int{0, 1, 2, 4, 8}, true, false, 0},
+		// Refused while cancel_refund is frozen, past UndoAttempts: asked
+		// again, the gaps doubling up to five sweeps (maxHoldGap), not
+		// counted, and admitted once the freeze lifts. Before, the call
+		// went to a human after five.
+		{"refused while its tool is frozen", flakyCompensator{frozen: 6}, []int{0, 1, 2, 4, 8, 13, 18}, true, false, 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
@@ -483,7 +485,8 @@ func TestUndoRetriedAfterATransientFailure(t *testing.T) {
 			// Sweeps a minute apart: the retries come at the first,
 			// second, fourth, eighth; the call is parked again at most
 			// once.
-			for sweep < 10 {
+			sweeps := max(tc.sweeps, 10)
+			for sweep < sweeps {
 				sweep++
 				now = now.Add(every)
 				for _, e := range r.reconcileAll(rc) {

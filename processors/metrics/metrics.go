@@ -108,7 +108,7 @@ func New(role string, known func(tool string) bool) *Registry {
 	})
 	r.undos = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_compensation_requests_total", ConstLabels: constRole,
-		Help: "The reconciler's requests for automatic compensations (undo_unknown), by result: requested, failed (asked again later), held (its tool frozen: asked again at the next sweep, not counted), refused (for good) and abandoned (failed its last attempt); the last two leave the call to a human.",
+		Help: "The reconciler's requests for automatic compensations (undo_unknown), by result: requested, failed (asked again later), held (its tool frozen: asked again later, not counted), refused (for good) and abandoned (failed its last attempt); the last two leave the call to a human.",
 	}, []string{"result"})
 	r.deleted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ledger_records_deleted_unread_total", ConstLabels: constRole,
