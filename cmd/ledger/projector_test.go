@@ -853,7 +853,9 @@ func runProjector(t *testing.T, k *ledgertest.Kafka, group string, st *chstore.S
 // compacted control topic no longer has (here, a tool's freeze, whose
 // unfreeze is all the topic keeps), and says how many: the table is the
 // history an incident's audit reads (who froze the tool, when and why),
-// and before, the swap dropped them for good.
+// and before, the swap dropped them for good. An action the rebuild holds
+// under another action id (a projector of an older build digested fewer
+// of its fields) is not copied in beside it.
 func TestRebuildSwapKeepsControlHistory(t *testing.T) {
 	k := ledgertest.New(t, ledgertest.Options{Partitions: 2})
 	produceAcross(t, k)
@@ -869,6 +871,8 @@ func TestRebuildSwapKeepsControlHistory(t *testing.T) {
 	if err := live.Write(t.Context(), projections.Batch{Actions: []projections.Action{{Action: freeze}, {Action: unfreeze, Offset: 1}}}); err != nil {
 		t.Fatal(err)
 	}
+	chtest.Exec(t, dsn, fmt.Sprintf("INSERT INTO `%s`.control_actions (subject, at, at_ns, action_id, kind, tool, by_user, by_tenant, reason) "+
+		"SELECT 'tool:refund_order', toDateTime(%d), 0, 'older-build-id', 'unfreeze', 'refund_order', 'u_bob', '*', 'fixed'", db, unfreeze.At.Unix()))
 	t.Cleanup(func() { chtest.Exec(t, dsn, "DROP DATABASE IF EXISTS `"+db+"_rebuild`") })
 	out := cli(t, "projector", "rebuild", "--swap", "--kafka-brokers", strings.Join(k.Client.Brokers, ","),
 		"--topic-events", k.Topics.Events, "--topic-control", k.Topics.Control, "--group", k.Group("keeps-history"),
@@ -877,7 +881,7 @@ func TestRebuildSwapKeepsControlHistory(t *testing.T) {
 		t.Errorf("rebuild --swap said:\n%s\nwant it swapped, keeping 1 control action", out)
 	}
 	q := "SELECT uniqExact(action_id) FROM `" + db + "`.control_actions WHERE "
-	if frozen, all := chtest.Count(t, dsn, q+"kind = 'freeze' AND by_user = 'u_alice'"), chtest.Count(t, dsn, q+"1"); frozen != 1 || all != 2 {
-		t.Errorf("after the swap the live tables hold the freeze %d times, and %d control actions; want 1, and 2", frozen, all)
+	if frozen, unfrozen, all := chtest.Count(t, dsn, q+"kind = 'freeze' AND by_user = 'u_alice'"), chtest.Count(t, dsn, q+"kind = 'unfreeze'"), chtest.Count(t, dsn, q+"1"); frozen != 1 || unfrozen != 1 || all != 2 {
+		t.Errorf("after the swap the live tables hold the freeze %d times, the unfreeze %d, and %d control actions; want 1, 1, and 2", frozen, unfrozen, all)
 	}
 }

@@ -693,18 +693,23 @@ func (s *Store) Lacking(ctx context.Context, other *Store) (events, subjects uin
 // returns how many. The control topic is compacted, keeping each
 // subject's latest action, so a rebuild from it lacks the history that
 // the live table holds (a tool's freeze, and who lifted it, when and
-// why), which an incident's audit reads and nothing else keeps. Both
-// are at one schema version (Swap requires it), so their columns match.
+// why), which an incident's audit reads and nothing else keeps. An
+// action is told by its subject, kind and time, not its action id: a
+// projector of an older build digested fewer of a record's fields (a
+// reassert, what an unfreeze lifts), so one record may have two ids.
+// Both are at one schema version (Swap requires it).
 func (s *Store) KeepControlHistory(ctx context.Context, from *Store) (uint64, error) {
-	missing := " FROM " + from.table("control_actions") + " WHERE action_id NOT IN (SELECT action_id FROM " + s.table("control_actions") + ")"
+	const action = "subject, at, at_ns, kind"
+	missing := " FROM " + from.table("control_actions") + " WHERE (" + action + ") NOT IN (SELECT " + action + " FROM " + s.table("control_actions") + ")"
 	var n uint64
-	if err := s.conn.QueryRow(ctx, "SELECT uniqExact(action_id)"+missing).Scan(&n); err != nil {
+	if err := s.conn.QueryRow(ctx, "SELECT uniqExact("+action+")"+missing).Scan(&n); err != nil {
 		return 0, s.wrap("control actions lacking from "+s.db, err)
 	}
 	if n == 0 {
 		return 0, nil
 	}
-	if err := s.conn.Exec(ctx, "INSERT INTO "+s.table("control_actions")+" SELECT *"+missing); err != nil {
+	cols := strings.Join(actionsTable.cols, ", ")
+	if err := s.conn.Exec(ctx, "INSERT INTO "+s.table("control_actions")+" ("+cols+") SELECT "+cols+missing); err != nil {
 		return 0, s.wrap("copy the control actions lacking from "+s.db, err)
 	}
 	return n, nil
