@@ -61,6 +61,17 @@ func TestLongWindowDrawnWhole(t *testing.T) {
 	}
 }
 
+// The chart's window starts where its first bucket does, as the counts
+// it draws do: asked from 12:37 by the hour, it says from 12:00. Before,
+// it said 12:37 over counts that held 12:00 to 12:37 too.
+func TestHistogramStartsAtItsFirstBucket(t *testing.T) {
+	since := time.Date(2026, 11, 30, 12, 37, 12, 0, time.UTC)
+	h := drawHistogram(nil, since, since.Add(2*time.Hour), time.Hour)
+	if want := fmtTime(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)); h.From != want {
+		t.Errorf("chart from %q; want %q, its first bucket's start", h.From, want)
+	}
+}
+
 func TestDrawHistogram(t *testing.T) {
 	since := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	until := since.Add(time.Hour)

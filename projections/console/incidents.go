@@ -323,16 +323,18 @@ func (c *Console) outcomes(r *http.Request, s *session, q url.Values, now time.T
 }
 
 // drawHistogram lays out stacked bars of outcomes per bucket over
-// [since, until). Every label is data, escaped by the template.
+// [since, until). Every label is data, escaped by the template. The
+// window starts where its first bucket does, as the counts do
+// (projections.CheckOutcomes takes since back to it).
 func drawHistogram(counts []projections.OutcomeCount, since, until time.Time, bucket time.Duration) *histogram {
+	first := projections.BucketOf(since, bucket)
 	h := &histogram{
 		W: histW, H: histH,
 		PlotX: histLeft, PlotY: histTop,
 		PlotW: histW - histLeft - histRight, PlotH: histH - histTop - histBottom,
-		Bucket: bucketLabel(bucket), From: fmtTime(since), To: fmtTime(until),
+		Bucket: bucketLabel(bucket), From: fmtTime(first), To: fmtTime(until),
 	}
 	h.AxisY = h.PlotY + h.PlotH
-	first := projections.BucketOf(since, bucket)
 	n := int(until.Sub(first)/bucket) + 1
 	if until.Sub(first)%bucket == 0 {
 		n--
