@@ -3,6 +3,9 @@ package ledger
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math/big"
 	"strconv"
 	"strings"
 
@@ -137,6 +140,45 @@ func unescapePointerToken(t string) (string, bool) {
 // alone, it found nothing, and the call's resource, its version's binding
 // and its policy resource went without a word.
 func Lookup(tree any, ptr string) (any, bool) { return schemas.ResolvePointer(tree, ptr) }
+
+// ResourceOf returns the resource a call's arguments name at a tool's
+// resource pointer, as every part of the ledger writes it (its events,
+// the policies' resource, the approval's preview, the version read): a
+// string as it is, an integer however it is spelt in its one way
+// (1e3 and 1000.0 are 1000), anything else as JSON.
+func ResourceOf(tree any, ptr string) (string, bool) {
+	v, ok := Lookup(tree, ptr)
+	if !ok {
+		return "", false
+	}
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case json.Number:
+		if n, whole := Integer(v); whole {
+			return strconv.FormatInt(n, 10), true
+		}
+		return v.String(), true
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v), true
+	}
+	return string(b), true
+}
+
+// Integer returns n as an integer if it is one, however it is spelt
+// (5000, 5e3, 5000.0), within int64.
+func Integer(n json.Number) (int64, bool) {
+	if v, err := n.Int64(); err == nil {
+		return v, true
+	}
+	r, ok := new(big.Rat).SetString(string(n))
+	if !ok || !r.IsInt() || !r.Num().IsInt64() {
+		return 0, false
+	}
+	return r.Num().Int64(), true
+}
 
 // RedactTokens returns a copy of b in which every compact JWS or JWE (a
 // JWT is one or the other) is replaced by "[redacted]": a record that

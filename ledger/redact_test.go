@@ -289,3 +289,23 @@ func FuzzRedactTokens(f *testing.F) {
 		}
 	})
 }
+
+// A resource is written one way by every part of the ledger: a string as
+// it is, an integer however it is spelt, anything else as JSON. Before,
+// the intake's events, the approval's preview and the version read said
+// 1e3 where the policies, since, said 1000: a blast radius by resource
+// counted two.
+func TestResourceOf(t *testing.T) {
+	args, err := Decode([]byte(`{"a":"ord_9","b":1e3,"c":1000.0,"d":1000,"e":1.5,"f":true,"lines":[{"id":2E1}]}`), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ptr, want := range map[string]string{"/a": "ord_9", "/b": "1000", "/c": "1000", "/d": "1000", "/e": "1.5", "/f": "true", "/lines/0/id": "20"} {
+		if got, ok := ResourceOf(args, ptr); !ok || got != want {
+			t.Errorf("ResourceOf(%s) = %q, %v; want %q", ptr, got, ok, want)
+		}
+	}
+	if got, ok := ResourceOf(args, "/missing"); ok {
+		t.Errorf("ResourceOf(/missing) = %q; want none", got)
+	}
+}

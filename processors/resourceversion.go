@@ -30,7 +30,7 @@ func ResourceVersion(ctx context.Context, r VersionReader, base *url.URL, tool *
 	if tool.ResourceVersion == nil || tool.Resource == "" {
 		return "", false, nil
 	}
-	res, ok := ledger.Lookup(args, tool.Resource)
+	res, ok := ledger.ResourceOf(args, tool.Resource)
 	if !ok {
 		return "", false, nil
 	}
@@ -38,7 +38,7 @@ func ResourceVersion(ctx context.Context, r VersionReader, base *url.URL, tool *
 	if err != nil {
 		return "", true, fmt.Errorf("%w: %w", ErrVersionURL, err)
 	}
-	v, err = r.ResourceVersion(ctx, u, fmt.Sprint(res), tenant)
+	v, err = r.ResourceVersion(ctx, u, res, tenant)
 	return v, true, err
 }
 

@@ -1030,8 +1030,8 @@ func (s *Service) preview(rec processors.Record, requested *ledger.Event) Previe
 		return p
 	}
 	if tool != nil && tool.Resource != "" {
-		if v, ok := ledger.Lookup(args, tool.Resource); ok {
-			p.Resource = scalar(v)
+		if v, ok := ledger.ResourceOf(args, tool.Resource); ok {
+			p.Resource = v
 		}
 	}
 	if m, ok := args.(map[string]any); ok {
@@ -1084,20 +1084,4 @@ func minorUnitExponent(currency string) int {
 		return 4
 	}
 	return 2
-}
-
-// scalar renders a JSON value for the preview: strings and numbers as
-// they are, anything else as JSON.
-func scalar(v any) string {
-	switch v := v.(type) {
-	case string:
-		return v
-	case json.Number:
-		return v.String()
-	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return ""
-	}
-	return string(b)
 }

@@ -1342,8 +1342,8 @@ func (p *Processor) admission(c *checked, now time.Time) (processors.Admission, 
 	// resource stays redacted in every event.
 	var resource string
 	if tool.Resource != "" {
-		if v, ok := ledger.Lookup(audit, tool.Resource); ok {
-			resource = fmt.Sprint(v)
+		if v, ok := ledger.ResourceOf(audit, tool.Resource); ok {
+			resource = v
 		}
 	}
 	deadline := env.Deadline(cmp.Or(c.sent, now))

@@ -2,9 +2,6 @@ package policy
 
 import (
 	"encoding/json"
-	"fmt"
-	"math/big"
-	"strconv"
 	"time"
 
 	"github.com/toolcall-ledger/ledger/ledger"
@@ -48,14 +45,8 @@ func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string
 		Time:           now,
 	}
 	if tool.Resource != "" {
-		if v, ok := ledger.Lookup(arguments, tool.Resource); ok {
-			r.Resource = fmt.Sprint(v)
-			if n, isNumber := v.(json.Number); isNumber {
-				// One resource however its id is spelt (1e3, 1000.0).
-				if i, whole := integer(n); whole {
-					r.Resource = strconv.FormatInt(i, 10)
-				}
-			}
+		if v, ok := ledger.ResourceOf(arguments, tool.Resource); ok {
+			r.Resource = v
 		}
 	}
 	if a, present := args["amount_cents"]; present {
@@ -65,24 +56,10 @@ func NewRequest(tool *schemas.Tool, caller Caller, arguments any, channel string
 		// written `context.has_amount && context.amount > N`.
 		r.AmountInvalid = true
 		if n, ok := a.(json.Number); ok {
-			if v, ok := integer(n); ok {
+			if v, ok := ledger.Integer(n); ok {
 				r.Amount, r.AmountInvalid = &v, false
 			}
 		}
 	}
 	return r
-}
-
-// integer is n's value when it is an integer an int64 holds, however it
-// is written (2000000, 2e6, 2000000.0): JSON Schema's "integer" is a
-// value, not a spelling.
-func integer(n json.Number) (int64, bool) {
-	if v, err := n.Int64(); err == nil {
-		return v, true
-	}
-	r, ok := new(big.Rat).SetString(string(n))
-	if !ok || !r.IsInt() || !r.Num().IsInt64() {
-		return 0, false
-	}
-	return r.Num().Int64(), true
 }

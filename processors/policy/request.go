@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cedar-policy/cedar-go"
+
+	"github.com/toolcall-ledger/ledger/ledger"
 )
 
 // Entity types of the Cedar model; see the package documentation.
@@ -245,7 +247,7 @@ func cedarValue(v any) (cedar.Value, bool) {
 		// tools' JSON Schema integer takes them. Read as ParseInt
 		// does, they were left out, and a forbid guarded with `has`
 		// passed them by.
-		if n, ok := integer(v); ok {
+		if n, ok := ledger.Integer(v); ok {
 			return cedar.Long(n), true
 		}
 	case int:
