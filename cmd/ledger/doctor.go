@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/toolcall-ledger/ledger/ledger"
 	"github.com/toolcall-ledger/ledger/processors/pgstore"
+	"github.com/toolcall-ledger/ledger/processors/policy"
 	"github.com/toolcall-ledger/ledger/projections/chstore"
 )
 
@@ -35,6 +38,10 @@ type doctorFlags struct {
 	maxClockSkew    time.Duration
 	timeout         time.Duration
 	jsonOut         bool
+	// policyDir and policyVersionsDir are this host's policies, loaded
+	// with this build's rules (policyChecks).
+	policyDir         string
+	policyVersionsDir string
 }
 
 // minEventsRetention is the shortest finite retention of the events topic
@@ -120,6 +127,8 @@ check fails; warnings do not fail.`,
 	fs.DurationVar(&f.maxClockSkew, "max-clock-skew", 500*time.Millisecond, "largest clock difference between this machine and a database that is ok; an approval stops letting requests leave a second before its expiry, a margin that holds while the intake's and the executors' hosts are within 500ms of the store's clock")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "how long each check may take")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the checks as a JSON array")
+	fs.StringVar(&f.policyDir, "policy-dir", "", "the policies this host's intake or executor decides with (--policy-dir), loaded as this build loads them, which refuses more than older builds (a misspelt obligation, a scope no call matches): run it before an upgrade. Empty: skipped")
+	fs.StringVar(&f.policyVersionsDir, "policy-versions-dir", "", "this host's policy versions (--policy-versions-dir), each <label>/*.cedar loaded as this build loads it. Empty: skipped")
 	return cmd
 }
 
@@ -198,7 +207,7 @@ type doctor struct {
 // run runs the three groups of checks side by side and returns their
 // results in a fixed order: Kafka, the store, ClickHouse.
 func (d *doctor) run(ctx context.Context) []checkResult {
-	groups := []func(context.Context) []checkResult{d.kafkaChecks, d.storeChecks, d.clickhouseChecks}
+	groups := []func(context.Context) []checkResult{d.kafkaChecks, d.storeChecks, d.clickhouseChecks, d.policyChecks}
 	out := make([][]checkResult, len(groups))
 	var wg sync.WaitGroup
 	for i, fn := range groups {
@@ -233,6 +242,53 @@ func skipAll(names []string, why string) []checkResult {
 		out[i] = result(n, statusSkipped, "%s", why)
 	}
 	return out
+}
+
+// ------------------------------------------------------------- Policies
+
+const (
+	checkPolicyDir      = "policy.dir"
+	checkPolicyVersions = "policy.versions"
+)
+
+var policyCheckNames = []string{checkPolicyDir, checkPolicyVersions}
+
+// policyChecks loads this host's policies as this build does: a set an
+// older build loaded may be refused by this one, and a role started on
+// it would not start (--policy-dir), or deny every call while it is the
+// version activated (--policy-versions-dir).
+func (d *doctor) policyChecks(context.Context) []checkResult {
+	var out []checkResult
+	if dir := d.flags.policyDir; dir == "" {
+		out = append(out, result(checkPolicyDir, statusSkipped, "no --policy-dir"))
+	} else if set, err := policy.LoadDir(dir, "doctor"); err != nil {
+		out = append(out, result(checkPolicyDir, statusFail, "the policies in %s do not load with this build: %v; a role given them would not start", dir, err))
+	} else {
+		out = append(out, result(checkPolicyDir, statusOK, "%d policies load from %s", len(set.PolicyIDs()), dir))
+	}
+	dir := d.flags.policyVersionsDir
+	if dir == "" {
+		return append(out, result(checkPolicyVersions, statusSkipped, "no --policy-versions-dir"))
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return append(out, result(checkPolicyVersions, statusFail, "cannot read %s: %v", dir, err))
+	}
+	var labels, failed []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		labels = append(labels, e.Name())
+		if _, err := policy.LoadDir(filepath.Join(dir, e.Name()), e.Name()); err != nil {
+			failed = append(failed, fmt.Sprintf("%s: %v", e.Name(), err))
+		}
+	}
+	if len(failed) > 0 {
+		return append(out, result(checkPolicyVersions, statusFail, "%d of the %d versions in %s do not load with this build, and while one is activated every call is denied: %s",
+			len(failed), len(labels), dir, strings.Join(failed, "; ")))
+	}
+	return append(out, result(checkPolicyVersions, statusOK, "%d versions load from %s", len(labels), dir))
 }
 
 // ---------------------------------------------------------------- Kafka

@@ -28,7 +28,7 @@ import (
 )
 
 // allDoctorChecks is every check doctor reports, in its order.
-var allDoctorChecks = append(append(append([]string{}, kafkaCheckNames...), storeCheckNames...), clickhouseCheckNames...)
+var allDoctorChecks = slices.Concat(kafkaCheckNames, storeCheckNames, clickhouseCheckNames, policyCheckNames)
 
 // runDoctor runs `ledger doctor` with args and returns its stdout and
 // error.
@@ -102,9 +102,13 @@ func TestDoctorHealthy(t *testing.T) {
 		t.Fatalf("Migrate() = %v", err)
 	}
 
+	policies, versions := t.TempDir(), t.TempDir()
+	writePolicy(t, policies, "", goodPolicy)
+	writePolicy(t, versions, "v1", goodPolicy)
 	out, err := runDoctor(t, append(kafkaArgs(k.Client.Brokers, k.Topics),
 		"--expect-replication-factor", "1", "--expect-min-insync", "1",
-		"--crdb-dsn", dsn, "--clickhouse-dsn", chDSN, "--clickhouse-database", chDB)...)
+		"--crdb-dsn", dsn, "--clickhouse-dsn", chDSN, "--clickhouse-database", chDB,
+		"--policy-dir", policies, "--policy-versions-dir", versions)...)
 	if err != nil {
 		t.Errorf("doctor on a healthy deployment = %v; want nil", err)
 	}
@@ -644,3 +648,34 @@ func TestDoctorClickHouseSchemaJudgement(t *testing.T) {
 		})
 	}
 }
+
+// doctor loads this host's policies as this build does, and fails a set
+// that an older build loaded and this one refuses (a scope no call
+// matches), naming it: a role given it would not start, or, a version
+// activated, deny every call. Run before an upgrade.
+func TestDoctorPolicies(t *testing.T) {
+	dir, versions := t.TempDir(), t.TempDir()
+	writePolicy(t, dir, "", goodPolicy)
+	writePolicy(t, versions, "v1", goodPolicy)
+	writePolicy(t, versions, "v2", goodPolicy+"\n"+`@id("cap") forbid (principal, action == Action::"refund_order", resource);`)
+	d := &doctor{flags: doctorFlags{policyDir: dir, policyVersionsDir: versions}}
+	got := map[string]checkResult{}
+	for _, r := range d.policyChecks(t.Context()) {
+		got[r.Check] = r
+	}
+	if r := got[checkPolicyDir]; r.Status != statusOK {
+		t.Errorf("%s: %s %s; want ok", checkPolicyDir, r.Status, r.Detail)
+	}
+	if r := got[checkPolicyVersions]; r.Status != statusFail || !strings.Contains(r.Detail, "1 of the 2 versions") || !strings.Contains(r.Detail, `v2: `) {
+		t.Errorf("%s: %s %s; want fail, naming v2", checkPolicyVersions, r.Status, r.Detail)
+	}
+	d = &doctor{}
+	for _, r := range d.policyChecks(t.Context()) {
+		if r.Status != statusSkipped {
+			t.Errorf("%s without its flag: %s; want skipped", r.Check, r.Status)
+		}
+	}
+}
+
+// goodPolicy is a policy set every build loads.
+const goodPolicy = `@id("refunds") permit (principal, action == Action::"tool::refund_order", resource);`
