@@ -301,14 +301,8 @@ func scanKey(ctx context.Context, cc ClientConfig, topic string, key CallKey, fr
 	defer admin.Close()
 	k := []byte(key.String())
 	p := PartitionFor(k, n)
-	return scan(ctx, cc, admin, topic, map[int32]int64{p: from}, nil, follow, keyEvents(topic, k, fn))
-}
-
-// keyEvents passes scan's records keyed key to fn, decoded, and fails at
-// one that does not decode.
-func keyEvents(topic string, key []byte, fn func(Event, int64) bool) func(*kgo.Record) (bool, error) {
-	return func(r *kgo.Record) (bool, error) {
-		if string(r.Key) != string(key) {
+	return scan(ctx, cc, admin, topic, map[int32]int64{p: from}, nil, follow, func(r *kgo.Record) (bool, error) {
+		if string(r.Key) != string(k) {
 			return false, nil
 		}
 		e, err := DecodeEvent(r.Value)
@@ -316,7 +310,7 @@ func keyEvents(topic string, key []byte, fn func(Event, int64) bool) func(*kgo.R
 			return true, fmt.Errorf("event at %s/%d/%d: %w", topic, r.Partition, r.Offset, err)
 		}
 		return fn(e, r.Offset), nil
-	}
+	})
 }
 
 // startsRecheck is how long a scan to its end offsets waits for a record
@@ -328,7 +322,8 @@ const startsRecheck = time.Second
 // names, or, with to nil, up to its last stable offset when scan begins
 // (everything before it is committed or aborted, and read_committed shows
 // the committed part), or on and on when follow, until fn says to stop
-// or fails, or ctx is done. admin asks for the offsets. Transaction markers are read, never passed to fn, so
+// or fails, or ctx is done. admin asks for the offsets. Transaction
+// markers are read, never passed to fn, so
 // that the reader knows when it has reached an end that one of them is
 // at.
 func scan(ctx context.Context, cc ClientConfig, admin *kgo.Client, topic string, from, to map[int32]int64, follow bool, fn func(*kgo.Record) (bool, error)) error {

@@ -298,15 +298,14 @@ type callWait struct {
 	mu sync.Mutex
 	// The call followed is that of the first requested event of this
 	// submission's read under callKey (placed), or of a later one read
-	// live that is newer: followed is its call id, start that event (its
-	// id and time), live whether it was read live, call its events
+	// live that is newer: start is that event (its call id, event id and
+	// time), live whether it was read live, call its events
 	// folded in seq order (ahead holds those read before the ones they
 	// follow), and unplaced the events read before any such requested
 	// event. earlier says a requested event of another call came first
 	// (other arguments, another user): an earlier one under the key,
 	// whose outcome is no answer to this submission.
 	placed   bool
-	followed string
 	start    ledger.Event
 	live     bool
 	call     statemachine.Call
@@ -532,12 +531,6 @@ func (w *callWait) run(ctx context.Context, f *submitFlags, out io.Writer, publi
 			return fmt.Errorf("call %s did not settle within %s: no event of it was read, before this submission or after it (is an intake running, reading %s?)",
 				w.callKey, f.timeout, w.requests)
 		}
-		if !w.histDone && !w.earlier && !w.live {
-			// A copy of the call's first events read live, say, the
-			// rest further back than was read.
-			return fmt.Errorf("call %s did not settle within %s (state %q); its earlier events, if any, lie further back than --timeout let be read: its partition of %s, which ended at offset %d when the envelope went out, had been read back to offset %d (a longer --timeout, or --api, whose lookups are the projection's)",
-				w.callKey, f.timeout, w.call.State, w.topic, w.ends[0], w.histFrom)
-		}
 		return fmt.Errorf("call %s did not settle within %s (state %q)", w.callKey, f.timeout, w.call.State)
 	}
 	last := w.last
@@ -588,7 +581,7 @@ func (w *callWait) take(e ledger.Event, fresh bool, f *submitFlags, out io.Write
 		// The call's start; or, read live, a newer call's than the one
 		// placed (the store lost the key, and admitted it again), not a
 		// copy of it, which shares its event id.
-		w.placed, w.followed, w.start, w.live, w.earlier = true, e.CallID, e, fresh, false
+		w.placed, w.start, w.live, w.earlier = true, e, fresh, false
 		w.call, w.ahead = statemachine.Call{}, nil
 		if fresh {
 			w.knowFloor()
@@ -597,13 +590,13 @@ func (w *callWait) take(e ledger.Event, fresh bool, f *submitFlags, out io.Write
 		waiting := w.unplaced
 		w.unplaced = nil
 		for _, u := range waiting {
-			if u.e.CallID == w.followed {
+			if u.e.CallID == w.start.CallID {
 				w.fold(u, f, out)
 			}
 		}
 	case !w.placed:
 		w.unplaced = append(w.unplaced, h)
-	case e.CallID != w.followed:
+	case e.CallID != w.start.CallID:
 	case e.At.Before(w.start.At.Add(-ledger.CopySkew)):
 		// Under the call's id, but dated before it: an earlier call's
 		// (the same envelope sent before, the store having lost the

@@ -27,15 +27,23 @@ import (
 	"github.com/toolcall-ledger/ledger/statemachine"
 )
 
-// eventAppender stands in for the intake: what it returns appends events
-// to topic, each to its key's partition.
-func eventAppender(t *testing.T, cc ledger.ClientConfig, topic string) func(context.Context, ...ledger.Event) error {
+// keyedProducer is a client that places keyed records as the ledger's
+// producers do, closed when the test ends.
+func keyedProducer(t *testing.T, cc ledger.ClientConfig) *kgo.Client {
 	t.Helper()
 	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(producer.Close)
+	return producer
+}
+
+// eventAppender stands in for the intake: what it returns appends events
+// to topic, each to its key's partition.
+func eventAppender(t *testing.T, cc ledger.ClientConfig, topic string) func(context.Context, ...ledger.Event) error {
+	t.Helper()
+	producer := keyedProducer(t, cc)
 	return func(ctx context.Context, evs ...ledger.Event) error {
 		for _, e := range evs {
 			rec, err := e.Record(topic)
@@ -703,17 +711,13 @@ func TestSubmitWaitSaysWhatItHadToRead(t *testing.T) {
 	cc, topics, _ := roleCluster(t)
 	dir := t.TempDir()
 	devIssuerKeys(t, dir)
-	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer producer.Close()
+	producer := keyedProducer(t, cc)
 	submit := func(key string) error {
 		return cliErr(t, append(roleArgs(cc, topics), "submit", "--data-dir", dir, "--tool", "get_weather", "--args", `{"city":"Oslo"}`,
 			"--tenant", "t_demo", "--key", key, "--wait", "--timeout", "2s")...)
 	}
 
-	err = submit("unanswered")
+	err := submit("unanswered")
 	if err == nil || !strings.Contains(err.Error(), "no event of it was read, before this submission or after it (is an intake running, reading "+topics.Requests+"?)") {
 		t.Errorf("submit --wait of a new call with no ledger to answer: %v; want it to say nothing answered it", err)
 	}
@@ -763,11 +767,7 @@ func TestSubmitWaitSaysWhatItHadToRead(t *testing.T) {
 func TestSubmitWaitReadsBackOnlyToTheCall(t *testing.T) {
 	cc, topics, _ := roleCluster(t)
 	appendEvents := eventAppender(t, cc, topics.Events)
-	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer producer.Close()
+	producer := keyedProducer(t, cc)
 	earlier := func(key ledger.CallKey, garbled bool, n int) {
 		t.Helper()
 		appendRefusals(t, producer, topics.Events, key, n, time.Now(), garbled)
@@ -959,11 +959,7 @@ func TestCallWaitPlacesItsCall(t *testing.T) {
 func TestSubmitWaitOfANewCallReadsBackLittle(t *testing.T) {
 	cc, topics, _ := roleCluster(t)
 	appendEvents := eventAppender(t, cc, topics.Events)
-	producer, err := ledger.NewClient(cc, kgo.RecordPartitioner(ledger.Partitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer producer.Close()
+	producer := keyedProducer(t, cc)
 	key := ledger.CallKey{TenantID: "t_a", IdempotencyKey: "new-call"}
 	appendRefusals(t, producer, topics.Events, key, 20000, time.Now().Add(-time.Hour), false)
 	w, err := newCallWait(t.Context(), cc, topics.Events, key, "call-new", []byte(`{"arguments_hash":"sha256:h"}`))

@@ -68,6 +68,7 @@ type entry struct {
 	policy      *cedar.Policy
 	permit      bool
 	obligations Obligations
+	scope       policyScope
 }
 
 // Label returns the label the set was loaded under, such as "v41".
@@ -209,22 +210,24 @@ func parse(files []file, label, hash string) (*Set, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %s: policy %q: %w", ErrInvalidSet, f.name, string(id), err)
 			}
-			if err := checkScope(p); err != nil {
+			sc, err := scopeOf(p)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: policy %q: read its scope: %w", ErrInvalidSet, f.name, string(id), err)
+			}
+			if err := sc.check(); err != nil {
 				return nil, fmt.Errorf("%w: %s: policy %q: %w", ErrInvalidSet, f.name, string(id), err)
 			}
 			for j := range ob.RateLimits {
 				ob.RateLimits[j].Policy = string(id)
 			}
-			s.policies = append(s.policies, entry{id: id, policy: p, permit: p.Effect() == cedar.Permit, obligations: ob})
+			s.policies = append(s.policies, entry{id: id, policy: p, permit: p.Effect() == cedar.Permit, obligations: ob, scope: sc})
 			s.byID[id] = nil // reserved; pointers are taken once the slice stops growing
 		}
 	}
 	for i := range s.policies {
 		s.byID[s.policies[i].id] = &s.policies[i]
 	}
-	if err := s.collectMasks(); err != nil {
-		return nil, err
-	}
+	s.collectMasks()
 	return s, nil
 }
 
@@ -247,17 +250,14 @@ func (s *Set) auditMask(tool string) []string {
 // loses a little audit detail, masking too little leaks. Conditions are
 // not read (a `when { context.tool == ... }` counts for every tool), for
 // the same reason.
-func (s *Set) collectMasks() error {
+func (s *Set) collectMasks() {
 	perTool := make(map[string][]string)
 	for i := range s.policies {
 		p := &s.policies[i]
 		if len(p.obligations.Mask) == 0 {
 			continue
 		}
-		tools, all, err := actionTools(p.policy)
-		if err != nil {
-			return fmt.Errorf("%w: policy %q: read its action scope: %w", ErrInvalidSet, string(p.id), err)
-		}
+		tools, all := p.scope.actionTools()
 		if all {
 			s.allMasks = append(s.allMasks, p.obligations.Mask...)
 			continue
@@ -271,7 +271,6 @@ func (s *Set) collectMasks() error {
 	for t, m := range perTool {
 		s.masks[t] = sortedSet(append(m, s.allMasks...))
 	}
-	return nil
 }
 
 // sortedSet sorts l and drops its duplicates; nil when empty.
@@ -283,32 +282,25 @@ func sortedSet(l []string) []string {
 	return slices.Clip(slices.Compact(l))
 }
 
-// actionTools returns the tools a policy's action scope names, or all
-// when it may apply to any tool. It reads the policy's JSON form, Cedar's
-// documented policy format, whose action scope is {"op": "All"},
-// {"op": "==", "entity": e} or {"op": "in", "entity": e} or
-// {"op": "in", "entities": [e...]}. Actions have no parents here (the
-// engine passes Cedar no action entities), so `in` an action is that
-// action. An entity that is not a tool's action never matches a call and
-// names no tool.
-func actionTools(p *cedar.Policy) (tools []string, all bool, _ error) {
-	sc, err := scopeOf(p)
-	if err != nil {
-		return nil, false, err
-	}
+// actionTools returns the tools the action scope names, or all when it
+// may apply to any tool: {"op": "All"}, or "==" or "in" an action or
+// actions. Actions have no parents here (the engine passes Cedar no
+// action entities), so `in` an action is that action.
+func (sc policyScope) actionTools() (tools []string, all bool) {
 	a := sc.Action
 	if a.Op != "==" && a.Op != "in" {
-		return nil, true, nil
+		return nil, true
 	}
 	for _, e := range a.entities() {
 		if name, ok := strings.CutPrefix(e.ID, actionToolPrefix); ok && e.Type == string(typeAction) {
 			tools = append(tools, name)
 		}
 	}
-	return tools, false, nil
+	return tools, false
 }
 
-// policyScope is a policy's scope in Cedar's JSON policy format.
+// policyScope is a policy's scope in Cedar's JSON policy format, Cedar's
+// documented form of a policy, read once as the set loads.
 type policyScope struct {
 	Principal, Action, Resource scopeClause
 }
@@ -352,17 +344,13 @@ func scopeOf(p *cedar.Policy) (policyScope, error) {
 	return sc, json.Unmarshal(b, &sc)
 }
 
-// checkScope refuses a policy whose scope names an entity no call is
-// (entities have no parents here, so `in` one is being it): a principal
-// not a User, a resource not a Resource, an action not a tool's
+// check refuses a scope that names an entity no call is (entities have
+// no parents here, so `in` one is being it): a principal not a User, a
+// resource not a Resource, an action not a tool's
 // (Action::"tool::<name>"). Such a policy never applies: a forbid
 // written `action == Action::"refund_order"` would load and deny
 // nothing, as an obligation misspelt would weaken a rule.
-func checkScope(p *cedar.Policy) error {
-	sc, err := scopeOf(p)
-	if err != nil {
-		return fmt.Errorf("read its scope: %w", err)
-	}
+func (sc policyScope) check() error {
 	for _, c := range []struct {
 		name  string
 		want  cedar.EntityType
